@@ -1,0 +1,29 @@
+"""User-facing errors.
+
+A :class:`ZeroplanError` is a mistake in what the user asked for (an unknown model, a
+non-positive size, GPUs that do not divide into nodes). Its message is one line that names the
+field and the allowed values; the command line prints it and exits with status 2. Internal
+invariants use ``assert`` instead.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class ZeroplanError(ValueError):
+    """A user's input is invalid; the message is a single line naming the field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+def unknown_name_error(field: str, name: str, known: Iterable[str]) -> ZeroplanError:
+    """Build the error for an unknown catalog name, with a close-match suggestion."""
+    known_sorted = sorted(known)
+    close = difflib.get_close_matches(name.lower(), known_sorted, n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    allowed = ", ".join(known_sorted)
+    return ZeroplanError(field, f"unknown {name!r}{hint} (allowed: {allowed})")

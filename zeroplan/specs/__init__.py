@@ -1,0 +1,37 @@
+"""Typed, frozen specs: what the user asks about."""
+
+from zeroplan.specs.hardware import ClusterSpec, GpuSpec, LinkSpec, cluster_from_gpus
+from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
+from zeroplan.specs.request import MemoryAssumptions, PlanRequest
+from zeroplan.specs.strategy import StrategyKind, StrategySpec
+from zeroplan.specs.training import (
+    ActivationCheckpointing,
+    AttentionKernel,
+    BatchSpec,
+    Optimizer,
+    Precision,
+    StateConvention,
+    TrainingSpec,
+)
+
+__all__ = [
+    "ActivationCheckpointing",
+    "AttentionKernel",
+    "BatchSpec",
+    "ClusterSpec",
+    "GpuSpec",
+    "LinkSpec",
+    "MemoryAssumptions",
+    "MlpKind",
+    "ModelSpec",
+    "NormKind",
+    "Optimizer",
+    "PlanRequest",
+    "PositionKind",
+    "Precision",
+    "StateConvention",
+    "StrategyKind",
+    "StrategySpec",
+    "TrainingSpec",
+    "cluster_from_gpus",
+]

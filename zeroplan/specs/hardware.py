@@ -1,0 +1,100 @@
+"""GPUs, the links between them, and the cluster they form."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from zeroplan.errors import ZeroplanError
+from zeroplan.specs.base import Frozen
+from zeroplan.units import MiB
+
+
+class LinkSpec(Frozen):
+    """One kind of link, in the alpha-beta model: time = latency_s + bytes / bandwidth_bytes_per_s."""
+
+    name: str = Field(min_length=1)
+    """E.g. 'NVLink 4 (NVSwitch)' or 'InfiniBand NDR 400G'."""
+    bandwidth_bytes_per_s: float = Field(gt=0)
+    """Unidirectional bandwidth one GPU can drive over this link, in bytes per second."""
+    latency_s: float = Field(ge=0)
+    """Per-message start-up latency (alpha), in seconds."""
+
+
+class GpuSpec(Frozen):
+    """One accelerator model and the links it typically sits behind."""
+
+    name: str = Field(min_length=1)
+    """Catalog key, lower case, e.g. 'a100-80gb'."""
+    display_name: str = Field(min_length=1)
+    """As the vendor writes it, e.g. 'NVIDIA A100 80GB SXM'."""
+    memory_bytes: int = Field(gt=0)
+    """Device memory as the driver reports it, in bytes."""
+    peak_bf16_flops_per_s: float = Field(gt=0)
+    """Dense (no sparsity) bf16/fp16 tensor throughput, FLOP/s; fp16 for chips without bf16."""
+    intra_node_link: LinkSpec
+    """GPU-to-GPU inside a node (NVLink/NVSwitch, Infinity Fabric, or PCIe)."""
+    inter_node_link: LinkSpec
+    """GPU-to-GPU across nodes (the per-GPU share of the node's network)."""
+    host_link: LinkSpec
+    """GPU-to-host, used by offload (PCIe)."""
+    source: str = Field(min_length=1)
+    """Where the figures come from (datasheet)."""
+
+
+class ClusterSpec(Frozen):
+    """How many GPUs, of which kind, in how many nodes."""
+
+    gpu: GpuSpec
+    """The GPU model (all GPUs are alike)."""
+    num_nodes: int = Field(default=1, gt=0)
+    """Number of nodes."""
+    gpus_per_node: int = Field(default=8, gt=0)
+    """GPUs in each node."""
+    host_memory_bytes_per_node: int | None = Field(default=None, gt=0)
+    """Host RAM per node, for the offload check; None means unknown (not checked)."""
+    cuda_context_bytes: int = Field(default=512 * MiB, ge=0)
+    """Device memory taken by the CUDA context and library workspaces before any tensor
+    (about 0.5 GiB with CUDA 12 lazy module loading); not usable by the allocator."""
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+    @property
+    def usable_memory_bytes(self) -> int:
+        """Device memory left for the caching allocator."""
+        return self.gpu.memory_bytes - self.cuda_context_bytes
+
+    @model_validator(mode="after")
+    def _check_context(self) -> "ClusterSpec":
+        if self.cuda_context_bytes >= self.gpu.memory_bytes:
+            raise ZeroplanError("cluster.cuda_context_bytes", "must be smaller than the GPU memory")
+        return self
+
+
+def cluster_from_gpus(
+    gpu: GpuSpec, num_gpus: int, gpus_per_node: int | None = None, num_nodes: int | None = None
+) -> ClusterSpec:
+    """Lay ``num_gpus`` GPUs out in nodes; errors name the flag that is inconsistent."""
+    if num_gpus <= 0:
+        raise ZeroplanError("gpus", f"must be a positive integer, got {num_gpus}")
+    if gpus_per_node is not None and gpus_per_node <= 0:
+        raise ZeroplanError("gpus_per_node", f"must be a positive integer, got {gpus_per_node}")
+    if num_nodes is not None and num_nodes <= 0:
+        raise ZeroplanError("nodes", f"must be a positive integer, got {num_nodes}")
+    if num_nodes is not None and gpus_per_node is None:
+        if num_gpus % num_nodes:
+            raise ZeroplanError("nodes", f"{num_gpus} GPUs do not divide into {num_nodes} nodes")
+        gpus_per_node = num_gpus // num_nodes
+    if gpus_per_node is None:
+        gpus_per_node = min(num_gpus, 8)
+    if num_gpus % gpus_per_node:
+        raise ZeroplanError(
+            "gpus_per_node", f"{num_gpus} GPUs do not divide into nodes of {gpus_per_node}"
+        )
+    nodes = num_gpus // gpus_per_node
+    if num_nodes is not None and num_nodes != nodes:
+        raise ZeroplanError(
+            "nodes", f"{num_nodes} nodes x {gpus_per_node} GPUs per node is not {num_gpus} GPUs"
+        )
+    return ClusterSpec(gpu=gpu, num_nodes=nodes, gpus_per_node=gpus_per_node)

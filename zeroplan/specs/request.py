@@ -1,0 +1,76 @@
+"""One request: the single object that feeds both the planner and the measurement harness."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from zeroplan.errors import ZeroplanError
+from zeroplan.specs.base import Frozen
+from zeroplan.specs.hardware import ClusterSpec
+from zeroplan.specs.model import ModelSpec
+from zeroplan.specs.strategy import StrategyKind, StrategySpec
+from zeroplan.specs.training import BatchSpec, StateConvention, TrainingSpec
+
+
+class MemoryAssumptions(Frozen):
+    """Named assumptions about the runtime that no formula derives. Defaults are documented in
+    docs/memory-model.md; measurements (``zeroplan validate``) say how well they hold."""
+
+    allocator_reserve_fraction: float = Field(default=0.05, ge=0.0, lt=1.0)
+    """Memory the PyTorch caching allocator reserves beyond what tensors occupy (block
+    rounding and fragmentation), as a fraction of the peak allocated bytes."""
+
+
+class PlanRequest(Frozen):
+    """Model, numerics, batch, cluster and strategy: everything a prediction depends on."""
+
+    model: ModelSpec
+    """The architecture."""
+    training: TrainingSpec = TrainingSpec()
+    """Precision, optimizer, checkpointing."""
+    batch: BatchSpec = BatchSpec()
+    """Micro-batch, sequence length, accumulation."""
+    cluster: ClusterSpec
+    """GPUs and nodes."""
+    strategy: StrategySpec
+    """Sharding strategy."""
+    assumptions: MemoryAssumptions = MemoryAssumptions()
+    """Runtime assumptions."""
+
+    @model_validator(mode="after")
+    def _check_groups(self) -> "PlanRequest":
+        if self.strategy.kind is StrategyKind.hsdp:
+            group = self.shard_group_size
+            if self.cluster.world_size % group:
+                raise ZeroplanError(
+                    "strategy.shard_group_size",
+                    f"{group} does not divide the {self.cluster.world_size} GPUs",
+                )
+        return self
+
+    @property
+    def convention(self) -> StateConvention:
+        """The byte layout of model states in force for this request."""
+        return self.training.state_convention or self.strategy.kind.default_convention
+
+    @property
+    def shard_group_size(self) -> int:
+        """N_d in the ZeRO paper: ranks over which the sharded states are split."""
+        kind = self.strategy.kind
+        if kind is StrategyKind.ddp:
+            return 1
+        if kind is StrategyKind.hsdp:
+            return self.strategy.shard_group_size or self.cluster.gpus_per_node
+        return self.cluster.world_size
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Ranks that each hold a different slice of the global batch."""
+        return self.cluster.world_size
+
+    def with_strategy(self, strategy: StrategySpec) -> "PlanRequest":
+        return self.model_copy(update={"strategy": strategy})
+
+    def with_micro_batch(self, micro_batch_size: int) -> "PlanRequest":
+        batch = self.batch.model_copy(update={"micro_batch_size": micro_batch_size})
+        return self.model_copy(update={"batch": batch})

@@ -1,0 +1,91 @@
+"""Data-parallel sharding strategies and the knobs of their implementations."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import Field
+
+from zeroplan.specs.base import Frozen
+from zeroplan.specs.training import StateConvention
+
+
+class StrategyKind(str, Enum):
+    """Which model states are sharded across data-parallel ranks, and where they live."""
+
+    ddp = "ddp"
+    """PyTorch DistributedDataParallel: everything replicated, gradients all-reduced."""
+    zero1 = "zero1"
+    """ZeRO stage 1 (P_os): optimizer states sharded."""
+    zero2 = "zero2"
+    """ZeRO stage 2 (P_os+g): optimizer states and gradients sharded."""
+    zero3 = "zero3"
+    """ZeRO stage 3 (P_os+g+p): parameters sharded too, gathered per layer."""
+    fsdp_full_shard = "fsdp-full-shard"
+    """FSDP FULL_SHARD / FSDP2 reshard_after_forward=True (ZeRO-3-like)."""
+    fsdp_shard_grad_op = "fsdp-shard-grad-op"
+    """FSDP SHARD_GRAD_OP / FSDP2 reshard_after_forward=False: parameters stay gathered from
+    forward to backward (ZeRO-2-like)."""
+    hsdp = "hsdp"
+    """FSDP HYBRID_SHARD: full shard inside a group (a node), replicate across groups."""
+    zero2_offload = "zero2-offload"
+    """ZeRO-Offload (Ren et al. 2021): stage 2, optimizer states, master weights and fp32
+    gradients on the host, optimizer step on the CPU."""
+    zero3_offload = "zero3-offload"
+    """Stage 3 with the optimizer offloaded to the host."""
+    zero3_param_offload = "zero3-param-offload"
+    """ZeRO-Infinity (Rajbhandari et al. 2021) on CPU memory: stage 3 with both the optimizer
+    and the parameter shards on the host."""
+
+    @property
+    def is_fsdp(self) -> bool:
+        return self in (StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op, StrategyKind.hsdp)
+
+    @property
+    def zero_stage(self) -> int:
+        """Which model states are sharded, as the ZeRO stage number (0 for DDP)."""
+        return {
+            StrategyKind.ddp: 0,
+            StrategyKind.zero1: 1,
+            StrategyKind.zero2: 2,
+            StrategyKind.zero3: 3,
+            StrategyKind.fsdp_full_shard: 3,
+            StrategyKind.fsdp_shard_grad_op: 3,
+            StrategyKind.hsdp: 3,
+            StrategyKind.zero2_offload: 2,
+            StrategyKind.zero3_offload: 3,
+            StrategyKind.zero3_param_offload: 3,
+        }[self]
+
+    @property
+    def offloads_optimizer(self) -> bool:
+        return self in (StrategyKind.zero2_offload, StrategyKind.zero3_offload, StrategyKind.zero3_param_offload)
+
+    @property
+    def offloads_parameters(self) -> bool:
+        return self is StrategyKind.zero3_param_offload
+
+    @property
+    def default_convention(self) -> StateConvention:
+        return StateConvention.fsdp2 if self.is_fsdp else StateConvention.zero
+
+
+class StrategySpec(Frozen):
+    """A strategy and its implementation knobs; defaults are the libraries' own defaults."""
+
+    kind: StrategyKind
+    """The sharding strategy."""
+    shard_group_size: int | None = Field(default=None, gt=0)
+    """HSDP only: ranks that share one shard; None means the GPUs of one node."""
+    ddp_bucket_cap_bytes: int = Field(default=25 * 2**20, gt=0)
+    """DDP gradient bucket size (torch DistributedDataParallel bucket_cap_mb=25, in MiB)."""
+    ddp_gradient_as_bucket_view: bool = False
+    """DDP: if False (PyTorch's default) gradients are copied into separate bucket storage,
+    which costs one more gradient-sized buffer."""
+    zero_bucket_elements: int = Field(default=500_000_000, gt=0)
+    """DeepSpeed reduce_bucket_size / allgather_bucket_size (elements, default 5e8)."""
+    prefetch_units: int = Field(default=1, ge=0)
+    """ZeRO-3/FSDP: units gathered ahead of the one computing (FSDP2 prefetches one)."""
+    keep_unsharded_grads_on_accum: bool = False
+    """FSDP no_sync / ZeRO-1: accumulate unsharded gradients locally and reduce once per step
+    instead of every micro-batch (costs a full gradient buffer)."""

@@ -1,0 +1,107 @@
+"""How the model is trained: numeric precision, optimizer, activation checkpointing, batch shape."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import Field
+
+from zeroplan.specs.base import Frozen
+
+
+class Precision(str, Enum):
+    """Numeric formats of parameters, gradients and activations."""
+
+    fp32 = "fp32"
+    """Everything in fp32."""
+    bf16_mixed = "bf16-mixed"
+    """bf16 compute with an fp32 master copy of the weights (Micikevicius et al. 2018)."""
+    fp16_mixed = "fp16-mixed"
+    """fp16 compute with an fp32 master copy and loss scaling."""
+    bf16_pure = "bf16-pure"
+    """bf16 parameters, gradients and optimizer states; no fp32 copy."""
+
+    @property
+    def is_mixed(self) -> bool:
+        return self in (Precision.bf16_mixed, Precision.fp16_mixed)
+
+    @property
+    def compute_bytes(self) -> int:
+        """Bytes of one activation element."""
+        return 4 if self is Precision.fp32 else 2
+
+
+class Optimizer(str, Enum):
+    """Optimizers whose state size zeroplan knows."""
+
+    adamw = "adamw"
+    adam = "adam"
+    sgd = "sgd"
+    sgd_momentum = "sgd-momentum"
+    adafactor = "adafactor"
+    adam_8bit = "adam-8bit"
+    lion = "lion"
+
+
+class ActivationCheckpointing(str, Enum):
+    """What the backward pass recomputes (Korthikanti et al. 2022, sec. 4 and 5)."""
+
+    none = "none"
+    """Store every activation the backward pass needs."""
+    selective = "selective"
+    """Recompute only the attention core (the terms quadratic in sequence length)."""
+    full = "full"
+    """Store only each block's input; recompute the block in backward."""
+
+
+class AttentionKernel(str, Enum):
+    """How attention stores its intermediates for the backward pass."""
+
+    eager = "eager"
+    """Materialises softmax(QK^T) (a*s*s per sample), as in Korthikanti et al. eq. (1)."""
+    flash = "flash"
+    """Fused kernel (FlashAttention, PyTorch SDPA): keeps only Q, K, V, the output and the
+    per-row log-sum-exp (Dao et al. 2022, sec. 3.1)."""
+
+
+class StateConvention(str, Enum):
+    """Where the bytes of mixed-precision training live. Each is a documented layout, not a
+    fudge factor; see docs/memory-model.md."""
+
+    zero = "zero"
+    """ZeRO paper sec. 3.1: half-precision parameters and gradients (2+2 bytes) plus K bytes of
+    optimizer state that include the fp32 master copy (K=12 for Adam)."""
+    deepspeed = "deepspeed"
+    """DeepSpeed's engines: as ``zero`` plus an fp32 gradient partition the optimizer reads
+    (4 bytes, sharded like the optimizer); at stage 3 gradients are reduced straight into it
+    (18 bytes per parameter, deepspeed/runtime/zero/stage3.py)."""
+    fsdp2 = "fsdp2"
+    """PyTorch FSDP2 / AMP: parameters and gradients stay fp32 (4+4 bytes) and are cast to
+    bf16 only for compute; the fp32 parameter is the master copy."""
+
+
+class TrainingSpec(Frozen):
+    """Numerics and optimizer."""
+
+    precision: Precision = Precision.bf16_mixed
+    """Numeric formats."""
+    optimizer: Optimizer = Optimizer.adamw
+    """Optimizer (fixes the optimizer-state bytes)."""
+    activation_checkpointing: ActivationCheckpointing = ActivationCheckpointing.none
+    """Activation recomputation mode."""
+    attention_kernel: AttentionKernel = AttentionKernel.flash
+    """Attention implementation (decides whether a*s^2 terms are stored)."""
+    state_convention: StateConvention | None = None
+    """Byte layout of model states; None takes the strategy's own (zero for DDP/ZeRO,
+    fsdp2 for FSDP)."""
+
+
+class BatchSpec(Frozen):
+    """The shape of one optimizer step on one GPU."""
+
+    micro_batch_size: int = Field(default=1, gt=0)
+    """b: sequences per forward/backward pass per GPU."""
+    seq_len: int = Field(default=4096, gt=0)
+    """s: tokens per sequence."""
+    grad_accum_steps: int = Field(default=1, gt=0)
+    """Micro-batches accumulated before each optimizer step."""
