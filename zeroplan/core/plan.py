@@ -120,14 +120,14 @@ ALL_STRATEGIES: tuple[StrategyKind, ...] = tuple(StrategyKind)
 
 
 def recommend(plans: Iterable[StrategyPlan]) -> StrategyKind | None:
-    """Among plans that fit (host memory included), prefer no offload, then the least bytes
-    sent per step, then the most headroom."""
+    """Among plans that fit (host memory included), prefer the least offload (each offload
+    adds host-link traffic), then the least bytes sent per step, then the most headroom."""
     fitting = [p for p in plans if p.fits and p.host_fits is not False]
     if not fitting:
         return None
     best = min(
         fitting,
-        key=lambda p: (p.strategy.offloads_optimizer, p.sent_bytes_per_step, -p.headroom_bytes),
+        key=lambda p: (p.strategy.offloads_optimizer, p.strategy.offloads_parameters, p.sent_bytes_per_step, -p.headroom_bytes),
     )
     return best.strategy
 
@@ -143,7 +143,7 @@ def _verdict(plans: tuple[StrategyPlan, ...], recommended: StrategyKind | None) 
         )
     others = [name for name in fitting if name != recommended.value]
     also = f"; also fits: {', '.join(others)}" if others else ""
-    return f"Fits with {recommended.value} (recommended: least communication){also}."
+    return f"Recommended: {recommended.value} (fits with the least offload and communication){also}."
 
 
 def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] = ALL_STRATEGIES) -> FitReport:
@@ -161,7 +161,7 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] = A
         training = base.training.model_copy(update={"activation_checkpointing": ActivationCheckpointing.full})
         retry = fit(base.model_copy(update={"training": training}), strategies)
         if retry.recommended is not None:
-            verdict += f" With --activation-checkpointing full: {retry.verdict[0].lower()}{retry.verdict[1:]}"
+            verdict += f" With --activation-checkpointing full: {retry.verdict}"
     return FitReport(
         model=base.model,
         num_parameters=total_parameters(base.model),
