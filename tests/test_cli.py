@@ -103,3 +103,15 @@ def test_console_script_entry_point() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "mistral-7b: 7,241,732,096 parameters" in result.stdout
+
+
+def test_compare_prints_volume_and_times(capsys) -> None:
+    code, out, err = run(capsys, "compare", "llama-2-7b", "--gpus", "16", "--strategies", "ddp,zero3,hsdp", "--mfu", "0.5")
+    assert code == 0, err
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split() and line.split()[0] in ("ddp", "zero3", "hsdp")}
+    assert rows["ddp"][1] == "2.0" and rows["zero3"][1] == "3.0"
+
+
+def test_mfu_above_one_is_rejected(capsys) -> None:
+    code, _, err = run(capsys, "compare", "gpt2", "--mfu", "1.5")
+    assert code == 2 and "mfu: must be in (0, 1]" in err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from zeroplan.core.communication import Collective
+from zeroplan.core.timing import StepTime
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.hardware import ClusterSpec
 from zeroplan.specs.model import ModelSpec
@@ -70,6 +71,8 @@ class StrategyPlan(Frozen):
     """Bytes one GPU sends per optimizer step under ring collectives."""
     communication_volume_elements: int
     """The ZeRO paper's per-step volume in elements (2*Psi or 3*Psi per micro-batch)."""
+    time: StepTime
+    """Compute, communication and step time of one optimizer step."""
 
 
 class FitReport(Frozen):

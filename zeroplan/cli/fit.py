@@ -12,6 +12,7 @@ from zeroplan.specs import (
     AttentionKernel,
     BatchSpec,
     Optimizer,
+    PerformanceAssumptions,
     PlanRequest,
     Precision,
     StateConvention,
@@ -47,6 +48,8 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
         help="byte layout of model states (default: zero for DDP/ZeRO, fsdp2 for FSDP)",
     )
     parser.add_argument("--hsdp-group", type=positive_int, help="HSDP shard group size (default: GPUs per node)")
+    parser.add_argument("--mfu", type=positive_float, default=0.4, help="model FLOPs utilisation for compute time (default 0.4)")
+    parser.add_argument("--all-reduce", choices=["ring", "tree"], default="ring", help="all-reduce latency model (default ring)")
 
 
 def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
@@ -98,15 +101,32 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
     if args.hsdp_group is not None and cluster.world_size % args.hsdp_group:
         raise ZeroplanError("hsdp-group", f"{args.hsdp_group} does not divide the {cluster.world_size} GPUs")
     strategy = StrategySpec(kind=kind, shard_group_size=args.hsdp_group)
-    return PlanRequest(model=model, training=training, batch=batch, cluster=cluster, strategy=strategy)
+    if args.mfu > 1:
+        raise ZeroplanError("mfu", f"must be in (0, 1], got {args.mfu}")
+    performance = PerformanceAssumptions(model_flops_utilization=args.mfu, all_reduce_algorithm=args.all_reduce)
+    return PlanRequest(
+        model=model, training=training, batch=batch, cluster=cluster, strategy=strategy, performance=performance
+    )
 
 
 def run_fit(args: argparse.Namespace) -> int:
+    return _run(args, compare=False)
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    return _run(args, compare=True)
+
+
+def _run(args: argparse.Namespace, compare: bool) -> int:
     from zeroplan.core.plan import fit
 
     kinds = parse_strategies(args.strategies)
     report = fit(request_from_args(args), kinds)
-    if args.format == "json":
+    if compare and args.format == "table":
+        from zeroplan.report.compare_table import render_compare_table
+
+        sys.stdout.write(render_compare_table(report) + "\n")
+    elif args.format == "json":
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
     elif args.format == "csv":
         sys.stdout.write(report.to_dataframe().to_csv())

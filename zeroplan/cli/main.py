@@ -32,13 +32,16 @@ def _list_gpus(_args) -> int:
 
 
 def build_parser() -> OneLineParser:
-    from zeroplan.cli.fit import add_fit_arguments, run_fit
+    from zeroplan.cli.fit import add_fit_arguments, run_compare, run_fit
 
     parser = OneLineParser(prog="zeroplan", description="Will it fit, with which sharding, and what will it cost?")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     fit = commands.add_parser("fit", help="per-GPU memory of every strategy, and a verdict")
     add_fit_arguments(fit)
     fit.set_defaults(run=run_fit)
+    compare = commands.add_parser("compare", help="communication volume and step time of every strategy")
+    add_fit_arguments(compare)
+    compare.set_defaults(run=run_compare)
     commands.add_parser("models", help="list model presets").set_defaults(run=_list_models)
     commands.add_parser("gpus", help="list the GPU catalog").set_defaults(run=_list_gpus)
     return parser

@@ -9,6 +9,7 @@ from zeroplan.core.buffers import backward_buffer_bytes, optimizer_step_temporar
 from zeroplan.core.communication import collectives
 from zeroplan.core.model_states import ModelStateBytes, held_elements, model_state_bytes, shard_layout
 from zeroplan.core.params import parameter_units, total_parameters
+from zeroplan.core.timing import step_time
 from zeroplan.results import FitReport, MemoryBreakdown, StrategyPlan
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
@@ -113,6 +114,7 @@ def plan(request: PlanRequest) -> StrategyPlan:
         collectives=step_collectives,
         sent_bytes_per_step=sum(c.sent_bytes_per_step for c in step_collectives),
         communication_volume_elements=sum(c.volume_elements_per_step for c in step_collectives),
+        time=step_time(request, step_collectives),
     )
 
 

@@ -30,6 +30,13 @@ def plan_row(plan: StrategyPlan) -> dict[str, object]:
         max_micro_batch_size=plan.max_micro_batch_size,
         host_bytes_per_node=plan.host_bytes_per_node,
         sent_bytes_per_step=plan.sent_bytes_per_step,
+        communication_volume_elements=plan.communication_volume_elements,
+        compute_s=plan.time.compute_s,
+        communication_s=plan.time.communication_s,
+        host_transfer_s=plan.time.host_transfer_s,
+        exposed_communication_s=plan.time.exposed_communication_s,
+        step_with_overlap_s=plan.time.step_with_overlap_s,
+        step_without_overlap_s=plan.time.step_without_overlap_s,
         state_convention=plan.state_convention.value,
         shard_group_size=plan.shard_group_size,
     )

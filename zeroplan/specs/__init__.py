@@ -2,7 +2,7 @@
 
 from zeroplan.specs.hardware import ClusterSpec, GpuSpec, LinkSpec, cluster_from_gpus
 from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
-from zeroplan.specs.request import MemoryAssumptions, PlanRequest
+from zeroplan.specs.request import MemoryAssumptions, PerformanceAssumptions, PlanRequest
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.training import (
     ActivationCheckpointing,
@@ -26,6 +26,7 @@ __all__ = [
     "ModelSpec",
     "NormKind",
     "Optimizer",
+    "PerformanceAssumptions",
     "PlanRequest",
     "PositionKind",
     "Precision",

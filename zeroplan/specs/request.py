@@ -21,6 +21,16 @@ class MemoryAssumptions(Frozen):
     rounding and fragmentation), as a fraction of the peak allocated bytes."""
 
 
+class PerformanceAssumptions(Frozen):
+    """Named assumptions of the step-time model (docs/communication-time.md)."""
+
+    model_flops_utilization: float = Field(default=0.4, gt=0.0, le=1.0)
+    """Fraction of the GPU's peak bf16 throughput the forward and backward passes achieve
+    (MFU; PaLM, Chowdhery et al. 2022, sec. 4.1 and Appendix B, reports 46% for PaLM 540B)."""
+    all_reduce_algorithm: str = Field(default="ring", pattern="^(ring|tree)$")
+    """Latency model of all-reduce: 'ring' (2(N-1) steps) or 'tree' (2 log2 N steps)."""
+
+
 class PlanRequest(Frozen):
     """Model, numerics, batch, cluster and strategy: everything a prediction depends on."""
 
@@ -36,6 +46,8 @@ class PlanRequest(Frozen):
     """Sharding strategy."""
     assumptions: MemoryAssumptions = MemoryAssumptions()
     """Runtime assumptions."""
+    performance: PerformanceAssumptions = PerformanceAssumptions()
+    """Step-time assumptions."""
 
     @model_validator(mode="after")
     def _check_groups(self) -> "PlanRequest":

@@ -1,0 +1,101 @@
+"""Step time: alpha-beta communication, FLOPs-based compute, overlap, offload transfers."""
+
+from __future__ import annotations
+
+import pytest
+
+from zeroplan.core.communication import Phase, collectives
+from zeroplan.core.params import total_parameters
+from zeroplan.core.plan import plan
+from zeroplan.core.timing import collective_time_s, compute_flops, host_transfer_bytes, step_time
+from zeroplan.presets.models import get_model
+from zeroplan.specs import (
+    ActivationCheckpointing, BatchSpec, GpuSpec, LinkSpec, PerformanceAssumptions, PlanRequest,
+    StrategyKind, StrategySpec, TrainingSpec, cluster_from_gpus,
+)
+from zeroplan.units import GiB
+
+FAST = LinkSpec(name="fast", bandwidth_bytes_per_s=400e9, latency_s=0.0)
+SLOW = LinkSpec(name="slow", bandwidth_bytes_per_s=50e9, latency_s=0.0)
+GPU = GpuSpec(name="t", display_name="t", memory_bytes=80 * GiB, peak_bf16_flops_per_s=1e15,
+              intra_node_link=FAST, inter_node_link=SLOW, host_link=SLOW, source="test")
+
+
+def _request(kind, gpus=8, gpus_per_node=8, model="llama-2-7b", accum=1, **training) -> PlanRequest:
+    return PlanRequest(
+        model=get_model(model), training=TrainingSpec(**training),
+        batch=BatchSpec(micro_batch_size=1, seq_len=4096, grad_accum_steps=accum),
+        cluster=cluster_from_gpus(GPU, gpus, gpus_per_node=gpus_per_node), strategy=StrategySpec(kind=kind),
+    )
+
+
+def test_bandwidth_term_is_sent_bytes_over_link() -> None:
+    request = _request(StrategyKind.ddp)
+    (all_reduce,) = collectives(request)
+    assert collective_time_s(request, all_reduce) == pytest.approx(all_reduce.sent_bytes_per_step / 400e9)
+
+
+def test_crossing_nodes_uses_the_inter_node_link() -> None:
+    inside = _request(StrategyKind.zero3, gpus=8)
+    across = _request(StrategyKind.zero3, gpus=16)
+    t_inside = sum(collective_time_s(inside, c) for c in collectives(inside))
+    t_across = sum(collective_time_s(across, c) for c in collectives(across))
+    # 8x slower link, and (15/16)/(7/8) more bytes per rank.
+    assert t_across / t_inside == pytest.approx(8 * (15 / 16) / (7 / 8), rel=1e-3)
+
+
+def test_latency_term_counts_ring_steps_and_calls() -> None:
+    gpu = GPU.model_copy(update={"intra_node_link": LinkSpec(name="l", bandwidth_bytes_per_s=1e30, latency_s=1e-5)})
+    request = _request(StrategyKind.zero3).model_copy(update={"cluster": cluster_from_gpus(gpu, 8)})
+    forward = next(c for c in collectives(request) if c.phase.value == "forward")
+    assert collective_time_s(request, forward) == pytest.approx(forward.calls * 7 * 1e-5, rel=1e-6)
+    tree = request.model_copy(update={"performance": PerformanceAssumptions(all_reduce_algorithm="tree")})
+    ddp = tree.with_strategy(StrategySpec(kind=StrategyKind.ddp))
+    (all_reduce,) = collectives(ddp)
+    assert collective_time_s(ddp, all_reduce) == pytest.approx(all_reduce.calls * 2 * 3 * 1e-5, rel=1e-6)
+
+
+def test_compute_is_6_psi_tokens_and_8_with_full_recompute() -> None:
+    psi = total_parameters(get_model("llama-2-7b"))
+    forward, backward = compute_flops(_request(StrategyKind.ddp, accum=2))
+    assert forward + backward == 6 * psi * 4096 * 2
+    forward, backward = compute_flops(_request(StrategyKind.ddp, activation_checkpointing=ActivationCheckpointing.full))
+    assert forward + backward == 8 * psi * 4096
+
+
+def test_moe_compute_uses_active_parameters() -> None:
+    forward, _ = compute_flops(_request(StrategyKind.zero3, model="mixtral-8x7b"))
+    assert forward == 2 * 12_879_925_248 * 4096
+
+
+def test_overlap_never_slower_and_exposed_bounded() -> None:
+    for kind in StrategyKind:
+        request = _request(kind, gpus=16)
+        t = step_time(request, tuple(collectives(request)))
+        assert t.step_with_overlap_s <= t.step_without_overlap_s + 1e-12
+        assert 0 <= t.exposed_communication_s <= t.communication_s + t.host_transfer_s + 1e-12
+        assert t.step_with_overlap_s == pytest.approx(t.compute_s + t.exposed_communication_s)
+
+
+def test_zero1_parameter_gather_is_exposed() -> None:
+    request = _request(StrategyKind.zero1)
+    t = step_time(request, tuple(collectives(request)))
+    gather = next(c for c in collectives(request) if c.phase.value == "step")
+    assert t.exposed_communication_s >= collective_time_s(request, gather)
+
+
+def test_offload_moves_gradients_down_and_parameters_up() -> None:
+    request = _request(StrategyKind.zero3_offload, accum=3)
+    moved = host_transfer_bytes(request)
+    shard_bytes = 2 * total_parameters(request.model) / 8  # bf16 shard, padding aside
+    assert moved[Phase.step] == pytest.approx(shard_bytes, rel=1e-6)
+    assert moved[Phase.backward] == 3 * moved[Phase.step] and moved[Phase.forward] == 0
+    with_params = host_transfer_bytes(_request(StrategyKind.zero3_param_offload, accum=3))
+    assert with_params[Phase.forward] == 3 * moved[Phase.step]
+    assert with_params[Phase.backward] == 6 * moved[Phase.step]
+    assert sum(host_transfer_bytes(_request(StrategyKind.zero3)).values()) == 0
+
+
+def test_plan_carries_the_step_time() -> None:
+    result = plan(_request(StrategyKind.hsdp, gpus=32))
+    assert result.time.communication_s > 0 and result.time.compute_s > 0

@@ -1,0 +1,135 @@
+"""Step time: compute from FLOPs, communication from an alpha-beta model, host transfers for
+offload, and how much communication the compute hides. docs/communication-time.md derives it."""
+
+from __future__ import annotations
+
+from math import ceil, log2
+
+from zeroplan.core.communication import Collective, CollectiveOp, Phase
+from zeroplan.core.layout import element_bytes, shard_elements
+from zeroplan.core.model_states import shard_layout
+from zeroplan.core.params import active_parameters, parameter_units
+from zeroplan.specs.base import Frozen
+from zeroplan.specs.hardware import LinkSpec
+from zeroplan.specs.request import PlanRequest
+from zeroplan.specs.training import ActivationCheckpointing
+
+# Kaplan et al. 2020 sec. 2.1 / Narayanan et al. 2021 sec. 5.1: 2 FLOPs per parameter per token
+# forward, 4 backward; full recomputation runs the forward again (Korthikanti et al. sec. 5).
+FORWARD_FLOPS_PER_PARAMETER_TOKEN = 2
+BACKWARD_FLOPS_PER_PARAMETER_TOKEN = 4
+
+
+class StepTime(Frozen):
+    """Seconds of one optimizer step on one GPU."""
+
+    forward_compute_s: float
+    """Forward passes of all micro-batches (recomputation excluded)."""
+    backward_compute_s: float
+    """Backward passes, recomputed forwards included."""
+    communication_s: float
+    """All collectives, run back to back."""
+    host_transfer_s: float
+    """Offload copies over the host link."""
+    exposed_communication_s: float
+    """Communication and host transfers the compute does not hide."""
+    step_without_overlap_s: float
+    """Compute + communication + host transfers, one after another."""
+    step_with_overlap_s: float
+    """Compute + exposed communication."""
+
+    @property
+    def compute_s(self) -> float:
+        return self.forward_compute_s + self.backward_compute_s
+
+
+def _link_for(request: PlanRequest, collective: Collective) -> LinkSpec:
+    gpu = request.cluster.gpu
+    return gpu.inter_node_link if collective.spans_nodes else gpu.intra_node_link
+
+
+# Alpha-beta model (Hockney 1994; Thakur, Rabenseifner & Gropp 2005, sec. 4): a ring
+# collective takes N-1 steps (2(N-1) for all-reduce), each paying the latency alpha; the
+# bandwidth term is the bytes a rank sends over the slowest link of the ring, beta = 1/B.
+# A tree all-reduce (NCCL's double binary tree) pays 2*log2(N) latencies instead.
+def collective_time_s(request: PlanRequest, collective: Collective) -> float:
+    """Seconds for one step's worth of ``collective``."""
+    link = _link_for(request, collective)
+    n = collective.group_size
+    if collective.op is CollectiveOp.all_reduce:
+        if request.performance.all_reduce_algorithm == "tree":
+            latency_steps = 2 * ceil(log2(n))
+        else:
+            latency_steps = 2 * (n - 1)
+    else:
+        latency_steps = n - 1
+    latency = collective.calls * latency_steps * link.latency_s
+    bandwidth = collective.sent_bytes_per_call_sum / link.bandwidth_bytes_per_s
+    return collective.occurrences_per_step * (latency + bandwidth)
+
+
+# ZeRO-Offload (Ren et al. 2021, sec. 4.2): each micro-batch's backward moves the gradient
+# partition to the host, and after the CPU step the updated half-precision parameters come
+# back; with parameter offload (ZeRO-Infinity) the shard also comes up for every gather.
+def host_transfer_bytes(request: PlanRequest) -> dict[Phase, int]:
+    """Bytes over the host link per step, by the phase they overlap with."""
+    kind = request.strategy.kind
+    moved = {phase: 0 for phase in Phase}
+    if not kind.offloads_optimizer:
+        return moved
+    eb = element_bytes(request.training.precision, request.convention)
+    layout = shard_layout(request)
+    group = request.shard_group_size
+    shard_bytes = eb.compute_parameter * sum(shard_elements(u, group, layout) for u in parameter_units(request.model))
+    accum = request.batch.grad_accum_steps
+    moved[Phase.backward] = accum * shard_bytes
+    moved[Phase.step] = shard_bytes
+    if kind.offloads_parameters:
+        moved[Phase.forward] += accum * shard_bytes
+        moved[Phase.backward] += accum * shard_bytes
+    return moved
+
+
+def compute_flops(request: PlanRequest) -> tuple[float, float]:
+    """(forward, backward) FLOPs of one GPU's optimizer step."""
+    tokens = request.batch.micro_batch_size * request.batch.seq_len * request.batch.grad_accum_steps
+    parameters = active_parameters(request.model)
+    forward = FORWARD_FLOPS_PER_PARAMETER_TOKEN * parameters * tokens
+    backward = BACKWARD_FLOPS_PER_PARAMETER_TOKEN * parameters * tokens
+    if request.training.activation_checkpointing is ActivationCheckpointing.full:
+        backward += forward
+    return forward, backward
+
+
+def step_time(request: PlanRequest, collectives: tuple[Collective, ...]) -> StepTime:
+    throughput = request.cluster.gpu.peak_bf16_flops_per_s * request.performance.model_flops_utilization
+    forward_flops, backward_flops = compute_flops(request)
+    forward_s, backward_s = forward_flops / throughput, backward_flops / throughput
+    by_phase = {phase: 0.0 for phase in Phase}
+    for collective in collectives:
+        by_phase[collective.phase] += collective_time_s(request, collective)
+    host_link = request.cluster.gpu.host_link.bandwidth_bytes_per_s
+    host_by_phase = {phase: moved / host_link for phase, moved in host_transfer_bytes(request).items()}
+    communication_s = sum(by_phase.values())
+    host_s = sum(host_by_phase.values())
+    # Forward gathers hide behind forward compute, backward collectives and gradient offload
+    # behind backward compute (each link runs its own copies, so the slower one counts); what
+    # runs after backward (ZeRO-1/2's parameter all-gather, parameters back from the host) is
+    # exposed.
+    forward_busy = max(by_phase[Phase.forward], host_by_phase[Phase.forward])
+    backward_busy = max(by_phase[Phase.backward], host_by_phase[Phase.backward])
+    exposed = (
+        max(0.0, forward_busy - forward_s)
+        + max(0.0, backward_busy - backward_s)
+        + by_phase[Phase.step]
+        + host_by_phase[Phase.step]
+    )
+    return StepTime(
+        forward_compute_s=forward_s,
+        backward_compute_s=backward_s,
+        communication_s=communication_s,
+        host_transfer_s=host_s,
+        exposed_communication_s=exposed,
+        step_without_overlap_s=forward_s + backward_s + communication_s + host_s,
+        step_with_overlap_s=forward_s + backward_s + exposed,
+    )

@@ -1,0 +1,44 @@
+"""Plain-text table of communication and step time per strategy (``zeroplan compare``)."""
+
+from __future__ import annotations
+
+from zeroplan.results import FitReport, StrategyPlan
+
+
+def _row(plan: StrategyPlan, num_parameters: int) -> list[str]:
+    t = plan.time
+    return [
+        plan.strategy.value,
+        f"{plan.communication_volume_elements / num_parameters:.1f}",
+        f"{plan.sent_bytes_per_step / 1e9:.1f}",
+        f"{t.communication_s:.3f}",
+        f"{t.host_transfer_s:.3f}",
+        f"{t.compute_s:.3f}",
+        f"{t.exposed_communication_s:.3f}",
+        f"{t.step_with_overlap_s:.3f}",
+        f"{t.step_without_overlap_s:.3f}",
+        "yes" if plan.fits else "no",
+    ]
+
+
+def render_compare_table(report: FitReport) -> str:
+    c, b = report.cluster, report.batch
+    gpu = c.gpu
+    lines = [
+        f"{report.model.name} on {c.world_size} x {gpu.display_name} ({c.num_nodes} node(s) x {c.gpus_per_node}); "
+        f"micro-batch {b.micro_batch_size} x seq {b.seq_len} x grad-accum {b.grad_accum_steps} per GPU",
+        f"intra-node {gpu.intra_node_link.name}: {gpu.intra_node_link.bandwidth_bytes_per_s / 1e9:g} GB/s; "
+        f"inter-node {gpu.inter_node_link.name}: {gpu.inter_node_link.bandwidth_bytes_per_s / 1e9:g} GB/s; "
+        f"host {gpu.host_link.name}: {gpu.host_link.bandwidth_bytes_per_s / 1e9:g} GB/s",
+        "volume = ZeRO paper's per-step volume in units of Psi; sent = GB each GPU sends per step (ring); times in s.",
+        "",
+    ]
+    names = ["strategy", "volume", "sent", "comm", "host", "compute", "exposed", "step", "no-overlap", "fits"]
+    rows = [_row(p, report.num_parameters) for p in report.plans]
+    widths = [max(len(names[i]), *(len(r[i]) for r in rows)) for i in range(len(names))]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join([cells[0].ljust(widths[0]), *(x.rjust(w) for x, w in zip(cells[1:], widths[1:]))])
+
+    lines += [line(names), line(["-" * w for w in widths]), *(line(r) for r in rows)]
+    return "\n".join(lines)
