@@ -8,7 +8,7 @@ e bytes of one activation element. Every term is what PyTorch autograd saves for
 
 from __future__ import annotations
 
-from zeroplan.specs.model import MlpKind, ModelSpec
+from zeroplan.specs.model import MlpKind, ModelSpec, PositionKind
 from zeroplan.specs.training import ActivationCheckpointing, AttentionKernel, TrainingSpec
 
 DROPOUT_MASK_BYTES = 1
@@ -36,6 +36,15 @@ def attention_core_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: in
     if model.attention_dropout > 0:
         quadratic += DROPOUT_MASK_BYTES * scores + e * scores
     return qkv + quadratic
+
+
+# Su et al. 2021 (RoFormer), eq. 34, computed eagerly as x*cos + rotate(x)*sin: the products
+# save their input, so the un-rotated Q and K stay alive beside the rotated ones that
+# attention saves (zeroplan/harness/model.py; Hugging Face's rotate_half keeps one more copy).
+def rope_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> int:
+    if model.position is not PositionKind.rope:
+        return 0
+    return training.precision.compute_bytes * s * b * (model.q_size + model.kv_size)
 
 
 # Korthikanti et al. sec. 4.1: the part selective recomputation drops (sec. 5): the softmax
@@ -73,6 +82,7 @@ def layer_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> int
     norms = 2 * e * sbh
     # The QKV projection saves its input (the norm's output); the output projection its input.
     attention = e * sbh + attention_core_bytes(model, training, s, b) + e * s * b * model.q_size
+    attention += rope_bytes(model, training, s, b)
     dropout_masks = 2 * DROPOUT_MASK_BYTES * sbh if model.hidden_dropout > 0 else 0
     return norms + attention + mlp_bytes(model, training, s, b) + dropout_masks
 
@@ -107,7 +117,12 @@ def logits_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> in
     e = training.precision.compute_bytes
     sbv = s * b * model.vocab_size
     upcast = 0 if e == FP32_BYTES else e * sbv
-    return upcast + FP32_BYTES * sbv + FP32_BYTES * sbv
+    return upcast + saved_logits_bytes(model, s, b) + FP32_BYTES * sbv
+
+
+def saved_logits_bytes(model: ModelSpec, s: int, b: int) -> int:
+    """What autograd keeps of the loss: the fp32 log-softmax output."""
+    return FP32_BYTES * s * b * model.vocab_size
 
 
 # Backward of one block reads the gradient of its output and writes the gradient of its
