@@ -77,7 +77,14 @@ def test_hsdp_shards_in_node_and_all_reduces_across(gpu_80gib) -> None:
     assert all(c.group_size == 8 and not c.spans_nodes for c in inside)
     (all_reduce,) = across
     assert all_reduce.group_size == 4 and all_reduce.spans_nodes
-    assert all_reduce.buffer_bytes == 2 * PSI // 8  # one bf16 gradient shard
+    assert all_reduce.buffer_bytes == 4 * PSI // 8  # one fp32 gradient shard (reduce_dtype=fp32)
+
+
+def test_fsdp_reduce_dtype_knob(gpu_80gib) -> None:
+    fp32 = {c.what: c for c in collectives(_request(gpu_80gib, StrategyKind.fsdp_full_shard))}
+    bf16 = {c.what: c for c in collectives(_request(gpu_80gib, StrategyKind.fsdp_full_shard, fsdp_reduce_in_fp32=False))}
+    assert fp32["gradients"].buffer_bytes == 2 * bf16["gradients"].buffer_bytes == 4 * PSI
+    assert fp32["parameters"].buffer_bytes == bf16["parameters"].buffer_bytes == 2 * PSI
 
 
 def test_single_gpu_has_no_collectives(gpu_80gib) -> None:

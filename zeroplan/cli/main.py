@@ -42,6 +42,11 @@ def build_parser() -> OneLineParser:
     compare = commands.add_parser("compare", help="communication volume and step time of every strategy")
     add_fit_arguments(compare)
     compare.set_defaults(run=run_compare)
+    from zeroplan.cli.validate import add_validate_arguments, run_validate
+
+    validate = commands.add_parser("validate", help="predicted vs measured for harness records")
+    add_validate_arguments(validate)
+    validate.set_defaults(run=run_validate)
     commands.add_parser("models", help="list model presets").set_defaults(run=_list_models)
     commands.add_parser("gpus", help="list the GPU catalog").set_defaults(run=_list_gpus)
     return parser

@@ -3,7 +3,7 @@ temporaries. Each term names the library behaviour it models."""
 
 from __future__ import annotations
 
-from zeroplan.core.layout import element_bytes, shard_elements
+from zeroplan.core.layout import element_bytes, gradient_wire_bytes, shard_elements
 from zeroplan.core.model_states import shard_layout
 from zeroplan.core.params import parameter_units, total_parameters
 from zeroplan.specs.request import PlanRequest
@@ -52,7 +52,7 @@ def backward_buffer_bytes(request: PlanRequest) -> int:
     if kind.zero_stage in (1, 2):
         buffers = zero_reduce_bucket_bytes(request, eb.compute_parameter)
     else:
-        buffers = gathered_unit_bytes(request, eb.compute_parameter, eb.compute_parameter)
+        buffers = gathered_unit_bytes(request, eb.compute_parameter, gradient_wire_bytes(request))
     accumulating = request.batch.grad_accum_steps > 1 and request.strategy.keep_unsharded_grads_on_accum
     if accumulating and kind.zero_stage >= 2:
         # no_sync(): unsharded gradients accumulate locally until the last micro-batch.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from zeroplan.core.layout import ElementBytes, element_bytes, shard_elements
+from zeroplan.core.layout import ElementBytes, element_bytes, gradient_wire_bytes, shard_elements
 from zeroplan.core.model_states import shard_layout
 from zeroplan.core.params import parameter_units
 from zeroplan.specs.base import Frozen
@@ -139,9 +139,9 @@ def collectives(request: PlanRequest) -> list[Collective]:
 
     group = request.shard_group_size
     group_spans_nodes = group > request.cluster.gpus_per_node
-    # Gradients travel in the compute dtype (FSDP2's reduce_dtype defaults to param_dtype;
-    # ZeRO reduces the fp16 gradients); gathered parameters too.
-    grads = _unit_buffers(request, group, eb.compute_parameter)
+    # Parameters are gathered in the compute dtype; gradients travel in gradient_wire_bytes.
+    gradient_bytes = gradient_wire_bytes(request)
+    grads = _unit_buffers(request, group, gradient_bytes)
     params = _unit_buffers(request, group, eb.compute_parameter)
     reduce_per_step = 1 if (kind is StrategyKind.zero1 or request.strategy.keep_unsharded_grads_on_accum) else accum
     result = []
@@ -149,11 +149,11 @@ def collectives(request: PlanRequest) -> list[Collective]:
         result.append(_collective(CollectiveOp.all_gather, Phase.forward, "parameters", params, group, accum, group_spans_nodes, eb.compute_parameter))
         if kind is not StrategyKind.fsdp_shard_grad_op:
             result.append(_collective(CollectiveOp.all_gather, Phase.backward, "parameters", params, group, accum, group_spans_nodes, eb.compute_parameter))
-    result.append(_collective(CollectiveOp.reduce_scatter, Phase.backward, "gradients", grads, group, reduce_per_step, group_spans_nodes, eb.compute_parameter))
+    result.append(_collective(CollectiveOp.reduce_scatter, Phase.backward, "gradients", grads, group, reduce_per_step, group_spans_nodes, gradient_bytes))
     if request.strategy.kind.zero_stage in (1, 2):
         result.append(_collective(CollectiveOp.all_gather, Phase.step, "parameters", params, group, 1, group_spans_nodes, eb.compute_parameter))
     if kind is StrategyKind.hsdp and world > group:
         replicas = world // group
         shards = [ceil_div(b, group) for b in grads]
-        result.append(_collective(CollectiveOp.all_reduce, Phase.backward, "gradient shards", shards, replicas, reduce_per_step, multi_node, eb.compute_parameter))
+        result.append(_collective(CollectiveOp.all_reduce, Phase.backward, "gradient shards", shards, replicas, reduce_per_step, multi_node, gradient_bytes))
     return result

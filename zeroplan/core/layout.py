@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from zeroplan.core.params import ParamUnit
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.training import Precision, StateConvention
 from zeroplan.units import ceil_div
+
+if TYPE_CHECKING:
+    from zeroplan.specs.request import PlanRequest
 
 
 class ElementBytes(Frozen):
@@ -68,3 +72,13 @@ def shard_elements(unit: ParamUnit, num_shards: int, layout: ShardLayout) -> int
         row_numel = tensor.numel // rows
         total += ceil_div(rows, num_shards) * row_numel
     return total
+
+
+def gradient_wire_bytes(request: "PlanRequest") -> int:
+    """Bytes per element of the gradients the collectives reduce: the compute dtype (ZeRO
+    reduces fp16/bf16 gradients), or fp32 for FSDP with an fp32 reduce_dtype."""
+    eb = element_bytes(request.training.precision, request.convention)
+    strategy = request.strategy
+    if strategy.kind.is_fsdp and strategy.fsdp_reduce_in_fp32:
+        return 4
+    return eb.compute_parameter

@@ -86,6 +86,9 @@ class StrategySpec(Frozen):
     """DeepSpeed reduce_bucket_size / allgather_bucket_size (elements, default 5e8)."""
     prefetch_units: int = Field(default=1, ge=0)
     """ZeRO-3/FSDP: units gathered ahead of the one computing (FSDP2 prefetches one)."""
+    fsdp_reduce_in_fp32: bool = True
+    """FSDP: reduce-scatter gradients in fp32 (MixedPrecisionPolicy(reduce_dtype=float32), as
+    torchtitan's mixed_precision_reduce defaults); False reduces in the compute dtype."""
     keep_unsharded_grads_on_accum: bool = False
     """FSDP no_sync / ZeRO-1: accumulate unsharded gradients locally and reduce once per step
     instead of every micro-batch (costs a full gradient buffer)."""

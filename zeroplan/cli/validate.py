@@ -1,0 +1,34 @@
+"""``zeroplan validate RECORDS...``: predicted against measured, per category and collective."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("records", nargs="+", help="record files or directories of rank*.json (from zeroplan measure)")
+    parser.add_argument("--all-ranks", action="store_true", help="a row per rank (default: rank 0 of each run)")
+    parser.add_argument("--plot", help="save a predicted-vs-measured PNG here")
+    parser.add_argument("--format", choices=["table", "csv", "json"], default="table")
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    from zeroplan.validate.compare import compare_record
+    from zeroplan.validate.load import load_records
+    from zeroplan.validate.report import comparison_frame, render_validation_table, save_validation_plot
+
+    records = load_records(args.records)
+    chosen = records if args.all_ranks else [r for r in records if r.rank == 0] or records
+    rows = [row for record in chosen for row in compare_record(record)]
+    if args.format == "csv":
+        sys.stdout.write(comparison_frame(rows).to_csv(index=False))
+    elif args.format == "json":
+        sys.stdout.write(comparison_frame(rows).to_json(orient="records", indent=1) + "\n")
+    else:
+        sys.stdout.write(render_validation_table(rows) + "\n")
+    if args.plot:
+        path = save_validation_plot(rows, Path(args.plot))
+        sys.stderr.write(f"zeroplan: wrote {path}\n")
+    return 0
