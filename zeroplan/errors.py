@@ -1,6 +1,7 @@
 """User-facing errors.
 
-A :class:`ZeroplanError` is a mistake in what the user asked for (an unknown model, a
+A :class:`ZeroplanError` (deliberately not a ValueError, so pydantic validators raise it
+unwrapped) is a mistake in what the user asked for (an unknown model, a
 non-positive size, GPUs that do not divide into nodes). Its message is one line that names the
 field and the allowed values; the command line prints it and exits with status 2. Internal
 invariants use ``assert`` instead.
@@ -12,7 +13,7 @@ import difflib
 from collections.abc import Iterable
 
 
-class ZeroplanError(ValueError):
+class ZeroplanError(Exception):
     """A user's input is invalid; the message is a single line naming the field."""
 
     def __init__(self, field: str, message: str) -> None:

@@ -69,7 +69,8 @@ class PlanRequest(Frozen):
         return self.cluster.world_size
 
     def with_strategy(self, strategy: StrategySpec) -> "PlanRequest":
-        return self.model_copy(update={"strategy": strategy})
+        """The same request under another strategy (validated again: HSDP groups must divide)."""
+        return type(self)(**{**dict(self), "strategy": strategy})
 
     def with_micro_batch(self, micro_batch_size: int) -> "PlanRequest":
         batch = self.batch.model_copy(update={"micro_batch_size": micro_batch_size})

@@ -72,9 +72,8 @@ class StateConvention(str, Enum):
     """ZeRO paper sec. 3.1: half-precision parameters and gradients (2+2 bytes) plus K bytes of
     optimizer state that include the fp32 master copy (K=12 for Adam)."""
     deepspeed = "deepspeed"
-    """DeepSpeed's engines: as ``zero`` plus an fp32 gradient partition the optimizer reads
-    (4 bytes, sharded like the optimizer); at stage 3 gradients are reduced straight into it
-    (18 bytes per parameter, deepspeed/runtime/zero/stage3.py)."""
+    """DeepSpeed's engines: as ``zero`` but the gradients the optimizer reads are held in fp32
+    (2 + 4 + 12 = 18 bytes per parameter, deepspeed/runtime/zero/stage3.py)."""
     fsdp2 = "fsdp2"
     """PyTorch FSDP2 / AMP: parameters and gradients stay fp32 (4+4 bytes) and are cast to
     bf16 only for compute; the fp32 parameter is the master copy."""

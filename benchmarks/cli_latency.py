@@ -1,0 +1,49 @@
+"""How long `zeroplan fit` takes, as a ratio against a bare `python -c pass`, measured side by
+side in one run (this machine is noisy, so the ratio is what to read, not the seconds).
+
+    python benchmarks/cli_latency.py [--repeats 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+
+COMMANDS = {
+    "python -c pass": [sys.executable, "-c", "pass"],
+    "zeroplan fit llama-2-70b (10 strategies)": [
+        sys.executable, "-m", "zeroplan", "fit", "llama-2-70b", "--gpus", "8", "--gpu", "a100-80gb",
+    ],
+    "zeroplan fit llama-3.1-405b --gpus 512": [
+        sys.executable, "-m", "zeroplan", "fit", "llama-3.1-405b", "--gpus", "512", "--gpu", "h100-80gb",
+    ],
+}
+
+
+def time_once(command: list[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args()
+    samples: dict[str, list[float]] = {name: [] for name in COMMANDS}
+    for _ in range(args.repeats):
+        # Interleave the commands so drift in machine load hits all of them alike.
+        for name, command in COMMANDS.items():
+            samples[name].append(time_once(command))
+    baseline = statistics.median(samples["python -c pass"])
+    print(f"{'command':45s} {'median s':>9s} {'ratio':>7s}")
+    for name, values in samples.items():
+        median = statistics.median(values)
+        print(f"{name:45s} {median:9.3f} {median / baseline:7.1f}x")
+
+
+if __name__ == "__main__":
+    main()

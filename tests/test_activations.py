@@ -1,0 +1,84 @@
+"""Activation memory against Korthikanti et al. 2022 and the checkpointing modes."""
+
+from __future__ import annotations
+
+import pytest
+
+from zeroplan.core.activations import (
+    activation_bytes, attention_core_bytes, checkpointed_layers_bytes, korthikanti_layer_bytes,
+    layer_bytes, logits_bytes,
+)
+from zeroplan.presets.models import get_model
+from zeroplan.specs import ActivationCheckpointing, AttentionKernel, ModelSpec, Precision, TrainingSpec
+
+EAGER = TrainingSpec(attention_kernel=AttentionKernel.eager)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "gpt2-xl", "gpt3-175b"])
+@pytest.mark.parametrize("s,b", [(1024, 1), (2048, 4), (512, 3)])
+def test_generalised_layer_reproduces_korthikanti_eq1(name: str, s: int, b: int) -> None:
+    # GPT presets have MHA, a 4h GeLU MLP, LayerNorm and dropout: exactly eq. (1)'s setting.
+    model = get_model(name)
+    assert layer_bytes(model, EAGER, s, b) == korthikanti_layer_bytes(s, b, model.hidden_size, model.num_heads)
+
+
+def test_selective_recompute_keeps_34sbh() -> None:
+    # Korthikanti sec. 5: selective recomputation leaves 34*s*b*h bytes per layer.
+    model = get_model("gpt3-175b")
+    training = EAGER.model_copy(update={"activation_checkpointing": ActivationCheckpointing.selective})
+    s, b = 2048, 1
+    assert checkpointed_layers_bytes(model, training, s, b) == model.num_layers * 34 * s * b * model.hidden_size
+
+
+def test_full_recompute_keeps_block_inputs_plus_one_block() -> None:
+    model = get_model("llama-2-7b")
+    training = TrainingSpec(activation_checkpointing=ActivationCheckpointing.full)
+    s, b = 4096, 2
+    expected = model.num_layers * 2 * s * b * model.hidden_size + layer_bytes(model, training, s, b)
+    assert checkpointed_layers_bytes(model, training, s, b) == expected
+
+
+def test_modes_order_none_selective_full() -> None:
+    model = get_model("llama-2-13b")
+    sizes = [
+        activation_bytes(model, EAGER.model_copy(update={"activation_checkpointing": mode}), 4096, 1)
+        for mode in ActivationCheckpointing
+    ]
+    assert sizes[0] > sizes[1] > sizes[2]
+
+
+def test_flash_attention_removes_quadratic_term() -> None:
+    model = get_model("llama-2-7b")
+    flash = TrainingSpec(attention_kernel=AttentionKernel.flash)
+    short = attention_core_bytes(model, flash, 1024, 1)
+    long = attention_core_bytes(model, flash, 4096, 1)
+    assert long == 4 * short  # linear in s
+    assert attention_core_bytes(model, EAGER, 4096, 1) > 4 * attention_core_bytes(model, EAGER, 1024, 1)
+
+
+def test_gqa_stores_smaller_keys_and_values() -> None:
+    mha = get_model("llama-2-7b")
+    gqa = mha.model_copy(update={"num_kv_heads": 8})
+    flash = TrainingSpec()
+    s, b, e = 4096, 1, 2
+    saved = attention_core_bytes(mha, flash, s, b) - attention_core_bytes(gqa, flash, s, b)
+    assert saved == e * s * b * 2 * (mha.kv_size - gqa.kv_size)
+
+
+def test_activations_are_linear_in_micro_batch() -> None:
+    model = get_model("mixtral-8x7b")
+    one = activation_bytes(model, TrainingSpec(), 2048, 1)
+    assert activation_bytes(model, TrainingSpec(), 2048, 5) == 5 * one
+
+
+def test_fp32_doubles_activations_without_masks() -> None:
+    model = get_model("llama-2-7b")  # no dropout: every saved tensor scales with the dtype
+    bf16 = activation_bytes(model, TrainingSpec(attention_kernel=AttentionKernel.eager), 1024, 1)
+    fp32 = activation_bytes(model, TrainingSpec(precision=Precision.fp32, attention_kernel=AttentionKernel.eager), 1024, 1)
+    assert fp32 == 2 * bf16
+
+
+def test_logits_hold_half_logits_fp32_log_softmax_and_its_gradient() -> None:
+    model = ModelSpec(name="v", vocab_size=1000, hidden_size=64, num_layers=1, num_heads=4, ffn_hidden_size=128)
+    assert logits_bytes(model, TrainingSpec(), 10, 2) == (2 + 4 + 4) * 10 * 2 * 1000
+    assert logits_bytes(model, TrainingSpec(precision=Precision.fp32), 10, 2) == (4 + 4) * 10 * 2 * 1000

@@ -1,0 +1,84 @@
+"""Collectives per step: ring bytes, the ZeRO paper's volumes, accumulation and HSDP."""
+
+from __future__ import annotations
+
+import pytest
+
+from zeroplan.core.communication import CollectiveOp, Phase, collectives, ddp_bucket_sizes, ring_sent_bytes
+from zeroplan.core.params import total_parameters
+from zeroplan.core.zero_paper import zero_communication_volume
+from zeroplan.specs import BatchSpec, ModelSpec, PlanRequest, StrategyKind, StrategySpec, cluster_from_gpus
+
+MODEL = ModelSpec(name="divisible", vocab_size=1024, hidden_size=256, num_layers=4, num_heads=4, ffn_hidden_size=1024)
+PSI = total_parameters(MODEL)
+
+
+def _request(gpu, kind, gpus=8, gpus_per_node=8, accum=1, **strategy) -> PlanRequest:
+    return PlanRequest(
+        model=MODEL, batch=BatchSpec(grad_accum_steps=accum),
+        cluster=cluster_from_gpus(gpu, gpus, gpus_per_node=gpus_per_node),
+        strategy=StrategySpec(kind=kind, **strategy),
+    )
+
+
+def test_ring_bytes() -> None:
+    assert ring_sent_bytes(CollectiveOp.all_reduce, 800, 8) == 2 * 7 * 100
+    assert ring_sent_bytes(CollectiveOp.all_gather, 800, 8) == ring_sent_bytes(CollectiveOp.reduce_scatter, 800, 8) == 700
+    assert ring_sent_bytes(CollectiveOp.all_gather, 800, 1) == 0
+
+
+@pytest.mark.parametrize(
+    "kind,stage",
+    [(StrategyKind.ddp, 0), (StrategyKind.zero1, 1), (StrategyKind.zero2, 2), (StrategyKind.zero3, 3), (StrategyKind.fsdp_full_shard, 3)],
+)
+def test_volume_matches_zero_paper_sec_7(gpu_80gib, kind, stage) -> None:
+    steps = collectives(_request(gpu_80gib, kind))
+    assert sum(c.volume_elements_per_step for c in steps) == zero_communication_volume(PSI, stage)
+
+
+def test_ddp_sends_2_n_minus_1_over_n_of_the_gradients(gpu_80gib) -> None:
+    (all_reduce,) = collectives(_request(gpu_80gib, StrategyKind.ddp))
+    assert all_reduce.op is CollectiveOp.all_reduce and all_reduce.buffer_bytes == 2 * PSI
+    assert all_reduce.sent_bytes_per_step == pytest.approx(2 * 7 / 8 * 2 * PSI, rel=1e-6)
+
+
+def test_ddp_buckets_start_with_one_mib() -> None:
+    sizes = ddp_bucket_sizes(60 * 2**20, 25 * 2**20)
+    assert sizes == [2**20, 25 * 2**20, 25 * 2**20, 9 * 2**20]
+
+
+def test_zero3_gathers_twice_per_micro_batch(gpu_80gib) -> None:
+    steps = collectives(_request(gpu_80gib, StrategyKind.zero3, accum=4))
+    by_phase = {(c.op, c.phase): c for c in steps}
+    assert by_phase[(CollectiveOp.all_gather, Phase.forward)].occurrences_per_step == 4
+    assert by_phase[(CollectiveOp.all_gather, Phase.backward)].occurrences_per_step == 4
+    assert by_phase[(CollectiveOp.reduce_scatter, Phase.backward)].occurrences_per_step == 4
+    assert by_phase[(CollectiveOp.all_gather, Phase.forward)].calls == MODEL.num_layers + 2
+
+
+def test_zero1_reduces_once_zero2_every_micro_batch(gpu_80gib) -> None:
+    zero1 = {c.op: c for c in collectives(_request(gpu_80gib, StrategyKind.zero1, accum=4))}
+    zero2 = {c.op: c for c in collectives(_request(gpu_80gib, StrategyKind.zero2, accum=4))}
+    assert zero1[CollectiveOp.reduce_scatter].occurrences_per_step == 1
+    assert zero2[CollectiveOp.reduce_scatter].occurrences_per_step == 4
+    assert zero1[CollectiveOp.all_gather].occurrences_per_step == zero2[CollectiveOp.all_gather].occurrences_per_step == 1
+
+
+def test_shard_grad_op_skips_backward_gather(gpu_80gib) -> None:
+    phases = {(c.op, c.phase) for c in collectives(_request(gpu_80gib, StrategyKind.fsdp_shard_grad_op))}
+    assert (CollectiveOp.all_gather, Phase.backward) not in phases
+    assert (CollectiveOp.all_gather, Phase.forward) in phases
+
+
+def test_hsdp_shards_in_node_and_all_reduces_across(gpu_80gib) -> None:
+    steps = collectives(_request(gpu_80gib, StrategyKind.hsdp, gpus=32, gpus_per_node=8))
+    across = [c for c in steps if c.op is CollectiveOp.all_reduce]
+    inside = [c for c in steps if c.op is not CollectiveOp.all_reduce]
+    assert all(c.group_size == 8 and not c.spans_nodes for c in inside)
+    (all_reduce,) = across
+    assert all_reduce.group_size == 4 and all_reduce.spans_nodes
+    assert all_reduce.buffer_bytes == 2 * PSI // 8  # one bf16 gradient shard
+
+
+def test_single_gpu_has_no_collectives(gpu_80gib) -> None:
+    assert collectives(_request(gpu_80gib, StrategyKind.zero3, gpus=1, gpus_per_node=1)) == []

@@ -1,0 +1,3 @@
+from zeroplan.cli.main import main
+
+raise SystemExit(main())

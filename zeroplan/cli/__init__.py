@@ -1,0 +1,1 @@
+"""The ``zeroplan`` command line."""

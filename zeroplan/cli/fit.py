@@ -1,0 +1,117 @@
+"""``zeroplan fit``: will MODEL train on these GPUs, under which strategy?"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from zeroplan.cli.parser import choices_of, positive_float, positive_int
+from zeroplan.errors import ZeroplanError
+from zeroplan.specs import (
+    ActivationCheckpointing,
+    AttentionKernel,
+    BatchSpec,
+    Optimizer,
+    PlanRequest,
+    Precision,
+    StateConvention,
+    StrategyKind,
+    StrategySpec,
+    TrainingSpec,
+    cluster_from_gpus,
+)
+from zeroplan.units import GB, GiB, ByteUnit
+
+
+def add_request_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags that describe a request (shared by fit and other planning commands)."""
+    parser.add_argument("model", help="preset name (see `zeroplan models`) or a path to a Hugging Face config.json")
+    parser.add_argument("--gpus", type=positive_int, default=8, help="total GPUs (default 8)")
+    parser.add_argument("--gpu", default="a100-80gb", help="GPU name (see `zeroplan gpus`) or a JSON file (default a100-80gb)")
+    parser.add_argument("--gpu-memory-gib", type=positive_float, help="override the GPU's memory, in GiB")
+    parser.add_argument("--nodes", type=positive_int, help="number of nodes (default: --gpus / --gpus-per-node)")
+    parser.add_argument("--gpus-per-node", type=positive_int, help="GPUs per node (default min(--gpus, 8))")
+    parser.add_argument("--host-memory-gb", type=positive_float, help="host RAM per node in GB, to check offload")
+    parser.add_argument("--micro-batch", type=positive_int, default=1, help="sequences per GPU per pass (default 1)")
+    parser.add_argument("--seq-len", type=positive_int, default=4096, help="tokens per sequence (default 4096)")
+    parser.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step (default 1)")
+    parser.add_argument("--precision", choices=choices_of(Precision), default=Precision.bf16_mixed.value)
+    parser.add_argument("--optimizer", choices=choices_of(Optimizer), default=Optimizer.adamw.value)
+    parser.add_argument(
+        "--activation-checkpointing", choices=choices_of(ActivationCheckpointing),
+        default=ActivationCheckpointing.none.value,
+    )
+    parser.add_argument("--attention", choices=choices_of(AttentionKernel), default=AttentionKernel.flash.value)
+    parser.add_argument(
+        "--state-convention", choices=choices_of(StateConvention),
+        help="byte layout of model states (default: zero for DDP/ZeRO, fsdp2 for FSDP)",
+    )
+    parser.add_argument("--hsdp-group", type=positive_int, help="HSDP shard group size (default: GPUs per node)")
+
+
+def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
+    add_request_arguments(parser)
+    parser.add_argument(
+        "--strategies", help=f"comma-separated subset of: {', '.join(choices_of(StrategyKind))} (default all)"
+    )
+    parser.add_argument("--format", choices=["table", "json", "csv"], default="table")
+    parser.add_argument("--unit", choices=["GiB", "GB"], default="GiB", help="unit of the table (default GiB)")
+
+
+def _gpu(args: argparse.Namespace):
+    from zeroplan.presets.gpus import get_gpu, load_gpu_file
+
+    gpu = load_gpu_file(args.gpu) if args.gpu.endswith(".json") else get_gpu(args.gpu)
+    if args.gpu_memory_gib is not None:
+        gpu = gpu.model_copy(update={"memory_bytes": int(args.gpu_memory_gib * GiB)})
+    return gpu
+
+
+def parse_strategies(text: str | None) -> tuple[StrategyKind, ...]:
+    if text is None:
+        return tuple(StrategyKind)
+    allowed = choices_of(StrategyKind)
+    kinds = []
+    for name in (part.strip() for part in text.split(",")):
+        if name not in allowed:
+            raise ZeroplanError("strategies", f"unknown {name!r} (allowed: {', '.join(allowed)})")
+        kinds.append(StrategyKind(name))
+    return tuple(kinds)
+
+
+def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKind.ddp) -> PlanRequest:
+    """Build the PlanRequest the flags describe; bad values raise one-line ZeroplanErrors."""
+    from zeroplan.presets.models import get_model
+
+    model = get_model(args.model)
+    cluster = cluster_from_gpus(_gpu(args), args.gpus, args.gpus_per_node, args.nodes)
+    if args.host_memory_gb is not None:
+        cluster = cluster.model_copy(update={"host_memory_bytes_per_node": int(args.host_memory_gb * GB)})
+    training = TrainingSpec(
+        precision=Precision(args.precision),
+        optimizer=Optimizer(args.optimizer),
+        activation_checkpointing=ActivationCheckpointing(args.activation_checkpointing),
+        attention_kernel=AttentionKernel(args.attention),
+        state_convention=StateConvention(args.state_convention) if args.state_convention else None,
+    )
+    batch = BatchSpec(micro_batch_size=args.micro_batch, seq_len=args.seq_len, grad_accum_steps=args.grad_accum)
+    if args.hsdp_group is not None and cluster.world_size % args.hsdp_group:
+        raise ZeroplanError("hsdp-group", f"{args.hsdp_group} does not divide the {cluster.world_size} GPUs")
+    strategy = StrategySpec(kind=kind, shard_group_size=args.hsdp_group)
+    return PlanRequest(model=model, training=training, batch=batch, cluster=cluster, strategy=strategy)
+
+
+def run_fit(args: argparse.Namespace) -> int:
+    from zeroplan.core.plan import fit
+
+    kinds = parse_strategies(args.strategies)
+    report = fit(request_from_args(args), kinds)
+    if args.format == "json":
+        sys.stdout.write(report.model_dump_json(indent=2) + "\n")
+    elif args.format == "csv":
+        sys.stdout.write(report.to_dataframe().to_csv())
+    else:
+        from zeroplan.report.table import render_table
+
+        sys.stdout.write(render_table(report, ByteUnit(args.unit)) + "\n")
+    return 0

@@ -1,0 +1,61 @@
+"""Entry point of the ``zeroplan`` command. Sub-commands import their heavy parts lazily so
+that the planner answers fast and never imports torch."""
+
+from __future__ import annotations
+
+import sys
+
+from pydantic import ValidationError
+
+from zeroplan.cli.parser import OneLineParser
+from zeroplan.errors import ZeroplanError
+from zeroplan.specs.base import first_error
+
+
+def _list_models(_args) -> int:
+    from zeroplan.core.params import total_parameters
+    from zeroplan.presets.models import get_model, model_names
+
+    for name in model_names():
+        print(f"{name:16s} {total_parameters(get_model(name)):>18,} parameters")
+    return 0
+
+
+def _list_gpus(_args) -> int:
+    from zeroplan.presets.gpus import get_gpu, gpu_names
+    from zeroplan.units import GiB
+
+    for name in gpu_names():
+        gpu = get_gpu(name)
+        print(f"{name:14s} {gpu.memory_bytes / GiB:7.1f} GiB  {gpu.peak_bf16_flops_per_s / 1e12:7.0f} TFLOP/s  {gpu.display_name}")
+    return 0
+
+
+def build_parser() -> OneLineParser:
+    from zeroplan.cli.fit import add_fit_arguments, run_fit
+
+    parser = OneLineParser(prog="zeroplan", description="Will it fit, with which sharding, and what will it cost?")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    fit = commands.add_parser("fit", help="per-GPU memory of every strategy, and a verdict")
+    add_fit_arguments(fit)
+    fit.set_defaults(run=run_fit)
+    commands.add_parser("models", help="list model presets").set_defaults(run=_list_models)
+    commands.add_parser("gpus", help="list the GPU catalog").set_defaults(run=_list_gpus)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except ZeroplanError as error:
+        sys.stderr.write(f"zeroplan: error: {error}\n")
+        return 2
+    except ValidationError as error:
+        sys.stderr.write(f"zeroplan: error: {first_error(error)}\n")
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,70 @@
+"""Bytes per element of each model state, and how many elements of a unit a rank holds."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from zeroplan.core.params import ParamUnit
+from zeroplan.specs.base import Frozen
+from zeroplan.specs.training import Precision, StateConvention
+from zeroplan.units import ceil_div
+
+
+class ElementBytes(Frozen):
+    """Bytes per parameter element of each persistent model state."""
+
+    parameter: int
+    """The parameter as stored between steps (half precision under ``zero``, fp32 under fsdp2)."""
+    gradient: int
+    """The gradient as held between backward and the optimizer step."""
+    master: int
+    """A separate fp32 master copy of the weights, else 0."""
+    optimizer_dtype: int
+    """Bytes of one optimizer-state element (fp32, or bf16 for pure bf16)."""
+    compute_parameter: int
+    """The parameter as the forward pass uses it (what ZeRO-3/FSDP all-gather)."""
+
+
+# ZeRO paper sec. 3.1 (zero); DeepSpeed holds the gradients the optimizer reads in fp32
+# (deepspeed/runtime/zero/stage_1_and_2.py single_partition_of_fp32_groups[i].grad;
+# stage3.py reduces straight into fp32 partitions): 2 + 4 + 12 = 18 bytes (deepspeed); FSDP2
+# (torch/distributed/fsdp/_fully_shard/_fsdp_param.py) keeps fp32 sharded parameters and
+# gradients and casts to MixedPrecisionPolicy.param_dtype for compute (fsdp2).
+def element_bytes(precision: Precision, convention: StateConvention) -> ElementBytes:
+    if precision is Precision.fp32:
+        return ElementBytes(parameter=4, gradient=4, master=0, optimizer_dtype=4, compute_parameter=4)
+    if precision is Precision.bf16_pure:
+        return ElementBytes(parameter=2, gradient=2, master=0, optimizer_dtype=2, compute_parameter=2)
+    if convention is StateConvention.fsdp2:
+        return ElementBytes(parameter=4, gradient=4, master=0, optimizer_dtype=4, compute_parameter=2)
+    if convention is StateConvention.deepspeed:
+        return ElementBytes(parameter=2, gradient=4, master=4, optimizer_dtype=4, compute_parameter=2)
+    return ElementBytes(parameter=2, gradient=2, master=4, optimizer_dtype=4, compute_parameter=2)
+
+
+class ShardLayout(str, Enum):
+    """How a unit is cut into N shards."""
+
+    flat = "flat"
+    """The unit is one flat buffer padded to a multiple of N (zeroplan's reference ZeRO,
+    zeroplan/harness/zero.py; DeepSpeed flattens per group in the same way)."""
+    dim0 = "dim0"
+    """Each tensor is split on dim 0, padded to a multiple of N rows (FSDP2's
+    torch/distributed/fsdp/_fully_shard/_fsdp_param.py, _init_sharded_param)."""
+
+
+def padded_unit_elements(unit: ParamUnit, num_shards: int, layout: ShardLayout) -> int:
+    """Elements of the unit after padding, summed over all shards."""
+    return num_shards * shard_elements(unit, num_shards, layout)
+
+
+def shard_elements(unit: ParamUnit, num_shards: int, layout: ShardLayout) -> int:
+    """Elements of the unit one rank holds (padding included)."""
+    if layout is ShardLayout.flat:
+        return ceil_div(unit.numel, num_shards)
+    total = 0
+    for tensor in unit.tensors:
+        rows = tensor.shape[0]
+        row_numel = tensor.numel // rows
+        total += ceil_div(rows, num_shards) * row_numel
+    return total

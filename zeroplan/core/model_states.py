@@ -1,0 +1,95 @@
+"""Per-rank bytes of parameters, gradients and optimizer states (the ZeRO paper's "model
+states", sec. 3.1), exact for a padded sharded layout, with offload to host memory."""
+
+from __future__ import annotations
+
+from zeroplan.core.layout import ElementBytes, ShardLayout, element_bytes, shard_elements
+from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise, tensor_state_bytes
+from zeroplan.core.params import ParamUnit, parameter_units
+from zeroplan.specs.base import Frozen
+from zeroplan.specs.request import PlanRequest
+from zeroplan.units import ceil_div
+
+# ZeRO-Offload (Ren et al. 2021, sec. 4.1): the host holds fp32 master weights, optimizer
+# states and fp32 gradients, and runs the optimizer step; bytes per element of the first and last.
+OFFLOAD_MASTER_BYTES = 4
+OFFLOAD_GRADIENT_BYTES = 4
+
+
+class ModelStateBytes(Frozen):
+    """Model states of one rank."""
+
+    parameter_bytes: int
+    """Parameters resident on the GPU between steps."""
+    gradient_bytes: int
+    """Gradients resident on the GPU at the end of backward (fp32 copies included)."""
+    optimizer_state_bytes: int
+    """Optimizer states on the GPU, fp32 master copy included (the paper's K*Psi term)."""
+    host_bytes: int
+    """Model states offloaded to host memory by this rank."""
+    parameter_elements: int
+    """Parameter elements this rank stores (padding included)."""
+
+    @property
+    def gpu_bytes(self) -> int:
+        return self.parameter_bytes + self.gradient_bytes + self.optimizer_state_bytes
+
+
+def shard_layout(request: PlanRequest) -> ShardLayout:
+    return ShardLayout.dim0 if request.strategy.kind.is_fsdp else ShardLayout.flat
+
+
+def held_elements(units: tuple[ParamUnit, ...], num_shards: int, layout: ShardLayout) -> int:
+    """Elements a rank holds of every unit when each is split ``num_shards`` ways."""
+    if num_shards == 1:
+        return sum(unit.numel for unit in units)
+    return sum(shard_elements(unit, num_shards, layout) for unit in units)
+
+
+def optimizer_bytes(request: PlanRequest, elements: int, num_shards: int, eb: ElementBytes) -> int:
+    """Optimizer-state bytes for ``elements`` held elements (master copy not included)."""
+    optimizer = request.training.optimizer
+    if is_elementwise(optimizer):
+        return elements * elementwise_state_bytes(optimizer, eb.optimizer_dtype)
+    # Factored and block-quantised states do not split element by element; a rank holds 1/N
+    # of the whole (rounded up). Documented in docs/memory-model.md as an approximation.
+    units = parameter_units(request.model)
+    whole = sum(tensor_state_bytes(t, optimizer, eb.optimizer_dtype) for u in units for t in u.tensors)
+    return ceil_div(whole, num_shards)
+
+
+def model_state_bytes(request: PlanRequest) -> ModelStateBytes:
+    kind = request.strategy.kind
+    stage = kind.zero_stage
+    eb = element_bytes(request.training.precision, request.convention)
+    units = parameter_units(request.model)
+    num_shards = request.shard_group_size
+    layout = shard_layout(request)
+    full = held_elements(units, 1, layout)
+    shard = held_elements(units, num_shards, layout)
+
+    parameter_elements = shard if stage >= 3 else full
+    gradient_elements = shard if stage >= 2 else full
+    optimizer_elements = shard if stage >= 1 else full
+    optimizer_shards = num_shards if stage >= 1 else 1
+
+    parameter = parameter_elements * eb.parameter
+    gradient = gradient_elements * eb.gradient
+    optimizer = optimizer_elements * eb.master + optimizer_bytes(request, optimizer_elements, optimizer_shards, eb)
+    host = 0
+    if kind.offloads_optimizer:
+        # The gradient partition streams to the host as it is reduced; nothing stays on the GPU.
+        host = optimizer_elements * (OFFLOAD_MASTER_BYTES + OFFLOAD_GRADIENT_BYTES)
+        host += optimizer_bytes(request, optimizer_elements, optimizer_shards, eb)
+        gradient = 0
+        optimizer = 0
+    if kind.offloads_parameters:
+        host += parameter
+        parameter = 0
+    return ModelStateBytes(
+        parameter_bytes=parameter,
+        gradient_bytes=gradient,
+        optimizer_state_bytes=optimizer,
+        host_bytes=host,
+        parameter_elements=parameter_elements,
+    )

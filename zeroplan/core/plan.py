@@ -1,0 +1,174 @@
+"""Assemble the per-GPU answer for one request, and the fit report over many strategies."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from zeroplan.core.activations import activation_bytes, backward_workspace_bytes, logits_bytes
+from zeroplan.core.buffers import backward_buffer_bytes, optimizer_step_temporary_bytes
+from zeroplan.core.communication import collectives
+from zeroplan.core.model_states import ModelStateBytes, held_elements, model_state_bytes, shard_layout
+from zeroplan.core.params import parameter_units, total_parameters
+from zeroplan.results import FitReport, MemoryBreakdown, StrategyPlan
+from zeroplan.specs.request import PlanRequest
+from zeroplan.specs.strategy import StrategyKind, StrategySpec
+from zeroplan.specs.training import ActivationCheckpointing
+
+MAX_MICRO_BATCH_SEARCH = 1 << 20
+"""The largest micro-batch the search tries."""
+
+
+def _optimizer_elements(request: PlanRequest) -> int:
+    """Elements the optimizer steps on this rank (its shard from ZeRO-1 on)."""
+    shards = request.shard_group_size if request.strategy.kind.zero_stage >= 1 else 1
+    return held_elements(parameter_units(request.model), shards, shard_layout(request))
+
+
+# docs/memory-model.md, "Peak": during backward, gradients fill in as activations are freed,
+# so with one micro-batch per step the two never peak together (max of the two ends); with
+# accumulation the previous micro-batches' gradients are already there (their sum). The
+# optimizer step comes after activations are freed.
+def peak_allocated_bytes(
+    states: ModelStateBytes, activations: int, logits: int, temporary: int, step_temporary: int,
+    grad_accum_steps: int,
+) -> int:
+    resident = states.parameter_bytes + states.optimizer_state_bytes
+    backward_start = activations + logits
+    if grad_accum_steps == 1:
+        backward = resident + temporary + max(states.gradient_bytes, backward_start)
+    else:
+        backward = resident + temporary + states.gradient_bytes + backward_start
+    step = resident + states.gradient_bytes + step_temporary
+    return max(backward, step)
+
+
+def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateBytes]:
+    model, training, batch = request.model, request.training, request.batch
+    s, b = batch.seq_len, batch.micro_batch_size
+    states = model_state_bytes(request)
+    activations = activation_bytes(model, training, s, b)
+    logits = logits_bytes(model, training, s, b)
+    temporary = backward_buffer_bytes(request) + backward_workspace_bytes(model, training, s, b)
+    step_temporary = optimizer_step_temporary_bytes(request, _optimizer_elements(request))
+    allocated = peak_allocated_bytes(states, activations, logits, temporary, step_temporary, batch.grad_accum_steps)
+    reserve = int(allocated * request.assumptions.allocator_reserve_fraction)
+    breakdown = MemoryBreakdown(
+        parameter_bytes=states.parameter_bytes,
+        gradient_bytes=states.gradient_bytes,
+        optimizer_state_bytes=states.optimizer_state_bytes,
+        activation_bytes=activations,
+        logits_bytes=logits,
+        temporary_bytes=temporary,
+        step_temporary_bytes=step_temporary,
+        allocated_peak_bytes=allocated,
+        allocator_reserve_bytes=reserve,
+        peak_bytes=allocated + reserve,
+    )
+    return breakdown, states
+
+
+def _fits(request: PlanRequest) -> bool:
+    breakdown, _ = memory_breakdown(request)
+    return breakdown.peak_bytes <= request.cluster.usable_memory_bytes
+
+
+def max_micro_batch_size(request: PlanRequest) -> int:
+    """Largest micro-batch that fits (peak memory grows monotonically with it); 0 if none."""
+    if not _fits(request.with_micro_batch(1)):
+        return 0
+    low, high = 1, 2
+    while high <= MAX_MICRO_BATCH_SEARCH and _fits(request.with_micro_batch(high)):
+        low, high = high, high * 2
+    if high > MAX_MICRO_BATCH_SEARCH:
+        return low
+    while high - low > 1:
+        middle = (low + high) // 2
+        if _fits(request.with_micro_batch(middle)):
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def plan(request: PlanRequest) -> StrategyPlan:
+    """Memory and communication of one strategy on one GPU."""
+    breakdown, states = memory_breakdown(request)
+    usable = request.cluster.usable_memory_bytes
+    host_per_node = states.host_bytes * request.cluster.gpus_per_node
+    host_limit = request.cluster.host_memory_bytes_per_node
+    step_collectives = tuple(collectives(request))
+    return StrategyPlan(
+        strategy=request.strategy.kind,
+        state_convention=request.convention,
+        shard_group_size=request.shard_group_size,
+        micro_batch_size=request.batch.micro_batch_size,
+        memory=breakdown,
+        usable_memory_bytes=usable,
+        fits=breakdown.peak_bytes <= usable,
+        headroom_bytes=usable - breakdown.peak_bytes,
+        max_micro_batch_size=max_micro_batch_size(request),
+        host_bytes_per_rank=states.host_bytes,
+        host_bytes_per_node=host_per_node,
+        host_fits=None if host_limit is None else host_per_node <= host_limit,
+        collectives=step_collectives,
+        sent_bytes_per_step=sum(c.sent_bytes_per_step for c in step_collectives),
+        communication_volume_elements=sum(c.volume_elements_per_step for c in step_collectives),
+    )
+
+
+ALL_STRATEGIES: tuple[StrategyKind, ...] = tuple(StrategyKind)
+
+
+def recommend(plans: Iterable[StrategyPlan]) -> StrategyKind | None:
+    """Among plans that fit (host memory included), prefer the least offload (each offload
+    adds host-link traffic), then the least bytes sent per step, then the most headroom."""
+    fitting = [p for p in plans if p.fits and p.host_fits is not False]
+    if not fitting:
+        return None
+    best = min(
+        fitting,
+        key=lambda p: (p.strategy.offloads_optimizer, p.strategy.offloads_parameters, p.sent_bytes_per_step, -p.headroom_bytes),
+    )
+    return best.strategy
+
+
+def _verdict(plans: tuple[StrategyPlan, ...], recommended: StrategyKind | None) -> str:
+    fitting = [p.strategy.value for p in plans if p.fits and p.host_fits is not False]
+    if not fitting:
+        closest = min(plans, key=lambda p: p.memory.peak_bytes)
+        return (
+            f"Nothing fits; the smallest footprint is {closest.strategy.value} "
+            f"({closest.memory.peak_bytes / 2**30:.1f} GiB per GPU of "
+            f"{closest.usable_memory_bytes / 2**30:.1f} GiB usable)."
+        )
+    others = [name for name in fitting if name != recommended.value]
+    also = f"; also fits: {', '.join(others)}" if others else ""
+    return f"Recommended: {recommended.value} (fits with the least offload and communication){also}."
+
+
+def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] = ALL_STRATEGIES) -> FitReport:
+    """Plan ``base`` under each strategy; the strategy in ``base`` supplies the knobs."""
+    strategies = tuple(strategies)
+    plans = []
+    for strategy in strategies:
+        spec = strategy if isinstance(strategy, StrategySpec) else base.strategy.model_copy(update={"kind": StrategyKind(strategy)})
+        plans.append(plan(base.with_strategy(spec)))
+    plans_tuple = tuple(plans)
+    recommended = recommend(plans_tuple)
+    verdict = _verdict(plans_tuple, recommended)
+    if recommended is None and base.training.activation_checkpointing is not ActivationCheckpointing.full:
+        # The most common way out: say whether recomputing activations would make it fit.
+        training = base.training.model_copy(update={"activation_checkpointing": ActivationCheckpointing.full})
+        retry = fit(base.model_copy(update={"training": training}), strategies)
+        if retry.recommended is not None:
+            verdict += f" With --activation-checkpointing full: {retry.verdict}"
+    return FitReport(
+        model=base.model,
+        num_parameters=total_parameters(base.model),
+        training=base.training,
+        batch=base.batch,
+        cluster=base.cluster,
+        plans=plans_tuple,
+        recommended=recommended,
+        verdict=verdict,
+    )

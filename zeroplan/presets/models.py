@@ -1,0 +1,77 @@
+"""Model presets. Shapes come from each model's published config.json (Hugging Face hub
+model cards) or paper; the parameter counts they imply are tested in tests/test_params.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from zeroplan.errors import unknown_name_error
+from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
+
+
+def _gpt2(name: str, hidden: int, layers: int, heads: int, positions: int = 1024) -> ModelSpec:
+    # Radford et al. 2019 / openai-community/gpt2 config.json: n_inner = 4 * n_embd, tied head.
+    return ModelSpec(
+        name=name, vocab_size=50257, hidden_size=hidden, num_layers=layers, num_heads=heads,
+        ffn_hidden_size=4 * hidden, mlp=MlpKind.gelu, norm=NormKind.layernorm,
+        position=PositionKind.learned, max_positions=positions, bias=True,
+        tied_embeddings=True, attention_dropout=0.1, hidden_dropout=0.1,
+    )
+
+
+def _llama(
+    name: str, vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, ffn: int,
+    positions: int, experts: int = 1, experts_per_token: int = 1,
+) -> ModelSpec:
+    return ModelSpec(
+        name=name, vocab_size=vocab, hidden_size=hidden, num_layers=layers, num_heads=heads,
+        num_kv_heads=kv_heads, ffn_hidden_size=ffn, mlp=MlpKind.swiglu, norm=NormKind.rmsnorm,
+        position=PositionKind.rope, max_positions=positions, bias=False, tied_embeddings=False,
+        num_experts=experts, experts_per_token=experts_per_token,
+    )
+
+
+_PRESETS: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in [
+        _gpt2("gpt2", 768, 12, 12),
+        _gpt2("gpt2-medium", 1024, 24, 16),
+        _gpt2("gpt2-large", 1280, 36, 20),
+        _gpt2("gpt2-xl", 1600, 48, 25),
+        # Brown et al. 2020, Table 2.1: 96 layers, d_model 12288, 96 heads, context 2048.
+        _gpt2("gpt3-175b", 12288, 96, 96, positions=2048),
+        # meta-llama/Llama-2-*-hf config.json.
+        _llama("llama-2-7b", 32000, 4096, 32, 32, 32, 11008, 4096),
+        _llama("llama-2-13b", 32000, 5120, 40, 40, 40, 13824, 4096),
+        _llama("llama-2-70b", 32000, 8192, 80, 64, 8, 28672, 4096),
+        # meta-llama/Meta-Llama-3-* and Llama-3.1-* config.json.
+        _llama("llama-3-8b", 128256, 4096, 32, 32, 8, 14336, 8192),
+        _llama("llama-3-70b", 128256, 8192, 80, 64, 8, 28672, 8192),
+        _llama("llama-3.1-8b", 128256, 4096, 32, 32, 8, 14336, 131072),
+        _llama("llama-3.1-70b", 128256, 8192, 80, 64, 8, 28672, 131072),
+        _llama("llama-3.1-405b", 128256, 16384, 126, 128, 8, 53248, 131072),
+        # mistralai/Mistral-7B-v0.1 and Mixtral-8x7B-v0.1 config.json.
+        _llama("mistral-7b", 32000, 4096, 32, 32, 8, 14336, 32768),
+        _llama("mixtral-8x7b", 32000, 4096, 32, 32, 8, 14336, 32768, experts=8, experts_per_token=2),
+    ]
+}
+
+_ALIASES = {"gpt2-small": "gpt2", "gpt2-124m": "gpt2", "gpt2-1.5b": "gpt2-xl", "gpt3": "gpt3-175b"}
+
+
+def model_names() -> list[str]:
+    """Preset names."""
+    return sorted(_PRESETS)
+
+
+def get_model(name_or_path: str) -> ModelSpec:
+    """A preset by name, or a Hugging Face config.json given as a path."""
+    key = name_or_path.strip().lower()
+    key = _ALIASES.get(key, key)
+    if key in _PRESETS:
+        return _PRESETS[key]
+    if name_or_path.endswith(".json") or Path(name_or_path).is_file():
+        from zeroplan.presets.hf_config import load_hf_config
+
+        return load_hf_config(Path(name_or_path))
+    raise unknown_name_error("model", name_or_path, [*_PRESETS, *_ALIASES])

@@ -1,0 +1,1 @@
+"""Renderings of planner results: DataFrames, text tables, JSON and CSV."""

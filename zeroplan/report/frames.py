@@ -1,0 +1,60 @@
+"""pandas views of planner results (bytes stay integers; convert at display time)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from zeroplan.results import FitReport, StrategyPlan
+
+MEMORY_COLUMNS = (
+    "parameter_bytes",
+    "gradient_bytes",
+    "optimizer_state_bytes",
+    "activation_bytes",
+    "logits_bytes",
+    "temporary_bytes",
+    "step_temporary_bytes",
+    "allocator_reserve_bytes",
+    "peak_bytes",
+)
+
+
+def plan_row(plan: StrategyPlan) -> dict[str, object]:
+    row: dict[str, object] = {"strategy": plan.strategy.value}
+    row.update({name: getattr(plan.memory, name) for name in MEMORY_COLUMNS})
+    row.update(
+        usable_memory_bytes=plan.usable_memory_bytes,
+        fits=plan.fits,
+        headroom_bytes=plan.headroom_bytes,
+        micro_batch_size=plan.micro_batch_size,
+        max_micro_batch_size=plan.max_micro_batch_size,
+        host_bytes_per_node=plan.host_bytes_per_node,
+        sent_bytes_per_step=plan.sent_bytes_per_step,
+        state_convention=plan.state_convention.value,
+        shard_group_size=plan.shard_group_size,
+    )
+    return row
+
+
+def fit_report_frame(report: FitReport) -> pd.DataFrame:
+    """One row per strategy, indexed by strategy name."""
+    return pd.DataFrame([plan_row(p) for p in report.plans]).set_index("strategy")
+
+
+def collectives_frame(plan: StrategyPlan) -> pd.DataFrame:
+    """One row per collective kind of one optimizer step."""
+    rows = [
+        {
+            "op": c.op.value,
+            "phase": c.phase.value,
+            "what": c.what,
+            "group_size": c.group_size,
+            "calls": c.calls,
+            "occurrences_per_step": c.occurrences_per_step,
+            "buffer_bytes_per_step": c.buffer_bytes_per_step,
+            "sent_bytes_per_step": c.sent_bytes_per_step,
+            "spans_nodes": c.spans_nodes,
+        }
+        for c in plan.collectives
+    ]
+    return pd.DataFrame(rows)

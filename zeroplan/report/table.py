@@ -1,0 +1,60 @@
+"""Plain-text table of a FitReport (no pandas, so the CLI stays fast)."""
+
+from __future__ import annotations
+
+from zeroplan.core.params import total_parameters
+from zeroplan.results import FitReport, StrategyPlan
+from zeroplan.units import ByteUnit, to_unit
+
+_COLUMNS = (
+    ("params", lambda p: p.memory.parameter_bytes),
+    ("grads", lambda p: p.memory.gradient_bytes),
+    ("optim", lambda p: p.memory.optimizer_state_bytes),
+    ("activ", lambda p: p.memory.activation_bytes),
+    ("logits", lambda p: p.memory.logits_bytes),
+    ("buffers", lambda p: p.memory.temporary_bytes),
+    ("reserve", lambda p: p.memory.allocator_reserve_bytes),
+    ("peak", lambda p: p.memory.peak_bytes),
+    ("headroom", lambda p: p.headroom_bytes),
+)
+
+
+def _row(plan: StrategyPlan, unit: ByteUnit) -> list[str]:
+    cells = [plan.strategy.value]
+    cells += [f"{to_unit(get(plan), unit):.1f}" for _, get in _COLUMNS]
+    cells.append("yes" if plan.fits else "no")
+    cells.append(str(plan.max_micro_batch_size))
+    cells.append(f"{to_unit(plan.host_bytes_per_node, unit):.0f}" if plan.host_bytes_per_node else "-")
+    cells.append(f"{plan.sent_bytes_per_step / 1e9:.1f}")
+    return cells
+
+
+def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
+    c = report.cluster
+    t, b = report.training, report.batch
+    header_lines = [
+        f"{report.model.name}: {total_parameters(report.model):,} parameters on "
+        f"{c.world_size} x {c.gpu.display_name} ({c.num_nodes} node(s) x {c.gpus_per_node}), "
+        f"{to_unit(c.usable_memory_bytes, unit):.1f} {unit.value} usable per GPU",
+        f"{t.precision.value}, {t.optimizer.value}, micro-batch {b.micro_batch_size} x seq {b.seq_len}, "
+        f"grad-accum {b.grad_accum_steps}, activation checkpointing {t.activation_checkpointing.value}, "
+        f"{t.attention_kernel.value} attention",
+        f"Per-GPU memory in {unit.value}; host = offloaded states per node ({unit.value}); "
+        f"sent = GB each GPU sends per step (ring).",
+        "",
+    ]
+    names = ["strategy", *(name for name, _ in _COLUMNS), "fits", "max-mb", "host", "sent"]
+    rows = [_row(p, unit) for p in report.plans]
+    widths = [max(len(names[i]), *(len(r[i]) for r in rows)) for i in range(len(names))]
+
+    def line(cells: list[str]) -> str:
+        first = cells[0].ljust(widths[0])
+        return "  ".join([first, *(cell.rjust(w) for cell, w in zip(cells[1:], widths[1:]))])
+
+    body = [line(names), line(["-" * w for w in widths]), *(line(r) for r in rows)]
+    notes = [
+        "",
+        "peak is not the column sum: gradients fill in as activations free (docs/memory-model.md).",
+        f"Verdict: {report.verdict}",
+    ]
+    return "\n".join(header_lines + body + notes)

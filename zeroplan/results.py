@@ -1,0 +1,106 @@
+"""Typed results of the planner. Every size is an integer number of bytes."""
+
+from __future__ import annotations
+
+from zeroplan.core.communication import Collective
+from zeroplan.specs.base import Frozen
+from zeroplan.specs.hardware import ClusterSpec
+from zeroplan.specs.model import ModelSpec
+from zeroplan.specs.strategy import StrategyKind
+from zeroplan.specs.training import BatchSpec, StateConvention, TrainingSpec
+
+
+class MemoryBreakdown(Frozen):
+    """Device memory of one GPU. ``peak_bytes`` is not the plain sum: see docs/memory-model.md
+    ("Peak"): gradients fill while activations free, and the optimizer step runs after both."""
+
+    parameter_bytes: int
+    """Parameters resident between steps (sharded at ZeRO-3/FSDP)."""
+    gradient_bytes: int
+    """Gradients kept after backward (sharded from ZeRO-2 on; fp32 copies included)."""
+    optimizer_state_bytes: int
+    """Optimizer states and fp32 master weights (sharded from ZeRO-1 on)."""
+    activation_bytes: int
+    """Activations saved for backward by one micro-batch."""
+    logits_bytes: int
+    """Logits and the loss's fp32 copies and gradient."""
+    temporary_bytes: int
+    """Communication buffers (DDP buckets, ZeRO reduce bucket, gathered ZeRO-3/FSDP units and
+    prefetch) and backward workspace."""
+    step_temporary_bytes: int
+    """Temporaries of the optimizer step (after activations are freed)."""
+    allocated_peak_bytes: int
+    """Peak bytes held by tensors."""
+    allocator_reserve_bytes: int
+    """What the caching allocator reserves beyond that (MemoryAssumptions)."""
+    peak_bytes: int
+    """Peak device memory: allocated peak plus allocator reserve."""
+
+
+class StrategyPlan(Frozen):
+    """The answer for one strategy."""
+
+    strategy: StrategyKind
+    """Strategy planned."""
+    state_convention: StateConvention
+    """Byte layout of model states used."""
+    shard_group_size: int
+    """Ranks a sharded state is split over (N_d)."""
+    micro_batch_size: int
+    """Micro-batch the memory is given for."""
+    memory: MemoryBreakdown
+    """Per-GPU memory."""
+    usable_memory_bytes: int
+    """GPU memory left for the allocator (memory minus CUDA context)."""
+    fits: bool
+    """Whether peak_bytes <= usable_memory_bytes."""
+    headroom_bytes: int
+    """usable_memory_bytes - peak_bytes (negative when it does not fit)."""
+    max_micro_batch_size: int
+    """Largest micro-batch that fits (0: not even 1)."""
+    host_bytes_per_rank: int
+    """Model states offloaded to host memory, per GPU."""
+    host_bytes_per_node: int
+    """Host memory the offloaded states need on each node."""
+    host_fits: bool | None
+    """Whether that fits the node's host memory; None when host memory is unknown."""
+    collectives: tuple[Collective, ...]
+    """Collectives of one optimizer step."""
+    sent_bytes_per_step: int
+    """Bytes one GPU sends per optimizer step under ring collectives."""
+    communication_volume_elements: int
+    """The ZeRO paper's per-step volume in elements (2*Psi or 3*Psi per micro-batch)."""
+
+
+class FitReport(Frozen):
+    """The answer to "will it fit?" for a set of strategies."""
+
+    model: ModelSpec
+    """Model asked about."""
+    num_parameters: int
+    """Psi, exact."""
+    training: TrainingSpec
+    """Numerics."""
+    batch: BatchSpec
+    """Batch shape."""
+    cluster: ClusterSpec
+    """Cluster."""
+    plans: tuple[StrategyPlan, ...]
+    """One per strategy, in the order asked."""
+    recommended: StrategyKind | None
+    """Fitting strategy with the least communication (offload only if nothing else fits)."""
+    verdict: str
+    """One line for a person."""
+
+    def plan_for(self, strategy: StrategyKind | str) -> StrategyPlan:
+        kind = StrategyKind(strategy)
+        for plan in self.plans:
+            if plan.strategy is kind:
+                return plan
+        raise KeyError(kind.value)
+
+    def to_dataframe(self):
+        """One row per strategy, sizes in bytes (pandas is imported here, not at start-up)."""
+        from zeroplan.report.frames import fit_report_frame
+
+        return fit_report_frame(self)
