@@ -40,8 +40,12 @@ def group_size_by_name(group_name: str) -> int:
 
 
 def fake_tensor_mode() -> FakeTensorMode:
-    """A fresh fake-tensor mode; every tensor made under it has metadata only."""
-    return FakeTensorMode()
+    """A fresh fake-tensor mode; every tensor made under it has metadata only.
+
+    Non-fake inputs are allowed so that ``module.to_empty`` can turn a meta-device model
+    (built and sharded outside the mode, where FSDP2's chunking is cheap) into fake tensors.
+    """
+    return FakeTensorMode(allow_non_fake_inputs=True)
 
 
 def fake_store() -> FakeStore:

@@ -63,9 +63,7 @@ def simulate(
     if batch.grad_accum_steps > 1:
         notes.append(f"one micro-batch simulated of grad_accum_steps={batch.grad_accum_steps}")
     with _fake_process_group(world_size, rank):
-        mesh = _mesh(world_size) if kind.is_fsdp else None
-        with private.fake_tensor_mode():
-            record_args = _run_step(model, kind, mesh, training, batch, mem_tracker, notes)
+        record_args = _run_step(model, kind, world_size, training, batch, mem_tracker, notes)
     return SimulationRecord(
         torch_version=torch.__version__, model=model, strategy=kind, world_size=world_size,
         rank=rank, training=training, batch=batch, wall_time_s=time.perf_counter() - start_s,
@@ -128,44 +126,50 @@ def _mesh(world_size: int):
 
 
 def _run_step(
-    spec: ModelSpec, kind: StrategyKind, mesh, training: TrainingSpec, batch: BatchSpec,
-    mem_tracker: bool, notes: list[str],
+    spec: ModelSpec, kind: StrategyKind, world_size: int, training: TrainingSpec,
+    batch: BatchSpec, mem_tracker: bool, notes: list[str],
 ) -> dict:
-    model = build_model(spec)
+    # Built on the meta device, then (FSDP) sharded there: FSDP2 chunks every parameter into
+    # N pieces, which costs nothing on meta tensors and seconds on fake ones.
+    with torch.device("meta"):
+        model = build_model(spec)
     model.set_activation_checkpointing(training.activation_checkpointing is ActivationCheckpointing.full)
     parameter_count = sum(p.numel() for p in model.parameters())
     mixed = training.precision is Precision.bf16_mixed
+    if kind.is_fsdp:
+        module, mixed_precision = _fsdp2(model, _mesh(world_size), kind, mixed)
     recorder = CollectiveRecorder()
-    with recorder:
-        if kind.is_fsdp:
-            module, mixed_precision = _fsdp2(model, mesh, kind, mixed)
-        else:
-            module, mixed_precision = _ddp(model, mixed, notes)
-    optimizer = make_adamw(list(module.parameters()))
-    tracker = contextlib.nullcontext()
-    if mem_tracker and kind.is_fsdp:
-        tracker = private.fsdp_mem_tracker_class()(mod=module, optm=optimizer)
-    tokens_BS = torch.randint(0, spec.vocab_size, (batch.micro_batch_size, batch.seq_len))
-    autocast = (
-        torch.autocast(device_type=_DEVICE, dtype=torch.bfloat16)
-        if mixed and not kind.is_fsdp else contextlib.nullcontext()
-    )
-    with tracker, recorder:
-        recorder.phase = Phase.forward
-        with autocast:
-            logits_BSV = module(tokens_BS)
-        loss = next_token_loss(logits_BSV, tokens_BS)
-        del logits_BSV
-        recorder.phase = Phase.backward
-        loss.backward()
-        gradient_bytes = storage_bytes(_local(p.grad) for p in module.parameters() if p.grad is not None)
-        recorder.phase = Phase.optimizer
-        optimizer.step()
-    peak = private.mem_tracker_peak_bytes(tracker) if mem_tracker and kind.is_fsdp else None
+    with private.fake_tensor_mode():
+        # to_empty swaps every meta tensor for a fake one (FSDP2 re-pads its shards here).
+        model.to_empty(device=_DEVICE)
+        if not kind.is_fsdp:
+            with recorder:
+                module, mixed_precision = _ddp(model, mixed, notes)
+        optimizer = make_adamw(list(module.parameters()))
+        tracker = contextlib.nullcontext()
+        if mem_tracker and kind.is_fsdp:
+            tracker = private.fsdp_mem_tracker_class()(mod=module, optm=optimizer)
+        tokens_BS = torch.randint(0, spec.vocab_size, (batch.micro_batch_size, batch.seq_len))
+        autocast = (
+            torch.autocast(device_type=_DEVICE, dtype=torch.bfloat16)
+            if mixed and not kind.is_fsdp else contextlib.nullcontext()
+        )
+        with tracker, recorder:
+            recorder.phase = Phase.forward
+            with autocast:
+                logits_BSV = module(tokens_BS)
+            loss = next_token_loss(logits_BSV, tokens_BS)
+            del logits_BSV
+            recorder.phase = Phase.backward
+            loss.backward()
+            gradient_bytes = storage_bytes(_local(p.grad) for p in module.parameters() if p.grad is not None)
+            recorder.phase = Phase.optimizer
+            optimizer.step()
+        peak = private.mem_tracker_peak_bytes(tracker) if mem_tracker and kind.is_fsdp else None
+        model_states = _model_states(module, optimizer, gradient_bytes)
     return dict(
         mixed_precision=mixed_precision, parameter_count=parameter_count,
-        model_states=_model_states(module, optimizer, gradient_bytes),
-        collectives=recorder.records, mem_tracker_peak_bytes=peak,
+        model_states=model_states, collectives=recorder.records, mem_tracker_peak_bytes=peak,
     )
 
 
@@ -188,13 +192,13 @@ def _ddp(model: Transformer, mixed: bool, notes: list[str]) -> tuple[nn.Module, 
         module = nn.parallel.DistributedDataParallel(model)
     world_size = dist.get_world_size()
 
-    def allreduce_mean(_state: object, bucket: dist.GradBucket) -> torch.futures.Future:
+    def allreduce_mean(_state, bucket):  # unannotated: DDP rejects string annotations here
         # What DDP's built-in hook does (divide by N, all-reduce), issued from Python because
         # the fake process group's C++ future carries no value for DDP to read back.
         buffer = bucket.buffer()
         buffer.div_(world_size)
         dist.all_reduce(buffer)
-        future: torch.futures.Future = torch.futures.Future()
+        future = torch.futures.Future()
         future.set_result(buffer)
         return future
 
