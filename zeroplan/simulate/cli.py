@@ -72,7 +72,7 @@ def _run(args) -> int:
 
 def summary(record) -> str:
     """A short human-readable table of one record (GiB = 2**30 bytes)."""
-    from zeroplan.simulate.record import CollectiveKind
+    from zeroplan.simulate.record import CollectiveKind, Phase
 
     unit = ByteUnit.GiB
     states = record.model_states
@@ -87,12 +87,14 @@ def summary(record) -> str:
         f"  AdamW exp_avg_sq  {format_bytes(states.exp_avg_sq_bytes, unit):>14}",
         f"  AdamW step        {states.step_bytes:>10,} bytes",
         f"  total             {format_bytes(states.total_bytes, unit):>14}",
-        "collectives per step (count, unsharded buffer bytes):",
+        "collectives (count, unsharded buffer bytes; setup runs once, the rest every step):",
     ]
-    for kind in CollectiveKind:
-        count = record.collective_count(kind)
-        if count:
-            lines.append(f"  {kind.value:16s} {count:5d}  {format_bytes(record.collective_bytes(kind), unit):>14}")
+    for phase in Phase:
+        for kind in CollectiveKind:
+            count = record.collective_count(kind, phase)
+            if count:
+                nbytes = format_bytes(record.collective_bytes(kind, phase), unit)
+                lines.append(f"  {phase.value:9s} {kind.value:15s} {count:5d}  {nbytes:>14}")
     if record.mem_tracker_peak_bytes:
         lines.append("FSDPMemTracker at peak:")
         for name, nbytes in record.mem_tracker_peak_bytes.items():
