@@ -1,0 +1,146 @@
+"""PyTorch's own data-parallel engines behind the :class:`~zeroplan.harness.engine.Engine` interface.
+
+* DDP: ``torch.nn.parallel.DistributedDataParallel`` (bucketed all-reduce, torch defaults).
+* ZeRO-1: DDP + ``torch.distributed.optim.ZeroRedundancyOptimizer`` (partitions whole parameters
+  across ranks, then broadcasts each rank's updated parameters).
+* FSDP2: ``torch.distributed.fsdp.fully_shard`` on each block, then on the root; shards every
+  parameter on dim 0 (padded to a multiple of N) as DTensors.
+* FSDP1: ``FullyShardedDataParallel`` wrapping each block, then the root (one FlatParameter per
+  wrapped module).
+
+Mixed precision: DDP and ZeRO-1 run under ``torch.autocast`` (fp32 parameters and gradients);
+FSDP casts parameters to bf16 for compute and reduces gradients in fp32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from zeroplan.harness.engine import ModelStateTensors, make_adamw, optimizer_state_tensors
+from zeroplan.harness.model import Block, Transformer, next_token_loss
+
+
+def _autocast(dtype: torch.dtype) -> contextlib.AbstractContextManager:
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=_device_type(), dtype=dtype)
+
+
+def _device_type() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class _Base:
+    """Shared step logic: the wrapped module computes the loss, the optimizer steps."""
+
+    module: nn.Module
+    optimizer: torch.optim.Optimizer
+    compute_dtype: torch.dtype = torch.float32
+
+    def forward_backward(self, tokens_BS: torch.Tensor, targets_BS: torch.Tensor) -> torch.Tensor:
+        with _autocast(self.compute_dtype):
+            logits = self.module(tokens_BS)
+        loss = next_token_loss(logits, targets_BS)
+        loss.backward()
+        return loss.detach()
+
+    def step(self) -> None:
+        self.optimizer.step()
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def model_state_tensors(self) -> ModelStateTensors:
+        params = [_local(p) for p in self.module.parameters()]
+        grads = [_local(p.grad) for p in self.module.parameters() if p.grad is not None]
+        return ModelStateTensors(params, grads, optimizer_state_tensors(self.optimizer))
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard, or the tensor itself."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+class DdpEngine(_Base):
+    def __init__(self, model: Transformer, dtype: torch.dtype, zero1: bool = False) -> None:
+        self.compute_dtype = dtype
+        self.module = nn.parallel.DistributedDataParallel(model)
+        self.inner = model
+        if zero1:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            self.optimizer = ZeroRedundancyOptimizer(
+                list(model.parameters()), optimizer_class=torch.optim.AdamW,
+                **_adamw_kwargs(),
+            )
+        else:
+            self.optimizer = make_adamw(list(model.parameters()))
+
+    def model_state_tensors(self) -> ModelStateTensors:
+        states = super().model_state_tensors()
+        # ZeroRedundancyOptimizer keeps its shard's states on an inner optimizer.
+        inner = getattr(self.optimizer, "optim", None)
+        if inner is not None:
+            states.optimizer_states = optimizer_state_tensors(inner)
+        return states
+
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        return {name: p.detach().clone() for name, p in self.inner.named_parameters()}
+
+
+def _adamw_kwargs() -> dict:
+    reference = make_adamw([torch.zeros(1, requires_grad=True)]).defaults
+    keys = ("lr", "betas", "eps", "weight_decay", "foreach")
+    return {key: reference[key] for key in keys}
+
+
+class Fsdp2Engine(_Base):
+    def __init__(self, model: Transformer, dtype: torch.dtype, reshard_after_forward: bool) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mesh = init_device_mesh(_device_type(), (dist.get_world_size(),))
+        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+        fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+        self.module = model
+        self.optimizer = make_adamw(list(model.parameters()))
+
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        return {name: p.full_tensor().detach().clone() for name, p in self.module.named_parameters()}
+
+
+class Fsdp1Engine(_Base):
+    def __init__(self, model: Transformer, dtype: torch.dtype, full_shard: bool) -> None:
+        from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        strategy = ShardingStrategy.FULL_SHARD if full_shard else ShardingStrategy.SHARD_GRAD_OP
+        mixed = None
+        if dtype != torch.float32:
+            mixed = MixedPrecision(param_dtype=dtype, reduce_dtype=torch.float32, buffer_dtype=dtype)
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        self.module = FullyShardedDataParallel(
+            model, sharding_strategy=strategy, auto_wrap_policy=ModuleWrapPolicy({Block}),
+            mixed_precision=mixed, device_id=device,
+        )
+        self.optimizer = make_adamw(list(self.module.parameters()))
+
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        with FullyShardedDataParallel.summon_full_params(self.module, writeback=False):
+            inner = self.module.module
+            return {
+                _clean(name): p.detach().clone() for name, p in inner.named_parameters()
+            }
+
+
+def _clean(name: str) -> str:
+    """FSDP1's parameter names carry its wrapper prefixes; strip them to the model's names."""
+    return name.replace("_fsdp_wrapped_module.", "")

@@ -1,0 +1,3 @@
+from zeroplan.simulate.cli import main
+
+raise SystemExit(main())

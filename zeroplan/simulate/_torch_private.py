@@ -1,0 +1,91 @@
+"""Every private or internal PyTorch API the simulator uses, in one place.
+
+The simulator runs real FSDP2 / DDP code with fake tensors under a fake process group. Those
+pieces live in private modules (``torch._subclasses``, ``torch.testing._internal``,
+``torch.distributed._tools``) that PyTorch may move or change without notice. Nothing else in
+``zeroplan.simulate`` imports them: when one moves, this module is the only thing to fix, and
+``tests/test_simulate.py::test_private_torch_apis_are_where_we_expect`` fails and names it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+# FakeTensorMode: tensors with shapes, dtypes and devices but no data.
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+# Importing fake_pg registers the "fake" backend (and gives the store it needs).
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+FAKE_BACKEND = "fake"
+"""The c10d backend name that fake_pg registers."""
+
+COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional")
+"""Operator namespaces of c10d's collectives as a TorchDispatchMode sees them."""
+
+
+def op_schema(func: torch._ops.OpOverload) -> torch._C.FunctionSchema:
+    """The operator's schema (argument names and types)."""
+    return func._schema
+
+
+def group_size_by_name(group_name: str) -> int:
+    """Ranks in the process group that a functional collective names."""
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    return _resolve_process_group(group_name).size()
+
+
+def fake_tensor_mode() -> FakeTensorMode:
+    """A fresh fake-tensor mode; every tensor made under it has metadata only.
+
+    Non-fake inputs are allowed so that ``module.to_empty`` can turn a meta-device model
+    (built and sharded outside the mode, where FSDP2's chunking is cheap) into fake tensors.
+    """
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def fake_store() -> FakeStore:
+    return FakeStore()
+
+
+def storage_key(tensor: torch.Tensor) -> int:
+    """An identity for the storage under ``tensor`` (fake storages have no data pointer)."""
+    return tensor.untyped_storage()._cdata
+
+
+@contextlib.contextmanager
+def ddp_without_shape_check() -> Iterator[None]:
+    """DDP's constructor checks parameter shapes across ranks by reading tensor data in C++,
+    which a fake tensor has none of. With one simulated rank the check has nothing to compare,
+    so it is skipped while the constructor runs."""
+    from torch.nn.parallel import distributed as ddp_module
+
+    original = ddp_module._verify_param_shape_across_processes
+    ddp_module._verify_param_shape_across_processes = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        ddp_module._verify_param_shape_across_processes = original
+
+
+def fsdp_mem_tracker_class() -> type:
+    """torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker (private)."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    return FSDPMemTracker
+
+
+def mem_tracker_peak_bytes(tracker: object) -> dict[str, int]:
+    """The tracker's per-category bytes at the peak, summed over devices, keyed by the
+    category's lower-case name ('sharded_param', 'act', ..., 'total')."""
+    snapshot = tracker.get_tracker_snapshot("peak")
+    totals: dict[str, int] = {}
+    for per_category in snapshot.values():
+        for category, nbytes in per_category.items():
+            name = getattr(category, "name", str(category)).lower()
+            totals[name] = totals.get(name, 0) + int(nbytes)
+    return totals

@@ -1,0 +1,104 @@
+"""``python -m zeroplan.simulate MODEL --strategy ... --world-size N``: one simulated step,
+printed as a table of per-rank bytes and collectives, and written as JSON with ``--out``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from zeroplan.cli.parser import OneLineParser, positive_int
+from zeroplan.errors import ZeroplanError
+from zeroplan.specs import ActivationCheckpointing, BatchSpec, Precision, TrainingSpec
+from zeroplan.specs.base import first_error
+from zeroplan.units import ByteUnit, format_bytes
+
+RECORD_FILE = "simulation.json"
+
+
+def build_parser() -> OneLineParser:
+    # Choices are the strings; run.simulate checks them again with one-line errors.
+    parser = OneLineParser(
+        prog="zeroplan simulate",
+        description="Run one real FSDP2/DDP training step with fake tensors and a fake process group.",
+    )
+    parser.add_argument("model", help="model preset name or a Hugging Face config.json path")
+    parser.add_argument("--strategy", required=True, choices=["fsdp-full-shard", "fsdp-shard-grad-op", "ddp"])
+    parser.add_argument("--world-size", required=True, type=positive_int, help="N: ranks simulated")
+    parser.add_argument("--rank", type=int, default=0, help="the rank to play (default 0)")
+    parser.add_argument("--micro-batch", type=positive_int, default=BatchSpec().micro_batch_size)
+    parser.add_argument("--seq-len", type=positive_int, default=BatchSpec().seq_len)
+    parser.add_argument("--precision", choices=["bf16-mixed", "fp32"], default=Precision.bf16_mixed.value)
+    parser.add_argument("--activation-checkpointing", choices=["none", "full"], default="none")
+    parser.add_argument("--no-mem-tracker", action="store_true", help="skip FSDPMemTracker (about 2x faster)")
+    parser.add_argument("--out", type=Path, help=f"directory to write {RECORD_FILE} into")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except ZeroplanError as error:
+        sys.stderr.write(f"zeroplan: error: {error}\n")
+        return 2
+    except ValidationError as error:
+        sys.stderr.write(f"zeroplan: error: {first_error(error)}\n")
+        return 2
+
+
+def _run(args) -> int:
+    from zeroplan.presets.models import get_model
+    from zeroplan.simulate.run import simulate
+
+    training = TrainingSpec(
+        precision=Precision(args.precision),
+        activation_checkpointing=ActivationCheckpointing(args.activation_checkpointing),
+    )
+    batch = BatchSpec(micro_batch_size=args.micro_batch, seq_len=args.seq_len)
+    record = simulate(
+        get_model(args.model), args.strategy, args.world_size, training=training, batch=batch,
+        rank=args.rank, mem_tracker=not args.no_mem_tracker,
+    )
+    print(summary(record))
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = args.out / RECORD_FILE
+        path.write_text(record.model_dump_json(indent=2) + "\n")
+        print(f"wrote {path}")
+    return 0
+
+
+def summary(record) -> str:
+    """A short human-readable table of one record (GiB = 2**30 bytes)."""
+    from zeroplan.simulate.record import CollectiveKind, Phase
+
+    unit = ByteUnit.GiB
+    states = record.model_states
+    lines = [
+        f"{record.model.name}  {record.strategy.value}  N={record.world_size}  rank {record.rank}  "
+        f"({record.parameter_count:,} parameters, torch {record.torch_version}, {record.wall_time_s:.1f} s)",
+        f"  {record.mixed_precision}",
+        "model states per rank:",
+        f"  parameters        {format_bytes(states.parameter_bytes, unit):>14}",
+        f"  gradients         {format_bytes(states.gradient_bytes, unit):>14}",
+        f"  AdamW exp_avg     {format_bytes(states.exp_avg_bytes, unit):>14}",
+        f"  AdamW exp_avg_sq  {format_bytes(states.exp_avg_sq_bytes, unit):>14}",
+        f"  AdamW step        {states.step_bytes:>10,} bytes",
+        f"  total             {format_bytes(states.total_bytes, unit):>14}",
+        "collectives (count, unsharded buffer bytes; setup runs once, the rest every step):",
+    ]
+    for phase in Phase:
+        for kind in CollectiveKind:
+            count = record.collective_count(kind, phase)
+            if count:
+                nbytes = format_bytes(record.collective_bytes(kind, phase), unit)
+                lines.append(f"  {phase.value:9s} {kind.value:15s} {count:5d}  {nbytes:>14}")
+    if record.mem_tracker_peak_bytes:
+        lines.append("FSDPMemTracker at peak:")
+        for name, nbytes in record.mem_tracker_peak_bytes.items():
+            if nbytes:
+                lines.append(f"  {name:16s} {format_bytes(nbytes, unit):>14}")
+    lines += [f"note: {note}" for note in record.notes]
+    return "\n".join(lines)

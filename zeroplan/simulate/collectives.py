@@ -1,0 +1,121 @@
+"""Record every collective the engine issues, as the dispatcher sees it.
+
+FSDP2 and DDP call ``torch.distributed``'s collectives, which reach the dispatcher as
+``torch.ops.c10d.*`` operators (``_c10d_functional.*`` for the traceable variants). A
+TorchDispatchMode entered inside the fake-tensor mode sees each call first; it reads the
+tensors' shapes and dtypes from the operator's schema (argument names say which tensors are
+inputs and which outputs) and lets the call through to the fake process group.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from zeroplan.simulate._torch_private import COLLECTIVE_NAMESPACES, group_size_by_name, op_schema
+from zeroplan.simulate.record import CollectiveKind, CollectiveRecord, Phase
+
+_KINDS = {
+    "_allgather_base_": CollectiveKind.all_gather,
+    "allgather_": CollectiveKind.all_gather,
+    "allgather_coalesced_": CollectiveKind.all_gather,
+    "allgather_into_tensor_coalesced_": CollectiveKind.all_gather,
+    "all_gather_into_tensor": CollectiveKind.all_gather,
+    "all_gather_into_tensor_coalesced": CollectiveKind.all_gather,
+    "_reduce_scatter_base_": CollectiveKind.reduce_scatter,
+    "reduce_scatter_": CollectiveKind.reduce_scatter,
+    "reduce_scatter_tensor_coalesced_": CollectiveKind.reduce_scatter,
+    "reduce_scatter_tensor": CollectiveKind.reduce_scatter,
+    "reduce_scatter_tensor_coalesced": CollectiveKind.reduce_scatter,
+    "allreduce_": CollectiveKind.all_reduce,
+    "allreduce_coalesced_": CollectiveKind.all_reduce,
+    "all_reduce": CollectiveKind.all_reduce,
+    "all_reduce_coalesced": CollectiveKind.all_reduce,
+    "broadcast_": CollectiveKind.broadcast,
+    "broadcast": CollectiveKind.broadcast,
+}
+_NOT_COLLECTIVES = {"wait_tensor", "barrier", "monitored_barrier_"}
+_IN_PLACE = {CollectiveKind.all_reduce, CollectiveKind.broadcast}
+
+
+def _tensors(value: object) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _tensors(item)]
+    return []
+
+
+def _group_size(bound: dict[str, object]) -> int:
+    if "group_size" in bound:
+        return int(bound["group_size"])
+    group = bound.get("process_group")
+    if group is not None and hasattr(group, "size"):
+        return int(group.size())
+    name = bound.get("group_name")
+    if name is not None:
+        return group_size_by_name(str(name))
+    return dist.get_world_size()
+
+
+def describe(func: torch._ops.OpOverload, args: tuple, kwargs: dict, phase: Phase) -> CollectiveRecord:
+    """Turn one collective call into a record, from the operator's schema."""
+    schema = op_schema(func)
+    bound = dict(kwargs)
+    for argument, value in zip(schema.arguments, args):
+        bound[argument.name] = value
+    op_name = schema.name.split("::")[-1]
+    kind = _KINDS.get(op_name, CollectiveKind.other)
+    inputs: list[torch.Tensor] = []
+    outputs: list[torch.Tensor] = []
+    for name, value in bound.items():
+        tensors = _tensors(value)
+        if not tensors:
+            continue
+        if "output" in name:
+            outputs += tensors
+        else:
+            inputs += tensors
+    if kind in _IN_PLACE or not outputs and func.namespace == "c10d":
+        outputs = inputs
+    elif not outputs:
+        # Functional collectives return a new tensor; its size follows the op.
+        size = _group_size(bound)
+        count = sum(t.numel() for t in inputs)
+        scale = {CollectiveKind.all_gather: size}.get(kind, 1)
+        shrink = size if kind is CollectiveKind.reduce_scatter else 1
+        out_elements = count * scale // shrink
+        sample = inputs[0]
+        return _record(func, kind, phase, sample, count, out_elements, size)
+    sample = (inputs or outputs)[0]
+    return _record(
+        func, kind, phase, sample, sum(t.numel() for t in inputs),
+        sum(t.numel() for t in outputs), _group_size(bound),
+    )
+
+
+def _record(func, kind, phase, sample, in_elements, out_elements, group_size) -> CollectiveRecord:
+    return CollectiveRecord(
+        phase=phase, op=str(func), kind=kind, dtype=str(sample.dtype),
+        element_bytes=sample.element_size(), input_elements=in_elements,
+        output_elements=out_elements, group_size=group_size,
+    )
+
+
+class CollectiveRecorder(TorchDispatchMode):
+    """Appends a :class:`CollectiveRecord` for each collective; set ``phase`` as the step
+    advances."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.phase = Phase.setup
+        self.records: list[CollectiveRecord] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.namespace in COLLECTIVE_NAMESPACES:
+            name = op_schema(func).name.split("::")[-1]
+            if name not in _NOT_COLLECTIVES:
+                self.records.append(describe(func, args, kwargs, self.phase))
+        return func(*args, **kwargs)
