@@ -47,12 +47,27 @@ def build_parser() -> OneLineParser:
     validate = commands.add_parser("validate", help="predicted vs measured for harness records")
     add_validate_arguments(validate)
     validate.set_defaults(run=run_validate)
+    for name, (_, help_text) in _DELEGATED.items():
+        commands.add_parser(name, help=f"{help_text} (zeroplan {name} --help)", add_help=False)
     commands.add_parser("models", help="list model presets").set_defaults(run=_list_models)
     commands.add_parser("gpus", help="list the GPU catalog").set_defaults(run=_list_gpus)
     return parser
 
 
+# Sub-commands that run torch live in their own packages, with their own parsers; the main
+# command hands them the rest of the line so that planning never imports torch.
+_DELEGATED = {
+    "simulate": ("zeroplan.simulate.cli", "run real FSDP2/DDP code of a full-size model on fake tensors"),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in _DELEGATED:
+        import importlib
+
+        module = importlib.import_module(_DELEGATED[argv[0]][0])
+        return module.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -5,52 +5,15 @@ from __future__ import annotations
 from collections import defaultdict
 
 from zeroplan.core.activations import activation_bytes, saved_logits_bytes
-from zeroplan.core.communication import collectives
 from zeroplan.core.plan import memory_breakdown
 from zeroplan.harness.record import RankRecord, RunDescription, StepRecord
-from zeroplan.specs import ClusterSpec, GpuSpec, LinkSpec, PlanRequest, StrategySpec
-from zeroplan.specs.base import Frozen
-from zeroplan.units import TiB
-
-# The measured run's device only matters for fits/time, which validation does not compare;
-# a notional device with ample memory keeps the request valid.
-_MEASURED_LINK = LinkSpec(name="measured", bandwidth_bytes_per_s=1e9, latency_s=0.0)
-MEASURED_DEVICE = GpuSpec(
-    name="measured-device", display_name="measured device", memory_bytes=TiB, peak_bf16_flops_per_s=1e12,
-    intra_node_link=_MEASURED_LINK, inter_node_link=_MEASURED_LINK, host_link=_MEASURED_LINK,
-    source="notional: validation compares bytes only",
-)
-COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter")
-
-
-class ComparisonRow(Frozen):
-    """One quantity of one run, predicted and measured."""
-
-    run_id: str
-    strategy: str
-    engine: str
-    world_size: int
-    rank: int
-    category: str
-    """'memory' or 'communication'."""
-    quantity: str
-    """E.g. 'parameters', 'activations (saved)', 'all_gather bytes/step'."""
-    predicted_bytes: int
-    measured_bytes: int
-
-    @property
-    def ratio(self) -> float | None:
-        """measured / predicted (None when nothing was predicted)."""
-        return self.measured_bytes / self.predicted_bytes if self.predicted_bytes else None
+from zeroplan.specs import PlanRequest
+from zeroplan.validate.rows import COLLECTIVE_OPS, ComparisonRow, planner_request, predicted_collective_bytes
 
 
 def request_for(description: RunDescription) -> PlanRequest:
     """The planner request a measured run answers."""
-    cluster = ClusterSpec(gpu=MEASURED_DEVICE, num_nodes=1, gpus_per_node=description.world_size, cuda_context_bytes=0)
-    return PlanRequest(
-        model=description.model, training=description.training, batch=description.batch,
-        cluster=cluster, strategy=StrategySpec(kind=description.strategy),
-    )
+    return planner_request(description.model, description.training, description.batch, description.strategy, description.world_size)
 
 
 def _measured_collectives(step: StepRecord) -> dict[str, int]:
@@ -86,9 +49,7 @@ def compare_record(record: RankRecord, step_index: int = -1) -> list[ComparisonR
     if step.memory.peak_bytes is not None:
         rows.append(ComparisonRow(**base, category="memory", quantity="peak (tracked tensors)",
                                   predicted_bytes=breakdown.allocated_peak_bytes, measured_bytes=step.memory.peak_bytes))
-    predicted_ops: dict[str, int] = defaultdict(int)
-    for collective in collectives(request):
-        predicted_ops[collective.op.value] += collective.buffer_bytes_per_step
+    predicted_ops = predicted_collective_bytes(request)
     measured_ops = _measured_collectives(step)
     for op in COLLECTIVE_OPS:
         if predicted_ops.get(op) or measured_ops.get(op):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from zeroplan.validate.compare import ComparisonRow
+from zeroplan.validate.rows import ComparisonRow
 
 
 def comparison_frame(rows: list[ComparisonRow]) -> pd.DataFrame:

@@ -1,0 +1,55 @@
+"""The predicted-vs-measured row, and the planner request a run answers."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from zeroplan.core.communication import collectives
+from zeroplan.specs import ClusterSpec, GpuSpec, LinkSpec, PlanRequest, StrategySpec
+from zeroplan.specs.base import Frozen
+from zeroplan.units import TiB
+
+# The measured run's device only matters for fits/time, which validation does not compare;
+# a notional device with ample memory keeps the request valid.
+_MEASURED_LINK = LinkSpec(name="measured", bandwidth_bytes_per_s=1e9, latency_s=0.0)
+MEASURED_DEVICE = GpuSpec(
+    name="measured-device", display_name="measured device", memory_bytes=TiB, peak_bf16_flops_per_s=1e12,
+    intra_node_link=_MEASURED_LINK, inter_node_link=_MEASURED_LINK, host_link=_MEASURED_LINK,
+    source="notional: validation compares bytes only",
+)
+COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter")
+
+
+class ComparisonRow(Frozen):
+    """One quantity of one run, predicted and measured."""
+
+    run_id: str
+    strategy: str
+    engine: str
+    world_size: int
+    rank: int
+    category: str
+    """'memory' or 'communication'."""
+    quantity: str
+    """E.g. 'parameters', 'activations (saved)', 'all_gather bytes/step'."""
+    predicted_bytes: int
+    measured_bytes: int
+
+    @property
+    def ratio(self) -> float | None:
+        """measured / predicted (None when nothing was predicted)."""
+        return self.measured_bytes / self.predicted_bytes if self.predicted_bytes else None
+
+
+def planner_request(model, training, batch, strategy, world_size: int) -> PlanRequest:
+    """The planner request a measured or simulated run answers (one node of N devices)."""
+    cluster = ClusterSpec(gpu=MEASURED_DEVICE, num_nodes=1, gpus_per_node=world_size, cuda_context_bytes=0)
+    return PlanRequest(model=model, training=training, batch=batch, cluster=cluster, strategy=StrategySpec(kind=strategy))
+
+
+def predicted_collective_bytes(request: PlanRequest) -> dict[str, int]:
+    """Unsharded buffer bytes per step by collective op, as the planner predicts them."""
+    totals: dict[str, int] = defaultdict(int)
+    for collective in collectives(request):
+        totals[collective.op.value] += collective.buffer_bytes_per_step
+    return totals
