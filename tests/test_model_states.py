@@ -44,7 +44,7 @@ def _request(gpu, model, kind: StrategyKind, gpus: int, **training) -> PlanReque
 @pytest.mark.parametrize("gpus", [1, 2, 8, 64])
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_planner_equals_paper_without_padding(gpu_80gib, gpus: int, stage: int) -> None:
-    request = _request(gpu_80gib, DIVISIBLE_MODEL, ZERO_KINDS[stage], gpus)
+    request = _request(gpu_80gib, DIVISIBLE_MODEL, ZERO_KINDS[stage], gpus, state_convention=StateConvention.zero)
     psi = total_parameters(DIVISIBLE_MODEL)
     assert model_state_bytes(request).gpu_bytes == zero_model_state_bytes(psi, 12, gpus, stage)
 
@@ -114,6 +114,7 @@ def test_flat_padding_is_per_unit(gpu_80gib) -> None:
 def test_optimizer_bytes_in_ddp(gpu_80gib, optimizer, bytes_per_element) -> None:
     psi = total_parameters(DIVISIBLE_MODEL)
     request = _request(gpu_80gib, DIVISIBLE_MODEL, StrategyKind.ddp, 1, optimizer=optimizer, precision=Precision.fp32)
+    assert request.convention is StateConvention.fsdp2
     assert model_state_bytes(request).optimizer_state_bytes == bytes_per_element * psi
 
 

@@ -45,7 +45,7 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attention", choices=choices_of(AttentionKernel), default=AttentionKernel.flash.value)
     parser.add_argument(
         "--state-convention", choices=choices_of(StateConvention),
-        help="byte layout of model states (default: zero for DDP/ZeRO, fsdp2 for FSDP)",
+        help="byte layout of model states (default: fsdp2 for DDP/FSDP, zero for ZeRO)",
     )
     parser.add_argument("--hsdp-group", type=positive_int, help="HSDP shard group size (default: GPUs per node)")
     parser.add_argument("--mfu", type=positive_float, default=0.4, help="model FLOPs utilisation for compute time (default 0.4)")

@@ -67,7 +67,11 @@ class StrategyKind(str, Enum):
 
     @property
     def default_convention(self) -> StateConvention:
-        return StateConvention.fsdp2 if self.is_fsdp else StateConvention.zero
+        """PyTorch's engines (DDP under autocast, FSDP2) keep fp32 parameters and gradients;
+        DeepSpeed's ZeRO keeps half-precision ones beside an fp32 master (the ZeRO paper's)."""
+        if self.is_fsdp or self is StrategyKind.ddp:
+            return StateConvention.fsdp2
+        return StateConvention.zero
 
 
 class StrategySpec(Frozen):

@@ -75,8 +75,8 @@ class StateConvention(str, Enum):
     """DeepSpeed's engines: as ``zero`` but the gradients the optimizer reads are held in fp32
     (2 + 4 + 12 = 18 bytes per parameter, deepspeed/runtime/zero/stage3.py)."""
     fsdp2 = "fsdp2"
-    """PyTorch FSDP2 / AMP: parameters and gradients stay fp32 (4+4 bytes) and are cast to
-    bf16 only for compute; the fp32 parameter is the master copy."""
+    """PyTorch FSDP2 and DDP under autocast: parameters and gradients stay fp32 (4+4 bytes) and
+    are cast to bf16 only for compute; the fp32 parameter is the master copy."""
 
 
 class TrainingSpec(Frozen):
@@ -91,8 +91,8 @@ class TrainingSpec(Frozen):
     attention_kernel: AttentionKernel = AttentionKernel.flash
     """Attention implementation (decides whether a*s^2 terms are stored)."""
     state_convention: StateConvention | None = None
-    """Byte layout of model states; None takes the strategy's own (zero for DDP/ZeRO,
-    fsdp2 for FSDP)."""
+    """Byte layout of model states; None takes the strategy's own (fsdp2 for PyTorch's DDP
+    and FSDP, zero for DeepSpeed's ZeRO stages and offload)."""
 
 
 class BatchSpec(Frozen):
