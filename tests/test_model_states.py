@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from zeroplan.core.model_states import model_state_bytes
-from zeroplan.core.params import total_parameters
+from zeroplan.core.params import parameter_units, total_parameters
 from zeroplan.core.zero_paper import zero_communication_volume, zero_model_state_bytes
 from zeroplan.presets.models import get_model
 from zeroplan.specs import (
@@ -46,7 +46,7 @@ def _request(gpu, model, kind: StrategyKind, gpus: int, **training) -> PlanReque
 def test_planner_equals_paper_without_padding(gpu_80gib, gpus: int, stage: int) -> None:
     request = _request(gpu_80gib, DIVISIBLE_MODEL, ZERO_KINDS[stage], gpus, state_convention=StateConvention.zero)
     psi = total_parameters(DIVISIBLE_MODEL)
-    assert model_state_bytes(request).gpu_bytes == zero_model_state_bytes(psi, 12, gpus, stage)
+    assert model_state_bytes(request).gpu_bytes_without_counters == zero_model_state_bytes(psi, 12, gpus, stage)
 
 
 @pytest.mark.parametrize("model_name", ["gpt2", "llama-2-7b", "mixtral-8x7b"])
@@ -57,7 +57,7 @@ def test_one_gpu_every_stage_equals_ddp(gpu_80gib, model_name, optimizer, conven
     ddp = model_state_bytes(_request(gpu_80gib, model, StrategyKind.ddp, 1, optimizer=optimizer, state_convention=convention))
     for kind in ZERO_KINDS[1:] + [StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op]:
         sharded = model_state_bytes(_request(gpu_80gib, model, kind, 1, optimizer=optimizer, state_convention=convention))
-        assert sharded.gpu_bytes == ddp.gpu_bytes, kind
+        assert sharded.gpu_bytes_without_counters == ddp.gpu_bytes_without_counters, kind
 
 
 @pytest.mark.parametrize("gpus", [2, 3, 4, 8, 64, 1024])
@@ -67,7 +67,7 @@ def test_one_gpu_every_stage_equals_ddp(gpu_80gib, model_name, optimizer, conven
 def test_stages_never_grow_and_stage3_covers_ddp(gpu_80gib, gpus, model_name, precision, convention) -> None:
     model = get_model(model_name)
     sizes = [
-        model_state_bytes(_request(gpu_80gib, model, kind, gpus, precision=precision, state_convention=convention)).gpu_bytes
+        model_state_bytes(_request(gpu_80gib, model, kind, gpus, precision=precision, state_convention=convention)).gpu_bytes_without_counters
         for kind in ZERO_KINDS
     ]
     assert sizes == sorted(sizes, reverse=True)
@@ -86,14 +86,16 @@ def test_70b_zero3_model_states_about_128_gib(gpu_80gib) -> None:
 
 def test_deepspeed_convention_is_18_bytes_at_stage_3(gpu_80gib) -> None:
     request = _request(gpu_80gib, DIVISIBLE_MODEL, StrategyKind.zero3, 8, state_convention=StateConvention.deepspeed)
-    assert model_state_bytes(request).gpu_bytes == 18 * total_parameters(DIVISIBLE_MODEL) // 8
+    assert model_state_bytes(request).gpu_bytes_without_counters == 18 * total_parameters(DIVISIBLE_MODEL) // 8
 
 
 def test_fsdp2_convention_is_fp32_params_and_grads(gpu_80gib) -> None:
     request = _request(gpu_80gib, DIVISIBLE_MODEL, StrategyKind.fsdp_full_shard, 8)
     states = model_state_bytes(request)
     psi = total_parameters(DIVISIBLE_MODEL)
-    assert (states.parameter_bytes, states.gradient_bytes, states.optimizer_state_bytes) == (4 * psi // 8, 4 * psi // 8, 8 * psi // 8)
+    assert (states.parameter_bytes, states.gradient_bytes, states.optimizer_state_bytes - states.step_counter_bytes) == (4 * psi // 8, 4 * psi // 8, 8 * psi // 8)
+    # One fp32 step counter per parameter tensor (torch/optim/adamw.py).
+    assert states.step_counter_bytes == 4 * sum(len(u.tensors) for u in parameter_units(DIVISIBLE_MODEL))
 
 
 def test_flat_padding_is_per_unit(gpu_80gib) -> None:
@@ -115,7 +117,8 @@ def test_optimizer_bytes_in_ddp(gpu_80gib, optimizer, bytes_per_element) -> None
     psi = total_parameters(DIVISIBLE_MODEL)
     request = _request(gpu_80gib, DIVISIBLE_MODEL, StrategyKind.ddp, 1, optimizer=optimizer, precision=Precision.fp32)
     assert request.convention is StateConvention.fsdp2
-    assert model_state_bytes(request).optimizer_state_bytes == bytes_per_element * psi
+    states = model_state_bytes(request)
+    assert states.optimizer_state_bytes - states.step_counter_bytes == bytes_per_element * psi
 
 
 def test_factored_and_8bit_states_are_smaller_than_adam(gpu_80gib) -> None:
@@ -137,6 +140,6 @@ def test_offload_moves_states_to_host(gpu_80gib) -> None:
     assert opt.gradient_bytes == opt.optimizer_state_bytes == 0
     assert opt.parameter_bytes == pytest.approx(2 * psi / 8, rel=1e-6)
     # fp32 master + Adam (12) + fp32 gradient (4) per element of the shard.
-    assert opt.host_bytes == pytest.approx(16 * psi / 8, rel=1e-6)
+    assert opt.host_bytes == pytest.approx(16 * psi / 8, rel=1e-6)  # counters are a few hundred bytes
     both = model_state_bytes(_request(gpu_80gib, model, StrategyKind.zero3_param_offload, 8))
     assert both.gpu_bytes == 0 and both.host_bytes == pytest.approx(18 * psi / 8, rel=1e-6)

@@ -4,7 +4,7 @@ states", sec. 3.1), exact for a padded sharded layout, with offload to host memo
 from __future__ import annotations
 
 from zeroplan.core.layout import ElementBytes, ShardLayout, element_bytes, shard_elements
-from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise, tensor_state_bytes
+from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise, step_counter_bytes, tensor_state_bytes
 from zeroplan.core.params import ParamUnit, parameter_units
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.request import PlanRequest
@@ -24,7 +24,10 @@ class ModelStateBytes(Frozen):
     gradient_bytes: int
     """Gradients resident on the GPU at the end of backward (fp32 copies included)."""
     optimizer_state_bytes: int
-    """Optimizer states on the GPU, fp32 master copy included (the paper's K*Psi term)."""
+    """Optimizer states on the GPU, fp32 master copy and step counters included (the paper's
+    K*Psi term)."""
+    step_counter_bytes: int
+    """Of those, the optimizer's per-tensor step counters (a layout detail the paper omits)."""
     host_bytes: int
     """Model states offloaded to host memory by this rank."""
     parameter_elements: int
@@ -33,6 +36,11 @@ class ModelStateBytes(Frozen):
     @property
     def gpu_bytes(self) -> int:
         return self.parameter_bytes + self.gradient_bytes + self.optimizer_state_bytes
+
+    @property
+    def gpu_bytes_without_counters(self) -> int:
+        """What the ZeRO paper's equations count."""
+        return self.gpu_bytes - self.step_counter_bytes
 
 
 def shard_layout(request: PlanRequest) -> ShardLayout:
@@ -46,8 +54,18 @@ def held_elements(units: tuple[ParamUnit, ...], num_shards: int, layout: ShardLa
     return sum(shard_elements(unit, num_shards, layout) for unit in units)
 
 
+def stepped_tensors(request: PlanRequest, sharded: bool) -> int:
+    """Tensors the optimizer steps on one rank: one flat shard per unit in the reference ZeRO
+    layout, every parameter tensor otherwise (DDP, FSDP2's per-parameter shards)."""
+    units = parameter_units(request.model)
+    if sharded and shard_layout(request) is ShardLayout.flat:
+        return len(units)
+    return sum(len(unit.tensors) for unit in units)
+
+
 def optimizer_bytes(request: PlanRequest, elements: int, num_shards: int, eb: ElementBytes) -> int:
-    """Optimizer-state bytes for ``elements`` held elements (master copy not included)."""
+    """Optimizer-state bytes for ``elements`` held elements (master copy and step counters
+    not included)."""
     optimizer = request.training.optimizer
     if is_elementwise(optimizer):
         return elements * elementwise_state_bytes(optimizer, eb.optimizer_dtype)
@@ -75,14 +93,16 @@ def model_state_bytes(request: PlanRequest) -> ModelStateBytes:
 
     parameter = parameter_elements * eb.parameter
     gradient = gradient_elements * eb.gradient
-    optimizer = optimizer_elements * eb.master + optimizer_bytes(request, optimizer_elements, optimizer_shards, eb)
+    counters = step_counter_bytes(request.training.optimizer, stepped_tensors(request, sharded=stage >= 1))
+    optimizer = optimizer_elements * eb.master + optimizer_bytes(request, optimizer_elements, optimizer_shards, eb) + counters
     host = 0
     if kind.offloads_optimizer:
         # The gradient partition streams to the host as it is reduced; nothing stays on the GPU.
         host = optimizer_elements * (OFFLOAD_MASTER_BYTES + OFFLOAD_GRADIENT_BYTES)
-        host += optimizer_bytes(request, optimizer_elements, optimizer_shards, eb)
+        host += optimizer_bytes(request, optimizer_elements, optimizer_shards, eb) + counters
         gradient = 0
         optimizer = 0
+        counters = 0
     if kind.offloads_parameters:
         host += parameter
         parameter = 0
@@ -90,6 +110,7 @@ def model_state_bytes(request: PlanRequest) -> ModelStateBytes:
         parameter_bytes=parameter,
         gradient_bytes=gradient,
         optimizer_state_bytes=optimizer,
+        step_counter_bytes=counters,
         host_bytes=host,
         parameter_elements=parameter_elements,
     )

@@ -58,3 +58,14 @@ def tensor_state_bytes(tensor: ParamTensor, optimizer: Optimizer, state_dtype_by
     if optimizer is Optimizer.adam_8bit:
         return adam_8bit_state_bytes(tensor)
     return tensor.numel * elementwise_state_bytes(optimizer, state_dtype_bytes)
+
+
+# torch/optim/adam.py and adamw.py (_init_group): state["step"] is a 0-dim fp32 tensor per
+# stepped tensor (also with capturable=False), so every tensor the optimizer sees adds 4 bytes.
+ADAM_STEP_COUNTER_BYTES = 4
+
+
+def step_counter_bytes(optimizer: Optimizer, num_stepped_tensors: int) -> int:
+    if optimizer in (Optimizer.adam, Optimizer.adamw):
+        return ADAM_STEP_COUNTER_BYTES * num_stepped_tensors
+    return 0

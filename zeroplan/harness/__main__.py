@@ -1,0 +1,63 @@
+"""Per-rank entry point, started by torchrun (locally or on a cluster):
+
+    torchrun --nproc-per-node 2 -m zeroplan.harness tiny-llama --strategy zero2 --out runs/z2
+
+Each rank writes its own record (runs/z2/rank00000.json, ...). A failing rank prints one line
+and exits 1; the records other ranks wrote stay as they are.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from zeroplan.cli.parser import OneLineParser
+from zeroplan.errors import ZeroplanError
+from zeroplan.harness.args import add_run_arguments, batch_from_args, resolve_model, training_from_args
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = OneLineParser(prog="python -m zeroplan.harness", description="one rank of a measured run")
+    add_run_arguments(parser)
+    parser.add_argument("--save-parameters", help="rank 0 saves the full parameters here (torch.save), for oracle checks")
+    parser.add_argument("--run-id", default="local")
+    parser.add_argument("--fail-rank", type=int, help="testing: this rank raises after its first step")
+    args = parser.parse_args(argv)
+    try:
+        import torch
+        import torch.distributed as dist
+
+        from zeroplan.harness.engines import EngineKind, check_supported
+        from zeroplan.harness.runner import RunConfig, init_distributed, run_rank
+        from zeroplan.specs import StrategyKind
+
+        config = RunConfig(
+            model=resolve_model(args.model), strategy=StrategyKind(args.strategy), engine=EngineKind(args.engine),
+            training=training_from_args(args), batch=batch_from_args(args), steps=args.steps, seed=args.seed,
+            run_id=args.run_id, fail_rank=args.fail_rank,
+        )
+        check_supported(config.strategy, config.engine)
+        init_distributed(args.backend)
+        _, parameters = run_rank(config, Path(args.out))
+        if args.save_parameters and dist.get_rank() == 0:
+            torch.save(parameters, args.save_parameters)
+        dist.barrier()
+        dist.destroy_process_group()
+    except ZeroplanError as error:
+        sys.stderr.write(f"zeroplan measure: error: {error}\n")
+        return 2
+    except Exception as error:  # a rank's failure: one line, its records stay
+        rank = _rank()
+        sys.stderr.write(f"zeroplan measure: rank {rank} failed: {type(error).__name__}: {error}\n")
+        return 1
+    return 0
+
+
+def _rank() -> str:
+    import os
+
+    return os.environ.get("RANK", "?")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

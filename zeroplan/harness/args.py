@@ -1,0 +1,55 @@
+"""Flags that describe one measured run, shared by the per-rank entry point and the launcher.
+No torch here: the main command line imports this to register ``zeroplan measure``."""
+
+from __future__ import annotations
+
+import argparse
+
+from zeroplan.cli.parser import positive_int
+from zeroplan.errors import ZeroplanError
+from zeroplan.specs import ActivationCheckpointing, BatchSpec, ModelSpec, Optimizer, Precision, StrategyKind, TrainingSpec
+
+MEASURABLE_PRECISIONS = (Precision.fp32, Precision.bf16_mixed)
+ENGINES = ("zeroplan", "torch", "torch-fsdp1")
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="harness preset (tiny-llama, tiny-gpt2, ...) or a zeroplan model preset")
+    parser.add_argument("--strategy", required=True, choices=[k.value for k in StrategyKind])
+    parser.add_argument("--engine", choices=ENGINES, default="zeroplan", help="whose implementation runs (default zeroplan)")
+    parser.add_argument("--steps", type=positive_int, default=3)
+    parser.add_argument("--micro-batch", type=positive_int, default=2)
+    parser.add_argument("--seq-len", type=positive_int, default=64)
+    parser.add_argument("--precision", choices=[p.value for p in MEASURABLE_PRECISIONS], default=Precision.fp32.value)
+    parser.add_argument("--optimizer", choices=[Optimizer.adamw.value], default=Optimizer.adamw.value)
+    parser.add_argument("--activation-checkpointing", choices=["none", "full"], default="none")
+    parser.add_argument("--backend", choices=["gloo", "nccl"], help="default: nccl with CUDA, else gloo")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", required=True, help="directory for the per-rank records")
+
+
+def resolve_model(name: str) -> ModelSpec:
+    from zeroplan.harness.presets import HARNESS_PRESETS
+    from zeroplan.presets.models import get_model
+
+    if name in HARNESS_PRESETS:
+        return HARNESS_PRESETS[name]
+    try:
+        return get_model(name)
+    except ZeroplanError:
+        from zeroplan.errors import unknown_name_error
+        from zeroplan.presets.models import model_names
+
+        raise unknown_name_error("model", name, [*HARNESS_PRESETS, *model_names()]) from None
+
+
+def training_from_args(args: argparse.Namespace) -> TrainingSpec:
+    return TrainingSpec(
+        precision=Precision(args.precision),
+        optimizer=Optimizer(args.optimizer),
+        activation_checkpointing=ActivationCheckpointing(args.activation_checkpointing),
+    )
+
+
+def batch_from_args(args: argparse.Namespace) -> BatchSpec:
+    return BatchSpec(micro_batch_size=args.micro_batch, seq_len=args.seq_len, grad_accum_steps=1)

@@ -1,0 +1,64 @@
+"""zeroplan's own memory measures, independent of PyTorch's private trackers."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+
+import torch
+
+from zeroplan.harness.engine import ModelStateTensors
+from zeroplan.harness.record import ModelStateBytes
+
+
+def _storage_key(tensor: torch.Tensor) -> tuple[int, int]:
+    storage = tensor.untyped_storage()
+    return storage.data_ptr(), storage.nbytes()
+
+
+def model_state_bytes(states: ModelStateTensors) -> ModelStateBytes:
+    """Sum unique storages per category; a storage shared by two tensors (a view, an alias such
+    as an fp32 master that is the parameter shard itself) counts once, in the first category."""
+    seen: set[tuple[int, int]] = set()
+
+    def unique_bytes(tensors: Iterable[torch.Tensor]) -> int:
+        total = 0
+        for tensor in tensors:
+            key = _storage_key(tensor)
+            if key not in seen and key[1] > 0:
+                seen.add(key)
+                total += key[1]
+        return total
+
+    params = unique_bytes(states.parameters)
+    grads = unique_bytes(states.gradients)
+    optimizer = unique_bytes(states.optimizer_states)
+    return ModelStateBytes(
+        parameters_bytes=params, gradients_bytes=grads, optimizer_states_bytes=optimizer,
+        total_bytes=params + grads + optimizer,
+    )
+
+
+class SavedActivations:
+    """Unique storages autograd saves for backward, minus the model states it also saves."""
+
+    def __init__(self, exclude: ModelStateTensors) -> None:
+        self._exclude = {
+            t.untyped_storage().data_ptr() for t in exclude.parameters if t.untyped_storage().nbytes()
+        }
+        self._seen: dict[int, int] = {}
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(self._seen.values())
+
+    @contextlib.contextmanager
+    def hooked(self) -> Iterator[None]:
+        def pack(tensor: torch.Tensor) -> torch.Tensor:
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in self._exclude and not isinstance(tensor, torch.nn.Parameter):
+                self._seen[storage.data_ptr()] = storage.nbytes()
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            yield

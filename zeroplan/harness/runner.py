@@ -1,0 +1,125 @@
+"""One rank's measurement run: build, wrap, train K steps, record each step, write the record."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from zeroplan.harness.comm import CommRecorder
+from zeroplan.harness.data import rank_batch
+from zeroplan.harness.engines import EngineKind, build_engine, check_supported
+from zeroplan.harness.mem_tracker_adapter import track_peak
+from zeroplan.harness.memory import SavedActivations, model_state_bytes
+from zeroplan.harness.model import build_model
+from zeroplan.harness.record import MemoryRecord, RankRecord, RunDescription, StepRecord, write_record
+from zeroplan.specs import (
+    ActivationCheckpointing, BatchSpec, ModelSpec, Optimizer, Precision, StrategyKind, TrainingSpec,
+)
+
+_DTYPES = {Precision.fp32: torch.float32, Precision.bf16_mixed: torch.bfloat16}
+
+
+class InjectedFailure(RuntimeError):
+    """Raised on purpose (--fail-rank) to test that a crashed rank is reported cleanly."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    model: ModelSpec
+    strategy: StrategyKind
+    engine: EngineKind
+    training: TrainingSpec
+    batch: BatchSpec
+    steps: int = 3
+    seed: int = 0
+    run_id: str = "local"
+    fail_rank: int | None = None
+
+
+def default_backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def init_distributed(backend: str | None = None) -> str:
+    """Join the process group torchrun describes in the environment (idempotent)."""
+    if not dist.is_initialized():
+        backend = backend or default_backend()
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend)
+    return dist.get_backend()
+
+
+def run_rank(config: RunConfig, out_dir: Path | None) -> tuple[RankRecord, dict[str, torch.Tensor]]:
+    """Train ``config.steps`` steps on this rank; return its record and the full parameters."""
+    implementation = check_supported(config.strategy, config.engine)
+    dtype = _DTYPES[config.training.precision]
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    description = RunDescription(
+        run_id=config.run_id, model=config.model, strategy=config.strategy, engine=config.engine.value,
+        implementation=implementation, world_size=world_size, training=config.training,
+        batch=config.batch, steps=config.steps, torch_version=torch.__version__,
+        backend=dist.get_backend(), device=str(device),
+    )
+    recorder = CommRecorder()
+    with torch.device(device):
+        model = build_model(config.model, config.seed)
+        model.set_activation_checkpointing(
+            config.training.activation_checkpointing is ActivationCheckpointing.full
+        )
+        recorder.phase = "setup"
+        with recorder:
+            engine = build_engine(model, config.strategy, config.engine, dtype)
+        setup = list(recorder.records)
+        steps: list[StepRecord] = []
+        for step in range(config.steps):
+            steps.append(_one_step(engine, config, step, rank, world_size, recorder))
+            record = RankRecord(rank=rank, description=description, setup_collectives=setup,
+                                steps=steps, complete=step == config.steps - 1)
+            if out_dir is not None:
+                write_record(out_dir, record)
+            if config.fail_rank == rank:
+                raise InjectedFailure(f"rank {rank} failed on purpose after step {step} (--fail-rank)")
+        recorder.phase = "gather"
+        full = engine.full_parameters()
+    return record, full
+
+
+def _one_step(engine, config: RunConfig, step: int, rank: int, world_size: int,
+              recorder: CommRecorder) -> StepRecord:
+    tokens, targets = rank_batch(config.model, step, world_size, rank,
+                                 config.batch.micro_batch_size, config.batch.seq_len, config.seed)
+    device = torch.get_default_device()
+    tokens, targets = tokens.to(device), targets.to(device)
+    saved = SavedActivations(engine.model_state_tensors())
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    recorder.records = []
+    start = time.perf_counter()
+    with track_peak(engine.module, engine.optimizer) as peak, recorder:
+        recorder.phase = "forward_backward"
+        with saved.hooked():
+            loss = engine.forward_backward(tokens, targets)
+        recorder.phase = "step"
+        engine.step()
+        states = model_state_bytes(engine.model_state_tensors())
+        recorder.phase = "zero_grad"
+        engine.zero_grad()
+    cuda_allocated = cuda_reserved = None
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        cuda_allocated, cuda_reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+    memory = MemoryRecord(
+        source=peak.source, peak_bytes_by_category=peak.peak_bytes_by_category,
+        peak_bytes=peak.peak_bytes, saved_activation_bytes=saved.num_bytes,
+        cuda_max_allocated_bytes=cuda_allocated, cuda_max_reserved_bytes=cuda_reserved,
+    )
+    return StepRecord(step=step, loss=float(loss), wall_s=time.perf_counter() - start,
+                      collectives=list(recorder.records), memory=memory, model_state=states)
