@@ -58,6 +58,7 @@ def build_parser() -> OneLineParser:
 # command hands them the rest of the line so that planning never imports torch.
 _DELEGATED = {
     "simulate": ("zeroplan.simulate.cli", "run real FSDP2/DDP code of a full-size model on fake tensors"),
+    "measure": ("zeroplan.harness.cli", "launch a real multi-process run (torchrun) and record it"),
 }
 
 

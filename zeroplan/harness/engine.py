@@ -35,9 +35,14 @@ class ModelStateTensors:
     optimizer_states: list[torch.Tensor] = field(default_factory=list)
 
 
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (it has no storage of its own), or the tensor itself."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
 def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [
-        value for state in optimizer.state.values() for value in state.values()
+        local_tensor(value) for state in optimizer.state.values() for value in state.values()
         if isinstance(value, torch.Tensor)
     ]
 

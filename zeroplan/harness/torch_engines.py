@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from zeroplan.harness.engine import ModelStateTensors, make_adamw, optimizer_state_tensors
+from zeroplan.harness.engine import ModelStateTensors, local_tensor as _local, make_adamw, optimizer_state_tensors
 from zeroplan.harness.model import Block, Transformer, next_token_loss
 
 
@@ -58,11 +58,6 @@ class _Base:
         params = [_local(p) for p in self.module.parameters()]
         grads = [_local(p.grad) for p in self.module.parameters() if p.grad is not None]
         return ModelStateTensors(params, grads, optimizer_state_tensors(self.optimizer))
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard, or the tensor itself."""
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 class DdpEngine(_Base):

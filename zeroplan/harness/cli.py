@@ -1,0 +1,64 @@
+"""``zeroplan measure``: launch a real multi-process run and record it. No torch in this
+process: the ranks import it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from zeroplan.cli.parser import OneLineParser, positive_float, positive_int
+from zeroplan.errors import ZeroplanError
+from zeroplan.harness.args import add_run_arguments, resolve_model
+
+
+def build_parser() -> OneLineParser:
+    parser = OneLineParser(prog="zeroplan measure", description="run and record a sharded training job (torchrun)")
+    add_run_arguments(parser)
+    parser.add_argument("--nproc", type=positive_int, default=2, help="ranks on this machine (default 2)")
+    parser.add_argument("--timeout-s", type=positive_float, default=600.0, help="time limit of the whole run")
+    # For tests of the failure path: this rank raises after its first step.
+    parser.add_argument("--fail-rank", type=int, help=argparse.SUPPRESS)
+    return parser
+
+
+def _harness_argv(args: argparse.Namespace) -> list[str]:
+    argv = [args.model, "--strategy", args.strategy, "--engine", args.engine, "--steps", str(args.steps),
+            "--micro-batch", str(args.micro_batch), "--seq-len", str(args.seq_len), "--precision", args.precision,
+            "--optimizer", args.optimizer, "--activation-checkpointing", args.activation_checkpointing,
+            "--seed", str(args.seed)]
+    if args.backend:
+        argv += ["--backend", args.backend]
+    if args.fail_rank is not None:
+        argv += ["--fail-rank", str(args.fail_rank)]
+    return argv
+
+
+def run_measure(args: argparse.Namespace) -> int:
+    from zeroplan.harness.engines_table import check_supported_names
+    from zeroplan.harness.launch import launch
+
+    resolve_model(args.model)
+    check_supported_names(args.strategy, args.engine)
+    result = launch(args.nproc, _harness_argv(args), Path(args.out), args.timeout_s)
+    for error in result.errors:
+        sys.stderr.write(error + "\n")
+    if result.returncode == 124:
+        sys.stderr.write(f"zeroplan measure: error: the run passed its {args.timeout_s:g} s limit and was stopped\n")
+    if result.missing_ranks or result.incomplete_ranks or result.returncode:
+        sys.stderr.write(
+            f"zeroplan measure: error: ranks without a complete record: "
+            f"{sorted(result.missing_ranks + result.incomplete_ranks)}; {len(result.records)} record(s) kept in {args.out}\n"
+        )
+        return 1
+    sys.stdout.write(f"{len(result.records)} records in {args.out}; compare with: zeroplan validate {args.out}\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run_measure(args)
+    except ZeroplanError as error:
+        sys.stderr.write(f"zeroplan measure: error: {error}\n")
+        return 2

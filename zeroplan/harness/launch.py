@@ -1,0 +1,85 @@
+"""Start a measured run on this machine with torchrun, under a time limit, and say which ranks
+left records. Torch is imported only by the child processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from zeroplan.harness.record import record_path
+
+STOP_GRACE_S = 30.0
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    returncode: int
+    """torchrun's exit status (124 when the time limit ended the run)."""
+    records: list[Path]
+    """Record files that exist after the run, one per rank that wrote one."""
+    missing_ranks: list[int]
+    """Ranks without a record."""
+    incomplete_ranks: list[int]
+    """Ranks whose record stops before the last step (crashed or stopped)."""
+    errors: list[str]
+    """The one-line errors the ranks printed."""
+
+
+def torchrun_command(nproc: int, harness_argv: list[str]) -> list[str]:
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+        "-m", "zeroplan.harness", *harness_argv,
+    ]
+
+
+def launch(nproc: int, harness_argv: list[str], out_dir: Path, timeout_s: float) -> LaunchResult:
+    """Run ``nproc`` ranks; never deletes or rewrites a record (each rank owns its own file)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1")
+    # Output goes to a file, not a pipe: torchrun starts each worker in a session of its own,
+    # so a worker that outlives the agent must not be able to block this process.
+    with tempfile.TemporaryFile("w+") as log:
+        process = subprocess.Popen(
+            torchrun_command(nproc, [*harness_argv, "--out", str(out_dir)]),
+            stdout=log, stderr=subprocess.STDOUT, text=True, env=env,
+        )
+        try:
+            returncode = process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _stop(process)
+            returncode = 124
+        log.seek(0)
+        output = log.read()
+    return _collect(nproc, out_dir, returncode, output)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """SIGTERM lets torchrun's agent stop its workers (torch/distributed/elastic/agent); SIGKILL
+    follows if it does not finish in time."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def _collect(nproc: int, out_dir: Path, returncode: int, output: str) -> LaunchResult:
+    from zeroplan.harness.record import read_record
+
+    records, missing, incomplete = [], [], []
+    for rank in range(nproc):
+        path = record_path(out_dir, rank)
+        if not path.exists():
+            missing.append(rank)
+            continue
+        records.append(path)
+        if not read_record(path).complete:
+            incomplete.append(rank)
+    errors = [line.strip() for line in output.splitlines() if line.startswith("zeroplan measure:")]
+    return LaunchResult(returncode, records, missing, incomplete, errors)
