@@ -130,6 +130,20 @@ def test_mem_tracker_runs_and_checkpointing_lowers_the_activation_peak() -> None
     assert 0 < checkpointed["act"] < plain["act"]
 
 
+def test_moe_runs_with_data_dependent_routing() -> None:
+    moe = TINY.model_copy(update={"name": "tiny-moe", "num_experts": 3, "experts_per_token": 2})
+    world_size = 4
+    record = simulate(moe, "fsdp-full-shard", world_size, batch=TINY_BATCH)
+    h, f = TINY.hidden_size, TINY.ffn_hidden_size
+    dense_mlp = [(f, h), (f, h), (h, f)]
+    experts = [(moe.num_experts, h)] + dense_mlp * moe.num_experts  # router, then each expert
+    shapes = [s for s in _all_shapes(TINY) if s not in dense_mlp]
+    shapes += experts * TINY.num_layers
+    assert record.model_states.parameter_bytes == 4 * sum(_padded_shard_elements(s, world_size) for s in shapes)
+    assert record.collective_count(CollectiveKind.reduce_scatter) == TINY.num_layers + 1
+    assert record.mem_tracker_peak_bytes is None and "FSDPMemTracker skipped" in record.notes[0]
+
+
 def test_llama_2_7b_preset_runs_and_shards_fp32_parameters() -> None:
     world_size = 8
     spec = get_model("llama-2-7b")
@@ -196,6 +210,7 @@ def test_private_torch_apis_are_where_we_expect() -> None:
     tracker = private.fsdp_mem_tracker_class()
     assert hasattr(tracker, "get_tracker_snapshot"), "FSDPMemTracker.get_tracker_snapshot moved"
     from torch.distributed.distributed_c10d import _resolve_process_group  # noqa: F401
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv  # noqa: F401
 
     op = torch.ops.c10d._allgather_base_.default
     assert [a.name for a in private.op_schema(op).arguments][:2] == ["output_tensor", "input_tensor"]
@@ -205,6 +220,8 @@ def test_private_torch_apis_are_where_we_expect() -> None:
         a = torch.empty(3, 4)
         assert private.storage_key(a) == private.storage_key(a.view(12)) != private.storage_key(torch.empty(2))
         assert a.untyped_storage().nbytes() == 48
+    with private.fake_tensor_mode(data_dependent_shapes=True):
+        assert torch.zeros(5).nonzero().shape[0] is not None
 
 
 def test_simulator_never_imports_the_planner() -> None:

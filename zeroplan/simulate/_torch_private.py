@@ -39,12 +39,19 @@ def group_size_by_name(group_name: str) -> int:
     return _resolve_process_group(group_name).size()
 
 
-def fake_tensor_mode() -> FakeTensorMode:
+def fake_tensor_mode(data_dependent_shapes: bool = False) -> FakeTensorMode:
     """A fresh fake-tensor mode; every tensor made under it has metadata only.
 
     Non-fake inputs are allowed so that ``module.to_empty`` can turn a meta-device model
     (built and sharded outside the mode, where FSDP2's chunking is cheap) into fake tensors.
+    ``data_dependent_shapes`` attaches a ShapeEnv, so that operators whose output size
+    depends on values (``nonzero`` in MoE routing) return tensors of unknown (unbacked
+    symbolic) size instead of raising.
     """
+    if data_dependent_shapes:
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        return FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
     return FakeTensorMode(allow_non_fake_inputs=True)
 
 

@@ -60,6 +60,12 @@ def simulate(
     kind = _check(strategy, world_size, rank, training)
     start_s = time.perf_counter()
     notes = []
+    if model.is_moe and mem_tracker:
+        mem_tracker = False
+        notes.append(
+            "FSDPMemTracker skipped: MoE routing gives tensors of data-dependent size, which "
+            "the tracker cannot count under fake tensors"
+        )
     if batch.grad_accum_steps > 1:
         notes.append(f"one micro-batch simulated of grad_accum_steps={batch.grad_accum_steps}")
     with _fake_process_group(world_size, rank):
@@ -139,7 +145,8 @@ def _run_step(
     if kind.is_fsdp:
         module, mixed_precision = _fsdp2(model, _mesh(world_size), kind, mixed)
     recorder = CollectiveRecorder()
-    with private.fake_tensor_mode():
+    # MoE routing (nonzero) has data-dependent output sizes: they become unbacked symbols.
+    with private.fake_tensor_mode(data_dependent_shapes=spec.is_moe):
         # to_empty swaps every meta tensor for a fake one (FSDP2 re-pads its shards here).
         model.to_empty(device=_DEVICE)
         if not kind.is_fsdp:
