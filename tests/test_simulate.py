@@ -190,6 +190,26 @@ def test_cli_prints_a_summary_and_writes_the_record(tmp_path: Path, capsys) -> N
     assert record.model.name == "gpt2" and record.world_size == 2
 
 
+def test_zeroplan_command_dispatches_simulate(capsys) -> None:
+    from zeroplan.cli.main import main as zeroplan_main
+
+    code = zeroplan_main(["simulate", "gpt2", "--strategy", "ddp", "--world-size", "2", "--seq-len", "8"])
+    assert code == 0
+    assert "all_reduce" in capsys.readouterr().out
+
+
+def test_simulate_without_torch_is_a_one_line_error() -> None:
+    program = (
+        "import sys\n"
+        "sys.modules['torch'] = None\n"
+        "from zeroplan.cli.main import main\n"
+        "raise SystemExit(main(['simulate', 'gpt2', '--strategy', 'ddp', '--world-size', '2']))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "needs torch" in result.stderr
+
+
 def test_cli_errors_are_one_line(capsys) -> None:
     assert main(["no-such-model", "--strategy", "ddp", "--world-size", "2"]) == 2
     err = capsys.readouterr().err

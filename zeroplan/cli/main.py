@@ -41,10 +41,20 @@ def build_parser() -> OneLineParser:
     fit.set_defaults(run=run_fit)
     commands.add_parser("models", help="list model presets").set_defaults(run=_list_models)
     commands.add_parser("gpus", help="list the GPU catalog").set_defaults(run=_list_gpus)
+    # Listed here for --help; main() hands its arguments to zeroplan.simulate.cli (needs torch).
+    commands.add_parser("simulate", help="one real FSDP2/DDP step on fake tensors (needs torch)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["simulate"]:
+        try:
+            from zeroplan.simulate.cli import main as simulate_main
+        except ImportError as error:
+            sys.stderr.write(f"zeroplan: error: simulate: needs torch (pip install 'zeroplan[harness]'): {error}\n")
+            return 2
+        return simulate_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
