@@ -156,6 +156,30 @@ def test_llama_2_7b_preset_runs_and_shards_fp32_parameters() -> None:
     assert record.wall_time_s < 60
 
 
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # torch 2.13 renames these to *_single
+def test_recorder_reads_c10d_and_functional_collectives() -> None:
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    from zeroplan.simulate import _torch_private as private
+    from zeroplan.simulate.collectives import CollectiveRecorder
+    from zeroplan.simulate.run import _fake_process_group
+
+    with _fake_process_group(4, 1), private.fake_tensor_mode(), CollectiveRecorder() as recorder:
+        shard = torch.empty(6, dtype=torch.bfloat16)
+        full = torch.empty(24)
+        dist.all_gather_into_tensor(torch.empty(24, dtype=torch.bfloat16), shard)
+        dist.reduce_scatter_tensor(torch.empty(6), full)
+        dist.all_reduce(full)
+        funcol.wait_tensor(funcol.all_gather_tensor(shard, 0, dist.group.WORLD))
+        funcol.wait_tensor(funcol.reduce_scatter_tensor(full, "sum", 0, dist.group.WORLD))
+    seen = [(c.kind, c.dtype, c.input_elements, c.output_elements, c.group_size) for c in recorder.records]
+    gather = (CollectiveKind.all_gather, "torch.bfloat16", 6, 24, 4)
+    scatter = (CollectiveKind.reduce_scatter, "torch.float32", 24, 6, 4)
+    assert seen == [gather, scatter, (CollectiveKind.all_reduce, "torch.float32", 24, 24, 4), gather, scatter]
+    assert recorder.records[0].buffer_bytes == 48
+
+
 def test_record_round_trips_through_json() -> None:
     record = simulate(TINY, "fsdp-shard-grad-op", 2, batch=TINY_BATCH, mem_tracker=False)
     again = SimulationRecord.model_validate_json(record.model_dump_json())
