@@ -115,7 +115,7 @@ def test_ddp_replicates_and_all_reduces_every_gradient() -> None:
     assert all(c.dtype == "torch.float32" and c.group_size == world_size for c in reduced)
     # The constructor broadcasts rank 0's parameters.
     assert record.collective_bytes(CollectiveKind.broadcast, Phase.setup) == 4 * count
-    assert record.mem_tracker_peak_bytes is None
+    assert record.mem_tracker_peak_bytes is None and "FSDPMemTracker skipped" in record.notes[0]
 
 
 def test_mem_tracker_runs_and_checkpointing_lowers_the_activation_peak() -> None:
@@ -178,6 +178,20 @@ def test_recorder_reads_c10d_and_functional_collectives() -> None:
     scatter = (CollectiveKind.reduce_scatter, "torch.float32", 24, 6, 4)
     assert seen == [gather, scatter, (CollectiveKind.all_reduce, "torch.float32", 24, 24, 4), gather, scatter]
     assert recorder.records[0].buffer_bytes == 48
+
+
+def test_simulate_request_reads_the_planner_request(gpu_80gib) -> None:
+    from zeroplan.simulate import simulate_request
+    from zeroplan.specs import PlanRequest, StrategySpec, cluster_from_gpus
+
+    request = PlanRequest(
+        model=TINY, batch=TINY_BATCH, cluster=cluster_from_gpus(gpu_80gib, 4),
+        strategy=StrategySpec(kind="fsdp-shard-grad-op"),
+    )
+    record = simulate_request(request, mem_tracker=False)
+    direct = simulate(TINY, "fsdp-shard-grad-op", 4, batch=TINY_BATCH, mem_tracker=False)
+    assert record.world_size == 4 and record.training == request.training
+    assert record.model_states == direct.model_states and record.collectives == direct.collectives
 
 
 def test_record_round_trips_through_json() -> None:
