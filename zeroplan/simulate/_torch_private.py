@@ -17,6 +17,10 @@ import torch
 # FakeTensorMode: tensors with shapes, dtypes and devices but no data.
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+# The operator type a dispatch mode receives, and the mode's base class.
+from torch._ops import OpOverload
+from torch.utils._python_dispatch import TorchDispatchMode
+
 # Importing fake_pg registers the "fake" backend (and gives the store it needs).
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -27,7 +31,7 @@ COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional")
 """Operator namespaces of c10d's collectives as a TorchDispatchMode sees them."""
 
 
-def op_schema(func: torch._ops.OpOverload) -> torch._C.FunctionSchema:
+def op_schema(func: OpOverload) -> torch._C.FunctionSchema:
     """The operator's schema (argument names and types)."""
     return func._schema
 

@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from zeroplan.simulate._torch_private import COLLECTIVE_NAMESPACES, group_size_by_name, op_schema
+from zeroplan.simulate._torch_private import (
+    COLLECTIVE_NAMESPACES,
+    OpOverload,
+    TorchDispatchMode,
+    group_size_by_name,
+    op_schema,
+)
 from zeroplan.simulate.record import CollectiveKind, CollectiveRecord, Phase
 
 _KINDS = {
@@ -58,7 +63,7 @@ def _group_size(bound: dict[str, object]) -> int:
     return dist.get_world_size()
 
 
-def describe(func: torch._ops.OpOverload, args: tuple, kwargs: dict, phase: Phase) -> CollectiveRecord:
+def describe(func: OpOverload, args: tuple, kwargs: dict, phase: Phase) -> CollectiveRecord:
     """Turn one collective call into a record, from the operator's schema."""
     schema = op_schema(func)
     bound = dict(kwargs)
