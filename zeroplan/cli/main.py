@@ -67,7 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in _DELEGATED:
         import importlib
 
-        module = importlib.import_module(_DELEGATED[argv[0]][0])
+        try:
+            module = importlib.import_module(_DELEGATED[argv[0]][0])
+        except ImportError as error:
+            sys.stderr.write(f"zeroplan: error: {argv[0]}: needs torch (pip install 'zeroplan[harness]'): {error}\n")
+            return 2
         return module.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)

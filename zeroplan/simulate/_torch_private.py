@@ -17,6 +17,10 @@ import torch
 # FakeTensorMode: tensors with shapes, dtypes and devices but no data.
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+# The operator type a dispatch mode receives, and the mode's base class.
+from torch._ops import OpOverload
+from torch.utils._python_dispatch import TorchDispatchMode
+
 # Importing fake_pg registers the "fake" backend (and gives the store it needs).
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -27,7 +31,7 @@ COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional")
 """Operator namespaces of c10d's collectives as a TorchDispatchMode sees them."""
 
 
-def op_schema(func: torch._ops.OpOverload) -> torch._C.FunctionSchema:
+def op_schema(func: OpOverload) -> torch._C.FunctionSchema:
     """The operator's schema (argument names and types)."""
     return func._schema
 
@@ -39,12 +43,19 @@ def group_size_by_name(group_name: str) -> int:
     return _resolve_process_group(group_name).size()
 
 
-def fake_tensor_mode() -> FakeTensorMode:
+def fake_tensor_mode(data_dependent_shapes: bool = False) -> FakeTensorMode:
     """A fresh fake-tensor mode; every tensor made under it has metadata only.
 
     Non-fake inputs are allowed so that ``module.to_empty`` can turn a meta-device model
     (built and sharded outside the mode, where FSDP2's chunking is cheap) into fake tensors.
+    ``data_dependent_shapes`` attaches a ShapeEnv, so that operators whose output size
+    depends on values (``nonzero`` in MoE routing) return tensors of unknown (unbacked
+    symbolic) size instead of raising.
     """
+    if data_dependent_shapes:
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        return FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
     return FakeTensorMode(allow_non_fake_inputs=True)
 
 

@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from zeroplan.simulate._torch_private import COLLECTIVE_NAMESPACES, group_size_by_name, op_schema
+from zeroplan.simulate._torch_private import (
+    COLLECTIVE_NAMESPACES,
+    OpOverload,
+    TorchDispatchMode,
+    group_size_by_name,
+    op_schema,
+)
 from zeroplan.simulate.record import CollectiveKind, CollectiveRecord, Phase
 
 _KINDS = {
@@ -36,7 +41,6 @@ _KINDS = {
     "broadcast": CollectiveKind.broadcast,
 }
 _NOT_COLLECTIVES = {"wait_tensor", "barrier", "monitored_barrier_"}
-_IN_PLACE = {CollectiveKind.all_reduce, CollectiveKind.broadcast}
 
 
 def _tensors(value: object) -> list[torch.Tensor]:
@@ -59,43 +63,26 @@ def _group_size(bound: dict[str, object]) -> int:
     return dist.get_world_size()
 
 
-def describe(func: torch._ops.OpOverload, args: tuple, kwargs: dict, phase: Phase) -> CollectiveRecord:
+def describe(func: OpOverload, args: tuple, kwargs: dict, phase: Phase) -> CollectiveRecord:
     """Turn one collective call into a record, from the operator's schema."""
     schema = op_schema(func)
     bound = dict(kwargs)
     for argument, value in zip(schema.arguments, args):
         bound[argument.name] = value
-    op_name = schema.name.split("::")[-1]
-    kind = _KINDS.get(op_name, CollectiveKind.other)
-    inputs: list[torch.Tensor] = []
-    outputs: list[torch.Tensor] = []
-    for name, value in bound.items():
-        tensors = _tensors(value)
-        if not tensors:
-            continue
-        if "output" in name:
-            outputs += tensors
-        else:
-            inputs += tensors
-    if kind in _IN_PLACE or not outputs and func.namespace == "c10d":
-        outputs = inputs
-    elif not outputs:
-        # Functional collectives return a new tensor; its size follows the op.
-        size = _group_size(bound)
-        count = sum(t.numel() for t in inputs)
-        scale = {CollectiveKind.all_gather: size}.get(kind, 1)
-        shrink = size if kind is CollectiveKind.reduce_scatter else 1
-        out_elements = count * scale // shrink
-        sample = inputs[0]
-        return _record(func, kind, phase, sample, count, out_elements, size)
+    kind = _KINDS.get(schema.name.split("::")[-1], CollectiveKind.other)
+    group_size = _group_size(bound)
+    inputs = [t for name, value in bound.items() if "output" not in name for t in _tensors(value)]
+    outputs = [t for name, value in bound.items() if "output" in name for t in _tensors(value)]
+    in_elements = sum(t.numel() for t in inputs)
+    if outputs:
+        out_elements = sum(t.numel() for t in outputs)
+    elif kind is CollectiveKind.all_gather:  # functional: returns a new, N times larger tensor
+        out_elements = in_elements * group_size
+    elif kind is CollectiveKind.reduce_scatter:  # functional: returns this rank's 1/N
+        out_elements = in_elements // group_size
+    else:  # in place (c10d all-reduce, broadcast) or same-sized result
+        out_elements = in_elements
     sample = (inputs or outputs)[0]
-    return _record(
-        func, kind, phase, sample, sum(t.numel() for t in inputs),
-        sum(t.numel() for t in outputs), _group_size(bound),
-    )
-
-
-def _record(func, kind, phase, sample, in_elements, out_elements, group_size) -> CollectiveRecord:
     return CollectiveRecord(
         phase=phase, op=str(func), kind=kind, dtype=str(sample.dtype),
         element_bytes=sample.element_size(), input_elements=in_elements,
