@@ -148,7 +148,12 @@ def collectives(request: PlanRequest) -> list[Collective]:
     if request.strategy.kind.zero_stage == 3:
         result.append(_collective(CollectiveOp.all_gather, Phase.forward, "parameters", params, group, accum, group_spans_nodes, eb.compute_parameter))
         if kind is not StrategyKind.fsdp_shard_grad_op:
-            result.append(_collective(CollectiveOp.all_gather, Phase.backward, "parameters", params, group, accum, group_spans_nodes, eb.compute_parameter))
+            backward = params
+            if request.model.tied_embeddings and not kind.is_fsdp:
+                # Reference ZeRO-3 (zeroplan/harness/zero.py): a tied embedding serves the head
+                # too, so it stays gathered from the forward until its backward is done.
+                backward = params[1:]
+            result.append(_collective(CollectiveOp.all_gather, Phase.backward, "parameters", backward, group, accum, group_spans_nodes, eb.compute_parameter))
     result.append(_collective(CollectiveOp.reduce_scatter, Phase.backward, "gradients", grads, group, reduce_per_step, group_spans_nodes, gradient_bytes))
     if request.strategy.kind.zero_stage in (1, 2):
         result.append(_collective(CollectiveOp.all_gather, Phase.step, "parameters", params, group, 1, group_spans_nodes, eb.compute_parameter))

@@ -20,7 +20,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="python -m zeroplan.harness", description="one rank of a measured run")
     add_run_arguments(parser)
     parser.add_argument("--save-parameters", help="rank 0 saves the full parameters here (torch.save), for oracle checks")
-    parser.add_argument("--run-id", default="local")
     parser.add_argument("--fail-rank", type=int, help="testing: this rank raises after its first step")
     args = parser.parse_args(argv)
     try:

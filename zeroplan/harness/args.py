@@ -25,6 +25,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--activation-checkpointing", choices=["none", "full"], default="none")
     parser.add_argument("--backend", choices=["gloo", "nccl"], help="default: nccl with CUDA, else gloo")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--run-id", default="local", help="a name stored in every record of the run")
     parser.add_argument("--out", required=True, help="directory for the per-rank records")
 
 

@@ -26,7 +26,7 @@ def _harness_argv(args: argparse.Namespace) -> list[str]:
     argv = [args.model, "--strategy", args.strategy, "--engine", args.engine, "--steps", str(args.steps),
             "--micro-batch", str(args.micro_batch), "--seq-len", str(args.seq_len), "--precision", args.precision,
             "--optimizer", args.optimizer, "--activation-checkpointing", args.activation_checkpointing,
-            "--seed", str(args.seed)]
+            "--seed", str(args.seed), "--run-id", args.run_id]
     if args.backend:
         argv += ["--backend", args.backend]
     if args.fail_rank is not None:

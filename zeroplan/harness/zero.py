@@ -164,6 +164,12 @@ class ReferenceZero:
         self.optimizer.step()
         for unit in self.units:
             unit.update_params_from_master(keep_full=self.stage < 3)
+            # The fp32 gradient (a copy under bf16-mixed) and, at stage 1, the reduced shard are
+            # inputs of this update only; what stays is the contract's gradient state (full
+            # gradients at stage 1, the shard's gradient from stage 2 on).
+            unit.master.grad = None
+            if self.stage == 1:
+                unit.grad_shard = None
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,56 @@
+"""Record a grid of real CPU runs (torchrun, gloo, 2 ranks) into benchmarks/records/, then print
+predicted against measured for each and save the plot. The committed records are what
+docs/validation.md and notebooks/compare_stages.ipynb reconcile against.
+
+    python benchmarks/cpu_records.py [--out benchmarks/records] [--plot docs/validation.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from zeroplan.harness.launch import launch
+from zeroplan.validate.compare import compare_record
+from zeroplan.validate.load import load_records
+from zeroplan.validate.report import render_validation_table, save_validation_plot
+
+GRID = [
+    # (model, strategy, engine, precision)
+    ("tiny-llama", "zero1", "zeroplan", "fp32"),
+    ("tiny-llama", "zero2", "zeroplan", "fp32"),
+    ("tiny-llama", "zero3", "zeroplan", "fp32"),
+    ("tiny-llama", "zero3", "zeroplan", "bf16-mixed"),
+    ("tiny-llama", "ddp", "torch", "fp32"),
+    ("tiny-llama", "zero1", "torch", "fp32"),
+    ("tiny-llama", "fsdp-full-shard", "torch", "fp32"),
+    ("tiny-llama", "fsdp-shard-grad-op", "torch", "fp32"),
+    ("tiny-gpt2", "zero2", "zeroplan", "fp32"),
+    ("tiny-gpt2", "fsdp-full-shard", "torch", "fp32"),
+]
+NPROC, STEPS, MICRO_BATCH, SEQ_LEN = 2, 3, 2, 256
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/records"))
+    parser.add_argument("--plot", type=Path, default=Path("docs/validation.png"))
+    args = parser.parse_args()
+    for model, strategy, engine, precision in GRID:
+        run_id = f"{model}-{strategy}-{engine}-{precision}-n{NPROC}"
+        start = time.perf_counter()
+        result = launch(NPROC, [model, "--strategy", strategy, "--engine", engine, "--precision", precision,
+                                "--steps", str(STEPS), "--micro-batch", str(MICRO_BATCH), "--seq-len", str(SEQ_LEN),
+                                "--run-id", run_id], args.out / run_id, timeout_s=600)
+        status = "ok" if result.returncode == 0 else f"FAILED {result.errors}"
+        print(f"{run_id:48s} {time.perf_counter() - start:6.1f} s  {status}")
+    records = [r for r in load_records([str(args.out)]) if r.rank == 0]
+    rows = [row for record in records for row in compare_record(record)]
+    print(render_validation_table(rows))
+    save_validation_plot(rows, args.plot)
+    print(f"plot: {args.plot}")
+
+
+if __name__ == "__main__":
+    main()
