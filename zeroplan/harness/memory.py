@@ -42,11 +42,21 @@ def model_state_bytes(states: ModelStateTensors) -> ModelStateBytes:
 class SavedActivations:
     """Unique storages autograd saves for backward, minus the model states it also saves."""
 
-    def __init__(self, exclude: ModelStateTensors) -> None:
+    def __init__(self, exclude: ModelStateTensors, module: torch.nn.Module | None = None) -> None:
         self._exclude = {
             t.untyped_storage().data_ptr() for t in exclude.parameters if t.untyped_storage().nbytes()
         }
+        # Gathered parameters (ZeRO-3 refills a unit's buffer before use) are the module's
+        # parameters at the time autograd saves them, not activations: look them up then.
+        self._module = module
         self._seen: dict[int, int] = {}
+
+    def _is_parameter_storage(self, data_ptr: int) -> bool:
+        if data_ptr in self._exclude:
+            return True
+        if self._module is None:
+            return False
+        return any(p.untyped_storage().data_ptr() == data_ptr for p in self._module.parameters() if p.untyped_storage().nbytes())
 
     @property
     def num_bytes(self) -> int:
@@ -56,7 +66,7 @@ class SavedActivations:
     def hooked(self) -> Iterator[None]:
         def pack(tensor: torch.Tensor) -> torch.Tensor:
             storage = tensor.untyped_storage()
-            if storage.data_ptr() not in self._exclude and not isinstance(tensor, torch.nn.Parameter):
+            if not isinstance(tensor, torch.nn.Parameter) and not self._is_parameter_storage(storage.data_ptr()):
                 self._seen[storage.data_ptr()] = storage.nbytes()
             return tensor
 

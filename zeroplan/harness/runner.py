@@ -55,8 +55,11 @@ def init_distributed(backend: str | None = None) -> str:
     return dist.get_backend()
 
 
-def run_rank(config: RunConfig, out_dir: Path | None) -> tuple[RankRecord, dict[str, torch.Tensor]]:
-    """Train ``config.steps`` steps on this rank; return its record and the full parameters."""
+def run_rank(
+    config: RunConfig, out_dir: Path | None, gather_full: bool = True
+) -> tuple[RankRecord, dict[str, torch.Tensor]]:
+    """Train ``config.steps`` steps on this rank; return its record and (if ``gather_full``) the
+    full parameters, an extra collective the oracle tests need and a memory benchmark does not."""
     implementation = check_supported(config.strategy, config.engine)
     dtype = _DTYPES[config.training.precision]
     rank, world_size = dist.get_rank(), dist.get_world_size()
@@ -87,7 +90,7 @@ def run_rank(config: RunConfig, out_dir: Path | None) -> tuple[RankRecord, dict[
             if config.fail_rank == rank:
                 raise InjectedFailure(f"rank {rank} failed on purpose after step {step} (--fail-rank)")
         recorder.phase = "gather"
-        full = engine.full_parameters()
+        full = engine.full_parameters() if gather_full else {}
     return record, full
 
 
@@ -97,7 +100,7 @@ def _one_step(engine, config: RunConfig, step: int, rank: int, world_size: int,
                                  config.batch.micro_batch_size, config.batch.seq_len, config.seed)
     device = torch.get_default_device()
     tokens, targets = tokens.to(device), targets.to(device)
-    saved = SavedActivations(engine.model_state_tensors())
+    saved = SavedActivations(engine.model_state_tensors(), engine.module)
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()

@@ -132,8 +132,7 @@ class ReferenceZero:
             for index, (unit, module) in enumerate(zip(self.units, unit_modules(model))):
                 module.register_forward_pre_hook(lambda _m, _a, u=unit: u.gather())
                 module.register_forward_hook(lambda _m, _a, out, i=index: self._after_forward(i, out))
-                if not (index == 0 and self.tied):
-                    unit.free()
+                unit.free()
 
     def _after_forward(self, index: int, output: torch.Tensor) -> None:
         unit = self.units[index]
@@ -180,11 +179,13 @@ class ReferenceZero:
 
     def model_state_tensors(self) -> ModelStateTensors:
         params = [u.param_shard if self.stage == 3 else u.flat for u in self.units]
-        params += [u.master for u in self.units]
         grads = [p.grad for u in self.units for p in u.params if p.grad is not None]
         grads += [u.grad_shard for u in self.units if u.grad_shard is not None]
         grads += [u.master.grad for u in self.units if u.master.grad is not None]
-        return ModelStateTensors(params, grads, optimizer_state_tensors(self.optimizer))
+        # The fp32 master belongs to the optimizer states (the ZeRO paper's K); under fp32 it
+        # is the parameter shard itself and is counted once, as a parameter.
+        masters = [u.master for u in self.units]
+        return ModelStateTensors(params, grads, masters + optimizer_state_tensors(self.optimizer))
 
     @torch.no_grad()
     def full_parameters(self) -> dict[str, torch.Tensor]:
