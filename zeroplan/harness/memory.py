@@ -56,7 +56,15 @@ class SavedActivations:
             return True
         if self._module is None:
             return False
-        return any(p.untyped_storage().data_ptr() == data_ptr for p in self._module.parameters() if p.untyped_storage().nbytes())
+        for parameter in self._module.parameters():
+            local = parameter.to_local() if hasattr(parameter, "to_local") else parameter
+            try:
+                storage = local.untyped_storage()
+            except RuntimeError:  # a wrapper subclass without storage of its own
+                continue
+            if storage.nbytes() and storage.data_ptr() == data_ptr:
+                return True
+        return False
 
     @property
     def num_bytes(self) -> int:

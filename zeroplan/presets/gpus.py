@@ -1,6 +1,25 @@
-"""The GPU catalog: memory in bytes as the driver reports it, dense bf16 throughput, and the
-links a GPU of that kind typically sits behind. docs/gpus.md lists the sources and the
-assumptions (per-GPU share of the node's network, latencies)."""
+"""The GPU catalog: device memory, dense bf16 throughput, and the links a GPU of each kind
+typically sits behind, plus GPUs of the user's own (a JSON file, or numbers from flags).
+
+Where the figures come from (docs/gpus.md has the table and the assumptions):
+
+- **Memory** is the total the driver reports (``nvidia-smi``'s "Total", NVML; ``rocm-smi``
+  for AMD), in exact bytes. It is not the marketing figure: NVIDIA's "80GB" A100 reports
+  81,920 MiB (exactly 80 GiB) but the "80GB" H100 reports 81,559 MiB; the "141GB" H200
+  reports 143,771 MiB; GDDR cards with ECC on (L40S, A10G) report about 1/16 less than their
+  nominal size.
+- **Throughput** is the vendor datasheet's dense (no 2:4 sparsity) bf16 tensor figure; the
+  V100 has no bf16, so its fp16 tensor figure stands in. GeForce cards use the figure with
+  fp32 accumulation, which is what mixed-precision training runs.
+- **Intra-node bandwidth** is per GPU and per direction: NVIDIA quotes NVLink as the
+  bidirectional total of all of a GPU's links, so half of that; PCIe x16 per direction.
+- **Inter-node bandwidth** is the per-GPU share of a typical node's network (the NICs' bit
+  rate / 8 / GPUs per node), since in a collective that spans nodes every GPU of a node
+  sends at once.
+- **Latencies** (alpha) are per ring step. NVLink and PCIe take NCCL's own tuning-model values
+  for its Simple protocol (src/graph/tuning.cc: 3.4 us and 5.7 us); InfiniBand/RoCE and TCP
+  are assumptions (10 us, 30 us).
+"""
 
 from __future__ import annotations
 
@@ -14,20 +33,17 @@ from zeroplan.specs.base import first_error
 from zeroplan.specs.hardware import GpuSpec, LinkSpec
 from zeroplan.units import GB, GiB, MiB
 
-# Latencies (alpha) are typical small-message figures, named assumptions: NCCL over NVLink
-# a few microseconds, over InfiniBand somewhat more, over Ethernet/TCP tens.
-NVLINK_LATENCY_S = 3e-6
-PCIE_LATENCY_S = 5e-6
-INFINIBAND_LATENCY_S = 8e-6
-ETHERNET_LATENCY_S = 25e-6
+NVLINK_LATENCY_S = 3.4e-6
+PCIE_LATENCY_S = 5.7e-6
+RDMA_LATENCY_S = 10e-6
+TCP_LATENCY_S = 30e-6
 
 
-def _link(name: str, bandwidth_gb_per_s: float, latency_s: float) -> LinkSpec:
-    return LinkSpec(name=name, bandwidth_bytes_per_s=bandwidth_gb_per_s * GB, latency_s=latency_s)
+def _link(name: str, gb_per_s: float, latency_s: float) -> LinkSpec:
+    return LinkSpec(name=name, bandwidth_bytes_per_s=gb_per_s * GB, latency_s=latency_s)
 
 
-# Unidirectional per-GPU bandwidths: NVLink is quoted bidirectional by NVIDIA, so half of it;
-# a network card's bit rate / 8; PCIe x16 per direction.
+# Inside a node and to the host.
 PCIE3 = _link("PCIe 3.0 x16", 16, PCIE_LATENCY_S)
 PCIE4 = _link("PCIe 4.0 x16", 32, PCIE_LATENCY_S)
 PCIE5 = _link("PCIe 5.0 x16", 64, PCIE_LATENCY_S)
@@ -35,70 +51,100 @@ NVLINK2 = _link("NVLink 2 (300 GB/s bidirectional)", 150, NVLINK_LATENCY_S)
 NVLINK3 = _link("NVLink 3 / NVSwitch (600 GB/s bidirectional)", 300, NVLINK_LATENCY_S)
 NVLINK4 = _link("NVLink 4 / NVSwitch (900 GB/s bidirectional)", 450, NVLINK_LATENCY_S)
 NVLINK5 = _link("NVLink 5 / NVSwitch (1.8 TB/s bidirectional)", 900, NVLINK_LATENCY_S)
-INFINITY_FABRIC = _link("Infinity Fabric (7 x 64 GB/s peer links)", 448, NVLINK_LATENCY_S)
-IB_EDR = _link("InfiniBand EDR 100 Gb/s per GPU", 12.5, INFINIBAND_LATENCY_S)
-IB_HDR = _link("InfiniBand HDR 200 Gb/s per GPU", 25, INFINIBAND_LATENCY_S)
-IB_NDR = _link("InfiniBand NDR 400 Gb/s per GPU", 50, INFINIBAND_LATENCY_S)
-ETH_100G = _link("100 GbE per GPU", 12.5, ETHERNET_LATENCY_S)
-ETH_100G_SHARED_8 = _link("100 GbE shared by 8 GPUs (AWS g5.48xlarge)", 12.5 / 8, ETHERNET_LATENCY_S)
-ETH_10G = _link("10 GbE per node", 1.25, ETHERNET_LATENCY_S)
+# MI300X: seven Infinity Fabric links of 128 GB/s bidirectional each, one to every peer of an
+# 8-GPU node; counted like NVLink, as the total one GPU can send.
+INFINITY_FABRIC = _link("Infinity Fabric (7 x 128 GB/s bidirectional)", 448, NVLINK_LATENCY_S)
+
+# Across nodes: the per-GPU share of the node's network.
+IB_EDR_PER_2 = _link("InfiniBand EDR, 100 Gb/s per 2 GPUs", 100 / 8 / 2, RDMA_LATENCY_S)
+IB_HDR = _link("InfiniBand HDR, 200 Gb/s per GPU", 200 / 8, RDMA_LATENCY_S)
+IB_NDR = _link("InfiniBand NDR, 400 Gb/s per GPU", 400 / 8, RDMA_LATENCY_S)
+ROCE_100G = _link("RoCE, 100 Gb/s per GPU", 100 / 8, RDMA_LATENCY_S)
+ETH_100G_PER_8 = _link("Ethernet, 100 Gb/s per 8 GPUs", 100 / 8 / 8, TCP_LATENCY_S)
+ETH_25G_PER_8 = _link("Ethernet, 25 Gb/s per 8 GPUs", 25 / 8 / 8, TCP_LATENCY_S)
 
 
-def _gpu(name, display, memory_bytes, tflops, intra, inter, host, source) -> GpuSpec:
+def _gpu(
+    name: str, display_name: str, memory_bytes: int, tflops: float,
+    intra: LinkSpec, inter: LinkSpec, host: LinkSpec, source: str,
+) -> GpuSpec:
     return GpuSpec(
-        name=name, display_name=display, memory_bytes=memory_bytes,
+        name=name, display_name=display_name, memory_bytes=memory_bytes,
         peak_bf16_flops_per_s=tflops * 1e12, intra_node_link=intra, inter_node_link=inter,
         host_link=host, source=source,
     )
 
 
+_V100 = "NVIDIA Tesla V100 GPU Accelerator datasheet; NVIDIA DGX-1 with Tesla V100 datasheet"
+_A100 = "NVIDIA A100 Tensor Core GPU datasheet; NVIDIA DGX A100 datasheet"
+
 _CATALOG: dict[str, GpuSpec] = {
     gpu.name: gpu
     for gpu in [
-        # V100 has no bf16: the fp16 tensor-core figure is used.
-        _gpu("v100-16gb", "NVIDIA V100 16GB SXM2", 16 * GiB, 125, NVLINK2, IB_EDR, PCIE3,
-             "NVIDIA Tesla V100 datasheet (fp16 tensor 125 TFLOPS, NVLink 300 GB/s)"),
-        _gpu("v100-32gb", "NVIDIA V100 32GB SXM2", 32 * GiB, 125, NVLINK2, IB_EDR, PCIE3,
-             "NVIDIA Tesla V100 datasheet (fp16 tensor 125 TFLOPS, NVLink 300 GB/s)"),
-        _gpu("a100-40gb", "NVIDIA A100 40GB SXM", 40 * GiB, 312, NVLINK3, IB_HDR, PCIE4,
-             "NVIDIA A100 Tensor Core GPU datasheet (bf16 312 TFLOPS dense, NVLink 600 GB/s)"),
-        _gpu("a100-80gb", "NVIDIA A100 80GB SXM", 80 * GiB, 312, NVLINK3, IB_HDR, PCIE4,
-             "NVIDIA A100 Tensor Core GPU datasheet (bf16 312 TFLOPS dense, NVLink 600 GB/s)"),
-        _gpu("h100-80gb", "NVIDIA H100 80GB SXM", 80 * GiB, 989, NVLINK4, IB_NDR, PCIE5,
-             "NVIDIA H100 Tensor Core GPU datasheet (bf16 1979 TFLOPS with sparsity, 989 dense; NVLink 900 GB/s)"),
-        # 141 GB of HBM3e; the driver reports 143,771 MiB.
+        # fp16 tensor (the V100 has no bf16), SXM2: 125 TFLOP/s. nvidia-smi: 16,160 / 32,510 MiB.
+        # DGX-1: four 100 Gb/s EDR ports for eight GPUs.
+        _gpu("v100-16gb", "NVIDIA V100 16GB SXM2", 16_160 * MiB, 125, NVLINK2, IB_EDR_PER_2, PCIE3, _V100),
+        _gpu("v100-32gb", "NVIDIA V100 32GB SXM2", 32_510 * MiB, 125, NVLINK2, IB_EDR_PER_2, PCIE3, _V100),
+        # bf16 312 TFLOP/s dense (624 with sparsity). nvidia-smi: 40,960 MiB (older drivers
+        # showed 40,536) and 81,920 MiB. DGX A100: one 200 Gb/s HDR port per GPU.
+        _gpu("a100-40gb", "NVIDIA A100 40GB SXM", 40 * GiB, 312, NVLINK3, IB_HDR, PCIE4, _A100),
+        _gpu("a100-80gb", "NVIDIA A100 80GB SXM", 80 * GiB, 312, NVLINK3, IB_HDR, PCIE4, _A100),
+        # bf16 1,979 TFLOP/s with sparsity, 989 dense. nvidia-smi: 81,559 MiB (79.65 GiB).
+        # DGX H100: one 400 Gb/s NDR port per GPU.
+        _gpu("h100-80gb", "NVIDIA H100 80GB SXM", 81_559 * MiB, 989, NVLINK4, IB_NDR, PCIE5,
+             "NVIDIA H100 Tensor Core GPU datasheet (SXM); NVIDIA DGX H100 datasheet"),
+        # Same compute as the H100 SXM; 141 GB HBM3e, which nvidia-smi shows as 143,771 MiB.
         _gpu("h200-141gb", "NVIDIA H200 141GB SXM", 143_771 * MiB, 989, NVLINK4, IB_NDR, PCIE5,
-             "NVIDIA H200 Tensor Core GPU datasheet (141 GB HBM3e, bf16 989 TFLOPS dense, NVLink 900 GB/s)"),
-        # DGX B200: 1,440 GB of GPU memory over 8 GPUs.
-        _gpu("b200", "NVIDIA B200 SXM", 180 * GB, 2250, NVLINK5, IB_NDR, PCIE5,
-             "NVIDIA DGX B200 datasheet (1,440 GB per 8 GPUs; HGX B200 18 PFLOPS fp16/bf16 dense per 8 GPUs; NVLink 1.8 TB/s)"),
-        _gpu("mi300x", "AMD Instinct MI300X", 192 * GiB, 1307, INFINITY_FABRIC, IB_NDR, PCIE5,
-             "AMD Instinct MI300X data sheet (192 GB HBM3, bf16 1307.4 TFLOPS dense, 7 Infinity Fabric links)"),
-        # 48 GB GDDR6; the driver reports 46,068 MiB with ECC on. No NVLink: peers talk over PCIe.
-        _gpu("l40s", "NVIDIA L40S", 46_068 * MiB, 362, PCIE4, ETH_100G, PCIE4,
-             "NVIDIA L40S datasheet (bf16 362 TFLOPS dense, 733 with sparsity)"),
-        # AWS's A10G: the A10 datasheet's bf16 figure (AWS publishes no separate one); 23,028 MiB reported.
-        _gpu("a10g", "NVIDIA A10G (AWS)", 23_028 * MiB, 125, PCIE4, ETH_100G_SHARED_8, PCIE4,
-             "NVIDIA A10 datasheet (bf16 125 TFLOPS dense); AWS EC2 G5 instance page (100 Gb/s per 8 GPUs)"),
-        _gpu("rtx-4090", "NVIDIA GeForce RTX 4090", 24_564 * MiB, 165, PCIE4, ETH_10G, PCIE4,
-             "NVIDIA Ada GPU architecture whitepaper (bf16 tensor with fp32 accumulate 165.2 TFLOPS dense)"),
+             "NVIDIA H200 Tensor Core GPU datasheet (SXM); NVIDIA DGX H200 datasheet"),
+        # HGX B200: 18 PFLOP/s fp16/bf16 dense for 8 GPUs = 2.25 each. DGX B200: 1,440 GB of GPU
+        # memory for 8 GPUs, which nvidia-smi shows as 183,359 MiB each; 8 x 400 Gb/s.
+        _gpu("b200", "NVIDIA B200 SXM", 183_359 * MiB, 2250, NVLINK5, IB_NDR, PCIE5,
+             "NVIDIA HGX B200 datasheet; NVIDIA DGX B200 datasheet"),
+        # bf16 1,307.4 TFLOP/s dense. 192 GB HBM3, exactly 192 GiB on bare metal (an SR-IOV
+        # virtual function reports 196,288 MiB). Network: eight 400 Gb/s NICs per node.
+        _gpu("mi300x", "AMD Instinct MI300X", 192 * GiB, 1307.4, INFINITY_FABRIC, IB_NDR, PCIE5,
+             "AMD Instinct MI300X accelerator data sheet"),
+        # bf16 362.05 TFLOP/s dense (733 with sparsity). 48 GB GDDR6, 46,068 MiB with ECC on.
+        # No NVLink: peers talk over PCIe.
+        _gpu("l40s", "NVIDIA L40S", 46_068 * MiB, 362.05, PCIE4, ROCE_100G, PCIE4,
+             "NVIDIA L40S GPU datasheet"),
+        # AWS's variant of the A10 (no public datasheet of its own). Tensor rate: the figure cloud
+        # providers publish for the A10G, 70 TFLOP/s fp16/bf16 dense (the A10's 125 is an upper
+        # bound). 24 GB GDDR6, 23,028 MiB with ECC on. g5.48xlarge: 8 GPUs share 100 Gb/s.
+        _gpu("a10g", "NVIDIA A10G (AWS)", 23_028 * MiB, 70, PCIE4, ETH_100G_PER_8, PCIE4,
+             "NVIDIA A10 Tensor Core GPU datasheet (memory, PCIe); Amazon EC2 G5 instance specifications (network)"),
+        # bf16 with fp32 accumulate 165.2 TFLOP/s dense (330.4 with fp16 accumulate, the
+        # figure often quoted). 24 GB GDDR6X, 24,564 MiB. Peer-to-peer is off on GeForce, so
+        # peers go through host memory. Assumed an 8-card server on one 25 GbE port.
+        _gpu("rtx-4090", "NVIDIA GeForce RTX 4090", 24_564 * MiB, 165.2, PCIE4, ETH_25G_PER_8, PCIE4,
+             "NVIDIA Ada Lovelace GPU Architecture whitepaper (GeForce RTX 4090)"),
     ]
 }
 
 _ALIASES = {
-    "v100": "v100-32gb", "a100": "a100-80gb", "h100": "h100-80gb",
-    "h200": "h200-141gb", "4090": "rtx-4090",
+    "v100": "v100-32gb",
+    "a100": "a100-80gb",
+    "h100": "h100-80gb",
+    "h100-sxm": "h100-80gb",
+    "h200": "h200-141gb",
+    "rtx4090": "rtx-4090",
+    "4090": "rtx-4090",
 }
 
 
 def gpu_names() -> list[str]:
-    """Canonical catalog names."""
+    """Canonical catalog names, sorted."""
     return sorted(_CATALOG)
 
 
+def gpu_aliases() -> dict[str, str]:
+    """Short names accepted by :func:`get_gpu`, each with the canonical name it stands for."""
+    return dict(_ALIASES)
+
+
 def get_gpu(name: str) -> GpuSpec:
-    """A catalog GPU by name or alias, case-insensitively."""
-    key = name.strip().lower()
+    """A catalog GPU by canonical name or alias, case-insensitively."""
+    key = name.strip().lower().replace("_", "-")
     key = _ALIASES.get(key, key)
     if key not in _CATALOG:
         raise unknown_name_error("gpu", name, _CATALOG)
@@ -106,14 +152,22 @@ def get_gpu(name: str) -> GpuSpec:
 
 
 def load_gpu_file(path: str | Path) -> GpuSpec:
-    """A custom GPU from a JSON file holding GpuSpec's fields."""
-    path = Path(path)
+    """A custom GPU from a JSON file holding an object with GpuSpec's fields."""
+    path = Path(path).expanduser()
     try:
-        data = json.loads(path.read_text())
+        text = path.read_text(encoding="utf-8")
     except OSError as error:
-        raise ZeroplanError("gpu", f"cannot read {str(path)!r}: {error.strerror}") from None
+        raise ZeroplanError("gpu", f"cannot read {str(path)!r}: {error.strerror or error}") from None
+    except UnicodeDecodeError:
+        raise ZeroplanError("gpu", f"{str(path)!r} is not a UTF-8 text file") from None
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as error:
-        raise ZeroplanError("gpu", f"{str(path)!r} is not valid JSON (line {error.lineno}: {error.msg})") from None
+        raise ZeroplanError(
+            "gpu", f"{str(path)!r} is not valid JSON (line {error.lineno}, column {error.colno}: {error.msg})"
+        ) from None
+    if not isinstance(data, dict):
+        raise ZeroplanError("gpu", f"{str(path)!r} must hold a JSON object with the fields of a GPU")
     try:
         return GpuSpec.model_validate(data)
     except ValidationError as error:
@@ -121,17 +175,35 @@ def load_gpu_file(path: str | Path) -> GpuSpec:
 
 
 def custom_gpu(
-    name: str, memory_bytes: int, peak_bf16_flops_per_s: float, intra_bandwidth_bytes_per_s: float,
-    inter_bandwidth_bytes_per_s: float, host_bandwidth_bytes_per_s: float = PCIE4.bandwidth_bytes_per_s,
+    name: str,
+    memory_bytes: int,
+    peak_bf16_flops_per_s: float,
+    intra_bandwidth_bytes_per_s: float,
+    inter_bandwidth_bytes_per_s: float,
+    host_bandwidth_bytes_per_s: float = PCIE4.bandwidth_bytes_per_s,
+    *,
+    display_name: str | None = None,
+    intra_latency_s: float = NVLINK_LATENCY_S,
+    inter_latency_s: float = RDMA_LATENCY_S,
+    host_latency_s: float = PCIE_LATENCY_S,
 ) -> GpuSpec:
-    """A GPU described by numbers alone, with the catalog's default latencies."""
+    """A GPU described by numbers alone (e.g. from command-line flags). Bandwidths are per GPU
+    and per direction; latencies default to the catalog's NVLink, RDMA and PCIe values and
+    the host link to PCIe 4.0 x16."""
+    def link(kind: str, bandwidth: float, latency: float) -> dict:
+        return {"name": f"{kind} (user)", "bandwidth_bytes_per_s": bandwidth, "latency_s": latency}
+
+    # Validated as one document, so that an error names the nested field (gpu.host_link...).
     try:
-        return GpuSpec(
-            name=name, display_name=name, memory_bytes=memory_bytes, peak_bf16_flops_per_s=peak_bf16_flops_per_s,
-            intra_node_link=LinkSpec(name="intra-node", bandwidth_bytes_per_s=intra_bandwidth_bytes_per_s, latency_s=NVLINK_LATENCY_S),
-            inter_node_link=LinkSpec(name="inter-node", bandwidth_bytes_per_s=inter_bandwidth_bytes_per_s, latency_s=INFINIBAND_LATENCY_S),
-            host_link=LinkSpec(name="host", bandwidth_bytes_per_s=host_bandwidth_bytes_per_s, latency_s=PCIE_LATENCY_S),
-            source="user-supplied figures",
-        )
+        return GpuSpec.model_validate({
+            "name": name,
+            "display_name": display_name or name,
+            "memory_bytes": memory_bytes,
+            "peak_bf16_flops_per_s": peak_bf16_flops_per_s,
+            "intra_node_link": link("intra-node", intra_bandwidth_bytes_per_s, intra_latency_s),
+            "inter_node_link": link("inter-node", inter_bandwidth_bytes_per_s, inter_latency_s),
+            "host_link": link("host", host_bandwidth_bytes_per_s, host_latency_s),
+            "source": "user-supplied figures",
+        })
     except ValidationError as error:
         raise first_error(error, prefix="gpu") from None

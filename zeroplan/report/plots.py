@@ -3,15 +3,12 @@
 
 from __future__ import annotations
 
-import matplotlib
+# No backend is forced: headless processes fall back to Agg, notebooks show figures inline.
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")  # headless: figures are saved or shown inline by notebooks
-
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-
-from zeroplan.results import FitReport  # noqa: E402
-from zeroplan.units import ByteUnit, to_unit  # noqa: E402
+from zeroplan.results import FitReport
+from zeroplan.units import ByteUnit, to_unit
 
 _STACK = (
     ("parameters", "parameter_bytes"),

@@ -1,0 +1,187 @@
+"""The GPU catalog (zeroplan.presets.gpus): entries, names, custom GPU files and flags."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from zeroplan.errors import ZeroplanError
+from zeroplan.presets.gpus import custom_gpu, get_gpu, gpu_aliases, gpu_names, load_gpu_file
+from zeroplan.specs.hardware import ClusterSpec, GpuSpec
+from zeroplan.units import GB, GiB, MiB
+
+REQUIRED = [
+    "v100-16gb", "v100-32gb", "a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb",
+    "b200", "mi300x", "l40s", "a10g", "rtx-4090",
+]
+
+
+def _as_dict(gpu: GpuSpec) -> dict:
+    return json.loads(gpu.model_dump_json())
+
+
+def _write(tmp_path, content: str):
+    path = tmp_path / "gpu.json"
+    path.write_text(content)
+    return path
+
+
+def test_catalog_has_the_required_gpus() -> None:
+    assert set(REQUIRED) <= set(gpu_names())
+    assert gpu_names() == sorted(gpu_names())
+
+
+@pytest.mark.parametrize("name", REQUIRED)
+def test_every_entry_validates_and_is_consistent(name: str) -> None:
+    gpu = get_gpu(name)
+    assert GpuSpec.model_validate(_as_dict(gpu)) == gpu
+    assert gpu.name == name == name.lower()
+    assert isinstance(gpu.memory_bytes, int) and gpu.memory_bytes % MiB == 0
+    assert 10 * GiB < gpu.memory_bytes < 256 * GiB
+    assert 50e12 <= gpu.peak_bf16_flops_per_s <= 5e15
+    assert gpu.source.strip() and gpu.display_name.strip()
+    # The network is never faster than the links inside a node, and latencies are microseconds.
+    assert gpu.inter_node_link.bandwidth_bytes_per_s <= gpu.intra_node_link.bandwidth_bytes_per_s
+    for link in (gpu.intra_node_link, gpu.inter_node_link, gpu.host_link):
+        assert 1e-7 < link.latency_s < 1e-4
+    assert gpu.intra_node_link.latency_s <= gpu.inter_node_link.latency_s
+    # A cluster of it is valid (the CUDA context fits).
+    assert ClusterSpec(gpu=gpu).usable_memory_bytes > 0
+
+
+@pytest.mark.parametrize(
+    "name,memory",
+    [
+        ("a100-80gb", 85_899_345_920),
+        ("a100-40gb", 40 * GiB),
+        ("h100-80gb", 81_559 * MiB),
+        ("h200-141gb", 143_771 * MiB),
+        ("mi300x", 192 * GiB),
+        ("l40s", 46_068 * MiB),
+        ("a10g", 23_028 * MiB),
+        ("rtx-4090", 24_564 * MiB),
+    ],
+)
+def test_memory_is_exact_driver_bytes(name: str, memory: int) -> None:
+    assert get_gpu(name).memory_bytes == memory
+
+
+def test_headline_figures() -> None:
+    assert get_gpu("a100-80gb").peak_bf16_flops_per_s == 312e12
+    assert get_gpu("h100-80gb").peak_bf16_flops_per_s == 989e12
+    assert get_gpu("v100-32gb").peak_bf16_flops_per_s == 125e12
+    # NVLink is quoted bidirectionally; the catalog holds one direction.
+    assert get_gpu("a100-80gb").intra_node_link.bandwidth_bytes_per_s == 300 * GB
+    assert get_gpu("h100-80gb").intra_node_link.bandwidth_bytes_per_s == 450 * GB
+    assert get_gpu("a100-80gb").inter_node_link.bandwidth_bytes_per_s == 25 * GB
+    assert get_gpu("h100-80gb").inter_node_link.bandwidth_bytes_per_s == 50 * GB
+
+
+@pytest.mark.parametrize(
+    "alias,canonical",
+    [("h200", "h200-141gb"), ("a100", "a100-80gb"), ("h100", "h100-80gb"), ("4090", "rtx-4090")],
+)
+def test_aliases_resolve(alias: str, canonical: str) -> None:
+    assert get_gpu(alias) is get_gpu(canonical)
+    assert gpu_aliases()[alias] == canonical
+    assert alias not in gpu_names()
+
+
+def test_names_are_case_insensitive() -> None:
+    assert get_gpu("H200") is get_gpu("h200-141gb")
+    assert get_gpu(" A100-80GB ") is get_gpu("a100-80gb")
+    assert get_gpu("RTX_4090") is get_gpu("rtx-4090")
+
+
+def test_every_alias_points_at_an_entry() -> None:
+    assert set(gpu_aliases().values()) <= set(gpu_names())
+
+
+def test_unknown_gpu_is_one_line_with_a_suggestion() -> None:
+    with pytest.raises(ZeroplanError) as caught:
+        get_gpu("a100-80g")
+    message = str(caught.value)
+    assert caught.value.field == "gpu"
+    assert message.startswith("gpu: unknown 'a100-80g'; did you mean 'a100-80gb'")
+    assert "\n" not in message
+
+
+def test_unknown_gpu_lists_the_allowed_names() -> None:
+    with pytest.raises(ZeroplanError) as caught:
+        get_gpu("tpu-v5")
+    assert all(name in str(caught.value) for name in REQUIRED)
+
+
+def test_custom_gpu_file_round_trips(tmp_path) -> None:
+    gpu = get_gpu("a100-80gb").model_copy(update={"name": "lab-card", "memory_bytes": 96 * GiB})
+    assert load_gpu_file(_write(tmp_path, gpu.model_dump_json())) == gpu
+    assert load_gpu_file(str(tmp_path / "gpu.json")) == gpu
+
+
+_VALID = _as_dict(get_gpu("l40s"))
+
+
+@pytest.mark.parametrize(
+    "content,field",
+    [
+        ("{oops", "gpu"),
+        ("", "gpu"),
+        ("[1, 2]", "gpu"),
+        (json.dumps({"name": "x"}), "gpu.display_name"),
+        (json.dumps({**_VALID, "memory_bytes": -1}), "gpu.memory_bytes"),
+        (json.dumps({**_VALID, "memory_bytes": "lots"}), "gpu.memory_bytes"),
+        (json.dumps({**_VALID, "colour": "red"}), "gpu.colour"),
+        (json.dumps({**_VALID, "host_link": {**_VALID["host_link"], "latency_s": -1}}), "gpu.host_link.latency_s"),
+    ],
+)
+def test_bad_gpu_file_is_one_line_error_naming_the_field(tmp_path, content: str, field: str) -> None:
+    with pytest.raises(ZeroplanError) as caught:
+        load_gpu_file(_write(tmp_path, content))
+    assert caught.value.field == field
+    assert str(caught.value).startswith(f"{field}: ")
+    assert "\n" not in str(caught.value)
+
+
+def test_missing_gpu_file_is_one_line_error(tmp_path) -> None:
+    with pytest.raises(ZeroplanError) as caught:
+        load_gpu_file(tmp_path / "absent.json")
+    assert caught.value.field == "gpu" and "absent.json" in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_custom_gpu_from_numbers() -> None:
+    gpu = custom_gpu("lab-card", 64 * GiB, 500e12, 200 * GB, 25 * GB)
+    assert gpu.memory_bytes == 64 * GiB and gpu.peak_bf16_flops_per_s == 500e12
+    assert gpu.intra_node_link.bandwidth_bytes_per_s == 200 * GB
+    assert gpu.inter_node_link.bandwidth_bytes_per_s == 25 * GB
+    assert gpu.host_link.bandwidth_bytes_per_s == 32 * GB
+    assert 0 < gpu.intra_node_link.latency_s < gpu.inter_node_link.latency_s
+    assert gpu.display_name == "lab-card"
+
+
+def test_custom_gpu_overrides() -> None:
+    gpu = custom_gpu(
+        "lab-card", 64 * GiB, 500e12, 200 * GB, 25 * GB, 64 * GB,
+        display_name="Lab card", inter_latency_s=2e-6,
+    )
+    assert gpu.host_link.bandwidth_bytes_per_s == 64 * GB
+    assert gpu.inter_node_link.latency_s == 2e-6 and gpu.display_name == "Lab card"
+
+
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"memory_bytes": 0}, "gpu.memory_bytes"),
+        ({"peak_bf16_flops_per_s": -1.0}, "gpu.peak_bf16_flops_per_s"),
+        ({"inter_bandwidth_bytes_per_s": 0.0}, "gpu.inter_node_link.bandwidth_bytes_per_s"),
+    ],
+)
+def test_custom_gpu_bad_numbers_name_the_field(kwargs: dict, field: str) -> None:
+    args = {
+        "name": "bad", "memory_bytes": GiB, "peak_bf16_flops_per_s": 1e12,
+        "intra_bandwidth_bytes_per_s": 1e9, "inter_bandwidth_bytes_per_s": 1e9, **kwargs,
+    }
+    with pytest.raises(ZeroplanError) as caught:
+        custom_gpu(**args)
+    assert caught.value.field == field and "\n" not in str(caught.value)
