@@ -5,11 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from pydantic import ValidationError
-
-from zeroplan.cli.parser import OneLineParser
-from zeroplan.errors import ZeroplanError
-from zeroplan.specs.base import first_error
+from zeroplan.cli.parser import OneLineParser, run_reporting_user_errors
 
 
 def _list_models(_args) -> int:
@@ -73,16 +69,8 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.write(f"zeroplan: error: {argv[0]}: needs torch (pip install 'zeroplan[harness]'): {error}\n")
             return 2
         return module.main(argv[1:])
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        return args.run(args)
-    except ZeroplanError as error:
-        sys.stderr.write(f"zeroplan: error: {error}\n")
-        return 2
-    except ValidationError as error:
-        sys.stderr.write(f"zeroplan: error: {first_error(error)}\n")
-        return 2
+    args = build_parser().parse_args(argv)
+    return run_reporting_user_errors("zeroplan", args.run, args)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import NoReturn
+
+from pydantic import ValidationError
+
+from zeroplan.errors import ZeroplanError
+from zeroplan.specs.base import first_error
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -37,3 +43,15 @@ def positive_float(text: str) -> float:
 
 def choices_of(enum_type) -> list[str]:
     return [member.value for member in enum_type]
+
+
+def run_reporting_user_errors(prog: str, run: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """Run a command; a user's mistake becomes one line on stderr and exit status 2."""
+    try:
+        return run(args)
+    except ZeroplanError as error:
+        sys.stderr.write(f"{prog}: error: {error}\n")
+        return 2
+    except ValidationError as error:
+        sys.stderr.write(f"{prog}: error: {first_error(error)}\n")
+        return 2

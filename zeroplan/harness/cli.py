@@ -7,8 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from zeroplan.cli.parser import OneLineParser, positive_float, positive_int
-from zeroplan.errors import ZeroplanError
+from zeroplan.cli.parser import OneLineParser, positive_float, positive_int, run_reporting_user_errors
 from zeroplan.harness.args import add_run_arguments, resolve_model
 
 
@@ -57,8 +56,4 @@ def run_measure(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return run_measure(args)
-    except ZeroplanError as error:
-        sys.stderr.write(f"zeroplan measure: error: {error}\n")
-        return 2
+    return run_reporting_user_errors("zeroplan measure", run_measure, args)

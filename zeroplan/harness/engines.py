@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from zeroplan.harness.engine import Engine
-from zeroplan.harness.engines_table import SUPPORTED, EngineKind, check_supported  # noqa: F401
+from zeroplan.harness.engines_table import EngineKind, check_supported  # noqa: F401  (re-exported)
 from zeroplan.harness.model import Transformer
 from zeroplan.specs import StrategyKind
 

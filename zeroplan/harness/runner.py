@@ -18,7 +18,7 @@ from zeroplan.harness.memory import SavedActivations, model_state_bytes
 from zeroplan.harness.model import build_model
 from zeroplan.harness.record import MemoryRecord, RankRecord, RunDescription, StepRecord, write_record
 from zeroplan.specs import (
-    ActivationCheckpointing, BatchSpec, ModelSpec, Optimizer, Precision, StrategyKind, TrainingSpec,
+    ActivationCheckpointing, BatchSpec, ModelSpec, Precision, StrategyKind, TrainingSpec,
 )
 
 _DTYPES = {Precision.fp32: torch.float32, Precision.bf16_mixed: torch.bfloat16}

@@ -3,15 +3,10 @@ printed as a table of per-rank bytes and collectives, and written as JSON with `
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-from pydantic import ValidationError
-
-from zeroplan.cli.parser import OneLineParser, positive_int
-from zeroplan.errors import ZeroplanError
+from zeroplan.cli.parser import OneLineParser, positive_int, run_reporting_user_errors
 from zeroplan.specs import ActivationCheckpointing, BatchSpec, Precision, TrainingSpec
-from zeroplan.specs.base import first_error
 from zeroplan.units import ByteUnit, format_bytes
 
 RECORD_FILE = "simulation.json"
@@ -38,14 +33,7 @@ def build_parser() -> OneLineParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return _run(args)
-    except ZeroplanError as error:
-        sys.stderr.write(f"zeroplan: error: {error}\n")
-        return 2
-    except ValidationError as error:
-        sys.stderr.write(f"zeroplan: error: {first_error(error)}\n")
-        return 2
+    return run_reporting_user_errors("zeroplan", _run, args)
 
 
 def _run(args) -> int:
