@@ -32,8 +32,12 @@ def _is_fsdp2(module: nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def track_peak(module: nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[TrackedPeak]:
-    """Track the peak tensor bytes by category of whatever runs inside the context."""
+def track_peak(
+    module: nn.Module, optimizer: torch.optim.Optimizer, extra_tensors: tuple[torch.Tensor, ...] = ()
+) -> Iterator[TrackedPeak]:
+    """Track the peak tensor bytes by category of whatever runs inside the context.
+    ``extra_tensors`` are state tensors that are neither module parameters nor optimizer state
+    (reference ZeRO's flat shards, allocated before tracking starts): MemTracker would miss them."""
     result = TrackedPeak()
     try:
         if _is_fsdp2(module):
@@ -45,7 +49,7 @@ def track_peak(module: nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[
             from torch.distributed._tools.mem_tracker import MemTracker
 
             tracker = MemTracker()
-            tracker.track_external(module, optimizer)
+            tracker.track_external(module, optimizer, *extra_tensors)
             result.source = "MemTracker"
     except Exception as error:  # the private API moved: say so in the record
         result.source = f"unavailable: {type(error).__name__}: {error}"

@@ -106,7 +106,9 @@ def _one_step(engine, config: RunConfig, step: int, rank: int, world_size: int,
         torch.cuda.reset_peak_memory_stats()
     recorder.records = []
     start = time.perf_counter()
-    with track_peak(engine.module, engine.optimizer) as peak, recorder:
+    before = engine.model_state_tensors()
+    extra = tuple(t for t in (*before.parameters, *before.gradients) if t is not None)
+    with track_peak(engine.module, engine.optimizer, extra) as peak, recorder:
         recorder.phase = "forward_backward"
         with saved.hooked():
             loss = engine.forward_backward(tokens, targets)
