@@ -3,9 +3,9 @@ temporaries. Each term names the library behaviour it models."""
 
 from __future__ import annotations
 
-from zeroplan.core.layout import element_bytes, gradient_wire_bytes, shard_elements
-from zeroplan.core.model_states import shard_layout
-from zeroplan.core.params import parameter_units, total_parameters
+from zeroplan.core.layout import element_bytes, gradient_wire_bytes
+from zeroplan.core.model_states import padded_unit_elements_of
+from zeroplan.core.params import total_parameters
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.training import Optimizer
@@ -31,9 +31,7 @@ def zero_reduce_bucket_bytes(request: PlanRequest, gradient_bytes_per_element: i
 # so (1 + prefetch) unsharded units are alive, plus the unsharded gradient of the unit being
 # reduce-scattered.
 def gathered_unit_bytes(request: PlanRequest, bytes_per_element: int, gradient_bytes_per_element: int) -> int:
-    group = request.shard_group_size
-    layout = shard_layout(request)
-    padded = [group * shard_elements(u, group, layout) for u in parameter_units(request.model)]
+    padded = padded_unit_elements_of(request, request.shard_group_size)
     largest = max(padded)
     if request.strategy.kind is StrategyKind.fsdp_shard_grad_op:
         # reshard_after_forward=False: every unit stays gathered from forward through backward.

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from enum import Enum
 
-from zeroplan.core.layout import ElementBytes, element_bytes, gradient_wire_bytes, shard_elements
-from zeroplan.core.model_states import shard_layout
+from zeroplan.core.layout import ElementBytes, element_bytes, gradient_wire_bytes
+from zeroplan.core.model_states import padded_unit_elements_of
 from zeroplan.core.params import parameter_units
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.request import PlanRequest
@@ -111,11 +111,7 @@ def ddp_bucket_sizes(total_bytes: int, cap_bytes: int) -> list[int]:
 
 def _unit_buffers(request: PlanRequest, num_shards: int, bytes_per_element: int) -> list[int]:
     """The padded unsharded buffer of every unit, in bytes."""
-    layout = shard_layout(request)
-    return [
-        num_shards * shard_elements(unit, num_shards, layout) * bytes_per_element
-        for unit in parameter_units(request.model)
-    ]
+    return [elements * bytes_per_element for elements in padded_unit_elements_of(request, num_shards)]
 
 
 def _wire_bytes(request: PlanRequest) -> ElementBytes:

@@ -3,7 +3,7 @@ states", sec. 3.1), exact for a padded sharded layout, with offload to host memo
 
 from __future__ import annotations
 
-from zeroplan.core.layout import ElementBytes, ShardLayout, element_bytes, shard_elements
+from zeroplan.core.layout import ElementBytes, ShardLayout, element_bytes, padded_unit_elements, shard_elements
 from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise, step_counter_bytes, tensor_state_bytes
 from zeroplan.core.params import ParamUnit, parameter_units
 from zeroplan.specs.base import Frozen
@@ -32,6 +32,8 @@ class ModelStateBytes(Frozen):
     """Model states offloaded to host memory by this rank."""
     parameter_elements: int
     """Parameter elements this rank stores (padding included)."""
+    optimizer_elements: int
+    """Parameter elements this rank's optimizer steps (its shard from ZeRO-1 on)."""
 
     @property
     def gpu_bytes(self) -> int:
@@ -45,6 +47,13 @@ class ModelStateBytes(Frozen):
 
 def shard_layout(request: PlanRequest) -> ShardLayout:
     return ShardLayout.dim0 if request.strategy.kind.is_fsdp else ShardLayout.flat
+
+
+def padded_unit_elements_of(request: PlanRequest, num_shards: int) -> list[int]:
+    """Every unit's unsharded element count after padding for ``num_shards`` shards: what an
+    all-gather produces and a reduce-scatter consumes."""
+    layout = shard_layout(request)
+    return [padded_unit_elements(unit, num_shards, layout) for unit in parameter_units(request.model)]
 
 
 def held_elements(units: tuple[ParamUnit, ...], num_shards: int, layout: ShardLayout) -> int:
@@ -113,4 +122,5 @@ def model_state_bytes(request: PlanRequest) -> ModelStateBytes:
         step_counter_bytes=counters,
         host_bytes=host,
         parameter_elements=parameter_elements,
+        optimizer_elements=optimizer_elements,
     )

@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from zeroplan.core.activations import activation_bytes, backward_workspace_bytes, logits_bytes
 from zeroplan.core.buffers import backward_buffer_bytes, optimizer_step_temporary_bytes
 from zeroplan.core.communication import collectives
-from zeroplan.core.model_states import ModelStateBytes, held_elements, model_state_bytes, shard_layout
-from zeroplan.core.params import parameter_units, total_parameters
+from zeroplan.core.model_states import ModelStateBytes, model_state_bytes
+from zeroplan.core.params import total_parameters
 from zeroplan.core.timing import step_time
 from zeroplan.results import FitReport, MemoryBreakdown, StrategyPlan
 from zeroplan.specs.request import PlanRequest
@@ -17,12 +17,6 @@ from zeroplan.specs.training import ActivationCheckpointing
 
 MAX_MICRO_BATCH_SEARCH = 1 << 20
 """The largest micro-batch the search tries."""
-
-
-def _optimizer_elements(request: PlanRequest) -> int:
-    """Elements the optimizer steps on this rank (its shard from ZeRO-1 on)."""
-    shards = request.shard_group_size if request.strategy.kind.zero_stage >= 1 else 1
-    return held_elements(parameter_units(request.model), shards, shard_layout(request))
 
 
 # docs/memory-model.md, "Peak": during backward, gradients fill in as activations are freed,
@@ -50,7 +44,7 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
     activations = activation_bytes(model, training, s, b)
     logits = logits_bytes(model, training, s, b)
     temporary = backward_buffer_bytes(request) + backward_workspace_bytes(model, training, s, b)
-    step_temporary = optimizer_step_temporary_bytes(request, _optimizer_elements(request))
+    step_temporary = optimizer_step_temporary_bytes(request, states.optimizer_elements)
     allocated = peak_allocated_bytes(states, activations, logits, temporary, step_temporary, batch.grad_accum_steps)
     reserve = int(allocated * request.assumptions.allocator_reserve_fraction)
     breakdown = MemoryBreakdown(

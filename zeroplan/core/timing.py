@@ -6,8 +6,8 @@ from __future__ import annotations
 from math import ceil, log2
 
 from zeroplan.core.communication import Collective, CollectiveOp, Phase
-from zeroplan.core.layout import element_bytes, shard_elements
-from zeroplan.core.model_states import shard_layout
+from zeroplan.core.layout import element_bytes
+from zeroplan.core.model_states import held_elements, shard_layout
 from zeroplan.core.params import active_parameters, parameter_units
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.hardware import LinkSpec
@@ -78,9 +78,8 @@ def host_transfer_bytes(request: PlanRequest) -> dict[Phase, int]:
     if not kind.offloads_optimizer:
         return moved
     eb = element_bytes(request.training.precision, request.convention)
-    layout = shard_layout(request)
-    group = request.shard_group_size
-    shard_bytes = eb.compute_parameter * sum(shard_elements(u, group, layout) for u in parameter_units(request.model))
+    shard = held_elements(parameter_units(request.model), request.shard_group_size, shard_layout(request))
+    shard_bytes = eb.compute_parameter * shard
     accum = request.batch.grad_accum_steps
     moved[Phase.backward] = accum * shard_bytes
     moved[Phase.step] = shard_bytes

@@ -8,7 +8,7 @@ from zeroplan.core.activations import activation_bytes, saved_logits_bytes
 from zeroplan.core.plan import memory_breakdown
 from zeroplan.harness.record import RankRecord, RunDescription, StepRecord
 from zeroplan.specs import PlanRequest
-from zeroplan.validate.rows import COLLECTIVE_OPS, ComparisonRow, planner_request, predicted_collective_bytes
+from zeroplan.validate.rows import COLLECTIVE_OPS, ComparisonRow, collective_rows, model_state_rows, planner_request
 
 
 def request_for(description: RunDescription) -> PlanRequest:
@@ -36,23 +36,11 @@ def compare_record(record: RankRecord, step_index: int = -1) -> list[ComparisonR
         run_id=description.run_id, strategy=description.strategy.value, engine=description.engine,
         world_size=description.world_size, rank=record.rank,
     )
-    rows = [
-        ComparisonRow(**base, category="memory", quantity="parameters",
-                      predicted_bytes=breakdown.parameter_bytes, measured_bytes=step.model_state.parameters_bytes),
-        ComparisonRow(**base, category="memory", quantity="gradients",
-                      predicted_bytes=breakdown.gradient_bytes, measured_bytes=step.model_state.gradients_bytes),
-        ComparisonRow(**base, category="memory", quantity="optimizer states",
-                      predicted_bytes=breakdown.optimizer_state_bytes, measured_bytes=step.model_state.optimizer_states_bytes),
-        ComparisonRow(**base, category="memory", quantity="activations (saved)",
-                      predicted_bytes=predicted_saved, measured_bytes=step.memory.saved_activation_bytes),
-    ]
+    states = step.model_state
+    rows = model_state_rows(base, breakdown, (states.parameters_bytes, states.gradients_bytes, states.optimizer_states_bytes))
+    rows.append(ComparisonRow(**base, category="memory", quantity="activations (saved)",
+                              predicted_bytes=predicted_saved, measured_bytes=step.memory.saved_activation_bytes))
     if step.memory.peak_bytes is not None:
         rows.append(ComparisonRow(**base, category="memory", quantity="peak (tracked tensors)",
                                   predicted_bytes=breakdown.allocated_peak_bytes, measured_bytes=step.memory.peak_bytes))
-    predicted_ops = predicted_collective_bytes(request)
-    measured_ops = _measured_collectives(step)
-    for op in COLLECTIVE_OPS:
-        if predicted_ops.get(op) or measured_ops.get(op):
-            rows.append(ComparisonRow(**base, category="communication", quantity=f"{op} bytes/step",
-                                      predicted_bytes=predicted_ops.get(op, 0), measured_bytes=measured_ops.get(op, 0)))
-    return rows
+    return rows + collective_rows(base, request, _measured_collectives(step))

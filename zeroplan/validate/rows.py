@@ -53,3 +53,25 @@ def predicted_collective_bytes(request: PlanRequest) -> dict[str, int]:
     for collective in collectives(request):
         totals[collective.op.value] += collective.buffer_bytes_per_step
     return totals
+
+
+def model_state_rows(base: dict, predicted, measured: tuple[int, int, int]) -> list[ComparisonRow]:
+    """Rows for parameters, gradients and optimizer states; ``predicted`` is a MemoryBreakdown,
+    ``measured`` the same three byte counts from a record."""
+    quantities = ("parameters", "gradients", "optimizer states")
+    expected = (predicted.parameter_bytes, predicted.gradient_bytes, predicted.optimizer_state_bytes)
+    return [
+        ComparisonRow(**base, category="memory", quantity=q, predicted_bytes=p, measured_bytes=m)
+        for q, p, m in zip(quantities, expected, measured)
+    ]
+
+
+def collective_rows(base: dict, request: PlanRequest, measured: dict[str, int]) -> list[ComparisonRow]:
+    """A row per collective op that was predicted or measured (unsharded buffer bytes/step)."""
+    predicted = predicted_collective_bytes(request)
+    return [
+        ComparisonRow(**base, category="communication", quantity=f"{op} bytes/step",
+                      predicted_bytes=predicted.get(op, 0), measured_bytes=measured.get(op, 0))
+        for op in COLLECTIVE_OPS
+        if predicted.get(op) or measured.get(op)
+    ]

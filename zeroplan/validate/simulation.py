@@ -6,7 +6,7 @@ from collections import defaultdict
 
 from zeroplan.core.plan import memory_breakdown
 from zeroplan.simulate.record import Phase, SimulationRecord
-from zeroplan.validate.rows import COLLECTIVE_OPS, ComparisonRow, planner_request, predicted_collective_bytes
+from zeroplan.validate.rows import COLLECTIVE_OPS, ComparisonRow, collective_rows, model_state_rows, planner_request
 
 
 def compare_simulation(record: SimulationRecord) -> list[ComparisonRow]:
@@ -18,21 +18,9 @@ def compare_simulation(record: SimulationRecord) -> list[ComparisonRow]:
         run_id=f"simulate:{record.model.name}:{record.strategy.value}:N{record.world_size}",
         strategy=record.strategy.value, engine="torch (fake tensors)", world_size=record.world_size, rank=record.rank,
     )
-    rows = [
-        ComparisonRow(**base, category="memory", quantity="parameters",
-                      predicted_bytes=breakdown.parameter_bytes, measured_bytes=states.parameter_bytes),
-        ComparisonRow(**base, category="memory", quantity="gradients",
-                      predicted_bytes=breakdown.gradient_bytes, measured_bytes=states.gradient_bytes),
-        ComparisonRow(**base, category="memory", quantity="optimizer states",
-                      predicted_bytes=breakdown.optimizer_state_bytes, measured_bytes=states.optimizer_state_bytes),
-    ]
+    rows = model_state_rows(base, breakdown, (states.parameter_bytes, states.gradient_bytes, states.optimizer_state_bytes))
     measured: dict[str, int] = defaultdict(int)
     for call in record.collectives:
         if call.phase is not Phase.setup and call.kind.value in COLLECTIVE_OPS:
             measured[call.kind.value] += call.buffer_bytes
-    predicted = predicted_collective_bytes(request)
-    for op in COLLECTIVE_OPS:
-        if predicted.get(op) or measured.get(op):
-            rows.append(ComparisonRow(**base, category="communication", quantity=f"{op} bytes/step",
-                                      predicted_bytes=predicted.get(op, 0), measured_bytes=measured.get(op, 0)))
-    return rows
+    return rows + collective_rows(base, request, measured)
