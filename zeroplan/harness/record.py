@@ -12,7 +12,8 @@ from pydantic import Field
 from zeroplan.specs import BatchSpec, ModelSpec, StrategyKind, TrainingSpec
 from zeroplan.specs.base import Frozen
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2 added the CPU allocator peak to MemoryRecord; version 1 records still read."""
 
 
 class CollectiveRecord(Frozen):
@@ -52,6 +53,12 @@ class MemoryRecord(Frozen):
     """torch.cuda.max_memory_allocated over the step (CUDA only)."""
     cuda_max_reserved_bytes: int | None = None
     """torch.cuda.max_memory_reserved over the step (CUDA only)."""
+    allocator_peak_bytes: int | None = None
+    """CPU only: the step's peak of live tensor bytes as the CPU allocator counts them (every
+    tensor of the process, whoever made it; zeroplan.harness.allocator_trace). Filled in when
+    the run ends, so a rank that fails leaves it None."""
+    allocator_live_bytes_by_operator: dict[str, int] = Field(default_factory=dict)
+    """At that peak, live bytes by the operator that allocated them (the largest few)."""
 
 
 class ModelStateBytes(Frozen):
@@ -93,7 +100,7 @@ class RunDescription(Frozen):
 
 
 class RankRecord(Frozen):
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[1, 2] = SCHEMA_VERSION
     rank: int = Field(ge=0)
     description: RunDescription
     setup_collectives: list[CollectiveRecord]

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from zeroplan.harness.allocator_trace import AllocatorTrace
 from zeroplan.harness.comm import CommRecorder
 from zeroplan.harness.data import rank_batch
 from zeroplan.harness.engines import EngineKind, build_engine, check_supported
@@ -71,7 +72,9 @@ def run_rank(
         backend=dist.get_backend(), device=str(device),
     )
     recorder = CommRecorder()
-    with torch.device(device):
+    # Started before the model exists, so the allocator's total covers every tensor of the run.
+    trace = AllocatorTrace(enabled=device.type == "cpu")
+    with torch.device(device), trace:
         model = build_model(config.model, config.seed)
         model.set_activation_checkpointing(
             config.training.activation_checkpointing is ActivationCheckpointing.full
@@ -82,16 +85,34 @@ def run_rank(
         setup = list(recorder.records)
         steps: list[StepRecord] = []
         for step in range(config.steps):
-            steps.append(_one_step(engine, config, step, rank, world_size, recorder))
+            with trace.step(step):
+                steps.append(_one_step(engine, config, step, rank, world_size, recorder))
             record = RankRecord(rank=rank, description=description, setup_collectives=setup,
-                                steps=steps, complete=step == config.steps - 1)
+                                steps=steps, complete=step == config.steps - 1 and not trace.enabled)
             if out_dir is not None:
                 write_record(out_dir, record)
             if config.fail_rank == rank:
                 raise InjectedFailure(f"rank {rank} failed on purpose after step {step} (--fail-rank)")
+    if trace.enabled:  # the peaks exist once the trace has ended; only then is the record complete
+        record = _with_allocator_peaks(record, trace)
+        if out_dir is not None:
+            write_record(out_dir, record)
+    with torch.device(device):
         recorder.phase = "gather"
         full = engine.full_parameters() if gather_full else {}
     return record, full
+
+
+def _with_allocator_peaks(record: RankRecord, trace: AllocatorTrace) -> RankRecord:
+    peaks = trace.peaks()
+    steps = [
+        step.model_copy(update={"memory": step.memory.model_copy(update={
+            "allocator_peak_bytes": peaks[step.step].peak_bytes,
+            "allocator_live_bytes_by_operator": peaks[step.step].live_bytes_by_operator,
+        })})
+        for step in record.steps
+    ]
+    return record.model_copy(update={"steps": steps, "complete": True})
 
 
 def _one_step(engine, config: RunConfig, step: int, rank: int, world_size: int,

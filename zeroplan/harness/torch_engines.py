@@ -45,6 +45,9 @@ class _Base:
         with _autocast(self.compute_dtype):
             logits = self.module(tokens_BS)
         loss = next_token_loss(logits, targets_BS)
+        # Backward needs only what the loss saved; holding the logits here would keep s*b*V
+        # elements alive through backward that neither the reference engine nor the planner keeps.
+        del logits
         loss.backward()
         return loss.detach()
 

@@ -36,6 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 from zeroplan.harness.engine import ModelStateTensors, make_adamw, optimizer_state_tensors
+from zeroplan.harness.allocator_trace import free_on_this_thread
 from zeroplan.harness.layout import padded_numel, shard_bounds
 from zeroplan.harness.model import Transformer, next_token_loss
 
@@ -98,6 +99,8 @@ class FlatUnit:
                 p.grad = None
         shard = torch.empty(self.end - self.start, dtype=flat_grad.dtype)
         dist.reduce_scatter_tensor(shard, flat_grad)
+        free_on_this_thread(flat_grad)
+        del flat_grad
         shard.div_(self.world_size)
         self.grad_shard = shard if self.grad_shard is None else self.grad_shard + shard
         self.pending_grads = len(self.params)
@@ -109,7 +112,10 @@ class FlatUnit:
             self.param_shard.copy_(self.master)
         if keep_full:
             # all_gather_into_tensor wants an input that does not alias its output.
-            dist.all_gather_into_tensor(self.flat, self.param_shard.clone())
+            send = self.param_shard.clone()
+            dist.all_gather_into_tensor(self.flat, send)
+            free_on_this_thread(send)
+            del send
 
 
 class ReferenceZero:

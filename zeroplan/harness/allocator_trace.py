@@ -1,0 +1,252 @@
+"""The CPU allocator's own view of live tensor bytes, from the profiler's memory events.
+
+MemTracker sees tensors it is told about or that are created inside its window; it misses
+storages refilled with ``untyped_storage().resize_`` (reference ZeRO-3's gathered units) and
+buffers built before the window (DDP's gradient buckets). The allocator sees them all: with
+``profile_memory=True`` each CPU allocation and free reaches the profiler with its address and
+size (c10/core/CPUAllocator.cpp, ProfiledCPUMemoryReporter). It reports only blocks allocated
+while profiling, so the trace starts before the model is built; replayed in time order, the
+events then give the process's live tensor bytes at every moment, the CPU counterpart of
+``torch.cuda.max_memory_allocated``.
+
+One blind spot: the reporter only reports on threads the profiler covers, so a tensor freed
+by gloo's worker thread would look live until its address is reused. ``with_unseen_frees``
+frees such blocks when the collective that made them returns, or when the last operator that
+used them returns; tensors zeroplan's own engine hands to a collective go through
+``free_on_this_thread``, so their frees are seen.
+
+The trace spans the whole run and is read once, at its end; steps are marked by profiler ranges.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+STEP_RANGE_PREFIX = "zeroplan::step"
+_RELEASE_WAIT_S = 1.0
+TOP_ALLOCATORS = 8
+"""How many allocating operators the record lists at the peak (the largest by live bytes)."""
+
+
+def free_on_this_thread(tensor: torch.Tensor) -> None:
+    """Wait until the caller's ``tensor`` is the only holder of its storage, so that dropping
+    it frees the storage on this (profiled) thread rather than on gloo's worker thread, which
+    releases a finished collective's tensors a moment after ``wait()`` returns."""
+    # The worker holds the tensor itself or a view of it: wait until both counts are ours
+    # (the tensor once; its storage by the tensor and the ``storage`` wrapper).
+    storage = tensor.untyped_storage()
+    deadline = time.monotonic() + _RELEASE_WAIT_S
+    while (tensor._use_count() > 1 or torch._C._storage_Use_Count(storage._cdata) > 2) and time.monotonic() < deadline:
+        time.sleep(0)
+
+
+@dataclass(frozen=True)
+class StepAllocatorPeak:
+    """One step's peak of live CPU tensor bytes, and who allocated what was live then."""
+
+    peak_bytes: int
+    live_bytes_by_operator: dict[str, int]
+    """At the peak, live bytes by the operator that allocated them (the largest few)."""
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """One allocator event: a block of ``size_bytes`` at ``ptr`` (negative size: its free)."""
+
+    time_ns: int
+    size_bytes: int
+    ptr: int
+    operator: str
+    """The operator that allocated (or freed) it."""
+    collective_end_ns: int | None = None
+    """If it was allocated inside a c10d collective: when that collective's call returned."""
+    allocation_id: int | None = None
+    """The profiler's id of the block, shared by its allocation, its free and its uses."""
+
+
+@dataclass(frozen=True)
+class Use:
+    """An operator took the block ``allocation_id`` as an input and returned at ``end_ns``."""
+
+    allocation_id: int
+    end_ns: int
+    collective: bool
+    """The operator is a c10d collective."""
+
+
+class AllocatorTrace:
+    """Profile the whole run's CPU allocations; mark each step with ``step(i)``. Disabled (on
+    CUDA, whose allocator keeps its own peak), it does nothing and finds no peaks."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self._profile = (
+            # record_shapes: each operator's inputs name their allocations, which tells when a
+            # block was last used (see with_unseen_frees).
+            profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True) if enabled else None
+        )
+        self._peaks: dict[int, StepAllocatorPeak] = {}
+
+    def __enter__(self) -> "AllocatorTrace":
+        if self._profile is not None:
+            self._profile.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._profile is None:
+            return
+        self._profile.__exit__(*exc)
+        if exc[0] is None:
+            self._peaks = _step_peaks(self._profile)
+
+    @contextlib.contextmanager
+    def step(self, index: int) -> Iterator[None]:
+        if self._profile is None:
+            yield
+            return
+        with record_function(f"{STEP_RANGE_PREFIX}{index}"):
+            yield
+
+    def peaks(self) -> dict[int, StepAllocatorPeak]:
+        """Per step index; empty until the trace has ended."""
+        return dict(self._peaks)
+
+
+def _walk(events):
+    for event in events:
+        yield event
+        yield from _walk(event.children)
+
+
+def _collective_end_ns(event) -> int | None:
+    node = event.parent
+    while node is not None:
+        if node.name.startswith("c10d::"):
+            return node.end_time_ns
+        node = node.parent
+    return None
+
+
+def _input_allocation_ids(event) -> Iterator[int]:
+    for value in event.extra_fields.inputs:
+        for item in value if isinstance(value, list) else [value]:
+            allocation_id = getattr(item, "allocation_id", None)
+            if allocation_id is not None:
+                yield allocation_id
+
+
+def _step_peaks(prof: profile) -> dict[int, StepAllocatorPeak]:
+    events = list(_walk(prof.profiler.kineto_results.experimental_event_tree()))
+    allocations, uses = [], []
+    for e in events:
+        kind = type(e.extra_fields).__name__
+        if kind == "_ExtraFields_Allocation" and e.extra_fields.device == torch.device("cpu"):
+            allocations.append(Allocation(
+                time_ns=e.start_time_ns, size_bytes=e.extra_fields.alloc_size, ptr=e.extra_fields.ptr,
+                operator=e.parent.name if e.parent is not None else "(no operator)",
+                collective_end_ns=_collective_end_ns(e), allocation_id=e.extra_fields.allocation_id,
+            ))
+        elif kind == "_ExtraFields_TorchOp":
+            uses.extend(Use(allocation_id=i, end_ns=e.end_time_ns, collective=e.name.startswith("c10d::"))
+                        for i in _input_allocation_ids(e))
+    ranges = {
+        int(e.name[len(STEP_RANGE_PREFIX):]): (e.start_time_ns, e.end_time_ns)
+        for e in events if e.name.startswith(STEP_RANGE_PREFIX)
+    }
+    return step_peaks(allocations, ranges, uses)
+
+
+def step_peaks(
+    allocations: list[Allocation], ranges: dict[int, tuple[int, int]], uses: list["Use"] = (),
+) -> dict[int, StepAllocatorPeak]:
+    """Each step's peak of live bytes, from allocator events, operator inputs and the steps'
+    time ranges."""
+    events = with_unseen_frees(allocations, uses)
+    totals = [total for _, total in _replay(events)]
+    peaks = {}
+    for index, (start_ns, end_ns) in ranges.items():
+        inside = [i for i, a in enumerate(events) if start_ns <= a.time_ns <= end_ns]
+        if not inside:
+            peaks[index] = StepAllocatorPeak(peak_bytes=0, live_bytes_by_operator={})
+            continue
+        peak_index = max(inside, key=lambda i: totals[i])
+        peaks[index] = StepAllocatorPeak(
+            peak_bytes=totals[peak_index], live_bytes_by_operator=_live_by_operator(events[: peak_index + 1])
+        )
+    return peaks
+
+
+# The reporter only reports on threads the profiler is enabled on (memoryProfilingEnabled() is
+# thread-local in c10/core/CPUAllocator.cpp), so a free made by gloo's worker thread never
+# appears. The worker drops a finished collective's tensors; where it holds the last reference
+# (a temporary gloo made inside the call: a reduce-scatter copies its input and all-reduces the
+# copy; or a buffer the caller has let go, as FSDP2 does with an all-gather's output once it is
+# copied out) the block is freed there. Such a block is taken as freed when the collective that
+# made it returns, or else, if it was handed to a collective, when the last operator that used
+# it returns; unless its address is used again before. A block never handed to a collective
+# whose free is not seen (an optimizer state) is live to the end.
+def with_unseen_frees(allocations: list[Allocation], uses: list["Use"] = ()) -> list[Allocation]:
+    """The events in time order, plus a free for every collective's block whose own free was
+    not seen (see above)."""
+    ordered = sorted(allocations, key=lambda a: a.time_ns)
+    last_use_ns: dict[int, int] = {}
+    handed: set[int] = set()
+    for use in uses:
+        last_use_ns[use.allocation_id] = max(use.end_ns, last_use_ns.get(use.allocation_id, 0))
+        if use.collective:
+            handed.add(use.allocation_id)
+    next_at_ptr: dict[int, int] = {}
+    following: list[int | None] = [None] * len(ordered)
+    for index in range(len(ordered) - 1, -1, -1):
+        following[index] = next_at_ptr.get(ordered[index].ptr)
+        next_at_ptr[ordered[index].ptr] = index
+    added = []
+    for index, allocation in enumerate(ordered):
+        if allocation.size_bytes <= 0:
+            continue
+        after = following[index]
+        if after is not None and ordered[after].size_bytes < 0:
+            continue  # its free was seen
+        freed_ns = allocation.collective_end_ns
+        if freed_ns is None and allocation.allocation_id in handed:
+            freed_ns = last_use_ns[allocation.allocation_id]
+        if freed_ns is None:
+            continue  # live until its address is used again
+        if after is not None and ordered[after].time_ns < freed_ns:
+            continue  # reused before: the replay frees it there
+        added.append(Allocation(time_ns=freed_ns, size_bytes=-allocation.size_bytes,
+                                ptr=allocation.ptr, operator=allocation.operator))
+    return sorted(ordered + added, key=lambda a: a.time_ns)
+
+
+# Replayed by address, the live set does not drift even where a free is missing: a block
+# allocated again at a live address was freed unseen in between.
+def _replay(allocations: list[Allocation]) -> Iterator[tuple[dict[int, Allocation], int]]:
+    live: dict[int, Allocation] = {}
+    total = 0
+    for allocation in allocations:
+        previous = live.pop(allocation.ptr, None)
+        if previous is not None:
+            total -= previous.size_bytes
+        if allocation.size_bytes > 0:
+            live[allocation.ptr] = allocation
+            total += allocation.size_bytes
+        yield live, total
+
+
+def _live_by_operator(allocations: list[Allocation]) -> dict[str, int]:
+    live: dict[int, Allocation] = {}
+    for live, _ in _replay(allocations):
+        pass
+    by_operator: dict[str, int] = defaultdict(int)
+    for allocation in live.values():
+        by_operator[allocation.operator] += allocation.size_bytes
+    largest = sorted(by_operator.items(), key=lambda kv: -kv[1])[:TOP_ALLOCATORS]
+    return dict(largest)
