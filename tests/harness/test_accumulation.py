@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 import torch
 
-from harness_runs import MICRO_BATCH, RUNS, SEQ_LEN, STEPS, Run, find_run
+from harness_runs import MICRO_BATCH, RUNS, SEQ_LEN, STEPS, Run
 from zeroplan.cli.main import main as zeroplan_main
 from zeroplan.core.communication import collectives
 from zeroplan.core.optimizer_states import adafactor_state_bytes, step_counter_bytes
