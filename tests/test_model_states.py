@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from zeroplan.core.model_states import model_state_bytes
+from zeroplan.core.optimizer_states import adafactor_state_bytes
+from zeroplan.core.params import ParamTensor
 from zeroplan.core.params import parameter_units, total_parameters
 from zeroplan.core.zero_paper import zero_communication_volume, zero_model_state_bytes
 from zeroplan.presets.models import get_model
@@ -131,6 +133,20 @@ def test_factored_and_8bit_states_are_smaller_than_adam(gpu_80gib) -> None:
     # 8-bit Adam: 2 bytes per element plus one fp32 absmax per 256 per state.
     assert sizes[Optimizer.adam_8bit] == pytest.approx(2 * psi * (1 + 4 / 256), rel=1e-3)
     assert sizes[Optimizer.adafactor] < psi * 4 / 100
+
+
+def test_adafactor_states_factor_the_last_two_dims_and_count_step_tensors(gpu_80gib) -> None:
+    """torch.optim.Adafactor (torch/optim/_adafactor.py): row_var (..., r, 1) and col_var
+    (..., 1, c) per matrix of a tensor, the full variance of a vector, and a 0-dim fp32 step
+    per tensor (tests/harness/test_accumulation.py checks these against torch itself)."""
+    assert adafactor_state_bytes(ParamTensor(name="v", shape=(6,)), 4) == 6 * 4
+    assert adafactor_state_bytes(ParamTensor(name="m", shape=(5, 7)), 4) == (5 + 7) * 4
+    assert adafactor_state_bytes(ParamTensor(name="e", shape=(3, 4, 5)), 4) == 3 * (4 + 5) * 4
+    request = _request(gpu_80gib, DIVISIBLE_MODEL, StrategyKind.ddp, 1, optimizer=Optimizer.adafactor, precision=Precision.fp32)
+    states = model_state_bytes(request)
+    tensors = [t for u in parameter_units(DIVISIBLE_MODEL) for t in u.tensors]
+    assert states.step_counter_bytes == 4 * len(tensors)
+    assert states.optimizer_state_bytes == sum(adafactor_state_bytes(t, 4) for t in tensors) + 4 * len(tensors)
 
 
 def test_offload_moves_states_to_host(gpu_80gib) -> None:

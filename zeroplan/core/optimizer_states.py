@@ -35,12 +35,15 @@ def elementwise_state_bytes(optimizer: Optimizer, state_dtype_bytes: int) -> int
 
 # Shazeer & Stern 2018 (Adafactor), sec. 3: the second moment of an (r, c) matrix is factored
 # into a row vector (r) and a column vector (c); vectors keep the full second moment. The
-# first moment is off by default (beta1=None, as in transformers.optimization.Adafactor).
+# first moment is off by default (beta1=None, as in transformers.optimization.Adafactor and
+# torch.optim.Adafactor). A tensor of more dimensions is factored over its last two, once per
+# leading index (torch/optim/_adafactor.py: row_var of shape (..., r, 1), col_var (..., 1, c)).
 def adafactor_state_bytes(tensor: ParamTensor, state_dtype_bytes: int) -> int:
     if len(tensor.shape) < 2:
         return tensor.numel * state_dtype_bytes
-    rows = tensor.numel // tensor.shape[-1]
-    return (rows + tensor.shape[-1]) * state_dtype_bytes
+    rows, cols = tensor.shape[-2], tensor.shape[-1]
+    matrices = tensor.numel // (rows * cols)
+    return matrices * (rows + cols) * state_dtype_bytes
 
 
 # Dettmers et al. 2022 (8-bit optimizers), sec. 2: two uint8 states plus block-wise absmax.
@@ -61,11 +64,14 @@ def tensor_state_bytes(tensor: ParamTensor, optimizer: Optimizer, state_dtype_by
 
 
 # torch/optim/adam.py and adamw.py (_init_group): state["step"] is a 0-dim fp32 tensor per
-# stepped tensor (also with capturable=False), so every tensor the optimizer sees adds 4 bytes.
+# stepped tensor (also with capturable=False), so every tensor the optimizer sees adds 4 bytes;
+# torch/optim/_adafactor.py (_init_group) keeps the same 0-dim fp32 step per tensor. SGD keeps
+# no step.
 ADAM_STEP_COUNTER_BYTES = 4
+_OPTIMIZERS_WITH_STEP_TENSORS = (Optimizer.adam, Optimizer.adamw, Optimizer.adafactor)
 
 
 def step_counter_bytes(optimizer: Optimizer, num_stepped_tensors: int) -> int:
-    if optimizer in (Optimizer.adam, Optimizer.adamw):
+    if optimizer in _OPTIMIZERS_WITH_STEP_TENSORS:
         return ADAM_STEP_COUNTER_BYTES * num_stepped_tensors
     return 0

@@ -16,31 +16,53 @@ from zeroplan.errors import ZeroplanError
 from zeroplan.harness.args import add_run_arguments, batch_from_args, resolve_model, training_from_args
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> OneLineParser:
     parser = OneLineParser(prog="python -m zeroplan.harness", description="one rank of a measured run")
     add_run_arguments(parser)
     parser.add_argument("--save-parameters", help="rank 0 saves the full parameters here (torch.save), for oracle checks")
     parser.add_argument("--fail-rank", type=int, help="testing: this rank raises after its first step")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def config_from_args(args):  # -> zeroplan.harness.runner.RunConfig (imports torch)
+    """The run the parsed flags describe; a one-line ZeroplanError if no engine can run it."""
+    from zeroplan.harness.engines import EngineKind, check_supported
+    from zeroplan.harness.runner import RunConfig
+    from zeroplan.specs import StrategyKind
+
+    config = RunConfig(
+        model=resolve_model(args.model), strategy=StrategyKind(args.strategy), engine=EngineKind(args.engine),
+        training=training_from_args(args), batch=batch_from_args(args), steps=args.steps, seed=args.seed,
+        run_id=args.run_id, fail_rank=args.fail_rank,
+        keep_unsharded_grads_on_accum=args.keep_unsharded_grads_on_accum,
+    )
+    check_supported(config.strategy, config.engine, config.training.optimizer)
+    return config
+
+
+def run_and_save(config, out: Path, save_parameters: str | None) -> None:
+    """Run this rank; rank 0 saves the full parameters if asked; all ranks then wait for each other."""
+    import torch
+    import torch.distributed as dist
+
+    from zeroplan.harness.runner import run_rank
+
+    _, parameters = run_rank(config, out)
+    if save_parameters and dist.get_rank() == 0:
+        torch.save(parameters, save_parameters)
+    dist.barrier()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
-        import torch
         import torch.distributed as dist
 
-        from zeroplan.harness.engines import EngineKind, check_supported
-        from zeroplan.harness.runner import RunConfig, init_distributed, run_rank
-        from zeroplan.specs import StrategyKind
+        from zeroplan.harness.runner import init_distributed
 
-        config = RunConfig(
-            model=resolve_model(args.model), strategy=StrategyKind(args.strategy), engine=EngineKind(args.engine),
-            training=training_from_args(args), batch=batch_from_args(args), steps=args.steps, seed=args.seed,
-            run_id=args.run_id, fail_rank=args.fail_rank,
-        )
-        check_supported(config.strategy, config.engine)
+        config = config_from_args(args)
         init_distributed(args.backend)
-        _, parameters = run_rank(config, Path(args.out))
-        if args.save_parameters and dist.get_rank() == 0:
-            torch.save(parameters, args.save_parameters)
-        dist.barrier()
+        run_and_save(config, Path(args.out), args.save_parameters)
         dist.destroy_process_group()
     except ZeroplanError as error:
         sys.stderr.write(f"zeroplan measure: error: {error}\n")

@@ -7,6 +7,7 @@ import argparse
 
 from zeroplan.cli.parser import positive_int
 from zeroplan.errors import ZeroplanError
+from zeroplan.harness.engines_table import MEASURABLE_OPTIMIZERS
 from zeroplan.specs import ActivationCheckpointing, BatchSpec, ModelSpec, Optimizer, Precision, StrategyKind, TrainingSpec
 
 MEASURABLE_PRECISIONS = (Precision.fp32, Precision.bf16_mixed)
@@ -21,7 +22,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--micro-batch", type=positive_int, default=2)
     parser.add_argument("--seq-len", type=positive_int, default=64)
     parser.add_argument("--precision", choices=[p.value for p in MEASURABLE_PRECISIONS], default=Precision.fp32.value)
-    parser.add_argument("--optimizer", choices=[Optimizer.adamw.value], default=Optimizer.adamw.value)
+    parser.add_argument("--grad-accum", type=positive_int, default=1,
+                        help="micro-batches accumulated before each optimizer step (default 1)")
+    parser.add_argument("--keep-unsharded-grads-on-accum", action="store_true",
+                        help="zero2/zero3/fsdp-*: accumulate full gradients locally and reduce once per step "
+                             "(FSDP1 no_sync, FSDP2 set_requires_gradient_sync(False)); default: reduce-scatter "
+                             "every micro-batch into the gradient shard. ddp and zero1 reduce once per step either way")
+    parser.add_argument("--optimizer", choices=[o.value for o in MEASURABLE_OPTIMIZERS], default=Optimizer.adamw.value)
     parser.add_argument("--activation-checkpointing", choices=["none", "full"], default="none")
     parser.add_argument("--backend", choices=["gloo", "nccl"], help="default: nccl with CUDA, else gloo")
     parser.add_argument("--seed", type=int, default=0)
@@ -53,4 +60,4 @@ def training_from_args(args: argparse.Namespace) -> TrainingSpec:
 
 
 def batch_from_args(args: argparse.Namespace) -> BatchSpec:
-    return BatchSpec(micro_batch_size=args.micro_batch, seq_len=args.seq_len, grad_accum_steps=1)
+    return BatchSpec(micro_batch_size=args.micro_batch, seq_len=args.seq_len, grad_accum_steps=args.grad_accum)

@@ -24,8 +24,10 @@ def build_parser() -> OneLineParser:
 def _harness_argv(args: argparse.Namespace) -> list[str]:
     argv = [args.model, "--strategy", args.strategy, "--engine", args.engine, "--steps", str(args.steps),
             "--micro-batch", str(args.micro_batch), "--seq-len", str(args.seq_len), "--precision", args.precision,
-            "--optimizer", args.optimizer, "--activation-checkpointing", args.activation_checkpointing,
-            "--seed", str(args.seed), "--run-id", args.run_id]
+            "--grad-accum", str(args.grad_accum), "--optimizer", args.optimizer,
+            "--activation-checkpointing", args.activation_checkpointing, "--seed", str(args.seed), "--run-id", args.run_id]
+    if args.keep_unsharded_grads_on_accum:
+        argv.append("--keep-unsharded-grads-on-accum")
     if args.backend:
         argv += ["--backend", args.backend]
     if args.fail_rank is not None:
@@ -38,7 +40,7 @@ def run_measure(args: argparse.Namespace) -> int:
     from zeroplan.harness.launch import launch
 
     resolve_model(args.model)
-    check_supported_names(args.strategy, args.engine)
+    check_supported_names(args.strategy, args.engine, args.optimizer)
     result = launch(args.nproc, _harness_argv(args), Path(args.out), args.timeout_s)
     for error in result.errors:
         sys.stderr.write(error + "\n")

@@ -1,4 +1,11 @@
-"""Deterministic synthetic batches: the global batch of a step, and each rank's slice of it."""
+"""Deterministic synthetic batches: the global batch of a step, and each rank's micro-batches
+of it.
+
+A step's global batch has K*N*b rows (K micro-batches per step, N ranks, b rows per
+micro-batch). Micro-batch m of rank r is rows [(m*N + r)*b, (m*N + r + 1)*b): distinct for every
+(step, micro-batch, rank), and together exactly the global batch the single-process oracle
+trains on. With K = 1 this is the one-micro-batch layout (rank r: rows [r*b, (r+1)*b)).
+"""
 
 from __future__ import annotations
 
@@ -8,21 +15,24 @@ from zeroplan.specs import ModelSpec
 
 
 def global_batch(
-    spec: ModelSpec, step: int, world_size: int, micro_batch_size: int, seq_len: int, seed: int = 0
+    spec: ModelSpec, step: int, world_size: int, micro_batch_size: int, seq_len: int, seed: int = 0,
+    grad_accum_steps: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tokens and next-token targets (N*b, s) for one step, the same on every rank."""
+    """Tokens and next-token targets (K*N*b, s) for one step, the same on every rank."""
     generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
     rows = torch.randint(
-        0, spec.vocab_size, (world_size * micro_batch_size, seq_len + 1), generator=generator
+        0, spec.vocab_size, (grad_accum_steps * world_size * micro_batch_size, seq_len + 1), generator=generator
     )
     return rows[:, :-1], rows[:, 1:]
 
 
 def rank_batch(
     spec: ModelSpec, step: int, world_size: int, rank: int, micro_batch_size: int, seq_len: int,
-    seed: int = 0,
+    seed: int = 0, micro_batch: int = 0, grad_accum_steps: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rank r's micro-batch: rows [r*b, (r+1)*b) of the global batch."""
-    tokens, targets = global_batch(spec, step, world_size, micro_batch_size, seq_len, seed)
-    rows = slice(rank * micro_batch_size, (rank + 1) * micro_batch_size)
+    """Rank r's micro-batch m of the step: rows [(m*N + r)*b, (m*N + r + 1)*b) of the global batch."""
+    assert 0 <= micro_batch < grad_accum_steps and 0 <= rank < world_size
+    tokens, targets = global_batch(spec, step, world_size, micro_batch_size, seq_len, seed, grad_accum_steps)
+    first = (micro_batch * world_size + rank) * micro_batch_size
+    rows = slice(first, first + micro_batch_size)
     return tokens[rows], targets[rows]

@@ -3,27 +3,73 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
+
+from zeroplan.errors import ZeroplanError
+from zeroplan.specs import Optimizer
 
 ADAMW_LR = 1e-3
 ADAMW_BETAS = (0.9, 0.95)
 ADAMW_EPS = 1e-8
 ADAMW_WEIGHT_DECAY = 0.1
 
+# One setting per optimizer, used by every engine and by the single-process oracle. foreach=False
+# keeps torch.optim's per-tensor loop, whose arithmetic is elementwise for Adam(W) and SGD:
+# sharding a tensor then does not change a single update. Adafactor's is not elementwise (it
+# reads whole-tensor statistics); engines_table.py says which engines may run it.
+_OPTIMIZERS: dict[Optimizer, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
+    Optimizer.adamw: (torch.optim.AdamW, dict(lr=ADAMW_LR, betas=ADAMW_BETAS, eps=ADAMW_EPS,
+                                             weight_decay=ADAMW_WEIGHT_DECAY, foreach=False)),
+    Optimizer.adam: (torch.optim.Adam, dict(lr=ADAMW_LR, betas=ADAMW_BETAS, eps=ADAMW_EPS, foreach=False)),
+    Optimizer.sgd: (torch.optim.SGD, dict(lr=0.1, foreach=False)),
+    Optimizer.sgd_momentum: (torch.optim.SGD, dict(lr=0.05, momentum=0.9, foreach=False)),
+    # torch's defaults (lr 1e-2, beta2_decay -0.8, eps (None, 1e-3)); no first moment.
+    Optimizer.adafactor: (torch.optim.Adafactor, dict(foreach=False)),
+}
 
-def make_adamw(params: list[torch.Tensor]) -> torch.optim.AdamW:
-    """The one optimizer configuration used by every engine and by the single-process oracle.
 
-    foreach=False keeps the per-tensor loop, whose arithmetic is elementwise: sharding a tensor
-    then does not change a single update.
-    """
-    return torch.optim.AdamW(
-        params, lr=ADAMW_LR, betas=ADAMW_BETAS, eps=ADAMW_EPS,
-        weight_decay=ADAMW_WEIGHT_DECAY, foreach=False,
-    )
+def optimizer_class_and_kwargs(kind: Optimizer) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+    """The class and settings behind :func:`make_optimizer` (ZeroRedundancyOptimizer takes them
+    apart); a one-line error for an optimizer the harness cannot build."""
+    if kind not in _OPTIMIZERS:
+        allowed = ", ".join(o.value for o in _OPTIMIZERS)
+        raise ZeroplanError("optimizer", f"{kind.value!r} cannot be measured (allowed: {allowed})")
+    cls, kwargs = _OPTIMIZERS[kind]
+    return cls, dict(kwargs)
+
+
+def make_optimizer(kind: Optimizer, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+    """The one optimizer factory of every engine and of the single-process oracle."""
+    cls, kwargs = optimizer_class_and_kwargs(kind)
+    return cls(params, **kwargs)
+
+
+def make_adamw(params: list[torch.Tensor]) -> torch.optim.Optimizer:
+    """``make_optimizer(Optimizer.adamw, params)``."""
+    return make_optimizer(Optimizer.adamw, params)
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """Which micro-batch of an optimizer step an engine's forward_backward runs."""
+
+    index: int = 0
+    count: int = 1
+    """grad_accum_steps: micro-batches per optimizer step."""
+
+    @property
+    def is_last(self) -> bool:
+        """The micro-batch after which gradients must be complete (synchronised)."""
+        return self.index == self.count - 1
+
+
+def accumulated_loss(loss: torch.Tensor, micro: MicroBatch) -> torch.Tensor:
+    """What backward runs on: the micro-batch's mean loss divided by the number of micro-batches,
+    so the accumulated gradient is that of the mean over the whole step (as the oracle's)."""
+    return loss / micro.count if micro.count > 1 else loss
 
 
 @dataclass
@@ -53,12 +99,17 @@ class Engine(Protocol):
     module: nn.Module
     optimizer: torch.optim.Optimizer
 
-    def forward_backward(self, tokens_BS: torch.Tensor, targets_BS: torch.Tensor) -> torch.Tensor:
-        """Run one micro-batch forward and backward; return the loss (detached)."""
+    def forward_backward(
+        self, tokens_BS: torch.Tensor, targets_BS: torch.Tensor, micro: MicroBatch = MicroBatch()
+    ) -> torch.Tensor:
+        """Run one micro-batch forward and backward of ``accumulated_loss`` (gradients add up
+        over the step's micro-batches; the engine synchronises them per micro-batch or on the
+        last one, as its docstring says); return the micro-batch's unscaled loss (detached)."""
         ...
 
     def step(self) -> None:
-        """Apply the optimizer update (and any collectives it needs)."""
+        """Apply the optimizer update (and any collectives it needs), once per step after the
+        last micro-batch."""
         ...
 
     def zero_grad(self) -> None:

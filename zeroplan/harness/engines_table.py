@@ -1,12 +1,13 @@
-"""Which engine implements which strategy: the one table the runner and the CLI share (no
-torch here, so the command line can check a request before any rank starts)."""
+"""Which engine implements which strategy, and with which optimizers: the one table the runner
+and the CLI share (no torch here, so the command line can check a request before any rank
+starts)."""
 
 from __future__ import annotations
 
 from enum import Enum
 
 from zeroplan.errors import ZeroplanError
-from zeroplan.specs import StrategyKind
+from zeroplan.specs import Optimizer, StrategyKind
 
 
 class EngineKind(str, Enum):
@@ -32,21 +33,54 @@ SUPPORTED: dict[tuple[StrategyKind, EngineKind], str] = {
     (StrategyKind.fsdp_shard_grad_op, EngineKind.torch_fsdp1): "FSDP1 SHARD_GRAD_OP",
 }
 
+MEASURABLE_OPTIMIZERS = (Optimizer.adamw, Optimizer.adam, Optimizer.sgd, Optimizer.sgd_momentum, Optimizer.adafactor)
+"""Optimizers the harness builds (torch.optim; zeroplan.harness.engine.make_optimizer). Lion
+and 8-bit Adam are not in torch.optim."""
 
-def check_supported(strategy: StrategyKind, engine: EngineKind) -> str:
-    """The implementation's name; a one-line error naming the valid engines otherwise."""
-    if (strategy, engine) in SUPPORTED:
-        return SUPPORTED[(strategy, engine)]
-    engines = sorted(e.value for (s, e) in SUPPORTED if s is strategy)
-    if not engines:
-        strategies = sorted({s.value for s, _ in SUPPORTED})
-        raise ZeroplanError("strategy", f"{strategy.value!r} cannot be measured (measurable: {', '.join(strategies)})")
-    raise ZeroplanError(
-        "engine", f"{engine.value!r} does not implement {strategy.value!r} (use: {', '.join(engines)})"
-    )
+ELEMENTWISE_OPTIMIZERS = (Optimizer.adamw, Optimizer.adam, Optimizer.sgd, Optimizer.sgd_momentum)
+"""Optimizers whose update of an element reads only that element's parameter, gradient and
+state: exact on any shard of a tensor."""
+
+# Adafactor (torch/optim/_adafactor.py) reads whole tensors: row and column means of each
+# matrix's squared gradient, and the RMS of each parameter. A flat 1-D shard (reference ZeRO's
+# units, FSDP1's FlatParameter) splits and joins tensors, so the update would be a different
+# one; on FSDP2's DTensor shards torch 2.13's Adafactor fails (an in-place op on a partial
+# norm). DDP and ZeroRedundancyOptimizer step whole tensors.
+_WHOLE_TENSOR_ENGINES = {
+    (StrategyKind.ddp, EngineKind.torch),
+    (StrategyKind.zero1, EngineKind.torch),
+}
 
 
+def supported_optimizers(strategy: StrategyKind, engine: EngineKind) -> tuple[Optimizer, ...]:
+    """The optimizers that implementation can run exactly."""
+    if (strategy, engine) in _WHOLE_TENSOR_ENGINES:
+        return MEASURABLE_OPTIMIZERS
+    return ELEMENTWISE_OPTIMIZERS
 
-def check_supported_names(strategy: str, engine: str) -> str:
+
+def check_supported(strategy: StrategyKind, engine: EngineKind, optimizer: Optimizer = Optimizer.adamw) -> str:
+    """The implementation's name; a one-line error naming the valid engines (or optimizers)
+    otherwise."""
+    if (strategy, engine) not in SUPPORTED:
+        engines = sorted(e.value for (s, e) in SUPPORTED if s is strategy)
+        if not engines:
+            strategies = sorted({s.value for s, _ in SUPPORTED})
+            raise ZeroplanError("strategy", f"{strategy.value!r} cannot be measured (measurable: {', '.join(strategies)})")
+        raise ZeroplanError(
+            "engine", f"{engine.value!r} does not implement {strategy.value!r} (use: {', '.join(engines)})"
+        )
+    implementation = SUPPORTED[(strategy, engine)]
+    allowed = supported_optimizers(strategy, engine)
+    if optimizer not in allowed:
+        raise ZeroplanError(
+            "optimizer",
+            f"{optimizer.value!r} is not supported by {implementation} (--strategy {strategy.value} "
+            f"--engine {engine.value}; allowed: {', '.join(o.value for o in allowed)})",
+        )
+    return implementation
+
+
+def check_supported_names(strategy: str, engine: str, optimizer: str = Optimizer.adamw.value) -> str:
     """As check_supported, from the command line's strings."""
-    return check_supported(StrategyKind(strategy), EngineKind(engine))
+    return check_supported(StrategyKind(strategy), EngineKind(engine), Optimizer(optimizer))

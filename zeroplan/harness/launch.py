@@ -40,22 +40,24 @@ def torchrun_command(nproc: int, harness_argv: list[str]) -> list[str]:
 def launch(nproc: int, harness_argv: list[str], out_dir: Path, timeout_s: float) -> LaunchResult:
     """Run ``nproc`` ranks; never deletes or rewrites a record (each rank owns its own file)."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    returncode, output = run_torchrun(torchrun_command(nproc, [*harness_argv, "--out", str(out_dir)]), timeout_s)
+    return _collect(nproc, out_dir, returncode, output)
+
+
+def run_torchrun(command: list[str], timeout_s: float) -> tuple[int, str]:
+    """Run a torchrun command under a time limit; its exit status (124 when stopped) and output."""
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1")
     # Output goes to a file, not a pipe: torchrun starts each worker in a session of its own,
     # so a worker that outlives the agent must not be able to block this process.
     with tempfile.TemporaryFile("w+") as log:
-        process = subprocess.Popen(
-            torchrun_command(nproc, [*harness_argv, "--out", str(out_dir)]),
-            stdout=log, stderr=subprocess.STDOUT, text=True, env=env,
-        )
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
         try:
             returncode = process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             _stop(process)
             returncode = 124
         log.seek(0)
-        output = log.read()
-    return _collect(nproc, out_dir, returncode, output)
+        return returncode, log.read()
 
 
 def _stop(process: subprocess.Popen) -> None:

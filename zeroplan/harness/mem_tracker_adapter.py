@@ -9,7 +9,7 @@ loudly when they do; the runner then records ``source='unavailable: ...'`` inste
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -23,6 +23,10 @@ class TrackedPeak:
     source: str = "unavailable: not run"
     peak_bytes_by_category: dict[str, int] = field(default_factory=dict)
     peak_bytes: int | None = None
+    next_micro_batch: Callable[[], None] = lambda: None
+    """Call before every forward after the first: the trackers refuse a second forward of the
+    root module in one context unless its per-module stats are reset (``reset_mod_stats``;
+    the step's peak is kept)."""
 
 
 def _is_fsdp2(module: nn.Module) -> bool:
@@ -55,6 +59,7 @@ def track_peak(
         result.source = f"unavailable: {type(error).__name__}: {error}"
         yield result
         return
+    result.next_micro_batch = tracker.reset_mod_stats
     with tracker:
         yield result
     snapshot = tracker.get_tracker_snapshot("peak")

@@ -48,7 +48,7 @@ class MemoryRecord(Frozen):
     """The step's peak of all tracked tensor bytes; None when no tracker ran."""
     saved_activation_bytes: int = Field(ge=0)
     """Own measure: unique storages autograd saved for backward (saved-tensor hook), excluding
-    model-state storages."""
+    model-state storages; with gradient accumulation, the largest over the step's micro-batches."""
     cuda_max_allocated_bytes: int | None = None
     """torch.cuda.max_memory_allocated over the step (CUDA only)."""
     cuda_max_reserved_bytes: int | None = None
@@ -74,6 +74,7 @@ class StepRecord(Frozen):
     step: int = Field(ge=0)
     """0-based; step 0 includes one-off allocations (a warm-up)."""
     loss: float
+    """This rank's mean loss over the step's micro-batches."""
     wall_s: float = Field(ge=0)
     collectives: list[CollectiveRecord]
     memory: MemoryRecord
@@ -93,6 +94,10 @@ class RunDescription(Frozen):
     world_size: int = Field(gt=0)
     training: TrainingSpec
     batch: BatchSpec
+    """grad_accum_steps is the number of micro-batches each step ran."""
+    keep_unsharded_grads_on_accum: bool = False
+    """The planner's StrategySpec knob: full gradients accumulated locally and reduced once per
+    step (FSDP no_sync) instead of reduce-scattered every micro-batch."""
     steps: int = Field(gt=0)
     torch_version: str
     backend: str

@@ -1,4 +1,5 @@
-"""One rank's measurement run: build, wrap, train K steps, record each step, write the record."""
+"""One rank's measurement run: build, wrap, train the steps (each: grad_accum_steps micro-batches
+forward and backward, then one optimizer step), record each step, write the record."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch.distributed as dist
 from zeroplan.harness.allocator_trace import AllocatorTrace
 from zeroplan.harness.comm import CommRecorder
 from zeroplan.harness.data import rank_batch
+from zeroplan.harness.engine import MicroBatch
 from zeroplan.harness.engines import EngineKind, build_engine, check_supported
 from zeroplan.harness.mem_tracker_adapter import track_peak
 from zeroplan.harness.memory import SavedActivations, model_state_bytes
@@ -40,6 +42,8 @@ class RunConfig:
     seed: int = 0
     run_id: str = "local"
     fail_rank: int | None = None
+    keep_unsharded_grads_on_accum: bool = False
+    """The planner's StrategySpec knob (zeroplan.harness.engines.build_engine)."""
 
 
 def default_backend() -> str:
@@ -61,14 +65,15 @@ def run_rank(
 ) -> tuple[RankRecord, dict[str, torch.Tensor]]:
     """Train ``config.steps`` steps on this rank; return its record and (if ``gather_full``) the
     full parameters, an extra collective the oracle tests need and a memory benchmark does not."""
-    implementation = check_supported(config.strategy, config.engine)
+    implementation = check_supported(config.strategy, config.engine, config.training.optimizer)
     dtype = _DTYPES[config.training.precision]
     rank, world_size = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     description = RunDescription(
         run_id=config.run_id, model=config.model, strategy=config.strategy, engine=config.engine.value,
         implementation=implementation, world_size=world_size, training=config.training,
-        batch=config.batch, steps=config.steps, torch_version=torch.__version__,
+        batch=config.batch, keep_unsharded_grads_on_accum=config.keep_unsharded_grads_on_accum,
+        steps=config.steps, torch_version=torch.__version__,
         backend=dist.get_backend(), device=str(device),
     )
     recorder = CommRecorder()
@@ -81,7 +86,8 @@ def run_rank(
         )
         recorder.phase = "setup"
         with recorder:
-            engine = build_engine(model, config.strategy, config.engine, dtype)
+            engine = build_engine(model, config.strategy, config.engine, dtype, config.training.optimizer,
+                                  config.keep_unsharded_grads_on_accum)
         setup = list(recorder.records)
         steps: list[StepRecord] = []
         for step in range(config.steps):
@@ -117,11 +123,13 @@ def _with_allocator_peaks(record: RankRecord, trace: AllocatorTrace) -> RankReco
 
 def _one_step(engine, config: RunConfig, step: int, rank: int, world_size: int,
               recorder: CommRecorder) -> StepRecord:
-    tokens, targets = rank_batch(config.model, step, world_size, rank,
-                                 config.batch.micro_batch_size, config.batch.seq_len, config.seed)
+    batch = config.batch
     device = torch.get_default_device()
-    tokens, targets = tokens.to(device), targets.to(device)
-    saved = SavedActivations(engine.model_state_tensors(), engine.module)
+    micro_batches = [
+        tuple(t.to(device) for t in rank_batch(config.model, step, world_size, rank, batch.micro_batch_size,
+                                              batch.seq_len, config.seed, micro, batch.grad_accum_steps))
+        for micro in range(batch.grad_accum_steps)
+    ]
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -129,10 +137,18 @@ def _one_step(engine, config: RunConfig, step: int, rank: int, world_size: int,
     start = time.perf_counter()
     before = engine.model_state_tensors()
     extra = tuple(t for t in (*before.parameters, *before.gradients) if t is not None)
+    losses, saved_bytes = [], 0
     with track_peak(engine.module, engine.optimizer, extra) as peak, recorder:
         recorder.phase = "forward_backward"
-        with saved.hooked():
-            loss = engine.forward_backward(tokens, targets)
+        for micro, (tokens, targets) in enumerate(micro_batches):
+            if micro:
+                peak.next_micro_batch()
+            # Saved activations are a per-micro-batch quantity (what the planner predicts):
+            # the largest of the step's micro-batches is recorded.
+            saved = SavedActivations(engine.model_state_tensors(), engine.module)
+            with saved.hooked():
+                losses.append(engine.forward_backward(tokens, targets, MicroBatch(micro, batch.grad_accum_steps)))
+            saved_bytes = max(saved_bytes, saved.num_bytes)
         recorder.phase = "step"
         engine.step()
         states = model_state_bytes(engine.model_state_tensors())
@@ -144,8 +160,9 @@ def _one_step(engine, config: RunConfig, step: int, rank: int, world_size: int,
         cuda_allocated, cuda_reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
     memory = MemoryRecord(
         source=peak.source, peak_bytes_by_category=peak.peak_bytes_by_category,
-        peak_bytes=peak.peak_bytes, saved_activation_bytes=saved.num_bytes,
+        peak_bytes=peak.peak_bytes, saved_activation_bytes=saved_bytes,
         cuda_max_allocated_bytes=cuda_allocated, cuda_max_reserved_bytes=cuda_reserved,
     )
-    return StepRecord(step=step, loss=float(loss), wall_s=time.perf_counter() - start,
+    loss = float(torch.stack(losses).mean())
+    return StepRecord(step=step, loss=loss, wall_s=time.perf_counter() - start,
                       collectives=list(recorder.records), memory=memory, model_state=states)

@@ -10,6 +10,17 @@
 
 Mixed precision: DDP and ZeRO-1 run under ``torch.autocast`` (fp32 parameters and gradients);
 FSDP casts parameters to bf16 for compute and reduces gradients in fp32.
+
+Gradient accumulation (K micro-batches per optimizer step), as the planner models each
+(zeroplan/core/communication.py):
+
+* DDP and ZeRO-1: the first K-1 micro-batches run under ``no_sync()``; gradients add up locally
+  and the last micro-batch's backward all-reduces them (one all-reduce per step).
+* FSDP2: by default every micro-batch's backward reduce-scatters its gradients and adds them to
+  the sharded gradient (what torchtitan does; no unsharded gradient outlives a unit's
+  backward). With ``keep_unsharded_grads_on_accum``, ``set_requires_gradient_sync(False)`` for
+  the first K-1: unsharded gradients accumulate and are reduce-scattered once.
+* FSDP1: the same two modes; the second is ``no_sync()``.
 """
 
 from __future__ import annotations
@@ -20,8 +31,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from zeroplan.harness.engine import ModelStateTensors, local_tensor as _local, make_adamw, optimizer_state_tensors
+from zeroplan.harness.engine import (
+    MicroBatch, ModelStateTensors, accumulated_loss, local_tensor as _local, make_optimizer,
+    optimizer_class_and_kwargs, optimizer_state_tensors,
+)
 from zeroplan.harness.model import Block, Transformer, next_token_loss
+from zeroplan.specs import Optimizer
 
 
 def _autocast(dtype: torch.dtype) -> contextlib.AbstractContextManager:
@@ -41,15 +56,22 @@ class _Base:
     optimizer: torch.optim.Optimizer
     compute_dtype: torch.dtype = torch.float32
 
-    def forward_backward(self, tokens_BS: torch.Tensor, targets_BS: torch.Tensor) -> torch.Tensor:
-        with _autocast(self.compute_dtype):
-            logits = self.module(tokens_BS)
-        loss = next_token_loss(logits, targets_BS)
-        # Backward needs only what the loss saved; holding the logits here would keep s*b*V
-        # elements alive through backward that neither the reference engine nor the planner keeps.
-        del logits
-        loss.backward()
+    def forward_backward(
+        self, tokens_BS: torch.Tensor, targets_BS: torch.Tensor, micro: MicroBatch = MicroBatch()
+    ) -> torch.Tensor:
+        with self._accumulating(micro):
+            with _autocast(self.compute_dtype):
+                logits = self.module(tokens_BS)
+            loss = next_token_loss(logits, targets_BS)
+            # Backward needs only what the loss saved; holding the logits here would keep s*b*V
+            # elements alive through backward that neither the reference engine nor the planner keeps.
+            del logits
+            accumulated_loss(loss, micro).backward()
         return loss.detach()
+
+    def _accumulating(self, micro: MicroBatch) -> contextlib.AbstractContextManager:
+        """The context of a micro-batch's forward and backward (gradient synchronisation)."""
+        return contextlib.nullcontext()
 
     def step(self) -> None:
         self.optimizer.step()
@@ -64,19 +86,22 @@ class _Base:
 
 
 class DdpEngine(_Base):
-    def __init__(self, model: Transformer, dtype: torch.dtype, zero1: bool = False) -> None:
+    def __init__(self, model: Transformer, dtype: torch.dtype, optimizer: Optimizer, zero1: bool = False) -> None:
         self.compute_dtype = dtype
         self.module = nn.parallel.DistributedDataParallel(model)
         self.inner = model
         if zero1:
             from torch.distributed.optim import ZeroRedundancyOptimizer
 
+            optimizer_class, kwargs = optimizer_class_and_kwargs(optimizer)
             self.optimizer = ZeroRedundancyOptimizer(
-                list(model.parameters()), optimizer_class=torch.optim.AdamW,
-                **_adamw_kwargs(),
+                list(model.parameters()), optimizer_class=optimizer_class, **kwargs,
             )
         else:
-            self.optimizer = make_adamw(list(model.parameters()))
+            self.optimizer = make_optimizer(optimizer, list(model.parameters()))
+
+    def _accumulating(self, micro: MicroBatch) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext() if micro.is_last else self.module.no_sync()
 
     def model_state_tensors(self) -> ModelStateTensors:
         states = super().model_state_tensors()
@@ -90,14 +115,11 @@ class DdpEngine(_Base):
         return {name: p.detach().clone() for name, p in self.inner.named_parameters()}
 
 
-def _adamw_kwargs() -> dict:
-    reference = make_adamw([torch.zeros(1, requires_grad=True)]).defaults
-    keys = ("lr", "betas", "eps", "weight_decay", "foreach")
-    return {key: reference[key] for key in keys}
-
-
 class Fsdp2Engine(_Base):
-    def __init__(self, model: Transformer, dtype: torch.dtype, reshard_after_forward: bool) -> None:
+    def __init__(
+        self, model: Transformer, dtype: torch.dtype, optimizer: Optimizer, reshard_after_forward: bool,
+        keep_unsharded_grads_on_accum: bool = False,
+    ) -> None:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -107,14 +129,23 @@ class Fsdp2Engine(_Base):
             fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
         fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
         self.module = model
-        self.optimizer = make_adamw(list(model.parameters()))
+        self.optimizer = make_optimizer(optimizer, list(model.parameters()))
+        self.keep_unsharded = keep_unsharded_grads_on_accum
+
+    def _accumulating(self, micro: MicroBatch) -> contextlib.AbstractContextManager:
+        if self.keep_unsharded:
+            self.module.set_requires_gradient_sync(micro.is_last)
+        return contextlib.nullcontext()
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         return {name: p.full_tensor().detach().clone() for name, p in self.module.named_parameters()}
 
 
 class Fsdp1Engine(_Base):
-    def __init__(self, model: Transformer, dtype: torch.dtype, full_shard: bool) -> None:
+    def __init__(
+        self, model: Transformer, dtype: torch.dtype, optimizer: Optimizer, full_shard: bool,
+        keep_unsharded_grads_on_accum: bool = False,
+    ) -> None:
         from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
@@ -127,7 +158,13 @@ class Fsdp1Engine(_Base):
             model, sharding_strategy=strategy, auto_wrap_policy=ModuleWrapPolicy({Block}),
             mixed_precision=mixed, device_id=device,
         )
-        self.optimizer = make_adamw(list(self.module.parameters()))
+        self.optimizer = make_optimizer(optimizer, list(self.module.parameters()))
+        self.keep_unsharded = keep_unsharded_grads_on_accum
+
+    def _accumulating(self, micro: MicroBatch) -> contextlib.AbstractContextManager:
+        if self.keep_unsharded and not micro.is_last:
+            return self.module.no_sync()
+        return contextlib.nullcontext()
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         from torch.distributed.fsdp import FullyShardedDataParallel

@@ -9,8 +9,9 @@ Layout contract (the planner predicts exactly this; change both or neither):
 * Flat buffers. A unit's parameters are flattened in registration order into one buffer,
   zero-padded at the end to a multiple of the world size N; rank r owns the contiguous shard
   [r * P/N, (r+1) * P/N) of the padded length P.
-* Stage 1: full parameters and full gradients on every rank; the fp32 master copy and AdamW's
-  exp_avg and exp_avg_sq exist only for the owned shard.
+* Stage 1: full parameters and full gradients on every rank; the fp32 master copy and the
+  optimizer's states (AdamW's exp_avg and exp_avg_sq, SGD's momentum buffer) exist only for the
+  owned shard.
 * Stage 2: as stage 1, but each unit's gradients are reduce-scattered as soon as that unit's
   backward is done (post-accumulate-grad hooks) and the full gradients are freed: only the
   shard's gradient (gradient dtype) is kept.
@@ -19,14 +20,29 @@ Layout contract (the planner predicts exactly this; change both or neither):
   reduce-scattered right after its backward. With tied embeddings unit 0 serves both the
   embedding and the head, so it is gathered once before the forward and kept until its backward
   is done (1 all-gather per micro-batch instead of 2).
-* Collectives per optimizer step (one micro-batch): stages 1 and 2 issue one reduce_scatter per
-  unit (P elements, gradient dtype) and, after the sharded AdamW update, one all_gather per unit
-  (P elements, parameter dtype); stage 3 issues 2 all_gathers and 1 reduce_scatter per unit.
-  Gradients are summed by reduce_scatter and then divided by N (averaged).
+* Gradient accumulation (K micro-batches per optimizer step; each backward runs on the
+  micro-batch's loss / K). Stage 1 keeps full gradients anyway: they add up in ``p.grad`` and
+  are reduce-scattered once, in the step. Stages 2 and 3 by default reduce-scatter each unit's
+  gradients after every micro-batch's backward and add the result into the unit's gradient
+  shard, as DeepSpeed's stage 2 reduces every micro-batch into its partitioned gradient: the
+  full gradients of a unit live only until its backward is done, so the resident gradient
+  stays the shard (Psi/N) at the price of K reduce-scatters per step. With
+  ``keep_unsharded_grads_on_accum`` (the planner's StrategySpec knob of that name) the full
+  gradients add up in ``p.grad`` over the first K-1 micro-batches (a full gradient buffer, Psi,
+  for the whole accumulation) and are reduce-scattered once, after the last one's backward.
+* Collectives per optimizer step (U units, K micro-batches): stage 1 issues U reduce_scatters
+  (P elements each, gradient dtype), stage 2 K*U (U with keep_unsharded_grads_on_accum); both
+  then, after the sharded update, U all_gathers (P elements, parameter dtype). Stage 3 issues
+  K*(2U) all_gathers (K*(2U-1) with tied embeddings) and K*U reduce_scatters (U with
+  keep_unsharded_grads_on_accum). Gradients are summed by reduce_scatter and then divided by N
+  (averaged).
+* Optimizers: any element-wise one (AdamW, Adam, SGD, SGD with momentum) steps the flat fp32
+  shards exactly as it would the whole tensors. Adafactor is refused (engines_table.py): its
+  factored statistics and its parameter RMS are per whole matrix, which a flat shard cuts.
 * Precision. fp32: parameters, gradients and states fp32; the owned slice of the parameters is
   itself the master (no copy). bf16-mixed: bf16 working parameters and gradients; an fp32 master
-  copy and fp32 AdamW states for the owned shard; the shard's gradient is cast to fp32 for the
-  update.
+  copy and fp32 optimizer states for the owned shard; the shard's gradient is cast to fp32 for
+  the update.
 """
 
 from __future__ import annotations
@@ -35,10 +51,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from zeroplan.harness.engine import ModelStateTensors, make_adamw, optimizer_state_tensors
 from zeroplan.harness.allocator_trace import free_on_this_thread
+from zeroplan.harness.engine import (
+    MicroBatch, ModelStateTensors, accumulated_loss, make_optimizer, optimizer_state_tensors,
+)
 from zeroplan.harness.layout import padded_numel, shard_bounds
 from zeroplan.harness.model import Transformer, next_token_loss
+from zeroplan.specs import Optimizer
 
 
 def unit_modules(model: Transformer) -> list[nn.Module]:
@@ -89,7 +108,8 @@ class FlatUnit:
         self.gathered = False
 
     def reduce_scatter_grads(self, free_full: bool) -> None:
-        """Flatten the gradients, reduce-scatter them, average: this rank's gradient shard."""
+        """Flatten the gradients, reduce-scatter them, average, and add the result to this
+        rank's gradient shard (micro-batches accumulate there)."""
         flat_grad = torch.zeros(self.padded_numel, dtype=self.params[0].grad.dtype)
         offset = 0
         for p in self.params:
@@ -102,8 +122,10 @@ class FlatUnit:
         free_on_this_thread(flat_grad)
         del flat_grad
         shard.div_(self.world_size)
-        self.grad_shard = shard if self.grad_shard is None else self.grad_shard + shard
-        self.pending_grads = len(self.params)
+        if self.grad_shard is None:
+            self.grad_shard = shard
+        else:
+            self.grad_shard.add_(shard)
 
     @torch.no_grad()
     def update_params_from_master(self, keep_full: bool) -> None:
@@ -121,14 +143,19 @@ class FlatUnit:
 class ReferenceZero:
     """ZeRO stage 1, 2 or 3 over ``model`` on the default process group (see module docstring)."""
 
-    def __init__(self, model: Transformer, stage: int, dtype: torch.dtype) -> None:
+    def __init__(
+        self, model: Transformer, stage: int, dtype: torch.dtype, optimizer: Optimizer = Optimizer.adamw,
+        keep_unsharded_grads_on_accum: bool = False,
+    ) -> None:
         assert stage in (1, 2, 3)
         self.module, self.stage = model, stage
+        self.keep_unsharded = keep_unsharded_grads_on_accum
+        self.micro = MicroBatch()
         self.units: list[FlatUnit] = []
         for module in unit_modules(model):
             params = list(module.parameters())
             self.units.append(FlatUnit(params, dtype, stage))
-        self.optimizer = make_adamw([unit.master for unit in self.units])
+        self.optimizer = make_optimizer(optimizer, [unit.master for unit in self.units])
         self.tied = model.head.proj is None
         if stage >= 2:
             for unit in self.units:
@@ -150,15 +177,20 @@ class ReferenceZero:
     def _on_grad(self, unit: FlatUnit) -> None:
         unit.pending_grads -= 1
         if unit.pending_grads == 0:  # the unit's backward is done
-            unit.reduce_scatter_grads(free_full=True)
+            unit.pending_grads = len(unit.params)
+            if self.micro.is_last or not self.keep_unsharded:
+                unit.reduce_scatter_grads(free_full=True)
             if self.stage == 3:
                 unit.free()
 
-    def forward_backward(self, tokens_BS: torch.Tensor, targets_BS: torch.Tensor) -> torch.Tensor:
+    def forward_backward(
+        self, tokens_BS: torch.Tensor, targets_BS: torch.Tensor, micro: MicroBatch = MicroBatch()
+    ) -> torch.Tensor:
+        self.micro = micro
         if self.stage == 3 and self.tied:
             self.units[0].gather()
         loss = next_token_loss(self.module(tokens_BS), targets_BS)
-        loss.backward()
+        accumulated_loss(loss, micro).backward()
         return loss.detach()
 
     def step(self) -> None:

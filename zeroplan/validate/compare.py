@@ -13,7 +13,10 @@ from zeroplan.validate.rows import COLLECTIVE_OPS, ComparisonRow, collective_row
 
 def request_for(description: RunDescription) -> PlanRequest:
     """The planner request a measured run answers."""
-    return planner_request(description.model, description.training, description.batch, description.strategy, description.world_size)
+    return planner_request(
+        description.model, description.training, description.batch, description.strategy, description.world_size,
+        keep_unsharded_grads_on_accum=description.keep_unsharded_grads_on_accum,
+    )
 
 
 def _measured_collectives(step: StepRecord) -> dict[str, int]:

@@ -41,10 +41,13 @@ class ComparisonRow(Frozen):
         return self.measured_bytes / self.predicted_bytes if self.predicted_bytes else None
 
 
-def planner_request(model, training, batch, strategy, world_size: int) -> PlanRequest:
+def planner_request(
+    model, training, batch, strategy, world_size: int, keep_unsharded_grads_on_accum: bool = False
+) -> PlanRequest:
     """The planner request a measured or simulated run answers (one node of N devices)."""
     cluster = ClusterSpec(gpu=MEASURED_DEVICE, num_nodes=1, gpus_per_node=world_size, cuda_context_bytes=0)
-    return PlanRequest(model=model, training=training, batch=batch, cluster=cluster, strategy=StrategySpec(kind=strategy))
+    spec = StrategySpec(kind=strategy, keep_unsharded_grads_on_accum=keep_unsharded_grads_on_accum)
+    return PlanRequest(model=model, training=training, batch=batch, cluster=cluster, strategy=spec)
 
 
 def predicted_collective_bytes(request: PlanRequest) -> dict[str, int]:

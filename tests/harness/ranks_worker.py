@@ -1,0 +1,39 @@
+"""Per-rank entry point for tests: several measured runs in one torchrun launch.
+
+    torchrun --nproc-per-node 2 tests/harness/ranks_worker.py runs.json
+
+runs.json is a list of {"name", "argv", "out", "save_parameters"}; each argv is parsed by the
+real per-rank parser (``python -m zeroplan.harness``) and run by the real runner, one after the
+other on one process group. Starting torch and gloo costs far more than a micro model's run,
+so the harness tests batch their runs. A failing run prints one line naming it; exit 1.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from zeroplan.harness.__main__ import build_parser, config_from_args, run_and_save
+from zeroplan.harness.runner import init_distributed
+
+
+def main(spec_path: str) -> int:
+    import torch.distributed as dist
+
+    runs = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    init_distributed("gloo")
+    for run in runs:
+        try:
+            args = build_parser().parse_args([*run["argv"], "--out", run["out"]])
+            run_and_save(config_from_args(args), Path(run["out"]), run["save_parameters"])
+        except Exception as error:
+            sys.stderr.write(f"zeroplan measure: run {run['name']} failed on rank {dist.get_rank()}: "
+                             f"{type(error).__name__}: {error}\n")
+            return 1
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1]))
