@@ -10,7 +10,7 @@ from zeroplan.errors import ZeroplanError
 from zeroplan.specs import ActivationCheckpointing, BatchSpec, ModelSpec, Optimizer, Precision, StrategyKind, TrainingSpec
 
 MEASURABLE_PRECISIONS = (Precision.fp32, Precision.bf16_mixed)
-ENGINES = ("zeroplan", "torch", "torch-fsdp1")
+ENGINES = ("zeroplan", "torch", "torch-fsdp1", "deepspeed")
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:

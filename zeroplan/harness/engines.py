@@ -10,8 +10,15 @@ from zeroplan.harness.model import Transformer
 from zeroplan.specs import StrategyKind
 
 
-def build_engine(model: Transformer, strategy: StrategyKind, engine: EngineKind, dtype: torch.dtype) -> Engine:
+def build_engine(model: Transformer, strategy: StrategyKind, engine: EngineKind, dtype: torch.dtype,
+                 micro_batch_size: int = 1) -> Engine:
+    """``micro_batch_size`` is what the runner feeds each rank (DeepSpeed's config needs it)."""
     check_supported(strategy, engine)
+    if engine is EngineKind.deepspeed:
+        from zeroplan.harness.deepspeed_engine import DeepSpeedZero
+
+        return DeepSpeedZero(model, strategy.zero_stage, dtype, micro_batch_size,
+                             offload=strategy.offloads_optimizer)
     if engine is EngineKind.zeroplan:
         from zeroplan.harness.zero import ReferenceZero
 

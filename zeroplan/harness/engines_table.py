@@ -3,10 +3,12 @@ torch here, so the command line can check a request before any rank starts)."""
 
 from __future__ import annotations
 
+import importlib.util
 from enum import Enum
 
 from zeroplan.errors import ZeroplanError
-from zeroplan.specs import StrategyKind
+from zeroplan.specs import StrategyKind, TrainingSpec
+from zeroplan.specs.training import StateConvention
 
 
 class EngineKind(str, Enum):
@@ -18,6 +20,8 @@ class EngineKind(str, Enum):
     """PyTorch: DDP, ZeroRedundancyOptimizer (zero1), FSDP2 fully_shard (fsdp-*)."""
     torch_fsdp1 = "torch-fsdp1"
     """PyTorch's FullyShardedDataParallel (FSDP1), for the fsdp-* strategies."""
+    deepspeed = "deepspeed"
+    """DeepSpeed's ZeRO (optional: zeroplan.harness.deepspeed_engine imports it when built)."""
 
 
 SUPPORTED: dict[tuple[StrategyKind, EngineKind], str] = {
@@ -30,7 +34,24 @@ SUPPORTED: dict[tuple[StrategyKind, EngineKind], str] = {
     (StrategyKind.fsdp_shard_grad_op, EngineKind.torch): "FSDP2 fully_shard(reshard_after_forward=False)",
     (StrategyKind.fsdp_full_shard, EngineKind.torch_fsdp1): "FSDP1 FULL_SHARD",
     (StrategyKind.fsdp_shard_grad_op, EngineKind.torch_fsdp1): "FSDP1 SHARD_GRAD_OP",
+    (StrategyKind.zero1, EngineKind.deepspeed): "DeepSpeed ZeRO stage 1",
+    (StrategyKind.zero2, EngineKind.deepspeed): "DeepSpeed ZeRO stage 2",
+    (StrategyKind.zero3, EngineKind.deepspeed): "DeepSpeed ZeRO stage 3",
+    (StrategyKind.zero2_offload, EngineKind.deepspeed): "DeepSpeed ZeRO stage 2, offload_optimizer cpu",
+    (StrategyKind.zero3_offload, EngineKind.deepspeed): "DeepSpeed ZeRO stage 3, offload_optimizer cpu",
 }
+
+
+# The byte layout an engine's model states follow, where it is not the strategy's default
+# (StrategyKind.default_convention): DeepSpeed keeps fp32 gradient partitions for its optimizer.
+ENGINE_CONVENTIONS: dict[EngineKind, StateConvention] = {EngineKind.deepspeed: StateConvention.deepspeed}
+
+
+def training_as_run(training: TrainingSpec, engine: EngineKind) -> TrainingSpec:
+    """The training spec a record states: the engine's own state convention unless one was set."""
+    if training.state_convention is None and engine in ENGINE_CONVENTIONS:
+        return training.model_copy(update={"state_convention": ENGINE_CONVENTIONS[engine]})
+    return training
 
 
 def check_supported(strategy: StrategyKind, engine: EngineKind) -> str:
@@ -46,7 +67,17 @@ def check_supported(strategy: StrategyKind, engine: EngineKind) -> str:
     )
 
 
-
 def check_supported_names(strategy: str, engine: str) -> str:
-    """As check_supported, from the command line's strings."""
-    return check_supported(StrategyKind(strategy), EngineKind(engine))
+    """As check_supported, from the command line's strings; also that an optional engine is
+    installed, so a missing one is reported before any rank starts."""
+    implementation = check_supported(StrategyKind(strategy), EngineKind(engine))
+    if EngineKind(engine) is EngineKind.deepspeed and not _module_installed("deepspeed"):
+        raise ZeroplanError("engine", f"'deepspeed' needs DeepSpeed, which is not installed; install it with: {DEEPSPEED_INSTALL}")
+    return implementation
+
+
+DEEPSPEED_INSTALL = "DS_BUILD_OPS=0 pip install --no-build-isolation 'deepspeed==0.19.8' (after torch)"
+
+
+def _module_installed(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
