@@ -3,6 +3,11 @@ predicted against measured for each and save the plot. The committed records are
 docs/validation.md and notebooks/compare_stages.ipynb reconcile against.
 
     python benchmarks/cpu_records.py [--out benchmarks/records] [--plot docs/validation.png]
+
+With --deepspeed it records DeepSpeed's ZeRO stages instead (needs deepspeed installed), into
+benchmarks/deepspeed-records/ by default; docs/harness.md discusses those figures:
+
+    python benchmarks/cpu_records.py --deepspeed
 """
 
 from __future__ import annotations
@@ -29,15 +34,24 @@ GRID = [
     ("tiny-gpt2", "zero2", "zeroplan", "fp32"),
     ("tiny-gpt2", "fsdp-full-shard", "torch", "fp32"),
 ]
+DEEPSPEED_GRID = [
+    ("tiny-llama", strategy, "deepspeed", precision)
+    for precision in ("fp32", "bf16-mixed") for strategy in ("zero1", "zero2", "zero3")
+] + [("tiny-llama", strategy, "deepspeed", "fp32") for strategy in ("zero2-offload", "zero3-offload")]
 NPROC, STEPS, MICRO_BATCH, SEQ_LEN = 2, 3, 2, 256
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/records"))
-    parser.add_argument("--plot", type=Path, default=Path("docs/validation.png"))
+    parser.add_argument("--out", type=Path, help="default benchmarks/records (benchmarks/deepspeed-records with --deepspeed)")
+    parser.add_argument("--plot", type=Path, help="default docs/validation.png (none with --deepspeed)")
+    parser.add_argument("--deepspeed", action="store_true", help="record DeepSpeed's ZeRO stages instead")
     args = parser.parse_args()
-    for model, strategy, engine, precision in GRID:
+    if args.out is None:
+        args.out = Path("benchmarks/deepspeed-records" if args.deepspeed else "benchmarks/records")
+    if args.plot is None and not args.deepspeed:
+        args.plot = Path("docs/validation.png")
+    for model, strategy, engine, precision in DEEPSPEED_GRID if args.deepspeed else GRID:
         run_id = f"{model}-{strategy}-{engine}-{precision}-n{NPROC}"
         start = time.perf_counter()
         result = launch(NPROC, [model, "--strategy", strategy, "--engine", engine, "--precision", precision,
@@ -48,8 +62,9 @@ def main() -> None:
     records = [r for r in load_records([str(args.out)]) if r.rank == 0]
     rows = [row for record in records for row in compare_record(record)]
     print(render_validation_table(rows))
-    save_validation_plot(rows, args.plot)
-    print(f"plot: {args.plot}")
+    if args.plot is not None:
+        save_validation_plot(rows, args.plot)
+        print(f"plot: {args.plot}")
 
 
 if __name__ == "__main__":

@@ -91,6 +91,17 @@ def test_deepspeed_convention_is_18_bytes_at_stage_3(gpu_80gib) -> None:
     assert model_state_bytes(request).gpu_bytes_without_counters == 18 * total_parameters(DIVISIBLE_MODEL) // 8
 
 
+def test_deepspeed_convention_in_fp32_keeps_a_separate_master(gpu_80gib) -> None:
+    # DeepSpeed clones an fp32 master partition even when the model is fp32 (measured:
+    # tests/harness/test_deepspeed.py); the other conventions use the parameter itself.
+    psi = total_parameters(DIVISIBLE_MODEL)
+    deepspeed = _request(gpu_80gib, DIVISIBLE_MODEL, StrategyKind.zero3, 8, precision=Precision.fp32,
+                         state_convention=StateConvention.deepspeed)
+    zero = _request(gpu_80gib, DIVISIBLE_MODEL, StrategyKind.zero3, 8, precision=Precision.fp32)
+    assert model_state_bytes(deepspeed).gpu_bytes_without_counters == 20 * psi // 8
+    assert model_state_bytes(zero).gpu_bytes_without_counters == 16 * psi // 8
+
+
 def test_fsdp2_convention_is_fp32_params_and_grads(gpu_80gib) -> None:
     request = _request(gpu_80gib, DIVISIBLE_MODEL, StrategyKind.fsdp_full_shard, 8)
     states = model_state_bytes(request)

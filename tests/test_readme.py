@@ -27,3 +27,11 @@ def test_readme_output_is_current(capsys, command: str, expected: str) -> None:
 def test_readme_test_command_is_what_ci_runs() -> None:
     ci = (Path(__file__).resolve().parents[1] / ".ci" / "run").read_text()
     assert ".venv/bin/python -m pytest -q" in README and ".venv/bin/python -m pytest -q" in ci
+
+
+def test_readme_installs_deepspeed_as_ci_does() -> None:
+    ci = (Path(__file__).resolve().parents[1] / ".ci" / "run").read_text()
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    command = 'DS_BUILD_OPS=0 .venv/bin/python -m pip install --no-build-isolation "deepspeed==0.19.8"'
+    assert command in README and command.replace("install ", "install --quiet ", 1) in ci
+    assert 'deepspeed = ["deepspeed==0.19.8"]' in pyproject

@@ -31,12 +31,16 @@ class ElementBytes(Frozen):
 
 # ZeRO paper sec. 3.1 (zero); DeepSpeed holds the gradients the optimizer reads in fp32
 # (deepspeed/runtime/zero/stage_1_and_2.py single_partition_of_fp32_groups[i].grad;
-# stage3.py reduces straight into fp32 partitions): 2 + 4 + 12 = 18 bytes (deepspeed); FSDP2
+# stage3.py fp32_partitioned_groups_flat[i].grad, both fp32 copies made at the step): 2 + 4 + 12 = 18 bytes (deepspeed); FSDP2
 # (torch/distributed/fsdp/_fully_shard/_fsdp_param.py) keeps fp32 sharded parameters and
 # gradients and casts to MixedPrecisionPolicy.param_dtype for compute (fsdp2).
+# In fp32 DeepSpeed still clones its partition into a separate fp32 master
+# (stage_1_and_2.py: weights_partition = ...detach().clone().to(master_weights_and_grads_dtype);
+# stage3.py: fp32_partitioned_groups_flat), measured by the harness: 4 + 4 + 4 + 8 = 20 bytes.
 def element_bytes(precision: Precision, convention: StateConvention) -> ElementBytes:
     if precision is Precision.fp32:
-        return ElementBytes(parameter=4, gradient=4, master=0, optimizer_dtype=4, compute_parameter=4)
+        master = 4 if convention is StateConvention.deepspeed else 0
+        return ElementBytes(parameter=4, gradient=4, master=master, optimizer_dtype=4, compute_parameter=4)
     if precision is Precision.bf16_pure:
         return ElementBytes(parameter=2, gradient=2, master=0, optimizer_dtype=2, compute_parameter=2)
     if convention is StateConvention.fsdp2:

@@ -11,7 +11,7 @@ from zeroplan.harness.engines_table import MEASURABLE_OPTIMIZERS
 from zeroplan.specs import ActivationCheckpointing, BatchSpec, ModelSpec, Optimizer, Precision, StrategyKind, TrainingSpec
 
 MEASURABLE_PRECISIONS = (Precision.fp32, Precision.bf16_mixed)
-ENGINES = ("zeroplan", "torch", "torch-fsdp1")
+ENGINES = ("zeroplan", "torch", "torch-fsdp1", "deepspeed")
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:

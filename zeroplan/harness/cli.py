@@ -40,7 +40,7 @@ def run_measure(args: argparse.Namespace) -> int:
     from zeroplan.harness.launch import launch
 
     resolve_model(args.model)
-    check_supported_names(args.strategy, args.engine, args.optimizer)
+    check_supported_names(args.strategy, args.engine, args.optimizer, args.grad_accum)
     result = launch(args.nproc, _harness_argv(args), Path(args.out), args.timeout_s)
     for error in result.errors:
         sys.stderr.write(error + "\n")

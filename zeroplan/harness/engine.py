@@ -79,6 +79,10 @@ class ModelStateTensors:
     parameters: list[torch.Tensor] = field(default_factory=list)
     gradients: list[torch.Tensor] = field(default_factory=list)
     optimizer_states: list[torch.Tensor] = field(default_factory=list)
+    host: list[torch.Tensor] = field(default_factory=list)
+    """States an offloading engine keeps in host memory (its fp32 master, gradient partition and
+    optimizer states), whatever device the run's tensors are on: on a CPU-only run host and
+    device are the same memory, so the engine says which side each state is on."""
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:

@@ -4,10 +4,12 @@ starts)."""
 
 from __future__ import annotations
 
+import importlib.util
 from enum import Enum
 
 from zeroplan.errors import ZeroplanError
-from zeroplan.specs import Optimizer, StrategyKind
+from zeroplan.specs import Optimizer, StrategyKind, TrainingSpec
+from zeroplan.specs.training import StateConvention
 
 
 class EngineKind(str, Enum):
@@ -19,6 +21,8 @@ class EngineKind(str, Enum):
     """PyTorch: DDP, ZeroRedundancyOptimizer (zero1), FSDP2 fully_shard (fsdp-*)."""
     torch_fsdp1 = "torch-fsdp1"
     """PyTorch's FullyShardedDataParallel (FSDP1), for the fsdp-* strategies."""
+    deepspeed = "deepspeed"
+    """DeepSpeed's ZeRO (optional: zeroplan.harness.deepspeed_engine imports it when built)."""
 
 
 SUPPORTED: dict[tuple[StrategyKind, EngineKind], str] = {
@@ -31,11 +35,28 @@ SUPPORTED: dict[tuple[StrategyKind, EngineKind], str] = {
     (StrategyKind.fsdp_shard_grad_op, EngineKind.torch): "FSDP2 fully_shard(reshard_after_forward=False)",
     (StrategyKind.fsdp_full_shard, EngineKind.torch_fsdp1): "FSDP1 FULL_SHARD",
     (StrategyKind.fsdp_shard_grad_op, EngineKind.torch_fsdp1): "FSDP1 SHARD_GRAD_OP",
+    (StrategyKind.zero1, EngineKind.deepspeed): "DeepSpeed ZeRO stage 1",
+    (StrategyKind.zero2, EngineKind.deepspeed): "DeepSpeed ZeRO stage 2",
+    (StrategyKind.zero3, EngineKind.deepspeed): "DeepSpeed ZeRO stage 3",
+    (StrategyKind.zero2_offload, EngineKind.deepspeed): "DeepSpeed ZeRO stage 2, offload_optimizer cpu",
+    (StrategyKind.zero3_offload, EngineKind.deepspeed): "DeepSpeed ZeRO stage 3, offload_optimizer cpu",
 }
 
 MEASURABLE_OPTIMIZERS = (Optimizer.adamw, Optimizer.adam, Optimizer.sgd, Optimizer.sgd_momentum, Optimizer.adafactor)
 """Optimizers the harness builds (torch.optim; zeroplan.harness.engine.make_optimizer). Lion
 and 8-bit Adam are not in torch.optim."""
+
+# The byte layout an engine's model states follow, where it is not the strategy's default
+# (StrategyKind.default_convention): DeepSpeed keeps fp32 gradient partitions for its optimizer.
+ENGINE_CONVENTIONS: dict[EngineKind, StateConvention] = {EngineKind.deepspeed: StateConvention.deepspeed}
+
+
+def training_as_run(training: TrainingSpec, engine: EngineKind) -> TrainingSpec:
+    """The training spec a record states: the engine's own state convention unless one was set."""
+    if training.state_convention is None and engine in ENGINE_CONVENTIONS:
+        return training.model_copy(update={"state_convention": ENGINE_CONVENTIONS[engine]})
+    return training
+
 
 ELEMENTWISE_OPTIMIZERS = (Optimizer.adamw, Optimizer.adam, Optimizer.sgd, Optimizer.sgd_momentum)
 """Optimizers whose update of an element reads only that element's parameter, gradient and
@@ -54,6 +75,9 @@ _WHOLE_TENSOR_ENGINES = {
 
 def supported_optimizers(strategy: StrategyKind, engine: EngineKind) -> tuple[Optimizer, ...]:
     """The optimizers that implementation can run exactly."""
+    if engine is EngineKind.deepspeed:
+        # deepspeed_engine builds DeepSpeed's own optimizer from its config: AdamW only here.
+        return (Optimizer.adamw,)
     if (strategy, engine) in _WHOLE_TENSOR_ENGINES:
         return MEASURABLE_OPTIMIZERS
     return ELEMENTWISE_OPTIMIZERS
@@ -81,6 +105,22 @@ def check_supported(strategy: StrategyKind, engine: EngineKind, optimizer: Optim
     return implementation
 
 
-def check_supported_names(strategy: str, engine: str, optimizer: str = Optimizer.adamw.value) -> str:
-    """As check_supported, from the command line's strings."""
-    return check_supported(StrategyKind(strategy), EngineKind(engine), Optimizer(optimizer))
+def check_supported_names(strategy: str, engine: str, optimizer: str = Optimizer.adamw.value,
+                          grad_accum_steps: int = 1) -> str:
+    """As check_supported, from the command line's strings; also that an optional engine is
+    installed, so a missing one is reported before any rank starts."""
+    implementation = check_supported(StrategyKind(strategy), EngineKind(engine), Optimizer(optimizer))
+    if EngineKind(engine) is EngineKind.deepspeed:
+        if grad_accum_steps != 1:
+            raise ZeroplanError("grad_accum", f"{grad_accum_steps} is not supported by {implementation} (allowed: 1)")
+        if not _module_installed("deepspeed"):
+            raise ZeroplanError("engine", f"'deepspeed' needs DeepSpeed, which is not installed; install it with: {DEEPSPEED_INSTALL}")
+    return implementation
+
+
+
+DEEPSPEED_INSTALL = "DS_BUILD_OPS=0 pip install --no-build-isolation 'deepspeed==0.19.8' (after torch)"
+
+
+def _module_installed(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None

@@ -33,9 +33,10 @@ def model_state_bytes(states: ModelStateTensors) -> ModelStateBytes:
     params = unique_bytes(states.parameters)
     grads = unique_bytes(states.gradients)
     optimizer = unique_bytes(states.optimizer_states)
+    host = unique_bytes(states.host)
     return ModelStateBytes(
         parameters_bytes=params, gradients_bytes=grads, optimizer_states_bytes=optimizer,
-        total_bytes=params + grads + optimizer,
+        total_bytes=params + grads + optimizer, host_bytes=host,
     )
 
 

@@ -68,6 +68,9 @@ class ModelStateBytes(Frozen):
     gradients_bytes: int = Field(ge=0)
     optimizer_states_bytes: int = Field(ge=0)
     total_bytes: int = Field(ge=0)
+    """Parameters + gradients + optimizer states (host_bytes not included)."""
+    host_bytes: int = Field(default=0, ge=0)
+    """States an offloading engine keeps in host memory (0 for the others)."""
 
 
 class StepRecord(Frozen):
@@ -88,7 +91,7 @@ class RunDescription(Frozen):
     model: ModelSpec
     strategy: StrategyKind
     engine: str
-    """'zeroplan', 'torch' or 'torch-fsdp1'."""
+    """'zeroplan', 'torch', 'torch-fsdp1' or 'deepspeed'."""
     implementation: str
     """E.g. 'reference ZeRO stage 2', 'FSDP2 fully_shard(reshard_after_forward=True)'."""
     world_size: int = Field(gt=0)

@@ -16,6 +16,7 @@ from zeroplan.harness.comm import CommRecorder
 from zeroplan.harness.data import rank_batch
 from zeroplan.harness.engine import MicroBatch
 from zeroplan.harness.engines import EngineKind, build_engine, check_supported
+from zeroplan.harness.engines_table import training_as_run
 from zeroplan.harness.mem_tracker_adapter import track_peak
 from zeroplan.harness.memory import SavedActivations, model_state_bytes
 from zeroplan.harness.model import build_model
@@ -71,7 +72,7 @@ def run_rank(
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     description = RunDescription(
         run_id=config.run_id, model=config.model, strategy=config.strategy, engine=config.engine.value,
-        implementation=implementation, world_size=world_size, training=config.training,
+        implementation=implementation, world_size=world_size, training=training_as_run(config.training, config.engine),
         batch=config.batch, keep_unsharded_grads_on_accum=config.keep_unsharded_grads_on_accum,
         steps=config.steps, torch_version=torch.__version__,
         backend=dist.get_backend(), device=str(device),
@@ -87,7 +88,7 @@ def run_rank(
         recorder.phase = "setup"
         with recorder:
             engine = build_engine(model, config.strategy, config.engine, dtype, config.training.optimizer,
-                                  config.keep_unsharded_grads_on_accum)
+                                  config.keep_unsharded_grads_on_accum, config.batch.micro_batch_size)
         setup = list(recorder.records)
         steps: list[StepRecord] = []
         for step in range(config.steps):

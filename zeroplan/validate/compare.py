@@ -32,7 +32,7 @@ def compare_record(record: RankRecord, step_index: int = -1) -> list[ComparisonR
     description = record.description
     request = request_for(description)
     step = record.steps[step_index]
-    breakdown, _ = memory_breakdown(request)
+    breakdown, predicted_states = memory_breakdown(request)
     s, b = request.batch.seq_len, request.batch.micro_batch_size
     predicted_saved = activation_bytes(request.model, request.training, s, b) + saved_logits_bytes(request.model, s, b)
     base = dict(
@@ -41,6 +41,9 @@ def compare_record(record: RankRecord, step_index: int = -1) -> list[ComparisonR
     )
     states = step.model_state
     rows = model_state_rows(base, breakdown, (states.parameters_bytes, states.gradients_bytes, states.optimizer_states_bytes))
+    if predicted_states.host_bytes or states.host_bytes:
+        rows.append(ComparisonRow(**base, category="memory", quantity="host (offloaded)",
+                                  predicted_bytes=predicted_states.host_bytes, measured_bytes=states.host_bytes))
     rows.append(ComparisonRow(**base, category="memory", quantity="activations (saved)",
                               predicted_bytes=predicted_saved, measured_bytes=step.memory.saved_activation_bytes))
     if step.memory.peak_bytes is not None:

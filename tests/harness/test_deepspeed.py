@@ -1,0 +1,185 @@
+"""DeepSpeed's ZeRO stages as a measured engine (torchrun, gloo, CPU): parameters after K steps
+against single-process AdamW, and the recorded bytes against the layout docs/harness.md
+explains (one flat group padded to 2N, fp32 master and gradient partitions, one bucket)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from zeroplan.cli.main import main as zeroplan_main
+from zeroplan.errors import ZeroplanError
+from zeroplan.harness.launch import launch
+from zeroplan.harness.model import build_model
+from zeroplan.harness.oracle import oracle_parameters
+from zeroplan.harness.presets import HARNESS_PRESETS
+from zeroplan.harness.record import read_record
+from zeroplan.specs import StateConvention
+from zeroplan.validate.compare import compare_record
+
+needs_deepspeed = pytest.mark.skipif(
+    importlib.util.find_spec("deepspeed") is None,
+    reason="deepspeed is not installed (DS_BUILD_OPS=0 pip install --no-build-isolation 'deepspeed==0.19.8')",
+)
+
+MODEL = "micro-llama"
+STEPS, MICRO_BATCH, SEQ_LEN = 3, 2, 16
+RUNS = [("zero1", 2), ("zero2", 2), ("zero3", 2), ("zero3", 4), ("zero2-offload", 2), ("zero3-offload", 2)]
+
+
+def _argv(strategy: str, parameters: Path) -> list[str]:
+    return [MODEL, "--strategy", strategy, "--engine", "deepspeed", "--steps", str(STEPS),
+            "--micro-batch", str(MICRO_BATCH), "--seq-len", str(SEQ_LEN), "--precision", "fp32",
+            "--save-parameters", str(parameters)]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[tuple[str, int], Path]:
+    results = {}
+    for strategy, nproc in RUNS:
+        out = tmp_path_factory.mktemp(f"deepspeed-{strategy}-{nproc}")
+        result = launch(nproc, _argv(strategy, out / "parameters.pt"), out, timeout_s=300)
+        assert result.returncode == 0 and not result.missing_ranks, (strategy, nproc, result.errors)
+        results[(strategy, nproc)] = out
+    return results
+
+
+def _numels() -> list[int]:
+    return [p.numel() for p in build_model(HARNESS_PRESETS[MODEL]).parameters()]
+
+
+def _last_step(path: Path):
+    record = read_record(path)
+    assert record.complete and len(record.steps) == STEPS
+    return record, record.steps[-1]
+
+
+def _collective_bytes(step, op: str, phase: str) -> int:
+    return sum(c.num_bytes for c in step.collectives if c.op == op and c.phase == phase)
+
+
+@needs_deepspeed
+@pytest.mark.parametrize("strategy,nproc", RUNS)
+def test_parameters_match_single_process_adamw(runs, strategy, nproc) -> None:
+    measured = torch.load(runs[(strategy, nproc)] / "parameters.pt")
+    expected = oracle_parameters(HARNESS_PRESETS[MODEL], STEPS, nproc, MICRO_BATCH, SEQ_LEN)
+    assert measured.keys() == expected.keys()
+    for name, tensor in expected.items():
+        torch.testing.assert_close(measured[name], tensor, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@needs_deepspeed
+@pytest.mark.parametrize("strategy", ["zero1", "zero2"])
+def test_stage_1_and_2_bytes_are_one_flat_group(runs, strategy) -> None:
+    """deepspeed/runtime/zero/stage_1_and_2.py: one fp32 flat buffer of psi elements padded to a
+    multiple of 2N; the rank's fp32 gradient partition is what AdamW reads (at both stages); the
+    bucket of gradients is all-reduced (unpadded), then the flat parameters all-gathered."""
+    nproc, psi = 2, sum(_numels())
+    padded = math.ceil(psi / (2 * nproc)) * 2 * nproc
+    partition = padded // nproc
+    for path in sorted(runs[(strategy, nproc)].glob("rank*.json")):
+        record, step = _last_step(path)
+        assert record.description.training.state_convention is StateConvention.deepspeed
+        states = step.model_state
+        assert states.parameters_bytes == 4 * padded
+        assert states.gradients_bytes == 4 * partition
+        # fp32 master + exp_avg + exp_avg_sq of the partition, one 4-byte step counter.
+        assert states.optimizer_states_bytes == 3 * 4 * partition + 4
+        assert _collective_bytes(step, "all_reduce", "forward_backward") == 4 * psi
+        assert _collective_bytes(step, "reduce_scatter", "forward_backward") == 0
+        assert _collective_bytes(step, "all_gather", "step") == 4 * padded
+
+
+@needs_deepspeed
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_stage_3_bytes_are_per_parameter_partitions(runs, nproc) -> None:
+    """deepspeed/runtime/zero/partition_parameters.py pads each parameter to a multiple of N;
+    stage3.py keeps a gradient partition buffer and a reduce bucket (psi elements here) and
+    hands AdamW an fp32 copy of the partition."""
+    numels = _numels()
+    psi, partition = sum(numels), sum(math.ceil(n / nproc) for n in numels)
+    for path in sorted(runs[("zero3", nproc)].glob("rank*.json")):
+        _, step = _last_step(path)
+        states = step.model_state
+        assert states.parameters_bytes == 4 * partition
+        assert states.gradients_bytes == 4 * (psi + partition + partition)
+        assert states.optimizer_states_bytes == 3 * 4 * partition + 4
+        # Each parameter gathered before its forward and again before its backward.
+        assert _collective_bytes(step, "all_gather", "forward_backward") == 2 * 4 * nproc * partition
+        assert _collective_bytes(step, "all_reduce", "forward_backward") == 0
+
+
+@needs_deepspeed
+@pytest.mark.parametrize("strategy", ["zero2-offload", "zero3-offload"])
+def test_offload_keeps_master_gradient_and_adam_states_on_the_host(runs, strategy) -> None:
+    """offload_optimizer cpu: fp32 master, gradient partition and AdamW states on the host
+    (16 bytes/element, as the planner), plus DeepSpeed's host staging buffers: stage 2 a copy of
+    the working partition and a largest-parameter gradient buffer, stage 3 its gradient
+    partition buffer (stage_1_and_2.py, stage3.py)."""
+    numels = _numels()
+    psi = sum(numels)
+    stage_2 = strategy == "zero2-offload"
+    partition = math.ceil(psi / 4) * 4 // 2 if stage_2 else sum(math.ceil(n / 2) for n in numels)
+    record, step = _last_step(runs[(strategy, 2)] / "rank00000.json")
+    states = step.model_state
+    staging = 4 * partition + 4 * max(numels) if stage_2 else 4 * partition
+    assert states.host_bytes == 16 * partition + 4 + staging
+    assert states.optimizer_states_bytes == 0
+    # On the device: the largest-parameter staging buffer (stage 2), the reduce bucket (stage 3).
+    assert states.gradients_bytes == (4 * max(numels) if stage_2 else 4 * psi)
+    rows = {row.quantity: row for row in compare_record(record)}
+    # The planner: the same 16 bytes/element and one step counter per unit (DeepSpeed: one).
+    units = 2 + HARNESS_PRESETS[MODEL].num_layers
+    assert rows["host (offloaded)"].predicted_bytes == 16 * partition + 4 * units
+
+
+@needs_deepspeed
+def test_planner_matches_parameters_and_optimizer_states_at_two_ranks(runs) -> None:
+    """At N = 2 micro-llama needs no padding, so the planner's deepspeed convention (fp32 master
+    included) equals DeepSpeed up to the step counters (one flat tensor, not one per unit)."""
+    for strategy in ("zero1", "zero2", "zero3"):
+        record, _ = _last_step(runs[(strategy, 2)] / "rank00000.json")
+        rows = {row.quantity: row for row in compare_record(record)}
+        assert rows["parameters"].measured_bytes == rows["parameters"].predicted_bytes
+        units = 2 + HARNESS_PRESETS[MODEL].num_layers
+        assert rows["optimizer states"].predicted_bytes - rows["optimizer states"].measured_bytes == 4 * (units - 1)
+
+
+@needs_deepspeed
+def test_measure_command_runs_deepspeed_zero2_bf16(tmp_path, capsys) -> None:
+    code = zeroplan_main(["measure", MODEL, "--strategy", "zero2", "--engine", "deepspeed", "--nproc", "2",
+                          "--steps", "2", "--seq-len", "16", "--precision", "bf16-mixed", "--out", str(tmp_path)])
+    assert code == 0, capsys.readouterr().err
+    step = read_record(tmp_path / "rank00000.json").steps[-1]
+    psi = sum(_numels())
+    partition = math.ceil(psi / 4) * 4 // 2
+    # bf16 working parameters, fp32 gradient partition, fp32 master + Adam states.
+    assert step.model_state.parameters_bytes == 2 * 2 * partition
+    assert step.model_state.gradients_bytes == 4 * partition
+    assert _collective_bytes(step, "all_reduce", "forward_backward") == 2 * psi
+    assert {c.dtype for c in step.collectives if c.phase == "forward_backward"} == {"bfloat16"}
+
+
+def test_measure_without_deepspeed_fails_before_launching(tmp_path, monkeypatch, capsys) -> None:
+    import zeroplan.harness.engines_table as table
+
+    monkeypatch.setattr(table, "_module_installed", lambda name: False)
+    assert zeroplan_main(["measure", MODEL, "--strategy", "zero2", "--engine", "deepspeed", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "engine:" in err and "DS_BUILD_OPS=0" in err
+    assert not list(tmp_path.iterdir())
+
+
+def test_missing_deepspeed_is_a_one_line_engine_error(monkeypatch) -> None:
+    from zeroplan.harness.deepspeed_engine import import_deepspeed
+
+    monkeypatch.setitem(sys.modules, "deepspeed", None)  # makes `import deepspeed` raise ImportError
+    with pytest.raises(ZeroplanError) as error:
+        import_deepspeed()
+    message = str(error.value)
+    assert "\n" not in message and "engine" in message and "DS_BUILD_OPS=0" in message
