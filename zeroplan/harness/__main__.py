@@ -8,6 +8,7 @@ and exits 1; the records other ranks wrote stay as they are.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -27,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
         import torch.distributed as dist
 
         from zeroplan.harness.engines import EngineKind, check_supported
-        from zeroplan.harness.runner import RunConfig, init_distributed, run_rank
+        from zeroplan.harness.nccl_log import enable_coll_log
+        from zeroplan.harness.runner import RunConfig, default_backend, init_distributed, run_rank
         from zeroplan.specs import StrategyKind
 
         config = RunConfig(
@@ -36,8 +38,13 @@ def main(argv: list[str] | None = None) -> int:
             run_id=args.run_id, fail_rank=args.fail_rank,
         )
         check_supported(config.strategy, config.engine)
-        init_distributed(args.backend)
-        _, parameters = run_rank(config, Path(args.out))
+        backend = args.backend or default_backend()
+        # NCCL reads its NCCL_DEBUG* variables when it first logs, i.e. after this point.
+        nccl_log = None
+        if backend == "nccl":
+            nccl_log = enable_coll_log(os.environ, Path(args.out), int(os.environ.get("RANK", "0")))
+        init_distributed(backend)
+        _, parameters = run_rank(config, Path(args.out), nccl_log=nccl_log)
         if args.save_parameters and dist.get_rank() == 0:
             torch.save(parameters, args.save_parameters)
         dist.barrier()
@@ -53,8 +60,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _rank() -> str:
-    import os
-
     return os.environ.get("RANK", "?")
 
 
