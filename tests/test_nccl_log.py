@@ -231,3 +231,18 @@ def test_missing_log_is_a_disagreement(tmp_path: Path) -> None:
     merged = attach_nccl_log(record, tmp_path / "absent.log", (0, 0), [(0, 0)] * len(record.steps))
     assert not merged.nccl_log.agrees
     assert "missing or empty" in merged.nccl_log.checks[0].disagreements[0]
+
+
+def test_validate_prints_the_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from zeroplan.cli.main import main
+    from zeroplan.harness.record import write_record
+
+    record = read_record(RECORDS / "tiny-llama-zero1-zeroplan-fp32-n2" / "rank00000.json")
+    text = "".join(_nccl_lines_for(s.collectives) for s in record.steps[:1])
+    (tmp_path / "nccl.log").write_text(text)
+    spans = [(0, len(text))] + [(len(text), len(text))] * (len(record.steps) - 1)
+    write_record(tmp_path, attach_nccl_log(record, tmp_path / "nccl.log", (0, 0), spans))
+    assert main(["validate", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "NCCL log check, " in out and "DISAGREES" in out
+    assert "  step 1: reduce_scatter: " in out and "step 0:" not in out
