@@ -161,7 +161,11 @@ def test_debug_file_naming() -> None:
 
 def test_enable_coll_log_per_rank_files(tmp_path: Path) -> None:
     env: dict[str, str] = {}
+    stale = (tmp_path / "run%1").resolve() / "nccl-rank00003.log"
+    stale.parent.mkdir()
+    stale.write_text(coll_line("AllReduce", 1, FLOAT32, 2))  # a previous run's
     path = enable_coll_log(env, tmp_path / "run%1", 3, hostname="gpu-node-3", pid=99)
+    assert not stale.exists()
     assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_SUBSYS"] == "COLL"
     assert path == (tmp_path / "run%1").resolve() / "nccl-rank00003.log"
     assert expand_debug_file(env["NCCL_DEBUG_FILE"], "x", 1) == str(path)  # the % in the directory is escaped
@@ -224,6 +228,12 @@ def test_merge_into_a_real_record(tmp_path: Path, run: str) -> None:
     assert not merged.nccl_log.agrees
     assert [c.phase for c in merged.nccl_log.checks if not c.agrees] == ["step 1"]
     assert any(d.startswith(f"step 1: {victim.op}:") for d in merged.nccl_log.checks[2].disagreements)
+
+
+def test_a_log_that_shrank_is_a_disagreement() -> None:
+    span = read_span(coll_line("AllReduce", 1, FLOAT32, 2).encode(), 500, 100)
+    check = check_span("step 0", [], span)
+    assert not check.agrees and "the log shrank from 500 to 100 bytes" in check.disagreements[0]
 
 
 def test_missing_log_is_a_disagreement(tmp_path: Path) -> None:

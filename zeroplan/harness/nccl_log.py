@@ -111,6 +111,9 @@ def parse_lines(lines: Iterable[str], first_number: int = 1) -> tuple[list[NcclC
 
 def read_span(data: bytes, start: int, end: int) -> NcclSpan:
     """The calls logged between two byte offsets of the log (``data`` is the whole file)."""
+    if end < start:
+        return NcclSpan(start_byte=start, end_byte=end, collectives=[], malformed_lines=[
+            f"the log shrank from {start} to {end} bytes during this phase (rewritten from the start?)"])
     first_number = data.count(b"\n", 0, start) + 1
     text = data[start:end].decode("utf-8", errors="replace")
     calls, malformed = parse_lines(text.splitlines(), first_number)
@@ -153,13 +156,18 @@ def enable_coll_log(env: MutableMapping[str, str], out_dir: Path, rank: int,
     """Ask NCCL for its COLL lines (before NCCL starts in this process) and return the file this
     process will write: NCCL_DEBUG at least INFO, COLL among NCCL_DEBUG_SUBSYS, and
     NCCL_DEBUG_FILE, unless set, a per-rank file in ``out_dir`` (a set one is honoured and
-    expanded with this process's host name and pid, as NCCL does)."""
+    expanded with this process's host name and pid, as NCCL does, and left alone: it should
+    hold %p when ranks share a directory)."""
     if env.get("NCCL_DEBUG", "").upper() not in ("INFO", "TRACE"):
         env["NCCL_DEBUG"] = "INFO"
     env["NCCL_DEBUG_SUBSYS"] = _with_coll(env.get("NCCL_DEBUG_SUBSYS", ""))
     pattern = env.get("NCCL_DEBUG_FILE")
     if not pattern:
-        pattern = str(default_log_file(out_dir, rank)).replace("%", "%%")
+        own = default_log_file(out_dir, rank)
+        # NCCL truncates the file when it first logs, which may be after the runner's first
+        # offset: a previous run's file must not be there to be measured.
+        own.unlink(missing_ok=True)
+        pattern = str(own).replace("%", "%%")
         env["NCCL_DEBUG_FILE"] = pattern
     return Path(expand_debug_file(pattern, nccl_hostname(hostname), os.getpid() if pid is None else pid))
 
