@@ -10,6 +10,9 @@ strategy runs in a fresh subprocess so allocator statistics start clean.
     python benchmarks/gpu_measure.py --device cpu --model micro-llama ...  # tiny smoke run
 
 Writes <out>/<strategy>-<engine>/rank00000.json (zeroplan.harness.record.RankRecord).
+No NCCL runs here (the fake group moves nothing), so these records have no ``nccl_log``: the
+NCCL-log cross-check (zeroplan/harness/nccl_log.py) applies to real multi-GPU torchrun runs
+(``zeroplan measure`` / ``python -m zeroplan.harness`` with the NCCL backend) only.
 Budget: about 1 minute per strategy for the 1B model on an H100/H200, < 8 minutes in total.
 """
 

@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from zeroplan.harness.record import RankRecord
 
 
 def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -12,6 +16,23 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--all-ranks", action="store_true", help="a row per rank (default: rank 0 of each run)")
     parser.add_argument("--plot", help="save a predicted-vs-measured PNG here")
     parser.add_argument("--format", choices=["table", "csv", "json"], default="table")
+
+
+def nccl_summary(records: list[RankRecord]) -> list[str]:
+    """One line per record that carries NCCL's own count (NCCL runs): agreement, or every
+    disagreement with the dispatch-mode count."""
+    lines = []
+    for record in records:
+        log = record.nccl_log
+        if log is None:
+            continue
+        name = f"{record.description.run_id} rank {record.rank}"
+        if log.agrees:
+            lines.append(f"NCCL log check, {name}: agrees with the dispatch-mode count (setup and {len(log.steps)} steps)")
+        else:
+            lines.append(f"NCCL log check, {name}: DISAGREES with the dispatch-mode count:")
+            lines += [f"  {d}" for check in log.checks for d in check.disagreements]
+    return lines
 
 
 def run_validate(args: argparse.Namespace) -> int:
@@ -28,6 +49,8 @@ def run_validate(args: argparse.Namespace) -> int:
         sys.stdout.write(comparison_frame(rows).to_json(orient="records", indent=1) + "\n")
     else:
         sys.stdout.write(render_validation_table(rows) + "\n")
+        for line in nccl_summary(chosen):
+            sys.stdout.write(line + "\n")
     if args.plot:
         path = save_validation_plot(rows, Path(args.plot))
         sys.stderr.write(f"zeroplan: wrote {path}\n")

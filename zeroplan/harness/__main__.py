@@ -8,6 +8,7 @@ and exits 1; the records other ranks wrote stay as they are.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -40,14 +41,14 @@ def config_from_args(args):  # -> zeroplan.harness.runner.RunConfig (imports tor
     return config
 
 
-def run_and_save(config, out: Path, save_parameters: str | None) -> None:
+def run_and_save(config, out: Path, save_parameters: str | None, nccl_log: Path | None = None) -> None:
     """Run this rank; rank 0 saves the full parameters if asked; all ranks then wait for each other."""
     import torch
     import torch.distributed as dist
 
     from zeroplan.harness.runner import run_rank
 
-    _, parameters = run_rank(config, out)
+    _, parameters = run_rank(config, out, nccl_log=nccl_log)
     if save_parameters and dist.get_rank() == 0:
         torch.save(parameters, save_parameters)
     dist.barrier()
@@ -58,11 +59,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import torch.distributed as dist
 
-        from zeroplan.harness.runner import init_distributed
+        from zeroplan.harness.nccl_log import enable_coll_log
+        from zeroplan.harness.runner import default_backend, init_distributed
 
         config = config_from_args(args)
-        init_distributed(args.backend)
-        run_and_save(config, Path(args.out), args.save_parameters)
+        backend = args.backend or default_backend()
+        # NCCL reads its NCCL_DEBUG* variables when it first logs, i.e. after this point.
+        nccl_log = None
+        if backend == "nccl":
+            nccl_log = enable_coll_log(os.environ, Path(args.out), int(os.environ.get("RANK", "0")))
+        init_distributed(backend)
+        run_and_save(config, Path(args.out), args.save_parameters, nccl_log)
         dist.destroy_process_group()
     except ZeroplanError as error:
         sys.stderr.write(f"zeroplan measure: error: {error}\n")
@@ -75,8 +82,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _rank() -> str:
-    import os
-
     return os.environ.get("RANK", "?")
 
 

@@ -13,7 +13,8 @@ from zeroplan.specs import BatchSpec, ModelSpec, StrategyKind, TrainingSpec
 from zeroplan.specs.base import Frozen
 
 SCHEMA_VERSION = 2
-"""2 added the CPU allocator peak to MemoryRecord; version 1 records still read."""
+"""1: the first layout; 2 adds ``RankRecord.nccl_log`` (None in every version-1 record) and the CPU
+allocator peak in ``MemoryRecord``."""
 
 
 class CollectiveRecord(Frozen):
@@ -107,6 +108,84 @@ class RunDescription(Frozen):
     device: str
 
 
+class NcclCollective(Frozen):
+    """One collective as NCCL's own log reports it (a ``NCCL_DEBUG_SUBSYS=COLL`` line), read by
+    zeroplan.harness.nccl_log, never by the dispatch mode."""
+
+    name: str
+    """NCCL's operation name: 'AllReduce', 'AllGather', 'ReduceScatter', 'Broadcast', 'Reduce',
+    'Send', 'Recv', ..."""
+    op: str
+    """The same collective in CollectiveRecord's vocabulary ('all_reduce', ...), the name if unknown."""
+    op_count: int = Field(ge=0)
+    """The communicator's opCount when the call was enqueued (logged in hex)."""
+    count: int = Field(ge=0)
+    """NCCL's count argument: per-rank send count for AllGather, per-rank receive count for
+    ReduceScatter, the buffer length otherwise."""
+    datatype: int
+    """ncclDataType_t value."""
+    dtype: str
+    """The datatype as a torch-style name ('float32', 'bfloat16', ...), 'unknown(<n>)' if not known."""
+    red_op: int
+    """ncclRedOp_t value (0 Sum, 1 Prod, 2 Max, 3 Min, 4 Avg, >= 5 a created PreMulSum)."""
+    root: int
+    """Root rank (Broadcast, Reduce) or peer (Send, Recv); 0 otherwise."""
+    comm: str
+    """The communicator's address as logged: tells communicators (DDP's, a subgroup's) apart."""
+    nranks: int = Field(gt=0)
+    numel: int = Field(ge=0)
+    """Elements of the full buffer, CollectiveRecord's convention (AllGather, ReduceScatter:
+    count times nranks)."""
+    num_bytes: int | None = Field(default=None, ge=0)
+    """numel times the datatype's size; None for an unknown datatype."""
+    cuda_device: int | None = None
+    """The CUDA device in the line's '[d]' prefix."""
+    line: int = Field(ge=1)
+    """1-based line number in the log file."""
+
+
+class NcclSpan(Frozen):
+    """The part of the NCCL log written during one phase (setup, or one step)."""
+
+    start_byte: int = Field(ge=0)
+    end_byte: int = Field(ge=0)
+    collectives: list[NcclCollective]
+    malformed_lines: list[str]
+    """Lines that start like a COLL call line but do not parse (e.g. cut off by a crash)."""
+
+
+class OpTotals(Frozen):
+    calls: int = Field(ge=0)
+    num_bytes: int = Field(ge=0)
+
+
+class NcclCheck(Frozen):
+    """Dispatch-mode count against NCCL's log for one phase."""
+
+    phase: str
+    """'setup' or 'step <k>'."""
+    dispatch: dict[str, OpTotals]
+    nccl: dict[str, OpTotals]
+    agrees: bool
+    disagreements: list[str]
+    """One sentence per difference: calls or bytes of one op, total bytes, unparsed lines."""
+
+
+class NcclLogRecord(Frozen):
+    """A second, independent count of this rank's collectives, from NCCL's own log."""
+
+    file: str
+    """The NCCL_DEBUG_FILE this rank wrote."""
+    setup: NcclSpan
+    steps: list[NcclSpan]
+    checks: list[NcclCheck]
+    """Setup first, then one per step."""
+    communicators: dict[str, int]
+    """Communicator address -> nranks, for every communicator seen in setup or steps."""
+    agrees: bool
+    """Every check agrees."""
+
+
 class RankRecord(Frozen):
     schema_version: Literal[1, 2] = SCHEMA_VERSION
     rank: int = Field(ge=0)
@@ -116,6 +195,9 @@ class RankRecord(Frozen):
     steps: list[StepRecord]
     complete: bool
     """False while the run is in progress (the file is rewritten after every step)."""
+    nccl_log: NcclLogRecord | None = None
+    """NCCL backend only: the collectives NCCL logged, per phase, and their check against
+    ``setup_collectives`` / ``steps[k].collectives`` (zeroplan.harness.nccl_log)."""
 
 
 def record_path(out_dir: Path, rank: int) -> Path:

@@ -20,6 +20,7 @@ from zeroplan.harness.engines_table import training_as_run
 from zeroplan.harness.mem_tracker_adapter import track_peak
 from zeroplan.harness.memory import SavedActivations, model_state_bytes
 from zeroplan.harness.model import build_model
+from zeroplan.harness.nccl_log import attach_nccl_log, log_offset
 from zeroplan.harness.record import MemoryRecord, RankRecord, RunDescription, StepRecord, write_record
 from zeroplan.specs import (
     ActivationCheckpointing, BatchSpec, ModelSpec, Precision, StrategyKind, TrainingSpec,
@@ -62,10 +63,12 @@ def init_distributed(backend: str | None = None) -> str:
 
 
 def run_rank(
-    config: RunConfig, out_dir: Path | None, gather_full: bool = True
+    config: RunConfig, out_dir: Path | None, gather_full: bool = True, nccl_log: Path | None = None
 ) -> tuple[RankRecord, dict[str, torch.Tensor]]:
     """Train ``config.steps`` steps on this rank; return its record and (if ``gather_full``) the
-    full parameters, an extra collective the oracle tests need and a memory benchmark does not."""
+    full parameters, an extra collective the oracle tests need and a memory benchmark does not.
+    With ``nccl_log`` (the NCCL_DEBUG_FILE this process writes, see nccl_log.enable_coll_log) the
+    record also gets NCCL's own count of the collectives, setup and step by step."""
     implementation = check_supported(config.strategy, config.engine, config.training.optimizer)
     dtype = _DTYPES[config.training.precision]
     rank, world_size = dist.get_rank(), dist.get_world_size()
@@ -86,16 +89,23 @@ def run_rank(
             config.training.activation_checkpointing is ActivationCheckpointing.full
         )
         recorder.phase = "setup"
+        setup_start = _offset(nccl_log)
         with recorder:
             engine = build_engine(model, config.strategy, config.engine, dtype, config.training.optimizer,
                                   config.keep_unsharded_grads_on_accum, config.batch.micro_batch_size)
+        setup_span = (setup_start, _offset(nccl_log))
         setup = list(recorder.records)
         steps: list[StepRecord] = []
+        step_spans: list[tuple[int, int]] = []
         for step in range(config.steps):
+            start = _offset(nccl_log)
             with trace.step(step):
                 steps.append(_one_step(engine, config, step, rank, world_size, recorder))
+            step_spans.append((start, _offset(nccl_log)))
             record = RankRecord(rank=rank, description=description, setup_collectives=setup,
                                 steps=steps, complete=step == config.steps - 1 and not trace.enabled)
+            if nccl_log is not None:
+                record = attach_nccl_log(record, nccl_log, setup_span, step_spans)
             if out_dir is not None:
                 write_record(out_dir, record)
             if config.fail_rank == rank:
@@ -120,6 +130,13 @@ def _with_allocator_peaks(record: RankRecord, trace: AllocatorTrace) -> RankReco
         for step in record.steps
     ]
     return record.model_copy(update={"steps": steps, "complete": True})
+
+
+def _offset(nccl_log: Path | None) -> int:
+    """Where NCCL's log ends now. NCCL writes a COLL line (line-buffered) while the call is
+    enqueued, before the torch.distributed call returns, so the lines between two offsets are
+    the calls made in between."""
+    return 0 if nccl_log is None else log_offset(nccl_log)
 
 
 def _one_step(engine, config: RunConfig, step: int, rank: int, world_size: int,
