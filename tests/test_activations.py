@@ -6,7 +6,7 @@ import pytest
 
 from zeroplan.core.activations import (
     activation_bytes, attention_core_bytes, checkpointed_layers_bytes, korthikanti_layer_bytes,
-    layer_bytes, logits_bytes,
+    layer_bytes, logits_bytes, norm_bytes,
 )
 from zeroplan.presets.models import get_model
 from zeroplan.specs import ActivationCheckpointing, AttentionKernel, ModelSpec, Precision, TrainingSpec
@@ -71,14 +71,25 @@ def test_activations_are_linear_in_micro_batch() -> None:
     assert activation_bytes(model, TrainingSpec(), 2048, 5) == 5 * one
 
 
-def test_fp32_doubles_activations_without_masks() -> None:
-    model = get_model("llama-2-7b")  # no dropout: every saved tensor scales with the dtype
+def test_fp32_doubles_activations_without_masks_except_the_fp32_rms_norms() -> None:
+    model = get_model("llama-2-7b")  # no dropout: every saved tensor but the norms' scales with the dtype
     bf16 = activation_bytes(model, TrainingSpec(attention_kernel=AttentionKernel.eager), 1024, 1)
     fp32 = activation_bytes(model, TrainingSpec(precision=Precision.fp32, attention_kernel=AttentionKernel.eager), 1024, 1)
-    assert fp32 == 2 * bf16
+    norms = (2 * model.num_layers + 1) * norm_bytes(model, TrainingSpec(), 1024, 1)
+    assert norms == (2 * model.num_layers + 1) * 2 * 4 * 1024 * model.hidden_size
+    assert fp32 - norms == 2 * (bf16 - norms)
 
 
-def test_logits_hold_half_logits_fp32_log_softmax_and_its_gradient() -> None:
+def test_rms_norm_saves_two_fp32_tensors_and_layer_norm_its_input() -> None:
+    llama, gpt = get_model("llama-2-7b"), get_model("gpt2")
+    for precision in (Precision.fp32, Precision.bf16_mixed):
+        training = TrainingSpec(precision=precision)
+        assert norm_bytes(llama, training, 8, 2) == 2 * 4 * 8 * 2 * llama.hidden_size
+        assert norm_bytes(gpt, training, 8, 2) == precision.compute_bytes * 8 * 2 * gpt.hidden_size
+
+
+def test_the_loss_backward_holds_three_fp32_logit_sized_tensors_in_any_precision() -> None:
+    # the saved log-softmax, the log-probabilities' gradient and the logits' gradient
     model = ModelSpec(name="v", vocab_size=1000, hidden_size=64, num_layers=1, num_heads=4, ffn_hidden_size=128)
-    assert logits_bytes(model, TrainingSpec(), 10, 2) == (2 + 4 + 4) * 10 * 2 * 1000
-    assert logits_bytes(model, TrainingSpec(precision=Precision.fp32), 10, 2) == (4 + 4) * 10 * 2 * 1000
+    assert logits_bytes(model, TrainingSpec(), 10, 2) == 3 * 4 * 10 * 2 * 1000
+    assert logits_bytes(model, TrainingSpec(precision=Precision.fp32), 10, 2) == 3 * 4 * 10 * 2 * 1000

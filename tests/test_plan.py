@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from zeroplan.core.activations import backward_workspace_bytes
+from zeroplan.core.buffers import backward_held_buffer_bytes, resident_buffer_bytes, transient_buffer_bytes
 from zeroplan.core.plan import fit, max_micro_batch_size, memory_breakdown, plan
 from zeroplan.presets.models import get_model
 from zeroplan.specs import (
-    ActivationCheckpointing, BatchSpec, PlanRequest, StrategyKind, StrategySpec, TrainingSpec, cluster_from_gpus,
+    ActivationCheckpointing, BatchSpec, PlanRequest, StrategyKind, StrategySpec, TrainingSpec, ZeroGradientReduce,
+    cluster_from_gpus,
 )
 from zeroplan.units import GB, GiB
 
@@ -52,21 +55,54 @@ def test_max_micro_batch_is_the_boundary(gpu_80gib, kind) -> None:
     assert memory_breakdown(request.with_micro_batch(best + 1))[0].peak_bytes > usable
 
 
-def test_peak_is_max_of_backward_and_step_phases(gpu_80gib) -> None:
-    memory = plan(_request(gpu_80gib, model="llama-2-7b", kind=StrategyKind.ddp)).memory
-    resident = memory.parameter_bytes + memory.optimizer_state_bytes
-    backward = resident + memory.temporary_bytes + max(memory.gradient_bytes, memory.activation_bytes + memory.logits_bytes)
-    step = resident + memory.gradient_bytes + memory.step_temporary_bytes
-    assert memory.allocated_peak_bytes == max(backward, step)
+def _moments(request) -> dict[str, int]:
+    """The four moments of docs/memory-model.md, "Peak", written out from the terms."""
+    memory = memory_breakdown(request)[0]
+    s, b = request.batch.seq_len, request.batch.micro_batch_size
+    workspace = backward_workspace_bytes(request.model, request.training, s, b)
+    resident = memory.parameter_bytes + memory.optimizer_state_bytes + resident_buffer_bytes(request)
+    held = resident + backward_held_buffer_bytes(request)
+    transient = transient_buffer_bytes(request)
+    accumulated = memory.gradient_bytes if request.batch.grad_accum_steps > 1 else 0
+    return {
+        "loss": held + accumulated + memory.activation_bytes + memory.logits_bytes,
+        "block": held + accumulated + memory.activation_bytes + transient + workspace,
+        "end": held + memory.gradient_bytes + transient,
+        "step": resident + memory.gradient_bytes + memory.step_temporary_bytes,
+    }
+
+
+@pytest.mark.parametrize("kind", list(StrategyKind))
+def test_peak_is_the_largest_of_the_four_moments(gpu_80gib, kind) -> None:
+    request = _request(gpu_80gib, model="llama-2-7b", kind=kind)
+    memory = memory_breakdown(request)[0]
+    assert memory.allocated_peak_bytes == max(_moments(request).values())
     assert memory.peak_bytes == memory.allocated_peak_bytes + memory.allocator_reserve_bytes
+
+
+def test_ddp_bucket_copies_are_alive_at_every_moment(gpu_80gib) -> None:
+    copies = _request(gpu_80gib, model="llama-2-7b", kind=StrategyKind.ddp)
+    views = copies.with_strategy(StrategySpec(kind=StrategyKind.ddp, ddp_gradient_as_bucket_view=True))
+    bucket = resident_buffer_bytes(copies)
+    assert bucket == memory_breakdown(copies)[0].gradient_bytes and resident_buffer_bytes(views) == 0
+    assert all(_moments(copies)[m] == _moments(views)[m] + bucket for m in ("loss", "block", "end", "step"))
+
+
+def test_the_reference_zero_reduces_through_a_unit_not_a_kept_bucket(gpu_80gib) -> None:
+    bucket = _request(gpu_80gib, model="llama-2-7b", kind=StrategyKind.zero2)
+    per_unit = bucket.with_strategy(StrategySpec(kind=StrategyKind.zero2, zero_gradient_reduce=ZeroGradientReduce.per_unit))
+    assert resident_buffer_bytes(bucket) > 0 and transient_buffer_bytes(bucket) == 0
+    assert resident_buffer_bytes(per_unit) == 0 and transient_buffer_bytes(per_unit) > 0
+    assert memory_breakdown(per_unit)[0].allocated_peak_bytes < memory_breakdown(bucket)[0].allocated_peak_bytes
 
 
 def test_accumulation_keeps_gradients_beside_activations(gpu_80gib) -> None:
     base = _request(gpu_80gib, model="llama-2-7b", kind=StrategyKind.ddp)
     accumulating = base.model_copy(update={"batch": BatchSpec(seq_len=4096, grad_accum_steps=2)})
-    two = memory_breakdown(accumulating)[0]
-    resident = two.parameter_bytes + two.optimizer_state_bytes + two.temporary_bytes
-    assert two.allocated_peak_bytes == resident + two.gradient_bytes + two.activation_bytes + two.logits_bytes
+    gradients = memory_breakdown(base)[0].gradient_bytes
+    one, two = _moments(base), _moments(accumulating)
+    assert two["loss"] == one["loss"] + gradients and two["block"] == one["block"] + gradients
+    assert two["end"] == one["end"] and two["step"] == one["step"]
 
 
 def test_host_memory_limit_is_checked(gpu_80gib) -> None:

@@ -8,7 +8,7 @@ e bytes of one activation element. Every term is what PyTorch autograd saves for
 
 from __future__ import annotations
 
-from zeroplan.specs.model import MlpKind, ModelSpec, PositionKind
+from zeroplan.specs.model import MlpKind, ModelSpec, NormKind
 from zeroplan.specs.training import ActivationCheckpointing, AttentionKernel, TrainingSpec
 
 DROPOUT_MASK_BYTES = 1
@@ -38,13 +38,19 @@ def attention_core_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: in
     return qkv + quadratic
 
 
-# Su et al. 2021 (RoFormer), eq. 34, computed eagerly as x*cos + rotate(x)*sin: the products
-# save their input, so the un-rotated Q and K stay alive beside the rotated ones that
-# attention saves (zeroplan/harness/model.py; Hugging Face's rotate_half keeps one more copy).
-def rope_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> int:
-    if model.position is not PositionKind.rope:
-        return 0
-    return training.precision.compute_bytes * s * b * (model.q_size + model.kv_size)
+# Korthikanti sec. 4.1, "LayerNorm": a norm saves its input (2sbh at 16 bits; the fused
+# native_layer_norm keeps only that and per-token statistics). torch.nn.functional.rms_norm
+# (aten/src/ATen/native/layer_norm.cpp, rms_norm_symint) computes in fp32: it upcasts a 16-bit
+# input, and the normalised x*rsqrt(mean(x^2)) is saved for the weight's gradient, so two fp32
+# sbh tensors are saved (the fp32 input is the input itself in fp32). Statistics (4 bytes per
+# token) are ignored, as in the paper. Measured on the harness's Llama blocks: 9 norms, 2 x 0.75
+# MiB each at s*b = 512, h = 384 (docs/validation.md).
+def norm_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> int:
+    """Bytes one normalisation layer saves for backward."""
+    sbh = s * b * model.hidden_size
+    if model.norm is NormKind.rmsnorm:
+        return 2 * FP32_BYTES * sbh
+    return training.precision.compute_bytes * sbh
 
 
 # Korthikanti et al. sec. 4.1: the part selective recomputation drops (sec. 5): the softmax
@@ -78,11 +84,12 @@ def layer_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> int
     """Bytes one transformer block saves for backward, without recomputation."""
     e = training.precision.compute_bytes
     sbh = s * b * model.hidden_size
-    # Korthikanti sec. 4.1, "LayerNorm": each of the two norms saves its input (2sbh each).
-    norms = 2 * e * sbh
+    norms = 2 * norm_bytes(model, training, s, b)
     # The QKV projection saves its input (the norm's output); the output projection its input.
+    # RoPE (Su et al. 2021, eq. 34) as x*cos + rotate(x)*sin saves only cos and sin, constants
+    # of s*d elements: autograd keeps a product's input only when the other factor needs a
+    # gradient (torch/csrc/autograd/generated, MulBackward0), so no Q- or K-sized tensor.
     attention = e * sbh + attention_core_bytes(model, training, s, b) + e * s * b * model.q_size
-    attention += rope_bytes(model, training, s, b)
     dropout_masks = 2 * DROPOUT_MASK_BYTES * sbh if model.hidden_dropout > 0 else 0
     return norms + attention + mlp_bytes(model, training, s, b) + dropout_masks
 
@@ -101,23 +108,25 @@ def checkpointed_layers_bytes(model: ModelSpec, training: TrainingSpec, s: int, 
     return model.num_layers * block_input + full_layer
 
 
-# Korthikanti sec. 4.3: outside the blocks, the embedding dropout mask (sbh), the final norm's
-# input and the output projection's input.
+# Korthikanti sec. 4.3: outside the blocks, the embedding dropout mask (sbh), the final norm
+# and the output projection's input.
 def outside_layers_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> int:
     e = training.precision.compute_bytes
     sbh = s * b * model.hidden_size
     embedding_mask = DROPOUT_MASK_BYTES * sbh if model.hidden_dropout > 0 else 0
-    return embedding_mask + 2 * e * sbh
+    return embedding_mask + norm_bytes(model, training, s, b) + e * sbh
 
 
-# Korthikanti sec. 4.3 counts the cross-entropy's fp32 logits (4sbV). PyTorch's loss on
-# half-precision logits also holds the logits themselves (e*sbV) while upcasting, saves the
-# fp32 log-softmax (4sbV) and, in backward, writes its fp32 gradient (4sbV).
+# Korthikanti sec. 4.3 counts the cross-entropy's fp32 logits (4sbV). PyTorch's loss
+# (F.cross_entropy on logits cast to fp32) saves the fp32 log-softmax (4sbV); its backward
+# starts with nll_loss_backward writing a dense fp32 gradient of the log-probabilities (4sbV),
+# then _log_softmax_backward_data writes the logits' fp32 gradient (4sbV) while both inputs are
+# alive: three fp32 sbV tensors at once (aten/src/ATen/native/LossNLL.cpp, SoftMax.cpp; seen
+# by the harness's allocator trace). The compute-dtype logits and their fp32 copy are freed
+# once the loss is formed (neither is saved), and this moment is larger than the forward's.
 def logits_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> int:
-    e = training.precision.compute_bytes
     sbv = s * b * model.vocab_size
-    upcast = 0 if e == FP32_BYTES else e * sbv
-    return upcast + saved_logits_bytes(model, s, b) + FP32_BYTES * sbv
+    return saved_logits_bytes(model, s, b) + 2 * FP32_BYTES * sbv
 
 
 def saved_logits_bytes(model: ModelSpec, s: int, b: int) -> int:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes
 from zeroplan.core.model_states import padded_unit_elements_of
-from zeroplan.core.params import total_parameters
+from zeroplan.core.params import parameter_units, total_parameters
 from zeroplan.specs.request import PlanRequest
-from zeroplan.specs.strategy import StrategyKind
+from zeroplan.specs.strategy import StrategyKind, ZeroGradientReduce
 from zeroplan.specs.training import Optimizer
 
 
@@ -31,31 +31,74 @@ def zero_reduce_bucket_bytes(request: PlanRequest, gradient_bytes_per_element: i
 # so (1 + prefetch) unsharded units are alive, plus the unsharded gradient of the unit being
 # reduce-scattered.
 def gathered_unit_bytes(request: PlanRequest, bytes_per_element: int, gradient_bytes_per_element: int) -> int:
-    padded = padded_unit_elements_of(request, request.shard_group_size)
-    largest = max(padded)
-    if request.strategy.kind is StrategyKind.fsdp_shard_grad_op:
-        # reshard_after_forward=False: every unit stays gathered from forward through backward.
-        gathered = sum(padded) * bytes_per_element
-    else:
-        gathered = (1 + request.strategy.prefetch_units) * largest * bytes_per_element
+    largest = largest_gathered_unit_elements(request)
+    gathered = (1 + request.strategy.prefetch_units) * largest * bytes_per_element
     return gathered + largest * gradient_bytes_per_element
 
 
-def backward_buffer_bytes(request: PlanRequest) -> int:
-    """Communication and gathering buffers alive during backward, on one GPU."""
+# docs/memory-model.md, "Peak": buffers differ in when they are alive. Resident buffers are
+# allocated once and kept (DDP's bucket copies, DeepSpeed's reduce bucket); backward-held ones
+# live from the forward through the end of backward (shard-grad-op's gathered units, no_sync's
+# unsharded gradients); transient ones exist only while one unit is gathered or reduced.
+# The FSDP recipe (torchtitan, zeroplan/harness/torch_engines.py): fully_shard each block, then
+# the root, whose parameter group is everything else (embedding, final norm, head), gathered as
+# one. The reference ZeRO and DeepSpeed gather the embedding and the head as separate units.
+def largest_gathered_unit_elements(request: PlanRequest) -> int:
+    padded = padded_unit_elements_of(request, request.shard_group_size)
+    if not request.strategy.kind.is_fsdp:
+        return max(padded)
+    units = parameter_units(request.model)
+    blocks = [n for unit, n in zip(units, padded) if unit.name.startswith("block.")]
+    root = sum(n for unit, n in zip(units, padded) if not unit.name.startswith("block."))
+    return max(blocks + [root])
+
+
+def resident_buffer_bytes(request: PlanRequest) -> int:
     kind = request.strategy.kind
     eb = element_bytes(request.training.precision, request.convention)
     if kind is StrategyKind.ddp:
         return ddp_bucket_bytes(request, eb.gradient)
-    if kind.zero_stage in (1, 2):
-        buffers = zero_reduce_bucket_bytes(request, eb.compute_parameter)
-    else:
-        buffers = gathered_unit_bytes(request, eb.compute_parameter, gradient_wire_bytes(request))
+    if kind.zero_stage in (1, 2) and request.strategy.zero_gradient_reduce is ZeroGradientReduce.bucket:
+        return zero_reduce_bucket_bytes(request, eb.compute_parameter)
+    return 0
+
+
+def backward_held_buffer_bytes(request: PlanRequest) -> int:
+    kind = request.strategy.kind
+    eb = element_bytes(request.training.precision, request.convention)
+    held = 0
+    if kind is StrategyKind.fsdp_shard_grad_op:
+        # reshard_after_forward=False: every unit stays gathered from forward through backward.
+        held += sum(padded_unit_elements_of(request, request.shard_group_size)) * eb.compute_parameter
     accumulating = request.batch.grad_accum_steps > 1 and request.strategy.keep_unsharded_grads_on_accum
     if accumulating and kind.zero_stage >= 2:
         # no_sync(): unsharded gradients accumulate locally until the last micro-batch.
-        buffers += total_parameters(request.model) * eb.compute_parameter
-    return buffers
+        held += total_parameters(request.model) * eb.compute_parameter
+    return held
+
+
+def transient_buffer_bytes(request: PlanRequest) -> int:
+    """Buffers of the unit being gathered or reduced (the largest unit)."""
+    kind = request.strategy.kind
+    eb = element_bytes(request.training.precision, request.convention)
+    if kind is StrategyKind.ddp:
+        return 0
+    if kind.zero_stage in (1, 2):
+        if request.strategy.zero_gradient_reduce is ZeroGradientReduce.bucket:
+            return 0
+        largest = max(padded_unit_elements_of(request, request.shard_group_size))
+        # Stage 2 reduces in backward: the unit's full gradients and their flat copy; stage 1
+        # reduces in the step, where the full gradients are already counted.
+        copies = 2 if kind.zero_stage == 2 else 1
+        return copies * largest * eb.compute_parameter
+    if kind is StrategyKind.fsdp_shard_grad_op:
+        return largest_gathered_unit_elements(request) * gradient_wire_bytes(request)
+    return gathered_unit_bytes(request, eb.compute_parameter, gradient_wire_bytes(request))
+
+
+def backward_buffer_bytes(request: PlanRequest) -> int:
+    """Communication and gathering buffers alive during backward, on one GPU (at most)."""
+    return resident_buffer_bytes(request) + backward_held_buffer_bytes(request) + transient_buffer_bytes(request)
 
 
 # torch/optim/adam.py, _multi_tensor_adam: torch._foreach_sqrt(exp_avg_sqs) materialises one

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from zeroplan.core.activations import activation_bytes, backward_workspace_bytes, logits_bytes
-from zeroplan.core.buffers import backward_buffer_bytes, optimizer_step_temporary_bytes
+from zeroplan.core.buffers import (
+    backward_buffer_bytes, backward_held_buffer_bytes, optimizer_step_temporary_bytes, resident_buffer_bytes,
+    transient_buffer_bytes,
+)
 from zeroplan.core.communication import collectives
 from zeroplan.core.model_states import ModelStateBytes, model_state_bytes
 from zeroplan.core.params import total_parameters
@@ -19,22 +23,34 @@ MAX_MICRO_BATCH_SEARCH = 1 << 20
 """The largest micro-batch the search tries."""
 
 
-# docs/memory-model.md, "Peak": during backward, gradients fill in as activations are freed,
-# so with one micro-batch per step the two never peak together (max of the two ends); with
-# accumulation the previous micro-batches' gradients are already there (their sum). The
-# optimizer step comes after activations are freed.
-def peak_allocated_bytes(
-    states: ModelStateBytes, activations: int, logits: int, temporary: int, step_temporary: int,
-    grad_accum_steps: int,
-) -> int:
-    resident = states.parameter_bytes + states.optimizer_state_bytes
-    backward_start = activations + logits
-    if grad_accum_steps == 1:
-        backward = resident + temporary + max(states.gradient_bytes, backward_start)
-    else:
-        backward = resident + temporary + states.gradient_bytes + backward_start
-    step = resident + states.gradient_bytes + step_temporary
-    return max(backward, step)
+# docs/memory-model.md, "Peak": four moments of a step, each what is alive at once.
+# Loss backward: all activations, the loss's three fp32 sbV tensors and the buffers kept
+# through backward. A block's backward: activations (at the first block, nearly all), the
+# unit being gathered or reduced and the residual-stream workspace. End of backward: every
+# gradient and the last unit's buffers. Optimizer step: gradients and step temporaries. With
+# accumulation the earlier micro-batches' gradients are there from the start.
+def peak_allocated_bytes(states: ModelStateBytes, moments: "PeakTerms", grad_accum_steps: int) -> int:
+    resident = states.parameter_bytes + states.optimizer_state_bytes + moments.resident_buffers
+    held = resident + moments.backward_held_buffers
+    accumulated = states.gradient_bytes if grad_accum_steps > 1 else 0
+    loss_backward = held + accumulated + moments.activations + moments.logits
+    block_backward = held + accumulated + moments.activations + moments.transient_buffers + moments.workspace
+    backward_end = held + states.gradient_bytes + moments.transient_buffers
+    step = resident + states.gradient_bytes + moments.step_temporary
+    return max(loss_backward, block_backward, backward_end, step)
+
+
+@dataclass(frozen=True)
+class PeakTerms:
+    """The byte terms the peak moments combine (besides the model states)."""
+
+    activations: int
+    logits: int
+    workspace: int
+    resident_buffers: int
+    backward_held_buffers: int
+    transient_buffers: int
+    step_temporary: int
 
 
 def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateBytes]:
@@ -43,9 +59,15 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
     states = model_state_bytes(request)
     activations = activation_bytes(model, training, s, b)
     logits = logits_bytes(model, training, s, b)
-    temporary = backward_buffer_bytes(request) + backward_workspace_bytes(model, training, s, b)
+    workspace = backward_workspace_bytes(model, training, s, b)
+    temporary = backward_buffer_bytes(request) + workspace
     step_temporary = optimizer_step_temporary_bytes(request, states.optimizer_elements)
-    allocated = peak_allocated_bytes(states, activations, logits, temporary, step_temporary, batch.grad_accum_steps)
+    terms = PeakTerms(
+        activations=activations, logits=logits, workspace=workspace,
+        resident_buffers=resident_buffer_bytes(request), backward_held_buffers=backward_held_buffer_bytes(request),
+        transient_buffers=transient_buffer_bytes(request), step_temporary=step_temporary,
+    )
+    allocated = peak_allocated_bytes(states, terms, batch.grad_accum_steps)
     reserve = int(allocated * request.assumptions.allocator_reserve_fraction)
     breakdown = MemoryBreakdown(
         parameter_bytes=states.parameter_bytes,

@@ -3,7 +3,7 @@
 from zeroplan.specs.hardware import ClusterSpec, GpuSpec, LinkSpec, cluster_from_gpus
 from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
 from zeroplan.specs.request import MemoryAssumptions, PerformanceAssumptions, PlanRequest
-from zeroplan.specs.strategy import StrategyKind, StrategySpec
+from zeroplan.specs.strategy import StrategyKind, StrategySpec, ZeroGradientReduce
 from zeroplan.specs.training import (
     ActivationCheckpointing,
     AttentionKernel,
@@ -33,6 +33,7 @@ __all__ = [
     "StateConvention",
     "StrategyKind",
     "StrategySpec",
+    "ZeroGradientReduce",
     "TrainingSpec",
     "cluster_from_gpus",
 ]

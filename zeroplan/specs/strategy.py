@@ -74,6 +74,17 @@ class StrategyKind(str, Enum):
         return StateConvention.zero
 
 
+class ZeroGradientReduce(str, Enum):
+    """ZeRO-1/2: the buffer gradients are reduced through."""
+
+    bucket = "bucket"
+    """DeepSpeed: a reduce bucket of zero_bucket_elements, allocated once and kept
+    (deepspeed/runtime/zero/stage_1_and_2.py, ipg_buffer)."""
+    per_unit = "per-unit"
+    """zeroplan's reference ZeRO (zeroplan/harness/zero.py): each unit's gradients are copied
+    into a flat buffer of that unit's size, reduce-scattered, and the buffer freed."""
+
+
 class StrategySpec(Frozen):
     """A strategy and its implementation knobs; defaults are the libraries' own defaults."""
 
@@ -88,6 +99,8 @@ class StrategySpec(Frozen):
     which costs one more gradient-sized buffer."""
     zero_bucket_elements: int = Field(default=500_000_000, gt=0)
     """DeepSpeed reduce_bucket_size / allgather_bucket_size (elements, default 5e8)."""
+    zero_gradient_reduce: ZeroGradientReduce = ZeroGradientReduce.bucket
+    """ZeRO-1/2: how gradients reach the reduce-scatter (see ZeroGradientReduce)."""
     prefetch_units: int = Field(default=1, ge=0)
     """ZeRO-3/FSDP: units gathered ahead of the one computing (FSDP2 prefetches one)."""
     fsdp_reduce_in_fp32: bool = True

@@ -7,15 +7,21 @@ from collections import defaultdict
 from zeroplan.core.activations import activation_bytes, saved_logits_bytes
 from zeroplan.core.plan import memory_breakdown
 from zeroplan.harness.record import RankRecord, RunDescription, StepRecord
-from zeroplan.specs import PlanRequest
+from zeroplan.specs import PlanRequest, ZeroGradientReduce
 from zeroplan.validate.rows import COLLECTIVE_OPS, ComparisonRow, collective_rows, model_state_rows, planner_request
 
 
+# zeroplan's reference ZeRO reduces each unit through a buffer of its own size
+# (zeroplan/harness/zero.py); DeepSpeed keeps one reduce bucket, the planner's default.
+_ENGINE_GRADIENT_REDUCE = {"zeroplan": ZeroGradientReduce.per_unit}
+
+
 def request_for(description: RunDescription) -> PlanRequest:
-    """The planner request a measured run answers."""
+    """The planner request a measured run answers, with the engine's own buffering."""
     return planner_request(
         description.model, description.training, description.batch, description.strategy, description.world_size,
         keep_unsharded_grads_on_accum=description.keep_unsharded_grads_on_accum,
+        zero_gradient_reduce=_ENGINE_GRADIENT_REDUCE.get(description.engine, ZeroGradientReduce.bucket),
     )
 
 
@@ -46,6 +52,10 @@ def compare_record(record: RankRecord, step_index: int = -1) -> list[ComparisonR
                                   predicted_bytes=predicted_states.host_bytes, measured_bytes=states.host_bytes))
     rows.append(ComparisonRow(**base, category="memory", quantity="activations (saved)",
                               predicted_bytes=predicted_saved, measured_bytes=step.memory.saved_activation_bytes))
+    if step.memory.allocator_peak_bytes is not None:
+        rows.append(ComparisonRow(**base, category="memory", quantity="peak (CPU allocator)",
+                                  predicted_bytes=breakdown.allocated_peak_bytes,
+                                  measured_bytes=step.memory.allocator_peak_bytes))
     if step.memory.peak_bytes is not None:
         rows.append(ComparisonRow(**base, category="memory", quantity="peak (tracked tensors)",
                                   predicted_bytes=breakdown.allocated_peak_bytes, measured_bytes=step.memory.peak_bytes))

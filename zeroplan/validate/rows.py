@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from zeroplan.core.communication import collectives
-from zeroplan.specs import ClusterSpec, GpuSpec, LinkSpec, PlanRequest, StrategySpec
+from zeroplan.specs import ClusterSpec, GpuSpec, LinkSpec, PlanRequest, StrategySpec, ZeroGradientReduce
 from zeroplan.specs.base import Frozen
 from zeroplan.units import TiB
 
@@ -42,11 +42,13 @@ class ComparisonRow(Frozen):
 
 
 def planner_request(
-    model, training, batch, strategy, world_size: int, keep_unsharded_grads_on_accum: bool = False
+    model, training, batch, strategy, world_size: int, keep_unsharded_grads_on_accum: bool = False,
+    zero_gradient_reduce: ZeroGradientReduce = ZeroGradientReduce.bucket,
 ) -> PlanRequest:
     """The planner request a measured or simulated run answers (one node of N devices)."""
     cluster = ClusterSpec(gpu=MEASURED_DEVICE, num_nodes=1, gpus_per_node=world_size, cuda_context_bytes=0)
-    spec = StrategySpec(kind=strategy, keep_unsharded_grads_on_accum=keep_unsharded_grads_on_accum)
+    spec = StrategySpec(kind=strategy, keep_unsharded_grads_on_accum=keep_unsharded_grads_on_accum,
+                        zero_gradient_reduce=zero_gradient_reduce)
     return PlanRequest(model=model, training=training, batch=batch, cluster=cluster, strategy=spec)
 
 
