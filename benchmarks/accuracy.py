@@ -59,6 +59,27 @@ def fake_scale(grid) -> list[ComparisonRow]:
     return rows
 
 
+def harness_peaks(records_dir: Path) -> None:
+    """Peak memory predicted against the CPU allocator's peak of real gloo runs (every rank)."""
+    from zeroplan.validate.compare import compare_record
+    from zeroplan.validate.load import load_records
+
+    rows = [
+        row for record in load_records([str(records_dir)]) for row in compare_record(record)
+        if row.quantity == "peak (CPU allocator)"
+    ]
+    print(f"\nCPU harness runs ({records_dir}): peak predicted against the CPU allocator's peak, last step, every rank")
+    print(f"{'run':46s} {'rank':>4s} {'predicted MiB':>14s} {'measured MiB':>13s} {'error %':>9s}")
+    for row in rows:
+        print(f"{row.run_id:46s} {row.rank:4d} {row.predicted_bytes / MiB:14.3f} {row.measured_bytes / MiB:13.3f} "
+              f"{error_percent(row):9.3f}")
+    if rows:
+        worst = max(abs(error_percent(r)) for r in rows)
+        print(f"largest peak error: {worst:.3f} % over {len(rows)} rank records (target < 5 %)")
+    else:
+        print("no record with an allocator peak (records of schema 2 made on CPU have one)")
+
+
 def deepspeed_side_by_side(grid) -> None:
     print("\nDeepSpeed's ZeRO-3 estimator (stage3.py, 18 bytes/param + 4 x largest layer) vs zeroplan")
     print(f"{'model':12s} {'N':>4s} {'DeepSpeed GiB':>14s} {'zeroplan zero3 (deepspeed convention) GiB':>42s}")
@@ -145,7 +166,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="only the 7B cases")
     parser.add_argument("--harness-records", type=Path, default=Path(__file__).resolve().parent / "records",
-                        help="CPU harness records for the llm-analysis table (default: the committed ones)")
+                        help="CPU harness records for the peak and llm-analysis tables (default: the committed ones,"
+                             " made by benchmarks/cpu_records.py)")
     args = parser.parse_args()
     grid = [case for case in FAKE_SCALE_GRID if not args.quick or case[0] == "llama-2-7b"]
     print("Fake-scale: real PyTorch FSDP2/DDP on fake tensors (rank 0), planner prediction for the same request")
@@ -154,6 +176,8 @@ def main() -> None:
     model_state_rows = [r for r in rows if r.category == "memory"]
     worst = max(abs(error_percent(r)) for r in model_state_rows)
     print(f"\nlargest model-state error: {worst:.4f} % (target < 1 %)")
+    if args.harness_records.exists():
+        harness_peaks(args.harness_records)
     deepspeed_side_by_side(grid)
     llm_analysis_side_by_side(grid, rows, args.harness_records if args.harness_records.exists() else None)
 
