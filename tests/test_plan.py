@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import pytest
 
+from zeroplan.errors import ZeroplanError
+
 from zeroplan.core.activations import backward_workspace_bytes
 from zeroplan.core.buffers import backward_held_buffer_bytes, resident_buffer_bytes, transient_buffer_bytes
+from zeroplan.core.model_states import padded_unit_elements_of
+from zeroplan.core.params import total_parameters
 from zeroplan.core.plan import fit, max_micro_batch_size, memory_breakdown, plan
 from zeroplan.presets.models import get_model
 from zeroplan.specs import (
-    ActivationCheckpointing, BatchSpec, PlanRequest, StrategyKind, StrategySpec, TrainingSpec, ZeroGradientReduce,
-    cluster_from_gpus,
+    ActivationCheckpointing, BatchSpec, PlanRequest, StateConvention, StrategyKind, StrategySpec, TrainingSpec,
+    ZeroGradientReduce, cluster_from_gpus,
 )
 from zeroplan.units import GB, GiB
 
@@ -88,12 +92,44 @@ def test_ddp_bucket_copies_are_alive_at_every_moment(gpu_80gib) -> None:
     assert all(_moments(copies)[m] == _moments(views)[m] + bucket for m in ("loss", "block", "end", "step"))
 
 
-def test_the_reference_zero_reduces_through_a_unit_not_a_kept_bucket(gpu_80gib) -> None:
+def test_zero_gradient_buffers_follow_the_implementation(gpu_80gib) -> None:
+    def spec(kind, mode):
+        return StrategySpec(kind=kind, zero_gradient_reduce=mode)
+
     bucket = _request(gpu_80gib, model="llama-2-7b", kind=StrategyKind.zero2)
-    per_unit = bucket.with_strategy(StrategySpec(kind=StrategyKind.zero2, zero_gradient_reduce=ZeroGradientReduce.per_unit))
-    assert resident_buffer_bytes(bucket) > 0 and transient_buffer_bytes(bucket) == 0
-    assert resident_buffer_bytes(per_unit) == 0 and transient_buffer_bytes(per_unit) > 0
-    assert memory_breakdown(per_unit)[0].allocated_peak_bytes < memory_breakdown(bucket)[0].allocated_peak_bytes
+    per_unit = bucket.with_strategy(spec(StrategyKind.zero2, ZeroGradientReduce.per_unit))
+    ddp = bucket.with_strategy(spec(StrategyKind.zero1, ZeroGradientReduce.ddp_buckets))
+    # DeepSpeed's bucket (5e8 bf16 elements) lives through backward only; the reference's
+    # buffer is two of its largest unit; ZeroRedundancyOptimizer keeps DDP's bucket copies (in
+    # the convention's gradient dtype: bf16 under zero).
+    assert resident_buffer_bytes(bucket) == 0 and transient_buffer_bytes(bucket) == 500_000_000 * 2
+    largest = max(padded_unit_elements_of(per_unit, 64))
+    assert resident_buffer_bytes(per_unit) == 0 and transient_buffer_bytes(per_unit) == 2 * largest * 2
+    assert resident_buffer_bytes(ddp) == total_parameters(ddp.model) * 2 and transient_buffer_bytes(ddp) == 0
+
+
+def test_a_reduce_mode_for_another_stage_is_a_one_line_error() -> None:
+    with pytest.raises(ZeroplanError, match="strategy.zero_gradient_reduce"):
+        StrategySpec(kind=StrategyKind.zero3, zero_gradient_reduce=ZeroGradientReduce.ddp_buckets)
+
+
+def test_deepspeed_stage3_keeps_its_bucket_and_gradient_partition(gpu_80gib) -> None:
+    request = _request(gpu_80gib, model="llama-2-7b", kind=StrategyKind.zero3)
+    deepspeed = request.model_copy(update={"training": TrainingSpec(state_convention=StateConvention.deepspeed)})
+    partition = memory_breakdown(deepspeed)[1].optimizer_elements  # this rank's shard
+    assert resident_buffer_bytes(request) == 0
+    assert resident_buffer_bytes(deepspeed) == 500_000_000 * 2 + partition * 2
+
+
+@pytest.mark.parametrize("accumulation, full", [(1, False), (2, True)])
+def test_deepspeed_stage1_keeps_only_its_partition_without_accumulation(gpu_80gib, accumulation, full) -> None:
+    request = _request(gpu_80gib, model="llama-2-7b", kind=StrategyKind.zero1).model_copy(update={
+        "training": TrainingSpec(state_convention=StateConvention.deepspeed),
+        "batch": BatchSpec(seq_len=4096, grad_accum_steps=accumulation),
+    })
+    states = memory_breakdown(request)[1]
+    elements = total_parameters(request.model) if full else states.optimizer_elements
+    assert states.gradient_bytes == elements * 4
 
 
 def test_accumulation_keeps_gradients_beside_activations(gpu_80gib) -> None:

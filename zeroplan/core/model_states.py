@@ -8,6 +8,7 @@ from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwi
 from zeroplan.core.params import ParamUnit, parameter_units
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.request import PlanRequest
+from zeroplan.specs.training import StateConvention
 from zeroplan.units import ceil_div
 
 # ZeRO-Offload (Ren et al. 2021, sec. 4.1): the host holds fp32 master weights, optimizer
@@ -85,6 +86,18 @@ def optimizer_bytes(request: PlanRequest, elements: int, num_shards: int, eb: El
     return ceil_div(whole, num_shards)
 
 
+# deepspeed/runtime/zero/stage_1_and_2.py: with one micro-batch per step, stage 1 reduces its
+# gradients in backward at the accumulation boundary (reduce_ready_partitions_and_remove_grads)
+# and keeps only its partition (copy_grads_in_partition, then _clear_param_grad_only), as stage 2
+# does; measured by the harness's DeepSpeed engine (docs/harness.md). With accumulation the full
+# gradients add up locally until the last micro-batch.
+def _deepspeed_stage1_reduces_in_backward(request: PlanRequest) -> bool:
+    return (
+        request.strategy.kind.zero_stage == 1 and request.convention is StateConvention.deepspeed
+        and request.batch.grad_accum_steps == 1
+    )
+
+
 def model_state_bytes(request: PlanRequest) -> ModelStateBytes:
     kind = request.strategy.kind
     stage = kind.zero_stage
@@ -96,7 +109,7 @@ def model_state_bytes(request: PlanRequest) -> ModelStateBytes:
     shard = held_elements(units, num_shards, layout)
 
     parameter_elements = shard if stage >= 3 else full
-    gradient_elements = shard if stage >= 2 else full
+    gradient_elements = shard if stage >= 2 or _deepspeed_stage1_reduces_in_backward(request) else full
     optimizer_elements = shard if stage >= 1 else full
     optimizer_shards = num_shards if stage >= 1 else 1
 

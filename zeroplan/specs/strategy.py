@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from enum import Enum
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.training import StateConvention
 
@@ -78,11 +79,14 @@ class ZeroGradientReduce(str, Enum):
     """ZeRO-1/2: the buffer gradients are reduced through."""
 
     bucket = "bucket"
-    """DeepSpeed: a reduce bucket of zero_bucket_elements, allocated once and kept
-    (deepspeed/runtime/zero/stage_1_and_2.py, ipg_buffer)."""
+    """DeepSpeed: a reduce bucket of zero_bucket_elements (deepspeed/runtime/zero/
+    stage_1_and_2.py, ipg_buffer), filled as gradients arrive and released after backward."""
     per_unit = "per-unit"
     """zeroplan's reference ZeRO (zeroplan/harness/zero.py): each unit's gradients are copied
     into a flat buffer of that unit's size, reduce-scattered, and the buffer freed."""
+    ddp_buckets = "ddp-buckets"
+    """PyTorch's ZeroRedundancyOptimizer under DDP (stage 1 only): DDP all-reduces the full
+    gradients through its bucket copies, allocated once and kept."""
 
 
 class StrategySpec(Frozen):
@@ -109,3 +113,15 @@ class StrategySpec(Frozen):
     keep_unsharded_grads_on_accum: bool = False
     """FSDP no_sync / ZeRO-1: accumulate unsharded gradients locally and reduce once per step
     instead of every micro-batch (costs a full gradient buffer)."""
+
+    @model_validator(mode="after")
+    def _reduce_mode_fits_the_stage(self) -> "StrategySpec":
+        allowed = {ZeroGradientReduce.per_unit: (1, 2), ZeroGradientReduce.ddp_buckets: (1,)}
+        stages = allowed.get(self.zero_gradient_reduce)
+        if stages is not None and self.kind.zero_stage not in stages:
+            raise ZeroplanError(
+                "strategy.zero_gradient_reduce",
+                f"{self.zero_gradient_reduce.value!r} applies to ZeRO stage {' or '.join(map(str, stages))}, "
+                f"not {self.kind.value!r} (allowed: bucket)",
+            )
+        return self

@@ -7,13 +7,18 @@ from collections import defaultdict
 from zeroplan.core.activations import activation_bytes, saved_logits_bytes
 from zeroplan.core.plan import memory_breakdown
 from zeroplan.harness.record import RankRecord, RunDescription, StepRecord
-from zeroplan.specs import PlanRequest, ZeroGradientReduce
+from zeroplan.specs import PlanRequest, StrategyKind, ZeroGradientReduce
 from zeroplan.validate.rows import COLLECTIVE_OPS, ComparisonRow, collective_rows, model_state_rows, planner_request
 
 
 # zeroplan's reference ZeRO reduces each unit through a buffer of its own size
-# (zeroplan/harness/zero.py); DeepSpeed keeps one reduce bucket, the planner's default.
-_ENGINE_GRADIENT_REDUCE = {"zeroplan": ZeroGradientReduce.per_unit}
+# (zeroplan/harness/zero.py); ZeroRedundancyOptimizer keeps DDP's bucket copies; DeepSpeed's
+# reduce bucket is the planner's default.
+_ENGINE_GRADIENT_REDUCE = {
+    ("zeroplan", StrategyKind.zero1): ZeroGradientReduce.per_unit,
+    ("zeroplan", StrategyKind.zero2): ZeroGradientReduce.per_unit,
+    ("torch", StrategyKind.zero1): ZeroGradientReduce.ddp_buckets,
+}
 
 
 def request_for(description: RunDescription) -> PlanRequest:
@@ -21,7 +26,9 @@ def request_for(description: RunDescription) -> PlanRequest:
     return planner_request(
         description.model, description.training, description.batch, description.strategy, description.world_size,
         keep_unsharded_grads_on_accum=description.keep_unsharded_grads_on_accum,
-        zero_gradient_reduce=_ENGINE_GRADIENT_REDUCE.get(description.engine, ZeroGradientReduce.bucket),
+        zero_gradient_reduce=_ENGINE_GRADIENT_REDUCE.get(
+            (description.engine, description.strategy), ZeroGradientReduce.bucket
+        ),
     )
 
 
