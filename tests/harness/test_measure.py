@@ -87,3 +87,21 @@ def test_each_rank_writes_its_own_record(measured) -> None:
 def test_time_limit_stops_the_run(tmp_path) -> None:
     result = launch(2, ["tiny-llama", "--strategy", "zero2", "--steps", "50"], tmp_path, timeout_s=3)
     assert result.returncode == 124
+
+
+@pytest.mark.parametrize("run", [find_run(strategy="zero3", engine="zeroplan"), find_run(strategy="ddp", engine="torch"),
+                                 find_run(strategy="fsdp-full-shard", engine="torch")], ids=lambda run: run.name)
+def test_the_allocator_peak_holds_what_must_be_alive_together(measured, run: Run) -> None:
+    """At the loss backward of a step after the first, the parameters, the optimizer states and
+    every saved activation are alive at once: the allocator's peak cannot be below their sum,
+    nor (nothing counted twice) far above it; the record names who allocated what was live."""
+    for rank in range(run.nproc):
+        record = read_record(measured(run) / f"rank{rank:05d}.json")
+        assert record.complete
+        for step in record.steps[1:]:
+            states, memory = step.model_state, step.memory
+            assert memory.allocator_peak_bytes is not None
+            together = states.parameters_bytes + states.optimizer_states_bytes + memory.saved_activation_bytes
+            assert memory.allocator_peak_bytes >= together
+            assert memory.allocator_peak_bytes < 4 * together  # nothing counted twice over
+            assert memory.allocator_live_bytes_by_operator
