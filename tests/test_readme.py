@@ -35,3 +35,9 @@ def test_readme_installs_deepspeed_as_ci_does() -> None:
     command = 'DS_BUILD_OPS=0 .venv/bin/python -m pip install --no-build-isolation "deepspeed==0.19.8"'
     assert command in README and command.replace("install ", "install --quiet ", 1) in ci
     assert 'deepspeed = ["deepspeed==0.19.8"]' in pyproject
+
+
+def test_readme_installs_the_peer_estimator_as_ci_does() -> None:
+    ci = (Path(__file__).resolve().parents[1] / ".ci" / "run").read_text()
+    command = '.venv/bin/python -m pip install -e ".[peers]"'
+    assert command in README and command.replace("install ", "install --quiet ", 1) in ci
