@@ -31,19 +31,16 @@ def zero_reduce_bucket_bytes(request: PlanRequest, gradient_bytes_per_element: i
 # so (1 + prefetch) unsharded units are alive, plus the unsharded gradient of the unit being
 # reduce-scattered.
 def gathered_unit_bytes(request: PlanRequest, bytes_per_element: int, gradient_bytes_per_element: int) -> int:
-    largest = largest_gathered_unit_elements(request)
+    largest = largest_unit_elements(request)
     gathered = (1 + request.strategy.prefetch_units) * largest * bytes_per_element
     return gathered + largest * gradient_bytes_per_element
 
 
-# docs/memory-model.md, "Peak": buffers differ in when they are alive. Resident buffers are
-# allocated once and kept (DDP's bucket copies, DeepSpeed's reduce bucket); backward-held ones
-# live from the forward through the end of backward (shard-grad-op's gathered units, no_sync's
-# unsharded gradients); transient ones exist only while one unit is gathered or reduced.
 # The FSDP recipe (torchtitan, zeroplan/harness/torch_engines.py): fully_shard each block, then
 # the root, whose parameter group is everything else (embedding, final norm, head), gathered as
 # one. The reference ZeRO and DeepSpeed gather the embedding and the head as separate units.
-def largest_gathered_unit_elements(request: PlanRequest) -> int:
+def largest_unit_elements(request: PlanRequest) -> int:
+    """Padded elements of the largest unit gathered or reduced as one."""
     padded = padded_unit_elements_of(request, request.shard_group_size)
     if not request.strategy.kind.is_fsdp:
         return max(padded)
@@ -53,10 +50,23 @@ def largest_gathered_unit_elements(request: PlanRequest) -> int:
     return max(blocks + [root])
 
 
+def _reduces_through_ddp_buckets(request: PlanRequest) -> bool:
+    """DDP itself, or ZeroRedundancyOptimizer under DDP (zero_gradient_reduce=ddp-buckets)."""
+    return (
+        request.strategy.kind is StrategyKind.ddp
+        or request.strategy.zero_gradient_reduce is ZeroGradientReduce.ddp_buckets
+    )
+
+
+# docs/memory-model.md, "Peak": buffers differ in when they are alive. Resident buffers are
+# allocated once and kept (DDP's bucket copies, DeepSpeed's stage 3 bucket and gradient
+# partition); backward-held ones live from the forward through the end of backward
+# (shard-grad-op's gathered units, no_sync's unsharded gradients); transient ones exist only
+# while a unit is gathered or reduced (DeepSpeed's stage 1-2 bucket while gradients arrive).
 def resident_buffer_bytes(request: PlanRequest) -> int:
     kind = request.strategy.kind
     eb = element_bytes(request.training.precision, request.convention)
-    if kind is StrategyKind.ddp or request.strategy.zero_gradient_reduce is ZeroGradientReduce.ddp_buckets:
+    if _reduces_through_ddp_buckets(request):
         return ddp_bucket_bytes(request, eb.gradient)
     if kind.zero_stage == 3 and request.convention is StateConvention.deepspeed:
         return deepspeed_stage3_gradient_buffer_bytes(request, eb.compute_parameter)
@@ -90,26 +100,21 @@ def transient_buffer_bytes(request: PlanRequest) -> int:
     """Buffers of the unit being gathered or reduced (the largest unit)."""
     kind = request.strategy.kind
     eb = element_bytes(request.training.precision, request.convention)
-    if kind is StrategyKind.ddp or request.strategy.zero_gradient_reduce is ZeroGradientReduce.ddp_buckets:
+    if _reduces_through_ddp_buckets(request):
         return 0
     if kind.zero_stage in (1, 2):
         if request.strategy.zero_gradient_reduce is ZeroGradientReduce.bucket:
             # Filled as gradients arrive and released after backward: no bucket is alive at
             # the loss backward (the harness's allocator trace of DeepSpeed stage 2).
             return zero_reduce_bucket_bytes(request, eb.compute_parameter)
-        largest = max(padded_unit_elements_of(request, request.shard_group_size))
+        largest = largest_unit_elements(request)
         # Stage 2 reduces in backward: the unit's full gradients and their flat copy; stage 1
         # reduces in the step, where the full gradients are already counted.
         copies = 2 if kind.zero_stage == 2 else 1
         return copies * largest * eb.compute_parameter
     if kind is StrategyKind.fsdp_shard_grad_op:
-        return largest_gathered_unit_elements(request) * gradient_wire_bytes(request)
+        return largest_unit_elements(request) * gradient_wire_bytes(request)
     return gathered_unit_bytes(request, eb.compute_parameter, gradient_wire_bytes(request))
-
-
-def backward_buffer_bytes(request: PlanRequest) -> int:
-    """Communication and gathering buffers alive during backward, on one GPU (at most)."""
-    return resident_buffer_bytes(request) + backward_held_buffer_bytes(request) + transient_buffer_bytes(request)
 
 
 # torch/optim/adam.py, _multi_tensor_adam: torch._foreach_sqrt(exp_avg_sqs) materialises one

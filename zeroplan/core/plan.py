@@ -7,8 +7,7 @@ from dataclasses import dataclass
 
 from zeroplan.core.activations import activation_bytes, backward_workspace_bytes, logits_bytes
 from zeroplan.core.buffers import (
-    backward_buffer_bytes, backward_held_buffer_bytes, optimizer_step_temporary_bytes, resident_buffer_bytes,
-    transient_buffer_bytes,
+    backward_held_buffer_bytes, optimizer_step_temporary_bytes, resident_buffer_bytes, transient_buffer_bytes,
 )
 from zeroplan.core.communication import collectives
 from zeroplan.core.model_states import ModelStateBytes, model_state_bytes
@@ -60,13 +59,14 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
     activations = activation_bytes(model, training, s, b)
     logits = logits_bytes(model, training, s, b)
     workspace = backward_workspace_bytes(model, training, s, b)
-    temporary = backward_buffer_bytes(request) + workspace
     step_temporary = optimizer_step_temporary_bytes(request, states.optimizer_elements)
     terms = PeakTerms(
         activations=activations, logits=logits, workspace=workspace,
         resident_buffers=resident_buffer_bytes(request), backward_held_buffers=backward_held_buffer_bytes(request),
         transient_buffers=transient_buffer_bytes(request), step_temporary=step_temporary,
     )
+    # The table's buffers column: every buffer at once (the most ever allocated for them).
+    temporary = terms.resident_buffers + terms.backward_held_buffers + terms.transient_buffers + workspace
     allocated = peak_allocated_bytes(states, terms, batch.grad_accum_steps)
     reserve = int(allocated * request.assumptions.allocator_reserve_fraction)
     breakdown = MemoryBreakdown(
