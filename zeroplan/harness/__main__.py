@@ -37,7 +37,7 @@ def config_from_args(args):  # -> zeroplan.harness.runner.RunConfig (imports tor
         run_id=args.run_id, fail_rank=args.fail_rank,
         keep_unsharded_grads_on_accum=args.keep_unsharded_grads_on_accum,
     )
-    check_supported(config.strategy, config.engine, config.training.optimizer)
+    check_supported(config.strategy, config.engine, config.training.optimizer, config.batch.grad_accum_steps)
     return config
 
 

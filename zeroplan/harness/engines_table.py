@@ -83,9 +83,15 @@ def supported_optimizers(strategy: StrategyKind, engine: EngineKind) -> tuple[Op
     return ELEMENTWISE_OPTIMIZERS
 
 
-def check_supported(strategy: StrategyKind, engine: EngineKind, optimizer: Optimizer = Optimizer.adamw) -> str:
-    """The implementation's name; a one-line error naming the valid engines (or optimizers)
-    otherwise."""
+# deepspeed_engine.py configures gradient_accumulation_steps 1.
+_ONE_MICRO_BATCH_ENGINES = (EngineKind.deepspeed,)
+
+
+def check_supported(
+    strategy: StrategyKind, engine: EngineKind, optimizer: Optimizer = Optimizer.adamw, grad_accum_steps: int = 1,
+) -> str:
+    """The implementation's name; a one-line error naming the valid engines (or optimizers, or
+    micro-batches per step) otherwise."""
     if (strategy, engine) not in SUPPORTED:
         engines = sorted(e.value for (s, e) in SUPPORTED if s is strategy)
         if not engines:
@@ -102,6 +108,8 @@ def check_supported(strategy: StrategyKind, engine: EngineKind, optimizer: Optim
             f"{optimizer.value!r} is not supported by {implementation} (--strategy {strategy.value} "
             f"--engine {engine.value}; allowed: {', '.join(o.value for o in allowed)})",
         )
+    if engine in _ONE_MICRO_BATCH_ENGINES and grad_accum_steps != 1:
+        raise ZeroplanError("grad_accum", f"{grad_accum_steps} is not supported by {implementation} (allowed: 1)")
     return implementation
 
 
@@ -109,12 +117,9 @@ def check_supported_names(strategy: str, engine: str, optimizer: str = Optimizer
                           grad_accum_steps: int = 1) -> str:
     """As check_supported, from the command line's strings; also that an optional engine is
     installed, so a missing one is reported before any rank starts."""
-    implementation = check_supported(StrategyKind(strategy), EngineKind(engine), Optimizer(optimizer))
-    if EngineKind(engine) is EngineKind.deepspeed:
-        if grad_accum_steps != 1:
-            raise ZeroplanError("grad_accum", f"{grad_accum_steps} is not supported by {implementation} (allowed: 1)")
-        if not _module_installed("deepspeed"):
-            raise ZeroplanError("engine", f"'deepspeed' needs DeepSpeed, which is not installed; install it with: {DEEPSPEED_INSTALL}")
+    implementation = check_supported(StrategyKind(strategy), EngineKind(engine), Optimizer(optimizer), grad_accum_steps)
+    if EngineKind(engine) is EngineKind.deepspeed and not _module_installed("deepspeed"):
+        raise ZeroplanError("engine", f"'deepspeed' needs DeepSpeed, which is not installed; install it with: {DEEPSPEED_INSTALL}")
     return implementation
 
 

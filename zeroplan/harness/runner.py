@@ -69,7 +69,8 @@ def run_rank(
     full parameters, an extra collective the oracle tests need and a memory benchmark does not.
     With ``nccl_log`` (the NCCL_DEBUG_FILE this process writes, see nccl_log.enable_coll_log) the
     record also gets NCCL's own count of the collectives, setup and step by step."""
-    implementation = check_supported(config.strategy, config.engine, config.training.optimizer)
+    implementation = check_supported(config.strategy, config.engine, config.training.optimizer,
+                                     config.batch.grad_accum_steps)
     dtype = _DTYPES[config.training.precision]
     rank, world_size = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
@@ -81,7 +82,7 @@ def run_rank(
         backend=dist.get_backend(), device=str(device),
     )
     recorder = CommRecorder()
-    # Started before the model exists, so the allocator's total covers every tensor of the run.
+    # Started before the model exists, so the trace sees every tensor of the run.
     trace = AllocatorTrace(enabled=device.type == "cpu")
     with torch.device(device), trace:
         model = build_model(config.model, config.seed)
