@@ -164,7 +164,7 @@ def _step_peaks(prof: profile) -> dict[int, StepAllocatorPeak]:
 
 
 def step_peaks(
-    allocations: list[Allocation], ranges: dict[int, tuple[int, int]], uses: list["Use"] = (),
+    allocations: list[Allocation], ranges: dict[int, tuple[int, int]], uses: list[Use] = (),
 ) -> dict[int, StepAllocatorPeak]:
     """Each step's peak of live bytes, from allocator events, operator inputs and the steps'
     time ranges."""
@@ -192,7 +192,7 @@ def step_peaks(
 # made it returns, or else, if it was handed to a collective, when the last operator that used
 # it returns; unless its address is used again before. A block never handed to a collective
 # whose free is not seen (an optimizer state) is live to the end.
-def with_unseen_frees(allocations: list[Allocation], uses: list["Use"] = ()) -> list[Allocation]:
+def with_unseen_frees(allocations: list[Allocation], uses: list[Use] = ()) -> list[Allocation]:
     """The events in time order, plus a free for every collective's block whose own free was
     not seen (see above)."""
     ordered = sorted(allocations, key=lambda a: a.time_ns)
