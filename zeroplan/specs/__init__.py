@@ -1,5 +1,6 @@
 """Typed, frozen specs: what the user asks about."""
 
+from zeroplan.specs.framework import Framework
 from zeroplan.specs.hardware import ClusterSpec, GpuSpec, LinkSpec, cluster_from_gpus
 from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
 from zeroplan.specs.request import MemoryAssumptions, PerformanceAssumptions, PlanRequest
@@ -19,6 +20,7 @@ __all__ = [
     "AttentionKernel",
     "BatchSpec",
     "ClusterSpec",
+    "Framework",
     "GpuSpec",
     "LinkSpec",
     "MemoryAssumptions",

@@ -7,6 +7,7 @@ from enum import Enum
 from pydantic import Field
 
 from zeroplan.specs.base import Frozen
+from zeroplan.specs.framework import Framework
 
 
 class Precision(str, Enum):
@@ -52,6 +53,12 @@ class ActivationCheckpointing(str, Enum):
     """Recompute only the attention core (the terms quadratic in sequence length)."""
     full = "full"
     """Store only each block's input; recompute the block in backward."""
+    selective_op = "selective-op"
+    """torchtitan's op-level selective checkpointing: keep the outputs of the ops on its save
+    list (matmuls, with every second one recomputed; attention), recompute the rest."""
+    selective_layer = "selective-layer"
+    """torchtitan's layer-level selective checkpointing: checkpoint every k-th block fully
+    (k = TrainingSpec.selective_layer_interval), keep the others' activations."""
 
 
 class AttentionKernel(str, Enum):
@@ -93,6 +100,14 @@ class TrainingSpec(Frozen):
     state_convention: StateConvention | None = None
     """Byte layout of model states; None takes the strategy's own (fsdp2 for PyTorch's DDP
     and FSDP, zero for DeepSpeed's ZeRO stages and offload)."""
+    framework: Framework = Framework.zeroplan
+    """The training stack whose model code, checkpointing and loss are predicted."""
+    selective_layer_interval: int = Field(default=2, gt=0)
+    """k of selective-layer checkpointing: every k-th block is checkpointed (torchtitan's
+    ``selective_ac_option``)."""
+    activation_offloading: bool = False
+    """Move saved activations to host memory between forward and backward (torchtune's
+    ``enable_activation_offloading``)."""
 
 
 class BatchSpec(Frozen):
