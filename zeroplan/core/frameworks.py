@@ -136,17 +136,28 @@ def hf_bf16_norm_savings_bytes(request: PlanRequest) -> int:
     return (FP32_BYTES - 2) * request.batch.seq_len * request.batch.micro_batch_size * request.model.hidden_size
 
 
+# torchtitan 0.3.0 models/llama3/__init__.py builds every Llama-3 flavour with fuse_qkv=True
+# (models/common/attention.py QKVLinear: one wqkv matmul); the feed-forward is
+# w2(silu(w1(x)) * w3(x)) (models/common/feed_forward.py). The block's matmuls in forward order,
+# as output widths per token:
+def llama_block_mm_widths(model: ModelSpec, fused_qkv: bool) -> tuple[int, ...]:
+    qkv = (model.q_size + 2 * model.kv_size,) if fused_qkv else (model.q_size, model.kv_size, model.kv_size)
+    return (*qkv, model.hidden_size, model.ffn_hidden_size, model.ffn_hidden_size, model.hidden_size)
+
+
 # torchtitan 0.3.0 torchtitan/distributed/activation_checkpoint.py SelectiveAC._wrap_block: the
-# policy saves the outputs of the ops in _get_default_save_ops (the partitioner's compute-
-# intensive ops: mm, SDPA; plus linear) except every second mm counted per block forward; all
-# else is recomputed, and the checkpoint keeps the block input. In a Llama block the mms run
-# wq, wk, wv, wo, w1, w3, w2: the 1st, 3rd, 5th and 7th are kept (wq, wv, w1, w2), wk, wo, w3
-# recomputed; SDPA's output and its fp32 log-sum-exp are kept.
+# policy MUST_SAVEs the outputs of the ops in _get_default_save_ops (torch's partitioner
+# compute-intensive ops: mm, SDPA flash/efficient; plus linear) except every second mm, counted
+# afresh in each block's forward (the count is odd for the 1st, 3rd, ... mm: those are kept);
+# everything else is recomputed and the checkpoint keeps the block input. With fused QKV the
+# kept mms are wqkv, w1 and w2 (wo and w3 are recomputed); SDPA's output and its fp32
+# log-sum-exp are kept.
 def selective_op_layer_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> int:
     e = training.precision.compute_bytes
     sb = s * b
     block_input = e * sb * model.hidden_size
-    kept_mm_outputs = e * sb * (model.q_size + model.kv_size + model.ffn_hidden_size + model.hidden_size)
+    widths = llama_block_mm_widths(model, fused_qkv=True)
+    kept_mm_outputs = e * sb * sum(widths[0::2])
     sdpa = e * sb * model.q_size + FP32_BYTES * model.num_heads * sb
     return block_input + kept_mm_outputs + sdpa
 
