@@ -11,6 +11,7 @@ from zeroplan.specs import (
     ActivationCheckpointing,
     AttentionKernel,
     BatchSpec,
+    Framework,
     Optimizer,
     PerformanceAssumptions,
     PlanRequest,
@@ -36,11 +37,22 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--micro-batch", type=positive_int, default=1, help="sequences per GPU per pass (default 1)")
     parser.add_argument("--seq-len", type=positive_int, default=4096, help="tokens per sequence (default 4096)")
     parser.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step (default 1)")
-    parser.add_argument("--precision", choices=choices_of(Precision), default=Precision.bf16_mixed.value)
+    parser.add_argument(
+        "--precision", choices=choices_of(Precision),
+        help="numeric formats (default: the framework's, bf16-mixed; torchtune bf16-pure)",
+    )
     parser.add_argument("--optimizer", choices=choices_of(Optimizer), default=Optimizer.adamw.value)
     parser.add_argument(
         "--activation-checkpointing", choices=choices_of(ActivationCheckpointing),
         default=ActivationCheckpointing.none.value,
+    )
+    parser.add_argument(
+        "--framework", choices=choices_of(Framework), default=Framework.zeroplan.value,
+        help="training stack whose model code, checkpointing and loss are predicted (default zeroplan)",
+    )
+    parser.add_argument(
+        "--activation-offloading", action="store_true",
+        help="move saved activations to host memory (torchtune's enable_activation_offloading)",
     )
     parser.add_argument("--attention", choices=choices_of(AttentionKernel), default=AttentionKernel.flash.value)
     parser.add_argument(
@@ -84,19 +96,25 @@ def parse_strategies(text: str | None) -> tuple[StrategyKind, ...]:
 
 def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKind.ddp) -> PlanRequest:
     """Build the PlanRequest the flags describe; bad values raise one-line ZeroplanErrors."""
+    from zeroplan.core.frameworks import check_framework_request, profile
     from zeroplan.presets.models import get_model
 
     model = get_model(args.model)
     cluster = cluster_from_gpus(_gpu(args), args.gpus, args.gpus_per_node, args.nodes)
     if args.host_memory_gb is not None:
         cluster = cluster.model_copy(update={"host_memory_bytes_per_node": int(args.host_memory_gb * GB)})
+    framework = Framework(args.framework)
+    precision = Precision(args.precision) if args.precision else profile(framework).default_precision
     training = TrainingSpec(
-        precision=Precision(args.precision),
+        precision=precision,
+        framework=framework,
+        activation_offloading=args.activation_offloading,
         optimizer=Optimizer(args.optimizer),
         activation_checkpointing=ActivationCheckpointing(args.activation_checkpointing),
         attention_kernel=AttentionKernel(args.attention),
         state_convention=StateConvention(args.state_convention) if args.state_convention else None,
     )
+    check_framework_request(training)
     batch = BatchSpec(micro_batch_size=args.micro_batch, seq_len=args.seq_len, grad_accum_steps=args.grad_accum)
     if args.hsdp_group is not None and cluster.world_size % args.hsdp_group:
         raise ZeroplanError("hsdp-group", f"{args.hsdp_group} does not divide the {cluster.world_size} GPUs")

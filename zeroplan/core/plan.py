@@ -10,12 +10,16 @@ from zeroplan.core.buffers import (
     backward_held_buffer_bytes, optimizer_step_temporary_bytes, resident_buffer_bytes, transient_buffer_bytes,
 )
 from zeroplan.core.communication import collectives
+from zeroplan.core.frameworks import (
+    check_framework_request, framework_activation_bytes, framework_logits_bytes, usable_memory_bytes,
+)
 from zeroplan.core.model_states import ModelStateBytes, model_state_bytes
 from zeroplan.core.params import total_parameters
 from zeroplan.core.timing import step_time
 from zeroplan.results import FitReport, MemoryBreakdown, StrategyPlan
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
+from zeroplan.specs.framework import Framework
 from zeroplan.specs.training import ActivationCheckpointing
 
 MAX_MICRO_BATCH_SEARCH = 1 << 20
@@ -55,9 +59,14 @@ class PeakTerms:
 def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateBytes]:
     model, training, batch = request.model, request.training, request.batch
     s, b = batch.seq_len, batch.micro_batch_size
+    check_framework_request(training)
     states = model_state_bytes(request)
-    activations = activation_bytes(model, training, s, b)
-    logits = logits_bytes(model, training, s, b)
+    if training.framework is Framework.zeroplan:
+        activations = activation_bytes(model, training, s, b)
+        logits = logits_bytes(model, training, s, b)
+    else:
+        activations = framework_activation_bytes(request)
+        logits = framework_logits_bytes(request)
     workspace = backward_workspace_bytes(model, training, s, b)
     step_temporary = optimizer_step_temporary_bytes(request, states.optimizer_elements)
     terms = PeakTerms(
@@ -86,7 +95,7 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
 
 def _fits(request: PlanRequest) -> bool:
     breakdown, _ = memory_breakdown(request)
-    return breakdown.peak_bytes <= request.cluster.usable_memory_bytes
+    return breakdown.peak_bytes <= usable_memory_bytes(request)
 
 
 def max_micro_batch_size(request: PlanRequest) -> int:
@@ -110,7 +119,9 @@ def max_micro_batch_size(request: PlanRequest) -> int:
 def plan(request: PlanRequest) -> StrategyPlan:
     """Memory and communication of one strategy on one GPU."""
     breakdown, states = memory_breakdown(request)
-    usable = request.cluster.usable_memory_bytes
+    # Feasibility: allocated peak + allocator reserve against capacity less the CUDA context
+    # and NCCL buffers (docs/frameworks.md, "Feasibility").
+    usable = usable_memory_bytes(request)
     host_per_node = states.host_bytes * request.cluster.gpus_per_node
     host_limit = request.cluster.host_memory_bytes_per_node
     step_collectives = tuple(collectives(request))

@@ -19,6 +19,11 @@ class MemoryAssumptions(Frozen):
     allocator_reserve_fraction: float = Field(default=0.05, ge=0.0, lt=1.0)
     """Memory the PyTorch caching allocator reserves beyond what tensors occupy (block
     rounding and fragmentation), as a fraction of the peak allocated bytes."""
+    nccl_channels: int = Field(default=16, gt=0)
+    """Channels an NCCL communicator opens (framework profiles only): NCCL picks 2-32 per
+    topology (more on NVSwitch systems); 16 is an assumption, not calibrated on a GPU."""
+    nccl_peers_per_channel: int = Field(default=2, gt=0)
+    """Peers each channel keeps an NCCL_BUFFSIZE buffer for (a ring: previous and next)."""
 
 
 class PerformanceAssumptions(Frozen):

@@ -1,0 +1,157 @@
+"""Framework profiles in the planner (torch-free): the policies each framework offers, the
+terms where its model code differs from the reference model, feasibility with NCCL buffers,
+and, once committed, the measured records of the frameworks' own code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from zeroplan.cli.main import main
+from zeroplan.core.activations import activation_bytes, logits_bytes
+from zeroplan.core.frameworks import (
+    NCCL_BUFFSIZE_BYTES, PROFILES, framework_activation_bytes, framework_layer_bytes, framework_logits_bytes,
+    nccl_buffer_bytes, usable_memory_bytes,
+)
+from zeroplan.core.plan import fit, memory_breakdown
+from zeroplan.errors import ZeroplanError
+from zeroplan.presets.models import get_model
+from zeroplan.specs import (
+    ActivationCheckpointing, BatchSpec, Framework, PlanRequest, Precision, StrategyKind, StrategySpec, TrainingSpec,
+    cluster_from_gpus,
+)
+
+RECORDS = Path(__file__).resolve().parent.parent / "benchmarks" / "framework-records"
+AC = ActivationCheckpointing
+
+
+def _request(gpu, framework=Framework.zeroplan, kind=StrategyKind.fsdp_full_shard, model="llama-3.1-8b",
+             seq_len=8192, micro_batch=2, gpus=8, **training) -> PlanRequest:
+    return PlanRequest(
+        model=get_model(model), training=TrainingSpec(framework=framework, **training),
+        batch=BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch),
+        cluster=cluster_from_gpus(gpu, gpus), strategy=StrategySpec(kind=kind),
+    )
+
+
+@pytest.mark.parametrize("framework,policy", [
+    (Framework.zeroplan, AC.selective_op), (Framework.zeroplan, AC.selective_layer),
+    (Framework.torchtitan, AC.selective_layer), (Framework.torchtitan, AC.selective),
+    (Framework.hf, AC.selective_op), (Framework.torchtune, AC.selective_op),
+])
+def test_a_policy_the_framework_does_not_offer_is_refused(gpu_80gib, framework, policy) -> None:
+    with pytest.raises(ZeroplanError, match="activation_checkpointing.*allowed"):
+        memory_breakdown(_request(gpu_80gib, framework, activation_checkpointing=policy))
+
+
+def test_activation_offloading_only_where_offered(gpu_80gib) -> None:
+    with pytest.raises(ZeroplanError, match="activation_offloading"):
+        memory_breakdown(_request(gpu_80gib, Framework.hf, activation_offloading=True))
+    offloaded = memory_breakdown(_request(gpu_80gib, Framework.torchtune, activation_offloading=True))[0]
+    kept = memory_breakdown(_request(gpu_80gib, Framework.torchtune))[0]
+    assert offloaded.activation_bytes < kept.activation_bytes / 10
+
+
+def test_every_profile_names_its_version_and_offers_none_and_full() -> None:
+    for framework in Framework:
+        prof = PROFILES[framework]
+        assert prof.version and prof.framework is framework
+        assert AC.none in prof.checkpointing and AC.full in prof.checkpointing
+
+
+def test_the_reference_path_is_the_reference_formulas(gpu_80gib) -> None:
+    request = _request(gpu_80gib, activation_checkpointing=AC.full)
+    breakdown, _ = memory_breakdown(request)
+    model, training = request.model, request.training
+    assert breakdown.activation_bytes == activation_bytes(model, training, 8192, 2)
+    assert breakdown.logits_bytes == logits_bytes(model, training, 8192, 2)
+    assert usable_memory_bytes(request) == request.cluster.usable_memory_bytes
+
+
+def test_selective_op_keeps_less_than_none_and_more_than_full(gpu_80gib) -> None:
+    def activations(policy):
+        return framework_activation_bytes(_request(gpu_80gib, Framework.torchtitan, activation_checkpointing=policy))
+
+    assert activations(AC.full) < activations(AC.selective_op) < activations(AC.none)
+
+
+def test_selective_op_keeps_the_odd_numbered_matmuls(gpu_80gib) -> None:
+    # Llama-3.1-8B: h 4096, 32 heads of 128, 8 KV heads, f 14336. Per token, in bf16: block
+    # input h, wqkv (4096 + 2*1024), w1 (f), w2 (h), SDPA output (4096), fp32 LSE per head.
+    request = _request(gpu_80gib, Framework.torchtitan, activation_checkpointing=AC.selective_op)
+    tokens = 8192 * 2
+    kept_per_token = 2 * (4096 + 6144 + 14336 + 4096 + 4096) + 4 * 32
+    none = _request(gpu_80gib, Framework.torchtitan)
+    layer = framework_layer_bytes(none)
+    outside = framework_activation_bytes(none) - 32 * layer
+    expected = 32 * kept_per_token * tokens + layer - kept_per_token * tokens + outside
+    assert framework_activation_bytes(request) == expected
+
+
+def test_torchtune_saves_expanded_keys_and_values(gpu_80gib) -> None:
+    titan = framework_layer_bytes(_request(gpu_80gib, Framework.torchtitan, precision=Precision.bf16_pure))
+    tune = framework_layer_bytes(_request(gpu_80gib, Framework.torchtune, precision=Precision.bf16_pure))
+    # K and V at 32 heads instead of 8, 128 wide, bf16, 16384 tokens.
+    assert tune - titan == 2 * 2 * 16384 * (32 - 8) * 128
+
+
+def test_hf_norms_save_bf16_only_when_the_module_is_bf16(gpu_80gib) -> None:
+    fsdp = framework_layer_bytes(_request(gpu_80gib, Framework.hf))
+    deepspeed = framework_layer_bytes(_request(gpu_80gib, Framework.hf, kind=StrategyKind.zero3))
+    reference = framework_layer_bytes(_request(gpu_80gib, Framework.torchtitan))
+    assert fsdp == reference
+    assert reference - deepspeed == 2 * 2 * 16384 * 4096
+
+
+def test_torchtune_chunked_loss_is_smaller_than_one_piece(gpu_80gib) -> None:
+    tune = framework_logits_bytes(_request(gpu_80gib, Framework.torchtune))
+    titan = framework_logits_bytes(_request(gpu_80gib, Framework.torchtitan))
+    sbv = 16384 * 128256
+    assert titan == 12 * sbv
+    assert tune == 2 * sbv + 4 * sbv + 4 * sbv // 8
+
+
+def test_nccl_buffers_shrink_what_the_allocator_may_use(gpu_80gib) -> None:
+    request = _request(gpu_80gib, Framework.torchtitan)
+    assert nccl_buffer_bytes(request) == NCCL_BUFFSIZE_BYTES * 16 * 2
+    assert usable_memory_bytes(request) == request.cluster.usable_memory_bytes - nccl_buffer_bytes(request)
+    single = _request(gpu_80gib, Framework.torchtitan, gpus=1)
+    assert nccl_buffer_bytes(single) == 0
+    report = fit(request, (StrategyKind.fsdp_full_shard,))
+    assert report.plans[0].usable_memory_bytes == usable_memory_bytes(request)
+
+
+@pytest.mark.parametrize("framework,policy", [("torchtitan", "selective-op"), ("hf", "full"), ("torchtune", "full")])
+def test_the_done_when_commands_run(capsys, framework, policy) -> None:
+    code = main([
+        "fit", "llama-3.1-8b", "--framework", framework, "--activation-checkpointing", policy,
+        "--gpus", "8", "--gpu", "h100-80gb", "--micro-batch", "2", "--seq-len", "8192",
+    ])
+    out = capsys.readouterr().out
+    assert code == 0 and "Verdict" in out
+
+
+def test_an_unoffered_policy_on_the_command_line_is_one_line(capsys) -> None:
+    try:
+        code = main(["fit", "llama-3.1-8b", "--framework", "hf", "--activation-checkpointing", "selective-op"])
+    except SystemExit as exit_:
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "allowed" in err
+
+
+def test_against_the_measured_framework_records() -> None:
+    if not RECORDS.is_dir():
+        pytest.skip(f"no framework records committed yet ({RECORDS.name}/ does not exist)")
+    import sys
+
+    sys.path.insert(0, str(RECORDS.parent))
+    from framework_accuracy import framework_rows
+
+    rows = framework_rows(RECORDS)
+    assert rows, "the record directory holds no records"
+    for row in rows:
+        assert abs(row.block_error) <= 0.02, row
+        if row.step_error is not None:
+            assert abs(row.step_error) <= 0.05, row

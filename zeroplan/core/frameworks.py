@@ -1,0 +1,259 @@
+"""Framework profiles: what torchtitan, Hugging Face Transformers and torchtune hold on a GPU
+where they differ from zeroplan's reference transformer (docs/frameworks.md, "Profiles").
+
+Each profile is data read from the framework's own source (file and version on the line above
+each entry or formula); the functions below turn it into bytes. Only the differences are
+modelled here: every term a framework shares with the reference model (the linear inputs, the
+SwiGLU MLP, fused SDPA, RoPE saving only its constant cos/sin or complex cache) is computed by
+zeroplan.core.activations, which cites its own sources. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zeroplan.errors import ZeroplanError
+from zeroplan.specs.framework import Framework
+from zeroplan.specs.model import ModelSpec
+from zeroplan.specs.request import PlanRequest
+from zeroplan.specs.strategy import StrategyKind
+from zeroplan.specs.training import ActivationCheckpointing, Precision, TrainingSpec
+from zeroplan.units import MiB
+
+FP32_BYTES = 4
+
+
+@dataclass(frozen=True)
+class FrameworkProfile:
+    """What one training stack does, as read from its source (docs/frameworks.md)."""
+
+    framework: Framework
+    version: str
+    """The release the profile was read from."""
+    checkpointing: tuple[ActivationCheckpointing, ...]
+    """Activation-checkpointing policies the framework offers, by their zeroplan names."""
+    checkpointing_names: str
+    """The same policies as the framework's own config spells them."""
+    default_precision: Precision
+    """The numerics its recipes default to."""
+    expands_kv_heads: bool
+    """Grouped-query K and V are copied to the query head count before SDPA (so SDPA saves
+    them at that width)."""
+    bf16_module_norm_saves_bf16: bool
+    """With the module in bf16 its RMSNorm saves the normalised tensor in bf16 (HF's
+    LlamaRMSNorm casts back before the weight multiply) instead of in fp32."""
+    loss_chunks: int
+    """Chunks the output projection and cross-entropy are split into (1: one piece)."""
+    offers_activation_offloading: bool
+    """Whether saved activations can be moved to host memory between forward and backward."""
+
+
+_NONE_FULL = (ActivationCheckpointing.none, ActivationCheckpointing.full)
+
+PROFILES: dict[Framework, FrameworkProfile] = {
+    # zeroplan/harness/model.py: the reference model; its policies are Korthikanti et al.'s.
+    Framework.zeroplan: FrameworkProfile(
+        framework=Framework.zeroplan, version="this package",
+        checkpointing=(ActivationCheckpointing.none, ActivationCheckpointing.selective, ActivationCheckpointing.full),
+        checkpointing_names="none, selective, full",
+        default_precision=Precision.bf16_mixed, expands_kv_heads=False, bf16_module_norm_saves_bf16=False,
+        loss_chunks=1, offers_activation_offloading=False,
+    ),
+    # torchtitan 0.3.0, torchtitan/distributed/activation_checkpoint.py: ActivationCheckpointingConfig
+    # is selective (SelectiveAC, per-op) | full (FullAC) | memory-budget (compiled only) | none;
+    # 0.3.0 has no layer-level selective option. models/common/attention.py passes enable_gqa to
+    # SDPA (no K/V copy); models/common/nn_modules.py RMSNorm is nn.RMSNorm (F.rms_norm).
+    Framework.torchtitan: FrameworkProfile(
+        framework=Framework.torchtitan, version="0.3.0",
+        checkpointing=(*_NONE_FULL, ActivationCheckpointing.selective_op),
+        checkpointing_names="none, full, selective-op (torchtitan's `selective`)",
+        default_precision=Precision.bf16_mixed, expands_kv_heads=False, bf16_module_norm_saves_bf16=False,
+        loss_chunks=1, offers_activation_offloading=False,
+    ),
+    # transformers 4.56.2: modeling_utils.gradient_checkpointing_enable wraps each decoder layer
+    # (full recomputation per layer); models/llama/modeling_llama.py LlamaRMSNorm returns
+    # weight * hidden_states.to(input_dtype); integrations/sdpa_attention.py use_gqa_in_sdpa is
+    # true on CUDA with torch >= 2.5 and no attention mask, so K/V are not repeated.
+    Framework.hf: FrameworkProfile(
+        framework=Framework.hf, version="transformers 4.56.2",
+        checkpointing=_NONE_FULL, checkpointing_names="none, full (gradient_checkpointing)",
+        default_precision=Precision.bf16_mixed, expands_kv_heads=False, bf16_module_norm_saves_bf16=True,
+        loss_chunks=1, offers_activation_offloading=False,
+    ),
+    # torchtune 0.6.1: modules/attention.py (lines 285-291) expands K and V to num_heads with
+    # unsqueeze/expand/flatten (a copy) before SDPA; modules/loss/ce_chunked_output_loss.py
+    # CEWithChunkedOutputLoss(num_output_chunks=8); recipes/full_finetune_distributed.py offers
+    # enable_activation_checkpointing and enable_activation_offloading; its configs train in
+    # dtype: bf16 (parameters, gradients and optimizer states in bf16).
+    Framework.torchtune: FrameworkProfile(
+        framework=Framework.torchtune, version="0.6.1",
+        checkpointing=_NONE_FULL, checkpointing_names="none, full (enable_activation_checkpointing)",
+        default_precision=Precision.bf16_pure, expands_kv_heads=True, bf16_module_norm_saves_bf16=False,
+        loss_chunks=8, offers_activation_offloading=True,
+    ),
+}
+
+
+def profile(framework: Framework) -> FrameworkProfile:
+    return PROFILES[framework]
+
+
+def check_framework_request(training: TrainingSpec) -> None:
+    """Refuse, in one line naming the field, a policy the framework does not offer."""
+    prof = profile(training.framework)
+    if training.activation_checkpointing not in prof.checkpointing:
+        raise ZeroplanError(
+            "activation_checkpointing",
+            f"{training.activation_checkpointing.value!r} is not offered by {training.framework.value} "
+            f"{prof.version} (allowed: {prof.checkpointing_names})",
+        )
+    if training.activation_offloading and not prof.offers_activation_offloading:
+        raise ZeroplanError(
+            "activation_offloading",
+            f"not offered by {training.framework.value} (allowed only with framework torchtune)",
+        )
+
+
+# torchtune 0.6.1 modules/attention.py: k.unsqueeze(2).expand(...).flatten(1, 2) copies K and
+# V to the query head count; SDPA saves the copies, so each is q_size wide instead of kv_size.
+def expanded_kv_extra_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> int:
+    """Extra bytes one block saves because K and V are expanded before attention."""
+    prof = profile(training.framework)
+    if not prof.expands_kv_heads:
+        return 0
+    return 2 * training.precision.compute_bytes * s * b * (model.q_size - model.kv_size)
+
+
+# transformers 4.56.2 models/llama/modeling_llama.py LlamaRMSNorm.forward: the fp32 copy of the
+# input (saved by pow and by the multiply with rsqrt) is 4 bytes per element, and the multiply
+# by the weight saves hidden_states.to(input_dtype): 2 bytes per element when the module runs in
+# bf16 (DeepSpeed casts the module; under autocast input_dtype is fp32 and it saves 4, like
+# F.rms_norm's two fp32 tensors in zeroplan.core.activations.norm_bytes).
+def hf_bf16_norm_savings_bytes(request: PlanRequest) -> int:
+    """Bytes per norm that HF's RMSNorm saves less than two fp32 tensors, with a bf16 module."""
+    if not profile(request.training.framework).bf16_module_norm_saves_bf16 or not _hf_module_in_bf16(request):
+        return 0
+    return (FP32_BYTES - 2) * request.batch.seq_len * request.batch.micro_batch_size * request.model.hidden_size
+
+
+# torchtitan 0.3.0 models/llama3/__init__.py builds every Llama-3 flavour with fuse_qkv=True
+# (models/common/attention.py QKVLinear: one wqkv matmul); the feed-forward is
+# w2(silu(w1(x)) * w3(x)) (models/common/feed_forward.py). The block's matmuls in forward order,
+# as output widths per token:
+def llama_block_mm_widths(model: ModelSpec, fused_qkv: bool) -> tuple[int, ...]:
+    qkv = (model.q_size + 2 * model.kv_size,) if fused_qkv else (model.q_size, model.kv_size, model.kv_size)
+    return (*qkv, model.hidden_size, model.ffn_hidden_size, model.ffn_hidden_size, model.hidden_size)
+
+
+# torchtitan 0.3.0 torchtitan/distributed/activation_checkpoint.py SelectiveAC._wrap_block: the
+# policy MUST_SAVEs the outputs of the ops in _get_default_save_ops (torch's partitioner
+# compute-intensive ops: mm, SDPA flash/efficient; plus linear) except every second mm, counted
+# afresh in each block's forward (the count is odd for the 1st, 3rd, ... mm: those are kept);
+# everything else is recomputed and the checkpoint keeps the block input. With fused QKV the
+# kept mms are wqkv, w1 and w2 (wo and w3 are recomputed); SDPA's output and its fp32
+# log-sum-exp are kept.
+def selective_op_layer_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> int:
+    e = training.precision.compute_bytes
+    sb = s * b
+    block_input = e * sb * model.hidden_size
+    widths = llama_block_mm_widths(model, fused_qkv=True)
+    kept_mm_outputs = e * sb * sum(widths[0::2])
+    sdpa = e * sb * model.q_size + FP32_BYTES * model.num_heads * sb
+    return block_input + kept_mm_outputs + sdpa
+
+
+# torchtune 0.6.1 modules/loss/ce_chunked_output_loss.py: the output projection returns
+# num_output_chunks bf16 chunks and each is upcast and passed through F.cross_entropy on its
+# own. The largest moment is the forward of the last chunk: all bf16 chunks (2sbV), the fp32
+# log-softmax of the chunks before (saved, 4sbV in all) and the last chunk's fp32 copy
+# (4sbV/n). Backward then holds the saved log-softmax and one chunk's two fp32 gradients.
+def chunked_logits_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int, chunks: int) -> int:
+    sbv = s * b * model.vocab_size
+    forward = training.precision.compute_bytes * sbv + FP32_BYTES * sbv + FP32_BYTES * sbv // chunks
+    backward = FP32_BYTES * sbv + 2 * FP32_BYTES * sbv // chunks
+    return max(forward, backward)
+
+
+NCCL_BUFFSIZE_BYTES = 4 * MiB
+"""NCCL's default NCCL_BUFFSIZE (NCCL environment-variable documentation: 4194304)."""
+
+
+# docs/frameworks.md, "Feasibility": NCCL allocates, per communicator, NCCL_BUFFSIZE for each
+# channel and each peer it exchanges with (ring: two); the channel count is an assumption.
+def nccl_buffer_bytes(request: PlanRequest) -> int:
+    """Device bytes NCCL's buffers take outside the caching allocator (0 for the reference
+    harness, whose measured runs are the baseline of the existing verdicts)."""
+    if request.training.framework is Framework.zeroplan or request.cluster.world_size == 1:
+        return 0
+    assumptions = request.assumptions
+    return NCCL_BUFFSIZE_BYTES * assumptions.nccl_channels * assumptions.nccl_peers_per_channel
+
+
+def usable_memory_bytes(request: PlanRequest) -> int:
+    """What the allocator may use: capacity less CUDA context and NCCL buffers."""
+    return request.cluster.usable_memory_bytes - nccl_buffer_bytes(request)
+
+
+def _hf_module_in_bf16(request: PlanRequest) -> bool:
+    # transformers 4.56.2 trainer.py: with DeepSpeed the engine casts the module to bf16; with
+    # DDP/FSDP the Trainer keeps fp32 parameters and runs the forward under torch.autocast.
+    kind = request.strategy.kind
+    return request.training.precision is Precision.bf16_pure or not (kind.is_fsdp or kind is StrategyKind.ddp)
+
+
+def block_input_bytes(request: PlanRequest, s: int, b: int) -> int:
+    """The residual-stream tensor a fully checkpointed block keeps: fp32 for HF under autocast
+    (its fp32 embedding output and residual adds stay fp32), else the compute dtype."""
+    training = request.training
+    width = training.precision.compute_bytes
+    if training.framework is Framework.hf and not _hf_module_in_bf16(request):
+        width = FP32_BYTES
+    return width * s * b * request.model.hidden_size
+
+
+def framework_layer_bytes(request: PlanRequest) -> int:
+    """One block's saved bytes without recomputation, in the framework's own model code."""
+    from zeroplan.core.activations import layer_bytes
+
+    model, training = request.model, request.training
+    s, b = request.batch.seq_len, request.batch.micro_batch_size
+    norm_savings = hf_bf16_norm_savings_bytes(request)
+    return layer_bytes(model, training, s, b) - 2 * norm_savings + expanded_kv_extra_bytes(model, training, s, b)
+
+
+# Korthikanti et al. 2022 sec. 5 for full recomputation (each block's input kept, one block
+# recomputed at a time), with the framework's block. torchtune 0.6.1
+# training/_activation_offloading.py OffloadActivations moves every saved tensor to host memory
+# in forward and brings it back in backward: assumed here to leave one block's activations on
+# the GPU (the block in transit), not calibrated on a GPU.
+def framework_activation_bytes(request: PlanRequest) -> int:
+    """Activations saved for backward by one micro-batch (logits excluded)."""
+    from zeroplan.core.activations import outside_layers_bytes
+
+    model, training = request.model, request.training
+    s, b = request.batch.seq_len, request.batch.micro_batch_size
+    layer = framework_layer_bytes(request)
+    mode = training.activation_checkpointing
+    if training.activation_offloading:
+        layers = layer
+    elif mode is ActivationCheckpointing.none:
+        layers = model.num_layers * layer
+    elif mode is ActivationCheckpointing.selective_op:
+        kept = selective_op_layer_bytes(model, training, s, b)
+        layers = model.num_layers * kept + layer - kept
+    else:
+        layers = model.num_layers * block_input_bytes(request, s, b) + layer
+    norm_savings = hf_bf16_norm_savings_bytes(request)
+    return layers + outside_layers_bytes(model, training, s, b) - norm_savings
+
+
+def framework_logits_bytes(request: PlanRequest) -> int:
+    """The loss's largest moment: logits and the cross-entropy's fp32 tensors."""
+    from zeroplan.core.activations import logits_bytes
+
+    model, training = request.model, request.training
+    s, b = request.batch.seq_len, request.batch.micro_batch_size
+    chunks = profile(training.framework).loss_chunks
+    if chunks > 1:
+        return chunked_logits_bytes(model, training, s, b, chunks)
+    return logits_bytes(model, training, s, b)
