@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 
 import pandas as pd
@@ -55,6 +57,12 @@ def save_validation_plot(rows: list[ComparisonRow], path: Path) -> Path:
     axes.legend(fontsize=7)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    # Atomic: a temp file beside the target, then os.replace; a failed save leaves nothing behind.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        figure.savefig(tmp, dpi=120, format=path.suffix.lstrip(".").lower() or "png")
+        os.replace(tmp, path)
+    finally:
+        plt.close(figure)
+        tmp.unlink(missing_ok=True)
     return path
