@@ -238,3 +238,19 @@ def test_python_dash_m_entry_points(tmp_path, module, argv, field) -> None:
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1 and field in result.stderr, result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_past_its_time_limit_is_one_line(capsys, monkeypatch, tmp_path) -> None:
+    """The launcher's 124 (time limit) becomes one line naming --timeout-s, exit status 2; no
+    torchrun is started: launch is replaced by one that reports the limit."""
+    from zeroplan.harness import launch as launch_module
+    from zeroplan.harness.cli import main
+
+    def timed_out(nproc, argv, out_dir, timeout_s):
+        return launch_module.LaunchResult(124, [], list(range(nproc)), [], [])
+
+    monkeypatch.setattr(launch_module, "launch", timed_out)
+    code = main(["tiny-llama", "--strategy", "zero2", "--backend", "gloo", "--timeout-s", "5", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and "timeout-s" in err and "5 s limit" in err, err
