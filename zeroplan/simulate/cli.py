@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from zeroplan.atomic import write_text_atomic
 from zeroplan.cli.parser import OneLineParser, positive_int, seq_len_int, run_reporting_user_errors
 from zeroplan.specs import ActivationCheckpointing, BatchSpec, Precision, TrainingSpec
 from zeroplan.units import ByteUnit, format_bytes
@@ -53,7 +54,7 @@ def _run(args) -> int:
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         path = args.out / RECORD_FILE
-        path.write_text(record.model_dump_json(indent=2) + "\n")
+        write_text_atomic(path, record.model_dump_json(indent=2) + "\n")
         print(f"wrote {path}")
     return 0
 
