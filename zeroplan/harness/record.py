@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from zeroplan.atomic import write_text_atomic
 from zeroplan.specs import BatchSpec, ModelSpec, StrategyKind, TrainingSpec
 from zeroplan.specs.base import Frozen
 
@@ -207,8 +208,6 @@ def write_record(out_dir: Path, record: RankRecord) -> Path:
     """Write atomically: a temp file in the same directory, fsync, then os.replace. A reader sees
     the old file or the new one, never half of one; other ranks' files are never touched."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    from zeroplan.atomic import write_text_atomic
-
     return write_text_atomic(record_path(out_dir, record.rank), record.model_dump_json(indent=1))
 
 
