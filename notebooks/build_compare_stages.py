@@ -3,6 +3,9 @@ committed notebook carries real outputs:
 
     python notebooks/build_compare_stages.py
 
+To rerun the committed notebook from any directory without rebuilding it (nbclient, a dev
+dependency, provides the command): ``.venv/bin/jupyter execute --inplace notebooks/compare_stages.ipynb``.
+
 Every formula is imported from zeroplan; the cells only choose inputs and display results.
 """
 
@@ -44,7 +47,9 @@ print(report.verdict)"""),
     ("markdown", "## Memory per GPU (GiB)"),
     ("code", """frame = fit_report_frame(report)
 memory_columns = [c for c in frame.columns if c.endswith("_bytes") and c not in ("sent_bytes_per_step",)]
-(frame[memory_columns] / GiB).round(1).join(frame[["fits", "max_micro_batch_size"]])"""),
+memory_gib = (frame[memory_columns] / GiB).round(1)
+memory_gib.columns = [c.removesuffix("_bytes") + "_gib" for c in memory_columns]
+memory_gib.join(frame[["fits", "max_micro_batch_size"]])"""),
     ("code", """memory_stack_figure(report);"""),
     ("markdown", """## Communication per step
 
@@ -75,15 +80,18 @@ Records committed under `benchmarks/records/` come from real runs of the harness
 small models; see `benchmarks/records/README.md` for the commands). Each row is one quantity
 of one run: the planner's prediction for the same request, the measurement, and their ratio."""),
     ("code", """from pathlib import Path
+import zeroplan
 from zeroplan.validate.compare import compare_record
 from zeroplan.validate.load import load_records
 from zeroplan.validate.report import comparison_frame
 
-records_dir = Path("..") / "benchmarks" / "records"
+# Found from the package, so that the notebook runs from any directory.
+records_dir = Path(zeroplan.__file__).resolve().parents[1] / "benchmarks" / "records"
 records = [r for r in load_records([str(records_dir)]) if r.rank == 0]
 rows = [row for record in records for row in compare_record(record)]
 table = comparison_frame(rows)[["strategy", "engine", "world_size", "quantity", "predicted_bytes", "measured_bytes", "ratio"]]
-table.round(4)"""),
+with pd.option_context("display.max_rows", None):  # every row, not pandas' first and last 5
+    display(table.round(4))"""),
 ]
 
 

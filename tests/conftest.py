@@ -4,6 +4,16 @@ from __future__ import annotations
 
 import pytest
 
+# Fixtures that launch torchrun (tests/harness/conftest.py, tests/harness/test_deepspeed.py): a test
+# that uses one is slow. `pytest -m "not slow"` leaves them out; .ci/run runs everything.
+SLOW_FIXTURES = frozenset({"measured", "runs"})
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
 from zeroplan.specs import GpuSpec, LinkSpec
 from zeroplan.units import GiB
 

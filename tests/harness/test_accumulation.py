@@ -221,6 +221,7 @@ def test_deepspeed_with_accumulation_is_refused_in_one_line_by_either_entry_poin
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow  # launches torchrun
 def test_measure_passes_the_accumulation_flags_to_every_rank(capsys, tmp_path) -> None:
     """Through ``zeroplan measure`` itself (the other runs use the batched test launcher): the
     flags reach the ranks' records, and a rank that fails leaves every record with the steps

@@ -153,6 +153,7 @@ def test_planner_matches_parameters_and_optimizer_states_at_two_ranks(runs) -> N
         assert rows["optimizer states"].predicted_bytes - rows["optimizer states"].measured_bytes == 4 * (units - 1)
 
 
+@pytest.mark.slow  # launches torchrun
 @needs_deepspeed
 def test_measure_command_runs_deepspeed_zero2_bf16(tmp_path, capsys) -> None:
     code = zeroplan_main(["measure", MODEL, "--strategy", "zero2", "--engine", "deepspeed", "--nproc", "2",

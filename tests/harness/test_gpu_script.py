@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from zeroplan.harness.layout import padded_numel
 from zeroplan.harness.model import build_model
 from zeroplan.harness.presets import harness_model
@@ -23,6 +25,7 @@ def test_help_works_without_cuda() -> None:
     assert "fake process group" in done.stdout
 
 
+@pytest.mark.slow  # a fake-process-group run in a subprocess, seconds
 def test_fake_pg_smoke_run_records_one_rank_of_n(tmp_path: Path) -> None:
     subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--model", "micro-llama", "--world-size", "8",
                     "--seq-len", "16", "--precision", "fp32", "--cases", "zero3:zeroplan", "--out", str(tmp_path)],

@@ -84,6 +84,7 @@ def test_each_rank_writes_its_own_record(measured) -> None:
     assert {r.description.world_size for r in records} == {4}
 
 
+@pytest.mark.slow  # launches torchrun
 def test_time_limit_stops_the_run(tmp_path) -> None:
     result = launch(2, ["tiny-llama", "--strategy", "zero2", "--steps", "50"], tmp_path, timeout_s=3)
     assert result.returncode == 124

@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 PROGRAM = r"""
@@ -85,6 +87,7 @@ def _run(tmp_path: Path, drop: int) -> tuple[dict, dict]:
     return summary, json.loads((tmp_path / "rank00000.json").read_text())
 
 
+@pytest.mark.slow  # a rank in a subprocess, seconds
 def test_step_spans_hold_each_steps_calls(tmp_path: Path) -> None:
     summary, record = _run(tmp_path, drop=0)
     log = record["nccl_log"]
@@ -97,6 +100,7 @@ def test_step_spans_hold_each_steps_calls(tmp_path: Path) -> None:
     assert log["communicators"] and set(log["communicators"].values()) == {1}
 
 
+@pytest.mark.slow  # a rank in a subprocess, seconds
 def test_a_missing_call_shows_in_its_step_only(tmp_path: Path) -> None:
     (tmp_path / "a").mkdir()
     _, first = _run(tmp_path / "a", drop=0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from zeroplan.cli.parser import choices_of, positive_float, positive_int
+from zeroplan.cli.parser import choices_of, positive_float, positive_int, seq_len_int
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs import (
     ActivationCheckpointing,
@@ -35,7 +35,7 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus-per-node", type=positive_int, help="GPUs per node (default min(--gpus, 8))")
     parser.add_argument("--host-memory-gb", type=positive_float, help="host RAM per node in GB, to check offload")
     parser.add_argument("--micro-batch", type=positive_int, default=1, help="sequences per GPU per pass (default 1)")
-    parser.add_argument("--seq-len", type=positive_int, default=4096, help="tokens per sequence (default 4096)")
+    parser.add_argument("--seq-len", type=seq_len_int, default=4096, help="tokens per sequence (default 4096)")
     parser.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step (default 1)")
     parser.add_argument(
         "--precision", choices=choices_of(Precision),
@@ -90,6 +90,8 @@ def parse_strategies(text: str | None) -> tuple[StrategyKind, ...]:
     for name in (part.strip() for part in text.split(",")):
         if name not in allowed:
             raise ZeroplanError("strategies", f"unknown {name!r} (allowed: {', '.join(allowed)})")
+        if StrategyKind(name) in kinds:
+            raise ZeroplanError("strategies", f"{name!r} is listed twice (each of {', '.join(allowed)} at most once)")
         kinds.append(StrategyKind(name))
     return tuple(kinds)
 

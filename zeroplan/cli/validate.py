@@ -35,11 +35,32 @@ def nccl_summary(records: list[RankRecord]) -> list[str]:
     return lines
 
 
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def check_plot_path(text: str) -> None:
+    """Refuse a plot path before any work: a format matplotlib would not write, a missing folder
+    or a missing matplotlib."""
+    from zeroplan.errors import ZeroplanError
+
+    path = Path(text)
+    if path.suffix.lower() not in PLOT_SUFFIXES:
+        raise ZeroplanError("plot", f"{text!r} must end in one of {', '.join(PLOT_SUFFIXES)}")
+    if path.is_dir():
+        raise ZeroplanError("plot", f"{text!r} is a directory; give a file name ending in .png")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ZeroplanError("plot", "needs matplotlib (pip install 'zeroplan[plots]')") from None
+
+
 def run_validate(args: argparse.Namespace) -> int:
     from zeroplan.validate.compare import compare_record
     from zeroplan.validate.load import load_records
     from zeroplan.validate.report import comparison_frame, render_validation_table, save_validation_plot
 
+    if args.plot:
+        check_plot_path(args.plot)
     records = load_records(args.records)
     chosen = records if args.all_ranks else [r for r in records if r.rank == 0] or records
     rows = [row for record in chosen for row in compare_record(record)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from zeroplan.cli.parser import positive_int
+from zeroplan.cli.parser import positive_int, seq_len_int
 from zeroplan.errors import ZeroplanError
 from zeroplan.harness.engines_table import MEASURABLE_OPTIMIZERS
 from zeroplan.specs import ActivationCheckpointing, BatchSpec, ModelSpec, Optimizer, Precision, StrategyKind, TrainingSpec
@@ -20,7 +20,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=ENGINES, default="zeroplan", help="whose implementation runs (default zeroplan)")
     parser.add_argument("--steps", type=positive_int, default=3)
     parser.add_argument("--micro-batch", type=positive_int, default=2)
-    parser.add_argument("--seq-len", type=positive_int, default=64)
+    parser.add_argument("--seq-len", type=seq_len_int, default=64)
     parser.add_argument("--precision", choices=[p.value for p in MEASURABLE_PRECISIONS], default=Precision.fp32.value)
     parser.add_argument("--grad-accum", type=positive_int, default=1,
                         help="micro-batches accumulated before each optimizer step (default 1)")

@@ -39,13 +39,23 @@ def run_measure(args: argparse.Namespace) -> int:
     from zeroplan.harness.engines_table import check_supported_names
     from zeroplan.harness.launch import launch
 
-    resolve_model(args.model)
+    from zeroplan.cli.measure_check import check_machine, check_out_path
+    from zeroplan.specs import StrategyKind
+
+    model = resolve_model(args.model)
     check_supported_names(args.strategy, args.engine, args.optimizer, args.grad_accum)
+    check_out_path(args.out)
+    check_machine(model, StrategyKind(args.strategy), args.nproc, args.backend)
     result = launch(args.nproc, _harness_argv(args), Path(args.out), args.timeout_s)
     for error in result.errors:
         sys.stderr.write(error + "\n")
     if result.returncode == 124:
-        sys.stderr.write(f"zeroplan measure: error: the run passed its {args.timeout_s:g} s limit and was stopped\n")
+        sys.stderr.write(
+            f"zeroplan measure: error: timeout-s: the run passed its {args.timeout_s:g} s limit and was stopped; "
+            f"{len(result.records)} record(s) in {args.out}, incomplete ranks marked complete=false "
+            f"(allowed: a larger --timeout-s)\n"
+        )
+        return 2
     if result.missing_ranks or result.incomplete_ranks or result.returncode:
         sys.stderr.write(
             f"zeroplan measure: error: ranks without a complete record: "

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
 
+from zeroplan.atomic import write_text_atomic
 from zeroplan.specs import BatchSpec, ModelSpec, StrategyKind, TrainingSpec
 from zeroplan.specs.base import Frozen
 
@@ -208,14 +208,7 @@ def write_record(out_dir: Path, record: RankRecord) -> Path:
     """Write atomically: a temp file in the same directory, fsync, then os.replace. A reader sees
     the old file or the new one, never half of one; other ranks' files are never touched."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = record_path(out_dir, record.rank)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(record.model_dump_json(indent=1))
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    return path
+    return write_text_atomic(record_path(out_dir, record.rank), record.model_dump_json(indent=1))
 
 
 def read_record(path: Path) -> RankRecord:

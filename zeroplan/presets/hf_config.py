@@ -68,6 +68,22 @@ def _llama_spec(name: str, config: dict[str, Any]) -> ModelSpec:
     )
 
 
+# Keys whose value must be a JSON integer: pydantic's lax mode would turn "4096" into 4096 and
+# true into 1, silently accepting a config that Hugging Face itself would reject.
+_INTEGER_KEYS = (
+    "vocab_size", "hidden_size", "n_embd", "num_hidden_layers", "n_layer", "num_attention_heads", "n_head",
+    "num_key_value_heads", "head_dim", "intermediate_size", "n_inner", "max_position_embeddings", "n_positions",
+    "num_local_experts", "num_experts_per_tok",
+)
+
+
+def _check_integer_keys(config: dict[str, Any]) -> None:
+    for key in _INTEGER_KEYS:
+        value = config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ZeroplanError(f"config.{key}", f"must be a JSON integer, got {value!r}")
+
+
 def parse_hf_config(config: dict[str, Any], name: str) -> ModelSpec:
     """A ModelSpec from an already-parsed config.json dictionary."""
     if not isinstance(config, dict):
@@ -75,6 +91,7 @@ def parse_hf_config(config: dict[str, Any], name: str) -> ModelSpec:
     model_type = config.get("model_type")
     if model_type is None:
         raise ZeroplanError("config.model_type", f"missing (allowed: {', '.join(SUPPORTED_MODEL_TYPES)})")
+    _check_integer_keys(config)
     try:
         if model_type in _GPT2_LIKE:
             return _gpt2_spec(name, config)
@@ -90,9 +107,11 @@ def parse_hf_config(config: dict[str, Any], name: str) -> ModelSpec:
 def load_hf_config(path: Path) -> ModelSpec:
     """Parse ``path`` (a config.json); errors name the file problem or the bad key."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise ZeroplanError("model", f"cannot read {str(path)!r}: {error.strerror}") from None
+    except UnicodeDecodeError as error:
+        raise ZeroplanError("model", f"{str(path)!r} is not UTF-8 text (byte {error.start}); config.json must be UTF-8 JSON") from None
     try:
         config = json.loads(text)
     except json.JSONDecodeError as error:

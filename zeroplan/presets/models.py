@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zeroplan.errors import unknown_name_error
+from zeroplan.errors import ZeroplanError, unknown_name_error
 from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
 
 
@@ -70,6 +70,10 @@ def get_model(name_or_path: str) -> ModelSpec:
     key = _ALIASES.get(key, key)
     if key in _PRESETS:
         return _PRESETS[key]
+    if Path(name_or_path).is_dir():
+        raise ZeroplanError(
+            "model", f"{name_or_path!r} is a directory; pass its config.json, or a preset name (see `zeroplan models`)"
+        )
     if name_or_path.endswith(".json") or Path(name_or_path).is_file():
         from zeroplan.presets.hf_config import load_hf_config
 

@@ -43,18 +43,23 @@ def memory_stack_figure(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> Fig
 
 
 def communication_figure(report: FitReport) -> Figure:
-    """Bytes sent per GPU per step, and step time with and without overlap, per strategy."""
-    figure, (sent_axes, time_axes) = plt.subplots(1, 2, figsize=(11, 4))
+    """Bytes sent per GPU per step, and step time with and without overlap, per strategy.
+
+    Horizontal bars, so that strategy names read level and never overlap; the legend sits above
+    the bars, outside the axes."""
     names = [p.strategy.value for p in report.plans]
-    sent_axes.bar(names, [p.sent_bytes_per_step / 1e9 for p in report.plans])
-    sent_axes.set_ylabel("GB sent per GPU per step (ring)")
-    positions = range(len(names))
-    time_axes.bar([x - 0.2 for x in positions], [p.time.step_without_overlap_s for p in report.plans], width=0.4, label="no overlap")
-    time_axes.bar([x + 0.2 for x in positions], [p.time.step_with_overlap_s for p in report.plans], width=0.4, label="with overlap")
-    time_axes.set_xticks(list(positions), names)
-    time_axes.set_ylabel("step time (s)")
-    time_axes.legend(fontsize=8)
-    for axes in (sent_axes, time_axes):
-        axes.tick_params(axis="x", rotation=35)
-    figure.tight_layout()
+    figure, (sent_axes, time_axes) = plt.subplots(
+        1, 2, figsize=(11, 0.45 * len(names) + 1.8), sharey=True, layout="constrained"
+    )
+    positions = list(range(len(names)))
+    sent_axes.barh(positions, [p.sent_bytes_per_step / 1e9 for p in report.plans], color="tab:blue")
+    sent_axes.set_yticks(positions, names)
+    sent_axes.invert_yaxis()
+    sent_axes.set_xlabel("GB sent per GPU per step (ring)")
+    time_axes.barh([y - 0.2 for y in positions], [p.time.step_without_overlap_s for p in report.plans],
+                   height=0.4, label="no overlap", color="tab:orange")
+    time_axes.barh([y + 0.2 for y in positions], [p.time.step_with_overlap_s for p in report.plans],
+                   height=0.4, label="with overlap", color="tab:green")
+    time_axes.set_xlabel("step time (s)")
+    time_axes.legend(fontsize=8, ncol=2, loc="lower left", bbox_to_anchor=(0.0, 1.0), frameon=False)
     return figure

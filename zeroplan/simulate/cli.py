@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zeroplan.cli.parser import OneLineParser, positive_int, run_reporting_user_errors
+from zeroplan.atomic import write_text_atomic
+from zeroplan.cli.parser import OneLineParser, positive_int, seq_len_int, run_reporting_user_errors
 from zeroplan.specs import ActivationCheckpointing, BatchSpec, Precision, TrainingSpec
 from zeroplan.units import ByteUnit, format_bytes
 
@@ -23,7 +24,7 @@ def build_parser() -> OneLineParser:
     parser.add_argument("--world-size", required=True, type=positive_int, help="N: ranks simulated")
     parser.add_argument("--rank", type=int, default=0, help="the rank to play (default 0)")
     parser.add_argument("--micro-batch", type=positive_int, default=BatchSpec().micro_batch_size)
-    parser.add_argument("--seq-len", type=positive_int, default=BatchSpec().seq_len)
+    parser.add_argument("--seq-len", type=seq_len_int, default=BatchSpec().seq_len)
     parser.add_argument("--precision", choices=["bf16-mixed", "fp32"], default=Precision.bf16_mixed.value)
     parser.add_argument("--activation-checkpointing", choices=["none", "full"], default="none")
     parser.add_argument("--no-mem-tracker", action="store_true", help="skip FSDPMemTracker (about 2x faster)")
@@ -53,7 +54,7 @@ def _run(args) -> int:
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         path = args.out / RECORD_FILE
-        path.write_text(record.model_dump_json(indent=2) + "\n")
+        write_text_atomic(path, record.model_dump_json(indent=2) + "\n")
         print(f"wrote {path}")
     return 0
 

@@ -8,6 +8,7 @@ from pydantic import ValidationError
 
 from zeroplan.errors import ZeroplanError
 from zeroplan.harness.record import RankRecord, read_record
+from zeroplan.specs.base import first_error
 
 
 def record_files(paths: list[str]) -> list[Path]:
@@ -31,8 +32,16 @@ def load_records(paths: list[str]) -> list[RankRecord]:
     records = []
     for path in record_files(paths):
         try:
-            records.append(read_record(path))
-        except (ValueError, ValidationError) as error:
+            record = read_record(path)
+        except ValidationError as error:
+            # pydantic's first line only says "1 validation error for RankRecord": name the field.
+            raise ZeroplanError("records", f"{str(path)!r} is not a zeroplan record ({first_error(error)})") from None
+        except ValueError as error:  # not JSON, or not UTF-8
             first = str(error).splitlines()[0]
             raise ZeroplanError("records", f"{str(path)!r} is not a zeroplan record ({first})") from None
+        except OSError as error:
+            raise ZeroplanError("records", f"cannot read {str(path)!r}: {error.strerror}") from None
+        if not record.steps:
+            raise ZeroplanError("records", f"{str(path)!r}: steps: empty (a record needs at least one measured step)")
+        records.append(record)
     return records
