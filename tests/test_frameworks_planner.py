@@ -16,6 +16,7 @@ from zeroplan.core.frameworks import (
 )
 from zeroplan.core.plan import fit, memory_breakdown
 from zeroplan.errors import ZeroplanError
+from zeroplan.presets.gpus import get_gpu
 from zeroplan.presets.models import get_model
 from zeroplan.specs import (
     ActivationCheckpointing, BatchSpec, Framework, PlanRequest, Precision, StrategyKind, StrategySpec, TrainingSpec,
@@ -155,3 +156,34 @@ def test_against_the_measured_framework_records() -> None:
         assert abs(row.block_error) <= 0.02, row
         if row.step_error is not None:
             assert abs(row.step_error) <= 0.05, row
+
+
+# The strategies each framework itself runs (torchtitan 0.3.0 ParallelismConfig; torchtune
+# 0.6.1 full_finetune_distributed.py): a verdict must never recommend one it cannot run.
+@pytest.mark.parametrize(
+    "framework, offered",
+    [
+        ("torchtitan", {"fsdp-full-shard", "fsdp-shard-grad-op", "hsdp", "ddp"}),
+        ("torchtune", {"fsdp-full-shard", "fsdp-shard-grad-op"}),
+        ("hf", {kind.value for kind in StrategyKind}),
+    ],
+)
+def test_fit_plans_only_the_strategies_the_framework_runs(framework, offered):
+    request = PlanRequest(
+        model=get_model("llama-3.1-8b"),
+        training=TrainingSpec(framework=Framework(framework), activation_checkpointing="full"),
+        cluster=cluster_from_gpus(get_gpu("h100-80gb"), 8),
+        strategy=StrategySpec(kind=StrategyKind.fsdp_full_shard),
+    )
+    report = fit(request)
+    assert {p.strategy.value for p in report.plans} == offered
+    assert report.recommended is None or report.recommended.value in offered
+
+
+def test_a_strategy_the_framework_does_not_run_is_one_line(capsys):
+    from zeroplan.cli.main import main
+
+    code = main(["fit", "llama-3.1-8b", "--framework", "torchtitan", "--strategies", "zero3"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "strategies" in err[0] and "'zero3' is not run by torchtitan" in err[0] and "fsdp-full-shard" in err[0]

@@ -82,9 +82,10 @@ def _gpu(args: argparse.Namespace):
     return gpu
 
 
-def parse_strategies(text: str | None) -> tuple[StrategyKind, ...]:
+def parse_strategies(text: str | None) -> tuple[StrategyKind, ...] | None:
+    """The strategies named on the command line; None (all the framework runs) when none are."""
     if text is None:
-        return tuple(StrategyKind)
+        return None
     allowed = choices_of(StrategyKind)
     kinds = []
     for name in (part.strip() for part in text.split(",")):

@@ -46,6 +46,8 @@ class FrameworkProfile:
     """Chunks the output projection and cross-entropy are split into (1: one piece)."""
     offers_activation_offloading: bool
     """Whether saved activations can be moved to host memory between forward and backward."""
+    strategies: tuple[StrategyKind, ...]
+    """The data-parallel strategies the framework itself runs (its own sharding options)."""
 
 
 _NONE_FULL = (ActivationCheckpointing.none, ActivationCheckpointing.full)
@@ -57,7 +59,7 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         checkpointing=(ActivationCheckpointing.none, ActivationCheckpointing.selective, ActivationCheckpointing.full),
         checkpointing_names="none, selective, full",
         default_precision=Precision.bf16_mixed, expands_kv_heads=False, bf16_module_norm_saves_bf16=False,
-        loss_chunks=1, offers_activation_offloading=False,
+        loss_chunks=1, offers_activation_offloading=False, strategies=tuple(StrategyKind),
     ),
     # torchtitan 0.3.0, torchtitan/distributed/activation_checkpoint.py: ActivationCheckpointingConfig
     # is selective (SelectiveAC, per-op) | full (FullAC) | memory-budget (compiled only) | none;
@@ -69,6 +71,11 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         checkpointing_names="none, full, selective-op (torchtitan's `selective`)",
         default_precision=Precision.bf16_mixed, expands_kv_heads=False, bf16_module_norm_saves_bf16=False,
         loss_chunks=1, offers_activation_offloading=False,
+        # torchtitan 0.3.0 config/configs.py ParallelismConfig: data_parallel_shard_degree (FSDP2),
+        # with data_parallel_replicate_degree > 1 HSDP, or replicate alone DDP;
+        # fsdp_reshard_after_forward="never" keeps units gathered (shard-grad-op). Its
+        # enable_cpu_offload (FSDP2 CPUOffloadPolicy) is not modelled, so not offered here.
+        strategies=(StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op, StrategyKind.hsdp, StrategyKind.ddp),
     ),
     # transformers 4.56.2: modeling_utils.gradient_checkpointing_enable wraps each decoder layer
     # (full recomputation per layer); models/llama/modeling_llama.py LlamaRMSNorm returns
@@ -79,6 +86,9 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         checkpointing=_NONE_FULL, checkpointing_names="none, full (gradient_checkpointing)",
         default_precision=Precision.bf16_mixed, expands_kv_heads=False, bf16_module_norm_saves_bf16=True,
         loss_chunks=1, offers_activation_offloading=False,
+        # transformers 4.56.2 trainer.py / accelerate: DDP, FSDP (FULL_SHARD, SHARD_GRAD_OP,
+        # HYBRID_SHARD) and the DeepSpeed integration (ZeRO 1-3 and its offloads).
+        strategies=tuple(StrategyKind),
     ),
     # torchtune 0.6.1: modules/attention.py (lines 285-291) expands K and V to num_heads with
     # unsqueeze/expand/flatten (a copy) before SDPA; modules/loss/ce_chunked_output_loss.py
@@ -90,12 +100,27 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         checkpointing=_NONE_FULL, checkpointing_names="none, full (enable_activation_checkpointing)",
         default_precision=Precision.bf16_pure, expands_kv_heads=True, bf16_module_norm_saves_bf16=False,
         loss_chunks=8, offers_activation_offloading=True,
+        # torchtune 0.6.1 recipes/full_finetune_distributed.py: FSDP2 with
+        # fsdp_reshard_after_forward (True: full shard; False: SHARD_GRAD_OP, its docstring);
+        # fsdp_cpu_offload (CPUOffloadPolicy) is not modelled, so not offered here.
+        strategies=(StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op),
     ),
 }
 
 
 def profile(framework: Framework) -> FrameworkProfile:
     return PROFILES[framework]
+
+
+def check_framework_strategies(framework: Framework, strategies: tuple[StrategyKind, ...]) -> None:
+    """Refuse, in one line, a strategy the framework does not run."""
+    prof = profile(framework)
+    for kind in strategies:
+        if kind not in prof.strategies:
+            allowed = ", ".join(k.value for k in prof.strategies)
+            raise ZeroplanError(
+                "strategies", f"{kind.value!r} is not run by {framework.value} {prof.version} (allowed: {allowed})"
+            )
 
 
 def check_framework_request(training: TrainingSpec) -> None:

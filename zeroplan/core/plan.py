@@ -11,7 +11,7 @@ from zeroplan.core.buffers import (
 )
 from zeroplan.core.communication import collectives
 from zeroplan.core.frameworks import (
-    check_framework_request, framework_activation_bytes, framework_logits_bytes, usable_memory_bytes,
+    check_framework_request, check_framework_strategies, framework_activation_bytes, framework_logits_bytes, profile, usable_memory_bytes,
 )
 from zeroplan.core.model_states import ModelStateBytes, model_state_bytes
 from zeroplan.core.params import total_parameters
@@ -175,9 +175,14 @@ def _verdict(plans: tuple[StrategyPlan, ...], recommended: StrategyKind | None) 
     return f"Recommended: {recommended.value} (fits with the least offload and communication){also}."
 
 
-def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] = ALL_STRATEGIES) -> FitReport:
-    """Plan ``base`` under each strategy; the strategy in ``base`` supplies the knobs."""
-    strategies = tuple(strategies)
+def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | None = None) -> FitReport:
+    """Plan ``base`` under each strategy; the strategy in ``base`` supplies the knobs. None
+    plans every strategy the request's framework runs (all of them for zeroplan and hf)."""
+    framework = base.training.framework
+    strategies = profile(framework).strategies if strategies is None else tuple(strategies)
+    check_framework_strategies(
+        framework, tuple(s.kind if isinstance(s, StrategySpec) else StrategyKind(s) for s in strategies)
+    )
     plans = []
     for strategy in strategies:
         spec = strategy if isinstance(strategy, StrategySpec) else base.strategy.model_copy(update={"kind": StrategyKind(strategy)})
