@@ -16,14 +16,18 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
 def run_calibrate(args: argparse.Namespace) -> int:
     from zeroplan.calibrate.fit import calibrated_gpu, fit_log, write_json_atomically
     from zeroplan.calibrate.parse import parse_nccl_tests
+    from zeroplan.errors import ZeroplanError
     from zeroplan.presets.gpus import get_gpu
 
     base = get_gpu(args.gpu)
     fits = [fit_log(parse_nccl_tests(path, args.collective)) for path in args.logs]
+    gpu = calibrated_gpu(base, fits)
+    try:
+        write_json_atomically(args.out, gpu.model_dump(mode="json"))
+    except OSError as error:
+        raise ZeroplanError("out", f"cannot write {args.out!r}: {error.strerror or error}") from None
     for fit in fits:
         print(f"{fit.source}: {fit.collective} {fit.link} {fit.num_ranks} ranks, {fit.points} sizes: "
               f"alpha {fit.alpha_s * 1e6:.2f} us, bus bandwidth {fit.bus_bandwidth_bytes_per_s / 1e9:.1f} GB/s")
-    gpu = calibrated_gpu(base, fits)
-    write_json_atomically(args.out, gpu.model_dump(mode="json"))
     print(f"wrote {args.out}")
     return 0
