@@ -55,12 +55,16 @@ def _delegated_parser(module: str) -> Callable[[], argparse.ArgumentParser]:
     return build
 
 
+NCCL_TESTS_LOG = Path(__file__).resolve().parent / "fixtures" / "nccl_tests" / "all_reduce_8gpu_1node.txt"
+
 # name -> (run, valid minimal argv, parser of the flags after that argv). Commands without flags
 # (models, gpus) take no options at all: an unknown option is their bad input.
 ENTRY_POINTS: dict[str, tuple[Callable[[list[str]], int], list[str], Callable[[], argparse.ArgumentParser]]] = {
     "fit": (_zeroplan, ["fit", "gpt2"], _zeroplan_parser("fit")),
     "compare": (_zeroplan, ["compare", "gpt2"], _zeroplan_parser("compare")),
     "validate": (_zeroplan, ["validate", "records"], _zeroplan_parser("validate")),
+    "calibrate": (_zeroplan, ["calibrate", str(NCCL_TESTS_LOG), "--gpu", "h100", "--out", "gpu.json"],
+                  _zeroplan_parser("calibrate")),
     "models": (_zeroplan, ["models"], _zeroplan_parser("models")),
     "gpus": (_zeroplan, ["gpus"], _zeroplan_parser("gpus")),
     "simulate": (_zeroplan, ["simulate", "gpt2", "--strategy", "ddp", "--world-size", "2"],
@@ -151,6 +155,12 @@ CASES: list[tuple[str, list[str], str]] = [
     ("validate", ["validate", "nowhere"], "records"),
     ("validate", ["validate", "negative.json", "--plot", "x.txt"], "plot"),
     ("validate", ["validate", "negative.json", "--plot", "a-directory"], "plot"),
+    ("calibrate", ["calibrate", str(NCCL_TESTS_LOG.with_name("malformed.txt")), "--gpu", "h100", "--out", "x.json"],
+     "malformed.txt:17"),
+    ("calibrate", ["calibrate", "nowhere.txt", "--gpu", "h100", "--out", "x.json"], "nowhere.txt"),
+    ("calibrate", ["calibrate", "a-file", "--gpu", "h100", "--out", "x.json"], "no data rows"),
+    ("calibrate", ["calibrate", str(NCCL_TESTS_LOG), "--gpu", "h1000", "--out", "x.json"], "gpu"),
+    ("calibrate", ["calibrate", str(NCCL_TESTS_LOG), "--gpu", "h100", "--out", "a-directory/no/x.json"], "out"),
     ("measure", ["measure", "tiny-llama", "--strategy", "zero2", "--out", "a-file"], "out"),
     ("measure", ["measure", "tiny-llama", "--strategy", "ddp", "--out", "out"], "engine"),
     ("measure", ["measure", "no-such-model", "--strategy", "zero2", "--out", "out"], "model"),

@@ -43,6 +43,11 @@ def build_parser() -> OneLineParser:
     validate = commands.add_parser("validate", help="predicted vs measured for harness records")
     add_validate_arguments(validate)
     validate.set_defaults(run=run_validate)
+    from zeroplan.cli.calibrate import add_calibrate_arguments, run_calibrate
+
+    calibrate = commands.add_parser("calibrate", help="fit link latency and bandwidth to nccl-tests output")
+    add_calibrate_arguments(calibrate)
+    calibrate.set_defaults(run=run_calibrate)
     for name, (_, help_text) in _DELEGATED.items():
         commands.add_parser(name, help=f"{help_text} (zeroplan {name} --help)", add_help=False)
     commands.add_parser("models", help="list model presets").set_defaults(run=_list_models)

@@ -1,0 +1,1 @@
+"""Calibrate the alpha-beta link model from nccl-tests output (``zeroplan calibrate``)."""

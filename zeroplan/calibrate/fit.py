@@ -1,0 +1,116 @@
+"""Fit alpha and achievable bus bandwidth to an nccl-tests sweep, and write a calibrated GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from pydantic import Field
+
+from zeroplan.calibrate.parse import NcclTestsLog
+from zeroplan.errors import ZeroplanError
+from zeroplan.specs.base import Frozen
+from zeroplan.specs.hardware import GpuSpec
+
+
+class LinkFit(Frozen):
+    """alpha and bus bandwidth of one collective over one link."""
+
+    collective: str
+    """all_reduce, all_gather or reduce_scatter."""
+    link: str
+    """intra_node or inter_node."""
+    num_ranks: int = Field(gt=0)
+    """Ranks of the run."""
+    alpha_s: float = Field(ge=0)
+    """Fitted start-up time of the whole collective, seconds (clamped at 0)."""
+    bus_bandwidth_bytes_per_s: float = Field(gt=0)
+    """Fitted achievable bus bandwidth, bytes per second."""
+    points: int = Field(gt=0)
+    """Message sizes used."""
+    source: str
+    """The log file."""
+
+
+# nccl-tests doc/PERFORMANCE.md: busbw = algbw * 2(n-1)/n for all-reduce, (n-1)/n for
+# all-gather and reduce-scatter, so time = size * factor / busbw on the bandwidth side.
+def bus_factor(collective: str, num_ranks: int) -> float:
+    """The factor that turns algorithm bandwidth into bus bandwidth."""
+    n = num_ranks
+    return 2 * (n - 1) / n if collective == "all_reduce" else (n - 1) / n
+
+
+# Alpha-beta model t = alpha + x * beta, x = size * factor, by least squares weighted 1/t^2
+# (relative error), so small messages pin alpha and large ones beta.
+def fit_alpha_beta(xs: list[float], ts: list[float]) -> tuple[float, float]:
+    """(alpha_s, beta_s_per_byte); alpha clamped at 0 (then beta refitted through the origin)."""
+    ws = [1.0 / t**2 for t in ts]
+    sw = sum(ws)
+    swx = sum(w * x for w, x in zip(ws, xs))
+    swt = sum(w * t for w, t in zip(ws, ts))
+    swxx = sum(w * x * x for w, x in zip(ws, xs))
+    swxt = sum(w * x * t for w, x, t in zip(ws, xs, ts))
+    det = sw * swxx - swx * swx
+    alpha = (swt * swxx - swx * swxt) / det if det > 0 else -1.0
+    if alpha < 0:
+        return 0.0, swxt / swxx
+    return alpha, (sw * swxt - swx * swt) / det
+
+
+def fit_log(log: NcclTestsLog) -> LinkFit:
+    """Fit one run, from the out-of-place times (in-place ones are not used)."""
+    factor = bus_factor(log.collective, log.num_ranks)
+    points = [(row.size_bytes * factor, row.out_of_place_time_s) for row in log.rows
+              if row.size_bytes > 0 and row.out_of_place_time_s > 0]
+    if len({x for x, _ in points}) < 2 or factor == 0:
+        raise ZeroplanError("calibrate", f"{log.source}: need at least two non-zero message sizes and two ranks to fit")
+    alpha, beta = fit_alpha_beta([x for x, _ in points], [t for _, t in points])
+    if beta <= 0:
+        raise ZeroplanError("calibrate", f"{log.source}: times do not grow with size; cannot fit a bandwidth")
+    return LinkFit(collective=log.collective, link=log.link, num_ranks=log.num_ranks, alpha_s=alpha,
+                   bus_bandwidth_bytes_per_s=1.0 / beta, points=len(points), source=log.source)
+
+
+# zeroplan.core.timing charges latency_s per ring step: 2(n-1) steps for all-reduce, n-1 for the
+# others; the whole-collective alpha is spread over those steps.
+def per_step_latency_s(fit: LinkFit) -> float:
+    steps = 2 * (fit.num_ranks - 1) if fit.collective == "all_reduce" else fit.num_ranks - 1
+    return fit.alpha_s / steps
+
+
+def calibrated_gpu(base: GpuSpec, fits: list[LinkFit]) -> GpuSpec:
+    """``base`` with each calibrated link's bandwidth and latency replaced. The planner has one
+    bandwidth per link, so several collectives on one link give the lowest bandwidth and the
+    highest per-step latency (the conservative choice)."""
+    update: dict = {}
+    for link in ("intra_node", "inter_node"):
+        on_link = [f for f in fits if f.link == link]
+        if not on_link:
+            continue
+        old = getattr(base, f"{link}_link")
+        update[f"{link}_link"] = old.model_copy(update={
+            "name": f"{old.name} (calibrated)",
+            "bandwidth_bytes_per_s": min(f.bus_bandwidth_bytes_per_s for f in on_link),
+            "latency_s": max(per_step_latency_s(f) for f in on_link),
+        })
+    sources = ", ".join(sorted({Path(f.source).name for f in fits}))
+    update["display_name"] = f"{base.display_name} (calibrated)"
+    update["source"] = f"{base.source}; links calibrated from nccl-tests logs: {sources}"
+    return GpuSpec.model_validate({**base.model_dump(), **update})
+
+
+def write_json_atomically(path: str | Path, data: dict) -> None:
+    """Write to a temporary file next to ``path``, then rename over it."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=2)
+            handle.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
