@@ -161,3 +161,30 @@ def test_dataframe_has_a_row_per_strategy(gpu_80gib) -> None:
     frame = report.to_dataframe()
     assert list(frame.index) == [k.value for k in StrategyKind]
     assert frame.loc["zero3", "peak_bytes"] == report.plan_for("zero3").memory.peak_bytes
+
+
+# The README's own advice: with host RAM given, a plan that fits the GPU but not the host is
+# neither recommended nor called a GPU OOM; the verdict and the table name the host shortfall.
+def test_host_ram_shortfall_is_named_in_verdict_and_table():
+    from zeroplan.cli.main import main
+    import contextlib, io
+
+    out = io.StringIO()
+    argv = ["fit", "llama-2-70b", "--gpus", "8", "--gpu", "a100-80gb", "--activation-checkpointing", "full"]
+    with contextlib.redirect_stdout(out):
+        assert main([*argv, "--host-memory-gb", "1024"]) == 0
+    text = out.getvalue()
+    verdict = text.strip().splitlines()[-1]
+    assert verdict.startswith("Verdict: Nothing fits in host RAM: zero3-offload fits on the GPU")
+    assert "1027.8 GiB of host RAM per node, 953.7 GiB available" in verdict
+    zero3_offload_row = next(line for line in text.splitlines() if line.startswith("zero3-offload "))
+    assert " host " in zero3_offload_row
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main([*argv, "--host-memory-gib", "1100", "--format", "json"]) == 0
+    import json
+
+    report = json.loads(out.getvalue())
+    assert report["recommended"] == "zero3-offload"
+    # 1100 GiB holds zero3-offload's 1027.8 GiB, not zero3-param-offload's 1156 GiB.
+    assert {plan["strategy"] for plan in report["plans"] if not plan["host_fits"]} == {"zero3-param-offload"}

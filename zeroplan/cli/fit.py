@@ -33,7 +33,9 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-memory-gib", type=positive_float, help="override the GPU's memory, in GiB")
     parser.add_argument("--nodes", type=positive_int, help="number of nodes (default: --gpus / --gpus-per-node)")
     parser.add_argument("--gpus-per-node", type=positive_int, help="GPUs per node (default min(--gpus, 8))")
-    parser.add_argument("--host-memory-gb", type=positive_float, help="host RAM per node in GB, to check offload")
+    host = parser.add_mutually_exclusive_group()
+    host.add_argument("--host-memory-gib", type=positive_float, help="host RAM per node in GiB (2^30 bytes), to check offload")
+    host.add_argument("--host-memory-gb", type=positive_float, help="the same in GB (10^9 bytes)")
     parser.add_argument("--micro-batch", type=positive_int, default=1, help="sequences per GPU per pass (default 1)")
     parser.add_argument("--seq-len", type=seq_len_int, default=4096, help="tokens per sequence (default 4096)")
     parser.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step (default 1)")
@@ -104,8 +106,9 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
 
     model = get_model(args.model)
     cluster = cluster_from_gpus(_gpu(args), args.gpus, args.gpus_per_node, args.nodes)
-    if args.host_memory_gb is not None:
-        cluster = cluster.model_copy(update={"host_memory_bytes_per_node": int(args.host_memory_gb * GB)})
+    if args.host_memory_gib is not None or args.host_memory_gb is not None:
+        host_bytes = int(args.host_memory_gib * GiB) if args.host_memory_gib is not None else int(args.host_memory_gb * GB)
+        cluster = cluster.model_copy(update={"host_memory_bytes_per_node": host_bytes})
     framework = Framework(args.framework)
     precision = Precision(args.precision) if args.precision else profile(framework).default_precision
     training = TrainingSpec(

@@ -161,8 +161,18 @@ def recommend(plans: Iterable[StrategyPlan]) -> StrategyKind | None:
     return best.strategy
 
 
-def _verdict(plans: tuple[StrategyPlan, ...], recommended: StrategyKind | None) -> str:
+def _verdict(plans: tuple[StrategyPlan, ...], recommended: StrategyKind | None, host_limit_bytes: int | None) -> str:
     fitting = [p.strategy.value for p in plans if p.fits and p.host_fits is not False]
+    short_of_host = [p for p in plans if p.fits and p.host_fits is False]
+    if not fitting and short_of_host:
+        # The GPU is not what fails: say so, with the host RAM each needs and has.
+        least = min(short_of_host, key=lambda p: p.host_bytes_per_node)
+        return (
+            f"Nothing fits in host RAM: {least.strategy.value} fits on the GPU "
+            f"({least.memory.peak_bytes / 2**30:.1f} GiB of {least.usable_memory_bytes / 2**30:.1f} GiB usable) "
+            f"but needs {least.host_bytes_per_node / 2**30:.1f} GiB of host RAM per node, "
+            f"{host_limit_bytes / 2**30:.1f} GiB available (--host-memory-gib)."
+        )
     if not fitting:
         closest = min(plans, key=lambda p: p.memory.peak_bytes)
         return (
@@ -189,7 +199,7 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | N
         plans.append(plan(base.with_strategy(spec)))
     plans_tuple = tuple(plans)
     recommended = recommend(plans_tuple)
-    verdict = _verdict(plans_tuple, recommended)
+    verdict = _verdict(plans_tuple, recommended, base.cluster.host_memory_bytes_per_node)
     if recommended is None and base.training.activation_checkpointing is not ActivationCheckpointing.full:
         # The most common way out: say whether recomputing activations would make it fit.
         training = base.training.model_copy(update={"activation_checkpointing": ActivationCheckpointing.full})

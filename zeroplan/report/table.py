@@ -22,7 +22,8 @@ _COLUMNS = (
 def _row(plan: StrategyPlan, unit: ByteUnit) -> list[str]:
     cells = [plan.strategy.value]
     cells += [f"{to_unit(get(plan), unit):.1f}" for _, get in _COLUMNS]
-    cells.append("yes" if plan.fits else "no")
+    # "host": fits on the GPU, but the offloaded states do not fit the node's host RAM.
+    cells.append(("host" if plan.host_fits is False else "yes") if plan.fits else "no")
     cells.append(str(plan.max_micro_batch_size))
     cells.append(f"{to_unit(plan.host_bytes_per_node, unit):.0f}" if plan.host_bytes_per_node else "-")
     cells.append(f"{plan.sent_bytes_per_step / 1e9:.1f}")
@@ -55,6 +56,8 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
     notes = [
         "",
         "peak is not the column sum: gradients fill in as activations free (docs/memory-model.md).",
-        f"Verdict: {report.verdict}",
     ]
+    if any(p.fits and p.host_fits is False for p in report.plans):
+        notes.append("fits = host: fits on the GPU, but its offloaded states exceed the node's host RAM.")
+    notes.append(f"Verdict: {report.verdict}")
     return "\n".join(header_lines + body + notes)
