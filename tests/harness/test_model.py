@@ -101,3 +101,10 @@ def test_activation_checkpointing_gives_the_same_gradients() -> None:
 def test_unknown_preset_is_a_one_line_error() -> None:
     with pytest.raises(ZeroplanError, match="model: unknown 'tiny-lama'.*tiny-llama"):
         harness_model("tiny-lama")
+
+
+@pytest.mark.parametrize("field", ["qkv_bias", "qk_norm"])
+def test_build_model_refuses_unbuilt_fields(field: str) -> None:
+    spec = ModelSpec(name="t", vocab_size=64, hidden_size=32, num_layers=1, num_heads=4, ffn_hidden_size=64, **{field: True})
+    with pytest.raises(ZeroplanError, match=f"model.{field}"):
+        build_model(spec)

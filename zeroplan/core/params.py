@@ -71,9 +71,17 @@ def _mlp_tensors(prefix: str, model: ModelSpec) -> list[ParamTensor]:
 def _block_tensors(model: ModelSpec) -> tuple[ParamTensor, ...]:
     h, bias = model.hidden_size, model.bias
     tensors = _norm_tensors("attention_norm", model)
-    tensors += _linear_tensors("attention.q", h, model.q_size, bias)
-    tensors += _linear_tensors("attention.k", h, model.kv_size, bias)
-    tensors += _linear_tensors("attention.v", h, model.kv_size, bias)
+    # Qwen2 biases q/k/v only: transformers 4.44 models/qwen2/modeling_qwen2.py (Qwen2Attention, bias=True)
+    qkv_bias = bias or model.qkv_bias
+    tensors += _linear_tensors("attention.q", h, model.q_size, qkv_bias)
+    tensors += _linear_tensors("attention.k", h, model.kv_size, qkv_bias)
+    tensors += _linear_tensors("attention.v", h, model.kv_size, qkv_bias)
+    if model.qk_norm:
+        # Qwen3 per-head RMSNorm on q and k: transformers 4.51 models/qwen3/modeling_qwen3.py (q_norm, k_norm)
+        tensors += [
+            ParamTensor(name="attention.q_norm.weight", shape=(model.head_size,)),
+            ParamTensor(name="attention.k_norm.weight", shape=(model.head_size,)),
+        ]
     tensors += _linear_tensors("attention.o", model.q_size, h, bias)
     tensors += _norm_tensors("mlp_norm", model)
     if model.is_moe:

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from zeroplan.errors import ZeroplanError
 from zeroplan.specs import MlpKind, ModelSpec, NormKind, PositionKind
 
 _NORM_EPS = 1e-5
@@ -210,6 +211,9 @@ class Transformer(nn.Module):
 
 def build_model(spec: ModelSpec, seed: int = 0) -> Transformer:
     """Build the model on the CPU with a fixed seed, so every rank starts from the same weights."""
+    for field in ("qkv_bias", "qk_norm"):
+        if getattr(spec, field):
+            raise ZeroplanError(f"model.{field}", "not built by the measurement harness (allowed: false)")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return Transformer(spec)

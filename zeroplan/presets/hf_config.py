@@ -61,6 +61,8 @@ def _llama_spec(name: str, config: dict[str, Any]) -> ModelSpec:
         position=PositionKind.rope,
         max_positions=config.get("max_position_embeddings", 4096),
         bias=False,
+        qkv_bias=config.get("model_type") == "qwen2",
+        qk_norm=config.get("model_type") == "qwen3",
         tied_embeddings=config.get("tie_word_embeddings", False),
         num_experts=config.get("num_local_experts", 1),
         experts_per_token=config.get("num_experts_per_tok", 1),

@@ -60,6 +60,10 @@ class ModelSpec(Frozen):
     """Longest sequence; sizes the learned position table."""
     bias: bool = False
     """Whether linear layers carry biases (GPT-2/3: yes; Llama: no)."""
+    qkv_bias: bool = False
+    """Whether only the q/k/v projections carry biases while the rest do not (Qwen2; HF modeling_qwen2.py)."""
+    qk_norm: bool = False
+    """Whether each block RMS-normalises queries and keys per head (q_norm/k_norm of head_dim each; Qwen3)."""
     tied_embeddings: bool = False
     """Whether the output projection reuses the input embedding matrix."""
     num_experts: int = Field(default=1, gt=0)
