@@ -120,6 +120,8 @@ def _write_fixtures(root: Path) -> None:
              "num_attention_heads": 32, "intermediate_size": 11008, "max_position_embeddings": 4096}
     (root / "string.json").write_text(json.dumps({**llama, "hidden_size": "4096"}))
     (root / "boolean.json").write_text(json.dumps({**llama, "num_hidden_layers": True}))
+    # A typo of 10^30 made the planner's integer arithmetic run for minutes at 16 GiB of memory.
+    (root / "huge.json").write_text(json.dumps({**llama, "hidden_size": 10**30}))
     (root / "list.json").write_text("[1, 2]")
     (root / "a-directory").mkdir()
     (root / "a-file").write_text("")
@@ -143,6 +145,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("fit", ["fit", "latin1.json"], "model"),
     ("fit", ["fit", "string.json"], "config.hidden_size"),
     ("fit", ["fit", "boolean.json"], "config.num_hidden_layers"),
+    ("fit", ["fit", "huge.json"], "config.hidden_size"),
     ("fit", ["fit", "list.json"], "config"),
     ("fit", ["fit", "a-directory"], "model"),
     ("fit", ["fit", "no-such-model"], "model"),

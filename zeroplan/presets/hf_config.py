@@ -79,11 +79,25 @@ _INTEGER_KEYS = (
 )
 
 
+MAX_CONFIG_SIZE = 1 << 24
+"""Largest width, count or vocabulary a config.json may give (16,777,216): far above any
+published model (vocabularies ~256k, widths ~32k), low enough that a typo such as 10^30 is
+refused instead of making the planner's integer arithmetic run for minutes."""
+MAX_CONFIG_POSITIONS = 1 << 30
+"""Largest max_position_embeddings / n_positions accepted."""
+_POSITION_KEYS = ("max_position_embeddings", "n_positions")
+
+
 def _check_integer_keys(config: dict[str, Any]) -> None:
     for key in _INTEGER_KEYS:
         value = config.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
             raise ZeroplanError(f"config.{key}", f"must be a JSON integer, got {value!r}")
+        limit = MAX_CONFIG_POSITIONS if key in _POSITION_KEYS else MAX_CONFIG_SIZE
+        if value > limit:
+            raise ZeroplanError(f"config.{key}", f"must be at most {limit:,}, got {value:,}")
 
 
 def parse_hf_config(config: dict[str, Any], name: str) -> ModelSpec:
