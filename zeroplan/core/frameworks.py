@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.framework import Framework
-from zeroplan.specs.model import ModelSpec
+from zeroplan.specs.model import MlpKind, ModelSpec
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.training import ActivationCheckpointing, Precision, TrainingSpec
@@ -236,6 +236,34 @@ def block_input_bytes(request: PlanRequest, s: int, b: int) -> int:
     return width * s * b * request.model.hidden_size
 
 
+BF16_BYTES = 2
+
+
+def _hf_under_autocast(request: PlanRequest) -> bool:
+    training = request.training
+    return (training.framework is Framework.hf and training.precision is Precision.bf16_mixed
+            and not _hf_module_in_bf16(request))
+
+
+# Measured from transformers 4.56.2's LlamaDecoderLayer under torch.autocast with fp32 parameters
+# (benchmarks/framework-records, hf ddp none: 4,397,858,816 bytes per Llama-3.1-8B block at s 8192,
+# b 2; 3,558,866,944 without this term). Autocast casts each nn.Linear's input and weight to bf16
+# per call; only casts of leaf tensors (the weights) are cached (torch autocast_mode.cpp
+# cached_cast), and each linear saves both bf16 operands for backward. So the block keeps a bf16
+# copy of every linear weight, and one bf16 copy of the normed input per projection that reads
+# it: q, k and v (three) and gate and up (two), where the planner's block has one of each.
+def hf_autocast_copies_bytes(request: PlanRequest) -> int:
+    """Extra bytes one HF block keeps under autocast with fp32 parameters (0 otherwise)."""
+    if not _hf_under_autocast(request):
+        return 0
+    from zeroplan.core.params import block_linear_weight_elements
+
+    model = request.model
+    sbh = request.batch.seq_len * request.batch.micro_batch_size * model.hidden_size
+    extra_input_copies = 2 + (1 if model.mlp is MlpKind.swiglu else 0)
+    return BF16_BYTES * block_linear_weight_elements(model) + extra_input_copies * BF16_BYTES * sbh
+
+
 def framework_layer_bytes(request: PlanRequest) -> int:
     """One block's saved bytes without recomputation, in the framework's own model code."""
     from zeroplan.core.activations import layer_bytes
@@ -243,7 +271,8 @@ def framework_layer_bytes(request: PlanRequest) -> int:
     model, training = request.model, request.training
     s, b = request.batch.seq_len, request.batch.micro_batch_size
     norm_savings = hf_bf16_norm_savings_bytes(request)
-    return layer_bytes(model, training, s, b) - 2 * norm_savings + expanded_kv_extra_bytes(model, training, s, b)
+    return (layer_bytes(model, training, s, b) - 2 * norm_savings + expanded_kv_extra_bytes(model, training, s, b)
+            + hf_autocast_copies_bytes(request))
 
 
 # Korthikanti et al. 2022 sec. 5 for full recomputation (each block's input kept, one block
@@ -282,3 +311,17 @@ def framework_logits_bytes(request: PlanRequest) -> int:
     if chunks > 1:
         return chunked_logits_bytes(model, training, s, b, chunks)
     return logits_bytes(model, training, s, b)
+
+
+# What one block keeps for backward under the policy: every saved tensor without recomputation
+# (framework_layer_bytes), the checkpoint's block input with full recomputation (Korthikanti et
+# al. 2022 sec. 5), torchtitan's kept op outputs with selective-op. This is the per-block
+# figure zeroplan.frameworks.measure records from the frameworks' own code.
+def framework_block_kept_bytes(request: PlanRequest) -> int:
+    s, b = request.batch.seq_len, request.batch.micro_batch_size
+    mode = request.training.activation_checkpointing
+    if mode is ActivationCheckpointing.none:
+        return framework_layer_bytes(request)
+    if mode is ActivationCheckpointing.selective_op:
+        return selective_op_layer_bytes(request.model, request.training, s, b)
+    return block_input_bytes(request, s, b)

@@ -93,6 +93,11 @@ def _block_tensors(model: ModelSpec) -> tuple[ParamTensor, ...]:
     return tuple(tensors)
 
 
+def block_linear_weight_elements(model: ModelSpec) -> int:
+    """Elements of the weight matrices of one block's linear layers (norms and biases excluded)."""
+    return sum(t.numel for t in _block_tensors(model) if t.name.endswith(".weight") and len(t.shape) == 2)
+
+
 @lru_cache(maxsize=64)
 def parameter_units(model: ModelSpec) -> tuple[ParamUnit, ...]:
     """Units in forward order: embedding, blocks 0..L-1, head."""

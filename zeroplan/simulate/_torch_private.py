@@ -100,3 +100,23 @@ def mem_tracker_peak_bytes(tracker: object) -> dict[str, int]:
             name = getattr(category, "name", str(category)).lower()
             totals[name] = totals.get(name, 0) + int(nbytes)
     return totals
+
+
+def live_bytes_tracker() -> object:
+    """torch.distributed._tools.mem_tracker.MemTracker (private): counts the live storages of
+    every tensor made while it is entered, fake ones included."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    return MemTracker()
+
+
+def track_existing(tracker: object, module: object) -> None:
+    """Count ``module``'s parameters and buffers as live from now on (they exist before the
+    forward; untracked, they would be counted when first used)."""
+    tracker.track_external(module)
+
+
+def tracker_live_bytes(tracker: object) -> int:
+    """Bytes the tracker counts as live now, summed over devices (its 'Total' entry)."""
+    snapshot = tracker.get_tracker_snapshot("current")
+    return sum(int(per_category["Total"]) for per_category in snapshot.values())

@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from zeroplan.atomic import write_text_atomic
+from zeroplan.errors import ZeroplanError
 from zeroplan.cli.parser import OneLineParser, positive_int, seq_len_int, run_reporting_user_errors
-from zeroplan.specs import ActivationCheckpointing, BatchSpec, Precision, TrainingSpec
+from zeroplan.specs import ActivationCheckpointing, BatchSpec, Precision, StrategyKind, TrainingSpec
+from zeroplan.specs.framework import Framework
 from zeroplan.units import ByteUnit, format_bytes
 
 RECORD_FILE = "simulation.json"
@@ -20,13 +22,21 @@ def build_parser() -> OneLineParser:
         description="Run one real FSDP2/DDP training step with fake tensors and a fake process group.",
     )
     parser.add_argument("model", help="model preset name or a Hugging Face config.json path")
-    parser.add_argument("--strategy", required=True, choices=["fsdp-full-shard", "fsdp-shard-grad-op", "ddp"])
+    parser.add_argument("--strategy", required=True, choices=[kind.value for kind in StrategyKind],
+                        help="fsdp-full-shard, fsdp-shard-grad-op or ddp; with --framework any strategy "
+                             "(it decides the module dtype the framework trains in)")
     parser.add_argument("--world-size", required=True, type=positive_int, help="N: ranks simulated")
     parser.add_argument("--rank", type=int, default=0, help="the rank to play (default 0)")
     parser.add_argument("--micro-batch", type=positive_int, default=BatchSpec().micro_batch_size)
     parser.add_argument("--seq-len", type=seq_len_int, default=BatchSpec().seq_len)
-    parser.add_argument("--precision", choices=["bf16-mixed", "fp32"], default=Precision.bf16_mixed.value)
+    parser.add_argument("--precision", choices=[p.value for p in Precision], default=None,
+                        help="default: bf16-mixed, or the framework's own default with --framework")
     parser.add_argument("--activation-checkpointing", choices=["none", "full"], default="none")
+    parser.add_argument("--framework", choices=[f.value for f in Framework], default=Framework.zeroplan.value,
+                        help="hf or torchtune: build that framework's own model (full width, --layers "
+                             "blocks) and record what each block keeps for backward (docs/frameworks.md)")
+    parser.add_argument("--layers", type=positive_int, default=4,
+                        help="with --framework: decoder blocks built (at least 3; default 4)")
     parser.add_argument("--no-mem-tracker", action="store_true", help="skip FSDPMemTracker (about 2x faster)")
     parser.add_argument("--out", type=Path, help=f"directory to write {RECORD_FILE} into")
     return parser
@@ -39,13 +49,19 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args) -> int:
     from zeroplan.presets.models import get_model
-    from zeroplan.simulate.run import simulate
+    from zeroplan.simulate.run import SUPPORTED_STRATEGIES, simulate
 
+    framework = Framework(args.framework)
+    batch = BatchSpec(micro_batch_size=args.micro_batch, seq_len=args.seq_len)
+    if framework is not Framework.zeroplan:
+        return _run_framework(args, framework, get_model(args.model), batch)
+    if StrategyKind(args.strategy) not in SUPPORTED_STRATEGIES:
+        allowed = ", ".join(k.value for k in SUPPORTED_STRATEGIES)
+        raise ZeroplanError("--strategy", f"{args.strategy!r} cannot be simulated without --framework (allowed: {allowed})")
     training = TrainingSpec(
-        precision=Precision(args.precision),
+        precision=Precision(args.precision or Precision.bf16_mixed.value),
         activation_checkpointing=ActivationCheckpointing(args.activation_checkpointing),
     )
-    batch = BatchSpec(micro_batch_size=args.micro_batch, seq_len=args.seq_len)
     record = simulate(
         get_model(args.model), args.strategy, args.world_size, training=training, batch=batch,
         rank=args.rank, mem_tracker=not args.no_mem_tracker,
@@ -54,6 +70,33 @@ def _run(args) -> int:
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         path = args.out / RECORD_FILE
+        write_text_atomic(path, record.model_dump_json(indent=2) + "\n")
+        print(f"wrote {path}")
+    return 0
+
+
+def _run_framework(args, framework: Framework, model, batch: BatchSpec) -> int:
+    if args.layers < 3:
+        raise ZeroplanError("--layers", f"must be at least 3 (the first block is not steady state), got {args.layers}")
+    try:
+        from zeroplan.frameworks.measure import DEFAULT_PRECISION, measure
+    except ImportError as error:
+        raise ZeroplanError("--framework", f"{framework.value} is not installed ({error.name}); run scripts/install-frameworks") from None
+    precision = Precision(args.precision) if args.precision else DEFAULT_PRECISION.get(framework, Precision.bf16_mixed)
+    training = TrainingSpec(framework=framework, precision=precision,
+                            activation_checkpointing=ActivationCheckpointing(args.activation_checkpointing))
+    record = measure(model, StrategyKind(args.strategy), training, batch, layers=args.layers)
+    print(f"{record.name}  ({record.framework_version}, torch {record.torch_version}, {record.wall_time_s:.1f} s)")
+    print(f"  module dtype {record.module_dtype}; {record.built_layers} blocks built")
+    nbytes = record.block_kept_bytes
+    print(f"  one block keeps {format_bytes(nbytes, ByteUnit.MiB)} for backward ({nbytes:,} bytes)")
+    growth = ", ".join(format_bytes(g, ByteUnit.MiB) for g in record.block_growth_bytes)
+    print(f"  growth across blocks 2..{record.built_layers + 1} during forward: {growth}")
+    for note in record.notes:
+        print(f"note: {note}")
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = args.out / (record.name.replace(":", "_") + ".json")
         write_text_atomic(path, record.model_dump_json(indent=2) + "\n")
         print(f"wrote {path}")
     return 0

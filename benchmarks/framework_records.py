@@ -1,0 +1,45 @@
+"""Measure the frameworks' own model code and write the records the planner is checked against.
+
+    python benchmarks/framework_records.py [OUT_DIR]     (default benchmarks/framework-records)
+
+Each run builds a framework's decoder (zeroplan.frameworks.build) at full width, four blocks
+deep, on fake tensors, and records what each block keeps for backward (zeroplan.frameworks.
+measure). Needs torch and the frameworks (scripts/install-frameworks); about a minute on 2 cores.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from zeroplan.atomic import write_text_atomic
+from zeroplan.frameworks.measure import measure
+from zeroplan.presets.models import get_model
+from zeroplan.specs import BatchSpec, StrategyKind, TrainingSpec
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "framework-records"
+
+# (framework, strategy, precision, checkpointing): HF under DeepSpeed trains a bf16 module, HF
+# under FSDP/DDP an fp32 module with autocast; torchtune trains in pure bf16.
+RUNS = [
+    ("hf", "zero3", "bf16-mixed", "none"), ("hf", "zero3", "bf16-mixed", "full"),
+    ("hf", "ddp", "bf16-mixed", "none"), ("hf", "ddp", "bf16-mixed", "full"),
+    ("torchtune", "fsdp-full-shard", "bf16-pure", "none"), ("torchtune", "fsdp-full-shard", "bf16-pure", "full"),
+]
+SHAPES = [("llama-3.1-8b", 8192, 2), ("llama-3.1-8b", 4096, 1), ("llama-3.1-70b", 4096, 1)]
+
+
+def main(out: Path = DEFAULT_OUT) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for model_name, seq_len, micro_batch in SHAPES:
+        for framework, strategy, precision, policy in RUNS:
+            training = TrainingSpec(framework=framework, precision=precision, activation_checkpointing=policy)
+            record = measure(get_model(model_name), StrategyKind(strategy), training,
+                             BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch))
+            path = out / (record.name.replace(":", "_") + ".json")
+            write_text_atomic(path, record.model_dump_json(indent=2) + "\n")
+            print(f"{record.name:70s} block {record.block_kept_bytes:>14,} bytes  ({record.wall_time_s:.1f} s)")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT)

@@ -1,0 +1,70 @@
+"""The frameworks' own model code, measured live on fake tensors (needs scripts/install-frameworks,
+which scripts/setup runs): the measurement reproduces the committed records and agrees with the
+planner; unmeasurable requests are one-line errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from zeroplan.errors import ZeroplanError
+from zeroplan.presets.models import get_model
+from zeroplan.specs import ActivationCheckpointing, BatchSpec, Precision, StrategyKind, TrainingSpec
+from zeroplan.specs.framework import Framework
+
+RECORDS = Path(__file__).resolve().parent.parent / "benchmarks" / "framework-records"
+pytest.importorskip("torch")
+
+
+def _measure(framework, strategy, precision, policy, seq_len=4096, micro_batch=1, model="llama-3.1-8b"):
+    from zeroplan.frameworks.measure import measure
+
+    training = TrainingSpec(framework=framework, precision=precision, activation_checkpointing=policy)
+    return measure(get_model(model), StrategyKind(strategy), training, BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("framework, strategy, precision, policy, module", [
+    ("hf", "zero3", "bf16-mixed", "none", "transformers"),
+    ("hf", "ddp", "bf16-mixed", "none", "transformers"),
+    ("torchtune", "fsdp-full-shard", "bf16-pure", "full", "torchtune"),
+])
+def test_a_live_measurement_reproduces_its_committed_record(framework, strategy, precision, policy, module) -> None:
+    pytest.importorskip(module)
+    from zeroplan.frameworks.record import FrameworkRecord
+
+    record = _measure(framework, strategy, precision, policy)
+    committed = FrameworkRecord.model_validate_json((RECORDS / (record.name.replace(":", "_") + ".json")).read_text())
+    assert record.retained_bytes == committed.retained_bytes
+    assert record.block_growth_bytes == committed.block_growth_bytes
+
+
+def test_a_framework_that_cannot_be_measured_is_named() -> None:
+    from zeroplan.frameworks.build import check_measurable
+
+    with pytest.raises(ZeroplanError, match="--framework.*torchtitan.*allowed: hf, torchtune"):
+        check_measurable(Framework.torchtitan, ActivationCheckpointing.full, get_model("llama-3.1-8b"))
+    with pytest.raises(ZeroplanError, match="--activation-checkpointing"):
+        check_measurable(Framework.hf, ActivationCheckpointing.selective_op, get_model("llama-3.1-8b"))
+    with pytest.raises(ZeroplanError, match="model"):
+        check_measurable(Framework.hf, ActivationCheckpointing.none, get_model("gpt2"))
+
+
+def test_simulate_framework_is_one_line_when_asked_for_torchtitan(capsys) -> None:
+    from zeroplan.cli.main import main
+
+    code = main(["simulate", "llama-3.1-8b", "--framework", "torchtitan", "--strategy", "fsdp-full-shard", "--world-size", "8"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "--framework" in err, err
+
+
+def test_module_dtype_follows_the_engine() -> None:
+    import torch
+
+    from zeroplan.frameworks.measure import module_dtype
+
+    hf = TrainingSpec(framework=Framework.hf)
+    assert module_dtype(hf, StrategyKind.zero3) is torch.bfloat16
+    assert module_dtype(hf, StrategyKind.ddp) is torch.float32
+    assert module_dtype(TrainingSpec(framework=Framework.torchtune, precision=Precision.bf16_pure), StrategyKind.fsdp_full_shard) is torch.bfloat16

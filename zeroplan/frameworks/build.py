@@ -1,0 +1,122 @@
+"""Each framework's own decoder, built from a zeroplan ModelSpec at full width and reduced depth,
+with the activation checkpointing that framework applies (torch and the framework needed).
+
+Only the constructors and policies are called here; nothing of the frameworks' layers is
+re-written. What each call stands for is cited on the line above it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from zeroplan.errors import ZeroplanError
+from zeroplan.specs import ActivationCheckpointing, ModelSpec, PositionKind
+from zeroplan.specs.framework import Framework
+
+MEASURABLE = {
+    Framework.hf: (ActivationCheckpointing.none, ActivationCheckpointing.full),
+    Framework.torchtune: (ActivationCheckpointing.none, ActivationCheckpointing.full),
+}
+"""Framework -> checkpointing policies the measurement runs. torchtitan 0.3.0 builds every
+Llama-3 with FlexAttention (models/common/config_utils.py get_attention_config refuses sdpa for
+language models), whose torch.compile'd kernel and block-mask construction do not run on fake
+tensors: it is refused until that is solved."""
+
+
+@dataclass
+class BuiltModel:
+    """A framework's model, its decoder blocks in order, and how to run its forward."""
+
+    module: nn.Module
+    blocks: list[nn.Module]
+    forward: Callable[[torch.Tensor], torch.Tensor]
+    """tokens [batch, seq] -> the logits the framework's loss reads."""
+    version: str
+    materialize: Callable[[], None] = lambda: None
+    """What the framework's recipe runs on a meta-device model before training (run on real tensors)."""
+
+
+def check_measurable(framework: Framework, policy: ActivationCheckpointing, model: ModelSpec) -> None:
+    if framework not in MEASURABLE:
+        allowed = ", ".join(f.value for f in MEASURABLE)
+        raise ZeroplanError("--framework", f"{framework.value!r} cannot be measured yet (allowed: {allowed}); see docs/frameworks.md")
+    if policy not in MEASURABLE[framework]:
+        allowed = ", ".join(p.value for p in MEASURABLE[framework])
+        raise ZeroplanError("--activation-checkpointing", f"{policy.value!r} cannot be measured for {framework.value} (allowed: {allowed})")
+    if model.is_moe or model.position is not PositionKind.rope or model.bias or model.qkv_bias or model.qk_norm:
+        raise ZeroplanError("model", f"{model.name!r}: only dense Llama-layout models (RoPE, no biases, no q/k norms) are measured")
+
+
+def build(framework: Framework, model: ModelSpec, layers: int, policy: ActivationCheckpointing, dtype: torch.dtype) -> BuiltModel:
+    """The framework's model with ``layers`` blocks on the meta device, in ``dtype``."""
+    check_measurable(framework, policy, model)
+    builder = {Framework.hf: _hf_llama, Framework.torchtune: _torchtune_llama}[framework]
+    return builder(model, layers, policy, dtype)
+
+
+def _hf_llama(model: ModelSpec, layers: int, policy: ActivationCheckpointing, dtype: torch.dtype) -> BuiltModel:
+    import transformers
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    # transformers models/llama/configuration_llama.py field names; attn_implementation "sdpa" is
+    # what from_pretrained picks on torch >= 2.1 (modeling_utils._check_and_adjust_attn_implementation).
+    config = LlamaConfig(
+        vocab_size=model.vocab_size, hidden_size=model.hidden_size, intermediate_size=model.ffn_hidden_size,
+        num_hidden_layers=layers, num_attention_heads=model.num_heads,
+        num_key_value_heads=model.num_kv_heads or model.num_heads, head_dim=model.head_size,
+        max_position_embeddings=model.max_positions, tie_word_embeddings=model.tied_embeddings,
+        attn_implementation="sdpa",
+    )
+    with torch.device("meta"):
+        module = LlamaForCausalLM(config).to(dtype)
+    module.train()
+    if policy is ActivationCheckpointing.full:
+        # What Trainer(gradient_checkpointing=True) calls (trainer.py), with its default kwargs
+        # (modeling_utils.gradient_checkpointing_enable: use_reentrant=True).
+        module.gradient_checkpointing_enable()
+
+    def forward(tokens: torch.Tensor) -> torch.Tensor:
+        return module(input_ids=tokens).logits
+
+    return BuiltModel(module, list(module.model.layers), forward, f"transformers {transformers.__version__}")
+
+
+def _torchtune_llama(model: ModelSpec, layers: int, policy: ActivationCheckpointing, dtype: torch.dtype) -> BuiltModel:
+    from importlib.metadata import version
+
+    from torchtune import modules, training
+    from torchtune.models.llama3_1 import llama3_1
+
+    # torchtune models/llama3_1/_component_builders.py llama3_1(): the builder its
+    # llama3_1_8b/70b/405b presets call with their sizes.
+    with torch.device("meta"):
+        module = llama3_1(
+            vocab_size=model.vocab_size, num_layers=layers, num_heads=model.num_heads,
+            num_kv_heads=model.num_kv_heads or model.num_heads, embed_dim=model.hidden_size,
+            max_seq_len=model.max_positions, intermediate_dim=model.ffn_hidden_size,
+        ).to(dtype)
+    module.train()
+    if policy is ActivationCheckpointing.full:
+        # recipes/full_finetune_distributed.py with enable_activation_checkpointing: True.
+        training.set_activation_checkpointing(module, auto_wrap_policy={modules.TransformerSelfAttentionLayer})
+    # recipes/full_finetune_distributed.py: with CEWithChunkedOutputLoss the model returns
+    # num_output_chunks logit chunks (8 in every shipped config).
+    module.set_num_output_chunks(8)
+
+    def forward(tokens: torch.Tensor) -> torch.Tensor:
+        return module(tokens)
+
+    def materialize() -> None:
+        # recipes/full_finetune_distributed.py after loading on meta: rope_init() on each module
+        # that has one (the RoPE cache is a non-persistent buffer). Its Llama-3.1 scaling reads
+        # values, so it runs on real CPU tensors (a few MiB) before the fake forward.
+        for submodule in module.modules():
+            if hasattr(submodule, "rope_init"):
+                submodule.to_empty(device="cpu")
+                submodule.rope_init()
+
+    return BuiltModel(module, list(module.layers), forward, f"torchtune {version('torchtune')}", materialize)

@@ -1,0 +1,92 @@
+"""Run a framework's own model forward on fake tensors and record what each block keeps.
+
+The measure is the growth of live bytes (torch's MemTracker, which follows every storage made,
+fake ones included) across each block's forward in training mode. Whatever the block's autograd
+graph saves, and whatever a checkpoint wrapper keeps to recompute from, stays alive until
+backward; temporaries the block frees are not counted. Nothing here knows the planner's
+formulas: the test and benchmarks/framework_accuracy.py put the two side by side.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from zeroplan.frameworks.build import build
+from zeroplan.frameworks.record import FrameworkRecord
+from zeroplan.simulate import _torch_private as private
+from zeroplan.specs.framework import Framework
+from zeroplan.specs import BatchSpec, ModelSpec, Precision, StrategyKind, TrainingSpec
+
+DEFAULT_PRECISION = {
+    # transformers trainer.py TrainingArguments(bf16=True): bf16 compute, fp32 master weights.
+    Framework.hf: Precision.bf16_mixed,
+    # torchtune 0.6.1 recipes/configs/llama3_1/*full*.yaml: `dtype: bf16` (parameters, gradients
+    # and optimizer states in bf16).
+    Framework.torchtune: Precision.bf16_pure,
+}
+"""The numerics each framework's own configs train in, when the user names none."""
+
+DEFAULT_LAYERS = 4
+"""Blocks built: the first block's growth also holds what the forward made before it, so the
+last of the rest is the steady state."""
+
+
+# transformers trainer.py: with DeepSpeed the engine casts the module to bf16; with DDP/FSDP the
+# Trainer keeps fp32 parameters under torch.autocast. torchtune's recipes load in `dtype: bf16`.
+def module_dtype(training: TrainingSpec, strategy: StrategyKind) -> torch.dtype:
+    if training.precision is Precision.fp32:
+        return torch.float32
+    if training.precision is Precision.bf16_pure or not (strategy.is_fsdp or strategy is StrategyKind.ddp):
+        return torch.bfloat16
+    return torch.float32
+
+
+def measure(model: ModelSpec, strategy: StrategyKind, training: TrainingSpec, batch: BatchSpec,
+            layers: int = DEFAULT_LAYERS) -> FrameworkRecord:
+    """Run ``training.framework``'s forward with ``layers`` and ``layers + 1`` blocks.
+
+    What one block keeps for backward is the difference of the bytes still live once the two
+    forwards return (autocast's cache of bf16 weight copies is gone by then, unless autograd
+    saved a copy); the growth across each block during the deeper forward is kept too.
+    """
+    start_s = time.perf_counter()
+    dtype = module_dtype(training, strategy)
+    notes = []
+    if _autocast(training, dtype):
+        notes.append("forward under torch.autocast(bfloat16) with fp32 parameters")
+    _, shallow, _ = _forward(model, training, batch, layers, dtype)
+    version, deep, growth = _forward(model, training, batch, layers + 1, dtype)
+    return FrameworkRecord(
+        framework_version=version, torch_version=torch.__version__, model=model, built_layers=layers,
+        strategy=strategy, training=training, batch=batch, module_dtype=str(dtype),
+        retained_bytes=[shallow, deep], block_growth_bytes=growth,
+        wall_time_s=time.perf_counter() - start_s, notes=notes,
+    )
+
+
+def _autocast(training: TrainingSpec, dtype: torch.dtype) -> bool:
+    return dtype is torch.float32 and training.precision is Precision.bf16_mixed
+
+
+def _forward(model: ModelSpec, training: TrainingSpec, batch: BatchSpec, layers: int, dtype: torch.dtype) -> tuple[str, int, list[int]]:
+    """The framework's version, live bytes once the forward has returned (parameters excluded), and each block's growth."""
+    built = build(training.framework, model, layers, training.activation_checkpointing, dtype)
+    built.materialize()
+    marks: list[int] = []
+    with private.fake_tensor_mode():
+        built.module.to_empty(device="cpu")
+        tokens = torch.randint(0, model.vocab_size, (batch.micro_batch_size, batch.seq_len))
+        tracker = private.live_bytes_tracker()
+        for block in built.blocks:
+            block.register_forward_hook(lambda *_: marks.append(private.tracker_live_bytes(tracker)))
+        private.track_existing(tracker, built.module)
+        with tracker:
+            before = private.tracker_live_bytes(tracker)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=_autocast(training, dtype)):
+                output = built.forward(tokens)
+            retained = private.tracker_live_bytes(tracker) - before
+            del output
+    # The growth of block k counts from the end of block k-1 (its output is not counted twice).
+    return built.version, retained, [marks[k] - marks[k - 1] for k in range(1, len(marks))]
