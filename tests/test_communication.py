@@ -6,7 +6,8 @@ import pytest
 
 from zeroplan.core.communication import CollectiveOp, Phase, collectives, ddp_bucket_sizes, ring_sent_bytes
 from zeroplan.core.deepspeed_buckets import flat_group_elements, gradient_all_reduce_elements
-from zeroplan.core.params import total_parameters
+from zeroplan.core.layout import element_bytes
+from zeroplan.core.params import parameter_units, total_parameters
 from zeroplan.core.zero_paper import zero_communication_volume
 from zeroplan.specs import (
     BatchSpec, ModelSpec, PlanRequest, StrategyKind, StrategySpec, ZeroGradientReduce, cluster_from_gpus,
@@ -28,6 +29,19 @@ def test_ring_bytes() -> None:
     assert ring_sent_bytes(CollectiveOp.all_reduce, 800, 8) == 2 * 7 * 100
     assert ring_sent_bytes(CollectiveOp.all_gather, 800, 8) == ring_sent_bytes(CollectiveOp.reduce_scatter, 800, 8) == 700
     assert ring_sent_bytes(CollectiveOp.all_gather, 800, 1) == 0
+    assert ring_sent_bytes(CollectiveOp.broadcast, 800, 8) == 800
+    assert ring_sent_bytes(CollectiveOp.broadcast, 800, 1) == 0
+
+
+def test_zero_redundancy_optimizer_all_reduces_and_broadcasts(gpu_80gib) -> None:
+    request = _request(gpu_80gib, StrategyKind.zero1, zero_gradient_reduce=ZeroGradientReduce.ddp_buckets)
+    steps = collectives(request)
+    assert [(c.op, c.phase) for c in steps] == [
+        (CollectiveOp.all_reduce, Phase.backward), (CollectiveOp.broadcast, Phase.step)]
+    grads, params = steps
+    eb = element_bytes(request.training.precision, request.convention)
+    assert (grads.buffer_bytes, params.buffer_bytes) == (eb.gradient * PSI, eb.compute_parameter * PSI)
+    assert params.calls == sum(len(u.tensors) for u in parameter_units(MODEL))
 
 
 @pytest.mark.parametrize(

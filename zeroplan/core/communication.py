@@ -29,6 +29,7 @@ class CollectiveOp(str, Enum):
     all_reduce = "all_reduce"
     all_gather = "all_gather"
     reduce_scatter = "reduce_scatter"
+    broadcast = "broadcast"
 
 
 class Phase(str, Enum):
@@ -78,8 +79,12 @@ class Collective(Frozen):
 
 
 # Ring all-gather / reduce-scatter: N-1 rounds, each sending one 1/N chunk of the S-byte buffer.
+# A pipelined ring broadcast forwards the whole buffer once along the chain: every rank but the
+# last sends S, and S / B bounds its time (NCCL tests doc/PERFORMANCE.md: broadcast busbw = algbw).
 def ring_sent_bytes(op: CollectiveOp, buffer_bytes: int, group_size: int) -> int:
     """Bytes one rank sends for one collective of an S-byte buffer over a ring of N ranks."""
+    if op is CollectiveOp.broadcast:
+        return buffer_bytes if group_size > 1 else 0
     chunk = ceil_div(buffer_bytes, group_size)
     rounds = group_size - 1
     if op is CollectiveOp.all_reduce:
@@ -169,11 +174,18 @@ def collectives(request: PlanRequest) -> list[Collective]:
     multi_node = request.cluster.num_nodes > 1
     if world == 1:
         return []
-    if kind is StrategyKind.ddp:
+    if kind is StrategyKind.ddp or request.strategy.zero_gradient_reduce is ZeroGradientReduce.ddp_buckets:
         total = sum(u.numel for u in parameter_units(request.model)) * eb.gradient
         buckets = ddp_bucket_sizes(total, request.strategy.ddp_bucket_cap_bytes)
         # Accumulation runs under no_sync(): one all-reduce per optimizer step.
-        return [_collective(CollectiveOp.all_reduce, Phase.backward, "gradients", buckets, world, 1, multi_node, eb.gradient)]
+        result = [_collective(CollectiveOp.all_reduce, Phase.backward, "gradients", buckets, world, 1, multi_node, eb.gradient)]
+        if kind is StrategyKind.zero1:
+            # torch/distributed/optim/zero_redundancy_optimizer.py, step -> _sync_params ->
+            # _broadcast_params_from_rank: each rank broadcasts the parameters it owns, one
+            # dist.broadcast per tensor (parameters_as_bucket_view=False, the default).
+            tensors = [t.numel * eb.compute_parameter for unit in parameter_units(request.model) for t in unit.tensors]
+            result.append(_collective(CollectiveOp.broadcast, Phase.step, "parameters", tensors, world, 1, multi_node, eb.compute_parameter))
+        return result
 
     group = request.shard_group_size
     group_spans_nodes = group > request.cluster.gpus_per_node
