@@ -53,7 +53,8 @@ memory_gib.join(frame[["fits", "max_micro_batch_size"]])"""),
     ("code", """memory_stack_figure(report);"""),
     ("markdown", """## Communication per step
 
-`volume` is the ZeRO paper's count (2Ψ for DDP and ZeRO-1/2, 3Ψ for ZeRO-3); `sent` the
+`volume` counts what each engine sends as the ZeRO paper does (2Ψ for DDP, 3Ψ for ZeRO-3 and for
+DeepSpeed's ZeRO-1/2, which all-reduce their gradients where the paper reduce-scatters); `sent` the
 bytes each GPU puts on the wire under ring collectives; times from the alpha-beta model."""),
     ("code", """comm = pd.DataFrame({
     "volume (x Psi)": frame.communication_volume_elements / report.num_parameters,

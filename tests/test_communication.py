@@ -5,9 +5,13 @@ from __future__ import annotations
 import pytest
 
 from zeroplan.core.communication import CollectiveOp, Phase, collectives, ddp_bucket_sizes, ring_sent_bytes
-from zeroplan.core.params import total_parameters
+from zeroplan.core.deepspeed_buckets import flat_group_elements, gradient_all_reduce_elements
+from zeroplan.core.layout import element_bytes
+from zeroplan.core.params import parameter_units, total_parameters
 from zeroplan.core.zero_paper import zero_communication_volume
-from zeroplan.specs import BatchSpec, ModelSpec, PlanRequest, StrategyKind, StrategySpec, cluster_from_gpus
+from zeroplan.specs import (
+    BatchSpec, ModelSpec, PlanRequest, StrategyKind, StrategySpec, ZeroGradientReduce, cluster_from_gpus,
+)
 
 MODEL = ModelSpec(name="divisible", vocab_size=1024, hidden_size=256, num_layers=4, num_heads=4, ffn_hidden_size=1024)
 PSI = total_parameters(MODEL)
@@ -25,6 +29,19 @@ def test_ring_bytes() -> None:
     assert ring_sent_bytes(CollectiveOp.all_reduce, 800, 8) == 2 * 7 * 100
     assert ring_sent_bytes(CollectiveOp.all_gather, 800, 8) == ring_sent_bytes(CollectiveOp.reduce_scatter, 800, 8) == 700
     assert ring_sent_bytes(CollectiveOp.all_gather, 800, 1) == 0
+    assert ring_sent_bytes(CollectiveOp.broadcast, 800, 8) == 800
+    assert ring_sent_bytes(CollectiveOp.broadcast, 800, 1) == 0
+
+
+def test_zero_redundancy_optimizer_all_reduces_and_broadcasts(gpu_80gib) -> None:
+    request = _request(gpu_80gib, StrategyKind.zero1, zero_gradient_reduce=ZeroGradientReduce.ddp_buckets)
+    steps = collectives(request)
+    assert [(c.op, c.phase) for c in steps] == [
+        (CollectiveOp.all_reduce, Phase.backward), (CollectiveOp.broadcast, Phase.step)]
+    grads, params = steps
+    eb = element_bytes(request.training.precision, request.convention)
+    assert (grads.buffer_bytes, params.buffer_bytes) == (eb.gradient * PSI, eb.compute_parameter * PSI)
+    assert params.calls == sum(len(u.tensors) for u in parameter_units(MODEL))
 
 
 @pytest.mark.parametrize(
@@ -32,7 +49,9 @@ def test_ring_bytes() -> None:
     [(StrategyKind.ddp, 0), (StrategyKind.zero1, 1), (StrategyKind.zero2, 2), (StrategyKind.zero3, 3), (StrategyKind.fsdp_full_shard, 3)],
 )
 def test_volume_matches_zero_paper_sec_7(gpu_80gib, kind, stage) -> None:
-    steps = collectives(_request(gpu_80gib, kind))
+    # The paper's stages 1-2 reduce-scatter, as zeroplan's reference engine does (per-unit).
+    knobs = {"zero_gradient_reduce": ZeroGradientReduce.per_unit} if stage in (1, 2) else {}
+    steps = collectives(_request(gpu_80gib, kind, **knobs))
     assert sum(c.volume_elements_per_step for c in steps) == zero_communication_volume(PSI, stage)
 
 
@@ -57,12 +76,50 @@ def test_zero3_gathers_twice_per_micro_batch(gpu_80gib) -> None:
     assert by_phase[(CollectiveOp.all_gather, Phase.forward)].calls == MODEL.num_layers + 2
 
 
-def test_zero1_reduces_once_zero2_every_micro_batch(gpu_80gib) -> None:
-    zero1 = {c.op: c for c in collectives(_request(gpu_80gib, StrategyKind.zero1, accum=4))}
-    zero2 = {c.op: c for c in collectives(_request(gpu_80gib, StrategyKind.zero2, accum=4))}
-    assert zero1[CollectiveOp.reduce_scatter].occurrences_per_step == 1
-    assert zero2[CollectiveOp.reduce_scatter].occurrences_per_step == 4
-    assert zero1[CollectiveOp.all_gather].occurrences_per_step == zero2[CollectiveOp.all_gather].occurrences_per_step == 1
+@pytest.mark.parametrize("mode,gradient_op", [
+    (ZeroGradientReduce.per_unit, CollectiveOp.reduce_scatter), (ZeroGradientReduce.bucket, CollectiveOp.all_reduce),
+])
+def test_zero1_reduces_once_zero2_every_micro_batch(gpu_80gib, mode, gradient_op) -> None:
+    def by_what(kind):
+        return {c.what: c for c in collectives(_request(gpu_80gib, kind, accum=4, zero_gradient_reduce=mode))}
+    zero1, zero2 = by_what(StrategyKind.zero1), by_what(StrategyKind.zero2)
+    assert zero1["gradients"].op is zero2["gradients"].op is gradient_op
+    assert zero1["gradients"].occurrences_per_step == 1
+    assert zero2["gradients"].occurrences_per_step == 4
+    assert zero1["parameters"].occurrences_per_step == zero2["parameters"].occurrences_per_step == 1
+
+
+@pytest.mark.parametrize("kind", [StrategyKind.zero1, StrategyKind.zero2, StrategyKind.zero2_offload])
+def test_deepspeed_zero12_all_reduces_gradients_and_gathers_the_flat_group(gpu_80gib, kind) -> None:
+    # DeepSpeed 0.19.8 defaults (use_multi_rank_bucket_allreduce=True): no reduce-scatter; the
+    # whole model fits one 5e8-element bucket, so one bf16 all-reduce of PSI and one all-gather.
+    steps = collectives(_request(gpu_80gib, kind))
+    assert CollectiveOp.reduce_scatter not in {c.op for c in steps}
+    by_what = {c.what: c for c in steps}
+    grads, params = by_what["gradients"], by_what["parameters"]
+    assert (grads.op, grads.calls, grads.buffer_bytes) == (CollectiveOp.all_reduce, 1, 2 * PSI)
+    assert (params.op, params.calls, params.buffer_bytes) == (CollectiveOp.all_gather, 1, 2 * flat_group_elements(PSI, 8))
+    # bf16: the overflow flag (uint8) and the gradient norm (fp32), one element each.
+    assert (by_what["overflow flag"].buffer_bytes, by_what["gradient norm"].buffer_bytes) == (1, 4)
+    # 2*PSI (all-reduce) + PSI (all-gather): half again the paper's 2*PSI for stages 1-2.
+    big = sum(c.volume_elements_per_step for c in steps if c.what in ("gradients", "parameters"))
+    assert big == 2 * PSI + flat_group_elements(PSI, 8)
+
+
+def test_deepspeed_flat_group_pads_to_twice_the_ranks() -> None:
+    assert flat_group_elements(16, 8) == 16
+    assert flat_group_elements(17, 8) == 32
+    assert flat_group_elements(17, 3) == 18
+
+
+def test_deepspeed_reduce_buckets() -> None:
+    # Greedy buckets of at most the cap, flushed before a gradient that would overflow it.
+    assert gradient_all_reduce_elements([4, 4, 4], [2, 1, 0], 8, 2) == [8, 4]
+    assert gradient_all_reduce_elements([3, 4, 4], [0, 1, 2], 8, 2) == [7, 4]
+    # A gradient above the cap goes alone, cut at the rank partitions (flat 24 -> 12 each, over 2
+    # ranks: pieces 2..12 and 12..22); pieces are all-reduced once their sum exceeds the cap.
+    assert gradient_all_reduce_elements([2, 20, 2], [2, 1, 0], 8, 2) == [2, 10, 10, 2]
+    assert gradient_all_reduce_elements([2, 20, 2], [2, 1, 0], 12, 2) == [2, 20, 2]
 
 
 def test_shard_grad_op_skips_backward_gather(gpu_80gib) -> None:

@@ -70,7 +70,9 @@ class StrategyPlan(Frozen):
     sent_bytes_per_step: int
     """Bytes one GPU sends per optimizer step under ring collectives."""
     communication_volume_elements: int
-    """The ZeRO paper's per-step volume in elements (2*Psi or 3*Psi per micro-batch)."""
+    """Per-step volume in elements of what the engine sends, counted as the ZeRO paper does
+    (sec. 7.2.1: an all-reduce twice its buffer): 2*Psi for DDP, 3*Psi for ZeRO-3 and for
+    DeepSpeed's ZeRO-1/2 (all-reduce plus all-gather), per micro-batch where it repeats."""
     time: StepTime
     """Compute, communication and step time of one optimizer step."""
 

@@ -100,8 +100,7 @@ def test_torch_engines_reduce_per_micro_batch_or_once_as_their_mode_says(measure
     rows = {row.quantity: row for row in compare_record(record)}
     single_rows = {row.quantity: row for row in compare_record(single_record)}
     quantity = f"{reduction} bytes/step"
-    if reduction == "reduce_scatter":  # the planner models zero1 with reduce-scatter, not DDP's all-reduce
-        assert rows[quantity].predicted_bytes == factor * single_rows[quantity].predicted_bytes
+    assert rows[quantity].predicted_bytes == factor * single_rows[quantity].predicted_bytes
     assert rows[quantity].measured_bytes == factor * single_rows[quantity].measured_bytes
 
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from enum import Enum
 
+from zeroplan.core import deepspeed_buckets
 from zeroplan.core.layout import ElementBytes, element_bytes, gradient_wire_bytes
 from zeroplan.core.model_states import padded_unit_elements_of
 from zeroplan.core.params import parameter_units
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.request import PlanRequest
-from zeroplan.specs.strategy import StrategyKind
+from zeroplan.specs.strategy import StrategyKind, ZeroGradientReduce
+from zeroplan.specs.training import Precision
 from zeroplan.units import ceil_div
 
 # torch/nn/parallel/distributed.py: the first bucket is capped at 1 MiB
@@ -27,6 +29,7 @@ class CollectiveOp(str, Enum):
     all_reduce = "all_reduce"
     all_gather = "all_gather"
     reduce_scatter = "reduce_scatter"
+    broadcast = "broadcast"
 
 
 class Phase(str, Enum):
@@ -76,8 +79,12 @@ class Collective(Frozen):
 
 
 # Ring all-gather / reduce-scatter: N-1 rounds, each sending one 1/N chunk of the S-byte buffer.
+# A pipelined ring broadcast forwards the whole buffer once along the chain: every rank but the
+# last sends S, and S / B bounds its time (NCCL tests doc/PERFORMANCE.md: broadcast busbw = algbw).
 def ring_sent_bytes(op: CollectiveOp, buffer_bytes: int, group_size: int) -> int:
     """Bytes one rank sends for one collective of an S-byte buffer over a ring of N ranks."""
+    if op is CollectiveOp.broadcast:
+        return buffer_bytes if group_size > 1 else 0
     chunk = ceil_div(buffer_bytes, group_size)
     rounds = group_size - 1
     if op is CollectiveOp.all_reduce:
@@ -118,6 +125,46 @@ def _wire_bytes(request: PlanRequest) -> ElementBytes:
     return element_bytes(request.training.precision, request.convention)
 
 
+# deepspeed/runtime/zero/stage_1_and_2.py step(): check_overflow -> has_overflow all-reduces one
+# uint8 flag when check_grad_overflow (engine.py _configure_zero_optimizer: bf16 and fp16 yes,
+# fp32 no); scaled_global_norm -> get_grad_norm_direct (or, offloaded,
+# complete_grad_norm_calculation_for_cpu_offload) all-reduces one fp32 norm (compute_grad_norm=True).
+OVERFLOW_FLAG_BYTES = 1
+GRADIENT_NORM_BYTES = 4
+
+
+def deepspeed_zero12_collectives(
+    request: PlanRequest, group: int, reduce_per_step: int, spans_nodes: bool,
+) -> list[Collective]:
+    """DeepSpeed ZeRO-1/2 (and stage 2 with offload) with its default config: all-reduced
+    gradient buckets, one all-gather of the flat group, two scalar all-reduces in the step.
+
+    Stage 1 reduces at the accumulation boundary in parameter order (engine.py
+    allreduce_gradients -> reduce_gradients); stage 2 in its backward hooks, in the order the
+    gradients arrive (taken as reverse registration order), every micro-batch."""
+    eb = _wire_bytes(request)
+    gradient_bytes = gradient_wire_bytes(request)
+    numels = [t.numel for unit in parameter_units(request.model) for t in unit.tensors]
+    order = list(range(len(numels)))
+    if request.strategy.kind.zero_stage == 2:
+        order.reverse()
+    grad_elements = deepspeed_buckets.gradient_all_reduce_elements(
+        numels, order, request.strategy.zero_bucket_elements, group)
+    flat = deepspeed_buckets.flat_group_elements(sum(numels), group)
+    result = [
+        _collective(CollectiveOp.all_reduce, Phase.backward, "gradients", [n * gradient_bytes for n in grad_elements],
+                    group, reduce_per_step, spans_nodes, gradient_bytes),
+        _collective(CollectiveOp.all_gather, Phase.step, "parameters", [flat * eb.compute_parameter],
+                    group, 1, spans_nodes, eb.compute_parameter),
+    ]
+    if request.training.precision is not Precision.fp32:
+        result.append(_collective(CollectiveOp.all_reduce, Phase.step, "overflow flag", [OVERFLOW_FLAG_BYTES],
+                                  group, 1, spans_nodes, OVERFLOW_FLAG_BYTES))
+    result.append(_collective(CollectiveOp.all_reduce, Phase.step, "gradient norm", [GRADIENT_NORM_BYTES],
+                              group, 1, spans_nodes, GRADIENT_NORM_BYTES))
+    return result
+
+
 def collectives(request: PlanRequest) -> list[Collective]:
     """Every collective of one optimizer step of ``request``."""
     kind = request.strategy.kind
@@ -127,19 +174,28 @@ def collectives(request: PlanRequest) -> list[Collective]:
     multi_node = request.cluster.num_nodes > 1
     if world == 1:
         return []
-    if kind is StrategyKind.ddp:
+    if kind is StrategyKind.ddp or request.strategy.zero_gradient_reduce is ZeroGradientReduce.ddp_buckets:
         total = sum(u.numel for u in parameter_units(request.model)) * eb.gradient
         buckets = ddp_bucket_sizes(total, request.strategy.ddp_bucket_cap_bytes)
         # Accumulation runs under no_sync(): one all-reduce per optimizer step.
-        return [_collective(CollectiveOp.all_reduce, Phase.backward, "gradients", buckets, world, 1, multi_node, eb.gradient)]
+        result = [_collective(CollectiveOp.all_reduce, Phase.backward, "gradients", buckets, world, 1, multi_node, eb.gradient)]
+        if kind is StrategyKind.zero1:
+            # torch/distributed/optim/zero_redundancy_optimizer.py, step -> _sync_params ->
+            # _broadcast_params_from_rank: each rank broadcasts the parameters it owns, one
+            # dist.broadcast per tensor (parameters_as_bucket_view=False, the default).
+            tensors = [t.numel * eb.compute_parameter for unit in parameter_units(request.model) for t in unit.tensors]
+            result.append(_collective(CollectiveOp.broadcast, Phase.step, "parameters", tensors, world, 1, multi_node, eb.compute_parameter))
+        return result
 
     group = request.shard_group_size
     group_spans_nodes = group > request.cluster.gpus_per_node
     # Parameters are gathered in the compute dtype; gradients travel in gradient_wire_bytes.
     gradient_bytes = gradient_wire_bytes(request)
+    reduce_per_step = 1 if (kind is StrategyKind.zero1 or request.strategy.keep_unsharded_grads_on_accum) else accum
+    if kind.zero_stage in (1, 2) and request.strategy.zero_gradient_reduce is ZeroGradientReduce.bucket:
+        return deepspeed_zero12_collectives(request, group, reduce_per_step, group_spans_nodes)
     grads = _unit_buffers(request, group, gradient_bytes)
     params = _unit_buffers(request, group, eb.compute_parameter)
-    reduce_per_step = 1 if (kind is StrategyKind.zero1 or request.strategy.keep_unsharded_grads_on_accum) else accum
     result = []
     if request.strategy.kind.zero_stage == 3:
         result.append(_collective(CollectiveOp.all_gather, Phase.forward, "parameters", params, group, accum, group_spans_nodes, eb.compute_parameter))
@@ -151,7 +207,7 @@ def collectives(request: PlanRequest) -> list[Collective]:
                 backward = params[1:]
             result.append(_collective(CollectiveOp.all_gather, Phase.backward, "parameters", backward, group, accum, group_spans_nodes, eb.compute_parameter))
     result.append(_collective(CollectiveOp.reduce_scatter, Phase.backward, "gradients", grads, group, reduce_per_step, group_spans_nodes, gradient_bytes))
-    if request.strategy.kind.zero_stage in (1, 2):
+    if kind.zero_stage in (1, 2):
         result.append(_collective(CollectiveOp.all_gather, Phase.step, "parameters", params, group, 1, group_spans_nodes, eb.compute_parameter))
     if kind is StrategyKind.hsdp and world > group:
         replicas = world // group

@@ -30,7 +30,7 @@ def render_compare_table(report: FitReport) -> str:
         f"intra-node {gpu.intra_node_link.name}: {gpu.intra_node_link.bandwidth_bytes_per_s / 1e9:g} GB/s; "
         f"inter-node {gpu.inter_node_link.name}: {gpu.inter_node_link.bandwidth_bytes_per_s / 1e9:g} GB/s; "
         f"host {gpu.host_link.name}: {gpu.host_link.bandwidth_bytes_per_s / 1e9:g} GB/s",
-        "volume = ZeRO paper's per-step volume in units of Psi; sent = GB each GPU sends per step (ring); times in s.",
+        "volume = per-step volume of what the engine sends, in units of Psi, counted as the ZeRO paper does (sec. 7); sent = GB each GPU sends per step (ring); times in s.",
         "",
     ]
     names = ["strategy", "volume", "sent", "comm", "host", "compute", "exposed", "step", "no-overlap", "fits"]

@@ -17,7 +17,7 @@ MEASURED_DEVICE = GpuSpec(
     intra_node_link=_MEASURED_LINK, inter_node_link=_MEASURED_LINK, host_link=_MEASURED_LINK,
     source="notional: validation compares bytes only",
 )
-COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter")
+COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 
 
 class ComparisonRow(Frozen):
