@@ -7,10 +7,13 @@ import pytest
 from zeroplan.core.communication import Phase, collectives
 from zeroplan.core.params import total_parameters
 from zeroplan.core.plan import plan
-from zeroplan.core.timing import collective_time_s, compute_flops, host_transfer_bytes, step_time
+from zeroplan.core.timing import (
+    collective_time_s, compute_flops, cpu_optimizer_bytes_per_element, cpu_optimizer_time_s, host_transfer_bytes,
+    step_time,
+)
 from zeroplan.presets.models import get_model
 from zeroplan.specs import (
-    ActivationCheckpointing, BatchSpec, GpuSpec, LinkSpec, PerformanceAssumptions, PlanRequest,
+    ActivationCheckpointing, BatchSpec, GpuSpec, HostSpec, LinkSpec, Optimizer, PerformanceAssumptions, PlanRequest,
     StrategyKind, StrategySpec, TrainingSpec, cluster_from_gpus,
 )
 from zeroplan.units import GiB
@@ -74,7 +77,8 @@ def test_overlap_never_slower_and_exposed_bounded() -> None:
         t = step_time(request, tuple(collectives(request)))
         assert t.step_with_overlap_s <= t.step_without_overlap_s + 1e-12
         assert 0 <= t.exposed_communication_s <= t.communication_s + t.host_transfer_s + 1e-12
-        assert t.step_with_overlap_s == pytest.approx(t.compute_s + t.exposed_communication_s)
+        assert t.step_with_overlap_s == pytest.approx(t.compute_s + t.exposed_communication_s + t.cpu_optimizer_s)
+        assert (t.cpu_optimizer_s > 0) == kind.offloads_optimizer
 
 
 def test_zero1_parameter_gather_is_exposed() -> None:
@@ -99,3 +103,48 @@ def test_offload_moves_gradients_down_and_parameters_up() -> None:
 def test_plan_carries_the_step_time() -> None:
     result = plan(_request(StrategyKind.hsdp, gpus=32))
     assert result.time.communication_s > 0 and result.time.compute_s > 0
+
+
+def _with_host(request: PlanRequest, **host) -> PlanRequest:
+    cluster = request.cluster.model_copy(update={"host": HostSpec(**host)})
+    return request.model_copy(update={"cluster": cluster})
+
+
+def test_cpu_adam_bytes_per_parameter() -> None:
+    # fp32 param, grad, m, v read (16 B); param, m, v written (12 B).
+    assert cpu_optimizer_bytes_per_element(Optimizer.adamw) == 28
+    assert cpu_optimizer_bytes_per_element(Optimizer.sgd) == 12
+    assert cpu_optimizer_bytes_per_element(Optimizer.lion) == 20
+
+
+def test_cpu_step_hand_computed_memory_and_compute_bound() -> None:
+    request = _request(StrategyKind.zero3_offload)
+    shard = total_parameters(request.model) / 8  # padding aside
+    # 8 GPUs share 614.4 GB/s: 76.8 GB/s each, 28 B per parameter.
+    memory = _with_host(request, memory_bandwidth_bytes_per_s=614.4e9, cores_per_node=112,
+                        optimizer_elements_per_core_s=1e9)
+    assert cpu_optimizer_time_s(memory) == pytest.approx(shard * 28 / 76.8e9, rel=1e-6)
+    # 8 cores for 8 GPUs at 1e8 parameters/s each: the compute bound wins.
+    compute = _with_host(request, memory_bandwidth_bytes_per_s=614.4e9, cores_per_node=8,
+                         optimizer_elements_per_core_s=1e8)
+    assert cpu_optimizer_time_s(compute) == pytest.approx(shard / 1e8, rel=1e-6)
+    t = step_time(compute, tuple(collectives(compute)))
+    assert t.cpu_optimizer_s == cpu_optimizer_time_s(compute)
+    assert t.step_without_overlap_s == pytest.approx(
+        t.compute_s + t.communication_s + t.host_transfer_s + t.cpu_optimizer_s)
+
+
+def test_pcie_shared_by_gpus_behind_one_switch() -> None:
+    request = _request(StrategyKind.zero3_offload)
+    alone = step_time(request, tuple(collectives(request)))
+    shared = _with_host(request, gpus_per_host_link=2)
+    paired = step_time(shared, tuple(collectives(shared)))
+    assert paired.host_transfer_s == pytest.approx(2 * alone.host_transfer_s)
+    assert paired.pcie_s == paired.host_transfer_s
+    assert sum(host_transfer_bytes(shared).values()) / 25e9 == pytest.approx(paired.host_transfer_s)
+
+
+def test_non_offload_rows_ignore_the_host() -> None:
+    request = _request(StrategyKind.zero3)
+    slow_host = _with_host(request, memory_bandwidth_bytes_per_s=1.0, cores_per_node=1, gpus_per_host_link=8)
+    assert step_time(request, tuple(collectives(request))) == step_time(slow_host, tuple(collectives(slow_host)))

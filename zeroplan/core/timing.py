@@ -8,11 +8,12 @@ from math import ceil, log2
 from zeroplan.core.communication import Collective, CollectiveOp, Phase
 from zeroplan.core.layout import element_bytes
 from zeroplan.core.model_states import held_elements, shard_layout
+from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise
 from zeroplan.core.params import active_parameters, parameter_units
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.hardware import LinkSpec
 from zeroplan.specs.request import PlanRequest
-from zeroplan.specs.training import ActivationCheckpointing
+from zeroplan.specs.training import ActivationCheckpointing, Optimizer
 
 # Kaplan et al. 2020 sec. 2.1 / Narayanan et al. 2021 sec. 5.1: 2 FLOPs per parameter per token
 # forward, 4 backward; full recomputation runs the forward again (Korthikanti et al. sec. 5).
@@ -30,13 +31,20 @@ class StepTime(Frozen):
     communication_s: float
     """All collectives, run back to back."""
     host_transfer_s: float
-    """Offload copies over the host link."""
+    """Offload copies over the host link (PCIe), at this GPU's share of it."""
+    cpu_optimizer_s: float = 0.0
+    """Offload's optimizer step on the host CPU for this GPU's partition (0 without offload)."""
     exposed_communication_s: float
     """Communication and host transfers the compute does not hide."""
     step_without_overlap_s: float
-    """Compute + communication + host transfers, one after another."""
+    """Compute + communication + host transfers + CPU optimizer step, one after another."""
     step_with_overlap_s: float
-    """Compute + exposed communication."""
+    """Compute + exposed communication + CPU optimizer step."""
+
+    @property
+    def pcie_s(self) -> float:
+        """The host transfers, under the name the offload literature uses (PCIe)."""
+        return self.host_transfer_s
 
     @property
     def compute_s(self) -> float:
@@ -78,7 +86,7 @@ def host_transfer_bytes(request: PlanRequest) -> dict[Phase, int]:
     if not kind.offloads_optimizer:
         return moved
     eb = element_bytes(request.training.precision, request.convention)
-    shard = held_elements(parameter_units(request.model), request.shard_group_size, shard_layout(request))
+    shard = offloaded_optimizer_elements(request)
     shard_bytes = eb.compute_parameter * shard
     accum = request.batch.grad_accum_steps
     moved[Phase.backward] = accum * shard_bytes
@@ -87,6 +95,50 @@ def host_transfer_bytes(request: PlanRequest) -> dict[Phase, int]:
         moved[Phase.forward] += accum * shard_bytes
         moved[Phase.backward] += accum * shard_bytes
     return moved
+
+
+# DeepSpeed csrc/adam/cpu_adam_impl.cpp (Adam_Optimizer::Step_1, fp32 params and states): each
+# element reads param, grad, exp_avg, exp_avg_sq and writes param, exp_avg, exp_avg_sq back;
+# 4 B each. Other element-wise optimizers read/write their own state count the same way;
+# non-element-wise ones (Adafactor, 8-bit Adam) are charged as Adam (an upper bound).
+FP32_BYTES = 4
+
+
+def cpu_optimizer_bytes_per_element(optimizer: Optimizer) -> int:
+    """Host-memory bytes read + written per parameter by one CPU optimizer step (28 for Adam)."""
+    state = elementwise_state_bytes(optimizer if is_elementwise(optimizer) else Optimizer.adam, FP32_BYTES)
+    read = FP32_BYTES + FP32_BYTES + state  # master param, fp32 gradient, states
+    written = FP32_BYTES + state  # master param, states
+    return read + written
+
+
+def offloaded_optimizer_elements(request: PlanRequest) -> int:
+    """Parameters whose optimizer step this GPU's rank runs on the host (its partition)."""
+    return held_elements(parameter_units(request.model), request.shard_group_size, shard_layout(request))
+
+
+# ZeRO-Offload (Ren et al. 2021, sec. 5.1): the CPU step is a streaming, vectorised loop run by
+# every rank of a node at once, so each rank gets 1/gpus_per_node of the node's memory bandwidth
+# and cores (DeepSpeed's --bind_cores_to_rank splits cores that way). Time is the slower bound:
+#   t_cpu = max(E * bytes_per_element / (BW_host / G), E / ((cores / G) * rate_per_core)).
+def cpu_optimizer_time_s(request: PlanRequest) -> float:
+    """Seconds of the host optimizer step for this GPU's partition (0 without optimizer offload)."""
+    if not request.strategy.kind.offloads_optimizer:
+        return 0.0
+    host = request.cluster.host
+    share = request.cluster.gpus_per_node
+    elements = offloaded_optimizer_elements(request)
+    moved_bytes = elements * cpu_optimizer_bytes_per_element(request.training.optimizer)
+    memory_bound = moved_bytes / (host.memory_bandwidth_bytes_per_s / share)
+    compute_bound = elements / (host.cores_per_node / share * host.optimizer_elements_per_core_s)
+    return max(memory_bound, compute_bound)
+
+
+# GPUs behind one PCIe switch copy at the same time (every rank offloads in the same phase), so
+# each gets 1/gpus_per_host_link of the switch's uplink (documented assumption).
+def host_link_share_bytes_per_s(request: PlanRequest) -> float:
+    """Host-link bandwidth one GPU gets while its neighbours copy too."""
+    return request.cluster.gpu.host_link.bandwidth_bytes_per_s / request.cluster.host.gpus_per_host_link
 
 
 def compute_flops(request: PlanRequest) -> tuple[float, float]:
@@ -107,14 +159,17 @@ def step_time(request: PlanRequest, collectives: tuple[Collective, ...]) -> Step
     by_phase = {phase: 0.0 for phase in Phase}
     for collective in collectives:
         by_phase[collective.phase] += collective_time_s(request, collective)
-    host_link = request.cluster.gpu.host_link.bandwidth_bytes_per_s
+    host_link = host_link_share_bytes_per_s(request)
     host_by_phase = {phase: moved / host_link for phase, moved in host_transfer_bytes(request).items()}
     communication_s = sum(by_phase.values())
     host_s = sum(host_by_phase.values())
+    cpu_s = cpu_optimizer_time_s(request)
     # Forward gathers hide behind forward compute, backward collectives and gradient offload
     # behind backward compute (each link runs its own copies, so the slower one counts); what
     # runs after backward (ZeRO-1/2's parameter all-gather, parameters back from the host) is
-    # exposed.
+    # exposed. The CPU step waits for the last gradient and the parameters wait for it
+    # (DeepSpeed's default; its delayed parameter update, ZeRO-Offload sec. 5.2, is opt-in and
+    # not modelled), so cpu_s adds to the step in full.
     forward_busy = max(by_phase[Phase.forward], host_by_phase[Phase.forward])
     backward_busy = max(by_phase[Phase.backward], host_by_phase[Phase.backward])
     exposed = (
@@ -128,7 +183,8 @@ def step_time(request: PlanRequest, collectives: tuple[Collective, ...]) -> Step
         backward_compute_s=backward_s,
         communication_s=communication_s,
         host_transfer_s=host_s,
+        cpu_optimizer_s=cpu_s,
         exposed_communication_s=exposed,
-        step_without_overlap_s=forward_s + backward_s + communication_s + host_s,
-        step_with_overlap_s=forward_s + backward_s + exposed,
+        step_without_overlap_s=forward_s + backward_s + communication_s + host_s + cpu_s,
+        step_with_overlap_s=forward_s + backward_s + exposed + cpu_s,
     )

@@ -13,6 +13,7 @@ def _row(plan: StrategyPlan, num_parameters: int) -> list[str]:
         f"{plan.sent_bytes_per_step / 1e9:.1f}",
         f"{t.communication_s:.3f}",
         f"{t.host_transfer_s:.3f}",
+        f"{t.cpu_optimizer_s:.3f}",
         f"{t.compute_s:.3f}",
         f"{t.exposed_communication_s:.3f}",
         f"{t.step_with_overlap_s:.3f}",
@@ -30,10 +31,12 @@ def render_compare_table(report: FitReport) -> str:
         f"intra-node {gpu.intra_node_link.name}: {gpu.intra_node_link.bandwidth_bytes_per_s / 1e9:g} GB/s; "
         f"inter-node {gpu.inter_node_link.name}: {gpu.inter_node_link.bandwidth_bytes_per_s / 1e9:g} GB/s; "
         f"host {gpu.host_link.name}: {gpu.host_link.bandwidth_bytes_per_s / 1e9:g} GB/s",
+        f"host CPUs: {c.host.cores_per_node} cores, {c.host.memory_bandwidth_bytes_per_s / 1e9:g} GB/s memory per node, "
+        "shared by its GPUs (cpu-step = offload's CPU optimizer step)",
         "volume = per-step volume of what the engine sends, in units of Psi, counted as the ZeRO paper does (sec. 7); sent = GB each GPU sends per step (ring); times in s.",
         "",
     ]
-    names = ["strategy", "volume", "sent", "comm", "host", "compute", "exposed", "step", "no-overlap", "fits"]
+    names = ["strategy", "volume", "sent", "comm", "host", "cpu-step", "compute", "exposed", "step", "no-overlap", "fits"]
     rows = [_row(p, report.num_parameters) for p in report.plans]
     widths = [max(len(names[i]), *(len(r[i]) for r in rows)) for i in range(len(names))]
 

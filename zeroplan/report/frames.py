@@ -34,6 +34,7 @@ def plan_row(plan: StrategyPlan) -> dict[str, object]:
         compute_s=plan.time.compute_s,
         communication_s=plan.time.communication_s,
         host_transfer_s=plan.time.host_transfer_s,
+        cpu_optimizer_s=plan.time.cpu_optimizer_s,
         exposed_communication_s=plan.time.exposed_communication_s,
         step_with_overlap_s=plan.time.step_with_overlap_s,
         step_without_overlap_s=plan.time.step_without_overlap_s,

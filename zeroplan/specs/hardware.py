@@ -41,6 +41,25 @@ class GpuSpec(Frozen):
     """Where the figures come from (datasheet)."""
 
 
+class HostSpec(Frozen):
+    """The host CPUs and memory of one node, shared by its GPUs (used by offload's CPU step).
+
+    Defaults describe an NVIDIA DGX H100 node: two Intel Xeon Platinum 8480C (56 cores each,
+    NVIDIA DGX H100 user guide, "Hardware overview"), eight DDR5-4800 channels per socket
+    (Intel ark, Xeon Platinum 8480+): 16 channels x 4800 MT/s x 8 B = 614.4 GB/s peak."""
+
+    memory_bandwidth_bytes_per_s: float = Field(default=614.4e9, gt=0)
+    """Host memory bandwidth of the node, bytes per second (peak; STREAM-measured is lower)."""
+    cores_per_node: int = Field(default=112, gt=0)
+    """CPU cores of the node (physical, all sockets)."""
+    optimizer_elements_per_core_s: float = Field(default=1.0e9, gt=0)
+    """Parameters one core updates per second when not memory-bound (AVX-512 CPU Adam); an
+    assumption, see docs/communication-time.md."""
+    gpus_per_host_link: int = Field(default=1, gt=0)
+    """GPUs that share one PCIe path to the host (e.g. 2 behind each PCIe switch in a DGX A100);
+    1 means each GPU has its own full host link."""
+
+
 class ClusterSpec(Frozen):
     """How many GPUs, of which kind, in how many nodes."""
 
@@ -52,6 +71,8 @@ class ClusterSpec(Frozen):
     """GPUs in each node."""
     host_memory_bytes_per_node: int | None = Field(default=None, gt=0)
     """Host RAM per node, for the offload check; None means unknown (not checked)."""
+    host: HostSpec = Field(default_factory=HostSpec)
+    """Host CPUs, memory bandwidth and PCIe sharing per node, for offload's CPU step."""
     cuda_context_bytes: int = Field(default=512 * MiB, ge=0)
     """Device memory taken by the CUDA context and library workspaces before any tensor
     (about 0.5 GiB with CUDA 12 lazy module loading); not usable by the allocator."""
