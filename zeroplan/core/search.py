@@ -134,7 +134,15 @@ def _phase_seconds(request: PlanRequest) -> np.ndarray:
     return np.array([comm[p] for p in _PHASES] + [host[p] / link for p in _PHASES], dtype=np.float64)
 
 
-def _build_group(request: PlanRequest) -> _Group:
+def _phase_coefficients(request: PlanRequest) -> tuple[np.ndarray, np.ndarray]:
+    """(intercepts, slopes) of each phase's seconds in the accumulation steps."""
+    p1, p2 = _phase_seconds(_at(request, 1, 1)), _phase_seconds(_at(request, 1, 2))
+    return p1 - (p2 - p1), p2 - p1
+
+
+def _build_group(request: PlanRequest, phases: tuple[np.ndarray, np.ndarray] | None = None) -> _Group:
+    """``phases``: coefficients from a group of the same strategy and shard group (the
+    collectives do not depend on checkpointing; the check below would catch it if they did)."""
     group = _Group(request=request, usable_bytes=usable_memory_bytes(request))
     host_limit = request.cluster.host_memory_bytes_per_node
     for accumulating in (False, True):
@@ -147,9 +155,7 @@ def _build_group(request: PlanRequest) -> _Group:
     forward_flops, backward_flops = compute_flops(_at(request, 1, 1))
     group.forward_s_per_micro = forward_flops / throughput
     group.backward_s_per_micro = backward_flops / throughput
-    p1, p2 = _phase_seconds(_at(request, 1, 1)), _phase_seconds(_at(request, 1, 2))
-    group.phase_slopes_s = p2 - p1
-    group.phase_intercepts_s = p1 - (p2 - p1)
+    group.phase_intercepts_s, group.phase_slopes_s = phases if phases is not None else _phase_coefficients(request)
     # Check the coefficients where they were not fitted; disagreement: scalar planner only.
     for micro, accum in ((5, 3),):
         peak, _, seconds = _vectorised(group, np.array([micro]), np.array([accum]))
@@ -226,10 +232,13 @@ def groups(base: PlanRequest, strategies: tuple[StrategyKind, ...] | None = None
     for kind in kinds:
         for shard in _shard_groups(kind, base.cluster.world_size):
             strategy = base.strategy.model_copy(update={"kind": kind, "shard_group_size": shard})
+            phases = None
             for policy in prof.checkpointing:
                 training = base.training.model_copy(update={"activation_checkpointing": policy})
                 request = base.model_copy(update={"training": training}).with_strategy(strategy)
-                result.append(_build_group(request))
+                group = _build_group(request, phases)
+                phases = group.phase_intercepts_s, group.phase_slopes_s
+                result.append(group)
     return result
 
 
