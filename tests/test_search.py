@@ -138,3 +138,37 @@ def test_cli_plan_prints_a_table_and_a_recommendation(capsys) -> None:
     assert main(["plan", "gpt2", "--gpus", "8", "--global-batch", "64"]) == 0
     out = capsys.readouterr().out
     assert "Pareto front" in out and "Best:" in out
+
+
+@pytest.mark.parametrize("caught_by", ["group check", "verification of the shown rows"])
+def test_a_sweep_that_disagrees_with_the_scalar_planner_falls_back_to_it(monkeypatch, caught_by) -> None:
+    import zeroplan.core.search as search_module
+
+    base = _base("llama-2-7b", 8, seq_len=4096)
+    honest = search(base, 64, top=5)
+    real = search_module._vectorised
+
+    def skewed(group, micro, accum):
+        peak, fits, seconds = real(group, micro, accum)
+        if caught_by != "group check" and micro.size == 1:  # the group's own check passes
+            return peak, fits, seconds
+        return peak, fits, seconds * (1 + 1e-3 * micro)  # wrong, and it changes the order
+
+    monkeypatch.setattr(search_module, "_vectorised", skewed)
+    fallback = search(base, 64, top=5)
+    scalar_groups = [g.scalar_only for g in search_module.groups(base)]
+    assert all(scalar_groups) == (caught_by == "group check")
+    assert [(c.step_time_s, c.peak_bytes) for c in fallback.ranked] == [(c.step_time_s, c.peak_bytes) for c in honest.ranked]
+    assert fallback.configurations_fitting == honest.configurations_fitting
+
+
+def test_plan_command_runs_with_torch_blocked() -> None:
+    import subprocess
+
+    program = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from zeroplan.cli.main import main\n"
+        "assert main(['plan', 'gpt2', '--global-batch', '16', '--format', 'json']) == 0\n"
+    )
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
