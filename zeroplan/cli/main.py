@@ -48,6 +48,11 @@ def build_parser() -> OneLineParser:
     calibrate = commands.add_parser("calibrate", help="fit link latency and bandwidth to nccl-tests output")
     add_calibrate_arguments(calibrate)
     calibrate.set_defaults(run=run_calibrate)
+    from zeroplan.cli.plan import add_plan_arguments, run_plan
+
+    plan = commands.add_parser("plan", help="the fastest configuration that fits a global batch")
+    add_plan_arguments(plan)
+    plan.set_defaults(run=run_plan)
     for name, (_, help_text) in _DELEGATED.items():
         commands.add_parser(name, help=f"{help_text} (zeroplan {name} --help)", add_help=False)
     commands.add_parser("models", help="list model presets").set_defaults(run=_list_models)

@@ -32,7 +32,8 @@ MAX_MICRO_BATCH_SEARCH = 1 << 20
 # unit being gathered or reduced and the residual-stream workspace. End of backward: every
 # gradient and the last unit's buffers. Optimizer step: gradients and step temporaries. With
 # accumulation the earlier micro-batches' gradients are there from the start.
-def peak_allocated_bytes(states: ModelStateBytes, moments: "PeakTerms", grad_accum_steps: int) -> int:
+def peak_moments(states: ModelStateBytes, moments: "PeakTerms", grad_accum_steps: int) -> tuple[int, int, int, int]:
+    """Bytes alive at (loss backward, a block's backward, end of backward, optimizer step)."""
     resident = states.parameter_bytes + states.optimizer_state_bytes + moments.resident_buffers
     held = resident + moments.backward_held_buffers
     accumulated = states.gradient_bytes if grad_accum_steps > 1 else 0
@@ -40,7 +41,11 @@ def peak_allocated_bytes(states: ModelStateBytes, moments: "PeakTerms", grad_acc
     block_backward = held + accumulated + moments.activations + moments.transient_buffers + moments.workspace
     backward_end = held + states.gradient_bytes + moments.transient_buffers
     step = resident + states.gradient_bytes + moments.step_temporary
-    return max(loss_backward, block_backward, backward_end, step)
+    return loss_backward, block_backward, backward_end, step
+
+
+def peak_allocated_bytes(states: ModelStateBytes, moments: "PeakTerms", grad_accum_steps: int) -> int:
+    return max(peak_moments(states, moments, grad_accum_steps))
 
 
 @dataclass(frozen=True)
@@ -56,7 +61,8 @@ class PeakTerms:
     step_temporary: int
 
 
-def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateBytes]:
+def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
+    """The model states and the byte terms the peak moments combine, for one request."""
     model, training, batch = request.model, request.training, request.batch
     s, b = batch.seq_len, batch.micro_batch_size
     check_framework_request(training)
@@ -67,13 +73,19 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
     else:
         activations = framework_activation_bytes(request)
         logits = framework_logits_bytes(request)
-    workspace = backward_workspace_bytes(model, training, s, b)
-    step_temporary = optimizer_step_temporary_bytes(request, states.optimizer_elements)
     terms = PeakTerms(
-        activations=activations, logits=logits, workspace=workspace,
+        activations=activations, logits=logits, workspace=backward_workspace_bytes(model, training, s, b),
         resident_buffers=resident_buffer_bytes(request), backward_held_buffers=backward_held_buffer_bytes(request),
-        transient_buffers=transient_buffer_bytes(request), step_temporary=step_temporary,
+        transient_buffers=transient_buffer_bytes(request),
+        step_temporary=optimizer_step_temporary_bytes(request, states.optimizer_elements),
     )
+    return states, terms
+
+
+def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateBytes]:
+    batch = request.batch
+    states, terms = peak_terms(request)
+    activations, logits, workspace, step_temporary = terms.activations, terms.logits, terms.workspace, terms.step_temporary
     # The table's buffers column: every buffer at once (the most ever allocated for them).
     temporary = terms.resident_buffers + terms.backward_held_buffers + terms.transient_buffers + workspace
     allocated = peak_allocated_bytes(states, terms, batch.grad_accum_steps)

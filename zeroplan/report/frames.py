@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from zeroplan.core.search import PlanSearchResult
 from zeroplan.results import FitReport, StrategyPlan
 
 MEMORY_COLUMNS = (
@@ -66,3 +67,15 @@ def collectives_frame(plan: StrategyPlan) -> pd.DataFrame:
         for c in plan.collectives
     ]
     return pd.DataFrame(rows)
+
+
+def search_frame(result: PlanSearchResult) -> pd.DataFrame:
+    """The ranked configurations, fastest first, with a column marking the Pareto rows."""
+    pareto = {(c.strategy, c.activation_checkpointing, c.shard_group_size, c.micro_batch_size) for c in result.pareto}
+    rows = []
+    for rank, c in enumerate(result.ranked, start=1):
+        row: dict[str, object] = {"rank": rank}
+        row.update(c.model_dump(mode="json"))
+        row["pareto"] = (c.strategy, c.activation_checkpointing, c.shard_group_size, c.micro_batch_size) in pareto
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("rank") if rows else pd.DataFrame(columns=["rank"]).set_index("rank")

@@ -1,0 +1,174 @@
+"""The vectorised plan search against the scalar planner it is built from."""
+
+from __future__ import annotations
+
+import random
+import sys
+
+import numpy as np
+import pytest
+
+from zeroplan.core.search import (
+    BYTE_TOLERANCE, TIME_TOLERANCE_S, _at, batch_splits, evaluate, groups, pareto_indices, scalar_evaluate, search,
+)
+from zeroplan.errors import ZeroplanError
+from zeroplan.presets.gpus import get_gpu
+from zeroplan.presets.models import get_model
+from zeroplan.specs import BatchSpec, Framework, PlanRequest, StrategyKind, StrategySpec, TrainingSpec, cluster_from_gpus
+from zeroplan.specs.training import Precision
+
+
+def _base(model: str, gpus: int, gpu: str = "h100-80gb", seq_len: int = 2048, framework: Framework = Framework.zeroplan,
+          host_memory_bytes: int | None = None) -> PlanRequest:
+    cluster = cluster_from_gpus(get_gpu(gpu), gpus)
+    if host_memory_bytes is not None:
+        cluster = cluster.model_copy(update={"host_memory_bytes_per_node": host_memory_bytes})
+    precision = Precision.bf16_pure if framework is Framework.torchtune else Precision.bf16_mixed
+    return PlanRequest(
+        model=get_model(model), cluster=cluster, strategy=StrategySpec(kind=StrategyKind.ddp),
+        batch=BatchSpec(seq_len=seq_len), training=TrainingSpec(framework=framework, precision=precision),
+    )
+
+
+BASES = [
+    ("llama-2-7b", 16, Framework.zeroplan, None),
+    ("gpt2", 8, Framework.zeroplan, 2**36),
+    ("llama-2-13b", 32, Framework.torchtitan, None),
+    ("llama-2-7b", 8, Framework.torchtune, None),
+    ("llama-2-70b", 64, Framework.hf, 2**40),
+]
+
+
+@pytest.mark.parametrize("model,gpus,framework,host", BASES, ids=lambda v: str(v))
+def test_vectorised_equals_scalar_on_random_configurations(model, gpus, framework, host) -> None:
+    rng = random.Random(f"{model}-{gpus}-{framework.value}")
+    base = _base(model, gpus, framework=framework, host_memory_bytes=host)
+    checked = 0
+    for group in groups(base):
+        assert not group.scalar_only, group.request.strategy.kind  # the coefficients held where checked
+        micro = np.array([rng.randint(1, 64) for _ in range(3)], dtype=np.int64)
+        accum = np.array([rng.choice([1, 1, 2, 3, 8, 17]) for _ in range(3)], dtype=np.int64)
+        peak, fits, seconds = evaluate(group, micro, accum)
+        for k in range(len(micro)):
+            s_peak, s_fits, s_seconds = scalar_evaluate(_at(group.request, int(micro[k]), int(accum[k])))
+            assert abs(int(peak[k]) - s_peak) <= BYTE_TOLERANCE
+            assert abs(float(seconds[k]) - s_seconds) <= TIME_TOLERANCE_S
+            assert bool(fits[k]) == s_fits
+            checked += 1
+    assert checked >= 3 * 3
+
+
+def test_batch_splits_multiply_to_the_global_batch() -> None:
+    micro, accum = batch_splits(24 * 8, 8)
+    assert sorted(micro.tolist()) == [1, 2, 3, 4, 6, 8, 12, 24]
+    assert set((micro * accum * 8).tolist()) == {192}
+    with pytest.raises(ZeroplanError, match="global-batch"):
+        batch_splits(100, 8)
+
+
+def test_pareto_front_is_not_dominated() -> None:
+    rng = np.random.default_rng(0)
+    peak, seconds = rng.integers(0, 50, 200), rng.integers(0, 50, 200).astype(float)
+    front = set(pareto_indices(peak, seconds).tolist())
+    points = set(zip(peak.tolist(), seconds.tolist()))
+    for i in range(200):
+        dominated = any(p <= peak[i] and t <= seconds[i] and (p, t) != (peak[i], seconds[i]) for p, t in points)
+        if i in front:
+            assert not dominated
+        elif not dominated:  # an equal point is on the front instead
+            assert any((peak[j], seconds[j]) == (peak[i], seconds[i]) for j in front)
+    assert len({(peak[j], seconds[j]) for j in front}) == len(front)
+
+
+def test_search_ranks_by_time_and_matches_a_brute_force_over_the_scalar_planner() -> None:
+    base = _base("llama-2-7b", 8, seq_len=4096)
+    result = search(base, 64, top=5)
+    brute = []
+    for group in groups(base):
+        micro, accum = batch_splits(64, 8)
+        for b, a in zip(micro.tolist(), accum.tolist()):
+            peak, fits, seconds = scalar_evaluate(_at(group.request, b, a))
+            if fits:
+                brute.append((seconds, peak))
+    brute.sort()
+    assert result.configurations_fitting == len(brute)
+    assert [c.step_time_s for c in result.ranked] == pytest.approx([t for t, _ in brute[:5]], rel=0, abs=TIME_TOLERANCE_S)
+    assert [c.peak_bytes for c in result.ranked] == [p for _, p in brute[:5]]
+    assert result.best == result.ranked[0]
+    for c in result.ranked:
+        assert c.micro_batch_size * c.grad_accum_steps * 8 == 64
+        assert c.peak_bytes <= c.usable_memory_bytes
+        assert c.tokens_per_s_per_gpu == pytest.approx(c.micro_batch_size * c.grad_accum_steps * 4096 / c.step_time_s)
+    times = [c.step_time_s for c in result.pareto]
+    peaks = [c.peak_bytes for c in result.pareto]
+    assert peaks == sorted(peaks) and times == sorted(times, reverse=True)
+    assert result.best.strategy.value in result.explanation
+
+
+def test_framework_profile_limits_strategies_and_policies() -> None:
+    base = _base("llama-2-7b", 8, framework=Framework.torchtune)
+    kinds = {g.request.strategy.kind for g in groups(base)}
+    policies = {g.request.training.activation_checkpointing.value for g in groups(base)}
+    assert kinds == {StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op}
+    assert policies == {"none", "full"}
+    with pytest.raises(ZeroplanError, match="strategies"):
+        search(base, 8, (StrategyKind.zero2,))
+
+
+def test_hsdp_groups_divide_the_gpus() -> None:
+    sizes = sorted(g.request.shard_group_size for g in groups(_base("gpt2", 16)) if g.request.strategy.kind is StrategyKind.hsdp)
+    assert sorted(set(sizes)) == [2, 4, 8]
+
+
+def test_nothing_fits_says_so() -> None:
+    result = search(_base("llama-2-70b", 1, gpu="a100-40gb"), 1, (StrategyKind.ddp, StrategyKind.zero3))
+    assert result.best is None and result.ranked == () and "Nothing fits" in result.explanation
+
+
+def test_frame_has_one_row_per_ranked_configuration() -> None:
+    result = search(_base("gpt2", 8), 64, top=4)
+    frame = result.to_dataframe()
+    assert len(frame) == len(result.ranked) == 4
+    assert list(frame["step_time_s"]) == [c.step_time_s for c in result.ranked]
+
+
+def test_cli_plan_prints_a_table_and_a_recommendation(capsys) -> None:
+    from zeroplan.cli.main import main
+
+    assert main(["plan", "gpt2", "--gpus", "8", "--global-batch", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "Pareto front" in out and "Best:" in out
+
+
+@pytest.mark.parametrize("caught_by", ["group check", "verification of the shown rows"])
+def test_a_sweep_that_disagrees_with_the_scalar_planner_falls_back_to_it(monkeypatch, caught_by) -> None:
+    import zeroplan.core.search as search_module
+
+    base = _base("llama-2-7b", 8, seq_len=4096)
+    honest = search(base, 64, top=5)
+    real = search_module._vectorised
+
+    def skewed(group, micro, accum):
+        peak, fits, seconds = real(group, micro, accum)
+        if caught_by != "group check" and micro.size == 1:  # the group's own check passes
+            return peak, fits, seconds
+        return peak, fits, seconds * (1 + 1e-3 * micro)  # wrong, and it changes the order
+
+    monkeypatch.setattr(search_module, "_vectorised", skewed)
+    fallback = search(base, 64, top=5)
+    scalar_groups = [g.scalar_only for g in search_module.groups(base)]
+    assert all(scalar_groups) == (caught_by == "group check")
+    assert [(c.step_time_s, c.peak_bytes) for c in fallback.ranked] == [(c.step_time_s, c.peak_bytes) for c in honest.ranked]
+    assert fallback.configurations_fitting == honest.configurations_fitting
+
+
+def test_plan_command_runs_with_torch_blocked() -> None:
+    import subprocess
+
+    program = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from zeroplan.cli.main import main\n"
+        "assert main(['plan', 'gpt2', '--global-batch', '16', '--format', 'json']) == 0\n"
+    )
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr

@@ -1,0 +1,59 @@
+"""``zeroplan plan``: the fastest configuration that fits a global batch."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from zeroplan.cli.parser import bounded_int, choices_of, positive_float, positive_int, seq_len_int
+from zeroplan.specs import AttentionKernel, Framework, Optimizer, Precision
+
+MAX_TOP = 1000
+"""Most rows the ranked table prints."""
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="preset name (see `zeroplan models`) or a path to a Hugging Face config.json")
+    parser.add_argument("--global-batch", type=positive_int, required=True,
+                        help="sequences per optimizer step over all GPUs (= micro-batch x accumulation x GPUs)")
+    parser.add_argument("--gpus", type=positive_int, default=8, help="total GPUs (default 8)")
+    parser.add_argument("--gpu", default="a100-80gb", help="GPU name (see `zeroplan gpus`) or a JSON file (default a100-80gb)")
+    parser.add_argument("--gpu-memory-gib", type=positive_float, help="override the GPU's memory, in GiB")
+    parser.add_argument("--nodes", type=positive_int, help="number of nodes (default: --gpus / --gpus-per-node)")
+    parser.add_argument("--gpus-per-node", type=positive_int, help="GPUs per node (default min(--gpus, 8))")
+    host = parser.add_mutually_exclusive_group()
+    host.add_argument("--host-memory-gib", type=positive_float, help="host RAM per node in GiB (2^30 bytes), to check offload")
+    host.add_argument("--host-memory-gb", type=positive_float, help="the same in GB (10^9 bytes)")
+    parser.add_argument("--seq-len", type=seq_len_int, default=4096, help="tokens per sequence (default 4096)")
+    parser.add_argument("--precision", choices=choices_of(Precision),
+                        help="numeric formats (default: the framework's, bf16-mixed; torchtune bf16-pure)")
+    parser.add_argument("--optimizer", choices=choices_of(Optimizer), default=Optimizer.adamw.value)
+    parser.add_argument("--framework", choices=choices_of(Framework), default=Framework.zeroplan.value,
+                        help="search only this stack's strategies and checkpointing policies (default zeroplan: all)")
+    parser.add_argument("--attention", choices=choices_of(AttentionKernel), default=AttentionKernel.flash.value)
+    parser.add_argument("--strategies", help="comma-separated subset of the strategies to search (default: all the framework runs)")
+    parser.add_argument("--mfu", type=positive_float, default=0.4, help="model FLOPs utilisation for compute time (default 0.4)")
+    parser.add_argument("--all-reduce", choices=["ring", "tree"], default="ring", help="all-reduce latency model (default ring)")
+    parser.add_argument("--top", type=bounded_int(MAX_TOP), default=10, help=f"rows of the ranked table (default 10, at most {MAX_TOP})")
+    parser.add_argument("--format", choices=["table", "json", "csv"], default="table")
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from zeroplan.cli.fit import parse_strategies, request_from_args
+    from zeroplan.core.search import search
+
+    # The flags the search itself varies take their neutral values in the base request.
+    fixed = argparse.Namespace(
+        **vars(args), micro_batch=1, grad_accum=1, activation_checkpointing="none", hsdp_group=None,
+        activation_offloading=False, state_convention=None,
+    )
+    result = search(request_from_args(fixed), args.global_batch, parse_strategies(args.strategies), top=args.top)
+    if args.format == "json":
+        sys.stdout.write(result.model_dump_json(indent=2) + "\n")
+    elif args.format == "csv":
+        sys.stdout.write(result.to_dataframe().to_csv())
+    else:
+        from zeroplan.report.search_table import render_search
+
+        sys.stdout.write(render_search(result) + "\n")
+    return 0

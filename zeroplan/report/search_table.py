@@ -1,0 +1,42 @@
+"""Plain-text tables of a PlanSearchResult (no pandas, so the CLI stays fast)."""
+
+from __future__ import annotations
+
+from zeroplan.core.search import PlanCandidate, PlanSearchResult
+from zeroplan.units import GiB
+
+_NAMES = ("#", "strategy", "AC", "shard", "micro", "accum", "peak GiB", "step s", "tokens/s/GPU")
+
+
+def _row(rank: int, c: PlanCandidate) -> list[str]:
+    return [
+        str(rank), c.strategy.value, c.activation_checkpointing.value, str(c.shard_group_size),
+        str(c.micro_batch_size), str(c.grad_accum_steps), f"{c.peak_bytes / GiB:.1f}",
+        f"{c.step_time_s:.3f}", f"{c.tokens_per_s_per_gpu:,.0f}",
+    ]
+
+
+def _table(candidates: tuple[PlanCandidate, ...]) -> list[str]:
+    rows = [_row(i + 1, c) for i, c in enumerate(candidates)]
+    widths = [max(len(_NAMES[i]), *(len(r[i]) for r in rows)) for i in range(len(_NAMES))]
+
+    def line(cells: list[str]) -> str:
+        left = [cell.ljust(w) for cell, w in zip(cells[:3], widths[:3])]
+        return "  ".join([*left, *(cell.rjust(w) for cell, w in zip(cells[3:], widths[3:]))])
+
+    return [line(list(_NAMES)), line(["-" * w for w in widths]), *(line(r) for r in rows)]
+
+
+def render_search(result: PlanSearchResult) -> str:
+    per_rank = result.global_batch_size // result.num_gpus
+    lines = [
+        f"Global batch {result.global_batch_size} x seq {result.seq_len} on {result.num_gpus} GPUs "
+        f"({per_rank} sequences per GPU = micro x accum): {result.configurations_evaluated:,} configurations, "
+        f"{result.configurations_fitting:,} fit.",
+        "",
+    ]
+    if result.ranked:
+        lines += ["Fastest that fit (step time with overlap, docs/communication-time.md):", *_table(result.ranked), ""]
+        lines += ["Pareto front (no other fits in less memory and runs faster):", *_table(result.pareto), ""]
+    lines.append(result.explanation)
+    return "\n".join(lines)
