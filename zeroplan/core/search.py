@@ -19,7 +19,14 @@ import numpy as np
 from zeroplan.core.communication import Phase, collectives
 from zeroplan.core.frameworks import check_framework_strategies, profile, usable_memory_bytes
 from zeroplan.core.plan import memory_breakdown, peak_moments, peak_terms
-from zeroplan.core.timing import collective_time_s, compute_flops, host_transfer_bytes, step_time
+from zeroplan.core.timing import (
+    collective_time_s,
+    compute_flops,
+    cpu_optimizer_time_s,
+    host_link_share_bytes_per_s,
+    host_transfer_bytes,
+    step_time,
+)
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.request import PlanRequest
@@ -94,6 +101,8 @@ class _Group:
     host_fits: dict[bool, bool] = field(default_factory=dict)
     forward_s_per_micro: float = 0.0
     backward_s_per_micro: float = 0.0
+    cpu_optimizer_s: float = 0.0
+    """Offload's CPU optimizer step (zeroplan.core.timing.cpu_optimizer_time_s), per step."""
     phase_intercepts_s: np.ndarray | None = None
     phase_slopes_s: np.ndarray | None = None
     scalar_only: bool = False
@@ -129,7 +138,7 @@ def _phase_seconds(request: PlanRequest) -> np.ndarray:
     comm = {phase: 0.0 for phase in Phase}
     for collective in collectives(request):
         comm[collective.phase] += collective_time_s(request, collective)
-    link = request.cluster.gpu.host_link.bandwidth_bytes_per_s
+    link = host_link_share_bytes_per_s(request)
     host = host_transfer_bytes(request)
     return np.array([comm[p] for p in _PHASES] + [host[p] / link for p in _PHASES], dtype=np.float64)
 
@@ -155,6 +164,8 @@ def _build_group(request: PlanRequest, phases: tuple[np.ndarray, np.ndarray] | N
     forward_flops, backward_flops = compute_flops(_at(request, 1, 1))
     group.forward_s_per_micro = forward_flops / throughput
     group.backward_s_per_micro = backward_flops / throughput
+    # Offload's CPU optimizer step: one per optimizer step, whatever the micro-batch.
+    group.cpu_optimizer_s = cpu_optimizer_time_s(request)
     group.phase_intercepts_s, group.phase_slopes_s = phases if phases is not None else _phase_coefficients(request)
     # Check the coefficients where they were not fitted; disagreement: scalar planner only.
     for micro, accum in ((5, 3),):
@@ -194,7 +205,7 @@ def _vectorised(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[np
         + np.maximum(0.0, np.maximum(comm[b], host[b]) - backward_s)
         + comm[s] + host[s]
     )
-    return peak, fits, forward_s + backward_s + exposed
+    return peak, fits, forward_s + backward_s + exposed + group.cpu_optimizer_s
 
 
 def evaluate(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
