@@ -243,7 +243,8 @@ def framework_layer_bytes(request: PlanRequest) -> int:
     model, training = request.model, request.training
     s, b = request.batch.seq_len, request.batch.micro_batch_size
     norm_savings = hf_bf16_norm_savings_bytes(request)
-    return layer_bytes(model, training, s, b) - 2 * norm_savings + expanded_kv_extra_bytes(model, training, s, b)
+    norms = model.norms_per_block * norm_savings
+    return layer_bytes(model, training, s, b) - norms + expanded_kv_extra_bytes(model, training, s, b)
 
 
 # Korthikanti et al. 2022 sec. 5 for full recomputation (each block's input kept, one block
