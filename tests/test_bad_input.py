@@ -124,6 +124,9 @@ def _write_fixtures(root: Path) -> None:
     # A typo of 10^30 made the planner's integer arithmetic run for minutes at 16 GiB of memory.
     (root / "huge.json").write_text(json.dumps({**llama, "hidden_size": 10**30}))
     (root / "list.json").write_text("[1, 2]")
+    (root / "moe-llama.json").write_text(json.dumps({**llama, "num_local_experts": 8}))
+    (root / "qwen2-moe.json").write_text(json.dumps({**llama, "model_type": "qwen2_moe"}))
+    (root / "biased-gemma.json").write_text(json.dumps({**llama, "model_type": "gemma", "attention_bias": True}))
     (root / "a-directory").mkdir()
     (root / "a-file").write_text("")
     (root / "records").mkdir()
@@ -154,6 +157,9 @@ CASES: list[tuple[str, list[str], str]] = [
     ("fit", ["fit", "boolean.json"], "config.num_hidden_layers"),
     ("fit", ["fit", "huge.json"], "config.hidden_size"),
     ("fit", ["fit", "list.json"], "config"),
+    ("fit", ["fit", "moe-llama.json"], "config.num_local_experts"),
+    ("fit", ["fit", "qwen2-moe.json"], "config.model_type"),
+    ("fit", ["fit", "biased-gemma.json"], "config.attention_bias"),
     ("fit", ["fit", "a-directory"], "model"),
     ("fit", ["fit", "no-such-model"], "model"),
     ("fit", ["fit", "gpt2", "--gpu", "missing.json"], "gpu"),

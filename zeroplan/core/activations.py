@@ -8,7 +8,7 @@ e bytes of one activation element. Every term is what PyTorch autograd saves for
 
 from __future__ import annotations
 
-from zeroplan.specs.model import MlpKind, ModelSpec, NormKind
+from zeroplan.specs.model import ModelSpec, NormKind
 from zeroplan.specs.training import ActivationCheckpointing, AttentionKernel, TrainingSpec
 
 DROPOUT_MASK_BYTES = 1
@@ -22,20 +22,33 @@ def korthikanti_layer_bytes(s: int, b: int, h: int, a: int) -> float:
     return s * b * h * (34 + 5 * a * s / h)
 
 
+LAYER_TERMS = (
+    "norm_inputs", "qkv_input", "q_k_v", "softmax_output", "attention_dropout", "logsumexp",
+    "output_projection_input", "mlp_input", "mlp_inner", "router_input", "router_scores", "hidden_dropout_masks",
+)
+"""Names of the terms one block saves for backward (layer_terms); docs/memory-model.md section 3
+has one table row per name and tests/test_activations_docs.py checks the rows against the code."""
+
+
 # Korthikanti et al. sec. 4.1, "Attention block": QK^T saves Q and K; softmax saves its
 # output (a*s^2*b); its dropout a mask and an output; softmax@V saves V. A fused kernel
 # (Dao et al. 2022, sec. 3.1) saves Q, K, V and a per-row fp32 log-sum-exp instead.
+def attention_core_terms(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> dict[str, int]:
+    """Bytes saved inside core attention (between the QKV and output projections), by term."""
+    e = training.precision.compute_bytes
+    terms = {"q_k_v": e * s * b * (model.q_size + 2 * model.kv_size)}
+    if training.attention_kernel is AttentionKernel.flash:
+        return {**terms, "logsumexp": FP32_BYTES * model.num_heads * s * b}
+    scores = model.num_heads * s * s * b
+    terms["softmax_output"] = e * scores
+    if model.attention_dropout > 0:
+        terms["attention_dropout"] = DROPOUT_MASK_BYTES * scores + e * scores
+    return terms
+
+
 def attention_core_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> int:
     """Bytes saved inside core attention (between the QKV and output projections)."""
-    e = training.precision.compute_bytes
-    qkv = e * s * b * (model.q_size + 2 * model.kv_size)
-    if training.attention_kernel is AttentionKernel.flash:
-        return qkv + FP32_BYTES * model.num_heads * s * b
-    scores = model.num_heads * s * s * b
-    quadratic = e * scores
-    if model.attention_dropout > 0:
-        quadratic += DROPOUT_MASK_BYTES * scores + e * scores
-    return qkv + quadratic
+    return sum(attention_core_terms(model, training, s, b).values())
 
 
 # Korthikanti sec. 4.1, "LayerNorm": a norm saves its input (2sbh at 16 bits; the fused
@@ -56,42 +69,59 @@ def norm_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> int:
 # Korthikanti et al. sec. 4.1: the part selective recomputation drops (sec. 5): the softmax
 # and its dropout, the terms quadratic in s; Q, K, V stay because they are the core's inputs.
 def selective_recompute_savings(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> int:
-    e = training.precision.compute_bytes
-    if training.attention_kernel is AttentionKernel.flash:
-        return FP32_BYTES * model.num_heads * s * b
-    return attention_core_bytes(model, training, s, b) - e * s * b * (model.q_size + 2 * model.kv_size)
+    terms = attention_core_terms(model, training, s, b)
+    return sum(value for name, value in terms.items() if name != "q_k_v")
 
 
 # Korthikanti et al. sec. 4.1, "MLP": the first linear saves its input (2sbh); GeLU saves its
-# input (8sbh at f=4h); the second linear its input (8sbh). A SwiGLU MLP saves its input, the
-# gate output (for SiLU), SiLU's output and the up output (for the product), and the product
-# (for the down projection): 4*s*b*f. With experts each token passes through k of them.
-def mlp_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> int:
+# input (8sbh at f=4h); the second linear its input (8sbh). A gated MLP (SwiGLU, GeGLU) saves its
+# input, the gate output (for the activation), the activation's output and the up output (for the
+# product), and the product (for the down projection): 4*s*b*f. With experts each token passes
+# through k of them.
+def mlp_terms(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> dict[str, int]:
+    """Bytes the feed-forward block saves, by term."""
     e = training.precision.compute_bytes
-    per_token_width = 2 * model.ffn_hidden_size if model.mlp is MlpKind.gelu else 4 * model.ffn_hidden_size
-    inner = e * s * b * per_token_width * model.experts_per_token
-    mlp_input = e * s * b * model.hidden_size
+    per_token_width = 4 * model.ffn_hidden_size if model.mlp.gated else 2 * model.ffn_hidden_size
+    k = model.experts_per_token
+    # Each routed copy of a token enters its expert as a separate input.
+    terms = {"mlp_input": e * s * b * model.hidden_size * k, "mlp_inner": e * s * b * per_token_width * k}
     if model.is_moe:
-        # The router saves its logits and fp32 softmax probabilities for the top-k backward.
-        router = (e + FP32_BYTES) * s * b * model.num_experts
-        # Each routed copy of a token enters its expert as a separate input.
-        mlp_input *= model.experts_per_token
-        return mlp_input + inner + router + e * s * b * model.hidden_size
-    return mlp_input + inner
+        # The router (a linear h -> E) saves its input, the un-routed tokens, and its logits and
+        # fp32 softmax probabilities for the top-k backward.
+        terms["router_input"] = e * s * b * model.hidden_size
+        terms["router_scores"] = (e + FP32_BYTES) * s * b * model.num_experts
+    return terms
 
 
-def layer_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> int:
-    """Bytes one transformer block saves for backward, without recomputation."""
+def mlp_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> int:
+    return sum(mlp_terms(model, training, s, b).values())
+
+
+def layer_terms(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> dict[str, int]:
+    """Bytes one transformer block saves for backward without recomputation, for every name in
+    LAYER_TERMS (0 where a term does not apply)."""
     e = training.precision.compute_bytes
     sbh = s * b * model.hidden_size
-    norms = 2 * norm_bytes(model, training, s, b)
+    terms = dict.fromkeys(LAYER_TERMS, 0)
+    # Pre-attention and pre-MLP norms; Gemma 2's post-norms add two (ModelSpec.norms_per_block).
+    terms["norm_inputs"] = model.norms_per_block * norm_bytes(model, training, s, b)
     # The QKV projection saves its input (the norm's output); the output projection its input.
     # RoPE (Su et al. 2021, eq. 34) as x*cos + rotate(x)*sin saves only cos and sin, constants
     # of s*d elements: autograd keeps a product's input only when the other factor needs a
     # gradient (torch/csrc/autograd/generated, MulBackward0), so no Q- or K-sized tensor.
-    attention = e * sbh + attention_core_bytes(model, training, s, b) + e * s * b * model.q_size
-    dropout_masks = 2 * DROPOUT_MASK_BYTES * sbh if model.hidden_dropout > 0 else 0
-    return norms + attention + mlp_bytes(model, training, s, b) + dropout_masks
+    terms["qkv_input"] = e * sbh
+    terms.update(attention_core_terms(model, training, s, b))
+    terms["output_projection_input"] = e * s * b * model.q_size
+    terms.update(mlp_terms(model, training, s, b))
+    if model.hidden_dropout > 0:
+        terms["hidden_dropout_masks"] = 2 * DROPOUT_MASK_BYTES * sbh
+    assert set(terms) == set(LAYER_TERMS), sorted(set(terms) - set(LAYER_TERMS))
+    return terms
+
+
+def layer_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> int:
+    """Bytes one transformer block saves for backward, without recomputation."""
+    return sum(layer_terms(model, training, s, b).values())
 
 
 # Korthikanti sec. 5: full recomputation keeps only each block's input (2sbh at 16 bits) and

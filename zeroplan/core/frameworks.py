@@ -260,7 +260,7 @@ def hf_autocast_copies_bytes(request: PlanRequest) -> int:
 
     model = request.model
     sbh = request.batch.seq_len * request.batch.micro_batch_size * model.hidden_size
-    extra_input_copies = 2 + (1 if model.mlp is MlpKind.swiglu else 0)
+    extra_input_copies = 2 + (0 if model.mlp is MlpKind.gelu else 1)  # q, k, v; gate and up (gated MLPs)
     return BF16_BYTES * block_linear_weight_elements(model) + extra_input_copies * BF16_BYTES * sbh
 
 
@@ -271,7 +271,8 @@ def framework_layer_bytes(request: PlanRequest) -> int:
     model, training = request.model, request.training
     s, b = request.batch.seq_len, request.batch.micro_batch_size
     norm_savings = hf_bf16_norm_savings_bytes(request)
-    return (layer_bytes(model, training, s, b) - 2 * norm_savings + expanded_kv_extra_bytes(model, training, s, b)
+    norms = model.norms_per_block * norm_savings
+    return (layer_bytes(model, training, s, b) - norms + expanded_kv_extra_bytes(model, training, s, b)
             + hf_autocast_copies_bytes(request))
 
 

@@ -13,7 +13,7 @@ from math import prod
 from pydantic import Field
 
 from zeroplan.specs.base import Frozen
-from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
+from zeroplan.specs.model import ModelSpec, NormKind, PositionKind
 
 
 class ParamTensor(Frozen):
@@ -59,7 +59,7 @@ def _linear_tensors(prefix: str, in_features: int, out_features: int, bias: bool
 
 def _mlp_tensors(prefix: str, model: ModelSpec) -> list[ParamTensor]:
     h, f, bias = model.hidden_size, model.ffn_hidden_size, model.bias
-    if model.mlp is MlpKind.gelu:
+    if not model.mlp.gated:
         return _linear_tensors(f"{prefix}.fc1", h, f, bias) + _linear_tensors(f"{prefix}.fc2", f, h, bias)
     return (
         _linear_tensors(f"{prefix}.gate", h, f, bias)
@@ -83,6 +83,10 @@ def _block_tensors(model: ModelSpec) -> tuple[ParamTensor, ...]:
             ParamTensor(name="attention.k_norm.weight", shape=(model.head_size,)),
         ]
     tensors += _linear_tensors("attention.o", model.q_size, h, bias)
+    if model.post_norms:
+        # Gemma 2 normalises each sub-block's output: transformers 4.42 models/gemma2/modeling_gemma2.py
+        # (Gemma2DecoderLayer: post_attention_layernorm, pre_feedforward_layernorm, post_feedforward_layernorm)
+        tensors += _norm_tensors("attention_post_norm", model)
     tensors += _norm_tensors("mlp_norm", model)
     if model.is_moe:
         tensors += _linear_tensors("mlp.router", h, model.num_experts, bias=False)
@@ -90,6 +94,8 @@ def _block_tensors(model: ModelSpec) -> tuple[ParamTensor, ...]:
             tensors += _mlp_tensors(f"mlp.experts.{expert}", model)
     else:
         tensors += _mlp_tensors("mlp", model)
+    if model.post_norms:
+        tensors += _norm_tensors("mlp_post_norm", model)
     return tuple(tensors)
 
 

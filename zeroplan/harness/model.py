@@ -211,9 +211,11 @@ class Transformer(nn.Module):
 
 def build_model(spec: ModelSpec, seed: int = 0) -> Transformer:
     """Build the model on the CPU with a fixed seed, so every rank starts from the same weights."""
-    for field in ("qkv_bias", "qk_norm"):
+    for field in ("qkv_bias", "qk_norm", "post_norms"):
         if getattr(spec, field):
             raise ZeroplanError(f"model.{field}", "not built by the measurement harness (allowed: false)")
+    if spec.mlp is MlpKind.geglu:
+        raise ZeroplanError("model.mlp", "geglu is not built by the measurement harness (allowed: gelu, swiglu)")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return Transformer(spec)

@@ -1,4 +1,9 @@
-"""Read a Hugging Face ``config.json`` offline into a ModelSpec (GPT-2 and Llama families)."""
+"""Read a Hugging Face ``config.json`` offline into a ModelSpec (GPT-2, Llama, Gemma and Phi-3 families).
+
+Every key that changes the parameter count is either read, refused in one line (a count-changing
+feature the planner does not model), or, when the reader does not know the key at all, the spec
+is marked ``parameter_count_exact=False`` with the keys named, so that no count is silently wrong.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +17,74 @@ from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import first_error
 from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
 
-_LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen3")
+# Llama's block layout, parameter for parameter. phi3 fuses q/k/v into qkv_proj and gate/up into
+# gate_up_proj (transformers 4.40 models/phi3/modeling_phi3.py), which holds the same elements.
+_LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3")
+# Gemma: GeGLU MLP, head_dim given separately, tied embeddings (transformers 4.38
+# models/gemma/modeling_gemma.py); Gemma 2 adds two post-norms per block (4.42 models/gemma2).
+_GEMMA_LIKE = ("gemma", "gemma2")
 _GPT2_LIKE = ("gpt2",)
-SUPPORTED_MODEL_TYPES = _GPT2_LIKE + _LLAMA_LIKE
+SUPPORTED_MODEL_TYPES = _GPT2_LIKE + _LLAMA_LIKE + _GEMMA_LIKE
+
+# Keys every PretrainedConfig may write that never change the parameter count
+# (transformers configuration_utils.py: generation, tokenizer, label and serialisation settings).
+_NEUTRAL_COMMON = frozenset({
+    "_name_or_path", "name_or_path", "architectures", "auto_map", "model_type", "torch_dtype", "dtype",
+    "transformers_version", "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
+    "decoder_start_token_id", "use_cache", "initializer_range", "return_dict", "output_hidden_states",
+    "output_attentions", "torchscript", "use_bfloat16", "tie_word_embeddings", "is_decoder",
+    "is_encoder_decoder", "chunk_size_feed_forward", "id2label", "label2id", "problem_type",
+    "finetuning_task", "task_specific_params", "prefix", "tokenizer_class", "tf_legacy_loss",
+    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
+    "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
+    "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
+    "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
+    "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
+    "suppress_tokens", "begin_suppress_tokens", "gradient_checkpointing",
+    # Read (or checked below) by this module.
+    "add_cross_attention", "pruned_heads",
+})
+# Family keys: read here, or without effect on the count (norm epsilon, RoPE frequencies and
+# scaling, attention windows, soft-capping, router loss settings); from each family's
+# configuration_*.py in transformers.
+_NEUTRAL_LLAMA = frozenset({
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps",
+    "pretraining_tp", "rope_theta", "rope_scaling", "rope_parameters", "attention_bias", "attention_dropout",
+    "mlp_bias", "sliding_window", "use_sliding_window", "max_window_layers", "layer_types",
+})
+_NEUTRAL_BY_TYPE: dict[str, frozenset[str]] = {
+    "llama": _NEUTRAL_LLAMA,
+    "mistral": _NEUTRAL_LLAMA,
+    "qwen2": _NEUTRAL_LLAMA,
+    "qwen3": _NEUTRAL_LLAMA,
+    "mixtral": _NEUTRAL_LLAMA | {
+        "num_local_experts", "num_experts_per_tok", "output_router_logits", "router_aux_loss_coef",
+        "router_jitter_noise",
+    },
+    "phi3": _NEUTRAL_LLAMA | {"embd_pdrop", "resid_pdrop", "original_max_position_embeddings", "partial_rotary_factor"},
+    "gemma": _NEUTRAL_LLAMA | {"hidden_activation"},
+    "gemma2": _NEUTRAL_LLAMA | {
+        "hidden_activation", "query_pre_attn_scalar", "final_logit_softcapping", "attn_logit_softcapping",
+        "cache_implementation",
+    },
+    "gpt2": frozenset({
+        "vocab_size", "n_embd", "hidden_size", "n_layer", "num_hidden_layers", "n_head", "num_attention_heads",
+        "n_inner", "n_positions", "max_position_embeddings", "n_ctx", "activation_function", "resid_pdrop",
+        "embd_pdrop", "attn_pdrop", "layer_norm_epsilon", "summary_type", "summary_use_proj",
+        "summary_activation", "summary_proj_to_labels", "summary_first_dropout", "scale_attn_weights",
+        "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn",
+    }),
+}
+
+# Keys that add parameters the planner does not model, unless the model type reads them
+# (mixtral reads the first two): mixture-of-experts widths and shared experts (qwen2_moe,
+# deepseek), query/key norms under other names (stablelm, olmo), low-rank attention (deepseek).
+_UNMODELLED_COUNT_KEYS = (
+    "num_local_experts", "num_experts_per_tok", "num_experts", "moe_intermediate_size",
+    "shared_expert_intermediate_size", "n_routed_experts", "n_shared_experts", "qk_layernorm", "use_qk_norm",
+    "q_lora_rank", "kv_lora_rank",
+)
 
 
 def _require(config: dict[str, Any], *keys: str) -> Any:
@@ -22,6 +92,33 @@ def _require(config: dict[str, Any], *keys: str) -> Any:
         if key in config:
             return config[key]
     raise ZeroplanError(f"config.{keys[0]}", "missing from config.json")
+
+
+def _refuse_unmodelled(config: dict[str, Any], model_type: str) -> None:
+    """One-line refusal of a key that would change the count in a way the planner does not model."""
+    read = ("num_local_experts", "num_experts_per_tok") if model_type == "mixtral" else ()
+    for key in _UNMODELLED_COUNT_KEYS:
+        value = config.get(key)
+        # Absent, false, or a count of 0/1 (no experts, one expert) adds nothing; True == 1, so test it apart.
+        if key not in read and value is not None and value is not False and (value is True or value not in (0, 1)):
+            raise ZeroplanError(
+                f"config.{key}", f"{config[key]!r} adds parameters zeroplan does not model for model_type {model_type!r}"
+            )
+    if config.get("add_cross_attention"):
+        raise ZeroplanError("config.add_cross_attention", "cross-attention layers are not modelled (allowed: false)")
+    if config.get("pruned_heads"):
+        raise ZeroplanError("config.pruned_heads", "pruned attention heads are not modelled (allowed: none)")
+    if model_type not in _GPT2_LIKE and (config.get("attention_bias") or config.get("mlp_bias")):
+        key = "attention_bias" if config.get("attention_bias") else "mlp_bias"
+        raise ZeroplanError(f"config.{key}", f"biased projections are not modelled for model_type {model_type!r} (allowed: false)")
+
+
+def _count_caveat(config: dict[str, Any], model_type: str) -> str:
+    """Empty when every key is known; else a sentence naming the keys the count does not account for."""
+    unknown = sorted(set(config) - _NEUTRAL_COMMON - _NEUTRAL_BY_TYPE[model_type])
+    if not unknown:
+        return ""
+    return f"config.json keys not modelled: {', '.join(unknown)}; the count assumes they add no parameters"
 
 
 def _gpt2_spec(name: str, config: dict[str, Any]) -> ModelSpec:
@@ -45,8 +142,9 @@ def _gpt2_spec(name: str, config: dict[str, Any]) -> ModelSpec:
 
 
 def _llama_spec(name: str, config: dict[str, Any]) -> ModelSpec:
-    if config.get("attention_bias") or config.get("mlp_bias"):
-        raise ZeroplanError("config.attention_bias", "biased Llama-family projections are not modelled")
+    model_type = config["model_type"]
+    gemma = model_type in _GEMMA_LIKE
+    moe_defaults = (8, 2) if model_type == "mixtral" else (1, 1)  # MixtralConfig: 8 experts, top-2
     return ModelSpec(
         name=name,
         vocab_size=_require(config, "vocab_size"),
@@ -54,19 +152,23 @@ def _llama_spec(name: str, config: dict[str, Any]) -> ModelSpec:
         num_layers=_require(config, "num_hidden_layers"),
         num_heads=_require(config, "num_attention_heads"),
         num_kv_heads=config.get("num_key_value_heads"),
-        head_dim=config.get("head_dim"),
+        # GemmaConfig / Gemma2Config default head_dim to 256, not hidden_size / heads.
+        head_dim=config.get("head_dim", 256 if gemma else None),
         ffn_hidden_size=_require(config, "intermediate_size"),
-        mlp=MlpKind.swiglu,
+        mlp=MlpKind.geglu if gemma else MlpKind.swiglu,
         norm=NormKind.rmsnorm,
         position=PositionKind.rope,
         max_positions=config.get("max_position_embeddings", 4096),
         bias=False,
-        qkv_bias=config.get("model_type") == "qwen2",
-        qk_norm=config.get("model_type") == "qwen3",
-        tied_embeddings=config.get("tie_word_embeddings", False),
-        num_experts=config.get("num_local_experts", 1),
-        experts_per_token=config.get("num_experts_per_tok", 1),
+        qkv_bias=model_type == "qwen2",
+        qk_norm=model_type == "qwen3",
+        post_norms=model_type == "gemma2",
+        tied_embeddings=config.get("tie_word_embeddings", gemma),
+        num_experts=config.get("num_local_experts", moe_defaults[0]) if model_type == "mixtral" else 1,
+        experts_per_token=config.get("num_experts_per_tok", moe_defaults[1]) if model_type == "mixtral" else 1,
         attention_dropout=config.get("attention_dropout", 0.0),
+        # Phi-3 drops out each sub-block's output (resid_attn_dropout, resid_mlp_dropout).
+        hidden_dropout=config.get("resid_pdrop", 0.0) if model_type == "phi3" else 0.0,
     )
 
 
@@ -107,17 +209,20 @@ def parse_hf_config(config: dict[str, Any], name: str) -> ModelSpec:
     model_type = config.get("model_type")
     if model_type is None:
         raise ZeroplanError("config.model_type", f"missing (allowed: {', '.join(SUPPORTED_MODEL_TYPES)})")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ZeroplanError(
+            "config.model_type", f"unsupported {model_type!r} (allowed: {', '.join(SUPPORTED_MODEL_TYPES)})"
+        )
     _check_integer_keys(config)
+    _refuse_unmodelled(config, model_type)
     try:
-        if model_type in _GPT2_LIKE:
-            return _gpt2_spec(name, config)
-        if model_type in _LLAMA_LIKE:
-            return _llama_spec(name, config)
+        spec = _gpt2_spec(name, config) if model_type in _GPT2_LIKE else _llama_spec(name, config)
     except ValidationError as error:
         raise first_error(error, prefix="config") from None
-    raise ZeroplanError(
-        "config.model_type", f"unsupported {model_type!r} (allowed: {', '.join(SUPPORTED_MODEL_TYPES)})"
-    )
+    caveat = _count_caveat(config, model_type)
+    if caveat:
+        spec = spec.model_copy(update={"parameter_count_exact": False, "parameter_count_caveat": caveat})
+    return spec
 
 
 def load_hf_config(path: Path) -> ModelSpec:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from zeroplan.report.table import parameter_count_caution
 from zeroplan.results import FitReport, StrategyPlan
 
 
@@ -44,4 +45,5 @@ def render_compare_table(report: FitReport) -> str:
         return "  ".join([cells[0].ljust(widths[0]), *(x.rjust(w) for x, w in zip(cells[1:], widths[1:]))])
 
     lines += [line(names), line(["-" * w for w in widths]), *(line(r) for r in rows)]
+    lines += parameter_count_caution(report.model)
     return "\n".join(lines)

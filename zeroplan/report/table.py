@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from zeroplan.core.params import total_parameters
 from zeroplan.results import FitReport, StrategyPlan
+from zeroplan.specs.model import ModelSpec
 from zeroplan.units import ByteUnit, to_unit
 
 _COLUMNS = (
@@ -28,6 +29,13 @@ def _row(plan: StrategyPlan, unit: ByteUnit) -> list[str]:
     cells.append(f"{to_unit(plan.host_bytes_per_node, unit):.0f}" if plan.host_bytes_per_node else "-")
     cells.append(f"{plan.sent_bytes_per_step / 1e9:.1f}")
     return cells
+
+
+def parameter_count_caution(model: ModelSpec) -> list[str]:
+    """A one-line caution when the model's parameter count may not be exact, else nothing."""
+    if model.parameter_count_exact:
+        return []
+    return [f"Caution: the parameter count may not be exact ({model.parameter_count_caveat})."]
 
 
 def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
@@ -59,5 +67,6 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
     ]
     if any(p.fits and p.host_fits is False for p in report.plans):
         notes.append("fits = host: fits on the GPU, but its offloaded states exceed the node's host RAM.")
+    notes += parameter_count_caution(report.model)
     notes.append(f"Verdict: {report.verdict}")
     return "\n".join(header_lines + body + notes)

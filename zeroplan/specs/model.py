@@ -11,10 +11,17 @@ from zeroplan.specs.base import Frozen
 
 
 class MlpKind(str, Enum):
-    """Feed-forward block: ``gelu`` is GPT's two-matrix MLP, ``swiglu`` Llama's gated three-matrix one."""
+    """Feed-forward block: ``gelu`` is GPT's two-matrix MLP, ``swiglu`` Llama's gated three-matrix one,
+    ``geglu`` the same gated block with GeLU in place of SiLU (Gemma; Shazeer 2020, "GLU Variants")."""
 
     gelu = "gelu"
     swiglu = "swiglu"
+    geglu = "geglu"
+
+    @property
+    def gated(self) -> bool:
+        """Whether the block has gate, up and down projections (three matrices) rather than two."""
+        return self is not MlpKind.gelu
 
 
 class NormKind(str, Enum):
@@ -64,6 +71,10 @@ class ModelSpec(Frozen):
     """Whether only the q/k/v projections carry biases while the rest do not (Qwen2; HF modeling_qwen2.py)."""
     qk_norm: bool = False
     """Whether each block RMS-normalises queries and keys per head (q_norm/k_norm of head_dim each; Qwen3)."""
+    post_norms: bool = False
+    """Whether each block also normalises the attention and MLP outputs before adding them to the residual
+    stream: four norms per block instead of two (Gemma 2; HF modeling_gemma2.py, post_attention_layernorm
+    and post_feedforward_layernorm)."""
     tied_embeddings: bool = False
     """Whether the output projection reuses the input embedding matrix."""
     num_experts: int = Field(default=1, gt=0)
@@ -74,6 +85,11 @@ class ModelSpec(Frozen):
     """Dropout on attention probabilities; >0 stores a 1-byte mask (Korthikanti sec. 4.1)."""
     hidden_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
     """Dropout after the attention and MLP blocks; >0 stores 1-byte masks."""
+    parameter_count_exact: bool = True
+    """Whether the parameter count is known to equal the checkpoint's; False when a config.json carried
+    keys the reader does not model (parameter_count_caveat names them)."""
+    parameter_count_caveat: str = ""
+    """Why the count may not be exact (empty when it is); shown by ``zeroplan fit`` as a caution."""
 
     @model_validator(mode="after")
     def _check_shapes(self) -> "ModelSpec":
@@ -86,6 +102,11 @@ class ModelSpec(Frozen):
             raise ZeroplanError(
                 "model.num_kv_heads",
                 f"{self.kv_heads} key/value heads do not divide num_heads {self.num_heads}",
+            )
+        if self.parameter_count_exact == bool(self.parameter_count_caveat):
+            raise ZeroplanError(
+                "model.parameter_count_caveat",
+                "must be empty when parameter_count_exact is true and say why when it is false",
             )
         if self.experts_per_token > self.num_experts:
             raise ZeroplanError(
@@ -111,6 +132,11 @@ class ModelSpec(Frozen):
     def kv_size(self) -> int:
         """Width of the key (and of the value) projection's output."""
         return self.kv_heads * self.head_size
+
+    @property
+    def norms_per_block(self) -> int:
+        """Normalisation layers in one block: 2 (pre-attention, pre-MLP), 4 with post_norms."""
+        return 4 if self.post_norms else 2
 
     @property
     def is_moe(self) -> bool:

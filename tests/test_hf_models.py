@@ -1,0 +1,138 @@
+"""Gemma, Gemma 2 and Phi-3 configs, and count-changing keys the reader does not model.
+
+Published totals: keras-hub keras_nlp/src/models/gemma/gemma_presets.py ("params") for Gemma and
+Gemma 2; keras-hub phi3_presets.py and the Hugging Face API's safetensors count (NumWeights) for
+microsoft/Phi-3-mini-4k-instruct. Fixtures are the published config.json values, by hand.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from zeroplan.core.activations import layer_bytes, norm_bytes
+from zeroplan.core.params import parameter_units, total_parameters
+from zeroplan.errors import ZeroplanError
+from zeroplan.presets.hf_config import load_hf_config, parse_hf_config
+from zeroplan.specs import MlpKind, TrainingSpec
+
+FIXTURES = Path(__file__).parent / "fixtures" / "hf"
+
+
+@pytest.mark.parametrize(
+    "fixture,total",
+    [
+        ("gemma-7b.json", 8_537_680_896),
+        ("gemma-2-2b.json", 2_614_341_888),
+        ("gemma-2-9b.json", 9_241_705_984),
+        ("phi-3-mini-4k.json", 3_821_079_552),
+    ],
+)
+def test_matches_published_total(fixture: str, total: int) -> None:
+    spec = load_hf_config(FIXTURES / fixture)
+    assert spec.parameter_count_exact and spec.parameter_count_caveat == ""
+    assert total_parameters(spec) == total
+
+
+def test_gemma_is_tied_geglu_with_its_own_head_dim() -> None:
+    spec = load_hf_config(FIXTURES / "gemma-7b.json")
+    assert spec.mlp is MlpKind.geglu and spec.tied_embeddings and not spec.post_norms
+    assert spec.head_size == 256 != spec.hidden_size // spec.num_heads
+    assert [u.name for u in parameter_units(spec)][-1] == "head"
+    assert parameter_units(spec)[-1].numel == spec.hidden_size  # final norm only: the head is tied
+
+
+def test_gemma_head_dim_defaults_to_256_like_gemma_config() -> None:
+    config = json.loads((FIXTURES / "gemma-7b.json").read_text())
+    del config["head_dim"]
+    assert parse_hf_config(config, "g").head_size == 256
+
+
+def test_gemma2_has_four_norms_per_block() -> None:
+    spec = load_hf_config(FIXTURES / "gemma-2-9b.json")
+    assert spec.post_norms and spec.norms_per_block == 4
+    plain = spec.model_copy(update={"post_norms": False})
+    assert total_parameters(spec) - total_parameters(plain) == spec.num_layers * 2 * spec.hidden_size
+    training = TrainingSpec()
+    extra = layer_bytes(spec, training, 512, 2) - layer_bytes(plain, training, 512, 2)
+    assert extra == 2 * norm_bytes(spec, training, 512, 2)
+
+
+def test_phi3_counts_as_llama_layout() -> None:
+    spec = load_hf_config(FIXTURES / "phi-3-mini-4k.json")
+    config = json.loads((FIXTURES / "phi-3-mini-4k.json").read_text())
+    as_llama = parse_hf_config({**config, "model_type": "llama", "original_max_position_embeddings": None}, "l")
+    assert total_parameters(spec) == total_parameters(as_llama)
+
+
+def _llama(**extra: object) -> dict[str, object]:
+    return {"model_type": "llama", "vocab_size": 32000, "hidden_size": 4096, "num_hidden_layers": 2,
+            "num_attention_heads": 32, "intermediate_size": 11008, **extra}
+
+
+@pytest.mark.parametrize(
+    "extra,field",
+    [
+        ({"num_local_experts": 8}, "config.num_local_experts"),
+        ({"num_experts": 64}, "config.num_experts"),
+        ({"moe_intermediate_size": 1408}, "config.moe_intermediate_size"),
+        ({"qk_layernorm": True}, "config.qk_layernorm"),
+        ({"attention_bias": True}, "config.attention_bias"),
+        ({"mlp_bias": True}, "config.mlp_bias"),
+        ({"pruned_heads": {"0": [1]}}, "config.pruned_heads"),
+    ],
+)
+def test_unmodelled_count_keys_are_refused(extra: dict[str, object], field: str) -> None:
+    with pytest.raises(ZeroplanError, match=field):
+        parse_hf_config(_llama(**extra), "x")
+
+
+def test_gemma_attention_bias_is_refused() -> None:
+    config = json.loads((FIXTURES / "gemma-7b.json").read_text())
+    with pytest.raises(ZeroplanError, match="config.attention_bias"):
+        parse_hf_config({**config, "attention_bias": True}, "g")
+
+
+def test_unknown_key_marks_the_count_inexact_and_names_it() -> None:
+    spec = parse_hf_config(_llama(extra_adapter_rank=16), "x")
+    assert not spec.parameter_count_exact
+    assert "extra_adapter_rank" in spec.parameter_count_caveat
+    assert parse_hf_config(_llama(rope_theta=5e5, torch_dtype="bfloat16"), "x").parameter_count_exact
+
+
+def test_mixtral_reads_its_experts_with_mixtral_config_defaults() -> None:
+    base = _llama(model_type="mixtral", num_key_value_heads=8, intermediate_size=14336)
+    spec = parse_hf_config(base, "m")
+    assert (spec.num_experts, spec.experts_per_token) == (8, 2)
+    assert parse_hf_config({**base, "num_local_experts": 4}, "m").num_experts == 4
+
+
+def test_inexact_spec_needs_a_reason() -> None:
+    spec = parse_hf_config(_llama(), "x")
+    with pytest.raises(ZeroplanError, match="parameter_count_caveat"):
+        type(spec)(**{**spec.model_dump(), "parameter_count_exact": False})
+
+
+def test_fit_output_cautions_an_inexact_count_in_one_line(tmp_path: Path, capsys) -> None:
+    from zeroplan.cli.main import main
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(_llama(extra_adapter_rank=16)))
+    assert main(["fit", str(path), "--gpus", "8", "--strategies", "zero3"]) == 0
+    cautions = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Caution:")]
+    assert len(cautions) == 1 and "extra_adapter_rank" in cautions[0]
+    assert main(["fit", str(path), "--strategies", "zero3", "--format", "json"]) == 0
+    model = json.loads(capsys.readouterr().out)["model"]
+    assert model["parameter_count_exact"] is False and "extra_adapter_rank" in model["parameter_count_caveat"]
+    assert main(["compare", str(path), "--strategies", "zero3"]) == 0
+    assert "Caution:" in capsys.readouterr().out
+
+
+def test_fit_output_has_no_caution_for_an_exact_count(capsys) -> None:
+    from zeroplan.cli.main import main
+
+    assert main(["fit", str(FIXTURES / "gemma-2-9b.json"), "--strategies", "zero3", "--seq-len", "4096"]) == 0
+    out = capsys.readouterr().out
+    assert "9,241,705,984 parameters" in out and "Caution:" not in out
