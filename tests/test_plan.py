@@ -19,9 +19,9 @@ from zeroplan.specs import (
 from zeroplan.units import GB, GiB
 
 
-def _request(gpu, model="llama-2-70b", gpus=8, kind=StrategyKind.zero3, **training) -> PlanRequest:
+def _request(gpu, model="llama-2-70b", gpus=8, kind=StrategyKind.zero3, seq_len=4096, **training) -> PlanRequest:
     return PlanRequest(
-        model=get_model(model), training=TrainingSpec(**training), batch=BatchSpec(seq_len=4096),
+        model=get_model(model), training=TrainingSpec(**training), batch=BatchSpec(seq_len=seq_len),
         cluster=cluster_from_gpus(gpu, gpus), strategy=StrategySpec(kind=kind),
     )
 
@@ -157,7 +157,7 @@ def test_hsdp_group_must_divide(gpu_80gib) -> None:
 
 
 def test_dataframe_has_a_row_per_strategy(gpu_80gib) -> None:
-    report = fit(_request(gpu_80gib, model="gpt2"))
+    report = fit(_request(gpu_80gib, model="gpt2", seq_len=1024))
     frame = report.to_dataframe()
     assert list(frame.index) == [k.value for k in StrategyKind]
     assert frame.loc["zero3", "peak_bytes"] == report.plan_for("zero3").memory.peak_bytes

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from zeroplan.atomic import write_text_atomic
-from zeroplan.cli.parser import OneLineParser, positive_int, seq_len_int, run_reporting_user_errors
+from zeroplan.cli.parser import OneLineParser, add_seq_len_arguments, positive_int, run_reporting_user_errors, seq_len_of
 from zeroplan.specs import ActivationCheckpointing, BatchSpec, Precision, TrainingSpec
 from zeroplan.units import ByteUnit, format_bytes
 
@@ -24,7 +24,7 @@ def build_parser() -> OneLineParser:
     parser.add_argument("--world-size", required=True, type=positive_int, help="N: ranks simulated")
     parser.add_argument("--rank", type=int, default=0, help="the rank to play (default 0)")
     parser.add_argument("--micro-batch", type=positive_int, default=BatchSpec().micro_batch_size)
-    parser.add_argument("--seq-len", type=seq_len_int, default=BatchSpec().seq_len)
+    add_seq_len_arguments(parser)
     parser.add_argument("--precision", choices=["bf16-mixed", "fp32"], default=Precision.bf16_mixed.value)
     parser.add_argument("--activation-checkpointing", choices=["none", "full"], default="none")
     parser.add_argument("--no-mem-tracker", action="store_true", help="skip FSDPMemTracker (about 2x faster)")
@@ -45,9 +45,13 @@ def _run(args) -> int:
         precision=Precision(args.precision),
         activation_checkpointing=ActivationCheckpointing(args.activation_checkpointing),
     )
-    batch = BatchSpec(micro_batch_size=args.micro_batch, seq_len=args.seq_len)
+    model = get_model(args.model)
+    batch = BatchSpec(
+        micro_batch_size=args.micro_batch, seq_len=seq_len_of(args, model.max_positions),
+        allow_longer_seq=args.allow_longer_seq,
+    )
     record = simulate(
-        get_model(args.model), args.strategy, args.world_size, training=training, batch=batch,
+        model, args.strategy, args.world_size, training=training, batch=batch,
         rank=args.rank, mem_tracker=not args.no_mem_tracker,
     )
     print(summary(record))
