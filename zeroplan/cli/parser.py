@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import first_error
+from zeroplan.specs.training import BatchSpec
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -60,8 +61,8 @@ def bounded_int(maximum: int, what: str = "") -> Callable[[str], int]:
 positive_int = bounded_int(MAX_COUNT, "2^20")
 seq_len_int = bounded_int(MAX_SEQ_LEN, "2^24 tokens")
 
-DEFAULT_SEQ_LEN = 4096
-"""--seq-len of the planning commands when none is given (capped at the model's max_positions)."""
+DEFAULT_SEQ_LEN = BatchSpec().seq_len
+"""--seq-len of the planning commands when none is given (4096, capped at the model's max_positions)."""
 
 
 def add_seq_len_arguments(parser: argparse.ArgumentParser, default: int | None = None) -> None:
