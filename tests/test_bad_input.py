@@ -142,6 +142,12 @@ CASES: list[tuple[str, list[str], str]] = [
     ("fit", ["fit", "gpt2", "--gpus", "1000000000000"], "--gpus"),
     ("fit", ["fit", "gpt2", "--micro-batch", str(10**15)], "--micro-batch"),
     ("fit", ["fit", "gpt2", "--seq-len", "1000000000"], "--seq-len"),
+    # Longer than the model's max_positions (docs/input-bounds.md): GPT-2's learned table has
+    # 1,024 rows, so not even --allow-longer-seq applies; RoPE models need that flag.
+    ("fit", ["fit", "gpt2", "--seq-len", "4096"], "--seq-len"),
+    ("fit", ["fit", "gpt2", "--seq-len", "1025", "--allow-longer-seq"], "--seq-len"),
+    ("fit", ["fit", "llama-2-7b", "--seq-len", "4097"], "--allow-longer-seq"),
+    ("compare", ["compare", "llama-3-8b", "--seq-len", "16384"], "--seq-len"),
     ("fit", ["fit", "gpt2", "--strategies", "zero1,zero1"], "strategies"),
     ("fit", ["fit", "gpt2", "--strategies", ""], "strategies"),
     ("fit", ["fit", "gpt2", "--strategies", "zero1,,zero2"], "strategies"),
@@ -183,9 +189,21 @@ CASES: list[tuple[str, list[str], str]] = [
     ("measure", ["measure", "llama-2-70b", "--strategy", "zero3", "--backend", "gloo", "--out", "out"], "model"),
     ("measure", ["measure", "tiny-llama", "--strategy", "zero2", "--seq-len", str(MAX_SEQ_LEN + 1), "--out", "out"],
      "--seq-len"),
+    # tiny-gpt2 has 512 learned positions: this was an IndexError inside every rank.
+    ("measure", ["measure", "tiny-gpt2", "--strategy", "zero2", "--seq-len", "1024", "--out", "out"], "--seq-len"),
+    ("measure", ["measure", "tiny-gpt2", "--strategy", "zero2", "--seq-len", "1024", "--allow-longer-seq",
+                 "--out", "out"], "--seq-len"),
+    ("measure", ["measure", "tiny-llama", "--strategy", "zero2", "--seq-len", "1024", "--out", "out"],
+     "--allow-longer-seq"),
     ("simulate", ["simulate", "a-directory", "--strategy", "ddp", "--world-size", "2"], "model"),
+    ("simulate", ["simulate", "gpt2", "--strategy", "ddp", "--world-size", "2", "--seq-len", "2048",
+                  "--allow-longer-seq"], "--seq-len"),
+    ("simulate", ["simulate", "llama-2-7b", "--strategy", "ddp", "--world-size", "2", "--seq-len", "8192"],
+     "--seq-len"),
     ("simulate", ["simulate", "gpt2", "--strategy", "zero1", "--world-size", "2"], "--strategy"),
     ("python -m zeroplan.harness", ["no-such-model", "--strategy", "zero2", "--out", "out"], "model"),
+    ("python -m zeroplan.harness", ["micro-gpt2", "--strategy", "zero2", "--seq-len", "65", "--out", "out"],
+     "--seq-len"),
 ]
 
 

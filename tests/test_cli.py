@@ -115,3 +115,53 @@ def test_compare_prints_volume_and_times(capsys) -> None:
 def test_mfu_above_one_is_rejected(capsys) -> None:
     code, _, err = run(capsys, "compare", "gpt2", "--mfu", "1.5")
     assert code == 2 and "mfu: must be in (0, 1]" in err
+
+
+def test_seq_len_default_is_capped_at_the_models_positions(capsys) -> None:
+    # 4,096 by default, GPT-2's 1,024 learned positions when fewer (docs/input-bounds.md).
+    code, out, err = run(capsys, "fit", "gpt2", "--gpus", "1", "--strategies", "ddp")
+    assert code == 0, err
+    assert "x seq 1024," in out
+    code, out, err = run(capsys, "fit", "llama-2-7b", "--gpus", "1", "--strategies", "ddp")
+    assert code == 0, err
+    assert "x seq 4096," in out
+
+
+def test_allow_longer_seq_runs_rope_past_its_positions(capsys) -> None:
+    argv = ["fit", "llama-2-7b", "--gpus", "8", "--strategies", "zero3", "--format", "json"]
+    code, _, err = run(capsys, *argv, "--seq-len", "8192")
+    assert code == 2 and "--seq-len: 8,192 exceeds llama-2-7b's maximum of 4,096" in err, err
+    code, at_limit, err = run(capsys, *argv, "--seq-len", "4096")
+    assert code == 0, err
+    code, longer, err = run(capsys, *argv, "--seq-len", "8192", "--allow-longer-seq")
+    assert code == 0, err
+    at_limit, longer = json.loads(at_limit)["plans"][0]["memory"], json.loads(longer)["plans"][0]["memory"]
+    assert longer["activation_bytes"] > at_limit["activation_bytes"]
+    assert longer["parameter_bytes"] == at_limit["parameter_bytes"]
+
+
+def test_issue_8_command_still_runs(capsys) -> None:
+    # Llama-3.1's config.json gives max_position_embeddings 131072: 8192 is within it.
+    code, out, err = run(capsys, "fit", "llama-3.1-8b", "--framework", "torchtitan", "--activation-checkpointing",
+                         "selective-op", "--gpus", "8", "--gpu", "h100-80gb", "--micro-batch", "2", "--seq-len", "8192")
+    assert code == 0, err
+    assert "x seq 8192," in out and "Verdict: " in out
+
+
+def test_measure_forwards_allow_longer_seq_and_refuses_before_launch(capsys, monkeypatch, tmp_path) -> None:
+    from zeroplan.harness import launch as launch_module
+
+    launched = []
+
+    def fake_launch(nproc, argv, out_dir, timeout_s):
+        launched.append(argv)
+        return launch_module.LaunchResult(0, [], [], [], [])
+
+    monkeypatch.setattr(launch_module, "launch", fake_launch)
+    base = ["measure", "tiny-llama", "--strategy", "zero2", "--backend", "gloo", "--seq-len", "1024", "--out", str(tmp_path / "o")]
+    code, _, err = run(capsys, *base, "--allow-longer-seq")
+    assert code == 0, err
+    assert launched and "--allow-longer-seq" in launched[0] and launched[0][launched[0].index("--seq-len") + 1] == "1024"
+    launched.clear()
+    code, _, err = run(capsys, "measure", "tiny-gpt2", *base[2:], "--allow-longer-seq")
+    assert code == 2 and "tiny-gpt2's maximum of 512" in err and not launched, err

@@ -11,7 +11,7 @@ from zeroplan.core.params import parameter_units, total_parameters
 from zeroplan.core.zero_paper import zero_communication_volume, zero_model_state_bytes
 from zeroplan.presets.models import get_model
 from zeroplan.specs import (
-    ModelSpec, Optimizer, PlanRequest, Precision, StateConvention, StrategyKind, StrategySpec,
+    BatchSpec, ModelSpec, Optimizer, PlanRequest, Precision, StateConvention, StrategyKind, StrategySpec,
     TrainingSpec, cluster_from_gpus,
 )
 from zeroplan.units import GB, GiB
@@ -36,8 +36,9 @@ DIVISIBLE_MODEL = ModelSpec(
 
 
 def _request(gpu, model, kind: StrategyKind, gpus: int, **training) -> PlanRequest:
+    # Model states do not depend on the sequence; it only has to fit the model (GPT-2: 1,024).
     return PlanRequest(
-        model=model, training=TrainingSpec(**training),
+        model=model, training=TrainingSpec(**training), batch=BatchSpec(seq_len=min(4096, model.max_positions)),
         cluster=cluster_from_gpus(gpu, gpus, gpus_per_node=min(gpus, 8)),
         strategy=StrategySpec(kind=kind),
     )

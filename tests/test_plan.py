@@ -19,9 +19,9 @@ from zeroplan.specs import (
 from zeroplan.units import GB, GiB
 
 
-def _request(gpu, model="llama-2-70b", gpus=8, kind=StrategyKind.zero3, **training) -> PlanRequest:
+def _request(gpu, model="llama-2-70b", gpus=8, kind=StrategyKind.zero3, seq_len=4096, **training) -> PlanRequest:
     return PlanRequest(
-        model=get_model(model), training=TrainingSpec(**training), batch=BatchSpec(seq_len=4096),
+        model=get_model(model), training=TrainingSpec(**training), batch=BatchSpec(seq_len=seq_len),
         cluster=cluster_from_gpus(gpu, gpus), strategy=StrategySpec(kind=kind),
     )
 
@@ -157,7 +157,7 @@ def test_hsdp_group_must_divide(gpu_80gib) -> None:
 
 
 def test_dataframe_has_a_row_per_strategy(gpu_80gib) -> None:
-    report = fit(_request(gpu_80gib, model="gpt2"))
+    report = fit(_request(gpu_80gib, model="gpt2", seq_len=1024))
     frame = report.to_dataframe()
     assert list(frame.index) == [k.value for k in StrategyKind]
     assert frame.loc["zero3", "peak_bytes"] == report.plan_for("zero3").memory.peak_bytes
@@ -188,3 +188,20 @@ def test_host_ram_shortfall_is_named_in_verdict_and_table():
     assert report["recommended"] == "zero3-offload"
     # 1100 GiB holds zero3-offload's 1027.8 GiB, not zero3-param-offload's 1156 GiB.
     assert {plan["strategy"] for plan in report["plans"] if not plan["host_fits"]} == {"zero3-param-offload"}
+
+
+def test_the_request_refuses_a_sequence_past_the_models_positions(gpu_80gib) -> None:
+    # The Python API gets the command line's check: PlanRequest validates seq_len (docs/input-bounds.md).
+    with pytest.raises(ZeroplanError, match="learned position table"):
+        _request(gpu_80gib, model="gpt2", seq_len=1025)
+    gpt2 = get_model("gpt2")
+    with pytest.raises(ZeroplanError, match="learned position table"):
+        PlanRequest(model=gpt2, batch=BatchSpec(seq_len=1025, allow_longer_seq=True),
+                    cluster=cluster_from_gpus(gpu_80gib, 8), strategy=StrategySpec(kind=StrategyKind.ddp))
+    assert _request(gpu_80gib, model="gpt2", seq_len=gpt2.max_positions).batch.seq_len == 1024
+    with pytest.raises(ZeroplanError, match="--allow-longer-seq"):
+        _request(gpu_80gib, model="llama-2-7b", seq_len=4097)
+    llama = get_model("llama-2-7b")
+    longer = PlanRequest(model=llama, batch=BatchSpec(seq_len=8192, allow_longer_seq=True),
+                         cluster=cluster_from_gpus(gpu_80gib, 8), strategy=StrategySpec(kind=StrategyKind.zero3))
+    assert plan(longer).memory.activation_bytes > plan(_request(gpu_80gib, model="llama-2-7b")).memory.activation_bytes

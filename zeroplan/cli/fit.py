@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from zeroplan.cli.parser import choices_of, positive_float, positive_int, seq_len_int
+from zeroplan.cli.parser import add_seq_len_arguments, choices_of, positive_float, positive_int, seq_len_of
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs import (
     ActivationCheckpointing,
@@ -37,7 +37,7 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
     host.add_argument("--host-memory-gib", type=positive_float, help="host RAM per node in GiB (2^30 bytes), to check offload")
     host.add_argument("--host-memory-gb", type=positive_float, help="the same in GB (10^9 bytes)")
     parser.add_argument("--micro-batch", type=positive_int, default=1, help="sequences per GPU per pass (default 1)")
-    parser.add_argument("--seq-len", type=seq_len_int, default=4096, help="tokens per sequence (default 4096)")
+    add_seq_len_arguments(parser)
     parser.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step (default 1)")
     parser.add_argument(
         "--precision", choices=choices_of(Precision),
@@ -121,7 +121,10 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         state_convention=StateConvention(args.state_convention) if args.state_convention else None,
     )
     check_framework_request(training)
-    batch = BatchSpec(micro_batch_size=args.micro_batch, seq_len=args.seq_len, grad_accum_steps=args.grad_accum)
+    batch = BatchSpec(
+        micro_batch_size=args.micro_batch, seq_len=seq_len_of(args, model.max_positions),
+        grad_accum_steps=args.grad_accum, allow_longer_seq=args.allow_longer_seq,
+    )
     if args.hsdp_group is not None and cluster.world_size % args.hsdp_group:
         raise ZeroplanError("hsdp-group", f"{args.hsdp_group} does not divide the {cluster.world_size} GPUs")
     strategy = StrategySpec(kind=kind, shard_group_size=args.hsdp_group)

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import first_error
+from zeroplan.specs.training import BatchSpec
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -59,6 +60,24 @@ def bounded_int(maximum: int, what: str = "") -> Callable[[str], int]:
 
 positive_int = bounded_int(MAX_COUNT, "2^20")
 seq_len_int = bounded_int(MAX_SEQ_LEN, "2^24 tokens")
+
+DEFAULT_SEQ_LEN = BatchSpec().seq_len
+"""--seq-len of the planning commands when none is given (4096, capped at the model's max_positions)."""
+
+
+def add_seq_len_arguments(parser: argparse.ArgumentParser, default: int | None = None) -> None:
+    """--seq-len and --allow-longer-seq; ``default`` None means DEFAULT_SEQ_LEN capped at the model's limit."""
+    shown = f"{default}" if default is not None else f"{DEFAULT_SEQ_LEN}, or the model's maximum positions if fewer"
+    parser.add_argument("--seq-len", type=seq_len_int, default=default, help=f"tokens per sequence (default {shown})")
+    parser.add_argument(
+        "--allow-longer-seq", action="store_true",
+        help="accept --seq-len above the model's maximum positions (RoPE models only; learned positions cannot)",
+    )
+
+
+def seq_len_of(args: argparse.Namespace, max_positions: int) -> int:
+    """The --seq-len given, else DEFAULT_SEQ_LEN capped at ``max_positions`` (GPT-2 has 1,024)."""
+    return args.seq_len if args.seq_len is not None else min(DEFAULT_SEQ_LEN, max_positions)
 
 
 def positive_float(text: str) -> float:

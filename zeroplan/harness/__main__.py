@@ -29,7 +29,7 @@ def config_from_args(args):  # -> zeroplan.harness.runner.RunConfig (imports tor
     """The run the parsed flags describe; a one-line ZeroplanError if no engine can run it."""
     from zeroplan.harness.engines import EngineKind, check_supported
     from zeroplan.harness.runner import RunConfig
-    from zeroplan.specs import StrategyKind
+    from zeroplan.specs import StrategyKind, check_seq_len
 
     config = RunConfig(
         model=resolve_model(args.model), strategy=StrategyKind(args.strategy), engine=EngineKind(args.engine),
@@ -38,6 +38,7 @@ def config_from_args(args):  # -> zeroplan.harness.runner.RunConfig (imports tor
         keep_unsharded_grads_on_accum=args.keep_unsharded_grads_on_accum,
     )
     check_supported(config.strategy, config.engine, config.training.optimizer, config.batch.grad_accum_steps)
+    check_seq_len(config.model, config.batch)
     return config
 
 

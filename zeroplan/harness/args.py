@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from zeroplan.cli.parser import positive_int, seq_len_int
+from zeroplan.cli.parser import add_seq_len_arguments, positive_int
 from zeroplan.errors import ZeroplanError
 from zeroplan.harness.engines_table import MEASURABLE_OPTIMIZERS
 from zeroplan.specs import ActivationCheckpointing, BatchSpec, ModelSpec, Optimizer, Precision, StrategyKind, TrainingSpec
@@ -20,7 +20,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=ENGINES, default="zeroplan", help="whose implementation runs (default zeroplan)")
     parser.add_argument("--steps", type=positive_int, default=3)
     parser.add_argument("--micro-batch", type=positive_int, default=2)
-    parser.add_argument("--seq-len", type=seq_len_int, default=64)
+    add_seq_len_arguments(parser, default=64)
     parser.add_argument("--precision", choices=[p.value for p in MEASURABLE_PRECISIONS], default=Precision.fp32.value)
     parser.add_argument("--grad-accum", type=positive_int, default=1,
                         help="micro-batches accumulated before each optimizer step (default 1)")
@@ -60,4 +60,7 @@ def training_from_args(args: argparse.Namespace) -> TrainingSpec:
 
 
 def batch_from_args(args: argparse.Namespace) -> BatchSpec:
-    return BatchSpec(micro_batch_size=args.micro_batch, seq_len=args.seq_len, grad_accum_steps=args.grad_accum)
+    return BatchSpec(
+        micro_batch_size=args.micro_batch, seq_len=args.seq_len, grad_accum_steps=args.grad_accum,
+        allow_longer_seq=args.allow_longer_seq,
+    )

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from zeroplan.cli.parser import OneLineParser, positive_float, positive_int, run_reporting_user_errors
-from zeroplan.harness.args import add_run_arguments, resolve_model
+from zeroplan.harness.args import add_run_arguments, batch_from_args, resolve_model
 
 
 def build_parser() -> OneLineParser:
@@ -28,6 +28,8 @@ def _harness_argv(args: argparse.Namespace) -> list[str]:
             "--activation-checkpointing", args.activation_checkpointing, "--seed", str(args.seed), "--run-id", args.run_id]
     if args.keep_unsharded_grads_on_accum:
         argv.append("--keep-unsharded-grads-on-accum")
+    if args.allow_longer_seq:
+        argv.append("--allow-longer-seq")
     if args.backend:
         argv += ["--backend", args.backend]
     if args.fail_rank is not None:
@@ -40,9 +42,11 @@ def run_measure(args: argparse.Namespace) -> int:
     from zeroplan.harness.launch import launch
 
     from zeroplan.cli.measure_check import check_machine, check_out_path
-    from zeroplan.specs import StrategyKind
+    from zeroplan.specs import StrategyKind, check_seq_len
 
     model = resolve_model(args.model)
+    # A learned position table has max_positions rows: a longer sequence is an IndexError in every rank.
+    check_seq_len(model, batch_from_args(args))
     check_supported_names(args.strategy, args.engine, args.optimizer, args.grad_accum)
     check_out_path(args.out)
     check_machine(model, StrategyKind(args.strategy), args.nproc, args.backend)

@@ -10,7 +10,8 @@ from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
 
 
 def _gpt2(name: str, hidden: int, layers: int, heads: int, positions: int = 1024) -> ModelSpec:
-    # Radford et al. 2019 / openai-community/gpt2 config.json: n_inner = 4 * n_embd, tied head.
+    # Radford et al. 2019 / openai-community/gpt2 config.json: n_inner = 4 * n_embd, tied head;
+    # n_positions 1024 in gpt2, gpt2-medium, gpt2-large and gpt2-xl alike (learned table: a hard limit).
     return ModelSpec(
         name=name, vocab_size=50257, hidden_size=hidden, num_layers=layers, num_heads=heads,
         ffn_hidden_size=4 * hidden, mlp=MlpKind.gelu, norm=NormKind.layernorm,
@@ -40,17 +41,18 @@ _PRESETS: dict[str, ModelSpec] = {
         _gpt2("gpt2-xl", 1600, 48, 25),
         # Brown et al. 2020, Table 2.1: 96 layers, d_model 12288, 96 heads, context 2048.
         _gpt2("gpt3-175b", 12288, 96, 96, positions=2048),
-        # meta-llama/Llama-2-*-hf config.json.
+        # meta-llama/Llama-2-*-hf config.json (max_position_embeddings 4096).
         _llama("llama-2-7b", 32000, 4096, 32, 32, 32, 11008, 4096),
         _llama("llama-2-13b", 32000, 5120, 40, 40, 40, 13824, 4096),
         _llama("llama-2-70b", 32000, 8192, 80, 64, 8, 28672, 4096),
-        # meta-llama/Meta-Llama-3-* and Llama-3.1-* config.json.
+        # meta-llama/Meta-Llama-3-* config.json (max_position_embeddings 8192) and Llama-3.1-*
+        # config.json (131072, with llama3 rope_scaling from an original 8192).
         _llama("llama-3-8b", 128256, 4096, 32, 32, 8, 14336, 8192),
         _llama("llama-3-70b", 128256, 8192, 80, 64, 8, 28672, 8192),
         _llama("llama-3.1-8b", 128256, 4096, 32, 32, 8, 14336, 131072),
         _llama("llama-3.1-70b", 128256, 8192, 80, 64, 8, 28672, 131072),
         _llama("llama-3.1-405b", 128256, 16384, 126, 128, 8, 53248, 131072),
-        # mistralai/Mistral-7B-v0.1 and Mixtral-8x7B-v0.1 config.json.
+        # mistralai/Mistral-7B-v0.1 and Mixtral-8x7B-v0.1 config.json (max_position_embeddings 32768).
         _llama("mistral-7b", 32000, 4096, 32, 32, 8, 14336, 32768),
         _llama("mixtral-8x7b", 32000, 4096, 32, 32, 8, 14336, 32768, experts=8, experts_per_token=2),
     ]

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from zeroplan.atomic import write_text_atomic
+from zeroplan.cli.parser import OneLineParser, add_seq_len_arguments, positive_int, run_reporting_user_errors, seq_len_of
 from zeroplan.errors import ZeroplanError
-from zeroplan.cli.parser import OneLineParser, positive_int, seq_len_int, run_reporting_user_errors
 from zeroplan.specs import ActivationCheckpointing, BatchSpec, Precision, StrategyKind, TrainingSpec
 from zeroplan.specs.framework import Framework
 from zeroplan.units import ByteUnit, format_bytes
@@ -28,7 +28,7 @@ def build_parser() -> OneLineParser:
     parser.add_argument("--world-size", required=True, type=positive_int, help="N: ranks simulated")
     parser.add_argument("--rank", type=int, default=0, help="the rank to play (default 0)")
     parser.add_argument("--micro-batch", type=positive_int, default=BatchSpec().micro_batch_size)
-    parser.add_argument("--seq-len", type=seq_len_int, default=BatchSpec().seq_len)
+    add_seq_len_arguments(parser)
     parser.add_argument("--precision", choices=[p.value for p in Precision], default=None,
                         help="default: bf16-mixed, or the framework's own default with --framework")
     parser.add_argument("--activation-checkpointing", choices=["none", "full"], default="none")
@@ -52,9 +52,13 @@ def _run(args) -> int:
     from zeroplan.simulate.run import SUPPORTED_STRATEGIES, simulate
 
     framework = Framework(args.framework)
-    batch = BatchSpec(micro_batch_size=args.micro_batch, seq_len=args.seq_len)
+    model = get_model(args.model)
+    batch = BatchSpec(
+        micro_batch_size=args.micro_batch, seq_len=seq_len_of(args, model.max_positions),
+        allow_longer_seq=args.allow_longer_seq,
+    )
     if framework is not Framework.zeroplan:
-        return _run_framework(args, framework, get_model(args.model), batch)
+        return _run_framework(args, framework, model, batch)
     if StrategyKind(args.strategy) not in SUPPORTED_STRATEGIES:
         allowed = ", ".join(k.value for k in SUPPORTED_STRATEGIES)
         raise ZeroplanError("--strategy", f"{args.strategy!r} cannot be simulated without --framework (allowed: {allowed})")
@@ -63,7 +67,7 @@ def _run(args) -> int:
         activation_checkpointing=ActivationCheckpointing(args.activation_checkpointing),
     )
     record = simulate(
-        get_model(args.model), args.strategy, args.world_size, training=training, batch=batch,
+        model, args.strategy, args.world_size, training=training, batch=batch,
         rank=args.rank, mem_tracker=not args.no_mem_tracker,
     )
     print(summary(record))
@@ -76,6 +80,9 @@ def _run(args) -> int:
 
 
 def _run_framework(args, framework: Framework, model, batch: BatchSpec) -> int:
+    from zeroplan.specs import check_seq_len
+
+    check_seq_len(model, batch)
     if args.layers < 3:
         raise ZeroplanError("--layers", f"must be at least 3 (the first block is not steady state), got {args.layers}")
     try:

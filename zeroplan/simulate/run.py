@@ -32,6 +32,7 @@ from zeroplan.specs import (
     Precision,
     StrategyKind,
     TrainingSpec,
+    check_seq_len,
 )
 
 SUPPORTED_STRATEGIES = (StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op, StrategyKind.ddp)
@@ -58,6 +59,7 @@ def simulate(
     training = training or TrainingSpec()
     batch = batch or BatchSpec()
     kind = _check(strategy, world_size, rank, training)
+    check_seq_len(model, batch)
     start_s = time.perf_counter()
     notes = []
     if model.is_moe and mem_tracker:

@@ -3,7 +3,7 @@
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.hardware import ClusterSpec, GpuSpec, HostSpec, LinkSpec, cluster_from_gpus
 from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
-from zeroplan.specs.request import MemoryAssumptions, PerformanceAssumptions, PlanRequest
+from zeroplan.specs.request import MemoryAssumptions, PerformanceAssumptions, PlanRequest, check_seq_len
 from zeroplan.specs.strategy import StrategyKind, StrategySpec, ZeroGradientReduce
 from zeroplan.specs.training import (
     ActivationCheckpointing,
@@ -38,5 +38,6 @@ __all__ = [
     "StrategySpec",
     "ZeroGradientReduce",
     "TrainingSpec",
+    "check_seq_len",
     "cluster_from_gpus",
 ]

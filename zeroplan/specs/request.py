@@ -7,9 +7,29 @@ from pydantic import Field, model_validator
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.hardware import ClusterSpec
-from zeroplan.specs.model import ModelSpec
+from zeroplan.specs.model import ModelSpec, PositionKind
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.training import BatchSpec, StateConvention, TrainingSpec
+
+
+def check_seq_len(model: ModelSpec, batch: BatchSpec) -> None:
+    """Refuse a sequence longer than the model's max_positions (docs/input-bounds.md). A learned
+    position table (GPT-2) has max_positions rows, so a longer sequence cannot run at all; RoPE
+    computes its angles for any position, so a longer one runs (outside what the model was
+    trained on) when batch.allow_longer_seq says so."""
+    if batch.seq_len <= model.max_positions:
+        return
+    given = f"{batch.seq_len:,} exceeds {model.name}'s maximum of {model.max_positions:,} positions"
+    if model.position is PositionKind.learned:
+        raise ZeroplanError(
+            "--seq-len", f"{given}; its learned position table has no row past that, so "
+            f"--allow-longer-seq cannot apply (allowed: 1 to {model.max_positions:,})",
+        )
+    if not batch.allow_longer_seq:
+        raise ZeroplanError(
+            "--seq-len", f"{given} (allowed: 1 to {model.max_positions:,}; --allow-longer-seq runs "
+            f"its RoPE positions past that)",
+        )
 
 
 class MemoryAssumptions(Frozen):
@@ -56,6 +76,7 @@ class PlanRequest(Frozen):
 
     @model_validator(mode="after")
     def _check_groups(self) -> "PlanRequest":
+        check_seq_len(self.model, self.batch)
         if self.strategy.kind is StrategyKind.hsdp:
             group = self.shard_group_size
             if self.cluster.world_size % group:

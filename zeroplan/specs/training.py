@@ -119,3 +119,6 @@ class BatchSpec(Frozen):
     """s: tokens per sequence."""
     grad_accum_steps: int = Field(default=1, gt=0)
     """Micro-batches accumulated before each optimizer step."""
+    allow_longer_seq: bool = False
+    """Accept a seq_len above the model's max_positions (RoPE models only; a learned position
+    table has no row past max_positions). See specs.request.check_seq_len."""
