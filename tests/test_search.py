@@ -18,7 +18,7 @@ from zeroplan.specs import BatchSpec, Framework, PlanRequest, StrategyKind, Stra
 from zeroplan.specs.training import Precision
 
 
-def _base(model: str, gpus: int, gpu: str = "h100-80gb", seq_len: int = 2048, framework: Framework = Framework.zeroplan,
+def _base(model: str, gpus: int, gpu: str = "h100-80gb", seq_len: int = 1024, framework: Framework = Framework.zeroplan,
           host_memory_bytes: int | None = None) -> PlanRequest:
     cluster = cluster_from_gpus(get_gpu(gpu), gpus)
     if host_memory_bytes is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from zeroplan.cli.parser import bounded_int, choices_of, positive_float, positive_int, seq_len_int
+from zeroplan.cli.parser import add_seq_len_arguments, bounded_int, choices_of, positive_float, positive_int
 from zeroplan.specs import AttentionKernel, Framework, Optimizer, Precision
 
 MAX_TOP = 1000
@@ -24,7 +24,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     host = parser.add_mutually_exclusive_group()
     host.add_argument("--host-memory-gib", type=positive_float, help="host RAM per node in GiB (2^30 bytes), to check offload")
     host.add_argument("--host-memory-gb", type=positive_float, help="the same in GB (10^9 bytes)")
-    parser.add_argument("--seq-len", type=seq_len_int, default=4096, help="tokens per sequence (default 4096)")
+    add_seq_len_arguments(parser)
     parser.add_argument("--precision", choices=choices_of(Precision),
                         help="numeric formats (default: the framework's, bf16-mixed; torchtune bf16-pure)")
     parser.add_argument("--optimizer", choices=choices_of(Optimizer), default=Optimizer.adamw.value)
