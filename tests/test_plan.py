@@ -10,7 +10,8 @@ from zeroplan.core.activations import backward_workspace_bytes
 from zeroplan.core.buffers import backward_held_buffer_bytes, resident_buffer_bytes, transient_buffer_bytes
 from zeroplan.core.model_states import padded_unit_elements_of
 from zeroplan.core.params import total_parameters
-from zeroplan.core.plan import fit, max_micro_batch_size, memory_breakdown, plan
+from zeroplan.core.plan import fit, max_micro_batch_size, memory_breakdown, plan, recommend
+from zeroplan.results import PeakMoment
 from zeroplan.presets.models import get_model
 from zeroplan.specs import (
     ActivationCheckpointing, BatchSpec, PlanRequest, StateConvention, StrategyKind, StrategySpec, TrainingSpec,
@@ -19,9 +20,11 @@ from zeroplan.specs import (
 from zeroplan.units import GB, GiB
 
 
-def _request(gpu, model="llama-2-70b", gpus=8, kind=StrategyKind.zero3, seq_len=4096, **training) -> PlanRequest:
+def _request(gpu, model="llama-2-70b", gpus=8, kind=StrategyKind.zero3, seq_len=None, **training) -> PlanRequest:
+    spec = get_model(model)
+    seq_len = seq_len if seq_len is not None else min(4096, spec.max_positions)
     return PlanRequest(
-        model=get_model(model), training=TrainingSpec(**training), batch=BatchSpec(seq_len=seq_len),
+        model=spec, training=TrainingSpec(**training), batch=BatchSpec(seq_len=seq_len),
         cluster=cluster_from_gpus(gpu, gpus), strategy=StrategySpec(kind=kind),
     )
 
@@ -205,3 +208,54 @@ def test_the_request_refuses_a_sequence_past_the_models_positions(gpu_80gib) -> 
     longer = PlanRequest(model=llama, batch=BatchSpec(seq_len=8192, allow_longer_seq=True),
                          cluster=cluster_from_gpus(gpu_80gib, 8), strategy=StrategySpec(kind=StrategyKind.zero3))
     assert plan(longer).memory.activation_bytes > plan(_request(gpu_80gib, model="llama-2-7b")).memory.activation_bytes
+
+
+_MOMENT_NAMES = {"loss": PeakMoment.loss_backward, "block": PeakMoment.block_backward,
+                 "end": PeakMoment.backward_end, "step": PeakMoment.optimizer_step}
+
+
+@pytest.mark.parametrize("model, accum", [("gpt2", 1), ("llama-2-7b", 1), ("llama-2-7b", 3)])
+@pytest.mark.parametrize("kind", list(StrategyKind))
+def test_the_named_peak_moment_and_its_columns_add_up_to_the_peak(gpu_80gib, model, accum, kind) -> None:
+    request = _request(gpu_80gib, model=model, kind=kind)
+    request = request.model_copy(update={"batch": request.batch.model_copy(update={"grad_accum_steps": accum})})
+    memory = memory_breakdown(request)[0]
+    moments = _moments(request)
+    assert moments[next(k for k, v in _MOMENT_NAMES.items() if v is memory.peak_moment)] == max(moments.values())
+    assert sum(memory.peak_terms().values()) == memory.peak_bytes
+    assert memory.peak_buffer_bytes <= memory.temporary_bytes
+
+
+def test_ddp_on_70b_peaks_at_the_optimizer_step_with_its_temporary_in_the_table(gpu_80gib) -> None:
+    from zeroplan.report.table import render_table
+
+    report = fit(_request(gpu_80gib, kind=StrategyKind.ddp), [StrategyKind.ddp])
+    memory = report.plans[0].memory
+    assert memory.peak_moment is PeakMoment.optimizer_step
+    assert memory.step_temporary_bytes > 0 and "step_temporary_bytes" in memory.peak_terms()
+    table = render_table(report)
+    assert "step-tmp" in table and "optimizer-step" in table and "add up to peak" in table
+
+
+def test_one_gpu_recommends_plain_training_without_ddp_buckets(gpu_80gib) -> None:
+    report = fit(_request(gpu_80gib, model="gpt2", gpus=1, kind=StrategyKind.ddp))
+    ddp = report.plan_for("ddp")
+    assert resident_buffer_bytes(_request(gpu_80gib, model="gpt2", gpus=1, kind=StrategyKind.ddp)) == 0
+    assert ddp.collectives == () and ddp.sent_bytes_per_step == 0
+    assert report.recommended is StrategyKind.ddp and "plain training" in report.verdict
+
+
+def test_ties_follow_the_documented_rule_not_list_order(gpu_80gib) -> None:
+    report = fit(_request(gpu_80gib, model="llama-2-7b", activation_checkpointing=ActivationCheckpointing.full))
+    zero1, zero2 = report.plan_for("zero1"), report.plan_for("zero2")
+    assert zero1.fits and zero2.fits and zero1.sent_bytes_per_step == zero2.sent_bytes_per_step
+    # The same peak: the simpler strategy, whichever comes first.
+    tied = zero2.model_copy(update={"memory": zero1.memory, "headroom_bytes": zero1.headroom_bytes})
+    assert recommend([tied, zero1]) is StrategyKind.zero1 and recommend([zero1, tied]) is StrategyKind.zero1
+    # A lower peak beats simplicity, whichever comes first.
+    lower = zero1.memory.model_copy(update={"peak_bytes": zero1.memory.peak_bytes - 1})
+    leaner = zero2.model_copy(update={"memory": lower})
+    assert recommend([zero1, leaner]) is StrategyKind.zero2 and recommend([leaner, zero1]) is StrategyKind.zero2
+    # Fewer bytes sent beats a lower peak.
+    quieter = zero1.model_copy(update={"sent_bytes_per_step": zero1.sent_bytes_per_step - 1})
+    assert recommend([leaner, quieter]) is StrategyKind.zero1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from enum import Enum
+
 from zeroplan.core.communication import Collective
 from zeroplan.core.timing import StepTime
 from zeroplan.specs.base import Frozen
@@ -9,6 +11,19 @@ from zeroplan.specs.hardware import ClusterSpec
 from zeroplan.specs.model import ModelSpec
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.training import BatchSpec, StateConvention, TrainingSpec
+
+
+class PeakMoment(str, Enum):
+    """The moment of a step whose live bytes set the peak (docs/memory-model.md, "Peak")."""
+
+    loss_backward = "loss-backward"
+    """Backward of the loss: every activation, the logits and the loss's fp32 copies."""
+    block_backward = "block-backward"
+    """The first block's backward: activations, the unit gathered or reduced, the workspace."""
+    backward_end = "backward-end"
+    """End of backward: every gradient and the last unit's buffers."""
+    optimizer_step = "optimizer-step"
+    """The optimizer step: gradients and the step's temporaries, activations freed."""
 
 
 class MemoryBreakdown(Frozen):
@@ -30,12 +45,36 @@ class MemoryBreakdown(Frozen):
     prefetch) and backward workspace."""
     step_temporary_bytes: int
     """Temporaries of the optimizer step (after activations are freed)."""
+    peak_moment: PeakMoment
+    """The moment whose live bytes are the allocated peak (the first of the four on a tie)."""
+    gradients_at_peak: bool
+    """Whether ``gradient_bytes`` are alive at ``peak_moment``: always at the end of backward and
+    the step, in backward only when earlier micro-batches' gradients are accumulating."""
+    peak_buffer_bytes: int
+    """Buffers and backward workspace alive at ``peak_moment`` (a part of ``temporary_bytes``)."""
     allocated_peak_bytes: int
     """Peak bytes held by tensors."""
     allocator_reserve_bytes: int
     """What the caching allocator reserves beyond that (MemoryAssumptions)."""
     peak_bytes: int
     """Peak device memory: allocated peak plus allocator reserve."""
+
+    def peak_terms(self) -> dict[str, int]:
+        """The byte fields alive at ``peak_moment`` (buffers as ``peak_buffer_bytes``) and the
+        reserve: their values add up to ``peak_bytes`` exactly."""
+        moment = self.peak_moment
+        terms = {"parameter_bytes": self.parameter_bytes, "optimizer_state_bytes": self.optimizer_state_bytes}
+        if self.gradients_at_peak:
+            terms["gradient_bytes"] = self.gradient_bytes
+        if moment in (PeakMoment.loss_backward, PeakMoment.block_backward):
+            terms["activation_bytes"] = self.activation_bytes
+        if moment is PeakMoment.loss_backward:
+            terms["logits_bytes"] = self.logits_bytes
+        if moment is PeakMoment.optimizer_step:
+            terms["step_temporary_bytes"] = self.step_temporary_bytes
+        terms["peak_buffer_bytes"] = self.peak_buffer_bytes
+        terms["allocator_reserve_bytes"] = self.allocator_reserve_bytes
+        return terms
 
 
 class StrategyPlan(Frozen):

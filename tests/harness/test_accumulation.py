@@ -238,3 +238,16 @@ def test_measure_passes_the_accumulation_flags_to_every_rank(capsys, tmp_path) -
         assert description.training.optimizer is Optimizer.sgd_momentum
         # One step of 3 micro-batches, reduce-scattered once (kept unsharded) over 4 units.
         assert Counter(c.op for c in record.steps[0].collectives)["reduce_scatter"] == 4
+
+
+def test_one_rank_trains_unwrapped_as_the_planner_predicts(capsys, tmp_path) -> None:
+    """At world size 1 DDP is plain training: no gradient-sized bucket copy, on either side."""
+    code, err = _zeroplan(capsys, "measure", "micro-llama", "--strategy", "ddp", "--engine", "torch", "--nproc", "1",
+                          "--steps", "2", "--micro-batch", str(MICRO_BATCH), "--seq-len", str(SEQ_LEN),
+                          "--precision", "fp32", "--out", str(tmp_path))
+    assert code == 0, err
+    rows = {row.quantity: row for row in compare_record(read_record(next(tmp_path.glob("rank*.json"))))}
+    assert all(rows[q].measured_bytes == rows[q].predicted_bytes for q in ("parameters", "gradients", "optimizer states"))
+    peak = rows["peak (tracked tensors)"]
+    # A bucket copy on one side only would put them a whole gradient size apart.
+    assert abs(peak.measured_bytes - peak.predicted_bytes) < rows["gradients"].predicted_bytes / 2

@@ -13,8 +13,10 @@ from zeroplan.specs.training import Optimizer, StateConvention
 
 # torch/nn/parallel/distributed.py, gradient_as_bucket_view: "if False, gradients are copied
 # into bucket storage ... setting it True saves memory equal to the total gradient size".
+# At world size 1 there is no one to all-reduce with: zeroplan plans plain training (the
+# model unwrapped, docs/memory-model.md "One GPU"), so there are no buckets.
 def ddp_bucket_bytes(request: PlanRequest, gradient_bytes_per_element: int) -> int:
-    if request.strategy.ddp_gradient_as_bucket_view:
+    if request.strategy.ddp_gradient_as_bucket_view or request.cluster.world_size == 1:
         return 0
     return total_parameters(request.model) * gradient_bytes_per_element
 

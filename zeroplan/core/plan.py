@@ -16,7 +16,7 @@ from zeroplan.core.frameworks import (
 from zeroplan.core.model_states import ModelStateBytes, model_state_bytes
 from zeroplan.core.params import total_parameters
 from zeroplan.core.timing import step_time
-from zeroplan.results import FitReport, MemoryBreakdown, StrategyPlan
+from zeroplan.results import FitReport, MemoryBreakdown, PeakMoment, StrategyPlan
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.framework import Framework
@@ -32,20 +32,39 @@ MAX_MICRO_BATCH_SEARCH = 1 << 20
 # unit being gathered or reduced and the residual-stream workspace. End of backward: every
 # gradient and the last unit's buffers. Optimizer step: gradients and step temporaries. With
 # accumulation the earlier micro-batches' gradients are there from the start.
-def peak_moments(states: ModelStateBytes, moments: "PeakTerms", grad_accum_steps: int) -> tuple[int, int, int, int]:
-    """Bytes alive at (loss backward, a block's backward, end of backward, optimizer step)."""
-    resident = states.parameter_bytes + states.optimizer_state_bytes + moments.resident_buffers
-    held = resident + moments.backward_held_buffers
+def peak_moments(states: ModelStateBytes, moments: "PeakTerms", grad_accum_steps: int) -> dict[PeakMoment, MomentBytes]:
+    """Every moment's live bytes, split into gradients, buffers (and workspace) and the rest."""
+    resident = states.parameter_bytes + states.optimizer_state_bytes
+    held = moments.resident_buffers + moments.backward_held_buffers
     accumulated = states.gradient_bytes if grad_accum_steps > 1 else 0
-    loss_backward = held + accumulated + moments.activations + moments.logits
-    block_backward = held + accumulated + moments.activations + moments.transient_buffers + moments.workspace
-    backward_end = held + states.gradient_bytes + moments.transient_buffers
-    step = resident + states.gradient_bytes + moments.step_temporary
-    return loss_backward, block_backward, backward_end, step
+    return {
+        PeakMoment.loss_backward: MomentBytes(resident + moments.activations + moments.logits, accumulated, held),
+        PeakMoment.block_backward: MomentBytes(
+            resident + moments.activations, accumulated, held + moments.transient_buffers + moments.workspace
+        ),
+        PeakMoment.backward_end: MomentBytes(resident, states.gradient_bytes, held + moments.transient_buffers),
+        PeakMoment.optimizer_step: MomentBytes(resident + moments.step_temporary, states.gradient_bytes, moments.resident_buffers),
+    }
 
 
-def peak_allocated_bytes(states: ModelStateBytes, moments: "PeakTerms", grad_accum_steps: int) -> int:
-    return max(peak_moments(states, moments, grad_accum_steps))
+def peak_allocated_bytes(states: ModelStateBytes, moments: "PeakTerms", grad_accum_steps: int) -> tuple[int, PeakMoment]:
+    """The largest moment's bytes and which moment it is (the first of the four on a tie)."""
+    alive = peak_moments(states, moments, grad_accum_steps)
+    moment = max(alive, key=lambda m: alive[m].total)
+    return alive[moment].total, moment
+
+
+@dataclass(frozen=True)
+class MomentBytes:
+    """Bytes alive at one moment: gradients and buffers apart, everything else in ``other``."""
+
+    other: int
+    gradients: int
+    buffers: int
+
+    @property
+    def total(self) -> int:
+        return self.other + self.gradients + self.buffers
 
 
 @dataclass(frozen=True)
@@ -88,7 +107,8 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
     activations, logits, workspace, step_temporary = terms.activations, terms.logits, terms.workspace, terms.step_temporary
     # The table's buffers column: every buffer at once (the most ever allocated for them).
     temporary = terms.resident_buffers + terms.backward_held_buffers + terms.transient_buffers + workspace
-    allocated = peak_allocated_bytes(states, terms, batch.grad_accum_steps)
+    alive = peak_moments(states, terms, batch.grad_accum_steps)
+    allocated, moment = peak_allocated_bytes(states, terms, batch.grad_accum_steps)
     reserve = int(allocated * request.assumptions.allocator_reserve_fraction)
     breakdown = MemoryBreakdown(
         parameter_bytes=states.parameter_bytes,
@@ -98,6 +118,9 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
         logits_bytes=logits,
         temporary_bytes=temporary,
         step_temporary_bytes=step_temporary,
+        peak_moment=moment,
+        gradients_at_peak=alive[moment].gradients > 0,
+        peak_buffer_bytes=alive[moment].buffers,
         allocated_peak_bytes=allocated,
         allocator_reserve_bytes=reserve,
         peak_bytes=allocated + reserve,
@@ -160,20 +183,50 @@ def plan(request: PlanRequest) -> StrategyPlan:
 ALL_STRATEGIES: tuple[StrategyKind, ...] = tuple(StrategyKind)
 
 
+# Simpler first: fewer model states sharded, no engine before an engine (docs/memory-model.md,
+# "Recommendation"). The last tie-break, so list order never decides.
+SIMPLICITY: dict[StrategyKind, int] = {
+    StrategyKind.ddp: 0,
+    StrategyKind.zero1: 1,
+    StrategyKind.zero2: 2,
+    StrategyKind.fsdp_shard_grad_op: 3,
+    StrategyKind.zero3: 4,
+    StrategyKind.fsdp_full_shard: 5,
+    StrategyKind.hsdp: 6,
+    StrategyKind.zero2_offload: 7,
+    StrategyKind.zero3_offload: 8,
+    StrategyKind.zero3_param_offload: 9,
+}
+"""Rank of each strategy by how much it shards and offloads (0 = plain training or DDP)."""
+
+
+def _shards_nothing(p: StrategyPlan) -> bool:
+    """A sharding strategy over a group of one rank: the whole model states, inside an engine."""
+    return p.strategy is not StrategyKind.ddp and p.shard_group_size == 1
+
+
+def recommendation_key(p: StrategyPlan) -> tuple[int | bool, ...]:
+    """The ranking rule, smallest first (docs/memory-model.md, "Recommendation"): (1) the least
+    offload (each offload adds host-link traffic and a CPU optimizer step), (2) the fewest bytes
+    sent per step, (3) a strategy that shards something over one that shards over a single
+    rank (on one GPU: plain training), (4) the lowest peak, (5) the simpler strategy."""
+    return (
+        p.strategy.offloads_optimizer, p.strategy.offloads_parameters, p.sent_bytes_per_step,
+        _shards_nothing(p), p.memory.peak_bytes, SIMPLICITY[p.strategy],
+    )
+
+
 def recommend(plans: Iterable[StrategyPlan]) -> StrategyKind | None:
-    """Among plans that fit (host memory included), prefer the least offload (each offload
-    adds host-link traffic), then the least bytes sent per step, then the most headroom."""
+    """The best of the plans that fit (host memory included) by ``recommendation_key``."""
     fitting = [p for p in plans if p.fits and p.host_fits is not False]
     if not fitting:
         return None
-    best = min(
-        fitting,
-        key=lambda p: (p.strategy.offloads_optimizer, p.strategy.offloads_parameters, p.sent_bytes_per_step, -p.headroom_bytes),
-    )
-    return best.strategy
+    return min(fitting, key=recommendation_key).strategy
 
 
-def _verdict(plans: tuple[StrategyPlan, ...], recommended: StrategyKind | None, host_limit_bytes: int | None) -> str:
+def _verdict(
+    plans: tuple[StrategyPlan, ...], recommended: StrategyKind | None, host_limit_bytes: int | None, single_gpu: bool,
+) -> str:
     fitting = [p.strategy.value for p in plans if p.fits and p.host_fits is not False]
     short_of_host = [p for p in plans if p.fits and p.host_fits is False]
     if not fitting and short_of_host:
@@ -194,7 +247,11 @@ def _verdict(plans: tuple[StrategyPlan, ...], recommended: StrategyKind | None, 
         )
     others = [name for name in fitting if name != recommended.value]
     also = f"; also fits: {', '.join(others)}" if others else ""
-    return f"Recommended: {recommended.value} (fits with the least offload and communication){also}."
+    plain = " = plain training (one GPU: nothing to shard across, no DDP wrapper)" if recommended is StrategyKind.ddp and single_gpu else ""
+    return (
+        f"Recommended: {recommended.value}{plain} (of those that fit: least offload, then least sent per step, "
+        f"then lowest peak, then simplest){also}."
+    )
 
 
 def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | None = None) -> FitReport:
@@ -211,7 +268,7 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | N
         plans.append(plan(base.with_strategy(spec)))
     plans_tuple = tuple(plans)
     recommended = recommend(plans_tuple)
-    verdict = _verdict(plans_tuple, recommended, base.cluster.host_memory_bytes_per_node)
+    verdict = _verdict(plans_tuple, recommended, base.cluster.host_memory_bytes_per_node, base.cluster.world_size == 1)
     if recommended is None and base.training.activation_checkpointing is not ActivationCheckpointing.full:
         # The most common way out: say whether recomputing activations would make it fit.
         training = base.training.model_copy(update={"activation_checkpointing": ActivationCheckpointing.full})

@@ -127,7 +127,8 @@ def scalar_evaluate(request: PlanRequest) -> tuple[int, bool, float]:
 def _moments(request: PlanRequest) -> tuple[np.ndarray, int]:
     """The four peak moments, and the host bytes each rank offloads."""
     states, terms = peak_terms(request)
-    return np.array(peak_moments(states, terms, request.batch.grad_accum_steps), dtype=np.int64), states.host_bytes
+    alive = peak_moments(states, terms, request.batch.grad_accum_steps)
+    return np.array([moment.total for moment in alive.values()], dtype=np.int64), states.host_bytes
 
 
 _PHASES = tuple(Phase)

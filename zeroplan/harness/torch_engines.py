@@ -88,7 +88,10 @@ class _Base:
 class DdpEngine(_Base):
     def __init__(self, model: Transformer, dtype: torch.dtype, optimizer: Optimizer, zero1: bool = False) -> None:
         self.compute_dtype = dtype
-        self.module = nn.parallel.DistributedDataParallel(model)
+        # One rank has no one to all-reduce with: plain training, unwrapped (no bucket copies),
+        # which is what the planner predicts at world size 1 (docs/memory-model.md, "One GPU").
+        self.wrapped = dist.get_world_size() > 1
+        self.module = nn.parallel.DistributedDataParallel(model) if self.wrapped else model
         self.inner = model
         if zero1:
             from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -101,7 +104,7 @@ class DdpEngine(_Base):
             self.optimizer = make_optimizer(optimizer, list(model.parameters()))
 
     def _accumulating(self, micro: MicroBatch) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext() if micro.is_last else self.module.no_sync()
+        return contextlib.nullcontext() if micro.is_last or not self.wrapped else self.module.no_sync()
 
     def model_state_tensors(self) -> ModelStateTensors:
         states = super().model_state_tensors()

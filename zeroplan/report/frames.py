@@ -15,6 +15,7 @@ MEMORY_COLUMNS = (
     "logits_bytes",
     "temporary_bytes",
     "step_temporary_bytes",
+    "peak_buffer_bytes",
     "allocator_reserve_bytes",
     "peak_bytes",
 )
@@ -24,6 +25,8 @@ def plan_row(plan: StrategyPlan) -> dict[str, object]:
     row: dict[str, object] = {"strategy": plan.strategy.value}
     row.update({name: getattr(plan.memory, name) for name in MEMORY_COLUMNS})
     row.update(
+        peak_moment=plan.memory.peak_moment.value,
+        gradients_at_peak=plan.memory.gradients_at_peak,
         usable_memory_bytes=plan.usable_memory_bytes,
         fits=plan.fits,
         headroom_bytes=plan.headroom_bytes,

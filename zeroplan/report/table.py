@@ -7,22 +7,28 @@ from zeroplan.results import FitReport, StrategyPlan
 from zeroplan.specs.model import ModelSpec
 from zeroplan.units import ByteUnit, to_unit
 
+# (name, MemoryBreakdown field or None, value): a field's cell is in ( ) when it is not alive
+# at the plan's peak moment, so the cells without ( ) add up to the peak.
 _COLUMNS = (
-    ("params", lambda p: p.memory.parameter_bytes),
-    ("grads", lambda p: p.memory.gradient_bytes),
-    ("optim", lambda p: p.memory.optimizer_state_bytes),
-    ("activ", lambda p: p.memory.activation_bytes),
-    ("logits", lambda p: p.memory.logits_bytes),
-    ("buffers", lambda p: p.memory.temporary_bytes),
-    ("reserve", lambda p: p.memory.allocator_reserve_bytes),
-    ("peak", lambda p: p.memory.peak_bytes),
-    ("headroom", lambda p: p.headroom_bytes),
+    ("params", "parameter_bytes", lambda p: p.memory.parameter_bytes),
+    ("grads", "gradient_bytes", lambda p: p.memory.gradient_bytes),
+    ("optim", "optimizer_state_bytes", lambda p: p.memory.optimizer_state_bytes),
+    ("activ", "activation_bytes", lambda p: p.memory.activation_bytes),
+    ("logits", "logits_bytes", lambda p: p.memory.logits_bytes),
+    ("buffers", "peak_buffer_bytes", lambda p: p.memory.peak_buffer_bytes),
+    ("step-tmp", "step_temporary_bytes", lambda p: p.memory.step_temporary_bytes),
+    ("reserve", "allocator_reserve_bytes", lambda p: p.memory.allocator_reserve_bytes),
+    ("peak", None, lambda p: p.memory.peak_bytes),
+    ("headroom", None, lambda p: p.headroom_bytes),
 )
 
 
 def _row(plan: StrategyPlan, unit: ByteUnit) -> list[str]:
-    cells = [plan.strategy.value]
-    cells += [f"{to_unit(get(plan), unit):.1f}" for _, get in _COLUMNS]
+    cells = [plan.strategy.value, plan.memory.peak_moment.value]
+    alive = plan.memory.peak_terms()
+    for _, field, get in _COLUMNS:
+        cell = f"{to_unit(get(plan), unit):.1f}"
+        cells.append(cell if field is None or field in alive else f"({cell})")
     # "host": fits on the GPU, but the offloaded states do not fit the node's host RAM.
     cells.append(("host" if plan.host_fits is False else "yes") if plan.fits else "no")
     cells.append(str(plan.max_micro_batch_size))
@@ -52,7 +58,7 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
         f"sent = GB each GPU sends per step (ring).",
         "",
     ]
-    names = ["strategy", *(name for name, _ in _COLUMNS), "fits", "max-mb", "host", "sent"]
+    names = ["strategy", "peak at", *(name for name, _, _ in _COLUMNS), "fits", "max-mb", "host", "sent"]
     rows = [_row(p, unit) for p in report.plans]
     widths = [max(len(names[i]), *(len(r[i]) for r in rows)) for i in range(len(names))]
 
@@ -63,7 +69,8 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
     body = [line(names), line(["-" * w for w in widths]), *(line(r) for r in rows)]
     notes = [
         "",
-        "peak is not the column sum: gradients fill in as activations free (docs/memory-model.md).",
+        "peak at = the moment of the step that sets the peak; its columns add up to peak (to rounding);",
+        "( ) = not alive at that moment: gradients fill in as activations free (docs/memory-model.md, \"Peak\").",
     ]
     if any(p.fits and p.host_fits is False for p in report.plans):
         notes.append("fits = host: fits on the GPU, but its offloaded states exceed the node's host RAM.")
