@@ -1,7 +1,7 @@
 """Typed, frozen specs: what the user asks about."""
 
 from zeroplan.specs.framework import Framework
-from zeroplan.specs.hardware import ClusterSpec, GpuSpec, LinkSpec, cluster_from_gpus
+from zeroplan.specs.hardware import ClusterSpec, GpuSpec, LinkSpec, NodeNetworkSpec, cluster_from_gpus
 from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
 from zeroplan.specs.request import MemoryAssumptions, PerformanceAssumptions, PlanRequest
 from zeroplan.specs.strategy import StrategyKind, StrategySpec, ZeroGradientReduce
@@ -23,6 +23,7 @@ __all__ = [
     "Framework",
     "GpuSpec",
     "LinkSpec",
+    "NodeNetworkSpec",
     "MemoryAssumptions",
     "MlpKind",
     "ModelSpec",
