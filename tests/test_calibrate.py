@@ -10,6 +10,7 @@ import pytest
 from zeroplan.calibrate.fit import bus_factor, calibrated_gpu, fit_alpha_beta, fit_log
 from zeroplan.calibrate.parse import parse_nccl_tests
 from zeroplan.cli.main import main
+from zeroplan.core.network import ring_bandwidth_bytes_per_s
 from zeroplan.errors import ZeroplanError
 from zeroplan.presets.gpus import get_gpu, load_gpu_file
 
@@ -104,7 +105,11 @@ def test_cli_writes_a_file_compare_accepts(capsys, tmp_path: Path) -> None:
     assert code == 0, err
     assert "360.0 GB/s" in out and "45.0 GB/s" in out
     gpu = load_gpu_file(out_file)
-    assert gpu.inter_node_link.bandwidth_bytes_per_s == pytest.approx(45e9, rel=0.01)
+    # The 2x8 log's busbw is stored as the per-GPU share (busbw / 8 ranks per node), so that a
+    # ring with 8 members per node (zeroplan/core/network.py) gets the measured 45 GB/s back.
+    assert gpu.inter_node_link.bandwidth_bytes_per_s == pytest.approx(45e9 / 8, rel=0.01)
+    assert gpu.node_network is None
+    assert ring_bandwidth_bytes_per_s(gpu, 8, 8, spans_nodes=True) == pytest.approx(45e9, rel=0.01)
     base = get_gpu("h100")
     # DDP on one node is intra-node all-reduce only: time = sent / bandwidth + (latency steps) * latency_s,
     # with the same bytes and latency steps on both GPUs; the steps come from the base GPU's figure.

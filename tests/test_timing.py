@@ -13,7 +13,8 @@ from zeroplan.core.timing import (
 )
 from zeroplan.presets.models import get_model
 from zeroplan.specs import (
-    ActivationCheckpointing, BatchSpec, GpuSpec, HostSpec, LinkSpec, Optimizer, PerformanceAssumptions, PlanRequest,
+    ActivationCheckpointing, BatchSpec, GpuSpec, HostSpec, LinkSpec, NodeNetworkSpec, Optimizer, PerformanceAssumptions,
+    PlanRequest,
     StrategyKind, StrategySpec, TrainingSpec, cluster_from_gpus,
 )
 from zeroplan.units import GiB
@@ -38,13 +39,19 @@ def test_bandwidth_term_is_sent_bytes_over_link() -> None:
     assert collective_time_s(request, all_reduce) == pytest.approx(all_reduce.sent_bytes_per_step / 400e9)
 
 
-def test_crossing_nodes_uses_the_inter_node_link() -> None:
+def test_crossing_nodes_is_bound_by_the_node_nics_not_one_gpu_share() -> None:
     inside = _request(StrategyKind.zero3, gpus=8)
     across = _request(StrategyKind.zero3, gpus=16)
     t_inside = sum(collective_time_s(inside, c) for c in collectives(inside))
     t_across = sum(collective_time_s(across, c) for c in collectives(across))
-    # 8x slower link, and (15/16)/(7/8) more bytes per rank.
-    assert t_across / t_inside == pytest.approx(8 * (15 / 16) / (7 / 8), rel=1e-3)
+    # No node network declared: one NIC per GPU at the 50 GB/s share, 8 x 50 = 400 GB/s = the
+    # intra-node link, so only the bytes change: (15/16)/(7/8) more per rank.
+    assert t_across / t_inside == pytest.approx((15 / 16) / (7 / 8), rel=1e-3)
+    # Two 50 GB/s NICs for the node: the rings share 100 GB/s, 4x slower than NVLink.
+    two_nics = GPU.model_copy(update={"node_network": NodeNetworkSpec(nics_per_node=2, nic_bandwidth_bytes_per_s=50e9, source="t")})
+    narrow = across.model_copy(update={"cluster": cluster_from_gpus(two_nics, 16)})
+    t_narrow = sum(collective_time_s(narrow, c) for c in collectives(narrow))
+    assert t_narrow / t_inside == pytest.approx(4 * (15 / 16) / (7 / 8), rel=1e-3)
 
 
 def test_latency_term_counts_ring_steps_and_calls() -> None:

@@ -24,6 +24,8 @@ class LinkFit(Frozen):
     """intra_node or inter_node."""
     num_ranks: int = Field(gt=0)
     """Ranks of the run."""
+    num_nodes: int = Field(default=1, gt=0)
+    """Nodes of the run (hosts)."""
     alpha_s: float = Field(ge=0)
     """Fitted start-up time of the whole collective, seconds (clamped at 0)."""
     bus_bandwidth_bytes_per_s: float = Field(gt=0)
@@ -69,7 +71,7 @@ def fit_log(log: NcclTestsLog) -> LinkFit:
     alpha, beta = fit_alpha_beta([x for x, _ in points], [t for _, t in points])
     if beta <= 0:
         raise ZeroplanError("calibrate", f"{log.source}: times do not grow with size; cannot fit a bandwidth")
-    return LinkFit(collective=log.collective, link=log.link, num_ranks=log.num_ranks, alpha_s=alpha,
+    return LinkFit(collective=log.collective, link=log.link, num_ranks=log.num_ranks, num_nodes=log.num_nodes, alpha_s=alpha,
                    bus_bandwidth_bytes_per_s=1.0 / beta, points=len(points), source=log.source)
 
 
@@ -78,6 +80,15 @@ def fit_log(log: NcclTestsLog) -> LinkFit:
 def per_step_latency_s(fit: LinkFit) -> float:
     steps = 2 * (fit.num_ranks - 1) if fit.collective == "all_reduce" else fit.num_ranks - 1
     return fit.alpha_s / steps
+
+
+# zeroplan/core/network.py: without a declared node network a ring with m ranks per node gets
+# m x the inter-node link's (per-GPU share) bandwidth, so a log's busbw is stored divided by m.
+def link_bandwidth_bytes_per_s(fit: LinkFit) -> float:
+    """The figure the calibrated link gets, so that the model gives back the fitted busbw."""
+    if fit.link == "inter_node":
+        return fit.bus_bandwidth_bytes_per_s / (fit.num_ranks // fit.num_nodes)
+    return fit.bus_bandwidth_bytes_per_s
 
 
 def calibrated_gpu(base: GpuSpec, fits: list[LinkFit]) -> GpuSpec:
@@ -92,9 +103,12 @@ def calibrated_gpu(base: GpuSpec, fits: list[LinkFit]) -> GpuSpec:
         old = getattr(base, f"{link}_link")
         update[f"{link}_link"] = old.model_copy(update={
             "name": f"{old.name} (calibrated)",
-            "bandwidth_bytes_per_s": min(f.bus_bandwidth_bytes_per_s for f in on_link),
+            "bandwidth_bytes_per_s": min(link_bandwidth_bytes_per_s(f) for f in on_link),
             "latency_s": max(per_step_latency_s(f) for f in on_link),
         })
+        if link == "inter_node":
+            # The measured figure replaces the datasheet NICs (one per GPU at the stored share).
+            update["node_network"] = None
     sources = ", ".join(sorted({Path(f.source).name for f in fits}))
     update["display_name"] = f"{base.display_name} (calibrated)"
     update["source"] = f"{base.source}; links calibrated from nccl-tests logs: {sources}"

@@ -13,6 +13,7 @@ from enum import Enum
 from zeroplan.core import deepspeed_buckets
 from zeroplan.core.layout import ElementBytes, element_bytes, gradient_wire_bytes
 from zeroplan.core.model_states import padded_unit_elements_of
+from zeroplan.core.network import strided_ranks_per_node
 from zeroplan.core.params import parameter_units
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.request import PlanRequest
@@ -62,6 +63,9 @@ class Collective(Frozen):
     """Whether the group crosses a node boundary (inter-node links then bound the ring)."""
     sent_bytes_per_call_sum: int
     """Bytes one rank sends in one occurrence under a ring, summed over its calls."""
+    ranks_per_node: int | None = None
+    """Members of the group on each node it spans (NICs it can use); None: consecutive ranks,
+    min(group_size, GPUs per node)."""
 
     @property
     def volume_elements_per_step(self) -> int:
@@ -94,13 +98,14 @@ def ring_sent_bytes(op: CollectiveOp, buffer_bytes: int, group_size: int) -> int
 
 def _collective(
     op: CollectiveOp, phase: Phase, what: str, buffers: list[int], group_size: int,
-    occurrences: int, spans_nodes: bool, element_bytes: int,
+    occurrences: int, spans_nodes: bool, element_bytes: int, ranks_per_node: int | None = None,
 ) -> Collective:
     return Collective(
         op=op, phase=phase, what=what, group_size=group_size, element_bytes=element_bytes,
         buffer_bytes=sum(buffers),
         calls=len(buffers), occurrences_per_step=occurrences, spans_nodes=spans_nodes,
         sent_bytes_per_call_sum=sum(ring_sent_bytes(op, s, group_size) for s in buffers),
+        ranks_per_node=ranks_per_node,
     )
 
 
@@ -212,5 +217,7 @@ def collectives(request: PlanRequest) -> list[Collective]:
     if kind is StrategyKind.hsdp and world > group:
         replicas = world // group
         shards = [ceil_div(b, group) for b in grads]
-        result.append(_collective(CollectiveOp.all_reduce, Phase.backward, "gradient shards", shards, replicas, reduce_per_step, multi_node, gradient_bytes))
+        # Rank r's replica group is r, r+G, r+2G, ...: one member per node when G fills a node.
+        per_node = strided_ranks_per_node(group, request.cluster.gpus_per_node)
+        result.append(_collective(CollectiveOp.all_reduce, Phase.backward, "gradient shards", shards, replicas, reduce_per_step, multi_node, gradient_bytes, per_node))
     return result

@@ -8,10 +8,10 @@ from math import ceil, log2
 from zeroplan.core.communication import Collective, CollectiveOp, Phase
 from zeroplan.core.layout import element_bytes
 from zeroplan.core.model_states import held_elements, shard_layout
+from zeroplan.core.network import contiguous_ranks_per_node, ring_bandwidth_bytes_per_s, ring_latency_link
 from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise
 from zeroplan.core.params import active_parameters, parameter_units
 from zeroplan.specs.base import Frozen
-from zeroplan.specs.hardware import LinkSpec
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.training import ActivationCheckpointing, Optimizer
 
@@ -51,18 +51,23 @@ class StepTime(Frozen):
         return self.forward_compute_s + self.backward_compute_s
 
 
-def _link_for(request: PlanRequest, collective: Collective) -> LinkSpec:
-    gpu = request.cluster.gpu
-    return gpu.inter_node_link if collective.spans_nodes else gpu.intra_node_link
+def ring_bandwidth_for(request: PlanRequest, collective: Collective) -> float:
+    """Bus bandwidth of ``collective``'s ring, bytes/s (zeroplan/core/network.py)."""
+    cluster = request.cluster
+    per_node = collective.ranks_per_node
+    if per_node is None:
+        per_node = contiguous_ranks_per_node(collective.group_size, cluster.gpus_per_node)
+    return ring_bandwidth_bytes_per_s(cluster.gpu, cluster.gpus_per_node, per_node, collective.spans_nodes)
 
 
 # Alpha-beta model (Hockney 1994; Thakur, Rabenseifner & Gropp 2005, sec. 4): a ring
 # collective takes N-1 steps (2(N-1) for all-reduce), each paying the latency alpha; the
-# bandwidth term is the bytes a rank sends over the slowest link of the ring, beta = 1/B.
+# bandwidth term is the bytes a rank sends over the ring's bus bandwidth, beta = 1/B
+# (NCCL's rings over the node's NICs: zeroplan/core/network.py).
 # A tree all-reduce (NCCL's double binary tree) pays 2*log2(N) latencies instead.
 def collective_time_s(request: PlanRequest, collective: Collective) -> float:
     """Seconds for one step's worth of ``collective``."""
-    link = _link_for(request, collective)
+    link = ring_latency_link(request.cluster.gpu, collective.spans_nodes)
     n = collective.group_size
     if collective.op is CollectiveOp.all_reduce:
         if request.performance.all_reduce_algorithm == "tree":
@@ -72,7 +77,7 @@ def collective_time_s(request: PlanRequest, collective: Collective) -> float:
     else:
         latency_steps = n - 1
     latency = collective.calls * latency_steps * link.latency_s
-    bandwidth = collective.sent_bytes_per_call_sum / link.bandwidth_bytes_per_s
+    bandwidth = collective.sent_bytes_per_call_sum / ring_bandwidth_for(request, collective)
     return collective.occurrences_per_step * (latency + bandwidth)
 
 

@@ -14,8 +14,8 @@ Where the figures come from (docs/gpus.md has the table and the assumptions):
 - **Intra-node bandwidth** is per GPU and per direction: NVIDIA quotes NVLink as the
   bidirectional total of all of a GPU's links, so half of that; PCIe x16 per direction.
 - **Inter-node bandwidth** is the per-GPU share of a typical node's network (the NICs' bit
-  rate / 8 / GPUs per node), since in a collective that spans nodes every GPU of a node
-  sends at once.
+  rate / 8 / GPUs per node); ``node_network`` holds the NIC count and speed it comes from,
+  which a ring spanning nodes uses (zeroplan/core/network.py, docs/communication-time.md).
 - **Latencies** (alpha) are per ring step. NVLink and PCIe take NCCL's own tuning-model values
   for its Simple protocol (src/graph/tuning.cc: 3.4 us and 5.7 us); InfiniBand/RoCE and TCP
   are assumptions (10 us, 30 us).
@@ -30,7 +30,7 @@ from pydantic import ValidationError
 
 from zeroplan.errors import ZeroplanError, unknown_name_error
 from zeroplan.specs.base import first_error
-from zeroplan.specs.hardware import GpuSpec, LinkSpec
+from zeroplan.specs.hardware import GpuSpec, LinkSpec, NodeNetworkSpec
 from zeroplan.units import GB, GiB, MiB
 
 NVLINK_LATENCY_S = 3.4e-6
@@ -64,14 +64,30 @@ ETH_100G_PER_8 = _link("Ethernet, 100 Gb/s per 8 GPUs", 100 / 8 / 8, TCP_LATENCY
 ETH_25G_PER_8 = _link("Ethernet, 25 Gb/s per 8 GPUs", 25 / 8 / 8, TCP_LATENCY_S)
 
 
+def _nics(count: int, gbit_per_s: float, source: str) -> NodeNetworkSpec:
+    return NodeNetworkSpec(nics_per_node=count, nic_bandwidth_bytes_per_s=gbit_per_s / 8 * GB, source=source)
+
+
+# The node networks the inter-node links above are the per-GPU shares of (8-GPU nodes).
+DGX1_NICS = _nics(4, 100, "NVIDIA DGX-1 with Tesla V100 datasheet: 4x InfiniBand EDR 100 Gb/s")
+DGX_A100_NICS = _nics(8, 200, "NVIDIA DGX A100 datasheet: 8x single-port ConnectX-6 HDR 200 Gb/s (compute)")
+DGX_H100_NICS = _nics(8, 400, "NVIDIA DGX H100 datasheet: 8x ConnectX-7 400 Gb/s (compute, via 4 OSFP ports)")
+DGX_H200_NICS = _nics(8, 400, "NVIDIA DGX H200 datasheet: 8x ConnectX-7 400 Gb/s (compute)")
+DGX_B200_NICS = _nics(8, 400, "NVIDIA DGX B200 datasheet: 8x ConnectX-7 400 Gb/s (compute)")
+MI300X_NICS = _nics(8, 400, "AMD Instinct MI300X platform: one 400 Gb/s NIC per GPU (assumed, as the catalog's per-GPU link)")
+L40S_NICS = _nics(8, 100, "assumed: one 100 Gb/s RoCE NIC per GPU (as the catalog's per-GPU link)")
+G5_NICS = _nics(1, 100, "Amazon EC2 G5 instance specifications: g5.48xlarge 100 Gb/s")
+ETH_25G_NICS = _nics(1, 25, "assumed: one 25 GbE port per 8-card server")
+
+
 def _gpu(
     name: str, display_name: str, memory_bytes: int, tflops: float,
-    intra: LinkSpec, inter: LinkSpec, host: LinkSpec, source: str,
+    intra: LinkSpec, inter: LinkSpec, host: LinkSpec, source: str, nics: NodeNetworkSpec,
 ) -> GpuSpec:
     return GpuSpec(
         name=name, display_name=display_name, memory_bytes=memory_bytes,
         peak_bf16_flops_per_s=tflops * 1e12, intra_node_link=intra, inter_node_link=inter,
-        host_link=host, source=source,
+        host_link=host, source=source, node_network=nics,
     )
 
 
@@ -83,41 +99,41 @@ _CATALOG: dict[str, GpuSpec] = {
     for gpu in [
         # fp16 tensor (the V100 has no bf16), SXM2: 125 TFLOP/s. nvidia-smi: 16,160 / 32,510 MiB.
         # DGX-1: four 100 Gb/s EDR ports for eight GPUs.
-        _gpu("v100-16gb", "NVIDIA V100 16GB SXM2", 16_160 * MiB, 125, NVLINK2, IB_EDR_PER_2, PCIE3, _V100),
-        _gpu("v100-32gb", "NVIDIA V100 32GB SXM2", 32_510 * MiB, 125, NVLINK2, IB_EDR_PER_2, PCIE3, _V100),
+        _gpu("v100-16gb", "NVIDIA V100 16GB SXM2", 16_160 * MiB, 125, NVLINK2, IB_EDR_PER_2, PCIE3, _V100, DGX1_NICS),
+        _gpu("v100-32gb", "NVIDIA V100 32GB SXM2", 32_510 * MiB, 125, NVLINK2, IB_EDR_PER_2, PCIE3, _V100, DGX1_NICS),
         # bf16 312 TFLOP/s dense (624 with sparsity). nvidia-smi: 40,960 MiB (older drivers
         # showed 40,536) and 81,920 MiB. DGX A100: one 200 Gb/s HDR port per GPU.
-        _gpu("a100-40gb", "NVIDIA A100 40GB SXM", 40 * GiB, 312, NVLINK3, IB_HDR, PCIE4, _A100),
-        _gpu("a100-80gb", "NVIDIA A100 80GB SXM", 80 * GiB, 312, NVLINK3, IB_HDR, PCIE4, _A100),
+        _gpu("a100-40gb", "NVIDIA A100 40GB SXM", 40 * GiB, 312, NVLINK3, IB_HDR, PCIE4, _A100, DGX_A100_NICS),
+        _gpu("a100-80gb", "NVIDIA A100 80GB SXM", 80 * GiB, 312, NVLINK3, IB_HDR, PCIE4, _A100, DGX_A100_NICS),
         # bf16 1,979 TFLOP/s with sparsity, 989 dense. nvidia-smi: 81,559 MiB (79.65 GiB).
         # DGX H100: one 400 Gb/s NDR port per GPU.
         _gpu("h100-80gb", "NVIDIA H100 80GB SXM", 81_559 * MiB, 989, NVLINK4, IB_NDR, PCIE5,
-             "NVIDIA H100 Tensor Core GPU datasheet (SXM); NVIDIA DGX H100 datasheet"),
+             "NVIDIA H100 Tensor Core GPU datasheet (SXM); NVIDIA DGX H100 datasheet", DGX_H100_NICS),
         # Same compute as the H100 SXM; 141 GB HBM3e, which nvidia-smi shows as 143,771 MiB.
         _gpu("h200-141gb", "NVIDIA H200 141GB SXM", 143_771 * MiB, 989, NVLINK4, IB_NDR, PCIE5,
-             "NVIDIA H200 Tensor Core GPU datasheet (SXM); NVIDIA DGX H200 datasheet"),
+             "NVIDIA H200 Tensor Core GPU datasheet (SXM); NVIDIA DGX H200 datasheet", DGX_H200_NICS),
         # HGX B200: 18 PFLOP/s fp16/bf16 dense for 8 GPUs = 2.25 each. DGX B200: 1,440 GB of GPU
         # memory for 8 GPUs, which nvidia-smi shows as 183,359 MiB each; 8 x 400 Gb/s.
         _gpu("b200", "NVIDIA B200 SXM", 183_359 * MiB, 2250, NVLINK5, IB_NDR, PCIE5,
-             "NVIDIA HGX B200 datasheet; NVIDIA DGX B200 datasheet"),
+             "NVIDIA HGX B200 datasheet; NVIDIA DGX B200 datasheet", DGX_B200_NICS),
         # bf16 1,307.4 TFLOP/s dense. 192 GB HBM3, exactly 192 GiB on bare metal (an SR-IOV
         # virtual function reports 196,288 MiB). Network: eight 400 Gb/s NICs per node.
         _gpu("mi300x", "AMD Instinct MI300X", 192 * GiB, 1307.4, INFINITY_FABRIC, IB_NDR, PCIE5,
-             "AMD Instinct MI300X accelerator data sheet"),
+             "AMD Instinct MI300X accelerator data sheet", MI300X_NICS),
         # bf16 362.05 TFLOP/s dense (733 with sparsity). 48 GB GDDR6, 46,068 MiB with ECC on.
         # No NVLink: peers talk over PCIe.
         _gpu("l40s", "NVIDIA L40S", 46_068 * MiB, 362.05, PCIE4, ROCE_100G, PCIE4,
-             "NVIDIA L40S GPU datasheet"),
+             "NVIDIA L40S GPU datasheet", L40S_NICS),
         # AWS's variant of the A10 (no public datasheet of its own). Tensor rate: the figure cloud
         # providers publish for the A10G, 70 TFLOP/s fp16/bf16 dense (the A10's 125 is an upper
         # bound). 24 GB GDDR6, 23,028 MiB with ECC on. g5.48xlarge: 8 GPUs share 100 Gb/s.
         _gpu("a10g", "NVIDIA A10G (AWS)", 23_028 * MiB, 70, PCIE4, ETH_100G_PER_8, PCIE4,
-             "NVIDIA A10 Tensor Core GPU datasheet (memory, PCIe); Amazon EC2 G5 instance specifications (network)"),
+             "NVIDIA A10 Tensor Core GPU datasheet (memory, PCIe); Amazon EC2 G5 instance specifications (network)", G5_NICS),
         # bf16 with fp32 accumulate 165.2 TFLOP/s dense (330.4 with fp16 accumulate, the
         # figure often quoted). 24 GB GDDR6X, 24,564 MiB. Peer-to-peer is off on GeForce, so
         # peers go through host memory. Assumed an 8-card server on one 25 GbE port.
         _gpu("rtx-4090", "NVIDIA GeForce RTX 4090", 24_564 * MiB, 165.2, PCIE4, ETH_25G_PER_8, PCIE4,
-             "NVIDIA Ada Lovelace GPU Architecture whitepaper (GeForce RTX 4090)"),
+             "NVIDIA Ada Lovelace GPU Architecture whitepaper (GeForce RTX 4090)", ETH_25G_NICS),
     ]
 }
 

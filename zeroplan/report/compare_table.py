@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from zeroplan.core.network import node_nics
 from zeroplan.report.table import parameter_count_caution
 from zeroplan.results import FitReport, StrategyPlan
 
@@ -23,6 +24,12 @@ def _row(plan: StrategyPlan, num_parameters: int) -> list[str]:
     ]
 
 
+def _nics(report: FitReport) -> str:
+    """The node's NICs, which a ring spanning nodes shares (zeroplan/core/network.py)."""
+    nics, nic_bytes_per_s = node_nics(report.cluster.gpu, report.cluster.gpus_per_node)
+    return f" (node: {nics} x {nic_bytes_per_s / 1e9:g} GB/s NICs)"
+
+
 def render_compare_table(report: FitReport) -> str:
     c, b = report.cluster, report.batch
     gpu = c.gpu
@@ -30,7 +37,7 @@ def render_compare_table(report: FitReport) -> str:
         f"{report.model.name} on {c.world_size} x {gpu.display_name} ({c.num_nodes} node(s) x {c.gpus_per_node}); "
         f"micro-batch {b.micro_batch_size} x seq {b.seq_len} x grad-accum {b.grad_accum_steps} per GPU",
         f"intra-node {gpu.intra_node_link.name}: {gpu.intra_node_link.bandwidth_bytes_per_s / 1e9:g} GB/s; "
-        f"inter-node {gpu.inter_node_link.name}: {gpu.inter_node_link.bandwidth_bytes_per_s / 1e9:g} GB/s; "
+        f"inter-node {gpu.inter_node_link.name}: {gpu.inter_node_link.bandwidth_bytes_per_s / 1e9:g} GB/s per GPU{_nics(report)}; "
         f"host {gpu.host_link.name}: {gpu.host_link.bandwidth_bytes_per_s / 1e9:g} GB/s",
         f"host CPUs: {c.host.cores_per_node} cores, {c.host.memory_bandwidth_bytes_per_s / 1e9:g} GB/s memory per node, "
         "shared by its GPUs (cpu-step = offload's CPU optimizer step)",

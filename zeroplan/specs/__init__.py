@@ -1,7 +1,7 @@
 """Typed, frozen specs: what the user asks about."""
 
 from zeroplan.specs.framework import Framework
-from zeroplan.specs.hardware import ClusterSpec, GpuSpec, HostSpec, LinkSpec, cluster_from_gpus
+from zeroplan.specs.hardware import ClusterSpec, GpuSpec, HostSpec, LinkSpec, NodeNetworkSpec, cluster_from_gpus
 from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
 from zeroplan.specs.request import MemoryAssumptions, PerformanceAssumptions, PlanRequest, check_seq_len
 from zeroplan.specs.strategy import StrategyKind, StrategySpec, ZeroGradientReduce
@@ -24,6 +24,7 @@ __all__ = [
     "GpuSpec",
     "HostSpec",
     "LinkSpec",
+    "NodeNetworkSpec",
     "MemoryAssumptions",
     "MlpKind",
     "ModelSpec",

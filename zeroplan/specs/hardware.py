@@ -20,6 +20,18 @@ class LinkSpec(Frozen):
     """Per-message start-up latency (alpha), in seconds."""
 
 
+class NodeNetworkSpec(Frozen):
+    """The network interfaces of one node, which the rings of a collective spanning nodes
+    share (NCCL puts each ring's node crossing on one NIC and spreads the rings over all)."""
+
+    nics_per_node: int = Field(gt=0)
+    """Compute-fabric NICs in one node (storage NICs excluded), e.g. 8 in a DGX H100."""
+    nic_bandwidth_bytes_per_s: float = Field(gt=0)
+    """Unidirectional bandwidth of one NIC, bytes per second (400 Gb/s = 50e9)."""
+    source: str = Field(min_length=1)
+    """Where the NIC count and speed come from (system datasheet)."""
+
+
 class GpuSpec(Frozen):
     """One accelerator model and the links it typically sits behind."""
 
@@ -34,11 +46,15 @@ class GpuSpec(Frozen):
     intra_node_link: LinkSpec
     """GPU-to-GPU inside a node (NVLink/NVSwitch, Infinity Fabric, or PCIe)."""
     inter_node_link: LinkSpec
-    """GPU-to-GPU across nodes (the per-GPU share of the node's network)."""
+    """GPU-to-GPU across nodes: the per-GPU share of the node's network (its latency is the
+    per-step latency of a ring hop between nodes)."""
     host_link: LinkSpec
     """GPU-to-host, used by offload (PCIe)."""
     source: str = Field(min_length=1)
     """Where the figures come from (datasheet)."""
+    node_network: NodeNetworkSpec | None = None
+    """The node's NICs; None means one NIC per GPU of the node, each at inter_node_link's
+    bandwidth (rail-optimised)."""
 
 
 class HostSpec(Frozen):
