@@ -25,9 +25,8 @@ from zeroplan.specs import (
 from zeroplan.units import GB, GiB, ByteUnit
 
 
-def add_request_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags that describe a request (shared by fit and other planning commands)."""
-    parser.add_argument("model", help="preset name (see `zeroplan models`) or a path to a Hugging Face config.json")
+def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    """The GPUs, nodes and host memory of a request (fit, compare, plan)."""
     parser.add_argument("--gpus", type=positive_int, default=8, help="total GPUs (default 8)")
     parser.add_argument("--gpu", default="a100-80gb", help="GPU name (see `zeroplan gpus`) or a JSON file (default a100-80gb)")
     parser.add_argument("--gpu-memory-gib", type=positive_float, help="override the GPU's memory, in GiB")
@@ -36,6 +35,12 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
     host = parser.add_mutually_exclusive_group()
     host.add_argument("--host-memory-gib", type=positive_float, help="host RAM per node in GiB (2^30 bytes), to check offload")
     host.add_argument("--host-memory-gb", type=positive_float, help="the same in GB (10^9 bytes)")
+
+
+def add_request_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags that describe a request (shared by fit and other planning commands)."""
+    parser.add_argument("model", help="preset name (see `zeroplan models`) or a path to a Hugging Face config.json")
+    add_cluster_arguments(parser)
     parser.add_argument("--micro-batch", type=positive_int, default=1, help="sequences per GPU per pass (default 1)")
     add_seq_len_arguments(parser)
     parser.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step (default 1)")

@@ -13,17 +13,12 @@ MAX_TOP = 1000
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    from zeroplan.cli.fit import add_cluster_arguments
+
     parser.add_argument("model", help="preset name (see `zeroplan models`) or a path to a Hugging Face config.json")
     parser.add_argument("--global-batch", type=positive_int, required=True,
                         help="sequences per optimizer step over all GPUs (= micro-batch x accumulation x GPUs)")
-    parser.add_argument("--gpus", type=positive_int, default=8, help="total GPUs (default 8)")
-    parser.add_argument("--gpu", default="a100-80gb", help="GPU name (see `zeroplan gpus`) or a JSON file (default a100-80gb)")
-    parser.add_argument("--gpu-memory-gib", type=positive_float, help="override the GPU's memory, in GiB")
-    parser.add_argument("--nodes", type=positive_int, help="number of nodes (default: --gpus / --gpus-per-node)")
-    parser.add_argument("--gpus-per-node", type=positive_int, help="GPUs per node (default min(--gpus, 8))")
-    host = parser.add_mutually_exclusive_group()
-    host.add_argument("--host-memory-gib", type=positive_float, help="host RAM per node in GiB (2^30 bytes), to check offload")
-    host.add_argument("--host-memory-gb", type=positive_float, help="the same in GB (10^9 bytes)")
+    add_cluster_arguments(parser)
     add_seq_len_arguments(parser)
     parser.add_argument("--precision", choices=choices_of(Precision),
                         help="numeric formats (default: the framework's, bf16-mixed; torchtune bf16-pure)")
