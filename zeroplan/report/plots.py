@@ -16,29 +16,35 @@ _STACK = (
     ("optimizer states", "optimizer_state_bytes"),
     ("activations", "activation_bytes"),
     ("logits", "logits_bytes"),
-    ("buffers", "temporary_bytes"),
+    ("optimizer-step temporary", "step_temporary_bytes"),
+    ("buffers", "peak_buffer_bytes"),
     ("allocator reserve", "allocator_reserve_bytes"),
 )
+"""Segments in stack order; each bar stacks the terms alive at its plan's peak moment
+(MemoryBreakdown.peak_terms), so every bar ends at its peak."""
 
 
 def memory_stack_figure(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> Figure:
-    """Stacked bars of each strategy's per-GPU memory, with the usable memory as a line."""
-    figure, axes = plt.subplots(figsize=(10, 4.5))
+    """Stacked horizontal bars of each strategy's per-GPU memory at its peak moment (so a bar ends
+    at its peak, marked by a tick) and the usable memory as a line. Horizontal, so strategy names read level; the legend sits right of the
+    axes, never over a bar."""
     names = [p.strategy.value for p in report.plans]
-    bottoms = [0.0] * len(names)
+    figure, axes = plt.subplots(figsize=(11, 0.45 * len(names) + 1.8), layout="constrained")
+    positions = list(range(len(names)))
+    lefts = [0.0] * len(names)
     for label, field in _STACK:
-        heights = [to_unit(getattr(p.memory, field), unit) for p in report.plans]
-        axes.bar(names, heights, bottom=bottoms, label=label)
-        bottoms = [b + h for b, h in zip(bottoms, heights)]
+        widths = [to_unit(p.memory.peak_terms().get(field, 0), unit) for p in report.plans]
+        axes.barh(positions, widths, left=lefts, label=label)
+        lefts = [left + width for left, width in zip(lefts, widths)]
     peaks = [to_unit(p.memory.peak_bytes, unit) for p in report.plans]
-    axes.scatter(names, peaks, marker="_", s=400, color="black", label="peak", zorder=3)
+    axes.scatter(peaks, positions, marker="|", s=300, color="black", label="peak", zorder=3)
     usable = to_unit(report.cluster.usable_memory_bytes, unit)
-    axes.axhline(usable, color="red", linestyle="--", label=f"usable ({usable:.0f} {unit.value})")
-    axes.set_ylabel(f"per-GPU memory ({unit.value})")
+    axes.axvline(usable, color="red", linestyle="--", label=f"usable ({usable:.0f} {unit.value})")
+    axes.set_yticks(positions, names)
+    axes.invert_yaxis()
+    axes.set_xlabel(f"per-GPU memory ({unit.value})")
     axes.set_title(f"{report.model.name} on {report.cluster.world_size} x {report.cluster.gpu.display_name}")
-    axes.tick_params(axis="x", rotation=35)
-    axes.legend(fontsize=8, ncol=2)
-    figure.tight_layout()
+    axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return figure
 
 
