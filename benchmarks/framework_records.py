@@ -36,7 +36,7 @@ def main(out: Path = DEFAULT_OUT) -> None:
             training = TrainingSpec(framework=framework, precision=precision, activation_checkpointing=policy)
             record = measure(get_model(model_name), StrategyKind(strategy), training,
                              BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch))
-            path = out / (record.name.replace(":", "_") + ".json")
+            path = out / record.file_name
             write_text_atomic(path, record.model_dump_json(indent=2) + "\n")
             print(f"{record.name:70s} block {record.block_kept_bytes:>14,} bytes  ({record.wall_time_s:.1f} s)")
 

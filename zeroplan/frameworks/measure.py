@@ -1,10 +1,12 @@
 """Run a framework's own model forward on fake tensors and record what each block keeps.
 
-The measure is the growth of live bytes (torch's MemTracker, which follows every storage made,
-fake ones included) across each block's forward in training mode. Whatever the block's autograd
-graph saves, and whatever a checkpoint wrapper keeps to recompute from, stays alive until
-backward; temporaries the block frees are not counted. Nothing here knows the planner's
-formulas: the test and benchmarks/framework_accuracy.py put the two side by side.
+What one block keeps for backward is the difference of the bytes still live (torch's
+MemTracker, which follows every storage made, fake ones included) once the forwards of
+``layers`` and ``layers + 1`` blocks have returned in training mode: whatever the block's
+autograd graph saves, and whatever a checkpoint wrapper keeps to recompute from, stays alive
+until backward; temporaries it frees are not counted. The growth across each block during the
+deeper forward is recorded beside it. Nothing here knows the planner's formulas: the test and
+benchmarks/framework_accuracy.py put the two side by side.
 """
 
 from __future__ import annotations

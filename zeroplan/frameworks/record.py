@@ -52,6 +52,11 @@ class FrameworkRecord(Frozen):
         return self.retained_bytes[1] - self.retained_bytes[0]
 
     @property
+    def file_name(self) -> str:
+        """The record's file name: its name with ':' (not allowed on every file system) as '_'."""
+        return self.name.replace(":", "_") + ".json"
+
+    @property
     def name(self) -> str:
         t, b = self.training, self.batch
         return (f"{t.framework.value}:{self.model.name}:{self.strategy.value}:{t.precision.value}:"

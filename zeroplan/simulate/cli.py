@@ -103,7 +103,7 @@ def _run_framework(args, framework: Framework, model, batch: BatchSpec) -> int:
         print(f"note: {note}")
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / (record.name.replace(":", "_") + ".json")
+        path = args.out / record.file_name
         write_text_atomic(path, record.model_dump_json(indent=2) + "\n")
         print(f"wrote {path}")
     return 0
