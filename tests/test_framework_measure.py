@@ -10,7 +10,7 @@ import pytest
 
 from zeroplan.errors import ZeroplanError
 from zeroplan.presets.models import get_model
-from zeroplan.specs import ActivationCheckpointing, BatchSpec, Precision, StrategyKind, TrainingSpec
+from zeroplan.specs import ActivationCheckpointing, BatchSpec, MlpKind, Precision, StrategyKind, TrainingSpec
 from zeroplan.specs.framework import Framework
 
 RECORDS = Path(__file__).resolve().parent.parent / "benchmarks" / "framework-records"
@@ -51,6 +51,12 @@ def test_a_framework_that_cannot_be_measured_is_named() -> None:
         check_measurable(Framework.hf, ActivationCheckpointing.selective_op, get_model("llama-3.1-8b"))
     with pytest.raises(ZeroplanError, match="model"):
         check_measurable(Framework.hf, ActivationCheckpointing.none, get_model("gpt2"))
+    llama = get_model("llama-3.1-8b")
+    for changed in ({"post_norms": True}, {"mlp": MlpKind.geglu}):
+        with pytest.raises(ZeroplanError, match="Llama-layout"):
+            check_measurable(Framework.hf, ActivationCheckpointing.none, llama.model_copy(update=changed))
+    with pytest.raises(ZeroplanError, match="head_dim"):
+        check_measurable(Framework.torchtune, ActivationCheckpointing.none, llama.model_copy(update={"head_dim": 256}))
 
 
 def test_simulate_framework_is_one_line_when_asked_for_torchtitan(capsys) -> None:

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from zeroplan.errors import ZeroplanError
-from zeroplan.specs import ActivationCheckpointing, ModelSpec, PositionKind
+from zeroplan.specs import ActivationCheckpointing, MlpKind, ModelSpec, PositionKind
 from zeroplan.specs.framework import Framework
 
 MEASURABLE = {
@@ -47,8 +47,16 @@ def check_measurable(framework: Framework, policy: ActivationCheckpointing, mode
     if policy not in MEASURABLE[framework]:
         allowed = ", ".join(p.value for p in MEASURABLE[framework])
         raise ZeroplanError("--activation-checkpointing", f"{policy.value!r} cannot be measured for {framework.value} (allowed: {allowed})")
-    if model.is_moe or model.position is not PositionKind.rope or model.bias or model.qkv_bias or model.qk_norm:
-        raise ZeroplanError("model", f"{model.name!r}: only dense Llama-layout models (RoPE, no biases, no q/k norms) are measured")
+    # Both builders make Llama blocks: anything else would be measured as a Llama, silently.
+    llama_layout = (
+        not model.is_moe and model.position is PositionKind.rope and model.mlp is MlpKind.swiglu
+        and not (model.bias or model.qkv_bias or model.qk_norm or model.post_norms)
+    )
+    if not llama_layout:
+        raise ZeroplanError("model", f"{model.name!r}: only dense Llama-layout models (RoPE, SwiGLU, no biases, no q/k or post norms) are measured")
+    if framework is Framework.torchtune and model.head_size * model.num_heads != model.hidden_size:
+        # models/llama3_1/_component_builders.py llama3_1 takes no head_dim: embed_dim // num_heads.
+        raise ZeroplanError("model", f"{model.name!r}: torchtune's llama3_1 builder derives head_dim as hidden_size / num_heads")
 
 
 def build(framework: Framework, model: ModelSpec, layers: int, policy: ActivationCheckpointing, dtype: torch.dtype) -> BuiltModel:
