@@ -28,31 +28,23 @@ def _list_gpus(_args) -> int:
 
 
 def build_parser() -> OneLineParser:
+    from zeroplan.cli.calibrate import add_calibrate_arguments, run_calibrate
     from zeroplan.cli.fit import add_fit_arguments, run_compare, run_fit
+    from zeroplan.cli.plan import add_plan_arguments, run_plan
+    from zeroplan.cli.validate import add_validate_arguments, run_validate
 
     parser = OneLineParser(prog="zeroplan", description="Will it fit, with which sharding, and what will it cost?")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
-    fit = commands.add_parser("fit", help="per-GPU memory of every strategy, and a verdict")
-    add_fit_arguments(fit)
-    fit.set_defaults(run=run_fit)
-    compare = commands.add_parser("compare", help="communication volume and step time of every strategy")
-    add_fit_arguments(compare)
-    compare.set_defaults(run=run_compare)
-    from zeroplan.cli.validate import add_validate_arguments, run_validate
-
-    validate = commands.add_parser("validate", help="predicted vs measured for harness records")
-    add_validate_arguments(validate)
-    validate.set_defaults(run=run_validate)
-    from zeroplan.cli.calibrate import add_calibrate_arguments, run_calibrate
-
-    calibrate = commands.add_parser("calibrate", help="fit link latency and bandwidth to nccl-tests output")
-    add_calibrate_arguments(calibrate)
-    calibrate.set_defaults(run=run_calibrate)
-    from zeroplan.cli.plan import add_plan_arguments, run_plan
-
-    plan = commands.add_parser("plan", help="the fastest configuration that fits a global batch")
-    add_plan_arguments(plan)
-    plan.set_defaults(run=run_plan)
+    for name, help_text, add_arguments, run in (
+        ("fit", "per-GPU memory of every strategy, and a verdict", add_fit_arguments, run_fit),
+        ("compare", "communication volume and step time of every strategy", add_fit_arguments, run_compare),
+        ("validate", "predicted vs measured for harness records", add_validate_arguments, run_validate),
+        ("calibrate", "fit link latency and bandwidth to nccl-tests output", add_calibrate_arguments, run_calibrate),
+        ("plan", "the fastest configuration that fits a global batch", add_plan_arguments, run_plan),
+    ):
+        command = commands.add_parser(name, help=help_text)
+        add_arguments(command)
+        command.set_defaults(run=run)
     for name, (_, help_text) in _DELEGATED.items():
         commands.add_parser(name, help=f"{help_text} (zeroplan {name} --help)", add_help=False)
     commands.add_parser("models", help="list model presets").set_defaults(run=_list_models)
