@@ -128,6 +128,12 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
     return breakdown, states
 
 
+def host_memory_fits(request: PlanRequest, host_bytes_per_rank: int) -> bool | None:
+    """Whether the offloaded bytes of a node's ranks fit its host RAM; None when none is given."""
+    limit = request.cluster.host_memory_bytes_per_node
+    return None if limit is None else host_bytes_per_rank * request.cluster.gpus_per_node <= limit
+
+
 def _fits(request: PlanRequest) -> bool:
     breakdown, _ = memory_breakdown(request)
     return breakdown.peak_bytes <= usable_memory_bytes(request)
@@ -158,7 +164,6 @@ def plan(request: PlanRequest) -> StrategyPlan:
     # and NCCL buffers (docs/frameworks.md, "Feasibility").
     usable = usable_memory_bytes(request)
     host_per_node = states.host_bytes * request.cluster.gpus_per_node
-    host_limit = request.cluster.host_memory_bytes_per_node
     step_collectives = tuple(collectives(request))
     return StrategyPlan(
         strategy=request.strategy.kind,
@@ -172,7 +177,7 @@ def plan(request: PlanRequest) -> StrategyPlan:
         max_micro_batch_size=max_micro_batch_size(request),
         host_bytes_per_rank=states.host_bytes,
         host_bytes_per_node=host_per_node,
-        host_fits=None if host_limit is None else host_per_node <= host_limit,
+        host_fits=host_memory_fits(request, states.host_bytes),
         collectives=step_collectives,
         sent_bytes_per_step=sum(c.sent_bytes_per_step for c in step_collectives),
         communication_volume_elements=sum(c.volume_elements_per_step for c in step_collectives),

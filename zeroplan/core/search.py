@@ -18,7 +18,7 @@ import numpy as np
 
 from zeroplan.core.communication import Phase, collectives
 from zeroplan.core.frameworks import check_framework_strategies, profile, usable_memory_bytes
-from zeroplan.core.plan import memory_breakdown, peak_moments, peak_terms
+from zeroplan.core.plan import host_memory_fits, memory_breakdown, peak_moments, peak_terms
 from zeroplan.core.timing import (
     collective_time_s,
     compute_flops,
@@ -117,9 +117,7 @@ def _at(request: PlanRequest, micro: int, accum: int) -> PlanRequest:
 def scalar_evaluate(request: PlanRequest) -> tuple[int, bool, float]:
     """(peak bytes, fits on GPU and host, step time with overlap) from the scalar planner."""
     breakdown, states = memory_breakdown(request)
-    host_limit = request.cluster.host_memory_bytes_per_node
-    host_ok = host_limit is None or states.host_bytes * request.cluster.gpus_per_node <= host_limit
-    fits = breakdown.peak_bytes <= usable_memory_bytes(request) and host_ok
+    fits = breakdown.peak_bytes <= usable_memory_bytes(request) and host_memory_fits(request, states.host_bytes) is not False
     time = step_time(request, tuple(collectives(request)))
     return breakdown.peak_bytes, fits, time.step_with_overlap_s
 
@@ -154,13 +152,12 @@ def _build_group(request: PlanRequest, phases: tuple[np.ndarray, np.ndarray] | N
     """``phases``: coefficients from a group of the same strategy and shard group (the
     collectives do not depend on checkpointing; the check below would catch it if they did)."""
     group = _Group(request=request, usable_bytes=usable_memory_bytes(request))
-    host_limit = request.cluster.host_memory_bytes_per_node
     for accumulating in (False, True):
         accum = 2 if accumulating else 1
         (one, host_bytes), (two, _) = _moments(_at(request, 1, accum)), _moments(_at(request, 2, accum))
         group.moment_slopes[accumulating] = two - one
         group.moment_intercepts[accumulating] = one - (two - one)
-        group.host_fits[accumulating] = host_limit is None or host_bytes * request.cluster.gpus_per_node <= host_limit
+        group.host_fits[accumulating] = host_memory_fits(request, host_bytes) is not False
     throughput = request.cluster.gpu.peak_bf16_flops_per_s * request.performance.model_flops_utilization
     forward_flops, backward_flops = compute_flops(_at(request, 1, 1))
     group.forward_s_per_micro = forward_flops / throughput
