@@ -23,6 +23,7 @@ from zeroplan.core.timing import (
     collective_time_s,
     compute_flops,
     cpu_optimizer_time_s,
+    exposed_communication_s,
     host_link_share_bytes_per_s,
     host_transfer_bytes,
     step_time,
@@ -195,14 +196,9 @@ def _vectorised(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[np
     backward_s = group.backward_s_per_micro * passes
     phases = group.phase_intercepts_s[:, None] + group.phase_slopes_s[:, None] * accum.astype(np.float64)[None, :]
     n = len(_PHASES)
-    comm, host = phases[:n], phases[n:]
-    f, b, s = _PHASES.index(Phase.forward), _PHASES.index(Phase.backward), _PHASES.index(Phase.step)
-    # The overlap rule of zeroplan.core.timing.step_time, over arrays.
-    exposed = (
-        np.maximum(0.0, np.maximum(comm[f], host[f]) - forward_s)
-        + np.maximum(0.0, np.maximum(comm[b], host[b]) - backward_s)
-        + comm[s] + host[s]
-    )
+    comm = dict(zip(_PHASES, phases[:n]))
+    host = dict(zip(_PHASES, phases[n:]))
+    exposed = exposed_communication_s(forward_s, backward_s, comm, host, maximum=np.maximum)
     return peak, fits, forward_s + backward_s + exposed + group.cpu_optimizer_s
 
 

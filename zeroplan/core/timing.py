@@ -157,6 +157,21 @@ def compute_flops(request: PlanRequest) -> tuple[float, float]:
     return forward, backward
 
 
+def exposed_communication_s(forward_s, backward_s, collective_s, host_s, maximum=max):
+    """Seconds of collectives and host copies not hidden behind compute: each phase's link
+    time past that phase's compute, plus everything in the step phase. ``collective_s`` and
+    ``host_s`` map each Phase to seconds. The plan search sweeps numpy arrays through this same
+    rule with ``maximum=np.maximum`` (the planner itself stays free of numpy at start-up)."""
+    forward_busy = maximum(collective_s[Phase.forward], host_s[Phase.forward])
+    backward_busy = maximum(collective_s[Phase.backward], host_s[Phase.backward])
+    return (
+        maximum(0.0, forward_busy - forward_s)
+        + maximum(0.0, backward_busy - backward_s)
+        + collective_s[Phase.step]
+        + host_s[Phase.step]
+    )
+
+
 def step_time(request: PlanRequest, collectives: tuple[Collective, ...]) -> StepTime:
     throughput = request.cluster.gpu.peak_bf16_flops_per_s * request.performance.model_flops_utilization
     forward_flops, backward_flops = compute_flops(request)
@@ -175,14 +190,7 @@ def step_time(request: PlanRequest, collectives: tuple[Collective, ...]) -> Step
     # exposed. The CPU step waits for the last gradient and the parameters wait for it
     # (DeepSpeed's default; its delayed parameter update, ZeRO-Offload sec. 5.2, is opt-in and
     # not modelled), so cpu_s adds to the step in full.
-    forward_busy = max(by_phase[Phase.forward], host_by_phase[Phase.forward])
-    backward_busy = max(by_phase[Phase.backward], host_by_phase[Phase.backward])
-    exposed = (
-        max(0.0, forward_busy - forward_s)
-        + max(0.0, backward_busy - backward_s)
-        + by_phase[Phase.step]
-        + host_by_phase[Phase.step]
-    )
+    exposed = exposed_communication_s(forward_s, backward_s, by_phase, host_by_phase)
     return StepTime(
         forward_compute_s=forward_s,
         backward_compute_s=backward_s,
