@@ -56,3 +56,14 @@ def test_anchor_names_its_source_and_host() -> None:
     assert "Table 3" in ZERO_OFFLOAD_TABLE3.source and "2101.06840" in ZERO_OFFLOAD_TABLE3.source
     assert "8168" in ZERO_OFFLOAD_TABLE3.host_description
     assert ZERO_OFFLOAD_TABLE3.host.cores_per_node == 48
+
+
+def test_docs_table_carries_the_computed_figures() -> None:
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "communication-time.md").read_text()
+    host = _anchor_host()
+    for row, error in zip(ZERO_OFFLOAD_TABLE3.rows, _relative_errors()):
+        predicted = cpu_step_time_s(row.parameters, ADAM_BYTES, host, ranks_sharing_host=1)
+        line = f"| {row.parameters // 10**9} B | {row.latency_s:g} | {predicted:.3f} | {error:+.1%} |"
+        assert line in docs, line

@@ -18,6 +18,7 @@ from zeroplan.validate.step_time import (
     PUBLISHED_THROUGHPUT_FILE, load_published_throughput, source_flops_per_token, step_time_table,
 )
 
+ROOT = Path(__file__).resolve().parents[1]
 ROWS = load_published_throughput().rows
 TABLE = step_time_table()
 
@@ -73,12 +74,24 @@ def test_malformed_file_is_one_line_naming_the_field(tmp_path: Path) -> None:
         load_published_throughput(path)
 
 
-def test_benchmark_prints_a_line_per_row() -> None:
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "step_time_accuracy.py"
-    spec = importlib.util.spec_from_file_location("step_time_accuracy", path)
+def _benchmark():
+    spec = importlib.util.spec_from_file_location("step_time_accuracy", ROOT / "benchmarks" / "step_time_accuracy.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmark_prints_a_line_per_row() -> None:
+    module = _benchmark()
     text = module.report()
     for row in ROWS:
         assert f"| {row.name} |" in text
     assert "median" in text and "sources:" in text
+
+
+def test_docs_table_is_what_the_benchmark_prints() -> None:
+    module = _benchmark()
+    docs = (ROOT / "docs" / "validation.md").read_text()
+    section = docs[docs.index("## Step time"):]
+    for comparison in TABLE:
+        assert module.format_row(comparison) in section, comparison.name
