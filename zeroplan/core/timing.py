@@ -12,6 +12,7 @@ from zeroplan.core.network import contiguous_ranks_per_node, ring_bandwidth_byte
 from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise
 from zeroplan.core.params import active_parameters, parameter_units
 from zeroplan.specs.base import Frozen
+from zeroplan.specs.hardware import HostSpec
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.training import ActivationCheckpointing, Optimizer
 
@@ -123,20 +124,27 @@ def offloaded_optimizer_elements(request: PlanRequest) -> int:
 
 
 # ZeRO-Offload (Ren et al. 2021, sec. 5.1): the CPU step is a streaming, vectorised loop run by
-# every rank of a node at once, so each rank gets 1/gpus_per_node of the node's memory bandwidth
-# and cores (DeepSpeed's --bind_cores_to_rank splits cores that way). Time is the slower bound:
+# every rank of a node at once, so each rank gets 1/G of the node's memory bandwidth and cores
+# (DeepSpeed's --bind_cores_to_rank splits cores that way). Time is the slower bound:
 #   t_cpu = max(E * bytes_per_element / (BW_host / G), E / ((cores / G) * rate_per_core)).
+def cpu_step_time_s(elements: int, bytes_per_element: int, host: HostSpec, ranks_sharing_host: int) -> float:
+    """Seconds for ``elements`` parameters of a CPU optimizer step on one of ``ranks_sharing_host``
+    ranks that step at once on ``host``."""
+    memory_bound = elements * bytes_per_element / (host.memory_bandwidth_bytes_per_s / ranks_sharing_host)
+    compute_bound = elements / (host.cores_per_node / ranks_sharing_host * host.optimizer_elements_per_core_s)
+    return max(memory_bound, compute_bound)
+
+
 def cpu_optimizer_time_s(request: PlanRequest) -> float:
     """Seconds of the host optimizer step for this GPU's partition (0 without optimizer offload)."""
     if not request.strategy.kind.offloads_optimizer:
         return 0.0
-    host = request.cluster.host
-    share = request.cluster.gpus_per_node
-    elements = offloaded_optimizer_elements(request)
-    moved_bytes = elements * cpu_optimizer_bytes_per_element(request.training.optimizer)
-    memory_bound = moved_bytes / (host.memory_bandwidth_bytes_per_s / share)
-    compute_bound = elements / (host.cores_per_node / share * host.optimizer_elements_per_core_s)
-    return max(memory_bound, compute_bound)
+    return cpu_step_time_s(
+        offloaded_optimizer_elements(request),
+        cpu_optimizer_bytes_per_element(request.training.optimizer),
+        request.cluster.host,
+        request.cluster.gpus_per_node,
+    )
 
 
 # GPUs behind one PCIe switch copy at the same time (every rank offloads in the same phase), so

@@ -68,9 +68,10 @@ class HostSpec(Frozen):
     """Host memory bandwidth of the node, bytes per second (peak; STREAM-measured is lower)."""
     cores_per_node: int = Field(default=112, gt=0)
     """CPU cores of the node (physical, all sockets)."""
-    optimizer_elements_per_core_s: float = Field(default=1.0e9, gt=0)
-    """Parameters one core updates per second when not memory-bound (AVX-512 CPU Adam); an
-    assumption, see docs/communication-time.md."""
+    optimizer_elements_per_core_s: float = Field(default=7.66e7, gt=0)
+    """Parameters one core updates per second when not memory-bound (DeepSpeed CPU Adam):
+    fitted to ZeRO-Offload's CPU-Adam latencies on a DGX-2 host (Ren et al. 2021, Table 3;
+    zeroplan.core.cpu_adam_anchor.per_core_rate_from_published), see docs/communication-time.md."""
     gpus_per_host_link: int = Field(default=1, gt=0)
     """GPUs that share one PCIe path to the host (e.g. 2 behind each PCIe switch in a DGX A100);
     1 means each GPU has its own full host link."""

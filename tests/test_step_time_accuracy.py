@@ -1,0 +1,97 @@
+"""Step time against published throughput: the table computes, each row carries its source, and
+the figures mean what the docs say they mean (docs/validation.md, "Step time")."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from zeroplan.core.params import active_parameters
+from zeroplan.errors import ZeroplanError
+from zeroplan.presets.gpus import get_gpu
+from zeroplan.presets.models import get_model
+from zeroplan.specs import ActivationCheckpointing, PerformanceAssumptions
+from zeroplan.validate.step_time import (
+    PUBLISHED_THROUGHPUT_FILE, load_published_throughput, source_flops_per_token, step_time_table,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+ROWS = load_published_throughput().rows
+TABLE = step_time_table()
+
+
+def test_at_least_five_rows_each_with_its_source() -> None:
+    assert len(ROWS) >= 5
+    for row in ROWS:
+        assert row.source_url.startswith("https://") and row.source_section and row.setup_notes
+    for comparison in TABLE:
+        assert comparison.source.startswith("https://")
+
+
+def test_published_mfu_is_the_published_throughput_under_the_source_flop_count() -> None:
+    # WPS x (6N + 12 L H Q T) / peak gives back each row's MFU: the transcription, the per-GPU
+    # reading of WPS and the FLOP count that the FLOPs/token column divides by all hold.
+    for row in ROWS:
+        peak = get_gpu(row.gpu).peak_bf16_flops_per_s
+        mfu = row.published_tokens_per_s_per_gpu * source_flops_per_token(get_model(row.model), row.seq_len) / peak
+        assert mfu == pytest.approx(row.published_mfu, abs=1e-3), row.name
+
+
+def test_default_prediction_is_compute_at_the_default_mfu_when_communication_hides() -> None:
+    mfu = PerformanceAssumptions().model_flops_utilization
+    for row, comparison in zip(ROWS, TABLE):
+        assert comparison.exposed_communication_s == 0.0, row.name
+        flops_per_token = 6 * active_parameters(get_model(row.model))
+        if row.activation_checkpointing is ActivationCheckpointing.full:
+            flops_per_token += 2 * active_parameters(get_model(row.model))
+        expected = mfu * get_gpu(row.gpu).peak_bf16_flops_per_s / flops_per_token
+        assert comparison.predicted_tokens_per_s_per_gpu == pytest.approx(expected, rel=1e-9), row.name
+
+
+def test_error_at_the_published_mfu_is_the_flop_accounting_alone() -> None:
+    # Nothing is exposed, so at the published MFU the planner is off exactly by the ratio of the
+    # FLOPs it executes to the FLOPs the MFU counts (to the rounding of the published MFU, 3 digits).
+    for comparison in TABLE:
+        assert comparison.with_published_mfu_error == pytest.approx(1 / comparison.flops_per_token_ratio - 1, abs=2e-3)
+
+
+def test_errors_are_predicted_over_published() -> None:
+    for c in TABLE:
+        assert c.tokens_per_s_error == pytest.approx(c.predicted_tokens_per_s_per_gpu / c.published_tokens_per_s_per_gpu - 1)
+        assert c.published_step_s * c.published_tokens_per_s_per_gpu == pytest.approx(
+            c.predicted_step_s * c.predicted_tokens_per_s_per_gpu)
+
+
+def test_malformed_file_is_one_line_naming_the_field(tmp_path: Path) -> None:
+    data = json.loads(PUBLISHED_THROUGHPUT_FILE.read_text())
+    del data["rows"][0]["source_url"]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ZeroplanError, match="source_url"):
+        load_published_throughput(path)
+
+
+def _benchmark():
+    spec = importlib.util.spec_from_file_location("step_time_accuracy", ROOT / "benchmarks" / "step_time_accuracy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmark_prints_a_line_per_row() -> None:
+    module = _benchmark()
+    text = module.report()
+    for row in ROWS:
+        assert f"| {row.name} |" in text
+    assert "median" in text and "sources:" in text
+
+
+def test_docs_table_is_what_the_benchmark_prints() -> None:
+    module = _benchmark()
+    docs = (ROOT / "docs" / "validation.md").read_text()
+    section = docs[docs.index("## Step time"):]
+    for comparison in TABLE:
+        assert module.format_row(comparison) in section, comparison.name

@@ -1,0 +1,194 @@
+"""Predicted step time against published training throughput (docs/validation.md, "Step time").
+
+Torch-free: the published rows are data (data/published_throughput.json), each with its source;
+each row becomes a PlanRequest and the planner's step time is compared with the published
+tokens/s/GPU, once under the planner's default MFU and once under the row's published MFU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import Field, ValidationError
+
+from zeroplan.core.params import total_parameters
+from zeroplan.core.plan import plan
+from zeroplan.core.timing import compute_flops
+from zeroplan.errors import ZeroplanError
+from zeroplan.presets.gpus import get_gpu
+from zeroplan.presets.models import get_model
+from zeroplan.specs import (
+    ActivationCheckpointing, BatchSpec, PerformanceAssumptions, PlanRequest, Precision, StrategyKind, StrategySpec,
+    TrainingSpec, cluster_from_gpus,
+)
+from zeroplan.specs.base import Frozen, first_error
+from zeroplan.specs.framework import Framework
+from zeroplan.specs.model import ModelSpec
+
+PUBLISHED_THROUGHPUT_FILE = Path(__file__).resolve().parent / "data" / "published_throughput.json"
+
+
+class PublishedThroughput(Frozen):
+    """One published training run: its setup and the throughput it reports."""
+
+    name: str = Field(min_length=1)
+    """Short label of the row."""
+    source_url: str = Field(pattern=r"^https://")
+    """Where the figure is published (a commit-pinned URL where there is one)."""
+    source_section: str = Field(min_length=1)
+    """The section or table of the source the row comes from."""
+    setup_notes: str = Field(min_length=1)
+    """What the source does and does not state about the setup, and what was assumed."""
+    model: str
+    """zeroplan model preset."""
+    gpu: str
+    """zeroplan GPU catalog name."""
+    num_gpus: int = Field(gt=0)
+    """GPUs of the run."""
+    gpus_per_node: int = Field(gt=0)
+    """GPUs per node (assumed where the source does not say)."""
+    strategy: StrategyKind
+    """Sharding strategy."""
+    framework: Framework
+    """Training stack of the run."""
+    precision: Precision
+    """Numerics."""
+    activation_checkpointing: ActivationCheckpointing
+    """Activation checkpointing mode."""
+    micro_batch_size: int = Field(gt=0)
+    """Local (per-GPU) batch, in sequences."""
+    seq_len: int = Field(gt=0)
+    """Tokens per sequence."""
+    grad_accum_steps: int = Field(gt=0)
+    """Micro-batches per optimizer step."""
+    published_tokens_per_s_per_gpu: float = Field(gt=0)
+    """The source's throughput, tokens per second per GPU."""
+    published_mfu: float | None = Field(default=None, gt=0, le=1)
+    """The source's MFU, under the source's own FLOP count (None where not published)."""
+
+    def request(self, model_flops_utilization: float | None = None) -> PlanRequest:
+        """The planner request for this run; the planner's default MFU unless one is given."""
+        performance = PerformanceAssumptions()
+        if model_flops_utilization is not None:
+            performance = PerformanceAssumptions(model_flops_utilization=model_flops_utilization)
+        return PlanRequest(
+            model=get_model(self.model),
+            training=TrainingSpec(
+                precision=self.precision, activation_checkpointing=self.activation_checkpointing,
+                framework=self.framework,
+            ),
+            batch=BatchSpec(
+                micro_batch_size=self.micro_batch_size, seq_len=self.seq_len, grad_accum_steps=self.grad_accum_steps,
+            ),
+            cluster=cluster_from_gpus(get_gpu(self.gpu), self.num_gpus, gpus_per_node=self.gpus_per_node),
+            strategy=StrategySpec(kind=self.strategy),
+            performance=performance,
+        )
+
+    @property
+    def tokens_per_step_per_gpu(self) -> int:
+        return self.micro_batch_size * self.seq_len * self.grad_accum_steps
+
+
+class PublishedThroughputTable(Frozen):
+    """The file of published rows."""
+
+    description: str
+    """What the rows are and how their figures are defined."""
+    rows: tuple[PublishedThroughput, ...] = Field(min_length=1)
+    """The published runs."""
+
+
+class StepTimeComparison(Frozen):
+    """One published run against the planner's step time. Errors are predicted/published - 1."""
+
+    name: str
+    """The row's label."""
+    source: str
+    """The row's source URL and section."""
+    fits: bool
+    """Whether the planner says the run fits in GPU memory (it ran, so it should)."""
+    published_step_s: float
+    """Tokens per step per GPU over the published tokens/s/GPU."""
+    published_tokens_per_s_per_gpu: float
+    """The source's throughput."""
+    predicted_step_s: float
+    """step_with_overlap_s under the planner's default MFU."""
+    predicted_tokens_per_s_per_gpu: float
+    """Tokens per step per GPU over predicted_step_s."""
+    published_mfu: float | None
+    """The source's MFU."""
+    with_published_mfu_step_s: float | None
+    """step_with_overlap_s with the planner's MFU set to the published one."""
+    with_published_mfu_tokens_per_s_per_gpu: float | None
+    """Tokens per step per GPU over with_published_mfu_step_s."""
+    communication_s: float
+    """All collectives of the step back to back (the planner's alpha-beta model)."""
+    exposed_communication_s: float
+    """Communication the planner says the compute does not hide (default MFU)."""
+    flops_per_token_ratio: float
+    """Planner's executed FLOPs per token over the source's counted FLOPs per token."""
+
+    @property
+    def tokens_per_s_error(self) -> float:
+        return self.predicted_tokens_per_s_per_gpu / self.published_tokens_per_s_per_gpu - 1
+
+    @property
+    def with_published_mfu_error(self) -> float | None:
+        if self.with_published_mfu_tokens_per_s_per_gpu is None:
+            return None
+        return self.with_published_mfu_tokens_per_s_per_gpu / self.published_tokens_per_s_per_gpu - 1
+
+
+def load_published_throughput(path: Path = PUBLISHED_THROUGHPUT_FILE) -> PublishedThroughputTable:
+    """The published rows of ``path``; a malformed file is one line naming the field."""
+    try:
+        return PublishedThroughputTable.model_validate(json.loads(Path(path).read_text()))
+    except ValidationError as error:
+        raise first_error(error, prefix=str(path)) from None
+    except (OSError, json.JSONDecodeError) as error:
+        raise ZeroplanError(str(path), f"cannot read published throughput: {error}") from None
+
+
+# The FLOP count behind the published MFU: 6 FLOPs per parameter per token plus the attention
+# matmuls, 12 * L * H * Q * T (L layers, H heads, Q head size, T sequence length; PaLM, Chowdhery
+# et al. 2022, Appendix B), recomputation not counted. torchtitan's get_num_flop_per_token has
+# this form; at the commit the rows come from, N is every parameter (embeddings included): with
+# it, each row's WPS x FLOPs / 312 TFLOP/s gives back its published MFU (tests/test_step_time_accuracy.py).
+def source_flops_per_token(model: ModelSpec, seq_len: int) -> int:
+    """Model FLOPs per token as the published MFU counts them."""
+    head_dim = model.hidden_size // model.num_heads
+    return 6 * total_parameters(model) + 12 * model.num_layers * model.num_heads * head_dim * seq_len
+
+
+def compare_step_time(row: PublishedThroughput) -> StepTimeComparison:
+    """The planner's step time for ``row``'s setup beside the published throughput."""
+    tokens = row.tokens_per_step_per_gpu
+    request = row.request()
+    predicted = plan(request)
+    executed_flops = sum(compute_flops(request))
+    with_mfu_step_s = with_mfu_tokens = None
+    if row.published_mfu is not None:
+        with_mfu_step_s = plan(row.request(row.published_mfu)).time.step_with_overlap_s
+        with_mfu_tokens = tokens / with_mfu_step_s
+    return StepTimeComparison(
+        name=row.name,
+        source=f"{row.source_url} ({row.source_section})",
+        fits=predicted.fits,
+        published_step_s=tokens / row.published_tokens_per_s_per_gpu,
+        published_tokens_per_s_per_gpu=row.published_tokens_per_s_per_gpu,
+        predicted_step_s=predicted.time.step_with_overlap_s,
+        predicted_tokens_per_s_per_gpu=tokens / predicted.time.step_with_overlap_s,
+        published_mfu=row.published_mfu,
+        with_published_mfu_step_s=with_mfu_step_s,
+        with_published_mfu_tokens_per_s_per_gpu=with_mfu_tokens,
+        communication_s=predicted.time.communication_s,
+        exposed_communication_s=predicted.time.exposed_communication_s,
+        flops_per_token_ratio=executed_flops / tokens / source_flops_per_token(request.model, row.seq_len),
+    )
+
+
+def step_time_table(table: PublishedThroughputTable | None = None) -> tuple[StepTimeComparison, ...]:
+    """Every published row against the planner (the shipped file unless ``table`` is given)."""
+    table = table or load_published_throughput()
+    return tuple(compare_step_time(row) for row in table.rows)
