@@ -299,3 +299,36 @@ def test_real_logs_calibrate_files_compare_uses(capsys, tmp_path: Path) -> None:
         assert calls == pytest.approx(round(calls), abs=1e-6) and calls >= 1
         assert calibrated_s == pytest.approx(sent / bandwidth + round(calls) * fit.alpha_s, rel=1e-6)
         assert calibrated_s != pytest.approx(base_s, rel=1e-2)
+
+
+def test_older_nccl_tests_layout_reads_the_same_run(tmp_path: Path) -> None:
+    """Older nccl-tests printed no root column, an 'error' column (max error, not a count) where
+    '#wrong' is now, and Rank lines without 'Group' (as pasted in NVIDIA/nccl issue #583, 2021):
+    the A3 Mega run rewritten in that layout reads as the same rows, ranks and nodes."""
+    modern = REAL / "all_reduce_2node_16x_h100_a3mega.txt"
+    old_lines = []
+    for line in modern.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#  Rank"):
+            line = re.sub(r"Group\s+\d+\s+", "", line)
+        elif line.startswith("#       size"):
+            line = "#       size         count      type   redop     time   algbw   busbw  error     time   algbw   busbw  error"
+        elif re.match(r"^\s*\d+\s+\d+\s+float", line):
+            fields = line.split()
+            del fields[4]  # root
+            fields[7] = fields[11] = "0e+00"
+            line = "  ".join(fields)
+        old_lines.append(line)
+    old = tmp_path / "old.log"
+    old.write_text("\n".join(old_lines), encoding="utf-8")
+    assert parse_nccl_tests(old).rows == parse_nccl_tests(modern).rows
+    assert (parse_nccl_tests(old).num_ranks, parse_nccl_tests(old).num_nodes) == (16, 2)
+
+
+def test_a_column_header_without_two_timed_blocks_is_refused(tmp_path: Path) -> None:
+    lines = (REAL / "all_reduce_2node_2x_gh200_alps.txt").read_text(encoding="utf-8").splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("#       size"))
+    lines[header] = "#       size         count      type   redop    root     time   algbw   busbw  #wrong"
+    odd = tmp_path / "odd.log"
+    odd.write_text("\n".join(lines), encoding="utf-8")
+    with pytest.raises(ZeroplanError, match=rf"odd\.log:{header + 1}: column header not understood"):
+        parse_nccl_tests(odd)
