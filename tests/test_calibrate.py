@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 from pathlib import Path
 
 import pytest
 
 from zeroplan.calibrate.fit import bus_factor, calibrated_gpu, fit_alpha_beta, fit_log
-from zeroplan.calibrate.parse import parse_nccl_tests
+from zeroplan.calibrate.parse import nccl_version_from_code, parse_nccl_tests, parse_nccl_tests_runs
 from zeroplan.cli.main import main
 from zeroplan.core.network import ring_bandwidth_bytes_per_s
 from zeroplan.errors import ZeroplanError
@@ -91,9 +93,10 @@ def _run(capsys, *argv: str) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
-def _communication(capsys, gpu: str) -> tuple[float, int]:
-    """(communication seconds, bytes sent per step) of DDP on one node of 8."""
-    code, out, err = _run(capsys, "compare", "llama-2-7b", "--gpus", "8", "--gpu", gpu, "--strategies", "ddp", "--format", "json")
+def _communication(capsys, gpu: str, gpus: int = 8) -> tuple[float, int]:
+    """(communication seconds, bytes sent per step) of DDP on ``gpus`` (nodes of 8)."""
+    code, out, err = _run(capsys, "compare", "llama-2-7b", "--gpus", str(gpus), "--gpu", gpu, "--strategies", "ddp",
+                          "--format", "json")
     assert code == 0, err
     plan = json.loads(out)["plans"][0]
     return plan["time"]["communication_s"], plan["sent_bytes_per_step"]
@@ -129,3 +132,203 @@ def test_cli_malformed_log_is_one_line_exit_2(capsys, tmp_path: Path) -> None:
     code, out, err = _run(capsys, "calibrate", str(MALFORMED), "--gpu", "h100", "--out", str(out_file))
     assert code == 2 and "malformed.txt:17:" in err and len(err.strip().splitlines()) == 1
     assert not out_file.exists()
+
+
+# Published runs (tests/fixtures/nccl_tests/real/README.md gives each one's source). Expected
+# ranks and nodes are the source's own "Using devices" block, counted by hand.
+REAL = FIXTURES / "real"
+REAL_LOGS = {  # file: (collective, ranks, nodes)
+    "all_reduce_1node_8x_rtx5090.txt": ("all_reduce", 8, 1),
+    "all_reduce_2node_16x_h100_a3mega.txt": ("all_reduce", 16, 2),
+    "all_reduce_2node_8x_gh200_alps.txt": ("all_reduce", 8, 2),
+    "all_reduce_2node_2x_gh200_alps.txt": ("all_reduce", 2, 2),
+    "all_gather_2node_8x_gb300_a4xmax.txt": ("all_gather", 8, 2),
+    "all_reduce_2node_16x_a100_oci_one_size.txt": ("all_reduce", 16, 2),
+}
+SWEEP = re.compile(r"minBytes (\d+) maxBytes (\d+) step: (\d+)\(factor\)")
+
+
+@pytest.mark.parametrize("name", sorted(REAL_LOGS))
+def test_real_log_parses_with_its_ranks_nodes_and_collective(name: str) -> None:
+    log = parse_nccl_tests(REAL / name)
+    assert (log.collective, log.num_ranks, log.num_nodes) == REAL_LOGS[name]
+    assert log.link == ("intra_node" if REAL_LOGS[name][2] == 1 else "inter_node")
+
+
+@pytest.mark.parametrize("name", sorted(REAL_LOGS))
+def test_real_log_every_row_is_read(name: str) -> None:
+    """The sweep header says which sizes ran (minBytes x factor^k up to maxBytes): the parser holds
+    exactly those rows, and where the log has its footer, nccl-tests' own Avg bus bandwidth (the
+    mean of both busbw columns over all rows, src/common.cu) is the mean of what the parser read,
+    to the two decimals the columns are printed with."""
+    text = (REAL / name).read_text(encoding="utf-8")
+    log = parse_nccl_tests(REAL / name)
+    sizes = [row.size_bytes for row in log.rows]
+    if match := SWEEP.search(text):
+        low, high, factor = map(int, match.groups())
+        expected = [low * factor**k for k in range(round(math.log(high / low, factor)) + 1)]
+        assert sizes == expected
+    else:  # the one-size OCI run steps in bytes: -b 10G -e 10G
+        assert sizes == [10737418240]
+    busbws = [row.out_of_place_busbw_bytes_per_s for row in log.rows] + [row.in_place_busbw_bytes_per_s for row in log.rows]
+    if log.reported_avg_busbw_bytes_per_s is not None:
+        assert sum(busbws) / len(busbws) == pytest.approx(log.reported_avg_busbw_bytes_per_s, abs=0.005e9)
+    else:
+        assert name == "all_reduce_1node_8x_rtx5090.txt"  # its published block stops before the footer
+
+
+@pytest.mark.parametrize("name", sorted(REAL_LOGS))
+def test_real_log_bus_factor_is_the_one_nccl_tests_applied(name: str) -> None:
+    """busbw as printed = size x factor / time with PERFORMANCE.md's factor for the detected
+    collective and rank count; a wrong collective or rank count changes the factor (by 2x for
+    all-reduce vs all-gather, 14/8 vs 15/16 for 8 vs 16 ranks). Rows under 1 GB/s are left out:
+    their two printed decimals are too coarse."""
+    log = parse_nccl_tests(REAL / name)
+    factor = bus_factor(log.collective, log.num_ranks)
+    checked = [row for row in log.rows if row.out_of_place_busbw_bytes_per_s >= 1e9]
+    assert checked
+    for row in checked:
+        assert row.size_bytes * factor / row.out_of_place_time_s == pytest.approx(row.out_of_place_busbw_bytes_per_s, rel=0.01)
+
+
+def test_real_log_nccl_version_as_the_log_states_it() -> None:
+    assert nccl_version_from_code(22907) == "2.29.7" and nccl_version_from_code(2708) == "2.7.8"
+    assert parse_nccl_tests(REAL / "all_reduce_1node_8x_rtx5090.txt").nccl_version == "2.29.7"
+    assert parse_nccl_tests(REAL / "all_gather_2node_8x_gb300_a4xmax.txt").nccl_version == "2.28.9"
+    assert parse_nccl_tests(REAL / "all_reduce_2node_16x_h100_a3mega.txt").nccl_version is None
+
+
+def test_real_one_size_run_is_refused_in_one_line() -> None:
+    with pytest.raises(ZeroplanError, match=r"one_size\.txt: need at least two non-zero message sizes.*1 size"):
+        fit_log(parse_nccl_tests(REAL / "all_reduce_2node_16x_a100_oci_one_size.txt"))
+
+
+@pytest.mark.parametrize("name", sorted(set(REAL_LOGS) - {"all_reduce_2node_16x_a100_oci_one_size.txt"}))
+def test_real_fit_bandwidth_is_the_bandwidth_regime_line(name: str) -> None:
+    """busbw is the least-squares line (weights 1/t^2) through the rows at or above half the peak
+    printed busbw, and alpha the relative-error-optimal intercept of the other rows given it,
+    recomputed here from the rows; the reported errors are the line's against every row."""
+    log = parse_nccl_tests(REAL / name)
+    fit = fit_log(log)
+    factor = bus_factor(log.collective, log.num_ranks)
+    peak = max(row.out_of_place_busbw_bytes_per_s for row in log.rows)
+    upper = [row for row in log.rows if row.out_of_place_busbw_bytes_per_s >= peak / 2]
+    lower = [row for row in log.rows if row.out_of_place_busbw_bytes_per_s < peak / 2]
+    _, beta = fit_alpha_beta([r.size_bytes * factor for r in upper], [r.out_of_place_time_s for r in upper])
+    assert fit.bus_bandwidth_bytes_per_s == pytest.approx(1 / beta)
+    assert fit.bandwidth_points == len(upper) and fit.points == len(log.rows)
+    weights = [1 / r.out_of_place_time_s**2 for r in lower]
+    alpha = sum(w * (r.out_of_place_time_s - r.size_bytes * factor * beta) for w, r in zip(weights, lower)) / sum(weights)
+    assert fit.alpha_s == pytest.approx(max(alpha, 0.0))
+    errors = [(fit.alpha_s + r.size_bytes * factor * beta) / r.out_of_place_time_s - 1 for r in log.rows]
+    assert fit.max_relative_error == pytest.approx(max(map(abs, errors)))
+    assert fit.largest_size_relative_error == pytest.approx(errors[-1])
+
+
+def test_real_logs_concatenated_are_several_runs(tmp_path: Path) -> None:
+    """A script that runs the tests one after another into one log: one run per '# nThread' header,
+    each with its own ranks, rows and footer."""
+    first, second = REAL / "all_reduce_2node_2x_gh200_alps.txt", REAL / "all_gather_2node_8x_gb300_a4xmax.txt"
+    both = tmp_path / "both.log"
+    both.write_text(first.read_text(encoding="utf-8") + second.read_text(encoding="utf-8"), encoding="utf-8")
+    runs = parse_nccl_tests_runs(both)
+    assert [(run.collective, run.num_ranks, len(run.rows)) for run in runs] == [
+        (log.collective, log.num_ranks, len(log.rows)) for log in (parse_nccl_tests(first), parse_nccl_tests(second))]
+    assert [run.reported_avg_busbw_bytes_per_s for run in runs] == [14.9966e9, 146.047e9]
+    assert "run at line 4" in runs[0].source
+    with pytest.raises(ZeroplanError, match=r"holds 2 runs"):
+        parse_nccl_tests(both)
+
+
+def test_mpirun_tagged_lines_parse_like_the_plain_log(tmp_path: Path) -> None:
+    """mpirun --tag-output puts '[1,0]<stdout>:' before every line of rank 0's output."""
+    plain = REAL / "all_reduce_2node_16x_h100_a3mega.txt"
+    tagged = tmp_path / "tagged.log"
+    tagged.write_text("".join(f"[1,0]<stdout>:{line}\n" for line in plain.read_text(encoding="utf-8").splitlines()))
+    assert parse_nccl_tests(tagged).rows == parse_nccl_tests(plain).rows
+
+
+def test_wrong_results_are_refused_and_unchecked_ones_are_not(tmp_path: Path) -> None:
+    """'#wrong' > 0 means the collective returned wrong data: refused, naming file:line. 'N/A'
+    (validation off, -c 0) is read as not checked."""
+    lines = (REAL / "all_reduce_2node_2x_gh200_alps.txt").read_text(encoding="utf-8").splitlines()
+    row = 14  # the 4 MiB row (line 15)
+    assert lines[row].split()[0] == "4194304"
+    wrong = tmp_path / "wrong.log"
+    wrong.write_text("\n".join(lines[:row] + [lines[row][:-1] + "3"] + lines[row + 1:]))
+    with pytest.raises(ZeroplanError, match=r"wrong\.log:15: nccl-tests counted 3 wrong results at size 4194304"):
+        parse_nccl_tests(wrong)
+    unchecked = tmp_path / "unchecked.log"
+    fields = lines[row].split()
+    fields[8] = fields[12] = "N/A"
+    unchecked.write_text("\n".join(lines[:row] + ["  ".join(fields)] + lines[row + 1:]))
+    assert parse_nccl_tests(unchecked).rows == parse_nccl_tests(REAL / "all_reduce_2node_2x_gh200_alps.txt").rows
+
+
+def test_real_logs_calibrate_files_compare_uses(capsys, tmp_path: Path) -> None:
+    """End to end on published runs: `calibrate` writes a GPU file per machine, and `compare`'s DDP
+    communication time on that machine's shape is the one the fitted figures imply, derived here:
+    sent / busbw + (all-reduce calls) x alpha, since a ring all-reduce over the log's n ranks pays
+    2(n-1) steps of alpha / 2(n-1). Calls and bytes come from the base GPU's run."""
+    cases = [  # (log, base GPU, GPUs of the DDP run = the log's ranks, link)
+        ("all_reduce_1node_8x_rtx5090.txt", "rtx-4090", 8, "intra_node"),
+        ("all_reduce_2node_16x_h100_a3mega.txt", "h100-80gb", 16, "inter_node"),
+    ]
+    for name, base_name, gpus, link in cases:
+        fit = fit_log(parse_nccl_tests(REAL / name))
+        assert (fit.link, fit.num_ranks) == (link, gpus)
+        out_file = tmp_path / f"{name}.json"
+        code, out, err = _run(capsys, "calibrate", str(REAL / name), "--gpu", base_name, "--out", str(out_file))
+        assert code == 0, err
+        assert f"bus bandwidth {fit.bus_bandwidth_bytes_per_s / 1e9:.1f} GB/s" in out
+        assert f"alpha {fit.alpha_s * 1e6:.2f} us" in out
+        base = get_gpu(base_name)
+        base_s, sent = _communication(capsys, base_name, gpus)
+        calibrated_s, sent_calibrated = _communication(capsys, str(out_file), gpus)
+        assert sent_calibrated == sent
+        if link == "intra_node":
+            base_bandwidth, base_latency = base.intra_node_link.bandwidth_bytes_per_s, base.intra_node_link.latency_s
+            bandwidth = fit.bus_bandwidth_bytes_per_s
+        else:  # the A3 Mega ring crosses nodes and its NVLink hops: the slower of the two bounds it
+            base_bandwidth = min(base.intra_node_link.bandwidth_bytes_per_s, base.node_network.nics_per_node
+                                 * base.node_network.nic_bandwidth_bytes_per_s)
+            base_latency = base.inter_node_link.latency_s
+            bandwidth = min(base.intra_node_link.bandwidth_bytes_per_s, fit.bus_bandwidth_bytes_per_s)
+        steps = (base_s - sent / base_bandwidth) / base_latency
+        calls = steps / (2 * (gpus - 1))
+        assert calls == pytest.approx(round(calls), abs=1e-6) and calls >= 1
+        assert calibrated_s == pytest.approx(sent / bandwidth + round(calls) * fit.alpha_s, rel=1e-6)
+        assert calibrated_s != pytest.approx(base_s, rel=1e-2)
+
+
+def test_older_nccl_tests_layout_reads_the_same_run(tmp_path: Path) -> None:
+    """Older nccl-tests printed no root column, an 'error' column (max error, not a count) where
+    '#wrong' is now, and Rank lines without 'Group' (as pasted in NVIDIA/nccl issue #583, 2021):
+    the A3 Mega run rewritten in that layout reads as the same rows, ranks and nodes."""
+    modern = REAL / "all_reduce_2node_16x_h100_a3mega.txt"
+    old_lines = []
+    for line in modern.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#  Rank"):
+            line = re.sub(r"Group\s+\d+\s+", "", line)
+        elif line.startswith("#       size"):
+            line = "#       size         count      type   redop     time   algbw   busbw  error     time   algbw   busbw  error"
+        elif re.match(r"^\s*\d+\s+\d+\s+float", line):
+            fields = line.split()
+            del fields[4]  # root
+            fields[7] = fields[11] = "0e+00"
+            line = "  ".join(fields)
+        old_lines.append(line)
+    old = tmp_path / "old.log"
+    old.write_text("\n".join(old_lines), encoding="utf-8")
+    assert parse_nccl_tests(old).rows == parse_nccl_tests(modern).rows
+    assert (parse_nccl_tests(old).num_ranks, parse_nccl_tests(old).num_nodes) == (16, 2)
+
+
+def test_a_column_header_without_two_timed_blocks_is_refused(tmp_path: Path) -> None:
+    lines = (REAL / "all_reduce_2node_2x_gh200_alps.txt").read_text(encoding="utf-8").splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("#       size"))
+    lines[header] = "#       size         count      type   redop    root     time   algbw   busbw  #wrong"
+    odd = tmp_path / "odd.log"
+    odd.write_text("\n".join(lines), encoding="utf-8")
+    with pytest.raises(ZeroplanError, match=rf"odd\.log:{header + 1}: column header not understood"):
+        parse_nccl_tests(odd)

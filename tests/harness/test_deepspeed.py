@@ -14,6 +14,7 @@ import torch
 
 from zeroplan.cli.main import main as zeroplan_main
 from zeroplan.errors import ZeroplanError
+from zeroplan.harness.extension_locks import check_no_stale_extension_lock, describe_extension_locks
 from zeroplan.harness.launch import launch
 from zeroplan.harness.model import build_model
 from zeroplan.harness.oracle import oracle_parameters
@@ -40,11 +41,14 @@ def _argv(strategy: str, parameters: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[tuple[str, int], Path]:
+    # A stale JIT build lock would make every run below wait out its whole time limit.
+    check_no_stale_extension_lock()
     results = {}
     for strategy, nproc in RUNS:
         out = tmp_path_factory.mktemp(f"deepspeed-{strategy}-{nproc}")
         result = launch(nproc, _argv(strategy, out / "parameters.pt"), out, timeout_s=300)
-        assert result.returncode == 0 and not result.missing_ranks, (strategy, nproc, result.errors)
+        assert result.returncode == 0 and not result.missing_ranks, (strategy, nproc, result.errors,
+                                                                     describe_extension_locks())
         results[(strategy, nproc)] = out
     return results
 

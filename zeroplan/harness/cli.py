@@ -38,7 +38,8 @@ def _harness_argv(args: argparse.Namespace) -> list[str]:
 
 
 def run_measure(args: argparse.Namespace) -> int:
-    from zeroplan.harness.engines_table import check_supported_names
+    from zeroplan.harness.engines_table import EngineKind, check_supported_names
+    from zeroplan.harness.extension_locks import check_no_stale_extension_lock, describe_extension_locks
     from zeroplan.harness.launch import launch
 
     from zeroplan.cli.measure_check import check_machine, check_out_path
@@ -49,15 +50,21 @@ def run_measure(args: argparse.Namespace) -> int:
     check_seq_len(model, batch_from_args(args))
     check_supported_names(args.strategy, args.engine, args.optimizer, args.grad_accum)
     check_out_path(args.out)
+    # DeepSpeed JIT-builds ops into the torch extensions directory; a stale build lock there makes
+    # every rank wait forever (zeroplan/harness/extension_locks.py).
+    deepspeed = EngineKind(args.engine) is EngineKind.deepspeed
+    if deepspeed:
+        check_no_stale_extension_lock()
     check_machine(model, StrategyKind(args.strategy), args.nproc, args.backend)
     result = launch(args.nproc, _harness_argv(args), Path(args.out), args.timeout_s)
     for error in result.errors:
         sys.stderr.write(error + "\n")
     if result.returncode == 124:
+        locks = describe_extension_locks() if deepspeed else ""
         sys.stderr.write(
             f"zeroplan measure: error: timeout-s: the run passed its {args.timeout_s:g} s limit and was stopped; "
             f"{len(result.records)} record(s) in {args.out}, incomplete ranks marked complete=false "
-            f"(allowed: a larger --timeout-s)\n"
+            f"(allowed: a larger --timeout-s){'; ' + locks if locks else ''}\n"
         )
         return 2
     if result.missing_ranks or result.incomplete_ranks or result.returncode:

@@ -42,6 +42,7 @@ from zeroplan.harness.engine import (
     ADAMW_BETAS, ADAMW_EPS, ADAMW_LR, ADAMW_WEIGHT_DECAY, MicroBatch, ModelStateTensors, optimizer_state_tensors,
 )
 from zeroplan.harness.engines_table import DEEPSPEED_INSTALL
+from zeroplan.harness.extension_locks import check_no_stale_extension_lock
 from zeroplan.harness.model import Transformer, next_token_loss
 
 DEFAULT_BUCKET_ELEMENTS = 500_000_000
@@ -50,7 +51,9 @@ DEFAULT_BUCKET_ELEMENTS = 500_000_000
 
 def import_deepspeed() -> Any:
     """``import deepspeed`` on the CPU accelerator unless CUDA is there; a one-line error when
-    it is not installed."""
+    it is not installed, or when a stale JIT build lock would make its op build wait forever
+    (checked in every rank too, for runs started with torchrun directly)."""
+    check_no_stale_extension_lock()
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     try:
