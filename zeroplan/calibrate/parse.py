@@ -29,6 +29,10 @@ _TYPE_BYTES = {
 _SRUN_PREFIX = re.compile(r"^\s*\d+:\s")
 _RANK = re.compile(r"^#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device\s+\d+")
 _CONCLUDED = re.compile(r"^#\s*Collective test concluded:\s*(\w+?)_perf")
+# NCCL's own banner with NCCL_DEBUG=VERSION ("NCCL version 2.21.5+cuda12.4"), and newer nccl-tests'
+# header ("# nccl-tests version 2.17.1 ... nccl-library=22105", NCCL_VERSION_CODE = X*10000+Y*100+Z).
+_NCCL_BANNER = re.compile(r"NCCL version (\d+\.\d+\.\d+)")
+_NCCL_LIBRARY = re.compile(r"nccl-library=(\d{5,})")
 
 
 class NcclTestsRow(Frozen):
@@ -65,6 +69,8 @@ class NcclTestsLog(Frozen):
     """Distinct host names among the ranks."""
     rows: tuple[NcclTestsRow, ...]
     """The sweep, in file order."""
+    nccl_version: str | None = None
+    """The NCCL release the log names (NCCL's version banner or nccl-tests' nccl-library code)."""
 
     @property
     def link(self) -> str:
@@ -106,9 +112,15 @@ def parse_nccl_tests(path: str | Path, collective: str | None = None) -> NcclTes
     hosts: dict[int, str] = {}
     concluded: str | None = None
     rows: list[NcclTestsRow] = []
+    version: str | None = None
     for line_no, raw in enumerate(text.splitlines(), start=1):
         line = _SRUN_PREFIX.sub("", raw, count=1).strip()
-        if not line or "NCCL INFO" in line or "NCCL WARN" in line:
+        if version is None and (match := _NCCL_BANNER.search(line)):
+            version = match.group(1)
+        elif version is None and (match := _NCCL_LIBRARY.search(line)):
+            code = int(match.group(1))
+            version = f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+        if not line or "NCCL INFO" in line or "NCCL WARN" in line or line.startswith("NCCL version"):
             continue
         if line.startswith("#"):
             if match := _RANK.match(line):
@@ -148,5 +160,6 @@ def parse_nccl_tests(path: str | Path, collective: str | None = None) -> NcclTes
     if collective not in COLLECTIVES:
         raise ZeroplanError("calibrate", f"collective {collective!r} not supported (allowed: {', '.join(COLLECTIVES)})")
     return NcclTestsLog(
-        source=name, collective=collective, num_ranks=ranks, num_nodes=len(set(hosts.values())), rows=tuple(rows)
+        source=name, collective=collective, num_ranks=ranks, num_nodes=len(set(hosts.values())), rows=tuple(rows),
+        nccl_version=version,
     )
