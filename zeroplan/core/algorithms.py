@@ -261,7 +261,7 @@ def bus_bandwidth_bytes_per_s(gpu: GpuSpec, algorithm: Algorithm, op: Collective
     return algorithm_bandwidth_bytes_per_s(gpu, algorithm, op, layout, message_bytes) * bus_factor(op, layout.group_size)
 
 
-def _fastest(gpu, op, layout, message_bytes, candidates, efficiencies) -> tuple[Algorithm, float]:
+def fastest_algorithm(gpu, op, layout, message_bytes, candidates, efficiencies) -> tuple[Algorithm, float]:
     # src/enqueue.cc (topoGetAlgoInfo): the algorithm of least predicted time; ties keep the earlier.
     best, best_s = candidates[0], None
     for algorithm in candidates:
@@ -280,7 +280,7 @@ def entry_layout(entry: AchievedBusBandwidth) -> Layout:
 def entry_algorithm(gpu: GpuSpec, entry: AchievedBusBandwidth) -> Algorithm:
     """The algorithm NCCL's model (nominal figures) picks for the published run's size and layout."""
     op, layout = CollectiveOp(entry.collective), entry_layout(entry)
-    return _fastest(gpu, op, layout, entry.message_bytes, available_algorithms(gpu, op, layout), {})[0]
+    return fastest_algorithm(gpu, op, layout, entry.message_bytes, available_algorithms(gpu, op, layout), {})[0]
 
 
 # The measured busbw fixes the time of the run: t = S x bus factor / busbw. Keeping the model's
@@ -345,7 +345,7 @@ def collective_cost(request: PlanRequest, collective: Collective) -> CollectiveT
     seconds = 0.0
     moved: dict[Algorithm, int] = {}
     for size, calls in _call_sizes(collective):
-        algorithm, call_s = _fastest(gpu, op, layout, size, candidates, efficiencies)
+        algorithm, call_s = fastest_algorithm(gpu, op, layout, size, candidates, efficiencies)
         seconds += calls * call_s
         moved[algorithm] = moved.get(algorithm, 0) + calls * size
     ranked = tuple(sorted(moved, key=lambda a: -moved[a]))
