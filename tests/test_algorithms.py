@@ -192,3 +192,17 @@ def test_compare_prints_the_algorithm_column(capsys) -> None:
 def test_a_declared_node_network_without_sharp_loads_from_old_files() -> None:
     network = NodeNetworkSpec(nics_per_node=8, nic_bandwidth_bytes_per_s=50e9, source="t")
     assert network.sharp is False
+
+
+@pytest.mark.parametrize("header,version", [
+    ("NCCL version 2.21.5+cuda12.4", "2.21.5"),
+    ("# nccl-tests version 2.17.1 nccl-headers=22105 nccl-library=22105", "2.21.5"),
+])
+def test_calibrate_reads_the_nccl_version_into_the_achievable_entry(tmp_path: Path, header: str, version: str) -> None:
+    text = (FIXTURES / "all_reduce_8gpu_1node.txt").read_text()
+    path = tmp_path / "run.txt"
+    path.write_text(header + "\n" + text)
+    log = parse_nccl_tests(path)
+    assert log.nccl_version == version
+    (entry,) = calibrated_gpu(H100, [fit_log(log)]).achievable
+    assert entry.nccl_version == version and entry.scope == "intra_node" and entry.gpus_per_node == 8

@@ -11,14 +11,16 @@ _OP_SHORT = {"all_reduce": "AR", "all_gather": "AG", "reduce_scatter": "RS", "br
 
 
 def nccl_algorithms(plan: StrategyPlan) -> str:
-    """The NCCL algorithm of each collective kind, e.g. 'AR nvls*, AG ring' (* = achievable busbw)."""
-    seen: list[str] = []
+    """The NCCL algorithms of each collective op, e.g. 'AR nvls*, AG ring' (* = some at an
+    achievable busbw); ops in the order they first appear, algorithms by first use."""
+    by_op: dict[str, list[str]] = {}
+    achievable: set[str] = set()
     for cost in plan.time.collective_times:
-        mark = "*" if cost.bandwidth_basis == "achievable" else ""
-        label = f"{_OP_SHORT[cost.op.value]} {'+'.join(a.value for a in cost.algorithms)}{mark}"
-        if label not in seen:
-            seen.append(label)
-    return ", ".join(seen) or "-"
+        names = by_op.setdefault(_OP_SHORT[cost.op.value], [])
+        names += [a.value for a in cost.algorithms if a.value not in names]
+        if cost.bandwidth_basis == "achievable":
+            achievable.add(_OP_SHORT[cost.op.value])
+    return ", ".join(f"{op} {'+'.join(names)}{'*' if op in achievable else ''}" for op, names in by_op.items()) or "-"
 
 
 def _row(plan: StrategyPlan, num_parameters: int) -> list[str]:
