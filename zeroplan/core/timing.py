@@ -7,7 +7,6 @@ from zeroplan.core.algorithms import CollectiveTime, collective_cost
 from zeroplan.core.communication import Collective, Phase
 from zeroplan.core.layout import element_bytes
 from zeroplan.core.model_states import held_elements, shard_layout
-from zeroplan.core.network import contiguous_ranks_per_node, ring_bandwidth_bytes_per_s
 from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise
 from zeroplan.core.params import active_parameters, parameter_units
 from zeroplan.specs.base import Frozen
@@ -50,15 +49,6 @@ class StepTime(Frozen):
     @property
     def compute_s(self) -> float:
         return self.forward_compute_s + self.backward_compute_s
-
-
-def ring_bandwidth_for(request: PlanRequest, collective: Collective) -> float:
-    """Bus bandwidth of ``collective``'s ring, bytes/s (zeroplan/core/network.py)."""
-    cluster = request.cluster
-    per_node = collective.ranks_per_node
-    if per_node is None:
-        per_node = contiguous_ranks_per_node(collective.group_size, cluster.gpus_per_node)
-    return ring_bandwidth_bytes_per_s(cluster.gpu, cluster.gpus_per_node, per_node, collective.spans_nodes)
 
 
 # Alpha-beta model (Hockney 1994; Thakur, Rabenseifner & Gropp 2005, sec. 4) per call, on the
