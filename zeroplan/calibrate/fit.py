@@ -10,9 +10,11 @@ from pathlib import Path
 from pydantic import Field
 
 from zeroplan.calibrate.parse import NcclTestsLog
+from zeroplan.core import algorithms
+from zeroplan.core.communication import CollectiveOp
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import Frozen
-from zeroplan.specs.hardware import GpuSpec
+from zeroplan.specs.hardware import AchievedBusBandwidth, GpuSpec
 
 
 class LinkFit(Frozen):
@@ -45,14 +47,14 @@ class LinkFit(Frozen):
     """The log's own ``# Avg bus bandwidth`` (mean over sizes, not an asymptote), bytes per second."""
     nccl_version: str | None = None
     """NCCL version as the log states it."""
+    largest_message_bytes: int = Field(default=0, ge=0)
+    """Largest message size of the sweep, bytes."""
 
 
-# nccl-tests doc/PERFORMANCE.md: busbw = algbw * 2(n-1)/n for all-reduce, (n-1)/n for
-# all-gather and reduce-scatter, so time = size * factor / busbw on the bandwidth side.
+# nccl-tests doc/PERFORMANCE.md: time = size * factor / busbw on the bandwidth side.
 def bus_factor(collective: str, num_ranks: int) -> float:
-    """The factor that turns algorithm bandwidth into bus bandwidth."""
-    n = num_ranks
-    return 2 * (n - 1) / n if collective == "all_reduce" else (n - 1) / n
+    """The factor that turns algorithm bandwidth into bus bandwidth (zeroplan.core.algorithms)."""
+    return algorithms.bus_factor(CollectiveOp(collective), num_ranks)
 
 
 # Alpha-beta model t = alpha + x * beta, x = size * factor, by least squares weighted 1/t^2
@@ -116,7 +118,8 @@ def fit_log(log: NcclTestsLog, bandwidth_regime_fraction: float = BANDWIDTH_REGI
                    bus_bandwidth_bytes_per_s=1.0 / beta, points=len(rows), source=log.source,
                    bandwidth_points=sum(in_regime), max_relative_error=max(abs(e) for e in errors),
                    largest_size_relative_error=errors[largest],
-                   reported_avg_busbw_bytes_per_s=log.reported_avg_busbw_bytes_per_s, nccl_version=log.nccl_version)
+                   reported_avg_busbw_bytes_per_s=log.reported_avg_busbw_bytes_per_s, nccl_version=log.nccl_version,
+                   largest_message_bytes=max(row.size_bytes for row in rows))
 
 
 # zeroplan.core.timing charges latency_s per ring step: 2(n-1) steps for all-reduce, n-1 for the
@@ -133,6 +136,16 @@ def link_bandwidth_bytes_per_s(fit: LinkFit) -> float:
     if fit.link == "inter_node":
         return fit.bus_bandwidth_bytes_per_s / (fit.num_ranks // fit.num_nodes)
     return fit.bus_bandwidth_bytes_per_s
+
+
+def achieved_from_fit(fit: LinkFit) -> AchievedBusBandwidth:
+    """A fitted log as an achievable-bandwidth entry (its asymptotic busbw, at its largest size)."""
+    return AchievedBusBandwidth(
+        collective=fit.collective, scope=fit.link, bus_bandwidth_bytes_per_s=fit.bus_bandwidth_bytes_per_s,
+        num_nodes=fit.num_nodes, gpus_per_node=fit.num_ranks // fit.num_nodes,
+        message_bytes=max(fit.largest_message_bytes, 1), nccl_version=fit.nccl_version or "not in the log",
+        source=Path(fit.source).name, note=f"fitted by zeroplan calibrate from {fit.points} message sizes",
+    )
 
 
 def calibrated_gpu(base: GpuSpec, fits: list[LinkFit]) -> GpuSpec:
@@ -153,6 +166,9 @@ def calibrated_gpu(base: GpuSpec, fits: list[LinkFit]) -> GpuSpec:
         if link == "inter_node":
             # The measured figure replaces the datasheet NICs (one per GPU at the stored share).
             update["node_network"] = None
+    # The fitted busbw of each log also replaces the catalog's published runs: the planner's default
+    # (PerformanceAssumptions.bandwidth = achievable) then charges this cluster's own efficiency.
+    update["achievable"] = tuple(achieved_from_fit(f) for f in fits)
     sources = ", ".join(sorted({Path(f.source).name for f in fits}))
     update["display_name"] = f"{base.display_name} (calibrated)"
     update["source"] = f"{base.source}; links calibrated from nccl-tests logs: {sources}"

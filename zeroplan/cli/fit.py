@@ -68,7 +68,22 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--hsdp-group", type=positive_int, help="HSDP shard group size (default: GPUs per node)")
     parser.add_argument("--mfu", type=positive_float, default=0.4, help="model FLOPs utilisation for compute time (default 0.4)")
-    parser.add_argument("--all-reduce", choices=["ring", "tree"], default="ring", help="all-reduce latency model (default ring)")
+    add_collective_model_arguments(parser)
+
+
+def add_collective_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """How collectives are timed: NCCL's algorithm choice and nominal vs achievable bandwidth."""
+    parser.add_argument(
+        "--algorithm", "--all-reduce", dest="algorithm", default="auto",
+        choices=["auto", "ring", "tree", "nvls", "nvls_tree", "collnet"],
+        help="NCCL algorithm of each call: auto = the one NCCL's tuning model predicts fastest (default); "
+             "a name forces it where NCCL offers it, ring elsewhere",
+    )
+    parser.add_argument(
+        "--bandwidth", choices=["achievable", "nominal"], default="achievable",
+        help="achievable: published/calibrated nccl-tests efficiency where the GPU has one (default); "
+             "nominal: datasheet link rates",
+    )
 
 
 def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
@@ -135,7 +150,9 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
     strategy = StrategySpec(kind=kind, shard_group_size=args.hsdp_group)
     if args.mfu > 1:
         raise ZeroplanError("mfu", f"must be in (0, 1], got {args.mfu}")
-    performance = PerformanceAssumptions(model_flops_utilization=args.mfu, all_reduce_algorithm=args.all_reduce)
+    performance = PerformanceAssumptions(
+        model_flops_utilization=args.mfu, algorithm=args.algorithm, bandwidth=args.bandwidth,
+    )
     return PlanRequest(
         model=model, training=training, batch=batch, cluster=cluster, strategy=strategy, performance=performance
     )

@@ -8,6 +8,7 @@ NCCL's docs/performance "algorithm bandwidth vs bus bandwidth"). Both are kept a
 
 from __future__ import annotations
 
+from collections import Counter
 from enum import Enum
 
 from zeroplan.core import deepspeed_buckets
@@ -66,6 +67,10 @@ class Collective(Frozen):
     ranks_per_node: int | None = None
     """Members of the group on each node it spans (NICs it can use); None: consecutive ranks,
     min(group_size, GPUs per node)."""
+    call_sizes: tuple[tuple[int, int], ...] = ()
+    """(S bytes, number of calls of that size) for each distinct call size of one occurrence, in
+    the order they first run; NCCL picks an algorithm per call from its size
+    (zeroplan/core/algorithms.py)."""
 
     @property
     def volume_elements_per_step(self) -> int:
@@ -105,7 +110,7 @@ def _collective(
         buffer_bytes=sum(buffers),
         calls=len(buffers), occurrences_per_step=occurrences, spans_nodes=spans_nodes,
         sent_bytes_per_call_sum=sum(ring_sent_bytes(op, s, group_size) for s in buffers),
-        ranks_per_node=ranks_per_node,
+        ranks_per_node=ranks_per_node, call_sizes=tuple(Counter(buffers).items()),
     )
 
 

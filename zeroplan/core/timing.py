@@ -3,12 +3,10 @@ offload, and how much communication the compute hides. docs/communication-time.m
 
 from __future__ import annotations
 
-from math import ceil, log2
-
-from zeroplan.core.communication import Collective, CollectiveOp, Phase
+from zeroplan.core.algorithms import CollectiveTime, collective_cost
+from zeroplan.core.communication import Collective, Phase
 from zeroplan.core.layout import element_bytes
 from zeroplan.core.model_states import held_elements, shard_layout
-from zeroplan.core.network import contiguous_ranks_per_node, ring_bandwidth_bytes_per_s, ring_latency_link
 from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise
 from zeroplan.core.params import active_parameters, parameter_units
 from zeroplan.specs.base import Frozen
@@ -41,6 +39,8 @@ class StepTime(Frozen):
     """Compute + communication + host transfers + CPU optimizer step, one after another."""
     step_with_overlap_s: float
     """Compute + exposed communication + CPU optimizer step."""
+    collective_times: tuple[CollectiveTime, ...] = ()
+    """Per collective of the step: its seconds and the NCCL algorithm it runs on."""
 
     @property
     def pcie_s(self) -> float:
@@ -52,34 +52,13 @@ class StepTime(Frozen):
         return self.forward_compute_s + self.backward_compute_s
 
 
-def ring_bandwidth_for(request: PlanRequest, collective: Collective) -> float:
-    """Bus bandwidth of ``collective``'s ring, bytes/s (zeroplan/core/network.py)."""
-    cluster = request.cluster
-    per_node = collective.ranks_per_node
-    if per_node is None:
-        per_node = contiguous_ranks_per_node(collective.group_size, cluster.gpus_per_node)
-    return ring_bandwidth_bytes_per_s(cluster.gpu, cluster.gpus_per_node, per_node, collective.spans_nodes)
-
-
-# Alpha-beta model (Hockney 1994; Thakur, Rabenseifner & Gropp 2005, sec. 4): a ring
-# collective takes N-1 steps (2(N-1) for all-reduce), each paying the latency alpha; the
-# bandwidth term is the bytes a rank sends over the ring's bus bandwidth, beta = 1/B
-# (NCCL's rings over the node's NICs: zeroplan/core/network.py).
-# A tree all-reduce (NCCL's double binary tree) pays 2*log2(N) latencies instead.
+# Alpha-beta model (Hockney 1994; Thakur, Rabenseifner & Gropp 2005, sec. 4) per call, on the
+# algorithm NCCL's tuning model picks for the call's size (zeroplan/core/algorithms.py): a ring
+# takes N-1 steps (2(N-1) for all-reduce), each paying the latency alpha, plus the bytes a rank
+# sends over the ring's bus bandwidth (NCCL's rings over the node's NICs: network.py).
 def collective_time_s(request: PlanRequest, collective: Collective) -> float:
     """Seconds for one step's worth of ``collective``."""
-    link = ring_latency_link(request.cluster.gpu, collective.spans_nodes)
-    n = collective.group_size
-    if collective.op is CollectiveOp.all_reduce:
-        if request.performance.all_reduce_algorithm == "tree":
-            latency_steps = 2 * ceil(log2(n))
-        else:
-            latency_steps = 2 * (n - 1)
-    else:
-        latency_steps = n - 1
-    latency = collective.calls * latency_steps * link.latency_s
-    bandwidth = collective.sent_bytes_per_call_sum / ring_bandwidth_for(request, collective)
-    return collective.occurrences_per_step * (latency + bandwidth)
+    return collective_cost(request, collective).seconds
 
 
 # ZeRO-Offload (Ren et al. 2021, sec. 4.2): each micro-batch's backward moves the gradient
@@ -185,8 +164,9 @@ def step_time(request: PlanRequest, collectives: tuple[Collective, ...]) -> Step
     forward_flops, backward_flops = compute_flops(request)
     forward_s, backward_s = forward_flops / throughput, backward_flops / throughput
     by_phase = {phase: 0.0 for phase in Phase}
-    for collective in collectives:
-        by_phase[collective.phase] += collective_time_s(request, collective)
+    costs = tuple(collective_cost(request, collective) for collective in collectives)
+    for cost in costs:
+        by_phase[cost.phase] += cost.seconds
     host_link = host_link_share_bytes_per_s(request)
     host_by_phase = {phase: moved / host_link for phase, moved in host_transfer_bytes(request).items()}
     communication_s = sum(by_phase.values())
@@ -208,4 +188,5 @@ def step_time(request: PlanRequest, collectives: tuple[Collective, ...]) -> Step
         exposed_communication_s=exposed,
         step_without_overlap_s=forward_s + backward_s + communication_s + host_s + cpu_s,
         step_with_overlap_s=forward_s + backward_s + exposed + cpu_s,
+        collective_times=costs,
     )

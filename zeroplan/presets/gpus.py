@@ -30,7 +30,7 @@ from pydantic import ValidationError
 
 from zeroplan.errors import ZeroplanError, unknown_name_error
 from zeroplan.specs.base import first_error
-from zeroplan.specs.hardware import GpuSpec, LinkSpec, NodeNetworkSpec
+from zeroplan.specs.hardware import AchievedBusBandwidth, GpuArchitecture, GpuSpec, LinkSpec, NodeNetworkSpec
 from zeroplan.units import GB, GiB, MiB
 
 NVLINK_LATENCY_S = 3.4e-6
@@ -80,14 +80,47 @@ G5_NICS = _nics(1, 100, "Amazon EC2 G5 instance specifications: g5.48xlarge 100 
 ETH_25G_NICS = _nics(1, 25, "assumed: one 25 GbE port per 8-card server")
 
 
+# Published nccl-tests results (docs/gpus.md, "Achievable bandwidth"): what NCCL reached on real
+# systems, kept apart from the links' datasheet rates. Sizes are nccl-tests' size column (its
+# "8G" row is 2^33 bytes); GB/s are nccl-tests' 1e9 bytes/s.
+def _achieved(
+    collective: str, scope: str, gb_per_s: float, nodes: int, message_bytes: int, nccl: str, source: str, note: str,
+) -> AchievedBusBandwidth:
+    return AchievedBusBandwidth(
+        collective=collective, scope=scope, bus_bandwidth_bytes_per_s=gb_per_s * GB, num_nodes=nodes,
+        gpus_per_node=8, message_bytes=message_bytes, nccl_version=nccl, source=source, note=note,
+    )
+
+
+_AZURE = "https://github.com/Azure/AI-benchmarking-guide/blob/main/"
+H100_ACHIEVED = (
+    _achieved("all_reduce", "intra_node", 478.87, 1, 8 * GiB, "2.18.5", _AZURE + "Azure%20Results/ND_H100_v5_results.md",
+              "Azure ND H100 v5, 8 x H100 80GB HBM3 on NVSwitch; in-place busbw; the page names the NVLS algorithm"),
+    _achieved("all_reduce", "inter_node", 464.6, 2, 16 * GiB, "2.21.5",
+              "https://oracle-japan.github.io/ocitutorials/hpc/benchmark/run-nccltests-h100/",
+              "OCI BM.GPU.H100.8 x 2 on the RoCE cluster network (3.2 Tb/s per node); the page rounds it to 465 GB/s"),
+)
+H200_ACHIEVED = (
+    _achieved("all_reduce", "intra_node", 479.98, 1, 8 * GiB, "2.20.5", _AZURE + "Azure_Results/ND_H200_v5_results.md",
+              "Azure ND H200 v5, 8 x H200 141GB on NVSwitch; in-place busbw; the page names the NVLS algorithm"),
+)
+A100_80GB_ACHIEVED = (
+    _achieved("all_reduce", "intra_node", 231.58, 1, 8 * GiB, "2.18.5", _AZURE + "Azure_Results/ND_A100_v4_results.md",
+              "Azure ND A100 v4, 8 x A100-SXM4-80GB on NVSwitch; in-place busbw (the page's NVLS label cannot "
+              "apply: NCCL has no NVLS below sm_90)"),
+)
+
+
 def _gpu(
     name: str, display_name: str, memory_bytes: int, tflops: float,
     intra: LinkSpec, inter: LinkSpec, host: LinkSpec, source: str, nics: NodeNetworkSpec,
+    architecture: GpuArchitecture, nvswitch: bool = False, achievable: tuple[AchievedBusBandwidth, ...] = (),
 ) -> GpuSpec:
     return GpuSpec(
         name=name, display_name=display_name, memory_bytes=memory_bytes,
         peak_bf16_flops_per_s=tflops * 1e12, intra_node_link=intra, inter_node_link=inter,
-        host_link=host, source=source, node_network=nics,
+        host_link=host, source=source, node_network=nics, architecture=architecture, nvswitch=nvswitch,
+        achievable=achievable,
     )
 
 
@@ -99,41 +132,50 @@ _CATALOG: dict[str, GpuSpec] = {
     for gpu in [
         # fp16 tensor (the V100 has no bf16), SXM2: 125 TFLOP/s. nvidia-smi: 16,160 / 32,510 MiB.
         # DGX-1: four 100 Gb/s EDR ports for eight GPUs.
-        _gpu("v100-16gb", "NVIDIA V100 16GB SXM2", 16_160 * MiB, 125, NVLINK2, IB_EDR_PER_2, PCIE3, _V100, DGX1_NICS),
-        _gpu("v100-32gb", "NVIDIA V100 32GB SXM2", 32_510 * MiB, 125, NVLINK2, IB_EDR_PER_2, PCIE3, _V100, DGX1_NICS),
+        _gpu("v100-16gb", "NVIDIA V100 16GB SXM2", 16_160 * MiB, 125, NVLINK2, IB_EDR_PER_2, PCIE3, _V100, DGX1_NICS,
+             GpuArchitecture.volta),
+        _gpu("v100-32gb", "NVIDIA V100 32GB SXM2", 32_510 * MiB, 125, NVLINK2, IB_EDR_PER_2, PCIE3, _V100, DGX1_NICS,
+             GpuArchitecture.volta),
         # bf16 312 TFLOP/s dense (624 with sparsity). nvidia-smi: 40,960 MiB (older drivers
         # showed 40,536) and 81,920 MiB. DGX A100: one 200 Gb/s HDR port per GPU.
-        _gpu("a100-40gb", "NVIDIA A100 40GB SXM", 40 * GiB, 312, NVLINK3, IB_HDR, PCIE4, _A100, DGX_A100_NICS),
-        _gpu("a100-80gb", "NVIDIA A100 80GB SXM", 80 * GiB, 312, NVLINK3, IB_HDR, PCIE4, _A100, DGX_A100_NICS),
+        _gpu("a100-40gb", "NVIDIA A100 40GB SXM", 40 * GiB, 312, NVLINK3, IB_HDR, PCIE4, _A100, DGX_A100_NICS,
+             GpuArchitecture.ampere, nvswitch=True),
+        _gpu("a100-80gb", "NVIDIA A100 80GB SXM", 80 * GiB, 312, NVLINK3, IB_HDR, PCIE4, _A100, DGX_A100_NICS,
+             GpuArchitecture.ampere, nvswitch=True, achievable=A100_80GB_ACHIEVED),
         # bf16 1,979 TFLOP/s with sparsity, 989 dense. nvidia-smi: 81,559 MiB (79.65 GiB).
         # DGX H100: one 400 Gb/s NDR port per GPU.
         _gpu("h100-80gb", "NVIDIA H100 80GB SXM", 81_559 * MiB, 989, NVLINK4, IB_NDR, PCIE5,
-             "NVIDIA H100 Tensor Core GPU datasheet (SXM); NVIDIA DGX H100 datasheet", DGX_H100_NICS),
+             "NVIDIA H100 Tensor Core GPU datasheet (SXM); NVIDIA DGX H100 datasheet", DGX_H100_NICS,
+             GpuArchitecture.hopper, nvswitch=True, achievable=H100_ACHIEVED),
         # Same compute as the H100 SXM; 141 GB HBM3e, which nvidia-smi shows as 143,771 MiB.
         _gpu("h200-141gb", "NVIDIA H200 141GB SXM", 143_771 * MiB, 989, NVLINK4, IB_NDR, PCIE5,
-             "NVIDIA H200 Tensor Core GPU datasheet (SXM); NVIDIA DGX H200 datasheet", DGX_H200_NICS),
+             "NVIDIA H200 Tensor Core GPU datasheet (SXM); NVIDIA DGX H200 datasheet", DGX_H200_NICS,
+             GpuArchitecture.hopper, nvswitch=True, achievable=H200_ACHIEVED),
         # HGX B200: 18 PFLOP/s fp16/bf16 dense for 8 GPUs = 2.25 each. DGX B200: 1,440 GB of GPU
         # memory for 8 GPUs, which nvidia-smi shows as 183,359 MiB each; 8 x 400 Gb/s.
         _gpu("b200", "NVIDIA B200 SXM", 183_359 * MiB, 2250, NVLINK5, IB_NDR, PCIE5,
-             "NVIDIA HGX B200 datasheet; NVIDIA DGX B200 datasheet", DGX_B200_NICS),
+             "NVIDIA HGX B200 datasheet; NVIDIA DGX B200 datasheet", DGX_B200_NICS,
+             GpuArchitecture.blackwell, nvswitch=True),
         # bf16 1,307.4 TFLOP/s dense. 192 GB HBM3, exactly 192 GiB on bare metal (an SR-IOV
         # virtual function reports 196,288 MiB). Network: eight 400 Gb/s NICs per node.
         _gpu("mi300x", "AMD Instinct MI300X", 192 * GiB, 1307.4, INFINITY_FABRIC, IB_NDR, PCIE5,
-             "AMD Instinct MI300X accelerator data sheet", MI300X_NICS),
+             "AMD Instinct MI300X accelerator data sheet", MI300X_NICS, GpuArchitecture.cdna3),
         # bf16 362.05 TFLOP/s dense (733 with sparsity). 48 GB GDDR6, 46,068 MiB with ECC on.
         # No NVLink: peers talk over PCIe.
         _gpu("l40s", "NVIDIA L40S", 46_068 * MiB, 362.05, PCIE4, ROCE_100G, PCIE4,
-             "NVIDIA L40S GPU datasheet", L40S_NICS),
+             "NVIDIA L40S GPU datasheet", L40S_NICS, GpuArchitecture.ada),
         # AWS's variant of the A10 (no public datasheet of its own). Tensor rate: the figure cloud
         # providers publish for the A10G, 70 TFLOP/s fp16/bf16 dense (the A10's 125 is an upper
         # bound). 24 GB GDDR6, 23,028 MiB with ECC on. g5.48xlarge: 8 GPUs share 100 Gb/s.
         _gpu("a10g", "NVIDIA A10G (AWS)", 23_028 * MiB, 70, PCIE4, ETH_100G_PER_8, PCIE4,
-             "NVIDIA A10 Tensor Core GPU datasheet (memory, PCIe); Amazon EC2 G5 instance specifications (network)", G5_NICS),
+             "NVIDIA A10 Tensor Core GPU datasheet (memory, PCIe); Amazon EC2 G5 instance specifications (network)", G5_NICS,
+             GpuArchitecture.ampere),
         # bf16 with fp32 accumulate 165.2 TFLOP/s dense (330.4 with fp16 accumulate, the
         # figure often quoted). 24 GB GDDR6X, 24,564 MiB. Peer-to-peer is off on GeForce, so
         # peers go through host memory. Assumed an 8-card server on one 25 GbE port.
         _gpu("rtx-4090", "NVIDIA GeForce RTX 4090", 24_564 * MiB, 165.2, PCIE4, ETH_25G_PER_8, PCIE4,
-             "NVIDIA Ada Lovelace GPU Architecture whitepaper (GeForce RTX 4090)", ETH_25G_NICS),
+             "NVIDIA Ada Lovelace GPU Architecture whitepaper (GeForce RTX 4090)", ETH_25G_NICS,
+             GpuArchitecture.ada),
     ]
 }
 

@@ -7,6 +7,22 @@ from zeroplan.report.table import parameter_count_caution
 from zeroplan.results import FitReport, StrategyPlan
 
 
+_OP_SHORT = {"all_reduce": "AR", "all_gather": "AG", "reduce_scatter": "RS", "broadcast": "BC"}
+
+
+def nccl_algorithms(plan: StrategyPlan) -> str:
+    """The NCCL algorithms of each collective op, e.g. 'AR nvls*, AG ring' (* = some at an
+    achievable busbw); ops in the order they first appear, algorithms by first use."""
+    by_op: dict[str, list[str]] = {}
+    achievable: set[str] = set()
+    for cost in plan.time.collective_times:
+        names = by_op.setdefault(_OP_SHORT[cost.op.value], [])
+        names += [a.value for a in cost.algorithms if a.value not in names]
+        if cost.bandwidth_basis == "achievable":
+            achievable.add(_OP_SHORT[cost.op.value])
+    return ", ".join(f"{op} {'+'.join(names)}{'*' if op in achievable else ''}" for op, names in by_op.items()) or "-"
+
+
 def _row(plan: StrategyPlan, num_parameters: int) -> list[str]:
     t = plan.time
     return [
@@ -21,6 +37,7 @@ def _row(plan: StrategyPlan, num_parameters: int) -> list[str]:
         f"{t.step_with_overlap_s:.3f}",
         f"{t.step_without_overlap_s:.3f}",
         "yes" if plan.fits else "no",
+        nccl_algorithms(plan),
     ]
 
 
@@ -42,14 +59,18 @@ def render_compare_table(report: FitReport) -> str:
         f"host CPUs: {c.host.cores_per_node} cores, {c.host.memory_bandwidth_bytes_per_s / 1e9:g} GB/s memory per node, "
         "shared by its GPUs (cpu-step = offload's CPU optimizer step)",
         "volume = per-step volume of what the engine sends, in units of Psi, counted as the ZeRO paper does (sec. 7); sent = GB each GPU sends per step (ring); times in s.",
+        "nccl = the algorithm NCCL's tuning model picks for each collective (AR all-reduce, AG all-gather, RS reduce-scatter, "
+        "BC broadcast; a+b: calls of different sizes differ); * = at a published or calibrated nccl-tests busbw "
+        "(docs/gpus.md), else at the datasheet link rates.",
         "",
     ]
-    names = ["strategy", "volume", "sent", "comm", "host", "cpu-step", "compute", "exposed", "step", "no-overlap", "fits"]
+    names = ["strategy", "volume", "sent", "comm", "host", "cpu-step", "compute", "exposed", "step", "no-overlap", "fits", "nccl"]
     rows = [_row(p, report.num_parameters) for p in report.plans]
     widths = [max(len(names[i]), *(len(r[i]) for r in rows)) for i in range(len(names))]
 
     def line(cells: list[str]) -> str:
-        return "  ".join([cells[0].ljust(widths[0]), *(x.rjust(w) for x, w in zip(cells[1:], widths[1:]))])
+        middle = (x.rjust(w) for x, w in zip(cells[1:-1], widths[1:-1]))
+        return "  ".join([cells[0].ljust(widths[0]), *middle, cells[-1].ljust(widths[-1])]).rstrip()
 
     lines += [line(names), line(["-" * w for w in widths]), *(line(r) for r in rows)]
     lines += parameter_count_caution(report.model)

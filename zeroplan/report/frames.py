@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from zeroplan.core.search import PlanSearchResult
+from zeroplan.report.compare_table import nccl_algorithms
 from zeroplan.results import FitReport, StrategyPlan
 
 MEMORY_COLUMNS = (
@@ -44,6 +45,7 @@ def plan_row(plan: StrategyPlan) -> dict[str, object]:
         step_without_overlap_s=plan.time.step_without_overlap_s,
         state_convention=plan.state_convention.value,
         shard_group_size=plan.shard_group_size,
+        nccl_algorithms=nccl_algorithms(plan),
     )
     return row
 
@@ -66,8 +68,13 @@ def collectives_frame(plan: StrategyPlan) -> pd.DataFrame:
             "buffer_bytes_per_step": c.buffer_bytes_per_step,
             "sent_bytes_per_step": c.sent_bytes_per_step,
             "spans_nodes": c.spans_nodes,
+            "algorithm": t.algorithm.value,
+            "algorithms": "+".join(a.value for a in t.algorithms),
+            "bus_bandwidth_bytes_per_s": t.bus_bandwidth_bytes_per_s,
+            "bandwidth_basis": t.bandwidth_basis,
+            "seconds_per_step": t.seconds,
         }
-        for c in plan.collectives
+        for c, t in zip(plan.collectives, plan.time.collective_times, strict=True)
     ]
     return pd.DataFrame(rows)
 

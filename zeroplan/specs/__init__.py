@@ -1,7 +1,16 @@
 """Typed, frozen specs: what the user asks about."""
 
 from zeroplan.specs.framework import Framework
-from zeroplan.specs.hardware import ClusterSpec, GpuSpec, HostSpec, LinkSpec, NodeNetworkSpec, cluster_from_gpus
+from zeroplan.specs.hardware import (
+    AchievedBusBandwidth,
+    ClusterSpec,
+    GpuArchitecture,
+    GpuSpec,
+    HostSpec,
+    LinkSpec,
+    NodeNetworkSpec,
+    cluster_from_gpus,
+)
 from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
 from zeroplan.specs.request import MemoryAssumptions, PerformanceAssumptions, PlanRequest, check_seq_len
 from zeroplan.specs.strategy import StrategyKind, StrategySpec, ZeroGradientReduce
@@ -16,11 +25,13 @@ from zeroplan.specs.training import (
 )
 
 __all__ = [
+    "AchievedBusBandwidth",
     "ActivationCheckpointing",
     "AttentionKernel",
     "BatchSpec",
     "ClusterSpec",
     "Framework",
+    "GpuArchitecture",
     "GpuSpec",
     "HostSpec",
     "LinkSpec",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from enum import Enum
+
 from pydantic import Field, model_validator
 
 from zeroplan.errors import ZeroplanError
@@ -30,6 +32,44 @@ class NodeNetworkSpec(Frozen):
     """Unidirectional bandwidth of one NIC, bytes per second (400 Gb/s = 50e9)."""
     source: str = Field(min_length=1)
     """Where the NIC count and speed come from (system datasheet)."""
+    sharp: bool = False
+    """Whether the fabric offers in-network reduction (InfiniBand SHARP) that NCCL's CollNet
+    plugin uses; only a cluster that declares it gets the collnet algorithm (and multi-node NVLS)."""
+
+
+class GpuArchitecture(str, Enum):
+    """The GPU generation, which NCCL's tuning model keys some constants by (src/graph/tuning.cc)."""
+
+    volta = "volta"
+    ampere = "ampere"
+    ada = "ada"
+    hopper = "hopper"
+    blackwell = "blackwell"
+    cdna3 = "cdna3"
+
+
+class AchievedBusBandwidth(Frozen):
+    """One published nccl-tests result: the bus bandwidth a collective reached on a real system.
+    Kept apart from the datasheet figures of the links (docs/gpus.md, "Achievable bandwidth")."""
+
+    collective: str = Field(pattern="^(all_reduce|all_gather|reduce_scatter)$")
+    """all_reduce, all_gather or reduce_scatter."""
+    scope: str = Field(pattern="^(intra_node|inter_node)$")
+    """intra_node (one node, NVLink/NVSwitch) or inter_node (the run spans nodes)."""
+    bus_bandwidth_bytes_per_s: float = Field(gt=0)
+    """nccl-tests' busbw at ``message_bytes``, bytes per second (GB/s x 1e9)."""
+    num_nodes: int = Field(gt=0)
+    """Nodes of the run."""
+    gpus_per_node: int = Field(gt=0)
+    """Ranks (GPUs) per node of the run."""
+    message_bytes: int = Field(gt=0)
+    """nccl-tests' size column of the row quoted, bytes."""
+    nccl_version: str = Field(min_length=1)
+    """NCCL release the run used, as the source states it."""
+    source: str = Field(min_length=1)
+    """Where the figure is published (URL), or the log file it was fitted from."""
+    note: str = ""
+    """What else the source says (system, in-place or out-of-place, algorithm)."""
 
 
 class GpuSpec(Frozen):
@@ -55,6 +95,14 @@ class GpuSpec(Frozen):
     node_network: NodeNetworkSpec | None = None
     """The node's NICs; None means one NIC per GPU of the node, each at inter_node_link's
     bandwidth (rail-optimised)."""
+    architecture: GpuArchitecture | None = None
+    """GPU generation (NCCL's NVLS efficiency is keyed by it); None: unknown, no NVLS."""
+    nvswitch: bool = False
+    """Whether the GPUs of a node all meet at NVSwitches (NCCL's NVLS needs them, and Hopper or
+    newer: src/graph/search.cc refuses the NVLS pattern without an NVS node or below sm_90)."""
+    achievable: tuple[AchievedBusBandwidth, ...] = ()
+    """Published (or calibrated) nccl-tests bus bandwidths, each with its source; the planner
+    uses them by default (PerformanceAssumptions.bandwidth) and the links keep the nominal figures."""
 
 
 class HostSpec(Frozen):

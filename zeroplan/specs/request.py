@@ -52,8 +52,14 @@ class PerformanceAssumptions(Frozen):
     model_flops_utilization: float = Field(default=0.4, gt=0.0, le=1.0)
     """Fraction of the GPU's peak bf16 throughput the forward and backward passes achieve
     (MFU; PaLM, Chowdhery et al. 2022, sec. 4.1 and Appendix B, reports 46% for PaLM 540B)."""
-    all_reduce_algorithm: str = Field(default="ring", pattern="^(ring|tree)$")
-    """Latency model of all-reduce: 'ring' (2(N-1) steps) or 'tree' (2 log2 N steps)."""
+    algorithm: str = Field(default="auto", pattern="^(auto|ring|tree|nvls|nvls_tree|collnet)$")
+    """NCCL algorithm of each collective call: 'auto' = the one NCCL's tuning model predicts
+    fastest (zeroplan/core/algorithms.py); a name forces it wherever NCCL offers it for that
+    collective and cluster, and ring elsewhere (NCCL's own fallback)."""
+    bandwidth: str = Field(default="achievable", pattern="^(achievable|nominal)$")
+    """'achievable': an algorithm that a published (or calibrated) nccl-tests result of the GPU
+    measured runs at that result's efficiency (GpuSpec.achievable); 'nominal': datasheet link
+    rates only."""
 
 
 class PlanRequest(Frozen):
