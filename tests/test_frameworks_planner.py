@@ -68,11 +68,11 @@ def test_offloaded_activations_are_one_recomputed_block_and_what_is_outside_the_
 
 
 def test_the_forward_stash_sets_the_offloaded_activations_when_it_outweighs_a_block(gpu_80gib) -> None:
-    # A block whose recomputation holds less than the four block inputs torchtune's forward
+    # A block whose recomputation holds less than the five block inputs torchtune's forward
     # stash keeps (max_fwd_stash_size=5): the stash is then the larger moment.
     request = _request(gpu_80gib, Framework.torchtune, activation_checkpointing=AC.full, activation_offloading=True)
     layer = framework_layer_bytes(request)
-    stash = (OFFLOAD_FORWARD_STASH - 1) * 2 * 16384 * 4096
+    stash = OFFLOAD_FORWARD_STASH * 2 * 16384 * 4096
     assert offloaded_layers_bytes(request, layer) == layer > stash
     assert offloaded_layers_bytes(request, stash // 2) == stash
 
