@@ -148,8 +148,8 @@ def check_framework_request(training: TrainingSpec, model: ModelSpec | None = No
             f"not offered by {training.framework.value} (allowed only with framework torchtune)",
         )
     # torchtune 0.6.1 recipes/full_finetune_distributed.py __init__ raises a RuntimeError when
-    # enable_activation_offloading is set without enable_activation_checkpointing, and
-    # _setup_model applies no checkpointing at all when both that and ac_mode are set.
+    # enable_activation_offloading is set without enable_activation_checkpointing, and with
+    # ac_mode set as well _setup_model applies no checkpointing at all: offloading goes with full.
     if training.activation_offloading and training.activation_checkpointing is not ActivationCheckpointing.full:
         raise ZeroplanError(
             "activation_offloading",
@@ -344,6 +344,12 @@ builds it: an offloaded tensor stays on the device until five later saved tensor
 # projection's input, which NoOpManager keeps). unpack_tensor brings a tensor back only when
 # autograd asks for it, so backward holds one recomputed block (its input brought back is the
 # tensor its first norm saves again). The larger of the two moments is kept.
+def offloads_blocks(request: PlanRequest) -> bool:
+    """Whether torchtune's offloading moves each block's saved input off the device."""
+    s, b = request.batch.seq_len, request.batch.micro_batch_size
+    return request.training.activation_offloading and block_input_bytes(request, s, b) >= OFFLOAD_MIN_BYTES
+
+
 def offloaded_layers_bytes(request: PlanRequest, layer: int) -> int:
     s, b = request.batch.seq_len, request.batch.micro_batch_size
     forward_stash = OFFLOAD_FORWARD_STASH * block_input_bytes(request, s, b)
@@ -358,7 +364,7 @@ def framework_activation_bytes(request: PlanRequest) -> int:
     s, b = request.batch.seq_len, request.batch.micro_batch_size
     layer = framework_layer_bytes(request)
     mode = training.activation_checkpointing
-    if training.activation_offloading:
+    if offloads_blocks(request):
         layers = offloaded_layers_bytes(request, layer)
     elif mode is ActivationCheckpointing.none:
         layers = model.num_layers * layer
@@ -397,7 +403,7 @@ def framework_block_kept_bytes(request: PlanRequest, position: int = 1) -> int:
     s, b = request.batch.seq_len, request.batch.micro_batch_size
     training = request.training
     mode = training.activation_checkpointing
-    if training.activation_offloading and block_input_bytes(request, s, b) >= OFFLOAD_MIN_BYTES:
+    if offloads_blocks(request):
         return 0
     if mode is ActivationCheckpointing.selective_layer:
         mode = ActivationCheckpointing.full if selective_layer_checkpointed(training, position) else ActivationCheckpointing.none

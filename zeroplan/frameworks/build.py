@@ -73,7 +73,7 @@ def build(framework: Framework, model: ModelSpec, layers: int, policy: Activatio
     check_measurable(framework, policy, model, activation_offloading)
     if framework is Framework.torchtune:
         return _torchtune_llama(model, layers, policy, dtype, selective_layer_interval, activation_offloading)
-    builder = {Framework.hf: _hf_llama, Framework.torchtune: _torchtune_llama}[framework]
+    builder = {Framework.hf: _hf_llama}[framework]
     return builder(model, layers, policy, dtype)
 
 
@@ -110,10 +110,10 @@ def _torchtune_llama(model: ModelSpec, layers: int, policy: ActivationCheckpoint
     from importlib.metadata import version
 
     from torchtune import modules, training
+    from torchtune.models.llama3_1 import llama3_1
     from torchtune.training import activations
 
     from zeroplan.frameworks._cuda_streams import host_cuda_streams
-    from torchtune.models.llama3_1 import llama3_1
 
     # torchtune models/llama3_1/_component_builders.py llama3_1(): the builder its
     # llama3_1_8b/70b/405b presets call with their sizes.

@@ -89,6 +89,7 @@ def _forward(model: ModelSpec, training: TrainingSpec, batch: BatchSpec, layers:
         built.module.to_empty(device="cpu")
         tokens = torch.randint(0, model.vocab_size, (batch.micro_batch_size, batch.seq_len))
         tracker = private.live_bytes_tracker()
+
         def device_bytes() -> int:
             return private.tracker_live_bytes(tracker) - built.host_bytes()
 
