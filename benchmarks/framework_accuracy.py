@@ -34,12 +34,17 @@ class FrameworkRow:
 
     @property
     def block_error(self) -> float:
+        """Relative error; 0 when both are 0 (offloaded blocks keep nothing on the device)."""
+        if self.measured_block_bytes == 0:
+            return 0.0 if self.predicted_block_bytes == 0 else float("inf")
         return (self.predicted_block_bytes - self.measured_block_bytes) / self.measured_block_bytes
 
 
 def predicted_block_bytes(record: FrameworkRecord) -> int:
+    """What the blocks the record's deeper forward adds keep, by their positions (1-based)."""
     request = planner_request(record.model, record.training, record.batch, record.strategy, PLANNED_WORLD_SIZE)
-    return framework_block_kept_bytes(request)
+    first = record.built_layers + 1
+    return sum(framework_block_kept_bytes(request, position) for position in range(first, first + record.added_layers))
 
 
 def framework_rows(directory: Path = DEFAULT_RECORDS) -> list[FrameworkRow]:

@@ -26,14 +26,23 @@ RUNS = [
     ("hf", "ddp", "bf16-mixed", "none"), ("hf", "ddp", "bf16-mixed", "full"),
     ("torchtune", "fsdp-full-shard", "bf16-pure", "none"), ("torchtune", "fsdp-full-shard", "bf16-pure", "full"),
 ]
+# torchtune 0.6.1's other options, as TrainingSpec fields: ac_mode selective with ac_option 2
+# (recipes/configs/dev/8B_full_experimental.yaml) and 3 (a period of three blocks), and
+# enable_activation_offloading, which its recipe allows only with full checkpointing.
+OPTION_RUNS = [
+    ("torchtune", "fsdp-full-shard", "bf16-pure", {"activation_checkpointing": "selective-layer", "selective_layer_interval": 2}),
+    ("torchtune", "fsdp-full-shard", "bf16-pure", {"activation_checkpointing": "selective-layer", "selective_layer_interval": 3}),
+    ("torchtune", "fsdp-full-shard", "bf16-pure", {"activation_checkpointing": "full", "activation_offloading": True}),
+]
 SHAPES = [("llama-3.1-8b", 8192, 2), ("llama-3.1-8b", 4096, 1), ("llama-3.1-70b", 4096, 1)]
 
 
 def main(out: Path = DEFAULT_OUT) -> None:
     out.mkdir(parents=True, exist_ok=True)
+    runs = [(f, s, p, {"activation_checkpointing": policy}) for f, s, p, policy in RUNS] + OPTION_RUNS
     for model_name, seq_len, micro_batch in SHAPES:
-        for framework, strategy, precision, policy in RUNS:
-            training = TrainingSpec(framework=framework, precision=precision, activation_checkpointing=policy)
+        for framework, strategy, precision, options in runs:
+            training = TrainingSpec(framework=framework, precision=precision, **options)
             record = measure(get_model(model_name), StrategyKind(strategy), training,
                              BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch))
             path = out / record.file_name

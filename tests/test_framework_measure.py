@@ -17,10 +17,10 @@ RECORDS = Path(__file__).resolve().parent.parent / "benchmarks" / "framework-rec
 pytest.importorskip("torch")
 
 
-def _measure(framework, strategy, precision, policy, seq_len=4096, micro_batch=1, model="llama-3.1-8b"):
+def _measure(framework, strategy, precision, policy, seq_len=4096, micro_batch=1, model="llama-3.1-8b", **options):
     from zeroplan.frameworks.measure import measure
 
-    training = TrainingSpec(framework=framework, precision=precision, activation_checkpointing=policy)
+    training = TrainingSpec(framework=framework, precision=precision, activation_checkpointing=policy, **options)
     return measure(get_model(model), StrategyKind(strategy), training, BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch))
 
 
@@ -35,6 +35,25 @@ def test_a_live_measurement_reproduces_its_committed_record(framework, strategy,
     from zeroplan.frameworks.record import FrameworkRecord
 
     record = _measure(framework, strategy, precision, policy)
+    _assert_reproduces(record)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy, options", [
+    ("selective-layer", {"selective_layer_interval": 3}),
+    ("full", {"activation_offloading": True}),
+])
+def test_torchtunes_other_options_reproduce_their_committed_records(policy, options) -> None:
+    # torchtune's own apply_selective_activation_checkpointing and OffloadActivations (its
+    # CUDA stream calls stood in for by zeroplan/frameworks/_cuda_streams.py).
+    pytest.importorskip("torchtune")
+    record = _measure("torchtune", "fsdp-full-shard", "bf16-pure", policy, **options)
+    _assert_reproduces(record)
+
+
+def _assert_reproduces(record) -> None:
+    from zeroplan.frameworks.record import FrameworkRecord
+
     committed = FrameworkRecord.model_validate_json((RECORDS / record.file_name).read_text())
     # Another release is other code: say so before comparing bytes (scripts/install-frameworks pins it).
     assert record.framework_version == committed.framework_version
@@ -57,6 +76,26 @@ def test_a_framework_that_cannot_be_measured_is_named() -> None:
             check_measurable(Framework.hf, ActivationCheckpointing.none, llama.model_copy(update=changed))
     with pytest.raises(ZeroplanError, match="head_dim"):
         check_measurable(Framework.torchtune, ActivationCheckpointing.none, llama.model_copy(update={"head_dim": 256}))
+    for framework, policy in ((Framework.hf, ActivationCheckpointing.full), (Framework.torchtune, ActivationCheckpointing.none)):
+        with pytest.raises(ZeroplanError, match="--activation-offloading"):
+            check_measurable(framework, policy, llama, activation_offloading=True)
+
+
+def test_selective_layer_counts_blocks_from_one_in_every_model_built() -> None:
+    # torchtune's checkpoint_wrapper keeps its block count for the whole process; each build
+    # starts it afresh, as the recipe's one build does.
+    pytest.importorskip("torchtune")
+    import torch
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    from zeroplan.frameworks.build import build
+
+    tiny = get_model("llama-3.1-8b").model_copy(update={"hidden_size": 64, "num_heads": 4, "num_kv_heads": 2,
+                                                        "ffn_hidden_size": 128, "vocab_size": 256})
+    for _ in range(2):
+        built = build(Framework.torchtune, tiny, 5, ActivationCheckpointing.selective_layer, torch.bfloat16,
+                      selective_layer_interval=2)
+        assert [isinstance(block, CheckpointWrapper) for block in built.blocks] == [False, True, False, True, False]
 
 
 def test_simulate_framework_is_one_line_when_asked_for_torchtitan(capsys) -> None:

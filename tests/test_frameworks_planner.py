@@ -12,8 +12,8 @@ from zeroplan.cli.main import main
 from zeroplan.core.activations import activation_bytes, logits_bytes
 from zeroplan.core.frameworks import (
     hf_autocast_copies_bytes,
-    NCCL_BUFFSIZE_BYTES, PROFILES, framework_activation_bytes, framework_layer_bytes, framework_logits_bytes,
-    nccl_buffer_bytes, usable_memory_bytes,
+    NCCL_BUFFSIZE_BYTES, OFFLOAD_FORWARD_STASH, PROFILES, framework_activation_bytes, framework_block_kept_bytes,
+    framework_layer_bytes, framework_logits_bytes, nccl_buffer_bytes, offloaded_layers_bytes, usable_memory_bytes,
 )
 from zeroplan.core.plan import fit, memory_breakdown
 from zeroplan.errors import ZeroplanError
@@ -40,7 +40,7 @@ def _request(gpu, framework=Framework.zeroplan, kind=StrategyKind.fsdp_full_shar
 @pytest.mark.parametrize("framework,policy", [
     (Framework.zeroplan, AC.selective_op), (Framework.zeroplan, AC.selective_layer),
     (Framework.torchtitan, AC.selective_layer), (Framework.torchtitan, AC.selective),
-    (Framework.hf, AC.selective_op), (Framework.torchtune, AC.selective_op),
+    (Framework.hf, AC.selective_op), (Framework.hf, AC.selective_layer), (Framework.torchtune, AC.selective_op),
 ])
 def test_a_policy_the_framework_does_not_offer_is_refused(gpu_80gib, framework, policy) -> None:
     with pytest.raises(ZeroplanError, match="activation_checkpointing.*allowed"):
@@ -49,10 +49,71 @@ def test_a_policy_the_framework_does_not_offer_is_refused(gpu_80gib, framework, 
 
 def test_activation_offloading_only_where_offered(gpu_80gib) -> None:
     with pytest.raises(ZeroplanError, match="activation_offloading"):
-        memory_breakdown(_request(gpu_80gib, Framework.hf, activation_offloading=True))
-    offloaded = memory_breakdown(_request(gpu_80gib, Framework.torchtune, activation_offloading=True))[0]
-    kept = memory_breakdown(_request(gpu_80gib, Framework.torchtune))[0]
-    assert offloaded.activation_bytes < kept.activation_bytes / 10
+        memory_breakdown(_request(gpu_80gib, Framework.hf, activation_offloading=True, activation_checkpointing=AC.full))
+    # torchtune's recipe raises without enable_activation_checkpointing.
+    for policy in (AC.none, AC.selective_layer):
+        with pytest.raises(ZeroplanError, match="activation_offloading.*only with activation_checkpointing 'full'"):
+            memory_breakdown(_request(gpu_80gib, Framework.torchtune, activation_offloading=True, activation_checkpointing=policy))
+    offloaded = memory_breakdown(_request(gpu_80gib, Framework.torchtune, activation_offloading=True, activation_checkpointing=AC.full))[0]
+    kept = memory_breakdown(_request(gpu_80gib, Framework.torchtune, activation_checkpointing=AC.full))[0]
+    assert offloaded.activation_bytes < kept.activation_bytes
+
+
+def test_offloaded_activations_are_one_recomputed_block_and_what_is_outside_the_blocks(gpu_80gib) -> None:
+    full = _request(gpu_80gib, Framework.torchtune, activation_checkpointing=AC.full)
+    offloaded = _request(gpu_80gib, Framework.torchtune, activation_checkpointing=AC.full, activation_offloading=True)
+    inputs = 32 * 2 * 16384 * 4096  # every block's bf16 input, kept without offloading
+    assert framework_activation_bytes(full) - framework_activation_bytes(offloaded) == inputs
+    assert framework_block_kept_bytes(offloaded) == 0 < framework_block_kept_bytes(full)
+
+
+def test_the_forward_stash_sets_the_offloaded_activations_when_it_outweighs_a_block(gpu_80gib) -> None:
+    # A block whose recomputation holds less than the five block inputs torchtune's forward
+    # stash keeps (max_fwd_stash_size=5): the stash is then the larger moment.
+    request = _request(gpu_80gib, Framework.torchtune, activation_checkpointing=AC.full, activation_offloading=True)
+    layer = framework_layer_bytes(request)
+    stash = OFFLOAD_FORWARD_STASH * 2 * 16384 * 4096
+    assert offloaded_layers_bytes(request, layer) == layer > stash
+    assert offloaded_layers_bytes(request, stash // 2) == stash
+
+
+def test_selective_layer_checkpoints_every_kth_block_from_the_first(gpu_80gib) -> None:
+    request = _request(gpu_80gib, Framework.torchtune, activation_checkpointing=AC.selective_layer, selective_layer_interval=3)
+    kept = [framework_block_kept_bytes(request, position) for position in range(1, 7)]
+    none = framework_layer_bytes(request)
+    block_input = 2 * 16384 * 4096
+    assert kept == [none, none, block_input, none, none, block_input]
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 32])
+def test_selective_layer_activations_follow_the_blocks_it_checkpoints(gpu_80gib, k) -> None:
+    def activations(**training):
+        return framework_activation_bytes(_request(gpu_80gib, Framework.torchtune, **training))
+
+    full, none = activations(activation_checkpointing=AC.full), activations()
+    layer, block_input = framework_layer_bytes(_request(gpu_80gib, Framework.torchtune)), 2 * 16384 * 4096
+    selective = activations(activation_checkpointing=AC.selective_layer, selective_layer_interval=k)
+    checkpointed = 32 // k
+    # One recomputed block on top only when the last block (32) is a checkpointed one.
+    recomputed = layer if 32 % k == 0 else 0
+    assert selective == none - checkpointed * (layer - block_input) + recomputed
+    if k == 1:
+        assert selective == full
+    assert full <= selective <= none + layer
+
+
+def test_a_selective_layer_interval_that_checkpoints_nothing_is_one_line(capsys) -> None:
+    for k, field in (("33", "selective_layer_interval"), ("0", "--selective-layer-interval")):
+        try:
+            code = main(["fit", "llama-3.1-8b", "--framework", "torchtune", "--activation-checkpointing", "selective-layer",
+                         "--selective-layer-interval", k])
+        except SystemExit as exit_:
+            code = exit_.code
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and field in err[0], err
+    with pytest.raises(ZeroplanError, match="selective_layer_interval.*allowed: 1 to 32"):
+        fit(_request(get_gpu("h100-80gb"), Framework.torchtune, activation_checkpointing=AC.selective_layer,
+                     selective_layer_interval=33))
 
 
 def test_every_profile_names_its_version_and_offers_none_and_full() -> None:
@@ -161,7 +222,8 @@ def test_records_are_committed_for_every_measurable_profile() -> None:
 
     records = load_framework_records(RECORDS)
     covered = {(r.training.framework.value, r.training.activation_checkpointing.value) for r in records}
-    assert {("hf", "none"), ("hf", "full"), ("torchtune", "none"), ("torchtune", "full")} <= covered
+    assert {("hf", "none"), ("hf", "full"), ("torchtune", "none"), ("torchtune", "full"), ("torchtune", "selective-layer")} <= covered
+    assert any(r.training.activation_offloading for r in records)
 
 
 @pytest.mark.parametrize("path", _record_files(), ids=lambda p: p.stem)
@@ -175,9 +237,40 @@ def test_block_bytes_match_the_frameworks_own_code(path: Path) -> None:
 
     record = FrameworkRecord.model_validate_json(path.read_text(encoding="utf-8"))
     measured = record.block_kept_bytes
-    # Blocks past the second grow live memory alike: the steady state is reached.
-    assert len(set(record.block_growth_bytes[1:])) == 1, record.block_growth_bytes
+    # Blocks past the second grow live memory alike, period by period (one block, or k under
+    # selective-layer): the steady state is reached.
+    growth, period = record.block_growth_bytes[1:], record.added_layers
+    assert len(growth) > period and all(growth[i] == growth[i + period] for i in range(len(growth) - period)), growth
     assert abs(predicted_block_bytes(record) - measured) <= BLOCK_TARGET * measured
+
+
+@pytest.mark.parametrize("path", [p for p in _record_files() if "selective-layer" in p.name], ids=lambda p: p.stem)
+def test_the_blocks_torchtune_checkpoints_are_the_ones_the_planner_names(path: Path) -> None:
+    # A checkpointed block grows live memory least; the deeper run's growth starts at block 2.
+    from zeroplan.core.frameworks import selective_layer_checkpointed
+    from zeroplan.frameworks.record import FrameworkRecord
+
+    record = FrameworkRecord.model_validate_json(path.read_text(encoding="utf-8"))
+    growth = record.block_growth_bytes
+    least = {index + 2 for index, grown in enumerate(growth) if grown == min(growth)}
+    blocks = range(2, len(growth) + 2)
+    assert least == {p for p in blocks if selective_layer_checkpointed(record.training, p)}
+
+
+@pytest.mark.parametrize("path", [p for p in _record_files() if "+offload" in p.name], ids=lambda p: p.stem)
+def test_what_offloading_leaves_on_the_device_after_the_forward(path: Path) -> None:
+    # torchtune's forward stash still holds the final norm's saved tensors and NoOpManager kept
+    # the output projection's input: the planner's outside-the-blocks term, beside the bf16
+    # logit chunks the forward returns.
+    from zeroplan.core.activations import outside_layers_bytes
+    from zeroplan.frameworks.record import FrameworkRecord
+
+    record = FrameworkRecord.model_validate_json(path.read_text(encoding="utf-8"))
+    s, b = record.batch.seq_len, record.batch.micro_batch_size
+    logits = record.training.precision.compute_bytes * s * b * record.model.vocab_size
+    predicted = logits + outside_layers_bytes(record.model, record.training, s, b)
+    assert record.block_kept_bytes == 0
+    assert abs(predicted - record.retained_bytes[0]) <= 0.02 * record.retained_bytes[0]
 
 
 # The strategies each framework itself runs (torchtitan 0.3.0 ParallelismConfig; torchtune

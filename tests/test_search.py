@@ -110,9 +110,16 @@ def test_framework_profile_limits_strategies_and_policies() -> None:
     kinds = {g.request.strategy.kind for g in groups(base)}
     policies = {g.request.training.activation_checkpointing.value for g in groups(base)}
     assert kinds == {StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op}
-    assert policies == {"none", "full"}
+    # torchtune 0.6.1 offers selective-layer too (at the request's interval, 2 by default).
+    assert policies == {"none", "full", "selective-layer"}
     with pytest.raises(ZeroplanError, match="strategies"):
         search(base, 8, (StrategyKind.zero2,))
+
+
+def test_a_selective_layer_interval_past_the_blocks_is_not_searched() -> None:
+    base = _base("llama-2-7b", 8, framework=Framework.torchtune)
+    shallow = base.model_copy(update={"model": base.model.model_copy(update={"num_layers": 1})})
+    assert {g.request.training.activation_checkpointing.value for g in groups(shallow)} == {"none", "full"}
 
 
 def test_hsdp_groups_divide_the_gpus() -> None:

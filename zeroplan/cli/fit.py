@@ -58,6 +58,10 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
         help="training stack whose model code, checkpointing and loss are predicted (default zeroplan)",
     )
     parser.add_argument(
+        "--selective-layer-interval", type=positive_int, default=2, metavar="K",
+        help="with --activation-checkpointing selective-layer: checkpoint every K-th block (torchtune's ac_option; default 2)",
+    )
+    parser.add_argument(
         "--activation-offloading", action="store_true",
         help="move saved activations to host memory (torchtune's enable_activation_offloading)",
     )
@@ -137,10 +141,11 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         activation_offloading=args.activation_offloading,
         optimizer=Optimizer(args.optimizer),
         activation_checkpointing=ActivationCheckpointing(args.activation_checkpointing),
+        selective_layer_interval=args.selective_layer_interval,
         attention_kernel=AttentionKernel(args.attention),
         state_convention=StateConvention(args.state_convention) if args.state_convention else None,
     )
-    check_framework_request(training)
+    check_framework_request(training, model)
     batch = BatchSpec(
         micro_batch_size=args.micro_batch, seq_len=seq_len_of(args, model.max_positions),
         grad_accum_steps=args.grad_accum, allow_longer_seq=args.allow_longer_seq,

@@ -40,7 +40,7 @@ def run_plan(args: argparse.Namespace) -> int:
     # The flags the search itself varies take their neutral values in the base request.
     fixed = argparse.Namespace(
         **vars(args), micro_batch=1, grad_accum=1, activation_checkpointing="none", hsdp_group=None,
-        activation_offloading=False, state_convention=None,
+        activation_offloading=False, state_convention=None, selective_layer_interval=2,
     )
     result = search(request_from_args(fixed), args.global_batch, parse_strategies(args.strategies), top=args.top)
     if args.format == "json":

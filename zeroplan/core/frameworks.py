@@ -92,12 +92,21 @@ PROFILES: dict[Framework, FrameworkProfile] = {
     ),
     # torchtune 0.6.1: modules/attention.py (lines 285-291) expands K and V to num_heads with
     # unsqueeze/expand/flatten (a copy) before SDPA; modules/loss/ce_chunked_output_loss.py
-    # CEWithChunkedOutputLoss(num_output_chunks=8); recipes/full_finetune_distributed.py offers
-    # enable_activation_checkpointing and enable_activation_offloading; its configs train in
-    # dtype: bf16 (parameters, gradients and optimizer states in bf16).
+    # CEWithChunkedOutputLoss(num_output_chunks=8); its configs train in dtype: bf16
+    # (parameters, gradients and optimizer states in bf16). recipes/full_finetune_distributed.py
+    # _setup_model checkpoints with enable_activation_checkpointing (and no ac_mode):
+    # training.set_activation_checkpointing on every TransformerSelfAttentionLayer; or, with
+    # enable_activation_checkpointing false and ac_mode set, training/activations.py
+    # apply_selective_activation_checkpointing: ac_mode "full" wraps every block alike,
+    # "selective" with an integer ac_option k every k-th. Its docstring's ac_option "op" fails
+    # in int(ac_style) with a ValueError, so op-level selective is not offered.
     Framework.torchtune: FrameworkProfile(
         framework=Framework.torchtune, version="0.6.1",
-        checkpointing=_NONE_FULL, checkpointing_names="none, full (enable_activation_checkpointing)",
+        checkpointing=(*_NONE_FULL, ActivationCheckpointing.selective_layer),
+        checkpointing_names=(
+            "none, full (enable_activation_checkpointing, or ac_mode: full), "
+            "selective-layer (ac_mode: selective, ac_option: k = --selective-layer-interval)"
+        ),
         default_precision=Precision.bf16_pure, expands_kv_heads=True, bf16_module_norm_saves_bf16=False,
         loss_chunks=8, offers_activation_offloading=True,
         # torchtune 0.6.1 recipes/full_finetune_distributed.py: FSDP2 with
@@ -123,8 +132,9 @@ def check_framework_strategies(framework: Framework, strategies: tuple[StrategyK
             )
 
 
-def check_framework_request(training: TrainingSpec) -> None:
-    """Refuse, in one line naming the field, a policy the framework does not offer."""
+def check_framework_request(training: TrainingSpec, model: ModelSpec | None = None) -> None:
+    """Refuse, in one line naming the field, a policy the framework does not offer (and, given
+    the model, a selective-layer interval that checkpoints no block)."""
     prof = profile(training.framework)
     if training.activation_checkpointing not in prof.checkpointing:
         raise ZeroplanError(
@@ -136,6 +146,22 @@ def check_framework_request(training: TrainingSpec) -> None:
         raise ZeroplanError(
             "activation_offloading",
             f"not offered by {training.framework.value} (allowed only with framework torchtune)",
+        )
+    # torchtune 0.6.1 recipes/full_finetune_distributed.py __init__ raises a RuntimeError when
+    # enable_activation_offloading is set without enable_activation_checkpointing, and with
+    # ac_mode set as well _setup_model applies no checkpointing at all: offloading goes with full.
+    if training.activation_offloading and training.activation_checkpointing is not ActivationCheckpointing.full:
+        raise ZeroplanError(
+            "activation_offloading",
+            f"{training.framework.value} {prof.version} offloads only with activation_checkpointing 'full' "
+            f"(got {training.activation_checkpointing.value!r})",
+        )
+    k = training.selective_layer_interval
+    selective_layer = training.activation_checkpointing is ActivationCheckpointing.selective_layer
+    if selective_layer and model is not None and k > model.num_layers:
+        raise ZeroplanError(
+            "selective_layer_interval",
+            f"{k} checkpoints none of {model.name}'s {model.num_layers} blocks (allowed: 1 to {model.num_layers})",
         )
 
 
@@ -276,11 +302,60 @@ def framework_layer_bytes(request: PlanRequest) -> int:
             + hf_autocast_copies_bytes(request))
 
 
-# Korthikanti et al. 2022 sec. 5 for full recomputation (each block's input kept, one block
-# recomputed at a time), with the framework's block. torchtune 0.6.1
-# training/_activation_offloading.py OffloadActivations moves every saved tensor to host memory
-# in forward and brings it back in backward: assumed here to leave one block's activations on
-# the GPU (the block in transit), not calibrated on a GPU.
+# torchtune 0.6.1 training/activations.py checkpoint_wrapper: with ac_mode "selective" a
+# counter numbers the blocks from 1 in model order and wraps block i when ac_option k divides i.
+def selective_layer_checkpointed(training: TrainingSpec, position: int) -> bool:
+    """Whether block ``position`` (1-based) is checkpointed under selective-layer."""
+    return position % training.selective_layer_interval == 0
+
+
+# torchtune 0.6.1 (blocks k, 2k, ... checkpointed, the rest keep everything): c = floor(L/k)
+# blocks keep their input and L - c blocks all their activations. Backward recomputes a
+# checkpointed block once the blocks after it are freed, so one more block's activations are
+# alive on top of everything kept only when the last block is a checkpointed one (k divides
+# L); otherwise the start of backward is the larger moment (Korthikanti et al. 2022 sec. 5 for
+# the recomputed block). k = 1 is full recomputation, L * input + layer.
+def selective_layer_layers_bytes(request: PlanRequest, layer: int) -> int:
+    num_layers, k = request.model.num_layers, request.training.selective_layer_interval
+    checkpointed = num_layers // k
+    s, b = request.batch.seq_len, request.batch.micro_batch_size
+    kept = checkpointed * block_input_bytes(request, s, b) + (num_layers - checkpointed) * layer
+    return kept + (layer if num_layers % k == 0 else 0)
+
+
+OFFLOAD_MIN_BYTES = 1024
+"""torchtune 0.6.1 OffloadActivations(min_offload_size=1024): smaller saved tensors stay."""
+OFFLOAD_FORWARD_STASH = 5
+"""torchtune 0.6.1 OffloadActivations(max_fwd_stash_size=5), as get_act_offloading_ctx_manager
+builds it: an offloaded tensor stays on the device until five later saved tensors are packed."""
+
+
+# torchtune 0.6.1 training/_activation_offloading.py, as recipes/full_finetune_distributed.py
+# uses it (get_act_offloading_ctx_manager around the model's forward, full checkpointing, the
+# output projection under NoOpManager). pack_tensor moves to host every saved tensor of at
+# least min_offload_size bytes that is not a Parameter or Buffer; under full checkpointing a
+# block's one saved tensor is its input (torch 2.13 torch/utils/checkpoint.py
+# _CheckpointFrame.save_inputs saves it before the checkpoint's own hooks are entered; the
+# block's inner tensors go to those hooks), so no block keeps anything on the device. Its forward
+# stash keeps each offloaded tensor alive until five later ones are packed: the inputs of the
+# last five blocks (measured: device bytes grow by one block input over blocks 2 to 5 and not
+# from block 6 on, Llama-3.1-8B, s 4096, 9 blocks); at the end of the forward the final norm's saved
+# tensors, until backward starts (counted in outside_layers_bytes, with the output
+# projection's input, which NoOpManager keeps). unpack_tensor brings a tensor back only when
+# autograd asks for it, so backward holds one recomputed block (its input brought back is the
+# tensor its first norm saves again). The larger of the two moments is kept.
+def offloads_blocks(request: PlanRequest) -> bool:
+    """Whether torchtune's offloading moves each block's saved input off the device."""
+    s, b = request.batch.seq_len, request.batch.micro_batch_size
+    return request.training.activation_offloading and block_input_bytes(request, s, b) >= OFFLOAD_MIN_BYTES
+
+
+def offloaded_layers_bytes(request: PlanRequest, layer: int) -> int:
+    s, b = request.batch.seq_len, request.batch.micro_batch_size
+    forward_stash = OFFLOAD_FORWARD_STASH * block_input_bytes(request, s, b)
+    return max(layer, forward_stash)
+
+
 def framework_activation_bytes(request: PlanRequest) -> int:
     """Activations saved for backward by one micro-batch (logits excluded)."""
     from zeroplan.core.activations import outside_layers_bytes
@@ -289,14 +364,17 @@ def framework_activation_bytes(request: PlanRequest) -> int:
     s, b = request.batch.seq_len, request.batch.micro_batch_size
     layer = framework_layer_bytes(request)
     mode = training.activation_checkpointing
-    if training.activation_offloading:
-        layers = layer
+    if offloads_blocks(request):
+        layers = offloaded_layers_bytes(request, layer)
     elif mode is ActivationCheckpointing.none:
         layers = model.num_layers * layer
     elif mode is ActivationCheckpointing.selective_op:
         kept = selective_op_layer_bytes(model, training, s, b)
         layers = model.num_layers * kept + layer - kept
+    elif mode is ActivationCheckpointing.selective_layer:
+        layers = selective_layer_layers_bytes(request, layer)
     else:
+        # Korthikanti et al. 2022 sec. 5: each block's input kept, one block recomputed at a time.
         layers = model.num_layers * block_input_bytes(request, s, b) + layer
     norm_savings = hf_bf16_norm_savings_bytes(request)
     return layers + outside_layers_bytes(model, training, s, b) - norm_savings
@@ -314,13 +392,21 @@ def framework_logits_bytes(request: PlanRequest) -> int:
     return logits_bytes(model, training, s, b)
 
 
-# What one block keeps for backward under the policy: every saved tensor without recomputation
-# (framework_layer_bytes), the checkpoint's block input with full recomputation (Korthikanti et
-# al. 2022 sec. 5), torchtitan's kept op outputs with selective-op. This is the per-block
-# figure zeroplan.frameworks.measure records from the frameworks' own code.
-def framework_block_kept_bytes(request: PlanRequest) -> int:
+# What block ``position`` (1-based) keeps for backward on the device under the policy: every
+# saved tensor without recomputation (framework_layer_bytes), the checkpoint's block input with
+# full recomputation (Korthikanti et al. 2022 sec. 5), torchtitan's kept op outputs with
+# selective-op, one or the other by position with selective-layer, nothing once torchtune
+# offloads (offloaded_layers_bytes: its one saved tensor, the block input, is at least
+# OFFLOAD_MIN_BYTES for any real model). This is the per-block figure
+# zeroplan.frameworks.measure records from the frameworks' own code.
+def framework_block_kept_bytes(request: PlanRequest, position: int = 1) -> int:
     s, b = request.batch.seq_len, request.batch.micro_batch_size
-    mode = request.training.activation_checkpointing
+    training = request.training
+    mode = training.activation_checkpointing
+    if offloads_blocks(request):
+        return 0
+    if mode is ActivationCheckpointing.selective_layer:
+        mode = ActivationCheckpointing.full if selective_layer_checkpointed(training, position) else ActivationCheckpointing.none
     if mode is ActivationCheckpointing.none:
         return framework_layer_bytes(request)
     if mode is ActivationCheckpointing.selective_op:

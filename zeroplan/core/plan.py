@@ -84,7 +84,7 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     """The model states and the byte terms the peak moments combine, for one request."""
     model, training, batch = request.model, request.training, request.batch
     s, b = batch.seq_len, batch.micro_batch_size
-    check_framework_request(training)
+    check_framework_request(training, model)
     states = model_state_bytes(request)
     if training.framework is Framework.zeroplan:
         activations = activation_bytes(model, training, s, b)

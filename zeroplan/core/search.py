@@ -239,6 +239,8 @@ def groups(base: PlanRequest, strategies: tuple[StrategyKind, ...] | None = None
             strategy = base.strategy.model_copy(update={"kind": kind, "shard_group_size": shard})
             phases = None
             for policy in prof.checkpointing:
+                if policy is ActivationCheckpointing.selective_layer and base.training.selective_layer_interval > base.model.num_layers:
+                    continue  # it would checkpoint no block: the same as none
                 training = base.training.model_copy(update={"activation_checkpointing": policy})
                 request = base.model_copy(update={"training": training}).with_strategy(strategy)
                 group = _build_group(request, phases)

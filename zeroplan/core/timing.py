@@ -139,8 +139,14 @@ def compute_flops(request: PlanRequest) -> tuple[float, float]:
     parameters = active_parameters(request.model)
     forward = FORWARD_FLOPS_PER_PARAMETER_TOKEN * parameters * tokens
     backward = BACKWARD_FLOPS_PER_PARAMETER_TOKEN * parameters * tokens
-    if request.training.activation_checkpointing is ActivationCheckpointing.full:
+    training = request.training
+    if training.activation_checkpointing is ActivationCheckpointing.full:
         backward += forward
+    elif training.activation_checkpointing is ActivationCheckpointing.selective_layer:
+        # torchtune 0.6.1 training/activations.py: blocks k, 2k, ... (floor(L/k) of the L) are
+        # recomputed; their share of the forward is taken as floor(L/k)/L of it.
+        num_layers = request.model.num_layers
+        backward += forward * (num_layers // training.selective_layer_interval) / num_layers
     return forward, backward
 
 

@@ -19,7 +19,7 @@ from zeroplan.specs.framework import Framework
 
 MEASURABLE = {
     Framework.hf: (ActivationCheckpointing.none, ActivationCheckpointing.full),
-    Framework.torchtune: (ActivationCheckpointing.none, ActivationCheckpointing.full),
+    Framework.torchtune: (ActivationCheckpointing.none, ActivationCheckpointing.full, ActivationCheckpointing.selective_layer),
 }
 """Framework -> checkpointing policies the measurement runs. torchtitan 0.3.0 builds every
 Llama-3 with FlexAttention (models/common/config_utils.py get_attention_config refuses sdpa for
@@ -38,9 +38,13 @@ class BuiltModel:
     version: str
     materialize: Callable[[], None] = lambda: None
     """What the framework's recipe runs on a meta-device model before training (run on real tensors)."""
+    host_bytes: Callable[[], int] = lambda: 0
+    """Bytes of the saved-tensor copies the framework has moved to host memory so far (live on
+    a CPU-only fake run, but not on the accelerator): torchtune's activation offloading."""
 
 
-def check_measurable(framework: Framework, policy: ActivationCheckpointing, model: ModelSpec) -> None:
+def check_measurable(framework: Framework, policy: ActivationCheckpointing, model: ModelSpec,
+                     activation_offloading: bool = False) -> None:
     if framework not in MEASURABLE:
         allowed = ", ".join(f.value for f in MEASURABLE)
         raise ZeroplanError("--framework", f"{framework.value!r} cannot be measured yet (allowed: {allowed}); see docs/frameworks.md")
@@ -57,12 +61,19 @@ def check_measurable(framework: Framework, policy: ActivationCheckpointing, mode
     if framework is Framework.torchtune and model.head_size * model.num_heads != model.hidden_size:
         # models/llama3_1/_component_builders.py llama3_1 takes no head_dim: embed_dim // num_heads.
         raise ZeroplanError("model", f"{model.name!r}: torchtune's llama3_1 builder derives head_dim as hidden_size / num_heads")
+    if activation_offloading and (framework is not Framework.torchtune or policy is not ActivationCheckpointing.full):
+        # torchtune 0.6.1 recipes/full_finetune_distributed.py: offloading needs enable_activation_checkpointing.
+        raise ZeroplanError("--activation-offloading", "measured only for torchtune with --activation-checkpointing full")
 
 
-def build(framework: Framework, model: ModelSpec, layers: int, policy: ActivationCheckpointing, dtype: torch.dtype) -> BuiltModel:
-    """The framework's model with ``layers`` blocks on the meta device, in ``dtype``."""
-    check_measurable(framework, policy, model)
-    builder = {Framework.hf: _hf_llama, Framework.torchtune: _torchtune_llama}[framework]
+def build(framework: Framework, model: ModelSpec, layers: int, policy: ActivationCheckpointing, dtype: torch.dtype,
+          *, selective_layer_interval: int = 2, activation_offloading: bool = False) -> BuiltModel:
+    """The framework's model with ``layers`` blocks on the meta device, in ``dtype``
+    (the interval and offloading are torchtune's ``ac_option`` and ``enable_activation_offloading``)."""
+    check_measurable(framework, policy, model, activation_offloading)
+    if framework is Framework.torchtune:
+        return _torchtune_llama(model, layers, policy, dtype, selective_layer_interval, activation_offloading)
+    builder = {Framework.hf: _hf_llama}[framework]
     return builder(model, layers, policy, dtype)
 
 
@@ -93,11 +104,16 @@ def _hf_llama(model: ModelSpec, layers: int, policy: ActivationCheckpointing, dt
     return BuiltModel(module, list(module.model.layers), forward, f"transformers {transformers.__version__}")
 
 
-def _torchtune_llama(model: ModelSpec, layers: int, policy: ActivationCheckpointing, dtype: torch.dtype) -> BuiltModel:
+def _torchtune_llama(model: ModelSpec, layers: int, policy: ActivationCheckpointing, dtype: torch.dtype,
+                     interval: int = 2, offloading: bool = False) -> BuiltModel:
+    import contextlib
     from importlib.metadata import version
 
     from torchtune import modules, training
     from torchtune.models.llama3_1 import llama3_1
+    from torchtune.training import activations
+
+    from zeroplan.frameworks._cuda_streams import host_cuda_streams
 
     # torchtune models/llama3_1/_component_builders.py llama3_1(): the builder its
     # llama3_1_8b/70b/405b presets call with their sizes.
@@ -111,12 +127,33 @@ def _torchtune_llama(model: ModelSpec, layers: int, policy: ActivationCheckpoint
     if policy is ActivationCheckpointing.full:
         # recipes/full_finetune_distributed.py with enable_activation_checkpointing: True.
         training.set_activation_checkpointing(module, auto_wrap_policy={modules.TransformerSelfAttentionLayer})
+    elif policy is ActivationCheckpointing.selective_layer:
+        # recipes/full_finetune_distributed.py with enable_activation_checkpointing: False,
+        # ac_mode: selective, ac_option: k (recipes/configs/dev/8B_full_experimental.yaml, k 2).
+        # training/activations.py checkpoint_wrapper numbers the blocks in an attribute of
+        # itself that lives as long as the process; a recipe builds one model, so it starts at 0.
+        activations.checkpoint_wrapper._count = 0
+        activations.apply_selective_activation_checkpointing(module, "selective", interval)
     # recipes/full_finetune_distributed.py: with CEWithChunkedOutputLoss the model returns
     # num_output_chunks logit chunks (8 in every shipped config).
     module.set_num_output_chunks(8)
+    offload = contextlib.nullcontext()
+    streams = host_cuda_streams if offloading else contextlib.nullcontext
+    if offloading:
+        # recipes/full_finetune_distributed.py _setup_model, then `with activations_handling_ctx:`
+        # around the model's forward (the loss runs outside it); the context also puts the
+        # output projection under NoOpManager.
+        with streams():
+            offload = training.get_act_offloading_ctx_manager(module, True)
 
     def forward(tokens: torch.Tensor) -> torch.Tensor:
-        return module(tokens)
+        with streams(), offload:
+            return module(tokens)
+
+    def host_bytes() -> int:
+        # OffloadActivations.tracker: tensor id -> (tensor, modified); modified is its host copy.
+        tracker = getattr(offload, "tracker", {})
+        return sum(tensor.untyped_storage().nbytes() for tensor, moved in tracker.values() if moved)
 
     def materialize() -> None:
         # recipes/full_finetune_distributed.py after loading on meta: rope_init() on each module
@@ -127,4 +164,4 @@ def _torchtune_llama(model: ModelSpec, layers: int, policy: ActivationCheckpoint
                 submodule.to_empty(device="cpu")
                 submodule.rope_init()
 
-    return BuiltModel(module, list(module.layers), forward, f"torchtune {version('torchtune')}", materialize)
+    return BuiltModel(module, list(module.layers), forward, f"torchtune {version('torchtune')}", materialize, host_bytes)

@@ -2,7 +2,9 @@
 
 What one block keeps for backward is the difference of the bytes still live (torch's
 MemTracker, which follows every storage made, fake ones included) once the forwards of
-``layers`` and ``layers + 1`` blocks have returned in training mode: whatever the block's
+``layers`` and ``layers + 1`` blocks have returned in training mode (``layers + k`` under
+selective-layer checkpointing, one period of k blocks, exactly one of them checkpointed;
+with activation offloading, less the host copies the framework made): whatever the block's
 autograd graph saves, and whatever a checkpoint wrapper keeps to recompute from, stays alive
 until backward; temporaries it frees are not counted. The growth across each block during the
 deeper forward is recorded beside it. Nothing here knows the planner's formulas: the test and
@@ -19,7 +21,7 @@ from zeroplan.frameworks.build import build
 from zeroplan.frameworks.record import FrameworkRecord
 from zeroplan.simulate import _torch_private as private
 from zeroplan.specs.framework import Framework
-from zeroplan.specs import BatchSpec, ModelSpec, Precision, StrategyKind, TrainingSpec
+from zeroplan.specs import ActivationCheckpointing, BatchSpec, ModelSpec, Precision, StrategyKind, TrainingSpec
 
 DEFAULT_PRECISION = {
     # transformers trainer.py TrainingArguments(bf16=True): bf16 compute, fp32 master weights.
@@ -58,10 +60,13 @@ def measure(model: ModelSpec, strategy: StrategyKind, training: TrainingSpec, ba
     notes = []
     if _autocast(training, dtype):
         notes.append("forward under torch.autocast(bfloat16) with fp32 parameters")
+    if training.activation_offloading:
+        notes.append("device bytes: live bytes less the host copies torchtune's OffloadActivations made (its tracker)")
+    added = training.selective_layer_interval if training.activation_checkpointing is ActivationCheckpointing.selective_layer else 1
     _, shallow, _ = _forward(model, training, batch, layers, dtype)
-    version, deep, growth = _forward(model, training, batch, layers + 1, dtype)
+    version, deep, growth = _forward(model, training, batch, layers + added, dtype)
     return FrameworkRecord(
-        framework_version=version, torch_version=torch.__version__, model=model, built_layers=layers,
+        framework_version=version, torch_version=torch.__version__, model=model, built_layers=layers, added_layers=added,
         strategy=strategy, training=training, batch=batch, module_dtype=str(dtype),
         retained_bytes=[shallow, deep], block_growth_bytes=growth,
         wall_time_s=time.perf_counter() - start_s, notes=notes,
@@ -73,22 +78,29 @@ def _autocast(training: TrainingSpec, dtype: torch.dtype) -> bool:
 
 
 def _forward(model: ModelSpec, training: TrainingSpec, batch: BatchSpec, layers: int, dtype: torch.dtype) -> tuple[str, int, list[int]]:
-    """The framework's version, live bytes once the forward has returned (parameters excluded), and each block's growth."""
-    built = build(training.framework, model, layers, training.activation_checkpointing, dtype)
+    """The framework's version, live device bytes once the forward has returned (parameters
+    excluded), and each block's growth."""
+    built = build(training.framework, model, layers, training.activation_checkpointing, dtype,
+                  selective_layer_interval=training.selective_layer_interval,
+                  activation_offloading=training.activation_offloading)
     built.materialize()
     marks: list[int] = []
     with private.fake_tensor_mode():
         built.module.to_empty(device="cpu")
         tokens = torch.randint(0, model.vocab_size, (batch.micro_batch_size, batch.seq_len))
         tracker = private.live_bytes_tracker()
+
+        def device_bytes() -> int:
+            return private.tracker_live_bytes(tracker) - built.host_bytes()
+
         for block in built.blocks:
-            block.register_forward_hook(lambda *_: marks.append(private.tracker_live_bytes(tracker)))
+            block.register_forward_hook(lambda *_: marks.append(device_bytes()))
         private.track_existing(tracker, built.module)
         with tracker:
-            before = private.tracker_live_bytes(tracker)
+            before = device_bytes()
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=_autocast(training, dtype)):
                 output = built.forward(tokens)
-            retained = private.tracker_live_bytes(tracker) - before
+            retained = device_bytes() - before
             del output
     # The growth of block k counts from the end of block k-1 (its output is not counted twice).
     return built.version, retained, [marks[k] - marks[k - 1] for k in range(1, len(marks))]

@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import Field, ValidationError
 
 from zeroplan.errors import ZeroplanError
-from zeroplan.specs import BatchSpec, ModelSpec, StrategyKind, TrainingSpec
+from zeroplan.specs import ActivationCheckpointing, BatchSpec, ModelSpec, StrategyKind, TrainingSpec
 from zeroplan.specs.base import Frozen
 
 SCHEMA_VERSION = 1
@@ -27,6 +27,8 @@ class FrameworkRecord(Frozen):
     """The architecture at its full depth (the planner's request uses it as is)."""
     built_layers: int = Field(ge=3)
     """Decoder blocks actually built (full width; fewer than the model's depth)."""
+    added_layers: int = Field(default=1, ge=1)
+    """Blocks the deeper forward adds (selective-layer: its interval k, one period)."""
     strategy: StrategyKind
     """The strategy the run stands for (it decides the module dtype HF trains in)."""
     training: TrainingSpec
@@ -36,8 +38,9 @@ class FrameworkRecord(Frozen):
     module_dtype: str
     """dtype of the module's parameters during the forward ('torch.bfloat16', ...)."""
     retained_bytes: list[int] = Field(min_length=2, max_length=2)
-    """Bytes still live once the forward has returned (parameters excluded; the logits
-    included), with built_layers and with built_layers + 1 blocks."""
+    """Device bytes still live once the forward has returned (parameters excluded; the logits
+    included; with activation offloading, the framework's host copies excluded), with
+    built_layers and with built_layers + added_layers blocks."""
     block_growth_bytes: list[int]
     """Growth of live bytes across each block's forward after the first, in the deeper run
     (under autocast it also holds the bf16 weight copies autocast caches until forward ends)."""
@@ -48,7 +51,8 @@ class FrameworkRecord(Frozen):
 
     @property
     def block_kept_bytes(self) -> int:
-        """What one more block keeps for backward: the difference of the two retained figures."""
+        """What the added blocks (one, unless added_layers says more) keep for backward: the
+        difference of the two retained figures."""
         return self.retained_bytes[1] - self.retained_bytes[0]
 
     @property
@@ -59,8 +63,13 @@ class FrameworkRecord(Frozen):
     @property
     def name(self) -> str:
         t, b = self.training, self.batch
+        policy = t.activation_checkpointing.value
+        if t.activation_checkpointing is ActivationCheckpointing.selective_layer:
+            policy += f"-k{t.selective_layer_interval}"
+        if t.activation_offloading:
+            policy += "+offload"
         return (f"{t.framework.value}:{self.model.name}:{self.strategy.value}:{t.precision.value}:"
-                f"ac={t.activation_checkpointing.value}:s{b.seq_len}:b{b.micro_batch_size}")
+                f"ac={policy}:s{b.seq_len}:b{b.micro_batch_size}")
 
 
 def load_framework_records(directory: Path) -> list[FrameworkRecord]:

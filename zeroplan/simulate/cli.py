@@ -31,7 +31,12 @@ def build_parser() -> OneLineParser:
     add_seq_len_arguments(parser)
     parser.add_argument("--precision", choices=[p.value for p in Precision], default=None,
                         help="default: bf16-mixed, or the framework's own default with --framework")
-    parser.add_argument("--activation-checkpointing", choices=["none", "full"], default="none")
+    parser.add_argument("--activation-checkpointing", choices=["none", "full", "selective-layer"], default="none",
+                        help="selective-layer: with --framework torchtune (its ac_mode selective)")
+    parser.add_argument("--selective-layer-interval", type=positive_int, default=2, metavar="K",
+                        help="with selective-layer: checkpoint every K-th block (torchtune's ac_option; default 2)")
+    parser.add_argument("--activation-offloading", action="store_true",
+                        help="with --framework torchtune and full checkpointing: its enable_activation_offloading")
     parser.add_argument("--framework", choices=[f.value for f in Framework], default=Framework.zeroplan.value,
                         help="hf or torchtune: build that framework's own model (full width, --layers "
                              "blocks) and record what each block keeps for backward (docs/frameworks.md)")
@@ -91,14 +96,17 @@ def _run_framework(args, framework: Framework, model, batch: BatchSpec) -> int:
         raise ZeroplanError("--framework", f"{framework.value} is not installed ({error.name}); run scripts/install-frameworks") from None
     precision = Precision(args.precision) if args.precision else DEFAULT_PRECISION.get(framework, Precision.bf16_mixed)
     training = TrainingSpec(framework=framework, precision=precision,
-                            activation_checkpointing=ActivationCheckpointing(args.activation_checkpointing))
+                            activation_checkpointing=ActivationCheckpointing(args.activation_checkpointing),
+                            selective_layer_interval=args.selective_layer_interval,
+                            activation_offloading=args.activation_offloading)
     record = measure(model, StrategyKind(args.strategy), training, batch, layers=args.layers)
     print(f"{record.name}  ({record.framework_version}, torch {record.torch_version}, {record.wall_time_s:.1f} s)")
     print(f"  module dtype {record.module_dtype}; {record.built_layers} blocks built")
-    nbytes = record.block_kept_bytes
-    print(f"  one block keeps {format_bytes(nbytes, ByteUnit.MiB)} for backward ({nbytes:,} bytes)")
+    nbytes, added = record.block_kept_bytes, record.added_layers
+    blocks = "one block keeps" if added == 1 else f"{added} blocks keep"
+    print(f"  {blocks} {format_bytes(nbytes, ByteUnit.MiB)} for backward ({nbytes:,} bytes)")
     growth = ", ".join(format_bytes(g, ByteUnit.MiB) for g in record.block_growth_bytes)
-    print(f"  growth across blocks 2..{record.built_layers + 1} during forward: {growth}")
+    print(f"  growth across blocks 2..{record.built_layers + added} during forward: {growth}")
     for note in record.notes:
         print(f"note: {note}")
     if args.out is not None:

@@ -57,8 +57,9 @@ class ActivationCheckpointing(str, Enum):
     """torchtitan's op-level selective checkpointing: keep the outputs of the ops on its save
     list (matmuls, with every second one recomputed; attention), recompute the rest."""
     selective_layer = "selective-layer"
-    """torchtitan's layer-level selective checkpointing: checkpoint every k-th block fully
-    (k = TrainingSpec.selective_layer_interval), keep the others' activations."""
+    """Layer-level selective checkpointing: checkpoint every k-th block fully (blocks k, 2k, ...
+    counted from 1; k = TrainingSpec.selective_layer_interval), keep the others' activations
+    (torchtune's ``ac_mode: selective`` with ``ac_option: k``)."""
 
 
 class AttentionKernel(str, Enum):
@@ -103,11 +104,12 @@ class TrainingSpec(Frozen):
     framework: Framework = Framework.zeroplan
     """The training stack whose model code, checkpointing and loss are predicted."""
     selective_layer_interval: int = Field(default=2, gt=0)
-    """k of selective-layer checkpointing: every k-th block is checkpointed (torchtitan's
-    ``selective_ac_option``)."""
+    """k of selective-layer checkpointing: every k-th block is checkpointed, 1 <= k <= the
+    model's blocks (torchtune's ``ac_option``; its 0, also every block, is k = 1 here). Read
+    only with activation_checkpointing selective-layer."""
     activation_offloading: bool = False
     """Move saved activations to host memory between forward and backward (torchtune's
-    ``enable_activation_offloading``)."""
+    ``enable_activation_offloading``, which its recipe allows only with full checkpointing)."""
 
 
 class BatchSpec(Frozen):
