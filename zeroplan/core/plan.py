@@ -87,7 +87,7 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     check_framework_request(training, model)
     states = model_state_bytes(request)
     if training.framework is Framework.zeroplan:
-        activations = activation_bytes(model, training, s, b)
+        activations = activation_bytes(model, training, s, b, autocast=request.runs_under_autocast)
         logits = logits_bytes(model, training, s, b)
     else:
         activations = framework_activation_bytes(request)

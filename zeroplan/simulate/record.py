@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from enum import Enum
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from zeroplan.specs import BatchSpec, ModelSpec, StrategyKind, TrainingSpec
 from zeroplan.specs.base import Frozen
+from zeroplan.specs.training import recorded_before_kernels
 
 SCHEMA_VERSION = 1
 
@@ -112,6 +113,7 @@ class SimulationRecord(Frozen):
     """The rank this process played."""
     training: TrainingSpec
     """Precision, optimizer, activation checkpointing."""
+    _training_kernels = field_validator("training", mode="before")(recorded_before_kernels)
     batch: BatchSpec
     """Micro-batch size and sequence length of the step."""
     mixed_precision: str

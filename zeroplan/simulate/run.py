@@ -34,6 +34,7 @@ from zeroplan.specs import (
     TrainingSpec,
     check_seq_len,
 )
+from zeroplan.specs.training import measured_on
 
 SUPPORTED_STRATEGIES = (StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op, StrategyKind.ddp)
 SUPPORTED_PRECISIONS = (Precision.bf16_mixed, Precision.fp32)
@@ -77,7 +78,7 @@ def simulate(
         record_args = _run_step(model, kind, world_size, training, batch, mem_tracker, notes)
     return SimulationRecord(
         torch_version=torch.__version__, model=model, strategy=kind, world_size=world_size,
-        rank=rank, training=training, batch=batch, wall_time_s=time.perf_counter() - start_s,
+        rank=rank, training=measured_on(training, _DEVICE), batch=batch, wall_time_s=time.perf_counter() - start_s,
         notes=notes, **record_args,
     )
 
