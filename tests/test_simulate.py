@@ -295,6 +295,7 @@ def test_private_torch_apis_are_where_we_expect() -> None:
     assert callable(getattr(ddp_module, "_verify_param_shape_across_processes", None)), \
         "torch.nn.parallel.distributed._verify_param_shape_across_processes moved"
     assert private.FAKE_BACKEND in dist.Backend.backend_list, "fake_pg no longer registers 'fake'"
+    assert callable(getattr(torch.library.Library, "_destroy", None)), "torch.library.Library._destroy moved"
     tracker = private.fsdp_mem_tracker_class()
     assert hasattr(tracker, "get_tracker_snapshot"), "FSDPMemTracker.get_tracker_snapshot moved"
     from torch.distributed.distributed_c10d import _resolve_process_group  # noqa: F401

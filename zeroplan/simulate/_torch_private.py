@@ -120,3 +120,16 @@ def tracker_live_bytes(tracker: object) -> int:
     """Bytes the tracker counts as live now, summed over devices (its 'Total' entry)."""
     snapshot = tracker.get_tracker_snapshot("current")
     return sum(int(per_category["Total"]) for per_category in snapshot.values())
+
+
+@contextlib.contextmanager
+def aten_kernels(kernels: dict[tuple[str, str], object]) -> Iterator[None]:
+    """Register Python kernels for aten operators, keyed by (operator, dispatch key), while
+    the block runs; torch.library.Library._destroy (private) removes them on exit."""
+    library = torch.library.Library("aten", "IMPL")
+    try:
+        for (name, key), kernel in kernels.items():
+            library.impl(name, kernel, key)
+        yield
+    finally:
+        library._destroy()

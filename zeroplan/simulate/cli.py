@@ -43,6 +43,9 @@ def build_parser() -> OneLineParser:
     parser.add_argument("--layers", type=positive_int, default=4,
                         help="with --framework: decoder blocks built (at least 3; default 4)")
     parser.add_argument("--no-mem-tracker", action="store_true", help="skip FSDPMemTracker (about 2x faster)")
+    parser.add_argument("--cuda-norm-formula", action="store_true",
+                        help="make F.rms_norm save what torch's fused CUDA kernel saves (input and rstd); "
+                             "the record states kernels: cuda (docs/simulate.md)")
     parser.add_argument("--out", type=Path, help=f"directory to write {RECORD_FILE} into")
     return parser
 
@@ -73,7 +76,7 @@ def _run(args) -> int:
     )
     record = simulate(
         model, args.strategy, args.world_size, training=training, batch=batch,
-        rank=args.rank, mem_tracker=not args.no_mem_tracker,
+        rank=args.rank, mem_tracker=not args.no_mem_tracker, cuda_norm_formula=args.cuda_norm_formula,
     )
     print(summary(record))
     if args.out is not None:

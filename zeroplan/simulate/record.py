@@ -127,6 +127,10 @@ class SimulationRecord(Frozen):
     mem_tracker_peak_bytes: dict[str, int] | None = None
     """FSDP2's FSDPMemTracker at the peak of the step, per category (FSDP only; None when
     not run)."""
+    saved_activation_bytes: int | None = Field(default=None, ge=0)
+    """Distinct storages autograd saved for backward in the forward and the loss, parameters
+    excluded (None where a size is data-dependent, MoE, or in records written before it was
+    measured)."""
     wall_time_s: float = Field(ge=0)
     """Seconds the simulation took, model construction included."""
     notes: list[str] = Field(default_factory=list)
