@@ -120,3 +120,10 @@ def tracker_live_bytes(tracker: object) -> int:
     """Bytes the tracker counts as live now, summed over devices (its 'Total' entry)."""
     snapshot = tracker.get_tracker_snapshot("current")
     return sum(int(per_category["Total"]) for per_category in snapshot.values())
+
+
+def dtensor_local_storage(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor that holds a DTensor's local shard (``DTensor._local_tensor``, private), itself
+    for a plain tensor: an optimizer built over these updates the same bytes FSDP2 stores,
+    without DTensor dispatch."""
+    return getattr(tensor, "_local_tensor", tensor)
