@@ -38,12 +38,15 @@ DEFAULT_LAYERS = 4
 last of the rest is the steady state."""
 
 
-# transformers trainer.py: with DeepSpeed the engine casts the module to bf16; with DDP/FSDP the
-# Trainer keeps fp32 parameters under torch.autocast. torchtune's recipes load in `dtype: bf16`.
+# transformers trainer.py: with DeepSpeed the engine casts the module to bf16; with DDP the
+# Trainer keeps fp32 parameters under torch.autocast; with FSDP, accelerate's FSDP2
+# MixedPrecisionPolicy gathers the fp32 shards in bf16 for the forward (build._hf_fsdp2).
+# torchtune's recipes load in `dtype: bf16`.
 def module_dtype(training: TrainingSpec, strategy: StrategyKind) -> torch.dtype:
+    """The dtype the framework's blocks compute with (what the per-block forward is built in)."""
     if training.precision is Precision.fp32:
         return torch.float32
-    if training.precision is Precision.bf16_pure or not (strategy.is_fsdp or strategy is StrategyKind.ddp):
+    if training.precision is Precision.bf16_pure or strategy is not StrategyKind.ddp:
         return torch.bfloat16
     return torch.float32
 

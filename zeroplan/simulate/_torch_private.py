@@ -133,3 +133,10 @@ def aten_kernels(kernels: dict[tuple[str, str], object]) -> Iterator[None]:
         yield
     finally:
         library._destroy()
+
+
+def dtensor_local_storage(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor that holds a DTensor's local shard (``DTensor._local_tensor``, private), itself
+    for a plain tensor: an optimizer built over these updates the same bytes FSDP2 stores,
+    without DTensor dispatch."""
+    return getattr(tensor, "_local_tensor", tensor)
