@@ -48,6 +48,7 @@ class FrameworkRow:
 
 def predicted_block_bytes(record: FrameworkRecord) -> int:
     """What the blocks the record's deeper forward adds keep, by their positions (1-based)."""
+    # record.training states kernels: cpu (the records ran on the CPU), so the planner follows that path.
     request = planner_request(record.model, record.training, record.batch, record.strategy, PLANNED_WORLD_SIZE)
     first = record.built_layers + 1
     return sum(framework_block_kept_bytes(request, position) for position in range(first, first + record.added_layers))

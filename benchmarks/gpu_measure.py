@@ -9,7 +9,9 @@ strategy runs in a fresh subprocess so allocator statistics start clean.
     python benchmarks/gpu_measure.py --world-size 8 --out "$OUT"          # on a GPU machine
     python benchmarks/gpu_measure.py --device cpu --model micro-llama ...  # tiny smoke run
 
-Writes <out>/<strategy>-<engine>/rank00000.json (zeroplan.harness.record.RankRecord).
+Writes <out>/<strategy>-<engine>/rank00000.json (zeroplan.harness.record.RankRecord). On CUDA
+the records state ``kernels: cuda`` (the runner records the device it ran on), so `zeroplan
+validate <out>` compares them with the planner's cuda figures (the fused RMSNorm among them).
 No NCCL runs here (the fake group moves nothing), so these records have no ``nccl_log``: the
 NCCL-log cross-check (zeroplan/harness/nccl_log.py) applies to real multi-GPU torchrun runs
 (``zeroplan measure`` / ``python -m zeroplan.harness`` with the NCCL backend) only.
@@ -61,7 +63,7 @@ def _run_single(args: argparse.Namespace) -> None:
     from zeroplan.harness.engines import EngineKind
     from zeroplan.harness.presets import HARNESS_PRESETS
     from zeroplan.harness.runner import RunConfig, run_rank
-    from zeroplan.specs import BatchSpec, StrategyKind, TrainingSpec
+    from zeroplan.specs import BatchSpec, Kernels, StrategyKind, TrainingSpec
 
     strategy, engine = args.single.split(":")
     if args.device == "cuda":
@@ -72,7 +74,7 @@ def _run_single(args: argparse.Namespace) -> None:
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=args.world_size)
     spec = llama_1b() if args.model == "llama-1b-like" else HARNESS_PRESETS[args.model]
     config = RunConfig(model=spec, strategy=StrategyKind(strategy), engine=EngineKind(engine),
-                       training=TrainingSpec(precision=args.precision),
+                       training=TrainingSpec(precision=args.precision, kernels=Kernels(args.device)),
                        batch=BatchSpec(micro_batch_size=args.micro_batch, seq_len=args.seq_len),
                        steps=args.steps, run_id=f"fake-pg-{args.world_size}")
     record, _ = run_rank(config, args.out / f"{strategy}-{engine}", gather_full=False)

@@ -9,7 +9,7 @@ from zeroplan.core.activations import (
     layer_bytes, logits_bytes, norm_bytes,
 )
 from zeroplan.presets.models import get_model
-from zeroplan.specs import ActivationCheckpointing, AttentionKernel, ModelSpec, Precision, TrainingSpec
+from zeroplan.specs import ActivationCheckpointing, AttentionKernel, Framework, Kernels, ModelSpec, Precision, TrainingSpec
 
 EAGER = TrainingSpec(attention_kernel=AttentionKernel.eager)
 
@@ -71,21 +71,72 @@ def test_activations_are_linear_in_micro_batch() -> None:
     assert activation_bytes(model, TrainingSpec(), 2048, 5) == 5 * one
 
 
-def test_fp32_doubles_activations_without_masks_except_the_fp32_rms_norms() -> None:
+CPU = TrainingSpec(kernels=Kernels.cpu)
+
+
+def test_fp32_doubles_activations_without_masks_except_the_fp32_rms_norms_on_cpu() -> None:
     model = get_model("llama-2-7b")  # no dropout: every saved tensor but the norms' scales with the dtype
-    bf16 = activation_bytes(model, TrainingSpec(attention_kernel=AttentionKernel.eager), 1024, 1)
-    fp32 = activation_bytes(model, TrainingSpec(precision=Precision.fp32, attention_kernel=AttentionKernel.eager), 1024, 1)
-    norms = (2 * model.num_layers + 1) * norm_bytes(model, TrainingSpec(), 1024, 1)
+    bf16 = activation_bytes(model, CPU.model_copy(update={"attention_kernel": AttentionKernel.eager}), 1024, 1)
+    fp32 = activation_bytes(model, CPU.model_copy(update={"attention_kernel": AttentionKernel.eager, "precision": Precision.fp32}), 1024, 1)
+    norms = (2 * model.num_layers + 1) * norm_bytes(model, CPU, 1024, 1)
     assert norms == (2 * model.num_layers + 1) * 2 * 4 * 1024 * model.hidden_size
     assert fp32 - norms == 2 * (bf16 - norms)
 
 
-def test_rms_norm_saves_two_fp32_tensors_and_layer_norm_its_input() -> None:
+def test_fp32_doubles_activations_without_masks_except_the_rstd_on_cuda() -> None:
+    # The fused kernel saves the input in its own dtype, so only the fp32 rstd does not scale.
+    model = get_model("llama-2-7b")
+    bf16 = activation_bytes(model, EAGER, 1024, 1)
+    fp32 = activation_bytes(model, EAGER.model_copy(update={"precision": Precision.fp32}), 1024, 1)
+    rstd = (2 * model.num_layers + 1) * 4 * 1024
+    assert fp32 - rstd == 2 * (bf16 - rstd)
+
+
+def test_rms_norm_saves_two_fp32_tensors_on_cpu_and_layer_norm_its_input() -> None:
     llama, gpt = get_model("llama-2-7b"), get_model("gpt2")
     for precision in (Precision.fp32, Precision.bf16_mixed):
-        training = TrainingSpec(precision=precision)
-        assert norm_bytes(llama, training, 8, 2) == 2 * 4 * 8 * 2 * llama.hidden_size
-        assert norm_bytes(gpt, training, 8, 2) == precision.compute_bytes * 8 * 2 * gpt.hidden_size
+        for autocast in (False, True):
+            training = CPU.model_copy(update={"precision": precision})
+            assert norm_bytes(llama, training, 8, 2, autocast=autocast) == 2 * 4 * 8 * 2 * llama.hidden_size
+            assert norm_bytes(gpt, training, 8, 2) == precision.compute_bytes * 8 * 2 * gpt.hidden_size
+
+
+@pytest.mark.parametrize("precision,autocast,input_bytes", [
+    (Precision.fp32, False, 4), (Precision.bf16_pure, False, 2),
+    (Precision.bf16_mixed, False, 2),  # FSDP2 param_dtype / DeepSpeed: bf16 input and weight
+    (Precision.bf16_mixed, True, 4),  # CUDA autocast's fp32 list casts both to fp32
+])
+def test_fused_rms_norm_saves_its_input_and_an_fp32_rstd_per_token(precision, autocast, input_bytes) -> None:
+    llama = get_model("llama-2-7b")
+    for framework in (Framework.zeroplan, Framework.torchtitan):
+        training = TrainingSpec(precision=precision, framework=framework)
+        assert norm_bytes(llama, training, 8, 2, autocast=autocast) == input_bytes * 8 * 2 * llama.hidden_size + 4 * 8 * 2
+
+
+@pytest.mark.parametrize("framework,precision", [
+    (Framework.hf, Precision.bf16_mixed), (Framework.hf, Precision.fp32),  # explicit ops: never F.rms_norm
+    (Framework.torchtune, Precision.bf16_pure),  # F.rms_norm(x.float(), weight=bf16): dtypes differ
+])
+def test_rms_norms_that_take_the_composite_path_on_cuda_save_what_the_cpu_saves(framework, precision) -> None:
+    llama = get_model("llama-2-7b")
+    cuda = TrainingSpec(framework=framework, precision=precision)
+    assert norm_bytes(llama, cuda, 8, 2) == norm_bytes(llama, cuda.model_copy(update={"kernels": Kernels.cpu}), 8, 2)
+
+
+def test_torchtune_in_fp32_takes_the_fused_path() -> None:
+    llama = get_model("llama-2-7b")
+    training = TrainingSpec(framework=Framework.torchtune, precision=Precision.fp32)
+    assert norm_bytes(llama, training, 8, 2) == 4 * 8 * 2 * llama.hidden_size + 4 * 8 * 2
+
+
+@pytest.mark.parametrize("name", ["llama-2-7b", "mixtral-8x7b", "gpt2"])
+@pytest.mark.parametrize("precision", list(Precision))
+def test_cuda_never_saves_more_than_the_cpu(name: str, precision: Precision) -> None:
+    model = get_model(name)
+    for autocast in (False, True):
+        cuda = TrainingSpec(precision=precision)
+        cpu = cuda.model_copy(update={"kernels": Kernels.cpu})
+        assert activation_bytes(model, cuda, 512, 2, autocast=autocast) <= activation_bytes(model, cpu, 512, 2, autocast=autocast)
 
 
 def test_the_loss_backward_holds_three_fp32_logit_sized_tensors_in_any_precision() -> None:

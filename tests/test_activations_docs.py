@@ -15,7 +15,7 @@ import pytest
 from zeroplan.core.activations import LAYER_TERMS, layer_terms
 from zeroplan.presets.hf_config import load_hf_config
 from zeroplan.presets.models import get_model
-from zeroplan.specs import AttentionKernel, ModelSpec, NormKind, Precision, TrainingSpec
+from zeroplan.specs import AttentionKernel, Kernels, ModelSpec, NormKind, Precision, TrainingSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "memory-model.md"
@@ -25,6 +25,8 @@ CONDITIONS = {
     "always": lambda m, t: True,
     "LayerNorm": lambda m, t: m.norm is NormKind.layernorm,
     "RMSNorm": lambda m, t: m.norm is NormKind.rmsnorm,
+    "cuda kernels": lambda m, t: t.kernels is Kernels.cuda,
+    "cpu kernels": lambda m, t: t.kernels is Kernels.cpu,
     "eager attention": lambda m, t: t.attention_kernel is AttentionKernel.eager,
     "flash attention": lambda m, t: t.attention_kernel is AttentionKernel.flash,
     "attention dropout > 0": lambda m, t: m.attention_dropout > 0,
@@ -70,8 +72,8 @@ def _models() -> list[ModelSpec]:
 
 
 TRAININGS = [
-    TrainingSpec(attention_kernel=kernel, precision=precision)
-    for kernel in AttentionKernel for precision in (Precision.bf16_mixed, Precision.fp32)
+    TrainingSpec(attention_kernel=kernel, precision=precision, kernels=kernels)
+    for kernel in AttentionKernel for precision in (Precision.bf16_mixed, Precision.fp32) for kernels in Kernels
 ]
 
 
@@ -82,7 +84,7 @@ def test_table_names_exactly_the_code_terms() -> None:
         assert all(part.strip() in CONDITIONS for part in when.split(",")), when
 
 
-@pytest.mark.parametrize("training", TRAININGS, ids=lambda t: f"{t.attention_kernel.value}-{t.precision.value}")
+@pytest.mark.parametrize("training", TRAININGS, ids=lambda t: f"{t.attention_kernel.value}-{t.precision.value}-{t.kernels.value}")
 @pytest.mark.parametrize("model", _models(), ids=lambda m: m.name)
 def test_every_row_is_what_the_code_computes(model: ModelSpec, training: TrainingSpec) -> None:
     s, b = 384, 3

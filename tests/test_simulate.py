@@ -17,7 +17,7 @@ from zeroplan.presets.models import get_model
 from zeroplan.simulate import CollectiveKind, Phase, simulate
 from zeroplan.simulate.cli import RECORD_FILE, main
 from zeroplan.simulate.record import SimulationRecord
-from zeroplan.specs import ActivationCheckpointing, BatchSpec, ModelSpec, Precision, TrainingSpec
+from zeroplan.specs import ActivationCheckpointing, BatchSpec, Kernels, ModelSpec, Precision, TrainingSpec
 
 # Widths that N=4 and N=5 do not divide, so FSDP2 pads dim 0 of most parameters.
 TINY = ModelSpec(
@@ -190,7 +190,8 @@ def test_simulate_request_reads_the_planner_request(gpu_80gib) -> None:
     )
     record = simulate_request(request, mem_tracker=False)
     direct = simulate(TINY, "fsdp-shard-grad-op", 4, batch=TINY_BATCH, mem_tracker=False)
-    assert record.world_size == 4 and record.training == request.training
+    # The record states the kernels it ran: fake tensors on the CPU.
+    assert record.world_size == 4 and record.training == request.training.model_copy(update={"kernels": Kernels.cpu})
     assert record.model_states == direct.model_states and record.collectives == direct.collectives
 
 
@@ -294,6 +295,7 @@ def test_private_torch_apis_are_where_we_expect() -> None:
     assert callable(getattr(ddp_module, "_verify_param_shape_across_processes", None)), \
         "torch.nn.parallel.distributed._verify_param_shape_across_processes moved"
     assert private.FAKE_BACKEND in dist.Backend.backend_list, "fake_pg no longer registers 'fake'"
+    assert callable(getattr(torch.library.Library, "_destroy", None)), "torch.library.Library._destroy moved"
     tracker = private.fsdp_mem_tracker_class()
     assert hasattr(tracker, "get_tracker_snapshot"), "FSDPMemTracker.get_tracker_snapshot moved"
     from torch.distributed.distributed_c10d import _resolve_process_group  # noqa: F401

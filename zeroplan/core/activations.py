@@ -8,8 +8,9 @@ e bytes of one activation element. Every term is what PyTorch autograd saves for
 
 from __future__ import annotations
 
+from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import ModelSpec, NormKind
-from zeroplan.specs.training import ActivationCheckpointing, AttentionKernel, TrainingSpec
+from zeroplan.specs.training import ActivationCheckpointing, AttentionKernel, Kernels, TrainingSpec
 
 DROPOUT_MASK_BYTES = 1
 """Korthikanti et al. sec. 4.1: dropout masks are stored as one byte per element."""
@@ -52,18 +53,60 @@ def attention_core_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: in
 
 
 # Korthikanti sec. 4.1, "LayerNorm": a norm saves its input (2sbh at 16 bits; the fused
-# native_layer_norm keeps only that and per-token statistics). torch.nn.functional.rms_norm
-# (aten/src/ATen/native/layer_norm.cpp, rms_norm_symint) computes in fp32: it upcasts a 16-bit
-# input, and the normalised x*rsqrt(mean(x^2)) is saved for the weight's gradient, so two fp32
-# sbh tensors are saved (the fp32 input is the input itself in fp32). Statistics (4 bytes per
-# token) are ignored, as in the paper. Measured on the harness's Llama blocks: 9 norms, 2 x 0.75
-# MiB each at s*b = 512, h = 384 (docs/validation.md).
-def norm_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> int:
-    """Bytes one normalisation layer saves for backward."""
+# native_layer_norm keeps only that and per-token statistics, which are ignored, as in the paper).
+def norm_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int, *, autocast: bool = False) -> int:
+    """Bytes one normalisation layer saves for backward (``autocast``: the forward runs under
+    torch.autocast with fp32 parameters, PlanRequest.runs_under_autocast)."""
     sbh = s * b * model.hidden_size
-    if model.norm is NormKind.rmsnorm:
-        return 2 * FP32_BYTES * sbh
-    return training.precision.compute_bytes * sbh
+    if model.norm is NormKind.layernorm:
+        return training.precision.compute_bytes * sbh
+    dtypes = rms_norm_operand_bytes(training, autocast)
+    if training.kernels is Kernels.cuda and dtypes is not None and dtypes[0] == dtypes[1]:
+        return fused_rms_norm_bytes(dtypes[0], s, b, model.hidden_size)
+    return composite_rms_norm_bytes(sbh)
+
+
+# torch 2.13 aten/src/ATen/native/layer_norm.cpp rms_norm_symint: at::_fused_rms_norm unless the
+# input and weight dtypes differ (then rms_norm_composite, with a warning); native_functions.yaml
+# gives _fused_rms_norm a CUDA kernel and rms_norm_composite (CompositeImplicitAutograd) on the
+# CPU. The (input, weight) element bytes that reach F.rms_norm, or None where the framework's
+# RMSNorm does not call it:
+# - zeroplan/harness/model.py and torchtitan 0.3.0 models/common/nn_modules.py use nn.RMSNorm,
+#   whose weight is a parameter: fp32 and fp32 in fp32; 16 bits both under bf16-pure, FSDP2
+#   (MixedPrecisionPolicy param_dtype casts the parameter and the residual stream is 16-bit) and
+#   DeepSpeed (the module is cast); under autocast the residual stream is fp32 (an fp32 embedding
+#   plus 16-bit linear outputs) and CUDA autocast's fp32 list, which holds rms_norm
+#   (aten/src/ATen/autocast_mode.h AT_FORALL_FP32, registered for CUDA in autocast_mode.cpp;
+#   AutocastCPU's own list has no norm), casts both operands to fp32.
+# - torchtune 0.6.1 modules/rms_norm.py calls F.rms_norm(x.float(), weight=self.scale): an fp32
+#   input beside a parameter weight, fp32 only in fp32 (or under autocast): in bf16 the dtypes
+#   differ and CUDA runs the composite too, so its bf16 figures are the CPU ones.
+# - transformers 4.56.2 LlamaRMSNorm spells the norm out (pow, mean, rsqrt, multiplies) and never
+#   calls F.rms_norm: it saves the same tensors on either device (its bf16-module saving is
+#   zeroplan.core.frameworks.hf_bf16_norm_savings_bytes).
+def rms_norm_operand_bytes(training: TrainingSpec, autocast: bool) -> tuple[int, int] | None:
+    if training.framework is Framework.hf:
+        return None
+    weight = FP32_BYTES if autocast else training.precision.compute_bytes
+    if training.framework is Framework.torchtune:
+        return FP32_BYTES, weight
+    return weight, weight
+
+
+# torch 2.13 tools/autograd/derivatives.yaml, _fused_rms_norm: the backward reads input, weight
+# and result1, the fp32 rstd (one per row, i.e. per token): the input in its own dtype plus 4
+# bytes per token are saved (the weight is a parameter, not an activation).
+def fused_rms_norm_bytes(input_element_bytes: int, s: int, b: int, h: int) -> int:
+    return input_element_bytes * s * b * h + FP32_BYTES * s * b
+
+
+# rms_norm_composite (aten/src/ATen/native/layer_norm.cpp, torch 2.13) computes in fp32: it
+# upcasts a 16-bit input, and the normalised x*rsqrt(mean(x^2)) is saved for the weight's
+# gradient, so two fp32 sbh tensors are saved (the fp32 input is the input itself in fp32).
+# The per-token rsqrt is ignored, as the paper ignores statistics. Measured on the harness's
+# Llama blocks on the CPU: 9 norms, 2 x 0.75 MiB each at s*b = 512, h = 384 (docs/validation.md).
+def composite_rms_norm_bytes(sbh: int) -> int:
+    return 2 * FP32_BYTES * sbh
 
 
 # Korthikanti et al. sec. 4.1: the part selective recomputation drops (sec. 5): the softmax
@@ -97,14 +140,14 @@ def mlp_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> int:
     return sum(mlp_terms(model, training, s, b).values())
 
 
-def layer_terms(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> dict[str, int]:
+def layer_terms(model: ModelSpec, training: TrainingSpec, s: int, b: int, *, autocast: bool = False) -> dict[str, int]:
     """Bytes one transformer block saves for backward without recomputation, for every name in
-    LAYER_TERMS (0 where a term does not apply)."""
+    LAYER_TERMS (0 where a term does not apply; ``autocast`` as in norm_bytes)."""
     e = training.precision.compute_bytes
     sbh = s * b * model.hidden_size
     terms = dict.fromkeys(LAYER_TERMS, 0)
     # Pre-attention and pre-MLP norms; Gemma 2's post-norms add two (ModelSpec.norms_per_block).
-    terms["norm_inputs"] = model.norms_per_block * norm_bytes(model, training, s, b)
+    terms["norm_inputs"] = model.norms_per_block * norm_bytes(model, training, s, b, autocast=autocast)
     # The QKV projection saves its input (the norm's output); the output projection its input.
     # RoPE (Su et al. 2021, eq. 34) as x*cos + rotate(x)*sin saves only cos and sin, constants
     # of s*d elements: autograd keeps a product's input only when the other factor needs a
@@ -119,16 +162,16 @@ def layer_terms(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> dic
     return terms
 
 
-def layer_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> int:
+def layer_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int, *, autocast: bool = False) -> int:
     """Bytes one transformer block saves for backward, without recomputation."""
-    return sum(layer_terms(model, training, s, b).values())
+    return sum(layer_terms(model, training, s, b, autocast=autocast).values())
 
 
 # Korthikanti sec. 5: full recomputation keeps only each block's input (2sbh at 16 bits) and
 # recomputes one block at a time in backward, so one block's activations are alive at once.
-def checkpointed_layers_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> int:
+def checkpointed_layers_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int, *, autocast: bool = False) -> int:
     """Activation bytes of all L blocks under the request's checkpointing mode."""
-    full_layer = layer_bytes(model, training, s, b)
+    full_layer = layer_bytes(model, training, s, b, autocast=autocast)
     mode = training.activation_checkpointing
     if mode is ActivationCheckpointing.none:
         return model.num_layers * full_layer
@@ -140,11 +183,11 @@ def checkpointed_layers_bytes(model: ModelSpec, training: TrainingSpec, s: int, 
 
 # Korthikanti sec. 4.3: outside the blocks, the embedding dropout mask (sbh), the final norm
 # and the output projection's input.
-def outside_layers_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> int:
+def outside_layers_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int, *, autocast: bool = False) -> int:
     e = training.precision.compute_bytes
     sbh = s * b * model.hidden_size
     embedding_mask = DROPOUT_MASK_BYTES * sbh if model.hidden_dropout > 0 else 0
-    return embedding_mask + norm_bytes(model, training, s, b) + e * sbh
+    return embedding_mask + norm_bytes(model, training, s, b, autocast=autocast) + e * sbh
 
 
 # Korthikanti sec. 4.3 counts the cross-entropy's fp32 logits (4sbV). PyTorch's loss
@@ -170,6 +213,8 @@ def backward_workspace_bytes(model: ModelSpec, training: TrainingSpec, s: int, b
     return 2 * training.precision.compute_bytes * s * b * model.hidden_size
 
 
-def activation_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> int:
-    """Activations saved for backward by one micro-batch (logits excluded)."""
-    return checkpointed_layers_bytes(model, training, s, b) + outside_layers_bytes(model, training, s, b)
+def activation_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int, *, autocast: bool = False) -> int:
+    """Activations saved for backward by one micro-batch (logits excluded; ``autocast`` as in
+    norm_bytes)."""
+    return (checkpointed_layers_bytes(model, training, s, b, autocast=autocast)
+            + outside_layers_bytes(model, training, s, b, autocast=autocast))

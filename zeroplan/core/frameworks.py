@@ -374,7 +374,7 @@ def framework_layer_bytes(request: PlanRequest) -> int:
     s, b = request.batch.seq_len, request.batch.micro_batch_size
     norm_savings = hf_bf16_norm_savings_bytes(request)
     norms = model.norms_per_block * norm_savings
-    return (layer_bytes(model, training, s, b) - norms + expanded_kv_extra_bytes(model, training, s, b)
+    return (layer_bytes(model, training, s, b, autocast=request.runs_under_autocast) - norms + expanded_kv_extra_bytes(model, training, s, b)
             + hf_autocast_copies_bytes(request))
 
 
@@ -453,7 +453,7 @@ def framework_activation_bytes(request: PlanRequest) -> int:
         # Korthikanti et al. 2022 sec. 5: each block's input kept, one block recomputed at a time.
         layers = model.num_layers * block_input_bytes(request, s, b) + layer
     norm_savings = hf_bf16_norm_savings_bytes(request)
-    return layers + outside_layers_bytes(model, training, s, b) - norm_savings
+    return layers + outside_layers_bytes(model, training, s, b, autocast=request.runs_under_autocast) - norm_savings
 
 
 # Korthikanti et al. 2022 sec. 5: with recomputation one block's activations are rebuilt only

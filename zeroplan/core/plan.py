@@ -93,7 +93,7 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     workspace = backward_workspace_bytes(model, training, s, b)
     logits_pieces: tuple[int, ...] = ()
     if training.framework is Framework.zeroplan:
-        activations = activation_bytes(model, training, s, b)
+        activations = activation_bytes(model, training, s, b, autocast=request.runs_under_autocast)
         logits = logits_bytes(model, training, s, b)
     else:
         # The block a recomputing backward rebuilds is alive only in a block's backward: it

@@ -22,6 +22,7 @@ from zeroplan.frameworks.record import FrameworkRecord
 from zeroplan.simulate import _torch_private as private
 from zeroplan.specs.framework import Framework
 from zeroplan.specs import ActivationCheckpointing, BatchSpec, ModelSpec, Precision, StrategyKind, TrainingSpec
+from zeroplan.specs.training import measured_on
 
 DEFAULT_PRECISION = {
     # transformers trainer.py TrainingArguments(bf16=True): bf16 compute, fp32 master weights.
@@ -70,7 +71,7 @@ def measure(model: ModelSpec, strategy: StrategyKind, training: TrainingSpec, ba
     version, deep, growth = _forward(model, training, batch, layers + added, dtype)
     return FrameworkRecord(
         framework_version=version, torch_version=torch.__version__, model=model, built_layers=layers, added_layers=added,
-        strategy=strategy, training=training, batch=batch, module_dtype=str(dtype),
+        strategy=strategy, training=measured_on(training, "cpu"), batch=batch, module_dtype=str(dtype),
         retained_bytes=[shallow, deep], block_growth_bytes=growth,
         wall_time_s=time.perf_counter() - start_s, notes=notes,
     )

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs import ActivationCheckpointing, BatchSpec, ModelSpec, StrategyKind, TrainingSpec
 from zeroplan.specs.base import Frozen
+from zeroplan.specs.training import recorded_before_kernels
 
 SCHEMA_VERSION = 1
 
@@ -33,6 +34,7 @@ class FrameworkRecord(Frozen):
     """The strategy the run stands for (it decides the module dtype HF trains in)."""
     training: TrainingSpec
     """Framework, precision and activation-checkpointing policy, as the planner reads them."""
+    _training_kernels = field_validator("training", mode="before")(recorded_before_kernels)
     batch: BatchSpec
     """Micro-batch size and sequence length of the forward."""
     module_dtype: str

@@ -23,6 +23,7 @@ from zeroplan.simulate import _torch_private as private
 from zeroplan.simulate.fake_world import DEVICE, device_mesh, fake_process_group, local_tensor, storage_bytes
 from zeroplan.specs import BatchSpec, ModelSpec, Optimizer, Precision, StrategyKind, TrainingSpec, check_seq_len
 from zeroplan.specs.framework import Framework
+from zeroplan.specs.training import measured_on
 
 STEP_STRATEGIES = (StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op)
 """Strategies a whole step runs: the frameworks' FSDP2 with and without reshard_after_forward."""
@@ -118,7 +119,7 @@ def run_step(model: ModelSpec, strategy: StrategyKind, training: TrainingSpec, b
     phase = next(p for p, nbytes in running.items() if nbytes == peak["total"])
     return FrameworkStepRecord(
         framework_version=built.version, torch_version=torch.__version__, model=model, strategy=strategy,
-        world_size=world_size, rank=rank, training=training, batch=batch, sharding=sharding,
+        world_size=world_size, rank=rank, training=measured_on(training, DEVICE), batch=batch, sharding=sharding,
         optimizer=f"torch.optim.AdamW(fused=True), {dtype} parameters", peak_bytes=peak["total"],
         peak_by_category={k: v for k, v in peak.items() if k != "total"}, peak_phase=phase,
         running_peak_bytes=running, parameter_bytes=parameter_bytes, gradient_bytes=gradient_bytes,

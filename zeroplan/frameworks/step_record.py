@@ -6,11 +6,12 @@ from __future__ import annotations
 from enum import Enum
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from zeroplan.frameworks.record import load_records
 from zeroplan.specs import BatchSpec, ModelSpec, StrategyKind, TrainingSpec
 from zeroplan.specs.base import Frozen
+from zeroplan.specs.training import recorded_before_kernels
 
 SCHEMA_VERSION = 1
 
@@ -46,6 +47,7 @@ class FrameworkStepRecord(Frozen):
     """The rank this process played."""
     training: TrainingSpec
     """Framework, precision and activation-checkpointing policy, as the planner reads them."""
+    _training_kernels = field_validator("training", mode="before")(recorded_before_kernels)
     batch: BatchSpec
     """Micro-batch size and sequence length of the step."""
     sharding: str

@@ -6,11 +6,12 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from zeroplan.atomic import write_text_atomic
 from zeroplan.specs import BatchSpec, ModelSpec, StrategyKind, TrainingSpec
 from zeroplan.specs.base import Frozen
+from zeroplan.specs.training import recorded_before_kernels
 
 SCHEMA_VERSION = 2
 """1: the first layout; 2 adds ``RankRecord.nccl_log`` (None in every version-1 record) and the CPU
@@ -97,6 +98,7 @@ class RunDescription(Frozen):
     """E.g. 'reference ZeRO stage 2', 'FSDP2 fully_shard(reshard_after_forward=True)'."""
     world_size: int = Field(gt=0)
     training: TrainingSpec
+    _training_kernels = field_validator("training", mode="before")(recorded_before_kernels)
     batch: BatchSpec
     """grad_accum_steps is the number of micro-batches each step ran."""
     keep_unsharded_grads_on_accum: bool = False

@@ -25,6 +25,7 @@ from zeroplan.harness.record import MemoryRecord, RankRecord, RunDescription, St
 from zeroplan.specs import (
     ActivationCheckpointing, BatchSpec, ModelSpec, Precision, StrategyKind, TrainingSpec,
 )
+from zeroplan.specs.training import measured_on
 
 _DTYPES = {Precision.fp32: torch.float32, Precision.bf16_mixed: torch.bfloat16}
 
@@ -76,7 +77,7 @@ def run_rank(
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     description = RunDescription(
         run_id=config.run_id, model=config.model, strategy=config.strategy, engine=config.engine.value,
-        implementation=implementation, world_size=world_size, training=training_as_run(config.training, config.engine),
+        implementation=implementation, world_size=world_size, training=measured_on(training_as_run(config.training, config.engine), device.type),
         batch=config.batch, keep_unsharded_grads_on_accum=config.keep_unsharded_grads_on_accum,
         steps=config.steps, torch_version=torch.__version__,
         backend=dist.get_backend(), device=str(device),

@@ -122,6 +122,19 @@ def tracker_live_bytes(tracker: object) -> int:
     return sum(int(per_category["Total"]) for per_category in snapshot.values())
 
 
+@contextlib.contextmanager
+def aten_kernels(kernels: dict[tuple[str, str], object]) -> Iterator[None]:
+    """Register Python kernels for aten operators, keyed by (operator, dispatch key), while
+    the block runs; torch.library.Library._destroy (private) removes them on exit."""
+    library = torch.library.Library("aten", "IMPL")
+    try:
+        for (name, key), kernel in kernels.items():
+            library.impl(name, kernel, key)
+        yield
+    finally:
+        library._destroy()
+
+
 def dtensor_local_storage(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor that holds a DTensor's local shard (``DTensor._local_tensor``, private), itself
     for a plain tensor: an optimizer built over these updates the same bytes FSDP2 stores,

@@ -47,6 +47,9 @@ def build_parser() -> OneLineParser:
                              "step (full depth, the framework's own FSDP2 wrapping, its loss, fused AdamW) and "
                              "record FSDPMemTracker's peak (docs/simulate.md, 'Frameworks')")
     parser.add_argument("--no-mem-tracker", action="store_true", help="skip FSDPMemTracker (about 2x faster)")
+    parser.add_argument("--cuda-norm-formula", action="store_true",
+                        help="make F.rms_norm save what torch's fused CUDA kernel saves (input and rstd); "
+                             "the record states kernels: cuda (docs/simulate.md)")
     parser.add_argument("--out", type=Path, help=f"directory to write {RECORD_FILE} into")
     return parser
 
@@ -81,7 +84,7 @@ def _run(args) -> int:
     )
     record = simulate(
         model, args.strategy, args.world_size, training=training, batch=batch,
-        rank=args.rank, mem_tracker=not args.no_mem_tracker,
+        rank=args.rank, mem_tracker=not args.no_mem_tracker, cuda_norm_formula=args.cuda_norm_formula,
     )
     print(summary(record))
     if args.out is not None:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from enum import Enum
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from zeroplan.specs import BatchSpec, ModelSpec, StrategyKind, TrainingSpec
 from zeroplan.specs.base import Frozen
+from zeroplan.specs.training import recorded_before_kernels
 
 SCHEMA_VERSION = 1
 
@@ -112,6 +113,7 @@ class SimulationRecord(Frozen):
     """The rank this process played."""
     training: TrainingSpec
     """Precision, optimizer, activation checkpointing."""
+    _training_kernels = field_validator("training", mode="before")(recorded_before_kernels)
     batch: BatchSpec
     """Micro-batch size and sequence length of the step."""
     mixed_precision: str
@@ -125,6 +127,10 @@ class SimulationRecord(Frozen):
     mem_tracker_peak_bytes: dict[str, int] | None = None
     """FSDP2's FSDPMemTracker at the peak of the step, per category (FSDP only; None when
     not run)."""
+    saved_activation_bytes: int | None = Field(default=None, ge=0)
+    """Distinct storages autograd saved for backward in the forward and the loss, parameters
+    excluded (None where a size is data-dependent, MoE, or in records written before it was
+    measured)."""
     wall_time_s: float = Field(ge=0)
     """Seconds the simulation took, model construction included."""
     notes: list[str] = Field(default_factory=list)

@@ -22,6 +22,7 @@ from zeroplan.harness.model import Transformer, build_model, next_token_loss
 from zeroplan.simulate import _torch_private as private
 from zeroplan.simulate.collectives import CollectiveRecorder
 from zeroplan.simulate.fake_world import DEVICE as _DEVICE, device_mesh, fake_process_group, local_tensor, storage_bytes
+from zeroplan.simulate.fused_rms_norm import cuda_rms_norm_formula
 from zeroplan.simulate.record import ModelStateBytes, Phase, SimulationRecord
 from zeroplan.specs import (
     ActivationCheckpointing,
@@ -34,6 +35,7 @@ from zeroplan.specs import (
     TrainingSpec,
     check_seq_len,
 )
+from zeroplan.specs.training import measured_on
 
 SUPPORTED_STRATEGIES = (StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op, StrategyKind.ddp)
 SUPPORTED_PRECISIONS = (Precision.bf16_mixed, Precision.fp32)
@@ -49,11 +51,15 @@ def simulate(
     batch: BatchSpec | None = None,
     rank: int = 0,
     mem_tracker: bool = True,
+    cuda_norm_formula: bool = False,
 ) -> SimulationRecord:
     """Simulate one forward, backward and AdamW step on ``rank`` of ``world_size`` ranks.
 
     ``mem_tracker`` also runs FSDP2's FSDPMemTracker (FSDP strategies, dense models; it makes
-    the run 2x slower at 7B and 3x at 70B). Errors in what is asked for raise :class:`ZeroplanError` naming the field.
+    the run 2x slower at 7B and 3x at 70B). ``cuda_norm_formula`` makes F.rms_norm save what
+    torch's fused CUDA kernel saves (zeroplan.simulate.fused_rms_norm); the record then states
+    ``kernels: cuda``, the only dispatch difference the planner models. Errors in what is asked
+    for raise :class:`ZeroplanError` naming the field.
     """
     training = training or TrainingSpec()
     batch = batch or BatchSpec()
@@ -72,11 +78,13 @@ def simulate(
         notes.append("FSDPMemTracker skipped: it tracks FSDP modules only")
     if batch.grad_accum_steps > 1:
         notes.append(f"one micro-batch simulated of grad_accum_steps={batch.grad_accum_steps}")
-    with fake_process_group(world_size, rank):
+    norms = cuda_rms_norm_formula() if cuda_norm_formula else contextlib.nullcontext()
+    with fake_process_group(world_size, rank), norms:
         record_args = _run_step(model, kind, world_size, training, batch, mem_tracker, notes)
+    kernels_of = "cuda" if cuda_norm_formula else _DEVICE
     return SimulationRecord(
         torch_version=torch.__version__, model=model, strategy=kind, world_size=world_size,
-        rank=rank, training=training, batch=batch, wall_time_s=time.perf_counter() - start_s,
+        rank=rank, training=measured_on(training, kernels_of), batch=batch, wall_time_s=time.perf_counter() - start_s,
         notes=notes, **record_args,
     )
 
@@ -145,11 +153,13 @@ def _run_step(
             torch.autocast(device_type=_DEVICE, dtype=torch.bfloat16)
             if mixed and not kind.is_fsdp else contextlib.nullcontext()
         )
+        saved = _SavedStorages()
         with tracker, recorder:
             recorder.phase = Phase.forward
-            with autocast:
+            with autocast, saved.hooked():
                 logits_BSV = module(tokens_BS)
-            loss = next_token_loss(logits_BSV, tokens_BS)
+            with saved.hooked():
+                loss = next_token_loss(logits_BSV, tokens_BS)
             del logits_BSV
             recorder.phase = Phase.backward
             loss.backward()
@@ -161,7 +171,30 @@ def _run_step(
     return dict(
         mixed_precision=mixed_precision, parameter_count=parameter_count,
         model_states=model_states, collectives=recorder.records, mem_tracker_peak_bytes=peak,
+        saved_activation_bytes=saved.num_bytes,
     )
+
+
+class _SavedStorages:
+    """Distinct storages autograd saves while hooked (fake ones included), parameters excluded:
+    FSDP2's unsharded parameters are nn.Parameters while a block runs."""
+
+    def __init__(self) -> None:
+        self._bytes_by_storage: dict[int, int] = {}
+
+    @property
+    def num_bytes(self) -> int | None:
+        """None when a size is symbolic (MoE routing's data-dependent shapes)."""
+        sizes = self._bytes_by_storage.values()
+        return sum(sizes) if all(isinstance(n, int) for n in sizes) else None
+
+    def hooked(self) -> contextlib.AbstractContextManager:
+        def pack(tensor: torch.Tensor) -> torch.Tensor:
+            if not isinstance(tensor, nn.Parameter):
+                self._bytes_by_storage[private.storage_key(tensor)] = tensor.untyped_storage().nbytes()
+            return tensor
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor)
 
 
 def _fsdp2(model: Transformer, mesh, kind: StrategyKind, mixed: bool) -> tuple[nn.Module, str]:

@@ -98,6 +98,15 @@ class PlanRequest(Frozen):
         return self.training.state_convention or self.strategy.kind.default_convention
 
     @property
+    def runs_under_autocast(self) -> bool:
+        """Whether the forward runs under torch.autocast with fp32 parameters: mixed precision
+        with fp32 parameters held and no FSDP cast (DDP, as the harness's torch engines and
+        torchtitan 0.3.0 distributed/utils.py maybe_enable_amp run it without FSDP). DeepSpeed
+        and FSDP cast the module's parameters to 16 bits instead."""
+        return (self.training.precision.is_mixed and self.convention is StateConvention.fsdp2
+                and not self.strategy.kind.is_fsdp)
+
+    @property
     def shard_group_size(self) -> int:
         """N_d in the ZeRO paper: ranks over which the sharded states are split."""
         kind = self.strategy.kind

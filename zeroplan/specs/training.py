@@ -72,6 +72,18 @@ class AttentionKernel(str, Enum):
     per-row log-sum-exp (Dao et al. 2022, sec. 3.1)."""
 
 
+class Kernels(str, Enum):
+    """Which dispatch path the activation terms follow: the ops that save a different set of
+    tensors on a GPU than on a CPU (torch 2.13 native_functions.yaml: ``_fused_rms_norm`` has a
+    CUDA kernel and is CompositeImplicitAutograd elsewhere; docs/memory-model.md, section 3)."""
+
+    cuda = "cuda"
+    """What a run on an NVIDIA GPU saves: every fit verdict."""
+    cpu = "cpu"
+    """What a run on the CPU saves: used only to reproduce CPU measurements (the harness on
+    gloo, the fake-tensor simulation, the framework records)."""
+
+
 class StateConvention(str, Enum):
     """Where the bytes of mixed-precision training live. Each is a documented layout, not a
     fudge factor; see docs/memory-model.md."""
@@ -107,6 +119,9 @@ class TrainingSpec(Frozen):
     """k of selective-layer checkpointing: every k-th block is checkpointed, 1 <= k <= the
     model's blocks (torchtune's ``ac_option``; its 0, also every block, is k = 1 here). Read
     only with activation_checkpointing selective-layer."""
+    kernels: Kernels = Kernels.cuda
+    """The device whose kernels the activation terms follow: cuda for a GPU run (the default,
+    every verdict), cpu only to reproduce a measurement made on the CPU."""
     activation_offloading: bool = False
     """Move saved activations to host memory between forward and backward (torchtune's
     ``enable_activation_offloading``, which its recipe allows only with full checkpointing)."""
@@ -124,3 +139,18 @@ class BatchSpec(Frozen):
     allow_longer_seq: bool = False
     """Accept a seq_len above the model's max_positions (RoPE models only; a learned position
     table has no row past max_positions). See specs.request.check_seq_len."""
+
+
+def measured_on(training: TrainingSpec, device_type: str) -> TrainingSpec:
+    """The training spec a measurement records: its kernels are those of the device it ran on
+    (a torch device type, 'cpu' or 'cuda')."""
+    return training.model_copy(update={"kernels": Kernels(device_type)})
+
+
+def recorded_before_kernels(training: object) -> object:
+    """A record's ``training`` as read from JSON: every record written before the ``kernels``
+    field existed ran on the CPU (the harness on gloo, the fake-tensor simulation, the framework
+    records), so an absent field reads as cpu, never as the cuda default."""
+    if isinstance(training, dict) and "kernels" not in training:
+        return {**training, "kernels": Kernels.cpu.value}
+    return training

@@ -47,7 +47,10 @@ def compare_record(record: RankRecord, step_index: int = -1) -> list[ComparisonR
     step = record.steps[step_index]
     breakdown, predicted_states = memory_breakdown(request)
     s, b = request.batch.seq_len, request.batch.micro_batch_size
-    predicted_saved = activation_bytes(request.model, request.training, s, b) + saved_logits_bytes(request.model, s, b)
+    # The record's training spec carries the kernels of the device it ran on (cpu for every
+    # committed record), so the prediction follows that device's dispatch.
+    predicted_saved = (activation_bytes(request.model, request.training, s, b, autocast=request.runs_under_autocast)
+                       + saved_logits_bytes(request.model, s, b))
     base = dict(
         run_id=description.run_id, strategy=description.strategy.value, engine=description.engine,
         world_size=description.world_size, rank=record.rank,
