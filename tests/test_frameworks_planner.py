@@ -13,7 +13,7 @@ from zeroplan.core.activations import activation_bytes, logits_bytes
 from zeroplan.core.frameworks import (
     hf_autocast_copies_bytes,
     NCCL_BUFFSIZE_BYTES, PROFILES, framework_activation_bytes, framework_layer_bytes, framework_logits_bytes,
-    nccl_buffer_bytes, usable_memory_bytes,
+    nccl_buffer_bytes, torchtitan_rope_cache_bytes, usable_memory_bytes,
 )
 from zeroplan.core.plan import fit, memory_breakdown
 from zeroplan.errors import ZeroplanError
@@ -91,8 +91,19 @@ def test_selective_op_keeps_the_odd_numbered_matmuls(gpu_80gib) -> None:
     assert framework_activation_bytes(request) == expected
 
 
+def _titan_layer_without_rope_cache(gpu, **training) -> int:
+    request = _request(gpu, Framework.torchtitan, **training)
+    return framework_layer_bytes(request) - torchtitan_rope_cache_bytes(request)
+
+
+def test_torchtitan_saves_a_gathered_rope_cache_per_block(gpu_80gib) -> None:
+    # complex64 [b, s, 1, head_dim / 2]: 8 bytes x 16384 tokens x 64.
+    assert torchtitan_rope_cache_bytes(_request(gpu_80gib, Framework.torchtitan)) == 8 * 16384 * 64
+    assert torchtitan_rope_cache_bytes(_request(gpu_80gib, Framework.hf)) == 0
+
+
 def test_torchtune_saves_expanded_keys_and_values(gpu_80gib) -> None:
-    titan = framework_layer_bytes(_request(gpu_80gib, Framework.torchtitan, precision=Precision.bf16_pure))
+    titan = _titan_layer_without_rope_cache(gpu_80gib, precision=Precision.bf16_pure)
     tune = framework_layer_bytes(_request(gpu_80gib, Framework.torchtune, precision=Precision.bf16_pure))
     # K and V at 32 heads instead of 8, 128 wide, bf16, 16384 tokens.
     assert tune - titan == 2 * 2 * 16384 * (32 - 8) * 128
@@ -101,7 +112,7 @@ def test_torchtune_saves_expanded_keys_and_values(gpu_80gib) -> None:
 def test_hf_norms_save_bf16_only_when_the_module_is_bf16(gpu_80gib) -> None:
     fsdp = framework_layer_bytes(_request(gpu_80gib, Framework.hf))
     deepspeed = framework_layer_bytes(_request(gpu_80gib, Framework.hf, kind=StrategyKind.zero3))
-    reference = framework_layer_bytes(_request(gpu_80gib, Framework.torchtitan))
+    reference = _titan_layer_without_rope_cache(gpu_80gib)
     assert fsdp - hf_autocast_copies_bytes(_request(gpu_80gib, Framework.hf)) == reference
     assert reference - deepspeed == 2 * 2 * 16384 * 4096
 
@@ -161,7 +172,8 @@ def test_records_are_committed_for_every_measurable_profile() -> None:
 
     records = load_framework_records(RECORDS)
     covered = {(r.training.framework.value, r.training.activation_checkpointing.value) for r in records}
-    assert {("hf", "none"), ("hf", "full"), ("torchtune", "none"), ("torchtune", "full")} <= covered
+    assert {("hf", "none"), ("hf", "full"), ("torchtune", "none"), ("torchtune", "full"),
+            ("torchtitan", "none"), ("torchtitan", "full"), ("torchtitan", "selective-op")} <= covered
 
 
 @pytest.mark.parametrize("path", _record_files(), ids=lambda p: p.stem)

@@ -264,6 +264,23 @@ def hf_autocast_copies_bytes(request: PlanRequest) -> int:
     return BF16_BYTES * block_linear_weight_elements(model) + extra_input_copies * BF16_BYTES * sbh
 
 
+COMPLEX64_BYTES = 8
+
+
+# torchtitan 0.3.0 trainer.py post_dataloading_process passes the dataloader's per-document
+# positions to the model, so models/common/rope.py ComplexRoPE._reshape_cache gathers a fresh
+# complex64 cache in every block (_reshape_for_broadcast: rope_cache[positions] for batch 1,
+# torch.gather for more), b·s·d/2 elements, which apply_rotary_emb's multiplies save (one tensor
+# for q and k). Measured: benchmarks/framework-records, torchtitan ac=none (2,097,152 bytes per
+# Llama-3.1-8B block at s 4096, b 1).
+def torchtitan_rope_cache_bytes(request: PlanRequest) -> int:
+    """Bytes of the position-gathered RoPE cache one torchtitan block saves (0 otherwise)."""
+    if request.training.framework is not Framework.torchtitan:
+        return 0
+    tokens = request.batch.seq_len * request.batch.micro_batch_size
+    return COMPLEX64_BYTES * tokens * (request.model.head_size // 2)
+
+
 def framework_layer_bytes(request: PlanRequest) -> int:
     """One block's saved bytes without recomputation, in the framework's own model code."""
     from zeroplan.core.activations import layer_bytes
@@ -273,7 +290,7 @@ def framework_layer_bytes(request: PlanRequest) -> int:
     norm_savings = hf_bf16_norm_savings_bytes(request)
     norms = model.norms_per_block * norm_savings
     return (layer_bytes(model, training, s, b) - norms + expanded_kv_extra_bytes(model, training, s, b)
-            + hf_autocast_copies_bytes(request))
+            + hf_autocast_copies_bytes(request) + torchtitan_rope_cache_bytes(request))
 
 
 # Korthikanti et al. 2022 sec. 5 for full recomputation (each block's input kept, one block

@@ -27,6 +27,9 @@ DEFAULT_PRECISION = {
     # torchtune 0.6.1 recipes/configs/llama3_1/*full*.yaml: `dtype: bf16` (parameters, gradients
     # and optimizer states in bf16).
     Framework.torchtune: Precision.bf16_pure,
+    # torchtitan 0.3.0 config/configs.py: mixed_precision_param "bfloat16", mixed_precision_reduce
+    # "float32" (fp32 parameters, bf16 compute under FSDP2's MixedPrecisionPolicy).
+    Framework.torchtitan: Precision.bf16_mixed,
 }
 """The numerics each framework's own configs train in, when the user names none."""
 
@@ -37,9 +40,13 @@ last of the rest is the steady state."""
 
 # transformers trainer.py: with DeepSpeed the engine casts the module to bf16; with DDP/FSDP the
 # Trainer keeps fp32 parameters under torch.autocast. torchtune's recipes load in `dtype: bf16`.
+# torchtitan 0.3.0 distributed/fsdp.py apply_fsdp_to_decoder: FSDP2's MixedPrecisionPolicy
+# (param_dtype bf16) gathers bf16 parameters, so the module computes in bf16 without autocast.
 def module_dtype(training: TrainingSpec, strategy: StrategyKind) -> torch.dtype:
     if training.precision is Precision.fp32:
         return torch.float32
+    if training.framework is Framework.torchtitan:
+        return torch.bfloat16
     if training.precision is Precision.bf16_pure or not (strategy.is_fsdp or strategy is StrategyKind.ddp):
         return torch.bfloat16
     return torch.float32

@@ -85,14 +85,19 @@ def _run_framework(args, framework: Framework, model, batch: BatchSpec) -> int:
     check_seq_len(model, batch)
     if args.layers < 3:
         raise ZeroplanError("--layers", f"must be at least 3 (the first block is not steady state), got {args.layers}")
+    not_installed = f"{framework.value} is not installed (%s); run scripts/install-frameworks"
     try:
         from zeroplan.frameworks.measure import DEFAULT_PRECISION, measure
     except ImportError as error:
-        raise ZeroplanError("--framework", f"{framework.value} is not installed ({error.name}); run scripts/install-frameworks") from None
+        raise ZeroplanError("--framework", not_installed % error.name) from None
     precision = Precision(args.precision) if args.precision else DEFAULT_PRECISION.get(framework, Precision.bf16_mixed)
     training = TrainingSpec(framework=framework, precision=precision,
                             activation_checkpointing=ActivationCheckpointing(args.activation_checkpointing))
-    record = measure(model, StrategyKind(args.strategy), training, batch, layers=args.layers)
+    try:
+        # The framework itself is imported only when its model is built.
+        record = measure(model, StrategyKind(args.strategy), training, batch, layers=args.layers)
+    except ImportError as error:
+        raise ZeroplanError("--framework", not_installed % error.name) from None
     print(f"{record.name}  ({record.framework_version}, torch {record.torch_version}, {record.wall_time_s:.1f} s)")
     print(f"  module dtype {record.module_dtype}; {record.built_layers} blocks built")
     nbytes = record.block_kept_bytes
