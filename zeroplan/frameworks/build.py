@@ -142,15 +142,16 @@ def _eager_flex_attention() -> None:
     torchtitan 0.3.0 models/common/attention.py calls ``FlexAttention._compiled_flex_attn``
     (``torch.compile(flex_attention)``) and builds its block mask with
     ``_compiled_create_block_mask`` (``torch.compile(create_block_mask)``); neither compiles
-    on fake tensors. Both are replaced by the same functions uncompiled. Eager
-    ``flex_attention`` calls the same ``flex_attention`` higher-order op, whose autograd function
+    on fake tensors. Both are replaced by the same functions uncompiled, and eager
+    ``flex_attention`` is made to call its higher-order op directly on fake CPU tensors
+    (_torch_private.flex_attention_without_dynamo). That op's autograd function
     (torch/_higher_order_ops/flex_attention.py FlexAttentionAutogradOp) saves Q, K, V, the
-    output and the fp32 log-sum-exp (what the compiled backward reads), and also its fp32
-    max_scores (a·s·b·4 bytes per block), which the compiled graph's partitioner drops because
-    the backward does not read it. The block mask is built once per step and shared by every
-    block, so how it is built changes nothing a block keeps. SelectiveAC names the op itself
-    (torch._higher_order_ops.flex_attention) in its save list, so its policy sees the same op.
-    Installed for the process; idempotent.
+    output, the fp32 log-sum-exp and the block-mask tensors (what the compiled backward reads),
+    and also its fp32 max_scores (4·a·s·b bytes per block), which the backward never reads and
+    the compiled graph therefore does not keep: the records hold that much more than a GPU run.
+    The block mask is built once per step and shared by every block, so how it is built changes
+    nothing a block keeps. SelectiveAC names the op itself (torch._higher_order_ops.flex_attention)
+    in its save list, so its policy sees the same op. Installed for the process; idempotent.
     """
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     from torchtitan.models.common import attention
