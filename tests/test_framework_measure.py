@@ -112,3 +112,15 @@ def test_torchtitan_shards_with_its_own_fsdp2_wrapping() -> None:
     # Every block, and the final norm with the output projection, is its own FSDP2 unit.
     assert all(isinstance(block, FSDPModule) for block in built.blocks)
     assert isinstance(built.module.lm_head, FSDPModule)
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["--framework", "hf", "--activation-checkpointing", "selective-op"], "--activation-checkpointing"),
+    (["--activation-checkpointing", "selective-op"], "activation_checkpointing"),
+])
+def test_simulate_selective_op_outside_torchtitan_is_one_line(capsys, argv, field) -> None:
+    from zeroplan.cli.main import main
+
+    code = main(["simulate", "llama-3.1-8b", "--strategy", "fsdp-full-shard", "--world-size", "8", *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and field in err and "selective-op" in err, err

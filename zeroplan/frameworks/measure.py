@@ -65,6 +65,10 @@ def measure(model: ModelSpec, strategy: StrategyKind, training: TrainingSpec, ba
     notes = []
     if _autocast(training, dtype):
         notes.append("forward under torch.autocast(bfloat16) with fp32 parameters")
+    if training.framework is Framework.torchtitan:
+        # zeroplan/frameworks/build.py _eager_flex_attention.
+        notes.append("FlexAttention run eagerly: each block also keeps its fp32 max_scores "
+                     "(4 bytes x heads x tokens), which a compiled run does not")
     _, shallow, _ = _forward(model, training, batch, layers, dtype)
     version, deep, growth = _forward(model, training, batch, layers + 1, dtype)
     return FrameworkRecord(

@@ -31,10 +31,11 @@ def build_parser() -> OneLineParser:
     add_seq_len_arguments(parser)
     parser.add_argument("--precision", choices=[p.value for p in Precision], default=None,
                         help="default: bf16-mixed, or the framework's own default with --framework")
-    parser.add_argument("--activation-checkpointing", choices=["none", "full"], default="none")
+    parser.add_argument("--activation-checkpointing", choices=["none", "full", "selective-op"], default="none",
+                        help="selective-op: torchtitan's per-op selective checkpointing (--framework torchtitan)")
     parser.add_argument("--framework", choices=[f.value for f in Framework], default=Framework.zeroplan.value,
-                        help="hf or torchtune: build that framework's own model (full width, --layers "
-                             "blocks) and record what each block keeps for backward (docs/frameworks.md)")
+                        help="hf, torchtune or torchtitan: build that framework's own model (full width, "
+                             "--layers blocks) and record what each block keeps for backward (docs/frameworks.md)")
     parser.add_argument("--layers", type=positive_int, default=4,
                         help="with --framework: decoder blocks built (at least 3; default 4)")
     parser.add_argument("--no-mem-tracker", action="store_true", help="skip FSDPMemTracker (about 2x faster)")
