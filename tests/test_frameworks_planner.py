@@ -110,11 +110,20 @@ def test_torchtune_saves_expanded_keys_and_values(gpu_80gib) -> None:
 
 
 def test_hf_norms_save_bf16_only_when_the_module_is_bf16(gpu_80gib) -> None:
-    fsdp = framework_layer_bytes(_request(gpu_80gib, Framework.hf))
+    ddp = framework_layer_bytes(_request(gpu_80gib, Framework.hf, kind=StrategyKind.ddp))
     deepspeed = framework_layer_bytes(_request(gpu_80gib, Framework.hf, kind=StrategyKind.zero3))
     reference = _titan_layer_without_rope_cache(gpu_80gib)
-    assert fsdp - hf_autocast_copies_bytes(_request(gpu_80gib, Framework.hf)) == reference
+    assert ddp - hf_autocast_copies_bytes(_request(gpu_80gib, Framework.hf, kind=StrategyKind.ddp)) == reference
     assert reference - deepspeed == 2 * 2 * 16384 * 4096
+
+
+def test_hf_under_fsdp2_computes_on_a_bf16_module(gpu_80gib) -> None:
+    # accelerate's FSDP2 gathers the fp32 shards in bf16 (MixedPrecisionPolicy) and applies no
+    # autocast: the blocks save what DeepSpeed's bf16 module saves, with no autocast copies.
+    for kind in (StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op):
+        request = _request(gpu_80gib, Framework.hf, kind=kind)
+        assert hf_autocast_copies_bytes(request) == 0
+        assert framework_layer_bytes(request) == framework_layer_bytes(_request(gpu_80gib, Framework.hf, kind=StrategyKind.zero3))
 
 
 def test_hf_under_autocast_keeps_bf16_copies_of_weights_and_inputs(gpu_80gib) -> None:

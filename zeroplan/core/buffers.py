@@ -40,11 +40,14 @@ def gathered_unit_bytes(request: PlanRequest, bytes_per_element: int, gradient_b
 
 # The FSDP recipe (torchtitan, zeroplan/harness/torch_engines.py): fully_shard each block, then
 # the root, whose parameter group is everything else (embedding, final norm, head), gathered as
-# one. The reference ZeRO and DeepSpeed gather the embedding and the head as separate units.
+# one. The reference ZeRO and DeepSpeed gather the embedding and the head as separate units, as
+# does torchtune's FSDP2 (custom_sharded_layers, zeroplan.core.frameworks profile).
 def largest_unit_elements(request: PlanRequest) -> int:
     """Padded elements of the largest unit gathered or reduced as one."""
+    from zeroplan.core.frameworks import profile
+
     padded = padded_unit_elements_of(request, request.shard_group_size)
-    if not request.strategy.kind.is_fsdp:
+    if not request.strategy.kind.is_fsdp or profile(request.training.framework).fsdp_separate_embedding_and_head:
         return max(padded)
     units = parameter_units(request.model)
     blocks = [n for unit, n in zip(units, padded) if unit.name.startswith("block.")]

@@ -48,6 +48,15 @@ class FrameworkProfile:
     """Whether saved activations can be moved to host memory between forward and backward."""
     strategies: tuple[StrategyKind, ...]
     """The data-parallel strategies the framework itself runs (its own sharding options)."""
+    fsdp_reduces_in_compute_dtype: bool = False
+    """Its FSDP2 wrapping reduce-scatters gradients in the compute dtype (bf16), whatever
+    StrategySpec.fsdp_reduce_in_fp32 says."""
+    fsdp_loss_backward_gathers_head: bool = False
+    """Measured from its own FSDP2 step (benchmarks/framework-step-records): at the loss's
+    backward the unit holding the output projection is gathered again (fsdp_head_gathered_bytes)."""
+    fsdp_separate_embedding_and_head: bool = False
+    """Under FSDP the token embedding and the output projection are fully_shard units of their
+    own (instead of part of the root unit with the final norm)."""
 
 
 _NONE_FULL = (ActivationCheckpointing.none, ActivationCheckpointing.full)
@@ -89,6 +98,9 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         # transformers 4.56.2 trainer.py / accelerate: DDP, FSDP (FULL_SHARD, SHARD_GRAD_OP,
         # HYBRID_SHARD) and the DeepSpeed integration (ZeRO 1-3 and its offloads).
         strategies=tuple(StrategyKind),
+        # accelerate 1.10.1 utils/dataclasses.py set_mixed_precision("bf16") for FSDP2:
+        # MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16, output_dtype=bf16).
+        fsdp_reduces_in_compute_dtype=True, fsdp_loss_backward_gathers_head=True,
     ),
     # torchtune 0.6.1: modules/attention.py (lines 285-291) expands K and V to num_heads with
     # unsqueeze/expand/flatten (a copy) before SDPA; modules/loss/ce_chunked_output_loss.py
@@ -100,6 +112,11 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         checkpointing=_NONE_FULL, checkpointing_names="none, full (enable_activation_checkpointing)",
         default_precision=Precision.bf16_pure, expands_kv_heads=True, bf16_module_norm_saves_bf16=False,
         loss_chunks=8, offers_activation_offloading=True,
+        # torchtune 0.6.1 recipes/configs/llama3_1/*_full.yaml: custom_sharded_layers
+        # ['tok_embeddings', 'output'], which training.get_shard_conditions shards on their own.
+        fsdp_separate_embedding_and_head=True,
+        # training.shard_model passes no mp_policy: the bf16 module's gradients are reduced in bf16.
+        fsdp_reduces_in_compute_dtype=True, fsdp_loss_backward_gathers_head=True,
         # torchtune 0.6.1 recipes/full_finetune_distributed.py: FSDP2 with
         # fsdp_reshard_after_forward (True: full shard; False: SHARD_GRAD_OP, its docstring);
         # fsdp_cpu_offload (CPUOffloadPolicy) is not modelled, so not offered here.
@@ -189,14 +206,71 @@ def selective_op_layer_bytes(model: ModelSpec, training: TrainingSpec, s: int, b
 
 # torchtune 0.6.1 modules/loss/ce_chunked_output_loss.py: the output projection returns
 # num_output_chunks bf16 chunks and each is upcast and passed through F.cross_entropy on its
-# own. The largest moment is the forward of the last chunk: all bf16 chunks (2sbV), the fp32
+# own. The largest moment of its forward is the last chunk's: all bf16 chunks (2sbV), the fp32
 # log-softmax of the chunks before (saved, 4sbV in all) and the last chunk's fp32 copy
-# (4sbV/n). Backward then holds the saved log-softmax and one chunk's two fp32 gradients.
-def chunked_logits_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int, chunks: int) -> int:
+# (4sbV/n). Backward first holds the saved log-softmax and one chunk's two fp32 gradients;
+# once every chunk's loss backward has run, the n bf16 logit gradients (2sbV) wait for the
+# output projection's backward, which adds ``head_backward_bytes`` (fsdp_chunked_head_bytes).
+def chunked_logits_pieces(model: ModelSpec, training: TrainingSpec, s: int, b: int, chunks: int,
+                          head_backward_bytes: int = 0) -> tuple[int, int, int]:
+    """The loss's bytes at its three moments: its forward, its backward, the head's backward."""
     sbv = s * b * model.vocab_size
     forward = training.precision.compute_bytes * sbv + FP32_BYTES * sbv + FP32_BYTES * sbv // chunks
     backward = FP32_BYTES * sbv + 2 * FP32_BYTES * sbv // chunks
-    return max(forward, backward)
+    head = training.precision.compute_bytes * sbv + head_backward_bytes
+    return forward, backward, head
+
+
+def chunked_logits_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int, chunks: int,
+                         head_backward_bytes: int = 0) -> int:
+    """The largest of chunked_logits_pieces."""
+    return max(chunked_logits_pieces(model, training, s, b, chunks, head_backward_bytes))
+
+
+# torchtune 0.6.1 modules/transformer.py TransformerDecoder.chunked_output calls self.output once
+# per chunk; under FSDP2 (torch 2.13 _fully_shard/_fsdp_state.py) each call is a forward of the
+# `output` unit with its own pre-backward, so in backward the unit is all-gathered again for
+# every chunk, and its weight gradient is accumulated out of place (aten.add.Tensor, traced
+# under fake tensors on the framework's own step): from the second chunk on, the accumulated
+# gradient, the chunk's new mm output and their sum (3 unsharded V x h gradients) live beside
+# the gathered weight.
+def fsdp_chunked_head_bytes(request: PlanRequest) -> int:
+    """What the output projection's backward adds to the bf16 logit gradients (0 unless the
+    framework chunks its loss and its FSDP2 gathers the head per chunk under full sharding)."""
+    if profile(request.training.framework).loss_chunks == 1:
+        return 0
+    gathered = fsdp_head_gathered_bytes(request)
+    if gathered == 0:
+        return 0
+    head_gradient = request.model.vocab_size * request.model.hidden_size * request.training.precision.compute_bytes
+    return gathered + 3 * head_gradient
+
+
+# torch 2.13 torch/distributed/fsdp/_fully_shard/_fsdp_state.py _pre_backward ->
+# _fsdp_param_group.py pre_backward: the first unit to run backward is the one that ran the
+# output projection last in forward; reshard_after_forward freed its parameters, so its
+# pre-backward hook all-gathers them again (in the compute dtype) while the loss's gradient
+# tensors are still alive, and prefetches the next unit in backward order. HF's (accelerate)
+# root unit holds the embedding and lm_head, and the next is the last decoder layer; torchtune's
+# `output` is a unit of its own, and the next, the root, holds only the final norm. FSDPMemTracker
+# at the loss backward of both (benchmarks/framework-step-records): 'unsharded_param' is that
+# unit, 'all_gather' the prefetched one.
+def fsdp_head_gathered_bytes(request: PlanRequest) -> int:
+    """Gathered parameters alive at the loss's backward beside the loss's tensors (0 unless
+    the framework's profile says its FSDP2 step does this, under full sharding)."""
+    from zeroplan.core.layout import element_bytes
+    from zeroplan.core.model_states import padded_unit_elements_of
+
+    prof = profile(request.training.framework)
+    if not prof.fsdp_loss_backward_gathers_head or request.strategy.kind not in (StrategyKind.fsdp_full_shard, StrategyKind.hsdp):
+        return 0
+    padded = padded_unit_elements_of(request, request.shard_group_size)
+    embedding, last_block, head = padded[0], padded[-2], padded[-1]
+    if prof.fsdp_separate_embedding_and_head:
+        gathered = head  # the output unit; the root after it holds only the final norm
+    else:
+        gathered = embedding + head + request.strategy.prefetch_units * last_block
+    return gathered * element_bytes(request.training.precision, request.convention).compute_parameter
 
 
 NCCL_BUFFSIZE_BYTES = 4 * MiB
@@ -221,9 +295,11 @@ def usable_memory_bytes(request: PlanRequest) -> int:
 
 def _hf_module_in_bf16(request: PlanRequest) -> bool:
     # transformers 4.56.2 trainer.py: with DeepSpeed the engine casts the module to bf16; with
-    # DDP/FSDP the Trainer keeps fp32 parameters and runs the forward under torch.autocast.
-    kind = request.strategy.kind
-    return request.training.precision is Precision.bf16_pure or not (kind.is_fsdp or kind is StrategyKind.ddp)
+    # DDP the Trainer (accelerate prepare_model) keeps fp32 parameters and runs the forward under
+    # torch.autocast. With FSDP (accelerate 1.10.1 _prepare_fsdp2 / fsdp2_prepare_model) the
+    # sharded parameters are fp32 but fully_shard's MixedPrecisionPolicy(param_dtype=bf16)
+    # gathers them in bf16 and no autocast is applied: the blocks compute on a bf16 module.
+    return request.training.precision is Precision.bf16_pure or request.strategy.kind is not StrategyKind.ddp
 
 
 def block_input_bytes(request: PlanRequest, s: int, b: int) -> int:
@@ -319,16 +395,42 @@ def framework_activation_bytes(request: PlanRequest) -> int:
     return layers + outside_layers_bytes(model, training, s, b) - norm_savings
 
 
-def framework_logits_bytes(request: PlanRequest) -> int:
-    """The loss's largest moment: logits and the cross-entropy's fp32 tensors."""
+# Korthikanti et al. 2022 sec. 5: with recomputation one block's activations are rebuilt only
+# while that block's backward runs; the loss's forward and backward come before any block's
+# backward, with only the kept tensors alive (each block's input under full recomputation,
+# torchtitan's saved op outputs under selective-op). The framework step records
+# (benchmarks/framework-step-records, ac=full) reach their peak there, without that block.
+def framework_recompute_bytes(request: PlanRequest) -> int:
+    """The part of framework_activation_bytes alive only during a block's backward."""
+    training = request.training
+    mode = training.activation_checkpointing
+    if training.activation_offloading or mode is ActivationCheckpointing.none:
+        return 0
+    layer = framework_layer_bytes(request)
+    if mode is ActivationCheckpointing.selective_op:
+        s, b = request.batch.seq_len, request.batch.micro_batch_size
+        return layer - selective_op_layer_bytes(request.model, training, s, b)
+    return layer
+
+
+def framework_logits_pieces(request: PlanRequest) -> tuple[int, ...]:
+    """The loss's bytes at each moment that can be its largest (each affine in the micro-batch)."""
     from zeroplan.core.activations import logits_bytes
 
     model, training = request.model, request.training
     s, b = request.batch.seq_len, request.batch.micro_batch_size
     chunks = profile(training.framework).loss_chunks
     if chunks > 1:
-        return chunked_logits_bytes(model, training, s, b, chunks)
-    return logits_bytes(model, training, s, b)
+        return chunked_logits_pieces(model, training, s, b, chunks, fsdp_chunked_head_bytes(request))
+    # The loss's fp32 tensors are alive at the start of its backward, beside the head's unit
+    # that FSDP2 gathers then (fsdp_head_gathered_bytes; 0 outside a framework's FSDP2).
+    return (logits_bytes(model, training, s, b) + fsdp_head_gathered_bytes(request),)
+
+
+def framework_logits_bytes(request: PlanRequest) -> int:
+    """The loss's largest moment: logits and the cross-entropy's fp32 tensors (and, in a
+    framework's FSDP2, the head's unit gathered for its backward)."""
+    return max(framework_logits_pieces(request))
 
 
 # What one block keeps for backward under the policy: every saved tensor without recomputation

@@ -80,9 +80,13 @@ def shard_elements(unit: ParamUnit, num_shards: int, layout: ShardLayout) -> int
 
 def gradient_wire_bytes(request: "PlanRequest") -> int:
     """Bytes per element of the gradients the collectives reduce: the compute dtype (ZeRO
-    reduces fp16/bf16 gradients), or fp32 for FSDP with an fp32 reduce_dtype."""
+    reduces fp16/bf16 gradients), or fp32 for FSDP with an fp32 reduce_dtype (unless the
+    framework's own FSDP2 wrapping reduces in the compute dtype: zeroplan.core.frameworks)."""
+    from zeroplan.core.frameworks import profile
+
     eb = element_bytes(request.training.precision, request.convention)
     strategy = request.strategy
-    if strategy.kind.is_fsdp and strategy.fsdp_reduce_in_fp32:
+    framework_choice = profile(request.training.framework).fsdp_reduces_in_compute_dtype
+    if strategy.kind.is_fsdp and strategy.fsdp_reduce_in_fp32 and not framework_choice:
         return 4
     return eb.compute_parameter

@@ -11,7 +11,8 @@ from zeroplan.core.buffers import (
 )
 from zeroplan.core.communication import collectives
 from zeroplan.core.frameworks import (
-    check_framework_request, check_framework_strategies, framework_activation_bytes, framework_logits_bytes, profile, usable_memory_bytes,
+    check_framework_request, check_framework_strategies, framework_activation_bytes, framework_logits_pieces,
+    framework_recompute_bytes, profile, usable_memory_bytes,
 )
 from zeroplan.core.model_states import ModelStateBytes, model_state_bytes
 from zeroplan.core.params import total_parameters
@@ -78,6 +79,9 @@ class PeakTerms:
     backward_held_buffers: int
     transient_buffers: int
     step_temporary: int
+    logits_pieces: tuple[int, ...] = ()
+    """The loss's bytes at each of its own moments (``logits`` is their largest). Each is
+    affine in the micro-batch, their maximum is not: the plan search needs them apart."""
 
 
 def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
@@ -86,17 +90,25 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     s, b = batch.seq_len, batch.micro_batch_size
     check_framework_request(training)
     states = model_state_bytes(request)
+    workspace = backward_workspace_bytes(model, training, s, b)
+    logits_pieces: tuple[int, ...] = ()
     if training.framework is Framework.zeroplan:
         activations = activation_bytes(model, training, s, b)
         logits = logits_bytes(model, training, s, b)
     else:
-        activations = framework_activation_bytes(request)
-        logits = framework_logits_bytes(request)
+        # The block a recomputing backward rebuilds is alive only in a block's backward: it
+        # joins that moment's workspace, not the loss's moment (framework_recompute_bytes).
+        recompute = framework_recompute_bytes(request)
+        activations = framework_activation_bytes(request) - recompute
+        logits_pieces = framework_logits_pieces(request)
+        logits = max(logits_pieces)
+        workspace += recompute
     terms = PeakTerms(
-        activations=activations, logits=logits, workspace=backward_workspace_bytes(model, training, s, b),
+        activations=activations, logits=logits, workspace=workspace,
         resident_buffers=resident_buffer_bytes(request), backward_held_buffers=backward_held_buffer_bytes(request),
         transient_buffers=transient_buffer_bytes(request),
         step_temporary=optimizer_step_temporary_bytes(request, states.optimizer_elements),
+        logits_pieces=logits_pieces,
     )
     return states, terms
 

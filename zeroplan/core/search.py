@@ -29,6 +29,7 @@ from zeroplan.core.timing import (
     step_time,
 )
 from zeroplan.errors import ZeroplanError
+from zeroplan.results import PeakMoment
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
@@ -127,7 +128,12 @@ def _moments(request: PlanRequest) -> tuple[np.ndarray, int]:
     """The four peak moments, and the host bytes each rank offloads."""
     states, terms = peak_terms(request)
     alive = peak_moments(states, terms, request.batch.grad_accum_steps)
-    return np.array([moment.total for moment in alive.values()], dtype=np.int64), states.host_bytes
+    totals = [bytes_.total for moment, bytes_ in alive.items() if moment is not PeakMoment.loss_backward]
+    # The loss's moment, once per piece of the loss (PeakTerms.logits_pieces): each is affine
+    # in the micro-batch, their maximum is not.
+    loss = alive[PeakMoment.loss_backward].total
+    totals += [loss - terms.logits + piece for piece in terms.logits_pieces or (terms.logits,)]
+    return np.array(totals, dtype=np.int64), states.host_bytes
 
 
 _PHASES = tuple(Phase)

@@ -39,7 +39,7 @@ class BuiltModel:
     """What the framework's recipe runs on a meta-device model before training (run on real tensors)."""
     shard: Callable[[object, bool], str] | None = None
     """Apply the framework's own FSDP2 wrapping to ``module`` given (device_mesh,
-    reshard_after_forward); returns a one-line description. None: not wired for this framework."""
+    reshard_after_forward); returns a one-line description. None: the framework has none."""
 
 
 def check_measurable(framework: Framework, policy: ActivationCheckpointing, model: ModelSpec) -> None:
@@ -96,7 +96,41 @@ def _hf_llama(model: ModelSpec, layers: int, policy: ActivationCheckpointing, dt
     def forward(tokens: torch.Tensor) -> torch.Tensor:
         return module(input_ids=tokens).logits
 
-    return BuiltModel(module, list(module.model.layers), forward, f"transformers {transformers.__version__}")
+    def shard(mesh: object, reshard_after_forward: bool) -> str:
+        return _hf_fsdp2(module, mesh, reshard_after_forward)
+
+    return BuiltModel(module, list(module.model.layers), forward, f"transformers {transformers.__version__}", shard=shard)
+
+
+HF_FSDP2_PARAM_DTYPE = torch.bfloat16
+"""accelerate 1.10.1 utils/dataclasses.py FullyShardedDataParallelPlugin.set_mixed_precision
+("bf16", fsdp_version 2): MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16,
+output_dtype=bf16), what Trainer(bf16=True) with fsdp_version 2 hands to fully_shard."""
+
+
+def _hf_fsdp2(module: nn.Module, mesh: object, reshard_after_forward: bool) -> str:
+    """accelerate 1.10.1 utils/fsdp_utils.py fsdp2_prepare_model, reproduced as the calls it makes
+    (accelerate itself needs an Accelerator and a launched process group): fully_shard every
+    module of a class in ``model._no_split_modules`` (LlamaDecoderLayer; the transformer wrap
+    policy Trainer picks), bottom-up, then the root, each with the plugin's
+    reshard_after_forward and MixedPrecisionPolicy; then, with mixed precision on,
+    ``model.to(torch.float32)``: the sharded parameters, their gradients and AdamW's states
+    are fp32. accelerate's _prepare_fsdp2 does not wrap the forward in autocast (only
+    prepare_model, the non-FSDP2 path, does), so the forward computes in the policy's bf16."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    dtype = HF_FSDP2_PARAM_DTYPE
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype)
+    kwargs = dict(reshard_after_forward=reshard_after_forward, mp_policy=policy, mesh=mesh)
+    wrap = tuple(type(m) for m in module.modules() if type(m).__name__ in module._no_split_modules)
+    for submodule in reversed(list(module.modules())[1:]):
+        if isinstance(submodule, wrap):
+            fully_shard(submodule, **kwargs)
+    fully_shard(module, **kwargs)
+    module.to(torch.float32)
+    return (f"accelerate fsdp2_prepare_model: fully_shard({', '.join(sorted(module._no_split_modules))}, root; "
+            f"reshard_after_forward={reshard_after_forward}), MixedPrecisionPolicy(param_dtype={dtype}, "
+            f"reduce_dtype={dtype}, output_dtype={dtype}), fp32 sharded parameters")
 
 
 def _torchtune_llama(model: ModelSpec, layers: int, policy: ActivationCheckpointing, dtype: torch.dtype) -> BuiltModel:
@@ -133,7 +167,21 @@ def _torchtune_llama(model: ModelSpec, layers: int, policy: ActivationCheckpoint
                 submodule.to_empty(device="cpu")
                 submodule.rope_init()
 
-    return BuiltModel(module, list(module.layers), forward, f"torchtune {version('torchtune')}", materialize)
+    def shard(mesh: object, reshard_after_forward: bool) -> str:
+        # recipes/full_finetune_distributed.py _setup_model: shard_model with get_shard_conditions
+        # (every layers.i, and the names in custom_sharded_layers: ['tok_embeddings', 'output']
+        # in every shipped llama3_1 *_full.yaml), fsdp_reshard_after_forward, no cpu offload, no
+        # mixed-precision policy (the module is already bf16).
+        from functools import partial
+
+        names = ["tok_embeddings", "output"]
+        condition = partial(training.get_shard_conditions, names_to_match=names)
+        training.shard_model(model=module, shard_conditions=[condition], cpu_offload=False,
+                             reshard_after_forward=reshard_after_forward, dp_mesh=mesh)
+        return (f"torchtune training.shard_model(layers.i, custom_sharded_layers={names}, root; "
+                f"reshard_after_forward={reshard_after_forward}), no MixedPrecisionPolicy (bf16 module)")
+
+    return BuiltModel(module, list(module.layers), forward, f"torchtune {version('torchtune')}", materialize, shard)
 
 
 def _eager_flex_attention() -> None:

@@ -38,16 +38,19 @@ DEFAULT_LAYERS = 4
 last of the rest is the steady state."""
 
 
-# transformers trainer.py: with DeepSpeed the engine casts the module to bf16; with DDP/FSDP the
-# Trainer keeps fp32 parameters under torch.autocast. torchtune's recipes load in `dtype: bf16`.
+# transformers trainer.py: with DeepSpeed the engine casts the module to bf16; with DDP the
+# Trainer keeps fp32 parameters under torch.autocast; with FSDP, accelerate's FSDP2
+# MixedPrecisionPolicy gathers the fp32 shards in bf16 for the forward (build._hf_fsdp2).
+# torchtune's recipes load in `dtype: bf16`.
 # torchtitan 0.3.0 distributed/fsdp.py apply_fsdp_to_decoder: FSDP2's MixedPrecisionPolicy
 # (param_dtype bf16) gathers bf16 parameters, so the module computes in bf16 without autocast.
 def module_dtype(training: TrainingSpec, strategy: StrategyKind) -> torch.dtype:
+    """The dtype the framework's blocks compute with (what the per-block forward is built in)."""
     if training.precision is Precision.fp32:
         return torch.float32
     if training.framework is Framework.torchtitan:
         return torch.bfloat16
-    if training.precision is Precision.bf16_pure or not (strategy.is_fsdp or strategy is StrategyKind.ddp):
+    if training.precision is Precision.bf16_pure or strategy is not StrategyKind.ddp:
         return torch.bfloat16
     return torch.float32
 

@@ -65,10 +65,16 @@ class FrameworkRecord(Frozen):
 
 def load_framework_records(directory: Path) -> list[FrameworkRecord]:
     """Every ``*.json`` record in ``directory``, sorted by file name; a bad file is one line."""
+    return load_records(directory, FrameworkRecord, "framework record")
+
+
+def load_records(directory: Path, record_type: type[Frozen], what: str) -> list:
+    """Every ``*.json`` file in ``directory`` read as ``record_type``, sorted by file name; a
+    file that is not one is a one-line error naming ``what`` it should have been."""
     records = []
     for path in sorted(Path(directory).glob("*.json")):
         try:
-            records.append(FrameworkRecord.model_validate_json(path.read_text(encoding="utf-8")))
+            records.append(record_type.model_validate_json(path.read_text(encoding="utf-8")))
         except (ValidationError, UnicodeDecodeError) as error:
-            raise ZeroplanError("framework record", f"{path.name} is not a framework record: {str(error).splitlines()[0]}") from None
+            raise ZeroplanError(what, f"{path.name} is not a {what}: {str(error).splitlines()[0]}") from None
     return records

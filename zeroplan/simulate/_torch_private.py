@@ -153,3 +153,10 @@ def flex_attention_without_dynamo() -> None:
 
     validate_device._zeroplan_skips_fake = True
     flex_module._validate_device = validate_device
+
+
+def dtensor_local_storage(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor that holds a DTensor's local shard (``DTensor._local_tensor``, private), itself
+    for a plain tensor: an optimizer built over these updates the same bytes FSDP2 stores,
+    without DTensor dispatch."""
+    return getattr(tensor, "_local_tensor", tensor)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -22,6 +21,7 @@ from zeroplan.harness.engine import make_adamw
 from zeroplan.harness.model import Transformer, build_model, next_token_loss
 from zeroplan.simulate import _torch_private as private
 from zeroplan.simulate.collectives import CollectiveRecorder
+from zeroplan.simulate.fake_world import DEVICE as _DEVICE, device_mesh, fake_process_group, local_tensor, storage_bytes
 from zeroplan.simulate.record import ModelStateBytes, Phase, SimulationRecord
 from zeroplan.specs import (
     ActivationCheckpointing,
@@ -38,7 +38,6 @@ from zeroplan.specs import (
 SUPPORTED_STRATEGIES = (StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op, StrategyKind.ddp)
 SUPPORTED_PRECISIONS = (Precision.bf16_mixed, Precision.fp32)
 SUPPORTED_CHECKPOINTING = (ActivationCheckpointing.none, ActivationCheckpointing.full)
-_DEVICE = "cpu"  # fake tensors on the CPU: no accelerator needed, none touched.
 
 
 def simulate(
@@ -73,7 +72,7 @@ def simulate(
         notes.append("FSDPMemTracker skipped: it tracks FSDP modules only")
     if batch.grad_accum_steps > 1:
         notes.append(f"one micro-batch simulated of grad_accum_steps={batch.grad_accum_steps}")
-    with _fake_process_group(world_size, rank):
+    with fake_process_group(world_size, rank):
         record_args = _run_step(model, kind, world_size, training, batch, mem_tracker, notes)
     return SimulationRecord(
         torch_version=torch.__version__, model=model, strategy=kind, world_size=world_size,
@@ -116,26 +115,6 @@ def _check(strategy: StrategyKind | str, world_size: int, rank: int, training: T
     return kind
 
 
-@contextlib.contextmanager
-def _fake_process_group(world_size: int, rank: int) -> Iterator[None]:
-    if dist.is_initialized():
-        raise RuntimeError("simulate() needs its own fake process group; one is already initialised")
-    dist.init_process_group(
-        backend=private.FAKE_BACKEND, store=private.fake_store(), rank=rank, world_size=world_size,
-    )
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
-def _mesh(world_size: int):
-    # Built outside the fake-tensor mode: the mesh reads its rank tensor's values.
-    from torch.distributed.device_mesh import init_device_mesh
-
-    return init_device_mesh(_DEVICE, (world_size,))
-
-
 def _run_step(
     spec: ModelSpec, kind: StrategyKind, world_size: int, training: TrainingSpec,
     batch: BatchSpec, mem_tracker: bool, notes: list[str],
@@ -148,7 +127,7 @@ def _run_step(
     parameter_count = sum(p.numel() for p in model.parameters())
     mixed = training.precision is Precision.bf16_mixed
     if kind.is_fsdp:
-        module, mixed_precision = _fsdp2(model, _mesh(world_size), kind, mixed)
+        module, mixed_precision = _fsdp2(model, device_mesh(world_size), kind, mixed)
     recorder = CollectiveRecorder()
     # MoE routing (nonzero) has data-dependent output sizes: they become unbacked symbols.
     with private.fake_tensor_mode(data_dependent_shapes=spec.is_moe):
@@ -174,7 +153,7 @@ def _run_step(
             del logits_BSV
             recorder.phase = Phase.backward
             loss.backward()
-            gradient_bytes = storage_bytes(_local(p.grad) for p in module.parameters() if p.grad is not None)
+            gradient_bytes = storage_bytes(local_tensor(p.grad) for p in module.parameters() if p.grad is not None)
             recorder.phase = Phase.optimizer
             optimizer.step()
         peak = private.mem_tracker_peak_bytes(tracker) if mem_tracker else None
@@ -224,25 +203,12 @@ def _ddp(model: Transformer, mixed: bool, notes: list[str]) -> tuple[nn.Module, 
     return module, described
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard, or the tensor itself."""
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
-
-
-def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
-    """Bytes of the distinct storages under ``tensors`` (a view counts its whole storage once)."""
-    seen: dict[int, int] = {}
-    for tensor in tensors:
-        seen[private.storage_key(tensor)] = tensor.untyped_storage().nbytes()
-    return sum(seen.values())
-
-
 def _model_states(module: nn.Module, optimizer: torch.optim.Optimizer, gradient_bytes: int) -> ModelStateBytes:
     states = list(optimizer.state.values())
     return ModelStateBytes(
-        parameter_bytes=storage_bytes(_local(p) for p in module.parameters()),
+        parameter_bytes=storage_bytes(local_tensor(p) for p in module.parameters()),
         gradient_bytes=gradient_bytes,
-        exp_avg_bytes=storage_bytes(_local(s["exp_avg"]) for s in states),
-        exp_avg_sq_bytes=storage_bytes(_local(s["exp_avg_sq"]) for s in states),
-        step_bytes=storage_bytes(_local(s["step"]) for s in states),
+        exp_avg_bytes=storage_bytes(local_tensor(s["exp_avg"]) for s in states),
+        exp_avg_sq_bytes=storage_bytes(local_tensor(s["exp_avg_sq"]) for s in states),
+        step_bytes=storage_bytes(local_tensor(s["step"]) for s in states),
     )

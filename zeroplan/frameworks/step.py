@@ -1,0 +1,172 @@
+"""One whole training step of a framework's own model on one simulated rank of N.
+
+The framework's model is built at its full depth on the meta device (zeroplan.frameworks.build),
+wrapped by the framework's own FSDP2 code (``BuiltModel.shard``: torchtune's shard_model, the
+fully_shard calls accelerate's fsdp2_prepare_model makes for the HF Trainer), moved to fake
+tensors, and driven through the framework's forward, its loss, backward and the AdamW step its
+recipe builds, over a fake process group (zeroplan.simulate.fake_world). FSDP2's own
+FSDPMemTracker counts what the rank holds; its peak is the record. Nothing here knows the
+planner's formulas: tests/test_framework_step.py puts the two side by side.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from zeroplan.errors import ZeroplanError
+from zeroplan.frameworks.build import build
+from zeroplan.frameworks.measure import DEFAULT_PRECISION
+from zeroplan.frameworks.step_record import FrameworkStepRecord, StepPhase
+from zeroplan.simulate import _torch_private as private
+from zeroplan.simulate.fake_world import DEVICE, device_mesh, fake_process_group, local_tensor, storage_bytes
+from zeroplan.specs import BatchSpec, ModelSpec, Optimizer, Precision, StrategyKind, TrainingSpec, check_seq_len
+from zeroplan.specs.framework import Framework
+
+STEP_STRATEGIES = (StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op)
+"""Strategies a whole step runs: the frameworks' FSDP2 with and without reshard_after_forward."""
+
+STEP_PRECISION = {
+    # accelerate 1.10.1 fsdp2_prepare_model upcasts the module to fp32 and computes in the
+    # MixedPrecisionPolicy's bf16 (zeroplan.frameworks.build._hf_fsdp2).
+    Framework.hf: (Precision.bf16_mixed, torch.float32),
+    # torchtune 0.6.1 recipes/configs/llama3_1/*_full.yaml: dtype bf16, no mixed-precision policy.
+    Framework.torchtune: (Precision.bf16_pure, torch.bfloat16),
+}
+"""Framework -> (the precision its FSDP2 recipe trains in, the module dtype that makes it)."""
+
+ADAMW_LR = 2e-5
+"""torchtune 0.6.1 configs/llama3_1/8B_full.yaml optimizer lr (the step's bytes do not depend on it)."""
+
+
+def check_step(framework: Framework, strategy: StrategyKind, training: TrainingSpec, world_size: int, rank: int) -> None:
+    """Refuse, in one line naming the field, a step this runner cannot run."""
+    if framework not in STEP_PRECISION:
+        allowed = ", ".join(f.value for f in STEP_PRECISION)
+        raise ZeroplanError("--framework", f"{framework.value!r} has no whole-step runner (allowed: {allowed})")
+    if strategy not in STEP_STRATEGIES:
+        allowed = ", ".join(k.value for k in STEP_STRATEGIES)
+        raise ZeroplanError("--strategy", f"{strategy.value!r} is not a whole step the frameworks' FSDP2 runs (allowed: {allowed})")
+    precision = STEP_PRECISION[framework][0]
+    if training.precision is not precision:
+        raise ZeroplanError("--precision", f"{training.precision.value!r}: {framework.value} under FSDP2 trains in {precision.value} (allowed: {precision.value})")
+    if training.optimizer is not Optimizer.adamw:
+        raise ZeroplanError("--optimizer", f"{training.optimizer.value!r} cannot be simulated (allowed: adamw)")
+    if world_size <= 0:
+        raise ZeroplanError("--world-size", f"must be a positive integer, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ZeroplanError("--rank", f"must be in [0, {world_size}), got {rank}")
+
+
+def step_training(framework: Framework, policy: str = "none") -> TrainingSpec:
+    """The TrainingSpec a framework's FSDP2 recipe trains with, under ``policy``."""
+    precision = STEP_PRECISION.get(framework, (DEFAULT_PRECISION.get(framework, Precision.bf16_mixed),))[0]
+    return TrainingSpec(framework=framework, precision=precision, activation_checkpointing=policy)
+
+
+def run_step(model: ModelSpec, strategy: StrategyKind, training: TrainingSpec, batch: BatchSpec,
+             world_size: int, rank: int = 0) -> FrameworkStepRecord:
+    """Forward, loss, backward and AdamW step of ``training.framework``'s model on ``rank``: the
+    second step of training (the first, untracked, creates AdamW's states)."""
+    framework = training.framework
+    strategy = StrategyKind(strategy)
+    check_step(framework, strategy, training, world_size, rank)
+    check_seq_len(model, batch)
+    start_s = time.perf_counter()
+    dtype = STEP_PRECISION[framework][1]
+    built = build(framework, model, model.num_layers, training.activation_checkpointing, dtype)
+    notes = []
+    if batch.grad_accum_steps > 1:
+        notes.append(f"one micro-batch simulated of grad_accum_steps={batch.grad_accum_steps}")
+    with fake_process_group(world_size, rank):
+        sharding = built.shard(device_mesh(world_size), strategy is StrategyKind.fsdp_full_shard)
+        built.materialize()
+        with private.fake_tensor_mode():
+            built.module.to_empty(device=DEVICE)
+            params = list(built.module.parameters())
+            shards = [private.dtensor_local_storage(p) for p in params]
+            # torchtune 0.6.1 configs/llama3_1/8B_full.yaml: torch.optim.AdamW, fused: True; the
+            # HF Trainer's default optim on torch >= 2.8 is adamw_torch_fused (transformers
+            # 4.56.2 training_args.py), i.e. torch.optim.AdamW(fused=True). It is built over
+            # the local shards (see _step_on_shards).
+            optimizer = torch.optim.AdamW(shards, lr=ADAMW_LR, fused=True)
+            tokens = torch.randint(0, model.vocab_size, (batch.micro_batch_size, batch.seq_len))
+            # A first, untracked step: AdamW creates its states lazily in the first step, and a
+            # run that fits must fit from the second step on, with the states alive throughout.
+            _forward_and_loss(framework, built, tokens, None, {}).backward()
+            _step_on_shards(optimizer, params, shards)
+            # Both trainers clear the gradients after the step: torchtune's recipe calls
+            # optimizer.zero_grad(set_to_none=True), the HF Trainer model.zero_grad().
+            built.module.zero_grad(set_to_none=True)
+            optimizer.zero_grad(set_to_none=True)
+            tracker = private.fsdp_mem_tracker_class()(mod=built.module, optm=optimizer)
+            running: dict[StepPhase, int] = {}
+            with tracker:
+                loss = _forward_and_loss(framework, built, tokens, tracker, running)
+                loss.backward()
+                del loss
+                running[StepPhase.backward] = _peak(tracker)
+                gradient_bytes = storage_bytes(local_tensor(p.grad) for p in params if p.grad is not None)
+                _step_on_shards(optimizer, params, shards)
+                running[StepPhase.optimizer] = _peak(tracker)
+            peak = private.mem_tracker_peak_bytes(tracker)
+            states = [t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
+            parameter_bytes = storage_bytes(shards)
+            optimizer_state_bytes = storage_bytes(states)
+    notes.append(OPTIMIZER_NOTE)
+    phase = next(p for p, nbytes in running.items() if nbytes == peak["total"])
+    return FrameworkStepRecord(
+        framework_version=built.version, torch_version=torch.__version__, model=model, strategy=strategy,
+        world_size=world_size, rank=rank, training=training, batch=batch, sharding=sharding,
+        optimizer=f"torch.optim.AdamW(fused=True), {dtype} parameters", peak_bytes=peak["total"],
+        peak_by_category={k: v for k, v in peak.items() if k != "total"}, peak_phase=phase,
+        running_peak_bytes=running, parameter_bytes=parameter_bytes, gradient_bytes=gradient_bytes,
+        optimizer_state_bytes=optimizer_state_bytes, wall_time_s=time.perf_counter() - start_s, notes=notes,
+    )
+
+
+OPTIMIZER_NOTE = (
+    "AdamW stepped over the DTensors' local shards: the same elementwise update on the same bytes, "
+    "but under fake tensors FSDPMemTracker also counts DTensor's sharding propagation, which runs "
+    "each op at the global shape (4x the state size per parameter at 8 ranks)"
+)
+
+
+def _step_on_shards(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], shards: list[torch.Tensor]) -> None:
+    """optimizer.step() over the local shards, each given its DTensor gradient's local shard."""
+    for param, shard in zip(params, shards):
+        shard.grad = None if param.grad is None else private.dtensor_local_storage(param.grad)
+    optimizer.step()
+
+
+def _peak(tracker: object | None) -> int:
+    """The tracker's peak so far (0 without a tracker: the untracked first step)."""
+    return 0 if tracker is None else private.mem_tracker_peak_bytes(tracker)["total"]
+
+
+def _forward_and_loss(framework: Framework, built, tokens: torch.Tensor, tracker: object | None,
+                      running: dict[StepPhase, int]) -> torch.Tensor:
+    """The framework's forward and loss, as its trainer calls them; the logits are dropped
+    before backward as the trainer drops them."""
+    if framework is Framework.hf:
+        # transformers 4.56.2 trainer.py compute_loss: outputs = model(**inputs) with labels in
+        # the inputs; the model shifts them and computes ForCausalLMLoss (loss/loss_utils.py:
+        # logits.float(), cross_entropy); only outputs.loss leaves compute_loss.
+        loss = built.module(input_ids=tokens, labels=tokens).loss
+        running[StepPhase.forward] = _peak(tracker)
+        return loss
+    from torchtune.modules.loss import CEWithChunkedOutputLoss
+
+    # torchtune 0.6.1 recipes/full_finetune_distributed.py train(): logits = model(tokens) (a
+    # list of num_output_chunks chunks), labels shifted by hstack with ignore_index,
+    # CEWithChunkedOutputLoss, then `del logits` before backward.
+    loss_fn = CEWithChunkedOutputLoss()
+    logits = built.forward(tokens)
+    running[StepPhase.forward] = _peak(tracker)
+    ignore = torch.full((tokens.shape[0], 1), loss_fn.ignore_index)
+    labels = torch.hstack((tokens[..., 1:], ignore))
+    loss = loss_fn(logits, labels)
+    del logits
+    running[StepPhase.loss] = _peak(tracker)
+    return loss

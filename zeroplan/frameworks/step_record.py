@@ -1,0 +1,93 @@
+"""What one fake-tensor training step of a framework's own model, wrapped by its own FSDP2 code,
+measured on one simulated rank (torch-free: the planner's tests read the committed records)."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+
+from pydantic import Field
+
+from zeroplan.frameworks.record import load_records
+from zeroplan.specs import BatchSpec, ModelSpec, StrategyKind, TrainingSpec
+from zeroplan.specs.base import Frozen
+
+SCHEMA_VERSION = 1
+
+
+class StepPhase(str, Enum):
+    """The part of the step a running peak was reached in."""
+
+    forward = "forward"
+    """The model's forward (HF's loss is inside it: model(labels=...))."""
+    loss = "loss"
+    """The loss computed outside the model (torchtune's CEWithChunkedOutputLoss)."""
+    backward = "backward"
+    optimizer = "optimizer"
+    """optimizer.step()."""
+
+
+class FrameworkStepRecord(Frozen):
+    """One forward, loss, backward and AdamW step of a framework's full-depth model."""
+
+    schema_version: int = SCHEMA_VERSION
+    """Bumped when a field changes meaning."""
+    framework_version: str
+    """The installed release whose model, sharding and loss code ran (e.g. 'torchtune 0.6.1')."""
+    torch_version: str
+    """torch.__version__ that ran the step."""
+    model: ModelSpec
+    """The architecture, built at its full depth."""
+    strategy: StrategyKind
+    """fsdp-full-shard or fsdp-shard-grad-op (the framework's reshard_after_forward)."""
+    world_size: int = Field(gt=0)
+    """N: ranks in the fake process group."""
+    rank: int = Field(ge=0)
+    """The rank this process played."""
+    training: TrainingSpec
+    """Framework, precision and activation-checkpointing policy, as the planner reads them."""
+    batch: BatchSpec
+    """Micro-batch size and sequence length of the step."""
+    sharding: str
+    """How the framework's own code wrapped the model (fully_shard units, mixed-precision policy)."""
+    optimizer: str
+    """The optimizer as constructed (class, dtype of the parameters it updates, fused or not)."""
+    peak_bytes: int = Field(gt=0)
+    """FSDP2's FSDPMemTracker total at the step's peak: every tensor this rank holds at once
+    (allocated bytes, before the caching allocator's rounding and reserve)."""
+    peak_by_category: dict[str, int]
+    """The tracker's categories at that peak ('sharded_param', 'act', 'optstate', ...)."""
+    peak_phase: StepPhase
+    """The phase in which the running peak first reached ``peak_bytes``."""
+    running_peak_bytes: dict[StepPhase, int]
+    """The tracker's peak so far at the end of each phase run."""
+    parameter_bytes: int = Field(ge=0)
+    """Sharded parameters this rank stores (padded dim-0 shards)."""
+    gradient_bytes: int = Field(ge=0)
+    """Sharded gradients after backward."""
+    optimizer_state_bytes: int = Field(ge=0)
+    """AdamW's exp_avg, exp_avg_sq and step after one step."""
+    wall_time_s: float = Field(ge=0)
+    """Seconds the run took, model construction included."""
+    notes: list[str] = Field(default_factory=list)
+    """Caveats specific to this run."""
+
+    @property
+    def model_state_bytes(self) -> int:
+        return self.parameter_bytes + self.gradient_bytes + self.optimizer_state_bytes
+
+    @property
+    def name(self) -> str:
+        t, b = self.training, self.batch
+        return (f"{t.framework.value}:{self.model.name}:{self.strategy.value}:n{self.world_size}:{t.precision.value}:"
+                f"ac={t.activation_checkpointing.value}:s{b.seq_len}:b{b.micro_batch_size}")
+
+    @property
+    def file_name(self) -> str:
+        """The record's file name: its name with ':' (not allowed on every file system) as '_'."""
+        return self.name.replace(":", "_") + ".json"
+
+
+def load_step_records(directory: Path) -> list[FrameworkStepRecord]:
+    """Every ``*.json`` record in ``directory``, sorted by file name; a bad file is one line."""
+    return load_records(directory, FrameworkStepRecord, "framework step record")

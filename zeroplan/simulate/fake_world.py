@@ -1,0 +1,53 @@
+"""One simulated rank of N: a fake process group, its device mesh, and byte counts of the
+tensors a step leaves behind. Shared by zeroplan.simulate.run (the reference model) and
+zeroplan.frameworks.step (the frameworks' own models); the private torch pieces they rest on
+live in ``_torch_private``."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from zeroplan.simulate import _torch_private as private
+
+DEVICE = "cpu"
+"""Fake tensors live on the CPU: no accelerator needed, none touched."""
+
+
+@contextlib.contextmanager
+def fake_process_group(world_size: int, rank: int) -> Iterator[None]:
+    """The default process group for the duration: ``world_size`` ranks, this one ``rank``;
+    every collective returns at once without moving data."""
+    if dist.is_initialized():
+        raise RuntimeError("a simulated step needs its own fake process group; one is already initialised")
+    dist.init_process_group(
+        backend=private.FAKE_BACKEND, store=private.fake_store(), rank=rank, world_size=world_size,
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def device_mesh(world_size: int):
+    """A one-dimensional mesh over the fake group. Build it outside the fake-tensor mode: the
+    mesh reads its rank tensor's values."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(DEVICE, (world_size,))
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard, or the tensor itself."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages under ``tensors`` (a view counts its whole storage once)."""
+    seen: dict[int, int] = {}
+    for tensor in tensors:
+        seen[private.storage_key(tensor)] = tensor.untyped_storage().nbytes()
+    return sum(seen.values())
