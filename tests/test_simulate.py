@@ -163,9 +163,9 @@ def test_recorder_reads_c10d_and_functional_collectives() -> None:
 
     from zeroplan.simulate import _torch_private as private
     from zeroplan.simulate.collectives import CollectiveRecorder
-    from zeroplan.simulate.run import _fake_process_group
+    from zeroplan.simulate.fake_world import fake_process_group
 
-    with _fake_process_group(4, 1), private.fake_tensor_mode(), CollectiveRecorder() as recorder:
+    with fake_process_group(4, 1), private.fake_tensor_mode(), CollectiveRecorder() as recorder:
         shard = torch.empty(6, dtype=torch.bfloat16)
         full = torch.empty(24)
         dist.all_gather_into_tensor(torch.empty(24, dtype=torch.bfloat16), shard)

@@ -129,7 +129,7 @@ def run_step(model: ModelSpec, strategy: StrategyKind, training: TrainingSpec, b
 OPTIMIZER_NOTE = (
     "AdamW stepped over the DTensors' local shards: the same elementwise update on the same bytes, "
     "but under fake tensors FSDPMemTracker also counts DTensor's sharding propagation, which runs "
-    "each op at the global shape (4x the state size per parameter at 8 ranks)"
+    "each op at the global shape (Llama-3.1-8B at 8 ranks: 68 GB counted for 4 GB of states)"
 )
 
 

@@ -36,8 +36,12 @@ def build_parser() -> OneLineParser:
     parser.add_argument("--framework", choices=[f.value for f in Framework], default=Framework.zeroplan.value,
                         help="hf, torchtune or torchtitan: build that framework's own model (full width, "
                              "--layers blocks) and record what each block keeps for backward (docs/frameworks.md)")
-    parser.add_argument("--layers", type=positive_int, default=4,
-                        help="with --framework: decoder blocks built (at least 3; default 4)")
+    parser.add_argument("--layers", type=positive_int, default=None,
+                        help="with --framework: decoder blocks built for the per-block measurement (at least 3; default 4)")
+    parser.add_argument("--whole-step", action="store_true",
+                        help="with --framework hf|torchtune|torchtitan: instead of what one block keeps, run a whole "
+                             "training step (full depth, the framework's own FSDP2 wrapping, its loss, fused AdamW) "
+                             "and record FSDPMemTracker's peak (docs/simulate.md, 'Frameworks')")
     parser.add_argument("--no-mem-tracker", action="store_true", help="skip FSDPMemTracker (about 2x faster)")
     parser.add_argument("--out", type=Path, help=f"directory to write {RECORD_FILE} into")
     return parser
@@ -58,8 +62,12 @@ def _run(args) -> int:
         micro_batch_size=args.micro_batch, seq_len=seq_len_of(args, model.max_positions),
         allow_longer_seq=args.allow_longer_seq,
     )
+    if args.whole_step and framework is Framework.zeroplan:
+        raise ZeroplanError("--whole-step", "needs --framework hf or torchtune (without --framework every run is a whole step)")
     if framework is not Framework.zeroplan:
-        return _run_framework(args, framework, model, batch)
+        return _run_framework_step(args, framework, model, batch) if args.whole_step else _run_framework(args, framework, model, batch)
+    if args.layers is not None:
+        raise ZeroplanError("--layers", "only with --framework (the reference model is simulated at full depth)")
     if StrategyKind(args.strategy) not in SUPPORTED_STRATEGIES:
         allowed = ", ".join(k.value for k in SUPPORTED_STRATEGIES)
         raise ZeroplanError("--strategy", f"{args.strategy!r} cannot be simulated without --framework (allowed: {allowed})")
@@ -84,8 +92,9 @@ def _run_framework(args, framework: Framework, model, batch: BatchSpec) -> int:
     from zeroplan.specs import check_seq_len
 
     check_seq_len(model, batch)
-    if args.layers < 3:
-        raise ZeroplanError("--layers", f"must be at least 3 (the first block is not steady state), got {args.layers}")
+    layers = 4 if args.layers is None else args.layers
+    if layers < 3:
+        raise ZeroplanError("--layers", f"must be at least 3 (the first block is not steady state), got {layers}")
     not_installed = f"{framework.value} is not installed (%s); run scripts/install-frameworks"
     try:
         from zeroplan.frameworks.measure import DEFAULT_PRECISION, measure
@@ -96,7 +105,7 @@ def _run_framework(args, framework: Framework, model, batch: BatchSpec) -> int:
                             activation_checkpointing=ActivationCheckpointing(args.activation_checkpointing))
     try:
         # The framework itself is imported only when its model is built.
-        record = measure(model, StrategyKind(args.strategy), training, batch, layers=args.layers)
+        record = measure(model, StrategyKind(args.strategy), training, batch, layers=layers)
     except ImportError as error:
         raise ZeroplanError("--framework", not_installed % error.name) from None
     print(f"{record.name}  ({record.framework_version}, torch {record.torch_version}, {record.wall_time_s:.1f} s)")
@@ -113,6 +122,46 @@ def _run_framework(args, framework: Framework, model, batch: BatchSpec) -> int:
         write_text_atomic(path, record.model_dump_json(indent=2) + "\n")
         print(f"wrote {path}")
     return 0
+
+
+def _run_framework_step(args, framework: Framework, model, batch: BatchSpec) -> int:
+    if args.layers is not None:
+        raise ZeroplanError("--layers", "not with --whole-step (the whole step builds the model's full depth)")
+    if args.no_mem_tracker:
+        raise ZeroplanError("--no-mem-tracker", "not with --whole-step (its peak is what the whole step records)")
+    try:
+        from zeroplan.frameworks.step import check_step, run_step, step_training
+    except ImportError as error:
+        raise ZeroplanError("--framework", f"{framework.value} is not installed ({error.name}); run scripts/install-frameworks") from None
+    training = step_training(framework, args.activation_checkpointing)
+    if args.precision is not None:
+        training = training.model_copy(update={"precision": Precision(args.precision)})
+    check_step(framework, StrategyKind(args.strategy), training, args.world_size, args.rank)
+    record = run_step(model, StrategyKind(args.strategy), training, batch, args.world_size, rank=args.rank)
+    print(step_summary(record))
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = args.out / record.file_name
+        write_text_atomic(path, record.model_dump_json(indent=2) + "\n")
+        print(f"wrote {path}")
+    return 0
+
+
+def step_summary(record) -> str:
+    """A framework whole-step record in a few lines (GiB = 2**30 bytes)."""
+    unit = ByteUnit.GiB
+    lines = [
+        f"{record.name}  ({record.framework_version}, torch {record.torch_version}, {record.wall_time_s:.1f} s)",
+        f"  {record.sharding}",
+        f"  {record.optimizer}",
+        f"  model states per rank: parameters {format_bytes(record.parameter_bytes, unit)}, gradients "
+        f"{format_bytes(record.gradient_bytes, unit)}, AdamW states {format_bytes(record.optimizer_state_bytes, unit)}",
+        f"  allocated peak {format_bytes(record.peak_bytes, unit)} ({record.peak_bytes:,} bytes), reached in {record.peak_phase.value}",
+        "FSDPMemTracker at peak:",
+    ]
+    lines += [f"  {name:16s} {format_bytes(nbytes, unit):>14}" for name, nbytes in record.peak_by_category.items() if nbytes]
+    lines += [f"note: {note}" for note in record.notes]
+    return "\n".join(lines)
 
 
 def summary(record) -> str:
