@@ -65,10 +65,14 @@ def check_measurable(framework: Framework, policy: ActivationCheckpointing, mode
         raise ZeroplanError("model", f"{model.name!r}: torchtitan's Llama-3 builder derives head_dim as hidden_size / num_heads")
 
 
-def build(framework: Framework, model: ModelSpec, layers: int, policy: ActivationCheckpointing, dtype: torch.dtype) -> BuiltModel:
-    """The framework's model with ``layers`` blocks on the meta device, in ``dtype``."""
+def build(framework: Framework, model: ModelSpec, layers: int, policy: ActivationCheckpointing, dtype: torch.dtype,
+          seq_len: int | None = None) -> BuiltModel:
+    """The framework's model with ``layers`` blocks on the meta device, in ``dtype``; ``seq_len``
+    is the training sequence length, where the framework sizes buffers by it (torchtitan)."""
     check_measurable(framework, policy, model)
-    builder = {Framework.hf: _hf_llama, Framework.torchtune: _torchtune_llama, Framework.torchtitan: _torchtitan_llama}[framework]
+    if framework is Framework.torchtitan:
+        return _torchtitan_llama(model, layers, policy, dtype, seq_len or model.max_positions)
+    builder = {Framework.hf: _hf_llama, Framework.torchtune: _torchtune_llama}[framework]
     return builder(model, layers, policy, dtype)
 
 
@@ -211,7 +215,8 @@ def _eager_flex_attention() -> None:
     private.flex_attention_without_dynamo()
 
 
-def _torchtitan_llama(model: ModelSpec, layers: int, policy: ActivationCheckpointing, dtype: torch.dtype) -> BuiltModel:
+def _torchtitan_llama(model: ModelSpec, layers: int, policy: ActivationCheckpointing, dtype: torch.dtype,
+                      seq_len: int) -> BuiltModel:
     from importlib.metadata import version
 
     from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
@@ -222,7 +227,9 @@ def _torchtitan_llama(model: ModelSpec, layers: int, policy: ActivationCheckpoin
     _eager_flex_attention()
     # torchtitan 0.3.0 models/llama3/__init__.py _8b/_70b: the config each Llama-3 flavour builds
     # (fused QKV, ComplexRoPE with Llama-3.1 scaling, the default "flex" attention backend), with
-    # the spec's sizes; _build_llama3_layers is the layer builder every flavour calls.
+    # the spec's sizes; _build_llama3_layers is the layer builder every flavour calls. The trainer
+    # sizes each RoPE cache to training.seq_len (models/common/decoder.py
+    # Decoder.Config.update_from_config: rope max_seq_len = seq_len).
     config = Llama3Model.Config(
         dim=model.hidden_size, vocab_size=model.vocab_size,
         tok_embeddings=Embedding.Config(num_embeddings=model.vocab_size, embedding_dim=model.hidden_size),
@@ -231,7 +238,7 @@ def _torchtitan_llama(model: ModelSpec, layers: int, policy: ActivationCheckpoin
         layers=_build_llama3_layers(
             n_layers=layers, dim=model.hidden_size, n_heads=model.num_heads, n_kv_heads=model.kv_heads,
             hidden_dim=model.ffn_hidden_size, fuse_qkv=True, attn_backend="flex",
-            rope=ComplexRoPE.Config(dim=model.head_size, max_seq_len=model.max_positions, theta=500000, scaling="llama"),
+            rope=ComplexRoPE.Config(dim=model.head_size, max_seq_len=seq_len, theta=500000, scaling="llama"),
         ),
     )
     with torch.device("meta"):

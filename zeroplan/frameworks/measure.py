@@ -88,7 +88,7 @@ def _autocast(training: TrainingSpec, dtype: torch.dtype) -> bool:
 
 def _forward(model: ModelSpec, training: TrainingSpec, batch: BatchSpec, layers: int, dtype: torch.dtype) -> tuple[str, int, list[int]]:
     """The framework's version, live bytes once the forward has returned (parameters excluded), and each block's growth."""
-    built = build(training.framework, model, layers, training.activation_checkpointing, dtype)
+    built = build(training.framework, model, layers, training.activation_checkpointing, dtype, batch.seq_len)
     built.materialize()
     marks: list[int] = []
     with private.fake_tensor_mode():

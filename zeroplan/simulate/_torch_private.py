@@ -107,10 +107,15 @@ def live_bytes_tracker() -> object:
     every tensor made while it is entered, fake ones included."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    tracker = MemTracker()
-    # A dispatch mode refuses higher-order operators (FlexAttention's flex_attention op) unless
-    # it says it supports them; MemTracker's __torch_dispatch__ calls the op and tracks the
-    # tensors it returns, which is what it does for any other operator.
+    return passing_higher_order_ops(MemTracker())
+
+
+def passing_higher_order_ops(tracker: object) -> object:
+    """``tracker`` (a MemTracker or FSDPMemTracker) with higher-order operators let through.
+
+    A dispatch mode refuses higher-order operators (FlexAttention's flex_attention op) unless
+    its ``supports_higher_order_operators`` says so; MemTracker's __torch_dispatch__ calls the op
+    and tracks the tensors it returns, which is what it does for any other operator."""
     tracker.supports_higher_order_operators = True
     return tracker
 

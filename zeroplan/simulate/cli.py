@@ -137,7 +137,11 @@ def _run_framework_step(args, framework: Framework, model, batch: BatchSpec) -> 
     if args.precision is not None:
         training = training.model_copy(update={"precision": Precision(args.precision)})
     check_step(framework, StrategyKind(args.strategy), training, args.world_size, args.rank)
-    record = run_step(model, StrategyKind(args.strategy), training, batch, args.world_size, rank=args.rank)
+    try:
+        # The framework itself is imported only when its model is built.
+        record = run_step(model, StrategyKind(args.strategy), training, batch, args.world_size, rank=args.rank)
+    except ImportError as error:
+        raise ZeroplanError("--framework", f"{framework.value} is not installed ({error.name}); run scripts/install-frameworks") from None
     print(step_summary(record))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
