@@ -85,6 +85,12 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         # fsdp_reshard_after_forward="never" keeps units gathered (shard-grad-op). Its
         # enable_cpu_offload (FSDP2 CPUOffloadPolicy) is not modelled, so not offered here.
         strategies=(StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op, StrategyKind.hsdp, StrategyKind.ddp),
+        # torchtitan 0.3.0 distributed/fsdp.py apply_fsdp_to_decoder (untied weights): fully_shard
+        # tok_embeddings, then [norm, lm_head] with reshard_after_forward only under the "always"
+        # policy (not the default), each block, then the root: the embedding and the head are
+        # units of their own, and the head's stays gathered from its forward through the loss's
+        # backward (the bytes fsdp_head_gathered_bytes counts; benchmarks/framework-step-records).
+        fsdp_separate_embedding_and_head=True, fsdp_loss_backward_gathers_head=True,
     ),
     # transformers 4.56.2: modeling_utils.gradient_checkpointing_enable wraps each decoder layer
     # (full recomputation per layer); models/llama/modeling_llama.py LlamaRMSNorm returns
