@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from framework_accuracy import print_framework_table  # noqa: E402
+from framework_accuracy import print_framework_table, print_step_table  # noqa: E402
 from peers import LLM_ANALYSIS_INSTALL, deepspeed_zero3_gpu_bytes, llm_analysis_available, llm_analysis_memory  # noqa: E402
 
 from zeroplan.core.params import largest_unit_parameters, total_parameters  # noqa: E402
@@ -182,6 +182,7 @@ def main() -> None:
     deepspeed_side_by_side(grid)
     llm_analysis_side_by_side(grid, rows, args.harness_records if args.harness_records.exists() else None)
     print_framework_table()
+    print_step_table()
 
 
 if __name__ == "__main__":

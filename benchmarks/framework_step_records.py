@@ -7,8 +7,8 @@ write the records the planner's allocated peak is checked against.
 Each run (zeroplan.frameworks.step.run_step) builds the framework's model at full depth on fake
 tensors, shards it over a fake process group of N ranks as the framework's recipe does, and
 runs two steps (forward, the framework's loss, backward, fused AdamW), tracking the second with
-FSDP2's FSDPMemTracker. Needs torch and the frameworks (scripts/install-frameworks); 10-60 s a
-run on 2 cores, the wall time is printed and kept in each record.
+FSDP2's FSDPMemTracker. Needs torch and the frameworks (scripts/install-frameworks); 6-80 s a
+run on 2 cores (about 7 minutes for the 20), the wall time is printed and kept in each record.
 """
 
 from __future__ import annotations

@@ -57,6 +57,9 @@ class FrameworkProfile:
     fsdp_separate_embedding_and_head: bool = False
     """Under FSDP the token embedding and the output projection are fully_shard units of their
     own (instead of part of the root unit with the final norm)."""
+    fuses_qkv: bool = False
+    """Each block projects q, k and v with one fused weight (so two parameter tensors fewer
+    per block for the optimizer to step)."""
 
 
 _NONE_FULL = (ActivationCheckpointing.none, ActivationCheckpointing.full)
@@ -91,6 +94,9 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         # units of their own, and the head's stays gathered from its forward through the loss's
         # backward (the bytes fsdp_head_gathered_bytes counts; benchmarks/framework-step-records).
         fsdp_separate_embedding_and_head=True, fsdp_loss_backward_gathers_head=True,
+        # torchtitan 0.3.0 models/llama3/__init__.py: every flavour builds fuse_qkv=True
+        # (models/common/attention.py FusedQKVLinear: one wqkv weight).
+        fuses_qkv=True,
     ),
     # transformers 4.56.2: modeling_utils.gradient_checkpointing_enable wraps each decoder layer
     # (full recomputation per layer); models/llama/modeling_llama.py LlamaRMSNorm returns
@@ -133,6 +139,18 @@ PROFILES: dict[Framework, FrameworkProfile] = {
 
 def profile(framework: Framework) -> FrameworkProfile:
     return PROFILES[framework]
+
+
+# torchtitan 0.3.0 models/common/attention.py FusedQKVLinear: one wqkv Linear (and its bias,
+# where the projections have one) stands for the q, k and v projections, each a tensor of its
+# own in zeroplan.core.params' units; FSDP2 shards, and AdamW steps, per tensor.
+def fused_qkv_fewer_tensors(request: PlanRequest) -> int:
+    """Parameter tensors the framework's blocks have fewer than the planner's units list."""
+    model = request.model
+    if not profile(request.training.framework).fuses_qkv:
+        return 0
+    per_projection = 2 if (model.bias or model.qkv_bias) else 1
+    return 2 * per_projection * model.num_layers
 
 
 def check_framework_strategies(framework: Framework, strategies: tuple[StrategyKind, ...]) -> None:
