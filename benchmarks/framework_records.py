@@ -1,6 +1,7 @@
 """Measure the frameworks' own model code and write the records the planner is checked against.
 
-    python benchmarks/framework_records.py [OUT_DIR]     (default benchmarks/framework-records)
+    python benchmarks/framework_records.py [OUT_DIR [FRAMEWORK ...]]
+        (default benchmarks/framework-records, every framework)
 
 Each run builds a framework's decoder (zeroplan.frameworks.build) at full width, four blocks
 deep, on fake tensors, and records what each block keeps for backward (zeroplan.frameworks.
@@ -20,11 +21,14 @@ from zeroplan.specs import BatchSpec, StrategyKind, TrainingSpec
 DEFAULT_OUT = Path(__file__).resolve().parent / "framework-records"
 
 # (framework, strategy, precision, checkpointing): HF under DeepSpeed trains a bf16 module, HF
-# under FSDP/DDP an fp32 module with autocast; torchtune trains in pure bf16.
+# under FSDP/DDP an fp32 module with autocast; torchtune trains in pure bf16; torchtitan keeps
+# fp32 parameters and FSDP2 gathers them in bf16 (its default), so its module computes in bf16.
 RUNS = [
     ("hf", "zero3", "bf16-mixed", "none"), ("hf", "zero3", "bf16-mixed", "full"),
     ("hf", "ddp", "bf16-mixed", "none"), ("hf", "ddp", "bf16-mixed", "full"),
     ("torchtune", "fsdp-full-shard", "bf16-pure", "none"), ("torchtune", "fsdp-full-shard", "bf16-pure", "full"),
+    ("torchtitan", "fsdp-full-shard", "bf16-mixed", "none"), ("torchtitan", "fsdp-full-shard", "bf16-mixed", "full"),
+    ("torchtitan", "fsdp-full-shard", "bf16-mixed", "selective-op"),
 ]
 # torchtune 0.6.1's other options, as TrainingSpec fields: ac_mode selective with ac_option 2
 # (recipes/configs/dev/8B_full_experimental.yaml) and 3 (a period of three blocks), and
@@ -37,11 +41,13 @@ OPTION_RUNS = [
 SHAPES = [("llama-3.1-8b", 8192, 2), ("llama-3.1-8b", 4096, 1), ("llama-3.1-70b", 4096, 1)]
 
 
-def main(out: Path = DEFAULT_OUT) -> None:
+def main(out: Path = DEFAULT_OUT, frameworks: set[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     runs = [(f, s, p, {"activation_checkpointing": policy}) for f, s, p, policy in RUNS] + OPTION_RUNS
     for model_name, seq_len, micro_batch in SHAPES:
         for framework, strategy, precision, options in runs:
+            if frameworks and framework not in frameworks:
+                continue
             training = TrainingSpec(framework=framework, precision=precision, **options)
             record = measure(get_model(model_name), StrategyKind(strategy), training,
                              BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch))
@@ -51,4 +57,4 @@ def main(out: Path = DEFAULT_OUT) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT)
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT, set(sys.argv[2:]) or None)

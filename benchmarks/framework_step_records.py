@@ -1,7 +1,8 @@
 """Run whole training steps of the frameworks' own models under their own FSDP2 wrapping and
 write the records the planner's allocated peak is checked against.
 
-    python benchmarks/framework_step_records.py [OUT_DIR]   (default benchmarks/framework-step-records)
+    python benchmarks/framework_step_records.py [OUT_DIR [FRAMEWORK ...]]
+        (default benchmarks/framework-step-records, every framework)
 
 Each run (zeroplan.frameworks.step.run_step) builds the framework's model at full depth on fake
 tensors, shards it over a fake process group of N ranks as the framework's recipe does, and
@@ -29,15 +30,19 @@ SHAPES = [
     ("llama-3.1-8b", 128, 4096, 1), ("llama-3.1-8b", 128, 8192, 2),
     ("llama-3.1-70b", 64, 4096, 1),
 ]
-FRAMEWORKS = (Framework.torchtune, Framework.hf)
+FRAMEWORKS = (Framework.torchtune, Framework.hf, Framework.torchtitan)
 POLICIES = ("none", "full")
+MORE_POLICIES = {Framework.torchtitan: ("selective-op",)}
+"""Policies a framework offers beyond none and full (torchtitan's SelectiveAC)."""
 
 
-def main(out: Path = DEFAULT_OUT) -> None:
+def main(out: Path = DEFAULT_OUT, frameworks: set[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for model_name, world_size, seq_len, micro_batch in SHAPES:
         for framework in FRAMEWORKS:
-            for policy in POLICIES:
+            if frameworks and framework.value not in frameworks:
+                continue
+            for policy in POLICIES + MORE_POLICIES.get(framework, ()):
                 record = run_step(get_model(model_name), StrategyKind.fsdp_full_shard, step_training(framework, policy),
                                   BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch), world_size)
                 write_text_atomic(out / record.file_name, record.model_dump_json(indent=2) + "\n")
@@ -46,4 +51,4 @@ def main(out: Path = DEFAULT_OUT) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT)
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT, set(sys.argv[2:]) or None)

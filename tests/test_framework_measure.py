@@ -29,9 +29,11 @@ def _measure(framework, strategy, precision, policy, seq_len=4096, micro_batch=1
     ("hf", "zero3", "bf16-mixed", "none", "transformers"),
     ("hf", "ddp", "bf16-mixed", "none", "transformers"),
     ("torchtune", "fsdp-full-shard", "bf16-pure", "full", "torchtune"),
+    ("torchtitan", "fsdp-full-shard", "bf16-mixed", "none", "torchtitan"),
+    ("torchtitan", "fsdp-full-shard", "bf16-mixed", "selective-op", "torchtitan"),
 ])
 def test_a_live_measurement_reproduces_its_committed_record(framework, strategy, precision, policy, module) -> None:
-    pytest.importorskip(module)
+    pytest.importorskip(module, reason=f"{module} is not installed (scripts/install-frameworks installs it)")
     from zeroplan.frameworks.record import FrameworkRecord
 
     record = _measure(framework, strategy, precision, policy)
@@ -64,18 +66,21 @@ def _assert_reproduces(record) -> None:
 def test_a_framework_that_cannot_be_measured_is_named() -> None:
     from zeroplan.frameworks.build import check_measurable
 
-    with pytest.raises(ZeroplanError, match="--framework.*torchtitan.*allowed: hf, torchtune"):
-        check_measurable(Framework.torchtitan, ActivationCheckpointing.full, get_model("llama-3.1-8b"))
+    with pytest.raises(ZeroplanError, match="--framework.*zeroplan.*allowed: hf, torchtune, torchtitan"):
+        check_measurable(Framework.zeroplan, ActivationCheckpointing.full, get_model("llama-3.1-8b"))
     with pytest.raises(ZeroplanError, match="--activation-checkpointing"):
         check_measurable(Framework.hf, ActivationCheckpointing.selective_op, get_model("llama-3.1-8b"))
+    with pytest.raises(ZeroplanError, match="--activation-checkpointing.*allowed: none, full, selective-op"):
+        check_measurable(Framework.torchtitan, ActivationCheckpointing.selective_layer, get_model("llama-3.1-8b"))
     with pytest.raises(ZeroplanError, match="model"):
         check_measurable(Framework.hf, ActivationCheckpointing.none, get_model("gpt2"))
     llama = get_model("llama-3.1-8b")
     for changed in ({"post_norms": True}, {"mlp": MlpKind.geglu}):
         with pytest.raises(ZeroplanError, match="Llama-layout"):
             check_measurable(Framework.hf, ActivationCheckpointing.none, llama.model_copy(update=changed))
-    with pytest.raises(ZeroplanError, match="head_dim"):
-        check_measurable(Framework.torchtune, ActivationCheckpointing.none, llama.model_copy(update={"head_dim": 256}))
+    for framework in (Framework.torchtune, Framework.torchtitan):
+        with pytest.raises(ZeroplanError, match="head_dim"):
+            check_measurable(framework, ActivationCheckpointing.none, llama.model_copy(update={"head_dim": 256}))
     for framework, policy in ((Framework.hf, ActivationCheckpointing.full), (Framework.torchtune, ActivationCheckpointing.none)):
         with pytest.raises(ZeroplanError, match="--activation-offloading"):
             check_measurable(framework, policy, llama, activation_offloading=True)
@@ -98,12 +103,17 @@ def test_selective_layer_counts_blocks_from_one_in_every_model_built() -> None:
         assert [isinstance(block, CheckpointWrapper) for block in built.blocks] == [False, True, False, True, False]
 
 
-def test_simulate_framework_is_one_line_when_asked_for_torchtitan(capsys) -> None:
+def test_simulate_framework_is_one_line_when_the_framework_is_not_installed(capsys, monkeypatch) -> None:
+    import sys
+
     from zeroplan.cli.main import main
 
+    # What an absent package looks like to import (its submodules too, if an earlier test loaded them).
+    for name in ["torchtitan", *(m for m in sys.modules if m.startswith("torchtitan."))]:
+        monkeypatch.setitem(sys.modules, name, None)
     code = main(["simulate", "llama-3.1-8b", "--framework", "torchtitan", "--strategy", "fsdp-full-shard", "--world-size", "8"])
     err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and "--framework" in err, err
+    assert code == 2 and err.count("\n") == 1 and "--framework" in err and "not installed" in err, err
 
 
 def test_module_dtype_follows_the_engine() -> None:
@@ -115,3 +125,41 @@ def test_module_dtype_follows_the_engine() -> None:
     assert module_dtype(hf, StrategyKind.zero3) is torch.bfloat16
     assert module_dtype(hf, StrategyKind.ddp) is torch.float32
     assert module_dtype(TrainingSpec(framework=Framework.torchtune, precision=Precision.bf16_pure), StrategyKind.fsdp_full_shard) is torch.bfloat16
+    # torchtitan: fp32 parameters, FSDP2 gathers them in bf16 (MixedPrecisionPolicy param_dtype).
+    assert module_dtype(TrainingSpec(framework=Framework.torchtitan), StrategyKind.fsdp_full_shard) is torch.bfloat16
+    assert module_dtype(TrainingSpec(framework=Framework.torchtitan, precision=Precision.fp32), StrategyKind.ddp) is torch.float32
+
+
+def test_torchtitan_shards_with_its_own_fsdp2_wrapping() -> None:
+    pytest.importorskip("torchtitan", reason="torchtitan is not installed (scripts/install-frameworks installs it)")
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule
+
+    from zeroplan.frameworks.build import build
+    from zeroplan.simulate import _torch_private as private
+
+    built = build(Framework.torchtitan, get_model("llama-3.1-8b"), 3, ActivationCheckpointing.selective_op, torch.float32)
+    assert built.shard is not None
+    dist.init_process_group(private.FAKE_BACKEND, store=private.fake_store(), rank=0, world_size=8)
+    try:
+        description = built.shard(init_device_mesh("cpu", (8,)), True)
+    finally:
+        dist.destroy_process_group()
+    assert "apply_fsdp_to_decoder" in description and "'default'" in description
+    # Every block, and the final norm with the output projection, is its own FSDP2 unit.
+    assert all(isinstance(block, FSDPModule) for block in built.blocks)
+    assert isinstance(built.module.lm_head, FSDPModule)
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["--framework", "hf", "--activation-checkpointing", "selective-op"], "--activation-checkpointing"),
+    (["--activation-checkpointing", "selective-op"], "activation_checkpointing"),
+])
+def test_simulate_selective_op_outside_torchtitan_is_one_line(capsys, argv, field) -> None:
+    from zeroplan.cli.main import main
+
+    code = main(["simulate", "llama-3.1-8b", "--strategy", "fsdp-full-shard", "--world-size", "8", *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and field in err and "selective-op" in err, err

@@ -30,9 +30,9 @@ def _accuracy():
     return framework_accuracy
 
 
-def test_records_cover_the_issue_sizes_for_both_frameworks() -> None:
+def test_records_cover_the_issue_sizes_for_every_framework() -> None:
     records = load_step_records(RECORDS)
-    for framework in ("hf", "torchtune"):
+    for framework in ("hf", "torchtune", "torchtitan"):
         sizes = {(r.model.name, r.world_size) for r in records if r.training.framework.value == framework}
         assert ISSUE_SIZES <= sizes, framework
     shapes = {(r.batch.seq_len, r.batch.micro_batch_size) for r in records}
@@ -64,14 +64,15 @@ def test_each_record_peaks_before_the_optimizer_step_with_the_states_alive() -> 
 
 
 @pytest.mark.slow
-def test_a_live_step_reproduces_its_committed_record() -> None:
+@pytest.mark.parametrize("framework, policy", [("torchtune", "full"), ("torchtitan", "selective-op")])
+def test_a_live_step_reproduces_its_committed_record(framework, policy) -> None:
     pytest.importorskip("torch")
-    pytest.importorskip("torchtune")
+    pytest.importorskip(framework, reason=f"{framework} is not installed (scripts/install-frameworks installs it)")
     from zeroplan.frameworks.step import run_step, step_training
     from zeroplan.presets.models import get_model
     from zeroplan.specs import BatchSpec, StrategyKind
 
-    record = run_step(get_model("llama-3.1-8b"), StrategyKind.fsdp_full_shard, step_training("torchtune", "full"),
+    record = run_step(get_model("llama-3.1-8b"), StrategyKind.fsdp_full_shard, step_training(framework, policy),
                       BatchSpec(seq_len=4096, micro_batch_size=1), 128)
     committed = FrameworkStepRecord.model_validate_json((RECORDS / record.file_name).read_text(encoding="utf-8"))
     # Another release is other code: say so before comparing bytes (scripts/install-frameworks pins it).

@@ -13,7 +13,7 @@ from zeroplan.core.activations import activation_bytes, logits_bytes
 from zeroplan.core.frameworks import (
     hf_autocast_copies_bytes,
     NCCL_BUFFSIZE_BYTES, OFFLOAD_FORWARD_STASH, PROFILES, framework_activation_bytes, framework_block_kept_bytes,
-    framework_layer_bytes, framework_logits_bytes, nccl_buffer_bytes, offloaded_layers_bytes, usable_memory_bytes,
+    framework_layer_bytes, framework_logits_bytes, nccl_buffer_bytes, offloaded_layers_bytes, torchtitan_rope_cache_bytes, usable_memory_bytes,
 )
 from zeroplan.core.plan import fit, memory_breakdown
 from zeroplan.errors import ZeroplanError
@@ -152,9 +152,20 @@ def test_selective_op_keeps_the_odd_numbered_matmuls(gpu_80gib) -> None:
     assert framework_activation_bytes(request) == expected
 
 
+def _titan_layer_without_rope_cache(gpu, **training) -> int:
+    request = _request(gpu, Framework.torchtitan, **training)
+    return framework_layer_bytes(request) - torchtitan_rope_cache_bytes(request)
+
+
+def test_torchtitan_saves_a_gathered_rope_cache_per_block(gpu_80gib) -> None:
+    # complex64 [b, s, 1, head_dim / 2]: 8 bytes x 16384 tokens x 64.
+    assert torchtitan_rope_cache_bytes(_request(gpu_80gib, Framework.torchtitan)) == 8 * 16384 * 64
+    assert torchtitan_rope_cache_bytes(_request(gpu_80gib, Framework.hf)) == 0
+
+
 def test_torchtune_saves_expanded_keys_and_values(gpu_80gib) -> None:
     # On the cpu path both norms save the composite's two fp32 tensors (on cuda torchtitan's is fused).
-    titan = framework_layer_bytes(_request(gpu_80gib, Framework.torchtitan, precision=Precision.bf16_pure, kernels=Kernels.cpu))
+    titan = _titan_layer_without_rope_cache(gpu_80gib, precision=Precision.bf16_pure, kernels=Kernels.cpu)
     tune = framework_layer_bytes(_request(gpu_80gib, Framework.torchtune, precision=Precision.bf16_pure, kernels=Kernels.cpu))
     # K and V at 32 heads instead of 8, 128 wide, bf16, 16384 tokens.
     assert tune - titan == 2 * 2 * 16384 * (32 - 8) * 128
@@ -164,7 +175,7 @@ def test_hf_norms_save_bf16_only_when_the_module_is_bf16(gpu_80gib) -> None:
     # HF's norm takes the composite path on either device; torchtitan's only on the cpu path.
     ddp = framework_layer_bytes(_request(gpu_80gib, Framework.hf, kind=StrategyKind.ddp))
     deepspeed = framework_layer_bytes(_request(gpu_80gib, Framework.hf, kind=StrategyKind.zero3))
-    reference = framework_layer_bytes(_request(gpu_80gib, Framework.torchtitan, kernels=Kernels.cpu))
+    reference = _titan_layer_without_rope_cache(gpu_80gib, kernels=Kernels.cpu)
     assert ddp - hf_autocast_copies_bytes(_request(gpu_80gib, Framework.hf, kind=StrategyKind.ddp)) == reference
     assert reference - deepspeed == 2 * 2 * 16384 * 4096
 
@@ -191,7 +202,8 @@ def test_torchtune_chunked_loss_is_smaller_than_one_piece(gpu_80gib) -> None:
     tune = framework_logits_bytes(_request(gpu_80gib, Framework.torchtune))
     titan = framework_logits_bytes(_request(gpu_80gib, Framework.torchtitan))
     sbv = 16384 * 128256
-    assert titan == 12 * sbv
+    # torchtitan's [norm, lm_head] unit (4096 + 128256 x 4096 elements, bf16) is still gathered.
+    assert titan == 12 * sbv + 2 * (4096 + 128256 * 4096)
     assert tune == 2 * sbv + 4 * sbv + 4 * sbv // 8
 
 
@@ -233,7 +245,8 @@ def test_records_are_committed_for_every_measurable_profile() -> None:
 
     records = load_framework_records(RECORDS)
     covered = {(r.training.framework.value, r.training.activation_checkpointing.value) for r in records}
-    assert {("hf", "none"), ("hf", "full"), ("torchtune", "none"), ("torchtune", "full"), ("torchtune", "selective-layer")} <= covered
+    assert {("hf", "none"), ("hf", "full"), ("torchtune", "none"), ("torchtune", "full"), ("torchtune", "selective-layer"),
+            ("torchtitan", "none"), ("torchtitan", "full"), ("torchtitan", "selective-op")} <= covered
     assert any(r.training.activation_offloading for r in records)
 
 
@@ -313,3 +326,4 @@ def test_a_strategy_the_framework_does_not_run_is_one_line(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1
     assert "strategies" in err[0] and "'zero3' is not run by torchtitan" in err[0] and "fsdp-full-shard" in err[0]
+

@@ -55,4 +55,5 @@ def test_peers_and_frameworks_install_without_a_version_conflict() -> None:
     assert '--no-deps "llm-analysis==0.2.2"' in setup
     frameworks = (ROOT / "scripts" / "install-frameworks").read_text()
     assert '"transformers==4.56.2"' in frameworks and '"torchtune==0.6.1"' in frameworks
+    assert '"torchtitan==0.3.0"' in frameworks
     assert '"huggingface-hub>=0.34,<1.0"' in frameworks

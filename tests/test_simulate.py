@@ -312,6 +312,12 @@ def test_private_torch_apis_are_where_we_expect() -> None:
         assert a.untyped_storage().nbytes() == 48
     with private.fake_tensor_mode(data_dependent_shapes=True):
         assert torch.zeros(5).nonzero().shape[0] is not None
+    from torch.nn.attention import flex_attention as flex_module
+
+    assert callable(getattr(flex_module, "_validate_device", None)), "flex_attention._validate_device moved"
+    assert hasattr(flex_module, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG"), \
+        "flex_attention._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG moved"
+    assert private.live_bytes_tracker().supports_higher_order_operators
 
 
 def test_simulator_never_imports_the_planner_nor_private_torch_outside_the_adapter() -> None:

@@ -57,6 +57,9 @@ class FrameworkProfile:
     fsdp_separate_embedding_and_head: bool = False
     """Under FSDP the token embedding and the output projection are fully_shard units of their
     own (instead of part of the root unit with the final norm)."""
+    fuses_qkv: bool = False
+    """Each block projects q, k and v with one fused weight (so two parameter tensors fewer
+    per block for the optimizer to step)."""
 
 
 _NONE_FULL = (ActivationCheckpointing.none, ActivationCheckpointing.full)
@@ -85,6 +88,15 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         # fsdp_reshard_after_forward="never" keeps units gathered (shard-grad-op). Its
         # enable_cpu_offload (FSDP2 CPUOffloadPolicy) is not modelled, so not offered here.
         strategies=(StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op, StrategyKind.hsdp, StrategyKind.ddp),
+        # torchtitan 0.3.0 distributed/fsdp.py apply_fsdp_to_decoder (untied weights): fully_shard
+        # tok_embeddings, then [norm, lm_head] with reshard_after_forward only under the "always"
+        # policy (not the default), each block, then the root: the embedding and the head are
+        # units of their own, and the head's stays gathered from its forward through the loss's
+        # backward (the bytes fsdp_head_gathered_bytes counts; benchmarks/framework-step-records).
+        fsdp_separate_embedding_and_head=True, fsdp_loss_backward_gathers_head=True,
+        # torchtitan 0.3.0 models/llama3/__init__.py: every flavour builds fuse_qkv=True
+        # (models/common/attention.py FusedQKVLinear: one wqkv weight).
+        fuses_qkv=True,
     ),
     # transformers 4.56.2: modeling_utils.gradient_checkpointing_enable wraps each decoder layer
     # (full recomputation per layer); models/llama/modeling_llama.py LlamaRMSNorm returns
@@ -136,6 +148,18 @@ PROFILES: dict[Framework, FrameworkProfile] = {
 
 def profile(framework: Framework) -> FrameworkProfile:
     return PROFILES[framework]
+
+
+# torchtitan 0.3.0 models/common/attention.py FusedQKVLinear: one wqkv Linear (and its bias,
+# where the projections have one) stands for the q, k and v projections, each a tensor of its
+# own in zeroplan.core.params' units; FSDP2 shards, and AdamW steps, per tensor.
+def fused_qkv_fewer_tensors(request: PlanRequest) -> int:
+    """Parameter tensors the framework's blocks have fewer than the planner's units list."""
+    model = request.model
+    if not profile(request.training.framework).fuses_qkv:
+        return 0
+    per_projection = 2 if (model.bias or model.qkv_bias) else 1
+    return 2 * per_projection * model.num_layers
 
 
 def check_framework_strategies(framework: Framework, strategies: tuple[StrategyKind, ...]) -> None:
@@ -366,6 +390,23 @@ def hf_autocast_copies_bytes(request: PlanRequest) -> int:
     return BF16_BYTES * block_linear_weight_elements(model) + extra_input_copies * BF16_BYTES * sbh
 
 
+COMPLEX64_BYTES = 8
+
+
+# torchtitan 0.3.0 trainer.py post_dataloading_process passes the dataloader's per-document
+# positions to the model, so models/common/rope.py ComplexRoPE._reshape_cache gathers a fresh
+# complex64 cache in every block (_reshape_for_broadcast: rope_cache[positions] for batch 1,
+# torch.gather for more), b·s·d/2 elements, which apply_rotary_emb's multiplies save (one tensor
+# for q and k). Measured: benchmarks/framework-records, torchtitan ac=none (2,097,152 bytes per
+# Llama-3.1-8B block at s 4096, b 1).
+def torchtitan_rope_cache_bytes(request: PlanRequest) -> int:
+    """Bytes of the position-gathered RoPE cache one torchtitan block saves (0 otherwise)."""
+    if request.training.framework is not Framework.torchtitan:
+        return 0
+    tokens = request.batch.seq_len * request.batch.micro_batch_size
+    return COMPLEX64_BYTES * tokens * (request.model.head_size // 2)
+
+
 def framework_layer_bytes(request: PlanRequest) -> int:
     """One block's saved bytes without recomputation, in the framework's own model code."""
     from zeroplan.core.activations import layer_bytes
@@ -375,7 +416,7 @@ def framework_layer_bytes(request: PlanRequest) -> int:
     norm_savings = hf_bf16_norm_savings_bytes(request)
     norms = model.norms_per_block * norm_savings
     return (layer_bytes(model, training, s, b, autocast=request.runs_under_autocast) - norms + expanded_kv_extra_bytes(model, training, s, b)
-            + hf_autocast_copies_bytes(request))
+            + hf_autocast_copies_bytes(request) + torchtitan_rope_cache_bytes(request))
 
 
 # torchtune 0.6.1 training/activations.py checkpoint_wrapper: with ac_mode "selective" a

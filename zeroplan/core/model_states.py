@@ -67,10 +67,12 @@ def held_elements(units: tuple[ParamUnit, ...], num_shards: int, layout: ShardLa
 def stepped_tensors(request: PlanRequest, sharded: bool) -> int:
     """Tensors the optimizer steps on one rank: one flat shard per unit in the reference ZeRO
     layout, every parameter tensor otherwise (DDP, FSDP2's per-parameter shards)."""
+    from zeroplan.core.frameworks import fused_qkv_fewer_tensors
+
     units = parameter_units(request.model)
     if sharded and shard_layout(request) is ShardLayout.flat:
         return len(units)
-    return sum(len(unit.tensors) for unit in units)
+    return sum(len(unit.tensors) for unit in units) - fused_qkv_fewer_tensors(request)
 
 
 def optimizer_bytes(request: PlanRequest, elements: int, num_shards: int, eb: ElementBytes) -> int:

@@ -20,11 +20,10 @@ from zeroplan.specs.framework import Framework
 MEASURABLE = {
     Framework.hf: (ActivationCheckpointing.none, ActivationCheckpointing.full),
     Framework.torchtune: (ActivationCheckpointing.none, ActivationCheckpointing.full, ActivationCheckpointing.selective_layer),
+    Framework.torchtitan: (ActivationCheckpointing.none, ActivationCheckpointing.full, ActivationCheckpointing.selective_op),
 }
-"""Framework -> checkpointing policies the measurement runs. torchtitan 0.3.0 builds every
-Llama-3 with FlexAttention (models/common/config_utils.py get_attention_config refuses sdpa for
-language models), whose torch.compile'd kernel and block-mask construction do not run on fake
-tensors: it is refused until that is solved."""
+"""Framework -> checkpointing policies the measurement runs (torchtitan's with FlexAttention run
+eagerly: _eager_flex_attention)."""
 
 
 @dataclass
@@ -64,18 +63,26 @@ def check_measurable(framework: Framework, policy: ActivationCheckpointing, mode
     if framework is Framework.torchtune and model.head_size * model.num_heads != model.hidden_size:
         # models/llama3_1/_component_builders.py llama3_1 takes no head_dim: embed_dim // num_heads.
         raise ZeroplanError("model", f"{model.name!r}: torchtune's llama3_1 builder derives head_dim as hidden_size / num_heads")
+    if framework is Framework.torchtitan and model.head_size * model.num_heads != model.hidden_size:
+        # torchtitan 0.3.0 models/llama3/__init__.py _build_llama3_layers passes no head_dim to
+        # make_gqa_config (models/common/config_utils.py), which then uses dim // n_heads.
+        raise ZeroplanError("model", f"{model.name!r}: torchtitan's Llama-3 builder derives head_dim as hidden_size / num_heads")
+
     if activation_offloading and (framework is not Framework.torchtune or policy is not ActivationCheckpointing.full):
         # torchtune 0.6.1 recipes/full_finetune_distributed.py: offloading needs enable_activation_checkpointing.
         raise ZeroplanError("--activation-offloading", "measured only for torchtune with --activation-checkpointing full")
 
 
 def build(framework: Framework, model: ModelSpec, layers: int, policy: ActivationCheckpointing, dtype: torch.dtype,
-          *, selective_layer_interval: int = 2, activation_offloading: bool = False) -> BuiltModel:
-    """The framework's model with ``layers`` blocks on the meta device, in ``dtype``
-    (the interval and offloading are torchtune's ``ac_option`` and ``enable_activation_offloading``)."""
+          seq_len: int | None = None, *, selective_layer_interval: int = 2, activation_offloading: bool = False) -> BuiltModel:
+    """The framework's model with ``layers`` blocks on the meta device, in ``dtype``; ``seq_len``
+    is the training sequence length, where the framework sizes buffers by it (torchtitan); the
+    interval and offloading are torchtune's ``ac_option`` and ``enable_activation_offloading``."""
     check_measurable(framework, policy, model, activation_offloading)
     if framework is Framework.torchtune:
         return _torchtune_llama(model, layers, policy, dtype, selective_layer_interval, activation_offloading)
+    if framework is Framework.torchtitan:
+        return _torchtitan_llama(model, layers, policy, dtype, seq_len or model.max_positions)
     builder = {Framework.hf: _hf_llama}[framework]
     return builder(model, layers, policy, dtype)
 
@@ -217,3 +224,95 @@ def _torchtune_llama(model: ModelSpec, layers: int, policy: ActivationCheckpoint
 
     return BuiltModel(module, list(module.layers), forward, f"torchtune {version('torchtune')}", materialize,
                       host_bytes=host_bytes, shard=shard)
+
+
+def _eager_flex_attention() -> None:
+    """Run torchtitan's FlexAttention without torch.compile, so that it runs on fake tensors.
+
+    torchtitan 0.3.0 models/common/attention.py calls ``FlexAttention._compiled_flex_attn``
+    (``torch.compile(flex_attention)``) and builds its block mask with
+    ``_compiled_create_block_mask`` (``torch.compile(create_block_mask)``); neither compiles
+    on fake tensors. Both are replaced by the same functions uncompiled, and eager
+    ``flex_attention`` is made to call its higher-order op directly on fake CPU tensors
+    (_torch_private.flex_attention_without_dynamo). That op's autograd function
+    (torch/_higher_order_ops/flex_attention.py FlexAttentionAutogradOp) saves Q, K, V, the
+    output, the fp32 log-sum-exp and the block-mask tensors (what the compiled backward reads),
+    and also its fp32 max_scores (4·a·s·b bytes per block), which the backward never reads and
+    the compiled graph therefore does not keep: the records hold that much more than a GPU run.
+    The block mask is built once per step and shared by every block, so how it is built changes
+    nothing a block keeps. SelectiveAC names the op itself (torch._higher_order_ops.flex_attention)
+    in its save list, so its policy sees the same op. Installed for the process; idempotent.
+    """
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torchtitan.models.common import attention
+
+    from zeroplan.simulate import _torch_private as private
+
+    attention.FlexAttention._compiled_flex_attn = flex_attention
+    attention._compiled_create_block_mask = create_block_mask
+    private.flex_attention_without_dynamo()
+
+
+def _torchtitan_llama(model: ModelSpec, layers: int, policy: ActivationCheckpointing, dtype: torch.dtype,
+                      seq_len: int) -> BuiltModel:
+    from importlib.metadata import version
+
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+    from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
+    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm, RoPE
+    from torchtitan.models.llama3 import Llama3Model, _build_llama3_layers
+
+    _eager_flex_attention()
+    # torchtitan 0.3.0 models/llama3/__init__.py _8b/_70b: the config each Llama-3 flavour builds
+    # (fused QKV, ComplexRoPE with Llama-3.1 scaling, the default "flex" attention backend), with
+    # the spec's sizes; _build_llama3_layers is the layer builder every flavour calls. The trainer
+    # sizes each RoPE cache to training.seq_len (models/common/decoder.py
+    # Decoder.Config.update_from_config: rope max_seq_len = seq_len).
+    config = Llama3Model.Config(
+        dim=model.hidden_size, vocab_size=model.vocab_size,
+        tok_embeddings=Embedding.Config(num_embeddings=model.vocab_size, embedding_dim=model.hidden_size),
+        norm=RMSNorm.Config(normalized_shape=model.hidden_size),
+        lm_head=Linear.Config(in_features=model.hidden_size, out_features=model.vocab_size),
+        layers=_build_llama3_layers(
+            n_layers=layers, dim=model.hidden_size, n_heads=model.num_heads, n_kv_heads=model.kv_heads,
+            hidden_dim=model.ffn_hidden_size, fuse_qkv=True, attn_backend="flex",
+            rope=ComplexRoPE.Config(dim=model.head_size, max_seq_len=seq_len, theta=500000, scaling="llama"),
+        ),
+    )
+    with torch.device("meta"):
+        module = config.build().to(dtype)
+        # Module.to casts the complex64 RoPE cache too; FSDP2's MixedPrecisionPolicy casts only
+        # parameters, so each RoPE rebuilds its own cache (RoPE._init_self_buffers, complex64).
+        for submodule in module.modules():
+            if isinstance(submodule, RoPE):
+                submodule.init_states(buffer_device=torch.device("meta"))
+    module.train()
+    # torchtitan 0.3.0 models/llama3/parallelize.py: ac_config.build().apply(model) wraps each
+    # block (distributed/activation_checkpoint.py); "selective" is SelectiveAC (per op).
+    if policy is ActivationCheckpointing.full:
+        FullAC(FullAC.Config()).apply(module)
+    elif policy is ActivationCheckpointing.selective_op:
+        SelectiveAC(SelectiveAC.Config()).apply(module)
+
+    def forward(tokens: torch.Tensor) -> torch.Tensor:
+        # trainer.py post_dataloading_process: the dataloader's per-document positions
+        # (hf_datasets/text_datasets.py; one document per sample here) and the block mask
+        # model.get_attention_masks builds from them, then model(inputs, positions, masks).
+        batch, seq = tokens.shape
+        positions = torch.arange(seq).repeat(batch, 1)
+        masks = module.get_attention_masks(positions)
+        return module(tokens, positions=positions, attention_masks=masks)
+
+    def shard(mesh: object, reshard_after_forward: bool) -> str:
+        # models/llama3/parallelize.py parallelize_llama -> distributed/fsdp.py
+        # apply_fsdp_to_decoder with config/configs.py defaults: mixed_precision_param
+        # "bfloat16", mixed_precision_reduce "float32", fsdp_reshard_after_forward "default"
+        # (reshard every unit but norm + lm_head, without pipeline parallelism) or "never".
+        policy_name = "default" if reshard_after_forward else "never"
+        apply_fsdp_to_decoder(module, mesh, param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                              pp_enabled=False, reshard_after_forward_policy=policy_name)
+        return (f"torchtitan apply_fsdp_to_decoder(param_dtype=bfloat16, reduce_dtype=float32, "
+                f"reshard_after_forward_policy={policy_name!r})")
+
+    blocks = list(module.layers.values())
+    return BuiltModel(module, blocks, forward, f"torchtitan {version('torchtitan')}", shard=shard)

@@ -30,6 +30,9 @@ DEFAULT_PRECISION = {
     # torchtune 0.6.1 recipes/configs/llama3_1/*full*.yaml: `dtype: bf16` (parameters, gradients
     # and optimizer states in bf16).
     Framework.torchtune: Precision.bf16_pure,
+    # torchtitan 0.3.0 config/configs.py: mixed_precision_param "bfloat16", mixed_precision_reduce
+    # "float32" (fp32 parameters, bf16 compute under FSDP2's MixedPrecisionPolicy).
+    Framework.torchtitan: Precision.bf16_mixed,
 }
 """The numerics each framework's own configs train in, when the user names none."""
 
@@ -42,10 +45,14 @@ last of the rest is the steady state."""
 # Trainer keeps fp32 parameters under torch.autocast; with FSDP, accelerate's FSDP2
 # MixedPrecisionPolicy gathers the fp32 shards in bf16 for the forward (build._hf_fsdp2).
 # torchtune's recipes load in `dtype: bf16`.
+# torchtitan 0.3.0 distributed/fsdp.py apply_fsdp_to_decoder: FSDP2's MixedPrecisionPolicy
+# (param_dtype bf16) gathers bf16 parameters, so the module computes in bf16 without autocast.
 def module_dtype(training: TrainingSpec, strategy: StrategyKind) -> torch.dtype:
     """The dtype the framework's blocks compute with (what the per-block forward is built in)."""
     if training.precision is Precision.fp32:
         return torch.float32
+    if training.framework is Framework.torchtitan:
+        return torch.bfloat16
     if training.precision is Precision.bf16_pure or strategy is not StrategyKind.ddp:
         return torch.bfloat16
     return torch.float32
@@ -67,6 +74,10 @@ def measure(model: ModelSpec, strategy: StrategyKind, training: TrainingSpec, ba
     if training.activation_offloading:
         notes.append("device bytes: live bytes less the host copies torchtune's OffloadActivations made (its tracker)")
     added = training.selective_layer_interval if training.activation_checkpointing is ActivationCheckpointing.selective_layer else 1
+    if training.framework is Framework.torchtitan:
+        # zeroplan/frameworks/build.py _eager_flex_attention.
+        notes.append("FlexAttention run eagerly: each block also keeps its fp32 max_scores "
+                     "(4 bytes x heads x tokens), which a compiled run does not")
     _, shallow, _ = _forward(model, training, batch, layers, dtype)
     version, deep, growth = _forward(model, training, batch, layers + added, dtype)
     return FrameworkRecord(
@@ -84,7 +95,7 @@ def _autocast(training: TrainingSpec, dtype: torch.dtype) -> bool:
 def _forward(model: ModelSpec, training: TrainingSpec, batch: BatchSpec, layers: int, dtype: torch.dtype) -> tuple[str, int, list[int]]:
     """The framework's version, live device bytes once the forward has returned (parameters
     excluded), and each block's growth."""
-    built = build(training.framework, model, layers, training.activation_checkpointing, dtype,
+    built = build(training.framework, model, layers, training.activation_checkpointing, dtype, batch.seq_len,
                   selective_layer_interval=training.selective_layer_interval,
                   activation_offloading=training.activation_offloading)
     built.materialize()

@@ -34,6 +34,9 @@ STEP_PRECISION = {
     Framework.hf: (Precision.bf16_mixed, torch.float32),
     # torchtune 0.6.1 recipes/configs/llama3_1/*_full.yaml: dtype bf16, no mixed-precision policy.
     Framework.torchtune: (Precision.bf16_pure, torch.bfloat16),
+    # torchtitan 0.3.0 config/configs.py: fp32 parameters, mixed_precision_param bfloat16 and
+    # mixed_precision_reduce float32 (zeroplan.frameworks.build._torchtitan_llama's shard).
+    Framework.torchtitan: (Precision.bf16_mixed, torch.float32),
 }
 """Framework -> (the precision its FSDP2 recipe trains in, the module dtype that makes it)."""
 
@@ -76,7 +79,7 @@ def run_step(model: ModelSpec, strategy: StrategyKind, training: TrainingSpec, b
     check_seq_len(model, batch)
     start_s = time.perf_counter()
     dtype = STEP_PRECISION[framework][1]
-    built = build(framework, model, model.num_layers, training.activation_checkpointing, dtype)
+    built = build(framework, model, model.num_layers, training.activation_checkpointing, dtype, batch.seq_len)
     notes = []
     if batch.grad_accum_steps > 1:
         notes.append(f"one micro-batch simulated of grad_accum_steps={batch.grad_accum_steps}")
@@ -101,7 +104,7 @@ def run_step(model: ModelSpec, strategy: StrategyKind, training: TrainingSpec, b
             # optimizer.zero_grad(set_to_none=True), the HF Trainer model.zero_grad().
             built.module.zero_grad(set_to_none=True)
             optimizer.zero_grad(set_to_none=True)
-            tracker = private.fsdp_mem_tracker_class()(mod=built.module, optm=optimizer)
+            tracker = private.passing_higher_order_ops(private.fsdp_mem_tracker_class()(mod=built.module, optm=optimizer))
             running: dict[StepPhase, int] = {}
             with tracker:
                 loss = _forward_and_loss(framework, built, tokens, tracker, running)
@@ -156,6 +159,20 @@ def _forward_and_loss(framework: Framework, built, tokens: torch.Tensor, tracker
         # logits.float(), cross_entropy); only outputs.loss leaves compute_loss.
         loss = built.module(input_ids=tokens, labels=tokens).loss
         running[StepPhase.forward] = _peak(tracker)
+        return loss
+    if framework is Framework.torchtitan:
+        from torchtitan.components.loss import cross_entropy_loss
+
+        # torchtitan 0.3.0 trainer.py _forward_backward_body: pred = model(inputs, **extra_kwargs)
+        # (positions and block mask: BuiltModel.forward), CrossEntropyLoss (components/loss.py
+        # cross_entropy_loss: pred.flatten(0, 1).float(), cross_entropy with sum reduction)
+        # divided by the global valid-token count, then `del pred` before backward. The labels
+        # are the next tokens; their values change no byte.
+        pred = built.forward(tokens)
+        running[StepPhase.forward] = _peak(tracker)
+        loss = cross_entropy_loss(pred, tokens) / tokens.numel()
+        del pred
+        running[StepPhase.loss] = _peak(tracker)
         return loss
     from torchtune.modules.loss import CEWithChunkedOutputLoss
 

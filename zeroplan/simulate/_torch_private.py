@@ -107,7 +107,17 @@ def live_bytes_tracker() -> object:
     every tensor made while it is entered, fake ones included."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    return MemTracker()
+    return passing_higher_order_ops(MemTracker())
+
+
+def passing_higher_order_ops(tracker: object) -> object:
+    """``tracker`` (a MemTracker or FSDPMemTracker) with higher-order operators let through.
+
+    A dispatch mode refuses higher-order operators (FlexAttention's flex_attention op) unless
+    its ``supports_higher_order_operators`` says so; MemTracker's __torch_dispatch__ calls the op
+    and tracks the tensors it returns, which is what it does for any other operator."""
+    tracker.supports_higher_order_operators = True
+    return tracker
 
 
 def track_existing(tracker: object, module: object) -> None:
@@ -133,6 +143,34 @@ def aten_kernels(kernels: dict[tuple[str, str], object]) -> Iterator[None]:
         yield
     finally:
         library._destroy()
+
+
+def flex_attention_without_dynamo() -> None:
+    """Let eager FlexAttention run on fake CPU tensors under a dispatch mode. Idempotent.
+
+    torch.nn.attention.flex_attention (private names): eager ``flex_attention`` wraps its
+    higher-order op in ``torch.compile(backend="eager", fullgraph=True)``, which refuses to trace
+    while a non-infra dispatch mode (MemTracker, selective checkpointing) is active;
+    ``_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG`` makes it call the same op directly (its warning
+    about backward concerns the numerics of score_mod/mask_mod left untraced; a fake tensor has
+    none). ``_validate_device`` refuses CPU inputs that need gradients, as the CPU kernels have
+    no backward; a fake tensor runs no kernel, so for fake tensors the check is skipped (real
+    tensors still get it).
+    """
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.nn.attention import flex_attention as flex_module
+
+    flex_module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
+    original = flex_module._validate_device
+    if getattr(original, "_zeroplan_skips_fake", False):
+        return
+
+    def validate_device(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+        if not isinstance(query, FakeTensor):
+            original(query, key, value)
+
+    validate_device._zeroplan_skips_fake = True
+    flex_module._validate_device = validate_device
 
 
 def dtensor_local_storage(tensor: torch.Tensor) -> torch.Tensor:

@@ -31,21 +31,22 @@ def build_parser() -> OneLineParser:
     add_seq_len_arguments(parser)
     parser.add_argument("--precision", choices=[p.value for p in Precision], default=None,
                         help="default: bf16-mixed, or the framework's own default with --framework")
-    parser.add_argument("--activation-checkpointing", choices=["none", "full", "selective-layer"], default="none",
-                        help="selective-layer: with --framework torchtune (its ac_mode selective)")
+    parser.add_argument("--activation-checkpointing", choices=["none", "full", "selective-layer", "selective-op"], default="none",
+                        help="selective-layer: with --framework torchtune (its ac_mode selective); "
+                             "selective-op: torchtitan's per-op selective checkpointing (--framework torchtitan)")
     parser.add_argument("--selective-layer-interval", type=positive_int, default=2, metavar="K",
                         help="with selective-layer: checkpoint every K-th block (torchtune's ac_option; default 2)")
     parser.add_argument("--activation-offloading", action="store_true",
                         help="with --framework torchtune and full checkpointing: its enable_activation_offloading")
     parser.add_argument("--framework", choices=[f.value for f in Framework], default=Framework.zeroplan.value,
-                        help="hf or torchtune: build that framework's own model (full width, --layers "
-                             "blocks) and record what each block keeps for backward (docs/frameworks.md)")
+                        help="hf, torchtune or torchtitan: build that framework's own model (full width, "
+                             "--layers blocks) and record what each block keeps for backward (docs/frameworks.md)")
     parser.add_argument("--layers", type=positive_int, default=None,
                         help="with --framework: decoder blocks built for the per-block measurement (at least 3; default 4)")
     parser.add_argument("--whole-step", action="store_true",
-                        help="with --framework hf|torchtune: instead of what one block keeps, run a whole training "
-                             "step (full depth, the framework's own FSDP2 wrapping, its loss, fused AdamW) and "
-                             "record FSDPMemTracker's peak (docs/simulate.md, 'Frameworks')")
+                        help="with --framework hf|torchtune|torchtitan: instead of what one block keeps, run a whole "
+                             "training step (full depth, the framework's own FSDP2 wrapping, its loss, fused AdamW) "
+                             "and record FSDPMemTracker's peak (docs/simulate.md, 'Frameworks')")
     parser.add_argument("--no-mem-tracker", action="store_true", help="skip FSDPMemTracker (about 2x faster)")
     parser.add_argument("--cuda-norm-formula", action="store_true",
                         help="make F.rms_norm save what torch's fused CUDA kernel saves (input and rstd); "
@@ -102,16 +103,21 @@ def _run_framework(args, framework: Framework, model, batch: BatchSpec) -> int:
     layers = 4 if args.layers is None else args.layers
     if layers < 3:
         raise ZeroplanError("--layers", f"must be at least 3 (the first block is not steady state), got {layers}")
+    not_installed = f"{framework.value} is not installed (%s); run scripts/install-frameworks"
     try:
         from zeroplan.frameworks.measure import DEFAULT_PRECISION, measure
     except ImportError as error:
-        raise ZeroplanError("--framework", f"{framework.value} is not installed ({error.name}); run scripts/install-frameworks") from None
+        raise ZeroplanError("--framework", not_installed % error.name) from None
     precision = Precision(args.precision) if args.precision else DEFAULT_PRECISION.get(framework, Precision.bf16_mixed)
     training = TrainingSpec(framework=framework, precision=precision,
                             activation_checkpointing=ActivationCheckpointing(args.activation_checkpointing),
                             selective_layer_interval=args.selective_layer_interval,
                             activation_offloading=args.activation_offloading)
-    record = measure(model, StrategyKind(args.strategy), training, batch, layers=layers)
+    try:
+        # The framework itself is imported only when its model is built.
+        record = measure(model, StrategyKind(args.strategy), training, batch, layers=layers)
+    except ImportError as error:
+        raise ZeroplanError("--framework", not_installed % error.name) from None
     print(f"{record.name}  ({record.framework_version}, torch {record.torch_version}, {record.wall_time_s:.1f} s)")
     print(f"  module dtype {record.module_dtype}; {record.built_layers} blocks built")
     nbytes, added = record.block_kept_bytes, record.added_layers
@@ -142,7 +148,11 @@ def _run_framework_step(args, framework: Framework, model, batch: BatchSpec) -> 
     if args.precision is not None:
         training = training.model_copy(update={"precision": Precision(args.precision)})
     check_step(framework, StrategyKind(args.strategy), training, args.world_size, args.rank)
-    record = run_step(model, StrategyKind(args.strategy), training, batch, args.world_size, rank=args.rank)
+    try:
+        # The framework itself is imported only when its model is built.
+        record = run_step(model, StrategyKind(args.strategy), training, batch, args.world_size, rank=args.rank)
+    except ImportError as error:
+        raise ZeroplanError("--framework", f"{framework.value} is not installed ({error.name}); run scripts/install-frameworks") from None
     print(step_summary(record))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
