@@ -65,6 +65,7 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
         "--activation-offloading", action="store_true",
         help="move saved activations to host memory (torchtune's enable_activation_offloading)",
     )
+    add_fused_loss_argument(parser)
     parser.add_argument("--attention", choices=choices_of(AttentionKernel), default=AttentionKernel.flash.value)
     parser.add_argument(
         "--state-convention", choices=choices_of(StateConvention),
@@ -73,6 +74,13 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hsdp-group", type=positive_int, help="HSDP shard group size (default: GPUs per node)")
     parser.add_argument("--mfu", type=positive_float, default=0.4, help="model FLOPs utilisation for compute time (default 0.4)")
     add_collective_model_arguments(parser)
+
+
+def add_fused_loss_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--fused-linear-cross-entropy", action="store_true",
+        help="liger-kernel's fused linear cross-entropy instead of the logits (hf only: use_liger_kernel)",
+    )
 
 
 def add_collective_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -139,6 +147,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         precision=precision,
         framework=framework,
         activation_offloading=args.activation_offloading,
+        fused_linear_cross_entropy=args.fused_linear_cross_entropy,
         optimizer=Optimizer(args.optimizer),
         activation_checkpointing=ActivationCheckpointing(args.activation_checkpointing),
         selective_layer_interval=args.selective_layer_interval,
