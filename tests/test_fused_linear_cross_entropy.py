@@ -67,8 +67,9 @@ def test_autocast_keeps_fp32_gradients_and_writes_bf16_matmuls(gpu_80gib) -> Non
     # DDP under autocast: fp32 parameters and final-norm output, bf16 matmul outputs.
     rows = 512
     kept = 4 * T * H + 4 * V * H
-    weight_add = kept + 4 * T + 2 * rows * V + 2 * V * H + 4 * V * H
-    next_chunk = kept + 4 * T + 4 * rows * V
+    cast = 2 * V * H  # autocast's cached bf16 copy of lm_head.weight, alive through the forward
+    weight_add = kept + 4 * T + cast + 2 * rows * V + 2 * V * H + 4 * V * H
+    next_chunk = kept + 4 * T + cast + 4 * rows * V
     backward = kept - 2 * T * H  # outside_layers_bytes counted the head's input in the compute dtype
     assert framework_logits_pieces(_request(gpu_80gib, kind=StrategyKind.ddp)) == (weight_add, next_chunk, backward)
 

@@ -576,8 +576,11 @@ def _fused_loss_widths(request: PlanRequest) -> tuple[int, int]:
 # (element_mul_kernel) and hands them to autograd, so the head's input (counted in
 # outside_layers_bytes) is no longer alive then. Three moments: the weight-gradient add, the
 # second chunk's logits (only with more than one chunk) and the loss's backward; under FSDP2 the
-# head's unit is gathered at each (fsdp_head_gathered_bytes: the root stays gathered from its
-# forward, and the backward prefetches the last block beside it).
+# head's unit is gathered at each (fsdp_head_gathered_bytes: the loss runs inside the root
+# unit's forward, and the backward gathers it again with the last block prefetched). Under
+# autocast with an fp32 weight (torch 2.13 aten/src/ATen/autocast_mode.cpp cached_cast: casts of
+# leaf tensors that require grad are cached until the autocast region exits) a bf16 copy of
+# lm_head.weight lives through the forward's chunks.
 def fused_linear_cross_entropy_pieces(request: PlanRequest) -> tuple[int, ...]:
     """The fused loss's bytes at its moments: weight-gradient add, next chunk, loss backward."""
     model, training = request.model, request.training
@@ -585,7 +588,8 @@ def fused_linear_cross_entropy_pieces(request: PlanRequest) -> tuple[int, ...]:
     vh = model.vocab_size * model.hidden_size
     stored, matmul = _fused_loss_widths(request)
     kept = stored * tokens * model.hidden_size + stored * vh
-    forward = kept + FP32_BYTES * tokens + fsdp_head_gathered_bytes(request, prefetched=False)
+    weight_cast = matmul * vh if matmul != stored else 0
+    forward = kept + FP32_BYTES * tokens + weight_cast + fsdp_head_gathered_bytes(request, prefetched=False)
     rows = fused_linear_cross_entropy_chunk_rows(model, tokens)
     chunk_logits = matmul * rows * model.vocab_size
     weight_add = forward + chunk_logits + matmul * vh + (FP32_BYTES * vh if matmul != FP32_BYTES else 0)
