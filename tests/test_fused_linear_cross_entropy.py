@@ -140,3 +140,13 @@ def test_plan_cli_flag(capsys) -> None:
     code = main(["plan", "llama-3.1-8b", "--framework", "hf", "--gpus", "8", "--gpu", "h100-80gb", "--global-batch", "16",
                  "--seq-len", "4096", "--strategies", "zero3", "--fused-linear-cross-entropy"])
     assert code == 0 and capsys.readouterr().out
+
+
+def test_the_whole_step_runner_refuses_it() -> None:
+    pytest.importorskip("torch")
+    from zeroplan.frameworks.step import check_step
+    from zeroplan.specs import Precision
+
+    training = TrainingSpec(framework=Framework.hf, precision=Precision.bf16_mixed, fused_linear_cross_entropy=True)
+    with pytest.raises(ZeroplanError, match="fused_linear_cross_entropy.*CUDA"):
+        check_step(Framework.hf, StrategyKind.fsdp_full_shard, training, 2, 0)
