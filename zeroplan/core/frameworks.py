@@ -580,7 +580,8 @@ def _fused_loss_widths(request: PlanRequest) -> tuple[int, int]:
 # unit's forward, and the backward gathers it again with the last block prefetched). Under
 # autocast with an fp32 weight (torch 2.13 aten/src/ATen/autocast_mode.cpp cached_cast: casts of
 # leaf tensors that require grad are cached until the autocast region exits) a bf16 copy of
-# lm_head.weight lives through the forward's chunks.
+# lm_head.weight lives through the forward's chunks. The label tensors (int64 shift_labels and
+# its bool mask, 9 bytes a token) are left out, as the unfused loss leaves out its labels.
 def fused_linear_cross_entropy_pieces(request: PlanRequest) -> tuple[int, ...]:
     """The fused loss's bytes at its moments: weight-gradient add, next chunk, loss backward."""
     model, training = request.model, request.training
