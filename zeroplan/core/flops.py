@@ -12,7 +12,7 @@ from zeroplan.core.params import active_parameters
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.model import ModelSpec
 from zeroplan.specs.request import PlanRequest
-from zeroplan.specs.training import ActivationCheckpointing, AttentionKernel
+from zeroplan.specs.training import ActivationCheckpointing, AttentionKernel, TrainingSpec
 
 MATMUL_FLOPS_PER_MULTIPLY_ADD = 2
 """A multiply-add is two FLOPs (Kaplan et al. 2020, sec. 2.1)."""
@@ -77,6 +77,8 @@ def attention_forward_flops_per_token(model: ModelSpec, seq_len: int, causal_fra
     return causal_fraction * per_head * model.num_heads
 
 
+# FlashAttention-2 (Dao 2023), sec. 3.1.1: a flash kernel skips the fully masked blocks; an
+# eager softmax(QK^T)V computes every score and masks afterwards.
 def executed_causal_fraction(kernel: AttentionKernel) -> float:
     """Share of the score matrix the kernel computes (the models here are all decoders, causal)."""
     return CAUSAL_EXECUTED_FRACTION if kernel is AttentionKernel.flash else 1.0
@@ -117,7 +119,7 @@ def selective_op_recompute_flops_per_token(model: ModelSpec) -> int:
 # full: each block's forward (Korthikanti et al. 2022, sec. 5); selective: the attention core,
 # QK^T and AV (sec. 5); selective-layer: the floor(L/k) checkpointed blocks' forward (torchtune
 # 0.6.1 training/activations.py); selective-op: the mms above.
-def recompute_flops_per_token(model: ModelSpec, training, seq_len: int) -> float:
+def recompute_flops_per_token(model: ModelSpec, training: TrainingSpec, seq_len: int) -> float:
     """Forward FLOPs per token the checkpointing policy executes again during backward."""
     mode = training.activation_checkpointing
     attention = attention_forward_flops_per_token(model, seq_len, executed_causal_fraction(training.attention_kernel))

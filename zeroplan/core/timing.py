@@ -149,6 +149,8 @@ def executed_flops_per_s(request: PlanRequest) -> float:
     return request.cluster.gpu.peak_bf16_flops_per_s * request.performance.hardware_flops_utilization
 
 
+# docs/communication-time.md, "Compute": t = executed FLOPs / (peak x HFU); the plan search
+# times its groups through this same function.
 def compute_time_s(flops: StepFlops, request: PlanRequest) -> tuple[float, float]:
     """(forward, backward) seconds of compute: executed FLOPs over executed_flops_per_s."""
     rate = executed_flops_per_s(request)
