@@ -1,6 +1,7 @@
 """The planner's step time against published FSDP throughput (zeroplan/validate/data/
 published_throughput.json, each row with its source): tokens/s/GPU predicted under the
-planner's default MFU and under the row's published MFU, beside the published figure.
+planner's default hardware FLOPs utilisation (HFU) and at the HFU the row's published MFU
+implies (HFU = MFU x executed / model FLOPs), beside the published figure.
 
     python benchmarks/step_time_accuracy.py [PUBLISHED.json]
 
@@ -20,35 +21,37 @@ from zeroplan.validate.step_time import (
 )
 
 HEADER = (
-    "| run | fits | published tok/s/GPU | step (s) | predicted, MFU {mfu:g} | error | published MFU "
-    "| predicted at it | error | FLOPs/token planner / source | comm (s) | exposed (s) |"
+    "| run | fits | published tok/s/GPU | step (s) | predicted, HFU {hfu:g} | error | its MFU | published MFU "
+    "| HFU it implies | predicted at it | error | executed / model FLOPs | comm (s) | exposed (s) |"
 )
 
 
 def format_row(c: StepTimeComparison) -> str:
     mfu = "-" if c.published_mfu is None else f"{c.published_mfu:.3f}"
+    hfu = "-" if c.published_hfu is None else f"{c.published_hfu:.3f}"
     at_mfu = "-" if c.with_published_mfu_tokens_per_s_per_gpu is None else f"{c.with_published_mfu_tokens_per_s_per_gpu:,.0f}"
     at_mfu_error = "-" if c.with_published_mfu_error is None else f"{c.with_published_mfu_error:+.1%}"
     return (
         f"| {c.name} | {'yes' if c.fits else 'NO'} | {c.published_tokens_per_s_per_gpu:,.0f} | {c.published_step_s:.3f} "
-        f"| {c.predicted_tokens_per_s_per_gpu:,.0f} | {c.tokens_per_s_error:+.1%} | {mfu} | {at_mfu} | {at_mfu_error} "
-        f"| {c.flops_per_token_ratio:.3f} | {c.communication_s:.3f} | {c.exposed_communication_s:.3f} |"
+        f"| {c.predicted_tokens_per_s_per_gpu:,.0f} | {c.tokens_per_s_error:+.1%} | {c.predicted_mfu:.3f} | {mfu} | {hfu} "
+        f"| {at_mfu} | {at_mfu_error} | {c.flops_per_token_ratio:.3f} | {c.communication_s:.3f} "
+        f"| {c.exposed_communication_s:.3f} |"
     )
 
 
 def report(path: Path = PUBLISHED_THROUGHPUT_FILE) -> str:
     table = load_published_throughput(path)
     rows = step_time_table(table)
-    header = HEADER.format(mfu=PerformanceAssumptions().model_flops_utilization)
+    header = HEADER.format(hfu=PerformanceAssumptions().hardware_flops_utilization)
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     lines += [format_row(c) for c in rows]
     default_errors = [abs(c.tokens_per_s_error) for c in rows]
     mfu_errors = [abs(c.with_published_mfu_error) for c in rows if c.with_published_mfu_error is not None]
     lines.append("")
     lines.append(
-        f"{len(rows)} rows; |error| at the default MFU: median {statistics.median(default_errors):.1%}, "
+        f"{len(rows)} rows; |error| at the default HFU: median {statistics.median(default_errors):.1%}, "
         f"max {max(default_errors):.1%}"
-        + (f"; at the published MFU: median {statistics.median(mfu_errors):.1%}, max {max(mfu_errors):.1%}" if mfu_errors else "")
+        + (f"; at the HFU the published MFU implies: median {statistics.median(mfu_errors):.1%}, max {max(mfu_errors):.1%}" if mfu_errors else "")
     )
     lines.append("sources:")
     lines += sorted({f"  {c.source}" for c in rows})

@@ -106,15 +106,23 @@ def test_console_script_entry_point() -> None:
 
 
 def test_compare_prints_volume_and_times(capsys) -> None:
-    code, out, err = run(capsys, "compare", "llama-2-7b", "--gpus", "16", "--strategies", "ddp,zero3,hsdp", "--mfu", "0.5")
+    code, out, err = run(capsys, "compare", "llama-2-7b", "--gpus", "16", "--strategies", "ddp,zero3,hsdp", "--hfu", "0.5")
     assert code == 0, err
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split() and line.split()[0] in ("ddp", "zero3", "hsdp")}
     assert rows["ddp"][1] == "2.0" and rows["zero3"][1] == "3.0"
 
 
-def test_mfu_above_one_is_rejected(capsys) -> None:
-    code, _, err = run(capsys, "compare", "gpt2", "--mfu", "1.5")
-    assert code == 2 and "mfu: must be in (0, 1]" in err
+def test_hfu_above_one_is_rejected(capsys) -> None:
+    code, _, err = run(capsys, "compare", "gpt2", "--hfu", "1.5")
+    assert code == 2 and "hfu: must be in (0, 1]" in err
+
+
+def test_mfu_is_refused_with_a_pointer_to_hfu(capsys) -> None:
+    # The old --mfu timed executed FLOPs (an HFU); it is refused rather than read either way.
+    for command in ("compare", "plan"):
+        extra = ["--global-batch", "16"] if command == "plan" else []
+        code, _, err = run(capsys, command, "gpt2", *extra, "--mfu", "0.5")
+        assert code == 2 and "mfu:" in err and "--hfu" in err and len(err.strip().splitlines()) == 1
 
 
 def test_seq_len_default_is_capped_at_the_models_positions(capsys) -> None:

@@ -11,6 +11,8 @@ import pytest
 from zeroplan.core.search import (
     BYTE_TOLERANCE, TIME_TOLERANCE_S, _at, batch_splits, evaluate, groups, pareto_indices, scalar_evaluate, search,
 )
+from zeroplan.core.communication import collectives
+from zeroplan.core.timing import step_time
 from zeroplan.errors import ZeroplanError
 from zeroplan.presets.gpus import get_gpu
 from zeroplan.presets.models import get_model
@@ -80,6 +82,15 @@ def test_pareto_front_is_not_dominated() -> None:
     assert len({(peak[j], seconds[j]) for j in front}) == len(front)
 
 
+def _candidate_step_time(base: PlanRequest, c):
+    """The scalar planner's StepTime for a search candidate's configuration."""
+    training = base.training.model_copy(update={"activation_checkpointing": c.activation_checkpointing})
+    batch = base.batch.model_copy(update={"micro_batch_size": c.micro_batch_size, "grad_accum_steps": c.grad_accum_steps})
+    strategy = StrategySpec(kind=c.strategy, shard_group_size=c.shard_group_size if c.strategy is StrategyKind.hsdp else None)
+    request = base.model_copy(update={"training": training, "batch": batch, "strategy": strategy})
+    return step_time(request, tuple(collectives(request)))
+
+
 def test_search_ranks_by_time_and_matches_a_brute_force_over_the_scalar_planner() -> None:
     base = _base("llama-2-7b", 8, seq_len=4096)
     result = search(base, 64, top=5)
@@ -99,6 +110,10 @@ def test_search_ranks_by_time_and_matches_a_brute_force_over_the_scalar_planner(
         assert c.micro_batch_size * c.grad_accum_steps * 8 == 64
         assert c.peak_bytes <= c.usable_memory_bytes
         assert c.tokens_per_s_per_gpu == pytest.approx(c.micro_batch_size * c.grad_accum_steps * 4096 / c.step_time_s)
+        # The candidate's MFU is the scalar planner's StepTime.model_flops_utilization.
+        scalar = _candidate_step_time(base, c)
+        assert c.model_flops_utilization == pytest.approx(scalar.model_flops_utilization, rel=1e-9)
+        assert c.tokens_per_s_per_gpu == pytest.approx(scalar.tokens_per_s_per_gpu, rel=1e-9)
     times = [c.step_time_s for c in result.pareto]
     peaks = [c.peak_bytes for c in result.pareto]
     assert peaks == sorted(peaks) and times == sorted(times, reverse=True)

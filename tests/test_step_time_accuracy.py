@@ -9,14 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from zeroplan.core.params import active_parameters
+from zeroplan.core.flops import model_flops_per_token, step_flops
 from zeroplan.errors import ZeroplanError
 from zeroplan.presets.gpus import get_gpu
 from zeroplan.presets.models import get_model
-from zeroplan.specs import ActivationCheckpointing, PerformanceAssumptions
-from zeroplan.validate.step_time import (
-    PUBLISHED_THROUGHPUT_FILE, load_published_throughput, source_flops_per_token, step_time_table,
-)
+from zeroplan.specs import PerformanceAssumptions
+from zeroplan.validate.step_time import PUBLISHED_THROUGHPUT_FILE, load_published_throughput, step_time_table
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = load_published_throughput().rows
@@ -36,26 +34,32 @@ def test_published_mfu_is_the_published_throughput_under_the_source_flop_count()
     # reading of WPS and the FLOP count that the FLOPs/token column divides by all hold.
     for row in ROWS:
         peak = get_gpu(row.gpu).peak_bf16_flops_per_s
-        mfu = row.published_tokens_per_s_per_gpu * source_flops_per_token(get_model(row.model), row.seq_len) / peak
+        mfu = row.published_tokens_per_s_per_gpu * model_flops_per_token(get_model(row.model), row.seq_len) / peak
         assert mfu == pytest.approx(row.published_mfu, abs=1e-3), row.name
 
 
-def test_default_prediction_is_compute_at_the_default_mfu_when_communication_hides() -> None:
-    mfu = PerformanceAssumptions().model_flops_utilization
+def test_default_prediction_is_executed_flops_at_the_default_hfu_when_communication_hides() -> None:
+    hfu = PerformanceAssumptions().hardware_flops_utilization
     for row, comparison in zip(ROWS, TABLE):
         assert comparison.exposed_communication_s == 0.0, row.name
-        flops_per_token = 6 * active_parameters(get_model(row.model))
-        if row.activation_checkpointing is ActivationCheckpointing.full:
-            flops_per_token += 2 * active_parameters(get_model(row.model))
-        expected = mfu * get_gpu(row.gpu).peak_bf16_flops_per_s / flops_per_token
+        executed_per_token = step_flops(row.request()).executed_flops / row.tokens_per_step_per_gpu
+        expected = hfu * get_gpu(row.gpu).peak_bf16_flops_per_s / executed_per_token
         assert comparison.predicted_tokens_per_s_per_gpu == pytest.approx(expected, rel=1e-9), row.name
 
 
-def test_error_at_the_published_mfu_is_the_flop_accounting_alone() -> None:
-    # Nothing is exposed, so at the published MFU the planner is off exactly by the ratio of the
-    # FLOPs it executes to the FLOPs the MFU counts (to the rounding of the published MFU, 3 digits).
+def test_at_the_implied_hfu_the_planner_gives_back_the_published_throughput() -> None:
+    # Nothing is exposed, so at HFU = MFU x executed / model FLOPs the predicted step is the
+    # published one, to the rounding of the published MFU (3 digits): recomputation is charged
+    # once, not on top of an MFU that already excludes it.
     for comparison in TABLE:
-        assert comparison.with_published_mfu_error == pytest.approx(1 / comparison.flops_per_token_ratio - 1, abs=2e-3)
+        assert comparison.published_hfu == pytest.approx(comparison.published_mfu * comparison.flops_per_token_ratio)
+        assert comparison.with_published_mfu_error == pytest.approx(0.0, abs=2e-3), comparison.name
+
+
+def test_predicted_mfu_is_the_default_hfu_over_the_flop_ratio() -> None:
+    hfu = PerformanceAssumptions().hardware_flops_utilization
+    for comparison in TABLE:
+        assert comparison.predicted_mfu == pytest.approx(hfu / comparison.flops_per_token_ratio, rel=1e-9)
 
 
 def test_errors_are_predicted_over_published() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from zeroplan.core.communication import Phase, collectives
-from zeroplan.core.params import total_parameters
+from zeroplan.core.params import block_linear_weight_elements, total_parameters
 from zeroplan.core.plan import plan
 from zeroplan.core.timing import (
     collective_time_s, compute_flops, cpu_optimizer_bytes_per_element, cpu_optimizer_time_s, host_transfer_bytes,
@@ -74,17 +74,31 @@ def test_latency_term_counts_ring_steps_and_calls() -> None:
     assert collective_time_s(ring, all_reduce) == pytest.approx(all_reduce.calls * 30 * 1e-5, rel=1e-6)
 
 
-def test_compute_is_6_psi_tokens_and_8_with_full_recompute() -> None:
-    psi = total_parameters(get_model("llama-2-7b"))
+def test_compute_is_the_matmul_weights_times_6_plus_causal_flash_attention() -> None:
+    # Llama 2 7B: the blocks' linear weights and the output projection, 2 FLOPs each per token
+    # forward and 4 backward (the embedding lookup none); QK^T and AV 4*s*d*a per block forward,
+    # half of it causal, 3.5x for forward + flash backward; full recomputation adds the blocks'
+    # forward again.
+    model = get_model("llama-2-7b")
+    s, h, a, d, L = 4096, model.hidden_size, model.num_heads, model.head_size, model.num_layers
+    matmul_weights = L * block_linear_weight_elements(model) + model.vocab_size * h
+    attention = L * 4 * s * d * a / 2
     forward, backward = compute_flops(_request(StrategyKind.ddp, accum=2))
-    assert forward + backward == 6 * psi * 4096 * 2
+    assert forward == pytest.approx(2 * s * (2 * matmul_weights + attention), rel=1e-12)
+    assert forward + backward == pytest.approx(2 * s * (6 * matmul_weights + 3.5 * attention), rel=1e-12)
     forward, backward = compute_flops(_request(StrategyKind.ddp, activation_checkpointing=ActivationCheckpointing.full))
-    assert forward + backward == 8 * psi * 4096
+    recomputed = 2 * L * block_linear_weight_elements(model) + attention
+    assert forward + backward == pytest.approx(s * (6 * matmul_weights + 3.5 * attention + recomputed), rel=1e-12)
 
 
 def test_moe_compute_uses_active_parameters() -> None:
+    # Mixtral 8x7B: 12,879,925,248 active parameters, less the embedding (V h) and the norms
+    # ((2L + 1) h), are the matmul weights a token passes through (router included).
+    model = get_model("mixtral-8x7b")
+    h, L = model.hidden_size, model.num_layers
+    matmul_weights = 12_879_925_248 - model.vocab_size * h - (2 * L + 1) * h
     forward, _ = compute_flops(_request(StrategyKind.zero3, model="mixtral-8x7b"))
-    assert forward == 2 * 12_879_925_248 * 4096
+    assert forward == pytest.approx(4096 * (2 * matmul_weights + L * 4 * 4096 * model.head_size * model.num_heads / 2), rel=1e-12)
 
 
 def test_overlap_never_slower_and_exposed_bounded() -> None:

@@ -72,7 +72,7 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
         help="byte layout of model states (default: fsdp2 for DDP/FSDP, zero for ZeRO)",
     )
     parser.add_argument("--hsdp-group", type=positive_int, help="HSDP shard group size (default: GPUs per node)")
-    parser.add_argument("--mfu", type=positive_float, default=0.4, help="model FLOPs utilisation for compute time (default 0.4)")
+    add_efficiency_arguments(parser)
     add_collective_model_arguments(parser)
 
 
@@ -81,6 +81,21 @@ def add_fused_loss_argument(parser: argparse.ArgumentParser) -> None:
         "--fused-linear-cross-entropy", action="store_true",
         help="liger-kernel's fused linear cross-entropy instead of the logits (hf only: use_liger_kernel)",
     )
+
+
+DEFAULT_HFU = PerformanceAssumptions.model_fields["hardware_flops_utilization"].default
+
+
+def add_efficiency_arguments(parser: argparse.ArgumentParser) -> None:
+    """The rate compute runs at: a hardware FLOPs utilisation (docs/communication-time.md, "Compute")."""
+    parser.add_argument(
+        "--hfu", type=positive_float, default=DEFAULT_HFU,
+        help="hardware FLOPs utilisation: the fraction of peak bf16 FLOP/s at which the FLOPs the GPU executes "
+             f"(recomputation included) run (default {DEFAULT_HFU:g}); MFU is reported, not an input",
+    )
+    # The former --mfu timed executed FLOPs, so it was an HFU under another name; it is refused
+    # with a pointer rather than read under either meaning.
+    parser.add_argument("--mfu", type=positive_float, help=argparse.SUPPRESS)
 
 
 def add_collective_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -162,10 +177,15 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
     if args.hsdp_group is not None and cluster.world_size % args.hsdp_group:
         raise ZeroplanError("hsdp-group", f"{args.hsdp_group} does not divide the {cluster.world_size} GPUs")
     strategy = StrategySpec(kind=kind, shard_group_size=args.hsdp_group)
-    if args.mfu > 1:
-        raise ZeroplanError("mfu", f"must be in (0, 1], got {args.mfu}")
+    if args.mfu is not None:
+        raise ZeroplanError(
+            "mfu", "is no longer an input: give --hfu (executed FLOPs over peak; a published MFU converts as "
+            "HFU = MFU x executed / model FLOPs, docs/communication-time.md 'Compute'); MFU is in the output",
+        )
+    if args.hfu > 1:
+        raise ZeroplanError("hfu", f"must be in (0, 1], got {args.hfu}")
     performance = PerformanceAssumptions(
-        model_flops_utilization=args.mfu, algorithm=args.algorithm, bandwidth=args.bandwidth,
+        hardware_flops_utilization=args.hfu, algorithm=args.algorithm, bandwidth=args.bandwidth,
     )
     return PlanRequest(
         model=model, training=training, batch=batch, cluster=cluster, strategy=strategy, performance=performance

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from zeroplan.cli.parser import add_seq_len_arguments, bounded_int, choices_of, positive_float, positive_int
+from zeroplan.cli.parser import add_seq_len_arguments, bounded_int, choices_of, positive_int
 from zeroplan.specs import AttentionKernel, Framework, Optimizer, Precision
 
 MAX_TOP = 1000
@@ -13,7 +13,9 @@ MAX_TOP = 1000
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
-    from zeroplan.cli.fit import add_cluster_arguments, add_collective_model_arguments, add_fused_loss_argument
+    from zeroplan.cli.fit import (
+        add_cluster_arguments, add_collective_model_arguments, add_efficiency_arguments, add_fused_loss_argument,
+    )
 
     parser.add_argument("model", help="preset name (see `zeroplan models`) or a path to a Hugging Face config.json")
     parser.add_argument("--global-batch", type=positive_int, required=True,
@@ -28,7 +30,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     add_fused_loss_argument(parser)
     parser.add_argument("--attention", choices=choices_of(AttentionKernel), default=AttentionKernel.flash.value)
     parser.add_argument("--strategies", help="comma-separated subset of the strategies to search (default: all the framework runs)")
-    parser.add_argument("--mfu", type=positive_float, default=0.4, help="model FLOPs utilisation for compute time (default 0.4)")
+    add_efficiency_arguments(parser)
     add_collective_model_arguments(parser)
     parser.add_argument("--top", type=bounded_int(MAX_TOP), default=10, help=f"rows of the ranked table (default 10, at most {MAX_TOP})")
     parser.add_argument("--format", choices=["table", "json", "csv"], default="table")

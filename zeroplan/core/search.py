@@ -17,15 +17,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from zeroplan.core.communication import Phase, collectives
+from zeroplan.core.flops import step_flops
 from zeroplan.core.frameworks import check_framework_strategies, profile, usable_memory_bytes
 from zeroplan.core.plan import host_memory_fits, memory_breakdown, peak_moments, peak_terms
 from zeroplan.core.timing import (
     collective_time_s,
-    compute_flops,
+    compute_time_s,
     cpu_optimizer_time_s,
     exposed_communication_s,
     host_link_share_bytes_per_s,
     host_transfer_bytes,
+    model_flops_utilization,
     step_time,
 )
 from zeroplan.errors import ZeroplanError
@@ -62,6 +64,8 @@ class PlanCandidate(Frozen):
     """Predicted optimizer-step time with overlap (StepTime.step_with_overlap_s)."""
     tokens_per_s_per_gpu: float
     """micro_batch_size * grad_accum_steps * seq_len / step_time_s."""
+    model_flops_utilization: float
+    """Model FLOPs of the step over (step_time_s x peak bf16 FLOP/s) (StepTime.model_flops_utilization)."""
 
 
 class PlanSearchResult(Frozen):
@@ -103,6 +107,8 @@ class _Group:
     host_fits: dict[bool, bool] = field(default_factory=dict)
     forward_s_per_micro: float = 0.0
     backward_s_per_micro: float = 0.0
+    model_flops_per_micro: float = 0.0
+    """Model FLOPs (PaLM's MFU count) of one micro-batch of one sequence."""
     cpu_optimizer_s: float = 0.0
     """Offload's CPU optimizer step (zeroplan.core.timing.cpu_optimizer_time_s), per step."""
     phase_intercepts_s: np.ndarray | None = None
@@ -165,10 +171,9 @@ def _build_group(request: PlanRequest, phases: tuple[np.ndarray, np.ndarray] | N
         group.moment_slopes[accumulating] = two - one
         group.moment_intercepts[accumulating] = one - (two - one)
         group.host_fits[accumulating] = host_memory_fits(request, host_bytes) is not False
-    throughput = request.cluster.gpu.peak_bf16_flops_per_s * request.performance.model_flops_utilization
-    forward_flops, backward_flops = compute_flops(_at(request, 1, 1))
-    group.forward_s_per_micro = forward_flops / throughput
-    group.backward_s_per_micro = backward_flops / throughput
+    one_pass = step_flops(_at(request, 1, 1))
+    group.forward_s_per_micro, group.backward_s_per_micro = compute_time_s(one_pass, request)
+    group.model_flops_per_micro = one_pass.model_flops
     # Offload's CPU optimizer step: one per optimizer step, whatever the micro-batch.
     group.cpu_optimizer_s = cpu_optimizer_time_s(request)
     group.phase_intercepts_s, group.phase_slopes_s = phases if phases is not None else _phase_coefficients(request)
@@ -280,6 +285,9 @@ def _candidate(group: _Group, micro: int, accum: int, peak: int, seconds: float)
         shard_group_size=r.shard_group_size, micro_batch_size=micro, grad_accum_steps=accum,
         peak_bytes=peak, usable_memory_bytes=group.usable_bytes, step_time_s=seconds,
         tokens_per_s_per_gpu=micro * accum * r.batch.seq_len / seconds,
+        model_flops_utilization=model_flops_utilization(
+            group.model_flops_per_micro * micro * accum, seconds, r.cluster.gpu.peak_bf16_flops_per_s,
+        ),
     )
 
 

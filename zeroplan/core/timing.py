@@ -5,19 +5,15 @@ from __future__ import annotations
 
 from zeroplan.core.algorithms import CollectiveTime, collective_cost
 from zeroplan.core.communication import Collective, Phase
+from zeroplan.core.flops import StepFlops, step_flops
 from zeroplan.core.layout import element_bytes
 from zeroplan.core.model_states import held_elements, shard_layout
 from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise
-from zeroplan.core.params import active_parameters, parameter_units
+from zeroplan.core.params import parameter_units
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.hardware import HostSpec
 from zeroplan.specs.request import PlanRequest
-from zeroplan.specs.training import ActivationCheckpointing, Optimizer
-
-# Kaplan et al. 2020 sec. 2.1 / Narayanan et al. 2021 sec. 5.1: 2 FLOPs per parameter per token
-# forward, 4 backward; full recomputation runs the forward again (Korthikanti et al. sec. 5).
-FORWARD_FLOPS_PER_PARAMETER_TOKEN = 2
-BACKWARD_FLOPS_PER_PARAMETER_TOKEN = 4
+from zeroplan.specs.training import Optimizer
 
 
 class StepTime(Frozen):
@@ -41,6 +37,15 @@ class StepTime(Frozen):
     """Compute + exposed communication + CPU optimizer step."""
     collective_times: tuple[CollectiveTime, ...] = ()
     """Per collective of the step: its seconds and the NCCL algorithm it runs on."""
+    executed_flops: float
+    """FLOPs the GPU executes in the step (forward, backward, recomputation; zeroplan.core.flops)."""
+    model_flops: float
+    """FLOPs the step counts under PaLM's MFU convention (6N + 12 L a d s per token)."""
+    tokens_per_s_per_gpu: float
+    """Tokens of the step (micro-batch x accumulation x sequence) over step_with_overlap_s."""
+    model_flops_utilization: float
+    """model_flops / (step_with_overlap_s x peak bf16 FLOP/s): MFU, a fraction, communication
+    and host time included."""
 
     @property
     def pcie_s(self) -> float:
@@ -134,20 +139,28 @@ def host_link_share_bytes_per_s(request: PlanRequest) -> float:
 
 
 def compute_flops(request: PlanRequest) -> tuple[float, float]:
-    """(forward, backward) FLOPs of one GPU's optimizer step."""
-    tokens = request.batch.micro_batch_size * request.batch.seq_len * request.batch.grad_accum_steps
-    parameters = active_parameters(request.model)
-    forward = FORWARD_FLOPS_PER_PARAMETER_TOKEN * parameters * tokens
-    backward = BACKWARD_FLOPS_PER_PARAMETER_TOKEN * parameters * tokens
-    training = request.training
-    if training.activation_checkpointing is ActivationCheckpointing.full:
-        backward += forward
-    elif training.activation_checkpointing is ActivationCheckpointing.selective_layer:
-        # torchtune 0.6.1 training/activations.py: blocks k, 2k, ... (floor(L/k) of the L) are
-        # recomputed; their share of the forward is taken as floor(L/k)/L of it.
-        num_layers = request.model.num_layers
-        backward += forward * (num_layers // training.selective_layer_interval) / num_layers
-    return forward, backward
+    """(forward, backward) FLOPs the GPU executes in one optimizer step (zeroplan.core.flops)."""
+    flops = step_flops(request)
+    return flops.forward_flops, flops.backward_flops
+
+
+def executed_flops_per_s(request: PlanRequest) -> float:
+    """Peak bf16 FLOP/s times the hardware FLOPs utilisation: the rate executed FLOPs run at."""
+    return request.cluster.gpu.peak_bf16_flops_per_s * request.performance.hardware_flops_utilization
+
+
+# docs/communication-time.md, "Compute": t = executed FLOPs / (peak x HFU); the plan search
+# times its groups through this same function.
+def compute_time_s(flops: StepFlops, request: PlanRequest) -> tuple[float, float]:
+    """(forward, backward) seconds of compute: executed FLOPs over executed_flops_per_s."""
+    rate = executed_flops_per_s(request)
+    return flops.forward_flops / rate, flops.backward_flops / rate
+
+
+# PaLM (Chowdhery et al. 2022), Appendix B: MFU = model FLOPs per second achieved / peak.
+def model_flops_utilization(model_flops: float, step_s: float, peak_flops_per_s: float) -> float:
+    """Model FLOPs over (step seconds x peak FLOP/s)."""
+    return model_flops / (step_s * peak_flops_per_s)
 
 
 def exposed_communication_s(forward_s, backward_s, collective_s, host_s, maximum=max):
@@ -166,9 +179,8 @@ def exposed_communication_s(forward_s, backward_s, collective_s, host_s, maximum
 
 
 def step_time(request: PlanRequest, collectives: tuple[Collective, ...]) -> StepTime:
-    throughput = request.cluster.gpu.peak_bf16_flops_per_s * request.performance.model_flops_utilization
-    forward_flops, backward_flops = compute_flops(request)
-    forward_s, backward_s = forward_flops / throughput, backward_flops / throughput
+    flops = step_flops(request)
+    forward_s, backward_s = compute_time_s(flops, request)
     by_phase = {phase: 0.0 for phase in Phase}
     costs = tuple(collective_cost(request, collective) for collective in collectives)
     for cost in costs:
@@ -185,6 +197,9 @@ def step_time(request: PlanRequest, collectives: tuple[Collective, ...]) -> Step
     # (DeepSpeed's default; its delayed parameter update, ZeRO-Offload sec. 5.2, is opt-in and
     # not modelled), so cpu_s adds to the step in full.
     exposed = exposed_communication_s(forward_s, backward_s, by_phase, host_by_phase)
+    step_s = forward_s + backward_s + exposed + cpu_s
+    batch = request.batch
+    tokens = batch.micro_batch_size * batch.grad_accum_steps * batch.seq_len
     return StepTime(
         forward_compute_s=forward_s,
         backward_compute_s=backward_s,
@@ -193,6 +208,10 @@ def step_time(request: PlanRequest, collectives: tuple[Collective, ...]) -> Step
         cpu_optimizer_s=cpu_s,
         exposed_communication_s=exposed,
         step_without_overlap_s=forward_s + backward_s + communication_s + host_s + cpu_s,
-        step_with_overlap_s=forward_s + backward_s + exposed + cpu_s,
+        step_with_overlap_s=step_s,
         collective_times=costs,
+        executed_flops=flops.executed_flops,
+        model_flops=flops.model_flops,
+        tokens_per_s_per_gpu=tokens / step_s,
+        model_flops_utilization=model_flops_utilization(flops.model_flops, step_s, request.cluster.gpu.peak_bf16_flops_per_s),
     )

@@ -36,6 +36,8 @@ def _row(plan: StrategyPlan, num_parameters: int) -> list[str]:
         f"{t.exposed_communication_s:.3f}",
         f"{t.step_with_overlap_s:.3f}",
         f"{t.step_without_overlap_s:.3f}",
+        f"{t.tokens_per_s_per_gpu:,.0f}",
+        f"{t.model_flops_utilization:.3f}",
         "yes" if plan.fits else "no",
         nccl_algorithms(plan),
     ]
@@ -45,6 +47,12 @@ def _nics(report: FitReport) -> str:
     """The node's NICs, which a ring spanning nodes shares (zeroplan/core/network.py)."""
     nics, nic_bytes_per_s = node_nics(report.cluster.gpu, report.cluster.gpus_per_node)
     return f" (node: {nics} x {nic_bytes_per_s / 1e9:g} GB/s NICs)"
+
+
+def _hfu(report: FitReport) -> float:
+    """The hardware FLOPs utilisation compute was timed at: executed FLOPs / (compute s x peak)."""
+    t = report.plans[0].time
+    return t.executed_flops / (t.compute_s * report.cluster.gpu.peak_bf16_flops_per_s)
 
 
 def render_compare_table(report: FitReport) -> str:
@@ -62,9 +70,11 @@ def render_compare_table(report: FitReport) -> str:
         "nccl = the algorithm NCCL's tuning model picks for each collective (AR all-reduce, AG all-gather, RS reduce-scatter, "
         "BC broadcast; a+b: calls of different sizes differ); * = at a published or calibrated nccl-tests busbw "
         "(docs/gpus.md), else at the datasheet link rates.",
+        f"compute = executed FLOPs (recomputation included) at HFU {_hfu(report):.2g} of peak bf16 FLOP/s; "
+        "MFU = model FLOPs (6N + attention, PaLM App. B) / (step x peak); tok/s/GPU = tokens / step.",
         "",
     ]
-    names = ["strategy", "volume", "sent", "comm", "host", "cpu-step", "compute", "exposed", "step", "no-overlap", "fits", "nccl"]
+    names = ["strategy", "volume", "sent", "comm", "host", "cpu-step", "compute", "exposed", "step", "no-overlap", "tok/s/GPU", "MFU", "fits", "nccl"]
     rows = [_row(p, report.num_parameters) for p in report.plans]
     widths = [max(len(names[i]), *(len(r[i]) for r in rows)) for i in range(len(names))]
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 from zeroplan.core.search import PlanCandidate, PlanSearchResult
 from zeroplan.units import GiB
 
-_NAMES = ("#", "strategy", "AC", "shard", "micro", "accum", "peak GiB", "step s", "tokens/s/GPU")
+_NAMES = ("#", "strategy", "AC", "shard", "micro", "accum", "peak GiB", "step s", "tokens/s/GPU", "MFU")
 
 
 def _row(rank: int, c: PlanCandidate) -> list[str]:
     return [
         str(rank), c.strategy.value, c.activation_checkpointing.value, str(c.shard_group_size),
         str(c.micro_batch_size), str(c.grad_accum_steps), f"{c.peak_bytes / GiB:.1f}",
-        f"{c.step_time_s:.3f}", f"{c.tokens_per_s_per_gpu:,.0f}",
+        f"{c.step_time_s:.3f}", f"{c.tokens_per_s_per_gpu:,.0f}", f"{c.model_flops_utilization:.3f}",
     ]
 
 
@@ -36,7 +36,7 @@ def render_search(result: PlanSearchResult) -> str:
         "",
     ]
     if result.ranked:
-        lines += ["Fastest that fit (step time with overlap, docs/communication-time.md):", *_table(result.ranked), ""]
+        lines += ["Fastest that fit (step time with overlap; MFU = model FLOPs / (step x peak), docs/communication-time.md):", *_table(result.ranked), ""]
         lines += ["Pareto front (no other fits in less memory and runs faster):", *_table(result.pareto), ""]
     lines.append(result.explanation)
     return "\n".join(lines)

@@ -49,9 +49,13 @@ class MemoryAssumptions(Frozen):
 class PerformanceAssumptions(Frozen):
     """Named assumptions of the step-time model (docs/communication-time.md)."""
 
-    model_flops_utilization: float = Field(default=0.4, gt=0.0, le=1.0)
-    """Fraction of the GPU's peak bf16 throughput the forward and backward passes achieve
-    (MFU; PaLM, Chowdhery et al. 2022, sec. 4.1 and Appendix B, reports 46% for PaLM 540B)."""
+    hardware_flops_utilization: float = Field(default=0.4, gt=0.0, le=1.0)
+    """Fraction of the GPU's peak bf16 throughput at which the FLOPs the GPU executes run
+    (zeroplan.core.flops: recomputation and causal attention as the kernels run them): HFU in
+    PaLM's terms (Chowdhery et al. 2022, Appendix B). Compute time = executed FLOPs / (peak x
+    this). A published MFU converts to it with
+    zeroplan.core.flops.hardware_utilization_from_model_utilization. 0.4 is a round figure, not
+    fitted (docs/communication-time.md, "Compute")."""
     algorithm: str = Field(default="auto", pattern="^(auto|ring|tree|nvls|nvls_tree|collnet)$")
     """NCCL algorithm of each collective call: 'auto' = the one NCCL's tuning model predicts
     fastest (zeroplan/core/algorithms.py); a name forces it wherever NCCL offers it for that

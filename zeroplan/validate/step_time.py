@@ -2,7 +2,8 @@
 
 Torch-free: the published rows are data (data/published_throughput.json), each with its source;
 each row becomes a PlanRequest and the planner's step time is compared with the published
-tokens/s/GPU, once under the planner's default MFU and once under the row's published MFU."""
+tokens/s/GPU, once under the planner's default hardware FLOPs utilisation (HFU) and once at the
+HFU the row's published MFU implies for the FLOPs the planner executes."""
 
 from __future__ import annotations
 
@@ -11,9 +12,8 @@ from pathlib import Path
 
 from pydantic import Field, ValidationError
 
-from zeroplan.core.params import total_parameters
+from zeroplan.core.flops import hardware_utilization_from_model_utilization, step_flops
 from zeroplan.core.plan import plan
-from zeroplan.core.timing import compute_flops
 from zeroplan.errors import ZeroplanError
 from zeroplan.presets.gpus import get_gpu
 from zeroplan.presets.models import get_model
@@ -23,7 +23,6 @@ from zeroplan.specs import (
 )
 from zeroplan.specs.base import Frozen, first_error
 from zeroplan.specs.framework import Framework
-from zeroplan.specs.model import ModelSpec
 
 PUBLISHED_THROUGHPUT_FILE = Path(__file__).resolve().parent / "data" / "published_throughput.json"
 
@@ -66,11 +65,11 @@ class PublishedThroughput(Frozen):
     published_mfu: float | None = Field(default=None, gt=0, le=1)
     """The source's MFU, under the source's own FLOP count (None where not published)."""
 
-    def request(self, model_flops_utilization: float | None = None) -> PlanRequest:
-        """The planner request for this run; the planner's default MFU unless one is given."""
+    def request(self, hardware_flops_utilization: float | None = None) -> PlanRequest:
+        """The planner request for this run; the planner's default HFU unless one is given."""
         performance = PerformanceAssumptions()
-        if model_flops_utilization is not None:
-            performance = PerformanceAssumptions(model_flops_utilization=model_flops_utilization)
+        if hardware_flops_utilization is not None:
+            performance = PerformanceAssumptions(hardware_flops_utilization=hardware_flops_utilization)
         return PlanRequest(
             model=get_model(self.model),
             training=TrainingSpec(
@@ -113,21 +112,26 @@ class StepTimeComparison(Frozen):
     published_tokens_per_s_per_gpu: float
     """The source's throughput."""
     predicted_step_s: float
-    """step_with_overlap_s under the planner's default MFU."""
+    """step_with_overlap_s under the planner's default HFU."""
     predicted_tokens_per_s_per_gpu: float
     """Tokens per step per GPU over predicted_step_s."""
+    predicted_mfu: float
+    """The planner's MFU at its default HFU (StepTime.model_flops_utilization)."""
     published_mfu: float | None
     """The source's MFU."""
+    published_hfu: float | None
+    """The HFU the published MFU implies for the planner's executed FLOPs
+    (hardware_utilization_from_model_utilization)."""
     with_published_mfu_step_s: float | None
-    """step_with_overlap_s with the planner's MFU set to the published one."""
+    """step_with_overlap_s with the planner's HFU set to published_hfu."""
     with_published_mfu_tokens_per_s_per_gpu: float | None
     """Tokens per step per GPU over with_published_mfu_step_s."""
     communication_s: float
     """All collectives of the step back to back (the planner's alpha-beta model)."""
     exposed_communication_s: float
-    """Communication the planner says the compute does not hide (default MFU)."""
+    """Communication the planner says the compute does not hide (default HFU)."""
     flops_per_token_ratio: float
-    """Planner's executed FLOPs per token over the source's counted FLOPs per token."""
+    """Planner's executed FLOPs per token over the model FLOPs per token the source's MFU counts."""
 
     @property
     def tokens_per_s_error(self) -> float:
@@ -150,26 +154,20 @@ def load_published_throughput(path: Path = PUBLISHED_THROUGHPUT_FILE) -> Publish
         raise ZeroplanError(str(path), f"cannot read published throughput: {error}") from None
 
 
-# The FLOP count behind the published MFU: 6 FLOPs per parameter per token plus the attention
-# matmuls, 12 * L * H * Q * T (L layers, H heads, Q head size, T sequence length; PaLM, Chowdhery
-# et al. 2022, Appendix B), recomputation not counted. torchtitan's get_num_flop_per_token has
-# this form; at the commit the rows come from, N is every parameter (embeddings included): with
-# it, each row's WPS x FLOPs / 312 TFLOP/s gives back its published MFU (tests/test_step_time_accuracy.py).
-def source_flops_per_token(model: ModelSpec, seq_len: int) -> int:
-    """Model FLOPs per token as the published MFU counts them."""
-    head_dim = model.hidden_size // model.num_heads
-    return 6 * total_parameters(model) + 12 * model.num_layers * model.num_heads * head_dim * seq_len
-
-
+# The published MFU counts model FLOPs as PaLM's Appendix B does (6N + 12 L H Q T per token,
+# zeroplan.core.flops.model_flops_per_token); torchtitan's get_num_flop_per_token has this form
+# and, at the commit the rows come from, N is every parameter (embeddings included): with it,
+# each row's WPS x FLOPs / 312 TFLOP/s gives back its published MFU (tests/test_step_time_accuracy.py).
 def compare_step_time(row: PublishedThroughput) -> StepTimeComparison:
     """The planner's step time for ``row``'s setup beside the published throughput."""
     tokens = row.tokens_per_step_per_gpu
     request = row.request()
     predicted = plan(request)
-    executed_flops = sum(compute_flops(request))
-    with_mfu_step_s = with_mfu_tokens = None
+    flops = step_flops(request)
+    hfu = with_mfu_step_s = with_mfu_tokens = None
     if row.published_mfu is not None:
-        with_mfu_step_s = plan(row.request(row.published_mfu)).time.step_with_overlap_s
+        hfu = hardware_utilization_from_model_utilization(row.published_mfu, flops)
+        with_mfu_step_s = plan(row.request(hfu)).time.step_with_overlap_s
         with_mfu_tokens = tokens / with_mfu_step_s
     return StepTimeComparison(
         name=row.name,
@@ -178,13 +176,15 @@ def compare_step_time(row: PublishedThroughput) -> StepTimeComparison:
         published_step_s=tokens / row.published_tokens_per_s_per_gpu,
         published_tokens_per_s_per_gpu=row.published_tokens_per_s_per_gpu,
         predicted_step_s=predicted.time.step_with_overlap_s,
-        predicted_tokens_per_s_per_gpu=tokens / predicted.time.step_with_overlap_s,
+        predicted_tokens_per_s_per_gpu=predicted.time.tokens_per_s_per_gpu,
+        predicted_mfu=predicted.time.model_flops_utilization,
         published_mfu=row.published_mfu,
+        published_hfu=hfu,
         with_published_mfu_step_s=with_mfu_step_s,
         with_published_mfu_tokens_per_s_per_gpu=with_mfu_tokens,
         communication_s=predicted.time.communication_s,
         exposed_communication_s=predicted.time.exposed_communication_s,
-        flops_per_token_ratio=executed_flops / tokens / source_flops_per_token(request.model, row.seq_len),
+        flops_per_token_ratio=flops.executed_flops / flops.model_flops,
     )
 
 

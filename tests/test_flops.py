@@ -1,0 +1,112 @@
+"""Executed and model FLOPs from the matmul shapes (zeroplan/core/flops.py), checked against a
+tiny model whose every count is derived by hand below."""
+
+from __future__ import annotations
+
+import pytest
+
+from zeroplan.core.flops import (
+    StepFlops, hardware_utilization_from_model_utilization, model_flops_per_token, step_flops,
+)
+from zeroplan.core.params import total_parameters
+from zeroplan.core.timing import compute_time_s, step_time
+from zeroplan.presets.gpus import get_gpu
+from zeroplan.specs import (
+    ActivationCheckpointing, AttentionKernel, BatchSpec, PerformanceAssumptions, PlanRequest, StrategyKind,
+    StrategySpec, TrainingSpec, cluster_from_gpus,
+)
+from zeroplan.specs.model import ModelSpec
+
+# h = 8, a = 2 query heads of d = 4, one key/value head (kv width 4), f = 16 (SwiGLU), L = 2,
+# V = 10, untied head; s = 6.
+TINY = ModelSpec(name="tiny", vocab_size=10, hidden_size=8, num_layers=2, num_heads=2, num_kv_heads=1,
+                 ffn_hidden_size=16, max_positions=6)
+S = 6
+# One block's linears per token: 2 * (h*q + 2*h*kv + q*h + 3*h*f) = 2 * (64 + 64 + 64 + 384) = 1152.
+BLOCK = 1152
+# Output projection: 2 * h * V = 160. The embedding lookup: 0.
+HEAD = 160
+# QK^T and AV per block per token: 2 * (2 * s * d) * a = 4 * 6 * 4 * 2 = 192; causal flash: 96.
+ATTENTION, CAUSAL = 192, 96
+
+
+def _request(checkpointing=ActivationCheckpointing.none, kernel=AttentionKernel.flash, micro=1, accum=1):
+    return PlanRequest(
+        model=TINY,
+        training=TrainingSpec(activation_checkpointing=checkpointing, attention_kernel=kernel),
+        batch=BatchSpec(micro_batch_size=micro, seq_len=S, grad_accum_steps=accum),
+        cluster=cluster_from_gpus(get_gpu("h100-80gb"), 1),
+        strategy=StrategySpec(kind=StrategyKind.ddp),
+    )
+
+
+def _per_token(flops: StepFlops) -> StepFlops:
+    """The step's FLOPs over its S tokens (one sequence, one micro-batch)."""
+    return StepFlops(**{name: value / S for name, value in flops.model_dump().items()})
+
+
+def test_tiny_model_parameters_are_the_hand_count() -> None:
+    # embedding 80; block: norms 16, q 64, k 32, v 32, o 64, MLP 384 = 592, twice; head: norm 8 + 80.
+    assert total_parameters(TINY) == 80 + 2 * 592 + 88 == 1352
+
+
+def test_flash_forward_and_backward_per_token_by_hand() -> None:
+    flops = _per_token(step_flops(_request()))
+    # Forward: L*(block + causal attention) + head = 2*(1152 + 96) + 160 = 2656.
+    assert flops.forward_flops == 2 * (BLOCK + CAUSAL) + HEAD == 2656
+    # Backward: 2x the linears, 2.5x flash attention: 2*(2*1152 + 160) + 2.5*2*96 = 5408.
+    assert flops.backward_flops == 2 * (2 * BLOCK + HEAD) + 2.5 * 2 * CAUSAL == 5408
+    assert flops.recompute_flops == 0
+
+
+def test_eager_attention_computes_the_whole_score_matrix() -> None:
+    flops = _per_token(step_flops(_request(kernel=AttentionKernel.eager)))
+    assert flops.forward_flops == 2 * (BLOCK + ATTENTION) + HEAD
+    assert flops.backward_flops == 2 * (2 * BLOCK + HEAD) + 2 * 2 * ATTENTION
+
+
+@pytest.mark.parametrize(("mode", "recomputed"), [
+    (ActivationCheckpointing.full, 2 * (BLOCK + CAUSAL)),  # each block's forward, never the head
+    (ActivationCheckpointing.selective, 2 * CAUSAL),  # the attention core
+    (ActivationCheckpointing.selective_layer, 1 * (BLOCK + CAUSAL)),  # floor(2/2) = 1 block
+    (ActivationCheckpointing.selective_op, 2 * 2 * (8 * 8 + 8 * 16)),  # wo (q x h) and w3 (h x f)
+])
+def test_recomputation_is_what_each_policy_runs_again(mode, recomputed) -> None:
+    flops = _per_token(step_flops(_request(mode)))
+    assert flops.recompute_flops == recomputed
+    assert flops.backward_flops == 5408 + recomputed
+    assert flops.forward_flops == 2656
+
+
+def test_model_flops_are_palm_appendix_b() -> None:
+    # 6N + 12 L a d s = 6 * 1352 + 12 * 2 * 2 * 4 * 6 = 8112 + 1152, whatever the policy or kernel.
+    assert model_flops_per_token(TINY, S) == 9264
+    for mode in ActivationCheckpointing:
+        assert step_flops(_request(mode, micro=3, accum=2)).model_flops == 9264 * S * 6
+
+
+def test_flops_scale_with_tokens() -> None:
+    one, many = step_flops(_request(micro=3, accum=2)), step_flops(_request())
+    assert one.executed_flops == pytest.approx(6 * S * many.executed_flops / S)
+
+
+def test_published_mfu_converts_to_the_hfu_that_gives_the_same_compute_time() -> None:
+    for mode in ActivationCheckpointing:
+        request = _request(mode)
+        flops = step_flops(request)
+        hfu = hardware_utilization_from_model_utilization(0.5, flops)
+        timed = request.model_copy(update={"performance": PerformanceAssumptions(hardware_flops_utilization=hfu)})
+        forward_s, backward_s = compute_time_s(flops, timed)
+        peak = request.cluster.gpu.peak_bf16_flops_per_s
+        assert forward_s + backward_s == pytest.approx(flops.model_flops / (0.5 * peak), rel=1e-12)
+
+
+def test_step_time_reports_throughput_and_mfu() -> None:
+    request = _request(ActivationCheckpointing.full, micro=2, accum=3)
+    t = step_time(request, ())
+    peak = request.cluster.gpu.peak_bf16_flops_per_s
+    assert t.compute_s == pytest.approx(t.executed_flops / (peak * PerformanceAssumptions().hardware_flops_utilization))
+    assert t.tokens_per_s_per_gpu == pytest.approx(2 * 3 * S / t.step_with_overlap_s)
+    assert t.model_flops_utilization == pytest.approx(t.model_flops / (t.step_with_overlap_s * peak))
+    # Full recomputation executes more than the model FLOPs count, so MFU falls below the HFU.
+    assert t.model_flops_utilization < PerformanceAssumptions().hardware_flops_utilization

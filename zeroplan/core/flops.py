@@ -1,0 +1,159 @@
+"""FLOPs of one training step: what the GPU executes (the compute time's numerator) and what
+model FLOPs utilisation counts (PaLM's convention). docs/communication-time.md, "Compute".
+
+Per token and in the symbols of Korthikanti et al. (2022): h width, a query heads, d head
+size, L blocks, s sequence length, V vocabulary. A matmul of an (m x k) by a (k x n) matrix is
+2mkn FLOPs; elementwise ops (norms, activations, softmax, RoPE, biases) are not counted.
+"""
+
+from __future__ import annotations
+
+from zeroplan.core.params import active_parameters
+from zeroplan.specs.base import Frozen
+from zeroplan.specs.model import ModelSpec
+from zeroplan.specs.request import PlanRequest
+from zeroplan.specs.training import ActivationCheckpointing, AttentionKernel, TrainingSpec
+
+MATMUL_FLOPS_PER_MULTIPLY_ADD = 2
+"""A multiply-add is two FLOPs (Kaplan et al. 2020, sec. 2.1)."""
+BACKWARD_MATMULS_PER_FORWARD_MATMUL = 2
+"""A linear layer's backward is two matmuls of its forward's size, for the input's and for the
+weight's gradient (Narayanan et al. 2021, sec. 5.1: backward = 2x forward)."""
+CAUSAL_EXECUTED_FRACTION = 0.5
+"""Share of the s x s score blocks a causal flash kernel computes: FlashAttention-2 (Dao 2023,
+sec. 3.1.1, "Causal masking") skips every block whose columns all lie above the diagonal, and
+its FLOP count (sec. 4.1; flash-attention benchmarks/benchmark_flash_attention.py, flops())
+divides by 2 for that; the diagonal blocks it does compute add about block/(2s) more
+(1.6 % at s = 4096 with 128-wide blocks), not counted."""
+FLASH_BACKWARD_OVER_FORWARD = 2.5
+"""FlashAttention-2 (Dao 2023, sec. 4.1; benchmark_flash_attention.py, flops(mode="bwd")): the
+backward runs 5 matmuls of the forward's size against the forward's 2 (it recomputes QK^T
+from Q, K and the log-sum-exp), so 2.5x."""
+
+
+class StepFlops(Frozen):
+    """FLOPs of one optimizer step on one GPU."""
+
+    forward_flops: float
+    """Executed by the forward passes of all micro-batches (recomputation excluded)."""
+    backward_flops: float
+    """Executed by the backward passes, recomputed forward work included."""
+    recompute_flops: float
+    """Of backward_flops, the recomputed forward work the checkpointing policy adds."""
+    model_flops: float
+    """What model FLOPs utilisation counts (PaLM, Appendix B): 6N + 12 L a d s per token."""
+
+    @property
+    def executed_flops(self) -> float:
+        return self.forward_flops + self.backward_flops
+
+
+# Kaplan et al. 2020, sec. 2.1: a linear layer is 2 FLOPs per weight per token. One block's
+# linear weights (q, k, v, o, the MLP's matrices; a mixture of experts' router and the k experts
+# a token is routed to, Fedus et al. 2022, sec. 2) over the 2 FLOPs.
+def block_linear_forward_flops_per_token(model: ModelSpec) -> int:
+    """Forward FLOPs per token of one block's linear layers (attention's own matmuls excluded)."""
+    h, f, k = model.hidden_size, model.ffn_hidden_size, model.experts_per_token
+    attention = h * (model.q_size + 2 * model.kv_size) + model.q_size * h
+    mlp = (3 if model.mlp.gated else 2) * h * f * k
+    router = h * model.num_experts if model.is_moe else 0
+    return MATMUL_FLOPS_PER_MULTIPLY_ADD * (attention + mlp + router)
+
+
+# The output projection is a (tokens x h) by (h x V) matmul, tied or not; the input embedding
+# is a row lookup and executes no FLOPs.
+def head_forward_flops_per_token(model: ModelSpec) -> int:
+    """Forward FLOPs per token of the output projection (the logits)."""
+    return MATMUL_FLOPS_PER_MULTIPLY_ADD * model.hidden_size * model.vocab_size
+
+
+# Attention's own matmuls per query head per token: the scores q k^T against s keys (2 s d)
+# and the weighted sum of s values (2 s d), so 4 s d a per block (PaLM, Appendix B, counts the
+# same 4 per forward inside its 12 L H Q T). A causal kernel computes about half
+# (CAUSAL_EXECUTED_FRACTION); eager attention computes the full s x s matrix and masks it.
+def attention_forward_flops_per_token(model: ModelSpec, seq_len: int, causal_fraction: float = 1.0) -> float:
+    """Forward FLOPs per token of one block's QK^T and AV matmuls."""
+    per_head = 2 * MATMUL_FLOPS_PER_MULTIPLY_ADD * seq_len * model.head_size
+    return causal_fraction * per_head * model.num_heads
+
+
+# FlashAttention-2 (Dao 2023), sec. 3.1.1: a flash kernel skips the fully masked blocks; an
+# eager softmax(QK^T)V computes every score and masks afterwards.
+def executed_causal_fraction(kernel: AttentionKernel) -> float:
+    """Share of the score matrix the kernel computes (the models here are all decoders, causal)."""
+    return CAUSAL_EXECUTED_FRACTION if kernel is AttentionKernel.flash else 1.0
+
+
+# Backward of QK^T and AV: eager attention runs 4 matmuls of the forward's size (dV, dP, dQ,
+# dK) against the forward's 2, so 2x; flash attention also recomputes QK^T (2.5x).
+def attention_backward_over_forward(kernel: AttentionKernel) -> float:
+    return FLASH_BACKWARD_OVER_FORWARD if kernel is AttentionKernel.flash else BACKWARD_MATMULS_PER_FORWARD_MATMUL
+
+
+# PaLM (Chowdhery et al. 2022), Appendix B: model FLOPs per token 6N + 12 L H Q T (H heads of
+# size Q, T the sequence), non-causal and without recomputation; N are the parameters a token
+# passes through (all of a dense model's, embeddings included, as torchtitan's
+# get_num_flop_per_token uses it: docs/validation.md, "Step time").
+def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """FLOPs per token that model FLOPs utilisation (MFU) counts."""
+    forward_backward = 1 + BACKWARD_MATMULS_PER_FORWARD_MATMUL
+    return forward_backward * (
+        MATMUL_FLOPS_PER_MULTIPLY_ADD * active_parameters(model)
+        + model.num_layers * attention_forward_flops_per_token(model, seq_len)
+    )
+
+
+# torchtitan 0.3.0 torchtitan/distributed/activation_checkpoint.py (op-level selective AC)
+# keeps the outputs of every odd-numbered mm of a block and of SDPA and recomputes the rest;
+# with torchtitan's fused QKV the block's mms run wqkv, wo, w1, w3, w2
+# (zeroplan.core.frameworks.llama_block_mm_widths), so wo (a d x h) and w3 (h x f, per routed
+# expert) run again. A two-matrix MLP (fc1, fc2) recomputes fc2 (f x h) instead.
+def selective_op_recompute_flops_per_token(model: ModelSpec) -> int:
+    """Forward FLOPs per token per block that op-level selective checkpointing recomputes."""
+    h, f, k = model.hidden_size, model.ffn_hidden_size, model.experts_per_token
+    return MATMUL_FLOPS_PER_MULTIPLY_ADD * (model.q_size * h + h * f * k)
+
+
+# What each policy runs again in backward, per token, over all L blocks (activation
+# checkpointing wraps the blocks, never the embedding or the output projection):
+# full: each block's forward (Korthikanti et al. 2022, sec. 5); selective: the attention core,
+# QK^T and AV (sec. 5); selective-layer: the floor(L/k) checkpointed blocks' forward (torchtune
+# 0.6.1 training/activations.py); selective-op: the mms above.
+def recompute_flops_per_token(model: ModelSpec, training: TrainingSpec, seq_len: int) -> float:
+    """Forward FLOPs per token the checkpointing policy executes again during backward."""
+    mode = training.activation_checkpointing
+    attention = attention_forward_flops_per_token(model, seq_len, executed_causal_fraction(training.attention_kernel))
+    block = block_linear_forward_flops_per_token(model) + attention
+    if mode is ActivationCheckpointing.full:
+        return model.num_layers * block
+    if mode is ActivationCheckpointing.selective:
+        return model.num_layers * attention
+    if mode is ActivationCheckpointing.selective_layer:
+        return (model.num_layers // training.selective_layer_interval) * block
+    if mode is ActivationCheckpointing.selective_op:
+        return model.num_layers * selective_op_recompute_flops_per_token(model)
+    return 0.0
+
+
+def step_flops(request: PlanRequest) -> StepFlops:
+    """Executed and model FLOPs of one GPU's optimizer step."""
+    model, training, batch = request.model, request.training, request.batch
+    tokens = batch.micro_batch_size * batch.seq_len * batch.grad_accum_steps
+    kernel = training.attention_kernel
+    linear = model.num_layers * block_linear_forward_flops_per_token(model) + head_forward_flops_per_token(model)
+    attention = model.num_layers * attention_forward_flops_per_token(model, batch.seq_len, executed_causal_fraction(kernel))
+    recompute = recompute_flops_per_token(model, training, batch.seq_len)
+    backward = BACKWARD_MATMULS_PER_FORWARD_MATMUL * linear + attention_backward_over_forward(kernel) * attention
+    return StepFlops(
+        forward_flops=tokens * (linear + attention),
+        backward_flops=tokens * (backward + recompute),
+        recompute_flops=tokens * recompute,
+        model_flops=tokens * model_flops_per_token(model, batch.seq_len),
+    )
+
+
+# The published MFU and the hardware FLOPs utilisation the planner times compute with count
+# the same seconds: MFU * model FLOPs = HFU * executed FLOPs (PaLM, Appendix B, defines both).
+def hardware_utilization_from_model_utilization(model_flops_utilization: float, flops: StepFlops) -> float:
+    """HFU = MFU x executed FLOPs / model FLOPs for the same step."""
+    return model_flops_utilization * flops.executed_flops / flops.model_flops
