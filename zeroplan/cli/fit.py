@@ -65,6 +65,7 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
         "--activation-offloading", action="store_true",
         help="move saved activations to host memory (torchtune's enable_activation_offloading)",
     )
+    add_fused_loss_argument(parser)
     parser.add_argument("--attention", choices=choices_of(AttentionKernel), default=AttentionKernel.flash.value)
     parser.add_argument(
         "--state-convention", choices=choices_of(StateConvention),
@@ -73,6 +74,13 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hsdp-group", type=positive_int, help="HSDP shard group size (default: GPUs per node)")
     add_efficiency_arguments(parser)
     add_collective_model_arguments(parser)
+
+
+def add_fused_loss_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--fused-linear-cross-entropy", action="store_true",
+        help="liger-kernel's fused linear cross-entropy instead of the logits (hf only: use_liger_kernel)",
+    )
 
 
 DEFAULT_HFU = PerformanceAssumptions.model_fields["hardware_flops_utilization"].default
@@ -154,6 +162,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         precision=precision,
         framework=framework,
         activation_offloading=args.activation_offloading,
+        fused_linear_cross_entropy=args.fused_linear_cross_entropy,
         optimizer=Optimizer(args.optimizer),
         activation_checkpointing=ActivationCheckpointing(args.activation_checkpointing),
         selective_layer_interval=args.selective_layer_interval,

@@ -13,7 +13,9 @@ MAX_TOP = 1000
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
-    from zeroplan.cli.fit import add_cluster_arguments, add_collective_model_arguments, add_efficiency_arguments
+    from zeroplan.cli.fit import (
+        add_cluster_arguments, add_collective_model_arguments, add_efficiency_arguments, add_fused_loss_argument,
+    )
 
     parser.add_argument("model", help="preset name (see `zeroplan models`) or a path to a Hugging Face config.json")
     parser.add_argument("--global-batch", type=positive_int, required=True,
@@ -25,6 +27,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--optimizer", choices=choices_of(Optimizer), default=Optimizer.adamw.value)
     parser.add_argument("--framework", choices=choices_of(Framework), default=Framework.zeroplan.value,
                         help="search only this stack's strategies and checkpointing policies (default zeroplan: all)")
+    add_fused_loss_argument(parser)
     parser.add_argument("--attention", choices=choices_of(AttentionKernel), default=AttentionKernel.flash.value)
     parser.add_argument("--strategies", help="comma-separated subset of the strategies to search (default: all the framework runs)")
     add_efficiency_arguments(parser)

@@ -57,6 +57,9 @@ class FrameworkProfile:
     fsdp_separate_embedding_and_head: bool = False
     """Under FSDP the token embedding and the output projection are fully_shard units of their
     own (instead of part of the root unit with the final norm)."""
+    offers_fused_linear_cross_entropy: bool = False
+    """liger-kernel's fused linear cross-entropy can replace the output projection and loss
+    (TrainingSpec.fused_linear_cross_entropy)."""
     fuses_qkv: bool = False
     """Each block projects q, k and v with one fused weight (so two parameter tensors fewer
     per block for the optimizer to step)."""
@@ -113,6 +116,10 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         # accelerate 1.10.1 utils/dataclasses.py set_mixed_precision("bf16") for FSDP2:
         # MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16, output_dtype=bf16).
         fsdp_reduces_in_compute_dtype=True, fsdp_loss_backward_gathers_head=True,
+        # transformers 4.56.2 training_args.py use_liger_kernel / liger_kernel_config and
+        # trainer.py __init__: liger_kernel.transformers._apply_liger_kernel_to_instance
+        # (liger-kernel >= 0.3.0, utils/import_utils.py is_liger_kernel_available).
+        offers_fused_linear_cross_entropy=True,
     ),
     # torchtune 0.6.1: modules/attention.py (lines 285-291) expands K and V to num_heads with
     # unsqueeze/expand/flatten (a copy) before SDPA; modules/loss/ce_chunked_output_loss.py
@@ -196,6 +203,11 @@ def check_framework_request(training: TrainingSpec, model: ModelSpec | None = No
             "activation_offloading",
             f"{training.framework.value} {prof.version} offloads only with activation_checkpointing 'full' "
             f"(got {training.activation_checkpointing.value!r})",
+        )
+    if training.fused_linear_cross_entropy and not prof.offers_fused_linear_cross_entropy:
+        raise ZeroplanError(
+            "fused_linear_cross_entropy",
+            f"not offered by {training.framework.value} {prof.version} (allowed only with framework hf)",
         )
     k = training.selective_layer_interval
     selective_layer = training.activation_checkpointing is ActivationCheckpointing.selective_layer
@@ -305,9 +317,11 @@ def fsdp_chunked_head_bytes(request: PlanRequest) -> int:
 # `output` is a unit of its own, and the next, the root, holds only the final norm. FSDPMemTracker
 # at the loss backward of both (benchmarks/framework-step-records): 'unsharded_param' is that
 # unit, 'all_gather' the prefetched one.
-def fsdp_head_gathered_bytes(request: PlanRequest) -> int:
+def fsdp_head_gathered_bytes(request: PlanRequest, *, prefetched: bool = True) -> int:
     """Gathered parameters alive at the loss's backward beside the loss's tensors (0 unless
-    the framework's profile says its FSDP2 step does this, under full sharding)."""
+    the framework's profile says its FSDP2 step does this, under full sharding). Without
+    ``prefetched``: the head's unit alone, as during the loss's forward (nothing is prefetched
+    after the last block's forward)."""
     from zeroplan.core.layout import element_bytes
     from zeroplan.core.model_states import padded_unit_elements_of
 
@@ -319,7 +333,7 @@ def fsdp_head_gathered_bytes(request: PlanRequest) -> int:
     if prof.fsdp_separate_embedding_and_head:
         gathered = head  # the output unit; the root after it holds only the final norm
     else:
-        gathered = embedding + head + request.strategy.prefetch_units * last_block
+        gathered = embedding + head + (request.strategy.prefetch_units * last_block if prefetched else 0)
     return gathered * element_bytes(request.training.precision, request.convention).compute_parameter
 
 
@@ -522,11 +536,70 @@ def framework_logits_pieces(request: PlanRequest) -> tuple[int, ...]:
     model, training = request.model, request.training
     s, b = request.batch.seq_len, request.batch.micro_batch_size
     chunks = profile(training.framework).loss_chunks
+    if training.fused_linear_cross_entropy:
+        return fused_linear_cross_entropy_pieces(request)
     if chunks > 1:
         return chunked_logits_pieces(model, training, s, b, chunks, fsdp_chunked_head_bytes(request))
     # The loss's fp32 tensors are alive at the start of its backward, beside the head's unit
     # that FSDP2 gathers then (fsdp_head_gathered_bytes; 0 outside a framework's FSDP2).
     return (logits_bytes(model, training, s, b) + fsdp_head_gathered_bytes(request),)
+
+
+# liger-kernel 0.6.2 ops/fused_linear_cross_entropy.py fused_linear_cross_entropy_forward:
+# inc_factor = cdiv(V, H), chunk_size = next_power_of_2(cdiv(BT, inc_factor)), so that one
+# chunk's logits are about as large as the BT x H input; the last chunk is what is left of BT.
+def fused_linear_cross_entropy_chunk_rows(model: ModelSpec, tokens: int) -> int:
+    """Rows (tokens) of the largest chunk whose logits liger's fused linear cross-entropy forms."""
+    inc_factor = -(-model.vocab_size // model.hidden_size)
+    chunk_size = 1 << (-(-tokens // inc_factor) - 1).bit_length()
+    return min(chunk_size, tokens)
+
+
+def _fused_loss_widths(request: PlanRequest) -> tuple[int, int]:
+    """(bytes of an element of the head's input and weight, bytes of an element of a matmul
+    output): under HF's autocast with fp32 parameters the final norm's output and lm_head's
+    weight are fp32 and the matmuls write bf16; on a bf16 module all three are bf16."""
+    compute = request.training.precision.compute_bytes
+    return (FP32_BYTES if _hf_under_autocast(request) else compute), compute
+
+
+# liger-kernel 0.6.2 ops/fused_linear_cross_entropy.py, as transformers 4.56.2's Trainer applies
+# it (model/llama.py lce_forward -> loss_utils.py LigerForCausalLMLoss, accum_dtype None).
+# fused_linear_cross_entropy_forward allocates grad_input = zeros_like(_input) (BT x H) and
+# grad_weight = zeros_like(weight) (V x H), both in their input's dtype, and loss_1d (BT fp32).
+# Per chunk: logits_chunk = _input_chunk @ weight.t() (r x V, in place of its gradient after the
+# Triton cross-entropy kernel, which works in registers), then
+# grad_weight += torch.mm(grad_logits_chunk.t(), _input_chunk).float(): a V x H matmul output
+# and, unless that is already fp32, its fp32 copy, both alive at the add. From the second chunk
+# on, the new logits_chunk is formed while the previous one is still bound (grad_logits_chunk).
+# ctx.save_for_backward keeps grad_input and grad_weight; backward only scales them in place
+# (element_mul_kernel) and hands them to autograd, so the head's input (counted in
+# outside_layers_bytes) is no longer alive then. Three moments: the weight-gradient add, the
+# second chunk's logits (only with more than one chunk) and the loss's backward; under FSDP2 the
+# head's unit is gathered at each (fsdp_head_gathered_bytes: the loss runs inside the root
+# unit's forward, and the backward gathers it again with the last block prefetched). Under
+# autocast with an fp32 weight (torch 2.13 aten/src/ATen/autocast_mode.cpp cached_cast: casts of
+# leaf tensors that require grad are cached until the autocast region exits) a bf16 copy of
+# lm_head.weight lives through the forward's chunks. The label tensors (int64 shift_labels and
+# its bool mask, 9 bytes a token) are left out, as the unfused loss leaves out its labels.
+def fused_linear_cross_entropy_pieces(request: PlanRequest) -> tuple[int, ...]:
+    """The fused loss's bytes at its moments: weight-gradient add, next chunk, loss backward."""
+    model, training = request.model, request.training
+    tokens = request.batch.seq_len * request.batch.micro_batch_size
+    vh = model.vocab_size * model.hidden_size
+    stored, matmul = _fused_loss_widths(request)
+    kept = stored * tokens * model.hidden_size + stored * vh
+    weight_cast = matmul * vh if matmul != stored else 0
+    forward = kept + FP32_BYTES * tokens + weight_cast + fsdp_head_gathered_bytes(request, prefetched=False)
+    rows = fused_linear_cross_entropy_chunk_rows(model, tokens)
+    chunk_logits = matmul * rows * model.vocab_size
+    weight_add = forward + chunk_logits + matmul * vh + (FP32_BYTES * vh if matmul != FP32_BYTES else 0)
+    pieces = [weight_add]
+    if rows < tokens:
+        pieces.append(forward + 2 * chunk_logits)
+    head_input = training.precision.compute_bytes * tokens * model.hidden_size
+    pieces.append(kept + fsdp_head_gathered_bytes(request) - head_input)
+    return tuple(pieces)
 
 
 def framework_logits_bytes(request: PlanRequest) -> int:

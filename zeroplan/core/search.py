@@ -177,6 +177,11 @@ def _build_group(request: PlanRequest, phases: tuple[np.ndarray, np.ndarray] | N
     # Offload's CPU optimizer step: one per optimizer step, whatever the micro-batch.
     group.cpu_optimizer_s = cpu_optimizer_time_s(request)
     group.phase_intercepts_s, group.phase_slopes_s = phases if phases is not None else _phase_coefficients(request)
+    # liger's chunk is a power of two in b*s (frameworks.fused_linear_cross_entropy_chunk_rows),
+    # so its loss moments are not affine in the micro-batch: the scalar planner only.
+    if request.training.fused_linear_cross_entropy:
+        group.scalar_only = True
+        return group
     # Check the coefficients where they were not fitted; disagreement: scalar planner only.
     for micro, accum in ((5, 3),):
         peak, _, seconds = _vectorised(group, np.array([micro]), np.array([accum]))

@@ -57,6 +57,9 @@ def check_step(framework: Framework, strategy: StrategyKind, training: TrainingS
         raise ZeroplanError("--precision", f"{training.precision.value!r}: {framework.value} under FSDP2 trains in {precision.value} (allowed: {precision.value})")
     if training.optimizer is not Optimizer.adamw:
         raise ZeroplanError("--optimizer", f"{training.optimizer.value!r} cannot be simulated (allowed: adamw)")
+    if training.fused_linear_cross_entropy:
+        # liger-kernel's kernels are Triton (CUDA only): the step would run HF's own loss instead.
+        raise ZeroplanError("fused_linear_cross_entropy", "cannot be simulated: liger-kernel runs only on CUDA (allowed: false)")
     if world_size <= 0:
         raise ZeroplanError("--world-size", f"must be a positive integer, got {world_size}")
     if not 0 <= rank < world_size:

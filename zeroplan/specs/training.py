@@ -125,6 +125,11 @@ class TrainingSpec(Frozen):
     activation_offloading: bool = False
     """Move saved activations to host memory between forward and backward (torchtune's
     ``enable_activation_offloading``, which its recipe allows only with full checkpointing)."""
+    fused_linear_cross_entropy: bool = False
+    """Compute the output projection and the cross-entropy chunk by chunk with liger-kernel's
+    fused linear cross-entropy, never materialising the logits (Hugging Face only: transformers'
+    ``use_liger_kernel`` with ``liger_kernel_config={"fused_linear_cross_entropy": True}`` and
+    its RMSNorm, SwiGLU and RoPE kernels off; docs/frameworks.md, "Loss")."""
 
 
 class BatchSpec(Frozen):
