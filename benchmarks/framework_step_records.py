@@ -3,6 +3,8 @@ write the records the planner's allocated peak is checked against.
 
     python benchmarks/framework_step_records.py [OUT_DIR [FRAMEWORK ...]]
         (default benchmarks/framework-step-records, every framework)
+    python benchmarks/framework_step_records.py --optimizer-in-backward [OUT_DIR]
+        (only torchtune's optimizer_in_bwd runs)
 
 Each run (zeroplan.frameworks.step.run_step) builds the framework's model at full depth on fake
 tensors, shards it over a fake process group of N ranks as the framework's recipe does, and
@@ -34,6 +36,9 @@ FRAMEWORKS = (Framework.torchtune, Framework.hf, Framework.torchtitan)
 POLICIES = ("none", "full")
 MORE_POLICIES = {Framework.torchtitan: ("selective-op",)}
 """Policies a framework offers beyond none and full (torchtitan's SelectiveAC)."""
+OPTIMIZER_IN_BACKWARD = [("llama-3.1-8b", 8, 4096, 1, "none"), ("llama-3.1-8b", 8, 4096, 1, "full"),
+                         ("llama-3.1-70b", 64, 4096, 1, "full")]
+"""torchtune's optimizer_in_bwd: (model, ranks, seq, micro-batch, policy) of each extra run."""
 
 
 def main(out: Path = DEFAULT_OUT, frameworks: set[str] | None = None) -> None:
@@ -43,12 +48,28 @@ def main(out: Path = DEFAULT_OUT, frameworks: set[str] | None = None) -> None:
             if frameworks and framework.value not in frameworks:
                 continue
             for policy in POLICIES + MORE_POLICIES.get(framework, ()):
-                record = run_step(get_model(model_name), StrategyKind.fsdp_full_shard, step_training(framework, policy),
-                                  BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch), world_size)
-                write_text_atomic(out / record.file_name, record.model_dump_json(indent=2) + "\n")
-                print(f"{record.name:72s} peak {record.peak_bytes / 2**30:8.2f} GiB at {record.peak_phase.value:9s} "
-                      f"({record.wall_time_s:.1f} s)", flush=True)
+                _run(out, model_name, world_size, seq_len, micro_batch, step_training(framework, policy))
+    if not frameworks or Framework.torchtune.value in frameworks:
+        main_optimizer_in_backward(out)
+
+
+def _run(out: Path, model_name: str, world_size: int, seq_len: int, micro_batch: int, training) -> None:
+    record = run_step(get_model(model_name), StrategyKind.fsdp_full_shard, training,
+                      BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch), world_size)
+    write_text_atomic(out / record.file_name, record.model_dump_json(indent=2) + "\n")
+    print(f"{record.name:72s} peak {record.peak_bytes / 2**30:8.2f} GiB at {record.peak_phase.value:9s} "
+          f"({record.wall_time_s:.1f} s)", flush=True)
+
+
+def main_optimizer_in_backward(out: Path = DEFAULT_OUT) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for model_name, world_size, seq_len, micro_batch, policy in OPTIMIZER_IN_BACKWARD:
+        training = step_training(Framework.torchtune, policy).model_copy(update={"optimizer_in_backward": True})
+        _run(out, model_name, world_size, seq_len, micro_batch, training)
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT, set(sys.argv[2:]) or None)
+    if sys.argv[1:2] == ["--optimizer-in-backward"]:
+        main_optimizer_in_backward(Path(sys.argv[2]) if len(sys.argv) > 2 else DEFAULT_OUT)
+    else:
+        main(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT, set(sys.argv[2:]) or None)

@@ -66,6 +66,15 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
         help="move saved activations to host memory (torchtune's enable_activation_offloading)",
     )
     add_fused_loss_argument(parser)
+    parser.add_argument(
+        "--optimizer-in-backward", action="store_true",
+        help="step each parameter's optimizer in backward and free its gradient (torchtune's optimizer_in_bwd)",
+    )
+    parser.add_argument(
+        "--fsdp-cpu-offload", action="store_true",
+        help="FSDP2 CPUOffloadPolicy: sharded parameters, gradients and optimizer states in host RAM "
+             "(torchtune's fsdp_cpu_offload, torchtitan's enable_cpu_offload)",
+    )
     parser.add_argument("--attention", choices=choices_of(AttentionKernel), default=AttentionKernel.flash.value)
     parser.add_argument(
         "--state-convention", choices=choices_of(StateConvention),
@@ -148,7 +157,7 @@ def parse_strategies(text: str | None) -> tuple[StrategyKind, ...] | None:
 
 def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKind.ddp) -> PlanRequest:
     """Build the PlanRequest the flags describe; bad values raise one-line ZeroplanErrors."""
-    from zeroplan.core.frameworks import check_framework_request, profile
+    from zeroplan.core.frameworks import check_framework_request, check_optimizer_in_backward, profile
     from zeroplan.presets.models import get_model
 
     model = get_model(args.model)
@@ -163,6 +172,8 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         framework=framework,
         activation_offloading=args.activation_offloading,
         fused_linear_cross_entropy=args.fused_linear_cross_entropy,
+        optimizer_in_backward=args.optimizer_in_backward,
+        fsdp_cpu_offload=args.fsdp_cpu_offload,
         optimizer=Optimizer(args.optimizer),
         activation_checkpointing=ActivationCheckpointing(args.activation_checkpointing),
         selective_layer_interval=args.selective_layer_interval,
@@ -174,6 +185,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         micro_batch_size=args.micro_batch, seq_len=seq_len_of(args, model.max_positions),
         grad_accum_steps=args.grad_accum, allow_longer_seq=args.allow_longer_seq,
     )
+    check_optimizer_in_backward(training, batch.grad_accum_steps)
     if args.hsdp_group is not None and cluster.world_size % args.hsdp_group:
         raise ZeroplanError("hsdp-group", f"{args.hsdp_group} does not divide the {cluster.world_size} GPUs")
     strategy = StrategySpec(kind=kind, shard_group_size=args.hsdp_group)

@@ -44,6 +44,10 @@ def run_plan(args: argparse.Namespace) -> int:
     fixed = argparse.Namespace(
         **vars(args), micro_batch=1, grad_accum=1, activation_checkpointing="none", hsdp_group=None,
         activation_offloading=False, state_convention=None, selective_layer_interval=2,
+        # The search varies gradient accumulation, which torchtune's optimizer_in_bwd refuses.
+        optimizer_in_backward=False,
+        # CPUOffloadPolicy applies to FSDP only; the search ranks every strategy.
+        fsdp_cpu_offload=False,
     )
     result = search(request_from_args(fixed), args.global_batch, parse_strategies(args.strategies), top=args.top)
     if args.format == "json":

@@ -4,7 +4,7 @@ temporaries. Each term names the library behaviour it models."""
 from __future__ import annotations
 
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes
-from zeroplan.core.model_states import held_elements, padded_unit_elements_of, shard_layout
+from zeroplan.core.model_states import held_elements, largest_tensor_shard_elements, padded_unit_elements_of, shard_layout
 from zeroplan.core.params import parameter_units, total_parameters
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, ZeroGradientReduce
@@ -130,9 +130,23 @@ _STEP_TEMPORARY_OPTIMIZERS = (Optimizer.adam, Optimizer.adamw, Optimizer.lion)
 
 
 def optimizer_step_temporary_bytes(request: PlanRequest, optimizer_elements: int) -> int:
-    if request.strategy.kind.offloads_optimizer:
-        return 0
-    if request.training.optimizer not in _STEP_TEMPORARY_OPTIMIZERS:
+    # With FSDP2's CPUOffloadPolicy the step runs on the host's states (model_state_bytes).
+    if request.strategy.kind.offloads_optimizer or request.training.fsdp_cpu_offload:
         return 0
     eb = element_bytes(request.training.precision, request.convention)
+    if request.training.optimizer_in_backward:
+        return optimizer_in_backward_step_bytes(request, eb)
+    if request.training.optimizer not in _STEP_TEMPORARY_OPTIMIZERS:
+        return 0
     return optimizer_elements * eb.optimizer_dtype
+
+
+# torchtune 0.6.1 recipes/full_finetune_distributed.py _setup_optimizer: with optimizer_in_bwd
+# one optimizer per parameter, each stepped in that parameter's post-accumulate-grad hook
+# (training/memory.py register_optim_in_bwd_hooks), then zeroed. The largest such step holds
+# one tensor's gradient shard and, for the optimizers above, one state-sized temporary.
+def optimizer_in_backward_step_bytes(request: PlanRequest, eb) -> int:
+    """Bytes alive at the largest per-parameter step beside the resident states."""
+    elements = largest_tensor_shard_elements(request)
+    temporary = eb.optimizer_dtype if request.training.optimizer in _STEP_TEMPORARY_OPTIMIZERS else 0
+    return elements * (eb.gradient + temporary)

@@ -63,6 +63,11 @@ class FrameworkProfile:
     fuses_qkv: bool = False
     """Each block projects q, k and v with one fused weight (so two parameter tensors fewer
     per block for the optimizer to step)."""
+    offers_optimizer_in_backward: bool = False
+    """Whether each parameter's optimizer can step in backward, freeing its gradient
+    (TrainingSpec.optimizer_in_backward)."""
+    offers_fsdp_cpu_offload: bool = False
+    """Whether its FSDP2 wrapping can take CPUOffloadPolicy (TrainingSpec.fsdp_cpu_offload)."""
 
 
 _NONE_FULL = (ActivationCheckpointing.none, ActivationCheckpointing.full)
@@ -88,8 +93,7 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         loss_chunks=1, offers_activation_offloading=False,
         # torchtitan 0.3.0 config/configs.py ParallelismConfig: data_parallel_shard_degree (FSDP2),
         # with data_parallel_replicate_degree > 1 HSDP, or replicate alone DDP;
-        # fsdp_reshard_after_forward="never" keeps units gathered (shard-grad-op). Its
-        # enable_cpu_offload (FSDP2 CPUOffloadPolicy) is not modelled, so not offered here.
+        # fsdp_reshard_after_forward="never" keeps units gathered (shard-grad-op).
         strategies=(StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op, StrategyKind.hsdp, StrategyKind.ddp),
         # torchtitan 0.3.0 distributed/fsdp.py apply_fsdp_to_decoder (untied weights): fully_shard
         # tok_embeddings, then [norm, lm_head] with reshard_after_forward only under the "always"
@@ -100,6 +104,10 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         # torchtitan 0.3.0 models/llama3/__init__.py: every flavour builds fuse_qkv=True
         # (models/common/attention.py FusedQKVLinear: one wqkv weight).
         fuses_qkv=True,
+        # torchtitan 0.3.0 config/configs.py training.enable_cpu_offload -> distributed/fsdp.py
+        # apply_fsdp(cpu_offload=True): fsdp_config["offload_policy"] = CPUOffloadPolicy(), the
+        # same policy as torchtune's, on every fully_shard call (FSDP and HSDP; not its DDP).
+        offers_fsdp_cpu_offload=True,
     ),
     # transformers 4.56.2: modeling_utils.gradient_checkpointing_enable wraps each decoder layer
     # (full recomputation per layer); models/llama/modeling_llama.py LlamaRMSNorm returns
@@ -145,10 +153,16 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         fsdp_separate_embedding_and_head=True,
         # training.shard_model passes no mp_policy: the bf16 module's gradients are reduced in bf16.
         fsdp_reduces_in_compute_dtype=True, fsdp_loss_backward_gathers_head=True,
+        # torchtune 0.6.1 recipes/full_finetune_distributed.py _setup_optimizer(optimizer_in_bwd):
+        # one optimizer per parameter, stepped and zeroed by training/memory.py
+        # register_optim_in_bwd_hooks' post-accumulate-grad hook (model_states.model_state_bytes).
+        offers_optimizer_in_backward=True,
         # torchtune 0.6.1 recipes/full_finetune_distributed.py: FSDP2 with
         # fsdp_reshard_after_forward (True: full shard; False: SHARD_GRAD_OP, its docstring);
-        # fsdp_cpu_offload (CPUOffloadPolicy) is not modelled, so not offered here.
+        # fsdp_cpu_offload: training/_distributed.py shard_model(cpu_offload=True) passes
+        # offload_policy=CPUOffloadPolicy() to every fully_shard (model_states.model_state_bytes).
         strategies=(StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op),
+        offers_fsdp_cpu_offload=True,
     ),
 }
 
@@ -209,12 +223,50 @@ def check_framework_request(training: TrainingSpec, model: ModelSpec | None = No
             "fused_linear_cross_entropy",
             f"not offered by {training.framework.value} {prof.version} (allowed only with framework hf)",
         )
+    if training.optimizer_in_backward and not prof.offers_optimizer_in_backward:
+        offering = ", ".join(f.value for f, p in PROFILES.items() if p.offers_optimizer_in_backward)
+        raise ZeroplanError(
+            "optimizer_in_backward",
+            f"not offered by {training.framework.value} {prof.version} (allowed only with framework {offering})",
+        )
+    if training.fsdp_cpu_offload and not prof.offers_fsdp_cpu_offload:
+        offering = ", ".join(f.value for f, p in PROFILES.items() if p.offers_fsdp_cpu_offload)
+        raise ZeroplanError(
+            "fsdp_cpu_offload",
+            f"not offered by {training.framework.value} {prof.version} (allowed only with framework {offering})",
+        )
     k = training.selective_layer_interval
     selective_layer = training.activation_checkpointing is ActivationCheckpointing.selective_layer
     if selective_layer and model is not None and k > model.num_layers:
         raise ZeroplanError(
             "selective_layer_interval",
             f"{k} checkpoints none of {model.name}'s {model.num_layers} blocks (allowed: 1 to {model.num_layers})",
+        )
+
+
+# torchtune 0.6.1 recipes/full_finetune_distributed.py __init__: optimizer_in_bwd raises a
+# RuntimeError with gradient_accumulation_steps > 1 (the hook steps on each micro-batch's gradient).
+def check_optimizer_in_backward(training: TrainingSpec, grad_accum_steps: int) -> None:
+    """Refuse, in one line, optimizer-in-backward with gradient accumulation."""
+    if training.optimizer_in_backward and grad_accum_steps > 1:
+        raise ZeroplanError(
+            "optimizer_in_backward",
+            f"{training.framework.value} steps in backward only without gradient accumulation "
+            f"(allowed: grad_accum_steps 1, got {grad_accum_steps})",
+        )
+
+
+def fsdp_cpu_offload_strategies(framework: Framework) -> tuple[StrategyKind, ...]:
+    """The framework's strategies that CPUOffloadPolicy applies to: its FSDP2 ones."""
+    return tuple(kind for kind in profile(framework).strategies if kind.is_fsdp)
+
+
+def check_fsdp_cpu_offload(training: TrainingSpec, kind: StrategyKind) -> None:
+    """Refuse, in one line, FSDP CPU offload under a strategy that is not FSDP2."""
+    if training.fsdp_cpu_offload and not kind.is_fsdp:
+        allowed = ", ".join(k.value for k in fsdp_cpu_offload_strategies(training.framework))
+        raise ZeroplanError(
+            "fsdp_cpu_offload", f"FSDP2's CPUOffloadPolicy does not apply to {kind.value!r} (allowed: {allowed})"
         )
 
 

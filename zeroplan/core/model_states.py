@@ -75,6 +75,13 @@ def stepped_tensors(request: PlanRequest, sharded: bool) -> int:
     return sum(len(unit.tensors) for unit in units) - fused_qkv_fewer_tensors(request)
 
 
+def largest_tensor_shard_elements(request: PlanRequest) -> int:
+    """Elements of the largest parameter tensor's shard on one rank (padding included)."""
+    layout, num_shards = shard_layout(request), request.shard_group_size
+    return max(shard_elements(ParamUnit(name=unit.name, tensors=(tensor,)), num_shards, layout)
+               for unit in parameter_units(request.model) for tensor in unit.tensors)
+
+
 def optimizer_bytes(request: PlanRequest, elements: int, num_shards: int, eb: ElementBytes) -> int:
     """Optimizer-state bytes for ``elements`` held elements (master copy and step counters
     not included)."""
@@ -119,6 +126,12 @@ def model_state_bytes(request: PlanRequest) -> ModelStateBytes:
     gradient = gradient_elements * eb.gradient
     counters = step_counter_bytes(request.training.optimizer, stepped_tensors(request, sharded=stage >= 1))
     optimizer = optimizer_elements * eb.master + optimizer_bytes(request, optimizer_elements, optimizer_shards, eb) + counters
+    if request.training.optimizer_in_backward:
+        # torchtune 0.6.1 training/memory.py register_optim_in_bwd_hooks: each parameter's hook
+        # steps its optimizer and zero_grad()s it (set_to_none) as soon as FSDP2 assigns the
+        # reduced gradient (torch 2.13 _fully_shard/_fsdp_collectives.py foreach_reduce calls
+        # the sharded parameter's post-accumulate-grad hooks): none is left at backward's end.
+        gradient = 0
     host = 0
     if kind.offloads_optimizer:
         # The gradient partition streams to the host as it is reduced; nothing stays on the GPU.
@@ -130,6 +143,13 @@ def model_state_bytes(request: PlanRequest) -> ModelStateBytes:
     if kind.offloads_parameters:
         host += parameter
         parameter = 0
+    if request.training.fsdp_cpu_offload:
+        # torch 2.13 distributed/fsdp/_fully_shard/_fsdp_api.py CPUOffloadPolicy: the sharded
+        # parameters (_fsdp_param.py _init_sharded_param: padded_sharded_param.cpu()) and the
+        # sharded gradients (_fsdp_collectives.py foreach_reduce: new_sharded_grad.to("cpu"))
+        # live on the host, so the optimizer's states, created beside its parameters, do too.
+        host += parameter + gradient + optimizer
+        parameter = gradient = optimizer = counters = 0
     return ModelStateBytes(
         parameter_bytes=parameter,
         gradient_bytes=gradient,

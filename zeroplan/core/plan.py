@@ -11,7 +11,8 @@ from zeroplan.core.buffers import (
 )
 from zeroplan.core.communication import collectives
 from zeroplan.core.frameworks import (
-    check_framework_request, check_framework_strategies, framework_activation_bytes, framework_logits_pieces,
+    check_framework_request, check_framework_strategies, check_fsdp_cpu_offload, check_optimizer_in_backward,
+    fsdp_cpu_offload_strategies, framework_activation_bytes, framework_logits_pieces,
     framework_recompute_bytes, profile, usable_memory_bytes,
 )
 from zeroplan.core.model_states import ModelStateBytes, model_state_bytes
@@ -32,7 +33,10 @@ MAX_MICRO_BATCH_SEARCH = 1 << 20
 # through backward. A block's backward: activations (at the first block, nearly all), the
 # unit being gathered or reduced and the residual-stream workspace. End of backward: every
 # gradient and the last unit's buffers. Optimizer step: gradients and step temporaries. With
-# accumulation the earlier micro-batches' gradients are there from the start.
+# accumulation the earlier micro-batches' gradients are there from the start. With the
+# optimizer in backward (torchtune) no gradient outlives its parameter's step: none at the end
+# of backward, and the step moment is the largest single parameter's (model_state_bytes,
+# optimizer_in_backward_step_bytes).
 def peak_moments(states: ModelStateBytes, moments: "PeakTerms", grad_accum_steps: int) -> dict[PeakMoment, MomentBytes]:
     """Every moment's live bytes, split into gradients, buffers (and workspace) and the rest."""
     resident = states.parameter_bytes + states.optimizer_state_bytes
@@ -115,6 +119,8 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
 
 def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateBytes]:
     batch = request.batch
+    check_optimizer_in_backward(request.training, batch.grad_accum_steps)
+    check_fsdp_cpu_offload(request.training, request.strategy.kind)
     states, terms = peak_terms(request)
     activations, logits, workspace, step_temporary = terms.activations, terms.logits, terms.workspace, terms.step_temporary
     # The table's buffers column: every buffer at once (the most ever allocated for them).
@@ -275,7 +281,10 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | N
     """Plan ``base`` under each strategy; the strategy in ``base`` supplies the knobs. None
     plans every strategy the request's framework runs (all of them for zeroplan and hf)."""
     framework = base.training.framework
-    strategies = profile(framework).strategies if strategies is None else tuple(strategies)
+    if strategies is None:
+        # FSDP2's CPUOffloadPolicy applies only to the framework's FSDP strategies.
+        strategies = fsdp_cpu_offload_strategies(framework) if base.training.fsdp_cpu_offload else profile(framework).strategies
+    strategies = tuple(strategies)
     check_framework_strategies(
         framework, tuple(s.kind if isinstance(s, StrategySpec) else StrategyKind(s) for s in strategies)
     )

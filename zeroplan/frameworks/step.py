@@ -55,6 +55,8 @@ def check_step(framework: Framework, strategy: StrategyKind, training: TrainingS
     precision = STEP_PRECISION[framework][0]
     if training.precision is not precision:
         raise ZeroplanError("--precision", f"{training.precision.value!r}: {framework.value} under FSDP2 trains in {precision.value} (allowed: {precision.value})")
+    if training.optimizer_in_backward and framework is not Framework.torchtune:
+        raise ZeroplanError("--optimizer-in-backward", f"not offered by {framework.value} (allowed only with --framework torchtune)")
     if training.optimizer is not Optimizer.adamw:
         raise ZeroplanError("--optimizer", f"{training.optimizer.value!r} cannot be simulated (allowed: adamw)")
     if training.fused_linear_cross_entropy:
@@ -98,25 +100,31 @@ def run_step(model: ModelSpec, strategy: StrategyKind, training: TrainingSpec, b
             # 4.56.2 training_args.py), i.e. torch.optim.AdamW(fused=True). It is built over
             # the local shards (see _step_on_shards).
             optimizer = torch.optim.AdamW(shards, lr=ADAMW_LR, fused=True)
+            in_backward = training.optimizer_in_backward
+            if in_backward:
+                _register_optimizer_in_backward(built.module, optimizer, params, shards)
+                notes.append(OPTIMIZER_IN_BACKWARD_NOTE)
             tokens = torch.randint(0, model.vocab_size, (batch.micro_batch_size, batch.seq_len))
             # A first, untracked step: AdamW creates its states lazily in the first step, and a
             # run that fits must fit from the second step on, with the states alive throughout.
-            _forward_and_loss(framework, built, tokens, None, {}).backward()
-            _step_on_shards(optimizer, params, shards)
-            # Both trainers clear the gradients after the step: torchtune's recipe calls
-            # optimizer.zero_grad(set_to_none=True), the HF Trainer model.zero_grad().
-            built.module.zero_grad(set_to_none=True)
-            optimizer.zero_grad(set_to_none=True)
+            _backward(_forward_and_loss(framework, built, tokens, None, {}), in_backward, world_size, tokens)
+            if not in_backward:
+                _step_on_shards(optimizer, params, shards)
+                # Both trainers clear the gradients after the step: torchtune's recipe calls
+                # optimizer.zero_grad(set_to_none=True), the HF Trainer model.zero_grad().
+                built.module.zero_grad(set_to_none=True)
+                optimizer.zero_grad(set_to_none=True)
             tracker = private.passing_higher_order_ops(private.fsdp_mem_tracker_class()(mod=built.module, optm=optimizer))
             running: dict[StepPhase, int] = {}
             with tracker:
                 loss = _forward_and_loss(framework, built, tokens, tracker, running)
-                loss.backward()
+                _backward(loss, in_backward, world_size, tokens)
                 del loss
                 running[StepPhase.backward] = _peak(tracker)
                 gradient_bytes = storage_bytes(local_tensor(p.grad) for p in params if p.grad is not None)
-                _step_on_shards(optimizer, params, shards)
-                running[StepPhase.optimizer] = _peak(tracker)
+                if not in_backward:  # else every parameter has stepped in backward
+                    _step_on_shards(optimizer, params, shards)
+                    running[StepPhase.optimizer] = _peak(tracker)
             peak = private.mem_tracker_peak_bytes(tracker)
             states = [t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
             parameter_bytes = storage_bytes(shards)
@@ -138,6 +146,50 @@ OPTIMIZER_NOTE = (
     "but under fake tensors FSDPMemTracker also counts DTensor's sharding propagation, which runs "
     "each op at the global shape (Llama-3.1-8B at 8 ranks: 68 GB counted for 4 GB of states)"
 )
+
+
+OPTIMIZER_IN_BACKWARD_NOTE = (
+    "optimizer_in_bwd: torchtune's training.register_optim_in_bwd_hooks on the model's parameters, "
+    "its per-parameter optimizer stepping one shard of the fused AdamW above (the recipe builds "
+    "one AdamW per parameter: the same states and update); no step after backward"
+)
+
+
+class _ShardOptimizer:
+    """What torchtune's optimizer_in_bwd hook calls for one parameter (``step``, then
+    ``zero_grad``): the AdamW over the local shards, given only this parameter's gradient."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, param: torch.Tensor, shard: torch.Tensor) -> None:
+        self.optimizer, self.param, self.shard = optimizer, param, shard
+
+    def step(self) -> None:
+        # AdamW skips parameters without a gradient: only this shard steps.
+        self.shard.grad = private.dtensor_local_storage(self.param.grad)
+        self.optimizer.step()
+
+    def zero_grad(self) -> None:
+        # torch.optim.Optimizer.zero_grad(set_to_none=True) on the recipe's one-parameter AdamW.
+        self.param.grad = None
+        self.shard.grad = None
+
+
+def _register_optimizer_in_backward(module: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                                    params: list[torch.Tensor], shards: list[torch.Tensor]) -> None:
+    """torchtune 0.6.1 recipes/full_finetune_distributed.py _setup_optimizer(optimizer_in_bwd=True):
+    optim_dict = {param: optimizer over [param]}, then training.register_optim_in_bwd_hooks,
+    whose post-accumulate-grad hook FSDP2 calls once it assigns each reduced gradient shard."""
+    from torchtune import training as torchtune_training
+
+    optim_dict = {param: _ShardOptimizer(optimizer, param, shard) for param, shard in zip(params, shards)}
+    torchtune_training.register_optim_in_bwd_hooks(model=module, optim_dict=optim_dict)
+
+
+def _backward(loss: torch.Tensor, in_backward: bool, world_size: int, tokens: torch.Tensor) -> None:
+    if in_backward:
+        # torchtune 0.6.1 recipes/full_finetune_distributed.py train(): with optimizer_in_bwd the
+        # loss is normalised before backward, current_loss * (world_size / num_tokens).
+        loss = loss * (world_size / tokens.numel())
+    loss.backward()
 
 
 def _step_on_shards(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], shards: list[torch.Tensor]) -> None:

@@ -53,7 +53,10 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
         f"{to_unit(c.usable_memory_bytes, unit):.1f} {unit.value} usable per GPU",
         f"{t.precision.value}, {t.optimizer.value}, micro-batch {b.micro_batch_size} x seq {b.seq_len}, "
         f"grad-accum {b.grad_accum_steps}, activation checkpointing {t.activation_checkpointing.value}, "
-        f"{t.attention_kernel.value} attention" + (", fused linear cross-entropy (liger)" if t.fused_linear_cross_entropy else ""),
+        f"{t.attention_kernel.value} attention"
+        + (", fused linear cross-entropy (liger)" if t.fused_linear_cross_entropy else "")
+        + (", optimizer in backward" if t.optimizer_in_backward else "")
+        + (", FSDP CPU offload (sharded states in host RAM)" if t.fsdp_cpu_offload else ""),
         f"Per-GPU memory in {unit.value}; host = offloaded states per node ({unit.value}); "
         f"sent = GB each GPU sends per step (ring).",
         "",

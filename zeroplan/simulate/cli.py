@@ -38,6 +38,8 @@ def build_parser() -> OneLineParser:
                         help="with selective-layer: checkpoint every K-th block (torchtune's ac_option; default 2)")
     parser.add_argument("--activation-offloading", action="store_true",
                         help="with --framework torchtune and full checkpointing: its enable_activation_offloading")
+    parser.add_argument("--optimizer-in-backward", action="store_true",
+                        help="with --framework torchtune --whole-step: its optimizer_in_bwd (each parameter steps in backward)")
     parser.add_argument("--framework", choices=[f.value for f in Framework], default=Framework.zeroplan.value,
                         help="hf, torchtune or torchtitan: build that framework's own model (full width, "
                              "--layers blocks) and record what each block keeps for backward (docs/frameworks.md)")
@@ -145,6 +147,7 @@ def _run_framework_step(args, framework: Framework, model, batch: BatchSpec) -> 
     except ImportError as error:
         raise ZeroplanError("--framework", f"{framework.value} is not installed ({error.name}); run scripts/install-frameworks") from None
     training = step_training(framework, args.activation_checkpointing)
+    training = training.model_copy(update={"optimizer_in_backward": args.optimizer_in_backward})
     if args.precision is not None:
         training = training.model_copy(update={"precision": Precision(args.precision)})
     check_step(framework, StrategyKind(args.strategy), training, args.world_size, args.rank)

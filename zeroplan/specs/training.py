@@ -130,6 +130,15 @@ class TrainingSpec(Frozen):
     fused linear cross-entropy, never materialising the logits (Hugging Face only: transformers'
     ``use_liger_kernel`` with ``liger_kernel_config={"fused_linear_cross_entropy": True}`` and
     its RMSNorm, SwiGLU and RoPE kernels off; docs/frameworks.md, "Loss")."""
+    optimizer_in_backward: bool = False
+    """Step each parameter's optimizer in a post-accumulate-grad hook as soon as its gradient
+    is reduced, and free that gradient (torchtune's ``optimizer_in_bwd``; its recipe refuses it
+    with gradient accumulation or clipping), so the gradients are never all alive at once."""
+    fsdp_cpu_offload: bool = False
+    """FSDP2's CPUOffloadPolicy (torchtune's ``fsdp_cpu_offload``, torchtitan's
+    ``training.enable_cpu_offload``): sharded parameters, their gradients and the optimizer
+    states live in host memory and the optimizer steps on the CPU; the GPU holds the gathered
+    units and each unit's gradient until it is reduced and copied out. FSDP strategies only."""
 
 
 class BatchSpec(Frozen):
