@@ -90,11 +90,7 @@ def _run(args) -> int:
         rank=args.rank, mem_tracker=not args.no_mem_tracker, cuda_norm_formula=args.cuda_norm_formula,
     )
     print(summary(record))
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / RECORD_FILE
-        write_text_atomic(path, record.model_dump_json(indent=2) + "\n")
-        print(f"wrote {path}")
+    _write_record(args.out, RECORD_FILE, record)
     return 0
 
 
@@ -105,11 +101,10 @@ def _run_framework(args, framework: Framework, model, batch: BatchSpec) -> int:
     layers = 4 if args.layers is None else args.layers
     if layers < 3:
         raise ZeroplanError("--layers", f"must be at least 3 (the first block is not steady state), got {layers}")
-    not_installed = f"{framework.value} is not installed (%s); run scripts/install-frameworks"
     try:
         from zeroplan.frameworks.measure import DEFAULT_PRECISION, measure
     except ImportError as error:
-        raise ZeroplanError("--framework", not_installed % error.name) from None
+        raise ZeroplanError("--framework", _not_installed(framework, error)) from None
     precision = Precision(args.precision) if args.precision else DEFAULT_PRECISION.get(framework, Precision.bf16_mixed)
     training = TrainingSpec(framework=framework, precision=precision,
                             activation_checkpointing=ActivationCheckpointing(args.activation_checkpointing),
@@ -119,7 +114,7 @@ def _run_framework(args, framework: Framework, model, batch: BatchSpec) -> int:
         # The framework itself is imported only when its model is built.
         record = measure(model, StrategyKind(args.strategy), training, batch, layers=layers)
     except ImportError as error:
-        raise ZeroplanError("--framework", not_installed % error.name) from None
+        raise ZeroplanError("--framework", _not_installed(framework, error)) from None
     print(f"{record.name}  ({record.framework_version}, torch {record.torch_version}, {record.wall_time_s:.1f} s)")
     print(f"  module dtype {record.module_dtype}; {record.built_layers} blocks built")
     nbytes, added = record.block_kept_bytes, record.added_layers
@@ -129,11 +124,7 @@ def _run_framework(args, framework: Framework, model, batch: BatchSpec) -> int:
     print(f"  growth across blocks 2..{record.built_layers + added} during forward: {growth}")
     for note in record.notes:
         print(f"note: {note}")
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / record.file_name
-        write_text_atomic(path, record.model_dump_json(indent=2) + "\n")
-        print(f"wrote {path}")
+    _write_record(args.out, record.file_name, record)
     return 0
 
 
@@ -145,7 +136,7 @@ def _run_framework_step(args, framework: Framework, model, batch: BatchSpec) -> 
     try:
         from zeroplan.frameworks.step import check_step, run_step, step_training
     except ImportError as error:
-        raise ZeroplanError("--framework", f"{framework.value} is not installed ({error.name}); run scripts/install-frameworks") from None
+        raise ZeroplanError("--framework", _not_installed(framework, error)) from None
     training = step_training(framework, args.activation_checkpointing)
     training = training.model_copy(update={"optimizer_in_backward": args.optimizer_in_backward})
     if args.precision is not None:
@@ -155,14 +146,24 @@ def _run_framework_step(args, framework: Framework, model, batch: BatchSpec) -> 
         # The framework itself is imported only when its model is built.
         record = run_step(model, StrategyKind(args.strategy), training, batch, args.world_size, rank=args.rank)
     except ImportError as error:
-        raise ZeroplanError("--framework", f"{framework.value} is not installed ({error.name}); run scripts/install-frameworks") from None
+        raise ZeroplanError("--framework", _not_installed(framework, error)) from None
     print(step_summary(record))
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / record.file_name
-        write_text_atomic(path, record.model_dump_json(indent=2) + "\n")
-        print(f"wrote {path}")
+    _write_record(args.out, record.file_name, record)
     return 0
+
+
+def _not_installed(framework: Framework, error: ImportError) -> str:
+    return f"{framework.value} is not installed ({error.name}); run scripts/install-frameworks"
+
+
+def _write_record(out: Path | None, file_name: str, record) -> None:
+    """Write ``record`` as JSON into ``out`` (atomically), if a directory was given."""
+    if out is None:
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / file_name
+    write_text_atomic(path, record.model_dump_json(indent=2) + "\n")
+    print(f"wrote {path}")
 
 
 def step_summary(record) -> str:
