@@ -349,3 +349,13 @@ def test_a_strategy_the_framework_does_not_run_is_one_line(capsys):
     assert code == 2 and len(err) == 1
     assert "strategies" in err[0] and "'zero3' is not run by torchtitan" in err[0] and "fsdp-full-shard" in err[0]
 
+
+
+def test_the_unchunked_loss_flag_reaches_the_request(capsys) -> None:
+    code = main(["fit", "llama-3.1-8b", "--framework", "torchtitan", "--unchunked-loss",
+                 "--strategies", "fsdp-full-shard", "--format", "json"])
+    assert code == 0
+    assert '"unchunked_loss": true' in capsys.readouterr().out
+    code = main(["fit", "llama-3.1-8b", "--framework", "torchtune", "--unchunked-loss"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "unchunked_loss" in err
