@@ -363,9 +363,10 @@ models/llama3/config_registry.py llama3_8b/70b/405b (lines 187, 260, 312) leave 
 # weight gradient accumulates unsharded and is reduce-scattered once, at the last chunk: in
 # fp32 (config/configs.py:93 mixed_precision_reduce), a fp32 copy of it and the
 # reduce-scatter's fp32 input, plus its 1/N output. That moment is the loss's largest in the
-# framework's own step (benchmarks/framework-step-records, FSDPMemTracker 'temp' at the peak
-# is exactly those three and the chunk's hidden-state gradient): beside the gathered head, its
-# gradient, the fp32 buffer, the chunk's bf16 logits and its bf16 hidden-state gradient.
+# framework's own step (benchmarks/framework-step-records: FSDPMemTracker's 'temp' at every
+# chunked record's peak is, to the byte, those three and the chunk's hidden-state gradient, its
+# 'unsharded_grad' the bf16 head gradient), beside the gathered head, the fp32 buffer and the
+# chunk's bf16 logits.
 def torchtitan_chunked_loss_bytes(request: PlanRequest) -> int:
     """The chunked loss's largest moment: the last chunk's head reduce-scatter."""
     model, training = request.model, request.training
