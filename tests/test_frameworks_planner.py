@@ -200,11 +200,33 @@ def test_hf_under_autocast_keeps_bf16_copies_of_weights_and_inputs(gpu_80gib) ->
 
 def test_torchtune_chunked_loss_is_smaller_than_one_piece(gpu_80gib) -> None:
     tune = framework_logits_bytes(_request(gpu_80gib, Framework.torchtune))
-    titan = framework_logits_bytes(_request(gpu_80gib, Framework.torchtitan))
+    titan = framework_logits_bytes(_request(gpu_80gib, Framework.torchtitan, unchunked_loss=True))
     sbv = 16384 * 128256
     # torchtitan's [norm, lm_head] unit (4096 + 128256 x 4096 elements, bf16) is still gathered.
     assert titan == 12 * sbv + 2 * (4096 + 128256 * 4096)
     assert tune == 2 * sbv + 4 * sbv + 4 * sbv // 8
+
+
+def test_torchtitan_chunked_loss_holds_one_chunk_and_the_heads_reduce_scatter(gpu_80gib) -> None:
+    chunked = framework_logits_bytes(_request(gpu_80gib, Framework.torchtitan))
+    vh, rows, bsh = 128256 * 4096, 16384 // 8, 16384 * 4096
+    # One chunk's bf16 logits and hidden-state gradient, the fp32 GradAccumulator buffer, the
+    # bf16 unsharded head gradient, its fp32 copy and reduce-scatter input, the 1/8 fp32 output,
+    # and the gathered [norm, lm_head] unit.
+    assert chunked == (2 * rows * 128256 + 2 * rows * 4096 + 4 * bsh + 2 * vh + 2 * 4 * vh + 4 * vh // 8
+                       + 2 * (4096 + vh))
+    assert chunked < framework_logits_bytes(_request(gpu_80gib, Framework.torchtitan, unchunked_loss=True)) / 3
+
+
+def test_torchtitans_chunked_loss_refuses_a_sequence_it_cannot_split(gpu_80gib) -> None:
+    with pytest.raises(ZeroplanError, match="--seq-len"):
+        framework_logits_bytes(_request(gpu_80gib, Framework.torchtitan, seq_len=8191))
+    framework_logits_bytes(_request(gpu_80gib, Framework.torchtitan, seq_len=8191, unchunked_loss=True))
+
+
+def test_unchunked_loss_is_refused_outside_torchtitan(gpu_80gib) -> None:
+    with pytest.raises(ZeroplanError, match="unchunked_loss"):
+        memory_breakdown(_request(gpu_80gib, Framework.torchtune, unchunked_loss=True))
 
 
 def test_nccl_buffers_shrink_what_the_allocator_may_use(gpu_80gib) -> None:
@@ -327,3 +349,13 @@ def test_a_strategy_the_framework_does_not_run_is_one_line(capsys):
     assert code == 2 and len(err) == 1
     assert "strategies" in err[0] and "'zero3' is not run by torchtitan" in err[0] and "fsdp-full-shard" in err[0]
 
+
+
+def test_the_unchunked_loss_flag_reaches_the_request(capsys) -> None:
+    code = main(["fit", "llama-3.1-8b", "--framework", "torchtitan", "--unchunked-loss",
+                 "--strategies", "fsdp-full-shard", "--format", "json"])
+    assert code == 0
+    assert '"unchunked_loss": true' in capsys.readouterr().out
+    code = main(["fit", "llama-3.1-8b", "--framework", "torchtune", "--unchunked-loss"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "unchunked_loss" in err

@@ -90,6 +90,10 @@ def add_fused_loss_argument(parser: argparse.ArgumentParser) -> None:
         "--fused-linear-cross-entropy", action="store_true",
         help="liger-kernel's fused linear cross-entropy instead of the logits (hf only: use_liger_kernel)",
     )
+    parser.add_argument(
+        "--unchunked-loss", action="store_true",
+        help="torchtitan only: its unchunked CrossEntropyLoss instead of the ChunkedLossWrapper its Llama-3 configs use",
+    )
 
 
 DEFAULT_HFU = PerformanceAssumptions.model_fields["hardware_flops_utilization"].default
@@ -172,6 +176,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         framework=framework,
         activation_offloading=args.activation_offloading,
         fused_linear_cross_entropy=args.fused_linear_cross_entropy,
+        unchunked_loss=args.unchunked_loss,
         optimizer_in_backward=args.optimizer_in_backward,
         fsdp_cpu_offload=args.fsdp_cpu_offload,
         optimizer=Optimizer(args.optimizer),

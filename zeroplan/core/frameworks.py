@@ -90,6 +90,9 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         checkpointing=(*_NONE_FULL, ActivationCheckpointing.selective_op),
         checkpointing_names="none, full, selective-op (torchtitan's `selective`)",
         default_precision=Precision.bf16_mixed, expands_kv_heads=False, bf16_module_norm_saves_bf16=False,
+        # Its Llama-3 configs chunk the loss with the output projection inside the loss
+        # (torchtitan_chunked_loss_bytes), unlike torchtune's: loss_chunks counts only the
+        # latter; TrainingSpec.unchunked_loss selects its one-piece CrossEntropyLoss.
         loss_chunks=1, offers_activation_offloading=False,
         # torchtitan 0.3.0 config/configs.py ParallelismConfig: data_parallel_shard_degree (FSDP2),
         # with data_parallel_replicate_degree > 1 HSDP, or replicate alone DDP;
@@ -223,6 +226,11 @@ def check_framework_request(training: TrainingSpec, model: ModelSpec | None = No
             "fused_linear_cross_entropy",
             f"not offered by {training.framework.value} {prof.version} (allowed only with framework hf)",
         )
+    if training.unchunked_loss and training.framework is not Framework.torchtitan:
+        raise ZeroplanError(
+            "unchunked_loss",
+            f"not offered by {training.framework.value} {prof.version} (allowed only with framework torchtitan)",
+        )
     if training.optimizer_in_backward and not prof.offers_optimizer_in_backward:
         offering = ", ".join(f.value for f, p in PROFILES.items() if p.offers_optimizer_in_backward)
         raise ZeroplanError(
@@ -339,6 +347,42 @@ def chunked_logits_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: in
                          head_backward_bytes: int = 0) -> int:
     """The largest of chunked_logits_pieces."""
     return max(chunked_logits_pieces(model, training, s, b, chunks, head_backward_bytes))
+
+
+TORCHTITAN_LOSS_CHUNKS = 8
+"""torchtitan 0.3.0 components/loss.py:610 ChunkedLossWrapper.Config.num_chunks, which
+models/llama3/config_registry.py llama3_8b/70b/405b (lines 187, 260, 312) leave at its default."""
+
+
+# torchtitan 0.3.0 components/loss.py:567-790 ChunkedLossWrapper (trainer.py:513-535 sets it the
+# model's lm_head and _skip_lm_head): the model returns the normed hidden states, and for each of
+# n sequence chunks the wrapper runs lm_head, CrossEntropyLoss (line 32: the chunk's logits upcast
+# to fp32) and that chunk's backward at once, copying each hidden-state gradient into an fp32
+# [b, s, h] GradAccumulator buffer (line 498). Only one chunk's logits ever exist, never the
+# whole b x s x V. Under FSDP2 (line 731) the head stays gathered over the chunks, its bf16
+# weight gradient accumulates unsharded and is reduce-scattered once, at the last chunk: in
+# fp32 (config/configs.py:93 mixed_precision_reduce), a fp32 copy of it and the
+# reduce-scatter's fp32 input, plus its 1/N output. That moment is the loss's largest in the
+# framework's own step (benchmarks/framework-step-records: FSDPMemTracker's 'temp' at every
+# chunked record's peak is, to the byte, those three and the chunk's hidden-state gradient, its
+# 'unsharded_grad' the bf16 head gradient), beside the gathered head, the fp32 buffer and the
+# chunk's bf16 logits.
+def torchtitan_chunked_loss_bytes(request: PlanRequest) -> int:
+    """The chunked loss's largest moment: the last chunk's head reduce-scatter."""
+    model, training = request.model, request.training
+    s, b = request.batch.seq_len, request.batch.micro_batch_size
+    e = training.precision.compute_bytes
+    if s % TORCHTITAN_LOSS_CHUNKS:
+        # components/loss.py:672: "sequence length must be divisible by num_chunks".
+        raise ZeroplanError("--seq-len", f"{s}: torchtitan's chunked loss needs a multiple of {TORCHTITAN_LOSS_CHUNKS} (or --unchunked-loss)")
+    rows = b * s // TORCHTITAN_LOSS_CHUNKS
+    chunk = e * rows * model.vocab_size + e * rows * model.hidden_size
+    accumulator = FP32_BYTES * b * s * model.hidden_size
+    vh = model.vocab_size * model.hidden_size
+    head = e * vh
+    if request.strategy.kind in (StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op, StrategyKind.hsdp):
+        head += 2 * FP32_BYTES * vh + FP32_BYTES * vh // request.shard_group_size
+    return chunk + accumulator + head + fsdp_head_gathered_bytes(request, prefetched=False)
 
 
 # torchtune 0.6.1 modules/transformer.py TransformerDecoder.chunked_output calls self.output once
@@ -590,6 +634,8 @@ def framework_logits_pieces(request: PlanRequest) -> tuple[int, ...]:
     chunks = profile(training.framework).loss_chunks
     if training.fused_linear_cross_entropy:
         return fused_linear_cross_entropy_pieces(request)
+    if training.framework is Framework.torchtitan and not training.unchunked_loss:
+        return (torchtitan_chunked_loss_bytes(request),)
     if chunks > 1:
         return chunked_logits_pieces(model, training, s, b, chunks, fsdp_chunked_head_bytes(request))
     # The loss's fp32 tensors are alive at the start of its backward, beside the head's unit

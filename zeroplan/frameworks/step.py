@@ -55,6 +55,8 @@ def check_step(framework: Framework, strategy: StrategyKind, training: TrainingS
     precision = STEP_PRECISION[framework][0]
     if training.precision is not precision:
         raise ZeroplanError("--precision", f"{training.precision.value!r}: {framework.value} under FSDP2 trains in {precision.value} (allowed: {precision.value})")
+    if training.unchunked_loss and framework is not Framework.torchtitan:
+        raise ZeroplanError("--unchunked-loss", f"not offered by {framework.value} (allowed only with --framework torchtitan)")
     if training.optimizer_in_backward and framework is not Framework.torchtune:
         raise ZeroplanError("--optimizer-in-backward", f"not offered by {framework.value} (allowed only with --framework torchtune)")
     if training.optimizer is not Optimizer.adamw:
@@ -107,7 +109,8 @@ def run_step(model: ModelSpec, strategy: StrategyKind, training: TrainingSpec, b
             tokens = torch.randint(0, model.vocab_size, (batch.micro_batch_size, batch.seq_len))
             # A first, untracked step: AdamW creates its states lazily in the first step, and a
             # run that fits must fit from the second step on, with the states alive throughout.
-            _backward(_forward_and_loss(framework, built, tokens, None, {}), in_backward, world_size, tokens)
+            unchunked = training.unchunked_loss
+            _backward(_forward_and_loss(framework, built, tokens, None, {}, unchunked), in_backward, world_size, tokens)
             if not in_backward:
                 _step_on_shards(optimizer, params, shards)
                 # Both trainers clear the gradients after the step: torchtune's recipe calls
@@ -117,7 +120,7 @@ def run_step(model: ModelSpec, strategy: StrategyKind, training: TrainingSpec, b
             tracker = private.passing_higher_order_ops(private.fsdp_mem_tracker_class()(mod=built.module, optm=optimizer))
             running: dict[StepPhase, int] = {}
             with tracker:
-                loss = _forward_and_loss(framework, built, tokens, tracker, running)
+                loss = _forward_and_loss(framework, built, tokens, tracker, running, unchunked)
                 _backward(loss, in_backward, world_size, tokens)
                 del loss
                 running[StepPhase.backward] = _peak(tracker)
@@ -205,7 +208,7 @@ def _peak(tracker: object | None) -> int:
 
 
 def _forward_and_loss(framework: Framework, built, tokens: torch.Tensor, tracker: object | None,
-                      running: dict[StepPhase, int]) -> torch.Tensor:
+                      running: dict[StepPhase, int], unchunked: bool = False) -> torch.Tensor:
     """The framework's forward and loss, as its trainer calls them; the logits are dropped
     before backward as the trainer drops them."""
     if framework is Framework.hf:
@@ -216,19 +219,7 @@ def _forward_and_loss(framework: Framework, built, tokens: torch.Tensor, tracker
         running[StepPhase.forward] = _peak(tracker)
         return loss
     if framework is Framework.torchtitan:
-        from torchtitan.components.loss import cross_entropy_loss
-
-        # torchtitan 0.3.0 trainer.py _forward_backward_body: pred = model(inputs, **extra_kwargs)
-        # (positions and block mask: BuiltModel.forward), CrossEntropyLoss (components/loss.py
-        # cross_entropy_loss: pred.flatten(0, 1).float(), cross_entropy with sum reduction)
-        # divided by the global valid-token count, then `del pred` before backward. The labels
-        # are the next tokens; their values change no byte.
-        pred = built.forward(tokens)
-        running[StepPhase.forward] = _peak(tracker)
-        loss = cross_entropy_loss(pred, tokens) / tokens.numel()
-        del pred
-        running[StepPhase.loss] = _peak(tracker)
-        return loss
+        return _torchtitan_loss(built, tokens, unchunked, tracker, running)
     from torchtune.modules.loss import CEWithChunkedOutputLoss
 
     # torchtune 0.6.1 recipes/full_finetune_distributed.py train(): logits = model(tokens) (a
@@ -243,3 +234,44 @@ def _forward_and_loss(framework: Framework, built, tokens: torch.Tensor, tracker
     del logits
     running[StepPhase.loss] = _peak(tracker)
     return loss
+
+
+TORCHTITAN_LOSS_CHUNKS = 8
+"""torchtitan 0.3.0 components/loss.py ChunkedLossWrapper.Config.num_chunks default, which its
+models/llama3/config_registry.py llama3_8b, llama3_70b and llama3_405b leave as it is."""
+
+
+def _torchtitan_loss(built, tokens: torch.Tensor, unchunked: bool, tracker: object | None,
+                     running: dict[StepPhase, int]) -> torch.Tensor:
+    """torchtitan 0.3.0 trainer.py _forward_backward_body: pred = model(inputs, **extra_kwargs)
+    (positions and block mask: BuiltModel.forward), loss, _ = self.loss_fn(pred, labels,
+    global_valid_tokens), then `del pred` before loss.backward(). The labels are the next
+    tokens; their values change no byte."""
+    from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
+
+    valid_tokens = torch.tensor(float(tokens.numel()))
+    if unchunked:
+        # models/llama3/config_registry.py llama3_debugmodel_ce_loss: CrossEntropyLoss
+        # (cross_entropy_loss: pred.flatten(0, 1).float(), cross_entropy with sum reduction).
+        loss_fn = CrossEntropyLoss(CrossEntropyLoss.Config())
+    else:
+        # models/llama3/config_registry.py llama3_8b/70b/405b: ChunkedLossWrapper over
+        # CrossEntropyLoss; trainer.py (after building the model) set_lm_head(model.lm_head)
+        # and model._skip_lm_head = True, so the forward returns the normed hidden states and
+        # the wrapper runs lm_head, the cross-entropy and their backward chunk by chunk.
+        loss_fn = ChunkedLossWrapper(ChunkedLossWrapper.Config(num_chunks=TORCHTITAN_LOSS_CHUNKS))
+        loss_fn.set_lm_head(built.module.lm_head)
+        built.module._skip_lm_head = True
+    pred = built.forward(tokens)
+    running[StepPhase.forward] = _peak(tracker)
+    # FSDPMemTracker refuses a second forward of one FSDP module outside the root's forward
+    # ("does not support memory tracking for multiple iterative calls"); each chunk's
+    # backward resets its module tracker's parents, so every chunk's lm_head call is one.
+    hook = None if tracker is None or unchunked else private.fsdp_tracker_forgets_each_call(tracker, built.module.lm_head)
+    loss, _ = loss_fn(pred, tokens, valid_tokens)
+    if hook is not None:
+        hook.remove()
+    del pred
+    running[StepPhase.loss] = _peak(tracker)
+    return loss
+

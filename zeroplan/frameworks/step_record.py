@@ -82,7 +82,8 @@ class FrameworkStepRecord(Frozen):
     def name(self) -> str:
         t, b = self.training, self.batch
         return (f"{t.framework.value}:{self.model.name}:{self.strategy.value}:n{self.world_size}:{t.precision.value}:"
-                f"ac={t.activation_checkpointing.value}{'+optim-in-bwd' if t.optimizer_in_backward else ''}:"
+                f"ac={t.activation_checkpointing.value}{'+optim-in-bwd' if t.optimizer_in_backward else ''}"
+                f"{'+unchunked-loss' if t.unchunked_loss else ''}:"
                 f"s{b.seq_len}:b{b.micro_batch_size}")
 
     @property

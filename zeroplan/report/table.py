@@ -55,6 +55,7 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
         f"grad-accum {b.grad_accum_steps}, activation checkpointing {t.activation_checkpointing.value}, "
         f"{t.attention_kernel.value} attention"
         + (", fused linear cross-entropy (liger)" if t.fused_linear_cross_entropy else "")
+        + (", unchunked loss" if t.unchunked_loss else "")
         + (", optimizer in backward" if t.optimizer_in_backward else "")
         + (", FSDP CPU offload (sharded states in host RAM)" if t.fsdp_cpu_offload else ""),
         f"Per-GPU memory in {unit.value}; host = offloaded states per node ({unit.value}); "

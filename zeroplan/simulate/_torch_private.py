@@ -120,6 +120,18 @@ def passing_higher_order_ops(tracker: object) -> object:
     return tracker
 
 
+def fsdp_tracker_forgets_each_call(tracker: object, module: object) -> object:
+    """Before each forward of the FSDP2 module ``module``, drop the per-module stats the
+    FSDPMemTracker ``tracker`` keeps for it (its private ``memory_tracking`` dict), so that it
+    takes a repeated call outside the root's forward (ChunkedLossWrapper's per-chunk lm_head)
+    as a first call instead of refusing it. The per-module stats are not what is read back:
+    the tracker's live and peak bytes are. Returns the hook's handle (its ``remove()``)."""
+    def forget(*_):
+        tracker.memory_tracking.pop(module, None)
+    # Prepended after the tracker's own prepended pre-forward hook: it runs first.
+    return module.register_forward_pre_hook(forget, prepend=True)
+
+
 def track_existing(tracker: object, module: object) -> None:
     """Count ``module``'s parameters and buffers as live from now on (they exist before the
     forward; untracked, they would be counted when first used)."""

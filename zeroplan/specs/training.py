@@ -130,6 +130,11 @@ class TrainingSpec(Frozen):
     fused linear cross-entropy, never materialising the logits (Hugging Face only: transformers'
     ``use_liger_kernel`` with ``liger_kernel_config={"fused_linear_cross_entropy": True}`` and
     its RMSNorm, SwiGLU and RoPE kernels off; docs/frameworks.md, "Loss")."""
+    unchunked_loss: bool = False
+    """torchtitan only: its unchunked ``CrossEntropyLoss`` (the output projection in the model's
+    forward, one fp32 cross-entropy over all the logits, as ``llama3_debugmodel_ce_loss``)
+    instead of the ``ChunkedLossWrapper(num_chunks=8)`` its Llama-3 trainer configs build
+    (docs/frameworks.md, "Loss")."""
     optimizer_in_backward: bool = False
     """Step each parameter's optimizer in a post-accumulate-grad hook as soon as its gradient
     is reduced, and free that gradient (torchtune's ``optimizer_in_bwd``; its recipe refuses it
