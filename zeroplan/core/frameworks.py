@@ -197,6 +197,18 @@ def check_framework_strategies(framework: Framework, strategies: tuple[StrategyK
             )
 
 
+FRAMEWORK_OPTIONS = {
+    "activation_offloading": lambda prof: prof.offers_activation_offloading,
+    "fused_linear_cross_entropy": lambda prof: prof.offers_fused_linear_cross_entropy,
+    # torchtitan 0.3.0 models/llama3/config_registry.py: llama3_debugmodel_ce_loss builds the
+    # unchunked CrossEntropyLoss beside the ChunkedLossWrapper of every other Llama-3 config.
+    "unchunked_loss": lambda prof: prof.framework is Framework.torchtitan,
+    "optimizer_in_backward": lambda prof: prof.offers_optimizer_in_backward,
+    "fsdp_cpu_offload": lambda prof: prof.offers_fsdp_cpu_offload,
+}
+"""TrainingSpec fields only some frameworks offer -> whether a profile offers the option."""
+
+
 def check_framework_request(training: TrainingSpec, model: ModelSpec | None = None) -> None:
     """Refuse, in one line naming the field, a policy the framework does not offer (and, given
     the model, a selective-layer interval that checkpoints no block)."""
@@ -207,11 +219,12 @@ def check_framework_request(training: TrainingSpec, model: ModelSpec | None = No
             f"{training.activation_checkpointing.value!r} is not offered by {training.framework.value} "
             f"{prof.version} (allowed: {prof.checkpointing_names})",
         )
-    if training.activation_offloading and not prof.offers_activation_offloading:
-        raise ZeroplanError(
-            "activation_offloading",
-            f"not offered by {training.framework.value} (allowed only with framework torchtune)",
-        )
+    for field, offers in FRAMEWORK_OPTIONS.items():
+        if getattr(training, field) and not offers(prof):
+            offering = ", ".join(f.value for f, p in PROFILES.items() if offers(p))
+            raise ZeroplanError(
+                field, f"not offered by {training.framework.value} {prof.version} (allowed only with framework {offering})"
+            )
     # torchtune 0.6.1 recipes/full_finetune_distributed.py __init__ raises a RuntimeError when
     # enable_activation_offloading is set without enable_activation_checkpointing, and with
     # ac_mode set as well _setup_model applies no checkpointing at all: offloading goes with full.
@@ -220,28 +233,6 @@ def check_framework_request(training: TrainingSpec, model: ModelSpec | None = No
             "activation_offloading",
             f"{training.framework.value} {prof.version} offloads only with activation_checkpointing 'full' "
             f"(got {training.activation_checkpointing.value!r})",
-        )
-    if training.fused_linear_cross_entropy and not prof.offers_fused_linear_cross_entropy:
-        raise ZeroplanError(
-            "fused_linear_cross_entropy",
-            f"not offered by {training.framework.value} {prof.version} (allowed only with framework hf)",
-        )
-    if training.unchunked_loss and training.framework is not Framework.torchtitan:
-        raise ZeroplanError(
-            "unchunked_loss",
-            f"not offered by {training.framework.value} {prof.version} (allowed only with framework torchtitan)",
-        )
-    if training.optimizer_in_backward and not prof.offers_optimizer_in_backward:
-        offering = ", ".join(f.value for f, p in PROFILES.items() if p.offers_optimizer_in_backward)
-        raise ZeroplanError(
-            "optimizer_in_backward",
-            f"not offered by {training.framework.value} {prof.version} (allowed only with framework {offering})",
-        )
-    if training.fsdp_cpu_offload and not prof.offers_fsdp_cpu_offload:
-        offering = ", ".join(f.value for f, p in PROFILES.items() if p.offers_fsdp_cpu_offload)
-        raise ZeroplanError(
-            "fsdp_cpu_offload",
-            f"not offered by {training.framework.value} {prof.version} (allowed only with framework {offering})",
         )
     k = training.selective_layer_interval
     selective_layer = training.activation_checkpointing is ActivationCheckpointing.selective_layer
