@@ -28,7 +28,7 @@ measurements recorded by the harness (`zeroplan measure`). Formulas: `docs/memor
 and `docs/communication-time.md`."""),
     ("code", """import pandas as pd
 from zeroplan import fit, get_gpu, get_model
-from zeroplan.report.frames import fit_report_frame
+from zeroplan.frames import fit_report_frame
 from zeroplan.report.plots import communication_figure, memory_stack_figure
 from zeroplan.specs import (ActivationCheckpointing, BatchSpec, PlanRequest, StrategyKind,
                             StrategySpec, TrainingSpec, cluster_from_gpus)

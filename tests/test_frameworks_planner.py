@@ -10,11 +10,13 @@ import pytest
 
 from zeroplan.cli.main import main
 from zeroplan.core.activations import activation_bytes, logits_bytes
+from zeroplan.core.feasibility import NCCL_BUFFSIZE_BYTES, nccl_buffer_bytes, usable_memory_bytes
 from zeroplan.core.frameworks import (
     hf_autocast_copies_bytes,
-    NCCL_BUFFSIZE_BYTES, OFFLOAD_FORWARD_STASH, PROFILES, framework_activation_bytes, framework_block_kept_bytes,
-    framework_layer_bytes, framework_logits_bytes, nccl_buffer_bytes, offloaded_layers_bytes, torchtitan_rope_cache_bytes, usable_memory_bytes,
+    OFFLOAD_FORWARD_STASH, framework_activation_bytes, framework_block_kept_bytes,
+    framework_layer_bytes, framework_logits_bytes, offloaded_layers_bytes, torchtitan_rope_cache_bytes,
 )
+from zeroplan.core.profiles import PROFILES
 from zeroplan.core.plan import fit, memory_breakdown
 from zeroplan.errors import ZeroplanError
 from zeroplan.presets.gpus import get_gpu

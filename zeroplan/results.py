@@ -9,6 +9,7 @@ from zeroplan.core.timing import StepTime
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.hardware import ClusterSpec
 from zeroplan.specs.model import ModelSpec
+from zeroplan.specs.parallel import ParallelSpec
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.training import BatchSpec, StateConvention, TrainingSpec
 
@@ -114,6 +115,14 @@ class StrategyPlan(Frozen):
     DeepSpeed's ZeRO-1/2 (all-reduce plus all-gather), per micro-batch where it repeats."""
     time: StepTime
     """Compute, communication and step time of one optimizer step."""
+    parallel: ParallelSpec = ParallelSpec()
+    """The tensor, context and pipeline layout; its pipeline_rank is the rank planned above,
+    the one whose peak is highest."""
+    pipeline_rank_peak_bytes: tuple[int, ...] = ()
+    """Each pipeline rank's peak_bytes, rank 0 first (empty without pipeline parallelism)."""
+    peak_rank_reason: str = ""
+    """Why the planned rank peaks: its stages, blocks and micro-batches in flight (empty
+    without pipeline parallelism)."""
 
 
 class FitReport(Frozen):
@@ -145,6 +154,6 @@ class FitReport(Frozen):
 
     def to_dataframe(self):
         """One row per strategy, sizes in bytes (pandas is imported here, not at start-up)."""
-        from zeroplan.report.frames import fit_report_frame
+        from zeroplan.frames import fit_report_frame
 
         return fit_report_frame(self)

@@ -22,6 +22,7 @@ from zeroplan.specs import (
     TrainingSpec,
     cluster_from_gpus,
 )
+from zeroplan.specs.parallel import ParallelSpec, PipelineSchedule
 from zeroplan.units import GB, GiB, ByteUnit
 
 
@@ -81,8 +82,39 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
         help="byte layout of model states (default: fsdp2 for DDP/FSDP, zero for ZeRO)",
     )
     parser.add_argument("--hsdp-group", type=positive_int, help="HSDP shard group size (default: GPUs per node)")
+    add_parallel_arguments(parser)
     add_efficiency_arguments(parser)
     add_collective_model_arguments(parser)
+
+
+def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
+    """Tensor, sequence, context and pipeline parallelism (zeroplan.specs.parallel)."""
+    group = parser.add_argument_group("model parallelism (docs/parallelism.md)")
+    group.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree, inside a node (default 1)")
+    group.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
+                       help="shard norms and the residual stream over the tp ranks (default: on for torchtitan, whose "
+                            "enable_sequence_parallel defaults to true; off for the reference model, as Megatron-LM)")
+    group.add_argument("--cp", type=positive_int, default=1, help="context-parallel degree (ring attention; default 1)")
+    group.add_argument("--pp", type=positive_int, default=1, help="pipeline-parallel degree (default 1); --grad-accum micro-batches flow through it")
+    group.add_argument("--pp-schedule", choices=choices_of(PipelineSchedule), default=PipelineSchedule.one_f_one_b.value,
+                       help="pipeline schedule (default 1f1b)")
+    group.add_argument("--virtual-stages", type=positive_int,
+                       help="stages per pipeline rank (default 1; 2 for interleaved-1f1b and zero-bubble)")
+
+
+def parallel_from_args(args: argparse.Namespace) -> ParallelSpec:
+    """The layout the flags describe; none for a command without them (plan's search does not
+    sweep model parallelism yet)."""
+    if not hasattr(args, "tp"):
+        return ParallelSpec()
+    schedule = PipelineSchedule(args.pp_schedule)
+    sequence_parallel = args.sequence_parallel
+    if sequence_parallel is None:
+        # torchtitan 0.3.0 config/configs.py ParallelismConfig.enable_sequence_parallel = True.
+        sequence_parallel = args.tp > 1 and args.framework == Framework.torchtitan.value
+    virtual = args.virtual_stages or (2 if schedule.interleaved and args.pp > 1 else 1)
+    return ParallelSpec(tp=args.tp, sequence_parallel=sequence_parallel, cp=args.cp, pp=args.pp,
+                        pp_schedule=schedule, virtual_stages=virtual)
 
 
 def add_fused_loss_argument(parser: argparse.ArgumentParser) -> None:
@@ -161,7 +193,7 @@ def parse_strategies(text: str | None) -> tuple[StrategyKind, ...] | None:
 
 def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKind.ddp) -> PlanRequest:
     """Build the PlanRequest the flags describe; bad values raise one-line ZeroplanErrors."""
-    from zeroplan.core.frameworks import check_framework_request, check_optimizer_in_backward, profile
+    from zeroplan.core.profiles import check_framework_request, check_optimizer_in_backward, profile
     from zeroplan.presets.models import get_model
 
     model = get_model(args.model)
@@ -205,7 +237,8 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         hardware_flops_utilization=args.hfu, algorithm=args.algorithm, bandwidth=args.bandwidth,
     )
     return PlanRequest(
-        model=model, training=training, batch=batch, cluster=cluster, strategy=strategy, performance=performance
+        model=model, training=training, batch=batch, cluster=cluster, strategy=strategy, performance=performance,
+        parallel=parallel_from_args(args),
     )
 
 

@@ -128,7 +128,7 @@ def _sharp(gpu: GpuSpec) -> bool:
 def available_algorithms(gpu: GpuSpec, op: CollectiveOp, layout: Layout) -> tuple[Algorithm, ...]:
     """Algorithms NCCL's tuning model may pick for ``op`` on ``layout``, ring first."""
     result = [Algorithm.ring]
-    if layout.group_size < 2 or op is CollectiveOp.broadcast:
+    if layout.group_size < 2 or op in (CollectiveOp.broadcast, CollectiveOp.send):
         return tuple(result)
     nvls = _nvls_efficiency(gpu) > 0 and layout.ranks_per_node >= 2
     multi = layout.spans_nodes
@@ -154,8 +154,8 @@ def _ring_steps(op: CollectiveOp, n: int) -> int:
 
 def bus_factor(op: CollectiveOp, n: int) -> float:
     """nccl-tests doc/PERFORMANCE.md: busbw = algbw x 2(n-1)/n (all-reduce), x (n-1)/n
-    (all-gather, reduce-scatter), x 1 (broadcast)."""
-    if op is CollectiveOp.broadcast:
+    (all-gather, reduce-scatter), x 1 (broadcast; a send moves its buffer once too)."""
+    if op in (CollectiveOp.broadcast, CollectiveOp.send):
         return 1.0
     return _ring_steps(op, n) / n
 
@@ -204,7 +204,7 @@ def algorithm_bandwidth_bytes_per_s(
     steps = _ring_steps(op, n_ranks)
     if algorithm is Algorithm.ring:
         # tuning.cc: algorithm bandwidth = busBw * nRanks / nsteps (a broadcast's busbw is its algbw)
-        return ring if op is CollectiveOp.broadcast or steps == 0 else ring * n_ranks / steps
+        return ring if op in (CollectiveOp.broadcast, CollectiveOp.send) or steps == 0 else ring * n_ranks / steps
     if algorithm is Algorithm.tree:
         # tuning.cc: bw = bwIntra on <= 2 nodes, else bwInter; busBw = .92 nCh bw; algbw = busBw / 2,
         # times treeCorrectionFactor for the size (ncclTopoGetAlgoTime)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes
 from zeroplan.core.model_states import held_elements, largest_tensor_shard_elements, padded_unit_elements_of, shard_layout
-from zeroplan.core.params import parameter_units, total_parameters
+from zeroplan.core.parallel.units import rank_parameter_elements, rank_parameter_units
+from zeroplan.core.profiles import profile
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, ZeroGradientReduce
 from zeroplan.specs.training import Optimizer, StateConvention
@@ -18,13 +19,13 @@ from zeroplan.specs.training import Optimizer, StateConvention
 def ddp_bucket_bytes(request: PlanRequest, gradient_bytes_per_element: int) -> int:
     if request.strategy.ddp_gradient_as_bucket_view or request.cluster.world_size == 1:
         return 0
-    return total_parameters(request.model) * gradient_bytes_per_element
+    return rank_parameter_elements(request) * gradient_bytes_per_element
 
 
 # deepspeed/runtime/zero/stage_1_and_2.py: gradients are reduced through an "ipg" bucket of
 # reduce_bucket_size elements in the gradient dtype, at most the model.
 def zero_reduce_bucket_bytes(request: PlanRequest, gradient_bytes_per_element: int) -> int:
-    elements = min(request.strategy.zero_bucket_elements, total_parameters(request.model))
+    elements = min(request.strategy.zero_bucket_elements, rank_parameter_elements(request))
     return elements * gradient_bytes_per_element
 
 
@@ -41,15 +42,13 @@ def gathered_unit_bytes(request: PlanRequest, bytes_per_element: int, gradient_b
 # The FSDP recipe (torchtitan, zeroplan/harness/torch_engines.py): fully_shard each block, then
 # the root, whose parameter group is everything else (embedding, final norm, head), gathered as
 # one. The reference ZeRO and DeepSpeed gather the embedding and the head as separate units, as
-# does torchtune's FSDP2 (custom_sharded_layers, zeroplan.core.frameworks profile).
+# does torchtune's FSDP2 (custom_sharded_layers, zeroplan.core.profiles).
 def largest_unit_elements(request: PlanRequest) -> int:
     """Padded elements of the largest unit gathered or reduced as one."""
-    from zeroplan.core.frameworks import profile
-
     padded = padded_unit_elements_of(request, request.shard_group_size)
     if not request.strategy.kind.is_fsdp or profile(request.training.framework).fsdp_separate_embedding_and_head:
         return max(padded)
-    units = parameter_units(request.model)
+    units = rank_parameter_units(request)
     blocks = [n for unit, n in zip(units, padded) if unit.name.startswith("block.")]
     root = sum(n for unit, n in zip(units, padded) if not unit.name.startswith("block."))
     return max(blocks + [root])
@@ -83,7 +82,7 @@ def resident_buffer_bytes(request: PlanRequest) -> int:
 # dtype) are allocated once and kept; AdamW reads an fp32 copy made at the step (the
 # convention's gradient). Measured: 72 MiB at the loss backward of tiny-llama, fp32, N = 2.
 def deepspeed_stage3_gradient_buffer_bytes(request: PlanRequest, compute_bytes: int) -> int:
-    partition = held_elements(parameter_units(request.model), request.shard_group_size, shard_layout(request))
+    partition = held_elements(rank_parameter_units(request), request.shard_group_size, shard_layout(request))
     return zero_reduce_bucket_bytes(request, compute_bytes) + partition * compute_bytes
 
 
@@ -97,7 +96,7 @@ def backward_held_buffer_bytes(request: PlanRequest) -> int:
     accumulating = request.batch.grad_accum_steps > 1 and request.strategy.keep_unsharded_grads_on_accum
     if accumulating and kind.zero_stage >= 2:
         # no_sync(): unsharded gradients accumulate locally until the last micro-batch.
-        held += total_parameters(request.model) * eb.compute_parameter
+        held += rank_parameter_elements(request) * eb.compute_parameter
     return held
 
 

@@ -1,4 +1,6 @@
-"""Collectives issued per optimizer step, and the bytes each rank sends under a ring.
+"""Collectives issued per optimizer step by the data-parallel strategy (and, through
+zeroplan.core.parallel.collectives, by tensor, context and pipeline parallelism), and the bytes
+each rank sends under a ring (zeroplan.core.collective).
 
 The ZeRO paper counts *volume* (sec. 7: 2*Psi for DDP, ZeRO-1 and ZeRO-2, 3*Psi for ZeRO-3);
 a ring collective of an S-byte buffer over N ranks makes each rank *send* (N-1)/N*S bytes
@@ -8,110 +10,26 @@ NCCL's docs/performance "algorithm bandwidth vs bus bandwidth"). Both are kept a
 
 from __future__ import annotations
 
-from collections import Counter
-from enum import Enum
-
 from zeroplan.core import deepspeed_buckets
+from zeroplan.core.collective import Collective, CollectiveOp, Phase, make_collective, ring_sent_bytes
 from zeroplan.core.layout import ElementBytes, element_bytes, gradient_wire_bytes
 from zeroplan.core.model_states import padded_unit_elements_of
 from zeroplan.core.network import strided_ranks_per_node
-from zeroplan.core.params import parameter_units
-from zeroplan.specs.base import Frozen
+from zeroplan.core.parallel.collectives import model_parallel_collectives
+from zeroplan.core.parallel.units import rank_parameter_units
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, ZeroGradientReduce
 from zeroplan.specs.training import Precision
 from zeroplan.units import ceil_div
 
+__all__ = [
+    "Collective", "CollectiveOp", "Phase", "collectives", "data_parallel_collectives", "ddp_bucket_sizes",
+    "make_collective", "ring_sent_bytes",
+]
+
 # torch/nn/parallel/distributed.py: the first bucket is capped at 1 MiB
 # (dist._DEFAULT_FIRST_BUCKET_BYTES) so communication starts early; the rest at bucket_cap_mb.
 DDP_FIRST_BUCKET_BYTES = 2**20
-
-
-class CollectiveOp(str, Enum):
-    all_reduce = "all_reduce"
-    all_gather = "all_gather"
-    reduce_scatter = "reduce_scatter"
-    broadcast = "broadcast"
-
-
-class Phase(str, Enum):
-    forward = "forward"
-    backward = "backward"
-    step = "step"
-
-
-class Collective(Frozen):
-    """One kind of collective in a step, summed over the units or buckets it runs on."""
-
-    op: CollectiveOp
-    """The collective."""
-    phase: Phase
-    """When it runs."""
-    what: str
-    """Which tensors it moves, e.g. 'gradients' or 'parameters'."""
-    group_size: int
-    """Ranks taking part."""
-    element_bytes: int
-    """Bytes of one element on the wire (the dtype)."""
-    buffer_bytes: int
-    """S summed over the calls of one occurrence: the unsharded buffer (all-gather output,
-    reduce-scatter input, all-reduce buffer)."""
-    calls: int
-    """Separate calls in one occurrence (units or buckets), for the latency term."""
-    occurrences_per_step: int
-    """Times it happens per optimizer step (grad_accum_steps for per-micro-batch ones)."""
-    spans_nodes: bool
-    """Whether the group crosses a node boundary (inter-node links then bound the ring)."""
-    sent_bytes_per_call_sum: int
-    """Bytes one rank sends in one occurrence under a ring, summed over its calls."""
-    ranks_per_node: int | None = None
-    """Members of the group on each node it spans (NICs it can use); None: consecutive ranks,
-    min(group_size, GPUs per node)."""
-    call_sizes: tuple[tuple[int, int], ...] = ()
-    """(S bytes, number of calls of that size) for each distinct call size of one occurrence, in
-    the order they first run; NCCL picks an algorithm per call from its size
-    (zeroplan/core/algorithms.py)."""
-
-    @property
-    def volume_elements_per_step(self) -> int:
-        """The ZeRO paper's volume (sec. 7.2.1): an all-reduce counts twice its buffer."""
-        factor = 2 if self.op is CollectiveOp.all_reduce else 1
-        return factor * self.buffer_bytes_per_step // self.element_bytes
-
-    @property
-    def buffer_bytes_per_step(self) -> int:
-        return self.buffer_bytes * self.occurrences_per_step
-
-    @property
-    def sent_bytes_per_step(self) -> int:
-        return self.sent_bytes_per_call_sum * self.occurrences_per_step
-
-
-# Ring all-gather / reduce-scatter: N-1 rounds, each sending one 1/N chunk of the S-byte buffer.
-# A pipelined ring broadcast forwards the whole buffer once along the chain: every rank but the
-# last sends S, and S / B bounds its time (NCCL tests doc/PERFORMANCE.md: broadcast busbw = algbw).
-def ring_sent_bytes(op: CollectiveOp, buffer_bytes: int, group_size: int) -> int:
-    """Bytes one rank sends for one collective of an S-byte buffer over a ring of N ranks."""
-    if op is CollectiveOp.broadcast:
-        return buffer_bytes if group_size > 1 else 0
-    chunk = ceil_div(buffer_bytes, group_size)
-    rounds = group_size - 1
-    if op is CollectiveOp.all_reduce:
-        return 2 * rounds * chunk
-    return rounds * chunk
-
-
-def _collective(
-    op: CollectiveOp, phase: Phase, what: str, buffers: list[int], group_size: int,
-    occurrences: int, spans_nodes: bool, element_bytes: int, ranks_per_node: int | None = None,
-) -> Collective:
-    return Collective(
-        op=op, phase=phase, what=what, group_size=group_size, element_bytes=element_bytes,
-        buffer_bytes=sum(buffers),
-        calls=len(buffers), occurrences_per_step=occurrences, spans_nodes=spans_nodes,
-        sent_bytes_per_call_sum=sum(ring_sent_bytes(op, s, group_size) for s in buffers),
-        ranks_per_node=ranks_per_node, call_sizes=tuple(Counter(buffers).items()),
-    )
 
 
 def ddp_bucket_sizes(total_bytes: int, cap_bytes: int) -> list[int]:
@@ -154,7 +72,7 @@ def deepspeed_zero12_collectives(
     gradients arrive (taken as reverse registration order), every micro-batch."""
     eb = _wire_bytes(request)
     gradient_bytes = gradient_wire_bytes(request)
-    numels = [t.numel for unit in parameter_units(request.model) for t in unit.tensors]
+    numels = [t.numel for unit in rank_parameter_units(request) for t in unit.tensors]
     order = list(range(len(numels)))
     if request.strategy.kind.zero_stage == 2:
         order.reverse()
@@ -162,43 +80,54 @@ def deepspeed_zero12_collectives(
         numels, order, request.strategy.zero_bucket_elements, group)
     flat = deepspeed_buckets.flat_group_elements(sum(numels), group)
     result = [
-        _collective(CollectiveOp.all_reduce, Phase.backward, "gradients", [n * gradient_bytes for n in grad_elements],
+        make_collective(CollectiveOp.all_reduce, Phase.backward, "gradients", [n * gradient_bytes for n in grad_elements],
                     group, reduce_per_step, spans_nodes, gradient_bytes),
-        _collective(CollectiveOp.all_gather, Phase.step, "parameters", [flat * eb.compute_parameter],
+        make_collective(CollectiveOp.all_gather, Phase.step, "parameters", [flat * eb.compute_parameter],
                     group, 1, spans_nodes, eb.compute_parameter),
     ]
     if request.training.precision is not Precision.fp32:
-        result.append(_collective(CollectiveOp.all_reduce, Phase.step, "overflow flag", [OVERFLOW_FLAG_BYTES],
+        result.append(make_collective(CollectiveOp.all_reduce, Phase.step, "overflow flag", [OVERFLOW_FLAG_BYTES],
                                   group, 1, spans_nodes, OVERFLOW_FLAG_BYTES))
-    result.append(_collective(CollectiveOp.all_reduce, Phase.step, "gradient norm", [GRADIENT_NORM_BYTES],
+    result.append(make_collective(CollectiveOp.all_reduce, Phase.step, "gradient norm", [GRADIENT_NORM_BYTES],
                               group, 1, spans_nodes, GRADIENT_NORM_BYTES))
     return result
 
 
 def collectives(request: PlanRequest) -> list[Collective]:
-    """Every collective of one optimizer step of ``request``."""
+    """Every collective of one optimizer step of ``request``'s rank: the data-parallel
+    strategy's over the ranks that hold the same parameters, then those tensor, context and
+    pipeline parallelism add (zeroplan.core.parallel.collectives)."""
+    return data_parallel_collectives(request) + model_parallel_collectives(request)
+
+
+def data_parallel_collectives(request: PlanRequest) -> list[Collective]:
+    """The data-parallel strategy's collectives. Its group is the ranks holding the same
+    parameters (PlanRequest.state_group_size), tp ranks apart in the mesh (tp innermost)."""
     kind = request.strategy.kind
-    world = request.cluster.world_size
+    world = request.state_group_size
     accum = request.batch.grad_accum_steps
     eb = _wire_bytes(request)
-    multi_node = request.cluster.num_nodes > 1
+    tp = request.parallel.tp
+    multi_node = world * tp > request.cluster.gpus_per_node
+    # Members of the group on one node: a node's GPUs divided among its tensor-parallel groups.
+    per_node = None if tp == 1 else max(1, min(world, request.cluster.gpus_per_node // tp))
     if world == 1:
         return []
     if kind is StrategyKind.ddp or request.strategy.zero_gradient_reduce is ZeroGradientReduce.ddp_buckets:
-        total = sum(u.numel for u in parameter_units(request.model)) * eb.gradient
+        total = sum(u.numel for u in rank_parameter_units(request)) * eb.gradient
         buckets = ddp_bucket_sizes(total, request.strategy.ddp_bucket_cap_bytes)
         # Accumulation runs under no_sync(): one all-reduce per optimizer step.
-        result = [_collective(CollectiveOp.all_reduce, Phase.backward, "gradients", buckets, world, 1, multi_node, eb.gradient)]
+        result = [make_collective(CollectiveOp.all_reduce, Phase.backward, "gradients", buckets, world, 1, multi_node, eb.gradient, per_node)]
         if kind is StrategyKind.zero1:
             # torch/distributed/optim/zero_redundancy_optimizer.py, step -> _sync_params ->
             # _broadcast_params_from_rank: each rank broadcasts the parameters it owns, one
             # dist.broadcast per tensor (parameters_as_bucket_view=False, the default).
-            tensors = [t.numel * eb.compute_parameter for unit in parameter_units(request.model) for t in unit.tensors]
-            result.append(_collective(CollectiveOp.broadcast, Phase.step, "parameters", tensors, world, 1, multi_node, eb.compute_parameter))
+            tensors = [t.numel * eb.compute_parameter for unit in rank_parameter_units(request) for t in unit.tensors]
+            result.append(make_collective(CollectiveOp.broadcast, Phase.step, "parameters", tensors, world, 1, multi_node, eb.compute_parameter, per_node))
         return result
 
     group = request.shard_group_size
-    group_spans_nodes = group > request.cluster.gpus_per_node
+    group_spans_nodes = group * tp > request.cluster.gpus_per_node
     # Parameters are gathered in the compute dtype; gradients travel in gradient_wire_bytes.
     gradient_bytes = gradient_wire_bytes(request)
     reduce_per_step = 1 if (kind is StrategyKind.zero1 or request.strategy.keep_unsharded_grads_on_accum) else accum
@@ -208,21 +137,21 @@ def collectives(request: PlanRequest) -> list[Collective]:
     params = _unit_buffers(request, group, eb.compute_parameter)
     result = []
     if request.strategy.kind.zero_stage == 3:
-        result.append(_collective(CollectiveOp.all_gather, Phase.forward, "parameters", params, group, accum, group_spans_nodes, eb.compute_parameter))
+        result.append(make_collective(CollectiveOp.all_gather, Phase.forward, "parameters", params, group, accum, group_spans_nodes, eb.compute_parameter, per_node))
         if kind is not StrategyKind.fsdp_shard_grad_op:
             backward = params
             if request.model.tied_embeddings and not kind.is_fsdp:
                 # Reference ZeRO-3 (zeroplan/harness/zero.py): a tied embedding serves the head
                 # too, so it stays gathered from the forward until its backward is done.
                 backward = params[1:]
-            result.append(_collective(CollectiveOp.all_gather, Phase.backward, "parameters", backward, group, accum, group_spans_nodes, eb.compute_parameter))
-    result.append(_collective(CollectiveOp.reduce_scatter, Phase.backward, "gradients", grads, group, reduce_per_step, group_spans_nodes, gradient_bytes))
+            result.append(make_collective(CollectiveOp.all_gather, Phase.backward, "parameters", backward, group, accum, group_spans_nodes, eb.compute_parameter, per_node))
+    result.append(make_collective(CollectiveOp.reduce_scatter, Phase.backward, "gradients", grads, group, reduce_per_step, group_spans_nodes, gradient_bytes, per_node))
     if kind.zero_stage in (1, 2):
-        result.append(_collective(CollectiveOp.all_gather, Phase.step, "parameters", params, group, 1, group_spans_nodes, eb.compute_parameter))
+        result.append(make_collective(CollectiveOp.all_gather, Phase.step, "parameters", params, group, 1, group_spans_nodes, eb.compute_parameter, per_node))
     if kind is StrategyKind.hsdp and world > group:
         replicas = world // group
         shards = [ceil_div(b, group) for b in grads]
         # Rank r's replica group is r, r+G, r+2G, ...: one member per node when G fills a node.
-        per_node = strided_ranks_per_node(group, request.cluster.gpus_per_node)
-        result.append(_collective(CollectiveOp.all_reduce, Phase.backward, "gradient shards", shards, replicas, reduce_per_step, multi_node, gradient_bytes, per_node))
+        per_node = strided_ranks_per_node(group * tp, request.cluster.gpus_per_node)
+        result.append(make_collective(CollectiveOp.all_reduce, Phase.backward, "gradient shards", shards, replicas, reduce_per_step, multi_node, gradient_bytes, per_node))
     return result

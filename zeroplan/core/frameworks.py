@@ -1,8 +1,8 @@
-"""Framework profiles: what torchtitan, Hugging Face Transformers and torchtune hold on a GPU
-where they differ from zeroplan's reference transformer (docs/frameworks.md, "Profiles").
+"""Framework byte formulas: what torchtitan, Hugging Face Transformers and torchtune hold on a
+GPU where they differ from zeroplan's reference transformer (docs/frameworks.md, "Profiles").
 
-Each profile is data read from the framework's own source (file and version on the line above
-each entry or formula); the functions below turn it into bytes. Only the differences are
+The profiles (zeroplan.core.profiles) are data read from each framework's own source; the
+functions here turn them into bytes, each with its source file and version on the line above. Only the differences are
 modelled here: every term a framework shares with the reference model (the linear inputs, the
 SwiGLU MLP, fused SDPA, RoPE saving only its constant cos/sin or complex cache) is computed by
 zeroplan.core.activations, which cites its own sources. Nothing here imports torch.
@@ -10,263 +10,15 @@ zeroplan.core.activations, which cites its own sources. Nothing here imports tor
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from zeroplan.core.profiles import profile
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import MlpKind, ModelSpec
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.training import ActivationCheckpointing, Precision, TrainingSpec
-from zeroplan.units import MiB
 
 FP32_BYTES = 4
-
-
-@dataclass(frozen=True)
-class FrameworkProfile:
-    """What one training stack does, as read from its source (docs/frameworks.md)."""
-
-    framework: Framework
-    version: str
-    """The release the profile was read from."""
-    checkpointing: tuple[ActivationCheckpointing, ...]
-    """Activation-checkpointing policies the framework offers, by their zeroplan names."""
-    checkpointing_names: str
-    """The same policies as the framework's own config spells them."""
-    default_precision: Precision
-    """The numerics its recipes default to."""
-    expands_kv_heads: bool
-    """Grouped-query K and V are copied to the query head count before SDPA (so SDPA saves
-    them at that width)."""
-    bf16_module_norm_saves_bf16: bool
-    """With the module in bf16 its RMSNorm saves the normalised tensor in bf16 (HF's
-    LlamaRMSNorm casts back before the weight multiply) instead of in fp32."""
-    loss_chunks: int
-    """Chunks the output projection and cross-entropy are split into (1: one piece)."""
-    offers_activation_offloading: bool
-    """Whether saved activations can be moved to host memory between forward and backward."""
-    strategies: tuple[StrategyKind, ...]
-    """The data-parallel strategies the framework itself runs (its own sharding options)."""
-    fsdp_reduces_in_compute_dtype: bool = False
-    """Its FSDP2 wrapping reduce-scatters gradients in the compute dtype (bf16), whatever
-    StrategySpec.fsdp_reduce_in_fp32 says."""
-    fsdp_loss_backward_gathers_head: bool = False
-    """Measured from its own FSDP2 step (benchmarks/framework-step-records): at the loss's
-    backward the unit holding the output projection is gathered again (fsdp_head_gathered_bytes)."""
-    fsdp_separate_embedding_and_head: bool = False
-    """Under FSDP the token embedding and the output projection are fully_shard units of their
-    own (instead of part of the root unit with the final norm)."""
-    offers_fused_linear_cross_entropy: bool = False
-    """liger-kernel's fused linear cross-entropy can replace the output projection and loss
-    (TrainingSpec.fused_linear_cross_entropy)."""
-    fuses_qkv: bool = False
-    """Each block projects q, k and v with one fused weight (so two parameter tensors fewer
-    per block for the optimizer to step)."""
-    offers_optimizer_in_backward: bool = False
-    """Whether each parameter's optimizer can step in backward, freeing its gradient
-    (TrainingSpec.optimizer_in_backward)."""
-    offers_fsdp_cpu_offload: bool = False
-    """Whether its FSDP2 wrapping can take CPUOffloadPolicy (TrainingSpec.fsdp_cpu_offload)."""
-
-
-_NONE_FULL = (ActivationCheckpointing.none, ActivationCheckpointing.full)
-
-PROFILES: dict[Framework, FrameworkProfile] = {
-    # zeroplan/harness/model.py: the reference model; its policies are Korthikanti et al.'s.
-    Framework.zeroplan: FrameworkProfile(
-        framework=Framework.zeroplan, version="this package",
-        checkpointing=(ActivationCheckpointing.none, ActivationCheckpointing.selective, ActivationCheckpointing.full),
-        checkpointing_names="none, selective, full",
-        default_precision=Precision.bf16_mixed, expands_kv_heads=False, bf16_module_norm_saves_bf16=False,
-        loss_chunks=1, offers_activation_offloading=False, strategies=tuple(StrategyKind),
-    ),
-    # torchtitan 0.3.0, torchtitan/distributed/activation_checkpoint.py: ActivationCheckpointingConfig
-    # is selective (SelectiveAC, per-op) | full (FullAC) | memory-budget (compiled only) | none;
-    # 0.3.0 has no layer-level selective option. models/common/attention.py passes enable_gqa to
-    # SDPA (no K/V copy); models/common/nn_modules.py RMSNorm is nn.RMSNorm (F.rms_norm).
-    Framework.torchtitan: FrameworkProfile(
-        framework=Framework.torchtitan, version="0.3.0",
-        checkpointing=(*_NONE_FULL, ActivationCheckpointing.selective_op),
-        checkpointing_names="none, full, selective-op (torchtitan's `selective`)",
-        default_precision=Precision.bf16_mixed, expands_kv_heads=False, bf16_module_norm_saves_bf16=False,
-        # Its Llama-3 configs chunk the loss with the output projection inside the loss
-        # (torchtitan_chunked_loss_bytes), unlike torchtune's: loss_chunks counts only the
-        # latter; TrainingSpec.unchunked_loss selects its one-piece CrossEntropyLoss.
-        loss_chunks=1, offers_activation_offloading=False,
-        # torchtitan 0.3.0 config/configs.py ParallelismConfig: data_parallel_shard_degree (FSDP2),
-        # with data_parallel_replicate_degree > 1 HSDP, or replicate alone DDP;
-        # fsdp_reshard_after_forward="never" keeps units gathered (shard-grad-op).
-        strategies=(StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op, StrategyKind.hsdp, StrategyKind.ddp),
-        # torchtitan 0.3.0 distributed/fsdp.py apply_fsdp_to_decoder (untied weights): fully_shard
-        # tok_embeddings, then [norm, lm_head] with reshard_after_forward only under the "always"
-        # policy (not the default), each block, then the root: the embedding and the head are
-        # units of their own, and the head's stays gathered from its forward through the loss's
-        # backward (the bytes fsdp_head_gathered_bytes counts; benchmarks/framework-step-records).
-        fsdp_separate_embedding_and_head=True, fsdp_loss_backward_gathers_head=True,
-        # torchtitan 0.3.0 models/llama3/__init__.py: every flavour builds fuse_qkv=True
-        # (models/common/attention.py FusedQKVLinear: one wqkv weight).
-        fuses_qkv=True,
-        # torchtitan 0.3.0 config/configs.py training.enable_cpu_offload -> distributed/fsdp.py
-        # apply_fsdp(cpu_offload=True): fsdp_config["offload_policy"] = CPUOffloadPolicy(), the
-        # same policy as torchtune's, on every fully_shard call (FSDP and HSDP; not its DDP).
-        offers_fsdp_cpu_offload=True,
-    ),
-    # transformers 4.56.2: modeling_utils.gradient_checkpointing_enable wraps each decoder layer
-    # (full recomputation per layer); models/llama/modeling_llama.py LlamaRMSNorm returns
-    # weight * hidden_states.to(input_dtype); integrations/sdpa_attention.py use_gqa_in_sdpa is
-    # true on CUDA with torch >= 2.5 and no attention mask, so K/V are not repeated.
-    Framework.hf: FrameworkProfile(
-        framework=Framework.hf, version="transformers 4.56.2",
-        checkpointing=_NONE_FULL, checkpointing_names="none, full (gradient_checkpointing)",
-        default_precision=Precision.bf16_mixed, expands_kv_heads=False, bf16_module_norm_saves_bf16=True,
-        loss_chunks=1, offers_activation_offloading=False,
-        # transformers 4.56.2 trainer.py / accelerate: DDP, FSDP (FULL_SHARD, SHARD_GRAD_OP,
-        # HYBRID_SHARD) and the DeepSpeed integration (ZeRO 1-3 and its offloads).
-        strategies=tuple(StrategyKind),
-        # accelerate 1.10.1 utils/dataclasses.py set_mixed_precision("bf16") for FSDP2:
-        # MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16, output_dtype=bf16).
-        fsdp_reduces_in_compute_dtype=True, fsdp_loss_backward_gathers_head=True,
-        # transformers 4.56.2 training_args.py use_liger_kernel / liger_kernel_config and
-        # trainer.py __init__: liger_kernel.transformers._apply_liger_kernel_to_instance
-        # (liger-kernel >= 0.3.0, utils/import_utils.py is_liger_kernel_available).
-        offers_fused_linear_cross_entropy=True,
-    ),
-    # torchtune 0.6.1: modules/attention.py (lines 285-291) expands K and V to num_heads with
-    # unsqueeze/expand/flatten (a copy) before SDPA; modules/loss/ce_chunked_output_loss.py
-    # CEWithChunkedOutputLoss(num_output_chunks=8); its configs train in dtype: bf16
-    # (parameters, gradients and optimizer states in bf16). recipes/full_finetune_distributed.py
-    # _setup_model checkpoints with enable_activation_checkpointing (and no ac_mode):
-    # training.set_activation_checkpointing on every TransformerSelfAttentionLayer; or, with
-    # enable_activation_checkpointing false and ac_mode set, training/activations.py
-    # apply_selective_activation_checkpointing: ac_mode "full" wraps every block alike,
-    # "selective" with an integer ac_option k every k-th. Its docstring's ac_option "op" fails
-    # in int(ac_style) with a ValueError, so op-level selective is not offered.
-    Framework.torchtune: FrameworkProfile(
-        framework=Framework.torchtune, version="0.6.1",
-        checkpointing=(*_NONE_FULL, ActivationCheckpointing.selective_layer),
-        checkpointing_names=(
-            "none, full (enable_activation_checkpointing, or ac_mode: full), "
-            "selective-layer (ac_mode: selective, ac_option: k = --selective-layer-interval)"
-        ),
-        default_precision=Precision.bf16_pure, expands_kv_heads=True, bf16_module_norm_saves_bf16=False,
-        loss_chunks=8, offers_activation_offloading=True,
-        # torchtune 0.6.1 recipes/configs/llama3_1/*_full.yaml: custom_sharded_layers
-        # ['tok_embeddings', 'output'], which training.get_shard_conditions shards on their own.
-        fsdp_separate_embedding_and_head=True,
-        # training.shard_model passes no mp_policy: the bf16 module's gradients are reduced in bf16.
-        fsdp_reduces_in_compute_dtype=True, fsdp_loss_backward_gathers_head=True,
-        # torchtune 0.6.1 recipes/full_finetune_distributed.py _setup_optimizer(optimizer_in_bwd):
-        # one optimizer per parameter, stepped and zeroed by training/memory.py
-        # register_optim_in_bwd_hooks' post-accumulate-grad hook (model_states.model_state_bytes).
-        offers_optimizer_in_backward=True,
-        # torchtune 0.6.1 recipes/full_finetune_distributed.py: FSDP2 with
-        # fsdp_reshard_after_forward (True: full shard; False: SHARD_GRAD_OP, its docstring);
-        # fsdp_cpu_offload: training/_distributed.py shard_model(cpu_offload=True) passes
-        # offload_policy=CPUOffloadPolicy() to every fully_shard (model_states.model_state_bytes).
-        strategies=(StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op),
-        offers_fsdp_cpu_offload=True,
-    ),
-}
-
-
-def profile(framework: Framework) -> FrameworkProfile:
-    return PROFILES[framework]
-
-
-# torchtitan 0.3.0 models/common/attention.py FusedQKVLinear: one wqkv Linear (and its bias,
-# where the projections have one) stands for the q, k and v projections, each a tensor of its
-# own in zeroplan.core.params' units; FSDP2 shards, and AdamW steps, per tensor.
-def fused_qkv_fewer_tensors(request: PlanRequest) -> int:
-    """Parameter tensors the framework's blocks have fewer than the planner's units list."""
-    model = request.model
-    if not profile(request.training.framework).fuses_qkv:
-        return 0
-    per_projection = 2 if (model.bias or model.qkv_bias) else 1
-    return 2 * per_projection * model.num_layers
-
-
-def check_framework_strategies(framework: Framework, strategies: tuple[StrategyKind, ...]) -> None:
-    """Refuse, in one line, a strategy the framework does not run."""
-    prof = profile(framework)
-    for kind in strategies:
-        if kind not in prof.strategies:
-            allowed = ", ".join(k.value for k in prof.strategies)
-            raise ZeroplanError(
-                "strategies", f"{kind.value!r} is not run by {framework.value} {prof.version} (allowed: {allowed})"
-            )
-
-
-FRAMEWORK_OPTIONS = {
-    "activation_offloading": lambda prof: prof.offers_activation_offloading,
-    "fused_linear_cross_entropy": lambda prof: prof.offers_fused_linear_cross_entropy,
-    # torchtitan 0.3.0 models/llama3/config_registry.py: llama3_debugmodel_ce_loss builds the
-    # unchunked CrossEntropyLoss beside the ChunkedLossWrapper of every other Llama-3 config.
-    "unchunked_loss": lambda prof: prof.framework is Framework.torchtitan,
-    "optimizer_in_backward": lambda prof: prof.offers_optimizer_in_backward,
-    "fsdp_cpu_offload": lambda prof: prof.offers_fsdp_cpu_offload,
-}
-"""TrainingSpec fields only some frameworks offer -> whether a profile offers the option."""
-
-
-def check_framework_request(training: TrainingSpec, model: ModelSpec | None = None) -> None:
-    """Refuse, in one line naming the field, a policy the framework does not offer (and, given
-    the model, a selective-layer interval that checkpoints no block)."""
-    prof = profile(training.framework)
-    if training.activation_checkpointing not in prof.checkpointing:
-        raise ZeroplanError(
-            "activation_checkpointing",
-            f"{training.activation_checkpointing.value!r} is not offered by {training.framework.value} "
-            f"{prof.version} (allowed: {prof.checkpointing_names})",
-        )
-    for field, offers in FRAMEWORK_OPTIONS.items():
-        if getattr(training, field) and not offers(prof):
-            offering = ", ".join(f.value for f, p in PROFILES.items() if offers(p))
-            raise ZeroplanError(
-                field, f"not offered by {training.framework.value} {prof.version} (allowed only with framework {offering})"
-            )
-    # torchtune 0.6.1 recipes/full_finetune_distributed.py __init__ raises a RuntimeError when
-    # enable_activation_offloading is set without enable_activation_checkpointing, and with
-    # ac_mode set as well _setup_model applies no checkpointing at all: offloading goes with full.
-    if training.activation_offloading and training.activation_checkpointing is not ActivationCheckpointing.full:
-        raise ZeroplanError(
-            "activation_offloading",
-            f"{training.framework.value} {prof.version} offloads only with activation_checkpointing 'full' "
-            f"(got {training.activation_checkpointing.value!r})",
-        )
-    k = training.selective_layer_interval
-    selective_layer = training.activation_checkpointing is ActivationCheckpointing.selective_layer
-    if selective_layer and model is not None and k > model.num_layers:
-        raise ZeroplanError(
-            "selective_layer_interval",
-            f"{k} checkpoints none of {model.name}'s {model.num_layers} blocks (allowed: 1 to {model.num_layers})",
-        )
-
-
-# torchtune 0.6.1 recipes/full_finetune_distributed.py __init__: optimizer_in_bwd raises a
-# RuntimeError with gradient_accumulation_steps > 1 (the hook steps on each micro-batch's gradient).
-def check_optimizer_in_backward(training: TrainingSpec, grad_accum_steps: int) -> None:
-    """Refuse, in one line, optimizer-in-backward with gradient accumulation."""
-    if training.optimizer_in_backward and grad_accum_steps > 1:
-        raise ZeroplanError(
-            "optimizer_in_backward",
-            f"{training.framework.value} steps in backward only without gradient accumulation "
-            f"(allowed: grad_accum_steps 1, got {grad_accum_steps})",
-        )
-
-
-def fsdp_cpu_offload_strategies(framework: Framework) -> tuple[StrategyKind, ...]:
-    """The framework's strategies that CPUOffloadPolicy applies to: its FSDP2 ones."""
-    return tuple(kind for kind in profile(framework).strategies if kind.is_fsdp)
-
-
-def check_fsdp_cpu_offload(training: TrainingSpec, kind: StrategyKind) -> None:
-    """Refuse, in one line, FSDP CPU offload under a strategy that is not FSDP2."""
-    if training.fsdp_cpu_offload and not kind.is_fsdp:
-        allowed = ", ".join(k.value for k in fsdp_cpu_offload_strategies(training.framework))
-        raise ZeroplanError(
-            "fsdp_cpu_offload", f"FSDP2's CPUOffloadPolicy does not apply to {kind.value!r} (allowed: {allowed})"
-        )
 
 
 # torchtune 0.6.1 modules/attention.py: k.unsqueeze(2).expand(...).flatten(1, 2) copies K and
@@ -422,26 +174,6 @@ def fsdp_head_gathered_bytes(request: PlanRequest, *, prefetched: bool = True) -
     else:
         gathered = embedding + head + (request.strategy.prefetch_units * last_block if prefetched else 0)
     return gathered * element_bytes(request.training.precision, request.convention).compute_parameter
-
-
-NCCL_BUFFSIZE_BYTES = 4 * MiB
-"""NCCL's default NCCL_BUFFSIZE (NCCL environment-variable documentation: 4194304)."""
-
-
-# docs/frameworks.md, "Feasibility": NCCL allocates, per communicator, NCCL_BUFFSIZE for each
-# channel and each peer it exchanges with (ring: two); the channel count is an assumption.
-def nccl_buffer_bytes(request: PlanRequest) -> int:
-    """Device bytes NCCL's buffers take outside the caching allocator (0 for the reference
-    harness, whose measured runs are the baseline of the existing verdicts)."""
-    if request.training.framework is Framework.zeroplan or request.cluster.world_size == 1:
-        return 0
-    assumptions = request.assumptions
-    return NCCL_BUFFSIZE_BYTES * assumptions.nccl_channels * assumptions.nccl_peers_per_channel
-
-
-def usable_memory_bytes(request: PlanRequest) -> int:
-    """What the allocator may use: capacity less CUDA context and NCCL buffers."""
-    return request.cluster.usable_memory_bytes - nccl_buffer_bytes(request)
 
 
 def _hf_module_in_bf16(request: PlanRequest) -> bool:

@@ -6,6 +6,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from zeroplan.core.params import ParamUnit
+from zeroplan.core.profiles import profile
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.training import Precision, StateConvention
 from zeroplan.units import ceil_div
@@ -81,9 +82,7 @@ def shard_elements(unit: ParamUnit, num_shards: int, layout: ShardLayout) -> int
 def gradient_wire_bytes(request: "PlanRequest") -> int:
     """Bytes per element of the gradients the collectives reduce: the compute dtype (ZeRO
     reduces fp16/bf16 gradients), or fp32 for FSDP with an fp32 reduce_dtype (unless the
-    framework's own FSDP2 wrapping reduces in the compute dtype: zeroplan.core.frameworks)."""
-    from zeroplan.core.frameworks import profile
-
+    framework's own FSDP2 wrapping reduces in the compute dtype: zeroplan.core.profiles)."""
     eb = element_bytes(request.training.precision, request.convention)
     strategy = request.strategy
     framework_choice = profile(request.training.framework).fsdp_reduces_in_compute_dtype

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from zeroplan.core.layout import ElementBytes, ShardLayout, element_bytes, padded_unit_elements, shard_elements
 from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise, step_counter_bytes, tensor_state_bytes
-from zeroplan.core.params import ParamUnit, parameter_units
+from zeroplan.core.params import ParamUnit
+from zeroplan.core.parallel.units import rank_block_count, rank_parameter_units
+from zeroplan.core.profiles import fused_qkv_fewer_tensors
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.training import StateConvention
@@ -54,7 +56,7 @@ def padded_unit_elements_of(request: PlanRequest, num_shards: int) -> list[int]:
     """Every unit's unsharded element count after padding for ``num_shards`` shards: what an
     all-gather produces and a reduce-scatter consumes."""
     layout = shard_layout(request)
-    return [padded_unit_elements(unit, num_shards, layout) for unit in parameter_units(request.model)]
+    return [padded_unit_elements(unit, num_shards, layout) for unit in rank_parameter_units(request)]
 
 
 def held_elements(units: tuple[ParamUnit, ...], num_shards: int, layout: ShardLayout) -> int:
@@ -67,19 +69,17 @@ def held_elements(units: tuple[ParamUnit, ...], num_shards: int, layout: ShardLa
 def stepped_tensors(request: PlanRequest, sharded: bool) -> int:
     """Tensors the optimizer steps on one rank: one flat shard per unit in the reference ZeRO
     layout, every parameter tensor otherwise (DDP, FSDP2's per-parameter shards)."""
-    from zeroplan.core.frameworks import fused_qkv_fewer_tensors
-
-    units = parameter_units(request.model)
+    units = rank_parameter_units(request)
     if sharded and shard_layout(request) is ShardLayout.flat:
         return len(units)
-    return sum(len(unit.tensors) for unit in units) - fused_qkv_fewer_tensors(request)
+    return sum(len(unit.tensors) for unit in units) - fused_qkv_fewer_tensors(request, rank_block_count(request))
 
 
 def largest_tensor_shard_elements(request: PlanRequest) -> int:
     """Elements of the largest parameter tensor's shard on one rank (padding included)."""
     layout, num_shards = shard_layout(request), request.shard_group_size
     return max(shard_elements(ParamUnit(name=unit.name, tensors=(tensor,)), num_shards, layout)
-               for unit in parameter_units(request.model) for tensor in unit.tensors)
+               for unit in rank_parameter_units(request) for tensor in unit.tensors)
 
 
 def optimizer_bytes(request: PlanRequest, elements: int, num_shards: int, eb: ElementBytes) -> int:
@@ -90,7 +90,7 @@ def optimizer_bytes(request: PlanRequest, elements: int, num_shards: int, eb: El
         return elements * elementwise_state_bytes(optimizer, eb.optimizer_dtype)
     # Factored and block-quantised states do not split element by element; a rank holds 1/N
     # of the whole (rounded up). Documented in docs/memory-model.md as an approximation.
-    units = parameter_units(request.model)
+    units = rank_parameter_units(request)
     whole = sum(tensor_state_bytes(t, optimizer, eb.optimizer_dtype) for u in units for t in u.tensors)
     return ceil_div(whole, num_shards)
 
@@ -111,7 +111,7 @@ def model_state_bytes(request: PlanRequest) -> ModelStateBytes:
     kind = request.strategy.kind
     stage = kind.zero_stage
     eb = element_bytes(request.training.precision, request.convention)
-    units = parameter_units(request.model)
+    units = rank_parameter_units(request)
     num_shards = request.shard_group_size
     layout = shard_layout(request)
     full = held_elements(units, 1, layout)

@@ -5,20 +5,24 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from zeroplan.core.activations import activation_bytes, backward_workspace_bytes, logits_bytes
+from zeroplan.core.activations import activation_bytes, backward_workspace_bytes, layer_bytes, logits_bytes
 from zeroplan.core.buffers import (
     backward_held_buffer_bytes, optimizer_step_temporary_bytes, resident_buffer_bytes, transient_buffer_bytes,
 )
 from zeroplan.core.communication import collectives
-from zeroplan.core.frameworks import (
+from zeroplan.core.feasibility import usable_memory_bytes
+from zeroplan.core.frameworks import framework_activation_bytes, framework_logits_pieces, framework_recompute_bytes
+from zeroplan.core.profiles import (
     check_framework_request, check_framework_strategies, check_fsdp_cpu_offload, check_optimizer_in_backward,
-    fsdp_cpu_offload_strategies, framework_activation_bytes, framework_logits_pieces,
-    framework_recompute_bytes, profile, usable_memory_bytes,
+    fsdp_cpu_offload_strategies, profile,
 )
 from zeroplan.core.model_states import ModelStateBytes, model_state_bytes
+from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
+from zeroplan.core.parallel.activations import rank_activation_bytes, rank_logits_pieces, rank_workspace_bytes
 from zeroplan.core.params import total_parameters
 from zeroplan.core.timing import step_time
 from zeroplan.results import FitReport, MemoryBreakdown, PeakMoment, StrategyPlan
+from zeroplan.specs.parallel import PIPELINE_STRATEGIES
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.framework import Framework
@@ -88,23 +92,48 @@ class PeakTerms:
     affine in the micro-batch, their maximum is not: the plan search needs them apart."""
 
 
+def _workspace(request: PlanRequest) -> int:
+    return backward_workspace_bytes(request.model, request.training, request.batch.seq_len, request.batch.micro_batch_size)
+
+
+def _reference_activations(request: PlanRequest) -> tuple[int, int]:
+    """(kept, recompute) of the reference model under full recomputation: the block rebuilt in
+    backward apart (checkpointed_layers_bytes counts it with the rest)."""
+    model, training, batch = request.model, request.training, request.batch
+    s, b, autocast = batch.seq_len, batch.micro_batch_size, request.runs_under_autocast
+    total = activation_bytes(model, training, s, b, autocast=autocast)
+    recompute = layer_bytes(model, training, s, b, autocast=autocast) if training.activation_checkpointing is ActivationCheckpointing.full else 0
+    return total - recompute, recompute
+
+
+def _reference_logits(request: PlanRequest) -> tuple[int, ...]:
+    return (logits_bytes(request.model, request.training, request.batch.seq_len, request.batch.micro_batch_size),)
+
+
+def _framework_activations(request: PlanRequest) -> tuple[int, int]:
+    recompute = framework_recompute_bytes(request)
+    return framework_activation_bytes(request) - recompute, recompute
+
+
 def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     """The model states and the byte terms the peak moments combine, for one request."""
-    model, training, batch = request.model, request.training, request.batch
-    s, b = batch.seq_len, batch.micro_batch_size
-    check_framework_request(training, model)
+    training = request.training
+    check_framework_request(training, request.model)
     states = model_state_bytes(request)
-    workspace = backward_workspace_bytes(model, training, s, b)
+    # Each term below is the planner's own for one micro-batch through the whole model; with
+    # tensor, context or pipeline parallelism zeroplan.core.parallel.activations applies it to
+    # what this rank computes and keeps in flight.
+    workspace = rank_workspace_bytes(request, _workspace)
     logits_pieces: tuple[int, ...] = ()
     if training.framework is Framework.zeroplan:
-        activations = activation_bytes(model, training, s, b, autocast=request.runs_under_autocast)
-        logits = logits_bytes(model, training, s, b)
+        # The reference model's recomputed block stays with its activations at every moment.
+        activations = sum(rank_activation_bytes(request, _reference_activations))
+        logits = max(rank_logits_pieces(request, _reference_logits))
     else:
         # The block a recomputing backward rebuilds is alive only in a block's backward: it
         # joins that moment's workspace, not the loss's moment (framework_recompute_bytes).
-        recompute = framework_recompute_bytes(request)
-        activations = framework_activation_bytes(request) - recompute
-        logits_pieces = framework_logits_pieces(request)
+        activations, recompute = rank_activation_bytes(request, _framework_activations)
+        logits_pieces = rank_logits_pieces(request, framework_logits_pieces)
         logits = max(logits_pieces)
         workspace += recompute
     terms = PeakTerms(
@@ -152,9 +181,32 @@ def host_memory_fits(request: PlanRequest, host_bytes_per_rank: int) -> bool | N
     return None if limit is None else host_bytes_per_rank * request.cluster.gpus_per_node <= limit
 
 
+def pipeline_rank_breakdowns(request: PlanRequest) -> list[MemoryBreakdown]:
+    """Every pipeline rank's breakdown, rank 0 first (the request's own rank alone without a
+    pipeline)."""
+    if request.parallel.pp == 1:
+        return [memory_breakdown(request)[0]]
+    return [memory_breakdown(request.at_pipeline_rank(rank))[0] for rank in range(request.parallel.pp)]
+
+
 def _fits(request: PlanRequest) -> bool:
-    breakdown, _ = memory_breakdown(request)
-    return breakdown.peak_bytes <= usable_memory_bytes(request)
+    peak = max(b.peak_bytes for b in pipeline_rank_breakdowns(request))
+    return peak <= usable_memory_bytes(request)
+
+
+def peak_rank_reason(request: PlanRequest) -> str:
+    """What the request's pipeline rank holds, for a person: its stages, blocks, embedding or
+    head, and the micro-batches it keeps in flight."""
+    parallel = request.parallel
+    rank = parallel.pipeline_rank
+    stages = rank_stages(parallel, request.model.num_layers, request.training.framework, rank)
+    blocks = ", ".join(f"{s.first_block}-{s.first_block + s.num_blocks - 1}" if s.num_blocks else "none" for s in stages)
+    extra = "".join([" + embedding" if any(s.has_embedding for s in stages) else "",
+                     " + head" if any(s.has_head for s in stages) else ""])
+    chunks = in_flight_chunks(parallel, rank, request.batch.grad_accum_steps)
+    return (f"pipeline rank {rank} of {parallel.pp}: stage{'s' if len(stages) > 1 else ''} "
+            f"{', '.join(str(s.index) for s in stages)} (blocks {blocks}{extra}), {chunks} micro-batch chunk(s) "
+            f"in flight under {parallel.pp_schedule.value}")
 
 
 def max_micro_batch_size(request: PlanRequest) -> int:
@@ -176,7 +228,14 @@ def max_micro_batch_size(request: PlanRequest) -> int:
 
 
 def plan(request: PlanRequest) -> StrategyPlan:
-    """Memory and communication of one strategy on one GPU."""
+    """Memory and communication of one strategy on one GPU: under pipeline parallelism the
+    pipeline rank whose peak is highest (every rank's peak is kept beside it)."""
+    rank_peaks: tuple[int, ...] = ()
+    reason = ""
+    if request.parallel.pp > 1:
+        rank_peaks = tuple(b.peak_bytes for b in pipeline_rank_breakdowns(request))
+        request = request.at_pipeline_rank(max(range(len(rank_peaks)), key=rank_peaks.__getitem__))
+        reason = peak_rank_reason(request)
     breakdown, states = memory_breakdown(request)
     # Feasibility: allocated peak + allocator reserve against capacity less the CUDA context
     # and NCCL buffers (docs/frameworks.md, "Feasibility").
@@ -200,6 +259,9 @@ def plan(request: PlanRequest) -> StrategyPlan:
         sent_bytes_per_step=sum(c.sent_bytes_per_step for c in step_collectives),
         communication_volume_elements=sum(c.volume_elements_per_step for c in step_collectives),
         time=step_time(request, step_collectives),
+        parallel=request.parallel,
+        pipeline_rank_peak_bytes=rank_peaks,
+        peak_rank_reason=reason,
     )
 
 
@@ -284,6 +346,8 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | N
     if strategies is None:
         # FSDP2's CPUOffloadPolicy applies only to the framework's FSDP strategies.
         strategies = fsdp_cpu_offload_strategies(framework) if base.training.fsdp_cpu_offload else profile(framework).strategies
+        if base.parallel.pp > 1:
+            strategies = tuple(k for k in strategies if k.value in PIPELINE_STRATEGIES)
     strategies = tuple(strategies)
     check_framework_strategies(
         framework, tuple(s.kind if isinstance(s, StrategySpec) else StrategyKind(s) for s in strategies)

@@ -18,7 +18,8 @@ import numpy as np
 
 from zeroplan.core.communication import Phase, collectives
 from zeroplan.core.flops import step_flops
-from zeroplan.core.frameworks import check_framework_strategies, profile, usable_memory_bytes
+from zeroplan.core.feasibility import usable_memory_bytes
+from zeroplan.core.profiles import check_framework_strategies, profile
 from zeroplan.core.plan import host_memory_fits, memory_breakdown, peak_moments, peak_terms
 from zeroplan.core.timing import (
     collective_time_s,
@@ -91,7 +92,7 @@ class PlanSearchResult(Frozen):
     """One line for a person."""
 
     def to_dataframe(self):
-        from zeroplan.report.frames import search_frame
+        from zeroplan.frames import search_frame
 
         return search_frame(self)
 

@@ -9,7 +9,7 @@ from zeroplan.core.flops import StepFlops, step_flops
 from zeroplan.core.layout import element_bytes
 from zeroplan.core.model_states import held_elements, shard_layout
 from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise
-from zeroplan.core.params import parameter_units
+from zeroplan.core.parallel.units import rank_parameter_units
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.hardware import HostSpec
 from zeroplan.specs.request import PlanRequest
@@ -35,6 +35,12 @@ class StepTime(Frozen):
     """Compute + communication + host transfers + CPU optimizer step, one after another."""
     step_with_overlap_s: float
     """Compute + exposed communication + CPU optimizer step."""
+    model_parallel_communication_s: float = 0.0
+    """Tensor- and context-parallel collectives and pipeline sends: on the critical path, never
+    hidden (Collective.blocking); included in communication_s."""
+    pipeline_bubble_s: float = 0.0
+    """Idle time of the pipeline schedule (zeroplan.core.parallel.pipeline.bubble_fraction of
+    the busy time); 0 without pipeline parallelism."""
     collective_times: tuple[CollectiveTime, ...] = ()
     """Per collective of the step: its seconds and the NCCL algorithm it runs on."""
     executed_flops: float
@@ -104,7 +110,7 @@ def cpu_optimizer_bytes_per_element(optimizer: Optimizer) -> int:
 
 def offloaded_optimizer_elements(request: PlanRequest) -> int:
     """Parameters whose optimizer step this GPU's rank runs on the host (its partition)."""
-    return held_elements(parameter_units(request.model), request.shard_group_size, shard_layout(request))
+    return held_elements(rank_parameter_units(request), request.shard_group_size, shard_layout(request))
 
 
 # ZeRO-Offload (Ren et al. 2021, sec. 5.1): the CPU step is a streaming, vectorised loop run by
@@ -178,16 +184,34 @@ def exposed_communication_s(forward_s, backward_s, collective_s, host_s, maximum
     )
 
 
-def step_time(request: PlanRequest, collectives: tuple[Collective, ...]) -> StepTime:
+# Model parallelism divides each replica's work among tp x cp x pp ranks, taken as evenly
+# (the pipeline's stages and the head's share are not balanced here).
+def rank_flops(request: PlanRequest) -> StepFlops:
+    """step_flops of the request's replica, per rank of its model-parallel group."""
     flops = step_flops(request)
+    ranks = request.parallel.model_parallel_size
+    if ranks == 1:
+        return flops
+    return StepFlops(forward_flops=flops.forward_flops / ranks, backward_flops=flops.backward_flops / ranks,
+                     recompute_flops=flops.recompute_flops / ranks, model_flops=flops.model_flops / ranks)
+
+
+def step_time(request: PlanRequest, collectives: tuple[Collective, ...]) -> StepTime:
+    from zeroplan.core.parallel.pipeline import bubble_fraction
+
+    flops = rank_flops(request)
     forward_s, backward_s = compute_time_s(flops, request)
     by_phase = {phase: 0.0 for phase in Phase}
     costs = tuple(collective_cost(request, collective) for collective in collectives)
-    for cost in costs:
-        by_phase[cost.phase] += cost.seconds
+    blocking_s = 0.0
+    for collective, cost in zip(collectives, costs, strict=True):
+        if collective.blocking:
+            blocking_s += cost.seconds
+        else:
+            by_phase[cost.phase] += cost.seconds
     host_link = host_link_share_bytes_per_s(request)
     host_by_phase = {phase: moved / host_link for phase, moved in host_transfer_bytes(request).items()}
-    communication_s = sum(by_phase.values())
+    communication_s = sum(by_phase.values()) + blocking_s
     host_s = sum(host_by_phase.values())
     cpu_s = cpu_optimizer_time_s(request)
     # Forward gathers hide behind forward compute, backward collectives and gradient offload
@@ -197,9 +221,11 @@ def step_time(request: PlanRequest, collectives: tuple[Collective, ...]) -> Step
     # (DeepSpeed's default; its delayed parameter update, ZeRO-Offload sec. 5.2, is opt-in and
     # not modelled), so cpu_s adds to the step in full.
     exposed = exposed_communication_s(forward_s, backward_s, by_phase, host_by_phase)
-    step_s = forward_s + backward_s + exposed + cpu_s
+    # The pipeline idles a fraction of its busy time: compute and the collectives compute waits on.
+    bubble_s = float(bubble_fraction(request.parallel, request.batch.grad_accum_steps)) * (forward_s + backward_s + blocking_s)
+    step_s = forward_s + backward_s + blocking_s + bubble_s + exposed + cpu_s
     batch = request.batch
-    tokens = batch.micro_batch_size * batch.grad_accum_steps * batch.seq_len
+    tokens = batch.micro_batch_size * batch.grad_accum_steps * batch.seq_len / request.parallel.model_parallel_size
     return StepTime(
         forward_compute_s=forward_s,
         backward_compute_s=backward_s,
@@ -207,11 +233,29 @@ def step_time(request: PlanRequest, collectives: tuple[Collective, ...]) -> Step
         host_transfer_s=host_s,
         cpu_optimizer_s=cpu_s,
         exposed_communication_s=exposed,
-        step_without_overlap_s=forward_s + backward_s + communication_s + host_s + cpu_s,
+        step_without_overlap_s=forward_s + backward_s + communication_s + host_s + cpu_s + bubble_s,
         step_with_overlap_s=step_s,
+        model_parallel_communication_s=blocking_s,
+        pipeline_bubble_s=bubble_s,
         collective_times=costs,
         executed_flops=flops.executed_flops,
         model_flops=flops.model_flops,
         tokens_per_s_per_gpu=tokens / step_s,
         model_flops_utilization=model_flops_utilization(flops.model_flops, step_s, request.cluster.gpu.peak_bf16_flops_per_s),
     )
+
+
+_OP_SHORT = {"all_reduce": "AR", "all_gather": "AG", "reduce_scatter": "RS", "broadcast": "BC", "send": "P2P"}
+
+
+def nccl_algorithms(time: StepTime) -> str:
+    """The NCCL algorithms of a step's collective ops, e.g. 'AR nvls*, AG ring' (* = some at an
+    achievable busbw); ops in the order they first appear, algorithms by first use."""
+    by_op: dict[str, list[str]] = {}
+    achievable: set[str] = set()
+    for cost in time.collective_times:
+        names = by_op.setdefault(_OP_SHORT[cost.op.value], [])
+        names += [a.value for a in cost.algorithms if a.value not in names]
+        if cost.bandwidth_basis == "achievable":
+            achievable.add(_OP_SHORT[cost.op.value])
+    return ", ".join(f"{op} {'+'.join(names)}{'*' if op in achievable else ''}" for op, names in by_op.items()) or "-"

@@ -3,24 +3,9 @@
 from __future__ import annotations
 
 from zeroplan.core.network import node_nics
+from zeroplan.core.timing import nccl_algorithms
 from zeroplan.report.table import parameter_count_caution
 from zeroplan.results import FitReport, StrategyPlan
-
-
-_OP_SHORT = {"all_reduce": "AR", "all_gather": "AG", "reduce_scatter": "RS", "broadcast": "BC"}
-
-
-def nccl_algorithms(plan: StrategyPlan) -> str:
-    """The NCCL algorithms of each collective op, e.g. 'AR nvls*, AG ring' (* = some at an
-    achievable busbw); ops in the order they first appear, algorithms by first use."""
-    by_op: dict[str, list[str]] = {}
-    achievable: set[str] = set()
-    for cost in plan.time.collective_times:
-        names = by_op.setdefault(_OP_SHORT[cost.op.value], [])
-        names += [a.value for a in cost.algorithms if a.value not in names]
-        if cost.bandwidth_basis == "achievable":
-            achievable.add(_OP_SHORT[cost.op.value])
-    return ", ".join(f"{op} {'+'.join(names)}{'*' if op in achievable else ''}" for op, names in by_op.items()) or "-"
 
 
 def _row(plan: StrategyPlan, num_parameters: int) -> list[str]:
@@ -39,7 +24,7 @@ def _row(plan: StrategyPlan, num_parameters: int) -> list[str]:
         f"{t.tokens_per_s_per_gpu:,.0f}",
         f"{t.model_flops_utilization:.3f}",
         "yes" if plan.fits else "no",
-        nccl_algorithms(plan),
+        nccl_algorithms(plan.time),
     ]
 
 

@@ -44,6 +44,26 @@ def parameter_count_caution(model: ModelSpec) -> list[str]:
     return [f"Caution: the parameter count may not be exact ({model.parameter_count_caveat})."]
 
 
+def parallel_lines(report: FitReport) -> list[str]:
+    """The model-parallel layout in one line, and a caution when a pipeline gets fewer
+    micro-batches than it has ranks (nothing without model parallelism)."""
+    parallel = report.plans[0].parallel if report.plans else None
+    if parallel is None or parallel.is_trivial:
+        return []
+    dp = report.cluster.world_size // parallel.model_parallel_size
+    parts = [f"tp {parallel.tp}" + (" + sequence parallel" if parallel.sequence_parallel else ""), f"cp {parallel.cp}"]
+    if parallel.pp > 1:
+        parts.append(f"pp {parallel.pp} ({parallel.pp_schedule.value}, {parallel.virtual_stages} stage(s) per rank, "
+                     f"{report.batch.grad_accum_steps} micro-batch(es) per step)")
+    lines = [f"Model parallel: {', '.join(parts)} x dp {dp}; the data-parallel strategy runs over dp x cp = "
+             f"{dp * parallel.cp} ranks" + ("; figures are the pipeline rank that peaks" if parallel.pp > 1 else "")]
+    m = report.batch.grad_accum_steps
+    if parallel.pp > 1 and m < parallel.pp:
+        lines.append(f"Caution: {m} micro-batch(es) per step through {parallel.pp} pipeline ranks: most of each rank's "
+                     f"step is bubble; --grad-accum sets the micro-batches per step (at least {parallel.pp}).")
+    return lines
+
+
 def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
     c = report.cluster
     t, b = report.training, report.batch
@@ -58,6 +78,7 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
         + (", unchunked loss" if t.unchunked_loss else "")
         + (", optimizer in backward" if t.optimizer_in_backward else "")
         + (", FSDP CPU offload (sharded states in host RAM)" if t.fsdp_cpu_offload else ""),
+        *parallel_lines(report),
         f"Per-GPU memory in {unit.value}; host = offloaded states per node ({unit.value}); "
         f"sent = GB each GPU sends per step (ring).",
         "",
@@ -76,6 +97,7 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
         "peak at = the moment of the step that sets the peak; its columns add up to peak (to rounding);",
         "( ) = not alive at that moment: gradients fill in as activations free (docs/memory-model.md, \"Peak\").",
     ]
+    notes += [f"{p.strategy.value}: peak on {p.peak_rank_reason}." for p in report.plans if p.peak_rank_reason]
     if any(p.fits and p.host_fits is False for p in report.plans):
         notes.append("fits = host: fits on the GPU, but its offloaded states exceed the node's host RAM.")
     notes += parameter_count_caution(report.model)

@@ -8,6 +8,7 @@ from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.hardware import ClusterSpec
 from zeroplan.specs.model import ModelSpec, PositionKind
+from zeroplan.specs.parallel import ParallelSpec, check_parallel
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.training import BatchSpec, StateConvention, TrainingSpec
 
@@ -78,7 +79,9 @@ class PlanRequest(Frozen):
     cluster: ClusterSpec
     """GPUs and nodes."""
     strategy: StrategySpec
-    """Sharding strategy."""
+    """Data-parallel sharding strategy."""
+    parallel: ParallelSpec = ParallelSpec()
+    """Tensor, context and pipeline parallelism composed with the strategy (none by default)."""
     assumptions: MemoryAssumptions = MemoryAssumptions()
     """Runtime assumptions."""
     performance: PerformanceAssumptions = PerformanceAssumptions()
@@ -87,12 +90,13 @@ class PlanRequest(Frozen):
     @model_validator(mode="after")
     def _check_groups(self) -> "PlanRequest":
         check_seq_len(self.model, self.batch)
+        check_parallel(self.parallel, self.model, self.cluster, self.batch, self.strategy.kind, self.training.framework)
         if self.strategy.kind is StrategyKind.hsdp:
             group = self.shard_group_size
-            if self.cluster.world_size % group:
+            if self.state_group_size % group:
                 raise ZeroplanError(
                     "strategy.shard_group_size",
-                    f"{group} does not divide the {self.cluster.world_size} GPUs",
+                    f"{group} does not divide the {self.state_group_size} ranks that hold the same parameters",
                 )
         return self
 
@@ -117,13 +121,31 @@ class PlanRequest(Frozen):
         if kind is StrategyKind.ddp:
             return 1
         if kind is StrategyKind.hsdp:
-            return self.strategy.shard_group_size or self.cluster.gpus_per_node
-        return self.cluster.world_size
+            # Default: the ranks of one node that hold the same parameters (a node's GPUs
+            # divided among its tensor-parallel groups).
+            return self.strategy.shard_group_size or max(1, self.cluster.gpus_per_node // self.parallel.tp)
+        return self.state_group_size
 
     @property
     def data_parallel_size(self) -> int:
-        """Ranks that each hold a different slice of the global batch."""
-        return self.cluster.world_size
+        """Ranks that each hold a different slice of the global batch: the world divided by the
+        tensor, context and pipeline degrees."""
+        return self.cluster.world_size // self.parallel.model_parallel_size
+
+    @property
+    def state_group_size(self) -> int:
+        """Ranks that hold the same parameters: dp x cp (context-parallel ranks share every
+        parameter; torchtitan 0.3.0 parallel_dims.py shards FSDP over its dp_shard x cp mesh).
+        DDP all-reduces over them, ZeRO and FSDP shard over them."""
+        return self.data_parallel_size * self.parallel.cp
+
+    def with_parallel(self, parallel: ParallelSpec) -> "PlanRequest":
+        """The same request under other parallel degrees (validated again)."""
+        return type(self)(**{**dict(self), "parallel": parallel})
+
+    def at_pipeline_rank(self, rank: int) -> "PlanRequest":
+        """The request as pipeline rank ``rank`` sees it (no revalidation: only the rank moves)."""
+        return self.model_copy(update={"parallel": self.parallel.model_copy(update={"pipeline_rank": rank})})
 
     def with_strategy(self, strategy: StrategySpec) -> "PlanRequest":
         """The same request under another strategy (validated again: HSDP groups must divide)."""

@@ -1,12 +1,18 @@
-"""pandas views of planner results (bytes stay integers; convert at display time)."""
+"""pandas views of planner results (bytes stay integers; convert at display time). The typed
+results' ``to_dataframe`` methods load this module lazily (pandas costs start-up time); it
+imports the results' types only for annotations, so neither imports the other at run time."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pandas as pd
 
-from zeroplan.core.search import PlanSearchResult
-from zeroplan.report.compare_table import nccl_algorithms
-from zeroplan.results import FitReport, StrategyPlan
+from zeroplan.core.timing import nccl_algorithms
+
+if TYPE_CHECKING:
+    from zeroplan.core.search import PlanSearchResult
+    from zeroplan.results import FitReport, StrategyPlan
 
 MEMORY_COLUMNS = (
     "parameter_bytes",
@@ -49,7 +55,7 @@ def plan_row(plan: StrategyPlan) -> dict[str, object]:
         model_flops_utilization=plan.time.model_flops_utilization,
         state_convention=plan.state_convention.value,
         shard_group_size=plan.shard_group_size,
-        nccl_algorithms=nccl_algorithms(plan),
+        nccl_algorithms=nccl_algorithms(plan.time),
     )
     return row
 

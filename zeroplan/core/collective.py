@@ -1,0 +1,106 @@
+"""One collective of a step, the bytes each rank sends under a ring, and how it is built: the
+type every collective-producing module shares (zeroplan.core.communication for data
+parallelism, zeroplan.core.parallel.collectives for tensor, context and pipeline parallelism).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from enum import Enum
+
+from zeroplan.specs.base import Frozen
+from zeroplan.units import ceil_div
+
+
+class CollectiveOp(str, Enum):
+    all_reduce = "all_reduce"
+    all_gather = "all_gather"
+    reduce_scatter = "reduce_scatter"
+    broadcast = "broadcast"
+    send = "send"
+    """A point-to-point send to one peer (pipeline stages): NCCL runs ncclSend/ncclRecv on the
+    same channels as a two-rank ring, so it is timed as one (zeroplan.core.algorithms)."""
+
+
+class Phase(str, Enum):
+    forward = "forward"
+    backward = "backward"
+    step = "step"
+
+
+class Collective(Frozen):
+    """One kind of collective in a step, summed over the units or buckets it runs on."""
+
+    op: CollectiveOp
+    """The collective."""
+    phase: Phase
+    """When it runs."""
+    what: str
+    """Which tensors it moves, e.g. 'gradients' or 'parameters'."""
+    group_size: int
+    """Ranks taking part."""
+    element_bytes: int
+    """Bytes of one element on the wire (the dtype)."""
+    buffer_bytes: int
+    """S summed over the calls of one occurrence: the unsharded buffer (all-gather output,
+    reduce-scatter input, all-reduce buffer)."""
+    calls: int
+    """Separate calls in one occurrence (units or buckets), for the latency term."""
+    occurrences_per_step: int
+    """Times it happens per optimizer step (grad_accum_steps for per-micro-batch ones)."""
+    spans_nodes: bool
+    """Whether the group crosses a node boundary (inter-node links then bound the ring)."""
+    sent_bytes_per_call_sum: int
+    """Bytes one rank sends in one occurrence under a ring, summed over its calls."""
+    ranks_per_node: int | None = None
+    """Members of the group on each node it spans (NICs it can use); None: consecutive ranks,
+    min(group_size, GPUs per node)."""
+    blocking: bool = False
+    """Compute waits for it: tensor- and context-parallel collectives inside a block and the
+    sends between pipeline stages sit on the critical path, where the data-parallel ones run
+    beside the compute (zeroplan.core.timing)."""
+    call_sizes: tuple[tuple[int, int], ...] = ()
+    """(S bytes, number of calls of that size) for each distinct call size of one occurrence, in
+    the order they first run; NCCL picks an algorithm per call from its size
+    (zeroplan/core/algorithms.py)."""
+
+    @property
+    def volume_elements_per_step(self) -> int:
+        """The ZeRO paper's volume (sec. 7.2.1): an all-reduce counts twice its buffer."""
+        factor = 2 if self.op is CollectiveOp.all_reduce else 1
+        return factor * self.buffer_bytes_per_step // self.element_bytes
+
+    @property
+    def buffer_bytes_per_step(self) -> int:
+        return self.buffer_bytes * self.occurrences_per_step
+
+    @property
+    def sent_bytes_per_step(self) -> int:
+        return self.sent_bytes_per_call_sum * self.occurrences_per_step
+
+
+# Ring all-gather / reduce-scatter: N-1 rounds, each sending one 1/N chunk of the S-byte buffer.
+# A pipelined ring broadcast forwards the whole buffer once along the chain: every rank but the
+# last sends S, and S / B bounds its time (NCCL tests doc/PERFORMANCE.md: broadcast busbw = algbw).
+def ring_sent_bytes(op: CollectiveOp, buffer_bytes: int, group_size: int) -> int:
+    """Bytes one rank sends for one collective of an S-byte buffer over a ring of N ranks."""
+    if op in (CollectiveOp.broadcast, CollectiveOp.send):
+        return buffer_bytes if group_size > 1 else 0
+    chunk = ceil_div(buffer_bytes, group_size)
+    rounds = group_size - 1
+    if op is CollectiveOp.all_reduce:
+        return 2 * rounds * chunk
+    return rounds * chunk
+
+
+def make_collective(
+    op: CollectiveOp, phase: Phase, what: str, buffers: list[int], group_size: int,
+    occurrences: int, spans_nodes: bool, element_bytes: int, ranks_per_node: int | None = None, blocking: bool = False,
+) -> Collective:
+    return Collective(
+        op=op, phase=phase, what=what, group_size=group_size, element_bytes=element_bytes,
+        buffer_bytes=sum(buffers),
+        calls=len(buffers), occurrences_per_step=occurrences, spans_nodes=spans_nodes,
+        sent_bytes_per_call_sum=sum(ring_sent_bytes(op, s, group_size) for s in buffers),
+        ranks_per_node=ranks_per_node, call_sizes=tuple(Counter(buffers).items()), blocking=blocking,
+    )

@@ -1,0 +1,124 @@
+"""The collectives tensor, context and pipeline parallelism add to one rank's step. Each sits on
+the critical path (``blocking``): a block's matmuls wait for its tensor-parallel reductions and
+its ring-attention exchange, a stage for its neighbour's activations."""
+
+from __future__ import annotations
+
+from zeroplan.core.collective import Collective, CollectiveOp, Phase, make_collective
+from zeroplan.core.parallel.pipeline import rank_stages
+from zeroplan.core.parallel.tensor import tensor_parallel_model
+from zeroplan.core.parallel.units import holds_embedding, holds_head, rank_block_count
+from zeroplan.specs.request import PlanRequest
+from zeroplan.specs.training import ActivationCheckpointing
+
+FP32_BYTES = 4
+
+
+def _activation_element_bytes(request: PlanRequest) -> int:
+    return request.training.precision.compute_bytes
+
+
+# Megatron-LM sec. 3 (Figure 4): each block all-reduces its attention and MLP outputs in the
+# forward (g) and its inputs' gradients in the backward (f): two all-reduces each way of the
+# s b h activations. With sequence parallelism (Korthikanti et al. 2022, sec. 4.2.2) each
+# all-reduce becomes an all-gather before the block's matmuls and a reduce-scatter after them,
+# in both directions. Full recomputation runs the forward's collectives again (sec. 5).
+def tensor_parallel_collectives(request: PlanRequest) -> list[Collective]:
+    parallel = request.parallel
+    tp = parallel.tp
+    if tp == 1:
+        return []
+    e = _activation_element_bytes(request)
+    tokens = request.batch.seq_len // parallel.cp * request.batch.micro_batch_size
+    activation = tokens * request.model.hidden_size * e
+    blocks = rank_block_count(request)
+    accum = request.batch.grad_accum_steps
+    recomputes = request.training.activation_checkpointing is ActivationCheckpointing.full
+    forward_calls = 2 * blocks * (2 if recomputes else 1)
+    backward_calls = 2 * blocks
+    result: list[Collective] = []
+    ops = ((CollectiveOp.all_gather, CollectiveOp.reduce_scatter) if parallel.sequence_parallel
+           else (CollectiveOp.all_reduce,))
+    for op in ops:
+        for phase, calls in ((Phase.forward, forward_calls), (Phase.backward, backward_calls)):
+            result.append(make_collective(op, phase, "tensor-parallel activations", [activation] * calls, tp, accum,
+                                          False, e, blocking=True))
+    if holds_embedding(request):
+        # Vocabulary-parallel embedding: each rank looks up its rows, the partial sums reduced.
+        op = CollectiveOp.reduce_scatter if parallel.sequence_parallel else CollectiveOp.all_reduce
+        result.append(make_collective(op, Phase.forward, "vocab-parallel embedding", [activation], tp, accum, False, e, blocking=True))
+    if holds_head(request):
+        # The output projection's input gradient (all-reduce, or reduce-scatter after the
+        # sequence-parallel all-gather), and the vocabulary-parallel cross-entropy's three fp32
+        # per-token all-reduces (Megatron-LM core/tensor_parallel/cross_entropy.py: the max, the
+        # target logit and the sum of exponentials).
+        if parallel.sequence_parallel:
+            result.append(make_collective(CollectiveOp.all_gather, Phase.forward, "output-projection input", [activation], tp, accum, False, e, blocking=True))
+            result.append(make_collective(CollectiveOp.reduce_scatter, Phase.backward, "output-projection input gradient", [activation], tp, accum, False, e, blocking=True))
+        else:
+            result.append(make_collective(CollectiveOp.all_reduce, Phase.backward, "output-projection input gradient", [activation], tp, accum, False, e, blocking=True))
+        result.append(make_collective(CollectiveOp.all_reduce, Phase.forward, "vocab-parallel loss statistics",
+                                      [tokens * FP32_BYTES] * 3, tp, accum, False, FP32_BYTES, blocking=True))
+    return result
+
+
+# Ring attention (Liu et al. 2023, sec. 3; torch 2.13 distributed/tensor/experimental/
+# _context_parallel/_attention.py, the ring's all-to-all-free rotation): each of the cp - 1
+# steps of a block's forward passes the local K and V on to the next rank, and the backward
+# passes K, V and their gradients round again.
+def context_parallel_collectives(request: PlanRequest) -> list[Collective]:
+    parallel = request.parallel
+    cp = parallel.cp
+    if cp == 1:
+        return []
+    e = _activation_element_bytes(request)
+    model = tensor_parallel_model(request.model, parallel.tp)
+    tokens = request.batch.seq_len // cp * request.batch.micro_batch_size
+    kv = 2 * tokens * model.kv_size * e
+    blocks = rank_block_count(request)
+    accum = request.batch.grad_accum_steps
+    recomputes = request.training.activation_checkpointing is ActivationCheckpointing.full
+    forward_steps = (cp - 1) * blocks * (2 if recomputes else 1)
+    backward_steps = (cp - 1) * blocks
+    spans = _spans_nodes(request, stride=parallel.tp, group=cp)
+    return [
+        make_collective(CollectiveOp.send, Phase.forward, "context-parallel K/V", [kv] * forward_steps, 2, accum, spans, e, blocking=True),
+        make_collective(CollectiveOp.send, Phase.backward, "context-parallel K/V and gradients", [2 * kv] * backward_steps, 2, accum, spans, e, blocking=True),
+    ]
+
+
+# Narayanan et al. 2021, sec. 2.2: each stage sends its output activations to the next stage
+# in the forward and receives their gradients back in the backward, one s b h tensor per
+# micro-batch and stage boundary (1/t of it under sequence parallelism: the stage's output is
+# sequence-sharded).
+def pipeline_collectives(request: PlanRequest) -> list[Collective]:
+    parallel = request.parallel
+    if parallel.pp == 1:
+        return []
+    e = _activation_element_bytes(request)
+    tokens = request.batch.seq_len // parallel.cp * request.batch.micro_batch_size
+    activation = tokens * request.model.hidden_size * e
+    if parallel.sequence_parallel:
+        activation //= parallel.tp
+    stages = rank_stages(parallel, request.model.num_layers, request.training.framework, parallel.pipeline_rank)
+    sends_forward = sum(1 for stage in stages if not stage.has_head)
+    sends_backward = sum(1 for stage in stages if not stage.has_embedding)
+    accum = request.batch.grad_accum_steps
+    spans = _spans_nodes(request, stride=request.cluster.world_size // parallel.pp, group=2)
+    result = []
+    if sends_forward:
+        result.append(make_collective(CollectiveOp.send, Phase.forward, "pipeline activations", [activation] * sends_forward, 2, accum, spans, e, blocking=True))
+    if sends_backward:
+        result.append(make_collective(CollectiveOp.send, Phase.backward, "pipeline activation gradients", [activation] * sends_backward, 2, accum, spans, e, blocking=True))
+    return result
+
+
+def _spans_nodes(request: PlanRequest, stride: int, group: int) -> bool:
+    """Whether the group of ``group`` ranks ``stride`` apart that holds rank 0 (the mesh puts tp
+    innermost, pp outermost) crosses a node boundary."""
+    return stride * (group - 1) >= request.cluster.gpus_per_node
+
+
+def model_parallel_collectives(request: PlanRequest) -> list[Collective]:
+    """The collectives tensor, context and pipeline parallelism add to the rank's step."""
+    return tensor_parallel_collectives(request) + context_parallel_collectives(request) + pipeline_collectives(request)

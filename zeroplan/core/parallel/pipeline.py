@@ -1,0 +1,131 @@
+"""Pipeline parallelism: which blocks each stage holds, which stages each rank runs, how many
+micro-batches' activations a rank keeps at its peak under each schedule, the bubble, and the
+activations and gradients sent between stages.
+
+Symbols: p the pipeline degree (ranks), v stages per rank (virtual stages), m micro-batches per
+step (BatchSpec.grad_accum_steps: a pipeline runs the step's micro-batches through its stages),
+L blocks, r a pipeline rank (0 = the first stage).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import lru_cache
+
+from zeroplan.specs.framework import Framework
+from zeroplan.specs.parallel import ParallelSpec, PipelineSchedule
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage: a run of consecutive blocks, and the embedding or the head if it is
+    the first or the last."""
+
+    index: int
+    first_block: int
+    num_blocks: int
+    has_embedding: bool
+    has_head: bool
+
+
+# torchtitan 0.3.0 distributed/pipeline_parallel.py _generate_llm_fqn_per_model_part: the
+# embedding and the head (norm + output) count as input_weight and output_weight blocks
+# (pipeline_parallel_first_stage_less_layers / _last_stage_less_layers, both 1 by default);
+# the L + 2 "effective" blocks are spread evenly, the first (L + 2) mod S stages taking one more,
+# and the first and last stages hold that many blocks less.
+TORCHTITAN_EMBEDDING_WEIGHT = 1
+TORCHTITAN_HEAD_WEIGHT = 1
+
+
+def _torchtitan_block_counts(num_layers: int, stages: int) -> list[int]:
+    effective = num_layers + TORCHTITAN_EMBEDDING_WEIGHT + TORCHTITAN_HEAD_WEIGHT
+    base, extra = divmod(effective, stages)
+    counts = [base + (1 if i < extra else 0) for i in range(stages)]
+    counts[0] -= TORCHTITAN_EMBEDDING_WEIGHT
+    counts[-1] -= TORCHTITAN_HEAD_WEIGHT
+    # Its loop hands out blocks while any remain: a stage never holds more than are left.
+    given, result = 0, []
+    for count in counts:
+        take = max(0, min(count, num_layers - given))
+        result.append(take)
+        given += take
+    result[-1] += num_layers - given
+    return result
+
+
+# Megatron-LM core/transformer/transformer_block.py get_num_layers_to_build: L / (p v) blocks per
+# stage (it asserts divisibility unless uneven first/last stages are configured); the remainder
+# goes to the first stages here, so an uneven split is planned rather than refused.
+def _even_block_counts(num_layers: int, stages: int) -> list[int]:
+    base, extra = divmod(num_layers, stages)
+    return [base + (1 if i < extra else 0) for i in range(stages)]
+
+
+@lru_cache(maxsize=256)
+def pipeline_stages(num_layers: int, stages: int, framework: Framework) -> tuple[Stage, ...]:
+    """The stages in model order."""
+    if framework is Framework.torchtitan:
+        counts = _torchtitan_block_counts(num_layers, stages)
+    else:
+        counts = _even_block_counts(num_layers, stages)
+    result, first = [], 0
+    for index, count in enumerate(counts):
+        result.append(Stage(index=index, first_block=first, num_blocks=count,
+                            has_embedding=index == 0, has_head=index == stages - 1))
+        first += count
+    return tuple(result)
+
+
+# torch 2.13 distributed/pipelining/schedules.py: the looped schedules (ScheduleInterleaved1F1B,
+# ScheduleInterleavedZeroBubble) give rank r the stages r, r + p, r + 2p, ... (torchtitan 0.3.0
+# pipeline_parallel.py stage_ids_this_rank, style "loop").
+def rank_stage_indices(parallel: ParallelSpec, rank: int) -> tuple[int, ...]:
+    """Stage indices pipeline rank ``rank`` runs."""
+    return tuple(rank + chunk * parallel.pp for chunk in range(parallel.virtual_stages))
+
+
+def rank_stages(parallel: ParallelSpec, num_layers: int, framework: Framework, rank: int) -> tuple[Stage, ...]:
+    stages = pipeline_stages(num_layers, parallel.stages, framework)
+    return tuple(stages[i] for i in rank_stage_indices(parallel, rank))
+
+
+# Micro-batch chunks (one micro-batch through one of the rank's stages) whose activations are
+# alive at the rank's peak:
+# - GPipe (Huang et al. 2019): every forward before any backward: m.
+# - 1F1B (Narayanan et al. 2021, sec. 2.2.1): rank r warms up with p - 1 - r forwards and runs
+#   one more before its first backward: min(p - r, m).
+# - Interleaved 1F1B (Narayanan et al. 2021, sec. 2.2.2; Megatron-LM core/pipeline_parallel/
+#   schedules.py forward_backward_pipelining_with_interleaving: warm-up (p - r - 1) x 2 +
+#   (v - 1) x p chunks): one more than the warm-up, at most m v. On rank 0 this is
+#   L(1 + (p - 1)/(p v)) blocks' worth (Korthikanti et al. 2022, sec. 4.2.3).
+# - Zero bubble (Qi et al. 2024, sec. 3.1): ZB-H1 keeps 1F1B's peak, the weight-gradient
+#   passes it delays holding no more activations than the 1F1B warm-up allows; taken as the
+#   interleaved count.
+def in_flight_chunks(parallel: ParallelSpec, rank: int, microbatches: int) -> int:
+    p, v, m = parallel.pp, parallel.virtual_stages, microbatches
+    schedule = parallel.pp_schedule
+    if p == 1:
+        return 1
+    if schedule is PipelineSchedule.gpipe:
+        return m
+    if schedule is PipelineSchedule.one_f_one_b:
+        return min(p - rank, m)
+    warmup = (p - rank - 1) * 2 + (v - 1) * p
+    return min(warmup + 1, m * v)
+
+
+# Narayanan et al. 2021, sec. 2.2.1: GPipe and 1F1B idle (p - 1) forward-and-backward slots of a
+# step of m: a bubble of (p - 1)/m of the ideal time; interleaving v chunks divides it by v
+# (sec. 2.2.2). Qi et al. 2024 (sec. 3.1): ZB-H1's bubble is (p - 1)(T_F + T_B - T_W) against
+# 1F1B's (p - 1)(T_F + T_B + T_W); with the input- and weight-gradient passes each as long as
+# the forward (their sec. 2 assumption) that is a third.
+def bubble_fraction(parallel: ParallelSpec, microbatches: int) -> Fraction:
+    """Idle time of a step as a fraction of its busy time."""
+    p, v, m = parallel.pp, parallel.virtual_stages, microbatches
+    if p == 1:
+        return Fraction(0)
+    bubble = Fraction(p - 1, m * v)
+    if parallel.pp_schedule is PipelineSchedule.zero_bubble:
+        bubble /= 3
+    return bubble

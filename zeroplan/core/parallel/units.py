@@ -1,0 +1,68 @@
+"""The parameter units one rank of a model-parallel layout holds: the blocks of its pipeline
+stages (with the embedding on the first, the head on the last), each tensor as its
+tensor-parallel rank holds it. The data-parallel planner shards these as it shards the whole
+model's units; with every degree 1 they are the model's units."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from zeroplan.core.params import ParamUnit, parameter_units
+from zeroplan.core.parallel.pipeline import rank_stages
+from zeroplan.core.parallel.tensor import tensor_parallel_units
+from zeroplan.specs.framework import Framework
+from zeroplan.specs.model import ModelSpec
+from zeroplan.specs.parallel import ParallelSpec
+from zeroplan.specs.request import PlanRequest
+
+
+@lru_cache(maxsize=256)
+def _rank_units(model: ModelSpec, tp: int, pp: int, virtual_stages: int, rank: int, framework: Framework) -> tuple[ParamUnit, ...]:
+    units = parameter_units(model)
+    if pp > 1:
+        parallel = ParallelSpec(pp=pp, virtual_stages=virtual_stages, pipeline_rank=rank,
+                                pp_schedule="interleaved-1f1b" if virtual_stages > 1 else "1f1b")
+        stages = rank_stages(parallel, model.num_layers, framework, rank)
+        blocks = {i for stage in stages for i in range(stage.first_block, stage.first_block + stage.num_blocks)}
+        keep = []
+        for unit in units:
+            if unit.name == "embedding":
+                wanted = any(stage.has_embedding for stage in stages)
+            elif unit.name == "head":
+                wanted = any(stage.has_head for stage in stages)
+            else:
+                wanted = int(unit.name.split(".")[1]) in blocks
+            if wanted:
+                keep.append(unit)
+        units = tuple(keep)
+    return tensor_parallel_units(units, tp)
+
+
+def rank_parameter_units(request: PlanRequest) -> tuple[ParamUnit, ...]:
+    """The units the request's rank holds, each tensor as its tensor-parallel rank holds it:
+    the model's units (zeroplan.core.params) when nothing is model-parallel."""
+    parallel = request.parallel
+    if parallel.is_trivial:
+        return parameter_units(request.model)
+    return _rank_units(request.model, parallel.tp, parallel.pp, parallel.virtual_stages, parallel.pipeline_rank,
+                       request.training.framework)
+
+
+def rank_parameter_elements(request: PlanRequest) -> int:
+    """Parameter elements the rank holds before data-parallel sharding."""
+    return sum(unit.numel for unit in rank_parameter_units(request))
+
+
+def rank_block_count(request: PlanRequest) -> int:
+    """Blocks the rank holds (all of them without a pipeline)."""
+    if request.parallel.pp == 1:
+        return request.model.num_layers
+    return sum(1 for unit in rank_parameter_units(request) if unit.name.startswith("block."))
+
+
+def holds_head(request: PlanRequest) -> bool:
+    return request.parallel.pp == 1 or any(unit.name == "head" for unit in rank_parameter_units(request))
+
+
+def holds_embedding(request: PlanRequest) -> bool:
+    return request.parallel.pp == 1 or any(unit.name == "embedding" for unit in rank_parameter_units(request))

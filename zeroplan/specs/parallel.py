@@ -1,0 +1,166 @@
+"""Model-parallel dimensions composed with data parallelism: tensor (and sequence), context and
+pipeline parallelism, laid out as torchtitan's ParallelDims and Megatron-LM lay them out.
+
+The world is pp x dp x cp x tp ranks (torchtitan 0.3.0 distributed/parallel_dims.py builds its
+mesh as ["pp", "dp_replicate", "dp_shard", "cp", "tp"], tp innermost; Megatron-LM
+core/parallel_state.py orders tp-cp-dp-pp the same way, tp fastest). The data-parallel
+strategy (DDP, ZeRO, FSDP) runs over the dp ranks; FSDP shards over dp x cp, since context
+parallel ranks hold the same parameters (torchtitan's "fsdp" mesh is dp_shard x cp).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import Field, model_validator
+
+from zeroplan.errors import ZeroplanError
+from zeroplan.specs.base import Frozen
+
+
+class PipelineSchedule(str, Enum):
+    """How the micro-batches of one step flow through the pipeline stages."""
+
+    gpipe = "gpipe"
+    """All forwards, then all backwards (Huang et al. 2019, GPipe; torch.distributed.pipelining
+    ScheduleGPipe): every stage keeps all m micro-batches' activations."""
+    one_f_one_b = "1f1b"
+    """One forward, one backward after a warm-up (Narayanan et al. 2021, PipeDream-Flush;
+    Schedule1F1B): rank r keeps at most min(pp - r, m) micro-batches."""
+    interleaved_1f1b = "interleaved-1f1b"
+    """1F1B over v model chunks per rank (Narayanan et al. 2021, sec. 2.2;
+    ScheduleInterleaved1F1B): the bubble shrinks v-fold, rank 0 keeps more chunks."""
+    zero_bubble = "zero-bubble"
+    """Backward split into input- and weight-gradient passes that fill the bubble (Qi et al.
+    2024, ZB-H1 / torch's ScheduleInterleavedZeroBubble)."""
+
+    @property
+    def interleaved(self) -> bool:
+        """Whether each rank runs several model chunks (virtual stages)."""
+        return self in (PipelineSchedule.interleaved_1f1b, PipelineSchedule.zero_bubble)
+
+
+class ParallelSpec(Frozen):
+    """Degrees of tensor, context and pipeline parallelism (1 = not used) and the pipeline
+    schedule; the data-parallel degree is what is left of the world."""
+
+    tp: int = Field(default=1, gt=0)
+    """Tensor-parallel degree t: each block's matrices split t ways (Shoeybi et al. 2019,
+    Megatron-LM sec. 3), the embedding and output projection split over the vocabulary."""
+    sequence_parallel: bool = False
+    """Shard the norms' and residual stream's sequence dimension over the tensor-parallel ranks
+    (Korthikanti et al. 2022, sec. 4.2.2); requires tp > 1."""
+    cp: int = Field(default=1, gt=0)
+    """Context-parallel degree: the sequence split cp ways, attention exchanging K and V around
+    a ring (Liu et al. 2023, Ring Attention; torchtitan's context_parallel)."""
+    pp: int = Field(default=1, gt=0)
+    """Pipeline-parallel degree: the blocks split into pp x virtual_stages stages."""
+    pp_schedule: PipelineSchedule = PipelineSchedule.one_f_one_b
+    """The pipeline schedule (read only with pp > 1)."""
+    virtual_stages: int = Field(default=1, gt=0)
+    """Stages (model chunks) per pipeline rank: 1 for gpipe and 1f1b, 2 or more for the
+    interleaved schedules."""
+    pipeline_rank: int = Field(default=0, ge=0)
+    """Which pipeline rank this request describes (0 = the first stage). ``fit`` plans every
+    rank and reports the one that peaks."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "ParallelSpec":
+        if self.sequence_parallel and self.tp == 1:
+            raise ZeroplanError("parallel.sequence_parallel", "needs tensor parallelism (allowed: with tp > 1)")
+        if self.pp == 1 and (self.virtual_stages != 1 or self.pipeline_rank != 0):
+            raise ZeroplanError("parallel.virtual_stages", "needs pipeline parallelism (allowed: 1 with pp 1)")
+        if self.pp > 1 and self.pp_schedule.interleaved and self.virtual_stages < 2:
+            raise ZeroplanError(
+                "parallel.virtual_stages",
+                f"{self.pp_schedule.value!r} runs several stages per rank (allowed: 2 or more, got {self.virtual_stages})",
+            )
+        if self.pp > 1 and not self.pp_schedule.interleaved and self.virtual_stages != 1:
+            raise ZeroplanError(
+                "parallel.virtual_stages",
+                f"{self.pp_schedule.value!r} runs one stage per rank (allowed: 1; interleaved-1f1b or zero-bubble for more)",
+            )
+        if self.pipeline_rank >= self.pp:
+            raise ZeroplanError("parallel.pipeline_rank", f"{self.pipeline_rank} (allowed: 0 to {self.pp - 1})")
+        return self
+
+    @property
+    def model_parallel_size(self) -> int:
+        """Ranks that together hold one copy of the model and see the same batch: tp x cp x pp."""
+        return self.tp * self.cp * self.pp
+
+    @property
+    def stages(self) -> int:
+        """Pipeline stages in all: pp x virtual_stages."""
+        return self.pp * self.virtual_stages
+
+    @property
+    def is_trivial(self) -> bool:
+        """Plain data parallelism: no tensor, context or pipeline split."""
+        return self.model_parallel_size == 1
+
+
+# DeepSpeed 0.19.8 runtime/pipe/engine.py (PipelineEngine.__init__): "ZeRO-2 and ZeRO-3 are
+# incompatible with pipeline parallelism"; its offloads are stage 2 and 3. torchtitan 0.3.0 runs
+# FSDP2 (and HSDP, DDP) under its pipeline (models/llama3/parallelize.py, apply_fsdp_to_decoder
+# with pp_enabled).
+PIPELINE_STRATEGIES = ("ddp", "zero1", "fsdp-full-shard", "fsdp-shard-grad-op", "hsdp")
+"""Data-parallel strategies that run under a pipeline."""
+
+MODEL_PARALLEL_FRAMEWORKS = ("zeroplan", "torchtitan")
+"""Profiles whose tensor, context and pipeline parallelism are modelled: the reference model
+(Megatron-LM's layout, Korthikanti et al. 2022) and torchtitan 0.3.0's own."""
+
+
+def check_parallel(parallel: ParallelSpec, model, cluster, batch, strategy_kind, framework) -> None:
+    """Refuse, in one line naming the field, a layout the stacks cannot build: degrees that do
+    not divide the world, the heads, the blocks or the sequence; tensor parallelism across
+    nodes; a strategy or framework that does not run under it."""
+    if parallel.is_trivial:
+        return
+    if framework.value not in MODEL_PARALLEL_FRAMEWORKS:
+        raise ZeroplanError(
+            "parallel", f"tensor, context and pipeline parallelism are not modelled for {framework.value} "
+            f"(allowed: framework {' or '.join(MODEL_PARALLEL_FRAMEWORKS)})",
+        )
+    world = cluster.world_size
+    if world % parallel.model_parallel_size:
+        raise ZeroplanError(
+            "parallel", f"tp x cp x pp = {parallel.model_parallel_size} does not divide the {world} GPUs "
+            f"(allowed: a product that divides {world})",
+        )
+    tp = parallel.tp
+    if tp > 1:
+        # Megatron-LM sec. 3 splits attention by heads and the MLP by its inner width;
+        # torchtitan 0.3.0 models/common/decoder_sharding.py shards wq/wkv by heads the same way.
+        for field, value in (("model.num_heads", model.num_heads), ("model.num_kv_heads", model.kv_heads),
+                             ("model.ffn_hidden_size", model.ffn_hidden_size)):
+            if value % tp:
+                raise ZeroplanError("parallel.tp", f"{tp} does not divide {field} {value} (allowed: a divisor of {value})")
+        # Tensor parallelism's per-block collectives need NVLink: every stack keeps a tp group
+        # inside a node (Megatron-LM sec. 5.1; torchtitan's mesh puts tp innermost).
+        if tp > cluster.gpus_per_node or cluster.gpus_per_node % tp:
+            raise ZeroplanError(
+                "parallel.tp", f"{tp} does not fit inside a node of {cluster.gpus_per_node} GPUs "
+                f"(allowed: a divisor of {cluster.gpus_per_node})",
+            )
+    if parallel.sequence_parallel and batch.seq_len % tp:
+        raise ZeroplanError("parallel.sequence_parallel", f"--seq-len {batch.seq_len} is not a multiple of tp {tp}")
+    if parallel.cp > 1 and batch.seq_len % (2 * parallel.cp):
+        # torch 2.13 distributed/tensor/experimental/_context_parallel/_load_balancer.py
+        # (_HeadTailLoadBalancer): the sequence is cut into 2 x cp chunks, two per rank.
+        raise ZeroplanError(
+            "parallel.cp", f"--seq-len {batch.seq_len} is not a multiple of 2 x cp = {2 * parallel.cp} "
+            "(allowed: cp with 2 x cp dividing the sequence)",
+        )
+    if parallel.pp > 1:
+        if model.num_layers < parallel.stages:
+            raise ZeroplanError(
+                "parallel.pp", f"{parallel.stages} stages (pp x virtual stages) for {model.num_layers} blocks "
+                f"(allowed: at most {model.num_layers} stages)",
+            )
+        if strategy_kind.value not in PIPELINE_STRATEGIES:
+            raise ZeroplanError(
+                "strategy", f"{strategy_kind.value!r} does not run under pipeline parallelism "
+                f"(allowed: {', '.join(PIPELINE_STRATEGIES)})",
+            )
