@@ -1,0 +1,267 @@
+"""The planner under tensor, sequence, context and pipeline parallelism, against the papers'
+closed forms and the invariants any layout must keep."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+
+from zeroplan.cli.main import main
+from zeroplan.core.collective import CollectiveOp
+from zeroplan.core.model_states import model_state_bytes
+from zeroplan.core.params import parameter_units, total_parameters
+from zeroplan.core.parallel.activations import micro_batch_bytes
+from zeroplan.core.parallel.collectives import pipeline_collectives, tensor_parallel_collectives
+from zeroplan.core.parallel.pipeline import bubble_fraction, in_flight_chunks, pipeline_stages
+from zeroplan.core.parallel.tensor import TensorSplit, tensor_split
+from zeroplan.core.parallel.units import rank_parameter_elements, rank_parameter_units
+from zeroplan.core.plan import _reference_activations, fit, memory_breakdown, plan
+from zeroplan.errors import ZeroplanError
+from zeroplan.presets.gpus import get_gpu
+from zeroplan.presets.models import get_model
+from zeroplan.specs import (
+    ActivationCheckpointing, AttentionKernel, BatchSpec, PlanRequest, StrategyKind, StrategySpec, TrainingSpec,
+)
+from zeroplan.specs.framework import Framework
+from zeroplan.specs.hardware import cluster_from_gpus
+from zeroplan.specs.parallel import ParallelSpec, PipelineSchedule
+
+
+def request(model="llama-3.1-8b", gpus=16, kind=StrategyKind.fsdp_full_shard, training=None, batch=None, **parallel):
+    return PlanRequest(
+        model=get_model(model), training=training or TrainingSpec(), batch=batch or BatchSpec(),
+        cluster=cluster_from_gpus(get_gpu("h100-80gb"), gpus), strategy=StrategySpec(kind=kind),
+        parallel=ParallelSpec(**parallel),
+    )
+
+
+# --- tensor parallelism: parameters -------------------------------------------------------
+
+def test_every_block_matrix_is_split_the_megatron_way():
+    splits = {t.name: tensor_split(t.name) for t in parameter_units(get_model("llama-3.1-8b"))[1].tensors}
+    assert splits["attention.q.weight"] is TensorSplit.column
+    assert splits["attention.k.weight"] is TensorSplit.column
+    assert splits["attention.o.weight"] is TensorSplit.row
+    assert splits["mlp.gate.weight"] is TensorSplit.column
+    assert splits["mlp.down.weight"] is TensorSplit.row
+    assert splits["attention_norm.weight"] is TensorSplit.replicated
+    assert tensor_split("token.weight") is TensorSplit.vocabulary
+    assert tensor_split("mlp.fc2.bias") is TensorSplit.replicated
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_a_tensor_parallel_rank_holds_a_tth_of_every_matrix_and_all_of_the_norms(tp):
+    model = get_model("llama-3.1-8b")
+    h, f, v = model.hidden_size, model.ffn_hidden_size, model.vocab_size
+    block = 2 * h + (h * model.q_size + 2 * h * model.kv_size + model.q_size * h + 3 * h * f) // tp
+    expected = model.num_layers * block + 2 * (v // tp) * h + h
+    assert v % tp == 0
+    assert rank_parameter_elements(request(tp=tp)) == expected
+
+
+def test_without_model_parallelism_the_rank_holds_the_model():
+    r = request()
+    assert rank_parameter_units(r) == parameter_units(r.model)
+
+
+def test_fsdp_shards_the_tensor_parallel_shard_over_dp():
+    # 16 GPUs, tp 4: FSDP over the other 4 ranks; fp32 parameters under FSDP2. Every local
+    # tensor of Llama-3.1-8B at tp 4 has a multiple of 4 rows, so there is no padding.
+    r = request(tp=4)
+    local = rank_parameter_elements(r)
+    assert r.shard_group_size == 4 and local % 4 == 0
+    assert model_state_bytes(r).parameter_bytes == local // 4 * 4
+
+
+# --- tensor and sequence parallelism: activations (Korthikanti et al. 2022, Table 2) ---------
+
+EAGER_GPT = TrainingSpec(attention_kernel=AttentionKernel.eager)
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_tensor_parallel_block_is_korthikanti_table2(tp):
+    model = get_model("gpt3-175b")
+    s, b, h, a = 2048, 1, model.hidden_size, model.num_heads
+    r = request("gpt3-175b", gpus=8, kind=StrategyKind.ddp, training=EAGER_GPT,
+                batch=BatchSpec(seq_len=s, micro_batch_size=b), tp=tp)
+    expected = s * b * h * (10 + Fraction(24, tp) + Fraction(5 * a * s, h * tp))
+    assert micro_batch_bytes(r, _reference_activations).per_block == expected
+
+
+@pytest.mark.parametrize("tp", [2, 8])
+def test_sequence_parallel_block_is_korthikanti_table2(tp):
+    model = get_model("gpt3-175b")
+    s, b, h, a = 2048, 1, model.hidden_size, model.num_heads
+    r = request("gpt3-175b", gpus=8, kind=StrategyKind.ddp, training=EAGER_GPT,
+                batch=BatchSpec(seq_len=s, micro_batch_size=b), tp=tp, sequence_parallel=True)
+    expected = Fraction(s * b * h, tp) * (34 + Fraction(5 * a * s, h))
+    assert micro_batch_bytes(r, _reference_activations).per_block == expected
+
+
+def test_context_parallelism_keeps_a_cpth_of_the_tokens():
+    whole = micro_batch_bytes(request(cp=2, batch=BatchSpec(seq_len=8192)), _reference_activations)
+    half = micro_batch_bytes(request(batch=BatchSpec(seq_len=4096)).with_parallel(ParallelSpec()), _reference_activations)
+    assert whole == half
+
+
+# --- pipeline parallelism -------------------------------------------------------------------
+
+@pytest.mark.parametrize("layers,stages", [(32, 4), (80, 8), (126, 16), (5, 5)])
+@pytest.mark.parametrize("framework", [Framework.zeroplan, Framework.torchtitan])
+def test_stages_cover_every_block_once(layers, stages, framework):
+    split = pipeline_stages(layers, stages, framework)
+    assert sum(s.num_blocks for s in split) == layers
+    assert [s.first_block for s in split] == [sum(x.num_blocks for x in split[:i]) for i in range(stages)]
+    assert split[0].has_embedding and split[-1].has_head
+
+
+def test_torchtitan_gives_the_first_and_last_stage_a_block_less():
+    # 32 blocks + embedding + head = 34 weighted, 4 stages: 9, 9, 8, 8 less one each end.
+    assert [s.num_blocks for s in pipeline_stages(32, 4, Framework.torchtitan)] == [8, 9, 8, 7]
+
+
+@pytest.mark.parametrize("pp", [2, 4, 8])
+@pytest.mark.parametrize("virtual", [1, 2, 4])
+def test_pipeline_ranks_hold_the_whole_model_once(pp, virtual):
+    schedule = PipelineSchedule.interleaved_1f1b if virtual > 1 else PipelineSchedule.one_f_one_b
+    base = request(gpus=pp, kind=StrategyKind.ddp, pp=pp, pp_schedule=schedule, virtual_stages=virtual)
+    held = sum(rank_parameter_elements(base.at_pipeline_rank(r)) for r in range(pp))
+    assert held == total_parameters(base.model)
+
+
+def test_one_f_one_b_keeps_pp_minus_rank_micro_batches():
+    parallel = ParallelSpec(pp=4)
+    assert [in_flight_chunks(parallel, r, 8) for r in range(4)] == [4, 3, 2, 1]
+    assert [in_flight_chunks(parallel, r, 2) for r in range(4)] == [2, 2, 2, 1]
+    gpipe = ParallelSpec(pp=4, pp_schedule=PipelineSchedule.gpipe)
+    assert [in_flight_chunks(gpipe, r, 8) for r in range(4)] == [8] * 4
+
+
+@pytest.mark.parametrize("pp,v", [(4, 2), (8, 2), (8, 4)])
+def test_interleaved_first_rank_is_korthikanti_4_2_3(pp, v):
+    # Korthikanti et al. 2022 sec. 4.2.3: the first stage keeps L (1 + (p - 1) / (p m)) blocks'
+    # activations with m model chunks per rank: chunks x L / (p v) blocks.
+    parallel = ParallelSpec(pp=pp, pp_schedule=PipelineSchedule.interleaved_1f1b, virtual_stages=v)
+    chunks = in_flight_chunks(parallel, 0, 64)
+    assert Fraction(chunks, pp * v) == 1 + Fraction(pp - 1, pp * v)
+
+
+def test_bubbles_follow_narayanan_and_zero_bubble():
+    assert bubble_fraction(ParallelSpec(pp=4), 8) == Fraction(3, 8)
+    assert bubble_fraction(ParallelSpec(pp=4, pp_schedule=PipelineSchedule.interleaved_1f1b, virtual_stages=2), 8) == Fraction(3, 16)
+    assert bubble_fraction(ParallelSpec(pp=4, pp_schedule=PipelineSchedule.zero_bubble, virtual_stages=2), 8) == Fraction(1, 16)
+    assert bubble_fraction(ParallelSpec(), 8) == 0
+
+
+def test_the_first_rank_peaks_under_1f1b_without_checkpointing():
+    r = request(gpus=32, tp=8, pp=4, batch=BatchSpec(seq_len=4096, grad_accum_steps=8))
+    p = plan(r)
+    assert p.parallel.pipeline_rank == 0
+    assert len(p.pipeline_rank_peak_bytes) == 4
+    assert p.memory.peak_bytes == max(p.pipeline_rank_peak_bytes)
+    assert "pipeline rank 0 of 4" in p.peak_rank_reason
+
+
+def test_a_deeper_pipeline_holds_fewer_parameters_per_rank():
+    shallow = memory_breakdown(request(gpus=16, pp=2, kind=StrategyKind.ddp))[0]
+    deep = memory_breakdown(request(gpus=16, pp=4, kind=StrategyKind.ddp))[0]
+    assert deep.parameter_bytes < shallow.parameter_bytes
+
+
+# --- communication --------------------------------------------------------------------------
+
+def test_tensor_parallel_collectives_per_block():
+    r = request(gpus=8, tp=8, kind=StrategyKind.ddp, batch=BatchSpec(seq_len=4096))
+    blocks = r.model.num_layers
+    activation = 4096 * r.model.hidden_size * 2
+    per_block = [c for c in tensor_parallel_collectives(r) if c.what == "tensor-parallel activations"]
+    assert {c.op for c in per_block} == {CollectiveOp.all_reduce}
+    assert sum(c.calls for c in per_block) == 4 * blocks  # two forward, two backward
+    assert all(c.buffer_bytes == c.calls * activation and c.blocking for c in per_block)
+    sp = request(gpus=8, tp=8, kind=StrategyKind.ddp, batch=BatchSpec(seq_len=4096), sequence_parallel=True)
+    ops = {c.op for c in tensor_parallel_collectives(sp) if c.what == "tensor-parallel activations"}
+    assert ops == {CollectiveOp.all_gather, CollectiveOp.reduce_scatter}
+
+
+def test_pipeline_sends_one_activation_per_micro_batch_and_boundary():
+    r = request(gpus=4, pp=4, kind=StrategyKind.ddp, batch=BatchSpec(seq_len=2048, grad_accum_steps=8))
+    first = pipeline_collectives(r.at_pipeline_rank(0))
+    middle = pipeline_collectives(r.at_pipeline_rank(1))
+    assert [c.what for c in first] == ["pipeline activations"]
+    assert sorted(c.what for c in middle) == ["pipeline activation gradients", "pipeline activations"]
+    assert first[0].sent_bytes_per_step == 8 * 2048 * r.model.hidden_size * 2
+
+
+def test_the_pipeline_bubble_lengthens_the_step():
+    p = plan(request(gpus=4, pp=4, kind=StrategyKind.ddp, batch=BatchSpec(grad_accum_steps=4)))
+    assert p.time.pipeline_bubble_s > 0
+    assert p.time.step_with_overlap_s >= p.time.compute_s + p.time.pipeline_bubble_s
+
+
+def test_the_data_parallel_group_is_the_world_over_the_model_parallel_degrees():
+    r = request(gpus=64, tp=8, pp=2, cp=2, batch=BatchSpec(seq_len=8192))
+    assert r.data_parallel_size == 2
+    assert r.state_group_size == 4
+    assert r.shard_group_size == 4
+
+
+# --- refusals -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("parallel,field", [
+    (dict(tp=3), "parallel"),
+    (dict(tp=16), "parallel.tp"),  # 16 GPUs, but a node holds 8
+    (dict(pp=64), "parallel"),
+    (dict(cp=2, tp=2), None),
+    (dict(sequence_parallel=True), "parallel.sequence_parallel"),
+    (dict(pp=2, pp_schedule=PipelineSchedule.interleaved_1f1b), "parallel.virtual_stages"),
+    (dict(pp=2, virtual_stages=2), "parallel.virtual_stages"),
+])
+def test_layouts_the_stacks_cannot_build_are_refused_naming_the_field(parallel, field):
+    if field is None:
+        request(**parallel)
+        return
+    with pytest.raises(ZeroplanError) as error:
+        request(**parallel)
+    assert error.value.field == field
+
+
+def test_zero3_does_not_run_under_a_pipeline():
+    with pytest.raises(ZeroplanError, match="does not run under pipeline parallelism"):
+        request(kind=StrategyKind.zero3, pp=2)
+
+
+def test_fit_under_a_pipeline_plans_only_the_strategies_that_run_there():
+    report = fit(request(gpus=16, pp=2, kind=StrategyKind.ddp))
+    assert {p.strategy.value for p in report.plans} <= {"ddp", "zero1", "fsdp-full-shard", "fsdp-shard-grad-op", "hsdp"}
+
+
+def test_hf_is_not_modelled_under_tensor_parallelism():
+    with pytest.raises(ZeroplanError, match="not modelled for hf"):
+        request(training=TrainingSpec(framework=Framework.hf), tp=2)
+
+
+# --- the command line -----------------------------------------------------------------------
+
+def test_fit_answers_the_405b_question(capsys):
+    code = main(["fit", "llama-3.1-405b", "--gpus", "128", "--gpu", "h100-80gb", "--framework", "torchtitan",
+                 "--tp", "8", "--pp", "4", "--micro-batch", "1", "--seq-len", "8192", "--activation-checkpointing", "full"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "tp 8 + sequence parallel" in out and "pp 4" in out
+    assert "peak on pipeline rank" in out
+
+
+def test_fit_refuses_a_bad_layout_in_one_line(capsys):
+    code = main(["fit", "llama-3.1-8b", "--tp", "3"])
+    err = capsys.readouterr().err
+    assert code != 0
+    assert err.count("\n") == 1 and "parallel" in err and "allowed" in err
+
+
+def test_checkpointing_full_keeps_only_block_inputs_per_micro_batch():
+    training = TrainingSpec(activation_checkpointing=ActivationCheckpointing.full)
+    r = request(gpus=8, tp=8, training=training, batch=BatchSpec(seq_len=4096), sequence_parallel=True)
+    terms = micro_batch_bytes(r, _reference_activations)
+    assert terms.per_block == 4096 * r.model.hidden_size * 2 // 8
+    assert terms.recompute > terms.per_block
