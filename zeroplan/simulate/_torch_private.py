@@ -190,3 +190,42 @@ def dtensor_local_storage(tensor: torch.Tensor) -> torch.Tensor:
     for a plain tensor: an optimizer built over these updates the same bytes FSDP2 stores,
     without DTensor dispatch."""
     return getattr(tensor, "_local_tensor", tensor)
+
+
+# torch.distributed.pipelining.schedules (torch 2.13): the schedule IR's action tuple. Its
+# fields (stage_index, computation_type, microbatch_index, sub_actions) are what a schedule's
+# ``pipeline_order`` holds per rank.
+def pipeline_action_class() -> type:
+    """torch.distributed.pipelining.schedules._Action (private)."""
+    from torch.distributed.pipelining.schedules import _Action
+
+    return _Action
+
+
+@contextlib.contextmanager
+def pipeline_stages_agree_on_static_shapes() -> Iterator[None]:
+    """Let PipelineStage's warm-up vote conclude STATIC on a fake process group.
+
+    torch 2.13 distributed/pipelining/stage.py: before the first step, every stage votes
+    (``_warmup_forward_vote``, then ``_warmup_backward_result``, private) on whether the input
+    and output shapes the user gave suffice (STATIC) or must be exchanged over P2P (DYNAMIC).
+    The vote travels as a one-element int32 tensor through ``dist.recv``; a fake process group
+    fills no receive buffer, so every stage but the last reads the zero it was initialised
+    with, concludes DYNAMIC and then waits for shapes through ``recv_object_list``, whose size
+    tensor is also never filled (it asks for terabytes). Here the vote still runs, P2P calls
+    included, but each stage is told the product is 1: what a real group would deliver when
+    every stage was built with ``input_args`` and ``output_args``, as the caller's are.
+    """
+    from torch.distributed.pipelining.stage import PipelineStage
+
+    original = PipelineStage._warmup_backward_result
+
+    def every_stage_static(self, received_result=None):
+        result = original(self, received_result=received_result)
+        return torch.ones_like(result)
+
+    PipelineStage._warmup_backward_result = every_stage_static
+    try:
+        yield
+    finally:
+        PipelineStage._warmup_backward_result = original
