@@ -2,6 +2,8 @@
 
     python benchmarks/pipeline_records.py [OUT_DIR [split|schedule]]
         (default benchmarks/pipeline-records, both kinds)
+    python benchmarks/pipeline_records.py --tables
+        (the markdown tables of docs/pipeline-measured.md, from the committed records)
 
 Split records (OUT_DIR/split): torchtitan 0.3.0's own split of its Llama-3 8B, 70B and 405B
 flavours (built on the meta device) for pp 2, 4, 8, 16 under a loop single-stage schedule
@@ -23,8 +25,15 @@ import time
 from pathlib import Path
 
 from zeroplan.atomic import write_text_atomic
-from zeroplan.frameworks.pipeline import MULTI_STAGE, SINGLE_STAGE, V_STYLE, schedule_record, split_record
-from zeroplan.frameworks.pipeline_record import SCHEDULE_DIR, SPLIT_DIR
+from zeroplan.frameworks.pipeline_record import (
+    MULTI_STAGE,
+    SCHEDULE_DIR,
+    SINGLE_STAGE,
+    SPLIT_DIR,
+    V_STYLE,
+    load_schedule_records,
+    load_split_records,
+)
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "pipeline-records"
 
@@ -52,6 +61,8 @@ def schedule_cases() -> list[tuple[str, int, int, int]]:
 
 
 def write_split(out: Path) -> None:
+    from zeroplan.frameworks.pipeline import split_record
+
     (out / SPLIT_DIR).mkdir(parents=True, exist_ok=True)
     for flavour in FLAVOURS:
         for pp in SPLIT_PP:
@@ -63,6 +74,8 @@ def write_split(out: Path) -> None:
 
 
 def write_schedule(out: Path) -> None:
+    from zeroplan.frameworks.pipeline import schedule_record
+
     (out / SCHEDULE_DIR).mkdir(parents=True, exist_ok=True)
     for schedule, pp, stages_per_rank, microbatches in schedule_cases():
         record = schedule_record(schedule, pp, stages_per_rank, microbatches)
@@ -71,10 +84,49 @@ def write_schedule(out: Path) -> None:
         print(f"{record.name:45s} {record.error or peaks}")
 
 
+def tables(out: Path = DEFAULT_OUT) -> str:
+    """The markdown tables of docs/pipeline-measured.md, from the committed records (no torch)."""
+    lines = ["| model | pp | layers per stage | stage 0 | middle stages (min - max) | last stage | heaviest rank, v=2 loop | heaviest rank, v=2 V |",
+             "|---|---|---|---|---|---|---|---|"]
+    splits = {(r.flavour, r.pp, r.schedule): r for r in load_split_records(out)}
+    for flavour in FLAVOURS:
+        for pp in (4, 8, 16):
+            one = splits[(flavour, pp, "1F1B")]
+            middle = [s.total_elements for s in one.stages[1:-1]] or [0]
+            heavy = []
+            for schedule in ("Interleaved1F1B", "ZBVZeroBubble"):
+                record = splits[(flavour, pp, schedule)]
+                if record.error:
+                    heavy.append(f"refused: {record.error}")
+                    continue
+                top = max(record.ranks, key=lambda r: r.param_elements)
+                heavy.append(f"rank {top.rank} {top.stage_indices}: {top.param_elements:,}")
+            lines.append(
+                f"| {flavour} | {pp} | {','.join(str(s.layers) for s in one.stages)} | {one.stages[0].total_elements:,} "
+                f"| {min(middle):,} - {max(middle):,} | {one.stages[-1].total_elements:,} | {heavy[0]} | {heavy[1]} |")
+    lines += ["", "| schedule | pp | m | v | peak in-flight chunks per rank 0..pp-1 (until B/W) | until B/I, where it differs | idle IR slots per rank |",
+              "|---|---|---|---|---|---|---|"]
+    schedules = {(r.schedule, r.pp, r.stages_per_rank, r.microbatches): r for r in load_schedule_records(out)}
+    for pp, m in ((4, 8), (8, 16)):
+        for schedule in SINGLE_STAGE + MULTI_STAGE:
+            v = 1 if schedule in SINGLE_STAGE else 2
+            record = schedules[(schedule, pp, v, m)]
+            if record.error:
+                lines.append(f"| {schedule} | {pp} | {m} | {v} | refused: {record.error} | | |")
+                continue
+            until_w = [r.peak_in_flight_until_weight_grad for r in record.ranks]
+            until_i = [r.peak_in_flight_until_input_grad for r in record.ranks]
+            idle = [r.ir_idle_slots for r in record.ranks]
+            lines.append(f"| {schedule} | {pp} | {m} | {v} | {' '.join(map(str, until_w))} "
+                         f"| {' '.join(map(str, until_i)) if until_i != until_w else ''} "
+                         f"| {' '.join(map(str, idle)) if None not in idle else 'not in IR'} |")
+    return "\n".join(lines)
+
+
 def main(out: Path = DEFAULT_OUT, kinds: set[str] | None = None) -> None:
-    # torchtitan warns for every schedule built with fewer micro-batches than stages; those
-    # configurations are recorded on purpose.
-    logging.getLogger("torchtitan").setLevel(logging.ERROR)
+    # torchtitan (its logger is the root logger: tools/logging.py) warns for every schedule built
+    # with fewer micro-batches than stages; those configurations are recorded on purpose.
+    logging.getLogger().setLevel(logging.ERROR)
     if not kinds or "split" in kinds:
         write_split(out)
     if not kinds or "schedule" in kinds:
@@ -82,4 +134,7 @@ def main(out: Path = DEFAULT_OUT, kinds: set[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--tables"]:
+        print(tables())
+        sys.exit(0)
     main(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT, set(sys.argv[2:]) or None)

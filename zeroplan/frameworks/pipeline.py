@@ -23,6 +23,8 @@ from torch import nn
 
 from zeroplan.frameworks.pipeline_record import (
     IDLE,
+    SINGLE_STAGE,
+    V_STYLE,
     PipelineScheduleRecord,
     PipelineSplitRecord,
     RankSchedule,
@@ -49,12 +51,6 @@ SCHEDULE_HOW = (
     "read, then step() run on real 8-wide CPU tensors with the stage's compute calls and the "
     "saved-tensor hooks recorded (the fake group moves no data; received buffers hold garbage)"
 )
-
-SINGLE_STAGE = ("GPipe", "1F1B")
-MULTI_STAGE = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
-V_STYLE = ("ZBVZeroBubble", "DualPipeV")
-"""Schedules torchtitan maps to ranks V-style (pipeline_parallel.py
-_get_pp_rank_to_stage_indices_mapping); the others loop."""
 
 PROBE_WIDTH = 8
 

@@ -19,6 +19,14 @@ from zeroplan.specs.base import Frozen
 
 SCHEMA_VERSION = 1
 
+SINGLE_STAGE = ("GPipe", "1F1B")
+"""torch 2.13's training schedules with one stage per rank (PipelineScheduleSingle)."""
+MULTI_STAGE = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+"""Its schedules with several stages per rank (PipelineScheduleMulti)."""
+V_STYLE = ("ZBVZeroBubble", "DualPipeV")
+"""Schedules torchtitan 0.3.0 maps to ranks V-style (distributed/pipeline_parallel.py
+_get_pp_rank_to_stage_indices_mapping); the others loop."""
+
 IDLE = "_"
 """An idle slot in an order string (the schedule IR's ``None``)."""
 
