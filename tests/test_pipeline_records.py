@@ -145,3 +145,39 @@ def test_small_split_regenerates_as_committed() -> None:
 
     live = split_record("8B", 2, "ZBVZeroBubble")
     assert live == _committed(SPLITS, live.name)
+
+
+def _interleaved_1f1b(pp: int, v: int, m: int, r: int) -> int:
+    # torch 2.13 schedules.py _get_warmup_ops (multiply_factor 2) with ScheduleInterleaved1F1B's
+    # rounds (max(1, m // pp)) and micro-batches per round; one more forward before the first
+    # backward, capped at every chunk of the rank.
+    per_round = m // max(1, m // pp)
+    return min((v - 1) * per_round + 2 * (pp - 1 - r) + 1, v * m)
+
+
+# schedule -> (peak until B/W, peak until B/I) for rank r of pp, v stages per rank, m micro-batches:
+# the rules docs/pipeline-measured.md states, fitted to the records and checked against all.
+RULES = {
+    "GPipe": (lambda pp, v, m, r: m, None),
+    "1F1B": (lambda pp, v, m, r: min(pp - r, m), None),
+    "Interleaved1F1B": (_interleaved_1f1b, None),
+    "LoopedBFS": (lambda pp, v, m, r: v * m, None),
+    "InterleavedZeroBubble": (lambda pp, v, m, r: v * min(pp, m), lambda pp, v, m, r: min(v * pp - r, v * m)),
+    "ZBVZeroBubble": (lambda pp, v, m, r: min(2 * pp, m + 1 + r), None),
+    "DualPipeV": (lambda pp, v, m, r: 2 * pp + 1, None),
+}
+
+
+@pytest.mark.parametrize("record", MEASURED_SCHEDULES, ids=lambda r: r.name)
+def test_schedules_follow_the_documented_rules(record: PipelineScheduleRecord) -> None:
+    until_weight, until_input = RULES[record.schedule]
+    until_input = until_input or until_weight
+    args = (record.pp, record.stages_per_rank, record.microbatches)
+    assert [r.peak_in_flight_until_weight_grad for r in record.ranks] == [until_weight(*args, r) for r in range(record.pp)]
+    assert [r.peak_in_flight_until_input_grad for r in record.ranks] == [until_input(*args, r) for r in range(record.pp)]
+
+
+def test_dualpipev_refuses_fewer_microbatches_than_stages() -> None:
+    refused = {(r.pp, r.microbatches) for r in SCHEDULES if r.error}
+    assert refused == {(r.pp, r.microbatches) for r in SCHEDULES if r.schedule == "DualPipeV" and r.microbatches < 2 * r.pp}
+    assert all(r.schedule == "DualPipeV" for r in SCHEDULES if r.error)
