@@ -181,3 +181,15 @@ def test_dualpipev_refuses_fewer_microbatches_than_stages() -> None:
     refused = {(r.pp, r.microbatches) for r in SCHEDULES if r.error}
     assert refused == {(r.pp, r.microbatches) for r in SCHEDULES if r.schedule == "DualPipeV" and r.microbatches < 2 * r.pp}
     assert all(r.schedule == "DualPipeV" for r in SCHEDULES if r.error)
+
+
+def test_docs_tables_are_the_records() -> None:
+    import importlib.util
+
+    root = RECORDS.parents[1]
+    spec = importlib.util.spec_from_file_location("pipeline_records", root / "benchmarks" / "pipeline_records.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    doc = (root / "docs" / "pipeline-measured.md").read_text(encoding="utf-8")
+    for table in script.tables(RECORDS).split("\n\n"):
+        assert table.strip() in doc
