@@ -104,6 +104,9 @@ def test_schedule_orders_are_consistent(record: PipelineScheduleRecord) -> None:
         # The saved activations alive at once, counted while step() ran, are the chunks the
         # order says were between F and their last backward action.
         assert rank.peak_saved_chunks_measured == rank.peak_in_flight_until_weight_grad
+        # The same step on fake tensors made the same calls and kept as many chunks' bytes.
+        assert rank.fake_run_order_matches
+        assert rank.peak_saved_bytes_fake == rank.peak_in_flight_until_weight_grad * record.fake_chunk_bytes
         assert rank.peak_in_flight_until_input_grad <= rank.peak_in_flight_until_weight_grad
         if rank.ir_slots is not None:
             assert rank.ir_slots == len(rank.ir_order.split())
@@ -193,3 +196,21 @@ def test_docs_tables_are_the_records() -> None:
     doc = (root / "docs" / "pipeline-measured.md").read_text(encoding="utf-8")
     for table in script.tables(RECORDS).split("\n\n"):
         assert table.strip() in doc
+
+
+def test_private_pipeline_pieces_are_where_we_expect() -> None:
+    """Fails, naming the piece, when a torch release moves what _torch_private's pipeline
+    helpers patch or read."""
+    pytest.importorskip("torch")
+    from torch.distributed.pipelining import schedules
+    from torch.distributed.pipelining._utils import InferenceMode
+
+    from zeroplan.simulate import _torch_private as private
+
+    assert hasattr(schedules._PipelineSchedule, "_warmup_p2p"), "schedules._PipelineSchedule._warmup_p2p moved"
+    assert InferenceMode.STATIC, "pipelining._utils.InferenceMode.STATIC moved"
+    assert private.pipeline_action_class()._fields[:3] == ("stage_index", "computation_type", "microbatch_index")
+    original = schedules._PipelineSchedule._warmup_p2p
+    with private.pipeline_stages_static():
+        assert schedules._PipelineSchedule._warmup_p2p is not original
+    assert schedules._PipelineSchedule._warmup_p2p is original

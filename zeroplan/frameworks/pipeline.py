@@ -49,10 +49,15 @@ SCHEDULE_HOW = (
     "bias=False), input_args/output_args given) per stage, torchtitan _build_pipeline_schedule "
     "(microbatch size 1, local batch = micro-batches) for the schedule; its pipeline_order[rank] "
     "read, then step() run on real 8-wide CPU tensors with the stage's compute calls and the "
-    "saved-tensor hooks recorded (the fake group moves no data; received buffers hold garbage)"
+    "saved-tensor hooks recorded (the fake group moves no data; received buffers hold garbage); "
+    "then the same with a Linear(4096, 4096, bias=False) probe under FakeTensorMode. Both with "
+    "the P2P shape vote replaced by its STATIC outcome (_torch_private.pipeline_stages_static)"
 )
 
 PROBE_WIDTH = 8
+FAKE_PROBE_WIDTH = 4096
+"""The probe's width in the fake-tensor run: one saved [1, 4096] fp32 input per chunk, 16,384
+bytes, the size of a Llama-3 8B hidden state per token."""
 
 
 def _refusal(error: Exception) -> str:
@@ -131,28 +136,33 @@ def _stage_split(index: int, names: list[str], part: nn.Module) -> StageSplit:
 class _SavedTensorCount:
     """Live autograd-saved tensors that are not parameters (torch.autograd.graph
     saved_tensors_hooks, public): each one is held by a small object whose finaliser counts it
-    down when autograd drops the graph that saved it."""
+    down when autograd drops the graph that saved it. Bytes are the saved tensor's own
+    elements (a micro-batch is a view of the whole batch; its storage is the batch's)."""
 
     def __init__(self, parameters: list[torch.Tensor]):
-        self._parameter_storages = {p.untyped_storage().data_ptr() for p in parameters}
-        self.live = 0
-        self.peak = 0
+        self._parameter_storages = {private.storage_key(p) for p in parameters}
+        self.live = self.peak = 0
+        self.live_bytes = self.peak_bytes = 0
 
     class _Held:
         def __init__(self, tensor: torch.Tensor):
             self.tensor = tensor
 
     def _pack(self, tensor: torch.Tensor):
-        if tensor.untyped_storage().data_ptr() in self._parameter_storages:
+        if private.storage_key(tensor) in self._parameter_storages:
             return tensor
         held = self._Held(tensor)
+        nbytes = tensor.numel() * tensor.element_size()
         self.live += 1
+        self.live_bytes += nbytes
         self.peak = max(self.peak, self.live)
-        weakref.finalize(held, self._release)
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        weakref.finalize(held, self._release, nbytes)
         return held
 
-    def _release(self) -> None:
+    def _release(self, nbytes: int) -> None:
         self.live -= 1
+        self.live_bytes -= nbytes
 
     @staticmethod
     def _unpack(packed):
@@ -203,25 +213,31 @@ def _probe_loss(output: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tenso
     return output.sum(), output.numel()
 
 
-def _run_rank(schedule: str, pp: int, stages_per_rank: int, microbatches: int, rank: int) -> RankSchedule:
+def _step_rank(schedule: str, pp: int, stages_per_rank: int, microbatches: int, rank: int,
+               width: int, fake: bool) -> tuple[list[int], str, str, _SavedTensorCount]:
+    """One rank's stages, IR and executed order, and its saved-tensor count, with a ``width``-wide
+    probe on real CPU tensors or (``fake``) on fake tensors."""
+    import contextlib
+
     from torch.distributed.pipelining import PipelineStage
     from torchtitan.config import ParallelismConfig
     from torchtitan.distributed import pipeline_parallel as titan_pp
 
     num_stages = pp * stages_per_rank
     torch.manual_seed(0)
-    with fake_process_group(pp, rank), private.pipeline_stages_agree_on_static_shapes():
+    tensors = private.fake_tensor_mode() if fake else contextlib.nullcontext()
+    with fake_process_group(pp, rank), private.pipeline_stages_static(), tensors:
         # pipeline_parallel.py _pipeline_module_split: which stages this rank builds.
         indices = titan_pp._get_pp_rank_to_stage_indices_mapping(rank, pp, schedule, num_stages)
         stages = []
         for index in indices:
-            probe = nn.Linear(PROBE_WIDTH, PROBE_WIDTH, bias=False)
+            probe = nn.Linear(width, width, bias=False)
             # Shapes given up front (what a STATIC stage needs); a stage after the first receives
             # an activation that needs its gradient.
             stages.append(PipelineStage(
                 probe, index, num_stages, torch.device("cpu"),
-                input_args=torch.empty(1, PROBE_WIDTH, requires_grad=index != 0),
-                output_args=torch.empty(1, PROBE_WIDTH, requires_grad=True),
+                input_args=torch.empty(1, width, requires_grad=index != 0),
+                output_args=torch.empty(1, width, requires_grad=True),
             ))
         # pipeline_parallel.py _build_pipeline_schedule: n_microbatches = local_batch_size //
         # pipeline_parallel_microbatch_size; scale_grads=False.
@@ -229,28 +245,35 @@ def _run_rank(schedule: str, pp: int, stages_per_rank: int, microbatches: int, r
                                         pipeline_parallel_microbatch_size=1)
         built = titan_pp._build_pipeline_schedule(parallelism=parallelism, local_batch_size=microbatches,
                                                   stages=stages, loss_fn=_probe_loss)
-        single = schedule in SINGLE_STAGE
-        ir_actions = built.pipeline_order[rank]
-        ir = _ir_string(ir_actions)
+        ir = _ir_string(built.pipeline_order[rank])
         log: list[str] = []
         for stage in stages:
             _record_calls(stage, log)
         counter = _SavedTensorCount([p for s in stages for p in s.submod.parameters()])
-        batch = torch.randn(microbatches, PROBE_WIDTH)
-        target = torch.randn(microbatches, PROBE_WIDTH)
+        batch = torch.randn(microbatches, width)
+        target = torch.randn(microbatches, width)
         args = (batch,) if any(s.is_first for s in stages) else ()
         with counter.hooks():
             built.step(*args, target=target if any(s.is_last for s in stages) else None, return_outputs=False)
-    executed = " ".join(log)
-    idle = ir.split().count(IDLE)
+    return list(indices), ir, " ".join(log), counter
+
+
+def _run_rank(schedule: str, pp: int, stages_per_rank: int, microbatches: int, rank: int) -> RankSchedule:
+    indices, ir, executed, counter = _step_rank(schedule, pp, stages_per_rank, microbatches, rank,
+                                                PROBE_WIDTH, fake=False)
+    _, _, fake_executed, fake_counter = _step_rank(schedule, pp, stages_per_rank, microbatches, rank,
+                                                   FAKE_PROBE_WIDTH, fake=True)
+    single = schedule in SINGLE_STAGE
     return RankSchedule(
-        rank=rank, stage_indices=list(indices), ir_order=ir, executed_order=executed,
-        ir_slots=None if single else len(ir.split()), ir_idle_slots=None if single else idle,
+        rank=rank, stage_indices=indices, ir_order=ir, executed_order=executed,
+        ir_slots=None if single else len(ir.split()), ir_idle_slots=None if single else ir.split().count(IDLE),
         peak_in_flight_until_input_grad=peak_in_flight(executed, "BI"),
         peak_in_flight_until_weight_grad=peak_in_flight(executed, "BW"),
         peak_in_flight_ir=peak_in_flight(ir, "BW"),
         ir_matches_executed=compute_actions(ir) == compute_actions(executed),
         peak_saved_chunks_measured=counter.peak,
+        fake_run_order_matches=fake_executed == executed,
+        peak_saved_bytes_fake=fake_counter.peak_bytes,
     )
 
 
@@ -260,6 +283,7 @@ def schedule_record(schedule: str, pp: int, stages_per_rank: int, microbatches: 
     from torch.distributed.pipelining.schedules import get_schedule_class
 
     common = dict(torch_version=torch.__version__, how_made=SCHEDULE_HOW, schedule=schedule,
+                  fake_chunk_bytes=FAKE_PROBE_WIDTH * 4,
                   schedule_class=get_schedule_class(schedule).__name__, pp=pp,
                   stages_per_rank=stages_per_rank, microbatches=microbatches)
     notes = []

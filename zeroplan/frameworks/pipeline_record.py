@@ -19,6 +19,7 @@ from zeroplan.specs.base import Frozen
 
 SCHEMA_VERSION = 1
 
+
 SINGLE_STAGE = ("GPipe", "1F1B")
 """torch 2.13's training schedules with one stage per rank (PipelineScheduleSingle)."""
 MULTI_STAGE = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
@@ -128,6 +129,11 @@ class RankSchedule(Frozen):
     peak_saved_chunks_measured: int = Field(ge=0)
     """Most forward chunks whose autograd-saved activation tensors were alive at once while the
     step ran (saved-tensor hooks; each chunk of the probe stage saves exactly one)."""
+    fake_run_order_matches: bool
+    """Whether the same rank's step on fake tensors (FakeTensorMode, a 4096-wide probe) made
+    exactly the same compute calls in the same order."""
+    peak_saved_bytes_fake: int = Field(ge=0)
+    """Most bytes of autograd-saved activations alive at once in that fake-tensor run."""
 
 
 class PipelineScheduleRecord(Frozen):
@@ -142,6 +148,8 @@ class PipelineScheduleRecord(Frozen):
     pp: int = Field(ge=2)
     stages_per_rank: int = Field(ge=1)
     microbatches: int = Field(ge=1)
+    fake_chunk_bytes: int = Field(ge=1)
+    """Bytes one forward chunk of the fake-tensor probe saves for backward."""
     ranks: list[RankSchedule] = Field(default_factory=list)
     error: str | None = None
     """torch's own refusal, where the schedule refused this configuration."""

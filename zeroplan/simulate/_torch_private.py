@@ -203,29 +203,32 @@ def pipeline_action_class() -> type:
 
 
 @contextlib.contextmanager
-def pipeline_stages_agree_on_static_shapes() -> Iterator[None]:
-    """Let PipelineStage's warm-up vote conclude STATIC on a fake process group.
+def pipeline_stages_static() -> Iterator[None]:
+    """Let pipeline schedules start on a fake process group, with real or fake tensors.
 
-    torch 2.13 distributed/pipelining/stage.py: before the first step, every stage votes
-    (``_warmup_forward_vote``, then ``_warmup_backward_result``, private) on whether the input
-    and output shapes the user gave suffice (STATIC) or must be exchanged over P2P (DYNAMIC).
-    The vote travels as a one-element int32 tensor through ``dist.recv``; a fake process group
-    fills no receive buffer, so every stage but the last reads the zero it was initialised
-    with, concludes DYNAMIC and then waits for shapes through ``recv_object_list``, whose size
-    tensor is also never filled (it asks for terabytes). Here the vote still runs, P2P calls
-    included, but each stage is told the product is 1: what a real group would deliver when
-    every stage was built with ``input_args`` and ``output_args``, as the caller's are.
+    torch 2.13 distributed/pipelining/schedules.py ``_PipelineSchedule._warmup_p2p`` (private)
+    runs before the first step: every stage votes (stage.py ``_warmup_forward_vote``,
+    ``_warmup_backward_result``) on whether the input and output shapes the user gave suffice
+    (InferenceMode.STATIC) or must be exchanged over P2P (DYNAMIC); its only product is each
+    stage's ``_inference_mode``. On a fake process group the vote cannot conclude: ``dist.recv``
+    fills no buffer, so a stage reads the 0 it initialised, concludes DYNAMIC and then waits for
+    shapes through ``recv_object_list``, whose size tensor is never filled either (it asks for
+    an uninitialised size, tens of terabytes); under FakeTensorMode, reading the vote
+    (``result.item()``) is itself refused as data-dependent. Here the vote is replaced by its
+    outcome with every stage built with ``input_args`` and ``output_args``, as the caller's
+    are: STATIC for every stage.
     """
-    from torch.distributed.pipelining.stage import PipelineStage
+    from torch.distributed.pipelining import schedules
+    from torch.distributed.pipelining._utils import InferenceMode
 
-    original = PipelineStage._warmup_backward_result
+    original = schedules._PipelineSchedule._warmup_p2p
 
-    def every_stage_static(self, received_result=None):
-        result = original(self, received_result=received_result)
-        return torch.ones_like(result)
+    def every_stage_static(self, stages, has_backward, p2p_done):
+        for stage in stages:
+            stage._inference_mode = InferenceMode.STATIC
 
-    PipelineStage._warmup_backward_result = every_stage_static
+    schedules._PipelineSchedule._warmup_p2p = every_stage_static
     try:
         yield
     finally:
-        PipelineStage._warmup_backward_result = original
+        schedules._PipelineSchedule._warmup_p2p = original
