@@ -38,6 +38,9 @@ from zeroplan.frameworks.pipeline_record import (
 DEFAULT_OUT = Path(__file__).resolve().parent / "pipeline-records"
 
 FLAVOURS = ("8B", "70B", "405B")
+NUM_LAYERS = {"8B": 32, "70B": 80, "405B": 126}
+"""torchtitan 0.3.0 models/llama3/__init__.py n_layers of each flavour (the records hold the
+figure read from the built config; a test compares)."""
 SPLIT_PP = (2, 4, 8, 16)
 SPLIT_SCHEDULES = ("1F1B", "Interleaved1F1B", "ZBVZeroBubble")
 SCHEDULE_PP = (2, 4, 8)
@@ -71,6 +74,13 @@ def write_split(out: Path) -> None:
                 record = split_record(flavour, pp, schedule)
                 write_text_atomic(out / SPLIT_DIR / record.file_name, record.model_dump_json(indent=1) + "\n")
                 print(f"{record.name:45s} {record.error or 'ok'}  ({time.perf_counter() - started:.1f} s)")
+            # Four stages per rank where torchtitan's pipeline_parallel_layers_per_stage gives it:
+            # ceil(effective layers / layers per stage) stages (layers + 2 for embedding and output).
+            effective = NUM_LAYERS[flavour] + 2
+            if pp >= 4:
+                record = split_record(flavour, pp, "Interleaved1F1B", layers_per_stage=max(1, effective // (4 * pp)))
+                write_text_atomic(out / SPLIT_DIR / record.file_name, record.model_dump_json(indent=1) + "\n")
+                print(f"{record.name:45s} {record.error or f'ok, {record.stages_per_rank} stages per rank'}")
 
 
 def write_schedule(out: Path) -> None:
@@ -88,7 +98,7 @@ def tables(out: Path = DEFAULT_OUT) -> str:
     """The markdown tables of docs/pipeline-measured.md, from the committed records (no torch)."""
     lines = ["| model | pp | layers per stage | stage 0 | middle stages (min - max) | last stage | heaviest rank, v=2 loop | heaviest rank, v=2 V |",
              "|---|---|---|---|---|---|---|---|"]
-    splits = {(r.flavour, r.pp, r.schedule): r for r in load_split_records(out)}
+    splits = {(r.flavour, r.pp, r.schedule): r for r in load_split_records(out) if r.layers_per_stage is None}
     for flavour in FLAVOURS:
         for pp in (4, 8, 16):
             one = splits[(flavour, pp, "1F1B")]

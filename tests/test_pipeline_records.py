@@ -41,6 +41,24 @@ def test_records_load_with_torch_blocked() -> None:
     assert splits == len(SPLITS) and schedules == len(SCHEDULES)
 
 
+def test_split_refusals_are_torchtitans_layers_per_stage_checks() -> None:
+    # With its defaults torchtitan splits every flavour at every degree; only a
+    # pipeline_parallel_layers_per_stage whose stage count pp does not divide is refused.
+    refused = [r for r in SPLITS if r.error]
+    assert all(r.layers_per_stage is not None and "must be divisible by pipeline parallel size" in r.error for r in refused)
+    assert all(r.error is None for r in SPLITS if r.layers_per_stage is None)
+    assert any(r.stages_per_rank == 4 for r in MEASURED_SPLITS)
+
+
+def test_split_layers_are_the_registry_depths() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pipeline_records", RECORDS.parent / "pipeline_records.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert {r.flavour: r.num_layers for r in SPLITS} == script.NUM_LAYERS
+
+
 def test_the_records_cover_what_the_docs_table() -> None:
     # docs/pipeline-measured.md tabulates these; every one must be measured, not refused.
     for flavour in ("8B", "70B", "405B"):

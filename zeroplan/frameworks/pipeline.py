@@ -72,8 +72,9 @@ def _elements(module: nn.Module | None) -> int:
     return 0 if module is None else sum(p.numel() for p in module.parameters())
 
 
-def split_record(flavour: str, pp: int, schedule: str) -> PipelineSplitRecord:
-    """torchtitan's split of Llama-3 ``flavour`` for ``pp`` ranks under ``schedule``."""
+def split_record(flavour: str, pp: int, schedule: str, layers_per_stage: int | None = None) -> PipelineSplitRecord:
+    """torchtitan's split of Llama-3 ``flavour`` for ``pp`` ranks under ``schedule``, with its
+    ``pipeline_parallel_layers_per_stage`` (None: its default, one or two stages per rank)."""
     from torchtitan.config import ParallelismConfig
     from torchtitan.distributed import ParallelDims
     from torchtitan.distributed import pipeline_parallel as titan_pp
@@ -82,19 +83,21 @@ def split_record(flavour: str, pp: int, schedule: str) -> PipelineSplitRecord:
     config = model_registry(flavour).model
     with torch.device("meta"):
         whole = config.build()
-    # config/configs.py ParallelismConfig defaults, but for the degree and the schedule.
-    parallelism = ParallelismConfig(pipeline_parallel_degree=pp, pipeline_parallel_schedule=schedule)
+    # config/configs.py ParallelismConfig defaults, but for the degree, the schedule and the
+    # layers per stage.
+    parallelism = ParallelismConfig(pipeline_parallel_degree=pp, pipeline_parallel_schedule=schedule,
+                                    pipeline_parallel_layers_per_stage=layers_per_stage)
     common = dict(
         torch_version=torch.__version__, framework_version=f"torchtitan {version('torchtitan')}",
         how_made=SPLIT_HOW, flavour=flavour, num_layers=len(config.layers),
-        model_param_elements=_elements(whole), pp=pp, schedule=schedule,
+        model_param_elements=_elements(whole), pp=pp, schedule=schedule, layers_per_stage=layers_per_stage,
         input_weight=parallelism.pipeline_parallel_first_stage_less_layers,
         output_weight=parallelism.pipeline_parallel_last_stage_less_layers,
         style="v" if schedule in V_STYLE else "loop",
     )
     stages: dict[int, StageSplit] = {}
     ranks: list[RankSplit] = []
-    stages_per_rank = 0
+    stages_per_rank = None
     try:
         for rank in range(pp):
             with fake_process_group(pp, rank):
@@ -111,7 +114,7 @@ def split_record(flavour: str, pp: int, schedule: str) -> PipelineSplitRecord:
                 ranks.append(RankSplit(rank=rank, stage_indices=[s.stage_index for s in built],
                                        param_elements=sum(_elements(p) for p in parts)))
     except (ValueError, AssertionError) as error:
-        return PipelineSplitRecord(**common, stages_per_rank=max(stages_per_rank, 1), error=_refusal(error))
+        return PipelineSplitRecord(**common, stages_per_rank=stages_per_rank, error=_refusal(error))
     return PipelineSplitRecord(**common, stages_per_rank=stages_per_rank,
                                stages=[stages[i] for i in sorted(stages)], ranks=ranks)
 

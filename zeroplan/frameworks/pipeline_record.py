@@ -77,7 +77,11 @@ class PipelineSplitRecord(Frozen):
     schedule: str
     """The pipeline_parallel_schedule name the split was made for (it decides the stages per
     rank and how stages map to ranks)."""
-    stages_per_rank: int = Field(ge=1)
+    layers_per_stage: int | None = None
+    """pipeline_parallel_layers_per_stage (None, its default: one stage per rank for a
+    single-stage schedule, two for a multi-stage one)."""
+    stages_per_rank: int | None = Field(default=None, ge=1)
+    """None only where torchtitan refused before deciding it."""
     style: str
     """'loop' (rank r holds r, r + pp, ...) or 'v' (rank r holds r and 2 pp - 1 - r)."""
     input_weight: int
@@ -91,7 +95,8 @@ class PipelineSplitRecord(Frozen):
 
     @property
     def name(self) -> str:
-        return f"split_llama3-{self.flavour.lower()}_pp{self.pp}_{self.schedule.lower()}_v{self.stages_per_rank}"
+        stem = f"split_llama3-{self.flavour.lower()}_pp{self.pp}_{self.schedule.lower()}"
+        return stem + (f"_lps{self.layers_per_stage}" if self.layers_per_stage else f"_v{self.stages_per_rank}")
 
     @property
     def file_name(self) -> str:
