@@ -39,7 +39,7 @@ from zeroplan.simulate.fake_world import fake_process_group
 SPLIT_HOW = (
     "torchtitan.models.llama3.model_registry(flavour).model.build() on the meta device; "
     "distributed/pipeline_parallel.py _get_pipeline_metadata -> _generate_llm_fqn_per_model_part "
-    "(config defaults: first/last_stage_less_layers 1, layers_per_stage None) -> "
+    "(config defaults: first/last_stage_less_layers 1; layers_per_stage as recorded) -> "
     "_pipeline_module_split on each rank of a fake process group (ParallelDims.get_mesh('pp')); "
     "numel of the parameters of each module it returns"
 )
@@ -57,7 +57,7 @@ SCHEDULE_HOW = (
 PROBE_WIDTH = 8
 FAKE_PROBE_WIDTH = 4096
 """The probe's width in the fake-tensor run: one saved [1, 4096] fp32 input per chunk, 16,384
-bytes, the size of a Llama-3 8B hidden state per token."""
+bytes (Llama-3 8B's hidden width, in fp32)."""
 
 
 def _refusal(error: Exception) -> str:
