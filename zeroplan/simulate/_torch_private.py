@@ -190,3 +190,45 @@ def dtensor_local_storage(tensor: torch.Tensor) -> torch.Tensor:
     for a plain tensor: an optimizer built over these updates the same bytes FSDP2 stores,
     without DTensor dispatch."""
     return getattr(tensor, "_local_tensor", tensor)
+
+
+# torch.distributed.pipelining.schedules (torch 2.13): the schedule IR's action tuple. Its
+# fields (stage_index, computation_type, microbatch_index, sub_actions) are what a schedule's
+# ``pipeline_order`` holds per rank.
+def pipeline_action_class() -> type:
+    """torch.distributed.pipelining.schedules._Action (private)."""
+    from torch.distributed.pipelining.schedules import _Action
+
+    return _Action
+
+
+@contextlib.contextmanager
+def pipeline_stages_static() -> Iterator[None]:
+    """Let pipeline schedules start on a fake process group, with real or fake tensors.
+
+    torch 2.13 distributed/pipelining/schedules.py ``_PipelineSchedule._warmup_p2p`` (private)
+    runs before the first step: every stage votes (stage.py ``_warmup_forward_vote``,
+    ``_warmup_backward_result``) on whether the input and output shapes the user gave suffice
+    (InferenceMode.STATIC) or must be exchanged over P2P (DYNAMIC); its only product is each
+    stage's ``_inference_mode``. On a fake process group the vote cannot conclude: ``dist.recv``
+    fills no buffer, so a stage reads the 0 it initialised, concludes DYNAMIC and then waits for
+    shapes through ``recv_object_list``, whose size tensor is never filled either (it asks for
+    an uninitialised size, tens of terabytes); under FakeTensorMode, reading the vote
+    (``result.item()``) is itself refused as data-dependent. Here the vote is replaced by its
+    outcome with every stage built with ``input_args`` and ``output_args``, as the caller's
+    are: STATIC for every stage.
+    """
+    from torch.distributed.pipelining import schedules
+    from torch.distributed.pipelining._utils import InferenceMode
+
+    original = schedules._PipelineSchedule._warmup_p2p
+
+    def every_stage_static(self, stages, has_backward, p2p_done):
+        for stage in stages:
+            stage._inference_mode = InferenceMode.STATIC
+
+    schedules._PipelineSchedule._warmup_p2p = every_stage_static
+    try:
+        yield
+    finally:
+        schedules._PipelineSchedule._warmup_p2p = original
