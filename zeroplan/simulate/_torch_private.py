@@ -43,6 +43,20 @@ def group_size_by_name(group_name: str) -> int:
     return _resolve_process_group(group_name).size()
 
 
+def process_group_size(group: object) -> int | None:
+    """Ranks in the process group a c10d operator received, or None if ``group`` is none.
+
+    A c10d operator (``c10d._allgather_base_`` ...) receives its group as a TorchScript object
+    (``torch.ScriptObject`` of class c10d.ProcessGroup), which has no Python ``size``;
+    ``ProcessGroup.unbox`` turns it back into the Python object. Without it a sub-group (one
+    axis of a 2-D mesh) would read as the whole world."""
+    if isinstance(group, torch.ScriptObject):
+        import torch.distributed as dist
+
+        group = dist.ProcessGroup.unbox(group)
+    return int(group.size()) if hasattr(group, "size") else None
+
+
 def fake_tensor_mode(data_dependent_shapes: bool = False) -> FakeTensorMode:
     """A fresh fake-tensor mode; every tensor made under it has metadata only.
 
