@@ -204,3 +204,19 @@ def dtensor_local_storage(tensor: torch.Tensor) -> torch.Tensor:
     for a plain tensor: an optimizer built over these updates the same bytes FSDP2 stores,
     without DTensor dispatch."""
     return getattr(tensor, "_local_tensor", tensor)
+
+
+def context_parallel_block_mask_without_compile() -> None:
+    """Let context parallelism shard a FlexAttention block mask on fake tensors. Idempotent.
+
+    torch.distributed.tensor.experimental._context_parallel._attention (private)
+    ``_create_cp_block_mask`` builds each rank's block mask with a module-level
+    ``_compiled_create_block_mask = torch.compile(create_block_mask)``, made on first use. Inductor
+    compiles it into a C++ kernel that, run on fake tensors (no data), crashes the process
+    (segmentation fault in the generated code). Setting the cached callable to the same
+    ``create_block_mask`` uncompiled builds the same mask eagerly.
+    """
+    from torch.distributed.tensor.experimental._context_parallel import _attention
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    _attention._compiled_create_block_mask = create_block_mask
