@@ -6,7 +6,7 @@ and write the records the planner's parallelism is checked against.
 
 Each record is rank 0 of a fake group: torchtitan 0.3.0's Llama-3 config from its registry,
 two and three blocks deep at full width, parallelized by torchtitan's own calls
-(zeroplan.frameworks.tensor_parallel). Needs torch and torchtitan; about six minutes on 2 cores.
+(zeroplan.frameworks.tensor_parallel). Needs torch and torchtitan; about four minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -24,14 +24,20 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "parallel-records"
 # the records' notes), and the partial_dtensor backend's whole parallelize_llama, FSDP2 on top.
 STATES = [(flavor, tp, 1, "spmd_types") for flavor in ("8B", "70B") for tp in (1, 2, 4, 8)] + [
     (flavor, tp, dp, "partial_dtensor") for flavor in ("8B", "70B") for tp in (1, 2, 4, 8) for dp in (1, 2)]
-# (flavor, tp, sequence parallel, seq_len, checkpointing, cp): tp 1 has no sequence parallelism
-# to switch, so it runs once.
+# (flavor, tp, sequence parallel, seq_len, checkpointing, cp, norm formula): tp 1 has no
+# sequence parallelism to switch, so it runs once. "cpu" is what F.rms_norm saves on the CPU,
+# "cuda" what the fused CUDA kernel saves (zeroplan.simulate.fused_rms_norm).
 TP_GRID = [(1, False)] + [(tp, sp) for tp in (2, 4, 8) for sp in (True, False)]
 ACTIVATIONS = (
-    [("8B", tp, sp, seq, policy, 1) for seq in (2048, 4096) for policy in ("none", "full") for tp, sp in TP_GRID]
-    + [("8B", 1, False, 4096, "none", 2), ("8B", 2, True, 4096, "none", 2)]
-    + [("70B", tp, sp, 4096, "none", 1) for tp, sp in TP_GRID if tp > 1]
+    [("8B", tp, sp, seq, policy, 1, norm) for seq in (2048, 4096) for policy in ("none", "full")
+     for norm in ("cpu", "cuda") for tp, sp in TP_GRID if norm == "cpu" or policy == "none"]
+    + [("8B", tp, sp, 4096, "selective-op", 1, "cpu") for tp, sp in TP_GRID]
+    + [("8B", 1, False, 4096, "none", 2, "cpu"), ("8B", 2, True, 4096, "none", 2, "cpu"),
+       ("8B", 1, False, 4096, "none", 2, "cuda"), ("8B", 2, True, 4096, "none", 2, "cuda")]
+    + [("70B", tp, sp, 4096, "none", 1, norm) for tp, sp in TP_GRID for norm in ("cpu", "cuda")]
 )
+# The partial_dtensor backend (DTensor TP; CP by apply_cp_to_forward), for comparison.
+DTENSOR_ACTIVATIONS = [("8B", 2, True, 2048, 1), ("8B", 2, False, 2048, 1), ("8B", 1, False, 4096, 2), ("8B", 2, True, 4096, 2)]
 
 
 def main(out: Path = DEFAULT_OUT, quick: bool = False) -> None:
@@ -40,10 +46,12 @@ def main(out: Path = DEFAULT_OUT, quick: bool = False) -> None:
         if quick and flavor != "8B":
             continue
         _write(out, measure_states(flavor, tp, dp, spmd_backend=backend))
-    for flavor, tp, sp, seq, policy, cp in ACTIVATIONS:
+    for flavor, tp, sp, seq, policy, cp, norm in ACTIVATIONS:
         if quick and flavor != "8B":
             continue
-        _write(out, measure_activations(flavor, tp, sp, seq, policy=policy, cp=cp))
+        _write(out, measure_activations(flavor, tp, sp, seq, policy=policy, cp=cp, norm_formula=norm))
+    for flavor, tp, sp, seq, cp in DTENSOR_ACTIVATIONS:
+        _write(out, measure_activations(flavor, tp, sp, seq, cp=cp, spmd_backend="partial_dtensor"))
 
 
 def _write(out: Path, record) -> None:

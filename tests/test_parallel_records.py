@@ -109,6 +109,14 @@ def test_a_blocks_collectives_are_those_of_its_tensor_parallel_layout(record: Pa
         assert forward == {("all_reduce", tokens_bytes, tokens_bytes, record.tp): 2}
     # Backward mirrors each forward collective with one of the same bytes (an all-gather's
     # gradient is a reduce-scatter, and back); full checkpointing first reruns the forward's.
+    if record.spmd_backend == "partial_dtensor":
+        # DTensor carries Partial gradients and reduces them where its sharding rules need it:
+        # without SP, one reduce-scatter a block in backward instead of two all-reduces.
+        return
+    if a.activation_checkpointing == "selective-op":
+        # SelectiveAC saves the collectives' outputs; what else it reruns is its own choice.
+        assert a.block_collective_bytes("backward") >= a.block_collective_bytes("forward")
+        return
     passes = 2 if a.activation_checkpointing == "full" else 1
     assert a.block_collective_bytes("backward") == passes * a.block_collective_bytes("forward")
 
@@ -116,7 +124,7 @@ def test_a_blocks_collectives_are_those_of_its_tensor_parallel_layout(record: Pa
 def test_sequence_parallelism_keeps_less_and_the_linears_keep_the_gathered_sequence() -> None:
     records = {(r.tp, r.sequence_parallel): r.activations for r in _activation_records()
                if r.flavor == "8B" and r.cp == 1 and r.activations.seq_len == 2048
-               and r.activations.activation_checkpointing == "none"}
+               and r.activations.activation_checkpointing == "none" and r.activations.norm_formula == "cpu"}
     for tp in (2, 4, 8):
         on, off = records[(tp, True)], records[(tp, False)]
         assert on.block_kept_bytes < off.block_kept_bytes
@@ -126,6 +134,23 @@ def test_sequence_parallelism_keeps_less_and_the_linears_keep_the_gathered_seque
         assert w1.shape == [2048, 4096]
         norm = next(t for t in on.block_saved if t.module == "ffn_norm" and t.shape[-1] == 4096)
         assert norm.shape == [1, 2048 // tp, 4096]
+
+
+def test_the_cuda_norm_formula_saves_the_norms_input_and_rstd_only() -> None:
+    pairs = {}
+    for r in _activation_records():
+        a = r.activations
+        if r.flavor == "8B" and r.cp == 1 and a.activation_checkpointing == "none":
+            pairs.setdefault((r.tp, r.sequence_parallel, a.seq_len), {})[a.norm_formula] = a
+    assert len(pairs) == 14
+    for (tp, sp, seq), by_formula in pairs.items():
+        cpu, cuda = by_formula["cpu"], by_formula["cuda"]
+        rows = seq // tp if sp else seq
+        norm = [t for t in cuda.block_saved if t.module == "ffn_norm"]
+        assert sorted((t.dtype, t.shape) for t in norm) == [("torch.bfloat16", [1, rows, 4096]), ("torch.float32", [1, rows, 1])]
+        # Per norm, the CPU composite saves two fp32 [rows, h] tensors and the fp32 rstd; the
+        # CUDA formula the bf16 input and the rstd: 6 bytes per element less, twice per block.
+        assert cpu.block_kept_bytes - cuda.block_kept_bytes == 2 * 6 * rows * 4096
 
 
 @pytest.mark.slow

@@ -76,6 +76,10 @@ class ActivationMeasurement(Frozen):
     activation_checkpointing: Literal["none", "full", "selective-op"]
     module_dtype: str
     """dtype of the parameters the forward computed with."""
+    norm_formula: Literal["cpu", "cuda"] = "cpu"
+    """What F.rms_norm saved: "cpu", torch's composite on the CPU (two fp32 copies of its input);
+    "cuda", the fused CUDA kernel's autograd formula (its input and an fp32 rstd per row),
+    registered for the CPU by zeroplan.simulate.fused_rms_norm."""
     layers: list[int] = Field(min_length=2, max_length=2)
     """Decoder blocks built in the shallow and in the deep run."""
     retained_bytes: list[int] = Field(min_length=2, max_length=2)
@@ -180,6 +184,8 @@ class ParallelRecord(Frozen):
         else:
             a = self.activations
             parts += [f"ac-{a.activation_checkpointing}", f"s{a.seq_len}", f"b{a.micro_batch_size}"]
+            if a.norm_formula != "cpu":
+                parts.append(f"{a.norm_formula}norm")
         return "_".join(parts)
 
     @property

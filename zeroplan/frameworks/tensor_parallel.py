@@ -31,6 +31,7 @@ from zeroplan.frameworks.parallel_record import (
 from zeroplan.simulate import _torch_private as private
 from zeroplan.simulate.collectives import CollectiveRecorder
 from zeroplan.simulate.fake_world import fake_process_group
+from zeroplan.simulate.fused_rms_norm import cuda_rms_norm_formula
 from zeroplan.simulate.record import Phase
 
 HOW = "python benchmarks/parallel_records.py"
@@ -200,14 +201,19 @@ class _Run:
 
 
 def measure_activations(flavor: str, tp: int, enable_sp: bool, seq_len: int, micro_batch: int = 1,
-                        policy: str = "none", cp: int = 1, layers: int = DEFAULT_LAYERS) -> ParallelRecord:
+                        policy: str = "none", cp: int = 1, layers: int = DEFAULT_LAYERS,
+                        norm_formula: str = "cpu", spmd_backend: str = "spmd_types") -> ParallelRecord:
     """Forward and backward of torchtitan's TP model with ``layers`` and ``layers + 1`` blocks
-    on rank 0 of a fake group of cp x tp ranks."""
+    on rank 0 of a fake group of cp x tp ranks; ``norm_formula`` "cuda" makes F.rms_norm save
+    what torch's fused CUDA kernel saves (zeroplan.simulate.fused_rms_norm)."""
     from importlib.metadata import version
 
     start_s = time.perf_counter()
     _eager_flex_attention()
-    runs = [_run(flavor, tp, enable_sp, seq_len, micro_batch, policy, cp, depth) for depth in (layers, layers + 1)]
+    norms = cuda_rms_norm_formula if norm_formula == "cuda" else contextlib.nullcontext
+    with norms():
+        runs = [_run(flavor, tp, enable_sp, seq_len, micro_batch, policy, cp, depth, spmd_backend)
+                for depth in (layers, layers + 1)]
     shallow, deep = runs
     config, full_depth = llama3_config(flavor, layers, seq_len, enable_sp)
     block = _subtract(deep.collectives, shallow.collectives)
@@ -217,17 +223,26 @@ def measure_activations(flavor: str, tp: int, enable_sp: bool, seq_len: int, mic
         "tokens), which a compiled run does not (zeroplan/frameworks/build.py _eager_flex_attention)",
         "backward seeded by the local logits' sum (the loss's own bytes and collectives are not measured)",
     ]
+    if cp > 1 and spmd_backend != "spmd_types":
+        notes.append(
+            "apply_cp_to_forward all-gathers K and V through torch's custom op cplib::flex_cp_allgather "
+            "(torch/distributed/tensor/experimental/_context_parallel/_cp_custom_ops.py); under fake tensors "
+            "its registered fake implementation runs instead of its body, so its all-gathers (and the "
+            "reduce-scatters of its backward) are not among the recorded collectives; the gathered K and V "
+            "are in block_saved")
     activations = ActivationMeasurement(
         micro_batch_size=micro_batch, seq_len=seq_len, activation_checkpointing=policy, module_dtype=str(COMPUTE_DTYPE),
-        layers=[layers, layers + 1], retained_bytes=[shallow.retained, deep.retained], block_growth_bytes=deep.growth,
+        norm_formula=norm_formula, layers=[layers, layers + 1], retained_bytes=[shallow.retained, deep.retained], block_growth_bytes=deep.growth,
         block_saved=deep.saved, block_collectives=collective_counts(block), model_collectives=collective_counts(deep.collectives),
         backward_ran=deep.backward_ran,
     )
     return ParallelRecord(
         framework_version=f"torchtitan {version('torchtitan')}", torch_version=torch.__version__, flavor=flavor,
-        **_dims(config, full_depth), spmd_backend="spmd_types", tp=tp, dp_shard=1, cp=cp, sequence_parallel=enable_sp,
+        **_dims(config, full_depth), spmd_backend=spmd_backend, tp=tp, dp_shard=1, cp=cp, sequence_parallel=enable_sp,
         world_size=tp * cp, rank=0,
-        parallelize="set_llama3_sharding_config(enable_sp), model.parallelize(parallel_dims)"
+        parallelize=f"set_llama3_sharding_config(enable_sp={enable_sp}), "
+                    + ("apply_cp_to_forward(inner attentions, cp mesh), " if cp > 1 and spmd_backend != "spmd_types" else "")
+                    + "model.parallelize(parallel_dims)"
                     + ("" if policy == "none" else f", {_AC_NAMES[policy]}.apply(model)"),
         param_dtype=str(COMPUTE_DTYPE), params=shallow.params, built_layers=layers, activations=activations,
         wall_time_s=time.perf_counter() - start_s, how=HOW, notes=notes,
@@ -253,7 +268,7 @@ def _key(record, phase: str) -> tuple:
 
 
 def _run(flavor: str, tp: int, enable_sp: bool, seq_len: int, micro_batch: int, policy: str, cp: int,
-         layers: int) -> _Run:
+         layers: int, spmd_backend: str = "spmd_types") -> _Run:
     from torchtitan.distributed import utils as dist_utils
     from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
     from torchtitan.models.common import RoPE
@@ -262,7 +277,7 @@ def _run(flavor: str, tp: int, enable_sp: bool, seq_len: int, micro_batch: int, 
 
     config, _ = llama3_config(flavor, layers, seq_len, enable_sp)
     global_shapes = _global_shapes(config)
-    with torchtitan_world(tp, 1, cp, enable_sp) as (parallel_dims, _):
+    with torchtitan_world(tp, 1, cp, enable_sp, spmd_backend) as (parallel_dims, _):
         with torch.device("meta"):
             module = config.build().to(COMPUTE_DTYPE)
             # Module.to cast the complex64 RoPE cache too; each RoPE rebuilds its own
@@ -270,9 +285,17 @@ def _run(flavor: str, tp: int, enable_sp: bool, seq_len: int, micro_batch: int, 
             for submodule in module.modules():
                 if isinstance(submodule, RoPE):
                     submodule.init_states(buffer_device=torch.device("meta"))
-        # torchtitan 0.3.0 models/llama3/parallelize.py parallelize_llama (spmd_types backend):
-        # model.parallelize(parallel_dims), then ac_config.build().apply(model).
-        module.parallelize(parallel_dims)
+        # torchtitan 0.3.0 models/llama3/parallelize.py parallelize_llama: under spmd_types,
+        # model.parallelize(parallel_dims) (CP is declared in the inner attention's sharding);
+        # under partial_dtensor, apply_cp_to_forward on every inner attention when CP is on and
+        # model.parallelize(parallel_dims) when TP is on; then ac_config.build().apply(model).
+        if cp > 1 and spmd_backend != "spmd_types":
+            from torchtitan.distributed.context_parallel import apply_cp_to_forward
+
+            apply_cp_to_forward([block.attention.inner_attention for block in module.layers.values()],
+                                parallel_dims.get_mesh("cp"))
+        if spmd_backend == "spmd_types" or parallel_dims.tp_enabled:
+            module.parallelize(parallel_dims)
         if policy == "full":
             FullAC(FullAC.Config()).apply(module)
         elif policy == "selective-op":
@@ -333,7 +356,7 @@ class _SavedInLastBlock:
         self.stack: list[str] = []
         self.inside = False
         self.found: dict[int, SavedTensor] = {}
-        self.params = {private.storage_key(p) for p in model.parameters()}
+        self.params = {private.storage_key(private.dtensor_local_storage(p)) for p in model.parameters()}
         for name, submodule in block.named_modules():
             name = name.replace("_checkpoint_wrapped_module.", "").replace("_checkpoint_wrapped_module", "")
             submodule.register_forward_pre_hook(lambda *_, n=name: self._enter(n))
@@ -347,13 +370,16 @@ class _SavedInLastBlock:
         # A forward hook's return value would replace the module's output.
         self.stack.pop()
 
-    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+    def _pack(self, saved: torch.Tensor) -> torch.Tensor:
+        # A DTensor (the partial_dtensor backend) reports its global shape; the rank keeps its
+        # local tensor.
+        tensor = private.dtensor_local_storage(saved)
         if self.stack and isinstance(tensor, torch.Tensor):
             key = private.storage_key(tensor)
             if key not in self.params and key not in self.found:
                 self.found[key] = SavedTensor(module=self.stack[-1], shape=list(tensor.shape), dtype=str(tensor.dtype),
                                               nbytes=tensor.untyped_storage().nbytes())
-        return tensor
+        return saved
 
     def __enter__(self):
         self.hooks.__enter__()
