@@ -36,8 +36,11 @@ ACTIVATIONS = (
        ("8B", 1, False, 4096, "none", 2, "cuda"), ("8B", 2, True, 4096, "none", 2, "cuda")]
     + [("70B", tp, sp, 4096, "none", 1, norm) for tp, sp in TP_GRID for norm in ("cpu", "cuda")]
 )
-# The partial_dtensor backend (DTensor TP; CP by apply_cp_to_forward), for comparison.
-DTENSOR_ACTIVATIONS = [("8B", 2, True, 2048, 1), ("8B", 2, False, 2048, 1), ("8B", 1, False, 4096, 2), ("8B", 2, True, 4096, 2)]
+# The partial_dtensor backend (DTensor TP; CP by apply_cp_to_forward), for comparison, and the
+# whole parallelize_llama with FSDP2 over dp_shard 2 on top of TP: (flavor, tp, SP, seq, cp, dp_shard).
+DTENSOR_ACTIVATIONS = [("8B", 2, True, 2048, 1, 1), ("8B", 2, False, 2048, 1, 1), ("8B", 1, False, 4096, 2, 1),
+                       ("8B", 2, True, 4096, 2, 1), ("8B", 1, False, 2048, 1, 2), ("8B", 2, False, 2048, 1, 2)] + [
+    ("8B", tp, True, 2048, 1, 2) for tp in (2, 4, 8)]
 
 
 def main(out: Path = DEFAULT_OUT, quick: bool = False) -> None:
@@ -50,8 +53,8 @@ def main(out: Path = DEFAULT_OUT, quick: bool = False) -> None:
         if quick and flavor != "8B":
             continue
         _write(out, measure_activations(flavor, tp, sp, seq, policy=policy, cp=cp, norm_formula=norm))
-    for flavor, tp, sp, seq, cp in DTENSOR_ACTIVATIONS:
-        _write(out, measure_activations(flavor, tp, sp, seq, cp=cp, spmd_backend="partial_dtensor"))
+    for flavor, tp, sp, seq, cp, dp in DTENSOR_ACTIVATIONS:
+        _write(out, measure_activations(flavor, tp, sp, seq, cp=cp, spmd_backend="partial_dtensor", dp_shard=dp))
 
 
 def _write(out: Path, record) -> None:

@@ -93,7 +93,29 @@ def test_what_a_block_saved_accounts_for_what_it_kept(record: ParallelRecord) ->
     assert a.outside_blocks_bytes > 0
 
 
-@pytest.mark.parametrize("record", [r for r in _activation_records() if r.cp == 1], ids=lambda r: r.name)
+@pytest.mark.parametrize("record", [r for r in _activation_records() if r.dp_shard > 1], ids=lambda r: r.name)
+def test_fsdp_on_top_gathers_and_reduces_each_blocks_tensor_parallel_shard(record: ParallelRecord) -> None:
+    # torchtitan's apply_fsdp_to_decoder: bf16 parameters gathered (forward, and again in
+    # backward after resharding), fp32 gradients reduce-scattered, over the dp_shard group;
+    # what is gathered is the block's TP shard.
+    a, dp = record.activations, record.dp_shard
+    shard = record.block_param_bytes  # fp32, this rank's 1/(tp x dp)
+    fsdp = [(c.phase, c.kind, c.dtype, c.input_bytes, c.output_bytes, c.count) for c in a.block_collectives
+            if c.input_bytes in (shard // 2, shard * dp) and c.group_size == dp]
+    assert sorted(fsdp) == [
+        ("backward", "all_gather", "torch.bfloat16", shard // 2, shard // 2 * dp, 1),
+        ("backward", "reduce_scatter", "torch.float32", shard * dp, shard, 1),
+        ("forward", "all_gather", "torch.bfloat16", shard // 2, shard // 2 * dp, 1),
+    ]
+    # FSDP changes nothing the block keeps: the same block without FSDP2.
+    same = [r for r in _activation_records() if r.dp_shard == 1 and r.spmd_backend == record.spmd_backend
+            and (r.tp, r.sequence_parallel, r.cp) == (record.tp, record.sequence_parallel, record.cp)
+            and r.activations.seq_len == a.seq_len and r.activations.norm_formula == a.norm_formula]
+    for other in same:
+        assert other.activations.block_kept_bytes == a.block_kept_bytes
+
+
+@pytest.mark.parametrize("record", [r for r in _activation_records() if r.cp == 1 and r.dp_shard == 1], ids=lambda r: r.name)
 def test_a_blocks_collectives_are_those_of_its_tensor_parallel_layout(record: ParallelRecord) -> None:
     a = record.activations
     tokens_bytes = a.micro_batch_size * a.seq_len * record.dim * 2  # one bf16 [b, s, h] activation

@@ -202,23 +202,34 @@ class _Run:
 
 def measure_activations(flavor: str, tp: int, enable_sp: bool, seq_len: int, micro_batch: int = 1,
                         policy: str = "none", cp: int = 1, layers: int = DEFAULT_LAYERS,
-                        norm_formula: str = "cpu", spmd_backend: str = "spmd_types") -> ParallelRecord:
+                        norm_formula: str = "cpu", spmd_backend: str = "spmd_types", dp_shard: int = 1) -> ParallelRecord:
     """Forward and backward of torchtitan's TP model with ``layers`` and ``layers + 1`` blocks
-    on rank 0 of a fake group of cp x tp ranks; ``norm_formula`` "cuda" makes F.rms_norm save
-    what torch's fused CUDA kernel saves (zeroplan.simulate.fused_rms_norm)."""
+    on rank 0 of a fake group of dp_shard x cp x tp ranks; ``norm_formula`` "cuda" makes
+    F.rms_norm save what torch's fused CUDA kernel saves (zeroplan.simulate.fused_rms_norm).
+    With ``dp_shard`` > 1 the whole parallelize_llama runs (FSDP2 on top; partial_dtensor only,
+    no checkpointing)."""
     from importlib.metadata import version
+
+    if dp_shard > 1 and (spmd_backend != "partial_dtensor" or policy != "none"):
+        # See measure_states: under spmd_types the installed torch's fully_shard refuses TP's
+        # plain shards.
+        raise ValueError("FSDP2 on top of TP runs only under spmd_backend='partial_dtensor', without checkpointing")
 
     start_s = time.perf_counter()
     _eager_flex_attention()
     norms = cuda_rms_norm_formula if norm_formula == "cuda" else contextlib.nullcontext
     with norms():
-        runs = [_run(flavor, tp, enable_sp, seq_len, micro_batch, policy, cp, depth, spmd_backend)
+        runs = [_run(flavor, tp, enable_sp, seq_len, micro_batch, policy, cp, depth, spmd_backend, dp_shard)
                 for depth in (layers, layers + 1)]
     shallow, deep = runs
     config, full_depth = llama3_config(flavor, layers, seq_len, enable_sp)
     block = _subtract(deep.collectives, shallow.collectives)
+    fsdp = dp_shard > 1
     notes = [
-        "activations: a bf16 module (what FSDP2's MixedPrecisionPolicy hands the blocks), without FSDP2",
+        ("FSDP2 (apply_fsdp_to_decoder) over fp32 parameters: the blocks compute on the bf16 parameters its "
+         "MixedPrecisionPolicy gathers; the live bytes include the unsharded parameters of the units it does "
+         "not reshard after forward (final norm + lm_head), the same at both depths" if fsdp else
+         "activations: a bf16 module (what FSDP2's MixedPrecisionPolicy hands the blocks), without FSDP2"),
         "FlexAttention run eagerly: each block also keeps its fp32 max_scores (4 bytes x local heads x "
         "tokens), which a compiled run does not (zeroplan/frameworks/build.py _eager_flex_attention)",
         "backward seeded by the local logits' sum (the loss's own bytes and collectives are not measured)",
@@ -238,13 +249,14 @@ def measure_activations(flavor: str, tp: int, enable_sp: bool, seq_len: int, mic
     )
     return ParallelRecord(
         framework_version=f"torchtitan {version('torchtitan')}", torch_version=torch.__version__, flavor=flavor,
-        **_dims(config, full_depth), spmd_backend=spmd_backend, tp=tp, dp_shard=1, cp=cp, sequence_parallel=enable_sp,
-        world_size=tp * cp, rank=0,
+        **_dims(config, full_depth), spmd_backend=spmd_backend, tp=tp, dp_shard=dp_shard, cp=cp,
+        sequence_parallel=enable_sp, world_size=tp * cp * dp_shard, rank=0,
         parallelize=f"set_llama3_sharding_config(enable_sp={enable_sp}), "
                     + ("apply_cp_to_forward(inner attentions, cp mesh), " if cp > 1 and spmd_backend != "spmd_types" else "")
-                    + "model.parallelize(parallel_dims)"
+                    + ("parallelize_llama(parallel_dims; mixed_precision_param=bfloat16, mixed_precision_reduce=float32)"
+                       if fsdp else "model.parallelize(parallel_dims)")
                     + ("" if policy == "none" else f", {_AC_NAMES[policy]}.apply(model)"),
-        param_dtype=str(COMPUTE_DTYPE), params=shallow.params, built_layers=layers, activations=activations,
+        param_dtype=str(PARAM_DTYPE if fsdp else COMPUTE_DTYPE), params=shallow.params, built_layers=layers, activations=activations,
         wall_time_s=time.perf_counter() - start_s, how=HOW, notes=notes,
     )
 
@@ -268,7 +280,7 @@ def _key(record, phase: str) -> tuple:
 
 
 def _run(flavor: str, tp: int, enable_sp: bool, seq_len: int, micro_batch: int, policy: str, cp: int,
-         layers: int, spmd_backend: str = "spmd_types") -> _Run:
+         layers: int, spmd_backend: str = "spmd_types", dp_shard: int = 1) -> _Run:
     from torchtitan.distributed import utils as dist_utils
     from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
     from torchtitan.models.common import RoPE
@@ -277,9 +289,9 @@ def _run(flavor: str, tp: int, enable_sp: bool, seq_len: int, micro_batch: int, 
 
     config, _ = llama3_config(flavor, layers, seq_len, enable_sp)
     global_shapes = _global_shapes(config)
-    with torchtitan_world(tp, 1, cp, enable_sp, spmd_backend) as (parallel_dims, _):
+    with torchtitan_world(tp, dp_shard, cp, enable_sp, spmd_backend) as (parallel_dims, parallelism):
         with torch.device("meta"):
-            module = config.build().to(COMPUTE_DTYPE)
+            module = config.build().to(PARAM_DTYPE if dp_shard > 1 else COMPUTE_DTYPE)
             # Module.to cast the complex64 RoPE cache too; each RoPE rebuilds its own
             # (zeroplan/frameworks/build.py _torchtitan_llama does the same).
             for submodule in module.modules():
@@ -289,13 +301,20 @@ def _run(flavor: str, tp: int, enable_sp: bool, seq_len: int, micro_batch: int, 
         # model.parallelize(parallel_dims) (CP is declared in the inner attention's sharding);
         # under partial_dtensor, apply_cp_to_forward on every inner attention when CP is on and
         # model.parallelize(parallel_dims) when TP is on; then ac_config.build().apply(model).
-        if cp > 1 and spmd_backend != "spmd_types":
-            from torchtitan.distributed.context_parallel import apply_cp_to_forward
+        if dp_shard > 1:
+            from torchtitan.config import CompileConfig, TrainingConfig
+            from torchtitan.models.llama3 import parallelize_llama
 
-            apply_cp_to_forward([block.attention.inner_attention for block in module.layers.values()],
-                                parallel_dims.get_mesh("cp"))
-        if spmd_backend == "spmd_types" or parallel_dims.tp_enabled:
-            module.parallelize(parallel_dims)
+            parallelize_llama(module, parallel_dims=parallel_dims, training=TrainingConfig(), parallelism=parallelism,
+                              compile_config=CompileConfig(), ac_config=None, dump_folder="")
+        else:
+            if cp > 1 and spmd_backend != "spmd_types":
+                from torchtitan.distributed.context_parallel import apply_cp_to_forward
+
+                apply_cp_to_forward([block.attention.inner_attention for block in module.layers.values()],
+                                    parallel_dims.get_mesh("cp"))
+            if spmd_backend == "spmd_types" or parallel_dims.tp_enabled:
+                module.parallelize(parallel_dims)
         if policy == "full":
             FullAC(FullAC.Config()).apply(module)
         elif policy == "selective-op":
@@ -350,13 +369,14 @@ def _run(flavor: str, tp: int, enable_sp: bool, seq_len: int, micro_batch: int, 
 
 class _SavedInLastBlock:
     """Autograd saved-tensor hooks that note each distinct storage saved while ``block`` runs,
-    with the innermost module of the block running at the time; parameters are left out."""
+    with the innermost module of the block running at the time; parameters (sharded or
+    FSDP2's unsharded ones) are left out."""
 
     def __init__(self, block: torch.nn.Module, model: torch.nn.Module) -> None:
         self.stack: list[str] = []
         self.inside = False
         self.found: dict[int, SavedTensor] = {}
-        self.params = {private.storage_key(private.dtensor_local_storage(p)) for p in model.parameters()}
+        self.model = model
         for name, submodule in block.named_modules():
             name = name.replace("_checkpoint_wrapped_module.", "").replace("_checkpoint_wrapped_module", "")
             submodule.register_forward_pre_hook(lambda *_, n=name: self._enter(n))
@@ -376,7 +396,10 @@ class _SavedInLastBlock:
         tensor = private.dtensor_local_storage(saved)
         if self.stack and isinstance(tensor, torch.Tensor):
             key = private.storage_key(tensor)
-            if key not in self.params and key not in self.found:
+            # The parameters as the module holds them now: FSDP2 swaps in its unsharded ones
+            # for the forward.
+            params = {private.storage_key(private.dtensor_local_storage(p)) for p in self.model.parameters()}
+            if key not in params and key not in self.found:
                 self.found[key] = SavedTensor(module=self.stack[-1], shape=list(tensor.shape), dtype=str(tensor.dtype),
                                               nbytes=tensor.untyped_storage().nbytes())
         return saved
