@@ -5,7 +5,6 @@ without torch). zeroplan.frameworks.tensor_parallel writes them."""
 from __future__ import annotations
 
 from collections import Counter
-from math import prod
 from pathlib import Path
 from typing import Literal
 
@@ -95,7 +94,8 @@ class ActivationMeasurement(Frozen):
     model_collectives: list[CollectiveCount]
     """Every collective of the deep run (the blocks and the rest of the model)."""
     backward_ran: bool
-    """Whether backward ran on the fake tensors (else backward collectives are absent)."""
+    """Whether backward ran on the fake tensors (the run fails if it raises, so every committed
+    record says true; a field so that a record made without it could say so)."""
 
     @property
     def block_kept_bytes(self) -> int:
@@ -191,10 +191,6 @@ class ParallelRecord(Frozen):
     @property
     def file_name(self) -> str:
         return self.name + ".json"
-
-
-def element_count(shape: list[int]) -> int:
-    return prod(shape)
 
 
 def collective_counts(records: list[tuple]) -> list[CollectiveCount]:

@@ -197,7 +197,6 @@ class _Run:
     collectives: list[tuple]
     saved: list[SavedTensor]
     params: list[ParamShard]
-    backward_ran: bool
 
 
 def measure_activations(flavor: str, tp: int, enable_sp: bool, seq_len: int, micro_batch: int = 1,
@@ -245,7 +244,7 @@ def measure_activations(flavor: str, tp: int, enable_sp: bool, seq_len: int, mic
         micro_batch_size=micro_batch, seq_len=seq_len, activation_checkpointing=policy, module_dtype=str(COMPUTE_DTYPE),
         norm_formula=norm_formula, layers=[layers, layers + 1], retained_bytes=[shallow.retained, deep.retained], block_growth_bytes=deep.growth,
         block_saved=deep.saved, block_collectives=collective_counts(block), model_collectives=collective_counts(deep.collectives),
-        backward_ran=deep.backward_ran,
+        backward_ran=True,  # _run raises if backward does
     )
     return ParallelRecord(
         framework_version=f"torchtitan {version('torchtitan')}", torch_version=torch.__version__, flavor=flavor,
@@ -364,7 +363,7 @@ def _run(flavor: str, tp: int, enable_sp: bool, seq_len: int, micro_batch: int, 
                 del output
     collectives = [_key(r, r.phase.value) for r in recorder.records]
     growth = [marks[k] - marks[k - 1] for k in range(1, len(marks))]
-    return _Run(retained, growth, collectives, saved.tensors(), params, True)
+    return _Run(retained, growth, collectives, saved.tensors(), params)
 
 
 class _SavedInLastBlock:
