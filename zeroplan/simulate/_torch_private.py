@@ -43,6 +43,20 @@ def group_size_by_name(group_name: str) -> int:
     return _resolve_process_group(group_name).size()
 
 
+def process_group_size(group: object) -> int | None:
+    """Ranks in the process group a c10d operator received, or None if ``group`` is none.
+
+    A c10d operator (``c10d._allgather_base_`` ...) receives its group as a TorchScript object
+    (``torch.ScriptObject`` of class c10d.ProcessGroup), which has no Python ``size``;
+    ``ProcessGroup.unbox`` turns it back into the Python object. Without it a sub-group (one
+    axis of a 2-D mesh) would read as the whole world."""
+    if isinstance(group, torch.ScriptObject):
+        import torch.distributed as dist
+
+        group = dist.ProcessGroup.unbox(group)
+    return int(group.size()) if hasattr(group, "size") else None
+
+
 def fake_tensor_mode(data_dependent_shapes: bool = False) -> FakeTensorMode:
     """A fresh fake-tensor mode; every tensor made under it has metadata only.
 
@@ -232,3 +246,19 @@ def pipeline_stages_static() -> Iterator[None]:
         yield
     finally:
         schedules._PipelineSchedule._warmup_p2p = original
+
+
+def context_parallel_block_mask_without_compile() -> None:
+    """Let context parallelism shard a FlexAttention block mask on fake tensors. Idempotent.
+
+    torch.distributed.tensor.experimental._context_parallel._attention (private)
+    ``_create_cp_block_mask`` builds each rank's block mask with a module-level
+    ``_compiled_create_block_mask = torch.compile(create_block_mask)``, made on first use. Inductor
+    compiles it into a C++ kernel that, run on fake tensors (no data), crashes the process
+    (segmentation fault in the generated code). Setting the cached callable to the same
+    ``create_block_mask`` uncompiled builds the same mask eagerly.
+    """
+    from torch.distributed.tensor.experimental._context_parallel import _attention
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    _attention._compiled_create_block_mask = create_block_mask
