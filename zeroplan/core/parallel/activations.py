@@ -54,9 +54,25 @@ def micro_batch_bytes(request: PlanRequest, activations) -> MicroBatchBytes:
     kept_two, _ = activations(two)
     per_block = kept_two - kept_one
     terms = MicroBatchBytes(per_block=per_block, recompute=recompute, outside=kept_one - per_block)
-    if not request.parallel.sequence_parallel:
+    if request.parallel.sequence_parallel:
+        terms = sequence_parallel_bytes(one, terms, request.parallel.tp)
+    return gathered_kv_bytes(request, one, terms)
+
+
+# A stack whose context parallelism all-gathers K and V (FrameworkProfile.context_parallel_gathers_kv,
+# torchtitan 0.3.0's apply_cp_to_forward under FlexAttention) saves them at the whole sequence:
+# each block keeps K and V for s tokens where the rank's own are s/cp. A ring (Liu et al. 2023)
+# keeps only its own and passes the rest round again in backward.
+def gathered_kv_bytes(request: PlanRequest, chunk: PlanRequest, terms: MicroBatchBytes) -> MicroBatchBytes:
+    """``terms`` with the gathered K and V of the other context-parallel ranks added."""
+    cp = request.parallel.cp
+    if cp == 1 or not profile(chunk.training.framework).context_parallel_gathers_kv:
         return terms
-    return sequence_parallel_bytes(one, terms, request.parallel.tp)
+    local_tokens = chunk.batch.seq_len * chunk.batch.micro_batch_size
+    others = 2 * (cp - 1) * local_tokens * chunk.model.kv_size * chunk.training.precision.compute_bytes
+    kept = others if chunk.training.activation_checkpointing is ActivationCheckpointing.none else 0
+    rebuilt = others if terms.recompute else 0
+    return MicroBatchBytes(per_block=terms.per_block + kept, recompute=terms.recompute + rebuilt, outside=terms.outside)
 
 
 # Korthikanti et al. 2022, sec. 4.2.2: sequence parallelism splits over the sequence what

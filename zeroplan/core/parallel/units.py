@@ -17,12 +17,10 @@ from zeroplan.specs.request import PlanRequest
 
 
 @lru_cache(maxsize=256)
-def _rank_units(model: ModelSpec, tp: int, pp: int, virtual_stages: int, rank: int, framework: Framework) -> tuple[ParamUnit, ...]:
+def _rank_units(model: ModelSpec, parallel: ParallelSpec, framework: Framework) -> tuple[ParamUnit, ...]:
     units = parameter_units(model)
-    if pp > 1:
-        parallel = ParallelSpec(pp=pp, virtual_stages=virtual_stages, pipeline_rank=rank,
-                                pp_schedule="interleaved-1f1b" if virtual_stages > 1 else "1f1b")
-        stages = rank_stages(parallel, model.num_layers, framework, rank)
+    if parallel.pp > 1:
+        stages = rank_stages(parallel, model.num_layers, framework, parallel.pipeline_rank)
         blocks = {i for stage in stages for i in range(stage.first_block, stage.first_block + stage.num_blocks)}
         keep = []
         for unit in units:
@@ -35,7 +33,7 @@ def _rank_units(model: ModelSpec, tp: int, pp: int, virtual_stages: int, rank: i
             if wanted:
                 keep.append(unit)
         units = tuple(keep)
-    return tensor_parallel_units(units, tp)
+    return tensor_parallel_units(units, parallel.tp)
 
 
 def rank_parameter_units(request: PlanRequest) -> tuple[ParamUnit, ...]:
@@ -44,8 +42,10 @@ def rank_parameter_units(request: PlanRequest) -> tuple[ParamUnit, ...]:
     parallel = request.parallel
     if parallel.is_trivial:
         return parameter_units(request.model)
-    return _rank_units(request.model, parallel.tp, parallel.pp, parallel.virtual_stages, parallel.pipeline_rank,
-                       request.training.framework)
+    # Only what decides the units keys the cache: not sequence or context parallelism.
+    layout = ParallelSpec(tp=parallel.tp, pp=parallel.pp, pp_schedule=parallel.pp_schedule,
+                          virtual_stages=parallel.virtual_stages, pipeline_rank=parallel.pipeline_rank)
+    return _rank_units(request.model, layout, request.training.framework)
 
 
 def rank_parameter_elements(request: PlanRequest) -> int:
