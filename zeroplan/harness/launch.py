@@ -11,6 +11,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from zeroplan.harness.placement import MultiNode
 from zeroplan.harness.record import record_path
 
 STOP_GRACE_S = 30.0
@@ -21,27 +22,41 @@ class LaunchResult:
     returncode: int
     """torchrun's exit status (124 when the time limit ended the run)."""
     records: list[Path]
-    """Record files that exist after the run, one per rank that wrote one."""
+    """Record files of this node's ranks that exist after the run, one per rank that wrote one."""
     missing_ranks: list[int]
-    """Ranks without a record."""
+    """This node's (global) ranks without a record."""
     incomplete_ranks: list[int]
     """Ranks whose record stops before the last step (crashed or stopped)."""
     errors: list[str]
     """The one-line errors the ranks printed."""
 
 
-def torchrun_command(nproc: int, harness_argv: list[str]) -> list[str]:
+def torchrun_command(nproc: int, harness_argv: list[str], nodes: MultiNode | None = None) -> list[str]:
+    """Alone on this machine (``--standalone``), or this node's share of a multi-node launch.
+    Multi-node uses the static rendezvous: node ranks are the ones given, so node r's ranks are
+    r*nproc ... r*nproc + nproc - 1 whatever order the nodes start in (the c10d rendezvous would
+    number nodes by arrival), and node 0's agent hosts the store at the endpoint."""
+    if nodes is None:
+        where = ["--standalone"]
+    else:
+        where = [f"--nnodes={nodes.nnodes}", f"--node-rank={nodes.node_rank}", "--rdzv-backend=static",
+                 f"--rdzv-endpoint={nodes.endpoint}", f"--rdzv-id={nodes.rdzv_id}"]
     return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+        sys.executable, "-m", "torch.distributed.run", *where, f"--nproc-per-node={nproc}",
         "-m", "zeroplan.harness", *harness_argv,
     ]
 
 
-def launch(nproc: int, harness_argv: list[str], out_dir: Path, timeout_s: float) -> LaunchResult:
-    """Run ``nproc`` ranks; never deletes or rewrites a record (each rank owns its own file)."""
+def launch(nproc: int, harness_argv: list[str], out_dir: Path, timeout_s: float,
+           nodes: MultiNode | None = None) -> LaunchResult:
+    """Run ``nproc`` ranks on this machine (this node's share when ``nodes`` is given); never
+    deletes or rewrites a record (each rank owns its own file, named by its global rank, so
+    the nodes of one launch can share ``out_dir``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    returncode, output = run_torchrun(torchrun_command(nproc, [*harness_argv, "--out", str(out_dir)]), timeout_s)
-    return _collect(nproc, out_dir, returncode, output)
+    command = torchrun_command(nproc, [*harness_argv, "--out", str(out_dir)], nodes)
+    returncode, output = run_torchrun(command, timeout_s)
+    first = 0 if nodes is None else nodes.node_rank * nproc
+    return _collect(range(first, first + nproc), out_dir, returncode, output)
 
 
 def run_torchrun(command: list[str], timeout_s: float) -> tuple[int, str]:
@@ -71,11 +86,11 @@ def _stop(process: subprocess.Popen) -> None:
         process.wait()
 
 
-def _collect(nproc: int, out_dir: Path, returncode: int, output: str) -> LaunchResult:
+def _collect(ranks: range, out_dir: Path, returncode: int, output: str) -> LaunchResult:
     from zeroplan.harness.record import read_record
 
     records, missing, incomplete = [], [], []
-    for rank in range(nproc):
+    for rank in ranks:
         path = record_path(out_dir, rank)
         if not path.exists():
             missing.append(rank)
