@@ -111,3 +111,15 @@ def test_two_nodes_under_slurm_share_one_directory(tmp_path: Path) -> None:
     code, out_text, err = _validate(out)
     assert code == 0, err
     assert "run 'slurm' (launch" in out_text and "2 ranks merged from 2 nodes" in out_text
+
+
+@pytest.mark.slow  # one torchrun launch that waits for a node that never comes
+def test_a_node_left_waiting_stops_at_its_limit_and_says_why(tmp_path: Path) -> None:
+    endpoint = f"127.0.0.1:{_free_port()}"
+    (result,) = _start_nodes([
+        ([*RUN[:-2], "--timeout-s", "5", "--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1",
+          "--rdzv-endpoint", endpoint, "--out", str(tmp_path / "node0")], _clean_env())
+    ])
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "5 s limit" in result.stderr and f"wait until all 2 nodes have started with --rdzv-endpoint {endpoint}" in result.stderr

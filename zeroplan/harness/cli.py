@@ -128,10 +128,13 @@ def run_measure(args: argparse.Namespace) -> int:
         sys.stderr.write(error + "\n")
     if result.returncode == 124:
         locks = describe_extension_locks() if deepspeed else ""
+        # A node whose ranks never wrote a record most often waited for a node that did not come.
+        waiting = (f"; no rank of node {nodes.node_rank} wrote a record: its ranks wait until all {nodes.nnodes} nodes "
+                   f"have started with --rdzv-endpoint {nodes.endpoint}" if nodes is not None and not result.records else "")
         sys.stderr.write(
             f"zeroplan measure: error: timeout-s: the run passed its {args.timeout_s:g} s limit and was stopped; "
             f"{len(result.records)} record(s) in {args.out}, incomplete ranks marked complete=false "
-            f"(allowed: a larger --timeout-s){'; ' + locks if locks else ''}\n"
+            f"(allowed: a larger --timeout-s){waiting}{'; ' + locks if locks else ''}\n"
         )
         return 2
     if result.missing_ranks or result.incomplete_ranks or result.returncode:
