@@ -299,3 +299,48 @@ def test_validate_prints_the_merge_and_refuses_in_one_line(tmp_path, capsys) -> 
     assert main(["validate", str(node0)]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1 and "ranks 2-3 of 4 are missing" in captured.err
+
+
+# --- the launcher's own check of this node's records -----------------------------------------
+
+def test_a_record_an_earlier_launch_left_is_not_counted(tmp_path, monkeypatch) -> None:
+    """Node 1 of 2, two ranks (2 and 3), in a directory an earlier launch already wrote: rank 3
+    dies before its first record, so its old file must not pass for this launch's."""
+    from zeroplan.harness import launch as launch_module
+
+    earlier = _four_ranks("e" * 32)
+    _write(tmp_path, earlier)
+    now = _four_ranks("f" * 32)
+    commands = []
+
+    def torchrun(command, timeout_s):
+        commands.append(command)
+        write_record(tmp_path, now[2])  # rank 2 writes; rank 3 does not
+        return 1, "zeroplan measure: rank 3 failed: RuntimeError: boom\n"
+
+    monkeypatch.setattr(launch_module, "run_torchrun", torchrun)
+    nodes = MultiNode(nnodes=2, node_rank=1, endpoint="127.0.0.1:1234", rdzv_id="r")
+    result = launch_module.launch(2, ["micro-llama"], tmp_path, 60, nodes=nodes)
+    assert result.records == [tmp_path / "rank00002.json"]
+    assert result.missing_ranks == [3] and result.stale_ranks == [3]
+    assert result.errors == ["zeroplan measure: rank 3 failed: RuntimeError: boom"]
+    # Nothing was deleted: the earlier launch's files are all still there.
+    assert sorted(p.name for p in tmp_path.glob("rank*.json")) == [f"rank{r:05d}.json" for r in range(4)]
+    assert commands[0][3:9] == ["--nnodes=2", "--node-rank=1", "--rdzv-backend=static",
+                                "--rdzv-endpoint=127.0.0.1:1234", "--rdzv-id=r", "--nproc-per-node=2"]
+
+
+def test_measure_reports_this_nodes_share(capsys, monkeypatch, tmp_path) -> None:
+    from zeroplan.harness import launch as launch_module
+    from zeroplan.harness.cli import main
+
+    outcomes = iter([launch_module.LaunchResult(0, [tmp_path / "rank00004.json", tmp_path / "rank00005.json"], [], [], []),
+                     launch_module.LaunchResult(1, [tmp_path / "rank00004.json"], [5], [], [], [5])])
+    monkeypatch.setattr(launch_module, "launch", lambda *args, **kwargs: next(outcomes))
+    argv = [*BASE[:-1], str(tmp_path), "--backend", "gloo", "--nnodes", "3", "--node-rank", "2",
+            "--rdzv-endpoint", "h:1", "--nproc-per-node", "2"]
+    assert main(argv) == 0
+    assert "node 2 of 3: 2 records (ranks 4..5 of 6)" in capsys.readouterr().out
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "[5] (the record of rank(s) [5] there is an earlier launch's)" in err, err

@@ -138,9 +138,11 @@ def run_measure(args: argparse.Namespace) -> int:
         )
         return 2
     if result.missing_ranks or result.incomplete_ranks or result.returncode:
+        stale = (f" (the record of rank(s) {result.stale_ranks} there is an earlier launch's)"
+                 if result.stale_ranks else "")
         sys.stderr.write(
             f"zeroplan measure: error: ranks without a complete record: "
-            f"{sorted(result.missing_ranks + result.incomplete_ranks)}; {len(result.records)} record(s) kept in {args.out}\n"
+            f"{sorted(result.missing_ranks + result.incomplete_ranks)}{stale}; {len(result.records)} record(s) kept in {args.out}\n"
         )
         return 1
     if nodes is None:

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from zeroplan.harness.placement import MultiNode
@@ -29,6 +29,9 @@ class LaunchResult:
     """Ranks whose record stops before the last step (crashed or stopped)."""
     errors: list[str]
     """The one-line errors the ranks printed."""
+    stale_ranks: list[int] = field(default_factory=list)
+    """Ranks whose record file is the one an earlier launch left in the directory (this launch
+    never replaced it); also in ``missing_ranks``."""
 
 
 def torchrun_command(nproc: int, harness_argv: list[str], nodes: MultiNode | None = None) -> list[str]:
@@ -54,9 +57,22 @@ def launch(nproc: int, harness_argv: list[str], out_dir: Path, timeout_s: float,
     the nodes of one launch can share ``out_dir``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     command = torchrun_command(nproc, [*harness_argv, "--out", str(out_dir)], nodes)
-    returncode, output = run_torchrun(command, timeout_s)
     first = 0 if nodes is None else nodes.node_rank * nproc
-    return _collect(range(first, first + nproc), out_dir, returncode, output)
+    ranks = range(first, first + nproc)
+    before = {rank: _file_identity(record_path(out_dir, rank)) for rank in ranks}
+    returncode, output = run_torchrun(command, timeout_s)
+    return _collect(ranks, out_dir, returncode, output, before)
+
+
+def _file_identity(path: Path) -> tuple[int, int, int] | None:
+    """Every write of a record replaces the file (write_text_atomic: a new inode), so a file
+    with the same inode, time and size as before the launch was not written by it. Matters when
+    runs share a directory, as the nodes of one launch may, and a rank dies before its first record."""
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size
 
 
 def run_torchrun(command: list[str], timeout_s: float) -> tuple[int, str]:
@@ -86,17 +102,21 @@ def _stop(process: subprocess.Popen) -> None:
         process.wait()
 
 
-def _collect(ranks: range, out_dir: Path, returncode: int, output: str) -> LaunchResult:
+def _collect(ranks: range, out_dir: Path, returncode: int, output: str,
+             before: dict[int, tuple[int, int, int] | None]) -> LaunchResult:
     from zeroplan.harness.record import read_record
 
-    records, missing, incomplete = [], [], []
+    records, missing, incomplete, stale = [], [], [], []
     for rank in ranks:
         path = record_path(out_dir, rank)
-        if not path.exists():
+        identity = _file_identity(path)
+        if identity is None or identity == before.get(rank):
             missing.append(rank)
+            if identity is not None:
+                stale.append(rank)
             continue
         records.append(path)
         if not read_record(path).complete:
             incomplete.append(rank)
     errors = [line.strip() for line in output.splitlines() if line.startswith("zeroplan measure:")]
-    return LaunchResult(returncode, records, missing, incomplete, errors)
+    return LaunchResult(returncode, records, missing, incomplete, errors, stale)
