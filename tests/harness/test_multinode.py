@@ -344,3 +344,11 @@ def test_measure_reports_this_nodes_share(capsys, monkeypatch, tmp_path) -> None
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "[5] (the record of rank(s) [5] there is an earlier launch's)" in err, err
+
+
+def test_one_rank_of_a_fake_process_group_is_a_whole_run(tmp_path) -> None:
+    """benchmarks/gpu_measure.py runs rank 0 of N alone on a fake process group: nothing is missing."""
+    record = _four_ranks()[0]
+    fake = record.model_copy(update={"description": record.description.model_copy(update={"backend": "fake"})})
+    (run,) = _merge(_write(tmp_path, [fake]))
+    assert [r.rank for r in run.records] == [0]

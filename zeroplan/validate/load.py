@@ -141,7 +141,10 @@ def merge_runs(loaded: list[tuple[Path, RankRecord]]) -> list[MergedRun]:
             if rank >= world_size:
                 raise ZeroplanError("records", f"{name}: rank {rank} in {str(paths[0])!r} is not below the world size "
                                                f"{world_size} (allowed: ranks 0..{world_size - 1})")
-        missing = sorted(set(range(world_size)) - set(by_rank))
+        # A fake process group (benchmarks/gpu_measure.py) runs one process that acts as one rank
+        # of N: the other ranks never existed, so there is nothing missing.
+        fake = all(record.description.backend == "fake" for _, record in group)
+        missing = [] if fake else sorted(set(range(world_size)) - set(by_rank))
         if missing:
             launches = [g for g in runs_by_id[run_id] if g[0][1].launch_id is not None]
             if launch_id is not None and len(launches) > 1:
