@@ -6,6 +6,7 @@ No real SLURM: the variables are set for the subprocesses. Each launch is a real
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -21,9 +22,24 @@ RUN = ["micro-llama", "--strategy", "zero2", "--backend", "gloo", "--steps", "1"
 
 
 def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    """A free port below the ephemeral range. Not bind(0): that hands out an ephemeral port, and a
+    node that starts first retries connecting to 127.0.0.1:PORT until node 0 listens; once one
+    retry's own source port is PORT, Linux connects the socket to itself (TCP simultaneous open)
+    and the rendezvous never happens."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, max(20001, low))
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no free port below the ephemeral range")
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
