@@ -8,7 +8,7 @@ from fractions import Fraction
 import pytest
 
 from zeroplan.cli.main import main
-from zeroplan.core.collective import CollectiveOp
+from zeroplan.core.collective import CollectiveOp, Phase
 from zeroplan.core.model_states import model_state_bytes
 from zeroplan.core.params import parameter_units, total_parameters
 from zeroplan.core.parallel.activations import micro_batch_bytes
@@ -265,3 +265,21 @@ def test_checkpointing_full_keeps_only_block_inputs_per_micro_batch():
     terms = micro_batch_bytes(r, reference_activations)
     assert terms.per_block == 4096 * r.model.hidden_size * 2 // 8
     assert terms.recompute > terms.per_block
+
+
+def test_fsdp_under_a_pipeline_keeps_the_stage_gathered_and_its_gradients_unsharded():
+    # torch 2.13 pipelining/stage.py: no gradient sync and no reshard after backward until
+    # perform_reduce_grad; FSDP2 keeps the unsharded gradient in the reduce dtype (fp32).
+    from zeroplan.core.buffers import backward_held_buffer_bytes
+    from zeroplan.core.communication import data_parallel_collectives
+
+    r = request(gpus=16, pp=2, batch=BatchSpec(grad_accum_steps=4), training=TrainingSpec(framework=Framework.torchtitan))
+    elements = rank_parameter_elements(r)
+    gathered = elements * 2  # bf16; every Llama-3.1-8B tensor's rows divide by the 8 ranks
+    assert backward_held_buffer_bytes(r) == gathered + elements * 4
+    by_what = {(c.op, c.phase): c.occurrences_per_step for c in data_parallel_collectives(r)}
+    assert by_what[(CollectiveOp.reduce_scatter, Phase.backward)] == 1
+    assert by_what[(CollectiveOp.all_gather, Phase.forward)] == 1
+    assert by_what[(CollectiveOp.all_gather, Phase.backward)] == 4
+    without = request(gpus=16, batch=BatchSpec(grad_accum_steps=4), training=TrainingSpec(framework=Framework.torchtitan))
+    assert backward_held_buffer_bytes(without) == 0

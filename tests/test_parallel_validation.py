@@ -100,3 +100,21 @@ def test_in_flight_chunks_equal_torchs_schedules(record):
     parallel = ParallelSpec(pp=record.pp, pp_schedule=SCHEDULE_OF[record.schedule], virtual_stages=record.stages_per_rank)
     measured = [r.peak_saved_chunks_measured for r in record.ranks]
     assert [in_flight_chunks(parallel, r, record.microbatches) for r in range(record.pp)] == measured
+
+
+DOCS = (Path(__file__).resolve().parents[1] / "docs" / "validation.md").read_text()
+
+
+def test_the_validation_docs_rows_are_the_records():
+    # docs/validation.md "Model parallelism", selected rows: | model | tp | sp | predicted | measured | error |
+    section = DOCS[DOCS.index("## Model parallelism"):DOCS.index("## What does not agree yet")]
+    rows = [line.split("|")[1:-1] for line in section.splitlines() if line.startswith("| 8B |") or line.startswith("| 70B |")]
+    assert len(rows) >= 5
+    by_name = {r.name: r for r in PARALLEL}
+    for model, tp, sp, predicted, measured, _ in rows:
+        tp = int(tp)
+        name = (f"torchtitan-llama3-{model.strip()}_spmd_tp{tp}_dp1_cp1_{'sp' if sp.strip() == 'on' else 'nosp'}"
+                "_ac-none_s4096_b1")
+        record = by_name[name]
+        assert int(predicted.replace(",", "")) == predicted_block_bytes(record)
+        assert int(measured.replace(",", "")) == record.activations.block_kept_bytes

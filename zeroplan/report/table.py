@@ -58,6 +58,10 @@ def parallel_lines(report: FitReport) -> list[str]:
     lines = [f"Model parallel: {', '.join(parts)} x dp {dp}; the data-parallel strategy runs over dp x cp = "
              f"{dp * parallel.cp} ranks" + ("; figures are the pipeline rank that peaks" if parallel.pp > 1 else "")]
     m = report.batch.grad_accum_steps
+    if parallel.pp > 1 and any(p.strategy.is_fsdp for p in report.plans):
+        lines.append("FSDP under a pipeline: each stage keeps its units gathered and its gradients unsharded until the "
+                     "step's one reduce-scatter (torch's pipelining); torchtitan's default under a pipeline is "
+                     "fsdp-shard-grad-op (fsdp_reshard_after_forward 'default').")
     if parallel.pp > 1 and m < parallel.pp:
         lines.append(f"Caution: {m} micro-batch(es) per step through {parallel.pp} pipeline ranks: most of each rank's "
                      f"step is bubble; --grad-accum sets the micro-batches per step (at least {parallel.pp}).")

@@ -142,3 +142,15 @@ def bubble_fraction(parallel: ParallelSpec, microbatches: int) -> Fraction:
     if parallel.pp_schedule in (PipelineSchedule.zero_bubble, PipelineSchedule.zbv):
         bubble /= 3
     return bubble
+
+
+# torch 2.13 distributed/pipelining/stage.py backward_maybe_with_nosync: every backward of an
+# FSDP2 stage runs with set_requires_gradient_sync(False) and set_reshard_after_backward(False),
+# and perform_reduce_grad (scheduled after the last micro-batch) reduce-scatters once: the
+# stage's gradients accumulate unsharded and its units stay gathered from their first
+# backward to the end of the step, whatever reshard_after_forward says (torchtitan 0.3.0
+# distributed/fsdp.py turns reshard_after_forward off under a pipeline by default, too).
+def pipeline_defers_fsdp_reduction(parallel: ParallelSpec, fsdp: bool) -> bool:
+    """Whether FSDP keeps unsharded gradients and gathered units through the step and reduces
+    once at its end (an FSDP strategy under a pipeline)."""
+    return fsdp and parallel.pp > 1
