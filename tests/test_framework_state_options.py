@@ -66,7 +66,8 @@ def test_optimizer_in_backward_leaves_no_gradient_at_the_end_of_backward(gpu_80g
     assert after[PeakMoment.backward_end].total == before[PeakMoment.backward_end].total - states.gradient_bytes
     # One parameter's step, not the whole model's: the embedding's shard and its temporary.
     assert after[PeakMoment.optimizer_step].total < before[PeakMoment.optimizer_step].total
-    assert fused_terms.step_temporary == 2 * 2 * (128256 // 8) * 4096  # bf16 gradient + bf16 temporary
+    # torchtune's recipes fuse AdamW: the step's only extra is that bf16 gradient, no temporary.
+    assert fused_terms.step_temporary == 2 * (128256 // 8) * 4096
     # Before backward's end nothing changes.
     for moment in (PeakMoment.loss_backward, PeakMoment.block_backward):
         assert after[moment] == before[moment]
@@ -160,3 +161,19 @@ def test_the_flags_reach_the_request(capsys) -> None:
     code = main(["fit", "llama-3.1-8b", "--framework", "hf", "--optimizer-in-backward"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "optimizer_in_backward" in err
+
+
+@pytest.mark.parametrize("framework,fused", [("torchtitan", True), ("hf", True), ("torchtune", True), ("zeroplan", False)])
+def test_a_fused_adamw_step_makes_no_state_sized_temporary(gpu_80gib, framework, fused) -> None:
+    # torchtitan's OptimizersContainer implementation="fused", HF's adamw_torch_fused default and
+    # torchtune's `fused: True` run torch._fused_adamw_ in place; the reference model's AdamW is
+    # torch's default foreach path, whose _foreach_sqrt makes one state-sized temporary.
+    from zeroplan.core.buffers import optimizer_step_temporary_bytes
+
+    training = TrainingSpec(framework=framework, precision="bf16-pure" if framework == "torchtune" else "bf16-mixed")
+    request = PlanRequest(model=get_model("llama-3.1-8b"), training=training,
+                          cluster=cluster_from_gpus(gpu_80gib, 8), strategy=StrategySpec(kind="fsdp-full-shard"))
+    temporary = optimizer_step_temporary_bytes(request, 1000)
+    assert (temporary == 0) is fused
+    lion = request.model_copy(update={"training": training.model_copy(update={"optimizer": "lion"})})
+    assert optimizer_step_temporary_bytes(lion, 1000) > 0

@@ -134,6 +134,17 @@ def transient_buffer_bytes(request: PlanRequest) -> int:
 # momentum and gradient likewise. SGD updates in place; bitsandbytes and Adafactor use fused
 # or factored kernels whose temporaries are not modelled.
 _STEP_TEMPORARY_OPTIMIZERS = (Optimizer.adam, Optimizer.adamw, Optimizer.lion)
+_FUSED_OPTIMIZERS = (Optimizer.adam, Optimizer.adamw)
+"""torch 2.13 offers fused=True for these (and SGD, which has no temporary anyway)."""
+
+
+def step_makes_temporary(request: PlanRequest) -> bool:
+    """Whether the optimizer step materialises a state-sized temporary: the foreach Adam/AdamW
+    and Lion do; a framework whose recipes fuse Adam/AdamW does not (FrameworkProfile.fused_optimizer)."""
+    optimizer = request.training.optimizer
+    if optimizer not in _STEP_TEMPORARY_OPTIMIZERS:
+        return False
+    return not (optimizer in _FUSED_OPTIMIZERS and profile(request.training.framework).fused_optimizer)
 
 
 def optimizer_step_temporary_bytes(request: PlanRequest, optimizer_elements: int) -> int:
@@ -143,7 +154,7 @@ def optimizer_step_temporary_bytes(request: PlanRequest, optimizer_elements: int
     eb = element_bytes(request.training.precision, request.convention)
     if request.training.optimizer_in_backward:
         return optimizer_in_backward_step_bytes(request, eb)
-    if request.training.optimizer not in _STEP_TEMPORARY_OPTIMIZERS:
+    if not step_makes_temporary(request):
         return 0
     return optimizer_elements * eb.optimizer_dtype
 
@@ -155,5 +166,5 @@ def optimizer_step_temporary_bytes(request: PlanRequest, optimizer_elements: int
 def optimizer_in_backward_step_bytes(request: PlanRequest, eb) -> int:
     """Bytes alive at the largest per-parameter step beside the resident states."""
     elements = largest_tensor_shard_elements(request)
-    temporary = eb.optimizer_dtype if request.training.optimizer in _STEP_TEMPORARY_OPTIMIZERS else 0
+    temporary = eb.optimizer_dtype if step_makes_temporary(request) else 0
     return elements * (eb.gradient + temporary)

@@ -58,6 +58,10 @@ class FrameworkProfile:
     fuses_qkv: bool = False
     """Each block projects q, k and v with one fused weight (so two parameter tensors fewer
     per block for the optimizer to step)."""
+    fused_optimizer: bool = False
+    """Its recipes build Adam/AdamW with ``fused=True``: torch's fused kernel (torch 2.13
+    optim/adam.py _fused_adam -> torch._fused_adamw_) updates each tensor in place, with no
+    state-sized temporary such as the foreach path's _foreach_sqrt output."""
     sequence_parallel_saves_gathered_inputs: bool = False
     """Under sequence parallelism the column-parallel linears keep their all-gathered (whole
     sequence) input for the weight gradient, instead of the sequence shard Megatron-LM keeps and
@@ -109,6 +113,9 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         # torchtitan 0.3.0 models/llama3/__init__.py: every flavour builds fuse_qkv=True
         # (models/common/attention.py FusedQKVLinear: one wqkv weight).
         fuses_qkv=True,
+        # torchtitan 0.3.0 components/optimizer/optimizer.py OptimizersContainer.Config:
+        # implementation = "fused" by default (_build_impl_kwargs: fused=True).
+        fused_optimizer=True,
         # Measured (benchmarks/parallel-records, torchtitan 0.3.0 model.parallelize with
         # enable_sp): wqkv and w1 each save the all-gathered [s, h] bf16 input while the norms
         # save their s/t shard; DTensor's linear keeps the redistributed input autograd sees.
@@ -141,6 +148,9 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         # trainer.py __init__: liger_kernel.transformers._apply_liger_kernel_to_instance
         # (liger-kernel >= 0.3.0, utils/import_utils.py is_liger_kernel_available).
         offers_fused_linear_cross_entropy=True,
+        # transformers 4.56.2 training_args.py: default_optim = "adamw_torch_fused" with
+        # torch >= 2.8 (torch.optim.AdamW(fused=True)).
+        fused_optimizer=True,
     ),
     # torchtune 0.6.1: modules/attention.py (lines 285-291) expands K and V to num_heads with
     # unsqueeze/expand/flatten (a copy) before SDPA; modules/loss/ce_chunked_output_loss.py
@@ -170,6 +180,9 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         # one optimizer per parameter, stepped and zeroed by training/memory.py
         # register_optim_in_bwd_hooks' post-accumulate-grad hook (model_states.model_state_bytes).
         offers_optimizer_in_backward=True,
+        # torchtune 0.6.1 recipes/configs/llama3_1/8B_full.yaml (and its other full configs):
+        # optimizer torch.optim.AdamW with fused: True.
+        fused_optimizer=True,
         # torchtune 0.6.1 recipes/full_finetune_distributed.py: FSDP2 with
         # fsdp_reshard_after_forward (True: full shard; False: SHARD_GRAD_OP, its docstring);
         # fsdp_cpu_offload: training/_distributed.py shard_model(cpu_offload=True) passes
