@@ -221,7 +221,7 @@ def test_torchtitan_chunked_loss_holds_one_chunk_and_the_heads_reduce_scatter(gp
 
 
 def test_torchtitans_chunked_loss_refuses_a_sequence_it_cannot_split(gpu_80gib) -> None:
-    with pytest.raises(ZeroplanError, match="--seq-len"):
+    with pytest.raises(ZeroplanError, match="batch.seq_len"):
         framework_logits_bytes(_request(gpu_80gib, Framework.torchtitan, seq_len=8191))
     framework_logits_bytes(_request(gpu_80gib, Framework.torchtitan, seq_len=8191, unchunked_loss=True))
 

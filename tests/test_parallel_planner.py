@@ -256,7 +256,8 @@ def test_fit_refuses_a_bad_layout_in_one_line(capsys):
     code = main(["fit", "llama-3.1-8b", "--tp", "3"])
     err = capsys.readouterr().err
     assert code != 0
-    assert err.count("\n") == 1 and "parallel" in err and "allowed" in err
+    # The request's field (parallel) is named by the flags that set it.
+    assert err.count("\n") == 1 and "--tp/--cp/--pp: " in err and "allowed" in err
 
 
 def test_checkpointing_full_keeps_only_block_inputs_per_micro_batch():
@@ -283,3 +284,23 @@ def test_fsdp_under_a_pipeline_keeps_the_stage_gathered_and_its_gradients_unshar
     assert by_what[(CollectiveOp.all_gather, Phase.backward)] == 4
     without = request(gpus=16, batch=BatchSpec(grad_accum_steps=4), training=TrainingSpec(framework=Framework.torchtitan))
     assert backward_held_buffer_bytes(without) == 0
+
+
+def test_the_api_names_fields_and_the_command_line_names_flags(capsys):
+    with pytest.raises(ZeroplanError) as error:
+        request(tp=2, sequence_parallel=True, batch=BatchSpec(seq_len=4095))
+    assert error.value.field == "parallel.sequence_parallel"
+    assert main(["fit", "llama-3.1-8b", "--seq-len", "131073"]) == 2
+    err = capsys.readouterr().err
+    assert "--seq-len: 131,073 exceeds" in err and "batch.seq_len" not in err
+
+
+def test_a_request_without_a_sequence_length_fits_the_models_positions():
+    # As the command line's --seq-len default: min(4096, max_positions); given, it is kept.
+    gpt2 = dict(model=get_model("gpt2"), cluster=cluster_from_gpus(get_gpu("a100-80gb"), 8), strategy=StrategySpec(kind="ddp"))
+    assert PlanRequest(**gpt2).batch.seq_len == 1024
+    assert PlanRequest(**gpt2, batch=BatchSpec(micro_batch_size=2)).batch.seq_len == 1024
+    assert PlanRequest(**gpt2, batch={"micro_batch_size": 2}).batch.seq_len == 1024
+    with pytest.raises(ZeroplanError, match="batch.seq_len"):
+        PlanRequest(**gpt2, batch=BatchSpec(seq_len=4096))
+    assert request(batch=BatchSpec()).batch.seq_len == 4096

@@ -18,6 +18,9 @@ class ZeroplanError(Exception):
 
     def __init__(self, field: str, message: str) -> None:
         self.field = field
+        """The request's field (``batch.seq_len``) or, for a command's own input, its flag."""
+        self.detail = message
+        """The message without the field, so the command line can name its flag instead."""
         super().__init__(f"{field}: {message}")
 
 

@@ -96,12 +96,36 @@ def choices_of(enum_type) -> list[str]:
     return [member.value for member in enum_type]
 
 
+FLAG_OF_FIELD = {
+    "batch.seq_len": "--seq-len",
+    "batch.micro_batch_size": "--micro-batch",
+    "batch.grad_accum_steps": "--grad-accum",
+    "parallel": "--tp/--cp/--pp",
+    "parallel.tp": "--tp",
+    "parallel.cp": "--cp",
+    "parallel.pp": "--pp",
+    "parallel.sequence_parallel": "--sequence-parallel",
+    "parallel.virtual_stages": "--virtual-stages",
+    "strategy": "--strategies",
+    "strategy.shard_group_size": "--hsdp-group",
+}
+"""The request's fields (the Python API's names, which its errors carry) and the flags that set
+them, so the command line names what its user typed. Words inside a message keep the field's
+name ("allow_longer_seq" for --allow-longer-seq)."""
+
+
+def user_error_line(error: ZeroplanError) -> str:
+    """One line for the command line: the flag for a request field, else the error as is."""
+    flag = FLAG_OF_FIELD.get(error.field)
+    return f"{flag}: {error.detail}" if flag else str(error)
+
+
 def run_reporting_user_errors(prog: str, run: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
     """Run a command; a user's mistake becomes one line on stderr and exit status 2."""
     try:
         return run(args)
     except ZeroplanError as error:
-        sys.stderr.write(f"{prog}: error: {error}\n")
+        sys.stderr.write(f"{prog}: error: {user_error_line(error)}\n")
         return 2
     except ValidationError as error:
         sys.stderr.write(f"{prog}: error: {first_error(error)}\n")

@@ -117,7 +117,7 @@ def torchtitan_chunked_loss_bytes(request: PlanRequest) -> int:
     e = training.precision.compute_bytes
     if s % TORCHTITAN_LOSS_CHUNKS:
         # components/loss.py:672: "sequence length must be divisible by num_chunks".
-        raise ZeroplanError("--seq-len", f"{s}: torchtitan's chunked loss needs a multiple of {TORCHTITAN_LOSS_CHUNKS} (or --unchunked-loss)")
+        raise ZeroplanError("batch.seq_len", f"{s}: torchtitan's chunked loss needs a multiple of {TORCHTITAN_LOSS_CHUNKS} (or unchunked_loss, --unchunked-loss)")
     rows = b * s // TORCHTITAN_LOSS_CHUNKS
     chunk = e * rows * model.vocab_size + e * rows * model.hidden_size
     accumulator = FP32_BYTES * b * s * model.hidden_size

@@ -73,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         run_and_save(config, Path(args.out), args.save_parameters, nccl_log)
         dist.destroy_process_group()
     except ZeroplanError as error:
-        sys.stderr.write(f"zeroplan measure: error: {error}\n")
+        from zeroplan.cli.parser import user_error_line
+
+        sys.stderr.write(f"zeroplan measure: error: {user_error_line(error)}\n")
         return 2
     except Exception as error:  # a rank's failure: one line, its records stay
         rank = _rank()

@@ -23,14 +23,18 @@ def check_seq_len(model: ModelSpec, batch: BatchSpec) -> None:
     given = f"{batch.seq_len:,} exceeds {model.name}'s maximum of {model.max_positions:,} positions"
     if model.position is PositionKind.learned:
         raise ZeroplanError(
-            "--seq-len", f"{given}; its learned position table has no row past that, so "
-            f"--allow-longer-seq cannot apply (allowed: 1 to {model.max_positions:,})",
+            "batch.seq_len", f"{given}; its learned position table has no row past that, so "
+            f"allow_longer_seq (--allow-longer-seq) cannot apply (allowed: 1 to {model.max_positions:,})",
         )
     if not batch.allow_longer_seq:
         raise ZeroplanError(
-            "--seq-len", f"{given} (allowed: 1 to {model.max_positions:,}; --allow-longer-seq runs "
+            "batch.seq_len", f"{given} (allowed: 1 to {model.max_positions:,}; allow_longer_seq (--allow-longer-seq) runs "
             f"its RoPE positions past that)",
         )
+
+
+DEFAULT_SEQ_LEN = BatchSpec.model_fields["seq_len"].default
+"""The sequence length a request takes when none is given (capped at the model's positions)."""
 
 
 class MemoryAssumptions(Frozen):
@@ -86,6 +90,31 @@ class PlanRequest(Frozen):
     """Runtime assumptions."""
     performance: PerformanceAssumptions = PerformanceAssumptions()
     """Step-time assumptions."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_seq_len_fits_the_model(cls, data: object) -> object:
+        """A batch whose seq_len was not given takes min(4096, the model's max_positions), as
+        the command line's --seq-len does: GPT-2's 1024 positions, not a refusal."""
+        if not isinstance(data, dict) or "model" not in data:
+            return data
+        model = data["model"]
+        if isinstance(model, ModelSpec):
+            positions = model.max_positions
+        elif isinstance(model, dict):
+            positions = model.get("max_positions", ModelSpec.model_fields["max_positions"].default)
+        else:
+            return data  # the model's own validation answers
+        if not isinstance(positions, int) or positions < 1:
+            return data
+        batch = data.get("batch")
+        if batch is None:
+            return {**data, "batch": BatchSpec(seq_len=min(DEFAULT_SEQ_LEN, positions))}
+        if isinstance(batch, BatchSpec) and "seq_len" not in batch.model_fields_set:
+            return {**data, "batch": batch.model_copy(update={"seq_len": min(batch.seq_len, positions)})}
+        if isinstance(batch, dict) and "seq_len" not in batch:
+            return {**data, "batch": {**batch, "seq_len": min(DEFAULT_SEQ_LEN, positions)}}
+        return data
 
     @model_validator(mode="after")
     def _check_groups(self) -> "PlanRequest":
