@@ -101,6 +101,10 @@ class ModelSpec(Frozen):
     decoder_sparse_step); the others are dense."""
     dense_layers: tuple[int, ...] = ()
     """Further blocks (indices from 0) that are dense (Qwen-MoE's mlp_only_layers)."""
+    moe_capacity_factor: float | None = Field(default=None, gt=0.0, le=64.0)
+    """None: dropless routing, every routed token copy processed (torchtitan, Megatron-LM's
+    default). A number: each expert processes at most ceil(k x tokens x cf / E) tokens, its
+    input padded to that (DeepSpeed-MoE's capacity_factor; GShard sec. 2.2)."""
     q_lora_rank: int | None = Field(default=None, gt=0)
     """Multi-head latent attention (DeepSeek-V2 sec. 2.1.2): width of the query's low-rank
     compression; None projects the query directly (DeepSeek-V2-Lite)."""
@@ -151,7 +155,8 @@ class ModelSpec(Frozen):
         moe_only = {"moe_ffn_hidden_size": self.moe_ffn_hidden_size is not None,
                     "shared_expert_ffn_hidden_size": self.shared_expert_ffn_hidden_size > 0,
                     "shared_expert_gate": self.shared_expert_gate, "first_dense_layers": self.first_dense_layers > 0,
-                    "moe_layer_interval": self.moe_layer_interval > 1, "dense_layers": bool(self.dense_layers)}
+                    "moe_layer_interval": self.moe_layer_interval > 1, "dense_layers": bool(self.dense_layers),
+                    "moe_capacity_factor": self.moe_capacity_factor is not None}
         if not self.is_moe:
             for field, set_ in moe_only.items():
                 if set_:
