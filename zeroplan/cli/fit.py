@@ -22,7 +22,7 @@ from zeroplan.specs import (
     TrainingSpec,
     cluster_from_gpus,
 )
-from zeroplan.specs.parallel import ParallelSpec, PipelineSchedule
+from zeroplan.specs.parallel import EXPERT_PARALLEL_STRATEGIES, ParallelSpec, PipelineSchedule
 from zeroplan.units import GB, GiB, ByteUnit
 
 
@@ -100,6 +100,9 @@ def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
                        help="pipeline schedule (default 1f1b)")
     group.add_argument("--virtual-stages", type=positive_int,
                        help="stages per pipeline rank (default 1; 2 for interleaved-1f1b and zero-bubble)")
+    group.add_argument("--ep", type=positive_int, default=1,
+                       help="expert-parallel degree for a mixture of experts (default 1): each MoE block's experts split "
+                            "ep ways, borrowed from the data-parallel ranks as torchtitan does (docs/moe.md)")
 
 
 def parallel_from_args(args: argparse.Namespace) -> ParallelSpec:
@@ -114,7 +117,7 @@ def parallel_from_args(args: argparse.Namespace) -> ParallelSpec:
         sequence_parallel = args.tp > 1 and args.framework == Framework.torchtitan.value
     virtual = args.virtual_stages or (2 if schedule.interleaved and args.pp > 1 else 1)
     return ParallelSpec(tp=args.tp, sequence_parallel=sequence_parallel, cp=args.cp, pp=args.pp,
-                        pp_schedule=schedule, virtual_stages=virtual)
+                        pp_schedule=schedule, virtual_stages=virtual, ep=args.ep)
 
 
 def add_fused_loss_argument(parser: argparse.ArgumentParser) -> None:
@@ -225,6 +228,11 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
     check_optimizer_in_backward(training, batch.grad_accum_steps)
     if args.hsdp_group is not None and cluster.world_size % args.hsdp_group:
         raise ZeroplanError("hsdp-group", f"{args.hsdp_group} does not divide the {cluster.world_size} GPUs")
+    parallel = parallel_from_args(args)
+    if parallel.ep > 1 and kind.value not in EXPERT_PARALLEL_STRATEGIES:
+        # The base request only carries the knobs (fit plans each strategy); under expert
+        # parallelism it must be one that runs there.
+        kind = StrategyKind.fsdp_full_shard
     strategy = StrategySpec(kind=kind, shard_group_size=args.hsdp_group)
     if args.mfu is not None:
         raise ZeroplanError(
@@ -238,7 +246,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
     )
     return PlanRequest(
         model=model, training=training, batch=batch, cluster=cluster, strategy=strategy, performance=performance,
-        parallel=parallel_from_args(args),
+        parallel=parallel,
     )
 
 

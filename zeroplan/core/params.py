@@ -23,6 +23,10 @@ class ParamTensor(Frozen):
     """Dotted name inside its unit, e.g. 'attention.q.weight'."""
     shape: tuple[int, ...] = Field(min_length=1)
     """Tensor shape; dim 0 is the one FSDP2 shards."""
+    shard_group_divisor: int = Field(default=1, gt=0)
+    """Data-parallel sharding of this tensor runs over the shard group divided by this: ep for
+    the routed experts under expert parallelism (torchtitan 0.3.0 distributed/fsdp.py shards
+    them over the efsdp mesh, dp_shard x cp x tp / ep ranks), 1 for everything else."""
 
     @property
     def numel(self) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from zeroplan.core.params import ParamUnit, parameter_units
+from zeroplan.core.parallel.expert import expert_parallel_units
 from zeroplan.core.parallel.pipeline import rank_stages
 from zeroplan.core.parallel.tensor import tensor_parallel_units
 from zeroplan.specs.framework import Framework
@@ -17,7 +18,8 @@ from zeroplan.specs.request import PlanRequest
 
 
 @lru_cache(maxsize=256)
-def _rank_units(model: ModelSpec, tp: int, pp: int, virtual_stages: int, rank: int, framework: Framework) -> tuple[ParamUnit, ...]:
+def _rank_units(model: ModelSpec, tp: int, pp: int, virtual_stages: int, rank: int, framework: Framework,
+                ep: int = 1) -> tuple[ParamUnit, ...]:
     units = parameter_units(model)
     if pp > 1:
         parallel = ParallelSpec(pp=pp, virtual_stages=virtual_stages, pipeline_rank=rank,
@@ -35,17 +37,17 @@ def _rank_units(model: ModelSpec, tp: int, pp: int, virtual_stages: int, rank: i
             if wanted:
                 keep.append(unit)
         units = tuple(keep)
-    return tensor_parallel_units(units, tp)
+    return expert_parallel_units(tensor_parallel_units(units, tp), model.num_experts, ep)
 
 
 def rank_parameter_units(request: PlanRequest) -> tuple[ParamUnit, ...]:
     """The units the request's rank holds, each tensor as its tensor-parallel rank holds it:
     the model's units (zeroplan.core.params) when nothing is model-parallel."""
     parallel = request.parallel
-    if parallel.is_trivial:
+    if parallel.is_trivial and parallel.ep == 1:
         return parameter_units(request.model)
     return _rank_units(request.model, parallel.tp, parallel.pp, parallel.virtual_stages, parallel.pipeline_rank,
-                       request.training.framework)
+                       request.training.framework, parallel.ep)
 
 
 def rank_parameter_elements(request: PlanRequest) -> int:

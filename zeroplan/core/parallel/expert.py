@@ -1,0 +1,102 @@
+"""Expert parallelism: the routed experts of each MoE block split ep ways, the tokens sent to the
+rank holding their experts and back, as torchtitan 0.3.0 lays it out.
+
+torchtitan 0.3.0 (config/configs.py expert_parallel_degree; distributed/parallel_dims.py) borrows
+the ep ranks from the data-parallel ones: the sparse mesh ["pp", "dp_replicate", "efsdp", "ep"]
+covers the ranks of the dense mesh's dp_shard x cp x tp, efsdp = dp_shard x cp x tp / ep, ep
+innermost. Each rank holds num_experts / ep experts of every MoE block (its token dispatcher,
+models/common/token_dispatcher.py, runs num_experts // ep local experts) and FSDP shards them
+over efsdp (distributed/fsdp.py, apply_fsdp: the experts' per-parameter mesh is edp_mesh), the
+rest of the block over the full dp_shard x cp group. Every other parameter is unchanged.
+
+Symbols: E experts, k experts per token, h hidden, e bytes of an activation element, T tokens
+of one micro-batch on the rank (s b / cp).
+"""
+
+from __future__ import annotations
+
+from zeroplan.core.collective import Collective, CollectiveOp, Phase, make_collective
+from zeroplan.core.params import ParamTensor, ParamUnit
+from zeroplan.specs.request import PlanRequest
+from zeroplan.specs.training import ActivationCheckpointing
+
+EXPERT_PREFIX = "mlp.experts."
+
+
+def expert_index(tensor: ParamTensor) -> int | None:
+    """The routed expert a tensor belongs to ('mlp.experts.<i>.<leaf>.weight'), else None."""
+    if not tensor.name.startswith(EXPERT_PREFIX):
+        return None
+    return int(tensor.name[len(EXPERT_PREFIX):].split(".", 1)[0])
+
+
+# torchtitan's ExpertParallel shards the grouped expert weights on their expert dimension
+# (Shard(0) over the ep mesh): rank r of the ep group holds experts r E/ep .. (r + 1) E/ep - 1.
+# Rank 0 is planned; every rank holds as many.
+def expert_parallel_units(units: tuple[ParamUnit, ...], num_experts: int, ep: int) -> tuple[ParamUnit, ...]:
+    """The units as expert-parallel rank 0 holds them: of each MoE block's routed experts, the
+    first E/ep, each marked to be data-parallel sharded over the group divided by ep."""
+    if ep == 1:
+        return units
+    local = num_experts // ep
+    result = []
+    for unit in units:
+        tensors = []
+        for tensor in unit.tensors:
+            index = expert_index(tensor)
+            if index is None:
+                tensors.append(tensor)
+            elif index < local:
+                tensors.append(tensor.model_copy(update={"shard_group_divisor": ep}))
+        result.append(ParamUnit(name=unit.name, tensors=tuple(tensors)))
+    return tuple(result)
+
+
+def moe_block_count(units: tuple[ParamUnit, ...]) -> int:
+    """MoE blocks among ``units`` (those with a router)."""
+    return sum(1 for unit in units if any(t.name == "mlp.router.weight" for t in unit.tensors))
+
+
+def _dispatch_buffer_bytes(request: PlanRequest) -> int:
+    """One all-to-all's buffer on the rank: its T x k routed token copies, h wide (balanced
+    routing: every rank sends and receives T k copies)."""
+    tokens = request.batch.seq_len // request.parallel.cp * request.batch.micro_batch_size
+    return tokens * request.model.experts_per_token * request.model.hidden_size * request.training.precision.compute_bytes
+
+
+# torchtitan 0.3.0 models/common/token_dispatcher.py AllToAllTokenDispatcher: dispatch()
+# all-to-alls the permuted routed copies to the ranks holding their experts (all_to_all_single
+# over the ep group) and combine() all-to-alls the experts' outputs back; autograd runs the
+# reverse all-to-all for each in backward (Megatron-LM's MoEAlltoAllTokenDispatcher the same).
+# Full recomputation runs the forward's pair again. Each moves T k h e bytes, of which
+# (ep - 1)/ep leave the rank (make_collective's ring count: (N - 1) chunks of S/N).
+def expert_parallel_collectives(request: PlanRequest, moe_blocks: int) -> list[Collective]:
+    ep = request.parallel.ep
+    if ep == 1 or moe_blocks == 0:
+        return []
+    e = request.training.precision.compute_bytes
+    buffer = _dispatch_buffer_bytes(request)
+    accum = request.batch.grad_accum_steps
+    recomputes = request.training.activation_checkpointing is ActivationCheckpointing.full
+    forward_calls = 2 * moe_blocks * (2 if recomputes else 1)
+    backward_calls = 2 * moe_blocks
+    # ep is innermost in torchtitan's sparse mesh (tp is 1 under ep here): consecutive ranks.
+    spans = ep > request.cluster.gpus_per_node
+    return [
+        make_collective(CollectiveOp.all_to_all, Phase.forward, "expert-parallel token dispatch and combine",
+                        [buffer] * forward_calls, ep, accum, spans, e, blocking=True),
+        make_collective(CollectiveOp.all_to_all, Phase.backward, "expert-parallel token gradients",
+                        [buffer] * backward_calls, ep, accum, spans, e, blocking=True),
+    ]
+
+
+# The dispatch holds the permuted send buffer and the received buffer of one MoE block's
+# routed copies at once (token_dispatcher.py: routed_input after _local_reorder, then the
+# all_to_all_single output), and the combine the same in reverse; one block dispatches at a
+# time, so 2 T k h e bytes are alive beside the saved activations. What the experts save for
+# backward (their inputs, k copies per token) is the MoE block's mlp_input term already.
+def expert_dispatch_bytes(request: PlanRequest) -> int:
+    """Transient bytes of one MoE block's token dispatch on the rank (0 without ep)."""
+    if request.parallel.ep == 1 or not request.model.is_moe:
+        return 0
+    return 2 * _dispatch_buffer_bytes(request)
