@@ -81,8 +81,26 @@ def measure(name: str) -> dict:
     }
 
 
+def measure_torchtitan_16b() -> dict:
+    """torchtitan 0.3.0's own DeepSeek "16B" flavour (models/deepseek_v3/__init__.py _16b: the
+    DeepSeek-V2-Lite shapes), built on the meta device: every parameter's name and shape, so the
+    per-rank shards under its EP + FSDP2 placement (distributed/fsdp.py) can be derived from the
+    module it trains, grouped experts (w1_EFD, w2_EDF, w3_EFD) included."""
+    import torch
+    from torchtitan.models.deepseek_v3 import model_registry
+
+    with torch.device("meta"):
+        model = model_registry("16B", attn_backend="flex").model.build()
+    return {
+        "source": "torchtitan 0.3.0 models/deepseek_v3 model_registry('16B').model.build() on the meta device",
+        "total_parameters": sum(p.numel() for p in model.parameters()),
+        "shapes": {name: list(param.shape) for name, param in model.named_parameters()},
+    }
+
+
 def main() -> int:
     records = {name: measure(name) for name in MODELS}
+    records["torchtitan-deepseek-16b"] = measure_torchtitan_16b()
     RECORDS.write_text(json.dumps(records, indent=1) + "\n")
     for name, record in records.items():
         print(f"{name:20s} {record['total_parameters']:>16,}")

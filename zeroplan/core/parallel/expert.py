@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from zeroplan.core.collective import Collective, CollectiveOp, Phase, make_collective
 from zeroplan.core.params import ParamTensor, ParamUnit
+from zeroplan.specs.framework import Framework
+from zeroplan.specs.model import ModelSpec
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.training import ActivationCheckpointing
 
@@ -27,27 +29,49 @@ def expert_index(tensor: ParamTensor) -> int | None:
     """The routed expert a tensor belongs to ('mlp.experts.<i>.<leaf>.weight'), else None."""
     if not tensor.name.startswith(EXPERT_PREFIX):
         return None
-    return int(tensor.name[len(EXPERT_PREFIX):].split(".", 1)[0])
+    index = tensor.name[len(EXPERT_PREFIX):].split(".", 1)[0]
+    return int(index) if index.isdigit() else None
+
+
+# torchtitan 0.3.0 distributed/fsdp.py (apply_fsdp, ep_degree > 1): the experts' grouped
+# weights (models/common/moe.py GroupedExperts: w1_EFD, w3_EFD of E x f x h, w2_EDF of E x h x f)
+# are FSDP-sharded over efsdp with Shard(0), the expert dimension, unless efsdp x ep exceeds
+# the experts (then Shard(1), to avoid padding). Shard(1) of the grouped tensor holds what
+# dim-0 shards of each expert's own matrix hold, so only Shard(0) needs the grouped shape.
+def _grouped(tensors: list[ParamTensor], local: int) -> list[ParamTensor]:
+    by_leaf: dict[str, ParamTensor] = {}
+    for tensor in tensors:
+        leaf = tensor.name[len(EXPERT_PREFIX):].split(".", 1)[1]
+        by_leaf.setdefault(leaf, tensor)
+    return [ParamTensor(name=f"{EXPERT_PREFIX}{leaf}", shape=(local, *tensor.shape),
+                        shard_group_divisor=tensor.shard_group_divisor) for leaf, tensor in by_leaf.items()]
 
 
 # torchtitan's ExpertParallel shards the grouped expert weights on their expert dimension
 # (Shard(0) over the ep mesh): rank r of the ep group holds experts r E/ep .. (r + 1) E/ep - 1.
 # Rank 0 is planned; every rank holds as many.
-def expert_parallel_units(units: tuple[ParamUnit, ...], num_experts: int, ep: int) -> tuple[ParamUnit, ...]:
+def expert_parallel_units(units: tuple[ParamUnit, ...], model: ModelSpec, ep: int, framework: Framework,
+                          efsdp: int) -> tuple[ParamUnit, ...]:
     """The units as expert-parallel rank 0 holds them: of each MoE block's routed experts, the
-    first E/ep, each marked to be data-parallel sharded over the group divided by ep."""
+    first E/ep, each marked to be data-parallel sharded over efsdp (the group divided by ep);
+    under torchtitan's Shard(0) placement as its grouped E/ep x f x h tensors."""
     if ep == 1:
         return units
-    local = num_experts // ep
+    local = model.num_experts // ep
+    grouped = framework is Framework.torchtitan and efsdp * ep <= model.num_experts
     result = []
     for unit in units:
-        tensors = []
+        tensors, experts = [], []
         for tensor in unit.tensors:
             index = expert_index(tensor)
             if index is None:
                 tensors.append(tensor)
             elif index < local:
-                tensors.append(tensor.model_copy(update={"shard_group_divisor": ep}))
+                experts.append(tensor.model_copy(update={"shard_group_divisor": ep}))
+        if experts:
+            # Registration order: the experts where the block had them (after the router).
+            at = next(i for i, t in enumerate(tensors) if t.name == "mlp.router.weight") + 1
+            tensors[at:at] = _grouped(experts, local) if grouped else experts
         result.append(ParamUnit(name=unit.name, tensors=tuple(tensors)))
     return tuple(result)
 

@@ -19,7 +19,7 @@ from zeroplan.specs.request import PlanRequest
 
 @lru_cache(maxsize=256)
 def _rank_units(model: ModelSpec, tp: int, pp: int, virtual_stages: int, rank: int, framework: Framework,
-                ep: int = 1) -> tuple[ParamUnit, ...]:
+                ep: int = 1, efsdp: int = 1) -> tuple[ParamUnit, ...]:
     units = parameter_units(model)
     if pp > 1:
         parallel = ParallelSpec(pp=pp, virtual_stages=virtual_stages, pipeline_rank=rank,
@@ -37,7 +37,7 @@ def _rank_units(model: ModelSpec, tp: int, pp: int, virtual_stages: int, rank: i
             if wanted:
                 keep.append(unit)
         units = tuple(keep)
-    return expert_parallel_units(tensor_parallel_units(units, tp), model.num_experts, ep)
+    return expert_parallel_units(tensor_parallel_units(units, tp), model, ep, framework, efsdp)
 
 
 def rank_parameter_units(request: PlanRequest) -> tuple[ParamUnit, ...]:
@@ -47,7 +47,7 @@ def rank_parameter_units(request: PlanRequest) -> tuple[ParamUnit, ...]:
     if parallel.is_trivial and parallel.ep == 1:
         return parameter_units(request.model)
     return _rank_units(request.model, parallel.tp, parallel.pp, parallel.virtual_stages, parallel.pipeline_rank,
-                       request.training.framework, parallel.ep)
+                       request.training.framework, parallel.ep, max(1, request.state_group_size // parallel.ep))
 
 
 def rank_parameter_elements(request: PlanRequest) -> int:
