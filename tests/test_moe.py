@@ -147,3 +147,16 @@ def test_spec_refuses_moe_and_mla_fields_out_of_place(update: dict[str, object],
     dense = dict(name="d", vocab_size=100, hidden_size=64, num_layers=2, num_heads=4, ffn_hidden_size=128)
     with pytest.raises(ZeroplanError, match=field):
         ModelSpec(**dense, **update)
+
+
+def test_capacity_factor_pads_each_expert_to_its_capacity() -> None:
+    from zeroplan.core.activations import mlp_terms, routed_token_copies
+    from zeroplan.specs import TrainingSpec
+
+    spec = _spec("mixtral-8x7b")
+    capped = spec.model_copy(update={"moe_capacity_factor": 1.25})
+    # DeepSpeed-MoE: capacity = ceil(k x T x cf / E) = ceil(2 x 4096 x 1.25 / 8) = 1280 per expert.
+    assert routed_token_copies(spec, 4096) == 2 * 4096
+    assert routed_token_copies(capped, 4096) == 8 * 1280
+    training = TrainingSpec()
+    assert mlp_terms(capped, training, 4096, 1)["mlp_input"] * 4 == mlp_terms(spec, training, 4096, 1)["mlp_input"] * 5

@@ -12,6 +12,7 @@ from zeroplan.specs import (
     AttentionKernel,
     BatchSpec,
     Framework,
+    ModelSpec,
     Optimizer,
     PerformanceAssumptions,
     PlanRequest,
@@ -103,6 +104,9 @@ def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--ep", type=positive_int, default=1,
                        help="expert-parallel degree for a mixture of experts (default 1): each MoE block's experts split "
                             "ep ways, borrowed from the data-parallel ranks as torchtitan does (docs/moe.md)")
+    group.add_argument("--moe-capacity-factor", type=positive_float, metavar="CF",
+                       help="route with DeepSpeed-MoE's capacity factor (each expert takes at most ceil(k x tokens x CF / E) "
+                            "tokens, padded) instead of dropless routing (default: dropless, as torchtitan and Megatron-LM)")
 
 
 def parallel_from_args(args: argparse.Namespace) -> ParallelSpec:
@@ -200,6 +204,8 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
     from zeroplan.presets.models import get_model
 
     model = get_model(args.model)
+    if getattr(args, "moe_capacity_factor", None) is not None:
+        model = ModelSpec(**{**dict(model), "moe_capacity_factor": args.moe_capacity_factor})
     cluster = cluster_from_gpus(_gpu(args), args.gpus, args.gpus_per_node, args.nodes)
     if args.host_memory_gib is not None or args.host_memory_gb is not None:
         host_bytes = int(args.host_memory_gib * GiB) if args.host_memory_gib is not None else int(args.host_memory_gb * GB)

@@ -15,6 +15,7 @@ of one micro-batch on the rank (s b / cp).
 
 from __future__ import annotations
 
+from zeroplan.core.activations import routed_token_copies
 from zeroplan.core.collective import Collective, CollectiveOp, Phase, make_collective
 from zeroplan.core.params import ParamTensor, ParamUnit
 from zeroplan.specs.framework import Framework
@@ -82,10 +83,12 @@ def moe_block_count(units: tuple[ParamUnit, ...]) -> int:
 
 
 def _dispatch_buffer_bytes(request: PlanRequest) -> int:
-    """One all-to-all's buffer on the rank: its T x k routed token copies, h wide (balanced
-    routing: every rank sends and receives T k copies)."""
+    """One all-to-all's buffer on the rank: its T x k routed token copies (E x capacity under a
+    capacity factor, padding included), h wide (balanced routing: every rank sends and receives
+    as many)."""
     tokens = request.batch.seq_len // request.parallel.cp * request.batch.micro_batch_size
-    return tokens * request.model.experts_per_token * request.model.hidden_size * request.training.precision.compute_bytes
+    copies = routed_token_copies(request.model, tokens)
+    return copies * request.model.hidden_size * request.training.precision.compute_bytes
 
 
 # torchtitan 0.3.0 models/common/token_dispatcher.py AllToAllTokenDispatcher: dispatch()
@@ -124,3 +127,47 @@ def expert_dispatch_bytes(request: PlanRequest) -> int:
     if request.parallel.ep == 1 or not request.model.is_moe:
         return 0
     return 2 * _dispatch_buffer_bytes(request)
+
+
+def _unit_parts_elements(request: PlanRequest, num_shards: int) -> tuple[list[int], list[int]]:
+    """Per unit, the padded elements an all-gather over the full group moves (everything but
+    the routed experts) and over efsdp (the routed experts)."""
+    from zeroplan.core.layout import ShardLayout, padded_unit_elements
+    from zeroplan.core.parallel.units import rank_parameter_units
+
+    dense, experts = [], []
+    for unit in rank_parameter_units(request):
+        own = tuple(t for t in unit.tensors if t.shard_group_divisor == 1)
+        routed = tuple(t for t in unit.tensors if t.shard_group_divisor > 1)
+        dense.append(padded_unit_elements(ParamUnit(name=unit.name, tensors=own), num_shards, ShardLayout.dim0))
+        if routed:
+            experts.append(padded_unit_elements(ParamUnit(name=unit.name, tensors=routed), num_shards, ShardLayout.dim0))
+    return dense, experts
+
+
+# torchtitan 0.3.0 distributed/fsdp.py gives the experts their own FSDP mesh (efsdp) inside
+# each block's fully_shard: FSDP2 gathers and reduces them over efsdp ranks (ep apart: ep is
+# innermost in the sparse mesh), the rest of the block over the full dp_shard x cp group. Each
+# FSDP collective of the strategy is split into those two.
+def split_expert_collectives(request: PlanRequest, result: list[Collective]) -> list[Collective]:
+    """The data-parallel FSDP collectives with the experts' part over efsdp (unchanged without ep)."""
+    ep = request.parallel.ep
+    if ep == 1:
+        return result
+    group = request.shard_group_size
+    efsdp = max(1, group // ep)
+    dense, experts = _unit_parts_elements(request, group)
+    gpus_per_node = request.cluster.gpus_per_node
+    split = []
+    for c in result:
+        if c.op not in (CollectiveOp.all_gather, CollectiveOp.reduce_scatter) or c.what not in ("parameters", "gradients"):
+            split.append(c)
+            continue
+        e = c.element_bytes
+        split.append(make_collective(c.op, c.phase, c.what, [n * e for n in dense], c.group_size, c.occurrences_per_step,
+                                     c.spans_nodes, e, c.ranks_per_node))
+        if efsdp > 1 and experts:
+            spans = ep * (efsdp - 1) >= gpus_per_node
+            split.append(make_collective(c.op, c.phase, f"expert {c.what}", [n * e for n in experts], efsdp,
+                                         c.occurrences_per_step, spans, e, max(1, min(efsdp, gpus_per_node // ep))))
+    return split
