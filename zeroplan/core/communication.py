@@ -155,4 +155,4 @@ def data_parallel_collectives(request: PlanRequest) -> list[Collective]:
         # Rank r's replica group is r, r+G, r+2G, ...: one member per node when G fills a node.
         per_node = strided_ranks_per_node(group * tp, request.cluster.gpus_per_node)
         result.append(make_collective(CollectiveOp.all_reduce, Phase.backward, "gradient shards", shards, replicas, reduce_per_step, multi_node, gradient_bytes, per_node))
-    return split_expert_collectives(request, result)
+    return split_expert_collectives(request, rank_parameter_units(request), result)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from zeroplan.core.activations import routed_token_copies
 from zeroplan.core.collective import Collective, CollectiveOp, Phase, make_collective
+from zeroplan.core.layout import ShardLayout, padded_unit_elements
 from zeroplan.core.params import ParamTensor, ParamUnit
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import ModelSpec
@@ -129,14 +130,11 @@ def expert_dispatch_bytes(request: PlanRequest) -> int:
     return 2 * _dispatch_buffer_bytes(request)
 
 
-def _unit_parts_elements(request: PlanRequest, num_shards: int) -> tuple[list[int], list[int]]:
+def _unit_parts_elements(units: tuple[ParamUnit, ...], num_shards: int) -> tuple[list[int], list[int]]:
     """Per unit, the padded elements an all-gather over the full group moves (everything but
     the routed experts) and over efsdp (the routed experts)."""
-    from zeroplan.core.layout import ShardLayout, padded_unit_elements
-    from zeroplan.core.parallel.units import rank_parameter_units
-
     dense, experts = [], []
-    for unit in rank_parameter_units(request):
+    for unit in units:
         own = tuple(t for t in unit.tensors if t.shard_group_divisor == 1)
         routed = tuple(t for t in unit.tensors if t.shard_group_divisor > 1)
         dense.append(padded_unit_elements(ParamUnit(name=unit.name, tensors=own), num_shards, ShardLayout.dim0))
@@ -149,14 +147,15 @@ def _unit_parts_elements(request: PlanRequest, num_shards: int) -> tuple[list[in
 # each block's fully_shard: FSDP2 gathers and reduces them over efsdp ranks (ep apart: ep is
 # innermost in the sparse mesh), the rest of the block over the full dp_shard x cp group. Each
 # FSDP collective of the strategy is split into those two.
-def split_expert_collectives(request: PlanRequest, result: list[Collective]) -> list[Collective]:
-    """The data-parallel FSDP collectives with the experts' part over efsdp (unchanged without ep)."""
+def split_expert_collectives(request: PlanRequest, units: tuple[ParamUnit, ...], result: list[Collective]) -> list[Collective]:
+    """The data-parallel FSDP collectives of the rank's ``units`` with the experts' part over
+    efsdp (unchanged without ep)."""
     ep = request.parallel.ep
     if ep == 1:
         return result
     group = request.shard_group_size
     efsdp = max(1, group // ep)
-    dense, experts = _unit_parts_elements(request, group)
+    dense, experts = _unit_parts_elements(units, group)
     gpus_per_node = request.cluster.gpus_per_node
     split = []
     for c in result:
