@@ -196,6 +196,12 @@ CASES: list[tuple[str, list[str], str]] = [
                  "--out", "out"], "--seq-len"),
     ("measure", ["measure", "tiny-llama", "--strategy", "zero2", "--seq-len", "1024", "--out", "out"],
      "--allow-longer-seq"),
+    ("measure", ["measure", "tiny-llama", "--strategy", "zero2", "--nnodes", "2", "--node-rank", "2",
+                 "--rdzv-endpoint", "node01:29500", "--out", "out"], "--node-rank"),
+    ("measure", ["measure", "tiny-llama", "--strategy", "zero2", "--node-rank", "-1", "--out", "out"], "--node-rank"),
+    ("measure", ["measure", "tiny-llama", "--strategy", "zero2", "--nnodes", "2", "--out", "out"], "--rdzv-endpoint"),
+    ("measure", ["measure", "tiny-llama", "--strategy", "zero2", "--nnodes", "2", "--rdzv-endpoint", "node01",
+                 "--out", "out"], "--rdzv-endpoint"),
     ("simulate", ["simulate", "a-directory", "--strategy", "ddp", "--world-size", "2"], "model"),
     ("simulate", ["simulate", "gpt2", "--strategy", "ddp", "--world-size", "2", "--seq-len", "2048",
                   "--allow-longer-seq"], "--seq-len"),
@@ -291,7 +297,7 @@ def test_a_run_past_its_time_limit_is_one_line(capsys, monkeypatch, tmp_path) ->
     from zeroplan.harness import launch as launch_module
     from zeroplan.harness.cli import main
 
-    def timed_out(nproc, argv, out_dir, timeout_s):
+    def timed_out(nproc, argv, out_dir, timeout_s, nodes=None):
         return launch_module.LaunchResult(124, [], list(range(nproc)), [], [])
 
     monkeypatch.setattr(launch_module, "launch", timed_out)

@@ -252,6 +252,8 @@ def test_validate_prints_the_check(tmp_path: Path, capsys: pytest.CaptureFixture
     (tmp_path / "nccl.log").write_text(text)
     spans = [(0, len(text))] + [(len(text), len(text))] * (len(record.steps) - 1)
     write_record(tmp_path, attach_nccl_log(record, tmp_path / "nccl.log", (0, 0), spans))
+    # validate wants every rank of the run; rank 1 as it was recorded.
+    write_record(tmp_path, read_record(RECORDS / "tiny-llama-zero1-zeroplan-fp32-n2" / "rank00001.json"))
     assert main(["validate", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "NCCL log check, " in out and "DISAGREES" in out

@@ -8,7 +8,7 @@ from fractions import Fraction
 import pytest
 
 from zeroplan.cli.main import main
-from zeroplan.core.collective import CollectiveOp
+from zeroplan.core.collective import CollectiveOp, Phase
 from zeroplan.core.model_states import model_state_bytes
 from zeroplan.core.params import parameter_units, total_parameters
 from zeroplan.core.parallel.activations import micro_batch_bytes
@@ -16,7 +16,7 @@ from zeroplan.core.parallel.collectives import pipeline_collectives, tensor_para
 from zeroplan.core.parallel.pipeline import bubble_fraction, in_flight_chunks, pipeline_stages
 from zeroplan.core.parallel.tensor import TensorSplit, tensor_split
 from zeroplan.core.parallel.units import rank_parameter_elements, rank_parameter_units
-from zeroplan.core.plan import _reference_activations, fit, memory_breakdown, plan
+from zeroplan.core.plan import reference_activations, fit, memory_breakdown, plan
 from zeroplan.errors import ZeroplanError
 from zeroplan.presets.gpus import get_gpu
 from zeroplan.presets.models import get_model
@@ -86,7 +86,7 @@ def test_tensor_parallel_block_is_korthikanti_table2(tp):
     r = request("gpt3-175b", gpus=8, kind=StrategyKind.ddp, training=EAGER_GPT,
                 batch=BatchSpec(seq_len=s, micro_batch_size=b), tp=tp)
     expected = s * b * h * (10 + Fraction(24, tp) + Fraction(5 * a * s, h * tp))
-    assert micro_batch_bytes(r, _reference_activations).per_block == expected
+    assert micro_batch_bytes(r, reference_activations).per_block == expected
 
 
 @pytest.mark.parametrize("tp", [2, 8])
@@ -96,12 +96,12 @@ def test_sequence_parallel_block_is_korthikanti_table2(tp):
     r = request("gpt3-175b", gpus=8, kind=StrategyKind.ddp, training=EAGER_GPT,
                 batch=BatchSpec(seq_len=s, micro_batch_size=b), tp=tp, sequence_parallel=True)
     expected = Fraction(s * b * h, tp) * (34 + Fraction(5 * a * s, h))
-    assert micro_batch_bytes(r, _reference_activations).per_block == expected
+    assert micro_batch_bytes(r, reference_activations).per_block == expected
 
 
 def test_context_parallelism_keeps_a_cpth_of_the_tokens():
-    whole = micro_batch_bytes(request(cp=2, batch=BatchSpec(seq_len=8192)), _reference_activations)
-    half = micro_batch_bytes(request(batch=BatchSpec(seq_len=4096)).with_parallel(ParallelSpec()), _reference_activations)
+    whole = micro_batch_bytes(request(cp=2, batch=BatchSpec(seq_len=8192)), reference_activations)
+    half = micro_batch_bytes(request(batch=BatchSpec(seq_len=4096)).with_parallel(ParallelSpec()), reference_activations)
     assert whole == half
 
 
@@ -262,6 +262,24 @@ def test_fit_refuses_a_bad_layout_in_one_line(capsys):
 def test_checkpointing_full_keeps_only_block_inputs_per_micro_batch():
     training = TrainingSpec(activation_checkpointing=ActivationCheckpointing.full)
     r = request(gpus=8, tp=8, training=training, batch=BatchSpec(seq_len=4096), sequence_parallel=True)
-    terms = micro_batch_bytes(r, _reference_activations)
+    terms = micro_batch_bytes(r, reference_activations)
     assert terms.per_block == 4096 * r.model.hidden_size * 2 // 8
     assert terms.recompute > terms.per_block
+
+
+def test_fsdp_under_a_pipeline_keeps_the_stage_gathered_and_its_gradients_unsharded():
+    # torch 2.13 pipelining/stage.py: no gradient sync and no reshard after backward until
+    # perform_reduce_grad; FSDP2 keeps the unsharded gradient in the reduce dtype (fp32).
+    from zeroplan.core.buffers import backward_held_buffer_bytes
+    from zeroplan.core.communication import data_parallel_collectives
+
+    r = request(gpus=16, pp=2, batch=BatchSpec(grad_accum_steps=4), training=TrainingSpec(framework=Framework.torchtitan))
+    elements = rank_parameter_elements(r)
+    gathered = elements * 2  # bf16; every Llama-3.1-8B tensor's rows divide by the 8 ranks
+    assert backward_held_buffer_bytes(r) == gathered + elements * 4
+    by_what = {(c.op, c.phase): c.occurrences_per_step for c in data_parallel_collectives(r)}
+    assert by_what[(CollectiveOp.reduce_scatter, Phase.backward)] == 1
+    assert by_what[(CollectiveOp.all_gather, Phase.forward)] == 1
+    assert by_what[(CollectiveOp.all_gather, Phase.backward)] == 4
+    without = request(gpus=16, batch=BatchSpec(grad_accum_steps=4), training=TrainingSpec(framework=Framework.torchtitan))
+    assert backward_held_buffer_bytes(without) == 0

@@ -315,6 +315,10 @@ def test_private_torch_apis_are_where_we_expect() -> None:
     from torch.nn.attention import flex_attention as flex_module
 
     assert callable(getattr(flex_module, "_validate_device", None)), "flex_attention._validate_device moved"
+    from torch.distributed.tensor.experimental._context_parallel import _attention as cp_attention
+
+    assert hasattr(cp_attention, "_compiled_create_block_mask"), "context parallel's cached compiled create_block_mask moved"
+    assert callable(getattr(dist.ProcessGroup, "unbox", None)), "ProcessGroup.unbox (TorchScript group -> Python) moved"
     assert hasattr(flex_module, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG"), \
         "flex_attention._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG moved"
     assert private.live_bytes_tracker().supports_higher_order_operators

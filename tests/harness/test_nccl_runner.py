@@ -31,7 +31,8 @@ spec = importlib.util.spec_from_file_location("fmt", sys.argv[1])
 fmt = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(fmt)
 out, drop = Path(sys.argv[2]), int(sys.argv[3])
-ENUM = {torch.float32: 7, torch.bfloat16: 9, torch.int64: 4, torch.int32: 2}
+# uint8: the launch id rank 0 broadcasts (broadcast_object_list) before setup.
+ENUM = {torch.float32: 7, torch.bfloat16: 9, torch.int64: 4, torch.int32: 2, torch.uint8: 1}
 
 
 class NcclLike(TorchDispatchMode):
@@ -95,7 +96,7 @@ def test_step_spans_hold_each_steps_calls(tmp_path: Path) -> None:
     assert [c["phase"] for c in log["checks"]] == ["setup", "step 0", "step 1", "step 2"]
     per_step = [len(s["collectives"]) for s in log["steps"]]
     assert per_step == [len(s["collectives"]) for s in record["steps"]] and min(per_step) > 0
-    # The gather after the last step is in the file but in no span.
+    # The launch id's broadcast before setup and the gather after the last step are in the file but in no span.
     assert summary["lines"] > sum(per_step) + len(log["setup"]["collectives"])
     assert log["communicators"] and set(log["communicators"].values()) == {1}
 

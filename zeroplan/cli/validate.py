@@ -12,7 +12,9 @@ if TYPE_CHECKING:
 
 
 def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("records", nargs="+", help="record files or directories of rank*.json (from zeroplan measure)")
+    parser.add_argument("records", nargs="+",
+                        help="record files or directories of rank*.json (from zeroplan measure); the records of a "
+                             "multi-node run may sit in one directory or in one per node: every rank must be there once")
     parser.add_argument("--all-ranks", action="store_true", help="a row per rank (default: rank 0 of each run)")
     parser.add_argument("--plot", help="save a predicted-vs-measured PNG here")
     parser.add_argument("--format", choices=["table", "csv", "json"], default="table")
@@ -56,12 +58,13 @@ def check_plot_path(text: str) -> None:
 
 def run_validate(args: argparse.Namespace) -> int:
     from zeroplan.validate.compare import compare_record
-    from zeroplan.validate.load import load_records
+    from zeroplan.validate.load import load_record_files, merge_runs
     from zeroplan.validate.report import comparison_frame, render_validation_table, save_validation_plot
 
     if args.plot:
         check_plot_path(args.plot)
-    records = load_records(args.records)
+    runs = merge_runs(load_record_files(args.records))
+    records = [record for run in runs for record in run.records]
     chosen = records if args.all_ranks else [r for r in records if r.rank == 0] or records
     rows = [row for record in chosen for row in compare_record(record)]
     if args.format == "csv":
@@ -72,6 +75,10 @@ def run_validate(args: argparse.Namespace) -> int:
         sys.stdout.write(render_validation_table(rows) + "\n")
         for line in nccl_summary(chosen):
             sys.stdout.write(line + "\n")
+        for run in runs:
+            if len(run.hosts) > 1:
+                sys.stdout.write(f"{run.name}: {len(run.records)} ranks merged from {len(run.hosts)} nodes "
+                                 f"({', '.join(run.hosts)})\n")
     if args.plot:
         path = save_validation_plot(rows, Path(args.plot))
         sys.stderr.write(f"zeroplan: wrote {path}\n")

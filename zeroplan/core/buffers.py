@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes
 from zeroplan.core.model_states import held_elements, largest_tensor_shard_elements, padded_unit_elements_of, shard_layout
+from zeroplan.core.parallel.pipeline import pipeline_defers_fsdp_reduction
 from zeroplan.core.parallel.units import rank_parameter_elements, rank_parameter_units
 from zeroplan.core.profiles import profile
 from zeroplan.specs.request import PlanRequest
@@ -90,11 +91,18 @@ def backward_held_buffer_bytes(request: PlanRequest) -> int:
     kind = request.strategy.kind
     eb = element_bytes(request.training.precision, request.convention)
     held = 0
-    if kind is StrategyKind.fsdp_shard_grad_op:
-        # reshard_after_forward=False: every unit stays gathered from forward through backward.
+    deferred = pipeline_defers_fsdp_reduction(request.parallel, kind.is_fsdp)
+    if kind is StrategyKind.fsdp_shard_grad_op or deferred:
+        # reshard_after_forward=False (or a pipeline stage's reshard_after_backward=False):
+        # every unit stays gathered from forward through backward.
         held += sum(padded_unit_elements_of(request, request.shard_group_size)) * eb.compute_parameter
     accumulating = request.batch.grad_accum_steps > 1 and request.strategy.keep_unsharded_grads_on_accum
-    if accumulating and kind.zero_stage >= 2:
+    if deferred:
+        # A pipeline stage's FSDP2 without gradient sync upcasts each unsharded gradient to the
+        # reduce dtype and accumulates it there (torch 2.13 _fully_shard/_fsdp_param.py
+        # to_accumulated_grad_if_needed) until perform_reduce_grad.
+        held += rank_parameter_elements(request) * gradient_wire_bytes(request)
+    elif accumulating and kind.zero_stage >= 2:
         # no_sync(): unsharded gradients accumulate locally until the last micro-batch.
         held += rank_parameter_elements(request) * eb.compute_parameter
     return held

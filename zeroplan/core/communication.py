@@ -17,6 +17,7 @@ from zeroplan.core.model_states import padded_unit_elements_of
 from zeroplan.core.network import strided_ranks_per_node
 from zeroplan.core.parallel.collectives import model_parallel_collectives
 from zeroplan.core.parallel.expert import split_expert_collectives
+from zeroplan.core.parallel.pipeline import pipeline_defers_fsdp_reduction
 from zeroplan.core.parallel.units import rank_parameter_units
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, ZeroGradientReduce
@@ -131,14 +132,18 @@ def data_parallel_collectives(request: PlanRequest) -> list[Collective]:
     group_spans_nodes = group * tp > request.cluster.gpus_per_node
     # Parameters are gathered in the compute dtype; gradients travel in gradient_wire_bytes.
     gradient_bytes = gradient_wire_bytes(request)
-    reduce_per_step = 1 if (kind is StrategyKind.zero1 or request.strategy.keep_unsharded_grads_on_accum) else accum
+    deferred = pipeline_defers_fsdp_reduction(request.parallel, kind.is_fsdp)
+    reduce_per_step = 1 if (kind is StrategyKind.zero1 or request.strategy.keep_unsharded_grads_on_accum or deferred) else accum
     if kind.zero_stage in (1, 2) and request.strategy.zero_gradient_reduce is ZeroGradientReduce.bucket:
         return deepspeed_zero12_collectives(request, group, reduce_per_step, group_spans_nodes)
     grads = _unit_buffers(request, group, gradient_bytes)
     params = _unit_buffers(request, group, eb.compute_parameter)
     result = []
     if request.strategy.kind.zero_stage == 3:
-        result.append(make_collective(CollectiveOp.all_gather, Phase.forward, "parameters", params, group, accum, group_spans_nodes, eb.compute_parameter, per_node))
+        # Under a pipeline the units stay gathered after each backward (pipeline_defers_fsdp_reduction):
+        # only the first forward gathers; full shard's forward reshards, so each backward gathers again.
+        gathers_forward = 1 if deferred else accum
+        result.append(make_collective(CollectiveOp.all_gather, Phase.forward, "parameters", params, group, gathers_forward, group_spans_nodes, eb.compute_parameter, per_node))
         if kind is not StrategyKind.fsdp_shard_grad_op:
             backward = params
             if request.model.tied_embeddings and not kind.is_fsdp:

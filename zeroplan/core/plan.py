@@ -97,7 +97,7 @@ def _workspace(request: PlanRequest) -> int:
     return backward_workspace_bytes(request.model, request.training, request.batch.seq_len, request.batch.micro_batch_size)
 
 
-def _reference_activations(request: PlanRequest) -> tuple[int, int]:
+def reference_activations(request: PlanRequest) -> tuple[int, int]:
     """(kept, recompute) of the reference model under full recomputation: the block rebuilt in
     backward apart (checkpointed_layers_bytes counts it with the rest)."""
     model, training, batch = request.model, request.training, request.batch
@@ -107,11 +107,11 @@ def _reference_activations(request: PlanRequest) -> tuple[int, int]:
     return total - recompute, recompute
 
 
-def _reference_logits(request: PlanRequest) -> tuple[int, ...]:
+def reference_logits(request: PlanRequest) -> tuple[int, ...]:
     return (logits_bytes(request.model, request.training, request.batch.seq_len, request.batch.micro_batch_size),)
 
 
-def _framework_activations(request: PlanRequest) -> tuple[int, int]:
+def framework_activations(request: PlanRequest) -> tuple[int, int]:
     recompute = framework_recompute_bytes(request)
     return framework_activation_bytes(request) - recompute, recompute
 
@@ -128,12 +128,12 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     logits_pieces: tuple[int, ...] = ()
     if training.framework is Framework.zeroplan:
         # The reference model's recomputed block stays with its activations at every moment.
-        activations = sum(rank_activation_bytes(request, _reference_activations))
-        logits = max(rank_logits_pieces(request, _reference_logits))
+        activations = sum(rank_activation_bytes(request, reference_activations))
+        logits = max(rank_logits_pieces(request, reference_logits))
     else:
         # The block a recomputing backward rebuilds is alive only in a block's backward: it
         # joins that moment's workspace, not the loss's moment (framework_recompute_bytes).
-        activations, recompute = rank_activation_bytes(request, _framework_activations)
+        activations, recompute = rank_activation_bytes(request, framework_activations)
         logits_pieces = rank_logits_pieces(request, framework_logits_pieces)
         logits = max(logits_pieces)
         workspace += recompute

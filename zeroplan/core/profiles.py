@@ -58,6 +58,13 @@ class FrameworkProfile:
     fuses_qkv: bool = False
     """Each block projects q, k and v with one fused weight (so two parameter tensors fewer
     per block for the optimizer to step)."""
+    sequence_parallel_saves_gathered_inputs: bool = False
+    """Under sequence parallelism the column-parallel linears keep their all-gathered (whole
+    sequence) input for the weight gradient, instead of the sequence shard Megatron-LM keeps and
+    gathers again in backward (Korthikanti et al. 2022, sec. 4.2.2)."""
+    context_parallel_gathers_kv: bool = False
+    """Context parallelism all-gathers K and V to the whole sequence (and reduce-scatters their
+    gradients) instead of passing them round a ring; each block saves the gathered K and V."""
     offers_optimizer_in_backward: bool = False
     """Whether each parameter's optimizer can step in backward, freeing its gradient
     (TrainingSpec.optimizer_in_backward)."""
@@ -102,6 +109,14 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         # torchtitan 0.3.0 models/llama3/__init__.py: every flavour builds fuse_qkv=True
         # (models/common/attention.py FusedQKVLinear: one wqkv weight).
         fuses_qkv=True,
+        # Measured (benchmarks/parallel-records, torchtitan 0.3.0 model.parallelize with
+        # enable_sp): wqkv and w1 each save the all-gathered [s, h] bf16 input while the norms
+        # save their s/t shard; DTensor's linear keeps the redistributed input autograd sees.
+        sequence_parallel_saves_gathered_inputs=True,
+        # Measured the same way: under apply_cp_to_forward with FlexAttention each block
+        # all-gathers K and V over the cp ranks (2 all-gathers forward, 2 reduce-scatters
+        # backward) and saves them at the whole sequence; there is no ring.
+        context_parallel_gathers_kv=True,
         # torchtitan 0.3.0 config/configs.py training.enable_cpu_offload -> distributed/fsdp.py
         # apply_fsdp(cpu_offload=True): fsdp_config["offload_policy"] = CPUOffloadPolicy(), the
         # same policy as torchtune's, on every fully_shard call (FSDP and HSDP; not its DDP).

@@ -4,18 +4,48 @@ process: the ranks import it."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
-from zeroplan.cli.parser import OneLineParser, positive_float, positive_int, run_reporting_user_errors
+from zeroplan.cli.parser import MAX_COUNT, OneLineParser, positive_float, positive_int, run_reporting_user_errors
+from zeroplan.errors import ZeroplanError
 from zeroplan.harness.args import add_run_arguments, batch_from_args, resolve_model
+from zeroplan.harness.placement import MultiNode, parse_endpoint, slurm_multinode, srun_tasks
+
+
+def node_rank_int(text: str) -> int:
+    """An argparse type: 0, 1, 2, ... (the upper bound, --nnodes - 1, is checked once both are known)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer 0..NNODES-1, got {text!r}") from None
+    if not 0 <= value < MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"must be an integer 0..NNODES-1, got {value}")
+    return value
+
+
+node_rank_int.__name__ = "node rank"
 
 
 def build_parser() -> OneLineParser:
     parser = OneLineParser(prog="zeroplan measure", description="run and record a sharded training job (torchrun)")
     add_run_arguments(parser)
-    parser.add_argument("--nproc", type=positive_int, default=2, help="ranks on this machine (default 2)")
+    parser.add_argument("--nproc", "--nproc-per-node", type=positive_int, default=2,
+                        help="ranks on this machine (default 2); with several nodes, on each node")
     parser.add_argument("--timeout-s", type=positive_float, default=600.0, help="time limit of the whole run")
+    nodes = parser.add_argument_group("across nodes (docs/harness.md, 'Across nodes')")
+    nodes.add_argument("--nnodes", type=positive_int,
+                       help="nodes of the launch (default 1); start zeroplan measure once on each, with the same flags "
+                            "but --node-rank; the world size is nnodes x nproc-per-node")
+    nodes.add_argument("--node-rank", type=node_rank_int, help="this node, 0..nnodes-1 (node 0 hosts the rendezvous)")
+    nodes.add_argument("--rdzv-endpoint", help="HOST:PORT of node 0, where its rendezvous store listens (same on every node)")
+    nodes.add_argument("--rdzv-id", help="the launch's rendezvous id, the same on every node (default: --run-id; "
+                                         "with --slurm, slurm-<job id>.<step id>)")
+    nodes.add_argument("--slurm", action="store_true",
+                       help="one srun task per node: take the node count, this node's rank and node 0's host from "
+                            "SLURM's environment (port: MASTER_PORT or 29500)")
     # For tests of the failure path: this rank raises after its first step.
     parser.add_argument("--fail-rank", type=int, help=argparse.SUPPRESS)
     return parser
@@ -37,6 +67,42 @@ def _harness_argv(args: argparse.Namespace) -> list[str]:
     return argv
 
 
+def multinode_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> MultiNode | None:
+    """This node's share of a multi-node launch, or None for a launch alone on this machine.
+    Every inconsistency is refused here, before torchrun starts: a node that starts and then
+    waits for a rendezvous that cannot happen only ends at --timeout-s."""
+    if args.slurm:
+        for flag, value in (("--nnodes", args.nnodes), ("--node-rank", args.node_rank)):
+            if value is not None:
+                raise ZeroplanError(flag, "comes from SLURM's environment with --slurm (allowed: leave it out, or "
+                                          "drop --slurm and give --nnodes, --node-rank and --rdzv-endpoint)")
+        if args.rdzv_endpoint is not None:
+            parse_endpoint(args.rdzv_endpoint)
+        return slurm_multinode(env, args.rdzv_endpoint, args.rdzv_id)
+    nnodes = args.nnodes or 1
+    node_rank = args.node_rank if args.node_rank is not None else 0
+    if node_rank >= nnodes:
+        raise ZeroplanError("--node-rank", f"{node_rank} is not below --nnodes {nnodes} (allowed: 0..{nnodes - 1})")
+    if args.nnodes is None and args.node_rank is None and args.rdzv_endpoint is None:
+        tasks = srun_tasks(env)
+        if tasks > 1:
+            # Each of the tasks would run its own launch into the same --out, overwriting the others' records.
+            raise ZeroplanError("--slurm", f"this is one of {tasks} srun tasks (SLURM_STEP_NUM_TASKS) and no node flags "
+                                           "were given (allowed: --slurm with one task per node, or --nnodes, "
+                                           "--node-rank and --rdzv-endpoint)")
+        if args.rdzv_id is not None:
+            raise ZeroplanError("--rdzv-id", "only with several nodes (allowed: with --nnodes > 1 or --slurm)")
+        return None
+    if args.rdzv_endpoint is None:
+        raise ZeroplanError("--rdzv-endpoint", f"needed with --nnodes {nnodes}: HOST:PORT of node 0, the same on "
+                                               "every node (e.g. node01:29500)")
+    parse_endpoint(args.rdzv_endpoint)
+    rdzv_id = args.rdzv_id if args.rdzv_id is not None else args.run_id
+    if not rdzv_id.strip():
+        raise ZeroplanError("--rdzv-id", "must not be empty (allowed: any name, the same on every node)")
+    return MultiNode(nnodes=nnodes, node_rank=node_rank, endpoint=args.rdzv_endpoint, rdzv_id=rdzv_id)
+
+
 def run_measure(args: argparse.Namespace) -> int:
     from zeroplan.harness.engines_table import EngineKind, check_supported_names
     from zeroplan.harness.extension_locks import check_no_stale_extension_lock, describe_extension_locks
@@ -45,6 +111,7 @@ def run_measure(args: argparse.Namespace) -> int:
     from zeroplan.cli.measure_check import check_machine, check_out_path
     from zeroplan.specs import StrategyKind, check_seq_len
 
+    nodes = multinode_from_args(args, os.environ)
     model = resolve_model(args.model)
     # A learned position table has max_positions rows: a longer sequence is an IndexError in every rank.
     check_seq_len(model, batch_from_args(args))
@@ -56,24 +123,37 @@ def run_measure(args: argparse.Namespace) -> int:
     if deepspeed:
         check_no_stale_extension_lock()
     check_machine(model, StrategyKind(args.strategy), args.nproc, args.backend)
-    result = launch(args.nproc, _harness_argv(args), Path(args.out), args.timeout_s)
+    result = launch(args.nproc, _harness_argv(args), Path(args.out), args.timeout_s, nodes=nodes)
     for error in result.errors:
         sys.stderr.write(error + "\n")
     if result.returncode == 124:
         locks = describe_extension_locks() if deepspeed else ""
+        # A node whose ranks never wrote a record most often waited for a node that did not come.
+        waiting = (f"; no rank of node {nodes.node_rank} wrote a record: its ranks wait until all {nodes.nnodes} nodes "
+                   f"have started with --rdzv-endpoint {nodes.endpoint}" if nodes is not None and not result.records else "")
         sys.stderr.write(
             f"zeroplan measure: error: timeout-s: the run passed its {args.timeout_s:g} s limit and was stopped; "
             f"{len(result.records)} record(s) in {args.out}, incomplete ranks marked complete=false "
-            f"(allowed: a larger --timeout-s){'; ' + locks if locks else ''}\n"
+            f"(allowed: a larger --timeout-s){waiting}{'; ' + locks if locks else ''}\n"
         )
         return 2
     if result.missing_ranks or result.incomplete_ranks or result.returncode:
+        stale = (f" (the record of rank(s) {result.stale_ranks} there is an earlier launch's)"
+                 if result.stale_ranks else "")
         sys.stderr.write(
             f"zeroplan measure: error: ranks without a complete record: "
-            f"{sorted(result.missing_ranks + result.incomplete_ranks)}; {len(result.records)} record(s) kept in {args.out}\n"
+            f"{sorted(result.missing_ranks + result.incomplete_ranks)}{stale}; {len(result.records)} record(s) kept in {args.out}\n"
         )
         return 1
-    sys.stdout.write(f"{len(result.records)} records in {args.out}; compare with: zeroplan validate {args.out}\n")
+    if nodes is None:
+        sys.stdout.write(f"{len(result.records)} records in {args.out}; compare with: zeroplan validate {args.out}\n")
+    else:
+        first = nodes.node_rank * args.nproc
+        sys.stdout.write(
+            f"node {nodes.node_rank} of {nodes.nnodes}: {len(result.records)} records (ranks {first}..{first + args.nproc - 1} "
+            f"of {nodes.nnodes * args.nproc}) in {args.out}; once every node is done, compare with: "
+            f"zeroplan validate <the --out of every node>\n"
+        )
     return 0
 
 

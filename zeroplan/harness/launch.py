@@ -8,9 +8,10 @@ import signal
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from zeroplan.harness.placement import MultiNode
 from zeroplan.harness.record import record_path
 
 STOP_GRACE_S = 30.0
@@ -21,27 +22,57 @@ class LaunchResult:
     returncode: int
     """torchrun's exit status (124 when the time limit ended the run)."""
     records: list[Path]
-    """Record files that exist after the run, one per rank that wrote one."""
+    """Record files of this node's ranks that exist after the run, one per rank that wrote one."""
     missing_ranks: list[int]
-    """Ranks without a record."""
+    """This node's (global) ranks without a record."""
     incomplete_ranks: list[int]
     """Ranks whose record stops before the last step (crashed or stopped)."""
     errors: list[str]
     """The one-line errors the ranks printed."""
+    stale_ranks: list[int] = field(default_factory=list)
+    """Ranks whose record file is the one an earlier launch left in the directory (this launch
+    never replaced it); also in ``missing_ranks``."""
 
 
-def torchrun_command(nproc: int, harness_argv: list[str]) -> list[str]:
+def torchrun_command(nproc: int, harness_argv: list[str], nodes: MultiNode | None = None) -> list[str]:
+    """Alone on this machine (``--standalone``), or this node's share of a multi-node launch.
+    Multi-node uses the static rendezvous: node ranks are the ones given, so node r's ranks are
+    r*nproc ... r*nproc + nproc - 1 whatever order the nodes start in (the c10d rendezvous would
+    number nodes by arrival), and node 0's agent hosts the store at the endpoint."""
+    if nodes is None:
+        where = ["--standalone"]
+    else:
+        where = [f"--nnodes={nodes.nnodes}", f"--node-rank={nodes.node_rank}", "--rdzv-backend=static",
+                 f"--rdzv-endpoint={nodes.endpoint}", f"--rdzv-id={nodes.rdzv_id}"]
     return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+        sys.executable, "-m", "torch.distributed.run", *where, f"--nproc-per-node={nproc}",
         "-m", "zeroplan.harness", *harness_argv,
     ]
 
 
-def launch(nproc: int, harness_argv: list[str], out_dir: Path, timeout_s: float) -> LaunchResult:
-    """Run ``nproc`` ranks; never deletes or rewrites a record (each rank owns its own file)."""
+def launch(nproc: int, harness_argv: list[str], out_dir: Path, timeout_s: float,
+           nodes: MultiNode | None = None) -> LaunchResult:
+    """Run ``nproc`` ranks on this machine (this node's share when ``nodes`` is given); never
+    deletes or rewrites a record (each rank owns its own file, named by its global rank, so
+    the nodes of one launch can share ``out_dir``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    returncode, output = run_torchrun(torchrun_command(nproc, [*harness_argv, "--out", str(out_dir)]), timeout_s)
-    return _collect(nproc, out_dir, returncode, output)
+    command = torchrun_command(nproc, [*harness_argv, "--out", str(out_dir)], nodes)
+    first = 0 if nodes is None else nodes.node_rank * nproc
+    ranks = range(first, first + nproc)
+    before = {rank: _file_identity(record_path(out_dir, rank)) for rank in ranks}
+    returncode, output = run_torchrun(command, timeout_s)
+    return _collect(ranks, out_dir, returncode, output, before)
+
+
+def _file_identity(path: Path) -> tuple[int, int, int] | None:
+    """Every write of a record replaces the file (write_text_atomic: a new inode), so a file
+    with the same inode, time and size as before the launch was not written by it. Matters when
+    runs share a directory, as the nodes of one launch may, and a rank dies before its first record."""
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size
 
 
 def run_torchrun(command: list[str], timeout_s: float) -> tuple[int, str]:
@@ -71,17 +102,21 @@ def _stop(process: subprocess.Popen) -> None:
         process.wait()
 
 
-def _collect(nproc: int, out_dir: Path, returncode: int, output: str) -> LaunchResult:
+def _collect(ranks: range, out_dir: Path, returncode: int, output: str,
+             before: dict[int, tuple[int, int, int] | None]) -> LaunchResult:
     from zeroplan.harness.record import read_record
 
-    records, missing, incomplete = [], [], []
-    for rank in range(nproc):
+    records, missing, incomplete, stale = [], [], [], []
+    for rank in ranks:
         path = record_path(out_dir, rank)
-        if not path.exists():
+        identity = _file_identity(path)
+        if identity is None or identity == before.get(rank):
             missing.append(rank)
+            if identity is not None:
+                stale.append(rank)
             continue
         records.append(path)
         if not read_record(path).complete:
             incomplete.append(rank)
     errors = [line.strip() for line in output.splitlines() if line.startswith("zeroplan measure:")]
-    return LaunchResult(returncode, records, missing, incomplete, errors)
+    return LaunchResult(returncode, records, missing, incomplete, errors, stale)

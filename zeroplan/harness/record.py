@@ -13,9 +13,11 @@ from zeroplan.specs import BatchSpec, ModelSpec, StrategyKind, TrainingSpec
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.training import recorded_before_kernels
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """1: the first layout; 2 adds ``RankRecord.nccl_log`` (None in every version-1 record) and the CPU
-allocator peak in ``MemoryRecord``."""
+allocator peak in ``MemoryRecord``; 3 adds where the rank ran and which launch it belongs to
+(``RankRecord.launch_id``, ``local_rank``, ``node_rank``, ``nnodes``, ``hostname``; None in older
+records), so that the records of several nodes can be merged."""
 
 
 class CollectiveRecord(Frozen):
@@ -189,8 +191,21 @@ class NcclLogRecord(Frozen):
 
 
 class RankRecord(Frozen):
-    schema_version: Literal[1, 2] = SCHEMA_VERSION
+    schema_version: Literal[1, 2, 3] = SCHEMA_VERSION
     rank: int = Field(ge=0)
+    """The global rank, 0 .. world_size - 1 (names the file: rank00007.json)."""
+    launch_id: str | None = None
+    """Shared by every rank of one launch and by no other launch: rank 0 draws it and sends it to
+    the others when the run starts. Tells apart runs that share a --run-id when the records of
+    several nodes are merged (None before schema 3)."""
+    local_rank: int | None = Field(default=None, ge=0)
+    """The rank on its node (torchrun's LOCAL_RANK)."""
+    node_rank: int | None = Field(default=None, ge=0)
+    """The node (torchrun's GROUP_RANK: --node-rank, or SLURM_NODEID under --slurm)."""
+    nnodes: int | None = Field(default=None, gt=0)
+    """Nodes in the launch (torchrun's GROUP_WORLD_SIZE)."""
+    hostname: str | None = None
+    """The machine the rank ran on (socket.gethostname())."""
     description: RunDescription
     setup_collectives: list[CollectiveRecord]
     """Collectives issued while wrapping the model (DDP/FSDP broadcasts), before step 0."""

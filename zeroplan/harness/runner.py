@@ -4,7 +4,9 @@ forward and backward, then one optimizer step), record each step, write the reco
 from __future__ import annotations
 
 import os
+import socket
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +65,31 @@ def init_distributed(backend: str | None = None) -> str:
     return dist.get_backend()
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where this rank runs and which launch it belongs to (RankRecord's schema-3 fields)."""
+
+    launch_id: str
+    local_rank: int | None
+    node_rank: int | None
+    nnodes: int | None
+    hostname: str
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name, "")
+    return int(value) if value.isdigit() else None
+
+
+def agree_placement() -> Placement:
+    """Rank 0 draws the launch id and every rank receives it (one broadcast, made before any
+    recorded phase, so no record counts it); the rest is what torchrun put in the environment."""
+    launch_id = [uuid.uuid4().hex if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(launch_id, src=0)
+    return Placement(launch_id=launch_id[0], local_rank=_env_int("LOCAL_RANK"), node_rank=_env_int("GROUP_RANK"),
+                     nnodes=_env_int("GROUP_WORLD_SIZE"), hostname=socket.gethostname())
+
+
 def run_rank(
     config: RunConfig, out_dir: Path | None, gather_full: bool = True, nccl_log: Path | None = None
 ) -> tuple[RankRecord, dict[str, torch.Tensor]]:
@@ -82,6 +109,7 @@ def run_rank(
         steps=config.steps, torch_version=torch.__version__,
         backend=dist.get_backend(), device=str(device),
     )
+    placement = agree_placement()
     recorder = CommRecorder()
     # Started before the model exists, so the trace sees every tensor of the run.
     trace = AllocatorTrace(enabled=device.type == "cpu")
@@ -104,7 +132,9 @@ def run_rank(
             with trace.step(step):
                 steps.append(_one_step(engine, config, step, rank, world_size, recorder))
             step_spans.append((start, _offset(nccl_log)))
-            record = RankRecord(rank=rank, description=description, setup_collectives=setup,
+            record = RankRecord(rank=rank, launch_id=placement.launch_id, local_rank=placement.local_rank,
+                                node_rank=placement.node_rank, nnodes=placement.nnodes, hostname=placement.hostname,
+                                description=description, setup_collectives=setup,
                                 steps=steps, complete=step == config.steps - 1 and not trace.enabled)
             if nccl_log is not None:
                 record = attach_nccl_log(record, nccl_log, setup_span, step_spans)

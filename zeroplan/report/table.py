@@ -83,6 +83,10 @@ def parallel_lines(report: FitReport) -> list[str]:
     if parallel.ep > 1:
         lines.append(expert_parallel_line(report, dp))
     m = report.batch.grad_accum_steps
+    if parallel.pp > 1 and any(p.strategy.is_fsdp for p in report.plans):
+        lines.append("FSDP under a pipeline: each stage keeps its units gathered and its gradients unsharded until the "
+                     "step's one reduce-scatter (torch's pipelining); torchtitan's default under a pipeline is "
+                     "fsdp-shard-grad-op (fsdp_reshard_after_forward 'default').")
     if parallel.pp > 1 and m < parallel.pp:
         lines.append(f"Caution: {m} micro-batch(es) per step through {parallel.pp} pipeline ranks: most of each rank's "
                      f"step is bubble; --grad-accum sets the micro-batches per step (at least {parallel.pp}).")

@@ -43,6 +43,20 @@ def group_size_by_name(group_name: str) -> int:
     return _resolve_process_group(group_name).size()
 
 
+def process_group_size(group: object) -> int | None:
+    """Ranks in the process group a c10d operator received, or None if ``group`` is none.
+
+    A c10d operator (``c10d._allgather_base_`` ...) receives its group as a TorchScript object
+    (``torch.ScriptObject`` of class c10d.ProcessGroup), which has no Python ``size``;
+    ``ProcessGroup.unbox`` turns it back into the Python object. Without it a sub-group (one
+    axis of a 2-D mesh) would read as the whole world."""
+    if isinstance(group, torch.ScriptObject):
+        import torch.distributed as dist
+
+        group = dist.ProcessGroup.unbox(group)
+    return int(group.size()) if hasattr(group, "size") else None
+
+
 def fake_tensor_mode(data_dependent_shapes: bool = False) -> FakeTensorMode:
     """A fresh fake-tensor mode; every tensor made under it has metadata only.
 
@@ -190,3 +204,61 @@ def dtensor_local_storage(tensor: torch.Tensor) -> torch.Tensor:
     for a plain tensor: an optimizer built over these updates the same bytes FSDP2 stores,
     without DTensor dispatch."""
     return getattr(tensor, "_local_tensor", tensor)
+
+
+# torch.distributed.pipelining.schedules (torch 2.13): the schedule IR's action tuple. Its
+# fields (stage_index, computation_type, microbatch_index, sub_actions) are what a schedule's
+# ``pipeline_order`` holds per rank.
+def pipeline_action_class() -> type:
+    """torch.distributed.pipelining.schedules._Action (private)."""
+    from torch.distributed.pipelining.schedules import _Action
+
+    return _Action
+
+
+@contextlib.contextmanager
+def pipeline_stages_static() -> Iterator[None]:
+    """Let pipeline schedules start on a fake process group, with real or fake tensors.
+
+    torch 2.13 distributed/pipelining/schedules.py ``_PipelineSchedule._warmup_p2p`` (private)
+    runs before the first step: every stage votes (stage.py ``_warmup_forward_vote``,
+    ``_warmup_backward_result``) on whether the input and output shapes the user gave suffice
+    (InferenceMode.STATIC) or must be exchanged over P2P (DYNAMIC); its only product is each
+    stage's ``_inference_mode``. On a fake process group the vote cannot conclude: ``dist.recv``
+    fills no buffer, so a stage reads the 0 it initialised, concludes DYNAMIC and then waits for
+    shapes through ``recv_object_list``, whose size tensor is never filled either (it asks for
+    an uninitialised size, tens of terabytes); under FakeTensorMode, reading the vote
+    (``result.item()``) is itself refused as data-dependent. Here the vote is replaced by its
+    outcome with every stage built with ``input_args`` and ``output_args``, as the caller's
+    are: STATIC for every stage.
+    """
+    from torch.distributed.pipelining import schedules
+    from torch.distributed.pipelining._utils import InferenceMode
+
+    original = schedules._PipelineSchedule._warmup_p2p
+
+    def every_stage_static(self, stages, has_backward, p2p_done):
+        for stage in stages:
+            stage._inference_mode = InferenceMode.STATIC
+
+    schedules._PipelineSchedule._warmup_p2p = every_stage_static
+    try:
+        yield
+    finally:
+        schedules._PipelineSchedule._warmup_p2p = original
+
+
+def context_parallel_block_mask_without_compile() -> None:
+    """Let context parallelism shard a FlexAttention block mask on fake tensors. Idempotent.
+
+    torch.distributed.tensor.experimental._context_parallel._attention (private)
+    ``_create_cp_block_mask`` builds each rank's block mask with a module-level
+    ``_compiled_create_block_mask = torch.compile(create_block_mask)``, made on first use. Inductor
+    compiles it into a C++ kernel that, run on fake tensors (no data), crashes the process
+    (segmentation fault in the generated code). Setting the cached callable to the same
+    ``create_block_mask`` uncompiled builds the same mask eagerly.
+    """
+    from torch.distributed.tensor.experimental._context_parallel import _attention
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    _attention._compiled_create_block_mask = create_block_mask

@@ -18,6 +18,7 @@ from zeroplan.simulate._torch_private import (
     TorchDispatchMode,
     group_size_by_name,
     op_schema,
+    process_group_size,
 )
 from zeroplan.simulate.record import CollectiveKind, CollectiveRecord, Phase
 
@@ -54,9 +55,9 @@ def _tensors(value: object) -> list[torch.Tensor]:
 def _group_size(bound: dict[str, object]) -> int:
     if "group_size" in bound:
         return int(bound["group_size"])
-    group = bound.get("process_group")
-    if group is not None and hasattr(group, "size"):
-        return int(group.size())
+    size = process_group_size(bound.get("process_group"))
+    if size is not None:
+        return size
     name = bound.get("group_name")
     if name is not None:
         return group_size_by_name(str(name))

@@ -30,14 +30,36 @@ class PipelineSchedule(str, Enum):
     interleaved_1f1b = "interleaved-1f1b"
     """1F1B over v model chunks per rank (Narayanan et al. 2021, sec. 2.2;
     ScheduleInterleaved1F1B): the bubble shrinks v-fold, rank 0 keeps more chunks."""
+    looped_bfs = "looped-bfs"
+    """Breadth-first over v looped stages per rank (Lamy-Poirier 2023; ScheduleLoopedBFS):
+    every micro-batch through a rank's first stage before its next."""
     zero_bubble = "zero-bubble"
     """Backward split into input- and weight-gradient passes that fill the bubble (Qi et al.
-    2024, ZB-H1 / torch's ScheduleInterleavedZeroBubble)."""
+    2024; torch's ScheduleInterleavedZeroBubble, looped stages)."""
+    zbv = "zbv"
+    """Zero bubble over two stages per rank placed in a V (Qi et al. 2024, "Pipeline
+    Parallelism with Controllable Memory"; ScheduleZBVZeroBubble): rank r runs stages r and
+    2p - 1 - r, so rank 0 holds both the embedding and the head."""
 
     @property
     def interleaved(self) -> bool:
         """Whether each rank runs several model chunks (virtual stages)."""
-        return self in (PipelineSchedule.interleaved_1f1b, PipelineSchedule.zero_bubble)
+        return self not in (PipelineSchedule.gpipe, PipelineSchedule.one_f_one_b)
+
+    @property
+    def v_shape(self) -> bool:
+        """Whether rank r's stages are r and 2p - 1 - r (else r, r + p, r + 2p, ...)."""
+        return self is PipelineSchedule.zbv
+
+    @property
+    def torch_name(self) -> str:
+        """The name torch 2.13's get_schedule_class (and torchtitan's
+        pipeline_parallel_schedule) takes."""
+        return {
+            PipelineSchedule.gpipe: "GPipe", PipelineSchedule.one_f_one_b: "1F1B",
+            PipelineSchedule.interleaved_1f1b: "Interleaved1F1B", PipelineSchedule.looped_bfs: "LoopedBFS",
+            PipelineSchedule.zero_bubble: "InterleavedZeroBubble", PipelineSchedule.zbv: "ZBVZeroBubble",
+        }[self]
 
 
 class ParallelSpec(Frozen):
@@ -79,10 +101,14 @@ class ParallelSpec(Frozen):
                 "parallel.virtual_stages",
                 f"{self.pp_schedule.value!r} runs several stages per rank (allowed: 2 or more, got {self.virtual_stages})",
             )
+        if self.pp > 1 and self.pp_schedule.v_shape and self.virtual_stages != 2:
+            raise ZeroplanError(
+                "parallel.virtual_stages", f"'zbv' runs two stages per rank in a V (allowed: 2, got {self.virtual_stages})",
+            )
         if self.pp > 1 and not self.pp_schedule.interleaved and self.virtual_stages != 1:
             raise ZeroplanError(
                 "parallel.virtual_stages",
-                f"{self.pp_schedule.value!r} runs one stage per rank (allowed: 1; interleaved-1f1b or zero-bubble for more)",
+                f"{self.pp_schedule.value!r} runs one stage per rank (allowed: 1; interleaved-1f1b, looped-bfs, zero-bubble or zbv for more)",
             )
         if self.pipeline_rank >= self.pp:
             raise ZeroplanError("parallel.pipeline_rank", f"{self.pipeline_rank} (allowed: 0 to {self.pp - 1})")

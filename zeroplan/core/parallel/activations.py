@@ -8,11 +8,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from zeroplan.core.activations import layer_terms, norm_bytes, outside_layers_bytes
+from zeroplan.core.frameworks import block_input_bytes
 from zeroplan.core.parallel.pipeline import in_flight_chunks
-from zeroplan.core.parallel.tensor import sequence_parallel_layer_bytes, tensor_parallel_model
+from zeroplan.core.parallel.tensor import tensor_parallel_model
 from zeroplan.core.parallel.units import holds_head, rank_block_count
+from zeroplan.core.profiles import profile
+from zeroplan.specs.framework import Framework
 from zeroplan.specs.parallel import ParallelSpec, PipelineSchedule
 from zeroplan.specs.request import PlanRequest
+from zeroplan.specs.training import ActivationCheckpointing
+from zeroplan.units import ceil_div
 
 
 def chunk_request(request: PlanRequest, num_layers: int, *, split_heads: bool) -> PlanRequest:
@@ -40,23 +46,69 @@ class MicroBatchBytes:
 def micro_batch_bytes(request: PlanRequest, activations) -> MicroBatchBytes:
     """Split ``activations(req) -> (kept, recompute)``, the planner's bytes of one micro-batch
     through every block of ``req``, into per-block, recompute and outside terms by evaluating
-    it at one and two blocks: each term is linear in the block count."""
-    parallel = request.parallel
-    sequence_parallel = parallel.sequence_parallel
-    one = chunk_request(request, 1, split_heads=not sequence_parallel)
-    two = chunk_request(request, 2, split_heads=not sequence_parallel)
+    it at one and two tensor-parallel blocks (each term is linear in the block count), then
+    split the sequence-parallel terms t ways."""
+    one = chunk_request(request, 1, split_heads=True)
+    two = chunk_request(request, 2, split_heads=True)
     kept_one, recompute = activations(one)
     kept_two, _ = activations(two)
     per_block = kept_two - kept_one
-    outside = kept_one - per_block
-    if sequence_parallel:
-        # Korthikanti et al. 2022 sec. 4.2.2: every term of the block and the norms outside it
-        # split t ways over the sequence.
-        tp = parallel.tp
-        return MicroBatchBytes(per_block=sequence_parallel_layer_bytes(per_block, tp),
-                               recompute=sequence_parallel_layer_bytes(recompute, tp),
-                               outside=sequence_parallel_layer_bytes(outside, tp))
-    return MicroBatchBytes(per_block=per_block, recompute=recompute, outside=outside)
+    terms = MicroBatchBytes(per_block=per_block, recompute=recompute, outside=kept_one - per_block)
+    if request.parallel.sequence_parallel:
+        terms = sequence_parallel_bytes(one, terms, request.parallel.tp)
+    return gathered_kv_bytes(request, one, terms)
+
+
+# A stack whose context parallelism all-gathers K and V (FrameworkProfile.context_parallel_gathers_kv,
+# torchtitan 0.3.0's apply_cp_to_forward under FlexAttention) saves them at the whole sequence:
+# each block keeps K and V for s tokens where the rank's own are s/cp. A ring (Liu et al. 2023)
+# keeps only its own and passes the rest round again in backward.
+def gathered_kv_bytes(request: PlanRequest, chunk: PlanRequest, terms: MicroBatchBytes) -> MicroBatchBytes:
+    """``terms`` with the gathered K and V of the other context-parallel ranks added."""
+    cp = request.parallel.cp
+    if cp == 1 or not profile(chunk.training.framework).context_parallel_gathers_kv:
+        return terms
+    local_tokens = chunk.batch.seq_len * chunk.batch.micro_batch_size
+    others = 2 * (cp - 1) * local_tokens * chunk.model.kv_size * chunk.training.precision.compute_bytes
+    kept = others if chunk.training.activation_checkpointing is ActivationCheckpointing.none else 0
+    rebuilt = others if terms.recompute else 0
+    return MicroBatchBytes(per_block=terms.per_block + kept, recompute=terms.recompute + rebuilt, outside=terms.outside)
+
+
+# Korthikanti et al. 2022, sec. 4.2.2: sequence parallelism splits over the sequence what
+# tensor parallelism left whole: the norms' saved tensors, the dropout masks and (Megatron-LM
+# keeps the shard and gathers it again in backward) the column-parallel linears' inputs; with
+# full recomputation the kept block input is the sequence-sharded residual stream. Each such
+# term keeps ceil(x / t) of its x bytes (with every one split this is the paper's
+# sbh/t (34 + 5as/h)); a stack whose linears save the gathered input keeps those whole
+# (FrameworkProfile.sequence_parallel_saves_gathered_inputs).
+def sequence_parallel_bytes(chunk: PlanRequest, terms: MicroBatchBytes, tp: int) -> MicroBatchBytes:
+    """``terms`` of a tensor-parallel chunk with its sequence-parallel parts split ``tp`` ways."""
+    model, training, batch = chunk.model, chunk.training, chunk.batch
+    s, b, autocast = batch.seq_len, batch.micro_batch_size, chunk.runs_under_autocast
+    layer = layer_terms(model, training, s, b, autocast=autocast)
+    sharded_layer = layer["norm_inputs"] + layer["hidden_dropout_masks"]
+    if not profile(training.framework).sequence_parallel_saves_gathered_inputs:
+        sharded_layer += layer["qkv_input"] + layer["mlp_input"]
+    norm = norm_bytes(model, training, s, b, autocast=autocast)
+    outside = outside_layers_bytes(model, training, s, b, autocast=autocast)
+    sharded_outside = outside if not profile(training.framework).sequence_parallel_saves_gathered_inputs else norm
+
+    def split(x: int) -> int:
+        """Bytes a sequence-sharded term of x bytes gives back: x - ceil(x / t)."""
+        return x - ceil_div(x, tp)
+
+    mode = training.activation_checkpointing
+    if mode is ActivationCheckpointing.none:
+        kept_sharded = sharded_layer
+    else:
+        # The checkpoint keeps the block's input: the residual stream, sequence-sharded.
+        kept_sharded = block_input_bytes(chunk, s, b) if chunk.training.framework is not Framework.zeroplan \
+            else training.precision.compute_bytes * s * b * model.hidden_size
+    recompute_sharded = sharded_layer if terms.recompute else 0
+    return MicroBatchBytes(per_block=terms.per_block - split(kept_sharded),
+                           recompute=terms.recompute - split(recompute_sharded),
+                           outside=terms.outside - split(sharded_outside))
 
 
 def rank_activation_bytes(request: PlanRequest, activations) -> tuple[int, int]:
@@ -103,4 +155,5 @@ def rank_workspace_bytes(request: PlanRequest, workspace) -> int:
     if request.parallel.is_trivial:
         return workspace(request)
     whole = workspace(chunk_request(request, 1, split_heads=False))
-    return sequence_parallel_layer_bytes(whole, request.parallel.tp) if request.parallel.sequence_parallel else whole
+    # The residual stream's gradients are sequence-sharded under sequence parallelism.
+    return ceil_div(whole, request.parallel.tp) if request.parallel.sequence_parallel else whole

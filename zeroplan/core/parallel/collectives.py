@@ -9,10 +9,16 @@ from zeroplan.core.parallel.pipeline import rank_stages
 from zeroplan.core.parallel.tensor import tensor_parallel_model
 from zeroplan.core.parallel.expert import expert_parallel_collectives, moe_block_count
 from zeroplan.core.parallel.units import holds_embedding, holds_head, rank_block_count, rank_parameter_units
+from zeroplan.core.profiles import profile
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.training import ActivationCheckpointing
 
 FP32_BYTES = 4
+
+
+def recomputes_collectives(request: PlanRequest) -> bool:
+    """Whether the backward reruns the block's forward, collectives included."""
+    return request.training.activation_checkpointing in (ActivationCheckpointing.full, ActivationCheckpointing.selective_op)
 
 
 def _activation_element_bytes(request: PlanRequest) -> int:
@@ -23,7 +29,9 @@ def _activation_element_bytes(request: PlanRequest) -> int:
 # forward (g) and its inputs' gradients in the backward (f): two all-reduces each way of the
 # s b h activations. With sequence parallelism (Korthikanti et al. 2022, sec. 4.2.2) each
 # all-reduce becomes an all-gather before the block's matmuls and a reduce-scatter after them,
-# in both directions. Full recomputation runs the forward's collectives again (sec. 5).
+# in both directions. Recomputation runs the forward's collectives again inside the backward
+# (sec. 5): full checkpointing, and torchtitan's selective-op, whose save list keeps matmul and
+# attention outputs but not the collectives' (benchmarks/parallel-records count them in backward).
 def tensor_parallel_collectives(request: PlanRequest) -> list[Collective]:
     parallel = request.parallel
     tp = parallel.tp
@@ -34,9 +42,9 @@ def tensor_parallel_collectives(request: PlanRequest) -> list[Collective]:
     activation = tokens * request.model.hidden_size * e
     blocks = rank_block_count(request)
     accum = request.batch.grad_accum_steps
-    recomputes = request.training.activation_checkpointing is ActivationCheckpointing.full
-    forward_calls = 2 * blocks * (2 if recomputes else 1)
-    backward_calls = 2 * blocks
+    recomputes = recomputes_collectives(request)
+    forward_calls = 2 * blocks
+    backward_calls = 2 * blocks * (2 if recomputes else 1)
     result: list[Collective] = []
     ops = ((CollectiveOp.all_gather, CollectiveOp.reduce_scatter) if parallel.sequence_parallel
            else (CollectiveOp.all_reduce,))
@@ -63,10 +71,12 @@ def tensor_parallel_collectives(request: PlanRequest) -> list[Collective]:
     return result
 
 
-# Ring attention (Liu et al. 2023, sec. 3; torch 2.13 distributed/tensor/experimental/
-# _context_parallel/_attention.py, the ring's all-to-all-free rotation): each of the cp - 1
-# steps of a block's forward passes the local K and V on to the next rank, and the backward
-# passes K, V and their gradients round again.
+# Ring attention (Liu et al. 2023, sec. 3; Megatron-LM's context parallelism): each of the
+# cp - 1 steps of a block's forward passes the local K and V on to the next rank, and the
+# backward passes K, V and their gradients round again. A stack that all-gathers K and V
+# instead (FrameworkProfile.context_parallel_gathers_kv: torchtitan 0.3.0, measured) issues two
+# all-gathers of the whole-sequence K and V per block forward and two reduce-scatters of their
+# gradients backward. Full recomputation runs the forward's again.
 def context_parallel_collectives(request: PlanRequest) -> list[Collective]:
     parallel = request.parallel
     cp = parallel.cp
@@ -75,17 +85,33 @@ def context_parallel_collectives(request: PlanRequest) -> list[Collective]:
     e = _activation_element_bytes(request)
     model = tensor_parallel_model(request.model, parallel.tp)
     tokens = request.batch.seq_len // cp * request.batch.micro_batch_size
-    kv = 2 * tokens * model.kv_size * e
+    kv = tokens * model.kv_size * e
     blocks = rank_block_count(request)
     accum = request.batch.grad_accum_steps
-    recomputes = request.training.activation_checkpointing is ActivationCheckpointing.full
-    forward_steps = (cp - 1) * blocks * (2 if recomputes else 1)
-    backward_steps = (cp - 1) * blocks
+    recomputes = recomputes_collectives(request)
     spans = _spans_nodes(request, stride=parallel.tp, group=cp)
-    return [
-        make_collective(CollectiveOp.send, Phase.forward, "context-parallel K/V", [kv] * forward_steps, 2, accum, spans, e, blocking=True),
-        make_collective(CollectiveOp.send, Phase.backward, "context-parallel K/V and gradients", [2 * kv] * backward_steps, 2, accum, spans, e, blocking=True),
+    if profile(request.training.framework).context_parallel_gathers_kv:
+        gathered = kv * cp
+        result = [
+            make_collective(CollectiveOp.all_gather, Phase.forward, "context-parallel K and V",
+                            [gathered] * (2 * blocks), cp, accum, spans, e, blocking=True),
+            make_collective(CollectiveOp.reduce_scatter, Phase.backward, "context-parallel K and V gradients",
+                            [gathered] * (2 * blocks), cp, accum, spans, e, blocking=True),
+        ]
+        if recomputes:
+            result.append(make_collective(CollectiveOp.all_gather, Phase.backward, "context-parallel K and V",
+                                          [gathered] * (2 * blocks), cp, accum, spans, e, blocking=True))
+        return result
+    result = [
+        make_collective(CollectiveOp.send, Phase.forward, "context-parallel K/V", [2 * kv] * ((cp - 1) * blocks),
+                        2, accum, spans, e, blocking=True),
+        make_collective(CollectiveOp.send, Phase.backward, "context-parallel K/V and gradients", [4 * kv] * ((cp - 1) * blocks),
+                        2, accum, spans, e, blocking=True),
     ]
+    if recomputes:
+        result.append(make_collective(CollectiveOp.send, Phase.backward, "context-parallel K/V", [2 * kv] * ((cp - 1) * blocks),
+                                      2, accum, spans, e, blocking=True))
+    return result
 
 
 # Narayanan et al. 2021, sec. 2.2: each stage sends its output activations to the next stage

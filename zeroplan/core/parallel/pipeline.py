@@ -77,11 +77,13 @@ def pipeline_stages(num_layers: int, stages: int, framework: Framework) -> tuple
     return tuple(result)
 
 
-# torch 2.13 distributed/pipelining/schedules.py: the looped schedules (ScheduleInterleaved1F1B,
-# ScheduleInterleavedZeroBubble) give rank r the stages r, r + p, r + 2p, ... (torchtitan 0.3.0
-# pipeline_parallel.py stage_ids_this_rank, style "loop").
+# torchtitan 0.3.0 distributed/pipeline_parallel.py stage_ids_this_rank: style "loop" (every
+# multi-stage schedule but ZBV) gives rank r the stages r, r + p, r + 2p, ...; style "v"
+# (ScheduleZBVZeroBubble) the stages r and 2p - 1 - r (benchmarks/pipeline-records/split).
 def rank_stage_indices(parallel: ParallelSpec, rank: int) -> tuple[int, ...]:
     """Stage indices pipeline rank ``rank`` runs."""
+    if parallel.pp_schedule.v_shape:
+        return (rank, 2 * parallel.pp - 1 - rank)
     return tuple(rank + chunk * parallel.pp for chunk in range(parallel.virtual_stages))
 
 
@@ -90,18 +92,21 @@ def rank_stages(parallel: ParallelSpec, num_layers: int, framework: Framework, r
     return tuple(stages[i] for i in rank_stage_indices(parallel, rank))
 
 
-# Micro-batch chunks (one micro-batch through one of the rank's stages) whose activations are
-# alive at the rank's peak:
+# Micro-batch chunks (one micro-batch through one of the rank's stages) whose saved activations
+# are alive at the rank's peak, as torch 2.13's schedules (distributed/pipelining/schedules.py)
+# run them: each rule is the one the schedule records of benchmarks/pipeline-records/schedule
+# follow on every rank (docs/pipeline-measured.md), with its published form where there is one.
 # - GPipe (Huang et al. 2019): every forward before any backward: m.
-# - 1F1B (Narayanan et al. 2021, sec. 2.2.1): rank r warms up with p - 1 - r forwards and runs
-#   one more before its first backward: min(p - r, m).
-# - Interleaved 1F1B (Narayanan et al. 2021, sec. 2.2.2; Megatron-LM core/pipeline_parallel/
-#   schedules.py forward_backward_pipelining_with_interleaving: warm-up (p - r - 1) x 2 +
-#   (v - 1) x p chunks): one more than the warm-up, at most m v. On rank 0 this is
-#   L(1 + (p - 1)/(p v)) blocks' worth (Korthikanti et al. 2022, sec. 4.2.3).
-# - Zero bubble (Qi et al. 2024, sec. 3.1): ZB-H1 keeps 1F1B's peak, the weight-gradient
-#   passes it delays holding no more activations than the 1F1B warm-up allows; taken as the
-#   interleaved count.
+# - 1F1B (Narayanan et al. 2021, sec. 2.2.1): p - 1 - r warm-up forwards and one more before the
+#   first backward: min(p - r, m).
+# - Interleaved 1F1B (Narayanan et al. 2021, sec. 2.2.2; ScheduleInterleaved1F1B's warm-up of
+#   (v - 1) q + 2 (p - 1 - r) with q = m // max(1, m // p) micro-batches per round): one more
+#   than the warm-up, at most v m. With p dividing m, rank 0 keeps L (1 + (p - 1)/(p v)) blocks'
+#   worth (Korthikanti et al. 2022, sec. 4.2.3).
+# - Looped BFS: every chunk's forward before the backwards: v m.
+# - Interleaved zero bubble: a chunk's activations stay until its weight-gradient pass, which
+#   the schedule delays: v min(p, m) on every rank (not 1F1B's peak, as ZB-H1 is on paper).
+# - ZBV: min(2p, m + 1 + r).
 def in_flight_chunks(parallel: ParallelSpec, rank: int, microbatches: int) -> int:
     p, v, m = parallel.pp, parallel.virtual_stages, microbatches
     schedule = parallel.pp_schedule
@@ -111,21 +116,41 @@ def in_flight_chunks(parallel: ParallelSpec, rank: int, microbatches: int) -> in
         return m
     if schedule is PipelineSchedule.one_f_one_b:
         return min(p - rank, m)
-    warmup = (p - rank - 1) * 2 + (v - 1) * p
-    return min(warmup + 1, m * v)
+    if schedule is PipelineSchedule.interleaved_1f1b:
+        per_round = m // max(1, m // p)
+        return min((v - 1) * per_round + 2 * (p - 1 - rank) + 1, v * m)
+    if schedule is PipelineSchedule.looped_bfs:
+        return v * m
+    if schedule is PipelineSchedule.zero_bubble:
+        return v * min(p, m)
+    return min(2 * p, m + 1 + rank)
 
 
 # Narayanan et al. 2021, sec. 2.2.1: GPipe and 1F1B idle (p - 1) forward-and-backward slots of a
 # step of m: a bubble of (p - 1)/m of the ideal time; interleaving v chunks divides it by v
 # (sec. 2.2.2). Qi et al. 2024 (sec. 3.1): ZB-H1's bubble is (p - 1)(T_F + T_B - T_W) against
 # 1F1B's (p - 1)(T_F + T_B + T_W); with the input- and weight-gradient passes each as long as
-# the forward (their sec. 2 assumption) that is a third.
+# the forward (their sec. 2 assumption) that is a third; taken for ZBV too. Looped BFS divides
+# GPipe's by v like interleaving (Lamy-Poirier 2023, sec. 3). None of these is measured here:
+# the schedule records hold no idle slots for GPipe and 1F1B (docs/pipeline-measured.md).
 def bubble_fraction(parallel: ParallelSpec, microbatches: int) -> Fraction:
     """Idle time of a step as a fraction of its busy time."""
     p, v, m = parallel.pp, parallel.virtual_stages, microbatches
     if p == 1:
         return Fraction(0)
     bubble = Fraction(p - 1, m * v)
-    if parallel.pp_schedule is PipelineSchedule.zero_bubble:
+    if parallel.pp_schedule in (PipelineSchedule.zero_bubble, PipelineSchedule.zbv):
         bubble /= 3
     return bubble
+
+
+# torch 2.13 distributed/pipelining/stage.py backward_maybe_with_nosync: every backward of an
+# FSDP2 stage runs with set_requires_gradient_sync(False) and set_reshard_after_backward(False),
+# and perform_reduce_grad (scheduled after the last micro-batch) reduce-scatters once: the
+# stage's gradients accumulate unsharded and its units stay gathered from their first
+# backward to the end of the step, whatever reshard_after_forward says (torchtitan 0.3.0
+# distributed/fsdp.py turns reshard_after_forward off under a pipeline by default, too).
+def pipeline_defers_fsdp_reduction(parallel: ParallelSpec, fsdp: bool) -> bool:
+    """Whether FSDP keeps unsharded gradients and gathered units through the step and reduces
+    once at its end (an FSDP strategy under a pipeline)."""
+    return fsdp and parallel.pp > 1

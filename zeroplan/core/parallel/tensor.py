@@ -95,13 +95,3 @@ def tensor_parallel_model(model: ModelSpec, tp: int) -> ModelSpec:
         "ffn_hidden_size": model.ffn_hidden_size // tp,
         "vocab_size": ceil_div(model.vocab_size, tp),
     })
-
-
-# Korthikanti et al. 2022, sec. 4.2.2 and Table 2: with sequence parallelism the parts of a
-# block that tensor parallelism left whole (norms, dropouts, the linears' inputs, kept
-# sequence-sharded and all-gathered again in backward) are split over the sequence, so every
-# term of the block is divided by t: sbh/t (34 + 5as/h).
-def sequence_parallel_layer_bytes(full_model_layer_bytes: int, tp: int) -> int:
-    """Bytes one block saves on a rank under tensor and sequence parallelism, from the bytes the
-    unsplit block saves."""
-    return ceil_div(full_model_layer_bytes, tp)

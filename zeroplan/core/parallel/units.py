@@ -18,13 +18,10 @@ from zeroplan.specs.request import PlanRequest
 
 
 @lru_cache(maxsize=256)
-def _rank_units(model: ModelSpec, tp: int, pp: int, virtual_stages: int, rank: int, framework: Framework,
-                ep: int = 1, efsdp: int = 1) -> tuple[ParamUnit, ...]:
+def _rank_units(model: ModelSpec, parallel: ParallelSpec, framework: Framework, efsdp: int = 1) -> tuple[ParamUnit, ...]:
     units = parameter_units(model)
-    if pp > 1:
-        parallel = ParallelSpec(pp=pp, virtual_stages=virtual_stages, pipeline_rank=rank,
-                                pp_schedule="interleaved-1f1b" if virtual_stages > 1 else "1f1b")
-        stages = rank_stages(parallel, model.num_layers, framework, rank)
+    if parallel.pp > 1:
+        stages = rank_stages(parallel, model.num_layers, framework, parallel.pipeline_rank)
         blocks = {i for stage in stages for i in range(stage.first_block, stage.first_block + stage.num_blocks)}
         keep = []
         for unit in units:
@@ -37,7 +34,7 @@ def _rank_units(model: ModelSpec, tp: int, pp: int, virtual_stages: int, rank: i
             if wanted:
                 keep.append(unit)
         units = tuple(keep)
-    return expert_parallel_units(tensor_parallel_units(units, tp), model, ep, framework, efsdp)
+    return expert_parallel_units(tensor_parallel_units(units, parallel.tp), model, parallel.ep, framework, efsdp)
 
 
 def rank_parameter_units(request: PlanRequest) -> tuple[ParamUnit, ...]:
@@ -46,8 +43,11 @@ def rank_parameter_units(request: PlanRequest) -> tuple[ParamUnit, ...]:
     parallel = request.parallel
     if parallel.is_trivial and parallel.ep == 1:
         return parameter_units(request.model)
-    return _rank_units(request.model, parallel.tp, parallel.pp, parallel.virtual_stages, parallel.pipeline_rank,
-                       request.training.framework, parallel.ep, max(1, request.state_group_size // parallel.ep))
+    # Only what decides the units keys the cache: not sequence or context parallelism. Under
+    # expert parallelism the experts' FSDP group (efsdp) decides their grouped shape too.
+    layout = ParallelSpec(tp=parallel.tp, pp=parallel.pp, pp_schedule=parallel.pp_schedule,
+                          virtual_stages=parallel.virtual_stages, pipeline_rank=parallel.pipeline_rank, ep=parallel.ep)
+    return _rank_units(request.model, layout, request.training.framework, max(1, request.state_group_size // parallel.ep))
 
 
 def rank_parameter_elements(request: PlanRequest) -> int:
