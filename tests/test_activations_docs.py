@@ -34,6 +34,10 @@ CONDITIONS = {
     "GeLU MLP": lambda m, t: not m.mlp.gated,
     "gated MLP": lambda m, t: m.mlp.gated,
     "mixture of experts": lambda m, t: m.is_moe,
+    "shared expert": lambda m, t: m.shared_expert_ffn_hidden_size > 0,
+    "shared expert gate": lambda m, t: m.shared_expert_gate,
+    "MLA": lambda m, t: m.is_mla,
+    "MLA query latent": lambda m, t: m.q_lora_rank is not None,
 }
 
 
@@ -55,7 +59,10 @@ def _per_token(formula: str, model: ModelSpec, training: TrainingSpec, s: int) -
     symbols = {
         "n": model.norms_per_block, "e": training.precision.compute_bytes, "h": model.hidden_size,
         "a": model.num_heads, "d": model.head_size, "kv": model.kv_heads, "s": s,
-        "k": model.experts_per_token, "E": model.num_experts, "f": model.ffn_hidden_size,
+        "k": model.experts_per_token, "E": model.num_experts,
+        "f": model.expert_ffn_hidden_size if model.is_moe else model.ffn_hidden_size,
+        "dv": model.v_head_size, "fs": model.shared_expert_ffn_hidden_size,
+        "cq": model.q_lora_rank or 0, "ckv": model.kv_lora_rank or 0,
     }
     expression = formula.replace("·", "*")
     assert re.fullmatch(r"[\w\s*+()\-]+", expression), formula
@@ -67,6 +74,8 @@ def _models() -> list[ModelSpec]:
     return [
         get_model("gpt2"), get_model("llama-2-7b"), get_model("mixtral-8x7b"), dropout_moe,
         load_hf_config(ROOT / "tests" / "fixtures" / "hf" / "gemma-2-9b.json"),
+        load_hf_config(ROOT / "tests" / "fixtures" / "hf" / "qwen1.5-moe-a2.7b.json"),
+        load_hf_config(ROOT / "tests" / "fixtures" / "hf" / "deepseek-v3.json"),
         get_model("gpt2").model_copy(update={"attention_dropout": 0.0, "hidden_dropout": 0.0}),
     ]
 

@@ -125,7 +125,7 @@ def _write_fixtures(root: Path) -> None:
     (root / "huge.json").write_text(json.dumps({**llama, "hidden_size": 10**30}))
     (root / "list.json").write_text("[1, 2]")
     (root / "moe-llama.json").write_text(json.dumps({**llama, "num_local_experts": 8}))
-    (root / "qwen2-moe.json").write_text(json.dumps({**llama, "model_type": "qwen2_moe"}))
+    (root / "dbrx-moe.json").write_text(json.dumps({**llama, "model_type": "dbrx"}))
     (root / "biased-gemma.json").write_text(json.dumps({**llama, "model_type": "gemma", "attention_bias": True}))
     (root / "a-directory").mkdir()
     (root / "a-file").write_text("")
@@ -164,7 +164,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("fit", ["fit", "huge.json"], "config.hidden_size"),
     ("fit", ["fit", "list.json"], "config"),
     ("fit", ["fit", "moe-llama.json"], "config.num_local_experts"),
-    ("fit", ["fit", "qwen2-moe.json"], "config.model_type"),
+    ("fit", ["fit", "dbrx-moe.json"], "config.model_type"),
     ("fit", ["fit", "biased-gemma.json"], "config.attention_bias"),
     ("fit", ["fit", "a-directory"], "model"),
     ("fit", ["fit", "no-such-model"], "model"),

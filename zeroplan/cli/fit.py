@@ -12,6 +12,7 @@ from zeroplan.specs import (
     AttentionKernel,
     BatchSpec,
     Framework,
+    ModelSpec,
     Optimizer,
     PerformanceAssumptions,
     PlanRequest,
@@ -22,7 +23,7 @@ from zeroplan.specs import (
     TrainingSpec,
     cluster_from_gpus,
 )
-from zeroplan.specs.parallel import ParallelSpec, PipelineSchedule
+from zeroplan.specs.parallel import EXPERT_PARALLEL_STRATEGIES, ParallelSpec, PipelineSchedule
 from zeroplan.units import GB, GiB, ByteUnit
 
 
@@ -100,6 +101,12 @@ def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
                        help="pipeline schedule (default 1f1b)")
     group.add_argument("--virtual-stages", type=positive_int,
                        help="stages per pipeline rank (default 1; 2 for interleaved-1f1b and zero-bubble)")
+    group.add_argument("--ep", type=positive_int, default=1,
+                       help="expert-parallel degree for a mixture of experts (default 1): each MoE block's experts split "
+                            "ep ways, borrowed from the data-parallel ranks as torchtitan does (docs/moe.md)")
+    group.add_argument("--moe-capacity-factor", type=positive_float, metavar="CF",
+                       help="route with DeepSpeed-MoE's capacity factor (each expert takes at most ceil(k x tokens x CF / E) "
+                            "tokens, padded) instead of dropless routing (default: dropless, as torchtitan and Megatron-LM)")
 
 
 def parallel_from_args(args: argparse.Namespace) -> ParallelSpec:
@@ -114,7 +121,7 @@ def parallel_from_args(args: argparse.Namespace) -> ParallelSpec:
         sequence_parallel = args.tp > 1 and args.framework == Framework.torchtitan.value
     virtual = args.virtual_stages or (2 if schedule.interleaved and args.pp > 1 else 1)
     return ParallelSpec(tp=args.tp, sequence_parallel=sequence_parallel, cp=args.cp, pp=args.pp,
-                        pp_schedule=schedule, virtual_stages=virtual)
+                        pp_schedule=schedule, virtual_stages=virtual, ep=args.ep)
 
 
 def add_fused_loss_argument(parser: argparse.ArgumentParser) -> None:
@@ -197,6 +204,8 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
     from zeroplan.presets.models import get_model
 
     model = get_model(args.model)
+    if getattr(args, "moe_capacity_factor", None) is not None:
+        model = ModelSpec(**{**dict(model), "moe_capacity_factor": args.moe_capacity_factor})
     cluster = cluster_from_gpus(_gpu(args), args.gpus, args.gpus_per_node, args.nodes)
     if args.host_memory_gib is not None or args.host_memory_gb is not None:
         host_bytes = int(args.host_memory_gib * GiB) if args.host_memory_gib is not None else int(args.host_memory_gb * GB)
@@ -225,6 +234,11 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
     check_optimizer_in_backward(training, batch.grad_accum_steps)
     if args.hsdp_group is not None and cluster.world_size % args.hsdp_group:
         raise ZeroplanError("hsdp-group", f"{args.hsdp_group} does not divide the {cluster.world_size} GPUs")
+    parallel = parallel_from_args(args)
+    if parallel.ep > 1 and kind.value not in EXPERT_PARALLEL_STRATEGIES:
+        # The base request only carries the knobs (fit plans each strategy); under expert
+        # parallelism it must be one that runs there.
+        kind = StrategyKind.fsdp_full_shard
     strategy = StrategySpec(kind=kind, shard_group_size=args.hsdp_group)
     if args.mfu is not None:
         raise ZeroplanError(
@@ -238,7 +252,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
     )
     return PlanRequest(
         model=model, training=training, batch=batch, cluster=cluster, strategy=strategy, performance=performance,
-        parallel=parallel_from_args(args),
+        parallel=parallel,
     )
 
 

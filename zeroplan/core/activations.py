@@ -8,6 +8,8 @@ e bytes of one activation element. Every term is what PyTorch autograd saves for
 
 from __future__ import annotations
 
+from math import ceil
+
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import ModelSpec, NormKind
 from zeroplan.specs.training import ActivationCheckpointing, AttentionKernel, Kernels, TrainingSpec
@@ -26,6 +28,7 @@ def korthikanti_layer_bytes(s: int, b: int, h: int, a: int) -> float:
 LAYER_TERMS = (
     "norm_inputs", "qkv_input", "q_k_v", "softmax_output", "attention_dropout", "logsumexp",
     "output_projection_input", "mlp_input", "mlp_inner", "router_input", "router_scores", "hidden_dropout_masks",
+    "q_latent", "kv_latent", "shared_expert", "shared_expert_gate",
 )
 """Names of the terms one block saves for backward (layer_terms); docs/memory-model.md section 3
 has one table row per name and tests/test_activations_docs.py checks the rows against the code."""
@@ -37,7 +40,9 @@ has one table row per name and tests/test_activations_docs.py checks the rows ag
 def attention_core_terms(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> dict[str, int]:
     """Bytes saved inside core attention (between the QKV and output projections), by term."""
     e = training.precision.compute_bytes
-    terms = {"q_k_v": e * s * b * (model.q_size + 2 * model.kv_size)}
+    # Under MLA (DeepSeek-V2 sec. 2.1.2) the values are v_head_dim wide, the queries and keys
+    # d_nope + d_rope: transformers 4.56 DeepseekV2Attention concatenates them before attention.
+    terms = {"q_k_v": e * s * b * (model.q_size + model.kv_size + model.v_size)}
     if training.attention_kernel is AttentionKernel.flash:
         return {**terms, "logsumexp": FP32_BYTES * model.num_heads * s * b}
     scores = model.num_heads * s * s * b
@@ -116,33 +121,87 @@ def selective_recompute_savings(model: ModelSpec, training: TrainingSpec, s: int
     return sum(value for name, value in terms.items() if name != "q_k_v")
 
 
+# DeepSpeed-MoE (deepspeed/moe/sharded_moe.py, _capacity and top2gating in 0.19.8; GShard,
+# Lepikhin et al. 2020, sec. 2.2): each expert takes at most capacity = ceil(k x tokens x cf / E)
+# tokens and its input is padded to that, so E x capacity token copies enter the experts;
+# dropless routing (torchtitan 0.3.0 models/common/moe.py, Megatron-LM's default
+# moe_expert_capacity_factor None) processes every one of the k x tokens copies.
+def routed_token_copies(model: ModelSpec, tokens: int) -> int:
+    """Token copies the experts of one MoE block process for ``tokens`` tokens."""
+    k = model.experts_per_token
+    if model.moe_capacity_factor is None:
+        return tokens * k
+    capacity = ceil(k * tokens * model.moe_capacity_factor / model.num_experts)
+    return model.num_experts * capacity
+
+
+def _mlp_width_bytes(model: ModelSpec, width: int) -> int:
+    """Bytes per token, over e, that an MLP of inner width ``width`` saves inside (not its input)."""
+    return 4 * width if model.mlp.gated else 2 * width
+
+
 # Korthikanti et al. sec. 4.1, "MLP": the first linear saves its input (2sbh); GeLU saves its
 # input (8sbh at f=4h); the second linear its input (8sbh). A gated MLP (SwiGLU, GeGLU) saves its
 # input, the gate output (for the activation), the activation's output and the up output (for the
 # product), and the product (for the down projection): 4*s*b*f. With experts each token passes
-# through k of them.
-def mlp_terms(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> dict[str, int]:
+# through k of them, each expert f_expert wide (moe_ffn_hidden_size). ``moe_layer`` picks a block
+# with experts or a dense one; None: the block the model repeats (with experts for a MoE model).
+def mlp_terms(model: ModelSpec, training: TrainingSpec, s: int, b: int, moe_layer: bool | None = None) -> dict[str, int]:
     """Bytes the feed-forward block saves, by term."""
     e = training.precision.compute_bytes
-    per_token_width = 4 * model.ffn_hidden_size if model.mlp.gated else 2 * model.ffn_hidden_size
-    k = model.experts_per_token
+    moe = model.is_moe if moe_layer is None else moe_layer
+    if not moe:
+        width = _mlp_width_bytes(model, model.ffn_hidden_size)
+        return {"mlp_input": e * s * b * model.hidden_size, "mlp_inner": e * s * b * width}
     # Each routed copy of a token enters its expert as a separate input.
-    terms = {"mlp_input": e * s * b * model.hidden_size * k, "mlp_inner": e * s * b * per_token_width * k}
-    if model.is_moe:
-        # The router (a linear h -> E) saves its input, the un-routed tokens, and its logits and
-        # fp32 softmax probabilities for the top-k backward.
-        terms["router_input"] = e * s * b * model.hidden_size
-        terms["router_scores"] = (e + FP32_BYTES) * s * b * model.num_experts
+    copies = routed_token_copies(model, s * b)
+    terms = {"mlp_input": e * copies * model.hidden_size,
+             "mlp_inner": e * copies * _mlp_width_bytes(model, model.expert_ffn_hidden_size)}
+    # The router (a linear h -> E) saves its input, the un-routed tokens, and its logits and
+    # fp32 softmax probabilities for the top-k backward.
+    terms["router_input"] = e * s * b * model.hidden_size
+    terms["router_scores"] = (e + FP32_BYTES) * s * b * model.num_experts
+    if model.shared_expert_ffn_hidden_size:
+        # The shared expert (DeepSeekMoE, Dai et al. 2024, sec. 3.2; transformers 4.56
+        # DeepseekV2MoE.shared_experts, Qwen2MoeSparseMoeBlock.shared_expert) reads the router's
+        # input, the same tensor, so only its inner activations are new.
+        terms["shared_expert"] = e * s * b * _mlp_width_bytes(model, model.shared_expert_ffn_hidden_size)
+    if model.shared_expert_gate:
+        # Qwen2-MoE: sigmoid(gate(x)) * shared_output saves both factors of the product (the
+        # sigmoid's output also serves its own backward): h + 1 per token.
+        terms["shared_expert_gate"] = e * s * b * (model.hidden_size + 1)
     return terms
 
 
-def mlp_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> int:
-    return sum(mlp_terms(model, training, s, b).values())
+# DeepSeek-V2 sec. 2.1.2, as transformers 4.56 DeepseekV2Attention and torchtitan 0.3.0
+# models/deepseek_v3 (wkv_a, kv_norm, wkv_b; wq_a, q_norm, wq_b) run it: each latent passes an
+# RMSNorm (which saves its input, norm_bytes at the latent's width) and then the up-projection
+# (which saves the normalised latent, e per element). The RoPE key part of kv_a's output joins K.
+def latent_attention_terms(model: ModelSpec, training: TrainingSpec, s: int, b: int, *, autocast: bool = False) -> dict[str, int]:
+    """Bytes MLA's latent projections save, by term (none without MLA)."""
+    if not model.is_mla:
+        return {}
+    e = training.precision.compute_bytes
+
+    def latent(width: int) -> int:
+        norm = norm_bytes(model.model_copy(update={"hidden_size": width}), training, s, b, autocast=autocast)
+        return norm + e * s * b * width
+
+    terms = {"kv_latent": latent(model.kv_lora_rank)}
+    if model.q_lora_rank is not None:
+        terms["q_latent"] = latent(model.q_lora_rank)
+    return terms
 
 
-def layer_terms(model: ModelSpec, training: TrainingSpec, s: int, b: int, *, autocast: bool = False) -> dict[str, int]:
+def mlp_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int, moe_layer: bool | None = None) -> int:
+    return sum(mlp_terms(model, training, s, b, moe_layer).values())
+
+
+def layer_terms(model: ModelSpec, training: TrainingSpec, s: int, b: int, *, autocast: bool = False,
+                moe_layer: bool | None = None) -> dict[str, int]:
     """Bytes one transformer block saves for backward without recomputation, for every name in
-    LAYER_TERMS (0 where a term does not apply; ``autocast`` as in norm_bytes)."""
+    LAYER_TERMS (0 where a term does not apply; ``autocast`` as in norm_bytes; ``moe_layer`` as
+    in mlp_terms)."""
     e = training.precision.compute_bytes
     sbh = s * b * model.hidden_size
     terms = dict.fromkeys(LAYER_TERMS, 0)
@@ -154,31 +213,48 @@ def layer_terms(model: ModelSpec, training: TrainingSpec, s: int, b: int, *, aut
     # gradient (torch/csrc/autograd/generated, MulBackward0), so no Q- or K-sized tensor.
     terms["qkv_input"] = e * sbh
     terms.update(attention_core_terms(model, training, s, b))
-    terms["output_projection_input"] = e * s * b * model.q_size
-    terms.update(mlp_terms(model, training, s, b))
+    terms.update(latent_attention_terms(model, training, s, b, autocast=autocast))
+    terms["output_projection_input"] = e * s * b * model.attention_output_size
+    terms.update(mlp_terms(model, training, s, b, moe_layer))
     if model.hidden_dropout > 0:
         terms["hidden_dropout_masks"] = 2 * DROPOUT_MASK_BYTES * sbh
     assert set(terms) == set(LAYER_TERMS), sorted(set(terms) - set(LAYER_TERMS))
     return terms
 
 
-def layer_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int, *, autocast: bool = False) -> int:
-    """Bytes one transformer block saves for backward, without recomputation."""
-    return sum(layer_terms(model, training, s, b, autocast=autocast).values())
+def _block_kinds(model: ModelSpec) -> dict[bool, int]:
+    """Blocks of each kind: {with experts: count, dense: count}, kinds with none left out."""
+    moe = model.moe_layer_count if model.is_moe else 0
+    return {kind: count for kind, count in ((True, moe), (False, model.num_layers - moe)) if count > 0}
+
+
+def layer_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int, *, autocast: bool = False,
+                moe_layer: bool | None = None) -> int:
+    """Bytes one transformer block saves for backward, without recomputation; ``moe_layer``
+    None: the largest of the model's blocks (what a recomputing backward rebuilds at its peak)."""
+    if moe_layer is not None:
+        return sum(layer_terms(model, training, s, b, autocast=autocast, moe_layer=moe_layer).values())
+    return max(layer_bytes(model, training, s, b, autocast=autocast, moe_layer=kind) for kind in _block_kinds(model))
+
+
+def all_layers_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int, *, autocast: bool = False) -> int:
+    """Bytes all L blocks save without recomputation, dense and MoE blocks each their own."""
+    return sum(count * layer_bytes(model, training, s, b, autocast=autocast, moe_layer=kind)
+               for kind, count in _block_kinds(model).items())
 
 
 # Korthikanti sec. 5: full recomputation keeps only each block's input (2sbh at 16 bits) and
 # recomputes one block at a time in backward, so one block's activations are alive at once.
 def checkpointed_layers_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int, *, autocast: bool = False) -> int:
     """Activation bytes of all L blocks under the request's checkpointing mode."""
-    full_layer = layer_bytes(model, training, s, b, autocast=autocast)
     mode = training.activation_checkpointing
     if mode is ActivationCheckpointing.none:
-        return model.num_layers * full_layer
+        return all_layers_bytes(model, training, s, b, autocast=autocast)
     if mode is ActivationCheckpointing.selective:
-        return model.num_layers * (full_layer - selective_recompute_savings(model, training, s, b))
+        return (all_layers_bytes(model, training, s, b, autocast=autocast)
+                - model.num_layers * selective_recompute_savings(model, training, s, b))
     block_input = training.precision.compute_bytes * s * b * model.hidden_size
-    return model.num_layers * block_input + full_layer
+    return model.num_layers * block_input + layer_bytes(model, training, s, b, autocast=autocast)
 
 
 # Korthikanti sec. 4.3: outside the blocks, the embedding dropout mask (sbh), the final norm

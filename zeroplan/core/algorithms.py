@@ -336,8 +336,9 @@ def collective_cost(request: PlanRequest, collective: Collective) -> CollectiveT
     on the algorithm NCCL's model predicts fastest (or the forced one, ring where it cannot run)."""
     gpu, performance = request.cluster.gpu, request.performance
     layout = collective_layout(request, collective)
-    op = collective.op
-    candidates = available_algorithms(gpu, op, layout)
+    # An all-to-all is timed as a ring all-gather of the same buffer (CollectiveOp.all_to_all).
+    op = CollectiveOp.all_gather if collective.op is CollectiveOp.all_to_all else collective.op
+    candidates = (Algorithm.ring,) if collective.op is CollectiveOp.all_to_all else available_algorithms(gpu, op, layout)
     if performance.algorithm != "auto":
         forced = Algorithm(performance.algorithm)
         candidates = (forced,) if forced in candidates else (Algorithm.ring,)
@@ -353,7 +354,7 @@ def collective_cost(request: PlanRequest, collective: Collective) -> CollectiveT
     largest = max(size for size, _ in _call_sizes(collective))
     k = efficiencies.get(main, 1.0)
     return CollectiveTime(
-        op=op, phase=collective.phase, what=collective.what, algorithm=main, algorithms=ranked,
+        op=collective.op, phase=collective.phase, what=collective.what, algorithm=main, algorithms=ranked,
         bus_bandwidth_bytes_per_s=k * bus_bandwidth_bytes_per_s(gpu, main, op, layout, largest),
         bandwidth_basis="achievable" if main in efficiencies else "nominal",
         seconds=collective.occurrences_per_step * seconds,

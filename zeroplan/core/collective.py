@@ -20,6 +20,11 @@ class CollectiveOp(str, Enum):
     send = "send"
     """A point-to-point send to one peer (pipeline stages): NCCL runs ncclSend/ncclRecv on the
     same channels as a two-rank ring, so it is timed as one (zeroplan.core.algorithms)."""
+    all_to_all = "all_to_all"
+    """Each rank sends a different 1/N of its buffer to each other rank (expert parallelism's
+    token dispatch). NCCL has no all-to-all algorithm: torch's all_to_all_single issues N - 1
+    grouped ncclSend/ncclRecv pairs, moving (N - 1)/N of the buffer, the bytes of a ring
+    all-gather of the same buffer, so it is timed as one on the ring (zeroplan.core.algorithms)."""
 
 
 class Phase(str, Enum):

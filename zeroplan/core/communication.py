@@ -16,6 +16,7 @@ from zeroplan.core.layout import ElementBytes, element_bytes, gradient_wire_byte
 from zeroplan.core.model_states import padded_unit_elements_of
 from zeroplan.core.network import strided_ranks_per_node
 from zeroplan.core.parallel.collectives import model_parallel_collectives
+from zeroplan.core.parallel.expert import split_expert_collectives
 from zeroplan.core.parallel.pipeline import pipeline_defers_fsdp_reduction
 from zeroplan.core.parallel.units import rank_parameter_units
 from zeroplan.specs.request import PlanRequest
@@ -159,4 +160,4 @@ def data_parallel_collectives(request: PlanRequest) -> list[Collective]:
         # Rank r's replica group is r, r+G, r+2G, ...: one member per node when G fills a node.
         per_node = strided_ranks_per_node(group * tp, request.cluster.gpus_per_node)
         result.append(make_collective(CollectiveOp.all_reduce, Phase.backward, "gradient shards", shards, replicas, reduce_per_step, multi_node, gradient_bytes, per_node))
-    return result
+    return split_expert_collectives(request, rank_parameter_units(request), result)

@@ -8,7 +8,7 @@ size, L blocks, s sequence length, V vocabulary. A matmul of an (m x k) by a (k 
 
 from __future__ import annotations
 
-from zeroplan.core.params import active_parameters
+from zeroplan.core.params import active_parameters, block_tensors
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.model import ModelSpec
 from zeroplan.specs.request import PlanRequest
@@ -50,14 +50,35 @@ class StepFlops(Frozen):
 
 # Kaplan et al. 2020, sec. 2.1: a linear layer is 2 FLOPs per weight per token. One block's
 # linear weights (q, k, v, o, the MLP's matrices; a mixture of experts' router and the k experts
-# a token is routed to, Fedus et al. 2022, sec. 2) over the 2 FLOPs.
-def block_linear_forward_flops_per_token(model: ModelSpec) -> int:
+# a token is routed to, Fedus et al. 2022, sec. 2, plus the shared expert every token passes
+# through, DeepSeekMoE, Dai et al. 2024, sec. 3.2) over the 2 FLOPs. ``moe_layer`` picks a block
+# with experts or a dense one (DeepSeek's first blocks); None: the block the model repeats.
+def block_linear_forward_flops_per_token(model: ModelSpec, moe_layer: bool | None = None) -> int:
     """Forward FLOPs per token of one block's linear layers (attention's own matmuls excluded)."""
-    h, f, k = model.hidden_size, model.ffn_hidden_size, model.experts_per_token
-    attention = h * (model.q_size + 2 * model.kv_size) + model.q_size * h
-    mlp = (3 if model.mlp.gated else 2) * h * f * k
-    router = h * model.num_experts if model.is_moe else 0
-    return MATMUL_FLOPS_PER_MULTIPLY_ADD * (attention + mlp + router)
+    moe = model.is_moe if moe_layer is None else moe_layer
+    h = model.hidden_size
+    if model.is_mla:
+        # DeepSeek-V2 sec. 2.1.2: the down- and up-projections of the latents are linears too.
+        attention = sum(t.numel for t in block_tensors(model, moe) if t.name.startswith("attention.") and len(t.shape) == 2)
+    else:
+        attention = h * (model.q_size + 2 * model.kv_size) + model.q_size * h
+    matrices = 3 if model.mlp.gated else 2
+    if not moe:
+        return MATMUL_FLOPS_PER_MULTIPLY_ADD * (attention + matrices * h * model.ffn_hidden_size)
+    experts = matrices * h * model.expert_ffn_hidden_size * model.experts_per_token
+    shared = matrices * h * model.shared_expert_ffn_hidden_size + (h if model.shared_expert_gate else 0)
+    router = h * model.num_experts
+    return MATMUL_FLOPS_PER_MULTIPLY_ADD * (attention + experts + shared + router)
+
+
+def layers_linear_forward_flops_per_token(model: ModelSpec) -> int:
+    """Forward FLOPs per token of every block's linear layers (dense and MoE blocks each their own)."""
+    moe_blocks = model.moe_layer_count
+    dense_blocks = model.num_layers - moe_blocks
+    total = moe_blocks * block_linear_forward_flops_per_token(model, True) if moe_blocks else 0
+    if dense_blocks:
+        total += dense_blocks * block_linear_forward_flops_per_token(model, False)
+    return total
 
 
 # The output projection is a (tokens x h) by (h x V) matmul, tied or not; the input embedding
@@ -73,7 +94,9 @@ def head_forward_flops_per_token(model: ModelSpec) -> int:
 # (CAUSAL_EXECUTED_FRACTION); eager attention computes the full s x s matrix and masks it.
 def attention_forward_flops_per_token(model: ModelSpec, seq_len: int, causal_fraction: float = 1.0) -> float:
     """Forward FLOPs per token of one block's QK^T and AV matmuls."""
-    per_head = 2 * MATMUL_FLOPS_PER_MULTIPLY_ADD * seq_len * model.head_size
+    # Scores over the query/key head width, the weighted sum over the value head width (equal
+    # but under MLA: DeepSeek-V2 sec. 2.1.2, d_nope + d_rope against d_v).
+    per_head = MATMUL_FLOPS_PER_MULTIPLY_ADD * seq_len * (model.head_size + model.v_head_size)
     return causal_fraction * per_head * model.num_heads
 
 
@@ -109,9 +132,15 @@ def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
 # (zeroplan.core.frameworks.llama_block_mm_widths), so wo (a d x h) and w3 (h x f, per routed
 # expert) run again. A two-matrix MLP (fc1, fc2) recomputes fc2 (f x h) instead.
 def selective_op_recompute_flops_per_token(model: ModelSpec) -> int:
-    """Forward FLOPs per token per block that op-level selective checkpointing recomputes."""
-    h, f, k = model.hidden_size, model.ffn_hidden_size, model.experts_per_token
-    return MATMUL_FLOPS_PER_MULTIPLY_ADD * (model.q_size * h + h * f * k)
+    """Forward FLOPs per token per block that op-level selective checkpointing recomputes
+    (averaged over the blocks when dense and MoE blocks differ)."""
+    h, k = model.hidden_size, model.experts_per_token
+    wo = model.attention_output_size * h
+    if not model.is_moe:
+        return MATMUL_FLOPS_PER_MULTIPLY_ADD * (wo + h * model.ffn_hidden_size)
+    moe_blocks = model.moe_layer_count
+    w3 = moe_blocks * h * model.expert_ffn_hidden_size * k + (model.num_layers - moe_blocks) * h * model.ffn_hidden_size
+    return MATMUL_FLOPS_PER_MULTIPLY_ADD * (wo + w3 // model.num_layers)
 
 
 # What each policy runs again in backward, per token, over all L blocks (activation
@@ -123,9 +152,11 @@ def recompute_flops_per_token(model: ModelSpec, training: TrainingSpec, seq_len:
     """Forward FLOPs per token the checkpointing policy executes again during backward."""
     mode = training.activation_checkpointing
     attention = attention_forward_flops_per_token(model, seq_len, executed_causal_fraction(training.attention_kernel))
-    block = block_linear_forward_flops_per_token(model) + attention
+    linear = layers_linear_forward_flops_per_token(model)
     if mode is ActivationCheckpointing.full:
-        return model.num_layers * block
+        return linear + model.num_layers * attention
+    # One block's worth: the blocks' mean (dense and MoE blocks differ).
+    block = linear / model.num_layers + attention
     if mode is ActivationCheckpointing.selective:
         return model.num_layers * attention
     if mode is ActivationCheckpointing.selective_layer:
@@ -140,7 +171,7 @@ def step_flops(request: PlanRequest) -> StepFlops:
     model, training, batch = request.model, request.training, request.batch
     tokens = batch.micro_batch_size * batch.seq_len * batch.grad_accum_steps
     kernel = training.attention_kernel
-    linear = model.num_layers * block_linear_forward_flops_per_token(model) + head_forward_flops_per_token(model)
+    linear = layers_linear_forward_flops_per_token(model) + head_forward_flops_per_token(model)
     attention = model.num_layers * attention_forward_flops_per_token(model, batch.seq_len, executed_causal_fraction(kernel))
     recompute = recompute_flops_per_token(model, training, batch.seq_len)
     backward = BACKWARD_MATMULS_PER_FORWARD_MATMUL * linear + attention_backward_over_forward(kernel) * attention

@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from zeroplan.core.params import ParamUnit
+from zeroplan.core.params import ParamTensor, ParamUnit
 from zeroplan.core.profiles import profile
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.training import Precision, StateConvention
@@ -62,9 +62,21 @@ class ShardLayout(str, Enum):
     torch/distributed/fsdp/_fully_shard/_fsdp_param.py, _init_sharded_param)."""
 
 
+def tensor_shard_count(tensor: ParamTensor, num_shards: int) -> int:
+    """Ranks a tensor is sharded over: the group, or the group over ep for the routed experts
+    under expert parallelism (ParamTensor.shard_group_divisor)."""
+    return max(1, num_shards // tensor.shard_group_divisor)
+
+
 def padded_unit_elements(unit: ParamUnit, num_shards: int, layout: ShardLayout) -> int:
     """Elements of the unit after padding, summed over all shards."""
-    return num_shards * shard_elements(unit, num_shards, layout)
+    if layout is ShardLayout.flat:
+        return num_shards * shard_elements(unit, num_shards, layout)
+    total = 0
+    for tensor in unit.tensors:
+        shards, rows = tensor_shard_count(tensor, num_shards), tensor.shape[0]
+        total += shards * ceil_div(rows, shards) * (tensor.numel // rows)
+    return total
 
 
 def shard_elements(unit: ParamUnit, num_shards: int, layout: ShardLayout) -> int:
@@ -75,7 +87,7 @@ def shard_elements(unit: ParamUnit, num_shards: int, layout: ShardLayout) -> int
     for tensor in unit.tensors:
         rows = tensor.shape[0]
         row_numel = tensor.numel // rows
-        total += ceil_div(rows, num_shards) * row_numel
+        total += ceil_div(rows, tensor_shard_count(tensor, num_shards)) * row_numel
     return total
 
 

@@ -23,6 +23,10 @@ class ParamTensor(Frozen):
     """Dotted name inside its unit, e.g. 'attention.q.weight'."""
     shape: tuple[int, ...] = Field(min_length=1)
     """Tensor shape; dim 0 is the one FSDP2 shards."""
+    shard_group_divisor: int = Field(default=1, gt=0)
+    """Data-parallel sharding of this tensor runs over the shard group divided by this: ep for
+    the routed experts under expert parallelism (torchtitan 0.3.0 distributed/fsdp.py shards
+    them over the efsdp mesh, dp_shard x cp x tp / ep ranks), 1 for everything else."""
 
     @property
     def numel(self) -> int:
@@ -57,8 +61,9 @@ def _linear_tensors(prefix: str, in_features: int, out_features: int, bias: bool
     return tensors
 
 
-def _mlp_tensors(prefix: str, model: ModelSpec) -> list[ParamTensor]:
-    h, f, bias = model.hidden_size, model.ffn_hidden_size, model.bias
+def _mlp_tensors(prefix: str, model: ModelSpec, width: int | None = None) -> list[ParamTensor]:
+    """A feed-forward MLP of inner width ``width`` (default ffn_hidden_size)."""
+    h, f, bias = model.hidden_size, width if width is not None else model.ffn_hidden_size, model.bias
     if not model.mlp.gated:
         return _linear_tensors(f"{prefix}.fc1", h, f, bias) + _linear_tensors(f"{prefix}.fc2", f, h, bias)
     return (
@@ -68,12 +73,46 @@ def _mlp_tensors(prefix: str, model: ModelSpec) -> list[ParamTensor]:
     )
 
 
-def _block_tensors(model: ModelSpec) -> tuple[ParamTensor, ...]:
+def expert_tensors(model: ModelSpec, expert: int) -> list[ParamTensor]:
+    """One routed expert's tensors, named 'mlp.experts.<i>.<leaf>.weight'."""
+    return _mlp_tensors(f"mlp.experts.{expert}", model, model.expert_ffn_hidden_size)
+
+
+def expert_parameters(model: ModelSpec) -> int:
+    """Elements of one routed expert."""
+    return sum(t.numel for t in expert_tensors(model, 0))
+
+
+# DeepSeek-V2 (arXiv 2405.04434) sec. 2.1.2-2.1.3, as transformers 4.56 DeepseekV2Attention /
+# DeepseekV3Attention build it: the query projected directly (q_proj, h -> a(d_nope + d_rope)) or
+# through a low-rank latent (q_a_proj h -> q_lora, q_a_layernorm, q_b_proj q_lora -> a(d_nope +
+# d_rope)); the keys and values from one latent (kv_a_proj_with_mqa h -> kv_lora + d_rope, the
+# d_rope part the RoPE key shared by all heads; kv_a_layernorm; kv_b_proj kv_lora -> a(d_nope +
+# d_v)); o_proj a d_v -> h. No biases (attention_bias false in every published config).
+def _mla_tensors(model: ModelSpec) -> list[ParamTensor]:
+    h, a, d_qk, d_rope = model.hidden_size, model.num_heads, model.head_size, model.qk_rope_head_dim
+    assert d_rope is not None and model.kv_lora_rank is not None
+    d_nope = d_qk - d_rope
+    if model.q_lora_rank is None:
+        tensors = _linear_tensors("attention.q", h, a * d_qk, False)
+    else:
+        tensors = (_linear_tensors("attention.q_a", h, model.q_lora_rank, False)
+                   + [ParamTensor(name="attention.q_a_norm.weight", shape=(model.q_lora_rank,))]
+                   + _linear_tensors("attention.q_b", model.q_lora_rank, a * d_qk, False))
+    tensors += _linear_tensors("attention.kv_a", h, model.kv_lora_rank + d_rope, False)
+    tensors.append(ParamTensor(name="attention.kv_a_norm.weight", shape=(model.kv_lora_rank,)))
+    tensors += _linear_tensors("attention.kv_b", model.kv_lora_rank, a * (d_nope + model.v_head_size), False)
+    tensors += _linear_tensors("attention.o", model.attention_output_size, h, False)
+    return tensors
+
+
+def _attention_tensors(model: ModelSpec) -> list[ParamTensor]:
+    if model.is_mla:
+        return _mla_tensors(model)
     h, bias = model.hidden_size, model.bias
-    tensors = _norm_tensors("attention_norm", model)
     # Qwen2 biases q/k/v only: transformers 4.44 models/qwen2/modeling_qwen2.py (Qwen2Attention, bias=True)
     qkv_bias = bias or model.qkv_bias
-    tensors += _linear_tensors("attention.q", h, model.q_size, qkv_bias)
+    tensors = _linear_tensors("attention.q", h, model.q_size, qkv_bias)
     tensors += _linear_tensors("attention.k", h, model.kv_size, qkv_bias)
     tensors += _linear_tensors("attention.v", h, model.kv_size, qkv_bias)
     if model.qk_norm:
@@ -83,20 +122,43 @@ def _block_tensors(model: ModelSpec) -> tuple[ParamTensor, ...]:
             ParamTensor(name="attention.k_norm.weight", shape=(model.head_size,)),
         ]
     tensors += _linear_tensors("attention.o", model.q_size, h, bias)
+    return tensors
+
+
+# The MoE block (transformers 4.56 MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock,
+# Qwen3MoeSparseMoeBlock, DeepseekV2MoE, DeepseekV3MoE): a bias-free router h -> E, E routed
+# experts, then the shared expert and Qwen2-MoE's shared-expert gate h -> 1. DeepSeek-V3's
+# e_score_correction_bias is a buffer (register_buffer), not a parameter, and is not counted.
+def _moe_tensors(model: ModelSpec) -> list[ParamTensor]:
+    tensors = _linear_tensors("mlp.router", model.hidden_size, model.num_experts, bias=False)
+    for expert in range(model.num_experts):
+        tensors += expert_tensors(model, expert)
+    if model.shared_expert_ffn_hidden_size:
+        tensors += _mlp_tensors("mlp.shared", model, model.shared_expert_ffn_hidden_size)
+    if model.shared_expert_gate:
+        tensors += _linear_tensors("mlp.shared_gate", model.hidden_size, 1, bias=False)
+    return tensors
+
+
+@lru_cache(maxsize=128)
+def block_tensors(model: ModelSpec, moe: bool) -> tuple[ParamTensor, ...]:
+    """One block's tensors in registration order: with the experts (``moe``) or a dense MLP."""
+    tensors = _norm_tensors("attention_norm", model)
+    tensors += _attention_tensors(model)
     if model.post_norms:
         # Gemma 2 normalises each sub-block's output: transformers 4.42 models/gemma2/modeling_gemma2.py
         # (Gemma2DecoderLayer: post_attention_layernorm, pre_feedforward_layernorm, post_feedforward_layernorm)
         tensors += _norm_tensors("attention_post_norm", model)
     tensors += _norm_tensors("mlp_norm", model)
-    if model.is_moe:
-        tensors += _linear_tensors("mlp.router", h, model.num_experts, bias=False)
-        for expert in range(model.num_experts):
-            tensors += _mlp_tensors(f"mlp.experts.{expert}", model)
-    else:
-        tensors += _mlp_tensors("mlp", model)
+    tensors += _moe_tensors(model) if moe else _mlp_tensors("mlp", model)
     if model.post_norms:
         tensors += _norm_tensors("mlp_post_norm", model)
     return tuple(tensors)
+
+
+def _block_tensors(model: ModelSpec) -> tuple[ParamTensor, ...]:
+    """The block the model repeats most: with experts for a mixture of experts."""
+    return block_tensors(model, model.is_moe)
 
 
 def block_linear_weight_elements(model: ModelSpec) -> int:
@@ -111,12 +173,12 @@ def parameter_units(model: ModelSpec) -> tuple[ParamUnit, ...]:
     embedding = [ParamTensor(name="token.weight", shape=(model.vocab_size, h))]
     if model.position is PositionKind.learned:
         embedding.append(ParamTensor(name="position.weight", shape=(model.max_positions, h)))
-    block = _block_tensors(model)
     head = _norm_tensors("final_norm", model)
     if not model.tied_embeddings:
         head.append(ParamTensor(name="lm_head.weight", shape=(model.vocab_size, h)))
     units = [ParamUnit(name="embedding", tensors=tuple(embedding))]
-    units += [ParamUnit(name=f"block.{i}", tensors=block) for i in range(model.num_layers)]
+    units += [ParamUnit(name=f"block.{i}", tensors=block_tensors(model, model.is_moe_layer(i)))
+              for i in range(model.num_layers)]
     units.append(ParamUnit(name="head", tensors=tuple(head)))
     return tuple(units)
 
@@ -132,9 +194,10 @@ def active_parameters(model: ModelSpec) -> int:
     """Parameters one token passes through (all of them for a dense model)."""
     if not model.is_moe:
         return total_parameters(model)
+    # Shared experts, the router and the dense first blocks serve every token; of the routed
+    # experts of each MoE block, k.
     unused_experts = model.num_experts - model.experts_per_token
-    expert_numel = sum(t.numel for t in _mlp_tensors("expert", model))
-    return total_parameters(model) - model.num_layers * unused_experts * expert_numel
+    return total_parameters(model) - model.moe_layer_count * unused_experts * expert_parameters(model)
 
 
 def largest_unit_parameters(model: ModelSpec) -> int:

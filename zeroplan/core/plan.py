@@ -22,7 +22,8 @@ from zeroplan.core.parallel.activations import rank_activation_bytes, rank_logit
 from zeroplan.core.params import total_parameters
 from zeroplan.core.timing import step_time
 from zeroplan.results import FitReport, MemoryBreakdown, PeakMoment, StrategyPlan
-from zeroplan.specs.parallel import PIPELINE_STRATEGIES
+from zeroplan.core.parallel.expert import expert_dispatch_bytes
+from zeroplan.specs.parallel import EXPERT_PARALLEL_STRATEGIES, PIPELINE_STRATEGIES
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.framework import Framework
@@ -123,7 +124,7 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     # Each term below is the planner's own for one micro-batch through the whole model; with
     # tensor, context or pipeline parallelism zeroplan.core.parallel.activations applies it to
     # what this rank computes and keeps in flight.
-    workspace = rank_workspace_bytes(request, _workspace)
+    workspace = rank_workspace_bytes(request, _workspace) + expert_dispatch_bytes(request)
     logits_pieces: tuple[int, ...] = ()
     if training.framework is Framework.zeroplan:
         # The reference model's recomputed block stays with its activations at every moment.
@@ -348,6 +349,8 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | N
         strategies = fsdp_cpu_offload_strategies(framework) if base.training.fsdp_cpu_offload else profile(framework).strategies
         if base.parallel.pp > 1:
             strategies = tuple(k for k in strategies if k.value in PIPELINE_STRATEGIES)
+        if base.parallel.ep > 1:
+            strategies = tuple(k for k in strategies if k.value in EXPERT_PARALLEL_STRATEGIES)
     strategies = tuple(strategies)
     check_framework_strategies(
         framework, tuple(s.kind if isinstance(s, StrategySpec) else StrategyKind(s) for s in strategies)

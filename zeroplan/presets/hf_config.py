@@ -1,4 +1,5 @@
-"""Read a Hugging Face ``config.json`` offline into a ModelSpec (GPT-2, Llama, Gemma and Phi-3 families).
+"""Read a Hugging Face ``config.json`` offline into a ModelSpec (GPT-2, Llama, Gemma and Phi-3 families,
+and the mixture-of-experts families Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2 and DeepSeek-V3).
 
 Every key that changes the parameter count is either read, refused in one line (a count-changing
 feature the planner does not model), or, when the reader does not know the key at all, the spec
@@ -24,7 +25,12 @@ _LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3")
 # models/gemma/modeling_gemma.py); Gemma 2 adds two post-norms per block (4.42 models/gemma2).
 _GEMMA_LIKE = ("gemma", "gemma2")
 _GPT2_LIKE = ("gpt2",)
-SUPPORTED_MODEL_TYPES = _GPT2_LIKE + _LLAMA_LIKE + _GEMMA_LIKE
+# Mixtures of experts with their own block layouts (transformers 4.56 models/qwen2_moe,
+# qwen3_moe, deepseek_v2, deepseek_v3): expert widths apart from the dense MLP's, shared
+# experts, dense blocks, and DeepSeek's multi-head latent attention.
+_QWEN_MOE = ("qwen2_moe", "qwen3_moe")
+_DEEPSEEK = ("deepseek_v2", "deepseek_v3")
+SUPPORTED_MODEL_TYPES = _GPT2_LIKE + _LLAMA_LIKE + _GEMMA_LIKE + _QWEN_MOE + _DEEPSEEK
 
 # Keys every PretrainedConfig may write that never change the parameter count
 # (transformers configuration_utils.py: generation, tokenizer, label and serialisation settings).
@@ -62,6 +68,23 @@ _NEUTRAL_BY_TYPE: dict[str, frozenset[str]] = {
         "num_local_experts", "num_experts_per_tok", "output_router_logits", "router_aux_loss_coef",
         "router_jitter_noise",
     },
+    "qwen2_moe": _NEUTRAL_LLAMA | {
+        "num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
+        "decoder_sparse_step", "mlp_only_layers", "qkv_bias", "norm_topk_prob", "output_router_logits",
+        "router_aux_loss_coef",
+    },
+    "qwen3_moe": _NEUTRAL_LLAMA | {
+        "num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step", "mlp_only_layers",
+        "norm_topk_prob", "output_router_logits", "router_aux_loss_coef",
+    },
+    # Routing settings (groups, scoring, scaling, auxiliary losses) choose experts and add no
+    # parameters; ep_size is the checkpoint's inference layout.
+    "deepseek_v2": _NEUTRAL_LLAMA | {
+        "n_routed_experts", "n_shared_experts", "num_experts_per_tok", "moe_intermediate_size",
+        "first_k_dense_replace", "moe_layer_freq", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+        "qk_rope_head_dim", "v_head_dim", "aux_loss_alpha", "n_group", "topk_group", "topk_method",
+        "routed_scaling_factor", "scoring_func", "seq_aux", "norm_topk_prob", "ep_size", "rope_interleave",
+    },
     "phi3": _NEUTRAL_LLAMA | {"embd_pdrop", "resid_pdrop", "original_max_position_embeddings", "partial_rotary_factor"},
     "gemma": _NEUTRAL_LLAMA | {"hidden_activation"},
     "gemma2": _NEUTRAL_LLAMA | {
@@ -76,15 +99,27 @@ _NEUTRAL_BY_TYPE: dict[str, frozenset[str]] = {
         "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn",
     }),
 }
+# DeepSeek-V3's num_nextn_predict_layers is read (a caveat: transformers builds no MTP module).
+_NEUTRAL_BY_TYPE["deepseek_v3"] = _NEUTRAL_BY_TYPE["deepseek_v2"] | {"num_nextn_predict_layers"}
 
 # Keys that add parameters the planner does not model, unless the model type reads them
-# (mixtral reads the first two): mixture-of-experts widths and shared experts (qwen2_moe,
-# deepseek), query/key norms under other names (stablelm, olmo), low-rank attention (deepseek).
+# (_READ_COUNT_KEYS): mixture-of-experts widths and shared experts, query/key norms under other
+# names (stablelm, olmo), low-rank attention.
 _UNMODELLED_COUNT_KEYS = (
     "num_local_experts", "num_experts_per_tok", "num_experts", "moe_intermediate_size",
     "shared_expert_intermediate_size", "n_routed_experts", "n_shared_experts", "qk_layernorm", "use_qk_norm",
     "q_lora_rank", "kv_lora_rank",
 )
+
+
+_READ_COUNT_KEYS: dict[str, frozenset[str]] = {
+    "mixtral": frozenset({"num_local_experts", "num_experts_per_tok"}),
+    "qwen2_moe": frozenset({"num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"}),
+    "qwen3_moe": frozenset({"num_experts", "num_experts_per_tok", "moe_intermediate_size"}),
+    "deepseek_v2": frozenset({"n_routed_experts", "n_shared_experts", "num_experts_per_tok", "moe_intermediate_size",
+                              "q_lora_rank", "kv_lora_rank"}),
+}
+_READ_COUNT_KEYS["deepseek_v3"] = _READ_COUNT_KEYS["deepseek_v2"]
 
 
 def _require(config: dict[str, Any], *keys: str) -> Any:
@@ -96,7 +131,7 @@ def _require(config: dict[str, Any], *keys: str) -> Any:
 
 def _refuse_unmodelled(config: dict[str, Any], model_type: str) -> None:
     """One-line refusal of a key that would change the count in a way the planner does not model."""
-    read = ("num_local_experts", "num_experts_per_tok") if model_type == "mixtral" else ()
+    read = _READ_COUNT_KEYS.get(model_type, frozenset())
     for key in _UNMODELLED_COUNT_KEYS:
         value = config.get(key)
         # Absent, false, or a count of 0/1 (no experts, one expert) adds nothing; True == 1, so test it apart.
@@ -116,9 +151,16 @@ def _refuse_unmodelled(config: dict[str, Any], model_type: str) -> None:
 def _count_caveat(config: dict[str, Any], model_type: str) -> str:
     """Empty when every key is known; else a sentence naming the keys the count does not account for."""
     unknown = sorted(set(config) - _NEUTRAL_COMMON - _NEUTRAL_BY_TYPE[model_type])
-    if not unknown:
-        return ""
-    return f"config.json keys not modelled: {', '.join(unknown)}; the count assumes they add no parameters"
+    caveats = []
+    if unknown:
+        caveats.append(f"config.json keys not modelled: {', '.join(unknown)}; the count assumes they add no parameters")
+    mtp = config.get("num_nextn_predict_layers")
+    if model_type == "deepseek_v3" and mtp:
+        # transformers 4.56 DeepseekV3Model builds num_hidden_layers blocks only; the published
+        # checkpoint also holds the multi-token-prediction block (DeepSeek-V3 report sec. 2.2).
+        caveats.append(f"num_nextn_predict_layers {mtp}: the multi-token-prediction module is not counted "
+                       "(transformers builds none; the checkpoint holds it)")
+    return "; ".join(caveats)
 
 
 def _gpt2_spec(name: str, config: dict[str, Any]) -> ModelSpec:
@@ -172,12 +214,77 @@ def _llama_spec(name: str, config: dict[str, Any]) -> ModelSpec:
     )
 
 
+def _moe_spec(name: str, config: dict[str, Any]) -> ModelSpec:
+    """Qwen2-MoE, Qwen3-MoE, DeepSeek-V2 and DeepSeek-V3; defaults are their transformers 4.56
+    configuration_*.py defaults."""
+    model_type = config["model_type"]
+    deepseek = model_type in _DEEPSEEK
+    common: dict[str, Any] = dict(
+        name=name,
+        vocab_size=_require(config, "vocab_size"),
+        hidden_size=_require(config, "hidden_size"),
+        num_layers=_require(config, "num_hidden_layers"),
+        num_heads=_require(config, "num_attention_heads"),
+        ffn_hidden_size=_require(config, "intermediate_size"),
+        mlp=MlpKind.swiglu,
+        norm=NormKind.rmsnorm,
+        position=PositionKind.rope,
+        max_positions=config.get("max_position_embeddings", 4096),
+        tied_embeddings=config.get("tie_word_embeddings", False),
+        attention_dropout=config.get("attention_dropout", 0.0),
+    )
+    if not deepseek:
+        qwen2 = model_type == "qwen2_moe"
+        num_experts = config.get("num_experts", 60 if qwen2 else 128)
+        return ModelSpec(
+            **common,
+            num_kv_heads=config.get("num_key_value_heads"),
+            head_dim=config.get("head_dim"),
+            # Qwen2MoeAttention: q/k/v biased when qkv_bias (default true); Qwen3MoeAttention: q_norm, k_norm.
+            qkv_bias=qwen2 and config.get("qkv_bias", True),
+            qk_norm=not qwen2,
+            num_experts=num_experts,
+            experts_per_token=config.get("num_experts_per_tok", 4 if qwen2 else 8),
+            moe_ffn_hidden_size=config.get("moe_intermediate_size", 1408 if qwen2 else 768),
+            shared_expert_ffn_hidden_size=config.get("shared_expert_intermediate_size", 5632) if qwen2 else 0,
+            shared_expert_gate=qwen2,
+            moe_layer_interval=config.get("decoder_sparse_step", 1),
+            dense_layers=tuple(config.get("mlp_only_layers") or ()),
+        )
+    if config.get("moe_layer_freq", 1) != 1:
+        # transformers 4.56 DeepseekV2DecoderLayer makes every block from first_k_dense_replace on
+        # a MoE block and never reads moe_layer_freq; a checkpoint with another value would not load.
+        raise ZeroplanError("config.moe_layer_freq", f"{config['moe_layer_freq']!r} is not modelled (allowed: 1)")
+    v2 = model_type == "deepseek_v2"
+    moe_width = config.get("moe_intermediate_size", 1407 if v2 else 2048)
+    shared = config.get("n_shared_experts", 2 if v2 else 1)
+    qk_nope = config.get("qk_nope_head_dim", 128)
+    qk_rope = config.get("qk_rope_head_dim", 64)
+    return ModelSpec(
+        **common,
+        # MLA: every query head gets its own key and value from the latent (kv_b_proj).
+        head_dim=qk_nope + qk_rope,
+        num_experts=config.get("n_routed_experts", 64 if v2 else 256),
+        # DeepseekV2Config leaves num_experts_per_tok None: the model cannot route without it.
+        experts_per_token=_require(config, "num_experts_per_tok") if v2 else config.get("num_experts_per_tok", 8),
+        moe_ffn_hidden_size=moe_width,
+        shared_expert_ffn_hidden_size=(shared or 0) * moe_width,
+        first_dense_layers=config.get("first_k_dense_replace", 0 if v2 else 3),
+        q_lora_rank=config.get("q_lora_rank", 1536),
+        kv_lora_rank=config.get("kv_lora_rank", 512),
+        qk_rope_head_dim=qk_rope,
+        v_head_dim=config.get("v_head_dim", 128),
+    )
+
+
 # Keys whose value must be a JSON integer: pydantic's lax mode would turn "4096" into 4096 and
 # true into 1, silently accepting a config that Hugging Face itself would reject.
 _INTEGER_KEYS = (
     "vocab_size", "hidden_size", "n_embd", "num_hidden_layers", "n_layer", "num_attention_heads", "n_head",
     "num_key_value_heads", "head_dim", "intermediate_size", "n_inner", "max_position_embeddings", "n_positions",
-    "num_local_experts", "num_experts_per_tok",
+    "num_local_experts", "num_experts_per_tok", "num_experts", "n_routed_experts", "n_shared_experts",
+    "moe_intermediate_size", "shared_expert_intermediate_size", "first_k_dense_replace", "decoder_sparse_step",
+    "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
 )
 
 
@@ -216,7 +323,12 @@ def parse_hf_config(config: dict[str, Any], name: str) -> ModelSpec:
     _check_integer_keys(config)
     _refuse_unmodelled(config, model_type)
     try:
-        spec = _gpt2_spec(name, config) if model_type in _GPT2_LIKE else _llama_spec(name, config)
+        if model_type in _GPT2_LIKE:
+            spec = _gpt2_spec(name, config)
+        elif model_type in _QWEN_MOE + _DEEPSEEK:
+            spec = _moe_spec(name, config)
+        else:
+            spec = _llama_spec(name, config)
     except ValidationError as error:
         raise first_error(error, prefix="config") from None
     caveat = _count_caveat(config, model_type)

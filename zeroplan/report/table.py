@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from zeroplan.core.params import total_parameters
+from zeroplan.core.params import active_parameters, total_parameters
 from zeroplan.results import FitReport, StrategyPlan
 from zeroplan.specs.model import ModelSpec
 from zeroplan.units import ByteUnit, to_unit
@@ -44,19 +44,44 @@ def parameter_count_caution(model: ModelSpec) -> list[str]:
     return [f"Caution: the parameter count may not be exact ({model.parameter_count_caveat})."]
 
 
+def moe_lines(report: FitReport) -> list[str]:
+    """For a mixture of experts: its experts and the parameters a token passes through."""
+    model = report.model
+    if not model.is_moe:
+        return []
+    dense = model.num_layers - model.moe_layer_count
+    shared = f", a shared expert {model.shared_expert_ffn_hidden_size} wide" if model.shared_expert_ffn_hidden_size else ""
+    routing = ("dropless" if model.moe_capacity_factor is None else f"capacity factor {model.moe_capacity_factor:g}")
+    return [f"Mixture of experts: {model.num_experts} experts ({model.experts_per_token} per token, {routing}{shared}) "
+            f"in {model.moe_layer_count} of {model.num_layers} blocks{f' ({dense} dense)' if dense else ''}; "
+            f"{active_parameters(model):,} parameters active per token (FLOPs count these)"]
+
+
+def expert_parallel_line(report: FitReport, dp: int) -> str:
+    parallel = report.plans[0].parallel
+    region = dp * parallel.cp * parallel.tp
+    return (f"Expert parallel: ep {parallel.ep}, {report.model.num_experts // parallel.ep} experts per rank in each MoE "
+            f"block, sharded over efsdp = {region // parallel.ep} ranks (the rest over {dp * parallel.cp}); tokens "
+            f"all-to-all to their experts' rank and back in every MoE block, forward and backward")
+
+
 def parallel_lines(report: FitReport) -> list[str]:
     """The model-parallel layout in one line, and a caution when a pipeline gets fewer
     micro-batches than it has ranks (nothing without model parallelism)."""
     parallel = report.plans[0].parallel if report.plans else None
-    if parallel is None or parallel.is_trivial:
+    if parallel is None or (parallel.is_trivial and parallel.ep == 1):
         return []
     dp = report.cluster.world_size // parallel.model_parallel_size
+    if parallel.is_trivial:
+        return [expert_parallel_line(report, dp)]
     parts = [f"tp {parallel.tp}" + (" + sequence parallel" if parallel.sequence_parallel else ""), f"cp {parallel.cp}"]
     if parallel.pp > 1:
         parts.append(f"pp {parallel.pp} ({parallel.pp_schedule.value}, {parallel.virtual_stages} stage(s) per rank, "
                      f"{report.batch.grad_accum_steps} micro-batch(es) per step)")
     lines = [f"Model parallel: {', '.join(parts)} x dp {dp}; the data-parallel strategy runs over dp x cp = "
              f"{dp * parallel.cp} ranks" + ("; figures are the pipeline rank that peaks" if parallel.pp > 1 else "")]
+    if parallel.ep > 1:
+        lines.append(expert_parallel_line(report, dp))
     m = report.batch.grad_accum_steps
     if parallel.pp > 1 and any(p.strategy.is_fsdp for p in report.plans):
         lines.append("FSDP under a pipeline: each stage keeps its units gathered and its gradients unsharded until the "
@@ -82,6 +107,7 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
         + (", unchunked loss" if t.unchunked_loss else "")
         + (", optimizer in backward" if t.optimizer_in_backward else "")
         + (", FSDP CPU offload (sharded states in host RAM)" if t.fsdp_cpu_offload else ""),
+        *moe_lines(report),
         *parallel_lines(report),
         f"Per-GPU memory in {unit.value}; host = offloaded states per node ({unit.value}); "
         f"sent = GB each GPU sends per step (ring).",

@@ -81,6 +81,40 @@ class ModelSpec(Frozen):
     """Experts per MoE layer; 1 is a dense model."""
     experts_per_token: int = Field(default=1, gt=0)
     """Experts each token is routed to (top-k)."""
+    moe_ffn_hidden_size: int | None = Field(default=None, gt=0)
+    """Inner width of one routed expert; None means ffn_hidden_size (Mixtral's experts are as wide
+    as its intermediate_size; Qwen-MoE and DeepSeek give moe_intermediate_size apart from the dense
+    intermediate_size of their dense blocks)."""
+    shared_expert_ffn_hidden_size: int = Field(default=0, ge=0)
+    """Inner width of the MoE block's shared expert, an always-on gated MLP every token passes
+    through beside its routed experts; 0 means none. DeepSeek's n_shared_experts are one MLP of
+    n_shared_experts x moe_intermediate_size (transformers DeepseekV2MoE.shared_experts);
+    Qwen-MoE's is shared_expert_intermediate_size wide."""
+    shared_expert_gate: bool = False
+    """Whether the shared expert's output is scaled by sigmoid(x W), W of h x 1 (Qwen2-MoE,
+    transformers Qwen2MoeSparseMoeBlock.shared_expert_gate)."""
+    first_dense_layers: int = Field(default=0, ge=0)
+    """Blocks at the start whose feed-forward is a dense MLP of ffn_hidden_size instead of the
+    experts (DeepSeek's first_k_dense_replace)."""
+    moe_layer_interval: int = Field(default=1, gt=0)
+    """Block i (from 0) holds experts when (i + 1) is a multiple of this (Qwen-MoE's
+    decoder_sparse_step); the others are dense."""
+    dense_layers: tuple[int, ...] = ()
+    """Further blocks (indices from 0) that are dense (Qwen-MoE's mlp_only_layers)."""
+    moe_capacity_factor: float | None = Field(default=None, gt=0.0, le=64.0)
+    """None: dropless routing, every routed token copy processed (torchtitan, Megatron-LM's
+    default). A number: each expert processes at most ceil(k x tokens x cf / E) tokens, its
+    input padded to that (DeepSpeed-MoE's capacity_factor; GShard sec. 2.2)."""
+    q_lora_rank: int | None = Field(default=None, gt=0)
+    """Multi-head latent attention (DeepSeek-V2 sec. 2.1.2): width of the query's low-rank
+    compression; None projects the query directly (DeepSeek-V2-Lite)."""
+    kv_lora_rank: int | None = Field(default=None, gt=0)
+    """Width of the compressed key-value latent; set, it makes attention MLA (then head_dim is
+    the query/key head width qk_nope_head_dim + qk_rope_head_dim)."""
+    qk_rope_head_dim: int | None = Field(default=None, gt=0)
+    """MLA: the part of each query/key head that carries RoPE (the key's part shared by all heads)."""
+    v_head_dim: int | None = Field(default=None, gt=0)
+    """MLA: width of each value head (None: head_dim)."""
     attention_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
     """Dropout on attention probabilities; >0 stores a 1-byte mask (Korthikanti sec. 4.1)."""
     hidden_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
@@ -113,7 +147,45 @@ class ModelSpec(Frozen):
                 "model.experts_per_token",
                 f"{self.experts_per_token} exceeds num_experts {self.num_experts}",
             )
+        self._check_moe()
+        self._check_mla()
         return self
+
+    def _check_moe(self) -> None:
+        moe_only = {"moe_ffn_hidden_size": self.moe_ffn_hidden_size is not None,
+                    "shared_expert_ffn_hidden_size": self.shared_expert_ffn_hidden_size > 0,
+                    "shared_expert_gate": self.shared_expert_gate, "first_dense_layers": self.first_dense_layers > 0,
+                    "moe_layer_interval": self.moe_layer_interval > 1, "dense_layers": bool(self.dense_layers),
+                    "moe_capacity_factor": self.moe_capacity_factor is not None}
+        if not self.is_moe:
+            for field, set_ in moe_only.items():
+                if set_:
+                    raise ZeroplanError(f"model.{field}", "applies to mixture-of-experts models only (allowed: with num_experts > 1)")
+            return
+        if self.shared_expert_gate and not self.shared_expert_ffn_hidden_size:
+            raise ZeroplanError("model.shared_expert_gate", "needs a shared expert (allowed: with shared_expert_ffn_hidden_size > 0)")
+        bad = [i for i in self.dense_layers if not 0 <= i < self.num_layers]
+        if bad or len(set(self.dense_layers)) != len(self.dense_layers):
+            raise ZeroplanError("model.dense_layers", f"{list(self.dense_layers)} (allowed: distinct indices 0 to {self.num_layers - 1})")
+        if self.moe_layer_count == 0:
+            raise ZeroplanError(
+                "model.first_dense_layers",
+                "leaves no block with experts (allowed: fewer dense blocks than num_layers)",
+            )
+
+    def _check_mla(self) -> None:
+        mla = {"q_lora_rank": self.q_lora_rank, "qk_rope_head_dim": self.qk_rope_head_dim, "v_head_dim": self.v_head_dim}
+        if self.kv_lora_rank is None:
+            for field, value in mla.items():
+                if value is not None:
+                    raise ZeroplanError(f"model.{field}", "applies to multi-head latent attention only (allowed: with kv_lora_rank)")
+            return
+        if self.qk_rope_head_dim is None or self.head_dim is None:
+            raise ZeroplanError("model.qk_rope_head_dim", "MLA needs head_dim (query/key head width) and qk_rope_head_dim")
+        if self.qk_rope_head_dim >= self.head_dim:
+            raise ZeroplanError("model.qk_rope_head_dim", f"{self.qk_rope_head_dim} must be below head_dim {self.head_dim}")
+        if self.kv_heads != self.num_heads:
+            raise ZeroplanError("model.num_kv_heads", "MLA expands the latent to every query head (allowed: num_heads)")
 
     @property
     def kv_heads(self) -> int:
@@ -141,3 +213,40 @@ class ModelSpec(Frozen):
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 1
+
+    @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2 sec. 2.1)."""
+        return self.kv_lora_rank is not None
+
+    @property
+    def v_head_size(self) -> int:
+        """Width of one value head (head_size except under MLA's v_head_dim)."""
+        return self.v_head_dim if self.v_head_dim is not None else self.head_size
+
+    @property
+    def v_size(self) -> int:
+        """Width of the value projection's output, after MLA's up-projection."""
+        return self.kv_heads * self.v_head_size
+
+    @property
+    def attention_output_size(self) -> int:
+        """Input width of the attention's output projection: a x value head width."""
+        return self.num_heads * self.v_head_size
+
+    @property
+    def expert_ffn_hidden_size(self) -> int:
+        """Inner width of one routed expert."""
+        return self.moe_ffn_hidden_size if self.moe_ffn_hidden_size is not None else self.ffn_hidden_size
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether block ``index`` (from 0) holds experts; transformers 4.56
+        DeepseekV2DecoderLayer (layer_idx >= first_k_dense_replace) and Qwen2MoeDecoderLayer
+        (not in mlp_only_layers and (layer_idx + 1) % decoder_sparse_step == 0)."""
+        return (self.is_moe and index >= self.first_dense_layers and (index + 1) % self.moe_layer_interval == 0
+                and index not in self.dense_layers)
+
+    @property
+    def moe_layer_count(self) -> int:
+        """Blocks that hold experts (the others have a dense MLP)."""
+        return sum(1 for i in range(self.num_layers) if self.is_moe_layer(i))

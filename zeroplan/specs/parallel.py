@@ -82,6 +82,10 @@ class ParallelSpec(Frozen):
     virtual_stages: int = Field(default=1, gt=0)
     """Stages (model chunks) per pipeline rank: 1 for gpipe and 1f1b, 2 or more for the
     interleaved schedules."""
+    ep: int = Field(default=1, gt=0)
+    """Expert-parallel degree: each MoE block's routed experts split ep ways, tokens sent to
+    their experts' rank by all-to-all. As torchtitan 0.3.0 lays it out, ep borrows ranks from
+    the data-parallel ones (efsdp = dp_shard x cp x tp / ep): it does not shrink dp."""
     pipeline_rank: int = Field(default=0, ge=0)
     """Which pipeline rank this request describes (0 = the first stage). ``fit`` plans every
     rank and reports the one that peaks."""
@@ -134,14 +138,29 @@ PIPELINE_STRATEGIES = ("ddp", "zero1", "fsdp-full-shard", "fsdp-shard-grad-op", 
 """Data-parallel strategies that run under a pipeline."""
 
 MODEL_PARALLEL_FRAMEWORKS = ("zeroplan", "torchtitan")
-"""Profiles whose tensor, context and pipeline parallelism are modelled: the reference model
-(Megatron-LM's layout, Korthikanti et al. 2022) and torchtitan 0.3.0's own."""
+"""Profiles whose tensor, context, pipeline and expert parallelism are modelled: the reference
+model (Megatron-LM's layout, Korthikanti et al. 2022) and torchtitan 0.3.0's own."""
+
+# torchtitan 0.3.0 runs expert parallelism under FSDP2 only: ep borrows from dp_shard (its
+# distributed/fsdp.py shards the experts over efsdp = dp_shard x cp x tp / ep); DDP and HSDP's
+# replicate dimension are outside the ep region, and ZeRO-1/2 are not its strategies.
+EXPERT_PARALLEL_STRATEGIES = ("fsdp-full-shard", "fsdp-shard-grad-op")
+"""Data-parallel strategies that run under expert parallelism."""
 
 
 def check_parallel(parallel: ParallelSpec, model, cluster, batch, strategy_kind, framework) -> None:
     """Refuse, in one line naming the field, a layout the stacks cannot build: degrees that do
     not divide the world, the heads, the blocks or the sequence; tensor parallelism across
     nodes; a strategy or framework that does not run under it."""
+    if parallel.ep > 1:
+        check_expert_parallel(parallel, model, cluster, strategy_kind, framework)
+    if model.is_mla and parallel.tp > 1:
+        # torchtitan 0.3.0 shards MLA's up-projections (wq/wq_b, wkv_b) by heads and keeps the
+        # latent down-projections whole; the planner has no split rules for those tensors yet.
+        raise ZeroplanError("parallel.tp", "tensor parallelism of multi-head latent attention is not modelled (allowed: tp 1)")
+    if parallel.tp > 1 and (model.moe_ffn_hidden_size is not None or model.shared_expert_ffn_hidden_size or model.first_dense_layers):
+        raise ZeroplanError("parallel.tp", "tensor parallelism of expert widths, shared experts or dense first blocks is "
+                            "not modelled (allowed: tp 1; use --ep for the experts)")
     if parallel.is_trivial:
         return
     if framework.value not in MODEL_PARALLEL_FRAMEWORKS:
@@ -190,3 +209,29 @@ def check_parallel(parallel: ParallelSpec, model, cluster, batch, strategy_kind,
                 "strategy", f"{strategy_kind.value!r} does not run under pipeline parallelism "
                 f"(allowed: {', '.join(PIPELINE_STRATEGIES)})",
             )
+
+
+def check_expert_parallel(parallel: ParallelSpec, model, cluster, strategy_kind, framework) -> None:
+    """The rules torchtitan 0.3.0 sets on expert parallelism, each refused in one line."""
+    if not model.is_moe:
+        raise ZeroplanError("parallel.ep", f"{parallel.ep} needs a mixture-of-experts model (allowed: 1 for {model.name})")
+    if framework.value not in MODEL_PARALLEL_FRAMEWORKS:
+        raise ZeroplanError(
+            "parallel.ep", f"expert parallelism is not modelled for {framework.value} "
+            f"(allowed: framework {' or '.join(MODEL_PARALLEL_FRAMEWORKS)})",
+        )
+    # torchtitan's dispatcher runs num_experts // ep local experts per rank
+    # (models/common/token_dispatcher.py; distributed/minimal_async_ep/api.py refuses the rest).
+    if model.num_experts % parallel.ep:
+        raise ZeroplanError("parallel.ep", f"{parallel.ep} does not divide the {model.num_experts} experts "
+                            f"(allowed: a divisor of {model.num_experts})")
+    if parallel.tp > 1:
+        raise ZeroplanError("parallel.ep", "expert parallelism with tensor parallelism is not modelled (allowed: tp 1 with ep > 1)")
+    if strategy_kind.value not in EXPERT_PARALLEL_STRATEGIES:
+        raise ZeroplanError("strategy", f"{strategy_kind.value!r} does not run under expert parallelism "
+                            f"(allowed: {', '.join(EXPERT_PARALLEL_STRATEGIES)})")
+    # config/configs.py: dp_shard x cp x tp == efsdp x ep (parallel_dims.py _validate_meshes).
+    region = cluster.world_size // (parallel.tp * parallel.cp * parallel.pp) * parallel.cp * parallel.tp
+    if region % parallel.ep:
+        raise ZeroplanError("parallel.ep", f"{parallel.ep} does not divide dp_shard x cp x tp = {region} "
+                            f"(allowed: a divisor of {region})")

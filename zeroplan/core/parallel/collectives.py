@@ -7,7 +7,8 @@ from __future__ import annotations
 from zeroplan.core.collective import Collective, CollectiveOp, Phase, make_collective
 from zeroplan.core.parallel.pipeline import rank_stages
 from zeroplan.core.parallel.tensor import tensor_parallel_model
-from zeroplan.core.parallel.units import holds_embedding, holds_head, rank_block_count
+from zeroplan.core.parallel.expert import expert_parallel_collectives, moe_block_count
+from zeroplan.core.parallel.units import holds_embedding, holds_head, rank_block_count, rank_parameter_units
 from zeroplan.core.profiles import profile
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.training import ActivationCheckpointing
@@ -146,5 +147,6 @@ def _spans_nodes(request: PlanRequest, stride: int, group: int) -> bool:
 
 
 def model_parallel_collectives(request: PlanRequest) -> list[Collective]:
-    """The collectives tensor, context and pipeline parallelism add to the rank's step."""
-    return tensor_parallel_collectives(request) + context_parallel_collectives(request) + pipeline_collectives(request)
+    """The collectives tensor, context, pipeline and expert parallelism add to the rank's step."""
+    experts = expert_parallel_collectives(request, moe_block_count(rank_parameter_units(request)))
+    return tensor_parallel_collectives(request) + context_parallel_collectives(request) + pipeline_collectives(request) + experts

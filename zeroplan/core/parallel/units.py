@@ -8,6 +8,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from zeroplan.core.params import ParamUnit, parameter_units
+from zeroplan.core.parallel.expert import expert_parallel_units
 from zeroplan.core.parallel.pipeline import rank_stages
 from zeroplan.core.parallel.tensor import tensor_parallel_units
 from zeroplan.specs.framework import Framework
@@ -17,7 +18,7 @@ from zeroplan.specs.request import PlanRequest
 
 
 @lru_cache(maxsize=256)
-def _rank_units(model: ModelSpec, parallel: ParallelSpec, framework: Framework) -> tuple[ParamUnit, ...]:
+def _rank_units(model: ModelSpec, parallel: ParallelSpec, framework: Framework, efsdp: int = 1) -> tuple[ParamUnit, ...]:
     units = parameter_units(model)
     if parallel.pp > 1:
         stages = rank_stages(parallel, model.num_layers, framework, parallel.pipeline_rank)
@@ -33,19 +34,20 @@ def _rank_units(model: ModelSpec, parallel: ParallelSpec, framework: Framework) 
             if wanted:
                 keep.append(unit)
         units = tuple(keep)
-    return tensor_parallel_units(units, parallel.tp)
+    return expert_parallel_units(tensor_parallel_units(units, parallel.tp), model, parallel.ep, framework, efsdp)
 
 
 def rank_parameter_units(request: PlanRequest) -> tuple[ParamUnit, ...]:
     """The units the request's rank holds, each tensor as its tensor-parallel rank holds it:
     the model's units (zeroplan.core.params) when nothing is model-parallel."""
     parallel = request.parallel
-    if parallel.is_trivial:
+    if parallel.is_trivial and parallel.ep == 1:
         return parameter_units(request.model)
-    # Only what decides the units keys the cache: not sequence or context parallelism.
+    # Only what decides the units keys the cache: not sequence or context parallelism. Under
+    # expert parallelism the experts' FSDP group (efsdp) decides their grouped shape too.
     layout = ParallelSpec(tp=parallel.tp, pp=parallel.pp, pp_schedule=parallel.pp_schedule,
-                          virtual_stages=parallel.virtual_stages, pipeline_rank=parallel.pipeline_rank)
-    return _rank_units(request.model, layout, request.training.framework)
+                          virtual_stages=parallel.virtual_stages, pipeline_rank=parallel.pipeline_rank, ep=parallel.ep)
+    return _rank_units(request.model, layout, request.training.framework, max(1, request.state_group_size // parallel.ep))
 
 
 def rank_parameter_elements(request: PlanRequest) -> int:
