@@ -143,8 +143,9 @@ def test_ep_rules_are_refused_in_one_line(kwargs, field) -> None:
 
 
 @pytest.mark.parametrize("argv", [
+    # torchtitan 0.3.0 has no Mixtral (its MoE models are Qwen3's and DeepSeek's): the reference model.
     ["fit", str(FIXTURES / "hf" / "mixtral-8x7b.json"), "--gpus", "32", "--gpu", "h100-80gb", "--ep", "8",
-     "--framework", "torchtitan", "--activation-checkpointing", "full"],
+     "--activation-checkpointing", "full"],
     ["fit", str(FIXTURES / "hf" / "deepseek-v2-lite.json"), "--gpus", "8", "--gpu", "h100-80gb", "--ep", "8",
      "--framework", "torchtitan"],
     ["fit", str(FIXTURES / "hf" / "deepseek-v2-lite.json"), "--gpus", "16", "--ep", "8"],

@@ -361,3 +361,23 @@ def test_the_unchunked_loss_flag_reaches_the_request(capsys) -> None:
     code = main(["fit", "llama-3.1-8b", "--framework", "torchtune", "--unchunked-loss"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "unchunked_loss" in err
+
+
+@pytest.mark.parametrize("model", ["gpt2-xl", "mixtral-8x7b", "gemma-2-9b", "qwen2.5-7b"])
+def test_torchtitan_refuses_a_model_it_does_not_build(capsys, model) -> None:
+    from zeroplan.cli.main import main
+
+    fixtures = Path(__file__).resolve().parent / "fixtures" / "hf"
+    name = str(fixtures / f"{model}.json") if (fixtures / f"{model}.json").exists() else model
+    assert main(["fit", name, "--framework", "torchtitan"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "model: " in err and "torchtitan 0.3.0 builds Llama-3, Qwen3" in err
+
+
+@pytest.mark.parametrize("model", ["llama-3.1-8b", "qwen3-30b-a3b", "deepseek-v2-lite"])
+def test_torchtitan_builds_its_own_families(capsys, model) -> None:
+    from zeroplan.cli.main import main
+
+    fixtures = Path(__file__).resolve().parent / "fixtures" / "hf"
+    name = str(fixtures / f"{model}.json") if (fixtures / f"{model}.json").exists() else model
+    assert main(["fit", name, "--framework", "torchtitan", "--gpus", "8", "--strategies", "fsdp-full-shard"]) == 0

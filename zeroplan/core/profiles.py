@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.framework import Framework
-from zeroplan.specs.model import ModelSpec
+from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.training import ActivationCheckpointing, Precision, TrainingSpec
@@ -233,10 +233,42 @@ FRAMEWORK_OPTIONS = {
 """TrainingSpec fields only some frameworks offer -> whether a profile offers the option."""
 
 
+# torchtitan 0.3.0 torchtitan/models/: llama3 (RoPE, RMSNorm, SwiGLU, no biases), qwen3 (the
+# same with per-head q/k RMSNorm; dense and MoE) and deepseek_v3 (multi-head latent attention,
+# MoE with shared experts and dense first layers); gpt_oss, flux and the rest are not families
+# the config reader builds. A model outside these would be planned with a model torchtitan
+# cannot build.
+def torchtitan_builds(model: ModelSpec) -> str | None:
+    """Why torchtitan 0.3.0 has no model of this architecture, or None when it has one."""
+    if model.position is not PositionKind.rope or model.norm is not NormKind.rmsnorm:
+        return "learned positions or LayerNorm (its models use RoPE and RMSNorm)"
+    if model.mlp is not MlpKind.swiglu:
+        return f"a {model.mlp.value} MLP (its models use SwiGLU)"
+    if model.bias or model.qkv_bias or model.post_norms:
+        return "linear biases or post-norms"
+    if model.is_moe and model.kv_lora_rank is None and not model.qk_norm:
+        return "a mixture of experts other than Qwen3-MoE's or DeepSeek's (its MoE models)"
+    return None
+
+
+def check_framework_model(framework: Framework, model: ModelSpec) -> None:
+    """Refuse, in one line, a model the framework's own code does not build."""
+    if framework is not Framework.torchtitan:
+        return
+    reason = torchtitan_builds(model)
+    if reason is not None:
+        raise ZeroplanError(
+            "model", f"{model.name} has {reason}; torchtitan {PROFILES[framework].version} builds Llama-3, Qwen3 "
+            "(dense and MoE) and DeepSeek-V3 models (allowed: framework zeroplan or hf for it)",
+        )
+
+
 def check_framework_request(training: TrainingSpec, model: ModelSpec | None = None) -> None:
     """Refuse, in one line naming the field, a policy the framework does not offer (and, given
     the model, a selective-layer interval that checkpoints no block)."""
     prof = profile(training.framework)
+    if model is not None:
+        check_framework_model(training.framework, model)
     if training.activation_checkpointing not in prof.checkpointing:
         raise ZeroplanError(
             "activation_checkpointing",
