@@ -381,3 +381,16 @@ def test_torchtitan_builds_its_own_families(capsys, model) -> None:
     fixtures = Path(__file__).resolve().parent / "fixtures" / "hf"
     name = str(fixtures / f"{model}.json") if (fixtures / f"{model}.json").exists() else model
     assert main(["fit", name, "--framework", "torchtitan", "--gpus", "8", "--strategies", "fsdp-full-shard"]) == 0
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["--framework", "torchtitan", "--precision", "fp16-mixed"], "--precision: 'fp16-mixed' is not offered by torchtitan"),
+    (["--framework", "torchtitan", "--state-convention", "deepspeed"], "--state-convention: torchtitan's own engines"),
+    (["--selective-layer-interval", "3"], "--selective-layer-interval: applies only with --activation-checkpointing"),
+])
+def test_options_a_framework_cannot_honour_are_refused(capsys, argv, flag) -> None:
+    from zeroplan.cli.main import main
+
+    assert main(["fit", "llama-3.1-8b", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and flag in err, err

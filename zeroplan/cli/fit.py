@@ -60,7 +60,7 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
         help="training stack whose model code, checkpointing and loss are predicted (default zeroplan)",
     )
     parser.add_argument(
-        "--selective-layer-interval", type=positive_int, default=2, metavar="K",
+        "--selective-layer-interval", type=positive_int, metavar="K",
         help="with --activation-checkpointing selective-layer: checkpoint every K-th block (torchtune's ac_option; default 2)",
     )
     parser.add_argument(
@@ -222,7 +222,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         fsdp_cpu_offload=args.fsdp_cpu_offload,
         optimizer=Optimizer(args.optimizer),
         activation_checkpointing=ActivationCheckpointing(args.activation_checkpointing),
-        selective_layer_interval=args.selective_layer_interval,
+        selective_layer_interval=args.selective_layer_interval or DEFAULT_SELECTIVE_LAYER_INTERVAL,
         attention_kernel=AttentionKernel(args.attention),
         state_convention=StateConvention(args.state_convention) if args.state_convention else None,
     )
@@ -256,6 +256,20 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
     )
 
 
+DEFAULT_SELECTIVE_LAYER_INTERVAL = TrainingSpec.model_fields["selective_layer_interval"].default
+
+
+def check_options_apply(args: argparse.Namespace) -> None:
+    """Refuse, in one line, an option that would have no effect on the answer (a user who
+    typed it expects one)."""
+    selective_layer = ActivationCheckpointing.selective_layer.value
+    if args.selective_layer_interval is not None and args.activation_checkpointing != selective_layer:
+        raise ZeroplanError(
+            "--selective-layer-interval",
+            f"applies only with --activation-checkpointing {selective_layer} (got {args.activation_checkpointing})",
+        )
+
+
 def run_fit(args: argparse.Namespace) -> int:
     return _run(args, compare=False)
 
@@ -267,6 +281,7 @@ def run_compare(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, compare: bool) -> int:
     from zeroplan.core.plan import fit
 
+    check_options_apply(args)
     kinds = parse_strategies(args.strategies)
     report = fit(request_from_args(args), kinds)
     if compare and args.format == "table":

@@ -107,6 +107,8 @@ FLAG_OF_FIELD = {
     "parallel.sequence_parallel": "--sequence-parallel",
     "parallel.virtual_stages": "--virtual-stages",
     "strategy": "--strategies",
+    "precision": "--precision",
+    "state_convention": "--state-convention",
     "strategy.shard_group_size": "--hsdp-group",
 }
 """The request's fields (the Python API's names, which its errors carry) and the flags that set

@@ -74,6 +74,8 @@ class FrameworkProfile:
     (TrainingSpec.optimizer_in_backward)."""
     offers_fsdp_cpu_offload: bool = False
     """Whether its FSDP2 wrapping can take CPUOffloadPolicy (TrainingSpec.fsdp_cpu_offload)."""
+    precisions: tuple[Precision, ...] = tuple(Precision)
+    """The numerics its configs can express."""
 
 
 _NONE_FULL = (ActivationCheckpointing.none, ActivationCheckpointing.full)
@@ -128,6 +130,9 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         # apply_fsdp(cpu_offload=True): fsdp_config["offload_policy"] = CPUOffloadPolicy(), the
         # same policy as torchtune's, on every fully_shard call (FSDP and HSDP; not its DDP).
         offers_fsdp_cpu_offload=True,
+        # torchtitan 0.3.0 config/configs.py TrainingConfig: dtype "bfloat16" | "float32" and
+        # mixed_precision_param "bfloat16" | "float32"; no fp16 and no loss scaler.
+        precisions=(Precision.fp32, Precision.bf16_mixed, Precision.bf16_pure),
     ),
     # transformers 4.56.2: modeling_utils.gradient_checkpointing_enable wraps each decoder layer
     # (full recomputation per layer); models/llama/modeling_llama.py LlamaRMSNorm returns
@@ -269,6 +274,16 @@ def check_framework_request(training: TrainingSpec, model: ModelSpec | None = No
     prof = profile(training.framework)
     if model is not None:
         check_framework_model(training.framework, model)
+    if training.precision not in prof.precisions:
+        allowed = ", ".join(p.value for p in prof.precisions)
+        raise ZeroplanError(
+            "precision", f"{training.precision.value!r} is not offered by {training.framework.value} {prof.version} (allowed: {allowed})",
+        )
+    if training.state_convention is not None and training.framework is not Framework.zeroplan:
+        # The framework's own engines decide where the bytes live (its profile and strategy).
+        raise ZeroplanError(
+            "state_convention", f"{training.framework.value}'s own engines decide the state layout (allowed only with framework zeroplan)",
+        )
     if training.activation_checkpointing not in prof.checkpointing:
         raise ZeroplanError(
             "activation_checkpointing",
