@@ -394,3 +394,18 @@ def test_options_a_framework_cannot_honour_are_refused(capsys, argv, flag) -> No
     assert main(["fit", "llama-3.1-8b", *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and flag in err, err
+
+
+def test_the_fit_header_shows_the_usable_memory_the_plans_are_checked_against(capsys) -> None:
+    # A framework profile leaves NCCL's buffers out of the usable memory: the header says the
+    # same figure as every plan's usable_memory_bytes (it said the cluster's, 0.1 GiB higher).
+    import json
+
+    from zeroplan.cli.main import main
+
+    argv = ["fit", "llama-3.1-8b", "--framework", "torchtitan", "--gpus", "8", "--gpu", "h100-80gb"]
+    assert main([*argv, "--format", "json"]) == 0
+    usable = {p["usable_memory_bytes"] for p in json.loads(capsys.readouterr().out)["plans"]}
+    assert len(usable) == 1
+    assert main(argv) == 0
+    assert f"{usable.pop() / 2**30:.1f} GiB usable per GPU" in capsys.readouterr().out.splitlines()[0]

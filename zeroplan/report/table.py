@@ -65,6 +65,12 @@ def expert_parallel_line(report: FitReport, dp: int) -> str:
             f"all-to-all to their experts' rank and back in every MoE block, forward and backward")
 
 
+def usable_bytes(report: FitReport) -> int:
+    """What each plan's peak is checked against: the capacity less the CUDA context and, for a
+    framework profile, NCCL's buffers (zeroplan.core.feasibility); the same for every plan."""
+    return report.plans[0].usable_memory_bytes if report.plans else report.cluster.usable_memory_bytes
+
+
 def parallel_lines(report: FitReport) -> list[str]:
     """The model-parallel layout in one line, and a caution when a pipeline gets fewer
     micro-batches than it has ranks (nothing without model parallelism)."""
@@ -99,7 +105,7 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
     header_lines = [
         f"{report.model.name}: {total_parameters(report.model):,} parameters on "
         f"{c.world_size} x {c.gpu.display_name} ({c.num_nodes} node(s) x {c.gpus_per_node}), "
-        f"{to_unit(c.usable_memory_bytes, unit):.1f} {unit.value} usable per GPU",
+        f"{to_unit(usable_bytes(report), unit):.1f} {unit.value} usable per GPU",
         f"{t.precision.value}, {t.optimizer.value}, micro-batch {b.micro_batch_size} x seq {b.seq_len}, "
         f"grad-accum {b.grad_accum_steps}, activation checkpointing {t.activation_checkpointing.value}, "
         f"{t.attention_kernel.value} attention"
