@@ -173,3 +173,11 @@ def test_measure_forwards_allow_longer_seq_and_refuses_before_launch(capsys, mon
     launched.clear()
     code, _, err = run(capsys, "measure", "tiny-gpt2", *base[2:], "--allow-longer-seq")
     assert code == 2 and "tiny-gpt2's maximum of 512" in err and not launched, err
+
+
+def test_models_lists_the_measurement_presets_the_readme_uses(capsys) -> None:
+    from zeroplan.cli.main import main
+
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "llama-3.1-8b" in out and "tiny-llama" in out and "micro-gpt2" in out

@@ -12,8 +12,13 @@ def _list_models(_args) -> int:
     from zeroplan.core.params import total_parameters
     from zeroplan.presets.models import get_model, model_names
 
+    from zeroplan.harness.presets import HARNESS_PRESETS  # torch-free: specs only
+
     for name in model_names():
         print(f"{name:16s} {total_parameters(get_model(name)):>18,} parameters")
+    print("\nScaled-down models for measurement runs (zeroplan measure and simulate take these names):")
+    for name, model in HARNESS_PRESETS.items():
+        print(f"{name:16s} {total_parameters(model):>18,} parameters")
     return 0
 
 
