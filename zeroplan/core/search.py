@@ -481,9 +481,12 @@ def layout_requests(base: PlanRequest, space: LayoutSpace) -> list[PlanRequest]:
     if not space.model_parallel or framework.value not in MODEL_PARALLEL_FRAMEWORKS:
         for name, value in fixed.items():
             if value > 1:
-                why = ("--no-model-parallel" if not space.model_parallel
-                       else f"{framework.value} (allowed frameworks: {', '.join(MODEL_PARALLEL_FRAMEWORKS)})")
-                raise ZeroplanError(_FLAGS[name], f"{value} is not searched with {why} (allowed: 1)")
+                if not space.model_parallel:
+                    raise ZeroplanError(_FLAGS[name], f"{value} with --no-model-parallel (allowed: 1)")
+                raise ZeroplanError(
+                    _FLAGS[name], f"{value}: model parallelism is not modelled for {framework.value} "
+                    f"(allowed: 1, or --framework {' or '.join(MODEL_PARALLEL_FRAMEWORKS)})",
+                )
         return [base.with_parallel(ParallelSpec())]
     world, per_node = base.cluster.world_size, base.cluster.gpus_per_node
     tps = [space.tp] if space.tp is not None else [d for d in divisors(per_node) if d <= (space.max_tp or per_node)]
@@ -505,8 +508,8 @@ def layout_requests(base: PlanRequest, space: LayoutSpace) -> list[PlanRequest]:
                         continue  # a layout the rules refuse: not searched
     if not result and fixed:
         for name, value in fixed.items():
-            free = space.model_copy(update={name: None})
-            allowed = sorted({getattr(r.parallel, name) for r in layout_requests(base, free)})
+            degrees = divisors(per_node) if name == "tp" else divisors(world)
+            allowed = [d for d in degrees if d != value and _has_layout(base, space.model_copy(update={name: d}))]
             if value not in allowed:
                 raise ZeroplanError(
                     _FLAGS[name], f"{value} gives no layout of {world} GPUs ({per_node} per node) for this model "
@@ -517,6 +520,13 @@ def layout_requests(base: PlanRequest, space: LayoutSpace) -> list[PlanRequest]:
             f"{world} GPUs (allowed: tp x cp x pp dividing {world}, tp dividing {per_node})",
         )
     return result
+
+
+def _has_layout(base: PlanRequest, space: LayoutSpace) -> bool:
+    try:
+        return bool(layout_requests(base, space))
+    except ZeroplanError:
+        return False
 
 
 def _layout_groups(layout: PlanRequest, kinds: tuple[StrategyKind, ...]) -> list[_Group]:
