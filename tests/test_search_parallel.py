@@ -39,7 +39,7 @@ def _sample(all_groups, rng, count):
                          ids=["zeroplan", "torchtitan-long"])
 def test_vectorised_layouts_equal_the_scalar_planner_where_not_fitted(framework, seq_len) -> None:
     rng = random.Random(f"{framework.value}-{seq_len}")
-    base = _base("llama-2-7b", 16, seq_len=seq_len, framework=framework)
+    base = _base("llama-3.1-8b", 16, seq_len=seq_len, framework=framework)
     space = LayoutSpace(max_tp=4) if seq_len < 32768 else LayoutSpace(max_tp=2, pp=None)
     all_groups = [g for g in groups(base, space=space) if not g.request.parallel.is_trivial]
     assert all_groups and not any(g.scalar_only for g in all_groups)
@@ -71,7 +71,7 @@ def test_layouts_follow_the_rules() -> None:
         assert r.parallel.sequence_parallel == (r.parallel.tp > 1)
         assert r.parallel.stages <= r.model.num_layers
         assert r.data_parallel_size * r.parallel.model_parallel_size == 16
-    long = layout_requests(_base("llama-2-7b", 16, seq_len=32768), LayoutSpace())
+    long = layout_requests(_base("llama-3.1-8b", 16, seq_len=32768), LayoutSpace())
     assert {r.parallel.cp for r in long} == {1, 2, 4}
     # A framework whose model parallelism is not modelled searches as before.
     hf = layout_requests(_base("llama-2-7b", 16, framework=Framework.hf), LayoutSpace())
@@ -139,4 +139,4 @@ def test_bad_layout_flags_are_refused_in_one_line(capsys, flags, named, allowed)
 
 def test_a_global_batch_no_layout_splits_is_refused() -> None:
     with pytest.raises(ZeroplanError, match="global-batch"):
-        search(_base("gpt2", 8), 3, space=LayoutSpace(tp=2))
+        search(_base("gpt2", 8, seq_len=1024), 3, space=LayoutSpace(tp=2, pp=1))
