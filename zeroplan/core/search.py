@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from pydantic import ValidationError
 
+from zeroplan.core.algorithms import _call_sizes, collective_cost
 from zeroplan.core.communication import Phase, data_parallel_collectives
 from zeroplan.core.feasibility import usable_memory_bytes
 from zeroplan.core.parallel.collectives import model_parallel_collectives
@@ -163,6 +164,10 @@ class _RankClass:
     """Per micro-batch size: the blocking collectives' seconds of one micro-batch."""
     in_flight: dict[int, int] = field(default_factory=dict)
     """Per accumulation: micro-batch chunks in flight on the class's first rank."""
+    blocking_structure: list | None = None
+    """_blocking_structure of the class (None: each b timed by the scalar planner)."""
+    call_seconds: dict = field(default_factory=dict)
+    """Seconds of one blocking call per (group, size), shared by the layout's groups."""
 
 
 @dataclass
@@ -275,6 +280,41 @@ def _blocking_seconds(request: PlanRequest, micro: int) -> float:
     return sum(collective_time_s(request, c) for c in model_parallel_collectives(_at(request, micro, 1)) if c.blocking)
 
 
+def _blocking_structure(request: PlanRequest) -> list | None:
+    """The blocking collectives of one micro-batch as (collective at b = 1, its call sizes
+    per sequence): every call's size is b times that (activations of b sequences). None when a
+    size is not (then each b is timed by _blocking_seconds)."""
+    one = [c for c in model_parallel_collectives(_at(request, 1, 1)) if c.blocking]
+    two = [c for c in model_parallel_collectives(_at(request, 2, 1)) if c.blocking]
+    if len(one) != len(two):
+        return None
+    result = []
+    for c1, c2 in zip(one, two):
+        sizes1, sizes2 = _call_sizes(c1), _call_sizes(c2)
+        if c1.occurrences_per_step != 1 or [(2 * s, n) for s, n in sizes1] != list(sizes2):
+            return None
+        result.append((c1, sizes1))
+    return result
+
+
+def _structured_blocking_seconds(request: PlanRequest, structure: list, micro: int, call_cache: dict) -> float:
+    """_blocking_seconds from the structure: each call of S bytes timed once per (group, S) by
+    collective_cost itself, summed as collective_cost sums its calls."""
+    total = 0.0
+    for collective, sizes in structure:
+        seconds = 0.0
+        for size, calls in sizes:
+            key = (collective.op, collective.group_size, collective.ranks_per_node, collective.spans_nodes,
+                   collective.element_bytes, size * micro)
+            if key not in call_cache:
+                single = collective.model_copy(update={"call_sizes": ((size * micro, 1),), "calls": 1,
+                                                       "buffer_bytes": size * micro, "occurrences_per_step": 1})
+                call_cache[key] = collective_cost(request, single).seconds
+            seconds += calls * call_cache[key]
+        total += seconds
+    return total
+
+
 def _rank_classes(request: PlanRequest) -> list[int]:
     """The first pipeline rank of each class of ranks holding the same kind of stages, by rank."""
     parallel = request.parallel
@@ -328,7 +368,13 @@ def _fit_class(request: PlanRequest, family: dict, layout_cache: dict) -> _RankC
         # Offload's CPU optimizer step: one per optimizer step, whatever the micro-batch.
         family["phases", rank] = (*_phase_coefficients(request), cpu_optimizer_time_s(request))
     cls.phase_intercepts_s, cls.phase_slopes_s, cls.cpu_optimizer_s = family["phases", rank]
-    cls.blocking_s = layout_cache.setdefault(("blocking", rank, request.training.activation_checkpointing), {})
+    policy = request.training.activation_checkpointing
+    cls.blocking_s = layout_cache.setdefault(("blocking", rank, policy), {})
+    if not parallel.is_trivial:
+        if ("structure", rank, policy) not in layout_cache:
+            layout_cache["structure", rank, policy] = _blocking_structure(request)
+        cls.blocking_structure = layout_cache["structure", rank, policy]
+        cls.call_seconds = layout_cache.setdefault("call seconds", {})
     return cls
 
 
@@ -417,7 +463,10 @@ def _class_values(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[
         else:
             def per_micro(b: int, cls: _RankClass = cls) -> float:
                 if b not in cls.blocking_s:
-                    cls.blocking_s[b] = _blocking_seconds(cls.request, b)
+                    cls.blocking_s[b] = (
+                        _blocking_seconds(cls.request, b) if cls.blocking_structure is None
+                        else _structured_blocking_seconds(cls.request, cls.blocking_structure, b, cls.call_seconds)
+                    )
                 return cls.blocking_s[b]
 
             blocking = accum_f * _per_value(micro, per_micro)
