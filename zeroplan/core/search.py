@@ -230,7 +230,7 @@ def _terms(request: PlanRequest, family: dict, layout_cache: dict) -> tuple:
     # norms under autocast: PlanRequest.runs_under_autocast); a framework's own terms also on
     # its FSDP units (zeroplan.core.frameworks: the head gathered at the loss, per strategy and
     # shard group).
-    engine = ((request.runs_under_autocast, request.convention) if request.training.framework is Framework.zeroplan
+    engine = ((request.runs_under_autocast,) if request.training.framework is Framework.zeroplan
               else (request.strategy.kind, request.shard_group_size, request.convention))
     activation_key = ("activations", rank, request.training.activation_checkpointing, b, a, engine)
     if state_key not in family or activation_key not in layout_cache:
