@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from zeroplan.core.search import (
-    BYTE_TOLERANCE, TIME_TOLERANCE_S, LayoutSpace, _at, evaluate, groups, layout_requests, scalar_evaluate, search,
+    BYTE_TOLERANCE, TIME_TOLERANCE_S, LayoutSpace, PlanCandidate, _at, evaluate, groups, layout_requests, scalar_evaluate,
+    search,
 )
 from zeroplan.errors import ZeroplanError
 from zeroplan.presets.gpus import get_gpu
@@ -91,7 +92,7 @@ def test_the_done_when_question_answers_and_may_pick_a_model_parallel_layout(cap
     assert any(row["tp"] > 1 or row["pp"] > 1 for row in rows)
     for row in rows:
         request = _base("llama-3.1-70b", 64, seq_len=4096)
-        candidate = search.__globals__["PlanCandidate"](**row)
+        candidate = PlanCandidate(**row)
         # Every layout shown passes the rules, with its strategy.
         check_parallel(candidate.parallel, model, cluster, request.batch, StrategyKind(row["strategy"]), request.training.framework)
         if row["pp"] > 1:
@@ -140,3 +141,23 @@ def test_bad_layout_flags_are_refused_in_one_line(capsys, flags, named, allowed)
 def test_a_global_batch_no_layout_splits_is_refused() -> None:
     with pytest.raises(ZeroplanError, match="global-batch"):
         search(_base("gpt2", 8, seq_len=1024), 3, space=LayoutSpace(tp=2, pp=1))
+
+
+def test_a_model_parallel_candidate_is_what_plan_reports() -> None:
+    from zeroplan.core.plan import plan
+
+    base = _base("llama-3.1-8b", 16)
+    result = search(base, 64, top=3, space=LayoutSpace(tp=2, pp=2, pp_schedules=(PipelineSchedule.one_f_one_b,)))
+    assert result.ranked
+    for c in result.ranked:
+        training = base.training.model_copy(update={"activation_checkpointing": c.activation_checkpointing})
+        batch = base.batch.model_copy(update={"micro_batch_size": c.micro_batch_size, "grad_accum_steps": c.grad_accum_steps})
+        shard = c.shard_group_size if c.strategy is StrategyKind.hsdp else None
+        request = base.model_copy(update={"training": training, "batch": batch}).with_parallel(c.parallel).with_strategy(
+            StrategySpec(kind=c.strategy, shard_group_size=shard))
+        scalar = plan(request)
+        assert c.peak_bytes == max(scalar.pipeline_rank_peak_bytes) == scalar.memory.peak_bytes
+        assert c.step_time_s == pytest.approx(scalar.time.step_with_overlap_s, rel=0, abs=TIME_TOLERANCE_S)
+        assert c.tokens_per_s_per_gpu == pytest.approx(scalar.time.tokens_per_s_per_gpu, rel=1e-9)
+        assert c.model_flops_utilization == pytest.approx(scalar.time.model_flops_utilization, rel=1e-9)
+        assert (c.tp, c.pp, c.dp) == (2, 2, 4)
