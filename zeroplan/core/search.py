@@ -25,7 +25,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from zeroplan.core.algorithms import _call_sizes, collective_cost
-from zeroplan.core.communication import Phase, data_parallel_collectives
+from zeroplan.core.communication import Phase, collectives, data_parallel_collectives
 from zeroplan.core.feasibility import usable_memory_bytes
 from zeroplan.core.parallel.collectives import model_parallel_collectives
 from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
@@ -42,13 +42,10 @@ from zeroplan.core.timing import (
     rank_flops,
     step_time,
 )
-from zeroplan.core.communication import collectives
+from zeroplan.core.search_space import CONTEXT_PARALLEL_DEGREES, INTERLEAVED_VIRTUAL_STAGES, LONG_SEQUENCE, LayoutSpace
 from zeroplan.errors import ZeroplanError
 from zeroplan.results import PeakMoment
 from zeroplan.specs.base import Frozen
-from zeroplan.core.search_space import (
-    CONTEXT_PARALLEL_DEGREES, INTERLEAVED_VIRTUAL_STAGES, LONG_SEQUENCE, SEARCHED_SCHEDULES, LayoutSpace,
-)
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.parallel import MODEL_PARALLEL_FRAMEWORKS, PIPELINE_STRATEGIES, ParallelSpec, PipelineSchedule
 from zeroplan.specs.request import PlanRequest
