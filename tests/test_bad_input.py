@@ -152,8 +152,12 @@ CASES: list[tuple[str, list[str], str]] = [
     ("fit", ["fit", "gpt2", "--strategies", ""], "strategies"),
     ("fit", ["fit", "gpt2", "--strategies", "zero1,,zero2"], "strategies"),
     ("compare", ["compare", "gpt2", "--strategies", "zero4"], "strategies"),
-    ("plan", ["plan", "gpt2", "--global-batch", "12"], "global-batch"),
-    ("plan", ["plan", "gpt2", "--global-batch", "4"], "global-batch"),
+    # With model-parallel layouts a dp of 1 takes any batch: the data-parallel search alone, or a
+    # fixed layout, refuses one its ranks do not divide.
+    ("plan", ["plan", "gpt2", "--global-batch", "12", "--no-model-parallel"], "global-batch"),
+    ("plan", ["plan", "gpt2", "--global-batch", "4", "--no-model-parallel"], "global-batch"),
+    ("plan", ["plan", "gpt2", "--global-batch", "6", "--tp", "2", "--pp", "1"], "global-batch"),
+    ("plan", ["plan", "gpt2", "--global-batch", "8", "--tp", "3"], "--tp"),
     ("plan", ["plan", "gpt2"], "--global-batch"),
     ("plan", ["plan", "gpt2", "--global-batch", "8", "--framework", "torchtune", "--strategies", "zero2"], "strategies"),
     ("plan", ["plan", "gpt2", "--global-batch", "8", "--strategies", "zero1,zero1"], "strategies"),

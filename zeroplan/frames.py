@@ -90,12 +90,18 @@ def collectives_frame(plan: StrategyPlan) -> pd.DataFrame:
 
 
 def search_frame(result: PlanSearchResult) -> pd.DataFrame:
-    """The ranked configurations, fastest first, with a column marking the Pareto rows."""
-    pareto = {(c.strategy, c.activation_checkpointing, c.shard_group_size, c.micro_batch_size) for c in result.pareto}
+    """The ranked configurations, fastest first, with their layout (tp, pp, cp, dp and the
+    schedule) and a column marking the Pareto rows."""
+
+    def key(c) -> tuple:
+        return (c.tp, c.sequence_parallel, c.cp, c.pp, c.pp_schedule, c.virtual_stages, c.strategy,
+                c.activation_checkpointing, c.shard_group_size, c.micro_batch_size)
+
+    pareto = {key(c) for c in result.pareto}
     rows = []
     for rank, c in enumerate(result.ranked, start=1):
         row: dict[str, object] = {"rank": rank}
         row.update(c.model_dump(mode="json"))
-        row["pareto"] = (c.strategy, c.activation_checkpointing, c.shard_group_size, c.micro_batch_size) in pareto
+        row["pareto"] = key(c) in pareto
         rows.append(row)
     return pd.DataFrame(rows).set_index("rank") if rows else pd.DataFrame(columns=["rank"]).set_index("rank")

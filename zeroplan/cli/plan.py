@@ -6,7 +6,11 @@ import argparse
 import sys
 
 from zeroplan.cli.parser import add_seq_len_arguments, bounded_int, choices_of, positive_int
+from zeroplan.core.search_space import LONG_SEQUENCE, SEARCHED_SCHEDULES
 from zeroplan.specs import AttentionKernel, Framework, Optimizer, Precision
+
+_LAYOUT_FLAGS = ("tp", "pp", "cp", "max_tp", "pp_schedule", "no_model_parallel")
+"""plan's own layout flags (fit's --tp and friends describe one layout; these bound a search)."""
 
 MAX_TOP = 1000
 """Most rows the ranked table prints."""
@@ -32,24 +36,46 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strategies", help="comma-separated subset of the strategies to search (default: all the framework runs)")
     add_efficiency_arguments(parser)
     add_collective_model_arguments(parser)
+    group = parser.add_argument_group("model-parallel layouts searched (docs/communication-time.md, 'Plan search')")
+    group.add_argument("--tp", type=positive_int,
+                       help="fix the tensor-parallel degree (default: search every divisor of the GPUs per node; "
+                            "sequence parallel on when tp > 1)")
+    group.add_argument("--pp", type=positive_int,
+                       help="fix the pipeline-parallel degree (default: search every divisor of the GPUs that leaves "
+                            "a block per stage)")
+    group.add_argument("--cp", type=positive_int,
+                       help=f"fix the context-parallel degree (default: 1, and 2 and 4 from --seq-len {LONG_SEQUENCE} on)")
+    group.add_argument("--max-tp", type=positive_int, help="largest tensor-parallel degree searched")
+    group.add_argument("--pp-schedule", choices=[s.value for s in SEARCHED_SCHEDULES],
+                       help="search only this pipeline schedule (default: 1f1b and interleaved-1f1b with 2 stages per rank)")
+    group.add_argument("--no-model-parallel", action="store_true",
+                       help="data parallelism only (tp = pp = cp = 1), the search without layouts")
     parser.add_argument("--top", type=bounded_int(MAX_TOP), default=10, help=f"rows of the ranked table (default 10, at most {MAX_TOP})")
     parser.add_argument("--format", choices=["table", "json", "csv"], default="table")
 
 
 def run_plan(args: argparse.Namespace) -> int:
     from zeroplan.cli.fit import parse_strategies, request_from_args
-    from zeroplan.core.search import search
+    from zeroplan.core.search import LayoutSpace, search
+    from zeroplan.specs.parallel import PipelineSchedule
 
-    # The flags the search itself varies take their neutral values in the base request.
-    fixed = argparse.Namespace(
-        **vars(args), micro_batch=1, grad_accum=1, activation_checkpointing="none", hsdp_group=None,
+    # The flags the search itself varies take their neutral values in the base request; the
+    # layout flags become the search's LayoutSpace, not the base request's own layout.
+    fixed = {key: value for key, value in vars(args).items() if key not in _LAYOUT_FLAGS}
+    fixed.update(
+        micro_batch=1, grad_accum=1, activation_checkpointing="none", hsdp_group=None,
         activation_offloading=False, state_convention=None, selective_layer_interval=2,
         # The search varies gradient accumulation, which torchtune's optimizer_in_bwd refuses.
         optimizer_in_backward=False,
         # CPUOffloadPolicy applies to FSDP only; the search ranks every strategy.
         fsdp_cpu_offload=False,
     )
-    result = search(request_from_args(fixed), args.global_batch, parse_strategies(args.strategies), top=args.top)
+    space = LayoutSpace(
+        tp=args.tp, pp=args.pp, cp=args.cp, max_tp=args.max_tp, model_parallel=not args.no_model_parallel,
+        pp_schedules=(PipelineSchedule(args.pp_schedule),) if args.pp_schedule else SEARCHED_SCHEDULES,
+    )
+    result = search(request_from_args(argparse.Namespace(**fixed)), args.global_batch, parse_strategies(args.strategies),
+                    top=args.top, space=space)
     if args.format == "json":
         sys.stdout.write(result.model_dump_json(indent=2) + "\n")
     elif args.format == "csv":

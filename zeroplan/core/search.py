@@ -1,26 +1,36 @@
-"""Search strategy x activation checkpointing x micro-batch x accumulation x offload x HSDP group
-for the fastest configuration that fits (docs/communication-time.md, "Plan search").
+"""Search model-parallel layout x strategy x activation checkpointing x micro-batch x
+accumulation x offload x HSDP group for the fastest configuration that fits
+(docs/communication-time.md, "Plan search").
 
-Per group (strategy, checkpointing, shard group) the scalar planner is evaluated at a few
-micro-batch and accumulation values to get exact coefficients: each peak moment is affine in
-the micro-batch b (separately for accumulation 1 and > 1), each phase's communication and host
-time is affine in the accumulation steps a, compute is proportional to b*a. The sweep then runs
-over (b, a) with numpy. Every group checks its coefficients against the scalar planner at
-points it did not fit them on, and falls back to the scalar planner if they disagree; the
-winner and every Pareto row are planned again with the scalar planner before they are shown.
+A layout is tp x cp x pp (and the pipeline schedule) with the data-parallel degree what is left
+of the world. Per group (layout, strategy, checkpointing, shard group) the scalar planner is
+evaluated at a few micro-batch and accumulation values to get exact coefficients, once per
+class of pipeline ranks that hold the same kind of stages (the first, the last, the ones in
+between): each peak moment is affine in the micro-batch b (separately for accumulation 1 and
+> 1) plus the in-flight micro-batch count times an affine per-chunk term; each phase's
+data-parallel communication and host time is affine in the accumulation steps a; the blocking
+(model-parallel) collectives are a times their per-micro-batch seconds at that b; compute is
+proportional to b*a; the pipeline bubble follows step_time's rule. The sweep then runs over
+(b, a) with numpy and keeps, as ``plan`` does, the pipeline rank that peaks. Every group checks
+its coefficients against the scalar planner at a point it did not fit them on, and falls back
+to the scalar planner if they disagree; the winner and every Pareto row are planned again with
+the scalar planner (every pipeline rank) before they are shown.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
+from pydantic import ValidationError
 
-from zeroplan.core.communication import Phase, collectives
-from zeroplan.core.flops import step_flops
+from zeroplan.core.algorithms import _call_sizes, collective_cost
+from zeroplan.core.communication import Phase, collectives, data_parallel_collectives
 from zeroplan.core.feasibility import usable_memory_bytes
+from zeroplan.core.parallel.collectives import model_parallel_collectives
+from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
+from zeroplan.core.plan import PeakTerms, host_memory_fits, memory_breakdown, peak_moments, peak_terms
 from zeroplan.core.profiles import check_framework_strategies, profile
-from zeroplan.core.plan import host_memory_fits, memory_breakdown, peak_moments, peak_terms
 from zeroplan.core.timing import (
     collective_time_s,
     compute_time_s,
@@ -29,11 +39,15 @@ from zeroplan.core.timing import (
     host_link_share_bytes_per_s,
     host_transfer_bytes,
     model_flops_utilization,
+    rank_flops,
     step_time,
 )
+from zeroplan.core.search_space import CONTEXT_PARALLEL_DEGREES, INTERLEAVED_VIRTUAL_STAGES, LONG_SEQUENCE, LayoutSpace
 from zeroplan.errors import ZeroplanError
 from zeroplan.results import PeakMoment
 from zeroplan.specs.base import Frozen
+from zeroplan.specs.framework import Framework
+from zeroplan.specs.parallel import MODEL_PARALLEL_FRAMEWORKS, PIPELINE_STRATEGIES, ParallelSpec, PipelineSchedule
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.training import ActivationCheckpointing
@@ -42,7 +56,6 @@ TIME_TOLERANCE_S = 1e-9
 """Largest difference between a vectorised and a scalar step time taken as agreement."""
 BYTE_TOLERANCE = 1
 """Largest difference between a vectorised and a scalar peak taken as agreement."""
-
 
 class PlanCandidate(Frozen):
     """One configuration of the search and its predicted cost on one GPU."""
@@ -54,19 +67,38 @@ class PlanCandidate(Frozen):
     shard_group_size: int
     """Ranks a sharded state is split over (N_d; the HSDP group for hsdp)."""
     micro_batch_size: int
-    """Sequences per GPU per forward/backward pass."""
+    """Sequences per data-parallel rank per forward/backward pass."""
     grad_accum_steps: int
-    """Micro-batches per optimizer step."""
+    """Micro-batches per optimizer step (under a pipeline: the micro-batches it flows)."""
     peak_bytes: int
-    """Predicted peak device memory (allocated + allocator reserve)."""
+    """Predicted peak device memory (allocated + allocator reserve; the pipeline rank that peaks)."""
     usable_memory_bytes: int
     """GPU memory the allocator may use."""
     step_time_s: float
     """Predicted optimizer-step time with overlap (StepTime.step_with_overlap_s)."""
     tokens_per_s_per_gpu: float
-    """micro_batch_size * grad_accum_steps * seq_len / step_time_s."""
+    """micro_batch_size * grad_accum_steps * seq_len / (tp * cp * pp) / step_time_s."""
     model_flops_utilization: float
     """Model FLOPs of the step over (step_time_s x peak bf16 FLOP/s) (StepTime.model_flops_utilization)."""
+    tp: int = 1
+    """Tensor-parallel degree."""
+    sequence_parallel: bool = False
+    """Sequence parallelism over the tp ranks (on whenever tp > 1 in the search)."""
+    cp: int = 1
+    """Context-parallel degree."""
+    pp: int = 1
+    """Pipeline-parallel degree."""
+    pp_schedule: PipelineSchedule = PipelineSchedule.one_f_one_b
+    """Pipeline schedule (read only with pp > 1)."""
+    virtual_stages: int = 1
+    """Stages per pipeline rank."""
+    dp: int
+    """Data-parallel degree: GPUs / (tp x cp x pp)."""
+
+    @property
+    def parallel(self) -> ParallelSpec:
+        return ParallelSpec(tp=self.tp, sequence_parallel=self.sequence_parallel, cp=self.cp, pp=self.pp,
+                            pp_schedule=self.pp_schedule, virtual_stages=self.virtual_stages)
 
 
 class PlanSearchResult(Frozen):
@@ -77,7 +109,11 @@ class PlanSearchResult(Frozen):
     seq_len: int
     """Tokens per sequence."""
     num_gpus: int
-    """Data-parallel ranks."""
+    """GPUs in all (tp x cp x pp x dp)."""
+    layouts_searched: int = 1
+    """Model-parallel layouts (tp, cp, pp, schedule) searched."""
+    groups_searched: int = 0
+    """(layout, strategy, checkpointing, shard group) groups searched."""
     configurations_evaluated: int
     """Configurations whose memory and step time were predicted."""
     configurations_fitting: int
@@ -98,22 +134,50 @@ class PlanSearchResult(Frozen):
 
 
 @dataclass
+class _RankClass:
+    """Pipeline ranks that hold the same kind of stages (block counts, embedding, head): the
+    same model states, buffers, collectives and per-chunk activations; they differ only in how
+    many micro-batch chunks they keep in flight, which falls with the rank (in_flight_chunks),
+    so the first rank of the class peaks for it."""
+
+    rank: int
+    """The class's first pipeline rank."""
+    request: PlanRequest
+    """The group's request at that rank."""
+    moment_intercepts: dict[bool, np.ndarray] = field(default_factory=dict)
+    moment_slopes: dict[bool, np.ndarray] = field(default_factory=dict)
+    """Each moment, less the in-flight chunks' k-dependent activations, affine in b."""
+    activation_moments: np.ndarray | None = None
+    """Which moments hold the activations (1) and which do not (0)."""
+    chunk_intercept: int = 0
+    chunk_slope: int = 0
+    """Bytes one in-flight chunk keeps, affine in b (0 when the count never changes)."""
+    host_fits: dict[bool, bool] = field(default_factory=dict)
+    phase_intercepts_s: np.ndarray | None = None
+    phase_slopes_s: np.ndarray | None = None
+    cpu_optimizer_s: float = 0.0
+    """Offload's CPU optimizer step (zeroplan.core.timing.cpu_optimizer_time_s), per step."""
+    blocking_s: dict[int, float] = field(default_factory=dict)
+    """Per micro-batch size: the blocking collectives' seconds of one micro-batch."""
+    in_flight: dict[int, int] = field(default_factory=dict)
+    """Per accumulation: micro-batch chunks in flight on the class's first rank."""
+    blocking_structure: list | None = None
+    """_blocking_structure of the class (None: each b timed by the scalar planner)."""
+    call_seconds: dict = field(default_factory=dict)
+    """Seconds of one blocking call per (group, size), shared by the layout's groups."""
+
+
+@dataclass
 class _Group:
-    """One (strategy, checkpointing, shard group) and its exact coefficients."""
+    """One (layout, strategy, checkpointing, shard group) and its exact coefficients."""
 
     request: PlanRequest
     usable_bytes: int
-    moment_intercepts: dict[bool, np.ndarray] = field(default_factory=dict)
-    moment_slopes: dict[bool, np.ndarray] = field(default_factory=dict)
-    host_fits: dict[bool, bool] = field(default_factory=dict)
+    classes: list[_RankClass] = field(default_factory=list)
     forward_s_per_micro: float = 0.0
     backward_s_per_micro: float = 0.0
     model_flops_per_micro: float = 0.0
-    """Model FLOPs (PaLM's MFU count) of one micro-batch of one sequence."""
-    cpu_optimizer_s: float = 0.0
-    """Offload's CPU optimizer step (zeroplan.core.timing.cpu_optimizer_time_s), per step."""
-    phase_intercepts_s: np.ndarray | None = None
-    phase_slopes_s: np.ndarray | None = None
+    """Model FLOPs (PaLM's MFU count) of one micro-batch of one sequence, per model-parallel rank."""
     scalar_only: bool = False
     cache: dict[tuple[int, int], tuple[int, bool, float]] = field(default_factory=dict)
 
@@ -124,33 +188,76 @@ def _at(request: PlanRequest, micro: int, accum: int) -> PlanRequest:
 
 
 def scalar_evaluate(request: PlanRequest) -> tuple[int, bool, float]:
-    """(peak bytes, fits on GPU and host, step time with overlap) from the scalar planner."""
-    breakdown, states = memory_breakdown(request)
-    fits = breakdown.peak_bytes <= usable_memory_bytes(request) and host_memory_fits(request, states.host_bytes) is not False
-    time = step_time(request, tuple(collectives(request)))
+    """(peak bytes, fits on GPU and host, step time with overlap) from the scalar planner: as
+    ``plan`` reports it, the pipeline rank whose peak is highest (the first on a tie)."""
+    ranks = range(request.parallel.pp) if request.parallel.pp > 1 else (None,)
+    best = None
+    for rank in ranks:
+        at = request if rank is None else request.at_pipeline_rank(rank)
+        breakdown, states = memory_breakdown(at)
+        if best is None or breakdown.peak_bytes > best[1].peak_bytes:
+            best = (at, breakdown, states)
+    at, breakdown, states = best
+    fits = breakdown.peak_bytes <= usable_memory_bytes(request) and host_memory_fits(at, states.host_bytes) is not False
+    time = step_time(at, tuple(collectives(at)))
     return breakdown.peak_bytes, fits, time.step_with_overlap_s
 
 
-def _moments(request: PlanRequest) -> tuple[np.ndarray, int]:
-    """The four peak moments, and the host bytes each rank offloads."""
-    states, terms = peak_terms(request)
-    alive = peak_moments(states, terms, request.batch.grad_accum_steps)
+def _moments(states, terms: PeakTerms, grad_accum_steps: int) -> np.ndarray:
+    """The four peak moments, the loss's once per piece of the loss."""
+    alive = peak_moments(states, terms, grad_accum_steps)
     totals = [bytes_.total for moment, bytes_ in alive.items() if moment is not PeakMoment.loss_backward]
     # The loss's moment, once per piece of the loss (PeakTerms.logits_pieces): each is affine
     # in the micro-batch, their maximum is not.
     loss = alive[PeakMoment.loss_backward].total
     totals += [loss - terms.logits + piece for piece in terms.logits_pieces or (terms.logits,)]
-    return np.array(totals, dtype=np.int64), states.host_bytes
+    return np.array(totals, dtype=np.int64)
+
+
+def _terms(request: PlanRequest, family: dict, layout_cache: dict) -> tuple:
+    """peak_terms of ``request`` (a pipeline rank at some b and a), from two halves computed
+    once each: the model states and buffers, which depend on the strategy, shard group and
+    accumulation but not on b or checkpointing (``family``: one strategy and shard group of
+    the layout), and the activations, loss and workspace, which depend on b, a,
+    checkpointing and the engine's autocast but not otherwise on the strategy (``layout_cache``: the layout). The group's check
+    against memory_breakdown would catch a term that broke this."""
+    rank, a, b = request.parallel.pipeline_rank, request.batch.grad_accum_steps, request.batch.micro_batch_size
+    state_key = ("state", rank, a)
+    # The reference model's activations depend on the engine only through its dtypes (fp32
+    # norms under autocast: PlanRequest.runs_under_autocast); a framework's own terms also on
+    # its FSDP units (zeroplan.core.frameworks: the head gathered at the loss, per strategy and
+    # shard group).
+    engine = ((request.runs_under_autocast,) if request.training.framework is Framework.zeroplan
+              else (request.strategy.kind, request.shard_group_size, request.convention))
+    activation_key = ("activations", rank, request.training.activation_checkpointing, b, a, engine)
+    if state_key not in family or activation_key not in layout_cache:
+        states, terms = peak_terms(request)
+        family.setdefault(state_key, (states, terms))
+        layout_cache.setdefault(activation_key, terms)
+    states, state_terms = family[state_key]
+    act = layout_cache[activation_key]
+    return states, replace(state_terms, activations=act.activations, logits=act.logits, workspace=act.workspace,
+                           logits_pieces=act.logits_pieces)
+
+
+def _activation_mask(request: PlanRequest, count: int) -> np.ndarray:
+    # peak_moments: activations are alive at a block's backward and at the loss's moments, not
+    # at the end of backward nor in the optimizer step (the order of _moments).
+    moments = [m for m in PeakMoment if m is not PeakMoment.loss_backward]
+    mask = [1 if m is PeakMoment.block_backward else 0 for m in moments]
+    return np.array(mask + [1] * (count - len(mask)), dtype=np.int64)
 
 
 _PHASES = tuple(Phase)
 
 
 def _phase_seconds(request: PlanRequest) -> np.ndarray:
-    """Per phase: collective seconds, then host-link seconds (2 x len(Phase) values)."""
+    """Per phase: the overlappable (data-parallel) collective seconds, then host-link seconds
+    (2 x len(Phase) values). The blocking ones are timed apart (_blocking_seconds)."""
     comm = {phase: 0.0 for phase in Phase}
-    for collective in collectives(request):
-        comm[collective.phase] += collective_time_s(request, collective)
+    for collective in data_parallel_collectives(request):
+        if not collective.blocking:
+            comm[collective.phase] += collective_time_s(request, collective)
     link = host_link_share_bytes_per_s(request)
     host = host_transfer_bytes(request)
     return np.array([comm[p] for p in _PHASES] + [host[p] / link for p in _PHASES], dtype=np.float64)
@@ -162,61 +269,223 @@ def _phase_coefficients(request: PlanRequest) -> tuple[np.ndarray, np.ndarray]:
     return p1 - (p2 - p1), p2 - p1
 
 
-def _build_group(request: PlanRequest, phases: tuple[np.ndarray, np.ndarray] | None = None) -> _Group:
-    """``phases``: coefficients from a group of the same strategy and shard group (the
-    collectives do not depend on checkpointing; the check below would catch it if they did)."""
+def _blocking_seconds(request: PlanRequest, micro: int) -> float:
+    """Seconds of the blocking (tensor-, context- and pipeline-parallel) collectives of one
+    micro-batch of ``micro`` sequences: each repeats once per micro-batch, so a step's are
+    the accumulation steps times this. Their calls' sizes grow with b and NCCL's algorithm
+    with the size, so this is the scalar planner's own figure at each b."""
+    return sum(collective_time_s(request, c) for c in model_parallel_collectives(_at(request, micro, 1)) if c.blocking)
+
+
+def _blocking_structure(request: PlanRequest) -> list | None:
+    """The blocking collectives of one micro-batch as (collective at b = 1, its call sizes
+    per sequence): every call's size is b times that (activations of b sequences). None when a
+    size is not (then each b is timed by _blocking_seconds)."""
+    one = [c for c in model_parallel_collectives(_at(request, 1, 1)) if c.blocking]
+    two = [c for c in model_parallel_collectives(_at(request, 2, 1)) if c.blocking]
+    if len(one) != len(two):
+        return None
+    result = []
+    for c1, c2 in zip(one, two):
+        sizes1, sizes2 = _call_sizes(c1), _call_sizes(c2)
+        if c1.occurrences_per_step != 1 or [(2 * s, n) for s, n in sizes1] != list(sizes2):
+            return None
+        result.append((c1, sizes1))
+    return result
+
+
+def _structured_blocking_seconds(request: PlanRequest, structure: list, micro: int, call_cache: dict) -> float:
+    """_blocking_seconds from the structure: each call of S bytes timed once per (group, S) by
+    collective_cost itself, summed as collective_cost sums its calls."""
+    total = 0.0
+    for collective, sizes in structure:
+        seconds = 0.0
+        for size, calls in sizes:
+            key = (collective.op, collective.group_size, collective.ranks_per_node, collective.spans_nodes,
+                   collective.element_bytes, size * micro)
+            if key not in call_cache:
+                single = collective.model_copy(update={"call_sizes": ((size * micro, 1),), "calls": 1,
+                                                       "buffer_bytes": size * micro, "occurrences_per_step": 1})
+                call_cache[key] = collective_cost(request, single).seconds
+            seconds += calls * call_cache[key]
+        total += seconds
+    return total
+
+
+def _rank_classes(request: PlanRequest) -> list[int]:
+    """The first pipeline rank of each class of ranks holding the same kind of stages, by rank."""
+    parallel = request.parallel
+    if parallel.pp == 1:
+        return [0]
+    seen, firsts = set(), []
+    for rank in range(parallel.pp):
+        stages = rank_stages(parallel, request.model.num_layers, request.training.framework, rank)
+        signature = tuple((s.num_blocks, s.has_embedding, s.has_head) for s in stages)
+        if signature not in seen:
+            seen.add(signature)
+            firsts.append(rank)
+    return firsts
+
+
+def _fit_class(request: PlanRequest, family: dict, layout_cache: dict) -> _RankClass | None:
+    """The class's coefficients: memory from the scalar planner's terms at b in {1, 2} and a in
+    {1, 2}, communication once per strategy and shard group (``family``: the data-parallel
+    collectives and host copies do not depend on checkpointing; the group's check would catch
+    it if they did); None when they are not exact."""
+    parallel = request.parallel
+    rank = parallel.pipeline_rank
+    cls = _RankClass(rank=rank, request=request)
+    k = {a: in_flight_chunks(parallel, rank, a) for a in (1, 2)}
+    fitted = {}
+    for a in (1, 2):
+        for b in (1, 2):
+            states, terms = _terms(_at(request, b, a), family, layout_cache)
+            fitted[a, b] = _moments(states, terms, a), states.host_bytes, terms.activations
+    if k[1] != k[2]:
+        # Activations = k x (one chunk's bytes) + the rest, for k chunks in flight; one chunk's
+        # bytes from the two accumulations' k at each b.
+        chunk = []
+        for b in (1, 2):
+            diff = fitted[2, b][2] - fitted[1, b][2]
+            if diff % (k[2] - k[1]):
+                return None
+            chunk.append(diff // (k[2] - k[1]))
+        cls.chunk_slope = chunk[1] - chunk[0]
+        cls.chunk_intercept = chunk[0] - cls.chunk_slope
+    cls.activation_moments = _activation_mask(request, len(fitted[1, 1][0]))
+    for accumulating, a in ((False, 1), (True, 2)):
+        (one, host_bytes, _), (two, _, _) = fitted[a, 1], fitted[a, 2]
+        chunk_one, chunk_two = cls.chunk_intercept + cls.chunk_slope, cls.chunk_intercept + 2 * cls.chunk_slope
+        one = one - k[a] * chunk_one * cls.activation_moments
+        two = two - k[a] * chunk_two * cls.activation_moments
+        cls.moment_slopes[accumulating] = two - one
+        cls.moment_intercepts[accumulating] = one - (two - one)
+        cls.host_fits[accumulating] = host_memory_fits(request, host_bytes) is not False
+    if ("phases", rank) not in family:
+        # Offload's CPU optimizer step: one per optimizer step, whatever the micro-batch.
+        family["phases", rank] = (*_phase_coefficients(request), cpu_optimizer_time_s(request))
+    cls.phase_intercepts_s, cls.phase_slopes_s, cls.cpu_optimizer_s = family["phases", rank]
+    policy = request.training.activation_checkpointing
+    cls.blocking_s = layout_cache.setdefault(("blocking", rank, policy), {})
+    if not parallel.is_trivial:
+        if ("structure", rank, policy) not in layout_cache:
+            layout_cache["structure", rank, policy] = _blocking_structure(request)
+        cls.blocking_structure = layout_cache["structure", rank, policy]
+        cls.call_seconds = layout_cache.setdefault("call seconds", {})
+    return cls
+
+
+def _build_group(request: PlanRequest, family: dict | None = None, layout_cache: dict | None = None) -> _Group:
+    """``family``: what groups of the same layout, strategy and shard group share (model states,
+    buffers, data-parallel communication); ``layout_cache``: what every group of the layout
+    shares (activations, compute, blocking collectives per checkpointing policy)."""
+    family = {} if family is None else family
+    layout_cache = {} if layout_cache is None else layout_cache
     group = _Group(request=request, usable_bytes=usable_memory_bytes(request))
-    for accumulating in (False, True):
-        accum = 2 if accumulating else 1
-        (one, host_bytes), (two, _) = _moments(_at(request, 1, accum)), _moments(_at(request, 2, accum))
-        group.moment_slopes[accumulating] = two - one
-        group.moment_intercepts[accumulating] = one - (two - one)
-        group.host_fits[accumulating] = host_memory_fits(request, host_bytes) is not False
-    one_pass = step_flops(_at(request, 1, 1))
+    policy = request.training.activation_checkpointing
+    if ("flops", policy) not in layout_cache:
+        layout_cache["flops", policy] = rank_flops(_at(request, 1, 1))
+    one_pass = layout_cache["flops", policy]
     group.forward_s_per_micro, group.backward_s_per_micro = compute_time_s(one_pass, request)
     group.model_flops_per_micro = one_pass.model_flops
-    # Offload's CPU optimizer step: one per optimizer step, whatever the micro-batch.
-    group.cpu_optimizer_s = cpu_optimizer_time_s(request)
-    group.phase_intercepts_s, group.phase_slopes_s = phases if phases is not None else _phase_coefficients(request)
     # liger's chunk is a power of two in b*s (frameworks.fused_linear_cross_entropy_chunk_rows),
     # so its loss moments are not affine in the micro-batch: the scalar planner only.
     if request.training.fused_linear_cross_entropy:
         group.scalar_only = True
         return group
-    # Check the coefficients where they were not fitted; disagreement: scalar planner only.
-    for micro, accum in ((5, 3),):
-        peak, _, seconds = _vectorised(group, np.array([micro]), np.array([accum]))
-        scalar_peak, _, scalar_s = scalar_evaluate(_at(request, micro, accum))
-        if abs(int(peak[0]) - scalar_peak) > BYTE_TOLERANCE or abs(float(seconds[0]) - scalar_s) > TIME_TOLERANCE_S:
+    for rank in _rank_classes(request):
+        at = request.at_pipeline_rank(rank) if request.parallel.pp > 1 else request
+        cls = _fit_class(at, family, layout_cache)
+        if cls is None:
             group.scalar_only = True
-            break
+            return group
+        group.classes.append(cls)
+    # Check the coefficients where they were not fitted, on each class's first rank (the one
+    # that peaks for its class): every class's peak, and the peak and time of the class that
+    # peaks; disagreement: scalar planner only.
+    micro, accum = np.array([5]), np.array([3])
+    peak, _, seconds = _vectorised(group, micro, accum)
+    allocated, _, _ = _class_values(group, micro, accum)
+    scalar = [memory_breakdown(_at(cls.request, 5, 3))[0] for cls in group.classes]
+    top = max(range(len(scalar)), key=lambda c: scalar[c].peak_bytes)
+    at = _at(group.classes[top].request, 5, 3)
+    scalar_s = step_time(at, tuple(collectives(at))).step_with_overlap_s
+    agree = all(abs(int(allocated[c, 0]) - b.allocated_peak_bytes) <= BYTE_TOLERANCE for c, b in enumerate(scalar))
+    agree &= abs(int(peak[0]) - scalar[top].peak_bytes) <= BYTE_TOLERANCE and abs(float(seconds[0]) - scalar_s) <= TIME_TOLERANCE_S
+    group.scalar_only = not agree
     return group
 
 
-def _vectorised(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(peak bytes, fits, step seconds) for arrays of micro-batch and accumulation steps."""
+def _per_value(values: np.ndarray, compute) -> np.ndarray:
+    """``compute(v)`` for each distinct value of ``values``, laid out as ``values``."""
+    distinct, inverse = np.unique(values, return_inverse=True)
+    return np.array([compute(int(v)) for v in distinct.tolist()])[inverse.reshape(values.shape)]
+
+
+def _class_values(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per rank class (rows) and configuration: allocated peak bytes, step seconds, host fits."""
+    parallel = group.request.parallel
     accumulating = accum > 1
     micro64 = micro.astype(np.int64)
-    allocated = np.zeros(micro.shape, dtype=np.int64)
-    host_ok = np.ones(micro.shape, dtype=bool)
-    for flag in (False, True):
-        rows = accumulating == flag
-        moments = group.moment_intercepts[flag][:, None] + group.moment_slopes[flag][:, None] * micro64[None, rows]
-        allocated[rows] = moments.max(axis=0)
-        host_ok[rows] = group.host_fits[flag]
-    # int(allocated * fraction) truncates toward zero, as astype does.
-    reserve = (allocated.astype(np.float64) * group.request.assumptions.allocator_reserve_fraction).astype(np.int64)
-    peak = allocated + reserve
-    fits = (peak <= group.usable_bytes) & host_ok
     passes = (micro * accum).astype(np.float64)
+    accum_f = accum.astype(np.float64)
     forward_s = group.forward_s_per_micro * passes
     backward_s = group.backward_s_per_micro * passes
-    phases = group.phase_intercepts_s[:, None] + group.phase_slopes_s[:, None] * accum.astype(np.float64)[None, :]
+    # bubble_fraction: (p - 1)/(m v) of the busy time, m the accumulation steps.
+    bubble = (parallel.pp - 1) / (accum_f * parallel.virtual_stages) if parallel.pp > 1 else np.zeros(micro.shape)
     n = len(_PHASES)
-    comm = dict(zip(_PHASES, phases[:n]))
-    host = dict(zip(_PHASES, phases[n:]))
-    exposed = exposed_communication_s(forward_s, backward_s, comm, host, maximum=np.maximum)
-    return peak, fits, forward_s + backward_s + exposed + group.cpu_optimizer_s
+    shape = (len(group.classes), micro.size)
+    allocated = np.zeros(shape, dtype=np.int64)
+    seconds = np.zeros(shape, dtype=np.float64)
+    host_ok = np.ones(shape, dtype=bool)
+    for c, cls in enumerate(group.classes):
+        def chunks(a: int, cls: _RankClass = cls) -> int:
+            if a not in cls.in_flight:
+                cls.in_flight[a] = in_flight_chunks(parallel, cls.rank, a)
+            return cls.in_flight[a]
+
+        in_flight = (_per_value(accum, chunks) * (cls.chunk_intercept + cls.chunk_slope * micro64)).astype(np.int64)
+        for flag in (False, True):
+            rows = accumulating == flag
+            moments = (cls.moment_intercepts[flag][:, None] + cls.moment_slopes[flag][:, None] * micro64[None, rows]
+                       + cls.activation_moments[:, None] * in_flight[None, rows])
+            allocated[c, rows] = moments.max(axis=0)
+            host_ok[c, rows] = cls.host_fits[flag]
+        phases = cls.phase_intercepts_s[:, None] + cls.phase_slopes_s[:, None] * accum_f[None, :]
+        comm = dict(zip(_PHASES, phases[:n]))
+        host = dict(zip(_PHASES, phases[n:]))
+        exposed = exposed_communication_s(forward_s, backward_s, comm, host, maximum=np.maximum)
+        if parallel.is_trivial:
+            blocking = np.zeros(micro.shape)
+        else:
+            def per_micro(b: int, cls: _RankClass = cls) -> float:
+                if b not in cls.blocking_s:
+                    cls.blocking_s[b] = (
+                        _blocking_seconds(cls.request, b) if cls.blocking_structure is None
+                        else _structured_blocking_seconds(cls.request, cls.blocking_structure, b, cls.call_seconds)
+                    )
+                return cls.blocking_s[b]
+
+            blocking = accum_f * _per_value(micro, per_micro)
+        # step_time: compute, the blocking collectives, the bubble over both, what the compute
+        # does not hide, the CPU step.
+        busy = forward_s + backward_s + blocking
+        seconds[c] = forward_s + backward_s + blocking + bubble * busy + exposed + cls.cpu_optimizer_s
+    return allocated, seconds, host_ok
+
+
+def _vectorised(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(peak bytes, fits, step seconds) for arrays of micro-batch and accumulation steps: the
+    pipeline rank class that peaks (the first on a tie, as ``plan``), its time."""
+    allocated, seconds, host_ok = _class_values(group, micro, accum)
+    peaking = allocated.argmax(axis=0)
+    columns = np.arange(micro.size)
+    top = allocated[peaking, columns]
+    # int(allocated * fraction) truncates toward zero, as astype does.
+    reserve = (top.astype(np.float64) * group.request.assumptions.allocator_reserve_fraction).astype(np.int64)
+    peak = top + reserve
+    fits = (peak <= group.usable_bytes) & host_ok[peaking, columns]
+    return peak, fits, seconds[peaking, columns]
 
 
 def evaluate(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -230,39 +499,128 @@ def evaluate(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[np.nd
         peak, fit, s = group.cache[(b, a)]
         peaks.append(peak), fits.append(fit), seconds.append(s)
     return np.array(peaks, dtype=np.int64), np.array(fits, dtype=bool), np.array(seconds, dtype=np.float64)
-
-
 def divisors(n: int) -> list[int]:
     small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
 
 
-def _shard_groups(kind: StrategyKind, world: int) -> list[int | None]:
-    """HSDP: every group size that divides the GPUs, strictly between 1 and all of them."""
+def _shard_groups(kind: StrategyKind, ranks: int) -> list[int | None]:
+    """HSDP: every group size that divides the ranks holding the same parameters (dp x cp),
+    strictly between 1 and all of them."""
     if kind is not StrategyKind.hsdp:
         return [None]
-    return [d for d in divisors(world) if 1 < d < world]
+    return [d for d in divisors(ranks) if 1 < d < ranks]
 
 
-def groups(base: PlanRequest, strategies: tuple[StrategyKind, ...] | None = None) -> list[_Group]:
-    """Every (strategy, checkpointing, shard group) the request's framework runs."""
+_FLAGS = {"tp": "--tp", "pp": "--pp", "cp": "--cp"}
+
+
+def layout_requests(base: PlanRequest, space: LayoutSpace) -> list[PlanRequest]:
+    """``base`` under every model-parallel layout of ``space`` the rules of
+    zeroplan.specs.parallel.check_parallel accept (a layout they refuse is skipped): tp over the
+    divisors of the GPUs per node (sequence parallel on when tp > 1), pp over the divisors of
+    the GPUs (1F1B, and interleaved 1F1B with two stages per rank), cp 1 (2 and 4 too from
+    LONG_SEQUENCE tokens on). A degree ``space`` fixes that yields no layout is refused in one
+    line naming its flag and the values that would."""
     framework = base.training.framework
-    prof = profile(framework)
-    kinds = prof.strategies if strategies is None else strategies
-    check_framework_strategies(framework, kinds)
+    fixed = {name: getattr(space, name) for name in _FLAGS if getattr(space, name) is not None}
+    if not space.model_parallel or framework.value not in MODEL_PARALLEL_FRAMEWORKS:
+        for name, value in fixed.items():
+            if value > 1:
+                if not space.model_parallel:
+                    raise ZeroplanError(_FLAGS[name], f"{value} with --no-model-parallel (allowed: 1)")
+                raise ZeroplanError(
+                    _FLAGS[name], f"{value}: model parallelism is not modelled for {framework.value} "
+                    f"(allowed: 1, or --framework {' or '.join(MODEL_PARALLEL_FRAMEWORKS)})",
+                )
+        return [base.with_parallel(ParallelSpec())]
+    world, per_node = base.cluster.world_size, base.cluster.gpus_per_node
+    tps = [space.tp] if space.tp is not None else [d for d in divisors(per_node) if d <= (space.max_tp or per_node)]
+    long_sequence = base.batch.seq_len >= LONG_SEQUENCE
+    cps = [space.cp] if space.cp is not None else [1, *(CONTEXT_PARALLEL_DEGREES if long_sequence else ())]
+    pps = [space.pp] if space.pp is not None else divisors(world)
     result = []
+    for tp in tps:
+        for cp in cps:
+            for pp in pps:
+                if world % (tp * cp * pp):
+                    continue
+                for schedule in (PipelineSchedule.one_f_one_b,) if pp == 1 else space.pp_schedules:
+                    try:
+                        spec = ParallelSpec(tp=tp, sequence_parallel=tp > 1, cp=cp, pp=pp, pp_schedule=schedule,
+                                            virtual_stages=INTERLEAVED_VIRTUAL_STAGES if schedule.interleaved and pp > 1 else 1)
+                        result.append(base.with_parallel(spec))
+                    except (ZeroplanError, ValidationError):
+                        continue  # a layout the rules refuse: not searched
+    if not result and fixed:
+        for name, value in fixed.items():
+            degrees = divisors(per_node) if name == "tp" else divisors(world)
+            allowed = [d for d in degrees if d != value and _has_layout(base, space.model_copy(update={name: d}))]
+            if value not in allowed:
+                raise ZeroplanError(
+                    _FLAGS[name], f"{value} gives no layout of {world} GPUs ({per_node} per node) for this model "
+                    f"and --seq-len (allowed: {', '.join(map(str, allowed)) or 'none with the other degrees given'})",
+                )
+        raise ZeroplanError(
+            ", ".join(_FLAGS[n] for n in fixed), "these degrees together give no layout of "
+            f"{world} GPUs (allowed: tp x cp x pp dividing {world}, tp dividing {per_node})",
+        )
+    return result
+
+
+def _has_layout(base: PlanRequest, space: LayoutSpace) -> bool:
+    try:
+        return bool(layout_requests(base, space))
+    except ZeroplanError:
+        return False
+
+
+def _layout_groups(layout: PlanRequest, kinds: tuple[StrategyKind, ...]) -> list[_Group]:
+    """Every (strategy, checkpointing, shard group) the framework runs under one layout."""
+    prof = profile(layout.training.framework)
+    result = []
+    layout_cache: dict = {}
     for kind in kinds:
-        for shard in _shard_groups(kind, base.cluster.world_size):
-            strategy = base.strategy.model_copy(update={"kind": kind, "shard_group_size": shard})
-            phases = None
+        if layout.parallel.pp > 1 and kind.value not in PIPELINE_STRATEGIES:
+            continue  # zeroplan.specs.parallel.check_parallel refuses it under a pipeline
+        for shard in _shard_groups(kind, layout.state_group_size):
+            strategy = layout.strategy.model_copy(update={"kind": kind, "shard_group_size": shard})
+            try:
+                strategic = layout.with_strategy(strategy)
+            except (ZeroplanError, ValidationError):
+                continue  # a combination the rules refuse: not searched
+            family: dict = {}
             for policy in prof.checkpointing:
-                if policy is ActivationCheckpointing.selective_layer and base.training.selective_layer_interval > base.model.num_layers:
+                if policy is ActivationCheckpointing.selective_layer and layout.training.selective_layer_interval > layout.model.num_layers:
                     continue  # it would checkpoint no block: the same as none
-                training = base.training.model_copy(update={"activation_checkpointing": policy})
-                request = base.model_copy(update={"training": training}).with_strategy(strategy)
-                group = _build_group(request, phases)
-                phases = group.phase_intercepts_s, group.phase_slopes_s
+                training = strategic.training.model_copy(update={"activation_checkpointing": policy})
+                try:
+                    group = _build_group(strategic.model_copy(update={"training": training}), family, layout_cache)
+                except ZeroDivisionError:
+                    # The scalar planner cannot time this combination (a collective whose
+                    # predicted bandwidth is 0: ZeRO-1's per-tensor broadcast with one rank of
+                    # its group per node under tensor parallelism); not searched rather than
+                    # answered wrongly.
+                    continue
                 result.append(group)
+    return result
+
+
+def groups(
+    base: PlanRequest, strategies: tuple[StrategyKind, ...] | None = None, space: LayoutSpace | None = None,
+    global_batch_size: int | None = None,
+) -> list[_Group]:
+    """Every (layout, strategy, checkpointing, shard group) the request's framework runs: the
+    request's own layout, or every layout of ``space`` (those whose data-parallel ranks divide
+    ``global_batch_size`` when it is given)."""
+    framework = base.training.framework
+    kinds = profile(framework).strategies if strategies is None else strategies
+    check_framework_strategies(framework, kinds)
+    layouts = [base] if space is None else layout_requests(base, space)
+    result = []
+    for layout in layouts:
+        if global_batch_size is None or global_batch_size % layout.data_parallel_size == 0:
+            result += _layout_groups(layout, kinds)
     return result
 
 
@@ -281,14 +639,18 @@ def batch_splits(global_batch_size: int, data_parallel_size: int) -> tuple[np.nd
 
 def _candidate(group: _Group, micro: int, accum: int, peak: int, seconds: float) -> PlanCandidate:
     r = group.request
+    p = r.parallel
     return PlanCandidate(
         strategy=r.strategy.kind, activation_checkpointing=r.training.activation_checkpointing,
         shard_group_size=r.shard_group_size, micro_batch_size=micro, grad_accum_steps=accum,
         peak_bytes=peak, usable_memory_bytes=group.usable_bytes, step_time_s=seconds,
-        tokens_per_s_per_gpu=micro * accum * r.batch.seq_len / seconds,
+        # step_time: a model-parallel group's ranks share its tokens.
+        tokens_per_s_per_gpu=micro * accum * r.batch.seq_len / p.model_parallel_size / seconds,
         model_flops_utilization=model_flops_utilization(
             group.model_flops_per_micro * micro * accum, seconds, r.cluster.gpu.peak_bf16_flops_per_s,
         ),
+        tp=p.tp, sequence_parallel=p.sequence_parallel, cp=p.cp, pp=p.pp, pp_schedule=p.pp_schedule,
+        virtual_stages=p.virtual_stages, dp=r.data_parallel_size,
     )
 
 
@@ -309,14 +671,55 @@ def pareto_indices(peak: np.ndarray, seconds: np.ndarray) -> np.ndarray:
     return np.array(front, dtype=np.int64)
 
 
+def _splits(all_groups: list[_Group], global_batch_size: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each group's (micro-batch, accumulation) splits over its layout's data-parallel ranks."""
+    by_ranks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    result = []
+    for group in all_groups:
+        ranks = group.request.data_parallel_size
+        if ranks not in by_ranks:
+            by_ranks[ranks] = batch_splits(global_batch_size, ranks)
+        result.append(by_ranks[ranks])
+    return result
+
+
+def _searched_groups(
+    base: PlanRequest, global_batch_size: int, strategies: tuple[StrategyKind, ...] | None, space: LayoutSpace | None,
+) -> tuple[list[_Group], int]:
+    """The groups of every layout whose data-parallel ranks divide the global batch, and how
+    many layouts that is; the one-line batch error when none does."""
+    layouts = [base] if space is None else layout_requests(base, space)
+    usable = [r for r in layouts if global_batch_size % r.data_parallel_size == 0]
+    if not usable:
+        smallest = min(r.data_parallel_size for r in layouts)
+        if len(layouts) == 1:
+            batch_splits(global_batch_size, smallest)
+        raise ZeroplanError(
+            "global-batch", f"{global_batch_size} splits over the data-parallel ranks of none of the "
+            f"{len(layouts)} layouts (allowed: multiples of {smallest})",
+        )
+    framework = base.training.framework
+    kinds = profile(framework).strategies if strategies is None else strategies
+    check_framework_strategies(framework, kinds)
+    all_groups = [g for layout in usable for g in _layout_groups(layout, kinds)]
+    if not all_groups:
+        raise ZeroplanError(
+            "strategies", f"none of {', '.join(k.value for k in kinds)} runs under the layouts searched "
+            f"(allowed under pipeline parallelism: {', '.join(PIPELINE_STRATEGIES)})",
+        )
+    return all_groups, len(usable)
+
+
 def search(
-    base: PlanRequest, global_batch_size: int, strategies: tuple[StrategyKind, ...] | None = None, top: int = 10
+    base: PlanRequest, global_batch_size: int, strategies: tuple[StrategyKind, ...] | None = None, top: int = 10,
+    space: LayoutSpace | None = None,
 ) -> PlanSearchResult:
-    """Rank every fitting configuration of ``base`` at ``global_batch_size`` by step time."""
-    micro, accum = batch_splits(global_batch_size, base.data_parallel_size)
-    all_groups = groups(base, strategies)
+    """Rank every fitting configuration of ``base`` at ``global_batch_size`` by step time: under
+    the request's own layout, or under every layout of ``space``."""
+    all_groups, layouts = _searched_groups(base, global_batch_size, strategies, space)
+    splits = _splits(all_groups, global_batch_size)
     index, micros, accums, peaks, fits, seconds = [], [], [], [], [], []
-    for g, group in enumerate(all_groups):
+    for g, (group, (micro, accum)) in enumerate(zip(all_groups, splits)):
         peak, fit, s = evaluate(group, micro, accum)
         index.append(np.full(micro.shape, g)), micros.append(micro), accums.append(accum)
         peaks.append(peak), fits.append(fit), seconds.append(s)
@@ -342,21 +745,23 @@ def search(
         # The vectorised sweep and the scalar planner disagree: rank with the scalar one.
         for group in all_groups:
             group.scalar_only = True
-        return search_with_groups(base, global_batch_size, all_groups, micro, accum, top)
+        return search_with_groups(base, global_batch_size, all_groups, splits, top, layouts)
     best = ranked[0] if ranked else None
     return PlanSearchResult(
         global_batch_size=global_batch_size, seq_len=base.batch.seq_len, num_gpus=base.cluster.world_size,
+        layouts_searched=layouts, groups_searched=len(all_groups),
         configurations_evaluated=len(index_a), configurations_fitting=len(fitting), ranked=ranked,
         pareto=pareto, best=best, explanation=explain(best, ranked, len(index_a), global_batch_size),
     )
 
 
 def search_with_groups(
-    base: PlanRequest, global_batch_size: int, all_groups: list[_Group], micro: np.ndarray, accum: np.ndarray, top: int
+    base: PlanRequest, global_batch_size: int, all_groups: list[_Group], splits: list[tuple[np.ndarray, np.ndarray]],
+    top: int, layouts: int = 1,
 ) -> PlanSearchResult:
     """The same ranking with every group on the scalar planner."""
     rows = []
-    for group in all_groups:
+    for group, (micro, accum) in zip(all_groups, splits):
         peak, fit, s = evaluate(group, micro, accum)
         rows += [(s[k], group, int(micro[k]), int(accum[k]), int(peak[k])) for k in range(len(micro)) if fit[k]]
     rows.sort(key=lambda r: (r[0], r[4]))
@@ -368,12 +773,26 @@ def search_with_groups(
     else:
         pareto = ()
     best = ranked[0] if ranked else None
-    evaluated = len(all_groups) * len(micro)
+    evaluated = sum(len(micro) for micro, _ in splits)
     return PlanSearchResult(
         global_batch_size=global_batch_size, seq_len=base.batch.seq_len, num_gpus=base.cluster.world_size,
+        layouts_searched=layouts, groups_searched=len(all_groups),
         configurations_evaluated=evaluated, configurations_fitting=len(candidates), ranked=ranked,
         pareto=pareto, best=best, explanation=explain(best, ranked, evaluated, global_batch_size),
     )
+
+
+def layout_name(c: PlanCandidate) -> str:
+    """'tp 8 (sp) x pp 4 (1f1b) x dp 2', the degrees above 1 and dp; 'dp N' for data parallelism alone."""
+    parts = []
+    if c.tp > 1:
+        parts.append(f"tp {c.tp}{' (sp)' if c.sequence_parallel else ''}")
+    if c.cp > 1:
+        parts.append(f"cp {c.cp}")
+    if c.pp > 1:
+        schedule = c.pp_schedule.value + (f", v {c.virtual_stages}" if c.virtual_stages > 1 else "")
+        parts.append(f"pp {c.pp} ({schedule})")
+    return " x ".join([*parts, f"dp {c.dp}"])
 
 
 def explain(best: PlanCandidate | None, ranked: tuple[PlanCandidate, ...], evaluated: int, global_batch_size: int) -> str:
@@ -390,8 +809,9 @@ def explain(best: PlanCandidate | None, ranked: tuple[PlanCandidate, ...], evalu
             f", {gain:.1%} faster than the best {runner.strategy.value}" if gain >= 0.0005
             else f", tied on time with {runner.strategy.value} ({runner.peak_bytes / 2**30:.1f} GiB)"
         )
+    layout = f"{layout_name(best)}, " if best.parallel.model_parallel_size > 1 else ""
     return (
-        f"Best: {best.strategy.value}, activation checkpointing {best.activation_checkpointing.value}, "
+        f"Best: {layout}{best.strategy.value}, activation checkpointing {best.activation_checkpointing.value}, "
         f"micro-batch {best.micro_batch_size} x {best.grad_accum_steps} accumulation: "
         f"{best.step_time_s:.3f} s per step, {best.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
         f"{best.peak_bytes / 2**30:.1f} GiB of {best.usable_memory_bytes / 2**30:.1f} GiB usable{than}."

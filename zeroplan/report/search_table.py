@@ -5,12 +5,20 @@ from __future__ import annotations
 from zeroplan.core.search import PlanCandidate, PlanSearchResult
 from zeroplan.units import GiB
 
-_NAMES = ("#", "strategy", "AC", "shard", "micro", "accum", "peak GiB", "step s", "tokens/s/GPU", "MFU")
+_NAMES = ("#", "strategy", "AC", "tp", "pp", "cp", "dp", "shard", "micro", "accum", "peak GiB", "step s", "tokens/s/GPU", "MFU")
+
+
+def _pp(c: PlanCandidate) -> str:
+    """The pipeline degree, with 'i' for interleaved 1F1B (its stages per rank after it)."""
+    if c.pp > 1 and c.pp_schedule.interleaved:
+        return f"{c.pp}i{c.virtual_stages}"
+    return str(c.pp)
 
 
 def _row(rank: int, c: PlanCandidate) -> list[str]:
     return [
-        str(rank), c.strategy.value, c.activation_checkpointing.value, str(c.shard_group_size),
+        str(rank), c.strategy.value, c.activation_checkpointing.value, str(c.tp), _pp(c), str(c.cp), str(c.dp),
+        str(c.shard_group_size),
         str(c.micro_batch_size), str(c.grad_accum_steps), f"{c.peak_bytes / GiB:.1f}",
         f"{c.step_time_s:.3f}", f"{c.tokens_per_s_per_gpu:,.0f}", f"{c.model_flops_utilization:.3f}",
     ]
@@ -28,15 +36,20 @@ def _table(candidates: tuple[PlanCandidate, ...]) -> list[str]:
 
 
 def render_search(result: PlanSearchResult) -> str:
-    per_rank = result.global_batch_size // result.num_gpus
+    if result.layouts_searched > 1:
+        split = (f"micro x accum x dp = {result.global_batch_size}; {result.layouts_searched} layouts tp x pp x cp x dp, "
+                 f"{result.groups_searched:,} groups")
+    else:
+        split = f"{result.global_batch_size // result.num_gpus} sequences per GPU = micro x accum"
     lines = [
         f"Global batch {result.global_batch_size} x seq {result.seq_len} on {result.num_gpus} GPUs "
-        f"({per_rank} sequences per GPU = micro x accum): {result.configurations_evaluated:,} configurations, "
+        f"({split}): {result.configurations_evaluated:,} configurations, "
         f"{result.configurations_fitting:,} fit.",
         "",
     ]
     if result.ranked:
-        lines += ["Fastest that fit (step time with overlap; MFU = model FLOPs / (step x peak), docs/communication-time.md):", *_table(result.ranked), ""]
+        lines += ["Fastest that fit (step time with overlap; MFU = model FLOPs / (step x peak), docs/communication-time.md;"
+                  " pp 4i2 = interleaved 1F1B, 2 stages per rank):", *_table(result.ranked), ""]
         lines += ["Pareto front (no other fits in less memory and runs faster):", *_table(result.pareto), ""]
     lines.append(result.explanation)
     return "\n".join(lines)
