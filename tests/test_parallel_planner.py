@@ -304,3 +304,21 @@ def test_a_request_without_a_sequence_length_fits_the_models_positions():
     with pytest.raises(ZeroplanError, match="batch.seq_len"):
         PlanRequest(**gpt2, batch=BatchSpec(seq_len=4096))
     assert request(batch=BatchSpec()).batch.seq_len == 4096
+
+
+GPUS = ["a100-80gb", "a10g", "b200", "h100-80gb", "h200-141gb", "l40s", "mi300x", "rtx-4090", "v100-32gb"]
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+@pytest.mark.parametrize("layout", [dict(tp=8), dict(tp=4, pp=2), dict(tp=2, cp=2, pp=2)])
+def test_every_strategy_answers_or_refuses_on_every_gpu(gpu, layout):
+    # A layout that leaves one rank of a data-parallel group per node once divided by zero in the
+    # NCCL model (DeepSpeed ZeRO-1/2's collectives lost the group's placement).
+    base = PlanRequest(model=get_model("llama-3.1-8b"), cluster=cluster_from_gpus(get_gpu(gpu), 64),
+                       batch=BatchSpec(grad_accum_steps=4, seq_len=4096), strategy=StrategySpec(kind="ddp"),
+                       parallel=ParallelSpec(**layout))
+    report = fit(base)
+    assert report.plans and all(p.time.step_with_overlap_s > 0 for p in report.plans)
+    if "pp" not in layout:
+        zero = fit(base, [StrategyKind.zero1, StrategyKind.zero2, StrategyKind.zero2_offload])
+        assert all(p.time.step_with_overlap_s > 0 for p in zero.plans)

@@ -64,7 +64,7 @@ GRADIENT_NORM_BYTES = 4
 
 
 def deepspeed_zero12_collectives(
-    request: PlanRequest, group: int, reduce_per_step: int, spans_nodes: bool,
+    request: PlanRequest, group: int, reduce_per_step: int, spans_nodes: bool, per_node: int | None = None,
 ) -> list[Collective]:
     """DeepSpeed ZeRO-1/2 (and stage 2 with offload) with its default config: all-reduced
     gradient buckets, one all-gather of the flat group, two scalar all-reduces in the step.
@@ -83,15 +83,15 @@ def deepspeed_zero12_collectives(
     flat = deepspeed_buckets.flat_group_elements(sum(numels), group)
     result = [
         make_collective(CollectiveOp.all_reduce, Phase.backward, "gradients", [n * gradient_bytes for n in grad_elements],
-                    group, reduce_per_step, spans_nodes, gradient_bytes),
+                    group, reduce_per_step, spans_nodes, gradient_bytes, per_node),
         make_collective(CollectiveOp.all_gather, Phase.step, "parameters", [flat * eb.compute_parameter],
-                    group, 1, spans_nodes, eb.compute_parameter),
+                    group, 1, spans_nodes, eb.compute_parameter, per_node),
     ]
     if request.training.precision is not Precision.fp32:
         result.append(make_collective(CollectiveOp.all_reduce, Phase.step, "overflow flag", [OVERFLOW_FLAG_BYTES],
-                                  group, 1, spans_nodes, OVERFLOW_FLAG_BYTES))
+                                  group, 1, spans_nodes, OVERFLOW_FLAG_BYTES, per_node))
     result.append(make_collective(CollectiveOp.all_reduce, Phase.step, "gradient norm", [GRADIENT_NORM_BYTES],
-                              group, 1, spans_nodes, GRADIENT_NORM_BYTES))
+                              group, 1, spans_nodes, GRADIENT_NORM_BYTES, per_node))
     return result
 
 
@@ -135,7 +135,7 @@ def data_parallel_collectives(request: PlanRequest) -> list[Collective]:
     deferred = pipeline_defers_fsdp_reduction(request.parallel, kind.is_fsdp)
     reduce_per_step = 1 if (kind is StrategyKind.zero1 or request.strategy.keep_unsharded_grads_on_accum or deferred) else accum
     if kind.zero_stage in (1, 2) and request.strategy.zero_gradient_reduce is ZeroGradientReduce.bucket:
-        return deepspeed_zero12_collectives(request, group, reduce_per_step, group_spans_nodes)
+        return deepspeed_zero12_collectives(request, group, reduce_per_step, group_spans_nodes, per_node)
     grads = _unit_buffers(request, group, gradient_bytes)
     params = _unit_buffers(request, group, eb.compute_parameter)
     result = []
