@@ -594,15 +594,7 @@ def _layout_groups(layout: PlanRequest, kinds: tuple[StrategyKind, ...]) -> list
                 if policy is ActivationCheckpointing.selective_layer and layout.training.selective_layer_interval > layout.model.num_layers:
                     continue  # it would checkpoint no block: the same as none
                 training = strategic.training.model_copy(update={"activation_checkpointing": policy})
-                try:
-                    group = _build_group(strategic.model_copy(update={"training": training}), family, layout_cache)
-                except ZeroDivisionError:
-                    # The scalar planner cannot time this combination (a collective whose
-                    # predicted bandwidth is 0: ZeRO-1's per-tensor broadcast with one rank of
-                    # its group per node under tensor parallelism); not searched rather than
-                    # answered wrongly.
-                    continue
-                result.append(group)
+                result.append(_build_group(strategic.model_copy(update={"training": training}), family, layout_cache))
     return result
 
 
