@@ -409,3 +409,12 @@ def test_the_fit_header_shows_the_usable_memory_the_plans_are_checked_against(ca
     assert len(usable) == 1
     assert main(argv) == 0
     assert f"{usable.pop() / 2**30:.1f} GiB usable per GPU" in capsys.readouterr().out.splitlines()[0]
+
+
+def test_the_header_names_the_attention_the_framework_runs(capsys) -> None:
+    from zeroplan.cli.main import main
+
+    assert main(["fit", "llama-3.1-8b", "--framework", "torchtitan", "--gpus", "8"]) == 0
+    assert "FlexAttention" in capsys.readouterr().out.splitlines()[1]
+    assert main(["fit", "llama-3.1-8b", "--gpus", "8"]) == 0
+    assert "flash attention" in capsys.readouterr().out.splitlines()[1]

@@ -65,6 +65,14 @@ def expert_parallel_line(report: FitReport, dp: int) -> str:
             f"all-to-all to their experts' rank and back in every MoE block, forward and backward")
 
 
+def attention_name(training) -> str:
+    """The attention the framework's code runs: torchtitan 0.3.0's Llama-3 runs FlexAttention
+    (models/common/attention.py; it saves what a fused kernel saves, plus per-head statistics)."""
+    if training.framework.value == "torchtitan" and training.attention_kernel.value == "flash":
+        return "FlexAttention"
+    return f"{training.attention_kernel.value} attention"
+
+
 def usable_bytes(report: FitReport) -> int:
     """What each plan's peak is checked against: the capacity less the CUDA context and, for a
     framework profile, NCCL's buffers (zeroplan.core.feasibility); the same for every plan."""
@@ -108,7 +116,7 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
         f"{to_unit(usable_bytes(report), unit):.1f} {unit.value} usable per GPU",
         f"{t.precision.value}, {t.optimizer.value}, micro-batch {b.micro_batch_size} x seq {b.seq_len}, "
         f"grad-accum {b.grad_accum_steps}, activation checkpointing {t.activation_checkpointing.value}, "
-        f"{t.attention_kernel.value} attention"
+        f"{attention_name(t)}"
         + (", fused linear cross-entropy (liger)" if t.fused_linear_cross_entropy else "")
         + (", unchunked loss" if t.unchunked_loss else "")
         + (", optimizer in backward" if t.optimizer_in_backward else "")
