@@ -133,6 +133,12 @@ _VALID = _as_dict(get_gpu("l40s"))
         (json.dumps({**_VALID, "memory_bytes": "lots"}), "gpu.memory_bytes"),
         (json.dumps({**_VALID, "colour": "red"}), "gpu.colour"),
         (json.dumps({**_VALID, "host_link": {**_VALID["host_link"], "latency_s": -1}}), "gpu.host_link.latency_s"),
+        # Past any real device, or not of the field's type (no coercion from a JSON file).
+        (json.dumps({**_VALID, "host_link": {**_VALID["host_link"], "latency_s": 1e9}}), "gpu.host_link.latency_s"),
+        (json.dumps({**_VALID, "memory_bytes": 10**30}), "gpu.memory_bytes"),
+        (json.dumps({**_VALID, "peak_bf16_flops_per_s": 1e300 * 10}), "gpu.peak_bf16_flops_per_s"),
+        (json.dumps({**_VALID, "nvswitch": "yes"}), "gpu.nvswitch"),
+        (json.dumps({**_VALID, "memory_bytes": "85899345920"}), "gpu.memory_bytes"),
     ],
 )
 def test_bad_gpu_file_is_one_line_error_naming_the_field(tmp_path, content: str, field: str) -> None:

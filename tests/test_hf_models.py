@@ -136,3 +136,31 @@ def test_fit_output_has_no_caution_for_an_exact_count(capsys) -> None:
     assert main(["fit", str(FIXTURES / "gemma-2-9b.json"), "--strategies", "zero3", "--seq-len", "4096"]) == 0
     out = capsys.readouterr().out
     assert "9,241,705,984 parameters" in out and "Caution:" not in out
+
+
+@pytest.mark.parametrize("key,value,field", [
+    ("tie_word_embeddings", "yes", "config.tie_word_embeddings"),
+    ("rope_scaling", {"type": "banana", "factor": 8}, "config.rope_scaling"),
+    ("rope_scaling", "linear", "config.rope_scaling"),
+])
+def test_config_values_are_not_coerced(tmp_path, capsys, key, value, field) -> None:
+    # A string is no boolean, and a RoPE scaling transformers does not build is refused.
+    import json as json_module
+
+    from zeroplan.cli.main import main
+
+    config = json_module.loads((Path(__file__).parent / "fixtures" / "hf" / "qwen2.5-7b.json").read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json_module.dumps({**config, key: value}))
+    assert main(["fit", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"error: {field}: " in err, err
+
+
+def test_a_known_rope_scaling_is_read(tmp_path) -> None:
+    import json as json_module
+
+    from zeroplan.presets.hf_config import parse_hf_config
+
+    config = json_module.loads((Path(__file__).parent / "fixtures" / "hf" / "qwen2.5-7b.json").read_text())
+    parse_hf_config({**config, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "x")

@@ -227,7 +227,8 @@ def load_gpu_file(path: str | Path) -> GpuSpec:
     if not isinstance(data, dict):
         raise ZeroplanError("gpu", f"{str(path)!r} must hold a JSON object with the fields of a GPU")
     try:
-        return GpuSpec.model_validate(data)
+        # Strict: JSON's "yes" is not a boolean nor "8" a count; enum values stay strings.
+        return GpuSpec.model_validate_json(text, strict=True)
     except ValidationError as error:
         raise first_error(error, prefix="gpu") from None
 

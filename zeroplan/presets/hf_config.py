@@ -32,6 +32,44 @@ _QWEN_MOE = ("qwen2_moe", "qwen3_moe")
 _DEEPSEEK = ("deepseek_v2", "deepseek_v3")
 SUPPORTED_MODEL_TYPES = _GPT2_LIKE + _LLAMA_LIKE + _GEMMA_LIKE + _QWEN_MOE + _DEEPSEEK
 
+
+def strict_model_spec(**fields) -> ModelSpec:
+    """A ModelSpec from config.json's values without coercion: a config's "yes" is no boolean
+    and "4096" no width (pydantic's strict mode; enums are built by this module)."""
+    return ModelSpec.model_validate(fields, strict=True)
+
+
+# transformers 4.56.2 modeling_rope_utils.py ROPE_INIT_FUNCTIONS: the RoPE variants a config's
+# rope_scaling (rope_type, or the older key type) may name.
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
+
+
+CONFIG_KEY_OF_FIELD = {
+    "tied_embeddings": "tie_word_embeddings", "num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+    "num_kv_heads": "num_key_value_heads", "ffn_hidden_size": "intermediate_size",
+    "max_positions": "max_position_embeddings", "hidden_dropout": "hidden_dropout",
+}
+"""ModelSpec fields whose config.json key (transformers' name) differs, for error messages."""
+
+
+def config_key_error(error: ZeroplanError) -> ZeroplanError:
+    """A ModelSpec validation error named by the config.json key the user wrote."""
+    field = error.field
+    return ZeroplanError(f"config.{CONFIG_KEY_OF_FIELD.get(field, field)}", error.detail)
+
+
+def check_rope_scaling(config: dict) -> None:
+    """Refuse, in one line, a rope_scaling that transformers would not build."""
+    scaling = config.get("rope_scaling")
+    if scaling is None:
+        return
+    kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else None
+    if kind not in ROPE_TYPES:
+        raise ZeroplanError(
+            "config.rope_scaling", f"{scaling!r} is not a RoPE scaling transformers builds "
+            f"(allowed: null or an object whose rope_type is one of {', '.join(ROPE_TYPES)})",
+        )
+
 # Keys every PretrainedConfig may write that never change the parameter count
 # (transformers configuration_utils.py: generation, tokenizer, label and serialisation settings).
 _NEUTRAL_COMMON = frozenset({
@@ -165,7 +203,7 @@ def _count_caveat(config: dict[str, Any], model_type: str) -> str:
 
 def _gpt2_spec(name: str, config: dict[str, Any]) -> ModelSpec:
     hidden = _require(config, "n_embd", "hidden_size")
-    return ModelSpec(
+    return strict_model_spec(
         name=name,
         vocab_size=_require(config, "vocab_size"),
         hidden_size=hidden,
@@ -187,7 +225,7 @@ def _llama_spec(name: str, config: dict[str, Any]) -> ModelSpec:
     model_type = config["model_type"]
     gemma = model_type in _GEMMA_LIKE
     moe_defaults = (8, 2) if model_type == "mixtral" else (1, 1)  # MixtralConfig: 8 experts, top-2
-    return ModelSpec(
+    return strict_model_spec(
         name=name,
         vocab_size=_require(config, "vocab_size"),
         hidden_size=_require(config, "hidden_size"),
@@ -236,7 +274,7 @@ def _moe_spec(name: str, config: dict[str, Any]) -> ModelSpec:
     if not deepseek:
         qwen2 = model_type == "qwen2_moe"
         num_experts = config.get("num_experts", 60 if qwen2 else 128)
-        return ModelSpec(
+        return strict_model_spec(
             **common,
             num_kv_heads=config.get("num_key_value_heads"),
             head_dim=config.get("head_dim"),
@@ -260,7 +298,7 @@ def _moe_spec(name: str, config: dict[str, Any]) -> ModelSpec:
     shared = config.get("n_shared_experts", 2 if v2 else 1)
     qk_nope = config.get("qk_nope_head_dim", 128)
     qk_rope = config.get("qk_rope_head_dim", 64)
-    return ModelSpec(
+    return strict_model_spec(
         **common,
         # MLA: every query head gets its own key and value from the latent (kv_b_proj).
         head_dim=qk_nope + qk_rope,
@@ -321,6 +359,7 @@ def parse_hf_config(config: dict[str, Any], name: str) -> ModelSpec:
             "config.model_type", f"unsupported {model_type!r} (allowed: {', '.join(SUPPORTED_MODEL_TYPES)})"
         )
     _check_integer_keys(config)
+    check_rope_scaling(config)
     _refuse_unmodelled(config, model_type)
     try:
         if model_type in _GPT2_LIKE:
@@ -330,7 +369,7 @@ def parse_hf_config(config: dict[str, Any], name: str) -> ModelSpec:
         else:
             spec = _llama_spec(name, config)
     except ValidationError as error:
-        raise first_error(error, prefix="config") from None
+        raise config_key_error(first_error(error)) from None
     caveat = _count_caveat(config, model_type)
     if caveat:
         spec = spec.model_copy(update={"parameter_count_exact": False, "parameter_count_caveat": caveat})

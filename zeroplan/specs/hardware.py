@@ -11,14 +11,27 @@ from zeroplan.specs.base import Frozen
 from zeroplan.units import MiB
 
 
+# Upper bounds on what a GPU description may claim (docs/input-bounds.md, "GPU files"): each is
+# orders of magnitude past any device or link announced, so a typo (1e30 bytes, a latency of
+# 1e9 s) is refused rather than planned with.
+MAX_LINK_BYTES_PER_S = 1e15
+"""1 PB/s: NVLink 5 is 1.8 TB/s per GPU."""
+MAX_LATENCY_S = 1.0
+"""One second per hop: NCCL's per-step latencies are microseconds."""
+MAX_FLOPS_PER_S = 1e17
+"""100 PFLOP/s: a B200 is 2.25 PFLOP/s dense bf16."""
+MAX_DEVICE_MEMORY_BYTES = 2**44
+"""16 TiB: the largest accelerators hold under 0.3 TiB."""
+
+
 class LinkSpec(Frozen):
     """One kind of link, in the alpha-beta model: time = latency_s + bytes / bandwidth_bytes_per_s."""
 
     name: str = Field(min_length=1)
     """E.g. 'NVLink 4 (NVSwitch)' or 'InfiniBand NDR 400G'."""
-    bandwidth_bytes_per_s: float = Field(gt=0)
+    bandwidth_bytes_per_s: float = Field(gt=0, le=MAX_LINK_BYTES_PER_S, allow_inf_nan=False)
     """Unidirectional bandwidth one GPU can drive over this link, in bytes per second."""
-    latency_s: float = Field(ge=0)
+    latency_s: float = Field(ge=0, le=MAX_LATENCY_S, allow_inf_nan=False)
     """Per-message start-up latency (alpha), in seconds."""
 
 
@@ -28,7 +41,7 @@ class NodeNetworkSpec(Frozen):
 
     nics_per_node: int = Field(gt=0)
     """Compute-fabric NICs in one node (storage NICs excluded), e.g. 8 in a DGX H100."""
-    nic_bandwidth_bytes_per_s: float = Field(gt=0)
+    nic_bandwidth_bytes_per_s: float = Field(gt=0, le=MAX_LINK_BYTES_PER_S, allow_inf_nan=False)
     """Unidirectional bandwidth of one NIC, bytes per second (400 Gb/s = 50e9)."""
     source: str = Field(min_length=1)
     """Where the NIC count and speed come from (system datasheet)."""
@@ -56,7 +69,7 @@ class AchievedBusBandwidth(Frozen):
     """all_reduce, all_gather or reduce_scatter."""
     scope: str = Field(pattern="^(intra_node|inter_node)$")
     """intra_node (one node, NVLink/NVSwitch) or inter_node (the run spans nodes)."""
-    bus_bandwidth_bytes_per_s: float = Field(gt=0)
+    bus_bandwidth_bytes_per_s: float = Field(gt=0, le=MAX_LINK_BYTES_PER_S, allow_inf_nan=False)
     """nccl-tests' busbw at ``message_bytes``, bytes per second (GB/s x 1e9)."""
     num_nodes: int = Field(gt=0)
     """Nodes of the run."""
@@ -79,9 +92,9 @@ class GpuSpec(Frozen):
     """Catalog key, lower case, e.g. 'a100-80gb'."""
     display_name: str = Field(min_length=1)
     """As the vendor writes it, e.g. 'NVIDIA A100 80GB SXM'."""
-    memory_bytes: int = Field(gt=0)
+    memory_bytes: int = Field(gt=0, le=MAX_DEVICE_MEMORY_BYTES)
     """Device memory as the driver reports it, in bytes."""
-    peak_bf16_flops_per_s: float = Field(gt=0)
+    peak_bf16_flops_per_s: float = Field(gt=0, le=MAX_FLOPS_PER_S, allow_inf_nan=False)
     """Dense (no sparsity) bf16/fp16 tensor throughput, FLOP/s; fp16 for chips without bf16."""
     intra_node_link: LinkSpec
     """GPU-to-GPU inside a node (NVLink/NVSwitch, Infinity Fabric, or PCIe)."""
