@@ -181,3 +181,19 @@ def test_models_lists_the_measurement_presets_the_readme_uses(capsys) -> None:
     assert main(["models"]) == 0
     out = capsys.readouterr().out
     assert "llama-3.1-8b" in out and "tiny-llama" in out and "micro-gpt2" in out
+
+
+def test_fit_expresses_accumulation_without_resharding(capsys) -> None:
+    # FSDP no_sync / set_requires_gradient_sync(False): the unsharded gradients are held, so the
+    # peak grows and the gradients are reduced once per step (less sent).
+    import json
+
+    from zeroplan.cli.main import main
+
+    argv = ["fit", "llama-3.1-8b", "--gpus", "8", "--grad-accum", "4", "--strategies", "fsdp-full-shard", "--format", "json"]
+    assert main(argv) == 0
+    plain = json.loads(capsys.readouterr().out)["plans"][0]
+    assert main([*argv, "--keep-unsharded-grads-on-accum"]) == 0
+    kept = json.loads(capsys.readouterr().out)["plans"][0]
+    assert kept["memory"]["peak_bytes"] > plain["memory"]["peak_bytes"]
+    assert kept["sent_bytes_per_step"] < plain["sent_bytes_per_step"]

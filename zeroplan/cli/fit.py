@@ -83,6 +83,11 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
         help="byte layout of model states (default: fsdp2 for DDP/FSDP, zero for ZeRO)",
     )
     parser.add_argument("--hsdp-group", type=positive_int, help="HSDP shard group size (default: GPUs per node)")
+    parser.add_argument(
+        "--keep-unsharded-grads-on-accum", action="store_true",
+        help="accumulate unsharded gradients over --grad-accum micro-batches and reduce once (FSDP no_sync, "
+             "FSDP2 set_requires_gradient_sync(False), as Lightning and litgpt run it): a full gradient buffer",
+    )
     add_parallel_arguments(parser)
     add_efficiency_arguments(parser)
     add_collective_model_arguments(parser)
@@ -239,7 +244,8 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         # The base request only carries the knobs (fit plans each strategy); under expert
         # parallelism it must be one that runs there.
         kind = StrategyKind.fsdp_full_shard
-    strategy = StrategySpec(kind=kind, shard_group_size=args.hsdp_group)
+    strategy = StrategySpec(kind=kind, shard_group_size=args.hsdp_group,
+                            keep_unsharded_grads_on_accum=getattr(args, "keep_unsharded_grads_on_accum", False))
     if args.mfu is not None:
         raise ZeroplanError(
             "mfu", "is no longer an input: give --hfu (executed FLOPs over peak; a published MFU converts as "
