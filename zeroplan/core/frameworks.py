@@ -293,7 +293,12 @@ builds it: an offloaded tensor stays on the device until five later saved tensor
 # tensors, until backward starts (counted in outside_layers_bytes, with the output
 # projection's input, which NoOpManager keeps). unpack_tensor brings a tensor back only when
 # autograd asks for it, so backward holds one recomputed block (its input brought back is the
-# tensor its first norm saves again). The larger of the two moments is kept.
+# tensor its first norm saves again). The stash outlives the forward: OffloadActivations deletes
+# it in the hook of the first backward node that unpacks an offloaded tensor
+# (_activation_offloading.py unpack_tensor_with_streams, "if there are still things in the
+# fwd_stash, get rid of them as we're in bwd now"), i.e. in the last block's backward; the loss's
+# backward unpacks none (its inputs stay under NoOpManager). So the loss's moment holds the stash
+# and no recomputed block, and the first block's backward the stash and its recomputed block.
 def offloads_blocks(request: PlanRequest) -> bool:
     """Whether torchtune's offloading moves each block's saved input off the device."""
     s, b = request.batch.seq_len, request.batch.micro_batch_size
@@ -301,9 +306,11 @@ def offloads_blocks(request: PlanRequest) -> bool:
 
 
 def offloaded_layers_bytes(request: PlanRequest, layer: int) -> int:
+    """The forward stash and the one recomputed block (framework_recompute_bytes sets the block
+    apart: it is alive only in a block's backward)."""
     s, b = request.batch.seq_len, request.batch.micro_batch_size
     forward_stash = OFFLOAD_FORWARD_STASH * block_input_bytes(request, s, b)
-    return max(layer, forward_stash)
+    return forward_stash + layer
 
 
 def framework_activation_bytes(request: PlanRequest) -> int:
@@ -339,6 +346,8 @@ def framework_recompute_bytes(request: PlanRequest) -> int:
     """The part of framework_activation_bytes alive only during a block's backward."""
     training = request.training
     mode = training.activation_checkpointing
+    if offloads_blocks(request):
+        return framework_layer_bytes(request)
     if training.activation_offloading or mode is ActivationCheckpointing.none:
         return 0
     layer = framework_layer_bytes(request)
