@@ -164,3 +164,15 @@ def test_a_known_rope_scaling_is_read(tmp_path) -> None:
 
     config = json_module.loads((Path(__file__).parent / "fixtures" / "hf" / "qwen2.5-7b.json").read_text())
     parse_hf_config({**config, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "x")
+
+
+def test_a_config_too_deep_to_plan_in_seconds_is_refused(tmp_path, capsys) -> None:
+    import json as json_module
+
+    from zeroplan.cli.main import main
+
+    config = json_module.loads((Path(__file__).parent / "fixtures" / "hf" / "qwen2.5-7b.json").read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json_module.dumps({**config, "num_hidden_layers": 2**24}))
+    assert main(["fit", str(path)]) == 2
+    assert "config.num_hidden_layers: must be at most 1,024" in capsys.readouterr().err

@@ -333,6 +333,11 @@ refused instead of making the planner's integer arithmetic run for minutes."""
 MAX_CONFIG_POSITIONS = 1 << 30
 """Largest max_position_embeddings / n_positions accepted."""
 _POSITION_KEYS = ("max_position_embeddings", "n_positions")
+MAX_CONFIG_LAYERS = 1 << 10
+"""Largest num_hidden_layers / n_layer (1,024): the deepest published models have under 200
+blocks; the planner builds every block's units, so 2^24 grew past 10 GB and never answered,
+while 1,024 answers in about a second (docs/input-bounds.md)."""
+_LAYER_KEYS = ("num_hidden_layers", "n_layer")
 
 
 def _check_integer_keys(config: dict[str, Any]) -> None:
@@ -342,7 +347,7 @@ def _check_integer_keys(config: dict[str, Any]) -> None:
             continue
         if isinstance(value, bool) or not isinstance(value, int):
             raise ZeroplanError(f"config.{key}", f"must be a JSON integer, got {value!r}")
-        limit = MAX_CONFIG_POSITIONS if key in _POSITION_KEYS else MAX_CONFIG_SIZE
+        limit = MAX_CONFIG_POSITIONS if key in _POSITION_KEYS else MAX_CONFIG_LAYERS if key in _LAYER_KEYS else MAX_CONFIG_SIZE
         if value > limit:
             raise ZeroplanError(f"config.{key}", f"must be at most {limit:,}, got {value:,}")
 

@@ -47,8 +47,9 @@ class ModelSpec(Frozen):
     """V: vocabulary size (rows of the embedding table)."""
     hidden_size: int = Field(gt=0)
     """h: model width."""
-    num_layers: int = Field(gt=0)
-    """L: number of transformer blocks."""
+    num_layers: int = Field(gt=0, le=1024)
+    """L: number of transformer blocks; at most 1,024 (the deepest published models have under
+    200; the planner builds every block's parameter units, docs/input-bounds.md)."""
     num_heads: int = Field(gt=0)
     """a: number of attention (query) heads; must divide hidden_size."""
     num_kv_heads: int | None = Field(default=None, gt=0)
