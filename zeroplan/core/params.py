@@ -7,7 +7,7 @@ registration order of the harness's PyTorch model, so padded flat layouts agree 
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from math import prod
 
 from pydantic import Field
@@ -28,7 +28,8 @@ class ParamTensor(Frozen):
     the routed experts under expert parallelism (torchtitan 0.3.0 distributed/fsdp.py shards
     them over the efsdp mesh, dp_shard x cp x tp / ep ranks), 1 for everything else."""
 
-    @property
+    # Cached: the planner sums these thousands of times per fit (the tensor is frozen).
+    @cached_property
     def numel(self) -> int:
         return prod(self.shape)
 
@@ -41,7 +42,7 @@ class ParamUnit(Frozen):
     tensors: tuple[ParamTensor, ...]
     """Tensors in registration order."""
 
-    @property
+    @cached_property
     def numel(self) -> int:
         return sum(t.numel for t in self.tensors)
 
