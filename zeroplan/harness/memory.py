@@ -74,10 +74,27 @@ class SavedActivations:
     @contextlib.contextmanager
     def hooked(self) -> Iterator[None]:
         def pack(tensor: torch.Tensor) -> torch.Tensor:
-            storage = tensor.untyped_storage()
-            if not isinstance(tensor, torch.nn.Parameter) and not self._is_parameter_storage(storage.data_ptr()):
-                self._seen[storage.data_ptr()] = storage.nbytes()
+            if isinstance(tensor, torch.nn.Parameter):
+                return tensor
+            for inner in _plain_tensors(tensor):
+                storage = inner.untyped_storage()
+                if not self._is_parameter_storage(storage.data_ptr()):
+                    self._seen[storage.data_ptr()] = storage.nbytes()
             return tensor
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
             yield
+
+
+def _plain_tensors(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors with storage behind ``tensor``: itself, or for a wrapper subclass without
+    storage of its own (a DTensor's local shard, a functional collective's
+    AsyncCollectiveTensor; torch 2.13 utils/_python_dispatch.py is_traceable_wrapper_subclass)
+    its inner tensors, recursively."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if not is_traceable_wrapper_subclass(tensor):
+        return [tensor]
+    names, _ = tensor.__tensor_flatten__()
+    inner = (getattr(tensor, name) for name in names)
+    return [plain for value in inner if isinstance(value, torch.Tensor) for plain in _plain_tensors(value)]
