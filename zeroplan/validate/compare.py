@@ -29,6 +29,7 @@ def request_for(description: RunDescription) -> PlanRequest:
         zero_gradient_reduce=_ENGINE_GRADIENT_REDUCE.get(
             (description.engine, description.strategy), ZeroGradientReduce.bucket
         ),
+        parallel=description.parallel,
     )
 
 
@@ -42,6 +43,10 @@ def _measured_collectives(step: StepRecord) -> dict[str, int]:
 
 def compare_record(record: RankRecord, step_index: int = -1) -> list[ComparisonRow]:
     """Rows for one rank at one step (by default the last, after warm-up)."""
+    if not record.description.parallel.is_trivial:
+        from zeroplan.validate.model_parallel import compare_model_parallel_record
+
+        return compare_model_parallel_record(record, step_index)
     description = record.description
     request = request_for(description)
     step = record.steps[step_index]
