@@ -205,38 +205,67 @@ class PipelineEngine:
     micro-batches all go through the schedule in one call (``runs_whole_step``)."""
 
     runs_whole_step = True
-    # torch 2.13 pipelining/stage.py infers the gradient shapes with torch.autograd.grad on the
-    # first step, where the module hooks of MemTracker/FSDPMemTracker (distributed/_tools/
-    # mod_tracker.py) raise "A leaf node was passed to _will_engine_execute_node": the CPU
-    # allocator trace is this engine's peak.
-    no_tracker_reason = "MemTracker's module hooks fail under torch.distributed.pipelining (torch 2.13)"
+    # torch 2.13 distributed/_tools/mem_tracker.py refuses a module's second forward inside one
+    # tracking window unless reset_mod_stats runs in between ("does not support memory tracking
+    # for multiple iterative calls"), and the schedule runs every micro-batch's forward inside
+    # one call: the CPU allocator trace is this engine's peak.
+    no_tracker_reason = "MemTracker cannot follow a pipeline schedule's several forwards per step (torch 2.13)"
 
     def __init__(self, model: Transformer, mesh, parallel: ParallelSpec, strategy: StrategyKind, dtype: torch.dtype,
-                 optimizer: Optimizer, microbatches: int) -> None:
+                 optimizer: Optimizer, microbatches: int, micro_batch_size: int, seq_len: int) -> None:
         from torch.distributed import pipelining
 
         self.mesh = mesh
         pp_rank, pp = mesh["pp"].get_local_rank(), parallel.pp
-        blocks = even_block_split(model.spec.num_layers, pp)[pp_rank]
+        splits = even_block_split(model.spec.num_layers, pp)
+        stages = [StageModule(model, blocks, index == 0, index == pp - 1) for index, blocks in enumerate(splits)]
         self.first, self.last = pp_rank == 0, pp_rank == pp - 1
-        stage = StageModule(model, blocks, self.first, self.last)
+        stage = stages[pp_rank]
         device = torch.device(_device_type(), torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         self.compute_dtype = dtype
+        self.inner = stage
+        boundary = self._boundary_tensors(stages, micro_batch_size, seq_len, strategy)
         if strategy is StrategyKind.ddp:
             self.module = nn.parallel.DistributedDataParallel(stage, process_group=mesh["dp"].get_group())
         else:
             _fully_shard(stage, list(stage.blocks.values()), mesh["dp"], dtype,
                          reshard_after_forward=strategy is StrategyKind.fsdp_full_shard)
             self.module = stage
-        self.inner = stage
         self.optimizer = make_optimizer(optimizer, list(stage.parameters()))
-        self.stage = pipelining.PipelineStage(self.module, pp_rank, pp, device, group=mesh["pp"].get_group())
+        # Shapes given up front (torch 2.13 pipelining/stage.py InferenceMode.STATIC): the
+        # stage then skips the first step's metadata inference, whose extra backward through a
+        # DDP module fills DDP's bucket-rebuild list twice and trips reducer.cpp's
+        # "rebuilt parameter indices size is not same as original model parameters size".
+        self.stage = pipelining.PipelineStage(
+            self.module, pp_rank, pp, device, input_args=boundary[pp_rank], output_args=boundary[pp_rank + 1],
+            # The gradients that cross each boundary have the activations' shapes; the tokens have none.
+            input_grads=None if self.first else boundary[pp_rank], output_grads=None if self.last else boundary[pp_rank + 1],
+            group=mesh["pp"].get_group(),
+        )
         schedule_class = getattr(pipelining, _SCHEDULES[parallel.pp_schedule])
         # scale_grads=True (torch 2.13 pipelining/schedules.py): the schedule divides the summed
         # gradients by the micro-batch count, so the loss is each micro-batch's mean, unscaled,
         # and the gradient is that of the step's mean loss, as the other engines accumulate it.
         self.schedule = schedule_class(self.stage, n_microbatches=microbatches, loss_fn=self._loss, scale_grads=True)
         self.microbatches = microbatches
+
+    def _boundary_tensors(self, stages: list[StageModule], micro_batch_size: int, seq_len: int,
+                          strategy: StrategyKind) -> list[torch.Tensor]:
+        """What crosses each stage boundary for one micro-batch (tokens in, each stage's output),
+        from one forward of the still unwrapped stages on zero tokens, in the dtype the run
+        computes in (FSDP2's bf16 parameters, or DDP's autocast): shapes only, no collective."""
+        tokens = torch.zeros(micro_batch_size, seq_len, dtype=torch.long)
+        tensors = [tokens]
+        autocast = (torch.autocast(device_type=_device_type(), dtype=self.compute_dtype)
+                    if strategy is StrategyKind.ddp and self.compute_dtype != torch.float32 else contextlib.nullcontext())
+        with torch.no_grad(), autocast:
+            x = tokens
+            for stage in stages:
+                x = stage(x)
+                if strategy is not StrategyKind.ddp and x.is_floating_point():
+                    x = x.to(self.compute_dtype)
+                tensors.append(torch.empty_like(x))
+        return tensors
 
     def _loss(self, logits_BSV: torch.Tensor, targets_BS: torch.Tensor) -> torch.Tensor:
         return next_token_loss(logits_BSV, targets_BS)
@@ -297,9 +326,9 @@ def implementation_name(strategy: StrategyKind, parallel: ParallelSpec) -> str:
 
 def build_parallel_engine(model: Transformer, mesh, parallel: ParallelSpec, strategy: StrategyKind,
                           dtype: torch.dtype, optimizer: Optimizer, keep_unsharded_grads_on_accum: bool,
-                          microbatches: int):
+                          microbatches: int, micro_batch_size: int, seq_len: int):
     if parallel.pp > 1:
-        return PipelineEngine(model, mesh, parallel, strategy, dtype, optimizer, microbatches)
+        return PipelineEngine(model, mesh, parallel, strategy, dtype, optimizer, microbatches, micro_batch_size, seq_len)
     return TensorParallelFsdp(model, mesh, parallel, dtype, optimizer,
                               reshard_after_forward=strategy is StrategyKind.fsdp_full_shard,
                               keep_unsharded_grads_on_accum=keep_unsharded_grads_on_accum)

@@ -140,7 +140,8 @@ def run_rank(
             else:
                 engine = pe.build_parallel_engine(model, mesh, config.parallel, config.strategy, dtype,
                                                   config.training.optimizer, config.keep_unsharded_grads_on_accum,
-                                                  config.batch.grad_accum_steps)
+                                                  config.batch.grad_accum_steps, config.batch.micro_batch_size,
+                                                  config.batch.seq_len)
         setup_span = (setup_start, _offset(nccl_log))
         setup = list(recorder.records)
         steps: list[StepRecord] = []
