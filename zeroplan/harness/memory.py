@@ -51,6 +51,8 @@ class SavedActivations:
         # parameters at the time autograd saves them, not activations: look them up then.
         self._module = module
         self._seen: dict[int, int] = {}
+        self._earlier: list[int] = []
+        """Totals of the micro-batches before the current one (start_micro_batch)."""
 
     def _is_parameter_storage(self, data_ptr: int) -> bool:
         if data_ptr in self._exclude:
@@ -69,7 +71,17 @@ class SavedActivations:
 
     @property
     def num_bytes(self) -> int:
-        return sum(self._seen.values())
+        """The largest micro-batch's saved bytes (the only one without start_micro_batch)."""
+        return max([*self._earlier, sum(self._seen.values())])
+
+    def start_micro_batch(self) -> None:
+        """Count what follows as another micro-batch. A pipeline schedule runs a step's
+        micro-batches in one call, their forwards and backwards interleaved (1F1B): a storage
+        freed by one micro-batch's backward and reused by another's forward has the same
+        address, so each micro-batch needs counting on its own."""
+        if self._seen:
+            self._earlier.append(sum(self._seen.values()))
+        self._seen = {}
 
     @contextlib.contextmanager
     def hooked(self) -> Iterator[None]:

@@ -212,12 +212,14 @@ def _one_step(engine, config: RunConfig, step: int, rank: int, world_size: int,
     with track_peak(engine.module, engine.optimizer, extra, getattr(engine, "no_tracker_reason", None)) as peak, recorder:
         recorder.phase = "forward_backward"
         if getattr(engine, "runs_whole_step", False):
-            # A pipeline schedule runs every micro-batch in one call, interleaved: the hook sees
-            # the step's saved storages together, so their mean per micro-batch is recorded.
+            # A pipeline schedule runs every micro-batch in one call, interleaved: each forward
+            # of the rank's stage starts a micro-batch, and the largest is recorded.
             saved = SavedActivations(engine.model_state_tensors(), engine.module)
+            starts = engine.inner.register_forward_pre_hook(lambda *_: saved.start_micro_batch())
             with saved.hooked():
                 losses = engine.forward_backward_step(micro_batches)
-            saved_bytes = saved.num_bytes // batch.grad_accum_steps
+            starts.remove()
+            saved_bytes = saved.num_bytes
         else:
             for micro, (tokens, targets) in enumerate(micro_batches):
                 if micro:
