@@ -133,7 +133,11 @@ def test_validate_puts_the_planner_beside_every_rank(runs, capsys) -> None:
 
     assert main(["validate", *(str(runs[name]) for name in RUNS), "--all-ranks"]) == 0
     table = capsys.readouterr().out
-    assert "2 (pp 1)" in table and "send bytes/step (pp)" in table and "all_reduce bytes/step (tp)" in table
+    assert "3 (pp 1)" in table and "send bytes/step (pp)" in table and "all_reduce bytes/step (tp)" in table
+    # Without --all-ranks: rank 0, and the first rank of each further pipeline stage.
+    assert main(["validate", str(runs["pp-gpipe-ddp"])]) == 0
+    table = capsys.readouterr().out
+    assert "0 (pp 0)" in table and "2 (pp 1)" in table and "3 (pp 1)" not in table
 
 
 BAD = [

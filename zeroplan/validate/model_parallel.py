@@ -66,11 +66,10 @@ def predicted_saved_per_micro_batch(request: PlanRequest) -> int:
     return saved
 
 
-def compare_model_parallel_record(record: RankRecord, step_index: int = -1) -> list[ComparisonRow]:
-    from zeroplan.validate.compare import request_for
-
+def compare_model_parallel_record(record: RankRecord, request: PlanRequest, step_index: int = -1) -> list[ComparisonRow]:
+    """Rows for one rank at one step; ``request`` is the planner's for the rank's pipeline rank
+    (zeroplan.validate.compare.request_for)."""
     description = record.description
-    request = request_for(description)
     step = record.steps[step_index]
     breakdown, _ = memory_breakdown(request)
     pipeline_rank = description.parallel.pipeline_rank if description.parallel.pp > 1 else None
