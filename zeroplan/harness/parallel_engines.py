@@ -262,9 +262,9 @@ class PipelineEngine:
             x = tokens
             for stage in stages:
                 x = stage(x)
-                if strategy is not StrategyKind.ddp and x.is_floating_point():
-                    x = x.to(self.compute_dtype)
-                tensors.append(torch.empty_like(x))
+                # FSDP2 computes in its param_dtype: what crosses the boundary has that dtype.
+                dtype = self.compute_dtype if strategy is not StrategyKind.ddp and x.is_floating_point() else x.dtype
+                tensors.append(torch.empty_like(x, dtype=dtype))
         return tensors
 
     def _loss(self, logits_BSV: torch.Tensor, targets_BS: torch.Tensor) -> torch.Tensor:
