@@ -313,7 +313,7 @@ class PipelineEngine:
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """This stage's full parameters (a collective over "dp" under FSDP2)."""
-        return {name.replace("_orig_mod.", ""): (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+        return {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
                 for name, p in self.inner.named_parameters()}
 
 
