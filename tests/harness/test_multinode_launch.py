@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from zeroplan.harness.record import read_record
+from zeroplan.harness.record import SCHEMA_VERSION, read_record
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ["micro-llama", "--strategy", "zero2", "--backend", "gloo", "--steps", "1", "--micro-batch", "1",
@@ -93,7 +93,7 @@ def test_two_nodes_with_the_node_flags(tmp_path: Path) -> None:
     assert {r.nnodes for r in records} == {2} and {r.description.world_size for r in records} == {4}
     assert len({r.launch_id for r in records}) == 1 and records[0].launch_id
     assert {r.hostname for r in records} == {socket.gethostname()}
-    assert all(r.complete and r.schema_version == 3 for r in records)
+    assert all(r.complete and r.schema_version == SCHEMA_VERSION for r in records)
 
     code, out, err = _validate(*outs)
     assert code == 0, err

@@ -15,7 +15,8 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("records", nargs="+",
                         help="record files or directories of rank*.json (from zeroplan measure); the records of a "
                              "multi-node run may sit in one directory or in one per node: every rank must be there once")
-    parser.add_argument("--all-ranks", action="store_true", help="a row per rank (default: rank 0 of each run)")
+    parser.add_argument("--all-ranks", action="store_true",
+                        help="a row per rank (default: rank 0 of each run, and the first rank of each pipeline stage)")
     parser.add_argument("--plot", help="save a predicted-vs-measured PNG here")
     parser.add_argument("--format", choices=["table", "csv", "json"], default="table")
 
@@ -35,6 +36,15 @@ def nccl_summary(records: list[RankRecord]) -> list[str]:
             lines.append(f"NCCL log check, {name}: DISAGREES with the dispatch-mode count:")
             lines += [f"  {d}" for check in log.checks for d in check.disagreements]
     return lines
+
+
+def default_ranks(records: list[RankRecord]) -> list[RankRecord]:
+    """The rows shown without --all-ranks: rank 0, and under a pipeline the first rank of every
+    pipeline rank (each plans differently: PlanRequest.at_pipeline_rank)."""
+    first: dict[int, RankRecord] = {}
+    for record in sorted(records, key=lambda r: r.rank):
+        first.setdefault(record.description.parallel.pipeline_rank, record)
+    return sorted(first.values(), key=lambda r: r.rank)
 
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
@@ -65,7 +75,7 @@ def run_validate(args: argparse.Namespace) -> int:
         check_plot_path(args.plot)
     runs = merge_runs(load_record_files(args.records))
     records = [record for run in runs for record in run.records]
-    chosen = records if args.all_ranks else [r for r in records if r.rank == 0] or records
+    chosen = records if args.all_ranks else [r for run in runs for r in default_ranks(run.records)] or records
     rows = [row for record in chosen for row in compare_record(record)]
     if args.format == "csv":
         sys.stdout.write(comparison_frame(rows).to_csv(index=False))

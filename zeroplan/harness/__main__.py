@@ -14,7 +14,10 @@ from pathlib import Path
 
 from zeroplan.cli.parser import OneLineParser
 from zeroplan.errors import ZeroplanError
-from zeroplan.harness.args import add_run_arguments, batch_from_args, resolve_model, training_from_args
+from zeroplan.harness.args import (
+    add_run_arguments, batch_from_args, check_parallel_args, parallel_from_args, resolve_engine, resolve_model,
+    training_from_args,
+)
 
 
 def build_parser() -> OneLineParser:
@@ -31,12 +34,14 @@ def config_from_args(args):  # -> zeroplan.harness.runner.RunConfig (imports tor
     from zeroplan.harness.runner import RunConfig
     from zeroplan.specs import StrategyKind, check_seq_len
 
+    resolve_engine(args)
     config = RunConfig(
         model=resolve_model(args.model), strategy=StrategyKind(args.strategy), engine=EngineKind(args.engine),
         training=training_from_args(args), batch=batch_from_args(args), steps=args.steps, seed=args.seed,
         run_id=args.run_id, fail_rank=args.fail_rank,
-        keep_unsharded_grads_on_accum=args.keep_unsharded_grads_on_accum,
+        keep_unsharded_grads_on_accum=args.keep_unsharded_grads_on_accum, parallel=parallel_from_args(args),
     )
+    check_parallel_args(args, config.model, int(os.environ.get("WORLD_SIZE", "1")))
     check_supported(config.strategy, config.engine, config.training.optimizer, config.batch.grad_accum_steps)
     check_seq_len(config.model, config.batch)
     return config

@@ -7,7 +7,8 @@ import argparse
 
 from zeroplan.cli.parser import add_seq_len_arguments, positive_int
 from zeroplan.errors import ZeroplanError
-from zeroplan.harness.engines_table import MEASURABLE_OPTIMIZERS
+from zeroplan.harness.engines_table import MEASURABLE_OPTIMIZERS, PP_SCHEDULES
+from zeroplan.specs.parallel import ParallelSpec, PipelineSchedule
 from zeroplan.specs import ActivationCheckpointing, BatchSpec, ModelSpec, Optimizer, Precision, StrategyKind, TrainingSpec
 
 MEASURABLE_PRECISIONS = (Precision.fp32, Precision.bf16_mixed)
@@ -17,7 +18,7 @@ ENGINES = ("zeroplan", "torch", "torch-fsdp1", "deepspeed")
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="harness preset (tiny-llama, tiny-gpt2, ...) or a zeroplan model preset")
     parser.add_argument("--strategy", required=True, choices=[k.value for k in StrategyKind])
-    parser.add_argument("--engine", choices=ENGINES, default="zeroplan", help="whose implementation runs (default zeroplan)")
+    parser.add_argument("--engine", choices=ENGINES, help="whose implementation runs (default zeroplan; torch with --tp or --pp)")
     parser.add_argument("--steps", type=positive_int, default=3)
     parser.add_argument("--micro-batch", type=positive_int, default=2)
     add_seq_len_arguments(parser, default=64)
@@ -34,6 +35,18 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--run-id", default="local", help="a name stored in every record of the run")
     parser.add_argument("--out", required=True, help="directory for the per-rank records")
+    parallel = parser.add_argument_group("model parallelism (docs/harness.md, 'Model parallelism')")
+    parallel.add_argument("--tp", type=positive_int, default=1,
+                          help="tensor-parallel degree: torch's parallelize_module over the inner mesh dimension, "
+                               "FSDP2 (--strategy fsdp-*) over the rest; must divide --nproc (default 1)")
+    parallel.add_argument("--sequence-parallel", action="store_true",
+                          help="with --tp: norms and residual stream on sequence shards (SequenceParallel)")
+    parallel.add_argument("--pp", type=positive_int, default=1,
+                          help="pipeline stages, one per rank of each pipeline (torch.distributed.pipelining), "
+                               "DDP or FSDP2 over the rest; must divide --nproc (default 1); "
+                               "--grad-accum sets the micro-batches per step")
+    parallel.add_argument("--pp-schedule", choices=list(PP_SCHEDULES), default="1f1b",
+                          help="pipeline schedule with --pp (default 1f1b)")
 
 
 def resolve_model(name: str) -> ModelSpec:
@@ -64,3 +77,24 @@ def batch_from_args(args: argparse.Namespace) -> BatchSpec:
         micro_batch_size=args.micro_batch, seq_len=args.seq_len, grad_accum_steps=args.grad_accum,
         allow_longer_seq=args.allow_longer_seq,
     )
+
+
+def parallel_from_args(args: argparse.Namespace) -> ParallelSpec:
+    """The ParallelSpec of the run (pipeline_rank 0: each rank records its own)."""
+    return ParallelSpec(tp=args.tp, sequence_parallel=args.sequence_parallel, pp=args.pp,
+                        pp_schedule=PipelineSchedule(args.pp_schedule))
+
+
+def check_parallel_args(args: argparse.Namespace, model: ModelSpec, nproc: int) -> None:
+    """Refuse, in one line naming the flag, model parallelism the harness cannot run."""
+    from zeroplan.harness.engines_table import EngineKind, check_parallel_supported
+
+    check_parallel_supported(StrategyKind(args.strategy), EngineKind(args.engine), model, nproc, args.tp,
+                             args.sequence_parallel, args.pp, args.pp_schedule, args.seq_len)
+
+
+def resolve_engine(args: argparse.Namespace) -> None:
+    """--engine's default: zeroplan's reference ZeRO, or torch's engines under --tp / --pp (the
+    only ones that compose with torch's tensor-parallel and pipelining APIs)."""
+    if args.engine is None:
+        args.engine = "torch" if args.tp > 1 or args.pp > 1 else "zeroplan"

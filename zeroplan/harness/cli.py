@@ -11,7 +11,7 @@ from pathlib import Path
 
 from zeroplan.cli.parser import MAX_COUNT, OneLineParser, positive_float, positive_int, run_reporting_user_errors
 from zeroplan.errors import ZeroplanError
-from zeroplan.harness.args import add_run_arguments, batch_from_args, resolve_model
+from zeroplan.harness.args import add_run_arguments, batch_from_args, check_parallel_args, resolve_engine, resolve_model
 from zeroplan.harness.placement import MultiNode, parse_endpoint, slurm_multinode, srun_tasks
 
 
@@ -56,6 +56,12 @@ def _harness_argv(args: argparse.Namespace) -> list[str]:
             "--micro-batch", str(args.micro_batch), "--seq-len", str(args.seq_len), "--precision", args.precision,
             "--grad-accum", str(args.grad_accum), "--optimizer", args.optimizer,
             "--activation-checkpointing", args.activation_checkpointing, "--seed", str(args.seed), "--run-id", args.run_id]
+    if args.tp > 1:
+        argv += ["--tp", str(args.tp)]
+    if args.sequence_parallel:
+        argv.append("--sequence-parallel")
+    if args.pp > 1:
+        argv += ["--pp", str(args.pp), "--pp-schedule", args.pp_schedule]
     if args.keep_unsharded_grads_on_accum:
         argv.append("--keep-unsharded-grads-on-accum")
     if args.allow_longer_seq:
@@ -115,6 +121,9 @@ def run_measure(args: argparse.Namespace) -> int:
     model = resolve_model(args.model)
     # A learned position table has max_positions rows: a longer sequence is an IndexError in every rank.
     check_seq_len(model, batch_from_args(args))
+    resolve_engine(args)
+    world = args.nproc * (nodes.nnodes if nodes is not None else 1)
+    check_parallel_args(args, model, world)
     check_supported_names(args.strategy, args.engine, args.optimizer, args.grad_accum)
     check_out_path(args.out)
     # DeepSpeed JIT-builds ops into the torch extensions directory; a stale build lock there makes

@@ -129,3 +129,70 @@ DEEPSPEED_INSTALL = "DS_BUILD_OPS=0 pip install --no-build-isolation 'deepspeed=
 
 def _module_installed(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
+
+
+# Model parallelism the harness runs (zeroplan/harness/parallel_engines.py): tensor (and
+# sequence) parallelism under FSDP2, a pipeline of one stage per rank under DDP or FSDP2, never
+# both at once; only PyTorch's own engines compose with torch's parallel APIs.
+TP_STRATEGIES = (StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op)
+PP_STRATEGIES = (StrategyKind.ddp, StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op)
+PP_SCHEDULES = ("1f1b", "gpipe")
+
+
+def parallel_implementation(strategy: StrategyKind, tp: int, sequence_parallel: bool, pp: int, schedule: str) -> str:
+    """The implementation's name for a record (e.g. 'TP 2 (SP) + FSDP2 fully_shard(...)')."""
+    data = SUPPORTED[(strategy, EngineKind.torch)]
+    if pp > 1:
+        names = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe"}
+        return f"PipelineStage x {pp} ({names[schedule]}) + {data}"
+    return f"parallelize_module TP {tp}{' + SequenceParallel' if sequence_parallel else ''} + {data}"
+
+
+def check_parallel_supported(strategy: StrategyKind, engine: EngineKind, model, nproc: int, tp: int,
+                             sequence_parallel: bool, pp: int, schedule: str, seq_len: int) -> None:
+    """One-line errors naming the flag and what is allowed, before any rank starts."""
+    if tp == 1 and pp == 1:
+        if sequence_parallel:
+            raise ZeroplanError("--sequence-parallel", "needs tensor parallelism (allowed: with --tp 2 or more)")
+        return
+    if tp > 1 and pp > 1:
+        raise ZeroplanError("--tp", f"{tp} with --pp {pp}: the harness runs one model-parallel dimension at a time "
+                                    "(allowed: --tp N or --pp N, not both)")
+    flag, degree = ("--tp", tp) if tp > 1 else ("--pp", pp)
+    if nproc % degree or nproc == degree:
+        divisors = [d for d in range(2, nproc) if nproc % d == 0]
+        allowed = ", ".join(map(str, divisors)) if divisors else "none: use --nproc 4 or more"
+        raise ZeroplanError(flag, f"{degree} must divide --nproc {nproc} and leave at least 2 data-parallel ranks "
+                                  f"(allowed: {allowed})")
+    if engine is not EngineKind.torch:
+        raise ZeroplanError("--engine", f"{engine.value!r} does not compose with {flag} (allowed: torch)")
+    strategies = TP_STRATEGIES if tp > 1 else PP_STRATEGIES
+    if strategy not in strategies:
+        raise ZeroplanError("--strategy", f"{strategy.value!r} is not measured with {flag} "
+                                          f"(allowed: {', '.join(s.value for s in strategies)})")
+    if model.is_moe:
+        raise ZeroplanError(flag, f"{model.name} has experts, which the harness does not split (allowed: a dense model, e.g. tiny-llama)")
+    if tp > 1:
+        for name, value in (("num_heads", model.num_heads), ("num_kv_heads", model.kv_heads),
+                            ("ffn_hidden_size", model.ffn_hidden_size)):
+            if value % tp:
+                raise ZeroplanError("--tp", f"{tp} does not divide {model.name}'s {name} {value} "
+                                            f"(allowed: a divisor of {value} that divides --nproc {nproc})")
+        if model.tied_embeddings:
+            raise ZeroplanError("--tp", f"{model.name} ties its embeddings, which the harness does not split "
+                                        "(allowed: a model with untied embeddings, e.g. tiny-llama)")
+        if sequence_parallel and seq_len % tp:
+            raise ZeroplanError("--sequence-parallel", f"--seq-len {seq_len} is not a multiple of --tp {tp} "
+                                                       f"(allowed: a multiple of {tp})")
+        if sequence_parallel and model.position.value == "learned":
+            raise ZeroplanError("--sequence-parallel", f"{model.name}'s learned position table is added to a whole "
+                                                       "sequence (allowed: a RoPE model, e.g. tiny-llama)")
+    if pp > 1:
+        if schedule not in PP_SCHEDULES:
+            raise ZeroplanError("--pp-schedule", f"{schedule!r} (allowed: {', '.join(PP_SCHEDULES)})")
+        if model.num_layers < pp:
+            raise ZeroplanError("--pp", f"{pp} stages for {model.name}'s {model.num_layers} blocks "
+                                        f"(allowed: at most {model.num_layers})")
+        if model.tied_embeddings:
+            raise ZeroplanError("--pp", f"{model.name} ties its embeddings to the head, which sit on different stages "
+                                        "(allowed: a model with untied embeddings, e.g. tiny-llama)")

@@ -37,12 +37,18 @@ def _is_fsdp2(module: nn.Module) -> bool:
 
 @contextlib.contextmanager
 def track_peak(
-    module: nn.Module, optimizer: torch.optim.Optimizer, extra_tensors: tuple[torch.Tensor, ...] = ()
+    module: nn.Module, optimizer: torch.optim.Optimizer, extra_tensors: tuple[torch.Tensor, ...] = (),
+    unavailable: str | None = None,
 ) -> Iterator[TrackedPeak]:
     """Track the peak tensor bytes by category of whatever runs inside the context.
     ``extra_tensors`` are state tensors that are neither module parameters nor optimizer state
-    (reference ZeRO's flat shards, allocated before tracking starts): MemTracker would miss them."""
+    (reference ZeRO's flat shards, allocated before tracking starts): MemTracker would miss them.
+    ``unavailable``: why no tracker can run here (recorded as the source)."""
     result = TrackedPeak()
+    if unavailable is not None:
+        result.source = f"unavailable: {unavailable}"
+        yield result
+        return
     try:
         if _is_fsdp2(module):
             from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker

@@ -51,6 +51,8 @@ class SavedActivations:
         # parameters at the time autograd saves them, not activations: look them up then.
         self._module = module
         self._seen: dict[int, int] = {}
+        self._earlier: list[int] = []
+        """Totals of the micro-batches before the current one (start_micro_batch)."""
 
     def _is_parameter_storage(self, data_ptr: int) -> bool:
         if data_ptr in self._exclude:
@@ -69,15 +71,42 @@ class SavedActivations:
 
     @property
     def num_bytes(self) -> int:
-        return sum(self._seen.values())
+        """The largest micro-batch's saved bytes (the only one without start_micro_batch)."""
+        return max([*self._earlier, sum(self._seen.values())])
+
+    def start_micro_batch(self) -> None:
+        """Count what follows as another micro-batch. A pipeline schedule runs a step's
+        micro-batches in one call, their forwards and backwards interleaved (1F1B): a storage
+        freed by one micro-batch's backward and reused by another's forward has the same
+        address, so each micro-batch needs counting on its own."""
+        if self._seen:
+            self._earlier.append(sum(self._seen.values()))
+        self._seen = {}
 
     @contextlib.contextmanager
     def hooked(self) -> Iterator[None]:
         def pack(tensor: torch.Tensor) -> torch.Tensor:
-            storage = tensor.untyped_storage()
-            if not isinstance(tensor, torch.nn.Parameter) and not self._is_parameter_storage(storage.data_ptr()):
-                self._seen[storage.data_ptr()] = storage.nbytes()
+            if isinstance(tensor, torch.nn.Parameter):
+                return tensor
+            for inner in _plain_tensors(tensor):
+                storage = inner.untyped_storage()
+                if not self._is_parameter_storage(storage.data_ptr()):
+                    self._seen[storage.data_ptr()] = storage.nbytes()
             return tensor
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
             yield
+
+
+def _plain_tensors(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors with storage behind ``tensor``: itself, or for a wrapper subclass without
+    storage of its own (a DTensor's local shard, a functional collective's
+    AsyncCollectiveTensor; torch 2.13 utils/_python_dispatch.py is_traceable_wrapper_subclass)
+    its inner tensors, recursively."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if not is_traceable_wrapper_subclass(tensor):
+        return [tensor]
+    names, _ = tensor.__tensor_flatten__()
+    inner = (getattr(tensor, name) for name in names)
+    return [plain for value in inner if isinstance(value, torch.Tensor) for plain in _plain_tensors(value)]

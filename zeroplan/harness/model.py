@@ -73,9 +73,11 @@ class Attention(nn.Module):
 
     def forward(self, x_BSH: torch.Tensor) -> torch.Tensor:
         batch, seq_len, _ = x_BSH.shape
-        q_BSAD = self.q(x_BSH).view(batch, seq_len, self.num_heads, self.head_size)
-        k_BSKD = self.k(x_BSH).view(batch, seq_len, self.num_kv_heads, self.head_size)
-        v_BSKD = self.v(x_BSH).view(batch, seq_len, self.num_kv_heads, self.head_size)
+        # -1 heads: under tensor parallelism q, k and v are column shards holding A/t and K/t
+        # heads (torchtitan 0.3.0 models/llama3/model.py views with -1 the same way).
+        q_BSAD = self.q(x_BSH).view(batch, seq_len, -1, self.head_size)
+        k_BSKD = self.k(x_BSH).view(batch, seq_len, -1, self.head_size)
+        v_BSKD = self.v(x_BSH).view(batch, seq_len, -1, self.head_size)
         if self.rope:
             q_BSAD, k_BSKD = _rope(q_BSAD), _rope(k_BSKD)
         out_BASD = F.scaled_dot_product_attention(

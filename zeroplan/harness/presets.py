@@ -35,6 +35,12 @@ HARNESS_PRESETS: dict[str, ModelSpec] = {
             name="micro-llama", vocab_size=101, hidden_size=32, num_layers=2, num_heads=4,
             num_kv_heads=2, ffn_hidden_size=45, max_positions=64,
         ),
+        # As micro-llama with sizes tensor parallelism of 2 divides (heads, key-value heads, MLP
+        # width, vocabulary) and untied embeddings: the fast model-parallel tests' model.
+        ModelSpec(
+            name="micro-llama-mp", vocab_size=128, hidden_size=64, num_layers=2, num_heads=4,
+            num_kv_heads=2, ffn_hidden_size=128, max_positions=64,
+        ),
         ModelSpec(
             name="micro-gpt2", vocab_size=97, hidden_size=32, num_layers=2, num_heads=2,
             ffn_hidden_size=64, mlp=MlpKind.gelu, norm=NormKind.layernorm,

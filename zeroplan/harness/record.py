@@ -11,13 +11,18 @@ from pydantic import Field, field_validator
 from zeroplan.atomic import write_text_atomic
 from zeroplan.specs import BatchSpec, ModelSpec, StrategyKind, TrainingSpec
 from zeroplan.specs.base import Frozen
+from zeroplan.specs.parallel import ParallelSpec
 from zeroplan.specs.training import recorded_before_kernels
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """1: the first layout; 2 adds ``RankRecord.nccl_log`` (None in every version-1 record) and the CPU
 allocator peak in ``MemoryRecord``; 3 adds where the rank ran and which launch it belongs to
 (``RankRecord.launch_id``, ``local_rank``, ``node_rank``, ``nnodes``, ``hostname``; None in older
-records), so that the records of several nodes can be merged."""
+records), so that the records of several nodes can be merged; 4 adds model parallelism:
+``RunDescription.parallel`` (the ParallelSpec of the request this rank answers, its
+pipeline_rank included; no model parallelism in older records), ``RankRecord.mesh_coordinates``
+and, per collective, the group it ran on (``group``, ``group_ranks``) and a point-to-point
+call's ``peer`` (None in older records)."""
 
 
 class CollectiveRecord(Frozen):
@@ -34,7 +39,14 @@ class CollectiveRecord(Frozen):
     num_bytes: int = Field(ge=0)
     """numel times the element size, in bytes."""
     group_size: int = Field(gt=0)
-    """Ranks in the process group."""
+    """Ranks in the process group (2 for a point-to-point send or recv: the two ends)."""
+    group: str | None = None
+    """The mesh dimension the process group is ('dp', 'tp', 'pp'), 'world', or None when the
+    run has no device mesh or the group is none of these (and in records before schema 4)."""
+    group_ranks: list[int] | None = None
+    """Global ranks of the process group, in group-rank order (None before schema 4)."""
+    peer: int | None = None
+    """send / recv only: the global rank of the other end (None before schema 4)."""
     phase: str
     """What the runner was doing: 'setup', 'forward_backward', 'step', 'zero_grad', 'gather'."""
 
@@ -107,6 +119,9 @@ class RunDescription(Frozen):
     """The planner's StrategySpec knob: full gradients accumulated locally and reduced once per
     step (FSDP no_sync) instead of reduce-scattered every micro-batch."""
     steps: int = Field(gt=0)
+    parallel: ParallelSpec = ParallelSpec()
+    """Tensor (sequence) and pipeline parallelism, as the planner's PlanRequest.parallel states it,
+    with ``pipeline_rank`` this rank's pipeline rank (no model parallelism before schema 4)."""
     torch_version: str
     backend: str
     device: str
@@ -191,7 +206,7 @@ class NcclLogRecord(Frozen):
 
 
 class RankRecord(Frozen):
-    schema_version: Literal[1, 2, 3] = SCHEMA_VERSION
+    schema_version: Literal[1, 2, 3, 4] = SCHEMA_VERSION
     rank: int = Field(ge=0)
     """The global rank, 0 .. world_size - 1 (names the file: rank00007.json)."""
     launch_id: str | None = None
@@ -207,6 +222,9 @@ class RankRecord(Frozen):
     hostname: str | None = None
     """The machine the rank ran on (socket.gethostname())."""
     description: RunDescription
+    mesh_coordinates: dict[str, int] = Field(default_factory=dict)
+    """This rank's place on the device mesh, by dimension name ('pp', 'dp', 'tp'); empty for a
+    purely data-parallel run (and before schema 4)."""
     setup_collectives: list[CollectiveRecord]
     """Collectives issued while wrapping the model (DDP/FSDP broadcasts), before step 0."""
     steps: list[StepRecord]

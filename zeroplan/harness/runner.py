@@ -27,6 +27,7 @@ from zeroplan.harness.record import MemoryRecord, RankRecord, RunDescription, St
 from zeroplan.specs import (
     ActivationCheckpointing, BatchSpec, ModelSpec, Precision, StrategyKind, TrainingSpec,
 )
+from zeroplan.specs.parallel import ParallelSpec
 from zeroplan.specs.training import measured_on
 
 _DTYPES = {Precision.fp32: torch.float32, Precision.bf16_mixed: torch.bfloat16}
@@ -49,6 +50,8 @@ class RunConfig:
     fail_rank: int | None = None
     keep_unsharded_grads_on_accum: bool = False
     """The planner's StrategySpec knob (zeroplan.harness.engines.build_engine)."""
+    parallel: ParallelSpec = ParallelSpec()
+    """Tensor (sequence) and pipeline parallelism (zeroplan.harness.parallel_engines)."""
 
 
 def default_backend() -> str:
@@ -102,15 +105,25 @@ def run_rank(
     dtype = _DTYPES[config.training.precision]
     rank, world_size = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    placement = agree_placement()
+    mesh, parallel, coordinates, names = None, config.parallel, {}, {}
+    if not config.parallel.is_trivial:
+        from zeroplan.harness import parallel_engines as pe
+
+        implementation = pe.implementation_name(config.strategy, config.parallel)
+        mesh = pe.mesh_for(config.parallel)
+        coordinates, names = pe.coordinates(mesh), pe.group_names(mesh)
+        # The request this rank answers: the planner plans each pipeline rank on its own.
+        parallel = parallel.model_copy(update={"pipeline_rank": coordinates.get("pp", 0)})
+    data_rank, data_size = coordinates.get("dp", rank), world_size // config.parallel.model_parallel_size
     description = RunDescription(
         run_id=config.run_id, model=config.model, strategy=config.strategy, engine=config.engine.value,
         implementation=implementation, world_size=world_size, training=measured_on(training_as_run(config.training, config.engine), device.type),
         batch=config.batch, keep_unsharded_grads_on_accum=config.keep_unsharded_grads_on_accum,
-        steps=config.steps, torch_version=torch.__version__,
+        steps=config.steps, parallel=parallel, torch_version=torch.__version__,
         backend=dist.get_backend(), device=str(device),
     )
-    placement = agree_placement()
-    recorder = CommRecorder()
+    recorder = CommRecorder(names)
     # Started before the model exists, so the trace sees every tensor of the run.
     trace = AllocatorTrace(enabled=device.type == "cpu")
     with torch.device(device), trace:
@@ -121,8 +134,14 @@ def run_rank(
         recorder.phase = "setup"
         setup_start = _offset(nccl_log)
         with recorder:
-            engine = build_engine(model, config.strategy, config.engine, dtype, config.training.optimizer,
-                                  config.keep_unsharded_grads_on_accum, config.batch.micro_batch_size)
+            if mesh is None:
+                engine = build_engine(model, config.strategy, config.engine, dtype, config.training.optimizer,
+                                      config.keep_unsharded_grads_on_accum, config.batch.micro_batch_size)
+            else:
+                engine = pe.build_parallel_engine(model, mesh, config.parallel, config.strategy, dtype,
+                                                  config.training.optimizer, config.keep_unsharded_grads_on_accum,
+                                                  config.batch.grad_accum_steps, config.batch.micro_batch_size,
+                                                  config.batch.seq_len)
         setup_span = (setup_start, _offset(nccl_log))
         setup = list(recorder.records)
         steps: list[StepRecord] = []
@@ -130,11 +149,11 @@ def run_rank(
         for step in range(config.steps):
             start = _offset(nccl_log)
             with trace.step(step):
-                steps.append(_one_step(engine, config, step, rank, world_size, recorder))
+                steps.append(_one_step(engine, config, step, data_rank, data_size, recorder))
             step_spans.append((start, _offset(nccl_log)))
             record = RankRecord(rank=rank, launch_id=placement.launch_id, local_rank=placement.local_rank,
                                 node_rank=placement.node_rank, nnodes=placement.nnodes, hostname=placement.hostname,
-                                description=description, setup_collectives=setup,
+                                description=description, mesh_coordinates=coordinates, setup_collectives=setup,
                                 steps=steps, complete=step == config.steps - 1 and not trace.enabled)
             if nccl_log is not None:
                 record = attach_nccl_log(record, nccl_log, setup_span, step_spans)
@@ -173,6 +192,8 @@ def _offset(nccl_log: Path | None) -> int:
 
 def _one_step(engine, config: RunConfig, step: int, rank: int, world_size: int,
               recorder: CommRecorder) -> StepRecord:
+    """One optimizer step; ``rank`` and ``world_size`` are the data-parallel ones (ranks of one
+    tensor-parallel group or one pipeline take the same batch)."""
     batch = config.batch
     device = torch.get_default_device()
     micro_batches = [
@@ -188,17 +209,27 @@ def _one_step(engine, config: RunConfig, step: int, rank: int, world_size: int,
     before = engine.model_state_tensors()
     extra = tuple(t for t in (*before.parameters, *before.gradients) if t is not None)
     losses, saved_bytes = [], 0
-    with track_peak(engine.module, engine.optimizer, extra) as peak, recorder:
+    with track_peak(engine.module, engine.optimizer, extra, getattr(engine, "no_tracker_reason", None)) as peak, recorder:
         recorder.phase = "forward_backward"
-        for micro, (tokens, targets) in enumerate(micro_batches):
-            if micro:
-                peak.next_micro_batch()
-            # Saved activations are a per-micro-batch quantity (what the planner predicts):
-            # the largest of the step's micro-batches is recorded.
+        if getattr(engine, "runs_whole_step", False):
+            # A pipeline schedule runs every micro-batch in one call, interleaved: each forward
+            # of the rank's stage starts a micro-batch, and the largest is recorded.
             saved = SavedActivations(engine.model_state_tensors(), engine.module)
+            starts = engine.inner.register_forward_pre_hook(lambda *_: saved.start_micro_batch())
             with saved.hooked():
-                losses.append(engine.forward_backward(tokens, targets, MicroBatch(micro, batch.grad_accum_steps)))
-            saved_bytes = max(saved_bytes, saved.num_bytes)
+                losses = engine.forward_backward_step(micro_batches)
+            starts.remove()
+            saved_bytes = saved.num_bytes
+        else:
+            for micro, (tokens, targets) in enumerate(micro_batches):
+                if micro:
+                    peak.next_micro_batch()
+                # Saved activations are a per-micro-batch quantity (what the planner predicts):
+                # the largest of the step's micro-batches is recorded.
+                saved = SavedActivations(engine.model_state_tensors(), engine.module)
+                with saved.hooked():
+                    losses.append(engine.forward_backward(tokens, targets, MicroBatch(micro, batch.grad_accum_steps)))
+                saved_bytes = max(saved_bytes, saved.num_bytes)
         recorder.phase = "step"
         engine.step()
         states = model_state_bytes(engine.model_state_tensors())
@@ -213,6 +244,8 @@ def _one_step(engine, config: RunConfig, step: int, rank: int, world_size: int,
         peak_bytes=peak.peak_bytes, saved_activation_bytes=saved_bytes,
         cuda_max_allocated_bytes=cuda_allocated, cuda_max_reserved_bytes=cuda_reserved,
     )
-    loss = float(torch.stack(losses).mean())
+    loss = float(torch.stack(losses).mean()) if losses else 0.0
+    if hasattr(engine, "shared_loss"):
+        loss = engine.shared_loss(loss)  # after the recording window: not one of the step's collectives
     return StepRecord(step=step, loss=loss, wall_s=time.perf_counter() - start,
                       collectives=list(recorder.records), memory=memory, model_state=states)

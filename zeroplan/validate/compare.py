@@ -8,6 +8,7 @@ from zeroplan.core.activations import activation_bytes, saved_logits_bytes
 from zeroplan.core.plan import memory_breakdown
 from zeroplan.harness.record import RankRecord, RunDescription, StepRecord
 from zeroplan.specs import PlanRequest, StrategyKind, ZeroGradientReduce
+from zeroplan.validate.model_parallel import compare_model_parallel_record
 from zeroplan.validate.rows import COLLECTIVE_OPS, ComparisonRow, collective_rows, model_state_rows, planner_request
 
 
@@ -29,6 +30,7 @@ def request_for(description: RunDescription) -> PlanRequest:
         zero_gradient_reduce=_ENGINE_GRADIENT_REDUCE.get(
             (description.engine, description.strategy), ZeroGradientReduce.bucket
         ),
+        parallel=description.parallel,
     )
 
 
@@ -44,6 +46,8 @@ def compare_record(record: RankRecord, step_index: int = -1) -> list[ComparisonR
     """Rows for one rank at one step (by default the last, after warm-up)."""
     description = record.description
     request = request_for(description)
+    if not description.parallel.is_trivial:
+        return compare_model_parallel_record(record, request, step_index)
     step = record.steps[step_index]
     breakdown, predicted_states = memory_breakdown(request)
     s, b = request.batch.seq_len, request.batch.micro_batch_size

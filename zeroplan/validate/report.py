@@ -20,7 +20,8 @@ def render_validation_table(rows: list[ComparisonRow]) -> str:
     names = ["run", "strategy", "engine", "N", "rank", "quantity", "predicted MiB", "measured MiB", "measured/predicted"]
     cells = [
         [
-            r.run_id, r.strategy, r.engine, str(r.world_size), str(r.rank), r.quantity,
+            r.run_id, r.strategy, r.engine, str(r.world_size),
+            str(r.rank) if r.pipeline_rank is None else f"{r.rank} (pp {r.pipeline_rank})", r.quantity,
             f"{r.predicted_bytes / 2**20:.3f}", f"{r.measured_bytes / 2**20:.3f}",
             "-" if r.ratio is None else f"{r.ratio:.4f}",
         ]

@@ -7,6 +7,7 @@ from collections import defaultdict
 from zeroplan.core.communication import collectives
 from zeroplan.specs import ClusterSpec, GpuSpec, LinkSpec, PlanRequest, StrategySpec, ZeroGradientReduce
 from zeroplan.specs.base import Frozen
+from zeroplan.specs.parallel import ParallelSpec
 from zeroplan.units import TiB
 
 # The measured run's device only matters for fits/time, which validation does not compare;
@@ -34,6 +35,8 @@ class ComparisonRow(Frozen):
     """E.g. 'parameters', 'activations (saved)', 'all_gather bytes/step'."""
     predicted_bytes: int
     measured_bytes: int
+    pipeline_rank: int | None = None
+    """The pipeline rank the prediction is for (None without a pipeline)."""
 
     @property
     def ratio(self) -> float | None:
@@ -43,13 +46,16 @@ class ComparisonRow(Frozen):
 
 def planner_request(
     model, training, batch, strategy, world_size: int, keep_unsharded_grads_on_accum: bool = False,
-    zero_gradient_reduce: ZeroGradientReduce = ZeroGradientReduce.bucket,
+    zero_gradient_reduce: ZeroGradientReduce = ZeroGradientReduce.bucket, parallel: ParallelSpec = ParallelSpec(),
 ) -> PlanRequest:
-    """The planner request a measured or simulated run answers (one node of N devices)."""
+    """The planner request a measured or simulated run answers (one node of N devices); under a
+    pipeline, the request of ``parallel.pipeline_rank`` (PlanRequest.at_pipeline_rank)."""
     cluster = ClusterSpec(gpu=MEASURED_DEVICE, num_nodes=1, gpus_per_node=world_size, cuda_context_bytes=0)
     spec = StrategySpec(kind=strategy, keep_unsharded_grads_on_accum=keep_unsharded_grads_on_accum,
                         zero_gradient_reduce=zero_gradient_reduce)
-    return PlanRequest(model=model, training=training, batch=batch, cluster=cluster, strategy=spec)
+    request = PlanRequest(model=model, training=training, batch=batch, cluster=cluster, strategy=spec,
+                          parallel=parallel.model_copy(update={"pipeline_rank": 0}))
+    return request.at_pipeline_rank(parallel.pipeline_rank) if parallel.pp > 1 else request
 
 
 def predicted_collective_bytes(request: PlanRequest) -> dict[str, int]:
