@@ -322,3 +322,18 @@ def test_every_strategy_answers_or_refuses_on_every_gpu(gpu, layout):
     if "pp" not in layout:
         zero = fit(base, [StrategyKind.zero1, StrategyKind.zero2, StrategyKind.zero2_offload])
         assert all(p.time.step_with_overlap_s > 0 for p in zero.plans)
+
+
+def test_sequence_parallel_adds_the_embedding_gradient_gather_and_the_norm_gradient_reduction():
+    # Measured on the harness's gloo runs (docs/validation.md, "Model parallelism"): the
+    # embedding's reduce-scatter is gathered again in backward; the sequence-parallel norms'
+    # weight gradients are all-reduced over tp once a step (Megatron-LM finalize_model_grads),
+    # which torchtitan leaves to FSDP.
+    r = request(gpus=8, tp=8, sequence_parallel=True, batch=BatchSpec(seq_len=4096))
+    whats = {c.what: c for c in tensor_parallel_collectives(r)}
+    assert whats["vocab-parallel embedding gradient"].op is CollectiveOp.all_gather
+    norms = whats["sequence-parallel norm gradients"]
+    assert norms.occurrences_per_step == 1
+    assert norms.buffer_bytes == (2 * r.model.num_layers + 1) * r.model.hidden_size * 4  # fp32 gradients under FSDP2
+    titan = request(gpus=8, tp=8, sequence_parallel=True, training=TrainingSpec(framework=Framework.torchtitan))
+    assert "sequence-parallel norm gradients" not in {c.what for c in tensor_parallel_collectives(titan)}

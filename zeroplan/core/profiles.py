@@ -62,6 +62,9 @@ class FrameworkProfile:
     """Its recipes build Adam/AdamW with ``fused=True``: torch's fused kernel (torch 2.13
     optim/adam.py _fused_adam -> torch._fused_adamw_) updates each tensor in place, with no
     state-sized temporary such as the foreach path's _foreach_sqrt output."""
+    fsdp_reduces_norm_gradients_over_tp: bool = False
+    """Under sequence parallelism the norms' partial weight gradients are summed over tp by its
+    FSDP wrapping rather than by a separate all-reduce of the stack's own."""
     sequence_parallel_saves_gathered_inputs: bool = False
     """Under sequence parallelism the column-parallel linears keep their all-gathered (whole
     sequence) input for the weight gradient, instead of the sequence shard Megatron-LM keeps and
@@ -122,6 +125,9 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         # enable_sp): wqkv and w1 each save the all-gathered [s, h] bf16 input while the norms
         # save their s/t shard; DTensor's linear keeps the redistributed input autograd sees.
         sequence_parallel_saves_gathered_inputs=True,
+        # torchtitan 0.3.0 models/common/decoder_sharding.py norm_config: the norms' gradient
+        # all-reduce is "handled by FSDP" (measured: it appears only with FSDP2 on top).
+        fsdp_reduces_norm_gradients_over_tp=True,
         # Measured the same way: under apply_cp_to_forward with FlexAttention each block
         # all-gathers K and V over the cp ranks (2 all-gathers forward, 2 reduce-scatters
         # backward) and saves them at the whole sequence; there is no ring.

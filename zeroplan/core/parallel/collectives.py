@@ -5,6 +5,7 @@ its ring-attention exchange, a stage for its neighbour's activations."""
 from __future__ import annotations
 
 from zeroplan.core.collective import Collective, CollectiveOp, Phase, make_collective
+from zeroplan.core.layout import element_bytes
 from zeroplan.core.parallel.pipeline import rank_stages
 from zeroplan.core.parallel.tensor import tensor_parallel_model
 from zeroplan.core.parallel.expert import expert_parallel_collectives, moe_block_count
@@ -53,9 +54,26 @@ def tensor_parallel_collectives(request: PlanRequest) -> list[Collective]:
             result.append(make_collective(op, phase, "tensor-parallel activations", [activation] * calls, tp, accum,
                                           False, e, blocking=True))
     if holds_embedding(request):
-        # Vocabulary-parallel embedding: each rank looks up its rows, the partial sums reduced.
+        # Vocabulary-parallel embedding: each rank looks up its rows, the partial sums reduced;
+        # under sequence parallelism a reduce-scatter, whose backward all-gathers the output's
+        # gradient again (measured by the harness on gloo, docs/validation.md).
         op = CollectiveOp.reduce_scatter if parallel.sequence_parallel else CollectiveOp.all_reduce
         result.append(make_collective(op, Phase.forward, "vocab-parallel embedding", [activation], tp, accum, False, e, blocking=True))
+        if parallel.sequence_parallel:
+            result.append(make_collective(CollectiveOp.all_gather, Phase.backward, "vocab-parallel embedding gradient",
+                                          [activation], tp, accum, False, e, blocking=True))
+    if parallel.sequence_parallel and not profile(request.training.framework).fsdp_reduces_norm_gradients_over_tp:
+        # Sequence-parallel norms see a sequence shard, so their weights' gradients are partial
+        # sums over tp: Megatron-LM core/distributed/finalize_model_grads.py
+        # (_allreduce_layernorm_grads) all-reduces them once per step, as the harness's
+        # DTensor plan does (measured on gloo). torchtitan leaves it to FSDP (its sharding
+        # comment; benchmarks/parallel-records show it only with FSDP2 on top).
+        norm_elements = sum(t.numel for unit in rank_parameter_units(request) for t in unit.tensors
+                            if t.name.endswith("norm.weight") or t.name.endswith("norm.bias"))
+        if norm_elements:
+            grad_bytes = element_bytes(request.training.precision, request.convention).gradient
+            result.append(make_collective(CollectiveOp.all_reduce, Phase.step, "sequence-parallel norm gradients",
+                                          [norm_elements * grad_bytes], tp, 1, False, grad_bytes, blocking=True))
     if holds_head(request):
         # The output projection's input gradient (all-reduce, or reduce-scatter after the
         # sequence-parallel all-gather), and the vocabulary-parallel cross-entropy's three fp32
