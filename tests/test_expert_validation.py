@@ -1,0 +1,88 @@
+"""The planner under expert parallelism against what torchtitan 0.3.0's own EP + FSDP2 code holds
+and issues on a fake process group (benchmarks/parallel-records/expert: its DeepSeek "16B",
+DeepSeek-V2-Lite's shapes, parallelized by parallelize_deepseekv3). Targets (docs/validation.md,
+"Model parallelism"): parameters per rank to the byte, saved activations per MoE block within
+2 %, the token all-to-alls of a MoE block equal in count and bytes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from zeroplan.core.model_states import model_state_bytes
+from zeroplan.core.parallel.activations import micro_batch_bytes
+from zeroplan.core.parallel.units import rank_parameter_units
+from zeroplan.core.plan import framework_activations
+from zeroplan.frameworks.expert_record import load_expert_records
+from zeroplan.validate.parallel import (
+    ACTIVATION_TARGET, expert_model, expert_request, measured_expert_all_to_all, predicted_expert_all_to_all,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures" / "hf"
+RECORDS = load_expert_records(ROOT / "benchmarks" / "parallel-records" / "expert")
+STATES = [r for r in RECORDS if r.activations is None]
+ACTIVATIONS = [r for r in RECORDS if r.activations is not None]
+
+
+def _request(record):
+    return expert_request(record, expert_model(record, FIXTURES))
+
+
+def test_the_records_are_there():
+    assert len(STATES) >= 6 and len(ACTIVATIONS) >= 12
+    assert {r.ep for r in RECORDS} == {2, 4, 8} and {r.efsdp for r in RECORDS} >= {1, 2, 4}
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=lambda r: r.name)
+def test_the_fixture_is_the_flavour_that_ran(record):
+    model = expert_model(record, FIXTURES)
+    assert (model.hidden_size, model.num_experts, model.experts_per_token, model.expert_ffn_hidden_size,
+            model.vocab_size, model.num_layers, model.first_dense_layers) == (
+        record.dim, record.num_experts, record.top_k, record.moe_hidden, record.vocab_size, record.n_layers_full,
+        record.n_dense_layers_full)
+
+
+@pytest.mark.parametrize("record", STATES, ids=lambda r: r.name)
+def test_parameters_per_expert_parallel_rank_to_the_byte(record):
+    # fp32 parameters (torchtitan's TrainingConfig.dtype): the routed experts E/ep per rank,
+    # FSDP2-sharded over efsdp, the rest over dp_shard; full depth counts the dense first
+    # block once and the MoE block 26 times.
+    assert record.param_dtype.endswith("float32")
+    request = _request(record)
+    assert model_state_bytes(request).parameter_bytes == record.full_depth_param_bytes()
+
+
+@pytest.mark.parametrize("record", STATES, ids=lambda r: r.name)
+def test_rank_holds_its_local_experts(record):
+    # The grouped expert weights on the rank: E/ep experts, dimension 0 split again over efsdp.
+    local = [p for p in record.params if ".inner_experts." in p.fqn]
+    assert local and all(p.local_shape[0] == record.num_experts // record.ep // record.efsdp for p in local)
+    planned = sum(t.numel for unit in rank_parameter_units(_request(record)) for t in unit.tensors
+                  if t.name.startswith("mlp.experts."))
+    moe_blocks = record.n_layers_full - record.n_dense_layers_full
+    assert planned == moe_blocks * sum(p.local_bytes for p in local) // 4 * record.efsdp // (record.built_layers - record.built_dense_layers)
+
+
+@pytest.mark.parametrize("record", ACTIVATIONS, ids=lambda r: r.name)
+def test_saved_activations_per_moe_block_within_target(record):
+    predicted = micro_batch_bytes(_request(record), framework_activations).per_block
+    measured = record.activations.block_kept_bytes
+    assert abs(predicted / measured - 1) <= ACTIVATION_TARGET, (predicted, measured)
+
+
+@pytest.mark.parametrize("record", ACTIVATIONS, ids=lambda r: r.name)
+def test_all_to_all_per_moe_block_equal(record):
+    # Balanced routing (torchtitan's own forced balance): every rank sends and receives T k / ep
+    # routed copies per peer, T k h bf16 bytes per call; dispatch and combine forward, their
+    # reverses in backward.
+    assert predicted_expert_all_to_all(_request(record)) == measured_expert_all_to_all(record)
+
+
+@pytest.mark.parametrize("record", ACTIVATIONS, ids=lambda r: r.name)
+def test_the_split_sizes_are_balanced(record):
+    tokens = record.activations.seq_len * record.activations.micro_batch_size
+    # The deep run's reads: each of its MoE blocks reads ep input and ep output splits.
+    moe_blocks = record.activations.layers[1] - record.built_dense_layers
+    assert record.split_sizes == [tokens * record.top_k // record.ep] * (2 * record.ep * moe_blocks)
