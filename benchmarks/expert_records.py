@@ -7,8 +7,8 @@ parallelism is checked against.
 
 Each record is rank 0 of a fake group: torchtitan 0.3.0's DeepSeek "16B" flavour (DeepSeek-V2-Lite's
 shapes) from its registry at full width, its dense first block and one (states) or one and two
-(activations) MoE blocks, parallelized by torchtitan's own calls
-(zeroplan.frameworks.expert_parallel). Needs torch and torchtitan; about two minutes on 2 cores.
+(activations) MoE blocks, without and with torchtitan's FullAC, parallelized by torchtitan's own calls
+(zeroplan.frameworks.expert_parallel). Needs torch and torchtitan; about five minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -26,15 +26,17 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "parallel-records" / "expert"
 # efsdp = dp_shard / ep: 1, 2 and 4 here.
 LAYOUTS = [(2, 2), (4, 4), (4, 8), (8, 8), (8, 16), (2, 8)]
 SEQ_LENS = (2048, 4096)
+POLICIES = ("none", "full")
 
 
 def main(out: Path = DEFAULT_OUT) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for ep, dp in LAYOUTS:
         _write(out, measure_states("16B", ep, dp))
-    for ep, dp in LAYOUTS:
-        for seq in SEQ_LENS:
-            _write(out, measure_activations("16B", ep, dp, seq))
+    for policy in POLICIES:
+        for ep, dp in LAYOUTS:
+            for seq in SEQ_LENS:
+                _write(out, measure_activations("16B", ep, dp, seq, policy=policy))
 
 
 def _write(out: Path, record) -> None:

@@ -115,24 +115,30 @@ def _build(config, dtype: torch.dtype):
     return module
 
 
-def _parallelize(module, parallel_dims, parallelism) -> str:
+def _parallelize(module, parallel_dims, parallelism, policy: str = "none") -> str:
     from torchtitan.config import CompileConfig, TrainingConfig
+    from torchtitan.distributed.activation_checkpoint import FullAC
     from torchtitan.models.deepseek_v3 import parallelize_deepseekv3
 
     training = TrainingConfig()
     # torchtitan 0.3.0 models/deepseek_v3/parallelize.py: model.parallelize(parallel_dims) (EP:
     # the grouped experts Shard(0) over ep), then apply_fsdp_to_mtp_decoder over the fsdp mesh
-    # with the experts over the efsdp mesh, in the training config's mixed precision.
+    # with the experts over the efsdp mesh, in the training config's mixed precision; between
+    # the two, ac_config.build(dump_folder).apply(model) (full: FullAC wraps every block).
+    ac_config = FullAC.Config() if policy == "full" else None
     parallelize_deepseekv3(module, parallel_dims=parallel_dims, training=training, parallelism=parallelism,
-                           compile_config=CompileConfig(), ac_config=None, dump_folder="")
+                           compile_config=CompileConfig(), ac_config=ac_config, dump_folder="")
     return (f"set_deepseek_v3_sharding_config(enable_sp=True, enable_ep=True), parallelize_deepseekv3(parallel_dims; "
             f"spmd_backend={BACKEND}, mixed_precision_param={training.mixed_precision_param}, "
-            f"mixed_precision_reduce={training.mixed_precision_reduce})")
+            f"mixed_precision_reduce={training.mixed_precision_reduce}"
+            + (", ac_config=FullAC.Config()" if policy == "full" else "") + ")")
 
 
 def _shards(module: torch.nn.Module, global_shapes: dict[str, list[int]]) -> list[ParamShard]:
     shards = []
     for fqn, param in module.named_parameters():
+        # FullAC's checkpoint wrapper adds a level to the names.
+        fqn = fqn.replace("_checkpoint_wrapped_module.", "")
         local = param.to_local() if hasattr(param, "to_local") else param
         shards.append(ParamShard(
             fqn=fqn, part=_part(fqn), global_shape=global_shapes[fqn], local_shape=list(local.shape),
@@ -208,7 +214,7 @@ class _Run:
     calls: str
 
 
-def _run(flavor: str, ep: int, dp_shard: int, seq_len: int, micro_batch: int, layers: int) -> _Run:
+def _run(flavor: str, ep: int, dp_shard: int, seq_len: int, micro_batch: int, layers: int, policy: str) -> _Run:
     from torchtitan.distributed import utils as dist_utils
 
     config, _, dense = deepseek_config(flavor, layers, seq_len)
@@ -217,7 +223,7 @@ def _run(flavor: str, ep: int, dp_shard: int, seq_len: int, micro_batch: int, la
     splits = balanced_split_sizes(config, seq_len * micro_batch, ep)
     with expert_world(ep, dp_shard) as (parallel_dims, parallelism):
         module = _build(config, PARAM_DTYPE)
-        calls = _parallelize(module, parallel_dims, parallelism)
+        calls = _parallelize(module, parallel_dims, parallelism, policy)
         params = _shards(module, global_shapes)
         context = dist_utils.get_spmd_context(parallel_dims=parallel_dims)
         blocks = list(module.layers.values())
@@ -226,8 +232,9 @@ def _run(flavor: str, ep: int, dp_shard: int, seq_len: int, micro_batch: int, la
             tokens = torch.randint(0, config.vocab_size, (micro_batch, seq_len))
             tracker = private.live_bytes_tracker()
             recorder = private.passing_higher_order_ops(CollectiveRecorder())
-            # One MoE block's forward reads its 2 ep split sizes once (no recompute here).
-            reads = private.ScalarReads(splits * moe_blocks)
+            # One MoE block's forward reads its 2 ep split sizes; full checkpointing runs the
+            # forward again in backward, which reads them again.
+            reads = private.ScalarReads(splits * moe_blocks * (2 if policy == "full" else 1))
             marks: list[int] = []
             for block in blocks:
                 block.register_forward_hook(lambda *_: marks.append(private.tracker_live_bytes(tracker)))
@@ -246,21 +253,21 @@ def _run(flavor: str, ep: int, dp_shard: int, seq_len: int, micro_batch: int, la
                 output.sum().backward()
                 del output
             if reads.answers:
-                raise RuntimeError(f"the dispatcher read {len(reads.answered)} split sizes, not {len(splits) * moe_blocks}")
+                raise RuntimeError(f"the dispatcher left {len(reads.answers)} of the split sizes given unread")
     collectives = [_key(r, r.phase.value) for r in recorder.records]
     growth = [marks[k] - marks[k - 1] for k in range(1, len(marks))]
     return _Run(retained, growth, collectives, saved.tensors(), params, reads.answered, calls)
 
 
 def measure_activations(flavor: str, ep: int, dp_shard: int, seq_len: int, micro_batch: int = 1,
-                        layers: int = 2) -> ExpertParallelRecord:
+                        layers: int = 2, policy: str = "none") -> ExpertParallelRecord:
     """Forward and backward of torchtitan's EP + FSDP2 model with ``layers`` and ``layers + 1``
-    blocks (the deeper one a MoE block more) on rank 0, no activation checkpointing."""
+    blocks (the deeper one a MoE block more) on rank 0, under ``policy`` ("none" or "full")."""
     from importlib.metadata import version
 
     start_s = time.perf_counter()
     _eager_flex_attention()
-    shallow, deep = (_run(flavor, ep, dp_shard, seq_len, micro_batch, depth) for depth in (layers, layers + 1))
+    shallow, deep = (_run(flavor, ep, dp_shard, seq_len, micro_batch, depth, policy) for depth in (layers, layers + 1))
     config, full_depth, dense = deepseek_config(flavor, layers, seq_len)
     block = _subtract(deep.collectives, shallow.collectives)
     notes = [
@@ -279,7 +286,7 @@ def measure_activations(flavor: str, ep: int, dp_shard: int, seq_len: int, micro
         "backward seeded by the local logits' sum (the loss's own bytes and collectives are not measured)",
     ]
     activations = ActivationMeasurement(
-        micro_batch_size=micro_batch, seq_len=seq_len, activation_checkpointing="none", module_dtype=str(COMPUTE_DTYPE),
+        micro_batch_size=micro_batch, seq_len=seq_len, activation_checkpointing=policy, module_dtype=str(COMPUTE_DTYPE),
         norm_formula="cpu", layers=[layers, layers + 1], retained_bytes=[shallow.retained, deep.retained],
         block_growth_bytes=deep.growth, block_saved=deep.saved, block_collectives=collective_counts(block),
         model_collectives=collective_counts(deep.collectives), backward_ran=True,

@@ -133,9 +133,10 @@ def expert_request(record: ExpertParallelRecord, model: ModelSpec) -> PlanReques
     if a is not None:
         model = model.model_copy(update={"first_dense_layers": 0})
     batch = BatchSpec(seq_len=a.seq_len, micro_batch_size=a.micro_batch_size) if a else BatchSpec(seq_len=4096)
+    training = TrainingSpec(framework=Framework.torchtitan, kernels="cpu",
+                            activation_checkpointing=a.activation_checkpointing if a else "none")
     return PlanRequest(
-        model=model, training=TrainingSpec(framework=Framework.torchtitan, kernels="cpu"), batch=batch,
-        cluster=cluster_from_gpus(get_gpu("h100-80gb"), record.world_size),
+        model=model, training=training, batch=batch, cluster=cluster_from_gpus(get_gpu("h100-80gb"), record.world_size),
         strategy=StrategySpec(kind="fsdp-full-shard"), parallel=ParallelSpec(ep=record.ep),
     )
 
