@@ -6,8 +6,8 @@ parallelism is checked against.
         (default benchmarks/parallel-records/expert)
 
 Each record is rank 0 of a fake group: torchtitan 0.3.0's DeepSeek "16B" flavour (DeepSeek-V2-Lite's
-shapes) from its registry at full width, its dense first block and one (states) or one and two
-(activations) MoE blocks, without and with torchtitan's FullAC, parallelized by torchtitan's own calls
+shapes) and its Qwen3 "30B-A3B" from its registries at full width, DeepSeek's dense first block
+and one (states) or one and two (activations) MoE blocks (Qwen3: one, and one and two), without and with torchtitan's FullAC, parallelized by torchtitan's own calls
 (zeroplan.frameworks.expert_parallel). Needs torch and torchtitan; about five minutes on 2 cores.
 """
 
@@ -29,6 +29,12 @@ SEQ_LENS = (2048, 4096)
 POLICIES = ("none", "full")
 
 
+# torchtitan's Qwen3 "30B-A3B" (Qwen3-30B-A3B's shapes: 48 MoE blocks, 128 experts, top 8, no
+# shared or dense blocks), one and two blocks: (ep, dp_shard, seq_len, policy).
+QWEN3_ACTIVATIONS = [(8, 8, 2048, "none"), (8, 8, 4096, "none"), (4, 8, 4096, "none"), (8, 16, 4096, "none"),
+                     (8, 8, 4096, "full")]
+
+
 def main(out: Path = DEFAULT_OUT) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for ep, dp in LAYOUTS:
@@ -37,6 +43,10 @@ def main(out: Path = DEFAULT_OUT) -> None:
         for ep, dp in LAYOUTS:
             for seq in SEQ_LENS:
                 _write(out, measure_activations("16B", ep, dp, seq, policy=policy))
+    for ep, dp in LAYOUTS:
+        _write(out, measure_states("30B-A3B", ep, dp, layers=1, family="qwen3"))
+    for ep, dp, seq, policy in QWEN3_ACTIVATIONS:
+        _write(out, measure_activations("30B-A3B", ep, dp, seq, layers=1, policy=policy, family="qwen3"))
 
 
 def _write(out: Path, record) -> None:

@@ -253,7 +253,8 @@ INDEX_BYTES = 8
 # under EP + FSDP2 (benchmarks/parallel-records/expert, docs/parallelism-measured.md):
 # - models/common/moe.py:298 TokenChoiceTopKRouter.forward runs the gate under
 #   torch.autocast(float32): the gate saves fp32 copies of its input (4 T h) and of its weight
-#   (4 h E) besides the 16-bit input the shared expert saves (the reference router_input);
+#   (4 h E); the 16-bit input (the reference router_input) is saved only by a shared expert's
+#   first linear (measured: DeepSeek "16B" keeps it, Qwen3 "30B-A3B", without one, does not);
 #   softmax (:306) saves only its fp32 output (4 T E) and the gather (:324) its int64 expert ids
 #   (8 T k): these replace the reference router_scores ((e + 4) T E).
 # - models/common/token_dispatcher.py:616-619 combine multiplies the fp32 copy of the experts'
@@ -278,6 +279,8 @@ def torchtitan_moe_block_extra_bytes(request: PlanRequest) -> int:
     h, experts, k = model.hidden_size, model.num_experts, model.experts_per_token
     router = (FP32_BYTES * tokens * h + FP32_BYTES * h * experts + FP32_BYTES * tokens * experts
               + INDEX_BYTES * tokens * k - (e + FP32_BYTES) * tokens * experts)
+    if not model.shared_expert_ffn_hidden_size:
+        router -= e * tokens * h
     combine = FP32_BYTES * copies * h + FP32_BYTES * copies
     indices = INDEX_BYTES * copies * (3 if request.parallel.ep > 1 else 2)
     latent_v = e * tokens * model.num_heads * (model.head_size - model.qk_rope_head_dim) if model.is_mla else 0

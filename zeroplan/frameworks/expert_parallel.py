@@ -48,29 +48,45 @@ resolve_fsdp_mesh) refuses ("all parameters must be DTensors on the full SPMD me
 "partial_dtensor" parallelize_deepseekv3 runs whole (EP as DTensors, then FSDP2)."""
 
 
-def deepseek_config(flavor: str, layers: int, seq_len: int):
-    """torchtitan's own DeepSeek-V3 config for ``flavor`` with its first ``layers`` blocks, its
+def _family(family: str):
+    """torchtitan 0.3.0's config registry, sharding declarations and parallelize function of a
+    MoE model package."""
+    if family == "deepseek_v3":
+        from torchtitan.models.deepseek_v3 import deepseekv3_configs, parallelize_deepseekv3
+        from torchtitan.models.deepseek_v3.sharding import set_deepseek_v3_sharding_config
+
+        return deepseekv3_configs, set_deepseek_v3_sharding_config, parallelize_deepseekv3
+    if family == "qwen3":
+        from torchtitan.models.qwen3 import parallelize_qwen3, qwen3_configs
+        from torchtitan.models.qwen3.sharding import set_qwen3_sharding_config
+
+        return qwen3_configs, set_qwen3_sharding_config, parallelize_qwen3
+    raise ValueError(f"no MoE family {family!r}")
+
+
+def moe_config(family: str, flavor: str, layers: int, seq_len: int):
+    """torchtitan's own config for ``family``/``flavor`` with its first ``layers`` blocks, its
     RoPE caches sized to ``seq_len``, balanced routing and its EP sharding declarations; with
     the flavour's depth and dense blocks."""
-    from torchtitan.models.deepseek_v3 import deepseekv3_configs
-    from torchtitan.models.deepseek_v3.sharding import set_deepseek_v3_sharding_config
-
-    # torchtitan 0.3.0 models/deepseek_v3/__init__.py model_registry defaults: attn_backend
-    # "flex", moe_comm_backend "standard" (AllToAllTokenDispatcher under EP).
-    config = deepseekv3_configs[flavor](attn_backend="flex", moe_comm_backend="standard")
+    configs, set_sharding, _ = _family(family)
+    # torchtitan 0.3.0 models/deepseek_v3/__init__.py and models/qwen3/__init__.py
+    # model_registry: attn_backend "flex", moe_comm_backend "standard" (the DeepSeek default; the
+    # Qwen3 MoE flavours' own default) -> AllToAllTokenDispatcher under EP.
+    config = configs[flavor](attn_backend="flex", moe_comm_backend="standard")
     full_depth = len(config.layers)
-    dense = sum(1 for layer in config.layers if layer.moe is None)
+    dense = sum(1 for layer in config.layers if getattr(layer, "moe", None) is None)
     config.layers = config.layers[:layers]
     # models/common/decoder.py Decoder.Config.update_from_config (what the trainer runs): RoPE
     # caches resized to training.seq_len, router._debug_force_load_balance =
-    # debug.moe_force_load_balance; then models/deepseek_v3/model.py update_from_config:
-    # set_deepseek_v3_sharding_config(enable_sp, enable_ep=expert_parallel_degree > 1). The
-    # method imports torchtitan.trainer (which needs torchdata); its effects are applied directly.
+    # debug.moe_force_load_balance; then the family's update_from_config (models/deepseek_v3/
+    # model.py, models/qwen3/model.py): set_*_sharding_config(enable_sp, enable_ep=
+    # expert_parallel_degree > 1). The method imports torchtitan.trainer (which needs
+    # torchdata); its effects are applied directly.
     for layer in config.layers:
         layer.attention.rope = dataclasses.replace(layer.attention.rope, max_seq_len=seq_len)
-        if layer.moe is not None:
+        if getattr(layer, "moe", None) is not None:
             layer.moe.router._debug_force_load_balance = True
-    set_deepseek_v3_sharding_config(config, enable_sp=True, enable_ep=True)
+    set_sharding(config, enable_sp=True, enable_ep=True)
     return config, full_depth, dense
 
 
@@ -115,20 +131,23 @@ def _build(config, dtype: torch.dtype):
     return module
 
 
-def _parallelize(module, parallel_dims, parallelism, policy: str = "none") -> str:
+def _parallelize(family: str, module, parallel_dims, parallelism, policy: str = "none") -> str:
     from torchtitan.config import CompileConfig, TrainingConfig
     from torchtitan.distributed.activation_checkpoint import FullAC
-    from torchtitan.models.deepseek_v3 import parallelize_deepseekv3
+
+    _, _, parallelize = _family(family)
 
     training = TrainingConfig()
-    # torchtitan 0.3.0 models/deepseek_v3/parallelize.py: model.parallelize(parallel_dims) (EP:
-    # the grouped experts Shard(0) over ep), then apply_fsdp_to_mtp_decoder over the fsdp mesh
+    # torchtitan 0.3.0 models/deepseek_v3/parallelize.py (models/qwen3/parallelize.py the same
+    # with apply_fsdp_to_decoder): model.parallelize(parallel_dims) (EP: the grouped experts
+    # Shard(0) over ep), then apply_fsdp_to_mtp_decoder over the fsdp mesh
     # with the experts over the efsdp mesh, in the training config's mixed precision; between
     # the two, ac_config.build(dump_folder).apply(model) (full: FullAC wraps every block).
     ac_config = FullAC.Config() if policy == "full" else None
-    parallelize_deepseekv3(module, parallel_dims=parallel_dims, training=training, parallelism=parallelism,
-                           compile_config=CompileConfig(), ac_config=ac_config, dump_folder="")
-    return (f"set_deepseek_v3_sharding_config(enable_sp=True, enable_ep=True), parallelize_deepseekv3(parallel_dims; "
+    parallelize(module, parallel_dims=parallel_dims, training=training, parallelism=parallelism,
+                compile_config=CompileConfig(), ac_config=ac_config, dump_folder="")
+    _, set_sharding, _ = _family(family)
+    return (f"{set_sharding.__name__}(enable_sp=True, enable_ep=True), {parallelize.__name__}(parallel_dims; "
             f"spmd_backend={BACKEND}, mixed_precision_param={training.mixed_precision_param}, "
             f"mixed_precision_reduce={training.mixed_precision_reduce}"
             + (", ac_config=FullAC.Config()" if policy == "full" else "") + ")")
@@ -155,26 +174,26 @@ def _global_shapes(config) -> dict[str, list[int]]:
 
 
 def _dims(config, full_depth: int, dense: int) -> dict[str, int]:
-    moe = next(layer.moe for layer in config.layers if layer.moe is not None)
+    moe = next(layer.moe for layer in config.layers if getattr(layer, "moe", None) is not None)
     return dict(dim=config.dim, num_experts=moe.num_experts, top_k=moe.router.top_k,
                 moe_hidden=moe.routed_experts.inner_experts.hidden_dim, vocab_size=config.vocab_size,
                 n_layers_full=full_depth, n_dense_layers_full=dense)
 
 
-def measure_states(flavor: str, ep: int, dp_shard: int, layers: int = 2) -> ExpertParallelRecord:
+def measure_states(flavor: str, ep: int, dp_shard: int, layers: int = 2, family: str = "deepseek_v3") -> ExpertParallelRecord:
     """The parameters rank 0 holds after parallelize_deepseekv3 (EP, then FSDP2), built in the
     trainer's fp32, ``layers`` blocks deep (the flavour's dense blocks first)."""
     from importlib.metadata import version
 
     start_s = time.perf_counter()
-    config, full_depth, dense = deepseek_config(flavor, layers, 4096)
+    config, full_depth, dense = moe_config(family, flavor, layers, 4096)
     global_shapes = _global_shapes(config)
     with expert_world(ep, dp_shard) as (parallel_dims, parallelism):
         module = _build(config, PARAM_DTYPE)
-        calls = _parallelize(module, parallel_dims, parallelism)
+        calls = _parallelize(family, module, parallel_dims, parallelism)
         params = _shards(module, global_shapes)
     return ExpertParallelRecord(
-        framework_version=f"torchtitan {version('torchtitan')}", torch_version=torch.__version__, family="deepseek_v3",
+        framework_version=f"torchtitan {version('torchtitan')}", torch_version=torch.__version__, family=family,
         flavor=flavor, **_dims(config, full_depth, dense), spmd_backend=BACKEND, ep=ep, dp_shard=dp_shard,
         efsdp=dp_shard // ep, world_size=dp_shard, rank=0, parallelize=calls, param_dtype=str(PARAM_DTYPE),
         params=params, built_layers=layers, built_dense_layers=min(dense, layers),
@@ -192,7 +211,7 @@ def balanced_split_sizes(config, tokens: int, ep: int) -> list[int]:
     (TokenChoiceTopKRouter._debug_force_load_balance_routing: expert = position x K + j mod E)
     depends on positions only, so every rank routes as rank 0 does: rank 0 receives from each
     rank what that rank's input split 0 is, its own input split 0."""
-    moe = next(layer.moe for layer in config.layers if layer.moe is not None)
+    moe = next(layer.moe for layer in config.layers if getattr(layer, "moe", None) is not None)
     router = moe.router.build()
     torch.nn.init.normal_(router.gate.weight, std=0.02)
     with torch.no_grad(), private.cpu_autocast_float32():
@@ -214,16 +233,17 @@ class _Run:
     calls: str
 
 
-def _run(flavor: str, ep: int, dp_shard: int, seq_len: int, micro_batch: int, layers: int, policy: str) -> _Run:
+def _run(family: str, flavor: str, ep: int, dp_shard: int, seq_len: int, micro_batch: int, layers: int,
+         policy: str) -> _Run:
     from torchtitan.distributed import utils as dist_utils
 
-    config, _, dense = deepseek_config(flavor, layers, seq_len)
+    config, _, dense = moe_config(family, flavor, layers, seq_len)
     global_shapes = _global_shapes(config)
     moe_blocks = layers - min(dense, layers)
     splits = balanced_split_sizes(config, seq_len * micro_batch, ep)
     with expert_world(ep, dp_shard) as (parallel_dims, parallelism):
         module = _build(config, PARAM_DTYPE)
-        calls = _parallelize(module, parallel_dims, parallelism, policy)
+        calls = _parallelize(family, module, parallel_dims, parallelism, policy)
         params = _shards(module, global_shapes)
         context = dist_utils.get_spmd_context(parallel_dims=parallel_dims)
         blocks = list(module.layers.values())
@@ -260,15 +280,16 @@ def _run(flavor: str, ep: int, dp_shard: int, seq_len: int, micro_batch: int, la
 
 
 def measure_activations(flavor: str, ep: int, dp_shard: int, seq_len: int, micro_batch: int = 1,
-                        layers: int = 2, policy: str = "none") -> ExpertParallelRecord:
+                        layers: int = 2, policy: str = "none", family: str = "deepseek_v3") -> ExpertParallelRecord:
     """Forward and backward of torchtitan's EP + FSDP2 model with ``layers`` and ``layers + 1``
     blocks (the deeper one a MoE block more) on rank 0, under ``policy`` ("none" or "full")."""
     from importlib.metadata import version
 
     start_s = time.perf_counter()
     _eager_flex_attention()
-    shallow, deep = (_run(flavor, ep, dp_shard, seq_len, micro_batch, depth, policy) for depth in (layers, layers + 1))
-    config, full_depth, dense = deepseek_config(flavor, layers, seq_len)
+    shallow, deep = (_run(family, flavor, ep, dp_shard, seq_len, micro_batch, depth, policy)
+                     for depth in (layers, layers + 1))
+    config, full_depth, dense = moe_config(family, flavor, layers, seq_len)
     block = _subtract(deep.collectives, shallow.collectives)
     notes = [
         "FSDP2 (apply_fsdp_to_mtp_decoder) over fp32 parameters: the blocks compute on the bf16 parameters its "
@@ -292,7 +313,7 @@ def measure_activations(flavor: str, ep: int, dp_shard: int, seq_len: int, micro
         model_collectives=collective_counts(deep.collectives), backward_ran=True,
     )
     return ExpertParallelRecord(
-        framework_version=f"torchtitan {version('torchtitan')}", torch_version=torch.__version__, family="deepseek_v3",
+        framework_version=f"torchtitan {version('torchtitan')}", torch_version=torch.__version__, family=family,
         flavor=flavor, **_dims(config, full_depth, dense), spmd_backend=BACKEND, ep=ep, dp_shard=dp_shard,
         efsdp=dp_shard // ep, world_size=dp_shard, rank=0,
         parallelize=deep.calls,

@@ -113,9 +113,10 @@ def parallel_rows(records: list[ParallelRecord]) -> list[ParallelRow]:
 
 # --- expert parallelism ----------------------------------------------------------------------
 
-EXPERT_MODEL = {("deepseek_v3", "16B"): "deepseek-v2-lite"}
+EXPERT_MODEL = {("deepseek_v3", "16B"): "deepseek-v2-lite", ("qwen3", "30B-A3B"): "qwen3-30b-a3b"}
 """torchtitan's MoE flavours and the config.json under tests/fixtures/hf/ with their shapes
-(torchtitan 0.3.0 models/deepseek_v3/__init__.py: "16B" is DeepSeek-V2-Lite)."""
+(torchtitan 0.3.0 models/deepseek_v3/__init__.py: "16B" is DeepSeek-V2-Lite; models/qwen3/
+__init__.py: "30B-A3B" is Qwen3-30B-A3B)."""
 
 
 def expert_model(record: ExpertParallelRecord, fixtures: Path) -> ModelSpec:
