@@ -8,7 +8,7 @@ parallelism is checked against.
 Each record is rank 0 of a fake group: torchtitan 0.3.0's DeepSeek "16B" flavour (DeepSeek-V2-Lite's
 shapes) and its Qwen3 "30B-A3B" from its registries at full width, DeepSeek's dense first block
 and one (states) or one and two (activations) MoE blocks (Qwen3: one, and one and two), without and with torchtitan's FullAC, parallelized by torchtitan's own calls
-(zeroplan.frameworks.expert_parallel). Needs torch and torchtitan; about five minutes on 2 cores.
+(zeroplan.frameworks.expert_parallel). Needs torch and torchtitan; about a minute and a half on 2 cores.
 """
 
 from __future__ import annotations

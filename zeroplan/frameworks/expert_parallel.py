@@ -2,11 +2,12 @@
 for rank 0, the parameters it holds, what one MoE block keeps for backward and which collectives
 (the token all-to-alls among them) a MoE block issues.
 
-Nothing of torchtitan's placement is re-written here: the model is its DeepSeek-V3 config from
-its own registry (``deepseekv3_configs``), its sharding declarations come from
-``set_deepseek_v3_sharding_config(enable_ep=True)``, and ``parallelize_deepseekv3`` applies EP
-(``model.parallelize``) and FSDP2 (``apply_fsdp_to_mtp_decoder``: the routed experts over efsdp,
-the rest over fsdp) on torchtitan's own ``ParallelDims`` meshes, over torch's fake process group.
+Nothing of torchtitan's placement is re-written here: the model is its DeepSeek-V3 (or Qwen3)
+config from its own registry (``deepseekv3_configs``, ``qwen3_configs``), its sharding
+declarations come from ``set_deepseek_v3_sharding_config(enable_ep=True)`` (``set_qwen3_...``),
+and ``parallelize_deepseekv3`` (``parallelize_qwen3``) applies EP (``model.parallelize``) and
+FSDP2 (the routed experts over efsdp, the rest over fsdp) on torchtitan's own ``ParallelDims``
+meshes, over torch's fake process group.
 Memory and collectives are counted as zeroplan.frameworks.tensor_parallel counts them. Two
 things fake tensors cannot do are supplied (each recorded in the record's notes):
 
@@ -181,8 +182,8 @@ def _dims(config, full_depth: int, dense: int) -> dict[str, int]:
 
 
 def measure_states(flavor: str, ep: int, dp_shard: int, layers: int = 2, family: str = "deepseek_v3") -> ExpertParallelRecord:
-    """The parameters rank 0 holds after parallelize_deepseekv3 (EP, then FSDP2), built in the
-    trainer's fp32, ``layers`` blocks deep (the flavour's dense blocks first)."""
+    """The parameters rank 0 holds after the family's parallelize function (EP, then FSDP2),
+    built in the trainer's fp32, ``layers`` blocks deep (the flavour's dense blocks first)."""
     from importlib.metadata import version
 
     start_s = time.perf_counter()
