@@ -237,7 +237,54 @@ def torchtitan_rope_cache_bytes(request: PlanRequest) -> int:
     if request.training.framework is not Framework.torchtitan:
         return 0
     tokens = request.batch.seq_len * request.batch.micro_batch_size
-    return COMPLEX64_BYTES * tokens * (request.model.head_size // 2)
+    # torchtitan 0.3.0 models/deepseek_v3/model.py:125 rotates only q_pe and k_pe, qk_rope_head_dim
+    # wide, under MLA: its cache is qk_rope_head_dim / 2 complex numbers per position (measured:
+    # 524,288 bytes per DeepSeek "16B" block at s 2048, benchmarks/parallel-records/expert).
+    rotated = request.model.qk_rope_head_dim if request.model.is_mla else request.model.head_size
+    return COMPLEX64_BYTES * tokens * (rotated // 2)
+
+
+INDEX_BYTES = 8
+"""int64, the dtype of torch.argsort's and torch.topk's indices."""
+
+
+# What one torchtitan 0.3.0 MoE block saves beyond the reference terms (zeroplan.core.activations
+# mlp_terms, latent_attention_terms), read from its code and measured on its own DeepSeek "16B"
+# under EP + FSDP2 (benchmarks/parallel-records/expert, docs/parallelism-measured.md):
+# - models/common/moe.py:298 TokenChoiceTopKRouter.forward runs the gate under
+#   torch.autocast(float32): the gate saves fp32 copies of its input (4 T h) and of its weight
+#   (4 h E); the 16-bit input (the reference router_input) is saved only by a shared expert's
+#   first linear (measured: DeepSeek "16B" keeps it, Qwen3 "30B-A3B", without one, does not);
+#   softmax (:306) saves only its fp32 output (4 T E) and the gather (:324) its int64 expert ids
+#   (8 T k): these replace the reference router_scores ((e + 4) T E).
+# - models/common/token_dispatcher.py:616-619 combine multiplies the fp32 copy of the experts'
+#   outputs by the fp32 expert-sorted scores: the product saves both, 4 N h + 4 N for the N = T k
+#   routed copies.
+# - token_dispatcher.py:93-100 _local_reorder's index ops save two int64 N index tensors (the
+#   sorted ids for the scores, the token indices for x, which deterministic_scatter_add saves
+#   again); under EP, _permute (:550) saves a third, permuted_indices.
+# - models/deepseek_v3/model.py:131-134: v is a split view of wkv_b's output (d_nope + d_v per
+#   head); the attention saves v and so keeps the whole storage, e T a d_nope more than the
+#   reference's v.
+def torchtitan_moe_block_extra_bytes(request: PlanRequest) -> int:
+    """Bytes one torchtitan MoE block saves beyond the reference MoE block (0 otherwise)."""
+    from zeroplan.core.activations import routed_token_copies
+
+    model = request.model
+    if request.training.framework is not Framework.torchtitan or not model.is_moe:
+        return 0
+    e = request.training.precision.compute_bytes
+    tokens = request.batch.seq_len * request.batch.micro_batch_size
+    copies = routed_token_copies(model, tokens)
+    h, experts, k = model.hidden_size, model.num_experts, model.experts_per_token
+    router = (FP32_BYTES * tokens * h + FP32_BYTES * h * experts + FP32_BYTES * tokens * experts
+              + INDEX_BYTES * tokens * k - (e + FP32_BYTES) * tokens * experts)
+    if not model.shared_expert_ffn_hidden_size:
+        router -= e * tokens * h
+    combine = FP32_BYTES * copies * h + FP32_BYTES * copies
+    indices = INDEX_BYTES * copies * (3 if request.parallel.ep > 1 else 2)
+    latent_v = e * tokens * model.num_heads * (model.head_size - model.qk_rope_head_dim) if model.is_mla else 0
+    return router + combine + indices + latent_v
 
 
 def framework_layer_bytes(request: PlanRequest) -> int:
@@ -249,7 +296,8 @@ def framework_layer_bytes(request: PlanRequest) -> int:
     norm_savings = hf_bf16_norm_savings_bytes(request)
     norms = model.norms_per_block * norm_savings
     return (layer_bytes(model, training, s, b, autocast=request.runs_under_autocast) - norms + expanded_kv_extra_bytes(model, training, s, b)
-            + hf_autocast_copies_bytes(request) + torchtitan_rope_cache_bytes(request))
+            + hf_autocast_copies_bytes(request) + torchtitan_rope_cache_bytes(request)
+            + torchtitan_moe_block_extra_bytes(request))
 
 
 # torchtune 0.6.1 training/activations.py checkpoint_wrapper: with ac_mode "selective" a

@@ -248,6 +248,66 @@ def pipeline_stages_static() -> Iterator[None]:
         schedules._PipelineSchedule._warmup_p2p = original
 
 
+class ScalarReads(TorchDispatchMode):
+    """Answer a fake tensor's value reads (``aten._local_scalar_dense``: ``.item()``,
+    ``.tolist()``) with given numbers, in order; any read beyond them raises as the fake mode
+    does. Entered inside the fake-tensor mode, it sees each read first.
+
+    A fake tensor has no values, so an operator whose Python caller needs them (torchtitan
+    0.3.0 models/common/token_dispatcher.py ``_sync_token_count_exchange``: the all-to-all
+    split sizes, ``.tolist()``) cannot run under FakeTensorMode; the caller supplies what the
+    real tensors would hold and every answer is kept in ``answered``."""
+
+    # Higher-order operators (FlexAttention's) pass through like any other operator.
+    supports_higher_order_operators = True
+
+    def __init__(self, answers: list[int]) -> None:
+        super().__init__()
+        self.answers = list(answers)
+        self.answered: list[int] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            if not self.answers:
+                raise RuntimeError("a value read no answer was given for (aten._local_scalar_dense)")
+            value = self.answers.pop(0)
+            self.answered.append(value)
+            return value
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def cpu_autocast_float32() -> Iterator[None]:
+    """``torch.autocast("cpu", dtype=torch.float32)`` enabled, as ``torch.autocast("cuda",
+    dtype=torch.float32)`` is.
+
+    torch 2.13 amp/autocast_mode.py ``autocast.__init__`` disables CPU autocast for any dtype
+    but bf16/fp16 (a warning, ``_enabled = False``); for CUDA it accepts float32, and the C++
+    autocast for the CPU key accepts it too (``torch.set_autocast_dtype("cpu", float32)``:
+    linear is in both devices' lower-precision list and casts to fp32). torchtitan 0.3.0
+    models/common/moe.py TokenChoiceTopKRouter.forward computes its gate under
+    ``torch.autocast(device_type=x.device.type, dtype=torch.float32)``: on a GPU, fp32 scores
+    from bf16 inputs; on the CPU, unpatched, bf16 scores. While the block runs, ``torch.autocast``
+    is a subclass that keeps a CPU float32 autocast enabled (private attributes ``fast_dtype``,
+    ``_enabled``)."""
+    original = torch.autocast
+
+    class Float32Autocast(original):
+        def __init__(self, device_type, dtype=None, enabled=True, cache_enabled=None):
+            cpu_float32 = device_type == "cpu" and dtype is torch.float32 and enabled
+            super().__init__(device_type, dtype=torch.bfloat16 if cpu_float32 else dtype, enabled=enabled,
+                             cache_enabled=cache_enabled)
+            if cpu_float32:
+                self.fast_dtype = torch.float32
+                self._enabled = True
+
+    torch.autocast = Float32Autocast
+    try:
+        yield
+    finally:
+        torch.autocast = original
+
+
 def context_parallel_block_mask_without_compile() -> None:
     """Let context parallelism shard a FlexAttention block mask on fake tensors. Idempotent.
 

@@ -5,16 +5,20 @@ torchtitan's stage split (benchmarks/pipeline-records). Torch-free: reads commit
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from zeroplan.core.model_states import model_state_bytes
 from zeroplan.core.parallel.activations import micro_batch_bytes
 from zeroplan.core.parallel.collectives import context_parallel_collectives, tensor_parallel_collectives
+from zeroplan.core.parallel.expert import expert_parallel_collectives
 from zeroplan.core.parallel.units import rank_parameter_elements
 from zeroplan.core.plan import framework_activations
+from zeroplan.frameworks.expert_record import ExpertParallelRecord
 from zeroplan.frameworks.parallel_record import ParallelRecord
 from zeroplan.presets.gpus import get_gpu
+from zeroplan.presets.hf_config import load_hf_config
 from zeroplan.presets.models import get_model
-from zeroplan.specs import BatchSpec, PlanRequest, StrategySpec, TrainingSpec
+from zeroplan.specs import BatchSpec, ModelSpec, PlanRequest, StrategySpec, TrainingSpec
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.hardware import cluster_from_gpus
 from zeroplan.specs.parallel import ParallelSpec
@@ -105,3 +109,54 @@ def parallel_rows(records: list[ParallelRecord]) -> list[ParallelRow]:
         equal = all(predicted_collectives(record, p) == measured_collectives(record, p) for p in ("forward", "backward"))
         rows.append(ParallelRow(record.name, predicted_block_bytes(record), record.activations.block_kept_bytes, equal))
     return rows
+
+
+# --- expert parallelism ----------------------------------------------------------------------
+
+EXPERT_MODEL = {("deepseek_v3", "16B"): "deepseek-v2-lite", ("qwen3", "30B-A3B"): "qwen3-30b-a3b"}
+"""torchtitan's MoE flavours and the config.json under tests/fixtures/hf/ with their shapes
+(torchtitan 0.3.0 models/deepseek_v3/__init__.py: "16B" is DeepSeek-V2-Lite; models/qwen3/
+__init__.py: "30B-A3B" is Qwen3-30B-A3B)."""
+
+
+def expert_model(record: ExpertParallelRecord, fixtures: Path) -> ModelSpec:
+    return load_hf_config(fixtures / f"{EXPERT_MODEL[(record.family, record.flavor)]}.json")
+
+
+def expert_request(record: ExpertParallelRecord, model: ModelSpec) -> PlanRequest:
+    """The planner's request for what the record ran: torchtitan under FSDP2 (bf16 blocks, fp32
+    parameters) over dp_shard ranks with ep of them per expert group, the record's batch, no
+    checkpointing, the CPU's composite RMSNorm (what the fake run saved). For an activation
+    record every block of the model is a MoE block: the record's per-block figure is one MoE
+    block (its deep run has one MoE block more), and micro_batch_bytes' per-block term is the
+    difference of one and two blocks of the request's model."""
+    a = record.activations
+    if a is not None:
+        model = model.model_copy(update={"first_dense_layers": 0})
+    batch = BatchSpec(seq_len=a.seq_len, micro_batch_size=a.micro_batch_size) if a else BatchSpec(seq_len=4096)
+    training = TrainingSpec(framework=Framework.torchtitan, kernels="cpu",
+                            activation_checkpointing=a.activation_checkpointing if a else "none")
+    return PlanRequest(
+        model=model, training=training, batch=batch, cluster=cluster_from_gpus(get_gpu("h100-80gb"), record.world_size),
+        strategy=StrategySpec(kind="fsdp-full-shard"), parallel=ParallelSpec(ep=record.ep),
+    )
+
+
+def predicted_expert_all_to_all(request: PlanRequest) -> dict[str, tuple[int, int]]:
+    """Per phase, the planner's (calls, bytes per call) of one MoE block's token all-to-alls."""
+    result = {}
+    for c in expert_parallel_collectives(request, moe_blocks=1):
+        result[c.phase.value] = (c.calls, c.buffer_bytes // c.calls)
+    return result
+
+
+def measured_expert_all_to_all(record: ExpertParallelRecord) -> dict[str, tuple[int, int]]:
+    """Per phase, the measured (calls, bytes per call) of one MoE block's token all-to-alls (the
+    activation-sized ones: the int64 count exchange before each dispatch is left out)."""
+    result = {}
+    for phase in ("forward", "backward"):
+        tokens = [c for c in record.block_all_to_all(phase) if c.dtype != "torch.int64"]
+        sizes = {c.output_bytes for c in tokens}
+        assert len(sizes) == 1, sizes
+        result[phase] = (sum(c.count for c in tokens), sizes.pop())
+    return result

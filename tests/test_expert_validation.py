@@ -1,0 +1,183 @@
+"""The planner under expert parallelism against what torchtitan 0.3.0's own EP + FSDP2 code holds
+and issues on a fake process group (benchmarks/parallel-records/expert: its DeepSeek "16B",
+DeepSeek-V2-Lite's shapes, parallelized by parallelize_deepseekv3). Targets (docs/validation.md,
+"Model parallelism"): parameters per rank to the byte, saved activations per MoE block within
+2 %, the token all-to-alls of a MoE block equal in count and bytes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zeroplan.core.model_states import model_state_bytes
+from zeroplan.core.parallel.activations import micro_batch_bytes
+from zeroplan.core.parallel.units import rank_parameter_units
+from zeroplan.core.plan import framework_activations
+from zeroplan.frameworks.expert_record import load_expert_records
+from zeroplan.validate.parallel import (
+    ACTIVATION_TARGET, expert_model, expert_request, measured_expert_all_to_all, predicted_expert_all_to_all,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures" / "hf"
+RECORDS = load_expert_records(ROOT / "benchmarks" / "parallel-records" / "expert")
+STATES = [r for r in RECORDS if r.activations is None]
+ACTIVATIONS = [r for r in RECORDS if r.activations is not None]
+
+
+def _request(record):
+    return expert_request(record, expert_model(record, FIXTURES))
+
+
+def test_the_records_are_there():
+    assert len(STATES) >= 12 and len(ACTIVATIONS) >= 29
+    assert {r.family for r in RECORDS} == {"deepseek_v3", "qwen3"}
+    assert {r.ep for r in RECORDS} == {2, 4, 8} and {r.efsdp for r in RECORDS} >= {1, 2, 4}
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=lambda r: r.name)
+def test_the_fixture_is_the_flavour_that_ran(record):
+    model = expert_model(record, FIXTURES)
+    assert (model.hidden_size, model.num_experts, model.experts_per_token, model.expert_ffn_hidden_size,
+            model.vocab_size, model.num_layers, model.first_dense_layers) == (
+        record.dim, record.num_experts, record.top_k, record.moe_hidden, record.vocab_size, record.n_layers_full,
+        record.n_dense_layers_full)
+
+
+@pytest.mark.parametrize("record", STATES, ids=lambda r: r.name)
+def test_parameters_per_expert_parallel_rank_to_the_byte(record):
+    # fp32 parameters (torchtitan's TrainingConfig.dtype): the routed experts E/ep per rank,
+    # FSDP2-sharded over efsdp, the rest over dp_shard; full depth counts the dense first
+    # block once and the MoE block 26 times.
+    assert record.param_dtype.endswith("float32")
+    request = _request(record)
+    assert model_state_bytes(request).parameter_bytes == record.full_depth_param_bytes()
+
+
+@pytest.mark.parametrize("record", STATES, ids=lambda r: r.name)
+def test_rank_holds_its_local_experts(record):
+    # The grouped expert weights on the rank: E/ep experts, dimension 0 split again over efsdp.
+    local = [p for p in record.params if ".inner_experts." in p.fqn]
+    assert local and all(p.local_shape[0] == record.num_experts // record.ep // record.efsdp for p in local)
+    planned = sum(t.numel for unit in rank_parameter_units(_request(record)) for t in unit.tensors
+                  if t.name.startswith("mlp.experts."))
+    moe_blocks = record.n_layers_full - record.n_dense_layers_full
+    assert planned == moe_blocks * sum(p.local_bytes for p in local) // 4 * record.efsdp // (record.built_layers - record.built_dense_layers)
+
+
+# torchtitan's Qwen3 blocks save what the planner does not model outside the MoE terms (seen in
+# the records' block_saved, s 2048): q_norm and k_norm (models/qwen3: RMSNorm over each head of
+# q and k) keep two fp32 copies of q and of k plus per-row statistics, 75,792,384 bytes per
+# block with the CPU's composite norm, which no planner term has (core/activations.py models no
+# query/key norm); CosSinRoPE saves a view of its [s, 2 d] fp32 cos/sin cache (2,097,152, the
+# planner's complex cache is 1,048,576); route_norm's division saves the fp32 scores and their
+# sum (4 T k + 4 T), and ModelSpec does not carry norm_topk_prob. Measured gap: -15.1 % at s 2048
+# and 4096 (no checkpointing); under full recomputation the block keeps its input only and agrees.
+QK_NORM_GAP = pytest.mark.xfail(strict=True, reason="Qwen3's q/k RMSNorm activations, CosSinRoPE's "
+                                "[s, 2d] cache and route_norm are not modelled: -15.1 % per MoE block")
+
+
+def _activation_params(records):
+    return [pytest.param(r, marks=QK_NORM_GAP) if r.family == "qwen3" and r.activations.activation_checkpointing == "none"
+            else r for r in records]
+
+
+@pytest.mark.parametrize("record", _activation_params(ACTIVATIONS), ids=lambda r: r.name)
+def test_saved_activations_per_moe_block_within_target(record):
+    predicted = micro_batch_bytes(_request(record), framework_activations).per_block
+    measured = record.activations.block_kept_bytes
+    assert abs(predicted / measured - 1) <= ACTIVATION_TARGET, (predicted, measured)
+
+
+NO_RECOMPUTE = [r for r in ACTIVATIONS if r.activations.activation_checkpointing == "none"]
+FULL = [r for r in ACTIVATIONS if r.activations.activation_checkpointing == "full"]
+
+
+@pytest.mark.parametrize("record", NO_RECOMPUTE, ids=lambda r: r.name)
+def test_all_to_all_per_moe_block_equal(record):
+    # Balanced routing (torchtitan's own forced balance): every rank sends and receives T k / ep
+    # routed copies per peer, T k h bf16 bytes per call; dispatch and combine forward, their
+    # reverses in backward.
+    assert predicted_expert_all_to_all(_request(record)) == measured_expert_all_to_all(record)
+
+
+@pytest.mark.parametrize("record", FULL, ids=lambda r: r.name)
+def test_all_to_all_per_moe_block_equal_under_full_recomputation(record):
+    # FullAC reruns the block's forward, dispatch and combine, inside backward; the planner books
+    # that pair with the forward's (core/parallel/expert.py: forward_calls doubled), the
+    # measurement sees it while backward runs. Per step the calls and their bytes are the same.
+    predicted, measured = predicted_expert_all_to_all(_request(record)), measured_expert_all_to_all(record)
+    assert predicted == {"forward": (4, measured["forward"][1]), "backward": (2, measured["backward"][1])}
+    assert measured == {"forward": (2, predicted["forward"][1]), "backward": (4, predicted["backward"][1])}
+
+
+@pytest.mark.parametrize("record", ACTIVATIONS, ids=lambda r: r.name)
+def test_the_split_sizes_are_balanced(record):
+    tokens = record.activations.seq_len * record.activations.micro_batch_size
+    # The deep run's reads: each of its MoE blocks reads ep input and ep output splits in each
+    # forward it runs (twice under full recomputation).
+    moe_blocks = record.activations.layers[1] - record.built_dense_layers
+    forwards = 2 if record.activations.activation_checkpointing == "full" else 1
+    assert record.split_sizes == [tokens * record.top_k // record.ep] * (2 * record.ep * moe_blocks * forwards)
+
+
+# --- the measurement itself ------------------------------------------------------------------
+
+def test_the_expert_measurement_never_imports_the_planner() -> None:
+    pytest.importorskip("torchtitan")
+    code = ("import sys, zeroplan.frameworks.expert_parallel; "
+            "print(sorted(m for m in sys.modules if m.startswith('zeroplan.core')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            cwd=ROOT)
+    assert result.stdout.strip() == "[]"
+
+
+def test_a_live_run_reproduces_its_committed_states_record() -> None:
+    pytest.importorskip("torchtitan")
+    from zeroplan.frameworks.expert_parallel import measure_states
+
+    _assert_reproduces(measure_states("16B", 4, 8))
+
+
+@pytest.mark.slow
+def test_a_live_run_reproduces_its_committed_activation_record() -> None:
+    pytest.importorskip("torchtitan")
+    from zeroplan.frameworks.expert_parallel import measure_activations
+
+    _assert_reproduces(measure_activations("16B", 8, 8, 2048))
+
+
+def _assert_reproduces(record) -> None:
+    committed = next(r for r in RECORDS if r.file_name == record.file_name)
+    # block_saved lists distinct storages by identity (a fake storage's _cdata); the forced
+    # router's discarded first gather frees its index at once, and a later storage can take the
+    # same identity, so the list may hold one tensor less in one run than in another (seen:
+    # 46 or 47 tensors). The kept bytes (MemTracker) and everything else are the same.
+    skip = {"wall_time_s": True, "activations": {"block_saved"}}
+    assert record.model_dump(exclude=skip) == committed.model_dump(exclude=skip)
+
+
+def test_value_reads_beyond_the_answers_given_raise() -> None:
+    torch = pytest.importorskip("torch")
+    from zeroplan.simulate import _torch_private as private
+
+    with private.fake_tensor_mode():
+        counts = torch.zeros(4, dtype=torch.int64)
+        with private.ScalarReads([3, 5]) as reads:
+            assert counts[:2].tolist() == [3, 5]
+            with pytest.raises(RuntimeError, match="no answer"):
+                counts[0].item()
+    assert reads.answered == [3, 5]
+
+
+def test_cpu_autocast_float32_casts_a_linear_to_fp32() -> None:
+    torch = pytest.importorskip("torch")
+    from zeroplan.simulate import _torch_private as private
+
+    x, w = torch.ones(2, 3, dtype=torch.bfloat16), torch.ones(4, 3, dtype=torch.bfloat16)
+    with private.cpu_autocast_float32(), torch.autocast(device_type="cpu", dtype=torch.float32):
+        assert torch.nn.functional.linear(x, w).dtype == torch.float32
+    assert torch.autocast.__name__ == "autocast"
