@@ -17,6 +17,7 @@ from zeroplan.allocator.schedule import step_trace
 from zeroplan.allocator.trace import AllocationTrace, AllocEvent, FreeEvent, Stream
 from zeroplan.cli.fit import request_from_args
 from zeroplan.cli.main import build_parser
+from zeroplan.core.plan import peak_terms
 from zeroplan.units import GiB
 
 SEVENTY_B = "llama-2-70b --framework torchtitan --gpus 64 --gpu h100-80gb --micro-batch 1 --seq-len 4096 --activation-checkpointing selective-op"
@@ -58,7 +59,7 @@ def main() -> None:
 
         req = request.model_copy(update={"strategy": request.strategy.model_copy(update={"kind": StrategyKind(kind_name)})})
         start = time.perf_counter()
-        trace = step_trace(req)
+        trace = step_trace(req, *peak_terms(req))
         built = time.perf_counter() - start
         for text in ("", "expandable_segments:True"):
             rate, elapsed = _rate(trace, text)

@@ -11,7 +11,7 @@ from zeroplan.allocator.schedule import split_bytes, step_trace
 from zeroplan.allocator.trace import AllocEvent, Stream
 from zeroplan.cli.fit import request_from_args
 from zeroplan.cli.main import build_parser
-from zeroplan.core.plan import memory_breakdown
+from zeroplan.core.plan import memory_breakdown, peak_terms
 from zeroplan.specs import StrategyKind
 
 TITAN = "llama-3.1-8b --framework torchtitan --gpus 8 --gpu h100-80gb --micro-batch 2 --seq-len 8192 --activation-checkpointing selective-op"
@@ -29,21 +29,25 @@ def _request(flags: str, kind: StrategyKind):
     return base.model_copy(update={"strategy": base.strategy.model_copy(update={"kind": kind})})
 
 
+def _trace(request):
+    return step_trace(request, *peak_terms(request))
+
+
 @pytest.mark.parametrize("flags, kind", CASES)
 def test_trace_peak_is_the_planners_allocated_peak(flags: str, kind: StrategyKind) -> None:
     request = _request(flags, kind)
-    trace = step_trace(request)
+    trace = step_trace(request, *peak_terms(request))
     assert trace.requested_peak_bytes() == memory_breakdown(request)[0].allocated_peak_bytes
 
 
 def test_fsdp_units_use_the_collective_streams() -> None:
-    trace = step_trace(_request(TITAN, StrategyKind.fsdp_full_shard))
+    trace = _trace(_request(TITAN, StrategyKind.fsdp_full_shard))
     streams = {e.stream for e in trace.events if isinstance(e, AllocEvent)}
     assert streams == {Stream.compute, Stream.all_gather, Stream.reduce_scatter}
 
 
 def test_allocator_reserves_at_least_the_allocated_peak() -> None:
-    trace = step_trace(_request(TITAN, StrategyKind.fsdp_full_shard))
+    trace = _trace(_request(TITAN, StrategyKind.fsdp_full_shard))
     for text in ("", "expandable_segments:True"):
         verdict = oom_capacity(trace, parse_alloc_conf(text))
         assert verdict.unlimited.completed

@@ -9,13 +9,18 @@ lists what it approximates."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from zeroplan.allocator.trace import AllocationTrace, AllocEvent, FreeEvent, Stream, TraceEvent
 from zeroplan.core.activations import layer_terms
 from zeroplan.core.buffers import largest_unit_elements
 from zeroplan.core.layout import gradient_wire_bytes
-from zeroplan.core.plan import peak_terms
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.training import ActivationCheckpointing
+
+if TYPE_CHECKING:
+    from zeroplan.core.model_states import ModelStateBytes
+    from zeroplan.core.plan import PeakTerms
 
 
 def split_bytes(total: int, weights: list[int]) -> list[int]:
@@ -78,9 +83,9 @@ def _transient_parts(request: PlanRequest, transient: int) -> tuple[int, int]:
     return transient - reduce, reduce
 
 
-def step_trace(request: PlanRequest) -> AllocationTrace:
-    """One training step's allocations and frees, from the planner's terms for ``request``."""
-    states, terms = peak_terms(request)
+def step_trace(request: PlanRequest, states: "ModelStateBytes", terms: "PeakTerms") -> AllocationTrace:
+    """One training step's allocations and frees, from the planner's terms for ``request``
+    (zeroplan.core.plan.peak_terms: passed in, so the planner can call this without a cycle)."""
     blocks = max(1, request.model.num_layers // request.parallel.pp)
     accumulating = request.batch.grad_accum_steps > 1
     fsdp = request.strategy.kind.is_fsdp
