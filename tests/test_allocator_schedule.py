@@ -57,3 +57,33 @@ def test_allocator_reserves_at_least_the_allocated_peak() -> None:
 def test_split_bytes_keeps_the_total() -> None:
     assert sum(split_bytes(1001, [3, 1, 0, 6])) == 1001
     assert split_bytes(0, [1]) == []
+
+
+def test_fit_judges_on_the_oom_capacity_with_an_allocator_conf() -> None:
+    from zeroplan.core.plan import fit
+
+    plain = request_from_args(build_parser().parse_args(["fit", *TITAN.split()]))
+    flags = ["fit", *TITAN.split(), "--allocator-conf", "expandable_segments:True"]
+    modelled = request_from_args(build_parser().parse_args(flags))
+    kinds = [StrategyKind.fsdp_full_shard]
+    before, after = fit(plain, kinds).plans[0].memory, fit(modelled, kinds).plans[0].memory
+    assert before.oom_capacity_bytes is None and before.reserved_peak_bytes is None
+    assert after.allocated_peak_bytes == before.allocated_peak_bytes
+    assert after.peak_bytes == after.oom_capacity_bytes >= after.allocated_peak_bytes
+    assert sum(after.peak_terms().values()) == after.peak_bytes
+
+
+def test_fit_table_shows_the_allocator_columns(capsys) -> None:
+    from zeroplan.cli.main import main
+
+    assert main(["fit", *TITAN.split(), "--strategies", "fsdp-full-shard", "--allocator-conf", "backend:native"]) == 0
+    out = capsys.readouterr().out
+    assert "reserved" in out and "oom-at" in out
+
+
+def test_bad_allocator_conf_is_one_line(capsys) -> None:
+    from zeroplan.cli.main import main
+
+    assert main(["fit", "llama-2-7b", "--allocator-conf", "expandable_segments:yes"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "expandable_segments" in err and "True, False" in err
