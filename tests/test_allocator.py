@@ -174,3 +174,11 @@ def test_config_parses_what_cuda_rst_shows() -> None:
 def test_free_of_unknown_id_is_refused() -> None:
     with pytest.raises(ZeroplanError, match="not allocated"):
         replay(trace(free(3)), DEFAULT)
+
+
+# malloc -> release_available_cached_blocks: with max_split_size set, a failed cudaMalloc first
+# frees just enough oversize cached blocks, before the synchronising free-everything retry.
+def test_oversize_cached_block_is_freed_before_the_full_retry() -> None:
+    config = parse_alloc_conf("max_split_size_mb:64")
+    result = replay(trace(alloc(0, 100 * MiB), free(0), alloc(1, 80 * MiB)), config, capacity_bytes=150 * MiB)
+    assert result.completed and result.alloc_retries == 0 and result.device_free_calls == 1

@@ -87,3 +87,17 @@ def test_bad_allocator_conf_is_one_line(capsys) -> None:
     assert main(["fit", "llama-2-7b", "--allocator-conf", "expandable_segments:yes"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "expandable_segments" in err and "True, False" in err
+
+
+def test_oom_capacity_bisection_holds_on_a_step() -> None:
+    # The bisection assumes completion is monotone in capacity: sampled above it, all complete.
+    from zeroplan.allocator.replay import compile_trace, replay
+
+    trace = _trace(_request(TITAN, StrategyKind.fsdp_full_shard))
+    ops = compile_trace(trace)
+    for text in ("", "expandable_segments:True"):
+        config = parse_alloc_conf(text)
+        verdict = oom_capacity(trace, config)
+        low, high = verdict.oom_capacity_bytes, verdict.unlimited.reserved_peak_bytes
+        assert not replay(ops, config, low - 2**21).completed
+        assert all(replay(ops, config, c).completed for c in range(low, high + 2**21, max((high - low) // 8, 2**21)))
