@@ -101,3 +101,17 @@ def test_oom_capacity_bisection_holds_on_a_step() -> None:
         low, high = verdict.oom_capacity_bytes, verdict.unlimited.reserved_peak_bytes
         assert not replay(ops, config, low - 2**21).completed
         assert all(replay(ops, config, c).completed for c in range(low, high + 2**21, max((high - low) // 8, 2**21)))
+
+
+def test_allocator_model_runs_with_torch_blocked() -> None:
+    import subprocess
+    import sys
+
+    program = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from zeroplan.cli.main import main\n"
+        "assert main(['fit', 'llama-2-7b', '--gpus', '8', '--strategies', 'fsdp-full-shard', "
+        "'--allocator-conf', 'expandable_segments:True', '--format', 'json']) == 0\n"
+    )
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
