@@ -59,6 +59,13 @@ class MemoryBreakdown(Frozen):
     """What the caching allocator reserves beyond that (MemoryAssumptions)."""
     peak_bytes: int
     """Peak device memory: allocated peak plus allocator reserve."""
+    reserved_peak_bytes: int | None = None
+    """With the caching-allocator model (MemoryAssumptions.allocator_conf): the most bytes its
+    segments hold at once when nothing fails (torch.cuda.max_memory_reserved); None without."""
+    oom_capacity_bytes: int | None = None
+    """With the caching-allocator model: the smallest memory on which the step completes under
+    the allocator's retry rules; ``peak_bytes`` is then this, and the reserve what it adds to
+    the allocated peak. None without."""
 
     def peak_terms(self) -> dict[str, int]:
         """The byte fields alive at ``peak_moment`` (buffers as ``peak_buffer_bytes``) and the

@@ -12,6 +12,7 @@ from zeroplan.specs import (
     AttentionKernel,
     BatchSpec,
     Framework,
+    MemoryAssumptions,
     ModelSpec,
     Optimizer,
     PerformanceAssumptions,
@@ -58,6 +59,11 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--framework", choices=choices_of(Framework), default=Framework.zeroplan.value,
         help="training stack whose model code, checkpointing and loss are predicted (default zeroplan)",
+    )
+    parser.add_argument(
+        "--allocator-conf", metavar="CONF",
+        help="replay the step through the caching-allocator model under this PYTORCH_CUDA_ALLOC_CONF "
+        "(e.g. expandable_segments:True; backend:native for the defaults) and judge fit on its OOM capacity",
     )
     parser.add_argument(
         "--selective-layer-interval", type=positive_int, metavar="K",
@@ -258,7 +264,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
     )
     return PlanRequest(
         model=model, training=training, batch=batch, cluster=cluster, strategy=strategy, performance=performance,
-        parallel=parallel,
+        parallel=parallel, assumptions=MemoryAssumptions(allocator_conf=getattr(args, "allocator_conf", None)),
     )
 
 

@@ -158,6 +158,15 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
     alive = peak_moments(states, terms, batch.grad_accum_steps)
     allocated, moment = peak_allocated_bytes(states, terms, batch.grad_accum_steps)
     reserve = int(allocated * request.assumptions.allocator_reserve_fraction)
+    reserved = oom_at = None
+    if request.assumptions.allocator_conf is not None:
+        # The caching-allocator model replays the step (docs/memory-model.md, "The caching
+        # allocator"): the peak is its OOM capacity, the reserve what that adds.
+        from zeroplan.allocator.planner import allocator_verdict
+
+        verdict = allocator_verdict(request, states, terms)
+        reserved, oom_at = verdict.unlimited.reserved_peak_bytes, verdict.oom_capacity_bytes
+        reserve = max(oom_at - allocated, 0)
     breakdown = MemoryBreakdown(
         parameter_bytes=states.parameter_bytes,
         gradient_bytes=states.gradient_bytes,
@@ -172,6 +181,8 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
         allocated_peak_bytes=allocated,
         allocator_reserve_bytes=reserve,
         peak_bytes=allocated + reserve,
+        reserved_peak_bytes=reserved,
+        oom_capacity_bytes=oom_at,
     )
     return breakdown, states
 

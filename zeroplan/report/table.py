@@ -37,6 +37,13 @@ def _row(plan: StrategyPlan, unit: ByteUnit) -> list[str]:
     return cells
 
 
+def _allocator_cells(plan: StrategyPlan, unit: ByteUnit) -> list[str]:
+    """Allocated peak, reserved peak and OOM capacity (the caching-allocator model's columns)."""
+    memory = plan.memory
+    values = (memory.allocated_peak_bytes, memory.reserved_peak_bytes, memory.oom_capacity_bytes)
+    return [f"{to_unit(v, unit):.1f}" if v is not None else "-" for v in values]
+
+
 def parameter_count_caution(model: ModelSpec) -> list[str]:
     """A one-line caution when the model's parameter count may not be exact, else nothing."""
     if model.parameter_count_exact:
@@ -129,6 +136,10 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
     ]
     names = ["strategy", "peak at", *(name for name, _, _ in _COLUMNS), "fits", "max-mb", "host", "sent"]
     rows = [_row(p, unit) for p in report.plans]
+    allocator = any(p.memory.oom_capacity_bytes is not None for p in report.plans)
+    if allocator:
+        names += ["alloc", "reserved", "oom-at"]
+        rows = [row + _allocator_cells(p, unit) for row, p in zip(rows, report.plans)]
     widths = [max(len(names[i]), *(len(r[i]) for r in rows)) for i in range(len(names))]
 
     def line(cells: list[str]) -> str:
@@ -141,6 +152,9 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
         "peak at = the moment of the step that sets the peak; its columns add up to peak (to rounding);",
         "( ) = not alive at that moment: gradients fill in as activations free (docs/memory-model.md, \"Peak\").",
     ]
+    if allocator:
+        notes.append("alloc = allocated peak; reserved = the caching-allocator model's reserved peak; oom-at = the least "
+                     "memory its step completes on (peak = oom-at; docs/memory-model.md, \"The caching allocator\").")
     notes += [f"{p.strategy.value}: peak on {p.peak_rank_reason}." for p in report.plans if p.peak_rank_reason]
     if any(p.fits and p.host_fits is False for p in report.plans):
         notes.append("fits = host: fits on the GPU, but its offloaded states exceed the node's host RAM.")

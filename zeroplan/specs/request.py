@@ -44,11 +44,25 @@ class MemoryAssumptions(Frozen):
     allocator_reserve_fraction: float = Field(default=0.05, ge=0.0, lt=1.0)
     """Memory the PyTorch caching allocator reserves beyond what tensors occupy (block
     rounding and fragmentation), as a fraction of the peak allocated bytes."""
+    allocator_conf: str | None = None
+    """A PYTORCH_CUDA_ALLOC_CONF string ("" or "backend:native": the defaults) under which
+    the caching-allocator model (zeroplan.allocator) replays the step: the verdict is then taken
+    on its OOM capacity instead of allocator_reserve_fraction. None: the flat fraction."""
     nccl_channels: int = Field(default=16, gt=0)
     """Channels an NCCL communicator opens (framework profiles only): NCCL picks 2-32 per
     topology (more on NVSwitch systems); 16 is an assumption, not calibrated on a GPU."""
     nccl_peers_per_channel: int = Field(default=2, gt=0)
     """Peers each channel keeps an NCCL_BUFFSIZE buffer for (a ring: previous and next)."""
+
+
+    @model_validator(mode="after")
+    def _check_allocator_conf(self) -> "MemoryAssumptions":
+        if self.allocator_conf is not None:
+            # Imported here: the allocator's config module imports the specs' base.
+            from zeroplan.allocator.config import parse_alloc_conf
+
+            parse_alloc_conf(self.allocator_conf)
+        return self
 
 
 class PerformanceAssumptions(Frozen):

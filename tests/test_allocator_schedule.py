@@ -1,0 +1,117 @@
+"""The planner's schedule as an allocation trace (zeroplan.allocator.schedule): its requested
+peak is the planner's allocated peak, and the allocator model replays it."""
+
+from __future__ import annotations
+
+import pytest
+
+from zeroplan.allocator.capacity import oom_capacity
+from zeroplan.allocator.config import parse_alloc_conf
+from zeroplan.allocator.schedule import split_bytes, step_trace
+from zeroplan.allocator.trace import AllocEvent, Stream
+from zeroplan.cli.fit import request_from_args
+from zeroplan.cli.main import build_parser
+from zeroplan.core.plan import memory_breakdown, peak_terms
+from zeroplan.specs import StrategyKind
+
+TITAN = "llama-3.1-8b --framework torchtitan --gpus 8 --gpu h100-80gb --micro-batch 2 --seq-len 8192 --activation-checkpointing selective-op"
+CASES = [
+    (TITAN, StrategyKind.fsdp_full_shard),
+    (TITAN, StrategyKind.ddp),
+    ("llama-2-7b --gpus 8 --micro-batch 1 --seq-len 2048", StrategyKind.zero3),
+    ("llama-2-7b --gpus 8 --micro-batch 2 --seq-len 1024 --grad-accum 4 --activation-checkpointing full", StrategyKind.zero2),
+    ("llama-3.1-8b --framework torchtitan --gpus 8 --micro-batch 1 --seq-len 4096", StrategyKind.fsdp_shard_grad_op),
+]
+
+
+def _request(flags: str, kind: StrategyKind):
+    base = request_from_args(build_parser().parse_args(["fit", *flags.split()]))
+    return base.model_copy(update={"strategy": base.strategy.model_copy(update={"kind": kind})})
+
+
+def _trace(request):
+    return step_trace(request, *peak_terms(request))
+
+
+@pytest.mark.parametrize("flags, kind", CASES)
+def test_trace_peak_is_the_planners_allocated_peak(flags: str, kind: StrategyKind) -> None:
+    request = _request(flags, kind)
+    trace = step_trace(request, *peak_terms(request))
+    assert trace.requested_peak_bytes() == memory_breakdown(request)[0].allocated_peak_bytes
+
+
+def test_fsdp_units_use_the_collective_streams() -> None:
+    trace = _trace(_request(TITAN, StrategyKind.fsdp_full_shard))
+    streams = {e.stream for e in trace.events if isinstance(e, AllocEvent)}
+    assert streams == {Stream.compute, Stream.all_gather, Stream.reduce_scatter}
+
+
+def test_allocator_reserves_at_least_the_allocated_peak() -> None:
+    trace = _trace(_request(TITAN, StrategyKind.fsdp_full_shard))
+    for text in ("", "expandable_segments:True"):
+        verdict = oom_capacity(trace, parse_alloc_conf(text))
+        assert verdict.unlimited.completed
+        assert verdict.unlimited.requested_peak_bytes <= verdict.oom_capacity_bytes <= verdict.unlimited.reserved_peak_bytes + 2**21
+
+
+def test_split_bytes_keeps_the_total() -> None:
+    assert sum(split_bytes(1001, [3, 1, 0, 6])) == 1001
+    assert split_bytes(0, [1]) == []
+
+
+def test_fit_judges_on_the_oom_capacity_with_an_allocator_conf() -> None:
+    from zeroplan.core.plan import fit
+
+    plain = request_from_args(build_parser().parse_args(["fit", *TITAN.split()]))
+    flags = ["fit", *TITAN.split(), "--allocator-conf", "expandable_segments:True"]
+    modelled = request_from_args(build_parser().parse_args(flags))
+    kinds = [StrategyKind.fsdp_full_shard]
+    before, after = fit(plain, kinds).plans[0].memory, fit(modelled, kinds).plans[0].memory
+    assert before.oom_capacity_bytes is None and before.reserved_peak_bytes is None
+    assert after.allocated_peak_bytes == before.allocated_peak_bytes
+    assert after.peak_bytes == after.oom_capacity_bytes >= after.allocated_peak_bytes
+    assert sum(after.peak_terms().values()) == after.peak_bytes
+
+
+def test_fit_table_shows_the_allocator_columns(capsys) -> None:
+    from zeroplan.cli.main import main
+
+    assert main(["fit", *TITAN.split(), "--strategies", "fsdp-full-shard", "--allocator-conf", "backend:native"]) == 0
+    out = capsys.readouterr().out
+    assert "reserved" in out and "oom-at" in out
+
+
+def test_bad_allocator_conf_is_one_line(capsys) -> None:
+    from zeroplan.cli.main import main
+
+    assert main(["fit", "llama-2-7b", "--allocator-conf", "expandable_segments:yes"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "expandable_segments" in err and "True, False" in err
+
+
+def test_oom_capacity_bisection_holds_on_a_step() -> None:
+    # The bisection assumes completion is monotone in capacity: sampled above it, all complete.
+    from zeroplan.allocator.replay import compile_trace, replay
+
+    trace = _trace(_request(TITAN, StrategyKind.fsdp_full_shard))
+    ops = compile_trace(trace)
+    for text in ("", "expandable_segments:True"):
+        config = parse_alloc_conf(text)
+        verdict = oom_capacity(trace, config)
+        low, high = verdict.oom_capacity_bytes, verdict.unlimited.reserved_peak_bytes
+        assert not replay(ops, config, low - 2**21).completed
+        assert all(replay(ops, config, c).completed for c in range(low, high + 2**21, max((high - low) // 8, 2**21)))
+
+
+def test_allocator_model_runs_with_torch_blocked() -> None:
+    import subprocess
+    import sys
+
+    program = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from zeroplan.cli.main import main\n"
+        "assert main(['fit', 'llama-2-7b', '--gpus', '8', '--strategies', 'fsdp-full-shard', "
+        "'--allocator-conf', 'expandable_segments:True', '--format', 'json']) == 0\n"
+    )
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr

@@ -1,0 +1,378 @@
+"""DeviceCachingAllocator's malloc and free (c10/cuda/CUDACachingAllocator.cpp at
+source.ALLOCATOR_SOURCE), on a device of a given capacity. Each method follows the function
+named on the line above it; what the model assumes beyond the source is said where it acts."""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+
+from zeroplan.allocator.config import AllocatorConfig, UNLIMITED
+from zeroplan.allocator.rules import (
+    allocation_size, block_may_serve, is_small, page_bytes, round_size, should_split,
+)
+from zeroplan.allocator.state import Block, Pool, Segment, available
+
+ADDRESS_ALIGN_BYTES = 2**21
+"""Where the model places a new segment: past every earlier one, 2 MiB aligned. Addresses only
+break ties between equal-sized cached blocks (BlockComparatorSize); cudaMalloc's real
+addresses are unknowable, so this order is an assumption."""
+
+EXPANDABLE_ADDRESS_SPACE_BYTES = 2**46
+"""Address space reserved for one expandable segment. The allocator reserves 9/8 of the GPU's
+memory (find_expandable_block); a larger reservation only matters once pages were unmapped in
+the middle of a segment, so the model takes one that never runs out (an assumption)."""
+
+
+class DeviceAllocator:
+    """One device's caching allocator: ``capacity_bytes`` is what cudaMalloc (or cuMemCreate)
+    may take in all, None for no limit (the model assumes the driver can place any request
+    that fits in the free bytes)."""
+
+    def __init__(self, config: AllocatorConfig, capacity_bytes: int | None = None) -> None:
+        self.config = config
+        self.capacity = UNLIMITED if capacity_bytes is None else capacity_bytes
+        self.small_pool = Pool(small=True)
+        self.large_pool = Pool(small=False)
+        self.pending: list[Block] = []
+        """Freed blocks waiting on a recorded stream's event (cuda_events)."""
+        self.next_address = ADDRESS_ALIGN_BYTES
+        # garbage_collect_cached_blocks runs only when a memory fraction is set
+        # (set_per_process_memory_fraction): the model assumes it is whenever a threshold is.
+        self.gc_enabled = config.garbage_collection_threshold > 0.0
+        self.allocated = self.requested = self.reserved = 0
+        self.allocated_peak = self.requested_peak = self.reserved_peak = 0
+        self.device_allocs = self.device_frees = self.retries = 0
+
+    # --- addresses -------------------------------------------------------------------------
+    def _address(self, size: int) -> int:
+        ptr = self.next_address
+        self.next_address += -(-size // ADDRESS_ALIGN_BYTES) * ADDRESS_ALIGN_BYTES
+        return ptr
+
+    def _pool(self, small: bool) -> Pool:
+        return self.small_pool if small else self.large_pool
+
+    def _reserve(self, size: int) -> None:
+        self.reserved += size
+        if self.reserved > self.reserved_peak:
+            self.reserved_peak = self.reserved
+
+    # --- malloc ----------------------------------------------------------------------------
+    # DeviceCachingAllocator::malloc: round, pick the pool, search the cache; else (after
+    # garbage collection) allocate a segment; on failure free oversize cached blocks and retry,
+    # then free every unsplit cached block and retry; else out of memory (None).
+    def malloc(self, size_bytes: int, stream: int) -> Block | None:
+        config = self.config
+        size = round_size(size_bytes, config)
+        small = is_small(size)
+        pool = self._pool(small)
+        block = self._get_free_block(pool, stream, size)
+        if block is None:
+            if self.gc_enabled:
+                self._garbage_collect()
+            alloc_size = allocation_size(size)
+            block = (
+                self._alloc_block(pool, stream, size, alloc_size, retry=False)
+                or (self._release_available_cached_blocks(pool, stream, size)
+                    and self._alloc_block(pool, stream, size, alloc_size, retry=False))
+                or (self._release_cached_blocks()
+                    and self._alloc_block(pool, stream, size, alloc_size, retry=True))
+            )
+            if not block:
+                return None
+        return self._alloc_found_block(block, pool, size, size_bytes,
+                                       should_split(block.size, size, small, config))
+
+    # get_free_block: the smallest cached block of the stream at least `size` large; with
+    # expandable segments the search moves on while a later candidate could grow less; an
+    # oversize block serves only within max_split_size / max_non_split_rounding.
+    def _get_free_block(self, pool: Pool, stream: int, size: int) -> Block | None:
+        if self.gc_enabled:
+            pool.gc_calls += 1
+        keys = pool.keys
+        index = bisect_left(keys, (stream, size, -1))
+        if index == len(keys) or keys[index][0] != stream:
+            return None
+        block = pool.by_ptr[keys[index][2]]
+        if block.segment is not None:
+            following = index + 1
+            while block.segment is not None and following < len(keys) and keys[following][0] == stream:
+                candidate = pool.by_ptr[keys[following][2]]
+                if _expandable_size(candidate) >= _expandable_size(block):
+                    break
+                block = candidate
+                following += 1
+        if not block_may_serve(block.size, size, self.config):
+            return None
+        pool.remove(block)
+        return block
+
+    # alloc_found_block: split off the front `size` bytes when should_split says so; the
+    # remainder goes back to the cache.
+    def _alloc_found_block(self, block: Block, pool: Pool, size: int, requested: int, split: bool) -> Block:
+        if split:
+            remaining = block
+            block = Block(remaining.stream, size, remaining.ptr, remaining.small, remaining.segment)
+            block.prev = remaining.prev
+            if block.prev is not None:
+                block.prev.next = block
+            block.next = remaining
+            remaining.prev = block
+            remaining.ptr += size
+            remaining.size -= size
+            pool.insert(remaining)
+        block.allocated = True
+        block.requested = requested
+        self.allocated += block.size
+        self.requested += requested
+        if self.allocated > self.allocated_peak:
+            self.allocated_peak = self.allocated
+        if self.requested > self.requested_peak:
+            self.requested_peak = self.requested
+        return block
+
+    # alloc_block: a new segment of alloc_size by cudaMalloc, or (expandable segments) pages
+    # mapped into the stream's segment; fails when the device has no room.
+    def _alloc_block(self, pool: Pool, stream: int, size: int, alloc_size: int, retry: bool) -> Block | None:
+        if retry:
+            self.retries += 1
+        if self.gc_enabled and self.reserved + alloc_size > self.capacity:
+            return None  # the set_fraction check, made before any mapping
+        if self.config.expandable_segments:
+            return self._try_allocate_expandable_block(pool, stream, size)
+        if self.reserved + alloc_size > self.capacity:
+            return None
+        self._reserve(alloc_size)
+        self.device_allocs += 1
+        return Block(stream, alloc_size, self._address(alloc_size), pool.small)
+
+    # --- free ------------------------------------------------------------------------------
+    # DeviceCachingAllocator::free: a block used on other streams waits for their events
+    # (insert_events); any other goes straight back to the cache.
+    def free(self, block: Block) -> None:
+        block.allocated = False
+        self.allocated -= block.size
+        self.requested -= block.requested
+        if block.stream_uses:
+            block.event_count = len(block.stream_uses)
+            block.stream_uses = set()
+            self.pending.append(block)
+        else:
+            self._free_block(block)
+
+    # recordStream: uses on the allocation stream need no event.
+    def record_stream(self, block: Block, stream: int) -> None:
+        if stream != block.stream:
+            block.stream_uses.add(stream)
+
+    # synchronize_and_free_events (and process_events once every event has completed): the
+    # model's events complete only at a synchronisation, a conservative reading of a CPU that
+    # runs ahead of the GPU.
+    def synchronize(self) -> None:
+        pending, self.pending = self.pending, []
+        for block in pending:
+            block.event_count = 0
+            self._free_block(block)
+
+    # free_block: merge with free neighbours of the same segment, then cache.
+    def _free_block(self, block: Block) -> None:
+        pool = self._pool(block.small)
+        self._try_merge(block, block.prev, pool)
+        self._try_merge(block, block.next, pool)
+        pool.insert(block)
+
+    # try_merge_blocks: absorb a free neighbour (both mapped or both unmapped).
+    def _try_merge(self, dst: Block, src: Block | None, pool: Pool) -> int:
+        if not available(src) or dst.mapped != src.mapped:
+            return 0
+        if src.mapped:
+            pool.remove(src)
+        else:
+            pool.remove_unmapped(src)
+        if dst.prev is src:
+            dst.ptr = src.ptr
+            dst.prev = src.prev
+            if dst.prev is not None:
+                dst.prev.next = dst
+        else:
+            dst.next = src.next
+            if dst.next is not None:
+                dst.next.prev = dst
+        dst.size += src.size
+        return src.size
+
+    # --- releasing cached memory -----------------------------------------------------------
+    # release_block: cudaFree a whole cached segment.
+    def _release_block(self, block: Block, pool: Pool) -> None:
+        pool.remove(block)
+        self.reserved -= block.size
+        self.device_frees += 1
+
+    # release_available_cached_blocks: with max_split_size set, cudaFree the smallest oversize
+    # cached block that covers the request, or else the largest ones until their sum does.
+    def _release_available_cached_blocks(self, pool: Pool, stream: int, size: int) -> bool:
+        limit = self.config.max_split_size_bytes
+        if limit == UNLIMITED:
+            return False
+        target = max(size, limit)
+        keys = pool.keys
+        index = bisect_left(keys, (stream, target, -1))
+        if index < len(keys) and keys[index][0] == stream:
+            block = pool.by_ptr[keys[index][2]]
+            if block.is_split():
+                return False  # never cudaFree part of a segment (cannot happen unsplit)
+            self._release_block(block, pool)
+            return True
+        released = 0
+        index -= 1
+        while released < target and index >= 0 and keys[index][1] >= limit and keys[index][0] == stream:
+            block = pool.by_ptr[keys[index][2]]
+            if block.is_split():
+                break
+            released += block.size
+            self._release_block(block, pool)
+            index -= 1
+        return released >= target
+
+    # release_cached_blocks: synchronise every event, then free every unsplit cached block of
+    # both pools (release_blocks); expandable segments unmap their free pages instead.
+    def _release_cached_blocks(self) -> bool:
+        self.synchronize()
+        for pool in (self.large_pool, self.small_pool):
+            to_unmap = []
+            for key in list(pool.keys):
+                block = pool.by_ptr[key[2]]
+                if block.segment is not None:
+                    to_unmap.append(block)
+                elif not block.is_split():
+                    self._release_block(block, pool)
+            for block in to_unmap:
+                self._unmap_block(block, pool)
+                if not block.mapped and not block.is_split():
+                    pool.remove_unmapped(block)  # release_expandable_segment
+        return True
+
+    # garbage_collect_cached_blocks: above threshold x allowed memory, cudaFree unsplit large
+    # cached blocks at least as old as the average (age = get_free_block calls since cached),
+    # again and again until the excess is reclaimed or nothing more is freed.
+    def _garbage_collect(self) -> None:
+        threshold = int(self.config.garbage_collection_threshold * self.capacity)
+        if self.reserved <= threshold:
+            return
+        target = self.reserved - threshold
+        pool = self.large_pool
+        clock = pool.gc_calls
+        freeable = [pool.by_ptr[k[2]] for k in pool.keys if not pool.by_ptr[k[2]].is_split()]
+        total_age = sum(clock - b.gc_base for b in freeable)
+        count = len(freeable)
+        reclaimed = 0
+        freed = True
+        while reclaimed < target and freed and count > 0:
+            average = total_age / count
+            freed = False
+            for key in list(pool.keys):
+                block = pool.by_ptr.get(key[2])
+                if block is None or block.is_split() or clock - block.gc_base < average:
+                    continue
+                freed = True
+                reclaimed += block.size
+                total_age -= clock - block.gc_base
+                count -= 1
+                self._release_block(block, pool)
+
+    # --- expandable segments ---------------------------------------------------------------
+    # find_expandable_block: the lowest-address unmapped range of the stream (with the free
+    # block just before it) that, with what follows, has room for `size`; else a new segment.
+    def _find_expandable_block(self, pool: Pool, stream: int, size: int) -> Block:
+        for candidate in pool.unmapped_of(stream):
+            if available(candidate.prev):
+                candidate = candidate.prev
+            room, walk = 0, candidate
+            while room < size and available(walk):
+                room += walk.size
+                walk = walk.next
+            if room >= size:
+                return candidate
+        page = page_bytes(pool.small)
+        base = self._address(EXPANDABLE_ADDRESS_SPACE_BYTES)
+        segment = Segment(base, EXPANDABLE_ADDRESS_SPACE_BYTES, page, stream, pool.small)
+        block = Block(stream, segment.size, base, pool.small, segment)
+        block.mapped = False
+        pool.insert_unmapped(block)
+        return block
+
+    # map_block and ExpandableSegment::map: map whole pages from the block's start to cover
+    # `size` (all or none: cuMemCreate failing releases the pages just made); the rest stays
+    # unmapped; the mapped block merges with free neighbours and is cached.
+    def _map_block(self, block: Block, size: int, pool: Pool) -> bool:
+        segment = block.segment
+        page = segment.page
+        offset = block.ptr - segment.base
+        begin = offset // page
+        end = -(-(offset + size) // page)
+        mapped = (end - begin) * page
+        if mapped == 0 or self.reserved + mapped > self.capacity:
+            return False
+        pool.remove_unmapped(block)
+        block.mapped = True
+        if mapped < block.size:
+            rest = Block(block.stream, block.size - mapped, block.ptr + mapped, block.small, segment)
+            rest.mapped = False
+            rest.splice(block, block.next)
+            pool.insert_unmapped(rest)
+            block.size = mapped
+        self._try_merge(block, block.prev, pool)
+        self._try_merge(block, block.next, pool)
+        pool.insert(block)
+        self._reserve(mapped)
+        self.device_allocs += 1
+        return True
+
+    # try_allocate_expandable_block: map pages until the candidate covers `size`.
+    def _try_allocate_expandable_block(self, pool: Pool, stream: int, size: int) -> Block | None:
+        candidate = self._find_expandable_block(pool, stream, size)
+        if not candidate.mapped and not self._map_block(candidate, min(candidate.size, size), pool):
+            return None
+        while candidate.size < size:
+            following = candidate.next
+            if not self._map_block(following, min(size - candidate.size, following.size), pool):
+                return None
+            candidate = following
+        pool.remove(candidate)
+        return candidate
+
+    # unmap_block and ExpandableSegment::unmap: unmap the whole pages inside a cached block;
+    # the partial pages at either end stay mapped as cached blocks of their own.
+    def _unmap_block(self, block: Block, pool: Pool) -> None:
+        segment = block.segment
+        page = segment.page
+        offset = block.ptr - segment.base
+        begin = -(-offset // page)
+        end = (offset + block.size) // page
+        if begin >= end:
+            return
+        pool.remove(block)
+        start = segment.base + begin * page
+        length = (end - begin) * page
+        before = start - block.ptr
+        if before > 0:
+            head = Block(block.stream, before, block.ptr, block.small, segment)
+            head.splice(block.prev, block)
+            pool.insert(head)
+        after = block.size - before - length
+        if after > 0:
+            tail = Block(block.stream, after, start + length, block.small, segment)
+            tail.splice(block, block.next)
+            pool.insert(tail)
+        block.ptr, block.size, block.mapped = start, length, False
+        self._try_merge(block, block.prev, pool)
+        self._try_merge(block, block.next, pool)
+        pool.insert_unmapped(block)
+        self.reserved -= length
+        self.device_frees += 1
+
+
+# get_free_block's expandable_size: a cached block followed by unmapped space can grow into it.
+def _expandable_size(block: Block) -> int:
+    following = block.next
+    return block.size + (following.size if following is not None and not following.mapped else 0)

@@ -1,0 +1,105 @@
+"""Replay a step's allocation trace through the allocator model at a device capacity."""
+
+from __future__ import annotations
+
+from zeroplan.allocator.config import AllocatorConfig
+from zeroplan.allocator.device import DeviceAllocator
+from zeroplan.allocator.trace import AllocationTrace, AllocEvent, EmptyCacheEvent, FreeEvent, RecordStreamEvent
+from zeroplan.errors import ZeroplanError
+from zeroplan.specs.base import Frozen
+
+_ALLOC, _FREE, _RECORD, _SYNC, _EMPTY = range(5)
+
+Ops = list[tuple[int, int, int, int]]
+"""A trace compiled to (kind, id, size_bytes, stream) tuples, so a bisection replays it fast."""
+
+
+class ReplayResult(Frozen):
+    """What the allocator did over one step."""
+
+    completed: bool
+    """Every request was served (no out-of-memory)."""
+    oom_event_index: int | None = None
+    """The event whose request failed even after freeing the cache and retrying."""
+    oom_request_bytes: int | None = None
+    """What that request asked for."""
+    requested_peak_bytes: int
+    """The most requested bytes alive at once (what the planner's allocated peak counts)."""
+    allocated_peak_bytes: int
+    """The most bytes of allocated blocks at once (torch.cuda.max_memory_allocated: sizes
+    after rounding)."""
+    reserved_peak_bytes: int
+    """The most bytes of segments at once (torch.cuda.max_memory_reserved)."""
+    device_alloc_calls: int
+    """cudaMalloc calls (expandable segments: page mappings)."""
+    device_free_calls: int
+    """cudaFree calls (expandable segments: page unmappings)."""
+    alloc_retries: int
+    """Requests that needed every cached block freed first (num_alloc_retries)."""
+    events_replayed: int
+
+    @property
+    def fragmentation_bytes(self) -> int:
+        """Reserved beyond the allocated peak: what rounding, pools and splits cost."""
+        return self.reserved_peak_bytes - self.allocated_peak_bytes
+
+    @property
+    def fragmentation_fraction(self) -> float:
+        return self.fragmentation_bytes / self.reserved_peak_bytes if self.reserved_peak_bytes else 0.0
+
+
+def compile_trace(trace: AllocationTrace) -> Ops:
+    """The trace as tuples; an id freed before it is allocated (or allocated twice) is refused."""
+    ops: Ops = []
+    live: set[int] = set()
+    for index, event in enumerate(trace.events):
+        if isinstance(event, AllocEvent):
+            if event.id in live:
+                raise ZeroplanError(f"trace.events[{index}]", f"id {event.id} is allocated twice (allowed: an id not alive)")
+            live.add(event.id)
+            ops.append((_ALLOC, event.id, event.size_bytes, event.stream))
+        elif isinstance(event, (FreeEvent, RecordStreamEvent)):
+            if event.id not in live:
+                raise ZeroplanError(f"trace.events[{index}]", f"id {event.id} is not allocated (allowed: an allocated id)")
+            if isinstance(event, FreeEvent):
+                live.discard(event.id)
+                ops.append((_FREE, event.id, 0, 0))
+            else:
+                ops.append((_RECORD, event.id, 0, event.stream))
+        elif isinstance(event, EmptyCacheEvent):
+            ops.append((_EMPTY, 0, 0, 0))
+        else:
+            ops.append((_SYNC, 0, 0, 0))
+    return ops
+
+
+def replay(trace: AllocationTrace | Ops, config: AllocatorConfig, capacity_bytes: int | None = None) -> ReplayResult:
+    """Run the trace through DeviceAllocator; ``capacity_bytes`` None: no device limit."""
+    ops = compile_trace(trace) if isinstance(trace, AllocationTrace) else trace
+    device = DeviceAllocator(config, capacity_bytes)
+    malloc, free = device.malloc, device.free
+    live = {}
+    oom_index = oom_bytes = None
+    for index, (kind, ident, size, stream) in enumerate(ops):
+        if kind == _ALLOC:
+            block = malloc(size, stream)
+            if block is None:
+                oom_index, oom_bytes = index, size
+                break
+            live[ident] = block
+        elif kind == _FREE:
+            free(live.pop(ident))
+        elif kind == _RECORD:
+            device.record_stream(live[ident], stream)
+        elif kind == _SYNC:
+            device.synchronize()
+        else:
+            device.synchronize()
+            device._release_cached_blocks()
+    return ReplayResult(
+        completed=oom_index is None, oom_event_index=oom_index, oom_request_bytes=oom_bytes,
+        requested_peak_bytes=device.requested_peak, allocated_peak_bytes=device.allocated_peak,
+        reserved_peak_bytes=device.reserved_peak, device_alloc_calls=device.device_allocs,
+        device_free_calls=device.device_frees, alloc_retries=device.retries,
+        events_replayed=len(ops) if oom_index is None else oom_index,
+    )

@@ -1,0 +1,139 @@
+"""A step's allocation trace generated from the planner's own terms for one request (where no
+measured run gives one), in step order: model states and resident buffers first, then per
+block its gathered unit and saved activations (forward), the loss's tensors, per block in
+reverse its gathered unit, reduce buffer and workspace while its activations are freed
+(backward), the gradients, the optimizer step's temporaries. Its requested peak equals the
+planner's allocated peak (zeroplan.core.plan.peak_allocated_bytes): the trace realises each of
+the planner's four moments and nothing larger. docs/memory-model.md, "The caching allocator",
+lists what it approximates."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from zeroplan.allocator.trace import AllocationTrace, AllocEvent, FreeEvent, Stream, TraceEvent
+from zeroplan.core.activations import layer_terms
+from zeroplan.core.buffers import largest_unit_elements
+from zeroplan.core.layout import gradient_wire_bytes
+from zeroplan.specs.request import PlanRequest
+from zeroplan.specs.training import ActivationCheckpointing
+
+if TYPE_CHECKING:
+    from zeroplan.core.model_states import ModelStateBytes
+    from zeroplan.core.plan import PeakTerms
+
+
+def split_bytes(total: int, weights: list[int]) -> list[int]:
+    """``total`` in integer parts proportional to ``weights`` (the remainder on the largest),
+    zero parts left out."""
+    if total <= 0:
+        return []
+    weight_sum = sum(weights)
+    if weight_sum <= 0:
+        return [total]
+    parts = [total * w // weight_sum for w in weights]
+    parts[max(range(len(parts)), key=weights.__getitem__)] += total - sum(parts)
+    return [p for p in parts if p > 0]
+
+
+def even_parts(total: int, count: int) -> list[int]:
+    """``total`` in ``count`` nearly equal parts (zero parts left out)."""
+    return split_bytes(total, [1] * max(count, 1))
+
+
+class _Builder:
+    """Issues ids and events; frees by id."""
+
+    def __init__(self) -> None:
+        self.events: list[TraceEvent] = []
+        self.next_id = 0
+
+    def alloc(self, size: int, stream: int = Stream.compute) -> list[int]:
+        if size <= 0:
+            return []
+        ident = self.next_id
+        self.next_id += 1
+        self.events.append(AllocEvent(id=ident, size_bytes=size, stream=stream))
+        return [ident]
+
+    def alloc_parts(self, parts: list[int], stream: int = Stream.compute) -> list[int]:
+        return [ident for size in parts for ident in self.alloc(size, stream)]
+
+    def free(self, idents: list[int]) -> None:
+        self.events.extend(FreeEvent(id=ident) for ident in idents)
+
+
+def _block_tensor_weights(request: PlanRequest) -> list[int]:
+    """The tensors one block saves, as the planner's layer terms (one tensor each); under full
+    recomputation the block keeps only its input."""
+    model, training, batch = request.model, request.training, request.batch
+    if training.activation_checkpointing is ActivationCheckpointing.full:
+        return [1]
+    terms = layer_terms(model, training, batch.seq_len, batch.micro_batch_size, autocast=request.runs_under_autocast)
+    weights = [value for value in terms.values() if value > 0]
+    return weights or [1]
+
+
+def _transient_parts(request: PlanRequest, transient: int) -> tuple[int, int]:
+    """(gathered unit on the all-gather stream, reduce buffer on the reduce-scatter stream) for
+    FSDP; the whole term on the compute stream otherwise (returned as the first)."""
+    if not request.strategy.kind.is_fsdp:
+        return transient, 0
+    reduce = min(transient, largest_unit_elements(request) * gradient_wire_bytes(request))
+    return transient - reduce, reduce
+
+
+def step_trace(request: PlanRequest, states: "ModelStateBytes", terms: "PeakTerms") -> AllocationTrace:
+    """One training step's allocations and frees, from the planner's terms for ``request``
+    (zeroplan.core.plan.peak_terms: passed in, so the planner can call this without a cycle)."""
+    blocks = max(1, request.model.num_layers // request.parallel.pp)
+    accumulating = request.batch.grad_accum_steps > 1
+    fsdp = request.strategy.kind.is_fsdp
+    gathered, reduce = _transient_parts(request, terms.transient_buffers)
+    gather_stream = Stream.all_gather if fsdp else Stream.compute
+    b = _Builder()
+
+    # Between steps: parameters and optimizer states per unit (the blocks and the rest).
+    b.alloc_parts(even_parts(states.parameter_bytes, blocks + 1))
+    b.alloc_parts(even_parts(states.optimizer_state_bytes, blocks + 1))
+    b.alloc(terms.resident_buffers)
+    gradients = b.alloc_parts(even_parts(states.gradient_bytes, blocks + 1)) if accumulating else []
+    held = b.alloc(terms.backward_held_buffers)
+
+    # Forward: each block's unit gathered, its activations saved, the unit freed.
+    per_block, outside = divmod(terms.activations, blocks)
+    weights = _block_tensor_weights(request)
+    outside_ids = b.alloc(outside)
+    saved: list[list[int]] = []
+    for _ in range(blocks):
+        unit = b.alloc(gathered, gather_stream)
+        saved.append(b.alloc_parts(split_bytes(per_block, weights)))
+        b.free(unit)
+
+    # The loss: each of its moments in turn (the reference model's: three fp32 sbV tensors).
+    pieces = list(terms.logits_pieces) or [terms.logits]
+    for piece in pieces:
+        b.free(b.alloc_parts(split_bytes(piece, [1, 1, 1]) if not terms.logits_pieces else [piece]))
+
+    # Backward, last block first: unit gathered and reduce buffer, the workspace (and the
+    # recomputed block) while the block's gradients are computed, then its activations freed.
+    for block in reversed(range(blocks)):
+        unit = b.alloc(gathered, gather_stream)
+        reducing = b.alloc(reduce, Stream.reduce_scatter)
+        b.free(b.alloc(terms.workspace))
+        b.free(saved[block])
+        b.free(unit + reducing)
+    b.free(outside_ids)
+
+    # End of backward: the planner's gradients arrive once the activations are gone, beside the
+    # last unit's buffers (real runs produce them block by block: see the docs).
+    unit = b.alloc(gathered, gather_stream) + b.alloc(reduce, Stream.reduce_scatter)
+    if not accumulating:
+        gradients = b.alloc_parts(even_parts(states.gradient_bytes, blocks + 1))
+    b.free(unit)
+    b.free(held)
+
+    # Optimizer step: its temporaries per unit, then the gradients go (set_to_none).
+    b.free(b.alloc_parts(even_parts(terms.step_temporary, blocks + 1)))
+    b.free(gradients)
+    return AllocationTrace(events=tuple(b.events), source=f"planner schedule ({request.training.framework.value})")
