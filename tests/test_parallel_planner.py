@@ -177,7 +177,9 @@ def test_tensor_parallel_collectives_per_block():
     activation = 4096 * r.model.hidden_size * 2
     per_block = [c for c in tensor_parallel_collectives(r) if c.what == "tensor-parallel activations"]
     assert {c.op for c in per_block} == {CollectiveOp.all_reduce}
-    assert sum(c.calls for c in per_block) == 4 * blocks  # two forward, two backward
+    # Two forward; backward one per column-parallel input module: the reference model's q, k, v,
+    # gate and up are separate (five; the harness measured five on gloo), Megatron fuses them (two).
+    assert sum(c.calls for c in per_block) == (2 + 5) * blocks
     assert all(c.buffer_bytes == c.calls * activation and c.blocking for c in per_block)
     sp = request(gpus=8, tp=8, kind=StrategyKind.ddp, batch=BatchSpec(seq_len=4096), sequence_parallel=True)
     ops = {c.op for c in tensor_parallel_collectives(sp) if c.what == "tensor-parallel activations"}

@@ -11,6 +11,7 @@ from zeroplan.core.parallel.tensor import tensor_parallel_model
 from zeroplan.core.parallel.expert import expert_parallel_collectives, moe_block_count
 from zeroplan.core.parallel.units import holds_embedding, holds_head, rank_block_count, rank_parameter_units
 from zeroplan.core.profiles import profile
+from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.training import ActivationCheckpointing
 
@@ -33,6 +34,20 @@ def _activation_element_bytes(request: PlanRequest) -> int:
 # in both directions. Recomputation runs the forward's collectives again inside the backward
 # (sec. 5): full checkpointing, and torchtitan's selective-op, whose save list keeps matmul and
 # attention outputs but not the collectives' (benchmarks/parallel-records count them in backward).
+# Without sequence parallelism each column-parallel module's input gradient is a partial sum
+# reduced on its own: Megatron-LM's fused QKV and fc1 reduce two per block, as does torchtitan
+# (its wqkv is fused; benchmarks/parallel-records count two backward all-reduces per block);
+# the reference model's separate q, k, v and gate, up (zeroplan/harness/model.py, under
+# torch's ColwiseParallel plan) reduce five, as the harness measured on gloo
+# (docs/validation.md, "Model parallelism"). Sequence parallelism gathers the input once
+# (PrepareModuleInput), so its backward reduce-scatters two per block either way.
+def input_gradient_reductions(request: PlanRequest) -> int:
+    """Backward all-reduces of one block's column-parallel input gradients without SP."""
+    if request.training.framework is not Framework.zeroplan:
+        return 2
+    return 3 + (2 if request.model.mlp.gated else 1)
+
+
 def tensor_parallel_collectives(request: PlanRequest) -> list[Collective]:
     parallel = request.parallel
     tp = parallel.tp
@@ -45,7 +60,8 @@ def tensor_parallel_collectives(request: PlanRequest) -> list[Collective]:
     accum = request.batch.grad_accum_steps
     recomputes = recomputes_collectives(request)
     forward_calls = 2 * blocks
-    backward_calls = 2 * blocks * (2 if recomputes else 1)
+    backward_calls = (2 if parallel.sequence_parallel else input_gradient_reductions(request)) * blocks
+    backward_calls += forward_calls if recomputes else 0
     result: list[Collective] = []
     ops = ((CollectiveOp.all_gather, CollectiveOp.reduce_scatter) if parallel.sequence_parallel
            else (CollectiveOp.all_reduce,))
