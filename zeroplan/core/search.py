@@ -25,7 +25,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from zeroplan.core.algorithms import _call_sizes, collective_cost
-from zeroplan.core.communication import Phase, collectives, data_parallel_collectives
+from zeroplan.core.communication import Phase, collectives
 from zeroplan.core.feasibility import usable_memory_bytes
 from zeroplan.core.parallel.collectives import model_parallel_collectives
 from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
@@ -252,10 +252,11 @@ _PHASES = tuple(Phase)
 
 
 def _phase_seconds(request: PlanRequest) -> np.ndarray:
-    """Per phase: the overlappable (data-parallel) collective seconds, then host-link seconds
-    (2 x len(Phase) values). The blocking ones are timed apart (_blocking_seconds)."""
+    """Per phase: the overlappable collective seconds (the data-parallel ones, and the once-a-step
+    sequence-parallel norm-gradient all-reduce), then host-link seconds (2 x len(Phase) values).
+    The blocking ones are timed apart (_blocking_seconds)."""
     comm = {phase: 0.0 for phase in Phase}
-    for collective in data_parallel_collectives(request):
+    for collective in collectives(request):
         if not collective.blocking:
             comm[collective.phase] += collective_time_s(request, collective)
     link = host_link_share_bytes_per_s(request)

@@ -83,13 +83,15 @@ def tensor_parallel_collectives(request: PlanRequest) -> list[Collective]:
         # sums over tp: Megatron-LM core/distributed/finalize_model_grads.py
         # (_allreduce_layernorm_grads) all-reduces them once per step, as the harness's
         # DTensor plan does (measured on gloo). torchtitan leaves it to FSDP (its sharding
-        # comment; benchmarks/parallel-records show it only with FSDP2 on top).
+        # comment; benchmarks/parallel-records show it only with FSDP2 on top). It runs once,
+        # after backward, with the data-parallel step's collectives (exposed there), not inside
+        # a block: so not blocking.
         norm_elements = sum(t.numel for unit in rank_parameter_units(request) for t in unit.tensors
                             if t.name.endswith("norm.weight") or t.name.endswith("norm.bias"))
         if norm_elements:
             grad_bytes = element_bytes(request.training.precision, request.convention).gradient
             result.append(make_collective(CollectiveOp.all_reduce, Phase.step, "sequence-parallel norm gradients",
-                                          [norm_elements * grad_bytes], tp, 1, False, grad_bytes, blocking=True))
+                                          [norm_elements * grad_bytes], tp, 1, False, grad_bytes))
     if holds_head(request):
         # The output projection's input gradient (all-reduce, or reduce-scatter after the
         # sequence-parallel all-gather), and the vocabulary-parallel cross-entropy's three fp32
