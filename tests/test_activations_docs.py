@@ -38,6 +38,7 @@ CONDITIONS = {
     "shared expert gate": lambda m, t: m.shared_expert_gate,
     "MLA": lambda m, t: m.is_mla,
     "MLA query latent": lambda m, t: m.q_lora_rank is not None,
+    "per-head q/k RMSNorm (Qwen3)": lambda m, t: m.qk_norm,
 }
 
 
@@ -76,6 +77,7 @@ def _models() -> list[ModelSpec]:
         load_hf_config(ROOT / "tests" / "fixtures" / "hf" / "gemma-2-9b.json"),
         load_hf_config(ROOT / "tests" / "fixtures" / "hf" / "qwen1.5-moe-a2.7b.json"),
         load_hf_config(ROOT / "tests" / "fixtures" / "hf" / "deepseek-v3.json"),
+        load_hf_config(ROOT / "tests" / "fixtures" / "hf" / "qwen3-30b-a3b.json"),
         get_model("gpt2").model_copy(update={"attention_dropout": 0.0, "hidden_dropout": 0.0}),
     ]
 

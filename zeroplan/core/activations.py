@@ -28,7 +28,7 @@ def korthikanti_layer_bytes(s: int, b: int, h: int, a: int) -> float:
 LAYER_TERMS = (
     "norm_inputs", "qkv_input", "q_k_v", "softmax_output", "attention_dropout", "logsumexp",
     "output_projection_input", "mlp_input", "mlp_inner", "router_input", "router_scores", "hidden_dropout_masks",
-    "q_latent", "kv_latent", "shared_expert", "shared_expert_gate",
+    "q_latent", "kv_latent", "shared_expert", "shared_expert_gate", "qk_norm_inputs",
 )
 """Names of the terms one block saves for backward (layer_terms); docs/memory-model.md section 3
 has one table row per name and tests/test_activations_docs.py checks the rows against the code."""
@@ -197,6 +197,25 @@ def mlp_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int, moe_laye
     return sum(mlp_terms(model, training, s, b, moe_layer).values())
 
 
+# Qwen3 (transformers 4.51 modeling_qwen3.py q_norm/k_norm; torchtitan 0.3.0 models/qwen3):
+# an RMSNorm over each head of q and of k before RoPE. Each saves what a norm saves (norm_bytes'
+# rules) at q's and k's widths, with one rstd per head and token on the fused path. Measured in
+# torchtitan's Qwen3-30B-A3B blocks (benchmarks/parallel-records/expert, CPU composite path).
+def qk_norm_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int, *, autocast: bool = False) -> int:
+    """Bytes the per-head query and key norms save (0 without them)."""
+    if not model.qk_norm:
+        return 0
+    total = 0
+    for heads in (model.num_heads, model.kv_heads):
+        elements = s * b * heads * model.head_size
+        dtypes = rms_norm_operand_bytes(training, autocast)
+        if training.kernels is Kernels.cuda and dtypes is not None and dtypes[0] == dtypes[1]:
+            total += dtypes[0] * elements + FP32_BYTES * s * b * heads
+        else:
+            total += composite_rms_norm_bytes(elements)
+    return total
+
+
 def layer_terms(model: ModelSpec, training: TrainingSpec, s: int, b: int, *, autocast: bool = False,
                 moe_layer: bool | None = None) -> dict[str, int]:
     """Bytes one transformer block saves for backward without recomputation, for every name in
@@ -214,6 +233,7 @@ def layer_terms(model: ModelSpec, training: TrainingSpec, s: int, b: int, *, aut
     terms["qkv_input"] = e * sbh
     terms.update(attention_core_terms(model, training, s, b))
     terms.update(latent_attention_terms(model, training, s, b, autocast=autocast))
+    terms["qk_norm_inputs"] = qk_norm_bytes(model, training, s, b, autocast=autocast)
     terms["output_projection_input"] = e * s * b * model.attention_output_size
     terms.update(mlp_terms(model, training, s, b, moe_layer))
     if model.hidden_dropout > 0:
