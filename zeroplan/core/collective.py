@@ -102,10 +102,12 @@ def make_collective(
     op: CollectiveOp, phase: Phase, what: str, buffers: list[int], group_size: int,
     occurrences: int, spans_nodes: bool, element_bytes: int, ranks_per_node: int | None = None, blocking: bool = False,
 ) -> Collective:
+    # Many calls share a size (one per block): each distinct size is computed once.
+    sizes = Counter(buffers)
     return Collective(
         op=op, phase=phase, what=what, group_size=group_size, element_bytes=element_bytes,
         buffer_bytes=sum(buffers),
         calls=len(buffers), occurrences_per_step=occurrences, spans_nodes=spans_nodes,
-        sent_bytes_per_call_sum=sum(ring_sent_bytes(op, s, group_size) for s in buffers),
-        ranks_per_node=ranks_per_node, call_sizes=tuple(Counter(buffers).items()), blocking=blocking,
+        sent_bytes_per_call_sum=sum(n * ring_sent_bytes(op, s, group_size) for s, n in sizes.items()),
+        ranks_per_node=ranks_per_node, call_sizes=tuple(sizes.items()), blocking=blocking,
     )

@@ -56,7 +56,24 @@ def padded_unit_elements_of(request: PlanRequest, num_shards: int) -> list[int]:
     """Every unit's unsharded element count after padding for ``num_shards`` shards: what an
     all-gather produces and a reduce-scatter consumes."""
     layout = shard_layout(request)
-    return [padded_unit_elements(unit, num_shards, layout) for unit in rank_parameter_units(request)]
+    units = rank_parameter_units(request)
+    key = (id(units), num_shards, layout)
+    cached = _PADDED_ELEMENTS.get(key)
+    if cached is not None and cached[0] is units:
+        return list(cached[1])
+    if len(_PADDED_ELEMENTS) > _PADDED_ELEMENTS_LIMIT:
+        _PADDED_ELEMENTS.clear()
+    padded = [padded_unit_elements(unit, num_shards, layout) for unit in units]
+    _PADDED_ELEMENTS[key] = (units, tuple(padded))
+    return padded
+
+
+# The planner asks for the same units' padded sizes many times per plan (collectives, buffers,
+# timing), and the plan search thousands of times; the units tuples are themselves cached
+# (parameter_units, rank_parameter_units), so their identity keys this cache, and the entry
+# keeps the tuple alive so the identity cannot be reused.
+_PADDED_ELEMENTS: dict[tuple[int, int, ShardLayout], tuple[tuple[ParamUnit, ...], tuple[int, ...]]] = {}
+_PADDED_ELEMENTS_LIMIT = 4096
 
 
 def held_elements(units: tuple[ParamUnit, ...], num_shards: int, layout: ShardLayout) -> int:
