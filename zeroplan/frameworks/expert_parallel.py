@@ -35,7 +35,9 @@ import torch
 from zeroplan.frameworks.build import _eager_flex_attention
 from zeroplan.frameworks.expert_record import ExpertParallelRecord
 from zeroplan.frameworks.parallel_record import ActivationMeasurement, ParamShard, SavedTensor, collective_counts
-from zeroplan.frameworks.tensor_parallel import COMPUTE_DTYPE, PARAM_DTYPE, _key, _part, _SavedInLastBlock, _subtract
+from zeroplan.frameworks.tensor_parallel import (
+    COMPUTE_DTYPE, PARAM_DTYPE, _key, _SavedInLastBlock, _subtract, global_parameter_shapes, parameter_shards,
+)
 from zeroplan.simulate import _torch_private as private
 from zeroplan.simulate.collectives import CollectiveRecorder
 from zeroplan.simulate.fake_world import fake_process_group
@@ -154,26 +156,6 @@ def _parallelize(family: str, module, parallel_dims, parallelism, policy: str = 
             + (", ac_config=FullAC.Config()" if policy == "full" else "") + ")")
 
 
-def _shards(module: torch.nn.Module, global_shapes: dict[str, list[int]]) -> list[ParamShard]:
-    shards = []
-    for fqn, param in module.named_parameters():
-        # FullAC's checkpoint wrapper adds a level to the names.
-        fqn = fqn.replace("_checkpoint_wrapped_module.", "")
-        local = param.to_local() if hasattr(param, "to_local") else param
-        shards.append(ParamShard(
-            fqn=fqn, part=_part(fqn), global_shape=global_shapes[fqn], local_shape=list(local.shape),
-            dtype=str(local.dtype), local_bytes=local.numel() * local.element_size(),
-            placements=str(tuple(param.placements)) if hasattr(param, "placements") else "",
-        ))
-    return shards
-
-
-def _global_shapes(config) -> dict[str, list[int]]:
-    with torch.device("meta"):
-        plain = config.build()
-    return {fqn: list(p.shape) for fqn, p in plain.named_parameters()}
-
-
 def _dims(config, full_depth: int, dense: int) -> dict[str, int]:
     moe = next(layer.moe for layer in config.layers if getattr(layer, "moe", None) is not None)
     return dict(dim=config.dim, num_experts=moe.num_experts, top_k=moe.router.top_k,
@@ -188,11 +170,11 @@ def measure_states(flavor: str, ep: int, dp_shard: int, layers: int = 2, family:
 
     start_s = time.perf_counter()
     config, full_depth, dense = moe_config(family, flavor, layers, 4096)
-    global_shapes = _global_shapes(config)
+    global_shapes = global_parameter_shapes(config)
     with expert_world(ep, dp_shard) as (parallel_dims, parallelism):
         module = _build(config, PARAM_DTYPE)
         calls = _parallelize(family, module, parallel_dims, parallelism)
-        params = _shards(module, global_shapes)
+        params = parameter_shards(module, global_shapes)
     return ExpertParallelRecord(
         framework_version=f"torchtitan {version('torchtitan')}", torch_version=torch.__version__, family=family,
         flavor=flavor, **_dims(config, full_depth, dense), spmd_backend=BACKEND, ep=ep, dp_shard=dp_shard,
@@ -239,13 +221,13 @@ def _run(family: str, flavor: str, ep: int, dp_shard: int, seq_len: int, micro_b
     from torchtitan.distributed import utils as dist_utils
 
     config, _, dense = moe_config(family, flavor, layers, seq_len)
-    global_shapes = _global_shapes(config)
+    global_shapes = global_parameter_shapes(config)
     moe_blocks = layers - min(dense, layers)
     splits = balanced_split_sizes(config, seq_len * micro_batch, ep)
     with expert_world(ep, dp_shard) as (parallel_dims, parallelism):
         module = _build(config, PARAM_DTYPE)
         calls = _parallelize(family, module, parallel_dims, parallelism, policy)
-        params = _shards(module, global_shapes)
+        params = parameter_shards(module, global_shapes)
         context = dist_utils.get_spmd_context(parallel_dims=parallel_dims)
         blocks = list(module.layers.values())
         with private.fake_tensor_mode():

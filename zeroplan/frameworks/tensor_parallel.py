@@ -116,7 +116,9 @@ def torchtitan_world(tp: int, dp_shard: int = 1, cp: int = 1, enable_sp: bool = 
         torch.autograd.set_multithreading_enabled(True)
 
 
-def _shards(module: torch.nn.Module, global_shapes: dict[str, list[int]]) -> list[ParamShard]:
+def parameter_shards(module: torch.nn.Module, global_shapes: dict[str, list[int]]) -> list[ParamShard]:
+    """Every parameter of ``module`` as this rank holds it (a DTensor's local shard), by its
+    name without the checkpoint wrapper's extra level."""
     shards = []
     for fqn, param in module.named_parameters():
         fqn = fqn.replace("_checkpoint_wrapped_module.", "")
@@ -129,7 +131,8 @@ def _shards(module: torch.nn.Module, global_shapes: dict[str, list[int]]) -> lis
     return shards
 
 
-def _global_shapes(config) -> dict[str, list[int]]:
+def global_parameter_shapes(config) -> dict[str, list[int]]:
+    """Every parameter's shape in the unsharded model the config builds (on meta)."""
     with torch.device("meta"):
         plain = config.build()
     return {fqn: list(p.shape) for fqn, p in plain.named_parameters()}
@@ -146,7 +149,7 @@ def measure_states(flavor: str, tp: int, dp_shard: int = 1, enable_sp: bool = Tr
 
     start_s = time.perf_counter()
     config, full_depth = llama3_config(flavor, layers, 8192, enable_sp)
-    global_shapes = _global_shapes(config)
+    global_shapes = global_parameter_shapes(config)
     notes = []
     training = TrainingConfig()
     calls = (f"set_llama3_sharding_config(enable_sp={enable_sp}), parallelize_llama(parallel_dims; "
@@ -173,7 +176,7 @@ def measure_states(flavor: str, tp: int, dp_shard: int = 1, enable_sp: bool = Tr
             with torch.device("meta"):
                 model = config.build().to(PARAM_DTYPE)
             model.parallelize(parallel_dims)
-        params = _shards(model, global_shapes)
+        params = parameter_shards(model, global_shapes)
     return ParallelRecord(
         framework_version=f"torchtitan {version('torchtitan')}", torch_version=torch.__version__, flavor=flavor,
         **_dims(config, full_depth), spmd_backend=parallelism.spmd_backend, tp=tp, dp_shard=dp_shard, cp=1,
@@ -287,7 +290,7 @@ def _run(flavor: str, tp: int, enable_sp: bool, seq_len: int, micro_batch: int, 
     import spmd_types as spmd
 
     config, _ = llama3_config(flavor, layers, seq_len, enable_sp)
-    global_shapes = _global_shapes(config)
+    global_shapes = global_parameter_shapes(config)
     with torchtitan_world(tp, dp_shard, cp, enable_sp, spmd_backend) as (parallel_dims, parallelism):
         with torch.device("meta"):
             module = config.build().to(PARAM_DTYPE if dp_shard > 1 else COMPUTE_DTYPE)
@@ -318,7 +321,7 @@ def _run(flavor: str, tp: int, enable_sp: bool, seq_len: int, micro_batch: int, 
             FullAC(FullAC.Config()).apply(module)
         elif policy == "selective-op":
             SelectiveAC(SelectiveAC.Config()).apply(module)
-        params = _shards(module, global_shapes)
+        params = parameter_shards(module, global_shapes)
         # torchtitan 0.3.0 trainer.py _forward_backward_body runs under train_context,
         # distributed/utils.py get_spmd_context: the SPMD meshes registered and the dense mesh current.
         context = dist_utils.get_spmd_context(parallel_dims=parallel_dims)
