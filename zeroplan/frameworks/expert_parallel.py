@@ -37,10 +37,10 @@ from zeroplan.frameworks.expert_record import ExpertParallelRecord
 from zeroplan.frameworks.parallel_record import ActivationMeasurement, ParamShard, SavedTensor, collective_counts
 from zeroplan.frameworks.tensor_parallel import (
     COMPUTE_DTYPE, PARAM_DTYPE, _key, _SavedInLastBlock, _subtract, global_parameter_shapes, parameter_shards,
+    torchtitan_parallel_world,
 )
 from zeroplan.simulate import _torch_private as private
 from zeroplan.simulate.collectives import CollectiveRecorder
-from zeroplan.simulate.fake_world import fake_process_group
 from zeroplan.simulate.record import Phase
 
 HOW = "python benchmarks/expert_records.py"
@@ -97,29 +97,12 @@ def moe_config(family: str, flavor: str, layers: int, seq_len: int):
 def expert_world(ep: int, dp_shard: int) -> Iterator[tuple[object, object]]:
     """Rank 0 of a fake group of dp_shard ranks with torchtitan's ParallelDims (ep borrowed from
     dp_shard, efsdp = dp_shard / ep) built over it; yields (parallel_dims, parallelism config)."""
-    import torchtitan.distributed.parallel_dims as parallel_dims_module
     from torchtitan.config import ParallelismConfig
-    from torchtitan.distributed import ParallelDims
-    from torchtitan.distributed import utils as dist_utils
 
     parallelism = ParallelismConfig(data_parallel_shard_degree=dp_shard, expert_parallel_degree=ep,
                                     spmd_backend=BACKEND)
-    # As tensor_parallel.torchtitan_world: the meshes on the CPU, the trainer's SPMD backend,
-    # autograd single-threaded.
-    original_device_type = parallel_dims_module.device_type
-    parallel_dims_module.device_type = "cpu"
-    previous_backend = dist_utils.get_spmd_backend()
-    dist_utils.set_spmd_backend(BACKEND)
-    torch.autograd.set_multithreading_enabled(False)
-    try:
-        with fake_process_group(dp_shard, 0):
-            parallel_dims = ParallelDims.from_config(parallelism, dp_shard)
-            parallel_dims.build_mesh()
-            yield parallel_dims, parallelism
-    finally:
-        parallel_dims_module.device_type = original_device_type
-        dist_utils.set_spmd_backend(previous_backend)
-        torch.autograd.set_multithreading_enabled(True)
+    with torchtitan_parallel_world(parallelism, dp_shard) as parallel_dims:
+        yield parallel_dims, parallelism
 
 
 def _build(config, dtype: torch.dtype):

@@ -86,15 +86,24 @@ def torchtitan_world(tp: int, dp_shard: int = 1, cp: int = 1, enable_sp: bool = 
                      spmd_backend: str = "spmd_types") -> Iterator[tuple[object, object]]:
     """Rank 0 of a fake process group of dp_shard x cp x tp ranks, with torchtitan's own
     ParallelDims meshes built over it; yields (parallel_dims, parallelism config)."""
-    import torchtitan.distributed.parallel_dims as parallel_dims_module
     from torchtitan.config import ParallelismConfig
-    from torchtitan.distributed import ParallelDims
-    from torchtitan.distributed import utils as dist_utils
 
     parallelism = ParallelismConfig(tensor_parallel_degree=tp, data_parallel_shard_degree=dp_shard,
                                     context_parallel_degree=cp, enable_sequence_parallel=enable_sp,
                                     spmd_backend=spmd_backend)
-    world_size = tp * dp_shard * cp
+    with torchtitan_parallel_world(parallelism, tp * dp_shard * cp) as parallel_dims:
+        yield parallel_dims, parallelism
+
+
+@contextlib.contextmanager
+def torchtitan_parallel_world(parallelism, world_size: int) -> Iterator[object]:
+    """Rank 0 of a fake process group of ``world_size`` ranks with torchtitan's ParallelDims for
+    ``parallelism`` (its ParallelismConfig) built over it, as its trainer sets them up; yields
+    the ParallelDims."""
+    import torchtitan.distributed.parallel_dims as parallel_dims_module
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.distributed import utils as dist_utils
+
     # torchtitan 0.3.0 tools/utils.py: device_type is the available accelerator, or "cuda" when
     # there is none; ParallelDims.build_mesh builds its meshes on it. The fake group runs on CPU.
     original_device_type = parallel_dims_module.device_type
@@ -103,13 +112,13 @@ def torchtitan_world(tp: int, dp_shard: int = 1, cp: int = 1, enable_sp: bool = 
     # init_distributed, which also turns off autograd's multithreading so that a backward
     # recompute sees the thread-local SPMD mesh (distributed/utils.py init_distributed).
     previous_backend = dist_utils.get_spmd_backend()
-    dist_utils.set_spmd_backend(spmd_backend)
+    dist_utils.set_spmd_backend(parallelism.spmd_backend)
     torch.autograd.set_multithreading_enabled(False)
     try:
         with fake_process_group(world_size, 0):
             parallel_dims = ParallelDims.from_config(parallelism, world_size)
             parallel_dims.build_mesh()
-            yield parallel_dims, parallelism
+            yield parallel_dims
     finally:
         parallel_dims_module.device_type = original_device_type
         dist_utils.set_spmd_backend(previous_backend)
