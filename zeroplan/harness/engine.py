@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -88,6 +90,25 @@ class ModelStateTensors:
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """A DTensor's local shard (it has no storage of its own), or the tensor itself."""
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def device_type() -> str:
+    """The torch device type a rank computes on: cuda where there is a GPU, else cpu."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def autocast_to(dtype: torch.dtype) -> contextlib.AbstractContextManager:
+    """torch.autocast to ``dtype`` on this rank's device; nothing for fp32."""
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device_type(), dtype=dtype)
+
+
+def module_state_tensors(module: nn.Module, optimizer: torch.optim.Optimizer) -> ModelStateTensors:
+    """The rank's parameters, gradients and optimizer states (DTensors as their local shards)."""
+    params = [local_tensor(p) for p in module.parameters()]
+    grads = [local_tensor(p.grad) for p in module.parameters() if p.grad is not None]
+    return ModelStateTensors(params, grads, optimizer_state_tensors(optimizer))
 
 
 def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:

@@ -28,15 +28,12 @@ import torch.distributed as dist
 from torch import nn
 
 from zeroplan.harness.engine import (
-    MicroBatch, ModelStateTensors, local_tensor as _local, make_optimizer, optimizer_state_tensors,
+    MicroBatch, ModelStateTensors, accumulated_loss, autocast_to, device_type, local_tensor as _local, make_optimizer,
+    module_state_tensors,
 )
 from zeroplan.harness.model import Transformer, next_token_loss
 from zeroplan.specs import Optimizer, StrategyKind
 from zeroplan.specs.parallel import ParallelSpec, PipelineSchedule
-
-
-def _device_type() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def mesh_for(parallel: ParallelSpec):
@@ -45,8 +42,8 @@ def mesh_for(parallel: ParallelSpec):
 
     world = dist.get_world_size()
     if parallel.pp > 1:
-        return init_device_mesh(_device_type(), (parallel.pp, world // parallel.pp), mesh_dim_names=("pp", "dp"))
-    return init_device_mesh(_device_type(), (world // parallel.tp, parallel.tp), mesh_dim_names=("dp", "tp"))
+        return init_device_mesh(device_type(), (parallel.pp, world // parallel.pp), mesh_dim_names=("pp", "dp"))
+    return init_device_mesh(device_type(), (world // parallel.tp, parallel.tp), mesh_dim_names=("dp", "tp"))
 
 
 def group_names(mesh) -> dict[tuple[int, ...], str]:
@@ -139,7 +136,7 @@ class TensorParallelFsdp:
             logits = self.module(tokens_BS)
             loss = next_token_loss(logits, targets_BS)
             del logits
-            (loss / micro.count if micro.count > 1 else loss).backward()
+            accumulated_loss(loss, micro).backward()
         return _scalar(loss)
 
     def step(self) -> None:
@@ -149,9 +146,7 @@ class TensorParallelFsdp:
         self.optimizer.zero_grad(set_to_none=True)
 
     def model_state_tensors(self) -> ModelStateTensors:
-        params = [_local(p) for p in self.module.parameters()]
-        grads = [_local(p.grad) for p in self.module.parameters() if p.grad is not None]
-        return ModelStateTensors(params, grads, optimizer_state_tensors(self.optimizer))
+        return module_state_tensors(self.module, self.optimizer)
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         return {name: p.full_tensor().detach().clone() for name, p in self.module.named_parameters()}
@@ -221,7 +216,7 @@ class PipelineEngine:
         stages = [StageModule(model, blocks, index == 0, index == pp - 1) for index, blocks in enumerate(splits)]
         self.first, self.last = pp_rank == 0, pp_rank == pp - 1
         stage = stages[pp_rank]
-        device = torch.device(_device_type(), torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        device = torch.device(device_type(), torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         self.compute_dtype = dtype
         self.inner = stage
         boundary = self._boundary_tensors(stages, micro_batch_size, seq_len, strategy)
@@ -256,8 +251,7 @@ class PipelineEngine:
         computes in (FSDP2's bf16 parameters, or DDP's autocast): shapes only, no collective."""
         tokens = torch.zeros(micro_batch_size, seq_len, dtype=torch.long)
         tensors = [tokens]
-        autocast = (torch.autocast(device_type=_device_type(), dtype=self.compute_dtype)
-                    if strategy is StrategyKind.ddp and self.compute_dtype != torch.float32 else contextlib.nullcontext())
+        autocast = autocast_to(self.compute_dtype) if strategy is StrategyKind.ddp else contextlib.nullcontext()
         with torch.no_grad(), autocast:
             x = tokens
             for stage in stages:
@@ -273,7 +267,7 @@ class PipelineEngine:
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.compute_dtype == torch.float32 or not isinstance(self.module, nn.parallel.DistributedDataParallel):
             return contextlib.nullcontext()
-        return torch.autocast(device_type=_device_type(), dtype=self.compute_dtype)
+        return autocast_to(self.compute_dtype)
 
     def forward_backward_step(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
         """Every micro-batch of the step through the schedule (it splits the concatenated batch
@@ -307,9 +301,7 @@ class PipelineEngine:
         self.optimizer.zero_grad(set_to_none=True)
 
     def model_state_tensors(self) -> ModelStateTensors:
-        params = [_local(p) for p in self.inner.parameters()]
-        grads = [_local(p.grad) for p in self.inner.parameters() if p.grad is not None]
-        return ModelStateTensors(params, grads, optimizer_state_tensors(self.optimizer))
+        return module_state_tensors(self.inner, self.optimizer)
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """This stage's full parameters (a collective over "dp" under FSDP2)."""

@@ -32,21 +32,11 @@ import torch.distributed as dist
 from torch import nn
 
 from zeroplan.harness.engine import (
-    MicroBatch, ModelStateTensors, accumulated_loss, local_tensor as _local, make_optimizer,
+    MicroBatch, ModelStateTensors, accumulated_loss, autocast_to, device_type, make_optimizer, module_state_tensors,
     optimizer_class_and_kwargs, optimizer_state_tensors,
 )
 from zeroplan.harness.model import Block, Transformer, next_token_loss
 from zeroplan.specs import Optimizer
-
-
-def _autocast(dtype: torch.dtype) -> contextlib.AbstractContextManager:
-    if dtype == torch.float32:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=_device_type(), dtype=dtype)
-
-
-def _device_type() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 class _Base:
@@ -60,7 +50,7 @@ class _Base:
         self, tokens_BS: torch.Tensor, targets_BS: torch.Tensor, micro: MicroBatch = MicroBatch()
     ) -> torch.Tensor:
         with self._accumulating(micro):
-            with _autocast(self.compute_dtype):
+            with autocast_to(self.compute_dtype):
                 logits = self.module(tokens_BS)
             loss = next_token_loss(logits, targets_BS)
             # Backward needs only what the loss saved; holding the logits here would keep s*b*V
@@ -80,9 +70,7 @@ class _Base:
         self.optimizer.zero_grad(set_to_none=True)
 
     def model_state_tensors(self) -> ModelStateTensors:
-        params = [_local(p) for p in self.module.parameters()]
-        grads = [_local(p.grad) for p in self.module.parameters() if p.grad is not None]
-        return ModelStateTensors(params, grads, optimizer_state_tensors(self.optimizer))
+        return module_state_tensors(self.module, self.optimizer)
 
 
 class DdpEngine(_Base):
@@ -126,7 +114,7 @@ class Fsdp2Engine(_Base):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        mesh = init_device_mesh(_device_type(), (dist.get_world_size(),))
+        mesh = init_device_mesh(device_type(), (dist.get_world_size(),))
         policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
         for block in model.blocks:
             fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
