@@ -9,7 +9,9 @@ from zeroplan.core.plan import memory_breakdown
 from zeroplan.harness.record import RankRecord, RunDescription, StepRecord
 from zeroplan.specs import PlanRequest, StrategyKind, ZeroGradientReduce
 from zeroplan.validate.model_parallel import compare_model_parallel_record
-from zeroplan.validate.rows import COLLECTIVE_OPS, ComparisonRow, collective_rows, model_state_rows, planner_request
+from zeroplan.validate.rows import (
+    COLLECTIVE_OPS, ComparisonRow, collective_rows, model_state_rows, peak_rows, planner_request,
+)
 
 
 # zeroplan's reference ZeRO reduces each unit through a buffer of its own size
@@ -66,11 +68,5 @@ def compare_record(record: RankRecord, step_index: int = -1) -> list[ComparisonR
                                   predicted_bytes=predicted_states.host_bytes, measured_bytes=states.host_bytes))
     rows.append(ComparisonRow(**base, category="memory", quantity="activations (saved)",
                               predicted_bytes=predicted_saved, measured_bytes=step.memory.saved_activation_bytes))
-    if step.memory.allocator_peak_bytes is not None:
-        rows.append(ComparisonRow(**base, category="memory", quantity="peak (CPU allocator)",
-                                  predicted_bytes=breakdown.allocated_peak_bytes,
-                                  measured_bytes=step.memory.allocator_peak_bytes))
-    if step.memory.peak_bytes is not None:
-        rows.append(ComparisonRow(**base, category="memory", quantity="peak (tracked tensors)",
-                                  predicted_bytes=breakdown.allocated_peak_bytes, measured_bytes=step.memory.peak_bytes))
+    rows += peak_rows(base, breakdown, step.memory)
     return rows + collective_rows(base, request, _measured_collectives(step))

@@ -16,7 +16,7 @@ from zeroplan.core.parallel.units import holds_head, rank_block_count
 from zeroplan.core.plan import memory_breakdown, reference_activations
 from zeroplan.harness.record import RankRecord, StepRecord
 from zeroplan.specs import PlanRequest
-from zeroplan.validate.rows import ComparisonRow, model_state_rows
+from zeroplan.validate.rows import ComparisonRow, model_state_rows, peak_rows
 
 GROUP_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send", "recv")
 """Collective kinds compared per group (a pipeline's point-to-point calls included)."""
@@ -80,13 +80,7 @@ def compare_model_parallel_record(record: RankRecord, request: PlanRequest, step
     rows.append(ComparisonRow(**base, category="memory", quantity="activations (saved, per micro-batch)",
                               predicted_bytes=predicted_saved_per_micro_batch(request),
                               measured_bytes=step.memory.saved_activation_bytes))
-    if step.memory.allocator_peak_bytes is not None:
-        rows.append(ComparisonRow(**base, category="memory", quantity="peak (CPU allocator)",
-                                  predicted_bytes=breakdown.allocated_peak_bytes,
-                                  measured_bytes=step.memory.allocator_peak_bytes))
-    if step.memory.peak_bytes is not None:
-        rows.append(ComparisonRow(**base, category="memory", quantity="peak (tracked tensors)",
-                                  predicted_bytes=breakdown.allocated_peak_bytes, measured_bytes=step.memory.peak_bytes))
+    rows += peak_rows(base, breakdown, step.memory)
     predicted, measured = predicted_group_bytes(request), measured_group_bytes(step)
     for op, group in sorted(set(predicted) | set(measured), key=lambda k: (k[1], GROUP_OPS.index(k[0]))):
         rows.append(ComparisonRow(**base, category="communication", quantity=f"{op} bytes/step ({group})",

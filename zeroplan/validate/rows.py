@@ -77,6 +77,20 @@ def model_state_rows(base: dict, predicted, measured: tuple[int, int, int]) -> l
     ]
 
 
+def peak_rows(base: dict, predicted, memory) -> list[ComparisonRow]:
+    """Rows for the measured peaks a record has (the CPU allocator's, the tracked tensors'),
+    each beside the planner's allocated peak; ``predicted`` is a MemoryBreakdown, ``memory`` a
+    step record's memory."""
+    rows = []
+    if memory.allocator_peak_bytes is not None:
+        rows.append(ComparisonRow(**base, category="memory", quantity="peak (CPU allocator)",
+                                  predicted_bytes=predicted.allocated_peak_bytes, measured_bytes=memory.allocator_peak_bytes))
+    if memory.peak_bytes is not None:
+        rows.append(ComparisonRow(**base, category="memory", quantity="peak (tracked tensors)",
+                                  predicted_bytes=predicted.allocated_peak_bytes, measured_bytes=memory.peak_bytes))
+    return rows
+
+
 def collective_rows(base: dict, request: PlanRequest, measured: dict[str, int]) -> list[ComparisonRow]:
     """A row per collective op that was predicted or measured (unsharded buffer bytes/step)."""
     predicted = predicted_collective_bytes(request)
