@@ -13,12 +13,17 @@ from zeroplan.core.parallel.pipeline import rank_stages
 from zeroplan.core.parallel.tensor import tensor_parallel_units
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import ModelSpec
-from zeroplan.specs.parallel import ParallelSpec
+from zeroplan.specs.parallel import ParallelSpec, PipelineSchedule
 from zeroplan.specs.request import PlanRequest
 
 
 @lru_cache(maxsize=256)
-def _rank_units(model: ModelSpec, parallel: ParallelSpec, framework: Framework, efsdp: int = 1) -> tuple[ParamUnit, ...]:
+def _rank_units(model: ModelSpec, tp: int, pp: int, schedule: PipelineSchedule, virtual_stages: int, pipeline_rank: int,
+                ep: int, framework: Framework, efsdp: int) -> tuple[ParamUnit, ...]:
+    # Only what decides the units keys the cache (not sequence or context parallelism); the
+    # spec is built on a miss only, since the planner asks for a rank's units many times a plan.
+    parallel = ParallelSpec(tp=tp, pp=pp, pp_schedule=schedule, virtual_stages=virtual_stages,
+                            pipeline_rank=pipeline_rank, ep=ep)
     units = parameter_units(model)
     if parallel.pp > 1:
         stages = rank_stages(parallel, model.num_layers, framework, parallel.pipeline_rank)
@@ -43,11 +48,10 @@ def rank_parameter_units(request: PlanRequest) -> tuple[ParamUnit, ...]:
     parallel = request.parallel
     if parallel.is_trivial and parallel.ep == 1:
         return parameter_units(request.model)
-    # Only what decides the units keys the cache: not sequence or context parallelism. Under
-    # expert parallelism the experts' FSDP group (efsdp) decides their grouped shape too.
-    layout = ParallelSpec(tp=parallel.tp, pp=parallel.pp, pp_schedule=parallel.pp_schedule,
-                          virtual_stages=parallel.virtual_stages, pipeline_rank=parallel.pipeline_rank, ep=parallel.ep)
-    return _rank_units(request.model, layout, request.training.framework, max(1, request.state_group_size // parallel.ep))
+    # Under expert parallelism the experts' FSDP group (efsdp) decides their grouped shape too.
+    return _rank_units(request.model, parallel.tp, parallel.pp, parallel.pp_schedule, parallel.virtual_stages,
+                       parallel.pipeline_rank, parallel.ep, request.training.framework,
+                       max(1, request.state_group_size // parallel.ep))
 
 
 def rank_parameter_elements(request: PlanRequest) -> int:
