@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from zeroplan.core.params import active_parameters, total_parameters
 from zeroplan.results import FitReport, StrategyPlan
+from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import ModelSpec
+from zeroplan.specs.training import AttentionKernel
 from zeroplan.units import ByteUnit, to_unit
 
 # (name, MemoryBreakdown field or None, value): a field's cell is in ( ) when it is not alive
@@ -75,7 +77,7 @@ def expert_parallel_line(report: FitReport, dp: int) -> str:
 def attention_name(training) -> str:
     """The attention the framework's code runs: torchtitan 0.3.0's Llama-3 runs FlexAttention
     (models/common/attention.py; it saves what a fused kernel saves, plus per-head statistics)."""
-    if training.framework.value == "torchtitan" and training.attention_kernel.value == "flash":
+    if training.framework is Framework.torchtitan and training.attention_kernel is AttentionKernel.flash:
         return "FlexAttention"
     return f"{training.attention_kernel.value} attention"
 
