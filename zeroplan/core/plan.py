@@ -193,16 +193,16 @@ def host_memory_fits(request: PlanRequest, host_bytes_per_rank: int) -> bool | N
     return None if limit is None else host_bytes_per_rank * request.cluster.gpus_per_node <= limit
 
 
-def pipeline_rank_breakdowns(request: PlanRequest) -> list[MemoryBreakdown]:
-    """Every pipeline rank's breakdown, rank 0 first (the request's own rank alone without a
-    pipeline)."""
+def pipeline_rank_breakdowns(request: PlanRequest) -> list[tuple[MemoryBreakdown, ModelStateBytes]]:
+    """Every pipeline rank's breakdown and model states, rank 0 first (the request's own rank
+    alone without a pipeline)."""
     if request.parallel.pp == 1:
-        return [memory_breakdown(request)[0]]
-    return [memory_breakdown(request.at_pipeline_rank(rank))[0] for rank in range(request.parallel.pp)]
+        return [memory_breakdown(request)]
+    return [memory_breakdown(request.at_pipeline_rank(rank)) for rank in range(request.parallel.pp)]
 
 
 def _fits(request: PlanRequest) -> bool:
-    peak = max(b.peak_bytes for b in pipeline_rank_breakdowns(request))
+    peak = max(b.peak_bytes for b, _ in pipeline_rank_breakdowns(request))
     return peak <= usable_memory_bytes(request)
 
 
@@ -244,11 +244,13 @@ def plan(request: PlanRequest) -> StrategyPlan:
     pipeline rank whose peak is highest (every rank's peak is kept beside it)."""
     rank_peaks: tuple[int, ...] = ()
     reason = ""
+    ranks = pipeline_rank_breakdowns(request)
+    peak_rank = max(range(len(ranks)), key=lambda rank: ranks[rank][0].peak_bytes)
+    breakdown, states = ranks[peak_rank]
     if request.parallel.pp > 1:
-        rank_peaks = tuple(b.peak_bytes for b in pipeline_rank_breakdowns(request))
-        request = request.at_pipeline_rank(max(range(len(rank_peaks)), key=rank_peaks.__getitem__))
+        rank_peaks = tuple(b.peak_bytes for b, _ in ranks)
+        request = request.at_pipeline_rank(peak_rank)
         reason = peak_rank_reason(request)
-    breakdown, states = memory_breakdown(request)
     # Feasibility: allocated peak + allocator reserve against capacity less the CUDA context
     # and NCCL buffers (docs/frameworks.md, "Feasibility").
     usable = usable_memory_bytes(request)
