@@ -1,5 +1,6 @@
 """Typed, frozen specs: what the user asks about."""
 
+from zeroplan.specs.finetune import FineTuneSpec, LoraTarget, Quantization
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.hardware import (
     AchievedBusBandwidth,
@@ -31,11 +32,13 @@ __all__ = [
     "AttentionKernel",
     "BatchSpec",
     "ClusterSpec",
+    "FineTuneSpec",
     "Framework",
     "GpuArchitecture",
     "GpuSpec",
     "HostSpec",
     "LinkSpec",
+    "LoraTarget",
     "NodeNetworkSpec",
     "MemoryAssumptions",
     "MlpKind",
@@ -47,6 +50,7 @@ __all__ = [
     "PositionKind",
     "Kernels",
     "Precision",
+    "Quantization",
     "StateConvention",
     "StrategyKind",
     "StrategySpec",

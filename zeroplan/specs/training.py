@@ -7,6 +7,7 @@ from enum import Enum
 from pydantic import Field
 
 from zeroplan.specs.base import Frozen
+from zeroplan.specs.finetune import FineTuneSpec
 from zeroplan.specs.framework import Framework
 
 
@@ -144,6 +145,9 @@ class TrainingSpec(Frozen):
     ``training.enable_cpu_offload``): sharded parameters, their gradients and the optimizer
     states live in host memory and the optimizer steps on the CPU; the GPU holds the gathered
     units and each unit's gradient until it is reduced and copied out. FSDP strategies only."""
+    finetune: FineTuneSpec = FineTuneSpec()
+    """Which parameters train (LoRA adapters over a frozen, optionally quantized base; frozen
+    embeddings or blocks): every one by default (zeroplan.specs.finetune)."""
 
 
 class BatchSpec(Frozen):

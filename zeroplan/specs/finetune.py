@@ -1,0 +1,127 @@
+"""Which parameters train: LoRA adapters over a frozen (optionally quantized) base, frozen
+embeddings or blocks. The default trains every parameter (a full fine-tune)."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import Field, model_validator
+
+from zeroplan.errors import ZeroplanError
+from zeroplan.specs.base import Frozen
+from zeroplan.specs.framework import Framework
+
+
+class Quantization(str, Enum):
+    """Storage of the frozen base weights of the linear layers."""
+
+    none = "none"
+    """The compute dtype (bf16; fp32 under fp32 training)."""
+    nf4 = "nf4"
+    """4-bit NormalFloat in blocks of ``quant_block_size`` elements, each with an absmax scale
+    (Dettmers et al. 2023, "QLoRA", sec. 3): bitsandbytes' Linear4bit, torchao's NF4Tensor."""
+    int8 = "int8"
+    """8-bit integers with one fp32 scale per output row (bitsandbytes' Linear8bitLt, LLM.int8;
+    torchao's int8 weight-only quantization)."""
+    fp8 = "fp8"
+    """float8 e4m3 with one fp32 scale per output row (torchao's float8 weight-only quantization)."""
+
+    @property
+    def is_quantized(self) -> bool:
+        return self is not Quantization.none
+
+
+class LoraTarget(str, Enum):
+    """The linear layers of a decoder block an adapter can wrap (``output``: the LM head)."""
+
+    q = "q"
+    k = "k"
+    v = "v"
+    o = "o"
+    gate = "gate"
+    up = "up"
+    down = "down"
+    output = "output"
+
+
+# torchtune 0.6.1 recipes/configs/llama3_1/8B_lora.yaml (and 70B_lora, 8B_qlora_single_device):
+# lora_attn_modules ['q_proj', 'v_proj', 'output_proj'], apply_lora_to_mlp True.
+# peft 0.17.1 utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING["llama"]:
+# ["q_proj", "v_proj"], what LoraConfig() wraps when target_modules is not given.
+DEFAULT_LORA_TARGETS: dict[Framework, tuple[LoraTarget, ...]] = {
+    Framework.torchtune: (LoraTarget.q, LoraTarget.v, LoraTarget.o, LoraTarget.gate, LoraTarget.up, LoraTarget.down),
+    Framework.hf: (LoraTarget.q, LoraTarget.v),
+}
+"""The layers each framework wraps when the user names none (zeroplan: every linear of a block)."""
+
+ALL_BLOCK_TARGETS = (LoraTarget.q, LoraTarget.k, LoraTarget.v, LoraTarget.o, LoraTarget.gate, LoraTarget.up, LoraTarget.down)
+
+
+def default_lora_targets(framework: Framework) -> tuple[LoraTarget, ...]:
+    return DEFAULT_LORA_TARGETS.get(framework, ALL_BLOCK_TARGETS)
+
+
+class FineTuneSpec(Frozen):
+    """What trains and how the frozen part is stored. ``lora_rank`` 0 and nothing frozen: every
+    parameter trains."""
+
+    lora_rank: int = Field(default=0, ge=0, le=65536)
+    """r: rank of each adapter (Hu et al. 2021, "LoRA", sec. 4.1); 0 = no adapters."""
+    lora_alpha: float | None = Field(default=None, gt=0)
+    """alpha: the adapter's output is scaled by alpha / r. Changes no byte; None = 2 r (the
+    torchtune configs' convention)."""
+    lora_targets: tuple[LoraTarget, ...] | None = None
+    """Linear layers wrapped by an adapter; None = the framework's default (DEFAULT_LORA_TARGETS)."""
+    lora_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapter's input: above 0 the adapter keeps its own dropped copy of the
+    input and a mask for backward (0, the shipped configs' value, keeps neither)."""
+    dora: bool = False
+    """Weight-decomposed LoRA (Liu et al. 2024, "DoRA"): a trainable magnitude per output row."""
+    quantize: Quantization = Quantization.none
+    """Storage of the frozen base linears (QLoRA: nf4)."""
+    quant_block_size: int = Field(default=64, gt=0, le=4096)
+    """Elements per nf4 scale block (QLoRA's 64; bitsandbytes' bnb_4bit_blocksize)."""
+    double_quant: bool = True
+    """Quantize the nf4 block scales themselves to 8 bits in blocks of 256 (QLoRA sec. 3,
+    bitsandbytes' bnb_4bit_use_double_quant; torchao's NF4Tensor always does)."""
+    freeze_embeddings: bool = False
+    """Freeze the token embedding (and an untied LM head) in a full fine-tune."""
+    frozen_blocks: int = Field(default=0, ge=0)
+    """Freeze the first K decoder blocks in a full fine-tune (at most the model's blocks)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "FineTuneSpec":
+        lora_only = {"lora_alpha": self.lora_alpha is not None, "lora_targets": self.lora_targets is not None,
+                     "lora_dropout": self.lora_dropout > 0, "dora": self.dora,
+                     "quantize": self.quantize.is_quantized}
+        if not self.lora_rank:
+            given = [name for name, set_ in lora_only.items() if set_]
+            if given:
+                raise ZeroplanError(f"finetune.{given[0]}", "applies only with adapters (set lora_rank, --lora-rank, to 1 or more)")
+        if self.lora_targets is not None and not self.lora_targets:
+            raise ZeroplanError("finetune.lora_targets", f"must name at least one layer (allowed: {', '.join(t.value for t in LoraTarget)})")
+        if self.lora_targets is not None and len(set(self.lora_targets)) != len(self.lora_targets):
+            raise ZeroplanError("finetune.lora_targets", "names a layer twice")
+        if self.lora_rank and (self.freeze_embeddings or self.frozen_blocks):
+            raise ZeroplanError("finetune.frozen_blocks", "applies to a full fine-tune; under LoRA every base weight is frozen already")
+        return self
+
+    @property
+    def is_lora(self) -> bool:
+        return self.lora_rank > 0
+
+    @property
+    def trains_everything(self) -> bool:
+        return not (self.is_lora or self.freeze_embeddings or self.frozen_blocks)
+
+    def targets(self, framework: Framework) -> tuple[LoraTarget, ...]:
+        """The wrapped layers in force (the framework's default when none were named)."""
+        if self.lora_targets is not None:
+            return self.lora_targets
+        return default_lora_targets(framework)
+
+    @property
+    def scaling(self) -> float:
+        """alpha / r, the factor on the adapter's output."""
+        alpha = self.lora_alpha if self.lora_alpha is not None else 2.0 * self.lora_rank
+        return alpha / self.lora_rank
