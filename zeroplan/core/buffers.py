@@ -4,9 +4,11 @@ temporaries. Each term names the library behaviour it models."""
 from __future__ import annotations
 
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes
-from zeroplan.core.model_states import held_elements, largest_tensor_shard_elements, padded_unit_elements_of, shard_layout
+from zeroplan.core.model_states import (
+    held_elements, largest_tensor_shard_elements, padded_unit_elements_of, shard_layout, unit_gather_bytes,
+)
 from zeroplan.core.parallel.pipeline import pipeline_defers_fsdp_reduction
-from zeroplan.core.parallel.units import rank_parameter_elements, rank_parameter_units
+from zeroplan.core.parallel.units import rank_parameter_units, rank_trainable_elements, rank_trainable_units
 from zeroplan.core.profiles import profile
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, ZeroGradientReduce
@@ -20,13 +22,13 @@ from zeroplan.specs.training import Optimizer, StateConvention
 def ddp_bucket_bytes(request: PlanRequest, gradient_bytes_per_element: int) -> int:
     if request.strategy.ddp_gradient_as_bucket_view or request.cluster.world_size == 1:
         return 0
-    return rank_parameter_elements(request) * gradient_bytes_per_element
+    return rank_trainable_elements(request) * gradient_bytes_per_element
 
 
 # deepspeed/runtime/zero/stage_1_and_2.py: gradients are reduced through an "ipg" bucket of
 # reduce_bucket_size elements in the gradient dtype, at most the model.
 def zero_reduce_bucket_bytes(request: PlanRequest, gradient_bytes_per_element: int) -> int:
-    elements = min(request.strategy.zero_bucket_elements, rank_parameter_elements(request))
+    elements = min(request.strategy.zero_bucket_elements, rank_trainable_elements(request))
     return elements * gradient_bytes_per_element
 
 
@@ -35,9 +37,8 @@ def zero_reduce_bucket_bytes(request: PlanRequest, gradient_bytes_per_element: i
 # so (1 + prefetch) unsharded units are alive, plus the unsharded gradient of the unit being
 # reduce-scattered.
 def gathered_unit_bytes(request: PlanRequest, bytes_per_element: int, gradient_bytes_per_element: int) -> int:
-    largest = largest_unit_elements(request)
-    gathered = (1 + request.strategy.prefetch_units) * largest * bytes_per_element
-    return gathered + largest * gradient_bytes_per_element
+    gathered = (1 + request.strategy.prefetch_units) * largest_gathered_unit_bytes(request, bytes_per_element)
+    return gathered + largest_unit_elements(request) * gradient_bytes_per_element
 
 
 # The FSDP recipe (torchtitan, zeroplan/harness/torch_engines.py): fully_shard each block, then
@@ -45,13 +46,21 @@ def gathered_unit_bytes(request: PlanRequest, bytes_per_element: int, gradient_b
 # one. The reference ZeRO and DeepSpeed gather the embedding and the head as separate units, as
 # does torchtune's FSDP2 (custom_sharded_layers, zeroplan.core.profiles).
 def largest_unit_elements(request: PlanRequest) -> int:
-    """Padded elements of the largest unit gathered or reduced as one."""
-    padded = padded_unit_elements_of(request, request.shard_group_size)
+    """Padded trainable elements of the largest unit gathered or reduced as one."""
+    return _largest_group(request, padded_unit_elements_of(request, request.shard_group_size))
+
+
+def largest_gathered_unit_bytes(request: PlanRequest, bytes_per_element: int) -> int:
+    """Bytes of the largest unit an all-gather brings in (frozen tensors in their storage)."""
+    return _largest_group(request, unit_gather_bytes(request, request.shard_group_size, bytes_per_element))
+
+
+def _largest_group(request: PlanRequest, per_unit: list[int]) -> int:
     if not request.strategy.kind.is_fsdp or profile(request.training.framework).fsdp_separate_embedding_and_head:
-        return max(padded)
+        return max(per_unit)
     units = rank_parameter_units(request)
-    blocks = [n for unit, n in zip(units, padded) if unit.name.startswith("block.")]
-    root = sum(n for unit, n in zip(units, padded) if not unit.name.startswith("block."))
+    blocks = [n for unit, n in zip(units, per_unit) if unit.name.startswith("block.")]
+    root = sum(n for unit, n in zip(units, per_unit) if not unit.name.startswith("block."))
     return max(blocks + [root])
 
 
@@ -83,7 +92,7 @@ def resident_buffer_bytes(request: PlanRequest) -> int:
 # dtype) are allocated once and kept; AdamW reads an fp32 copy made at the step (the
 # convention's gradient). Measured: 72 MiB at the loss backward of tiny-llama, fp32, N = 2.
 def deepspeed_stage3_gradient_buffer_bytes(request: PlanRequest, compute_bytes: int) -> int:
-    partition = held_elements(rank_parameter_units(request), request.shard_group_size, shard_layout(request))
+    partition = held_elements(rank_trainable_units(request), request.shard_group_size, shard_layout(request))
     return zero_reduce_bucket_bytes(request, compute_bytes) + partition * compute_bytes
 
 
@@ -95,16 +104,16 @@ def backward_held_buffer_bytes(request: PlanRequest) -> int:
     if kind is StrategyKind.fsdp_shard_grad_op or deferred:
         # reshard_after_forward=False (or a pipeline stage's reshard_after_backward=False):
         # every unit stays gathered from forward through backward.
-        held += sum(padded_unit_elements_of(request, request.shard_group_size)) * eb.compute_parameter
+        held += sum(unit_gather_bytes(request, request.shard_group_size, eb.compute_parameter))
     accumulating = request.batch.grad_accum_steps > 1 and request.strategy.keep_unsharded_grads_on_accum
     if deferred:
         # A pipeline stage's FSDP2 without gradient sync upcasts each unsharded gradient to the
         # reduce dtype and accumulates it there (torch 2.13 _fully_shard/_fsdp_param.py
         # to_accumulated_grad_if_needed) until perform_reduce_grad.
-        held += rank_parameter_elements(request) * gradient_wire_bytes(request)
+        held += rank_trainable_elements(request) * gradient_wire_bytes(request)
     elif accumulating and kind.zero_stage >= 2:
         # no_sync(): unsharded gradients accumulate locally until the last micro-batch.
-        held += rank_parameter_elements(request) * eb.compute_parameter
+        held += rank_trainable_elements(request) * eb.compute_parameter
     return held
 
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 from zeroplan.core import deepspeed_buckets
 from zeroplan.core.collective import Collective, CollectiveOp, Phase, make_collective, ring_sent_bytes
 from zeroplan.core.layout import ElementBytes, element_bytes, gradient_wire_bytes
-from zeroplan.core.model_states import padded_unit_elements_of
+from zeroplan.core.model_states import padded_unit_elements_of, unit_gather_bytes
 from zeroplan.core.network import strided_ranks_per_node
 from zeroplan.core.parallel.collectives import model_parallel_collectives
 from zeroplan.core.parallel.expert import split_expert_collectives
 from zeroplan.core.parallel.pipeline import pipeline_defers_fsdp_reduction
-from zeroplan.core.parallel.units import rank_parameter_units
+from zeroplan.core.parallel.units import rank_parameter_units, rank_trainable_units
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, ZeroGradientReduce
 from zeroplan.specs.training import Precision
@@ -46,9 +46,9 @@ def ddp_bucket_sizes(total_bytes: int, cap_bytes: int) -> list[int]:
     return sizes
 
 
-def _unit_buffers(request: PlanRequest, num_shards: int, bytes_per_element: int) -> list[int]:
-    """The padded unsharded buffer of every unit, in bytes."""
-    return [elements * bytes_per_element for elements in padded_unit_elements_of(request, num_shards)]
+def _gradient_buffers(request: PlanRequest, num_shards: int, bytes_per_element: int) -> list[int]:
+    """The padded unsharded gradient buffer of every unit that has trainable parameters, in bytes."""
+    return [elements * bytes_per_element for elements in padded_unit_elements_of(request, num_shards) if elements]
 
 
 def _wire_bytes(request: PlanRequest) -> ElementBytes:
@@ -74,7 +74,7 @@ def deepspeed_zero12_collectives(
     gradients arrive (taken as reverse registration order), every micro-batch."""
     eb = _wire_bytes(request)
     gradient_bytes = gradient_wire_bytes(request)
-    numels = [t.numel for unit in rank_parameter_units(request) for t in unit.tensors]
+    numels = [t.numel for unit in rank_trainable_units(request) for t in unit.tensors]
     order = list(range(len(numels)))
     if request.strategy.kind.zero_stage == 2:
         order.reverse()
@@ -116,7 +116,7 @@ def data_parallel_collectives(request: PlanRequest) -> list[Collective]:
     if world == 1:
         return []
     if kind is StrategyKind.ddp or request.strategy.zero_gradient_reduce is ZeroGradientReduce.ddp_buckets:
-        total = sum(u.numel for u in rank_parameter_units(request)) * eb.gradient
+        total = sum(u.numel for u in rank_trainable_units(request)) * eb.gradient
         buckets = ddp_bucket_sizes(total, request.strategy.ddp_bucket_cap_bytes)
         # Accumulation runs under no_sync(): one all-reduce per optimizer step.
         result = [make_collective(CollectiveOp.all_reduce, Phase.backward, "gradients", buckets, world, 1, multi_node, eb.gradient, per_node)]
@@ -124,7 +124,7 @@ def data_parallel_collectives(request: PlanRequest) -> list[Collective]:
             # torch/distributed/optim/zero_redundancy_optimizer.py, step -> _sync_params ->
             # _broadcast_params_from_rank: each rank broadcasts the parameters it owns, one
             # dist.broadcast per tensor (parameters_as_bucket_view=False, the default).
-            tensors = [t.numel * eb.compute_parameter for unit in rank_parameter_units(request) for t in unit.tensors]
+            tensors = [t.numel * eb.compute_parameter for unit in rank_trainable_units(request) for t in unit.tensors]
             result.append(make_collective(CollectiveOp.broadcast, Phase.step, "parameters", tensors, world, 1, multi_node, eb.compute_parameter, per_node))
         return result
 
@@ -136,8 +136,8 @@ def data_parallel_collectives(request: PlanRequest) -> list[Collective]:
     reduce_per_step = 1 if (kind is StrategyKind.zero1 or request.strategy.keep_unsharded_grads_on_accum or deferred) else accum
     if kind.zero_stage in (1, 2) and request.strategy.zero_gradient_reduce is ZeroGradientReduce.bucket:
         return deepspeed_zero12_collectives(request, group, reduce_per_step, group_spans_nodes, per_node)
-    grads = _unit_buffers(request, group, gradient_bytes)
-    params = _unit_buffers(request, group, eb.compute_parameter)
+    grads = _gradient_buffers(request, group, gradient_bytes)
+    params = unit_gather_bytes(request, group, eb.compute_parameter)
     result = []
     if request.strategy.kind.zero_stage == 3:
         # Under a pipeline the units stay gathered after each backward (pipeline_defers_fsdp_reduction):
@@ -153,7 +153,9 @@ def data_parallel_collectives(request: PlanRequest) -> list[Collective]:
             result.append(make_collective(CollectiveOp.all_gather, Phase.backward, "parameters", backward, group, accum, group_spans_nodes, eb.compute_parameter, per_node))
     result.append(make_collective(CollectiveOp.reduce_scatter, Phase.backward, "gradients", grads, group, reduce_per_step, group_spans_nodes, gradient_bytes, per_node))
     if kind.zero_stage in (1, 2):
-        result.append(make_collective(CollectiveOp.all_gather, Phase.step, "parameters", params, group, 1, group_spans_nodes, eb.compute_parameter, per_node))
+        # The step gathers what the optimizer updated: the trainable parameters only.
+        stepped = _gradient_buffers(request, group, eb.compute_parameter)
+        result.append(make_collective(CollectiveOp.all_gather, Phase.step, "parameters", stepped, group, 1, group_spans_nodes, eb.compute_parameter, per_node))
     if kind is StrategyKind.hsdp and world > group:
         replicas = world // group
         shards = [ceil_div(b, group) for b in grads]

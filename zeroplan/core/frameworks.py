@@ -162,18 +162,19 @@ def fsdp_head_gathered_bytes(request: PlanRequest, *, prefetched: bool = True) -
     ``prefetched``: the head's unit alone, as during the loss's forward (nothing is prefetched
     after the last block's forward)."""
     from zeroplan.core.layout import element_bytes
-    from zeroplan.core.model_states import padded_unit_elements_of
+    from zeroplan.core.model_states import unit_gather_bytes
 
     prof = profile(request.training.framework)
     if not prof.fsdp_loss_backward_gathers_head or request.strategy.kind not in (StrategyKind.fsdp_full_shard, StrategyKind.hsdp):
         return 0
-    padded = padded_unit_elements_of(request, request.shard_group_size)
+    compute_bytes = element_bytes(request.training.precision, request.convention).compute_parameter
+    padded = unit_gather_bytes(request, request.shard_group_size, compute_bytes)
     embedding, last_block, head = padded[0], padded[-2], padded[-1]
     if prof.fsdp_separate_embedding_and_head:
         gathered = head  # the output unit; the root after it holds only the final norm
     else:
         gathered = embedding + head + (request.strategy.prefetch_units * last_block if prefetched else 0)
-    return gathered * element_bytes(request.training.precision, request.convention).compute_parameter
+    return gathered
 
 
 def _hf_module_in_bf16(request: PlanRequest) -> bool:

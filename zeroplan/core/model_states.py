@@ -3,10 +3,12 @@ states", sec. 3.1), exact for a padded sharded layout, with offload to host memo
 
 from __future__ import annotations
 
+from zeroplan.core.finetune.storage import frozen_held_bytes, frozen_tensor_bytes
+from zeroplan.core.finetune.units import trainable_view
 from zeroplan.core.layout import ElementBytes, ShardLayout, element_bytes, padded_unit_elements, shard_elements
 from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise, step_counter_bytes, tensor_state_bytes
 from zeroplan.core.params import ParamUnit
-from zeroplan.core.parallel.units import rank_block_count, rank_parameter_units
+from zeroplan.core.parallel.units import rank_block_count, rank_parameter_units, rank_trainable_units
 from zeroplan.core.profiles import fused_qkv_fewer_tensors
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.request import PlanRequest
@@ -34,7 +36,8 @@ class ModelStateBytes(Frozen):
     host_bytes: int
     """Model states offloaded to host memory by this rank."""
     parameter_elements: int
-    """Parameter elements this rank stores (padding included)."""
+    """Trainable parameter elements this rank stores (padding included; frozen ones are in
+    parameter_bytes only)."""
     optimizer_elements: int
     """Parameter elements this rank's optimizer steps (its shard from ZeRO-1 on)."""
 
@@ -53,8 +56,9 @@ def shard_layout(request: PlanRequest) -> ShardLayout:
 
 
 def padded_unit_elements_of(request: PlanRequest, num_shards: int) -> list[int]:
-    """Every unit's unsharded element count after padding for ``num_shards`` shards: what an
-    all-gather produces and a reduce-scatter consumes."""
+    """Every unit's unsharded trainable element count after padding for ``num_shards`` shards
+    (one entry per unit of rank_parameter_units; all its elements unless the fine-tune freezes
+    some): what a reduce-scatter consumes, and with unit_gather_bytes what an all-gather makes."""
     layout = shard_layout(request)
     units = rank_parameter_units(request)
     key = (id(units), num_shards, layout)
@@ -63,9 +67,26 @@ def padded_unit_elements_of(request: PlanRequest, num_shards: int) -> list[int]:
         return list(cached[1])
     if len(_PADDED_ELEMENTS) > _PADDED_ELEMENTS_LIMIT:
         _PADDED_ELEMENTS.clear()
-    padded = [padded_unit_elements(unit, num_shards, layout) for unit in units]
+    if trainable_view(units) is units:
+        padded = [padded_unit_elements(unit, num_shards, layout) for unit in units]
+    else:
+        padded = [padded_unit_elements(ParamUnit(name=unit.name, tensors=tuple(t for t in unit.tensors if t.trainable)),
+                                       num_shards, layout) for unit in units]
     _PADDED_ELEMENTS[key] = (units, tuple(padded))
     return padded
+
+
+def unit_gather_bytes(request: PlanRequest, num_shards: int, bytes_per_element: int) -> list[int]:
+    """Every unit's unsharded bytes as an all-gather brings it in: its trainable elements (padded
+    for ``num_shards``) at ``bytes_per_element``, its frozen tensors in their own storage
+    (zeroplan.core.finetune.storage: each padded to a multiple of the shards)."""
+    padded = padded_unit_elements_of(request, num_shards)
+    units = rank_parameter_units(request)
+    if trainable_view(units) is units:
+        return [elements * bytes_per_element for elements in padded]
+    return [elements * bytes_per_element
+            + sum(num_shards * ceil_div(frozen_tensor_bytes(request, t), num_shards) for t in unit.tensors if not t.trainable)
+            for unit, elements in zip(units, padded)]
 
 
 # The planner asks for the same units' padded sizes many times per plan (collectives, buffers,
@@ -86,17 +107,18 @@ def held_elements(units: tuple[ParamUnit, ...], num_shards: int, layout: ShardLa
 def stepped_tensors(request: PlanRequest, sharded: bool) -> int:
     """Tensors the optimizer steps on one rank: one flat shard per unit in the reference ZeRO
     layout, every parameter tensor otherwise (DDP, FSDP2's per-parameter shards)."""
-    units = rank_parameter_units(request)
+    units = rank_trainable_units(request)
     if sharded and shard_layout(request) is ShardLayout.flat:
         return len(units)
-    return sum(len(unit.tensors) for unit in units) - fused_qkv_fewer_tensors(request, rank_block_count(request))
+    fused = fused_qkv_fewer_tensors(request, rank_block_count(request)) if request.training.finetune.trains_everything else 0
+    return sum(len(unit.tensors) for unit in units) - fused
 
 
 def largest_tensor_shard_elements(request: PlanRequest) -> int:
-    """Elements of the largest parameter tensor's shard on one rank (padding included)."""
+    """Elements of the largest trainable parameter tensor's shard on one rank (padding included)."""
     layout, num_shards = shard_layout(request), request.shard_group_size
     return max(shard_elements(ParamUnit(name=unit.name, tensors=(tensor,)), num_shards, layout)
-               for unit in rank_parameter_units(request) for tensor in unit.tensors)
+               for unit in rank_trainable_units(request) for tensor in unit.tensors)
 
 
 def optimizer_bytes(request: PlanRequest, elements: int, num_shards: int, eb: ElementBytes) -> int:
@@ -107,7 +129,7 @@ def optimizer_bytes(request: PlanRequest, elements: int, num_shards: int, eb: El
         return elements * elementwise_state_bytes(optimizer, eb.optimizer_dtype)
     # Factored and block-quantised states do not split element by element; a rank holds 1/N
     # of the whole (rounded up). Documented in docs/memory-model.md as an approximation.
-    units = rank_parameter_units(request)
+    units = rank_trainable_units(request)
     whole = sum(tensor_state_bytes(t, optimizer, eb.optimizer_dtype) for u in units for t in u.tensors)
     return ceil_div(whole, num_shards)
 
@@ -128,18 +150,24 @@ def model_state_bytes(request: PlanRequest) -> ModelStateBytes:
     kind = request.strategy.kind
     stage = kind.zero_stage
     eb = element_bytes(request.training.precision, request.convention)
-    units = rank_parameter_units(request)
+    # Only trainable parameters have gradients, optimizer states and master copies; frozen
+    # ones (zeroplan.core.finetune) are stored once, sharded by ZeRO-3 and FSDP like the rest
+    # (deepspeed/runtime/zero/partition_parameters.py partitions every parameter; FSDP2's
+    # fully_shard shards every parameter of the module, requires_grad or not).
+    all_units = rank_parameter_units(request)
+    units = rank_trainable_units(request)
     num_shards = request.shard_group_size
     layout = shard_layout(request)
     full = held_elements(units, 1, layout)
     shard = held_elements(units, num_shards, layout)
+    frozen = 0 if units is all_units else frozen_held_bytes(request, all_units, num_shards if stage >= 3 else 1)
 
     parameter_elements = shard if stage >= 3 else full
     gradient_elements = shard if stage >= 2 or _deepspeed_stage1_reduces_in_backward(request) else full
     optimizer_elements = shard if stage >= 1 else full
     optimizer_shards = num_shards if stage >= 1 else 1
 
-    parameter = parameter_elements * eb.parameter
+    parameter = parameter_elements * eb.parameter + frozen
     gradient = gradient_elements * eb.gradient
     counters = step_counter_bytes(request.training.optimizer, stepped_tensors(request, sharded=stage >= 1))
     optimizer = optimizer_elements * eb.master + optimizer_bytes(request, optimizer_elements, optimizer_shards, eb) + counters

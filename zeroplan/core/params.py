@@ -27,6 +27,11 @@ class ParamTensor(Frozen):
     """Data-parallel sharding of this tensor runs over the shard group divided by this: ep for
     the routed experts under expert parallelism (torchtitan 0.3.0 distributed/fsdp.py shards
     them over the efsdp mesh, dp_shard x cp x tp / ep ranks), 1 for everything else."""
+    trainable: bool = True
+    """Whether the optimizer steps it (False: a frozen weight, which has no gradient, no
+    optimizer state and no master copy; zeroplan.core.finetune)."""
+    quantized: bool = False
+    """A frozen base weight stored in the fine-tune's quantized format (QLoRA's nf4, ...)."""
 
     # Cached: the planner sums these thousands of times per fit (the tensor is frozen).
     @cached_property

@@ -9,7 +9,7 @@ from zeroplan.core.flops import StepFlops, step_flops
 from zeroplan.core.layout import element_bytes
 from zeroplan.core.model_states import held_elements, shard_layout
 from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise
-from zeroplan.core.parallel.units import rank_parameter_units
+from zeroplan.core.parallel.units import rank_trainable_units
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.hardware import HostSpec
 from zeroplan.specs.request import PlanRequest
@@ -110,7 +110,7 @@ def cpu_optimizer_bytes_per_element(optimizer: Optimizer) -> int:
 
 def offloaded_optimizer_elements(request: PlanRequest) -> int:
     """Parameters whose optimizer step this GPU's rank runs on the host (its partition)."""
-    return held_elements(rank_parameter_units(request), request.shard_group_size, shard_layout(request))
+    return held_elements(rank_trainable_units(request), request.shard_group_size, shard_layout(request))
 
 
 # ZeRO-Offload (Ren et al. 2021, sec. 5.1): the CPU step is a streaming, vectorised loop run by

@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.framework import Framework
+from zeroplan.specs.model import ModelSpec
 
 
 class Quantization(str, Enum):
@@ -125,3 +126,33 @@ class FineTuneSpec(Frozen):
         """alpha / r, the factor on the adapter's output."""
         alpha = self.lora_alpha if self.lora_alpha is not None else 2.0 * self.lora_rank
         return alpha / self.lora_rank
+
+
+def check_finetune(finetune: FineTuneSpec, model: ModelSpec, framework: Framework, model_parallel_size: int) -> None:
+    """Refuse, in one line naming the field, a fine-tune this model, framework or layout cannot take."""
+    if finetune.frozen_blocks > model.num_layers:
+        raise ZeroplanError("finetune.frozen_blocks", f"{finetune.frozen_blocks} exceeds {model.name}'s "
+                            f"{model.num_layers} blocks (allowed: 0 to {model.num_layers})")
+    if finetune.trains_everything:
+        return
+    if model_parallel_size > 1:
+        raise ZeroplanError("finetune", "frozen parameters and LoRA are modelled under data parallelism only "
+                            "(tp, cp, pp and ep must be 1)")
+    if not finetune.is_lora:
+        return
+    if model.is_moe or model.is_mla:
+        raise ZeroplanError("finetune.lora_rank", f"{model.name!r}: LoRA is modelled for dense models with q, k and v "
+                            "projections (not mixture-of-experts or latent attention) yet")
+    if framework is Framework.torchtitan:
+        raise ZeroplanError("finetune.lora_rank", "LoRA is modelled for hf (PEFT), torchtune and zeroplan, not torchtitan yet "
+                            "(allowed frameworks: hf, torchtune, zeroplan)")
+    if finetune.quantize not in (Quantization.none, Quantization.nf4):
+        raise ZeroplanError("finetune.quantize", f"{finetune.quantize.value!r} is not modelled yet (allowed: none, nf4)")
+    present = {LoraTarget.q, LoraTarget.k, LoraTarget.v, LoraTarget.o}
+    present |= {LoraTarget.gate, LoraTarget.up, LoraTarget.down} if model.mlp.gated else set()
+    present |= set() if model.tied_embeddings else {LoraTarget.output}
+    for target in finetune.targets(framework):
+        if target not in present:
+            allowed = ", ".join(t.value for t in LoraTarget if t in present)
+            raise ZeroplanError("finetune.lora_targets", f"{target.value!r}: {model.name} has no such layer "
+                                f"(allowed: {allowed})")

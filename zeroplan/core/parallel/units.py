@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from zeroplan.core.finetune.units import finetune_units, trainable_view
 from zeroplan.core.params import ParamUnit, parameter_units
 from zeroplan.core.parallel.expert import expert_parallel_units
 from zeroplan.core.parallel.pipeline import rank_stages
 from zeroplan.core.parallel.tensor import tensor_parallel_units
+from zeroplan.specs.finetune import FineTuneSpec
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import ModelSpec
 from zeroplan.specs.parallel import ParallelSpec, PipelineSchedule
@@ -19,7 +21,7 @@ from zeroplan.specs.request import PlanRequest
 
 @lru_cache(maxsize=256)
 def _rank_units(model: ModelSpec, tp: int, pp: int, schedule: PipelineSchedule, virtual_stages: int, pipeline_rank: int,
-                ep: int, framework: Framework, efsdp: int) -> tuple[ParamUnit, ...]:
+                ep: int, framework: Framework, efsdp: int, finetune: FineTuneSpec) -> tuple[ParamUnit, ...]:
     # Only what decides the units keys the cache (not sequence or context parallelism); the
     # spec is built on a miss only, since the planner asks for a rank's units many times a plan.
     parallel = ParallelSpec(tp=tp, pp=pp, pp_schedule=schedule, virtual_stages=virtual_stages,
@@ -39,19 +41,38 @@ def _rank_units(model: ModelSpec, tp: int, pp: int, schedule: PipelineSchedule, 
             if wanted:
                 keep.append(unit)
         units = tuple(keep)
-    return expert_parallel_units(tensor_parallel_units(units, parallel.tp), model, parallel.ep, framework, efsdp)
+    units = expert_parallel_units(tensor_parallel_units(units, parallel.tp), model, parallel.ep, framework, efsdp)
+    return finetune_units(units, finetune, framework)
+
+
+@lru_cache(maxsize=64)
+def _finetuned_units(model: ModelSpec, finetune: FineTuneSpec, framework: Framework) -> tuple[ParamUnit, ...]:
+    return finetune_units(parameter_units(model), finetune, framework)
 
 
 def rank_parameter_units(request: PlanRequest) -> tuple[ParamUnit, ...]:
     """The units the request's rank holds, each tensor as its tensor-parallel rank holds it:
     the model's units (zeroplan.core.params) when nothing is model-parallel."""
-    parallel = request.parallel
+    parallel, finetune = request.parallel, request.training.finetune
     if parallel.is_trivial and parallel.ep == 1:
-        return parameter_units(request.model)
+        if finetune.trains_everything:
+            return parameter_units(request.model)
+        return _finetuned_units(request.model, finetune, request.training.framework)
     # Under expert parallelism the experts' FSDP group (efsdp) decides their grouped shape too.
     return _rank_units(request.model, parallel.tp, parallel.pp, parallel.pp_schedule, parallel.virtual_stages,
                        parallel.pipeline_rank, parallel.ep, request.training.framework,
-                       max(1, request.state_group_size // parallel.ep))
+                       max(1, request.state_group_size // parallel.ep), finetune)
+
+
+def rank_trainable_units(request: PlanRequest) -> tuple[ParamUnit, ...]:
+    """The rank's units reduced to what trains (all of them unless the fine-tune freezes some):
+    what has gradients, optimizer states and master copies, and what gradient collectives reduce."""
+    return trainable_view(rank_parameter_units(request))
+
+
+def rank_trainable_elements(request: PlanRequest) -> int:
+    """Trainable parameter elements the rank holds before data-parallel sharding."""
+    return sum(unit.numel for unit in rank_trainable_units(request))
 
 
 def rank_parameter_elements(request: PlanRequest) -> int:

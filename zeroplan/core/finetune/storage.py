@@ -1,0 +1,70 @@
+"""Bytes of the frozen parameters: a LoRA base in the compute dtype or quantized (QLoRA's nf4),
+a frozen embedding or block in the dtype the trainable ones are held in."""
+
+from __future__ import annotations
+
+from zeroplan.core.layout import element_bytes
+from zeroplan.core.params import ParamTensor, ParamUnit
+from zeroplan.specs.framework import Framework
+from zeroplan.specs.request import PlanRequest
+from zeroplan.units import ceil_div
+
+NF4_DOUBLE_QUANT_BLOCK = 256
+"""Scales per second-level block when the nf4 scales are quantized themselves (QLoRA sec. 3,
+"Double Quantization": 8-bit scales in blocks of 256; torchao's scaler_block_size default,
+bitsandbytes' nested blocksize)."""
+
+
+# QLoRA (Dettmers et al. 2023) sec. 3: two 4-bit codes per byte and one absmax scale per block
+# of B elements; with double quantization each scale is stored in 8 bits and every 256 of them
+# share one second-level constant (0.5 + 1/64 + 4/(64 x 256) = 0.516 bytes per element at B = 64
+# with fp32 constants, the paper's 4.127 bits). Without double quantization each scale is fp32.
+# The second-level constant's width differs by library: bitsandbytes 0.48 functional.py
+# quantize_4bit keeps it fp32 (QuantState.state2.absmax); torchao 0.14.1 dtypes/nf4tensor.py
+# NF4Tensor.double_quantize_scalers keeps quantization_factor in the weight's dtype (bf16 in
+# torchtune's recipes). Per-tensor constants (the 16-entry code, the scalers' mean, the
+# 256-entry nested code) are a few hundred bytes a tensor and are left out.
+def nf4_tensor_bytes(numel: int, block: int, double_quant: bool, second_level_bytes: int) -> int:
+    """Bytes of one weight of ``numel`` elements stored in nf4."""
+    codes = ceil_div(numel, 2)
+    scales = ceil_div(numel, block)
+    if not double_quant:
+        return codes + 4 * scales
+    return codes + scales + second_level_bytes * ceil_div(scales, NF4_DOUBLE_QUANT_BLOCK)
+
+
+def nf4_second_level_bytes(request: PlanRequest) -> int:
+    """Width of the double quantization's constants: the compute dtype under torchtune
+    (torchao's NF4Tensor), fp32 otherwise (bitsandbytes' Linear4bit, what PEFT's QLoRA uses)."""
+    if request.training.framework is Framework.torchtune:
+        return request.training.precision.compute_bytes
+    return 4
+
+
+def frozen_element_bytes(request: PlanRequest) -> int:
+    """Bytes per element of a frozen, unquantized parameter. A LoRA base is loaded in the
+    compute dtype (bf16 under bf16 training; peft and torchtune train adapters over a bf16
+    model); a frozen embedding or block of a full fine-tune keeps the dtype the rest of the
+    model is held in."""
+    eb = element_bytes(request.training.precision, request.convention)
+    return eb.compute_parameter if request.training.finetune.is_lora else eb.parameter
+
+
+def frozen_tensor_bytes(request: PlanRequest, tensor: ParamTensor) -> int:
+    """Bytes of one frozen tensor, whole."""
+    finetune = request.training.finetune
+    if tensor.quantized:
+        return nf4_tensor_bytes(tensor.numel, finetune.quant_block_size, finetune.double_quant, nf4_second_level_bytes(request))
+    return tensor.numel * frozen_element_bytes(request)
+
+
+def frozen_unit_bytes(request: PlanRequest, unit: ParamUnit) -> int:
+    """Bytes of a unit's frozen tensors, whole: what an all-gather of the unit brings in for them
+    (FSDP2 gathers each parameter in its own storage dtype: torchao's NF4Tensor defines
+    fsdp_pre_all_gather over its quantized data and scales)."""
+    return sum(frozen_tensor_bytes(request, t) for t in unit.tensors if not t.trainable)
+
+
+def frozen_held_bytes(request: PlanRequest, units: tuple[ParamUnit, ...], num_shards: int) -> int:
+    """Frozen bytes one rank holds when each unit is split ``num_shards`` ways (1: whole)."""
+    return sum(ceil_div(frozen_tensor_bytes(request, t), num_shards) for unit in units for t in unit.tensors if not t.trainable)

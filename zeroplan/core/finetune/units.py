@@ -1,0 +1,111 @@
+"""The parameter units of a fine-tune: the model's tensors marked frozen or trainable (and
+quantized where the base is), with each LoRA adapter's tensors after the weight it wraps."""
+
+from __future__ import annotations
+
+from zeroplan.core.params import ParamTensor, ParamUnit
+from zeroplan.specs.finetune import FineTuneSpec, LoraTarget
+from zeroplan.specs.framework import Framework
+
+# The weight each target names in zeroplan.core.params' unit layout.
+TARGET_WEIGHT = {
+    LoraTarget.q: "attention.q.weight",
+    LoraTarget.k: "attention.k.weight",
+    LoraTarget.v: "attention.v.weight",
+    LoraTarget.o: "attention.o.weight",
+    LoraTarget.gate: "mlp.gate.weight",
+    LoraTarget.up: "mlp.up.weight",
+    LoraTarget.down: "mlp.down.weight",
+    LoraTarget.output: "lm_head.weight",
+}
+
+
+# Hu et al. 2021 ("LoRA") sec. 4.1: W0 x + B A x with A (r x in) and B (out x r) trainable,
+# W0 frozen. peft 0.17.1 tuners/lora/layer.py LoraLayer.update_layer: lora_A Linear(in, r),
+# lora_B Linear(r, out), no biases; torchtune 0.6.1 modules/peft/lora.py LoRALinear: lora_a,
+# lora_b the same. DoRA (Liu et al. 2024; peft tuners/lora/dora.py DoraLinearLayer,
+# torchtune modules/peft/dora.py DoRALinear) adds a magnitude vector of `out` elements.
+def adapter_tensors(weight: ParamTensor, rank: int, dora: bool) -> list[ParamTensor]:
+    """The trainable tensors of the adapter wrapping ``weight`` (out x in)."""
+    out_features, in_features = weight.shape
+    prefix = weight.name.removesuffix(".weight")
+    tensors = [ParamTensor(name=f"{prefix}.lora_a.weight", shape=(rank, in_features)),
+               ParamTensor(name=f"{prefix}.lora_b.weight", shape=(out_features, rank))]
+    if dora:
+        tensors.append(ParamTensor(name=f"{prefix}.lora_magnitude", shape=(out_features,)))
+    return tensors
+
+
+# QLoRA (Dettmers et al. 2023, sec. 3): the frozen weights of the linear layers are stored in
+# 4 bits. transformers 4.56.2 integrations/bitsandbytes.py replace_with_bnb_linear converts every
+# nn.Linear except those get_keys_to_not_convert returns (the output embedding, lm_head);
+# torchtune 0.6.1 models/llama3_1/_component_builders.py lora_llama3_1 with quantize_base builds
+# FrozenNF4Linear for every block projection a LoRA does not wrap and LoRALinear(quantize_base)
+# for those it does ("quantize_base is not applied to final output_proj currently").
+def _is_quantized_weight(tensor: ParamTensor, unit: ParamUnit) -> bool:
+    return unit.name.startswith("block.") and tensor.name.endswith(".weight") and len(tensor.shape) == 2
+
+
+def _frozen(tensor: ParamTensor, quantized: bool) -> ParamTensor:
+    return tensor.model_copy(update={"trainable": False, "quantized": quantized})
+
+
+def finetune_units(units: tuple[ParamUnit, ...], finetune: FineTuneSpec, framework: Framework) -> tuple[ParamUnit, ...]:
+    """``units`` as the fine-tune trains them: frozen tensors marked, adapters added."""
+    if finetune.trains_everything:
+        return units
+    if not finetune.is_lora:
+        return tuple(_freeze_full_finetune(unit, finetune) for unit in units)
+    targets = {TARGET_WEIGHT[t] for t in finetune.targets(framework)}
+    quantize = finetune.quantize.is_quantized
+    result = []
+    for unit in units:
+        tensors: list[ParamTensor] = []
+        for tensor in unit.tensors:
+            tensors.append(_frozen(tensor, quantize and _is_quantized_weight(tensor, unit)))
+            if tensor.name in targets:
+                tensors.extend(adapter_tensors(tensor, finetune.lora_rank, finetune.dora))
+        result.append(ParamUnit(name=unit.name, tensors=tuple(tensors)))
+    return tuple(result)
+
+
+def _freeze_full_finetune(unit: ParamUnit, finetune: FineTuneSpec) -> ParamUnit:
+    """A full fine-tune's unit with the embedding (and an untied head) or its block frozen."""
+    if unit.name == "embedding":
+        frozen = finetune.freeze_embeddings
+    elif unit.name.startswith("block."):
+        frozen = int(unit.name.split(".")[1]) < finetune.frozen_blocks
+    else:
+        # The untied head is the output embedding; the final norm trains.
+        frozen = False
+        if finetune.freeze_embeddings:
+            return ParamUnit(name=unit.name, tensors=tuple(
+                _frozen(t, False) if t.name == "lm_head.weight" else t for t in unit.tensors))
+    if not frozen:
+        return unit
+    return ParamUnit(name=unit.name, tensors=tuple(_frozen(t, False) for t in unit.tensors))
+
+
+def trainable_view(units: tuple[ParamUnit, ...]) -> tuple[ParamUnit, ...]:
+    """The units reduced to their trainable tensors (a unit with none is left out): what has
+    gradients, optimizer states and master copies. The units themselves when all train."""
+    cached = _TRAINABLE.get(id(units))
+    if cached is not None and cached[0] is units:
+        return cached[1]
+    if all(t.trainable for unit in units for t in unit.tensors):
+        view = units
+    else:
+        view = tuple(ParamUnit(name=unit.name, tensors=tuple(t for t in unit.tensors if t.trainable))
+                     for unit in units if any(t.trainable for t in unit.tensors))
+    if len(_TRAINABLE) > 1024:
+        _TRAINABLE.clear()
+    # The entry keeps ``units`` alive, so its identity cannot be reused while cached.
+    _TRAINABLE[id(units)] = (units, view)
+    return view
+
+
+_TRAINABLE: dict[int, tuple[tuple[ParamUnit, ...], tuple[ParamUnit, ...]]] = {}
+
+
+def frozen_tensors(units: tuple[ParamUnit, ...]) -> list[tuple[ParamUnit, ParamTensor]]:
+    return [(unit, t) for unit in units for t in unit.tensors if not t.trainable]
