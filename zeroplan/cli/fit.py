@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from zeroplan.cli.finetune_args import add_finetune_arguments, finetune_from_args
 from zeroplan.cli.parser import add_seq_len_arguments, choices_of, positive_float, positive_int, seq_len_of
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs import (
@@ -94,6 +95,7 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
         help="accumulate unsharded gradients over --grad-accum micro-batches and reduce once (FSDP no_sync, "
              "FSDP2 set_requires_gradient_sync(False), as Lightning and litgpt run it): a full gradient buffer",
     )
+    add_finetune_arguments(parser)
     add_parallel_arguments(parser)
     add_efficiency_arguments(parser)
     add_collective_model_arguments(parser)
@@ -236,6 +238,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         selective_layer_interval=args.selective_layer_interval or DEFAULT_SELECTIVE_LAYER_INTERVAL,
         attention_kernel=AttentionKernel(args.attention),
         state_convention=StateConvention(args.state_convention) if args.state_convention else None,
+        finetune=finetune_from_args(args),
     )
     check_framework_request(training, model)
     batch = BatchSpec(

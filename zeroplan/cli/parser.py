@@ -110,6 +110,18 @@ FLAG_OF_FIELD = {
     "precision": "--precision",
     "state_convention": "--state-convention",
     "strategy.shard_group_size": "--hsdp-group",
+    "finetune": "--lora-rank/--frozen-blocks",
+    "finetune.lora_rank": "--lora-rank",
+    "lora_rank": "--lora-rank",
+    "finetune.lora_alpha": "--lora-alpha",
+    "finetune.lora_targets": "--lora-targets",
+    "finetune.lora_dropout": "--lora-dropout",
+    "finetune.dora": "dora",
+    "finetune.quantize": "--quantize",
+    "finetune.quant_block_size": "--quant-block-size",
+    "finetune.double_quant": "--double-quant",
+    "finetune.freeze_embeddings": "--freeze-embeddings",
+    "finetune.frozen_blocks": "--frozen-blocks",
 }
 """The request's fields (the Python API's names, which its errors carry) and the flags that set
 them, so the command line names what its user typed. Words inside a message keep the field's

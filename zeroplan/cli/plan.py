@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from zeroplan.cli.finetune_args import add_finetune_arguments
 from zeroplan.cli.parser import add_seq_len_arguments, bounded_int, choices_of, positive_int
 from zeroplan.core.search_space import LONG_SEQUENCE, SEARCHED_SCHEDULES
 from zeroplan.specs import AttentionKernel, Framework, Optimizer, Precision
@@ -32,6 +33,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--framework", choices=choices_of(Framework), default=Framework.zeroplan.value,
                         help="search only this stack's strategies and checkpointing policies (default zeroplan: all)")
     add_fused_loss_argument(parser)
+    add_finetune_arguments(parser)
     parser.add_argument("--attention", choices=choices_of(AttentionKernel), default=AttentionKernel.flash.value)
     parser.add_argument("--strategies", help="comma-separated subset of the strategies to search (default: all the framework runs)")
     add_efficiency_arguments(parser)
@@ -70,11 +72,14 @@ def run_plan(args: argparse.Namespace) -> int:
         # CPUOffloadPolicy applies to FSDP only; the search ranks every strategy.
         fsdp_cpu_offload=False,
     )
+    base = request_from_args(argparse.Namespace(**fixed))
+    # Frozen parameters and LoRA are modelled under data parallelism only (check_finetune).
+    model_parallel = not args.no_model_parallel and base.training.finetune.trains_everything
     space = LayoutSpace(
-        tp=args.tp, pp=args.pp, cp=args.cp, max_tp=args.max_tp, model_parallel=not args.no_model_parallel,
+        tp=args.tp, pp=args.pp, cp=args.cp, max_tp=args.max_tp, model_parallel=model_parallel,
         pp_schedules=(PipelineSchedule(args.pp_schedule),) if args.pp_schedule else SEARCHED_SCHEDULES,
     )
-    result = search(request_from_args(argparse.Namespace(**fixed)), args.global_batch, parse_strategies(args.strategies),
+    result = search(base, args.global_batch, parse_strategies(args.strategies),
                     top=args.top, space=space)
     if args.format == "json":
         sys.stdout.write(result.model_dump_json(indent=2) + "\n")

@@ -65,10 +65,16 @@ def norm_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int, *, auto
     sbh = s * b * model.hidden_size
     if model.norm is NormKind.layernorm:
         return training.precision.compute_bytes * sbh
-    dtypes = rms_norm_operand_bytes(training, autocast)
-    if training.kernels is Kernels.cuda and dtypes is not None and dtypes[0] == dtypes[1]:
-        return fused_rms_norm_bytes(dtypes[0], s, b, model.hidden_size)
+    if not rms_norm_is_composite(training, autocast):
+        return fused_rms_norm_bytes(rms_norm_operand_bytes(training, autocast)[0], s, b, model.hidden_size)
     return composite_rms_norm_bytes(sbh)
+
+
+def rms_norm_is_composite(training: TrainingSpec, autocast: bool) -> bool:
+    """Whether an RMSNorm runs as composite ops (the CPU, HF's spelled-out norm, operands of two
+    dtypes) rather than the fused CUDA kernel (rms_norm_operand_bytes)."""
+    dtypes = rms_norm_operand_bytes(training, autocast)
+    return not (training.kernels is Kernels.cuda and dtypes is not None and dtypes[0] == dtypes[1])
 
 
 # torch 2.13 aten/src/ATen/native/layer_norm.cpp rms_norm_symint: at::_fused_rms_norm unless the

@@ -175,6 +175,16 @@ def step_flops(request: PlanRequest) -> StepFlops:
     attention = model.num_layers * attention_forward_flops_per_token(model, batch.seq_len, executed_causal_fraction(kernel))
     recompute = recompute_flops_per_token(model, training, batch.seq_len)
     backward = BACKWARD_MATMULS_PER_FORWARD_MATMUL * linear + attention_backward_over_forward(kernel) * attention
+    if not training.finetune.trains_everything:
+        # Frozen weights skip their gradient's matmul; LoRA adapters add their own two small
+        # matmuls (forward and full backward). Model FLOPs stay the model's (MFU's definition).
+        from zeroplan.core.finetune.units import adapter_weight_elements, frozen_matmul_weight_elements
+        from zeroplan.core.parallel.units import rank_parameter_units
+
+        units = rank_parameter_units(request)
+        adapters = 2 * adapter_weight_elements(units)
+        linear += adapters
+        backward += BACKWARD_MATMULS_PER_FORWARD_MATMUL * adapters - 2 * frozen_matmul_weight_elements(units, model.tied_embeddings)
     return StepFlops(
         forward_flops=tokens * (linear + attention),
         backward_flops=tokens * (backward + recompute),

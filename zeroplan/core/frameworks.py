@@ -183,7 +183,9 @@ def _hf_module_in_bf16(request: PlanRequest) -> bool:
     # torch.autocast. With FSDP (accelerate 1.10.1 _prepare_fsdp2 / fsdp2_prepare_model) the
     # sharded parameters are fp32 but fully_shard's MixedPrecisionPolicy(param_dtype=bf16)
     # gathers them in bf16 and no autocast is applied: the blocks compute on a bf16 module.
-    return request.training.precision is Precision.bf16_pure or request.strategy.kind is not StrategyKind.ddp
+    # A LoRA base is loaded in bf16 (zeroplan.core.finetune.storage.frozen_element_bytes).
+    return (request.training.precision is Precision.bf16_pure or request.strategy.kind is not StrategyKind.ddp
+            or request.training.finetune.is_lora)
 
 
 def block_input_bytes(request: PlanRequest, s: int, b: int) -> int:
@@ -291,6 +293,7 @@ def torchtitan_moe_block_extra_bytes(request: PlanRequest) -> int:
 def framework_layer_bytes(request: PlanRequest) -> int:
     """One block's saved bytes without recomputation, in the framework's own model code."""
     from zeroplan.core.activations import layer_bytes
+    from zeroplan.core.finetune.activations import lora_layer_delta_bytes
 
     model, training = request.model, request.training
     s, b = request.batch.seq_len, request.batch.micro_batch_size
@@ -298,7 +301,7 @@ def framework_layer_bytes(request: PlanRequest) -> int:
     norms = model.norms_per_block * norm_savings
     return (layer_bytes(model, training, s, b, autocast=request.runs_under_autocast) - norms + expanded_kv_extra_bytes(model, training, s, b)
             + hf_autocast_copies_bytes(request) + torchtitan_rope_cache_bytes(request)
-            + torchtitan_moe_block_extra_bytes(request))
+            + torchtitan_moe_block_extra_bytes(request) + lora_layer_delta_bytes(request, norm_savings))
 
 
 # torchtune 0.6.1 training/activations.py checkpoint_wrapper: with ac_mode "selective" a

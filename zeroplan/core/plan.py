@@ -11,6 +11,7 @@ from zeroplan.core.buffers import (
 )
 from zeroplan.core.communication import collectives
 from zeroplan.core.feasibility import usable_memory_bytes
+from zeroplan.core.finetune.activations import dequantized_weight_bytes, lora_layer_delta_bytes
 from zeroplan.core.frameworks import framework_activation_bytes, framework_logits_pieces, framework_recompute_bytes
 from zeroplan.core.profiles import (
     check_framework_request, check_framework_strategies, check_fsdp_cpu_offload, check_optimizer_in_backward,
@@ -103,7 +104,12 @@ def reference_activations(request: PlanRequest) -> tuple[int, int]:
     model, training, batch = request.model, request.training, request.batch
     s, b, autocast = batch.seq_len, batch.micro_batch_size, request.runs_under_autocast
     total = activation_bytes(model, training, s, b, autocast=autocast)
-    recompute = layer_bytes(model, training, s, b, autocast=autocast) if training.activation_checkpointing is ActivationCheckpointing.full else 0
+    full = training.activation_checkpointing is ActivationCheckpointing.full
+    recompute = layer_bytes(model, training, s, b, autocast=autocast) if full else 0
+    # LoRA changes what each stored block keeps (only the recomputed one, under full recomputation).
+    lora = lora_layer_delta_bytes(request)
+    recompute += lora if full else 0
+    total += lora if full else model.num_layers * lora
     return total - recompute, recompute
 
 
@@ -124,7 +130,7 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     # Each term below is the planner's own for one micro-batch through the whole model; with
     # tensor, context or pipeline parallelism zeroplan.core.parallel.activations applies it to
     # what this rank computes and keeps in flight.
-    workspace = rank_workspace_bytes(request, _workspace) + expert_dispatch_bytes(request)
+    workspace = rank_workspace_bytes(request, _workspace) + expert_dispatch_bytes(request) + dequantized_weight_bytes(request)
     logits_pieces: tuple[int, ...] = ()
     if training.framework is Framework.zeroplan:
         # The reference model's recomputed block stays with its activations at every moment.

@@ -74,6 +74,8 @@ def check_rope_scaling(config: dict) -> None:
 # (transformers configuration_utils.py: generation, tokenizer, label and serialisation settings).
 _NEUTRAL_COMMON = frozenset({
     "_name_or_path", "name_or_path", "architectures", "auto_map", "model_type", "torch_dtype", "dtype",
+    # Read by config_quantization: it changes the storage of the weights, not their count.
+    "quantization_config",
     "transformers_version", "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
     "decoder_start_token_id", "use_cache", "initializer_range", "return_dict", "output_hidden_states",
     "output_attentions", "torchscript", "use_bfloat16", "tie_word_embeddings", "is_decoder",
@@ -366,6 +368,7 @@ def parse_hf_config(config: dict[str, Any], name: str) -> ModelSpec:
     _check_integer_keys(config)
     check_rope_scaling(config)
     _refuse_unmodelled(config, model_type)
+    config_quantization(config)
     try:
         if model_type in _GPT2_LIKE:
             spec = _gpt2_spec(name, config)
@@ -379,6 +382,32 @@ def parse_hf_config(config: dict[str, Any], name: str) -> ModelSpec:
     if caveat:
         spec = spec.model_copy(update={"parameter_count_exact": False, "parameter_count_caveat": caveat})
     return spec
+
+
+# transformers 4.56.2 utils/quantization_config.py BitsAndBytesConfig.to_dict: quant_method
+# "bitsandbytes", load_in_4bit / load_in_8bit, bnb_4bit_quant_type ("nf4" or "fp4"),
+# bnb_4bit_use_double_quant; a checkpoint saved from a quantized model carries it in config.json.
+def config_quantization(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The fine-tune fields a config.json's ``quantization_config`` sets (quantize, double_quant),
+    None without one; a scheme the planner does not model is a one-line error."""
+    quant = config.get("quantization_config")
+    if quant is None:
+        return None
+    if not isinstance(quant, dict):
+        raise ZeroplanError("config.quantization_config", f"must be an object, got {type(quant).__name__}")
+    method = quant.get("quant_method")
+    if method == "bitsandbytes" and quant.get("load_in_4bit"):
+        kind = quant.get("bnb_4bit_quant_type", "fp4")
+        if kind != "nf4":
+            raise ZeroplanError("config.quantization_config", f"bnb_4bit_quant_type {kind!r} is not modelled (allowed: nf4)")
+        return {"quantize": "nf4", "double_quant": bool(quant.get("bnb_4bit_use_double_quant", False))}
+    described = f"quant_method {method!r}" + (" with load_in_8bit" if quant.get("load_in_8bit") else "")
+    raise ZeroplanError("config.quantization_config", f"{described} is not modelled (allowed: bitsandbytes load_in_4bit nf4)")
+
+
+def read_config_quantization(path: Path) -> dict[str, Any] | None:
+    """config_quantization of the config.json at ``path`` (already read once by load_hf_config)."""
+    return config_quantization(json.loads(path.read_text(encoding="utf-8")))
 
 
 def load_hf_config(path: Path) -> ModelSpec:

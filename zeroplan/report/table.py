@@ -116,6 +116,32 @@ def parallel_lines(report: FitReport) -> list[str]:
     return lines
 
 
+def finetune_lines(report: FitReport) -> list[str]:
+    """What trains under a fine-tune, and how the frozen base is stored (nothing for a full one)."""
+    from zeroplan.core.finetune.units import trainable_parameters
+    from zeroplan.core.params import parameter_units
+
+    t = report.training
+    finetune = t.finetune
+    if finetune.trains_everything:
+        return []
+    total = total_parameters(report.model)
+    trainable = trainable_parameters(parameter_units(report.model), finetune, t.framework)
+    share = f"{trainable:,} trainable ({100 * trainable / total:.2f} % of the base)"
+    if not finetune.is_lora:
+        frozen = ([f"the first {finetune.frozen_blocks} block(s)"] if finetune.frozen_blocks else []) + (
+            ["the embeddings"] if finetune.freeze_embeddings else [])
+        return [f"Full fine-tune with {' and '.join(frozen)} frozen: {share}."]
+    targets = ",".join(target.value for target in finetune.targets(t.framework))
+    if finetune.quantize.is_quantized:
+        base = (f"base linears frozen in {finetune.quantize.value} (blocks of {finetune.quant_block_size}"
+                f"{', double-quantized scales' if finetune.double_quant else ''}), the rest frozen in 16 bits")
+    else:
+        base = "base frozen in 16 bits"
+    dropout = f", dropout {finetune.lora_dropout:g}" if finetune.lora_dropout else ""
+    return [f"LoRA rank {finetune.lora_rank} on {targets}{dropout}: {share}; {base}."]
+
+
 def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
     c = report.cluster
     t, b = report.training, report.batch
@@ -130,6 +156,7 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
         + (", unchunked loss" if t.unchunked_loss else "")
         + (", optimizer in backward" if t.optimizer_in_backward else "")
         + (", FSDP CPU offload (sharded states in host RAM)" if t.fsdp_cpu_offload else ""),
+        *finetune_lines(report),
         *moe_lines(report),
         *parallel_lines(report),
         f"Per-GPU memory in {unit.value}; host = offloaded states per node ({unit.value}); "

@@ -109,3 +109,30 @@ _TRAINABLE: dict[int, tuple[tuple[ParamUnit, ...], tuple[ParamUnit, ...]]] = {}
 
 def frozen_tensors(units: tuple[ParamUnit, ...]) -> list[tuple[ParamUnit, ParamTensor]]:
     return [(unit, t) for unit in units for t in unit.tensors if not t.trainable]
+
+
+def trainable_parameters(units: tuple[ParamUnit, ...], finetune: FineTuneSpec, framework: Framework) -> int:
+    """Elements the optimizer steps under ``finetune`` (adapters, or the unfrozen part)."""
+    return sum(t.numel for unit in finetune_units(units, finetune, framework) for t in unit.tensors if t.trainable)
+
+
+# A linear's forward is 2 x its weight's elements in FLOPs per token, and its backward two such
+# matmuls, one for the input's gradient and one for the weight's (zeroplan.core.flops); a frozen
+# weight has no gradient, so its backward runs only the first.
+def frozen_matmul_weight_elements(units: tuple[ParamUnit, ...], tied_embeddings: bool) -> int:
+    """Elements of the frozen weights that enter a matmul (the blocks' linears and the head; the
+    embedding's lookup is no matmul unless it is tied to the head)."""
+    total = 0
+    for unit in units:
+        for t in unit.tensors:
+            if t.trainable or len(t.shape) != 2:
+                continue
+            if unit.name == "embedding" and not (tied_embeddings and t.name == "token.weight"):
+                continue
+            total += t.numel
+    return total
+
+
+def adapter_weight_elements(units: tuple[ParamUnit, ...]) -> int:
+    """Elements of the LoRA adapters' matrices (each a matmul of its own)."""
+    return sum(t.numel for unit in units for t in unit.tensors if ".lora_" in t.name)

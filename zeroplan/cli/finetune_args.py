@@ -1,0 +1,81 @@
+"""The fine-tuning flags of a request (--lora-rank, --quantize, --freeze-embeddings, ...) and the
+FineTuneSpec they describe, a config.json's quantization_config included."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from zeroplan.cli.parser import choices_of, positive_int
+from zeroplan.errors import ZeroplanError
+from zeroplan.specs.finetune import FineTuneSpec, LoraTarget, Quantization
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (allowed: 0 <= p < 1)") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is outside 0 <= p < 1")
+    return value
+
+
+def _targets(text: str) -> tuple[LoraTarget, ...]:
+    allowed = choices_of(LoraTarget)
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    for name in names:
+        if name not in allowed:
+            raise argparse.ArgumentTypeError(f"unknown layer {name!r} (allowed: {', '.join(allowed)})")
+    return tuple(LoraTarget(name) for name in names)
+
+
+def add_finetune_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("fine-tuning (docs/finetuning.md)")
+    group.add_argument("--lora-rank", type=positive_int, metavar="R",
+                       help="train LoRA adapters of rank R over a frozen base (default: a full fine-tune)")
+    group.add_argument("--lora-alpha", type=float, metavar="A", help="LoRA alpha (changes no byte; default 2R)")
+    group.add_argument("--lora-targets", type=_targets, metavar="LAYERS",
+                       help="comma-separated layers the adapters wrap, of q,k,v,o,gate,up,down,output "
+                            "(default: the framework's; torchtune q,v,o,gate,up,down; hf (PEFT) q,v; zeroplan all seven of a block)")
+    group.add_argument("--lora-dropout", type=_fraction, default=0.0, metavar="P",
+                       help="dropout on each adapter's input (default 0: no mask or copy is kept)")
+    group.add_argument("--quantize", choices=choices_of(Quantization),
+                       help="store the frozen base linears quantized (QLoRA: nf4; default none, or what the "
+                            "config.json's quantization_config says)")
+    group.add_argument("--quant-block-size", type=positive_int, metavar="N", help="elements per nf4 scale (default 64)")
+    group.add_argument("--double-quant", action=argparse.BooleanOptionalAction, default=None,
+                       help="quantize the nf4 scales to 8 bits (default on, or the config's bnb_4bit_use_double_quant)")
+    group.add_argument("--freeze-embeddings", action="store_true", help="full fine-tune with the embedding (and an untied head) frozen")
+    group.add_argument("--frozen-blocks", type=positive_int, metavar="K", help="full fine-tune with the first K blocks frozen")
+
+
+def finetune_from_args(args: argparse.Namespace) -> FineTuneSpec:
+    """The FineTuneSpec the flags describe; a config.json with a quantization_config supplies
+    the quantization the flags leave unset (a quantized base without --lora-rank is refused)."""
+    fields: dict = {}
+    model_path = Path(args.model)
+    if model_path.suffix == ".json" and model_path.is_file():
+        from zeroplan.presets.hf_config import read_config_quantization
+
+        from_config = read_config_quantization(model_path)
+        if from_config:
+            fields.update(from_config)
+            if not getattr(args, "lora_rank", None):
+                raise ZeroplanError("lora_rank", f"{args.model} holds {from_config['quantize']} weights, which only adapters "
+                                    "can train over: give --lora-rank R")
+    if getattr(args, "lora_rank", None):
+        fields["lora_rank"] = args.lora_rank
+    optional = {"lora_alpha": "lora_alpha", "lora_targets": "lora_targets", "quant_block_size": "quant_block_size",
+                "double_quant": "double_quant"}
+    for field, flag in optional.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            fields[field] = value
+    if getattr(args, "quantize", None) is not None:
+        fields["quantize"] = args.quantize
+    if getattr(args, "lora_dropout", 0.0):
+        fields["lora_dropout"] = args.lora_dropout
+    fields["freeze_embeddings"] = getattr(args, "freeze_embeddings", False)
+    fields["frozen_blocks"] = getattr(args, "frozen_blocks", None) or 0
+    return FineTuneSpec(**fields)

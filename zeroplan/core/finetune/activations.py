@@ -1,0 +1,117 @@
+"""What one decoder block keeps for backward under LoRA, less what it keeps in a full fine-tune.
+
+Autograd keeps a matmul's input only when the weight needs a gradient, and a product's factor
+only when the other factor needs one (torch 2.13 tools/autograd/derivatives.yaml: mm saves
+``self`` for ``mat2``'s gradient and ``mat2`` for ``self``'s; the generated VariableType code
+saves each only if the corresponding output needs a gradient). A frozen base linear therefore
+keeps nothing of its input and a frozen norm weight nothing of the normalised tensor it scales;
+each adapter keeps its own input (for A's gradient) and A's r-wide output (for B's). The full
+fine-tune's terms are those of zeroplan.core.activations.layer_terms.
+"""
+
+from __future__ import annotations
+
+from zeroplan.core.activations import FP32_BYTES, norm_bytes, rms_norm_is_composite
+from zeroplan.specs.finetune import LoraTarget
+from zeroplan.specs.framework import Framework
+from zeroplan.specs.model import NormKind
+from zeroplan.specs.request import PlanRequest
+from zeroplan.specs.strategy import StrategyKind
+
+DROPOUT_MASK_BYTES = 1
+"""torch.nn.functional.dropout on an accelerator: native_dropout's bool mask, one byte per element."""
+
+# The input each group of a block's linears reads (zeroplan.core.activations.layer_terms names):
+# q, k and v read the attention norm's output; o the attention's output; gate and up the MLP
+# norm's output; down the gated product.
+INPUT_GROUPS = (
+    ((LoraTarget.q, LoraTarget.k, LoraTarget.v), "hidden"),
+    ((LoraTarget.o,), "attention"),
+    ((LoraTarget.gate, LoraTarget.up), "hidden"),
+    ((LoraTarget.down,), "ffn"),
+)
+
+
+def _input_width(request: PlanRequest, kind: str) -> int:
+    model = request.model
+    return {"hidden": model.hidden_size, "attention": model.attention_output_size, "ffn": model.ffn_hidden_size}[kind]
+
+
+def _output_width(request: PlanRequest, target: LoraTarget) -> int:
+    model = request.model
+    return {LoraTarget.q: model.q_size, LoraTarget.k: model.kv_size, LoraTarget.v: model.kv_size,
+            LoraTarget.o: model.hidden_size, LoraTarget.gate: model.ffn_hidden_size,
+            LoraTarget.up: model.ffn_hidden_size, LoraTarget.down: model.hidden_size}[target]
+
+
+# peft 0.17.1 tuners/lora/layer.py Linear.forward casts the input to the adapter weight's dtype
+# (_cast_input_dtype) before each adapter, and get_peft_model upcasts bf16 adapters to fp32
+# (tuners_utils.py _cast_adapter_dtype, autocast_adapter_dtype=True). Where nothing casts the
+# adapters back to bf16 for compute (the Trainer's DDP path: autocast, no engine cast), each
+# adapter makes its own copy of the shared input, which autocast casts to bf16 again for
+# lora_A's matmul, and that bf16 copy is what lora_A saves: one per adapter. FSDP2's
+# MixedPrecisionPolicy (param_dtype bf16) and DeepSpeed's module cast hand the adapters bf16
+# weights, so the input passes uncast and is kept once.
+def adapters_copy_their_input(request: PlanRequest) -> bool:
+    return request.training.framework is Framework.hf and request.strategy.kind is StrategyKind.ddp
+
+
+def _group_input_bytes(request: PlanRequest, targets: tuple[LoraTarget, ...], width: int) -> int:
+    """What the linears reading one input keep of it, given which of them an adapter wraps."""
+    finetune = request.training.finetune
+    e = request.training.precision.compute_bytes
+    tokens = request.batch.seq_len * request.batch.micro_batch_size
+    wrapped = [t for t in targets if t in finetune.targets(request.training.framework)]
+    if not wrapped:
+        return 0
+    if finetune.lora_dropout > 0:
+        # peft lora_dropout[adapter] and torchtune LoRALinear.dropout are one nn.Dropout per
+        # adapter: each keeps its mask and its dropped copy, which lora_a saves.
+        return len(wrapped) * (e + DROPOUT_MASK_BYTES) * tokens * width
+    copies = len(wrapped) if adapters_copy_their_input(request) else 1
+    return copies * e * tokens * width
+
+
+def lora_layer_delta_bytes(request: PlanRequest, norm_savings_bytes: int = 0) -> int:
+    """Bytes one block keeps under LoRA less what the same block keeps in a full fine-tune (0
+    unless the request trains adapters); ``norm_savings_bytes``: what the framework's norm
+    keeps less than zeroplan.core.activations.norm_bytes in a full fine-tune (HF's bf16 module:
+    zeroplan.core.frameworks.hf_bf16_norm_savings_bytes)."""
+    finetune = request.training.finetune
+    if not finetune.is_lora:
+        return 0
+    model, training = request.model, request.training
+    e = training.precision.compute_bytes
+    s, b = request.batch.seq_len, request.batch.micro_batch_size
+    tokens = s * b
+    targets = finetune.targets(training.framework)
+    delta = 0
+    # Full fine-tune: one copy of each input, kept by the linears that read it (layer_terms'
+    # qkv_input, output_projection_input, mlp_input, and the product inside mlp_inner).
+    for group, kind in INPUT_GROUPS:
+        width = _input_width(request, kind)
+        delta += _group_input_bytes(request, group, width) - e * tokens * width
+    # Each adapter's B keeps A's r-wide output.
+    delta += sum(e * tokens * finetune.lora_rank for t in targets if t is not LoraTarget.output)
+    # A frozen RMSNorm weight: the composite norm keeps only its fp32 input (and a per-token
+    # rsqrt), not the normalised tensor it scales (what the fused CUDA kernel keeps does not
+    # depend on the weight).
+    if model.norm is NormKind.rmsnorm and rms_norm_is_composite(training, autocast=False):
+        full = norm_bytes(model, training, s, b) - norm_savings_bytes
+        delta += model.norms_per_block * (FP32_BYTES * tokens * model.hidden_size - full)
+    return delta
+
+
+# QLoRA's frozen weights are dequantized for each use and freed after it (torchtune 0.6.1
+# modules/low_precision/nf4_linear.py _LinearNF4: F.linear(input, weight.to(input.dtype)) in
+# forward, grad_output @ weight.to(grad_output.dtype) in backward; bitsandbytes
+# autograd/_functions.py MatMul4Bit: dequantize_4bit(B, quant_state) in both): the largest
+# quantized weight in the compute dtype is alive at once beside a block's backward.
+def dequantized_weight_bytes(request: PlanRequest) -> int:
+    """The largest quantized weight dequantized to the compute dtype (0 without quantization)."""
+    if not request.training.finetune.quantize.is_quantized:
+        return 0
+    from zeroplan.core.parallel.units import rank_parameter_units
+
+    largest = max((t.numel for unit in rank_parameter_units(request) for t in unit.tensors if t.quantized), default=0)
+    return largest * request.training.precision.compute_bytes
