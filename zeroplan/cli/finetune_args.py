@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from zeroplan.cli.parser import choices_of, positive_int
+from zeroplan.cli.parser import choices_of, positive_float, positive_int
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.finetune import FineTuneSpec, LoraTarget, Quantization
 
@@ -34,7 +34,7 @@ def add_finetune_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("fine-tuning (docs/finetuning.md)")
     group.add_argument("--lora-rank", type=positive_int, metavar="R",
                        help="train LoRA adapters of rank R over a frozen base (default: a full fine-tune)")
-    group.add_argument("--lora-alpha", type=float, metavar="A", help="LoRA alpha (changes no byte; default 2R)")
+    group.add_argument("--lora-alpha", type=positive_float, metavar="A", help="LoRA alpha (changes no byte; default 2R)")
     group.add_argument("--lora-targets", type=_targets, metavar="LAYERS",
                        help="comma-separated layers the adapters wrap, of q,k,v,o,gate,up,down,output "
                             "(default: the framework's; torchtune q,v,o,gate,up,down; hf (PEFT) q,v; zeroplan all seven of a block)")

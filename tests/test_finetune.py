@@ -1,0 +1,170 @@
+"""LoRA, QLoRA and frozen parameters in the planner: what trains, what the frozen base occupies,
+what the collectives carry, and one-line refusals. The comparison with the frameworks' own
+LoRA code is in tests/test_finetune_records.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from zeroplan.cli.main import main
+from zeroplan.core.finetune.storage import nf4_tensor_bytes
+from zeroplan.core.finetune.units import trainable_parameters
+from zeroplan.core.collective import CollectiveOp
+from zeroplan.core.plan import plan
+from zeroplan.core.params import parameter_units, total_parameters
+from zeroplan.errors import ZeroplanError
+from zeroplan.presets.gpus import get_gpu
+from zeroplan.presets.models import get_model
+from zeroplan.specs import (
+    BatchSpec, FineTuneSpec, Framework, PlanRequest, StrategyKind, StrategySpec, TrainingSpec, cluster_from_gpus,
+)
+from zeroplan.specs.finetune import LoraTarget
+
+LLAMA_8B = get_model("llama-3.1-8b")
+
+
+def request(finetune: FineTuneSpec = FineTuneSpec(), kind: str = "fsdp-full-shard", gpus: int = 8,
+            framework: str = "torchtune", precision: str = "bf16-pure", **training) -> PlanRequest:
+    return PlanRequest(model=LLAMA_8B, cluster=cluster_from_gpus(get_gpu("h100-80gb"), gpus),
+                       strategy=StrategySpec(kind=kind), batch=BatchSpec(seq_len=4096),
+                       training=TrainingSpec(framework=framework, precision=precision, finetune=finetune, **training))
+
+
+def lora_elements(rank: int, targets: tuple[LoraTarget, ...]) -> int:
+    """r x (in + out) per wrapped linear of a Llama-3.1-8B block (hidden 4096, kv 1024, ffn 14336)."""
+    shapes = {LoraTarget.q: (4096, 4096), LoraTarget.k: (4096, 1024), LoraTarget.v: (4096, 1024),
+              LoraTarget.o: (4096, 4096), LoraTarget.gate: (4096, 14336), LoraTarget.up: (4096, 14336),
+              LoraTarget.down: (14336, 4096)}
+    return 32 * sum(rank * (shapes[t][0] + shapes[t][1]) for t in targets)
+
+
+def test_lora_trains_only_its_adapters_with_each_framework_default_targets() -> None:
+    units = parameter_units(LLAMA_8B)
+    torchtune = FineTuneSpec(lora_rank=8)
+    assert torchtune.targets(Framework.torchtune) == (LoraTarget.q, LoraTarget.v, LoraTarget.o, LoraTarget.gate,
+                                                      LoraTarget.up, LoraTarget.down)
+    assert trainable_parameters(units, torchtune, Framework.torchtune) == lora_elements(8, torchtune.targets(Framework.torchtune))
+    assert trainable_parameters(units, FineTuneSpec(lora_rank=16), Framework.hf) == lora_elements(16, (LoraTarget.q, LoraTarget.v))
+
+
+def test_lora_model_states_are_the_frozen_base_plus_the_adapters_states() -> None:
+    full = plan(request(kind="ddp", gpus=1)).memory
+    lora = plan(request(FineTuneSpec(lora_rank=8), kind="ddp", gpus=1)).memory
+    adapters = lora_elements(8, FineTuneSpec(lora_rank=8).targets(Framework.torchtune))
+    # bf16-pure (torchtune): 2-byte parameters, gradients and AdamW moments; the base is frozen in bf16.
+    assert lora.parameter_bytes == full.parameter_bytes + 2 * adapters
+    assert lora.gradient_bytes == 2 * adapters
+    # Two bf16 AdamW moments per adapter element, plus a step counter per adapter tensor.
+    assert 4 * adapters <= lora.optimizer_state_bytes < 4 * adapters + 8 * 1024
+
+
+def test_frozen_base_is_sharded_by_zero3_and_fsdp_and_replicated_by_ddp_zero1_zero2() -> None:
+    finetune = FineTuneSpec(lora_rank=8)
+    base_bytes = 2 * total_parameters(LLAMA_8B)
+    replicated = plan(request(finetune, kind="zero2", framework="hf", precision="bf16-mixed")).memory.parameter_bytes
+    sharded = plan(request(finetune, kind="zero3", framework="hf", precision="bf16-mixed")).memory.parameter_bytes
+    assert replicated >= base_bytes
+    assert base_bytes / 8 <= sharded < base_bytes / 8 + 2**20
+
+
+def test_gradient_collectives_carry_only_the_trainable_parameters() -> None:
+    finetune = FineTuneSpec(lora_rank=8)
+    adapters = lora_elements(8, finetune.targets(Framework.torchtune))
+    result = plan(request(finetune))
+    reduce = [c for c in result.collectives if c.op is CollectiveOp.reduce_scatter]
+    gather = [c for c in result.collectives if c.op is CollectiveOp.all_gather]
+    # torchtune's FSDP2 reduces in bf16: the adapters' gradients (padded for 8 ranks) only.
+    assert reduce and adapters * 2 <= sum(c.buffer_bytes for c in reduce) < adapters * 2 + 2**20
+    # The all-gathers still bring the whole frozen base in.
+    assert sum(c.buffer_bytes for c in gather if c.phase.value == "forward") >= 2 * total_parameters(LLAMA_8B)
+    ddp = plan(request(finetune, kind="ddp", framework="hf", precision="bf16-mixed"))
+    (all_reduce,) = [c for c in ddp.collectives if c.op is CollectiveOp.all_reduce]
+    assert all_reduce.buffer_bytes == 4 * lora_elements(8, (LoraTarget.q, LoraTarget.v))
+
+
+# QLoRA (Dettmers et al. 2023) sec. 3: 4-bit codes, one 8-bit scale per 64 elements and one
+# 32-bit constant per 256 scales: 4.127 bits per element with bitsandbytes' fp32 constants.
+def test_nf4_storage_is_qlora_papers_bits_per_parameter() -> None:
+    numel = 4096 * 4096
+    assert nf4_tensor_bytes(numel, 64, True, 4) * 8 / numel == pytest.approx(4.127, abs=5e-4)
+    assert nf4_tensor_bytes(numel, 64, False, 4) * 8 / numel == pytest.approx(4.5)
+    qlora = plan(request(FineTuneSpec(lora_rank=8, quantize="nf4"), kind="ddp", gpus=1)).memory
+    lora = plan(request(FineTuneSpec(lora_rank=8), kind="ddp", gpus=1)).memory
+    # The block linears (6.98e9 of 8.03e9 parameters) shrink from 2 bytes to ~0.52.
+    assert 0.3 < qlora.parameter_bytes / lora.parameter_bytes < 0.4
+
+
+def test_lora_activations_drop_the_inputs_of_unwrapped_linears() -> None:
+    full = plan(request(kind="ddp", gpus=1)).memory.activation_bytes
+    all_seven = plan(request(FineTuneSpec(lora_rank=8, lora_targets=tuple(LoraTarget)[:7]), kind="ddp", gpus=1)).memory.activation_bytes
+    only_q = plan(request(FineTuneSpec(lora_rank=8, lora_targets=(LoraTarget.q,)), kind="ddp", gpus=1)).memory.activation_bytes
+    assert only_q < all_seven < full  # frozen norms keep less even with every linear wrapped
+
+
+def test_peft_adapters_copy_their_input_under_ddp_but_not_under_fsdp() -> None:
+    targets = (LoraTarget.q, LoraTarget.k, LoraTarget.v)
+    ddp = plan(request(FineTuneSpec(lora_rank=8, lora_targets=targets), kind="ddp", framework="hf", precision="bf16-mixed"))
+    one = plan(request(FineTuneSpec(lora_rank=8, lora_targets=targets[:1]), kind="ddp", framework="hf", precision="bf16-mixed"))
+    # Two more bf16 copies of the normed input (s x h) per block.
+    assert ddp.memory.activation_bytes - one.memory.activation_bytes == 32 * (2 * 2 * 4096 * 4096 + 2 * 2 * 4096 * 8)
+
+
+def test_frozen_weights_skip_their_gradient_matmuls() -> None:
+    full = plan(request(kind="ddp", gpus=1)).time
+    lora = plan(request(FineTuneSpec(lora_rank=8), kind="ddp", gpus=1)).time
+    assert lora.compute_s < full.compute_s
+
+
+@pytest.mark.parametrize("fields, field", [
+    ({"quantize": "nf4"}, "finetune.quantize"),
+    ({"lora_rank": 8, "frozen_blocks": 2}, "finetune.frozen_blocks"),
+    ({"lora_rank": 8, "lora_targets": ()}, "finetune.lora_targets"),
+    ({"lora_rank": 8, "dora": True}, "finetune.dora"),
+    ({"lora_rank": 8, "quantize": "int8"}, "finetune.quantize"),
+    ({"frozen_blocks": 33}, "finetune.frozen_blocks"),
+])
+def test_unmodelled_fine_tunes_are_refused_naming_the_field(fields, field) -> None:
+    with pytest.raises((ZeroplanError, ValueError)) as error:
+        request(FineTuneSpec(**fields))
+    assert field in str(error.value)
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exit_:
+        code = exit_.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_the_issues_fine_tuning_commands_answer(capsys) -> None:
+    code, out, err = run(capsys, "fit", "llama-3.1-70b", "--framework", "hf", "--lora-rank", "16", "--quantize", "nf4",
+                         "--gpus", "2", "--gpu", "rtx-4090", "--strategies", "fsdp-full-shard", "--activation-checkpointing", "full")
+    assert code == 0, err
+    assert "LoRA rank 16 on q,v: 32,768,000 trainable" in out and "nf4" in out
+    code, out, err = run(capsys, "fit", "llama-3.1-8b", "--framework", "torchtune", "--lora-rank", "8", "--gpus", "1", "--gpu", "a10g")
+    assert code == 0, err
+    assert "LoRA rank 8 on q,v,o,gate,up,down" in out
+
+
+def test_a_config_json_with_nf4_weights_is_planned_as_qlora(capsys, tmp_path) -> None:
+    config = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+              "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,
+              "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+                                      "bnb_4bit_use_double_quant": True}}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    code, _, err = run(capsys, "fit", str(path), "--gpus", "1")
+    assert code == 2 and err.count("\n") == 1 and "--lora-rank" in err
+    code, out, err = run(capsys, "fit", str(path), "--gpus", "1", "--lora-rank", "16", "--format", "json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["training"]["finetune"]["quantize"] == "nf4"
+    assert "quantization_config" not in json.dumps(report["model"])  # read, not cautioned
+    config["quantization_config"] = {"quant_method": "gptq", "bits": 4}
+    path.write_text(json.dumps(config))
+    code, _, err = run(capsys, "fit", str(path), "--gpus", "1", "--lora-rank", "16")
+    assert code == 2 and "quant_method 'gptq'" in err and err.count("\n") == 1
