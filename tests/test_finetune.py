@@ -168,3 +168,12 @@ def test_a_config_json_with_nf4_weights_is_planned_as_qlora(capsys, tmp_path) ->
     path.write_text(json.dumps(config))
     code, _, err = run(capsys, "fit", str(path), "--gpus", "1", "--lora-rank", "16")
     assert code == 2 and "quant_method 'gptq'" in err and err.count("\n") == 1
+
+
+def test_torchtune_on_one_gpu_is_its_single_device_recipe(capsys) -> None:
+    code, out, err = run(capsys, "fit", "llama-3.1-8b", "--framework", "torchtune", "--lora-rank", "8", "--gpus", "1",
+                         "--gpu", "a10g", "--activation-checkpointing", "full", "--format", "json")
+    assert code == 0, err
+    assert json.loads(out)["plans"][0]["strategy"] == "ddp"
+    code, _, err = run(capsys, "fit", "llama-3.1-8b", "--framework", "torchtune", "--gpus", "2", "--strategies", "ddp")
+    assert code == 2 and "'ddp' is not run by torchtune" in err

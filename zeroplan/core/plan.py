@@ -15,7 +15,7 @@ from zeroplan.core.finetune.activations import dequantized_weight_bytes, lora_la
 from zeroplan.core.frameworks import framework_activation_bytes, framework_logits_pieces, framework_recompute_bytes
 from zeroplan.core.profiles import (
     check_framework_request, check_framework_strategies, check_fsdp_cpu_offload, check_optimizer_in_backward,
-    fsdp_cpu_offload_strategies, profile,
+    framework_strategies, fsdp_cpu_offload_strategies,
 )
 from zeroplan.core.model_states import ModelStateBytes, model_state_bytes
 from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
@@ -365,14 +365,15 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | N
     framework = base.training.framework
     if strategies is None:
         # FSDP2's CPUOffloadPolicy applies only to the framework's FSDP strategies.
-        strategies = fsdp_cpu_offload_strategies(framework) if base.training.fsdp_cpu_offload else profile(framework).strategies
+        strategies = (fsdp_cpu_offload_strategies(framework) if base.training.fsdp_cpu_offload
+                      else framework_strategies(framework, base.cluster.world_size))
         if base.parallel.pp > 1:
             strategies = tuple(k for k in strategies if k.value in PIPELINE_STRATEGIES)
         if base.parallel.ep > 1:
             strategies = tuple(k for k in strategies if k.value in EXPERT_PARALLEL_STRATEGIES)
     strategies = tuple(strategies)
     check_framework_strategies(
-        framework, tuple(s.kind if isinstance(s, StrategySpec) else StrategyKind(s) for s in strategies)
+        framework, tuple(s.kind if isinstance(s, StrategySpec) else StrategyKind(s) for s in strategies), base.cluster.world_size,
     )
     plans = []
     for strategy in strategies:

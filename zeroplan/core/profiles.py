@@ -221,12 +221,24 @@ def fused_qkv_fewer_tensors(request: PlanRequest, num_blocks: int) -> int:
     return 2 * per_projection * num_blocks
 
 
-def check_framework_strategies(framework: Framework, strategies: tuple[StrategyKind, ...]) -> None:
+# torchtune 0.6.1 ships single-device recipes beside the distributed ones
+# (recipes/full_finetune_single_device.py, lora_finetune_single_device.py: the model on one GPU,
+# no FSDP wrapping); on one GPU zeroplan plans that as plain training (ddp at world size 1).
+def framework_strategies(framework: Framework, world_size: int) -> tuple[StrategyKind, ...]:
+    """The strategies the framework runs on ``world_size`` GPUs."""
+    kinds = profile(framework).strategies
+    if world_size == 1 and framework is Framework.torchtune:
+        return (StrategyKind.ddp, *kinds)
+    return kinds
+
+
+def check_framework_strategies(framework: Framework, strategies: tuple[StrategyKind, ...], world_size: int = 2) -> None:
     """Refuse, in one line, a strategy the framework does not run."""
     prof = profile(framework)
+    runs = framework_strategies(framework, world_size)
     for kind in strategies:
-        if kind not in prof.strategies:
-            allowed = ", ".join(k.value for k in prof.strategies)
+        if kind not in runs:
+            allowed = ", ".join(k.value for k in runs)
             raise ZeroplanError(
                 "strategies", f"{kind.value!r} is not run by {framework.value} {prof.version} (allowed: {allowed})"
             )

@@ -30,7 +30,7 @@ from zeroplan.core.feasibility import usable_memory_bytes
 from zeroplan.core.parallel.collectives import model_parallel_collectives
 from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
 from zeroplan.core.plan import PeakTerms, host_memory_fits, memory_breakdown, peak_moments, peak_terms
-from zeroplan.core.profiles import check_framework_strategies, profile
+from zeroplan.core.profiles import check_framework_strategies, framework_strategies, profile
 from zeroplan.core.timing import (
     collective_time_s,
     compute_time_s,
@@ -607,8 +607,9 @@ def groups(
     request's own layout, or every layout of ``space`` (those whose data-parallel ranks divide
     ``global_batch_size`` when it is given)."""
     framework = base.training.framework
-    kinds = profile(framework).strategies if strategies is None else strategies
-    check_framework_strategies(framework, kinds)
+    world = base.cluster.world_size
+    kinds = framework_strategies(framework, world) if strategies is None else strategies
+    check_framework_strategies(framework, kinds, world)
     layouts = [base] if space is None else layout_requests(base, space)
     result = []
     for layout in layouts:
@@ -692,8 +693,9 @@ def _searched_groups(
             f"{len(layouts)} layouts (allowed: multiples of {smallest})",
         )
     framework = base.training.framework
-    kinds = profile(framework).strategies if strategies is None else strategies
-    check_framework_strategies(framework, kinds)
+    world = base.cluster.world_size
+    kinds = framework_strategies(framework, world) if strategies is None else strategies
+    check_framework_strategies(framework, kinds, world)
     all_groups = [g for layout in usable for g in _layout_groups(layout, kinds)]
     if not all_groups:
         raise ZeroplanError(
