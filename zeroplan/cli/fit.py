@@ -12,6 +12,7 @@ from zeroplan.specs import (
     ActivationCheckpointing,
     AttentionKernel,
     BatchSpec,
+    Float8Recipe,
     Framework,
     MemoryAssumptions,
     ModelSpec,
@@ -84,6 +85,7 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
         help="FSDP2 CPUOffloadPolicy: sharded parameters, gradients and optimizer states in host RAM "
              "(torchtune's fsdp_cpu_offload, torchtitan's enable_cpu_offload)",
     )
+    add_compile_arguments(parser)
     parser.add_argument("--attention", choices=choices_of(AttentionKernel), default=AttentionKernel.flash.value)
     parser.add_argument(
         "--state-convention", choices=choices_of(StateConvention),
@@ -99,6 +101,16 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
     add_parallel_arguments(parser)
     add_efficiency_arguments(parser)
     add_collective_model_arguments(parser)
+
+
+def add_compile_arguments(parser: argparse.ArgumentParser) -> None:
+    """torch.compile and float8 training (zeroplan.core.compiled, docs/compile-float8.md)."""
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile each block as the framework's recipe does (torchtitan, torchtune, hf): "
+                             "inductor's partitioner decides what each block keeps")
+    parser.add_argument("--float8", nargs="?", const=Float8Recipe.rowwise.value, choices=choices_of(Float8Recipe),
+                        help="torchtitan's float8 training (torchao Float8Linear) with this recipe (default rowwise, "
+                             "torchtitan's); needs --compile and an SM89+ GPU")
 
 
 def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
@@ -213,6 +225,7 @@ def parse_strategies(text: str | None) -> tuple[StrategyKind, ...] | None:
 
 def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKind.ddp) -> PlanRequest:
     """Build the PlanRequest the flags describe; bad values raise one-line ZeroplanErrors."""
+    from zeroplan.core.compiled import check_compiled
     from zeroplan.core.profiles import check_framework_request, check_optimizer_in_backward, profile
     from zeroplan.presets.models import get_model
 
@@ -239,8 +252,11 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         attention_kernel=AttentionKernel(args.attention),
         state_convention=StateConvention(args.state_convention) if args.state_convention else None,
         finetune=finetune_from_args(args),
+        compile=getattr(args, "compile", False),
+        float8=Float8Recipe(args.float8) if getattr(args, "float8", None) else None,
     )
     check_framework_request(training, model)
+    check_compiled(training, model, cluster.gpu)
     batch = BatchSpec(
         micro_batch_size=args.micro_batch, seq_len=seq_len_of(args, model.max_positions),
         grad_accum_steps=args.grad_accum, allow_longer_seq=args.allow_longer_seq,

@@ -122,6 +122,8 @@ FLAG_OF_FIELD = {
     "finetune.double_quant": "--double-quant",
     "finetune.freeze_embeddings": "--freeze-embeddings",
     "finetune.frozen_blocks": "--frozen-blocks",
+    "compile": "--compile",
+    "float8": "--float8",
 }
 """The request's fields (the Python API's names, which its errors carry) and the flags that set
 them, so the command line names what its user typed. Words inside a message keep the field's

@@ -19,7 +19,8 @@ MAX_TOP = 1000
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     from zeroplan.cli.fit import (
-        add_cluster_arguments, add_collective_model_arguments, add_efficiency_arguments, add_fused_loss_argument,
+        add_cluster_arguments, add_collective_model_arguments, add_compile_arguments, add_efficiency_arguments,
+        add_fused_loss_argument,
     )
 
     parser.add_argument("model", help="preset name (see `zeroplan models`) or a path to a Hugging Face config.json")
@@ -34,6 +35,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                         help="search only this stack's strategies and checkpointing policies (default zeroplan: all)")
     add_fused_loss_argument(parser)
     add_finetune_arguments(parser)
+    add_compile_arguments(parser)
     parser.add_argument("--attention", choices=choices_of(AttentionKernel), default=AttentionKernel.flash.value)
     parser.add_argument("--strategies", help="comma-separated subset of the strategies to search (default: all the framework runs)")
     add_efficiency_arguments(parser)

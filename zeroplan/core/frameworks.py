@@ -297,6 +297,11 @@ def framework_layer_bytes(request: PlanRequest) -> int:
 
     model, training = request.model, request.training
     s, b = request.batch.seq_len, request.batch.micro_batch_size
+    if training.compile:
+        # Inductor's partitioner decides what a compiled block keeps (zeroplan.core.compiled).
+        from zeroplan.core.compiled import compiled_layer_bytes
+
+        return compiled_layer_bytes(request) + torchtitan_rope_cache_bytes(request)
     norm_savings = hf_bf16_norm_savings_bytes(request)
     norms = model.norms_per_block * norm_savings
     return (layer_bytes(model, training, s, b, autocast=request.runs_under_autocast) - norms + expanded_kv_extra_bytes(model, training, s, b)
@@ -365,6 +370,15 @@ def offloaded_layers_bytes(request: PlanRequest, layer: int) -> int:
     return forward_stash + layer
 
 
+def selective_op_kept_bytes(request: PlanRequest) -> int:
+    """What one block keeps under torchtitan's SelectiveAC, eager or compiled."""
+    if request.training.compile:
+        from zeroplan.core.compiled import compiled_selective_op_layer_bytes
+
+        return compiled_selective_op_layer_bytes(request)
+    return selective_op_layer_bytes(request.model, request.training, request.batch.seq_len, request.batch.micro_batch_size)
+
+
 def framework_activation_bytes(request: PlanRequest) -> int:
     """Activations saved for backward by one micro-batch (logits excluded)."""
     from zeroplan.core.activations import outside_layers_bytes
@@ -378,7 +392,7 @@ def framework_activation_bytes(request: PlanRequest) -> int:
     elif mode is ActivationCheckpointing.none:
         layers = model.num_layers * layer
     elif mode is ActivationCheckpointing.selective_op:
-        kept = selective_op_layer_bytes(model, training, s, b)
+        kept = selective_op_kept_bytes(request)
         layers = model.num_layers * kept + layer - kept
     elif mode is ActivationCheckpointing.selective_layer:
         layers = selective_layer_layers_bytes(request, layer)
@@ -404,8 +418,7 @@ def framework_recompute_bytes(request: PlanRequest) -> int:
         return 0
     layer = framework_layer_bytes(request)
     if mode is ActivationCheckpointing.selective_op:
-        s, b = request.batch.seq_len, request.batch.micro_batch_size
-        return layer - selective_op_layer_bytes(request.model, training, s, b)
+        return layer - selective_op_kept_bytes(request)
     return layer
 
 
@@ -508,5 +521,5 @@ def framework_block_kept_bytes(request: PlanRequest, position: int = 1) -> int:
     if mode is ActivationCheckpointing.none:
         return framework_layer_bytes(request)
     if mode is ActivationCheckpointing.selective_op:
-        return selective_op_layer_bytes(request.model, request.training, s, b)
+        return selective_op_kept_bytes(request)
     return block_input_bytes(request, s, b)

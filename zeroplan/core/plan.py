@@ -10,6 +10,7 @@ from zeroplan.core.buffers import (
     backward_held_buffer_bytes, optimizer_step_temporary_bytes, resident_buffer_bytes, transient_buffer_bytes,
 )
 from zeroplan.core.communication import collectives
+from zeroplan.core.compiled import check_compiled
 from zeroplan.core.feasibility import usable_memory_bytes
 from zeroplan.core.finetune.activations import dequantized_weight_bytes, lora_layer_delta_bytes
 from zeroplan.core.frameworks import framework_activation_bytes, framework_logits_pieces, framework_recompute_bytes
@@ -126,6 +127,7 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     """The model states and the byte terms the peak moments combine, for one request."""
     training = request.training
     check_framework_request(training, request.model)
+    check_compiled(training, request.model, request.cluster.gpu)
     states = model_state_bytes(request)
     # Each term below is the planner's own for one micro-batch through the whole model; with
     # tensor, context or pipeline parallelism zeroplan.core.parallel.activations applies it to

@@ -155,7 +155,9 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
         + (", fused linear cross-entropy (liger)" if t.fused_linear_cross_entropy else "")
         + (", unchunked loss" if t.unchunked_loss else "")
         + (", optimizer in backward" if t.optimizer_in_backward else "")
-        + (", FSDP CPU offload (sharded states in host RAM)" if t.fsdp_cpu_offload else ""),
+        + (", FSDP CPU offload (sharded states in host RAM)" if t.fsdp_cpu_offload else "")
+        + (", torch.compile" if t.compile else "")
+        + (f", float8 {t.float8.value} (memory only: step time assumes bf16 matmuls)" if t.float8 else ""),
         *finetune_lines(report),
         *moe_lines(report),
         *parallel_lines(report),

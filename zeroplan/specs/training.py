@@ -100,6 +100,18 @@ class StateConvention(str, Enum):
     are cast to bf16 only for compute; the fp32 parameter is the master copy."""
 
 
+class Float8Recipe(str, Enum):
+    """torchao's float8 training recipes (torchao 0.14.1 float8/config.py Float8LinearRecipeName),
+    as torchtitan's float8 converter applies them (components/quantization/float8.py)."""
+
+    rowwise = "rowwise"
+    """One scale per row (Float8LinearConfig.from_recipe_name("rowwise")): torchtitan 0.3.0's
+    default recipe_name."""
+    tensorwise = "tensorwise"
+    """One scale per tensor for inputs, weights and gradients (torchao's Float8LinearConfig()
+    default; torchtitan 0.3.0's converter no longer names it)."""
+
+
 class TrainingSpec(Frozen):
     """Numerics and optimizer."""
 
@@ -145,6 +157,13 @@ class TrainingSpec(Frozen):
     ``training.enable_cpu_offload``): sharded parameters, their gradients and the optimizer
     states live in host memory and the optimizer steps on the CPU; the GPU holds the gathered
     units and each unit's gradient until it is reduced and copied out. FSDP strategies only."""
+    compile: bool = False
+    """torch.compile each decoder block as the framework's recipe does (torchtitan
+    ``compile.enable``, torchtune ``compile: True``, transformers ``torch_compile``): inductor's
+    partitioner decides what each block keeps for backward (zeroplan.core.compiled)."""
+    float8: Float8Recipe | None = None
+    """Train the linears in float8 with torchao's Float8Linear under this recipe (torchtitan's
+    ``model.converters: ["float8"]``; compiled only). None: no float8."""
     finetune: FineTuneSpec = FineTuneSpec()
     """Which parameters train (LoRA adapters over a frozen, optionally quantized base; frozen
     embeddings or blocks): every one by default (zeroplan.specs.finetune)."""

@@ -1,0 +1,112 @@
+"""What a compiled decoder block keeps for backward (torch.compile, optionally float8).
+
+Under torch.compile, AOTAutograd traces each block's forward and backward as one graph and
+inductor's partitioner (torch 2.13 torch/_inductor/compile_fx.py hands
+torch/_functorch/partitioners.py min_cut_rematerialization_partition to aot_autograd) picks the
+forward values the backward reads: the matmul and attention outputs it cannot recompute
+cheaply, and the inputs of the pointwise chains it recomputes (norms, SiLU, RoPE, casts). The
+values below are those the partitioner saved for each framework's own Llama block on fake
+tensors (benchmarks/compiled-records, zeroplan/frameworks/compiled.py; docs/compile-float8.md),
+written as the shapes they have; nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from zeroplan.core.activations import FP32_BYTES
+from zeroplan.core.profiles import profile
+from zeroplan.errors import ZeroplanError
+from zeroplan.specs.framework import Framework
+from zeroplan.specs.hardware import GpuArchitecture, GpuSpec
+from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
+from zeroplan.specs.request import PlanRequest
+from zeroplan.specs.training import ActivationCheckpointing, TrainingSpec
+
+COMPILED_FRAMEWORKS = (Framework.torchtitan, Framework.torchtune, Framework.hf)
+"""The frameworks whose compiled blocks were measured."""
+COMPILED_POLICIES = (ActivationCheckpointing.none, ActivationCheckpointing.full, ActivationCheckpointing.selective_op)
+"""Checkpointing measured under compile (selective-op is torchtitan's)."""
+
+
+FLOAT8_ARCHITECTURES = (GpuArchitecture.ada, GpuArchitecture.hopper, GpuArchitecture.blackwell, GpuArchitecture.cdna3)
+"""torchtitan 0.3.0 components/quantization/float8.py Float8LinearConverter: "float8 is only
+supported on NVIDIA SM89 or later, or AMD gfx942 (MI300) or later"."""
+
+
+def check_compiled(training: TrainingSpec, model: ModelSpec, gpu: GpuSpec | None = None) -> None:
+    """Refuse, in one line naming the field, a compiled or float8 run that was not measured (or,
+    given the GPU, float8 on one without float8 matmuls)."""
+    if training.float8 is not None and gpu is not None and gpu.architecture not in (None, *FLOAT8_ARCHITECTURES):
+        allowed = ", ".join(a.value for a in FLOAT8_ARCHITECTURES)
+        raise ZeroplanError("float8", f"needs float8 matmuls, which {gpu.display_name} ({gpu.architecture.value}) lacks "
+                            f"(allowed architectures: {allowed})")
+    if training.float8 is not None:
+        if training.framework is not Framework.torchtitan:
+            raise ZeroplanError("float8", f"float8 training is torchtitan's converter, not {training.framework.value}'s "
+                                "(allowed only with framework torchtitan)")
+        if not training.compile:
+            # torchtitan 0.3.0 components/quantization/float8.py: the converter's speed comes from
+            # compile fusing the casts; only the compiled block was measured.
+            raise ZeroplanError("float8", "is modelled compiled only, as torchtitan runs it (add compile, --compile)")
+    if not training.compile:
+        return
+    if training.framework not in COMPILED_FRAMEWORKS:
+        allowed = ", ".join(f.value for f in COMPILED_FRAMEWORKS)
+        raise ZeroplanError("compile", f"compiled blocks were measured for the frameworks' own code, not {training.framework.value}'s "
+                            f"(allowed only with framework {allowed})")
+    if training.activation_checkpointing not in COMPILED_POLICIES:
+        allowed = ", ".join(p.value for p in COMPILED_POLICIES)
+        raise ZeroplanError("compile", f"with activation checkpointing {training.activation_checkpointing.value!r} was not measured "
+                            f"(allowed: {allowed})")
+    if training.activation_offloading or not training.finetune.trains_everything:
+        field = "activation_offloading" if training.activation_offloading else "finetune"
+        raise ZeroplanError(field, "is not modelled compiled: no compiled run of it was measured (allowed without compile)")
+    llama = (not model.is_moe and not model.is_mla and model.position is PositionKind.rope and model.mlp is MlpKind.swiglu
+             and model.norm is NormKind.rmsnorm and not (model.bias or model.qkv_bias or model.qk_norm or model.post_norms))
+    if not llama:
+        raise ZeroplanError("compile", f"{model.name!r}: compiled blocks were measured for dense Llama-layout models "
+                            "(RoPE, RMSNorm, SwiGLU, no biases) only")
+
+
+def _kv_width(request: PlanRequest) -> int:
+    # torchtune 0.6.1 modules/attention.py expands K and V to the query heads before SDPA, and
+    # the compiled block saves the expanded copies (zeroplan.core.frameworks.expanded_kv_extra_bytes).
+    model = request.model
+    return model.q_size if profile(request.training.framework).expands_kv_heads else model.kv_size
+
+
+# The compiled Llama block's saved values (benchmarks/compiled-records, ac=none, all three
+# frameworks): its input x; the attention norm's output (the QKV matmuls' input); Q and K after
+# RoPE and V; the attention output and its fp32 log-sum-exp (one per head and token); the output
+# projection's result (with x it rebuilds the residual sum the MLP norm recomputes); the MLP
+# norm's output; the gate and up projections' outputs and their gated product (the down
+# projection's input); and each norm's fp32 per-token rsqrt. Everything else is recomputed.
+# Llama-3.1-8B at s 4096, b 1: 570,982,400 bytes (hf) and 621,314,048 (torchtune, K and V expanded),
+# to the byte; torchtitan adds its position-gathered RoPE cache (torchtitan_rope_cache_bytes).
+def compiled_layer_bytes(request: PlanRequest) -> int:
+    """One compiled block's saved bytes without recomputation."""
+    model = request.model
+    e = request.training.precision.compute_bytes
+    tokens = request.batch.seq_len * request.batch.micro_batch_size
+    h, q, kv, f = model.hidden_size, model.q_size, _kv_width(request), model.ffn_hidden_size
+    if request.training.float8 is not None:
+        # torchao 0.14.1 Float8Linear under compile: the partitioner keeps the matmul outputs but
+        # recomputes every float8 matmul input (both norms' outputs and the gated product) from
+        # the values above, so those three are not kept (both recipes; records with float8).
+        widths = 2 * h + 2 * q + 2 * kv + 2 * f
+    else:
+        widths = 4 * h + 2 * q + 2 * kv + 3 * f
+    statistics = FP32_BYTES * tokens * model.num_heads + 2 * FP32_BYTES * tokens
+    return e * tokens * widths + statistics
+
+
+# torchtitan 0.3.0 SelectiveAC under compile (records ac=selective-op): the block's input, the
+# fused QKV projection's output, the attention output with its log-sum-exp and w1's output: the
+# policy's kept matmul outputs (zeroplan.core.frameworks.selective_op_layer_bytes) except w2's,
+# which no backward op reads once the graph is partitioned. Llama-3.1-8B at s 4096, b 1:
+# 235,405,312 bytes; 70B 454,033,408.
+def compiled_selective_op_layer_bytes(request: PlanRequest) -> int:
+    model = request.model
+    e = request.training.precision.compute_bytes
+    tokens = request.batch.seq_len * request.batch.micro_batch_size
+    widths = model.hidden_size + (model.q_size + 2 * model.kv_size) + model.q_size + model.ffn_hidden_size
+    return e * tokens * widths + FP32_BYTES * tokens * model.num_heads
