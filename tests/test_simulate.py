@@ -322,6 +322,15 @@ def test_private_torch_apis_are_where_we_expect() -> None:
     assert hasattr(flex_module, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG"), \
         "flex_attention._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG moved"
     assert private.live_bytes_tracker().supports_higher_order_operators
+    import inspect
+
+    from torch._inductor import compile_fx
+
+    assert callable(getattr(compile_fx, "partition_fn", None)), "torch._inductor.compile_fx.partition_fn moved"
+    assert "inner_compile" in inspect.signature(compile_fx.compile_fx).parameters, "compile_fx lost inner_compile"
+    from torch._dynamo.variables.builder import GraphArg
+
+    assert hasattr(GraphArg, "example"), "dynamo's GraphArg.example moved"
 
 
 def test_simulator_never_imports_the_planner_nor_private_torch_outside_the_adapter() -> None:

@@ -180,8 +180,8 @@ def flex_attention_without_dynamo() -> None:
     ``_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG`` makes it call the same op directly (its warning
     about backward concerns the numerics of score_mod/mask_mod left untraced; a fake tensor has
     none). ``_validate_device`` refuses CPU inputs that need gradients, as the CPU kernels have
-    no backward; a fake tensor runs no kernel, so for fake tensors the check is skipped (real
-    tensors still get it).
+    no backward; a fake tensor runs no kernel, so for fake tensors, and while dynamo traces, the
+    check is skipped (real tensors run eagerly still get it).
     """
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.nn.attention import flex_attention as flex_module
@@ -192,7 +192,9 @@ def flex_attention_without_dynamo() -> None:
         return
 
     def validate_device(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
-        if not isinstance(query, FakeTensor):
+        # Under torch.compile (zeroplan.frameworks.compiled) dynamo traces this function with
+        # its own fake tensors: the graph is partitioned, never run by a CPU kernel.
+        if not isinstance(query, FakeTensor) and not torch.compiler.is_compiling():
             original(query, key, value)
 
     validate_device._zeroplan_skips_fake = True
@@ -322,3 +324,60 @@ def context_parallel_block_mask_without_compile() -> None:
     from torch.nn.attention.flex_attention import create_block_mask
 
     _attention._compiled_create_block_mask = create_block_mask
+
+
+@contextlib.contextmanager
+def recording_inductor_partitions() -> Iterator[list[tuple[object, object, int]]]:
+    """Record what inductor's partitioner returns while the block runs: a list that receives
+    (forward graph, backward graph, number of forward outputs that are the user's) per call.
+
+    torch 2.13 _inductor/compile_fx.py ``compile_fx`` passes the module-level ``partition_fn``
+    (private) to aot_autograd; that runs inductor's joint-graph passes and then
+    ``min_cut_rematerialization_partition(gm, joint_inputs, compiler="inductor",
+    num_fwd_outputs=..., static_lifetime_input_indices=...)``. The wrapper calls the original
+    and keeps its result; the forward graph's outputs after the first ``num_fwd_outputs`` are
+    what it saves for backward."""
+    from torch._inductor import compile_fx
+
+    original = compile_fx.partition_fn
+    partitions: list[tuple[object, object, int]] = []
+
+    def recording(gm, joint_inputs, **kwargs):
+        forward, backward = original(gm, joint_inputs, **kwargs)
+        partitions.append((forward, backward, int(kwargs["num_fwd_outputs"])))
+        return forward, backward
+
+    compile_fx.partition_fn = recording
+    try:
+        yield partitions
+    finally:
+        compile_fx.partition_fn = original
+
+
+def inductor_without_codegen(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+    """A dynamo backend that is inductor's (torch 2.13 _dynamo/backends/inductor.py calls
+    ``torch._inductor.compile_fx.compile_fx(gm, example_inputs)``) up to code generation:
+    pre-grad passes, inductor's decompositions (select_decomp_table), AOTAutograd's joint graph,
+    inductor's ``partition_fn`` and post-grad passes all run; ``inner_compile``, the step that
+    turns each partitioned graph into Triton/C++ code (``compile_fx_inner``), is replaced by
+    running the FX graph's aten ops as they are (functorch's ``make_boxed_func``, what the
+    ``aot_eager`` backend's compilers return), so it runs on fake tensors."""
+    from torch._functorch.aot_autograd import make_boxed_func
+    from torch._inductor.compile_fx import compile_fx
+
+    def fx_graph_as_is(graph: torch.fx.GraphModule, inputs: list, **kwargs: object) -> object:
+        return make_boxed_func(graph.forward)
+
+    return compile_fx(gm, example_inputs, inner_compile=fx_graph_as_is)
+
+
+def dynamo_graph_inputs(gm: torch.fx.GraphModule) -> list[tuple[str, object]]:
+    """(source, the value passed) for each input of a dynamo graph, in order: the source it was
+    lifted from (``L['x']``, ``L['self']._modules['wo']._parameters['weight']``) and the
+    caller's object, from dynamo's private ``grapharg`` node metadata (``GraphArg.example``).
+    AOTAutograd's ``primals_i`` is the i-th of them."""
+    inputs = []
+    for node in gm.graph.find_nodes(op="placeholder"):
+        arg = node.meta["grapharg"]
+        inputs.append((arg.source.name, arg.example))
+    return inputs

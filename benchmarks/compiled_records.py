@@ -1,0 +1,80 @@
+"""Measure what one decoder block of each framework's own model saves for backward under
+torch.compile (inductor's partitioner) and eagerly, and write the records.
+
+    python benchmarks/compiled_records.py [OUT_DIR [FRAMEWORK ...]]
+        (default benchmarks/compiled-records, every framework; the all-gather records go to
+        benchmarks/float8-all-gather-records)
+
+Each run builds one block at full width on fake tensors (zeroplan.frameworks.compiled) and
+compiles it as torchtitan's apply_compile does, through inductor's compile_fx up to code
+generation; torchtitan's block is also measured with torchao's Float8Linear (tensorwise, rowwise),
+and one block's FSDP2 all-gather with torchao's float8 all-gather and in bf16 on a fake process
+group (zeroplan.frameworks.float8). Needs torch and the frameworks (scripts/install-frameworks); about a minute on 2 cores.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from zeroplan.atomic import write_text_atomic
+from zeroplan.frameworks.compiled import measure_compiled_block
+from zeroplan.frameworks.float8 import measure_all_gather, measure_float8_block
+from zeroplan.presets.models import get_model
+from zeroplan.specs import ActivationCheckpointing, BatchSpec
+from zeroplan.specs.framework import Framework
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "compiled-records"
+GATHER_OUT = Path(__file__).resolve().parent / "float8-all-gather-records"
+
+# (framework, checkpointing, memory budget): torchtitan's four policies (its MemoryBudgetAC at
+# its default 0.5), torchtune's none and full, transformers' none (its checkpointing wraps the
+# layer outside the compiled region; zeroplan.frameworks.compiled_record.COMPILED_POLICIES).
+RUNS = [
+    ("torchtitan", "none", None), ("torchtitan", "full", None), ("torchtitan", "selective-op", None),
+    ("torchtitan", "none", 0.5),
+    ("torchtune", "none", None), ("torchtune", "full", None),
+    ("hf", "none", None),
+]
+SHAPES = [("llama-3.1-8b", 4096, 1), ("llama-3.1-8b", 8192, 2), ("llama-3.1-70b", 4096, 1)]
+# torchao Float8Linear on torchtitan's block (zeroplan.frameworks.float8): tensorwise (what the
+# float8 all-gather needs) and rowwise (torchtitan 0.3.0's default recipe).
+FLOAT8_RUNS = [("tensorwise", "none"), ("rowwise", "none"), ("tensorwise", "full"), ("rowwise", "full"),
+               ("rowwise", "selective-op")]
+ALL_GATHER_MODELS = [("llama-3.1-8b", 8), ("llama-3.1-70b", 8)]
+
+
+def main(out: Path = DEFAULT_OUT, frameworks: set[str] | None = None) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for model_name, seq_len, micro_batch in SHAPES:
+        for framework, policy, budget in RUNS:
+            if frameworks and framework not in frameworks:
+                continue
+            record = measure_compiled_block(Framework(framework), get_model(model_name), ActivationCheckpointing(policy),
+                                            BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch), memory_budget=budget)
+            write_text_atomic(out / record.file_name, record.model_dump_json(indent=2) + "\n")
+            _report(record)
+        if frameworks and "torchtitan" not in frameworks:
+            continue
+        for recipe, policy in FLOAT8_RUNS:
+            record = measure_float8_block(get_model(model_name), ActivationCheckpointing(policy),
+                                          BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch), recipe)
+            write_text_atomic(out / record.file_name, record.model_dump_json(indent=2) + "\n")
+            _report(record)
+    if frameworks and "torchtitan" not in frameworks:
+        return
+    GATHER_OUT.mkdir(parents=True, exist_ok=True)
+    for model_name, world_size in ALL_GATHER_MODELS:
+        for float8 in (False, True):
+            gather = measure_all_gather(get_model(model_name), world_size, float8)
+            write_text_atomic(GATHER_OUT / gather.file_name, gather.model_dump_json(indent=2) + "\n")
+            print(f"{gather.name:60s} gathered {gather.gathered_bytes:>14,} bytes  ({gather.wall_time_s:.1f} s)")
+
+
+def _report(record) -> None:
+    print(f"{record.name:60s} compiled {record.compiled_saved_bytes:>14,}  eager {record.eager_live_bytes:>14,}"
+          f"  ({record.wall_time_s:.1f} s)")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT, set(sys.argv[2:]) or None)

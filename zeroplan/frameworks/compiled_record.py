@@ -1,0 +1,112 @@
+"""What one fake-tensor measurement of a compiled decoder block found (torch-free: the planner's
+tests read the committed records without torch). Written by benchmarks/compiled_records.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, model_validator
+
+from zeroplan.errors import ZeroplanError
+from zeroplan.frameworks.record import load_records
+from zeroplan.specs import ActivationCheckpointing, BatchSpec, ModelSpec
+from zeroplan.specs.base import Frozen
+from zeroplan.specs.framework import Framework
+
+SCHEMA_VERSION = 1
+
+COMPILED_POLICIES = {
+    Framework.torchtitan: (ActivationCheckpointing.none, ActivationCheckpointing.full, ActivationCheckpointing.selective_op),
+    Framework.torchtune: (ActivationCheckpointing.none, ActivationCheckpointing.full),
+    # transformers' gradient checkpointing wraps the layer's __call__ (GradientCheckpointingLayer)
+    # outside the compiled forward, which then runs under no_grad: nothing is partitioned.
+    Framework.hf: (ActivationCheckpointing.none,),
+}
+"""Framework -> checkpointing policies a compiled block is measured under."""
+
+SAVED_KINDS = ("intermediate", "hidden", "parameter", "buffer", "shared")
+"""What a saved value is: made inside the block; the block's hidden-state input; a parameter or
+buffer of the block; an input every block shares (positions, the attention mask)."""
+
+COUNTED_KINDS = ("intermediate", "hidden")
+"""The kinds that are the block's own bytes (the rest exist once per model or per step)."""
+
+
+class SavedValue(Frozen):
+    """One tensor the compiled forward graph saves for backward."""
+
+    name: str
+    """Its node's name in the partitioned forward graph."""
+    op: str
+    """The aten operator that made it (``aten::mm``), or ``input <dynamo source>``."""
+    shape: list[int]
+    dtype: str
+    """``torch.bfloat16``, ..."""
+    bytes: int = Field(ge=0)
+    """Elements times element size, from its FakeTensor metadata."""
+    kind: str
+    """One of SAVED_KINDS."""
+
+    @model_validator(mode="after")
+    def _known_kind(self) -> SavedValue:
+        if self.kind not in SAVED_KINDS:
+            raise ZeroplanError("kind", f"{self.kind!r} is not a saved-value kind (allowed: {', '.join(SAVED_KINDS)})")
+        return self
+
+
+class CompiledBlockRecord(Frozen):
+    """What one decoder block saves for backward compiled (inductor's partitioner) and eagerly."""
+
+    schema_version: int = SCHEMA_VERSION
+    framework_version: str
+    """The installed release whose block ran ('torchtitan 0.3.0')."""
+    torch_version: str
+    model: ModelSpec
+    """The architecture (one block of it is built at full width)."""
+    framework: Framework
+    activation_checkpointing: ActivationCheckpointing
+    """The framework's checkpointing policy wrapped around the block before compile."""
+    memory_budget: float | None = None
+    """torchtitan's MemoryBudgetAC (functorch's activation_memory_budget); None: torch's default 1.0."""
+    float8_recipe: str | None = None
+    """torchao Float8Linear recipe the block's linears were converted with ('tensorwise',
+    'rowwise'); None: none."""
+    batch: BatchSpec
+    module_dtype: str
+    compiled_saved_values: list[SavedValue]
+    """Every tensor the partitioned forward graph saves for backward, in its output order."""
+    compiled_runtime_saved_bytes: int = Field(ge=0)
+    """Bytes of the distinct storages the compiled block's autograd node held after a fake run of
+    its forward (parameters, buffers, shared inputs left out): the list, checked at run time."""
+    eager_live_bytes: int = Field(ge=0)
+    """Live bytes after the eager block's forward with only its autograd graph kept, less those
+    before: what it keeps for backward, as zeroplan.frameworks.measure measures a block."""
+    eager_saved_values: list[SavedValue] = Field(default_factory=list)
+    """The tensors autograd's saved-tensor hooks saw in the eager forward (one per storage, its
+    bytes the storage's; ``op`` the autograd node that made it); listed only without
+    checkpointing, where no checkpoint keeps tensors past the hooks."""
+    wall_time_s: float = Field(ge=0)
+    notes: list[str] = Field(default_factory=list)
+
+    @property
+    def compiled_saved_bytes(self) -> int:
+        """The block's own saved bytes: intermediates and its hidden-state input."""
+        return sum(v.bytes for v in self.compiled_saved_values if v.kind in COUNTED_KINDS)
+
+    @property
+    def name(self) -> str:
+        policy = self.activation_checkpointing.value
+        if self.memory_budget is not None:
+            policy = f"memory-budget-{self.memory_budget:g}"
+        fp8 = f":float8-{self.float8_recipe}" if self.float8_recipe else ""
+        return (f"{self.framework.value}:{self.model.name}:ac={policy}{fp8}:"
+                f"s{self.batch.seq_len}:b{self.batch.micro_batch_size}")
+
+    @property
+    def file_name(self) -> str:
+        return self.name.replace(":", "_") + ".json"
+
+
+def load_compiled_records(directory: Path) -> list[CompiledBlockRecord]:
+    """Every ``*.json`` record in ``directory``, sorted by file name; a bad file is one line."""
+    return load_records(directory, CompiledBlockRecord, "compiled block record")
