@@ -8,7 +8,7 @@ from pathlib import Path
 
 from zeroplan.cli.parser import choices_of, positive_float, positive_int
 from zeroplan.errors import ZeroplanError
-from zeroplan.specs.finetune import FineTuneSpec, LoraTarget, Quantization
+from zeroplan.specs.finetune import BaseDtype, FineTuneSpec, LoraTarget, Quantization
 
 
 def _fraction(text: str) -> float:
@@ -40,6 +40,9 @@ def add_finetune_arguments(parser: argparse.ArgumentParser) -> None:
                             "(default: the framework's; torchtune q,v,o,gate,up,down; hf (PEFT) q,v; zeroplan all seven of a block)")
     group.add_argument("--lora-dropout", type=_fraction, default=0.0, metavar="P",
                        help="dropout on each adapter's input (default 0: no mask or copy is kept)")
+    group.add_argument("--base-dtype", choices=choices_of(BaseDtype),
+                       help="dtype the LoRA base is loaded in (default bf16, as torch_dtype=torch.bfloat16 or TRL's "
+                            "'auto'; fp32 is transformers' from_pretrained default, cast per matmul by the Trainer's autocast)")
     group.add_argument("--quantize", choices=choices_of(Quantization),
                        help="store the frozen base linears quantized (QLoRA: nf4; default none, or what the "
                             "config.json's quantization_config says)")
@@ -67,7 +70,7 @@ def finetune_from_args(args: argparse.Namespace) -> FineTuneSpec:
     if getattr(args, "lora_rank", None):
         fields["lora_rank"] = args.lora_rank
     optional = {"lora_alpha": "lora_alpha", "lora_targets": "lora_targets", "quant_block_size": "quant_block_size",
-                "double_quant": "double_quant"}
+                "double_quant": "double_quant", "base_dtype": "base_dtype"}
     for field, flag in optional.items():
         value = getattr(args, flag, None)
         if value is not None:

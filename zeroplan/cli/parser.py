@@ -118,6 +118,7 @@ FLAG_OF_FIELD = {
     "finetune.lora_dropout": "--lora-dropout",
     "finetune.dora": "dora",
     "finetune.quantize": "--quantize",
+    "finetune.base_dtype": "--base-dtype",
     "finetune.quant_block_size": "--quant-block-size",
     "finetune.double_quant": "--double-quant",
     "finetune.freeze_embeddings": "--freeze-embeddings",

@@ -183,9 +183,9 @@ def _hf_module_in_bf16(request: PlanRequest) -> bool:
     # torch.autocast. With FSDP (accelerate 1.10.1 _prepare_fsdp2 / fsdp2_prepare_model) the
     # sharded parameters are fp32 but fully_shard's MixedPrecisionPolicy(param_dtype=bf16)
     # gathers them in bf16 and no autocast is applied: the blocks compute on a bf16 module.
-    # A LoRA base is loaded in bf16 (zeroplan.core.finetune.storage.frozen_element_bytes).
+    # A LoRA base loaded in bf16 (FineTuneSpec.base_dtype) computes in bf16 under autocast too.
     return (request.training.precision is Precision.bf16_pure or request.strategy.kind is not StrategyKind.ddp
-            or request.training.finetune.is_lora)
+            or request.training.finetune.loads_base_in_bf16)
 
 
 def block_input_bytes(request: PlanRequest, s: int, b: int) -> int:
@@ -222,6 +222,16 @@ def hf_autocast_copies_bytes(request: PlanRequest) -> int:
 
     model = request.model
     sbh = request.batch.seq_len * request.batch.micro_batch_size * model.hidden_size
+    if request.training.finetune.is_lora:
+        # Frozen weights are not cached (autocast caches only leaves that require grad) but
+        # each matmul still saves its bf16 weight for the input's gradient; the adapters' input
+        # copies are zeroplan.core.finetune.activations' (one per adapter), and their own
+        # weights' bf16 copies (cached) are counted here.
+        from zeroplan.core.finetune.units import adapter_weight_elements
+        from zeroplan.core.parallel.units import rank_parameter_units
+
+        adapters = adapter_weight_elements(rank_parameter_units(request)) // model.num_layers
+        return BF16_BYTES * (block_linear_weight_elements(model) + adapters)
     extra_input_copies = 2 + (0 if model.mlp is MlpKind.gelu else 1)  # q, k, v; gate and up (gated MLPs)
     return BF16_BYTES * block_linear_weight_elements(model) + extra_input_copies * BF16_BYTES * sbh
 

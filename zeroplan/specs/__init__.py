@@ -1,6 +1,6 @@
 """Typed, frozen specs: what the user asks about."""
 
-from zeroplan.specs.finetune import FineTuneSpec, LoraTarget, Quantization
+from zeroplan.specs.finetune import BaseDtype, FineTuneSpec, LoraTarget, Quantization
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.hardware import (
     AchievedBusBandwidth,
@@ -31,6 +31,7 @@ __all__ = [
     "AchievedBusBandwidth",
     "ActivationCheckpointing",
     "AttentionKernel",
+    "BaseDtype",
     "BatchSpec",
     "ClusterSpec",
     "FineTuneSpec",

@@ -32,6 +32,17 @@ class Quantization(str, Enum):
         return self is not Quantization.none
 
 
+class BaseDtype(str, Enum):
+    """The dtype a LoRA base is loaded in (before any engine casts it)."""
+
+    bf16 = "bf16"
+    """``from_pretrained(..., torch_dtype=torch.bfloat16)`` (or TRL's "auto" on a bf16
+    checkpoint); torchtune's recipes (``dtype: bf16``)."""
+    fp32 = "fp32"
+    """transformers 4.56's default ``from_pretrained`` dtype: float32 weights, which the
+    Trainer's bf16 autocast casts per matmul."""
+
+
 class LoraTarget(str, Enum):
     """The linear layers of a decoder block an adapter can wrap (``output``: the LM head)."""
 
@@ -78,6 +89,9 @@ class FineTuneSpec(Frozen):
     input and a mask for backward (0, the shipped configs' value, keeps neither)."""
     dora: bool = False
     """Weight-decomposed LoRA (Liu et al. 2024, "DoRA"): a trainable magnitude per output row."""
+    base_dtype: BaseDtype = BaseDtype.bf16
+    """The dtype the frozen base is loaded in (LoRA only; an engine may cast it again:
+    zeroplan.core.finetune.storage.frozen_element_bytes)."""
     quantize: Quantization = Quantization.none
     """Storage of the frozen base linears (QLoRA: nf4)."""
     quant_block_size: int = Field(default=64, gt=0, le=4096)
@@ -94,7 +108,7 @@ class FineTuneSpec(Frozen):
     def _check(self) -> "FineTuneSpec":
         lora_only = {"lora_alpha": self.lora_alpha is not None, "lora_targets": self.lora_targets is not None,
                      "lora_dropout": self.lora_dropout > 0, "dora": self.dora,
-                     "quantize": self.quantize.is_quantized}
+                     "quantize": self.quantize.is_quantized, "base_dtype": self.base_dtype is not BaseDtype.bf16}
         if not self.lora_rank:
             given = [name for name, set_ in lora_only.items() if set_]
             if given:
@@ -110,6 +124,11 @@ class FineTuneSpec(Frozen):
     @property
     def is_lora(self) -> bool:
         return self.lora_rank > 0
+
+    @property
+    def loads_base_in_bf16(self) -> bool:
+        """A LoRA whose base is loaded in bf16 (not a full fine-tune, not an fp32 base)."""
+        return self.is_lora and self.base_dtype is BaseDtype.bf16
 
     @property
     def trains_everything(self) -> bool:
@@ -146,6 +165,9 @@ def check_finetune(finetune: FineTuneSpec, model: ModelSpec, framework: Framewor
     if framework is Framework.torchtitan:
         raise ZeroplanError("finetune.lora_rank", "LoRA is modelled for hf (PEFT), torchtune and zeroplan, not torchtitan yet "
                             "(allowed frameworks: hf, torchtune, zeroplan)")
+    if finetune.base_dtype is BaseDtype.fp32 and framework is Framework.torchtune:
+        # torchtune 0.6.1 recipes load the whole model in the recipe's `dtype` (bf16 in every LoRA config).
+        raise ZeroplanError("finetune.base_dtype", "torchtune loads the base in its recipe's dtype (allowed: bf16)")
     if finetune.dora:
         raise ZeroplanError("finetune.dora", "DoRA is not modelled yet: its weight-norm temporaries are unmeasured (allowed: false)")
     if finetune.quantize not in (Quantization.none, Quantization.nf4):

@@ -17,18 +17,25 @@ from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import NormKind
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
+from zeroplan.specs.training import Kernels
 
-DROPOUT_MASK_BYTES = 1
-"""torch.nn.functional.dropout on an accelerator: native_dropout's bool mask, one byte per element."""
 
-# The input each group of a block's linears reads (zeroplan.core.activations.layer_terms names):
-# q, k and v read the attention norm's output; o the attention's output; gate and up the MLP
-# norm's output; down the gated product.
+# torch 2.13 aten/src/ATen/native/Dropout.cpp: on CUDA dropout runs the fused native_dropout,
+# which keeps a bool mask (one byte per element); elsewhere (is_fused_kernel_acceptable is false
+# on the CPU) it multiplies by a noise tensor of the input's dtype, which the product keeps.
+def dropout_mask_bytes(request: PlanRequest, input_bytes: int) -> int:
+    return 1 if request.training.kernels is Kernels.cuda else input_bytes
+
+# The input each group of a block's linears reads (zeroplan.core.activations.layer_terms names),
+# and whether another op keeps that tensor anyway: q, k and v read the attention norm's output;
+# o the attention's output, which the fused attention itself keeps for its backward (layer_terms
+# counts it once, as output_projection_input: the kernel's output, returned transposed, is the
+# tensor o reads); gate and up read the MLP norm's output; down the gated product.
 INPUT_GROUPS = (
-    ((LoraTarget.q, LoraTarget.k, LoraTarget.v), "hidden"),
-    ((LoraTarget.o,), "attention"),
-    ((LoraTarget.gate, LoraTarget.up), "hidden"),
-    ((LoraTarget.down,), "ffn"),
+    ((LoraTarget.q, LoraTarget.k, LoraTarget.v), "hidden", False),
+    ((LoraTarget.o,), "attention", True),
+    ((LoraTarget.gate, LoraTarget.up), "hidden", False),
+    ((LoraTarget.down,), "ffn", False),
 )
 
 
@@ -56,20 +63,26 @@ def adapters_copy_their_input(request: PlanRequest) -> bool:
     return request.training.framework is Framework.hf and request.strategy.kind is StrategyKind.ddp
 
 
-def _group_input_bytes(request: PlanRequest, targets: tuple[LoraTarget, ...], width: int) -> int:
-    """What the linears reading one input keep of it, given which of them an adapter wraps."""
+def _group_input_bytes(request: PlanRequest, targets: tuple[LoraTarget, ...], width: int, kept_anyway: bool) -> int:
+    """What is kept of one input the group's linears read, given which of them an adapter wraps
+    (and whether another op keeps the input itself regardless)."""
     finetune = request.training.finetune
     e = request.training.precision.compute_bytes
     tokens = request.batch.seq_len * request.batch.micro_batch_size
     wrapped = [t for t in targets if t in finetune.targets(request.training.framework)]
+    shared = e * tokens * width if kept_anyway else 0
     if not wrapped:
-        return 0
+        return shared
+    copies = adapters_copy_their_input(request)
     if finetune.lora_dropout > 0:
         # peft lora_dropout[adapter] and torchtune LoRALinear.dropout are one nn.Dropout per
-        # adapter: each keeps its mask and its dropped copy, which lora_a saves.
-        return len(wrapped) * (e + DROPOUT_MASK_BYTES) * tokens * width
-    copies = len(wrapped) if adapters_copy_their_input(request) else 1
-    return copies * e * tokens * width
+        # adapter: each keeps its mask, and lora_a its dropped input (in the compute dtype: where
+        # the adapters run in fp32, autocast's bf16 copy of the dropped fp32 input).
+        mask = dropout_mask_bytes(request, FP32_BYTES if copies else e)
+        return shared + len(wrapped) * (e + mask) * tokens * width
+    if copies:
+        return shared + len(wrapped) * e * tokens * width
+    return e * tokens * width
 
 
 def lora_layer_delta_bytes(request: PlanRequest, norm_savings_bytes: int = 0) -> int:
@@ -88,9 +101,9 @@ def lora_layer_delta_bytes(request: PlanRequest, norm_savings_bytes: int = 0) ->
     delta = 0
     # Full fine-tune: one copy of each input, kept by the linears that read it (layer_terms'
     # qkv_input, output_projection_input, mlp_input, and the product inside mlp_inner).
-    for group, kind in INPUT_GROUPS:
+    for group, kind, kept_anyway in INPUT_GROUPS:
         width = _input_width(request, kind)
-        delta += _group_input_bytes(request, group, width) - e * tokens * width
+        delta += _group_input_bytes(request, group, width, kept_anyway) - e * tokens * width
     # Each adapter's B keeps A's r-wide output.
     delta += sum(e * tokens * finetune.lora_rank for t in targets if t is not LoraTarget.output)
     # A frozen RMSNorm weight: the composite norm keeps only its fp32 input (and a per-token

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from zeroplan.core.layout import element_bytes
 from zeroplan.core.params import ParamTensor, ParamUnit
+from zeroplan.specs.finetune import BaseDtype
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
+from zeroplan.specs.training import Precision, StateConvention
 from zeroplan.units import ceil_div
 
 NF4_DOUBLE_QUANT_BLOCK = 256
@@ -42,12 +44,17 @@ def nf4_second_level_bytes(request: PlanRequest) -> int:
 
 
 def frozen_element_bytes(request: PlanRequest) -> int:
-    """Bytes per element of a frozen, unquantized parameter. A LoRA base is loaded in the
-    compute dtype (bf16 under bf16 training; peft and torchtune train adapters over a bf16
-    model); a frozen embedding or block of a full fine-tune keeps the dtype the rest of the
-    model is held in."""
+    """Bytes per element of a frozen, unquantized parameter. A LoRA base keeps the dtype it was
+    loaded in (FineTuneSpec.base_dtype; fp32 under fp32 training) unless the engine casts the
+    module: DeepSpeed casts it to 16 bits; a frozen embedding or block of a full fine-tune keeps
+    the dtype the rest of the model is held in."""
     eb = element_bytes(request.training.precision, request.convention)
-    return eb.compute_parameter if request.training.finetune.is_lora else eb.parameter
+    finetune = request.training.finetune
+    if not finetune.is_lora or request.training.precision is Precision.fp32:
+        return eb.parameter
+    if request.convention is not StateConvention.fsdp2:
+        return eb.compute_parameter  # deepspeed/runtime/engine.py _configure_distributed_model: module.bfloat16()
+    return 4 if finetune.base_dtype is BaseDtype.fp32 else eb.compute_parameter
 
 
 def frozen_tensor_bytes(request: PlanRequest, tensor: ParamTensor) -> int:
