@@ -133,11 +133,12 @@ def finetune_lines(report: FitReport) -> list[str]:
             ["the embeddings"] if finetune.freeze_embeddings else [])
         return [f"Full fine-tune with {' and '.join(frozen)} frozen: {share}."]
     targets = ",".join(target.value for target in finetune.targets(t.framework))
+    loaded = finetune.base_dtype.value
     if finetune.quantize.is_quantized:
         base = (f"base linears frozen in {finetune.quantize.value} (blocks of {finetune.quant_block_size}"
-                f"{', double-quantized scales' if finetune.double_quant else ''}), the rest frozen in 16 bits")
+                f"{', double-quantized scales' if finetune.double_quant else ''}), the rest frozen as loaded, in {loaded}")
     else:
-        base = "base frozen in 16 bits"
+        base = f"base frozen as loaded, in {loaded} (DeepSpeed casts it to 16 bits)"
     dropout = f", dropout {finetune.lora_dropout:g}" if finetune.lora_dropout else ""
     return [f"LoRA rank {finetune.lora_rank} on {targets}{dropout}: {share}; {base}."]
 
