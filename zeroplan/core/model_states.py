@@ -85,7 +85,8 @@ def unit_gather_bytes(request: PlanRequest, num_shards: int, bytes_per_element: 
     if trainable_view(units) is units:
         return [elements * bytes_per_element for elements in padded]
     return [elements * bytes_per_element
-            + sum(num_shards * ceil_div(frozen_tensor_bytes(request, t), num_shards) for t in unit.tensors if not t.trainable)
+            + sum(num_shards * ceil_div(frozen_tensor_bytes(request, t, gathered=True), num_shards)
+                  for t in unit.tensors if not t.trainable)
             for unit, elements in zip(units, padded)]
 
 

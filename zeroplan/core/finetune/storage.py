@@ -54,24 +54,41 @@ def frozen_element_bytes(request: PlanRequest) -> int:
         return eb.parameter
     if request.convention is not StateConvention.fsdp2:
         return eb.compute_parameter  # deepspeed/runtime/engine.py _configure_distributed_model: module.bfloat16()
+    if request.training.framework is Framework.hf and request.strategy.kind.is_fsdp and request.training.precision.is_mixed:
+        # accelerate 1.10.1 fsdp2_prepare_model (zeroplan/frameworks/build.py _hf_fsdp2): with
+        # mixed precision it calls model.to(torch.float32) after fully_shard, frozen base
+        # included (measured: benchmarks/framework-step-records, hf LoRA, 4 bytes per element).
+        return 4
     return 4 if finetune.base_dtype is BaseDtype.fp32 else eb.compute_parameter
 
 
-def frozen_tensor_bytes(request: PlanRequest, tensor: ParamTensor) -> int:
-    """Bytes of one frozen tensor, whole."""
+# torchao 0.14.1 dtypes/nf4tensor.py NF4Tensor.from_tensor: besides its codes and scales each
+# tensor holds the 16-entry nf4 code and the scalers' mean in the weight's dtype, which its
+# fsdp_pre_all_gather sends whole and every shard keeps (measured: 34 bytes per bf16 weight on
+# each rank, benchmarks/framework-step-records, torchtune QLoRA).
+def nf4_replicated_bytes(request: PlanRequest) -> int:
+    """Per-tensor constants every shard of an nf4 weight keeps (torchao's; bitsandbytes'
+    QuantState constants are not modelled)."""
+    if request.training.framework is not Framework.torchtune:
+        return 0
+    return (16 + 1) * request.training.precision.compute_bytes
+
+
+def frozen_tensor_bytes(request: PlanRequest, tensor: ParamTensor, gathered: bool = False) -> int:
+    """Bytes of one frozen tensor, whole (its sharded part; per-tensor constants apart), as
+    stored, or as an all-gather brings it in (``gathered``: FSDP2 casts a parameter to its
+    MixedPrecisionPolicy's param_dtype before gathering, DeepSpeed's module is 16-bit already;
+    an nf4 weight is gathered as it is stored)."""
     finetune = request.training.finetune
     if tensor.quantized:
         return nf4_tensor_bytes(tensor.numel, finetune.quant_block_size, finetune.double_quant, nf4_second_level_bytes(request))
+    if gathered:
+        return tensor.numel * element_bytes(request.training.precision, request.convention).compute_parameter
     return tensor.numel * frozen_element_bytes(request)
-
-
-def frozen_unit_bytes(request: PlanRequest, unit: ParamUnit) -> int:
-    """Bytes of a unit's frozen tensors, whole: what an all-gather of the unit brings in for them
-    (FSDP2 gathers each parameter in its own storage dtype: torchao's NF4Tensor defines
-    fsdp_pre_all_gather over its quantized data and scales)."""
-    return sum(frozen_tensor_bytes(request, t) for t in unit.tensors if not t.trainable)
 
 
 def frozen_held_bytes(request: PlanRequest, units: tuple[ParamUnit, ...], num_shards: int) -> int:
     """Frozen bytes one rank holds when each unit is split ``num_shards`` ways (1: whole)."""
-    return sum(ceil_div(frozen_tensor_bytes(request, t), num_shards) for unit in units for t in unit.tensors if not t.trainable)
+    replicated = nf4_replicated_bytes(request)
+    return sum(ceil_div(frozen_tensor_bytes(request, t), num_shards) + (replicated if t.quantized else 0)
+               for unit in units for t in unit.tensors if not t.trainable)
