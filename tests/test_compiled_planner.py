@@ -3,6 +3,7 @@ framework's own compiled block (benchmarks/compiled-records, zeroplan/frameworks
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,14 @@ def test_compile_is_refused_for_models_whose_compiled_block_was_not_measured() -
     with pytest.raises(ZeroplanError, match="Llama-layout"):
         check_compiled(TrainingSpec(framework="hf", compile=True), get_model("gpt2"))
     assert ActivationCheckpointing.selective_op in COMPILED_POLICIES[Framework.torchtitan]
+
+
+def test_the_plan_search_varies_only_measured_compiled_policies(capsys) -> None:
+    from zeroplan.cli.main import main
+
+    code = main(["plan", "llama-3.1-8b", "--framework", "hf", "--compile", "--global-batch", "64", "--gpus", "8", "--format", "json"])
+    out = capsys.readouterr().out
+    assert code == 0
+    rows = json.loads(out)["ranked"]
+    assert rows and {row["activation_checkpointing"] for row in rows} == {"none"}
+    assert {(row["tp"], row["pp"], row["cp"]) for row in rows} == {(1, 1, 1)}

@@ -75,8 +75,8 @@ def run_plan(args: argparse.Namespace) -> int:
         fsdp_cpu_offload=False,
     )
     base = request_from_args(argparse.Namespace(**fixed))
-    # Frozen parameters and LoRA are modelled under data parallelism only (check_finetune).
-    model_parallel = not args.no_model_parallel and base.training.finetune.trains_everything
+    # Frozen parameters, LoRA and compiled blocks are modelled under data parallelism only.
+    model_parallel = not args.no_model_parallel and base.training.finetune.trains_everything and not base.training.compile
     space = LayoutSpace(
         tp=args.tp, pp=args.pp, cp=args.cp, max_tp=args.max_tp, model_parallel=model_parallel,
         pp_schedules=(PipelineSchedule(args.pp_schedule),) if args.pp_schedule else SEARCHED_SCHEDULES,

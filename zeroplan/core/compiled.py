@@ -38,6 +38,11 @@ FLOAT8_ARCHITECTURES = (GpuArchitecture.ada, GpuArchitecture.hopper, GpuArchitec
 supported on NVIDIA SM89 or later, or AMD gfx942 (MI300) or later"."""
 
 
+def runs_checkpointing(training: TrainingSpec, policy: ActivationCheckpointing) -> bool:
+    """Whether ``policy`` is modelled for the training's compile setting (every policy eager)."""
+    return not training.compile or policy in COMPILED_POLICIES.get(training.framework, ())
+
+
 def check_compiled(training: TrainingSpec, model: ModelSpec, gpu: GpuSpec | None = None) -> None:
     """Refuse, in one line naming the field, a compiled or float8 run that was not measured (or,
     given the GPU, float8 on one without float8 matmuls)."""

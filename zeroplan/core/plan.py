@@ -23,6 +23,7 @@ from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
 from zeroplan.core.parallel.activations import rank_activation_bytes, rank_logits_pieces, rank_workspace_bytes
 from zeroplan.core.params import total_parameters
 from zeroplan.core.timing import step_time
+from zeroplan.errors import ZeroplanError
 from zeroplan.results import FitReport, MemoryBreakdown, PeakMoment, StrategyPlan
 from zeroplan.core.parallel.expert import expert_dispatch_bytes
 from zeroplan.specs.parallel import EXPERT_PARALLEL_STRATEGIES, PIPELINE_STRATEGIES
@@ -128,6 +129,8 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     training = request.training
     check_framework_request(training, request.model)
     check_compiled(training, request.model, request.cluster.gpu)
+    if training.compile and not (request.parallel.is_trivial and request.parallel.ep == 1):
+        raise ZeroplanError("compile", "compiled blocks were measured under data parallelism only (tp, cp, pp and ep must be 1)")
     states = model_state_bytes(request)
     # Each term below is the planner's own for one micro-batch through the whole model; with
     # tensor, context or pipeline parallelism zeroplan.core.parallel.activations applies it to

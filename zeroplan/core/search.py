@@ -30,6 +30,7 @@ from zeroplan.core.feasibility import usable_memory_bytes
 from zeroplan.core.parallel.collectives import model_parallel_collectives
 from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
 from zeroplan.core.plan import PeakTerms, host_memory_fits, memory_breakdown, peak_moments, peak_terms
+from zeroplan.core.compiled import runs_checkpointing
 from zeroplan.core.profiles import check_framework_strategies, framework_strategies, profile
 from zeroplan.core.timing import (
     collective_time_s,
@@ -594,6 +595,8 @@ def _layout_groups(layout: PlanRequest, kinds: tuple[StrategyKind, ...]) -> list
             for policy in prof.checkpointing:
                 if policy is ActivationCheckpointing.selective_layer and layout.training.selective_layer_interval > layout.model.num_layers:
                     continue  # it would checkpoint no block: the same as none
+                if not runs_checkpointing(layout.training, policy):
+                    continue  # compiled under a policy that was not measured (zeroplan.core.compiled)
                 training = strategic.training.model_copy(update={"activation_checkpointing": policy})
                 result.append(_build_group(strategic.model_copy(update={"training": training}), family, layout_cache))
     return result
