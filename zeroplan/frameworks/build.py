@@ -97,8 +97,10 @@ def build(framework: Framework, model: ModelSpec, layers: int, policy: Activatio
     if not finetune.trains_everything:
         from zeroplan.frameworks import lora
 
-        return lora.build_finetune(framework, model, layers, policy, dtype, finetune,
-                                   selective_layer_interval, activation_offloading)
+        # The base builders are handed over (lora imports nothing of this module: no cycle).
+        return lora.build_finetune(framework, model, layers, policy, dtype, finetune, selective_layer_interval,
+                                   activation_offloading, hf_base=_hf_llama, hf_shard=_hf_fsdp2,
+                                   torchtune_wrap=torchtune_built)
     if framework is Framework.torchtune:
         return _torchtune_llama(model, layers, policy, dtype, selective_layer_interval, activation_offloading)
     if framework is Framework.torchtitan:

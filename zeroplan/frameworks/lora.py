@@ -8,11 +8,13 @@ whenever ``TrainingSpec.finetune`` is not a full fine-tune.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
 from zeroplan.errors import ZeroplanError
-from zeroplan.frameworks.build import BuiltModel, _hf_llama, torchtune_built
 from zeroplan.specs import ActivationCheckpointing, ModelSpec
 from zeroplan.specs.finetune import FineTuneSpec, LoraTarget, Quantization
 from zeroplan.specs.framework import Framework
@@ -65,16 +67,23 @@ def check_finetune(framework: Framework, finetune: FineTuneSpec, policy: Activat
             if not finetune.double_quant:
                 raise ZeroplanError("finetune.double_quant", "torchao's NF4Tensor always quantizes its block scales (allowed: true)")
     if framework is Framework.hf and finetune.quantize is Quantization.nf4:
-        raise ZeroplanError("finetune.quantize", "hf QLoRA (bitsandbytes Linear4bit) is not measured on fake tensors "
+        # bitsandbytes quantizes a Params4bit on its move to a real device (nn/modules.py
+        # Params4bit._quantize), so its weights cannot be built on meta or fake tensors as
+        # torchao's NF4Tensor can; no real-tensor run is wired up (docs/frameworks.md).
+        raise ZeroplanError("finetune.quantize", "hf QLoRA (bitsandbytes Linear4bit) is not measured yet "
                                                  "(allowed for hf: none; nf4 with --framework torchtune); see docs/frameworks.md")
 
 
 def build_finetune(framework: Framework, model: ModelSpec, layers: int, policy: ActivationCheckpointing,
-                   dtype: torch.dtype, finetune: FineTuneSpec, interval: int = 2, offloading: bool = False) -> BuiltModel:
+                   dtype: torch.dtype, finetune: FineTuneSpec, interval: int = 2, offloading: bool = False, *,
+                   hf_base: Callable, hf_shard: Callable, torchtune_wrap: Callable):
+    """The fine-tune's BuiltModel (zeroplan.frameworks.build.BuiltModel), from build's own pieces:
+    ``hf_base`` (build._hf_llama), ``hf_shard`` (build._hf_fsdp2) and ``torchtune_wrap``
+    (build.torchtune_built)."""
     check_finetune(framework, finetune, policy, offloading)
     if framework is Framework.torchtune:
-        return torchtune_lora_llama(model, layers, policy, dtype, finetune)
-    return hf_peft_llama(model, layers, policy, dtype, finetune)
+        return torchtune_lora_llama(model, layers, policy, dtype, finetune, torchtune_wrap)
+    return hf_peft_llama(model, layers, policy, dtype, finetune, hf_base, hf_shard)
 
 
 def lora_alpha(finetune: FineTuneSpec) -> float:
@@ -82,7 +91,7 @@ def lora_alpha(finetune: FineTuneSpec) -> float:
 
 
 def torchtune_lora_llama(model: ModelSpec, layers: int, policy: ActivationCheckpointing, dtype: torch.dtype,
-                         finetune: FineTuneSpec) -> BuiltModel:
+                         finetune: FineTuneSpec, torchtune_wrap: Callable):
     """torchtune 0.6.1 recipes/lora_finetune_distributed.py _setup_model, on the meta device."""
     from torchtune import training
     from torchtune.models.llama3_1._component_builders import lora_llama3_1
@@ -110,7 +119,7 @@ def torchtune_lora_llama(model: ModelSpec, layers: int, policy: ActivationCheckp
     # _setup_model then applies set_activation_checkpointing and shard_model exactly as the full
     # recipe does, with custom_sharded_layers from the config: none of the shipped
     # llama3_1/*_lora.yaml or 405B_qlora.yaml sets it (cfg.get(..., None)).
-    built = torchtune_built(module, policy, 2, False, None)
+    built = torchtune_wrap(module, policy, 2, False, None)
     if quantized:
         built.empty = empty_with_nf4
     return built
@@ -136,7 +145,7 @@ def empty_with_nf4(module: nn.Module, device: object) -> None:
 
 
 def hf_peft_llama(model: ModelSpec, layers: int, policy: ActivationCheckpointing, dtype: torch.dtype,
-                  finetune: FineTuneSpec) -> BuiltModel:
+                  finetune: FineTuneSpec, hf_base: Callable, hf_shard: Callable):
     """peft 0.17.1 get_peft_model(LlamaForCausalLM, LoraConfig(...)) over build._hf_llama's model."""
     from importlib.metadata import version
 
@@ -148,7 +157,7 @@ def hf_peft_llama(model: ModelSpec, layers: int, policy: ActivationCheckpointing
     # (_prepare_model_for_gradient_checkpointing), which a reentrant checkpoint over frozen
     # embeddings needs for any adapter to get a gradient (the order PEFT's docs show; the
     # Trainer itself never calls enable_input_require_grads).
-    base = _hf_llama(model, layers, policy, dtype)
+    base = hf_base(model, layers, policy, dtype)
     # peft 0.17.1 tuners/lora/config.py LoraConfig and mapping_func.py get_peft_model (default
     # autocast_adapter_dtype=True: tuners_utils.py _cast_adapter_dtype upcasts bf16/fp16 adapter
     # weights to fp32; the frozen base keeps its dtype).
@@ -164,9 +173,7 @@ def hf_peft_llama(model: ModelSpec, layers: int, policy: ActivationCheckpointing
         return module(input_ids=tokens).logits
 
     def shard(mesh: object, reshard_after_forward: bool) -> str:
-        from zeroplan.frameworks.build import _hf_fsdp2
+        return hf_shard(module, mesh, reshard_after_forward)
 
-        return _hf_fsdp2(module, mesh, reshard_after_forward)
-
-    return BuiltModel(module, base.blocks, forward, f"transformers {version('transformers')}, peft {version('peft')}",
-                      shard=shard)
+    return dataclasses.replace(base, module=module, forward=forward, shard=shard,
+                               version=f"transformers {version('transformers')}, peft {version('peft')}")
