@@ -2,6 +2,9 @@
 
     python benchmarks/framework_records.py [OUT_DIR [FRAMEWORK ...]]
         (default benchmarks/framework-records, every framework)
+    python benchmarks/framework_records.py --finetune [OUT_DIR]
+        (the LoRA/QLoRA runs, FINETUNE_RUNS, default benchmarks/framework-finetune-records: kept
+        apart from the full fine-tunes the planner is already checked against; about a minute)
 
 Each run builds a framework's decoder (zeroplan.frameworks.build) at full width, four blocks
 deep, on fake tensors, and records what each block keeps for backward (zeroplan.frameworks.
@@ -19,6 +22,7 @@ from zeroplan.presets.models import get_model
 from zeroplan.specs import BatchSpec, StrategyKind, TrainingSpec
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "framework-records"
+FINETUNE_OUT = Path(__file__).resolve().parent / "framework-finetune-records"
 
 # (framework, strategy, precision, checkpointing): HF under DeepSpeed trains a bf16 module, HF
 # under FSDP/DDP an fp32 module with autocast; torchtune trains in pure bf16; torchtitan keeps
@@ -39,6 +43,20 @@ OPTION_RUNS = [
     ("torchtune", "fsdp-full-shard", "bf16-pure", {"activation_checkpointing": "full", "activation_offloading": True}),
 ]
 SHAPES = [("llama-3.1-8b", 8192, 2), ("llama-3.1-8b", 4096, 1), ("llama-3.1-70b", 4096, 1)]
+# LoRA/QLoRA (TrainingSpec.finetune; zeroplan.frameworks.lora): torchtune's 8B_lora.yaml (r 8, its
+# default targets q, v, o and the MLP) and 8B_qlora_single_device.yaml (the same over an NF4
+# base) in pure bf16; PEFT r 16 over every block linear and over its default (q, v), in the HF
+# Trainer's DDP dtypes (fp32 module under autocast), and once with lora_dropout 0.1.
+FINETUNE_SHAPES = [("llama-3.1-8b", 4096, 1)]
+FINETUNE_RUNS = [
+    ("torchtune", "fsdp-full-shard", "bf16-pure", policy, finetune)
+    for policy in ("none", "full") for finetune in ({"lora_rank": 8}, {"lora_rank": 8, "quantize": "nf4"})
+] + [
+    ("hf", "ddp", "bf16-mixed", policy, finetune)
+    for policy in ("none", "full")
+    for finetune in ({"lora_rank": 16, "lora_targets": ["q", "k", "v", "o", "gate", "up", "down"]}, {"lora_rank": 16})
+] + [("hf", "ddp", "bf16-mixed", "none", {"lora_rank": 16, "lora_targets": ["q", "k", "v", "o", "gate", "up", "down"],
+                                          "lora_dropout": 0.1})]
 
 
 def main(out: Path = DEFAULT_OUT, frameworks: set[str] | None = None) -> None:
@@ -51,10 +69,28 @@ def main(out: Path = DEFAULT_OUT, frameworks: set[str] | None = None) -> None:
             training = TrainingSpec(framework=framework, precision=precision, **options)
             record = measure(get_model(model_name), StrategyKind(strategy), training,
                              BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch))
-            path = out / record.file_name
-            write_text_atomic(path, record.model_dump_json(indent=2) + "\n")
-            print(f"{record.name:70s} block {record.block_kept_bytes:>14,} bytes  ({record.wall_time_s:.1f} s)")
+            _write(out, record)
+    main_finetune(FINETUNE_OUT if out == DEFAULT_OUT else out, frameworks)
+
+
+def main_finetune(out: Path = FINETUNE_OUT, frameworks: set[str] | None = None) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for model_name, seq_len, micro_batch in FINETUNE_SHAPES:
+        for framework, strategy, precision, policy, finetune in FINETUNE_RUNS:
+            if frameworks and framework not in frameworks:
+                continue
+            training = TrainingSpec(framework=framework, precision=precision, activation_checkpointing=policy, finetune=finetune)
+            _write(out, measure(get_model(model_name), StrategyKind(strategy), training,
+                                BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch)))
+
+
+def _write(out: Path, record) -> None:
+    write_text_atomic(out / record.file_name, record.model_dump_json(indent=2) + "\n")
+    print(f"{record.name:70s} block {record.block_kept_bytes:>14,} bytes  ({record.wall_time_s:.1f} s)", flush=True)
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT, set(sys.argv[2:]) or None)
+    if sys.argv[1:2] == ["--finetune"]:
+        main_finetune(Path(sys.argv[2]) if len(sys.argv) > 2 else FINETUNE_OUT)
+    else:
+        main(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT, set(sys.argv[2:]) or None)

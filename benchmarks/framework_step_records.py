@@ -5,6 +5,9 @@ write the records the planner's allocated peak is checked against.
         (default benchmarks/framework-step-records, every framework)
     python benchmarks/framework_step_records.py --optimizer-in-backward [OUT_DIR]
         (only torchtune's optimizer_in_bwd runs)
+    python benchmarks/framework_step_records.py --finetune [OUT_DIR]
+        (the LoRA/QLoRA runs, FINETUNE, default benchmarks/framework-finetune-step-records;
+        about 8 minutes, most of it the single-device and 70B runs)
 
 Each run (zeroplan.frameworks.step.run_step) builds the framework's model at full depth on fake
 tensors, shards it over a fake process group of N ranks as the framework's recipe does, and
@@ -22,9 +25,11 @@ from zeroplan.atomic import write_text_atomic
 from zeroplan.frameworks.step import run_step, step_training
 from zeroplan.presets.models import get_model
 from zeroplan.specs import BatchSpec, StrategyKind
+from zeroplan.specs.finetune import FineTuneSpec
 from zeroplan.specs.framework import Framework
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "framework-step-records"
+FINETUNE_OUT = Path(__file__).resolve().parent / "framework-finetune-step-records"
 
 # issue 8's sizes: 8B at 8 and 128 ranks, 70B at 64, seq 4096 and 8192, micro-batch 1-2.
 SHAPES = [
@@ -39,6 +44,23 @@ MORE_POLICIES = {Framework.torchtitan: ("selective-op",)}
 OPTIMIZER_IN_BACKWARD = [("llama-3.1-8b", 8, 4096, 1, "none"), ("llama-3.1-8b", 8, 4096, 1, "full"),
                          ("llama-3.1-70b", 64, 4096, 1, "full")]
 """torchtune's optimizer_in_bwd: (model, ranks, seq, micro-batch, policy) of each extra run."""
+FINETUNE = [
+    # torchtune 0.6.1 recipes/lora_finetune_distributed.py with configs/llama3_1/8B_lora.yaml
+    # (r 8, q v o + MLP; AdamW fused over model.parameters(): states only for the adapters,
+    # the only parameters with gradients) and with its QLoRA model (quantize_base, NF4).
+    *[(Framework.torchtune, "llama-3.1-8b", 8, policy, finetune)
+      for policy in POLICIES for finetune in ({"lora_rank": 8}, {"lora_rank": 8, "quantize": "nf4"})],
+    # PEFT r 16 over every block linear under the HF Trainer's accelerate FSDP2 path.
+    *[(Framework.hf, "llama-3.1-8b", 8, policy, {"lora_rank": 16, "lora_targets": ["q", "k", "v", "o", "gate", "up", "down"]})
+      for policy in POLICIES],
+    # recipes/lora_finetune_single_device.py with 8B_lora_single_device.yaml
+    # (enable_activation_checkpointing True): `zeroplan fit ... --lora-rank 8 --gpus 1`.
+    (Framework.torchtune, "llama-3.1-8b", 1, "full", {"lora_rank": 8}),
+    # configs/llama3_1/70B_lora.yaml: r 16, enable_activation_checkpointing True.
+    (Framework.torchtune, "llama-3.1-70b", 8, "full", {"lora_rank": 16}),
+]
+"""(framework, model, ranks, policy, TrainingSpec.finetune) of each LoRA/QLoRA run at s4096 b1;
+1 rank is the single-device recipe (StrategyKind.ddp), more its FSDP2 recipe (fsdp-full-shard)."""
 
 
 def main(out: Path = DEFAULT_OUT, frameworks: set[str] | None = None) -> None:
@@ -51,10 +73,21 @@ def main(out: Path = DEFAULT_OUT, frameworks: set[str] | None = None) -> None:
                 _run(out, model_name, world_size, seq_len, micro_batch, step_training(framework, policy))
     if not frameworks or Framework.torchtune.value in frameworks:
         main_optimizer_in_backward(out)
+    if not frameworks:
+        main_finetune(FINETUNE_OUT if out == DEFAULT_OUT else out)
 
 
-def _run(out: Path, model_name: str, world_size: int, seq_len: int, micro_batch: int, training) -> None:
-    record = run_step(get_model(model_name), StrategyKind.fsdp_full_shard, training,
+def main_finetune(out: Path = FINETUNE_OUT) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for framework, model_name, world_size, policy, finetune in FINETUNE:
+        training = step_training(framework, policy).model_copy(update={"finetune": FineTuneSpec(**finetune)})
+        strategy = StrategyKind.ddp if world_size == 1 else StrategyKind.fsdp_full_shard
+        _run(out, model_name, world_size, 4096, 1, training, strategy)
+
+
+def _run(out: Path, model_name: str, world_size: int, seq_len: int, micro_batch: int, training,
+         strategy: StrategyKind = StrategyKind.fsdp_full_shard) -> None:
+    record = run_step(get_model(model_name), strategy, training,
                       BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch), world_size)
     write_text_atomic(out / record.file_name, record.model_dump_json(indent=2) + "\n")
     print(f"{record.name:72s} peak {record.peak_bytes / 2**30:8.2f} GiB at {record.peak_phase.value:9s} "
@@ -69,7 +102,9 @@ def main_optimizer_in_backward(out: Path = DEFAULT_OUT) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--optimizer-in-backward"]:
+    if sys.argv[1:2] == ["--finetune"]:
+        main_finetune(Path(sys.argv[2]) if len(sys.argv) > 2 else FINETUNE_OUT)
+    elif sys.argv[1:2] == ["--optimizer-in-backward"]:
         main_optimizer_in_backward(Path(sys.argv[2]) if len(sys.argv) > 2 else DEFAULT_OUT)
     else:
         main(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT, set(sys.argv[2:]) or None)

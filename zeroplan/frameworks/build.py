@@ -15,6 +15,7 @@ from torch import nn
 
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs import ActivationCheckpointing, MlpKind, ModelSpec, PositionKind
+from zeroplan.specs.finetune import FineTuneSpec
 from zeroplan.specs.framework import Framework
 
 MEASURABLE = {
@@ -43,6 +44,17 @@ class BuiltModel:
     shard: Callable[[object, bool], str] | None = None
     """Apply the framework's own FSDP2 wrapping to ``module`` given (device_mesh,
     reshard_after_forward); returns a one-line description. None: the framework has none."""
+    empty: Callable[[nn.Module, object], None] | None = None
+    """How the module's parameters are allocated uninitialised on a device (``to_empty``); None:
+    ``nn.Module.to_empty``. A quantized base overrides it (zeroplan.frameworks.lora)."""
+
+    def to_empty(self, device: object) -> None:
+        """Allocate every parameter and buffer of ``module`` on ``device``, uninitialised (under
+        fake-tensor mode: fake tensors)."""
+        if self.empty is None:
+            self.module.to_empty(device=device)
+        else:
+            self.empty(self.module, device)
 
 
 def check_measurable(framework: Framework, policy: ActivationCheckpointing, model: ModelSpec,
@@ -74,11 +86,21 @@ def check_measurable(framework: Framework, policy: ActivationCheckpointing, mode
 
 
 def build(framework: Framework, model: ModelSpec, layers: int, policy: ActivationCheckpointing, dtype: torch.dtype,
-          seq_len: int | None = None, *, selective_layer_interval: int = 2, activation_offloading: bool = False) -> BuiltModel:
+          seq_len: int | None = None, *, selective_layer_interval: int = 2, activation_offloading: bool = False,
+          finetune: FineTuneSpec = FineTuneSpec()) -> BuiltModel:
     """The framework's model with ``layers`` blocks on the meta device, in ``dtype``; ``seq_len``
     is the training sequence length, where the framework sizes buffers by it (torchtitan); the
-    interval and offloading are torchtune's ``ac_option`` and ``enable_activation_offloading``."""
+    interval and offloading are torchtune's ``ac_option`` and ``enable_activation_offloading``;
+    ``finetune`` other than a full fine-tune builds the framework's LoRA/QLoRA model
+    (zeroplan.frameworks.lora)."""
     check_measurable(framework, policy, model, activation_offloading)
+    if not finetune.trains_everything:
+        from zeroplan.frameworks import lora
+
+        # The base builders are handed over (lora imports nothing of this module: no cycle).
+        return lora.build_finetune(framework, model, layers, policy, dtype, finetune, selective_layer_interval,
+                                   activation_offloading, hf_base=_hf_llama, hf_shard=_hf_fsdp2,
+                                   torchtune_wrap=torchtune_built)
     if framework is Framework.torchtune:
         return _torchtune_llama(model, layers, policy, dtype, selective_layer_interval, activation_offloading)
     if framework is Framework.torchtitan:
@@ -150,14 +172,7 @@ def _hf_fsdp2(module: nn.Module, mesh: object, reshard_after_forward: bool) -> s
 
 def _torchtune_llama(model: ModelSpec, layers: int, policy: ActivationCheckpointing, dtype: torch.dtype,
                      interval: int = 2, offloading: bool = False) -> BuiltModel:
-    import contextlib
-    from importlib.metadata import version
-
-    from torchtune import modules, training
     from torchtune.models.llama3_1 import llama3_1
-    from torchtune.training import activations
-
-    from zeroplan.frameworks._cuda_streams import host_cuda_streams
 
     # torchtune models/llama3_1/_component_builders.py llama3_1(): the builder its
     # llama3_1_8b/70b/405b presets call with their sizes.
@@ -167,6 +182,23 @@ def _torchtune_llama(model: ModelSpec, layers: int, policy: ActivationCheckpoint
             num_kv_heads=model.num_kv_heads or model.num_heads, embed_dim=model.hidden_size,
             max_seq_len=model.max_positions, intermediate_dim=model.ffn_hidden_size,
         ).to(dtype)
+    # recipes/full_finetune_distributed.py: custom_sharded_layers ['tok_embeddings', 'output'] in
+    # every shipped llama3_1 *_full.yaml.
+    return torchtune_built(module, policy, interval, offloading, ["tok_embeddings", "output"])
+
+
+def torchtune_built(module: nn.Module, policy: ActivationCheckpointing, interval: int, offloading: bool,
+                    custom_sharded_layers: list[str] | None) -> BuiltModel:
+    """A torchtune TransformerDecoder with what its distributed recipes apply after building it:
+    activation checkpointing, the chunked output, offloading, RoPE init and shard_model."""
+    import contextlib
+    from importlib.metadata import version
+
+    from torchtune import modules, training
+    from torchtune.training import activations
+
+    from zeroplan.frameworks._cuda_streams import host_cuda_streams
+
     module.train()
     if policy is ActivationCheckpointing.full:
         # recipes/full_finetune_distributed.py with enable_activation_checkpointing: True.
@@ -209,13 +241,13 @@ def _torchtune_llama(model: ModelSpec, layers: int, policy: ActivationCheckpoint
                 submodule.rope_init()
 
     def shard(mesh: object, reshard_after_forward: bool) -> str:
-        # recipes/full_finetune_distributed.py _setup_model: shard_model with get_shard_conditions
-        # (every layers.i, and the names in custom_sharded_layers: ['tok_embeddings', 'output']
-        # in every shipped llama3_1 *_full.yaml), fsdp_reshard_after_forward, no cpu offload, no
+        # recipes/full_finetune_distributed.py (and lora_finetune_distributed.py) _setup_model:
+        # shard_model with get_shard_conditions (every layers.i, and the names in
+        # custom_sharded_layers), fsdp_reshard_after_forward, no cpu offload, no
         # mixed-precision policy (the module is already bf16).
         from functools import partial
 
-        names = ["tok_embeddings", "output"]
+        names = custom_sharded_layers
         condition = partial(training.get_shard_conditions, names_to_match=names)
         training.shard_model(model=module, shard_conditions=[condition], cpu_offload=False,
                              reshard_after_forward=reshard_after_forward, dp_mesh=mesh)

@@ -97,11 +97,11 @@ def _forward(model: ModelSpec, training: TrainingSpec, batch: BatchSpec, layers:
     excluded), and each block's growth."""
     built = build(training.framework, model, layers, training.activation_checkpointing, dtype, batch.seq_len,
                   selective_layer_interval=training.selective_layer_interval,
-                  activation_offloading=training.activation_offloading)
+                  activation_offloading=training.activation_offloading, finetune=training.finetune)
     built.materialize()
     marks: list[int] = []
     with private.fake_tensor_mode():
-        built.module.to_empty(device="cpu")
+        built.to_empty("cpu")
         tokens = torch.randint(0, model.vocab_size, (batch.micro_batch_size, batch.seq_len))
         tracker = private.live_bytes_tracker()
 
@@ -111,6 +111,7 @@ def _forward(model: ModelSpec, training: TrainingSpec, batch: BatchSpec, layers:
         for block in built.blocks:
             block.register_forward_hook(lambda *_: marks.append(device_bytes()))
         private.track_existing(tracker, built.module)
+        private.frozen_parameters_unhooked(tracker, built.module)
         with tracker:
             before = device_bytes()
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=_autocast(training, dtype)):

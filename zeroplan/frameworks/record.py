@@ -70,8 +70,37 @@ class FrameworkRecord(Frozen):
             policy += f"-k{t.selective_layer_interval}"
         if t.activation_offloading:
             policy += "+offload"
-        return (f"{t.framework.value}:{self.model.name}:{self.strategy.value}:{t.precision.value}:"
+        return (f"{t.framework.value}:{self.model.name}:{self.strategy.value}:{t.precision.value}{finetune_tag(t)}:"
                 f"ac={policy}:s{b.seq_len}:b{b.micro_batch_size}")
+
+
+TARGET_LETTERS = {"q": "q", "k": "k", "v": "v", "o": "o", "gate": "g", "up": "u", "down": "d", "output": "h"}
+"""One letter per LoRA target in a record's name (h: the LM head)."""
+
+
+def finetune_tag(training: TrainingSpec) -> str:
+    """What a record's name adds for a fine-tune: '' for a full fine-tune, else e.g.
+    '+lora-r8-qvogud' or '+qlora-nf4-r8-qvogud' (the targets in force, in LoraTarget order),
+    with '-a32' (an alpha other than 2 r), '-bs128'/'-nodq' (quantization other than QLoRA's
+    blocks of 64 with double quantization), '-drop0.1' and '-dora' where they apply."""
+    f = training.finetune
+    if f.trains_everything:
+        return ""
+    if not f.is_lora:
+        return f"+frozen{'-embeddings' if f.freeze_embeddings else ''}-blocks{f.frozen_blocks}"
+    named = {t.value for t in f.targets(training.framework)}
+    letters = "".join(letter for target, letter in TARGET_LETTERS.items() if target in named)
+    tag = f"+qlora-{f.quantize.value}" if f.quantize.is_quantized else "+lora"
+    tag += f"-r{f.lora_rank}-{letters}"
+    if f.quantize.is_quantized and (f.quant_block_size != 64 or not f.double_quant):
+        tag += f"-bs{f.quant_block_size}{'' if f.double_quant else '-nodq'}"
+    if f.lora_alpha is not None and f.lora_alpha != 2 * f.lora_rank:
+        tag += f"-a{f.lora_alpha:g}"
+    if f.lora_dropout:
+        tag += f"-drop{f.lora_dropout:g}"
+    if f.dora:
+        tag += "-dora"
+    return tag
 
 
 def load_framework_records(directory: Path) -> list[FrameworkRecord]:

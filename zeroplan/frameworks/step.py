@@ -11,6 +11,7 @@ planner's formulas: tests/test_framework_step.py puts the two side by side.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -40,6 +41,9 @@ STEP_PRECISION = {
 }
 """Framework -> (the precision its FSDP2 recipe trains in, the module dtype that makes it)."""
 
+SINGLE_DEVICE = ("torchtune lora_finetune_single_device: no FSDP, no process group; the whole model on the one "
+                 "device (torch MemTracker instead of FSDPMemTracker)")
+
 ADAMW_LR = 2e-5
 """torchtune 0.6.1 configs/llama3_1/8B_full.yaml optimizer lr (the step's bytes do not depend on it)."""
 
@@ -49,7 +53,12 @@ def check_step(framework: Framework, strategy: StrategyKind, training: TrainingS
     if framework not in STEP_PRECISION:
         allowed = ", ".join(f.value for f in STEP_PRECISION)
         raise ZeroplanError("--framework", f"{framework.value!r} has no whole-step runner (allowed: {allowed})")
-    if strategy not in STEP_STRATEGIES:
+    if strategy is StrategyKind.ddp and world_size == 1:
+        # torchtune 0.6.1 recipes/lora_finetune_single_device.py: no process group, no FSDP.
+        if framework is not Framework.torchtune or not training.finetune.is_lora:
+            raise ZeroplanError("--strategy", "a single-device step (ddp at 1 rank) is simulated only for torchtune's "
+                                              "lora_finetune_single_device recipe (allowed: --framework torchtune with LoRA)")
+    elif strategy not in STEP_STRATEGIES:
         allowed = ", ".join(k.value for k in STEP_STRATEGIES)
         raise ZeroplanError("--strategy", f"{strategy.value!r} is not a whole step the frameworks' FSDP2 runs (allowed: {allowed})")
     precision = STEP_PRECISION[framework][0]
@@ -86,15 +95,22 @@ def run_step(model: ModelSpec, strategy: StrategyKind, training: TrainingSpec, b
     check_seq_len(model, batch)
     start_s = time.perf_counter()
     dtype = STEP_PRECISION[framework][1]
-    built = build(framework, model, model.num_layers, training.activation_checkpointing, dtype, batch.seq_len)
+    built = build(framework, model, model.num_layers, training.activation_checkpointing, dtype, batch.seq_len,
+                  finetune=training.finetune)
     notes = []
     if batch.grad_accum_steps > 1:
         notes.append(f"one micro-batch simulated of grad_accum_steps={batch.grad_accum_steps}")
-    with fake_process_group(world_size, rank):
-        sharding = built.shard(device_mesh(world_size), strategy is StrategyKind.fsdp_full_shard)
+    single_device = strategy is StrategyKind.ddp
+    with contextlib.nullcontext() if single_device else fake_process_group(world_size, rank):
+        if single_device:
+            # recipes/lora_finetune_single_device.py _setup_model: the model built on the device,
+            # set_trainable_params, set_activation_checkpointing; no sharding, no process group.
+            sharding = SINGLE_DEVICE
+        else:
+            sharding = built.shard(device_mesh(world_size), strategy is StrategyKind.fsdp_full_shard)
         built.materialize()
         with private.fake_tensor_mode():
-            built.module.to_empty(device=DEVICE)
+            built.to_empty(DEVICE)
             params = list(built.module.parameters())
             shards = [private.dtensor_local_storage(p) for p in params]
             # torchtune 0.6.1 configs/llama3_1/8B_full.yaml: torch.optim.AdamW, fused: True; the
@@ -117,7 +133,14 @@ def run_step(model: ModelSpec, strategy: StrategyKind, training: TrainingSpec, b
                 # optimizer.zero_grad(set_to_none=True), the HF Trainer model.zero_grad().
                 built.module.zero_grad(set_to_none=True)
                 optimizer.zero_grad(set_to_none=True)
-            tracker = private.passing_higher_order_ops(private.fsdp_mem_tracker_class()(mod=built.module, optm=optimizer))
+            if single_device:
+                # Without FSDP, FSDP2's FSDPMemTracker has nothing to follow: torch's MemTracker,
+                # of which it is the FSDP2 subclass, counts the same storages by category.
+                tracker = private.live_bytes_tracker()
+                tracker.track_external(built.module, optimizer)
+            else:
+                tracker = private.passing_higher_order_ops(private.fsdp_mem_tracker_class()(mod=built.module, optm=optimizer))
+            private.frozen_parameters_unhooked(tracker, built.module)
             running: dict[StepPhase, int] = {}
             with tracker:
                 loss = _forward_and_loss(framework, built, tokens, tracker, running, unchunked)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
-from zeroplan.frameworks.record import load_records
+from zeroplan.frameworks.record import finetune_tag, load_records
 from zeroplan.specs import BatchSpec, ModelSpec, StrategyKind, TrainingSpec
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.training import recorded_before_kernels
@@ -81,7 +81,7 @@ class FrameworkStepRecord(Frozen):
     @property
     def name(self) -> str:
         t, b = self.training, self.batch
-        return (f"{t.framework.value}:{self.model.name}:{self.strategy.value}:n{self.world_size}:{t.precision.value}:"
+        return (f"{t.framework.value}:{self.model.name}:{self.strategy.value}:n{self.world_size}:{t.precision.value}{finetune_tag(t)}:"
                 f"ac={t.activation_checkpointing.value}{'+optim-in-bwd' if t.optimizer_in_backward else ''}"
                 f"{'+unchunked-loss' if t.unchunked_loss else ''}:"
                 f"s{b.seq_len}:b{b.micro_batch_size}")

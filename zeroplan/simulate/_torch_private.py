@@ -381,3 +381,31 @@ def dynamo_graph_inputs(gm: torch.fx.GraphModule) -> list[tuple[str, object]]:
         arg = node.meta["grapharg"]
         inputs.append((arg.source.name, arg.example))
     return inputs
+
+
+class _NoHook:
+    def remove(self) -> None:
+        pass
+
+
+def frozen_parameters_unhooked(tracker: object, module: object) -> None:
+    """Keep MemTracker/FSDPMemTracker (private) from registering its gradient hooks on the
+    frozen parameters of ``module`` (torch.distributed._tools.mem_tracker
+    _track_module_params_and_buffers calls ``param.register_hook`` on every parameter, which
+    raises for one without requires_grad, as LoRA's frozen base is): each frozen parameter is
+    entered in the tracker's ``_param_to_grad_hook_handles`` with handles that remove nothing,
+    so the tracker takes it as hooked already. A frozen parameter never has a gradient to track."""
+    for param in module.parameters():
+        if not param.requires_grad:
+            tracker._param_to_grad_hook_handles.setdefault(param, (_NoHook(), _NoHook()))
+
+
+def inner_tensors(tensor: torch.Tensor) -> dict[str, torch.Tensor] | None:
+    """The tensors a wrapper tensor subclass holds (torch.utils._python_dispatch
+    is_traceable_wrapper_subclass and its ``__tensor_flatten__``: e.g. torchao's NF4Tensor),
+    by attribute name; None for a plain tensor."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if not is_traceable_wrapper_subclass(tensor):
+        return None
+    return {name: getattr(tensor, name) for name in tensor.__tensor_flatten__()[0]}

@@ -46,8 +46,15 @@ def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
-    """Bytes of the distinct storages under ``tensors`` (a view counts its whole storage once)."""
+    """Bytes of the distinct storages under ``tensors`` (a view counts its whole storage once; a
+    tensor subclass that wraps inner tensors, e.g. torchao's NF4Tensor, counts their storages)."""
     seen: dict[int, int] = {}
-    for tensor in tensors:
+    pending = list(tensors)
+    while pending:
+        tensor = pending.pop()
+        inner = private.inner_tensors(tensor)
+        if inner is not None:
+            pending.extend(inner.values())
+            continue
         seen[private.storage_key(tensor)] = tensor.untyped_storage().nbytes()
     return sum(seen.values())

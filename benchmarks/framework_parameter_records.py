@@ -1,0 +1,52 @@
+"""Count the parameters the frameworks' own LoRA/QLoRA builders make and write the records the
+planner's model-state terms are checked against.
+
+    python benchmarks/framework_parameter_records.py [OUT_DIR]
+        (default benchmarks/framework-parameter-records)
+
+Each run (zeroplan.frameworks.parameters.measure_parameters) builds two full-width blocks, the
+embedding, the final norm and the LM head on the meta device (torchao's NF4 quantization of a
+meta weight makes meta inner tensors of the real sizes), and records their bytes, trainable and
+frozen, by dtype. Needs torch and the frameworks (scripts/install-frameworks); a few seconds a run.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from zeroplan.atomic import write_text_atomic
+from zeroplan.frameworks.parameters import measure_parameters
+from zeroplan.presets.models import get_model
+from zeroplan.specs import StrategyKind, TrainingSpec
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "framework-parameter-records"
+
+ALL_LINEARS = ["q", "k", "v", "o", "gate", "up", "down"]
+# (model, framework, strategy, precision, finetune): torchtune's 8B_lora / 8B_qlora_single_device
+# (r 8) and 70B_lora / 405B_qlora's r 16, in its bf16; PEFT r 16 in the HF Trainer's fp32 module
+# (DDP with autocast; accelerate's FSDP2 upcasts the whole module, base and adapters, to fp32 too,
+# so its bytes are these).
+RUNS = [
+    ("llama-3.1-8b", "torchtune", "fsdp-full-shard", "bf16-pure", {"lora_rank": 8}),
+    ("llama-3.1-8b", "torchtune", "fsdp-full-shard", "bf16-pure", {"lora_rank": 8, "quantize": "nf4"}),
+    ("llama-3.1-70b", "torchtune", "fsdp-full-shard", "bf16-pure", {"lora_rank": 16}),
+    ("llama-3.1-70b", "torchtune", "fsdp-full-shard", "bf16-pure", {"lora_rank": 16, "quantize": "nf4"}),
+    ("llama-3.1-8b", "hf", "ddp", "bf16-mixed", {"lora_rank": 16, "lora_targets": ALL_LINEARS}),
+    ("llama-3.1-8b", "hf", "ddp", "bf16-mixed", {"lora_rank": 16}),
+]
+
+
+def main(out: Path = DEFAULT_OUT) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for model_name, framework, strategy, precision, finetune in RUNS:
+        training = TrainingSpec(framework=framework, precision=precision, finetune=finetune)
+        record = measure_parameters(get_model(model_name), StrategyKind(strategy), training)
+        write_text_atomic(out / record.file_name, record.model_dump_json(indent=2) + "\n")
+        block = record.blocks[0]
+        print(f"{record.name:72s} block trainable {block.trainable} frozen {block.frozen} "
+              f"({record.wall_time_s:.1f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT)

@@ -1,0 +1,124 @@
+"""The frameworks' own LoRA/QLoRA builders (zeroplan.frameworks.lora) on a tiny Llama: what trains,
+what is quantized, the record names and the one-line refusals. The full-width records are
+written by benchmarks/framework_records.py --finetune, framework_step_records.py --finetune and
+framework_parameter_records.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from zeroplan.errors import ZeroplanError
+from zeroplan.presets.models import get_model
+from zeroplan.specs import ActivationCheckpointing, StrategyKind, TrainingSpec
+from zeroplan.specs.finetune import FineTuneSpec
+from zeroplan.specs.framework import Framework
+
+pytest.importorskip("torch")
+
+TINY = get_model("llama-3.1-8b").model_copy(update={"hidden_size": 64, "num_heads": 4, "num_kv_heads": 2, "head_size": 16,
+                                                    "ffn_hidden_size": 128, "vocab_size": 256})
+NF4_TINY = TINY.model_copy(update={"hidden_size": 256, "head_size": 64, "ffn_hidden_size": 512})
+"""torchao's NF4Tensor needs each weight to hold whole scaler blocks (64 x 256 elements)."""
+LAYERS = 3
+
+
+def _build(framework: Framework, policy: str = "none", **finetune):
+    import torch
+
+    from zeroplan.frameworks.build import build
+
+    dtype = torch.float32 if framework is Framework.hf else torch.bfloat16
+    model = NF4_TINY if finetune.get("quantize") == "nf4" else TINY
+    return build(framework, model, LAYERS, ActivationCheckpointing(policy), dtype, finetune=FineTuneSpec(**finetune))
+
+
+def _trainable(built) -> list[str]:
+    return [name for name, p in built.module.named_parameters() if p.requires_grad]
+
+
+def test_torchtune_lora_trains_only_its_default_adapters() -> None:
+    pytest.importorskip("torchtune")
+    built = _build(Framework.torchtune, lora_rank=4)
+    names = _trainable(built)
+    # 8B_lora.yaml's targets: q_proj, v_proj, output_proj and w1, w2, w3; lora_a and lora_b each.
+    assert len(names) == LAYERS * 6 * 2
+    assert {n.split(".")[-2] for n in names} == {"lora_a", "lora_b"}
+    assert {n.split(".")[-3] for n in names} == {"q_proj", "v_proj", "output_proj", "w1", "w2", "w3"}
+    assert built.module.layers[0].attn.q_proj.lora_a.weight.shape == (4, TINY.hidden_size)
+
+
+def test_torchtune_qlora_quantizes_every_block_linear_and_trains_the_same_adapters() -> None:
+    pytest.importorskip("torchtune")
+    from torchao.dtypes.nf4tensor import NF4Tensor
+
+    built = _build(Framework.torchtune, lora_rank=4, quantize="nf4", lora_targets=["q", "k"])
+    nf4 = [name for name, p in built.module.named_parameters() if isinstance(p, NF4Tensor)]
+    # Seven linears a block (k_proj unwrapped too: FrozenNF4Linear); the LM head stays bf16.
+    assert len(nf4) == LAYERS * 7 and not any(name.startswith("output") for name in nf4)
+    assert len(_trainable(built)) == LAYERS * 2 * 2
+
+
+def test_hf_peft_lora_trains_only_the_named_targets_in_fp32() -> None:
+    pytest.importorskip("peft")
+    built = _build(Framework.hf, lora_rank=4, lora_targets=["q", "k", "v", "o", "gate", "up", "down"])
+    names = _trainable(built)
+    assert len(names) == LAYERS * 7 * 2
+    assert all(".lora_A." in n or ".lora_B." in n for n in names)
+    default = _build(Framework.hf, lora_rank=4)
+    assert {n.split(".")[-4] for n in _trainable(default)} == {"q_proj", "v_proj"}
+
+
+@pytest.mark.slow
+def test_a_tiny_lora_forward_keeps_less_than_the_full_fine_tune() -> None:
+    pytest.importorskip("torchtune")
+    from zeroplan.frameworks.measure import measure
+    from zeroplan.specs import BatchSpec
+
+    batch = BatchSpec(seq_len=32, micro_batch_size=1)
+    full_training = TrainingSpec(framework="torchtune", precision="bf16-pure")
+    full = {model.hidden_size: measure(model, StrategyKind.fsdp_full_shard, training, batch)
+            for model, training in ((TINY, full_training), (NF4_TINY, full_training))}
+    for model, finetune in ((TINY, {"lora_rank": 4}), (NF4_TINY, {"lora_rank": 4, "quantize": "nf4"})):
+        training = TrainingSpec(framework="torchtune", precision="bf16-pure", finetune=finetune)
+        lora = measure(model, StrategyKind.fsdp_full_shard, training, batch)
+        assert 0 < lora.block_kept_bytes < full[model.hidden_size].block_kept_bytes
+        assert lora.name != full[model.hidden_size].name
+
+
+def test_record_names_carry_the_fine_tune_and_are_distinct() -> None:
+    from zeroplan.frameworks.record import finetune_tag
+
+    finetunes = [{}, {"lora_rank": 8}, {"lora_rank": 16}, {"lora_rank": 8, "quantize": "nf4"},
+                 {"lora_rank": 8, "lora_targets": ["q", "v"]}, {"lora_rank": 8, "lora_dropout": 0.1},
+                 {"lora_rank": 8, "dora": True}, {"lora_rank": 8, "lora_alpha": 8},
+                 {"lora_rank": 8, "quantize": "nf4", "quant_block_size": 128}, {"frozen_blocks": 2}]
+    tags = [finetune_tag(TrainingSpec(framework="torchtune", finetune=f)) for f in finetunes]
+    assert tags[0] == "" and len(set(tags)) == len(tags)
+    assert tags[1] == "+lora-r8-qvogud" and tags[3] == "+qlora-nf4-r8-qvogud"
+    assert finetune_tag(TrainingSpec(framework="hf", finetune={"lora_rank": 16})) == "+lora-r16-qv"
+
+
+@pytest.mark.parametrize("framework, policy, finetune, field", [
+    ("torchtune", "none", {"lora_rank": 8, "lora_targets": ["q", "gate"]}, "finetune.lora_targets"),
+    ("torchtune", "none", {"lora_rank": 8, "quantize": "nf4", "quant_block_size": 128}, "finetune.quant_block_size"),
+    ("torchtune", "none", {"lora_rank": 8, "quantize": "int8"}, "finetune.quantize"),
+    ("torchtune", "selective-layer", {"lora_rank": 8}, "--activation-checkpointing"),
+    ("hf", "none", {"lora_rank": 8, "quantize": "nf4"}, "finetune.quantize"),
+    ("torchtitan", "none", {"lora_rank": 8}, "finetune.lora_rank"),
+    ("torchtune", "none", {"frozen_blocks": 2}, "finetune.frozen_blocks"),
+])
+def test_a_fine_tune_the_framework_cannot_build_is_one_line_naming_the_field(framework, policy, finetune, field) -> None:
+    from zeroplan.frameworks.lora import check_finetune
+
+    with pytest.raises(ZeroplanError) as error:
+        check_finetune(Framework(framework), FineTuneSpec(**finetune), ActivationCheckpointing(policy))
+    assert error.value.field == field and "\n" not in str(error.value)
+
+
+def test_only_torchtunes_lora_runs_a_single_device_step() -> None:
+    from zeroplan.frameworks.step import check_step, step_training
+
+    lora = step_training(Framework.torchtune).model_copy(update={"finetune": FineTuneSpec(lora_rank=8)})
+    check_step(Framework.torchtune, StrategyKind.ddp, lora, 1, 0)
+    with pytest.raises(ZeroplanError, match="--strategy"):
+        check_step(Framework.torchtune, StrategyKind.ddp, step_training(Framework.torchtune), 1, 0)

@@ -1,0 +1,179 @@
+"""LoRA and QLoRA fine-tunes as the frameworks build them: torchtune's lora_llama3_1 builder with
+its LoRA recipes' set-up, and Hugging Face PEFT's get_peft_model over transformers' Llama.
+
+Only the frameworks' constructors and set-up calls run here (each cited on the line above it);
+nothing of their adapter layers is re-written. ``zeroplan.frameworks.build.build`` routes here
+whenever ``TrainingSpec.finetune`` is not a full fine-tune.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from zeroplan.errors import ZeroplanError
+from zeroplan.specs import ActivationCheckpointing, ModelSpec
+from zeroplan.specs.finetune import FineTuneSpec, LoraTarget, Quantization
+from zeroplan.specs.framework import Framework
+
+TORCHTUNE_ATTENTION = {LoraTarget.q: "q_proj", LoraTarget.k: "k_proj", LoraTarget.v: "v_proj", LoraTarget.o: "output_proj"}
+"""torchtune 0.6.1 modules/peft/_utils.py LORA_ATTN_MODULES: the names lora_attn_modules takes."""
+TORCHTUNE_MLP = (LoraTarget.gate, LoraTarget.up, LoraTarget.down)
+"""torchtune 0.6.1 models/llama3_1/_component_builders.py lora_llama3_mlp: apply_lora_to_mlp wraps
+w1 (gate), w2 (down) and w3 (up) together, never a subset."""
+
+PEFT_MODULES = {
+    LoraTarget.q: "q_proj", LoraTarget.k: "k_proj", LoraTarget.v: "v_proj", LoraTarget.o: "o_proj",
+    LoraTarget.gate: "gate_proj", LoraTarget.up: "up_proj", LoraTarget.down: "down_proj", LoraTarget.output: "lm_head",
+}
+"""transformers 4.56.2 models/llama/modeling_llama.py: the nn.Linear names LoraConfig.target_modules matches."""
+
+TORCHTUNE_NF4_BLOCK = 64
+"""torchao 0.14.1 dtypes/nf4tensor.py to_nf4(block_size=64, scaler_block_size=256): what
+torchtune's LoRALinear(quantize_base=True) calls without quantization kwargs (lora_llama3_1
+passes none)."""
+
+
+def check_finetune(framework: Framework, finetune: FineTuneSpec, policy: ActivationCheckpointing,
+                   activation_offloading: bool = False) -> None:
+    """Refuse, in one line naming the field, a fine-tune the frameworks' own code cannot build."""
+    if finetune.trains_everything:
+        return
+    if not finetune.is_lora:
+        field = "finetune.freeze_embeddings" if finetune.freeze_embeddings else "finetune.frozen_blocks"
+        raise ZeroplanError(field, "a partly frozen full fine-tune cannot be measured yet (measured: full fine-tunes, "
+                                   "and LoRA/QLoRA with finetune.lora_rank >= 1)")
+    if framework not in (Framework.torchtune, Framework.hf):
+        raise ZeroplanError("finetune.lora_rank", f"LoRA is measured for torchtune and hf (PEFT) only, not {framework.value}")
+    if finetune.quantize not in (Quantization.none, Quantization.nf4):
+        raise ZeroplanError("finetune.quantize", f"{finetune.quantize.value!r} cannot be measured (allowed: none, nf4)")
+    if policy not in (ActivationCheckpointing.none, ActivationCheckpointing.full):
+        # torchtune 0.6.1 recipes/lora_finetune_*.py read only enable_activation_checkpointing.
+        raise ZeroplanError("--activation-checkpointing", f"{policy.value!r} is not offered with LoRA (allowed: none, full)")
+    if activation_offloading:
+        raise ZeroplanError("--activation-offloading", "not measured with LoRA yet (allowed: false)")
+    targets = finetune.targets(framework)
+    if framework is Framework.torchtune:
+        mlp = [t for t in targets if t in TORCHTUNE_MLP]
+        if mlp and len(mlp) != len(TORCHTUNE_MLP):
+            raise ZeroplanError("finetune.lora_targets", "torchtune's apply_lora_to_mlp wraps gate, up and down together "
+                                                         "(allowed: any of q, k, v, o; all or none of gate, up, down; output)")
+        if finetune.quantize is Quantization.nf4:
+            if finetune.quant_block_size != TORCHTUNE_NF4_BLOCK:
+                raise ZeroplanError("finetune.quant_block_size", f"torchtune's QLoRA quantizes in blocks of {TORCHTUNE_NF4_BLOCK} (allowed: {TORCHTUNE_NF4_BLOCK})")
+            if not finetune.double_quant:
+                raise ZeroplanError("finetune.double_quant", "torchao's NF4Tensor always quantizes its block scales (allowed: true)")
+    if framework is Framework.hf and finetune.quantize is Quantization.nf4:
+        # bitsandbytes quantizes a Params4bit on its move to a real device (nn/modules.py
+        # Params4bit._quantize), so its weights cannot be built on meta or fake tensors as
+        # torchao's NF4Tensor can; no real-tensor run is wired up (docs/frameworks.md).
+        raise ZeroplanError("finetune.quantize", "hf QLoRA (bitsandbytes Linear4bit) is not measured yet "
+                                                 "(allowed for hf: none; nf4 with --framework torchtune); see docs/frameworks.md")
+
+
+def build_finetune(framework: Framework, model: ModelSpec, layers: int, policy: ActivationCheckpointing,
+                   dtype: torch.dtype, finetune: FineTuneSpec, interval: int = 2, offloading: bool = False, *,
+                   hf_base: Callable, hf_shard: Callable, torchtune_wrap: Callable):
+    """The fine-tune's BuiltModel (zeroplan.frameworks.build.BuiltModel), from build's own pieces:
+    ``hf_base`` (build._hf_llama), ``hf_shard`` (build._hf_fsdp2) and ``torchtune_wrap``
+    (build.torchtune_built)."""
+    check_finetune(framework, finetune, policy, offloading)
+    if framework is Framework.torchtune:
+        return torchtune_lora_llama(model, layers, policy, dtype, finetune, torchtune_wrap)
+    return hf_peft_llama(model, layers, policy, dtype, finetune, hf_base, hf_shard)
+
+
+def lora_alpha(finetune: FineTuneSpec) -> float:
+    return finetune.scaling * finetune.lora_rank
+
+
+def torchtune_lora_llama(model: ModelSpec, layers: int, policy: ActivationCheckpointing, dtype: torch.dtype,
+                         finetune: FineTuneSpec, torchtune_wrap: Callable):
+    """torchtune 0.6.1 recipes/lora_finetune_distributed.py _setup_model, on the meta device."""
+    from torchtune import training
+    from torchtune.models.llama3_1._component_builders import lora_llama3_1
+    from torchtune.modules.peft import get_adapter_params, set_trainable_params
+
+    targets = finetune.targets(Framework.torchtune)
+    quantized = finetune.quantize is Quantization.nf4
+    # recipes/lora_finetune_distributed.py _setup_model: `with training.set_default_dtype(self._dtype),
+    # torch.device("meta"): model = config.instantiate(cfg_model)`; cfg_model is
+    # models/llama3_1/_model_builders.py lora_llama3_1_8b/70b (qlora_*: quantize_base=True), which
+    # call models/llama3_1/_component_builders.py lora_llama3_1 with the preset's sizes.
+    with training.set_default_dtype(dtype), torch.device("meta"):
+        module = lora_llama3_1(
+            lora_attn_modules=[name for t, name in TORCHTUNE_ATTENTION.items() if t in targets],
+            apply_lora_to_mlp=LoraTarget.gate in targets, apply_lora_to_output=LoraTarget.output in targets,
+            vocab_size=model.vocab_size, num_layers=layers, num_heads=model.num_heads,
+            num_kv_heads=model.num_kv_heads or model.num_heads, embed_dim=model.hidden_size,
+            max_seq_len=model.max_positions, intermediate_dim=model.ffn_hidden_size,
+            lora_rank=finetune.lora_rank, lora_alpha=lora_alpha(finetune), lora_dropout=finetune.lora_dropout,
+            use_dora=finetune.dora, quantize_base=quantized,
+        )
+    # recipes/lora_finetune_distributed.py _setup_model: set_trainable_params(model,
+    # get_adapter_params(model)) (modules/peft/_utils.py): requires_grad only on the adapters.
+    set_trainable_params(module, get_adapter_params(module))
+    # _setup_model then applies set_activation_checkpointing and shard_model exactly as the full
+    # recipe does, with custom_sharded_layers from the config: none of the shipped
+    # llama3_1/*_lora.yaml or 405B_qlora.yaml sets it (cfg.get(..., None)).
+    built = torchtune_wrap(module, policy, 2, False, None)
+    if quantized:
+        built.empty = empty_with_nf4
+    return built
+
+
+def empty_with_nf4(module: nn.Module, device: object) -> None:
+    """``module.to_empty(device)``, then the inner tensors each torchao NF4Tensor parameter (or
+    FSDP2 shard of one) left behind allocated on ``device`` too: NF4Tensor's aten.empty_like
+    (torchao 0.14.1 dtypes/nf4tensor.py nf4_empty_like) moves only quantized_data,
+    quantized_scalers and quantization_factor (what FSDP2 shards and all-gathers) and keeps the
+    scalar scaler_mean and the 16-entry nf4 lookup table where they were (meta)."""
+    from torchao.dtypes.nf4tensor import NF4Tensor
+
+    from zeroplan.simulate import _torch_private as private
+
+    module.to_empty(device=device)
+    for param in module.parameters():
+        local = private.dtensor_local_storage(param)
+        if isinstance(local, NF4Tensor):
+            for name, inner in private.inner_tensors(local).items():
+                if inner.device != local.device:
+                    setattr(local, name, torch.empty_like(inner, device=local.device))
+
+
+def hf_peft_llama(model: ModelSpec, layers: int, policy: ActivationCheckpointing, dtype: torch.dtype,
+                  finetune: FineTuneSpec, hf_base: Callable, hf_shard: Callable):
+    """peft 0.17.1 get_peft_model(LlamaForCausalLM, LoraConfig(...)) over build._hf_llama's model."""
+    from importlib.metadata import version
+
+    from peft import LoraConfig, get_peft_model
+
+    # build._hf_llama enables gradient checkpointing (Trainer's gradient_checkpointing_enable,
+    # use_reentrant=True) before PEFT wraps the model: peft 0.17.1 peft_model.py PeftModel.__init__
+    # then sees model.is_gradient_checkpointing and calls model.enable_input_require_grads()
+    # (_prepare_model_for_gradient_checkpointing), which a reentrant checkpoint over frozen
+    # embeddings needs for any adapter to get a gradient (the order PEFT's docs show; the
+    # Trainer itself never calls enable_input_require_grads).
+    base = hf_base(model, layers, policy, dtype)
+    # peft 0.17.1 tuners/lora/config.py LoraConfig and mapping_func.py get_peft_model (default
+    # autocast_adapter_dtype=True: tuners_utils.py _cast_adapter_dtype upcasts bf16/fp16 adapter
+    # weights to fp32; the frozen base keeps its dtype).
+    config = LoraConfig(
+        r=finetune.lora_rank, lora_alpha=lora_alpha(finetune),
+        target_modules=[PEFT_MODULES[t] for t in finetune.targets(Framework.hf)],
+        lora_dropout=finetune.lora_dropout, use_dora=finetune.dora, task_type="CAUSAL_LM",
+    )
+    module = get_peft_model(base.module, config)
+    module.train()
+
+    def forward(tokens: torch.Tensor) -> torch.Tensor:
+        return module(input_ids=tokens).logits
+
+    def shard(mesh: object, reshard_after_forward: bool) -> str:
+        return hf_shard(module, mesh, reshard_after_forward)
+
+    return dataclasses.replace(base, module=module, forward=forward, shard=shard,
+                               version=f"transformers {version('transformers')}, peft {version('peft')}")
