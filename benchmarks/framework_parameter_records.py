@@ -24,16 +24,17 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "framework-parameter-records"
 
 ALL_LINEARS = ["q", "k", "v", "o", "gate", "up", "down"]
 # (model, framework, strategy, precision, finetune): torchtune's 8B_lora / 8B_qlora_single_device
-# (r 8) and 70B_lora / 405B_qlora's r 16, in its bf16; PEFT r 16 in the HF Trainer's fp32 module
-# (DDP with autocast; accelerate's FSDP2 upcasts the whole module, base and adapters, to fp32 too,
-# so its bytes are these).
+# (r 8) and 70B_lora / 405B_qlora's r 16, in its bf16; PEFT r 16 over a base loaded in fp32 and in
+# bf16 (DDP with autocast; accelerate's FSDP2 upcasts the whole module, base and adapters, to fp32,
+# so under FSDP its bytes are the fp32 ones).
 RUNS = [
     ("llama-3.1-8b", "torchtune", "fsdp-full-shard", "bf16-pure", {"lora_rank": 8}),
     ("llama-3.1-8b", "torchtune", "fsdp-full-shard", "bf16-pure", {"lora_rank": 8, "quantize": "nf4"}),
     ("llama-3.1-70b", "torchtune", "fsdp-full-shard", "bf16-pure", {"lora_rank": 16}),
     ("llama-3.1-70b", "torchtune", "fsdp-full-shard", "bf16-pure", {"lora_rank": 16, "quantize": "nf4"}),
-    ("llama-3.1-8b", "hf", "ddp", "bf16-mixed", {"lora_rank": 16, "lora_targets": ALL_LINEARS}),
-    ("llama-3.1-8b", "hf", "ddp", "bf16-mixed", {"lora_rank": 16}),
+] + [
+    ("llama-3.1-8b", "hf", "ddp", "bf16-mixed", {**finetune, "base_dtype": base})
+    for base in ("fp32", "bf16") for finetune in ({"lora_rank": 16, "lora_targets": ALL_LINEARS}, {"lora_rank": 16})
 ]
 
 

@@ -45,18 +45,19 @@ OPTION_RUNS = [
 SHAPES = [("llama-3.1-8b", 8192, 2), ("llama-3.1-8b", 4096, 1), ("llama-3.1-70b", 4096, 1)]
 # LoRA/QLoRA (TrainingSpec.finetune; zeroplan.frameworks.lora): torchtune's 8B_lora.yaml (r 8, its
 # default targets q, v, o and the MLP) and 8B_qlora_single_device.yaml (the same over an NF4
-# base) in pure bf16; PEFT r 16 over every block linear and over its default (q, v), in the HF
-# Trainer's DDP dtypes (fp32 module under autocast), and once with lora_dropout 0.1.
+# base) in pure bf16; PEFT r 16 over every block linear and over its default (q, v), on the HF
+# Trainer's DDP path (bf16 autocast) over an fp32 base (from_pretrained's default) and a bf16 one
+# (torch_dtype=torch.bfloat16), and once each with lora_dropout 0.1.
 FINETUNE_SHAPES = [("llama-3.1-8b", 4096, 1)]
 FINETUNE_RUNS = [
     ("torchtune", "fsdp-full-shard", "bf16-pure", policy, finetune)
     for policy in ("none", "full") for finetune in ({"lora_rank": 8}, {"lora_rank": 8, "quantize": "nf4"})
 ] + [
-    ("hf", "ddp", "bf16-mixed", policy, finetune)
-    for policy in ("none", "full")
+    ("hf", "ddp", "bf16-mixed", policy, {**finetune, "base_dtype": base})
+    for policy in ("none", "full") for base in ("fp32", "bf16")
     for finetune in ({"lora_rank": 16, "lora_targets": ["q", "k", "v", "o", "gate", "up", "down"]}, {"lora_rank": 16})
 ] + [("hf", "ddp", "bf16-mixed", "none", {"lora_rank": 16, "lora_targets": ["q", "k", "v", "o", "gate", "up", "down"],
-                                          "lora_dropout": 0.1})]
+                                          "lora_dropout": 0.1, "base_dtype": base}) for base in ("fp32", "bf16")]
 
 
 def main(out: Path = DEFAULT_OUT, frameworks: set[str] | None = None) -> None:

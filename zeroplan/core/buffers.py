@@ -9,7 +9,7 @@ from zeroplan.core.model_states import (
 )
 from zeroplan.core.parallel.pipeline import pipeline_defers_fsdp_reduction
 from zeroplan.core.parallel.units import rank_parameter_units, rank_trainable_elements, rank_trainable_units
-from zeroplan.core.profiles import profile
+from zeroplan.core.profiles import fsdp_separates_embedding_and_head, profile
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, ZeroGradientReduce
 from zeroplan.specs.training import Optimizer, StateConvention
@@ -56,7 +56,7 @@ def largest_gathered_unit_bytes(request: PlanRequest, bytes_per_element: int) ->
 
 
 def _largest_group(request: PlanRequest, per_unit: list[int]) -> int:
-    if not request.strategy.kind.is_fsdp or profile(request.training.framework).fsdp_separate_embedding_and_head:
+    if not request.strategy.kind.is_fsdp or fsdp_separates_embedding_and_head(request):
         return max(per_unit)
     units = rank_parameter_units(request)
     blocks = [n for unit, n in zip(units, per_unit) if unit.name.startswith("block.")]

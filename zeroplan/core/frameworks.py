@@ -10,7 +10,7 @@ zeroplan.core.activations, which cites its own sources. Nothing here imports tor
 
 from __future__ import annotations
 
-from zeroplan.core.profiles import profile
+from zeroplan.core.profiles import fsdp_separates_embedding_and_head, profile
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import MlpKind, ModelSpec
@@ -134,7 +134,12 @@ def torchtitan_chunked_loss_bytes(request: PlanRequest) -> int:
 # every chunk, and its weight gradient is accumulated out of place (aten.add.Tensor, traced
 # under fake tensors on the framework's own step): from the second chunk on, the accumulated
 # gradient, the chunk's new mm output and their sum (3 unsharded V x h gradients) live beside
-# the gathered weight.
+# the gathered weight. Each such all-gather also holds, until its copy-out is done, the
+# all-gather output beside the unit's unsharded parameters: twice the unit. With the head frozen
+# (LoRA) there is no gradient to accumulate and that copy-out is the larger moment (measured:
+# torchtune LoRA, whose configs leave the output projection in the root unit with the
+# embedding, benchmarks/framework-finetune-step-records: 'unsharded_param' and 'all_gather'
+# both the root unit's 2,101,354,496 bytes at the peak, 'temp' the bf16 logit gradients).
 def fsdp_chunked_head_bytes(request: PlanRequest) -> int:
     """What the output projection's backward adds to the bf16 logit gradients (0 unless the
     framework chunks its loss and its FSDP2 gathers the head per chunk under full sharding)."""
@@ -143,8 +148,12 @@ def fsdp_chunked_head_bytes(request: PlanRequest) -> int:
     gathered = fsdp_head_gathered_bytes(request)
     if gathered == 0:
         return 0
+    # Under LoRA the head's weight is frozen (an adapter on it has its own small gradient).
+    finetune = request.training.finetune
+    head_trainable = not finetune.is_lora and not finetune.freeze_embeddings
     head_gradient = request.model.vocab_size * request.model.hidden_size * request.training.precision.compute_bytes
-    return gathered + 3 * head_gradient
+    copy_out = 2 * fsdp_head_gathered_bytes(request, prefetched=False)
+    return max(copy_out, gathered + (3 * head_gradient if head_trainable else 0))
 
 
 # torch 2.13 torch/distributed/fsdp/_fully_shard/_fsdp_state.py _pre_backward ->
@@ -170,7 +179,7 @@ def fsdp_head_gathered_bytes(request: PlanRequest, *, prefetched: bool = True) -
     compute_bytes = element_bytes(request.training.precision, request.convention).compute_parameter
     padded = unit_gather_bytes(request, request.shard_group_size, compute_bytes)
     embedding, last_block, head = padded[0], padded[-2], padded[-1]
-    if prof.fsdp_separate_embedding_and_head:
+    if fsdp_separates_embedding_and_head(request):
         gathered = head  # the output unit; the root after it holds only the final norm
     else:
         gathered = embedding + head + (request.strategy.prefetch_units * last_block if prefetched else 0)

@@ -208,6 +208,16 @@ def profile(framework: Framework) -> FrameworkProfile:
     return PROFILES[framework]
 
 
+# torchtune 0.6.1 recipes/configs/llama3_1/*_lora.yaml (and *_qlora*) set no
+# custom_sharded_layers, which its full-finetune configs set to ['tok_embeddings', 'output']:
+# under a LoRA recipe the embedding and output projection stay in the root unit with the final
+# norm (recipes/lora_finetune_distributed.py _setup_model passes cfg.get("custom_sharded_layers")).
+def fsdp_separates_embedding_and_head(request: PlanRequest) -> bool:
+    """Whether the framework's FSDP2 wrapping makes the embedding and the head units of their own."""
+    separate = profile(request.training.framework).fsdp_separate_embedding_and_head
+    return separate and not (request.training.framework is Framework.torchtune and request.training.finetune.is_lora)
+
+
 # torchtitan 0.3.0 models/common/attention.py FusedQKVLinear: one wqkv Linear (and its bias,
 # where the projections have one) stands for the q, k and v projections, each a tensor of its
 # own in zeroplan.core.params' units; FSDP2 shards, and AdamW steps, per tensor.

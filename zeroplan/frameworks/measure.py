@@ -55,6 +55,10 @@ def module_dtype(training: TrainingSpec, strategy: StrategyKind) -> torch.dtype:
         return torch.bfloat16
     if training.precision is Precision.bf16_pure or strategy is not StrategyKind.ddp:
         return torch.bfloat16
+    if training.finetune.loads_base_in_bf16:
+        # A LoRA base loaded with torch_dtype=torch.bfloat16 (FineTuneSpec.base_dtype); the
+        # Trainer still runs the forward under its bf16 autocast (_autocast).
+        return torch.bfloat16
     return torch.float32
 
 
@@ -70,7 +74,7 @@ def measure(model: ModelSpec, strategy: StrategyKind, training: TrainingSpec, ba
     dtype = module_dtype(training, strategy)
     notes = []
     if _autocast(training, dtype):
-        notes.append("forward under torch.autocast(bfloat16) with fp32 parameters")
+        notes.append(f"forward under torch.autocast(bfloat16) with {str(dtype).removeprefix('torch.')} base parameters")
     if training.activation_offloading:
         notes.append("device bytes: live bytes less the host copies torchtune's OffloadActivations made (its tracker)")
     added = training.selective_layer_interval if training.activation_checkpointing is ActivationCheckpointing.selective_layer else 1
@@ -89,7 +93,11 @@ def measure(model: ModelSpec, strategy: StrategyKind, training: TrainingSpec, ba
 
 
 def _autocast(training: TrainingSpec, dtype: torch.dtype) -> bool:
-    return dtype is torch.float32 and training.precision is Precision.bf16_mixed
+    # transformers trainer.py: bf16=True under DDP wraps the forward in autocast whatever the
+    # module's dtype; a bf16 LoRA base is the one bf16 module measured on that path.
+    if training.precision is not Precision.bf16_mixed:
+        return False
+    return dtype is torch.float32 or (training.framework is Framework.hf and training.finetune.loads_base_in_bf16)
 
 
 def _forward(model: ModelSpec, training: TrainingSpec, batch: BatchSpec, layers: int, dtype: torch.dtype) -> tuple[str, int, list[int]]:

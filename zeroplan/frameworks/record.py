@@ -82,7 +82,8 @@ def finetune_tag(training: TrainingSpec) -> str:
     """What a record's name adds for a fine-tune: '' for a full fine-tune, else e.g.
     '+lora-r8-qvogud' or '+qlora-nf4-r8-qvogud' (the targets in force, in LoraTarget order),
     with '-a32' (an alpha other than 2 r), '-bs128'/'-nodq' (quantization other than QLoRA's
-    blocks of 64 with double quantization), '-drop0.1' and '-dora' where they apply."""
+    blocks of 64 with double quantization), '-drop0.1', '-dora' and '-basefp32' (a base loaded
+    in fp32) where they apply."""
     f = training.finetune
     if f.trains_everything:
         return ""
@@ -100,6 +101,8 @@ def finetune_tag(training: TrainingSpec) -> str:
         tag += f"-drop{f.lora_dropout:g}"
     if f.dora:
         tag += "-dora"
+    if f.base_dtype.value != "bf16":
+        tag += f"-base{f.base_dtype.value}"
     return tag
 
 
