@@ -2,6 +2,7 @@
 (benchmarks/framework-records/*.json, written by benchmarks/framework_records.py or
 `zeroplan simulate --framework`): what one block keeps for backward, predicted, measured, error.
 
+    python benchmarks/framework_accuracy.py --finetune   (the LoRA/QLoRA records)
     python benchmarks/framework_accuracy.py [DIR [STEP_DIR]]
 
 Targets (docs/validation.md, "Framework profiles"): per block within 2 %; the whole-step
@@ -127,6 +128,15 @@ def print_step_table(directory: Path = DEFAULT_STEP_RECORDS) -> None:
                  f"{'record':76s} {'predicted':>9s} {'moment':>15s} {'measured':>9s} {'phase':>9s} {'err %':>7s}", lines)
 
 
+FINETUNE_RECORDS = Path(__file__).resolve().parent / "framework-finetune-records"
+FINETUNE_STEP_RECORDS = Path(__file__).resolve().parent / "framework-finetune-step-records"
+
+
 if __name__ == "__main__":
-    print_framework_table(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_RECORDS)
-    print_step_table(Path(sys.argv[2]) if len(sys.argv) > 2 else DEFAULT_STEP_RECORDS)
+    if sys.argv[1:2] == ["--finetune"]:
+        # LoRA and QLoRA (zeroplan/frameworks/lora.py's runs; docs/finetuning.md).
+        print_framework_table(FINETUNE_RECORDS)
+        print_step_table(FINETUNE_STEP_RECORDS)
+    else:
+        print_framework_table(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_RECORDS)
+        print_step_table(Path(sys.argv[2]) if len(sys.argv) > 2 else DEFAULT_STEP_RECORDS)
