@@ -138,7 +138,9 @@ def finetune_lines(report: FitReport) -> list[str]:
         base = (f"base linears frozen in {finetune.quantize.value} (blocks of {finetune.quant_block_size}"
                 f"{', double-quantized scales' if finetune.double_quant else ''}), the rest frozen as loaded, in {loaded}")
     else:
-        base = f"base frozen as loaded, in {loaded} (DeepSpeed casts it to 16 bits)"
+        base = f"base frozen as loaded, in {loaded}"
+        if finetune.base_dtype.value == "fp32" and t.framework.value == "hf":
+            base += " (DeepSpeed casts it to bf16; accelerate's FSDP2 keeps fp32 whatever it was loaded in)"
     dropout = f", dropout {finetune.lora_dropout:g}" if finetune.lora_dropout else ""
     return [f"LoRA rank {finetune.lora_rank} on {targets}{dropout}: {share}; {base}."]
 
