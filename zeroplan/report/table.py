@@ -139,8 +139,8 @@ def finetune_lines(report: FitReport) -> list[str]:
                 f"{', double-quantized scales' if finetune.double_quant else ''}), the rest frozen as loaded, in {loaded}")
     else:
         base = f"base frozen as loaded, in {loaded}"
-        if finetune.base_dtype.value == "fp32" and t.framework.value == "hf":
-            base += " (DeepSpeed casts it to bf16; accelerate's FSDP2 keeps fp32 whatever it was loaded in)"
+        if t.framework.value == "hf":
+            base += " (DeepSpeed holds it in bf16, accelerate's FSDP2 in fp32, whatever it was loaded in)"
     dropout = f", dropout {finetune.lora_dropout:g}" if finetune.lora_dropout else ""
     return [f"LoRA rank {finetune.lora_rank} on {targets}{dropout}: {share}; {base}."]
 
