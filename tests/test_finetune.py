@@ -177,3 +177,25 @@ def test_torchtune_on_one_gpu_is_its_single_device_recipe(capsys) -> None:
     assert json.loads(out)["plans"][0]["strategy"] == "ddp"
     code, _, err = run(capsys, "fit", "llama-3.1-8b", "--framework", "torchtune", "--gpus", "2", "--strategies", "ddp")
     assert code == 2 and "'ddp' is not run by torchtune" in err
+
+
+def test_frozen_blocks_below_a_frozen_embedding_keep_nothing() -> None:
+    from zeroplan.core.frameworks import block_input_bytes, framework_activation_bytes, framework_layer_bytes
+
+    full = request(kind="fsdp-full-shard")
+    frozen = request(FineTuneSpec(frozen_blocks=12, freeze_embeddings=True))
+    layer = framework_layer_bytes(full)
+    assert framework_activation_bytes(full) - framework_activation_bytes(frozen) == 12 * layer
+    full_ac = request(activation_checkpointing="full")
+    frozen_ac = request(FineTuneSpec(frozen_blocks=12, freeze_embeddings=True), activation_checkpointing="full")
+    assert framework_activation_bytes(full_ac) - framework_activation_bytes(frozen_ac) == 12 * block_input_bytes(full_ac, 4096, 1)
+    # With the embedding training, the frozen blocks still pass the gradient down: they keep
+    # less than a trained block (no linear inputs, frozen norms) but not nothing.
+    passing = request(FineTuneSpec(frozen_blocks=12))
+    assert framework_activation_bytes(frozen) < framework_activation_bytes(passing) < framework_activation_bytes(full)
+
+
+def test_frozen_blocks_are_refused_under_policies_not_modelled() -> None:
+    with pytest.raises(ZeroplanError) as error:
+        plan(request(FineTuneSpec(frozen_blocks=2), activation_checkpointing="selective-layer"))
+    assert error.value.field == "finetune.frozen_blocks"

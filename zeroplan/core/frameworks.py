@@ -406,7 +406,18 @@ def framework_activation_bytes(request: PlanRequest) -> int:
     s, b = request.batch.seq_len, request.batch.micro_batch_size
     layer = framework_layer_bytes(request)
     mode = training.activation_checkpointing
-    if offloads_blocks(request):
+    frozen = training.finetune.frozen_blocks
+    if frozen:
+        # zeroplan.core.finetune.activations: the first K blocks of a partly frozen fine-tune.
+        from zeroplan.core.finetune.activations import frozen_blocks_kept_bytes
+
+        kept, kept_input = frozen_blocks_kept_bytes(request, layer, block_input_bytes(request, s, b),
+                                                    hf_bf16_norm_savings_bytes(request))
+        if mode is ActivationCheckpointing.none:
+            layers = (model.num_layers - frozen) * layer + frozen * kept
+        else:
+            layers = (model.num_layers - frozen) * block_input_bytes(request, s, b) + frozen * kept_input + layer
+    elif offloads_blocks(request):
         layers = offloaded_layers_bytes(request, layer)
     elif mode is ActivationCheckpointing.none:
         layers = model.num_layers * layer

@@ -12,7 +12,7 @@ from zeroplan.core.buffers import (
 from zeroplan.core.communication import collectives
 from zeroplan.core.compiled import check_compiled
 from zeroplan.core.feasibility import usable_memory_bytes
-from zeroplan.core.finetune.activations import dequantized_weight_bytes, lora_layer_delta_bytes
+from zeroplan.core.finetune.activations import dequantized_weight_bytes, frozen_blocks_kept_bytes, lora_layer_delta_bytes
 from zeroplan.core.frameworks import framework_activation_bytes, framework_logits_pieces, framework_recompute_bytes
 from zeroplan.core.profiles import (
     check_framework_request, check_framework_strategies, check_fsdp_cpu_offload, check_optimizer_in_backward,
@@ -112,6 +112,13 @@ def reference_activations(request: PlanRequest) -> tuple[int, int]:
     lora = lora_layer_delta_bytes(request)
     recompute += lora if full else 0
     total += lora if full else model.num_layers * lora
+    frozen = training.finetune.frozen_blocks
+    if frozen:
+        # The first K blocks of a partly frozen fine-tune (zeroplan.core.finetune.activations).
+        layer = layer_bytes(model, training, s, b, autocast=autocast)
+        block_input = training.precision.compute_bytes * s * b * model.hidden_size
+        kept, kept_input = frozen_blocks_kept_bytes(request, layer, block_input)
+        total -= frozen * ((block_input - kept_input) if full else (layer - kept))
     return total - recompute, recompute
 
 
@@ -129,6 +136,11 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     training = request.training
     check_framework_request(training, request.model)
     check_compiled(training, request.model, request.cluster.gpu)
+    if training.finetune.frozen_blocks and training.activation_checkpointing not in (ActivationCheckpointing.none, ActivationCheckpointing.full):
+        raise ZeroplanError("finetune.frozen_blocks", f"is modelled with activation checkpointing none or full, not "
+                            f"{training.activation_checkpointing.value!r}")
+    if training.finetune.frozen_blocks and training.activation_offloading:
+        raise ZeroplanError("finetune.frozen_blocks", "is not modelled with activation offloading (allowed without it)")
     if training.compile and not (request.parallel.is_trivial and request.parallel.ep == 1):
         raise ZeroplanError("compile", "compiled blocks were measured under data parallelism only (tp, cp, pp and ep must be 1)")
     states = model_state_bytes(request)

@@ -93,7 +93,7 @@ def lora_layer_delta_bytes(request: PlanRequest, norm_savings_bytes: int = 0) ->
     finetune = request.training.finetune
     if not finetune.is_lora:
         return 0
-    model, training = request.model, request.training
+    training = request.training
     e = training.precision.compute_bytes
     s, b = request.batch.seq_len, request.batch.micro_batch_size
     tokens = s * b
@@ -106,13 +106,20 @@ def lora_layer_delta_bytes(request: PlanRequest, norm_savings_bytes: int = 0) ->
         delta += _group_input_bytes(request, group, width, kept_anyway) - e * tokens * width
     # Each adapter's B keeps A's r-wide output.
     delta += sum(e * tokens * finetune.lora_rank for t in targets if t is not LoraTarget.output)
-    # A frozen RMSNorm weight: the composite norm keeps only its fp32 input (and a per-token
-    # rsqrt), not the normalised tensor it scales (what the fused CUDA kernel keeps does not
-    # depend on the weight).
-    if model.norm is NormKind.rmsnorm and rms_norm_is_composite(training, autocast=False):
-        full = norm_bytes(model, training, s, b) - norm_savings_bytes
-        delta += model.norms_per_block * (FP32_BYTES * tokens * model.hidden_size - full)
-    return delta
+    return delta + frozen_norms_delta(request, norm_savings_bytes)
+
+
+# A frozen RMSNorm weight: the composite norm keeps only its fp32 input (and a per-token rsqrt),
+# not the normalised tensor it scales (what the fused CUDA kernel keeps does not depend on the
+# weight).
+def frozen_norms_delta(request: PlanRequest, norm_savings_bytes: int) -> int:
+    """What a block's norms keep with frozen weights, less with trained ones."""
+    model, training = request.model, request.training
+    s, b = request.batch.seq_len, request.batch.micro_batch_size
+    if model.norm is not NormKind.rmsnorm or not rms_norm_is_composite(training, autocast=request.runs_under_autocast):
+        return 0
+    full = norm_bytes(model, training, s, b, autocast=request.runs_under_autocast) - norm_savings_bytes
+    return model.norms_per_block * (FP32_BYTES * s * b * model.hidden_size - full)
 
 
 # QLoRA's frozen weights are dequantized for each use and freed after it (torchtune 0.6.1
@@ -128,3 +135,21 @@ def dequantized_weight_bytes(request: PlanRequest) -> int:
 
     largest = max((t.numel for unit in rank_parameter_units(request) for t in unit.tensors if t.quantized), default=0)
     return largest * request.training.precision.compute_bytes
+
+
+# A full fine-tune with its first K blocks frozen (FineTuneSpec.frozen_blocks). With the
+# embedding frozen too, nothing below block K needs a gradient: no autograd graph is recorded
+# there (autograd records an op only when an input requires a gradient) and those blocks keep
+# nothing, checkpointed or not. With the embedding training, the frozen blocks still pass the
+# input's gradient down: they keep what a block without any adapter keeps under LoRA (no linear
+# input, frozen norm weights), lora_layer_delta_bytes' rules with no target.
+def frozen_blocks_kept_bytes(request: PlanRequest, layer_bytes: int, block_input_bytes: int,
+                             norm_savings_bytes: int = 0) -> tuple[int, int]:
+    """What one frozen block keeps without recomputation and under full recomputation, given
+    what a trained block keeps in each (``norm_savings_bytes`` as in lora_layer_delta_bytes)."""
+    if request.training.finetune.freeze_embeddings:
+        return 0, 0
+    e = request.training.precision.compute_bytes
+    tokens = request.batch.seq_len * request.batch.micro_batch_size
+    inputs = sum(e * tokens * _input_width(request, kind) for _, kind, kept_anyway in INPUT_GROUPS if not kept_anyway)
+    return layer_bytes - inputs + frozen_norms_delta(request, norm_savings_bytes), block_input_bytes
