@@ -26,3 +26,20 @@ def gpu_80gib() -> GpuSpec:
         peak_bf16_flops_per_s=300e12, intra_node_link=link, inter_node_link=link,
         host_link=link, source="test fixture",
     )
+
+
+@pytest.fixture
+def zeroplan_cli(capsys):
+    """Run ``zeroplan ARGV...`` in process: (exit status, stdout, stderr); argparse's own
+    errors (SystemExit) give their status too."""
+    from zeroplan.cli.main import main
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        try:
+            code = main(list(argv))
+        except SystemExit as exit_:
+            code = exit_.code
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run

@@ -96,12 +96,10 @@ def test_compile_is_refused_for_models_whose_compiled_block_was_not_measured() -
     assert ActivationCheckpointing.selective_op in COMPILED_POLICIES[Framework.torchtitan]
 
 
-def test_the_plan_search_varies_only_measured_compiled_policies(capsys) -> None:
-    from zeroplan.cli.main import main
-
-    code = main(["plan", "llama-3.1-8b", "--framework", "hf", "--compile", "--global-batch", "64", "--gpus", "8", "--format", "json"])
-    out = capsys.readouterr().out
-    assert code == 0
+def test_the_plan_search_varies_only_measured_compiled_policies(zeroplan_cli) -> None:
+    code, out, err = zeroplan_cli("plan", "llama-3.1-8b", "--framework", "hf", "--compile", "--global-batch", "64",
+                                  "--gpus", "8", "--format", "json")
+    assert code == 0, err
     rows = json.loads(out)["ranked"]
     assert rows and {row["activation_checkpointing"] for row in rows} == {"none"}
     assert {(row["tp"], row["pp"], row["cp"]) for row in rows} == {(1, 1, 1)}

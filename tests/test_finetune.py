@@ -8,7 +8,6 @@ import json
 
 import pytest
 
-from zeroplan.cli.main import main
 from zeroplan.core.finetune.storage import nf4_tensor_bytes
 from zeroplan.core.finetune.units import trainable_parameters
 from zeroplan.core.collective import CollectiveOp
@@ -18,7 +17,7 @@ from zeroplan.errors import ZeroplanError
 from zeroplan.presets.gpus import get_gpu
 from zeroplan.presets.models import get_model
 from zeroplan.specs import (
-    BatchSpec, FineTuneSpec, Framework, PlanRequest, StrategyKind, StrategySpec, TrainingSpec, cluster_from_gpus,
+    BatchSpec, FineTuneSpec, Framework, PlanRequest, StrategySpec, TrainingSpec, cluster_from_gpus,
 )
 from zeroplan.specs.finetune import LoraTarget
 
@@ -131,51 +130,42 @@ def test_unmodelled_fine_tunes_are_refused_naming_the_field(fields, field) -> No
     assert field in str(error.value)
 
 
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exit_:
-        code = exit_.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def test_the_issues_fine_tuning_commands_answer(capsys) -> None:
-    code, out, err = run(capsys, "fit", "llama-3.1-70b", "--framework", "hf", "--lora-rank", "16", "--quantize", "nf4",
+def test_the_issues_fine_tuning_commands_answer(zeroplan_cli) -> None:
+    code, out, err = zeroplan_cli("fit", "llama-3.1-70b", "--framework", "hf", "--lora-rank", "16", "--quantize", "nf4",
                          "--gpus", "2", "--gpu", "rtx-4090", "--strategies", "fsdp-full-shard", "--activation-checkpointing", "full")
     assert code == 0, err
     assert "LoRA rank 16 on q,v: 32,768,000 trainable" in out and "nf4" in out and "as loaded, in bf16" in out
-    code, out, err = run(capsys, "fit", "llama-3.1-8b", "--framework", "torchtune", "--lora-rank", "8", "--gpus", "1", "--gpu", "a10g")
+    code, out, err = zeroplan_cli("fit", "llama-3.1-8b", "--framework", "torchtune", "--lora-rank", "8", "--gpus", "1", "--gpu", "a10g")
     assert code == 0, err
     assert "LoRA rank 8 on q,v,o,gate,up,down" in out
 
 
-def test_a_config_json_with_nf4_weights_is_planned_as_qlora(capsys, tmp_path) -> None:
+def test_a_config_json_with_nf4_weights_is_planned_as_qlora(zeroplan_cli, tmp_path) -> None:
     config = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
               "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,
               "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
                                       "bnb_4bit_use_double_quant": True}}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
-    code, _, err = run(capsys, "fit", str(path), "--gpus", "1")
+    code, _, err = zeroplan_cli("fit", str(path), "--gpus", "1")
     assert code == 2 and err.count("\n") == 1 and "--lora-rank" in err
-    code, out, err = run(capsys, "fit", str(path), "--gpus", "1", "--lora-rank", "16", "--format", "json")
+    code, out, err = zeroplan_cli("fit", str(path), "--gpus", "1", "--lora-rank", "16", "--format", "json")
     assert code == 0, err
     report = json.loads(out)
     assert report["training"]["finetune"]["quantize"] == "nf4"
     assert "quantization_config" not in json.dumps(report["model"])  # read, not cautioned
     config["quantization_config"] = {"quant_method": "gptq", "bits": 4}
     path.write_text(json.dumps(config))
-    code, _, err = run(capsys, "fit", str(path), "--gpus", "1", "--lora-rank", "16")
+    code, _, err = zeroplan_cli("fit", str(path), "--gpus", "1", "--lora-rank", "16")
     assert code == 2 and "quant_method 'gptq'" in err and err.count("\n") == 1
 
 
-def test_torchtune_on_one_gpu_is_its_single_device_recipe(capsys) -> None:
-    code, out, err = run(capsys, "fit", "llama-3.1-8b", "--framework", "torchtune", "--lora-rank", "8", "--gpus", "1",
+def test_torchtune_on_one_gpu_is_its_single_device_recipe(zeroplan_cli) -> None:
+    code, out, err = zeroplan_cli("fit", "llama-3.1-8b", "--framework", "torchtune", "--lora-rank", "8", "--gpus", "1",
                          "--gpu", "a10g", "--activation-checkpointing", "full", "--format", "json")
     assert code == 0, err
     assert json.loads(out)["plans"][0]["strategy"] == "ddp"
-    code, _, err = run(capsys, "fit", "llama-3.1-8b", "--framework", "torchtune", "--gpus", "2", "--strategies", "ddp")
+    code, _, err = zeroplan_cli("fit", "llama-3.1-8b", "--framework", "torchtune", "--gpus", "2", "--strategies", "ddp")
     assert code == 2 and "'ddp' is not run by torchtune" in err
 
 
