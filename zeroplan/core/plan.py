@@ -22,6 +22,7 @@ from zeroplan.core.model_states import ModelStateBytes, model_state_bytes
 from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
 from zeroplan.core.parallel.activations import rank_activation_bytes, rank_logits_pieces, rank_workspace_bytes
 from zeroplan.core.params import total_parameters
+from zeroplan.core.suggest import smallest_change
 from zeroplan.core.timing import step_time
 from zeroplan.errors import ZeroplanError
 from zeroplan.results import FitReport, MemoryBreakdown, PeakMoment, StrategyPlan
@@ -376,10 +377,14 @@ def _verdict(
     )
 
 
-def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | None = None) -> FitReport:
+def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | None = None, *,
+        suggest: bool = True) -> FitReport:
     """Plan ``base`` under each strategy; the strategy in ``base`` supplies the knobs. None
-    plans every strategy the request's framework runs (all of them for zeroplan and hf)."""
+    plans every strategy the request's framework runs (all of them for zeroplan and hf). When
+    nothing fits and ``suggest``, the verdict names the smallest change that fits
+    (zeroplan.core.suggest)."""
     framework = base.training.framework
+    given = strategies is not None
     if strategies is None:
         # FSDP2's CPUOffloadPolicy applies only to the framework's FSDP strategies.
         strategies = (fsdp_cpu_offload_strategies(framework) if base.training.fsdp_cpu_offload
@@ -399,12 +404,11 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | N
     plans_tuple = tuple(plans)
     recommended = recommend(plans_tuple)
     verdict = _verdict(plans_tuple, recommended, base.cluster.host_memory_bytes_per_node, base.cluster.world_size == 1)
-    if recommended is None and base.training.activation_checkpointing is not ActivationCheckpointing.full:
-        # The most common way out: say whether recomputing activations would make it fit.
-        training = base.training.model_copy(update={"activation_checkpointing": ActivationCheckpointing.full})
-        retry = fit(base.model_copy(update={"training": training}), strategies)
-        if retry.recommended is not None:
-            verdict += f" With --activation-checkpointing full: {retry.verdict}"
+    if recommended is None and suggest:
+        # The strategies the user named stay the ones tried; else each retry plans every
+        # strategy its framework runs on its GPUs.
+        kept = strategies if given else None
+        verdict += smallest_change(base, lambda request: fit(request, kept, suggest=False))
     return FitReport(
         model=base.model,
         num_parameters=total_parameters(base.model),

@@ -1,0 +1,70 @@
+"""When nothing fits: the smallest change that makes something fit, each candidate asked of the
+planner (not a fixed hint). Tried in order of what it costs the user: recomputing activations,
+then (for a LoRA) storing the base in nf4, then more GPUs of the same kind."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pydantic import ValidationError
+
+from zeroplan.errors import ZeroplanError
+from zeroplan.specs.finetune import Quantization
+from zeroplan.specs.request import PlanRequest
+from zeroplan.specs.training import ActivationCheckpointing
+
+MAX_GPU_DOUBLINGS = 6
+"""More GPUs are tried up to 2^6 = 64 times the request's (each a full fit of every strategy)."""
+
+
+def _with_training(base: PlanRequest, **update) -> PlanRequest | None:
+    try:
+        training = base.training.model_copy(update=update)
+        return type(base)(**{**dict(base), "training": training})
+    except (ZeroplanError, ValidationError):
+        return None
+
+
+def _with_gpus(base: PlanRequest, gpus: int) -> PlanRequest | None:
+    """The request on ``gpus`` GPUs of the same kind: filling a node first (up to 8 per node, as
+    --gpus does), then more nodes; None where the layout's degrees do not divide it."""
+    cluster = base.cluster
+    per_node = cluster.gpus_per_node if cluster.num_nodes > 1 or gpus <= cluster.gpus_per_node else min(gpus, max(8, cluster.gpus_per_node))
+    if gpus % per_node:
+        return None
+    try:
+        return type(base)(**{**dict(base), "cluster": cluster.model_copy(update={"num_nodes": gpus // per_node, "gpus_per_node": per_node})})
+    except (ZeroplanError, ValidationError):
+        return None
+
+
+def smallest_change(base: PlanRequest, fit: Callable[[PlanRequest], object]) -> str:
+    """The first change that makes a strategy fit, with the fit's verdict; '' when none of the
+    candidates does. ``fit`` plans a request (every strategy its framework runs) without
+    suggesting anything itself."""
+    changes: list[tuple[str, PlanRequest | None]] = []
+    current = base
+    if base.training.activation_checkpointing is not ActivationCheckpointing.full:
+        current = _with_training(base, activation_checkpointing=ActivationCheckpointing.full)
+        changes.append(("--activation-checkpointing full", current))
+    finetune = base.training.finetune
+    flags = "--activation-checkpointing full and " if current is not base else ""
+    if finetune.is_lora and not finetune.quantize.is_quantized and current is not None:
+        quantized = _with_training(current, finetune=finetune.model_copy(update={"quantize": Quantization.nf4}))
+        changes.append((f"{flags}--quantize nf4", quantized))
+    for change, request in changes:
+        if request is not None:
+            report = fit(request)
+            if report.recommended is not None:
+                return f" With {change}: {report.verdict}"
+    if current is None:
+        return ""
+    for doubling in range(1, MAX_GPU_DOUBLINGS + 1):
+        gpus = base.cluster.world_size * 2**doubling
+        request = _with_gpus(current, gpus)
+        if request is None:
+            continue
+        report = fit(request)
+        if report.recommended is not None:
+            return f" With {flags}--gpus {gpus}: {report.verdict}"
+    return ""
