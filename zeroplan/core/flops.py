@@ -115,8 +115,10 @@ def attention_backward_over_forward(kernel: AttentionKernel) -> float:
 
 # PaLM (Chowdhery et al. 2022), Appendix B: model FLOPs per token 6N + 12 L H Q T (H heads of
 # size Q, T the sequence), non-causal and without recomputation; N are the parameters a token
-# passes through (all of a dense model's, embeddings included, as torchtitan's
-# get_num_flop_per_token uses it: docs/validation.md, "Step time").
+# passes through, embeddings included: the published torchtitan benchmark rows count them so
+# (their MFU column is WPS x this / peak to 3 digits, tests/test_step_time_accuracy.py), though
+# torchtitan 0.3.0's models/utils.py get_dense_model_nparams_and_flops now leaves the token
+# table out (6.5 % fewer model FLOPs for Llama-3.1-8B): docs/validation.md, "Step time".
 def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     """FLOPs per token that model FLOPs utilisation (MFU) counts."""
     forward_backward = 1 + BACKWARD_MATMULS_PER_FORWARD_MATMUL
