@@ -21,26 +21,44 @@ bitsandbytes' nested blocksize)."""
 # of B elements; with double quantization each scale is stored in 8 bits and every 256 of them
 # share one second-level constant (0.5 + 1/64 + 4/(64 x 256) = 0.516 bytes per element at B = 64
 # with fp32 constants, the paper's 4.127 bits). Without double quantization each scale is fp32.
-# The second-level constant's width differs by library: bitsandbytes 0.48 functional.py
-# quantize_4bit keeps it fp32 (QuantState.state2.absmax); torchao 0.14.1 dtypes/nf4tensor.py
-# NF4Tensor.double_quantize_scalers keeps quantization_factor in the weight's dtype (bf16 in
-# torchtune's recipes). Per-tensor constants (the 16-entry code, the scalers' mean, the
-# 256-entry nested code) are a few hundred bytes a tensor and are left out.
 def nf4_tensor_bytes(numel: int, block: int, double_quant: bool, second_level_bytes: int) -> int:
-    """Bytes of one weight of ``numel`` elements stored in nf4."""
+    """Bytes of one weight of ``numel`` elements in nf4: codes, scales and second-level constants
+    (the per-tensor constants apart: nf4_layout)."""
+    codes, scales = nf4_codes_and_scales(numel, block, double_quant, second_level_bytes)
+    return codes + scales
+
+
+def nf4_codes_and_scales(numel: int, block: int, double_quant: bool, second_level_bytes: int) -> tuple[int, int]:
     codes = ceil_div(numel, 2)
     scales = ceil_div(numel, block)
     if not double_quant:
-        return codes + 4 * scales
-    return codes + scales + second_level_bytes * ceil_div(scales, NF4_DOUBLE_QUANT_BLOCK)
+        return codes, 4 * scales
+    return codes, scales + second_level_bytes * ceil_div(scales, NF4_DOUBLE_QUANT_BLOCK)
 
 
-def nf4_second_level_bytes(request: PlanRequest) -> int:
-    """Width of the double quantization's constants: the compute dtype under torchtune
-    (torchao's NF4Tensor), fp32 otherwise (bitsandbytes' Linear4bit, what PEFT's QLoRA uses)."""
+# How each library lays one nf4 weight out, measured (benchmarks/framework-parameter-records):
+# - torchao 0.14.1 dtypes/nf4tensor.py NF4Tensor (torchtune's QLoRA) is the parameter itself:
+#   its codes, int8 scalers and quantization_factor (in the weight's dtype, bf16) are what FSDP2
+#   shards and gathers (its fsdp_pre_all_gather); every shard keeps the 16-entry nf4 code and
+#   the scalers' mean, 17 values of the weight's dtype.
+# - bitsandbytes 0.50.2 (transformers' QLoRA: Linear4bit) stores only the packed codes as the
+#   Params4bit parameter (in bnb_4bit_quant_storage, which FSDP shards and gathers); the
+#   QuantState beside it is a plain attribute every rank keeps whole: the uint8 absmax per block,
+#   with double quantization its fp32 absmax per 256 (state2.absmax), a 256-entry fp32 nested
+#   code and an fp32 offset, and the 16-entry fp32 nf4 code (1,092 bytes of constants per weight;
+#   without double quantization the fp32 absmax per block and the 64-byte code).
+BNB_CONSTANT_BYTES = {True: 4 * 16 + 4 * 256 + 4, False: 4 * 16}
+"""bitsandbytes QuantState constants per weight, by double quantization: code, state2.code, offset."""
+
+
+def nf4_layout(request: PlanRequest, tensor: ParamTensor) -> tuple[int, int]:
+    """(bytes sharded with the parameter, bytes every shard keeps whole) of one nf4 weight."""
+    finetune = request.training.finetune
     if request.training.framework is Framework.torchtune:
-        return request.training.precision.compute_bytes
-    return 4
+        e = request.training.precision.compute_bytes
+        return nf4_tensor_bytes(tensor.numel, finetune.quant_block_size, finetune.double_quant, e), 17 * e
+    codes, scales = nf4_codes_and_scales(tensor.numel, finetune.quant_block_size, finetune.double_quant, 4)
+    return codes, scales + BNB_CONSTANT_BYTES[finetune.double_quant]
 
 
 def frozen_element_bytes(request: PlanRequest) -> int:
@@ -54,6 +72,11 @@ def frozen_element_bytes(request: PlanRequest) -> int:
         return eb.parameter
     if request.convention is not StateConvention.fsdp2:
         return eb.compute_parameter  # deepspeed/runtime/engine.py _configure_distributed_model: module.bfloat16()
+    if request.training.framework is Framework.hf and finetune.quantize.is_quantized:
+        # peft 0.17.1 utils/other.py prepare_model_for_kbit_training, which transformers' QLoRA
+        # recipe calls, casts every parameter that is not 4-bit (embeddings, head, norms) to
+        # fp32 (measured: benchmarks/framework-parameter-records, hf QLoRA).
+        return 4
     if request.training.framework is Framework.hf and request.strategy.kind.is_fsdp and request.training.precision.is_mixed:
         # accelerate 1.10.1 fsdp2_prepare_model (zeroplan/frameworks/build.py _hf_fsdp2): with
         # mixed precision it calls model.to(torch.float32) after fully_shard, frozen base
@@ -62,26 +85,13 @@ def frozen_element_bytes(request: PlanRequest) -> int:
     return 4 if finetune.base_dtype is BaseDtype.fp32 else eb.compute_parameter
 
 
-# torchao 0.14.1 dtypes/nf4tensor.py NF4Tensor.from_tensor: besides its codes and scales each
-# tensor holds the 16-entry nf4 code and the scalers' mean in the weight's dtype, which its
-# fsdp_pre_all_gather sends whole and every shard keeps (measured: 34 bytes per bf16 weight on
-# each rank, benchmarks/framework-step-records, torchtune QLoRA).
-def nf4_replicated_bytes(request: PlanRequest) -> int:
-    """Per-tensor constants every shard of an nf4 weight keeps (torchao's; bitsandbytes'
-    QuantState constants are not modelled)."""
-    if request.training.framework is not Framework.torchtune:
-        return 0
-    return (16 + 1) * request.training.precision.compute_bytes
-
-
 def frozen_tensor_bytes(request: PlanRequest, tensor: ParamTensor, gathered: bool = False) -> int:
-    """Bytes of one frozen tensor, whole (its sharded part; per-tensor constants apart), as
+    """Bytes of one frozen tensor's sharded part, whole (nf4_layout keeps the rest apart), as
     stored, or as an all-gather brings it in (``gathered``: FSDP2 casts a parameter to its
     MixedPrecisionPolicy's param_dtype before gathering, DeepSpeed's module is 16-bit already;
     an nf4 weight is gathered as it is stored)."""
-    finetune = request.training.finetune
     if tensor.quantized:
-        return nf4_tensor_bytes(tensor.numel, finetune.quant_block_size, finetune.double_quant, nf4_second_level_bytes(request))
+        return nf4_layout(request, tensor)[0]
     if gathered:
         return tensor.numel * element_bytes(request.training.precision, request.convention).compute_parameter
     return tensor.numel * frozen_element_bytes(request)
@@ -89,6 +99,12 @@ def frozen_tensor_bytes(request: PlanRequest, tensor: ParamTensor, gathered: boo
 
 def frozen_held_bytes(request: PlanRequest, units: tuple[ParamUnit, ...], num_shards: int) -> int:
     """Frozen bytes one rank holds when each unit is split ``num_shards`` ways (1: whole)."""
-    replicated = nf4_replicated_bytes(request)
-    return sum(ceil_div(frozen_tensor_bytes(request, t), num_shards) + (replicated if t.quantized else 0)
-               for unit in units for t in unit.tensors if not t.trainable)
+    total = 0
+    for unit in units:
+        for t in unit.tensors:
+            if t.trainable:
+                continue
+            total += ceil_div(frozen_tensor_bytes(request, t), num_shards)
+            if t.quantized:
+                total += nf4_layout(request, t)[1]
+    return total
