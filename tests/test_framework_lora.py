@@ -125,6 +125,7 @@ def test_hf_qlora_parameter_record_counts_every_quant_state_tensor() -> None:
     assert record.name.endswith("+qlora-nf4-r4-qv:parameters")
 
 
+@pytest.mark.slow
 def test_hf_qlora_base_linears_save_no_input() -> None:
     pytest.importorskip("bitsandbytes")
     from zeroplan.frameworks.measure import measure

@@ -14,7 +14,9 @@ benchmarks/framework_accuracy.py put the two side by side.
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
+import weakref
 
 import torch
 
@@ -131,6 +133,7 @@ def _forward(model: ModelSpec, training: TrainingSpec, batch: BatchSpec, layers:
         tracker = private.live_bytes_tracker()
 
         def device_bytes() -> int:
+            gc.collect()  # what only reference cycles hold (see _collecting) is not live
             return private.tracker_live_bytes(tracker) - built.host_bytes()
 
         for block in built.blocks:
@@ -145,16 +148,43 @@ def _forward(model: ModelSpec, training: TrainingSpec, batch: BatchSpec, layers:
             tracker.track_external(*side)
         private.frozen_parameters_unhooked(tracker, built.module)
         last = built.blocks[-1]
-        saved, hooks = _saved_by_last_block(built, side)
-        with tracker, hooks:
+        saved, hooks, settle = _saved_by_last_block(built, side)
+        with tracker, hooks, _collecting(built.module):
             before = device_bytes()
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=_autocast(training, dtype)):
                 output = built.forward(tokens)
             retained = device_bytes() - before
+            settle()
             del output
         peak = private.tracker_forward_peak_growth(tracker, last)
     # The growth of block k counts from the end of block k-1 (its output is not counted twice).
     return _Run(built.version, retained, [marks[k] - marks[k - 1] for k in range(1, len(marks))], saved, peak, notes)
+
+
+@contextlib.contextmanager
+def _collecting(module: torch.nn.Module):
+    """Run Python's cycle collector after the forward of every adapter-wrapped layer of
+    ``module`` (a peft LoraLayer's lora_A, a torchtune LoRALinear/DoRALinear's lora_a) while
+    entered.
+
+    The tracker's ModTracker registers a multi-grad hook on each module's outputs
+    (torch/distributed/_tools/mod_tracker.py _fw_post_hook, register_multi_grad_hook), which
+    puts the output in a reference cycle through long-lived objects: an output the framework
+    drops at once (DoRA's ``lora_b(lora_a(x_eye))``, whose graph holds the in x in identity)
+    then lives until a full collection, where without the tracker it is freed when its last
+    reference goes. Collecting after each adapter layer's forward frees it there, so that a
+    block's forward peak does not count the garbage of the layers before; the kept bytes are read
+    after a full collection anyway (device_bytes). A full collection takes most of a second, too
+    slow after every module."""
+    def collect(*_) -> None:  # a forward hook that returns something replaces the output
+        gc.collect()
+
+    handles = [m.register_forward_hook(collect) for m in module.modules() if hasattr(m, "lora_A") or hasattr(m, "lora_a")]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def _saved_by_last_block(built, side: list[torch.Tensor]):
@@ -162,13 +192,15 @@ def _saved_by_last_block(built, side: list[torch.Tensor]):
     saved_tensors_hooks) between the end of the second-to-last block's forward and the end of
     the last one's: 'shape dtype storage-bytes' each, marked '(parameter)' when the storage is a
     parameter's or a quantization state's, '(again)' when an earlier entry holds the same
-    storage; and the hooks context. Tensors a custom autograd.Function keeps as ctx attributes
+    storage, '(freed)' when it is gone once the forward has returned (a graph the forward
+    dropped); the hooks context; and what marks the freed ones (call it after the forward). Tensors a custom autograd.Function keeps as ctx attributes
     instead of save_for_backward (bitsandbytes' MatMul4Bit ctx.tensors) are not seen."""
     blocks = built.blocks
     owned = {_storage(t) for t in [*built.module.parameters(), *built.module.buffers(), *side]}
     done = [0]
     seen: set[int] = set()
     saved: list[str] = []
+    alive: list[weakref.ref] = []
     for block in blocks:
         block.register_forward_hook(lambda *_: done.__setitem__(0, done[0] + 1))
 
@@ -178,9 +210,16 @@ def _saved_by_last_block(built, side: list[torch.Tensor]):
             mark = " (parameter)" if key in owned else (" (again)" if key in seen else "")
             seen.add(key)
             saved.append(f"{list(tensor.shape)} {str(tensor.dtype).removeprefix('torch.')} {_storage_bytes(tensor)}{mark}")
+            alive.append(weakref.ref(tensor))
         return tensor
 
-    return saved, torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor)
+    def settle() -> None:
+        gc.collect()
+        for k, ref in enumerate(alive):
+            if ref() is None:
+                saved[k] += " (freed)"
+
+    return saved, torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), settle
 
 
 def _storage(tensor: torch.Tensor) -> int:
