@@ -117,6 +117,9 @@ def _forward(model: ModelSpec, training: TrainingSpec, batch: BatchSpec, layers:
     excluded), each block's growth, and, for the last block, what autograd saved and how far live
     bytes rose inside its forward. On fake tensors, or on real CPU tensors for a model built on
     them (BuiltModel.real: bitsandbytes' QLoRA, which quantizes only on a real device)."""
+    # A model of an earlier run that only reference cycles hold (the tracker's hooks) is freed
+    # first: with real tensors (hf QLoRA, several GB each) two of them do not fit in memory.
+    gc.collect()
     built = build(training.framework, model, layers, training.activation_checkpointing, dtype, batch.seq_len,
                   selective_layer_interval=training.selective_layer_interval,
                   activation_offloading=training.activation_offloading, finetune=training.finetune)
