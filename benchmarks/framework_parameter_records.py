@@ -1,8 +1,9 @@
 """Count the parameters the frameworks' own LoRA/QLoRA builders make and write the records the
 planner's model-state terms are checked against.
 
-    python benchmarks/framework_parameter_records.py [OUT_DIR]
-        (default benchmarks/framework-parameter-records)
+    python benchmarks/framework_parameter_records.py [OUT_DIR [GROUP ...]]
+        (default benchmarks/framework-parameter-records; GROUP meta (RUNS, on the meta device) or
+        bnb (BNB_RUNS, hf QLoRA on real CPU tensors); default both)
 
 Each run (zeroplan.frameworks.parameters.measure_parameters) builds two full-width blocks, the
 embedding, the final norm and the LM head on the meta device (torchao's NF4 quantization of a
@@ -35,12 +36,26 @@ RUNS = [
 ] + [
     ("llama-3.1-8b", "hf", "ddp", "bf16-mixed", {**finetune, "base_dtype": base})
     for base in ("fp32", "bf16") for finetune in ({"lora_rank": 16, "lora_targets": ALL_LINEARS}, {"lora_rank": 16})
+] + [
+    # DoRA: torchtune's DoRALinear (r 8, its 8B_lora targets) and PEFT's use_dora (r 16, every linear).
+    ("llama-3.1-8b", "torchtune", "fsdp-full-shard", "bf16-pure", {"lora_rank": 8, "dora": True}),
+] + [
+    ("llama-3.1-8b", "hf", "ddp", "bf16-mixed", {"lora_rank": 16, "lora_targets": ALL_LINEARS, "dora": True, "base_dtype": base})
+    for base in ("bf16", "fp32")
 ]
+# hf QLoRA with bitsandbytes (zeroplan.frameworks.lora.hf_bnb_qlora_llama): built on real CPU
+# tensors, quantized by bitsandbytes (about 30 s for 8B, a few minutes and ~15 GB of memory for 70B).
+BNB_RUNS = [
+    (model, "hf", "ddp", "bf16-mixed", {"lora_rank": 16, "quantize": "nf4", **finetune})
+    for model in ("llama-3.1-8b", "llama-3.1-70b") for finetune in ({"lora_targets": ALL_LINEARS}, {})
+] + [("llama-3.1-8b", "hf", "ddp", "bf16-mixed", {"lora_rank": 16, "quantize": "nf4", "lora_targets": ALL_LINEARS,
+                                                  "double_quant": False})]
+GROUPS = {"meta": RUNS, "bnb": BNB_RUNS}
 
 
-def main(out: Path = DEFAULT_OUT) -> None:
+def main(out: Path = DEFAULT_OUT, groups: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    for model_name, framework, strategy, precision, finetune in RUNS:
+    for model_name, framework, strategy, precision, finetune in [run for g in groups or list(GROUPS) for run in GROUPS[g]]:
         training = TrainingSpec(framework=framework, precision=precision, finetune=finetune)
         record = measure_parameters(get_model(model_name), StrategyKind(strategy), training)
         write_text_atomic(out / record.file_name, record.model_dump_json(indent=2) + "\n")
@@ -50,4 +65,4 @@ def main(out: Path = DEFAULT_OUT) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT)
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT, sys.argv[2:] or None)

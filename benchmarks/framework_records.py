@@ -2,9 +2,11 @@
 
     python benchmarks/framework_records.py [OUT_DIR [FRAMEWORK ...]]
         (default benchmarks/framework-records, every framework)
-    python benchmarks/framework_records.py --finetune [OUT_DIR]
-        (the LoRA/QLoRA runs, FINETUNE_RUNS, default benchmarks/framework-finetune-records: kept
-        apart from the full fine-tunes the planner is already checked against; about a minute)
+    python benchmarks/framework_records.py --finetune [OUT_DIR [GROUP ...]]
+        (the LoRA/QLoRA runs, default benchmarks/framework-finetune-records: kept apart from the
+        full fine-tunes the planner is already checked against; GROUP lora (FINETUNE_RUNS, about a
+        minute), dora (DORA_RUNS, a few minutes), bnb (BNB_RUNS: hf QLoRA with bitsandbytes on
+        real CPU tensors, about 20 minutes on 2 cores); default all three)
 
 Each run builds a framework's decoder (zeroplan.frameworks.build) at full width, four blocks
 deep, on fake tensors, and records what each block keeps for backward (zeroplan.frameworks.
@@ -59,6 +61,28 @@ FINETUNE_RUNS = [
 ] + [("hf", "ddp", "bf16-mixed", "none", {"lora_rank": 16, "lora_targets": ["q", "k", "v", "o", "gate", "up", "down"],
                                           "lora_dropout": 0.1, "base_dtype": base}) for base in ("fp32", "bf16")]
 
+# DoRA (use_dora): torchtune's 8B_lora targets at r 8 (lora_llama3_1(use_dora=True): DoRALinear)
+# in its bf16; PEFT r 16 over every block linear, on the Trainer's DDP path over a bf16 and an
+# fp32 base. Fake tensors, as the LoRA runs.
+DORA_RUNS = [
+    ("torchtune", "fsdp-full-shard", "bf16-pure", policy, {"lora_rank": 8, "dora": True}) for policy in ("none", "full")
+] + [
+    ("hf", "ddp", "bf16-mixed", policy, {"lora_rank": 16, "lora_targets": ["q", "k", "v", "o", "gate", "up", "down"],
+                                         "dora": True, "base_dtype": base})
+    for policy in ("none", "full") for base in ("bf16", "fp32")
+]
+# hf QLoRA (bitsandbytes 0.50.2 Linear4bit, PEFT r 16 over every block linear and over its default
+# q, v), built as from_pretrained(quantization_config=BitsAndBytesConfig(nf4, double quant, bf16
+# compute, bf16 quant storage)) builds it and prepared by prepare_model_for_kbit_training, on
+# real CPU tensors (bitsandbytes quantizes only on a real device): shorter sequences, since the
+# forward really computes (about a minute a record at s 1024 on 2 cores).
+BNB_SHAPES = [("llama-3.1-8b", 1024, 1), ("llama-3.1-8b", 2048, 1)]
+BNB_RUNS = [
+    ("hf", "ddp", "bf16-mixed", policy, {"lora_rank": 16, "quantize": "nf4", **targets})
+    for policy in ("none", "full") for targets in ({"lora_targets": ["q", "k", "v", "o", "gate", "up", "down"]}, {})
+]
+FINETUNE_GROUPS = {"lora": (FINETUNE_SHAPES, FINETUNE_RUNS), "dora": (FINETUNE_SHAPES, DORA_RUNS), "bnb": (BNB_SHAPES, BNB_RUNS)}
+
 
 def main(out: Path = DEFAULT_OUT, frameworks: set[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
@@ -74,15 +98,17 @@ def main(out: Path = DEFAULT_OUT, frameworks: set[str] | None = None) -> None:
     main_finetune(FINETUNE_OUT if out == DEFAULT_OUT else out, frameworks)
 
 
-def main_finetune(out: Path = FINETUNE_OUT, frameworks: set[str] | None = None) -> None:
+def main_finetune(out: Path = FINETUNE_OUT, frameworks: set[str] | None = None, groups: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    for model_name, seq_len, micro_batch in FINETUNE_SHAPES:
-        for framework, strategy, precision, policy, finetune in FINETUNE_RUNS:
-            if frameworks and framework not in frameworks:
-                continue
-            training = TrainingSpec(framework=framework, precision=precision, activation_checkpointing=policy, finetune=finetune)
-            _write(out, measure(get_model(model_name), StrategyKind(strategy), training,
-                                BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch)))
+    for group in groups or list(FINETUNE_GROUPS):
+        shapes, runs = FINETUNE_GROUPS[group]
+        for model_name, seq_len, micro_batch in shapes:
+            for framework, strategy, precision, policy, finetune in runs:
+                if frameworks and framework not in frameworks:
+                    continue
+                training = TrainingSpec(framework=framework, precision=precision, activation_checkpointing=policy, finetune=finetune)
+                _write(out, measure(get_model(model_name), StrategyKind(strategy), training,
+                                    BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch)))
 
 
 def _write(out: Path, record) -> None:
@@ -92,6 +118,6 @@ def _write(out: Path, record) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--finetune"]:
-        main_finetune(Path(sys.argv[2]) if len(sys.argv) > 2 else FINETUNE_OUT)
+        main_finetune(Path(sys.argv[2]) if len(sys.argv) > 2 else FINETUNE_OUT, groups=sys.argv[3:] or None)
     else:
         main(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT, set(sys.argv[2:]) or None)

@@ -85,6 +85,61 @@ def test_a_tiny_lora_forward_keeps_less_than_the_full_fine_tune() -> None:
         assert lora.name != full[model.hidden_size].name
 
 
+def test_hf_qlora_is_built_as_from_pretrained_quantizes_it_with_bitsandbytes() -> None:
+    pytest.importorskip("peft")
+    pytest.importorskip("bitsandbytes")
+    import torch
+
+    built = _build(Framework.hf, lora_rank=4, quantize="nf4", lora_targets=["q", "k", "v", "o", "gate", "up", "down"])
+    assert built.real
+    params = dict(built.module.named_parameters())
+    quantized = [name for name, p in params.items() if type(p).__name__ == "Params4bit"]
+    # Every block linear (lm_head left out by get_modules_to_not_convert), packed in bf16 quant storage.
+    assert len(quantized) == LAYERS * 7 and all(params[n].dtype == torch.bfloat16 for n in quantized)
+    assert all(not p.is_meta for p in params.values())
+    # prepare_model_for_kbit_training: everything not 4-bit is fp32 and frozen; adapters fp32.
+    others = [p for n, p in params.items() if n not in quantized]
+    assert all(p.dtype == torch.float32 for p in others)
+    assert {n for n, p in params.items() if p.requires_grad} == {n for n in params if ".lora_A." in n or ".lora_B." in n}
+    q = built.module.base_model.model.model.layers[0].self_attn.q_proj.base_layer.weight
+    assert q.quant_state.blocksize == 64 and q.quant_state.nested and q.quant_state.state2.blocksize == 256
+
+
+def test_hf_qlora_parameter_record_counts_every_quant_state_tensor() -> None:
+    pytest.importorskip("bitsandbytes")
+    from zeroplan.frameworks.parameters import measure_parameters
+
+    training = TrainingSpec(framework="hf", precision="bf16-mixed", finetune={"lora_rank": 4, "quantize": "nf4"})
+    record = measure_parameters(NF4_TINY, StrategyKind.ddp, training)
+    elements = 2 * NF4_TINY.hidden_size * (NF4_TINY.hidden_size + NF4_TINY.kv_heads * NF4_TINY.head_size) \
+        + 3 * NF4_TINY.hidden_size * NF4_TINY.ffn_hidden_size
+    storage = record.quantized_storage
+    assert storage["data"] == elements // 2  # four bits a weight, whatever the storage dtype
+    assert storage["absmax"] == elements // 64  # one uint8 scale per block of 64 (double quantization)
+    assert storage["state2.absmax"] == 4 * elements // 64 // 256  # one fp32 scale per 256 absmax (whole blocks here)
+    assert storage["code"] == 7 * 16 * 4 and storage["state2.code"] == 7 * 256 * 4 and storage["offset"] == 7 * 4
+    assert record.blocks[0].frozen["nf4"] == sum(storage.values())
+    # PEFT's default q, v: fp32 adapters, r x in and out x r each.
+    h, kv = NF4_TINY.hidden_size, NF4_TINY.kv_heads * NF4_TINY.head_size
+    assert record.blocks[0].trainable == {"float32": 4 * 4 * (h + h + h + kv)}
+    assert record.name.endswith("+qlora-nf4-r4-qv:parameters")
+
+
+@pytest.mark.slow
+def test_hf_qlora_base_linears_save_no_input() -> None:
+    pytest.importorskip("bitsandbytes")
+    from zeroplan.frameworks.measure import measure
+    from zeroplan.specs import BatchSpec
+
+    training = TrainingSpec(framework="hf", precision="bf16-mixed", finetune={"lora_rank": 4, "quantize": "nf4"})
+    record = measure(NF4_TINY, StrategyKind.ddp, training, BatchSpec(seq_len=32, micro_batch_size=1))
+    assert record.block_kept_bytes > 0 and record.block_forward_peak_bytes >= record.block_growth_bytes[-1]
+    # bitsandbytes' MatMul4Bit keeps only the packed weight (ctx.tensors = (None, B)), never A:
+    # nothing saved is the size of a bf16 weight.
+    weight_bytes = 2 * NF4_TINY.hidden_size * NF4_TINY.hidden_size
+    assert not any(entry.split()[2] == str(weight_bytes) for entry in record.block_saved_tensors)
+
+
 def test_record_names_carry_the_fine_tune_and_are_distinct() -> None:
     from zeroplan.frameworks.record import finetune_tag
 
@@ -103,7 +158,9 @@ def test_record_names_carry_the_fine_tune_and_are_distinct() -> None:
     ("torchtune", "none", {"lora_rank": 8, "quantize": "nf4", "quant_block_size": 128}, "finetune.quant_block_size"),
     ("torchtune", "none", {"lora_rank": 8, "quantize": "int8"}, "finetune.quantize"),
     ("torchtune", "selective-layer", {"lora_rank": 8}, "--activation-checkpointing"),
-    ("hf", "none", {"lora_rank": 8, "quantize": "nf4"}, "finetune.quantize"),
+    ("hf", "none", {"lora_rank": 8, "quantize": "nf4", "quant_block_size": 128}, "finetune.quant_block_size"),
+    ("hf", "none", {"lora_rank": 8, "quantize": "nf4", "base_dtype": "fp32"}, "finetune.base_dtype"),
+    ("hf", "none", {"lora_rank": 8, "quantize": "nf4", "dora": True}, "finetune.dora"),
     ("torchtitan", "none", {"lora_rank": 8}, "finetune.lora_rank"),
     ("torchtune", "none", {"frozen_blocks": 2}, "finetune.frozen_blocks"),
 ])

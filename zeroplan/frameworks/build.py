@@ -47,6 +47,10 @@ class BuiltModel:
     empty: Callable[[nn.Module, object], None] | None = None
     """How the module's parameters are allocated uninitialised on a device (``to_empty``); None:
     ``nn.Module.to_empty``. A quantized base overrides it (zeroplan.frameworks.lora)."""
+    real: bool = False
+    """The parameters are real CPU tensors already (not meta): bitsandbytes quantizes a
+    Params4bit only on its move to a real device, so hf QLoRA is built and run for real
+    (zeroplan.frameworks.lora.hf_bnb_qlora_llama); no ``to_empty``, no fake-tensor mode."""
 
     def to_empty(self, device: object) -> None:
         """Allocate every parameter and buffer of ``module`` on ``device``, uninitialised (under
@@ -109,19 +113,26 @@ def build(framework: Framework, model: ModelSpec, layers: int, policy: Activatio
     return builder(model, layers, policy, dtype)
 
 
-def _hf_llama(model: ModelSpec, layers: int, policy: ActivationCheckpointing, dtype: torch.dtype) -> BuiltModel:
-    import transformers
-    from transformers import LlamaConfig, LlamaForCausalLM
+def hf_llama_config(model: ModelSpec, layers: int):
+    """transformers' LlamaConfig for ``model`` with ``layers`` blocks."""
+    from transformers import LlamaConfig
 
     # transformers models/llama/configuration_llama.py field names; attn_implementation "sdpa" is
     # what from_pretrained picks on torch >= 2.1 (modeling_utils._check_and_adjust_attn_implementation).
-    config = LlamaConfig(
+    return LlamaConfig(
         vocab_size=model.vocab_size, hidden_size=model.hidden_size, intermediate_size=model.ffn_hidden_size,
         num_hidden_layers=layers, num_attention_heads=model.num_heads,
         num_key_value_heads=model.num_kv_heads or model.num_heads, head_dim=model.head_size,
         max_position_embeddings=model.max_positions, tie_word_embeddings=model.tied_embeddings,
         attn_implementation="sdpa",
     )
+
+
+def _hf_llama(model: ModelSpec, layers: int, policy: ActivationCheckpointing, dtype: torch.dtype) -> BuiltModel:
+    import transformers
+    from transformers import LlamaForCausalLM
+
+    config = hf_llama_config(model, layers)
     with torch.device("meta"):
         module = LlamaForCausalLM(config).to(dtype)
     module.train()

@@ -31,6 +31,11 @@ PEFT_MODULES = {
 }
 """transformers 4.56.2 models/llama/modeling_llama.py: the nn.Linear names LoraConfig.target_modules matches."""
 
+BNB_NF4_BLOCK = 64
+"""bitsandbytes 0.50.2 nn/modules.py Params4bit(blocksize=64): the block transformers' Linear4bit
+weights are quantized in (BitsAndBytesConfig has no block size); the scales are quantized again
+in blocks of 256 with bnb_4bit_use_double_quant (functional.py quantize_4bit, compress_statistics)."""
+
 TORCHTUNE_NF4_BLOCK = 64
 """torchao 0.14.1 dtypes/nf4tensor.py to_nf4(block_size=64, scaler_block_size=256): what
 torchtune's LoRALinear(quantize_base=True) calls without quantization kwargs (lora_llama3_1
@@ -68,10 +73,18 @@ def check_finetune(framework: Framework, finetune: FineTuneSpec, policy: Activat
                 raise ZeroplanError("finetune.double_quant", "torchao's NF4Tensor always quantizes its block scales (allowed: true)")
     if framework is Framework.hf and finetune.quantize is Quantization.nf4:
         # bitsandbytes quantizes a Params4bit on its move to a real device (nn/modules.py
-        # Params4bit._quantize), so its weights cannot be built on meta or fake tensors as
-        # torchao's NF4Tensor can; no real-tensor run is wired up (docs/frameworks.md).
-        raise ZeroplanError("finetune.quantize", "hf QLoRA (bitsandbytes Linear4bit) is not measured yet "
-                                                 "(allowed for hf: none; nf4 with --framework torchtune); see docs/frameworks.md")
+        # Params4bit._quantize), so hf QLoRA is built on real CPU tensors (hf_bnb_qlora_llama).
+        if finetune.quant_block_size != BNB_NF4_BLOCK:
+            # transformers 4.56.2 integrations/bitsandbytes.py _replace_with_bnb_linear passes no
+            # blocksize to bnb.nn.Linear4bit (BitsAndBytesConfig has no such field).
+            raise ZeroplanError("finetune.quant_block_size", f"transformers' bitsandbytes integration quantizes in blocks "
+                                                             f"of {BNB_NF4_BLOCK} (allowed: {BNB_NF4_BLOCK})")
+        if not finetune.loads_base_in_bf16:
+            raise ZeroplanError("finetune.base_dtype", "hf QLoRA is measured loaded with dtype=torch.bfloat16 "
+                                                       "(prepare_model_for_kbit_training casts what is not 4-bit to fp32 "
+                                                       "either way; allowed: bf16)")
+        if finetune.dora:
+            raise ZeroplanError("finetune.dora", "DoRA over a bitsandbytes base is not measured (allowed: false)")
 
 
 def build_finetune(framework: Framework, model: ModelSpec, layers: int, policy: ActivationCheckpointing,
@@ -83,6 +96,8 @@ def build_finetune(framework: Framework, model: ModelSpec, layers: int, policy: 
     check_finetune(framework, finetune, policy, offloading)
     if framework is Framework.torchtune:
         return torchtune_lora_llama(model, layers, policy, dtype, finetune, torchtune_wrap)
+    if finetune.quantize is Quantization.nf4:
+        return hf_bnb_qlora_llama(model, layers, policy, finetune, hf_base)
     return hf_peft_llama(model, layers, policy, dtype, finetune, hf_base, hf_shard)
 
 
@@ -177,3 +192,91 @@ def hf_peft_llama(model: ModelSpec, layers: int, policy: ActivationCheckpointing
 
     return dataclasses.replace(base, module=module, forward=forward, shard=shard,
                                version=f"transformers {version('transformers')}, peft {version('peft')}")
+
+
+BNB_QUANT_STORAGE = torch.bfloat16
+"""bnb_4bit_quant_storage: the dtype the packed 4-bit data is stored in (two bytes hold four
+weights). bfloat16, what PEFT's and accelerate's FSDP/DeepSpeed QLoRA guides set (so that FSDP
+can flatten it with the bf16 rest); the default uint8 holds the same bytes."""
+
+
+def bnb_config(finetune: FineTuneSpec):
+    """transformers 4.56.2 BitsAndBytesConfig for QLoRA (Dettmers et al. 2023 and PEFT's
+    developer_guides/quantization.md): nf4, double quantization from the spec, bf16 compute."""
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                              bnb_4bit_use_double_quant=finetune.double_quant,
+                              bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_quant_storage=BNB_QUANT_STORAGE)
+
+
+def hf_bnb_qlora_llama(model: ModelSpec, layers: int, policy: ActivationCheckpointing, finetune: FineTuneSpec,
+                       hf_base: Callable):
+    """PEFT QLoRA as its quantization guide does it, on real CPU tensors (random weights):
+    ``LlamaForCausalLM.from_pretrained(..., quantization_config=BitsAndBytesConfig(...),
+    dtype=torch.bfloat16)``, ``prepare_model_for_kbit_training``, ``get_peft_model``."""
+    from importlib.metadata import version
+
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from transformers import LlamaForCausalLM
+
+    # build._hf_llama's model on meta: its config, and the shapes of the checkpoint from_pretrained
+    # would read (every tensor of the model, bf16, random values: they change no byte).
+    meta = hf_base(model, layers, policy, torch.bfloat16)
+    config = meta.module.config
+    shapes = {name: t.shape for name, t in meta.module.state_dict().items()}
+    generator = torch.Generator().manual_seed(0)
+    state_dict = {name: torch.empty(shape, dtype=torch.bfloat16).normal_(0.0, 0.02, generator=generator)
+                  for name, shape in shapes.items()}
+    # transformers 4.56.2 modeling_utils.py from_pretrained (None with config and state_dict):
+    # quantizers/quantizer_bnb_4bit.py _process_model_before_weight_loading calls
+    # integrations/bitsandbytes.py replace_with_bnb_linear (every nn.Linear but lm_head, the
+    # get_modules_to_not_convert default, becomes bnb.nn.Linear4bit), then create_quantized_param
+    # makes each weight `bnb.nn.Params4bit(value, requires_grad=False, ...).to("cpu")`, which
+    # quantizes it (bitsandbytes 0.50.2 nn/modules.py Params4bit.to -> _quantize ->
+    # functional.quantize_4bit); the rest loads in dtype.
+    module = LlamaForCausalLM.from_pretrained(None, config=config, state_dict=state_dict, quantization_config=bnb_config(finetune),
+                                              dtype=torch.bfloat16, device_map={"": "cpu"})
+    del state_dict
+    # peft 0.17.1 utils/other.py prepare_model_for_kbit_training (docs developer_guides/
+    # quantization.md; TRL's SFTTrainer calls it too for a QLoRA not sharded by FSDP/ZeRO-3):
+    # freezes everything, casts every bf16/fp16 parameter that is not a Params4bit to fp32
+    # (embedding, norms, lm_head), and with use_gradient_checkpointing (default True) calls
+    # enable_input_require_grads and gradient_checkpointing_enable (reentrant), what
+    # Trainer(gradient_checkpointing=True) calls as well; ac none passes False.
+    module = prepare_model_for_kbit_training(module, use_gradient_checkpointing=policy is ActivationCheckpointing.full)
+    lora_config = LoraConfig(
+        r=finetune.lora_rank, lora_alpha=lora_alpha(finetune),
+        target_modules=[PEFT_MODULES[t] for t in finetune.targets(Framework.hf)],
+        lora_dropout=finetune.lora_dropout, use_dora=finetune.dora, task_type="CAUSAL_LM",
+    )
+    # peft 0.17.1 tuners/lora/bnb.py dispatch_bnb_4bit wraps each targeted bnb.nn.Linear4bit in
+    # lora.bnb.Linear4bit (base_layer(x).clone() plus the adapter; fp32 adapters:
+    # autocast_adapter_dtype=True).
+    module = get_peft_model(module, lora_config)
+    # Trainer.train() puts the model in training mode (bnb.nn.Linear4bit.forward repacks its
+    # weight for the CPU inference kernel only when not training).
+    module.train()
+
+    def forward(tokens: torch.Tensor) -> torch.Tensor:
+        return module(input_ids=tokens).logits
+
+    versions = f"transformers {version('transformers')}, peft {version('peft')}, bitsandbytes {version('bitsandbytes')}"
+    blocks = list(module.base_model.model.model.layers)
+    return dataclasses.replace(meta, module=module, blocks=blocks, forward=forward, shard=None, version=versions, real=True)
+
+
+def quantization_tensors(param: torch.Tensor) -> dict[str, torch.Tensor] | None:
+    """The tensors a bitsandbytes Params4bit keeps beside its packed data, by name (its
+    QuantState, bitsandbytes 0.50.2 functional.py: ``absmax`` (uint8 with double quantization,
+    fp32 without), ``code`` (the 16-entry fp32 NF4 table), ``offset`` (fp32 scalar, the
+    absmax mean subtracted before double quantization) and ``state2.absmax`` / ``state2.code``
+    (fp32: one scale per 256 absmax values, the 256-entry 8-bit dynamic map)); None for any
+    other parameter."""
+    state = getattr(param, "quant_state", None)
+    if state is None or type(param).__name__ != "Params4bit":
+        return None
+    tensors = {name: getattr(state, name) for name in ("absmax", "code", "offset")}
+    if state.state2 is not None:
+        tensors |= {f"state2.{name}": getattr(state.state2, name) for name in ("absmax", "code")}
+    return {name: t for name, t in tensors.items() if isinstance(t, torch.Tensor)}

@@ -64,10 +64,13 @@ class FrameworkParameterRecord(Frozen):
     quantized_storage: dict[str, int] = Field(default_factory=dict)
     """One decoder block's quantized weights: bytes of each tensor a quantized weight holds,
     summed over the block (torchao NF4Tensor: quantized_data, quantized_scalers,
-    quantization_factor, scaler_mean, nf4); empty without quantization."""
+    quantization_factor, scaler_mean, nf4; bitsandbytes Params4bit: data (the packed 4-bit
+    weights in their quant_storage dtype), absmax, code, offset, state2.absmax, state2.code);
+    empty without quantization."""
     quantized_layout: dict[str, str] = Field(default_factory=dict)
     """How the quantized weights of one block are laid out (NF4Tensor: block_size,
-    scaler_block_size, and per weight its inner tensors' dtype and shape)."""
+    scaler_block_size; Params4bit: blocksize, quant_type, quant_storage, nested_blocksize; and
+    per weight its tensors' dtype and shape)."""
     wall_time_s: float = Field(ge=0)
     notes: list[str] = Field(default_factory=list)
 

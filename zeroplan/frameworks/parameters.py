@@ -1,6 +1,7 @@
 """Count the parameters a framework's own builder makes (zeroplan.frameworks.build, on the meta
-device): bytes per decoder block and for the embedding, final norm and LM head, trainable and
-frozen, by dtype. A torchao NF4Tensor counts every tensor it holds. Nothing runs forward."""
+device; hf QLoRA on real CPU tensors): bytes per decoder block and for the embedding, final norm
+and LM head, trainable and frozen, by dtype. A torchao NF4Tensor counts every tensor it holds, a
+bitsandbytes Params4bit its packed data and every tensor of its QuantState. Nothing runs forward."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from torch import nn
 
 from zeroplan.frameworks.build import build
+from zeroplan.frameworks.lora import quantization_tensors
 from zeroplan.frameworks.measure import module_dtype
 from zeroplan.frameworks.parameter_record import FrameworkParameterRecord, ParameterBytes
 from zeroplan.simulate import _torch_private as private
@@ -57,7 +59,11 @@ def _bytes(params) -> ParameterBytes:
     frozen: dict[str, int] = {}
     for param in params:
         inner = private.inner_tensors(param)
-        if inner is None:
+        beside = quantization_tensors(param)
+        if beside is not None:
+            # bitsandbytes Params4bit: NF4, whatever dtype its packed bytes are stored in.
+            key, nbytes = "nf4", _nbytes(param) + sum(_nbytes(t) for t in beside.values())
+        elif inner is None:
             key, nbytes = str(param.dtype).removeprefix("torch."), _nbytes(param)
         else:
             key, nbytes = type(param).__name__.removesuffix("Tensor").lower(), sum(_nbytes(t) for t in inner.values())
@@ -70,6 +76,18 @@ def _quantized(block: nn.Module) -> tuple[dict[str, int], dict[str, str]]:
     storage: dict[str, int] = {}
     layout: dict[str, str] = {}
     for name, param in block.named_parameters():
+        beside = quantization_tensors(param)
+        if beside is not None:
+            inner = {"data": param.data, **beside}
+            for attr, tensor in inner.items():
+                storage[attr] = storage.get(attr, 0) + _nbytes(tensor)
+            state = param.quant_state
+            sizes = {"blocksize": state.blocksize, "quant_type": state.quant_type,
+                     "quant_storage": str(param.quant_storage).removeprefix("torch."), "shape": list(state.shape),
+                     "nested_blocksize": state.state2.blocksize if state.nested else None}
+            shapes = ", ".join(f"{attr} {str(t.dtype).removeprefix('torch.')}{list(t.shape)}" for attr, t in inner.items())
+            layout[name] = f"Params4bit {sizes}: {shapes}"
+            continue
         inner = private.inner_tensors(param)
         if inner is None:
             continue

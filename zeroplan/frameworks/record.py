@@ -46,6 +46,14 @@ class FrameworkRecord(Frozen):
     block_growth_bytes: list[int]
     """Growth of live bytes across each block's forward after the first, in the deeper run
     (under autocast it also holds the bf16 weight copies autocast caches until forward ends)."""
+    block_saved_tensors: list[str] = Field(default_factory=list)
+    """What autograd saved (saved_tensors_hooks) from the end of the second-to-last block's forward
+    to the end of the last one's, in the deeper run: 'shape dtype storage-bytes', '(parameter)'
+    for a parameter's storage, '(again)' for a storage listed before (empty in older records)."""
+    block_forward_peak_bytes: int | None = None
+    """How far live bytes rose inside the last block's forward, in the deeper run, above what was
+    live when it began (MemTracker's per-module local peak): less the block's own growth, the
+    transient its forward holds beyond what it keeps (None in older records)."""
     wall_time_s: float = Field(ge=0)
     """Seconds the run took, model construction included."""
     notes: list[str] = Field(default_factory=list)

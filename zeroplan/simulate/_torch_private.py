@@ -152,6 +152,17 @@ def track_existing(tracker: object, module: object) -> None:
     tracker.track_external(module)
 
 
+def tracker_forward_peak_growth(tracker: object, module: object) -> int:
+    """How far the tracker's live bytes rose, during ``module``'s last forward, above what was
+    live when that forward began (MemTracker's private per-module ``memory_tracking`` stats: the
+    ``local_peak`` it keeps from the pre-forward hook on, less its PRE_FW snapshot's total)."""
+    from torch.distributed._tools.mem_tracker import _ModState
+
+    stats = tracker.memory_tracking[module]
+    start = stats.snapshots[_ModState.PRE_FW][-1]
+    return sum(int(peak) for peak in stats.local_peak.values()) - sum(int(per_category["Total"]) for per_category in start.values())
+
+
 def tracker_live_bytes(tracker: object) -> int:
     """Bytes the tracker counts as live now, summed over devices (its 'Total' entry)."""
     snapshot = tracker.get_tracker_snapshot("current")
