@@ -194,7 +194,7 @@ def _hf_module_in_bf16(request: PlanRequest) -> bool:
     # gathers them in bf16 and no autocast is applied: the blocks compute on a bf16 module.
     # A LoRA base loaded in bf16 (FineTuneSpec.base_dtype) computes in bf16 under autocast too.
     return (request.training.precision is Precision.bf16_pure or request.strategy.kind is not StrategyKind.ddp
-            or request.training.finetune.loads_base_in_bf16)
+            or request.training.finetune.module_in_bf16(request.training.framework))
 
 
 def block_input_bytes(request: PlanRequest, s: int, b: int) -> int:
@@ -240,7 +240,9 @@ def hf_autocast_copies_bytes(request: PlanRequest) -> int:
         from zeroplan.core.parallel.units import rank_parameter_units
 
         adapters = adapter_weight_elements(rank_parameter_units(request)) // model.num_layers
-        return BF16_BYTES * (block_linear_weight_elements(model) + adapters)
+        # bitsandbytes' MatMul4Bit keeps its packed weight, no bf16 copy (autograd/_functions.py).
+        base = 0 if request.training.finetune.quantize.is_quantized else block_linear_weight_elements(model)
+        return BF16_BYTES * (base + adapters)
     extra_input_copies = 2 + (0 if model.mlp is MlpKind.gelu else 1)  # q, k, v; gate and up (gated MLPs)
     return BF16_BYTES * block_linear_weight_elements(model) + extra_input_copies * BF16_BYTES * sbh
 

@@ -130,6 +130,13 @@ class FineTuneSpec(Frozen):
         """A LoRA whose base is loaded in bf16 (not a full fine-tune, not an fp32 base)."""
         return self.is_lora and self.base_dtype is BaseDtype.bf16
 
+    def module_in_bf16(self, framework: Framework) -> bool:
+        """Whether the model outside the adapters is held in bf16 between the Trainer's autocast
+        casts: a LoRA base loaded in bf16, except hf's QLoRA, whose recipe runs peft 0.17.1
+        utils/other.py prepare_model_for_kbit_training, casting every parameter that is not
+        4-bit (embeddings, head, norms) to fp32, so the residual stream is fp32 again."""
+        return self.loads_base_in_bf16 and not (framework is Framework.hf and self.quantize.is_quantized)
+
     @property
     def trains_everything(self) -> bool:
         return not (self.is_lora or self.freeze_embeddings or self.frozen_blocks)

@@ -157,7 +157,7 @@ class PlanRequest(Frozen):
         torchtitan 0.3.0 distributed/utils.py maybe_enable_amp run it without FSDP). DeepSpeed
         and FSDP cast the module's parameters to 16 bits instead."""
         return (self.training.precision.is_mixed and self.convention is StateConvention.fsdp2
-                and not self.strategy.kind.is_fsdp and not self.training.finetune.loads_base_in_bf16)
+                and not self.strategy.kind.is_fsdp and not self.training.finetune.module_in_bf16(self.training.framework))
 
     @property
     def shard_group_size(self) -> int:

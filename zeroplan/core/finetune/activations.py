@@ -104,6 +104,12 @@ def lora_layer_delta_bytes(request: PlanRequest, norm_savings_bytes: int = 0) ->
     for group, kind, kept_anyway in INPUT_GROUPS:
         width = _input_width(request, kind)
         delta += _group_input_bytes(request, group, width, kept_anyway) - e * tokens * width
+    # bitsandbytes 0.50.2 nn/modules.py Linear4bit.forward casts its output back to its input's
+    # dtype: under hf's QLoRA the residual stream is fp32 (FineTuneSpec.module_in_bf16), so the
+    # gate and up outputs and SiLU's, which the MLP keeps, are fp32 (measured: the hf QLoRA
+    # block record's three [b, s, f] fp32 saved tensors).
+    if finetune.quantize.is_quantized and training.framework is Framework.hf and request.runs_under_autocast:
+        delta += 3 * (FP32_BYTES - e) * tokens * request.model.ffn_hidden_size
     # Each adapter's B keeps A's r-wide output.
     delta += sum(e * tokens * finetune.lora_rank for t in targets if t is not LoraTarget.output)
     return delta + frozen_norms_delta(request, norm_savings_bytes)
