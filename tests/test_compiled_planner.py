@@ -103,3 +103,12 @@ def test_the_plan_search_varies_only_measured_compiled_policies(zeroplan_cli) ->
     rows = json.loads(out)["ranked"]
     assert rows and {row["activation_checkpointing"] for row in rows} == {"none"}
     assert {(row["tp"], row["pp"], row["cp"]) for row in rows} == {(1, 1, 1)}
+
+
+def test_the_issues_compile_and_float8_command_answers(zeroplan_cli) -> None:
+    code, out, err = zeroplan_cli("fit", "llama-3.1-8b", "--framework", "torchtitan", "--compile", "--float8", "--gpus", "8",
+                                  "--gpu", "h100-80gb", "--micro-batch", "2", "--seq-len", "8192", "--format", "json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["training"]["compile"] is True and report["training"]["float8"] == "rowwise"
+    assert report["recommended"] is not None

@@ -134,7 +134,7 @@ def test_the_issues_fine_tuning_commands_answer(zeroplan_cli) -> None:
     code, out, err = zeroplan_cli("fit", "llama-3.1-70b", "--framework", "hf", "--lora-rank", "16", "--quantize", "nf4",
                          "--gpus", "2", "--gpu", "rtx-4090", "--strategies", "fsdp-full-shard", "--activation-checkpointing", "full")
     assert code == 0, err
-    assert "LoRA rank 16 on q,v: 32,768,000 trainable" in out and "nf4" in out and "as loaded, in bf16" in out
+    assert "LoRA rank 16 on q,v: 32,768,000 trainable" in out and "nf4" in out and "the rest frozen in fp32" in out
     code, out, err = zeroplan_cli("fit", "llama-3.1-8b", "--framework", "torchtune", "--lora-rank", "8", "--gpus", "1", "--gpu", "a10g")
     assert code == 0, err
     assert "LoRA rank 8 on q,v,o,gate,up,down" in out

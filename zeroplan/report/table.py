@@ -135,8 +135,10 @@ def finetune_lines(report: FitReport) -> list[str]:
     targets = ",".join(target.value for target in finetune.targets(t.framework))
     loaded = finetune.base_dtype.value
     if finetune.quantize.is_quantized:
+        # peft's prepare_model_for_kbit_training (hf's QLoRA recipe) casts the rest to fp32.
+        rest = "in fp32 (prepare_model_for_kbit_training)" if t.framework.value == "hf" else f"as loaded, in {loaded}"
         base = (f"base linears frozen in {finetune.quantize.value} (blocks of {finetune.quant_block_size}"
-                f"{', double-quantized scales' if finetune.double_quant else ''}), the rest frozen as loaded, in {loaded}")
+                f"{', double-quantized scales' if finetune.double_quant else ''}), the rest frozen {rest}")
     else:
         base = f"base frozen as loaded, in {loaded}"
         if t.framework.value == "hf":
