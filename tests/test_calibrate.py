@@ -11,7 +11,6 @@ import pytest
 
 from zeroplan.calibrate.fit import bus_factor, calibrated_gpu, fit_alpha_beta, fit_log
 from zeroplan.calibrate.parse import nccl_version_from_code, parse_nccl_tests, parse_nccl_tests_runs
-from zeroplan.cli.main import main
 from zeroplan.core.network import ring_bandwidth_bytes_per_s
 from zeroplan.errors import ZeroplanError
 from zeroplan.presets.gpus import get_gpu, load_gpu_file
@@ -84,27 +83,18 @@ def test_calibrated_gpu_replaces_only_the_calibrated_link() -> None:
     assert gpu.memory_bytes == base.memory_bytes and "all_reduce_8gpu_1node.txt" in gpu.source
 
 
-def _run(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exit_:
-        code = exit_.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def _communication(capsys, gpu: str, gpus: int = 8, *flags: str) -> tuple[float, int]:
+def _communication(cli, gpu: str, gpus: int = 8, *flags: str) -> tuple[float, int]:
     """(communication seconds, bytes sent per step) of DDP on ``gpus`` (nodes of 8)."""
-    code, out, err = _run(capsys, "compare", "llama-2-7b", "--gpus", str(gpus), "--gpu", gpu, "--strategies", "ddp",
+    code, out, err = cli("compare", "llama-2-7b", "--gpus", str(gpus), "--gpu", gpu, "--strategies", "ddp",
                           "--format", "json", *flags)
     assert code == 0, err
     plan = json.loads(out)["plans"][0]
     return plan["time"]["communication_s"], plan["sent_bytes_per_step"]
 
 
-def test_cli_writes_a_file_compare_accepts(capsys, tmp_path: Path) -> None:
+def test_cli_writes_a_file_compare_accepts(zeroplan_cli, tmp_path: Path) -> None:
     out_file = tmp_path / "h100-calibrated.json"
-    code, out, err = _run(capsys, "calibrate", str(ALL_REDUCE), str(ALL_GATHER), "--gpu", "h100", "--out", str(out_file))
+    code, out, err = zeroplan_cli("calibrate", str(ALL_REDUCE), str(ALL_GATHER), "--gpu", "h100", "--out", str(out_file))
     assert code == 0, err
     assert "360.0 GB/s" in out and "45.0 GB/s" in out
     gpu = load_gpu_file(out_file)
@@ -119,8 +109,8 @@ def test_cli_writes_a_file_compare_accepts(capsys, tmp_path: Path) -> None:
     # (The ring forced on the links' figures: this checks the links the file carries; the test
     # below checks the default, NCCL's choice at the calibrated efficiency.)
     ring = ("--algorithm", "ring", "--bandwidth", "nominal")
-    base_s, sent = _communication(capsys, "h100", 8, *ring)
-    calibrated_s, sent_calibrated = _communication(capsys, str(out_file), 8, *ring)
+    base_s, sent = _communication(zeroplan_cli, "h100", 8, *ring)
+    calibrated_s, sent_calibrated = _communication(zeroplan_cli, str(out_file), 8, *ring)
     assert sent_calibrated == sent
     base_link, link = base.intra_node_link, gpu.intra_node_link
     latency_steps = (base_s - sent / base_link.bandwidth_bytes_per_s) / base_link.latency_s
@@ -130,9 +120,9 @@ def test_cli_writes_a_file_compare_accepts(capsys, tmp_path: Path) -> None:
     assert calibrated_s != pytest.approx(base_s, rel=1e-3)
 
 
-def test_cli_malformed_log_is_one_line_exit_2(capsys, tmp_path: Path) -> None:
+def test_cli_malformed_log_is_one_line_exit_2(zeroplan_cli, tmp_path: Path) -> None:
     out_file = tmp_path / "x.json"
-    code, out, err = _run(capsys, "calibrate", str(MALFORMED), "--gpu", "h100", "--out", str(out_file))
+    code, out, err = zeroplan_cli("calibrate", str(MALFORMED), "--gpu", "h100", "--out", str(out_file))
     assert code == 2 and "malformed.txt:17:" in err and len(err.strip().splitlines()) == 1
     assert not out_file.exists()
 
@@ -268,7 +258,7 @@ def test_wrong_results_are_refused_and_unchecked_ones_are_not(tmp_path: Path) ->
     assert parse_nccl_tests(unchecked).rows == parse_nccl_tests(REAL / "all_reduce_2node_2x_gh200_alps.txt").rows
 
 
-def test_real_logs_calibrate_files_compare_uses(capsys, tmp_path: Path) -> None:
+def test_real_logs_calibrate_files_compare_uses(zeroplan_cli, tmp_path: Path) -> None:
     """End to end on published runs: `calibrate` writes a GPU file per machine, and `compare`'s DDP
     communication time on that machine's shape is the one the fitted figures imply, derived here:
     sent / busbw + (all-reduce calls) x alpha, since a ring all-reduce over the log's n ranks pays
@@ -281,7 +271,7 @@ def test_real_logs_calibrate_files_compare_uses(capsys, tmp_path: Path) -> None:
         fit = fit_log(parse_nccl_tests(REAL / name))
         assert (fit.link, fit.num_ranks) == (link, gpus)
         out_file = tmp_path / f"{name}.json"
-        code, out, err = _run(capsys, "calibrate", str(REAL / name), "--gpu", base_name, "--out", str(out_file))
+        code, out, err = zeroplan_cli("calibrate", str(REAL / name), "--gpu", base_name, "--out", str(out_file))
         assert code == 0, err
         assert f"bus bandwidth {fit.bus_bandwidth_bytes_per_s / 1e9:.1f} GB/s" in out
         assert f"alpha {fit.alpha_s * 1e6:.2f} us" in out
@@ -289,8 +279,8 @@ def test_real_logs_calibrate_files_compare_uses(capsys, tmp_path: Path) -> None:
         # The derivation below is the ring over the links' figures: force both (the default picks
         # NCCL's algorithm and the achievable entries, tests/test_algorithms.py).
         ring = ("--algorithm", "ring", "--bandwidth", "nominal")
-        base_s, sent = _communication(capsys, base_name, gpus, *ring)
-        calibrated_s, sent_calibrated = _communication(capsys, str(out_file), gpus, *ring)
+        base_s, sent = _communication(zeroplan_cli, base_name, gpus, *ring)
+        calibrated_s, sent_calibrated = _communication(zeroplan_cli, str(out_file), gpus, *ring)
         assert sent_calibrated == sent
         if link == "intra_node":
             base_bandwidth, base_latency = base.intra_node_link.bandwidth_bytes_per_s, base.intra_node_link.latency_s
