@@ -19,9 +19,12 @@ def global_batch(
     grad_accum_steps: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokens and next-token targets (K*N*b, s) for one step, the same on every rank."""
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    # Drawn on the CPU whatever the default device (the runner builds under torch.device("cuda")
+    # on a GPU), so every device sees the same tokens; the caller moves them.
+    generator = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + step)
     rows = torch.randint(
-        0, spec.vocab_size, (grad_accum_steps * world_size * micro_batch_size, seq_len + 1), generator=generator
+        0, spec.vocab_size, (grad_accum_steps * world_size * micro_batch_size, seq_len + 1), generator=generator,
+        device="cpu",
     )
     return rows[:, :-1], rows[:, 1:]
 

@@ -92,8 +92,10 @@ class ModelStateBytes(Frozen):
 class StepRecord(Frozen):
     step: int = Field(ge=0)
     """0-based; step 0 includes one-off allocations (a warm-up)."""
-    loss: float
-    """This rank's mean loss over the step's micro-batches."""
+    loss: float | None
+    """This rank's mean loss over the step's micro-batches; None where it was not finite (JSON
+    has no NaN): on a fake process group (benchmarks/gpu_measure.py) collectives move no data,
+    so a ZeRO-3 rank computes with gathered buffers nothing filled, and its loss means nothing."""
     wall_s: float = Field(ge=0)
     collectives: list[CollectiveRecord]
     memory: MemoryRecord

@@ -3,6 +3,7 @@ forward and backward, then one optimizer step), record each step, write the reco
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import time
@@ -247,5 +248,5 @@ def _one_step(engine, config: RunConfig, step: int, rank: int, world_size: int,
     loss = float(torch.stack(losses).mean()) if losses else 0.0
     if hasattr(engine, "shared_loss"):
         loss = engine.shared_loss(loss)  # after the recording window: not one of the step's collectives
-    return StepRecord(step=step, loss=loss, wall_s=time.perf_counter() - start,
+    return StepRecord(step=step, loss=loss if math.isfinite(loss) else None, wall_s=time.perf_counter() - start,
                       collectives=list(recorder.records), memory=memory, model_state=states)

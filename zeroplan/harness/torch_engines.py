@@ -80,6 +80,8 @@ class DdpEngine(_Base):
         # which is what the planner predicts at world size 1 (docs/memory-model.md, "One GPU").
         self.wrapped = dist.get_world_size() > 1
         self.module = nn.parallel.DistributedDataParallel(model) if self.wrapped else model
+        if self.wrapped and dist.get_backend() == "fake":
+            self.module.register_comm_hook(None, _fake_group_all_reduce)
         self.inner = model
         if zero1:
             from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -165,6 +167,17 @@ class Fsdp1Engine(_Base):
             return {
                 _clean(name): p.detach().clone() for name, p in inner.named_parameters()
             }
+
+
+def _fake_group_all_reduce(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks annotations by identity
+    """DDP's all-reduce on a fake process group (one process acting as rank 0 of N, as
+    benchmarks/gpu_measure.py runs): the fake group's work carries no result, which DDP's
+    default hook hands back as the bucket, so DDP fails. This hook does what the default one
+    (allreduce_hook) does to rank 0's memory: divide the bucket in place and return it; the
+    sum over ranks, which the fake group never computes, is all that is left out."""
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    future.set_result(bucket.buffer().div_(dist.get_world_size()))
+    return future
 
 
 def _clean(name: str) -> str:

@@ -110,14 +110,16 @@ class FlatUnit:
     def reduce_scatter_grads(self, free_full: bool) -> None:
         """Flatten the gradients, reduce-scatter them, average, and add the result to this
         rank's gradient shard (micro-batches accumulate there)."""
-        flat_grad = torch.zeros(self.padded_numel, dtype=self.params[0].grad.dtype)
+        # Factories name the device: from stage 2 on this runs in a gradient hook, on autograd's
+        # device thread, where the caller's torch.device context does not reach.
+        flat_grad = torch.zeros(self.padded_numel, dtype=self.params[0].grad.dtype, device=self.flat.device)
         offset = 0
         for p in self.params:
             flat_grad[offset : offset + p.numel()].copy_(p.grad.reshape(-1))
             offset += p.numel()
             if free_full:
                 p.grad = None
-        shard = torch.empty(self.end - self.start, dtype=flat_grad.dtype)
+        shard = torch.empty(self.end - self.start, dtype=flat_grad.dtype, device=flat_grad.device)
         dist.reduce_scatter_tensor(shard, flat_grad)
         free_on_this_thread(flat_grad)
         del flat_grad
@@ -230,7 +232,7 @@ class ReferenceZero:
         names = {id(p): name for name, p in self.module.named_parameters()}
         full: dict[str, torch.Tensor] = {}
         for unit in self.units:
-            flat = torch.empty(unit.padded_numel, dtype=unit.flat.dtype)
+            flat = torch.empty(unit.padded_numel, dtype=unit.flat.dtype, device=unit.flat.device)
             dist.all_gather_into_tensor(flat, unit.param_shard.clone())
             offset = 0
             for p in unit.params:
