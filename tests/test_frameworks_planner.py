@@ -12,7 +12,7 @@ from zeroplan.cli.main import main
 from zeroplan.core.activations import activation_bytes, logits_bytes
 from zeroplan.core.feasibility import NCCL_BUFFSIZE_BYTES, nccl_buffer_bytes, usable_memory_bytes
 from zeroplan.core.frameworks import (
-    hf_autocast_copies_bytes,
+    autocast_copies_bytes,
     OFFLOAD_FORWARD_STASH, framework_activation_bytes, framework_block_kept_bytes,
     framework_layer_bytes, framework_logits_bytes, offloaded_layers_bytes, torchtitan_rope_cache_bytes,
 )
@@ -185,7 +185,7 @@ def test_hf_norms_save_bf16_only_when_the_module_is_bf16(gpu_80gib) -> None:
     ddp = framework_layer_bytes(_request(gpu_80gib, Framework.hf, kind=StrategyKind.ddp))
     deepspeed = framework_layer_bytes(_request(gpu_80gib, Framework.hf, kind=StrategyKind.zero3))
     reference = _titan_layer_without_rope_cache(gpu_80gib, kernels=Kernels.cpu)
-    assert ddp - hf_autocast_copies_bytes(_request(gpu_80gib, Framework.hf, kind=StrategyKind.ddp)) == reference
+    assert ddp - autocast_copies_bytes(_request(gpu_80gib, Framework.hf, kind=StrategyKind.ddp)) == reference
     assert reference - deepspeed == 2 * 2 * 16384 * 4096
 
 
@@ -194,17 +194,17 @@ def test_hf_under_fsdp2_computes_on_a_bf16_module(gpu_80gib) -> None:
     # autocast: the blocks save what DeepSpeed's bf16 module saves, with no autocast copies.
     for kind in (StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op):
         request = _request(gpu_80gib, Framework.hf, kind=kind)
-        assert hf_autocast_copies_bytes(request) == 0
+        assert autocast_copies_bytes(request) == 0
         assert framework_layer_bytes(request) == framework_layer_bytes(_request(gpu_80gib, Framework.hf, kind=StrategyKind.zero3))
 
 
 def test_hf_under_autocast_keeps_bf16_copies_of_weights_and_inputs(gpu_80gib) -> None:
     # Llama-3.1-8B block linears: q, o 4096x4096; k, v 4096x1024; gate, up, down 4096x14336.
     weights = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336
-    extra = hf_autocast_copies_bytes(_request(gpu_80gib, Framework.hf, kind=StrategyKind.ddp))
+    extra = autocast_copies_bytes(_request(gpu_80gib, Framework.hf, kind=StrategyKind.ddp))
     assert extra == 2 * weights + 3 * 2 * 16384 * 4096
-    assert hf_autocast_copies_bytes(_request(gpu_80gib, Framework.hf, kind=StrategyKind.zero3)) == 0
-    assert hf_autocast_copies_bytes(_request(gpu_80gib, Framework.torchtitan, kind=StrategyKind.ddp)) == 0
+    assert autocast_copies_bytes(_request(gpu_80gib, Framework.hf, kind=StrategyKind.zero3)) == 0
+    assert autocast_copies_bytes(_request(gpu_80gib, Framework.torchtitan, kind=StrategyKind.ddp)) == 0
 
 
 def test_torchtune_chunked_loss_is_smaller_than_one_piece(gpu_80gib) -> None:

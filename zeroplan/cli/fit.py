@@ -17,6 +17,7 @@ from zeroplan.specs import (
     MemoryAssumptions,
     ModelSpec,
     Optimizer,
+    OptimizerLoop,
     PerformanceAssumptions,
     PlanRequest,
     Precision,
@@ -54,6 +55,7 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
         help="numeric formats (default: the framework's, bf16-mixed; torchtune bf16-pure)",
     )
     parser.add_argument("--optimizer", choices=choices_of(Optimizer), default=Optimizer.adamw.value)
+    add_optimizer_loop_argument(parser)
     parser.add_argument(
         "--activation-checkpointing", choices=choices_of(ActivationCheckpointing),
         default=ActivationCheckpointing.none.value,
@@ -147,6 +149,14 @@ def parallel_from_args(args: argparse.Namespace) -> ParallelSpec:
     virtual = args.virtual_stages or (2 if schedule.interleaved and args.pp > 1 else 1)
     return ParallelSpec(tp=args.tp, sequence_parallel=sequence_parallel, cp=args.cp, pp=args.pp,
                         pp_schedule=schedule, virtual_stages=virtual, ep=args.ep)
+
+
+def add_optimizer_loop_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--optimizer-loop", choices=choices_of(OptimizerLoop), default=None,
+        help="how torch.optim steps the tensors: foreach (torch's CUDA default), for-loop (foreach=False) or "
+             "fused (fused=True); decides the step's temporary (default: the framework's own)",
+    )
 
 
 def add_fused_loss_argument(parser: argparse.ArgumentParser) -> None:
@@ -247,6 +257,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         optimizer_in_backward=args.optimizer_in_backward,
         fsdp_cpu_offload=args.fsdp_cpu_offload,
         optimizer=Optimizer(args.optimizer),
+        optimizer_loop=OptimizerLoop(args.optimizer_loop) if getattr(args, "optimizer_loop", None) else None,
         activation_checkpointing=ActivationCheckpointing(args.activation_checkpointing),
         selective_layer_interval=args.selective_layer_interval or DEFAULT_SELECTIVE_LAYER_INTERVAL,
         attention_kernel=AttentionKernel(args.attention),

@@ -20,7 +20,7 @@ MAX_TOP = 1000
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     from zeroplan.cli.fit import (
         add_cluster_arguments, add_collective_model_arguments, add_compile_arguments, add_efficiency_arguments,
-        add_fused_loss_argument,
+        add_fused_loss_argument, add_optimizer_loop_argument,
     )
 
     parser.add_argument("model", help="preset name (see `zeroplan models`) or a path to a Hugging Face config.json")
@@ -31,6 +31,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=choices_of(Precision),
                         help="numeric formats (default: the framework's, bf16-mixed; torchtune bf16-pure)")
     parser.add_argument("--optimizer", choices=choices_of(Optimizer), default=Optimizer.adamw.value)
+    add_optimizer_loop_argument(parser)
     parser.add_argument("--framework", choices=choices_of(Framework), default=Framework.zeroplan.value,
                         help="search only this stack's strategies and checkpointing policies (default zeroplan: all)")
     add_fused_loss_argument(parser)

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes
 from zeroplan.core.model_states import (
-    held_elements, largest_tensor_shard_elements, padded_unit_elements_of, shard_layout, unit_gather_bytes,
+    held_elements, largest_optimizer_tensor_elements, largest_tensor_shard_elements, padded_unit_elements_of, shard_layout,
+    unit_gather_bytes,
 )
 from zeroplan.core.parallel.pipeline import pipeline_defers_fsdp_reduction
 from zeroplan.core.parallel.units import rank_parameter_units, rank_trainable_elements, rank_trainable_units
 from zeroplan.core.profiles import fsdp_separates_embedding_and_head, profile
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, ZeroGradientReduce
-from zeroplan.specs.training import Optimizer, StateConvention
+from zeroplan.specs.training import Optimizer, OptimizerLoop, StateConvention
 
 
 # torch/nn/parallel/distributed.py, gradient_as_bucket_view: "if False, gradients are copied
@@ -147,13 +148,31 @@ _FUSED_OPTIMIZERS = (Optimizer.adam, Optimizer.adamw)
 """torch 2.13 offers fused=True for these (and SGD, which has no temporary anyway)."""
 
 
+def optimizer_loop(request: PlanRequest) -> OptimizerLoop:
+    """The request's optimizer loop, or its framework's: fused where the recipes fuse Adam/AdamW
+    (FrameworkProfile.fused_optimizer), else foreach, torch's CUDA default."""
+    chosen = request.training.optimizer_loop
+    if chosen is not None:
+        return chosen
+    fuses = request.training.optimizer in _FUSED_OPTIMIZERS and profile(request.training.framework).fused_optimizer
+    return OptimizerLoop.fused if fuses else OptimizerLoop.foreach
+
+
 def step_makes_temporary(request: PlanRequest) -> bool:
-    """Whether the optimizer step materialises a state-sized temporary: the foreach Adam/AdamW
-    and Lion do; a framework whose recipes fuse Adam/AdamW does not (FrameworkProfile.fused_optimizer)."""
-    optimizer = request.training.optimizer
-    if optimizer not in _STEP_TEMPORARY_OPTIMIZERS:
+    """Whether the optimizer step materialises a temporary: Adam/AdamW and Lion do, unless fused."""
+    if request.training.optimizer not in _STEP_TEMPORARY_OPTIMIZERS:
         return False
-    return not (optimizer in _FUSED_OPTIMIZERS and profile(request.training.framework).fused_optimizer)
+    return optimizer_loop(request) is not OptimizerLoop.fused
+
+
+# torch/optim/adam.py _single_tensor_adam (foreach=False), per parameter:
+# denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps): the square root and the
+# quotient are two tensor-sized temporaries alive together, both gone before the next tensor.
+# Measured on a GPU (benchmarks/gpu-allocator-records, DDP: two 250 MiB fp32 temporaries of the
+# embedding at once). Lion's update is one temporary.
+def for_loop_step_temporary_bytes(request: PlanRequest, eb) -> int:
+    copies = 1 if request.training.optimizer is Optimizer.lion else 2
+    return copies * largest_optimizer_tensor_elements(request) * eb.optimizer_dtype
 
 
 def optimizer_step_temporary_bytes(request: PlanRequest, optimizer_elements: int) -> int:
@@ -165,6 +184,8 @@ def optimizer_step_temporary_bytes(request: PlanRequest, optimizer_elements: int
         return optimizer_in_backward_step_bytes(request, eb)
     if not step_makes_temporary(request):
         return 0
+    if optimizer_loop(request) is OptimizerLoop.for_loop:
+        return for_loop_step_temporary_bytes(request, eb)
     return optimizer_elements * eb.optimizer_dtype
 
 

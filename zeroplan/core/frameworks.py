@@ -210,6 +210,24 @@ def block_input_bytes(request: PlanRequest, s: int, b: int) -> int:
 BF16_BYTES = 2
 
 
+def _autocast_caches_weights(request: PlanRequest) -> bool:
+    """HF under autocast (any strategy: its Trainer autocasts an fp32 module), or zeroplan's own
+    model where the request runs under autocast (DDP and ZeroRedundancyOptimizer)."""
+    if request.training.framework is Framework.zeroplan:
+        return request.runs_under_autocast
+    return _hf_under_autocast(request)
+
+
+# The output projection under the same autocast saves its bf16 weight copy (cached, as the
+# blocks' weights) from the loss's forward to its backward. Measured for zeroplan's own model on
+# a GPU (benchmarks/gpu-allocator-records, ddp: a 125 MiB bf16 copy of the 32000 x 2048 head).
+def autocast_head_copy_bytes(request: PlanRequest) -> int:
+    """The output projection's bf16 weight copy under zeroplan's own autocast (0 otherwise)."""
+    if request.training.framework is not Framework.zeroplan or not request.runs_under_autocast:
+        return 0
+    return BF16_BYTES * request.model.vocab_size * request.model.hidden_size
+
+
 def _hf_under_autocast(request: PlanRequest) -> bool:
     training = request.training
     return (training.framework is Framework.hf and training.precision is Precision.bf16_mixed
@@ -223,9 +241,11 @@ def _hf_under_autocast(request: PlanRequest) -> bool:
 # cached_cast), and each linear saves both bf16 operands for backward. So the block keeps a bf16
 # copy of every linear weight, and one bf16 copy of the normed input per projection that reads
 # it: q, k and v (three) and gate and up (two), where the planner's block has one of each.
-def hf_autocast_copies_bytes(request: PlanRequest) -> int:
-    """Extra bytes one HF block keeps under autocast with fp32 parameters (0 otherwise)."""
-    if not _hf_under_autocast(request):
+# zeroplan's own model (zeroplan/harness/model.py: separate q, k, v, gate and up linears) under
+# DDP's autocast keeps the same, measured on a GPU (benchmarks/gpu-allocator-records, ddp).
+def autocast_copies_bytes(request: PlanRequest) -> int:
+    """Extra bytes one block keeps under autocast with fp32 parameters (0 otherwise)."""
+    if not _autocast_caches_weights(request):
         return 0
     from zeroplan.core.params import block_linear_weight_elements
 
@@ -326,7 +346,7 @@ def framework_layer_bytes(request: PlanRequest) -> int:
     norm_savings = hf_bf16_norm_savings_bytes(request)
     norms = model.norms_per_block * norm_savings
     return (layer_bytes(model, training, s, b, autocast=request.runs_under_autocast) - norms + expanded_kv_extra_bytes(model, training, s, b)
-            + hf_autocast_copies_bytes(request) + torchtitan_rope_cache_bytes(request)
+            + autocast_copies_bytes(request) + torchtitan_rope_cache_bytes(request)
             + torchtitan_moe_block_extra_bytes(request) + lora_layer_delta_bytes(request, norm_savings))
 
 
@@ -432,7 +452,8 @@ def framework_activation_bytes(request: PlanRequest) -> int:
         # Korthikanti et al. 2022 sec. 5: each block's input kept, one block recomputed at a time.
         layers = model.num_layers * block_input_bytes(request, s, b) + layer
     norm_savings = hf_bf16_norm_savings_bytes(request)
-    return layers + outside_layers_bytes(model, training, s, b, autocast=request.runs_under_autocast) - norm_savings
+    outside = outside_layers_bytes(model, training, s, b, autocast=request.runs_under_autocast) + autocast_head_copy_bytes(request)
+    return layers + outside - norm_savings
 
 
 # Korthikanti et al. 2022 sec. 5: with recomputation one block's activations are rebuilt only

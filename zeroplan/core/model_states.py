@@ -122,6 +122,20 @@ def largest_tensor_shard_elements(request: PlanRequest) -> int:
                for unit in rank_trainable_units(request) for tensor in unit.tensors)
 
 
+def largest_optimizer_tensor_elements(request: PlanRequest) -> int:
+    """Elements of the largest tensor the optimizer steps on one rank: a unit's flat shard
+    where ZeRO flattens each unit (the fp32 master of zeroplan/harness/zero.py's FlatUnit),
+    whole parameters under ZeroRedundancyOptimizer (it assigns tensors to ranks whole), else one
+    parameter's shard (FSDP2's DTensor shards; DDP's tensors, N = 1)."""
+    from zeroplan.specs.strategy import ZeroGradientReduce
+
+    if request.strategy.zero_gradient_reduce is ZeroGradientReduce.ddp_buckets:
+        return max(tensor.numel for unit in rank_trainable_units(request) for tensor in unit.tensors)
+    if request.strategy.kind.zero_stage and shard_layout(request) is ShardLayout.flat:
+        return max(shard_elements(unit, request.shard_group_size, ShardLayout.flat) for unit in rank_trainable_units(request))
+    return largest_tensor_shard_elements(request)
+
+
 def optimizer_bytes(request: PlanRequest, elements: int, num_shards: int, eb: ElementBytes) -> int:
     """Optimizer-state bytes for ``elements`` held elements (master copy and step counters
     not included)."""

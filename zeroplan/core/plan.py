@@ -13,7 +13,10 @@ from zeroplan.core.communication import collectives
 from zeroplan.core.compiled import check_compiled
 from zeroplan.core.feasibility import usable_memory_bytes
 from zeroplan.core.finetune.activations import dequantized_weight_bytes, frozen_blocks_kept_bytes, lora_layer_delta_bytes
-from zeroplan.core.frameworks import framework_activation_bytes, framework_logits_pieces, framework_recompute_bytes
+from zeroplan.core.frameworks import (
+    autocast_copies_bytes, autocast_head_copy_bytes, framework_activation_bytes, framework_logits_pieces,
+    framework_recompute_bytes,
+)
 from zeroplan.core.profiles import (
     check_framework_request, check_framework_strategies, check_fsdp_cpu_offload, check_optimizer_in_backward,
     framework_strategies, fsdp_cpu_offload_strategies,
@@ -113,6 +116,11 @@ def reference_activations(request: PlanRequest) -> tuple[int, int]:
     lora = lora_layer_delta_bytes(request)
     recompute += lora if full else 0
     total += lora if full else model.num_layers * lora
+    # Under DDP's autocast each block also keeps bf16 copies of its weights and inputs, and the
+    # head its weight's copy (zeroplan.core.frameworks.autocast_copies_bytes).
+    copies = autocast_copies_bytes(request)
+    recompute += copies if full else 0
+    total += (copies if full else model.num_layers * copies) + autocast_head_copy_bytes(request)
     frozen = training.finetune.frozen_blocks
     if frozen:
         # The first K blocks of a partly frozen fine-tune (zeroplan.core.finetune.activations).

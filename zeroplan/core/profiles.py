@@ -14,7 +14,7 @@ from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
-from zeroplan.specs.training import ActivationCheckpointing, Precision, TrainingSpec
+from zeroplan.specs.training import ActivationCheckpointing, Optimizer, OptimizerLoop, Precision, TrainingSpec
 
 
 
@@ -296,12 +296,20 @@ def check_framework_model(framework: Framework, model: ModelSpec) -> None:
         )
 
 
+_TORCH_FUSED_OPTIMIZERS = (Optimizer.adam, Optimizer.adamw, Optimizer.sgd, Optimizer.sgd_momentum)
+
+
 def check_framework_request(training: TrainingSpec, model: ModelSpec | None = None) -> None:
     """Refuse, in one line naming the field, a policy the framework does not offer (and, given
     the model, a selective-layer interval that checkpoints no block)."""
     prof = profile(training.framework)
     if model is not None:
         check_framework_model(training.framework, model)
+    # torch 2.13 optim/adam.py, sgd.py: fused=True exists for Adam, AdamW and SGD only.
+    if training.optimizer_loop is OptimizerLoop.fused and training.optimizer not in _TORCH_FUSED_OPTIMIZERS:
+        allowed = ", ".join(o.value for o in _TORCH_FUSED_OPTIMIZERS)
+        raise ZeroplanError("optimizer_loop", f"fused is offered by torch for {allowed}, not {training.optimizer.value} "
+                            "(allowed: foreach, for-loop)")
     if training.precision not in prof.precisions:
         allowed = ", ".join(p.value for p in prof.precisions)
         raise ZeroplanError(

@@ -45,6 +45,17 @@ class Optimizer(str, Enum):
     lion = "lion"
 
 
+class OptimizerLoop(str, Enum):
+    """How torch.optim's Adam/AdamW (and SGD) walk the parameters (torch/optim/adam.py)."""
+
+    foreach = "foreach"
+    """_multi_tensor_adam: every tensor at once; torch's default on CUDA."""
+    for_loop = "for-loop"
+    """_single_tensor_adam (``foreach=False``): one tensor after another."""
+    fused = "fused"
+    """_fused_adam (``fused=True``): torch._fused_adamw_, in place."""
+
+
 class ActivationCheckpointing(str, Enum):
     """What the backward pass recomputes (Korthikanti et al. 2022, sec. 4 and 5)."""
 
@@ -148,6 +159,10 @@ class TrainingSpec(Frozen):
     forward, one fp32 cross-entropy over all the logits, as ``llama3_debugmodel_ce_loss``)
     instead of the ``ChunkedLossWrapper(num_chunks=8)`` its Llama-3 trainer configs build
     (docs/frameworks.md, "Loss")."""
+    optimizer_loop: OptimizerLoop | None = None
+    """How the optimizer steps the tensors (decides its step temporary); None takes the
+    framework's own: fused for the stacks whose recipes fuse AdamW (FrameworkProfile.fused_optimizer),
+    else foreach, torch's default on CUDA."""
     optimizer_in_backward: bool = False
     """Step each parameter's optimizer in a post-accumulate-grad hook as soon as its gradient
     is reduced, and free that gradient (torchtune's ``optimizer_in_bwd``; its recipe refuses it

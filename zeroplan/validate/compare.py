@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from zeroplan.core.activations import activation_bytes, saved_logits_bytes
+from zeroplan.core.activations import saved_logits_bytes
+from zeroplan.core.frameworks import framework_activation_bytes
 from zeroplan.core.plan import memory_breakdown
 from zeroplan.harness.record import RankRecord, RunDescription, StepRecord
-from zeroplan.specs import PlanRequest, StrategyKind, ZeroGradientReduce
+from zeroplan.specs import OptimizerLoop, PlanRequest, StrategyKind, ZeroGradientReduce
 from zeroplan.validate.model_parallel import compare_model_parallel_record
 from zeroplan.validate.rows import (
     COLLECTIVE_OPS, ComparisonRow, collective_rows, model_state_rows, peak_rows, planner_request,
@@ -24,8 +25,17 @@ _ENGINE_GRADIENT_REDUCE = {
 }
 
 
+# zeroplan/harness/engine.py _OPTIMIZERS: every harness engine builds its optimizer with
+# foreach=False (torch.optim's per-tensor loop), DeepSpeed's engine its own.
+_HARNESS_OPTIMIZER_ENGINES = ("zeroplan", "torch", "torch-fsdp1")
+
+
 def request_for(description: RunDescription) -> PlanRequest:
-    """The planner request a measured run answers, with the engine's own buffering."""
+    """The planner request a measured run answers, with the engine's own buffering and
+    optimizer loop."""
+    if description.engine in _HARNESS_OPTIMIZER_ENGINES and description.training.optimizer_loop is None:
+        training = description.training.model_copy(update={"optimizer_loop": OptimizerLoop.for_loop})
+        description = description.model_copy(update={"training": training})
     return planner_request(
         description.model, description.training, description.batch, description.strategy, description.world_size,
         keep_unsharded_grads_on_accum=description.keep_unsharded_grads_on_accum,
@@ -55,8 +65,7 @@ def compare_record(record: RankRecord, step_index: int = -1) -> list[ComparisonR
     s, b = request.batch.seq_len, request.batch.micro_batch_size
     # The record's training spec carries the kernels of the device it ran on (cpu for every
     # committed record), so the prediction follows that device's dispatch.
-    predicted_saved = (activation_bytes(request.model, request.training, s, b, autocast=request.runs_under_autocast)
-                       + saved_logits_bytes(request.model, s, b))
+    predicted_saved = framework_activation_bytes(request) + saved_logits_bytes(request.model, s, b)
     base = dict(
         run_id=description.run_id, strategy=description.strategy.value, engine=description.engine,
         world_size=description.world_size, rank=record.rank,

@@ -78,7 +78,8 @@ def model_state_rows(base: dict, predicted, measured: tuple[int, int, int]) -> l
 
 
 def peak_rows(base: dict, predicted, memory) -> list[ComparisonRow]:
-    """Rows for the measured peaks a record has (the CPU allocator's, the tracked tensors'),
+    """Rows for the measured peaks a record has (the CPU allocator's, the tracked tensors', the
+    CUDA allocator's),
     each beside the planner's allocated peak; ``predicted`` is a MemoryBreakdown, ``memory`` a
     step record's memory."""
     rows = []
@@ -88,6 +89,11 @@ def peak_rows(base: dict, predicted, memory) -> list[ComparisonRow]:
     if memory.peak_bytes is not None:
         rows.append(ComparisonRow(**base, category="memory", quantity="peak (tracked tensors)",
                                   predicted_bytes=predicted.allocated_peak_bytes, measured_bytes=memory.peak_bytes))
+    if memory.cuda_max_allocated_bytes is not None:
+        # torch.cuda.max_memory_allocated over the step (the runner resets it first): what the
+        # device's allocator itself handed out, rounding included.
+        rows.append(ComparisonRow(**base, category="memory", quantity="peak (CUDA allocated)",
+                                  predicted_bytes=predicted.allocated_peak_bytes, measured_bytes=memory.cuda_max_allocated_bytes))
     return rows
 
 
