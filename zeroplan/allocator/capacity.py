@@ -3,6 +3,8 @@ allocator's own retry rules, found by bisection over replays."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from zeroplan.allocator.config import AllocatorConfig
 from zeroplan.allocator.replay import ReplayResult, compile_trace, replay
 from zeroplan.allocator.trace import AllocationTrace
@@ -23,18 +25,20 @@ class AllocatorVerdict(Frozen):
     """The smallest capacity (a multiple of 2 MiB) at which the replay completes."""
 
 
-def oom_capacity(trace: AllocationTrace, config: AllocatorConfig) -> AllocatorVerdict:
+def oom_capacity(trace: AllocationTrace, config: AllocatorConfig,
+                 segment_addresses: Sequence[tuple[int, int]] = (), fraction_cap: bool = False) -> AllocatorVerdict:
     """Bisect the capacity between the allocated peak (nothing can complete below it) and the
     unlimited reserved peak (a replay that never fails a cudaMalloc behaves as unlimited).
-    Completion is assumed monotone in capacity, which the retry rules make likely, not certain."""
+    Completion is assumed monotone in capacity, which the retry rules make likely, not certain.
+    ``segment_addresses`` and ``fraction_cap`` as for replay.replay."""
     ops = compile_trace(trace)
-    unlimited = replay(ops, config)
+    unlimited = replay(ops, config, None, segment_addresses)
     high = -(-unlimited.reserved_peak_bytes // CAPACITY_STEP_BYTES)
     low = unlimited.allocated_peak_bytes // CAPACITY_STEP_BYTES - 1
     # invariant: high completes, low does not
     while high - low > 1:
         middle = (low + high) // 2
-        if replay(ops, config, middle * CAPACITY_STEP_BYTES).completed:
+        if replay(ops, config, middle * CAPACITY_STEP_BYTES, segment_addresses, fraction_cap).completed:
             high = middle
         else:
             low = middle

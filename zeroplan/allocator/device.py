@@ -5,6 +5,7 @@ named on the line above it; what the model assumes beyond the source is said whe
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Sequence
 
 from zeroplan.allocator.config import AllocatorConfig, UNLIMITED
 from zeroplan.allocator.rules import (
@@ -28,8 +29,17 @@ class DeviceAllocator:
     may take in all, None for no limit (the model assumes the driver can place any request
     that fits in the free bytes)."""
 
-    def __init__(self, config: AllocatorConfig, capacity_bytes: int | None = None) -> None:
+    def __init__(self, config: AllocatorConfig, capacity_bytes: int | None = None,
+                 segment_addresses: Sequence[tuple[int, int]] = (), fraction_cap: bool = False) -> None:
         self.config = config
+        self.fraction_cap = fraction_cap
+        """The capacity is a set_per_process_memory_fraction limit on a device with room beyond
+        it (how benchmarks/gpu_allocator.py measures an OOM capacity), not the device's own size:
+        alloc_block refuses a request whose whole rounded size would pass it, and pages then
+        map without a further check."""
+        self._recorded_segments = list(reversed(segment_addresses))
+        """(address, size) of the cudaMalloc calls a measured run made, next one last: a replay
+        of that run places its segments where CUDA did (see _address)."""
         self.capacity = UNLIMITED if capacity_bytes is None else capacity_bytes
         self.small_pool = Pool(small=True)
         self.large_pool = Pool(small=False)
@@ -45,6 +55,14 @@ class DeviceAllocator:
 
     # --- addresses -------------------------------------------------------------------------
     def _address(self, size: int) -> int:
+        # Replaying a measured run: CUDA's own address for this segment, while the replay asks
+        # for the segments the run made, in its order; from the first that differs, the model's.
+        if self._recorded_segments:
+            ptr, recorded_size = self._recorded_segments[-1]
+            if recorded_size == size:
+                self._recorded_segments.pop()
+                return ptr
+            self._recorded_segments = []
         ptr = self.next_address
         self.next_address += -(-size // ADDRESS_ALIGN_BYTES) * ADDRESS_ALIGN_BYTES
         return ptr
@@ -136,7 +154,7 @@ class DeviceAllocator:
     def _alloc_block(self, pool: Pool, stream: int, size: int, alloc_size: int, retry: bool) -> Block | None:
         if retry:
             self.retries += 1
-        if self.gc_enabled and self.reserved + alloc_size > self.capacity:
+        if (self.fraction_cap or self.gc_enabled) and self.reserved + alloc_size > self.capacity:
             return None  # the set_fraction check, made before any mapping
         if self.config.expandable_segments:
             return self._try_allocate_expandable_block(pool, stream, size)
@@ -311,7 +329,9 @@ class DeviceAllocator:
         begin = offset // page
         end = -(-(offset + size) // page)
         mapped = (end - begin) * page
-        if mapped == 0 or self.reserved + mapped > self.capacity:
+        # Under a fraction cap the device itself has room: alloc_block's check on the whole
+        # request was the only one, and the pages map even where they pass the cap.
+        if mapped == 0 or (not self.fraction_cap and self.reserved + mapped > self.capacity):
             return False
         pool.remove_unmapped(block)
         block.mapped = True

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from zeroplan.allocator.config import AllocatorConfig
 from zeroplan.allocator.device import DeviceAllocator
 from zeroplan.allocator.trace import AllocationTrace, AllocEvent, EmptyCacheEvent, FreeEvent, RecordStreamEvent
@@ -73,10 +75,13 @@ def compile_trace(trace: AllocationTrace) -> Ops:
     return ops
 
 
-def replay(trace: AllocationTrace | Ops, config: AllocatorConfig, capacity_bytes: int | None = None) -> ReplayResult:
-    """Run the trace through DeviceAllocator; ``capacity_bytes`` None: no device limit."""
+def replay(trace: AllocationTrace | Ops, config: AllocatorConfig, capacity_bytes: int | None = None,
+           segment_addresses: Sequence[tuple[int, int]] = (), fraction_cap: bool = False) -> ReplayResult:
+    """Run the trace through DeviceAllocator; ``capacity_bytes`` None: no device limit;
+    ``segment_addresses``: where a measured run's cudaMalloc calls landed (measured.py);
+    ``fraction_cap``: the capacity is a set_per_process_memory_fraction limit (DeviceAllocator)."""
     ops = compile_trace(trace) if isinstance(trace, AllocationTrace) else trace
-    device = DeviceAllocator(config, capacity_bytes)
+    device = DeviceAllocator(config, capacity_bytes, segment_addresses, fraction_cap)
     malloc, free = device.malloc, device.free
     live = {}
     oom_index = oom_bytes = None
