@@ -4,8 +4,10 @@
 Table 1 replays each measured trace: the model's reserved peak with CUDA's segment addresses
 and with its own order, and its OOM capacity under a fraction cap, beside the allocator's.
 Table 2 asks the planner (its own schedule, nothing measured in it) for the same runs.
+Table 3 replays the trace of the same program run on fake tensors on the CPU
+(zeroplan.simulate.harness_trace; needs torch, about 20 s).
 
-    python benchmarks/allocator_accuracy.py
+    python benchmarks/allocator_accuracy.py [--no-fake]
 """
 
 from __future__ import annotations
@@ -30,7 +32,43 @@ def _error(predicted: int, measured: int) -> str:
     return f"{100 * (predicted / measured - 1):+6.2f} %"
 
 
+def _fake_tensor_table(capacities: dict) -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gpu_measure import llama_1b
+
+    from zeroplan.harness.engines import EngineKind
+    from zeroplan.simulate.harness_trace import harness_allocation_trace
+    from zeroplan.specs import StrategyKind
+
+    print("\nThe same runs on fake tensors on the CPU (MiB; the fake trace replayed vs the GPU; DDP cannot run on fake tensors)\n")
+    print(f"{'run':34s} {'requested':>9s} {'fake':>9s} {'reserved':>9s} {'fake':>9s} {'error':>8s} {'oom-at':>8s} {'fake':>9s} "
+          f"{'error':>8s} {'trace s':>7s}")
+    traces: dict[str, tuple] = {}
+    for path in sorted((RECORDS / "history").glob("*.json.gz")):
+        run = load_measured_run(path)
+        if run.case.startswith("ddp"):
+            continue
+        if run.case not in traces:
+            strategy, engine = run.case.split(":")
+            start = time.perf_counter()
+            traces[run.case] = (harness_allocation_trace(llama_1b(), StrategyKind(strategy), EngineKind(engine), 8, 1, 2048),
+                                time.perf_counter() - start)
+        trace, seconds = traces[run.case]
+        verdict = oom_capacity(trace, parse_alloc_conf(run.alloc_conf), fraction_cap=True)
+        measured_cap = capacities.get((run.case, run.alloc_conf))
+        cap_text = (f"{measured_cap / MiB:>8,.0f} {verdict.oom_capacity_bytes / MiB:>9,.0f} "
+                    f"{_error(verdict.oom_capacity_bytes, measured_cap)}") if measured_cap else f"{'-':>8s} {verdict.oom_capacity_bytes / MiB:>9,.0f} {'':>8s}"
+        print(f"{path.name.removesuffix('.json.gz'):34s} {run.requested_peak_bytes / MiB:>9,.0f} "
+              f"{verdict.unlimited.requested_peak_bytes / MiB:>9,.0f} {run.reserved_peak_bytes / MiB:>9,.0f} "
+              f"{verdict.unlimited.reserved_peak_bytes / MiB:>9,.0f} {_error(verdict.unlimited.reserved_peak_bytes, run.reserved_peak_bytes)} "
+              f"{cap_text} {seconds:>7.1f}")
+
+
 def main() -> None:
+    import sys
+
     capacities = {(s["case"], s["conf"]): s["oom_capacity_bytes"]
                   for s in json.loads((RECORDS / "capacity.json").read_text())["searches"]}
     print("Replay of the measured traces (MiB; model vs CUDA caching allocator, torch 2.11.0+cu130, H200)\n")
@@ -67,6 +105,8 @@ def main() -> None:
               f"{breakdown.reserved_peak_bytes / MiB:>9,.0f} {_error(breakdown.reserved_peak_bytes, run.reserved_peak_bytes)} "
               f"{measured_cap / MiB:>8,.0f} {breakdown.oom_capacity_bytes / MiB:>9,.0f} "
               f"{_error(breakdown.oom_capacity_bytes, measured_cap)}")
+    if "--no-fake" not in sys.argv[1:]:
+        _fake_tensor_table(capacities)
 
 
 if __name__ == "__main__":

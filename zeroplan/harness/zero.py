@@ -87,6 +87,8 @@ class FlatUnit:
         self.master = nn.Parameter(
             self.param_shard if dtype == torch.float32 else self.param_shard.float()
         )
+        self.master_is_shard = dtype == torch.float32
+        """fp32: the master is the working shard itself (no copy back after the step)."""
         self.grad_shard: torch.Tensor | None = None
         self.gathered = True
         self.pending_grads = len(params)
@@ -132,7 +134,7 @@ class FlatUnit:
     @torch.no_grad()
     def update_params_from_master(self, keep_full: bool) -> None:
         """Copy the updated master into the working shard and, for stages 1-2, all-gather it."""
-        if self.master.data_ptr() != self.param_shard.data_ptr():
+        if not self.master_is_shard:
             self.param_shard.copy_(self.master)
         if keep_full:
             # all_gather_into_tensor wants an input that does not alias its output.

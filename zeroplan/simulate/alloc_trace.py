@@ -1,0 +1,145 @@
+"""A run's storage allocations and frees, in order, from fake tensors on the CPU: the trace the
+caching-allocator model (zeroplan.allocator) replays to predict what a GPU would reserve and
+the memory at which it runs out, with no GPU.
+
+Every operator's outputs pass through a dispatch mode; a storage seen for the first time is an
+allocation of its bytes, and the moment its last reference goes (a weak reference's callback:
+torch keeps one Python object per live storage) is its free. ``UntypedStorage.resize_`` is not
+an operator, so it is wrapped, as torch's own MemTracker does
+(torch/distributed/_tools/mem_tracker.py ``_track_resize``): a resize frees the old block and
+allocates the new one, which is what the CUDA caching allocator does for it.
+
+Streams: FSDP2 selects its streams with ``device_handle.stream(...)``, on the CPU torch.cpu's
+StreamContext, which sets what ``torch.cpu.current_stream()`` returns, as torch.cuda's does on a
+GPU (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py: ``foreach_all_gather`` makes its
+copy-in buffers on the all-gather copy-in stream; ``foreach_reduce`` its reduce-scatter input on
+the current stream and its output on the reduce-scatter stream). An allocation is given the
+stream current when it is made: 0 for the default stream, then 1, 2, ... in order of first use,
+so the CUDA allocator's per-stream pools see what they would on a GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Iterator
+
+import torch
+from torch.distributed._tools.common_utils import get_untyped_storages
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from zeroplan.allocator.trace import AllocationTrace, AllocEvent, FreeEvent
+
+_MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm"})
+"""aten operators that call cuBLAS (linear decomposes to these)."""
+
+HOPPER_CUBLAS_WORKSPACE_BYTES = 32 * 2**20
+"""One cuBLAS handle's workspace on an sm90 GPU: torch/csrc/cuda/CublasHandlePool.cpp
+getDefaultWorkspaceSize (4096 * 8 * 1024 bytes on sm90; CUBLAS_WORKSPACE_CONFIG overrides it),
+allocated through the caching allocator the first time the handle multiplies. Measured on an
+H200: two 32 MiB blocks never freed, one at the forward's first matmul and one at the backward's
+(autograd runs backward on its own device thread, whose handle has its own workspace;
+benchmarks/gpu-allocator-records)."""
+
+
+class StorageTrace(TorchDispatchMode):
+    """Records allocations and frees of the storages operators produce while entered.
+    ``cublas_workspace_bytes`` > 0 adds what a CUDA run allocates besides the tensors: one
+    cuBLAS workspace at the first matmul of the forward thread and one at the first of
+    autograd's backward thread."""
+
+    def __init__(self, cublas_workspace_bytes: int = 0) -> None:
+        super().__init__()
+        self.cublas_workspace_bytes = cublas_workspace_bytes
+        self._workspaces: set[bool] = set()
+        """Threads (in backward or not) whose handle has its workspace."""
+        self.events: list[AllocEvent | FreeEvent] = []
+        self._live: dict[int, tuple[int, int, weakref.ref]] = {}
+        """id of the storage's Python object -> (trace id, bytes, weak reference)."""
+        self._next_id = 0
+        self._streams: dict[int, int] = {id(torch.cpu.current_stream()): 0}
+        self._stream_objects: list[object] = [torch.cpu.current_stream()]
+        """Streams seen, kept alive so their ids stay theirs."""
+
+    def _stream_now(self) -> int:
+        current = torch.cpu.current_stream()
+        number = self._streams.get(id(current))
+        if number is None:
+            number = self._streams[id(current)] = len(self._streams)
+            self._stream_objects.append(current)
+        return number
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if self.cublas_workspace_bytes and func.__name__.split(".")[0] in _MATMULS:
+            backward = torch._C._current_autograd_node() is not None
+            if backward not in self._workspaces:
+                self._workspaces.add(backward)
+                self.events.append(AllocEvent(id=self._next_id, size_bytes=self.cublas_workspace_bytes,
+                                              stream=self._stream_now()))
+                self._next_id += 1
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                # A wrapper subclass (DTensor) holds its memory in inner tensors; its own storage
+                # is a shell the size of the global shape.
+                for storage in get_untyped_storages(leaf):
+                    self._see(storage)
+        return out
+
+    def _see(self, storage: torch.UntypedStorage) -> None:
+        key = id(storage)
+        entry = self._live.get(key)
+        if entry is not None and entry[2]() is storage:
+            return
+        self._track(storage, key)
+
+    def _track(self, storage: torch.UntypedStorage, key: int) -> None:
+        # Replacing a weak reference drops it, and with it its callback: only the storage's
+        # current block is freed when it goes.
+        ident, size = self._next_id, storage.nbytes()
+        self._next_id += 1
+        self._live[key] = (ident, size, weakref.ref(storage, lambda _ref: self._dropped(key, ident)))
+        if size:
+            self.events.append(AllocEvent(id=ident, size_bytes=size, stream=self._stream_now()))
+
+    def _dropped(self, key: int, ident: int) -> None:
+        entry = self._live.get(key)
+        if entry is None or entry[0] != ident:
+            return
+        del self._live[key]
+        if entry[1]:
+            self.events.append(FreeEvent(id=ident))
+
+    def resized(self, storage: torch.UntypedStorage) -> None:
+        """``storage`` changed size: its block is freed and a new one (if any) made."""
+        key = id(storage)
+        entry = self._live.get(key)
+        if entry is not None and entry[2]() is storage and entry[1]:
+            self.events.append(FreeEvent(id=entry[0]))
+        self._track(storage, key)
+
+    def trace(self, source: str) -> AllocationTrace:
+        """The events so far, each free matched to a live allocation."""
+        return AllocationTrace(events=tuple(self.events), source=source)
+
+
+@contextlib.contextmanager
+def recording_storages(cublas_workspace_bytes: int = 0) -> Iterator[StorageTrace]:
+    """Enter a StorageTrace and route UntypedStorage.resize_ through it."""
+    recorder = StorageTrace(cublas_workspace_bytes)
+    original = torch.UntypedStorage.resize_
+
+    def resize_(storage: torch.UntypedStorage, size: int):  # type: ignore[no-untyped-def]
+        old = storage.nbytes()
+        result = original(storage, size)
+        if storage.nbytes() != old:
+            recorder.resized(storage)
+        return result
+
+    torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+    try:
+        with recorder:
+            yield recorder
+    finally:
+        torch.UntypedStorage.resize_ = original  # type: ignore[method-assign]
