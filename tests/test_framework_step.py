@@ -89,6 +89,9 @@ def test_a_live_step_reproduces_its_committed_record(framework, policy) -> None:
     (["--framework", "torchtune", "--strategy", "fsdp-full-shard", "--whole-step", "--layers", "4"], "--layers"),
     (["--framework", "torchtune", "--strategy", "fsdp-full-shard", "--whole-step", "--rank", "8"], "--rank"),
     (["--strategy", "fsdp-full-shard", "--layers", "4"], "--layers"),
+    (["--framework", "torchtune", "--strategy", "fsdp-full-shard", "--allocator-conf", ""], "--allocator-conf"),
+    (["--framework", "torchtune", "--strategy", "fsdp-full-shard", "--whole-step", "--allocator-conf", "max_split_size_mb:1"],
+     "max_split_size_mb"),
 ])
 def test_bad_whole_step_input_is_one_line_and_exit_2(capsys, argv, field) -> None:
     pytest.importorskip("torch")
@@ -118,3 +121,24 @@ def test_the_local_shard_of_a_dtensor_is_where_the_adapter_reads_it() -> None:
             assert shard.shape == (3, 5) and not isinstance(shard, DTensor)
             assert private.storage_key(shard) == private.storage_key(local)
             assert private.dtensor_local_storage(local) is local
+
+
+@pytest.mark.slow
+def test_a_whole_step_replays_its_allocations_through_the_allocator_model() -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("torchtune", reason="torchtune is not installed (scripts/install-frameworks installs it)")
+    from zeroplan.frameworks.step import run_step, step_training
+    from zeroplan.presets.models import get_model
+    from zeroplan.specs import BatchSpec, StrategyKind
+
+    args = (get_model("llama-3.1-8b"), StrategyKind.fsdp_full_shard, step_training("torchtune", "full"),
+            BatchSpec(seq_len=1024, micro_batch_size=1), 8)
+    record = run_step(*args, allocator_conf="")
+    expandable = run_step(*args, allocator_conf="expandable_segments:True")
+    figures = record.allocator
+    # The recorder's peak counts every storage, the two 32 MiB cuBLAS workspaces included: at
+    # least what FSDPMemTracker holds at its peak, which it counts from the same storages.
+    assert figures.requested_peak_bytes >= record.peak_bytes
+    assert figures.requested_peak_bytes <= figures.oom_capacity_bytes <= figures.reserved_peak_bytes + 2 * 2**20
+    assert expandable.allocator.requested_peak_bytes == figures.requested_peak_bytes
+    assert expandable.allocator.reserved_peak_bytes <= figures.reserved_peak_bytes

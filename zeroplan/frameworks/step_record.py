@@ -28,6 +28,22 @@ class StepPhase(str, Enum):
     """optimizer.step()."""
 
 
+class AllocatorFigures(Frozen):
+    """What the caching-allocator model (zeroplan.allocator) makes of a run's allocation trace."""
+
+    alloc_conf: str
+    """The PYTORCH_CUDA_ALLOC_CONF replayed ("" for the defaults)."""
+    cublas_workspace_bytes: int = Field(ge=0)
+    """Each cuBLAS handle's workspace added to the trace (forward and backward threads)."""
+    events: int = Field(ge=0)
+    requested_peak_bytes: int = Field(ge=0)
+    """The most bytes the run's storages held at once (what an allocated peak counts)."""
+    reserved_peak_bytes: int = Field(ge=0)
+    """What the allocator would reserve (torch.cuda.max_memory_reserved) on a device with room."""
+    oom_capacity_bytes: int = Field(ge=0)
+    """The least device memory on which both steps complete under the allocator's retry rules."""
+
+
 class FrameworkStepRecord(Frozen):
     """One forward, loss, backward and AdamW step of a framework's full-depth model."""
 
@@ -69,6 +85,9 @@ class FrameworkStepRecord(Frozen):
     """Sharded gradients after backward."""
     optimizer_state_bytes: int = Field(ge=0)
     """AdamW's exp_avg, exp_avg_sq and step after one step."""
+    allocator: AllocatorFigures | None = None
+    """With ``simulate --allocator-conf``: the caching-allocator model's replay of the storages
+    the run allocated and freed (both steps, from the sharded states on)."""
     wall_time_s: float = Field(ge=0)
     """Seconds the run took, model construction included."""
     notes: list[str] = Field(default_factory=list)

@@ -45,9 +45,13 @@ benchmarks/gpu-allocator-records)."""
 
 class StorageTrace(TorchDispatchMode):
     """Records allocations and frees of the storages operators produce while entered.
+    Higher-order operators (FlexAttention's flex_attention) pass through like any other: called,
+    and their outputs recorded.
     ``cublas_workspace_bytes`` > 0 adds what a CUDA run allocates besides the tensors: one
     cuBLAS workspace at the first matmul of the forward thread and one at the first of
     autograd's backward thread."""
+
+    supports_higher_order_operators = True
 
     def __init__(self, cublas_workspace_bytes: int = 0) -> None:
         super().__init__()
@@ -71,7 +75,7 @@ class StorageTrace(TorchDispatchMode):
         return number
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        if self.cublas_workspace_bytes and func.__name__.split(".")[0] in _MATMULS:
+        if self.cublas_workspace_bytes and getattr(func, "__name__", "").split(".")[0] in _MATMULS:
             backward = torch._C._current_autograd_node() is not None
             if backward not in self._workspaces:
                 self._workspaces.add(backward)

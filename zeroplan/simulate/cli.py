@@ -49,6 +49,10 @@ def build_parser() -> OneLineParser:
                         help="with --framework hf|torchtune|torchtitan: instead of what one block keeps, run a whole "
                              "training step (full depth, the framework's own FSDP2 wrapping, its loss, fused AdamW) "
                              "and record FSDPMemTracker's peak (docs/simulate.md, 'Frameworks')")
+    parser.add_argument("--allocator-conf", metavar="CONF", default=None,
+                        help="with --whole-step: replay every storage the step allocates through the CUDA "
+                             "caching-allocator model under this PYTORCH_CUDA_ALLOC_CONF (\"\" for the defaults) "
+                             "and print its reserved peak and OOM capacity")
     parser.add_argument("--no-mem-tracker", action="store_true", help="skip FSDPMemTracker (about 2x faster)")
     parser.add_argument("--cuda-norm-formula", action="store_true",
                         help="make F.rms_norm save what torch's fused CUDA kernel saves (input and rstd); "
@@ -72,6 +76,12 @@ def _run(args) -> int:
         micro_batch_size=args.micro_batch, seq_len=seq_len_of(args, model.max_positions),
         allow_longer_seq=args.allow_longer_seq,
     )
+    if args.allocator_conf is not None:
+        if not args.whole_step:
+            raise ZeroplanError("--allocator-conf", "only with --whole-step (the whole step's allocations are what it replays)")
+        from zeroplan.allocator.config import parse_alloc_conf
+
+        parse_alloc_conf(args.allocator_conf)  # a bad key or value, before the run
     if args.whole_step and framework is Framework.zeroplan:
         raise ZeroplanError("--whole-step", "needs --framework hf or torchtune (without --framework every run is a whole step)")
     if framework is not Framework.zeroplan:
@@ -144,7 +154,8 @@ def _run_framework_step(args, framework: Framework, model, batch: BatchSpec) -> 
     check_step(framework, StrategyKind(args.strategy), training, args.world_size, args.rank)
     try:
         # The framework itself is imported only when its model is built.
-        record = run_step(model, StrategyKind(args.strategy), training, batch, args.world_size, rank=args.rank)
+        record = run_step(model, StrategyKind(args.strategy), training, batch, args.world_size, rank=args.rank,
+                          allocator_conf=args.allocator_conf)
     except ImportError as error:
         raise ZeroplanError("--framework", _not_installed(framework, error)) from None
     print(step_summary(record))
@@ -179,6 +190,14 @@ def step_summary(record) -> str:
         "FSDPMemTracker at peak:",
     ]
     lines += [f"  {name:16s} {format_bytes(nbytes, unit):>14}" for name, nbytes in record.peak_by_category.items() if nbytes]
+    if record.allocator is not None:
+        figures = record.allocator
+        lines += [
+            f"caching allocator ({figures.alloc_conf or 'defaults'}; {figures.events:,} allocations and frees of both steps):",
+            f"  requested peak {format_bytes(figures.requested_peak_bytes, unit):>14}   (the storages alive at once, workspaces included)",
+            f"  reserved peak  {format_bytes(figures.reserved_peak_bytes, unit):>14}   (max_memory_reserved on a device with room)",
+            f"  OOM capacity   {format_bytes(figures.oom_capacity_bytes, unit):>14}   (least device memory on which both steps complete)",
+        ]
     lines += [f"note: {note}" for note in record.notes]
     return "\n".join(lines)
 
