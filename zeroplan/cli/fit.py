@@ -14,6 +14,7 @@ from zeroplan.specs import (
     BatchSpec,
     Float8Recipe,
     Framework,
+    HostSpec,
     MemoryAssumptions,
     ModelSpec,
     Optimizer,
@@ -41,6 +42,11 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     host = parser.add_mutually_exclusive_group()
     host.add_argument("--host-memory-gib", type=positive_float, help="host RAM per node in GiB (2^30 bytes), to check offload")
     host.add_argument("--host-memory-gb", type=positive_float, help="the same in GB (10^9 bytes)")
+    parser.add_argument("--host", default="dgx-h100",
+                        help="the node's CPUs and memory that run offload's optimizer step: dgx-h100 (default) or dgx-a100")
+    parser.add_argument("--host-cores", type=positive_int, help="physical CPU cores per node (overrides --host's)")
+    parser.add_argument("--host-memory-bandwidth-gbs", type=positive_float,
+                        help="host memory bandwidth per node in GB/s (10^9 bytes/s; overrides --host's)")
 
 
 def add_request_arguments(parser: argparse.ArgumentParser) -> None:
@@ -233,6 +239,19 @@ def parse_strategies(text: str | None) -> tuple[StrategyKind, ...] | None:
     return tuple(kinds)
 
 
+def host_from_args(args: argparse.Namespace) -> HostSpec:
+    """--host's node, with --host-cores and --host-memory-bandwidth-gbs in place of its own."""
+    from zeroplan.presets.hosts import get_host
+
+    host = get_host(getattr(args, "host", "dgx-h100"))
+    update = {}
+    if getattr(args, "host_cores", None) is not None:
+        update["cores_per_node"] = args.host_cores
+    if getattr(args, "host_memory_bandwidth_gbs", None) is not None:
+        update["memory_bandwidth_bytes_per_s"] = args.host_memory_bandwidth_gbs * GB
+    return host.model_copy(update=update) if update else host
+
+
 def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKind.ddp) -> PlanRequest:
     """Build the PlanRequest the flags describe; bad values raise one-line ZeroplanErrors."""
     from zeroplan.core.compiled import check_compiled
@@ -243,6 +262,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
     if getattr(args, "moe_capacity_factor", None) is not None:
         model = ModelSpec(**{**dict(model), "moe_capacity_factor": args.moe_capacity_factor})
     cluster = cluster_from_gpus(_gpu(args), args.gpus, args.gpus_per_node, args.nodes)
+    cluster = cluster.model_copy(update={"host": host_from_args(args)})
     if args.host_memory_gib is not None or args.host_memory_gb is not None:
         host_bytes = int(args.host_memory_gib * GiB) if args.host_memory_gib is not None else int(args.host_memory_gb * GB)
         cluster = cluster.model_copy(update={"host_memory_bytes_per_node": host_bytes})

@@ -1,0 +1,44 @@
+"""--host, --host-cores and --host-memory-bandwidth-gbs: the node that runs offload's CPU step."""
+
+from __future__ import annotations
+
+import pytest
+
+from zeroplan.cli.fit import request_from_args
+from zeroplan.cli.main import build_parser
+from zeroplan.core.timing import cpu_optimizer_time_s
+from zeroplan.presets.hosts import HOST_PRESETS
+from zeroplan.specs import HostSpec, StrategyKind
+
+
+def _request(*flags: str):
+    args = build_parser().parse_args(["fit", "llama-3.1-8b", "--gpus", "8", *flags])
+    request = request_from_args(args)
+    return request.model_copy(update={"strategy": request.strategy.model_copy(update={"kind": StrategyKind.zero3_offload})})
+
+
+def test_the_default_host_is_a_dgx_h100() -> None:
+    assert _request().cluster.host == HostSpec() == HOST_PRESETS["dgx-h100"]
+
+
+def test_a_dgx_a100_has_more_cores_less_bandwidth_and_shared_host_links() -> None:
+    host = _request("--host", "dgx-a100").cluster.host
+    assert (host.cores_per_node, host.memory_bandwidth_bytes_per_s, host.gpus_per_host_link) == (128, 409.6e9, 2)
+
+
+def test_fewer_cores_and_less_bandwidth_slow_the_cpu_step() -> None:
+    dgx = cpu_optimizer_time_s(_request())
+    small = _request("--host-cores", "8", "--host-memory-bandwidth-gbs", "50")
+    assert small.cluster.host.cores_per_node == 8 and small.cluster.host.memory_bandwidth_bytes_per_s == 50e9
+    # The compute bound, 112/8 = 14 times fewer cores, governs on the small host.
+    assert cpu_optimizer_time_s(small) == pytest.approx(14 * dgx, rel=1e-9)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--host", "dgx-b200"), "host: unknown 'dgx-b200'"),
+    (("--host-cores", "0"), "--host-cores"),
+    (("--host-memory-bandwidth-gbs", "-5"), "--host-memory-bandwidth-gbs"),
+])
+def test_bad_host_input_is_one_line(zeroplan_cli, flags, message) -> None:
+    code, out, err = zeroplan_cli("fit", "llama-3.1-8b", *flags)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and message in err
