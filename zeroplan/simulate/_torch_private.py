@@ -20,9 +20,11 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 # The operator type a dispatch mode receives, and the mode's base class.
 from torch._ops import OpOverload
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 # Importing fake_pg registers the "fake" backend (and gives the store it needs).
 from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.distributed._tools.common_utils import get_untyped_storages
 
 FAKE_BACKEND = "fake"
 """The c10d backend name that fake_pg registers."""
@@ -420,3 +422,4 @@ def inner_tensors(tensor: torch.Tensor) -> dict[str, torch.Tensor] | None:
     if not is_traceable_wrapper_subclass(tensor):
         return None
     return {name: getattr(tensor, name) for name in tensor.__tensor_flatten__()[0]}
+

@@ -25,11 +25,10 @@ import weakref
 from collections.abc import Iterator
 
 import torch
-from torch.distributed._tools.common_utils import get_untyped_storages
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from zeroplan.allocator.trace import AllocationTrace, AllocEvent, FreeEvent
+# A dispatch mode, pytree's leaves and DTensor's inner storages live in private torch modules.
+from zeroplan.simulate._torch_private import TorchDispatchMode, get_untyped_storages, tree_leaves
 
 _MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm"})
 """aten operators that call cuBLAS (linear decomposes to these)."""
