@@ -42,10 +42,43 @@ def test_two_host_all_gather_detected_from_rows_through_srun_prefix_and_nccl_inf
     assert log.rows[0].size_bytes == 1024 and log.rows[0].count == 16 and log.rows[0].redop == "none"
 
 
-def test_collective_override_and_unknown_collective_refused() -> None:
-    assert parse_nccl_tests(ALL_GATHER, "reduce_scatter").collective == "reduce_scatter"
+def test_collective_override_must_be_the_logs_own_and_unknown_collective_refused() -> None:
+    assert parse_nccl_tests(ALL_GATHER, "all_gather").collective == "all_gather"
+    # An all-gather's rows (count x 4 x 16 ranks = size, redop none) are not an all-reduce's or a
+    # reduce-scatter's: taken as one, the fit would price the wrong collective.
+    for other in ("all_reduce", "reduce_scatter"):
+        with pytest.raises(ZeroplanError, match=f"is an all_gather run, not {other}"):
+            parse_nccl_tests(ALL_GATHER, other)
     with pytest.raises(ZeroplanError, match="allowed"):
         parse_nccl_tests(ALL_GATHER, "broadcast")
+
+
+def test_the_logs_gpu_is_read_from_its_rank_lines() -> None:
+    assert parse_nccl_tests(ALL_REDUCE).device_name == "NVIDIA H100 80GB HBM3"
+    assert parse_nccl_tests(REAL / "all_reduce_2node_16x_a100_oci_one_size.txt").device_name == "NVIDIA A100-SXM4-40GB"
+
+
+def test_ranks_on_different_gpus_are_refused(tmp_path: Path) -> None:
+    text = ALL_REDUCE.read_text().replace("device  1 [0x19] NVIDIA H100 80GB HBM3", "device  1 [0x19] NVIDIA A100-SXM4-80GB")
+    mixed = tmp_path / "mixed.txt"
+    mixed.write_text(text)
+    with pytest.raises(ZeroplanError, match="ranks ran on different GPUs"):
+        parse_nccl_tests(mixed)
+
+
+def test_an_all_zero_busbw_column_is_refused(tmp_path: Path) -> None:
+    lines = ALL_REDUCE.read_text().splitlines()
+    zeroed = []
+    for line in lines:
+        fields = line.split()
+        if fields and fields[0].isdigit() and len(fields) >= 12:
+            fields[7] = fields[11] = "0.00"
+            line = "  ".join(fields)
+        zeroed.append(line)
+    path = tmp_path / "zero.txt"
+    path.write_text("\n".join(zeroed))
+    with pytest.raises(ZeroplanError, match="busbw column is 0 in every row"):
+        fit_log(parse_nccl_tests(path))
 
 
 def test_malformed_log_names_file_and_line() -> None:
@@ -328,3 +361,36 @@ def test_a_column_header_without_two_timed_blocks_is_refused(tmp_path: Path) -> 
     odd.write_text("\n".join(lines), encoding="utf-8")
     with pytest.raises(ZeroplanError, match=rf"odd\.log:{header + 1}: column header not understood"):
         parse_nccl_tests(odd)
+
+
+def test_the_logs_gpu_must_be_the_base_gpu(zeroplan_cli, tmp_path: Path) -> None:
+    out_file = tmp_path / "x.json"
+    code, out, err = zeroplan_cli("calibrate", str(ALL_REDUCE), "--gpu", "a10g", "--out", str(out_file))
+    assert code == 2 and out == "" and not out_file.exists()
+    assert err.strip().splitlines() == [
+        "zeroplan: error: --gpu: 'a10g', but the logs ran on NVIDIA H100 80GB HBM3 (allowed: h100-80gb)"]
+
+
+def test_logs_of_two_gpus_are_not_merged(zeroplan_cli, tmp_path: Path) -> None:
+    a100 = REAL / "all_reduce_2node_16x_h100_a3mega.txt"
+    gh200 = REAL / "all_reduce_2node_8x_gh200_alps.txt"
+    code, out, err = zeroplan_cli("calibrate", str(a100), str(gh200), "--gpu", "h100", "--out", str(tmp_path / "x.json"))
+    assert code == 2 and "ran on different GPUs" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_gpu_the_catalog_lacks_is_kept_with_a_caution(zeroplan_cli, tmp_path: Path) -> None:
+    code, out, err = zeroplan_cli("calibrate", str(REAL / "all_reduce_1node_8x_rtx5090.txt"), "--gpu", "rtx-4090",
+                                  "--out", str(tmp_path / "x.json"))
+    assert code == 0, err
+    assert "caution: the logs ran on NVIDIA GeForce RTX 5090, which the catalog does not have" in out
+
+
+def test_a_fit_without_small_sizes_cautions_that_the_latency_is_unknown(zeroplan_cli, tmp_path: Path) -> None:
+    lines = ALL_REDUCE.read_text().splitlines()
+    rows = [i for i, line in enumerate(lines) if line.split() and line.split()[0].isdigit()]
+    two = [line for i, line in enumerate(lines) if i not in rows or i in rows[-2:]]
+    path = tmp_path / "two.txt"
+    path.write_text("\n".join(two))
+    code, out, err = zeroplan_cli("calibrate", str(path), "--gpu", "h100", "--out", str(tmp_path / "x.json"))
+    assert code == 0, err
+    assert "caution: " in out and "the latency is not measured (2 sizes" in out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import json
 import os
 import tempfile
@@ -101,6 +103,9 @@ def fit_log(log: NcclTestsLog, bandwidth_regime_fraction: float = BANDWIDTH_REGI
     xs = [row.size_bytes * factor for row in rows]
     ts = [row.out_of_place_time_s for row in rows]
     peak = max(row.out_of_place_busbw_bytes_per_s for row in rows)
+    if peak == 0:
+        raise ZeroplanError("calibrate", f"{log.source}: the busbw column is 0 in every row, which a run that moved "
+                                         "data cannot print (allowed: nccl-tests output of a run that completed)")
     in_regime = [row.out_of_place_busbw_bytes_per_s >= bandwidth_regime_fraction * peak for row in rows]
     if len({row.size_bytes for row, inside in zip(rows, in_regime) if inside}) < 2:
         in_regime = [True] * len(rows)
@@ -188,3 +193,16 @@ def write_json_atomically(path: str | Path, data: dict) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+# The catalog's names carry the model as one token with a digit (a100-80gb: A100, rtx-4090:
+# 4090); nvidia-smi's names, which nccl-tests prints on its Rank lines, carry it as a word
+# ("NVIDIA A100-SXM4-40GB", "NVIDIA H100 80GB HBM3"; GH200 is not an H200).
+def catalog_model_token(catalog_name: str) -> str:
+    """The model token of a catalog GPU name."""
+    return next((part for part in catalog_name.split("-") if any(c.isdigit() for c in part)), catalog_name).upper()
+
+
+def device_matches(device_name: str, token: str) -> bool:
+    """Whether nccl-tests' device name names the model ``token``."""
+    return re.search(rf"(?<![A-Z0-9]){re.escape(token)}(?![0-9])", device_name.upper()) is not None

@@ -40,7 +40,7 @@ _TYPE_BYTES = {
 }
 # srun --label ("  0: ") and mpirun --tag-output ("[1,0]<stdout>:") put a tag before each line.
 _LINE_TAG = re.compile(r"^\s*(?:\d+:\s|\[\d+,\d+\]<std(?:out|err)>:)")
-_RANK = re.compile(r"^#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\s+\d+")
+_RANK = re.compile(r"^#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\s+\d+(?:\s+\[[^\]]*\]\s+(.+))?")
 _RUN_HEADER = re.compile(r"^#\s*nThread\s+\d+")
 _STARTING = re.compile(r"^#\s*Collective test starting:\s*(\w+?)_perf")
 _CONCLUDED = re.compile(r"^#\s*Collective test concluded:\s*(\w+?)_perf")
@@ -92,6 +92,8 @@ class NcclTestsLog(Frozen):
     every row, in- and out-of-place), bytes per second; None where the log has no footer."""
     nccl_version: str | None = None
     """NCCL library version as the log states it (``nccl-library=`` code or the INFO banner)."""
+    device_name: str | None = None
+    """The GPU every rank ran on, as its ``Rank`` lines name it (None where they name none)."""
 
     @property
     def link(self) -> str:
@@ -177,9 +179,9 @@ def _parse_row(path: str, line_no: int, line: str, layout: _Layout) -> NcclTests
         raise _bad(path, line_no, f"a number does not parse or is negative: {line[:60]!r}") from None
 
 
-def _infer_collective(path: str, rows: list[NcclTestsRow], ranks: int) -> str:
-    """all-reduce has count*typesize == size; all-gather and reduce-scatter count*typesize*ranks
-    == size, told apart by redop (none = all-gather)."""
+def _row_collectives(rows: list[NcclTestsRow], ranks: int) -> set[str]:
+    """What each row's sizes say it is: all-reduce has count*typesize == size; all-gather and
+    reduce-scatter count*typesize*ranks == size, told apart by redop (none = all-gather)."""
     kinds = set()
     for row in rows:
         if row.count * row.type_bytes == row.size_bytes and ranks > 1 and row.redop not in ("none", ""):
@@ -188,6 +190,11 @@ def _infer_collective(path: str, rows: list[NcclTestsRow], ranks: int) -> str:
             kinds.add("all_gather" if row.redop == "none" else "reduce_scatter")
         else:
             kinds.add("unknown")
+    return kinds
+
+
+def _infer_collective(path: str, rows: list[NcclTestsRow], ranks: int) -> str:
+    kinds = _row_collectives(rows, ranks)
     if len(kinds) != 1 or "unknown" in kinds:
         raise ZeroplanError(
             "calibrate", f"{path}: cannot tell the collective from the rows; pass --collective ({', '.join(COLLECTIVES)})"
@@ -202,6 +209,7 @@ class _Run:
     line_no: int
     named: str | None = None
     hosts: dict[int, str] = field(default_factory=dict)
+    devices: dict[int, str] = field(default_factory=dict)
     rows: list[NcclTestsRow] = field(default_factory=list)
     avg_busbw_bytes_per_s: float | None = None
 
@@ -218,9 +226,19 @@ def _finish(name: str, run: _Run, collective: str | None, nccl_version: str | No
         collective = run.named if run.named in COLLECTIVES else _infer_collective(where, run.rows, ranks)
     if collective not in COLLECTIVES:
         raise ZeroplanError("calibrate", f"collective {collective!r} not supported (allowed: {', '.join(COLLECTIVES)})")
+    # A collective given by name must be the one the rows (or the log's own header) show.
+    shown = {run.named} if run.named in COLLECTIVES else _row_collectives(run.rows, ranks) - {"unknown"}
+    if len(shown) == 1 and collective not in shown:
+        raise ZeroplanError("calibrate", f"{where}: the log is an {shown.pop()} run, not {collective} "
+                                         f"(allowed: --collective of the log's own collective, or none)")
+    devices = set(run.devices.values())
+    if len(devices) > 1:
+        raise ZeroplanError("calibrate", f"{where}: its ranks ran on different GPUs ({', '.join(sorted(devices))}); "
+                                         "the planner has one GPU per cluster (allowed: a run on one GPU model)")
     return NcclTestsLog(
         source=where, collective=collective, num_ranks=ranks, num_nodes=len(set(run.hosts.values())),
         rows=tuple(run.rows), reported_avg_busbw_bytes_per_s=run.avg_busbw_bytes_per_s, nccl_version=nccl_version,
+        device_name=devices.pop() if devices else None,
     )
 
 
@@ -255,6 +273,8 @@ def parse_nccl_tests_runs(path: str | Path, collective: str | None = None) -> li
                 current = _Run(line_no=0)
                 runs.append(current)
             current.hosts[int(match.group(1))] = match.group(2)
+            if match.group(3):
+                current.devices[int(match.group(1))] = match.group(3).strip()
         elif _RUN_HEADER.match(line):
             current = _Run(line_no=line_no, named=starting)
             runs.append(current)

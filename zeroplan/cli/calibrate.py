@@ -20,7 +20,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
     from zeroplan.presets.gpus import get_gpu
 
     base = get_gpu(args.gpu)
-    fits = [fit_log(run) for path in args.logs for run in parse_nccl_tests_runs(path, args.collective)]
+    runs = [run for path in args.logs for run in parse_nccl_tests_runs(path, args.collective)]
+    cautions = _check_devices(runs, args.gpu)
+    fits = [fit_log(run) for run in runs]
     gpu = calibrated_gpu(base, fits)
     try:
         write_json_atomically(args.out, gpu.model_dump(mode="json"))
@@ -35,5 +37,33 @@ def run_calibrate(args: argparse.Namespace) -> int:
               f"(bandwidth from the {fit.bandwidth_points} sizes at or above {BANDWIDTH_REGIME_FRACTION:.0%} of the peak busbw); model vs measured: "
               f"{fit.largest_size_relative_error:+.0%} at the largest size, worst {fit.max_relative_error:.0%}; "
               f"the log's Avg bus bandwidth (mean over sizes): {reported}")
+        if fit.alpha_s == 0 or fit.points < 3:
+            print(f"caution: {fit.source}: the latency is not measured ({fit.points} sizes, alpha "
+                  f"{fit.alpha_s * 1e6:.2f} us): a sweep from small messages (-b 8) pins it")
+    for caution in cautions:
+        print(f"caution: {caution}")
     print(f"wrote {args.out}")
     return 0
+
+
+def _check_devices(runs, gpu_name: str) -> list[str]:  # type: ignore[no-untyped-def]
+    """Refuse logs of different GPUs, or of a catalog GPU other than --gpu; cautions for a GPU
+    the catalog does not have (its other figures then come from --gpu)."""
+    from zeroplan.calibrate.fit import catalog_model_token, device_matches
+    from zeroplan.errors import ZeroplanError
+    from zeroplan.presets.gpus import get_gpu, gpu_names
+
+    named = {run.device_name for run in runs if run.device_name}
+    if len(named) > 1:
+        raise ZeroplanError("logs", f"ran on different GPUs ({'; '.join(sorted(named))}) (allowed: logs of one GPU model)")
+    if not named:
+        return []
+    device = named.pop()
+    canonical = [name for name in gpu_names() if device_matches(device, catalog_model_token(name))]
+    base = get_gpu(gpu_name)
+    if not canonical:
+        return [f"the logs ran on {device}, which the catalog does not have: the file keeps --gpu "
+                f"{gpu_name}'s memory and FLOP/s ({base.display_name})"]
+    if not any(get_gpu(name) == base for name in canonical):
+        raise ZeroplanError("--gpu", f"{gpu_name!r}, but the logs ran on {device} (allowed: {', '.join(canonical)})")
+    return []
