@@ -112,7 +112,7 @@ def multinode_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Mul
 def run_measure(args: argparse.Namespace) -> int:
     from zeroplan.harness.engines_table import EngineKind, check_supported_names
     from zeroplan.harness.extension_locks import check_no_stale_extension_lock, describe_extension_locks
-    from zeroplan.harness.launch import launch
+    from zeroplan.harness.launch import Interrupted, launch, out_dir_lock
 
     from zeroplan.cli.measure_check import check_machine, check_out_path
     from zeroplan.specs import StrategyKind, check_seq_len
@@ -132,7 +132,14 @@ def run_measure(args: argparse.Namespace) -> int:
     if deepspeed:
         check_no_stale_extension_lock()
     check_machine(model, StrategyKind(args.strategy), args.nproc, args.backend)
-    result = launch(args.nproc, _harness_argv(args), Path(args.out), args.timeout_s, nodes=nodes)
+    try:
+        with out_dir_lock(Path(args.out), nodes.node_rank if nodes is not None else 0):
+            result = launch(args.nproc, _harness_argv(args), Path(args.out), args.timeout_s, nodes=nodes)
+    except Interrupted as stop:
+        kept = len(list(Path(args.out).glob("rank*.json")))
+        sys.stderr.write(f"zeroplan measure: stopped by {stop}: torchrun and its ranks were stopped; records of "
+                         f"ranks that had not finished are marked complete=false ({kept} record file(s) in {args.out})\n")
+        return 128 + stop.signum
     for error in result.errors:
         sys.stderr.write(error + "\n")
     if result.returncode == 124:

@@ -3,13 +3,19 @@ left records. Torch is imported only by the child processes."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from zeroplan.errors import ZeroplanError
 
 from zeroplan.harness.placement import MultiNode
 from zeroplan.harness.record import record_path
@@ -64,6 +70,27 @@ def launch(nproc: int, harness_argv: list[str], out_dir: Path, timeout_s: float,
     return _collect(ranks, out_dir, returncode, output, before)
 
 
+@contextlib.contextmanager
+def out_dir_lock(out_dir: Path, node_rank: int) -> Iterator[None]:
+    """Hold ``out_dir``'s lock for this node while its ranks run: a second launch into the same
+    directory from the same node is refused at once, in one line, instead of interleaving its
+    records with the first's (the nodes of one launch share a directory: each has its own lock)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f".measure-node{node_rank}.lock"
+    with open(path, "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ZeroplanError("--out", f"{out_dir} is being written by another zeroplan measure on this node "
+                                         "(allowed: a directory no running measure uses)") from None
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def _file_identity(path: Path) -> tuple[int, int, int] | None:
     """Every write of a record replaces the file (write_text_atomic: a new inode), so a file
     with the same inode, time and size as before the launch was not written by it. Matters when
@@ -75,20 +102,55 @@ def _file_identity(path: Path) -> tuple[int, int, int] | None:
     return stat.st_ino, stat.st_mtime_ns, stat.st_size
 
 
+class Interrupted(Exception):
+    """The launcher was sent SIGINT or SIGTERM; torchrun and its ranks have been stopped."""
+
+    def __init__(self, signum: int, output: str) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum, self.output = signum, output
+
+
 def run_torchrun(command: list[str], timeout_s: float) -> tuple[int, str]:
-    """Run a torchrun command under a time limit; its exit status (124 when stopped) and output."""
+    """Run a torchrun command under a time limit; its exit status (124 when stopped) and output.
+    SIGINT or SIGTERM to this process stops torchrun (and so its ranks) before Interrupted is
+    raised: a rank must not run on, and write records, after the run was called off."""
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1")
     # Output goes to a file, not a pipe: torchrun starts each worker in a session of its own,
     # so a worker that outlives the agent must not be able to block this process.
     with tempfile.TemporaryFile("w+") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+        received: list[int] = []
+
+        def called_off(signum: int, _frame) -> None:  # type: ignore[no-untyped-def]
+            received.append(signum)
+            raise _CalledOff()
+
+        # Signal handlers can be set in the main thread only (a launch from another thread keeps
+        # the default handling).
+        in_main = threading.current_thread() is threading.main_thread()
+        previous = {sig: signal.signal(sig, called_off) for sig in (signal.SIGINT, signal.SIGTERM)} if in_main else {}
         try:
-            returncode = process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _stop(process)
-            returncode = 124
+            try:
+                returncode = process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                _stop(process)
+                returncode = 124
+            except _CalledOff:
+                # A second signal while stopping is ignored: the stop itself must finish.
+                for sig in previous:
+                    signal.signal(sig, signal.SIG_IGN)
+                _stop(process)
+                log.seek(0)
+                raise Interrupted(received[0], log.read()) from None
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         log.seek(0)
         return returncode, log.read()
+
+
+class _CalledOff(BaseException):
+    """Raised by the signal handler out of process.wait (a BaseException, so nothing catches it on the way)."""
 
 
 def _stop(process: subprocess.Popen) -> None:
