@@ -355,3 +355,22 @@ def test_simulator_never_imports_the_planner_nor_private_torch_outside_the_adapt
         assert not planner_import.search(text), source.name
         if source.name != "_torch_private.py":
             assert not private_import.search(text), source.name
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--strategy", "fsdp-full-shard", "--world-size", "4097"], "--world-size: must be at most 4,096"),
+    (["--framework", "torchtune", "--strategy", "fsdp-full-shard", "--world-size", "8", "--layers", "33"],
+     "--layers: 33 is more blocks than llama-3.1-8b has (allowed: 3 to 32)"),
+])
+def test_work_that_would_not_answer_in_seconds_is_refused_at_once(zeroplan_cli, argv, message) -> None:
+    code, out, err = zeroplan_cli("simulate", "llama-3.1-8b", *argv)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and message in err
+
+
+def test_the_api_bounds_the_simulated_world_too() -> None:
+    from zeroplan.errors import ZeroplanError
+    from zeroplan.presets.models import get_model
+    from zeroplan.simulate import simulate
+
+    with pytest.raises(ZeroplanError, match="world_size: 1,048,576 ranks cannot be simulated"):
+        simulate(get_model("llama-3.1-8b"), "fsdp-full-shard", 2**20)

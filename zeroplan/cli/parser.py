@@ -27,6 +27,10 @@ class OneLineParser(argparse.ArgumentParser):
 # above any real job and far below where int/float arithmetic or a table stops making sense, so
 # a typo such as 10^12 GPUs is refused instead of answered.
 MAX_COUNT = 2**20
+MAX_SIMULATED_WORLD_SIZE = 4096
+"""The most ranks a fake process group plays (simulate): FSDP2 chunks every parameter into N
+pieces, so the work grows with N (Llama-3.1-8B: 10 s at 1,024 ranks, 27 s at 8,192 on 2 cores;
+2^20 did not finish). The planner answers larger worlds without building anything."""
 """Default bound of a count flag (GPUs, micro-batch, accumulation steps, ranks): 1,048,576."""
 MAX_SEQ_LEN = 2**24
 """Tokens per sequence: 16,777,216, above the longest context any published model trains with."""

@@ -18,6 +18,7 @@ import torch
 
 from zeroplan.allocator.capacity import oom_capacity
 from zeroplan.allocator.config import parse_alloc_conf
+from zeroplan.cli.parser import MAX_SIMULATED_WORLD_SIZE
 from zeroplan.errors import ZeroplanError
 from zeroplan.frameworks.build import build
 from zeroplan.frameworks.measure import DEFAULT_PRECISION
@@ -78,6 +79,9 @@ def check_step(framework: Framework, strategy: StrategyKind, training: TrainingS
         raise ZeroplanError("fused_linear_cross_entropy", "cannot be simulated: liger-kernel runs only on CUDA (allowed: false)")
     if world_size <= 0:
         raise ZeroplanError("--world-size", f"must be a positive integer, got {world_size}")
+    if world_size > MAX_SIMULATED_WORLD_SIZE:
+        raise ZeroplanError("--world-size", f"{world_size:,} ranks cannot be simulated (allowed: 1 to {MAX_SIMULATED_WORLD_SIZE:,}; "
+                                        "the planner answers larger worlds)")
     if not 0 <= rank < world_size:
         raise ZeroplanError("--rank", f"must be in [0, {world_size}), got {rank}")
 

@@ -6,7 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from zeroplan.atomic import write_text_atomic
-from zeroplan.cli.parser import OneLineParser, add_seq_len_arguments, positive_int, run_reporting_user_errors, seq_len_of
+from zeroplan.cli.parser import (
+    MAX_SIMULATED_WORLD_SIZE, OneLineParser, add_seq_len_arguments, bounded_int, positive_int, run_reporting_user_errors,
+    seq_len_of,
+)
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs import ActivationCheckpointing, BatchSpec, Precision, StrategyKind, TrainingSpec
 from zeroplan.specs.framework import Framework
@@ -25,7 +28,8 @@ def build_parser() -> OneLineParser:
     parser.add_argument("--strategy", required=True, choices=[kind.value for kind in StrategyKind],
                         help="fsdp-full-shard, fsdp-shard-grad-op or ddp; with --framework any strategy "
                              "(it decides the module dtype the framework trains in)")
-    parser.add_argument("--world-size", required=True, type=positive_int, help="N: ranks simulated")
+    parser.add_argument("--world-size", required=True, type=bounded_int(MAX_SIMULATED_WORLD_SIZE, "fake sharding into N "
+                        "pieces grows with N; the planner answers larger worlds"), help="N: ranks simulated (at most 4,096)")
     parser.add_argument("--rank", type=int, default=0, help="the rank to play (default 0)")
     parser.add_argument("--micro-batch", type=positive_int, default=BatchSpec().micro_batch_size)
     add_seq_len_arguments(parser)
@@ -111,6 +115,8 @@ def _run_framework(args, framework: Framework, model, batch: BatchSpec) -> int:
     layers = 4 if args.layers is None else args.layers
     if layers < 3:
         raise ZeroplanError("--layers", f"must be at least 3 (the first block is not steady state), got {layers}")
+    if layers > max(model.num_layers, 4):
+        raise ZeroplanError("--layers", f"{layers} is more blocks than {model.name} has (allowed: 3 to {max(model.num_layers, 4)})")
     try:
         from zeroplan.frameworks.measure import DEFAULT_PRECISION, measure
     except ImportError as error:

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from zeroplan.cli.parser import MAX_SIMULATED_WORLD_SIZE
 from zeroplan.errors import ZeroplanError
 from zeroplan.harness.engine import make_adamw
 from zeroplan.harness.model import Transformer, build_model, next_token_loss
@@ -107,6 +108,9 @@ def _check(strategy: StrategyKind | str, world_size: int, rank: int, training: T
         raise ZeroplanError("strategy", f"{strategy!r} cannot be simulated (allowed: {allowed})")
     if world_size <= 0:
         raise ZeroplanError("world_size", f"must be a positive integer, got {world_size}")
+    if world_size > MAX_SIMULATED_WORLD_SIZE:
+        raise ZeroplanError("world_size", f"{world_size:,} ranks cannot be simulated (allowed: 1 to {MAX_SIMULATED_WORLD_SIZE:,}; "
+                                        "the planner answers larger worlds)")
     if not 0 <= rank < world_size:
         raise ZeroplanError("rank", f"must be in [0, {world_size}), got {rank}")
     if training.precision not in SUPPORTED_PRECISIONS:
