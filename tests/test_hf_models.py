@@ -28,6 +28,8 @@ FIXTURES = Path(__file__).parent / "fixtures" / "hf"
         ("gemma-2-2b.json", 2_614_341_888),
         ("gemma-2-9b.json", 9_241_705_984),
         ("phi-3-mini-4k.json", 3_821_079_552),
+        ("pythia-1.4b.json", 1_414_647_808),
+        ("gpt-neox-20b.json", 20_554_567_680),
     ],
 )
 def test_matches_published_total(fixture: str, total: int) -> None:
@@ -176,3 +178,19 @@ def test_a_config_too_deep_to_plan_in_seconds_is_refused(tmp_path, capsys) -> No
     path.write_text(json_module.dumps({**config, "num_hidden_layers": 2**24}))
     assert main(["fit", str(path)]) == 2
     assert "config.num_hidden_layers: must be at most 1,024" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fixture", ["pythia-1.4b.json", "gpt-neox-20b.json"])
+def test_gpt_neox_counts_what_transformers_builds(fixture: str) -> None:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = json.loads((FIXTURES / fixture).read_text())
+    with torch.device("meta"):
+        model = transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**config))
+    assert total_parameters(load_hf_config(FIXTURES / fixture)) == sum(p.numel() for p in model.parameters())
+
+
+def test_gpt_neox_without_attention_biases_is_refused() -> None:
+    config = json.loads((FIXTURES / "pythia-1.4b.json").read_text())
+    with pytest.raises(ZeroplanError, match="config.attention_bias: gpt_neox without attention biases"):
+        parse_hf_config({**config, "attention_bias": False}, "x")

@@ -30,7 +30,8 @@ _GPT2_LIKE = ("gpt2",)
 # experts, dense blocks, and DeepSeek's multi-head latent attention.
 _QWEN_MOE = ("qwen2_moe", "qwen3_moe")
 _DEEPSEEK = ("deepseek_v2", "deepseek_v3")
-SUPPORTED_MODEL_TYPES = _GPT2_LIKE + _LLAMA_LIKE + _GEMMA_LIKE + _QWEN_MOE + _DEEPSEEK
+_GPT_NEOX = ("gpt_neox",)
+SUPPORTED_MODEL_TYPES = _GPT2_LIKE + _GPT_NEOX + _LLAMA_LIKE + _GEMMA_LIKE + _QWEN_MOE + _DEEPSEEK
 
 
 def strict_model_spec(**fields) -> ModelSpec:
@@ -139,6 +140,14 @@ _NEUTRAL_BY_TYPE: dict[str, frozenset[str]] = {
         "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn",
     }),
 }
+# transformers 4.56.2 models/gpt_neox/configuration_gpt_neox.py: rotary settings, dropouts, the
+# parallel-residual switch and the norm epsilon add no parameters; attention_bias is read.
+_NEUTRAL_BY_TYPE["gpt_neox"] = frozenset({
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
+    "rotary_pct", "partial_rotary_factor", "rotary_emb_base", "rope_theta", "rope_scaling", "attention_dropout",
+    "hidden_dropout", "classifier_dropout", "max_position_embeddings", "layer_norm_eps", "use_parallel_residual",
+    "attention_bias", "tie_encoder_decoder", "cross_attention_hidden_size",
+})
 # DeepSeek-V3's num_nextn_predict_layers is read (a caveat: transformers builds no MTP module).
 _NEUTRAL_BY_TYPE["deepseek_v3"] = _NEUTRAL_BY_TYPE["deepseek_v2"] | {"num_nextn_predict_layers"}
 
@@ -183,7 +192,7 @@ def _refuse_unmodelled(config: dict[str, Any], model_type: str) -> None:
         raise ZeroplanError("config.add_cross_attention", "cross-attention layers are not modelled (allowed: false)")
     if config.get("pruned_heads"):
         raise ZeroplanError("config.pruned_heads", "pruned attention heads are not modelled (allowed: none)")
-    if model_type not in _GPT2_LIKE and (config.get("attention_bias") or config.get("mlp_bias")):
+    if model_type not in _GPT2_LIKE + _GPT_NEOX and (config.get("attention_bias") or config.get("mlp_bias")):
         key = "attention_bias" if config.get("attention_bias") else "mlp_bias"
         raise ZeroplanError(f"config.{key}", f"biased projections are not modelled for model_type {model_type!r} (allowed: false)")
 
@@ -220,6 +229,34 @@ def _gpt2_spec(name: str, config: dict[str, Any]) -> ModelSpec:
         tied_embeddings=config.get("tie_word_embeddings", True),
         attention_dropout=config.get("attn_pdrop", 0.0),
         hidden_dropout=config.get("resid_pdrop", 0.0),
+    )
+
+
+# transformers 4.56.2 models/gpt_neox/modeling_gpt_neox.py: embed_in and embed_out (untied unless
+# tie_word_embeddings), per layer input_layernorm and post_attention_layernorm (LayerNorm, weight
+# and bias), query_key_value (h -> 3h) and dense (h -> h) with bias when attention_bias (default
+# true), dense_h_to_4h and dense_4h_to_h with bias, final_layer_norm; rotary positions (no
+# parameters). With use_parallel_residual (the default) attention and MLP both read the block
+# input, so the second norm's input is the tensor the first saved: the planner's sequential block
+# counts it again, one s x b x h tensor a block more than the model saves (docs/memory-model.md).
+def _gpt_neox_spec(name: str, config: dict[str, Any]) -> ModelSpec:
+    if config.get("attention_bias", True) is not True:
+        raise ZeroplanError("config.attention_bias", "gpt_neox without attention biases is not modelled (allowed: true)")
+    return strict_model_spec(
+        name=name,
+        vocab_size=_require(config, "vocab_size"),
+        hidden_size=_require(config, "hidden_size"),
+        num_layers=_require(config, "num_hidden_layers"),
+        num_heads=_require(config, "num_attention_heads"),
+        ffn_hidden_size=_require(config, "intermediate_size"),
+        mlp=MlpKind.gelu,
+        norm=NormKind.layernorm,
+        position=PositionKind.rope,
+        max_positions=_require(config, "max_position_embeddings"),
+        bias=True,
+        tied_embeddings=config.get("tie_word_embeddings", False),
+        attention_dropout=config.get("attention_dropout", 0.0),
+        hidden_dropout=config.get("hidden_dropout", 0.0),
     )
 
 
@@ -372,6 +409,8 @@ def parse_hf_config(config: dict[str, Any], name: str) -> ModelSpec:
     try:
         if model_type in _GPT2_LIKE:
             spec = _gpt2_spec(name, config)
+        elif model_type in _GPT_NEOX:
+            spec = _gpt_neox_spec(name, config)
         elif model_type in _QWEN_MOE + _DEEPSEEK:
             spec = _moe_spec(name, config)
         else:
