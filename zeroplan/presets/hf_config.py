@@ -239,16 +239,18 @@ def _gpt2_spec(name: str, config: dict[str, Any]) -> ModelSpec:
 # parameters). With use_parallel_residual (the default) attention and MLP both read the block
 # input, so the second norm's input is the tensor the first saved: the planner's sequential block
 # counts it again, one s x b x h tensor a block more than the model saves (docs/memory-model.md).
+def _shape_fields(name: str, config: dict[str, Any]) -> dict[str, Any]:
+    """The fields every config but GPT-2's names alike (vocab_size, hidden_size, ...)."""
+    return dict(name=name, vocab_size=_require(config, "vocab_size"), hidden_size=_require(config, "hidden_size"),
+                num_layers=_require(config, "num_hidden_layers"), num_heads=_require(config, "num_attention_heads"),
+                ffn_hidden_size=_require(config, "intermediate_size"))
+
+
 def _gpt_neox_spec(name: str, config: dict[str, Any]) -> ModelSpec:
     if config.get("attention_bias", True) is not True:
         raise ZeroplanError("config.attention_bias", "gpt_neox without attention biases is not modelled (allowed: true)")
     return strict_model_spec(
-        name=name,
-        vocab_size=_require(config, "vocab_size"),
-        hidden_size=_require(config, "hidden_size"),
-        num_layers=_require(config, "num_hidden_layers"),
-        num_heads=_require(config, "num_attention_heads"),
-        ffn_hidden_size=_require(config, "intermediate_size"),
+        **_shape_fields(name, config),
         mlp=MlpKind.gelu,
         norm=NormKind.layernorm,
         position=PositionKind.rope,
@@ -297,12 +299,7 @@ def _moe_spec(name: str, config: dict[str, Any]) -> ModelSpec:
     model_type = config["model_type"]
     deepseek = model_type in _DEEPSEEK
     common: dict[str, Any] = dict(
-        name=name,
-        vocab_size=_require(config, "vocab_size"),
-        hidden_size=_require(config, "hidden_size"),
-        num_layers=_require(config, "num_hidden_layers"),
-        num_heads=_require(config, "num_attention_heads"),
-        ffn_hidden_size=_require(config, "intermediate_size"),
+        **_shape_fields(name, config),
         mlp=MlpKind.swiglu,
         norm=NormKind.rmsnorm,
         position=PositionKind.rope,
