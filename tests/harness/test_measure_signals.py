@@ -65,3 +65,9 @@ def test_a_called_off_run_stops_its_ranks_and_exits_128_plus_the_signal(tmp_path
     # The lock went with the launcher: a new run may use the directory.
     with out_dir_lock(tmp_path, 0):
         pass
+
+
+def test_the_lock_leaves_nothing_behind(tmp_path: Path) -> None:
+    with out_dir_lock(tmp_path, 0):
+        assert [p.name for p in tmp_path.iterdir()] == [".measure-node0.lock"]
+    assert list(tmp_path.iterdir()) == []

@@ -88,6 +88,11 @@ def out_dir_lock(out_dir: Path, node_rank: int) -> Iterator[None]:
         try:
             yield
         finally:
+            # Removed while still held, so the directory keeps only records. Left open: a measure
+            # that opened the file in the instant before it went could lock the removed file
+            # beside one that makes a new file; two launches started that close are not both refused.
+            with contextlib.suppress(OSError):
+                path.unlink()
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
