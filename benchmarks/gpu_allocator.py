@@ -14,7 +14,7 @@ fresh processes so allocator state starts clean:
    which the same run completes: a k-section search between the measured allocated and reserved
    peaks, probes run side by side within a memory budget, each its own process.
 
-    python benchmarks/gpu_allocator.py --out "$OUT"     # on a GPU machine; about 6 minutes on an H200
+    python benchmarks/gpu_allocator.py --out "$OUT"     # on a GPU machine; 4.5 minutes on an H200 (run 1 of the records)
 
 Results: <out>/profile.tar.gz, <out>/history.tar.gz, <out>/capacity.json (rewritten after each
 round, so a run stopped early keeps what it found). The runs are lean (no memory tracker, no
