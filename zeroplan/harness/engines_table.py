@@ -9,7 +9,7 @@ from enum import Enum
 
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs import Optimizer, StrategyKind, TrainingSpec
-from zeroplan.specs.training import StateConvention
+from zeroplan.specs.training import OptimizerLoop, StateConvention
 
 
 class EngineKind(str, Enum):
@@ -51,11 +51,23 @@ and 8-bit Adam are not in torch.optim."""
 ENGINE_CONVENTIONS: dict[EngineKind, StateConvention] = {EngineKind.deepspeed: StateConvention.deepspeed}
 
 
+# zeroplan/harness/engine.py _OPTIMIZERS: this package's engines build torch.optim with
+# foreach=False (the per-tensor loop); DeepSpeed's engine steps with its own optimizer.
+ENGINE_OPTIMIZER_LOOPS: dict[EngineKind, OptimizerLoop] = {
+    EngineKind.zeroplan: OptimizerLoop.for_loop, EngineKind.torch: OptimizerLoop.for_loop,
+    EngineKind.torch_fsdp1: OptimizerLoop.for_loop,
+}
+
+
 def training_as_run(training: TrainingSpec, engine: EngineKind) -> TrainingSpec:
-    """The training spec a record states: the engine's own state convention unless one was set."""
+    """The training spec a record states: the engine's own state convention and optimizer loop
+    where none was set."""
+    update = {}
     if training.state_convention is None and engine in ENGINE_CONVENTIONS:
-        return training.model_copy(update={"state_convention": ENGINE_CONVENTIONS[engine]})
-    return training
+        update["state_convention"] = ENGINE_CONVENTIONS[engine]
+    if training.optimizer_loop is None and engine in ENGINE_OPTIMIZER_LOOPS:
+        update["optimizer_loop"] = ENGINE_OPTIMIZER_LOOPS[engine]
+    return training.model_copy(update=update) if update else training
 
 
 ELEMENTWISE_OPTIMIZERS = (Optimizer.adamw, Optimizer.adam, Optimizer.sgd, Optimizer.sgd_momentum)

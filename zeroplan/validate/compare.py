@@ -7,8 +7,9 @@ from collections import defaultdict
 from zeroplan.core.activations import saved_logits_bytes
 from zeroplan.core.frameworks import framework_activation_bytes
 from zeroplan.core.plan import memory_breakdown
+from zeroplan.harness.engines_table import EngineKind, training_as_run
 from zeroplan.harness.record import RankRecord, RunDescription, StepRecord
-from zeroplan.specs import OptimizerLoop, PlanRequest, StrategyKind, ZeroGradientReduce
+from zeroplan.specs import PlanRequest, StrategyKind, ZeroGradientReduce
 from zeroplan.validate.model_parallel import compare_model_parallel_record
 from zeroplan.validate.rows import (
     COLLECTIVE_OPS, ComparisonRow, collective_rows, model_state_rows, peak_rows, planner_request,
@@ -25,19 +26,13 @@ _ENGINE_GRADIENT_REDUCE = {
 }
 
 
-# zeroplan/harness/engine.py _OPTIMIZERS: every harness engine builds its optimizer with
-# foreach=False (torch.optim's per-tensor loop), DeepSpeed's engine its own.
-_HARNESS_OPTIMIZER_ENGINES = ("zeroplan", "torch", "torch-fsdp1")
-
-
 def request_for(description: RunDescription) -> PlanRequest:
     """The planner request a measured run answers, with the engine's own buffering and
     optimizer loop."""
-    if description.engine in _HARNESS_OPTIMIZER_ENGINES and description.training.optimizer_loop is None:
-        training = description.training.model_copy(update={"optimizer_loop": OptimizerLoop.for_loop})
-        description = description.model_copy(update={"training": training})
+    # A record written before a field existed states none: the engine's own, as the runner records it.
+    training = training_as_run(description.training, EngineKind(description.engine))
     return planner_request(
-        description.model, description.training, description.batch, description.strategy, description.world_size,
+        description.model, training, description.batch, description.strategy, description.world_size,
         keep_unsharded_grads_on_accum=description.keep_unsharded_grads_on_accum,
         zero_gradient_reduce=_ENGINE_GRADIENT_REDUCE.get(
             (description.engine, description.strategy), ZeroGradientReduce.bucket
