@@ -423,3 +423,7 @@ def inner_tensors(tensor: torch.Tensor) -> dict[str, torch.Tensor] | None:
         return None
     return {name: getattr(tensor, name) for name in tensor.__tensor_flatten__()[0]}
 
+
+def in_backward() -> bool:
+    """Whether autograd's engine is running a backward node on this thread now."""
+    return torch._C._current_autograd_node() is not None

@@ -28,7 +28,7 @@ import torch
 
 from zeroplan.allocator.trace import AllocationTrace, AllocEvent, FreeEvent
 # A dispatch mode, pytree's leaves and DTensor's inner storages live in private torch modules.
-from zeroplan.simulate._torch_private import TorchDispatchMode, get_untyped_storages, tree_leaves
+from zeroplan.simulate._torch_private import TorchDispatchMode, get_untyped_storages, in_backward, tree_leaves
 
 _MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm"})
 """aten operators that call cuBLAS (linear decomposes to these)."""
@@ -61,21 +61,15 @@ class StorageTrace(TorchDispatchMode):
         self._live: dict[int, tuple[int, int, weakref.ref]] = {}
         """id of the storage's Python object -> (trace id, bytes, weak reference)."""
         self._next_id = 0
-        self._streams: dict[int, int] = {id(torch.cpu.current_stream()): 0}
-        self._stream_objects: list[object] = [torch.cpu.current_stream()]
-        """Streams seen, kept alive so their ids stay theirs."""
+        self._streams: dict[object, int] = {torch.cpu.current_stream(): 0}
+        """Streams seen, numbered in order of first use (the default one 0)."""
 
     def _stream_now(self) -> int:
-        current = torch.cpu.current_stream()
-        number = self._streams.get(id(current))
-        if number is None:
-            number = self._streams[id(current)] = len(self._streams)
-            self._stream_objects.append(current)
-        return number
+        return self._streams.setdefault(torch.cpu.current_stream(), len(self._streams))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         if self.cublas_workspace_bytes and getattr(func, "__name__", "").split(".")[0] in _MATMULS:
-            backward = torch._C._current_autograd_node() is not None
+            backward = in_backward()
             if backward not in self._workspaces:
                 self._workspaces.add(backward)
                 self.events.append(AllocEvent(id=self._next_id, size_bytes=self.cublas_workspace_bytes,

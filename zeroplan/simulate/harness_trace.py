@@ -12,11 +12,11 @@ from unittest import mock
 import torch
 
 from zeroplan.allocator.trace import AllocationTrace
+from zeroplan.errors import ZeroplanError
 from zeroplan.harness.engines import EngineKind, build_engine
 from zeroplan.harness.model import build_model
 from zeroplan.simulate import _torch_private as private
 from zeroplan.simulate.alloc_trace import HOPPER_CUBLAS_WORKSPACE_BYTES, recording_storages
-from zeroplan.errors import ZeroplanError
 from zeroplan.simulate.fake_world import device_mesh, fake_process_group
 from zeroplan.simulate.fused_rms_norm import cuda_rms_norm_formula
 from zeroplan.specs import ModelSpec, StrategyKind
