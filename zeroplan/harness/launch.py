@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from zeroplan.errors import ZeroplanError
-
 from zeroplan.harness.placement import MultiNode
 from zeroplan.harness.record import record_path
 
@@ -110,9 +109,9 @@ def _file_identity(path: Path) -> tuple[int, int, int] | None:
 class Interrupted(Exception):
     """The launcher was sent SIGINT or SIGTERM; torchrun and its ranks have been stopped."""
 
-    def __init__(self, signum: int, output: str) -> None:
+    def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
-        self.signum, self.output = signum, output
+        self.signum = signum
 
 
 def run_torchrun(command: list[str], timeout_s: float) -> tuple[int, str]:
@@ -124,11 +123,9 @@ def run_torchrun(command: list[str], timeout_s: float) -> tuple[int, str]:
     # so a worker that outlives the agent must not be able to block this process.
     with tempfile.TemporaryFile("w+") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
-        received: list[int] = []
 
         def called_off(signum: int, _frame) -> None:  # type: ignore[no-untyped-def]
-            received.append(signum)
-            raise _CalledOff()
+            raise _CalledOff(signum)
 
         # Signal handlers can be set in the main thread only (a launch from another thread keeps
         # the default handling).
@@ -140,13 +137,12 @@ def run_torchrun(command: list[str], timeout_s: float) -> tuple[int, str]:
             except subprocess.TimeoutExpired:
                 _stop(process)
                 returncode = 124
-            except _CalledOff:
+            except _CalledOff as called:
                 # A second signal while stopping is ignored: the stop itself must finish.
                 for sig in previous:
                     signal.signal(sig, signal.SIG_IGN)
                 _stop(process)
-                log.seek(0)
-                raise Interrupted(received[0], log.read()) from None
+                raise Interrupted(called.signum) from None
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -156,6 +152,10 @@ def run_torchrun(command: list[str], timeout_s: float) -> tuple[int, str]:
 
 class _CalledOff(BaseException):
     """Raised by the signal handler out of process.wait (a BaseException, so nothing catches it on the way)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 def _stop(process: subprocess.Popen) -> None:
