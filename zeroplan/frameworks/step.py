@@ -18,14 +18,15 @@ import torch
 
 from zeroplan.allocator.capacity import oom_capacity
 from zeroplan.allocator.config import parse_alloc_conf
-from zeroplan.cli.parser import MAX_SIMULATED_WORLD_SIZE
 from zeroplan.errors import ZeroplanError
 from zeroplan.frameworks.build import build
 from zeroplan.frameworks.measure import DEFAULT_PRECISION
 from zeroplan.frameworks.step_record import AllocatorFigures, FrameworkStepRecord, StepPhase
 from zeroplan.simulate import _torch_private as private
 from zeroplan.simulate.alloc_trace import HOPPER_CUBLAS_WORKSPACE_BYTES, recording_storages
-from zeroplan.simulate.fake_world import DEVICE, device_mesh, fake_process_group, local_tensor, storage_bytes
+from zeroplan.simulate.fake_world import (
+    DEVICE, check_rank_of_world, device_mesh, fake_process_group, local_tensor, storage_bytes,
+)
 from zeroplan.specs import BatchSpec, ModelSpec, Optimizer, Precision, StrategyKind, TrainingSpec, check_seq_len
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.training import measured_on
@@ -77,13 +78,7 @@ def check_step(framework: Framework, strategy: StrategyKind, training: TrainingS
     if training.fused_linear_cross_entropy:
         # liger-kernel's kernels are Triton (CUDA only): the step would run HF's own loss instead.
         raise ZeroplanError("fused_linear_cross_entropy", "cannot be simulated: liger-kernel runs only on CUDA (allowed: false)")
-    if world_size <= 0:
-        raise ZeroplanError("--world-size", f"must be a positive integer, got {world_size}")
-    if world_size > MAX_SIMULATED_WORLD_SIZE:
-        raise ZeroplanError("--world-size", f"{world_size:,} ranks cannot be simulated (allowed: 1 to {MAX_SIMULATED_WORLD_SIZE:,}; "
-                                        "the planner answers larger worlds)")
-    if not 0 <= rank < world_size:
-        raise ZeroplanError("--rank", f"must be in [0, {world_size}), got {rank}")
+    check_rank_of_world(world_size, rank, "--world-size", "--rank")
 
 
 def step_training(framework: Framework, policy: str = "none") -> TrainingSpec:

@@ -11,10 +11,24 @@ from collections.abc import Iterable, Iterator
 import torch
 import torch.distributed as dist
 
+from zeroplan.cli.parser import MAX_SIMULATED_WORLD_SIZE
+from zeroplan.errors import ZeroplanError
 from zeroplan.simulate import _torch_private as private
 
 DEVICE = "cpu"
 """Fake tensors live on the CPU: no accelerator needed, none touched."""
+
+
+def check_rank_of_world(world_size: int, rank: int, world_field: str = "world_size", rank_field: str = "rank") -> None:
+    """Refuse, naming the field, a world a fake process group cannot play in seconds
+    (MAX_SIMULATED_WORLD_SIZE, docs/input-bounds.md) or a rank outside it."""
+    if world_size <= 0:
+        raise ZeroplanError(world_field, f"must be a positive integer, got {world_size}")
+    if world_size > MAX_SIMULATED_WORLD_SIZE:
+        raise ZeroplanError(world_field, f"{world_size:,} ranks cannot be simulated (allowed: 1 to "
+                                         f"{MAX_SIMULATED_WORLD_SIZE:,}; the planner answers larger worlds)")
+    if not 0 <= rank < world_size:
+        raise ZeroplanError(rank_field, f"must be in [0, {world_size}), got {rank}")
 
 
 @contextlib.contextmanager

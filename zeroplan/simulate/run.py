@@ -16,13 +16,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from zeroplan.cli.parser import MAX_SIMULATED_WORLD_SIZE
 from zeroplan.errors import ZeroplanError
 from zeroplan.harness.engine import make_adamw
 from zeroplan.harness.model import Transformer, build_model, next_token_loss
 from zeroplan.simulate import _torch_private as private
 from zeroplan.simulate.collectives import CollectiveRecorder
-from zeroplan.simulate.fake_world import DEVICE as _DEVICE, device_mesh, fake_process_group, local_tensor, storage_bytes
+from zeroplan.simulate.fake_world import (
+    DEVICE as _DEVICE, check_rank_of_world, device_mesh, fake_process_group, local_tensor, storage_bytes,
+)
 from zeroplan.simulate.fused_rms_norm import cuda_rms_norm_formula
 from zeroplan.simulate.record import ModelStateBytes, Phase, SimulationRecord
 from zeroplan.specs import (
@@ -106,13 +107,7 @@ def _check(strategy: StrategyKind | str, world_size: int, rank: int, training: T
     if kind not in SUPPORTED_STRATEGIES:
         allowed = ", ".join(k.value for k in SUPPORTED_STRATEGIES)
         raise ZeroplanError("strategy", f"{strategy!r} cannot be simulated (allowed: {allowed})")
-    if world_size <= 0:
-        raise ZeroplanError("world_size", f"must be a positive integer, got {world_size}")
-    if world_size > MAX_SIMULATED_WORLD_SIZE:
-        raise ZeroplanError("world_size", f"{world_size:,} ranks cannot be simulated (allowed: 1 to {MAX_SIMULATED_WORLD_SIZE:,}; "
-                                        "the planner answers larger worlds)")
-    if not 0 <= rank < world_size:
-        raise ZeroplanError("rank", f"must be in [0, {world_size}), got {rank}")
+    check_rank_of_world(world_size, rank)
     if training.precision not in SUPPORTED_PRECISIONS:
         allowed = ", ".join(p.value for p in SUPPORTED_PRECISIONS)
         raise ZeroplanError("training.precision", f"{training.precision.value!r} cannot be simulated (allowed: {allowed})")
