@@ -12,6 +12,7 @@ from zeroplan.core.parallel.units import rank_block_count, rank_parameter_units,
 from zeroplan.core.profiles import fused_qkv_fewer_tensors
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.request import PlanRequest
+from zeroplan.specs.strategy import ZeroGradientReduce
 from zeroplan.specs.training import StateConvention
 from zeroplan.units import ceil_div
 
@@ -127,8 +128,6 @@ def largest_optimizer_tensor_elements(request: PlanRequest) -> int:
     where ZeRO flattens each unit (the fp32 master of zeroplan/harness/zero.py's FlatUnit),
     whole parameters under ZeroRedundancyOptimizer (it assigns tensors to ranks whole), else one
     parameter's shard (FSDP2's DTensor shards; DDP's tensors, N = 1)."""
-    from zeroplan.specs.strategy import ZeroGradientReduce
-
     if request.strategy.zero_gradient_reduce is ZeroGradientReduce.ddp_buckets:
         return max(tensor.numel for unit in rank_trainable_units(request) for tensor in unit.tensors)
     if request.strategy.kind.zero_stage and shard_layout(request) is ShardLayout.flat:

@@ -187,7 +187,8 @@ def run_step(model: ModelSpec, strategy: StrategyKind, training: TrainingSpec, b
 ALLOCATOR_NOTE = (
     "allocator: the trace is both steps on CPU kernels (each norm saves what the CPU's composite "
     "RMSNorm saves, a little more than CUDA's fused one), on the streams FSDP2 selects, with two "
-    "32 MiB cuBLAS workspaces as on an sm90 GPU; CUDA context and NCCL buffers are outside it"
+    f"{HOPPER_CUBLAS_WORKSPACE_BYTES >> 20} MiB cuBLAS workspaces as on an sm90 GPU; CUDA context and NCCL buffers "
+    "are outside it"
 )
 
 
