@@ -81,7 +81,7 @@ class DdpEngine(_Base):
         self.wrapped = dist.get_world_size() > 1
         self.module = nn.parallel.DistributedDataParallel(model) if self.wrapped else model
         if self.wrapped and dist.get_backend() == "fake":
-            self.module.register_comm_hook(None, _fake_group_all_reduce)
+            self.module.register_comm_hook(None, fake_group_all_reduce)
         self.inner = model
         if zero1:
             from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -169,14 +169,17 @@ class Fsdp1Engine(_Base):
             }
 
 
-def _fake_group_all_reduce(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks annotations by identity
-    """DDP's all-reduce on a fake process group (one process acting as rank 0 of N, as
-    benchmarks/gpu_measure.py runs): the fake group's work carries no result, which DDP's
-    default hook hands back as the bucket, so DDP fails. This hook does what the default one
-    (allreduce_hook) does to rank 0's memory: divide the bucket in place and return it; the
-    sum over ranks, which the fake group never computes, is all that is left out."""
+def fake_group_all_reduce(_state, bucket):  # type: ignore[no-untyped-def]  # DDP checks annotations by identity
+    """DDP's all-reduce on a fake process group (one process acting as rank N of many: the
+    simulator, and benchmarks/gpu_measure.py on a GPU). The fake group's C++ work carries no
+    value for DDP to read back, so DDP's built-in hook fails; this one does what it does (divide
+    the bucket by N in place, all-reduce it) with the all-reduce issued from Python, where the
+    collective recorders see it, and hands the bucket back."""
+    buffer = bucket.buffer()
+    buffer.div_(dist.get_world_size())
+    dist.all_reduce(buffer)
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    future.set_result(bucket.buffer().div_(dist.get_world_size()))
+    future.set_result(buffer)
     return future
 
 

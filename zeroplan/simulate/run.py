@@ -13,12 +13,12 @@ import contextlib
 import time
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from zeroplan.errors import ZeroplanError
 from zeroplan.harness.engine import make_adamw
 from zeroplan.harness.model import Transformer, build_model, next_token_loss
+from zeroplan.harness.torch_engines import fake_group_all_reduce
 from zeroplan.simulate import _torch_private as private
 from zeroplan.simulate.collectives import CollectiveRecorder
 from zeroplan.simulate.fake_world import (
@@ -213,19 +213,7 @@ def _fsdp2(model: Transformer, mesh, kind: StrategyKind, mixed: bool) -> tuple[n
 def _ddp(model: Transformer, mixed: bool, notes: list[str]) -> tuple[nn.Module, str]:
     with private.ddp_without_shape_check():
         module = nn.parallel.DistributedDataParallel(model)
-    world_size = dist.get_world_size()
-
-    def allreduce_mean(_state, bucket):  # unannotated: DDP rejects string annotations here
-        # What DDP's built-in hook does (divide by N, all-reduce), issued from Python because
-        # the fake process group's C++ future carries no value for DDP to read back.
-        buffer = bucket.buffer()
-        buffer.div_(world_size)
-        dist.all_reduce(buffer)
-        future = torch.futures.Future()
-        future.set_result(buffer)
-        return future
-
-    module.register_comm_hook(None, allreduce_mean)
+    module.register_comm_hook(None, fake_group_all_reduce)
     notes.append(
         "DDP's first iteration puts every gradient in one bucket (torch skips bucketing until "
         "it has seen the backward order); the rebuilt steady-state buckets cannot be simulated "
