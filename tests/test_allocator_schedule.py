@@ -35,9 +35,63 @@ def _trace(request):
 
 @pytest.mark.parametrize("flags, kind", CASES)
 def test_trace_peak_is_the_planners_allocated_peak(flags: str, kind: StrategyKind) -> None:
+    # FSDP2 full sharding is scheduled unit by unit (fsdp_schedule), whose real unit sizes can
+    # peak below the planner's moments (each counts the largest unit); never above them.
     request = _request(flags, kind)
     trace = step_trace(request, *peak_terms(request))
-    assert trace.requested_peak_bytes() == memory_breakdown(request)[0].allocated_peak_bytes
+    allocated = memory_breakdown(request)[0].allocated_peak_bytes
+    if kind is StrategyKind.fsdp_full_shard:
+        assert 0.9 * allocated <= trace.requested_peak_bytes() <= allocated
+    else:
+        assert trace.requested_peak_bytes() == allocated
+
+
+MiB = 2**20
+TUNE = "llama-3.1-8b --framework torchtune --gpus 8 --micro-batch 1 --seq-len 4096 --activation-checkpointing full"
+
+
+def _alloc_sizes(trace, stream):
+    return [e.size_bytes for e in trace.events if isinstance(e, AllocEvent) and e.stream == stream]
+
+
+def test_fsdp_units_gather_every_parameter_into_a_storage_of_its_own() -> None:
+    # FSDP2's copy-out gives each parameter its own unsharded storage on the compute stream
+    # (Llama-3.1-8B: w1, w2 and w3 are 14336 x 4096 bf16, 112 MiB each), after one flat
+    # all-gather output of the block's 416 MiB on the all-gather stream.
+    trace = _trace(_request(TUNE, StrategyKind.fsdp_full_shard))
+    compute, gathered = _alloc_sizes(trace, Stream.compute), _alloc_sizes(trace, Stream.all_gather)
+    mlp_weight = 14336 * 4096 * 2
+    assert compute.count(mlp_weight) >= 3 * 32 * 2  # three per block, forward and backward
+    # The output projection's unit is the largest (the planner's head unit holds the final
+    # norm's 4096 weights as well).
+    assert max(gathered) == 128256 * 4096 * 2 + 4096 * 2
+    assert gathered.count(sum([4096 * 4096 * 2] * 2 + [1024 * 4096 * 2] * 2 + [mlp_weight] * 3 + [4096 * 2] * 2)) >= 32
+
+
+def test_torchtunes_chunked_loss_gathers_the_head_for_every_chunk() -> None:
+    # torchtune calls its output projection once per chunk; FSDP2 gathers the unit each time,
+    # in forward and again in backward (zeroplan.core.frameworks.fsdp_chunked_head_bytes).
+    trace = _trace(_request(TUNE, StrategyKind.fsdp_full_shard))
+    head = 128256 * 4096 * 2 + 4096 * 2
+    assert _alloc_sizes(trace, Stream.all_gather).count(head) == 2 * (8 + 8)  # two steps
+
+
+@pytest.mark.slow
+def test_planners_oom_capacity_is_the_framework_steps_within_five_percent() -> None:
+    # The case the coarse schedule was 11.4 % low on (docs/validation.md): torchtune's own
+    # step on fake tensors, its allocations replayed, against fit --allocator-conf.
+    pytest.importorskip("torch")
+    pytest.importorskip("torchtune", reason="torchtune is not installed (scripts/install-frameworks installs it)")
+    from zeroplan.frameworks.step import run_step, step_training
+    from zeroplan.presets.models import get_model
+    from zeroplan.specs import BatchSpec
+
+    record = run_step(get_model("llama-3.1-8b"), StrategyKind.fsdp_full_shard, step_training("torchtune", "full"),
+                      BatchSpec(seq_len=4096, micro_batch_size=1), 8, allocator_conf="")
+    request = _request(TUNE, StrategyKind.fsdp_full_shard)
+    request = request.model_copy(update={"assumptions": request.assumptions.model_copy(update={"allocator_conf": ""})})
+    planned = memory_breakdown(request)[0].oom_capacity_bytes
+    assert abs(planned / record.allocator.oom_capacity_bytes - 1) <= 0.05
 
 
 def test_fsdp_units_use_the_collective_streams() -> None:

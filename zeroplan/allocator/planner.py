@@ -15,7 +15,15 @@ if TYPE_CHECKING:
     from zeroplan.core.plan import PeakTerms
 
 
-def allocator_verdict(request: PlanRequest, states: "ModelStateBytes", terms: "PeakTerms") -> AllocatorVerdict:
-    """Reserved peak and OOM capacity of the request's step under its allocator settings."""
+def allocator_verdict(request: PlanRequest, states: "ModelStateBytes", terms: "PeakTerms",
+                      allocated_peak_bytes: int) -> AllocatorVerdict:
+    """Reserved peak and OOM capacity of the request's step under its allocator settings. The
+    schedule's tensors can peak below the planner's ``allocated_peak_bytes`` (whose moments
+    count the largest unit for every unit); what the allocator needs beyond the schedule's own
+    peak is then added to the planner's peak, never taken from it."""
     config = parse_alloc_conf(request.assumptions.allocator_conf or "")
-    return oom_capacity(step_trace(request, states, terms), config)
+    verdict = oom_capacity(step_trace(request, states, terms), config)
+    shortfall = max(allocated_peak_bytes - verdict.unlimited.requested_peak_bytes, 0)
+    if not shortfall:
+        return verdict
+    return verdict.model_copy(update={"oom_capacity_bytes": verdict.oom_capacity_bytes + shortfall})

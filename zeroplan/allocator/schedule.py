@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from zeroplan.allocator.trace import AllocationTrace, AllocEvent, FreeEvent, Stream, TraceEvent
+from zeroplan.allocator.builder import TraceBuilder, even_parts, split_bytes
+from zeroplan.allocator.fsdp_schedule import applies as fsdp_applies
+from zeroplan.allocator.fsdp_schedule import fsdp_step_trace
+from zeroplan.allocator.trace import AllocationTrace, Stream
 from zeroplan.core.activations import layer_terms
 from zeroplan.core.buffers import largest_unit_elements
 from zeroplan.core.layout import gradient_wire_bytes
@@ -21,46 +24,6 @@ from zeroplan.specs.training import ActivationCheckpointing
 if TYPE_CHECKING:
     from zeroplan.core.model_states import ModelStateBytes
     from zeroplan.core.plan import PeakTerms
-
-
-def split_bytes(total: int, weights: list[int]) -> list[int]:
-    """``total`` in integer parts proportional to ``weights`` (the remainder on the largest),
-    zero parts left out."""
-    if total <= 0:
-        return []
-    weight_sum = sum(weights)
-    if weight_sum <= 0:
-        return [total]
-    parts = [total * w // weight_sum for w in weights]
-    parts[max(range(len(parts)), key=weights.__getitem__)] += total - sum(parts)
-    return [p for p in parts if p > 0]
-
-
-def even_parts(total: int, count: int) -> list[int]:
-    """``total`` in ``count`` nearly equal parts (zero parts left out)."""
-    return split_bytes(total, [1] * max(count, 1))
-
-
-class _Builder:
-    """Issues ids and events; frees by id."""
-
-    def __init__(self) -> None:
-        self.events: list[TraceEvent] = []
-        self.next_id = 0
-
-    def alloc(self, size: int, stream: int = Stream.compute) -> list[int]:
-        if size <= 0:
-            return []
-        ident = self.next_id
-        self.next_id += 1
-        self.events.append(AllocEvent(id=ident, size_bytes=size, stream=stream))
-        return [ident]
-
-    def alloc_parts(self, parts: list[int], stream: int = Stream.compute) -> list[int]:
-        return [ident for size in parts for ident in self.alloc(size, stream)]
-
-    def free(self, idents: list[int]) -> None:
-        self.events.extend(FreeEvent(id=ident) for ident in idents)
 
 
 def _block_tensor_weights(request: PlanRequest) -> list[int]:
@@ -91,7 +54,9 @@ def step_trace(request: PlanRequest, states: "ModelStateBytes", terms: "PeakTerm
     fsdp = request.strategy.kind.is_fsdp
     gathered, reduce = _transient_parts(request, terms.transient_buffers)
     gather_stream = Stream.all_gather if fsdp else Stream.compute
-    b = _Builder()
+    b = TraceBuilder()
+    if fsdp_applies(request):
+        return fsdp_step_trace(request, states, terms, b, _block_tensor_weights(request), blocks)
 
     # Between steps: parameters and optimizer states per unit (the blocks and the rest).
     b.alloc_parts(even_parts(states.parameter_bytes, blocks + 1))
@@ -126,7 +91,7 @@ def step_trace(request: PlanRequest, states: "ModelStateBytes", terms: "PeakTerm
     b.free(outside_ids)
 
     # End of backward: the planner's gradients arrive once the activations are gone, beside the
-    # last unit's buffers (real runs produce them block by block: see the docs).
+    # last unit's buffers.
     unit = b.alloc(gathered, gather_stream) + b.alloc(reduce, Stream.reduce_scatter)
     if not accumulating:
         gradients = b.alloc_parts(even_parts(states.gradient_bytes, blocks + 1))

@@ -196,7 +196,7 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
         # allocator"): the peak is its OOM capacity, the reserve what that adds.
         from zeroplan.allocator.planner import allocator_verdict
 
-        verdict = allocator_verdict(request, states, terms)
+        verdict = allocator_verdict(request, states, terms, allocated)
         reserved, oom_at = verdict.unlimited.reserved_peak_bytes, verdict.oom_capacity_bytes
         reserve = max(oom_at - allocated, 0)
     breakdown = MemoryBreakdown(

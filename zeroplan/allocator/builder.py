@@ -1,0 +1,54 @@
+"""Building a step's allocation trace: ids issued, events appended, byte totals split into
+tensors (used by the planner's schedules, schedule.py and fsdp_schedule.py)."""
+
+from __future__ import annotations
+
+from zeroplan.allocator.trace import AllocEvent, FreeEvent, Stream, TraceEvent
+
+
+def proportional_bytes(total: int, weights: list[int]) -> list[int]:
+    """``total`` in integer parts proportional to ``weights``, one per weight (the remainder on
+    the largest)."""
+    weight_sum = sum(weights)
+    if total <= 0 or weight_sum <= 0:
+        return [max(total, 0)] + [0] * (len(weights) - 1) if weights else []
+    parts = [total * w // weight_sum for w in weights]
+    parts[max(range(len(parts)), key=weights.__getitem__)] += total - sum(parts)
+    return parts
+
+
+def split_bytes(total: int, weights: list[int]) -> list[int]:
+    """``total`` in integer parts proportional to ``weights`` (the remainder on the largest),
+    zero parts left out."""
+    if total <= 0:
+        return []
+    if sum(weights) <= 0:
+        return [total]
+    return [p for p in proportional_bytes(total, weights) if p > 0]
+
+
+def even_parts(total: int, count: int) -> list[int]:
+    """``total`` in ``count`` nearly equal parts (zero parts left out)."""
+    return split_bytes(total, [1] * max(count, 1))
+
+
+class TraceBuilder:
+    """Issues ids and events; frees by id."""
+
+    def __init__(self) -> None:
+        self.events: list[TraceEvent] = []
+        self.next_id = 0
+
+    def alloc(self, size: int, stream: int = Stream.compute) -> list[int]:
+        if size <= 0:
+            return []
+        ident = self.next_id
+        self.next_id += 1
+        self.events.append(AllocEvent(id=ident, size_bytes=size, stream=stream))
+        return [ident]
+
+    def alloc_parts(self, parts: list[int], stream: int = Stream.compute) -> list[int]:
+        return [ident for size in parts for ident in self.alloc(size, stream)]
+
+    def free(self, idents: list[int]) -> None:
+        self.events.extend(FreeEvent(id=ident) for ident in idents)

@@ -1,0 +1,252 @@
+"""The planner's step trace for FSDP2 full sharding, unit by unit and tensor by tensor, in the
+order FSDP2 issues its allocations (torch 2.13 torch/distributed/fsdp/_fully_shard/):
+
+- a unit's all-gather output is one flat buffer on the all-gather stream
+  (_fsdp_collectives.py foreach_all_gather); its copy-out gives every parameter an unsharded
+  storage of its own on the compute stream (_fsdp_param.py alloc_storage), and the flat buffer
+  is then freed; after the unit's forward (reshard_after_forward) and its backward the
+  parameters' storages are freed again;
+- in backward the next unit's all-gather is issued before the current unit's gradients are
+  computed (the backward prefetch), and each unit's unsharded gradients are copied into one
+  flat reduce-scatter input, whose output and the sharded gradient live on the reduce-scatter
+  stream (_fsdp_collectives.py foreach_reduce); that input is held until the next unit's
+  reduce-scatter starts (_fsdp_param_group.py, comm_ctx.reduce_scatter_state);
+- a root unit (embedding and head together) stays gathered through the forward, is gathered
+  again for the loss's backward and resharded last.
+
+Two steps are traced, the optimizer states created inside the first (AdamW's lazy state).
+
+The framework traces recorded on fake tensors (zeroplan.simulate.alloc_trace) show exactly
+these allocations; docs/memory-model.md, "The caching allocator", says what is still coarser
+here (each block's own intermediates, the loss's tensors)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from zeroplan.allocator.builder import TraceBuilder, proportional_bytes, split_bytes
+from zeroplan.allocator.trace import AllocationTrace, Stream
+from zeroplan.core.activations import FP32_BYTES
+from zeroplan.core.layout import element_bytes, gradient_wire_bytes
+from zeroplan.core.model_states import padded_unit_elements_of, unit_gather_bytes
+from zeroplan.core.parallel.units import rank_parameter_units
+from zeroplan.core.frameworks import fsdp_chunked_head_bytes
+from zeroplan.core.profiles import fsdp_separates_embedding_and_head, profile
+from zeroplan.specs import StrategyKind
+from zeroplan.specs.request import PlanRequest
+
+if TYPE_CHECKING:
+    from zeroplan.core.model_states import ModelStateBytes
+    from zeroplan.core.plan import PeakTerms
+
+
+class _Unit:
+    """One FSDP2 parameter group: its gathered bytes, its parameters' unsharded sizes, and its
+    trainable elements (what its gradients and optimizer states are proportional to)."""
+
+    def __init__(self, gathered_bytes: int, tensor_bytes: list[int], elements: int) -> None:
+        self.gathered_bytes = gathered_bytes
+        self.tensor_bytes = tensor_bytes
+        self.elements = elements
+
+
+def applies(request: PlanRequest) -> bool:
+    """Whether this schedule describes the request: FSDP2 full sharding (or HSDP) without a
+    pipeline, whose units run embedding, blocks, head."""
+    if request.strategy.kind not in (StrategyKind.fsdp_full_shard, StrategyKind.hsdp) or request.parallel.pp > 1:
+        return False
+    units = rank_parameter_units(request)
+    return len(units) >= 3 and units[0].name == "embedding" and units[-1].name == "head"
+
+
+def _units(request: PlanRequest) -> list[_Unit]:
+    """The request's units in forward order, grouped as its framework wraps them: embedding and
+    head apart, or together in the root unit gathered first."""
+    shard = request.shard_group_size
+    compute = element_bytes(request.training.precision, request.convention).compute_parameter
+    gathered = unit_gather_bytes(request, shard, compute)
+    elements = padded_unit_elements_of(request, shard)
+    units = []
+    for unit, unit_bytes, unit_elements in zip(rank_parameter_units(request), gathered, elements):
+        # Each parameter's unsharded storage, scaled so they sum to the unit's gathered bytes
+        # (padding and frozen storage included).
+        numels = [t.numel for t in unit.tensors]
+        total = sum(numels) or 1
+        sizes = [unit_bytes * n // total for n in numels]
+        sizes[max(range(len(sizes)), key=numels.__getitem__)] += unit_bytes - sum(sizes)
+        units.append(_Unit(unit_bytes, [s for s in sizes if s > 0], unit_elements))
+    if fsdp_separates_embedding_and_head(request):
+        return units
+    embedding, head = units[0], units[-1]
+    root = _Unit(embedding.gathered_bytes + head.gathered_bytes, embedding.tensor_bytes + head.tensor_bytes,
+                 embedding.elements + head.elements)
+    return [root, *units[1:-1]]
+
+
+def fsdp_step_trace(request: PlanRequest, states: "ModelStateBytes", terms: "PeakTerms", b: "TraceBuilder",
+                    block_tensor_parts: list[int], blocks: int) -> AllocationTrace:
+    """One step under FSDP2 full sharding; ``block_tensor_parts`` the bytes one block saves for
+    backward, tensor by tensor (schedule._block_tensor_weights scaled), ``b`` an empty builder."""
+    units = _units(request)
+    separate = fsdp_separates_embedding_and_head(request)
+    compute = element_bytes(request.training.precision, request.convention).compute_parameter
+    wire = gradient_wire_bytes(request)
+    accumulating = request.batch.grad_accum_steps > 1
+    weights = [u.elements for u in units]
+
+    def gather(unit: _Unit) -> list[int]:
+        flat = b.alloc(unit.gathered_bytes, Stream.all_gather)
+        parameters = b.alloc_parts(unit.tensor_bytes)
+        b.free(flat)
+        return parameters
+
+    block_units = units[1:-1] if separate else units[1:]
+    per_block, outside = divmod(terms.activations, blocks)
+    block_parts = [p * per_block // max(sum(block_tensor_parts), 1) for p in block_tensor_parts]
+    block_parts[-1] += per_block - sum(block_parts)
+    shares = [] if accumulating else proportional_bytes(states.gradient_bytes, weights)
+
+    # Two steps: AdamW creates its states lazily, inside the first step's optimizer step, among
+    # the cached blocks the first backward left; the second step runs with them in place, as
+    # every later one does (the frameworks' traces record both steps the same way).
+    b.alloc_parts(split_bytes(states.parameter_bytes, [u.gathered_bytes for u in units]))
+    b.alloc(terms.resident_buffers)
+
+    def one_step(first_step: bool) -> None:
+        gradients = b.alloc_parts(split_bytes(states.gradient_bytes, weights)) if accumulating else []
+        held = b.alloc(terms.backward_held_buffers)
+
+        # Forward: the root (or the embedding) first; each block's parameters gathered, its
+        # activations saved, its parameters freed (reshard_after_forward).
+        root = gather(units[0])
+        outside_ids = b.alloc(outside)
+        if separate:
+            b.free(root)
+            root = []
+        saved: list[list[int]] = []
+        for unit in block_units:
+            parameters = gather(unit)
+            saved.append(b.alloc_parts([p for p in block_parts if p > 0]))
+            b.free(parameters)
+
+        # The root's parameters are resharded after the forward and gathered again at the loss's
+        # backward, which the planner's loss term counts (fsdp_head_gathered_bytes).
+        b.free(root)
+        head_gradient: list[int] = []
+        if per_chunk_head(request):
+            head_gradient = _chunked_loss(request, b, gather, units[-1])
+        else:
+            b.free(gather(units[-1]) if separate else [])
+            pieces = list(terms.logits_pieces) or [terms.logits]
+            for piece in pieces:
+                b.free(b.alloc_parts([piece] if terms.logits_pieces else split_bytes(piece, [1, 1, 1])))
+        root = [] if separate else gather(units[0])
+        pending_input: list[int] = []
+
+        def backward_gradients(index: int, parameters: list[int], unsharded: list[int] | None = None) -> None:
+            # autograd's unsharded gradient per parameter; post_backward reshards the parameters,
+            # then foreach_reduce copies the gradients into one flat input and reduce-scatters it
+            # to a shard on the reduce-scatter stream (upcast there where the reduce dtype is
+            # fp32), which becomes the sharded gradient.
+            unit = units[index]
+            scale = unit.elements * compute
+            if unsharded is None and unit.elements:
+                unsharded = b.alloc_parts([size * scale // max(unit.gathered_bytes, 1) for size in unit.tensor_bytes])
+            b.free(parameters)
+            if not unit.elements:
+                return
+            # The previous unit's flat input is held until this reduce-scatter starts
+            # (_fsdp_param_group.py post_backward: comm_ctx.reduce_scatter_state).
+            b.free(pending_input)
+            pending_input[:] = b.alloc(scale)
+            b.free(unsharded or [])
+            output = b.alloc(unit.elements // request.shard_group_size * wire, Stream.reduce_scatter)
+            if shares:
+                gradients.extend(b.alloc(shares[index], Stream.reduce_scatter))
+            b.free(output)
+
+        # Backward, last unit first: the head (the root stays gathered), then each block with the
+        # one before it prefetched, its workspace (and recomputation) and gradients, its
+        # activations freed; the embedding last.
+        order = [(len(units) - 1, None)] if separate else []
+        order += [(1 + position, position) for position in reversed(range(len(block_units)))]
+        order += [(0, None)] if separate else []
+        if head_gradient:
+            # The chunked loss has run the head's backward already: its accumulated gradient goes.
+            order.pop(0)
+            backward_gradients(len(units) - 1, [], head_gradient)
+        current = gather(units[order[0][0]])
+        for step, (index, position) in enumerate(order):
+            prefetched = gather(units[order[step + 1][0]]) if step + 1 < len(order) else []
+            if position is not None:
+                b.free(b.alloc(terms.workspace))
+                b.free(saved[position])
+            backward_gradients(index, current)
+            current = prefetched
+        b.free(outside_ids)
+        if not separate:
+            backward_gradients(0, root)
+        b.free(pending_input)
+        b.free(held)
+
+        # Optimizer step: its temporaries per unit, then the gradients go (set_to_none).
+        if first_step:
+            b.alloc_parts(split_bytes(states.optimizer_state_bytes, weights))
+        b.free(b.alloc_parts(split_bytes(terms.step_temporary, weights)))
+        b.free(gradients)
+
+    one_step(True)
+    one_step(False)
+    return AllocationTrace(events=tuple(b.events), source=f"planner schedule ({request.training.framework.value}, FSDP2 units)")
+
+
+def per_chunk_head(request: PlanRequest) -> bool:
+    """torchtune's chunked loss under FSDP2 full sharding: its output unit is gathered for each
+    chunk in forward and again in backward (zeroplan.core.frameworks.fsdp_chunked_head_bytes)."""
+    return profile(request.training.framework).loss_chunks > 1 and fsdp_chunked_head_bytes(request) > 0 \
+        and fsdp_separates_embedding_and_head(request) and not request.training.fused_linear_cross_entropy
+
+
+def _chunked_loss(request: PlanRequest, b: "TraceBuilder", gather, head: _Unit) -> list[int]:
+    """torchtune 0.6.1's chunked cross-entropy (zeroplan.core.frameworks.chunked_logits_pieces
+    names its three moments) chunk by chunk: returns the head's accumulated weight gradient."""
+    model, training = request.model, request.training
+    chunks = profile(training.framework).loss_chunks
+    e = training.precision.compute_bytes
+    sbv_chunk = request.batch.seq_len * request.batch.micro_batch_size * model.vocab_size // chunks
+    # Forward: each chunk's logits from the head gathered for it; then each chunk upcast and its
+    # fp32 log-softmax saved; the bf16 logits go with the forward.
+    logits = []
+    for _ in range(chunks):
+        parameters = gather(head)
+        logits += b.alloc(e * sbv_chunk)
+        b.free(parameters)
+    saved = []
+    for _ in range(chunks):
+        upcast = b.alloc(FP32_BYTES * sbv_chunk)
+        saved.append(b.alloc(FP32_BYTES * sbv_chunk))
+        b.free(upcast)
+    b.free(logits)
+    # Backward: each chunk's two fp32 gradients, then its bf16 logit gradient.
+    logit_gradients = []
+    for chunk in reversed(range(chunks)):
+        first, second = b.alloc(FP32_BYTES * sbv_chunk), b.alloc(FP32_BYTES * sbv_chunk)
+        b.free(saved[chunk])
+        b.free(first)
+        logit_gradients += b.alloc(e * sbv_chunk)
+        b.free(second)
+    # The head's backward per chunk: gathered again, its weight gradient added out of place.
+    weight_gradient_bytes = model.vocab_size * model.hidden_size * e
+    accumulated: list[int] = []
+    for gradient in logit_gradients:
+        parameters = gather(head)
+        product = b.alloc(weight_gradient_bytes)
+        if accumulated:
+            total = b.alloc(weight_gradient_bytes)
+            b.free(accumulated + product)
+            accumulated = total
+        else:
+            accumulated = product
+        b.free([gradient])
+        b.free(parameters)
+    return accumulated
