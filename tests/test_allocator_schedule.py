@@ -135,6 +135,17 @@ def test_fit_table_shows_the_allocator_columns(capsys) -> None:
     assert "reserved" in out and "oom-at" in out
 
 
+def test_fit_says_how_each_strategys_schedule_was_checked(capsys) -> None:
+    from zeroplan.cli.main import main
+
+    assert main(["fit", *TITAN.split(), "--strategies", "fsdp-full-shard,ddp", "--allocator-conf", ""]) == 0
+    caution = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("caution: oom-at"))
+    assert "fsdp-full-shard: -3.1 % to +5.1 %" in caution and "ddp: a coarser schedule" in caution
+    assert main(["fit", "llama-2-7b", "--gpus", "8", "--pp", "2", "--strategies", "fsdp-full-shard", "--allocator-conf", ""]) == 0
+    caution = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("caution: oom-at"))
+    assert "under a pipeline" in caution and "fsdp-full-shard:" not in caution
+
+
 def test_bad_allocator_conf_is_one_line(capsys) -> None:
     from zeroplan.cli.main import main
 
