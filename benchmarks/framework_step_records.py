@@ -8,6 +8,8 @@ write the records the planner's allocated peak is checked against.
     python benchmarks/framework_step_records.py --finetune [OUT_DIR]
         (the LoRA/QLoRA runs, FINETUNE, default benchmarks/framework-finetune-step-records;
         about 8 minutes, most of it the single-device and 70B runs)
+    python benchmarks/framework_step_records.py --dora [OUT_DIR]
+        (the DoRA runs, DORA, into the same directory; about 2 minutes)
 
 Each run (zeroplan.frameworks.step.run_step) builds the framework's model at full depth on fake
 tensors, shards it over a fake process group of N ranks as the framework's recipe does, and
@@ -61,6 +63,14 @@ FINETUNE = [
 ]
 """(framework, model, ranks, policy, TrainingSpec.finetune) of each LoRA/QLoRA run at s4096 b1;
 1 rank is the single-device recipe (StrategyKind.ddp), more its FSDP2 recipe (fsdp-full-shard)."""
+DORA = [
+    # torchtune 0.6.1 configs/llama3_1/8B_lora.yaml with use_dora: True (lora_llama3_1(use_dora=True)).
+    *[(Framework.torchtune, "llama-3.1-8b", 8, policy, {"lora_rank": 8, "dora": True}) for policy in POLICIES],
+    # PEFT LoraConfig(use_dora=True) over every block linear, accelerate's FSDP2.
+    (Framework.hf, "llama-3.1-8b", 8, "full", {"lora_rank": 16, "lora_targets": ["q", "k", "v", "o", "gate", "up", "down"],
+                                               "dora": True}),
+]
+"""The DoRA runs, as FINETUNE's."""
 
 
 def main(out: Path = DEFAULT_OUT, frameworks: set[str] | None = None) -> None:
@@ -75,11 +85,12 @@ def main(out: Path = DEFAULT_OUT, frameworks: set[str] | None = None) -> None:
         main_optimizer_in_backward(out)
     if not frameworks:
         main_finetune(FINETUNE_OUT if out == DEFAULT_OUT else out)
+        main_finetune(FINETUNE_OUT if out == DEFAULT_OUT else out, DORA)
 
 
-def main_finetune(out: Path = FINETUNE_OUT) -> None:
+def main_finetune(out: Path = FINETUNE_OUT, runs: list = FINETUNE) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    for framework, model_name, world_size, policy, finetune in FINETUNE:
+    for framework, model_name, world_size, policy, finetune in runs:
         training = step_training(framework, policy).model_copy(update={"finetune": FineTuneSpec(**finetune)})
         strategy = StrategyKind.ddp if world_size == 1 else StrategyKind.fsdp_full_shard
         _run(out, model_name, world_size, 4096, 1, training, strategy)
@@ -104,6 +115,8 @@ def main_optimizer_in_backward(out: Path = DEFAULT_OUT) -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--finetune"]:
         main_finetune(Path(sys.argv[2]) if len(sys.argv) > 2 else FINETUNE_OUT)
+    elif sys.argv[1:2] == ["--dora"]:
+        main_finetune(Path(sys.argv[2]) if len(sys.argv) > 2 else FINETUNE_OUT, DORA)
     elif sys.argv[1:2] == ["--optimizer-in-backward"]:
         main_optimizer_in_backward(Path(sys.argv[2]) if len(sys.argv) > 2 else DEFAULT_OUT)
     else:

@@ -40,6 +40,9 @@ def add_finetune_arguments(parser: argparse.ArgumentParser) -> None:
                             "(default: the framework's; torchtune q,v,o,gate,up,down; hf (PEFT) q,v; zeroplan all seven of a block)")
     group.add_argument("--lora-dropout", type=_fraction, default=0.0, metavar="P",
                        help="dropout on each adapter's input (default 0: no mask or copy is kept)")
+    group.add_argument("--dora", action="store_true",
+                       help="weight-decomposed LoRA (DoRA: peft use_dora, torchtune use_dora): a trainable magnitude per "
+                            "output row, and the weight norm recomputed in every forward")
     group.add_argument("--base-dtype", choices=choices_of(BaseDtype),
                        help="dtype the LoRA base is loaded in (default bf16, as torch_dtype=torch.bfloat16 or TRL's "
                             "'auto'; fp32 is transformers' from_pretrained default, cast per matmul by the Trainer's autocast)")
@@ -79,6 +82,8 @@ def finetune_from_args(args: argparse.Namespace) -> FineTuneSpec:
         fields["quantize"] = args.quantize
     if getattr(args, "lora_dropout", 0.0):
         fields["lora_dropout"] = args.lora_dropout
+    if getattr(args, "dora", False):
+        fields["dora"] = True
     fields["freeze_embeddings"] = getattr(args, "freeze_embeddings", False)
     fields["frozen_blocks"] = getattr(args, "frozen_blocks", None) or 0
     return FineTuneSpec(**fields)

@@ -120,7 +120,7 @@ FLAG_OF_FIELD = {
     "finetune.lora_alpha": "--lora-alpha",
     "finetune.lora_targets": "--lora-targets",
     "finetune.lora_dropout": "--lora-dropout",
-    "finetune.dora": "dora",
+    "finetune.dora": "--dora",
     "finetune.quantize": "--quantize",
     "finetune.base_dtype": "--base-dtype",
     "finetune.quant_block_size": "--quant-block-size",

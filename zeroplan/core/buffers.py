@@ -11,6 +11,7 @@ from zeroplan.core.model_states import (
 from zeroplan.core.parallel.pipeline import pipeline_defers_fsdp_reduction
 from zeroplan.core.parallel.units import rank_parameter_units, rank_trainable_elements, rank_trainable_units
 from zeroplan.core.profiles import fsdp_separates_embedding_and_head, profile
+from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, ZeroGradientReduce
 from zeroplan.specs.training import Optimizer, OptimizerLoop, StateConvention
@@ -137,6 +138,46 @@ def transient_buffer_bytes(request: PlanRequest) -> int:
     if kind is StrategyKind.fsdp_shard_grad_op:
         return largest_unit_elements(request) * gradient_wire_bytes(request)
     return gathered_unit_bytes(request, eb.compute_parameter, gradient_wire_bytes(request))
+
+
+# torch 2.13 _fully_shard/_fsdp_state.py: while a block runs its backward under full sharding,
+# the units gathered are the block, the next one prefetched (_fsdp_param_group.py pre_backward)
+# and, where the framework wraps embedding and head into the root unit (HF, torchtitan; torchtune's
+# LoRA recipes), the root: gathered again at the loss's backward and resharded only by its own
+# post-backward, after the last block (seen in the frameworks' whole steps on fake tensors:
+# docs/memory-model.md, "The caching allocator"). Where embedding and head are units of their own
+# (torchtune's full fine-tunes), the head is gathered only around the loss, whose own terms count
+# it (zeroplan.core.frameworks.fsdp_head_gathered_bytes), and the embedding after the last block.
+def _root_head_gradient_bytes(request: PlanRequest) -> int:
+    """The output projection's unsharded gradient, which the root unit holds from the loss's
+    backward to its own post-backward (0 where the head is frozen, or where torchtitan's chunked
+    loss reduce-scatters it at its last chunk: zeroplan.core.frameworks.torchtitan_chunked_loss_bytes)."""
+    training = request.training
+    if not training.finetune.trains_everything and (training.finetune.is_lora or training.finetune.freeze_embeddings):
+        return 0
+    if training.framework is Framework.torchtitan and not training.unchunked_loss:
+        return 0
+    return request.model.vocab_size * request.model.hidden_size * element_bytes(training.precision, request.convention).compute_parameter
+
+
+def block_backward_transient_bytes(request: PlanRequest) -> int:
+    """The gathered and reduced units a block's backward holds under FSDP full sharding (the
+    blocks' and the root's, not the largest unit twice); transient_buffer_bytes otherwise."""
+    kind = request.strategy.kind
+    units = rank_parameter_units(request)
+    blocks = [i for i, unit in enumerate(units) if unit.name.startswith("block.")]
+    if kind not in (StrategyKind.fsdp_full_shard, StrategyKind.hsdp) or not blocks or request.parallel.pp > 1:
+        return transient_buffer_bytes(request)
+    eb = element_bytes(request.training.precision, request.convention)
+    shard = request.shard_group_size
+    gathered = unit_gather_bytes(request, shard, eb.compute_parameter)
+    elements = padded_unit_elements_of(request, shard)
+    root = 0 if fsdp_separates_embedding_and_head(request) else sum(
+        n for i, n in enumerate(gathered) if not units[i].name.startswith("block.")) + _root_head_gradient_bytes(request)
+    largest_gathered = max(gathered[i] for i in blocks)
+    largest_elements = max(elements[i] for i in blocks)
+    block_units = (1 + request.strategy.prefetch_units) * largest_gathered + largest_elements * gradient_wire_bytes(request)
+    return min(root + block_units, transient_buffer_bytes(request))
 
 
 # torch/optim/adam.py, _multi_tensor_adam: torch._foreach_sqrt(exp_avg_sqs) materialises one

@@ -7,12 +7,15 @@ from dataclasses import dataclass
 
 from zeroplan.core.activations import activation_bytes, backward_workspace_bytes, layer_bytes, logits_bytes
 from zeroplan.core.buffers import (
-    backward_held_buffer_bytes, optimizer_step_temporary_bytes, resident_buffer_bytes, transient_buffer_bytes,
+    backward_held_buffer_bytes, block_backward_transient_bytes, optimizer_step_temporary_bytes, resident_buffer_bytes,
+    transient_buffer_bytes,
 )
 from zeroplan.core.communication import collectives
 from zeroplan.core.compiled import check_compiled
 from zeroplan.core.feasibility import usable_memory_bytes
-from zeroplan.core.finetune.activations import dequantized_weight_bytes, frozen_blocks_kept_bytes, lora_layer_delta_bytes
+from zeroplan.core.finetune.activations import (
+    dequantized_weight_bytes, dora_weight_norm_bytes, frozen_blocks_kept_bytes, lora_layer_delta_bytes,
+)
 from zeroplan.core.frameworks import (
     autocast_copies_bytes, autocast_head_copy_bytes, framework_activation_bytes, framework_logits_pieces,
     framework_recompute_bytes,
@@ -57,7 +60,7 @@ def peak_moments(states: ModelStateBytes, moments: "PeakTerms", grad_accum_steps
     return {
         PeakMoment.loss_backward: MomentBytes(resident + moments.activations + moments.logits, accumulated, held),
         PeakMoment.block_backward: MomentBytes(
-            resident + moments.activations, accumulated, held + moments.transient_buffers + moments.workspace
+            resident + moments.activations, accumulated, held + moments.block_transient_buffers + moments.workspace
         ),
         PeakMoment.backward_end: MomentBytes(resident, states.gradient_bytes, held + moments.transient_buffers),
         PeakMoment.optimizer_step: MomentBytes(resident + moments.step_temporary, states.gradient_bytes, moments.resident_buffers),
@@ -98,6 +101,13 @@ class PeakTerms:
     logits_pieces: tuple[int, ...] = ()
     """The loss's bytes at each of its own moments (``logits`` is their largest). Each is
     affine in the micro-batch, their maximum is not: the plan search needs them apart."""
+    block_backward_transient: int | None = None
+    """The units a block's backward holds, where they differ from ``transient_buffers``
+    (zeroplan.core.buffers.block_backward_transient_bytes)."""
+
+    @property
+    def block_transient_buffers(self) -> int:
+        return self.transient_buffers if self.block_backward_transient is None else self.block_backward_transient
 
 
 def _workspace(request: PlanRequest) -> int:
@@ -156,7 +166,10 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     # Each term below is the planner's own for one micro-batch through the whole model; with
     # tensor, context or pipeline parallelism zeroplan.core.parallel.activations applies it to
     # what this rank computes and keeps in flight.
-    workspace = rank_workspace_bytes(request, _workspace) + expert_dispatch_bytes(request) + dequantized_weight_bytes(request)
+    # DoRA's weight-norm temporaries arise in a block's forward and in a recomputing backward's
+    # rerun; the block-backward moment, which holds every block's activations, bounds both.
+    workspace = (rank_workspace_bytes(request, _workspace) + expert_dispatch_bytes(request) + dequantized_weight_bytes(request)
+                 + dora_weight_norm_bytes(request))
     logits_pieces: tuple[int, ...] = ()
     if training.framework is Framework.zeroplan:
         # The reference model's recomputed block stays with its activations at every moment.
@@ -173,6 +186,7 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
         activations=activations, logits=logits, workspace=workspace,
         resident_buffers=resident_buffer_bytes(request), backward_held_buffers=backward_held_buffer_bytes(request),
         transient_buffers=transient_buffer_bytes(request),
+        block_backward_transient=block_backward_transient_bytes(request),
         step_temporary=optimizer_step_temporary_bytes(request, states.optimizer_elements),
         logits_pieces=logits_pieces,
     )

@@ -175,8 +175,12 @@ def check_finetune(finetune: FineTuneSpec, model: ModelSpec, framework: Framewor
     if finetune.base_dtype is BaseDtype.fp32 and framework is Framework.torchtune:
         # torchtune 0.6.1 recipes load the whole model in the recipe's `dtype` (bf16 in every LoRA config).
         raise ZeroplanError("finetune.base_dtype", "torchtune loads the base in its recipe's dtype (allowed: bf16)")
-    if finetune.dora:
-        raise ZeroplanError("finetune.dora", "DoRA is not modelled yet: its weight-norm temporaries are unmeasured (allowed: false)")
+    if finetune.dora and finetune.quantize.is_quantized:
+        raise ZeroplanError("finetune.dora", "DoRA over a quantized base (QDoRA) is not measured yet (allowed: --quantize none)")
+    if finetune.dora and finetune.lora_dropout > 0:
+        # peft 0.17.1 tuners/lora/layer.py: with dropout DoRA recomputes the base output from the
+        # dropped input, a path no record measures.
+        raise ZeroplanError("finetune.dora", "DoRA with lora_dropout is not measured yet (allowed: --lora-dropout 0)")
     if finetune.quantize not in (Quantization.none, Quantization.nf4):
         raise ZeroplanError("finetune.quantize", f"{finetune.quantize.value!r} is not modelled yet (allowed: none, nf4)")
     present = {LoraTarget.q, LoraTarget.k, LoraTarget.v, LoraTarget.o}

@@ -12,7 +12,7 @@ fine-tune's terms are those of zeroplan.core.activations.layer_terms.
 from __future__ import annotations
 
 from zeroplan.core.activations import FP32_BYTES, norm_bytes, rms_norm_is_composite
-from zeroplan.specs.finetune import LoraTarget
+from zeroplan.specs.finetune import BaseDtype, LoraTarget
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import NormKind
 from zeroplan.specs.request import PlanRequest
@@ -112,7 +112,64 @@ def lora_layer_delta_bytes(request: PlanRequest, norm_savings_bytes: int = 0) ->
         delta += 3 * (FP32_BYTES - e) * tokens * request.model.ffn_hidden_size
     # Each adapter's B keeps A's r-wide output.
     delta += sum(e * tokens * finetune.lora_rank for t in targets if t is not LoraTarget.output)
-    return delta + frozen_norms_delta(request, norm_savings_bytes)
+    return delta + dora_kept_bytes(request) + frozen_norms_delta(request, norm_savings_bytes)
+
+
+def _dora_linears(request: PlanRequest) -> list[tuple[int, int]]:
+    """(in, out) widths of the block linears DoRA wraps (none without DoRA)."""
+    finetune = request.training.finetune
+    if not finetune.dora:
+        return []
+    widths = {LoraTarget.q: "hidden", LoraTarget.k: "hidden", LoraTarget.v: "hidden", LoraTarget.o: "attention",
+              LoraTarget.gate: "hidden", LoraTarget.up: "hidden", LoraTarget.down: "ffn"}
+    return [(_input_width(request, widths[t]), _output_width(request, t))
+            for t in finetune.targets(request.training.framework) if t in widths]
+
+
+def _adapter_bytes(request: PlanRequest) -> int:
+    """Bytes of an element of the adapters' weights and of the input they see (peft casts the
+    input to the adapters' dtype: fp32 where adapters_copy_their_input)."""
+    return FP32_BYTES if adapters_copy_their_input(request) else request.training.precision.compute_bytes
+
+
+# DoRA (Liu et al. 2024, eq. 5 with the norm detached as sec. 4.3 suggests; peft 0.17.1
+# tuners/lora/dora.py DoraLinearLayer.forward, torchtune 0.6.1 modules/peft/dora.py
+# DoRALinear.forward): out = (m/||W+sBA|| - 1) * base_out + m/||W+sBA|| * lora_out * s. Each of
+# the two products keeps its [tokens, out] operand, base_out and lora_out, in the compute dtype;
+# the division keeps the norm, and the products the two out-wide scales, in the adapters' dtype.
+def dora_kept_bytes(request: PlanRequest) -> int:
+    """What DoRA adds to what one LoRA block keeps (0 without DoRA)."""
+    e = request.training.precision.compute_bytes
+    tokens = request.batch.seq_len * request.batch.micro_batch_size
+    return sum(2 * e * tokens * out + 3 * _adapter_bytes(request) * out for _, out in _dora_linears(request))
+
+
+# The weight norm is computed anew in every forward (the same sources): lora_b(lora_a(eye)) over
+# an in x in identity in the input's dtype (autocast casts it to bf16 for lora_a's matmul where
+# the adapters are fp32; lora_a keeps that copy), its r- and out-wide outputs, the frozen weight
+# cast to the input's dtype (a copy where their dtypes differ), s * BA and W + s * BA: alive
+# together until the layer returns, in its forward and in a recomputing backward's rerun, beside
+# peft's fp32 copy of the layer's input where the adapters are fp32 (_cast_input_dtype).
+def dora_weight_norm_bytes(request: PlanRequest) -> int:
+    """The largest DoRA layer's weight-norm temporaries (0 without DoRA)."""
+    linears = _dora_linears(request)
+    if not linears:
+        return 0
+    e = request.training.precision.compute_bytes
+    x = _adapter_bytes(request)
+    r = request.training.finetune.lora_rank
+    weight = FP32_BYTES if request.training.finetune.base_dtype is BaseDtype.fp32 and adapters_copy_their_input(request) else e
+
+    tokens = request.batch.seq_len * request.batch.micro_batch_size
+
+    def temporaries(fan_in: int, fan_out: int) -> int:
+        input_copy = x * tokens * fan_in if x != e else 0
+        identity = input_copy + x * fan_in * fan_in + (e * fan_in * fan_in if x != e else 0)
+        lora_weight = e * fan_in * r + e * fan_in * fan_out
+        cast_weight = x * fan_in * fan_out if weight != x else 0
+        return identity + lora_weight + cast_weight + e * fan_in * fan_out + max(x, e) * fan_in * fan_out
+
+    return max(temporaries(fan_in, fan_out) for fan_in, fan_out in linears)
 
 
 # A frozen RMSNorm weight: the composite norm keeps only its fp32 input (and a per-token rsqrt),
