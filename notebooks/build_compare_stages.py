@@ -90,7 +90,7 @@ from zeroplan.validate.report import comparison_frame
 records_dir = Path(zeroplan.__file__).resolve().parents[1] / "benchmarks" / "records"
 records = [r for r in load_records([str(records_dir)]) if r.rank == 0]
 rows = [row for record in records for row in compare_record(record)]
-table = comparison_frame(rows)[["strategy", "engine", "world_size", "quantity", "predicted_bytes", "measured_bytes", "ratio"]]
+table = comparison_frame(rows)[["model", "strategy", "engine", "world_size", "quantity", "predicted_bytes", "measured_bytes", "ratio"]]
 with pd.option_context("display.max_rows", None):  # every row, not pandas' first and last 5
     display(table.round(4))"""),
 ]

@@ -37,7 +37,8 @@ def test_compare_stages_notebook_executes(tmp_path) -> None:
     tables = [o for o in outputs if o.output_type in ("execute_result", "display_data")
               and "measured_bytes" in o["data"].get("text/plain", "")]
     assert tables
-    # Every row is shown (pandas elides rows as "..." beyond display.max_rows).
+    # Every row is shown (pandas elides rows as "..." beyond display.max_rows), and names its model.
     assert "..." not in tables[0]["data"]["text/plain"]
+    assert tables[0]["data"]["text/plain"].lstrip().startswith("model")
     memory = [o for o in outputs if o.output_type == "execute_result" and "peak_gib" in o["data"].get("text/plain", "")]
     assert memory, "the memory table's columns are in GiB and named *_gib"

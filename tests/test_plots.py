@@ -46,3 +46,60 @@ def test_each_memory_bar_ends_at_its_peak(gpu_80gib) -> None:
         ends[y] = max(ends.get(y, 0.0), patch.get_x() + patch.get_width())
     for position, plan in enumerate(report.plans):
         assert ends[position] == pytest.approx(plan.memory.peak_bytes / 2**30, rel=1e-9)
+
+
+def test_the_memory_figure_names_the_run_and_every_thin_segment(gpu_80gib) -> None:
+    from zeroplan.report.plots import memory_stack_figure
+
+    request = PlanRequest(model=get_model("llama-2-70b"), batch=BatchSpec(seq_len=4096, micro_batch_size=2),
+                          cluster=cluster_from_gpus(gpu_80gib, 8), strategy=StrategySpec(kind=StrategyKind.zero3))
+    report = fit(request)
+    axes = memory_stack_figure(report).axes[0]
+    title = axes.get_title()
+    assert "micro-batch 2 x seq 4096" in title and "checkpointing" in title
+    usable = report.cluster.usable_memory_bytes / 2**30
+    assert f"usable ({usable:.1f} GiB)" in axes.get_legend_handles_labels()[1]
+    # A segment under 1 % of the axis is a hairline: each one is named, with its size, beside
+    # its bar's end (the buffers and the reserve, beside the states, for most strategies here).
+    span = max(usable, *(p.memory.peak_bytes / 2**30 for p in report.plans))
+    notes = [t.get_text() for t in axes.texts]
+    thin = [(plan, field) for plan in report.plans for field, value in plan.memory.peak_terms().items()
+            if 0 < value / 2**30 < 0.01 * span]
+    assert thin and len(notes) == len({plan.strategy for plan, _ in thin})
+
+
+def _rows():
+    from zeroplan.validate.rows import ComparisonRow
+
+    def row(run, quantity, predicted, measured):
+        return ComparisonRow(run_id=run, strategy="zero3", engine="zeroplan", world_size=2, rank=0, category="memory",
+                             quantity=quantity, predicted_bytes=predicted, measured_bytes=measured)
+    return [row("run-a", "parameters", 300 * 2**20, 300 * 2**20), row("run-a", "gradients", 300 * 2**20, 301 * 2**20),
+            row("run-b", "peak (CPU allocator)", 3000 * 2**20, 2900 * 2**20),
+            row("run-b", "all_gather bytes/step", 600 * 2**20, 600 * 2**20)]
+
+
+def test_the_validation_plot_keeps_each_quantitys_style_and_names_the_runs(tmp_path, monkeypatch) -> None:
+    import matplotlib.pyplot as plt
+
+    from zeroplan.validate.report import quantity_style, save_validation_plot
+
+    kept = []
+    monkeypatch.setattr(plt, "close", lambda figure=None: kept.append(figure))
+    rows = _rows()
+    save_validation_plot(rows, tmp_path / "all.png")
+    save_validation_plot([r for r in rows if r.quantity != "parameters"], tmp_path / "some.png")
+    for figure in kept:
+        scatter_axes = figure.axes[0]
+        for collection in scatter_axes.collections:
+            quantity = collection.get_label()
+            marker, colour = quantity_style(quantity)
+            assert matplotlib.colors.same_color(collection.get_edgecolor()[0], colour), quantity
+        assert "run-a" in figure.get_suptitle() and "run-b" in figure.get_suptitle()
+        # Values between powers of ten are labelled (200, 500, 2,000 ...), not decades only.
+        figure.canvas.draw()
+        labels = [t.get_text() for t in scatter_axes.get_xticklabels() if t.get_text()]
+        assert any(label.startswith(("2", "5")) for label in labels), labels
+        # The ratio panel shows every quantity on its own row.
+        assert len(figure.axes[1].get_yticklabels()) == len({c.get_label() for c in scatter_axes.collections})
+    assert quantity_style("gradients") == quantity_style("gradients") != quantity_style("parameters")

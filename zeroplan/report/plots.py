@@ -26,26 +26,45 @@ _STACK = (
 
 def memory_stack_figure(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> Figure:
     """Stacked horizontal bars of each strategy's per-GPU memory at its peak moment (so a bar ends
-    at its peak, marked by a tick) and the usable memory as a line. Horizontal, so strategy names read level; the legend sits right of the
-    axes, never over a bar."""
+    at its peak, marked by a tick) and the usable memory as a line. Horizontal, so strategy names
+    read level; the legend sits right of the axes, never over a bar. Segments too thin to see are
+    named with their size beside the bar's end, so no term vanishes."""
     names = [p.strategy.value for p in report.plans]
     figure, axes = plt.subplots(figsize=(11, 0.45 * len(names) + 1.8), layout="constrained")
     positions = list(range(len(names)))
     lefts = [0.0] * len(names)
+    peaks = [to_unit(p.memory.peak_bytes, unit) for p in report.plans]
+    usable = to_unit(report.cluster.usable_memory_bytes, unit)
+    span = max([usable, *peaks]) or 1.0
+    thin: list[list[str]] = [[] for _ in names]
     for label, field in _STACK:
         widths = [to_unit(p.memory.peak_terms().get(field, 0), unit) for p in report.plans]
-        axes.barh(positions, widths, left=lefts, label=label)
+        axes.barh(positions, widths, left=lefts, label=label, edgecolor="white", linewidth=0.4)
+        for index, width in enumerate(widths):
+            # Under 1 % of the axis a segment is a hairline: say it in words.
+            if 0 < width < 0.01 * span:
+                thin[index].append(f"{label} {width:.2f}")
         lefts = [left + width for left, width in zip(lefts, widths)]
-    peaks = [to_unit(p.memory.peak_bytes, unit) for p in report.plans]
     axes.scatter(peaks, positions, marker="|", s=300, color="black", label="peak", zorder=3)
-    usable = to_unit(report.cluster.usable_memory_bytes, unit)
-    axes.axvline(usable, color="red", linestyle="--", label=f"usable ({usable:.0f} {unit.value})")
+    for position, (peak, words) in enumerate(zip(peaks, thin)):
+        if words:
+            axes.annotate(" + " + ", ".join(words), (peak, position), xytext=(6, 0), textcoords="offset points",
+                          va="center", fontsize=7)
+    axes.axvline(usable, color="red", linestyle="--", label=f"usable ({usable:.1f} {unit.value})")
     axes.set_yticks(positions, names)
     axes.invert_yaxis()
     axes.set_xlabel(f"per-GPU memory ({unit.value})")
-    axes.set_title(f"{report.model.name} on {report.cluster.world_size} x {report.cluster.gpu.display_name}")
+    axes.set_title(f"{report.model.name} on {report.cluster.world_size} x {report.cluster.gpu.display_name}\n"
+                   f"{_run_line(report)}", fontsize=10)
     axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return figure
+
+
+def _run_line(report: FitReport) -> str:
+    """Micro-batch, sequence, accumulation, checkpointing and precision: what sets the bars."""
+    t, b = report.training, report.batch
+    return (f"micro-batch {b.micro_batch_size} x seq {b.seq_len}, grad-accum {b.grad_accum_steps}, "
+            f"checkpointing {t.activation_checkpointing.value}, {t.precision.value}, {t.framework.value}")
 
 
 def communication_figure(report: FitReport) -> Figure:
@@ -68,4 +87,6 @@ def communication_figure(report: FitReport) -> Figure:
                    height=0.4, label="with overlap", color="tab:green")
     time_axes.set_xlabel("step time (s)")
     time_axes.legend(fontsize=8, ncol=2, loc="lower left", bbox_to_anchor=(0.0, 1.0), frameon=False)
+    figure.suptitle(f"{report.model.name} on {report.cluster.world_size} x {report.cluster.gpu.display_name}: "
+                    f"{_run_line(report)}", fontsize=10)
     return figure

@@ -63,7 +63,7 @@ def compare_record(record: RankRecord, step_index: int = -1) -> list[ComparisonR
     predicted_saved = framework_activation_bytes(request) + saved_logits_bytes(request.model, s, b)
     base = dict(
         run_id=description.run_id, strategy=description.strategy.value, engine=description.engine,
-        world_size=description.world_size, rank=record.rank,
+        world_size=description.world_size, rank=record.rank, model=request.model.name,
     )
     states = step.model_state
     rows = model_state_rows(base, breakdown, (states.parameters_bytes, states.gradients_bytes, states.optimizer_states_bytes))

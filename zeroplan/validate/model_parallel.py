@@ -74,7 +74,8 @@ def compare_model_parallel_record(record: RankRecord, request: PlanRequest, step
     breakdown, _ = memory_breakdown(request)
     pipeline_rank = description.parallel.pipeline_rank if description.parallel.pp > 1 else None
     base = dict(run_id=description.run_id, strategy=description.strategy.value, engine=description.engine,
-                world_size=description.world_size, rank=record.rank, pipeline_rank=pipeline_rank)
+                world_size=description.world_size, rank=record.rank, pipeline_rank=pipeline_rank,
+                model=request.model.name)
     states = step.model_state
     rows = model_state_rows(base, breakdown, (states.parameters_bytes, states.gradients_bytes, states.optimizer_states_bytes))
     rows.append(ComparisonRow(**base, category="memory", quantity="activations (saved, per micro-batch)",

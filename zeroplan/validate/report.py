@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 from pathlib import Path
@@ -37,40 +38,77 @@ def render_validation_table(rows: list[ComparisonRow]) -> str:
     return "\n".join([line(names), line(["-" * w for w in widths]), *(line(c) for c in cells)])
 
 
+_MARKERS = "osD^vP*Xh<>p"
+_KNOWN_QUANTITIES = (
+    "parameters", "gradients", "optimizer states", "activations (saved)", "activations (saved, per micro-batch)",
+    "peak (CPU allocator)", "peak (CUDA allocated)", "peak (tracked tensors)", "host (offloaded)",
+)
+"""The memory quantities compare_record writes, in a fixed order: each keeps its marker and
+colour in every plot, whichever of them a plot shows."""
+
+
+def quantity_style(quantity: str) -> tuple[str, str]:
+    """(marker, colour) of a quantity, the same in every plot: the known ones by their place,
+    the collectives' ("all_gather bytes/step", ...) by a stable digest of the name."""
+    if quantity in _KNOWN_QUANTITIES:
+        index = _KNOWN_QUANTITIES.index(quantity)
+    else:
+        index = len(_KNOWN_QUANTITIES) + int(hashlib.sha256(quantity.encode()).hexdigest(), 16) % 97
+    return _MARKERS[index % len(_MARKERS)], f"C{index % 10}"
+
+
+def _plot_title(rows: list[ComparisonRow]) -> str:
+    runs = sorted({r.run_id for r in rows})
+    strategies = sorted({r.strategy for r in rows})
+    named = ", ".join(runs[:3]) + (f" and {len(runs) - 3} more" if len(runs) > 3 else "")
+    return f"zeroplan validate: {named} ({', '.join(strategies)}), per rank"
+
+
 def save_validation_plot(rows: list[ComparisonRow], path: Path) -> Path:
-    """Log-log scatter of measured against predicted bytes, one colour per quantity."""
+    """Left: log-log scatter of measured against predicted bytes; right: measured / predicted
+    per quantity on a linear scale with the 5 % band, where agreement within a few percent is
+    visible. Each quantity keeps one marker and colour in every plot (quantity_style)."""
     from zeroplan.report.plots import plt
 
-    from matplotlib.ticker import LogLocator, NullFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    figure, axes = plt.subplots(figsize=(7.5, 6.5))
+    figure, (axes, ratio_axes) = plt.subplots(1, 2, figsize=(13, 6.5), layout="constrained",
+                                              gridspec_kw={"width_ratios": [1.1, 1]})
     frame = comparison_frame(rows)
     frame = frame[(frame.predicted_bytes > 0) & (frame.measured_bytes > 0)]
     # Points of different quantities often coincide (the same bytes predicted and measured):
-    # each quantity gets its own marker, hollow, drawn larger first, so that every one shows.
-    markers = "osD^vP*Xh<>p"
-    groups = list(frame.groupby("quantity"))
-    for index, (quantity, group) in enumerate(groups):
-        size = 30 + 18 * (len(groups) - index)
+    # hollow markers, drawn larger first, so that every one shows.
+    groups = sorted(frame.groupby("quantity"), key=lambda item: quantity_style(item[0]))
+    for rank, (quantity, group) in enumerate(groups):
+        marker, colour = quantity_style(quantity)
+        size = 30 + 18 * (len(groups) - rank)
         axes.scatter(group.predicted_bytes / 2**20, group.measured_bytes / 2**20, label=quantity, s=size,
-                     marker=markers[index % len(markers)], facecolors="none", edgecolors=f"C{index % 10}",
-                     linewidths=1.2)
+                     marker=marker, facecolors="none", edgecolors=colour, linewidths=1.2)
+        ratio_axes.scatter(group.measured_bytes / group.predicted_bytes, [rank] * len(group), s=50, marker=marker,
+                           facecolors="none", edgecolors=colour, linewidths=1.2)
     if not frame.empty:
         low = min(frame.predicted_bytes.min(), frame.measured_bytes.min()) / 2**20 / 1.5
         high = max(frame.predicted_bytes.max(), frame.measured_bytes.max()) / 2**20 * 1.5
         axes.plot([low, high], [low, high], color="black", linewidth=0.8, label="measured = predicted")
     axes.set_xscale("log")
     axes.set_yscale("log")
-    # One label per power of ten, none on the minor ticks: labels never collide.
+    # Labels at 1, 2 and 5 of each decade, so a value can be read off between powers of ten.
     for axis in (axes.xaxis, axes.yaxis):
-        axis.set_major_locator(LogLocator(base=10))
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.6g}"))
         axis.set_minor_formatter(NullFormatter())
     axes.grid(True, which="major", linewidth=0.3)
     axes.set_xlabel("predicted (MiB)")
     axes.set_ylabel("measured (MiB)")
-    axes.set_title("zeroplan: predicted vs measured, per rank")
     axes.legend(fontsize=7, loc="upper left")
-    figure.tight_layout()
+    ratio_axes.axvspan(0.95, 1.05, color="0.92", zorder=0)
+    ratio_axes.text(1.0, 1.0, "±5 %", transform=ratio_axes.get_xaxis_transform(), ha="center", va="bottom", fontsize=7)
+    ratio_axes.axvline(1.0, color="black", linewidth=0.8)
+    ratio_axes.set_yticks(range(len(groups)), [quantity for quantity, _ in groups], fontsize=7)
+    ratio_axes.invert_yaxis()
+    ratio_axes.set_xlabel("measured / predicted")
+    ratio_axes.grid(True, axis="x", linewidth=0.3)
+    figure.suptitle(_plot_title(rows), fontsize=10)
     path.parent.mkdir(parents=True, exist_ok=True)
     # Atomic: a temp file beside the target, then os.replace; a failed save leaves nothing behind.
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

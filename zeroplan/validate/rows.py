@@ -37,6 +37,8 @@ class ComparisonRow(Frozen):
     measured_bytes: int
     pipeline_rank: int | None = None
     """The pipeline rank the prediction is for (None without a pipeline)."""
+    model: str = ""
+    """The model's name (ModelSpec.name) the run trained."""
 
     @property
     def ratio(self) -> float | None:

@@ -17,6 +17,7 @@ def compare_simulation(record: SimulationRecord) -> list[ComparisonRow]:
     base = dict(
         run_id=f"simulate:{record.model.name}:{record.strategy.value}:N{record.world_size}",
         strategy=record.strategy.value, engine="torch (fake tensors)", world_size=record.world_size, rank=record.rank,
+        model=record.model.name,
     )
     rows = model_state_rows(base, breakdown, (states.parameter_bytes, states.gradient_bytes, states.optimizer_state_bytes))
     measured: dict[str, int] = defaultdict(int)
