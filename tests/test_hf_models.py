@@ -30,6 +30,8 @@ FIXTURES = Path(__file__).parent / "fixtures" / "hf"
         ("phi-3-mini-4k.json", 3_821_079_552),
         ("pythia-1.4b.json", 1_414_647_808),
         ("gpt-neox-20b.json", 20_554_567_680),
+        ("phi-2.json", 2_779_683_840),
+        ("phi-1_5.json", 1_418_270_720),
     ],
 )
 def test_matches_published_total(fixture: str, total: int) -> None:
@@ -194,3 +196,44 @@ def test_gpt_neox_without_attention_biases_is_refused() -> None:
     config = json.loads((FIXTURES / "pythia-1.4b.json").read_text())
     with pytest.raises(ZeroplanError, match="config.attention_bias: gpt_neox without attention biases"):
         parse_hf_config({**config, "attention_bias": False}, "x")
+
+
+@pytest.mark.parametrize("fixture", ["phi-2.json", "phi-1_5.json"])
+def test_phi_counts_what_transformers_builds(fixture: str) -> None:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = json.loads((FIXTURES / fixture).read_text())
+    with torch.device("meta"):
+        model = transformers.PhiForCausalLM(transformers.PhiConfig(**config))
+    assert total_parameters(load_hf_config(FIXTURES / fixture)) == sum(p.numel() for p in model.parameters())
+
+
+def test_phis_parallel_block_keeps_one_norm_input_and_one_normed_copy() -> None:
+    # PhiDecoderLayer: one LayerNorm, whose output both the QKV projections and fc1 read.
+    from zeroplan.core.activations import layer_terms
+    from zeroplan.specs import TrainingSpec
+
+    phi = load_hf_config(FIXTURES / "phi-2.json")
+    sequential = phi.model_copy(update={"parallel_block": False, "head_bias": False})
+    training = TrainingSpec()
+    s, b, e = 2048, 1, training.precision.compute_bytes
+    parallel, plain = layer_terms(phi, training, s, b), layer_terms(sequential, training, s, b)
+    assert plain["norm_inputs"] - parallel["norm_inputs"] == e * s * b * phi.hidden_size
+    assert parallel["mlp_input"] == 0 and parallel["qkv_input"] == plain["mlp_input"]
+    assert phi.norms_per_block == 1
+
+
+def test_phi_with_query_key_norms_is_refused() -> None:
+    config = json.loads((FIXTURES / "phi-2.json").read_text())
+    with pytest.raises(ZeroplanError, match="config.qk_layernorm"):
+        parse_hf_config({**config, "qk_layernorm": True}, "x")
+
+
+def test_measure_refuses_a_phi_before_launching_any_rank(tmp_path, capsys) -> None:
+    pytest.importorskip("torch")
+    from zeroplan.cli.main import main
+
+    out = tmp_path / "runs"
+    assert main(["measure", str(FIXTURES / "phi-2.json"), "--strategy", "zero3", "--nproc", "2", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "model.parallel_block" in err and not out.exists()

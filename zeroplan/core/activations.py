@@ -158,7 +158,9 @@ def mlp_terms(model: ModelSpec, training: TrainingSpec, s: int, b: int, moe_laye
     moe = model.is_moe if moe_layer is None else moe_layer
     if not moe:
         width = _mlp_width_bytes(model, model.ffn_hidden_size)
-        return {"mlp_input": e * s * b * model.hidden_size, "mlp_inner": e * s * b * width}
+        # In a parallel block the MLP reads the normed tensor the QKV projection already keeps.
+        mlp_input = 0 if model.parallel_block else e * s * b * model.hidden_size
+        return {"mlp_input": mlp_input, "mlp_inner": e * s * b * width}
     # Each routed copy of a token enters its expert as a separate input.
     copies = routed_token_copies(model, s * b)
     terms = {"mlp_input": e * copies * model.hidden_size,

@@ -155,7 +155,8 @@ def block_tensors(model: ModelSpec, moe: bool) -> tuple[ParamTensor, ...]:
         # Gemma 2 normalises each sub-block's output: transformers 4.42 models/gemma2/modeling_gemma2.py
         # (Gemma2DecoderLayer: post_attention_layernorm, pre_feedforward_layernorm, post_feedforward_layernorm)
         tensors += _norm_tensors("attention_post_norm", model)
-    tensors += _norm_tensors("mlp_norm", model)
+    if not model.parallel_block:
+        tensors += _norm_tensors("mlp_norm", model)
     tensors += _moe_tensors(model) if moe else _mlp_tensors("mlp", model)
     if model.post_norms:
         tensors += _norm_tensors("mlp_post_norm", model)
@@ -182,6 +183,8 @@ def parameter_units(model: ModelSpec) -> tuple[ParamUnit, ...]:
     head = _norm_tensors("final_norm", model)
     if not model.tied_embeddings:
         head.append(ParamTensor(name="lm_head.weight", shape=(model.vocab_size, h)))
+        if model.head_bias:
+            head.append(ParamTensor(name="lm_head.bias", shape=(model.vocab_size,)))
     units = [ParamUnit(name="embedding", tensors=tuple(embedding))]
     units += [ParamUnit(name=f"block.{i}", tensors=block_tensors(model, model.is_moe_layer(i)))
               for i in range(model.num_layers)]

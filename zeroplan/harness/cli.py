@@ -119,6 +119,10 @@ def run_measure(args: argparse.Namespace) -> int:
 
     nodes = multinode_from_args(args, os.environ)
     model = resolve_model(args.model)
+    from zeroplan.harness.model import check_buildable
+
+    # Refused here, in one line, rather than once by every rank after the launch.
+    check_buildable(model)
     # A learned position table has max_positions rows: a longer sequence is an IndexError in every rank.
     check_seq_len(model, batch_from_args(args))
     resolve_engine(args)

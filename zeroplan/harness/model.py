@@ -211,13 +211,19 @@ class Transformer(nn.Module):
         return self.head(x_BSH, tied)
 
 
-def build_model(spec: ModelSpec, seed: int = 0) -> Transformer:
-    """Build the model on the CPU with a fixed seed, so every rank starts from the same weights."""
-    for field in ("qkv_bias", "qk_norm", "post_norms"):
+def check_buildable(spec: ModelSpec) -> None:
+    """Refuse, in one line naming the field, a model this harness's Transformer does not build
+    (the measure command calls it before launching any rank)."""
+    for field in ("qkv_bias", "qk_norm", "post_norms", "parallel_block", "head_bias"):
         if getattr(spec, field):
             raise ZeroplanError(f"model.{field}", "not built by the measurement harness (allowed: false)")
     if spec.mlp is MlpKind.geglu:
         raise ZeroplanError("model.mlp", "geglu is not built by the measurement harness (allowed: gelu, swiglu)")
+
+
+def build_model(spec: ModelSpec, seed: int = 0) -> Transformer:
+    """Build the model on the CPU with a fixed seed, so every rank starts from the same weights."""
+    check_buildable(spec)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return Transformer(spec)

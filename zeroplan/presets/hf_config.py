@@ -31,7 +31,8 @@ _GPT2_LIKE = ("gpt2",)
 _QWEN_MOE = ("qwen2_moe", "qwen3_moe")
 _DEEPSEEK = ("deepseek_v2", "deepseek_v3")
 _GPT_NEOX = ("gpt_neox",)
-SUPPORTED_MODEL_TYPES = _GPT2_LIKE + _GPT_NEOX + _LLAMA_LIKE + _GEMMA_LIKE + _QWEN_MOE + _DEEPSEEK
+_PHI = ("phi",)
+SUPPORTED_MODEL_TYPES = _GPT2_LIKE + _GPT_NEOX + _PHI + _LLAMA_LIKE + _GEMMA_LIKE + _QWEN_MOE + _DEEPSEEK
 
 
 def strict_model_spec(**fields) -> ModelSpec:
@@ -148,6 +149,13 @@ _NEUTRAL_BY_TYPE["gpt_neox"] = frozenset({
     "hidden_dropout", "classifier_dropout", "max_position_embeddings", "layer_norm_eps", "use_parallel_residual",
     "attention_bias", "tie_encoder_decoder", "cross_attention_hidden_size",
 })
+# transformers 4.56.2 models/phi/configuration_phi.py: dropouts, rotary settings and the norm
+# epsilon add no parameters; qk_layernorm (per-head q/k LayerNorms) is read and refused when set.
+_NEUTRAL_BY_TYPE["phi"] = frozenset({
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+    "resid_pdrop", "embd_pdrop", "attention_dropout", "hidden_act", "max_position_embeddings", "layer_norm_eps",
+    "rope_theta", "rope_scaling", "partial_rotary_factor", "qk_layernorm",
+})
 # DeepSeek-V3's num_nextn_predict_layers is read (a caveat: transformers builds no MTP module).
 _NEUTRAL_BY_TYPE["deepseek_v3"] = _NEUTRAL_BY_TYPE["deepseek_v2"] | {"num_nextn_predict_layers"}
 
@@ -192,7 +200,7 @@ def _refuse_unmodelled(config: dict[str, Any], model_type: str) -> None:
         raise ZeroplanError("config.add_cross_attention", "cross-attention layers are not modelled (allowed: false)")
     if config.get("pruned_heads"):
         raise ZeroplanError("config.pruned_heads", "pruned attention heads are not modelled (allowed: none)")
-    if model_type not in _GPT2_LIKE + _GPT_NEOX and (config.get("attention_bias") or config.get("mlp_bias")):
+    if model_type not in _GPT2_LIKE + _GPT_NEOX + _PHI and (config.get("attention_bias") or config.get("mlp_bias")):
         key = "attention_bias" if config.get("attention_bias") else "mlp_bias"
         raise ZeroplanError(f"config.{key}", f"biased projections are not modelled for model_type {model_type!r} (allowed: false)")
 
@@ -259,6 +267,35 @@ def _gpt_neox_spec(name: str, config: dict[str, Any]) -> ModelSpec:
         tied_embeddings=config.get("tie_word_embeddings", False),
         attention_dropout=config.get("attention_dropout", 0.0),
         hidden_dropout=config.get("hidden_dropout", 0.0),
+    )
+
+
+# transformers 4.56.2 models/phi/modeling_phi.py (Phi-1, 1.5, 2): embed_tokens; per layer one
+# input_layernorm (LayerNorm, weight and bias) that attention and MLP both read (PhiDecoderLayer:
+# hidden = attn + mlp + residual), q_proj, k_proj, v_proj and dense with biases, fc1 and fc2 with
+# biases (gelu_new); final_layernorm; lm_head with a bias, untied unless tie_word_embeddings;
+# partial rotary positions (no parameters); resid_pdrop drops the attention and MLP outputs.
+def _phi_spec(name: str, config: dict[str, Any]) -> ModelSpec:
+    heads = _require(config, "num_attention_heads")
+    tied = config.get("tie_word_embeddings", False)
+    return strict_model_spec(
+        name=name,
+        vocab_size=_require(config, "vocab_size"),
+        hidden_size=_require(config, "hidden_size"),
+        num_layers=_require(config, "num_hidden_layers"),
+        num_heads=heads,
+        num_kv_heads=config.get("num_key_value_heads") or heads,
+        ffn_hidden_size=_require(config, "intermediate_size"),
+        mlp=MlpKind.gelu,
+        norm=NormKind.layernorm,
+        position=PositionKind.rope,
+        max_positions=_require(config, "max_position_embeddings"),
+        bias=True,
+        parallel_block=True,
+        head_bias=not tied,
+        tied_embeddings=tied,
+        attention_dropout=config.get("attention_dropout", 0.0),
+        hidden_dropout=config.get("resid_pdrop", 0.0),
     )
 
 
@@ -408,6 +445,8 @@ def parse_hf_config(config: dict[str, Any], name: str) -> ModelSpec:
             spec = _gpt2_spec(name, config)
         elif model_type in _GPT_NEOX:
             spec = _gpt_neox_spec(name, config)
+        elif model_type in _PHI:
+            spec = _phi_spec(name, config)
         elif model_type in _QWEN_MOE + _DEEPSEEK:
             spec = _moe_spec(name, config)
         else:

@@ -76,6 +76,12 @@ class ModelSpec(Frozen):
     """Whether each block also normalises the attention and MLP outputs before adding them to the residual
     stream: four norms per block instead of two (Gemma 2; HF modeling_gemma2.py, post_attention_layernorm
     and post_feedforward_layernorm)."""
+    parallel_block: bool = False
+    """Whether attention and MLP both read one normed copy of the block input and add to the
+    residual stream together: one norm per block (Phi-1/1.5/2; transformers 4.56
+    models/phi/modeling_phi.py PhiDecoderLayer, input_layernorm only)."""
+    head_bias: bool = False
+    """Whether the untied output projection carries a bias (Phi's lm_head, bias=True)."""
     tied_embeddings: bool = False
     """Whether the output projection reuses the input embedding matrix."""
     num_experts: int = Field(default=1, gt=0)
@@ -148,6 +154,11 @@ class ModelSpec(Frozen):
                 "model.experts_per_token",
                 f"{self.experts_per_token} exceeds num_experts {self.num_experts}",
             )
+        if self.parallel_block and (self.post_norms or self.is_moe or self.is_mla):
+            raise ZeroplanError("model.parallel_block", "is modelled for dense blocks without post-norms or latent attention (allowed: false "
+                                "with post_norms, experts or latent attention)")
+        if self.head_bias and self.tied_embeddings:
+            raise ZeroplanError("model.head_bias", "applies to an untied output projection (allowed: false with tied_embeddings)")
         self._check_moe()
         self._check_mla()
         return self
@@ -208,8 +219,9 @@ class ModelSpec(Frozen):
 
     @property
     def norms_per_block(self) -> int:
-        """Normalisation layers in one block: 2 (pre-attention, pre-MLP), 4 with post_norms."""
-        return 4 if self.post_norms else 2
+        """Normalisation layers in one block: 2 (pre-attention, pre-MLP), 4 with post_norms, 1
+        in a parallel block."""
+        return 1 if self.parallel_block else 4 if self.post_norms else 2
 
     @property
     def is_moe(self) -> bool:
