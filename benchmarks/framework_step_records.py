@@ -8,6 +8,8 @@ write the records the planner's allocated peak is checked against.
     python benchmarks/framework_step_records.py --finetune [OUT_DIR]
         (the LoRA/QLoRA runs, FINETUNE, default benchmarks/framework-finetune-step-records;
         about 8 minutes, most of it the single-device and 70B runs)
+    python benchmarks/framework_step_records.py --torchtune-unchunked [OUT_DIR]
+        (torchtune with a plain CrossEntropyLoss, TORCHTUNE_UNCHUNKED; about a minute)
     python benchmarks/framework_step_records.py --dora [OUT_DIR]
         (the DoRA runs, DORA, into the same directory; about 2 minutes)
 
@@ -43,6 +45,8 @@ FRAMEWORKS = (Framework.torchtune, Framework.hf, Framework.torchtitan)
 POLICIES = ("none", "full")
 MORE_POLICIES = {Framework.torchtitan: ("selective-op",)}
 """Policies a framework offers beyond none and full (torchtitan's SelectiveAC)."""
+TORCHTUNE_UNCHUNKED = [("llama-3.1-8b", 8, 4096, 1, policy) for policy in POLICIES]
+"""torchtune with a plain torch.nn.CrossEntropyLoss as its recipe's `loss:` (--unchunked-loss)."""
 OPTIMIZER_IN_BACKWARD = [("llama-3.1-8b", 8, 4096, 1, "none"), ("llama-3.1-8b", 8, 4096, 1, "full"),
                          ("llama-3.1-70b", 64, 4096, 1, "full")]
 """torchtune's optimizer_in_bwd: (model, ranks, seq, micro-batch, policy) of each extra run."""
@@ -83,6 +87,7 @@ def main(out: Path = DEFAULT_OUT, frameworks: set[str] | None = None) -> None:
                 _run(out, model_name, world_size, seq_len, micro_batch, step_training(framework, policy))
     if not frameworks or Framework.torchtune.value in frameworks:
         main_optimizer_in_backward(out)
+        main_torchtune_unchunked(out)
     if not frameworks:
         main_finetune(FINETUNE_OUT if out == DEFAULT_OUT else out)
         main_finetune(FINETUNE_OUT if out == DEFAULT_OUT else out, DORA)
@@ -105,6 +110,13 @@ def _run(out: Path, model_name: str, world_size: int, seq_len: int, micro_batch:
           f"({record.wall_time_s:.1f} s)", flush=True)
 
 
+def main_torchtune_unchunked(out: Path = DEFAULT_OUT) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for model_name, world_size, seq_len, micro_batch, policy in TORCHTUNE_UNCHUNKED:
+        training = step_training(Framework.torchtune, policy).model_copy(update={"unchunked_loss": True})
+        _run(out, model_name, world_size, seq_len, micro_batch, training)
+
+
 def main_optimizer_in_backward(out: Path = DEFAULT_OUT) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for model_name, world_size, seq_len, micro_batch, policy in OPTIMIZER_IN_BACKWARD:
@@ -117,6 +129,8 @@ if __name__ == "__main__":
         main_finetune(Path(sys.argv[2]) if len(sys.argv) > 2 else FINETUNE_OUT)
     elif sys.argv[1:2] == ["--dora"]:
         main_finetune(Path(sys.argv[2]) if len(sys.argv) > 2 else FINETUNE_OUT, DORA)
+    elif sys.argv[1:2] == ["--torchtune-unchunked"]:
+        main_torchtune_unchunked(Path(sys.argv[2]) if len(sys.argv) > 2 else DEFAULT_OUT)
     elif sys.argv[1:2] == ["--optimizer-in-backward"]:
         main_optimizer_in_backward(Path(sys.argv[2]) if len(sys.argv) > 2 else DEFAULT_OUT)
     else:

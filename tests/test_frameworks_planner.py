@@ -233,9 +233,23 @@ def test_torchtitans_chunked_loss_refuses_a_sequence_it_cannot_split(gpu_80gib) 
     framework_logits_bytes(_request(gpu_80gib, Framework.torchtitan, seq_len=8191, unchunked_loss=True))
 
 
-def test_unchunked_loss_is_refused_outside_torchtitan(gpu_80gib) -> None:
+def test_unchunked_loss_is_refused_where_the_loss_is_unchunked_already(gpu_80gib) -> None:
     with pytest.raises(ZeroplanError, match="unchunked_loss"):
-        memory_breakdown(_request(gpu_80gib, Framework.torchtune, unchunked_loss=True))
+        memory_breakdown(_request(gpu_80gib, Framework.hf, unchunked_loss=True))
+
+
+def test_torchtunes_plain_cross_entropy_peaks_before_the_head_is_gathered(gpu_80gib) -> None:
+    # With torch.nn.CrossEntropyLoss the loss's backward (three fp32 sbV tensors) runs before any
+    # unit's pre-backward: the output unit is not counted beside it (it was refused before; the
+    # framework's own step is in benchmarks/framework-step-records, +unchunked-loss).
+    from zeroplan.core.activations import logits_bytes
+    from zeroplan.core.frameworks import framework_logits_pieces
+
+    request = _request(gpu_80gib, Framework.torchtune, unchunked_loss=True)
+    pieces = framework_logits_pieces(request)
+    assert pieces[0] == logits_bytes(request.model, request.training, request.batch.seq_len, request.batch.micro_batch_size)
+    chunked = framework_logits_pieces(_request(gpu_80gib, Framework.torchtune))
+    assert len(chunked) == 3 and len(pieces) == 2
 
 
 def test_nccl_buffers_shrink_what_the_allocator_may_use(gpu_80gib) -> None:
@@ -365,7 +379,7 @@ def test_the_unchunked_loss_flag_reaches_the_request(capsys) -> None:
                  "--strategies", "fsdp-full-shard", "--format", "json"])
     assert code == 0
     assert '"unchunked_loss": true' in capsys.readouterr().out
-    code = main(["fit", "llama-3.1-8b", "--framework", "torchtune", "--unchunked-loss"])
+    code = main(["fit", "llama-3.1-8b", "--framework", "hf", "--unchunked-loss"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "unchunked_loss" in err
 

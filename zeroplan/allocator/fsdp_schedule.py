@@ -31,7 +31,7 @@ from zeroplan.core.layout import element_bytes, gradient_wire_bytes
 from zeroplan.core.model_states import padded_unit_elements_of, unit_gather_bytes
 from zeroplan.core.parallel.units import rank_parameter_units
 from zeroplan.core.frameworks import fsdp_chunked_head_bytes
-from zeroplan.core.profiles import fsdp_separates_embedding_and_head, profile
+from zeroplan.core.profiles import fsdp_separates_embedding_and_head, loss_chunks
 from zeroplan.specs import StrategyKind
 from zeroplan.specs.request import PlanRequest
 
@@ -203,7 +203,7 @@ def fsdp_step_trace(request: PlanRequest, states: "ModelStateBytes", terms: "Pea
 def per_chunk_head(request: PlanRequest) -> bool:
     """torchtune's chunked loss under FSDP2 full sharding: its output unit is gathered for each
     chunk in forward and again in backward (zeroplan.core.frameworks.fsdp_chunked_head_bytes)."""
-    return profile(request.training.framework).loss_chunks > 1 and fsdp_chunked_head_bytes(request) > 0 \
+    return loss_chunks(request.training) > 1 and fsdp_chunked_head_bytes(request) > 0 \
         and fsdp_separates_embedding_and_head(request) and not request.training.fused_linear_cross_entropy
 
 
@@ -211,7 +211,7 @@ def _chunked_loss(request: PlanRequest, b: "TraceBuilder", gather, head: _Unit) 
     """torchtune 0.6.1's chunked cross-entropy (zeroplan.core.frameworks.chunked_logits_pieces
     names its three moments) chunk by chunk: returns the head's accumulated weight gradient."""
     model, training = request.model, request.training
-    chunks = profile(training.framework).loss_chunks
+    chunks = loss_chunks(training)
     e = training.precision.compute_bytes
     sbv_chunk = request.batch.seq_len * request.batch.micro_batch_size * model.vocab_size // chunks
     # Forward: each chunk's logits from the head gathered for it; then each chunk upcast and its

@@ -172,7 +172,8 @@ def add_fused_loss_argument(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--unchunked-loss", action="store_true",
-        help="torchtitan only: its unchunked CrossEntropyLoss instead of the ChunkedLossWrapper its Llama-3 configs use",
+        help="torchtitan: its unchunked CrossEntropyLoss instead of the ChunkedLossWrapper its Llama-3 configs use; "
+             "torchtune: a plain torch.nn.CrossEntropyLoss as the recipe's loss instead of CEWithChunkedOutputLoss",
     )
 
 

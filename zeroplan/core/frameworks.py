@@ -10,7 +10,7 @@ zeroplan.core.activations, which cites its own sources. Nothing here imports tor
 
 from __future__ import annotations
 
-from zeroplan.core.profiles import fsdp_separates_embedding_and_head, profile
+from zeroplan.core.profiles import fsdp_separates_embedding_and_head, loss_chunks, profile
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import MlpKind, ModelSpec
@@ -143,7 +143,7 @@ def torchtitan_chunked_loss_bytes(request: PlanRequest) -> int:
 def fsdp_chunked_head_bytes(request: PlanRequest) -> int:
     """What the output projection's backward adds to the bf16 logit gradients (0 unless the
     framework chunks its loss and its FSDP2 gathers the head per chunk under full sharding)."""
-    if profile(request.training.framework).loss_chunks == 1:
+    if loss_chunks(request.training) == 1:
         return 0
     gathered = fsdp_head_gathered_bytes(request)
     if gathered == 0:
@@ -481,16 +481,36 @@ def framework_logits_pieces(request: PlanRequest) -> tuple[int, ...]:
 
     model, training = request.model, request.training
     s, b = request.batch.seq_len, request.batch.micro_batch_size
-    chunks = profile(training.framework).loss_chunks
+    chunks = loss_chunks(training)
     if training.fused_linear_cross_entropy:
         return fused_linear_cross_entropy_pieces(request)
     if training.framework is Framework.torchtitan and not training.unchunked_loss:
         return (torchtitan_chunked_loss_bytes(request),)
     if chunks > 1:
         return chunked_logits_pieces(model, training, s, b, chunks, fsdp_chunked_head_bytes(request))
+    if training.unchunked_loss and training.framework is Framework.torchtune:
+        return torchtune_unchunked_logits_pieces(request)
     # The loss's fp32 tensors are alive at the start of its backward, beside the head's unit
     # that FSDP2 gathers then (fsdp_head_gathered_bytes; 0 outside a framework's FSDP2).
     return (logits_bytes(model, training, s, b) + fsdp_head_gathered_bytes(request),)
+
+
+# torchtune 0.6.1 with a plain torch.nn.CrossEntropyLoss as its recipe's loss (TrainingSpec.
+# unchunked_loss): the loss runs outside the model on logits the model upcast whole
+# (modules/transformer.py unembed), so its backward (logits_bytes: three fp32 sbV tensors) runs
+# before any FSDP2 unit's pre-backward; the output unit is gathered only once the logits' fp32
+# gradient reaches the `.float()`, beside it and its bf16 cast (measured: the framework's own
+# step, benchmarks/framework-step-records `+unchunked-loss`: FSDPMemTracker's 'unsharded_param'
+# 0 at the peak, 'temp' the two fp32 gradients, 'act' the log-softmax).
+def torchtune_unchunked_logits_pieces(request: PlanRequest) -> tuple[int, int]:
+    """(the loss's backward, the start of the output projection's backward)."""
+    from zeroplan.core.activations import logits_bytes
+
+    model, training = request.model, request.training
+    s, b = request.batch.seq_len, request.batch.micro_batch_size
+    sbv = s * b * model.vocab_size
+    head = (FP32_BYTES + training.precision.compute_bytes) * sbv + 2 * fsdp_head_gathered_bytes(request, prefetched=False)
+    return logits_bytes(model, training, s, b), head
 
 
 # liger-kernel 0.6.2 ops/fused_linear_cross_entropy.py fused_linear_cross_entropy_forward:

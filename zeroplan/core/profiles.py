@@ -259,7 +259,10 @@ FRAMEWORK_OPTIONS = {
     "fused_linear_cross_entropy": lambda prof: prof.offers_fused_linear_cross_entropy,
     # torchtitan 0.3.0 models/llama3/config_registry.py: llama3_debugmodel_ce_loss builds the
     # unchunked CrossEntropyLoss beside the ChunkedLossWrapper of every other Llama-3 config.
-    "unchunked_loss": lambda prof: prof.framework is Framework.torchtitan,
+    # torchtune 0.6.1 recipes instantiate whatever `loss:` the config names; with a plain
+    # torch.nn.CrossEntropyLoss they never call set_num_output_chunks, and the model returns its
+    # logits whole, upcast (modules/transformer.py unembed: self.output(h).float()).
+    "unchunked_loss": lambda prof: prof.framework in (Framework.torchtitan, Framework.torchtune),
     "optimizer_in_backward": lambda prof: prof.offers_optimizer_in_backward,
     "fsdp_cpu_offload": lambda prof: prof.offers_fsdp_cpu_offload,
 }
@@ -374,3 +377,9 @@ def check_fsdp_cpu_offload(training: TrainingSpec, kind: StrategyKind) -> None:
         raise ZeroplanError(
             "fsdp_cpu_offload", f"FSDP2's CPUOffloadPolicy does not apply to {kind.value!r} (allowed: {allowed})"
         )
+
+
+def loss_chunks(training: TrainingSpec) -> int:
+    """How many pieces the framework's loss computes the logits in: its profile's, or 1 with
+    TrainingSpec.unchunked_loss (torchtitan's ChunkedLossWrapper is modelled apart and counts 1)."""
+    return 1 if training.unchunked_loss else profile(training.framework).loss_chunks

@@ -69,8 +69,8 @@ def check_step(framework: Framework, strategy: StrategyKind, training: TrainingS
     precision = STEP_PRECISION[framework][0]
     if training.precision is not precision:
         raise ZeroplanError("--precision", f"{training.precision.value!r}: {framework.value} under FSDP2 trains in {precision.value} (allowed: {precision.value})")
-    if training.unchunked_loss and framework is not Framework.torchtitan:
-        raise ZeroplanError("--unchunked-loss", f"not offered by {framework.value} (allowed only with --framework torchtitan)")
+    if training.unchunked_loss and framework is Framework.hf:
+        raise ZeroplanError("--unchunked-loss", "hf's loss is unchunked already (allowed with --framework torchtitan, torchtune)")
     if training.optimizer_in_backward and framework is not Framework.torchtune:
         raise ZeroplanError("--optimizer-in-backward", f"not offered by {framework.value} (allowed only with --framework torchtune)")
     if training.optimizer is not Optimizer.adamw:
@@ -272,12 +272,21 @@ def _forward_and_loss(framework: Framework, built, tokens: torch.Tensor, tracker
 
     # torchtune 0.6.1 recipes/full_finetune_distributed.py train(): logits = model(tokens) (a
     # list of num_output_chunks chunks), labels shifted by hstack with ignore_index,
-    # CEWithChunkedOutputLoss, then `del logits` before backward.
-    loss_fn = CEWithChunkedOutputLoss()
+    # CEWithChunkedOutputLoss, then `del logits` before backward. With a plain
+    # torch.nn.CrossEntropyLoss as the config's `loss:` the recipe never sets output chunks
+    # (lines 347-349), so the model returns its logits whole and upcast, and the recipe flattens
+    # logits and labels before the loss (lines 795-797).
+    if unchunked:
+        built.module.set_num_output_chunks(0)
+        loss_fn = torch.nn.CrossEntropyLoss()
+    else:
+        loss_fn = CEWithChunkedOutputLoss()
     logits = built.forward(tokens)
     running[StepPhase.forward] = _peak(tracker)
     ignore = torch.full((tokens.shape[0], 1), loss_fn.ignore_index)
     labels = torch.hstack((tokens[..., 1:], ignore))
+    if unchunked:
+        labels, logits = labels.reshape(-1), logits.reshape(-1, logits.size(-1))
     loss = loss_fn(logits, labels)
     del logits
     running[StepPhase.loss] = _peak(tracker)
