@@ -159,7 +159,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("plan", ["plan", "gpt2", "--global-batch", "6", "--tp", "2", "--pp", "1"], "global-batch"),
     ("plan", ["plan", "gpt2", "--global-batch", "8", "--tp", "3"], "--tp"),
     ("plan", ["plan", "gpt2"], "--global-batch"),
-    ("plan", ["plan", "gpt2", "--global-batch", "8", "--framework", "torchtune", "--strategies", "zero2"], "strategies"),
+    ("plan", ["plan", "llama-2-7b", "--global-batch", "8", "--framework", "torchtune", "--strategies", "zero2"], "strategies"),
     ("plan", ["plan", "gpt2", "--global-batch", "8", "--strategies", "zero1,zero1"], "strategies"),
     ("plan", ["plan", "no-such-model", "--global-batch", "8"], "model"),
     ("fit", ["fit", "latin1.json"], "model"),

@@ -32,6 +32,8 @@ FIXTURES = Path(__file__).parent / "fixtures" / "hf"
         ("gpt-neox-20b.json", 20_554_567_680),
         ("phi-2.json", 2_779_683_840),
         ("phi-1_5.json", 1_418_270_720),
+        ("bloom-560m.json", 559_214_592),
+        ("bloom-7b1.json", 7_069_016_064),
     ],
 )
 def test_matches_published_total(fixture: str, total: int) -> None:
@@ -237,3 +239,56 @@ def test_measure_refuses_a_phi_before_launching_any_rank(tmp_path, capsys) -> No
     assert main(["measure", str(FIXTURES / "phi-2.json"), "--strategy", "zero3", "--nproc", "2", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "model.parallel_block" in err and not out.exists()
+
+
+@pytest.mark.parametrize("fixture", ["bloom-560m.json", "bloom-7b1.json"])
+def test_bloom_counts_what_transformers_builds(fixture: str) -> None:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = json.loads((FIXTURES / fixture).read_text())
+    with torch.device("meta"):
+        model = transformers.BloomForCausalLM(transformers.BloomConfig(**config))
+    assert total_parameters(load_hf_config(FIXTURES / fixture)) == sum(p.numel() for p in model.parameters())
+
+
+def test_bloom_plans_eager_attention_with_its_fp32_softmax(capsys) -> None:
+    # BloomAttention: baddbmm scores, F.softmax(dtype=float32) (its fp32 output kept), then a
+    # bf16 copy for the bmm with the values (kept too): 6 bytes a score, not the 2 of a bf16 softmax.
+    from zeroplan.cli.main import main
+    from zeroplan.core.activations import attention_core_terms
+    from zeroplan.presets.gpus import get_gpu
+    from zeroplan.specs import AttentionKernel, BatchSpec, PlanRequest, StrategySpec, TrainingSpec, cluster_from_gpus
+
+    bloom = load_hf_config(FIXTURES / "bloom-560m.json")
+    request = PlanRequest(model=bloom, cluster=cluster_from_gpus(get_gpu("a100-80gb"), 8), batch=BatchSpec(seq_len=2048),
+                          strategy=StrategySpec(kind="zero3"))
+    assert request.training.attention_kernel is AttentionKernel.eager  # the API defaults as the CLI does
+    terms = attention_core_terms(bloom, request.training, 2048, 1)
+    assert terms["softmax_output"] == (4 + 2) * bloom.num_heads * 2048 * 2048
+    with pytest.raises(ZeroplanError, match="training.attention_kernel"):
+        PlanRequest(model=bloom, cluster=request.cluster, batch=BatchSpec(seq_len=2048), strategy=request.strategy,
+                    training=TrainingSpec(attention_kernel=AttentionKernel.flash))
+    assert main(["fit", str(FIXTURES / "bloom-560m.json"), "--gpus", "8"]) == 0
+    assert "eager attention" in capsys.readouterr().out
+    assert main(["fit", str(FIXTURES / "bloom-560m.json"), "--attention", "flash"]) == 2
+    assert "--attention eager" in capsys.readouterr().err
+
+
+def test_bloom_keeps_its_embedding_norms_input() -> None:
+    from zeroplan.core.activations import outside_layers_bytes
+    from zeroplan.specs import TrainingSpec
+
+    bloom = load_hf_config(FIXTURES / "bloom-560m.json")
+    training = TrainingSpec(attention_kernel="eager")
+    without = bloom.model_copy(update={"embedding_norm": False})
+    assert outside_layers_bytes(bloom, training, 2048, 1) - outside_layers_bytes(without, training, 2048, 1) == 2 * 2048 * 1024
+
+
+@pytest.mark.parametrize("model", ["gpt2-xl", "bloom-560m.json", "phi-2.json"])
+def test_torchtune_refuses_a_model_it_has_no_builder_for(capsys, model) -> None:
+    from zeroplan.cli.main import main
+
+    target = str(FIXTURES / model) if model.endswith(".json") else model
+    assert main(["fit", target, "--framework", "torchtune", "--gpus", "8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "torchtune 0.6.1 builds" in err

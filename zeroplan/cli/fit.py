@@ -28,6 +28,7 @@ from zeroplan.specs import (
     TrainingSpec,
     cluster_from_gpus,
 )
+from zeroplan.specs.request import default_attention_kernel
 from zeroplan.specs.parallel import EXPERT_PARALLEL_STRATEGIES, ParallelSpec, PipelineSchedule
 from zeroplan.units import GB, GiB, ByteUnit
 
@@ -94,7 +95,9 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
              "(torchtune's fsdp_cpu_offload, torchtitan's enable_cpu_offload)",
     )
     add_compile_arguments(parser)
-    parser.add_argument("--attention", choices=choices_of(AttentionKernel), default=AttentionKernel.flash.value)
+    parser.add_argument("--attention", choices=choices_of(AttentionKernel),
+                        help="how attention keeps its intermediates (default flash; eager for ALiBi models, whose "
+                             "transformers attention has no fused path)")
     parser.add_argument(
         "--state-convention", choices=choices_of(StateConvention),
         help="byte layout of model states (default: fsdp2 for DDP/FSDP, zero for ZeRO)",
@@ -281,7 +284,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         optimizer_loop=OptimizerLoop(args.optimizer_loop) if getattr(args, "optimizer_loop", None) else None,
         activation_checkpointing=ActivationCheckpointing(args.activation_checkpointing),
         selective_layer_interval=args.selective_layer_interval or DEFAULT_SELECTIVE_LAYER_INTERVAL,
-        attention_kernel=AttentionKernel(args.attention),
+        attention_kernel=AttentionKernel(args.attention) if args.attention else default_attention_kernel(model),
         state_convention=StateConvention(args.state_convention) if args.state_convention else None,
         finetune=finetune_from_args(args),
         compile=getattr(args, "compile", False),

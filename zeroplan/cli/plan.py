@@ -37,7 +37,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     add_fused_loss_argument(parser)
     add_finetune_arguments(parser)
     add_compile_arguments(parser)
-    parser.add_argument("--attention", choices=choices_of(AttentionKernel), default=AttentionKernel.flash.value)
+    parser.add_argument("--attention", choices=choices_of(AttentionKernel),
+                        help="how attention keeps its intermediates (default flash; eager for ALiBi models, whose "
+                             "transformers attention has no fused path)")
     parser.add_argument("--strategies", help="comma-separated subset of the strategies to search (default: all the framework runs)")
     add_efficiency_arguments(parser)
     add_collective_model_arguments(parser)

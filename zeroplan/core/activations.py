@@ -11,7 +11,7 @@ from __future__ import annotations
 from math import ceil
 
 from zeroplan.specs.framework import Framework
-from zeroplan.specs.model import ModelSpec, NormKind
+from zeroplan.specs.model import ModelSpec, NormKind, PositionKind
 from zeroplan.specs.training import ActivationCheckpointing, AttentionKernel, Kernels, TrainingSpec
 
 DROPOUT_MASK_BYTES = 1
@@ -47,6 +47,11 @@ def attention_core_terms(model: ModelSpec, training: TrainingSpec, s: int, b: in
         return {**terms, "logsumexp": FP32_BYTES * model.num_heads * s * b}
     scores = model.num_heads * s * s * b
     terms["softmax_output"] = e * scores
+    if model.position is PositionKind.alibi:
+        # transformers 4.56.2 models/bloom/modeling_bloom.py BloomAttention.forward: the scores
+        # (alibi.baddbmm) pass F.softmax(..., dtype=torch.float32), whose fp32 output its backward
+        # keeps, then .to(query dtype) for the bmm with the values, which keeps that copy.
+        terms["softmax_output"] = (FP32_BYTES + e) * scores
     if model.attention_dropout > 0:
         terms["attention_dropout"] = DROPOUT_MASK_BYTES * scores + e * scores
     return terms
@@ -291,7 +296,9 @@ def outside_layers_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: in
     e = training.precision.compute_bytes
     sbh = s * b * model.hidden_size
     embedding_mask = DROPOUT_MASK_BYTES * sbh if model.hidden_dropout > 0 else 0
-    return embedding_mask + norm_bytes(model, training, s, b, autocast=autocast) + e * sbh
+    # Bloom's embedding LayerNorm keeps its input, as the final norm does.
+    embedding_norm = norm_bytes(model, training, s, b, autocast=autocast) if model.embedding_norm else 0
+    return embedding_mask + embedding_norm + norm_bytes(model, training, s, b, autocast=autocast) + e * sbh
 
 
 # Korthikanti sec. 4.3 counts the cross-entropy's fp32 logits (4sbV). PyTorch's loss

@@ -180,6 +180,8 @@ def parameter_units(model: ModelSpec) -> tuple[ParamUnit, ...]:
     embedding = [ParamTensor(name="token.weight", shape=(model.vocab_size, h))]
     if model.position is PositionKind.learned:
         embedding.append(ParamTensor(name="position.weight", shape=(model.max_positions, h)))
+    if model.embedding_norm:
+        embedding += _norm_tensors("embedding_norm", model)
     head = _norm_tensors("final_norm", model)
     if not model.tied_embeddings:
         head.append(ParamTensor(name="lm_head.weight", shape=(model.vocab_size, h)))

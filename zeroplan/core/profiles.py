@@ -287,8 +287,29 @@ def torchtitan_builds(model: ModelSpec) -> str | None:
     return None
 
 
+# torchtune 0.6.1 models/ (llama2/3/3.1/3.2/3.3, mistral, gemma, gemma2, qwen2/2.5/3, phi3/4):
+# every builder makes RoPE and RMSNorm decoders with gated MLPs and sequential blocks; none a
+# learned position table, ALiBi, LayerNorm, a two-matrix GELU MLP, biased projections other than
+# Qwen2's q/k/v, a parallel block or an embedding norm (GPT-2, Bloom, GPT-NeoX, Phi-1/2).
+def torchtune_builds(model: ModelSpec) -> str | None:
+    """Why torchtune 0.6.1 has no builder for this architecture, or None when it has one."""
+    if model.position is not PositionKind.rope or model.norm is not NormKind.rmsnorm:
+        return "learned or ALiBi positions, or LayerNorm (its models use RoPE and RMSNorm)"
+    if not model.mlp.gated:
+        return "a two-matrix GELU MLP (its models use gated MLPs)"
+    if model.bias or model.parallel_block or model.head_bias or model.embedding_norm:
+        return "biased projections, a parallel block or an embedding norm"
+    return None
+
+
 def check_framework_model(framework: Framework, model: ModelSpec) -> None:
     """Refuse, in one line, a model the framework's own code does not build."""
+    if framework is Framework.torchtune:
+        reason = torchtune_builds(model)
+        if reason is not None:
+            raise ZeroplanError("model", f"{model.name} has {reason}; torchtune {PROFILES[framework].version} builds "
+                                "Llama, Mistral, Gemma, Qwen and Phi-3 models (allowed: framework zeroplan or hf for it)")
+        return
     if framework is not Framework.torchtitan:
         return
     reason = torchtitan_builds(model)

@@ -219,6 +219,10 @@ def check_buildable(spec: ModelSpec) -> None:
             raise ZeroplanError(f"model.{field}", "not built by the measurement harness (allowed: false)")
     if spec.mlp is MlpKind.geglu:
         raise ZeroplanError("model.mlp", "geglu is not built by the measurement harness (allowed: gelu, swiglu)")
+    if spec.position is PositionKind.alibi or spec.embedding_norm:
+        field = "position" if spec.position is PositionKind.alibi else "embedding_norm"
+        raise ZeroplanError(f"model.{field}", "ALiBi and an embedding norm are not built by the measurement harness "
+                            "(allowed: learned or rope positions, no embedding norm)")
 
 
 def build_model(spec: ModelSpec, seed: int = 0) -> Transformer:

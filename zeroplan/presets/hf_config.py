@@ -32,7 +32,8 @@ _QWEN_MOE = ("qwen2_moe", "qwen3_moe")
 _DEEPSEEK = ("deepseek_v2", "deepseek_v3")
 _GPT_NEOX = ("gpt_neox",)
 _PHI = ("phi",)
-SUPPORTED_MODEL_TYPES = _GPT2_LIKE + _GPT_NEOX + _PHI + _LLAMA_LIKE + _GEMMA_LIKE + _QWEN_MOE + _DEEPSEEK
+_BLOOM = ("bloom",)
+SUPPORTED_MODEL_TYPES = _GPT2_LIKE + _GPT_NEOX + _PHI + _BLOOM + _LLAMA_LIKE + _GEMMA_LIKE + _QWEN_MOE + _DEEPSEEK
 
 
 def strict_model_spec(**fields) -> ModelSpec:
@@ -156,6 +157,16 @@ _NEUTRAL_BY_TYPE["phi"] = frozenset({
     "resid_pdrop", "embd_pdrop", "attention_dropout", "hidden_act", "max_position_embeddings", "layer_norm_eps",
     "rope_theta", "rope_scaling", "partial_rotary_factor", "qk_layernorm",
 })
+# transformers 4.56.2 models/bloom/configuration_bloom.py takes n_layer/n_head (num_hidden_layers
+# and num_attention_heads by attribute_map) and n_embed for hidden_size; the Megatron-DeepSpeed
+# switches bigscience's configs carry (fusions, tensor-parallel slicing, alibi offset) and
+# n_inner (BloomMLP is always 4h wide) change no parameter.
+_NEUTRAL_BY_TYPE["bloom"] = frozenset({
+    "vocab_size", "hidden_size", "n_embed", "n_layer", "num_hidden_layers", "n_head", "num_attention_heads",
+    "layer_norm_epsilon", "apply_residual_connection_post_layernorm", "hidden_dropout", "attention_dropout",
+    "pretraining_tp", "slow_but_exact", "attention_softmax_in_fp32", "bias_dropout_fusion", "masked_softmax_fusion",
+    "offset_alibi", "skip_bias_add", "skip_bias_add_qkv", "n_inner", "seq_length", "unk_token_id",
+})
 # DeepSeek-V3's num_nextn_predict_layers is read (a caveat: transformers builds no MTP module).
 _NEUTRAL_BY_TYPE["deepseek_v3"] = _NEUTRAL_BY_TYPE["deepseek_v2"] | {"num_nextn_predict_layers"}
 
@@ -200,7 +211,7 @@ def _refuse_unmodelled(config: dict[str, Any], model_type: str) -> None:
         raise ZeroplanError("config.add_cross_attention", "cross-attention layers are not modelled (allowed: false)")
     if config.get("pruned_heads"):
         raise ZeroplanError("config.pruned_heads", "pruned attention heads are not modelled (allowed: none)")
-    if model_type not in _GPT2_LIKE + _GPT_NEOX + _PHI and (config.get("attention_bias") or config.get("mlp_bias")):
+    if model_type not in _GPT2_LIKE + _GPT_NEOX + _PHI + _BLOOM and (config.get("attention_bias") or config.get("mlp_bias")):
         key = "attention_bias" if config.get("attention_bias") else "mlp_bias"
         raise ZeroplanError(f"config.{key}", f"biased projections are not modelled for model_type {model_type!r} (allowed: false)")
 
@@ -296,6 +307,40 @@ def _phi_spec(name: str, config: dict[str, Any]) -> ModelSpec:
         tied_embeddings=tied,
         attention_dropout=config.get("attention_dropout", 0.0),
         hidden_dropout=config.get("resid_pdrop", 0.0),
+    )
+
+
+BLOOM_TRAINED_POSITIONS = 2048
+"""BLOOM's training sequence length (Le Scao et al. 2022, "BLOOM", sec. 3.5: 2048 tokens); ALiBi
+has no position table, so longer sequences run with --allow-longer-seq."""
+
+
+# transformers 4.56.2 models/bloom/modeling_bloom.py: word_embeddings and
+# word_embeddings_layernorm (LayerNorm), per block input_layernorm, self_attention.
+# query_key_value (h -> 3h) and dense (h -> h) with biases, post_attention_layernorm, mlp.
+# dense_h_to_4h and dense_4h_to_h with biases (BloomGelu); ln_f; lm_head tied to the embedding;
+# ALiBi positions (no parameters) through an eager attention with an fp32 softmax.
+def _bloom_spec(name: str, config: dict[str, Any]) -> ModelSpec:
+    if config.get("apply_residual_connection_post_layernorm"):
+        raise ZeroplanError("config.apply_residual_connection_post_layernorm",
+                            "a residual taken after the norm is not modelled (allowed: false)")
+    hidden = _require(config, "hidden_size", "n_embed")
+    return strict_model_spec(
+        name=name,
+        vocab_size=_require(config, "vocab_size"),
+        hidden_size=hidden,
+        num_layers=_require(config, "n_layer", "num_hidden_layers"),
+        num_heads=_require(config, "n_head", "num_attention_heads"),
+        ffn_hidden_size=4 * hidden,
+        mlp=MlpKind.gelu,
+        norm=NormKind.layernorm,
+        position=PositionKind.alibi,
+        max_positions=config.get("seq_length") or BLOOM_TRAINED_POSITIONS,
+        bias=True,
+        embedding_norm=True,
+        tied_embeddings=config.get("tie_word_embeddings", True),
+        attention_dropout=config.get("attention_dropout", 0.0),
+        hidden_dropout=config.get("hidden_dropout", 0.0),
     )
 
 
@@ -447,6 +492,8 @@ def parse_hf_config(config: dict[str, Any], name: str) -> ModelSpec:
             spec = _gpt_neox_spec(name, config)
         elif model_type in _PHI:
             spec = _phi_spec(name, config)
+        elif model_type in _BLOOM:
+            spec = _bloom_spec(name, config)
         elif model_type in _QWEN_MOE + _DEEPSEEK:
             spec = _moe_spec(name, config)
         else:

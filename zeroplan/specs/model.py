@@ -32,10 +32,13 @@ class NormKind(str, Enum):
 
 
 class PositionKind(str, Enum):
-    """``learned`` adds a (max_positions x hidden) table; ``rope`` has no parameters."""
+    """``learned`` adds a (max_positions x hidden) table; ``rope`` has no parameters; ``alibi``
+    (Press et al. 2022) adds a per-head linear bias to the attention scores, no parameters
+    either, and in transformers' Bloom only through its eager attention."""
 
     learned = "learned"
     rope = "rope"
+    alibi = "alibi"
 
 
 class ModelSpec(Frozen):
@@ -76,6 +79,9 @@ class ModelSpec(Frozen):
     """Whether each block also normalises the attention and MLP outputs before adding them to the residual
     stream: four norms per block instead of two (Gemma 2; HF modeling_gemma2.py, post_attention_layernorm
     and post_feedforward_layernorm)."""
+    embedding_norm: bool = False
+    """Whether the embedding output passes a LayerNorm before the first block (Bloom's
+    word_embeddings_layernorm; transformers 4.56 models/bloom/modeling_bloom.py)."""
     parallel_block: bool = False
     """Whether attention and MLP both read one normed copy of the block input and add to the
     residual stream together: one norm per block (Phi-1/1.5/2; transformers 4.56

@@ -11,7 +11,7 @@ from zeroplan.specs.hardware import ClusterSpec
 from zeroplan.specs.model import ModelSpec, PositionKind
 from zeroplan.specs.parallel import ParallelSpec, check_parallel
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
-from zeroplan.specs.training import BatchSpec, StateConvention, TrainingSpec
+from zeroplan.specs.training import AttentionKernel, BatchSpec, StateConvention, TrainingSpec
 
 
 def check_seq_len(model: ModelSpec, batch: BatchSpec) -> None:
@@ -30,8 +30,21 @@ def check_seq_len(model: ModelSpec, batch: BatchSpec) -> None:
     if not batch.allow_longer_seq:
         raise ZeroplanError(
             "batch.seq_len", f"{given} (allowed: 1 to {model.max_positions:,}; allow_longer_seq (--allow-longer-seq) runs "
-            f"its RoPE positions past that)",
+            f"its RoPE or ALiBi positions past that)",
         )
+
+
+def default_attention_kernel(model: ModelSpec) -> AttentionKernel:
+    """The attention a request takes when none is given: eager for ALiBi models, whose
+    transformers attention has no fused path (BloomAttention: baddbmm, then an fp32 softmax),
+    the fused kernel otherwise."""
+    return AttentionKernel.eager if model.position is PositionKind.alibi else AttentionKernel.flash
+
+
+def check_attention_kernel(model: ModelSpec, training: TrainingSpec) -> None:
+    if model.position is PositionKind.alibi and training.attention_kernel is AttentionKernel.flash:
+        raise ZeroplanError("training.attention_kernel", f"'flash' for {model.name!r}: its ALiBi attention runs eager in "
+                            "transformers (BloomAttention has no fused path; allowed: eager, --attention eager)")
 
 
 DEFAULT_SEQ_LEN = BatchSpec.model_fields["seq_len"].default
@@ -120,6 +133,8 @@ class PlanRequest(Frozen):
             positions = model.get("max_positions", ModelSpec.model_fields["max_positions"].default)
         else:
             return data  # the model's own validation answers
+        if isinstance(model, ModelSpec) and model.position is PositionKind.alibi:
+            data = _default_alibi_attention(data)
         if not isinstance(positions, int) or positions < 1:
             return data
         batch = data.get("batch")
@@ -134,6 +149,7 @@ class PlanRequest(Frozen):
     @model_validator(mode="after")
     def _check_groups(self) -> "PlanRequest":
         check_seq_len(self.model, self.batch)
+        check_attention_kernel(self.model, self.training)
         check_parallel(self.parallel, self.model, self.cluster, self.batch, self.strategy.kind, self.training.framework)
         check_finetune(self.training.finetune, self.model, self.training.framework, self.parallel.model_parallel_size * self.parallel.ep)
         if self.strategy.kind is StrategyKind.hsdp:
@@ -199,3 +215,16 @@ class PlanRequest(Frozen):
     def with_micro_batch(self, micro_batch_size: int) -> "PlanRequest":
         batch = self.batch.model_copy(update={"micro_batch_size": micro_batch_size})
         return self.model_copy(update={"batch": batch})
+
+
+def _default_alibi_attention(data: dict) -> dict:
+    """An ALiBi model's request whose training names no attention kernel takes eager
+    (default_attention_kernel), as the command line does."""
+    training = data.get("training")
+    if training is None:
+        return {**data, "training": TrainingSpec(attention_kernel=AttentionKernel.eager)}
+    if isinstance(training, TrainingSpec) and "attention_kernel" not in training.model_fields_set:
+        return {**data, "training": training.model_copy(update={"attention_kernel": AttentionKernel.eager})}
+    if isinstance(training, dict) and "attention_kernel" not in training:
+        return {**data, "training": {**training, "attention_kernel": AttentionKernel.eager.value}}
+    return data
