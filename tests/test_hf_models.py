@@ -34,6 +34,8 @@ FIXTURES = Path(__file__).parent / "fixtures" / "hf"
         ("phi-1_5.json", 1_418_270_720),
         ("bloom-560m.json", 559_214_592),
         ("bloom-7b1.json", 7_069_016_064),
+        ("bert-base-uncased.json", 109_514_298),
+        ("bert-large-uncased.json", 335_174_458),
     ],
 )
 def test_matches_published_total(fixture: str, total: int) -> None:
@@ -292,3 +294,33 @@ def test_torchtune_refuses_a_model_it_has_no_builder_for(capsys, model) -> None:
     assert main(["fit", target, "--framework", "torchtune", "--gpus", "8"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "torchtune 0.6.1 builds" in err
+
+
+@pytest.mark.parametrize("fixture", ["bert-base-uncased.json", "bert-large-uncased.json"])
+def test_bert_counts_what_transformers_masked_lm_builds(fixture: str) -> None:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = json.loads((FIXTURES / fixture).read_text())
+    with torch.device("meta"):
+        model = transformers.BertForMaskedLM(transformers.BertConfig(**config))
+    assert total_parameters(load_hf_config(FIXTURES / fixture)) == sum(p.numel() for p in model.parameters())
+
+
+def test_bert_is_an_encoder_whose_attention_computes_every_score(capsys) -> None:
+    from zeroplan.cli.main import main
+    from zeroplan.core.flops import executed_causal_fraction
+    from zeroplan.specs import AttentionKernel
+
+    bert = load_hf_config(FIXTURES / "bert-base-uncased.json")
+    assert not bert.causal and bert.token_types == 2 and bert.head_transform and bert.head_bias and bert.tied_embeddings
+    assert executed_causal_fraction(AttentionKernel.flash, causal=False) == 2 * executed_causal_fraction(AttentionKernel.flash) == 1.0
+    assert main(["fit", str(FIXTURES / "bert-base-uncased.json"), "--gpus", "8"]) == 0
+    assert "an encoder with a masked-LM head" in capsys.readouterr().out
+
+
+def test_bert_with_other_heads_is_counted_as_masked_lm_with_a_caution() -> None:
+    config = json.loads((FIXTURES / "bert-base-uncased.json").read_text())
+    spec = parse_hf_config({**config, "architectures": ["BertForSequenceClassification"]}, "x")
+    assert not spec.parameter_count_exact and "counted as BertForMaskedLM" in spec.parameter_count_caveat
+    with pytest.raises(ZeroplanError, match="config.position_embedding_type"):
+        parse_hf_config({**config, "position_embedding_type": "relative_key"}, "x")

@@ -296,9 +296,11 @@ def outside_layers_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: in
     e = training.precision.compute_bytes
     sbh = s * b * model.hidden_size
     embedding_mask = DROPOUT_MASK_BYTES * sbh if model.hidden_dropout > 0 else 0
-    # Bloom's embedding LayerNorm keeps its input, as the final norm does.
+    # Bloom's and BERT's embedding LayerNorm keeps its input, as the final norm does; BERT's
+    # masked-LM head transform keeps its dense layer's input and its GELU's.
     embedding_norm = norm_bytes(model, training, s, b, autocast=autocast) if model.embedding_norm else 0
-    return embedding_mask + embedding_norm + norm_bytes(model, training, s, b, autocast=autocast) + e * sbh
+    transform = 2 * e * sbh if model.head_transform else 0
+    return embedding_mask + embedding_norm + transform + norm_bytes(model, training, s, b, autocast=autocast) + e * sbh
 
 
 # Korthikanti sec. 4.3 counts the cross-entropy's fp32 logits (4sbV). PyTorch's loss

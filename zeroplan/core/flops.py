@@ -84,8 +84,10 @@ def layers_linear_forward_flops_per_token(model: ModelSpec) -> int:
 # The output projection is a (tokens x h) by (h x V) matmul, tied or not; the input embedding
 # is a row lookup and executes no FLOPs.
 def head_forward_flops_per_token(model: ModelSpec) -> int:
-    """Forward FLOPs per token of the output projection (the logits)."""
-    return MATMUL_FLOPS_PER_MULTIPLY_ADD * model.hidden_size * model.vocab_size
+    """Forward FLOPs per token of the output projection (the logits), and of BERT's head
+    transform before it."""
+    transform = model.hidden_size if model.head_transform else 0
+    return MATMUL_FLOPS_PER_MULTIPLY_ADD * model.hidden_size * (model.vocab_size + transform)
 
 
 # Attention's own matmuls per query head per token: the scores q k^T against s keys (2 s d)
@@ -102,9 +104,9 @@ def attention_forward_flops_per_token(model: ModelSpec, seq_len: int, causal_fra
 
 # FlashAttention-2 (Dao 2023), sec. 3.1.1: a flash kernel skips the fully masked blocks; an
 # eager softmax(QK^T)V computes every score and masks afterwards.
-def executed_causal_fraction(kernel: AttentionKernel) -> float:
-    """Share of the score matrix the kernel computes (the models here are all decoders, causal)."""
-    return CAUSAL_EXECUTED_FRACTION if kernel is AttentionKernel.flash else 1.0
+def executed_causal_fraction(kernel: AttentionKernel, causal: bool = True) -> float:
+    """Share of the score matrix the kernel computes (all of it for an encoder's attention)."""
+    return CAUSAL_EXECUTED_FRACTION if kernel is AttentionKernel.flash and causal else 1.0
 
 
 # Backward of QK^T and AV: eager attention runs 4 matmuls of the forward's size (dV, dP, dQ,
@@ -153,7 +155,7 @@ def selective_op_recompute_flops_per_token(model: ModelSpec) -> int:
 def recompute_flops_per_token(model: ModelSpec, training: TrainingSpec, seq_len: int) -> float:
     """Forward FLOPs per token the checkpointing policy executes again during backward."""
     mode = training.activation_checkpointing
-    attention = attention_forward_flops_per_token(model, seq_len, executed_causal_fraction(training.attention_kernel))
+    attention = attention_forward_flops_per_token(model, seq_len, executed_causal_fraction(training.attention_kernel, model.causal))
     linear = layers_linear_forward_flops_per_token(model)
     if mode is ActivationCheckpointing.full:
         return linear + model.num_layers * attention
@@ -174,7 +176,7 @@ def step_flops(request: PlanRequest) -> StepFlops:
     tokens = batch.micro_batch_size * batch.seq_len * batch.grad_accum_steps
     kernel = training.attention_kernel
     linear = layers_linear_forward_flops_per_token(model) + head_forward_flops_per_token(model)
-    attention = model.num_layers * attention_forward_flops_per_token(model, batch.seq_len, executed_causal_fraction(kernel))
+    attention = model.num_layers * attention_forward_flops_per_token(model, batch.seq_len, executed_causal_fraction(kernel, model.causal))
     recompute = recompute_flops_per_token(model, training, batch.seq_len)
     backward = BACKWARD_MATMULS_PER_FORWARD_MATMUL * linear + attention_backward_over_forward(kernel) * attention
     if not training.finetune.trains_everything:

@@ -180,13 +180,16 @@ def parameter_units(model: ModelSpec) -> tuple[ParamUnit, ...]:
     embedding = [ParamTensor(name="token.weight", shape=(model.vocab_size, h))]
     if model.position is PositionKind.learned:
         embedding.append(ParamTensor(name="position.weight", shape=(model.max_positions, h)))
+    if model.token_types:
+        embedding.append(ParamTensor(name="token_type.weight", shape=(model.token_types, h)))
     if model.embedding_norm:
         embedding += _norm_tensors("embedding_norm", model)
-    head = _norm_tensors("final_norm", model)
+    head = _linear_tensors("head_transform", h, h, True) if model.head_transform else []
+    head += _norm_tensors("final_norm", model)
     if not model.tied_embeddings:
         head.append(ParamTensor(name="lm_head.weight", shape=(model.vocab_size, h)))
-        if model.head_bias:
-            head.append(ParamTensor(name="lm_head.bias", shape=(model.vocab_size,)))
+    if model.head_bias:
+        head.append(ParamTensor(name="lm_head.bias", shape=(model.vocab_size,)))
     units = [ParamUnit(name="embedding", tensors=tuple(embedding))]
     units += [ParamUnit(name=f"block.{i}", tensors=block_tensors(model, model.is_moe_layer(i)))
               for i in range(model.num_layers)]

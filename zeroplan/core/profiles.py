@@ -297,8 +297,8 @@ def torchtune_builds(model: ModelSpec) -> str | None:
         return "learned or ALiBi positions, or LayerNorm (its models use RoPE and RMSNorm)"
     if not model.mlp.gated:
         return "a two-matrix GELU MLP (its models use gated MLPs)"
-    if model.bias or model.parallel_block or model.head_bias or model.embedding_norm:
-        return "biased projections, a parallel block or an embedding norm"
+    if model.bias or model.parallel_block or model.head_bias or model.embedding_norm or not model.causal:
+        return "biased projections, a parallel block, an embedding norm or bidirectional attention"
     return None
 
 

@@ -214,11 +214,13 @@ class Transformer(nn.Module):
 def check_buildable(spec: ModelSpec) -> None:
     """Refuse, in one line naming the field, a model this harness's Transformer does not build
     (the measure command calls it before launching any rank)."""
-    for field in ("qkv_bias", "qk_norm", "post_norms", "parallel_block", "head_bias"):
+    for field in ("qkv_bias", "qk_norm", "post_norms", "parallel_block", "head_bias", "token_types", "head_transform"):
         if getattr(spec, field):
             raise ZeroplanError(f"model.{field}", "not built by the measurement harness (allowed: false)")
     if spec.mlp is MlpKind.geglu:
         raise ZeroplanError("model.mlp", "geglu is not built by the measurement harness (allowed: gelu, swiglu)")
+    if not spec.causal:
+        raise ZeroplanError("model.causal", "an encoder's attention is not built by the measurement harness (allowed: true)")
     if spec.position is PositionKind.alibi or spec.embedding_norm:
         field = "position" if spec.position is PositionKind.alibi else "embedding_norm"
         raise ZeroplanError(f"model.{field}", "ALiBi and an embedding norm are not built by the measurement harness "

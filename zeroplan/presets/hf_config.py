@@ -33,7 +33,8 @@ _DEEPSEEK = ("deepseek_v2", "deepseek_v3")
 _GPT_NEOX = ("gpt_neox",)
 _PHI = ("phi",)
 _BLOOM = ("bloom",)
-SUPPORTED_MODEL_TYPES = _GPT2_LIKE + _GPT_NEOX + _PHI + _BLOOM + _LLAMA_LIKE + _GEMMA_LIKE + _QWEN_MOE + _DEEPSEEK
+_BERT = ("bert",)
+SUPPORTED_MODEL_TYPES = _GPT2_LIKE + _GPT_NEOX + _PHI + _BLOOM + _BERT + _LLAMA_LIKE + _GEMMA_LIKE + _QWEN_MOE + _DEEPSEEK
 
 
 def strict_model_spec(**fields) -> ModelSpec:
@@ -167,6 +168,13 @@ _NEUTRAL_BY_TYPE["bloom"] = frozenset({
     "pretraining_tp", "slow_but_exact", "attention_softmax_in_fp32", "bias_dropout_fusion", "masked_softmax_fusion",
     "offset_alibi", "skip_bias_add", "skip_bias_add_qkv", "n_inner", "seq_length", "unk_token_id",
 })
+# transformers 4.56.2 models/bert/configuration_bert.py: dropouts, the norm epsilon and the
+# classifier's dropout add no parameters; position_embedding_type is read (absolute only).
+_NEUTRAL_BY_TYPE["bert"] = frozenset({
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
+    "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
+    "layer_norm_eps", "position_embedding_type", "classifier_dropout", "gradient_checkpointing",
+})
 # DeepSeek-V3's num_nextn_predict_layers is read (a caveat: transformers builds no MTP module).
 _NEUTRAL_BY_TYPE["deepseek_v3"] = _NEUTRAL_BY_TYPE["deepseek_v2"] | {"num_nextn_predict_layers"}
 
@@ -211,7 +219,7 @@ def _refuse_unmodelled(config: dict[str, Any], model_type: str) -> None:
         raise ZeroplanError("config.add_cross_attention", "cross-attention layers are not modelled (allowed: false)")
     if config.get("pruned_heads"):
         raise ZeroplanError("config.pruned_heads", "pruned attention heads are not modelled (allowed: none)")
-    if model_type not in _GPT2_LIKE + _GPT_NEOX + _PHI + _BLOOM and (config.get("attention_bias") or config.get("mlp_bias")):
+    if model_type not in _GPT2_LIKE + _GPT_NEOX + _PHI + _BLOOM + _BERT and (config.get("attention_bias") or config.get("mlp_bias")):
         key = "attention_bias" if config.get("attention_bias") else "mlp_bias"
         raise ZeroplanError(f"config.{key}", f"biased projections are not modelled for model_type {model_type!r} (allowed: false)")
 
@@ -307,6 +315,50 @@ def _phi_spec(name: str, config: dict[str, Any]) -> ModelSpec:
         tied_embeddings=tied,
         attention_dropout=config.get("attention_dropout", 0.0),
         hidden_dropout=config.get("resid_pdrop", 0.0),
+    )
+
+
+BERT_MASKED_LM = "BertForMaskedLM"
+"""The head a BERT config.json is counted with: transformers' masked-LM model (no pooler)."""
+
+
+# transformers 4.56.2 models/bert/modeling_bert.py BertForMaskedLM: BertModel without its pooler
+# (add_pooling_layer=False): word, position (learned) and token-type embeddings and a LayerNorm;
+# per layer q, k, v and the attention output dense with biases, a LayerNorm after each residual
+# add (post-norm: the same two norms a block), intermediate and output dense with biases (GELU);
+# then cls.predictions: transform.dense (h -> h, bias), GELU, transform.LayerNorm, and a decoder
+# tied to the word embeddings with a bias of its own. Attention is bidirectional.
+def _bert_spec(name: str, config: dict[str, Any]) -> ModelSpec:
+    if config.get("position_embedding_type", "absolute") != "absolute":
+        raise ZeroplanError("config.position_embedding_type", f"{config['position_embedding_type']!r} is not modelled "
+                            "(allowed: absolute)")
+    if config.get("hidden_act", "gelu") not in ("gelu", "gelu_new", "gelu_python"):
+        raise ZeroplanError("config.hidden_act", f"{config['hidden_act']!r} is not modelled for bert (allowed: gelu)")
+    architectures = config.get("architectures") or [BERT_MASKED_LM]
+    caveat = "" if BERT_MASKED_LM in architectures else (
+        f"counted as {BERT_MASKED_LM} (masked-LM head, no pooler); {', '.join(architectures)} has other heads")
+    return strict_model_spec(
+        name=name,
+        vocab_size=_require(config, "vocab_size"),
+        hidden_size=_require(config, "hidden_size"),
+        num_layers=_require(config, "num_hidden_layers"),
+        num_heads=_require(config, "num_attention_heads"),
+        ffn_hidden_size=_require(config, "intermediate_size"),
+        mlp=MlpKind.gelu,
+        norm=NormKind.layernorm,
+        position=PositionKind.learned,
+        max_positions=_require(config, "max_position_embeddings"),
+        bias=True,
+        causal=False,
+        token_types=config.get("type_vocab_size", 2),
+        embedding_norm=True,
+        head_transform=True,
+        head_bias=True,
+        tied_embeddings=config.get("tie_word_embeddings", True),
+        attention_dropout=config.get("attention_probs_dropout_prob", 0.0),
+        hidden_dropout=config.get("hidden_dropout_prob", 0.0),
+        parameter_count_exact=not caveat,
+        parameter_count_caveat=caveat,
     )
 
 
@@ -494,13 +546,15 @@ def parse_hf_config(config: dict[str, Any], name: str) -> ModelSpec:
             spec = _phi_spec(name, config)
         elif model_type in _BLOOM:
             spec = _bloom_spec(name, config)
+        elif model_type in _BERT:
+            spec = _bert_spec(name, config)
         elif model_type in _QWEN_MOE + _DEEPSEEK:
             spec = _moe_spec(name, config)
         else:
             spec = _llama_spec(name, config)
     except ValidationError as error:
         raise config_key_error(first_error(error)) from None
-    caveat = _count_caveat(config, model_type)
+    caveat = "; ".join(part for part in (spec.parameter_count_caveat, _count_caveat(config, model_type)) if part)
     if caveat:
         spec = spec.model_copy(update={"parameter_count_exact": False, "parameter_count_caveat": caveat})
     return spec

@@ -183,6 +183,7 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
         f"{t.precision.value}, {t.optimizer.value}, micro-batch {b.micro_batch_size} x seq {b.seq_len}, "
         f"grad-accum {b.grad_accum_steps}, activation checkpointing {t.activation_checkpointing.value}, "
         f"{attention_name(t)}"
+        + ("" if report.model.causal else " (bidirectional: an encoder with a masked-LM head)")
         + (", fused linear cross-entropy (liger)" if t.fused_linear_cross_entropy else "")
         + (", unchunked loss" if t.unchunked_loss else "")
         + (", optimizer in backward" if t.optimizer_in_backward else "")

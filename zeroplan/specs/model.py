@@ -79,6 +79,13 @@ class ModelSpec(Frozen):
     """Whether each block also normalises the attention and MLP outputs before adding them to the residual
     stream: four norms per block instead of two (Gemma 2; HF modeling_gemma2.py, post_attention_layernorm
     and post_feedforward_layernorm)."""
+    causal: bool = True
+    """Whether attention is causal (decoders); an encoder's (BERT's) computes every score."""
+    token_types: int = Field(default=0, ge=0)
+    """Rows of a token-type embedding added to the input (BERT's type_vocab_size; 0: none)."""
+    head_transform: bool = False
+    """Whether the output projection is preceded by a dense h -> h layer with bias and GELU
+    (BERT's masked-LM head: cls.predictions.transform; its LayerNorm is the final norm)."""
     embedding_norm: bool = False
     """Whether the embedding output passes a LayerNorm before the first block (Bloom's
     word_embeddings_layernorm; transformers 4.56 models/bloom/modeling_bloom.py)."""
@@ -87,7 +94,8 @@ class ModelSpec(Frozen):
     residual stream together: one norm per block (Phi-1/1.5/2; transformers 4.56
     models/phi/modeling_phi.py PhiDecoderLayer, input_layernorm only)."""
     head_bias: bool = False
-    """Whether the untied output projection carries a bias (Phi's lm_head, bias=True)."""
+    """Whether the output projection carries a bias (Phi's lm_head; BERT's decoder, tied to the
+    embedding, has one of its own)."""
     tied_embeddings: bool = False
     """Whether the output projection reuses the input embedding matrix."""
     num_experts: int = Field(default=1, gt=0)
@@ -163,8 +171,6 @@ class ModelSpec(Frozen):
         if self.parallel_block and (self.post_norms or self.is_moe or self.is_mla):
             raise ZeroplanError("model.parallel_block", "is modelled for dense blocks without post-norms or latent attention (allowed: false "
                                 "with post_norms, experts or latent attention)")
-        if self.head_bias and self.tied_embeddings:
-            raise ZeroplanError("model.head_bias", "applies to an untied output projection (allowed: false with tied_embeddings)")
         self._check_moe()
         self._check_mla()
         return self
