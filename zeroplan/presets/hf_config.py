@@ -239,15 +239,19 @@ def _count_caveat(config: dict[str, Any], model_type: str) -> str:
     return "; ".join(caveats)
 
 
+def _megatron_shape_fields(name: str, config: dict[str, Any], *hidden_keys: str) -> dict[str, Any]:
+    """The shape as GPT-2's and Bloom's configs name it (n_layer, n_head; transformers maps the
+    num_* names onto them), the hidden size under ``hidden_keys``."""
+    return dict(name=name, vocab_size=_require(config, "vocab_size"), hidden_size=_require(config, *hidden_keys),
+                num_layers=_require(config, "n_layer", "num_hidden_layers"),
+                num_heads=_require(config, "n_head", "num_attention_heads"))
+
+
 def _gpt2_spec(name: str, config: dict[str, Any]) -> ModelSpec:
-    hidden = _require(config, "n_embd", "hidden_size")
+    shape = _megatron_shape_fields(name, config, "n_embd", "hidden_size")
     return strict_model_spec(
-        name=name,
-        vocab_size=_require(config, "vocab_size"),
-        hidden_size=hidden,
-        num_layers=_require(config, "n_layer", "num_hidden_layers"),
-        num_heads=_require(config, "n_head", "num_attention_heads"),
-        ffn_hidden_size=config.get("n_inner") or 4 * hidden,
+        **shape,
+        ffn_hidden_size=config.get("n_inner") or 4 * shape["hidden_size"],
         mlp=MlpKind.gelu,
         norm=NormKind.layernorm,
         position=PositionKind.learned,
@@ -273,16 +277,20 @@ def _shape_fields(name: str, config: dict[str, Any]) -> dict[str, Any]:
                 ffn_hidden_size=_require(config, "intermediate_size"))
 
 
+def _biased_layernorm_gelu(config: dict[str, Any]) -> dict[str, Any]:
+    """The GPT-style layout GPT-NeoX, Phi and BERT share: LayerNorm, biased linears, a GELU MLP,
+    max_position_embeddings positions."""
+    return dict(mlp=MlpKind.gelu, norm=NormKind.layernorm, bias=True,
+                max_positions=_require(config, "max_position_embeddings"))
+
+
 def _gpt_neox_spec(name: str, config: dict[str, Any]) -> ModelSpec:
     if config.get("attention_bias", True) is not True:
         raise ZeroplanError("config.attention_bias", "gpt_neox without attention biases is not modelled (allowed: true)")
     return strict_model_spec(
         **_shape_fields(name, config),
-        mlp=MlpKind.gelu,
-        norm=NormKind.layernorm,
+        **_biased_layernorm_gelu(config),
         position=PositionKind.rope,
-        max_positions=_require(config, "max_position_embeddings"),
-        bias=True,
         tied_embeddings=config.get("tie_word_embeddings", False),
         attention_dropout=config.get("attention_dropout", 0.0),
         hidden_dropout=config.get("hidden_dropout", 0.0),
@@ -295,21 +303,13 @@ def _gpt_neox_spec(name: str, config: dict[str, Any]) -> ModelSpec:
 # biases (gelu_new); final_layernorm; lm_head with a bias, untied unless tie_word_embeddings;
 # partial rotary positions (no parameters); resid_pdrop drops the attention and MLP outputs.
 def _phi_spec(name: str, config: dict[str, Any]) -> ModelSpec:
-    heads = _require(config, "num_attention_heads")
     tied = config.get("tie_word_embeddings", False)
+    shape = _shape_fields(name, config)
     return strict_model_spec(
-        name=name,
-        vocab_size=_require(config, "vocab_size"),
-        hidden_size=_require(config, "hidden_size"),
-        num_layers=_require(config, "num_hidden_layers"),
-        num_heads=heads,
-        num_kv_heads=config.get("num_key_value_heads") or heads,
-        ffn_hidden_size=_require(config, "intermediate_size"),
-        mlp=MlpKind.gelu,
-        norm=NormKind.layernorm,
+        **shape,
+        num_kv_heads=config.get("num_key_value_heads") or shape["num_heads"],
+        **_biased_layernorm_gelu(config),
         position=PositionKind.rope,
-        max_positions=_require(config, "max_position_embeddings"),
-        bias=True,
         parallel_block=True,
         head_bias=not tied,
         tied_embeddings=tied,
@@ -338,17 +338,9 @@ def _bert_spec(name: str, config: dict[str, Any]) -> ModelSpec:
     caveat = "" if BERT_MASKED_LM in architectures else (
         f"counted as {BERT_MASKED_LM} (masked-LM head, no pooler); {', '.join(architectures)} has other heads")
     return strict_model_spec(
-        name=name,
-        vocab_size=_require(config, "vocab_size"),
-        hidden_size=_require(config, "hidden_size"),
-        num_layers=_require(config, "num_hidden_layers"),
-        num_heads=_require(config, "num_attention_heads"),
-        ffn_hidden_size=_require(config, "intermediate_size"),
-        mlp=MlpKind.gelu,
-        norm=NormKind.layernorm,
+        **_shape_fields(name, config),
+        **_biased_layernorm_gelu(config),
         position=PositionKind.learned,
-        max_positions=_require(config, "max_position_embeddings"),
-        bias=True,
         causal=False,
         token_types=config.get("type_vocab_size", 2),
         embedding_norm=True,
@@ -376,14 +368,10 @@ def _bloom_spec(name: str, config: dict[str, Any]) -> ModelSpec:
     if config.get("apply_residual_connection_post_layernorm"):
         raise ZeroplanError("config.apply_residual_connection_post_layernorm",
                             "a residual taken after the norm is not modelled (allowed: false)")
-    hidden = _require(config, "hidden_size", "n_embed")
+    shape = _megatron_shape_fields(name, config, "hidden_size", "n_embed")
     return strict_model_spec(
-        name=name,
-        vocab_size=_require(config, "vocab_size"),
-        hidden_size=hidden,
-        num_layers=_require(config, "n_layer", "num_hidden_layers"),
-        num_heads=_require(config, "n_head", "num_attention_heads"),
-        ffn_hidden_size=4 * hidden,
+        **shape,
+        ffn_hidden_size=4 * shape["hidden_size"],
         mlp=MlpKind.gelu,
         norm=NormKind.layernorm,
         position=PositionKind.alibi,
