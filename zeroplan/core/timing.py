@@ -13,6 +13,7 @@ from zeroplan.core.parallel.units import rank_trainable_units
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.hardware import HostSpec
 from zeroplan.specs.request import PlanRequest
+from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.training import Optimizer
 
 
@@ -79,6 +80,8 @@ def host_transfer_bytes(request: PlanRequest) -> dict[Phase, int]:
     """Bytes over the host link per step, by the phase they overlap with."""
     kind = request.strategy.kind
     moved = {phase: 0 for phase in Phase}
+    if request.training.fsdp_cpu_offload:
+        return fsdp_offload_transfer_bytes(request)
     if not kind.offloads_optimizer:
         return moved
     eb = element_bytes(request.training.precision, request.convention)
@@ -91,6 +94,32 @@ def host_transfer_bytes(request: PlanRequest) -> dict[Phase, int]:
         moved[Phase.forward] += accum * shard_bytes
         moved[Phase.backward] += accum * shard_bytes
     return moved
+
+
+# FSDP2's CPUOffloadPolicy (torch 2.13 _fully_shard/_fsdp_param.py all_gather_inputs): every
+# all-gather copies the unit's sharded parameters from pinned host memory to the GPU in their
+# stored dtype, once in forward and, resharded after it, again in backward; foreach_reduce
+# (_fsdp_collectives.py) copies each new sharded gradient back to the host, every micro-batch
+# (accumulating on the host). The optimizer then steps on the host: nothing moves after it.
+def fsdp_offload_transfer_bytes(request: PlanRequest) -> dict[Phase, int]:
+    """Host-link bytes per step of FSDP2 with CPUOffloadPolicy, by phase."""
+    eb = element_bytes(request.training.precision, request.convention)
+    shard = offloaded_optimizer_elements(request)
+    accum = request.batch.grad_accum_steps
+    gathers_in_backward = 0 if request.strategy.kind is StrategyKind.fsdp_shard_grad_op else 1
+    return {
+        Phase.forward: accum * shard * eb.parameter,
+        Phase.backward: accum * shard * (gathers_in_backward * eb.parameter + eb.gradient),
+        Phase.step: 0,
+    }
+
+
+# torch 2.13 torch/optim/adam.py: on CPU tensors AdamW takes _single_tensor_adam
+# (optimizer.py _default_to_fused_or_foreach: the CPU has no foreach or fused kernels). Per
+# element, in the parameters' dtype: decoupled weight decay param.mul_ (2 accesses),
+# exp_avg.lerp_ (3), exp_avg_sq.mul_ then addcmul_ (2 + 3), the denominator's sqrt, division and
+# add_ (2 + 2 + 2, into temporaries), param.addcdiv_ (4): 20 accesses, each a pass over memory.
+TORCH_CPU_ADAM_ACCESSES_PER_ELEMENT = 20
 
 
 # DeepSpeed csrc/adam/cpu_adam_impl.cpp (Adam_Optimizer::Step_1, fp32 params and states): each
@@ -127,6 +156,15 @@ def cpu_step_time_s(elements: int, bytes_per_element: int, host: HostSpec, ranks
 
 def cpu_optimizer_time_s(request: PlanRequest) -> float:
     """Seconds of the host optimizer step for this GPU's partition (0 without optimizer offload)."""
+    if request.training.fsdp_cpu_offload:
+        # torch's AdamW on the host shards (non-element-wise optimizers charged as Adam). Each of
+        # its per-op kernels streams memory at a FLOP or two per element, so the node's memory
+        # bandwidth, shared by its ranks stepping at once, bounds it; DeepSpeed's per-core rate
+        # (HostSpec.optimizer_elements_per_core_s) is its fused kernel's and does not apply.
+        eb = element_bytes(request.training.precision, request.convention)
+        traffic = offloaded_optimizer_elements(request) * TORCH_CPU_ADAM_ACCESSES_PER_ELEMENT * eb.parameter
+        host = request.cluster.host
+        return traffic / (host.memory_bandwidth_bytes_per_s / request.cluster.gpus_per_node)
     if not request.strategy.kind.offloads_optimizer:
         return 0.0
     return cpu_step_time_s(
