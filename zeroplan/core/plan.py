@@ -193,11 +193,16 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     return states, terms
 
 
+def checked_peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
+    """peak_terms, after the refusals a whole breakdown makes first."""
+    check_optimizer_in_backward(request.training, request.batch.grad_accum_steps)
+    check_fsdp_cpu_offload(request.training, request.strategy.kind)
+    return peak_terms(request)
+
+
 def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateBytes]:
     batch = request.batch
-    check_optimizer_in_backward(request.training, batch.grad_accum_steps)
-    check_fsdp_cpu_offload(request.training, request.strategy.kind)
-    states, terms = peak_terms(request)
+    states, terms = checked_peak_terms(request)
     activations, logits, workspace, step_temporary = terms.activations, terms.logits, terms.workspace, terms.step_temporary
     # The table's buffers column: every buffer at once (the most ever allocated for them).
     temporary = terms.resident_buffers + terms.backward_held_buffers + terms.transient_buffers + workspace
@@ -268,7 +273,58 @@ def peak_rank_reason(request: PlanRequest) -> str:
 
 
 def max_micro_batch_size(request: PlanRequest) -> int:
-    """Largest micro-batch that fits (peak memory grows monotonically with it); 0 if none."""
+    """Largest micro-batch that fits (peak memory grows monotonically with it); 0 if none.
+    Solved from the moments at micro-batches 1 and 2 where each is affine in it (a dense model
+    on one pipeline rank, the flat reserve); searched by bisection otherwise."""
+    if request.parallel.pp == 1 and request.assumptions.allocator_conf is None and not request.model.is_moe:
+        solved = _max_micro_batch_affine(request)
+        if solved is not None:
+            return solved
+    return bisect_max_micro_batch_size(request)
+
+
+def _moment_totals(request: PlanRequest) -> list[int]:
+    """Every moment's bytes, the loss's once per piece of the loss (each affine in the
+    micro-batch, as PeakTerms.logits_pieces says; their maximum is not)."""
+    states, terms = checked_peak_terms(request)
+    alive = peak_moments(states, terms, request.batch.grad_accum_steps)
+    loss = alive[PeakMoment.loss_backward].total
+    totals = [bytes_.total for moment, bytes_ in alive.items() if moment is not PeakMoment.loss_backward]
+    return totals + [loss - terms.logits + piece for piece in terms.logits_pieces or (terms.logits,)]
+
+
+def _largest_allocated_within(usable_bytes: int, reserve_fraction: float) -> int:
+    """The most allocated bytes A whose peak, A + int(A x reserve_fraction) as memory_breakdown
+    counts it, stays within ``usable_bytes`` (-1 when none does)."""
+    allocated = int(usable_bytes / (1 + reserve_fraction))
+    while allocated + 1 + int((allocated + 1) * reserve_fraction) <= usable_bytes:
+        allocated += 1
+    while allocated >= 0 and allocated + int(allocated * reserve_fraction) > usable_bytes:
+        allocated -= 1
+    return allocated
+
+
+def _max_micro_batch_affine(request: PlanRequest) -> int | None:
+    """max_micro_batch_size in closed form: each moment's bytes at micro-batch b are
+    m1 + (b - 1)(m2 - m1); None when a moment shrinks with it (bisection decides then)."""
+    at_one, at_two = _moment_totals(request.with_micro_batch(1)), _moment_totals(request.with_micro_batch(2))
+    limit_bytes = _largest_allocated_within(usable_memory_bytes(request), request.assumptions.allocator_reserve_fraction)
+    largest = MAX_MICRO_BATCH_SEARCH
+    for first, second in zip(at_one, at_two):
+        slope = second - first
+        if slope < 0:
+            return None
+        if first > limit_bytes:
+            return 0
+        if slope:
+            largest = min(largest, (limit_bytes - first) // slope + 1)
+    # The bisection stops doubling past MAX_MICRO_BATCH_SEARCH at its largest power of two.
+    ceiling = 1 << (MAX_MICRO_BATCH_SEARCH.bit_length() - 1)
+    return ceiling if largest >= ceiling else largest
+
+
+def bisect_max_micro_batch_size(request: PlanRequest) -> int:
+    """max_micro_batch_size by doubling and bisection over whole breakdowns."""
     if not _fits(request.with_micro_batch(1)):
         return 0
     low, high = 1, 2

@@ -1,0 +1,43 @@
+"""Configurations per second through the Python API, one request at a time: `plan()` (one
+strategy, its memory breakdown, largest micro-batch, collectives and step time) and `fit()`
+(every strategy, each with its largest micro-batch, the verdict and, when nothing fits, the
+smallest change that would). 60 requests: Llama-2-7B on 8 x A100, ZeRO-3, sequence 1024-4096,
+micro-batch 1-20; each measured after a warm-up pass, in one run.
+
+    python benchmarks/api_throughput.py
+"""
+
+from __future__ import annotations
+
+import time
+
+from zeroplan.core.plan import fit, plan
+from zeroplan.presets.gpus import get_gpu
+from zeroplan.presets.models import get_model
+from zeroplan.specs import BatchSpec, PlanRequest, StrategySpec, cluster_from_gpus
+
+
+def requests() -> list[PlanRequest]:
+    cluster = cluster_from_gpus(get_gpu("a100-80gb"), 8)
+    return [PlanRequest(model=get_model("llama-2-7b"), cluster=cluster, strategy=StrategySpec(kind="zero3"),
+                        batch=BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch))
+            for seq_len in (1024, 2048, 4096) for micro_batch in range(1, 21)]
+
+
+def per_second(function, batch: list[PlanRequest]) -> float:
+    for request in batch[:3]:
+        function(request)
+    start = time.perf_counter()
+    for request in batch:
+        function(request)
+    return len(batch) / (time.perf_counter() - start)
+
+
+def main() -> None:
+    batch = requests()
+    print(f"plan(): {per_second(plan, batch):,.0f} configs/s   fit(): {per_second(fit, batch):,.0f} configs/s "
+          f"({len(batch)} requests each)")
+
+
+if __name__ == "__main__":
+    main()
