@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from zeroplan.core.activations import activation_bytes, backward_workspace_bytes, layer_bytes, logits_bytes
 from zeroplan.core.buffers import (
@@ -150,19 +150,10 @@ def framework_activations(request: PlanRequest) -> tuple[int, int]:
     return framework_activation_bytes(request) - recompute, recompute
 
 
-def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
-    """The model states and the byte terms the peak moments combine, for one request."""
+def micro_batch_terms(request: PlanRequest) -> dict[str, object]:
+    """The PeakTerms fields that change with the micro-batch: activations, the loss's pieces and
+    the workspace (the model states and buffers do not)."""
     training = request.training
-    check_framework_request(training, request.model)
-    check_compiled(training, request.model, request.cluster.gpu)
-    if training.finetune.frozen_blocks and training.activation_checkpointing not in (ActivationCheckpointing.none, ActivationCheckpointing.full):
-        raise ZeroplanError("finetune.frozen_blocks", f"is modelled with activation checkpointing none or full, not "
-                            f"{training.activation_checkpointing.value!r}")
-    if training.finetune.frozen_blocks and training.activation_offloading:
-        raise ZeroplanError("finetune.frozen_blocks", "is not modelled with activation offloading (allowed without it)")
-    if training.compile and not (request.parallel.is_trivial and request.parallel.ep == 1):
-        raise ZeroplanError("compile", "compiled blocks were measured under data parallelism only (tp, cp, pp and ep must be 1)")
-    states = model_state_bytes(request)
     # Each term below is the planner's own for one micro-batch through the whole model; with
     # tensor, context or pipeline parallelism zeroplan.core.parallel.activations applies it to
     # what this rank computes and keeps in flight.
@@ -182,13 +173,28 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
         logits_pieces = rank_logits_pieces(request, framework_logits_pieces)
         logits = max(logits_pieces)
         workspace += recompute
+    return dict(activations=activations, logits=logits, workspace=workspace, logits_pieces=logits_pieces)
+
+
+def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
+    """The model states and the byte terms the peak moments combine, for one request."""
+    training = request.training
+    check_framework_request(training, request.model)
+    check_compiled(training, request.model, request.cluster.gpu)
+    if training.finetune.frozen_blocks and training.activation_checkpointing not in (ActivationCheckpointing.none, ActivationCheckpointing.full):
+        raise ZeroplanError("finetune.frozen_blocks", f"is modelled with activation checkpointing none or full, not "
+                            f"{training.activation_checkpointing.value!r}")
+    if training.finetune.frozen_blocks and training.activation_offloading:
+        raise ZeroplanError("finetune.frozen_blocks", "is not modelled with activation offloading (allowed without it)")
+    if training.compile and not (request.parallel.is_trivial and request.parallel.ep == 1):
+        raise ZeroplanError("compile", "compiled blocks were measured under data parallelism only (tp, cp, pp and ep must be 1)")
+    states = model_state_bytes(request)
     terms = PeakTerms(
-        activations=activations, logits=logits, workspace=workspace,
+        **micro_batch_terms(request),
         resident_buffers=resident_buffer_bytes(request), backward_held_buffers=backward_held_buffer_bytes(request),
         transient_buffers=transient_buffer_bytes(request),
         block_backward_transient=block_backward_transient_bytes(request),
         step_temporary=optimizer_step_temporary_bytes(request, states.optimizer_elements),
-        logits_pieces=logits_pieces,
     )
     return states, terms
 
@@ -283,11 +289,10 @@ def max_micro_batch_size(request: PlanRequest) -> int:
     return bisect_max_micro_batch_size(request)
 
 
-def _moment_totals(request: PlanRequest) -> list[int]:
+def _moment_totals(states: ModelStateBytes, terms: PeakTerms, grad_accum_steps: int) -> list[int]:
     """Every moment's bytes, the loss's once per piece of the loss (each affine in the
     micro-batch, as PeakTerms.logits_pieces says; their maximum is not)."""
-    states, terms = checked_peak_terms(request)
-    alive = peak_moments(states, terms, request.batch.grad_accum_steps)
+    alive = peak_moments(states, terms, grad_accum_steps)
     loss = alive[PeakMoment.loss_backward].total
     totals = [bytes_.total for moment, bytes_ in alive.items() if moment is not PeakMoment.loss_backward]
     return totals + [loss - terms.logits + piece for piece in terms.logits_pieces or (terms.logits,)]
@@ -307,7 +312,11 @@ def _largest_allocated_within(usable_bytes: int, reserve_fraction: float) -> int
 def _max_micro_batch_affine(request: PlanRequest) -> int | None:
     """max_micro_batch_size in closed form: each moment's bytes at micro-batch b are
     m1 + (b - 1)(m2 - m1); None when a moment shrinks with it (bisection decides then)."""
-    at_one, at_two = _moment_totals(request.with_micro_batch(1)), _moment_totals(request.with_micro_batch(2))
+    states, terms = checked_peak_terms(request.with_micro_batch(1))
+    # The states and buffers do not change with the micro-batch: only its own terms are new.
+    at_two_terms = replace(terms, **micro_batch_terms(request.with_micro_batch(2)))
+    accumulation = request.batch.grad_accum_steps
+    at_one, at_two = _moment_totals(states, terms, accumulation), _moment_totals(states, at_two_terms, accumulation)
     limit_bytes = _largest_allocated_within(usable_memory_bytes(request), request.assumptions.allocator_reserve_fraction)
     largest = MAX_MICRO_BATCH_SEARCH
     for first, second in zip(at_one, at_two):
