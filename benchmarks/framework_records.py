@@ -65,7 +65,8 @@ FINETUNE_RUNS = [
 # in its bf16; PEFT r 16 over every block linear, on the Trainer's DDP path over a bf16 and an
 # fp32 base. Fake tensors, as the LoRA runs.
 DORA_RUNS = [
-    ("torchtune", "fsdp-full-shard", "bf16-pure", policy, {"lora_rank": 8, "dora": True}) for policy in ("none", "full")
+    ("torchtune", "fsdp-full-shard", "bf16-pure", policy, {"lora_rank": 8, "dora": True, **nf4})
+    for policy in ("none", "full") for nf4 in ({}, {"quantize": "nf4"})  # QDoRA: configs/llama3/8B_qdora_single_device.yaml
 ] + [
     ("hf", "ddp", "bf16-mixed", policy, {"lora_rank": 16, "lora_targets": ["q", "k", "v", "o", "gate", "up", "down"],
                                          "dora": True, "base_dtype": base})

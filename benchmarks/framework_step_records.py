@@ -70,6 +70,8 @@ FINETUNE = [
 DORA = [
     # torchtune 0.6.1 configs/llama3_1/8B_lora.yaml with use_dora: True (lora_llama3_1(use_dora=True)).
     *[(Framework.torchtune, "llama-3.1-8b", 8, policy, {"lora_rank": 8, "dora": True}) for policy in POLICIES],
+    # configs/llama3/8B_qdora_single_device.yaml: DoRA over NF4 on one GPU (lora_finetune_single_device).
+    (Framework.torchtune, "llama-3.1-8b", 1, "full", {"lora_rank": 8, "dora": True, "quantize": "nf4"}),
     # PEFT LoraConfig(use_dora=True) over every block linear, accelerate's FSDP2.
     (Framework.hf, "llama-3.1-8b", 8, "full", {"lora_rank": 16, "lora_targets": ["q", "k", "v", "o", "gate", "up", "down"],
                                                "dora": True}),

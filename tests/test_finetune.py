@@ -120,7 +120,6 @@ def test_frozen_weights_skip_their_gradient_matmuls() -> None:
     ({"quantize": "nf4"}, "finetune.quantize"),
     ({"lora_rank": 8, "frozen_blocks": 2}, "finetune.frozen_blocks"),
     ({"lora_rank": 8, "lora_targets": ()}, "finetune.lora_targets"),
-    ({"lora_rank": 8, "dora": True, "quantize": "nf4"}, "finetune.dora"),
     ({"lora_rank": 8, "dora": True, "lora_dropout": 0.1}, "finetune.dora"),
     ({"lora_rank": 8, "quantize": "int8"}, "finetune.quantize"),
     ({"frozen_blocks": 33}, "finetune.frozen_blocks"),
@@ -211,3 +210,16 @@ def test_dora_keeps_both_products_operands_and_its_weight_norm_temporaries() -> 
     assert dora_kept_bytes(dora) == 2 * 2 * tokens * outs + 3 * 2 * outs
     # The down projection (in 14336): identity, A's and B's outputs, s * BA and W + s * BA in bf16.
     assert dora_weight_norm_bytes(dora) == 2 * (14336 * 14336 + 14336 * 8 + 3 * 14336 * 4096)
+
+
+def test_qdora_is_measured_for_torchtune_only() -> None:
+    # torchtune's QDoRA (configs/llama3/8B_qdora_single_device.yaml) dequantizes the NF4 weight
+    # for the norm: benchmarks/framework-finetune-records' qlora-nf4 ... -dora blocks.
+    from zeroplan.core.finetune.activations import TORCHAO_NF4_DEQUANTIZE_COPIES, dora_weight_norm_bytes
+
+    qdora = request(FineTuneSpec(lora_rank=8, dora=True, quantize="nf4"))
+    down = 14336 * 4096 * 2
+    identity = 2 * (14336 * 14336 + 14336 * 8) + down
+    assert dora_weight_norm_bytes(qdora) == identity + TORCHAO_NF4_DEQUANTIZE_COPIES * down
+    with pytest.raises(ZeroplanError, match="finetune.dora"):
+        request(FineTuneSpec(lora_rank=16, dora=True, quantize="nf4"), framework="hf", kind="ddp", precision="bf16-mixed")

@@ -162,12 +162,19 @@ def dora_weight_norm_bytes(request: PlanRequest) -> int:
 
     tokens = request.batch.seq_len * request.batch.micro_batch_size
 
+    quantized = request.training.finetune.quantize.is_quantized
+
     def temporaries(fan_in: int, fan_out: int) -> int:
         input_copy = x * tokens * fan_in if x != e else 0
         identity = input_copy + x * fan_in * fan_in + (e * fan_in * fan_in if x != e else 0)
         lora_weight = e * fan_in * r + e * fan_in * fan_out
-        cast_weight = x * fan_in * fan_out if weight != x else 0
-        return identity + lora_weight + cast_weight + e * fan_in * fan_out + max(x, e) * fan_in * fan_out
+        # Over an NF4 base (torchtune's QDoRA) the cast is a dequantization, whose own peak comes
+        # before s * BA and W + s * BA exist.
+        cast_weight = x * fan_in * fan_out if weight != x or quantized else 0
+        norm = cast_weight + e * fan_in * fan_out + max(x, e) * fan_in * fan_out
+        if quantized:
+            norm = max(norm, nf4_dequantize_copies(request) * e * fan_in * fan_out)
+        return identity + lora_weight + norm
 
     return max(temporaries(fan_in, fan_out) for fan_in, fan_out in linears)
 
@@ -191,13 +198,31 @@ def frozen_norms_delta(request: PlanRequest, norm_savings_bytes: int) -> int:
 # autograd/_functions.py MatMul4Bit: dequantize_4bit(B, quant_state) in both): the largest
 # quantized weight in the compute dtype is alive at once beside a block's backward.
 def dequantized_weight_bytes(request: PlanRequest) -> int:
-    """The largest quantized weight dequantized to the compute dtype (0 without quantization)."""
+    """What dequantizing the largest quantized weight holds at its peak (0 without
+    quantization): one copy in the compute dtype, or torchao's NF4 steps (TORCHAO_NF4_DEQUANTIZE_COPIES)."""
     if not request.training.finetune.quantize.is_quantized:
         return 0
+    return largest_quantized_elements(request) * request.training.precision.compute_bytes * nf4_dequantize_copies(request)
+
+
+# torchao 0.14.1 dtypes/nf4tensor.py NF4Tensor.get_original_weight (what torchtune's NF4 weights
+# run for .to(dtype) and linear_nf4): for N elements it holds the two int64 index tensors of the
+# unpacked halves (4N bytes each), their looked-up bf16 values (N each), the scaled halves (N
+# each) and the stacked result (2N) at once: 14N bytes, 7 copies of the bf16 weight (measured:
+# the QDoRA block's forward peak is 5 such copies above DoRA's, whose weight needs no cast).
+# bitsandbytes' dequantize_4bit is one kernel writing the weight once.
+TORCHAO_NF4_DEQUANTIZE_COPIES = 7
+
+
+def nf4_dequantize_copies(request: PlanRequest) -> int:
+    """Compute-dtype copies of a weight its dequantization holds at its peak."""
+    return TORCHAO_NF4_DEQUANTIZE_COPIES if request.training.framework is Framework.torchtune else 1
+
+
+def largest_quantized_elements(request: PlanRequest) -> int:
     from zeroplan.core.parallel.units import rank_parameter_units
 
-    largest = max((t.numel for unit in rank_parameter_units(request) for t in unit.tensors if t.quantized), default=0)
-    return largest * request.training.precision.compute_bytes
+    return max((t.numel for unit in rank_parameter_units(request) for t in unit.tensors if t.quantized), default=0)
 
 
 # A full fine-tune with its first K blocks frozen (FineTuneSpec.frozen_blocks). With the
