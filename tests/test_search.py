@@ -194,3 +194,20 @@ def test_plan_command_runs_with_torch_blocked() -> None:
     )
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_plan_table_splits_each_step_into_compute_exposed_communication_and_host(capsys) -> None:
+    # The ZeRO trade-off at a glance: each ranked configuration's step time in its parts.
+    from zeroplan.cli.main import main
+
+    assert main(["plan", "llama-3.1-70b", "--gpus", "8", "--gpu", "a100-80gb", "--global-batch", "16", "--format", "json"]) == 0
+    import json
+
+    ranked = json.loads(capsys.readouterr().out)["ranked"]
+    offloaded = [c for c in ranked if c["strategy"].endswith("offload")]
+    assert ranked and offloaded and all(c["compute_s"] > 0 for c in ranked)
+    assert all(c["cpu_optimizer_s"] > 0 and c["host_transfer_s"] > 0 for c in offloaded)
+    for c in ranked:
+        assert c["compute_s"] + c["exposed_communication_s"] + c["cpu_optimizer_s"] <= c["step_time_s"] + 1e-9
+    assert main(["plan", "llama-3.1-70b", "--gpus", "8", "--gpu", "a100-80gb", "--global-batch", "16"]) == 0
+    assert "compute  exposed" in capsys.readouterr().out

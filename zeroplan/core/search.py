@@ -33,6 +33,7 @@ from zeroplan.core.plan import PeakTerms, host_memory_fits, memory_breakdown, pe
 from zeroplan.core.compiled import runs_checkpointing
 from zeroplan.core.profiles import check_framework_strategies, framework_strategies, profile
 from zeroplan.core.timing import (
+    StepTime,
     collective_time_s,
     compute_time_s,
     cpu_optimizer_time_s,
@@ -81,6 +82,15 @@ class PlanCandidate(Frozen):
     """micro_batch_size * grad_accum_steps * seq_len / (tp * cp * pp) / step_time_s."""
     model_flops_utilization: float
     """Model FLOPs of the step over (step_time_s x peak bf16 FLOP/s) (StepTime.model_flops_utilization)."""
+    compute_s: float | None = None
+    """Of the step time: the GPU's compute (StepTime.compute_s; None where only the sweep's
+    total is known)."""
+    exposed_communication_s: float | None = None
+    """Of the step time: collectives compute does not hide (StepTime.exposed_communication_s)."""
+    host_transfer_s: float | None = None
+    """Offload's host-link seconds (StepTime.host_transfer_s, partly hidden behind compute)."""
+    cpu_optimizer_s: float | None = None
+    """Offload's optimizer step on the host CPU (StepTime.cpu_optimizer_s)."""
     tp: int = 1
     """Tensor-parallel degree."""
     sequence_parallel: bool = False
@@ -191,6 +201,12 @@ def _at(request: PlanRequest, micro: int, accum: int) -> PlanRequest:
 def scalar_evaluate(request: PlanRequest) -> tuple[int, bool, float]:
     """(peak bytes, fits on GPU and host, step time with overlap) from the scalar planner: as
     ``plan`` reports it, the pipeline rank whose peak is highest (the first on a tie)."""
+    peak, fits, time = scalar_plan(request)
+    return peak, fits, time.step_with_overlap_s
+
+
+def scalar_plan(request: PlanRequest) -> tuple[int, bool, StepTime]:
+    """scalar_evaluate with the whole step time (compute, exposed communication, host)."""
     ranks = range(request.parallel.pp) if request.parallel.pp > 1 else (None,)
     best = None
     for rank in ranks:
@@ -200,8 +216,7 @@ def scalar_evaluate(request: PlanRequest) -> tuple[int, bool, float]:
             best = (at, breakdown, states)
     at, breakdown, states = best
     fits = breakdown.peak_bytes <= usable_memory_bytes(request) and host_memory_fits(at, states.host_bytes) is not False
-    time = step_time(at, tuple(collectives(at)))
-    return breakdown.peak_bytes, fits, time.step_with_overlap_s
+    return breakdown.peak_bytes, fits, step_time(at, tuple(collectives(at)))
 
 
 def _moments(states, terms: PeakTerms, grad_accum_steps: int) -> np.ndarray:
@@ -497,9 +512,9 @@ def evaluate(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[np.nd
     peaks, fits, seconds = [], [], []
     for b, a in zip(micro.tolist(), accum.tolist()):
         if (b, a) not in group.cache:
-            group.cache[(b, a)] = scalar_evaluate(_at(group.request, b, a))
-        peak, fit, s = group.cache[(b, a)]
-        peaks.append(peak), fits.append(fit), seconds.append(s)
+            group.cache[(b, a)] = scalar_plan(_at(group.request, b, a))
+        peak, fit, time = group.cache[(b, a)]
+        peaks.append(peak), fits.append(fit), seconds.append(time.step_with_overlap_s)
     return np.array(peaks, dtype=np.int64), np.array(fits, dtype=bool), np.array(seconds, dtype=np.float64)
 def divisors(n: int) -> list[int]:
     small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
@@ -634,10 +649,14 @@ def batch_splits(global_batch_size: int, data_parallel_size: int) -> tuple[np.nd
     return micro, per_rank // micro
 
 
-def _candidate(group: _Group, micro: int, accum: int, peak: int, seconds: float) -> PlanCandidate:
+def _candidate(group: _Group, micro: int, accum: int, peak: int, seconds: float, time: StepTime | None = None) -> PlanCandidate:
     r = group.request
     p = r.parallel
+    parts = {} if time is None else dict(
+        compute_s=time.compute_s, exposed_communication_s=time.exposed_communication_s,
+        host_transfer_s=time.host_transfer_s, cpu_optimizer_s=time.cpu_optimizer_s)
     return PlanCandidate(
+        **parts,
         strategy=r.strategy.kind, activation_checkpointing=r.training.activation_checkpointing,
         shard_group_size=r.shard_group_size, micro_batch_size=micro, grad_accum_steps=accum,
         peak_bytes=peak, usable_memory_bytes=group.usable_bytes, step_time_s=seconds,
@@ -653,8 +672,8 @@ def _candidate(group: _Group, micro: int, accum: int, peak: int, seconds: float)
 
 def _verified(group: _Group, micro: int, accum: int) -> PlanCandidate | None:
     """The scalar planner's answer for one configuration (None if it does not fit)."""
-    peak, fits, seconds = scalar_evaluate(_at(group.request, micro, accum))
-    return _candidate(group, micro, accum, peak, seconds) if fits else None
+    peak, fits, time = scalar_plan(_at(group.request, micro, accum))
+    return _candidate(group, micro, accum, peak, time.step_with_overlap_s, time) if fits else None
 
 
 def pareto_indices(peak: np.ndarray, seconds: np.ndarray) -> np.ndarray:
@@ -763,7 +782,7 @@ def search_with_groups(
         peak, fit, s = evaluate(group, micro, accum)
         rows += [(s[k], group, int(micro[k]), int(accum[k]), int(peak[k])) for k in range(len(micro)) if fit[k]]
     rows.sort(key=lambda r: (r[0], r[4]))
-    candidates = [_candidate(g, b, a, p, s) for s, g, b, a, p in rows]
+    candidates = [_candidate(g, b, a, p, s, g.cache[(b, a)][2]) for s, g, b, a, p in rows]
     ranked = tuple(candidates[:top])
     if candidates:
         front = pareto_indices(np.array([c.peak_bytes for c in candidates]), np.array([c.step_time_s for c in candidates]))

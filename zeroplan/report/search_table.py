@@ -5,7 +5,8 @@ from __future__ import annotations
 from zeroplan.core.search import PlanCandidate, PlanSearchResult
 from zeroplan.units import GiB
 
-_NAMES = ("#", "strategy", "AC", "tp", "pp", "cp", "dp", "shard", "micro", "accum", "peak GiB", "step s", "tokens/s/GPU", "MFU")
+_NAMES = ("#", "strategy", "AC", "tp", "pp", "cp", "dp", "shard", "micro", "accum", "peak GiB", "step s", "compute",
+          "exposed", "host", "cpu-step", "tokens/s/GPU", "MFU")
 
 
 def _pp(c: PlanCandidate) -> str:
@@ -20,8 +21,14 @@ def _row(rank: int, c: PlanCandidate) -> list[str]:
         str(rank), c.strategy.value, c.activation_checkpointing.value, str(c.tp), _pp(c), str(c.cp), str(c.dp),
         str(c.shard_group_size),
         str(c.micro_batch_size), str(c.grad_accum_steps), f"{c.peak_bytes / GiB:.1f}",
-        f"{c.step_time_s:.3f}", f"{c.tokens_per_s_per_gpu:,.0f}", f"{c.model_flops_utilization:.3f}",
+        f"{c.step_time_s:.3f}", *(_seconds(v) for v in (c.compute_s, c.exposed_communication_s, c.host_transfer_s,
+                                                         c.cpu_optimizer_s)),
+        f"{c.tokens_per_s_per_gpu:,.0f}", f"{c.model_flops_utilization:.3f}",
     ]
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def _table(candidates: tuple[PlanCandidate, ...]) -> list[str]:
@@ -48,8 +55,9 @@ def render_search(result: PlanSearchResult) -> str:
         "",
     ]
     if result.ranked:
-        lines += ["Fastest that fit (step time with overlap; MFU = model FLOPs / (step x peak), docs/communication-time.md;"
-                  " pp 4i2 = interleaved 1F1B, 2 stages per rank):", *_table(result.ranked), ""]
+        lines += ["Fastest that fit (step time with overlap; compute, exposed communication, host = offload's PCIe "
+                  "copies (partly hidden), cpu-step = its CPU optimizer step, in s; MFU = model FLOPs / (step x peak), "
+                  "docs/communication-time.md; pp 4i2 = interleaved 1F1B, 2 stages per rank):", *_table(result.ranked), ""]
         lines += ["Pareto front (no other fits in less memory and runs faster):", *_table(result.pareto), ""]
     lines.append(result.explanation)
     return "\n".join(lines)
