@@ -299,3 +299,12 @@ def test_counts_equal_what_transformers_builds(fixture: str, model_class: str, c
     with torch.device("meta"):
         model = getattr(transformers, model_class)(getattr(transformers, config_class)(**config))
     assert total_parameters(load_hf_config(FIXTURES / fixture)) == sum(p.numel() for p in model.parameters())
+
+
+def test_hf_cautions_when_its_llama_measured_terms_plan_another_layout(capsys) -> None:
+    from zeroplan.cli.main import main
+
+    assert main(["fit", str(FIXTURES / "phi-2.json"), "--framework", "hf", "--gpus", "8"]) == 0
+    assert "measured on transformers' Llama" in capsys.readouterr().out
+    assert main(["fit", "llama-3.1-8b", "--framework", "hf", "--gpus", "8"]) == 0
+    assert "measured on transformers' Llama" not in capsys.readouterr().out

@@ -294,9 +294,9 @@ def torchtitan_builds(model: ModelSpec) -> str | None:
 def torchtune_builds(model: ModelSpec) -> str | None:
     """Why torchtune 0.6.1 has no builder for this architecture, or None when it has one."""
     if model.position is not PositionKind.rope or model.norm is not NormKind.rmsnorm:
-        return "learned or ALiBi positions, or LayerNorm (its models use RoPE and RMSNorm)"
+        return "learned or ALiBi positions, or LayerNorm"
     if not model.mlp.gated:
-        return "a two-matrix GELU MLP (its models use gated MLPs)"
+        return "a two-matrix GELU MLP"
     if model.bias or model.parallel_block or model.head_bias or model.embedding_norm or not model.causal:
         return "biased projections, a parallel block, an embedding norm or bidirectional attention"
     return None
@@ -308,7 +308,8 @@ def check_framework_model(framework: Framework, model: ModelSpec) -> None:
         reason = torchtune_builds(model)
         if reason is not None:
             raise ZeroplanError("model", f"{model.name} has {reason}; torchtune {PROFILES[framework].version} builds "
-                                "Llama, Mistral, Gemma, Qwen and Phi-3 models (allowed: framework zeroplan or hf for it)")
+                                "Llama, Mistral, Gemma, Qwen and Phi-3 models, RoPE and RMSNorm decoders with gated MLPs "
+                                "(allowed: framework zeroplan or hf for it)")
         return
     if framework is not Framework.torchtitan:
         return

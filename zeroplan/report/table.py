@@ -78,6 +78,19 @@ def parameter_count_caution(model: ModelSpec) -> list[str]:
     return [f"Caution: the parameter count may not be exact ({model.parameter_count_caveat})."]
 
 
+def framework_layout_caution(report: FitReport) -> list[str]:
+    """A one-line caution when HF's terms, measured on transformers' Llama, plan another layout."""
+    from zeroplan.core.profiles import torchtune_builds
+
+    if report.training.framework is not Framework.hf or report.model.is_moe:
+        return []
+    reason = torchtune_builds(report.model)
+    if reason is None:
+        return []
+    return [f"Caution: hf's activation terms were measured on transformers' Llama (docs/frameworks.md); "
+            f"{report.model.name} has {reason}, planned with them unmeasured."]
+
+
 def moe_lines(report: FitReport) -> list[str]:
     """For a mixture of experts: its experts and the parameters a token passes through."""
     model = report.model
@@ -225,5 +238,6 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
     if any(p.fits and p.host_fits is False for p in report.plans):
         notes.append("fits = host: fits on the GPU, but its offloaded states exceed the node's host RAM.")
     notes += parameter_count_caution(report.model)
+    notes += framework_layout_caution(report)
     notes.append(f"Verdict: {report.verdict}")
     return "\n".join(header_lines + body + notes)
