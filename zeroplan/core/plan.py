@@ -97,17 +97,13 @@ class PeakTerms:
     resident_buffers: int
     backward_held_buffers: int
     transient_buffers: int
+    block_transient_buffers: int
+    """The units a block's backward holds (zeroplan.core.buffers.block_backward_transient_bytes;
+    ``transient_buffers`` outside FSDP full sharding)."""
     step_temporary: int
     logits_pieces: tuple[int, ...] = ()
     """The loss's bytes at each of its own moments (``logits`` is their largest). Each is
     affine in the micro-batch, their maximum is not: the plan search needs them apart."""
-    block_backward_transient: int | None = None
-    """The units a block's backward holds, where they differ from ``transient_buffers``
-    (zeroplan.core.buffers.block_backward_transient_bytes)."""
-
-    @property
-    def block_transient_buffers(self) -> int:
-        return self.transient_buffers if self.block_backward_transient is None else self.block_backward_transient
 
 
 def _workspace(request: PlanRequest) -> int:
@@ -193,7 +189,7 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
         **micro_batch_terms(request),
         resident_buffers=resident_buffer_bytes(request), backward_held_buffers=backward_held_buffer_bytes(request),
         transient_buffers=transient_buffer_bytes(request),
-        block_backward_transient=block_backward_transient_bytes(request),
+        block_transient_buffers=block_backward_transient_bytes(request),
         step_temporary=optimizer_step_temporary_bytes(request, states.optimizer_elements),
     )
     return states, terms
@@ -289,7 +285,7 @@ def max_micro_batch_size(request: PlanRequest) -> int:
     return bisect_max_micro_batch_size(request)
 
 
-def _moment_totals(states: ModelStateBytes, terms: PeakTerms, grad_accum_steps: int) -> list[int]:
+def moment_totals(states: ModelStateBytes, terms: PeakTerms, grad_accum_steps: int) -> list[int]:
     """Every moment's bytes, the loss's once per piece of the loss (each affine in the
     micro-batch, as PeakTerms.logits_pieces says; their maximum is not)."""
     alive = peak_moments(states, terms, grad_accum_steps)
@@ -316,7 +312,7 @@ def _max_micro_batch_affine(request: PlanRequest) -> int | None:
     # The states and buffers do not change with the micro-batch: only its own terms are new.
     at_two_terms = replace(terms, **micro_batch_terms(request.with_micro_batch(2)))
     accumulation = request.batch.grad_accum_steps
-    at_one, at_two = _moment_totals(states, terms, accumulation), _moment_totals(states, at_two_terms, accumulation)
+    at_one, at_two = moment_totals(states, terms, accumulation), moment_totals(states, at_two_terms, accumulation)
     limit_bytes = _largest_allocated_within(usable_memory_bytes(request), request.assumptions.allocator_reserve_fraction)
     largest = MAX_MICRO_BATCH_SEARCH
     for first, second in zip(at_one, at_two):

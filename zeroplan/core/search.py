@@ -29,7 +29,7 @@ from zeroplan.core.communication import Phase, collectives
 from zeroplan.core.feasibility import usable_memory_bytes
 from zeroplan.core.parallel.collectives import model_parallel_collectives
 from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
-from zeroplan.core.plan import PeakTerms, host_memory_fits, memory_breakdown, peak_moments, peak_terms
+from zeroplan.core.plan import PeakTerms, host_memory_fits, memory_breakdown, moment_totals, peak_terms
 from zeroplan.core.compiled import runs_checkpointing
 from zeroplan.core.profiles import check_framework_strategies, framework_strategies, profile
 from zeroplan.core.timing import (
@@ -220,14 +220,8 @@ def scalar_plan(request: PlanRequest) -> tuple[int, bool, StepTime]:
 
 
 def _moments(states, terms: PeakTerms, grad_accum_steps: int) -> np.ndarray:
-    """The four peak moments, the loss's once per piece of the loss."""
-    alive = peak_moments(states, terms, grad_accum_steps)
-    totals = [bytes_.total for moment, bytes_ in alive.items() if moment is not PeakMoment.loss_backward]
-    # The loss's moment, once per piece of the loss (PeakTerms.logits_pieces): each is affine
-    # in the micro-batch, their maximum is not.
-    loss = alive[PeakMoment.loss_backward].total
-    totals += [loss - terms.logits + piece for piece in terms.logits_pieces or (terms.logits,)]
-    return np.array(totals, dtype=np.int64)
+    """The four peak moments, the loss's once per piece of the loss (plan.moment_totals)."""
+    return np.array(moment_totals(states, terms, grad_accum_steps), dtype=np.int64)
 
 
 def _terms(request: PlanRequest, family: dict, layout_cache: dict) -> tuple:
