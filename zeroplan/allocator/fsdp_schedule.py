@@ -22,6 +22,7 @@ here (each block's own intermediates, the loss's tensors)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from zeroplan.allocator.builder import TraceBuilder, proportional_bytes, split_bytes
@@ -40,14 +41,14 @@ if TYPE_CHECKING:
     from zeroplan.core.plan import PeakTerms
 
 
+@dataclass(frozen=True)
 class _Unit:
     """One FSDP2 parameter group: its gathered bytes, its parameters' unsharded sizes, and its
     trainable elements (what its gradients and optimizer states are proportional to)."""
 
-    def __init__(self, gathered_bytes: int, tensor_bytes: list[int], elements: int) -> None:
-        self.gathered_bytes = gathered_bytes
-        self.tensor_bytes = tensor_bytes
-        self.elements = elements
+    gathered_bytes: int
+    tensor_bytes: list[int]
+    elements: int
 
 
 def applies(request: PlanRequest) -> bool:
@@ -70,11 +71,7 @@ def _units(request: PlanRequest) -> list[_Unit]:
     for unit, unit_bytes, unit_elements in zip(rank_parameter_units(request), gathered, elements):
         # Each parameter's unsharded storage, scaled so they sum to the unit's gathered bytes
         # (padding and frozen storage included).
-        numels = [t.numel for t in unit.tensors]
-        total = sum(numels) or 1
-        sizes = [unit_bytes * n // total for n in numels]
-        sizes[max(range(len(sizes)), key=numels.__getitem__)] += unit_bytes - sum(sizes)
-        units.append(_Unit(unit_bytes, [s for s in sizes if s > 0], unit_elements))
+        units.append(_Unit(unit_bytes, split_bytes(unit_bytes, [t.numel for t in unit.tensors]), unit_elements))
     if fsdp_separates_embedding_and_head(request):
         return units
     embedding, head = units[0], units[-1]

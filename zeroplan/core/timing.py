@@ -149,9 +149,14 @@ def offloaded_optimizer_elements(request: PlanRequest) -> int:
 def cpu_step_time_s(elements: int, bytes_per_element: int, host: HostSpec, ranks_sharing_host: int) -> float:
     """Seconds for ``elements`` parameters of a CPU optimizer step on one of ``ranks_sharing_host``
     ranks that step at once on ``host``."""
-    memory_bound = elements * bytes_per_element / (host.memory_bandwidth_bytes_per_s / ranks_sharing_host)
+    memory_bound = host_memory_bound_s(elements * bytes_per_element, host, ranks_sharing_host)
     compute_bound = elements / (host.cores_per_node / ranks_sharing_host * host.optimizer_elements_per_core_s)
     return max(memory_bound, compute_bound)
+
+
+def host_memory_bound_s(traffic_bytes: int, host: HostSpec, ranks_sharing_host: int) -> float:
+    """Seconds to stream ``traffic_bytes`` through host memory on 1/G of the node's bandwidth."""
+    return traffic_bytes / (host.memory_bandwidth_bytes_per_s / ranks_sharing_host)
 
 
 def cpu_optimizer_time_s(request: PlanRequest) -> float:
@@ -163,8 +168,7 @@ def cpu_optimizer_time_s(request: PlanRequest) -> float:
         # (HostSpec.optimizer_elements_per_core_s) is its fused kernel's and does not apply.
         eb = element_bytes(request.training.precision, request.convention)
         traffic = offloaded_optimizer_elements(request) * TORCH_CPU_ADAM_ACCESSES_PER_ELEMENT * eb.parameter
-        host = request.cluster.host
-        return traffic / (host.memory_bandwidth_bytes_per_s / request.cluster.gpus_per_node)
+        return host_memory_bound_s(traffic, request.cluster.host, request.cluster.gpus_per_node)
     if not request.strategy.kind.offloads_optimizer:
         return 0.0
     return cpu_step_time_s(

@@ -134,7 +134,7 @@ class PlanRequest(Frozen):
         else:
             return data  # the model's own validation answers
         if isinstance(model, ModelSpec) and model.position is PositionKind.alibi:
-            data = _default_alibi_attention(data)
+            data = _default_attention(data, default_attention_kernel(model))
         if not isinstance(positions, int) or positions < 1:
             return data
         batch = data.get("batch")
@@ -217,14 +217,14 @@ class PlanRequest(Frozen):
         return self.model_copy(update={"batch": batch})
 
 
-def _default_alibi_attention(data: dict) -> dict:
-    """An ALiBi model's request whose training names no attention kernel takes eager
-    (default_attention_kernel), as the command line does."""
+def _default_attention(data: dict, kernel: AttentionKernel) -> dict:
+    """``data`` with ``kernel`` as its training's attention where the training names none (an
+    ALiBi model's request takes default_attention_kernel's eager, as the command line does)."""
     training = data.get("training")
     if training is None:
-        return {**data, "training": TrainingSpec(attention_kernel=AttentionKernel.eager)}
+        return {**data, "training": TrainingSpec(attention_kernel=kernel)}
     if isinstance(training, TrainingSpec) and "attention_kernel" not in training.model_fields_set:
-        return {**data, "training": training.model_copy(update={"attention_kernel": AttentionKernel.eager})}
+        return {**data, "training": training.model_copy(update={"attention_kernel": kernel})}
     if isinstance(training, dict) and "attention_kernel" not in training:
-        return {**data, "training": {**training, "attention_kernel": AttentionKernel.eager.value}}
+        return {**data, "training": {**training, "attention_kernel": kernel.value}}
     return data

@@ -159,9 +159,7 @@ def dora_weight_norm_bytes(request: PlanRequest) -> int:
     x = _adapter_bytes(request)
     r = request.training.finetune.lora_rank
     weight = FP32_BYTES if request.training.finetune.base_dtype is BaseDtype.fp32 and adapters_copy_their_input(request) else e
-
     tokens = request.batch.seq_len * request.batch.micro_batch_size
-
     quantized = request.training.finetune.quantize.is_quantized
 
     def temporaries(fan_in: int, fan_out: int) -> int:
