@@ -117,3 +117,44 @@ def test_measure_timeout_names_the_lock_left_behind(tmp_path: Path, monkeypatch,
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "passed its 5 s limit" in err and str(tmp_path / "ext" / "deepspeed_shm_comm" / "lock") in err
     assert "held by no process on this machine" in err
+
+
+@needs_proc
+def test_a_lock_released_while_proc_is_scanned_is_not_stale(tmp_path: Path, monkeypatch) -> None:
+    """FileBaton.release closes its descriptor, then removes the file: a build that finishes
+    while /proc is scanned shows no holder for a lock that is about to vanish. That lock is not
+    stale (the launch must go on), whether it is gone by the next look or replaced by a new
+    build's baton (a different inode)."""
+    from zeroplan.harness import extension_locks as locks
+    env = {"TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    lock = _lock(tmp_path)
+    real_holders = locks.lock_holders
+
+    def released_during_scan(path, proc=Path("/proc")):
+        holders = real_holders(path, proc)
+        path.unlink()
+        return holders
+
+    monkeypatch.setattr(locks, "lock_holders", released_during_scan)
+    assert stale_extension_locks(env, settle_s=0.0) == []
+    check_no_stale_extension_lock(env, settle_s=0.0)
+
+    lock = tmp_path / "deepspeed_shm_comm" / "lock"
+    os.close(os.open(lock, os.O_CREAT | os.O_EXCL))
+
+    batons = []
+
+    def rebuilt_during_scan(path, proc=Path("/proc")):
+        holders = real_holders(path, proc)
+        if not batons:
+            path.unlink()
+            batons.append(os.open(path, os.O_CREAT | os.O_EXCL))  # the next waiter took the baton
+        return holders
+
+    monkeypatch.setattr(locks, "lock_holders", rebuilt_during_scan)
+    try:
+        assert stale_extension_locks(env, settle_s=0.0) == []
+    finally:
+        os.close(batons[0])
+    monkeypatch.setattr(locks, "lock_holders", real_holders)
+    assert stale_extension_locks(env, settle_s=0.0) == [lock]  # that builder killed since: stale

@@ -11,7 +11,10 @@ that variable is set, else ``<cache>/torch_extensions/py<XY>_<accelerator>/<op>`
 <cache> is ``$XDG_CACHE_HOME`` or ``~/.cache`` (torch/_appdirs.py, ``user_cache_dir``).
 
 A lock is stale when no process holds it open: that is read from /proc (Linux), where a
-builder's open descriptor shows as a link to the file. This module only finds and describes
+builder's open descriptor shows as a link to the file. ``FileBaton.release`` closes the
+descriptor and only then removes the file, and a scan of /proc takes long enough for a build to
+finish during it: a lock counts as stale only when the same file (device, inode, change time) is still
+there, still unheld, after the scan and again a moment later. This module only finds and describes
 locks; it never removes one (a build on another machine that shares the directory, which /proc
 cannot see, would then be broken). No torch here: the launcher does not import it.
 """
@@ -61,6 +64,30 @@ def lock_holders(lock: Path, proc: Path = Path("/proc")) -> list[int] | None:
     return holders
 
 
+STALE_SETTLE_S = 0.2
+"""How long a lock must stay, unheld and unchanged, before it is called stale: far longer than a
+release's gap between closing the baton's descriptor and removing its file."""
+
+
+def _identity(lock: Path) -> tuple[int, int, int] | None:
+    """(device, inode, change time) of the lock file, None once it is gone; the time tells a
+    new file apart from a removed one whose inode number it reuses."""
+    try:
+        status = lock.stat()
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino, status.st_ctime_ns
+
+
+def _is_stale(lock: Path, proc: Path, settle_s: float) -> bool:
+    """No holder, seen twice around a pause, of one file that stayed in place throughout."""
+    identity = _identity(lock)
+    if identity is None or lock_holders(lock, proc) != [] or _identity(lock) != identity:
+        return False
+    time.sleep(settle_s)
+    return _identity(lock) == identity and lock_holders(lock, proc) == [] and _identity(lock) == identity
+
+
 def _age(lock: Path, now_s: float) -> str:
     try:
         return f"{max(0.0, now_s - lock.stat().st_mtime):.0f} s old"
@@ -68,14 +95,17 @@ def _age(lock: Path, now_s: float) -> str:
         return "age unknown"
 
 
-def stale_extension_locks(environ: Mapping[str, str] | None = None, proc: Path = Path("/proc")) -> list[Path]:
-    """Locks no process on this machine holds open (empty where /proc cannot tell)."""
-    return [lock for lock in extension_locks(environ) if lock_holders(lock, proc) == []]
+def stale_extension_locks(environ: Mapping[str, str] | None = None, proc: Path = Path("/proc"),
+                          settle_s: float = STALE_SETTLE_S) -> list[Path]:
+    """Locks no process on this machine holds open (empty where /proc cannot tell); a lock that
+    disappears or is replaced while it is checked belonged to a live build and is not stale."""
+    return [lock for lock in extension_locks(environ) if _is_stale(lock, proc, settle_s)]
 
 
-def check_no_stale_extension_lock(environ: Mapping[str, str] | None = None, proc: Path = Path("/proc")) -> None:
+def check_no_stale_extension_lock(environ: Mapping[str, str] | None = None, proc: Path = Path("/proc"),
+                                  settle_s: float = STALE_SETTLE_S) -> None:
     """Refuse, in one line naming the file, to launch into a build that would wait forever."""
-    stale = stale_extension_locks(environ, proc)
+    stale = stale_extension_locks(environ, proc, settle_s)
     if stale:
         now_s = time.time()
         named = "; ".join(f"{lock} ({_age(lock, now_s)})" for lock in stale)
