@@ -151,6 +151,8 @@ class FitReport(Frozen):
     """Fitting strategy with the least communication (offload only if nothing else fits)."""
     verdict: str
     """One line for a person."""
+    compute_model: str = "hfu"
+    """How the plans' compute was timed (PerformanceAssumptions.compute_model)."""
 
     def plan_for(self, strategy: StrategyKind | str) -> StrategyPlan:
         kind = StrategyKind(strategy)

@@ -190,6 +190,12 @@ def add_efficiency_arguments(parser: argparse.ArgumentParser) -> None:
         help="hardware FLOPs utilisation: the fraction of peak bf16 FLOP/s at which the FLOPs the GPU executes "
              f"(recomputation included) run (default {DEFAULT_HFU:g}); MFU is reported, not an input",
     )
+    parser.add_argument(
+        "--compute-model", choices=("hfu", "roofline"), default="hfu",
+        help="how compute is timed: hfu (every executed FLOP at --hfu x peak, the default) or roofline (kernel by "
+             "kernel against the GPU's measured matmul, attention and memory-bandwidth ceilings, the optimizer "
+             "step included; a100-40gb, a100-80gb, h100-80gb, h200-141gb)",
+    )
     # The former --mfu timed executed FLOPs, so it was an HFU under another name; it is refused
     # with a pointer rather than read under either meaning.
     parser.add_argument("--mfu", type=positive_float, help=argparse.SUPPRESS)
@@ -313,8 +319,16 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         )
     if args.hfu > 1:
         raise ZeroplanError("hfu", f"must be in (0, 1], got {args.hfu}")
+    if args.compute_model == "roofline":
+        if args.hfu != DEFAULT_HFU:
+            raise ZeroplanError("hfu", "has no effect under --compute-model roofline (its kernels run at the GPU's "
+                                "measured ceilings); drop --hfu or use --compute-model hfu")
+        from zeroplan.core.roofline.ceilings import gpu_ceilings
+
+        gpu_ceilings(cluster.gpu)
     performance = PerformanceAssumptions(
         hardware_flops_utilization=args.hfu, algorithm=args.algorithm, bandwidth=args.bandwidth,
+        compute_model=args.compute_model,
     )
     return PlanRequest(
         model=model, training=training, batch=batch, cluster=cluster, strategy=strategy, performance=performance,

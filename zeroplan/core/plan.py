@@ -501,4 +501,5 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | N
         plans=plans_tuple,
         recommended=recommended,
         verdict=verdict,
+        compute_model=base.performance.compute_model,
     )

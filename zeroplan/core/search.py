@@ -37,6 +37,7 @@ from zeroplan.core.timing import (
     collective_time_s,
     compute_time_s,
     cpu_optimizer_time_s,
+    gpu_optimizer_time_s,
     exposed_communication_s,
     host_link_share_bytes_per_s,
     host_transfer_bytes,
@@ -167,7 +168,8 @@ class _RankClass:
     phase_intercepts_s: np.ndarray | None = None
     phase_slopes_s: np.ndarray | None = None
     cpu_optimizer_s: float = 0.0
-    """Offload's CPU optimizer step (zeroplan.core.timing.cpu_optimizer_time_s), per step."""
+    """The optimizer steps once per step: offload's on the CPU (zeroplan.core.timing.cpu_optimizer_time_s)
+    and the roofline model's on the GPU (gpu_optimizer_time_s)."""
     blocking_s: dict[int, float] = field(default_factory=dict)
     """Per micro-batch size: the blocking collectives' seconds of one micro-batch."""
     in_flight: dict[int, int] = field(default_factory=dict)
@@ -187,6 +189,10 @@ class _Group:
     classes: list[_RankClass] = field(default_factory=list)
     forward_s_per_micro: float = 0.0
     backward_s_per_micro: float = 0.0
+    forward_s_per_pass: float = 0.0
+    backward_s_per_pass: float = 0.0
+    """Seconds each micro-batch's pass costs whatever its size (the roofline's weight reads,
+    FSDP's copies, the embedding gradient's table): compute = (per pass + per micro x b) x passes."""
     model_flops_per_micro: float = 0.0
     """Model FLOPs (PaLM's MFU count) of one micro-batch of one sequence, per model-parallel rank."""
     scalar_only: bool = False
@@ -373,8 +379,9 @@ def _fit_class(request: PlanRequest, family: dict, layout_cache: dict) -> _RankC
         cls.moment_intercepts[accumulating] = one - (two - one)
         cls.host_fits[accumulating] = host_memory_fits(request, host_bytes) is not False
     if ("phases", rank) not in family:
-        # Offload's CPU optimizer step: one per optimizer step, whatever the micro-batch.
-        family["phases", rank] = (*_phase_coefficients(request), cpu_optimizer_time_s(request))
+        # Offload's CPU optimizer step and the roofline's GPU one: once per optimizer step,
+        # whatever the micro-batch.
+        family["phases", rank] = (*_phase_coefficients(request), cpu_optimizer_time_s(request) + gpu_optimizer_time_s(request))
     cls.phase_intercepts_s, cls.phase_slopes_s, cls.cpu_optimizer_s = family["phases", rank]
     policy = request.training.activation_checkpointing
     cls.blocking_s = layout_cache.setdefault(("blocking", rank, policy), {})
@@ -397,7 +404,14 @@ def _build_group(request: PlanRequest, family: dict | None = None, layout_cache:
     if ("flops", policy) not in layout_cache:
         layout_cache["flops", policy] = rank_flops(_at(request, 1, 1))
     one_pass = layout_cache["flops", policy]
-    group.forward_s_per_micro, group.backward_s_per_micro = compute_time_s(one_pass, request)
+    forward_one, backward_one = compute_time_s(one_pass, _at(request, 1, 1))
+    if request.performance.compute_model == "roofline":
+        # Affine in b where no kernel changes bound between sizes; the check below falls back to
+        # the scalar planner where one does.
+        forward_two, backward_two = compute_time_s(one_pass, _at(request, 2, 1))
+        group.forward_s_per_pass, group.backward_s_per_pass = 2 * forward_one - forward_two, 2 * backward_one - backward_two
+        forward_one, backward_one = forward_two - forward_one, backward_two - backward_one
+    group.forward_s_per_micro, group.backward_s_per_micro = forward_one, backward_one
     group.model_flops_per_micro = one_pass.model_flops
     # liger's chunk is a power of two in b*s (frameworks.fused_linear_cross_entropy_chunk_rows),
     # so its loss moments are not affine in the micro-batch: the scalar planner only.
@@ -440,8 +454,8 @@ def _class_values(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[
     micro64 = micro.astype(np.int64)
     passes = (micro * accum).astype(np.float64)
     accum_f = accum.astype(np.float64)
-    forward_s = group.forward_s_per_micro * passes
-    backward_s = group.backward_s_per_micro * passes
+    forward_s = group.forward_s_per_micro * passes + group.forward_s_per_pass * accum_f
+    backward_s = group.backward_s_per_micro * passes + group.backward_s_per_pass * accum_f
     # bubble_fraction: (p - 1)/(m v) of the busy time, m the accumulation steps.
     bubble = (parallel.pp - 1) / (accum_f * parallel.virtual_stages) if parallel.pp > 1 else np.zeros(micro.shape)
     n = len(_PHASES)

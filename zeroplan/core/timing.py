@@ -10,6 +10,7 @@ from zeroplan.core.layout import element_bytes
 from zeroplan.core.model_states import held_elements, shard_layout
 from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise
 from zeroplan.core.parallel.units import rank_trainable_units
+from zeroplan.core.roofline import roofline_step
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.hardware import HostSpec
 from zeroplan.specs.request import PlanRequest
@@ -30,12 +31,15 @@ class StepTime(Frozen):
     """Offload copies over the host link (PCIe), at this GPU's share of it."""
     cpu_optimizer_s: float = 0.0
     """Offload's optimizer step on the host CPU for this GPU's partition (0 without offload)."""
+    optimizer_step_s: float = 0.0
+    """The optimizer step on the GPU, after the backward: priced by the roofline compute model
+    (zeroplan.core.roofline.optimizer); the flat HFU model leaves it at 0."""
     exposed_communication_s: float
     """Communication and host transfers the compute does not hide."""
     step_without_overlap_s: float
-    """Compute + communication + host transfers + CPU optimizer step, one after another."""
+    """Compute + communication + host transfers + optimizer steps (GPU and CPU), one after another."""
     step_with_overlap_s: float
-    """Compute + exposed communication + CPU optimizer step."""
+    """Compute + exposed communication + optimizer steps (GPU and CPU)."""
     model_parallel_communication_s: float = 0.0
     """Tensor- and context-parallel collectives and pipeline sends: on the critical path, never
     hidden (Collective.blocking); included in communication_s."""
@@ -200,9 +204,21 @@ def executed_flops_per_s(request: PlanRequest) -> float:
 # docs/communication-time.md, "Compute": t = executed FLOPs / (peak x HFU); the plan search
 # times its groups through this same function.
 def compute_time_s(flops: StepFlops, request: PlanRequest) -> tuple[float, float]:
-    """(forward, backward) seconds of compute: executed FLOPs over executed_flops_per_s."""
+    """(forward, backward) seconds of compute: executed FLOPs over executed_flops_per_s, or,
+    under the roofline compute model, the request's kernels against the GPU's ceilings."""
+    if request.performance.compute_model == "roofline":
+        step = roofline_step(request)
+        return step.forward_s, step.backward_s
     rate = executed_flops_per_s(request)
     return flops.forward_flops / rate, flops.backward_flops / rate
+
+
+def gpu_optimizer_time_s(request: PlanRequest) -> float:
+    """The GPU's optimizer step: the roofline model's memory-bound pass; 0 under the flat HFU
+    model, whose utilisation is taken to cover it."""
+    if request.performance.compute_model != "roofline":
+        return 0.0
+    return roofline_step(request).optimizer_s
 
 
 # PaLM (Chowdhery et al. 2022), Appendix B: MFU = model FLOPs per second achieved / peak.
@@ -256,16 +272,18 @@ def step_time(request: PlanRequest, collectives: tuple[Collective, ...]) -> Step
     communication_s = sum(by_phase.values()) + blocking_s
     host_s = sum(host_by_phase.values())
     cpu_s = cpu_optimizer_time_s(request)
+    gpu_optimizer_s = gpu_optimizer_time_s(request)
     # Forward gathers hide behind forward compute, backward collectives and gradient offload
     # behind backward compute (each link runs its own copies, so the slower one counts); what
     # runs after backward (ZeRO-1/2's parameter all-gather, parameters back from the host) is
     # exposed. The CPU step waits for the last gradient and the parameters wait for it
     # (DeepSpeed's default; its delayed parameter update, ZeRO-Offload sec. 5.2, is opt-in and
-    # not modelled), so cpu_s adds to the step in full.
+    # not modelled), so cpu_s adds to the step in full; the GPU's own optimizer step (roofline
+    # model) likewise runs after the last gradient is reduced.
     exposed = exposed_communication_s(forward_s, backward_s, by_phase, host_by_phase)
     # The pipeline idles a fraction of its busy time: compute and the collectives compute waits on.
     bubble_s = float(bubble_fraction(request.parallel, request.batch.grad_accum_steps)) * (forward_s + backward_s + blocking_s)
-    step_s = forward_s + backward_s + blocking_s + bubble_s + exposed + cpu_s
+    step_s = forward_s + backward_s + blocking_s + bubble_s + exposed + cpu_s + gpu_optimizer_s
     batch = request.batch
     tokens = batch.micro_batch_size * batch.grad_accum_steps * batch.seq_len / request.parallel.model_parallel_size
     return StepTime(
@@ -274,8 +292,9 @@ def step_time(request: PlanRequest, collectives: tuple[Collective, ...]) -> Step
         communication_s=communication_s,
         host_transfer_s=host_s,
         cpu_optimizer_s=cpu_s,
+        optimizer_step_s=gpu_optimizer_s,
         exposed_communication_s=exposed,
-        step_without_overlap_s=forward_s + backward_s + communication_s + host_s + cpu_s + bubble_s,
+        step_without_overlap_s=forward_s + backward_s + communication_s + host_s + cpu_s + gpu_optimizer_s + bubble_s,
         step_with_overlap_s=step_s,
         model_parallel_communication_s=blocking_s,
         pipeline_bubble_s=bubble_s,

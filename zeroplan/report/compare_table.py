@@ -8,8 +8,9 @@ from zeroplan.report.table import framework_layout_caution, parameter_count_caut
 from zeroplan.results import FitReport, StrategyPlan
 
 
-def _row(plan: StrategyPlan, num_parameters: int) -> list[str]:
+def _row(plan: StrategyPlan, num_parameters: int, roofline: bool) -> list[str]:
     t = plan.time
+    optimizer = [f"{t.optimizer_step_s:.3f}"] if roofline else []
     return [
         plan.strategy.value,
         f"{plan.communication_volume_elements / num_parameters:.1f}",
@@ -18,6 +19,7 @@ def _row(plan: StrategyPlan, num_parameters: int) -> list[str]:
         f"{t.host_transfer_s:.3f}",
         f"{t.cpu_optimizer_s:.3f}",
         f"{t.compute_s:.3f}",
+        *optimizer,
         f"{t.exposed_communication_s:.3f}",
         f"{t.step_with_overlap_s:.3f}",
         f"{t.step_without_overlap_s:.3f}",
@@ -40,6 +42,19 @@ def _hfu(report: FitReport) -> float:
     return t.executed_flops / (t.compute_s * report.cluster.gpu.peak_bf16_flops_per_s)
 
 
+def _compute_legend(report: FitReport) -> str:
+    mfu = "MFU = model FLOPs (6N + attention, PaLM App. B) / (step x peak); tok/s/GPU = tokens / step."
+    if report.compute_model != "roofline":
+        return f"compute = executed FLOPs (recomputation included) at HFU {_hfu(report):.2g} of peak bf16 FLOP/s; {mfu}"
+    from zeroplan.core.roofline.ceilings import gpu_ceilings
+
+    ceilings = gpu_ceilings(report.cluster.gpu)
+    return (f"compute = the step's kernels, each at the longer of its FLOPs at {ceilings.matmul_flops_per_s / 1e12:.0f} "
+            f"TFLOP/s (measured matmul ceiling) and its bytes at {ceilings.memory_bytes_per_s / 1e12:.2f} TB/s "
+            "(docs/communication-time.md, 'Compute, operation by operation'); opt-step = the optimizer step on the "
+            f"GPU; {mfu}")
+
+
 def render_compare_table(report: FitReport) -> str:
     c, b = report.cluster, report.batch
     gpu = c.gpu
@@ -55,12 +70,13 @@ def render_compare_table(report: FitReport) -> str:
         "nccl = the algorithm NCCL's tuning model picks for each collective (AR all-reduce, AG all-gather, RS reduce-scatter, "
         "BC broadcast; a+b: calls of different sizes differ); * = at a published or calibrated nccl-tests busbw "
         "(docs/gpus.md), else at the datasheet link rates.",
-        f"compute = executed FLOPs (recomputation included) at HFU {_hfu(report):.2g} of peak bf16 FLOP/s; "
-        "MFU = model FLOPs (6N + attention, PaLM App. B) / (step x peak); tok/s/GPU = tokens / step.",
+        _compute_legend(report),
         "",
     ]
-    names = ["strategy", "volume", "sent", "comm", "host", "cpu-step", "compute", "exposed", "step", "no-overlap", "tok/s/GPU", "MFU", "fits", "nccl"]
-    rows = [_row(p, report.num_parameters) for p in report.plans]
+    roofline = report.compute_model == "roofline"
+    names = ["strategy", "volume", "sent", "comm", "host", "cpu-step", "compute", *(["opt-step"] if roofline else []),
+             "exposed", "step", "no-overlap", "tok/s/GPU", "MFU", "fits", "nccl"]
+    rows = [_row(p, report.num_parameters, roofline) for p in report.plans]
     widths = [max(len(names[i]), *(len(r[i]) for r in rows)) for i in range(len(names))]
 
     def line(cells: list[str]) -> str:

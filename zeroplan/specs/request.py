@@ -89,6 +89,11 @@ class PerformanceAssumptions(Frozen):
     this). A published MFU converts to it with
     zeroplan.core.flops.hardware_utilization_from_model_utilization. 0.4 is a round figure, not
     fitted (docs/communication-time.md, "Compute")."""
+    compute_model: str = Field(default="hfu", pattern="^(hfu|roofline)$")
+    """How compute is timed: 'hfu', every executed FLOP at hardware_flops_utilization x peak;
+    'roofline', kernel by kernel against the GPU's measured ceilings (zeroplan.core.roofline:
+    matrix products at the achievable matmul rate, attention with its softmax exponentials,
+    memory-bound kernels and the optimizer step at the achievable memory bandwidth)."""
     algorithm: str = Field(default="auto", pattern="^(auto|ring|tree|nvls|nvls_tree|collnet)$")
     """NCCL algorithm of each collective call: 'auto' = the one NCCL's tuning model predicts
     fastest (zeroplan/core/algorithms.py); a name forces it wherever NCCL offers it for that

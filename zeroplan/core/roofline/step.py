@@ -1,0 +1,132 @@
+"""Seconds of one GPU's training step, kernel by kernel (docs/communication-time.md, "Compute,
+operation by operation"): each operation of zeroplan.core.roofline.operations, the FSDP copies
+around its collectives and the optimizer step, at the GPU's achievable ceilings."""
+
+from __future__ import annotations
+
+from zeroplan.core.buffers import optimizer_loop
+from zeroplan.core.layout import element_bytes
+from zeroplan.core.model_states import held_elements, shard_layout
+from zeroplan.core.params import total_parameters
+from zeroplan.core.parallel.units import rank_trainable_units
+from zeroplan.core.roofline.ceilings import GpuCeilings, gpu_ceilings
+from zeroplan.core.roofline.operations import Operation, OpKind, OpPass, memory_pass, step_operations
+from zeroplan.core.roofline.optimizer import optimizer_bytes_per_element
+from zeroplan.errors import ZeroplanError
+from zeroplan.specs.base import Frozen
+from zeroplan.specs.request import PlanRequest
+from zeroplan.specs.strategy import StrategyKind
+from zeroplan.specs.training import Precision
+
+
+class RooflineTerm(Frozen):
+    """One operation's time and what bounds it."""
+
+    operation: Operation
+    seconds: float
+    bound: str
+    """'compute' (matrix or special-function units) or 'memory' (device-memory bandwidth)."""
+
+
+class RooflineStep(Frozen):
+    """Every term of one rank's optimizer step, and their sums by phase."""
+
+    terms: tuple[RooflineTerm, ...]
+
+    def seconds(self, *passes: OpPass, kind: OpKind | None = None) -> float:
+        return sum(t.seconds for t in self.terms
+                   if t.operation.op_pass in passes and (kind is None or t.operation.kind is kind))
+
+    @property
+    def forward_s(self) -> float:
+        return self.seconds(OpPass.forward)
+
+    @property
+    def backward_s(self) -> float:
+        """The backward, its recomputation included (as StepTime.backward_compute_s)."""
+        return self.seconds(OpPass.backward, OpPass.recompute)
+
+    @property
+    def recompute_s(self) -> float:
+        return self.seconds(OpPass.recompute)
+
+    @property
+    def optimizer_s(self) -> float:
+        return self.seconds(OpPass.optimizer)
+
+
+# Williams, Waterman & Patterson 2009 (the roofline model): a kernel takes the longer of its
+# arithmetic at the achievable rate and its memory traffic at the achievable bandwidth. The
+# attention core adds its exponentials on the special-function units to its matrix work
+# (FlashAttention-3, Shah et al. 2024, sec. 3.1: the two do not overlap in FlashAttention-2's
+# schedule, which torch's SDPA and cuDNN's kernels follow).
+def operation_seconds(operation: Operation, ceilings: GpuCeilings) -> tuple[float, str]:
+    memory_s = operation.moved_bytes / ceilings.memory_bytes_per_s
+    if operation.kind is OpKind.memory:
+        return memory_s, "memory"
+    compute_s = operation.flops / ceilings.matmul_flops_per_s + operation.exponentials / ceilings.exp_per_s
+    return (compute_s, "compute") if compute_s >= memory_s else (memory_s, "memory")
+
+
+def activation_element_bytes(precision: Precision) -> int:
+    """Bytes of an activation element: fp32 runs in fp32, every other precision in 16 bits."""
+    return 4 if precision is Precision.fp32 else 2
+
+
+# torch 2.13 _fully_shard/_fsdp_collectives.py: foreach_all_gather_copy_out splits the gathered
+# flat buffer into the per-parameter storages (torch.split_with_sizes_copy: read and write each
+# unsharded element), once per all-gather (forward, and backward again after a reshard);
+# foreach_reduce packs the gradients into the reduce-scatter input in the reduce dtype
+# (torch._chunk_cat: read a, write the gradient's bytes). Once per micro-batch.
+def fsdp_copy_operations(request: PlanRequest, micro_batches: int, activation_bytes: int) -> list[Operation]:
+    kind = request.strategy.kind
+    if not kind.is_fsdp:
+        return []
+    # Spread evenly over the pipeline and tensor-parallel ranks, as the kernels are (context-
+    # parallel ranks gather every parameter of their stage).
+    elements = total_parameters(request.model) / (request.parallel.tp * request.parallel.pp)
+    gradient_bytes = element_bytes(request.training.precision, request.convention).gradient
+    copy_out = elements * 2 * activation_bytes
+    ops = [memory_pass("fsdp all-gather copy-out", OpPass.forward, copy_out, micro_batches),
+           memory_pass("fsdp reduce-scatter copy-in", OpPass.backward, elements * (activation_bytes + gradient_bytes),
+                       micro_batches)]
+    if kind is not StrategyKind.fsdp_shard_grad_op:
+        ops.append(memory_pass("fsdp all-gather copy-out", OpPass.backward, copy_out, micro_batches))
+    return ops
+
+
+def optimizer_operation(request: PlanRequest) -> list[Operation]:
+    """The GPU's optimizer step over the elements this rank steps (none when it runs on the host)."""
+    if request.strategy.kind.offloads_optimizer or request.training.fsdp_cpu_offload:
+        return []
+    eb = element_bytes(request.training.precision, request.convention)
+    elements = held_elements(rank_trainable_units(request), request.shard_group_size, shard_layout(request))
+    per_element = optimizer_bytes_per_element(request.training.optimizer, optimizer_loop(request), eb.optimizer_dtype,
+                                              eb.master > 0 and eb.compute_parameter < eb.master)
+    return [memory_pass("optimizer step", OpPass.optimizer, elements * per_element, 1)]
+
+
+def check_roofline_applies(request: PlanRequest) -> None:
+    if not request.training.finetune.trains_everything:
+        raise ZeroplanError("compute-model", "roofline prices full training only (frozen weights and adapters: "
+                            "allowed --compute-model hfu)")
+
+
+def roofline_step(request: PlanRequest) -> RooflineStep:
+    """The per-operation step time of one rank. Model parallelism divides the replica's
+    kernels evenly among its tp x cp x pp ranks (as zeroplan.core.timing.rank_flops)."""
+    check_roofline_applies(request)
+    ceilings = gpu_ceilings(request.cluster.gpu)
+    batch = request.batch
+    activation_bytes = activation_element_bytes(request.training.precision)
+    operations = step_operations(request.model, request.training, batch.micro_batch_size, batch.seq_len,
+                                 batch.grad_accum_steps, activation_bytes)
+    ranks = request.parallel.model_parallel_size
+    terms = []
+    for operation in operations:
+        seconds, bound = operation_seconds(operation, ceilings)
+        terms.append(RooflineTerm(operation=operation, seconds=seconds / ranks, bound=bound))
+    for operation in fsdp_copy_operations(request, batch.grad_accum_steps, activation_bytes) + optimizer_operation(request):
+        seconds, bound = operation_seconds(operation, ceilings)
+        terms.append(RooflineTerm(operation=operation, seconds=seconds, bound=bound))
+    return RooflineStep(terms=tuple(terms))
