@@ -1,7 +1,8 @@
 """The planner's step time against published FSDP throughput (zeroplan/validate/data/
 published_throughput.json, each row with its source): tokens/s/GPU predicted under the
 planner's default hardware FLOPs utilisation (HFU) and at the HFU the row's published MFU
-implies (HFU = MFU x executed / model FLOPs), beside the published figure.
+implies (HFU = MFU x executed / model FLOPs), and under the roofline compute model
+(--compute-model roofline, zeroplan.core.roofline), beside the published figure.
 
     python benchmarks/step_time_accuracy.py [PUBLISHED.json]
 
@@ -22,7 +23,7 @@ from zeroplan.validate.step_time import (
 
 HEADER = (
     "| run | fits | published tok/s/GPU | step (s) | predicted, HFU {hfu:g} | error | its MFU | published MFU "
-    "| HFU it implies | predicted at it | error | executed / model FLOPs | comm (s) | exposed (s) |"
+    "| HFU it implies | predicted at it | error | executed / model FLOPs | comm (s) | exposed (s) | roofline | error |"
 )
 
 
@@ -31,11 +32,13 @@ def format_row(c: StepTimeComparison) -> str:
     hfu = "-" if c.published_hfu is None else f"{c.published_hfu:.3f}"
     at_mfu = "-" if c.with_published_mfu_tokens_per_s_per_gpu is None else f"{c.with_published_mfu_tokens_per_s_per_gpu:,.0f}"
     at_mfu_error = "-" if c.with_published_mfu_error is None else f"{c.with_published_mfu_error:+.1%}"
+    roofline = "-" if c.roofline_tokens_per_s_per_gpu is None else f"{c.roofline_tokens_per_s_per_gpu:,.0f}"
+    roofline_error = "-" if c.roofline_error is None else f"{c.roofline_error:+.1%}"
     return (
         f"| {c.name} | {'yes' if c.fits else 'NO'} | {c.published_tokens_per_s_per_gpu:,.0f} | {c.published_step_s:.3f} "
         f"| {c.predicted_tokens_per_s_per_gpu:,.0f} | {c.tokens_per_s_error:+.1%} | {c.predicted_mfu:.3f} | {mfu} | {hfu} "
         f"| {at_mfu} | {at_mfu_error} | {c.flops_per_token_ratio:.3f} | {c.communication_s:.3f} "
-        f"| {c.exposed_communication_s:.3f} |"
+        f"| {c.exposed_communication_s:.3f} | {roofline} | {roofline_error} |"
     )
 
 
@@ -47,11 +50,14 @@ def report(path: Path = PUBLISHED_THROUGHPUT_FILE) -> str:
     lines += [format_row(c) for c in rows]
     default_errors = [abs(c.tokens_per_s_error) for c in rows]
     mfu_errors = [abs(c.with_published_mfu_error) for c in rows if c.with_published_mfu_error is not None]
+    roofline_errors = [abs(c.roofline_error) for c in rows if c.roofline_error is not None]
     lines.append("")
     lines.append(
         f"{len(rows)} rows; |error| at the default HFU: median {statistics.median(default_errors):.1%}, "
         f"max {max(default_errors):.1%}"
         + (f"; at the HFU the published MFU implies: median {statistics.median(mfu_errors):.1%}, max {max(mfu_errors):.1%}" if mfu_errors else "")
+        + (f"; roofline compute model: median {statistics.median(roofline_errors):.1%}, max {max(roofline_errors):.1%}"
+           if roofline_errors else "")
     )
     lines.append("sources:")
     lines += sorted({f"  {c.source}" for c in rows})

@@ -46,6 +46,7 @@ def plan_row(plan: StrategyPlan) -> dict[str, object]:
         communication_s=plan.time.communication_s,
         host_transfer_s=plan.time.host_transfer_s,
         cpu_optimizer_s=plan.time.cpu_optimizer_s,
+        optimizer_step_s=plan.time.optimizer_step_s,
         exposed_communication_s=plan.time.exposed_communication_s,
         step_with_overlap_s=plan.time.step_with_overlap_s,
         step_without_overlap_s=plan.time.step_without_overlap_s,

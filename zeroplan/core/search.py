@@ -92,6 +92,9 @@ class PlanCandidate(Frozen):
     """Offload's host-link seconds (StepTime.host_transfer_s, partly hidden behind compute)."""
     cpu_optimizer_s: float | None = None
     """Offload's optimizer step on the host CPU (StepTime.cpu_optimizer_s)."""
+    optimizer_step_s: float | None = None
+    """The optimizer step on the GPU (StepTime.optimizer_step_s: the roofline compute model's;
+    0 under the flat HFU)."""
     tp: int = 1
     """Tensor-parallel degree."""
     sequence_parallel: bool = False
@@ -662,7 +665,8 @@ def _candidate(group: _Group, micro: int, accum: int, peak: int, seconds: float,
     p = r.parallel
     parts = {} if time is None else dict(
         compute_s=time.compute_s, exposed_communication_s=time.exposed_communication_s,
-        host_transfer_s=time.host_transfer_s, cpu_optimizer_s=time.cpu_optimizer_s)
+        host_transfer_s=time.host_transfer_s, cpu_optimizer_s=time.cpu_optimizer_s,
+        optimizer_step_s=time.optimizer_step_s)
     return PlanCandidate(
         **parts,
         strategy=r.strategy.kind, activation_checkpointing=r.training.activation_checkpointing,

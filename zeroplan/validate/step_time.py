@@ -14,6 +14,7 @@ from pydantic import Field, ValidationError
 
 from zeroplan.core.flops import hardware_utilization_from_model_utilization, step_flops
 from zeroplan.core.plan import plan
+from zeroplan.core.roofline.ceilings import CEILINGS
 from zeroplan.errors import ZeroplanError
 from zeroplan.presets.gpus import get_gpu
 from zeroplan.presets.models import get_model
@@ -65,9 +66,10 @@ class PublishedThroughput(Frozen):
     published_mfu: float | None = Field(default=None, gt=0, le=1)
     """The source's MFU, under the source's own FLOP count (None where not published)."""
 
-    def request(self, hardware_flops_utilization: float | None = None) -> PlanRequest:
-        """The planner request for this run; the planner's default HFU unless one is given."""
-        performance = PerformanceAssumptions()
+    def request(self, hardware_flops_utilization: float | None = None, compute_model: str = "hfu") -> PlanRequest:
+        """The planner request for this run; the planner's default HFU unless one is given, or
+        the roofline compute model."""
+        performance = PerformanceAssumptions(compute_model=compute_model)
         if hardware_flops_utilization is not None:
             performance = PerformanceAssumptions(hardware_flops_utilization=hardware_flops_utilization)
         return PlanRequest(
@@ -132,6 +134,14 @@ class StepTimeComparison(Frozen):
     """Communication the planner says the compute does not hide (default HFU)."""
     flops_per_token_ratio: float
     """Planner's executed FLOPs per token over the model FLOPs per token the source's MFU counts."""
+    roofline_tokens_per_s_per_gpu: float | None = None
+    """Tokens/s/GPU under the roofline compute model (None for a GPU it has no ceilings for)."""
+
+    @property
+    def roofline_error(self) -> float | None:
+        if self.roofline_tokens_per_s_per_gpu is None:
+            return None
+        return self.roofline_tokens_per_s_per_gpu / self.published_tokens_per_s_per_gpu - 1
 
     @property
     def tokens_per_s_error(self) -> float:
@@ -169,6 +179,9 @@ def compare_step_time(row: PublishedThroughput) -> StepTimeComparison:
         hfu = hardware_utilization_from_model_utilization(row.published_mfu, flops)
         with_mfu_step_s = plan(row.request(hfu)).time.step_with_overlap_s
         with_mfu_tokens = tokens / with_mfu_step_s
+    roofline_tokens = None
+    if row.gpu in CEILINGS or get_gpu(row.gpu).name in CEILINGS:
+        roofline_tokens = plan(row.request(compute_model="roofline")).time.tokens_per_s_per_gpu
     return StepTimeComparison(
         name=row.name,
         source=f"{row.source_url} ({row.source_section})",
@@ -185,6 +198,7 @@ def compare_step_time(row: PublishedThroughput) -> StepTimeComparison:
         communication_s=predicted.time.communication_s,
         exposed_communication_s=predicted.time.exposed_communication_s,
         flops_per_token_ratio=flops.executed_flops / flops.model_flops,
+        roofline_tokens_per_s_per_gpu=roofline_tokens,
     )
 
 

@@ -1,0 +1,58 @@
+"""The H200 step profiles (benchmarks/gpu-step-profile-records) as zeroplan.validate.step_profile
+reads them: kernels sorted by name into the roofline's categories, annotations left out, the
+optimizer's kernels found by its time window, and each profile turned into the request the
+roofline prices."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from zeroplan.specs import ActivationCheckpointing, StrategyKind
+from zeroplan.validate.step_profile import (
+    STEP_PROFILE_DIR, compare_profile, kernel_category, load_step_profile, profile_request, step_profiles,
+)
+
+
+@pytest.mark.parametrize("name, category", [
+    ("nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_NTN", "matmul"),
+    ("sm80_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x32", "matmul"),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7", "attention"),
+    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64>>", "attention"),
+    ("void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add<c10::BFloat16>>", "memory"),
+    ("Memcpy DtoD (Device -> Device)", "memory"),
+    ("Optimizer.step#AdamW.step", None),
+    ("FSDP::all_gather (blocks.3)", None),
+    ("DistributedDataParallel.forward", None),
+])
+def test_kernel_categories(name, category) -> None:
+    assert kernel_category(name) == category
+
+
+def test_a_profile_is_every_kernel_once_by_category() -> None:
+    path = STEP_PROFILE_DIR / "fsdp-full-shard-torch-2-4096-none.json.gz"
+    profile = load_step_profile(path)
+    with gzip.open(path, "rt") as handle:
+        events = json.load(handle)["device_events"]
+    kernels_s = sum(e["duration_us"] for e in events if kernel_category(e["name"]) is not None) / 1e6
+    assert sum(profile.kernel_s.values()) == pytest.approx(kernels_s)
+    (window,) = [e for e in events if e["name"].startswith("Optimizer.")]
+    inside = sum(e["duration_us"] for e in events if kernel_category(e["name"]) is not None
+                 and window["start_us"] <= e["start_us"] <= window["start_us"] + window["duration_us"]) / 1e6
+    assert profile.kernel_s["optimizer"] == pytest.approx(inside) and inside > 0
+    assert (profile.strategy, profile.micro_batch_size, profile.seq_len) == (StrategyKind.fsdp_full_shard, 2, 4096)
+    assert profile.activation_checkpointing is ActivationCheckpointing.none and profile.device_name == "NVIDIA H200"
+
+
+def test_every_record_becomes_a_roofline_request() -> None:
+    profiles = step_profiles()
+    assert len(profiles) == 4
+    for profile in profiles:
+        request = profile_request(profile)
+        assert request.performance.compute_model == "roofline" and request.cluster.gpu.name == "h200-141gb"
+        assert request.batch.micro_batch_size * request.batch.seq_len == 8192
+        comparison = compare_profile(profile)
+        assert set(comparison.predicted_s) == {"matmul", "attention", "memory", "optimizer", "forward_backward"}
+        assert comparison.predicted_s["forward_backward"] > 0
