@@ -160,6 +160,12 @@ def test_block_memory_passes_per_token() -> None:
     assert forward == {"norms": 2 * 2 * h, "rotary embedding": 2 * (q + kv), "residual adds": 6 * h, "activation": 5 * f}
     backward = {op.name: op.moved_bytes for op in block_memory_passes(model, False, 1, 1, OpPass.backward, 1)}
     assert backward["norms"] == 2 * 3 * h and backward["activation"] == 9 * f
+    # The normed inputs are read by q, k, v and by gate, up: 2 + 1 gradient sums of h, 3h each;
+    # torchtitan's fused wqkv reads the attention's once.
+    assert backward["gradient sums"] == 3 * 3 * h
+    fused = {op.name: op.moved_bytes for op in block_memory_passes(model, False, 1, 1, OpPass.backward, 1, fused_qkv=True)}
+    assert fused["gradient sums"] == 3 * h
+    assert "gradient sums" not in forward
 
 
 def test_step_time_adds_the_gpu_optimizer_step_under_the_roofline_only() -> None:

@@ -21,6 +21,7 @@ from zeroplan.core.flops import (
     executed_causal_fraction,
 )
 from zeroplan.core.params import ParamTensor, block_tensors
+from zeroplan.core.profiles import profile
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.model import ModelSpec, PositionKind
 from zeroplan.specs.training import ActivationCheckpointing, AttentionKernel, TrainingSpec
@@ -149,8 +150,12 @@ def _mlp_width(model: ModelSpec, moe: bool) -> int:
 #     backward: d_up = dh * act (3F), d_act = dh * up (3F), act's backward (3F) (9F)
 #   two-matrix activation: 2F forward, 3F backward
 #   routed experts: tokens gathered to their experts and combined back, k copies of h each way
+#   gradient sums (backward): autograd adds the gradients of a tensor that n operations read with
+#     n - 1 adds (torch/csrc/autograd/input_buffer.cpp, InputBuffer::add), 3h each: the normed
+#     input read by q, k and v (one fused wqkv where the framework fuses them) and by the MLP's
+#     input matrices (gate and up; a MoE's router, shared expert and dispatch)
 def block_memory_passes(model: ModelSpec, moe: bool, tokens: int, element_bytes: int, op_pass: OpPass,
-                        calls: int) -> list[Operation]:
+                        calls: int, fused_qkv: bool = False) -> list[Operation]:
     """The memory-bound kernels of ``calls`` blocks."""
     h, q, kv, width = model.hidden_size, model.q_size, model.kv_size, _mlp_width(model, moe)
     backward = op_pass is OpPass.backward
@@ -166,7 +171,26 @@ def block_memory_passes(model: ModelSpec, moe: bool, tokens: int, element_bytes:
         per_token["activation"] = (3 if backward else 2) * width
     if moe:
         per_token["expert dispatch and combine"] = 2 * 2 * model.experts_per_token * h
+    if backward:
+        extra_readers = input_readers(model, moe, fused_qkv) - 2
+        if extra_readers:
+            per_token["gradient sums"] = 3 * h * extra_readers
     return [memory_pass(name, op_pass, tokens * element_bytes * elements, calls) for name, elements in per_token.items()]
+
+
+def input_readers(model: ModelSpec, moe: bool, fused_qkv: bool) -> int:
+    """Operations that read the attention's and the MLP's normed inputs (h wide), together."""
+    h = model.hidden_size
+    # The output projections (attention's o, the MLP's down or fc2) read the block's own
+    # intermediates, not its input, whatever their widths.
+    outputs = (".o.weight", ".down.weight", ".fc2.weight")
+    weights = [t for t in _linear_weights(model, moe)
+               if t.shape[1] == h and not t.name.startswith("mlp.experts.") and not t.name.endswith(outputs)]
+    attention = sum(1 for t in weights if t.name.startswith("attention."))
+    if fused_qkv and not model.is_mla:
+        attention = 1
+    mlp = sum(1 for t in weights if t.name.startswith("mlp.")) + (1 if moe else 0)
+    return max(attention, 1) + max(mlp, 1)
 
 
 def block_operations(model: ModelSpec, training: TrainingSpec, moe: bool, tokens: int, seq_len: int,
@@ -174,7 +198,7 @@ def block_operations(model: ModelSpec, training: TrainingSpec, moe: bool, tokens
     """Everything ``calls`` blocks run in one pass (forward or backward)."""
     return (block_matmuls(model, moe, tokens, element_bytes, op_pass, calls)
             + attention_core(model, training, tokens, seq_len, element_bytes, op_pass, calls)
-            + block_memory_passes(model, moe, tokens, element_bytes, op_pass, calls))
+            + block_memory_passes(model, moe, tokens, element_bytes, op_pass, calls, profile(training.framework).fuses_qkv))
 
 
 # The loss in fp32 over the logits (torchtitan, torchtune and HF all upcast): forward casts the
