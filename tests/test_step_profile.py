@@ -56,3 +56,23 @@ def test_every_record_becomes_a_roofline_request() -> None:
         comparison = compare_profile(profile)
         assert set(comparison.predicted_s) == {"matmul", "attention", "memory", "optimizer", "forward_backward"}
         assert comparison.predicted_s["forward_backward"] > 0
+
+
+def test_eager_block_traffic_counts_the_blocks_memory_bound_kernels(capsys) -> None:
+    """benchmarks/eager_block_traffic.py on a short sequence: the block's fused norm and SiLU are
+    counted once each way, views and products are not, and the total is not below the model's
+    single-pass count (eager kernels never move less than one read and one write)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "eager_block_traffic.py"
+    spec = importlib.util.spec_from_file_location("eager_block_traffic", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--micro-batch", "1", "--seq-len", "64"]) == 0
+    out = capsys.readouterr().out
+    for operator in ("| forward | _fused_rms_norm |", "| backward | _fused_rms_norm_backward |", "| forward | silu |"):
+        assert operator in out
+    assert "| forward | mm |" not in out and "| forward | view |" not in out
+    ratios = [float(line.rsplit(" ", 1)[1]) for line in out.splitlines() if ", ratio " in line]
+    assert len(ratios) == 2 and all(ratio >= 1.0 for ratio in ratios)
