@@ -177,11 +177,13 @@ def _probe(args: argparse.Namespace, case: str, cap_bytes: int) -> int:
     return 0
 
 
-def _profile(args: argparse.Namespace, case: str, out: Path) -> None:
+def profile_steps(args: argparse.Namespace, spec, device, engine) -> dict:  # type: ignore[no-untyped-def]
+    """Five steps timed with CUDA events per phase after three warm-ups, then one step under
+    torch.profiler: the phase times, the operators by input shape and every device kernel.
+    Shared with gpu_step_profile.py."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    spec, device, engine = _setup(args, case)
     cuda = device.type == "cuda"
     phases = ("forward_backward", "optimizer_step", "zero_grad")
     timed: dict[str, list[float]] = {name: [] for name in phases}
@@ -231,15 +233,26 @@ def _profile(args: argparse.Namespace, case: str, out: Path) -> None:
         {"name": ev.name, "start_us": ev.time_range.start, "duration_us": ev.time_range.elapsed_us()}
         for ev in prof.events() if str(getattr(ev, "device_type", "")).endswith("CUDA")
     ]
+    return {"torch_version": torch.__version__, "device_name": torch.cuda.get_device_name(0) if cuda else "cpu",
+            "step_wall_s": wall, "phase_device_s": timed, "operators": rows, "device_events": kernels}
+
+
+def phase_summary(document: dict) -> str:
+    """'step X ms (min of 5) forward_backward Y ms, ...' for a profile_steps document."""
+    wall, timed = document["step_wall_s"], document["phase_device_s"]
+    phase_text = ", ".join(f"{name} {min(values) * 1e3:.1f} ms" for name, values in timed.items() if values)
+    return f"step {min(wall) * 1e3:.1f} ms (min of {len(wall)}) {phase_text}"
+
+
+def _profile(args: argparse.Namespace, case: str, out: Path) -> None:
+    spec, device, engine = _setup(args, case)
+    steps = profile_steps(args, spec, device, engine)
     out.parent.mkdir(parents=True, exist_ok=True)
     document = {"case": case, "world_size": args.world_size, "micro_batch": args.micro_batch, "seq_len": args.seq_len,
-                "precision": "bf16-mixed", "model": spec.model_dump(mode="json"), "torch_version": torch.__version__,
-                "device_name": torch.cuda.get_device_name(0) if cuda else "cpu", "step_wall_s": wall, "phase_device_s": timed,
-                "operators": rows, "device_events": kernels}
+                "precision": "bf16-mixed", "model": spec.model_dump(mode="json"), **steps}
     with gzip.open(out, "wt") as handle:
         json.dump(document, handle, separators=(",", ":"))
-    phase_text = ", ".join(f"{name} {min(values) * 1e3:.1f} ms" for name, values in timed.items() if values)
-    print(f"{case}: step {min(wall) * 1e3:.1f} ms (min of {len(wall)}) {phase_text}")
+    print(f"{case}: {phase_summary(steps)}")
 
 
 def _run_single(args: argparse.Namespace) -> int:

@@ -92,73 +92,20 @@ def _setup(run: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def _profile_case(args: argparse.Namespace, case: str, out: Path) -> None:
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    from gpu_allocator import _batch, _synchronize
+    from gpu_allocator import phase_summary, profile_steps
 
     run = _case_args(args, case)
     spec, device, engine = _setup(run)
-    cuda = device.type == "cuda"
-    phases = ("forward_backward", "optimizer_step", "zero_grad")
-    timed: dict[str, list[float]] = {name: [] for name in phases}
-    with torch.device(device):
-        def one_step(step: int, events: list | None) -> None:
-            tokens, targets = _batch(run, spec, device, step)
-            marks = [torch.cuda.Event(enable_timing=True) for _ in range(4)] if events is not None and cuda else None
-            if marks:
-                marks[0].record()
-            engine.forward_backward(tokens, targets)
-            if marks:
-                marks[1].record()
-            engine.step()
-            if marks:
-                marks[2].record()
-            engine.zero_grad()
-            if marks:
-                marks[3].record()
-                events.append(marks)
-
-        for step in range(3):
-            one_step(step, None)
-        _synchronize(device)
-        events: list = []
-        wall = []
-        for step in range(3, 8):
-            start = time.perf_counter()
-            one_step(step, events)
-            _synchronize(device)
-            wall.append(time.perf_counter() - start)
-        for marks in events:
-            for name, (a, b) in zip(phases, zip(marks, marks[1:])):
-                timed[name].append(a.elapsed_time(b) / 1e3)
-        activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
-        with profile(activities=activities, record_shapes=True, with_flops=True) as prof:
-            one_step(8, None)
-            _synchronize(device)
-    operators = []
-    for e in prof.key_averages(group_by_input_shape=True):
-        device_us = getattr(e, "device_time_total", None)
-        if device_us is None:
-            device_us = getattr(e, "cuda_time_total", 0)
-        operators.append({"name": e.key, "input_shapes": str(e.input_shapes), "count": e.count,
-                          "device_time_total_us": device_us,
-                          "self_device_time_total_us": getattr(e, "self_device_time_total", None),
-                          "cpu_time_total_us": e.cpu_time_total, "flops": e.flops})
-    kernels = [{"name": ev.name, "start_us": ev.time_range.start, "duration_us": ev.time_range.elapsed_us()}
-               for ev in prof.events() if str(getattr(ev, "device_type", "")).endswith("CUDA")]
+    steps = profile_steps(run, spec, device, engine)
     document = {"case": case, "strategy_engine": run.case, "world_size": run.world_size, "micro_batch": run.micro_batch,
                 "seq_len": run.seq_len, "activation_checkpointing": run.checkpointing, "precision": "bf16-mixed",
-                "model": spec.model_dump(mode="json"), "torch_version": torch.__version__,
-                "device_name": torch.cuda.get_device_name(0) if cuda else "cpu", "step_wall_s": wall,
-                "phase_device_s": timed, "operators": operators, "device_events": kernels}
+                "model": spec.model_dump(mode="json"), **steps}
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")
     with gzip.open(partial, "wt") as handle:
         json.dump(document, handle, separators=(",", ":"))
     os.replace(partial, out)
-    phase_text = ", ".join(f"{name} {min(values) * 1e3:.1f} ms" for name, values in timed.items() if values)
-    print(f"{case}: step {min(wall) * 1e3:.1f} ms (min of {len(wall)}) {phase_text}", flush=True)
+    print(f"{case}: {phase_summary(steps)}", flush=True)
 
 
 def _timed_s(fn, device, warmups: int = 3, reps: int = 10) -> float:  # type: ignore[no-untyped-def]
