@@ -66,6 +66,25 @@ bytes each GPU puts on the wire under ring collectives; times from the alpha-bet
 })
 comm.round(3)"""),
     ("code", """communication_figure(report);"""),
+    ("markdown", """## Where the step goes
+
+The ZeRO trade-off in time: each strategy's step with overlap, split into compute, what the
+collectives and offload copies leave exposed, and the optimizer steps (the CPU's under offload).
+Below it, the same plans with compute timed kernel by kernel (`compute_model="roofline"`: matrix
+products, attention and memory-bound kernels at the GPU's measured ceilings, and the optimizer
+step on the GPU), a lower bound on compute (docs/validation.md, "Step time, kernel by kernel")."""),
+    ("code", """from zeroplan.report.plots import step_parts_s, step_time_figure
+from zeroplan.specs import PerformanceAssumptions
+
+steps = pd.DataFrame({p.strategy.value: step_parts_s(p.time) for p in report.plans}).T
+steps["step s"] = [p.time.step_with_overlap_s for p in report.plans]
+steps.loc[:, (steps != 0).any()].round(3)"""),
+    ("code", """step_time_figure(report);"""),
+    ("code", """roofline = fit(request.model_copy(update={"performance": PerformanceAssumptions(compute_model="roofline")}))
+steps = pd.DataFrame({p.strategy.value: step_parts_s(p.time) for p in roofline.plans}).T
+steps["step s"] = [p.time.step_with_overlap_s for p in roofline.plans]
+display(steps.loc[:, (steps != 0).any()].round(3))
+step_time_figure(roofline);"""),
     ("markdown", """## Will Llama-2-70B train on 8 x A100-80GB?"""),
     ("code", """big = request.model_copy(update={"model": get_model("llama-2-70b")})
 answer = fit(big)

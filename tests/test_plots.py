@@ -12,7 +12,7 @@ matplotlib = pytest.importorskip("matplotlib")
 matplotlib.use("Agg")
 
 
-@pytest.mark.parametrize("figure_name", ["memory_stack_figure", "communication_figure"])
+@pytest.mark.parametrize("figure_name", ["memory_stack_figure", "communication_figure", "step_time_figure"])
 def test_names_are_level_and_the_legend_is_outside_the_bars(gpu_80gib, figure_name) -> None:
     from zeroplan.report import plots
 
@@ -103,3 +103,36 @@ def test_the_validation_plot_keeps_each_quantitys_style_and_names_the_runs(tmp_p
         # The ratio panel shows every quantity on its own row.
         assert len(figure.axes[1].get_yticklabels()) == len({c.get_label() for c in scatter_axes.collections})
     assert quantity_style("gradients") == quantity_style("gradients") != quantity_style("parameters")
+
+
+@pytest.mark.parametrize("compute_model", ["hfu", "roofline"])
+@pytest.mark.parametrize("layout, strategies", [
+    ({"tp": 2, "pp": 2}, ["zero1", "fsdp-full-shard"]),
+    ({}, ["zero3", "zero2-offload"]),
+])
+def test_the_step_time_figure_stacks_the_parts_of_each_step(compute_model, layout, strategies) -> None:
+    """Each strategy's bar is its step with overlap, split into parts that add up to it: compute,
+    the exposed communication, the CPU step under offload, the GPU's optimizer step under the
+    roofline, and under a pipeline its collectives and bubble."""
+    from zeroplan.presets.gpus import get_gpu
+    from zeroplan.report.plots import step_parts_s, step_time_figure
+    from zeroplan.specs import PerformanceAssumptions
+    from zeroplan.specs.parallel import ParallelSpec
+
+    request = PlanRequest(model=get_model("llama-2-13b"), batch=BatchSpec(seq_len=4096, grad_accum_steps=4),
+                          cluster=cluster_from_gpus(get_gpu("a100-80gb"), 16), strategy=StrategySpec(kind=StrategyKind.zero1),
+                          parallel=ParallelSpec(**layout), performance=PerformanceAssumptions(compute_model=compute_model))
+    report = fit(request, strategies=strategies)
+    for plan in report.plans:
+        parts = step_parts_s(plan.time)
+        assert sum(parts.values()) == pytest.approx(plan.time.step_with_overlap_s)
+        assert (parts["bubble s"] > 0 and parts["model-parallel s"] > 0) == bool(layout)
+        assert (parts["opt-step s"] > 0) == (compute_model == "roofline" and not plan.strategy.offloads_optimizer)
+        assert (parts["cpu-step s"] > 0) == plan.strategy.offloads_optimizer
+    figure = step_time_figure(report)
+    axes = figure.axes[0]
+    ends = {}
+    for patch in axes.patches:
+        row = round(patch.get_y() + patch.get_height() / 2)
+        ends[row] = max(ends.get(row, 0.0), patch.get_x() + patch.get_width())
+    assert [ends[row] for row in sorted(ends)] == pytest.approx([p.time.step_with_overlap_s for p in report.plans])

@@ -90,3 +90,45 @@ def communication_figure(report: FitReport) -> Figure:
     figure.suptitle(f"{report.model.name} on {report.cluster.world_size} x {report.cluster.gpu.display_name}: "
                     f"{_run_line(report)}", fontsize=10)
     return figure
+
+
+STEP_PARTS = (
+    ("compute", "compute s", "forward + backward compute", "tab:blue"),
+    ("model_parallel_communication_s", "model-parallel s", "tensor/context/pipeline collectives", "tab:purple"),
+    ("pipeline_bubble_s", "bubble s", "pipeline bubble", "tab:gray"),
+    ("exposed_communication_s", "exposed s", "exposed communication and host copies", "tab:orange"),
+    ("cpu_optimizer_s", "cpu-step s", "CPU optimizer step (offload)", "tab:brown"),
+    ("optimizer_step_s", "opt-step s", "GPU optimizer step (roofline)", "tab:olive"),
+)
+"""The parts of StepTime.step_with_overlap_s, in the order a step runs them: (StepTime field,
+column name, legend label, colour)."""
+
+
+def step_parts_s(time) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """A StepTime's step with overlap split into STEP_PARTS, by column name (they add up to it)."""
+    return {column: time.compute_s if field == "compute" else getattr(time, field) for field, column, _, _ in STEP_PARTS}
+
+
+def step_time_figure(report: FitReport) -> Figure:
+    """Where each strategy's step goes: stacked horizontal bars of compute, the collectives that
+    block it, the pipeline bubble, what communication and offload copies leave exposed, and the
+    optimizer steps; each bar's length is the step time with overlap."""
+    names = [p.strategy.value for p in report.plans]
+    figure, axes = plt.subplots(figsize=(11, 0.45 * len(names) + 1.8), layout="constrained")
+    positions = list(range(len(names)))
+    left = [0.0] * len(names)
+    parts = [step_parts_s(p.time) for p in report.plans]
+    for _, column, label, colour in STEP_PARTS:
+        widths = [part[column] for part in parts]
+        if not any(widths):
+            continue
+        axes.barh(positions, widths, left=left, label=label, color=colour)
+        left = [a + b for a, b in zip(left, widths)]
+    axes.set_yticks(positions, names)
+    axes.invert_yaxis()
+    compute = "roofline kernels" if report.compute_model == "roofline" else "executed FLOPs at the HFU"
+    axes.set_xlabel(f"seconds per optimizer step (compute: {compute})")
+    axes.legend(fontsize=8, ncol=2, loc="lower left", bbox_to_anchor=(0.0, 1.0), frameon=False)
+    figure.suptitle(f"{report.model.name} on {report.cluster.world_size} x {report.cluster.gpu.display_name}: "
+                    f"{_run_line(report)}", fontsize=10)
+    return figure
