@@ -50,3 +50,26 @@ def test_the_solved_largest_micro_batch_is_the_bisections(flags: str, kind: Stra
     solved = _max_micro_batch_affine(request)
     assert solved in (None, expected), (solved, expected)
     assert max_micro_batch_size(request) == expected
+
+
+@pytest.mark.parametrize("strategy, conf", [("fsdp-full-shard", ""), ("zero3", "expandable_segments:True"), ("ddp", "")])
+def test_the_allocator_fit_check_agrees_with_the_bisected_capacity(strategy, conf) -> None:
+    """Under --allocator-conf the largest-micro-batch search asks only whether the OOM capacity
+    is within the usable memory (one or two replays); that answer is the whole breakdown's, at
+    micro-batches on both sides of the largest that fits."""
+    from zeroplan.core.feasibility import usable_memory_bytes
+    from zeroplan.core.plan import _fits, max_micro_batch_size, memory_breakdown
+    from zeroplan.presets.gpus import get_gpu
+    from zeroplan.presets.models import get_model
+    from zeroplan.specs import BatchSpec, MemoryAssumptions, PlanRequest, StrategySpec, cluster_from_gpus
+
+    request = PlanRequest(model=get_model("llama-2-7b"), batch=BatchSpec(seq_len=2048),
+                          cluster=cluster_from_gpus(get_gpu("a100-40gb"), 8), strategy=StrategySpec(kind=strategy),
+                          assumptions=MemoryAssumptions(allocator_conf=conf))
+    largest = max_micro_batch_size(request)
+    for micro in sorted({1, max(largest, 1), largest + 1}):
+        at = request.with_micro_batch(micro)
+        breakdown, _ = memory_breakdown(at)
+        assert _fits(at) == (breakdown.peak_bytes <= usable_memory_bytes(at)), micro
+    assert largest == 0 or _fits(request.with_micro_batch(largest))
+    assert not _fits(request.with_micro_batch(largest + 1))

@@ -43,3 +43,16 @@ def oom_capacity(trace: AllocationTrace, config: AllocatorConfig,
         else:
             low = middle
     return AllocatorVerdict(unlimited=unlimited, oom_capacity_bytes=high * CAPACITY_STEP_BYTES)
+
+
+def completes_within(ops, config: AllocatorConfig, capacity_bytes: int, unlimited: ReplayResult) -> bool:
+    """Whether oom_capacity(...) would come out at most ``capacity_bytes``, in at most one more
+    replay: on the bisection's own 2 MiB grid, a capacity at or above the unlimited reserved peak
+    completes, one below the allocated peak cannot, and between them the replay at that
+    capacity decides (under the bisection's own assumption that completion is monotone)."""
+    steps = capacity_bytes // CAPACITY_STEP_BYTES
+    if steps >= -(-unlimited.reserved_peak_bytes // CAPACITY_STEP_BYTES):
+        return True
+    if steps <= unlimited.allocated_peak_bytes // CAPACITY_STEP_BYTES - 1:
+        return False
+    return replay(ops, config, steps * CAPACITY_STEP_BYTES).completed

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from zeroplan.allocator.capacity import AllocatorVerdict, oom_capacity
+from zeroplan.allocator.capacity import AllocatorVerdict, completes_within, oom_capacity
 from zeroplan.allocator.config import parse_alloc_conf
+from zeroplan.allocator.replay import compile_trace, replay
 from zeroplan.allocator.schedule import step_trace
 from zeroplan.specs.request import PlanRequest
 
@@ -27,3 +28,14 @@ def allocator_verdict(request: PlanRequest, states: "ModelStateBytes", terms: "P
     if not shortfall:
         return verdict
     return verdict.model_copy(update={"oom_capacity_bytes": verdict.oom_capacity_bytes + shortfall})
+
+
+def allocator_fits(request: PlanRequest, states: "ModelStateBytes", terms: "PeakTerms", allocated_peak_bytes: int,
+                   usable_bytes: int) -> bool:
+    """allocator_verdict(...).oom_capacity_bytes <= ``usable_bytes``, in one or two replays
+    instead of the whole bisection (the largest-micro-batch search asks only this)."""
+    config = parse_alloc_conf(request.assumptions.allocator_conf or "")
+    ops = compile_trace(step_trace(request, states, terms))
+    unlimited = replay(ops, config, None)
+    shortfall = max(allocated_peak_bytes - unlimited.requested_peak_bytes, 0)
+    return completes_within(ops, config, usable_bytes - shortfall, unlimited)

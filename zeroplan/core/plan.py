@@ -255,8 +255,25 @@ def pipeline_rank_breakdowns(request: PlanRequest) -> list[tuple[MemoryBreakdown
 
 
 def _fits(request: PlanRequest) -> bool:
+    if request.assumptions.allocator_conf is not None:
+        return _fits_under_allocator(request)
     peak = max(b.peak_bytes for b, _ in pipeline_rank_breakdowns(request))
     return peak <= usable_memory_bytes(request)
+
+
+def _fits_under_allocator(request: PlanRequest) -> bool:
+    """Every pipeline rank's OOM capacity within the usable memory: what the breakdown's peak
+    would say, without bisecting for the capacity itself."""
+    from zeroplan.allocator.planner import allocator_fits
+
+    usable = usable_memory_bytes(request)
+    ranks = [request] if request.parallel.pp == 1 else [request.at_pipeline_rank(r) for r in range(request.parallel.pp)]
+    for rank in ranks:
+        states, terms = checked_peak_terms(rank)
+        allocated, _ = peak_allocated_bytes(states, terms, rank.batch.grad_accum_steps)
+        if allocated > usable or not allocator_fits(rank, states, terms, allocated, usable):
+            return False
+    return True
 
 
 def peak_rank_reason(request: PlanRequest) -> str:
