@@ -59,6 +59,19 @@ def report(path: Path = PUBLISHED_THROUGHPUT_FILE) -> str:
         + (f"; roofline compute model: median {statistics.median(roofline_errors):.1%}, max {max(roofline_errors):.1%}"
            if roofline_errors else "")
     )
+    lines += ["", "By GPU and checkpointing (median error; rows the planner says do not fit counted too):", "",
+              "| GPU | checkpointing | rows | default HFU | roofline | exposed > 0 | planner says no fit |",
+              "|---|---|---:|---:|---:|---:|---:|"]
+    groups: dict[tuple[str, str], list[StepTimeComparison]] = {}
+    for row, comparison in zip(table.rows, rows):
+        groups.setdefault((row.gpu, row.activation_checkpointing.value), []).append(comparison)
+    for (gpu, policy), members in sorted(groups.items()):
+        roofline = [c.roofline_error for c in members if c.roofline_error is not None]
+        lines.append(
+            f"| {gpu} | {policy} | {len(members)} | {statistics.median(c.tokens_per_s_error for c in members):+.1%} | "
+            + (f"{statistics.median(roofline):+.1%}" if roofline else "-")
+            + f" | {sum(c.exposed_communication_s > 0 for c in members)} | {sum(not c.fits for c in members)} |")
+    lines.append("")
     lines.append("sources:")
     lines += sorted({f"  {c.source}" for c in rows})
     return "\n".join(lines)

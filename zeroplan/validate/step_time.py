@@ -24,6 +24,7 @@ from zeroplan.specs import (
 )
 from zeroplan.specs.base import Frozen, first_error
 from zeroplan.specs.framework import Framework
+from zeroplan.specs.model import ModelSpec
 
 PUBLISHED_THROUGHPUT_FILE = Path(__file__).resolve().parent / "data" / "published_throughput.json"
 
@@ -40,7 +41,11 @@ class PublishedThroughput(Frozen):
     setup_notes: str = Field(min_length=1)
     """What the source does and does not state about the setup, and what was assumed."""
     model: str
-    """zeroplan model preset."""
+    """zeroplan model preset, or the name of ``architecture``."""
+    architecture: ModelSpec | None = None
+    """The source's own architecture, where no preset is it (llm-foundry's MPT configurations)."""
+    published_parameters: int | None = Field(default=None, gt=0)
+    """The source's parameter count, which ``architecture`` must reproduce."""
     gpu: str
     """zeroplan GPU catalog name."""
     num_gpus: int = Field(gt=0)
@@ -73,7 +78,7 @@ class PublishedThroughput(Frozen):
         if hardware_flops_utilization is not None:
             performance = PerformanceAssumptions(hardware_flops_utilization=hardware_flops_utilization)
         return PlanRequest(
-            model=get_model(self.model),
+            model=self.model_spec,
             training=TrainingSpec(
                 precision=self.precision, activation_checkpointing=self.activation_checkpointing,
                 framework=self.framework,
@@ -85,6 +90,10 @@ class PublishedThroughput(Frozen):
             strategy=StrategySpec(kind=self.strategy),
             performance=performance,
         )
+
+    @property
+    def model_spec(self) -> ModelSpec:
+        return self.architecture or get_model(self.model)
 
     @property
     def tokens_per_step_per_gpu(self) -> int:
