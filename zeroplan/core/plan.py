@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
@@ -196,7 +197,14 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
 
 
 def checked_peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
-    """peak_terms, after the refusals a whole breakdown makes first."""
+    """peak_terms, after the refusals a whole breakdown makes first. The last few answers are
+    kept (specs and terms are immutable): plan() asks for a request's terms twice, for its
+    breakdown and for its largest micro-batch."""
+    return _recent_peak_terms(request)
+
+
+@functools.lru_cache(maxsize=16)
+def _recent_peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     check_optimizer_in_backward(request.training, request.batch.grad_accum_steps)
     check_fsdp_cpu_offload(request.training, request.strategy.kind)
     return peak_terms(request)
@@ -325,9 +333,12 @@ def _largest_allocated_within(usable_bytes: int, reserve_fraction: float) -> int
 def _max_micro_batch_affine(request: PlanRequest) -> int | None:
     """max_micro_batch_size in closed form: each moment's bytes at micro-batch b are
     m1 + (b - 1)(m2 - m1); None when a moment shrinks with it (bisection decides then)."""
-    states, terms = checked_peak_terms(request.with_micro_batch(1))
-    # The states and buffers do not change with the micro-batch: only its own terms are new.
-    at_two_terms = replace(terms, **micro_batch_terms(request.with_micro_batch(2)))
+    # The states and buffers do not change with the micro-batch: only its own terms are new
+    # (the request's own terms are the ones its breakdown just computed).
+    states, own_terms = checked_peak_terms(request)
+    terms = own_terms if request.batch.micro_batch_size == 1 else replace(
+        own_terms, **micro_batch_terms(request.with_micro_batch(1)))
+    at_two_terms = replace(own_terms, **micro_batch_terms(request.with_micro_batch(2)))
     accumulation = request.batch.grad_accum_steps
     at_one, at_two = moment_totals(states, terms, accumulation), moment_totals(states, at_two_terms, accumulation)
     limit_bytes = _largest_allocated_within(usable_memory_bytes(request), request.assumptions.allocator_reserve_fraction)
