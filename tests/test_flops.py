@@ -6,11 +6,13 @@ from __future__ import annotations
 import pytest
 
 from zeroplan.core.flops import (
-    StepFlops, hardware_utilization_from_model_utilization, model_flops_per_token, step_flops,
+    StepFlops, attention_forward_flops_per_token, hardware_utilization_from_model_utilization,
+    layers_linear_forward_flops_per_token, model_flops_per_token, recompute_flops_per_token, step_flops,
 )
 from zeroplan.core.params import total_parameters
 from zeroplan.core.timing import compute_time_s, step_time
 from zeroplan.presets.gpus import get_gpu
+from zeroplan.presets.models import get_model
 from zeroplan.specs import (
     ActivationCheckpointing, AttentionKernel, BatchSpec, PerformanceAssumptions, PlanRequest, StrategyKind,
     StrategySpec, TrainingSpec, cluster_from_gpus,
@@ -65,10 +67,15 @@ def test_eager_attention_computes_the_whole_score_matrix() -> None:
     assert flops.backward_flops == 2 * (2 * BLOCK + HEAD) + 2 * 2 * ATTENTION
 
 
+# The harness's non-reentrant checkpoint stops early: a recomputed block skips its last matmul,
+# the MLP's down projection (f x h): 2 * 16 * 8 = 256 per token.
+DOWN = 256
+
+
 @pytest.mark.parametrize(("mode", "recomputed"), [
-    (ActivationCheckpointing.full, 2 * (BLOCK + CAUSAL)),  # each block's forward, never the head
+    (ActivationCheckpointing.full, 2 * (BLOCK + CAUSAL - DOWN)),  # each block's forward, never the head
     (ActivationCheckpointing.selective, 2 * CAUSAL),  # the attention core
-    (ActivationCheckpointing.selective_layer, 1 * (BLOCK + CAUSAL)),  # floor(2/2) = 1 block
+    (ActivationCheckpointing.selective_layer, 1 * (BLOCK + CAUSAL - DOWN)),  # floor(2/2) = 1 block
     (ActivationCheckpointing.selective_op, 2 * 2 * (8 * 8 + 8 * 16)),  # wo (q x h) and w3 (h x f)
 ])
 def test_recomputation_is_what_each_policy_runs_again(mode, recomputed) -> None:
@@ -76,6 +83,23 @@ def test_recomputation_is_what_each_policy_runs_again(mode, recomputed) -> None:
     assert flops.recompute_flops == recomputed
     assert flops.backward_flops == 5408 + recomputed
     assert flops.forward_flops == 2656
+
+
+@pytest.mark.parametrize("framework, early_stop", [("zeroplan", True), ("torchtune", True), ("hf", False),
+                                                   ("torchtitan", False)])
+def test_full_recomputation_skips_the_last_matmul_only_where_the_checkpoint_stops_early(framework, early_stop) -> None:
+    """torch's non-reentrant checkpoint (the harness, torchtune) stops once every saved tensor is
+    back, so the down projection is not rerun; HF's reentrant checkpoint and torchtitan's
+    early_stop=False rerun the whole block. Dropout after the MLP keeps it in (its mask is saved)."""
+    model = get_model("llama-3.1-8b")
+    training = TrainingSpec(activation_checkpointing=ActivationCheckpointing.full, framework=framework)
+    down = 2 * 14336 * 4096
+    linear = layers_linear_forward_flops_per_token(model)
+    attention = model.num_layers * attention_forward_flops_per_token(model, 4096, 0.5)
+    expected = linear + attention - (model.num_layers * down if early_stop else 0)
+    assert recompute_flops_per_token(model, training, 4096) == expected
+    dropped = model.model_copy(update={"hidden_dropout": 0.1})
+    assert recompute_flops_per_token(dropped, training, 4096) == linear + attention
 
 
 def test_model_flops_are_palm_appendix_b() -> None:

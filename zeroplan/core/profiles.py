@@ -79,6 +79,11 @@ class FrameworkProfile:
     """Whether its FSDP2 wrapping can take CPUOffloadPolicy (TrainingSpec.fsdp_cpu_offload)."""
     precisions: tuple[Precision, ...] = tuple(Precision)
     """The numerics its configs can express."""
+    checkpoint_early_stop: bool = False
+    """Its block checkpoint is torch's non-reentrant one with early stop on, the default
+    (torch/utils/checkpoint.py, set_checkpoint_early_stop): recomputation ends once every tensor
+    the backward saved is back, so a block's last matmul is not run again
+    (zeroplan.core.flops.early_stop_skipped_flops_per_token)."""
 
 
 _NONE_FULL = (ActivationCheckpointing.none, ActivationCheckpointing.full)
@@ -91,6 +96,8 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         checkpointing_names="none, selective, full",
         default_precision=Precision.bf16_mixed, expands_kv_heads=False, bf16_module_norm_saves_bf16=False,
         loss_chunks=1, offers_activation_offloading=False, strategies=tuple(StrategyKind),
+        # zeroplan/harness/model.py Block.forward: checkpoint(self._body, x, use_reentrant=False).
+        checkpoint_early_stop=True,
     ),
     # torchtitan 0.3.0, torchtitan/distributed/activation_checkpoint.py: ActivationCheckpointingConfig
     # is selective (SelectiveAC, per-op) | full (FullAC) | memory-budget (compiled only) | none;
@@ -136,6 +143,9 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         # apply_fsdp(cpu_offload=True): fsdp_config["offload_policy"] = CPUOffloadPolicy(), the
         # same policy as torchtune's, on every fully_shard call (FSDP and HSDP; not its DDP).
         offers_fsdp_cpu_offload=True,
+        # torchtitan 0.3.0 distributed/activation_checkpoint.py FullAC._wrap_block and the
+        # selective policy pass ptd_checkpoint_wrapper(..., early_stop=False): full recomputation.
+        checkpoint_early_stop=False,
         # torchtitan 0.3.0 config/configs.py TrainingConfig: dtype "bfloat16" | "float32" and
         # mixed_precision_param "bfloat16" | "float32"; no fp16 and no loss scaler.
         precisions=(Precision.fp32, Precision.bf16_mixed, Precision.bf16_pure),
@@ -162,6 +172,10 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         # transformers 4.56.2 training_args.py: default_optim = "adamw_torch_fused" with
         # torch >= 2.8 (torch.optim.AdamW(fused=True)).
         fused_optimizer=True,
+        # transformers 4.56.2 modeling_utils.py gradient_checkpointing_enable: without
+        # gradient_checkpointing_kwargs it checkpoints with use_reentrant=True, which reruns
+        # the whole block (early stop is the non-reentrant checkpoint's).
+        checkpoint_early_stop=False,
     ),
     # torchtune 0.6.1: modules/attention.py (lines 285-291) expands K and V to num_heads with
     # unsqueeze/expand/flatten (a copy) before SDPA; modules/loss/ce_chunked_output_loss.py
@@ -200,6 +214,9 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         # offload_policy=CPUOffloadPolicy() to every fully_shard (model_states.model_state_bytes).
         strategies=(StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op),
         offers_fsdp_cpu_offload=True,
+        # torchtune 0.6.1 training/activations.py: checkpoint_wrapper(..., use_reentrant=False),
+        # early stop left at torch's default (on).
+        checkpoint_early_stop=True,
     ),
 }
 

@@ -18,7 +18,7 @@ from pydantic import Field
 
 from zeroplan.core.flops import (
     MATMUL_FLOPS_PER_MULTIPLY_ADD, attention_backward_over_forward, attention_forward_flops_per_token,
-    executed_causal_fraction,
+    early_stop_skipped_flops_per_token, executed_causal_fraction,
 )
 from zeroplan.core.params import ParamTensor, block_tensors
 from zeroplan.core.profiles import profile
@@ -239,7 +239,8 @@ def embedding_operations(model: ModelSpec, tokens: int, element_bytes: int, op_p
     return [memory_pass("embedding", op_pass, moved, calls)]
 
 
-# flops.recompute_flops_per_token, kernel by kernel: full reruns every block's forward,
+# flops.recompute_flops_per_token, kernel by kernel: full reruns every block's forward (less
+# its last matmul and residual add where the checkpoint stops early),
 # selective the attention core, selective-layer the forward of every k-th block, selective-op
 # (torchtitan's policy: every other mm's output and SDPA's are saved) the unsaved mms, wo and
 # w3 (fc2 in a two-matrix MLP), and the elementwise kernels between them.
@@ -250,15 +251,16 @@ def recompute_operations(model: ModelSpec, training: TrainingSpec, tokens: int, 
     ops: list[Operation] = []
     for moe, blocks in _block_kinds(model):
         if mode is ActivationCheckpointing.full:
-            ops += block_operations(model, training, moe, tokens, seq_len, element_bytes, op_pass, blocks * calls_per_block)
+            ops += _early_stopped(block_operations(model, training, moe, tokens, seq_len, element_bytes, op_pass,
+                                                   blocks * calls_per_block), model, training)
         elif mode is ActivationCheckpointing.selective:
             ops += attention_core(model, training, tokens, seq_len, element_bytes, op_pass, blocks * calls_per_block)
         elif mode is ActivationCheckpointing.selective_layer:
             checkpointed = blocks // training.selective_layer_interval if len(_block_kinds(model)) == 1 else \
                 blocks * (model.num_layers // training.selective_layer_interval) // model.num_layers
             if checkpointed:
-                ops += block_operations(model, training, moe, tokens, seq_len, element_bytes, op_pass,
-                                        checkpointed * calls_per_block)
+                ops += _early_stopped(block_operations(model, training, moe, tokens, seq_len, element_bytes, op_pass,
+                                                       checkpointed * calls_per_block), model, training)
         elif mode is ActivationCheckpointing.selective_op:
             rerun = ("attention.o.weight", "up.weight") if model.mlp.gated else ("attention.o.weight", "fc2.weight")
             if moe and model.mlp.gated:
@@ -269,6 +271,22 @@ def recompute_operations(model: ModelSpec, training: TrainingSpec, tokens: int, 
                 ops += block_matmuls(model, moe, tokens, element_bytes, op_pass, blocks * calls_per_block, rerun)
             ops += block_memory_passes(model, moe, tokens, element_bytes, op_pass, blocks * calls_per_block)
     return ops
+
+
+def _early_stopped(ops: list[Operation], model: ModelSpec, training: TrainingSpec) -> list[Operation]:
+    """A recomputed block's kernels less what the checkpoint's early stop skips: its last matmul
+    and the residual add after it (zeroplan.core.flops.early_stop_skipped_flops_per_token)."""
+    if not early_stop_skipped_flops_per_token(model, training):
+        return ops
+    last = ("mlp.down", "mlp.fc2")
+    kept = []
+    for op in ops:
+        if op.kind is OpKind.matmul and op.name in last:
+            continue
+        if op.name == "residual adds":
+            op = op.model_copy(update={"moved_bytes": op.moved_bytes / 2})
+        kept.append(op)
+    return kept
 
 
 def _block_kinds(model: ModelSpec) -> list[tuple[bool, int]]:
