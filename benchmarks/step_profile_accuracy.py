@@ -49,6 +49,8 @@ def step_table() -> list[str]:
         kernels = comparison.measured_kernel_forward_backward_s
         predicted = comparison.predicted_s["forward_backward"]
         lines.append(f"| {profile.name} | forward+backward kernels | {_ms(kernels)} | {_ms(predicted)} | {_error(predicted, kernels)} |")
+        if profile.forward_backward_s is None or profile.optimizer_step_s is None:
+            continue  # a CPU smoke run: no CUDA events
         lines.append(f"| {profile.name} | forward+backward, CUDA events | {_ms(profile.forward_backward_s)} | {_ms(predicted)} | "
                      f"{_error(predicted, profile.forward_backward_s)} |")
         lines.append(f"| {profile.name} | optimizer step, CUDA events | {_ms(profile.optimizer_step_s)} | "

@@ -58,12 +58,17 @@ class StepProfile(Frozen):
     device_name: str
     torch_version: str
     model: ModelSpec
-    forward_backward_s: float
-    """CUDA events around forward and backward: the fastest of the timed steps."""
-    optimizer_step_s: float
-    """CUDA events around the optimizer step: the fastest of the timed steps."""
+    forward_backward_s: float | None
+    """CUDA events around forward and backward: the fastest of the timed steps (None for a CPU
+    smoke run, which has no CUDA events)."""
+    optimizer_step_s: float | None
+    """CUDA events around the optimizer step: the fastest of the timed steps (None likewise)."""
     kernel_s: dict[str, float]
     """Device seconds of the profiled step's kernels per category (CATEGORIES)."""
+
+
+def _fastest(seconds: list[float]) -> float | None:
+    return min(seconds) if seconds else None
 
 
 def load_step_profile(path: Path) -> StepProfile:
@@ -85,8 +90,8 @@ def load_step_profile(path: Path) -> StepProfile:
         seq_len=document["seq_len"], activation_checkpointing=ActivationCheckpointing(document["activation_checkpointing"]),
         world_size=document["world_size"], device_name=document["device_name"], torch_version=document["torch_version"],
         model=ModelSpec.model_validate(document["model"]),
-        forward_backward_s=min(document["phase_device_s"]["forward_backward"]),
-        optimizer_step_s=min(document["phase_device_s"]["optimizer_step"]), kernel_s=kernel_s,
+        forward_backward_s=_fastest(document["phase_device_s"]["forward_backward"]),
+        optimizer_step_s=_fastest(document["phase_device_s"]["optimizer_step"]), kernel_s=kernel_s,
     )
 
 
