@@ -4,6 +4,8 @@ around its collectives and the optimizer step, at the GPU's achievable ceilings.
 
 from __future__ import annotations
 
+import functools
+
 from zeroplan.core.buffers import optimizer_loop
 from zeroplan.core.layout import element_bytes
 from zeroplan.core.model_states import held_elements, shard_layout
@@ -112,9 +114,11 @@ def check_roofline_applies(request: PlanRequest) -> None:
                             "allowed --compute-model hfu)")
 
 
+@functools.lru_cache(maxsize=16)
 def roofline_step(request: PlanRequest) -> RooflineStep:
     """The per-operation step time of one rank. Model parallelism divides the replica's
-    kernels evenly among its tp x cp x pp ranks (as zeroplan.core.timing.rank_flops)."""
+    kernels evenly among its tp x cp x pp ranks (as zeroplan.core.timing.rank_flops). The last
+    few answers are kept (a step time asks for its compute and its optimizer step apart)."""
     check_roofline_applies(request)
     ceilings = gpu_ceilings(request.cluster.gpu)
     batch = request.batch
