@@ -124,18 +124,36 @@ def test_the_local_shard_of_a_dtensor_is_where_the_adapter_reads_it() -> None:
 
 
 @pytest.mark.slow
-def test_a_whole_step_replays_its_allocations_through_the_allocator_model() -> None:
+def test_a_whole_step_replays_its_allocations_through_the_allocator_model(monkeypatch) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("torchtune", reason="torchtune is not installed (scripts/install-frameworks installs it)")
     from zeroplan.frameworks.step import run_step, step_training
     from zeroplan.presets.models import get_model
     from zeroplan.specs import BatchSpec, StrategyKind
 
+    from zeroplan.allocator.capacity import oom_capacity
+    from zeroplan.allocator.config import parse_alloc_conf
+    from zeroplan.frameworks import step as step_module
+    from zeroplan.frameworks.step_record import AllocatorFigures
+
     args = (get_model("llama-3.1-8b"), StrategyKind.fsdp_full_shard, step_training("torchtune", "full"),
             BatchSpec(seq_len=1024, micro_batch_size=1), 8)
+    # One fake step: its recorded trace is replayed again under expandable segments (what a
+    # second run_step with that conf would do, after recording the same trace again).
+    traces = []
+
+    def recorded(trace, config):  # noqa: ANN001, ANN202
+        traces.append(trace)
+        return oom_capacity(trace, config)
+
+    monkeypatch.setattr(step_module, "oom_capacity", recorded)
     record = run_step(*args, allocator_conf="")
-    expandable = run_step(*args, allocator_conf="expandable_segments:True")
     figures = record.allocator
+    verdict = oom_capacity(traces[0], parse_alloc_conf("expandable_segments:True"))
+    expandable = record.model_copy(update={"allocator": AllocatorFigures(
+        alloc_conf="expandable_segments:True", cublas_workspace_bytes=figures.cublas_workspace_bytes,
+        events=figures.events, requested_peak_bytes=verdict.unlimited.requested_peak_bytes,
+        reserved_peak_bytes=verdict.unlimited.reserved_peak_bytes, oom_capacity_bytes=verdict.oom_capacity_bytes)})
     # The recorder's peak counts every storage, the two 32 MiB cuBLAS workspaces included: at
     # least what FSDPMemTracker holds at its peak, which it counts from the same storages.
     assert figures.requested_peak_bytes >= record.peak_bytes
