@@ -81,8 +81,10 @@ def _preset(name: str):  # type: ignore[no-untyped-def]
     return HARNESS_PRESETS[name]
 
 
-def _setup(args: argparse.Namespace, case: str):  # type: ignore[no-untyped-def]
-    """The fake group, the model and the engine on cuda:0, as the harness builds them."""
+def _setup(args: argparse.Namespace, case: str, checkpointing: bool = False):  # type: ignore[no-untyped-def]
+    """The fake group, the model and the engine on cuda:0, as the harness builds them; with
+    ``checkpointing``, full activation checkpointing switched on in the model before the engine
+    wraps it (as the harness runner does)."""
     import torch
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -101,6 +103,7 @@ def _setup(args: argparse.Namespace, case: str):  # type: ignore[no-untyped-def]
     spec = _model_spec() if args.model == "llama-1b-like" else _preset(args.model)
     with torch.device(device):
         model = build_model(spec, 0)
+        model.set_activation_checkpointing(checkpointing)
         engine = build_engine(model, StrategyKind(strategy), EngineKind(engine_kind), torch.bfloat16,
                               micro_batch_size=args.micro_batch)
     return spec, device, engine

@@ -65,37 +65,11 @@ def _case_args(args: argparse.Namespace, case: str) -> argparse.Namespace:
                               checkpointing=checkpointing, case=f"{strategy}:{engine}")
 
 
-def _setup(run: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """gpu_allocator._setup's fake group, model and engine, with full checkpointing switched on
-    in the model before the engine wraps it (as the harness runner does)."""
-    import torch
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    from gpu_allocator import _model_spec, _preset
-    from zeroplan.harness.engines import EngineKind, build_engine
-    from zeroplan.harness.model import build_model
-    from zeroplan.specs import StrategyKind
-
-    strategy, engine_kind = run.case.split(":")
-    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(0)
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=run.world_size)
-    spec = _model_spec() if run.model == "llama-1b-like" else _preset(run.model)
-    with torch.device(device):
-        model = build_model(spec, 0)
-        model.set_activation_checkpointing(run.checkpointing == "full")
-        engine = build_engine(model, StrategyKind(strategy), EngineKind(engine_kind), torch.bfloat16,
-                              micro_batch_size=run.micro_batch)
-    return spec, device, engine
-
-
 def _profile_case(args: argparse.Namespace, case: str, out: Path) -> None:
-    from gpu_allocator import phase_summary, profile_steps
+    from gpu_allocator import _setup, phase_summary, profile_steps
 
     run = _case_args(args, case)
-    spec, device, engine = _setup(run)
+    spec, device, engine = _setup(run, run.case, checkpointing=run.checkpointing == "full")
     steps = profile_steps(run, spec, device, engine)
     document = {"case": case, "strategy_engine": run.case, "world_size": run.world_size, "micro_batch": run.micro_batch,
                 "seq_len": run.seq_len, "activation_checkpointing": run.checkpointing, "precision": "bf16-mixed",

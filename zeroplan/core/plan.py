@@ -257,9 +257,14 @@ def host_memory_fits(request: PlanRequest, host_bytes_per_rank: int) -> bool | N
 def pipeline_rank_breakdowns(request: PlanRequest) -> list[tuple[MemoryBreakdown, ModelStateBytes]]:
     """Every pipeline rank's breakdown and model states, rank 0 first (the request's own rank
     alone without a pipeline)."""
+    return [memory_breakdown(rank) for rank in pipeline_rank_requests(request)]
+
+
+def pipeline_rank_requests(request: PlanRequest) -> list[PlanRequest]:
+    """The request at every pipeline rank, rank 0 first (the request itself without a pipeline)."""
     if request.parallel.pp == 1:
-        return [memory_breakdown(request)]
-    return [memory_breakdown(request.at_pipeline_rank(rank)) for rank in range(request.parallel.pp)]
+        return [request]
+    return [request.at_pipeline_rank(rank) for rank in range(request.parallel.pp)]
 
 
 def _fits(request: PlanRequest) -> bool:
@@ -275,8 +280,7 @@ def _fits_under_allocator(request: PlanRequest) -> bool:
     from zeroplan.allocator.planner import allocator_fits
 
     usable = usable_memory_bytes(request)
-    ranks = [request] if request.parallel.pp == 1 else [request.at_pipeline_rank(r) for r in range(request.parallel.pp)]
-    for rank in ranks:
+    for rank in pipeline_rank_requests(request):
         states, terms = checked_peak_terms(rank)
         allocated, _ = peak_allocated_bytes(states, terms, rank.batch.grad_accum_steps)
         if allocated > usable or not allocator_fits(rank, states, terms, allocated, usable):

@@ -11,6 +11,7 @@ from zeroplan.core.model_states import held_elements, shard_layout
 from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise
 from zeroplan.core.parallel.units import rank_trainable_units
 from zeroplan.core.roofline import roofline_step
+from zeroplan.core.roofline.optimizer import TORCH_ADAM_ACCESSES_PER_ELEMENT
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.hardware import HostSpec
 from zeroplan.specs.request import PlanRequest
@@ -119,11 +120,9 @@ def fsdp_offload_transfer_bytes(request: PlanRequest) -> dict[Phase, int]:
 
 
 # torch 2.13 torch/optim/adam.py: on CPU tensors AdamW takes _single_tensor_adam
-# (optimizer.py _default_to_fused_or_foreach: the CPU has no foreach or fused kernels). Per
-# element, in the parameters' dtype: decoupled weight decay param.mul_ (2 accesses),
-# exp_avg.lerp_ (3), exp_avg_sq.mul_ then addcmul_ (2 + 3), the denominator's sqrt, division and
-# add_ (2 + 2 + 2, into temporaries), param.addcdiv_ (4): 20 accesses, each a pass over memory.
-TORCH_CPU_ADAM_ACCESSES_PER_ELEMENT = 20
+# (optimizer.py _default_to_fused_or_foreach: the CPU has no foreach or fused kernels), the same
+# unfused ops as on a GPU, each a pass over memory (zeroplan.core.roofline.optimizer counts them).
+TORCH_CPU_ADAM_ACCESSES_PER_ELEMENT = TORCH_ADAM_ACCESSES_PER_ELEMENT
 
 
 # DeepSpeed csrc/adam/cpu_adam_impl.cpp (Adam_Optimizer::Step_1, fp32 params and states): each

@@ -18,7 +18,6 @@ from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
-from zeroplan.specs.training import Precision
 
 
 class RooflineTerm(Frozen):
@@ -70,11 +69,6 @@ def operation_seconds(operation: Operation, ceilings: GpuCeilings) -> tuple[floa
     return (compute_s, "compute") if compute_s >= memory_s else (memory_s, "memory")
 
 
-def activation_element_bytes(precision: Precision) -> int:
-    """Bytes of an activation element: fp32 runs in fp32, every other precision in 16 bits."""
-    return 4 if precision is Precision.fp32 else 2
-
-
 # torch 2.13 _fully_shard/_fsdp_collectives.py: foreach_all_gather_copy_out splits the gathered
 # flat buffer into the per-parameter storages (torch.split_with_sizes_copy: read and write each
 # unsharded element), once per all-gather (forward, and backward again after a reshard);
@@ -122,7 +116,7 @@ def roofline_step(request: PlanRequest) -> RooflineStep:
     check_roofline_applies(request)
     ceilings = gpu_ceilings(request.cluster.gpu)
     batch = request.batch
-    activation_bytes = activation_element_bytes(request.training.precision)
+    activation_bytes = request.training.precision.compute_bytes
     operations = step_operations(request.model, request.training, batch.micro_batch_size, batch.seq_len,
                                  batch.grad_accum_steps, activation_bytes)
     ranks = request.parallel.model_parallel_size
