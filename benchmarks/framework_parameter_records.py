@@ -2,8 +2,9 @@
 planner's model-state terms are checked against.
 
     python benchmarks/framework_parameter_records.py [OUT_DIR [GROUP ...]]
-        (default benchmarks/framework-parameter-records; GROUP meta (RUNS, on the meta device) or
-        bnb (BNB_RUNS, hf QLoRA on real CPU tensors); default both)
+        (default benchmarks/framework-parameter-records; GROUP meta (RUNS, on the meta device),
+        bnb (BNB_RUNS, hf QLoRA on real CPU tensors) or int8 (INT8_RUNS, hf LoRA over
+        bitsandbytes' LLM.int8 base, real CPU tensors); default all three)
 
 Each run (zeroplan.frameworks.parameters.measure_parameters) builds two full-width blocks, the
 embedding, the final norm and the LM head on the meta device (torchao's NF4 quantization of a
@@ -50,7 +51,11 @@ BNB_RUNS = [
     for model in ("llama-3.1-8b", "llama-3.1-70b") for finetune in ({"lora_targets": ALL_LINEARS}, {})
 ] + [("llama-3.1-8b", "hf", "ddp", "bf16-mixed", {"lora_rank": 16, "quantize": "nf4", "lora_targets": ALL_LINEARS,
                                                   "double_quant": False})]
-GROUPS = {"meta": RUNS, "bnb": BNB_RUNS}
+# hf LoRA over an LLM.int8 base (BitsAndBytesConfig(load_in_8bit=True): bitsandbytes Linear8bitLt),
+# built as BNB_RUNS are (real CPU tensors; Int8Params quantizes on its move to a device too).
+INT8_RUNS = [("llama-3.1-8b", "hf", "ddp", "bf16-mixed", {"lora_rank": 16, "quantize": "int8", **finetune})
+             for finetune in ({"lora_targets": ALL_LINEARS}, {})]
+GROUPS = {"meta": RUNS, "bnb": BNB_RUNS, "int8": INT8_RUNS}
 
 
 def main(out: Path = DEFAULT_OUT, groups: list[str] | None = None) -> None:

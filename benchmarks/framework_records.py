@@ -6,7 +6,8 @@
         (the LoRA/QLoRA runs, default benchmarks/framework-finetune-records: kept apart from the
         full fine-tunes the planner is already checked against; GROUP lora (FINETUNE_RUNS, about a
         minute), dora (DORA_RUNS, a few minutes), bnb (BNB_RUNS: hf QLoRA with bitsandbytes on
-        real CPU tensors, about 20 minutes on 2 cores); default all three)
+        real CPU tensors, about 20 minutes on 2 cores), int8 (INT8_RUNS: hf LoRA over
+        bitsandbytes' LLM.int8 base, real CPU tensors, about 15 minutes); default all four)
 
 Each run builds a framework's decoder (zeroplan.frameworks.build) at full width, four blocks
 deep, on fake tensors, and records what each block keeps for backward (zeroplan.frameworks.
@@ -15,6 +16,7 @@ measure). Needs torch and the frameworks (scripts/install-frameworks); about a m
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -82,7 +84,14 @@ BNB_RUNS = [
     ("hf", "ddp", "bf16-mixed", policy, {"lora_rank": 16, "quantize": "nf4", **targets})
     for policy in ("none", "full") for targets in ({"lora_targets": ["q", "k", "v", "o", "gate", "up", "down"]}, {})
 ]
-FINETUNE_GROUPS = {"lora": (FINETUNE_SHAPES, FINETUNE_RUNS), "dora": (FINETUNE_SHAPES, DORA_RUNS), "bnb": (BNB_SHAPES, BNB_RUNS)}
+# hf LoRA over an LLM.int8 base (BitsAndBytesConfig(load_in_8bit=True): bitsandbytes 0.50.2
+# Linear8bitLt), PEFT r 16 as BNB_RUNS, on real CPU tensors as they are.
+INT8_RUNS = [
+    ("hf", "ddp", "bf16-mixed", policy, {"lora_rank": 16, "quantize": "int8", **targets})
+    for policy in ("none", "full") for targets in ({"lora_targets": ["q", "k", "v", "o", "gate", "up", "down"]}, {})
+]
+FINETUNE_GROUPS = {"lora": (FINETUNE_SHAPES, FINETUNE_RUNS), "dora": (FINETUNE_SHAPES, DORA_RUNS), "bnb": (BNB_SHAPES, BNB_RUNS),
+                   "int8": (BNB_SHAPES, INT8_RUNS)}
 
 
 def main(out: Path = DEFAULT_OUT, frameworks: set[str] | None = None) -> None:
@@ -99,17 +108,33 @@ def main(out: Path = DEFAULT_OUT, frameworks: set[str] | None = None) -> None:
     main_finetune(FINETUNE_OUT if out == DEFAULT_OUT else out, frameworks)
 
 
+REAL_TENSOR_GROUPS = ("bnb", "int8")
+"""Groups built on real CPU tensors (several GB a record): each record runs in a process of its
+own, since two int8 records in one process exceeded 24 GB of memory."""
+
+
 def main_finetune(out: Path = FINETUNE_OUT, frameworks: set[str] | None = None, groups: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for group in groups or list(FINETUNE_GROUPS):
         shapes, runs = FINETUNE_GROUPS[group]
-        for model_name, seq_len, micro_batch in shapes:
-            for framework, strategy, precision, policy, finetune in runs:
-                if frameworks and framework not in frameworks:
+        for shape in range(len(shapes)):
+            for run in range(len(runs)):
+                if frameworks and runs[run][0] not in frameworks:
                     continue
-                training = TrainingSpec(framework=framework, precision=precision, activation_checkpointing=policy, finetune=finetune)
-                _write(out, measure(get_model(model_name), StrategyKind(strategy), training,
-                                    BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch)))
+                if group in REAL_TENSOR_GROUPS:
+                    subprocess.run([sys.executable, __file__, "--one", str(out), group, str(shape), str(run)], check=True)
+                else:
+                    measure_one(out, group, shape, run)
+
+
+def measure_one(out: Path, group: str, shape: int, run: int) -> None:
+    """Measure FINETUNE_GROUPS[group]'s run ``run`` at its shape ``shape`` and write its record."""
+    shapes, runs = FINETUNE_GROUPS[group]
+    model_name, seq_len, micro_batch = shapes[shape]
+    framework, strategy, precision, policy, finetune = runs[run]
+    training = TrainingSpec(framework=framework, precision=precision, activation_checkpointing=policy, finetune=finetune)
+    _write(out, measure(get_model(model_name), StrategyKind(strategy), training,
+                        BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch)))
 
 
 def _write(out: Path, record) -> None:
@@ -118,7 +143,9 @@ def _write(out: Path, record) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--finetune"]:
+    if sys.argv[1:2] == ["--one"]:
+        measure_one(Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+    elif sys.argv[1:2] == ["--finetune"]:
         main_finetune(Path(sys.argv[2]) if len(sys.argv) > 2 else FINETUNE_OUT, groups=sys.argv[3:] or None)
     else:
         main(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT, set(sys.argv[2:]) or None)

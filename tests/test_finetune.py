@@ -95,6 +95,49 @@ def test_nf4_storage_is_qlora_papers_bits_per_parameter() -> None:
     assert 0.3 < qlora.parameter_bytes / lora.parameter_bytes < 0.4
 
 
+# LLM.int8 (Dettmers et al. 2022) as bitsandbytes stores it: one byte per element and an fp32
+# absmax per output row (Int8Params data and SCB).
+def test_int8_storage_is_a_byte_per_element_and_an_fp32_scale_per_row() -> None:
+    def hf(finetune: FineTuneSpec) -> PlanRequest:
+        return request(finetune, kind="ddp", gpus=1, framework="hf", precision="bf16-mixed")
+
+    int8 = plan(hf(FineTuneSpec(lora_rank=16, quantize="int8"))).memory
+    nf4 = plan(hf(FineTuneSpec(lora_rank=16, quantize="nf4"))).memory
+    rows = 4096 + 1024 + 1024 + 4096 + 14336 + 14336 + 4096
+    linears = 4096 * (4096 + 1024 + 1024 + 4096) + 3 * 4096 * 14336
+    codes_nf4 = 32 * sum(-(-n // 2) for n in (4096 * 4096, 4096 * 1024, 4096 * 1024, 4096 * 4096, 4096 * 14336, 4096 * 14336, 14336 * 4096))
+    # Everything else (embedding, head, norms, adapters) is the same in both; the nf4 constants
+    # are bitsandbytes' QuantState per weight (zeroplan.core.finetune.storage).
+    nf4_scales = 32 * sum(n // 64 + 4 * (n // 64 // 256) + 1092 for n in
+                          (4096 * 4096, 4096 * 1024, 4096 * 1024, 4096 * 4096, 4096 * 14336, 4096 * 14336, 14336 * 4096))
+    assert int8.parameter_bytes - nf4.parameter_bytes == 32 * (linears + 4 * rows) - codes_nf4 - nf4_scales
+
+
+def test_an_int8_base_keeps_the_input_of_every_linear_in_fp32() -> None:
+    # bitsandbytes MatMul8bitLt keeps its input for the input's gradient, frozen weight or not:
+    # per block the q/k/v input and the gate/up input (s x h) and the down input (s x f), fp32
+    # under prepare_model_for_kbit_training; the attention output o reads is kept anyway.
+    def activations(quantize: str) -> int:
+        return plan(request(FineTuneSpec(lora_rank=16, quantize=quantize), kind="ddp", gpus=1, framework="hf",
+                            precision="bf16-mixed")).memory.activation_bytes
+
+    assert activations("int8") - activations("nf4") == 32 * 4 * 4096 * (2 * 4096 + 14336)
+
+
+def test_an_int8_base_is_planned_under_ddp_only_and_refused_elsewhere_in_one_line(zeroplan_cli) -> None:
+    code, out, err = zeroplan_cli("fit", "llama-3.1-8b", "--framework", "hf", "--lora-rank", "16", "--quantize", "int8",
+                                  "--gpus", "2", "--gpu", "a10g", "--activation-checkpointing", "full", "--seq-len", "1024")
+    assert code == 0, err
+    assert "base linears frozen in int8 (LLM.int8" in out
+    rows = [line.split()[0] for line in out.splitlines() if line.split()[:1] and line.split()[0] in ("ddp", "zero1", "zero3", "fsdp-full-shard")]
+    assert rows == ["ddp"]
+    code, _, err = zeroplan_cli("fit", "llama-3.1-8b", "--framework", "hf", "--lora-rank", "16", "--quantize", "int8",
+                                "--strategies", "zero3")
+    assert code == 2 and err.count("\n") == 1 and "'zero3' cannot hold an int8 base" in err and "allowed: ddp" in err
+    code, _, err = zeroplan_cli("fit", "llama-3.1-8b", "--framework", "hf", "--lora-rank", "16", "--quantize", "int8", "--dora")
+    assert code == 2 and err.count("\n") == 1 and "--dora" in err
+
+
 def test_lora_activations_drop_the_inputs_of_unwrapped_linears() -> None:
     full = plan(request(kind="ddp", gpus=1)).memory.activation_bytes
     all_seven = plan(request(FineTuneSpec(lora_rank=8, lora_targets=tuple(LoraTarget)[:7]), kind="ddp", gpus=1)).memory.activation_bytes
@@ -121,7 +164,10 @@ def test_frozen_weights_skip_their_gradient_matmuls() -> None:
     ({"lora_rank": 8, "frozen_blocks": 2}, "finetune.frozen_blocks"),
     ({"lora_rank": 8, "lora_targets": ()}, "finetune.lora_targets"),
     ({"lora_rank": 8, "dora": True, "lora_dropout": 0.1}, "finetune.dora"),
-    ({"lora_rank": 8, "quantize": "int8"}, "finetune.quantize"),
+    ({"lora_rank": 8, "quantize": "int8"}, "finetune.quantize"),  # torchtune: NF4 bases only
+    ({"lora_rank": 8, "quantize": "fp8"}, "finetune.quantize"),
+    ({"lora_rank": 8, "quantize": "int8", "quant_block_size": 128}, "finetune.quant_block_size"),
+    ({"lora_rank": 8, "quantize": "none", "double_quant": False}, "finetune.double_quant"),
     ({"frozen_blocks": 33}, "finetune.frozen_blocks"),
 ])
 def test_unmodelled_fine_tunes_are_refused_naming_the_field(fields, field) -> None:
@@ -154,6 +200,15 @@ def test_a_config_json_with_nf4_weights_is_planned_as_qlora(zeroplan_cli, tmp_pa
     report = json.loads(out)
     assert report["training"]["finetune"]["quantize"] == "nf4"
     assert "quantization_config" not in json.dumps(report["model"])  # read, not cautioned
+    config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_8bit": True, "llm_int8_threshold": 6.0}
+    path.write_text(json.dumps(config))
+    code, out, err = zeroplan_cli("fit", str(path), "--gpus", "1", "--lora-rank", "16", "--framework", "hf", "--format", "json")
+    assert code == 0, err
+    assert json.loads(out)["training"]["finetune"]["quantize"] == "int8"
+    config["quantization_config"]["llm_int8_has_fp16_weight"] = True
+    path.write_text(json.dumps(config))
+    code, _, err = zeroplan_cli("fit", str(path), "--gpus", "1", "--lora-rank", "16", "--framework", "hf")
+    assert code == 2 and "llm_int8_has_fp16_weight" in err and err.count("\n") == 1
     config["quantization_config"] = {"quant_method": "gptq", "bits": 4}
     path.write_text(json.dumps(config))
     code, _, err = zeroplan_cli("fit", str(path), "--gpus", "1", "--lora-rank", "16")

@@ -125,6 +125,46 @@ def test_hf_qlora_parameter_record_counts_every_quant_state_tensor() -> None:
     assert record.name.endswith("+qlora-nf4-r4-qv:parameters")
 
 
+def test_hf_int8_base_is_bitsandbytes_linear8bitlt_with_a_scale_per_row() -> None:
+    pytest.importorskip("bitsandbytes")
+    import torch
+
+    from zeroplan.frameworks.parameters import measure_parameters
+
+    built = _build(Framework.hf, lora_rank=4, quantize="int8")
+    params = dict(built.module.named_parameters())
+    quantized = {name: p for name, p in params.items() if type(p).__name__ == "Int8Params"}
+    assert len(quantized) == LAYERS * 7 and all(p.dtype == torch.int8 for p in quantized.values())
+    assert all(p.SCB.dtype == torch.float32 and p.SCB.shape == p.shape[:1] for p in quantized.values())
+    training = TrainingSpec(framework="hf", precision="bf16-mixed", finetune={"lora_rank": 4, "quantize": "int8"})
+    record = measure_parameters(TINY, StrategyKind.ddp, training)
+    h, kv, f = TINY.hidden_size, TINY.kv_heads * TINY.head_size, TINY.ffn_hidden_size
+    elements, rows = 2 * h * (h + kv) + 3 * h * f, (h + kv + kv + h + f + f + h)
+    assert record.quantized_storage == {"data": elements, "SCB": 4 * rows}
+    assert record.blocks[0].frozen["int8"] == elements + 4 * rows
+    assert record.name.endswith("+qlora-int8-r4-qv:parameters")
+
+
+def test_the_int8_records_run_the_autograd_function_a_gpu_runs() -> None:
+    # bitsandbytes.matmul picks MatMul8bitFp for a CPU tensor and MatMul8bitLt for a CUDA one;
+    # int8_matmul_as_on_cuda makes the CPU forward take the GPU's function, and only inside it.
+    pytest.importorskip("bitsandbytes")
+    import torch
+
+    from zeroplan.frameworks.lora import int8_matmul_as_on_cuda
+
+    built = _build(Framework.hf, lora_rank=4, quantize="int8")
+    layer = built.module.base_model.model.model.layers[0].mlp.down_proj  # not wrapped: q, v are
+    x = torch.randn(2, 8, TINY.ffn_hidden_size, requires_grad=True)
+    with int8_matmul_as_on_cuda():
+        on_gpu_path = layer(x)
+    on_cpu_path = layer(x)
+    assert type(on_gpu_path.grad_fn).__name__ == "MatMul8bitLtBackward"
+    assert type(on_cpu_path.grad_fn).__name__ == "MatMul8bitFpBackward"
+    # MatMul8bitLt keeps the input itself for the input's gradient (the weight is frozen).
+    assert on_gpu_path.grad_fn.tensors[2].untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+
+
 @pytest.mark.slow
 def test_hf_qlora_base_linears_save_no_input() -> None:
     pytest.importorskip("bitsandbytes")
@@ -161,6 +201,8 @@ def test_record_names_carry_the_fine_tune_and_are_distinct() -> None:
     ("hf", "none", {"lora_rank": 8, "quantize": "nf4", "quant_block_size": 128}, "finetune.quant_block_size"),
     ("hf", "none", {"lora_rank": 8, "quantize": "nf4", "base_dtype": "fp32"}, "finetune.base_dtype"),
     ("hf", "none", {"lora_rank": 8, "quantize": "nf4", "dora": True}, "finetune.dora"),
+    ("hf", "none", {"lora_rank": 8, "quantize": "int8", "dora": True}, "finetune.dora"),
+    ("hf", "none", {"lora_rank": 8, "quantize": "fp8"}, "finetune.quantize"),
     ("torchtitan", "none", {"lora_rank": 8}, "finetune.lora_rank"),
     ("torchtune", "none", {"frozen_blocks": 2}, "finetune.frozen_blocks"),
 ])

@@ -47,8 +47,8 @@ def add_finetune_arguments(parser: argparse.ArgumentParser) -> None:
                        help="dtype the LoRA base is loaded in (default bf16, as torch_dtype=torch.bfloat16 or TRL's "
                             "'auto'; fp32 is transformers' from_pretrained default, cast per matmul by the Trainer's autocast)")
     group.add_argument("--quantize", choices=choices_of(Quantization),
-                       help="store the frozen base linears quantized (QLoRA: nf4; default none, or what the "
-                            "config.json's quantization_config says)")
+                       help="store the frozen base linears quantized (QLoRA: nf4; int8: bitsandbytes' LLM.int8, "
+                            "load_in_8bit; default none, or what the config.json's quantization_config says)")
     group.add_argument("--quant-block-size", type=positive_int, metavar="N", help="elements per nf4 scale (default 64)")
     group.add_argument("--double-quant", action=argparse.BooleanOptionalAction, default=None,
                        help="quantize the nf4 scales to 8 bits (default on, or the config's bnb_4bit_use_double_quant)")

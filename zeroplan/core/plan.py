@@ -35,7 +35,8 @@ from zeroplan.errors import ZeroplanError
 from zeroplan.results import FitReport, MemoryBreakdown, PeakMoment, StrategyPlan
 from zeroplan.core.parallel.expert import expert_dispatch_bytes
 from zeroplan.specs.parallel import EXPERT_PARALLEL_STRATEGIES, PIPELINE_STRATEGIES
-from zeroplan.specs.request import PlanRequest
+from zeroplan.specs.finetune import Quantization
+from zeroplan.specs.request import INT8_STRATEGIES, PlanRequest
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.training import ActivationCheckpointing
@@ -508,6 +509,8 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | N
             strategies = tuple(k for k in strategies if k.value in PIPELINE_STRATEGIES)
         if base.parallel.ep > 1:
             strategies = tuple(k for k in strategies if k.value in EXPERT_PARALLEL_STRATEGIES)
+        if base.training.finetune.quantize is Quantization.int8:
+            strategies = tuple(k for k in strategies if k in INT8_STRATEGIES)
     strategies = tuple(strategies)
     check_framework_strategies(
         framework, tuple(s.kind if isinstance(s, StrategySpec) else StrategyKind(s) for s in strategies), base.cluster.world_size,

@@ -49,7 +49,7 @@ def smallest_change(base: PlanRequest, fit: Callable[[PlanRequest], object]) -> 
         changes.append(("--activation-checkpointing full", current))
     finetune = base.training.finetune
     flags = "--activation-checkpointing full and " if current is not base else ""
-    if finetune.is_lora and not finetune.quantize.is_quantized and current is not None:
+    if finetune.is_lora and finetune.quantize is not Quantization.nf4 and current is not None:
         quantized = _with_training(current, finetune=finetune.model_copy(update={"quantize": Quantization.nf4}))
         changes.append((f"{flags}--quantize nf4", quantized))
     for change, request in changes:

@@ -8,6 +8,7 @@ whenever ``TrainingSpec.finetune`` is not a full fine-tune.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
 
@@ -53,8 +54,11 @@ def check_finetune(framework: Framework, finetune: FineTuneSpec, policy: Activat
                                    "and LoRA/QLoRA with finetune.lora_rank >= 1)")
     if framework not in (Framework.torchtune, Framework.hf):
         raise ZeroplanError("finetune.lora_rank", f"LoRA is measured for torchtune and hf (PEFT) only, not {framework.value}")
-    if finetune.quantize not in (Quantization.none, Quantization.nf4):
-        raise ZeroplanError("finetune.quantize", f"{finetune.quantize.value!r} cannot be measured (allowed: none, nf4)")
+    if finetune.quantize not in (Quantization.none, Quantization.nf4, Quantization.int8):
+        raise ZeroplanError("finetune.quantize", f"{finetune.quantize.value!r} cannot be measured (allowed: none, nf4, int8)")
+    if finetune.quantize is Quantization.int8 and framework is not Framework.hf:
+        # torchtune 0.6.1 quantizes a LoRA base to NF4 only (LoRALinear(quantize_base=True)).
+        raise ZeroplanError("finetune.quantize", "an int8 base is bitsandbytes' Linear8bitLt under hf (allowed: --framework hf)")
     if policy not in (ActivationCheckpointing.none, ActivationCheckpointing.full):
         # torchtune 0.6.1 recipes/lora_finetune_*.py read only enable_activation_checkpointing.
         raise ZeroplanError("--activation-checkpointing", f"{policy.value!r} is not offered with LoRA (allowed: none, full)")
@@ -71,10 +75,11 @@ def check_finetune(framework: Framework, finetune: FineTuneSpec, policy: Activat
                 raise ZeroplanError("finetune.quant_block_size", f"torchtune's QLoRA quantizes in blocks of {TORCHTUNE_NF4_BLOCK} (allowed: {TORCHTUNE_NF4_BLOCK})")
             if not finetune.double_quant:
                 raise ZeroplanError("finetune.double_quant", "torchao's NF4Tensor always quantizes its block scales (allowed: true)")
-    if framework is Framework.hf and finetune.quantize is Quantization.nf4:
-        # bitsandbytes quantizes a Params4bit on its move to a real device (nn/modules.py
-        # Params4bit._quantize), so hf QLoRA is built on real CPU tensors (hf_bnb_qlora_llama).
-        if finetune.quant_block_size != BNB_NF4_BLOCK:
+    if framework is Framework.hf and finetune.quantize.is_quantized:
+        # bitsandbytes quantizes a Params4bit (Int8Params) on its move to a real device
+        # (nn/modules.py Params4bit._quantize, Int8Params._quantize), so hf QLoRA is built on
+        # real CPU tensors (hf_bnb_qlora_llama).
+        if finetune.quantize is Quantization.nf4 and finetune.quant_block_size != BNB_NF4_BLOCK:
             # transformers 4.56.2 integrations/bitsandbytes.py _replace_with_bnb_linear passes no
             # blocksize to bnb.nn.Linear4bit (BitsAndBytesConfig has no such field).
             raise ZeroplanError("finetune.quant_block_size", f"transformers' bitsandbytes integration quantizes in blocks "
@@ -96,7 +101,7 @@ def build_finetune(framework: Framework, model: ModelSpec, layers: int, policy: 
     check_finetune(framework, finetune, policy, offloading)
     if framework is Framework.torchtune:
         return torchtune_lora_llama(model, layers, policy, dtype, finetune, torchtune_wrap)
-    if finetune.quantize is Quantization.nf4:
+    if finetune.quantize.is_quantized:
         return hf_bnb_qlora_llama(model, layers, policy, finetune, hf_base)
     return hf_peft_llama(model, layers, policy, dtype, finetune, hf_base, hf_shard)
 
@@ -202,9 +207,13 @@ can flatten it with the bf16 rest); the default uint8 holds the same bytes."""
 
 def bnb_config(finetune: FineTuneSpec):
     """transformers 4.56.2 BitsAndBytesConfig for QLoRA (Dettmers et al. 2023 and PEFT's
-    developer_guides/quantization.md): nf4, double quantization from the spec, bf16 compute."""
+    developer_guides/quantization.md): nf4, double quantization from the spec, bf16 compute; or
+    LLM.int8 (Dettmers et al. 2022) as ``load_in_8bit=True`` asks for it, every other field at
+    its default (llm_int8_threshold 6.0: outlier columns of the input stay in 16 bits)."""
     from transformers import BitsAndBytesConfig
 
+    if finetune.quantize is Quantization.int8:
+        return BitsAndBytesConfig(load_in_8bit=True)
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                               bnb_4bit_use_double_quant=finetune.double_quant,
                               bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_quant_storage=BNB_QUANT_STORAGE)
@@ -259,6 +268,9 @@ def hf_bnb_qlora_llama(model: ModelSpec, layers: int, policy: ActivationCheckpoi
     module.train()
 
     def forward(tokens: torch.Tensor) -> torch.Tensor:
+        if finetune.quantize is Quantization.int8:
+            with int8_matmul_as_on_cuda():
+                return module(input_ids=tokens).logits
         return module(input_ids=tokens).logits
 
     versions = f"transformers {version('transformers')}, peft {version('peft')}, bitsandbytes {version('bitsandbytes')}"
@@ -266,13 +278,55 @@ def hf_bnb_qlora_llama(model: ModelSpec, layers: int, policy: ActivationCheckpoi
     return dataclasses.replace(meta, module=module, blocks=blocks, forward=forward, shard=None, version=versions, real=True)
 
 
+@contextlib.contextmanager
+def int8_matmul_as_on_cuda():
+    """Run Linear8bitLt's training forward through the autograd function a GPU runs.
+
+    bitsandbytes 0.50.2 autograd/_functions.py matmul sends a training forward on a CPU tensor to
+    MatMul8bitFp (dequantize the weight, F.linear: autocast makes its output bf16, and it keeps
+    only its input) and on a CUDA tensor to MatMul8bitLt (int8 product of the fp16-quantized
+    input, output in the input's dtype, keeping the input and its outlier columns). The records
+    are of the GPU's path: for the forward bitsandbytes.matmul is its own CUDA branch (the same
+    lines without the device test); MatMul8bitLt then runs bitsandbytes' default kernels, which
+    have the CUDA kernels' schemas (shapes and dtypes, _ops.py)."""
+    import logging
+
+    import bitsandbytes
+    from bitsandbytes.autograd._functions import MatMul8bitLt, MatmulLtState
+
+    def matmul(A, B, out=None, state=None, threshold=0.0, bias=None):
+        state = state or MatmulLtState()
+        if threshold > 0.0:
+            state.threshold = threshold
+        return MatMul8bitLt.apply(A, B, out, bias, state)
+
+    original = bitsandbytes.matmul
+    quiet = logging.getLogger("bitsandbytes.autograd._functions")
+    level = quiet.level
+    # MatMul8bitLt warns on every call that it quantizes a non-fp16 input through fp16.
+    quiet.setLevel(logging.ERROR)
+    bitsandbytes.matmul = matmul
+    try:
+        yield
+    finally:
+        bitsandbytes.matmul = original
+        quiet.setLevel(level)
+
+
 def quantization_tensors(param: torch.Tensor) -> dict[str, torch.Tensor] | None:
-    """The tensors a bitsandbytes Params4bit keeps beside its packed data, by name (its
+    """The tensors a bitsandbytes Params4bit or Int8Params keeps beside its data, by name (an
+    Int8Params its ``SCB`` row scales; a Params4bit its
     QuantState, bitsandbytes 0.50.2 functional.py: ``absmax`` (uint8 with double quantization,
     fp32 without), ``code`` (the 16-entry fp32 NF4 table), ``offset`` (fp32 scalar, the
     absmax mean subtracted before double quantization) and ``state2.absmax`` / ``state2.code``
     (fp32: one scale per 256 absmax values, the 256-entry 8-bit dynamic map)); None for any
     other parameter."""
+    if type(param).__name__ == "Int8Params":
+        # bitsandbytes 0.50.2 nn/modules.py Int8Params._quantize: the int8 codes are the
+        # parameter's data (CB is the same tensor) and SCB the fp32 absmax of each output row
+        # (functional.py int8_vectorwise_quant); Linear8bitLt's first forward moves both onto its
+        # MatmulLtState (init_8bit_state), so they are read before any forward runs.
+        return {"SCB": param.SCB} if isinstance(param.SCB, torch.Tensor) else {}
     state = getattr(param, "quant_state", None)
     if state is None or type(param).__name__ != "Params4bit":
         return None

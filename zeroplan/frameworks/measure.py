@@ -23,6 +23,7 @@ import torch
 from zeroplan.frameworks.build import build
 from zeroplan.frameworks.record import FrameworkRecord
 from zeroplan.simulate import _torch_private as private
+from zeroplan.specs.finetune import Quantization
 from zeroplan.specs.framework import Framework
 from zeroplan.specs import ActivationCheckpointing, BatchSpec, ModelSpec, Precision, StrategyKind, TrainingSpec
 from zeroplan.specs.training import measured_on
@@ -140,7 +141,10 @@ def _forward_unfrozen(model: ModelSpec, training: TrainingSpec, batch: BatchSpec
     with contextlib.nullcontext() if built.real else private.fake_tensor_mode():
         if built.real:
             notes.append("real CPU tensors (random weights): the model is built as from_pretrained builds it, "
-                         "bitsandbytes quantizing each Linear4bit weight on CPU; live bytes from MemTracker")
+                         "bitsandbytes quantizing each Linear4bit (Linear8bitLt) weight on CPU; live bytes from MemTracker")
+            if training.finetune.quantize is Quantization.int8:
+                notes.append("Linear8bitLt's forward through MatMul8bitLt, the autograd function bitsandbytes.matmul "
+                             "picks on a GPU (on a CPU it picks MatMul8bitFp): zeroplan.frameworks.lora.int8_matmul_as_on_cuda")
         else:
             built.to_empty("cpu")
         tokens = torch.randint(0, model.vocab_size, (batch.micro_batch_size, batch.seq_len))

@@ -61,8 +61,10 @@ def _bytes(params) -> ParameterBytes:
         inner = private.inner_tensors(param)
         beside = quantization_tensors(param)
         if beside is not None:
-            # bitsandbytes Params4bit: NF4, whatever dtype its packed bytes are stored in.
-            key, nbytes = "nf4", _nbytes(param) + sum(_nbytes(t) for t in beside.values())
+            # bitsandbytes Params4bit: NF4, whatever dtype its packed bytes are stored in;
+            # Int8Params: int8 codes and their row scales.
+            key = "int8" if type(param).__name__ == "Int8Params" else "nf4"
+            nbytes = _nbytes(param) + sum(_nbytes(t) for t in beside.values())
         elif inner is None:
             key, nbytes = str(param.dtype).removeprefix("torch."), _nbytes(param)
         else:
@@ -81,11 +83,14 @@ def _quantized(block: nn.Module) -> tuple[dict[str, int], dict[str, str]]:
             inner = {"data": param.data, **beside}
             for attr, tensor in inner.items():
                 storage[attr] = storage.get(attr, 0) + _nbytes(tensor)
+            shapes = ", ".join(f"{attr} {str(t.dtype).removeprefix('torch.')}{list(t.shape)}" for attr, t in inner.items())
+            if type(param).__name__ == "Int8Params":
+                layout[name] = f"Int8Params {{'has_fp16_weights': {param.has_fp16_weights}}}: {shapes}"
+                continue
             state = param.quant_state
             sizes = {"blocksize": state.blocksize, "quant_type": state.quant_type,
                      "quant_storage": str(param.quant_storage).removeprefix("torch."), "shape": list(state.shape),
                      "nested_blocksize": state.state2.blocksize if state.nested else None}
-            shapes = ", ".join(f"{attr} {str(t.dtype).removeprefix('torch.')}{list(t.shape)}" for attr, t in inner.items())
             layout[name] = f"Params4bit {sizes}: {shapes}"
             continue
         inner = private.inner_tensors(param)

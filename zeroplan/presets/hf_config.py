@@ -550,7 +550,8 @@ def parse_hf_config(config: dict[str, Any], name: str) -> ModelSpec:
 
 # transformers 4.56.2 utils/quantization_config.py BitsAndBytesConfig.to_dict: quant_method
 # "bitsandbytes", load_in_4bit / load_in_8bit, bnb_4bit_quant_type ("nf4" or "fp4"),
-# bnb_4bit_use_double_quant; a checkpoint saved from a quantized model carries it in config.json.
+# bnb_4bit_use_double_quant, llm_int8_has_fp16_weight; a checkpoint saved from a quantized model
+# carries it in config.json.
 def config_quantization(config: dict[str, Any]) -> dict[str, Any] | None:
     """The fine-tune fields a config.json's ``quantization_config`` sets (quantize, double_quant),
     None without one; a scheme the planner does not model is a one-line error."""
@@ -565,8 +566,15 @@ def config_quantization(config: dict[str, Any]) -> dict[str, Any] | None:
         if kind != "nf4":
             raise ZeroplanError("config.quantization_config", f"bnb_4bit_quant_type {kind!r} is not modelled (allowed: nf4)")
         return {"quantize": "nf4", "double_quant": bool(quant.get("bnb_4bit_use_double_quant", False))}
-    described = f"quant_method {method!r}" + (" with load_in_8bit" if quant.get("load_in_8bit") else "")
-    raise ZeroplanError("config.quantization_config", f"{described} is not modelled (allowed: bitsandbytes load_in_4bit nf4)")
+    if method == "bitsandbytes" and quant.get("load_in_8bit"):
+        # llm_int8_has_fp16_weight keeps the 16-bit weight beside its int8 copy (Int8Params
+        # has_fp16_weights), a layout not measured; llm_int8_threshold only picks the input's
+        # outlier columns.
+        if quant.get("llm_int8_has_fp16_weight"):
+            raise ZeroplanError("config.quantization_config", "llm_int8_has_fp16_weight true is not modelled (allowed: false)")
+        return {"quantize": "int8"}
+    raise ZeroplanError("config.quantization_config", f"quant_method {method!r} is not modelled "
+                                                      "(allowed: bitsandbytes load_in_4bit nf4, bitsandbytes load_in_8bit)")
 
 
 def read_config_quantization(path: Path) -> dict[str, Any] | None:

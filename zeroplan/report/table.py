@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from zeroplan.core.params import active_parameters, total_parameters
 from zeroplan.results import FitReport, StrategyPlan
+from zeroplan.specs.finetune import Quantization
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.model import ModelSpec
@@ -175,8 +176,11 @@ def finetune_lines(report: FitReport) -> list[str]:
     if finetune.quantize.is_quantized:
         # peft's prepare_model_for_kbit_training (hf's QLoRA recipe) casts the rest to fp32.
         rest = "in fp32 (prepare_model_for_kbit_training)" if t.framework.value == "hf" else f"as loaded, in {loaded}"
-        base = (f"base linears frozen in {finetune.quantize.value} (blocks of {finetune.quant_block_size}"
-                f"{', double-quantized scales' if finetune.double_quant else ''}), the rest frozen {rest}")
+        if finetune.quantize is Quantization.nf4:
+            layout = f"blocks of {finetune.quant_block_size}{', double-quantized scales' if finetune.double_quant else ''}"
+        else:
+            layout = "LLM.int8: an fp32 scale per output row; each keeps its input for backward"
+        base = f"base linears frozen in {finetune.quantize.value} ({layout}), the rest frozen {rest}"
     else:
         base = f"base frozen as loaded, in {loaded}"
         if t.framework.value == "hf":

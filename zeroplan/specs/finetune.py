@@ -22,8 +22,8 @@ class Quantization(str, Enum):
     """4-bit NormalFloat in blocks of ``quant_block_size`` elements, each with an absmax scale
     (Dettmers et al. 2023, "QLoRA", sec. 3): bitsandbytes' Linear4bit, torchao's NF4Tensor."""
     int8 = "int8"
-    """8-bit integers with one fp32 scale per output row (bitsandbytes' Linear8bitLt, LLM.int8;
-    torchao's int8 weight-only quantization)."""
+    """8-bit integers with one fp32 scale per output row (Dettmers et al. 2022, "LLM.int8()":
+    bitsandbytes' Linear8bitLt, transformers' ``load_in_8bit=True``)."""
     fp8 = "fp8"
     """float8 e4m3 with one fp32 scale per output row (torchao's float8 weight-only quantization)."""
 
@@ -117,6 +117,10 @@ class FineTuneSpec(Frozen):
             raise ZeroplanError("finetune.lora_targets", f"must name at least one layer (allowed: {', '.join(t.value for t in LoraTarget)})")
         if self.lora_targets is not None and len(set(self.lora_targets)) != len(self.lora_targets):
             raise ZeroplanError("finetune.lora_targets", "names a layer twice")
+        nf4_only = {"quant_block_size": self.quant_block_size != 64, "double_quant": not self.double_quant}
+        given = [name for name, set_ in nf4_only.items() if set_]
+        if given and self.quantize is not Quantization.nf4:
+            raise ZeroplanError(f"finetune.{given[0]}", "applies to an nf4 base only (set quantize, --quantize, to nf4)")
         if self.lora_rank and (self.freeze_embeddings or self.frozen_blocks):
             raise ZeroplanError("finetune.frozen_blocks", "applies to a full fine-tune; under LoRA every base weight is frozen already")
         return self
@@ -182,8 +186,13 @@ def check_finetune(finetune: FineTuneSpec, model: ModelSpec, framework: Framewor
         # peft 0.17.1 tuners/lora/layer.py: with dropout DoRA recomputes the base output from the
         # dropped input, a path no record measures.
         raise ZeroplanError("finetune.dora", "DoRA with lora_dropout is not measured yet (allowed: --lora-dropout 0)")
-    if finetune.quantize not in (Quantization.none, Quantization.nf4):
-        raise ZeroplanError("finetune.quantize", f"{finetune.quantize.value!r} is not modelled yet (allowed: none, nf4)")
+    if finetune.quantize is Quantization.fp8:
+        # peft 0.17.1 tuners/lora/torchao.py TorchaoLoraLinear._check_dtype_supported raises for
+        # any torchao weight but int8; torchtune 0.6.1 quantizes a LoRA base to NF4 only.
+        raise ZeroplanError("finetune.quantize", "'fp8': no framework here trains LoRA over an fp8 base (peft's torchao "
+                                                 "LoRA takes int8 weights only; allowed: none, nf4, int8)")
+    if finetune.quantize is Quantization.int8:
+        check_int8_base(finetune, framework)
     present = {LoraTarget.q, LoraTarget.k, LoraTarget.v, LoraTarget.o}
     present |= {LoraTarget.gate, LoraTarget.up, LoraTarget.down} if model.mlp.gated else set()
     present |= set() if model.tied_embeddings else {LoraTarget.output}
@@ -192,3 +201,17 @@ def check_finetune(finetune: FineTuneSpec, model: ModelSpec, framework: Framewor
             allowed = ", ".join(t.value for t in LoraTarget if t in present)
             raise ZeroplanError("finetune.lora_targets", f"{target.value!r}: {model.name} has no such layer "
                                 f"(allowed: {allowed})")
+
+
+
+def check_int8_base(finetune: FineTuneSpec, framework: Framework) -> None:
+    """Refuse, in one line, an int8 base outside what was measured (hf, no DoRA, a bf16 load;
+    the strategies: zeroplan.specs.request.INT8_STRATEGIES)."""
+    if framework is not Framework.hf:
+        # torchtune 0.6.1 quantizes a LoRA base to NF4 only (LoRALinear(quantize_base=True)).
+        raise ZeroplanError("finetune.quantize", "an int8 base is bitsandbytes' Linear8bitLt under hf "
+                                                 "(allowed: --framework hf, or --quantize nf4)")
+    if finetune.dora:
+        raise ZeroplanError("finetune.dora", "DoRA over an int8 base is not measured (allowed: false)")
+    if not finetune.loads_base_in_bf16:
+        raise ZeroplanError("finetune.base_dtype", "an int8 base is measured loaded with dtype=torch.bfloat16 (allowed: bf16)")

@@ -6,7 +6,7 @@ from pydantic import Field, model_validator
 
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import Frozen
-from zeroplan.specs.finetune import check_finetune
+from zeroplan.specs.finetune import Quantization, check_finetune
 from zeroplan.specs.hardware import ClusterSpec
 from zeroplan.specs.model import ModelSpec, PositionKind
 from zeroplan.specs.parallel import ParallelSpec, check_parallel
@@ -48,6 +48,12 @@ def check_attention_kernel(model: ModelSpec, training: TrainingSpec) -> None:
 
 
 DEFAULT_SEQ_LEN = BatchSpec.model_fields["seq_len"].default
+
+INT8_STRATEGIES = (StrategyKind.ddp,)
+"""Where an LLM.int8 base is measured: bitsandbytes' Int8Params keeps its row scales (SCB) as a
+plain attribute that FSDP and ZeRO-3 would not shard, DeepSpeed casts the module it wraps, and
+PEFT's FSDP/DeepSpeed guides cover 4-bit bases only (bnb_4bit_quant_storage); DDP, one GPU
+included, is what runs it."""
 """The sequence length a request takes when none is given (capped at the model's positions)."""
 
 
@@ -157,6 +163,9 @@ class PlanRequest(Frozen):
         check_attention_kernel(self.model, self.training)
         check_parallel(self.parallel, self.model, self.cluster, self.batch, self.strategy.kind, self.training.framework)
         check_finetune(self.training.finetune, self.model, self.training.framework, self.parallel.model_parallel_size * self.parallel.ep)
+        if self.training.finetune.quantize is Quantization.int8 and self.strategy.kind not in INT8_STRATEGIES:
+            raise ZeroplanError("strategy", f"{self.strategy.kind.value!r} cannot hold an int8 base (bitsandbytes Int8Params; "
+                                            f"allowed: {', '.join(k.value for k in INT8_STRATEGIES)})")
         if self.strategy.kind is StrategyKind.hsdp:
             group = self.shard_group_size
             if self.state_group_size % group:

@@ -12,7 +12,7 @@ fine-tune's terms are those of zeroplan.core.activations.layer_terms.
 from __future__ import annotations
 
 from zeroplan.core.activations import FP32_BYTES, norm_bytes, rms_norm_is_composite
-from zeroplan.specs.finetune import BaseDtype, LoraTarget
+from zeroplan.specs.finetune import BaseDtype, LoraTarget, Quantization
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import NormKind
 from zeroplan.specs.request import PlanRequest
@@ -63,6 +63,19 @@ def adapters_copy_their_input(request: PlanRequest) -> bool:
     return request.training.framework is Framework.hf and request.strategy.kind is StrategyKind.ddp
 
 
+# bitsandbytes 0.50.2 autograd/_functions.py MatMul8bitLt.forward (what Linear8bitLt runs on a GPU):
+# when its input needs a gradient it keeps the input itself (ctx.tensors = (CAt, subA, A), a plain
+# attribute, not save_for_backward) to compute that gradient, whether or not the weight trains;
+# subA, the input's outlier columns beyond llm_int8_threshold, is a few columns of real
+# activations (LLM.int8 sec. 3.2) and left out. Under hf the input arrives in fp32:
+# prepare_model_for_kbit_training holds the residual stream, the norms and (through
+# MatMul8bitLt's output, in its input's dtype) the MLP's gate and up in fp32, and the custom op
+# is not autocast (measured: benchmarks/framework-finetune-records, hf int8).
+def int8_kept_input_bytes(request: PlanRequest) -> int:
+    """Bytes per element of the input an int8 base linear keeps (0: the base is not int8)."""
+    return FP32_BYTES if request.training.finetune.quantize is Quantization.int8 else 0
+
+
 def _group_input_bytes(request: PlanRequest, targets: tuple[LoraTarget, ...], width: int, kept_anyway: bool) -> int:
     """What is kept of one input the group's linears read, given which of them an adapter wraps
     (and whether another op keeps the input itself regardless)."""
@@ -70,7 +83,9 @@ def _group_input_bytes(request: PlanRequest, targets: tuple[LoraTarget, ...], wi
     e = request.training.precision.compute_bytes
     tokens = request.batch.seq_len * request.batch.micro_batch_size
     wrapped = [t for t in targets if t in finetune.targets(request.training.framework)]
-    shared = e * tokens * width if kept_anyway else 0
+    # The attention output o reads is the fused attention's own kept output (INPUT_GROUPS), so
+    # an int8 o keeps no second copy of it.
+    shared = e * tokens * width if kept_anyway else int8_kept_input_bytes(request) * tokens * width
     if not wrapped:
         return shared
     copies = adapters_copy_their_input(request)
@@ -82,7 +97,7 @@ def _group_input_bytes(request: PlanRequest, targets: tuple[LoraTarget, ...], wi
         return shared + len(wrapped) * (e + mask) * tokens * width
     if copies:
         return shared + len(wrapped) * e * tokens * width
-    return e * tokens * width
+    return max(shared, e * tokens * width)
 
 
 def lora_layer_delta_bytes(request: PlanRequest, norm_savings_bytes: int = 0) -> int:
@@ -105,9 +120,10 @@ def lora_layer_delta_bytes(request: PlanRequest, norm_savings_bytes: int = 0) ->
         width = _input_width(request, kind)
         delta += _group_input_bytes(request, group, width, kept_anyway) - e * tokens * width
     # bitsandbytes 0.50.2 nn/modules.py Linear4bit.forward casts its output back to its input's
-    # dtype: under hf's QLoRA the residual stream is fp32 (FineTuneSpec.module_in_bf16), so the
-    # gate and up outputs and SiLU's, which the MLP keeps, are fp32 (measured: the hf QLoRA
-    # block record's three [b, s, f] fp32 saved tensors).
+    # dtype, and MatMul8bitLt returns its product in its input's dtype: under hf's QLoRA the
+    # residual stream is fp32 (FineTuneSpec.module_in_bf16), so the gate and up outputs and
+    # SiLU's, which the MLP keeps, are fp32 (measured: the hf QLoRA and int8 block records'
+    # three [b, s, f] fp32 saved tensors).
     if finetune.quantize.is_quantized and training.framework is Framework.hf and request.runs_under_autocast:
         delta += 3 * (FP32_BYTES - e) * tokens * request.model.ffn_hidden_size
     # Each adapter's B keeps A's r-wide output.
@@ -197,9 +213,15 @@ def frozen_norms_delta(request: PlanRequest, norm_savings_bytes: int) -> int:
 # quantized weight in the compute dtype is alive at once beside a block's backward.
 def dequantized_weight_bytes(request: PlanRequest) -> int:
     """What dequantizing the largest quantized weight holds at its peak (0 without
-    quantization): one copy in the compute dtype, or torchao's NF4 steps (TORCHAO_NF4_DEQUANTIZE_COPIES)."""
-    if not request.training.finetune.quantize.is_quantized:
+    quantization): one copy in the compute dtype, or torchao's NF4 steps (TORCHAO_NF4_DEQUANTIZE_COPIES),
+    or (int8) one copy in the dtype of the input it multiplies."""
+    quantize = request.training.finetune.quantize
+    if not quantize.is_quantized:
         return 0
+    if quantize is Quantization.int8:
+        # MatMul8bitLt.backward: state.CB.to(ctx.dtype_A, copy=True).mul_(SCB / 127), the whole
+        # weight in the input's dtype (int8_kept_input_bytes), for grad_output @ W.
+        return largest_quantized_elements(request) * int8_kept_input_bytes(request)
     return largest_quantized_elements(request) * request.training.precision.compute_bytes * nf4_dequantize_copies(request)
 
 

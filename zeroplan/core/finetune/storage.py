@@ -1,11 +1,11 @@
-"""Bytes of the frozen parameters: a LoRA base in the compute dtype or quantized (QLoRA's nf4),
-a frozen embedding or block in the dtype the trainable ones are held in."""
+"""Bytes of the frozen parameters: a LoRA base in the compute dtype or quantized (QLoRA's nf4,
+LLM.int8), a frozen embedding or block in the dtype the trainable ones are held in."""
 
 from __future__ import annotations
 
 from zeroplan.core.layout import element_bytes
 from zeroplan.core.params import ParamTensor, ParamUnit
-from zeroplan.specs.finetune import BaseDtype
+from zeroplan.specs.finetune import BaseDtype, Quantization
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.training import Precision, StateConvention
@@ -51,6 +51,22 @@ BNB_CONSTANT_BYTES = {True: 4 * 16 + 4 * 256 + 4, False: 4 * 16}
 """bitsandbytes QuantState constants per weight, by double quantization: code, state2.code, offset."""
 
 
+# LLM.int8 (Dettmers et al. 2022, sec. 3.1 vector-wise quantization) as bitsandbytes 0.50.2 stores
+# a weight (nn/modules.py Int8Params._quantize, functional.py int8_vectorwise_quant): one int8 code
+# per element, the parameter's data, and SCB, the fp32 absmax of each output row, an attribute
+# beside it (measured: benchmarks/framework-parameter-records, hf int8).
+def int8_layout(tensor: ParamTensor) -> tuple[int, int]:
+    """(bytes of the int8 codes, bytes of the fp32 row scales) of one int8 weight."""
+    return tensor.numel, 4 * tensor.shape[0]
+
+
+def quantized_layout(request: PlanRequest, tensor: ParamTensor) -> tuple[int, int]:
+    """(bytes sharded with the parameter, bytes every shard keeps whole) of one quantized weight."""
+    if request.training.finetune.quantize is Quantization.int8:
+        return int8_layout(tensor)
+    return nf4_layout(request, tensor)
+
+
 def nf4_layout(request: PlanRequest, tensor: ParamTensor) -> tuple[int, int]:
     """(bytes sharded with the parameter, bytes every shard keeps whole) of one nf4 weight."""
     finetune = request.training.finetune
@@ -74,7 +90,7 @@ def frozen_element_bytes(request: PlanRequest) -> int:
         return eb.compute_parameter  # deepspeed/runtime/engine.py _configure_distributed_model: module.bfloat16()
     if request.training.framework is Framework.hf and finetune.quantize.is_quantized:
         # peft 0.17.1 utils/other.py prepare_model_for_kbit_training, which transformers' QLoRA
-        # recipe calls, casts every parameter that is not 4-bit (embeddings, head, norms) to
+        # recipe calls, casts every parameter that is not 4- or 8-bit (embeddings, head, norms) to
         # fp32 (measured: benchmarks/framework-parameter-records, hf QLoRA).
         return 4
     if request.training.framework is Framework.hf and request.strategy.kind.is_fsdp and request.training.precision.is_mixed:
@@ -86,12 +102,12 @@ def frozen_element_bytes(request: PlanRequest) -> int:
 
 
 def frozen_tensor_bytes(request: PlanRequest, tensor: ParamTensor, gathered: bool = False) -> int:
-    """Bytes of one frozen tensor's sharded part, whole (nf4_layout keeps the rest apart), as
+    """Bytes of one frozen tensor's sharded part, whole (quantized_layout keeps the rest apart), as
     stored, or as an all-gather brings it in (``gathered``: FSDP2 casts a parameter to its
     MixedPrecisionPolicy's param_dtype before gathering, DeepSpeed's module is 16-bit already;
-    an nf4 weight is gathered as it is stored)."""
+    a quantized weight is gathered as it is stored)."""
     if tensor.quantized:
-        return nf4_layout(request, tensor)[0]
+        return quantized_layout(request, tensor)[0]
     if gathered:
         return tensor.numel * element_bytes(request.training.precision, request.convention).compute_parameter
     return tensor.numel * frozen_element_bytes(request)
@@ -106,5 +122,5 @@ def frozen_held_bytes(request: PlanRequest, units: tuple[ParamUnit, ...], num_sh
                 continue
             total += ceil_div(frozen_tensor_bytes(request, t), num_shards)
             if t.quantized:
-                total += nf4_layout(request, t)[1]
+                total += quantized_layout(request, t)[1]
     return total
