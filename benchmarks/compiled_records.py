@@ -2,14 +2,17 @@
 torch.compile (inductor's partitioner) and eagerly, and write the records.
 
     python benchmarks/compiled_records.py [OUT_DIR [FRAMEWORK ...]]
+    python benchmarks/compiled_records.py --loss [OUT_DIR [FRAMEWORK ...]]   (the loss records only)
         (default benchmarks/compiled-records, every framework; the all-gather records go to
-        benchmarks/float8-all-gather-records)
+        benchmarks/float8-all-gather-records, the compiled-loss records to
+        benchmarks/compiled-loss-records)
 
 Each run builds one block at full width on fake tensors (zeroplan.frameworks.compiled) and
 compiles it as torchtitan's apply_compile does, through inductor's compile_fx up to code
 generation; torchtitan's block is also measured with torchao's Float8Linear (tensorwise, rowwise),
 and one block's FSDP2 all-gather with torchao's float8 all-gather and in bf16 on a fake process
-group (zeroplan.frameworks.float8). Needs torch and the frameworks (scripts/install-frameworks); about a minute on 2 cores.
+group (zeroplan.frameworks.float8); and one chunk of torchtune's and torchtitan's cross-entropy,
+compiled as each framework compiles its loss (zeroplan.frameworks.compiled_loss). Needs torch and the frameworks (scripts/install-frameworks); about a minute on 2 cores.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pathlib import Path
 
 from zeroplan.atomic import write_text_atomic
 from zeroplan.frameworks.compiled import measure_compiled_block
+from zeroplan.frameworks.compiled_loss import measure_compiled_loss
 from zeroplan.frameworks.float8 import measure_all_gather, measure_float8_block
 from zeroplan.presets.models import get_model
 from zeroplan.specs import ActivationCheckpointing, BatchSpec
@@ -26,6 +30,7 @@ from zeroplan.specs.framework import Framework
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "compiled-records"
 GATHER_OUT = Path(__file__).resolve().parent / "float8-all-gather-records"
+LOSS_OUT = Path(__file__).resolve().parent / "compiled-loss-records"
 
 # (framework, checkpointing, memory budget): torchtitan's four policies (its MemoryBudgetAC at
 # its default 0.5), torchtune's none and full, transformers' none (its checkpointing wraps the
@@ -42,6 +47,9 @@ SHAPES = [("llama-3.1-8b", 4096, 1), ("llama-3.1-8b", 8192, 2), ("llama-3.1-70b"
 FLOAT8_RUNS = [("tensorwise", "none"), ("rowwise", "none"), ("tensorwise", "full"), ("rowwise", "full"),
                ("rowwise", "selective-op")]
 ALL_GATHER_MODELS = [("llama-3.1-8b", 8), ("llama-3.1-70b", 8)]
+# The loss each framework compiles with its model (torchtune compile: True, torchtitan's default
+# CompileConfig.components), one chunk at each block shape.
+LOSS_FRAMEWORKS = ("torchtune", "torchtitan")
 
 
 def main(out: Path = DEFAULT_OUT, frameworks: set[str] | None = None) -> None:
@@ -61,6 +69,7 @@ def main(out: Path = DEFAULT_OUT, frameworks: set[str] | None = None) -> None:
                                           BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch), recipe)
             write_text_atomic(out / record.file_name, record.model_dump_json(indent=2) + "\n")
             _report(record)
+    main_loss(LOSS_OUT, frameworks)
     if frameworks and "torchtitan" not in frameworks:
         return
     GATHER_OUT.mkdir(parents=True, exist_ok=True)
@@ -71,10 +80,26 @@ def main(out: Path = DEFAULT_OUT, frameworks: set[str] | None = None) -> None:
             print(f"{gather.name:60s} gathered {gather.gathered_bytes:>14,} bytes  ({gather.wall_time_s:.1f} s)")
 
 
+def main_loss(out: Path = LOSS_OUT, frameworks: set[str] | None = None) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for model_name, seq_len, micro_batch in SHAPES:
+        for framework in LOSS_FRAMEWORKS:
+            if frameworks and framework not in frameworks:
+                continue
+            record = measure_compiled_loss(Framework(framework), get_model(model_name),
+                                           BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch))
+            write_text_atomic(out / record.file_name, record.model_dump_json(indent=2) + "\n")
+            print(f"{record.name:60s} compiled {record.saved_bytes(True):>14,}  eager {record.saved_bytes(False):>14,}"
+                  f"  ({record.wall_time_s:.1f} s)")
+
+
 def _report(record) -> None:
     print(f"{record.name:60s} compiled {record.compiled_saved_bytes:>14,}  eager {record.eager_live_bytes:>14,}"
           f"  ({record.wall_time_s:.1f} s)")
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--loss"]:
+        main_loss(Path(sys.argv[2]) if len(sys.argv) > 2 else LOSS_OUT, set(sys.argv[3:]) or None)
+        sys.exit(0)
     main(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT, set(sys.argv[2:]) or None)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from zeroplan.allocator.builder import TraceBuilder, proportional_bytes, split_bytes
 from zeroplan.allocator.trace import AllocationTrace, Stream
 from zeroplan.core.activations import FP32_BYTES
+from zeroplan.core.compiled import COMPILED_CROSS_ENTROPY_ROW_BYTES, compiles_loss
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes
 from zeroplan.core.model_states import padded_unit_elements_of, unit_gather_bytes
 from zeroplan.core.parallel.units import rank_parameter_units
@@ -218,20 +219,31 @@ def _chunked_loss(request: PlanRequest, b: "TraceBuilder", gather, head: _Unit) 
         parameters = gather(head)
         logits += b.alloc(e * sbv_chunk)
         b.free(parameters)
-    saved = []
-    for _ in range(chunks):
-        upcast = b.alloc(FP32_BYTES * sbv_chunk)
-        saved.append(b.alloc(FP32_BYTES * sbv_chunk))
-        b.free(upcast)
-    b.free(logits)
-    # Backward: each chunk's two fp32 gradients, then its bf16 logit gradient.
     logit_gradients = []
-    for chunk in reversed(range(chunks)):
-        first, second = b.alloc(FP32_BYTES * sbv_chunk), b.alloc(FP32_BYTES * sbv_chunk)
-        b.free(saved[chunk])
-        b.free(first)
-        logit_gradients += b.alloc(e * sbv_chunk)
-        b.free(second)
+    if compiles_loss(training):
+        # Compiled (zeroplan.core.compiled.compiled_chunked_logits_pieces): each chunk's
+        # cross-entropy keeps its bf16 logits and two fp32 values a row; its backward writes the
+        # chunk's bf16 gradient, then lets the chunk go.
+        rows = request.batch.seq_len * request.batch.micro_batch_size // chunks
+        statistics = [b.alloc(COMPILED_CROSS_ENTROPY_ROW_BYTES * rows) for _ in range(chunks)]
+        for chunk in reversed(range(chunks)):
+            logit_gradients += b.alloc(e * sbv_chunk)
+            b.free([logits[chunk]])
+            b.free(statistics[chunk])
+    else:
+        saved = []
+        for _ in range(chunks):
+            upcast = b.alloc(FP32_BYTES * sbv_chunk)
+            saved.append(b.alloc(FP32_BYTES * sbv_chunk))
+            b.free(upcast)
+        b.free(logits)
+        # Backward: each chunk's two fp32 gradients, then its bf16 logit gradient.
+        for chunk in reversed(range(chunks)):
+            first, second = b.alloc(FP32_BYTES * sbv_chunk), b.alloc(FP32_BYTES * sbv_chunk)
+            b.free(saved[chunk])
+            b.free(first)
+            logit_gradients += b.alloc(e * sbv_chunk)
+            b.free(second)
     # The head's backward per chunk: gathered again, its weight gradient added out of place.
     weight_gradient_bytes = model.vocab_size * model.hidden_size * e
     accumulated: list[int] = []

@@ -122,3 +122,42 @@ def compiled_selective_op_layer_bytes(request: PlanRequest) -> int:
     tokens = request.batch.seq_len * request.batch.micro_batch_size
     widths = model.hidden_size + (model.q_size + 2 * model.kv_size) + model.q_size + model.ffn_hidden_size
     return e * tokens * widths + FP32_BYTES * tokens * model.num_heads
+
+
+# The loss each framework compiles with its model (benchmarks/compiled-loss-records,
+# zeroplan/frameworks/compiled_loss.py): torchtune 0.6.1's compile_loss compiles
+# CEWithChunkedOutputLoss.compute_cross_entropy, one chunk's upcast and cross-entropy, and
+# torchtitan 0.3.0 its per-chunk CrossEntropyLoss. Inductor's partition of either saves the
+# chunk's bf16 logits (its input), the labels and two fp32 values per row (the row's max and the
+# log of its exponentials' sum), where eager saves the fp32 log-softmax (4 bytes per logit), and
+# its backward returns the logits' gradient in bf16: every record, to the byte.
+COMPILED_CROSS_ENTROPY_ROW_BYTES = 2 * FP32_BYTES
+"""What the compiled cross-entropy saves per row (token) beyond its input and the labels."""
+
+
+def compiles_loss(training: TrainingSpec) -> bool:
+    """Whether the framework compiles its chunked cross-entropy with the model: torchtune's
+    recipes with compile: True (training.compile_loss); torchtitan's default
+    CompileConfig.components holds "loss" too, but its modelled loss moment (the last chunk's
+    head reduce-scatter, zeroplan.core.frameworks.torchtitan_chunked_loss_bytes) holds no
+    cross-entropy tensor, so only torchtune's pieces change."""
+    return training.compile and training.framework is Framework.torchtune and not training.unchunked_loss
+
+
+# torchtune's chunked loss, compiled (compare zeroplan.core.frameworks.chunked_logits_pieces, its
+# eager moments): in forward each chunk's compiled cross-entropy keeps the chunk's bf16 logits,
+# so the n chunks (2sbV in bf16) stay alive past the recipe's `del logits` with 8 bytes a token
+# beside them, and no fp32 copy is made outside inductor's fused kernels; in backward autograd
+# runs the n cross-entropy backwards before the head's (later nodes first): each writes its
+# chunk's bf16 gradient while that chunk's saved logits are still held, so the first holds all
+# the logits and one chunk's gradient, and the head's backward then starts beside the n bf16
+# gradients, as eager.
+def compiled_chunked_logits_pieces(model: ModelSpec, training: TrainingSpec, s: int, b: int, chunks: int,
+                                   head_backward_bytes: int = 0) -> tuple[int, int, int]:
+    """The compiled loss's bytes at its three moments: its forward, its backward, the head's backward."""
+    e = training.precision.compute_bytes
+    sbv = s * b * model.vocab_size
+    forward = e * sbv + COMPILED_CROSS_ENTROPY_ROW_BYTES * s * b
+    backward = e * sbv + COMPILED_CROSS_ENTROPY_ROW_BYTES * s * b + e * sbv // chunks
+    head = e * sbv + head_backward_bytes
+    return forward, backward, head

@@ -10,6 +10,7 @@ zeroplan.core.activations, which cites its own sources. Nothing here imports tor
 
 from __future__ import annotations
 
+from zeroplan.core.compiled import compiled_chunked_logits_pieces, compiles_loss
 from zeroplan.core.profiles import fsdp_separates_embedding_and_head, loss_chunks, profile
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.framework import Framework
@@ -486,6 +487,8 @@ def framework_logits_pieces(request: PlanRequest) -> tuple[int, ...]:
         return fused_linear_cross_entropy_pieces(request)
     if training.framework is Framework.torchtitan and not training.unchunked_loss:
         return (torchtitan_chunked_loss_bytes(request),)
+    if chunks > 1 and compiles_loss(training):
+        return compiled_chunked_logits_pieces(model, training, s, b, chunks, fsdp_chunked_head_bytes(request))
     if chunks > 1:
         return chunked_logits_pieces(model, training, s, b, chunks, fsdp_chunked_head_bytes(request))
     if training.unchunked_loss and training.framework is Framework.torchtune:

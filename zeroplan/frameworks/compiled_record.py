@@ -110,3 +110,57 @@ class CompiledBlockRecord(Frozen):
 def load_compiled_records(directory: Path) -> list[CompiledBlockRecord]:
     """Every ``*.json`` record in ``directory``, sorted by file name; a bad file is one line."""
     return load_records(directory, CompiledBlockRecord, "compiled block record")
+
+
+class CompiledLossRecord(Frozen):
+    """What one chunk of a framework's cross-entropy saves for backward, compiled as the
+    framework compiles its loss and eagerly (zeroplan.frameworks.compiled_loss)."""
+
+    schema_version: int = SCHEMA_VERSION
+    framework_version: str
+    torch_version: str
+    model: ModelSpec
+    """The architecture whose logits the loss reads (its vocabulary sets a row's width)."""
+    framework: Framework
+    batch: BatchSpec
+    chunks: int = Field(gt=0)
+    """The framework's loss chunks (8 in torchtune's CEWithChunkedOutputLoss and torchtitan's
+    ChunkedLossWrapper): one chunk's logits are batch.micro_batch_size x seq_len / chunks rows."""
+    logits_shape: list[int]
+    """The chunk's logits as the compiled function receives them."""
+    logits_dtype: str
+    compiled_saved_values: list[SavedValue]
+    """Every tensor the partitioned forward graph saves for backward (``hidden``: the logits
+    input; ``shared``: the labels)."""
+    compiled_runtime_saved_bytes: int = Field(ge=0)
+    """Bytes of the distinct storages the compiled function's autograd node held after a fake
+    run of its forward."""
+    compiled_gradient_dtype: str
+    """The dtype of the logits' gradient the partitioned backward graph returns."""
+    eager_saved_values: list[SavedValue]
+    """The tensors autograd's saved-tensor hooks saw in the eager loss, one per storage."""
+    wall_time_s: float = Field(ge=0)
+    notes: list[str] = Field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        return self.batch.micro_batch_size * self.batch.seq_len // self.chunks
+
+    def saved_bytes(self, compiled: bool, kinds: tuple[str, ...] = ("intermediate",)) -> int:
+        """Bytes of the saved values of ``kinds`` (intermediates: what the loss itself makes)."""
+        values = self.compiled_saved_values if compiled else self.eager_saved_values
+        return sum(v.bytes for v in values if v.kind in kinds)
+
+    @property
+    def name(self) -> str:
+        return (f"{self.framework.value}:{self.model.name}:loss:chunks{self.chunks}:"
+                f"s{self.batch.seq_len}:b{self.batch.micro_batch_size}")
+
+    @property
+    def file_name(self) -> str:
+        return self.name.replace(":", "_") + ".json"
+
+
+def load_compiled_loss_records(directory: Path) -> list[CompiledLossRecord]:
+    """Every ``*.json`` record in ``directory``, sorted by file name; a bad file is one line."""
+    return load_records(directory, CompiledLossRecord, "compiled loss record")
