@@ -41,7 +41,8 @@ def _files(directory: Path) -> list[Path]:
 def test_the_records_cover_lora_and_qlora_of_both_frameworks() -> None:
     blocks = [FrameworkRecord.model_validate_json(p.read_text(encoding="utf-8")) for p in _files(BLOCK_RECORDS)]
     kinds = {(r.training.framework.value, r.training.finetune.quantize.value, r.training.finetune.base_dtype.value) for r in blocks}
-    assert {("torchtune", "none", "bf16"), ("torchtune", "nf4", "bf16"), ("hf", "none", "bf16"), ("hf", "none", "fp32")} <= kinds
+    assert {("torchtune", "none", "bf16"), ("torchtune", "nf4", "bf16"), ("hf", "none", "bf16"), ("hf", "none", "fp32"),
+            ("hf", "nf4", "bf16"), ("hf", "int8", "bf16")} <= kinds
     assert any(r.training.finetune.lora_dropout > 0 for r in blocks)
     steps = [FrameworkStepRecord.model_validate_json(p.read_text(encoding="utf-8")) for p in _files(STEP_RECORDS)]
     assert {r.training.framework.value for r in steps} == {"torchtune", "hf"}
