@@ -12,6 +12,8 @@ write the records the planner's allocated peak is checked against.
         (torchtune with a plain CrossEntropyLoss, TORCHTUNE_UNCHUNKED; about a minute)
     python benchmarks/framework_step_records.py --dora [OUT_DIR]
         (the DoRA runs, DORA, into the same directory; about 2 minutes)
+    python benchmarks/framework_step_records.py --long-context [OUT_DIR]
+        (torchtitan at long sequences, LONG_CONTEXT; about 2 minutes)
 
 Each run (zeroplan.frameworks.step.run_step) builds the framework's model at full depth on fake
 tensors, shards it over a fake process group of N ranks as the framework's recipe does, and
@@ -45,6 +47,11 @@ FRAMEWORKS = (Framework.torchtune, Framework.hf, Framework.torchtitan)
 POLICIES = ("none", "full")
 MORE_POLICIES = {Framework.torchtitan: ("selective-op",)}
 """Policies a framework offers beyond none and full (torchtitan's SelectiveAC)."""
+LONG_CONTEXT = [("llama-3.1-8b", 8, 16384, 4, "full"), ("llama-3.1-8b", 8, 32768, 1, "selective-op"),
+                ("llama-3.1-70b", 64, 65536, 1, "full")]
+"""torchtitan at b x s / 8 rows a loss chunk above the hidden size, where the first chunk's
+cross-entropy backward, not the last chunk's head reduce-scatter, is the loss's largest moment
+(zeroplan.core.frameworks.torchtitan_chunk_cross_entropy_bytes): (model, ranks, seq, micro-batch, policy)."""
 TORCHTUNE_UNCHUNKED = [("llama-3.1-8b", 8, 4096, 1, policy) for policy in POLICIES]
 """torchtune with a plain torch.nn.CrossEntropyLoss as its recipe's `loss:` (--unchunked-loss)."""
 OPTIMIZER_IN_BACKWARD = [("llama-3.1-8b", 8, 4096, 1, "none"), ("llama-3.1-8b", 8, 4096, 1, "full"),
@@ -90,6 +97,8 @@ def main(out: Path = DEFAULT_OUT, frameworks: set[str] | None = None) -> None:
     if not frameworks or Framework.torchtune.value in frameworks:
         main_optimizer_in_backward(out)
         main_torchtune_unchunked(out)
+    if not frameworks or Framework.torchtitan.value in frameworks:
+        main_long_context(out)
     if not frameworks:
         main_finetune(FINETUNE_OUT if out == DEFAULT_OUT else out)
         main_finetune(FINETUNE_OUT if out == DEFAULT_OUT else out, DORA)
@@ -110,6 +119,12 @@ def _run(out: Path, model_name: str, world_size: int, seq_len: int, micro_batch:
     write_text_atomic(out / record.file_name, record.model_dump_json(indent=2) + "\n")
     print(f"{record.name:72s} peak {record.peak_bytes / 2**30:8.2f} GiB at {record.peak_phase.value:9s} "
           f"({record.wall_time_s:.1f} s)", flush=True)
+
+
+def main_long_context(out: Path = DEFAULT_OUT) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for model_name, world_size, seq_len, micro_batch, policy in LONG_CONTEXT:
+        _run(out, model_name, world_size, seq_len, micro_batch, step_training(Framework.torchtitan, policy))
 
 
 def main_torchtune_unchunked(out: Path = DEFAULT_OUT) -> None:
@@ -133,6 +148,8 @@ if __name__ == "__main__":
         main_finetune(Path(sys.argv[2]) if len(sys.argv) > 2 else FINETUNE_OUT, DORA)
     elif sys.argv[1:2] == ["--torchtune-unchunked"]:
         main_torchtune_unchunked(Path(sys.argv[2]) if len(sys.argv) > 2 else DEFAULT_OUT)
+    elif sys.argv[1:2] == ["--long-context"]:
+        main_long_context(Path(sys.argv[2]) if len(sys.argv) > 2 else DEFAULT_OUT)
     elif sys.argv[1:2] == ["--optimizer-in-backward"]:
         main_optimizer_in_backward(Path(sys.argv[2]) if len(sys.argv) > 2 else DEFAULT_OUT)
     else:

@@ -129,6 +129,37 @@ def torchtitan_chunked_loss_bytes(request: PlanRequest) -> int:
     return chunk + accumulator + head + fsdp_head_gathered_bytes(request, prefetched=False)
 
 
+# torchtitan 0.3.0 components/loss.py ChunkedLossWrapper.__call__ runs each chunk's lm_head, its
+# CrossEntropyLoss and that chunk's backward in turn, the chunk's bf16 logits held by the loop
+# until the backward is done. Eager, cross_entropy_loss upcasts the logits and F.cross_entropy
+# saves the fp32 log-softmax (4 bytes a logit); its backward reaches the upcast's bf16 gradient
+# with the nll gradient and the log-softmax gradient (fp32 both) still held: 16 bytes a logit
+# with the bf16 logits, before the head's backward starts (measured: every storage of the
+# framework's own step, 8B s16384 b4 full recomputation, at its peak: _log_softmax,
+# nll_loss_backward and _log_softmax_backward_data outputs in fp32, the mm's logits and the
+# _to_copy gradient in bf16). Compiled (the
+# loss is in torchtitan's default CompileConfig.components), the chunk's cross-entropy keeps its
+# bf16 logits and 8 bytes a row, and its backward writes one bf16 gradient
+# (zeroplan.core.compiled, benchmarks/compiled-loss-records). With few rows a chunk the last
+# chunk's head reduce-scatter is larger (torchtitan_chunked_loss_bytes); from about
+# b x s / 8 > h rows on, this moment is.
+def torchtitan_chunk_cross_entropy_bytes(request: PlanRequest) -> int:
+    """The chunked loss at its first chunk's cross-entropy backward."""
+    from zeroplan.core.compiled import COMPILED_CROSS_ENTROPY_ROW_BYTES
+
+    model, training = request.model, request.training
+    s, b = request.batch.seq_len, request.batch.micro_batch_size
+    e = training.precision.compute_bytes
+    rows = b * s // TORCHTITAN_LOSS_CHUNKS
+    logits = rows * model.vocab_size
+    if training.compile:
+        cross_entropy = 2 * e * logits + COMPILED_CROSS_ENTROPY_ROW_BYTES * rows
+    else:
+        cross_entropy = 2 * e * logits + 3 * FP32_BYTES * logits
+    accumulator = FP32_BYTES * b * s * model.hidden_size
+    return cross_entropy + accumulator + fsdp_head_gathered_bytes(request, prefetched=False)
+
+
 # torchtune 0.6.1 modules/transformer.py TransformerDecoder.chunked_output calls self.output once
 # per chunk; under FSDP2 (torch 2.13 _fully_shard/_fsdp_state.py) each call is a forward of the
 # `output` unit with its own pre-backward, so in backward the unit is all-gathered again for
@@ -486,7 +517,7 @@ def framework_logits_pieces(request: PlanRequest) -> tuple[int, ...]:
     if training.fused_linear_cross_entropy:
         return fused_linear_cross_entropy_pieces(request)
     if training.framework is Framework.torchtitan and not training.unchunked_loss:
-        return (torchtitan_chunked_loss_bytes(request),)
+        return torchtitan_chunked_loss_bytes(request), torchtitan_chunk_cross_entropy_bytes(request)
     if chunks > 1 and compiles_loss(training):
         return compiled_chunked_logits_pieces(model, training, s, b, chunks, fsdp_chunked_head_bytes(request))
     if chunks > 1:
