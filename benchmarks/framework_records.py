@@ -7,7 +7,8 @@
         full fine-tunes the planner is already checked against; GROUP lora (FINETUNE_RUNS, about a
         minute), dora (DORA_RUNS, a few minutes), bnb (BNB_RUNS: hf QLoRA with bitsandbytes on
         real CPU tensors, about 20 minutes on 2 cores), int8 (INT8_RUNS: hf LoRA over
-        bitsandbytes' LLM.int8 base, real CPU tensors, about 15 minutes); default all four)
+        bitsandbytes' LLM.int8 base, real CPU tensors, about 15 minutes), qdora (QDORA_RUNS: PEFT's
+        DoRA over the bitsandbytes nf4 base, real CPU tensors, a few minutes); default all five)
 
 Each run builds a framework's decoder (zeroplan.frameworks.build) at full width, four blocks
 deep, on fake tensors, and records what each block keeps for backward (zeroplan.frameworks.
@@ -90,8 +91,16 @@ INT8_RUNS = [
     ("hf", "ddp", "bf16-mixed", policy, {"lora_rank": 16, "quantize": "int8", **targets})
     for policy in ("none", "full") for targets in ({"lora_targets": ["q", "k", "v", "o", "gate", "up", "down"]}, {})
 ]
+# PEFT's DoRA over the bitsandbytes nf4 base (LoraConfig(use_dora=True) on hf QLoRA: peft 0.17.1
+# tuners/lora/bnb.py Linear4bit with the DoRA variant, which dequantizes the weight for its norm
+# in every forward), r 16 over every block linear, as BNB_RUNS.
+QDORA_RUNS = [
+    ("hf", "ddp", "bf16-mixed", policy, {"lora_rank": 16, "quantize": "nf4", "dora": True,
+                                         "lora_targets": ["q", "k", "v", "o", "gate", "up", "down"]})
+    for policy in ("none", "full")
+]
 FINETUNE_GROUPS = {"lora": (FINETUNE_SHAPES, FINETUNE_RUNS), "dora": (FINETUNE_SHAPES, DORA_RUNS), "bnb": (BNB_SHAPES, BNB_RUNS),
-                   "int8": (BNB_SHAPES, INT8_RUNS)}
+                   "int8": (BNB_SHAPES, INT8_RUNS), "qdora": (BNB_SHAPES[:1], QDORA_RUNS)}
 
 
 def main(out: Path = DEFAULT_OUT, frameworks: set[str] | None = None) -> None:
@@ -108,7 +117,7 @@ def main(out: Path = DEFAULT_OUT, frameworks: set[str] | None = None) -> None:
     main_finetune(FINETUNE_OUT if out == DEFAULT_OUT else out, frameworks)
 
 
-REAL_TENSOR_GROUPS = ("bnb", "int8")
+REAL_TENSOR_GROUPS = ("bnb", "int8", "qdora")
 """Groups built on real CPU tensors (several GB a record): each record runs in a process of its
 own, since two int8 records in one process exceeded 24 GB of memory."""
 

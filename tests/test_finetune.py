@@ -267,7 +267,7 @@ def test_dora_keeps_both_products_operands_and_its_weight_norm_temporaries() -> 
     assert dora_weight_norm_bytes(dora) == 2 * (14336 * 14336 + 14336 * 8 + 3 * 14336 * 4096)
 
 
-def test_qdora_is_measured_for_torchtune_only() -> None:
+def test_qdora_is_measured_for_torchtune_and_peft_over_bitsandbytes_nf4() -> None:
     # torchtune's QDoRA (configs/llama3/8B_qdora_single_device.yaml) dequantizes the NF4 weight
     # for the norm: benchmarks/framework-finetune-records' qlora-nf4 ... -dora blocks.
     from zeroplan.core.finetune.activations import TORCHAO_NF4_DEQUANTIZE_COPIES, dora_weight_norm_bytes
@@ -276,5 +276,16 @@ def test_qdora_is_measured_for_torchtune_only() -> None:
     down = 14336 * 4096 * 2
     identity = 2 * (14336 * 14336 + 14336 * 8) + down
     assert dora_weight_norm_bytes(qdora) == identity + TORCHAO_NF4_DEQUANTIZE_COPIES * down
+    # PEFT's DoRA over bitsandbytes nf4 (the hf QDoRA block record): Linear4bit returns its
+    # output in its input's dtype, so the base outputs DoRA keeps are fp32 but o's.
+    from zeroplan.core.finetune.activations import dora_kept_bytes
+
+    def hf(finetune: FineTuneSpec) -> PlanRequest:
+        return request(finetune, framework="hf", kind="ddp", precision="bf16-mixed")
+
+    targets = (LoraTarget.q, LoraTarget.o)
+    over_nf4 = dora_kept_bytes(hf(FineTuneSpec(lora_rank=16, dora=True, quantize="nf4", lora_targets=targets)))
+    over_bf16 = dora_kept_bytes(hf(FineTuneSpec(lora_rank=16, dora=True, lora_targets=targets)))
+    assert over_nf4 - over_bf16 == (4 - 2) * 4096 * 4096  # q's base output, fp32 over nf4
     with pytest.raises(ZeroplanError, match="finetune.dora"):
-        request(FineTuneSpec(lora_rank=16, dora=True, quantize="nf4"), framework="hf", kind="ddp", precision="bf16-mixed")
+        request(FineTuneSpec(lora_rank=16, dora=True, quantize="int8"), framework="hf", kind="ddp", precision="bf16-mixed")

@@ -200,7 +200,6 @@ def test_record_names_carry_the_fine_tune_and_are_distinct() -> None:
     ("torchtune", "selective-layer", {"lora_rank": 8}, "--activation-checkpointing"),
     ("hf", "none", {"lora_rank": 8, "quantize": "nf4", "quant_block_size": 128}, "finetune.quant_block_size"),
     ("hf", "none", {"lora_rank": 8, "quantize": "nf4", "base_dtype": "fp32"}, "finetune.base_dtype"),
-    ("hf", "none", {"lora_rank": 8, "quantize": "nf4", "dora": True}, "finetune.dora"),
     ("hf", "none", {"lora_rank": 8, "quantize": "int8", "dora": True}, "finetune.dora"),
     ("hf", "none", {"lora_rank": 8, "quantize": "fp8"}, "finetune.quantize"),
     ("torchtitan", "none", {"lora_rank": 8}, "finetune.lora_rank"),

@@ -88,8 +88,8 @@ def check_finetune(framework: Framework, finetune: FineTuneSpec, policy: Activat
             raise ZeroplanError("finetune.base_dtype", "hf QLoRA is measured loaded with dtype=torch.bfloat16 "
                                                        "(prepare_model_for_kbit_training casts what is not 4-bit to fp32 "
                                                        "either way; allowed: bf16)")
-        if finetune.dora:
-            raise ZeroplanError("finetune.dora", "DoRA over a bitsandbytes base is not measured (allowed: false)")
+        if finetune.dora and finetune.quantize is not Quantization.nf4:
+            raise ZeroplanError("finetune.dora", "DoRA over a bitsandbytes int8 base is not measured (allowed: false)")
 
 
 def build_finetune(framework: Framework, model: ModelSpec, layers: int, policy: ActivationCheckpointing,

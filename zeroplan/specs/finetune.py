@@ -179,9 +179,9 @@ def check_finetune(finetune: FineTuneSpec, model: ModelSpec, framework: Framewor
     if finetune.base_dtype is BaseDtype.fp32 and framework is Framework.torchtune:
         # torchtune 0.6.1 recipes load the whole model in the recipe's `dtype` (bf16 in every LoRA config).
         raise ZeroplanError("finetune.base_dtype", "torchtune loads the base in its recipe's dtype (allowed: bf16)")
-    if finetune.dora and finetune.quantize.is_quantized and framework is not Framework.torchtune:
-        raise ZeroplanError("finetune.dora", "DoRA over a quantized base is measured for torchtune's QDoRA only "
-                            "(allowed: --framework torchtune, or --quantize none)")
+    if finetune.dora and finetune.quantize.is_quantized and framework not in (Framework.torchtune, Framework.hf):
+        raise ZeroplanError("finetune.dora", "DoRA over a quantized base is measured for torchtune's QDoRA and PEFT's "
+                            "over bitsandbytes nf4 only (allowed: --framework torchtune or hf, or --quantize none)")
     if finetune.dora and finetune.lora_dropout > 0:
         # peft 0.17.1 tuners/lora/layer.py: with dropout DoRA recomputes the base output from the
         # dropped input, a path no record measures.

@@ -131,14 +131,14 @@ def lora_layer_delta_bytes(request: PlanRequest, norm_savings_bytes: int = 0) ->
     return delta + dora_kept_bytes(request) + frozen_norms_delta(request, norm_savings_bytes)
 
 
-def _dora_linears(request: PlanRequest) -> list[tuple[int, int]]:
-    """(in, out) widths of the block linears DoRA wraps (none without DoRA)."""
+def _dora_linears(request: PlanRequest) -> list[tuple[LoraTarget, int, int]]:
+    """(target, in, out) of the block linears DoRA wraps (none without DoRA)."""
     finetune = request.training.finetune
     if not finetune.dora:
         return []
     widths = {LoraTarget.q: "hidden", LoraTarget.k: "hidden", LoraTarget.v: "hidden", LoraTarget.o: "attention",
               LoraTarget.gate: "hidden", LoraTarget.up: "hidden", LoraTarget.down: "ffn"}
-    return [(_input_width(request, widths[t]), _output_width(request, t))
+    return [(t, _input_width(request, widths[t]), _output_width(request, t))
             for t in finetune.targets(request.training.framework) if t in widths]
 
 
@@ -157,7 +157,22 @@ def dora_kept_bytes(request: PlanRequest) -> int:
     """What DoRA adds to what one LoRA block keeps (0 without DoRA)."""
     e = request.training.precision.compute_bytes
     tokens = request.batch.seq_len * request.batch.micro_batch_size
-    return sum(2 * e * tokens * out + 3 * _adapter_bytes(request) * out for _, out in _dora_linears(request))
+    return sum((_base_output_bytes(request, target) + e) * tokens * out + 3 * _adapter_bytes(request) * out
+               for target, _, out in _dora_linears(request))
+
+
+# bitsandbytes 0.50.2 Linear4bit.forward returns its output in its input's dtype: under hf's
+# QLoRA the base output DoRA keeps is fp32 wherever the linear reads the fp32 residual stream or
+# MLP (FineTuneSpec.module_in_bf16), bf16 for o, which reads the attention's bf16 output
+# (measured: the hf QDoRA block record keeps the q, k, v, gate, up and down base outputs in fp32,
+# o's in bf16, every adapter output in bf16).
+def _base_output_bytes(request: PlanRequest, target: LoraTarget) -> int:
+    """Bytes of an element of a DoRA linear's base output."""
+    e = request.training.precision.compute_bytes
+    if request.training.finetune.quantize.is_quantized and request.training.framework is Framework.hf \
+            and request.runs_under_autocast and target is not LoraTarget.o:
+        return FP32_BYTES
+    return e
 
 
 # The weight norm is computed anew in every forward (the same sources): lora_b(lora_a(eye)) over
@@ -190,7 +205,7 @@ def dora_weight_norm_bytes(request: PlanRequest) -> int:
             norm = max(norm, nf4_dequantize_copies(request) * e * fan_in * fan_out)
         return identity + lora_weight + norm
 
-    return max(temporaries(fan_in, fan_out) for fan_in, fan_out in linears)
+    return max(temporaries(fan_in, fan_out) for _, fan_in, fan_out in linears)
 
 
 # A frozen RMSNorm weight: the composite norm keeps only its fp32 input (and a per-token rsqrt),
