@@ -27,7 +27,8 @@ GiB = 2**30
 FULL, SGO = StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op
 CONFIGURATIONS = ((FULL, "torchtune", "none", 4096, 1), (FULL, "torchtune", "full", 4096, 1), (FULL, "hf", "none", 4096, 1),
                   (FULL, "hf", "full", 4096, 1), (FULL, "torchtitan", "selective-op", 4096, 1),
-                  (FULL, "torchtitan", "full", 8192, 2), (SGO, "torchtune", "full", 4096, 1), (SGO, "hf", "full", 4096, 1),
+                  (FULL, "torchtitan", "full", 8192, 2), (FULL, "torchtitan", "full", 16384, 4),
+                  (SGO, "torchtune", "full", 4096, 1), (SGO, "hf", "full", 4096, 1),
                   (SGO, "torchtitan", "selective-op", 4096, 1))
 
 

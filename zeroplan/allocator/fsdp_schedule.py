@@ -32,7 +32,7 @@ from zeroplan.core.compiled import COMPILED_CROSS_ENTROPY_ROW_BYTES, compiles_lo
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes
 from zeroplan.core.model_states import padded_unit_elements_of, unit_gather_bytes
 from zeroplan.core.parallel.units import rank_parameter_units
-from zeroplan.core.frameworks import fsdp_chunked_head_bytes
+from zeroplan.core.frameworks import fsdp_chunked_head_bytes, logits_piece_parts
 from zeroplan.core.profiles import fsdp_separates_embedding_and_head, loss_chunks
 from zeroplan.specs import StrategyKind
 from zeroplan.specs.request import PlanRequest
@@ -135,9 +135,11 @@ def fsdp_step_trace(request: PlanRequest, states: "ModelStateBytes", terms: "Pea
             head_gradient = _chunked_loss(request, b, gather, units[-1])
         else:
             b.free(gather(units[-1]) if separate else [])
-            pieces = list(terms.logits_pieces) or [terms.logits]
-            for piece in pieces:
-                b.free(b.alloc_parts([piece] if terms.logits_pieces else split_bytes(piece, [1, 1, 1])))
+            if terms.logits_pieces:
+                for parts in logits_piece_parts(request, terms.logits_pieces):
+                    b.free(b.alloc_parts(parts))
+            else:
+                b.free(b.alloc_parts(split_bytes(terms.logits, [1, 1, 1])))
         root = [] if separate else gather(units[0])
         pending_input: list[int] = []
 

@@ -145,6 +145,14 @@ def torchtitan_chunked_loss_bytes(request: PlanRequest) -> int:
 # b x s / 8 > h rows on, this moment is.
 def torchtitan_chunk_cross_entropy_bytes(request: PlanRequest) -> int:
     """The chunked loss at its first chunk's cross-entropy backward."""
+    return sum(torchtitan_chunk_cross_entropy_parts(request))
+
+
+def torchtitan_chunk_cross_entropy_parts(request: PlanRequest) -> list[int]:
+    """The tensors of torchtitan_chunk_cross_entropy_bytes, one by one: the chunk's bf16 logits,
+    what its cross-entropy holds (eager: the fp32 log-softmax, nll and log-softmax gradients and
+    the bf16 gradient; compiled: the bf16 gradient and the row statistics), the fp32 gradient
+    buffer and the gathered head."""
     from zeroplan.core.compiled import COMPILED_CROSS_ENTROPY_ROW_BYTES
 
     model, training = request.model, request.training
@@ -153,11 +161,22 @@ def torchtitan_chunk_cross_entropy_bytes(request: PlanRequest) -> int:
     rows = b * s // TORCHTITAN_LOSS_CHUNKS
     logits = rows * model.vocab_size
     if training.compile:
-        cross_entropy = 2 * e * logits + COMPILED_CROSS_ENTROPY_ROW_BYTES * rows
+        cross_entropy = [e * logits, COMPILED_CROSS_ENTROPY_ROW_BYTES * rows]
     else:
-        cross_entropy = 2 * e * logits + 3 * FP32_BYTES * logits
+        cross_entropy = [FP32_BYTES * logits, FP32_BYTES * logits, FP32_BYTES * logits, e * logits]
     accumulator = FP32_BYTES * b * s * model.hidden_size
-    return cross_entropy + accumulator + fsdp_head_gathered_bytes(request, prefetched=False)
+    return [e * logits, *cross_entropy, accumulator, fsdp_head_gathered_bytes(request, prefetched=False)]
+
+
+def logits_piece_parts(request: PlanRequest, pieces: tuple[int, ...]) -> list[list[int]]:
+    """How the allocator's schedule allocates each of the loss's moments (``pieces``, from
+    framework_logits_pieces): torchtitan's cross-entropy moment tensor by tensor, every other
+    moment as one allocation."""
+    training = request.training
+    if training.framework is Framework.torchtitan and not training.unchunked_loss \
+            and not training.fused_linear_cross_entropy and len(pieces) == 2:
+        return [[pieces[0]], torchtitan_chunk_cross_entropy_parts(request)]
+    return [[piece] for piece in pieces]
 
 
 # torchtune 0.6.1 modules/transformer.py TransformerDecoder.chunked_output calls self.output once

@@ -185,7 +185,7 @@ def _compiled(block: torch.nn.Module, hidden: torch.Tensor, rest: tuple, kwargs:
     # Dynamo runs no compiled code under a dispatch mode (MemTracker is one): the tensors the
     # compiled autograd node saved are read from it instead.
     not_own = [*block.parameters(), *block.buffers(), *shared]
-    return BlockSaves(_runtime_saved_bytes(output.grad_fn, not_own), _saved_values(forward, user_outputs, inputs[0], x))
+    return BlockSaves(runtime_saved_bytes(output.grad_fn, not_own), partition_saved_values(forward, user_outputs, inputs[0], x))
 
 
 def _eager(block: torch.nn.Module, hidden: torch.Tensor, rest: tuple, kwargs: dict, shared: list[torch.Tensor],
@@ -273,7 +273,7 @@ def _tensors(tree: object) -> list[torch.Tensor]:
     return found
 
 
-def _runtime_saved_bytes(grad_fn: object, not_own: list[torch.Tensor]) -> int:
+def runtime_saved_bytes(grad_fn: object, not_own: list[torch.Tensor]) -> int:
     """Bytes of the distinct storages the compiled block's autograd node saved, less those of
     ``not_own`` (parameters, buffers, shared inputs). The output's node may be a view's; the
     compiled function's (``CompiledFunctionBackward``) is found among its next functions."""
@@ -291,7 +291,7 @@ def _runtime_saved_bytes(grad_fn: object, not_own: list[torch.Tensor]) -> int:
     raise RuntimeError("the compiled block's output has no CompiledFunction node")
 
 
-def _saved_values(forward: torch.fx.GraphModule, user_outputs: int, inputs: list[tuple[str, object]],
+def partition_saved_values(forward: torch.fx.GraphModule, user_outputs: int, inputs: list[tuple[str, object]],
                   hidden: torch.Tensor) -> list[SavedValue]:
     """The tensors the partitioned forward graph returns for backward, each classified."""
     output = forward.graph.find_nodes(op="output")[0]

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from zeroplan.errors import ZeroplanError
-from zeroplan.frameworks.compiled import _runtime_saved_bytes, _saved_values
+from zeroplan.frameworks.compiled import runtime_saved_bytes, partition_saved_values
 from zeroplan.frameworks.compiled_record import CompiledLossRecord, SavedValue
 from zeroplan.simulate import _torch_private as private
 from zeroplan.specs import BatchSpec, ModelSpec
@@ -125,8 +125,8 @@ def measure_compiled_loss(framework: Framework, model: ModelSpec, batch: BatchSp
             raise RuntimeError(f"expected one compiled graph for the loss, got {len(partitions)} partitions "
                                f"of {len(_graph_inputs)} dynamo graphs")
         forward, backward, user_outputs = partitions[0]
-        saved = _saved_values(forward, user_outputs, _graph_inputs[0], logits)
-        runtime = _runtime_saved_bytes(output.grad_fn, [])
+        saved = partition_saved_values(forward, user_outputs, _graph_inputs[0], logits)
+        runtime = runtime_saved_bytes(output.grad_fn, [])
         gradient = backward.graph.find_nodes(op="output")[0].args[0][0].meta["val"]
         eager = _eager_saved(eager_fn, logits, labels)
     return CompiledLossRecord(
