@@ -220,9 +220,10 @@ def test_torchtitan_chunked_loss_holds_one_chunk_and_the_heads_reduce_scatter(gp
     chunked = framework_logits_bytes(_request(gpu_80gib, Framework.torchtitan))
     vh, rows, bsh = 128256 * 4096, 16384 // 8, 16384 * 4096
     # One chunk's bf16 logits and hidden-state gradient, the fp32 GradAccumulator buffer, the
-    # bf16 unsharded head gradient, its fp32 copy and reduce-scatter input, the 1/8 fp32 output,
-    # and the gathered [norm, lm_head] unit.
-    assert chunked == (2 * rows * 128256 + 2 * rows * 4096 + 4 * bsh + 2 * vh + 2 * 4 * vh + 4 * vh // 8
+    # bf16 copies of the hidden states the chunks are (b = 2: a dim-1 split is not contiguous),
+    # the bf16 unsharded head gradient, its fp32 copy and reduce-scatter input, the 1/8 fp32
+    # output, and the gathered [norm, lm_head] unit.
+    assert chunked == (2 * rows * 128256 + 2 * rows * 4096 + 4 * bsh + 2 * bsh + 2 * vh + 2 * 4 * vh + 4 * vh // 8
                        + 2 * (4096 + vh))
     assert chunked < framework_logits_bytes(_request(gpu_80gib, Framework.torchtitan, unchunked_loss=True)) / 3
 

@@ -11,7 +11,7 @@ import pytest
 
 from zeroplan.core.frameworks import (
     framework_logits_pieces, logits_piece_parts, torchtitan_chunk_cross_entropy_bytes, torchtitan_chunk_cross_entropy_parts,
-    torchtitan_chunked_loss_bytes,
+    torchtitan_chunked_loss_bytes, torchtitan_hidden_chunk_copies_bytes,
 )
 from zeroplan.frameworks.step_record import FrameworkStepRecord
 
@@ -36,6 +36,14 @@ def _request(name: str, **training):
 
 LONG = "torchtitan_llama-3.1-8b_fsdp-full-shard_n8_bf16-mixed_ac=full_s16384_b4.json"
 SHORT = "torchtitan_llama-3.1-8b_fsdp-full-shard_n8_bf16-mixed_ac=full_s8192_b2.json"
+
+
+def test_the_hidden_state_chunks_are_copies_only_with_more_than_one_sequence() -> None:
+    # The framework's own step at s16384 b4 held eight 64 MiB bf16 chunks (b s h / 8 each).
+    _, four = _request(LONG)
+    _, one = _request("torchtitan_llama-3.1-8b_fsdp-full-shard_n8_bf16-mixed_ac=selective-op_s32768_b1.json")
+    assert torchtitan_hidden_chunk_copies_bytes(four) == 8 * 64 * 2**20
+    assert torchtitan_hidden_chunk_copies_bytes(one) == 0
 
 
 def test_with_more_rows_a_chunk_than_the_hidden_size_the_cross_entropy_backward_is_the_larger_moment() -> None:
@@ -64,4 +72,5 @@ def test_the_allocator_schedule_allocates_the_cross_entropy_moment_tensor_by_ten
     assert parts[1] == torchtitan_chunk_cross_entropy_parts(request) and len(parts[1]) > 1
     # Eager: 16 bytes a logit (bf16 logits and gradient, three fp32 tensors); compiled: 4.
     rows_vocab = 4 * 16384 // 8 * request.model.vocab_size
-    assert sum(parts[1][:-2]) - (0 if not compile_ else 8 * 4 * 16384 // 8) == (4 if compile_ else 16) * rows_vocab
+    # (the last three: the fp32 gradient buffer, the hidden-state chunks' copies, the gathered head)
+    assert sum(parts[1][:-3]) - (0 if not compile_ else 8 * 4 * 16384 // 8) == (4 if compile_ else 16) * rows_vocab
