@@ -172,13 +172,14 @@ def torchtitan_chunk_cross_entropy_parts(request: PlanRequest) -> list[int]:
 # ChunkedLossWrapper._chunk_local: ``c.contiguous()`` of each torch.split(hidden, s / n, dim=1)
 # piece, detached as the loop's leaves. With b > 1 a piece of dim 1 is not contiguous, so the n
 # pieces are copies, b x s x h in all, held through the loop (measured: eight 64 MiB bf16 storages
-# alive at the cross-entropy moment of the 8B s16384 b4 step); with b = 1 they are views.
+# alive at the cross-entropy moment of the 8B s16384 b4 step). With b = 1 they are views: the
+# term is charged there too, because the plan search needs every loss moment affine in the
+# micro-batch (zeroplan.core.search), an over-count of s x h in bf16 on the safe side (32 MiB for
+# 8B at s 4096, 256 MiB at s 32768).
 def torchtitan_hidden_chunk_copies_bytes(request: PlanRequest) -> int:
-    """The chunked loss's copies of the normed hidden states (0 with one sequence a micro-batch)."""
-    b = request.batch.micro_batch_size
-    if b == 1:
-        return 0
-    return request.training.precision.compute_bytes * b * request.batch.seq_len * request.model.hidden_size
+    """The chunked loss's copies of the normed hidden states."""
+    return request.training.precision.compute_bytes * request.batch.micro_batch_size * request.batch.seq_len \
+        * request.model.hidden_size
 
 
 def logits_piece_parts(request: PlanRequest, pieces: tuple[int, ...]) -> list[list[int]]:
