@@ -9,11 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from zeroplan.allocator.fsdp_schedule import loss_allocations
 from zeroplan.core.frameworks import (
-    framework_logits_pieces, logits_piece_parts, torchtitan_chunk_cross_entropy_bytes, torchtitan_chunk_cross_entropy_parts,
+    framework_logits_pieces, torchtitan_chunk_cross_entropy_bytes, torchtitan_chunk_cross_entropy_parts,
     torchtitan_chunked_loss_bytes, torchtitan_hidden_chunk_copies_bytes,
 )
+from zeroplan.core.plan import checked_peak_terms, pipeline_rank_requests
 from zeroplan.frameworks.step_record import FrameworkStepRecord
+from zeroplan.specs.parallel import ParallelSpec
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 RECORDS = BENCHMARKS / "framework-step-records"
@@ -68,10 +71,22 @@ def test_the_long_context_steps_peak_in_the_loss_and_the_planner_finds_it_there(
 def test_the_allocator_schedule_allocates_the_cross_entropy_moment_tensor_by_tensor(compile_: bool) -> None:
     _, request = _request(LONG, compile=compile_)
     pieces = framework_logits_pieces(request)
-    parts = logits_piece_parts(request, pieces)
+    _, terms = checked_peak_terms(request)
+    parts = loss_allocations(request, terms)
     assert [sum(p) for p in parts] == list(pieces)
     assert parts[1] == torchtitan_chunk_cross_entropy_parts(request) and len(parts[1]) > 1
     # Eager: 16 bytes a logit (bf16 logits and gradient, three fp32 tensors); compiled: 4.
     rows_vocab = 4 * 16384 // 8 * request.model.vocab_size
     # (the last three: the fp32 gradient buffer, the hidden-state chunks' copies, the gathered head)
     assert sum(parts[1][:-3]) - (0 if not compile_ else 8 * 4 * 16384 // 8) == (4 if compile_ else 16) * rows_vocab
+
+
+@pytest.mark.parametrize("parallel", [{"tp": 2}, {"cp": 2}, {"pp": 2}])
+def test_the_allocated_tensors_add_up_to_the_moments_on_a_model_parallel_rank(parallel: dict) -> None:
+    # The moments are this rank's (zeroplan.core.parallel.activations.rank_logits_pieces): the
+    # cross-entropy moment's tensors must be sized the same way, not as the whole replica's.
+    _, request = _request(LONG)
+    request = request.model_copy(update={"parallel": ParallelSpec(**parallel)})
+    for rank in pipeline_rank_requests(request):
+        _, terms = checked_peak_terms(rank)
+        assert [sum(p) for p in loss_allocations(rank, terms)] == list(terms.logits_pieces)

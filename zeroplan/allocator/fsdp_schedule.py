@@ -32,7 +32,10 @@ from zeroplan.core.compiled import COMPILED_CROSS_ENTROPY_ROW_BYTES, compiles_lo
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes
 from zeroplan.core.model_states import padded_unit_elements_of, unit_gather_bytes
 from zeroplan.core.parallel.units import rank_parameter_units
-from zeroplan.core.frameworks import fsdp_chunked_head_bytes, logits_piece_parts
+from zeroplan.core.frameworks import (
+    fsdp_chunked_head_bytes, torchtitan_chunk_cross_entropy_parts, torchtitan_chunked_loss,
+)
+from zeroplan.core.parallel.activations import rank_logits_pieces
 from zeroplan.core.profiles import fsdp_separates_embedding_and_head, loss_chunks
 from zeroplan.specs import StrategyKind
 from zeroplan.specs.request import PlanRequest
@@ -135,11 +138,8 @@ def fsdp_step_trace(request: PlanRequest, states: "ModelStateBytes", terms: "Pea
             head_gradient = _chunked_loss(request, b, gather, units[-1])
         else:
             b.free(gather(units[-1]) if separate else [])
-            if terms.logits_pieces:
-                for parts in logits_piece_parts(request, terms.logits_pieces):
-                    b.free(b.alloc_parts(parts))
-            else:
-                b.free(b.alloc_parts(split_bytes(terms.logits, [1, 1, 1])))
+            for moment in loss_allocations(request, terms):
+                b.free(b.alloc_parts(moment))
         root = [] if separate else gather(units[0])
         pending_input: list[int] = []
 
@@ -198,6 +198,20 @@ def fsdp_step_trace(request: PlanRequest, states: "ModelStateBytes", terms: "Pea
     one_step(True)
     one_step(False)
     return AllocationTrace(events=tuple(b.events), source=f"planner schedule ({request.training.framework.value}, FSDP2 units)")
+
+
+def loss_allocations(request: PlanRequest, terms: "PeakTerms") -> list[list[int]]:
+    """The loss's moments as a schedule allocates them, one after another: each of
+    PeakTerms.logits_pieces as one allocation, but torchtitan's cross-entropy moment tensor by
+    tensor (zeroplan.core.frameworks.torchtitan_chunk_cross_entropy_parts, on this rank as
+    rank_logits_pieces sizes the moment itself); the reference model's loss, which has no
+    pieces, as its three fp32 sbV tensors."""
+    if not terms.logits_pieces:
+        return [split_bytes(terms.logits, [1, 1, 1])]
+    moments = [[piece] for piece in terms.logits_pieces]
+    if torchtitan_chunked_loss(request.training) and len(moments) == 2:
+        moments[1] = list(rank_logits_pieces(request, lambda rank: tuple(torchtitan_chunk_cross_entropy_parts(rank))))
+    return moments
 
 
 def per_chunk_head(request: PlanRequest) -> bool:

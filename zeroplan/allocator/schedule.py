@@ -13,11 +13,10 @@ from typing import TYPE_CHECKING
 
 from zeroplan.allocator.builder import TraceBuilder, even_parts, split_bytes
 from zeroplan.allocator.fsdp_schedule import applies as fsdp_applies
-from zeroplan.allocator.fsdp_schedule import fsdp_step_trace
+from zeroplan.allocator.fsdp_schedule import fsdp_step_trace, loss_allocations
 from zeroplan.allocator.trace import AllocationTrace, Stream
 from zeroplan.core.activations import layer_terms
 from zeroplan.core.buffers import largest_unit_elements
-from zeroplan.core.frameworks import logits_piece_parts
 from zeroplan.core.layout import gradient_wire_bytes
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.training import ActivationCheckpointing
@@ -77,11 +76,8 @@ def step_trace(request: PlanRequest, states: "ModelStateBytes", terms: "PeakTerm
         b.free(unit)
 
     # The loss: each of its moments in turn (the reference model's: three fp32 sbV tensors).
-    if terms.logits_pieces:
-        for parts in logits_piece_parts(request, terms.logits_pieces):
-            b.free(b.alloc_parts(parts))
-    else:
-        b.free(b.alloc_parts(split_bytes(terms.logits, [1, 1, 1])))
+    for moment in loss_allocations(request, terms):
+        b.free(b.alloc_parts(moment))
 
     # Backward, last block first: unit gathered and reduce buffer, the workspace (and the
     # recomputed block) while the block's gradients are computed, then its activations freed.

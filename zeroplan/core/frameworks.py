@@ -182,15 +182,11 @@ def torchtitan_hidden_chunk_copies_bytes(request: PlanRequest) -> int:
         * request.model.hidden_size
 
 
-def logits_piece_parts(request: PlanRequest, pieces: tuple[int, ...]) -> list[list[int]]:
-    """How the allocator's schedule allocates each of the loss's moments (``pieces``, from
-    framework_logits_pieces): torchtitan's cross-entropy moment tensor by tensor, every other
-    moment as one allocation."""
-    training = request.training
-    if training.framework is Framework.torchtitan and not training.unchunked_loss \
-            and not training.fused_linear_cross_entropy and len(pieces) == 2:
-        return [[pieces[0]], torchtitan_chunk_cross_entropy_parts(request)]
-    return [[piece] for piece in pieces]
+def torchtitan_chunked_loss(training: TrainingSpec) -> bool:
+    """Whether the loss is torchtitan's ChunkedLossWrapper (framework_logits_pieces' moments are
+    then torchtitan_chunked_loss_bytes and torchtitan_chunk_cross_entropy_bytes)."""
+    return (training.framework is Framework.torchtitan and not training.unchunked_loss
+            and not training.fused_linear_cross_entropy)
 
 
 # torchtune 0.6.1 modules/transformer.py TransformerDecoder.chunked_output calls self.output once
@@ -547,10 +543,10 @@ def framework_logits_pieces(request: PlanRequest) -> tuple[int, ...]:
     model, training = request.model, request.training
     s, b = request.batch.seq_len, request.batch.micro_batch_size
     chunks = loss_chunks(training)
+    if torchtitan_chunked_loss(training):
+        return torchtitan_chunked_loss_bytes(request), torchtitan_chunk_cross_entropy_bytes(request)
     if training.fused_linear_cross_entropy:
         return fused_linear_cross_entropy_pieces(request)
-    if training.framework is Framework.torchtitan and not training.unchunked_loss:
-        return torchtitan_chunked_loss_bytes(request), torchtitan_chunk_cross_entropy_bytes(request)
     if chunks > 1 and compiles_loss(training):
         return compiled_chunked_logits_pieces(model, training, s, b, chunks, fsdp_chunked_head_bytes(request))
     if chunks > 1:
