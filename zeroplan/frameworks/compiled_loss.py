@@ -14,10 +14,10 @@ the compiled blocks (zeroplan.frameworks.compiled).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from unittest import mock
 
 import torch
 
@@ -51,19 +51,6 @@ def _registered_backend() -> str:
     return BACKEND_NAME
 
 
-@contextlib.contextmanager
-def _environment(name: str, value: str) -> Iterator[None]:
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = old
-
-
 def _torchtune_loss(compiled: bool) -> tuple[Callable, str]:
     """torchtune's per-chunk cross-entropy, compiled by its own compile_loss, and its version."""
     from importlib.metadata import version
@@ -73,7 +60,8 @@ def _torchtune_loss(compiled: bool) -> tuple[Callable, str]:
 
     loss = CEWithChunkedOutputLoss(num_output_chunks=LOSS_CHUNKS[Framework.torchtune])
     if compiled:
-        with _environment("TORCH_COMPILE_BACKEND", _registered_backend()):
+        # compile_loss reads the backend's name from the environment; patch.dict restores it.
+        with mock.patch.dict(os.environ, {"TORCH_COMPILE_BACKEND": _registered_backend()}):
             training.compile_loss(loss, verbose=False)
     return loss.compute_cross_entropy, f"torchtune {version('torchtune')}"
 
