@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from zeroplan.harness.__main__ import build_parser, config_from_args, run_and_save
+from zeroplan.harness.__main__ import build_parser, config_from_args, exit_rank, run_and_save
 from zeroplan.harness.runner import init_distributed
 
 
@@ -36,4 +36,4 @@ def main(spec_path: str) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1]))
+    exit_rank(main(sys.argv[1]))
