@@ -18,6 +18,7 @@ over B_ring), so ring-only predictions are what they were before this model.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
 from math import floor, log2
 
@@ -331,9 +332,25 @@ def _call_sizes(collective: Collective) -> tuple[tuple[int, int], ...]:
     return ((collective.buffer_bytes // max(collective.calls, 1), collective.calls),)
 
 
-def collective_cost(request: PlanRequest, collective: Collective) -> CollectiveTime:
-    """Seconds per step of ``collective`` and the algorithms its calls run, each call of S bytes
-    on the algorithm NCCL's model predicts fastest (or the forced one, ring where it cannot run)."""
+@dataclass(frozen=True)
+class CallPricing:
+    """What pricing one call of a collective needs besides its size: the GPU, the op as timed,
+    the ranks' layout, the algorithms it may run and their achievable efficiencies."""
+
+    gpu: GpuSpec
+    op: CollectiveOp
+    layout: Layout
+    candidates: tuple[Algorithm, ...]
+    efficiencies: dict
+
+    def call_seconds(self, message_bytes: int) -> tuple[Algorithm, float]:
+        """The algorithm one call of ``message_bytes`` runs and its seconds."""
+        return fastest_algorithm(self.gpu, self.op, self.layout, message_bytes, self.candidates, self.efficiencies)
+
+
+def call_pricing(request: PlanRequest, collective: Collective) -> CallPricing:
+    """Each call of ``collective`` runs on the algorithm NCCL's model predicts fastest (or the
+    forced one, ring where it cannot run)."""
     gpu, performance = request.cluster.gpu, request.performance
     layout = collective_layout(request, collective)
     # An all-to-all is timed as a ring all-gather of the same buffer (CollectiveOp.all_to_all).
@@ -343,10 +360,17 @@ def collective_cost(request: PlanRequest, collective: Collective) -> CollectiveT
         forced = Algorithm(performance.algorithm)
         candidates = (forced,) if forced in candidates else (Algorithm.ring,)
     efficiencies = achievable_efficiencies(gpu, op, layout) if performance.bandwidth == "achievable" else {}
+    return CallPricing(gpu=gpu, op=op, layout=layout, candidates=tuple(candidates), efficiencies=efficiencies)
+
+
+def collective_cost(request: PlanRequest, collective: Collective) -> CollectiveTime:
+    """Seconds per step of ``collective`` and the algorithms its calls run (call_pricing)."""
+    pricing = call_pricing(request, collective)
+    gpu, op, layout, efficiencies = pricing.gpu, pricing.op, pricing.layout, pricing.efficiencies
     seconds = 0.0
     moved: dict[Algorithm, int] = {}
     for size, calls in _call_sizes(collective):
-        algorithm, call_s = fastest_algorithm(gpu, op, layout, size, candidates, efficiencies)
+        algorithm, call_s = pricing.call_seconds(size)
         seconds += calls * call_s
         moved[algorithm] = moved.get(algorithm, 0) + calls * size
     ranked = tuple(sorted(moved, key=lambda a: -moved[a]))

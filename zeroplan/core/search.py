@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from pydantic import ValidationError
 
-from zeroplan.core.algorithms import _call_sizes, collective_cost
+from zeroplan.core.algorithms import _call_sizes, call_pricing
 from zeroplan.core.communication import Phase, collectives
 from zeroplan.core.feasibility import usable_memory_bytes
 from zeroplan.core.parallel.collectives import model_parallel_collectives
@@ -299,8 +299,8 @@ def _blocking_seconds(request: PlanRequest, micro: int) -> float:
 
 def _blocking_structure(request: PlanRequest) -> list | None:
     """The blocking collectives of one micro-batch as (collective at b = 1, its call sizes
-    per sequence): every call's size is b times that (activations of b sequences). None when a
-    size is not (then each b is timed by _blocking_seconds)."""
+    per sequence, its call pricing): every call's size is b times that (activations of b
+    sequences). None when a size is not (then each b is timed by _blocking_seconds)."""
     one = [c for c in model_parallel_collectives(_at(request, 1, 1)) if c.blocking]
     two = [c for c in model_parallel_collectives(_at(request, 2, 1)) if c.blocking]
     if len(one) != len(two):
@@ -310,23 +310,21 @@ def _blocking_structure(request: PlanRequest) -> list | None:
         sizes1, sizes2 = _call_sizes(c1), _call_sizes(c2)
         if c1.occurrences_per_step != 1 or [(2 * s, n) for s, n in sizes1] != list(sizes2):
             return None
-        result.append((c1, sizes1))
+        result.append((c1, sizes1, call_pricing(request, c1)))
     return result
 
 
-def _structured_blocking_seconds(request: PlanRequest, structure: list, micro: int, call_cache: dict) -> float:
+def _structured_blocking_seconds(structure: list, micro: int, call_cache: dict) -> float:
     """_blocking_seconds from the structure: each call of S bytes timed once per (group, S) by
-    collective_cost itself, summed as collective_cost sums its calls."""
+    the call pricing collective_cost itself uses, summed as collective_cost sums its calls."""
     total = 0.0
-    for collective, sizes in structure:
+    for collective, sizes, pricing in structure:
         seconds = 0.0
         for size, calls in sizes:
             key = (collective.op, collective.group_size, collective.ranks_per_node, collective.spans_nodes,
                    collective.element_bytes, size * micro)
             if key not in call_cache:
-                single = collective.model_copy(update={"call_sizes": ((size * micro, 1),), "calls": 1,
-                                                       "buffer_bytes": size * micro, "occurrences_per_step": 1})
-                call_cache[key] = collective_cost(request, single).seconds
+                call_cache[key] = pricing.call_seconds(size * micro)[1]
             seconds += calls * call_cache[key]
         total += seconds
     return total
@@ -472,7 +470,9 @@ def _class_values(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[
                 cls.in_flight[a] = in_flight_chunks(parallel, cls.rank, a)
             return cls.in_flight[a]
 
-        in_flight = (_per_value(accum, chunks) * (cls.chunk_intercept + cls.chunk_slope * micro64)).astype(np.int64)
+        # Without a pipeline one chunk is in flight whatever the accumulation (in_flight_chunks).
+        count = _per_value(accum, chunks) if parallel.pp > 1 else 1
+        in_flight = (count * (cls.chunk_intercept + cls.chunk_slope * micro64)).astype(np.int64)
         for flag in (False, True):
             rows = accumulating == flag
             moments = (cls.moment_intercepts[flag][:, None] + cls.moment_slopes[flag][:, None] * micro64[None, rows]
@@ -490,7 +490,7 @@ def _class_values(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[
                 if b not in cls.blocking_s:
                     cls.blocking_s[b] = (
                         _blocking_seconds(cls.request, b) if cls.blocking_structure is None
-                        else _structured_blocking_seconds(cls.request, cls.blocking_structure, b, cls.call_seconds)
+                        else _structured_blocking_seconds(cls.blocking_structure, b, cls.call_seconds)
                     )
                 return cls.blocking_s[b]
 
