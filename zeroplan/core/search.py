@@ -176,7 +176,8 @@ class _RankClass:
     blocking_s: dict[int, float] = field(default_factory=dict)
     """Per micro-batch size: the blocking collectives' seconds of one micro-batch."""
     in_flight: dict[int, int] = field(default_factory=dict)
-    """Per accumulation: micro-batch chunks in flight on the class's first rank."""
+    """Per accumulation: micro-batch chunks in flight on the class's first rank (shared by the
+    layout's groups: the count depends on the layout and the rank only)."""
     blocking_structure: list | None = None
     """_blocking_structure of the class (None: each b timed by the scalar planner)."""
     call_seconds: dict = field(default_factory=dict)
@@ -298,9 +299,10 @@ def _blocking_seconds(request: PlanRequest, micro: int) -> float:
 
 
 def _blocking_structure(request: PlanRequest) -> list | None:
-    """The blocking collectives of one micro-batch as (collective at b = 1, its call sizes
-    per sequence, its call pricing): every call's size is b times that (activations of b
-    sequences). None when a size is not (then each b is timed by _blocking_seconds)."""
+    """The blocking collectives of one micro-batch as (what identifies the collective's calls,
+    its call sizes per sequence, its call pricing): every call's size is b times that
+    (activations of b sequences). None when a size is not (then each b is timed by
+    _blocking_seconds)."""
     one = [c for c in model_parallel_collectives(_at(request, 1, 1)) if c.blocking]
     two = [c for c in model_parallel_collectives(_at(request, 2, 1)) if c.blocking]
     if len(one) != len(two):
@@ -310,7 +312,9 @@ def _blocking_structure(request: PlanRequest) -> list | None:
         sizes1, sizes2 = _call_sizes(c1), _call_sizes(c2)
         if c1.occurrences_per_step != 1 or [(2 * s, n) for s, n in sizes1] != list(sizes2):
             return None
-        result.append((c1, sizes1, call_pricing(request, c1)))
+        # What identifies one call's price besides its size (the key of the layout's call cache).
+        identity = (c1.op, c1.group_size, c1.ranks_per_node, c1.spans_nodes, c1.element_bytes)
+        result.append((identity, sizes1, call_pricing(request, c1)))
     return result
 
 
@@ -318,11 +322,10 @@ def _structured_blocking_seconds(structure: list, micro: int, call_cache: dict) 
     """_blocking_seconds from the structure: each call of S bytes timed once per (group, S) by
     the call pricing collective_cost itself uses, summed as collective_cost sums its calls."""
     total = 0.0
-    for collective, sizes, pricing in structure:
+    for identity, sizes, pricing in structure:
         seconds = 0.0
         for size, calls in sizes:
-            key = (collective.op, collective.group_size, collective.ranks_per_node, collective.spans_nodes,
-                   collective.element_bytes, size * micro)
+            key = (identity, size * micro)
             if key not in call_cache:
                 call_cache[key] = pricing.call_seconds(size * micro)[1]
             seconds += calls * call_cache[key]
@@ -386,11 +389,17 @@ def _fit_class(request: PlanRequest, family: dict, layout_cache: dict) -> _RankC
     cls.phase_intercepts_s, cls.phase_slopes_s, cls.cpu_optimizer_s = family["phases", rank]
     policy = request.training.activation_checkpointing
     cls.blocking_s = layout_cache.setdefault(("blocking", rank, policy), {})
+    cls.in_flight = layout_cache.setdefault(("in flight", rank), {})
     if not parallel.is_trivial:
         if ("structure", rank, policy) not in layout_cache:
             layout_cache["structure", rank, policy] = _blocking_structure(request)
         cls.blocking_structure = layout_cache["structure", rank, policy]
         cls.call_seconds = layout_cache.setdefault("call seconds", {})
+        if cls.blocking_structure is not None:
+            # Policies whose blocking calls are the same (same collectives, same sizes) share
+            # their seconds per micro-batch.
+            calls = tuple((identity, tuple(sizes)) for identity, sizes, _ in cls.blocking_structure)
+            cls.blocking_s = layout_cache.setdefault(("blocking", rank, calls), {})
     return cls
 
 
@@ -442,10 +451,17 @@ def _build_group(request: PlanRequest, family: dict | None = None, layout_cache:
     return group
 
 
-def _per_value(values: np.ndarray, compute) -> np.ndarray:
-    """``compute(v)`` for each distinct value of ``values``, laid out as ``values``."""
+def _per_value(distinct: tuple[list[int], np.ndarray], compute) -> np.ndarray:
+    """``compute(v)`` for each distinct value of an array (``distinct``: np.unique's values as
+    ints and its inverse, shaped as the array), laid out as the array."""
+    values, inverse = distinct
+    return np.array([compute(v) for v in values])[inverse]
+
+
+def _distinct(values: np.ndarray) -> tuple[list[int], np.ndarray]:
+    """np.unique of ``values``, computed once per sweep and shared by every rank class."""
     distinct, inverse = np.unique(values, return_inverse=True)
-    return np.array([compute(int(v)) for v in distinct.tolist()])[inverse.reshape(values.shape)]
+    return distinct.tolist(), inverse.reshape(values.shape)
 
 
 def _class_values(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -460,6 +476,8 @@ def _class_values(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[
     # bubble_fraction: (p - 1)/(m v) of the busy time, m the accumulation steps.
     bubble = (parallel.pp - 1) / (accum_f * parallel.virtual_stages) if parallel.pp > 1 else np.zeros(micro.shape)
     n = len(_PHASES)
+    distinct_micro = _distinct(micro) if not parallel.is_trivial else None
+    distinct_accum = _distinct(accum) if parallel.pp > 1 else None
     shape = (len(group.classes), micro.size)
     allocated = np.zeros(shape, dtype=np.int64)
     seconds = np.zeros(shape, dtype=np.float64)
@@ -471,7 +489,7 @@ def _class_values(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[
             return cls.in_flight[a]
 
         # Without a pipeline one chunk is in flight whatever the accumulation (in_flight_chunks).
-        count = _per_value(accum, chunks) if parallel.pp > 1 else 1
+        count = _per_value(distinct_accum, chunks) if parallel.pp > 1 else 1
         in_flight = (count * (cls.chunk_intercept + cls.chunk_slope * micro64)).astype(np.int64)
         for flag in (False, True):
             rows = accumulating == flag
@@ -494,7 +512,7 @@ def _class_values(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[
                     )
                 return cls.blocking_s[b]
 
-            blocking = accum_f * _per_value(micro, per_micro)
+            blocking = accum_f * _per_value(distinct_micro, per_micro)
         # step_time: compute, the blocking collectives, the bubble over both, what the compute
         # does not hide, the CPU step.
         busy = forward_s + backward_s + blocking
