@@ -1,0 +1,85 @@
+"""Where the default verdict (allocated peak + a flat 5 % allocator reserve) and the
+caching-allocator model's verdict (the OOM capacity, `--allocator-conf ""`) disagree, over a
+sweep of the setups users ask about: models x frameworks x GPUs x micro-batch and sequence x
+checkpointing, every strategy each framework runs on 8 GPUs.
+
+Prints each disagreement (flat says fits and the allocator says OOM is the dangerous one), and
+the distribution of OOM capacity / allocated peak, which says how wide the band is in which the
+flat reserve can be wrong. Both verdicts come from the planner itself; nothing here is a GPU
+measurement (docs/validation.md has those).
+
+    python benchmarks/allocator_verdict_sweep.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from zeroplan.cli.fit import add_fit_arguments, request_from_args
+from zeroplan.cli.parser import OneLineParser
+from zeroplan.core.plan import fit
+from zeroplan.errors import ZeroplanError
+from zeroplan.units import GiB
+
+MODELS = (("llama-3.1-8b", "torchtitan"), ("llama-3.1-8b", "torchtune"), ("llama-3.1-8b", "hf"),
+          ("llama-2-7b", "zeroplan"), ("llama-2-13b", "zeroplan"), ("llama-3.1-70b", "torchtitan"))
+GPUS = ("a100-40gb", "a100-80gb", "h100-80gb", "a10g")
+SHAPES = ((1, 2048), (2, 4096), (4, 4096), (8, 2048), (2, 8192))
+
+
+def cases(quick: bool) -> list[list[str]]:
+    models = MODELS[:2] if quick else MODELS
+    gpus = GPUS[:2] if quick else GPUS
+    out = []
+    for model, framework in models:
+        for gpu in gpus:
+            for micro, seq in SHAPES:
+                for checkpointing in ("full", "selective-op" if framework == "torchtitan" else "none"):
+                    out.append([model, "--framework", framework, "--gpu", gpu, "--gpus", "8", "--micro-batch", str(micro),
+                                "--seq-len", str(seq), "--activation-checkpointing", checkpointing])
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="two models and two GPUs only")
+    args = parser.parse_args()
+    fit_parser = OneLineParser(prog="fit")
+    add_fit_arguments(fit_parser)
+    start = time.perf_counter()
+    plans = skipped = 0
+    flips, ratios = [], []
+    for argv in cases(args.quick):
+        try:
+            base = request_from_args(fit_parser.parse_args(argv))
+        except ZeroplanError:
+            skipped += 1  # e.g. a sequence past the model's positions
+            continue
+        flat = fit(base, suggest=False)
+        modelled = base.model_copy(update={"assumptions": base.assumptions.model_copy(update={"allocator_conf": ""})})
+        replayed = fit(modelled, suggest=False)
+        for a, b in zip(flat.plans, replayed.plans, strict=True):
+            plans += 1
+            memory = b.memory
+            ratios.append(memory.oom_capacity_bytes / memory.allocated_peak_bytes)
+            if a.fits != b.fits:
+                flips.append((a, b, " ".join(argv)))
+    elapsed = time.perf_counter() - start
+    print(f"{plans} strategy plans ({skipped} setups refused), {elapsed:.0f} s")
+    dangerous = sum(1 for a, _, _ in flips if a.fits)
+    print(f"verdicts that differ: {len(flips)} ({dangerous} where the flat reserve says fits and the allocator OOM)")
+    print(f"{'flat':>5s} {'alloc':>5s} {'strategy':18s} {'allocated':>9s} {'flat peak':>9s} {'oom-at':>7s} {'usable':>7s}  setup (GiB)")
+    for a, b, setup in flips:
+        print(f"{'fits' if a.fits else 'OOM':>5s} {'fits' if b.fits else 'OOM':>5s} {a.strategy.value:18s} "
+              f"{b.memory.allocated_peak_bytes / GiB:9.2f} {a.memory.peak_bytes / GiB:9.2f} "
+              f"{b.memory.oom_capacity_bytes / GiB:7.2f} {a.usable_memory_bytes / GiB:7.2f}  {setup}")
+    ratios.sort()
+    print(f"OOM capacity / allocated peak: median {statistics.median(ratios):.3f}, "
+          f"90th percentile {ratios[int(0.9 * len(ratios))]:.3f}, "
+          f"99th {ratios[int(0.99 * len(ratios))]:.3f}, max {ratios[-1]:.3f}")
+
+
+if __name__ == "__main__":
+    main()
