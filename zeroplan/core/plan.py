@@ -493,6 +493,36 @@ def _verdict(
     )
 
 
+# benchmarks/allocator_verdict_sweep.py: over 1,440 strategy plans the caching-allocator
+# model's OOM capacity reached at most 1.491 x the allocated peak, so below two thirds of the
+# usable memory it cannot overturn the flat reserve's "fits" there; above, it is asked.
+ALLOCATOR_CHECK_FRACTION = (2, 3)
+"""Allocated peak / usable memory from which a recommendation is checked against the
+caching-allocator model (numerator, denominator)."""
+
+
+def allocator_caution(request: PlanRequest, recommended: StrategyPlan) -> str:
+    """A caution for the verdict when the flat reserve recommends ``recommended`` but the
+    caching-allocator model, with PyTorch's default settings, finds that its step runs out of
+    memory (docs/validation.md, "The caching allocator"); '' when the model finds it completes,
+    when the allocated peak is far enough below the usable memory not to ask, or when the
+    request already takes its verdict from the model (--allocator-conf)."""
+    if request.assumptions.allocator_conf is not None:
+        return ""
+    usable = recommended.usable_memory_bytes
+    numerator, denominator = ALLOCATOR_CHECK_FRACTION
+    if recommended.memory.allocated_peak_bytes * denominator < usable * numerator:
+        return ""
+    modelled = request.model_copy(update={"assumptions": request.assumptions.model_copy(update={"allocator_conf": ""})})
+    if _fits_under_allocator(modelled):
+        return ""
+    needed = max(b.oom_capacity_bytes or 0 for b, _ in pipeline_rank_breakdowns(modelled))
+    return (f" Caution: PyTorch's caching allocator (modelled, default settings) would need {needed / 2**30:.1f} GiB "
+            f"for {recommended.strategy.value}, more than the {usable / 2**30:.1f} GiB usable: the flat "
+            f"{request.assumptions.allocator_reserve_fraction:.0%} reserve is too little here; "
+            f'--allocator-conf "" takes the verdict on the allocator model (docs/validation.md).')
+
+
 def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | None = None, *,
         suggest: bool = True) -> FitReport:
     """Plan ``base`` under each strategy; the strategy in ``base`` supplies the knobs. None
@@ -515,13 +545,17 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | N
     check_framework_strategies(
         framework, tuple(s.kind if isinstance(s, StrategySpec) else StrategyKind(s) for s in strategies), base.cluster.world_size,
     )
-    plans = []
+    plans, requests = [], {}
     for strategy in strategies:
         spec = strategy if isinstance(strategy, StrategySpec) else base.strategy.model_copy(update={"kind": StrategyKind(strategy)})
-        plans.append(plan(base.with_strategy(spec)))
+        requests[spec.kind] = base.with_strategy(spec)
+        plans.append(plan(requests[spec.kind]))
     plans_tuple = tuple(plans)
     recommended = recommend(plans_tuple)
     verdict = _verdict(plans_tuple, recommended, base.cluster.host_memory_bytes_per_node, base.cluster.world_size == 1)
+    if recommended is not None:
+        chosen = next(p for p in plans_tuple if p.strategy is recommended)
+        verdict += allocator_caution(requests[recommended], chosen)
     if recommended is None and suggest:
         # The strategies the user named stay the ones tried; else each retry plans every
         # strategy its framework runs on its GPUs.

@@ -1,0 +1,77 @@
+"""A plain fit (flat 5 % reserve) asks the caching-allocator model about its recommendation
+when the allocated peak comes near the usable memory, and cautions when the model runs out."""
+
+from __future__ import annotations
+
+import pytest
+
+import zeroplan.core.plan as plan_module
+from zeroplan.cli.fit import request_from_args
+from zeroplan.cli.main import build_parser
+from zeroplan.core.plan import fit
+from zeroplan.units import GiB
+
+# The dangerous kind benchmarks/allocator_verdict_sweep.py found: the flat reserve fits FSDP2
+# full sharding, the allocator model needs 23.8 GiB of the A10G's 21.9 usable.
+A10G_TORCHTITAN = ("llama-3.1-8b --framework torchtitan --gpu a10g --gpus 8 --micro-batch 1 --seq-len 2048 "
+                   "--activation-checkpointing full")
+
+
+def _base(flags: str, *extra: str):
+    return request_from_args(build_parser().parse_args(["fit", *flags.split(), *extra]))
+
+
+def _counting_checks(monkeypatch) -> list:
+    calls = []
+    real = plan_module._fits_under_allocator
+
+    def counted(request):
+        calls.append(request.strategy.kind)
+        return real(request)
+
+    monkeypatch.setattr(plan_module, "_fits_under_allocator", counted)
+    return calls
+
+
+def test_a_recommendation_the_allocator_model_cannot_run_is_cautioned():
+    report = fit(_base(A10G_TORCHTITAN))
+    chosen = report.plan_for(report.recommended)
+    assert chosen.fits  # the flat reserve's verdict stands in the table
+    assert "Caution: PyTorch's caching allocator" in report.verdict
+    assert f"for {report.recommended.value}" in report.verdict
+    modelled = fit(_base(A10G_TORCHTITAN, "--allocator-conf", ""), [report.recommended]).plans[0]
+    assert modelled.memory.oom_capacity_bytes > chosen.usable_memory_bytes
+    assert f"would need {modelled.memory.oom_capacity_bytes / GiB:.1f} GiB" in report.verdict
+
+
+def test_the_caution_is_not_given_when_the_verdict_is_already_the_allocators():
+    report = fit(_base(A10G_TORCHTITAN, "--allocator-conf", ""))
+    assert "Caution: PyTorch's caching allocator" not in report.verdict
+    # The model's own verdict: neither FSDP2 strategy fits the A10G.
+    assert not report.plan_for("fsdp-full-shard").fits
+
+
+def test_far_below_the_usable_memory_nothing_is_replayed(monkeypatch):
+    calls = _counting_checks(monkeypatch)
+    report = fit(_base("llama-3.1-8b --framework torchtitan --gpu h100-80gb --gpus 8 --micro-batch 1 --seq-len 2048 "
+                       "--activation-checkpointing full"))
+    chosen = report.plan_for(report.recommended)
+    assert chosen.memory.allocated_peak_bytes * 3 < chosen.usable_memory_bytes * 2
+    assert calls == [] and "Caution: PyTorch's caching allocator" not in report.verdict
+
+
+def test_near_the_usable_memory_the_model_is_asked_and_silent_when_it_completes(monkeypatch):
+    calls = _counting_checks(monkeypatch)
+    report = fit(_base("llama-3.1-8b --framework hf --gpu a100-80gb --gpus 8 --micro-batch 2 --seq-len 4096 "
+                       "--activation-checkpointing none"))
+    chosen = report.plan_for(report.recommended)
+    assert chosen.memory.allocated_peak_bytes * 3 >= chosen.usable_memory_bytes * 2
+    assert calls == [report.recommended]
+    assert "Caution: PyTorch's caching allocator" not in report.verdict
+
+
+@pytest.mark.parametrize("flags", [A10G_TORCHTITAN])
+def test_only_the_recommended_strategy_is_checked(monkeypatch, flags):
+    calls = _counting_checks(monkeypatch)
+    report = fit(_base(flags))
+    assert calls == [report.recommended]
