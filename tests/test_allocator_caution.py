@@ -3,18 +3,22 @@ when the allocated peak comes near the usable memory, and cautions when the mode
 
 from __future__ import annotations
 
-import pytest
-
 import zeroplan.core.plan as plan_module
 from zeroplan.cli.fit import request_from_args
 from zeroplan.cli.main import build_parser
 from zeroplan.core.plan import fit
+from zeroplan.specs import StrategyKind
 from zeroplan.units import GiB
 
 # The dangerous kind benchmarks/allocator_verdict_sweep.py found: the flat reserve fits FSDP2
 # full sharding, the allocator model needs 23.8 GiB of the A10G's 21.9 usable.
 A10G_TORCHTITAN = ("llama-3.1-8b --framework torchtitan --gpu a10g --gpus 8 --micro-batch 1 --seq-len 2048 "
                    "--activation-checkpointing full")
+
+
+HF_80GB = ("llama-3.1-8b --framework hf --gpu a100-80gb --gpus 8 --micro-batch 2 --seq-len 4096 "
+           "--activation-checkpointing none")
+THREE = [StrategyKind.fsdp_full_shard, StrategyKind.hsdp, StrategyKind.zero3_offload]
 
 
 def _base(flags: str, *extra: str):
@@ -70,8 +74,19 @@ def test_near_the_usable_memory_the_model_is_asked_and_silent_when_it_completes(
     assert "Caution: PyTorch's caching allocator" not in report.verdict
 
 
-@pytest.mark.parametrize("flags", [A10G_TORCHTITAN])
-def test_only_the_recommended_strategy_is_checked(monkeypatch, flags):
+def test_the_caution_names_the_next_fitting_strategy_the_model_lets_complete(monkeypatch):
     calls = _counting_checks(monkeypatch)
-    report = fit(_base(flags))
-    assert calls == [report.recommended]
+    report = fit(_base(HF_80GB), THREE)
+    assert report.recommended.value == "fsdp-full-shard"
+    assert "would need 80.5 GiB for fsdp-full-shard" in report.verdict
+    assert "under the model zero3-offload completes" in report.verdict
+    # hsdp (the next in recommendation order) was asked before zero3-offload, and failed too.
+    assert [kind.value for kind in calls] == ["fsdp-full-shard", "hsdp", "zero3-offload"]
+    modelled = fit(_base(HF_80GB, "--allocator-conf", ""), THREE)
+    assert [p.fits for p in modelled.plans] == [False, False, True]
+
+
+def test_when_no_other_fitting_strategy_completes_the_caution_says_so():
+    report = fit(_base(A10G_TORCHTITAN))
+    assert [p.strategy.value for p in report.plans if p.fits] == ["fsdp-full-shard", "hsdp"]
+    assert "under the model none of the others that fit completes" in report.verdict

@@ -501,26 +501,51 @@ ALLOCATOR_CHECK_FRACTION = (2, 3)
 caching-allocator model (numerator, denominator)."""
 
 
-def allocator_caution(request: PlanRequest, recommended: StrategyPlan) -> str:
-    """A caution for the verdict when the flat reserve recommends ``recommended`` but the
-    caching-allocator model, with PyTorch's default settings, finds that its step runs out of
-    memory (docs/validation.md, "The caching allocator"); '' when the model finds it completes,
-    when the allocated peak is far enough below the usable memory not to ask, or when the
-    request already takes its verdict from the model (--allocator-conf)."""
+MAX_ALLOCATOR_ALTERNATIVES = 3
+"""Fitting strategies, after a cautioned recommendation, asked of the allocator model in turn."""
+
+
+def allocator_runs_out(request: PlanRequest, planned: StrategyPlan) -> bool:
+    """Whether the caching-allocator model, with PyTorch's default settings, finds that the
+    step ``planned`` under the flat reserve runs out of memory (docs/validation.md, "The caching
+    allocator"); False without asking when the allocated peak is below
+    ALLOCATOR_CHECK_FRACTION of the usable memory."""
+    numerator, denominator = ALLOCATOR_CHECK_FRACTION
+    if planned.memory.allocated_peak_bytes * denominator < planned.usable_memory_bytes * numerator:
+        return False
+    return not _fits_under_allocator(_under_allocator_model(request))
+
+
+def _under_allocator_model(request: PlanRequest) -> PlanRequest:
+    return request.model_copy(update={"assumptions": request.assumptions.model_copy(update={"allocator_conf": ""})})
+
+
+def allocator_caution(requests: dict[StrategyKind, PlanRequest], plans: tuple[StrategyPlan, ...],
+                      recommended: StrategyKind) -> str:
+    """A caution for the verdict when the flat reserve recommends a strategy whose step the
+    caching-allocator model finds running out of memory, naming the next fitting strategy (in
+    recommendation order, up to MAX_ALLOCATOR_ALTERNATIVES) the model lets complete; '' when
+    the model lets the recommendation complete or was not asked, and when the request already
+    takes its verdict from the model (--allocator-conf)."""
+    request = requests[recommended]
     if request.assumptions.allocator_conf is not None:
         return ""
-    usable = recommended.usable_memory_bytes
-    numerator, denominator = ALLOCATOR_CHECK_FRACTION
-    if recommended.memory.allocated_peak_bytes * denominator < usable * numerator:
+    chosen = next(p for p in plans if p.strategy is recommended)
+    if not allocator_runs_out(request, chosen):
         return ""
-    modelled = request.model_copy(update={"assumptions": request.assumptions.model_copy(update={"allocator_conf": ""})})
-    if _fits_under_allocator(modelled):
-        return ""
-    needed = max(b.oom_capacity_bytes or 0 for b, _ in pipeline_rank_breakdowns(modelled))
-    return (f" Caution: PyTorch's caching allocator (modelled, default settings) would need {needed / 2**30:.1f} GiB "
-            f"for {recommended.strategy.value}, more than the {usable / 2**30:.1f} GiB usable: the flat "
-            f"{request.assumptions.allocator_reserve_fraction:.0%} reserve is too little here; "
-            f'--allocator-conf "" takes the verdict on the allocator model (docs/validation.md).')
+    needed = max(b.oom_capacity_bytes or 0 for b, _ in pipeline_rank_breakdowns(_under_allocator_model(request)))
+    caution = (f" Caution: PyTorch's caching allocator (modelled, default settings) would need {needed / 2**30:.1f} GiB "
+               f"for {recommended.value}, more than the {chosen.usable_memory_bytes / 2**30:.1f} GiB usable: the flat "
+               f"{request.assumptions.allocator_reserve_fraction:.0%} reserve is too little here")
+    others = sorted((p for p in plans if p.fits and p.host_fits is not False and p.strategy is not recommended),
+                    key=recommendation_key)
+    asked = others[:MAX_ALLOCATOR_ALTERNATIVES]
+    completing = next((p for p in asked if not allocator_runs_out(requests[p.strategy], p)), None)
+    if completing is not None:
+        caution += f"; under the model {completing.strategy.value} completes"
+    elif asked:
+        caution += (f"; under the model {'none of the others that fit completes' if len(asked) == len(others) else f'none of the next {len(asked)} completes'}")
+    return caution + '; --allocator-conf "" takes the verdict on the allocator model (docs/validation.md).'
 
 
 def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | None = None, *,
@@ -554,8 +579,7 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | N
     recommended = recommend(plans_tuple)
     verdict = _verdict(plans_tuple, recommended, base.cluster.host_memory_bytes_per_node, base.cluster.world_size == 1)
     if recommended is not None:
-        chosen = next(p for p in plans_tuple if p.strategy is recommended)
-        verdict += allocator_caution(requests[recommended], chosen)
+        verdict += allocator_caution(requests, plans_tuple, recommended)
     if recommended is None and suggest:
         # The strategies the user named stay the ones tried; else each retry plans every
         # strategy its framework runs on its GPUs.

@@ -29,7 +29,7 @@ from zeroplan.core.communication import Phase, collectives
 from zeroplan.core.feasibility import usable_memory_bytes
 from zeroplan.core.parallel.collectives import model_parallel_collectives
 from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
-from zeroplan.core.plan import PeakTerms, host_memory_fits, memory_breakdown, moment_totals, peak_terms
+from zeroplan.core.plan import PeakTerms, host_memory_fits, memory_breakdown, micro_batch_terms, moment_totals, peak_terms
 from zeroplan.core.compiled import runs_checkpointing
 from zeroplan.core.profiles import check_framework_strategies, framework_strategies, profile
 from zeroplan.core.timing import (
@@ -250,14 +250,20 @@ def _terms(request: PlanRequest, family: dict, layout_cache: dict) -> tuple:
     engine = ((request.runs_under_autocast,) if request.training.framework is Framework.zeroplan
               else (request.strategy.kind, request.shard_group_size, request.convention))
     activation_key = ("activations", rank, request.training.activation_checkpointing, b, a, engine)
-    if state_key not in family or activation_key not in layout_cache:
+    if state_key not in family:
         states, terms = peak_terms(request)
-        family.setdefault(state_key, (states, terms))
-        layout_cache.setdefault(activation_key, terms)
+        family[state_key] = (states, terms)
+        layout_cache.setdefault(activation_key, {name: getattr(terms, name) for name in _MICRO_BATCH_TERMS})
+    elif activation_key not in layout_cache:
+        # Only the micro-batch's own terms are new (peak_terms' checks ran for the family's
+        # first request and run again in the group's check against memory_breakdown).
+        layout_cache[activation_key] = micro_batch_terms(request)
     states, state_terms = family[state_key]
-    act = layout_cache[activation_key]
-    return states, replace(state_terms, activations=act.activations, logits=act.logits, workspace=act.workspace,
-                           logits_pieces=act.logits_pieces)
+    return states, replace(state_terms, **layout_cache[activation_key])
+
+
+_MICRO_BATCH_TERMS = ("activations", "logits", "workspace", "logits_pieces")
+"""The PeakTerms fields plan.micro_batch_terms computes."""
 
 
 def _activation_mask(request: PlanRequest, count: int) -> np.ndarray:
