@@ -90,3 +90,24 @@ def test_when_no_other_fitting_strategy_completes_the_caution_says_so():
     report = fit(_base(A10G_TORCHTITAN))
     assert [p.strategy.value for p in report.plans if p.fits] == ["fsdp-full-shard", "hsdp"]
     assert "under the model none of the others that fit completes" in report.verdict
+
+
+def test_a_suggestion_the_allocator_model_would_fail_is_passed_over_for_the_next():
+    # Nothing fits with selective-op; full recomputation on the same 8 A10Gs fits under the flat
+    # reserve but not under the allocator model, so the suggestion goes on to 16 GPUs.
+    report = fit(_base(A10G_TORCHTITAN.replace("full", "selective-op")))
+    assert report.recommended is None
+    cautioned_on_eight = fit(_base(A10G_TORCHTITAN), suggest=False)
+    assert cautioned_on_eight.allocator_caution
+    assert "With --activation-checkpointing full and --gpus 16: Recommended: fsdp-full-shard" in report.verdict
+    assert "Caution: PyTorch's caching allocator" not in report.verdict
+
+
+def test_a_cautioned_suggestion_is_given_when_no_later_one_fits():
+    # More GPUs do not shrink a LoRA's activations on one device's share: every candidate that
+    # fits is cautioned, and the first of them is the answer, with its caution.
+    report = fit(_base("llama-3.1-8b --framework torchtune --gpus 1 --gpu a10g --micro-batch 8 --seq-len 2048 "
+                       "--lora-rank 16 --activation-checkpointing full"))
+    assert report.recommended is None
+    assert "With --gpus 8: Recommended: fsdp-full-shard" in report.verdict
+    assert "would need 23.6 GiB for fsdp-full-shard" in report.verdict

@@ -26,9 +26,13 @@ def test_more_gpus_are_named_when_nothing_else_helps_and_the_named_count_fits() 
     named = int(report.verdict.split("--gpus ")[1].split(":")[0])
     assert named > 1 and named % 2 == 0
     bigger = base.model_copy(update={"cluster": cluster_from_gpus(get_gpu("rtx-4090"), named)})
-    assert fit(bigger, ["fsdp-full-shard"], suggest=False).recommended is not None
+    named_report = fit(bigger, ["fsdp-full-shard"], suggest=False)
+    assert named_report.recommended is not None and not named_report.allocator_caution
+    # Half as many GPUs: nothing fits, or only what the caching-allocator model finds running
+    # out of memory (a suggestion passes those over).
     smaller = base.model_copy(update={"cluster": cluster_from_gpus(get_gpu("rtx-4090"), named // 2)})
-    assert fit(smaller, ["fsdp-full-shard"], suggest=False).recommended is None
+    smaller_report = fit(smaller, ["fsdp-full-shard"], suggest=False)
+    assert smaller_report.recommended is None or smaller_report.allocator_caution
 
 
 def test_a_lora_is_offered_an_nf4_base_before_more_gpus() -> None:

@@ -151,6 +151,10 @@ class FitReport(Frozen):
     """Fitting strategy with the least communication (offload only if nothing else fits)."""
     verdict: str
     """One line for a person."""
+    allocator_caution: str = ""
+    """Part of the verdict: where the caching-allocator model finds the recommendation's step
+    running out of memory under the flat reserve, what it would need (core.plan.allocator_caution);
+    '' otherwise."""
     compute_model: str = "hfu"
     """How the plans' compute was timed (PerformanceAssumptions.compute_model)."""
 

@@ -578,8 +578,8 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | N
     plans_tuple = tuple(plans)
     recommended = recommend(plans_tuple)
     verdict = _verdict(plans_tuple, recommended, base.cluster.host_memory_bytes_per_node, base.cluster.world_size == 1)
-    if recommended is not None:
-        verdict += allocator_caution(requests, plans_tuple, recommended)
+    caution = allocator_caution(requests, plans_tuple, recommended) if recommended is not None else ""
+    verdict += caution
     if recommended is None and suggest:
         # The strategies the user named stay the ones tried; else each retry plans every
         # strategy its framework runs on its GPUs.
@@ -594,5 +594,6 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | N
         plans=plans_tuple,
         recommended=recommended,
         verdict=verdict,
+        allocator_caution=caution,
         compute_model=base.performance.compute_model,
     )

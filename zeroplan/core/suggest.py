@@ -40,8 +40,21 @@ def _with_gpus(base: PlanRequest, gpus: int) -> PlanRequest | None:
 
 def smallest_change(base: PlanRequest, fit: Callable[[PlanRequest], object]) -> str:
     """The first change that makes a strategy fit, with the fit's verdict; '' when none of the
-    candidates does. ``fit`` plans a request (every strategy its framework runs) without
-    suggesting anything itself."""
+    candidates does. A change whose recommendation the caching-allocator model finds running
+    out of memory (FitReport.allocator_caution) is passed over for the next, and given only
+    when no later candidate fits without one. ``fit`` plans a request (every strategy its
+    framework runs) without suggesting anything itself."""
+    cautioned: list[str] = []
+
+    def answer(change: str, report) -> str | None:
+        if report.recommended is None:
+            return None
+        text = f" With {change}: {report.verdict}"
+        if report.allocator_caution:
+            cautioned.append(text)
+            return None
+        return text
+
     changes: list[tuple[str, PlanRequest | None]] = []
     current = base
     if base.training.activation_checkpointing is not ActivationCheckpointing.full:
@@ -53,18 +66,12 @@ def smallest_change(base: PlanRequest, fit: Callable[[PlanRequest], object]) -> 
         quantized = _with_training(current, finetune=finetune.model_copy(update={"quantize": Quantization.nf4}))
         changes.append((f"{flags}--quantize nf4", quantized))
     for change, request in changes:
-        if request is not None:
-            report = fit(request)
-            if report.recommended is not None:
-                return f" With {change}: {report.verdict}"
-    if current is None:
-        return ""
-    for doubling in range(1, MAX_GPU_DOUBLINGS + 1):
-        gpus = base.cluster.world_size * 2**doubling
-        request = _with_gpus(current, gpus)
-        if request is None:
-            continue
-        report = fit(request)
-        if report.recommended is not None:
-            return f" With {flags}--gpus {gpus}: {report.verdict}"
-    return ""
+        if request is not None and (text := answer(change, fit(request))) is not None:
+            return text
+    if current is not None:
+        for doubling in range(1, MAX_GPU_DOUBLINGS + 1):
+            gpus = base.cluster.world_size * 2**doubling
+            request = _with_gpus(current, gpus)
+            if request is not None and (text := answer(f"{flags}--gpus {gpus}", fit(request))) is not None:
+                return text
+    return cautioned[0] if cautioned else ""
