@@ -457,17 +457,29 @@ def _build_group(request: PlanRequest, family: dict | None = None, layout_cache:
     return group
 
 
-def _per_value(distinct: tuple[list[int], np.ndarray], compute) -> np.ndarray:
+def _per_value(distinct: tuple[list[int], np.ndarray], known: dict, compute) -> np.ndarray:
     """``compute(v)`` for each distinct value of an array (``distinct``: np.unique's values as
-    ints and its inverse, shaped as the array), laid out as the array."""
+    ints and its inverse, shaped as the array), laid out as the array; ``known`` keeps every
+    value computed (shared by the groups that share it), so each is computed once."""
     values, inverse = distinct
-    return np.array([compute(v) for v in values])[inverse]
+    for v in values:
+        if v not in known:
+            known[v] = compute(v)
+    return np.array([known[v] for v in values])[inverse]
 
 
 def _distinct(values: np.ndarray) -> tuple[list[int], np.ndarray]:
-    """np.unique of ``values``, computed once per sweep and shared by every rank class."""
-    distinct, inverse = np.unique(values, return_inverse=True)
-    return distinct.tolist(), inverse.reshape(values.shape)
+    """np.unique of ``values`` (positive integers) with its inverse, computed once per sweep and
+    shared by every rank class. Micro-batches and accumulations are small counts, so a table of
+    which values occur replaces np.unique's sort where it is not much larger than the array."""
+    largest = int(values.max()) if values.size else 0
+    if largest > 4 * values.size + 1024:
+        distinct, inverse = np.unique(values, return_inverse=True)
+        return distinct.tolist(), inverse.reshape(values.shape)
+    present = np.zeros(largest + 1, dtype=bool)
+    present[values] = True
+    position = np.cumsum(present) - 1
+    return np.flatnonzero(present).tolist(), position[values]
 
 
 def _class_values(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -489,13 +501,9 @@ def _class_values(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[
     seconds = np.zeros(shape, dtype=np.float64)
     host_ok = np.ones(shape, dtype=bool)
     for c, cls in enumerate(group.classes):
-        def chunks(a: int, cls: _RankClass = cls) -> int:
-            if a not in cls.in_flight:
-                cls.in_flight[a] = in_flight_chunks(parallel, cls.rank, a)
-            return cls.in_flight[a]
-
         # Without a pipeline one chunk is in flight whatever the accumulation (in_flight_chunks).
-        count = _per_value(distinct_accum, chunks) if parallel.pp > 1 else 1
+        count = (_per_value(distinct_accum, cls.in_flight, lambda a, rank=cls.rank: in_flight_chunks(parallel, rank, a))
+                 if parallel.pp > 1 else 1)
         in_flight = (count * (cls.chunk_intercept + cls.chunk_slope * micro64)).astype(np.int64)
         for flag in (False, True):
             rows = accumulating == flag
@@ -511,14 +519,11 @@ def _class_values(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[
             blocking = np.zeros(micro.shape)
         else:
             def per_micro(b: int, cls: _RankClass = cls) -> float:
-                if b not in cls.blocking_s:
-                    cls.blocking_s[b] = (
-                        _blocking_seconds(cls.request, b) if cls.blocking_structure is None
-                        else _structured_blocking_seconds(cls.blocking_structure, b, cls.call_seconds)
-                    )
-                return cls.blocking_s[b]
+                if cls.blocking_structure is None:
+                    return _blocking_seconds(cls.request, b)
+                return _structured_blocking_seconds(cls.blocking_structure, b, cls.call_seconds)
 
-            blocking = accum_f * _per_value(distinct_micro, per_micro)
+            blocking = accum_f * _per_value(distinct_micro, cls.blocking_s, per_micro)
         # step_time: compute, the blocking collectives, the bubble over both, what the compute
         # does not hide, the CPU step.
         busy = forward_s + backward_s + blocking
