@@ -111,3 +111,21 @@ def test_a_cautioned_suggestion_is_given_when_no_later_one_fits():
     assert report.recommended is None
     assert "With --gpus 8: Recommended: fsdp-full-shard" in report.verdict
     assert "would need 23.6 GiB for fsdp-full-shard" in report.verdict
+
+
+def test_at_most_three_other_strategies_are_asked(monkeypatch):
+    # Every strategy made to fail the model: the recommendation and the next three fitting ones
+    # are asked, no more, and the caution says how many were.
+    asked = []
+
+    def always_out(request, planned):
+        asked.append(planned.strategy)
+        return True
+
+    monkeypatch.setattr(plan_module, "allocator_runs_out", always_out)
+    report = fit(_base("llama-3.1-8b --framework hf --gpu a100-80gb --gpus 8 --micro-batch 1 --seq-len 2048 "
+                       "--activation-checkpointing full"), suggest=False)
+    fitting = [p for p in report.plans if p.fits]
+    assert len(fitting) > 4
+    assert asked[0] is report.recommended and len(asked) == 1 + plan_module.MAX_ALLOCATOR_ALTERNATIVES
+    assert "under the model none of the next 3 that fit completes" in report.allocator_caution

@@ -543,8 +543,10 @@ def allocator_caution(requests: dict[StrategyKind, PlanRequest], plans: tuple[St
     completing = next((p for p in asked if not allocator_runs_out(requests[p.strategy], p)), None)
     if completing is not None:
         caution += f"; under the model {completing.strategy.value} completes"
+    elif len(asked) == len(others) > 0:
+        caution += "; under the model none of the others that fit completes"
     elif asked:
-        caution += (f"; under the model {'none of the others that fit completes' if len(asked) == len(others) else f'none of the next {len(asked)} completes'}")
+        caution += f"; under the model none of the next {len(asked)} that fit completes"
     return caution + '; --allocator-conf "" takes the verdict on the allocator model (docs/validation.md).'
 
 
