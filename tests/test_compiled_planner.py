@@ -112,3 +112,19 @@ def test_the_issues_compile_and_float8_command_answers(zeroplan_cli) -> None:
     report = json.loads(out)
     assert report["training"]["compile"] is True and report["training"]["float8"] == "rowwise"
     assert report["recommended"] is not None
+
+
+@pytest.mark.parametrize("name,llama", [("llama-3.1-8b", True), ("llama-2-70b", True), ("mistral-7b", True),
+                                        ("gpt2", False), ("mixtral-8x7b", False)])
+def test_the_dense_llama_layout_is_what_the_llama_builders_make(name, llama) -> None:
+    from zeroplan.presets.models import get_model
+    from zeroplan.specs.model import NormKind, PositionKind
+
+    model = get_model(name)
+    assert model.is_dense_llama_layout is llama
+    # Each departure from the layout on its own takes a Llama out of it.
+    for change in ({"qk_norm": True}, {"post_norms": True}, {"bias": True}, {"parallel_block": True},
+                   {"embedding_norm": True}, {"causal": False}, {"norm": NormKind.layernorm},
+                   {"position": PositionKind.learned}):
+        if llama:
+            assert not model.model_copy(update=change).is_dense_llama_layout, change

@@ -17,7 +17,7 @@ from zeroplan.core.profiles import profile
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.hardware import GpuArchitecture, GpuSpec
-from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
+from zeroplan.specs.model import ModelSpec
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.training import ActivationCheckpointing, TrainingSpec
 
@@ -72,9 +72,7 @@ def check_compiled(training: TrainingSpec, model: ModelSpec, gpu: GpuSpec | None
     if training.activation_offloading or not training.finetune.trains_everything:
         field = "activation_offloading" if training.activation_offloading else "finetune"
         raise ZeroplanError(field, "is not modelled compiled: no compiled run of it was measured (allowed without compile)")
-    llama = (not model.is_moe and not model.is_mla and model.position is PositionKind.rope and model.mlp is MlpKind.swiglu
-             and model.norm is NormKind.rmsnorm and not (model.bias or model.qkv_bias or model.qk_norm or model.post_norms))
-    if not llama:
+    if not model.is_dense_llama_layout:
         raise ZeroplanError("compile", f"{model.name!r}: compiled blocks were measured for dense Llama-layout models "
                             "(RoPE, RMSNorm, SwiGLU, no biases) only")
 

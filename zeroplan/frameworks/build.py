@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from zeroplan.errors import ZeroplanError
-from zeroplan.specs import ActivationCheckpointing, MlpKind, ModelSpec, PositionKind
+from zeroplan.specs import ActivationCheckpointing, ModelSpec
 from zeroplan.specs.finetune import FineTuneSpec
 from zeroplan.specs.framework import Framework
 
@@ -70,12 +70,9 @@ def check_measurable(framework: Framework, policy: ActivationCheckpointing, mode
         allowed = ", ".join(p.value for p in MEASURABLE[framework])
         raise ZeroplanError("--activation-checkpointing", f"{policy.value!r} cannot be measured for {framework.value} (allowed: {allowed})")
     # Both builders make Llama blocks: anything else would be measured as a Llama, silently.
-    llama_layout = (
-        not model.is_moe and model.position is PositionKind.rope and model.mlp is MlpKind.swiglu
-        and not (model.bias or model.qkv_bias or model.qk_norm or model.post_norms)
-    )
-    if not llama_layout:
-        raise ZeroplanError("model", f"{model.name!r}: only dense Llama-layout models (RoPE, SwiGLU, no biases, no q/k or post norms) are measured")
+    if not model.is_dense_llama_layout:
+        raise ZeroplanError("model", f"{model.name!r}: only dense Llama-layout models (RoPE, RMSNorm, SwiGLU, no biases, "
+                            "no q/k or post norms) are measured")
     if framework is Framework.torchtune and model.head_size * model.num_heads != model.hidden_size:
         # models/llama3_1/_component_builders.py llama3_1 takes no head_dim: embed_dim // num_heads.
         raise ZeroplanError("model", f"{model.name!r}: torchtune's llama3_1 builder derives head_dim as hidden_size / num_heads")

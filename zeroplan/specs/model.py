@@ -240,6 +240,16 @@ class ModelSpec(Frozen):
         return self.num_experts > 1
 
     @property
+    def is_dense_llama_layout(self) -> bool:
+        """A dense decoder laid out as Llama's: RoPE, RMSNorm, SwiGLU, sequential causal blocks,
+        no experts, latent attention, biases, q/k norms, post-norms or embedding norm (what the
+        frameworks' Llama builders make, so what their measurements cover)."""
+        return (not self.is_moe and not self.is_mla and self.position is PositionKind.rope
+                and self.norm is NormKind.rmsnorm and self.mlp is MlpKind.swiglu and self.causal
+                and not (self.bias or self.qkv_bias or self.head_bias or self.qk_norm or self.post_norms
+                         or self.parallel_block or self.embedding_norm))
+
+    @property
     def is_mla(self) -> bool:
         """Multi-head latent attention (DeepSeek-V2 sec. 2.1)."""
         return self.kv_lora_rank is not None
