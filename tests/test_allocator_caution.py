@@ -41,8 +41,7 @@ def test_a_recommendation_the_allocator_model_cannot_run_is_cautioned():
     report = fit(_base(A10G_TORCHTITAN))
     chosen = report.plan_for(report.recommended)
     assert chosen.fits  # the flat reserve's verdict stands in the table
-    assert "Caution: PyTorch's caching allocator" in report.verdict
-    assert f"for {report.recommended.value}" in report.verdict
+    assert f"Caution: for {report.recommended.value}, PyTorch's caching allocator" in report.verdict
     modelled = fit(_base(A10G_TORCHTITAN, "--allocator-conf", ""), [report.recommended]).plans[0]
     assert modelled.memory.oom_capacity_bytes > chosen.usable_memory_bytes
     assert f"would need {modelled.memory.oom_capacity_bytes / GiB:.1f} GiB" in report.verdict
@@ -50,7 +49,7 @@ def test_a_recommendation_the_allocator_model_cannot_run_is_cautioned():
 
 def test_the_caution_is_not_given_when_the_verdict_is_already_the_allocators():
     report = fit(_base(A10G_TORCHTITAN, "--allocator-conf", ""))
-    assert "Caution: PyTorch's caching allocator" not in report.verdict
+    assert "PyTorch's caching allocator" not in report.verdict
     # The model's own verdict: neither FSDP2 strategy fits the A10G.
     assert not report.plan_for("fsdp-full-shard").fits
 
@@ -61,7 +60,7 @@ def test_far_below_the_usable_memory_nothing_is_replayed(monkeypatch):
                        "--activation-checkpointing full"))
     chosen = report.plan_for(report.recommended)
     assert chosen.memory.allocated_peak_bytes * 3 < chosen.usable_memory_bytes * 2
-    assert calls == [] and "Caution: PyTorch's caching allocator" not in report.verdict
+    assert calls == [] and "PyTorch's caching allocator" not in report.verdict
 
 
 def test_near_the_usable_memory_the_model_is_asked_and_silent_when_it_completes(monkeypatch):
@@ -71,14 +70,14 @@ def test_near_the_usable_memory_the_model_is_asked_and_silent_when_it_completes(
     chosen = report.plan_for(report.recommended)
     assert chosen.memory.allocated_peak_bytes * 3 >= chosen.usable_memory_bytes * 2
     assert calls == [report.recommended]
-    assert "Caution: PyTorch's caching allocator" not in report.verdict
+    assert "PyTorch's caching allocator" not in report.verdict
 
 
 def test_the_caution_names_the_next_fitting_strategy_the_model_lets_complete(monkeypatch):
     calls = _counting_checks(monkeypatch)
     report = fit(_base(HF_80GB), THREE)
     assert report.recommended.value == "fsdp-full-shard"
-    assert "would need 80.5 GiB for fsdp-full-shard" in report.verdict
+    assert "for fsdp-full-shard, PyTorch's caching allocator (modelled, default settings) would need 80.5 GiB" in report.verdict
     assert "under the model zero3-offload completes" in report.verdict
     # hsdp (the next in recommendation order) was asked before zero3-offload, and failed too.
     assert [kind.value for kind in calls] == ["fsdp-full-shard", "hsdp", "zero3-offload"]
@@ -100,7 +99,7 @@ def test_a_suggestion_the_allocator_model_would_fail_is_passed_over_for_the_next
     cautioned_on_eight = fit(_base(A10G_TORCHTITAN), suggest=False)
     assert cautioned_on_eight.allocator_caution
     assert "With --activation-checkpointing full and --gpus 16: Recommended: fsdp-full-shard" in report.verdict
-    assert "Caution: PyTorch's caching allocator" not in report.verdict
+    assert "PyTorch's caching allocator" not in report.verdict
 
 
 def test_a_cautioned_suggestion_is_given_when_no_later_one_fits():
@@ -110,7 +109,7 @@ def test_a_cautioned_suggestion_is_given_when_no_later_one_fits():
                        "--lora-rank 16 --activation-checkpointing full"))
     assert report.recommended is None
     assert "With --gpus 8: Recommended: fsdp-full-shard" in report.verdict
-    assert "would need 23.6 GiB for fsdp-full-shard" in report.verdict
+    assert "for fsdp-full-shard, PyTorch's caching allocator (modelled, default settings) would need 23.6 GiB" in report.verdict
 
 
 def test_at_most_three_other_strategies_are_asked(monkeypatch):
@@ -118,8 +117,8 @@ def test_at_most_three_other_strategies_are_asked(monkeypatch):
     # are asked, no more, and the caution says how many were.
     asked = []
 
-    def always_out(request, planned):
-        asked.append(planned.strategy)
+    def always_out(request):
+        asked.append(request.strategy.kind)
         return True
 
     monkeypatch.setattr(plan_module, "allocator_runs_out", always_out)
@@ -129,3 +128,40 @@ def test_at_most_three_other_strategies_are_asked(monkeypatch):
     assert len(fitting) > 4
     assert asked[0] is report.recommended and len(asked) == 1 + plan_module.MAX_ALLOCATOR_ALTERNATIVES
     assert "under the model none of the next 3 that fit completes" in report.allocator_caution
+
+
+def _plan(zeroplan_cli, *flags: str) -> dict:
+    import json
+
+    code, out, err = zeroplan_cli("plan", "llama-3.1-8b", "--framework", "torchtitan", "--gpus", "8", "--gpu", "a10g",
+                                  "--seq-len", "2048", "--format", "json", *flags)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_the_plan_search_cautions_on_a_best_configuration_the_allocator_model_cannot_run(zeroplan_cli):
+    # Data parallel only, 8 sequences: the one configuration that fits is the A10G setup above.
+    result = _plan(zeroplan_cli, "--global-batch", "8", "--no-model-parallel")
+    best = result["best"]
+    assert (best["strategy"], best["activation_checkpointing"], best["micro_batch_size"]) == ("fsdp-full-shard", "full", 1)
+    assert result["allocator_caution"].startswith(" Caution: for #1, PyTorch's caching allocator")
+    assert "would need 23.8 GiB" in result["allocator_caution"]
+    assert result["explanation"].endswith(result["allocator_caution"])
+
+
+def test_the_plan_search_is_silent_when_the_model_lets_its_best_complete(zeroplan_cli, monkeypatch):
+    import zeroplan.core.search as search_module
+
+    asked = []
+    real = search_module.allocator_runs_out
+
+    def counted(request):
+        asked.append(request)
+        return real(request)
+
+    monkeypatch.setattr(search_module, "allocator_runs_out", counted)
+    result = _plan(zeroplan_cli, "--global-batch", "16")
+    best = result["best"]
+    # Near the usable memory (20.9 of 21.9 GiB), so the model was asked, and it completes.
+    assert best["peak_bytes"] > 0.9 * best["usable_memory_bytes"]
+    assert len(asked) == 1 and result["allocator_caution"] == ""

@@ -505,15 +505,26 @@ MAX_ALLOCATOR_ALTERNATIVES = 3
 """Fitting strategies, after a cautioned recommendation, asked of the allocator model in turn."""
 
 
-def allocator_runs_out(request: PlanRequest, planned: StrategyPlan) -> bool:
+def allocator_runs_out(request: PlanRequest) -> bool:
     """Whether the caching-allocator model, with PyTorch's default settings, finds that the
-    step ``planned`` under the flat reserve runs out of memory (docs/validation.md, "The caching
-    allocator"); False without asking when the allocated peak is below
-    ALLOCATOR_CHECK_FRACTION of the usable memory."""
+    request's step runs out of memory (docs/validation.md, "The caching allocator"); False
+    without asking when every pipeline rank's allocated peak is below ALLOCATOR_CHECK_FRACTION
+    of the usable memory."""
     numerator, denominator = ALLOCATOR_CHECK_FRACTION
-    if planned.memory.allocated_peak_bytes * denominator < planned.usable_memory_bytes * numerator:
+    usable = usable_memory_bytes(request)
+    allocated = max(peak_allocated_bytes(*checked_peak_terms(rank), rank.batch.grad_accum_steps)[0]
+                    for rank in pipeline_rank_requests(request))
+    if allocated * denominator < usable * numerator:
         return False
     return not _fits_under_allocator(_under_allocator_model(request))
+
+
+def allocator_shortfall(request: PlanRequest) -> str:
+    """What the caching-allocator model needs for the request's step, against the usable memory."""
+    needed = max(b.oom_capacity_bytes or 0 for b, _ in pipeline_rank_breakdowns(_under_allocator_model(request)))
+    return (f"PyTorch's caching allocator (modelled, default settings) would need {needed / 2**30:.1f} GiB, more "
+            f"than the {usable_memory_bytes(request) / 2**30:.1f} GiB usable (the flat "
+            f"{request.assumptions.allocator_reserve_fraction:.0%} reserve is too little here)")
 
 
 def _under_allocator_model(request: PlanRequest) -> PlanRequest:
@@ -530,17 +541,13 @@ def allocator_caution(requests: dict[StrategyKind, PlanRequest], plans: tuple[St
     request = requests[recommended]
     if request.assumptions.allocator_conf is not None:
         return ""
-    chosen = next(p for p in plans if p.strategy is recommended)
-    if not allocator_runs_out(request, chosen):
+    if not allocator_runs_out(request):
         return ""
-    needed = max(b.oom_capacity_bytes or 0 for b, _ in pipeline_rank_breakdowns(_under_allocator_model(request)))
-    caution = (f" Caution: PyTorch's caching allocator (modelled, default settings) would need {needed / 2**30:.1f} GiB "
-               f"for {recommended.value}, more than the {chosen.usable_memory_bytes / 2**30:.1f} GiB usable: the flat "
-               f"{request.assumptions.allocator_reserve_fraction:.0%} reserve is too little here")
+    caution = f" Caution: for {recommended.value}, {allocator_shortfall(request)}"
     others = sorted((p for p in plans if p.fits and p.host_fits is not False and p.strategy is not recommended),
                     key=recommendation_key)
     asked = others[:MAX_ALLOCATOR_ALTERNATIVES]
-    completing = next((p for p in asked if not allocator_runs_out(requests[p.strategy], p)), None)
+    completing = next((p for p in asked if not allocator_runs_out(requests[p.strategy])), None)
     if completing is not None:
         caution += f"; under the model {completing.strategy.value} completes"
     elif len(asked) == len(others) > 0:

@@ -29,7 +29,10 @@ from zeroplan.core.communication import Phase, collectives
 from zeroplan.core.feasibility import usable_memory_bytes
 from zeroplan.core.parallel.collectives import model_parallel_collectives
 from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
-from zeroplan.core.plan import PeakTerms, host_memory_fits, memory_breakdown, micro_batch_terms, moment_totals, peak_terms
+from zeroplan.core.plan import (
+    MAX_ALLOCATOR_ALTERNATIVES, PeakTerms, allocator_runs_out, allocator_shortfall, host_memory_fits, memory_breakdown,
+    micro_batch_terms, moment_totals, peak_terms,
+)
 from zeroplan.core.compiled import runs_checkpointing
 from zeroplan.core.profiles import check_framework_strategies, framework_strategies, profile
 from zeroplan.core.timing import (
@@ -141,6 +144,10 @@ class PlanSearchResult(Frozen):
     """The fastest fitting configuration (checked with the scalar planner); None if none fits."""
     explanation: str
     """One line for a person."""
+    allocator_caution: str = ""
+    """Part of the explanation: where the caching-allocator model finds the best
+    configuration's step running out of memory under the flat reserve, what it would need and
+    which of the next ranked ones completes (zeroplan.core.plan.allocator_runs_out); '' otherwise."""
 
     def to_dataframe(self):
         from zeroplan.frames import search_frame
@@ -805,11 +812,14 @@ def search(
             group.scalar_only = True
         return search_with_groups(base, global_batch_size, all_groups, splits, top, layouts)
     best = ranked[0] if ranked else None
+    caution = allocator_caution([_at(all_groups[int(index_a[i])].request, int(micro_a[i]), int(accum_a[i]))
+                                 for i in order[:top].tolist()])
     return PlanSearchResult(
         global_batch_size=global_batch_size, seq_len=base.batch.seq_len, num_gpus=base.cluster.world_size,
         layouts_searched=layouts, groups_searched=len(all_groups),
         configurations_evaluated=len(index_a), configurations_fitting=len(fitting), ranked=ranked,
-        pareto=pareto, best=best, explanation=explain(best, ranked, len(index_a), global_batch_size),
+        pareto=pareto, best=best, explanation=explain(best, ranked, len(index_a), global_batch_size) + caution,
+        allocator_caution=caution,
     )
 
 
@@ -832,12 +842,31 @@ def search_with_groups(
         pareto = ()
     best = ranked[0] if ranked else None
     evaluated = sum(len(micro) for micro, _ in splits)
+    caution = allocator_caution([_at(g.request, b, a) for _, g, b, a, _ in rows[:top]])
     return PlanSearchResult(
         global_batch_size=global_batch_size, seq_len=base.batch.seq_len, num_gpus=base.cluster.world_size,
         layouts_searched=layouts, groups_searched=len(all_groups),
         configurations_evaluated=evaluated, configurations_fitting=len(candidates), ranked=ranked,
-        pareto=pareto, best=best, explanation=explain(best, ranked, evaluated, global_batch_size),
+        pareto=pareto, best=best, explanation=explain(best, ranked, evaluated, global_batch_size) + caution,
+        allocator_caution=caution,
     )
+
+
+def allocator_caution(ranked: list[PlanRequest]) -> str:
+    """fit's allocator caution for the search (zeroplan.core.plan.allocator_caution): where the
+    caching-allocator model finds the best configuration's step (``ranked``, fastest first)
+    running out of memory, what it would need and the first of the next ranked configurations
+    (up to MAX_ALLOCATOR_ALTERNATIVES) whose step it lets complete; '' otherwise."""
+    if not ranked or ranked[0].assumptions.allocator_conf is not None or not allocator_runs_out(ranked[0]):
+        return ""
+    caution = f" Caution: for #1, {allocator_shortfall(ranked[0])}"
+    asked = ranked[1:1 + MAX_ALLOCATOR_ALTERNATIVES]
+    completing = next((rank for rank, request in enumerate(asked, start=2) if not allocator_runs_out(request)), None)
+    if completing is not None:
+        caution += f"; under the model #{completing} completes"
+    elif asked:
+        caution += f"; under the model none of #2 to #{len(asked) + 1} completes"
+    return caution + "; fit --allocator-conf \"\" takes a configuration's verdict on the allocator model (docs/validation.md)."
 
 
 def layout_name(c: PlanCandidate) -> str:
