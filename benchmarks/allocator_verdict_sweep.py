@@ -3,9 +3,10 @@ caching-allocator model's verdict (the OOM capacity, `--allocator-conf ""`) disa
 sweep of the setups users ask about: models x frameworks x GPUs x micro-batch and sequence x
 checkpointing, every strategy each framework runs on 8 GPUs.
 
-Prints each disagreement (flat says fits and the allocator says OOM is the dangerous one), and
-the distribution of OOM capacity / allocated peak, which says how wide the band is in which the
-flat reserve can be wrong. Both verdicts come from the planner itself; nothing here is a GPU
+Prints each disagreement (flat says fits and the allocator says OOM is the dangerous one), how
+many of the flat reserve's recommendations the model runs out on and how many of those a plain
+fit cautions (core.plan.allocator_caution), and the distribution of OOM capacity / allocated
+peak, which says how wide the band is in which the flat reserve can be wrong. Both verdicts come from the planner itself; nothing here is a GPU
 measurement (docs/validation.md has those).
 
     python benchmarks/allocator_verdict_sweep.py [--quick]
@@ -51,6 +52,7 @@ def main() -> None:
     start = time.perf_counter()
     plans = skipped = 0
     flips, ratios = [], []
+    recommended_out = cautioned = 0
     for argv in cases(args.quick):
         try:
             base = request_from_args(fit_parser.parse_args(argv))
@@ -60,6 +62,11 @@ def main() -> None:
         flat = fit(base, suggest=False)
         modelled = base.model_copy(update={"assumptions": base.assumptions.model_copy(update={"allocator_conf": ""})})
         replayed = fit(modelled, suggest=False)
+        if flat.recommended is not None:
+            # The recommendation the flat reserve makes, and whether the plain fit's caution
+            # (core.plan.allocator_caution, the band of ALLOCATOR_CHECK_FRACTION) catches it.
+            recommended_out += not replayed.plan_for(flat.recommended).fits
+            cautioned += bool(flat.allocator_caution)
         for a, b in zip(flat.plans, replayed.plans, strict=True):
             plans += 1
             memory = b.memory
@@ -75,6 +82,8 @@ def main() -> None:
         print(f"{'fits' if a.fits else 'OOM':>5s} {'fits' if b.fits else 'OOM':>5s} {a.strategy.value:18s} "
               f"{b.memory.allocated_peak_bytes / GiB:9.2f} {a.memory.peak_bytes / GiB:9.2f} "
               f"{b.memory.oom_capacity_bytes / GiB:7.2f} {a.usable_memory_bytes / GiB:7.2f}  {setup}")
+    print(f"setups whose flat-reserve recommendation the allocator model runs out on: {recommended_out}; "
+          f"cautioned by a plain fit: {cautioned}")
     ratios.sort()
     print(f"OOM capacity / allocated peak: median {statistics.median(ratios):.3f}, "
           f"90th percentile {ratios[int(0.9 * len(ratios))]:.3f}, "
