@@ -203,7 +203,6 @@ def check_finetune(finetune: FineTuneSpec, model: ModelSpec, framework: Framewor
                                 f"(allowed: {allowed})")
 
 
-
 def check_int8_base(finetune: FineTuneSpec, framework: Framework) -> None:
     """Refuse, in one line, an int8 base outside what was measured (hf, no DoRA, a bf16 load;
     the strategies: zeroplan.specs.request.INT8_STRATEGIES)."""

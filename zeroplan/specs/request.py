@@ -48,13 +48,13 @@ def check_attention_kernel(model: ModelSpec, training: TrainingSpec) -> None:
 
 
 DEFAULT_SEQ_LEN = BatchSpec.model_fields["seq_len"].default
+"""The sequence length a request takes when none is given (capped at the model's positions)."""
 
 INT8_STRATEGIES = (StrategyKind.ddp,)
 """Where an LLM.int8 base is measured: bitsandbytes' Int8Params keeps its row scales (SCB) as a
 plain attribute that FSDP and ZeRO-3 would not shard, DeepSpeed casts the module it wraps, and
 PEFT's FSDP/DeepSpeed guides cover 4-bit bases only (bnb_4bit_quant_storage); DDP, one GPU
 included, is what runs it."""
-"""The sequence length a request takes when none is given (capped at the model's positions)."""
 
 
 class MemoryAssumptions(Frozen):
