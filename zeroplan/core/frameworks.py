@@ -10,7 +10,7 @@ zeroplan.core.activations, which cites its own sources. Nothing here imports tor
 
 from __future__ import annotations
 
-from zeroplan.core.compiled import compiled_chunked_logits_pieces, compiles_loss
+from zeroplan.core.compiled import COMPILED_CROSS_ENTROPY_ROW_BYTES, compiled_chunked_logits_pieces, compiles_loss
 from zeroplan.core.profiles import fsdp_separates_embedding_and_head, loss_chunks, profile
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.framework import Framework
@@ -153,8 +153,6 @@ def torchtitan_chunk_cross_entropy_parts(request: PlanRequest) -> list[int]:
     what its cross-entropy holds (eager: the fp32 log-softmax, nll and log-softmax gradients and
     the bf16 gradient; compiled: the bf16 gradient and the row statistics), the fp32 gradient
     buffer and the gathered head."""
-    from zeroplan.core.compiled import COMPILED_CROSS_ENTROPY_ROW_BYTES
-
     model, training = request.model, request.training
     s, b = request.batch.seq_len, request.batch.micro_batch_size
     e = training.precision.compute_bytes

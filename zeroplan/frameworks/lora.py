@@ -17,7 +17,7 @@ from torch import nn
 
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs import ActivationCheckpointing, ModelSpec
-from zeroplan.specs.finetune import FineTuneSpec, LoraTarget, Quantization
+from zeroplan.specs.finetune import FineTuneSpec, LoraTarget, Quantization, check_int8_base
 from zeroplan.specs.framework import Framework
 
 TORCHTUNE_ATTENTION = {LoraTarget.q: "q_proj", LoraTarget.k: "k_proj", LoraTarget.v: "v_proj", LoraTarget.o: "output_proj"}
@@ -56,9 +56,9 @@ def check_finetune(framework: Framework, finetune: FineTuneSpec, policy: Activat
         raise ZeroplanError("finetune.lora_rank", f"LoRA is measured for torchtune and hf (PEFT) only, not {framework.value}")
     if finetune.quantize not in (Quantization.none, Quantization.nf4, Quantization.int8):
         raise ZeroplanError("finetune.quantize", f"{finetune.quantize.value!r} cannot be measured (allowed: none, nf4, int8)")
-    if finetune.quantize is Quantization.int8 and framework is not Framework.hf:
-        # torchtune 0.6.1 quantizes a LoRA base to NF4 only (LoRALinear(quantize_base=True)).
-        raise ZeroplanError("finetune.quantize", "an int8 base is bitsandbytes' Linear8bitLt under hf (allowed: --framework hf)")
+    if finetune.quantize is Quantization.int8:
+        # The planner's own refusals of an int8 base (hf only, no DoRA, a bf16 load).
+        check_int8_base(finetune, framework)
     if policy not in (ActivationCheckpointing.none, ActivationCheckpointing.full):
         # torchtune 0.6.1 recipes/lora_finetune_*.py read only enable_activation_checkpointing.
         raise ZeroplanError("--activation-checkpointing", f"{policy.value!r} is not offered with LoRA (allowed: none, full)")
@@ -88,8 +88,6 @@ def check_finetune(framework: Framework, finetune: FineTuneSpec, policy: Activat
             raise ZeroplanError("finetune.base_dtype", "hf QLoRA is measured loaded with dtype=torch.bfloat16 "
                                                        "(prepare_model_for_kbit_training casts what is not 4-bit to fp32 "
                                                        "either way; allowed: bf16)")
-        if finetune.dora and finetune.quantize is not Quantization.nf4:
-            raise ZeroplanError("finetune.dora", "DoRA over a bitsandbytes int8 base is not measured (allowed: false)")
 
 
 def build_finetune(framework: Framework, model: ModelSpec, layers: int, policy: ActivationCheckpointing,
