@@ -76,6 +76,14 @@ def int8_kept_input_bytes(request: PlanRequest) -> int:
     return FP32_BYTES if request.training.finetune.quantize is Quantization.int8 else 0
 
 
+def quantized_base_outputs_fp32(request: PlanRequest) -> bool:
+    """Whether a quantized base linear returns fp32 where it reads the fp32 residual stream or
+    MLP: hf's QLoRA and int8 bases under prepare_model_for_kbit_training (FineTuneSpec.module_in_bf16),
+    whose bitsandbytes linears return their output in their input's dtype."""
+    return (request.training.finetune.quantize.is_quantized and request.training.framework is Framework.hf
+            and request.runs_under_autocast)
+
+
 def _group_input_bytes(request: PlanRequest, targets: tuple[LoraTarget, ...], width: int, kept_anyway: bool) -> int:
     """What is kept of one input the group's linears read, given which of them an adapter wraps
     (and whether another op keeps the input itself regardless)."""
@@ -124,7 +132,7 @@ def lora_layer_delta_bytes(request: PlanRequest, norm_savings_bytes: int = 0) ->
     # residual stream is fp32 (FineTuneSpec.module_in_bf16), so the gate and up outputs and
     # SiLU's, which the MLP keeps, are fp32 (measured: the hf QLoRA and int8 block records'
     # three [b, s, f] fp32 saved tensors).
-    if finetune.quantize.is_quantized and training.framework is Framework.hf and request.runs_under_autocast:
+    if quantized_base_outputs_fp32(request):
         delta += 3 * (FP32_BYTES - e) * tokens * request.model.ffn_hidden_size
     # Each adapter's B keeps A's r-wide output.
     delta += sum(e * tokens * finetune.lora_rank for t in targets if t is not LoraTarget.output)
@@ -168,11 +176,9 @@ def dora_kept_bytes(request: PlanRequest) -> int:
 # o's in bf16, every adapter output in bf16).
 def _base_output_bytes(request: PlanRequest, target: LoraTarget) -> int:
     """Bytes of an element of a DoRA linear's base output."""
-    e = request.training.precision.compute_bytes
-    if request.training.finetune.quantize.is_quantized and request.training.framework is Framework.hf \
-            and request.runs_under_autocast and target is not LoraTarget.o:
+    if quantized_base_outputs_fp32(request) and target is not LoraTarget.o:
         return FP32_BYTES
-    return e
+    return request.training.precision.compute_bytes
 
 
 # The weight norm is computed anew in every forward (the same sources): lora_b(lora_a(eye)) over
