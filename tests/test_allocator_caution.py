@@ -150,16 +150,15 @@ def test_the_plan_search_cautions_on_a_best_configuration_the_allocator_model_ca
 
 
 def test_the_plan_search_is_silent_when_the_model_lets_its_best_complete(zeroplan_cli, monkeypatch):
-    import zeroplan.core.search as search_module
-
     asked = []
-    real = search_module.allocator_runs_out
+    real = plan_module.allocator_runs_out
 
     def counted(request):
         asked.append(request)
         return real(request)
 
-    monkeypatch.setattr(search_module, "allocator_runs_out", counted)
+    # The search asks through plan.allocator_check, as fit does.
+    monkeypatch.setattr(plan_module, "allocator_runs_out", counted)
     result = _plan(zeroplan_cli, "--global-batch", "16")
     best = result["best"]
     # Near the usable memory (20.9 of 21.9 GiB), so the model was asked, and it completes.

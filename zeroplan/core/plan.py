@@ -531,29 +531,41 @@ def _under_allocator_model(request: PlanRequest) -> PlanRequest:
     return request.model_copy(update={"assumptions": request.assumptions.model_copy(update={"allocator_conf": ""})})
 
 
+def allocator_check(ranked: list[PlanRequest]) -> tuple[str, int | None] | None:
+    """The caching-allocator model's check of a flat-reserve answer, ``ranked`` best first (fit's
+    recommendation and the other fitting strategies, or the plan search's ranked
+    configurations): None when the best already takes its verdict from the model
+    (--allocator-conf) or the model lets its step complete (allocator_runs_out); else what the
+    best would need (allocator_shortfall) and the index in ``ranked`` of the first of the next
+    MAX_ALLOCATOR_ALTERNATIVES whose step completes (None when none does)."""
+    best = ranked[0]
+    if best.assumptions.allocator_conf is not None or not allocator_runs_out(best):
+        return None
+    shortfall = allocator_shortfall(best)
+    alternatives = ranked[1:1 + MAX_ALLOCATOR_ALTERNATIVES]
+    return shortfall, next((i for i, request in enumerate(alternatives, start=1) if not allocator_runs_out(request)), None)
+
+
 def allocator_caution(requests: dict[StrategyKind, PlanRequest], plans: tuple[StrategyPlan, ...],
                       recommended: StrategyKind) -> str:
     """A caution for the verdict when the flat reserve recommends a strategy whose step the
     caching-allocator model finds running out of memory, naming the next fitting strategy (in
     recommendation order, up to MAX_ALLOCATOR_ALTERNATIVES) the model lets complete; '' when
-    the model lets the recommendation complete or was not asked, and when the request already
-    takes its verdict from the model (--allocator-conf)."""
-    request = requests[recommended]
-    if request.assumptions.allocator_conf is not None:
-        return ""
-    if not allocator_runs_out(request):
-        return ""
-    caution = f" Caution: for {recommended.value}, {allocator_shortfall(request)}"
+    allocator_check finds nothing to say."""
     others = sorted((p for p in plans if p.fits and p.host_fits is not False and p.strategy is not recommended),
                     key=recommendation_key)
-    asked = others[:MAX_ALLOCATOR_ALTERNATIVES]
-    completing = next((p for p in asked if not allocator_runs_out(requests[p.strategy])), None)
+    check = allocator_check([requests[recommended]] + [requests[p.strategy] for p in others])
+    if check is None:
+        return ""
+    shortfall, completing = check
+    caution = f" Caution: for {recommended.value}, {shortfall}"
+    asked = min(len(others), MAX_ALLOCATOR_ALTERNATIVES)
     if completing is not None:
-        caution += f"; under the model {completing.strategy.value} completes"
-    elif len(asked) == len(others) > 0:
+        caution += f"; under the model {others[completing - 1].strategy.value} completes"
+    elif asked == len(others) > 0:
         caution += "; under the model none of the others that fit completes"
     elif asked:
-        caution += f"; under the model none of the next {len(asked)} that fit completes"
+        caution += f"; under the model none of the next {asked} that fit completes"
     return caution + '; --allocator-conf "" takes the verdict on the allocator model (docs/validation.md).'
 
 

@@ -30,7 +30,7 @@ from zeroplan.core.feasibility import usable_memory_bytes
 from zeroplan.core.parallel.collectives import model_parallel_collectives
 from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
 from zeroplan.core.plan import (
-    MAX_ALLOCATOR_ALTERNATIVES, PeakTerms, allocator_runs_out, allocator_shortfall, host_memory_fits, memory_breakdown,
+    MAX_ALLOCATOR_ALTERNATIVES, PeakTerms, allocator_check, host_memory_fits, memory_breakdown,
     micro_batch_terms, moment_totals, peak_terms,
 )
 from zeroplan.core.compiled import runs_checkpointing
@@ -857,15 +857,16 @@ def allocator_caution(ranked: list[PlanRequest]) -> str:
     caching-allocator model finds the best configuration's step (``ranked``, fastest first)
     running out of memory, what it would need and the first of the next ranked configurations
     (up to MAX_ALLOCATOR_ALTERNATIVES) whose step it lets complete; '' otherwise."""
-    if not ranked or ranked[0].assumptions.allocator_conf is not None or not allocator_runs_out(ranked[0]):
+    check = allocator_check(ranked) if ranked else None
+    if check is None:
         return ""
-    caution = f" Caution: for #1, {allocator_shortfall(ranked[0])}"
-    asked = ranked[1:1 + MAX_ALLOCATOR_ALTERNATIVES]
-    completing = next((rank for rank, request in enumerate(asked, start=2) if not allocator_runs_out(request)), None)
+    shortfall, completing = check
+    caution = f" Caution: for #1, {shortfall}"
+    asked = min(len(ranked) - 1, MAX_ALLOCATOR_ALTERNATIVES)
     if completing is not None:
-        caution += f"; under the model #{completing} completes"
+        caution += f"; under the model #{completing + 1} completes"
     elif asked:
-        caution += f"; under the model none of #2 to #{len(asked) + 1} completes"
+        caution += f"; under the model none of #2 to #{asked + 1} completes"
     return caution + "; fit --allocator-conf \"\" takes a configuration's verdict on the allocator model (docs/validation.md)."
 
 
