@@ -401,18 +401,17 @@ def _fit_class(request: PlanRequest, family: dict, layout_cache: dict) -> _RankC
         family["phases", rank] = (*_phase_coefficients(request), cpu_optimizer_time_s(request) + gpu_optimizer_time_s(request))
     cls.phase_intercepts_s, cls.phase_slopes_s, cls.cpu_optimizer_s = family["phases", rank]
     policy = request.training.activation_checkpointing
-    cls.blocking_s = layout_cache.setdefault(("blocking", rank, policy), {})
     cls.in_flight = layout_cache.setdefault(("in flight", rank), {})
     if not parallel.is_trivial:
         if ("structure", rank, policy) not in layout_cache:
             layout_cache["structure", rank, policy] = _blocking_structure(request)
         cls.blocking_structure = layout_cache["structure", rank, policy]
         cls.call_seconds = layout_cache.setdefault("call seconds", {})
-        if cls.blocking_structure is not None:
-            # Policies whose blocking calls are the same (same collectives, same sizes) share
-            # their seconds per micro-batch.
-            calls = tuple((identity, tuple(sizes)) for identity, sizes, _ in cls.blocking_structure)
-            cls.blocking_s = layout_cache.setdefault(("blocking", rank, calls), {})
+        # Policies whose blocking calls are the same (same collectives, same sizes) share their
+        # seconds per micro-batch; without a structure each policy is timed on its own.
+        calls = (policy if cls.blocking_structure is None
+                 else tuple((identity, tuple(sizes)) for identity, sizes, _ in cls.blocking_structure))
+        cls.blocking_s = layout_cache.setdefault(("blocking", rank, calls), {})
     return cls
 
 
