@@ -52,6 +52,8 @@ class DeviceAllocator:
         self.allocated = self.requested = self.reserved = 0
         self.allocated_peak = self.requested_peak = self.reserved_peak = 0
         self.device_allocs = self.device_frees = self.retries = 0
+        self._rounded: dict[int, int] = {}
+        """round_size of every request size seen (it depends on the size and config only)."""
 
     # --- addresses -------------------------------------------------------------------------
     def _address(self, size: int) -> int:
@@ -81,7 +83,10 @@ class DeviceAllocator:
     # then free every unsplit cached block and retry; else out of memory (None).
     def malloc(self, size_bytes: int, stream: int) -> Block | None:
         config = self.config
-        size = round_size(size_bytes, config)
+        # A step asks for few distinct sizes, many times each: each is rounded once.
+        size = self._rounded.get(size_bytes)
+        if size is None:
+            size = self._rounded[size_bytes] = round_size(size_bytes, config)
         small = is_small(size)
         pool = self._pool(small)
         block = self._get_free_block(pool, stream, size)

@@ -31,6 +31,7 @@ from zeroplan.core.activations import FP32_BYTES
 from zeroplan.core.compiled import COMPILED_CROSS_ENTROPY_ROW_BYTES, compiles_loss
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes
 from zeroplan.core.model_states import padded_unit_elements_of, unit_gather_bytes
+from zeroplan.core.parallel.expert import EXPERT_PREFIX, expert_index
 from zeroplan.core.parallel.units import rank_parameter_units
 from zeroplan.core.frameworks import (
     fsdp_chunked_head_bytes, torchtitan_chunk_cross_entropy_parts, torchtitan_chunked_loss,
@@ -38,6 +39,7 @@ from zeroplan.core.frameworks import (
 from zeroplan.core.parallel.activations import rank_logits_pieces
 from zeroplan.core.profiles import fsdp_separates_embedding_and_head, loss_chunks
 from zeroplan.specs import StrategyKind
+from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
 
 if TYPE_CHECKING:
@@ -72,16 +74,39 @@ def _units(request: PlanRequest) -> list[_Unit]:
     gathered = unit_gather_bytes(request, shard, compute)
     elements = padded_unit_elements_of(request, shard)
     units = []
+    grouped = request.training.framework is Framework.torchtitan
     for unit, unit_bytes, unit_elements in zip(rank_parameter_units(request), gathered, elements):
         # Each parameter's unsharded storage, scaled so they sum to the unit's gathered bytes
         # (padding and frozen storage included).
-        units.append(_Unit(unit_bytes, split_bytes(unit_bytes, [t.numel for t in unit.tensors]), unit_elements))
+        numels = _grouped_expert_numels(unit.tensors) if grouped else [t.numel for t in unit.tensors]
+        units.append(_Unit(unit_bytes, split_bytes(unit_bytes, numels), unit_elements))
     if fsdp_separates_embedding_and_head(request):
         return units
     embedding, head = units[0], units[-1]
     root = _Unit(embedding.gathered_bytes + head.gathered_bytes, embedding.tensor_bytes + head.tensor_bytes,
                  embedding.elements + head.elements)
     return [root, *units[1:-1]]
+
+
+# torchtitan 0.3.0 models/common/moe.py GroupedExperts: a block's routed experts are three
+# parameters (w1, w3 of E x f x h, w2 of E x h x f), one storage each once gathered, where the
+# planner's units list every expert's matrices apart (as transformers' ModuleList holds them).
+def _grouped_expert_numels(tensors) -> list[int]:
+    """Each parameter's elements, every routed expert's matrices of one kind as one parameter
+    (at the place of the first expert's)."""
+    numels: list[int] = []
+    leaf_at: dict[str, int] = {}
+    for tensor in tensors:
+        if expert_index(tensor) is None:
+            numels.append(tensor.numel)
+            continue
+        leaf = tensor.name[len(EXPERT_PREFIX):].split(".", 1)[1]
+        if leaf in leaf_at:
+            numels[leaf_at[leaf]] += tensor.numel
+        else:
+            leaf_at[leaf] = len(numels)
+            numels.append(tensor.numel)
+    return numels
 
 
 def fsdp_step_trace(request: PlanRequest, states: "ModelStateBytes", terms: "PeakTerms", b: "TraceBuilder",
