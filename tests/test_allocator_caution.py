@@ -1,4 +1,4 @@
-"""A plain fit (flat 5 % reserve) asks the caching-allocator model about its recommendation
+"""A fit under --flat-reserve asks the caching-allocator model about its recommendation
 when the allocated peak comes near the usable memory, and cautions when the model runs out."""
 
 from __future__ import annotations
@@ -22,7 +22,10 @@ THREE = [StrategyKind.fsdp_full_shard, StrategyKind.hsdp, StrategyKind.zero3_off
 
 
 def _base(flags: str, *extra: str):
-    return request_from_args(build_parser().parse_args(["fit", *flags.split(), *extra]))
+    """The request under the flat reserve (whose verdict the caution checks) unless ``extra``
+    names an allocator setting."""
+    flat = () if "--allocator-conf" in extra else ("--flat-reserve",)
+    return request_from_args(build_parser().parse_args(["fit", *flags.split(), *flat, *extra]))
 
 
 def _counting_checks(monkeypatch) -> list:
@@ -145,7 +148,8 @@ def test_the_plan_search_cautions_on_a_best_configuration_the_allocator_model_ca
     best = result["best"]
     assert (best["strategy"], best["activation_checkpointing"], best["micro_batch_size"]) == ("fsdp-full-shard", "full", 1)
     assert result["allocator_caution"].startswith(" Caution: for #1, PyTorch's caching allocator")
-    assert "would need 23.8 GiB" in result["allocator_caution"]
+    modelled = fit(_base(A10G_TORCHTITAN, "--allocator-conf", ""), [StrategyKind.fsdp_full_shard]).plans[0]
+    assert f"would need {modelled.memory.oom_capacity_bytes / GiB:.1f} GiB" in result["allocator_caution"]
     assert result["explanation"].endswith(result["allocator_caution"])
 
 

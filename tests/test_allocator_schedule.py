@@ -94,18 +94,29 @@ def test_split_bytes_keeps_the_total() -> None:
     assert split_bytes(0, [1]) == []
 
 
-def test_fit_judges_on_the_oom_capacity_with_an_allocator_conf() -> None:
+def test_fit_judges_on_the_oom_capacity_unless_told_to_take_the_flat_reserve() -> None:
     from zeroplan.core.plan import fit
 
-    plain = request_from_args(build_parser().parse_args(["fit", *TITAN.split()]))
-    flags = ["fit", *TITAN.split(), "--allocator-conf", "expandable_segments:True"]
-    modelled = request_from_args(build_parser().parse_args(flags))
-    kinds = [StrategyKind.fsdp_full_shard]
-    before, after = fit(plain, kinds).plans[0].memory, fit(modelled, kinds).plans[0].memory
-    assert before.oom_capacity_bytes is None and before.reserved_peak_bytes is None
-    assert after.allocated_peak_bytes == before.allocated_peak_bytes
-    assert after.peak_bytes == after.oom_capacity_bytes >= after.allocated_peak_bytes
-    assert sum(after.peak_terms().values()) == after.peak_bytes
+    def memory(*flags: str):
+        request = request_from_args(build_parser().parse_args(["fit", *TITAN.split(), *flags]))
+        return fit(request, [StrategyKind.fsdp_full_shard]).plans[0].memory
+
+    flat, default = memory("--flat-reserve"), memory()
+    expandable = memory("--allocator-conf", "expandable_segments:True")
+    assert flat.oom_capacity_bytes is None and flat.reserved_peak_bytes is None
+    assert flat.peak_bytes == flat.allocated_peak_bytes + int(flat.allocated_peak_bytes * 0.05)
+    for after in (default, expandable):
+        assert after.allocated_peak_bytes == flat.allocated_peak_bytes
+        assert after.peak_bytes == after.oom_capacity_bytes >= after.allocated_peak_bytes
+        assert sum(after.peak_terms().values()) == after.peak_bytes
+    # Expandable segments map pages instead of caching whole segments: less held in reserve.
+    assert expandable.reserved_peak_bytes < default.reserved_peak_bytes
+
+
+def test_the_flat_reserve_and_an_allocator_conf_are_refused_together(capsys) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["fit", *TITAN.split(), "--flat-reserve", "--allocator-conf", ""])
+    assert "argument --allocator-conf: not allowed with argument --flat-reserve" in capsys.readouterr().err
 
 
 def test_fit_table_shows_the_allocator_columns(capsys) -> None:

@@ -41,7 +41,7 @@ def _request(flags: str, kind: StrategyKind):
 @pytest.mark.parametrize("flags, kind", list(itertools.product(SETUPS, KINDS)))
 def test_the_solved_largest_micro_batch_is_the_bisections(flags: str, kind: StrategyKind) -> None:
     try:
-        request = _request(flags, kind)
+        request = _request(flags + " --flat-reserve", kind)
         expected = bisect_max_micro_batch_size(request)
     except Exception as error:  # a strategy the setup's framework does not run is refused alike
         with pytest.raises(type(error)):
@@ -73,3 +73,16 @@ def test_the_allocator_fit_check_agrees_with_the_bisected_capacity(strategy, con
         assert _fits(at) == (breakdown.peak_bytes <= usable_memory_bytes(at)), micro
     assert largest == 0 or _fits(request.with_micro_batch(largest))
     assert not _fits(request.with_micro_batch(largest + 1))
+
+
+@pytest.mark.parametrize("flags", [SETUPS[2], SETUPS[5], SETUPS[11]])
+def test_under_the_allocator_model_the_solved_bound_is_checked_by_replays(flags: str) -> None:
+    """By default the allocator model judges: the closed form bounds the largest micro-batch
+    from above (no step completes past its allocated peak) and replays decide at and below it,
+    giving the doubling-and-bisection search's answer."""
+    request = _request(flags, StrategyKind.fsdp_full_shard)
+    assert request.assumptions.allocator_conf == ""
+    bound = _max_micro_batch_affine(request)
+    largest = max_micro_batch_size(request)
+    assert bound is not None and largest <= bound
+    assert largest == bisect_max_micro_batch_size(request)

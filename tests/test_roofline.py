@@ -186,7 +186,7 @@ def test_the_plan_search_times_roofline_groups_as_the_scalar_planner(zeroplan_cl
     group vectorised only when that agrees with step_time at a point it did not fit."""
     from zeroplan.core import search as search_module
 
-    request = _request(seq=2048, gpus=16, micro=1, accum=1)
+    request = search_module.on_flat_reserve(_request(seq=2048, gpus=16, micro=1, accum=1))
     group = search_module._build_group(request)
     assert not group.scalar_only
     micro, accum = np.array([3]), np.array([2])

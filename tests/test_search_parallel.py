@@ -146,7 +146,10 @@ def test_a_global_batch_no_layout_splits_is_refused() -> None:
 def test_a_model_parallel_candidate_is_what_plan_reports() -> None:
     from zeroplan.core.plan import plan
 
-    base = _base("llama-3.1-8b", 16)
+    from zeroplan.core.search import on_flat_reserve
+
+    # The search judges on the flat reserve: so does the scalar plan it is checked against.
+    base = on_flat_reserve(_base("llama-3.1-8b", 16))
     result = search(base, 64, top=3, space=LayoutSpace(tp=2, pp=2, pp_schedules=(PipelineSchedule.one_f_one_b,)))
     assert result.ranked
     for c in result.ranked:

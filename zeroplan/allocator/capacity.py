@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from zeroplan.allocator.config import AllocatorConfig
-from zeroplan.allocator.replay import ReplayResult, compile_trace, replay
+from zeroplan.allocator.replay import Ops, ReplayResult, compile_trace, replay
 from zeroplan.allocator.trace import AllocationTrace
 from zeroplan.specs.base import Frozen
 from zeroplan.units import MiB
@@ -29,20 +29,55 @@ def oom_capacity(trace: AllocationTrace, config: AllocatorConfig,
                  segment_addresses: Sequence[tuple[int, int]] = (), fraction_cap: bool = False) -> AllocatorVerdict:
     """Bisect the capacity between the allocated peak (nothing can complete below it) and the
     unlimited reserved peak (a replay that never fails a cudaMalloc behaves as unlimited).
-    Completion is assumed monotone in capacity, which the retry rules make likely, not certain.
-    ``segment_addresses`` and ``fraction_cap`` as for replay.replay."""
+    Completion is not monotone in the capacity everywhere (docs/memory-model.md, "The caching
+    allocator"): the answer completes and 2 MiB less fails, but a band further below may
+    complete too. ``segment_addresses`` and ``fraction_cap`` as for replay.replay."""
     ops = compile_trace(trace)
     unlimited = replay(ops, config, None, segment_addresses)
     high = -(-unlimited.reserved_peak_bytes // CAPACITY_STEP_BYTES)
     low = unlimited.allocated_peak_bytes // CAPACITY_STEP_BYTES - 1
-    # invariant: high completes, low does not
+    steps = _bisect(ops, config, low, high, segment_addresses, fraction_cap)
+    return AllocatorVerdict(unlimited=unlimited, oom_capacity_bytes=steps * CAPACITY_STEP_BYTES)
+
+
+def _bisect(ops: Ops, config: AllocatorConfig, low: int, high: int,
+            segment_addresses: Sequence[tuple[int, int]] = (), fraction_cap: bool = False) -> int:
+    """The least step count in (low, high] that completes with one less failing, given that
+    ``high`` completes and ``low`` does not (capacities in units of CAPACITY_STEP_BYTES)."""
     while high - low > 1:
         middle = (low + high) // 2
         if replay(ops, config, middle * CAPACITY_STEP_BYTES, segment_addresses, fraction_cap).completed:
             high = middle
         else:
             low = middle
-    return AllocatorVerdict(unlimited=unlimited, oom_capacity_bytes=high * CAPACITY_STEP_BYTES)
+    return high
+
+
+class PlannedVerdict(Frozen):
+    """The allocator's answer for a planned step on a GPU's usable memory
+    (zeroplan.allocator.planner.allocator_verdict)."""
+
+    unlimited: ReplayResult
+    """The replay with no device limit: what the allocator reserves when nothing fails."""
+    fits: bool
+    """The replay at the usable memory completes."""
+    oom_capacity_bytes: int | None
+    """A capacity that completes with 2 MiB less failing, on the verdict's side of the usable
+    memory; None where the allocated peak alone passes it (not bisected)."""
+
+
+def bisect_capacity(ops: Ops, config: AllocatorConfig, unlimited: ReplayResult, usable_steps: int, fits: bool) -> int:
+    """The OOM capacity bisected on the verdict's side of ``usable_steps`` (the usable memory
+    in units of CAPACITY_STEP_BYTES, whose replay completed when ``fits``): between the
+    allocated peak and it when the step fits, between it and the unlimited reserved peak when
+    not. The verdict then never contradicts the capacity shown beside it."""
+    high = -(-unlimited.reserved_peak_bytes // CAPACITY_STEP_BYTES)
+    low = unlimited.allocated_peak_bytes // CAPACITY_STEP_BYTES - 1
+    if fits:
+        high = min(high, usable_steps)
+    else:
+        low = max(low, usable_steps)
+    return _bisect(ops, config, low, high) * CAPACITY_STEP_BYTES
 
 
 def completes_within(ops, config: AllocatorConfig, capacity_bytes: int, unlimited: ReplayResult) -> bool:

@@ -1,13 +1,14 @@
 """The allocator's verdict for one planned request: its step trace (schedule.step_trace)
-replayed under the request's PYTORCH_CUDA_ALLOC_CONF (MemoryAssumptions.allocator_conf)."""
+replayed under the request's PYTORCH_CUDA_ALLOC_CONF (MemoryAssumptions.allocator_conf), at
+the GPU's usable memory."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from zeroplan.allocator.capacity import AllocatorVerdict, completes_within, oom_capacity
+from zeroplan.allocator.capacity import CAPACITY_STEP_BYTES, PlannedVerdict, bisect_capacity, completes_within
 from zeroplan.allocator.config import parse_alloc_conf
-from zeroplan.allocator.replay import compile_trace, replay
+from zeroplan.allocator.replay import Ops, ReplayResult, compile_trace, replay
 from zeroplan.allocator.schedule import step_trace
 from zeroplan.specs.request import PlanRequest
 
@@ -16,26 +17,53 @@ if TYPE_CHECKING:
     from zeroplan.core.plan import PeakTerms
 
 
+def _replayed(request: PlanRequest, states: "ModelStateBytes", terms: "PeakTerms",
+              allocated_peak_bytes: int) -> tuple[Ops, ReplayResult, int]:
+    """The compiled step trace, its replay without a device limit, and the shortfall: what the
+    planner's ``allocated_peak_bytes`` counts beyond the schedule's own requested peak (its
+    moments count the largest unit for every unit). The shortfall is added to what the
+    allocator needs, never taken from it."""
+    ops = compile_trace(step_trace(request, states, terms))
+    unlimited = replay(ops, parse_alloc_conf(request.assumptions.allocator_conf or ""), None)
+    return ops, unlimited, max(allocated_peak_bytes - unlimited.requested_peak_bytes, 0)
+
+
 def allocator_verdict(request: PlanRequest, states: "ModelStateBytes", terms: "PeakTerms",
-                      allocated_peak_bytes: int) -> AllocatorVerdict:
-    """Reserved peak and OOM capacity of the request's step under its allocator settings. The
-    schedule's tensors can peak below the planner's ``allocated_peak_bytes`` (whose moments
-    count the largest unit for every unit); what the allocator needs beyond the schedule's own
-    peak is then added to the planner's peak, never taken from it."""
+                      allocated_peak_bytes: int, usable_bytes: int, bisect: bool = True) -> PlannedVerdict:
+    """Reserved peak, verdict and OOM capacity of the request's step on ``usable_bytes``.
+
+    The verdict is the replay at the usable memory itself: completion is not monotone in the
+    capacity (docs/memory-model.md, "The caching allocator"), so a capacity found by bisection
+    elsewhere could not decide it. The OOM capacity is then bisected on the side of the usable
+    memory the verdict fell: a completing capacity at most the usable memory when the step
+    fits, more than it when not, with a failing one 2 MiB below. Where the allocated peak alone
+    passes the usable memory the step cannot complete, and the capacity is not bisected (None).
+
+    Without ``bisect`` the capacity is the end of the bisection's bracket instead, one the
+    verdict already decides: a capacity the step completes on (at most the usable memory) when
+    it fits, one 2 MiB above the usable memory, on which it is not known to, when not (what a
+    verdict needs without the table's figure: fit's suggestions)."""
     config = parse_alloc_conf(request.assumptions.allocator_conf or "")
-    verdict = oom_capacity(step_trace(request, states, terms), config)
-    shortfall = max(allocated_peak_bytes - verdict.unlimited.requested_peak_bytes, 0)
-    if not shortfall:
-        return verdict
-    return verdict.model_copy(update={"oom_capacity_bytes": verdict.oom_capacity_bytes + shortfall})
+    ops, unlimited, shortfall = _replayed(request, states, terms, allocated_peak_bytes)
+    if allocated_peak_bytes > usable_bytes:
+        return PlannedVerdict(unlimited=unlimited, fits=False, oom_capacity_bytes=None)
+    usable_step = (usable_bytes - shortfall) // CAPACITY_STEP_BYTES
+    fits = completes_within(ops, config, usable_step * CAPACITY_STEP_BYTES, unlimited)
+    if bisect:
+        capacity = bisect_capacity(ops, config, unlimited, usable_step, fits)
+    elif fits:
+        capacity = min(-(-unlimited.reserved_peak_bytes // CAPACITY_STEP_BYTES), usable_step) * CAPACITY_STEP_BYTES
+    else:
+        capacity = (usable_step + 1) * CAPACITY_STEP_BYTES
+    return PlannedVerdict(unlimited=unlimited, fits=fits, oom_capacity_bytes=capacity + shortfall)
 
 
 def allocator_fits(request: PlanRequest, states: "ModelStateBytes", terms: "PeakTerms", allocated_peak_bytes: int,
                    usable_bytes: int) -> bool:
-    """allocator_verdict(...).oom_capacity_bytes <= ``usable_bytes``, in one or two replays
-    instead of the whole bisection (the largest-micro-batch search asks only this)."""
+    """allocator_verdict(...).fits in one or two replays, without bisecting the capacity (the
+    largest-micro-batch search asks only this)."""
+    if allocated_peak_bytes > usable_bytes:
+        return False
     config = parse_alloc_conf(request.assumptions.allocator_conf or "")
-    ops = compile_trace(step_trace(request, states, terms))
-    unlimited = replay(ops, config, None)
-    shortfall = max(allocated_peak_bytes - unlimited.requested_peak_bytes, 0)
+    ops, unlimited, shortfall = _replayed(request, states, terms, allocated_peak_bytes)
     return completes_within(ops, config, usable_bytes - shortfall, unlimited)

@@ -71,10 +71,16 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
         "--framework", choices=choices_of(Framework), default=Framework.zeroplan.value,
         help="training stack whose model code, checkpointing and loss are predicted (default zeroplan)",
     )
-    parser.add_argument(
+    allocator = parser.add_mutually_exclusive_group()
+    allocator.add_argument(
         "--allocator-conf", metavar="CONF",
-        help="replay the step through the caching-allocator model under this PYTORCH_CUDA_ALLOC_CONF "
-        "(e.g. expandable_segments:True; backend:native for the defaults) and judge fit on its OOM capacity",
+        help="the PYTORCH_CUDA_ALLOC_CONF under which the caching-allocator model replays the step and judges "
+        "fit (e.g. expandable_segments:True; default: PyTorch's defaults)",
+    )
+    allocator.add_argument(
+        "--flat-reserve", action="store_true",
+        help="judge fit on the allocated peak plus a flat 5%% reserve instead of the allocator model "
+        "(faster; the rule the plan search uses)",
     )
     parser.add_argument(
         "--selective-layer-interval", type=positive_int, metavar="K",
@@ -332,8 +338,19 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
     )
     return PlanRequest(
         model=model, training=training, batch=batch, cluster=cluster, strategy=strategy, performance=performance,
-        parallel=parallel, assumptions=MemoryAssumptions(allocator_conf=getattr(args, "allocator_conf", None)),
+        parallel=parallel, assumptions=MemoryAssumptions(allocator_conf=_allocator_conf(args)),
     )
+
+
+def _allocator_conf(args: argparse.Namespace) -> str | None:
+    """MemoryAssumptions.allocator_conf from the flags: None (the flat reserve) under
+    --flat-reserve or for a command without the allocator flags (the plan search judges
+    millions of configurations on the flat reserve)."""
+    if getattr(args, "flat_reserve", True):
+        return None
+    # No default on the flag itself: argparse would not see an explicit "" beside
+    # --flat-reserve as a conflict when it equals the default.
+    return "" if args.allocator_conf is None else args.allocator_conf
 
 
 DEFAULT_SELECTIVE_LAYER_INTERVAL = TrainingSpec.model_fields["selective_layer_interval"].default

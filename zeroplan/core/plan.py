@@ -211,7 +211,10 @@ def _recent_peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms
     return peak_terms(request)
 
 
-def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateBytes]:
+def memory_breakdown(request: PlanRequest, capacity: bool = True) -> tuple[MemoryBreakdown, ModelStateBytes]:
+    """The request's memory at its peak; under the caching-allocator model without
+    ``capacity``, the OOM capacity is not bisected (allocator_verdict's ``bisect``): the verdict
+    stands, the peak is a capacity on its side of the usable memory."""
     batch = request.batch
     states, terms = checked_peak_terms(request)
     activations, logits, workspace, step_temporary = terms.activations, terms.logits, terms.workspace, terms.step_temporary
@@ -223,12 +226,14 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
     reserved = oom_at = None
     if request.assumptions.allocator_conf is not None:
         # The caching-allocator model replays the step (docs/memory-model.md, "The caching
-        # allocator"): the peak is its OOM capacity, the reserve what that adds.
+        # allocator"): the peak is its OOM capacity, the reserve what that adds; where the
+        # allocated peak alone passes the usable memory the capacity is not bisected and the
+        # peak is the allocated peak, which the step needs at the least.
         from zeroplan.allocator.planner import allocator_verdict
 
-        verdict = allocator_verdict(request, states, terms, allocated)
+        verdict = allocator_verdict(request, states, terms, allocated, usable_memory_bytes(request), capacity)
         reserved, oom_at = verdict.unlimited.reserved_peak_bytes, verdict.oom_capacity_bytes
-        reserve = max(oom_at - allocated, 0)
+        reserve = 0 if oom_at is None else max(oom_at - allocated, 0)
     breakdown = MemoryBreakdown(
         parameter_bytes=states.parameter_bytes,
         gradient_bytes=states.gradient_bytes,
@@ -255,10 +260,10 @@ def host_memory_fits(request: PlanRequest, host_bytes_per_rank: int) -> bool | N
     return None if limit is None else host_bytes_per_rank * request.cluster.gpus_per_node <= limit
 
 
-def pipeline_rank_breakdowns(request: PlanRequest) -> list[tuple[MemoryBreakdown, ModelStateBytes]]:
+def pipeline_rank_breakdowns(request: PlanRequest, capacity: bool = True) -> list[tuple[MemoryBreakdown, ModelStateBytes]]:
     """Every pipeline rank's breakdown and model states, rank 0 first (the request's own rank
-    alone without a pipeline)."""
-    return [memory_breakdown(rank) for rank in pipeline_rank_requests(request)]
+    alone without a pipeline); ``capacity`` as for memory_breakdown."""
+    return [memory_breakdown(rank, capacity) for rank in pipeline_rank_requests(request)]
 
 
 def pipeline_rank_requests(request: PlanRequest) -> list[PlanRequest]:
@@ -266,6 +271,13 @@ def pipeline_rank_requests(request: PlanRequest) -> list[PlanRequest]:
     if request.parallel.pp == 1:
         return [request]
     return [request.at_pipeline_rank(rank) for rank in range(request.parallel.pp)]
+
+
+def step_fits(request: PlanRequest) -> bool:
+    """Whether the request's step fits its GPU (every pipeline rank), as plan(...).fits says,
+    without the rest of the plan: under the allocator model one or two replays per rank, no
+    bisection for the OOM capacity."""
+    return _fits(request)
 
 
 def _fits(request: PlanRequest) -> bool:
@@ -276,15 +288,15 @@ def _fits(request: PlanRequest) -> bool:
 
 
 def _fits_under_allocator(request: PlanRequest) -> bool:
-    """Every pipeline rank's OOM capacity within the usable memory: what the breakdown's peak
-    would say, without bisecting for the capacity itself."""
+    """Every pipeline rank's step completing on the usable memory under the allocator model:
+    what the breakdown's verdict says, without bisecting for the capacity itself."""
     from zeroplan.allocator.planner import allocator_fits
 
     usable = usable_memory_bytes(request)
     for rank in pipeline_rank_requests(request):
         states, terms = checked_peak_terms(rank)
         allocated, _ = peak_allocated_bytes(states, terms, rank.batch.grad_accum_steps)
-        if allocated > usable or not allocator_fits(rank, states, terms, allocated, usable):
+        if not allocator_fits(rank, states, terms, allocated, usable):
             return False
     return True
 
@@ -307,12 +319,32 @@ def peak_rank_reason(request: PlanRequest) -> str:
 def max_micro_batch_size(request: PlanRequest) -> int:
     """Largest micro-batch that fits (peak memory grows monotonically with it); 0 if none.
     Solved from the moments at micro-batches 1 and 2 where each is affine in it (a dense model
-    on one pipeline rank, the flat reserve); searched by bisection otherwise."""
-    if request.parallel.pp == 1 and request.assumptions.allocator_conf is None and not request.model.is_moe:
+    on one pipeline rank): under the flat reserve that is the answer; under the allocator
+    model it bounds the answer from above (the step cannot complete where its allocated peak
+    passes the usable memory), and replays decide below it. Searched by bisection otherwise."""
+    if request.parallel.pp == 1 and not request.model.is_moe:
         solved = _max_micro_batch_affine(request)
         if solved is not None:
-            return solved
+            if request.assumptions.allocator_conf is None:
+                return solved
+            return _largest_completing(request, solved)
     return bisect_max_micro_batch_size(request)
+
+
+def _largest_completing(request: PlanRequest, bound: int) -> int:
+    """The largest micro-batch up to ``bound`` whose step completes under the allocator model,
+    ``bound`` first (usually the answer: the allocator adds little to a step that fills the
+    GPU), then by bisection below it."""
+    if bound == 0 or _fits(request.with_micro_batch(bound)):
+        return bound
+    low, high = 0, bound
+    while high - low > 1:
+        middle = (low + high) // 2
+        if _fits(request.with_micro_batch(middle)):
+            low = middle
+        else:
+            high = middle
+    return low
 
 
 def moment_totals(states: ModelStateBytes, terms: PeakTerms, grad_accum_steps: int) -> list[int]:
@@ -346,7 +378,9 @@ def _max_micro_batch_affine(request: PlanRequest) -> int | None:
     at_two_terms = replace(own_terms, **micro_batch_terms(request.with_micro_batch(2)))
     accumulation = request.batch.grad_accum_steps
     at_one, at_two = moment_totals(states, terms, accumulation), moment_totals(states, at_two_terms, accumulation)
-    limit_bytes = _largest_allocated_within(usable_memory_bytes(request), request.assumptions.allocator_reserve_fraction)
+    # The allocator model's reserve is what its replay adds: no step completes past the usable memory.
+    reserve_fraction = 0.0 if request.assumptions.allocator_conf is not None else request.assumptions.allocator_reserve_fraction
+    limit_bytes = _largest_allocated_within(usable_memory_bytes(request), reserve_fraction)
     largest = MAX_MICRO_BATCH_SEARCH
     for first, second in zip(at_one, at_two):
         slope = second - first
@@ -379,12 +413,13 @@ def bisect_max_micro_batch_size(request: PlanRequest) -> int:
     return low
 
 
-def plan(request: PlanRequest) -> StrategyPlan:
+def plan(request: PlanRequest, capacity: bool = True) -> StrategyPlan:
     """Memory and communication of one strategy on one GPU: under pipeline parallelism the
-    pipeline rank whose peak is highest (every rank's peak is kept beside it)."""
+    pipeline rank whose peak is highest (every rank's peak is kept beside it). Without
+    ``capacity`` the allocator model's OOM capacity is not bisected (memory_breakdown)."""
     rank_peaks: tuple[int, ...] = ()
     reason = ""
-    ranks = pipeline_rank_breakdowns(request)
+    ranks = pipeline_rank_breakdowns(request, capacity)
     peak_rank = max(range(len(ranks)), key=lambda rank: ranks[rank][0].peak_bytes)
     breakdown, states = ranks[peak_rank]
     if request.parallel.pp > 1:
@@ -479,9 +514,13 @@ def _verdict(
         )
     if not fitting:
         closest = min(plans, key=lambda p: p.memory.peak_bytes)
+        # Under the allocator model a step whose allocated peak alone passes the usable memory
+        # has no OOM capacity bisected: its peak is what it needs at the least.
+        memory = closest.memory
+        least = "at least " if memory.reserved_peak_bytes is not None and memory.oom_capacity_bytes is None else ""
         return (
             f"Nothing fits; the smallest footprint is {closest.strategy.value} "
-            f"({closest.memory.peak_bytes / 2**30:.1f} GiB per GPU of "
+            f"({least}{memory.peak_bytes / 2**30:.1f} GiB per GPU of "
             f"{closest.usable_memory_bytes / 2**30:.1f} GiB usable)."
         )
     others = [name for name in fitting if name != recommended.value]
@@ -516,18 +555,19 @@ def allocator_runs_out(request: PlanRequest) -> bool:
                     for rank in pipeline_rank_requests(request))
     if allocated * denominator < usable * numerator:
         return False
-    return not _fits_under_allocator(_under_allocator_model(request))
+    return not _fits_under_allocator(under_allocator_model(request))
 
 
 def allocator_shortfall(request: PlanRequest) -> str:
     """What the caching-allocator model needs for the request's step, against the usable memory."""
-    needed = max(b.oom_capacity_bytes or 0 for b, _ in pipeline_rank_breakdowns(_under_allocator_model(request)))
+    needed = max(b.oom_capacity_bytes or 0 for b, _ in pipeline_rank_breakdowns(under_allocator_model(request)))
     return (f"PyTorch's caching allocator (modelled, default settings) would need {needed / 2**30:.1f} GiB, more "
             f"than the {usable_memory_bytes(request) / 2**30:.1f} GiB usable (the flat "
             f"{request.assumptions.allocator_reserve_fraction:.0%} reserve is too little here)")
 
 
-def _under_allocator_model(request: PlanRequest) -> PlanRequest:
+def under_allocator_model(request: PlanRequest) -> PlanRequest:
+    """The request under the caching-allocator model with PyTorch's default settings."""
     return request.model_copy(update={"assumptions": request.assumptions.model_copy(update={"allocator_conf": ""})})
 
 
@@ -566,11 +606,25 @@ def allocator_caution(requests: dict[StrategyKind, PlanRequest], plans: tuple[St
         caution += "; under the model none of the others that fit completes"
     elif asked:
         caution += f"; under the model none of the next {asked} that fit completes"
-    return caution + '; --allocator-conf "" takes the verdict on the allocator model (docs/validation.md).'
+    return caution + '; without --flat-reserve the verdict is the allocator model\'s (docs/validation.md).'
+
+
+def _bisected_where_peaks_decide(plans: list[StrategyPlan], requests: dict[StrategyKind, PlanRequest]) -> list[StrategyPlan]:
+    """Plans made without their OOM capacities bisected, with the capacity bisected where the
+    recommendation rule would compare peaks: the fitting plans tied with the best on every key
+    before the peak. The recommendation is then the one the full plans give."""
+    fitting = [p for p in plans if p.fits and p.host_fits is not False]
+    if not fitting or all(p.memory.oom_capacity_bytes is None for p in fitting):
+        return plans
+    best = min(recommendation_key(p)[:4] for p in fitting)
+    tied = {p.strategy for p in fitting if recommendation_key(p)[:4] == best}
+    if len(tied) < 2:
+        return plans
+    return [plan(requests[p.strategy]) if p.strategy in tied else p for p in plans]
 
 
 def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | None = None, *,
-        suggest: bool = True) -> FitReport:
+        suggest: bool = True, capacities: bool = True) -> FitReport:
     """Plan ``base`` under each strategy; the strategy in ``base`` supplies the knobs. None
     plans every strategy the request's framework runs (all of them for zeroplan and hf). When
     nothing fits and ``suggest``, the verdict names the smallest change that fits
@@ -595,7 +649,9 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | N
     for strategy in strategies:
         spec = strategy if isinstance(strategy, StrategySpec) else base.strategy.model_copy(update={"kind": StrategyKind(strategy)})
         requests[spec.kind] = base.with_strategy(spec)
-        plans.append(plan(requests[spec.kind]))
+        plans.append(plan(requests[spec.kind], capacities))
+    if not capacities:
+        plans = _bisected_where_peaks_decide(plans, requests)
     plans_tuple = tuple(plans)
     recommended = recommend(plans_tuple)
     verdict = _verdict(plans_tuple, recommended, base.cluster.host_memory_bytes_per_node, base.cluster.world_size == 1)
@@ -605,7 +661,8 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | N
         # The strategies the user named stay the ones tried; else each retry plans every
         # strategy its framework runs on its GPUs.
         kept = strategies if given else None
-        verdict += smallest_change(base, lambda request: fit(request, kept, suggest=False))
+        # A suggestion's table is not shown: its verdict needs no OOM capacity bisected.
+        verdict += smallest_change(base, lambda request: fit(request, kept, suggest=False, capacities=False))
     return FitReport(
         model=base.model,
         num_parameters=total_parameters(base.model),

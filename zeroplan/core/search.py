@@ -663,6 +663,15 @@ def _layout_groups(layout: PlanRequest, kinds: tuple[StrategyKind, ...]) -> list
     return result
 
 
+def on_flat_reserve(request: PlanRequest) -> PlanRequest:
+    """The request judged on its allocated peak plus the flat reserve: millions of
+    configurations cannot each be replayed through the caching-allocator model, so the search
+    judges on the flat reserve and asks the model about its best (allocator_caution)."""
+    if request.assumptions.allocator_conf is None:
+        return request
+    return request.model_copy(update={"assumptions": request.assumptions.model_copy(update={"allocator_conf": None})})
+
+
 def groups(
     base: PlanRequest, strategies: tuple[StrategyKind, ...] | None = None, space: LayoutSpace | None = None,
     global_batch_size: int | None = None,
@@ -670,6 +679,7 @@ def groups(
     """Every (layout, strategy, checkpointing, shard group) the request's framework runs: the
     request's own layout, or every layout of ``space`` (those whose data-parallel ranks divide
     ``global_batch_size`` when it is given)."""
+    base = on_flat_reserve(base)
     framework = base.training.framework
     world = base.cluster.world_size
     kinds = framework_strategies(framework, world) if strategies is None else strategies
@@ -751,6 +761,7 @@ def _searched_groups(
 ) -> tuple[list[_Group], int]:
     """The groups of every layout whose data-parallel ranks divide the global batch, and how
     many layouts that is; the one-line batch error when none does."""
+    base = on_flat_reserve(base)
     layouts = [base] if space is None else layout_requests(base, space)
     usable = [r for r in layouts if global_batch_size % r.data_parallel_size == 0]
     if not usable:
@@ -866,7 +877,7 @@ def allocator_caution(ranked: list[PlanRequest]) -> str:
         caution += f"; under the model #{completing + 1} completes"
     elif asked:
         caution += f"; under the model none of #2 to #{asked + 1} completes"
-    return caution + "; fit --allocator-conf \"\" takes a configuration's verdict on the allocator model (docs/validation.md)."
+    return caution + "; zeroplan fit takes a configuration's verdict on the allocator model (docs/validation.md)."
 
 
 def layout_name(c: PlanCandidate) -> str:

@@ -216,7 +216,7 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
     ]
     names = ["strategy", "peak at", *(name for name, _, _ in _COLUMNS), "fits", "max-mb", "host", "sent"]
     rows = [_row(p, unit) for p in report.plans]
-    allocator = any(p.memory.oom_capacity_bytes is not None for p in report.plans)
+    allocator = any(p.memory.reserved_peak_bytes is not None for p in report.plans)
     if allocator:
         names += ["alloc", "reserved", "oom-at"]
         rows = [row + _allocator_cells(p, unit) for row, p in zip(rows, report.plans)]
@@ -234,7 +234,8 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
     ]
     if allocator:
         notes.append("alloc = allocated peak; reserved = the caching-allocator model's reserved peak; oom-at = the least "
-                     "memory its step completes on (peak = oom-at; docs/memory-model.md, \"The caching allocator\").")
+                     "memory its step completes on (peak = oom-at; - = not bisected where alloc alone passes the usable memory, "
+                     "peak = alloc; docs/memory-model.md, \"The caching allocator\").")
         notes.append(f"caution: oom-at replays the planner's own schedule; {_schedule_checks(report)} (docs/validation.md); "
                      "`zeroplan simulate MODEL --framework F --whole-step --allocator-conf CONF` replays the framework's "
                      "own allocations.")

@@ -62,12 +62,13 @@ class MemoryAssumptions(Frozen):
     docs/memory-model.md; measurements (``zeroplan validate``) say how well they hold."""
 
     allocator_reserve_fraction: float = Field(default=0.05, ge=0.0, lt=1.0)
-    """Memory the PyTorch caching allocator reserves beyond what tensors occupy (block
-    rounding and fragmentation), as a fraction of the peak allocated bytes."""
-    allocator_conf: str | None = None
-    """A PYTORCH_CUDA_ALLOC_CONF string ("" or "backend:native": the defaults) under which
-    the caching-allocator model (zeroplan.allocator) replays the step: the verdict is then taken
-    on its OOM capacity instead of allocator_reserve_fraction. None: the flat fraction."""
+    """With allocator_conf None: memory the PyTorch caching allocator reserves beyond what
+    tensors occupy (block rounding and fragmentation), as a fraction of the peak allocated bytes."""
+    allocator_conf: str | None = ""
+    """A PYTORCH_CUDA_ALLOC_CONF string ("" or "backend:native": PyTorch's defaults) under
+    which the caching-allocator model (zeroplan.allocator) replays the step: the verdict is its
+    replay on the usable memory, the peak its OOM capacity. None: the allocated peak plus
+    allocator_reserve_fraction (what the plan search judges on)."""
     nccl_channels: int = Field(default=16, gt=0)
     """Channels an NCCL communicator opens (framework profiles only): NCCL picks 2-32 per
     topology (more on NVSwitch systems); 16 is an assumption, not calibrated on a GPU."""
@@ -77,7 +78,10 @@ class MemoryAssumptions(Frozen):
 
     @model_validator(mode="after")
     def _check_allocator_conf(self) -> "MemoryAssumptions":
-        if self.allocator_conf is not None:
+        # "" (the default: PyTorch's own settings) has nothing to check, and checking it would
+        # import the allocator's config while PlanRequest's default is built, which imports
+        # the specs' base: a cycle when the allocator is imported first.
+        if self.allocator_conf:
             # Imported here: the allocator's config module imports the specs' base.
             from zeroplan.allocator.config import parse_alloc_conf
 
