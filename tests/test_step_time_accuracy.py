@@ -114,3 +114,15 @@ def test_docs_table_is_what_the_benchmark_prints() -> None:
     section = docs[docs.index("## Step time"):]
     for comparison in TABLE:
         assert module.format_row(comparison) in section, comparison.name
+
+
+def test_docs_summary_by_gpu_is_what_the_benchmark_prints() -> None:
+    # Each "| gpu | checkpointing | ..." line of the benchmark's summary, the verdict counts
+    # included, stands in the docs as printed.
+    docs = (ROOT / "docs" / "validation.md").read_text()
+    section = docs[docs.index("## Step time"):]
+    summary = _benchmark().report().split("By GPU and checkpointing", 1)[1].split("sources:", 1)[0]
+    lines = [line for line in summary.splitlines() if line.startswith("| ") and not line.startswith("| GPU")]
+    assert len(lines) >= 5
+    for line in lines:
+        assert line in section, line
