@@ -112,3 +112,19 @@ def test_the_suggested_change_reads_as_the_fit_of_that_change() -> None:
     suggested = fit(request_from_args(build_parser().parse_args(["fit", *flags])))
     changed = fit(request_from_args(build_parser().parse_args(["fit", *flags, "--activation-checkpointing", "full"])))
     assert suggested.verdict.endswith(f" With --activation-checkpointing full: {changed.verdict}")
+
+
+def test_the_dataframe_carries_the_allocator_columns_as_integers() -> None:
+    import pandas as pd
+
+    from zeroplan.core.plan import fit
+
+    flags = "llama-2-70b --gpus 8 --gpu a100-80gb --activation-checkpointing full".split()
+    frame = fit(request_from_args(build_parser().parse_args(["fit", *flags])), suggest=False).to_dataframe()
+    assert str(frame["oom_capacity_bytes"].dtype) == "Int64" and str(frame["reserved_peak_bytes"].dtype) == "Int64"
+    fitting = frame[frame["fits"]]
+    assert len(fitting) and (fitting["peak_bytes"] == fitting["oom_capacity_bytes"]).all()
+    assert pd.isna(frame.loc["ddp", "oom_capacity_bytes"])  # its allocated peak alone passes the GPU
+    assert frame.loc["ddp", "peak_bytes"] == frame.loc["ddp", "allocated_peak_bytes"]
+    flat = fit(request_from_args(build_parser().parse_args(["fit", *flags, "--flat-reserve"])), suggest=False).to_dataframe()
+    assert flat["reserved_peak_bytes"].isna().all() and flat["oom_capacity_bytes"].isna().all()

@@ -25,7 +25,13 @@ MEMORY_COLUMNS = (
     "peak_buffer_bytes",
     "allocator_reserve_bytes",
     "peak_bytes",
+    "allocated_peak_bytes",
+    "reserved_peak_bytes",
+    "oom_capacity_bytes",
 )
+NULLABLE_BYTE_COLUMNS = ("reserved_peak_bytes", "oom_capacity_bytes")
+"""The caching-allocator model's figures: absent under the flat reserve, and the OOM capacity
+where the allocated peak alone passes the usable memory (kept integers, with missing values)."""
 
 
 def plan_row(plan: StrategyPlan) -> dict[str, object]:
@@ -63,7 +69,8 @@ def plan_row(plan: StrategyPlan) -> dict[str, object]:
 
 def fit_report_frame(report: FitReport) -> pd.DataFrame:
     """One row per strategy, indexed by strategy name."""
-    return pd.DataFrame([plan_row(p) for p in report.plans]).set_index("strategy")
+    frame = pd.DataFrame([plan_row(p) for p in report.plans]).set_index("strategy")
+    return frame.astype({name: "Int64" for name in NULLABLE_BYTE_COLUMNS})
 
 
 def collectives_frame(plan: StrategyPlan) -> pd.DataFrame:
