@@ -337,7 +337,12 @@ def _largest_completing(request: PlanRequest, bound: int) -> int:
     GPU), then by bisection below it."""
     if bound == 0 or _fits(request.with_micro_batch(bound)):
         return bound
-    low, high = 0, bound
+    return _largest_fitting_between(request, 0, bound)
+
+
+def _largest_fitting_between(request: PlanRequest, low: int, high: int) -> int:
+    """The largest micro-batch in [low, high) that fits, ``low`` fitting (or 0) and ``high``
+    not, by bisection (fitting assumed monotone in the micro-batch)."""
     while high - low > 1:
         middle = (low + high) // 2
         if _fits(request.with_micro_batch(middle)):
@@ -404,13 +409,7 @@ def bisect_max_micro_batch_size(request: PlanRequest) -> int:
         low, high = high, high * 2
     if high > MAX_MICRO_BATCH_SEARCH:
         return low
-    while high - low > 1:
-        middle = (low + high) // 2
-        if _fits(request.with_micro_batch(middle)):
-            low = middle
-        else:
-            high = middle
-    return low
+    return _largest_fitting_between(request, low, high)
 
 
 def plan(request: PlanRequest, capacity: bool = True) -> StrategyPlan:
