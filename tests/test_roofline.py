@@ -230,3 +230,23 @@ def test_plan_shows_the_gpu_optimizer_step_under_the_roofline(zeroplan_cli) -> N
     assert float(row["step"]) == pytest.approx(parts, abs=0.002)  # printed to the millisecond
     code, out, _ = zeroplan_cli(*argv)
     assert code == 0 and "opt-step" not in out
+
+
+def test_autocast_casts_every_linear_weight_each_way_under_ddp_only() -> None:
+    # Llama-3.1-8B's linears: 32 blocks of q, k, v, o, gate, up, down and the untied head.
+    model = get_model("llama-3.1-8b")
+    h, f = model.hidden_size, model.ffn_hidden_size
+    kv = model.num_kv_heads * (h // model.num_heads)
+    linear = model.num_layers * (2 * h * h + 2 * h * kv + 3 * h * f) + model.vocab_size * h
+    ddp = _request(strategy=StrategyKind.ddp, accum=3)
+    casts = {(t.operation.name, t.operation.op_pass): t.operation.moved_bytes for t in roofline_step(ddp).terms
+             if t.operation.name.startswith("autocast")}
+    assert casts == {("autocast weight casts", OpPass.forward): 3 * 6 * linear,
+                     ("autocast weight-gradient casts", OpPass.backward): 3 * 6 * linear}
+    full = _request(strategy=StrategyKind.ddp, accum=1, checkpointing=ActivationCheckpointing.full)
+    recast = [t.operation.moved_bytes for t in roofline_step(full).terms
+              if t.operation.name == "autocast weight casts" and t.operation.op_pass is OpPass.recompute]
+    assert recast == [6 * (linear - model.vocab_size * h)]
+    # FSDP2 and DeepSpeed cast the module's parameters to bf16 themselves: no autocast casts.
+    for kind in (StrategyKind.fsdp_full_shard, StrategyKind.zero3):
+        assert not [t for t in roofline_step(_request(strategy=kind)).terms if t.operation.name.startswith("autocast")]

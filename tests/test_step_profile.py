@@ -76,3 +76,19 @@ def test_eager_block_traffic_counts_the_blocks_memory_bound_kernels(capsys) -> N
     assert "| forward | mm |" not in out and "| forward | view |" not in out
     ratios = [float(line.rsplit(" ", 1)[1]) for line in out.splitlines() if ", ratio " in line]
     assert len(ratios) == 2 and all(ratio >= 1.0 for ratio in ratios)
+
+
+def test_docs_step_table_is_what_the_benchmark_prints() -> None:
+    # docs/validation.md's per-category table of the H200 step profiles is the benchmark's.
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("step_profile_accuracy", root / "benchmarks" / "step_profile_accuracy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    docs = (root / "docs" / "validation.md").read_text()
+    lines = [line for line in module.step_table() if line.startswith("| ") and "---" not in line]
+    assert len(lines) >= 20
+    for line in lines:
+        assert line in docs, line

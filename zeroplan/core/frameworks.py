@@ -269,7 +269,7 @@ def block_input_bytes(request: PlanRequest, s: int, b: int) -> int:
 BF16_BYTES = 2
 
 
-def _autocast_caches_weights(request: PlanRequest) -> bool:
+def autocast_caches_weights(request: PlanRequest) -> bool:
     """HF under autocast (any strategy: its Trainer autocasts an fp32 module), or zeroplan's own
     model where the request runs under autocast (DDP and ZeroRedundancyOptimizer)."""
     if request.training.framework is Framework.zeroplan:
@@ -304,7 +304,7 @@ def _hf_under_autocast(request: PlanRequest) -> bool:
 # DDP's autocast keeps the same, measured on a GPU (benchmarks/gpu-allocator-records, ddp).
 def autocast_copies_bytes(request: PlanRequest) -> int:
     """Extra bytes one block keeps under autocast with fp32 parameters (0 otherwise)."""
-    if not _autocast_caches_weights(request):
+    if not autocast_caches_weights(request):
         return 0
     from zeroplan.core.params import block_linear_weight_elements
 

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import functools
 
+from zeroplan.core.activations import FP32_BYTES
 from zeroplan.core.buffers import optimizer_loop
+from zeroplan.core.frameworks import BF16_BYTES, autocast_caches_weights
 from zeroplan.core.layout import element_bytes
 from zeroplan.core.model_states import held_elements, shard_layout
-from zeroplan.core.params import total_parameters
+from zeroplan.core.params import parameter_units, total_parameters
 from zeroplan.core.parallel.units import rank_trainable_units
 from zeroplan.core.roofline.ceilings import GpuCeilings, gpu_ceilings
 from zeroplan.core.roofline.operations import Operation, OpKind, OpPass, memory_pass, step_operations
@@ -18,6 +20,7 @@ from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
+from zeroplan.specs.training import ActivationCheckpointing
 
 
 class RooflineTerm(Frozen):
@@ -91,6 +94,33 @@ def fsdp_copy_operations(request: PlanRequest, micro_batches: int, activation_by
     return ops
 
 
+# torch 2.13 aten/src/ATen/autocast_mode.cpp (cached_cast): under autocast with fp32 parameters
+# each linear casts its weight to bf16, once per autocast region (casts of leaves that require
+# grad are cached until the region exits): read 4 bytes, write 2 per element. The cast's backward
+# (_to_copy) turns the weight's bf16 gradient into fp32: read 2, write 4. A non-reentrant
+# checkpoint recomputes in an autocast region of its own, so full recomputation casts the
+# blocks' weights again. The output projection is a linear too (tied or not); the embedding's
+# lookup is not cast. Once per micro-batch.
+def autocast_cast_operations(request: PlanRequest, micro_batches: int) -> list[Operation]:
+    if not autocast_caches_weights(request):
+        return []
+    model = request.model
+    units = parameter_units(model)
+    block_elements = sum(t.numel for unit in units[1:-1] for t in unit.tensors
+                         if t.name.endswith(".weight") and len(t.shape) == 2)
+    head_elements = model.vocab_size * model.hidden_size
+    ranks = request.parallel.tp * request.parallel.pp
+    cast_bytes = FP32_BYTES + BF16_BYTES
+    ops = [memory_pass("autocast weight casts", OpPass.forward, (block_elements + head_elements) * cast_bytes / ranks,
+                       micro_batches),
+           memory_pass("autocast weight-gradient casts", OpPass.backward,
+                       (block_elements + head_elements) * cast_bytes / ranks, micro_batches)]
+    if request.training.activation_checkpointing is ActivationCheckpointing.full:
+        ops.append(memory_pass("autocast weight casts", OpPass.recompute, block_elements * cast_bytes / ranks,
+                               micro_batches))
+    return ops
+
+
 def optimizer_operation(request: PlanRequest) -> list[Operation]:
     """The GPU's optimizer step over the elements this rank steps (none when it runs on the host)."""
     if request.strategy.kind.offloads_optimizer or request.training.fsdp_cpu_offload:
@@ -124,7 +154,8 @@ def roofline_step(request: PlanRequest) -> RooflineStep:
     for operation in operations:
         seconds, bound = operation_seconds(operation, ceilings)
         terms.append(RooflineTerm(operation=operation, seconds=seconds / ranks, bound=bound))
-    for operation in fsdp_copy_operations(request, batch.grad_accum_steps, activation_bytes) + optimizer_operation(request):
+    for operation in (fsdp_copy_operations(request, batch.grad_accum_steps, activation_bytes)
+                      + autocast_cast_operations(request, batch.grad_accum_steps) + optimizer_operation(request)):
         seconds, bound = operation_seconds(operation, ceilings)
         terms.append(RooflineTerm(operation=operation, seconds=seconds, bound=bound))
     return RooflineStep(terms=tuple(terms))
