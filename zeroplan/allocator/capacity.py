@@ -57,8 +57,10 @@ class PlannedVerdict(Frozen):
     """The allocator's answer for a planned step on a GPU's usable memory
     (zeroplan.allocator.planner.allocator_verdict)."""
 
-    unlimited: ReplayResult
-    """The replay with no device limit: what the allocator reserves when nothing fails."""
+    unlimited: ReplayResult | None
+    """The replay with no device limit: what the allocator reserves when nothing fails; None
+    where nothing was replayed (a verdict without its figures, the allocated peak alone past
+    the usable memory)."""
     fits: bool
     """The replay at the usable memory completes."""
     oom_capacity_bytes: int | None

@@ -232,7 +232,8 @@ def memory_breakdown(request: PlanRequest, capacity: bool = True) -> tuple[Memor
         from zeroplan.allocator.planner import allocator_verdict
 
         verdict = allocator_verdict(request, states, terms, allocated, usable_memory_bytes(request), capacity)
-        reserved, oom_at = verdict.unlimited.reserved_peak_bytes, verdict.oom_capacity_bytes
+        reserved = verdict.unlimited.reserved_peak_bytes if verdict.unlimited is not None else None
+        oom_at = verdict.oom_capacity_bytes
         reserve = 0 if oom_at is None else max(oom_at - allocated, 0)
     breakdown = MemoryBreakdown(
         parameter_bytes=states.parameter_bytes,
