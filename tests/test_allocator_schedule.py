@@ -172,3 +172,17 @@ def test_allocator_model_runs_with_torch_blocked() -> None:
     )
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("flags, kind", CASES)
+def test_the_ops_the_planner_replays_are_the_compiled_trace(flags: str, kind: StrategyKind) -> None:
+    # The planner replays the builder's ops without building typed events: they must be what
+    # compile_trace makes of step_trace (which also checks every id is allocated once and
+    # freed only while alive).
+    from zeroplan.allocator.replay import compile_trace
+    from zeroplan.allocator.schedule import step_ops
+
+    request = _request(flags, kind)
+    ops = step_ops(request, *peak_terms(request))
+    assert ops == compile_trace(step_trace(request, *peak_terms(request)))
+    assert len(ops) > 100

@@ -3,7 +3,8 @@ tensors (used by the planner's schedules, schedule.py and fsdp_schedule.py)."""
 
 from __future__ import annotations
 
-from zeroplan.allocator.trace import AllocEvent, FreeEvent, Stream, TraceEvent
+from zeroplan.allocator.replay import ALLOC_OP, FREE_OP, Ops
+from zeroplan.allocator.trace import AllocationTrace, AllocEvent, FreeEvent, Stream
 
 
 def proportional_bytes(total: int, weights: list[int]) -> list[int]:
@@ -33,10 +34,12 @@ def even_parts(total: int, count: int) -> list[int]:
 
 
 class TraceBuilder:
-    """Issues ids and events; frees by id."""
+    """Issues ids and records allocations and frees, already compiled (replay.Ops): the planner
+    replays them as they are; ``trace`` gives the typed AllocationTrace. Every id is issued
+    here and freed at most once by the schedules, which is what compile_trace would check."""
 
     def __init__(self) -> None:
-        self.events: list[TraceEvent] = []
+        self.ops: Ops = []
         self.next_id = 0
 
     def alloc(self, size: int, stream: int = Stream.compute) -> list[int]:
@@ -44,11 +47,17 @@ class TraceBuilder:
             return []
         ident = self.next_id
         self.next_id += 1
-        self.events.append(AllocEvent(id=ident, size_bytes=size, stream=stream))
+        self.ops.append((ALLOC_OP, ident, size, int(stream)))
         return [ident]
 
     def alloc_parts(self, parts: list[int], stream: int = Stream.compute) -> list[int]:
         return [ident for size in parts for ident in self.alloc(size, stream)]
 
     def free(self, idents: list[int]) -> None:
-        self.events.extend(FreeEvent(id=ident) for ident in idents)
+        self.ops.extend((FREE_OP, ident, 0, 0) for ident in idents)
+
+    def trace(self, source: str) -> AllocationTrace:
+        """The recorded step as a typed trace."""
+        events = [AllocEvent(id=ident, size_bytes=size, stream=stream) if kind == ALLOC_OP else FreeEvent(id=ident)
+                  for kind, ident, size, stream in self.ops]
+        return AllocationTrace(events=tuple(events), source=source)

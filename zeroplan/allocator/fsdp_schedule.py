@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from zeroplan.allocator.builder import TraceBuilder, proportional_bytes, split_bytes
-from zeroplan.allocator.trace import AllocationTrace, Stream
+from zeroplan.allocator.trace import Stream
 from zeroplan.core.activations import FP32_BYTES
 from zeroplan.core.compiled import COMPILED_CROSS_ENTROPY_ROW_BYTES, compiles_loss
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes
@@ -109,10 +109,11 @@ def _grouped_expert_numels(tensors) -> list[int]:
     return numels
 
 
-def fsdp_step_trace(request: PlanRequest, states: "ModelStateBytes", terms: "PeakTerms", b: "TraceBuilder",
-                    block_tensor_parts: list[int], blocks: int) -> AllocationTrace:
-    """One step under FSDP2 full sharding; ``block_tensor_parts`` the bytes one block saves for
-    backward, tensor by tensor (schedule._block_tensor_weights scaled), ``b`` an empty builder."""
+def record_fsdp_step(request: PlanRequest, states: "ModelStateBytes", terms: "PeakTerms", b: "TraceBuilder",
+                     block_tensor_parts: list[int], blocks: int) -> None:
+    """One step under FSDP2 full sharding, recorded in ``b`` (an empty builder);
+    ``block_tensor_parts`` the bytes one block saves for backward, tensor by tensor
+    (schedule._block_tensor_weights scaled)."""
     units = _units(request)
     separate = fsdp_separates_embedding_and_head(request)
     compute = element_bytes(request.training.precision, request.convention).compute_parameter
@@ -222,7 +223,6 @@ def fsdp_step_trace(request: PlanRequest, states: "ModelStateBytes", terms: "Pea
 
     one_step(True)
     one_step(False)
-    return AllocationTrace(events=tuple(b.events), source=f"planner schedule ({request.training.framework.value}, FSDP2 units)")
 
 
 def loss_allocations(request: PlanRequest, terms: "PeakTerms") -> list[list[int]]:

@@ -1,4 +1,4 @@
-"""The allocator's verdict for one planned request: its step trace (schedule.step_trace)
+"""The allocator's verdict for one planned request: its step trace (schedule.step_ops)
 replayed under the request's PYTORCH_CUDA_ALLOC_CONF (MemoryAssumptions.allocator_conf), at
 the GPU's usable memory."""
 
@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 from zeroplan.allocator.capacity import CAPACITY_STEP_BYTES, PlannedVerdict, bisect_capacity, completes_within
 from zeroplan.allocator.config import parse_alloc_conf
-from zeroplan.allocator.replay import Ops, ReplayResult, compile_trace, replay
-from zeroplan.allocator.schedule import step_trace
+from zeroplan.allocator.replay import Ops, ReplayResult, replay
+from zeroplan.allocator.schedule import step_ops
 from zeroplan.specs.request import PlanRequest
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def _replayed(request: PlanRequest, states: "ModelStateBytes", terms: "PeakTerms
     planner's ``allocated_peak_bytes`` counts beyond the schedule's own requested peak (its
     moments count the largest unit for every unit). The shortfall is added to what the
     allocator needs, never taken from it."""
-    ops = compile_trace(step_trace(request, states, terms))
+    ops = step_ops(request, states, terms)
     unlimited = replay(ops, parse_alloc_conf(request.assumptions.allocator_conf or ""), None)
     return ops, unlimited, max(allocated_peak_bytes - unlimited.requested_peak_bytes, 0)
 

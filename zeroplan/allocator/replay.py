@@ -10,7 +10,9 @@ from zeroplan.allocator.trace import AllocationTrace, AllocEvent, EmptyCacheEven
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import Frozen
 
-_ALLOC, _FREE, _RECORD, _SYNC, _EMPTY = range(5)
+ALLOC_OP, FREE_OP, RECORD_OP, SYNC_OP, EMPTY_OP = range(5)
+"""The kinds of a compiled op (the first field of each Ops tuple)."""
+_ALLOC, _FREE, _RECORD, _SYNC, _EMPTY = ALLOC_OP, FREE_OP, RECORD_OP, SYNC_OP, EMPTY_OP
 
 Ops = list[tuple[int, int, int, int]]
 """A trace compiled to (kind, id, size_bytes, stream) tuples, so a bisection replays it fast."""

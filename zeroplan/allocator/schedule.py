@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 from zeroplan.allocator.builder import TraceBuilder, even_parts, split_bytes
 from zeroplan.allocator.fsdp_schedule import applies as fsdp_applies
-from zeroplan.allocator.fsdp_schedule import fsdp_step_trace, loss_allocations
+from zeroplan.allocator.fsdp_schedule import loss_allocations, record_fsdp_step
+from zeroplan.allocator.replay import Ops
 from zeroplan.allocator.trace import AllocationTrace, Stream
 from zeroplan.core.activations import layer_terms
 from zeroplan.core.buffers import largest_unit_elements
@@ -49,14 +50,28 @@ def _transient_parts(request: PlanRequest, transient: int) -> tuple[int, int]:
 def step_trace(request: PlanRequest, states: "ModelStateBytes", terms: "PeakTerms") -> AllocationTrace:
     """One training step's allocations and frees, from the planner's terms for ``request``
     (zeroplan.core.plan.peak_terms: passed in, so the planner can call this without a cycle)."""
+    builder, source = _recorded_step(request, states, terms)
+    return builder.trace(source)
+
+
+def step_ops(request: PlanRequest, states: "ModelStateBytes", terms: "PeakTerms") -> Ops:
+    """step_trace compiled for replay (replay.compile_trace's ops), without building its typed
+    events: what the planner replays on every fit."""
+    return _recorded_step(request, states, terms)[0].ops
+
+
+def _recorded_step(request: PlanRequest, states: "ModelStateBytes", terms: "PeakTerms") -> tuple[TraceBuilder, str]:
+    """The builder holding the step's allocations and frees, and the trace's source."""
     blocks = max(1, request.model.num_layers // request.parallel.pp)
     accumulating = request.batch.grad_accum_steps > 1
     fsdp = request.strategy.kind.is_fsdp
     gathered, reduce = _transient_parts(request, terms.transient_buffers)
     gather_stream = Stream.all_gather if fsdp else Stream.compute
     b = TraceBuilder()
+    framework = request.training.framework.value
     if fsdp_applies(request):
-        return fsdp_step_trace(request, states, terms, b, _block_tensor_weights(request), blocks)
+        record_fsdp_step(request, states, terms, b, _block_tensor_weights(request), blocks)
+        return b, f"planner schedule ({framework}, FSDP2 units)"
 
     # Between steps: parameters and optimizer states per unit (the blocks and the rest).
     b.alloc_parts(even_parts(states.parameter_bytes, blocks + 1))
@@ -100,4 +115,4 @@ def step_trace(request: PlanRequest, states: "ModelStateBytes", terms: "PeakTerm
     # Optimizer step: its temporaries per unit, then the gradients go (set_to_none).
     b.free(b.alloc_parts(even_parts(terms.step_temporary, blocks + 1)))
     b.free(gradients)
-    return AllocationTrace(events=tuple(b.events), source=f"planner schedule ({request.training.framework.value})")
+    return b, f"planner schedule ({framework})"
