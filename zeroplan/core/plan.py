@@ -568,7 +568,7 @@ def allocator_shortfall(request: PlanRequest) -> str:
 
 def under_allocator_model(request: PlanRequest) -> PlanRequest:
     """The request under the caching-allocator model with PyTorch's default settings."""
-    return request.model_copy(update={"assumptions": request.assumptions.model_copy(update={"allocator_conf": ""})})
+    return request.with_allocator_conf("")
 
 
 def allocator_check(ranked: list[PlanRequest]) -> tuple[str, int | None] | None:

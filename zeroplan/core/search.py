@@ -667,9 +667,7 @@ def on_flat_reserve(request: PlanRequest) -> PlanRequest:
     """The request judged on its allocated peak plus the flat reserve: millions of
     configurations cannot each be replayed through the caching-allocator model, so the search
     judges on the flat reserve and asks the model about its best (allocator_caution)."""
-    if request.assumptions.allocator_conf is None:
-        return request
-    return request.model_copy(update={"assumptions": request.assumptions.model_copy(update={"allocator_conf": None})})
+    return request.with_allocator_conf(None)
 
 
 def groups(

@@ -234,6 +234,14 @@ class PlanRequest(Frozen):
         batch = self.batch.model_copy(update={"micro_batch_size": micro_batch_size})
         return self.model_copy(update={"batch": batch})
 
+    def with_allocator_conf(self, allocator_conf: str | None) -> "PlanRequest":
+        """The same request judged under another MemoryAssumptions.allocator_conf (None: the
+        flat reserve); the setting is checked, nothing else changes."""
+        if self.assumptions.allocator_conf == allocator_conf:
+            return self
+        assumptions = MemoryAssumptions(**{**dict(self.assumptions), "allocator_conf": allocator_conf})
+        return self.model_copy(update={"assumptions": assumptions})
+
 
 def _default_attention(data: dict, kernel: AttentionKernel) -> dict:
     """``data`` with ``kernel`` as its training's attention where the training names none (an

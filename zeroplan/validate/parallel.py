@@ -22,7 +22,7 @@ from zeroplan.specs import BatchSpec, ModelSpec, PlanRequest, StrategySpec, Trai
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.hardware import cluster_from_gpus
 from zeroplan.specs.parallel import ParallelSpec
-from zeroplan.validate.rows import BYTES_ONLY
+from zeroplan.validate.rows import FLAT_RESERVE
 
 PRESET = {"8B": "llama-3.1-8b", "70B": "llama-3.1-70b", "405B": "llama-3.1-405b"}
 """torchtitan's Llama-3 flavours and the presets with their shapes."""
@@ -46,7 +46,7 @@ def parallel_request(record: ParallelRecord) -> PlanRequest:
         cluster=cluster_from_gpus(get_gpu("h100-80gb"), record.world_size),
         strategy=StrategySpec(kind="fsdp-full-shard"),
         parallel=ParallelSpec(tp=record.tp, cp=record.cp, sequence_parallel=record.sequence_parallel and record.tp > 1),
-        assumptions=BYTES_ONLY,
+        assumptions=FLAT_RESERVE,
     )
 
 
@@ -140,7 +140,7 @@ def expert_request(record: ExpertParallelRecord, model: ModelSpec) -> PlanReques
                             activation_checkpointing=a.activation_checkpointing if a else "none")
     return PlanRequest(
         model=model, training=training, batch=batch, cluster=cluster_from_gpus(get_gpu("h100-80gb"), record.world_size),
-        strategy=StrategySpec(kind="fsdp-full-shard"), parallel=ParallelSpec(ep=record.ep), assumptions=BYTES_ONLY,
+        strategy=StrategySpec(kind="fsdp-full-shard"), parallel=ParallelSpec(ep=record.ep), assumptions=FLAT_RESERVE,
     )
 
 

@@ -18,11 +18,12 @@ MEASURED_DEVICE = GpuSpec(
     intra_node_link=_MEASURED_LINK, inter_node_link=_MEASURED_LINK, host_link=_MEASURED_LINK,
     source="notional: validation compares bytes only",
 )
-BYTES_ONLY = MemoryAssumptions(allocator_conf=None)
-"""The assumptions of a request that validation sets beside a measured or simulated run: it
-compares the planner's bytes with what the run allocated, so the verdict's rule is the flat
-reserve, sparing each request the caching-allocator model's replays (the model is compared
-with the allocators' own figures apart: docs/validation.md, "The caching allocator")."""
+FLAT_RESERVE = MemoryAssumptions(allocator_conf=None)
+"""The assumptions of a request that validation sets beside a measured or simulated run or a
+published throughput: what it compares is the planner's bytes or seconds, not the verdict, so
+the verdict's rule is the flat reserve, sparing each request the caching-allocator model's
+replays (the model is compared with the allocators' own figures apart: docs/validation.md,
+"The caching allocator")."""
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 
 
@@ -61,7 +62,7 @@ def planner_request(
     spec = StrategySpec(kind=strategy, keep_unsharded_grads_on_accum=keep_unsharded_grads_on_accum,
                         zero_gradient_reduce=zero_gradient_reduce)
     request = PlanRequest(model=model, training=training, batch=batch, cluster=cluster, strategy=spec,
-                          parallel=parallel.model_copy(update={"pipeline_rank": 0}), assumptions=BYTES_ONLY)
+                          parallel=parallel.model_copy(update={"pipeline_rank": 0}), assumptions=FLAT_RESERVE)
     return request.at_pipeline_rank(parallel.pipeline_rank) if parallel.pp > 1 else request
 
 

@@ -23,7 +23,7 @@ from zeroplan.specs import (
 )
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.training import OptimizerLoop
-from zeroplan.validate.rows import BYTES_ONLY
+from zeroplan.validate.rows import FLAT_RESERVE
 
 STEP_PROFILE_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu-step-profile-records" / "steps"
 
@@ -111,7 +111,7 @@ def profile_request(profile: StepProfile) -> PlanRequest:
         batch=BatchSpec(micro_batch_size=profile.micro_batch_size, seq_len=profile.seq_len, allow_longer_seq=True),
         cluster=ClusterSpec(gpu=get_gpu("h200-141gb"), gpus_per_node=profile.world_size),
         strategy=StrategySpec(kind=profile.strategy), performance=PerformanceAssumptions(compute_model="roofline"),
-        assumptions=BYTES_ONLY,
+        assumptions=FLAT_RESERVE,
     )
 
 

@@ -20,13 +20,13 @@ from zeroplan.errors import ZeroplanError
 from zeroplan.presets.gpus import get_gpu
 from zeroplan.presets.models import get_model
 from zeroplan.specs import (
-    ActivationCheckpointing, BatchSpec, MemoryAssumptions, PerformanceAssumptions, PlanRequest, Precision, StrategyKind,
-    StrategySpec,
+    ActivationCheckpointing, BatchSpec, PerformanceAssumptions, PlanRequest, Precision, StrategyKind, StrategySpec,
     TrainingSpec, cluster_from_gpus,
 )
 from zeroplan.specs.base import Frozen, first_error
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import ModelSpec
+from zeroplan.validate.rows import FLAT_RESERVE
 
 PUBLISHED_THROUGHPUT_FILE = Path(__file__).resolve().parent / "data" / "published_throughput.json"
 
@@ -92,7 +92,7 @@ class PublishedThroughput(Frozen):
             ),
             cluster=cluster_from_gpus(get_gpu(self.gpu), self.num_gpus, gpus_per_node=self.gpus_per_node),
             strategy=StrategySpec(kind=self.strategy),
-            performance=performance, assumptions=MemoryAssumptions(allocator_conf=None),
+            performance=performance, assumptions=FLAT_RESERVE,
         )
 
     @property
