@@ -31,7 +31,7 @@ from zeroplan.core.activations import FP32_BYTES
 from zeroplan.core.compiled import COMPILED_CROSS_ENTROPY_ROW_BYTES, compiles_loss
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes
 from zeroplan.core.model_states import padded_unit_elements_of, unit_gather_bytes
-from zeroplan.core.parallel.expert import EXPERT_PREFIX, expert_index
+from zeroplan.core.parallel.expert import expert_index, expert_leaf
 from zeroplan.core.parallel.units import rank_parameter_units
 from zeroplan.core.frameworks import (
     fsdp_chunked_head_bytes, torchtitan_chunk_cross_entropy_parts, torchtitan_chunked_loss,
@@ -100,7 +100,7 @@ def _grouped_expert_numels(tensors) -> list[int]:
         if expert_index(tensor) is None:
             numels.append(tensor.numel)
             continue
-        leaf = tensor.name[len(EXPERT_PREFIX):].split(".", 1)[1]
+        leaf = expert_leaf(tensor)
         if leaf in leaf_at:
             numels[leaf_at[leaf]] += tensor.numel
         else:

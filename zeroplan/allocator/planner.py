@@ -9,7 +9,7 @@ import gc
 from typing import TYPE_CHECKING
 
 from zeroplan.allocator.capacity import CAPACITY_STEP_BYTES, PlannedVerdict, bisect_capacity, completes_within
-from zeroplan.allocator.config import parse_alloc_conf
+from zeroplan.allocator.config import AllocatorConfig, parse_alloc_conf
 from zeroplan.allocator.replay import Ops, ReplayResult, replay
 from zeroplan.allocator.schedule import step_ops
 from zeroplan.specs.request import PlanRequest
@@ -34,14 +34,14 @@ def _without_cyclic_gc():
             gc.enable()
 
 
-def _replayed(request: PlanRequest, states: "ModelStateBytes", terms: "PeakTerms",
-              allocated_peak_bytes: int) -> tuple[Ops, ReplayResult, int]:
+def _replayed(request: PlanRequest, states: "ModelStateBytes", terms: "PeakTerms", allocated_peak_bytes: int,
+              config: AllocatorConfig) -> tuple[Ops, ReplayResult, int]:
     """The compiled step trace, its replay without a device limit, and the shortfall: what the
     planner's ``allocated_peak_bytes`` counts beyond the schedule's own requested peak (its
     moments count the largest unit for every unit). The shortfall is added to what the
     allocator needs, never taken from it."""
     ops = step_ops(request, states, terms)
-    unlimited = replay(ops, parse_alloc_conf(request.assumptions.allocator_conf or ""), None)
+    unlimited = replay(ops, config, None)
     return ops, unlimited, max(allocated_peak_bytes - unlimited.requested_peak_bytes, 0)
 
 
@@ -61,11 +61,11 @@ def allocator_verdict(request: PlanRequest, states: "ModelStateBytes", terms: "P
     it fits, one 2 MiB above the usable memory, on which it is not known to, when not (what a
     verdict needs without the table's figure: fit's suggestions); where the allocated peak
     alone passes the usable memory nothing is replayed at all."""
-    config = parse_alloc_conf(request.assumptions.allocator_conf or "")
     if allocated_peak_bytes > usable_bytes and not bisect:
         return PlannedVerdict(unlimited=None, fits=False, oom_capacity_bytes=None)
+    config = parse_alloc_conf(request.assumptions.allocator_conf or "")
     with _without_cyclic_gc():
-        ops, unlimited, shortfall = _replayed(request, states, terms, allocated_peak_bytes)
+        ops, unlimited, shortfall = _replayed(request, states, terms, allocated_peak_bytes, config)
         if allocated_peak_bytes > usable_bytes:
             return PlannedVerdict(unlimited=unlimited, fits=False, oom_capacity_bytes=None)
         usable_step = (usable_bytes - shortfall) // CAPACITY_STEP_BYTES
@@ -87,5 +87,5 @@ def allocator_fits(request: PlanRequest, states: "ModelStateBytes", terms: "Peak
         return False
     config = parse_alloc_conf(request.assumptions.allocator_conf or "")
     with _without_cyclic_gc():
-        ops, unlimited, shortfall = _replayed(request, states, terms, allocated_peak_bytes)
+        ops, unlimited, shortfall = _replayed(request, states, terms, allocated_peak_bytes, config)
         return completes_within(ops, config, usable_bytes - shortfall, unlimited)

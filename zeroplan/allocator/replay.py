@@ -12,7 +12,6 @@ from zeroplan.specs.base import Frozen
 
 ALLOC_OP, FREE_OP, RECORD_OP, SYNC_OP, EMPTY_OP = range(5)
 """The kinds of a compiled op (the first field of each Ops tuple)."""
-_ALLOC, _FREE, _RECORD, _SYNC, _EMPTY = ALLOC_OP, FREE_OP, RECORD_OP, SYNC_OP, EMPTY_OP
 
 Ops = list[tuple[int, int, int, int]]
 """A trace compiled to (kind, id, size_bytes, stream) tuples, so a bisection replays it fast."""
@@ -61,19 +60,19 @@ def compile_trace(trace: AllocationTrace) -> Ops:
             if event.id in live:
                 raise ZeroplanError(f"trace.events[{index}]", f"id {event.id} is allocated twice (allowed: an id not alive)")
             live.add(event.id)
-            ops.append((_ALLOC, event.id, event.size_bytes, event.stream))
+            ops.append((ALLOC_OP, event.id, event.size_bytes, event.stream))
         elif isinstance(event, (FreeEvent, RecordStreamEvent)):
             if event.id not in live:
                 raise ZeroplanError(f"trace.events[{index}]", f"id {event.id} is not allocated (allowed: an allocated id)")
             if isinstance(event, FreeEvent):
                 live.discard(event.id)
-                ops.append((_FREE, event.id, 0, 0))
+                ops.append((FREE_OP, event.id, 0, 0))
             else:
-                ops.append((_RECORD, event.id, 0, event.stream))
+                ops.append((RECORD_OP, event.id, 0, event.stream))
         elif isinstance(event, EmptyCacheEvent):
-            ops.append((_EMPTY, 0, 0, 0))
+            ops.append((EMPTY_OP, 0, 0, 0))
         else:
-            ops.append((_SYNC, 0, 0, 0))
+            ops.append((SYNC_OP, 0, 0, 0))
     return ops
 
 
@@ -88,17 +87,17 @@ def replay(trace: AllocationTrace | Ops, config: AllocatorConfig, capacity_bytes
     live = {}
     oom_index = oom_bytes = None
     for index, (kind, ident, size, stream) in enumerate(ops):
-        if kind == _ALLOC:
+        if kind == ALLOC_OP:
             block = malloc(size, stream)
             if block is None:
                 oom_index, oom_bytes = index, size
                 break
             live[ident] = block
-        elif kind == _FREE:
+        elif kind == FREE_OP:
             free(live.pop(ident))
-        elif kind == _RECORD:
+        elif kind == RECORD_OP:
             device.record_stream(live[ident], stream)
-        elif kind == _SYNC:
+        elif kind == SYNC_OP:
             device.synchronize()
         else:
             device.synchronize()

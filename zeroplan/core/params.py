@@ -170,7 +170,12 @@ def _block_tensors(model: ModelSpec) -> tuple[ParamTensor, ...]:
 
 def block_linear_weight_elements(model: ModelSpec) -> int:
     """Elements of the weight matrices of one block's linear layers (norms and biases excluded)."""
-    return sum(t.numel for t in _block_tensors(model) if t.name.endswith(".weight") and len(t.shape) == 2)
+    return linear_weight_elements(_block_tensors(model))
+
+
+def linear_weight_elements(tensors) -> int:
+    """Elements of the weight matrices among ``tensors`` (norms and biases excluded)."""
+    return sum(t.numel for t in tensors if t.name.endswith(".weight") and len(t.shape) == 2)
 
 
 @lru_cache(maxsize=64)

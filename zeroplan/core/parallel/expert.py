@@ -27,6 +27,11 @@ from zeroplan.specs.training import ActivationCheckpointing
 EXPERT_PREFIX = "mlp.experts."
 
 
+def expert_leaf(tensor: ParamTensor) -> str:
+    """What a routed expert's tensor is within its expert ('mlp.experts.<i>.<leaf>' -> '<leaf>')."""
+    return tensor.name[len(EXPERT_PREFIX):].split(".", 1)[1]
+
+
 def expert_index(tensor: ParamTensor) -> int | None:
     """The routed expert a tensor belongs to ('mlp.experts.<i>.<leaf>.weight'), else None."""
     if not tensor.name.startswith(EXPERT_PREFIX):
@@ -43,8 +48,7 @@ def expert_index(tensor: ParamTensor) -> int | None:
 def _grouped(tensors: list[ParamTensor], local: int) -> list[ParamTensor]:
     by_leaf: dict[str, ParamTensor] = {}
     for tensor in tensors:
-        leaf = tensor.name[len(EXPERT_PREFIX):].split(".", 1)[1]
-        by_leaf.setdefault(leaf, tensor)
+        by_leaf.setdefault(expert_leaf(tensor), tensor)
     return [ParamTensor(name=f"{EXPERT_PREFIX}{leaf}", shape=(local, *tensor.shape),
                         shard_group_divisor=tensor.shard_group_divisor) for leaf, tensor in by_leaf.items()]
 

@@ -11,7 +11,7 @@ from zeroplan.core.buffers import optimizer_loop
 from zeroplan.core.frameworks import BF16_BYTES, autocast_caches_weights
 from zeroplan.core.layout import element_bytes
 from zeroplan.core.model_states import held_elements, shard_layout
-from zeroplan.core.params import parameter_units, total_parameters
+from zeroplan.core.params import linear_weight_elements, parameter_units, total_parameters
 from zeroplan.core.parallel.units import rank_trainable_units
 from zeroplan.core.roofline.ceilings import GpuCeilings, gpu_ceilings
 from zeroplan.core.roofline.operations import Operation, OpKind, OpPass, memory_pass, step_operations
@@ -105,19 +105,14 @@ def autocast_cast_operations(request: PlanRequest, micro_batches: int) -> list[O
     if not autocast_caches_weights(request):
         return []
     model = request.model
-    units = parameter_units(model)
-    block_elements = sum(t.numel for unit in units[1:-1] for t in unit.tensors
-                         if t.name.endswith(".weight") and len(t.shape) == 2)
-    head_elements = model.vocab_size * model.hidden_size
-    ranks = request.parallel.tp * request.parallel.pp
-    cast_bytes = FP32_BYTES + BF16_BYTES
-    ops = [memory_pass("autocast weight casts", OpPass.forward, (block_elements + head_elements) * cast_bytes / ranks,
-                       micro_batches),
-           memory_pass("autocast weight-gradient casts", OpPass.backward,
-                       (block_elements + head_elements) * cast_bytes / ranks, micro_batches)]
+    # Per rank of the model-parallel group, as fsdp_copy_operations spreads its copies.
+    per_element = (FP32_BYTES + BF16_BYTES) / (request.parallel.tp * request.parallel.pp)
+    block_bytes = sum(linear_weight_elements(unit.tensors) for unit in parameter_units(model)[1:-1]) * per_element
+    all_bytes = block_bytes + model.vocab_size * model.hidden_size * per_element
+    ops = [memory_pass("autocast weight casts", OpPass.forward, all_bytes, micro_batches),
+           memory_pass("autocast weight-gradient casts", OpPass.backward, all_bytes, micro_batches)]
     if request.training.activation_checkpointing is ActivationCheckpointing.full:
-        ops.append(memory_pass("autocast weight casts", OpPass.recompute, block_elements * cast_bytes / ranks,
-                               micro_batches))
+        ops.append(memory_pass("autocast weight casts", OpPass.recompute, block_bytes, micro_batches))
     return ops
 
 
