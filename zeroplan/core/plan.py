@@ -484,10 +484,12 @@ def recommendation_key(p: StrategyPlan) -> tuple[int | bool, ...]:
     offload (each offload adds host-link traffic and a CPU optimizer step), (2) the fewest bytes
     sent per step, (3) a strategy that shards something over one that shards over a single
     rank (on one GPU: plain training), (4) the lowest peak, (5) the simpler strategy."""
-    return (
-        p.strategy.offloads_optimizer, p.strategy.offloads_parameters, p.sent_bytes_per_step,
-        _shards_nothing(p), p.memory.peak_bytes, SIMPLICITY[p.strategy],
-    )
+    return (*_key_before_peak(p), p.memory.peak_bytes, SIMPLICITY[p.strategy])
+
+
+def _key_before_peak(p: StrategyPlan) -> tuple[int | bool, ...]:
+    """recommendation_key's rules (1)-(3): what decides before the peaks are compared."""
+    return (p.strategy.offloads_optimizer, p.strategy.offloads_parameters, p.sent_bytes_per_step, _shards_nothing(p))
 
 
 def recommend(plans: Iterable[StrategyPlan]) -> StrategyKind | None:
@@ -616,8 +618,8 @@ def _bisected_where_peaks_decide(plans: list[StrategyPlan], requests: dict[Strat
     fitting = [p for p in plans if p.fits and p.host_fits is not False]
     if not fitting or all(p.memory.oom_capacity_bytes is None for p in fitting):
         return plans
-    best = min(recommendation_key(p)[:4] for p in fitting)
-    tied = {p.strategy for p in fitting if recommendation_key(p)[:4] == best}
+    best = min(_key_before_peak(p) for p in fitting)
+    tied = {p.strategy for p in fitting if _key_before_peak(p) == best}
     if len(tied) < 2:
         return plans
     return [plan(requests[p.strategy]) if p.strategy in tied else p for p in plans]
