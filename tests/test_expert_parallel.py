@@ -164,3 +164,26 @@ def test_fit_refuses_ep_for_a_dense_model(capsys) -> None:
     assert main(["fit", "llama-3.1-8b", "--ep", "2"]) != 0
     err = capsys.readouterr().err
     assert "parallel.ep" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("fmt", ["table", "json", "csv"])
+def test_compare_times_the_all_to_all(capsys, fmt) -> None:
+    # The token dispatch's all-to-all is a collective of the step like any other: the table's
+    # nccl column names it (A2A, in the CSV's nccl_algorithms too); JSON lists its costs.
+    argv = ["compare", str(FIXTURES / "hf" / "mixtral-8x7b.json"), "--gpus", "16", "--gpu", "h100-80gb", "--ep", "8",
+            "--strategies", "fsdp-full-shard", "--format", fmt]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    if fmt == "json":
+        ops = {cost["op"] for plan in json.loads(out)["plans"] for cost in plan["time"]["collective_times"]}
+        assert "all_to_all" in ops
+    else:
+        assert "A2A ring" in out
+
+
+def test_every_collective_op_has_a_short_name_in_the_compare_table() -> None:
+    from zeroplan.core.collective import CollectiveOp
+    from zeroplan.core.timing import COLLECTIVE_SHORT_NAMES
+
+    assert set(COLLECTIVE_SHORT_NAMES) == set(CollectiveOp)
+    assert len(set(COLLECTIVE_SHORT_NAMES.values())) == len(CollectiveOp)

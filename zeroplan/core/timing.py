@@ -4,6 +4,7 @@ offload, and how much communication the compute hides. docs/communication-time.m
 from __future__ import annotations
 
 from zeroplan.core.algorithms import CollectiveTime, collective_cost
+from zeroplan.core.collective import CollectiveOp
 from zeroplan.core.communication import Collective, Phase
 from zeroplan.core.flops import StepFlops, step_flops
 from zeroplan.core.layout import element_bytes
@@ -305,7 +306,11 @@ def step_time(request: PlanRequest, collectives: tuple[Collective, ...]) -> Step
     )
 
 
-_OP_SHORT = {"all_reduce": "AR", "all_gather": "AG", "reduce_scatter": "RS", "broadcast": "BC", "send": "P2P"}
+COLLECTIVE_SHORT_NAMES: dict[CollectiveOp, str] = {
+    CollectiveOp.all_reduce: "AR", CollectiveOp.all_gather: "AG", CollectiveOp.reduce_scatter: "RS",
+    CollectiveOp.broadcast: "BC", CollectiveOp.send: "P2P", CollectiveOp.all_to_all: "A2A",
+}
+"""The compare table's name for each collective op (its legend spells them out); every op has one."""
 
 
 def nccl_algorithms(time: StepTime) -> str:
@@ -314,8 +319,9 @@ def nccl_algorithms(time: StepTime) -> str:
     by_op: dict[str, list[str]] = {}
     achievable: set[str] = set()
     for cost in time.collective_times:
-        names = by_op.setdefault(_OP_SHORT[cost.op.value], [])
+        short = COLLECTIVE_SHORT_NAMES[cost.op]
+        names = by_op.setdefault(short, [])
         names += [a.value for a in cost.algorithms if a.value not in names]
         if cost.bandwidth_basis == "achievable":
-            achievable.add(_OP_SHORT[cost.op.value])
+            achievable.add(short)
     return ", ".join(f"{op} {'+'.join(names)}{'*' if op in achievable else ''}" for op, names in by_op.items()) or "-"

@@ -68,7 +68,7 @@ def render_compare_table(report: FitReport) -> str:
         "shared by its GPUs (cpu-step = offload's CPU optimizer step)",
         "volume = per-step volume of what the engine sends, in units of Psi, counted as the ZeRO paper does (sec. 7); sent = GB each GPU sends per step (ring); times in s.",
         "nccl = the algorithm NCCL's tuning model picks for each collective (AR all-reduce, AG all-gather, RS reduce-scatter, "
-        "BC broadcast; a+b: calls of different sizes differ); * = at a published or calibrated nccl-tests busbw "
+        "BC broadcast, P2P pipeline send/receive, A2A all-to-all; a+b: calls of different sizes differ); * = at a published or calibrated nccl-tests busbw "
         "(docs/gpus.md), else at the datasheet link rates.",
         _compute_legend(report),
         "",
