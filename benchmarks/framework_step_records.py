@@ -51,7 +51,7 @@ LONG_CONTEXT = [("llama-3.1-8b", 8, 16384, 4, "full"), ("llama-3.1-8b", 8, 32768
                 ("llama-3.1-70b", 64, 65536, 1, "full")]
 """torchtitan at b x s / 8 rows a loss chunk above the hidden size, where the first chunk's
 cross-entropy backward, not the last chunk's head reduce-scatter, is the loss's largest moment
-(zeroplan.core.frameworks.torchtitan_chunk_cross_entropy_bytes): (model, ranks, seq, micro-batch, policy)."""
+(zeroplan.core.framework_loss.torchtitan_chunk_cross_entropy_bytes): (model, ranks, seq, micro-batch, policy)."""
 TORCHTUNE_UNCHUNKED = [("llama-3.1-8b", 8, 4096, 1, policy) for policy in POLICIES]
 """torchtune with a plain torch.nn.CrossEntropyLoss as its recipe's `loss:` (--unchunked-loss)."""
 OPTIMIZER_IN_BACKWARD = [("llama-3.1-8b", 8, 4096, 1, "none"), ("llama-3.1-8b", 8, 4096, 1, "full"),

@@ -69,7 +69,7 @@ def test_fsdp_units_gather_every_parameter_into_a_storage_of_its_own() -> None:
 
 def test_torchtunes_chunked_loss_gathers_the_head_for_every_chunk() -> None:
     # torchtune calls its output projection once per chunk; FSDP2 gathers the unit each time,
-    # in forward and again in backward (zeroplan.core.frameworks.fsdp_chunked_head_bytes).
+    # in forward and again in backward (zeroplan.core.framework_loss.fsdp_chunked_head_bytes).
     trace = _trace(_request(TUNE, StrategyKind.fsdp_full_shard))
     head = 128256 * 4096 * 2 + 4096 * 2
     assert _alloc_sizes(trace, Stream.all_gather).count(head) == 2 * (8 + 8)  # two steps

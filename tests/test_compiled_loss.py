@@ -10,7 +10,7 @@ import pytest
 
 from zeroplan.core.activations import FP32_BYTES
 from zeroplan.core.compiled import COMPILED_CROSS_ENTROPY_ROW_BYTES, compiled_chunked_logits_pieces, compiles_loss
-from zeroplan.core.frameworks import chunked_logits_pieces, framework_logits_pieces
+from zeroplan.core.framework_loss import chunked_logits_pieces, framework_logits_pieces
 from zeroplan.core.plan import plan
 from zeroplan.frameworks.compiled_record import CompiledLossRecord, load_compiled_loss_records
 from zeroplan.presets.gpus import get_gpu

@@ -12,10 +12,10 @@ from zeroplan.cli.main import main
 from zeroplan.core.activations import activation_bytes, logits_bytes
 from zeroplan.core.feasibility import NCCL_BUFFSIZE_BYTES, nccl_buffer_bytes, usable_memory_bytes
 from zeroplan.core.frameworks import (
-    autocast_copies_bytes,
-    OFFLOAD_FORWARD_STASH, framework_activation_bytes, framework_block_kept_bytes,
-    framework_layer_bytes, framework_logits_bytes, offloaded_layers_bytes, torchtitan_rope_cache_bytes,
+    autocast_copies_bytes, OFFLOAD_FORWARD_STASH, framework_activation_bytes, framework_block_kept_bytes,
+    framework_layer_bytes, offloaded_layers_bytes, torchtitan_rope_cache_bytes,
 )
+from zeroplan.core.framework_loss import framework_logits_bytes
 from zeroplan.core.profiles import PROFILES
 from zeroplan.core.frameworks import framework_recompute_bytes
 from zeroplan.core.plan import fit, memory_breakdown, peak_terms
@@ -244,7 +244,7 @@ def test_torchtunes_plain_cross_entropy_peaks_before_the_head_is_gathered(gpu_80
     # unit's pre-backward: the output unit is not counted beside it (it was refused before; the
     # framework's own step is in benchmarks/framework-step-records, +unchunked-loss).
     from zeroplan.core.activations import logits_bytes
-    from zeroplan.core.frameworks import framework_logits_pieces
+    from zeroplan.core.framework_loss import framework_logits_pieces
 
     request = _request(gpu_80gib, Framework.torchtune, unchunked_loss=True)
     pieces = framework_logits_pieces(request)

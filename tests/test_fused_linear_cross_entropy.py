@@ -10,8 +10,9 @@ import pytest
 
 from zeroplan.cli.main import main
 from zeroplan.core.activations import logits_bytes
-from zeroplan.core.frameworks import (
-    framework_logits_bytes, framework_logits_pieces, fsdp_head_gathered_bytes, fused_linear_cross_entropy_chunk_rows,
+from zeroplan.core.framework_loss import (
+    framework_logits_bytes, framework_logits_pieces, fsdp_head_gathered_bytes,
+    fused_linear_cross_entropy_chunk_rows,
 )
 from zeroplan.core.plan import memory_breakdown
 from zeroplan.core.search import evaluate, groups, scalar_evaluate

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from zeroplan.allocator.fsdp_schedule import loss_allocations
-from zeroplan.core.frameworks import (
+from zeroplan.core.framework_loss import (
     framework_logits_pieces, torchtitan_chunk_cross_entropy_bytes, torchtitan_chunk_cross_entropy_parts,
     torchtitan_chunked_loss_bytes, torchtitan_hidden_chunk_copies_bytes,
 )

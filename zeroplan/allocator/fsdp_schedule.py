@@ -33,7 +33,7 @@ from zeroplan.core.layout import element_bytes, gradient_wire_bytes
 from zeroplan.core.model_states import padded_unit_elements_of, unit_gather_bytes
 from zeroplan.core.parallel.expert import expert_index, expert_leaf
 from zeroplan.core.parallel.units import rank_parameter_units
-from zeroplan.core.frameworks import (
+from zeroplan.core.framework_loss import (
     fsdp_chunked_head_bytes, torchtitan_chunk_cross_entropy_parts, torchtitan_chunked_loss,
 )
 from zeroplan.core.parallel.activations import rank_logits_pieces
@@ -228,7 +228,7 @@ def record_fsdp_step(request: PlanRequest, states: "ModelStateBytes", terms: "Pe
 def loss_allocations(request: PlanRequest, terms: "PeakTerms") -> list[list[int]]:
     """The loss's moments as a schedule allocates them, one after another: each of
     PeakTerms.logits_pieces as one allocation, but torchtitan's cross-entropy moment tensor by
-    tensor (zeroplan.core.frameworks.torchtitan_chunk_cross_entropy_parts, on this rank as
+    tensor (zeroplan.core.framework_loss.torchtitan_chunk_cross_entropy_parts, on this rank as
     rank_logits_pieces sizes the moment itself); the reference model's loss, which has no
     pieces, as its three fp32 sbV tensors."""
     if not terms.logits_pieces:
@@ -241,13 +241,13 @@ def loss_allocations(request: PlanRequest, terms: "PeakTerms") -> list[list[int]
 
 def per_chunk_head(request: PlanRequest) -> bool:
     """torchtune's chunked loss under FSDP2 full sharding: its output unit is gathered for each
-    chunk in forward and again in backward (zeroplan.core.frameworks.fsdp_chunked_head_bytes)."""
+    chunk in forward and again in backward (zeroplan.core.framework_loss.fsdp_chunked_head_bytes)."""
     return loss_chunks(request.training) > 1 and fsdp_chunked_head_bytes(request) > 0 \
         and fsdp_separates_embedding_and_head(request) and not request.training.fused_linear_cross_entropy
 
 
 def _chunked_loss(request: PlanRequest, b: "TraceBuilder", gather, head: _Unit) -> list[int]:
-    """torchtune 0.6.1's chunked cross-entropy (zeroplan.core.frameworks.chunked_logits_pieces
+    """torchtune 0.6.1's chunked cross-entropy (zeroplan.core.framework_loss.chunked_logits_pieces
     names its three moments) chunk by chunk: returns the head's accumulated weight gradient."""
     model, training = request.model, request.training
     chunks = loss_chunks(training)

@@ -147,11 +147,11 @@ def transient_buffer_bytes(request: PlanRequest) -> int:
 # post-backward, after the last block (seen in the frameworks' whole steps on fake tensors:
 # docs/memory-model.md, "The caching allocator"). Where embedding and head are units of their own
 # (torchtune's full fine-tunes), the head is gathered only around the loss, whose own terms count
-# it (zeroplan.core.frameworks.fsdp_head_gathered_bytes), and the embedding after the last block.
+# it (zeroplan.core.framework_loss.fsdp_head_gathered_bytes), and the embedding after the last block.
 def _root_head_gradient_bytes(request: PlanRequest) -> int:
     """The output projection's unsharded gradient, which the root unit holds from the loss's
     backward to its own post-backward (0 where the head is frozen, or where torchtitan's chunked
-    loss reduce-scatters it at its last chunk: zeroplan.core.frameworks.torchtitan_chunked_loss_bytes)."""
+    loss reduce-scatters it at its last chunk: zeroplan.core.framework_loss.torchtitan_chunked_loss_bytes)."""
     training = request.training
     if not training.finetune.trains_everything and (training.finetune.is_lora or training.finetune.freeze_embeddings):
         return 0

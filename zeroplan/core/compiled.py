@@ -137,12 +137,12 @@ def compiles_loss(training: TrainingSpec) -> bool:
     """Whether the framework compiles its chunked cross-entropy with the model: torchtune's
     recipes with compile: True (training.compile_loss); torchtitan's default
     CompileConfig.components holds "loss" too, but its modelled loss moment (the last chunk's
-    head reduce-scatter, zeroplan.core.frameworks.torchtitan_chunked_loss_bytes) holds no
+    head reduce-scatter, zeroplan.core.framework_loss.torchtitan_chunked_loss_bytes) holds no
     cross-entropy tensor, so only torchtune's pieces change."""
     return training.compile and training.framework is Framework.torchtune and not training.unchunked_loss
 
 
-# torchtune's chunked loss, compiled (compare zeroplan.core.frameworks.chunked_logits_pieces, its
+# torchtune's chunked loss, compiled (compare zeroplan.core.framework_loss.chunked_logits_pieces, its
 # eager moments): in forward each chunk's compiled cross-entropy keeps the chunk's bf16 logits,
 # so the n chunks (2sbV in bf16) stay alive past the recipe's `del logits` with 8 bytes a token
 # beside them, and no fp32 copy is made outside inductor's fused kernels; in backward autograd

@@ -18,9 +18,9 @@ from zeroplan.core.finetune.activations import (
     dequantized_weight_bytes, dora_weight_norm_bytes, frozen_blocks_kept_bytes, lora_layer_delta_bytes,
 )
 from zeroplan.core.frameworks import (
-    autocast_copies_bytes, autocast_head_copy_bytes, framework_activation_bytes, framework_logits_pieces,
-    framework_recompute_bytes,
+    autocast_copies_bytes, autocast_head_copy_bytes, framework_activation_bytes, framework_recompute_bytes,
 )
+from zeroplan.core.framework_loss import framework_logits_pieces
 from zeroplan.core.profiles import (
     check_framework_request, check_framework_strategies, check_fsdp_cpu_offload, check_optimizer_in_backward,
     framework_strategies, fsdp_cpu_offload_strategies,

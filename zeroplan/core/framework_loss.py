@@ -1,0 +1,296 @@
+"""What each framework's loss holds on a GPU, moment by moment (docs/frameworks.md, "Profiles"):
+torchtune's chunked cross-entropy and its plain one, torchtitan's ChunkedLossWrapper, liger's
+fused linear cross-entropy, and the output projection's unit FSDP2 gathers around them. Each
+moment is affine in the micro-batch, so the plan search can scale it (zeroplan.core.search).
+The blocks' bytes are zeroplan.core.frameworks'; nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from zeroplan.core.compiled import COMPILED_CROSS_ENTROPY_ROW_BYTES, compiled_chunked_logits_pieces, compiles_loss
+from zeroplan.core.frameworks import FP32_BYTES, hf_under_autocast
+from zeroplan.core.profiles import fsdp_separates_embedding_and_head, loss_chunks, profile
+from zeroplan.errors import ZeroplanError
+from zeroplan.specs.framework import Framework
+from zeroplan.specs.model import ModelSpec
+from zeroplan.specs.request import PlanRequest
+from zeroplan.specs.strategy import StrategyKind
+from zeroplan.specs.training import TrainingSpec
+
+
+# torchtune 0.6.1 modules/loss/ce_chunked_output_loss.py: the output projection returns
+# num_output_chunks bf16 chunks and each is upcast and passed through F.cross_entropy on its
+# own. The largest moment of its forward is the last chunk's: all bf16 chunks (2sbV), the fp32
+# log-softmax of the chunks before (saved, 4sbV in all) and the last chunk's fp32 copy
+# (4sbV/n). Backward first holds the saved log-softmax and one chunk's two fp32 gradients;
+# once every chunk's loss backward has run, the n bf16 logit gradients (2sbV) wait for the
+# output projection's backward, which adds ``head_backward_bytes`` (fsdp_chunked_head_bytes).
+def chunked_logits_pieces(model: ModelSpec, training: TrainingSpec, s: int, b: int, chunks: int,
+                          head_backward_bytes: int = 0) -> tuple[int, int, int]:
+    """The loss's bytes at its three moments: its forward, its backward, the head's backward."""
+    sbv = s * b * model.vocab_size
+    forward = training.precision.compute_bytes * sbv + FP32_BYTES * sbv + FP32_BYTES * sbv // chunks
+    backward = FP32_BYTES * sbv + 2 * FP32_BYTES * sbv // chunks
+    head = training.precision.compute_bytes * sbv + head_backward_bytes
+    return forward, backward, head
+
+
+def chunked_logits_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int, chunks: int,
+                         head_backward_bytes: int = 0) -> int:
+    """The largest of chunked_logits_pieces."""
+    return max(chunked_logits_pieces(model, training, s, b, chunks, head_backward_bytes))
+
+
+TORCHTITAN_LOSS_CHUNKS = 8
+"""torchtitan 0.3.0 components/loss.py:610 ChunkedLossWrapper.Config.num_chunks, which
+models/llama3/config_registry.py llama3_8b/70b/405b (lines 187, 260, 312) leave at its default."""
+
+
+# torchtitan 0.3.0 components/loss.py:567-790 ChunkedLossWrapper (trainer.py:513-535 sets it the
+# model's lm_head and _skip_lm_head): the model returns the normed hidden states, and for each of
+# n sequence chunks the wrapper runs lm_head, CrossEntropyLoss (line 32: the chunk's logits upcast
+# to fp32) and that chunk's backward at once, copying each hidden-state gradient into an fp32
+# [b, s, h] GradAccumulator buffer (line 498). Only one chunk's logits ever exist, never the
+# whole b x s x V. Under FSDP2 (line 731) the head stays gathered over the chunks, its bf16
+# weight gradient accumulates unsharded and is reduce-scattered once, at the last chunk: in
+# fp32 (config/configs.py:93 mixed_precision_reduce), a fp32 copy of it and the
+# reduce-scatter's fp32 input, plus its 1/N output. That moment is the loss's largest in the
+# framework's own step (benchmarks/framework-step-records: FSDPMemTracker's 'temp' at every
+# chunked record's peak is, to the byte, those three and the chunk's hidden-state gradient, its
+# 'unsharded_grad' the bf16 head gradient), beside the gathered head, the fp32 buffer and the
+# chunk's bf16 logits.
+def torchtitan_chunked_loss_bytes(request: PlanRequest) -> int:
+    """The chunked loss's largest moment: the last chunk's head reduce-scatter."""
+    model, training = request.model, request.training
+    s, b = request.batch.seq_len, request.batch.micro_batch_size
+    e = training.precision.compute_bytes
+    if s % TORCHTITAN_LOSS_CHUNKS:
+        # components/loss.py:672: "sequence length must be divisible by num_chunks".
+        raise ZeroplanError("batch.seq_len", f"{s}: torchtitan's chunked loss needs a multiple of {TORCHTITAN_LOSS_CHUNKS} (or unchunked_loss, --unchunked-loss)")
+    rows = b * s // TORCHTITAN_LOSS_CHUNKS
+    chunk = e * rows * model.vocab_size + e * rows * model.hidden_size
+    accumulator = FP32_BYTES * b * s * model.hidden_size + torchtitan_hidden_chunk_copies_bytes(request)
+    vh = model.vocab_size * model.hidden_size
+    head = e * vh
+    if request.strategy.kind in (StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op, StrategyKind.hsdp):
+        head += 2 * FP32_BYTES * vh + FP32_BYTES * vh // request.shard_group_size
+    return chunk + accumulator + head + fsdp_head_gathered_bytes(request, prefetched=False)
+
+
+# torchtitan 0.3.0 components/loss.py ChunkedLossWrapper.__call__ runs each chunk's lm_head, its
+# CrossEntropyLoss and that chunk's backward in turn, the chunk's bf16 logits held by the loop
+# until the backward is done. Eager, cross_entropy_loss upcasts the logits and F.cross_entropy
+# saves the fp32 log-softmax (4 bytes a logit); its backward reaches the upcast's bf16 gradient
+# with the nll gradient and the log-softmax gradient (fp32 both) still held: 16 bytes a logit
+# with the bf16 logits, before the head's backward starts (measured: every storage of the
+# framework's own step, 8B s16384 b4 full recomputation, at its peak: _log_softmax,
+# nll_loss_backward and _log_softmax_backward_data outputs in fp32, the mm's logits and the
+# _to_copy gradient in bf16). Compiled (the
+# loss is in torchtitan's default CompileConfig.components), the chunk's cross-entropy keeps its
+# bf16 logits and 8 bytes a row, and its backward writes one bf16 gradient
+# (zeroplan.core.compiled, benchmarks/compiled-loss-records). With few rows a chunk the last
+# chunk's head reduce-scatter is larger (torchtitan_chunked_loss_bytes); from about
+# b x s / 8 > h rows on, this moment is.
+def torchtitan_chunk_cross_entropy_bytes(request: PlanRequest) -> int:
+    """The chunked loss at its first chunk's cross-entropy backward."""
+    return sum(torchtitan_chunk_cross_entropy_parts(request))
+
+
+def torchtitan_chunk_cross_entropy_parts(request: PlanRequest) -> list[int]:
+    """The tensors of torchtitan_chunk_cross_entropy_bytes, one by one: the chunk's bf16 logits,
+    what its cross-entropy holds (eager: the fp32 log-softmax, nll and log-softmax gradients and
+    the bf16 gradient; compiled: the bf16 gradient and the row statistics), the fp32 gradient
+    buffer and the gathered head."""
+    model, training = request.model, request.training
+    s, b = request.batch.seq_len, request.batch.micro_batch_size
+    e = training.precision.compute_bytes
+    rows = b * s // TORCHTITAN_LOSS_CHUNKS
+    logits = rows * model.vocab_size
+    if training.compile:
+        cross_entropy = [e * logits, COMPILED_CROSS_ENTROPY_ROW_BYTES * rows]
+    else:
+        cross_entropy = [FP32_BYTES * logits, FP32_BYTES * logits, FP32_BYTES * logits, e * logits]
+    accumulator = FP32_BYTES * b * s * model.hidden_size
+    return [e * logits, *cross_entropy, accumulator, torchtitan_hidden_chunk_copies_bytes(request),
+            fsdp_head_gathered_bytes(request, prefetched=False)]
+
+
+# ChunkedLossWrapper._chunk_local: ``c.contiguous()`` of each torch.split(hidden, s / n, dim=1)
+# piece, detached as the loop's leaves. With b > 1 a piece of dim 1 is not contiguous, so the n
+# pieces are copies, b x s x h in all, held through the loop (measured: eight 64 MiB bf16 storages
+# alive at the cross-entropy moment of the 8B s16384 b4 step). With b = 1 they are views: the
+# term is charged there too, because the plan search needs every loss moment affine in the
+# micro-batch (zeroplan.core.search), an over-count of s x h in bf16 on the safe side (32 MiB for
+# 8B at s 4096, 256 MiB at s 32768).
+def torchtitan_hidden_chunk_copies_bytes(request: PlanRequest) -> int:
+    """The chunked loss's copies of the normed hidden states."""
+    return request.training.precision.compute_bytes * request.batch.micro_batch_size * request.batch.seq_len \
+        * request.model.hidden_size
+
+
+def torchtitan_chunked_loss(training: TrainingSpec) -> bool:
+    """Whether the loss is torchtitan's ChunkedLossWrapper (framework_logits_pieces' moments are
+    then torchtitan_chunked_loss_bytes and torchtitan_chunk_cross_entropy_bytes)."""
+    return (training.framework is Framework.torchtitan and not training.unchunked_loss
+            and not training.fused_linear_cross_entropy)
+
+
+# torchtune 0.6.1 modules/transformer.py TransformerDecoder.chunked_output calls self.output once
+# per chunk; under FSDP2 (torch 2.13 _fully_shard/_fsdp_state.py) each call is a forward of the
+# `output` unit with its own pre-backward, so in backward the unit is all-gathered again for
+# every chunk, and its weight gradient is accumulated out of place (aten.add.Tensor, traced
+# under fake tensors on the framework's own step): from the second chunk on, the accumulated
+# gradient, the chunk's new mm output and their sum (3 unsharded V x h gradients) live beside
+# the gathered weight. Each such all-gather also holds, until its copy-out is done, the
+# all-gather output beside the unit's unsharded parameters: twice the unit. With the head frozen
+# (LoRA) there is no gradient to accumulate and that copy-out is the larger moment (measured:
+# torchtune LoRA, whose configs leave the output projection in the root unit with the
+# embedding, benchmarks/framework-finetune-step-records: 'unsharded_param' and 'all_gather'
+# both the root unit's 2,101,354,496 bytes at the peak, 'temp' the bf16 logit gradients).
+def fsdp_chunked_head_bytes(request: PlanRequest) -> int:
+    """What the output projection's backward adds to the bf16 logit gradients (0 unless the
+    framework chunks its loss and its FSDP2 gathers the head per chunk under full sharding)."""
+    if loss_chunks(request.training) == 1:
+        return 0
+    gathered = fsdp_head_gathered_bytes(request)
+    if gathered == 0:
+        return 0
+    # Under LoRA the head's weight is frozen (an adapter on it has its own small gradient).
+    finetune = request.training.finetune
+    head_trainable = not finetune.is_lora and not finetune.freeze_embeddings
+    head_gradient = request.model.vocab_size * request.model.hidden_size * request.training.precision.compute_bytes
+    copy_out = 2 * fsdp_head_gathered_bytes(request, prefetched=False)
+    return max(copy_out, gathered + (3 * head_gradient if head_trainable else 0))
+
+
+# torch 2.13 torch/distributed/fsdp/_fully_shard/_fsdp_state.py _pre_backward ->
+# _fsdp_param_group.py pre_backward: the first unit to run backward is the one that ran the
+# output projection last in forward; reshard_after_forward freed its parameters, so its
+# pre-backward hook all-gathers them again (in the compute dtype) while the loss's gradient
+# tensors are still alive, and prefetches the next unit in backward order. HF's (accelerate)
+# root unit holds the embedding and lm_head, and the next is the last decoder layer; torchtune's
+# `output` is a unit of its own, and the next, the root, holds only the final norm. FSDPMemTracker
+# at the loss backward of both (benchmarks/framework-step-records): 'unsharded_param' is that
+# unit, 'all_gather' the prefetched one.
+def fsdp_head_gathered_bytes(request: PlanRequest, *, prefetched: bool = True) -> int:
+    """Gathered parameters alive at the loss's backward beside the loss's tensors (0 unless
+    the framework's profile says its FSDP2 step does this, under full sharding). Without
+    ``prefetched``: the head's unit alone, as during the loss's forward (nothing is prefetched
+    after the last block's forward)."""
+    from zeroplan.core.layout import element_bytes
+    from zeroplan.core.model_states import unit_gather_bytes
+
+    prof = profile(request.training.framework)
+    if not prof.fsdp_loss_backward_gathers_head or request.strategy.kind not in (StrategyKind.fsdp_full_shard, StrategyKind.hsdp):
+        return 0
+    compute_bytes = element_bytes(request.training.precision, request.convention).compute_parameter
+    padded = unit_gather_bytes(request, request.shard_group_size, compute_bytes)
+    embedding, last_block, head = padded[0], padded[-2], padded[-1]
+    if fsdp_separates_embedding_and_head(request):
+        gathered = head  # the output unit; the root after it holds only the final norm
+    else:
+        gathered = embedding + head + (request.strategy.prefetch_units * last_block if prefetched else 0)
+    return gathered
+
+
+def framework_logits_pieces(request: PlanRequest) -> tuple[int, ...]:
+    """The loss's bytes at each moment that can be its largest (each affine in the micro-batch)."""
+    from zeroplan.core.activations import logits_bytes
+
+    model, training = request.model, request.training
+    s, b = request.batch.seq_len, request.batch.micro_batch_size
+    chunks = loss_chunks(training)
+    if torchtitan_chunked_loss(training):
+        return torchtitan_chunked_loss_bytes(request), torchtitan_chunk_cross_entropy_bytes(request)
+    if training.fused_linear_cross_entropy:
+        return fused_linear_cross_entropy_pieces(request)
+    if chunks > 1 and compiles_loss(training):
+        return compiled_chunked_logits_pieces(model, training, s, b, chunks, fsdp_chunked_head_bytes(request))
+    if chunks > 1:
+        return chunked_logits_pieces(model, training, s, b, chunks, fsdp_chunked_head_bytes(request))
+    if training.unchunked_loss and training.framework is Framework.torchtune:
+        return torchtune_unchunked_logits_pieces(request)
+    # The loss's fp32 tensors are alive at the start of its backward, beside the head's unit
+    # that FSDP2 gathers then (fsdp_head_gathered_bytes; 0 outside a framework's FSDP2).
+    return (logits_bytes(model, training, s, b) + fsdp_head_gathered_bytes(request),)
+
+
+# torchtune 0.6.1 with a plain torch.nn.CrossEntropyLoss as its recipe's loss (TrainingSpec.
+# unchunked_loss): the loss runs outside the model on logits the model upcast whole
+# (modules/transformer.py unembed), so its backward (logits_bytes: three fp32 sbV tensors) runs
+# before any FSDP2 unit's pre-backward; the output unit is gathered only once the logits' fp32
+# gradient reaches the `.float()`, beside it and its bf16 cast (measured: the framework's own
+# step, benchmarks/framework-step-records `+unchunked-loss`: FSDPMemTracker's 'unsharded_param'
+# 0 at the peak, 'temp' the two fp32 gradients, 'act' the log-softmax).
+def torchtune_unchunked_logits_pieces(request: PlanRequest) -> tuple[int, int]:
+    """(the loss's backward, the start of the output projection's backward)."""
+    from zeroplan.core.activations import logits_bytes
+
+    model, training = request.model, request.training
+    s, b = request.batch.seq_len, request.batch.micro_batch_size
+    sbv = s * b * model.vocab_size
+    head = (FP32_BYTES + training.precision.compute_bytes) * sbv + 2 * fsdp_head_gathered_bytes(request, prefetched=False)
+    return logits_bytes(model, training, s, b), head
+
+
+# liger-kernel 0.6.2 ops/fused_linear_cross_entropy.py fused_linear_cross_entropy_forward:
+# inc_factor = cdiv(V, H), chunk_size = next_power_of_2(cdiv(BT, inc_factor)), so that one
+# chunk's logits are about as large as the BT x H input; the last chunk is what is left of BT.
+def fused_linear_cross_entropy_chunk_rows(model: ModelSpec, tokens: int) -> int:
+    """Rows (tokens) of the largest chunk whose logits liger's fused linear cross-entropy forms."""
+    inc_factor = -(-model.vocab_size // model.hidden_size)
+    chunk_size = 1 << (-(-tokens // inc_factor) - 1).bit_length()
+    return min(chunk_size, tokens)
+
+
+def _fused_loss_widths(request: PlanRequest) -> tuple[int, int]:
+    """(bytes of an element of the head's input and weight, bytes of an element of a matmul
+    output): under HF's autocast with fp32 parameters the final norm's output and lm_head's
+    weight are fp32 and the matmuls write bf16; on a bf16 module all three are bf16."""
+    compute = request.training.precision.compute_bytes
+    return (FP32_BYTES if hf_under_autocast(request) else compute), compute
+
+
+# liger-kernel 0.6.2 ops/fused_linear_cross_entropy.py, as transformers 4.56.2's Trainer applies
+# it (model/llama.py lce_forward -> loss_utils.py LigerForCausalLMLoss, accum_dtype None).
+# fused_linear_cross_entropy_forward allocates grad_input = zeros_like(_input) (BT x H) and
+# grad_weight = zeros_like(weight) (V x H), both in their input's dtype, and loss_1d (BT fp32).
+# Per chunk: logits_chunk = _input_chunk @ weight.t() (r x V, in place of its gradient after the
+# Triton cross-entropy kernel, which works in registers), then
+# grad_weight += torch.mm(grad_logits_chunk.t(), _input_chunk).float(): a V x H matmul output
+# and, unless that is already fp32, its fp32 copy, both alive at the add. From the second chunk
+# on, the new logits_chunk is formed while the previous one is still bound (grad_logits_chunk).
+# ctx.save_for_backward keeps grad_input and grad_weight; backward only scales them in place
+# (element_mul_kernel) and hands them to autograd, so the head's input (counted in
+# outside_layers_bytes) is no longer alive then. Three moments: the weight-gradient add, the
+# second chunk's logits (only with more than one chunk) and the loss's backward; under FSDP2 the
+# head's unit is gathered at each (fsdp_head_gathered_bytes: the loss runs inside the root
+# unit's forward, and the backward gathers it again with the last block prefetched). Under
+# autocast with an fp32 weight (torch 2.13 aten/src/ATen/autocast_mode.cpp cached_cast: casts of
+# leaf tensors that require grad are cached until the autocast region exits) a bf16 copy of
+# lm_head.weight lives through the forward's chunks. The label tensors (int64 shift_labels and
+# its bool mask, 9 bytes a token) are left out, as the unfused loss leaves out its labels.
+def fused_linear_cross_entropy_pieces(request: PlanRequest) -> tuple[int, ...]:
+    """The fused loss's bytes at its moments: weight-gradient add, next chunk, loss backward."""
+    model, training = request.model, request.training
+    tokens = request.batch.seq_len * request.batch.micro_batch_size
+    vh = model.vocab_size * model.hidden_size
+    stored, matmul = _fused_loss_widths(request)
+    kept = stored * tokens * model.hidden_size + stored * vh
+    weight_cast = matmul * vh if matmul != stored else 0
+    forward = kept + FP32_BYTES * tokens + weight_cast + fsdp_head_gathered_bytes(request, prefetched=False)
+    rows = fused_linear_cross_entropy_chunk_rows(model, tokens)
+    chunk_logits = matmul * rows * model.vocab_size
+    weight_add = forward + chunk_logits + matmul * vh + (FP32_BYTES * vh if matmul != FP32_BYTES else 0)
+    pieces = [weight_add]
+    if rows < tokens:
+        pieces.append(forward + 2 * chunk_logits)
+    head_input = training.precision.compute_bytes * tokens * model.hidden_size
+    pieces.append(kept + fsdp_head_gathered_bytes(request) - head_input)
+    return tuple(pieces)
+
+
+def framework_logits_bytes(request: PlanRequest) -> int:
+    """The loss's largest moment: logits and the cross-entropy's fp32 tensors (and, in a
+    framework's FSDP2, the head's unit gathered for its backward)."""
+    return max(framework_logits_pieces(request))
