@@ -36,6 +36,7 @@ from zeroplan.core.parallel.units import rank_parameter_units
 from zeroplan.core.framework_loss import (
     fsdp_chunked_head_bytes, torchtitan_chunk_cross_entropy_parts, torchtitan_chunked_loss,
 )
+from zeroplan.core.fused_cross_entropy import fused_cross_entropy_parts
 from zeroplan.core.parallel.activations import rank_logits_pieces
 from zeroplan.core.profiles import fsdp_separates_embedding_and_head, loss_chunks
 from zeroplan.specs import StrategyKind
@@ -230,8 +231,11 @@ def loss_allocations(request: PlanRequest, terms: "PeakTerms") -> list[list[int]
     PeakTerms.logits_pieces as one allocation, but torchtitan's cross-entropy moment tensor by
     tensor (zeroplan.core.framework_loss.torchtitan_chunk_cross_entropy_parts, on this rank as
     rank_logits_pieces sizes the moment itself); the reference model's loss, which has no
-    pieces, as its three fp32 sbV tensors."""
+    pieces, as its three fp32 sbV tensors, or flash-attn's fused one as the tensors of its
+    backward (zeroplan.core.fused_cross_entropy.fused_cross_entropy_parts)."""
     if not terms.logits_pieces:
+        if request.training.fused_cross_entropy:
+            return [list(rank_logits_pieces(request, fused_cross_entropy_parts))]
         return [split_bytes(terms.logits, [1, 1, 1])]
     moments = [[piece] for piece in terms.logits_pieces]
     if torchtitan_chunked_loss(request.training) and len(moments) == 2:

@@ -180,6 +180,11 @@ def add_fused_loss_argument(parser: argparse.ArgumentParser) -> None:
         help="liger-kernel's fused linear cross-entropy instead of the logits (hf only: use_liger_kernel)",
     )
     parser.add_argument(
+        "--fused-cross-entropy", action="store_true",
+        help="flash-attn's fused CrossEntropyLoss on the compute-dtype logits instead of torch's on an fp32 copy "
+             "(llm-foundry's default loss_fn; framework zeroplan only)",
+    )
+    parser.add_argument(
         "--unchunked-loss", action="store_true",
         help="torchtitan: its unchunked CrossEntropyLoss instead of the ChunkedLossWrapper its Llama-3 configs use; "
              "torchtune: a plain torch.nn.CrossEntropyLoss as the recipe's loss instead of CEWithChunkedOutputLoss",
@@ -289,6 +294,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         framework=framework,
         activation_offloading=args.activation_offloading,
         fused_linear_cross_entropy=args.fused_linear_cross_entropy,
+        fused_cross_entropy=args.fused_cross_entropy,
         unchunked_loss=args.unchunked_loss,
         optimizer_in_backward=args.optimizer_in_backward,
         fsdp_cpu_offload=args.fsdp_cpu_offload,

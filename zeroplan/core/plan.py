@@ -21,6 +21,7 @@ from zeroplan.core.frameworks import (
     autocast_copies_bytes, autocast_head_copy_bytes, framework_activation_bytes, framework_recompute_bytes,
 )
 from zeroplan.core.framework_loss import framework_logits_pieces
+from zeroplan.core.fused_cross_entropy import fused_cross_entropy_bytes
 from zeroplan.core.profiles import (
     check_framework_request, check_framework_strategies, check_fsdp_cpu_offload, check_optimizer_in_backward,
     framework_strategies, fsdp_cpu_offload_strategies,
@@ -140,6 +141,8 @@ def reference_activations(request: PlanRequest) -> tuple[int, int]:
 
 
 def reference_logits(request: PlanRequest) -> tuple[int, ...]:
+    if request.training.fused_cross_entropy:
+        return (fused_cross_entropy_bytes(request),)
     return (logits_bytes(request.model, request.training, request.batch.seq_len, request.batch.micro_batch_size),)
 
 

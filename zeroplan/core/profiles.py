@@ -274,6 +274,9 @@ def check_framework_strategies(framework: Framework, strategies: tuple[StrategyK
 FRAMEWORK_OPTIONS = {
     "activation_offloading": lambda prof: prof.offers_activation_offloading,
     "fused_linear_cross_entropy": lambda prof: prof.offers_fused_linear_cross_entropy,
+    # The frameworks' own losses are modelled from their code (zeroplan.core.framework_loss);
+    # flash-attn's fused cross-entropy replaces the reference model's.
+    "fused_cross_entropy": lambda prof: prof.framework is Framework.zeroplan,
     # torchtitan 0.3.0 models/llama3/config_registry.py: llama3_debugmodel_ce_loss builds the
     # unchunked CrossEntropyLoss beside the ChunkedLossWrapper of every other Llama-3 config.
     # torchtune 0.6.1 recipes instantiate whatever `loss:` the config names; with a plain

@@ -154,6 +154,12 @@ class TrainingSpec(Frozen):
     fused linear cross-entropy, never materialising the logits (Hugging Face only: transformers'
     ``use_liger_kernel`` with ``liger_kernel_config={"fused_linear_cross_entropy": True}`` and
     its RMSNorm, SwiGLU and RoPE kernels off; docs/frameworks.md, "Loss")."""
+    fused_cross_entropy: bool = False
+    """The reference model's loss as flash-attn's fused CrossEntropyLoss over the compute-dtype
+    logits instead of torch's on an fp32 copy (llm-foundry's default ``loss_fn:
+    fused_crossentropy``): it saves the logits and a fp32 log-sum-exp per row, and its backward
+    writes one logits-sized gradient (framework zeroplan only; docs/memory-model.md section 3,
+    "Logits and loss")."""
     unchunked_loss: bool = False
     """torchtitan only: its unchunked ``CrossEntropyLoss`` (the output projection in the model's
     forward, one fp32 cross-entropy over all the logits, as ``llama3_debugmodel_ce_loss``)

@@ -58,6 +58,8 @@ class PublishedThroughput(Frozen):
     """Sharding strategy."""
     framework: Framework
     """Training stack of the run."""
+    fused_cross_entropy: bool = False
+    """The run's loss is flash-attn's fused cross-entropy (TrainingSpec.fused_cross_entropy)."""
     precision: Precision
     """Numerics."""
     activation_checkpointing: ActivationCheckpointing
@@ -85,7 +87,7 @@ class PublishedThroughput(Frozen):
             model=self.model_spec,
             training=TrainingSpec(
                 precision=self.precision, activation_checkpointing=self.activation_checkpointing,
-                framework=self.framework,
+                framework=self.framework, fused_cross_entropy=self.fused_cross_entropy,
             ),
             batch=BatchSpec(
                 micro_batch_size=self.micro_batch_size, seq_len=self.seq_len, grad_accum_steps=self.grad_accum_steps,

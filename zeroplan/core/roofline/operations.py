@@ -205,12 +205,18 @@ def block_operations(model: ModelSpec, training: TrainingSpec, moe: bool, tokens
 # a-byte logits up (a + 4 per element), log-softmax reads and writes (8); backward writes the
 # NLL gradient (4), log-softmax's backward reads two and writes one (12), the cast back reads 4
 # and writes a. Chunked losses move the same bytes in pieces.
-def loss_bytes_per_token(vocab_size: int, element_bytes: int, backward: bool) -> float:
+# flash-attn's fused cross-entropy (TrainingSpec.fused_cross_entropy; zeroplan.core.fused_cross_entropy)
+# reads the a-byte logits once in its forward kernel and, in its backward kernel, reads them
+# again and writes their a-byte gradient; its per-row outputs are negligible beside them.
+def loss_bytes_per_token(vocab_size: int, element_bytes: int, backward: bool, fused: bool = False) -> float:
+    if fused:
+        return vocab_size * element_bytes * (2 if backward else 1)
     return vocab_size * ((FP32_BYTES + 3 * FP32_BYTES + FP32_BYTES + element_bytes) if backward
                          else (element_bytes + FP32_BYTES + 2 * FP32_BYTES))
 
 
-def head_operations(model: ModelSpec, tokens: int, element_bytes: int, op_pass: OpPass, calls: int) -> list[Operation]:
+def head_operations(model: ModelSpec, tokens: int, element_bytes: int, op_pass: OpPass, calls: int,
+                    fused_cross_entropy: bool = False) -> list[Operation]:
     """Final norm, output projection and loss of ``calls`` micro-batches."""
     h, vocab = model.hidden_size, model.vocab_size
     backward = op_pass is OpPass.backward
@@ -224,7 +230,8 @@ def head_operations(model: ModelSpec, tokens: int, element_bytes: int, op_pass: 
                 matmul("output projection weight grad", op_pass, vocab, tokens, h, element_bytes, calls)]
     else:
         ops.append(matmul("output projection", op_pass, tokens, h, vocab, element_bytes, calls))
-    ops.append(memory_pass("cross-entropy", op_pass, tokens * loss_bytes_per_token(vocab, element_bytes, backward), calls))
+    ops.append(memory_pass("cross-entropy", op_pass,
+                           tokens * loss_bytes_per_token(vocab, element_bytes, backward, fused_cross_entropy), calls))
     return ops
 
 
@@ -308,7 +315,7 @@ def step_operations(model: ModelSpec, training: TrainingSpec, micro_batch_size: 
         ops += embedding_operations(model, tokens, element_bytes, op_pass, micro_batches)
         for moe, blocks in _block_kinds(model):
             ops += block_operations(model, training, moe, tokens, seq_len, element_bytes, op_pass, blocks * micro_batches)
-        ops += head_operations(model, tokens, element_bytes, op_pass, micro_batches)
+        ops += head_operations(model, tokens, element_bytes, op_pass, micro_batches, training.fused_cross_entropy)
     ops += recompute_operations(model, training, tokens, seq_len, element_bytes, micro_batches)
     return ops
 
