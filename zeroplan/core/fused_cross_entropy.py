@@ -10,11 +10,13 @@ from zeroplan.core.activations import FP32_BYTES
 from zeroplan.specs.request import PlanRequest
 
 
-# flash-attn 2.x flash_attn/ops/triton/cross_entropy.py CrossEntropyLoss (and 1.0's CUDA
-# xentropy extension behind flash_attn/losses/cross_entropy.py, the same tensors): the forward
-# reads the logits as given, in the compute dtype (no fp32 copy), writes fp32 losses, lse and
-# z_losses of one element per row, and saves (logits, lse, labels); its backward allocates
-# dlogits = torch.empty_like(logits), in place only with inplace_backward=True, which
+# flash-attn 2.x flash_attn/ops/triton/cross_entropy.py CrossEntropyLoss: the forward reads the
+# logits as given, in the compute dtype (no fp32 copy), writes fp32 losses, lse and z_losses of
+# one element per row, and saves (logits, lse, labels); its backward allocates
+# dlogits = torch.empty_like(logits). The CUDA extension of the 1.0 releases holds the same
+# (csrc/xentropy/xentropy_kernel.cu: fp32 losses and max_log_sum_exp per row from bf16 or fp16
+# logits, and host_softmax_xentropy_backward's gI = inplace ? logits : at::empty_like(logits)).
+# The gradient is written in place only with inplace_backward=True, which
 # flash_attn.losses.cross_entropy.CrossEntropyLoss leaves False and llm-foundry's
 # ComposerMPTCausalLM (llmfoundry/models/mpt/modeling_mpt.py, loss_fn 'fused_crossentropy' by
 # default) does not set. So the loss's backward holds the saved logits, the per-row lse and the
