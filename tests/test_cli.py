@@ -197,3 +197,19 @@ def test_fit_expresses_accumulation_without_resharding(capsys) -> None:
     kept = json.loads(capsys.readouterr().out)["plans"][0]
     assert kept["memory"]["peak_bytes"] > plain["memory"]["peak_bytes"]
     assert kept["sent_bytes_per_step"] < plain["sent_bytes_per_step"]
+
+
+@pytest.mark.parametrize("extra", [[], ["--tp", "2", "--pp", "2"], ["--pp", "2", "--compute-model", "roofline"]])
+def test_compare_columns_add_up_to_the_step(capsys, extra) -> None:
+    # Every part of the step has a column: compute (+ opt-step under the roofline), the
+    # model-parallel collectives and the pipeline bubble where there are any, exposed and cpu-step.
+    assert main(["compare", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", "--strategies",
+                 "fsdp-full-shard,fsdp-shard-grad-op", *extra]) == 0
+    out = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(out) if line.startswith("strategy "))
+    names = out[header].split()
+    assert ("mp-comm" in names) == bool(extra[:1] == ["--tp"] or "--pp" in extra)
+    parts = [n for n in ("compute", "opt-step", "mp-comm", "bubble", "exposed", "cpu-step") if n in names]
+    for row in out[header + 2:header + 4]:
+        cells = dict(zip(names, row.split()))
+        assert abs(sum(float(cells[n]) for n in parts) - float(cells["step"])) <= 0.002, row

@@ -164,6 +164,11 @@ def test_dataframe_has_a_row_per_strategy(gpu_80gib) -> None:
     frame = report.to_dataframe()
     assert list(frame.index) == [k.value for k in StrategyKind]
     assert frame.loc["zero3", "peak_bytes"] == report.plan_for("zero3").memory.peak_bytes
+    # The step's parts, the model-parallel ones included (zero without tp, cp or pp), add up to it.
+    parts = ["compute_s", "optimizer_step_s", "model_parallel_communication_s", "pipeline_bubble_s",
+             "exposed_communication_s", "cpu_optimizer_s"]
+    assert (frame[parts].sum(axis=1) - frame["step_with_overlap_s"]).abs().max() < 1e-9
+    assert (frame[["model_parallel_communication_s", "pipeline_bubble_s"]] == 0).all().all()
 
 
 # The README's own advice: with host RAM given, a plan that fits the GPU but not the host is

@@ -53,6 +53,8 @@ def plan_row(plan: StrategyPlan) -> dict[str, object]:
         host_transfer_s=plan.time.host_transfer_s,
         cpu_optimizer_s=plan.time.cpu_optimizer_s,
         optimizer_step_s=plan.time.optimizer_step_s,
+        model_parallel_communication_s=plan.time.model_parallel_communication_s,
+        pipeline_bubble_s=plan.time.pipeline_bubble_s,
         exposed_communication_s=plan.time.exposed_communication_s,
         step_with_overlap_s=plan.time.step_with_overlap_s,
         step_without_overlap_s=plan.time.step_without_overlap_s,

@@ -8,9 +8,10 @@ from zeroplan.report.table import framework_layout_caution, parameter_count_caut
 from zeroplan.results import FitReport, StrategyPlan
 
 
-def _row(plan: StrategyPlan, num_parameters: int, roofline: bool) -> list[str]:
+def _row(plan: StrategyPlan, num_parameters: int, roofline: bool, model_parallel: bool) -> list[str]:
     t = plan.time
     optimizer = [f"{t.optimizer_step_s:.3f}"] if roofline else []
+    blocking = [f"{t.model_parallel_communication_s:.3f}", f"{t.pipeline_bubble_s:.3f}"] if model_parallel else []
     return [
         plan.strategy.value,
         f"{plan.communication_volume_elements / num_parameters:.1f}",
@@ -20,6 +21,7 @@ def _row(plan: StrategyPlan, num_parameters: int, roofline: bool) -> list[str]:
         f"{t.cpu_optimizer_s:.3f}",
         f"{t.compute_s:.3f}",
         *optimizer,
+        *blocking,
         f"{t.exposed_communication_s:.3f}",
         f"{t.step_with_overlap_s:.3f}",
         f"{t.step_without_overlap_s:.3f}",
@@ -74,9 +76,19 @@ def render_compare_table(report: FitReport) -> str:
         "",
     ]
     roofline = report.compute_model == "roofline"
+    # Tensor, context and pipeline parallelism add parts of the step no data-parallel plan has:
+    # their columns appear only then, so that every column adds up to the step.
+    model_parallel = any(p.time.model_parallel_communication_s or p.time.pipeline_bubble_s for p in report.plans)
+    if model_parallel:
+        lines.insert(-1, "mp-comm = the tensor/context/pipeline-parallel collectives compute waits on; bubble = the "
+                         "pipeline schedule's idle time (docs/parallelism.md).")
+    lines.insert(-1, "step = compute" + (" + opt-step" if roofline else "") + (" + mp-comm + bubble" if model_parallel else "")
+                 + " + exposed (communication and host copies the compute does not hide) + cpu-step; "
+                 "no-overlap = the same with every collective and copy in full.")
     names = ["strategy", "volume", "sent", "comm", "host", "cpu-step", "compute", *(["opt-step"] if roofline else []),
+             *(["mp-comm", "bubble"] if model_parallel else []),
              "exposed", "step", "no-overlap", "tok/s/GPU", "MFU", "fits", "nccl"]
-    rows = [_row(p, report.num_parameters, roofline) for p in report.plans]
+    rows = [_row(p, report.num_parameters, roofline, model_parallel) for p in report.plans]
     widths = [max(len(names[i]), *(len(r[i]) for r in rows)) for i in range(len(names))]
 
     def line(cells: list[str]) -> str:
