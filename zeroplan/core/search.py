@@ -98,6 +98,11 @@ class PlanCandidate(Frozen):
     optimizer_step_s: float | None = None
     """The optimizer step on the GPU (StepTime.optimizer_step_s: the roofline compute model's;
     0 under the flat HFU)."""
+    model_parallel_communication_s: float | None = None
+    """Of the step time: the tensor-, context- and pipeline-parallel collectives compute waits
+    on (StepTime.model_parallel_communication_s)."""
+    pipeline_bubble_s: float | None = None
+    """Of the step time: the pipeline schedule's idle time (StepTime.pipeline_bubble_s)."""
     tp: int = 1
     """Tensor-parallel degree."""
     sequence_parallel: bool = False
@@ -709,7 +714,8 @@ def _candidate(group: _Group, micro: int, accum: int, peak: int, seconds: float,
     parts = {} if time is None else dict(
         compute_s=time.compute_s, exposed_communication_s=time.exposed_communication_s,
         host_transfer_s=time.host_transfer_s, cpu_optimizer_s=time.cpu_optimizer_s,
-        optimizer_step_s=time.optimizer_step_s)
+        optimizer_step_s=time.optimizer_step_s, model_parallel_communication_s=time.model_parallel_communication_s,
+        pipeline_bubble_s=time.pipeline_bubble_s)
     return PlanCandidate(
         **parts,
         strategy=r.strategy.kind, activation_checkpointing=r.training.activation_checkpointing,

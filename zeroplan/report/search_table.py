@@ -16,14 +16,15 @@ def _pp(c: PlanCandidate) -> str:
     return str(c.pp)
 
 
-def _row(rank: int, c: PlanCandidate, gpu_optimizer: bool) -> list[str]:
+def _row(rank: int, c: PlanCandidate, gpu_optimizer: bool, model_parallel: bool) -> list[str]:
     optimizer = [_seconds(c.optimizer_step_s)] if gpu_optimizer else []
+    blocking = [_seconds(c.model_parallel_communication_s), _seconds(c.pipeline_bubble_s)] if model_parallel else []
     return [
         str(rank), c.strategy.value, c.activation_checkpointing.value, str(c.tp), _pp(c), str(c.cp), str(c.dp),
         str(c.shard_group_size),
         str(c.micro_batch_size), str(c.grad_accum_steps), f"{c.peak_bytes / GiB:.1f}",
-        f"{c.step_time_s:.3f}", *(_seconds(v) for v in (c.compute_s, c.exposed_communication_s, c.host_transfer_s,
-                                                         c.cpu_optimizer_s)),
+        f"{c.step_time_s:.3f}", _seconds(c.compute_s), *blocking,
+        *(_seconds(v) for v in (c.exposed_communication_s, c.host_transfer_s, c.cpu_optimizer_s)),
         *optimizer, f"{c.tokens_per_s_per_gpu:,.0f}", f"{c.model_flops_utilization:.3f}",
     ]
 
@@ -35,10 +36,14 @@ def _seconds(value: float | None) -> str:
 def _table(candidates: tuple[PlanCandidate, ...]) -> list[str]:
     # The GPU's optimizer step is priced by the roofline compute model only: its column shows then.
     gpu_optimizer = any(c.optimizer_step_s for c in candidates)
+    # Tensor, context and pipeline parallelism add parts of the step: shown when a row has them.
+    model_parallel = any(c.model_parallel_communication_s or c.pipeline_bubble_s for c in candidates)
     names = list(_NAMES)
     if gpu_optimizer:
         names.insert(names.index("cpu-step") + 1, "opt-step")
-    rows = [_row(i + 1, c, gpu_optimizer) for i, c in enumerate(candidates)]
+    if model_parallel:
+        names[names.index("compute") + 1:names.index("compute") + 1] = ["mp-comm", "bubble"]
+    rows = [_row(i + 1, c, gpu_optimizer, model_parallel) for i, c in enumerate(candidates)]
     widths = [max(len(names[i]), *(len(r[i]) for r in rows)) for i in range(len(names))]
 
     def line(cells: list[str]) -> str:
@@ -61,8 +66,13 @@ def render_search(result: PlanSearchResult) -> str:
         "",
     ]
     if result.ranked:
-        if any(c.optimizer_step_s for c in result.ranked):
+        gpu_optimizer = any(c.optimizer_step_s for c in result.ranked)
+        if gpu_optimizer:
             lines += ["opt-step = the optimizer step on the GPU (the roofline compute model), in s."]
+        if any(c.model_parallel_communication_s or c.pipeline_bubble_s for c in (*result.ranked, *result.pareto)):
+            lines += ["mp-comm = the tensor/context/pipeline-parallel collectives compute waits on; bubble = the "
+                      "pipeline schedule's idle time, in s (step = compute + mp-comm + bubble + exposed + cpu-step"
+                      + (" + opt-step)." if gpu_optimizer else ").")]
         lines += ["Fastest that fit (step time with overlap; compute, exposed communication, host = offload's PCIe "
                   "copies (partly hidden), cpu-step = its CPU optimizer step, in s; MFU = model FLOPs / (step x peak), "
                   "docs/communication-time.md; pp 4i2 = interleaved 1F1B, 2 stages per rank):", *_table(result.ranked), ""]
