@@ -58,7 +58,7 @@ def test_the_allocator_fit_check_agrees_with_the_bisected_capacity(strategy, con
     is within the usable memory (one or two replays); that answer is the whole breakdown's, at
     micro-batches on both sides of the largest that fits."""
     from zeroplan.core.feasibility import usable_memory_bytes
-    from zeroplan.core.plan import _fits, max_micro_batch_size, memory_breakdown
+    from zeroplan.core.plan import max_micro_batch_size, memory_breakdown, step_fits
     from zeroplan.presets.gpus import get_gpu
     from zeroplan.presets.models import get_model
     from zeroplan.specs import BatchSpec, MemoryAssumptions, PlanRequest, StrategySpec, cluster_from_gpus
@@ -70,9 +70,9 @@ def test_the_allocator_fit_check_agrees_with_the_bisected_capacity(strategy, con
     for micro in sorted({1, max(largest, 1), largest + 1}):
         at = request.with_micro_batch(micro)
         breakdown, _ = memory_breakdown(at)
-        assert _fits(at) == (breakdown.peak_bytes <= usable_memory_bytes(at)), micro
-    assert largest == 0 or _fits(request.with_micro_batch(largest))
-    assert not _fits(request.with_micro_batch(largest + 1))
+        assert step_fits(at) == (breakdown.peak_bytes <= usable_memory_bytes(at)), micro
+    assert largest == 0 or step_fits(request.with_micro_batch(largest))
+    assert not step_fits(request.with_micro_batch(largest + 1))
 
 
 @pytest.mark.parametrize("flags", [SETUPS[2], SETUPS[5], SETUPS[11]])

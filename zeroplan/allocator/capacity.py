@@ -34,10 +34,16 @@ def oom_capacity(trace: AllocationTrace, config: AllocatorConfig,
     complete too. ``segment_addresses`` and ``fraction_cap`` as for replay.replay."""
     ops = compile_trace(trace)
     unlimited = replay(ops, config, None, segment_addresses)
-    high = -(-unlimited.reserved_peak_bytes // CAPACITY_STEP_BYTES)
-    low = unlimited.allocated_peak_bytes // CAPACITY_STEP_BYTES - 1
-    steps = _bisect(ops, config, low, high, segment_addresses, fraction_cap)
+    steps = _bisect(ops, config, *capacity_bracket(unlimited), segment_addresses, fraction_cap)
     return AllocatorVerdict(unlimited=unlimited, oom_capacity_bytes=steps * CAPACITY_STEP_BYTES)
+
+
+def capacity_bracket(unlimited: ReplayResult) -> tuple[int, int]:
+    """(low, high) in units of CAPACITY_STEP_BYTES from the replay without a device limit: at
+    ``low``, below the allocated peak, nothing completes; at ``high``, the reserved peak rounded
+    up, the step completes as it did unlimited."""
+    return (unlimited.allocated_peak_bytes // CAPACITY_STEP_BYTES - 1,
+            -(-unlimited.reserved_peak_bytes // CAPACITY_STEP_BYTES))
 
 
 def _bisect(ops: Ops, config: AllocatorConfig, low: int, high: int,
@@ -73,8 +79,7 @@ def bisect_capacity(ops: Ops, config: AllocatorConfig, unlimited: ReplayResult, 
     in units of CAPACITY_STEP_BYTES, whose replay completed when ``fits``): between the
     allocated peak and it when the step fits, between it and the unlimited reserved peak when
     not. The verdict then never contradicts the capacity shown beside it."""
-    high = -(-unlimited.reserved_peak_bytes // CAPACITY_STEP_BYTES)
-    low = unlimited.allocated_peak_bytes // CAPACITY_STEP_BYTES - 1
+    low, high = capacity_bracket(unlimited)
     if fits:
         high = min(high, usable_steps)
     else:
@@ -83,13 +88,13 @@ def bisect_capacity(ops: Ops, config: AllocatorConfig, unlimited: ReplayResult, 
 
 
 def completes_within(ops, config: AllocatorConfig, capacity_bytes: int, unlimited: ReplayResult) -> bool:
-    """Whether oom_capacity(...) would come out at most ``capacity_bytes``, in at most one more
-    replay: on the bisection's own 2 MiB grid, a capacity at or above the unlimited reserved peak
-    completes, one below the allocated peak cannot, and between them the replay at that
-    capacity decides (under the bisection's own assumption that completion is monotone)."""
+    """Whether the step completes on ``capacity_bytes``, rounded down to the bisection's 2 MiB
+    grid, in at most one more replay: at or above the bracket's high end it completes, at or
+    below its low end it cannot, and between them the replay at that capacity decides."""
     steps = capacity_bytes // CAPACITY_STEP_BYTES
-    if steps >= -(-unlimited.reserved_peak_bytes // CAPACITY_STEP_BYTES):
+    low, high = capacity_bracket(unlimited)
+    if steps >= high:
         return True
-    if steps <= unlimited.allocated_peak_bytes // CAPACITY_STEP_BYTES - 1:
+    if steps <= low:
         return False
     return replay(ops, config, steps * CAPACITY_STEP_BYTES).completed

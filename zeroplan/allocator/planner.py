@@ -8,7 +8,9 @@ import contextlib
 import gc
 from typing import TYPE_CHECKING
 
-from zeroplan.allocator.capacity import CAPACITY_STEP_BYTES, PlannedVerdict, bisect_capacity, completes_within
+from zeroplan.allocator.capacity import (
+    CAPACITY_STEP_BYTES, PlannedVerdict, bisect_capacity, capacity_bracket, completes_within,
+)
 from zeroplan.allocator.config import AllocatorConfig, parse_alloc_conf
 from zeroplan.allocator.replay import Ops, ReplayResult, replay
 from zeroplan.allocator.schedule import step_ops
@@ -73,7 +75,7 @@ def allocator_verdict(request: PlanRequest, states: "ModelStateBytes", terms: "P
         if bisect:
             capacity = bisect_capacity(ops, config, unlimited, usable_step, fits)
         elif fits:
-            capacity = min(-(-unlimited.reserved_peak_bytes // CAPACITY_STEP_BYTES), usable_step) * CAPACITY_STEP_BYTES
+            capacity = min(capacity_bracket(unlimited)[1], usable_step) * CAPACITY_STEP_BYTES
         else:
             capacity = (usable_step + 1) * CAPACITY_STEP_BYTES
     return PlannedVerdict(unlimited=unlimited, fits=fits, oom_capacity_bytes=capacity + shortfall)

@@ -281,10 +281,6 @@ def step_fits(request: PlanRequest) -> bool:
     """Whether the request's step fits its GPU (every pipeline rank), as plan(...).fits says,
     without the rest of the plan: under the allocator model one or two replays per rank, no
     bisection for the OOM capacity."""
-    return _fits(request)
-
-
-def _fits(request: PlanRequest) -> bool:
     if request.assumptions.allocator_conf is not None:
         return _fits_under_allocator(request)
     peak = max(b.peak_bytes for b, _ in pipeline_rank_breakdowns(request))
@@ -339,7 +335,7 @@ def _largest_completing(request: PlanRequest, bound: int) -> int:
     """The largest micro-batch up to ``bound`` whose step completes under the allocator model,
     ``bound`` first (usually the answer: the allocator adds little to a step that fills the
     GPU), then by bisection below it."""
-    if bound == 0 or _fits(request.with_micro_batch(bound)):
+    if bound == 0 or step_fits(request.with_micro_batch(bound)):
         return bound
     return _largest_fitting_between(request, 0, bound)
 
@@ -349,7 +345,7 @@ def _largest_fitting_between(request: PlanRequest, low: int, high: int) -> int:
     not, by bisection (fitting assumed monotone in the micro-batch)."""
     while high - low > 1:
         middle = (low + high) // 2
-        if _fits(request.with_micro_batch(middle)):
+        if step_fits(request.with_micro_batch(middle)):
             low = middle
         else:
             high = middle
@@ -406,10 +402,10 @@ def _max_micro_batch_affine(request: PlanRequest) -> int | None:
 
 def bisect_max_micro_batch_size(request: PlanRequest) -> int:
     """max_micro_batch_size by doubling and bisection over whole breakdowns."""
-    if not _fits(request.with_micro_batch(1)):
+    if not step_fits(request.with_micro_batch(1)):
         return 0
     low, high = 1, 2
-    while high <= MAX_MICRO_BATCH_SEARCH and _fits(request.with_micro_batch(high)):
+    while high <= MAX_MICRO_BATCH_SEARCH and step_fits(request.with_micro_batch(high)):
         low, high = high, high * 2
     if high > MAX_MICRO_BATCH_SEARCH:
         return low
