@@ -16,7 +16,8 @@ from zeroplan.core.fused_cross_entropy import fused_cross_entropy_bytes, fused_c
 from zeroplan.core.plan import checked_peak_terms, memory_breakdown
 from zeroplan.core.roofline.operations import OpKind, OpPass
 from zeroplan.core.roofline.step import roofline_step
-from zeroplan.core.search import evaluate, groups, scalar_evaluate
+# search's own way to move a request to (micro-batch, accumulation).
+from zeroplan.core.search import _at, evaluate, groups, scalar_evaluate
 from zeroplan.errors import ZeroplanError
 from zeroplan.presets.gpus import get_gpu
 from zeroplan.presets.models import get_model
@@ -91,10 +92,6 @@ def test_the_search_plans_fused_groups_as_the_scalar_planner_does(gpu_80gib) -> 
         assert [int(p) for p in peak] == [scalar_evaluate(_at(group.request, 1, 1))[0],
                                           scalar_evaluate(_at(group.request, 3, 2))[0]]
 
-
-def _at(request: PlanRequest, micro: int, accum: int) -> PlanRequest:
-    batch = request.batch.model_copy(update={"micro_batch_size": micro, "grad_accum_steps": accum})
-    return request.model_copy(update={"batch": batch})
 
 
 def test_the_roofline_moves_the_logits_once_forward_and_twice_backward() -> None:

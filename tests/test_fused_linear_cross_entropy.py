@@ -15,7 +15,8 @@ from zeroplan.core.framework_loss import (
     fused_linear_cross_entropy_chunk_rows,
 )
 from zeroplan.core.plan import memory_breakdown
-from zeroplan.core.search import evaluate, groups, scalar_evaluate
+# search's own way to move a request to (micro-batch, accumulation).
+from zeroplan.core.search import _at, evaluate, groups, scalar_evaluate
 from zeroplan.errors import ZeroplanError
 from zeroplan.presets.models import get_model
 from zeroplan.results import PeakMoment
@@ -119,10 +120,6 @@ def test_the_search_plans_fused_groups_with_the_scalar_planner(gpu_80gib) -> Non
         peak, _, _ = evaluate(group, micro, accum)
         assert [int(p) for p in peak] == [scalar_evaluate(_at(group.request, 1, 1))[0], scalar_evaluate(_at(group.request, 3, 2))[0]]
 
-
-def _at(request: PlanRequest, micro: int, accum: int) -> PlanRequest:
-    batch = request.batch.model_copy(update={"micro_batch_size": micro, "grad_accum_steps": accum})
-    return request.model_copy(update={"batch": batch})
 
 
 @pytest.mark.parametrize("command", ["fit", "compare"])
