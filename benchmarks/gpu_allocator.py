@@ -39,6 +39,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from zeroplan.atomic import write_atomic, write_text_atomic  # noqa: E402
+
 MAIN_CASES = ("ddp:torch", "zero3:zeroplan", "fsdp-full-shard:torch")
 RECORD_CASES = "ddp:torch,zero1:zeroplan,zero2:zeroplan,zero3:zeroplan,fsdp-full-shard:torch,fsdp-shard-grad-op:torch"
 CONFS = {"default": "", "expandable": "expandable_segments:True"}
@@ -48,6 +50,12 @@ OOM_EXIT = 3
 STARTED = time.perf_counter()
 TRACE_FORMAT = "zeroplan-allocator-trace/1"
 
+
+
+def _dump_gzip(path: Path, document: object) -> None:
+    """``document`` as compact JSON in a gzip file (the trace format's container)."""
+    with gzip.open(path, "wt") as handle:
+        json.dump(document, handle, separators=(",", ":"))
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -157,8 +165,7 @@ def _history(args: argparse.Namespace, case: str, conf: str, out: Path) -> None:
         "columns": ["action", "addr", "size", "stream", "time_us"], "events": events,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.open(out, "wt") as handle:
-        json.dump(document, handle, separators=(",", ":"))
+    write_atomic(out, lambda tmp: _dump_gzip(tmp, document))
     stats = document["memory_stats"]
     print(f"{case} {conf}: {len(events)} events, allocated peak {stats['allocated_bytes.all.peak'] / 2**20:.1f} MiB, "
           f"reserved peak {stats['reserved_bytes.all.peak'] / 2**20:.1f} MiB, retries {stats['num_alloc_retries']}")
@@ -253,8 +260,7 @@ def _profile(args: argparse.Namespace, case: str, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     document = {"case": case, "world_size": args.world_size, "micro_batch": args.micro_batch, "seq_len": args.seq_len,
                 "precision": "bf16-mixed", "model": spec.model_dump(mode="json"), **steps}
-    with gzip.open(out, "wt") as handle:
-        json.dump(document, handle, separators=(",", ":"))
+    write_atomic(out, lambda tmp: _dump_gzip(tmp, document))
     print(f"{case}: {phase_summary(steps)}")
 
 
@@ -311,16 +317,15 @@ def _tar(source: Path, target: Path) -> None:
     if not source.exists():
         print(f"nothing to pack: {source.name} (every run of the phase failed)", flush=True)
         return
-    partial = target.with_suffix(".partial")
-    with tarfile.open(partial, "w:gz") as archive:
-        archive.add(source, arcname=source.name)
-    os.replace(partial, target)
+    def pack(tmp: Path) -> None:
+        with tarfile.open(tmp, "w:gz") as archive:
+            archive.add(source, arcname=source.name)
+
+    write_atomic(target, pack)
 
 
 def _write_json(path: Path, document: object) -> None:
-    partial = path.with_suffix(".partial")
-    partial.write_text(json.dumps(document, indent=1))
-    os.replace(partial, path)
+    write_text_atomic(path, json.dumps(document, indent=1))
 
 
 def _kept(args: argparse.Namespace, cases) -> list[str]:  # type: ignore[no-untyped-def]

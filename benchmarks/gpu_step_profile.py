@@ -37,6 +37,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from zeroplan.atomic import write_atomic, write_text_atomic  # noqa: E402
+
 CASES = (
     "fsdp-full-shard:torch:2:4096:none",
     "fsdp-full-shard:torch:2:4096:full",
@@ -46,6 +48,12 @@ CASES = (
 """strategy:engine:micro-batch:sequence:checkpointing. FSDP2 computes in bf16 parameters
 (MixedPrecisionPolicy), DDP under autocast over fp32 parameters: both ways users train."""
 
+
+
+def _dump_gzip(path: Path, document: object) -> None:
+    """``document`` as compact JSON in a gzip file (the trace format's container)."""
+    with gzip.open(path, "wt") as handle:
+        json.dump(document, handle, separators=(",", ":"))
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -75,10 +83,7 @@ def _profile_case(args: argparse.Namespace, case: str, out: Path) -> None:
                 "seq_len": run.seq_len, "activation_checkpointing": run.checkpointing, "precision": "bf16-mixed",
                 "model": spec.model_dump(mode="json"), **steps}
     out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(out.name + ".partial")
-    with gzip.open(partial, "wt") as handle:
-        json.dump(document, handle, separators=(",", ":"))
-    os.replace(partial, out)
+    write_atomic(out, lambda tmp: _dump_gzip(tmp, document))
     print(f"{case}: {phase_summary(steps)}", flush=True)
 
 
@@ -169,9 +174,7 @@ def _kernels(args: argparse.Namespace, out: Path) -> None:
             results["attention"].append({"batch": batch, "heads": heads, "kv_heads": kv_heads, "seq_len": seq,
                                          "head_size": head_size, "causal": True, "forward_s": forward_s,
                                          "forward_backward_s": both_s})
-    partial = out.with_name(out.name + ".partial")
-    partial.write_text(json.dumps(results, indent=1))
-    os.replace(partial, out)
+    write_text_atomic(out, json.dumps(results, indent=1))
     print(f"kernels: square gemm {results['square_gemm']['tflops']:.0f} TFLOP/s, copy {results['copy']['tb_per_s']:.2f} TB/s, "
           f"{len(results['gemm'])} gemm shapes, {len(results['attention'])} attention shapes", flush=True)
 

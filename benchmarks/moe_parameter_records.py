@@ -18,6 +18,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from zeroplan.atomic import write_text_atomic
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "hf"
 RECORDS = ROOT / "tests" / "fixtures" / "moe_parameter_counts.json"
@@ -101,7 +103,7 @@ def measure_torchtitan_16b() -> dict:
 def main() -> int:
     records = {name: measure(name) for name in MODELS}
     records["torchtitan-deepseek-16b"] = measure_torchtitan_16b()
-    RECORDS.write_text(json.dumps(records, indent=1) + "\n")
+    write_text_atomic(RECORDS, json.dumps(records, indent=1) + "\n")
     for name, record in records.items():
         print(f"{name:20s} {record['total_parameters']:>16,}")
     return 0

@@ -16,6 +16,8 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
+from zeroplan.atomic import write_text_atomic
+
 HERE = Path(__file__).resolve().parent
 NOTEBOOK = HERE / "compare_stages.ipynb"
 
@@ -130,5 +132,5 @@ def execute(notebook: nbformat.NotebookNode, timeout_s: int = 300) -> nbformat.N
 
 
 if __name__ == "__main__":
-    nbformat.write(execute(build()), NOTEBOOK)
+    write_text_atomic(NOTEBOOK, nbformat.writes(execute(build())) + "\n")
     print(f"wrote {NOTEBOOK}")

@@ -9,6 +9,7 @@ import re
 import shlex
 from pathlib import Path
 
+from zeroplan.atomic import write_text_atomic
 from zeroplan.cli.main import main
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -24,4 +25,4 @@ def _rerun(match: re.Match[str]) -> str:
 
 if __name__ == "__main__":
     text = README.read_text()
-    README.write_text(re.sub(r"```console\n\$ (zeroplan [^\n]+)\n(.*?)\n```", _rerun, text, flags=re.S))
+    write_text_atomic(README, re.sub(r"```console\n\$ (zeroplan [^\n]+)\n(.*?)\n```", _rerun, text, flags=re.S))

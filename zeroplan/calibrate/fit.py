@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import re
-
-import json
-import os
-import tempfile
 from pathlib import Path
 
 from pydantic import Field
@@ -178,21 +174,6 @@ def calibrated_gpu(base: GpuSpec, fits: list[LinkFit]) -> GpuSpec:
     update["display_name"] = f"{base.display_name} (calibrated)"
     update["source"] = f"{base.source}; links calibrated from nccl-tests logs: {sources}"
     return GpuSpec.model_validate({**base.model_dump(), **update})
-
-
-def write_json_atomically(path: str | Path, data: dict) -> None:
-    """Write to a temporary file next to ``path``, then rename over it."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=2)
-            handle.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 # The catalog's names carry the model as one token with a digit (a100-80gb: A100, rtx-4090:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 
 def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -14,20 +15,18 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
-    from zeroplan.calibrate.fit import BANDWIDTH_REGIME_FRACTION, calibrated_gpu, fit_log, write_json_atomically
+    from zeroplan.atomic import writable_file, write_text_atomic
+    from zeroplan.calibrate.fit import BANDWIDTH_REGIME_FRACTION, calibrated_gpu, fit_log
     from zeroplan.calibrate.parse import parse_nccl_tests_runs
-    from zeroplan.errors import ZeroplanError
     from zeroplan.presets.gpus import get_gpu
 
     base = get_gpu(args.gpu)
+    writable_file(args.out, "out")  # refused before the logs are read
     runs = [run for path in args.logs for run in parse_nccl_tests_runs(path, args.collective)]
     cautions = _check_devices(runs, args.gpu)
     fits = [fit_log(run) for run in runs]
     gpu = calibrated_gpu(base, fits)
-    try:
-        write_json_atomically(args.out, gpu.model_dump(mode="json"))
-    except OSError as error:
-        raise ZeroplanError("out", f"cannot write {args.out!r}: {error.strerror or error}") from None
+    write_text_atomic(args.out, json.dumps(gpu.model_dump(mode="json"), indent=2) + "\n", "out")
     for fit in fits:
         reported = ("none in the log" if fit.reported_avg_busbw_bytes_per_s is None
                     else f"{fit.reported_avg_busbw_bytes_per_s / 1e9:.2f} GB/s")

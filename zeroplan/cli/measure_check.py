@@ -19,12 +19,6 @@ from zeroplan.units import GB
 MIN_STATE_BYTES_PER_PARAMETER = 8
 
 
-def check_out_path(text: str) -> None:
-    path = Path(text)
-    if path.exists() and not path.is_dir():
-        raise ZeroplanError("out", f"{text!r} is an existing file; give a directory (new or existing) for rank*.json")
-
-
 def cuda_available() -> bool:
     """Whether torch sees a CUDA device, asked in a child process (this process never imports torch)."""
     program = "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"

@@ -53,6 +53,7 @@ PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 def check_plot_path(text: str) -> None:
     """Refuse a plot path before any work: a format matplotlib would not write, a missing folder
     or a missing matplotlib."""
+    from zeroplan.atomic import writable_file
     from zeroplan.errors import ZeroplanError
 
     path = Path(text)
@@ -60,6 +61,7 @@ def check_plot_path(text: str) -> None:
         raise ZeroplanError("plot", f"{text!r} must end in one of {', '.join(PLOT_SUFFIXES)}")
     if path.is_dir():
         raise ZeroplanError("plot", f"{text!r} is a directory; give a file name ending in .png")
+    writable_file(path, "plot")  # a device, FIFO or socket is refused before any work
     try:
         import matplotlib  # noqa: F401
     except ImportError:

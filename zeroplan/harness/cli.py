@@ -114,7 +114,8 @@ def run_measure(args: argparse.Namespace) -> int:
     from zeroplan.harness.extension_locks import check_no_stale_extension_lock, describe_extension_locks
     from zeroplan.harness.launch import Interrupted, launch, out_dir_lock
 
-    from zeroplan.cli.measure_check import check_machine, check_out_path
+    from zeroplan.atomic import writable_directory
+    from zeroplan.cli.measure_check import check_machine
     from zeroplan.specs import StrategyKind, check_seq_len
 
     nodes = multinode_from_args(args, os.environ)
@@ -129,13 +130,14 @@ def run_measure(args: argparse.Namespace) -> int:
     world = args.nproc * (nodes.nnodes if nodes is not None else 1)
     check_parallel_args(args, model, world)
     check_supported_names(args.strategy, args.engine, args.optimizer, args.grad_accum)
-    check_out_path(args.out)
     # DeepSpeed JIT-builds ops into the torch extensions directory; a stale build lock there makes
     # every rank wait forever (zeroplan/harness/extension_locks.py).
     deepspeed = EngineKind(args.engine) is EngineKind.deepspeed
     if deepspeed:
         check_no_stale_extension_lock()
     check_machine(model, StrategyKind(args.strategy), args.nproc, args.backend)
+    # Made here (the last check): a file, a special file or a folder that cannot be made is refused in one line.
+    writable_directory(args.out, "out")
     try:
         with out_dir_lock(Path(args.out), nodes.node_rank if nodes is not None else 0):
             result = launch(args.nproc, _harness_argv(args), Path(args.out), args.timeout_s, nodes=nodes)

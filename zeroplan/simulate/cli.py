@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zeroplan.atomic import write_text_atomic
+from zeroplan.atomic import writable_directory, write_text_atomic
 from zeroplan.cli.parser import (
     MAX_SIMULATED_WORLD_SIZE, OneLineParser, add_seq_len_arguments, bounded_int, positive_int, run_reporting_user_errors,
     seq_len_of,
@@ -74,6 +74,8 @@ def _run(args) -> int:
     from zeroplan.presets.models import get_model
     from zeroplan.simulate.run import SUPPORTED_STRATEGIES, simulate
 
+    if args.out is not None:
+        writable_directory(args.out, "--out", create=False)  # refused before the run, not after it
     framework = Framework(args.framework)
     model = get_model(args.model)
     batch = BatchSpec(
@@ -177,9 +179,8 @@ def _write_record(out: Path | None, file_name: str, record) -> None:
     """Write ``record`` as JSON into ``out`` (atomically), if a directory was given."""
     if out is None:
         return
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / file_name
-    write_text_atomic(path, record.model_dump_json(indent=2) + "\n")
+    path = writable_directory(out, "--out") / file_name
+    write_text_atomic(path, record.model_dump_json(indent=2) + "\n", "--out")
     print(f"wrote {path}")
 
 

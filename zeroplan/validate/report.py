@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import os
 
 from pathlib import Path
 
 import pandas as pd
 
+from zeroplan.atomic import writable_directory, write_atomic
 from zeroplan.validate.rows import ComparisonRow
 
 
@@ -109,13 +109,10 @@ def save_validation_plot(rows: list[ComparisonRow], path: Path) -> Path:
     ratio_axes.set_xlabel("measured / predicted")
     ratio_axes.grid(True, axis="x", linewidth=0.3)
     figure.suptitle(_plot_title(rows), fontsize=10)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Atomic: a temp file beside the target, then os.replace; a failed save leaves nothing behind.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # Atomic, and never over a device or other special file (zeroplan.atomic).
     try:
-        figure.savefig(tmp, dpi=120, format=path.suffix.lstrip(".").lower() or "png")
-        os.replace(tmp, path)
+        writable_directory(path.parent, "plot")
+        write_atomic(path, lambda tmp: figure.savefig(tmp, dpi=120, format=path.suffix.lstrip(".").lower() or "png"), "plot")
     finally:
         plt.close(figure)
-        tmp.unlink(missing_ok=True)
     return path
