@@ -101,8 +101,10 @@ def test_fit_judges_on_the_oom_capacity_unless_told_to_take_the_flat_reserve() -
         request = request_from_args(build_parser().parse_args(["fit", *TITAN.split(), *flags]))
         return fit(request, [StrategyKind.fsdp_full_shard]).plans[0].memory
 
-    flat, default = memory("--flat-reserve"), memory()
+    # torchtitan's launcher sets expandable segments: without --allocator-conf that is the default.
+    flat, default, launch = memory("--flat-reserve"), memory("--allocator-conf="), memory()
     expandable = memory("--allocator-conf", "expandable_segments:True")
+    assert launch == expandable
     assert flat.oom_capacity_bytes is None and flat.reserved_peak_bytes is None
     assert flat.peak_bytes == flat.allocated_peak_bytes + int(flat.allocated_peak_bytes * 0.05)
     for after in (default, expandable):

@@ -17,10 +17,11 @@ from zeroplan.core.plan import checked_peak_terms, peak_allocated_bytes
 from zeroplan.specs import StrategyKind
 from zeroplan.units import GiB
 
-# torchtitan's Llama-3.1-8B under FSDP2 with full recomputation at 1 x 2048 on 8 GPUs: the step
+# torchtitan's Llama-3.1-8B under FSDP2 with full recomputation at 1 x 2048 on 8 GPUs, under
+# PyTorch's default allocator (not torchtitan's launch default, expandable segments): the step
 # completes on 19.2-20.2 GiB, fails on 20.2-22.8 GiB and completes again higher up.
 FLAGS = ("llama-3.1-8b --framework torchtitan --gpus 8 --gpu a100-40gb --micro-batch 1 --seq-len 2048 "
-         "--activation-checkpointing full")
+         "--activation-checkpointing full --allocator-conf=")
 DEFAULT = parse_alloc_conf("")
 
 

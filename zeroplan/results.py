@@ -157,6 +157,12 @@ class FitReport(Frozen):
     '' otherwise."""
     compute_model: str = "hfu"
     """How the plans' compute was timed (PerformanceAssumptions.compute_model)."""
+    allocator_conf: str | None = ""
+    """The PYTORCH_CUDA_ALLOC_CONF the verdict was judged under (MemoryAssumptions.allocator_conf;
+    None: the flat reserve)."""
+    allocator_conf_is_launch_default: bool = False
+    """Whether that is the framework launcher's own setting (specs.framework.LAUNCH_ALLOCATOR_CONF)
+    rather than one the request named."""
 
     def plan_for(self, strategy: StrategyKind | str) -> StrategyPlan:
         kind = StrategyKind(strategy)

@@ -75,7 +75,8 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
     allocator.add_argument(
         "--allocator-conf", metavar="CONF",
         help="the PYTORCH_CUDA_ALLOC_CONF under which the caching-allocator model replays the step and judges "
-        "fit (e.g. expandable_segments:True; default: PyTorch's defaults)",
+        "fit (e.g. expandable_segments:True; default: what the framework's launcher sets, expandable_segments:True "
+        "for torchtitan, PyTorch's defaults otherwise; \"\" for PyTorch's defaults)",
     )
     allocator.add_argument(
         "--flat-reserve", action="store_true",
@@ -344,19 +345,20 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
     )
     return PlanRequest(
         model=model, training=training, batch=batch, cluster=cluster, strategy=strategy, performance=performance,
-        parallel=parallel, assumptions=MemoryAssumptions(allocator_conf=_allocator_conf(args)),
+        parallel=parallel, assumptions=MemoryAssumptions(**_allocator_conf(args)),
     )
 
 
-def _allocator_conf(args: argparse.Namespace) -> str | None:
-    """MemoryAssumptions.allocator_conf from the flags: None (the flat reserve) under
+def _allocator_conf(args: argparse.Namespace) -> dict[str, str | None]:
+    """MemoryAssumptions' allocator_conf from the flags: None (the flat reserve) under
     --flat-reserve or for a command without the allocator flags (the plan search judges
-    millions of configurations on the flat reserve)."""
+    millions of configurations on the flat reserve); left unset without --allocator-conf, so
+    the framework's launch default applies (LAUNCH_ALLOCATOR_CONF; PyTorch's own otherwise)."""
     if getattr(args, "flat_reserve", True):
-        return None
+        return {"allocator_conf": None}
     # No default on the flag itself: argparse would not see an explicit "" beside
     # --flat-reserve as a conflict when it equals the default.
-    return "" if args.allocator_conf is None else args.allocator_conf
+    return {} if args.allocator_conf is None else {"allocator_conf": args.allocator_conf}
 
 
 DEFAULT_SELECTIVE_LAYER_INTERVAL = TrainingSpec.model_fields["selective_layer_interval"].default

@@ -675,4 +675,6 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | N
         verdict=verdict,
         allocator_caution=caution,
         compute_model=base.performance.compute_model,
+        allocator_conf=base.assumptions.allocator_conf,
+        allocator_conf_is_launch_default=base.allocator_conf_is_launch_default,
     )

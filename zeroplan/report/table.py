@@ -190,6 +190,15 @@ def finetune_lines(report: FitReport) -> list[str]:
     return [f"{kind} rank {finetune.lora_rank} on {targets}{dropout}: {share}; {base}."]
 
 
+def allocator_lines(report: FitReport) -> list[str]:
+    """The allocator setting the verdict is judged under, where it is not PyTorch's default."""
+    if not report.allocator_conf:
+        return []
+    origin = (f"{report.training.framework.value}'s launch default; --allocator-conf \"\" for PyTorch's defaults"
+              if report.allocator_conf_is_launch_default else "--allocator-conf")
+    return [f"allocator: PYTORCH_CUDA_ALLOC_CONF={report.allocator_conf} ({origin})"]
+
+
 def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
     c = report.cluster
     t, b = report.training, report.batch
@@ -208,6 +217,7 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
         + (", FSDP CPU offload (sharded states in host RAM)" if t.fsdp_cpu_offload else "")
         + (", torch.compile" if t.compile else "")
         + (f", float8 {t.float8.value} (memory only: step time assumes bf16 matmuls)" if t.float8 else ""),
+        *allocator_lines(report),
         *finetune_lines(report),
         *moe_lines(report),
         *parallel_lines(report),

@@ -19,3 +19,14 @@ class Framework(str, Enum):
     """Hugging Face Transformers models (Trainer / Accelerate / its DeepSpeed integration)."""
     torchtune = "torchtune"
     """PyTorch's torchtune (its Llama-3 builders, full-finetune recipes)."""
+
+
+LAUNCH_ALLOCATOR_CONF: dict[Framework, str] = {
+    # torchtitan's run_train.sh (commit 0168bd5) launches torchrun under
+    # PYTORCH_ALLOC_CONF="expandable_segments:True".
+    Framework.torchtitan: "expandable_segments:True",
+}
+"""The PYTORCH_CUDA_ALLOC_CONF a framework's own launcher sets, which a request of that
+framework is judged under unless it names one (MemoryAssumptions.allocator_conf). Frameworks
+whose launchers set none (torchtune's `tune run`, Hugging Face's Trainer and accelerate) run
+PyTorch's defaults."""

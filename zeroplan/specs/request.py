@@ -7,6 +7,7 @@ from pydantic import Field, model_validator
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.finetune import Quantization, check_finetune
+from zeroplan.specs.framework import LAUNCH_ALLOCATOR_CONF, Framework
 from zeroplan.specs.hardware import ClusterSpec
 from zeroplan.specs.model import ModelSpec, PositionKind
 from zeroplan.specs.parallel import ParallelSpec, check_parallel
@@ -160,6 +161,38 @@ class PlanRequest(Frozen):
         if isinstance(batch, dict) and "seq_len" not in batch:
             return {**data, "batch": {**batch, "seq_len": min(DEFAULT_SEQ_LEN, positions)}}
         return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _framework_launch_allocator(cls, data: object) -> object:
+        """A request whose assumptions name no allocator_conf is judged under the one its
+        framework's launcher sets (LAUNCH_ALLOCATOR_CONF: torchtitan's expandable segments), as
+        a user of that framework runs it; one that names any (even "") keeps its own."""
+        if not isinstance(data, dict):
+            return data
+        training = data.get("training")
+        framework = (training.framework if isinstance(training, TrainingSpec)
+                     else training.get("framework") if isinstance(training, dict) else None)
+        try:
+            launch = LAUNCH_ALLOCATOR_CONF.get(Framework(framework)) if framework is not None else None
+        except ValueError:
+            return data  # the training's own validation answers
+        if launch is None:
+            return data
+        assumptions = data.get("assumptions")
+        if assumptions is None:
+            return {**data, "assumptions": MemoryAssumptions(allocator_conf=launch)}
+        if isinstance(assumptions, MemoryAssumptions) and "allocator_conf" not in assumptions.model_fields_set:
+            return {**data, "assumptions": MemoryAssumptions(**{**dict(assumptions), "allocator_conf": launch})}
+        if isinstance(assumptions, dict) and "allocator_conf" not in assumptions:
+            return {**data, "assumptions": {**assumptions, "allocator_conf": launch}}
+        return data
+
+    @property
+    def allocator_conf_is_launch_default(self) -> bool:
+        """Whether the allocator configuration judged under is the framework launcher's own."""
+        launch = LAUNCH_ALLOCATOR_CONF.get(self.training.framework)
+        return launch is not None and self.assumptions.allocator_conf == launch
 
     @model_validator(mode="after")
     def _check_groups(self) -> "PlanRequest":
