@@ -1,7 +1,8 @@
 """The package's import graph has no cycle: no module imports, at any depth and counting the
-imports made inside functions, a module that imports it back. Imports under ``if TYPE_CHECKING``
-are annotations only and do not count. Dependencies run one way (STYLE: units -> specs -> core
--> results -> reports -> CLI); a cycle is how a layer starts to depend on the one above it."""
+imports made inside functions and those under ``if TYPE_CHECKING`` (an annotation that names a
+type from above is a dependency on the layer above all the same), a module that imports it back.
+Dependencies run one way (specs -> core formulas -> allocator -> verdict and plan -> answers ->
+reports -> CLI); a cycle is how a layer starts to depend on the one above it."""
 
 from __future__ import annotations
 
@@ -11,33 +12,22 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "zeroplan"
 
 
-def _module_names() -> dict[str, Path]:
+def _module_names(package: Path = PACKAGE) -> dict[str, Path]:
     names = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(package.parent).with_suffix("").parts
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         names[name] = path
     return names
 
 
-def _type_checking_nodes(tree: ast.AST) -> set[int]:
-    hidden: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
-            hidden.update(id(inner) for branch in node.body for inner in ast.walk(branch))
-    return hidden
-
-
-def import_graph() -> dict[str, set[str]]:
-    """Module -> the package's modules it imports at run time."""
-    modules = _module_names()
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports, anywhere in it."""
+    modules = _module_names(package)
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
         tree = ast.parse(path.read_text())
-        hidden = _type_checking_nodes(tree)
         for node in ast.walk(tree):
-            if id(node) in hidden:
-                continue
             targets: list[str] = []
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 # `from pkg import submodule` reaches the submodule; `from pkg import name` the package.
@@ -106,3 +96,30 @@ def test_results_do_not_import_reports_and_layout_does_not_import_framework_form
     graph = import_graph()
     assert not {m for m in graph["zeroplan.results"] if m.startswith("zeroplan.report")}
     assert "zeroplan.core.frameworks" not in graph["zeroplan.core.layout"]
+
+
+def _reaches(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for child in graph[todo.pop()] - seen:
+            seen.add(child)
+            todo.append(child)
+    return seen
+
+
+def test_an_annotation_only_import_closes_a_cycle(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "low.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.high import High\n")
+    (package / "high.py").write_text("def make():\n    from pkg.low import low\n")
+    assert cycles(import_graph(package)) == [["pkg.high", "pkg.low"]]
+
+
+def test_the_allocator_sits_below_the_planner_and_the_answers_above_both() -> None:
+    graph = import_graph()
+    above_allocator = {"zeroplan.core.plan", "zeroplan.core.search", "zeroplan.answers", "zeroplan.frames"}
+    for module in (m for m in graph if m.startswith("zeroplan.allocator.")):
+        assert not _reaches(graph, module) & above_allocator, module
+    assert "zeroplan.answers" not in _reaches(graph, "zeroplan.frames")
+    assert not {"zeroplan.core.plan", "zeroplan.core.search"} & _reaches(graph, "zeroplan.answers")

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from zeroplan.core.search import (
-    BYTE_TOLERANCE, TIME_TOLERANCE_S, LayoutSpace, PlanCandidate, _at, evaluate, groups, layout_requests, scalar_evaluate,
+    BYTE_TOLERANCE, TIME_TOLERANCE_S, LayoutSpace, _at, evaluate, groups, layout_requests, scalar_evaluate,
     search,
 )
 from zeroplan.errors import ZeroplanError
+from zeroplan.results import PlanCandidate
 from zeroplan.presets.gpus import get_gpu
 from zeroplan.presets.models import get_model
 from zeroplan.specs import BatchSpec, Framework, PlanRequest, StrategyKind, StrategySpec, TrainingSpec, cluster_from_gpus

@@ -13,7 +13,7 @@ _EXPORTS = {
     "plan": "zeroplan.core.plan",
     "get_gpu": "zeroplan.presets.gpus",
     "get_model": "zeroplan.presets.models",
-    "FitReport": "zeroplan.results",
+    "FitReport": "zeroplan.answers",
     "MemoryBreakdown": "zeroplan.results",
     "StrategyPlan": "zeroplan.results",
 }

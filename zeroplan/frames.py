@@ -1,18 +1,34 @@
-"""pandas views of planner results (bytes stay integers; convert at display time). The typed
-results' ``to_dataframe`` methods load this module lazily (pandas costs start-up time); it
-imports the results' types only for annotations, so neither imports the other at run time."""
+"""pandas views of planner results (bytes stay integers; convert at display time). The answers'
+``to_dataframe`` methods (zeroplan.answers) load this module lazily (pandas costs start-up
+time). It sits between the results it reads (zeroplan.results) and the answers that hold them:
+an answer is taken by what it holds (the protocols below), so this module never imports one."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
 import pandas as pd
 
 from zeroplan.core.timing import nccl_algorithms
+from zeroplan.results import PlanCandidate, StrategyPlan
 
-if TYPE_CHECKING:
-    from zeroplan.core.search import PlanSearchResult
-    from zeroplan.results import FitReport, StrategyPlan
+
+class HoldsPlans(Protocol):
+    """A FitReport, as fit_report_frame reads it."""
+
+    @property
+    def plans(self) -> Sequence[StrategyPlan]: ...
+
+
+class HoldsCandidates(Protocol):
+    """A PlanSearchResult, as search_frame reads it."""
+
+    @property
+    def ranked(self) -> Sequence[PlanCandidate]: ...
+
+    @property
+    def pareto(self) -> Sequence[PlanCandidate]: ...
 
 MEMORY_COLUMNS = (
     "parameter_bytes",
@@ -69,7 +85,7 @@ def plan_row(plan: StrategyPlan) -> dict[str, object]:
     return row
 
 
-def fit_report_frame(report: FitReport) -> pd.DataFrame:
+def fit_report_frame(report: HoldsPlans) -> pd.DataFrame:
     """One row per strategy, indexed by strategy name."""
     frame = pd.DataFrame([plan_row(p) for p in report.plans]).set_index("strategy")
     return frame.astype({name: "Int64" for name in NULLABLE_BYTE_COLUMNS})
@@ -99,7 +115,7 @@ def collectives_frame(plan: StrategyPlan) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def search_frame(result: PlanSearchResult) -> pd.DataFrame:
+def search_frame(result: HoldsCandidates) -> pd.DataFrame:
     """The ranked configurations, fastest first, with their layout (tp, pp, cp, dp and the
     schedule) and a column marking the Pareto rows."""
 

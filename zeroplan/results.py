@@ -7,11 +7,9 @@ from enum import Enum
 from zeroplan.core.communication import Collective
 from zeroplan.core.timing import StepTime
 from zeroplan.specs.base import Frozen
-from zeroplan.specs.hardware import ClusterSpec
-from zeroplan.specs.model import ModelSpec
-from zeroplan.specs.parallel import ParallelSpec
+from zeroplan.specs.parallel import ParallelSpec, PipelineSchedule
 from zeroplan.specs.strategy import StrategyKind
-from zeroplan.specs.training import BatchSpec, StateConvention, TrainingSpec
+from zeroplan.specs.training import ActivationCheckpointing, StateConvention
 
 
 class PeakMoment(str, Enum):
@@ -132,47 +130,62 @@ class StrategyPlan(Frozen):
     without pipeline parallelism)."""
 
 
-class FitReport(Frozen):
-    """The answer to "will it fit?" for a set of strategies."""
+class PlanCandidate(Frozen):
+    """One configuration of the search and its predicted cost on one GPU."""
 
-    model: ModelSpec
-    """Model asked about."""
-    num_parameters: int
-    """Psi, exact."""
-    training: TrainingSpec
-    """Numerics."""
-    batch: BatchSpec
-    """Batch shape."""
-    cluster: ClusterSpec
-    """Cluster."""
-    plans: tuple[StrategyPlan, ...]
-    """One per strategy, in the order asked."""
-    recommended: StrategyKind | None
-    """Fitting strategy with the least communication (offload only if nothing else fits)."""
-    verdict: str
-    """One line for a person."""
-    allocator_caution: str = ""
-    """Part of the verdict: where the caching-allocator model finds the recommendation's step
-    running out of memory under the flat reserve, what it would need (core.plan.allocator_caution);
-    '' otherwise."""
-    compute_model: str = "hfu"
-    """How the plans' compute was timed (PerformanceAssumptions.compute_model)."""
-    allocator_conf: str | None = ""
-    """The PYTORCH_CUDA_ALLOC_CONF the verdict was judged under (MemoryAssumptions.allocator_conf;
-    None: the flat reserve)."""
-    allocator_conf_is_launch_default: bool = False
-    """Whether that is the framework launcher's own setting (specs.framework.LAUNCH_ALLOCATOR_CONF)
-    rather than one the request named."""
+    strategy: StrategyKind
+    """Sharding strategy (offload variants included)."""
+    activation_checkpointing: ActivationCheckpointing
+    """Recomputation policy."""
+    shard_group_size: int
+    """Ranks a sharded state is split over (N_d; the HSDP group for hsdp)."""
+    micro_batch_size: int
+    """Sequences per data-parallel rank per forward/backward pass."""
+    grad_accum_steps: int
+    """Micro-batches per optimizer step (under a pipeline: the micro-batches it flows)."""
+    peak_bytes: int
+    """Predicted peak device memory (allocated + allocator reserve; the pipeline rank that peaks)."""
+    usable_memory_bytes: int
+    """GPU memory the allocator may use."""
+    step_time_s: float
+    """Predicted optimizer-step time with overlap (StepTime.step_with_overlap_s)."""
+    tokens_per_s_per_gpu: float
+    """micro_batch_size * grad_accum_steps * seq_len / (tp * cp * pp) / step_time_s."""
+    model_flops_utilization: float
+    """Model FLOPs of the step over (step_time_s x peak bf16 FLOP/s) (StepTime.model_flops_utilization)."""
+    compute_s: float | None = None
+    """Of the step time: the GPU's compute (StepTime.compute_s; None where only the sweep's
+    total is known)."""
+    exposed_communication_s: float | None = None
+    """Of the step time: collectives compute does not hide (StepTime.exposed_communication_s)."""
+    host_transfer_s: float | None = None
+    """Offload's host-link seconds (StepTime.host_transfer_s, partly hidden behind compute)."""
+    cpu_optimizer_s: float | None = None
+    """Offload's optimizer step on the host CPU (StepTime.cpu_optimizer_s)."""
+    optimizer_step_s: float | None = None
+    """The optimizer step on the GPU (StepTime.optimizer_step_s: the roofline compute model's;
+    0 under the flat HFU)."""
+    model_parallel_communication_s: float | None = None
+    """Of the step time: the tensor-, context- and pipeline-parallel collectives compute waits
+    on (StepTime.model_parallel_communication_s)."""
+    pipeline_bubble_s: float | None = None
+    """Of the step time: the pipeline schedule's idle time (StepTime.pipeline_bubble_s)."""
+    tp: int = 1
+    """Tensor-parallel degree."""
+    sequence_parallel: bool = False
+    """Sequence parallelism over the tp ranks (on whenever tp > 1 in the search)."""
+    cp: int = 1
+    """Context-parallel degree."""
+    pp: int = 1
+    """Pipeline-parallel degree."""
+    pp_schedule: PipelineSchedule = PipelineSchedule.one_f_one_b
+    """Pipeline schedule (read only with pp > 1)."""
+    virtual_stages: int = 1
+    """Stages per pipeline rank."""
+    dp: int
+    """Data-parallel degree: GPUs / (tp x cp x pp)."""
 
-    def plan_for(self, strategy: StrategyKind | str) -> StrategyPlan:
-        kind = StrategyKind(strategy)
-        for plan in self.plans:
-            if plan.strategy is kind:
-                return plan
-        raise KeyError(kind.value)
-
-    def to_dataframe(self):
-        """One row per strategy, sizes in bytes (pandas is imported here, not at start-up)."""
-        from zeroplan.frames import fit_report_frame
-
-        return fit_report_frame(self)
+    @property
+    def parallel(self) -> ParallelSpec:
+        return ParallelSpec(tp=self.tp, sequence_parallel=self.sequence_parallel, cp=self.cp, pp=self.pp,
+                            pp_schedule=self.pp_schedule, virtual_stages=self.virtual_stages)

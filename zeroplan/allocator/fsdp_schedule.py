@@ -23,7 +23,6 @@ here (each block's own intermediates, the loss's tensors)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from zeroplan.allocator.builder import TraceBuilder, proportional_bytes, split_bytes
 from zeroplan.allocator.trace import Stream
@@ -42,10 +41,9 @@ from zeroplan.core.profiles import fsdp_separates_embedding_and_head, loss_chunk
 from zeroplan.specs import StrategyKind
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
+from zeroplan.core.model_states import ModelStateBytes
+from zeroplan.core.peak import PeakTerms
 
-if TYPE_CHECKING:
-    from zeroplan.core.model_states import ModelStateBytes
-    from zeroplan.core.plan import PeakTerms
 
 
 @dataclass(frozen=True)
@@ -110,7 +108,7 @@ def _grouped_expert_numels(tensors) -> list[int]:
     return numels
 
 
-def record_fsdp_step(request: PlanRequest, states: "ModelStateBytes", terms: "PeakTerms", b: "TraceBuilder",
+def record_fsdp_step(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms, b: "TraceBuilder",
                      block_tensor_parts: list[int], blocks: int) -> None:
     """One step under FSDP2 full sharding, recorded in ``b`` (an empty builder);
     ``block_tensor_parts`` the bytes one block saves for backward, tensor by tensor
@@ -226,7 +224,7 @@ def record_fsdp_step(request: PlanRequest, states: "ModelStateBytes", terms: "Pe
     one_step(False)
 
 
-def loss_allocations(request: PlanRequest, terms: "PeakTerms") -> list[list[int]]:
+def loss_allocations(request: PlanRequest, terms: PeakTerms) -> list[list[int]]:
     """The loss's moments as a schedule allocates them, one after another: each of
     PeakTerms.logits_pieces as one allocation, but torchtitan's cross-entropy moment tensor by
     tensor (zeroplan.core.framework_loss.torchtitan_chunk_cross_entropy_parts, on this rank as

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from typing import TYPE_CHECKING
 
 from zeroplan.allocator.capacity import (
     CAPACITY_STEP_BYTES, PlannedVerdict, bisect_capacity, capacity_bracket, completes_within,
@@ -15,10 +14,9 @@ from zeroplan.allocator.config import AllocatorConfig, parse_alloc_conf
 from zeroplan.allocator.replay import Ops, ReplayResult, replay
 from zeroplan.allocator.schedule import step_ops
 from zeroplan.specs.request import PlanRequest
+from zeroplan.core.model_states import ModelStateBytes
+from zeroplan.core.peak import PeakTerms
 
-if TYPE_CHECKING:
-    from zeroplan.core.model_states import ModelStateBytes
-    from zeroplan.core.plan import PeakTerms
 
 
 @contextlib.contextmanager
@@ -36,7 +34,7 @@ def _without_cyclic_gc():
             gc.enable()
 
 
-def _replayed(request: PlanRequest, states: "ModelStateBytes", terms: "PeakTerms", allocated_peak_bytes: int,
+def _replayed(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms, allocated_peak_bytes: int,
               config: AllocatorConfig) -> tuple[Ops, ReplayResult, int]:
     """The compiled step trace, its replay without a device limit, and the shortfall: what the
     planner's ``allocated_peak_bytes`` counts beyond the schedule's own requested peak (its
@@ -47,7 +45,7 @@ def _replayed(request: PlanRequest, states: "ModelStateBytes", terms: "PeakTerms
     return ops, unlimited, max(allocated_peak_bytes - unlimited.requested_peak_bytes, 0)
 
 
-def allocator_verdict(request: PlanRequest, states: "ModelStateBytes", terms: "PeakTerms",
+def allocator_verdict(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms,
                       allocated_peak_bytes: int, usable_bytes: int, bisect: bool = True) -> PlannedVerdict:
     """Reserved peak, verdict and OOM capacity of the request's step on ``usable_bytes``.
 
@@ -81,7 +79,7 @@ def allocator_verdict(request: PlanRequest, states: "ModelStateBytes", terms: "P
     return PlannedVerdict(unlimited=unlimited, fits=fits, oom_capacity_bytes=capacity + shortfall)
 
 
-def allocator_fits(request: PlanRequest, states: "ModelStateBytes", terms: "PeakTerms", allocated_peak_bytes: int,
+def allocator_fits(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms, allocated_peak_bytes: int,
                    usable_bytes: int) -> bool:
     """allocator_verdict(...).fits in one or two replays, without bisecting the capacity (the
     largest-micro-batch search asks only this)."""

@@ -9,7 +9,6 @@ lists what it approximates."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 from zeroplan.allocator.builder import TraceBuilder, even_parts, split_bytes
 from zeroplan.allocator.fsdp_schedule import applies as fsdp_applies
@@ -21,10 +20,9 @@ from zeroplan.core.buffers import largest_unit_elements
 from zeroplan.core.layout import gradient_wire_bytes
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.training import ActivationCheckpointing
+from zeroplan.core.model_states import ModelStateBytes
+from zeroplan.core.peak import PeakTerms
 
-if TYPE_CHECKING:
-    from zeroplan.core.model_states import ModelStateBytes
-    from zeroplan.core.plan import PeakTerms
 
 
 def _block_tensor_weights(request: PlanRequest) -> list[int]:
@@ -47,20 +45,20 @@ def _transient_parts(request: PlanRequest, transient: int) -> tuple[int, int]:
     return transient - reduce, reduce
 
 
-def step_trace(request: PlanRequest, states: "ModelStateBytes", terms: "PeakTerms") -> AllocationTrace:
+def step_trace(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms) -> AllocationTrace:
     """One training step's allocations and frees, from the planner's terms for ``request``
     (zeroplan.core.plan.peak_terms: passed in, so the planner can call this without a cycle)."""
     builder, source = _recorded_step(request, states, terms)
     return builder.trace(source)
 
 
-def step_ops(request: PlanRequest, states: "ModelStateBytes", terms: "PeakTerms") -> Ops:
+def step_ops(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms) -> Ops:
     """step_trace compiled for replay (replay.compile_trace's ops), without building its typed
     events: what the planner replays on every fit."""
     return _recorded_step(request, states, terms)[0].ops
 
 
-def _recorded_step(request: PlanRequest, states: "ModelStateBytes", terms: "PeakTerms") -> tuple[TraceBuilder, str]:
+def _recorded_step(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms) -> tuple[TraceBuilder, str]:
     """The builder holding the step's allocations and frees, and the trace's source."""
     blocks = max(1, request.model.num_layers // request.parallel.pp)
     accumulating = request.batch.grad_accum_steps > 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from zeroplan.core.activations import activation_bytes, backward_workspace_bytes, layer_bytes, logits_bytes
 from zeroplan.core.buffers import (
@@ -27,13 +27,15 @@ from zeroplan.core.profiles import (
     framework_strategies, fsdp_cpu_offload_strategies,
 )
 from zeroplan.core.model_states import ModelStateBytes, model_state_bytes
+from zeroplan.core.peak import PeakTerms, moment_totals, peak_allocated_bytes, peak_moments
 from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
 from zeroplan.core.parallel.activations import rank_activation_bytes, rank_logits_pieces, rank_workspace_bytes
 from zeroplan.core.params import total_parameters
 from zeroplan.core.suggest import smallest_change
 from zeroplan.core.timing import step_time
 from zeroplan.errors import ZeroplanError
-from zeroplan.results import FitReport, MemoryBreakdown, PeakMoment, StrategyPlan
+from zeroplan.answers import FitReport
+from zeroplan.results import MemoryBreakdown, StrategyPlan
 from zeroplan.core.parallel.expert import expert_dispatch_bytes
 from zeroplan.specs.parallel import EXPERT_PARALLEL_STRATEGIES, PIPELINE_STRATEGIES
 from zeroplan.specs.finetune import Quantization
@@ -44,69 +46,6 @@ from zeroplan.specs.training import ActivationCheckpointing
 
 MAX_MICRO_BATCH_SEARCH = 1 << 20
 """The largest micro-batch the search tries."""
-
-
-# docs/memory-model.md, "Peak": four moments of a step, each what is alive at once.
-# Loss backward: all activations, the loss's three fp32 sbV tensors and the buffers kept
-# through backward. A block's backward: activations (at the first block, nearly all), the
-# unit being gathered or reduced and the residual-stream workspace. End of backward: every
-# gradient and the last unit's buffers. Optimizer step: gradients and step temporaries. With
-# accumulation the earlier micro-batches' gradients are there from the start. With the
-# optimizer in backward (torchtune) no gradient outlives its parameter's step: none at the end
-# of backward, and the step moment is the largest single parameter's (model_state_bytes,
-# optimizer_in_backward_step_bytes).
-def peak_moments(states: ModelStateBytes, moments: "PeakTerms", grad_accum_steps: int) -> dict[PeakMoment, MomentBytes]:
-    """Every moment's live bytes, split into gradients, buffers (and workspace) and the rest."""
-    resident = states.parameter_bytes + states.optimizer_state_bytes
-    held = moments.resident_buffers + moments.backward_held_buffers
-    accumulated = states.gradient_bytes if grad_accum_steps > 1 else 0
-    return {
-        PeakMoment.loss_backward: MomentBytes(resident + moments.activations + moments.logits, accumulated, held),
-        PeakMoment.block_backward: MomentBytes(
-            resident + moments.activations, accumulated, held + moments.block_transient_buffers + moments.workspace
-        ),
-        PeakMoment.backward_end: MomentBytes(resident, states.gradient_bytes, held + moments.transient_buffers),
-        PeakMoment.optimizer_step: MomentBytes(resident + moments.step_temporary, states.gradient_bytes, moments.resident_buffers),
-    }
-
-
-def peak_allocated_bytes(states: ModelStateBytes, moments: "PeakTerms", grad_accum_steps: int) -> tuple[int, PeakMoment]:
-    """The largest moment's bytes and which moment it is (the first of the four on a tie)."""
-    alive = peak_moments(states, moments, grad_accum_steps)
-    moment = max(alive, key=lambda m: alive[m].total)
-    return alive[moment].total, moment
-
-
-@dataclass(frozen=True)
-class MomentBytes:
-    """Bytes alive at one moment: gradients and buffers apart, everything else in ``other``."""
-
-    other: int
-    gradients: int
-    buffers: int
-
-    @property
-    def total(self) -> int:
-        return self.other + self.gradients + self.buffers
-
-
-@dataclass(frozen=True)
-class PeakTerms:
-    """The byte terms the peak moments combine (besides the model states)."""
-
-    activations: int
-    logits: int
-    workspace: int
-    resident_buffers: int
-    backward_held_buffers: int
-    transient_buffers: int
-    block_transient_buffers: int
-    """The units a block's backward holds (zeroplan.core.buffers.block_backward_transient_bytes;
-    ``transient_buffers`` outside FSDP full sharding)."""
-    step_temporary: int
-    logits_pieces: tuple[int, ...] = ()
-    """The loss's bytes at each of its own moments (``logits`` is their largest). Each is
-    affine in the micro-batch, their maximum is not: the plan search needs them apart."""
 
 
 def _workspace(request: PlanRequest) -> int:
@@ -350,15 +289,6 @@ def _largest_fitting_between(request: PlanRequest, low: int, high: int) -> int:
         else:
             high = middle
     return low
-
-
-def moment_totals(states: ModelStateBytes, terms: PeakTerms, grad_accum_steps: int) -> list[int]:
-    """Every moment's bytes, the loss's once per piece of the loss (each affine in the
-    micro-batch, as PeakTerms.logits_pieces says; their maximum is not)."""
-    alive = peak_moments(states, terms, grad_accum_steps)
-    loss = alive[PeakMoment.loss_backward].total
-    totals = [bytes_.total for moment, bytes_ in alive.items() if moment is not PeakMoment.loss_backward]
-    return totals + [loss - terms.logits + piece for piece in terms.logits_pieces or (terms.logits,)]
 
 
 def _largest_allocated_within(usable_bytes: int, reserve_fraction: float) -> int:

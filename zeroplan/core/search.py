@@ -29,9 +29,9 @@ from zeroplan.core.communication import Phase, collectives
 from zeroplan.core.feasibility import usable_memory_bytes
 from zeroplan.core.parallel.collectives import model_parallel_collectives
 from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
+from zeroplan.core.peak import PeakTerms, moment_totals
 from zeroplan.core.plan import (
-    MAX_ALLOCATOR_ALTERNATIVES, PeakTerms, allocator_check, host_memory_fits, memory_breakdown,
-    micro_batch_terms, moment_totals, peak_terms,
+    MAX_ALLOCATOR_ALTERNATIVES, allocator_check, host_memory_fits, memory_breakdown, micro_batch_terms, peak_terms,
 )
 from zeroplan.core.compiled import runs_checkpointing
 from zeroplan.core.profiles import check_framework_strategies, framework_strategies, profile
@@ -50,8 +50,8 @@ from zeroplan.core.timing import (
 )
 from zeroplan.core.search_space import CONTEXT_PARALLEL_DEGREES, INTERLEAVED_VIRTUAL_STAGES, LONG_SEQUENCE, LayoutSpace
 from zeroplan.errors import ZeroplanError
-from zeroplan.results import PeakMoment
-from zeroplan.specs.base import Frozen
+from zeroplan.answers import PlanSearchResult
+from zeroplan.results import PeakMoment, PlanCandidate
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.parallel import MODEL_PARALLEL_FRAMEWORKS, PIPELINE_STRATEGIES, ParallelSpec, PipelineSchedule
 from zeroplan.specs.request import PlanRequest
@@ -62,103 +62,6 @@ TIME_TOLERANCE_S = 1e-9
 """Largest difference between a vectorised and a scalar step time taken as agreement."""
 BYTE_TOLERANCE = 1
 """Largest difference between a vectorised and a scalar peak taken as agreement."""
-
-class PlanCandidate(Frozen):
-    """One configuration of the search and its predicted cost on one GPU."""
-
-    strategy: StrategyKind
-    """Sharding strategy (offload variants included)."""
-    activation_checkpointing: ActivationCheckpointing
-    """Recomputation policy."""
-    shard_group_size: int
-    """Ranks a sharded state is split over (N_d; the HSDP group for hsdp)."""
-    micro_batch_size: int
-    """Sequences per data-parallel rank per forward/backward pass."""
-    grad_accum_steps: int
-    """Micro-batches per optimizer step (under a pipeline: the micro-batches it flows)."""
-    peak_bytes: int
-    """Predicted peak device memory (allocated + allocator reserve; the pipeline rank that peaks)."""
-    usable_memory_bytes: int
-    """GPU memory the allocator may use."""
-    step_time_s: float
-    """Predicted optimizer-step time with overlap (StepTime.step_with_overlap_s)."""
-    tokens_per_s_per_gpu: float
-    """micro_batch_size * grad_accum_steps * seq_len / (tp * cp * pp) / step_time_s."""
-    model_flops_utilization: float
-    """Model FLOPs of the step over (step_time_s x peak bf16 FLOP/s) (StepTime.model_flops_utilization)."""
-    compute_s: float | None = None
-    """Of the step time: the GPU's compute (StepTime.compute_s; None where only the sweep's
-    total is known)."""
-    exposed_communication_s: float | None = None
-    """Of the step time: collectives compute does not hide (StepTime.exposed_communication_s)."""
-    host_transfer_s: float | None = None
-    """Offload's host-link seconds (StepTime.host_transfer_s, partly hidden behind compute)."""
-    cpu_optimizer_s: float | None = None
-    """Offload's optimizer step on the host CPU (StepTime.cpu_optimizer_s)."""
-    optimizer_step_s: float | None = None
-    """The optimizer step on the GPU (StepTime.optimizer_step_s: the roofline compute model's;
-    0 under the flat HFU)."""
-    model_parallel_communication_s: float | None = None
-    """Of the step time: the tensor-, context- and pipeline-parallel collectives compute waits
-    on (StepTime.model_parallel_communication_s)."""
-    pipeline_bubble_s: float | None = None
-    """Of the step time: the pipeline schedule's idle time (StepTime.pipeline_bubble_s)."""
-    tp: int = 1
-    """Tensor-parallel degree."""
-    sequence_parallel: bool = False
-    """Sequence parallelism over the tp ranks (on whenever tp > 1 in the search)."""
-    cp: int = 1
-    """Context-parallel degree."""
-    pp: int = 1
-    """Pipeline-parallel degree."""
-    pp_schedule: PipelineSchedule = PipelineSchedule.one_f_one_b
-    """Pipeline schedule (read only with pp > 1)."""
-    virtual_stages: int = 1
-    """Stages per pipeline rank."""
-    dp: int
-    """Data-parallel degree: GPUs / (tp x cp x pp)."""
-
-    @property
-    def parallel(self) -> ParallelSpec:
-        return ParallelSpec(tp=self.tp, sequence_parallel=self.sequence_parallel, cp=self.cp, pp=self.pp,
-                            pp_schedule=self.pp_schedule, virtual_stages=self.virtual_stages)
-
-
-class PlanSearchResult(Frozen):
-    """The ranked configurations that fit, and the Pareto front of memory vs step time."""
-
-    global_batch_size: int
-    """Sequences per optimizer step over all GPUs."""
-    seq_len: int
-    """Tokens per sequence."""
-    num_gpus: int
-    """GPUs in all (tp x cp x pp x dp)."""
-    layouts_searched: int = 1
-    """Model-parallel layouts (tp, cp, pp, schedule) searched."""
-    groups_searched: int = 0
-    """(layout, strategy, checkpointing, shard group) groups searched."""
-    configurations_evaluated: int
-    """Configurations whose memory and step time were predicted."""
-    configurations_fitting: int
-    """Of those, the ones that fit on the GPU (and in host memory when it is given)."""
-    ranked: tuple[PlanCandidate, ...]
-    """The fastest fitting configurations, fastest first."""
-    pareto: tuple[PlanCandidate, ...]
-    """Fitting configurations no other beats on both peak memory and step time, by memory."""
-    best: PlanCandidate | None
-    """The fastest fitting configuration (checked with the scalar planner); None if none fits."""
-    explanation: str
-    """One line for a person."""
-    allocator_caution: str = ""
-    """Part of the explanation: where the caching-allocator model finds the best
-    configuration's step running out of memory under the flat reserve, what it would need and
-    which of the next ranked ones completes (zeroplan.core.plan.allocator_runs_out); '' otherwise."""
-
-    def to_dataframe(self):
-        from zeroplan.frames import search_frame
-
-        return search_frame(self)
-
 
 @dataclass
 class _RankClass:

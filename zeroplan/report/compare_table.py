@@ -5,7 +5,8 @@ from __future__ import annotations
 from zeroplan.core.network import node_nics
 from zeroplan.core.timing import nccl_algorithms
 from zeroplan.report.table import framework_layout_caution, parameter_count_caution
-from zeroplan.results import FitReport, StrategyPlan
+from zeroplan.answers import FitReport
+from zeroplan.results import StrategyPlan
 
 
 def _row(plan: StrategyPlan, num_parameters: int, roofline: bool, model_parallel: bool) -> list[str]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from zeroplan.results import FitReport
+from zeroplan.answers import FitReport
 from zeroplan.units import ByteUnit, to_unit
 
 _STACK = (

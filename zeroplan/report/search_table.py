@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from zeroplan.core.search import PlanCandidate, PlanSearchResult
+from zeroplan.answers import PlanSearchResult
+from zeroplan.results import PlanCandidate
 from zeroplan.units import GiB
 
 _NAMES = ("#", "strategy", "AC", "tp", "pp", "cp", "dp", "shard", "micro", "accum", "peak GiB", "step s", "compute",

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from zeroplan.core.params import active_parameters, total_parameters
-from zeroplan.results import FitReport, StrategyPlan
+from zeroplan.answers import FitReport
+from zeroplan.results import StrategyPlan
 from zeroplan.specs.finetune import Quantization
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.strategy import StrategyKind

@@ -1,0 +1,95 @@
+"""The answers to a user's two questions, as typed results: FitReport ("will it fit, and with
+which strategy?", zeroplan.core.plan.fit) and PlanSearchResult ("which configuration is
+fastest?", zeroplan.core.search). Each holds the lower results (zeroplan.results) and turns
+itself into a pandas DataFrame through zeroplan.frames, which sits below it."""
+
+from __future__ import annotations
+
+from zeroplan.results import PlanCandidate, StrategyPlan
+from zeroplan.specs.base import Frozen
+from zeroplan.specs.hardware import ClusterSpec
+from zeroplan.specs.model import ModelSpec
+from zeroplan.specs.strategy import StrategyKind
+from zeroplan.specs.training import BatchSpec, TrainingSpec
+
+
+class FitReport(Frozen):
+    """The answer to "will it fit?" for a set of strategies."""
+
+    model: ModelSpec
+    """Model asked about."""
+    num_parameters: int
+    """Psi, exact."""
+    training: TrainingSpec
+    """Numerics."""
+    batch: BatchSpec
+    """Batch shape."""
+    cluster: ClusterSpec
+    """Cluster."""
+    plans: tuple[StrategyPlan, ...]
+    """One per strategy, in the order asked."""
+    recommended: StrategyKind | None
+    """Fitting strategy with the least communication (offload only if nothing else fits)."""
+    verdict: str
+    """One line for a person."""
+    allocator_caution: str = ""
+    """Part of the verdict: where the caching-allocator model finds the recommendation's step
+    running out of memory under the flat reserve, what it would need (core.plan.allocator_caution);
+    '' otherwise."""
+    compute_model: str = "hfu"
+    """How the plans' compute was timed (PerformanceAssumptions.compute_model)."""
+    allocator_conf: str | None = ""
+    """The PYTORCH_CUDA_ALLOC_CONF the verdict was judged under (MemoryAssumptions.allocator_conf;
+    None: the flat reserve)."""
+    allocator_conf_is_launch_default: bool = False
+    """Whether that is the framework launcher's own setting (specs.framework.LAUNCH_ALLOCATOR_CONF)
+    rather than one the request named."""
+
+    def plan_for(self, strategy: StrategyKind | str) -> StrategyPlan:
+        kind = StrategyKind(strategy)
+        for plan in self.plans:
+            if plan.strategy is kind:
+                return plan
+        raise KeyError(kind.value)
+
+    def to_dataframe(self):
+        """One row per strategy, sizes in bytes (pandas is imported here, not at start-up)."""
+        from zeroplan.frames import fit_report_frame
+
+        return fit_report_frame(self)
+
+
+class PlanSearchResult(Frozen):
+    """The ranked configurations that fit, and the Pareto front of memory vs step time."""
+
+    global_batch_size: int
+    """Sequences per optimizer step over all GPUs."""
+    seq_len: int
+    """Tokens per sequence."""
+    num_gpus: int
+    """GPUs in all (tp x cp x pp x dp)."""
+    layouts_searched: int = 1
+    """Model-parallel layouts (tp, cp, pp, schedule) searched."""
+    groups_searched: int = 0
+    """(layout, strategy, checkpointing, shard group) groups searched."""
+    configurations_evaluated: int
+    """Configurations whose memory and step time were predicted."""
+    configurations_fitting: int
+    """Of those, the ones that fit on the GPU (and in host memory when it is given)."""
+    ranked: tuple[PlanCandidate, ...]
+    """The fastest fitting configurations, fastest first."""
+    pareto: tuple[PlanCandidate, ...]
+    """Fitting configurations no other beats on both peak memory and step time, by memory."""
+    best: PlanCandidate | None
+    """The fastest fitting configuration (checked with the scalar planner); None if none fits."""
+    explanation: str
+    """One line for a person."""
+    allocator_caution: str = ""
+    """Part of the explanation: where the caching-allocator model finds the best
+    configuration's step running out of memory under the flat reserve, what it would need and
+    which of the next ranked ones completes (zeroplan.core.plan.allocator_runs_out); '' otherwise."""
+
+    def to_dataframe(self):
+        from zeroplan.frames import search_frame
+
+        return search_frame(self)

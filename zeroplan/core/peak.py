@@ -1,0 +1,82 @@
+"""The four moments of a step whose live bytes set the allocated peak (docs/memory-model.md,
+"Peak"): the terms they combine, each moment's bytes, and the largest. Formulas only: the
+planner (zeroplan.core.plan), the allocator's schedule and the plan search all read these."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zeroplan.core.model_states import ModelStateBytes
+from zeroplan.results import PeakMoment
+
+
+# docs/memory-model.md, "Peak": four moments of a step, each what is alive at once.
+# Loss backward: all activations, the loss's three fp32 sbV tensors and the buffers kept
+# through backward. A block's backward: activations (at the first block, nearly all), the
+# unit being gathered or reduced and the residual-stream workspace. End of backward: every
+# gradient and the last unit's buffers. Optimizer step: gradients and step temporaries. With
+# accumulation the earlier micro-batches' gradients are there from the start. With the
+# optimizer in backward (torchtune) no gradient outlives its parameter's step: none at the end
+# of backward, and the step moment is the largest single parameter's (model_state_bytes,
+# optimizer_in_backward_step_bytes).
+def peak_moments(states: ModelStateBytes, moments: "PeakTerms", grad_accum_steps: int) -> dict[PeakMoment, MomentBytes]:
+    """Every moment's live bytes, split into gradients, buffers (and workspace) and the rest."""
+    resident = states.parameter_bytes + states.optimizer_state_bytes
+    held = moments.resident_buffers + moments.backward_held_buffers
+    accumulated = states.gradient_bytes if grad_accum_steps > 1 else 0
+    return {
+        PeakMoment.loss_backward: MomentBytes(resident + moments.activations + moments.logits, accumulated, held),
+        PeakMoment.block_backward: MomentBytes(
+            resident + moments.activations, accumulated, held + moments.block_transient_buffers + moments.workspace
+        ),
+        PeakMoment.backward_end: MomentBytes(resident, states.gradient_bytes, held + moments.transient_buffers),
+        PeakMoment.optimizer_step: MomentBytes(resident + moments.step_temporary, states.gradient_bytes, moments.resident_buffers),
+    }
+
+
+def peak_allocated_bytes(states: ModelStateBytes, moments: "PeakTerms", grad_accum_steps: int) -> tuple[int, PeakMoment]:
+    """The largest moment's bytes and which moment it is (the first of the four on a tie)."""
+    alive = peak_moments(states, moments, grad_accum_steps)
+    moment = max(alive, key=lambda m: alive[m].total)
+    return alive[moment].total, moment
+
+
+@dataclass(frozen=True)
+class MomentBytes:
+    """Bytes alive at one moment: gradients and buffers apart, everything else in ``other``."""
+
+    other: int
+    gradients: int
+    buffers: int
+
+    @property
+    def total(self) -> int:
+        return self.other + self.gradients + self.buffers
+
+
+@dataclass(frozen=True)
+class PeakTerms:
+    """The byte terms the peak moments combine (besides the model states)."""
+
+    activations: int
+    logits: int
+    workspace: int
+    resident_buffers: int
+    backward_held_buffers: int
+    transient_buffers: int
+    block_transient_buffers: int
+    """The units a block's backward holds (zeroplan.core.buffers.block_backward_transient_bytes;
+    ``transient_buffers`` outside FSDP full sharding)."""
+    step_temporary: int
+    logits_pieces: tuple[int, ...] = ()
+    """The loss's bytes at each of its own moments (``logits`` is their largest). Each is
+    affine in the micro-batch, their maximum is not: the plan search needs them apart."""
+
+
+def moment_totals(states: ModelStateBytes, terms: PeakTerms, grad_accum_steps: int) -> list[int]:
+    """Every moment's bytes, the loss's once per piece of the loss (each affine in the
+    micro-batch, as PeakTerms.logits_pieces says; their maximum is not)."""
+    alive = peak_moments(states, terms, grad_accum_steps)
+    loss = alive[PeakMoment.loss_backward].total
+    totals = [bytes_.total for moment, bytes_ in alive.items() if moment is not PeakMoment.loss_backward]
+    return totals + [loss - terms.logits + piece for piece in terms.logits_pieces or (terms.logits,)]
