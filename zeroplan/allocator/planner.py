@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
+from collections import OrderedDict
+from dataclasses import dataclass, field
 
 from zeroplan.allocator.capacity import (
-    CAPACITY_STEP_BYTES, PlannedVerdict, bisect_capacity, capacity_bracket, completes_within,
+    CAPACITY_STEP_BYTES, PlannedVerdict, capacity_bracket, completes_within, verdict_capacity,
 )
 from zeroplan.allocator.config import AllocatorConfig, parse_alloc_conf
 from zeroplan.allocator.replay import Ops, ReplayResult, replay
@@ -34,15 +36,49 @@ def _without_cyclic_gc():
             gc.enable()
 
 
+@dataclass
+class _StepReplays:
+    """One request's step trace and what replaying it has answered so far."""
+
+    ops: Ops
+    unlimited: ReplayResult
+    """Its replay without a device limit."""
+    shortfall_bytes: int
+    """What the planner's allocated peak counts beyond the schedule's own requested peak (its
+    moments count the largest unit for every unit): added to what the allocator needs, never
+    taken from it."""
+    completes: dict[int, bool] = field(default_factory=dict)
+    """Capacity (bytes, on the 2 MiB grid) -> whether the step completes on it."""
+
+    def completes_within(self, config: AllocatorConfig, capacity_bytes: int) -> bool:
+        steps = capacity_bytes // CAPACITY_STEP_BYTES
+        if steps not in self.completes:
+            self.completes[steps] = completes_within(self.ops, config, steps * CAPACITY_STEP_BYTES, self.unlimited)
+        return self.completes[steps]
+
+
+_RECENT_REPLAYS: OrderedDict[tuple, _StepReplays] = OrderedDict()
+_RECENT_LIMIT = 32
+"""Requests whose replays are kept: a fit asks about each strategy's step for its table, its
+verdict and its largest micro-batch, which is often the same step (specs are immutable, so a
+request and its allocator setting name the trace)."""
+
+
 def _replayed(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms, allocated_peak_bytes: int,
-              config: AllocatorConfig) -> tuple[Ops, ReplayResult, int]:
-    """The compiled step trace, its replay without a device limit, and the shortfall: what the
-    planner's ``allocated_peak_bytes`` counts beyond the schedule's own requested peak (its
-    moments count the largest unit for every unit). The shortfall is added to what the
-    allocator needs, never taken from it."""
+              config: AllocatorConfig) -> _StepReplays:
+    """The compiled step trace and its replay without a device limit, kept for the last few requests."""
+    key = (request, allocated_peak_bytes, config)
+    found = _RECENT_REPLAYS.get(key)
+    if found is not None:
+        _RECENT_REPLAYS.move_to_end(key)
+        return found
     ops = step_ops(request, states, terms)
     unlimited = replay(ops, config, None)
-    return ops, unlimited, max(allocated_peak_bytes - unlimited.requested_peak_bytes, 0)
+    found = _StepReplays(ops, unlimited, max(allocated_peak_bytes - unlimited.requested_peak_bytes, 0))
+    _RECENT_REPLAYS[key] = found
+    if len(_RECENT_REPLAYS) > _RECENT_LIMIT:
+        _RECENT_REPLAYS.popitem(last=False)
+    return found
 
 
 def allocator_verdict(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms,
@@ -65,13 +101,14 @@ def allocator_verdict(request: PlanRequest, states: ModelStateBytes, terms: Peak
         return PlannedVerdict(unlimited=None, fits=False, oom_capacity_bytes=None)
     config = parse_alloc_conf(request.assumptions.allocator_conf or "")
     with _without_cyclic_gc():
-        ops, unlimited, shortfall = _replayed(request, states, terms, allocated_peak_bytes, config)
+        step = _replayed(request, states, terms, allocated_peak_bytes, config)
+        ops, unlimited, shortfall = step.ops, step.unlimited, step.shortfall_bytes
         if allocated_peak_bytes > usable_bytes:
             return PlannedVerdict(unlimited=unlimited, fits=False, oom_capacity_bytes=None)
         usable_step = (usable_bytes - shortfall) // CAPACITY_STEP_BYTES
-        fits = completes_within(ops, config, usable_step * CAPACITY_STEP_BYTES, unlimited)
+        fits = step.completes_within(config, usable_step * CAPACITY_STEP_BYTES)
         if bisect:
-            capacity = bisect_capacity(ops, config, unlimited, usable_step, fits)
+            capacity = verdict_capacity(ops, config, unlimited, usable_step, fits, request.assumptions.exact_capacity)
         elif fits:
             capacity = min(capacity_bracket(unlimited)[1], usable_step) * CAPACITY_STEP_BYTES
         else:
@@ -87,5 +124,5 @@ def allocator_fits(request: PlanRequest, states: ModelStateBytes, terms: PeakTer
         return False
     config = parse_alloc_conf(request.assumptions.allocator_conf or "")
     with _without_cyclic_gc():
-        ops, unlimited, shortfall = _replayed(request, states, terms, allocated_peak_bytes, config)
-        return completes_within(ops, config, usable_bytes - shortfall, unlimited)
+        step = _replayed(request, states, terms, allocated_peak_bytes, config)
+        return step.completes_within(config, usable_bytes - step.shortfall_bytes)

@@ -78,6 +78,11 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
         "fit (e.g. expandable_segments:True; default: what the framework's launcher sets, expandable_segments:True "
         "for torchtitan, PyTorch's defaults otherwise; \"\" for PyTorch's defaults)",
     )
+    parser.add_argument(
+        "--exact-capacity", action="store_true",
+        help="bisect the allocator model's OOM capacity over whole replays (slower; the figure the default "
+        "single grown replay is checked against) instead of growing one replay's device",
+    )
     allocator.add_argument(
         "--flat-reserve", action="store_true",
         help="judge fit on the allocated peak plus a flat 5%% reserve instead of the allocator model "
@@ -349,16 +354,19 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
     )
 
 
-def _allocator_conf(args: argparse.Namespace) -> dict[str, str | None]:
+def _allocator_conf(args: argparse.Namespace) -> dict[str, str | bool | None]:
     """MemoryAssumptions' allocator_conf from the flags: None (the flat reserve) under
     --flat-reserve or for a command without the allocator flags (the plan search judges
     millions of configurations on the flat reserve); left unset without --allocator-conf, so
     the framework's launch default applies (LAUNCH_ALLOCATOR_CONF; PyTorch's own otherwise)."""
     if getattr(args, "flat_reserve", True):
+        if getattr(args, "exact_capacity", False):
+            raise ZeroplanError("exact-capacity", "has no effect with --flat-reserve (no replay, no OOM capacity); drop one")
         return {"allocator_conf": None}
+    exact = {"exact_capacity": True} if args.exact_capacity else {}
     # No default on the flag itself: argparse would not see an explicit "" beside
     # --flat-reserve as a conflict when it equals the default.
-    return {} if args.allocator_conf is None else {"allocator_conf": args.allocator_conf}
+    return exact if args.allocator_conf is None else {"allocator_conf": args.allocator_conf, **exact}
 
 
 DEFAULT_SELECTIVE_LAYER_INTERVAL = TrainingSpec.model_fields["selective_layer_interval"].default
