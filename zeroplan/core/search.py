@@ -603,6 +603,28 @@ def layout_requests(base: PlanRequest, space: LayoutSpace) -> list[PlanRequest]:
                 )
         return [base.with_parallel(ParallelSpec())]
     world, per_node = base.cluster.world_size, base.cluster.gpus_per_node
+    result = _layouts(base, space)
+    if not result and fixed:
+        for name, value in fixed.items():
+            degrees = divisors(per_node) if name == "tp" else divisors(world)
+            # Each alternative is tried without this error path: asking layout_requests again
+            # would, with another fixed degree that yields nothing, recurse without end.
+            allowed = [d for d in degrees if d != value and _layouts(base, space.model_copy(update={name: d}))]
+            if value not in allowed:
+                raise ZeroplanError(
+                    _FLAGS[name], f"{value} gives no layout of {world} GPUs ({per_node} per node) for this model "
+                    f"and --seq-len (allowed: {', '.join(map(str, allowed)) or 'none with the other degrees given'})",
+                )
+        raise ZeroplanError(
+            ", ".join(_FLAGS[n] for n in fixed), "these degrees together give no layout of "
+            f"{world} GPUs (allowed: tp x cp x pp dividing {world}, tp dividing {per_node})",
+        )
+    return result
+
+
+def _layouts(base: PlanRequest, space: LayoutSpace) -> list[PlanRequest]:
+    """Every layout of ``space`` the rules accept (layout_requests' enumeration, no errors)."""
+    world, per_node = base.cluster.world_size, base.cluster.gpus_per_node
     tps = [space.tp] if space.tp is not None else [d for d in divisors(per_node) if d <= (space.max_tp or per_node)]
     long_sequence = base.batch.seq_len >= LONG_SEQUENCE
     cps = [space.cp] if space.cp is not None else [1, *(CONTEXT_PARALLEL_DEGREES if long_sequence else ())]
@@ -620,27 +642,7 @@ def layout_requests(base: PlanRequest, space: LayoutSpace) -> list[PlanRequest]:
                         result.append(base.with_parallel(spec))
                     except (ZeroplanError, ValidationError):
                         continue  # a layout the rules refuse: not searched
-    if not result and fixed:
-        for name, value in fixed.items():
-            degrees = divisors(per_node) if name == "tp" else divisors(world)
-            allowed = [d for d in degrees if d != value and _has_layout(base, space.model_copy(update={name: d}))]
-            if value not in allowed:
-                raise ZeroplanError(
-                    _FLAGS[name], f"{value} gives no layout of {world} GPUs ({per_node} per node) for this model "
-                    f"and --seq-len (allowed: {', '.join(map(str, allowed)) or 'none with the other degrees given'})",
-                )
-        raise ZeroplanError(
-            ", ".join(_FLAGS[n] for n in fixed), "these degrees together give no layout of "
-            f"{world} GPUs (allowed: tp x cp x pp dividing {world}, tp dividing {per_node})",
-        )
     return result
-
-
-def _has_layout(base: PlanRequest, space: LayoutSpace) -> bool:
-    try:
-        return bool(layout_requests(base, space))
-    except ZeroplanError:
-        return False
 
 
 def _layout_groups(layout: PlanRequest, kinds: tuple[StrategyKind, ...]) -> list[_Group]:
