@@ -32,3 +32,15 @@ def _one_line(capsys, argv: list[str], *words: str) -> str:
 ])
 def test_a_fixed_degree_without_layout_is_one_line(capsys, argv, flag) -> None:
     _one_line(capsys, argv, flag, "allowed: 1")
+
+
+@pytest.mark.parametrize("argv,field", [
+    (["fit", "{deep}"], "model: "),
+    (["fit", "gpt2", "--gpu", "{deep}"], "gpu: "),
+    (["validate", "{deep}"], "records: "),
+])
+def test_a_file_nested_200000_deep_is_one_line(capsys, tmp_path, argv, field) -> None:
+    """The JSON decoder recurses once per level: a RecursionError, not a refusal naming the file."""
+    deep = tmp_path / "config.json"
+    deep.write_text("[" * 200_000 + "]" * 200_000)
+    _one_line(capsys, [a.format(deep=deep) for a in argv], field, str(deep), "nests")

@@ -594,5 +594,9 @@ def load_hf_config(path: Path) -> ModelSpec:
         config = json.loads(text)
     except json.JSONDecodeError as error:
         raise ZeroplanError("model", f"{str(path)!r} is not valid JSON (line {error.lineno}: {error.msg})") from None
+    except RecursionError:
+        # The decoder recurses once per nested array or object; a config.json is a few levels deep.
+        raise ZeroplanError("model", f"{str(path)!r} nests arrays or objects more deeply than the JSON "
+                                     "decoder reads (allowed: about 1,000 levels; a config.json nests a few)") from None
     name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
     return parse_hf_config(config, name=name or "custom")
