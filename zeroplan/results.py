@@ -157,6 +157,9 @@ class FitReport(Frozen):
     '' otherwise."""
     compute_model: str = "hfu"
     """How the plans' compute was timed (PerformanceAssumptions.compute_model)."""
+    left_out: tuple[str, ...] = ()
+    """Strategies of the default list that cannot apply to this request, each with the reason
+    (a strategy the user named is refused instead)."""
 
     def plan_for(self, strategy: StrategyKind | str) -> StrategyPlan:
         kind = StrategyKind(strategy)

@@ -173,9 +173,11 @@ class PlanRequest(Frozen):
         if self.strategy.kind is StrategyKind.hsdp:
             group = self.shard_group_size
             if self.state_group_size % group:
+                given = "" if self.strategy.shard_group_size else " (the default: a node's GPUs divided by tp)"
                 raise ZeroplanError(
                     "strategy.shard_group_size",
-                    f"{group} does not divide the {self.state_group_size} ranks that hold the same parameters",
+                    f"shard group {group}{given} does not divide the {self.state_group_size} ranks that hold the same "
+                    f"parameters (allowed: a divisor of {self.state_group_size})",
                 )
         return self
 
