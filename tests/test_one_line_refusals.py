@@ -44,3 +44,84 @@ def test_a_file_nested_200000_deep_is_one_line(capsys, tmp_path, argv, field) ->
     deep = tmp_path / "config.json"
     deep.write_text("[" * 200_000 + "]" * 200_000)
     _one_line(capsys, [a.format(deep=deep) for a in argv], field, str(deep), "nests")
+
+
+def test_measure_refuses_fewer_micro_batches_than_1f1b_stages_before_launch(capsys, monkeypatch, tmp_path) -> None:
+    """torch's Schedule1F1B raised this on rank 0 after 11-20 s of start-up."""
+    from zeroplan.harness import launch as launch_module
+
+    def no_launch(*args, **kwargs):
+        raise AssertionError("torchrun was started")
+
+    monkeypatch.setattr(launch_module, "launch", no_launch)
+    _one_line(capsys, ["measure", "tiny-llama", "--strategy", "fsdp-full-shard", "--nproc", "4", "--pp", "2",
+                       "--grad-accum", "1", "--backend", "gloo", "--out", str(tmp_path / "out")],
+              "--grad-accum: 1", "Schedule1F1B", "allowed: 2 or more")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["fit", "llama-3.1-8b", "--gpus", "8", "--pp", "4"], ("--grad-accum: 1", "allowed: 4 or more")),
+    (["compare", "llama-3.1-8b", "--gpus", "8", "--pp", "4", "--grad-accum", "3"], ("--grad-accum: 3",)),
+    # pp 2, 5 micro-batches: max(1, 5 // 2) = 2 rounds, which do not divide 5.
+    (["fit", "llama-3.1-8b", "--gpus", "8", "--pp", "2", "--pp-schedule", "interleaved-1f1b", "--grad-accum", "5"],
+     ("--grad-accum: 5", "2 rounds", "4 or 6")),
+    (["fit", "llama-3.1-8b", "--gpus", "8", "--pp", "2", "--pp-schedule", "zero-bubble", "--grad-accum", "7"],
+     ("--grad-accum: 7", "3 rounds")),
+])
+def test_fit_refuses_micro_batch_counts_torchs_schedules_refuse(capsys, argv, words) -> None:
+    _one_line(capsys, argv, *words)
+
+
+@pytest.mark.parametrize("argv", [
+    ["fit", "llama-3.1-8b", "--gpus", "8", "--pp", "2", "--grad-accum", "2"],
+    ["fit", "llama-3.1-8b", "--gpus", "8", "--pp", "2", "--pp-schedule", "gpipe"],
+    ["fit", "llama-3.1-8b", "--gpus", "8", "--pp", "2", "--pp-schedule", "interleaved-1f1b", "--grad-accum", "3"],
+    ["fit", "llama-3.1-8b", "--gpus", "8", "--pp", "2", "--pp-schedule", "interleaved-1f1b", "--grad-accum", "6"],
+])
+def test_micro_batch_counts_torchs_schedules_run_are_answered(capsys, argv) -> None:
+    from zeroplan.cli.main import main
+
+    assert main(argv) == 0, capsys.readouterr().err
+    capsys.readouterr()
+
+
+def test_plan_skips_accumulation_counts_the_schedule_refuses() -> None:
+    """The search answered 1F1B with fewer micro-batches than stages, and interleaved 1F1B with a
+    count its rounds do not divide: such splits are not searched."""
+    from zeroplan.core.search import LayoutSpace, search
+    from zeroplan.presets.gpus import get_gpu
+    from zeroplan.presets.models import get_model
+    from zeroplan.specs import BatchSpec, PlanRequest, StrategyKind, StrategySpec, cluster_from_gpus
+    from zeroplan.specs.parallel import PipelineSchedule
+
+    base = PlanRequest(model=get_model("llama-3.1-8b"), cluster=cluster_from_gpus(get_gpu("h100-80gb"), 8),
+                       strategy=StrategySpec(kind=StrategyKind.ddp), batch=BatchSpec(seq_len=1024))
+    one_f_one_b = search(base, 8, top=50, space=LayoutSpace(tp=1, pp=4, cp=1, pp_schedules=(PipelineSchedule.one_f_one_b,)))
+    assert one_f_one_b.ranked and all(c.grad_accum_steps >= 4 for c in one_f_one_b.ranked + one_f_one_b.pareto)
+    # dp 4, 20 sequences per rank: 5 micro-batches (2 rounds) and 20 (10 rounds) are refused.
+    interleaved = search(base, 80, top=50, space=LayoutSpace(tp=1, pp=2, cp=1, pp_schedules=(PipelineSchedule.interleaved_1f1b,)))
+    counts = {c.grad_accum_steps for c in interleaved.ranked + interleaved.pareto}
+    assert counts and all(m % max(1, m // 2) == 0 for m in counts), counts
+    with pytest.raises(Exception, match="global-batch"):
+        search(base, 4, space=LayoutSpace(tp=1, pp=4, cp=1, pp_schedules=(PipelineSchedule.one_f_one_b,)))
+
+
+@pytest.mark.parametrize("argv", [
+    ["fit", "llama-3.1-8b", "--pp", "32", "--gpus", "32", "--grad-accum", "32"],
+    ["fit", "llama-3.1-8b", "--pp", "2", "--tp", "2", "--cp", "2", "--gpus", "8", "--grad-accum", "2"],
+    ["compare", "llama-3.1-8b", "--pp", "2", "--gpus", "4", "--grad-accum", "4", "--pp-schedule", "zero-bubble"],
+])
+def test_default_strategies_that_cannot_apply_are_left_out_with_a_note(capsys, argv) -> None:
+    """HSDP's default group (a node's GPUs over tp) refused the whole question, which never named hsdp."""
+    from zeroplan.cli.main import main
+
+    assert main(argv) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "Left out: hsdp: shard group" in out, out
+    assert not any(line.startswith("hsdp ") for line in out.splitlines()), out
+
+
+def test_a_named_strategy_that_cannot_apply_is_still_refused(capsys) -> None:
+    _one_line(capsys, ["fit", "llama-3.1-8b", "--pp", "2", "--tp", "2", "--cp", "2", "--gpus", "8", "--grad-accum", "2",
+                       "--strategies", "hsdp"], "--hsdp-group: shard group 4", "allowed: a divisor of 2")

@@ -639,7 +639,11 @@ def _layouts(base: PlanRequest, space: LayoutSpace) -> list[PlanRequest]:
                     try:
                         spec = ParallelSpec(tp=tp, sequence_parallel=tp > 1, cp=cp, pp=pp, pp_schedule=schedule,
                                             virtual_stages=INTERLEAVED_VIRTUAL_STAGES if schedule.interleaved and pp > 1 else 1)
-                        result.append(base.with_parallel(spec))
+                        # Built at pp micro-batches, which every schedule runs: the search moves
+                        # each layout to its own (micro-batch, accumulation) splits, and drops
+                        # those the schedule refuses (_schedulable).
+                        batch = base.batch.model_copy(update={"grad_accum_steps": pp})
+                        result.append(type(base)(**{**dict(base), "parallel": spec, "batch": batch}))
                     except (ZeroplanError, ValidationError):
                         continue  # a layout the rules refuse: not searched
     return result
@@ -750,6 +754,29 @@ def pareto_indices(peak: np.ndarray, seconds: np.ndarray) -> np.ndarray:
     return np.array(front, dtype=np.int64)
 
 
+def _schedulable(
+    all_groups: list[_Group], splits: list[tuple[np.ndarray, np.ndarray]], global_batch_size: int,
+) -> tuple[list[_Group], list[tuple[np.ndarray, np.ndarray]]]:
+    """The groups and splits less the accumulation counts a group's pipeline schedule refuses
+    (ParallelSpec.microbatch_rule: torch's 1F1B needs a micro-batch per stage, interleaved 1F1B
+    a count its rounds divide); a group left without a split is dropped."""
+    kept_groups, kept_splits = [], []
+    for group, (micro, accum) in zip(all_groups, splits):
+        parallel = group.request.parallel
+        if parallel.pp > 1:
+            runs = np.array([parallel.microbatch_rule(int(a)) is None for a in accum.tolist()], dtype=bool)
+            micro, accum = micro[runs], accum[runs]
+        if len(micro):
+            kept_groups.append(group)
+            kept_splits.append((micro, accum))
+    if not kept_groups:
+        raise ZeroplanError(
+            "global-batch", f"{global_batch_size} gives no accumulation count the pipeline schedules searched run "
+            "(allowed: a batch with at least pp micro-batches per data-parallel rank, e.g. a larger --global-batch)",
+        )
+    return kept_groups, kept_splits
+
+
 def _splits(all_groups: list[_Group], global_batch_size: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """Each group's (micro-batch, accumulation) splits over its layout's data-parallel ranks."""
     by_ranks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -798,7 +825,7 @@ def search(
     """Rank every fitting configuration of ``base`` at ``global_batch_size`` by step time: under
     the request's own layout, or under every layout of ``space``."""
     all_groups, layouts = _searched_groups(base, global_batch_size, strategies, space)
-    splits = _splits(all_groups, global_batch_size)
+    all_groups, splits = _schedulable(all_groups, _splits(all_groups, global_batch_size), global_batch_size)
     index, micros, accums, peaks, fits, seconds = [], [], [], [], [], []
     for g, (group, (micro, accum)) in enumerate(zip(all_groups, splits)):
         peak, fit, s = evaluate(group, micro, accum)

@@ -91,6 +91,12 @@ def check_parallel_args(args: argparse.Namespace, model: ModelSpec, nproc: int) 
 
     check_parallel_supported(StrategyKind(args.strategy), EngineKind(args.engine), model, nproc, args.tp,
                              args.sequence_parallel, args.pp, args.pp_schedule, args.seq_len)
+    if args.pp > 1:
+        # The schedule is built with --grad-accum micro-batches; torch refuses a count its
+        # schedule cannot run only once every rank has started (the planner applies the same rule).
+        refused = parallel_from_args(args).microbatch_rule(args.grad_accum)
+        if refused:
+            raise ZeroplanError("--grad-accum", refused)
 
 
 def resolve_engine(args: argparse.Namespace) -> None:
