@@ -125,3 +125,34 @@ def test_default_strategies_that_cannot_apply_are_left_out_with_a_note(capsys, a
 def test_a_named_strategy_that_cannot_apply_is_still_refused(capsys) -> None:
     _one_line(capsys, ["fit", "llama-3.1-8b", "--pp", "2", "--tp", "2", "--cp", "2", "--gpus", "8", "--grad-accum", "2",
                        "--strategies", "hsdp"], "--hsdp-group: shard group 4", "allowed: a divisor of 2")
+
+
+PLAN = ["plan", "llama-3.1-8b", "--global-batch", "8"]
+
+
+@pytest.mark.parametrize("argv,words", [
+    # --virtual-stages without --pp was refused while --pp-schedule was ignored.
+    (["fit", "llama-3.1-8b", "--pp-schedule", "gpipe"], ("--pp-schedule", "allowed: with --pp 2 or more")),
+    (["compare", "llama-3.1-8b", "--pp-schedule", "zbv"], ("--pp-schedule",)),
+    (["measure", "tiny-llama", "--strategy", "ddp", "--pp-schedule", "gpipe", "--out", "out"], ("--pp-schedule",)),
+    ([*PLAN, "--pp", "1", "--pp-schedule", "interleaved-1f1b"], ("--pp-schedule", "--pp 2 or more")),
+    # plan answered with tp 4.
+    ([*PLAN, "--tp", "4", "--max-tp", "2"], ("--max-tp: 2 is below --tp 4", "allowed:")),
+    # The schedule (or bound) was ignored by a search without layouts.
+    ([*PLAN, "--pp-schedule", "1f1b", "--no-model-parallel"], ("--pp-schedule", "--no-model-parallel")),
+    ([*PLAN, "--max-tp", "2", "--no-model-parallel"], ("--max-tp", "--no-model-parallel")),
+    ([*PLAN, "--lora-rank", "8", "--pp-schedule", "1f1b"], ("--pp-schedule", "--lora-rank")),
+    (["plan", "llama-2-7b", "--framework", "hf", "--global-batch", "8", "--pp-schedule", "1f1b"],
+     ("--pp-schedule", "not modelled for hf")),
+])
+def test_layout_flags_that_would_be_ignored_are_refused(capsys, monkeypatch, tmp_path, argv, words) -> None:
+    monkeypatch.chdir(tmp_path)
+    _one_line(capsys, argv, *words)
+
+
+def test_a_data_parallel_only_plan_names_what_the_user_typed(capsys) -> None:
+    """'--tp: 2 with --no-model-parallel' was the answer to a --lora-rank search that never had that flag."""
+    err = _one_line(capsys, [*PLAN, "--lora-rank", "8", "--tp", "2"], "--tp: 2 with --lora-rank", "allowed: 1")
+    assert "--no-model-parallel" not in err
+    err = _one_line(capsys, [*PLAN, "--frozen-blocks", "2", "--pp", "2"], "--pp: 2 with --frozen-blocks")
+    assert "--no-model-parallel" not in err

@@ -596,11 +596,17 @@ def layout_requests(base: PlanRequest, space: LayoutSpace) -> list[PlanRequest]:
         for name, value in fixed.items():
             if value > 1:
                 if not space.model_parallel:
-                    raise ZeroplanError(_FLAGS[name], f"{value} with --no-model-parallel (allowed: 1)")
+                    raise ZeroplanError(_FLAGS[name], f"{value} with {space.data_parallel_only_by} (allowed: 1)")
                 raise ZeroplanError(
                     _FLAGS[name], f"{value}: model parallelism is not modelled for {framework.value} "
                     f"(allowed: 1, or --framework {' or '.join(MODEL_PARALLEL_FRAMEWORKS)})",
                 )
+        if space.model_parallel:
+            # A schedule or a bound the search would not read (the user expects it to act).
+            for flag, given in (("--pp-schedule", "pp_schedules" in space.model_fields_set), ("--max-tp", space.max_tp is not None)):
+                if given:
+                    raise ZeroplanError(flag, f"model parallelism is not modelled for {framework.value} (allowed: leave "
+                                              f"it out, or --framework {' or '.join(MODEL_PARALLEL_FRAMEWORKS)})")
         return [base.with_parallel(ParallelSpec())]
     world, per_node = base.cluster.world_size, base.cluster.gpus_per_node
     result = _layouts(base, space)
