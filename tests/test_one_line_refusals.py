@@ -156,3 +156,43 @@ def test_a_data_parallel_only_plan_names_what_the_user_typed(capsys) -> None:
     assert "--no-model-parallel" not in err
     err = _one_line(capsys, [*PLAN, "--frozen-blocks", "2", "--pp", "2"], "--pp: 2 with --frozen-blocks")
     assert "--no-model-parallel" not in err
+
+
+FIT_LORA = ["fit", "llama-3.1-8b", "--framework", "hf", "--lora-rank"]
+
+
+@pytest.mark.parametrize("argv,words", [
+    # An adapter of a 4096 x 1024 layer has rank at most 1024.
+    ([*FIT_LORA, "8192"], ("--lora-rank: 8192 exceeds 1024", "allowed: 1 to 1024")),
+    ([*FIT_LORA, "1025", "--lora-targets", "q,v"], ("--lora-rank: 1025", "v: 4096 x 1024")),
+    # bitsandbytes quantizes 4-bit blocks of a power of two elements.
+    ([*FIT_LORA, "8", "--quantize", "nf4", "--quant-block-size", "63"], ("--quant-block-size: 63", "allowed: 32, 64,")),
+    # 64 (the default's value) without nf4 was accepted where 128 was refused.
+    ([*FIT_LORA, "8", "--quant-block-size", "64"], ("--quant-block-size", "nf4")),
+    ([*FIT_LORA, "8", "--quant-block-size", "128"], ("--quant-block-size", "nf4")),
+    ([*FIT_LORA, "8", "--double-quant"], ("--double-quant", "nf4")),
+    ([*FIT_LORA, "8", "--no-double-quant"], ("--double-quant", "nf4")),
+])
+def test_finetune_values_bitsandbytes_or_lora_cannot_take_are_refused(capsys, argv, words) -> None:
+    _one_line(capsys, argv, *words)
+
+
+def test_lora_rank_at_the_bound_and_block_sizes_bitsandbytes_takes_are_answered(capsys) -> None:
+    from zeroplan.cli.main import main
+
+    for argv in ([*FIT_LORA, "1024"], [*FIT_LORA, "8", "--quantize", "nf4", "--quant-block-size", "4096"]):
+        assert main(argv) == 0, capsys.readouterr().err
+    capsys.readouterr()
+
+
+def test_a_config_loading_in_4_and_8_bits_is_refused(capsys, tmp_path) -> None:
+    import json
+
+    config = {"model_type": "llama", "vocab_size": 32000, "hidden_size": 4096, "num_hidden_layers": 2,
+              "num_attention_heads": 32, "intermediate_size": 11008, "max_position_embeddings": 4096,
+              "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True, "load_in_8bit": True,
+                                      "bnb_4bit_quant_type": "nf4"}}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    _one_line(capsys, ["fit", str(path), "--lora-rank", "8", "--framework", "hf"],
+              "config.quantization_config", "load_in_4bit and load_in_8bit")

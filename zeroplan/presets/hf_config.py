@@ -561,6 +561,11 @@ def config_quantization(config: dict[str, Any]) -> dict[str, Any] | None:
     if not isinstance(quant, dict):
         raise ZeroplanError("config.quantization_config", f"must be an object, got {type(quant).__name__}")
     method = quant.get("quant_method")
+    if method == "bitsandbytes" and quant.get("load_in_4bit") and quant.get("load_in_8bit"):
+        # transformers' BitsAndBytesConfig refuses both ("load_in_4bit and
+        # load_in_8bit are both True, but only one can be used at the same time").
+        raise ZeroplanError("config.quantization_config", "sets both load_in_4bit and load_in_8bit "
+                                                          "(allowed: one of them)")
     if method == "bitsandbytes" and quant.get("load_in_4bit"):
         kind = quant.get("bnb_4bit_quant_type", "fp4")
         if kind != "nf4":
