@@ -196,3 +196,21 @@ def test_a_config_loading_in_4_and_8_bits_is_refused(capsys, tmp_path) -> None:
     path.write_text(json.dumps(config))
     _one_line(capsys, ["fit", str(path), "--lora-rank", "8", "--framework", "hf"],
               "config.quantization_config", "load_in_4bit and load_in_8bit")
+
+
+DEEPSEEK = str(__import__("pathlib").Path(__file__).parent / "fixtures" / "hf" / "deepseek-v2-lite.json")
+
+
+def test_a_capacity_factor_under_torchtitans_dropless_moe_is_refused(capsys) -> None:
+    """torchtitan routes dropless: the capacity factor changed its answer silently."""
+    _one_line(capsys, ["fit", DEEPSEEK, "--gpus", "16", "--framework", "torchtitan", "--ep", "8",
+                       "--moe-capacity-factor", "1.25"], "--moe-capacity-factor", "dropless")
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["fit", "llama-3.1-8b", "--ep", "2"], "--ep: 2 needs a mixture-of-experts model"),
+    (["fit", DEEPSEEK, "--gpus", "16", "--framework", "torchtitan", "--ep", "3"], "--ep: 3 does not divide"),
+])
+def test_ep_refusals_name_the_flag(capsys, argv, flag) -> None:
+    err = _one_line(capsys, argv, flag)
+    assert "parallel.ep" not in err

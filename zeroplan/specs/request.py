@@ -7,6 +7,7 @@ from pydantic import Field, model_validator
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.finetune import Quantization, check_finetune
+from zeroplan.specs.framework import Framework
 from zeroplan.specs.hardware import ClusterSpec
 from zeroplan.specs.model import ModelSpec, PositionKind
 from zeroplan.specs.parallel import ParallelSpec, check_parallel
@@ -165,6 +166,11 @@ class PlanRequest(Frozen):
     def _check_groups(self) -> "PlanRequest":
         check_seq_len(self.model, self.batch)
         check_attention_kernel(self.model, self.training)
+        if self.model.moe_capacity_factor is not None and self.training.framework is Framework.torchtitan:
+            # torchtitan 0.3.0 routes dropless (its MoE sends every token to its top-k experts,
+            # no capacity); a capacity factor would change an answer about a run that has none.
+            raise ZeroplanError("model.moe_capacity_factor", "torchtitan's MoE routes dropless, without a capacity "
+                                                             "(allowed: leave it out with framework torchtitan)")
         check_parallel(self.parallel, self.model, self.cluster, self.batch, self.strategy.kind, self.training.framework)
         check_finetune(self.training.finetune, self.model, self.training.framework, self.parallel.model_parallel_size * self.parallel.ep)
         if self.training.finetune.quantize is Quantization.int8 and self.strategy.kind not in INT8_STRATEGIES:
