@@ -214,3 +214,42 @@ def test_a_capacity_factor_under_torchtitans_dropless_moe_is_refused(capsys) -> 
 def test_ep_refusals_name_the_flag(capsys, argv, flag) -> None:
     err = _one_line(capsys, argv, flag)
     assert "parallel.ep" not in err
+
+
+SAMPLE_RECORD = (__import__("pathlib").Path(__file__).resolve().parents[1] / "benchmarks" / "deepspeed-records"
+                 / "tiny-llama-zero1-deepspeed-fp32-n2" / "rank00000.json")
+
+
+def _record_with(tmp_path, edit) -> str:
+    import json
+
+    record = json.loads(SAMPLE_RECORD.read_text(encoding="utf-8"))
+    edit(record)
+    path = tmp_path / "rank00000.json"
+    path.write_text(json.dumps(record))
+    return str(path)
+
+
+@pytest.mark.parametrize("edit,field", [
+    # Coerced before: a string for a count or a flag, a negative peak (printed as -0.000), 10^9 nodes.
+    (lambda r: r["description"].update(world_size="2"), "description.world_size"),
+    (lambda r: r.update(rank="0"), "rank"),
+    (lambda r: r.update(complete="yes"), "complete"),
+    (lambda r: r["description"].update(steps="6"), "description.steps"),
+    (lambda r: r["steps"][0]["memory"].update(peak_bytes=-1), "steps.0.memory.peak_bytes"),
+    (lambda r: r.update(nnodes=10**9), "nnodes"),
+])
+def test_validate_reads_records_strictly(capsys, tmp_path, edit, field) -> None:
+    path = _record_with(tmp_path, edit)
+    _one_line(capsys, ["validate", path], "records: ", path, field)
+
+
+def test_validate_names_the_record_and_its_field_for_a_bad_layout(capsys, tmp_path) -> None:
+    """It blamed fit's flags ('--tp/--cp/--pp: ...') and named no file."""
+    def edit(record):
+        record["description"]["world_size"] = 1
+        record["description"]["parallel"] = {**record["description"].get("parallel", {}), "tp": 3}
+
+    path = _record_with(tmp_path, edit)
+    err = _one_line(capsys, ["validate", path], f"records: '{path}': description.parallel: ")
+    assert "--tp" not in err
