@@ -34,16 +34,17 @@ def test_a_fixed_degree_without_layout_is_one_line(capsys, argv, flag) -> None:
     _one_line(capsys, argv, flag, "allowed: 1")
 
 
-@pytest.mark.parametrize("argv,field", [
-    (["fit", "{deep}"], "model: "),
-    (["fit", "gpt2", "--gpu", "{deep}"], "gpu: "),
-    (["validate", "{deep}"], "records: "),
+@pytest.mark.parametrize("argv,words", [
+    (["fit", "{deep}"], ("model: ", "nests")),
+    (["fit", "gpt2", "--gpu", "{deep}"], ("gpu: ", "nests")),
+    # Records are parsed by pydantic's own JSON reader, which has a recursion limit of its own.
+    (["validate", "{deep}"], ("records: ", "recursion limit")),
 ])
-def test_a_file_nested_200000_deep_is_one_line(capsys, tmp_path, argv, field) -> None:
+def test_a_file_nested_200000_deep_is_one_line(capsys, tmp_path, argv, words) -> None:
     """The JSON decoder recurses once per level: a RecursionError, not a refusal naming the file."""
     deep = tmp_path / "config.json"
     deep.write_text("[" * 200_000 + "]" * 200_000)
-    _one_line(capsys, [a.format(deep=deep) for a in argv], field, str(deep), "nests")
+    _one_line(capsys, [a.format(deep=deep) for a in argv], str(deep), *words)
 
 
 def test_measure_refuses_fewer_micro_batches_than_1f1b_stages_before_launch(capsys, monkeypatch, tmp_path) -> None:

@@ -54,10 +54,6 @@ def load_record_files(paths: list[str]) -> list[tuple[Path, RankRecord]]:
             raise ZeroplanError("records", f"{str(path)!r} is not a zeroplan record ({first})") from None
         except OSError as error:
             raise ZeroplanError("records", f"cannot read {str(path)!r}: {error.strerror}") from None
-        except RecursionError:
-            # The JSON decoder recurses once per nested array or object.
-            raise ZeroplanError("records", f"{str(path)!r} is not a zeroplan record (it nests arrays or objects more "
-                                           "deeply than the JSON decoder reads; allowed: about 1,000 levels)") from None
         if not record.steps:
             raise ZeroplanError("records", f"{str(path)!r}: steps: empty (a record needs at least one measured step)")
         records.append((path, record))
