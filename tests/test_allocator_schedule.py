@@ -135,7 +135,8 @@ def test_fit_says_how_each_strategys_schedule_was_checked(capsys) -> None:
     assert main(["fit", *TITAN.split(), "--strategies", "fsdp-full-shard,ddp", "--allocator-conf", ""]) == 0
     caution = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("caution: oom-at"))
     assert "fsdp-full-shard: -3.0 % to +5.1 %" in caution and "ddp: a coarser schedule" in caution
-    assert main(["fit", "llama-2-7b", "--gpus", "8", "--pp", "2", "--strategies", "fsdp-full-shard", "--allocator-conf", ""]) == 0
+    assert main(["fit", "llama-2-7b", "--gpus", "8", "--pp", "2", "--grad-accum", "2", "--strategies", "fsdp-full-shard",
+                 "--allocator-conf", ""]) == 0
     caution = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("caution: oom-at"))
     assert "under a pipeline" in caution and "fsdp-full-shard:" not in caution
 

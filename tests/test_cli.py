@@ -199,7 +199,8 @@ def test_fit_expresses_accumulation_without_resharding(capsys) -> None:
     assert kept["sent_bytes_per_step"] < plain["sent_bytes_per_step"]
 
 
-@pytest.mark.parametrize("extra", [[], ["--tp", "2", "--pp", "2"], ["--pp", "2", "--compute-model", "roofline"]])
+@pytest.mark.parametrize("extra", [[], ["--tp", "2", "--pp", "2", "--grad-accum", "2"],
+                                   ["--pp", "2", "--grad-accum", "2", "--compute-model", "roofline"]])
 def test_compare_columns_add_up_to_the_step(capsys, extra) -> None:
     # Every part of the step has a column: compute (+ opt-step under the roofline), the
     # model-parallel collectives and the pipeline bubble where there are any, exposed and cpu-step.

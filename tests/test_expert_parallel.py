@@ -163,7 +163,7 @@ def test_fit_answers_with_ep(capsys, argv) -> None:
 def test_fit_refuses_ep_for_a_dense_model(capsys) -> None:
     assert main(["fit", "llama-3.1-8b", "--ep", "2"]) != 0
     err = capsys.readouterr().err
-    assert "parallel.ep" in err and err.count("\n") == 1
+    assert "--ep: 2" in err and err.count("\n") == 1
 
 
 @pytest.mark.parametrize("fmt", ["table", "json", "csv"])

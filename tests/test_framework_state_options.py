@@ -10,7 +10,8 @@ import pytest
 
 from zeroplan.cli.main import main
 from zeroplan.core.model_states import model_state_bytes
-from zeroplan.core.plan import fit, memory_breakdown, peak_moments, peak_terms, plan
+from zeroplan.core.peak import peak_moments
+from zeroplan.core.plan import fit, memory_breakdown, peak_terms, plan
 from zeroplan.errors import ZeroplanError
 from zeroplan.frameworks.step_record import FrameworkStepRecord, load_step_records
 from zeroplan.presets.models import get_model

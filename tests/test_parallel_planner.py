@@ -30,8 +30,10 @@ from zeroplan.specs.parallel import ParallelSpec, PipelineSchedule
 
 
 def request(model="llama-3.1-8b", gpus=16, kind=StrategyKind.fsdp_full_shard, training=None, batch=None, **parallel):
+    # A micro-batch per pipeline stage by default: torch's Schedule1F1B refuses fewer.
     return PlanRequest(
-        model=get_model(model), training=training or TrainingSpec(), batch=batch or BatchSpec(),
+        model=get_model(model), training=training or TrainingSpec(),
+        batch=batch or BatchSpec(grad_accum_steps=parallel.get("pp", 1)),
         cluster=cluster_from_gpus(get_gpu("h100-80gb"), gpus), strategy=StrategySpec(kind=kind),
         parallel=ParallelSpec(**parallel),
     )
@@ -205,7 +207,7 @@ def test_the_pipeline_bubble_lengthens_the_step():
 
 
 def test_the_data_parallel_group_is_the_world_over_the_model_parallel_degrees():
-    r = request(gpus=64, tp=8, pp=2, cp=2, batch=BatchSpec(seq_len=8192))
+    r = request(gpus=64, tp=8, pp=2, cp=2, batch=BatchSpec(seq_len=8192, grad_accum_steps=2))
     assert r.data_parallel_size == 2
     assert r.state_group_size == 4
     assert r.shard_group_size == 4
@@ -250,7 +252,8 @@ def test_hf_is_not_modelled_under_tensor_parallelism():
 
 def test_fit_answers_the_405b_question(capsys):
     code = main(["fit", "llama-3.1-405b", "--gpus", "128", "--gpu", "h100-80gb", "--framework", "torchtitan",
-                 "--tp", "8", "--pp", "4", "--micro-batch", "1", "--seq-len", "8192", "--activation-checkpointing", "full"])
+                 "--tp", "8", "--pp", "4", "--micro-batch", "1", "--seq-len", "8192", "--activation-checkpointing", "full",
+                 "--grad-accum", "16"])
     out = capsys.readouterr().out
     assert code == 0
     assert "tp 8 + sequence parallel" in out and "pp 4" in out

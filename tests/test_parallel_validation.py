@@ -16,7 +16,7 @@ from zeroplan.frameworks.parallel_record import load_parallel_records
 from zeroplan.frameworks.pipeline_record import load_schedule_records, load_split_records
 from zeroplan.presets.gpus import get_gpu
 from zeroplan.presets.models import get_model
-from zeroplan.specs import PlanRequest, StrategySpec, TrainingSpec
+from zeroplan.specs import BatchSpec, PlanRequest, StrategySpec, TrainingSpec
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.hardware import cluster_from_gpus
 from zeroplan.specs.parallel import ParallelSpec, PipelineSchedule
@@ -89,6 +89,7 @@ def test_stage_split_and_parameters_per_pipeline_rank_equal_torchtitans(record):
     request = PlanRequest(
         model=get_model(PRESET[record.flavour]), training=TrainingSpec(framework=Framework.torchtitan),
         cluster=cluster_from_gpus(get_gpu("h100-80gb"), record.pp), strategy=StrategySpec(kind="ddp"), parallel=parallel,
+        batch=BatchSpec(grad_accum_steps=record.pp),
     )
     for rank in record.ranks:
         assert list(rank_stage_indices(parallel, rank.rank)) == rank.stage_indices

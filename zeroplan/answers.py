@@ -38,6 +38,9 @@ class FitReport(Frozen):
     '' otherwise."""
     compute_model: str = "hfu"
     """How the plans' compute was timed (PerformanceAssumptions.compute_model)."""
+    left_out: tuple[str, ...] = ()
+    """Strategies of the default list that cannot apply to this request, each with the reason
+    (a strategy the user named is refused instead)."""
     allocator_conf: str | None = ""
     """The PYTORCH_CUDA_ALLOC_CONF the verdict was judged under (MemoryAssumptions.allocator_conf;
     None: the flat reserve)."""

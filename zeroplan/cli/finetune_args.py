@@ -84,6 +84,13 @@ def finetune_from_args(args: argparse.Namespace) -> FineTuneSpec:
         fields["lora_dropout"] = args.lora_dropout
     if getattr(args, "dora", False):
         fields["dora"] = True
+    if Quantization(fields.get("quantize", Quantization.none)) is not Quantization.nf4:
+        # The spec cannot tell 64 typed from its default: a flag typed for an nf4 base that is
+        # not there is refused whatever its value.
+        for field, flag in (("quant_block_size", "--quant-block-size"), ("double_quant", "--double-quant")):
+            if getattr(args, field, None) is not None:
+                raise ZeroplanError(flag, "applies to an nf4 base only (allowed: with --quantize nf4, or a config.json "
+                                          "whose quantization_config is nf4)")
     fields["freeze_embeddings"] = getattr(args, "freeze_embeddings", False)
     fields["frozen_blocks"] = getattr(args, "frozen_blocks", None) or 0
     return FineTuneSpec(**fields)

@@ -145,8 +145,8 @@ def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
                             "enable_sequence_parallel defaults to true; off for the reference model, as Megatron-LM)")
     group.add_argument("--cp", type=positive_int, default=1, help="context-parallel degree (ring attention; default 1)")
     group.add_argument("--pp", type=positive_int, default=1, help="pipeline-parallel degree (default 1); --grad-accum micro-batches flow through it")
-    group.add_argument("--pp-schedule", choices=choices_of(PipelineSchedule), default=PipelineSchedule.one_f_one_b.value,
-                       help="pipeline schedule (default 1f1b)")
+    group.add_argument("--pp-schedule", choices=choices_of(PipelineSchedule),
+                       help="pipeline schedule, with --pp 2 or more (default 1f1b)")
     group.add_argument("--virtual-stages", type=positive_int,
                        help="stages per pipeline rank (default 1; 2 for interleaved-1f1b and zero-bubble)")
     group.add_argument("--ep", type=positive_int, default=1,
@@ -162,7 +162,11 @@ def parallel_from_args(args: argparse.Namespace) -> ParallelSpec:
     sweep model parallelism yet)."""
     if not hasattr(args, "tp"):
         return ParallelSpec()
-    schedule = PipelineSchedule(args.pp_schedule)
+    if args.pp_schedule is not None and args.pp == 1:
+        # Refused as --virtual-stages without --pp is (ParallelSpec): a schedule of no pipeline
+        # would change nothing the user expects it to.
+        raise ZeroplanError("--pp-schedule", "needs pipeline parallelism (allowed: with --pp 2 or more)")
+    schedule = PipelineSchedule(args.pp_schedule or PipelineSchedule.one_f_one_b.value)
     sequence_parallel = args.sequence_parallel
     if sequence_parallel is None:
         # torchtitan 0.3.0 config/configs.py ParallelismConfig.enable_sequence_parallel = True.

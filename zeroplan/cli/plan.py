@@ -78,12 +78,22 @@ def run_plan(args: argparse.Namespace) -> int:
         fsdp_cpu_offload=False,
     )
     base = request_from_args(argparse.Namespace(**fixed))
-    # Frozen parameters, LoRA and compiled blocks are modelled under data parallelism only.
-    model_parallel = not args.no_model_parallel and base.training.finetune.trains_everything and not base.training.compile
-    space = LayoutSpace(
-        tp=args.tp, pp=args.pp, cp=args.cp, max_tp=args.max_tp, model_parallel=model_parallel,
-        pp_schedules=(PipelineSchedule(args.pp_schedule),) if args.pp_schedule else SEARCHED_SCHEDULES,
-    )
+    # Frozen parameters, LoRA and compiled blocks are modelled under data parallelism only; a
+    # layout flag is refused naming what the user typed that made it so.
+    finetune = base.training.finetune
+    data_parallel_only_by = None
+    if args.no_model_parallel:
+        data_parallel_only_by = "--no-model-parallel"
+    elif not finetune.trains_everything:
+        flag = "--lora-rank" if finetune.is_lora else "--frozen-blocks/--freeze-embeddings"
+        data_parallel_only_by = f"{flag} (frozen parameters and LoRA are modelled under data parallelism only)"
+    elif base.training.compile:
+        data_parallel_only_by = "--compile (compiled blocks are modelled under data parallelism only)"
+    layout = dict(tp=args.tp, pp=args.pp, cp=args.cp, max_tp=args.max_tp, model_parallel=data_parallel_only_by is None,
+                  data_parallel_only_by=data_parallel_only_by or "--no-model-parallel")
+    if args.pp_schedule:
+        layout["pp_schedules"] = (PipelineSchedule(args.pp_schedule),)
+    space = LayoutSpace(**layout)
     result = search(base, args.global_batch, parse_strategies(args.strategies),
                     top=args.top, space=space)
     if args.format == "json":

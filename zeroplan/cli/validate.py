@@ -68,6 +68,18 @@ def check_plot_path(text: str) -> None:
         raise ZeroplanError("plot", "needs matplotlib (pip install 'zeroplan[plots]')") from None
 
 
+def _compared(compare_record, record: RankRecord, path: Path) -> list:
+    """compare_record's rows; a record the planner refuses is named with its file and its own
+    field (description.parallel.tp), not the flags of fit that the user never typed."""
+    from zeroplan.errors import ZeroplanError
+
+    try:
+        return compare_record(record)
+    except ZeroplanError as error:
+        field = error.field if error.field.startswith("description.") else f"description.{error.field}"
+        raise ZeroplanError("records", f"{str(path)!r}: {field}: {error.detail}") from None
+
+
 def run_validate(args: argparse.Namespace) -> int:
     from zeroplan.validate.compare import compare_record
     from zeroplan.validate.load import load_record_files, merge_runs
@@ -78,7 +90,8 @@ def run_validate(args: argparse.Namespace) -> int:
     runs = merge_runs(load_record_files(args.records))
     records = [record for run in runs for record in run.records]
     chosen = records if args.all_ranks else [r for run in runs for r in default_ranks(run.records)] or records
-    rows = [row for record in chosen for row in compare_record(record)]
+    file_of = {id(record): path for run in runs for record, path in zip(run.records, run.files)}
+    rows = [row for record in chosen for row in _compared(compare_record, record, file_of[id(record)])]
     if args.format == "csv":
         sys.stdout.write(comparison_frame(rows).to_csv(index=False))
     elif args.format == "json":

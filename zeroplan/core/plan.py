@@ -576,11 +576,22 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | N
     check_framework_strategies(
         framework, tuple(s.kind if isinstance(s, StrategySpec) else StrategyKind(s) for s in strategies), base.cluster.world_size,
     )
-    plans, requests = [], {}
+    plans, requests, left_out = [], {}, []
     for strategy in strategies:
         spec = strategy if isinstance(strategy, StrategySpec) else base.strategy.model_copy(update={"kind": StrategyKind(strategy)})
-        requests[spec.kind] = base.with_strategy(spec)
+        try:
+            requests[spec.kind] = base.with_strategy(spec)
+        except ZeroplanError as error:
+            if given:
+                raise
+            # A strategy of the default list that cannot apply to this layout (HSDP's default
+            # group of a node's GPUs wider than the ranks holding the same parameters): the user
+            # did not ask for it, so it leaves the table with its reason instead of refusing all.
+            left_out.append((spec.kind.value, error))
+            continue
         plans.append(plan(requests[spec.kind], capacities))
+    if not plans and left_out:
+        raise left_out[0][1]
     if not capacities:
         plans = _bisected_where_peaks_decide(plans, requests)
     plans_tuple = tuple(plans)
@@ -605,6 +616,7 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | N
         verdict=verdict,
         allocator_caution=caution,
         compute_model=base.performance.compute_model,
+        left_out=tuple(f"{kind}: {error.detail}" for kind, error in left_out),
         allocator_conf=base.assumptions.allocator_conf,
         allocator_conf_is_launch_default=base.allocator_conf_is_launch_default,
     )

@@ -499,12 +499,40 @@ def layout_requests(base: PlanRequest, space: LayoutSpace) -> list[PlanRequest]:
         for name, value in fixed.items():
             if value > 1:
                 if not space.model_parallel:
-                    raise ZeroplanError(_FLAGS[name], f"{value} with --no-model-parallel (allowed: 1)")
+                    raise ZeroplanError(_FLAGS[name], f"{value} with {space.data_parallel_only_by} (allowed: 1)")
                 raise ZeroplanError(
                     _FLAGS[name], f"{value}: model parallelism is not modelled for {framework.value} "
                     f"(allowed: 1, or --framework {' or '.join(MODEL_PARALLEL_FRAMEWORKS)})",
                 )
+        if space.model_parallel:
+            # A schedule or a bound the search would not read (the user expects it to act).
+            for flag, given in (("--pp-schedule", "pp_schedules" in space.model_fields_set), ("--max-tp", space.max_tp is not None)):
+                if given:
+                    raise ZeroplanError(flag, f"model parallelism is not modelled for {framework.value} (allowed: leave "
+                                              f"it out, or --framework {' or '.join(MODEL_PARALLEL_FRAMEWORKS)})")
         return [base.with_parallel(ParallelSpec())]
+    world, per_node = base.cluster.world_size, base.cluster.gpus_per_node
+    result = _layouts(base, space)
+    if not result and fixed:
+        for name, value in fixed.items():
+            degrees = divisors(per_node) if name == "tp" else divisors(world)
+            # Each alternative is tried without this error path: asking layout_requests again
+            # would, with another fixed degree that yields nothing, recurse without end.
+            allowed = [d for d in degrees if d != value and _layouts(base, space.model_copy(update={name: d}))]
+            if value not in allowed:
+                raise ZeroplanError(
+                    _FLAGS[name], f"{value} gives no layout of {world} GPUs ({per_node} per node) for this model "
+                    f"and --seq-len (allowed: {', '.join(map(str, allowed)) or 'none with the other degrees given'})",
+                )
+        raise ZeroplanError(
+            ", ".join(_FLAGS[n] for n in fixed), "these degrees together give no layout of "
+            f"{world} GPUs (allowed: tp x cp x pp dividing {world}, tp dividing {per_node})",
+        )
+    return result
+
+
+def _layouts(base: PlanRequest, space: LayoutSpace) -> list[PlanRequest]:
+    """Every layout of ``space`` the rules accept (layout_requests' enumeration, no errors)."""
     world, per_node = base.cluster.world_size, base.cluster.gpus_per_node
     tps = [space.tp] if space.tp is not None else [d for d in divisors(per_node) if d <= (space.max_tp or per_node)]
     long_sequence = base.batch.seq_len >= LONG_SEQUENCE
@@ -520,30 +548,14 @@ def layout_requests(base: PlanRequest, space: LayoutSpace) -> list[PlanRequest]:
                     try:
                         spec = ParallelSpec(tp=tp, sequence_parallel=tp > 1, cp=cp, pp=pp, pp_schedule=schedule,
                                             virtual_stages=INTERLEAVED_VIRTUAL_STAGES if schedule.interleaved and pp > 1 else 1)
-                        result.append(base.with_parallel(spec))
+                        # Built at pp micro-batches, which every schedule runs: the search moves
+                        # each layout to its own (micro-batch, accumulation) splits, and drops
+                        # those the schedule refuses (_schedulable).
+                        batch = base.batch.model_copy(update={"grad_accum_steps": pp})
+                        result.append(type(base)(**{**dict(base), "parallel": spec, "batch": batch}))
                     except (ZeroplanError, ValidationError):
                         continue  # a layout the rules refuse: not searched
-    if not result and fixed:
-        for name, value in fixed.items():
-            degrees = divisors(per_node) if name == "tp" else divisors(world)
-            allowed = [d for d in degrees if d != value and _has_layout(base, space.model_copy(update={name: d}))]
-            if value not in allowed:
-                raise ZeroplanError(
-                    _FLAGS[name], f"{value} gives no layout of {world} GPUs ({per_node} per node) for this model "
-                    f"and --seq-len (allowed: {', '.join(map(str, allowed)) or 'none with the other degrees given'})",
-                )
-        raise ZeroplanError(
-            ", ".join(_FLAGS[n] for n in fixed), "these degrees together give no layout of "
-            f"{world} GPUs (allowed: tp x cp x pp dividing {world}, tp dividing {per_node})",
-        )
     return result
-
-
-def _has_layout(base: PlanRequest, space: LayoutSpace) -> bool:
-    try:
-        return bool(layout_requests(base, space))
-    except ZeroplanError:
-        return False
 
 
 def _layout_groups(layout: PlanRequest, kinds: tuple[StrategyKind, ...]) -> list[_Group]:
@@ -651,6 +663,29 @@ def pareto_indices(peak: np.ndarray, seconds: np.ndarray) -> np.ndarray:
     return np.array(front, dtype=np.int64)
 
 
+def _schedulable(
+    all_groups: list[_Group], splits: list[tuple[np.ndarray, np.ndarray]], global_batch_size: int,
+) -> tuple[list[_Group], list[tuple[np.ndarray, np.ndarray]]]:
+    """The groups and splits less the accumulation counts a group's pipeline schedule refuses
+    (ParallelSpec.microbatch_rule: torch's 1F1B needs a micro-batch per stage, interleaved 1F1B
+    a count its rounds divide); a group left without a split is dropped."""
+    kept_groups, kept_splits = [], []
+    for group, (micro, accum) in zip(all_groups, splits):
+        parallel = group.request.parallel
+        if parallel.pp > 1:
+            runs = np.array([parallel.microbatch_rule(int(a)) is None for a in accum.tolist()], dtype=bool)
+            micro, accum = micro[runs], accum[runs]
+        if len(micro):
+            kept_groups.append(group)
+            kept_splits.append((micro, accum))
+    if not kept_groups:
+        raise ZeroplanError(
+            "global-batch", f"{global_batch_size} gives no accumulation count the pipeline schedules searched run "
+            "(allowed: a batch with at least pp micro-batches per data-parallel rank, e.g. a larger --global-batch)",
+        )
+    return kept_groups, kept_splits
+
+
 def _splits(all_groups: list[_Group], global_batch_size: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """Each group's (micro-batch, accumulation) splits over its layout's data-parallel ranks."""
     by_ranks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -699,7 +734,7 @@ def search(
     """Rank every fitting configuration of ``base`` at ``global_batch_size`` by step time: under
     the request's own layout, or under every layout of ``space``."""
     all_groups, layouts = _searched_groups(base, global_batch_size, strategies, space)
-    splits = _splits(all_groups, global_batch_size)
+    all_groups, splits = _schedulable(all_groups, _splits(all_groups, global_batch_size), global_batch_size)
     index, micros, accums, peaks, fits, seconds = [], [], [], [], [], []
     for g, (group, (micro, accum)) in enumerate(zip(all_groups, splits)):
         peak, fit, s = evaluate(group, micro, accum)

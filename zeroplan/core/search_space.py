@@ -3,6 +3,9 @@ command line reads them without loading numpy."""
 
 from __future__ import annotations
 
+from pydantic import model_validator
+
+from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.parallel import PipelineSchedule
 
@@ -34,3 +37,23 @@ class LayoutSpace(Frozen):
     """False: data parallelism only (tp = pp = cp = 1), the search as it was before layouts."""
     pp_schedules: tuple[PipelineSchedule, ...] = SEARCHED_SCHEDULES
     """Pipeline schedules tried for pp > 1."""
+    data_parallel_only_by: str = "--no-model-parallel"
+    """With model_parallel False, what made the search data-parallel only (a refusal of a
+    layout flag names it: the user may not have typed --no-model-parallel)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "LayoutSpace":
+        # A bound or a schedule the search would not read is refused: the user expects it to act.
+        if self.tp is not None and self.max_tp is not None and self.tp > self.max_tp:
+            raise ZeroplanError("--max-tp", f"{self.max_tp} is below --tp {self.tp} (allowed: --tp alone, or --max-tp "
+                                            f"{self.tp} or more)")
+        searched = "pp_schedules" in self.model_fields_set
+        if not self.model_parallel:
+            for flag, given in (("--pp-schedule", searched), ("--max-tp", self.max_tp is not None)):
+                if given:
+                    raise ZeroplanError(flag, f"has no layout to act on with {self.data_parallel_only_by} "
+                                              "(allowed: leave it out)")
+        elif searched and self.pp == 1:
+            raise ZeroplanError("--pp-schedule", "needs pipeline parallelism (allowed: with --pp 2 or more, or --pp left "
+                                                 "out to search it)")
+        return self

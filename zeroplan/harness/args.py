@@ -45,8 +45,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                           help="pipeline stages, one per rank of each pipeline (torch.distributed.pipelining), "
                                "DDP or FSDP2 over the rest; must divide --nproc (default 1); "
                                "--grad-accum sets the micro-batches per step")
-    parallel.add_argument("--pp-schedule", choices=list(PP_SCHEDULES), default="1f1b",
-                          help="pipeline schedule with --pp (default 1f1b)")
+    parallel.add_argument("--pp-schedule", choices=list(PP_SCHEDULES),
+                          help="pipeline schedule with --pp 2 or more (default 1f1b)")
 
 
 def resolve_model(name: str) -> ModelSpec:
@@ -82,15 +82,24 @@ def batch_from_args(args: argparse.Namespace) -> BatchSpec:
 def parallel_from_args(args: argparse.Namespace) -> ParallelSpec:
     """The ParallelSpec of the run (pipeline_rank 0: each rank records its own)."""
     return ParallelSpec(tp=args.tp, sequence_parallel=args.sequence_parallel, pp=args.pp,
-                        pp_schedule=PipelineSchedule(args.pp_schedule))
+                        pp_schedule=PipelineSchedule(args.pp_schedule or PipelineSchedule.one_f_one_b.value))
 
 
 def check_parallel_args(args: argparse.Namespace, model: ModelSpec, nproc: int) -> None:
     """Refuse, in one line naming the flag, model parallelism the harness cannot run."""
     from zeroplan.harness.engines_table import EngineKind, check_parallel_supported
 
+    if args.pp_schedule is not None and args.pp == 1:
+        raise ZeroplanError("--pp-schedule", "needs pipeline parallelism (allowed: with --pp 2 or more)")
     check_parallel_supported(StrategyKind(args.strategy), EngineKind(args.engine), model, nproc, args.tp,
-                             args.sequence_parallel, args.pp, args.pp_schedule, args.seq_len)
+                             args.sequence_parallel, args.pp, args.pp_schedule or PipelineSchedule.one_f_one_b.value,
+                             args.seq_len)
+    if args.pp > 1:
+        # The schedule is built with --grad-accum micro-batches; torch refuses a count its
+        # schedule cannot run only once every rank has started (the planner applies the same rule).
+        refused = parallel_from_args(args).microbatch_rule(args.grad_accum)
+        if refused:
+            raise ZeroplanError("--grad-accum", refused)
 
 
 def resolve_engine(args: argparse.Namespace) -> None:

@@ -61,7 +61,7 @@ def _harness_argv(args: argparse.Namespace) -> list[str]:
     if args.sequence_parallel:
         argv.append("--sequence-parallel")
     if args.pp > 1:
-        argv += ["--pp", str(args.pp), "--pp-schedule", args.pp_schedule]
+        argv += ["--pp", str(args.pp), "--pp-schedule", args.pp_schedule or "1f1b"]
     if args.keep_unsharded_grads_on_accum:
         argv.append("--keep-unsharded-grads-on-accum")
     if args.allow_longer_seq:

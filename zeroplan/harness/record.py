@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Literal
 
@@ -23,6 +22,11 @@ records), so that the records of several nodes can be merged; 4 adds model paral
 pipeline_rank included; no model parallelism in older records), ``RankRecord.mesh_coordinates``
 and, per collective, the group it ran on (``group``, ``group_ranks``) and a point-to-point
 call's ``peer`` (None in older records)."""
+
+
+MAX_RANKS = 2**20
+"""Bound of a record's ranks, world size and node count: the command line's MAX_COUNT
+(docs/input-bounds.md), far above any real job; 10^9 nodes is a damaged record."""
 
 
 class CollectiveRecord(Frozen):
@@ -60,16 +64,16 @@ class MemoryRecord(Frozen):
     peak_bytes_by_category: dict[str, int]
     """At the moment of the step's peak, logical bytes per category (the tracker's own
     category names, e.g. 'Parameter', 'Gradient', 'Optstate', 'Activation', 'Temp')."""
-    peak_bytes: int | None
+    peak_bytes: int | None = Field(ge=0)
     """The step's peak of all tracked tensor bytes; None when no tracker ran."""
     saved_activation_bytes: int = Field(ge=0)
     """Own measure: unique storages autograd saved for backward (saved-tensor hook), excluding
     model-state storages; with gradient accumulation, the largest over the step's micro-batches."""
-    cuda_max_allocated_bytes: int | None = None
+    cuda_max_allocated_bytes: int | None = Field(default=None, ge=0)
     """torch.cuda.max_memory_allocated over the step (CUDA only)."""
-    cuda_max_reserved_bytes: int | None = None
+    cuda_max_reserved_bytes: int | None = Field(default=None, ge=0)
     """torch.cuda.max_memory_reserved over the step (CUDA only)."""
-    allocator_peak_bytes: int | None = None
+    allocator_peak_bytes: int | None = Field(default=None, ge=0)
     """CPU only: the step's peak of live tensor bytes as the CPU allocator counts them (every
     tensor of the process, whoever made it; zeroplan.harness.allocator_trace). Filled in when
     the run ends, so a rank that fails leaves it None."""
@@ -112,7 +116,7 @@ class RunDescription(Frozen):
     """'zeroplan', 'torch', 'torch-fsdp1' or 'deepspeed'."""
     implementation: str
     """E.g. 'reference ZeRO stage 2', 'FSDP2 fully_shard(reshard_after_forward=True)'."""
-    world_size: int = Field(gt=0)
+    world_size: int = Field(gt=0, le=MAX_RANKS)
     training: TrainingSpec
     _training_kernels = field_validator("training", mode="before")(recorded_before_kernels)
     batch: BatchSpec
@@ -209,17 +213,17 @@ class NcclLogRecord(Frozen):
 
 class RankRecord(Frozen):
     schema_version: Literal[1, 2, 3, 4] = SCHEMA_VERSION
-    rank: int = Field(ge=0)
+    rank: int = Field(ge=0, lt=MAX_RANKS)
     """The global rank, 0 .. world_size - 1 (names the file: rank00007.json)."""
     launch_id: str | None = None
     """Shared by every rank of one launch and by no other launch: rank 0 draws it and sends it to
     the others when the run starts. Tells apart runs that share a --run-id when the records of
     several nodes are merged (None before schema 3)."""
-    local_rank: int | None = Field(default=None, ge=0)
+    local_rank: int | None = Field(default=None, ge=0, lt=MAX_RANKS)
     """The rank on its node (torchrun's LOCAL_RANK)."""
-    node_rank: int | None = Field(default=None, ge=0)
+    node_rank: int | None = Field(default=None, ge=0, lt=MAX_RANKS)
     """The node (torchrun's GROUP_RANK: --node-rank, or SLURM_NODEID under --slurm)."""
-    nnodes: int | None = Field(default=None, gt=0)
+    nnodes: int | None = Field(default=None, gt=0, le=MAX_RANKS)
     """Nodes in the launch (torchrun's GROUP_WORLD_SIZE)."""
     hostname: str | None = None
     """The machine the rank ran on (socket.gethostname())."""
@@ -249,4 +253,6 @@ def write_record(out_dir: Path, record: RankRecord) -> Path:
 
 
 def read_record(path: Path) -> RankRecord:
-    return RankRecord.model_validate(json.loads(path.read_text(encoding="utf-8")))
+    # Strict: a record is written by the harness, so "2" for a count or "yes" for a flag is a
+    # damaged or hand-edited file, not something to coerce (JSON strings still name enums).
+    return RankRecord.model_validate_json(path.read_text(encoding="utf-8"), strict=True)

@@ -224,6 +224,10 @@ def load_gpu_file(path: str | Path) -> GpuSpec:
         raise ZeroplanError(
             "gpu", f"{str(path)!r} is not valid JSON (line {error.lineno}, column {error.colno}: {error.msg})"
         ) from None
+    except RecursionError:
+        # The decoder recurses once per nested array or object.
+        raise ZeroplanError("gpu", f"{str(path)!r} nests arrays or objects more deeply than the JSON decoder reads "
+                                   "(allowed: about 1,000 levels; a GPU file nests two)") from None
     if not isinstance(data, dict):
         raise ZeroplanError("gpu", f"{str(path)!r} must hold a JSON object with the fields of a GPU")
     try:

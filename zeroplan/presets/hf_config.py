@@ -561,6 +561,11 @@ def config_quantization(config: dict[str, Any]) -> dict[str, Any] | None:
     if not isinstance(quant, dict):
         raise ZeroplanError("config.quantization_config", f"must be an object, got {type(quant).__name__}")
     method = quant.get("quant_method")
+    if method == "bitsandbytes" and quant.get("load_in_4bit") and quant.get("load_in_8bit"):
+        # transformers' BitsAndBytesConfig refuses both ("load_in_4bit and
+        # load_in_8bit are both True, but only one can be used at the same time").
+        raise ZeroplanError("config.quantization_config", "sets both load_in_4bit and load_in_8bit "
+                                                          "(allowed: one of them)")
     if method == "bitsandbytes" and quant.get("load_in_4bit"):
         kind = quant.get("bnb_4bit_quant_type", "fp4")
         if kind != "nf4":
@@ -594,5 +599,9 @@ def load_hf_config(path: Path) -> ModelSpec:
         config = json.loads(text)
     except json.JSONDecodeError as error:
         raise ZeroplanError("model", f"{str(path)!r} is not valid JSON (line {error.lineno}: {error.msg})") from None
+    except RecursionError:
+        # The decoder recurses once per nested array or object; a config.json is a few levels deep.
+        raise ZeroplanError("model", f"{str(path)!r} nests arrays or objects more deeply than the JSON "
+                                     "decoder reads (allowed: about 1,000 levels; a config.json nests a few)") from None
     name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
     return parse_hf_config(config, name=name or "custom")

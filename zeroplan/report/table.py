@@ -80,6 +80,11 @@ def parameter_count_caution(model: ModelSpec) -> list[str]:
     return [f"Caution: the parameter count may not be exact ({model.parameter_count_caveat})."]
 
 
+def left_out_lines(report: FitReport) -> list[str]:
+    """One line naming the default strategies that cannot apply to this request, and why."""
+    return [f"Left out: {'; '.join(report.left_out)}."] if report.left_out else []
+
+
 def framework_layout_caution(report: FitReport) -> list[str]:
     """A one-line caution when HF's terms, measured on transformers' Llama, plan another layout."""
     from zeroplan.core.profiles import torchtune_builds
@@ -256,5 +261,6 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
         notes.append("fits = host: fits on the GPU, but its offloaded states exceed the node's host RAM.")
     notes += parameter_count_caution(report.model)
     notes += framework_layout_caution(report)
+    notes += left_out_lines(report)
     notes.append(f"Verdict: {report.verdict}")
     return "\n".join(header_lines + body + notes)

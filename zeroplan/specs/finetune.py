@@ -73,6 +73,11 @@ def default_lora_targets(framework: Framework) -> tuple[LoraTarget, ...]:
     return DEFAULT_LORA_TARGETS.get(framework, ALL_BLOCK_TARGETS)
 
 
+# bitsandbytes 0.50.2 functional.quantize_4bit raises "invalid blocksize" for any other.
+NF4_BLOCK_SIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
+"""Elements per nf4 scale block that bitsandbytes quantizes in: the powers of two 32 to 4096."""
+
+
 class FineTuneSpec(Frozen):
     """What trains and how the frozen part is stored. ``lora_rank`` 0 and nothing frozen: every
     parameter trains."""
@@ -121,6 +126,9 @@ class FineTuneSpec(Frozen):
         given = [name for name, set_ in nf4_only.items() if set_]
         if given and self.quantize is not Quantization.nf4:
             raise ZeroplanError(f"finetune.{given[0]}", "applies to an nf4 base only (set quantize, --quantize, to nf4)")
+        if self.quant_block_size not in NF4_BLOCK_SIZES:
+            raise ZeroplanError("finetune.quant_block_size", f"{self.quant_block_size} is not a 4-bit block size bitsandbytes "
+                                f"quantizes in (allowed: {', '.join(map(str, NF4_BLOCK_SIZES))})")
         if self.lora_rank and (self.freeze_embeddings or self.frozen_blocks):
             raise ZeroplanError("finetune.frozen_blocks", "applies to a full fine-tune; under LoRA every base weight is frozen already")
         return self
@@ -193,6 +201,7 @@ def check_finetune(finetune: FineTuneSpec, model: ModelSpec, framework: Framewor
                                                  "LoRA takes int8 weights only; allowed: none, nf4, int8)")
     if finetune.quantize is Quantization.int8:
         check_int8_base(finetune, framework)
+    check_lora_rank(finetune, model, framework)
     present = {LoraTarget.q, LoraTarget.k, LoraTarget.v, LoraTarget.o}
     present |= {LoraTarget.gate, LoraTarget.up, LoraTarget.down} if model.mlp.gated else set()
     present |= set() if model.tied_embeddings else {LoraTarget.output}
@@ -214,3 +223,24 @@ def check_int8_base(finetune: FineTuneSpec, framework: Framework) -> None:
         raise ZeroplanError("finetune.dora", "DoRA over an int8 base is not measured (allowed: false)")
     if not finetune.loads_base_in_bf16:
         raise ZeroplanError("finetune.base_dtype", "an int8 base is measured loaded with dtype=torch.bfloat16 (allowed: bf16)")
+
+
+def _adapted_shapes(model: ModelSpec) -> dict[LoraTarget, tuple[int, int]]:
+    """(input, output) width of each linear an adapter can wrap."""
+    h = model.hidden_size
+    return {LoraTarget.q: (h, model.q_size), LoraTarget.k: (h, model.kv_size), LoraTarget.v: (h, model.kv_size),
+            LoraTarget.o: (model.q_size, h), LoraTarget.gate: (h, model.ffn_hidden_size),
+            LoraTarget.up: (h, model.ffn_hidden_size), LoraTarget.down: (model.ffn_hidden_size, h),
+            LoraTarget.output: (h, model.vocab_size)}
+
+
+def check_lora_rank(finetune: FineTuneSpec, model: ModelSpec, framework: Framework) -> None:
+    """Refuse a rank above the smallest width of an adapted layer: the adapter B A of a d_in x
+    d_out layer has rank at most min(d_in, d_out) (Hu et al. 2021, sec. 4.1), so a larger r adds
+    bytes that no update can use."""
+    shapes = _adapted_shapes(model)
+    target, (d_in, d_out) = min(((t, shapes[t]) for t in finetune.targets(framework)), key=lambda item: min(item[1]))
+    bound = min(d_in, d_out)
+    if finetune.lora_rank > bound:
+        raise ZeroplanError("finetune.lora_rank", f"{finetune.lora_rank} exceeds {bound}, the smallest width of the adapted "
+                            f"layers ({target.value}: {d_in} x {d_out} in {model.name}) (allowed: 1 to {bound})")

@@ -124,6 +124,29 @@ class ParallelSpec(Frozen):
         """Pipeline stages in all: pp x virtual_stages."""
         return self.pp * self.virtual_stages
 
+    def microbatch_rule(self, microbatches: int) -> str | None:
+        """Why torch 2.13's schedule (pipelining/schedules.py) refuses ``microbatches``
+        micro-batches per step under this layout, None where it runs them. Schedule1F1B raises
+        for fewer micro-batches than stages; ScheduleInterleaved1F1B and
+        ScheduleInterleavedZeroBubble run them in max(1, m // pp) rounds and raise unless the
+        rounds divide m. GPipe, LoopedBFS and ZBVZeroBubble take any count."""
+        pp, m = self.pp, microbatches
+        if pp == 1:
+            return None
+        if self.pp_schedule is PipelineSchedule.one_f_one_b and m < pp:
+            return (f"{m} micro-batch(es) for 1f1b over {pp} stages: torch's Schedule1F1B needs at least one per stage "
+                    f"(allowed: {pp} or more)")
+        if self.pp_schedule in (PipelineSchedule.interleaved_1f1b, PipelineSchedule.zero_bubble):
+            rounds = max(1, m // pp)
+            if m % rounds:
+                below = next(n for n in range(m - 1, 0, -1) if n % max(1, n // pp) == 0)
+                above = next(n for n in range(m + 1, 2 * m + 2) if n % max(1, n // pp) == 0)
+                return (f"{m} micro-batches for {self.pp_schedule.value} over {pp} ranks: torch's "
+                        f"Schedule{self.pp_schedule.torch_name} runs them in max(1, m // pp) = {rounds} rounds and "
+                        f"needs a multiple of that (allowed: 1 to {2 * pp - 1}, or m with m // pp dividing m, "
+                        f"e.g. {below} or {above})")
+        return None
+
     @property
     def is_trivial(self) -> bool:
         """Plain data parallelism: no tensor, context or pipeline split."""
@@ -199,6 +222,10 @@ def check_parallel(parallel: ParallelSpec, model, cluster, batch, strategy_kind,
             "(allowed: cp with 2 x cp dividing the sequence)",
         )
     if parallel.pp > 1:
+        refused = parallel.microbatch_rule(batch.grad_accum_steps)
+        if refused:
+            # The pipeline's micro-batches are the step's accumulation steps.
+            raise ZeroplanError("batch.grad_accum_steps", refused)
         if model.num_layers < parallel.stages:
             raise ZeroplanError(
                 "parallel.pp", f"{parallel.stages} stages (pp x virtual stages) for {model.num_layers} blocks "

@@ -203,6 +203,11 @@ class PlanRequest(Frozen):
     def _check_groups(self) -> "PlanRequest":
         check_seq_len(self.model, self.batch)
         check_attention_kernel(self.model, self.training)
+        if self.model.moe_capacity_factor is not None and self.training.framework is Framework.torchtitan:
+            # torchtitan 0.3.0 routes dropless (its MoE sends every token to its top-k experts,
+            # no capacity); a capacity factor would change an answer about a run that has none.
+            raise ZeroplanError("model.moe_capacity_factor", "torchtitan's MoE routes dropless, without a capacity "
+                                                             "(allowed: leave it out with framework torchtitan)")
         check_parallel(self.parallel, self.model, self.cluster, self.batch, self.strategy.kind, self.training.framework)
         check_finetune(self.training.finetune, self.model, self.training.framework, self.parallel.model_parallel_size * self.parallel.ep)
         if self.training.finetune.quantize is Quantization.int8 and self.strategy.kind not in INT8_STRATEGIES:
@@ -211,9 +216,11 @@ class PlanRequest(Frozen):
         if self.strategy.kind is StrategyKind.hsdp:
             group = self.shard_group_size
             if self.state_group_size % group:
+                given = "" if self.strategy.shard_group_size else " (the default: a node's GPUs divided by tp)"
                 raise ZeroplanError(
                     "strategy.shard_group_size",
-                    f"{group} does not divide the {self.state_group_size} ranks that hold the same parameters",
+                    f"shard group {group}{given} does not divide the {self.state_group_size} ranks that hold the same "
+                    f"parameters (allowed: a divisor of {self.state_group_size})",
                 )
         return self
 
