@@ -35,6 +35,9 @@ class MemoryBreakdown(Frozen):
     """Gradients kept after backward (sharded from ZeRO-2 on; fp32 copies included)."""
     optimizer_state_bytes: int
     """Optimizer states and fp32 master weights (sharded from ZeRO-1 on)."""
+    paged_optimizer_bytes: int = 0
+    """Optimizer states a paged optimizer keeps in CUDA managed memory (TrainingSpec.paged_optimizer):
+    not in optimizer_state_bytes nor in the peak, which count the caching allocator's bytes."""
     activation_bytes: int
     """Activations saved for backward by one micro-batch."""
     logits_bytes: int

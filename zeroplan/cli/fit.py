@@ -102,6 +102,11 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
         help="step each parameter's optimizer in backward and free its gradient (torchtune's optimizer_in_bwd)",
     )
     parser.add_argument(
+        "--paged-optimizer", action="store_true",
+        help="bitsandbytes' paged optimizer (PagedAdamW, PagedAdamW8bit...): its states live in CUDA managed "
+        "memory, outside PyTorch's allocator, and page to host RAM when the GPU is full",
+    )
+    parser.add_argument(
         "--fsdp-cpu-offload", action="store_true",
         help="FSDP2 CPUOffloadPolicy: sharded parameters, gradients and optimizer states in host RAM "
              "(torchtune's fsdp_cpu_offload, torchtitan's enable_cpu_offload)",
@@ -307,6 +312,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         fused_cross_entropy=args.fused_cross_entropy,
         unchunked_loss=args.unchunked_loss,
         optimizer_in_backward=args.optimizer_in_backward,
+        paged_optimizer=args.paged_optimizer,
         fsdp_cpu_offload=args.fsdp_cpu_offload,
         optimizer=Optimizer(args.optimizer),
         optimizer_loop=OptimizerLoop(args.optimizer_loop) if getattr(args, "optimizer_loop", None) else None,

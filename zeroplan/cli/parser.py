@@ -131,6 +131,7 @@ FLAG_OF_FIELD = {
     "finetune.freeze_embeddings": "--freeze-embeddings",
     "finetune.frozen_blocks": "--frozen-blocks",
     "compile": "--compile",
+    "training.paged_optimizer": "--paged-optimizer",
     "float8": "--float8",
 }
 """The request's fields (the Python API's names, which its errors carry) and the flags that set

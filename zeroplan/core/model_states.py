@@ -36,6 +36,9 @@ class ModelStateBytes(Frozen):
     """Of those, the optimizer's per-tensor step counters (a layout detail the paper omits)."""
     host_bytes: int
     """Model states offloaded to host memory by this rank."""
+    paged_optimizer_bytes: int = 0
+    """Optimizer states in CUDA managed memory (TrainingSpec.paged_optimizer): outside the
+    caching allocator and ``optimizer_state_bytes``, paged to the host when the GPU is full."""
     parameter_elements: int
     """Trainable parameter elements this rank stores (padding included; frozen ones are in
     parameter_bytes only)."""
@@ -191,6 +194,12 @@ def model_state_bytes(request: PlanRequest) -> ModelStateBytes:
         # reduced gradient (torch 2.13 _fully_shard/_fsdp_collectives.py foreach_reduce calls
         # the sharded parameter's post-accumulate-grad hooks): none is left at backward's end.
         gradient = 0
+    paged = 0
+    if request.training.paged_optimizer:
+        # The large tensors' states leave the allocator, and bitsandbytes keeps them in fp32
+        # whatever the parameters' dtype (its 32-bit optimizers) or blockwise 8-bit.
+        optimizer -= paged_state_bytes(request, optimizer_shards, eb.optimizer_dtype)
+        paged = paged_state_bytes(request, optimizer_shards, BNB_STATE_DTYPE_BYTES)
     host = 0
     if kind.offloads_optimizer:
         # The gradient partition streams to the host as it is reduced; nothing stays on the GPU.
@@ -217,4 +226,32 @@ def model_state_bytes(request: PlanRequest) -> ModelStateBytes:
         host_bytes=host,
         parameter_elements=parameter_elements,
         optimizer_elements=optimizer_elements,
+        paged_optimizer_bytes=paged,
     )
+
+
+PAGED_MIN_ELEMENTS = 100_000
+"""bitsandbytes 0.50.2 optim/optimizer.py get_state_buffer: a tensor of fewer elements keeps its
+states in an ordinary torch.zeros_like (the caching allocator), a larger one in get_paged."""
+
+
+BNB_STATE_DTYPE_BYTES = 4
+"""bitsandbytes 0.50.2 optim/optimizer.py Optimizer2State/Optimizer1State.init_state: a 32-bit
+optimizer's states are get_state_buffer(p, dtype=torch.float32), whatever p's dtype."""
+
+
+def paged_state_bytes(request: PlanRequest, num_shards: int, state_dtype_bytes: int) -> int:
+    """The optimizer-state bytes of the tensors (their shard on this rank) of at least
+    PAGED_MIN_ELEMENTS elements, with element-wise states of ``state_dtype_bytes``: what a
+    paged optimizer puts in CUDA managed memory on one rank."""
+    layout = shard_layout(request)
+    paged = 0
+    for unit in rank_trainable_units(request):
+        for tensor in unit.tensors:
+            elements = shard_elements(ParamUnit(name=unit.name, tensors=(tensor,)), num_shards, layout)
+            if elements < PAGED_MIN_ELEMENTS:
+                continue
+            optimizer = request.training.optimizer
+            paged += (elements * elementwise_state_bytes(optimizer, state_dtype_bytes) if is_elementwise(optimizer)
+                      else ceil_div(tensor_state_bytes(tensor, optimizer, state_dtype_bytes), num_shards))
+    return paged

@@ -181,6 +181,7 @@ def memory_breakdown(request: PlanRequest, capacity: bool = True) -> tuple[Memor
         parameter_bytes=states.parameter_bytes,
         gradient_bytes=states.gradient_bytes,
         optimizer_state_bytes=states.optimizer_state_bytes,
+        paged_optimizer_bytes=states.paged_optimizer_bytes,
         activation_bytes=activations,
         logits_bytes=logits,
         temporary_bytes=temporary,

@@ -46,7 +46,15 @@ def smallest_change(base: PlanRequest, fit: Callable[[PlanRequest], object]) -> 
     framework runs) without suggesting anything itself."""
     cautioned: list[str] = []
 
-    def answer(change: str, report) -> str | None:
+    def answer(change: str, request: PlanRequest | None) -> str | None:
+        if request is None:
+            return None
+        try:
+            report = fit(request)
+        except (ZeroplanError, ValidationError):
+            # The change is refused for the strategies asked (torchtune runs no DDP on two
+            # GPUs): not a change that fits, so the next one is tried.
+            return None
         if report.recommended is None:
             return None
         text = f" With {change}: {report.verdict}"
@@ -66,12 +74,11 @@ def smallest_change(base: PlanRequest, fit: Callable[[PlanRequest], object]) -> 
         quantized = _with_training(current, finetune=finetune.model_copy(update={"quantize": Quantization.nf4}))
         changes.append((f"{flags}--quantize nf4", quantized))
     for change, request in changes:
-        if request is not None and (text := answer(change, fit(request))) is not None:
+        if (text := answer(change, request)) is not None:
             return text
     if current is not None:
         for doubling in range(1, MAX_GPU_DOUBLINGS + 1):
             gpus = base.cluster.world_size * 2**doubling
-            request = _with_gpus(current, gpus)
-            if request is not None and (text := answer(f"{flags}--gpus {gpus}", fit(request))) is not None:
+            if (text := answer(f"{flags}--gpus {gpus}", _with_gpus(current, gpus))) is not None:
                 return text
     return cautioned[0] if cautioned else ""

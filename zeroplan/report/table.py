@@ -196,6 +196,15 @@ def finetune_lines(report: FitReport) -> list[str]:
     return [f"{kind} rank {finetune.lora_rank} on {targets}{dropout}: {share}; {base}."]
 
 
+def paged_optimizer_lines(report: FitReport, unit: ByteUnit) -> list[str]:
+    """Where a paged optimizer's states are, which the table's columns leave out."""
+    if not report.training.paged_optimizer:
+        return []
+    largest = max((p.memory.paged_optimizer_bytes for p in report.plans), default=0)
+    return [f"paged optimizer (bitsandbytes): up to {to_unit(largest, unit):.1f} {unit.value} of optimizer states per GPU in "
+            "CUDA managed memory, outside the allocator and the table; the driver pages them to host RAM when the GPU is full."]
+
+
 def allocator_lines(report: FitReport) -> list[str]:
     """The allocator setting the verdict is judged under, where it is not PyTorch's default."""
     if not report.allocator_conf:
@@ -224,6 +233,7 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
         + (", torch.compile" if t.compile else "")
         + (f", float8 {t.float8.value} (memory only: step time assumes bf16 matmuls)" if t.float8 else ""),
         *allocator_lines(report),
+        *paged_optimizer_lines(report, unit),
         *finetune_lines(report),
         *moe_lines(report),
         *parallel_lines(report),

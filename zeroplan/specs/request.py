@@ -12,7 +12,7 @@ from zeroplan.specs.hardware import ClusterSpec
 from zeroplan.specs.model import ModelSpec, PositionKind
 from zeroplan.specs.parallel import ParallelSpec, check_parallel
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
-from zeroplan.specs.training import AttentionKernel, BatchSpec, StateConvention, TrainingSpec
+from zeroplan.specs.training import AttentionKernel, BatchSpec, Optimizer, StateConvention, TrainingSpec
 
 
 def check_seq_len(model: ModelSpec, batch: BatchSpec) -> None:
@@ -33,6 +33,23 @@ def check_seq_len(model: ModelSpec, batch: BatchSpec) -> None:
             "batch.seq_len", f"{given} (allowed: 1 to {model.max_positions:,}; allow_longer_seq (--allow-longer-seq) runs "
             f"its RoPE or ALiBi positions past that)",
         )
+
+
+PAGED_OPTIMIZERS = (Optimizer.adamw, Optimizer.adam, Optimizer.adam_8bit, Optimizer.lion)
+"""The optimizers bitsandbytes 0.50.2 has a paged form of (optim/adamw.py PagedAdamW and
+PagedAdamW8bit, adam.py PagedAdam and PagedAdam8bit, lion.py PagedLion)."""
+
+
+def check_paged_optimizer(training: TrainingSpec, kind: StrategyKind) -> None:
+    """A paged optimizer is bitsandbytes' own and steps on the GPU."""
+    if not training.paged_optimizer:
+        return
+    if training.optimizer not in PAGED_OPTIMIZERS:
+        raise ZeroplanError("training.paged_optimizer", f"bitsandbytes has no paged {training.optimizer.value} "
+                            f"(allowed with: {', '.join(o.value for o in PAGED_OPTIMIZERS)})")
+    if kind.offloads_optimizer or training.fsdp_cpu_offload:
+        raise ZeroplanError("training.paged_optimizer", f"pages states the GPU steps; {kind.value if kind.offloads_optimizer else 'FSDP CPU offload'} "
+                            "steps them on the host already (allowed: a strategy that keeps the optimizer on the GPU)")
 
 
 def default_attention_kernel(model: ModelSpec) -> AttentionKernel:
@@ -201,6 +218,7 @@ class PlanRequest(Frozen):
 
     @model_validator(mode="after")
     def _check_groups(self) -> "PlanRequest":
+        check_paged_optimizer(self.training, self.strategy.kind)
         check_seq_len(self.model, self.batch)
         check_attention_kernel(self.model, self.training)
         if self.model.moe_capacity_factor is not None and self.training.framework is Framework.torchtitan:

@@ -173,6 +173,13 @@ class TrainingSpec(Frozen):
     """Step each parameter's optimizer in a post-accumulate-grad hook as soon as its gradient
     is reduced, and free that gradient (torchtune's ``optimizer_in_bwd``; its recipe refuses it
     with gradient accumulation or clipping), so the gradients are never all alive at once."""
+    paged_optimizer: bool = False
+    """bitsandbytes' paged optimizer (PagedAdamW, PagedAdamW8bit, PagedLion...: the QLoRA
+    paper's and torchtune's single-GPU recipes): the states of every tensor of at least 1e5
+    elements live in CUDA managed memory (bitsandbytes 0.50.2 optim/optimizer.py
+    get_state_buffer -> functional.get_paged -> cget_managed_ptr), outside PyTorch's caching
+    allocator, and the driver pages them to host RAM when the GPU runs short. They neither
+    count in torch.cuda's memory statistics nor make the step run out of memory."""
     fsdp_cpu_offload: bool = False
     """FSDP2's CPUOffloadPolicy (torchtune's ``fsdp_cpu_offload``, torchtitan's
     ``training.enable_cpu_offload``): sharded parameters, their gradients and the optimizer
