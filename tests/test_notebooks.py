@@ -6,6 +6,7 @@ import importlib.util
 from pathlib import Path
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
@@ -25,10 +26,37 @@ def test_committed_notebook_is_what_the_builder_writes() -> None:
     assert any(c.get("outputs") for c in committed.cells if c.cell_type == "code"), "committed without outputs"
 
 
-def test_compare_stages_notebook_executes(tmp_path) -> None:
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory) -> nbformat.NotebookNode:
     # From a directory that is not the notebook's: the notebook must not depend on where it runs.
     notebook = nbformat.read(NOTEBOOKS / "compare_stages.ipynb", as_version=4)
-    NotebookClient(notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    path = tmp_path_factory.mktemp("notebook")
+    NotebookClient(notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path)}}).execute()
+    return notebook
+
+
+def _text_outputs(notebook: nbformat.NotebookNode) -> list[list[tuple[str, str]]]:
+    """Per code cell, each output's type and text (stream text, or the text/plain of a result or
+    display); execution counts, metadata and images left out."""
+    return [
+        [(output.output_type, output.get("text", "") if output.output_type == "stream"
+          else output.get("data", {}).get("text/plain", output.get("ename", "")))
+         for output in cell.outputs]
+        for cell in notebook.cells if cell.cell_type == "code"
+    ]
+
+
+def test_committed_outputs_are_a_fresh_execution(executed) -> None:
+    committed = nbformat.read(NOTEBOOKS / "compare_stages.ipynb", as_version=4)
+    for index, (saved, fresh) in enumerate(zip(_text_outputs(committed), _text_outputs(executed), strict=True)):
+        assert saved == fresh, (
+            f"code cell {index}: the committed notebook's saved outputs are stale; run "
+            "`python notebooks/build_compare_stages.py` and commit notebooks/compare_stages.ipynb"
+        )
+
+
+def test_compare_stages_notebook_executes(executed) -> None:
+    notebook = executed
     outputs = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,15 @@ def test_every_published_run_fits() -> None:
     # the default) must say it fits. llm-foundry's rows fit once their loss is the fused
     # cross-entropy their model builds by default (docs/validation.md, "Step time").
     assert [c.name for c in TABLE if not c.fits] == []
+
+
+def test_readme_medians_are_what_the_benchmark_prints() -> None:
+    # The README quotes the summary line's two medians (|error| at the default HFU, and under
+    # the roofline), as printed to one decimal; docs/validation.md quotes the whole line.
+    summary = next(line for line in _benchmark().report().splitlines() if " rows; |error| " in line)
+    default, roofline = (re.search(pattern, summary)[1] for pattern in (
+        r"default HFU: median (\d+\.\d)%", r"roofline compute model: median (\d+\.\d)%"))
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"median error {default} % at the default HFU, the roofline {roofline} % (too fast)" in readme
+    docs = (ROOT / "docs" / "validation.md").read_text()
+    assert summary.replace("%", " %") in docs

@@ -21,15 +21,15 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=["table", "csv", "json"], default="table")
 
 
-def nccl_summary(records: list[RankRecord]) -> list[str]:
+def nccl_summary(records: list[RankRecord], labels: dict[int, str] | None = None) -> list[str]:
     """One line per record that carries NCCL's own count (NCCL runs): agreement, or every
-    disagreement with the dispatch-mode count."""
+    disagreement with the dispatch-mode count. labels: run label by id(record) (run_labels)."""
     lines = []
     for record in records:
         log = record.nccl_log
         if log is None:
             continue
-        name = f"{record.description.run_id} rank {record.rank}"
+        name = f"{(labels or {}).get(id(record), record.description.run_id)} rank {record.rank}"
         if log.agrees:
             lines.append(f"NCCL log check, {name}: agrees with the dispatch-mode count (setup and {len(log.steps)} steps)")
         else:
@@ -82,7 +82,7 @@ def _compared(compare_record, record: RankRecord, path: Path) -> list:
 
 def run_validate(args: argparse.Namespace) -> int:
     from zeroplan.validate.compare import compare_record
-    from zeroplan.validate.load import load_record_files, merge_runs
+    from zeroplan.validate.load import load_record_files, merge_runs, run_labels
     from zeroplan.validate.report import comparison_frame, render_validation_table, save_validation_plot
 
     if args.plot:
@@ -91,14 +91,17 @@ def run_validate(args: argparse.Namespace) -> int:
     records = [record for run in runs for record in run.records]
     chosen = records if args.all_ranks else [r for run in runs for r in default_ranks(run.records)] or records
     file_of = {id(record): path for run in runs for record, path in zip(run.records, run.files)}
-    rows = [row for record in chosen for row in _compared(compare_record, record, file_of[id(record)])]
+    # Runs that share a run id ('local', measure's default) are told apart by their directory.
+    labels = {id(record): label for run, label in zip(runs, run_labels(runs)) for record in run.records}
+    rows = [row.model_copy(update={"run_id": labels[id(record)]})
+            for record in chosen for row in _compared(compare_record, record, file_of[id(record)])]
     if args.format == "csv":
         sys.stdout.write(comparison_frame(rows).to_csv(index=False))
     elif args.format == "json":
         sys.stdout.write(comparison_frame(rows).to_json(orient="records", indent=1) + "\n")
     else:
         sys.stdout.write(render_validation_table(rows) + "\n")
-        for line in nccl_summary(chosen):
+        for line in nccl_summary(chosen, labels):
             sys.stdout.write(line + "\n")
         for run in runs:
             if len(run.hosts) > 1:

@@ -162,3 +162,31 @@ def merge_runs(loaded: list[tuple[Path, RankRecord]]) -> list[MergedRun]:
         ordered = sorted(group, key=lambda item: item[1].rank)
         merged.append(MergedRun(run_id, launch_id, [r for _, r in ordered], [p for p, _ in ordered]))
     return merged
+
+
+def run_labels(runs: list[MergedRun]) -> list[str]:
+    """A name per run for the tables, distinct across the runs given: its run id where no other
+    run has it, else (zeroplan measure names every run 'local' unless --run-id is given) the
+    run id and the directory of its rank-0 record, then that directory's path, then the launch,
+    then a count, each only where the shorter name is still shared."""
+
+    def directory(run: MergedRun) -> Path:
+        return run.files[0].parent if run.files else Path(".")
+
+    levels = [
+        lambda run: run.run_id,
+        lambda run: f"{run.run_id} ({directory(run).name})",
+        lambda run: f"{run.run_id} ({directory(run)})",
+        lambda run: f"{run.run_id} ({directory(run)}" + (f", launch {run.launch_id[:8]})" if run.launch_id else ")"),
+    ]
+    level = [0] * len(runs)
+    labels = [levels[0](run) for run in runs]
+    for _ in levels[1:]:
+        shared = {label for label in labels if labels.count(label) > 1}
+        for index, run in enumerate(runs):
+            if labels[index] in shared:
+                level[index] += 1
+                labels[index] = levels[level[index]](run)
+    shared = {label for label in labels if labels.count(label) > 1}
+    return [f"{label} #{labels[:index].count(label) + 1}" if label in shared else label
+            for index, label in enumerate(labels)]
