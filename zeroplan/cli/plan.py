@@ -76,6 +76,8 @@ def run_plan(args: argparse.Namespace) -> int:
         optimizer_in_backward=False,
         # CPUOffloadPolicy applies to FSDP only; the search ranks every strategy.
         fsdp_cpu_offload=False,
+        # bitsandbytes' paged optimizers step on the GPU; the search ranks host-stepping offload too.
+        paged_optimizer=False,
     )
     base = request_from_args(argparse.Namespace(**fixed))
     # Frozen parameters, LoRA and compiled blocks are modelled under data parallelism only; a
