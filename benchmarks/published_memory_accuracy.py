@@ -137,6 +137,15 @@ def summary(title: str, groups: dict[str, list[float]]) -> None:
         print(f"  {key:32s} {len(errors):3d} {abs_median:>15s} {median(errors):>13s}")
 
 
+def error_band(out_rows: list[dict]) -> tuple[float, float, int]:
+    """The quartiles of measured / predicted over the compared rows whose metric is the reserved
+    peak (what the allocator model's verdict rests on), and how many rows they are over."""
+    ratios = [row["measured_gib"] / row["predicted_gib"] for row in out_rows
+              if row["metric"] == "reserved" and row["error_pct"] != ""]
+    quartiles = statistics.quantiles(ratios, n=4)
+    return round(quartiles[0], 3), round(quartiles[2], 3), len(ratios)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=Path, default=ROWS)
@@ -185,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     if every:
         print(f"all compared rows: median |error| {statistics.median([abs(e) for e in every]):.1f} %, "
               f"median signed error {statistics.median(every):+.1f} % (positive: zeroplan predicts more)")
+    low, high, count = error_band(out_rows)
+    print(f"error band (quartiles of measured / predicted over the {count} rows reporting the reserved peak, "
+          f"zeroplan.core.margin.PEAK_ERROR_BAND): {low:.3f} to {high:.3f}")
     summary("by stack", by["stack"])
     summary("by metric (allocated and tool-peak against the allocated peak; reserved against the allocator model's reserved peak)", by["metric"])
     summary("by feature", by["feature"])

@@ -128,6 +128,9 @@ class StrategyPlan(Frozen):
     the one whose peak is highest."""
     pipeline_rank_peak_bytes: tuple[int, ...] = ()
     """Each pipeline rank's peak_bytes, rank 0 first (empty without pipeline parallelism)."""
+    borderline: bool = False
+    """The usable memory lies within the published runs' error band around the peak
+    (zeroplan.core.margin): the measured error alone could turn ``fits`` either way."""
     peak_rank_reason: str = ""
     """Why the planned rank peaks: its stages, blocks and micro-batches in flight (empty
     without pipeline parallelism)."""

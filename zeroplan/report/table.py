@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from zeroplan.core.params import active_parameters, total_parameters
 from zeroplan.answers import FitReport
+from zeroplan.core.margin import PEAK_ERROR_BAND
 from zeroplan.results import StrategyPlan
 from zeroplan.specs.finetune import Quantization
 from zeroplan.specs.framework import Framework
@@ -35,7 +36,7 @@ def _row(plan: StrategyPlan, unit: ByteUnit) -> list[str]:
         cell = f"{to_unit(get(plan), unit):.1f}"
         cells.append(cell if field is None or field in alive else f"({cell})")
     # "host": fits on the GPU, but the offloaded states do not fit the node's host RAM.
-    cells.append(("host" if plan.host_fits is False else "yes") if plan.fits else "no")
+    cells.append((("host" if plan.host_fits is False else "yes") if plan.fits else "no") + ("*" if plan.borderline else ""))
     cells.append(str(plan.max_micro_batch_size))
     cells.append(f"{to_unit(plan.host_bytes_per_node, unit):.0f}" if plan.host_bytes_per_node else "-")
     cells.append(f"{plan.sent_bytes_per_step / 1e9:.1f}")
@@ -267,6 +268,10 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
                      "`zeroplan simulate MODEL --framework F --whole-step --allocator-conf CONF` replays the framework's "
                      "own allocations.")
     notes += [f"{p.strategy.value}: peak on {p.peak_rank_reason}." for p in report.plans if p.peak_rank_reason]
+    if any(p.borderline for p in report.plans):
+        band = PEAK_ERROR_BAND
+        notes.append(f"* = borderline: the middle half of published runs peaked at {100 * band.low:.0f}-{100 * band.high:.0f} % of their "
+                     "prediction, and the usable memory lies in that range (docs/validation.md, \"Published peaks\").")
     if any(p.fits and p.host_fits is False for p in report.plans):
         notes.append("fits = host: fits on the GPU, but its offloaded states exceed the node's host RAM.")
     notes += parameter_count_caution(report.model)

@@ -1,0 +1,49 @@
+"""The verdict's margin: the error band comes from the published runs (recomputed here from
+benchmarks/published_memory/rows.csv, so it moves with the model and the data), and a
+prediction whose range under it straddles the usable memory is called borderline."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import sys
+from pathlib import Path
+
+from zeroplan.core.margin import PEAK_ERROR_BAND, borderline_words, is_borderline, peak_range_bytes
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import published_memory_accuracy  # noqa: E402
+
+
+def test_the_band_is_what_the_published_runs_give_today() -> None:
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        published_memory_accuracy.main([])
+    found = re.search(r"error band \(quartiles of measured / predicted over the (\d+) rows .*\): ([\d.]+) to ([\d.]+)",
+                      printed.getvalue())
+    assert found, "the accuracy script no longer prints its error band"
+    assert (int(found[1]), float(found[2]), float(found[3])) == (PEAK_ERROR_BAND.rows, PEAK_ERROR_BAND.low, PEAK_ERROR_BAND.high), (
+        "update zeroplan/core/margin.py PEAK_ERROR_BAND (and docs/validation.md) to what "
+        "benchmarks/published_memory_accuracy.py prints")
+
+
+def test_borderline_is_the_usable_memory_inside_the_peaks_range() -> None:
+    gib = 2**30
+    low, high = peak_range_bytes(100 * gib)
+    assert (low, high) == (int(100 * gib * PEAK_ERROR_BAND.low), int(100 * gib * PEAK_ERROR_BAND.high))
+    assert is_borderline(100 * gib, low) and is_borderline(100 * gib, high)
+    assert not is_borderline(100 * gib, low - 1) and not is_borderline(100 * gib, high + 1)
+    assert borderline_words(100 * gib, 100 * gib) == (
+        f"borderline: {100 * PEAK_ERROR_BAND.low:.0f}-{100 * PEAK_ERROR_BAND.high:.0f} % of usable")
+
+
+def test_a_borderline_recommendation_says_so(zeroplan_cli) -> None:
+    # torchtitan's 8B at 8,192 tokens on 8 H100s: shard-grad-op peaks at 73.0 of 79.0 GiB usable.
+    code, out, err = zeroplan_cli("fit", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", "--framework", "torchtitan",
+                                  "--seq-len", "8192", "--strategies", "fsdp-shard-grad-op,fsdp-full-shard")
+    assert code == 0, err
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("fsdp-")}
+    assert "yes*" in rows["fsdp-shard-grad-op"] and "yes" in rows["fsdp-full-shard"]
+    verdict = next(line for line in out.splitlines() if line.startswith("Verdict:"))
+    assert re.search(r"Recommended: fsdp-shard-grad-op .*; borderline: \d+-\d+ % of usable for the middle half of published runs", verdict)

@@ -1,0 +1,45 @@
+"""The verdict's margin: how far the GPU's real peak may lie from the predicted one, as measured
+against published runs, and whether a prediction is close enough to the usable memory that the
+measured error could turn the verdict ("borderline")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PeakErrorBand:
+    """The middle half of measured / predicted peak over published runs."""
+
+    low: float
+    """25th percentile of measured / predicted."""
+    high: float
+    """75th percentile of measured / predicted."""
+    rows: int
+    """Published runs the quartiles are over."""
+
+
+# benchmarks/published_memory_accuracy.py prints these ("error band"): the quartiles of measured
+# / predicted over the published runs that report max_memory_reserved, the figure the allocator
+# model's verdict rests on (benchmarks/published_memory/rows.csv; docs/validation.md). A test
+# recomputes them from the rows, so they move with the model and the data.
+PEAK_ERROR_BAND = PeakErrorBand(low=0.896, high=1.159, rows=34)
+
+
+def peak_range_bytes(peak_bytes: int, band: PeakErrorBand = PEAK_ERROR_BAND) -> tuple[int, int]:
+    """Where the real peak of a run predicted at ``peak_bytes`` lies for the middle half of
+    published runs."""
+    return int(peak_bytes * band.low), int(peak_bytes * band.high)
+
+
+def is_borderline(peak_bytes: int, usable_bytes: int, band: PeakErrorBand = PEAK_ERROR_BAND) -> bool:
+    """Whether the usable memory falls inside that range: the measured error alone could turn
+    the verdict either way."""
+    low, high = peak_range_bytes(peak_bytes, band)
+    return low <= usable_bytes <= high
+
+
+def borderline_words(peak_bytes: int, usable_bytes: int, band: PeakErrorBand = PEAK_ERROR_BAND) -> str:
+    """'borderline: 93-108 % of usable' for a person."""
+    low, high = peak_range_bytes(peak_bytes, band)
+    return f"borderline: {100 * low / usable_bytes:.0f}-{100 * high / usable_bytes:.0f} % of usable"
