@@ -31,12 +31,15 @@ needs_deepspeed = pytest.mark.skipif(
 MODEL = "micro-llama"
 STEPS, MICRO_BATCH, SEQ_LEN = 3, 2, 16
 RUNS = [("zero1", 2), ("zero2", 2), ("zero3", 2), ("zero3", 4), ("zero2-offload", 2), ("zero3-offload", 2)]
+ACCUMULATION = 2
+"""Micro-batches per step of the accumulation runs below (DeepSpeed's gradient_accumulation_steps)."""
+ACCUMULATION_RUNS = [("zero1", 2), ("zero2", 2), ("zero3", 2)]
 
 
-def _argv(strategy: str, parameters: Path) -> list[str]:
+def _argv(strategy: str, parameters: Path, grad_accum: int = 1) -> list[str]:
     return [MODEL, "--strategy", strategy, "--engine", "deepspeed", "--steps", str(STEPS),
             "--micro-batch", str(MICRO_BATCH), "--seq-len", str(SEQ_LEN), "--precision", "fp32",
-            "--save-parameters", str(parameters)]
+            "--grad-accum", str(grad_accum), "--save-parameters", str(parameters)]
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +53,11 @@ def runs(tmp_path_factory) -> dict[tuple[str, int], Path]:
         assert result.returncode == 0 and not result.missing_ranks, (strategy, nproc, result.errors,
                                                                      describe_extension_locks())
         results[(strategy, nproc)] = out
+    for strategy, nproc in ACCUMULATION_RUNS:
+        out = tmp_path_factory.mktemp(f"deepspeed-{strategy}-{nproc}-accumulating")
+        result = launch(nproc, _argv(strategy, out / "parameters.pt", ACCUMULATION), out, timeout_s=300)
+        assert result.returncode == 0 and not result.missing_ranks, (strategy, nproc, result.errors)
+        results[(strategy, nproc, ACCUMULATION)] = out
     return results
 
 
@@ -75,6 +83,21 @@ def test_parameters_match_single_process_adamw(runs, strategy, nproc) -> None:
     assert measured.keys() == expected.keys()
     for name, tensor in expected.items():
         torch.testing.assert_close(measured[name], tensor, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@needs_deepspeed
+@pytest.mark.parametrize("strategy,nproc", ACCUMULATION_RUNS)
+def test_accumulating_runs_match_single_process_adamw_over_the_whole_batch(runs, strategy, nproc) -> None:
+    """DeepSpeed driven as its training loop drives it (backward and step every micro-batch, the
+    optimizer stepping at the boundary) computes the step of the whole accumulated batch."""
+    measured = torch.load(runs[(strategy, nproc, ACCUMULATION)] / "parameters.pt")
+    expected = oracle_parameters(HARNESS_PRESETS[MODEL], STEPS, nproc, MICRO_BATCH, SEQ_LEN,
+                                 grad_accum_steps=ACCUMULATION)
+    assert measured.keys() == expected.keys()
+    for name, tensor in expected.items():
+        torch.testing.assert_close(measured[name], tensor, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+    record = read_record(runs[(strategy, nproc, ACCUMULATION)] / "rank00000.json")
+    assert record.description.batch.grad_accum_steps == ACCUMULATION
 
 
 @needs_deepspeed

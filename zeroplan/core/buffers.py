@@ -189,13 +189,24 @@ _FUSED_OPTIMIZERS = (Optimizer.adam, Optimizer.adamw)
 """torch 2.13 offers fused=True for these (and SGD, which has no temporary anyway)."""
 
 
+# deepspeed 0.19.8 runtime/engine.py get_optimizer_configuration and _configure_basic_optimizer:
+# a config's "Adam"/"AdamW" becomes DeepSpeed's FusedAdam (ops/adam/fused_adam.py, one
+# multi-tensor kernel updating in place) unless it sets torch_adam or steps on the CPU, and
+# "Lion" its FusedLion; neither materialises a state-sized temporary.
+_DEEPSPEED_FUSED_OPTIMIZERS = (Optimizer.adam, Optimizer.adamw, Optimizer.lion)
+
+
 def optimizer_loop(request: PlanRequest) -> OptimizerLoop:
-    """The request's optimizer loop, or its framework's: fused where the recipes fuse Adam/AdamW
+    """The request's optimizer loop, or its stack's: fused where DeepSpeed builds the optimizer
+    (the deepspeed state convention) or the framework's recipes fuse Adam/AdamW
     (FrameworkProfile.fused_optimizer), else foreach, torch's CUDA default."""
     chosen = request.training.optimizer_loop
     if chosen is not None:
         return chosen
-    fuses = request.training.optimizer in _FUSED_OPTIMIZERS and profile(request.training.framework).fused_optimizer
+    optimizer = request.training.optimizer
+    if request.convention is StateConvention.deepspeed and optimizer in _DEEPSPEED_FUSED_OPTIMIZERS:
+        return OptimizerLoop.fused
+    fuses = optimizer in _FUSED_OPTIMIZERS and profile(request.training.framework).fused_optimizer
     return OptimizerLoop.fused if fuses else OptimizerLoop.foreach
 
 

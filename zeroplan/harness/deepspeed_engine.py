@@ -9,7 +9,11 @@ explained:
 * One parameter group (``model.parameters()``), so DeepSpeed flattens the whole model into one
   buffer (stages 1-2) or one sub-group (stage 3, ``sub_group_size`` 1e9).
 * ``train_micro_batch_size_per_gpu`` = what the runner feeds, ``gradient_accumulation_steps``
-  1, ``gradient_clipping`` 0.
+  the run's micro-batches per step, ``gradient_clipping`` 0. With accumulation the engine is
+  driven as DeepSpeed's training loop drives it: ``backward`` and ``step`` after every
+  micro-batch; DeepSpeed scales each loss by 1/accumulation itself, reduces (stages 2-3) or
+  keeps (stage 1) gradients by its own boundary test, and its ``step`` steps the optimizer only
+  at the boundary (deepspeed/runtime/engine.py is_gradient_accumulation_boundary).
 * fp32, or ``bf16.enabled`` for bf16-mixed: DeepSpeed then casts the module to bf16 and keeps
   an fp32 master partition (no autocast).
 * Buckets: ``reduce_bucket_size`` and ``allgather_bucket_size`` = DeepSpeed's default 5e8
@@ -71,7 +75,7 @@ def bucket_elements(model: nn.Module) -> int:
 
 
 def deepspeed_config(stage: int, dtype: torch.dtype, micro_batch_size: int, buckets: int,
-                     offload: bool = False) -> dict:
+                     offload: bool = False, grad_accum_steps: int = 1) -> dict:
     """The DeepSpeed configuration of a measured run (see the module docstring)."""
     zero: dict[str, Any] = {
         "stage": stage,
@@ -95,7 +99,7 @@ def deepspeed_config(stage: int, dtype: torch.dtype, micro_batch_size: int, buck
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
     return {
         "train_micro_batch_size_per_gpu": micro_batch_size,
-        "gradient_accumulation_steps": 1,
+        "gradient_accumulation_steps": grad_accum_steps,
         "gradient_clipping": 0.0,
         "optimizer": {"type": "AdamW", "params": {
             "lr": ADAMW_LR, "betas": list(ADAMW_BETAS), "eps": ADAMW_EPS, "weight_decay": ADAMW_WEIGHT_DECAY,
@@ -112,11 +116,11 @@ class DeepSpeedZero:
     """``deepspeed.initialize`` over ``model`` on the process group the runner started."""
 
     def __init__(self, model: Transformer, stage: int, dtype: torch.dtype, micro_batch_size: int,
-                 offload: bool = False) -> None:
+                 offload: bool = False, grad_accum_steps: int = 1) -> None:
         assert stage in (1, 2, 3)
         deepspeed = import_deepspeed()
-        self.stage, self.offload = stage, offload
-        config = deepspeed_config(stage, dtype, micro_batch_size, bucket_elements(model), offload)
+        self.stage, self.offload, self.grad_accum_steps = stage, offload, grad_accum_steps
+        config = deepspeed_config(stage, dtype, micro_batch_size, bucket_elements(model), offload, grad_accum_steps)
         # torch.distributed is initialised already: deepspeed.comm wraps the default group.
         self.ds, self.zero_optimizer, _, _ = deepspeed.initialize(
             model=model, model_parameters=model.parameters(), config=config, dist_init_required=False,
@@ -133,10 +137,13 @@ class DeepSpeedZero:
     def forward_backward(
         self, tokens_BS: torch.Tensor, targets_BS: torch.Tensor, micro: MicroBatch = MicroBatch()
     ) -> torch.Tensor:
-        # The configuration has gradient_accumulation_steps 1; the command line refuses more.
-        assert micro.count == 1, "DeepSpeed runs are measured with one micro-batch per step"
+        assert micro.count == self.grad_accum_steps, "the runner feeds the micro-batches DeepSpeed was configured for"
         loss = next_token_loss(self.ds(tokens_BS), targets_BS)
         self.ds.backward(loss)
+        if not micro.is_last:
+            # Not the boundary: DeepSpeed's step only counts the micro-batch (the runner's own
+            # step() after the last one is the boundary's).
+            self.ds.step()
         return loss.detach()
 
     def step(self) -> None:

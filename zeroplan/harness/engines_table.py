@@ -52,10 +52,12 @@ ENGINE_CONVENTIONS: dict[EngineKind, StateConvention] = {EngineKind.deepspeed: S
 
 
 # zeroplan/harness/engine.py _OPTIMIZERS: this package's engines build torch.optim with
-# foreach=False (the per-tensor loop); DeepSpeed's engine steps with its own optimizer.
+# foreach=False (the per-tensor loop); so does the DeepSpeed engine's configuration
+# (deepspeed_engine.py: "torch_adam": True, "foreach": False, where DeepSpeed would otherwise
+# build its FusedAdam), so that it runs on the CPU.
 ENGINE_OPTIMIZER_LOOPS: dict[EngineKind, OptimizerLoop] = {
     EngineKind.zeroplan: OptimizerLoop.for_loop, EngineKind.torch: OptimizerLoop.for_loop,
-    EngineKind.torch_fsdp1: OptimizerLoop.for_loop,
+    EngineKind.torch_fsdp1: OptimizerLoop.for_loop, EngineKind.deepspeed: OptimizerLoop.for_loop,
 }
 
 
@@ -95,10 +97,6 @@ def supported_optimizers(strategy: StrategyKind, engine: EngineKind) -> tuple[Op
     return ELEMENTWISE_OPTIMIZERS
 
 
-# deepspeed_engine.py configures gradient_accumulation_steps 1.
-_ONE_MICRO_BATCH_ENGINES = (EngineKind.deepspeed,)
-
-
 def check_supported(
     strategy: StrategyKind, engine: EngineKind, optimizer: Optimizer = Optimizer.adamw, grad_accum_steps: int = 1,
 ) -> str:
@@ -120,8 +118,6 @@ def check_supported(
             f"{optimizer.value!r} is not supported by {implementation} (--strategy {strategy.value} "
             f"--engine {engine.value}; allowed: {', '.join(o.value for o in allowed)})",
         )
-    if engine in _ONE_MICRO_BATCH_ENGINES and grad_accum_steps != 1:
-        raise ZeroplanError("grad_accum", f"{grad_accum_steps} is not supported by {implementation} (allowed: 1)")
     return implementation
 
 

@@ -137,7 +137,8 @@ def run_rank(
         with recorder:
             if mesh is None:
                 engine = build_engine(model, config.strategy, config.engine, dtype, config.training.optimizer,
-                                      config.keep_unsharded_grads_on_accum, config.batch.micro_batch_size)
+                                      config.keep_unsharded_grads_on_accum, config.batch.micro_batch_size,
+                                      config.batch.grad_accum_steps)
             else:
                 engine = pe.build_parallel_engine(model, mesh, config.parallel, config.strategy, dtype,
                                                   config.training.optimizer, config.keep_unsharded_grads_on_accum,
