@@ -28,12 +28,13 @@ from zeroplan.specs.request import PlanRequest
 
 EFFICIENCY_KIND = "zeroplan-step-efficiency"
 
-CALIBRATED_BAND: tuple[float, float] | None = None
+CALIBRATED_BAND: tuple[float, float] | None = (0.158, 0.599)
 """(median, max) |error| of tokens/s/GPU when each published source with at least three rows is
 calibrated on its row of fewest GPUs and predicts its other rows (benchmarks/step_time_accuracy.py,
-docs/validation.md "Calibrated from one row"); None until measured."""
+docs/validation.md "Calibrated from one measured step"; tests/test_step_calibration.py ties it to
+the printed figures); None until measured."""
 
-DEFAULT_BAND: tuple[float, float] | None = None
+DEFAULT_BAND: tuple[float, float] | None = (0.217, 0.868)
 """(median, max) |error| of tokens/s/GPU at the default HFU over every published row (nothing is
 fitted, so no row is in its own fit); None until measured."""
 
@@ -139,6 +140,15 @@ def solve_hfu(request: PlanRequest, measured_step_s: float) -> float:
     return high
 
 
+def planned_step(request: PlanRequest):  # type: ignore[no-untyped-def]
+    """The planner's StepTime for ``request`` (as plan() times it), without its memory."""
+    from zeroplan.core.communication import collectives
+    from zeroplan.core.timing import step_time
+
+    at = timed_request(request)
+    return step_time(at, tuple(collectives(at)))
+
+
 def calibrate_step(request: PlanRequest, measured_step_s: float, model: str, note: str = "") -> StepEfficiency:
     """The efficiency file of ``request`` measured at ``measured_step_s`` per optimizer step."""
     from zeroplan.core.communication import collectives
@@ -198,7 +208,7 @@ def check_applies(efficiency: StepEfficiency, path: str | Path, gpu_name: str, f
 def _band(band: tuple[float, float] | None, what: str) -> str:
     if band is None:
         return "band not measured"
-    return f"error band {what}: median {band[0]:.1%}, max {band[1]:.1%} |error| (docs/validation.md, 'Step time')"
+    return f"error band {what}: median {band[0]:.1%}, max {band[1]:.1%} |error| of tokens/s/GPU (docs/validation.md)"
 
 
 def time_basis_line(request: PlanRequest, efficiency_path: str | None, efficiency: StepEfficiency | None,
