@@ -129,3 +129,8 @@ def test_the_nccl_tests_mode_parses_as_before() -> None:
     assert args.logs == ["a.log", "b.log"] and args.out == "x.json"
     step = build_parser().parse_args(["calibrate", "step", "gpt2", "--strategy", "ddp", "--step-s", "1", "--out", "x.json"])
     assert step.model == "gpt2" and step.step_s == 1.0 and step.run.__name__ == "run_calibrate_step"
+
+
+def test_calibrate_step_refuses_a_device_as_out_before_computing(capsys) -> None:
+    code, _, err = run(capsys, "calibrate", "step", "gpt2", "--strategy", "ddp", "--step-s", "1", "--out", "/dev/null")
+    assert code == 2 and "is a character device" in err and len(err.strip().splitlines()) == 1
