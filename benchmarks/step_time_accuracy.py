@@ -8,6 +8,12 @@ implies (HFU = MFU x executed / model FLOPs), and under the roofline compute mod
 
 Errors are predicted / published - 1 on tokens/s/GPU (negative: the planner is too slow).
 docs/validation.md, "Step time", discusses them; nothing here is tuned per row.
+
+Then the calibrated figures (zeroplan.validate.step_calibration): each source (one publication's
+table) of at least three rows calibrated as ``zeroplan calibrate step`` would on its row of
+fewest GPUs, predicting its other rows; and, leave-one-source-out, the default HFU and an HFU
+fitted per GPU generation x stack on the other sources, by GPU, stack, strategy, checkpointing
+and source. No figure includes a row its own fit saw.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import sys
 from pathlib import Path
 
 from zeroplan.specs import PerformanceAssumptions
+from zeroplan.validate.step_calibration import RowError, SourceCalibration, calibration_study
 from zeroplan.validate.step_time import (
     PUBLISHED_THROUGHPUT_FILE, StepTimeComparison, load_published_throughput, step_time_table,
 )
@@ -74,7 +81,69 @@ def report(path: Path = PUBLISHED_THROUGHPUT_FILE) -> str:
     lines.append("")
     lines.append("sources:")
     lines += sorted({f"  {c.source}" for c in rows})
+    lines += ["", *calibrated_report(table)]
     return "\n".join(lines)
+
+
+def _abs_figures(errors: list[float]) -> str:
+    """median and max |error| of ``errors``, as the tables print them."""
+    magnitudes = [abs(e) for e in errors]
+    return f"{statistics.median(magnitudes):.1%} | {max(magnitudes):.1%}"
+
+
+def calibrated_source_line(source: SourceCalibration, errors: list[RowError]) -> str:
+    predicted = [e.calibrated_error for e in errors if e.source == source.source and e.calibrated_error is not None]
+    return (f"| {source.label} | {source.gpu} | {len(predicted)} | {source.calibration_row} "
+            f"({source.calibration_gpus} GPUs) | {source.hfu:.3f} | {_abs_figures(predicted)} |")
+
+
+def calibrated_summary(errors: list[RowError]) -> str:
+    """The one line the planner's calibrated band (zeroplan.calibrate.step.CALIBRATED_BAND) quotes."""
+    predicted = [abs(e.calibrated_error) for e in errors if e.calibrated_error is not None]
+    sources = len({e.source for e in errors if e.calibrated_error is not None})
+    return (f"calibrated on one row: {len(predicted)} rows of {sources} sources predicted; |error| median "
+            f"{statistics.median(predicted):.1%}, max {max(predicted):.1%}")
+
+
+def default_summary(errors: list[RowError]) -> str:
+    """The line the default band (zeroplan.calibrate.step.DEFAULT_BAND) quotes."""
+    hfu = PerformanceAssumptions().hardware_flops_utilization
+    default = [abs(e.default_error) for e in errors]
+    loso = [abs(e.loso_error) for e in errors]
+    return (f"uncalibrated, {len(errors)} rows: default HFU {hfu:g} |error| median {statistics.median(default):.1%}, "
+            f"max {max(default):.1%}; HFU per GPU generation x stack fitted leave-one-source-out: median "
+            f"{statistics.median(loso):.1%}, max {max(loso):.1%}")
+
+
+GROUPINGS = (("GPU", "gpu"), ("stack", "stack"), ("strategy", "strategy"), ("checkpointing", "checkpointing"),
+             ("source", "source"))
+
+
+def calibrated_report(table) -> list[str]:  # type: ignore[no-untyped-def]
+    sources, errors = calibration_study(table)
+    errors = list(errors)
+    labels = {e.source: e.label for e in errors}
+    lines = ["Calibrated on one row (zeroplan calibrate step's HFU, solved on the source's row of fewest GPUs, "
+             "ties: the first; scored on the source's other rows, never on the row it was solved on):", "",
+             "| source | GPU | rows predicted | calibrated on | HFU | median abs error | max abs error |",
+             "|---|---|---:|---|---:|---:|---:|"]
+    lines += [calibrated_source_line(source, errors) for source in sources]
+    lines += ["", calibrated_summary(errors), "",
+              "Uncalibrated, leave-one-source-out: the default HFU (nothing fitted) and an HFU per GPU generation "
+              "x stack, the median HFU calibrate step solves on the rows of that mechanism in the other sources "
+              "(the held-out source's rows never in it):", "",
+              "| by | value | rows | default: median abs error | max | fitted per mechanism: median abs error | max |",
+              "|---|---|---:|---:|---:|---:|---:|"]
+    for title, field in GROUPINGS:
+        groups: dict[str, list[RowError]] = {}
+        for e in errors:
+            groups.setdefault(getattr(e, field), []).append(e)
+        for value, members in sorted(groups.items()):
+            shown = labels.get(value, value) if field == "source" else value
+            lines.append(f"| {title} | {shown} | {len(members)} | {_abs_figures([e.default_error for e in members])} "
+                         f"| {_abs_figures([e.loso_error for e in members])} |")
+    lines += ["", default_summary(errors)]
+    return lines
 
 
 def main(argv: list[str]) -> int:

@@ -222,6 +222,9 @@ def add_efficiency_arguments(parser: argparse.ArgumentParser) -> None:
              "kernel against the GPU's measured matmul, attention and memory-bandwidth ceilings, the optimizer "
              "step included; a100-40gb, a100-80gb, h100-80gb, h200-141gb)",
     )
+    from zeroplan.cli.efficiency import add_efficiency_file_argument
+
+    add_efficiency_file_argument(parser)
     # The former --mfu timed executed FLOPs, so it was an HFU under another name; it is refused
     # with a pointer rather than read under either meaning.
     parser.add_argument("--mfu", type=positive_float, help=argparse.SUPPRESS)
@@ -354,8 +357,13 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         from zeroplan.core.roofline.ceilings import gpu_ceilings
 
         gpu_ceilings(cluster.gpu)
+    hfu = args.hfu
+    if getattr(args, "efficiency", None) is not None:
+        from zeroplan.cli.efficiency import efficiency_hfu
+
+        hfu = efficiency_hfu(args, cluster.gpu.name, framework)
     performance = PerformanceAssumptions(
-        hardware_flops_utilization=args.hfu, algorithm=args.algorithm, bandwidth=args.bandwidth,
+        hardware_flops_utilization=hfu, algorithm=args.algorithm, bandwidth=args.bandwidth,
         compute_model=args.compute_model,
     )
     return PlanRequest(
@@ -406,11 +414,14 @@ def _run(args: argparse.Namespace, compare: bool) -> int:
 
     check_options_apply(args)
     kinds = parse_strategies(args.strategies)
-    report = fit(request_from_args(args), kinds)
+    request = request_from_args(args)
+    report = fit(request, kinds)
     if compare and args.format == "table":
+        from zeroplan.cli.efficiency import time_basis
         from zeroplan.report.compare_table import render_compare_table
 
         sys.stdout.write(render_compare_table(report) + "\n")
+        sys.stdout.write(time_basis(args, request) + "\n")
     elif args.format == "json":
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
     elif args.format == "csv":

@@ -44,12 +44,17 @@ def build_parser() -> OneLineParser:
         ("fit", "per-GPU memory of every strategy, and a verdict", add_fit_arguments, run_fit),
         ("compare", "communication volume and step time of every strategy", add_fit_arguments, run_compare),
         ("validate", "predicted vs measured for harness records", add_validate_arguments, run_validate),
-        ("calibrate", "fit link latency and bandwidth to nccl-tests output", add_calibrate_arguments, run_calibrate),
+        ("calibrate", "fit link latency and bandwidth to nccl-tests output; calibrate step: the compute efficiency "
+         "of one measured step", add_calibrate_arguments, run_calibrate),
         ("plan", "the fastest configuration that fits a global batch", add_plan_arguments, run_plan),
     ):
         command = commands.add_parser(name, help=help_text)
         add_arguments(command)
         command.set_defaults(run=run)
+        if name == "calibrate":
+            from zeroplan.cli.calibrate_step import add_step_mode
+
+            add_step_mode(command)
     for name, (_, help_text) in _DELEGATED.items():
         commands.add_parser(name, help=f"{help_text} (zeroplan {name} --help)", add_help=False)
     commands.add_parser("models", help="list model presets").set_defaults(run=_list_models)

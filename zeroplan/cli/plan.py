@@ -105,5 +105,8 @@ def run_plan(args: argparse.Namespace) -> int:
     else:
         from zeroplan.report.search_table import render_search
 
+        from zeroplan.cli.efficiency import time_basis
+
         sys.stdout.write(render_search(result) + "\n")
+        sys.stdout.write(time_basis(args, base) + "\n")
     return 0

@@ -1,0 +1,136 @@
+"""``zeroplan calibrate step``: the HFU one measured step implies, the efficiency file it writes,
+and ``--efficiency`` on fit, compare and plan (zeroplan/calibrate/step.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from zeroplan.calibrate.step import StepEfficiency, load_efficiency, solve_hfu
+from zeroplan.cli.main import build_parser, main
+from zeroplan.core.plan import plan
+from zeroplan.errors import ZeroplanError
+from zeroplan.presets.gpus import get_gpu
+from zeroplan.presets.models import get_model
+from zeroplan.specs import BatchSpec, PerformanceAssumptions, PlanRequest, StrategyKind, StrategySpec, cluster_from_gpus
+from zeroplan.validate.rows import FLAT_RESERVE
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _request(kind: StrategyKind, gpus: int, hfu: float, model: str = "llama-3.1-8b") -> PlanRequest:
+    return PlanRequest(
+        model=get_model(model), batch=BatchSpec(micro_batch_size=1, seq_len=4096),
+        cluster=cluster_from_gpus(get_gpu("h100-80gb"), gpus), strategy=StrategySpec(kind=kind),
+        performance=PerformanceAssumptions(hardware_flops_utilization=hfu), assumptions=FLAT_RESERVE,
+    )
+
+
+@pytest.mark.parametrize("kind, gpus", [(StrategyKind.fsdp_full_shard, 8), (StrategyKind.zero1, 64), (StrategyKind.ddp, 16)])
+def test_the_hfu_solved_gives_back_the_step_it_was_solved_on(kind: StrategyKind, gpus: int) -> None:
+    # Communication is kept as the planner prices it: zero1's all-gather after the backward is
+    # exposed, so the solved HFU is the one the step was timed at, not step / compute.
+    for hfu in (0.25, 0.55):
+        time = plan(_request(kind, gpus, hfu), capacity=False).time
+        assert solve_hfu(_request(kind, gpus, 0.4), time.step_with_overlap_s) == pytest.approx(hfu, rel=1e-6)
+    exposed = plan(_request(StrategyKind.zero1, 64, 0.4), capacity=False).time.exposed_communication_s
+    assert exposed > 0
+
+
+def test_a_step_faster_than_hfu_one_is_refused() -> None:
+    fastest = plan(_request(StrategyKind.fsdp_full_shard, 8, 1.0), capacity=False).time.step_with_overlap_s
+    with pytest.raises(ZeroplanError, match="shorter than the planner's step at HFU 1"):
+        solve_hfu(_request(StrategyKind.fsdp_full_shard, 8, 0.4), fastest * 0.9)
+
+
+def _calibrate(capsys, tmp_path: Path, *extra: str) -> Path:
+    out = tmp_path / "eff.json"
+    code, text, err = run(capsys, "calibrate", "step", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb",
+                          "--strategy", "fsdp-full-shard", "--tokens-per-s-per-gpu", "7000", "--out", str(out), *extra)
+    assert code == 0, err
+    assert f"wrote {out}" in text
+    return out
+
+
+def test_calibrate_step_writes_a_typed_file_and_compare_gives_the_measured_step_back(capsys, tmp_path: Path) -> None:
+    out = _calibrate(capsys, tmp_path, "--note", "one measured step")
+    efficiency = load_efficiency(out)
+    assert isinstance(efficiency, StepEfficiency)
+    assert (efficiency.gpu, efficiency.framework.value, efficiency.source.strategy) == ("h100-80gb", "zeroplan", "fsdp-full-shard")
+    assert efficiency.source.measured_tokens_per_s_per_gpu == pytest.approx(7000)
+    assert efficiency.source.note == "one measured step"
+    code, text, err = run(capsys, "compare", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb",
+                          "--strategies", "fsdp-full-shard", "--format", "json", "--efficiency", str(out))
+    assert code == 0, err
+    time = json.loads(text)["plans"][0]["time"]
+    assert time["tokens_per_s_per_gpu"] == pytest.approx(7000, rel=1e-6)
+
+
+def test_compare_and_plan_say_calibrated_or_default(capsys, tmp_path: Path) -> None:
+    out = _calibrate(capsys, tmp_path)
+    code, text, _ = run(capsys, "compare", "llama-3.1-70b", "--gpus", "64", "--gpu", "h100-80gb", "--efficiency", str(out))
+    assert code == 0
+    line = text.splitlines()[-1]
+    assert line.startswith("step time: calibrated, HFU 0.345 from ") and "band" in line
+    code, text, _ = run(capsys, "compare", "llama-3.1-70b", "--gpus", "64", "--gpu", "h100-80gb")
+    assert text.splitlines()[-1].startswith("step time: default HFU 0.4, not calibrated")
+    code, text, _ = run(capsys, "compare", "llama-3.1-70b", "--gpus", "64", "--gpu", "h100-80gb", "--hfu", "0.5")
+    assert "HFU 0.5 as given (--hfu), not calibrated; band not measured" in text
+    code, text, err = run(capsys, "plan", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", "--global-batch", "16",
+                          "--no-model-parallel", "--top", "2", "--efficiency", str(out))
+    assert code == 0, err
+    assert "step time: calibrated, HFU 0.345" in text
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (("--gpu", "a100-80gb"), "was calibrated on h100-80gb, not a100-80gb"),
+    (("--gpu", "h100-80gb", "--framework", "torchtitan"), "was calibrated on framework zeroplan, not torchtitan"),
+    (("--gpu", "h100-80gb", "--hfu", "0.5"), "drop --hfu or --efficiency"),
+    (("--gpu", "h100-80gb", "--compute-model", "roofline"), "drop --compute-model roofline"),
+])
+def test_a_file_that_does_not_apply_is_one_line(capsys, tmp_path: Path, extra, needle) -> None:
+    out = _calibrate(capsys, tmp_path)
+    code, text, err = run(capsys, "compare", "llama-3.1-70b", "--gpus", "64", "--efficiency", str(out), *extra)
+    assert code == 2 and text == ""
+    assert needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_file_of_another_kind_is_one_line(capsys, tmp_path: Path) -> None:
+    other = tmp_path / "gpu.json"
+    other.write_text(json.dumps(get_gpu("h100-80gb").model_dump(mode="json")))
+    code, _, err = run(capsys, "compare", "gpt2", "--gpus", "8", "--efficiency", str(other))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--efficiency" in err
+
+
+def test_calibrate_step_refuses_a_measured_step_the_planner_cannot_reach(capsys, tmp_path: Path) -> None:
+    code, _, err = run(capsys, "calibrate", "step", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb",
+                       "--strategy", "fsdp-full-shard", "--tokens-per-s-per-gpu", "1e6", "--out", str(tmp_path / "x.json"))
+    assert code == 2 and "shorter than the planner's step at HFU 1" in err and not (tmp_path / "x.json").exists()
+
+
+def test_step_s_and_tokens_per_s_are_the_same_measurement(capsys, tmp_path: Path) -> None:
+    by_tokens = load_efficiency(_calibrate(capsys, tmp_path))
+    step_s = 4096 / 7000
+    out = tmp_path / "by-step.json"
+    code, _, err = run(capsys, "calibrate", "step", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb",
+                       "--strategy", "fsdp-full-shard", "--step-s", repr(step_s), "--out", str(out))
+    assert code == 0, err
+    assert load_efficiency(out).hardware_flops_utilization == pytest.approx(by_tokens.hardware_flops_utilization)
+
+
+def test_the_nccl_tests_mode_parses_as_before() -> None:
+    args = build_parser().parse_args(["calibrate", "a.log", "b.log", "--gpu", "h100-80gb", "--out", "x.json"])
+    assert args.logs == ["a.log", "b.log"] and args.out == "x.json"
+    step = build_parser().parse_args(["calibrate", "step", "gpt2", "--strategy", "ddp", "--step-s", "1", "--out", "x.json"])
+    assert step.model == "gpt2" and step.step_s == 1.0 and step.run.__name__ == "run_calibrate_step"
+
+
+def test_calibrate_step_refuses_a_device_as_out_before_computing(capsys) -> None:
+    code, _, err = run(capsys, "calibrate", "step", "gpt2", "--strategy", "ddp", "--step-s", "1", "--out", "/dev/null")
+    assert code == 2 and "is a character device" in err and len(err.strip().splitlines()) == 1

@@ -1,0 +1,93 @@
+"""Calibrated step time against the published rows (zeroplan/validate/step_calibration.py): one
+row per source calibrates, the others score; the leave-one-source-out fit never sees the source
+it predicts; and the figures the docs and the CLI's band quote are what the benchmark prints."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+
+from zeroplan.calibrate.step import CALIBRATED_BAND, DEFAULT_BAND
+from zeroplan.validate.step_calibration import (
+    MIN_SOURCE_ROWS, calibration_study, generation_of, implied_hfu, predicted_tokens_per_s, source_of, stack_of,
+)
+from zeroplan.validate.step_time import load_published_throughput
+
+ROOT = Path(__file__).resolve().parents[1]
+TABLE = load_published_throughput()
+SOURCES, ERRORS = calibration_study()
+
+
+def _benchmark():
+    spec = importlib.util.spec_from_file_location("step_time_accuracy", ROOT / "benchmarks" / "step_time_accuracy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+PRINTED = _benchmark().calibrated_report(TABLE)
+
+
+def test_each_source_of_three_rows_is_calibrated_on_its_row_of_fewest_gpus_and_scored_on_the_others() -> None:
+    by_source: dict[str, list] = {}
+    for row in TABLE.rows:
+        by_source.setdefault(source_of(row), []).append(row)
+    assert {s.source for s in SOURCES} == {source for source, rows in by_source.items() if len(rows) >= MIN_SOURCE_ROWS}
+    for calibration in SOURCES:
+        rows = by_source[calibration.source]
+        fewest = min(row.num_gpus for row in rows)
+        assert calibration.calibration_row == next(row.name for row in rows if row.num_gpus == fewest)
+        scored = [e for e in ERRORS if e.source == calibration.source and e.calibrated_error is not None]
+        assert calibration.calibration_row not in {e.name for e in scored}
+        assert len(scored) == len(rows) - 1
+        anchor = next(row for row in rows if row.name == calibration.calibration_row)
+        # Calibrated on its own row, the planner gives that row's published throughput back.
+        assert predicted_tokens_per_s(anchor, calibration.hfu) == pytest.approx(anchor.published_tokens_per_s_per_gpu, rel=1e-6)
+
+
+def test_the_fitted_default_never_sees_the_source_it_predicts() -> None:
+    implied = {row.name: implied_hfu(row) for row in TABLE.rows}
+    for row, error in zip(TABLE.rows, ERRORS):
+        peers = [implied[other.name] for other in TABLE.rows if source_of(other) != source_of(row)
+                 and generation_of(other.gpu) == generation_of(row.gpu) and stack_of(other) == stack_of(row)]
+        assert peers, row.name  # every source has another of its GPU generation and stack
+        assert error.loso_hfu == pytest.approx(statistics.median(peers)), row.name
+
+
+def test_docs_quote_the_calibrated_figures_as_printed() -> None:
+    docs = (ROOT / "docs" / "validation.md").read_text()
+    section = docs[docs.index("### Calibrated from one measured step"):]
+    lines = [line for line in PRINTED if line.startswith("| ") or " rows" in line and "|error|" in line]
+    assert len(lines) >= 20
+    for line in lines:
+        assert line in section, line
+
+
+def test_the_bands_the_cli_quotes_are_the_printed_summaries() -> None:
+    calibrated = next(line for line in PRINTED if line.startswith("calibrated on one row:"))
+    default = next(line for line in PRINTED if line.startswith("uncalibrated,"))
+    median, maximum = (float(x) / 100 for x in re.search(r"median (\d+\.\d)%, max (\d+\.\d)%", calibrated).groups())
+    assert CALIBRATED_BAND == (pytest.approx(median), pytest.approx(maximum))
+    median, maximum = (float(x) / 100 for x in re.search(r"default HFU 0.4 \|error\| median (\d+\.\d)%, max (\d+\.\d)%", default).groups())
+    assert DEFAULT_BAND == (pytest.approx(median), pytest.approx(maximum))
+
+
+def test_compare_quotes_the_band(zeroplan_cli) -> None:
+    code, out, _ = zeroplan_cli("compare", "llama-3.1-70b", "--gpus", "64", "--gpu", "h100-80gb")
+    assert code == 0
+    assert f"median {DEFAULT_BAND[0]:.1%}, max {DEFAULT_BAND[1]:.1%}" in out.splitlines()[-1]
+
+
+def test_the_docs_example_file_is_calibrate_steps_answer_for_its_published_row() -> None:
+    from zeroplan.calibrate.step import load_efficiency
+    from zeroplan.validate.step_calibration import published_row_efficiency
+
+    example = load_efficiency(ROOT / "docs" / "examples" / "h100-llm-foundry-efficiency.json")
+    row = next(row for row in TABLE.rows if row.name == "mpt-30b h100 x8 s8192 b1x21 AC")
+    assert example == published_row_efficiency(row)
+    assert example.hardware_flops_utilization == pytest.approx(
+        next(s.hfu for s in SOURCES if s.calibration_row == row.name))

@@ -1,0 +1,230 @@
+"""Calibrate the compute efficiency from one measured step (``zeroplan calibrate step``), and
+apply it elsewhere (``--efficiency FILE`` on fit, compare and plan).
+
+The planner times a step as compute (executed FLOPs at HFU x peak bf16 FLOP/s) plus what its
+alpha-beta communication model says the compute does not hide, plus the pipeline bubble, the
+model-parallel collectives and offload's CPU step (zeroplan.core.timing.step_time). One measured
+step fixes one number: the HFU at which that step comes out at the measured seconds, with
+communication, overlap and host time kept as the planner prices them. The efficiency applies to
+compute only, so the file carries to other GPU counts, strategies, micro-batches and sequence
+lengths of the same GPU and training stack, and is refused for another GPU or stack (the
+mechanism fitted is per GPU x stack, never per configuration).
+
+docs/validation.md, "Step time", measures how well one calibrated row predicts the other rows
+of its source (CALIBRATED_BAND)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError
+
+from zeroplan.errors import ZeroplanError
+from zeroplan.specs.base import Frozen, first_error
+from zeroplan.specs.framework import Framework
+from zeroplan.specs.request import PlanRequest
+
+EFFICIENCY_KIND = "zeroplan-step-efficiency"
+
+CALIBRATED_BAND: tuple[float, float] | None = (0.158, 0.599)
+"""(median, max) |error| of tokens/s/GPU when each published source with at least three rows is
+calibrated on its row of fewest GPUs and predicts its other rows (benchmarks/step_time_accuracy.py,
+docs/validation.md "Calibrated from one measured step"; tests/test_step_calibration.py ties it to
+the printed figures); None until measured."""
+
+DEFAULT_BAND: tuple[float, float] | None = (0.217, 0.868)
+"""(median, max) |error| of tokens/s/GPU at the default HFU over every published row (nothing is
+fitted, so no row is in its own fit); None until measured."""
+
+HFU_TOLERANCE = 1e-9
+"""The bisection stops when the HFU bracket is this narrow."""
+
+
+class CalibrationSource(Frozen):
+    """The measured configuration an efficiency file was solved on."""
+
+    model: str
+    """The model the step ran (preset name or config path as given)."""
+    num_gpus: int = Field(gt=0)
+    gpus_per_node: int = Field(gt=0)
+    strategy: str
+    """Sharding strategy of the measured run."""
+    micro_batch_size: int = Field(gt=0)
+    seq_len: int = Field(gt=0)
+    grad_accum_steps: int = Field(gt=0)
+    activation_checkpointing: str
+    precision: str
+    tp: int = Field(default=1, gt=0)
+    cp: int = Field(default=1, gt=0)
+    pp: int = Field(default=1, gt=0)
+    compile: bool = False
+    float8: str | None = None
+    measured_step_s: float = Field(gt=0)
+    """The measured optimizer step, seconds."""
+    measured_tokens_per_s_per_gpu: float = Field(gt=0)
+    """Tokens of the step per GPU (over the model-parallel ranks, as the planner counts) per second."""
+    note: str = ""
+    """Where the measurement comes from (--note)."""
+
+
+class StepEfficiency(Frozen):
+    """An efficiency file: the compute efficiency one measured step implies."""
+
+    kind: Literal["zeroplan-step-efficiency"] = EFFICIENCY_KIND
+    """Marks the file's kind (a GPU file or a record is refused by it)."""
+    hardware_flops_utilization: float = Field(gt=0, le=1)
+    """The HFU at which the planner's step equals the measured one."""
+    gpu: str = Field(min_length=1)
+    """GpuSpec.name of the GPU the step ran on."""
+    gpu_display_name: str = Field(min_length=1)
+    framework: Framework
+    """The training stack (the planner's framework profile) the step ran."""
+    source: CalibrationSource
+    """The measured configuration."""
+    predicted_compute_s: float = Field(ge=0)
+    """Compute of the source configuration at the fitted HFU, seconds."""
+    predicted_communication_s: float = Field(ge=0)
+    """All its collectives back to back under the planner's model, seconds."""
+    predicted_exposed_communication_s: float = Field(ge=0)
+    """Of those (and host copies), what the planner says the compute does not hide, seconds."""
+
+
+def _at_hfu(request: PlanRequest, hfu: float) -> PlanRequest:
+    return request.model_copy(update={"performance": request.performance.model_copy(
+        update={"hardware_flops_utilization": hfu})})
+
+
+def timed_request(request: PlanRequest) -> PlanRequest:
+    """The request whose step plan() times: under pipeline parallelism its peak-memory rank."""
+    if request.parallel.pp == 1:
+        return request
+    from zeroplan.core.plan import pipeline_rank_breakdowns
+
+    ranks = pipeline_rank_breakdowns(request, False)
+    return request.at_pipeline_rank(max(range(len(ranks)), key=lambda rank: ranks[rank][0].peak_bytes))
+
+
+def solve_hfu(request: PlanRequest, measured_step_s: float) -> float:
+    """The HFU in (0, 1] at which the planner's step for ``request`` (flat-HFU compute model)
+    lasts ``measured_step_s``. The step does not grow with the HFU (compute shrinks, and exposed
+    communication grows by at most what compute loses), so bisection finds it; where the step
+    is flat (communication-bound) the smallest HFU that reaches the measured step is returned.
+    A step shorter than the planner's at HFU 1 is refused in one line."""
+    from zeroplan.core.communication import collectives
+    from zeroplan.core.timing import step_time
+
+    if request.performance.compute_model != "hfu":
+        raise ZeroplanError("--compute-model", "calibration solves the flat-HFU compute model (allowed: hfu)")
+    at = timed_request(request)
+    step_collectives = tuple(collectives(at))
+
+    def step_s(hfu: float) -> float:
+        return step_time(_at_hfu(at, hfu), step_collectives).step_with_overlap_s
+
+    fastest = step_time(_at_hfu(at, 1.0), step_collectives)
+    if measured_step_s < fastest.step_with_overlap_s * (1 - 1e-12):
+        raise ZeroplanError(
+            "measured step", f"{measured_step_s:.4g} s is shorter than the planner's step at HFU 1 "
+            f"({fastest.step_with_overlap_s:.4g} s, of which {fastest.compute_s:.4g} s compute and "
+            f"{fastest.step_with_overlap_s - fastest.compute_s:.4g} s communication, bubble and host time): "
+            "check the configuration (allowed: a step at least that long)")
+    low, high = 0.0, 1.0  # step_s(low) > measured >= step_s(high)
+    while high - low > HFU_TOLERANCE:
+        middle = (low + high) / 2
+        if step_s(middle) > measured_step_s:
+            low = middle
+        else:
+            high = middle
+    return high
+
+
+def planned_step(request: PlanRequest):  # type: ignore[no-untyped-def]
+    """The planner's StepTime for ``request`` (as plan() times it), without its memory."""
+    from zeroplan.core.communication import collectives
+    from zeroplan.core.timing import step_time
+
+    at = timed_request(request)
+    return step_time(at, tuple(collectives(at)))
+
+
+def calibrate_step(request: PlanRequest, measured_step_s: float, model: str, note: str = "") -> StepEfficiency:
+    """The efficiency file of ``request`` measured at ``measured_step_s`` per optimizer step."""
+    from zeroplan.core.communication import collectives
+    from zeroplan.core.timing import step_time
+
+    hfu = solve_hfu(request, measured_step_s)
+    at = _at_hfu(timed_request(request), hfu)
+    time = step_time(at, tuple(collectives(at)))
+    batch, parallel, training = request.batch, request.parallel, request.training
+    return StepEfficiency(
+        hardware_flops_utilization=hfu,
+        gpu=request.cluster.gpu.name,
+        gpu_display_name=request.cluster.gpu.display_name,
+        framework=training.framework,
+        source=CalibrationSource(
+            model=model, num_gpus=request.cluster.world_size, gpus_per_node=request.cluster.gpus_per_node,
+            strategy=request.strategy.kind.value, micro_batch_size=batch.micro_batch_size, seq_len=batch.seq_len,
+            grad_accum_steps=batch.grad_accum_steps, activation_checkpointing=training.activation_checkpointing.value,
+            precision=training.precision.value, tp=parallel.tp, cp=parallel.cp, pp=parallel.pp,
+            compile=training.compile, float8=training.float8.value if training.float8 else None,
+            measured_step_s=measured_step_s,
+            measured_tokens_per_s_per_gpu=step_tokens_per_gpu(request) / measured_step_s, note=note,
+        ),
+        predicted_compute_s=time.compute_s,
+        predicted_communication_s=time.communication_s,
+        predicted_exposed_communication_s=time.exposed_communication_s,
+    )
+
+
+def step_tokens_per_gpu(request: PlanRequest) -> float:
+    """Tokens of one optimizer step per GPU as the planner counts them (StepTime.tokens_per_s_per_gpu):
+    micro-batch x accumulation x sequence over the model-parallel ranks that share them."""
+    batch = request.batch
+    return batch.micro_batch_size * batch.grad_accum_steps * batch.seq_len / request.parallel.model_parallel_size
+
+
+def load_efficiency(path: str | Path) -> StepEfficiency:
+    """The efficiency file at ``path``; a malformed one is one line naming the field."""
+    try:
+        return StepEfficiency.model_validate(json.loads(Path(path).read_text()))
+    except ValidationError as error:
+        raise first_error(error, prefix=f"--efficiency {path}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ZeroplanError("--efficiency", f"cannot read {str(path)!r}: {error}") from None
+
+
+def check_applies(efficiency: StepEfficiency, path: str | Path, gpu_name: str, framework: Framework) -> None:
+    """Refuse, in one line, a file calibrated on another GPU or another training stack."""
+    if efficiency.gpu != gpu_name:
+        raise ZeroplanError("--efficiency", f"{str(path)!r} was calibrated on {efficiency.gpu}, not {gpu_name} "
+                                            f"(allowed: a file calibrated on {gpu_name})")
+    if efficiency.framework is not framework:
+        raise ZeroplanError("--efficiency", f"{str(path)!r} was calibrated on framework {efficiency.framework.value}, "
+                                            f"not {framework.value} (allowed: a file of --framework {framework.value})")
+
+
+def _band(band: tuple[float, float] | None, what: str) -> str:
+    if band is None:
+        return "band not measured"
+    return f"error band {what}: median {band[0]:.1%}, max {band[1]:.1%} |error| of tokens/s/GPU (docs/validation.md)"
+
+
+def time_basis_line(request: PlanRequest, efficiency_path: str | None, efficiency: StepEfficiency | None,
+                    hfu_given: bool) -> str:
+    """One line saying what the step times rest on: a calibrated efficiency or the default, and
+    the error band measured for it."""
+    if efficiency is not None:
+        source = efficiency.source
+        return (f"step time: calibrated, HFU {efficiency.hardware_flops_utilization:.3f} from {efficiency_path} "
+                f"({source.model} on {source.num_gpus} x {efficiency.gpu}, {source.strategy}, micro-batch "
+                f"{source.micro_batch_size} x seq {source.seq_len}: {source.measured_step_s:.4g} s measured); "
+                + _band(CALIBRATED_BAND, "when one row of a published source predicts its others"))
+    if request.performance.compute_model == "roofline":
+        return "step time: roofline compute model, not calibrated; band not measured"
+    if hfu_given:
+        return (f"step time: HFU {request.performance.hardware_flops_utilization:g} as given (--hfu), not calibrated; "
+                "band not measured")
+    return (f"step time: default HFU {request.performance.hardware_flops_utilization:g}, not calibrated "
+            "(zeroplan calibrate step fits one); " + _band(DEFAULT_BAND, "on the published rows"))

@@ -1,0 +1,44 @@
+"""``--efficiency FILE`` on fit, compare and plan: compute timed at the HFU an efficiency file
+(``zeroplan calibrate step``, zeroplan.calibrate.step) holds, and the line compare and plan print
+under their table saying whether the step time is calibrated or the default, and its error band."""
+
+from __future__ import annotations
+
+import argparse
+
+from zeroplan.specs import PerformanceAssumptions
+
+DEFAULT_HFU = PerformanceAssumptions.model_fields["hardware_flops_utilization"].default
+
+
+def add_efficiency_file_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--efficiency", metavar="FILE",
+        help="time compute at the HFU of an efficiency file (zeroplan calibrate step) instead of --hfu; the file's "
+             "GPU and framework must be the request's",
+    )
+
+
+def efficiency_hfu(args: argparse.Namespace, gpu_name: str, framework) -> float:  # type: ignore[no-untyped-def]
+    """The HFU of --efficiency's file, refused in one line for another GPU or framework, beside
+    --hfu, or under the roofline compute model."""
+    from zeroplan.calibrate.step import check_applies, load_efficiency
+    from zeroplan.errors import ZeroplanError
+
+    if args.hfu != DEFAULT_HFU:
+        raise ZeroplanError("--efficiency", "sets the HFU; drop --hfu or --efficiency")
+    if args.compute_model != "hfu":
+        raise ZeroplanError("--efficiency", "calibrates the flat-HFU compute model; drop --compute-model roofline "
+                                            "or --efficiency")
+    efficiency = load_efficiency(args.efficiency)
+    check_applies(efficiency, args.efficiency, gpu_name, framework)
+    return efficiency.hardware_flops_utilization
+
+
+def time_basis(args: argparse.Namespace, request) -> str:  # type: ignore[no-untyped-def]
+    """The line compare and plan print under their table: calibrated or default, and its band."""
+    from zeroplan.calibrate.step import load_efficiency, time_basis_line
+
+    path = getattr(args, "efficiency", None)
+    efficiency = load_efficiency(path) if path else None
+    return time_basis_line(request, path, efficiency, hfu_given=args.hfu != DEFAULT_HFU)

@@ -1,0 +1,174 @@
+"""How well a calibrated step time predicts published throughput (docs/validation.md, "Step
+time"): per published source, the HFU ``zeroplan calibrate step`` solves on one row predicts the
+source's other rows; and, leave-one-source-out, the default HFU and an HFU fitted per mechanism
+(GPU generation x training stack) on the other sources only.
+
+Rules the figures keep: what is fitted is per mechanism, never per row; the row a calibration is
+solved on is never among the rows it is scored on; every figure is out of sample."""
+
+from __future__ import annotations
+
+import functools
+import statistics
+
+from zeroplan.calibrate.step import planned_step, solve_hfu
+from zeroplan.specs import PerformanceAssumptions
+from zeroplan.specs.base import Frozen
+from zeroplan.validate.step_time import PublishedThroughput, PublishedThroughputTable, load_published_throughput
+
+MIN_SOURCE_ROWS = 3
+"""A source is calibrated on one row and scored on the others when it has at least this many."""
+
+
+def source_of(row: PublishedThroughput) -> str:
+    """One publication's table: the source URL and its section."""
+    return f"{row.source_url} ({row.source_section})"
+
+
+def stack_of(row: PublishedThroughput) -> str:
+    """The training stack that produced the row: the repository its source lives in
+    (github.com/OWNER/REPO/...), e.g. torchtitan, llm-foundry."""
+    return row.source_url.split("/")[4]
+
+
+def generation_of(gpu: str) -> str:
+    """The GPU generation of a catalog name: a100-40gb and a100-80gb are both a100."""
+    return gpu.split("-")[0]
+
+
+def source_label(row: PublishedThroughput) -> str:
+    """Short name of the row's source: its stack and its table's title."""
+    section = row.source_section
+    title = section[:section.index("' table") + len("' table")] if "' table" in section else section
+    return f"{stack_of(row)} {title}"
+
+
+def published_step_s(row: PublishedThroughput) -> float:
+    return row.tokens_per_step_per_gpu / row.published_tokens_per_s_per_gpu
+
+
+def predicted_tokens_per_s(row: PublishedThroughput, hfu: float) -> float:
+    """The planner's tokens/s/GPU for ``row`` with compute at ``hfu``."""
+    return planned_step(row.request(hfu)).tokens_per_s_per_gpu
+
+
+def implied_hfu(row: PublishedThroughput) -> float:
+    """The HFU ``zeroplan calibrate step`` solves on ``row`` (its published step)."""
+    return solve_hfu(row.request(), published_step_s(row))
+
+
+class RowError(Frozen):
+    """One published row predicted out of sample."""
+
+    name: str
+    source: str
+    label: str
+    """source_label of the row."""
+    stack: str
+    gpu: str
+    strategy: str
+    checkpointing: str
+    published_tokens_per_s_per_gpu: float
+    default_tokens_per_s_per_gpu: float
+    """At the default HFU (nothing fitted)."""
+    loso_hfu: float
+    """HFU of the row's mechanism (GPU generation x stack), fitted on the other sources' rows."""
+    loso_tokens_per_s_per_gpu: float
+    calibrated_hfu: float | None = None
+    """The HFU solved on the source's row of fewest GPUs (None: that row itself, or a source of
+    fewer than MIN_SOURCE_ROWS rows)."""
+    calibrated_tokens_per_s_per_gpu: float | None = None
+
+    @property
+    def default_error(self) -> float:
+        return self.default_tokens_per_s_per_gpu / self.published_tokens_per_s_per_gpu - 1
+
+    @property
+    def loso_error(self) -> float:
+        return self.loso_tokens_per_s_per_gpu / self.published_tokens_per_s_per_gpu - 1
+
+    @property
+    def calibrated_error(self) -> float | None:
+        if self.calibrated_tokens_per_s_per_gpu is None:
+            return None
+        return self.calibrated_tokens_per_s_per_gpu / self.published_tokens_per_s_per_gpu - 1
+
+
+class SourceCalibration(Frozen):
+    """One source calibrated on its row of fewest GPUs (ties: the first)."""
+
+    source: str
+    label: str
+    stack: str
+    gpu: str
+    rows: int
+    calibration_row: str
+    calibration_gpus: int
+    hfu: float
+
+
+def published_row_efficiency(row: PublishedThroughput):  # type: ignore[no-untyped-def]
+    """The efficiency file ``zeroplan calibrate step`` writes for ``row``'s published step (the
+    docs' example, docs/examples/, is one)."""
+    from zeroplan.calibrate.step import calibrate_step
+
+    return calibrate_step(row.request(), published_step_s(row), model=f"{row.model} ({stack_of(row)}'s architecture)",
+                          note=f"published: {source_of(row)}, row {row.name!r}")
+
+
+def calibration_row(rows: list[PublishedThroughput]) -> PublishedThroughput:
+    """The row of fewest GPUs; the first of those on a tie."""
+    return min(rows, key=lambda row: row.num_gpus)  # min keeps the first of equal keys
+
+
+def mechanism_hfu(held_out: str, implied: dict[str, float], rows: tuple[PublishedThroughput, ...],
+                  generation: str, stack: str) -> float:
+    """The HFU of (generation, stack) fitted leave-one-source-out: the median implied HFU of the
+    rows of that mechanism in every source but ``held_out``; the default where there are none."""
+    peers = [implied[row.name] for row in rows
+             if source_of(row) != held_out and generation_of(row.gpu) == generation and stack_of(row) == stack]
+    return statistics.median(peers) if peers else PerformanceAssumptions().hardware_flops_utilization
+
+
+def calibration_study(table: PublishedThroughputTable | None = None) -> tuple[tuple[SourceCalibration, ...], tuple[RowError, ...]]:
+    """Every source's one-row calibration, and every row's out-of-sample predictions."""
+    return _study(table or load_published_throughput())
+
+
+@functools.lru_cache(maxsize=2)
+def _study(table: PublishedThroughputTable) -> tuple[tuple[SourceCalibration, ...], tuple[RowError, ...]]:
+    rows = table.rows
+    implied = {row.name: implied_hfu(row) for row in rows}
+    assert len(implied) == len(rows), "row names must be unique"
+    by_source: dict[str, list[PublishedThroughput]] = {}
+    for row in rows:
+        by_source.setdefault(source_of(row), []).append(row)
+    calibrations: dict[str, tuple[PublishedThroughput, float]] = {}
+    for source, members in by_source.items():
+        if len(members) >= MIN_SOURCE_ROWS:
+            anchor = calibration_row(members)
+            calibrations[source] = (anchor, implied[anchor.name])
+    default_hfu = PerformanceAssumptions().hardware_flops_utilization
+    errors = []
+    for row in rows:
+        source = source_of(row)
+        loso = mechanism_hfu(source, implied, rows, generation_of(row.gpu), stack_of(row))
+        calibrated = calibrated_tokens = None
+        if source in calibrations and calibrations[source][0].name != row.name:
+            calibrated = calibrations[source][1]
+            calibrated_tokens = predicted_tokens_per_s(row, calibrated)
+        errors.append(RowError(
+            name=row.name, source=source, label=source_label(row), stack=stack_of(row), gpu=row.gpu, strategy=row.strategy.value,
+            checkpointing=row.activation_checkpointing.value,
+            published_tokens_per_s_per_gpu=row.published_tokens_per_s_per_gpu,
+            default_tokens_per_s_per_gpu=predicted_tokens_per_s(row, default_hfu),
+            loso_hfu=loso, loso_tokens_per_s_per_gpu=predicted_tokens_per_s(row, loso),
+            calibrated_hfu=calibrated, calibrated_tokens_per_s_per_gpu=calibrated_tokens,
+        ))
+    sources = tuple(
+        SourceCalibration(source=source, label=source_label(anchor), stack=stack_of(anchor), gpu=anchor.gpu,
+                          rows=len(by_source[source]), calibration_row=anchor.name,
+                          calibration_gpus=anchor.num_gpus, hfu=hfu)
+        for source, (anchor, hfu) in calibrations.items()
+    )
+    return sources, tuple(errors)
