@@ -1,6 +1,6 @@
 """``--emit DIR`` of ``zeroplan plan`` and ``zeroplan fit``: the configuration shown, written as
-run files (zeroplan.emit). Kept apart from the commands' own modules: they call
-add_emit_argument and emit_fit / emit_plan, nothing else."""
+run files (zeroplan.emit). Kept apart from the commands' own modules: zeroplan.cli.main adds the
+flag and wraps the command (emitting), which runs as before and then writes the files."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 
 from zeroplan.errors import ZeroplanError
 
-SKIPPED_DESTS = {"help", "format", "unit", "emit", "top"}
+SKIPPED_DESTS = {"help", "format", "unit", "emit", "top", "run", "search_result"}
 """Flags that change how an answer is shown, not what is planned."""
 
 
@@ -64,7 +64,7 @@ def planned_from_fit_flags(flags: list[str], command: str):
     args = _fit_parser().parse_args(flags)
     kinds = parse_strategies(args.strategies)
     if kinds is None or len(kinds) != 1:
-        raise ZeroplanError("emit", "writes the files of one strategy (allowed: with --strategies naming exactly one)")
+        raise ZeroplanError("--emit", "writes the files of one strategy (allowed: with --strategies naming exactly one)")
     report = fit(request_from_args(args, kinds[0]), kinds)
     plan = report.plan_for(kinds[0])
     request = request_from_args(args, kinds[0])
@@ -95,7 +95,7 @@ def emit_fit(args: argparse.Namespace) -> int:
     return _write(planned, args.emit)
 
 
-PLAN_ONLY = {"global_batch", "max_tp", "no_model_parallel", "top"}
+PLAN_ONLY = {"global_batch", "max_tp", "no_model_parallel", "top", "search_result", "run"}
 
 
 def emit_plan(args: argparse.Namespace, result) -> int:
@@ -104,7 +104,7 @@ def emit_plan(args: argparse.Namespace, result) -> int:
 
     best = result.best
     if best is None:
-        raise ZeroplanError("emit", "no configuration fits, so there is no plan to write (nothing was written)")
+        raise ZeroplanError("--emit", "no configuration fits, so there is no plan to write (nothing was written)")
     values = {key: value for key, value in vars(args).items() if key not in PLAN_ONLY}
     values.update(
         strategies=best.strategy.value, micro_batch=best.micro_batch_size, grad_accum=best.grad_accum_steps,
@@ -125,4 +125,21 @@ def check_emit_directory(args: argparse.Namespace) -> None:
     if getattr(args, "emit", None):
         from zeroplan.atomic import writable_directory
 
-        writable_directory(args.emit, "emit", create=False)
+        writable_directory(args.emit, "--emit", create=False)
+
+
+def emitting(command: str, run):
+    """``run`` (the command), then, under --emit, the files of what it showed."""
+
+    def run_then_emit(args: argparse.Namespace) -> int:
+        check_emit_directory(args)
+        if command == "fit" and getattr(args, "emit", None):
+            named = [part for part in (args.strategies or "").split(",") if part.strip()]
+            if len(named) != 1:
+                raise ZeroplanError("--emit", "writes the files of one strategy (allowed: with --strategies naming exactly one)")
+        status = run(args)
+        if status or not getattr(args, "emit", None):
+            return status
+        return emit_plan(args, args.search_result) if command == "plan" else emit_fit(args)
+
+    return run_then_emit

@@ -249,9 +249,6 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--format", choices=["table", "json", "csv"], default="table")
     parser.add_argument("--unit", choices=["GiB", "GB"], default="GiB", help="unit of the table (default GiB)")
-    from zeroplan.cli.emit import add_emit_argument
-
-    add_emit_argument(parser, "the one strategy --strategies names")
 
 
 def _gpu(args: argparse.Namespace):
@@ -405,11 +402,9 @@ def run_compare(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, compare: bool) -> int:
-    from zeroplan.cli.emit import check_emit_directory
     from zeroplan.core.plan import fit
 
     check_options_apply(args)
-    check_emit_directory(args)
     kinds = parse_strategies(args.strategies)
     report = fit(request_from_args(args), kinds)
     if compare and args.format == "table":
@@ -424,8 +419,4 @@ def _run(args: argparse.Namespace, compare: bool) -> int:
         from zeroplan.report.table import render_table
 
         sys.stdout.write(render_table(report, ByteUnit(args.unit)) + "\n")
-    if getattr(args, "emit", None):
-        from zeroplan.cli.emit import emit_fit
-
-        return emit_fit(args)
     return 0

@@ -59,17 +59,11 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                        help="data parallelism only (tp = pp = cp = 1), the search without layouts")
     parser.add_argument("--top", type=bounded_int(MAX_TOP), default=10, help=f"rows of the ranked table (default 10, at most {MAX_TOP})")
     parser.add_argument("--format", choices=["table", "json", "csv"], default="table")
-    from zeroplan.cli.emit import add_emit_argument
-
-    add_emit_argument(parser, "the fastest configuration")
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from zeroplan.cli.emit import check_emit_directory
     from zeroplan.cli.fit import parse_strategies, request_from_args
     from zeroplan.core.search import LayoutSpace, search
-
-    check_emit_directory(args)
     from zeroplan.specs.parallel import PipelineSchedule
 
     # The flags the search itself varies take their neutral values in the base request; the
@@ -104,6 +98,7 @@ def run_plan(args: argparse.Namespace) -> int:
     space = LayoutSpace(**layout)
     result = search(base, args.global_batch, parse_strategies(args.strategies),
                     top=args.top, space=space)
+    args.search_result = result  # for what runs after the command (--emit, zeroplan.cli.emit)
     if args.format == "json":
         sys.stdout.write(result.model_dump_json(indent=2) + "\n")
     elif args.format == "csv":
@@ -112,8 +107,4 @@ def run_plan(args: argparse.Namespace) -> int:
         from zeroplan.report.search_table import render_search
 
         sys.stdout.write(render_search(result) + "\n")
-    if getattr(args, "emit", None):
-        from zeroplan.cli.emit import emit_plan
-
-        return emit_plan(args, result)
     return 0

@@ -86,13 +86,13 @@ def emit(planned: PlannedRun, directory: str | Path) -> Emitted:
     from zeroplan.atomic import writable_directory, writable_file, write_text_atomic
 
     contents, skipped = render(planned)
-    folder = writable_directory(directory, "emit", create=False)
+    folder = writable_directory(directory, "--emit", create=False)
     for name in contents:
-        writable_file(folder / name, "emit")  # refuse a device or FIFO under a file's name first
-    folder = writable_directory(directory, "emit")
+        writable_file(folder / name, "--emit")  # refuse a device or FIFO under a file's name first
+    folder = writable_directory(directory, "--emit")
     result = Emitted(directory=Path(directory), skipped=skipped)
     for name, text in contents.items():
-        write_text_atomic(folder / name, text, "emit")
+        write_text_atomic(folder / name, text, "--emit")
         result.files.append(name)
     return result
 

@@ -339,8 +339,10 @@ def torchtune_recipe(request: PlanRequest) -> tuple[str, str]:
     base = TORCHTUNE_CONFIGS.get(request.model.name)
     if base is None:
         return recipe, "YOUR_CONFIG.yaml"
-    suffix = "_qlora" if finetune.quantize is Quantization.nf4 else f"_{kind}"
-    return recipe, base + suffix + ("_single_device" if single else "")
+    if finetune.quantize is Quantization.nf4:
+        # 0.6.1 ships llama3_1/8B_qlora_single_device and 405B_qlora, no other distributed QLoRA config.
+        return recipe, base + "_qlora_single_device" if single else "YOUR_QLORA_CONFIG.yaml"
+    return recipe, base + f"_{kind}" + ("_single_device" if single else "")
 
 
 def torchtune_overrides(request: PlanRequest) -> list[str]:
