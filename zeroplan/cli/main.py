@@ -76,6 +76,11 @@ _DELEGATED = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "validate":
+        from zeroplan.cli import validate_log
+
+        if validate_log.wants_log(argv[1:]):
+            return validate_log.main(argv[1:])
     if argv and argv[0] in _DELEGATED:
         import importlib
 
