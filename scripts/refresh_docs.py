@@ -215,6 +215,10 @@ def parse(argv: tuple[str, ...] | list[str]):
     assert argv[0] == "zeroplan", argv
     if argv[1] in _DELEGATED:
         return importlib.import_module(_DELEGATED[argv[1]][0]).build_parser().parse_args(list(argv[2:]))
+    from zeroplan.cli import validate_log
+
+    if argv[1] == "validate" and validate_log.wants_log(list(argv[2:])):
+        return validate_log.build_parser().parse_args(list(argv[2:]))  # as zeroplan.cli.main routes it
     return build_parser().parse_args(list(argv[1:]))
 
 

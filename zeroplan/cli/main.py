@@ -55,11 +55,20 @@ def build_parser() -> OneLineParser:
             from zeroplan.cli.calibrate_step import add_step_mode
 
             add_step_mode(command)
+        if name in EMITTING:
+            from zeroplan.cli.emit import add_emit_argument, emitting
+
+            add_emit_argument(command, EMITTING[name])
+            command.set_defaults(run=emitting(name, run))
     for name, (_, help_text) in _DELEGATED.items():
         commands.add_parser(name, help=f"{help_text} (zeroplan {name} --help)", add_help=False)
     commands.add_parser("models", help="list model presets").set_defaults(run=_list_models)
     commands.add_parser("gpus", help="list the GPU catalog").set_defaults(run=_list_gpus)
     return parser
+
+
+EMITTING = {"fit": "the one strategy --strategies names", "plan": "the fastest configuration"}
+"""Commands that take --emit DIR (zeroplan.cli.emit) and what they write the run files of."""
 
 
 # Sub-commands that run torch live in their own packages, with their own parsers; the main
@@ -72,6 +81,11 @@ _DELEGATED = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "validate":
+        from zeroplan.cli import validate_log
+
+        if validate_log.wants_log(argv[1:]):
+            return validate_log.main(argv[1:])
     if argv and argv[0] in _DELEGATED:
         import importlib
 

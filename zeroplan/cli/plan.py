@@ -98,6 +98,7 @@ def run_plan(args: argparse.Namespace) -> int:
     space = LayoutSpace(**layout)
     result = search(base, args.global_batch, parse_strategies(args.strategies),
                     top=args.top, space=space)
+    args.search_result = result  # for what runs after the command (--emit, zeroplan.cli.emit)
     if args.format == "json":
         sys.stdout.write(result.model_dump_json(indent=2) + "\n")
     elif args.format == "csv":

@@ -19,6 +19,9 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a row per rank (default: rank 0 of each run, and the first rank of each pipeline stage)")
     parser.add_argument("--plot", help="save a predicted-vs-measured PNG here")
     parser.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    parser.add_argument("--from-log", metavar="FILE",
+                        help="instead of records: a run's own log (torchtitan, torchtune, HF Trainer, DeepSpeed), "
+                             "followed by the fit flags of its setup (zeroplan validate --from-log FILE --help)")
 
 
 def nccl_summary(records: list[RankRecord], labels: dict[int, str] | None = None) -> list[str]:

@@ -1,0 +1,312 @@
+"""plan/fit --emit: every emitted file is read back by its own library's parser and each planned
+setting comes back as planned (DeepSpeed's DeepSpeedConfig, accelerate's ClusterConfig,
+torchtitan's ConfigManager over its own config sections, torchtune's recipe argument parser and
+YAML merge). A library that is not importable skips its test with the reason."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zeroplan.cli.emit import planned_from_fit_flags
+from zeroplan.cli.main import main
+from zeroplan.emit import emit, render
+from zeroplan.emit.formats import NotApplicable, accelerate_config, torchtitan_overrides, torchtune_overrides
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def planned(*flags: str):
+    return planned_from_fit_flags(list(flags), "zeroplan fit " + " ".join(flags))[0]
+
+
+def needs(module: str) -> None:
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not importable")
+
+
+# ------------------------------------------------------------------ DeepSpeed
+
+def deepspeed_parsed(path: Path):
+    needs("deepspeed")
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    # Without a process group DeepSpeed takes world size 1 (config.py: the RuntimeError of
+    # dist.get_rank is caught); train_batch_size is not written, so nothing depends on it.
+    return DeepSpeedConfig(str(path))
+
+
+@pytest.mark.parametrize("strategy, precision", [
+    ("zero1", "bf16-mixed"), ("zero2", "fp16-mixed"), ("zero3", "bf16-mixed"), ("zero2-offload", "bf16-mixed"),
+    ("zero3-param-offload", "fp32"),
+])
+def test_deepspeed_json_round_trips(tmp_path: Path, strategy: str, precision: str) -> None:
+    run = planned("llama-3.1-8b", "--gpus", "16", "--gpu", "h100-80gb", "--framework", "hf", "--strategies", strategy,
+                  "--micro-batch", "2", "--grad-accum", "4", "--precision", precision, "--flat-reserve")
+    emit(run, tmp_path)
+    written = json.loads((tmp_path / "deepspeed.json").read_text())
+    config = deepspeed_parsed(tmp_path / "deepspeed.json")
+    zero = config.zero_config
+    kind = run.request.strategy.kind
+    assert int(zero.stage) == kind.zero_stage
+    assert (config.train_micro_batch_size_per_gpu, config.gradient_accumulation_steps) == (2, 4)
+    assert config.bfloat16_config.enabled is (precision == "bf16-mixed")
+    assert config.float16_config.enabled is (precision == "fp16-mixed")
+    assert zero.overlap_comm is False and zero.contiguous_gradients and zero.reduce_scatter
+    assert zero.reduce_bucket_size == zero.allgather_bucket_size == written["zero_optimization"]["reduce_bucket_size"]
+    assert zero.reduce_bucket_size == run.request.strategy.zero_bucket_elements  # 5e8 < an 8B model's elements
+    assert (zero.offload_optimizer is not None) is kind.offloads_optimizer
+    assert (zero.offload_param is not None) is kind.offloads_parameters
+    if kind.offloads_optimizer:
+        assert zero.offload_optimizer.device == "cpu"
+    if kind.zero_stage == 3:
+        from zeroplan.core.buffers import largest_unit_elements
+
+        assert zero.prefetch_bucket_size == largest_unit_elements(run.request)
+        assert zero.param_persistence_threshold == 0 and zero.max_reuse_distance == 0
+
+
+def test_deepspeed_json_matches_the_measured_harness_config() -> None:
+    """The settings the planner's buffer model was measured under (zeroplan/harness/deepspeed_engine.py)
+    are the ones emitted, the bucket capped at a small model's elements as the harness caps it."""
+    needs("torch")
+    import torch
+
+    from zeroplan.harness.deepspeed_engine import deepspeed_config as harness_config
+
+    run = planned("gpt2", "--gpus", "2", "--strategies", "zero3", "--seq-len", "64", "--flat-reserve")
+    ours = json.loads(render(run)[0]["deepspeed.json"])
+    from zeroplan.core.parallel.units import rank_trainable_elements
+
+    elements = rank_trainable_elements(run.request)
+    theirs = harness_config(3, torch.bfloat16, 1, min(500_000_000, elements + elements % 2))
+    for key in ("stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_comm", "contiguous_gradients",
+                "reduce_scatter", "use_multi_rank_bucket_allreduce", "stage3_param_persistence_threshold",
+                "stage3_max_reuse_distance"):
+        assert ours["zero_optimization"][key] == theirs["zero_optimization"][key], key
+    assert ours["bf16"] == theirs["bf16"]
+
+
+# ------------------------------------------------------------------ accelerate
+
+def accelerate_parsed(path: Path):
+    needs("accelerate")
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    return ClusterConfig.from_yaml_file(str(path))
+
+
+@pytest.mark.parametrize("strategy, checkpointing", [
+    ("fsdp-full-shard", "full"), ("fsdp-shard-grad-op", "none"), ("hsdp", "full"), ("zero3", "none"), ("ddp", "none"),
+])
+def test_accelerate_yaml_round_trips(tmp_path: Path, strategy: str, checkpointing: str) -> None:
+    run = planned("llama-3.1-8b", "--gpus", "16", "--gpu", "h100-80gb", "--framework", "hf", "--strategies", strategy,
+                  "--activation-checkpointing", checkpointing, "--flat-reserve")
+    emit(run, tmp_path)
+    config = accelerate_parsed(tmp_path / "accelerate.yaml")
+    assert (config.num_processes, config.num_machines) == (16, 2)
+    distributed = getattr(config.distributed_type, "value", config.distributed_type)
+    if strategy.startswith("fsdp") or strategy == "hsdp":
+        assert distributed == "FSDP" and config.mixed_precision == "bf16"
+        fsdp = config.fsdp_config
+        assert fsdp["fsdp_version"] == 2
+        assert fsdp["fsdp_reshard_after_forward"] is (strategy != "fsdp-shard-grad-op")
+        assert fsdp["fsdp_activation_checkpointing"] is (checkpointing == "full")
+        assert fsdp["fsdp_offload_params"] is False and fsdp["fsdp_state_dict_type"] == "SHARDED_STATE_DICT"
+        if strategy == "hsdp":
+            shard = run.request.shard_group_size
+            assert config.parallelism_config == {"parallelism_config_dp_replicate_size": 16 // shard,
+                                                 "parallelism_config_dp_shard_size": shard}
+    elif strategy == "zero3":
+        assert distributed == "DEEPSPEED"
+        assert config.deepspeed_config == {"deepspeed_config_file": "deepspeed.json", "zero3_init_flag": True}
+    else:
+        assert distributed == "MULTI_GPU"
+
+
+def test_accelerate_refuses_what_it_cannot_express() -> None:
+    run = planned("llama-3.1-8b", "--gpus", "8", "--framework", "torchtitan", "--strategies", "fsdp-full-shard",
+                  "--flat-reserve")
+    with pytest.raises(NotApplicable, match="accelerate"):
+        accelerate_config(run.request)
+
+
+# ------------------------------------------------------------------ torchtitan
+
+@pytest.fixture(scope="module")
+def torchtitan_parse():
+    """torchtitan 0.3.0's ConfigManager over the config sections the overrides set (its
+    Trainer.Config imports the data loader, tensorboard and torchao's kernels, which a CPU
+    environment may lack; the sections and the parser are torchtitan's own)."""
+    needs("torchtitan")
+    import dataclasses
+    from dataclasses import field
+
+    try:
+        from torchtitan.config import CompileConfig, ConfigManager, ParallelismConfig, TrainingConfig
+        from torchtitan.distributed.activation_checkpoint import ActivationCheckpointingConfig, SelectiveAC
+    except ImportError as error:
+        pytest.skip(f"torchtitan's config is not importable: {error}")
+
+    # Built with make_dataclass: this module's postponed annotations would be strings tyro
+    # cannot resolve in a local scope.
+    Sections = dataclasses.make_dataclass("Sections", [
+        ("training", TrainingConfig, field(default_factory=TrainingConfig)),
+        ("parallelism", ParallelismConfig, field(default_factory=ParallelismConfig)),
+        ("compile", CompileConfig, field(default_factory=CompileConfig)),
+        ("activation_checkpoint", ActivationCheckpointingConfig, field(default_factory=SelectiveAC.Config)),
+        ("hf_assets_path", str, field(default=".")),
+    ], kw_only=True)
+
+    def parse(lines: list[str]):
+        manager = ConfigManager()
+        # The registry's config function stands aside; the arguments go on as launch.sh passes
+        # them ($(cat torchtitan-overrides.txt): split at white space).
+        manager._load_config = lambda rest: (Sections(), [a for a in rest if a not in ("--module", "llama3", "--config", "llama3_8b")])
+        return manager.parse_args(["--module", "llama3", "--config", "llama3_8b", *" ".join(lines).split()])
+
+    return parse
+
+
+@pytest.mark.parametrize("flags", [
+    ("--strategies", "fsdp-full-shard", "--activation-checkpointing", "selective-op", "--compile"),
+    ("--strategies", "fsdp-shard-grad-op", "--tp", "2", "--grad-accum", "2", "--activation-checkpointing", "full"),
+    ("--strategies", "hsdp", "--hsdp-group", "4", "--micro-batch", "2"),
+    ("--strategies", "ddp", "--precision", "bf16-pure", "--fsdp-cpu-offload") ,
+    ("--strategies", "fsdp-full-shard", "--pp", "2", "--pp-schedule", "interleaved-1f1b", "--grad-accum", "4"),
+])
+def test_torchtitan_overrides_round_trip(torchtitan_parse, flags: tuple[str, ...]) -> None:
+    if "--fsdp-cpu-offload" in flags:
+        flags = tuple(f for f in flags if f != "--fsdp-cpu-offload")  # torchtitan's DDP takes no CPU offload
+    run = planned("llama-3.1-8b", "--gpus", "16", "--gpu", "h100-80gb", "--framework", "torchtitan", "--flat-reserve", *flags)
+    config = torchtitan_parse(torchtitan_overrides(run.request))
+    r = run.request
+    par, tr = config.parallelism, config.training
+    kind = r.strategy.kind.value
+    dp_total = par.data_parallel_shard_degree * par.data_parallel_replicate_degree
+    assert dp_total * par.tensor_parallel_degree * par.pipeline_parallel_degree * par.context_parallel_degree == 16
+    assert (par.tensor_parallel_degree, par.pipeline_parallel_degree, par.context_parallel_degree) == (r.parallel.tp, r.parallel.pp, r.parallel.cp)
+    if kind == "ddp":
+        assert par.data_parallel_shard_degree == 1
+    elif kind == "hsdp":
+        assert par.data_parallel_shard_degree == r.shard_group_size
+    else:
+        assert par.data_parallel_replicate_degree == 1
+    assert par.fsdp_reshard_after_forward == ("never" if kind == "fsdp-shard-grad-op" else "default")
+    assert par.enable_sequence_parallel is (r.parallel.sequence_parallel or r.parallel.tp == 1)
+    assert tr.seq_len == r.batch.seq_len
+    if r.parallel.pp > 1:
+        assert par.pipeline_parallel_schedule == "Interleaved1F1B"
+        assert par.pipeline_parallel_microbatch_size == r.batch.micro_batch_size
+        assert tr.local_batch_size == r.batch.micro_batch_size * r.batch.grad_accum_steps
+        assert par.pipeline_parallel_layers_per_stage == r.model.num_layers // (r.parallel.pp * r.parallel.virtual_stages)
+    else:
+        assert tr.local_batch_size == r.batch.micro_batch_size
+        # torchtitan accumulates global / (local x data-parallel ranks) micro-batches.
+        assert tr.global_batch_size // (tr.local_batch_size * dp_total) == r.batch.grad_accum_steps
+    assert tr.mixed_precision_param == ("float32" if r.training.precision.value == "fp32" else "bfloat16")
+    assert tr.dtype == ("bfloat16" if r.training.precision.value == "bf16-pure" else "float32")
+    assert config.compile.enable is r.training.compile
+    expected = {"none": type(None), "full": "FullAC", "selective-op": "SelectiveAC"}[r.training.activation_checkpointing.value]
+    ac = config.activation_checkpoint
+    assert ac is None if expected is type(None) else type(ac).__qualname__.startswith(expected)
+
+
+# ------------------------------------------------------------------ torchtune
+
+def torchtune_parsed(recipe_config: str, overrides: list[str]):
+    needs("torchtune")
+    from torchtune.config._parse import TuneRecipeArgumentParser
+    from torchtune.config._utils import _merge_yaml_and_cli_args
+
+    configs = Path(importlib.util.find_spec("recipes").submodule_search_locations[0]) / "configs"
+    path = configs / f"{recipe_config}.yaml"
+    if not path.exists():
+        pytest.skip(f"torchtune's {recipe_config}.yaml is not installed")
+    yaml_args, cli_args = TuneRecipeArgumentParser(description="").parse_known_args(["--config", str(path), *overrides])
+    return _merge_yaml_and_cli_args(yaml_args, cli_args)
+
+
+@pytest.mark.parametrize("flags", [
+    ("--strategies", "fsdp-full-shard", "--activation-checkpointing", "full", "--grad-accum", "4"),
+    ("--strategies", "fsdp-shard-grad-op", "--activation-checkpointing", "selective-layer", "--selective-layer-interval",
+     "3", "--fsdp-cpu-offload", "--micro-batch", "2"),
+    ("--strategies", "fsdp-full-shard", "--lora-rank", "16", "--lora-alpha", "32", "--activation-offloading",
+     "--activation-checkpointing", "full"),
+])
+def test_torchtune_overrides_round_trip(flags: tuple[str, ...]) -> None:
+    needs("recipes")
+    run = planned("llama-3.1-8b", "--gpus", "8", "--framework", "torchtune", "--flat-reserve", *flags)
+    from zeroplan.emit.formats import torchtune_recipe
+
+    recipe, config_name = torchtune_recipe(run.request)
+    cfg = torchtune_parsed(config_name, torchtune_overrides(run.request))
+    r = run.request
+    assert (cfg.batch_size, cfg.gradient_accumulation_steps) == (r.batch.micro_batch_size, r.batch.grad_accum_steps)
+    assert cfg.tokenizer.max_seq_len == r.batch.seq_len and cfg.dtype == "bf16"
+    assert cfg.fsdp_reshard_after_forward is (r.strategy.kind.value == "fsdp-full-shard")
+    assert cfg.fsdp_cpu_offload is r.training.fsdp_cpu_offload
+    assert cfg.enable_activation_offloading is r.training.activation_offloading
+    assert cfg.log_peak_memory_stats is True and cfg.compile is False and cfg.optimizer_in_bwd is False
+    policy = r.training.activation_checkpointing.value
+    if policy == "selective-layer":
+        assert cfg.enable_activation_checkpointing is False and (cfg.ac_mode, cfg.ac_option) == ("selective", 3)
+    else:
+        assert cfg.enable_activation_checkpointing is (policy == "full")
+    if r.training.finetune.is_lora:
+        assert recipe == "lora_finetune_distributed" and config_name == "llama3_1/8B_lora"
+        assert (cfg.model.lora_rank, cfg.model.lora_alpha) == (16, 32)
+    else:
+        assert recipe == "full_finetune_distributed" and config_name == "llama3_1/8B_full"
+
+
+# ------------------------------------------------------------------ the command line
+
+def test_plan_emit_writes_the_files_of_its_best_row(tmp_path: Path, capsys) -> None:
+    assert main(["plan", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", "--global-batch", "16",
+                 "--framework", "torchtitan", "--no-model-parallel", "--emit", str(tmp_path / "run")]) == 0
+    captured = capsys.readouterr()
+    files = sorted(p.name for p in (tmp_path / "run").iterdir())
+    assert files == ["README.md", "job.sbatch", "launch.sh", "torchtitan-overrides.txt"]
+    assert "skipped deepspeed.json (" in captured.err and "\n" not in captured.err.split("skipped", 1)[1].strip()
+    readme = (tmp_path / "run" / "README.md").read_text()
+    launch = (tmp_path / "run" / "launch.sh").read_text()
+    assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in launch  # torchtitan's launcher's
+    assert "-m torchtitan.train --module llama3 --config llama3_8b" in launch
+    # The validate line of the README parses, and plans what the plan's best row is.
+    line = next(l for l in readme.splitlines() if l.startswith("zeroplan validate --from-log"))
+    flags = line.split()[4:]
+    run = planned_from_fit_flags(flags, "")[0]
+    best_line = next(l for l in captured.out.splitlines() if l.startswith("Best: "))
+    assert best_line.startswith(f"Best: {run.request.strategy.kind.value}, ")
+    assert f"micro-batch {run.request.batch.micro_batch_size} x {run.request.batch.grad_accum_steps} accumulation" in best_line
+
+
+def test_fit_emit_needs_one_strategy_and_refuses_special_files(tmp_path: Path, capsys) -> None:
+    assert main(["fit", "llama-3.1-8b", "--strategies", "zero2,zero3", "--emit", str(tmp_path)]) == 2
+    assert "--emit: writes the files of one strategy" in capsys.readouterr().err
+    assert main(["fit", "llama-3.1-8b", "--strategies", "zero2", "--emit", os.devnull]) == 2
+    assert "is a character device" in capsys.readouterr().err
+    fifo = tmp_path / "deepspeed.json"
+    os.mkfifo(fifo)
+    assert main(["fit", "llama-3.1-8b", "--strategies", "zero2", "--flat-reserve", "--emit", str(tmp_path)]) == 2
+    assert "is a FIFO" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deepspeed.json"]  # nothing written beside it
+
+
+def test_the_emitter_imports_no_torch() -> None:
+    code = ("import sys; from zeroplan.cli.main import main; "
+            "main(['fit', 'gpt2', '--gpus', '2', '--strategies', 'zero3', '--seq-len', '64', '--flat-reserve', "
+            f"'--emit', {str(Path('/tmp') / ('zeroplan-emit-' + str(os.getpid())))!r}]); "
+            "bad = [m for m in ('torch', 'deepspeed', 'accelerate', 'torchtitan', 'torchtune') if m in sys.modules]; "
+            "assert not bad, bad")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr

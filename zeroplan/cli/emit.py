@@ -1,0 +1,145 @@
+"""``--emit DIR`` of ``zeroplan plan`` and ``zeroplan fit``: the configuration shown, written as
+run files (zeroplan.emit). Kept apart from the commands' own modules: zeroplan.cli.main adds the
+flag and wraps the command (emitting), which runs as before and then writes the files."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from zeroplan.errors import ZeroplanError
+
+SKIPPED_DESTS = {"help", "format", "unit", "emit", "top", "run", "search_result"}
+"""Flags that change how an answer is shown, not what is planned."""
+
+
+def add_emit_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--emit", metavar="DIR",
+                        help=f"write run files for {what} into DIR: DeepSpeed JSON, accelerate YAML, torchtitan or "
+                             "torchtune overrides (those that apply), launch.sh, job.sbatch and a README")
+
+
+def _parser(add_arguments) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(add_help=False)
+    add_arguments(parser)
+    return parser
+
+
+def flags_of(parser: argparse.ArgumentParser, values: dict) -> list[str]:
+    """The command-line arguments that give ``values`` under ``parser`` (a value equal to the
+    flag's default is left out), the positional model first."""
+    positional, options = [], []
+    for action in parser._actions:
+        if action.dest in SKIPPED_DESTS or action.dest not in values:
+            continue
+        value = values[action.dest]
+        if not action.option_strings:
+            positional.append(str(value))
+            continue
+        if value is None or value == action.default:
+            continue
+        flag = action.option_strings[-1] if action.dest == "algorithm" else action.option_strings[0]
+        if isinstance(action, argparse.BooleanOptionalAction):
+            options.append(flag if value else "--no-" + flag[2:])
+        elif action.nargs == 0:
+            options.append(flag)
+        else:
+            options += [flag, str(value)]
+    return positional + options
+
+
+def _fit_parser() -> argparse.ArgumentParser:
+    from zeroplan.cli.fit import add_fit_arguments
+
+    return _parser(add_fit_arguments)
+
+
+def planned_from_fit_flags(flags: list[str], command: str):
+    """PlannedRun of the one strategy ``flags`` (fit's arguments) name, as fit predicts it."""
+    from zeroplan.cli.fit import parse_strategies, request_from_args
+    from zeroplan.core.plan import fit
+    from zeroplan.emit import PlannedRun
+
+    args = _fit_parser().parse_args(flags)
+    kinds = parse_strategies(args.strategies)
+    if kinds is None or len(kinds) != 1:
+        raise ZeroplanError("--emit", "writes the files of one strategy (allowed: with --strategies naming exactly one)")
+    report = fit(request_from_args(args, kinds[0]), kinds)
+    plan = report.plan_for(kinds[0])
+    request = request_from_args(args, kinds[0])
+    if request.strategy.kind is not kinds[0]:
+        request = request.with_strategy(request.strategy.model_copy(update={"kind": kinds[0]}))
+    return PlannedRun(
+        request=request, command=command, peak_bytes=plan.memory.peak_bytes,
+        allocated_peak_bytes=plan.memory.allocated_peak_bytes, reserved_peak_bytes=plan.memory.reserved_peak_bytes,
+        step_time_s=plan.time.step_with_overlap_s, fit_flags=tuple(flags),
+    ), plan
+
+
+def _write(planned, directory: str) -> int:
+    from zeroplan.emit import emit
+
+    result = emit(planned, directory)
+    sys.stderr.write(result.summary() + "\n")
+    return 0
+
+
+def emit_fit(args: argparse.Namespace) -> int:
+    """fit --emit: the one strategy asked for, written into args.emit."""
+    flags = flags_of(_fit_parser(), vars(args))
+    command = "zeroplan fit " + shlex.join(flags) + f" --emit {shlex.quote(args.emit)}"
+    planned, plan = planned_from_fit_flags(flags, command)
+    if not plan.fits:
+        sys.stderr.write(f"zeroplan: note: {plan.strategy.value} does not fit as planned; its files are written anyway\n")
+    return _write(planned, args.emit)
+
+
+PLAN_ONLY = {"global_batch", "max_tp", "no_model_parallel", "top", "search_result", "run"}
+
+
+def emit_plan(args: argparse.Namespace, result) -> int:
+    """plan --emit: the best configuration of the search, as fit flags, written into args.emit."""
+    from zeroplan.cli.plan import add_plan_arguments
+
+    best = result.best
+    if best is None:
+        raise ZeroplanError("--emit", "no configuration fits, so there is no plan to write (nothing was written)")
+    values = {key: value for key, value in vars(args).items() if key not in PLAN_ONLY}
+    values.update(
+        strategies=best.strategy.value, micro_batch=best.micro_batch_size, grad_accum=best.grad_accum_steps,
+        activation_checkpointing=best.activation_checkpointing.value, tp=best.tp, cp=best.cp, pp=best.pp,
+        sequence_parallel=best.sequence_parallel if best.tp > 1 else None,
+        pp_schedule=best.pp_schedule.value if best.pp > 1 else None,
+        virtual_stages=best.virtual_stages if best.pp > 1 else None,
+        hsdp_group=best.shard_group_size if best.strategy.value == "hsdp" else None,
+    )
+    flags = flags_of(_fit_parser(), values)
+    command = "zeroplan plan " + shlex.join(flags_of(_parser(add_plan_arguments), vars(args)))
+    planned, _ = planned_from_fit_flags(flags, command + f" --emit {shlex.quote(args.emit)}")
+    return _write(planned, args.emit)
+
+
+def check_emit_directory(args: argparse.Namespace) -> None:
+    """Refuse a --emit that is a file or a special file before any planning."""
+    if getattr(args, "emit", None):
+        from zeroplan.atomic import writable_directory
+
+        writable_directory(args.emit, "--emit", create=False)
+
+
+def emitting(command: str, run):
+    """``run`` (the command), then, under --emit, the files of what it showed."""
+
+    def run_then_emit(args: argparse.Namespace) -> int:
+        check_emit_directory(args)
+        if command == "fit" and getattr(args, "emit", None):
+            named = [part for part in (args.strategies or "").split(",") if part.strip()]
+            if len(named) != 1:
+                raise ZeroplanError("--emit", "writes the files of one strategy (allowed: with --strategies naming exactly one)")
+        status = run(args)
+        if status or not getattr(args, "emit", None):
+            return status
+        return emit_plan(args, args.search_result) if command == "plan" else emit_fit(args)
+
+    return run_then_emit

@@ -1,0 +1,440 @@
+"""The run configurations of one planned request, one function per format. Each returns the
+file's content, or raises NotApplicable with the one-line reason the format is skipped.
+
+Nothing here imports torch or a framework: every value is read from the typed request
+(zeroplan.specs) and the planner's own assumptions (StrategySpec's defaults, the buffer model
+of zeroplan/core/buffers.py, the launch allocator of zeroplan.specs.framework). The versions the
+formats were written against are the ones the planner's profiles were read from: DeepSpeed
+0.19.8, accelerate 1.10.1, torchtitan 0.3.0, torchtune 0.6.1."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+from zeroplan.specs.finetune import Quantization
+from zeroplan.specs.framework import LAUNCH_ALLOCATOR_CONF, Framework
+from zeroplan.specs.request import PlanRequest
+from zeroplan.specs.strategy import StrategyKind
+from zeroplan.specs.training import ActivationCheckpointing, Precision
+
+
+class NotApplicable(Exception):
+    """A format that cannot express the planned run; the message says why, in one line."""
+
+
+# ---------------------------------------------------------------------------- shared values
+
+def allocator_conf(request: PlanRequest) -> str:
+    """The PYTORCH_CUDA_ALLOC_CONF the plan assumed: the request's MemoryAssumptions.allocator_conf,
+    or, where the request was judged on the flat reserve (None: the plan search), what the
+    framework's own launcher sets (LAUNCH_ALLOCATOR_CONF); "" is PyTorch's defaults."""
+    conf = request.assumptions.allocator_conf
+    if conf is None:
+        conf = LAUNCH_ALLOCATOR_CONF.get(request.training.framework, "")
+    return conf
+
+
+def model_parallel(request: PlanRequest) -> str:
+    """'' under data parallelism only, else the degrees in words ('tp=2, pp=2')."""
+    p = request.parallel
+    parts = [f"{name}={value}" for name, value in (("tp", p.tp), ("cp", p.cp), ("pp", p.pp), ("ep", p.ep)) if value > 1]
+    return ", ".join(parts)
+
+
+def _refuse_model_parallel(request: PlanRequest, what: str) -> None:
+    layout = model_parallel(request)
+    if layout:
+        raise NotApplicable(f"{what} carries no {layout}; the planned layout runs in torchtitan (--framework torchtitan)")
+
+
+# ---------------------------------------------------------------------------- DeepSpeed
+
+DEEPSPEED_STRATEGIES = (StrategyKind.zero1, StrategyKind.zero2, StrategyKind.zero3, StrategyKind.zero2_offload,
+                        StrategyKind.zero3_offload, StrategyKind.zero3_param_offload)
+
+
+def deepspeed_config(request: PlanRequest) -> dict[str, Any]:
+    """DeepSpeed's config (deepspeed/runtime/config.py, zero/config.py) as the planner assumed it.
+
+    - reduce/allgather buckets: StrategySpec.zero_bucket_elements (DeepSpeed's 5e8) capped at
+      the rank's trainable elements, rounded up to even (DeepSpeed requires it), as the buffer
+      model counts the ipg bucket (core/buffers.py zero_reduce_bucket_bytes);
+    - overlap_comm false, contiguous_gradients, reduce_scatter and the multi-rank bucket
+      all-reduce on: the collectives core/deepspeed_buckets.py counts and the setting every
+      DeepSpeed record of benchmarks/ was measured under (harness/deepspeed_engine.py);
+    - stage 3: StrategySpec.prefetch_units units gathered ahead (stage3_prefetch_bucket_size in
+      elements of the largest unit), every parameter sharded (param_persistence_threshold 0)
+      and released after use (max_reuse_distance 0): the gathers of core/buffers.py
+      gathered_unit_bytes;
+    - offload: optimizer (and for zero3-param-offload parameters) on the CPU, unpinned
+      (DeepSpeed's default pin_memory false)."""
+    kind = request.strategy.kind
+    if kind not in DEEPSPEED_STRATEGIES:
+        raise NotApplicable(f"{kind.value} is not a DeepSpeed ZeRO strategy")
+    _refuse_model_parallel(request, "DeepSpeed's ZeRO config")
+    precision = request.training.precision
+    if precision is Precision.bf16_pure:
+        raise NotApplicable("DeepSpeed keeps an fp32 master copy; bf16-pure (no fp32 copy) has no DeepSpeed config")
+    from zeroplan.core.buffers import largest_unit_elements
+    from zeroplan.core.parallel.units import rank_trainable_elements
+
+    trainable = rank_trainable_elements(request)
+    buckets = min(request.strategy.zero_bucket_elements, trainable + trainable % 2)
+    zero: dict[str, Any] = {
+        "stage": kind.zero_stage,
+        "reduce_bucket_size": buckets,
+        "allgather_bucket_size": buckets,
+        "overlap_comm": False,
+        "contiguous_gradients": True,
+        "reduce_scatter": True,
+        "use_multi_rank_bucket_allreduce": True,
+    }
+    if kind.zero_stage == 3:
+        zero.update({
+            "stage3_prefetch_bucket_size": request.strategy.prefetch_units * largest_unit_elements(request),
+            "stage3_param_persistence_threshold": 0,
+            "stage3_max_reuse_distance": 0,
+        })
+    if kind.offloads_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+    if kind.offloads_parameters:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": False}
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": request.batch.micro_batch_size,
+        "gradient_accumulation_steps": request.batch.grad_accum_steps,
+        "bf16": {"enabled": precision is Precision.bf16_mixed},
+        "fp16": {"enabled": precision is Precision.fp16_mixed},
+        "zero_optimization": zero,
+    }
+    if kind.offloads_optimizer:
+        # ZeRO-Offload steps on the host with DeepSpeedCPUAdam, which DeepSpeed builds from
+        # this block (runtime/engine.py _configure_basic_optimizer); lr etc. are the user's.
+        config["optimizer"] = {"type": "AdamW", "params": {}}
+    return config
+
+
+def deepspeed_json(request: PlanRequest) -> str:
+    return json.dumps(deepspeed_config(request), indent=2) + "\n"
+
+
+# ---------------------------------------------------------------------------- accelerate
+
+def yaml_text(mapping: dict[str, Any], indent: int = 0) -> str:
+    """A YAML block mapping of scalars and nested mappings (strings double-quoted, which YAML
+    reads as JSON strings): the few shapes accelerate's config takes, without a YAML library."""
+    lines = []
+    for key, value in mapping.items():
+        pad = " " * indent
+        if isinstance(value, dict):
+            lines.append(f"{pad}{key}:")
+            lines.append(yaml_text(value, indent + 2).rstrip("\n"))
+        elif isinstance(value, bool):
+            lines.append(f"{pad}{key}: {'true' if value else 'false'}")
+        elif isinstance(value, (int, float)):
+            lines.append(f"{pad}{key}: {value}")
+        else:
+            lines.append(f"{pad}{key}: {json.dumps(str(value))}")
+    return "\n".join(lines) + "\n"
+
+
+ACCELERATE_MIXED_PRECISION = {Precision.fp32: "no", Precision.bf16_mixed: "bf16", Precision.fp16_mixed: "fp16"}
+
+
+def accelerate_config(request: PlanRequest, deepspeed_file: str = "deepspeed.json") -> dict[str, Any]:
+    """accelerate 1.10.1's config file (commands/config/config_args.py ClusterConfig): FSDP2
+    (fsdp_version 2, reshard_after_forward for full shard vs shard-grad-op, HSDP through
+    parallelism_config's dp_replicate/dp_shard sizes), DeepSpeed through the JSON beside it, or
+    DDP (MULTI_GPU)."""
+    framework = request.training.framework
+    if framework not in (Framework.hf, Framework.zeroplan):
+        raise NotApplicable(f"framework {framework.value} is not launched through accelerate")
+    _refuse_model_parallel(request, "the accelerate config")
+    precision = request.training.precision
+    if precision not in ACCELERATE_MIXED_PRECISION:
+        raise NotApplicable(f"accelerate's mixed_precision has no {precision.value} (allowed: no, bf16, fp16)")
+    kind = request.strategy.kind
+    cluster = request.cluster
+    config: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": "MULTI_GPU",
+        "mixed_precision": ACCELERATE_MIXED_PRECISION[precision],
+        "num_machines": cluster.num_nodes,
+        "num_processes": cluster.world_size,
+        "machine_rank": 0,
+        "main_training_function": "main",
+        "rdzv_backend": "static" if cluster.num_nodes == 1 else "c10d",
+        "same_network": True,
+        "use_cpu": False,
+    }
+    checkpointing = request.training.activation_checkpointing
+    if checkpointing not in (ActivationCheckpointing.none, ActivationCheckpointing.full):
+        raise NotApplicable(f"accelerate checkpoints whole blocks (full) or none, not {checkpointing.value}")
+    if kind.is_fsdp:
+        fsdp: dict[str, Any] = {
+            "fsdp_version": 2,
+            "fsdp_reshard_after_forward": kind is not StrategyKind.fsdp_shard_grad_op,
+            "fsdp_offload_params": request.training.fsdp_cpu_offload,
+            "fsdp_activation_checkpointing": checkpointing is ActivationCheckpointing.full,
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+            "fsdp_cpu_ram_efficient_loading": True,
+        }
+        config.update(distributed_type="FSDP", fsdp_config=fsdp)
+        if kind is StrategyKind.hsdp:
+            shard = request.shard_group_size
+            config["parallelism_config"] = {
+                "parallelism_config_dp_replicate_size": request.state_group_size // shard,
+                "parallelism_config_dp_shard_size": shard,
+            }
+    elif kind in DEEPSPEED_STRATEGIES:
+        deepspeed_config(request)  # the same refusals as the JSON it points at
+        config.update(distributed_type="DEEPSPEED", deepspeed_config={
+            "deepspeed_config_file": deepspeed_file,
+            "zero3_init_flag": kind.zero_stage == 3,
+        })
+        # accelerate takes mixed precision from the DeepSpeed JSON when a file is given.
+        del config["mixed_precision"]
+    elif cluster.world_size == 1:
+        config.update(distributed_type="NO", num_processes=1)
+    return config
+
+
+def accelerate_yaml(request: PlanRequest) -> str:
+    return yaml_text(accelerate_config(request))
+
+
+def hf_training_arguments(request: PlanRequest) -> list[str]:
+    """transformers 4.56.2 TrainingArguments flags of the planned run (HfArgumentParser names)."""
+    training, batch = request.training, request.batch
+    args = [f"--per_device_train_batch_size {batch.micro_batch_size}", f"--gradient_accumulation_steps {batch.grad_accum_steps}"]
+    if training.precision is Precision.bf16_mixed:
+        args.append("--bf16")
+    elif training.precision is Precision.fp16_mixed:
+        args.append("--fp16")
+    if training.activation_checkpointing is ActivationCheckpointing.full and not request.strategy.kind.is_fsdp:
+        args.append("--gradient_checkpointing")  # under FSDP, fsdp_activation_checkpointing does it
+    if request.strategy.kind in DEEPSPEED_STRATEGIES:
+        args.append("--deepspeed deepspeed.json")
+    if training.fused_linear_cross_entropy:
+        args.append("--use_liger_kernel")
+    if training.compile:
+        args.append("--torch_compile")
+    args.append("--skip_memory_metrics False")  # the train metrics zeroplan validate --from-log reads
+    return args
+
+
+# ---------------------------------------------------------------------------- torchtitan
+
+TORCHTITAN_STRATEGIES = (StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op, StrategyKind.hsdp, StrategyKind.ddp)
+
+TORCHTITAN_CHECKPOINTING = {
+    ActivationCheckpointing.none: "none",
+    ActivationCheckpointing.full: "full",
+    ActivationCheckpointing.selective_op: "selective",
+}
+"""zeroplan's policy -> torchtitan 0.3.0's activation_checkpoint subcommand
+(distributed/activation_checkpoint.py ActivationCheckpointingConfig)."""
+
+TORCHTITAN_CONFIGS = {"llama-3-8b": "llama3_8b", "llama-3.1-8b": "llama3_8b", "llama-3-70b": "llama3_70b",
+                      "llama-3.1-70b": "llama3_70b", "llama-3.1-405b": "llama3_405b"}
+"""torchtitan 0.3.0 models/llama3/config_registry.py functions of the presets it ships."""
+
+
+def torchtitan_config_name(request: PlanRequest) -> str:
+    return TORCHTITAN_CONFIGS.get(request.model.name, "YOUR_CONFIG_FUNCTION")
+
+
+def torchtitan_overrides(request: PlanRequest) -> list[str]:
+    """torchtitan 0.3.0's command-line overrides (config/manager.py ConfigManager: tyro over
+    Trainer.Config; `--section.field value`, booleans as `--section.field` /
+    `--section.no-field`, the activation_checkpoint policy a subcommand that comes last).
+    torchtitan 0.3.0 reads no TOML: its configs are Python functions (--module/--config)."""
+    framework = request.training.framework
+    if framework not in (Framework.torchtitan, Framework.zeroplan):
+        raise NotApplicable(f"framework {framework.value} is not torchtitan")
+    kind = request.strategy.kind
+    if kind not in TORCHTITAN_STRATEGIES:
+        raise NotApplicable(f"torchtitan runs no {kind.value} (it runs FSDP2, HSDP and DDP)")
+    training, batch, p = request.training, request.batch, request.parallel
+    checkpointing = TORCHTITAN_CHECKPOINTING.get(training.activation_checkpointing)
+    if checkpointing is None:
+        raise NotApplicable(f"torchtitan 0.3.0 has no {training.activation_checkpointing.value} checkpointing")
+    if training.precision is Precision.fp16_mixed:
+        raise NotApplicable("torchtitan 0.3.0 trains in bf16 or fp32, not fp16")
+    if not training.finetune.trains_everything:
+        raise NotApplicable("torchtitan 0.3.0 has no LoRA or frozen-parameter option")
+    dp = request.data_parallel_size
+    if kind is StrategyKind.ddp:
+        replicate, shard = dp, 1
+    elif kind is StrategyKind.hsdp:
+        if request.shard_group_size % p.cp:
+            raise NotApplicable(f"torchtitan shards over dp_shard x cp; the shard group {request.shard_group_size} "
+                                f"is not a multiple of cp={p.cp}")
+        shard = request.shard_group_size // p.cp
+        replicate = dp // shard
+    else:
+        replicate, shard = 1, dp
+    args = [
+        f"--parallelism.data_parallel_replicate_degree {replicate}",
+        f"--parallelism.data_parallel_shard_degree {shard}",
+        f"--parallelism.fsdp_reshard_after_forward {'never' if kind is StrategyKind.fsdp_shard_grad_op else 'default'}",
+        f"--parallelism.tensor_parallel_degree {p.tp}",
+    ]
+    if p.tp > 1:
+        args.append("--parallelism.enable_sequence_parallel" if p.sequence_parallel else "--parallelism.no-enable_sequence_parallel")
+    args += [f"--parallelism.context_parallel_degree {p.cp}", f"--parallelism.pipeline_parallel_degree {p.pp}"]
+    if p.ep > 1:
+        args.append(f"--parallelism.expert_parallel_degree {p.ep}")
+    if p.pp > 1:
+        # Micro-batches flow through the pipeline: torchtitan's local batch is all of them
+        # (pipeline_parallel.py: n_microbatches = local_batch_size // microbatch_size).
+        local = batch.micro_batch_size * batch.grad_accum_steps
+        args += [f"--parallelism.pipeline_parallel_schedule {p.pp_schedule.torch_name}",
+                 f"--parallelism.pipeline_parallel_microbatch_size {batch.micro_batch_size}"]
+        if p.virtual_stages > 1:
+            stages = p.pp * p.virtual_stages
+            if request.model.num_layers % stages:
+                raise NotApplicable(f"{request.model.num_layers} layers do not split into {stages} equal stages "
+                                    "(pipeline_parallel_layers_per_stage)")
+            args.append(f"--parallelism.pipeline_parallel_layers_per_stage {request.model.num_layers // stages}")
+        global_batch = local * dp
+    else:
+        local = batch.micro_batch_size
+        global_batch = local * batch.grad_accum_steps * dp
+    args += [f"--training.local_batch_size {local}", f"--training.global_batch_size {global_batch}",
+             f"--training.seq_len {batch.seq_len}"]
+    if training.precision is Precision.bf16_pure:
+        args += ["--training.dtype bfloat16", "--training.mixed_precision_param bfloat16"]
+    else:
+        param = "bfloat16" if training.precision is Precision.bf16_mixed else "float32"
+        args += ["--training.dtype float32", f"--training.mixed_precision_param {param}"]
+    args.append("--training.enable_cpu_offload" if training.fsdp_cpu_offload else "--training.no-enable_cpu_offload")
+    args.append("--compile.enable" if training.compile else "--compile.no-enable")
+    args.append(f"activation_checkpoint:{checkpointing}")
+    return args
+
+
+def torchtitan_text(request: PlanRequest) -> str:
+    return "\n".join(torchtitan_overrides(request)) + "\n"
+
+
+# ---------------------------------------------------------------------------- torchtune
+
+TORCHTUNE_CONFIGS = {"llama-3.1-8b": "llama3_1/8B", "llama-3.1-70b": "llama3_1/70B", "llama-3.1-405b": "llama3_1/405B",
+                     "llama-3-8b": "llama3/8B", "llama-3-70b": "llama3/70B", "llama-2-7b": "llama2/7B",
+                     "llama-2-13b": "llama2/13B", "llama-2-70b": "llama2/70B", "mistral-7b": "mistral/7B"}
+"""torchtune 0.6.1 recipes/configs/ folders of the presets (each has *_full and *_lora configs)."""
+
+TORCHTUNE_DTYPE = {Precision.bf16_pure: "bf16", Precision.fp32: "fp32"}
+
+
+def torchtune_recipe(request: PlanRequest) -> tuple[str, str]:
+    """(recipe, config) of torchtune 0.6.1's `tune run`."""
+    finetune = request.training.finetune
+    single = request.cluster.world_size == 1
+    kind = "lora" if finetune.is_lora else "full"
+    recipe = f"{kind}_finetune_{'single_device' if single else 'distributed'}"
+    base = TORCHTUNE_CONFIGS.get(request.model.name)
+    if base is None:
+        return recipe, "YOUR_CONFIG.yaml"
+    if finetune.quantize is Quantization.nf4:
+        # 0.6.1 ships llama3_1/8B_qlora_single_device and 405B_qlora, no other distributed QLoRA config.
+        return recipe, base + "_qlora_single_device" if single else "YOUR_QLORA_CONFIG.yaml"
+    return recipe, base + f"_{kind}" + ("_single_device" if single else "")
+
+
+def torchtune_overrides(request: PlanRequest) -> list[str]:
+    """torchtune 0.6.1's key=value overrides (config/_parse.py TuneRecipeArgumentParser, merged
+    by config/_utils.py _merge_yaml_and_cli_args), the keys recipes/full_finetune_distributed.py
+    and lora_finetune_distributed.py read."""
+    framework = request.training.framework
+    if framework not in (Framework.torchtune, Framework.zeroplan):
+        raise NotApplicable(f"framework {framework.value} is not torchtune")
+    kind = request.strategy.kind
+    single = request.cluster.world_size == 1
+    if not single and kind not in (StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op):
+        raise NotApplicable(f"torchtune's distributed recipes run FSDP2 only, not {kind.value}")
+    _refuse_model_parallel(request, "torchtune's recipes")
+    training, batch = request.training, request.batch
+    dtype = TORCHTUNE_DTYPE.get(training.precision)
+    if dtype is None:
+        raise NotApplicable(f"torchtune trains in bf16 or fp32 throughout (dtype), not {training.precision.value}")
+    if training.finetune.quantize not in (Quantization.none, Quantization.nf4):
+        raise NotApplicable(f"torchtune's QLoRA quantizes to nf4, not {training.finetune.quantize.value}")
+    args = [f"batch_size={batch.micro_batch_size}", f"gradient_accumulation_steps={batch.grad_accum_steps}",
+            f"tokenizer.max_seq_len={batch.seq_len}", f"dtype={dtype}"]
+    checkpointing = training.activation_checkpointing
+    if checkpointing is ActivationCheckpointing.selective_layer:
+        args += ["enable_activation_checkpointing=False", "ac_mode=selective", f"ac_option={training.selective_layer_interval}"]
+    elif checkpointing in (ActivationCheckpointing.none, ActivationCheckpointing.full):
+        args.append(f"enable_activation_checkpointing={checkpointing is ActivationCheckpointing.full}")
+    else:
+        raise NotApplicable(f"torchtune 0.6.1 has no {checkpointing.value} checkpointing")
+    args.append(f"enable_activation_offloading={training.activation_offloading}")
+    if not single:
+        args += [f"fsdp_reshard_after_forward={kind is not StrategyKind.fsdp_shard_grad_op}",
+                 f"fsdp_cpu_offload={training.fsdp_cpu_offload}"]
+    args += [f"optimizer_in_bwd={training.optimizer_in_backward}", f"compile={training.compile}"]
+    if training.finetune.is_lora:
+        args.append(f"model.lora_rank={training.finetune.lora_rank}")
+        if training.finetune.lora_alpha is not None:
+            args.append(f"model.lora_alpha={training.finetune.lora_alpha:g}")
+    if training.unchunked_loss:
+        args.append("loss=torch.nn.CrossEntropyLoss")
+    args.append("log_peak_memory_stats=True")  # the Step lines zeroplan validate --from-log reads
+    return args
+
+
+def torchtune_text(request: PlanRequest) -> str:
+    return "\n".join(torchtune_overrides(request)) + "\n"
+
+
+# ---------------------------------------------------------------------------- launch
+
+def _env(request: PlanRequest) -> str:
+    conf = allocator_conf(request)
+    return f"export PYTORCH_CUDA_ALLOC_CONF={shlex.quote(conf)}" if conf else "unset PYTORCH_CUDA_ALLOC_CONF"
+
+
+def launch_script(request: PlanRequest, formats: dict[str, str]) -> str:
+    """A torchrun line per node (bash), with the allocator setting the plan assumed."""
+    cluster = request.cluster
+    framework = request.training.framework
+    lines = ["#!/usr/bin/env bash",
+             "# Launch the planned run on each node (NODE_RANK, MASTER_ADDR set per node; sbatch sets them in job.sbatch).",
+             "set -euo pipefail", 'HERE="$(cd "$(dirname "$0")" && pwd)"',
+             f"{_env(request)}  # the allocator setting the plan was judged under"]
+    if framework is Framework.torchtune:
+        recipe, config = torchtune_recipe(request)
+        lines.append(f"tune run --nnodes {cluster.num_nodes} --nproc_per_node {cluster.gpus_per_node} "
+                     f"{recipe} --config {config} $(cat \"$HERE/torchtune-overrides.txt\")")
+    else:
+        if framework is Framework.torchtitan or (framework is Framework.zeroplan and "torchtitan" in formats):
+            target = (f"-m torchtitan.train --module llama3 --config {torchtitan_config_name(request)} "
+                      f"$(cat \"$HERE/torchtitan-overrides.txt\")")
+        else:
+            target = "YOUR_TRAIN_SCRIPT.py " + " ".join(hf_training_arguments(request)).replace(
+                "--deepspeed deepspeed.json", "--deepspeed \"$HERE/deepspeed.json\"")
+        lines.append(f"torchrun --nnodes {cluster.num_nodes} --nproc_per_node {cluster.gpus_per_node} "
+                     f"--node_rank \"${{NODE_RANK:-0}}\" --master_addr \"${{MASTER_ADDR:-127.0.0.1}}\" "
+                     f"--master_port \"${{MASTER_PORT:-29500}}\" {target}")
+    return "\n".join(lines) + "\n"
+
+
+def sbatch_script(request: PlanRequest) -> str:
+    """A Slurm batch script: one task per node, each running launch.sh."""
+    cluster = request.cluster
+    return "\n".join([
+        "#!/usr/bin/env bash",
+        f"#SBATCH --nodes={cluster.num_nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --gpus-per-node={cluster.gpus_per_node}",
+        "#SBATCH --exclusive",
+        "set -euo pipefail",
+        'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+        "export MASTER_ADDR MASTER_PORT=29500",
+        _env(request),
+        'srun --kill-on-bad-exit=1 bash -c \'NODE_RANK=$SLURM_NODEID bash "$SLURM_SUBMIT_DIR/launch.sh"\'',
+    ]) + "\n"
