@@ -103,7 +103,7 @@ def run_plan(args: argparse.Namespace) -> int:
         layout["pp_schedules"] = (PipelineSchedule(args.pp_schedule),)
     space = LayoutSpace(**layout)
     result = search(base, args.global_batch, parse_strategies(args.strategies),
-                    top=args.top, space=space)
+                    top=args.top, space=space, show_progress=True)
     if args.format == "json":
         sys.stdout.write(result.model_dump_json(indent=2) + "\n")
     elif args.format == "csv":
