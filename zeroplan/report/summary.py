@@ -81,18 +81,19 @@ def _aligned(rows: Sequence[object], columns: Sequence[Column]) -> list[str]:
 
 # Why the recommended strategy wins, by the first rule of core.plan.recommendation_key on which
 # it beats the next best (docs/memory-model.md, "Recommendation").
-_RULE_WORDS = ("the least offload", "the least offload", "the least sent per step",
-               "no sharding engine over one rank", "the lowest peak", "the simplest")
+_RULE_WORDS = ("least offload", "least offload", "least sent per step", "nothing to shard on one rank",
+               "lowest peak", "simplest")
 
 
 def recommendation_reason(report: FitReport) -> str:
     """A few words on why the recommended strategy was chosen over the others that fit."""
     fitting = sorted((p for p in report.plans if p.fits and p.host_fits is not False), key=recommendation_key)
+    share = f"{len(fitting)} of {len(report.plans)} fit"
     if len(fitting) == 1:
-        return "the only one that fits"
+        return f"the only one that fits of {len(report.plans)}"
     best, runner_up = recommendation_key(fitting[0]), recommendation_key(fitting[1])
     rule = next((i for i, (a, b) in enumerate(zip(best, runner_up)) if a != b), len(_RULE_WORDS) - 1)
-    return f"{_RULE_WORDS[rule]} of the {len(fitting)} that fit"
+    return f"{_RULE_WORDS[rule]}; {share}"
 
 
 def fit_verdict(report: FitReport, unit: ByteUnit) -> list[str]:
