@@ -124,7 +124,7 @@ def test_the_flat_reserve_and_an_allocator_conf_are_refused_together(capsys) -> 
 def test_fit_table_shows_the_allocator_columns(capsys) -> None:
     from zeroplan.cli.main import main
 
-    assert main(["fit", *TITAN.split(), "--strategies", "fsdp-full-shard", "--allocator-conf", "backend:native"]) == 0
+    assert main(["fit", "--detail", *TITAN.split(), "--strategies", "fsdp-full-shard", "--allocator-conf", "backend:native"]) == 0
     out = capsys.readouterr().out
     assert "reserved" in out and "oom-at" in out
 
@@ -132,10 +132,10 @@ def test_fit_table_shows_the_allocator_columns(capsys) -> None:
 def test_fit_says_how_each_strategys_schedule_was_checked(capsys) -> None:
     from zeroplan.cli.main import main
 
-    assert main(["fit", *TITAN.split(), "--strategies", "fsdp-full-shard,ddp", "--allocator-conf", ""]) == 0
+    assert main(["fit", "--detail", *TITAN.split(), "--strategies", "fsdp-full-shard,ddp", "--allocator-conf", ""]) == 0
     caution = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("caution: oom-at"))
     assert "fsdp-full-shard: -3.0 % to +5.1 %" in caution and "ddp: a coarser schedule" in caution
-    assert main(["fit", "llama-2-7b", "--gpus", "8", "--pp", "2", "--grad-accum", "2", "--strategies", "fsdp-full-shard",
+    assert main(["fit", "--detail", "llama-2-7b", "--gpus", "8", "--pp", "2", "--grad-accum", "2", "--strategies", "fsdp-full-shard",
                  "--allocator-conf", ""]) == 0
     caution = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("caution: oom-at"))
     assert "under a pipeline" in caution and "fsdp-full-shard:" not in caution

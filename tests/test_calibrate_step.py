@@ -74,16 +74,18 @@ def test_calibrate_step_writes_a_typed_file_and_compare_gives_the_measured_step_
 
 def test_compare_and_plan_say_calibrated_or_default(capsys, tmp_path: Path) -> None:
     out = _calibrate(capsys, tmp_path)
-    code, text, _ = run(capsys, "compare", "llama-3.1-70b", "--gpus", "64", "--gpu", "h100-80gb", "--efficiency", str(out))
+    # The detail view keeps the line whole (the first screen wraps it at the screen's width).
+    code, text, _ = run(capsys, "compare", "llama-3.1-70b", "--gpus", "64", "--gpu", "h100-80gb", "--efficiency", str(out),
+                        "--detail")
     assert code == 0
     line = text.splitlines()[-1]
     assert line.startswith("step time: calibrated, HFU 0.345 from ") and "band" in line
-    code, text, _ = run(capsys, "compare", "llama-3.1-70b", "--gpus", "64", "--gpu", "h100-80gb")
+    code, text, _ = run(capsys, "compare", "llama-3.1-70b", "--gpus", "64", "--gpu", "h100-80gb", "--detail")
     assert text.splitlines()[-1].startswith("step time: default HFU 0.4, not calibrated")
-    code, text, _ = run(capsys, "compare", "llama-3.1-70b", "--gpus", "64", "--gpu", "h100-80gb", "--hfu", "0.5")
+    code, text, _ = run(capsys, "compare", "llama-3.1-70b", "--gpus", "64", "--gpu", "h100-80gb", "--hfu", "0.5", "--detail")
     assert "HFU 0.5 as given (--hfu), not calibrated; band not measured" in text
     code, text, err = run(capsys, "plan", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", "--global-batch", "16",
-                          "--no-model-parallel", "--top", "2", "--efficiency", str(out))
+                          "--no-model-parallel", "--top", "2", "--efficiency", str(out), "--detail")
     assert code == 0, err
     assert "step time: calibrated, HFU 0.345" in text
 

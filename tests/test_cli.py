@@ -24,7 +24,7 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
 
 
 def test_fit_table_lists_every_strategy_and_a_verdict(capsys) -> None:
-    code, out, err = run(capsys, "fit", "llama-2-70b", "--gpus", "8", "--gpu", "a100-80gb")
+    code, out, err = run(capsys, "fit", "--detail", "llama-2-70b", "--gpus", "8", "--gpu", "a100-80gb")
     assert code == 0, err
     for kind in StrategyKind:
         assert f"\n{kind.value} " in out
@@ -50,8 +50,8 @@ def test_fit_csv_parses_with_pandas(capsys) -> None:
 
 
 def test_fit_gb_unit_changes_the_table(capsys) -> None:
-    _, gib, _ = run(capsys, "fit", "gpt2", "--gpus", "1", "--strategies", "ddp")
-    _, gb, _ = run(capsys, "fit", "gpt2", "--gpus", "1", "--strategies", "ddp", "--unit", "GB")
+    _, gib, _ = run(capsys, "fit", "--detail", "gpt2", "--gpus", "1", "--strategies", "ddp")
+    _, gb, _ = run(capsys, "fit", "--detail", "gpt2", "--gpus", "1", "--strategies", "ddp", "--unit", "GB")
     assert "in GiB" in gib and "in GB" in gb
 
 
@@ -98,7 +98,7 @@ def test_models_and_gpus_listings(capsys) -> None:
 
 def test_console_script_entry_point() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "zeroplan", "fit", "mistral-7b", "--gpus", "8", "--strategies", "zero2"],
+        [sys.executable, "-m", "zeroplan", "fit", "--detail", "mistral-7b", "--gpus", "8", "--strategies", "zero2"],
         capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 0, result.stderr
@@ -106,7 +106,7 @@ def test_console_script_entry_point() -> None:
 
 
 def test_compare_prints_volume_and_times(capsys) -> None:
-    code, out, err = run(capsys, "compare", "llama-2-7b", "--gpus", "16", "--strategies", "ddp,zero3,hsdp", "--hfu", "0.5")
+    code, out, err = run(capsys, "compare", "--detail", "llama-2-7b", "--gpus", "16", "--strategies", "ddp,zero3,hsdp", "--hfu", "0.5")
     assert code == 0, err
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split() and line.split()[0] in ("ddp", "zero3", "hsdp")}
     assert rows["ddp"][1] == "2.0" and rows["zero3"][1] == "3.0"
@@ -127,10 +127,10 @@ def test_mfu_is_refused_with_a_pointer_to_hfu(capsys) -> None:
 
 def test_seq_len_default_is_capped_at_the_models_positions(capsys) -> None:
     # 4,096 by default, GPT-2's 1,024 learned positions when fewer (docs/input-bounds.md).
-    code, out, err = run(capsys, "fit", "gpt2", "--gpus", "1", "--strategies", "ddp")
+    code, out, err = run(capsys, "fit", "--detail", "gpt2", "--gpus", "1", "--strategies", "ddp")
     assert code == 0, err
     assert "x seq 1024," in out
-    code, out, err = run(capsys, "fit", "llama-2-7b", "--gpus", "1", "--strategies", "ddp")
+    code, out, err = run(capsys, "fit", "--detail", "llama-2-7b", "--gpus", "1", "--strategies", "ddp")
     assert code == 0, err
     assert "x seq 4096," in out
 
@@ -150,7 +150,7 @@ def test_allow_longer_seq_runs_rope_past_its_positions(capsys) -> None:
 
 def test_issue_8_command_still_runs(capsys) -> None:
     # Llama-3.1's config.json gives max_position_embeddings 131072: 8192 is within it.
-    code, out, err = run(capsys, "fit", "llama-3.1-8b", "--framework", "torchtitan", "--activation-checkpointing",
+    code, out, err = run(capsys, "fit", "--detail", "llama-3.1-8b", "--framework", "torchtitan", "--activation-checkpointing",
                          "selective-op", "--gpus", "8", "--gpu", "h100-80gb", "--micro-batch", "2", "--seq-len", "8192")
     assert code == 0, err
     assert "x seq 8192," in out and "Verdict: " in out
@@ -204,7 +204,7 @@ def test_fit_expresses_accumulation_without_resharding(capsys) -> None:
 def test_compare_columns_add_up_to_the_step(capsys, extra) -> None:
     # Every part of the step has a column: compute (+ opt-step under the roofline), the
     # model-parallel collectives and the pipeline bubble where there are any, exposed and cpu-step.
-    assert main(["compare", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", "--strategies",
+    assert main(["compare", "--detail", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", "--strategies",
                  "fsdp-full-shard,fsdp-shard-grad-op", *extra]) == 0
     out = capsys.readouterr().out.splitlines()
     header = next(i for i, line in enumerate(out) if line.startswith("strategy "))

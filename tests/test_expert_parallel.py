@@ -170,7 +170,7 @@ def test_fit_refuses_ep_for_a_dense_model(capsys) -> None:
 def test_compare_times_the_all_to_all(capsys, fmt) -> None:
     # The token dispatch's all-to-all is a collective of the step like any other: the table's
     # nccl column names it (A2A, in the CSV's nccl_algorithms too); JSON lists its costs.
-    argv = ["compare", str(FIXTURES / "hf" / "mixtral-8x7b.json"), "--gpus", "16", "--gpu", "h100-80gb", "--ep", "8",
+    argv = ["compare", "--detail", str(FIXTURES / "hf" / "mixtral-8x7b.json"), "--gpus", "16", "--gpu", "h100-80gb", "--ep", "8",
             "--strategies", "fsdp-full-shard", "--format", fmt]
     assert main(argv) == 0
     out = capsys.readouterr().out

@@ -125,16 +125,16 @@ def test_an_int8_base_keeps_the_input_of_every_linear_in_fp32() -> None:
 
 
 def test_an_int8_base_is_planned_under_ddp_only_and_refused_elsewhere_in_one_line(zeroplan_cli) -> None:
-    code, out, err = zeroplan_cli("fit", "llama-3.1-8b", "--framework", "hf", "--lora-rank", "16", "--quantize", "int8",
+    code, out, err = zeroplan_cli("fit", "--detail", "llama-3.1-8b", "--framework", "hf", "--lora-rank", "16", "--quantize", "int8",
                                   "--gpus", "2", "--gpu", "a10g", "--activation-checkpointing", "full", "--seq-len", "1024")
     assert code == 0, err
     assert "base linears frozen in int8 (LLM.int8" in out
     rows = [line.split()[0] for line in out.splitlines() if line.split()[:1] and line.split()[0] in ("ddp", "zero1", "zero3", "fsdp-full-shard")]
     assert rows == ["ddp"]
-    code, _, err = zeroplan_cli("fit", "llama-3.1-8b", "--framework", "hf", "--lora-rank", "16", "--quantize", "int8",
+    code, _, err = zeroplan_cli("fit", "--detail", "llama-3.1-8b", "--framework", "hf", "--lora-rank", "16", "--quantize", "int8",
                                 "--strategies", "zero3")
     assert code == 2 and err.count("\n") == 1 and "'zero3' cannot hold an int8 base" in err and "allowed: ddp" in err
-    code, _, err = zeroplan_cli("fit", "llama-3.1-8b", "--framework", "hf", "--lora-rank", "16", "--quantize", "int8", "--dora")
+    code, _, err = zeroplan_cli("fit", "--detail", "llama-3.1-8b", "--framework", "hf", "--lora-rank", "16", "--quantize", "int8", "--dora")
     assert code == 2 and err.count("\n") == 1 and "--dora" in err
 
 

@@ -266,7 +266,7 @@ def test_nccl_buffers_shrink_what_the_allocator_may_use(gpu_80gib) -> None:
 @pytest.mark.parametrize("framework,policy", [("torchtitan", "selective-op"), ("hf", "full"), ("torchtune", "full")])
 def test_the_done_when_commands_run(capsys, framework, policy) -> None:
     code = main([
-        "fit", "llama-3.1-8b", "--framework", framework, "--activation-checkpointing", policy,
+        "fit", "--detail", "llama-3.1-8b", "--framework", framework, "--activation-checkpointing", policy,
         "--gpus", "8", "--gpu", "h100-80gb", "--micro-batch", "2", "--seq-len", "8192",
     ])
     out = capsys.readouterr().out
@@ -425,7 +425,7 @@ def test_the_fit_header_shows_the_usable_memory_the_plans_are_checked_against(ca
 
     from zeroplan.cli.main import main
 
-    argv = ["fit", "llama-3.1-8b", "--framework", "torchtitan", "--gpus", "8", "--gpu", "h100-80gb"]
+    argv = ["fit", "--detail", "llama-3.1-8b", "--framework", "torchtitan", "--gpus", "8", "--gpu", "h100-80gb"]
     assert main([*argv, "--format", "json"]) == 0
     usable = {p["usable_memory_bytes"] for p in json.loads(capsys.readouterr().out)["plans"]}
     assert len(usable) == 1
@@ -436,9 +436,9 @@ def test_the_fit_header_shows_the_usable_memory_the_plans_are_checked_against(ca
 def test_the_header_names_the_attention_the_framework_runs(capsys) -> None:
     from zeroplan.cli.main import main
 
-    assert main(["fit", "llama-3.1-8b", "--framework", "torchtitan", "--gpus", "8"]) == 0
+    assert main(["fit", "--detail", "llama-3.1-8b", "--framework", "torchtitan", "--gpus", "8"]) == 0
     assert "FlexAttention" in capsys.readouterr().out.splitlines()[1]
-    assert main(["fit", "llama-3.1-8b", "--gpus", "8"]) == 0
+    assert main(["fit", "--detail", "llama-3.1-8b", "--gpus", "8"]) == 0
     assert "flash attention" in capsys.readouterr().out.splitlines()[1]
 
 

@@ -111,7 +111,7 @@ def test_the_roofline_moves_the_logits_once_forward_and_twice_backward() -> None
 
 @pytest.mark.parametrize("command", ["fit", "compare", "plan"])
 def test_cli_flag(capsys, command) -> None:
-    args = [command, "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", "--seq-len", "4096", "--fused-cross-entropy"]
+    args = [command, "--detail", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", "--seq-len", "4096", "--fused-cross-entropy"]
     args += ["--global-batch", "16"] if command == "plan" else ["--micro-batch", "2", "--strategies", "zero3"]
     assert main(args) == 0
     out = capsys.readouterr().out

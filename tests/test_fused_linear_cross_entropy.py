@@ -124,7 +124,7 @@ def test_the_search_plans_fused_groups_with_the_scalar_planner(gpu_80gib) -> Non
 
 @pytest.mark.parametrize("command", ["fit", "compare"])
 def test_cli_flag(capsys, command) -> None:
-    args = [command, "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", "--micro-batch", "2", "--seq-len", "8192",
+    args = [command, "--detail", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", "--micro-batch", "2", "--seq-len", "8192",
             "--strategies", "zero3", "--fused-linear-cross-entropy"]
     assert main([*args, "--framework", "hf"]) == 0
     out = capsys.readouterr().out

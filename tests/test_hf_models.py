@@ -128,20 +128,20 @@ def test_fit_output_cautions_an_inexact_count_in_one_line(tmp_path: Path, capsys
 
     path = tmp_path / "config.json"
     path.write_text(json.dumps(_llama(extra_adapter_rank=16)))
-    assert main(["fit", str(path), "--gpus", "8", "--strategies", "zero3"]) == 0
+    assert main(["fit", "--detail", str(path), "--gpus", "8", "--strategies", "zero3"]) == 0
     cautions = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Caution:")]
     assert len(cautions) == 1 and "extra_adapter_rank" in cautions[0]
-    assert main(["fit", str(path), "--strategies", "zero3", "--format", "json"]) == 0
+    assert main(["fit", "--detail", str(path), "--strategies", "zero3", "--format", "json"]) == 0
     model = json.loads(capsys.readouterr().out)["model"]
     assert model["parameter_count_exact"] is False and "extra_adapter_rank" in model["parameter_count_caveat"]
-    assert main(["compare", str(path), "--strategies", "zero3"]) == 0
+    assert main(["compare", "--detail", str(path), "--strategies", "zero3"]) == 0
     assert "Caution:" in capsys.readouterr().out
 
 
 def test_fit_output_has_no_caution_for_an_exact_count(capsys) -> None:
     from zeroplan.cli.main import main
 
-    assert main(["fit", str(FIXTURES / "gemma-2-9b.json"), "--strategies", "zero3", "--seq-len", "4096"]) == 0
+    assert main(["fit", "--detail", str(FIXTURES / "gemma-2-9b.json"), "--strategies", "zero3", "--seq-len", "4096"]) == 0
     out = capsys.readouterr().out
     assert "9,241,705,984 parameters" in out and "Caution:" not in out
 
@@ -240,9 +240,9 @@ def test_bloom_plans_eager_attention_with_its_fp32_softmax(capsys) -> None:
     with pytest.raises(ZeroplanError, match="training.attention_kernel"):
         PlanRequest(model=bloom, cluster=request.cluster, batch=BatchSpec(seq_len=2048), strategy=request.strategy,
                     training=TrainingSpec(attention_kernel=AttentionKernel.flash))
-    assert main(["fit", str(FIXTURES / "bloom-560m.json"), "--gpus", "8"]) == 0
+    assert main(["fit", "--detail", str(FIXTURES / "bloom-560m.json"), "--gpus", "8"]) == 0
     assert "eager attention" in capsys.readouterr().out
-    assert main(["fit", str(FIXTURES / "bloom-560m.json"), "--attention", "flash"]) == 2
+    assert main(["fit", "--detail", str(FIXTURES / "bloom-560m.json"), "--attention", "flash"]) == 2
     assert "--attention eager" in capsys.readouterr().err
 
 
@@ -274,7 +274,7 @@ def test_bert_is_an_encoder_whose_attention_computes_every_score(capsys) -> None
     bert = load_hf_config(FIXTURES / "bert-base-uncased.json")
     assert not bert.causal and bert.token_types == 2 and bert.head_transform and bert.head_bias and bert.tied_embeddings
     assert executed_causal_fraction(AttentionKernel.flash, causal=False) == 2 * executed_causal_fraction(AttentionKernel.flash) == 1.0
-    assert main(["fit", str(FIXTURES / "bert-base-uncased.json"), "--gpus", "8"]) == 0
+    assert main(["fit", "--detail", str(FIXTURES / "bert-base-uncased.json"), "--gpus", "8"]) == 0
     assert "an encoder with a masked-LM head" in capsys.readouterr().out
 
 

@@ -47,7 +47,7 @@ def test_revalidation_keeps_the_launch_default() -> None:
 
 
 def test_the_header_names_the_allocator_and_where_it_comes_from(zeroplan_cli) -> None:
-    flags = ("fit", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", "--strategies", "fsdp-full-shard")
+    flags = ("fit", "--detail", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", "--strategies", "fsdp-full-shard")
     code, out, err = zeroplan_cli(*flags, "--framework", "torchtitan")
     assert code == 0, err
     assert ("allocator: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (torchtitan's launch default; "

@@ -40,10 +40,17 @@ def test_borderline_is_the_usable_memory_inside_the_peaks_range() -> None:
 
 def test_a_borderline_recommendation_says_so(zeroplan_cli) -> None:
     # torchtitan's 8B at 8,192 tokens on 8 H100s: shard-grad-op peaks at 73.0 of 79.0 GiB usable.
-    code, out, err = zeroplan_cli("fit", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", "--framework", "torchtitan",
-                                  "--seq-len", "8192", "--strategies", "fsdp-shard-grad-op,fsdp-full-shard")
-    assert code == 0, err
-    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("fsdp-")}
-    assert "yes*" in rows["fsdp-shard-grad-op"] and "yes" in rows["fsdp-full-shard"]
+    flags = ("fit", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", "--framework", "torchtitan",
+             "--seq-len", "8192", "--strategies", "fsdp-shard-grad-op,fsdp-full-shard")
+    for view in ((), ("--detail",)):
+        code, out, err = zeroplan_cli(*flags, *view)
+        assert code == 0, err
+        rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("fsdp-")}
+        assert "yes*" in rows["fsdp-shard-grad-op"] and "yes" in rows["fsdp-full-shard"]
+    # The detail view's verdict line, and the first screen's opening sentences.
     verdict = next(line for line in out.splitlines() if line.startswith("Verdict:"))
     assert re.search(r"Recommended: fsdp-shard-grad-op .*; borderline: \d+-\d+ % of usable for the middle half of published runs", verdict)
+    code, out, _ = zeroplan_cli(*flags)
+    opening = " ".join(out.split("\n\n")[0].split())
+    assert re.search(r"^Fits\. Recommended: fsdp-shard-grad-op .* But borderline: \d+-\d+ % of usable for the middle half "
+                     r"of published runs: it may not; fsdp-full-shard fits with room\.", opening), opening

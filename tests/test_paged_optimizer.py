@@ -34,7 +34,7 @@ def test_the_states_of_tensors_of_1e5_elements_or_more_leave_the_allocator() -> 
     assert paged.parameter_bytes == plain.parameter_bytes and paged.gradient_bytes == plain.gradient_bytes
 
 
-TORCHTUNE_8B_FULL_SINGLE = ("fit llama-3.1-8b --gpus 1 --gpu rtx-4090 --framework torchtune --strategies ddp "
+TORCHTUNE_8B_FULL_SINGLE = ("fit --detail llama-3.1-8b --gpus 1 --gpu rtx-4090 --framework torchtune --strategies ddp "
                             "--optimizer adam-8bit --optimizer-in-backward --precision bf16-pure --micro-batch 2 "
                             "--seq-len 2048 --activation-checkpointing full")
 

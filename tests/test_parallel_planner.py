@@ -251,7 +251,7 @@ def test_hf_is_not_modelled_under_tensor_parallelism():
 # --- the command line -----------------------------------------------------------------------
 
 def test_fit_answers_the_405b_question(capsys):
-    code = main(["fit", "llama-3.1-405b", "--gpus", "128", "--gpu", "h100-80gb", "--framework", "torchtitan",
+    code = main(["fit", "--detail", "llama-3.1-405b", "--gpus", "128", "--gpu", "h100-80gb", "--framework", "torchtitan",
                  "--tp", "8", "--pp", "4", "--micro-batch", "1", "--seq-len", "8192", "--activation-checkpointing", "full",
                  "--grad-accum", "16"])
     out = capsys.readouterr().out

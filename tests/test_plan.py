@@ -178,7 +178,7 @@ def test_host_ram_shortfall_is_named_in_verdict_and_table():
     import contextlib, io
 
     out = io.StringIO()
-    argv = ["fit", "llama-2-70b", "--gpus", "8", "--gpu", "a100-80gb", "--activation-checkpointing", "full"]
+    argv = ["fit", "--detail", "llama-2-70b", "--gpus", "8", "--gpu", "a100-80gb", "--activation-checkpointing", "full"]
     with contextlib.redirect_stdout(out):
         assert main([*argv, "--host-memory-gb", "1024"]) == 0
     text = out.getvalue()

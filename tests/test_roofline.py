@@ -196,13 +196,13 @@ def test_the_plan_search_times_roofline_groups_as_the_scalar_planner(zeroplan_cl
 
 
 def test_cli_compute_model_roofline(zeroplan_cli) -> None:
-    code, out, err = zeroplan_cli("compare", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100", "--compute-model", "roofline",
+    code, out, err = zeroplan_cli("compare", "--detail", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100", "--compute-model", "roofline",
                                   "--strategies", "fsdp-full-shard,zero2")
     assert code == 0, err
     header = next(line for line in out.splitlines() if line.startswith("strategy"))
     assert "opt-step" in header.split()
     assert "792 TFLOP/s (measured matmul ceiling)" in out
-    code, out, _ = zeroplan_cli("compare", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100", "--strategies", "zero2")
+    code, out, _ = zeroplan_cli("compare", "--detail", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100", "--strategies", "zero2")
     assert code == 0 and "opt-step" not in out and "at HFU 0.4" in out
 
 
@@ -217,7 +217,7 @@ def test_cli_refuses_what_the_roofline_cannot_honour(zeroplan_cli, argv, field) 
 
 
 def test_plan_shows_the_gpu_optimizer_step_under_the_roofline(zeroplan_cli) -> None:
-    argv = ("plan", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100", "--global-batch", "16", "--seq-len", "2048")
+    argv = ("plan", "--detail", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100", "--global-batch", "16", "--seq-len", "2048")
     code, out, err = zeroplan_cli(*argv, "--compute-model", "roofline")
     assert code == 0, err
     lines = out.splitlines()

@@ -200,7 +200,7 @@ def test_the_plan_table_splits_each_step_into_compute_exposed_communication_and_
     # The ZeRO trade-off at a glance: each ranked configuration's step time in its parts.
     from zeroplan.cli.main import main
 
-    assert main(["plan", "llama-3.1-70b", "--gpus", "8", "--gpu", "a100-80gb", "--global-batch", "16", "--format", "json"]) == 0
+    assert main(["plan", "--detail", "llama-3.1-70b", "--gpus", "8", "--gpu", "a100-80gb", "--global-batch", "16", "--format", "json"]) == 0
     import json
 
     ranked = json.loads(capsys.readouterr().out)["ranked"]
@@ -212,6 +212,6 @@ def test_the_plan_table_splits_each_step_into_compute_exposed_communication_and_
         parts = ("compute_s", "model_parallel_communication_s", "pipeline_bubble_s", "exposed_communication_s",
                  "cpu_optimizer_s", "optimizer_step_s")
         assert sum(c[name] for name in parts) == pytest.approx(c["step_time_s"], rel=1e-9)
-    assert main(["plan", "llama-3.1-70b", "--gpus", "8", "--gpu", "a100-80gb", "--global-batch", "16"]) == 0
+    assert main(["plan", "--detail", "llama-3.1-70b", "--gpus", "8", "--gpu", "a100-80gb", "--global-batch", "16"]) == 0
     out = capsys.readouterr().out
     assert "compute  exposed" in out or "compute  mp-comm  bubble  exposed" in out

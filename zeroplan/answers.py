@@ -5,6 +5,8 @@ itself into a pandas DataFrame through zeroplan.frames, which sits below it."""
 
 from __future__ import annotations
 
+from pydantic import Field
+
 from zeroplan.results import PlanCandidate, StrategyPlan
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.hardware import ClusterSpec
@@ -32,6 +34,13 @@ class FitReport(Frozen):
     """Fitting strategy with the least communication (offload only if nothing else fits)."""
     verdict: str
     """One line for a person."""
+    # Excluded from JSON: the verdict already says both in words, and --format json keeps the
+    # fields it always had; the compact view (zeroplan.report.summary) reads them typed.
+    suggested_change: str = Field("", exclude=True)
+    """When nothing fits: the flags of the smallest change that makes something fit
+    (zeroplan.core.suggest); '' otherwise or when no change tried does."""
+    suggested_recommendation: StrategyKind | None = Field(None, exclude=True)
+    """The strategy recommended under ``suggested_change``."""
     allocator_caution: str = ""
     """Part of the verdict: where the caching-allocator model finds the recommendation's step
     running out of memory under the flat reserve, what it would need (core.plan.allocator_caution);

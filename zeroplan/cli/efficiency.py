@@ -36,9 +36,14 @@ def efficiency_hfu(args: argparse.Namespace, gpu_name: str, framework) -> float:
 
 
 def time_basis(args: argparse.Namespace, request) -> str:  # type: ignore[no-untyped-def]
-    """The line compare and plan print under their table: calibrated or default, and its band."""
+    """The line compare and plan print under their table: calibrated or default, and its band;
+    wrapped to the screen's width in the first screen (the detail view keeps it whole)."""
+    import textwrap
+
     from zeroplan.calibrate.step import load_efficiency, time_basis_line
+    from zeroplan.cli.parser import screen_width
 
     path = getattr(args, "efficiency", None)
     efficiency = load_efficiency(path) if path else None
-    return time_basis_line(request, path, efficiency, hfu_given=args.hfu != DEFAULT_HFU)
+    line = time_basis_line(request, path, efficiency, hfu_given=args.hfu != DEFAULT_HFU)
+    return line if getattr(args, "detail", False) else "\n".join(textwrap.wrap(line, screen_width()))

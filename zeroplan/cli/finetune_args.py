@@ -30,8 +30,8 @@ def _targets(text: str) -> tuple[LoraTarget, ...]:
     return tuple(LoraTarget(name) for name in names)
 
 
-def add_finetune_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("fine-tuning (docs/finetuning.md)")
+def add_finetune_arguments(group: argparse._ArgumentGroup) -> None:
+    """The fine-tuning flags, into --help's "fine-tuning" group."""
     group.add_argument("--lora-rank", type=positive_int, metavar="R",
                        help="train LoRA adapters of rank R over a frozen base (default: a full fine-tune)")
     group.add_argument("--lora-alpha", type=positive_float, metavar="A", help="LoRA alpha (changes no byte; default 2R)")

@@ -6,7 +6,9 @@ import argparse
 import sys
 
 from zeroplan.cli.finetune_args import add_finetune_arguments, finetune_from_args
-from zeroplan.cli.parser import add_seq_len_arguments, choices_of, positive_float, positive_int, seq_len_of
+from zeroplan.cli.parser import (
+    add_seq_len_arguments, choices_of, option_groups, positive_float, positive_int, screen_width, seq_len_of,
+)
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs import (
     ActivationCheckpointing,
@@ -33,52 +35,130 @@ from zeroplan.specs.parallel import EXPERT_PARALLEL_STRATEGIES, ParallelSpec, Pi
 from zeroplan.units import GB, GiB, ByteUnit
 
 
-def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+def add_cluster_arguments(group: argparse._ArgumentGroup) -> None:
     """The GPUs, nodes and host memory of a request (fit, compare, plan)."""
-    parser.add_argument("--gpus", type=positive_int, default=8, help="total GPUs (default 8)")
-    parser.add_argument("--gpu", default="a100-80gb", help="GPU name (see `zeroplan gpus`) or a JSON file (default a100-80gb)")
-    parser.add_argument("--gpu-memory-gib", type=positive_float, help="override the GPU's memory, in GiB")
-    parser.add_argument("--nodes", type=positive_int, help="number of nodes (default: --gpus / --gpus-per-node)")
-    parser.add_argument("--gpus-per-node", type=positive_int, help="GPUs per node (default min(--gpus, 8))")
-    host = parser.add_mutually_exclusive_group()
+    group.add_argument("--gpus", type=positive_int, default=8, help="total GPUs (default 8)")
+    group.add_argument("--gpu", default="a100-80gb", help="GPU name (see `zeroplan gpus`) or a JSON file (default a100-80gb)")
+    group.add_argument("--gpu-memory-gib", type=positive_float, help="override the GPU's memory, in GiB")
+    group.add_argument("--nodes", type=positive_int, help="number of nodes (default: --gpus / --gpus-per-node)")
+    group.add_argument("--gpus-per-node", type=positive_int, help="GPUs per node (default min(--gpus, 8))")
+    host = group.add_mutually_exclusive_group()
     host.add_argument("--host-memory-gib", type=positive_float, help="host RAM per node in GiB (2^30 bytes), to check offload")
     host.add_argument("--host-memory-gb", type=positive_float, help="the same in GB (10^9 bytes)")
-    parser.add_argument("--host", default="dgx-h100",
-                        help="the node's CPUs and memory that run offload's optimizer step: dgx-h100 (default) or dgx-a100")
-    parser.add_argument("--host-cores", type=positive_int, help="physical CPU cores per node (overrides --host's)")
-    parser.add_argument("--host-memory-bandwidth-gbs", type=positive_float,
-                        help="host memory bandwidth per node in GB/s (10^9 bytes/s; overrides --host's)")
+    group.add_argument("--host", default="dgx-h100",
+                       help="the node's CPUs and memory that run offload's optimizer step: dgx-h100 (default) or dgx-a100")
+    group.add_argument("--host-cores", type=positive_int, help="physical CPU cores per node (overrides --host's)")
+    group.add_argument("--host-memory-bandwidth-gbs", type=positive_float,
+                       help="host memory bandwidth per node in GB/s (10^9 bytes/s; overrides --host's)")
 
 
-def add_request_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags that describe a request (shared by fit and other planning commands)."""
+def add_precision_arguments(group: argparse._ArgumentGroup) -> None:
+    """--precision, --optimizer and --optimizer-loop (fit, compare, plan)."""
+    group.add_argument("--precision", choices=choices_of(Precision),
+                       help="numeric formats (default: the framework's, bf16-mixed; torchtune bf16-pure)")
+    group.add_argument("--optimizer", choices=choices_of(Optimizer), default=Optimizer.adamw.value)
+    add_optimizer_loop_argument(group)
+
+
+def add_request_arguments(parser: argparse.ArgumentParser) -> dict[str, argparse._ArgumentGroup]:
+    """Flags that describe a request (shared by fit and other planning commands), in --help's
+    groups; returns the groups so that a command adds its own flags where they belong."""
     parser.add_argument("model", help="preset name (see `zeroplan models`) or a path to a Hugging Face config.json")
-    add_cluster_arguments(parser)
-    parser.add_argument("--micro-batch", type=positive_int, default=1, help="sequences per GPU per pass (default 1)")
-    add_seq_len_arguments(parser)
-    parser.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step (default 1)")
-    parser.add_argument(
-        "--precision", choices=choices_of(Precision),
-        help="numeric formats (default: the framework's, bf16-mixed; torchtune bf16-pure)",
+    groups = option_groups(parser)
+    add_cluster_arguments(groups["cluster"])
+    add_efficiency_arguments(groups["cluster"])
+    add_collective_model_arguments(groups["cluster"])
+    add_batch_arguments(groups["batch"])
+    add_precision_arguments(groups["precision and optimizer"])
+    add_state_arguments(groups["precision and optimizer"])
+    add_sharding_arguments(groups["parallelism"])
+    add_parallel_arguments(groups["parallelism"])
+    add_finetune_arguments(groups["fine-tuning"])
+    add_framework_arguments(groups["framework"])
+    add_allocator_arguments(groups["allocator"])
+    return groups
+
+
+def add_batch_arguments(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--micro-batch", type=positive_int, default=1, help="sequences per GPU per pass (default 1)")
+    add_seq_len_arguments(group)
+    group.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step (default 1)")
+
+
+def add_state_arguments(group: argparse._ArgumentGroup) -> None:
+    """Where and in which layout the optimizer keeps its states (fit and compare)."""
+    group.add_argument(
+        "--optimizer-in-backward", action="store_true",
+        help="step each parameter's optimizer in backward and free its gradient (torchtune's optimizer_in_bwd)",
     )
-    parser.add_argument("--optimizer", choices=choices_of(Optimizer), default=Optimizer.adamw.value)
-    add_optimizer_loop_argument(parser)
-    parser.add_argument(
-        "--activation-checkpointing", choices=choices_of(ActivationCheckpointing),
-        default=ActivationCheckpointing.none.value,
+    group.add_argument(
+        "--paged-optimizer", action="store_true",
+        help="bitsandbytes' paged optimizer (PagedAdamW, PagedAdamW8bit...): its states live in CUDA managed "
+        "memory, outside PyTorch's allocator, and page to host RAM when the GPU is full",
     )
-    parser.add_argument(
+    group.add_argument(
+        "--state-convention", choices=choices_of(StateConvention),
+        help="byte layout of model states (default: fsdp2 for DDP/FSDP, zero for ZeRO)",
+    )
+
+
+def add_sharding_arguments(group: argparse._ArgumentGroup) -> None:
+    """The data-parallel strategies' own knobs (fit and compare)."""
+    group.add_argument(
+        "--strategies", help=f"comma-separated subset of: {', '.join(choices_of(StrategyKind))} (default all)"
+    )
+    group.add_argument("--hsdp-group", type=positive_int, help="HSDP shard group size (default: GPUs per node)")
+    group.add_argument(
+        "--keep-unsharded-grads-on-accum", action="store_true",
+        help="accumulate unsharded gradients over --grad-accum micro-batches and reduce once (FSDP no_sync, "
+             "FSDP2 set_requires_gradient_sync(False), as Lightning and litgpt run it): a full gradient buffer",
+    )
+    group.add_argument(
+        "--fsdp-cpu-offload", action="store_true",
+        help="FSDP2 CPUOffloadPolicy: sharded parameters, gradients and optimizer states in host RAM "
+             "(torchtune's fsdp_cpu_offload, torchtitan's enable_cpu_offload)",
+    )
+
+
+def add_framework_arguments(group: argparse._ArgumentGroup) -> None:
+    """The training stack and what its model code keeps: checkpointing, attention, loss, compile."""
+    group.add_argument(
         "--framework", choices=choices_of(Framework), default=Framework.zeroplan.value,
         help="training stack whose model code, checkpointing and loss are predicted (default zeroplan)",
     )
-    allocator = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--activation-checkpointing", choices=choices_of(ActivationCheckpointing),
+        default=ActivationCheckpointing.none.value,
+    )
+    group.add_argument(
+        "--selective-layer-interval", type=positive_int, metavar="K",
+        help="with --activation-checkpointing selective-layer: checkpoint every K-th block (torchtune's ac_option; default 2)",
+    )
+    group.add_argument(
+        "--activation-offloading", action="store_true",
+        help="move saved activations to host memory (torchtune's enable_activation_offloading)",
+    )
+    add_fused_loss_argument(group)
+    add_compile_arguments(group)
+    add_attention_argument(group)
+
+
+def add_attention_argument(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--attention", choices=choices_of(AttentionKernel),
+                       help="how attention keeps its intermediates (default flash; eager for ALiBi models, whose "
+                            "transformers attention has no fused path)")
+
+
+def add_allocator_arguments(group: argparse._ArgumentGroup) -> None:
+    """The caching-allocator model's setting, or the flat reserve instead of it."""
+    allocator = group.add_mutually_exclusive_group()
     allocator.add_argument(
         "--allocator-conf", metavar="CONF",
         help="the PYTORCH_CUDA_ALLOC_CONF under which the caching-allocator model replays the step and judges "
         "fit (e.g. expandable_segments:True; default: what the framework's launcher sets, expandable_segments:True "
         "for torchtitan, PyTorch's defaults otherwise; \"\" for PyTorch's defaults)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--exact-capacity", action="store_true",
         help="bisect the allocator model's OOM capacity over whole replays (slower; the figure the default "
         "single grown replay is checked against) instead of growing one replay's device",
@@ -88,47 +168,6 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
         help="judge fit on the allocated peak plus a flat 5%% reserve instead of the allocator model "
         "(faster; the rule the plan search uses)",
     )
-    parser.add_argument(
-        "--selective-layer-interval", type=positive_int, metavar="K",
-        help="with --activation-checkpointing selective-layer: checkpoint every K-th block (torchtune's ac_option; default 2)",
-    )
-    parser.add_argument(
-        "--activation-offloading", action="store_true",
-        help="move saved activations to host memory (torchtune's enable_activation_offloading)",
-    )
-    add_fused_loss_argument(parser)
-    parser.add_argument(
-        "--optimizer-in-backward", action="store_true",
-        help="step each parameter's optimizer in backward and free its gradient (torchtune's optimizer_in_bwd)",
-    )
-    parser.add_argument(
-        "--paged-optimizer", action="store_true",
-        help="bitsandbytes' paged optimizer (PagedAdamW, PagedAdamW8bit...): its states live in CUDA managed "
-        "memory, outside PyTorch's allocator, and page to host RAM when the GPU is full",
-    )
-    parser.add_argument(
-        "--fsdp-cpu-offload", action="store_true",
-        help="FSDP2 CPUOffloadPolicy: sharded parameters, gradients and optimizer states in host RAM "
-             "(torchtune's fsdp_cpu_offload, torchtitan's enable_cpu_offload)",
-    )
-    add_compile_arguments(parser)
-    parser.add_argument("--attention", choices=choices_of(AttentionKernel),
-                        help="how attention keeps its intermediates (default flash; eager for ALiBi models, whose "
-                             "transformers attention has no fused path)")
-    parser.add_argument(
-        "--state-convention", choices=choices_of(StateConvention),
-        help="byte layout of model states (default: fsdp2 for DDP/FSDP, zero for ZeRO)",
-    )
-    parser.add_argument("--hsdp-group", type=positive_int, help="HSDP shard group size (default: GPUs per node)")
-    parser.add_argument(
-        "--keep-unsharded-grads-on-accum", action="store_true",
-        help="accumulate unsharded gradients over --grad-accum micro-batches and reduce once (FSDP no_sync, "
-             "FSDP2 set_requires_gradient_sync(False), as Lightning and litgpt run it): a full gradient buffer",
-    )
-    add_finetune_arguments(parser)
-    add_parallel_arguments(parser)
-    add_efficiency_arguments(parser)
-    add_collective_model_arguments(parser)
 
 
 def add_compile_arguments(parser: argparse.ArgumentParser) -> None:
@@ -141,9 +180,8 @@ def add_compile_arguments(parser: argparse.ArgumentParser) -> None:
                              "torchtitan's); needs --compile and an SM89+ GPU")
 
 
-def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
-    """Tensor, sequence, context and pipeline parallelism (zeroplan.specs.parallel)."""
-    group = parser.add_argument_group("model parallelism (docs/parallelism.md)")
+def add_parallel_arguments(group: argparse._ArgumentGroup) -> None:
+    """Tensor, sequence, context and pipeline parallelism (zeroplan.specs.parallel; docs/parallelism.md)."""
     group.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree, inside a node (default 1)")
     group.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
                        help="shard norms and the residual stream over the tp ranks (default: on for torchtitan, whose "
@@ -246,12 +284,14 @@ def add_collective_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
-    add_request_arguments(parser)
-    parser.add_argument(
-        "--strategies", help=f"comma-separated subset of: {', '.join(choices_of(StrategyKind))} (default all)"
-    )
-    parser.add_argument("--format", choices=["table", "json", "csv"], default="table")
-    parser.add_argument("--unit", choices=["GiB", "GB"], default="GiB", help="unit of the table (default GiB)")
+    output = add_request_arguments(parser)["output"]
+    output.add_argument("--format", choices=["table", "json", "csv"], default="table")
+    output.add_argument("--unit", choices=["GiB", "GB"], default="GiB", help="unit of the table (default GiB)")
+    view = output.add_mutually_exclusive_group()
+    view.add_argument("--detail", action="store_true",
+                      help="the full table of every term (the first screen shows the verdict and a compact table)")
+    view.add_argument("--explain", metavar="STRATEGY", choices=choices_of(StrategyKind),
+                      help="one strategy's terms, each with its value, what it is made of and its source in the docs")
 
 
 def _gpu(args: argparse.Namespace):
@@ -414,20 +454,40 @@ def _run(args: argparse.Namespace, compare: bool) -> int:
 
     check_options_apply(args)
     kinds = parse_strategies(args.strategies)
+    if args.explain is not None and kinds is not None and StrategyKind(args.explain) not in kinds:
+        raise ZeroplanError("--explain", f"{args.explain!r} is not among --strategies {args.strategies}")
     request = request_from_args(args)
     report = fit(request, kinds)
-    if compare and args.format == "table":
-        from zeroplan.cli.efficiency import time_basis
-        from zeroplan.report.compare_table import render_compare_table
-
-        sys.stdout.write(render_compare_table(report) + "\n")
-        sys.stdout.write(time_basis(args, request) + "\n")
-    elif args.format == "json":
+    if args.format == "json":
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
     elif args.format == "csv":
         sys.stdout.write(report.to_dataframe().to_csv())
     else:
+        sys.stdout.write(_rendered(report, args, compare) + "\n")
+        if compare and args.explain is None:
+            from zeroplan.cli.efficiency import time_basis
+
+            sys.stdout.write(time_basis(args, request) + "\n")
+    return 0
+
+
+def _rendered(report, args: argparse.Namespace, compare: bool) -> str:
+    """The text view asked for: one strategy's terms, the full tables, or the first screen."""
+    unit = ByteUnit(args.unit)
+    if args.explain is not None:
+        from zeroplan.report.explain import render_explain
+
+        if report.training.framework is not Framework.zeroplan and StrategyKind(args.explain) not in {p.strategy for p in report.plans}:
+            raise ZeroplanError("--explain", f"{args.explain!r} is not planned for {report.training.framework.value}")
+        return render_explain(report, args.explain, unit, screen_width())
+    if args.detail and compare:
+        from zeroplan.report.compare_table import render_compare_table
+
+        return render_compare_table(report)
+    if args.detail:
         from zeroplan.report.table import render_table
 
-        sys.stdout.write(render_table(report, ByteUnit(args.unit)) + "\n")
-    return 0
+        return render_table(report, unit)
+    from zeroplan.report.summary import render_compare_summary, render_fit_summary
+
+    return render_compare_summary(report, screen_width()) if compare else render_fit_summary(report, unit, screen_width())

@@ -84,6 +84,38 @@ def seq_len_of(args: argparse.Namespace, max_positions: int) -> int:
     return args.seq_len if args.seq_len is not None else min(DEFAULT_SEQ_LEN, max_positions)
 
 
+OPTION_GROUPS = (
+    ("cluster", "the GPUs, nodes and host of the job, and how compute and collectives on them are timed"),
+    ("batch", "what one optimizer step processes: sequences, their length, accumulation"),
+    ("precision and optimizer", "numeric formats, the optimizer and how its states are kept"),
+    ("parallelism", "which sharding strategies are planned, and tensor, context, pipeline and expert parallelism"),
+    ("fine-tuning", "LoRA, QLoRA and frozen weights (docs/finetuning.md)"),
+    ("framework", "the training stack whose model code, checkpointing, attention and loss are predicted"),
+    ("allocator", "how PyTorch's caching allocator is modelled when fit is judged"),
+    ("output", "what is printed: the first screen, the full tables, one strategy's terms, JSON or CSV"),
+)
+"""The --help sections of the planning commands, each with the one line that says what it is for."""
+
+
+def option_groups(parser: argparse.ArgumentParser, leave_out: tuple[str, ...] = ()) -> dict[str, argparse._ArgumentGroup]:
+    """The parser's OPTION_GROUPS, by title, in their --help order (less those a command has no
+    flags for: an empty group would still print its line)."""
+    return {title: parser.add_argument_group(title, description)
+            for title, description in OPTION_GROUPS if title not in leave_out}
+
+
+def screen_width() -> int:
+    """Columns of the first screen: the terminal's when standard output is one, else 100 (a file
+    or a pipe has no width, and its reader's screen is unknown)."""
+    import shutil
+
+    from zeroplan.report.summary import DEFAULT_WIDTH
+
+    if not sys.stdout.isatty():
+        return DEFAULT_WIDTH
+    return shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
+
+
 def positive_float(text: str) -> float:
     try:
         value = float(text)

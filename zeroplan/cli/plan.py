@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from zeroplan.cli.finetune_args import add_finetune_arguments
-from zeroplan.cli.parser import add_seq_len_arguments, bounded_int, choices_of, positive_int
+from zeroplan.cli.parser import add_seq_len_arguments, bounded_int, choices_of, option_groups, positive_int
 from zeroplan.core.search_space import LONG_SEQUENCE, SEARCHED_SCHEDULES
 from zeroplan.specs import AttentionKernel, Framework, Optimizer, Precision
 
@@ -19,31 +19,39 @@ MAX_TOP = 1000
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     from zeroplan.cli.fit import (
-        add_cluster_arguments, add_collective_model_arguments, add_compile_arguments, add_efficiency_arguments,
-        add_fused_loss_argument, add_optimizer_loop_argument,
+        add_attention_argument, add_cluster_arguments, add_collective_model_arguments, add_compile_arguments,
+        add_efficiency_arguments, add_fused_loss_argument, add_precision_arguments,
     )
 
     parser.add_argument("model", help="preset name (see `zeroplan models`) or a path to a Hugging Face config.json")
-    parser.add_argument("--global-batch", type=positive_int, required=True,
-                        help="sequences per optimizer step over all GPUs (= micro-batch x accumulation x GPUs)")
-    add_cluster_arguments(parser)
-    add_seq_len_arguments(parser)
-    parser.add_argument("--precision", choices=choices_of(Precision),
-                        help="numeric formats (default: the framework's, bf16-mixed; torchtune bf16-pure)")
-    parser.add_argument("--optimizer", choices=choices_of(Optimizer), default=Optimizer.adamw.value)
-    add_optimizer_loop_argument(parser)
-    parser.add_argument("--framework", choices=choices_of(Framework), default=Framework.zeroplan.value,
-                        help="search only this stack's strategies and checkpointing policies (default zeroplan: all)")
-    add_fused_loss_argument(parser)
-    add_finetune_arguments(parser)
-    add_compile_arguments(parser)
-    parser.add_argument("--attention", choices=choices_of(AttentionKernel),
-                        help="how attention keeps its intermediates (default flash; eager for ALiBi models, whose "
-                             "transformers attention has no fused path)")
-    parser.add_argument("--strategies", help="comma-separated subset of the strategies to search (default: all the framework runs)")
-    add_efficiency_arguments(parser)
-    add_collective_model_arguments(parser)
-    group = parser.add_argument_group("model-parallel layouts searched (docs/communication-time.md, 'Plan search')")
+    # The search judges millions of configurations on the flat reserve: no allocator flags.
+    groups = option_groups(parser, leave_out=("allocator",))
+    add_cluster_arguments(groups["cluster"])
+    add_efficiency_arguments(groups["cluster"])
+    add_collective_model_arguments(groups["cluster"])
+    batch = groups["batch"]
+    batch.add_argument("--global-batch", type=positive_int, required=True,
+                       help="sequences per optimizer step over all GPUs (= micro-batch x accumulation x GPUs)")
+    add_seq_len_arguments(batch)
+    add_precision_arguments(groups["precision and optimizer"])
+    add_layout_arguments(groups["parallelism"])
+    add_finetune_arguments(groups["fine-tuning"])
+    framework = groups["framework"]
+    framework.add_argument("--framework", choices=choices_of(Framework), default=Framework.zeroplan.value,
+                           help="search only this stack's strategies and checkpointing policies (default zeroplan: all)")
+    add_fused_loss_argument(framework)
+    add_compile_arguments(framework)
+    add_attention_argument(framework)
+    output = groups["output"]
+    output.add_argument("--top", type=bounded_int(MAX_TOP), default=10, help=f"rows of the ranked table (default 10, at most {MAX_TOP})")
+    output.add_argument("--format", choices=["table", "json", "csv"], default="table")
+    output.add_argument("--detail", action="store_true",
+                        help="the full tables: each row's parts of the step, and the Pareto front of memory vs step time")
+
+
+def add_layout_arguments(group: argparse._ArgumentGroup) -> None:
+    """The strategies and model-parallel layouts searched (docs/communication-time.md, 'Plan search')."""
+    group.add_argument("--strategies", help="comma-separated subset of the strategies to search (default: all the framework runs)")
     group.add_argument("--tp", type=positive_int,
                        help="fix the tensor-parallel degree (default: search every divisor of the GPUs per node; "
                             "sequence parallel on when tp > 1)")
@@ -57,8 +65,6 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                        help="search only this pipeline schedule (default: 1f1b and interleaved-1f1b with 2 stages per rank)")
     group.add_argument("--no-model-parallel", action="store_true",
                        help="data parallelism only (tp = pp = cp = 1), the search without layouts")
-    parser.add_argument("--top", type=bounded_int(MAX_TOP), default=10, help=f"rows of the ranked table (default 10, at most {MAX_TOP})")
-    parser.add_argument("--format", choices=["table", "json", "csv"], default="table")
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -97,17 +103,23 @@ def run_plan(args: argparse.Namespace) -> int:
         layout["pp_schedules"] = (PipelineSchedule(args.pp_schedule),)
     space = LayoutSpace(**layout)
     result = search(base, args.global_batch, parse_strategies(args.strategies),
-                    top=args.top, space=space)
+                    top=args.top, space=space, show_progress=True)
     args.search_result = result  # for what runs after the command (--emit, zeroplan.cli.emit)
     if args.format == "json":
         sys.stdout.write(result.model_dump_json(indent=2) + "\n")
     elif args.format == "csv":
         sys.stdout.write(result.to_dataframe().to_csv())
     else:
-        from zeroplan.report.search_table import render_search
-
         from zeroplan.cli.efficiency import time_basis
 
-        sys.stdout.write(render_search(result) + "\n")
+        if args.detail:
+            from zeroplan.report.search_table import render_search
+
+            sys.stdout.write(render_search(result) + "\n")
+        else:
+            from zeroplan.cli.parser import screen_width
+            from zeroplan.report.summary import render_search_summary
+
+            sys.stdout.write(render_search_summary(result, screen_width()) + "\n")
         sys.stdout.write(time_basis(args, base) + "\n")
     return 0

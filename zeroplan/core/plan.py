@@ -610,12 +610,17 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | N
     verdict = _verdict(plans_tuple, recommended, base.cluster.host_memory_bytes_per_node, base.cluster.world_size == 1)
     caution = allocator_caution(requests, plans_tuple, recommended) if recommended is not None else ""
     verdict += caution
+    suggested_change, suggested_recommendation = "", None
     if recommended is None and suggest:
         # The strategies the user named stay the ones tried; else each retry plans every
         # strategy its framework runs on its GPUs.
         kept = strategies if given else None
         # A suggestion's table is not shown: its verdict needs no OOM capacity bisected.
-        verdict += smallest_change(base, lambda request: fit(request, kept, suggest=False, capacities=False))
+        found = smallest_change(base, lambda request: fit(request, kept, suggest=False, capacities=False))
+        if found is not None:
+            suggested_change, suggested = found
+            suggested_recommendation = suggested.recommended
+            verdict += f" With {suggested_change}: {suggested.verdict}"
     return FitReport(
         model=base.model,
         num_parameters=total_parameters(base.model),
@@ -625,6 +630,8 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | N
         plans=plans_tuple,
         recommended=recommended,
         verdict=verdict,
+        suggested_change=suggested_change,
+        suggested_recommendation=suggested_recommendation,
         allocator_caution=caution,
         compute_model=base.performance.compute_model,
         left_out=tuple(f"{kind}: {error.detail}" for kind, error in left_out),

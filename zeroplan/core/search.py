@@ -34,6 +34,7 @@ from zeroplan.core.plan import (
     MAX_ALLOCATOR_ALTERNATIVES, allocator_check, host_memory_fits, memory_breakdown, micro_batch_terms, peak_terms,
 )
 from zeroplan.core.compiled import runs_checkpointing
+from zeroplan.progress import progress
 from zeroplan.core.profiles import check_framework_strategies, framework_strategies, profile
 from zeroplan.core.timing import (
     StepTime,
@@ -729,14 +730,16 @@ def _searched_groups(
 
 def search(
     base: PlanRequest, global_batch_size: int, strategies: tuple[StrategyKind, ...] | None = None, top: int = 10,
-    space: LayoutSpace | None = None,
+    space: LayoutSpace | None = None, show_progress: bool = False,
 ) -> PlanSearchResult:
     """Rank every fitting configuration of ``base`` at ``global_batch_size`` by step time: under
-    the request's own layout, or under every layout of ``space``."""
+    the request's own layout, or under every layout of ``space``. ``show_progress`` draws the
+    groups done on stderr when it is a terminal and the search runs past a second (zeroplan.progress)."""
     all_groups, layouts = _searched_groups(base, global_batch_size, strategies, space)
     all_groups, splits = _schedulable(all_groups, _splits(all_groups, global_batch_size), global_batch_size)
     index, micros, accums, peaks, fits, seconds = [], [], [], [], [], []
-    for g, (group, (micro, accum)) in enumerate(zip(all_groups, splits)):
+    swept = progress(zip(all_groups, splits), len(all_groups), "plan: groups", enabled=show_progress)
+    for g, (group, (micro, accum)) in enumerate(swept):
         peak, fit, s = evaluate(group, micro, accum)
         index.append(np.full(micro.shape, g)), micros.append(micro), accums.append(accum)
         peaks.append(peak), fits.append(fit), seconds.append(s)
@@ -762,7 +765,7 @@ def search(
         # The vectorised sweep and the scalar planner disagree: rank with the scalar one.
         for group in all_groups:
             group.scalar_only = True
-        return search_with_groups(base, global_batch_size, all_groups, splits, top, layouts)
+        return search_with_groups(base, global_batch_size, all_groups, splits, top, layouts, show_progress)
     best = ranked[0] if ranked else None
     caution = allocator_caution([_at(all_groups[int(index_a[i])].request, int(micro_a[i]), int(accum_a[i]))
                                  for i in order[:top].tolist()])
@@ -777,11 +780,12 @@ def search(
 
 def search_with_groups(
     base: PlanRequest, global_batch_size: int, all_groups: list[_Group], splits: list[tuple[np.ndarray, np.ndarray]],
-    top: int, layouts: int = 1,
+    top: int, layouts: int = 1, show_progress: bool = False,
 ) -> PlanSearchResult:
     """The same ranking with every group on the scalar planner."""
     rows = []
-    for group, (micro, accum) in zip(all_groups, splits):
+    swept = progress(zip(all_groups, splits), len(all_groups), "plan: groups (scalar planner)", enabled=show_progress)
+    for group, (micro, accum) in swept:
         peak, fit, s = evaluate(group, micro, accum)
         rows += [(s[k], group, int(micro[k]), int(accum[k]), int(peak[k])) for k in range(len(micro)) if fit[k]]
     rows.sort(key=lambda r: (r[0], r[4]))

@@ -38,15 +38,15 @@ def _with_gpus(base: PlanRequest, gpus: int) -> PlanRequest | None:
         return None
 
 
-def smallest_change(base: PlanRequest, fit: Callable[[PlanRequest], object]) -> str:
-    """The first change that makes a strategy fit, with the fit's verdict; '' when none of the
-    candidates does. A change whose recommendation the caching-allocator model finds running
+def smallest_change(base: PlanRequest, fit: Callable[[PlanRequest], object]) -> tuple[str, object] | None:
+    """The first change that makes a strategy fit (its flags) and the fit's report; None when
+    none of the candidates does. A change whose recommendation the caching-allocator model finds running
     out of memory (FitReport.allocator_caution) is passed over for the next, and given only
     when no later candidate fits without one. ``fit`` plans a request (every strategy its
     framework runs) without suggesting anything itself."""
-    cautioned: list[str] = []
+    cautioned: list[tuple[str, object]] = []
 
-    def answer(change: str, request: PlanRequest | None) -> str | None:
+    def answer(change: str, request: PlanRequest | None) -> tuple[str, object] | None:
         if request is None:
             return None
         try:
@@ -57,11 +57,10 @@ def smallest_change(base: PlanRequest, fit: Callable[[PlanRequest], object]) -> 
             return None
         if report.recommended is None:
             return None
-        text = f" With {change}: {report.verdict}"
         if report.allocator_caution:
-            cautioned.append(text)
+            cautioned.append((change, report))
             return None
-        return text
+        return change, report
 
     changes: list[tuple[str, PlanRequest | None]] = []
     current = base
@@ -74,11 +73,11 @@ def smallest_change(base: PlanRequest, fit: Callable[[PlanRequest], object]) -> 
         quantized = _with_training(current, finetune=finetune.model_copy(update={"quantize": Quantization.nf4}))
         changes.append((f"{flags}--quantize nf4", quantized))
     for change, request in changes:
-        if (text := answer(change, request)) is not None:
-            return text
+        if (found := answer(change, request)) is not None:
+            return found
     if current is not None:
         for doubling in range(1, MAX_GPU_DOUBLINGS + 1):
             gpus = base.cluster.world_size * 2**doubling
-            if (text := answer(f"{flags}--gpus {gpus}", _with_gpus(current, gpus))) is not None:
-                return text
-    return cautioned[0] if cautioned else ""
+            if (found := answer(f"{flags}--gpus {gpus}", _with_gpus(current, gpus))) is not None:
+                return found
+    return cautioned[0] if cautioned else None

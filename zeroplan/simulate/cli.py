@@ -104,6 +104,7 @@ def _run(args) -> int:
     record = simulate(
         model, args.strategy, args.world_size, training=training, batch=batch,
         rank=args.rank, mem_tracker=not args.no_mem_tracker, cuda_norm_formula=args.cuda_norm_formula,
+        show_progress=True,
     )
     print(summary(record))
     _write_record(args.out, RECORD_FILE, record)

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from zeroplan.errors import ZeroplanError
+from zeroplan.progress import steps
 from zeroplan.harness.engine import make_adamw
 from zeroplan.harness.model import Transformer, build_model, next_token_loss
 from zeroplan.harness.torch_engines import fake_group_all_reduce
@@ -54,14 +55,16 @@ def simulate(
     rank: int = 0,
     mem_tracker: bool = True,
     cuda_norm_formula: bool = False,
+    show_progress: bool = False,
 ) -> SimulationRecord:
     """Simulate one forward, backward and AdamW step on ``rank`` of ``world_size`` ranks.
 
     ``mem_tracker`` also runs FSDP2's FSDPMemTracker (FSDP strategies, dense models; it makes
     the run 2x slower at 7B and 3x at 70B). ``cuda_norm_formula`` makes F.rms_norm save what
     torch's fused CUDA kernel saves (zeroplan.simulate.fused_rms_norm); the record then states
-    ``kernels: cuda``, the only dispatch difference the planner models. Errors in what is asked
-    for raise :class:`ZeroplanError` naming the field.
+    ``kernels: cuda``, the only dispatch difference the planner models. ``show_progress`` draws
+    the step's phases done on stderr when it is a terminal (zeroplan.progress). Errors in what
+    is asked for raise :class:`ZeroplanError` naming the field.
     """
     training = training or TrainingSpec()
     batch = batch or BatchSpec()
@@ -82,7 +85,8 @@ def simulate(
         notes.append(f"one micro-batch simulated of grad_accum_steps={batch.grad_accum_steps}")
     norms = cuda_rms_norm_formula() if cuda_norm_formula else contextlib.nullcontext()
     with fake_process_group(world_size, rank), norms:
-        record_args = _run_step(model, kind, world_size, training, batch, mem_tracker, notes)
+        with steps(len(STEP_PHASES), "simulate", enabled=show_progress) as bar:
+            record_args = _run_step(model, kind, world_size, training, batch, mem_tracker, notes, bar)
     kernels_of = "cuda" if cuda_norm_formula else _DEVICE
     return SimulationRecord(
         torch_version=torch.__version__, model=model, strategy=kind, world_size=world_size,
@@ -122,10 +126,21 @@ def _check(strategy: StrategyKind | str, world_size: int, rank: int, training: T
     return kind
 
 
+STEP_PHASES = ("build", "materialise", "forward", "backward", "optimizer step")
+"""The parts of a simulated step, in order; the progress bar advances after each."""
+
+
 def _run_step(
     spec: ModelSpec, kind: StrategyKind, world_size: int, training: TrainingSpec,
-    batch: BatchSpec, mem_tracker: bool, notes: list[str],
+    batch: BatchSpec, mem_tracker: bool, notes: list[str], bar,
 ) -> dict:
+    def phase(name: str) -> None:
+        """Mark the end of the phase before ``name`` (a 70B model's phases take seconds each)."""
+        if name != STEP_PHASES[0]:
+            bar.update()
+        bar.set_description_str(f"simulate: {name}")
+
+    phase("build")
     # Built on the meta device, then (FSDP) sharded there: FSDP2 chunks every parameter into
     # N pieces, which costs nothing on meta tensors and seconds on fake ones.
     with torch.device("meta"):
@@ -136,6 +151,7 @@ def _run_step(
     if kind.is_fsdp:
         module, mixed_precision = _fsdp2(model, device_mesh(world_size), kind, mixed)
     recorder = CollectiveRecorder()
+    phase("materialise")
     # MoE routing (nonzero) has data-dependent output sizes: they become unbacked symbols.
     with private.fake_tensor_mode(data_dependent_shapes=spec.is_moe):
         # to_empty swaps every meta tensor for a fake one (FSDP2 re-pads its shards here).
@@ -154,17 +170,21 @@ def _run_step(
         )
         saved = _SavedStorages()
         with tracker, recorder:
+            phase("forward")
             recorder.phase = Phase.forward
             with autocast, saved.hooked():
                 logits_BSV = module(tokens_BS)
             with saved.hooked():
                 loss = next_token_loss(logits_BSV, tokens_BS)
             del logits_BSV
+            phase("backward")
             recorder.phase = Phase.backward
             loss.backward()
             gradient_bytes = storage_bytes(local_tensor(p.grad) for p in module.parameters() if p.grad is not None)
+            phase("optimizer step")
             recorder.phase = Phase.optimizer
             optimizer.step()
+            bar.update()
         peak = private.mem_tracker_peak_bytes(tracker) if mem_tracker else None
         model_states = _model_states(module, optimizer, gradient_bytes)
     return dict(

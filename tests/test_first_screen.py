@@ -1,0 +1,122 @@
+"""The first screen of fit, compare and plan: verdict first, one table within the width, short
+footnotes; --detail is today's full table, --explain one strategy's terms; --help in groups."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from zeroplan.cli.parser import OPTION_GROUPS
+from zeroplan.core.plan import fit
+from zeroplan.report.summary import DEFAULT_WIDTH, FOOTNOTE_LINES, render_fit_summary
+from zeroplan.report.table import render_table
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from refresh_docs import console_blocks, run_console  # noqa: E402
+
+FIRST_SCREENS = ("fit", "compare", "plan")
+
+
+def _readme_first_screens():
+    """README's fit, compare and plan commands that print the first screen (not --detail, JSON or CSV)."""
+    return [block for block in console_blocks(ROOT / "README.md")
+            if block.argv[1] in FIRST_SCREENS and "--detail" not in block.argv and "--format" not in block.argv]
+
+
+def test_the_readme_shows_each_first_screen_and_one_detail_table() -> None:
+    shown = {block.argv[1] for block in _readme_first_screens()}
+    assert shown == set(FIRST_SCREENS)
+    assert any("--detail" in block.argv for block in console_blocks(ROOT / "README.md"))
+
+
+@pytest.mark.parametrize("block", _readme_first_screens(), ids=lambda b: b.name)
+def test_readme_first_screens_are_at_most_100_columns(block) -> None:
+    output = run_console(block.argv)
+    assert max(len(line) for line in output.splitlines()) <= DEFAULT_WIDTH, output
+
+
+def test_the_verdict_comes_first_and_says_what_would_make_it_fit(zeroplan_cli) -> None:
+    code, out, err = zeroplan_cli("fit", "llama-2-70b", "--gpus", "8", "--gpu", "a100-80gb")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("Does not fit.")
+    assert any(line.startswith("To fit: --activation-checkpointing full; then zero3-offload") for line in lines[:4])
+
+
+def test_a_fitting_answer_names_the_recommendation_and_why(zeroplan_cli) -> None:
+    code, out, _ = zeroplan_cli("fit", "llama-2-70b", "--gpus", "8", "--gpu", "a100-80gb", "--activation-checkpointing", "full")
+    assert code == 0
+    assert out.splitlines()[0] == "Fits. Recommended: zero3-offload (least offload; 2 of 10 fit)."
+
+
+def test_the_detail_view_is_the_full_table(zeroplan_cli) -> None:
+    from zeroplan.cli.fit import request_from_args
+    from zeroplan.cli.main import build_parser
+
+    argv = ["fit", "gpt2", "--gpus", "2", "--strategies", "ddp,zero3"]
+    from zeroplan.cli.fit import parse_strategies
+
+    code, out, _ = zeroplan_cli(*argv, "--detail")
+    assert code == 0
+    args = build_parser().parse_args(argv)
+    report = fit(request_from_args(args), parse_strategies(args.strategies))
+    assert out == render_table(report) + "\n"
+
+
+def _report():
+    from zeroplan.cli.fit import parse_strategies, request_from_args
+    from zeroplan.cli.main import build_parser
+
+    args = build_parser().parse_args(["fit", "llama-2-70b", "--gpus", "8", "--activation-checkpointing", "full"])
+    return fit(request_from_args(args), parse_strategies(args.strategies))
+
+
+@pytest.mark.parametrize("width", [60, 80, 100, 160])
+def test_the_table_and_footnotes_follow_the_width(width: int) -> None:
+    text = render_fit_summary(_report(), width=width)
+    assert max(len(line) for line in text.splitlines()) <= width
+    # Narrower terminals lose the columns of least use first; the verdict's columns stay.
+    header = next(line for line in text.splitlines() if line.startswith("strategy"))
+    assert "fits" in header and "peak GiB" in header
+    assert ("tok/s/GPU" in header) == (width >= 80)
+
+
+def test_each_footnote_is_at_most_two_lines() -> None:
+    text = render_fit_summary(_report())
+    notes = [line for line in text.splitlines() if line[:1].isdigit() or line.startswith("   ")]
+    numbered = [i for i, line in enumerate(notes) if line[:1].isdigit()] + [len(notes)]
+    assert numbered and all(b - a <= FOOTNOTE_LINES for a, b in zip(numbered, numbered[1:]))
+
+
+def test_explain_gives_each_term_its_value_origin_and_section(zeroplan_cli) -> None:
+    code, out, err = zeroplan_cli("fit", "llama-2-70b", "--gpus", "8", "--activation-checkpointing", "full",
+                                  "--explain", "zero3")
+    assert code == 0, err
+    for term, section in (("params", "'2. Model states'"), ("activ", "'3. Activations'"),
+                          ("buffers", "'4. Temporary and communication buffers'"), ("peak", "'5. Peak'"),
+                          ("reserve", "'7. The caching allocator'"), ("sent", "'6. Communication'")):
+        line = next(line for line in out.splitlines() if line.startswith(term + " "))
+        assert "GiB" in line or "GB" in line
+        assert section in " ".join(out.split())  # sections wrap across lines
+    assert "2.00 B x Psi (68,976,648,192) / 8 ranks" in out  # ZeRO-3's bf16 parameters, sharded 8 ways
+    assert max(len(line) for line in out.splitlines()) <= DEFAULT_WIDTH
+    heading = (ROOT / "docs" / "memory-model.md").read_text()
+    assert "## 7. The caching allocator" in heading and "## 4. Temporary and communication buffers" in heading
+
+
+def test_explain_refuses_a_strategy_not_planned(zeroplan_cli) -> None:
+    code, _, err = zeroplan_cli("fit", "gpt2", "--strategies", "ddp", "--explain", "zero3")
+    assert code == 2 and err.count("\n") == 1 and "--explain" in err
+
+
+@pytest.mark.parametrize("command", FIRST_SCREENS)
+def test_help_groups_the_options_each_with_a_line(zeroplan_cli, command: str) -> None:
+    code, out, _ = zeroplan_cli(command, "--help")
+    assert code == 0
+    for title, description in OPTION_GROUPS:
+        if command == "plan" and title == "allocator":
+            continue
+        assert f" {title}: {description} " in " ".join(out.split())  # argparse wraps the line
