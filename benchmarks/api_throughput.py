@@ -2,7 +2,9 @@
 strategy, its memory breakdown, largest micro-batch, collectives and step time) and `fit()`
 (every strategy, each with its largest micro-batch, the verdict and, when nothing fits, the
 smallest change that would). 60 requests: Llama-2-7B on 8 x A100, ZeRO-3, sequence 1024-4096,
-micro-batch 1-20; each measured after a warm-up pass, in one run.
+micro-batch 1-20; each measured after a warm-up pass, in one run, at the defaults (the
+caching-allocator model, its OOM capacity from one grown replay), with the capacity bisected
+(MemoryAssumptions.exact_capacity, the oracle) and on the flat reserve (no replay).
 
     python benchmarks/api_throughput.py
 """
@@ -14,7 +16,7 @@ import time
 from zeroplan.core.plan import fit, plan
 from zeroplan.presets.gpus import get_gpu
 from zeroplan.presets.models import get_model
-from zeroplan.specs import BatchSpec, PlanRequest, StrategySpec, cluster_from_gpus
+from zeroplan.specs import BatchSpec, MemoryAssumptions, PlanRequest, StrategySpec, cluster_from_gpus
 
 
 def requests() -> list[PlanRequest]:
@@ -35,8 +37,15 @@ def per_second(function, batch: list[PlanRequest]) -> float:
 
 def main() -> None:
     batch = requests()
-    print(f"plan(): {per_second(plan, batch):,.0f} configs/s   fit(): {per_second(fit, batch):,.0f} configs/s "
-          f"({len(batch)} requests each)")
+    settings = {
+        "defaults": batch,
+        "capacity bisected (--exact-capacity)": [r.model_copy(update={"assumptions": MemoryAssumptions(exact_capacity=True)})
+                                                  for r in batch],
+        "flat reserve (--flat-reserve)": [r.with_allocator_conf(None) for r in batch],
+    }
+    for name, requests_ in settings.items():
+        print(f"{name:38s} plan(): {per_second(plan, requests_):8,.0f} configs/s   fit(): "
+              f"{per_second(fit, requests_):6,.1f} configs/s ({len(requests_)} requests each)")
 
 
 if __name__ == "__main__":

@@ -214,3 +214,16 @@ def test_compare_columns_add_up_to_the_step(capsys, extra) -> None:
     for row in out[header + 2:header + 4]:
         cells = dict(zip(names, row.split()))
         assert abs(sum(float(cells[n]) for n in parts) - float(cells["step"])) <= 0.002, row
+
+
+def test_a_reader_that_closes_the_pipe_gets_no_traceback() -> None:
+    """`zeroplan fit ... | head -1`: the reader may close the pipe before the table is written;
+    the command stops quietly instead of printing BrokenPipeError's traceback."""
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-m", "zeroplan", "fit", "llama-2-7b", "--gpus", "8", "--gpu", "a100-80gb",
+                                "--flat-reserve", "--detail"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()  # closed before the command has written anything
+    _, err = process.communicate(timeout=120)
+    assert err == b"" and process.returncode == 1, err.decode()

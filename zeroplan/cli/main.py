@@ -3,6 +3,7 @@ that the planner answers fast and never imports torch."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 from zeroplan.cli.parser import OneLineParser, run_reporting_user_errors
@@ -80,6 +81,18 @@ _DELEGATED = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # The reader closed the pipe (`zeroplan plan ... | head`): what it wanted was printed.
+        # As Python's signal documentation advises (note on SIGPIPE), stdout is pointed at
+        # devnull so that the interpreter's final flush does not fail a second time.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "validate":
         from zeroplan.cli import validate_log
