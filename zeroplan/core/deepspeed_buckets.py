@@ -31,23 +31,30 @@ def flat_group_elements(numel: int, group_size: int) -> int:
     return ceil_div(numel, alignment) * alignment
 
 
-def _partition_slices(offset: int, numel: int, partition_elements: int) -> list[int]:
-    """Pieces of one tensor at ``offset`` in the flat group, cut at the rank partitions' bounds."""
-    pieces = []
-    end = offset + numel
-    while offset < end:
-        bound = (offset // partition_elements + 1) * partition_elements
-        pieces.append(min(end, bound) - offset)
-        offset += pieces[-1]
-    return pieces
-
-
-# stage_1_and_2.py allreduce_and_scatter: slices are appended and the small bucket is
-# all-reduced as soon as its element count exceeds reduce_bucket_size.
-def _all_reduce_calls(slices: list[int], cap_elements: int) -> list[int]:
+# stage_1_and_2.py average_tensor cuts a gradient at the rank partitions' bounds, and
+# allreduce_and_scatter appends the slices to a small bucket all-reduced as soon as its element
+# count exceeds reduce_bucket_size. The slices are a head up to the first bound, whole partitions
+# and a tail, so the calls are found a run of whole partitions at a time rather than slice by
+# slice (a tensor spans a million partitions at 2^20 ranks; tests/test_deepspeed_buckets.py
+# checks this against the slice-by-slice loop).
+def _sliced_all_reduce_calls(offset: int, numel: int, partition_elements: int, cap_elements: int) -> list[int]:
+    """Elements of every all-reduce of one gradient of ``numel`` elements at ``offset`` in the
+    flat group, cut at partitions of ``partition_elements``, in buckets closing past ``cap_elements``."""
     calls, filled = [], 0
-    for piece in slices:
-        filled += piece
+    position, end = offset, offset + numel
+    while position < end:
+        bound = (position // partition_elements + 1) * partition_elements
+        if position % partition_elements == 0 and end - position >= partition_elements:
+            # Whole partitions from here: the bucket closes after the k-th that passes the cap.
+            whole = (end - position) // partition_elements
+            needed = (cap_elements - filled) // partition_elements + 1
+            taken = min(whole, needed)
+            filled += taken * partition_elements
+            position += taken * partition_elements
+        else:
+            piece = min(end, bound) - position
+            filled += piece
+            position += piece
         if filled > cap_elements:
             calls.append(filled)
             filled = 0
@@ -81,7 +88,7 @@ def gradient_all_reduce_elements(
             calls.append(bucket)
             bucket = 0
         if numel > cap_elements:
-            calls += _all_reduce_calls(_partition_slices(offsets[index], numel, partition_elements), cap_elements)
+            calls += _sliced_all_reduce_calls(offsets[index], numel, partition_elements, cap_elements)
             continue
         bucket += numel
     if bucket:
