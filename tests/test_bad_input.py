@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from refusals import run_refused
 
 from zeroplan.cli.parser import MAX_COUNT, MAX_FLOAT, MAX_SEQ_LEN
 
@@ -226,17 +227,8 @@ def _check_one_line(capsys, monkeypatch, tmp_path: Path, entry: str, argv: list[
     _write_fixtures(tmp_path)
     monkeypatch.chdir(tmp_path)
     before = _listing(tmp_path)
-    run = ENTRY_POINTS[entry][0]
-    try:
-        code = run(argv)
-    except SystemExit as exit_:  # argparse's own errors
-        code = exit_.code
-    captured = capsys.readouterr()
-    assert code == 2, (argv, code, captured.err)
-    assert captured.out == "", (argv, captured.out)
-    assert captured.err.count("\n") == 1 and captured.err.endswith("\n"), (argv, captured.err)
-    assert "error: " in captured.err and field in captured.err, (argv, field, captured.err)
-    assert "Traceback" not in captured.err
+    err = run_refused(ENTRY_POINTS[entry][0], argv, capsys)
+    assert "error: " in err and field in err, (argv, field, err)
     assert _listing(tmp_path) == before, f"{argv} wrote files"
 
 

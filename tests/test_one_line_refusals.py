@@ -6,22 +6,16 @@ from __future__ import annotations
 
 import pytest
 
+from refusals import run_refused
+
 
 def _one_line(capsys, argv: list[str], *words: str) -> str:
     from zeroplan.cli.main import main
 
-    try:
-        code = main(argv)
-    except SystemExit as exit_:  # argparse's own errors
-        code = exit_.code
-    captured = capsys.readouterr()
-    assert code == 2, (argv, code, captured.err)
-    assert captured.out == "", (argv, captured.out)
-    assert captured.err.count("\n") == 1 and captured.err.endswith("\n"), (argv, captured.err)
-    assert "Traceback" not in captured.err
+    err = run_refused(main, argv, capsys)
     for word in words:
-        assert word in captured.err, (argv, word, captured.err)
-    return captured.err
+        assert word in err, (argv, word, err)
+    return err
 
 
 @pytest.mark.parametrize("argv,flag", [
