@@ -111,7 +111,7 @@ def test_simulate_framework_is_one_line_when_the_framework_is_not_installed(caps
     # What an absent package looks like to import (its submodules too, if an earlier test loaded them).
     for name in ["torchtitan", *(m for m in sys.modules if m.startswith("torchtitan."))]:
         monkeypatch.setitem(sys.modules, name, None)
-    code = main(["simulate", "llama-3.1-8b", "--framework", "torchtitan", "--strategy", "fsdp-full-shard", "--world-size", "8"])
+    code = main(["simulate", "llama-3.1-8b", "--framework", "torchtitan", "--strategy", "fsdp-full-shard"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "--framework" in err and "not installed" in err, err
 
@@ -160,6 +160,8 @@ def test_torchtitan_shards_with_its_own_fsdp2_wrapping() -> None:
 def test_simulate_selective_op_outside_torchtitan_is_one_line(capsys, argv, field) -> None:
     from zeroplan.cli.main import main
 
-    code = main(["simulate", "llama-3.1-8b", "--strategy", "fsdp-full-shard", "--world-size", "8", *argv])
+    # Per block (--framework) one process measures one block and takes no --world-size.
+    world = () if "--framework" in argv else ("--world-size", "8")
+    code = main(["simulate", "llama-3.1-8b", "--strategy", "fsdp-full-shard", *world, *argv])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and field in err and "selective-op" in err, err

@@ -359,10 +359,20 @@ def test_simulator_never_imports_the_planner_nor_private_torch_outside_the_adapt
 
 @pytest.mark.parametrize("argv, message", [
     (["--strategy", "fsdp-full-shard", "--world-size", "4097"], "--world-size: must be at most 4,096"),
-    (["--framework", "torchtune", "--strategy", "fsdp-full-shard", "--world-size", "8", "--layers", "33"],
+    (["--framework", "torchtune", "--strategy", "fsdp-full-shard", "--layers", "33"],
      "--layers: 33 is more blocks than llama-3.1-8b has (allowed: 3 to 32)"),
 ])
 def test_work_that_would_not_answer_in_seconds_is_refused_at_once(zeroplan_cli, argv, message) -> None:
+    code, out, err = zeroplan_cli("simulate", "llama-3.1-8b", *argv)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and message in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--framework", "hf", "--strategy", "zero3", "--world-size", "8"], "--world-size: has no effect per block"),
+    (["--strategy", "fsdp-full-shard"], "--world-size: is required here (allowed: 1 to 4,096)"),
+    (["--framework", "torchtune", "--strategy", "fsdp-full-shard", "--whole-step"], "--world-size: is required here"),
+])
+def test_world_size_only_where_it_shards(zeroplan_cli, argv, message) -> None:
     code, out, err = zeroplan_cli("simulate", "llama-3.1-8b", *argv)
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and message in err
 

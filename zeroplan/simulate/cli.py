@@ -28,8 +28,10 @@ def build_parser() -> OneLineParser:
     parser.add_argument("--strategy", required=True, choices=[kind.value for kind in StrategyKind],
                         help="fsdp-full-shard, fsdp-shard-grad-op or ddp; with --framework any strategy "
                              "(it decides the module dtype the framework trains in)")
-    parser.add_argument("--world-size", required=True, type=bounded_int(MAX_SIMULATED_WORLD_SIZE, "fake sharding into N "
-                        "pieces grows with N; the planner answers larger worlds"), help="N: ranks simulated (at most 4,096)")
+    parser.add_argument("--world-size", type=bounded_int(MAX_SIMULATED_WORLD_SIZE, "fake sharding into N "
+                        "pieces grows with N; the planner answers larger worlds"),
+                        help="N: ranks simulated (at most 4,096); required except per block with --framework, "
+                             "where one process measures one block")
     parser.add_argument("--rank", type=int, default=0, help="the rank to play (default 0)")
     parser.add_argument("--micro-batch", type=positive_int, default=BatchSpec().micro_batch_size)
     add_seq_len_arguments(parser)
@@ -90,6 +92,12 @@ def _run(args) -> int:
         parse_alloc_conf(args.allocator_conf)  # a bad key or value, before the run
     if args.whole_step and framework is Framework.zeroplan:
         raise ZeroplanError("--whole-step", "needs --framework hf or torchtune (without --framework every run is a whole step)")
+    per_block = framework is not Framework.zeroplan and not args.whole_step
+    if per_block and args.world_size is not None:
+        raise ZeroplanError("--world-size", "has no effect per block (one process measures one block); drop it, "
+                            "or add --whole-step to shard the whole step over N ranks")
+    if not per_block and args.world_size is None:
+        raise ZeroplanError("--world-size", f"is required here (allowed: 1 to {MAX_SIMULATED_WORLD_SIZE:,})")
     if framework is not Framework.zeroplan:
         return _run_framework_step(args, framework, model, batch) if args.whole_step else _run_framework(args, framework, model, batch)
     if args.layers is not None:
