@@ -214,3 +214,48 @@ def test_missing_deepspeed_is_a_one_line_engine_error(monkeypatch) -> None:
         import_deepspeed()
     message = str(error.value)
     assert "\n" not in message and "engine" in message and "DS_BUILD_OPS=0" in message
+
+
+HPZ_WORKER = Path(__file__).with_name("hpz_worker.py")
+
+
+@pytest.mark.slow  # launches torchrun
+@needs_deepspeed
+def test_hpz_secondary_partition_equals_the_planner_to_the_byte(tmp_path) -> None:
+    """DeepSpeed 0.19.8's own hpZ (zero_hpz_partition_size 2 over 4 ranks, CPU, gloo): the
+    secondary partition each rank holds from the forward through the backward, gone after the
+    step, equals zeroplan.core.zero3_groups.hpz_secondary_partition_bytes; the primary partition
+    and the optimizer states are stage 3's over all four ranks."""
+    import json
+
+    from zeroplan.core.model_states import model_state_bytes
+    from zeroplan.core.zero3_groups import hpz_secondary_partition_bytes
+    from zeroplan.harness.launch import run_torchrun
+    from zeroplan.specs import (
+        BatchSpec, PlanRequest, Precision, StrategyKind, StrategySpec, TrainingSpec, cluster_from_gpus,
+    )
+    from zeroplan.presets.gpus import get_gpu
+
+    check_no_stale_extension_lock()
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", str(HPZ_WORKER), str(tmp_path), "2"]
+    code, output = run_torchrun(command, timeout_s=300)
+    assert code == 0, output[-2000:]
+    request = PlanRequest(
+        model=HARNESS_PRESETS[MODEL], batch=BatchSpec(micro_batch_size=MICRO_BATCH, seq_len=SEQ_LEN),
+        training=TrainingSpec(precision=Precision.fp32, state_convention=StateConvention.deepspeed),
+        cluster=cluster_from_gpus(get_gpu("h100-80gb"), 4, gpus_per_node=4),
+        strategy=StrategySpec(kind=StrategyKind.zero3_hpz, hpz_partition_size=2),
+    )
+    predicted = hpz_secondary_partition_bytes(request)
+    states = model_state_bytes(request)
+    numels = _numels()
+    assert predicted == sum(math.ceil(n / 4) * 4 // 2 * 4 for n in numels)
+    for rank in range(4):
+        record = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        for step in record["steps"]:
+            assert step["after_forward"] == step["after_backward"] == predicted
+            assert step["after_step"] == 0
+        assert 4 * record["primary_elements"] == states.parameter_bytes
+        # fp32 master + exp_avg + exp_avg_sq; DeepSpeed's one step counter against one per unit.
+        units = 2 + HARNESS_PRESETS[MODEL].num_layers
+        assert states.optimizer_state_bytes - record["optimizer_state_bytes"] == 4 * (units - 1)

@@ -102,12 +102,23 @@ def add_state_arguments(group: argparse._ArgumentGroup) -> None:
     )
 
 
+def add_zero3_group_arguments(group: argparse._ArgumentGroup) -> None:
+    """The group sizes of the opt-in ZeRO-3 variants (fit, compare and plan)."""
+    group.add_argument("--hpz-partition-size", type=positive_int,
+                       help="zero3-hpz: ranks of ZeRO++'s secondary parameter partition (DeepSpeed "
+                            "zero_hpz_partition_size; default: GPUs per node)")
+    group.add_argument("--mics-shard-size", type=positive_int,
+                       help="zero3-mics: ranks sharing one shard of the model states (DeepSpeed mics_shard_size; "
+                            "default: GPUs per node)")
+
+
 def add_sharding_arguments(group: argparse._ArgumentGroup) -> None:
     """The data-parallel strategies' own knobs (fit and compare)."""
     group.add_argument(
         "--strategies", help=f"comma-separated subset of: {', '.join(choices_of(StrategyKind))} (default all)"
     )
     group.add_argument("--hsdp-group", type=positive_int, help="HSDP shard group size (default: GPUs per node)")
+    add_zero3_group_arguments(group)
     group.add_argument(
         "--keep-unsharded-grads-on-accum", action="store_true",
         help="accumulate unsharded gradients over --grad-accum micro-batches and reduce once (FSDP no_sync, "
@@ -382,6 +393,8 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         # parallelism it must be one that runs there.
         kind = StrategyKind.fsdp_full_shard
     strategy = StrategySpec(kind=kind, shard_group_size=args.hsdp_group,
+                            hpz_partition_size=getattr(args, "hpz_partition_size", None),
+                            mics_shard_size=getattr(args, "mics_shard_size", None),
                             keep_unsharded_grads_on_accum=getattr(args, "keep_unsharded_grads_on_accum", False))
     if args.mfu is not None:
         raise ZeroplanError(

@@ -149,6 +149,8 @@ FLAG_OF_FIELD = {
     "precision": "--precision",
     "state_convention": "--state-convention",
     "strategy.shard_group_size": "--hsdp-group",
+    "strategy.hpz_partition_size": "--hpz-partition-size",
+    "strategy.mics_shard_size": "--mics-shard-size",
     "finetune": "--lora-rank/--frozen-blocks",
     "finetune.lora_rank": "--lora-rank",
     "lora_rank": "--lora-rank",

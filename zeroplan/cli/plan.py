@@ -51,7 +51,11 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_layout_arguments(group: argparse._ArgumentGroup) -> None:
     """The strategies and model-parallel layouts searched (docs/communication-time.md, 'Plan search')."""
-    group.add_argument("--strategies", help="comma-separated subset of the strategies to search (default: all the framework runs)")
+    from zeroplan.cli.fit import add_zero3_group_arguments
+
+    group.add_argument("--strategies", help="comma-separated subset of the strategies to search (default: all the framework "
+                                            "runs but zero3-hpz and zero3-mics, searched only when named)")
+    add_zero3_group_arguments(group)
     group.add_argument("--tp", type=positive_int,
                        help="fix the tensor-parallel degree (default: search every divisor of the GPUs per node; "
                             "sequence parallel on when tp > 1)")

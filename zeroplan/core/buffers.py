@@ -11,6 +11,7 @@ from zeroplan.core.model_states import (
 from zeroplan.core.parallel.pipeline import pipeline_defers_fsdp_reduction
 from zeroplan.core.parallel.units import rank_parameter_units, rank_trainable_elements, rank_trainable_units
 from zeroplan.core.profiles import fsdp_separates_embedding_and_head, profile
+from zeroplan.core.zero3_groups import hpz_secondary_partition_bytes
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, ZeroGradientReduce
@@ -84,9 +85,12 @@ def resident_buffer_bytes(request: PlanRequest) -> int:
     eb = element_bytes(request.training.precision, request.convention)
     if _reduces_through_ddp_buckets(request):
         return ddp_bucket_bytes(request, eb.gradient)
+    # zero3-hpz's secondary parameter partition lives from the forward through the step
+    # (zeroplan.core.zero3_groups): alive at every moment the peak is taken at.
+    secondary = hpz_secondary_partition_bytes(request)
     if kind.zero_stage == 3 and request.convention is StateConvention.deepspeed:
-        return deepspeed_stage3_gradient_buffer_bytes(request, eb.compute_parameter)
-    return 0
+        return deepspeed_stage3_gradient_buffer_bytes(request, eb.compute_parameter) + secondary
+    return secondary
 
 
 # deepspeed/runtime/zero/stage3.py: the ipg bucket (reduce_bucket_size elements in the

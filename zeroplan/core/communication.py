@@ -19,6 +19,7 @@ from zeroplan.core.parallel.collectives import model_parallel_collectives
 from zeroplan.core.parallel.expert import split_expert_collectives
 from zeroplan.core.parallel.pipeline import pipeline_defers_fsdp_reduction
 from zeroplan.core.parallel.units import rank_parameter_units, rank_trainable_units
+from zeroplan.core.zero3_groups import hpz_parameter_collectives, mics_replica_all_reduce
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, ZeroGradientReduce
 from zeroplan.specs.training import Precision
@@ -139,7 +140,10 @@ def data_parallel_collectives(request: PlanRequest) -> list[Collective]:
     grads = _gradient_buffers(request, group, gradient_bytes)
     params = unit_gather_bytes(request, group, eb.compute_parameter)
     result = []
-    if request.strategy.kind.zero_stage == 3:
+    if kind is StrategyKind.zero3_hpz:
+        backward = params[1:] if request.model.tied_embeddings else params
+        result += hpz_parameter_collectives(request, params, backward, accum, group_spans_nodes, per_node)
+    elif request.strategy.kind.zero_stage == 3:
         # Under a pipeline the units stay gathered after each backward (pipeline_defers_fsdp_reduction):
         # only the first forward gathers; full shard's forward reshards, so each backward gathers again.
         gathers_forward = 1 if deferred else accum
@@ -156,6 +160,7 @@ def data_parallel_collectives(request: PlanRequest) -> list[Collective]:
         # The step gathers what the optimizer updated: the trainable parameters only.
         stepped = _gradient_buffers(request, group, eb.compute_parameter)
         result.append(make_collective(CollectiveOp.all_gather, Phase.step, "parameters", stepped, group, 1, group_spans_nodes, eb.compute_parameter, per_node))
+    result += mics_replica_all_reduce(request, grads, gradient_bytes)
     if kind is StrategyKind.hsdp and world > group:
         replicas = world // group
         shards = [ceil_div(b, group) for b in grads]

@@ -387,6 +387,7 @@ def plan(request: PlanRequest, capacity: bool = True) -> StrategyPlan:
 
 
 ALL_STRATEGIES: tuple[StrategyKind, ...] = tuple(StrategyKind)
+"""Every strategy zeroplan plans (the opt-in ones, StrategyKind.is_opt_in, only when named)."""
 
 
 # Simpler first: fewer model states sharded, no engine before an engine (docs/memory-model.md,
@@ -402,6 +403,8 @@ SIMPLICITY: dict[StrategyKind, int] = {
     StrategyKind.zero2_offload: 7,
     StrategyKind.zero3_offload: 8,
     StrategyKind.zero3_param_offload: 9,
+    StrategyKind.zero3_mics: 10,
+    StrategyKind.zero3_hpz: 11,
 }
 """Rank of each strategy by how much it shards and offloads (0 = plain training or DDP)."""
 

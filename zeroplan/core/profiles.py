@@ -252,8 +252,9 @@ def fused_qkv_fewer_tensors(request: PlanRequest, num_blocks: int) -> int:
 # (recipes/full_finetune_single_device.py, lora_finetune_single_device.py: the model on one GPU,
 # no FSDP wrapping); on one GPU zeroplan plans that as plain training (ddp at world size 1).
 def framework_strategies(framework: Framework, world_size: int) -> tuple[StrategyKind, ...]:
-    """The strategies the framework runs on ``world_size`` GPUs."""
-    kinds = profile(framework).strategies
+    """The strategies the framework runs on ``world_size`` GPUs that are planned when none are
+    named (the opt-in ones, StrategyKind.is_opt_in, are planned only when named)."""
+    kinds = tuple(k for k in profile(framework).strategies if not k.is_opt_in)
     if world_size == 1 and framework is Framework.torchtune:
         return (StrategyKind.ddp, *kinds)
     return kinds
@@ -262,7 +263,7 @@ def framework_strategies(framework: Framework, world_size: int) -> tuple[Strateg
 def check_framework_strategies(framework: Framework, strategies: tuple[StrategyKind, ...], world_size: int = 2) -> None:
     """Refuse, in one line, a strategy the framework does not run."""
     prof = profile(framework)
-    runs = framework_strategies(framework, world_size)
+    runs = framework_strategies(framework, world_size) + tuple(k for k in prof.strategies if k.is_opt_in)
     for kind in strategies:
         if kind not in runs:
             allowed = ", ".join(k.value for k in runs)

@@ -75,8 +75,9 @@ def bucket_elements(model: nn.Module) -> int:
 
 
 def deepspeed_config(stage: int, dtype: torch.dtype, micro_batch_size: int, buckets: int,
-                     offload: bool = False, grad_accum_steps: int = 1) -> dict:
-    """The DeepSpeed configuration of a measured run (see the module docstring)."""
+                     offload: bool = False, grad_accum_steps: int = 1, hpz_partition_size: int = 1) -> dict:
+    """The DeepSpeed configuration of a measured run (see the module docstring);
+    ``hpz_partition_size`` > 1 turns on ZeRO++'s hpZ at stage 3 (zero_hpz_partition_size)."""
     zero: dict[str, Any] = {
         "stage": stage,
         "reduce_bucket_size": buckets,
@@ -95,6 +96,9 @@ def deepspeed_config(stage: int, dtype: torch.dtype, micro_batch_size: int, buck
             "stage3_max_live_parameters": DEFAULT_BUCKET_ELEMENTS * 2,
             "sub_group_size": 1_000_000_000,
         })
+    if hpz_partition_size > 1:
+        assert stage == 3, "hpZ partitions stage 3's parameters"
+        zero["zero_hpz_partition_size"] = hpz_partition_size
     if offload:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
     return {
@@ -116,11 +120,12 @@ class DeepSpeedZero:
     """``deepspeed.initialize`` over ``model`` on the process group the runner started."""
 
     def __init__(self, model: Transformer, stage: int, dtype: torch.dtype, micro_batch_size: int,
-                 offload: bool = False, grad_accum_steps: int = 1) -> None:
+                 offload: bool = False, grad_accum_steps: int = 1, hpz_partition_size: int = 1) -> None:
         assert stage in (1, 2, 3)
         deepspeed = import_deepspeed()
         self.stage, self.offload, self.grad_accum_steps = stage, offload, grad_accum_steps
-        config = deepspeed_config(stage, dtype, micro_batch_size, bucket_elements(model), offload, grad_accum_steps)
+        config = deepspeed_config(stage, dtype, micro_batch_size, bucket_elements(model), offload, grad_accum_steps,
+                                  hpz_partition_size)
         # torch.distributed is initialised already: deepspeed.comm wraps the default group.
         self.ds, self.zero_optimizer, _, _ = deepspeed.initialize(
             model=model, model_parameters=model.parameters(), config=config, dist_init_required=False,
@@ -206,6 +211,13 @@ class DeepSpeedZero:
             held += [p.data for p in self.module.parameters() if p.data.numel() > 0]
             return held
         return list(opt.bit16_groups_flat)
+
+    def secondary_parameter_tensors(self) -> list[torch.Tensor]:
+        """hpZ's secondary parameter partitions held right now (deepspeed 0.19.8
+        partition_parameters.py _partition_param_sec: param.ds_secondary_tensor, built as the
+        forward releases each parameter, dropped by the step's invalidate_secondary_tensor)."""
+        return [p.ds_secondary_tensor for p in self.module.parameters()
+                if getattr(p, "ds_secondary_tensor", None) is not None]
 
     def _host_tensors(self) -> list[torch.Tensor]:
         """With offload_optimizer, what DeepSpeed places on its offload device ('cpu'): the fp32

@@ -137,6 +137,34 @@ class PerformanceAssumptions(Frozen):
     rates only."""
 
 
+# deepspeed 0.19.8 utils/groups.py _create_zero_param_parallel_group: hpZ's groups are runs of
+# zero_hpz_partition_size consecutive ranks of the whole world (_ensure_divisibility); MiCS
+# (deepspeed/runtime/zero/mics_utils.py _generate_mics_config, before its removal) reshapes the
+# world into rows of mics_shard_size ranks and asserts they divide it. Neither is built over a
+# tensor-, context- or pipeline-parallel mesh here, so both are planned under data parallelism.
+ZERO3_GROUP_FIELDS = {"zero3-hpz": "hpz_partition_size", "zero3-mics": "mics_shard_size"}
+"""The StrategySpec field of each ZeRO-3 variant's group (the command line names its flag)."""
+
+
+def check_zero3_groups(request: "PlanRequest") -> None:
+    """Refuse a zero3-hpz or zero3-mics group that does not divide the ranks, or a layout with
+    model parallelism (docs/memory-model.md, "ZeRO++ hpZ and MiCS")."""
+    kind = request.strategy.kind
+    if kind.value not in ZERO3_GROUP_FIELDS:
+        return
+    field = ZERO3_GROUP_FIELDS[kind.value]
+    parallel = request.parallel
+    if parallel.model_parallel_size > 1 or parallel.ep > 1:
+        raise ZeroplanError("strategy", f"{kind.value!r} is planned under data parallelism only (allowed: tp, cp, pp "
+                                        f"and ep 1 with {kind.value})")
+    group = request.hpz_group_size if kind is StrategyKind.zero3_hpz else request.shard_group_size
+    ranks = request.state_group_size
+    if ranks % group:
+        given = "" if getattr(request.strategy, field) else " (the default: a node's GPUs)"
+        raise ZeroplanError(f"strategy.{field}", f"{kind.value}'s group of {group}{given} does not divide the {ranks} data-parallel ranks "
+                                   f"(allowed: a divisor of {ranks})")
+
+
 class PlanRequest(Frozen):
     """Model, numerics, batch, cluster and strategy: everything a prediction depends on."""
 
@@ -231,6 +259,7 @@ class PlanRequest(Frozen):
         if self.training.finetune.quantize is Quantization.int8 and self.strategy.kind not in INT8_STRATEGIES:
             raise ZeroplanError("strategy", f"{self.strategy.kind.value!r} cannot hold an int8 base (bitsandbytes Int8Params; "
                                             f"allowed: {', '.join(k.value for k in INT8_STRATEGIES)})")
+        check_zero3_groups(self)
         if self.strategy.kind is StrategyKind.hsdp:
             group = self.shard_group_size
             if self.state_group_size % group:
@@ -266,7 +295,18 @@ class PlanRequest(Frozen):
             # Default: the ranks of one node that hold the same parameters (a node's GPUs
             # divided among its tensor-parallel groups).
             return self.strategy.shard_group_size or max(1, self.cluster.gpus_per_node // self.parallel.tp)
+        if kind is StrategyKind.zero3_mics:
+            return self.strategy.mics_shard_size or min(self.cluster.gpus_per_node, self.state_group_size)
         return self.state_group_size
+
+    @property
+    def hpz_group_size(self) -> int:
+        """zero3-hpz: ranks the secondary parameter partition is split over (a node's GPUs
+        unless StrategySpec.hpz_partition_size says, at most the data-parallel ranks); 1 for every
+        other strategy."""
+        if self.strategy.kind is not StrategyKind.zero3_hpz:
+            return 1
+        return self.strategy.hpz_partition_size or min(self.cluster.gpus_per_node, self.state_group_size)
 
     @property
     def data_parallel_size(self) -> int:

@@ -37,6 +37,15 @@ class StrategyKind(str, Enum):
     zero3_param_offload = "zero3-param-offload"
     """ZeRO-Infinity (Rajbhandari et al. 2021) on CPU memory: stage 3 with both the optimizer
     and the parameter shards on the host."""
+    zero3_hpz = "zero3-hpz"
+    """ZeRO++'s hpZ (Wang et al. 2023, sec. 3.2; DeepSpeed zero_hpz_partition_size): stage 3
+    that also keeps a secondary partition of the parameters over a group of
+    StrategySpec.hpz_partition_size ranks (a node), so every gather after the first forward runs
+    inside that group."""
+    zero3_mics = "zero3-mics"
+    """MiCS (Zhang et al. 2022; DeepSpeed mics_shard_size): stage 3 over a shard group of
+    StrategySpec.mics_shard_size ranks, replicated across groups, the gradient partitions
+    all-reduced across the replicas once per step (DeepSpeed's analogue of HSDP)."""
 
     @property
     def is_fsdp(self) -> bool:
@@ -56,7 +65,15 @@ class StrategyKind(str, Enum):
             StrategyKind.zero2_offload: 2,
             StrategyKind.zero3_offload: 3,
             StrategyKind.zero3_param_offload: 3,
+            StrategyKind.zero3_hpz: 3,
+            StrategyKind.zero3_mics: 3,
         }[self]
+
+    @property
+    def is_opt_in(self) -> bool:
+        """Planned only when named (--strategies): variants of ZeRO-3 whose group sizes are
+        choices of their own, left out of the default list so it stays the common strategies."""
+        return self in OPT_IN_STRATEGIES
 
     @property
     def offloads_optimizer(self) -> bool:
@@ -73,6 +90,10 @@ class StrategyKind(str, Enum):
         if self.is_fsdp or self is StrategyKind.ddp:
             return StateConvention.fsdp2
         return StateConvention.zero
+
+
+OPT_IN_STRATEGIES = (StrategyKind.zero3_hpz, StrategyKind.zero3_mics)
+"""Strategies fit, compare and plan take only when --strategies names them."""
 
 
 class ZeroGradientReduce(str, Enum):
@@ -96,6 +117,12 @@ class StrategySpec(Frozen):
     """The sharding strategy."""
     shard_group_size: int | None = Field(default=None, gt=0)
     """HSDP only: ranks that share one shard; None means the GPUs of one node."""
+    hpz_partition_size: int | None = Field(default=None, gt=0)
+    """zero3-hpz only: ranks over which the secondary parameter partition is split (DeepSpeed's
+    zero_hpz_partition_size); None means the GPUs of one node."""
+    mics_shard_size: int | None = Field(default=None, gt=0)
+    """zero3-mics only: ranks that share one shard of every model state (DeepSpeed's
+    mics_shard_size); None means the GPUs of one node."""
     ddp_bucket_cap_bytes: int = Field(default=25 * 2**20, gt=0)
     """DDP gradient bucket size (torch DistributedDataParallel bucket_cap_mb=25, in MiB)."""
     ddp_gradient_as_bucket_view: bool = False
