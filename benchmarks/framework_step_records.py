@@ -10,6 +10,8 @@ write the records the planner's allocated peak is checked against.
         about 8 minutes, most of it the single-device and 70B runs)
     python benchmarks/framework_step_records.py --torchtune-unchunked [OUT_DIR]
         (torchtune with a plain CrossEntropyLoss, TORCHTUNE_UNCHUNKED; about a minute)
+    python benchmarks/framework_step_records.py --batch-slope [OUT_DIR]
+        (hf LoRA at micro-batch 1 and 2, BATCH_SLOPE, into the fine-tune directory; about 2 minutes)
     python benchmarks/framework_step_records.py --dora [OUT_DIR]
         (the DoRA runs, DORA, into the same directory; about 2 minutes)
     python benchmarks/framework_step_records.py --long-context [OUT_DIR]
@@ -84,6 +86,15 @@ DORA = [
                                                "dora": True}),
 ]
 """The DoRA runs, as FINETUNE's."""
+BATCH_SLOPE = [
+    # The memory each extra sample adds in a LoRA step (published fsdp_qlora tables vary only the
+    # batch: Llama-2-7B, r 64 on all seven linears, dropout 0.1, 2 GPUs, 2048 tokens, gradient
+    # checkpointing), here under the hf profile's own code: PEFT over accelerate's FSDP2.
+    (Framework.hf, "llama-2-7b", 2, 2048, micro_batch, "full",
+     {"lora_rank": 64, "lora_targets": ["q", "k", "v", "o", "gate", "up", "down"], "lora_dropout": 0.1})
+    for micro_batch in (1, 2)
+]
+"""(framework, model, ranks, seq, micro-batch, policy, TrainingSpec.finetune) of each run."""
 
 
 def main(out: Path = DEFAULT_OUT, frameworks: set[str] | None = None) -> None:
@@ -110,6 +121,13 @@ def main_finetune(out: Path = FINETUNE_OUT, runs: list = FINETUNE) -> None:
         training = step_training(framework, policy).model_copy(update={"finetune": FineTuneSpec(**finetune)})
         strategy = StrategyKind.ddp if world_size == 1 else StrategyKind.fsdp_full_shard
         _run(out, model_name, world_size, 4096, 1, training, strategy)
+
+
+def main_batch_slope(out: Path = FINETUNE_OUT) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for framework, model_name, world_size, seq_len, micro_batch, policy, finetune in BATCH_SLOPE:
+        training = step_training(framework, policy).model_copy(update={"finetune": FineTuneSpec(**finetune)})
+        _run(out, model_name, world_size, seq_len, micro_batch, training)
 
 
 def _run(out: Path, model_name: str, world_size: int, seq_len: int, micro_batch: int, training,
@@ -144,6 +162,8 @@ def main_optimizer_in_backward(out: Path = DEFAULT_OUT) -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--finetune"]:
         main_finetune(Path(sys.argv[2]) if len(sys.argv) > 2 else FINETUNE_OUT)
+    elif sys.argv[1:2] == ["--batch-slope"]:
+        main_batch_slope(Path(sys.argv[2]) if len(sys.argv) > 2 else FINETUNE_OUT)
     elif sys.argv[1:2] == ["--dora"]:
         main_finetune(Path(sys.argv[2]) if len(sys.argv) > 2 else FINETUNE_OUT, DORA)
     elif sys.argv[1:2] == ["--torchtune-unchunked"]:

@@ -4,6 +4,8 @@ allocator"): completion is not monotone in the capacity."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from zeroplan.allocator.capacity import CAPACITY_STEP_BYTES, bisect_capacity, completes_within, oom_capacity
@@ -80,6 +82,10 @@ def test_no_capacity_is_bisected_where_the_allocated_peak_passes_the_usable_memo
     assert verdict.unlimited.reserved_peak_bytes == unlimited.reserved_peak_bytes
 
 
+def _unranged(verdict: str) -> str:
+    return re.sub(r"borderline: \d+-\d+ %", "borderline: N-M %", verdict)
+
+
 @pytest.mark.parametrize("flags", [
     "llama-2-70b --gpus 8 --gpu a100-80gb --activation-checkpointing full",
     "llama-3.1-8b --framework torchtitan --gpus 8 --gpu h100-80gb --micro-batch 2 --seq-len 8192 "
@@ -97,7 +103,9 @@ def test_a_fit_without_capacities_gives_the_same_verdict(flags: str) -> None:
     request = request_from_args(args)
     strategies = parse_strategies(args.strategies)
     full, quick = fit(request, strategies, suggest=False), fit(request, strategies, suggest=False, capacities=False)
-    assert quick.verdict == full.verdict and quick.recommended == full.recommended
+    # The words are the same; a borderline range is the usable memory over the step's peak, which
+    # unbisected is an upper bound of the bisected one (below), so only its figures may differ.
+    assert _unranged(quick.verdict) == _unranged(full.verdict) and quick.recommended == full.recommended
     assert [p.fits for p in quick.plans] == [p.fits for p in full.plans]
     assert [p.max_micro_batch_size for p in quick.plans] == [p.max_micro_batch_size for p in full.plans]
     for q, f in zip(quick.plans, full.plans):

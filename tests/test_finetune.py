@@ -289,3 +289,43 @@ def test_qdora_is_measured_for_torchtune_and_peft_over_bitsandbytes_nf4() -> Non
     assert over_nf4 - over_bf16 == (4 - 2) * 4096 * 4096  # q's base output, fp32 over nf4
     with pytest.raises(ZeroplanError, match="finetune.dora"):
         request(FineTuneSpec(lora_rank=16, dora=True, quantize="int8"), framework="hf", kind="ddp", precision="bf16-mixed")
+
+
+# The adapters' dtype under a 4-bit base, by stack. peft 0.17.1 mapping_func.py get_peft_model
+# (autocast_adapter_dtype=True) -> tuners/tuners_utils.py _cast_adapter_dtype upcasts bf16/fp16
+# adapter weights to fp32 after they took the base weight's dtype
+# (_move_adapter_to_device_of_base_layer), so the Trainer's AdamW (torch optim/adamw.py: states
+# zeros_like the parameter) keeps fp32 moments and the gradients are fp32: 4 + 4 + 8 bytes per
+# adapter element (the hf records measure it). torchtune 0.6.1's recipes build the model,
+# adapters included, under training.set_default_dtype(bf16): 2 + 2 + 4.
+def test_qlora_adapter_states_follow_each_stacks_adapter_dtype() -> None:
+    finetune = FineTuneSpec(lora_rank=16, quantize="nf4")
+    adapters = lora_elements(16, finetune.targets(Framework.hf))
+    hf = plan(request(finetune, kind="ddp", gpus=1, framework="hf", precision="bf16-mixed")).memory
+    assert hf.gradient_bytes == 4 * adapters
+    assert 8 * adapters <= hf.optimizer_state_bytes < 8 * adapters + 8 * 1024
+    finetune = FineTuneSpec(lora_rank=16, quantize="nf4")
+    adapters = lora_elements(16, finetune.targets(Framework.torchtune))
+    tune = plan(request(finetune, kind="ddp", gpus=1, framework="torchtune", precision="bf16-pure")).memory
+    assert tune.gradient_bytes == 2 * adapters
+    assert 4 * adapters <= tune.optimizer_state_bytes < 4 * adapters + 8 * 1024
+
+
+# The QLoRA paper's headline (Dettmers et al. 2023, sec. 1: a 65B model fine-tuned on one 48 GB
+# GPU) with its repository's 65B script (scripts/finetune_guanaco_65b.sh: nf4, double quant,
+# LoRA r 64 on every linear, gradient checkpointing, per-device batch 4 of at most 16 + 512
+# tokens; qlora.py's optim default paged_adamw_32bit). Even with the adapters planned in fp32
+# (qlora.py casts its LoRA layers to bf16, which would save 2 x 1.5 GiB more), it fits.
+def test_the_qlora_papers_65b_fits_one_48gb_gpu_with_paged_adamw(zeroplan_cli, tmp_path) -> None:
+    config = {"model_type": "llama", "hidden_size": 8192, "intermediate_size": 22016, "num_hidden_layers": 80,
+              "num_attention_heads": 64, "num_key_value_heads": 64, "vocab_size": 32000, "max_position_embeddings": 2048}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    argv = ("fit", str(path), "--gpus", "1", "--gpu-memory-gib", "48", "--framework", "hf", "--lora-rank", "64",
+            "--lora-alpha", "16", "--lora-targets", "q,k,v,o,gate,up,down", "--lora-dropout", "0.05", "--quantize", "nf4",
+            "--activation-checkpointing", "full", "--micro-batch", "4", "--seq-len", "528", "--strategies", "ddp",
+            "--format", "json")
+    code, out, err = zeroplan_cli(*argv, "--paged-optimizer")
+    assert code == 0, err
+    (paged,) = json.loads(out)["plans"]
+    assert paged["fits"] is True

@@ -93,10 +93,19 @@ def test_torchtunes_hooks_freed_every_gradient_in_backward(record) -> None:
     assert model_state_bytes(_accuracy().step_request(record)).gradient_bytes == 0
 
 
-@pytest.mark.parametrize("framework", [Framework.zeroplan, Framework.hf])
-def test_fsdp_cpu_offload_only_where_offered(gpu_80gib, framework) -> None:
-    with pytest.raises(ZeroplanError, match="fsdp_cpu_offload.*allowed only with framework torchtitan, torchtune"):
-        memory_breakdown(_request(gpu_80gib, framework, fsdp_cpu_offload=True))
+def test_fsdp_cpu_offload_only_where_offered(gpu_80gib) -> None:
+    with pytest.raises(ZeroplanError, match="fsdp_cpu_offload.*allowed only with framework torchtitan, hf, torchtune"):
+        memory_breakdown(_request(gpu_80gib, Framework.zeroplan, fsdp_cpu_offload=True))
+
+
+def test_accelerates_fsdp_offload_takes_the_fsdp_strategies_only(gpu_80gib) -> None:
+    # accelerate 1.10.1 passes CPUOffloadPolicy to fully_shard only (fsdp2_prepare_model): its
+    # DDP and the DeepSpeed integration (offloads of their own) are refused in one line.
+    for kind in (StrategyKind.ddp, StrategyKind.zero3):
+        with pytest.raises(ZeroplanError, match=f"fsdp_cpu_offload.*'{kind.value}'"):
+            memory_breakdown(_request(gpu_80gib, Framework.hf, kind=kind, fsdp_cpu_offload=True))
+    report = fit(_request(gpu_80gib, Framework.hf, fsdp_cpu_offload=True))
+    assert {p.strategy for p in report.plans} == {StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op, StrategyKind.hsdp}
 
 
 def test_fsdp_cpu_offload_refuses_ddp(gpu_80gib) -> None:
@@ -107,7 +116,7 @@ def test_fsdp_cpu_offload_refuses_ddp(gpu_80gib) -> None:
     assert {p.strategy for p in report.plans} == {StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op, StrategyKind.hsdp}
 
 
-@pytest.mark.parametrize("framework", [Framework.torchtune, Framework.torchtitan])
+@pytest.mark.parametrize("framework", [Framework.torchtune, Framework.torchtitan, Framework.hf])
 def test_fsdp_cpu_offload_moves_the_sharded_states_to_the_host(gpu_80gib, framework) -> None:
     kept = model_state_bytes(_request(gpu_80gib, framework))
     moved = model_state_bytes(_request(gpu_80gib, framework, fsdp_cpu_offload=True))
@@ -122,7 +131,8 @@ def test_fsdp_cpu_offload_moves_the_sharded_states_to_the_host(gpu_80gib, framew
 
 
 def _offloadable_records() -> list[FrameworkStepRecord]:
-    return [r for r in load_step_records(STEP_RECORDS) if r.training.framework in (Framework.torchtune, Framework.torchtitan)]
+    return [r for r in load_step_records(STEP_RECORDS)
+            if r.training.framework in (Framework.torchtune, Framework.torchtitan, Framework.hf)]
 
 
 # These two were over the target (6.1 % and 5.2 % once the states leave the device) while the

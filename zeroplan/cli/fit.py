@@ -127,7 +127,7 @@ def add_sharding_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument(
         "--fsdp-cpu-offload", action="store_true",
         help="FSDP2 CPUOffloadPolicy: sharded parameters, gradients and optimizer states in host RAM "
-             "(torchtune's fsdp_cpu_offload, torchtitan's enable_cpu_offload)",
+             "(torchtune's fsdp_cpu_offload, torchtitan's enable_cpu_offload, accelerate's fsdp_offload_params)",
     )
 
 

@@ -176,6 +176,16 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         # gradient_checkpointing_kwargs it checkpoints with use_reentrant=True, which reruns
         # the whole block (early stop is the non-reentrant checkpoint's).
         checkpoint_early_stop=False,
+        # accelerate 1.10.1 utils/dataclasses.py FullyShardedDataParallelPlugin.set_cpu_offload:
+        # cpu_offload / FSDP_OFFLOAD_PARAMS true (the Trainer's fsdp "offload") becomes
+        # CPUOffloadPolicy() under fsdp_version 2, which utils/fsdp_utils.py fsdp2_prepare_model
+        # passes as offload_policy to every fully_shard (FSDP strategies; not its DDP, whose
+        # prepare_model takes no offload, nor DeepSpeed, which has offloads of its own).
+        # Under fsdp_version 1 it is CPUOffload(offload_params=True): FSDP1 likewise keeps the
+        # sharded FlatParameter and its sharded gradient on the host (_runtime_utils.py
+        # _post_backward_hook -> _offload_grad) and steps there; the device holds the gathered
+        # units as under FSDP2, so both are planned with model_states' CPUOffloadPolicy accounting.
+        offers_fsdp_cpu_offload=True,
     ),
     # torchtune 0.6.1: modules/attention.py (lines 285-291) expands K and V to num_heads with
     # unsqueeze/expand/flatten (a copy) before SDPA; modules/loss/ce_chunked_output_loss.py

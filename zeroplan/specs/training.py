@@ -182,7 +182,7 @@ class TrainingSpec(Frozen):
     count in torch.cuda's memory statistics nor make the step run out of memory."""
     fsdp_cpu_offload: bool = False
     """FSDP2's CPUOffloadPolicy (torchtune's ``fsdp_cpu_offload``, torchtitan's
-    ``training.enable_cpu_offload``): sharded parameters, their gradients and the optimizer
+    ``training.enable_cpu_offload``, accelerate's ``fsdp_offload_params``): sharded parameters, their gradients and the optimizer
     states live in host memory and the optimizer steps on the CPU; the GPU holds the gathered
     units and each unit's gradient until it is reduced and copied out. FSDP strategies only."""
     compile: bool = False
