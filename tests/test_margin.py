@@ -15,6 +15,8 @@ from zeroplan.core.margin import PEAK_ERROR_BAND, borderline_words, is_borderlin
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import published_memory_accuracy  # noqa: E402
 
+VALIDATION_DOC = Path(__file__).resolve().parents[1] / "docs" / "validation.md"
+
 
 def test_the_band_is_what_the_published_runs_give_today() -> None:
     printed = io.StringIO()
@@ -26,6 +28,11 @@ def test_the_band_is_what_the_published_runs_give_today() -> None:
     assert (int(found[1]), float(found[2]), float(found[3])) == (PEAK_ERROR_BAND.rows, PEAK_ERROR_BAND.low, PEAK_ERROR_BAND.high), (
         "update zeroplan/core/margin.py PEAK_ERROR_BAND (and docs/validation.md) to what "
         "benchmarks/published_memory_accuracy.py prints")
+    overall = re.search(r"compared \(completed, with a figure\): (\d+);.*\n.*median \|error\| ([\d.]+) %, "
+                        r"median signed error ([+-][\d.]+) %", printed.getvalue())
+    assert overall, "the accuracy script no longer prints its overall medians"
+    row = f"| all compared | {overall[1]} | {overall[2]} % | {overall[3]} % |"
+    assert row in VALIDATION_DOC.read_text(), f"docs/validation.md, 'Published peaks': rerun the script and update to {row}"
 
 
 def test_borderline_is_the_usable_memory_inside_the_peaks_range() -> None:
