@@ -164,15 +164,9 @@ def _terms(request: PlanRequest, family: dict, layout_cache: dict) -> tuple:
     the layout), and the activations, loss and workspace, which depend on b, a,
     checkpointing and the engine's autocast but not otherwise on the strategy (``layout_cache``: the layout). The group's check
     against memory_breakdown would catch a term that broke this."""
-    rank, a, b = request.parallel.pipeline_rank, request.batch.grad_accum_steps, request.batch.micro_batch_size
+    rank, a = request.parallel.pipeline_rank, request.batch.grad_accum_steps
     state_key = ("state", rank, a)
-    # The reference model's activations depend on the engine only through its dtypes (fp32
-    # norms under autocast: PlanRequest.runs_under_autocast); a framework's own terms also on
-    # its FSDP units (zeroplan.core.frameworks: the head gathered at the loss, per strategy and
-    # shard group).
-    engine = ((request.runs_under_autocast,) if request.training.framework is Framework.zeroplan
-              else (request.strategy.kind, request.shard_group_size, request.convention))
-    activation_key = ("activations", rank, request.training.activation_checkpointing, b, a, engine)
+    activation_key = _activation_key(request)
     if state_key not in family:
         states, terms = peak_terms(request)
         family[state_key] = (states, terms)
@@ -183,6 +177,18 @@ def _terms(request: PlanRequest, family: dict, layout_cache: dict) -> tuple:
         layout_cache[activation_key] = micro_batch_terms(request)
     states, state_terms = family[state_key]
     return states, replace(state_terms, **layout_cache[activation_key])
+
+
+def _activation_key(request: PlanRequest) -> tuple:
+    """What a request's activation terms (plan.micro_batch_terms) depend on: the layout's
+    pipeline rank, checkpointing, b, a and the engine. The reference model's activations depend
+    on the engine only through its dtypes (fp32 norms under autocast:
+    PlanRequest.runs_under_autocast); a framework's own terms also on its FSDP units
+    (zeroplan.core.frameworks: the head gathered at the loss, per strategy and shard group)."""
+    engine = ((request.runs_under_autocast,) if request.training.framework is Framework.zeroplan
+              else (request.strategy.kind, request.shard_group_size, request.convention))
+    return ("activations", request.parallel.pipeline_rank, request.training.activation_checkpointing,
+            request.batch.micro_batch_size, request.batch.grad_accum_steps, engine)
 
 
 _MICRO_BATCH_TERMS = ("activations", "logits", "workspace", "logits_pieces")
@@ -501,8 +507,15 @@ def memory_lower_bound(group: _Group, accum: np.ndarray) -> int | None:
         return None
     first = request.at_pipeline_rank(0) if request.parallel.pp > 1 else request
     fewest = int(accum.min())
-    states, terms = _terms(_at(first, 1, fewest), group.family, group.layout_cache)
-    allocated = max(moment_totals(states, terms, fewest))
+    # The model states and buffers at accumulation 1 or 2 (those of every accumulation past 1,
+    # as the fit takes them: its check at 3 confirms it), so the family shares them with the
+    # fit; the activations at the fewest steps, shared by the layout's strategies.
+    states, state_terms = _terms(_at(first, 1, min(fewest, 2)), group.family, group.layout_cache)
+    at = _at(first, 1, fewest)
+    key = _activation_key(at)
+    if key not in group.layout_cache:
+        group.layout_cache[key] = micro_batch_terms(at)
+    allocated = max(moment_totals(states, replace(state_terms, **group.layout_cache[key]), fewest))
     return allocated + int(allocated * request.assumptions.allocator_reserve_fraction)
 
 
@@ -800,11 +813,12 @@ def search(
     index, micros, accums, peaks, fits, seconds = [], [], [], [], [], []
     swept = progress(zip(all_groups, splits), len(all_groups), "plan: groups", enabled=show_progress)
     for g, (group, (micro, accum)) in enumerate(swept):
-        if prune and cannot_fit(group, accum):
-            # Nothing of the group fits (memory_lower_bound): its configurations are counted
-            # as searched, none as fitting, as the sweep would find.
+        bound = memory_lower_bound(group, accum) if prune else None
+        if bound is not None and bound > group.usable_bytes:
+            # Nothing of the group fits: its configurations are counted as searched, none as
+            # fitting, as the sweep would find (cannot_fit).
             group.ruled_out = True
-            peak, fit, s = np.full(micro.shape, memory_lower_bound(group, accum)), np.zeros(micro.shape, dtype=bool), np.full(micro.shape, np.inf)
+            peak, fit, s = np.full(micro.shape, bound), np.zeros(micro.shape, dtype=bool), np.full(micro.shape, np.inf)
         else:
             peak, fit, s = evaluate(group, micro, accum)
         index.append(np.full(micro.shape, g)), micros.append(micro), accums.append(accum)
