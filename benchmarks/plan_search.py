@@ -5,9 +5,13 @@ strategy x activation checkpointing x HSDP group of a model against every (micro
 accumulation) split of many global batch sizes over each layout's data-parallel ranks, and
 prints how many configurations and groups were evaluated and how fast: building the groups
 (the scalar planner, a few calls per class of pipeline ranks), the vectorised sweep, and both
-end to end. Then the one question `zeroplan plan MODEL --gpus G --global-batch G x 8` end to end.
+end to end. Then the one question `zeroplan plan MODEL --gpus G --global-batch G x 8` end to end,
+and the search with and without its pruning side by side (CPU seconds, same answer or not): the
+model at --global-batch, and --also-model at each --also GPUS:GLOBAL_BATCH (by default
+llama-3.1-405b at 2^20 GPUs and sequences, the documented maximum).
 
     python benchmarks/plan_search.py [--model llama-3.1-70b] [--gpus 64] [--batches 600] [--no-model-parallel]
+        [--global-batch 512] [--also-model llama-3.1-405b] [--also 1048576:1048576]
 """
 
 from __future__ import annotations
@@ -31,6 +35,11 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--batches", type=int, default=600, help="global batches gpus x 1 .. gpus x N")
     parser.add_argument("--no-model-parallel", action="store_true", help="data parallelism only, as before layouts")
+    parser.add_argument("--global-batch", type=int, default=512, help="the pruned-vs-unpruned search's global batch")
+    parser.add_argument("--also-model", default="llama-3.1-405b", help="model of the --also searches")
+    parser.add_argument("--also", type=lambda v: tuple(int(x) for x in v.split(":")), nargs="*",
+                        default=[(2**20, 2**20)], help="more pruned-vs-unpruned searches, GPUS:GLOBAL_BATCH each "
+                        "(default: the documented maximum, 2^20 GPUs and sequences)")
     args = parser.parse_args()
     base = PlanRequest(
         model=get_model(args.model), cluster=cluster_from_gpus(get_gpu(args.gpu), args.gpus),
@@ -75,6 +84,28 @@ def main() -> None:
     print(f"search at global batch {question}: {elapsed:.3f} s, {result.layouts_searched} layouts, "
           f"{result.groups_searched} groups, {result.configurations_evaluated:,} configurations "
           f"({result.configurations_evaluated / elapsed:,.0f} configs/s); {result.explanation}")
+    pruned_vs_unpruned(args, args.model, args.gpus, args.global_batch, space)
+    for gpus, batch in args.also:
+        pruned_vs_unpruned(args, args.also_model, gpus, batch, space)
+
+
+def pruned_vs_unpruned(args: argparse.Namespace, model: str, gpus: int, global_batch: int, space: LayoutSpace) -> None:
+    """The search with and without pruning (search's ``prune``), side by side in one run, each
+    on fresh caches (a new request: the layout and family caches are the search's own), CPU
+    seconds; and that they answer the same."""
+    base = PlanRequest(
+        model=get_model(model), cluster=cluster_from_gpus(get_gpu(args.gpu), gpus),
+        strategy=StrategySpec(kind=StrategyKind.ddp), batch=BatchSpec(seq_len=args.seq_len),
+    )
+    seconds, results = {}, {}
+    # Pruned first: what the planner's own caches keep from it favours the unpruned run.
+    for prune in (True, False):
+        start = time.process_time()
+        results[prune] = search(base, global_batch, space=space, prune=prune)
+        seconds[prune] = time.process_time() - start
+    same = results[True] == results[False]
+    print(f"{model} on {gpus} GPUs, global batch {global_batch}: unpruned {seconds[False]:.2f} s CPU, "
+          f"pruned {seconds[True]:.2f} s CPU ({seconds[False] / seconds[True]:.1f}x); same answer: {same}")
 
 
 if __name__ == "__main__":

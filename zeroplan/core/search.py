@@ -117,6 +117,13 @@ class _Group:
     """Model FLOPs (PaLM's MFU count) of one micro-batch of one sequence, per model-parallel rank."""
     scalar_only: bool = False
     cache: dict[tuple[int, int], tuple[int, bool, float]] = field(default_factory=dict)
+    family: dict = field(default_factory=dict, repr=False)
+    layout_cache: dict = field(default_factory=dict, repr=False)
+    """What the group shares with its family and its layout (_build_group)."""
+    fitted: bool = False
+    """Whether _fit_group has run."""
+    ruled_out: bool = False
+    """The search found that nothing of the group fits without fitting it (cannot_fit)."""
 
 
 def _at(request: PlanRequest, micro: int, accum: int) -> PlanRequest:
@@ -157,15 +164,9 @@ def _terms(request: PlanRequest, family: dict, layout_cache: dict) -> tuple:
     the layout), and the activations, loss and workspace, which depend on b, a,
     checkpointing and the engine's autocast but not otherwise on the strategy (``layout_cache``: the layout). The group's check
     against memory_breakdown would catch a term that broke this."""
-    rank, a, b = request.parallel.pipeline_rank, request.batch.grad_accum_steps, request.batch.micro_batch_size
+    rank, a = request.parallel.pipeline_rank, request.batch.grad_accum_steps
     state_key = ("state", rank, a)
-    # The reference model's activations depend on the engine only through its dtypes (fp32
-    # norms under autocast: PlanRequest.runs_under_autocast); a framework's own terms also on
-    # its FSDP units (zeroplan.core.frameworks: the head gathered at the loss, per strategy and
-    # shard group).
-    engine = ((request.runs_under_autocast,) if request.training.framework is Framework.zeroplan
-              else (request.strategy.kind, request.shard_group_size, request.convention))
-    activation_key = ("activations", rank, request.training.activation_checkpointing, b, a, engine)
+    activation_key = _activation_key(request)
     if state_key not in family:
         states, terms = peak_terms(request)
         family[state_key] = (states, terms)
@@ -176,6 +177,18 @@ def _terms(request: PlanRequest, family: dict, layout_cache: dict) -> tuple:
         layout_cache[activation_key] = micro_batch_terms(request)
     states, state_terms = family[state_key]
     return states, replace(state_terms, **layout_cache[activation_key])
+
+
+def _activation_key(request: PlanRequest) -> tuple:
+    """What a request's activation terms (plan.micro_batch_terms) depend on: the layout's
+    pipeline rank, checkpointing, b, a and the engine. The reference model's activations depend
+    on the engine only through its dtypes (fp32 norms under autocast:
+    PlanRequest.runs_under_autocast); a framework's own terms also on its FSDP units
+    (zeroplan.core.frameworks: the head gathered at the loss, per strategy and shard group)."""
+    engine = ((request.runs_under_autocast,) if request.training.framework is Framework.zeroplan
+              else (request.strategy.kind, request.shard_group_size, request.convention))
+    return ("activations", request.parallel.pipeline_rank, request.training.activation_checkpointing,
+            request.batch.micro_batch_size, request.batch.grad_accum_steps, engine)
 
 
 _MICRO_BATCH_TERMS = ("activations", "logits", "workspace", "logits_pieces")
@@ -328,9 +341,18 @@ def _build_group(request: PlanRequest, family: dict | None = None, layout_cache:
     """``family``: what groups of the same layout, strategy and shard group share (model states,
     buffers, data-parallel communication); ``layout_cache``: what every group of the layout
     shares (activations, compute, blocking collectives per checkpointing policy)."""
+    group = _start_group(request, family, layout_cache)
+    _fit_group(group)
+    return group
+
+
+def _start_group(request: PlanRequest, family: dict | None = None, layout_cache: dict | None = None) -> _Group:
+    """The group's compute coefficients (cheap: the layout's FLOPs per policy), its coefficients
+    of memory and communication left to _fit_group (the search fits only the groups its memory
+    bound does not rule out: memory_lower_bound)."""
     family = {} if family is None else family
     layout_cache = {} if layout_cache is None else layout_cache
-    group = _Group(request=request, usable_bytes=usable_memory_bytes(request))
+    group = _Group(request=request, usable_bytes=usable_memory_bytes(request), family=family, layout_cache=layout_cache)
     policy = request.training.activation_checkpointing
     if ("flops", policy) not in layout_cache:
         layout_cache["flops", policy] = rank_flops(_at(request, 1, 1))
@@ -344,17 +366,28 @@ def _build_group(request: PlanRequest, family: dict | None = None, layout_cache:
         forward_one, backward_one = forward_two - forward_one, backward_two - backward_one
     group.forward_s_per_micro, group.backward_s_per_micro = forward_one, backward_one
     group.model_flops_per_micro = one_pass.model_flops
+    return group
+
+
+def _fit_group(group: _Group) -> None:
+    """The group's exact coefficients of memory and communication per rank class, checked
+    against the scalar planner at a point they were not fitted on (scalar planner only where
+    they disagree); once."""
+    if group.fitted:
+        return
+    group.fitted = True
+    request, family, layout_cache = group.request, group.family, group.layout_cache
     # liger's chunk is a power of two in b*s (frameworks.fused_linear_cross_entropy_chunk_rows),
     # so its loss moments are not affine in the micro-batch: the scalar planner only.
     if request.training.fused_linear_cross_entropy:
         group.scalar_only = True
-        return group
+        return
     for rank in _rank_classes(request):
         at = request.at_pipeline_rank(rank) if request.parallel.pp > 1 else request
         cls = _fit_class(at, family, layout_cache)
         if cls is None:
             group.scalar_only = True
-            return group
+            return
         group.classes.append(cls)
     # Check the coefficients where they were not fitted, on each class's first rank (the one
     # that peaks for its class): every class's peak, and the peak and time of the class that
@@ -369,7 +402,6 @@ def _build_group(request: PlanRequest, family: dict | None = None, layout_cache:
     agree = all(abs(int(allocated[c, 0]) - b.allocated_peak_bytes) <= BYTE_TOLERANCE for c, b in enumerate(scalar))
     agree &= abs(int(peak[0]) - scalar[top].peak_bytes) <= BYTE_TOLERANCE and abs(float(seconds[0]) - scalar_s) <= TIME_TOLERANCE_S
     group.scalar_only = not agree
-    return group
 
 
 def _per_value(distinct: tuple[list[int], np.ndarray], known: dict, compute) -> np.ndarray:
@@ -460,8 +492,45 @@ def _vectorised(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[np
     return peak, fits, seconds[peaking, columns]
 
 
+def memory_lower_bound(group: _Group, accum: np.ndarray) -> int | None:
+    """A peak (allocated + reserve) no configuration of the group reaches below, at any of the
+    accumulation counts ``accum`` and any micro-batch: the first pipeline rank's largest moment
+    at micro-batch 1 and the fewest accumulation steps. Each moment's bytes grow with the
+    micro-batch (activations, logits, workspace: the sweep's slopes) and with the accumulation
+    steps (the chunks in flight, the gradients held across micro-batches), and the peak is the
+    largest over the pipeline ranks, so no configuration of the group peaks below it. From
+    the same model-state and activation terms the fit shares across the family and the layout
+    (_terms), so a group the search then fits costs nothing more. None where the loss's
+    moments are not affine in the micro-batch (liger's chunks: no bound taken)."""
+    request = group.request
+    if request.training.fused_linear_cross_entropy:
+        return None
+    first = request.at_pipeline_rank(0) if request.parallel.pp > 1 else request
+    fewest = int(accum.min())
+    # The model states and buffers at accumulation 1 or 2 (those of every accumulation past 1,
+    # as the fit takes them: its check at 3 confirms it), so the family shares them with the
+    # fit; the activations at the fewest steps, shared by the layout's strategies.
+    states, state_terms = _terms(_at(first, 1, min(fewest, 2)), group.family, group.layout_cache)
+    at = _at(first, 1, fewest)
+    key = _activation_key(at)
+    if key not in group.layout_cache:
+        group.layout_cache[key] = micro_batch_terms(at)
+    allocated = max(moment_totals(states, replace(state_terms, **group.layout_cache[key]), fewest))
+    return allocated + int(allocated * request.assumptions.allocator_reserve_fraction)
+
+
+def cannot_fit(group: _Group, accum: np.ndarray) -> bool:
+    """True when memory_lower_bound already passes the usable memory: no configuration of the
+    group fits, so it can enter neither the ranking nor the Pareto front nor the count of those
+    that fit, and the search leaves it unfitted."""
+    bound = memory_lower_bound(group, accum)
+    return bound is not None and bound > group.usable_bytes
+
+
 def evaluate(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(peak bytes, fits, step seconds): vectorised, or the scalar planner where it must."""
+    if not group.scalar_only:
+        _fit_group(group)
     if not group.scalar_only:
         return _vectorised(group, micro, accum)
     peaks, fits, seconds = [], [], []
@@ -580,7 +649,7 @@ def _layout_groups(layout: PlanRequest, kinds: tuple[StrategyKind, ...]) -> list
                 if not runs_checkpointing(layout.training, policy):
                     continue  # compiled under a policy that was not measured (zeroplan.core.compiled)
                 training = strategic.training.model_copy(update={"activation_checkpointing": policy})
-                result.append(_build_group(strategic.model_copy(update={"training": training}), family, layout_cache))
+                result.append(_start_group(strategic.model_copy(update={"training": training}), family, layout_cache))
     return result
 
 
@@ -608,6 +677,8 @@ def groups(
     for layout in layouts:
         if global_batch_size is None or global_batch_size % layout.data_parallel_size == 0:
             result += _layout_groups(layout, kinds)
+    for group in result:
+        _fit_group(group)
     return result
 
 
@@ -730,17 +801,26 @@ def _searched_groups(
 
 def search(
     base: PlanRequest, global_batch_size: int, strategies: tuple[StrategyKind, ...] | None = None, top: int = 10,
-    space: LayoutSpace | None = None, show_progress: bool = False,
+    space: LayoutSpace | None = None, show_progress: bool = False, prune: bool = True,
 ) -> PlanSearchResult:
     """Rank every fitting configuration of ``base`` at ``global_batch_size`` by step time: under
     the request's own layout, or under every layout of ``space``. ``show_progress`` draws the
-    groups done on stderr when it is a terminal and the search runs past a second (zeroplan.progress)."""
+    groups done on stderr when it is a terminal and the search runs past a second (zeroplan.progress).
+    ``prune``: leave unfitted the groups memory_lower_bound shows cannot fit (the same answer;
+    False fits every group, as tests/test_search.py compares)."""
     all_groups, layouts = _searched_groups(base, global_batch_size, strategies, space)
     all_groups, splits = _schedulable(all_groups, _splits(all_groups, global_batch_size), global_batch_size)
     index, micros, accums, peaks, fits, seconds = [], [], [], [], [], []
     swept = progress(zip(all_groups, splits), len(all_groups), "plan: groups", enabled=show_progress)
     for g, (group, (micro, accum)) in enumerate(swept):
-        peak, fit, s = evaluate(group, micro, accum)
+        bound = memory_lower_bound(group, accum) if prune else None
+        if bound is not None and bound > group.usable_bytes:
+            # Nothing of the group fits: its configurations are counted as searched, none as
+            # fitting, as the sweep would find (cannot_fit).
+            group.ruled_out = True
+            peak, fit, s = np.full(micro.shape, bound), np.zeros(micro.shape, dtype=bool), np.full(micro.shape, np.inf)
+        else:
+            peak, fit, s = evaluate(group, micro, accum)
         index.append(np.full(micro.shape, g)), micros.append(micro), accums.append(accum)
         peaks.append(peak), fits.append(fit), seconds.append(s)
     index_a, micro_a, accum_a = np.concatenate(index), np.concatenate(micros), np.concatenate(accums)
@@ -786,6 +866,8 @@ def search_with_groups(
     rows = []
     swept = progress(zip(all_groups, splits), len(all_groups), "plan: groups (scalar planner)", enabled=show_progress)
     for group, (micro, accum) in swept:
+        if group.ruled_out:
+            continue  # cannot fit (memory_lower_bound): no row, on either planner
         peak, fit, s = evaluate(group, micro, accum)
         rows += [(s[k], group, int(micro[k]), int(accum[k]), int(peak[k])) for k in range(len(micro)) if fit[k]]
     rows.sort(key=lambda r: (r[0], r[4]))
