@@ -140,7 +140,9 @@ with pd.option_context("display.max_rows", None):  # every row, not pandas' firs
 the prediction on published GPU runs (the middle half, `zeroplan.core.margin.PEAK_ERROR_BAND`,
 docs/validation.md). Most quantities of the harness's CPU runs match within 1 %; the peaks of
 tracked tensors of three runs (torch's DDP and ZeRO-1, ZeRO-3 in bf16) were measured at 0.76-0.90 x
-the prediction, at or below the band's low end."""),
+the prediction, at or below the band's low end: buffers the tracker cannot see (DDP's bucket
+copies, ZeroRedundancyOptimizer's buckets, ZeRO-3's refilled storages; docs/validation.md), which
+the CPU allocator's peak of the same runs counts."""),
     ("code", """plots.validation_figure(rows);"""),
 ]
 
