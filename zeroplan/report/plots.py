@@ -245,7 +245,7 @@ def validation_figure(rows, band=None) -> Figure:  # type: ignore[no-untyped-def
     and the published-peaks error band shaded (zeroplan.core.margin.PEAK_ERROR_BAND: the middle
     half of the published runs' measured / predicted peak). Only rows with both sizes positive."""
     from zeroplan.core.margin import PEAK_ERROR_BAND
-    from zeroplan.validate.report import quantity_style
+    from zeroplan.validate.styles import quantity_style
 
     band = PEAK_ERROR_BAND if band is None else band
     figure, axes = plt.subplots(figsize=(11, 6), layout="constrained")
