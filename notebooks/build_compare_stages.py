@@ -22,81 +22,103 @@ HERE = Path(__file__).resolve().parent
 NOTEBOOK = HERE / "compare_stages.ipynb"
 
 CELLS: list[tuple[str, str]] = [
-    ("markdown", """# Comparing DDP, ZeRO-1/2/3 and FSDP
+    ("markdown", """# Why ZeRO saves memory, what it costs, and how close the prediction comes
 
-Pick a model and a cluster; the planner (`zeroplan.core`, no torch) predicts each strategy's
-per-GPU memory, its communication and its step time. The last section puts predictions beside
-measurements recorded by the harness (`zeroplan measure`). Formulas: `docs/memory-model.md`
-and `docs/communication-time.md`."""),
+One question, followed in order: Llama-2-13B, 8 x A100-80GB, micro-batch 1 x 4096 tokens, full
+activation checkpointing. The planner (`zeroplan.core`, no torch) predicts each strategy's
+per-GPU memory, its communication and its step time; the last section puts predictions beside
+measurements. Formulas: `docs/memory-model.md` and `docs/communication-time.md`; the figures are
+drawn by `zeroplan.report.plots`.
+
+Every GPU of a data-parallel run holds the *model states*, parameters, gradients and the
+optimizer's states (for Adam two fp32 moments per parameter, more than parameters and gradients
+together), plus the activations of its own micro-batch. The stages differ only in what they
+shard across the N GPUs instead of copying:
+
+| strategy | parameters | gradients | optimizer states | what moves |
+|---|---|---|---|---|
+| DDP | copied | copied | copied | gradients all-reduced |
+| ZeRO-1 | copied | copied | 1/N | + parameters all-gathered after the step |
+| ZeRO-2, FSDP shard-grad-op | copied | 1/N | 1/N | gradients reduce-scattered |
+| ZeRO-3, FSDP full-shard | 1/N | 1/N | 1/N | parameters all-gathered per layer, forward and backward |
+| + offload | | | in host memory | optimizer step on the CPU, copies over PCIe |"""),
     ("code", """import pandas as pd
 from zeroplan import fit, get_gpu, get_model
-from zeroplan.frames import fit_report_frame
-from zeroplan.report.plots import communication_figure, memory_stack_figure
+from zeroplan.report import plots
 from zeroplan.specs import (ActivationCheckpointing, BatchSpec, PlanRequest, StrategyKind,
                             StrategySpec, TrainingSpec, cluster_from_gpus)
 from zeroplan.units import GiB
 
-MODEL, GPU, NUM_GPUS = "llama-2-13b", "a100-80gb", 8
-request = PlanRequest(
-    model=get_model(MODEL),
-    training=TrainingSpec(activation_checkpointing=ActivationCheckpointing.full),
-    batch=BatchSpec(micro_batch_size=1, seq_len=4096),
-    cluster=cluster_from_gpus(get_gpu(GPU), NUM_GPUS),
-    strategy=StrategySpec(kind=StrategyKind.ddp),
-)
+def request_for(model="llama-2-13b", gpus_per_node=8):
+    return PlanRequest(
+        model=get_model(model),
+        training=TrainingSpec(activation_checkpointing=ActivationCheckpointing.full),
+        batch=BatchSpec(micro_batch_size=1, seq_len=4096),
+        cluster=cluster_from_gpus(get_gpu("a100-80gb"), 8, gpus_per_node=gpus_per_node),
+        strategy=StrategySpec(kind=StrategyKind.ddp),
+    )
+
+request = request_for()
 report = fit(request)
 print(report.verdict)"""),
-    ("markdown", "## Memory per GPU (GiB)"),
-    ("code", """frame = fit_report_frame(report)
+    ("markdown", """## 1. Memory per GPU, stage by stage (GiB)
+
+Each stage removes a term from every GPU: ZeRO-1 the optimizer states, ZeRO-2 the gradients,
+ZeRO-3 the parameters; offload moves what is left of the optimizer to the host. The bars stack
+the terms alive at each plan's peak moment; the dashed line is the memory the allocator can use."""),
+    ("code", """frame = report.to_dataframe()
 memory_columns = [c for c in frame.columns if c.endswith("_bytes") and c not in ("sent_bytes_per_step",)]
 memory_gib = (frame[memory_columns] / GiB).round(1)
 memory_gib.columns = [c.removesuffix("_bytes") + "_gib" for c in memory_columns]
 memory_gib.join(frame[["fits", "max_micro_batch_size"]])"""),
-    ("code", """memory_stack_figure(report);"""),
-    ("markdown", """## Communication per step
+    ("code", """plots.memory_stack_figure(report);"""),
+    ("markdown", """## 2. What it costs in communication
 
 `volume` counts what each engine sends as the ZeRO paper does (2Ψ for DDP, 3Ψ for ZeRO-3 and for
 DeepSpeed's ZeRO-1/2, which all-reduce their gradients where the paper reduce-scatters); `sent` the
 bytes each GPU puts on the wire under ring collectives; times from the alpha-beta model."""),
-    ("code", """comm = pd.DataFrame({
+    ("code", """pd.DataFrame({
     "volume (x Psi)": frame.communication_volume_elements / report.num_parameters,
     "sent GB": frame.sent_bytes_per_step / 1e9,
     "comm s": frame.communication_s,
     "exposed s": frame.exposed_communication_s,
     "step s (overlap)": frame.step_with_overlap_s,
     "step s (no overlap)": frame.step_without_overlap_s,
-})
-comm.round(3)"""),
-    ("code", """communication_figure(report);"""),
-    ("markdown", """## Where the step goes
+}).round(3)"""),
+    ("markdown", """The bytes are the same on any network; their time is not. The same 8 GPUs in one node
+(NVLink, 300 GB/s per GPU) and in 8 nodes of one GPU (InfiniBand HDR, 25 GB/s per GPU): light
+bars are all collectives of a step, dark the part that compute does not hide."""),
+    ("code", """networks = {"1 node x 8 GPUs (NVLink)": report, "8 nodes x 1 GPU (InfiniBand)": fit(request_for(gpus_per_node=1))}
+plots.network_communication_figure(networks);"""),
+    ("markdown", """## 3. When it slows training
 
-The ZeRO trade-off in time: each strategy's step with overlap, split into compute, what the
-collectives and offload copies leave exposed, and the optimizer steps (the CPU's under offload).
-Below it, the same plans with compute timed kernel by kernel (`compute_model="roofline"`: matrix
+Sharding slows a step only by what its collectives leave exposed, and offload by the CPU's
+optimizer step and the PCIe copies. Each bar is a step with overlap, split into its parts."""),
+    ("code", """plots.step_time_figure(report);"""),
+    ("markdown", """The trade-off in one picture: peak memory against step time, on both networks. On NVLink
+ZeRO-3 costs next to nothing; on InfiniBand DDP, ZeRO-1/2 and HSDP leave 0.9-1.4 s of each step
+waiting on the network, ZeRO-3 and FSDP 0.02-0.23 s. Offload is slower in the single node because
+its 8 GPUs share one host's CPUs for the optimizer step (1.5 s against 0.2 s with a host per GPU)."""),
+    ("code", """plots.tradeoff_figure(networks);"""),
+    ("markdown", """The same plans with compute timed kernel by kernel (`compute_model="roofline"`: matrix
 products, attention and memory-bound kernels at the GPU's measured ceilings, and the optimizer
 step on the GPU), a lower bound on compute (docs/validation.md, "Step time, kernel by kernel")."""),
-    ("code", """from zeroplan.report.plots import step_parts_s, step_time_figure
-from zeroplan.specs import PerformanceAssumptions
+    ("code", """from zeroplan.specs import PerformanceAssumptions
 
-steps = pd.DataFrame({p.strategy.value: step_parts_s(p.time) for p in report.plans}).T
-steps["step s"] = [p.time.step_with_overlap_s for p in report.plans]
-steps.loc[:, (steps != 0).any()].round(3)"""),
-    ("code", """step_time_figure(report);"""),
-    ("code", """roofline = fit(request.model_copy(update={"performance": PerformanceAssumptions(compute_model="roofline")}))
-steps = pd.DataFrame({p.strategy.value: step_parts_s(p.time) for p in roofline.plans}).T
+roofline = fit(request.model_copy(update={"performance": PerformanceAssumptions(compute_model="roofline")}))
+steps = pd.DataFrame({p.strategy.value: plots.step_parts_s(p.time) for p in roofline.plans}).T
 steps["step s"] = [p.time.step_with_overlap_s for p in roofline.plans]
 display(steps.loc[:, (steps != 0).any()].round(3))
-step_time_figure(roofline);"""),
+plots.step_time_figure(roofline);"""),
     ("markdown", """## Will Llama-2-70B train on 8 x A100-80GB?"""),
-    ("code", """big = request.model_copy(update={"model": get_model("llama-2-70b")})
-answer = fit(big)
+    ("code", """answer = fit(request_for("llama-2-70b"))
 print(answer.verdict)
 zero3 = answer.plan_for("zero3").memory
 print(f"ZeRO-3 model states per GPU: {(zero3.parameter_bytes + zero3.gradient_bytes + zero3.optimizer_state_bytes) / GiB:.1f} GiB")
 offload = answer.plan_for("zero3-offload")
 print(f"ZeRO-3 + optimizer offload: peak {offload.memory.peak_bytes / GiB:.1f} GiB per GPU, "
       f"host RAM {offload.host_bytes_per_node / GiB:.0f} GiB per node")"""),
-    ("markdown", """## Reconciliation against measured records
+    ("markdown", """## 4. Validation against measurements
 
 Records committed under `benchmarks/records/` come from real runs of the harness (CPU, gloo,
 small models; see `benchmarks/records/README.md` for the commands). Each row is one quantity
@@ -114,6 +136,14 @@ rows = [row for record in records for row in compare_record(record)]
 table = comparison_frame(rows)[["model", "strategy", "engine", "world_size", "quantity", "predicted_bytes", "measured_bytes", "ratio"]]
 with pd.option_context("display.max_rows", None):  # every row, not pandas' first and last 5
     display(table.round(4))"""),
+    ("markdown", """Measured / predicted for every row above. The grey band is how far real peaks fall from
+the prediction on published GPU runs (the middle half, `zeroplan.core.margin.PEAK_ERROR_BAND`,
+docs/validation.md). Most quantities of the harness's CPU runs match within 1 %; the peaks of
+tracked tensors of three runs (torch's DDP and ZeRO-1, ZeRO-3 in bf16) were measured at 0.76-0.90 x
+the prediction, at or below the band's low end: buffers the tracker cannot see (DDP's bucket
+copies, ZeroRedundancyOptimizer's buckets, ZeRO-3's refilled storages; docs/validation.md), which
+the CPU allocator's peak of the same runs counts."""),
+    ("code", """plots.validation_figure(rows);"""),
 ]
 
 

@@ -293,7 +293,7 @@ def test_a_run_past_its_time_limit_is_one_line(capsys, monkeypatch, tmp_path) ->
     from zeroplan.harness import launch as launch_module
     from zeroplan.harness.cli import main
 
-    def timed_out(nproc, argv, out_dir, timeout_s, nodes=None):
+    def timed_out(nproc, argv, out_dir, timeout_s, nodes=None, steps=None):
         return launch_module.LaunchResult(124, [], list(range(nproc)), [], [])
 
     monkeypatch.setattr(launch_module, "launch", timed_out)

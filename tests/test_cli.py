@@ -162,7 +162,7 @@ def test_measure_forwards_allow_longer_seq_and_refuses_before_launch(capsys, mon
 
     launched = []
 
-    def fake_launch(nproc, argv, out_dir, timeout_s, nodes=None):
+    def fake_launch(nproc, argv, out_dir, timeout_s, nodes=None, steps=None):
         launched.append(argv)
         return launch_module.LaunchResult(0, [], [], [], [])
 

@@ -70,3 +70,21 @@ def test_compare_stages_notebook_executes(executed) -> None:
     assert tables[0]["data"]["text/plain"].lstrip().startswith("model")
     memory = [o for o in outputs if o.output_type == "execute_result" and "peak_gib" in o["data"].get("text/plain", "")]
     assert memory, "the memory table's columns are in GiB and named *_gib"
+
+
+def test_the_notebook_tells_the_story_in_order_with_its_figures(executed) -> None:
+    """Why ZeRO saves memory, what it costs in communication, when it slows training, then the
+    measurements; each section with its figures drawn by zeroplan.report.plots."""
+    headings = [line for c in executed.cells if c.cell_type == "markdown" for line in c.source.splitlines()
+                if line.startswith("## ")]
+    story = ["## 1. Memory per GPU", "## 2. What it costs in communication", "## 3. When it slows training",
+             "## 4. Validation against measurements"]
+    found = [next(i for i, h in enumerate(headings) if h.startswith(s)) for s in story]
+    assert found == sorted(found)
+    sources = "\n".join(c.source for c in executed.cells if c.cell_type == "code")
+    for figure in ("memory_stack_figure", "network_communication_figure", "step_time_figure", "tradeoff_figure",
+                   "validation_figure"):
+        assert f"plots.{figure}(" in sources
+    assert "matplotlib" not in sources  # the figures' code lives in zeroplan/report/plots.py
+    images = [o for c in executed.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
+    assert len(images) == 6

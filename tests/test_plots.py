@@ -136,3 +136,102 @@ def test_the_step_time_figure_stacks_the_parts_of_each_step(compute_model, layou
         row = round(patch.get_y() + patch.get_height() / 2)
         ends[row] = max(ends.get(row, 0.0), patch.get_x() + patch.get_width())
     assert [ends[row] for row in sorted(ends)] == pytest.approx([p.time.step_with_overlap_s for p in report.plans])
+
+
+def _seed(gpus_per_node: int):
+    from zeroplan.presets.gpus import get_gpu
+
+    return fit(PlanRequest(model=get_model("llama-2-13b"), batch=BatchSpec(seq_len=4096),
+                           cluster=cluster_from_gpus(get_gpu("a100-80gb"), 8, gpus_per_node=gpus_per_node),
+                           strategy=StrategySpec(kind=StrategyKind.zero3)))
+
+
+@pytest.fixture(scope="module")
+def networks():
+    return {"1 node x 8 GPUs (NVLink)": _seed(8), "8 nodes x 1 GPU (InfiniBand)": _seed(1)}
+
+
+def _bar_ends(axes) -> list[float]:
+    return [patch.get_x() + patch.get_width() for patch in axes.patches]
+
+
+def test_the_network_figure_has_a_bar_per_strategy_and_setting_with_units(networks) -> None:
+    from zeroplan.report.plots import network_communication_figure
+
+    nvlink, infiniband = networks.values()
+    figure = network_communication_figure(networks)
+    figure.canvas.draw()
+    sent_axes, time_axes = figure.axes
+    assert sent_axes.get_xlabel() == "GB sent per GPU per step (ring)"
+    assert time_axes.get_xlabel() == "communication per step (s)"
+    names = [p.strategy.value for p in nvlink.plans]
+    assert [t.get_text() for t in sent_axes.get_yticklabels()] == names
+    # The bytes sent do not depend on the links: one bar per strategy, said so in the legend.
+    assert _bar_ends(sent_axes) == pytest.approx([p.sent_bytes_per_step / 1e9 for p in nvlink.plans])
+    assert sent_axes.get_legend_handles_labels()[1] == ["the same on every network"]
+    # Per setting: all collectives, then the exposed part; InfiniBand's take longer than NVLink's.
+    expected = []
+    for report in (nvlink, infiniband):
+        expected += [p.time.communication_s for p in report.plans] + [p.time.exposed_communication_s for p in report.plans]
+    assert _bar_ends(time_axes) == pytest.approx(expected)
+    assert all(b.time.communication_s > a.time.communication_s for a, b in zip(nvlink.plans, infiniband.plans))
+    legend = [t.get_text() for t in time_axes.get_legend().get_texts()]
+    assert legend[:2] == list(networks) and "dark: exposed (not overlapped)" in legend
+
+
+def test_the_tradeoff_figure_has_a_point_per_strategy_and_setting(networks) -> None:
+    from zeroplan.report.plots import tradeoff_figure
+
+    figure = tradeoff_figure(networks)
+    figure.canvas.draw()
+    axes = figure.axes[0]
+    assert axes.get_xlabel() == "step time with overlap (s)"
+    assert axes.get_ylabel() == "peak per-GPU memory (GiB, log scale)"
+    assert len(axes.collections) == 2
+    for collection, report in zip(axes.collections, networks.values()):
+        points = collection.get_offsets()
+        assert [v for point in points for v in point] == pytest.approx(
+            [v for p in report.plans for v in (p.time.step_with_overlap_s, p.memory.peak_bytes / 2**30)])
+        # Filled where it fits, hollow where it does not.
+        faces = collection.get_facecolors()
+        assert [face[3] > 0 for face in faces] == [p.fits for p in report.plans]
+    # Every strategy is named once per setting, those drawn on the same spot together.
+    labels = [t.get_text() for t in axes.texts]
+    assert sorted(n for text in labels for n in text.split(", ")) == sorted(
+        p.strategy.value for report in networks.values() for p in report.plans)
+    usable = next(iter(networks.values())).cluster.usable_memory_bytes / 2**30
+    assert f"usable ({usable:.1f} GiB)" in axes.get_legend_handles_labels()[1]
+
+
+def test_the_validation_figure_shows_every_row_and_the_published_error_band() -> None:
+    from zeroplan.core.margin import PEAK_ERROR_BAND
+    from zeroplan.report.plots import validation_figure
+
+    rows = _rows()
+    figure = validation_figure(rows)
+    figure.canvas.draw()
+    axes = figure.axes[0]
+    assert axes.get_xlabel() == "predicted per rank (MiB, log scale)" and axes.get_ylabel() == "measured / predicted"
+    points = sorted(tuple(p) for c in axes.collections if c.get_offsets().size for p in c.get_offsets())
+    expected = sorted((r.predicted_bytes / 2**20, r.measured_bytes / r.predicted_bytes) for r in rows)
+    assert [v for point in points for v in point] == pytest.approx([v for point in expected for v in point])
+    band = [p for p in axes.patches if p.get_label().startswith("published peaks")]
+    assert len(band) == 1
+    y0, y1 = band[0].get_extents().transformed(axes.transData.inverted()).intervaly
+    assert (y0, y1) == pytest.approx((PEAK_ERROR_BAND.low, PEAK_ERROR_BAND.high), rel=1e-3)
+    assert f"{PEAK_ERROR_BAND.low:.3f}-{PEAK_ERROR_BAND.high:.3f} x ({PEAK_ERROR_BAND.rows} runs)" in band[0].get_label()
+    assert "4 measured quantities of 2 harness runs" in axes.get_title()
+
+
+def test_the_docs_figures_render(tmp_path) -> None:
+    """notebooks/render_figures.py writes one PNG per figure the docs show."""
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "notebooks" / "render_figures.py"
+    spec = importlib.util.spec_from_file_location("render_figures", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    written = module.render(tmp_path)
+    assert sorted(p.name for p in written) == sorted(p.name for p in (script.parents[1] / "docs" / "figures").glob("*.png"))
+    assert all(p.read_bytes().startswith(b"\x89PNG") for p in written)

@@ -83,3 +83,45 @@ def test_tqdm_is_imported_only_to_draw_a_bar(program: str) -> None:
     # stderr is piped: no bar, so tqdm is never imported (it costs tens of ms at start-up).
     stdout, _ = _python(f"{program}\nimport sys\nprint('tqdm' in sys.modules)", stderr_on_terminal=False)
     assert stdout.strip().splitlines()[-1] == "False"
+
+
+FAKE_TORCHRUN = '''
+import json, os, sys, time
+from pathlib import Path
+source, out, nproc = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+for step in range(1, 4):
+    for rank in range(nproc):
+        record = json.loads((source / f"rank{rank:05d}.json").read_text())
+        record.update(steps=record["steps"][:step], complete=step == 3)
+        temporary = out / f".rank{rank}.tmp"
+        temporary.write_text(json.dumps(record))
+        os.replace(temporary, out / f"rank{rank:05d}.json")
+        time.sleep(0.3)
+time.sleep(1.0)
+'''
+
+
+def _measure_program(tmp_path: Path) -> str:
+    """launch() as `zeroplan measure` calls it, with torchrun replaced by a script that writes two
+    ranks' records step by step (from a committed run's records), as the harness's ranks do."""
+    fake = tmp_path / "fake_torchrun.py"
+    fake.write_text(FAKE_TORCHRUN)
+    source = ROOT / "benchmarks" / "records" / "tiny-llama-ddp-torch-fp32-n2"
+    out = tmp_path / "out"
+    return _program(
+        "import sys\nfrom pathlib import Path\nimport zeroplan.harness.launch as launch\n"
+        f"launch.torchrun_command = lambda nproc, argv, nodes=None: [sys.executable, {str(fake)!r}, {str(source)!r}, "
+        "argv[argv.index('--out') + 1], str(nproc)]\n"
+        f"result = launch.launch(2, ['tiny-llama'], Path({str(out)!r}), 60, steps=3)\n"
+        "print(result.returncode, len(result.records), result.incomplete_ranks)")
+
+
+def test_measure_shows_steps_recorded_ranks_finished_and_time_on_a_terminal_only(tmp_path) -> None:
+    stdout, on_terminal = _python(_measure_program(tmp_path), stderr_on_terminal=True)
+    assert stdout.strip() == "0 2 []"
+    assert "measure: steps recorded" in on_terminal and "/6" in on_terminal
+    assert "ranks finished 0/2" in on_terminal and "ranks finished 2/2" in on_terminal
+    assert "[00:0" in on_terminal  # the time elapsed
+    (tmp_path / "piped").mkdir()
+    stdout, piped = _python(_measure_program(tmp_path / "piped"), stderr_on_terminal=False)
+    assert stdout.strip() == "0 2 []" and piped == ""

@@ -40,15 +40,21 @@ def _shown() -> bool:
     return sys.stderr is not None and sys.stderr.isatty()
 
 
-def steps(total: int, description: str, enabled: bool = True):
+def shown() -> bool:
+    """Whether a bar would be drawn: stderr is a terminal."""
+    return _shown()
+
+
+def steps(total: int, description: str, enabled: bool = True, delay_s: float | None = None, unit: str = "it"):
     """A bar of ``total`` steps on stderr (``update()`` after each, a context manager that
-    clears it on exit), or a silent stand-in when ``enabled`` is false or stderr is no terminal."""
+    clears it on exit), or a silent stand-in when ``enabled`` is false or stderr is no terminal.
+    It appears once ``delay_s`` (default PROGRESS_DELAY_S) has passed."""
     if not (enabled and _shown()):
         return _Silent()
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=description, file=sys.stderr, delay=PROGRESS_DELAY_S, leave=False,
-                dynamic_ncols=True)
+    return tqdm(total=total, desc=description, file=sys.stderr, leave=False, dynamic_ncols=True, unit=unit,
+                delay=PROGRESS_DELAY_S if delay_s is None else delay_s)
 
 
 def progress(items: Iterable[T], total: int, description: str, enabled: bool = True) -> Iterator[T]:

@@ -104,7 +104,7 @@ def test_measure_timeout_names_the_lock_left_behind(tmp_path: Path, monkeypatch,
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
     (tmp_path / "ext").mkdir()
 
-    def timed_out(nproc, argv, out_dir, timeout_s, nodes=None):
+    def timed_out(nproc, argv, out_dir, timeout_s, nodes=None, steps=None):
         _lock(tmp_path / "ext")  # what the stopped rank 0 left
         return LaunchResult(124, [], list(range(nproc)), [], [])
 

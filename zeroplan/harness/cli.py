@@ -140,7 +140,8 @@ def run_measure(args: argparse.Namespace) -> int:
     writable_directory(args.out, "out")
     try:
         with out_dir_lock(Path(args.out), nodes.node_rank if nodes is not None else 0):
-            result = launch(args.nproc, _harness_argv(args), Path(args.out), args.timeout_s, nodes=nodes)
+            result = launch(args.nproc, _harness_argv(args), Path(args.out), args.timeout_s, nodes=nodes,
+                            steps=args.steps)
     except Interrupted as stop:
         kept = len(list(Path(args.out).glob("rank*.json")))
         sys.stderr.write(f"zeroplan measure: stopped by {stop}: torchrun and its ranks were stopped; records of "

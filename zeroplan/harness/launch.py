@@ -11,7 +11,8 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,17 +57,77 @@ def torchrun_command(nproc: int, harness_argv: list[str], nodes: MultiNode | Non
 
 
 def launch(nproc: int, harness_argv: list[str], out_dir: Path, timeout_s: float,
-           nodes: MultiNode | None = None) -> LaunchResult:
+           nodes: MultiNode | None = None, steps: int | None = None) -> LaunchResult:
     """Run ``nproc`` ranks on this machine (this node's share when ``nodes`` is given); never
     deletes or rewrites a record (each rank owns its own file, named by its global rank, so
-    the nodes of one launch can share ``out_dir``)."""
+    the nodes of one launch can share ``out_dir``). With ``steps`` (each rank's step count) and
+    stderr on a terminal, a bar shows the steps the ranks have recorded, the ranks finished and
+    the time elapsed (zeroplan.progress); off a terminal nothing is drawn."""
     out_dir.mkdir(parents=True, exist_ok=True)
     command = torchrun_command(nproc, [*harness_argv, "--out", str(out_dir)], nodes)
     first = 0 if nodes is None else nodes.node_rank * nproc
     ranks = range(first, first + nproc)
     before = {rank: _file_identity(record_path(out_dir, rank)) for rank in ranks}
-    returncode, output = run_torchrun(command, timeout_s)
+    from zeroplan import progress
+
+    if steps is None or not progress.shown():
+        returncode, output = run_torchrun(command, timeout_s)
+    else:
+        with RankProgress(out_dir, ranks, before, steps) as watch:
+            returncode, output = run_torchrun(command, timeout_s, watch=watch.poll)
     return _collect(ranks, out_dir, returncode, output, before)
+
+
+class RankProgress:
+    """What the ranks have done so far, read from their records while torchrun runs: each rank
+    rewrites its record after every step (zeroplan/harness/runner.py), so a record's step count
+    is its progress and complete=true says the rank has finished. A file left by an earlier
+    launch (same identity as before this one) counts for nothing."""
+
+    def __init__(self, out_dir: Path, ranks: range, before: dict[int, tuple[int, int, int] | None],
+                 steps: int) -> None:
+        self.out_dir, self.ranks, self.before, self.steps = out_dir, ranks, before, steps
+        self.seen: dict[int, tuple[tuple[int, int, int], int, bool]] = {}
+        self.started = time.monotonic()
+        self.bar = None
+
+    def read(self) -> tuple[int, int]:
+        """(steps recorded, ranks finished) over this launch's records."""
+        import json
+
+        for rank in self.ranks:
+            identity = _file_identity(record_path(self.out_dir, rank))
+            if identity is None or identity == self.before.get(rank):
+                continue
+            if rank in self.seen and self.seen[rank][0] == identity:
+                continue
+            try:
+                data = json.loads(record_path(self.out_dir, rank).read_text(encoding="utf-8"))
+                self.seen[rank] = (identity, len(data["steps"]), bool(data["complete"]))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # replaced while read, or not a record: the next poll reads it again
+        return (sum(min(count, self.steps) for _, count, _ in self.seen.values()),
+                sum(complete for *_, complete in self.seen.values()))
+
+    def poll(self) -> None:
+        from zeroplan import progress
+
+        if self.bar is None:
+            if time.monotonic() - self.started < progress.PROGRESS_DELAY_S:
+                return
+            self.bar = progress.steps(self.steps * len(self.ranks), "measure: steps recorded", delay_s=0,
+                                      unit="step")
+        recorded, finished = self.read()
+        self.bar.update(recorded - self.bar.n)
+        self.bar.set_postfix_str(f"ranks finished {finished}/{len(self.ranks)}", refresh=False)
+        self.bar.refresh()  # redrawn every poll, so the elapsed time moves while no step lands
+
+    def __enter__(self) -> "RankProgress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 @contextlib.contextmanager
@@ -114,10 +175,15 @@ class Interrupted(Exception):
         self.signum = signum
 
 
-def run_torchrun(command: list[str], timeout_s: float) -> tuple[int, str]:
+POLL_S = 0.5
+"""How often a watched launch calls its watcher while torchrun runs."""
+
+
+def run_torchrun(command: list[str], timeout_s: float, watch: Callable[[], None] | None = None) -> tuple[int, str]:
     """Run a torchrun command under a time limit; its exit status (124 when stopped) and output.
     SIGINT or SIGTERM to this process stops torchrun (and so its ranks) before Interrupted is
-    raised: a rank must not run on, and write records, after the run was called off."""
+    raised: a rank must not run on, and write records, after the run was called off. ``watch``,
+    when given, is called every POLL_S while torchrun runs (the progress bar)."""
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1")
     # Output goes to a file, not a pipe: torchrun starts each worker in a session of its own,
     # so a worker that outlives the agent must not be able to block this process.
@@ -133,7 +199,7 @@ def run_torchrun(command: list[str], timeout_s: float) -> tuple[int, str]:
         previous = {sig: signal.signal(sig, called_off) for sig in (signal.SIGINT, signal.SIGTERM)} if in_main else {}
         try:
             try:
-                returncode = process.wait(timeout=timeout_s)
+                returncode = _wait(process, timeout_s, watch)
             except subprocess.TimeoutExpired:
                 _stop(process)
                 returncode = 124
@@ -148,6 +214,21 @@ def run_torchrun(command: list[str], timeout_s: float) -> tuple[int, str]:
                 signal.signal(sig, handler)
         log.seek(0)
         return returncode, log.read()
+
+
+def _wait(process: subprocess.Popen, timeout_s: float, watch: Callable[[], None] | None) -> int:
+    """process.wait under the time limit, calling ``watch`` between short waits; TimeoutExpired
+    once the limit has passed, as process.wait raises it."""
+    if watch is None:
+        return process.wait(timeout=timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return process.wait(timeout=max(0.0, min(POLL_S, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                raise
+        watch()
 
 
 class _CalledOff(BaseException):
