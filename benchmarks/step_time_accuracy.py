@@ -82,6 +82,7 @@ def report(path: Path = PUBLISHED_THROUGHPUT_FILE) -> str:
     lines.append("sources:")
     lines += sorted({f"  {c.source}" for c in rows})
     lines += ["", *calibrated_report(table)]
+    lines += ["", *attention_rate_report(table)]
     return "\n".join(lines)
 
 
@@ -143,6 +144,32 @@ def calibrated_report(table) -> list[str]:  # type: ignore[no-untyped-def]
             lines.append(f"| {title} | {shown} | {len(members)} | {_abs_figures([e.default_error for e in members])} "
                          f"| {_abs_figures([e.loso_error for e in members])} |")
     lines += ["", default_summary(errors)]
+    return lines
+
+
+def attention_rate_report(table) -> list[str]:  # type: ignore[no-untyped-def]
+    """Each --attention-rate mode calibrated on one row per source and at the default HFU
+    (zeroplan.validate.step_calibration.attention_rate_figures)."""
+    from zeroplan.validate.step_calibration import ATTENTION_RATES, attention_rate_figures
+
+    figures = [attention_rate_figures(mode, table) for mode in ATTENTION_RATES]
+    lines = ["Attention at its own rate (--attention-rate; calibrated on each source's row of fewest GPUs that "
+             "calibrate step does not refuse, scored on its other such rows):", "",
+             "| source | " + " | ".join(f"{f.mode}: median | max" for f in figures) + " |",
+             "|---|" + "---:|---:|" * len(figures)]
+    labels = [label for label, *_ in figures[0].per_source]
+    for label in labels:
+        cells = []
+        for f in figures:
+            found = next(((n, med, mx) for name, n, med, mx in f.per_source if name == label), None)
+            cells.append("- | -" if found is None else f"{found[1]:.1%} | {found[2]:.1%}")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for f in figures:
+        lines.append(f"attention rate {f.mode}: calibrated on one row, {len(f.calibrated)} rows: |error| median "
+                     f"{statistics.median(f.calibrated):.1%}, max {max(f.calibrated):.1%}; default HFU, "
+                     f"{len(f.default)} rows: median {statistics.median(f.default):.1%}, max {max(f.default):.1%}; "
+                     f"refused by calibrate step: {len(f.refused)} rows")
     return lines
 
 

@@ -83,6 +83,9 @@ class StepEfficiency(Frozen):
     """The training stack (the planner's framework profile) the step ran."""
     source: CalibrationSource
     """The measured configuration."""
+    attention_rate: Literal["matmul", "published", "kernel"] = "matmul"
+    """PerformanceAssumptions.attention_rate the HFU was solved under (the HFU is the matrix
+    products' under 'published' and 'kernel'); --efficiency applies it only under the same."""
     predicted_compute_s: float = Field(ge=0)
     """Compute of the source configuration at the fitted HFU, seconds."""
     predicted_communication_s: float = Field(ge=0)
@@ -159,7 +162,7 @@ def calibrate_step(request: PlanRequest, measured_step_s: float, model: str, not
     time = step_time(at, tuple(collectives(at)))
     batch, parallel, training = request.batch, request.parallel, request.training
     return StepEfficiency(
-        hardware_flops_utilization=hfu,
+        hardware_flops_utilization=hfu, attention_rate=request.performance.attention_rate,
         gpu=request.cluster.gpu.name,
         gpu_display_name=request.cluster.gpu.display_name,
         framework=training.framework,

@@ -12,6 +12,7 @@ from zeroplan.cli.parser import (
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs import (
     ActivationCheckpointing,
+    AttentionImplementation,
     AttentionKernel,
     BatchSpec,
     Float8Recipe,
@@ -158,6 +159,10 @@ def add_attention_argument(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--attention", choices=choices_of(AttentionKernel),
                        help="how attention keeps its intermediates (default flash; eager for ALiBi models, whose "
                             "transformers attention has no fused path)")
+    group.add_argument("--attention-impl", choices=choices_of(AttentionImplementation),
+                       default=AttentionImplementation.flash_attn_2.value,
+                       help="which flash kernel runs attention (default flash-attn-2, also PyTorch SDPA's flash "
+                            "backend; flash-attn-triton: llm-foundry's attn_impl triton): read by --attention-rate")
 
 
 def add_allocator_arguments(group: argparse._ArgumentGroup) -> None:
@@ -271,6 +276,12 @@ def add_efficiency_arguments(parser: argparse.ArgumentParser) -> None:
              "kernel against the GPU's measured matmul, attention and memory-bandwidth ceilings, the optimizer "
              "step included; a100-40gb, a100-80gb, h100-80gb, h200-141gb)",
     )
+    parser.add_argument(
+        "--attention-rate", choices=("matmul", "published", "kernel"), default="matmul",
+        help="rate of attention's own FLOPs under --compute-model hfu: matmul (at --hfu like every FLOP, the "
+             "default), published (--hfu x the kernel's published rate relative to the GPU's matmul rate) or "
+             "kernel (the kernel's published TFLOP/s); docs/communication-time.md, 'Compute'",
+    )
     from zeroplan.cli.efficiency import add_efficiency_file_argument
 
     add_efficiency_file_argument(parser)
@@ -373,6 +384,8 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         activation_checkpointing=ActivationCheckpointing(args.activation_checkpointing),
         selective_layer_interval=args.selective_layer_interval or DEFAULT_SELECTIVE_LAYER_INTERVAL,
         attention_kernel=AttentionKernel(args.attention) if args.attention else default_attention_kernel(model),
+        attention_implementation=AttentionImplementation(getattr(args, "attention_impl", None)
+                                                         or AttentionImplementation.flash_attn_2.value),
         state_convention=StateConvention(args.state_convention) if args.state_convention else None,
         finetune=finetune_from_args(args),
         compile=getattr(args, "compile", False),
@@ -417,7 +430,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         hfu = efficiency_hfu(args, cluster.gpu.name, framework)
     performance = PerformanceAssumptions(
         hardware_flops_utilization=hfu, algorithm=args.algorithm, bandwidth=args.bandwidth,
-        compute_model=args.compute_model,
+        compute_model=args.compute_model, attention_rate=getattr(args, "attention_rate", "matmul"),
     )
     return PlanRequest(
         model=model, training=training, batch=batch, cluster=cluster, strategy=strategy, performance=performance,

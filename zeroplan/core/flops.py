@@ -43,6 +43,10 @@ class StepFlops(Frozen):
     """Of backward_flops, the recomputed forward work the checkpointing policy adds."""
     model_flops: float
     """What model FLOPs utilisation counts (PaLM, Appendix B): 6N + 12 L a d s per token."""
+    attention_forward_flops: float = 0.0
+    """Of forward_flops, attention's own QK^T and AV (the attention core's kernel)."""
+    attention_backward_flops: float = 0.0
+    """Of backward_flops, the attention core's backward and its recomputed forward."""
 
     @property
     def executed_flops(self) -> float:
@@ -189,6 +193,19 @@ def recompute_flops_per_token(model: ModelSpec, training: TrainingSpec, seq_len:
     return 0.0
 
 
+def recompute_attention_flops_per_token(model: ModelSpec, training: TrainingSpec, seq_len: int) -> float:
+    """Of recompute_flops_per_token, the attention core's (QK^T and AV run again): every block
+    under full and selective checkpointing, the checkpointed blocks under selective-layer, none
+    under selective-op (it saves the attention's output) or without checkpointing."""
+    mode = training.activation_checkpointing
+    attention = attention_forward_flops_per_token(model, seq_len, executed_causal_fraction(training.attention_kernel, model.causal))
+    if mode in (ActivationCheckpointing.full, ActivationCheckpointing.selective):
+        return model.num_layers * attention
+    if mode is ActivationCheckpointing.selective_layer:
+        return (model.num_layers // training.selective_layer_interval) * attention
+    return 0.0
+
+
 def step_flops(request: PlanRequest) -> StepFlops:
     """Executed and model FLOPs of one GPU's optimizer step."""
     model, training, batch = request.model, request.training, request.batch
@@ -213,6 +230,9 @@ def step_flops(request: PlanRequest) -> StepFlops:
         backward_flops=tokens * (backward + recompute),
         recompute_flops=tokens * recompute,
         model_flops=tokens * model_flops_per_token(model, batch.seq_len),
+        attention_forward_flops=tokens * attention,
+        attention_backward_flops=tokens * (attention_backward_over_forward(kernel) * attention
+                                           + recompute_attention_flops_per_token(model, training, batch.seq_len)),
     )
 
 

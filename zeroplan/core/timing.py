@@ -201,16 +201,51 @@ def executed_flops_per_s(request: PlanRequest) -> float:
     return request.cluster.gpu.peak_bf16_flops_per_s * request.performance.hardware_flops_utilization
 
 
-# docs/communication-time.md, "Compute": t = executed FLOPs / (peak x HFU); the plan search
-# times its groups through this same function.
+def attention_relative_rate(request: PlanRequest) -> float:
+    """r: the rate attention's FLOPs run at over the matrix products' (zeroplan.core.attention_rate),
+    1 under --attention-rate matmul."""
+    if request.performance.attention_rate != "published":
+        return 1.0
+    from zeroplan.core.attention_rate import relative_attention_rate
+
+    training = request.training
+    return relative_attention_rate(request.cluster.gpu.architecture, training.attention_kernel,
+                                   training.attention_implementation, request.batch.seq_len)
+
+
+def attention_flops_per_s(request: PlanRequest, matmul_rate: float) -> float:
+    """The rate attention's FLOPs run at: r x the matmul rate ('published'), the kernel's own
+    published rate whatever the HFU ('kernel'), or the matmul rate ('matmul', or a GPU
+    generation and kernel the table has no row for)."""
+    mode = request.performance.attention_rate
+    if mode == "kernel":
+        from zeroplan.core.attention_rate import attention_rate_row, kernel_name
+
+        training = request.training
+        row = attention_rate_row(request.cluster.gpu.architecture,
+                                 kernel_name(training.attention_kernel, training.attention_implementation))
+        if row is None:
+            return matmul_rate
+        return row.relative(request.batch.seq_len) * row.matmul_tflops * 1e12
+    return matmul_rate * attention_relative_rate(request)
+
+
+# docs/communication-time.md, "Compute": t = matmul FLOPs / (peak x HFU) + attention FLOPs /
+# (peak x HFU x r); the plan search times its groups through this same function.
 def compute_time_s(flops: StepFlops, request: PlanRequest) -> tuple[float, float]:
-    """(forward, backward) seconds of compute: executed FLOPs over executed_flops_per_s, or,
-    under the roofline compute model, the request's kernels against the GPU's ceilings."""
+    """(forward, backward) seconds of compute: executed FLOPs over executed_flops_per_s, the
+    attention core's at its relative rate r, or, under the roofline compute model, the request's
+    kernels against the GPU's ceilings."""
     if request.performance.compute_model == "roofline":
         step = roofline_step(request)
         return step.forward_s, step.backward_s
     rate = executed_flops_per_s(request)
-    return flops.forward_flops / rate, flops.backward_flops / rate
+    if request.performance.attention_rate == "matmul":
+        return flops.forward_flops / rate, flops.backward_flops / rate
+    attention_rate = attention_flops_per_s(request, rate)
+    forward = (flops.forward_flops - flops.attention_forward_flops) / rate + flops.attention_forward_flops / attention_rate
+    backward = (flops.backward_flops - flops.attention_backward_flops) / rate + flops.attention_backward_flops / attention_rate
+    return forward, backward
 
 
 def gpu_optimizer_time_s(request: PlanRequest) -> float:
@@ -251,7 +286,9 @@ def rank_flops(request: PlanRequest) -> StepFlops:
     if ranks == 1:
         return flops
     return StepFlops(forward_flops=flops.forward_flops / ranks, backward_flops=flops.backward_flops / ranks,
-                     recompute_flops=flops.recompute_flops / ranks, model_flops=flops.model_flops / ranks)
+                     recompute_flops=flops.recompute_flops / ranks, model_flops=flops.model_flops / ranks,
+                     attention_forward_flops=flops.attention_forward_flops / ranks,
+                     attention_backward_flops=flops.attention_backward_flops / ranks)
 
 
 def step_time(request: PlanRequest, collectives: tuple[Collective, ...]) -> StepTime:

@@ -17,6 +17,7 @@ from zeroplan.specs.request import MemoryAssumptions, PerformanceAssumptions, Pl
 from zeroplan.specs.strategy import StrategyKind, StrategySpec, ZeroGradientReduce
 from zeroplan.specs.training import (
     ActivationCheckpointing,
+    AttentionImplementation,
     AttentionKernel,
     BatchSpec,
     Float8Recipe,
@@ -31,6 +32,7 @@ from zeroplan.specs.training import (
 __all__ = [
     "AchievedBusBandwidth",
     "ActivationCheckpointing",
+    "AttentionImplementation",
     "AttentionKernel",
     "BaseDtype",
     "BatchSpec",

@@ -127,6 +127,14 @@ class PerformanceAssumptions(Frozen):
     'roofline', kernel by kernel against the GPU's measured ceilings (zeroplan.core.roofline:
     matrix products at the achievable matmul rate, attention with its softmax exponentials,
     memory-bound kernels and the optimizer step at the achievable memory bandwidth)."""
+    attention_rate: str = Field(default="matmul", pattern="^(matmul|published|kernel)$")
+    """Under the 'hfu' compute model, the rate of attention's own FLOPs (QK^T and AV, forward,
+    backward and recomputed; zeroplan.core.attention_rate, docs/communication-time.md,
+    "Compute"): 'matmul', the matrix products' rate (one HFU for every executed FLOP, the
+    default); 'published', that rate times the kernel's published rate relative to the GPU's
+    achievable matmul rate; 'kernel', the kernel's published TFLOP/s itself, whatever the HFU.
+    Not the default: on the published throughput rows it helps a calibrated step and hurts the
+    uncalibrated one (docs/validation.md, "Attention at its own rate")."""
     algorithm: str = Field(default="auto", pattern="^(auto|ring|tree|nvls|nvls_tree|collnet)$")
     """NCCL algorithm of each collective call: 'auto' = the one NCCL's tuning model predicts
     fastest (zeroplan/core/algorithms.py); a name forces it wherever NCCL offers it for that

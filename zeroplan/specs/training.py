@@ -84,6 +84,18 @@ class AttentionKernel(str, Enum):
     per-row log-sum-exp (Dao et al. 2022, sec. 3.1)."""
 
 
+class AttentionImplementation(str, Enum):
+    """Which flash kernel runs attention: it sets the rate attention's FLOPs run at relative to
+    the matrix products (zeroplan.core.attention_rate)."""
+
+    flash_attn_2 = "flash-attn-2"
+    """FlashAttention-2's CUDA kernels (flash-attn 2.x; PyTorch SDPA's flash backend since
+    torch 2.2, which vendors them)."""
+    flash_attn_triton = "flash-attn-triton"
+    """The Triton FlashAttention of flash-attn's ``flash_attn_triton.py`` (llm-foundry's MPT
+    ``attn_impl: triton``)."""
+
+
 class Kernels(str, Enum):
     """Which dispatch path the activation terms follow: the ops that save a different set of
     tensors on a GPU than on a CPU (torch 2.13 native_functions.yaml: ``_fused_rms_norm`` has a
@@ -134,6 +146,9 @@ class TrainingSpec(Frozen):
     """Activation recomputation mode."""
     attention_kernel: AttentionKernel = AttentionKernel.flash
     """Attention implementation (decides whether a*s^2 terms are stored)."""
+    attention_implementation: AttentionImplementation = AttentionImplementation.flash_attn_2
+    """Which flash kernel (read with attention_kernel flash): the rate of attention's FLOPs
+    relative to the matrix products' (zeroplan.core.attention_rate)."""
     state_convention: StateConvention | None = None
     """Byte layout of model states; None takes the strategy's own (fsdp2 for PyTorch's DDP
     and FSDP, zero for DeepSpeed's ZeRO stages and offload)."""

@@ -172,3 +172,60 @@ def _study(table: PublishedThroughputTable) -> tuple[tuple[SourceCalibration, ..
         for source, (anchor, hfu) in calibrations.items()
     )
     return sources, tuple(errors)
+
+
+ATTENTION_RATES = ("matmul", "published", "kernel")
+"""PerformanceAssumptions.attention_rate's modes, compared on the rows (docs/validation.md,
+"Attention at its own rate")."""
+
+
+def _with_attention_rate(request, mode: str):  # type: ignore[no-untyped-def]
+    return request.model_copy(update={"performance": request.performance.model_copy(update={"attention_rate": mode})})
+
+
+class AttentionRateFigures(Frozen):
+    """One attention-rate mode on the published rows: each source calibrated on its row of
+    fewest GPUs and scored on its others, and the default HFU over every row."""
+
+    mode: str
+    per_source: tuple[tuple[str, int, float, float], ...]
+    """(source label, rows scored, median |error|, max |error|), sources of MIN_SOURCE_ROWS or more."""
+    calibrated: tuple[float, ...]
+    """|error| of every calibrated prediction."""
+    default: tuple[float, ...]
+    """|error| of every row at the default HFU."""
+    refused: tuple[str, ...]
+    """Rows calibrate step refuses (their published step is shorter than the planner's at HFU 1):
+    neither an anchor nor scored."""
+
+
+@functools.lru_cache(maxsize=4)
+def attention_rate_figures(mode: str, table: PublishedThroughputTable | None = None) -> AttentionRateFigures:
+    """The calibrated and default figures of the rows under attention-rate ``mode``."""
+    from zeroplan.errors import ZeroplanError
+
+    rows = (table or load_published_throughput()).rows
+    implied: dict[str, float] = {}
+    refused = []
+    for row in rows:
+        try:
+            implied[row.name] = solve_hfu(_with_attention_rate(row.request(), mode), published_step_s(row))
+        except ZeroplanError:
+            refused.append(row.name)
+    by_source: dict[str, list[PublishedThroughput]] = {}
+    for row in rows:
+        by_source.setdefault(source_of(row), []).append(row)
+    per_source, calibrated = [], []
+    for members in by_source.values():
+        usable = [row for row in members if row.name in implied]
+        if len(members) < MIN_SOURCE_ROWS or not usable:
+            continue
+        anchor = calibration_row(usable)
+        errors = [abs(planned_step(_with_attention_rate(row.request(implied[anchor.name]), mode)).tokens_per_s_per_gpu
+                      / row.published_tokens_per_s_per_gpu - 1) for row in usable if row.name != anchor.name]
+        per_source.append((source_label(anchor), len(errors), statistics.median(errors), max(errors)))
+        calibrated += errors
+    default = [abs(planned_step(_with_attention_rate(row.request(), mode)).tokens_per_s_per_gpu
+                   / row.published_tokens_per_s_per_gpu - 1) for row in rows]
+    return AttentionRateFigures(mode=mode, per_source=tuple(per_source), calibrated=tuple(calibrated),
+                                default=tuple(default), refused=tuple(refused))

@@ -20,7 +20,7 @@ from zeroplan.errors import ZeroplanError
 from zeroplan.presets.gpus import get_gpu
 from zeroplan.presets.models import get_model
 from zeroplan.specs import (
-    ActivationCheckpointing, BatchSpec, PerformanceAssumptions, PlanRequest, Precision, StrategyKind, StrategySpec,
+    ActivationCheckpointing, AttentionImplementation, BatchSpec, PerformanceAssumptions, PlanRequest, Precision, StrategyKind, StrategySpec,
     TrainingSpec, cluster_from_gpus,
 )
 from zeroplan.specs.base import Frozen, first_error
@@ -60,6 +60,10 @@ class PublishedThroughput(Frozen):
     """Training stack of the run."""
     fused_cross_entropy: bool = False
     """The run's loss is flash-attn's fused cross-entropy (TrainingSpec.fused_cross_entropy)."""
+    attention_implementation: AttentionImplementation = AttentionImplementation.flash_attn_2
+    """The flash kernel the run's attention used (TrainingSpec.attention_implementation):
+    llm-foundry's MPT rows ran ``attn_impl: triton``, torchtitan's SDPA (FlashAttention-2's
+    kernels on an A100)."""
     precision: Precision
     """Numerics."""
     activation_checkpointing: ActivationCheckpointing
@@ -88,6 +92,7 @@ class PublishedThroughput(Frozen):
             training=TrainingSpec(
                 precision=self.precision, activation_checkpointing=self.activation_checkpointing,
                 framework=self.framework, fused_cross_entropy=self.fused_cross_entropy,
+                attention_implementation=self.attention_implementation,
             ),
             batch=BatchSpec(
                 micro_batch_size=self.micro_batch_size, seq_len=self.seq_len, grad_accum_steps=self.grad_accum_steps,

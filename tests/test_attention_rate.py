@@ -1,0 +1,77 @@
+"""Attention at its own rate (zeroplan/core/attention_rate.py; docs/communication-time.md,
+"Attention at its own rate"): the table's rows carry their source, r is the published TFLOP/s over
+the matmul rate, compute splits as documented, and the benchmark's figures are what the docs quote."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from zeroplan.core.attention_rate import RATES, SEQUENCE_POINTS, attention_rate_row, relative_attention_rate
+from zeroplan.core.flops import step_flops
+from zeroplan.core.timing import compute_time_s, executed_flops_per_s
+from zeroplan.specs import AttentionImplementation, AttentionKernel
+from zeroplan.specs.hardware import GpuArchitecture
+from zeroplan.validate.step_time import load_published_throughput
+
+ROOT = Path(__file__).resolve().parents[1]
+ROWS = load_published_throughput().rows
+
+
+def _with(request, mode):  # type: ignore[no-untyped-def]
+    return request.model_copy(update={"performance": request.performance.model_copy(update={"attention_rate": mode})})
+
+
+def test_every_row_names_its_source_and_covers_the_published_sequences() -> None:
+    assert len({(row.architecture, row.kernel) for row in RATES}) == len(RATES)
+    for row in RATES:
+        assert row.source and len(row.tflops) == len(SEQUENCE_POINTS)
+        assert all(0 < t < row.matmul_tflops for t in row.tflops)
+    assert attention_rate_row(GpuArchitecture.hopper, "flash-attn-triton").assumed  # not published on H100
+
+
+def test_r_is_the_published_rate_over_the_matmul_rate_interpolated_in_log_s() -> None:
+    fa2 = attention_rate_row(GpuArchitecture.ampere, "flash-attn-2")
+    assert fa2.relative(2048) == pytest.approx(155 / 267.9)
+    assert fa2.relative(2896) == pytest.approx((155 + 0.5 * (173 - 155)) / 267.9, rel=1e-3)
+    assert fa2.relative(65536) == fa2.relative(16384) and fa2.relative(128) == fa2.relative(512)
+    assert relative_attention_rate(GpuArchitecture.blackwell, AttentionKernel.flash,
+                                   AttentionImplementation.flash_attn_2, 8192) == 1.0
+
+
+def test_published_mode_prices_the_attention_core_at_r_times_the_matmul_rate() -> None:
+    row = next(r for r in ROWS if r.name == "mpt-1b h100 x8 s32768 b1x4 no AC")
+    request = _with(row.request(), "published")
+    flops = step_flops(request)
+    rate = executed_flops_per_s(request)
+    r = attention_rate_row(GpuArchitecture.hopper, "flash-attn-triton").relative(32768)
+    forward, backward = compute_time_s(flops, request)
+    assert 0 < flops.attention_forward_flops < flops.forward_flops
+    assert forward == pytest.approx((flops.forward_flops - flops.attention_forward_flops) / rate
+                                    + flops.attention_forward_flops / (r * rate))
+    assert backward == pytest.approx((flops.backward_flops - flops.attention_backward_flops) / rate
+                                     + flops.attention_backward_flops / (r * rate))
+    # The default, one HFU for every FLOP, is unchanged.
+    assert compute_time_s(flops, row.request()) == (flops.forward_flops / rate, flops.backward_flops / rate)
+
+
+def test_recomputed_attention_is_counted_with_the_attention_core() -> None:
+    full = next(r for r in ROWS if r.activation_checkpointing.value == "full" and r.architecture is not None)
+    flops = step_flops(full.request())
+    # Full checkpointing runs the forward's attention again: backward = 2.5x + 1x the forward's.
+    assert flops.attention_backward_flops == pytest.approx(3.5 * flops.attention_forward_flops)
+
+
+def test_docs_quote_the_attention_rate_figures_as_printed() -> None:
+    spec = importlib.util.spec_from_file_location("step_time_accuracy", ROOT / "benchmarks" / "step_time_accuracy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    printed = module.attention_rate_report(load_published_throughput())
+    docs = (ROOT / "docs" / "validation.md").read_text()
+    section = docs[docs.index("### Attention at its own rate"):]
+    lines = [line for line in printed if line.startswith("| ") or line.startswith("attention rate ")]
+    assert len(lines) >= 8
+    for line in lines:
+        assert line in section, line

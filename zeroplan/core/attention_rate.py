@@ -1,0 +1,124 @@
+"""The rate attention's FLOPs run at, relative to the matrix products' (docs/communication-time.md,
+"Compute": attention at its own rate).
+
+Flash attention runs well below the matmul ceiling, and how far below depends on the kernel and
+the GPU generation (FlashAttention-3, Shah et al. 2024, sec. 3.1: the softmax's exponentials and
+the kernel's scheduling, not the matrix units, bound it). One HFU for every executed FLOP cannot
+say that, so compute is priced as
+
+    t = matmul FLOPs / (peak x HFU) + attention FLOPs / (peak x HFU x r(GPU generation, kernel, s))
+
+with r the kernel's published forward + backward TFLOP/s over the GPU's maximum achievable matmul
+rate (zeroplan.core.roofline.ceilings, MAMF), both read from publications, never fitted to the
+throughput rows. The kernels' TFLOP/s count FLOPs as zeroplan.core.flops executes them (causal:
+half the score blocks; backward 2.5x the forward: flash-attn benchmarks/benchmark_flash_attention.py,
+flops()), so r prices the FLOPs the planner counts. Published at head dimension 128 (the models
+of the published rows; other head sizes take it), causal, batch x sequence = 16k tokens, at
+sequences 512-16k; between points r is interpolated in log2(s), outside them held at the end
+point. A (generation, kernel) with no row runs at the matmul rate (r = 1, the flat HFU).
+"""
+
+from __future__ import annotations
+
+import math
+
+from zeroplan.specs.base import Frozen
+from zeroplan.specs.hardware import GpuArchitecture
+from zeroplan.specs.training import AttentionImplementation, AttentionKernel
+
+SEQUENCE_POINTS: tuple[int, ...] = (512, 1024, 2048, 4096, 8192, 16384)
+"""The sequence lengths the kernel benchmarks publish (FlashAttention-2 README and paper, Fig. 4)."""
+
+A100_MAMF_TFLOPS = 267.9
+H100_MAMF_TFLOPS = 792.1
+"""Maximum achievable bf16 matmul TFLOP/s (zeroplan.core.roofline.ceilings: stas00/ml-engineering
+compute/accelerator/README.md, MAMF table, A100 SXM and H100 SXM, CUDA 12.1)."""
+
+_FA2_README = ("flash-attention README 'Performance' (assets/flash2_a100_fwd_bwd_benchmark.png, also "
+               "FlashAttention-2, Dao 2023, Fig. 4(d))")
+_FA2_README_H100 = "flash-attention README 'Performance', H100 (assets/flash2_h100_fwd_bwd_benchmark.png)"
+
+
+class AttentionRate(Frozen):
+    """One (GPU generation, kernel)'s published attention throughput."""
+
+    architecture: GpuArchitecture
+    kernel: str
+    """An AttentionImplementation value, or 'eager' (AttentionKernel.eager: PyTorch's standard
+    attention, two batched products and a softmax)."""
+    tflops: tuple[float, ...]
+    """Forward + backward TFLOP/s at each of SEQUENCE_POINTS (causal, head dim 128, bf16/fp16),
+    in the FLOPs zeroplan.core.flops executes for that kernel."""
+    matmul_tflops: float
+    """The GPU's maximum achievable matmul TFLOP/s the rates are relative to."""
+    source: str
+    """Where the figures are published."""
+    assumed: str = ""
+    """What is assumed where the combination itself is not published ('' where it is)."""
+
+    def relative(self, seq_len: int) -> float:
+        """r at ``seq_len``: TFLOP/s over the matmul rate, interpolated in log2(s)."""
+        points = [math.log2(s) for s in SEQUENCE_POINTS]
+        x = min(max(math.log2(seq_len), points[0]), points[-1])
+        for i in range(len(points) - 1):
+            if x <= points[i + 1]:
+                t = (x - points[i]) / (points[i + 1] - points[i])
+                return (self.tflops[i] + t * (self.tflops[i + 1] - self.tflops[i])) / self.matmul_tflops
+        return self.tflops[-1] / self.matmul_tflops
+
+
+# The Triton kernel has no published H100 figure. Like FlashAttention-2's CUDA kernels it issues
+# Ampere's mma.sync (neither uses Hopper's wgmma or TMA: FlashAttention-3 sec. 1), so it is taken
+# to gain from A100 to H100 what FlashAttention-2 gains, sequence by sequence.
+_FA2_A100 = (99.0, 133.0, 155.0, 173.0, 182.0, 189.0)
+_FA2_H100 = (163.0, 221.0, 265.0, 294.0, 308.0, 328.0)
+_TRITON_A100 = (50.0, 61.0, 68.0, 74.0, 78.0, 80.0)
+_TRITON_H100 = tuple(round(t * h / a, 1) for t, h, a in zip(_TRITON_A100, _FA2_H100, _FA2_A100, strict=True))
+# PyTorch's standard attention: the causal panels count half the FLOPs (flops() divides by 2),
+# while eager attention computes every score, so its executed rate is twice the plotted one.
+_EAGER_A100 = tuple(2 * t for t in (23.0, 28.0, 32.0, 32.0, 34.0, 34.0))
+_EAGER_H100 = tuple(2 * t for t in (40.0, 50.0, 57.0, 61.0, 63.0, 63.0))
+
+RATES: tuple[AttentionRate, ...] = (
+    AttentionRate(architecture=GpuArchitecture.ampere, kernel=AttentionImplementation.flash_attn_2.value,
+                  tflops=_FA2_A100, matmul_tflops=A100_MAMF_TFLOPS,
+                  source=f"{_FA2_README}: FlashAttention-2, A100 80GB SXM4, causal, head dim 128"),
+    AttentionRate(architecture=GpuArchitecture.ampere, kernel=AttentionImplementation.flash_attn_triton.value,
+                  tflops=_TRITON_A100, matmul_tflops=A100_MAMF_TFLOPS,
+                  source=f"{_FA2_README}: 'FlashAttention Triton', A100 80GB SXM4, causal, head dim 128"),
+    AttentionRate(architecture=GpuArchitecture.ampere, kernel=AttentionKernel.eager.value,
+                  tflops=_EAGER_A100, matmul_tflops=A100_MAMF_TFLOPS,
+                  source=f"{_FA2_README}: 'Pytorch', A100 80GB SXM4, causal, head dim 128, x2 (every score computed)",
+                  assumed="16k: the 8k figure (the benchmark ran out of memory)"),
+    AttentionRate(architecture=GpuArchitecture.hopper, kernel=AttentionImplementation.flash_attn_2.value,
+                  tflops=_FA2_H100, matmul_tflops=H100_MAMF_TFLOPS,
+                  source=f"{_FA2_README_H100}: FlashAttention-2, H100 80GB SXM5, causal, head dim 128"),
+    AttentionRate(architecture=GpuArchitecture.hopper, kernel=AttentionImplementation.flash_attn_triton.value,
+                  tflops=_TRITON_H100, matmul_tflops=H100_MAMF_TFLOPS,
+                  source=f"{_FA2_README} and {_FA2_README_H100}",
+                  assumed="not published on H100: the A100 Triton figure x FlashAttention-2's H100/A100 gain at "
+                          "the same sequence (both kernels use Ampere's mma.sync, neither Hopper's wgmma)"),
+    AttentionRate(architecture=GpuArchitecture.hopper, kernel=AttentionKernel.eager.value,
+                  tflops=_EAGER_H100, matmul_tflops=H100_MAMF_TFLOPS,
+                  source=f"{_FA2_README_H100}: 'Pytorch', H100 80GB SXM5, causal, head dim 128, x2 (every score computed)",
+                  assumed="16k: the 8k figure (the benchmark ran out of memory)"),
+)
+"""The published rates, one row per (GPU generation, kernel)."""
+
+
+def attention_rate_row(architecture: GpuArchitecture | None, kernel: str) -> AttentionRate | None:
+    """The table's row for (architecture, kernel); None where none is published."""
+    return next((row for row in RATES if row.architecture is architecture and row.kernel == kernel), None)
+
+
+def kernel_name(kernel: AttentionKernel, implementation: AttentionImplementation) -> str:
+    """The table's kernel name: 'eager', or the flash implementation's."""
+    return AttentionKernel.eager.value if kernel is AttentionKernel.eager else implementation.value
+
+
+def relative_attention_rate(architecture: GpuArchitecture | None, kernel: AttentionKernel,
+                            implementation: AttentionImplementation, seq_len: int) -> float:
+    """r: attention's FLOP rate over the matrix products' for this GPU generation and kernel at
+    ``seq_len`` (1 where the table has no row)."""
+    row = attention_rate_row(architecture, kernel_name(kernel, implementation))
+    return 1.0 if row is None else row.relative(seq_len)
