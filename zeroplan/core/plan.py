@@ -442,7 +442,8 @@ def recommendation_key(p: StrategyPlan) -> tuple[int | bool, ...]:
 
 def _key_before_peak(p: StrategyPlan) -> tuple[int | bool, ...]:
     """recommendation_key's rules (1)-(3): what decides before the peaks are compared."""
-    return (p.strategy.offloads_optimizer, p.strategy.offloads_parameters, p.strategy.optimizer_on_nvme,
+    # NVMe after host RAM at the same offload: (offloads_parameters, optimizer_on_nvme) in one place.
+    return (p.strategy.offloads_optimizer, (p.strategy.offloads_parameters, p.strategy.optimizer_on_nvme),
             p.sent_bytes_per_step, _shards_nothing(p))
 
 
