@@ -112,7 +112,10 @@ class StrategyPlan(Frozen):
     host_bytes_per_node: int
     """Host memory the offloaded states need on each node."""
     host_fits: bool | None
-    """Whether that fits the node's host memory; None when host memory is unknown."""
+    """Whether that fits the node's host memory (and, under the NVMe strategies, the swap files
+    the node's NVMe capacity); None when neither is given."""
+    nvme_bytes_per_rank: int = 0
+    """zero3-nvme / zero3-param-nvme: the states one GPU's rank keeps on NVMe (zeroplan.core.nvme)."""
     collectives: tuple[Collective, ...]
     """Collectives of one optimizer step."""
     sent_bytes_per_step: int

@@ -49,6 +49,11 @@ def add_cluster_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--host", default="dgx-h100",
                        help="the node's CPUs and memory that run offload's optimizer step: dgx-h100 (default) or dgx-a100")
     group.add_argument("--host-cores", type=positive_int, help="physical CPU cores per node (overrides --host's)")
+    group.add_argument("--nvme-bandwidth",
+                       help="zero3-nvme, zero3-param-nvme: the node's swap drive(s), a preset (pm9a3, the default; "
+                            "pm1743; 4x-pm1743) or GB/s as one figure or READ,WRITE (docs/communication-time.md, 'NVMe offload')")
+    group.add_argument("--nvme-capacity-gb", type=positive_float,
+                       help="NVMe per node in GB (10^9 bytes), to check the NVMe strategies' swap files")
     group.add_argument("--host-memory-bandwidth-gbs", type=positive_float,
                        help="host memory bandwidth per node in GB/s (10^9 bytes/s; overrides --host's)")
 
@@ -350,6 +355,10 @@ def host_from_args(args: argparse.Namespace) -> HostSpec:
         update["cores_per_node"] = args.host_cores
     if getattr(args, "host_memory_bandwidth_gbs", None) is not None:
         update["memory_bandwidth_bytes_per_s"] = args.host_memory_bandwidth_gbs * GB
+    if getattr(args, "nvme_bandwidth", None) is not None:
+        from zeroplan.specs.nvme import parse_nvme_bandwidth
+
+        update["nvme_read_bytes_per_s"], update["nvme_write_bytes_per_s"] = parse_nvme_bandwidth(args.nvme_bandwidth)
     return host.model_copy(update=update) if update else host
 
 
@@ -367,6 +376,8 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
     if args.host_memory_gib is not None or args.host_memory_gb is not None:
         host_bytes = int(args.host_memory_gib * GiB) if args.host_memory_gib is not None else int(args.host_memory_gb * GB)
         cluster = cluster.model_copy(update={"host_memory_bytes_per_node": host_bytes})
+    if getattr(args, "nvme_capacity_gb", None) is not None:
+        cluster = cluster.model_copy(update={"nvme_capacity_bytes_per_node": int(args.nvme_capacity_gb * GB)})
     framework = Framework(args.framework)
     precision = Precision(args.precision) if args.precision else profile(framework).default_precision
     training = TrainingSpec(

@@ -7,6 +7,7 @@ from zeroplan.core.finetune.storage import frozen_held_bytes, frozen_tensor_byte
 from zeroplan.core.finetune.units import trainable_view
 from zeroplan.core.layout import ElementBytes, ShardLayout, element_bytes, padded_unit_elements, shard_elements
 from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise, step_counter_bytes, tensor_state_bytes
+from zeroplan.core.nvme import host_pinned_bytes
 from zeroplan.core.params import ParamUnit
 from zeroplan.core.parallel.units import rank_block_count, rank_parameter_units, rank_trainable_units
 from zeroplan.core.profiles import fused_qkv_fewer_tensors
@@ -211,6 +212,10 @@ def model_state_bytes(request: PlanRequest) -> ModelStateBytes:
     if kind.offloads_parameters:
         host += parameter
         parameter = 0
+    if kind.optimizer_on_nvme:
+        # ZeRO-Infinity on NVMe: those states live on the drive (zeroplan.core.nvme.nvme_bytes);
+        # the host keeps only the swappers' pinned buffers.
+        host = host_pinned_bytes(request)
     if request.training.fsdp_cpu_offload:
         # torch 2.13 distributed/fsdp/_fully_shard/_fsdp_api.py CPUOffloadPolicy: the sharded
         # parameters (_fsdp_param.py _init_sharded_param: padded_sharded_param.cpu()) and the

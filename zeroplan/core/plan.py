@@ -27,6 +27,7 @@ from zeroplan.core.profiles import (
     framework_strategies, fsdp_cpu_offload_strategies,
 )
 from zeroplan.core.margin import borderline_words, is_borderline
+from zeroplan.core.nvme import nvme_bytes
 from zeroplan.core.model_states import ModelStateBytes, model_state_bytes
 from zeroplan.core.peak import PeakTerms, moment_totals, peak_allocated_bytes, peak_moments
 from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
@@ -200,9 +201,23 @@ def memory_breakdown(request: PlanRequest, capacity: bool = True) -> tuple[Memor
 
 
 def host_memory_fits(request: PlanRequest, host_bytes_per_rank: int) -> bool | None:
-    """Whether the offloaded bytes of a node's ranks fit its host RAM; None when none is given."""
+    """Whether the offloaded bytes of a node's ranks fit its host RAM (and, under the NVMe
+    strategies, their swap files the node's NVMe capacity); None when neither is given."""
     limit = request.cluster.host_memory_bytes_per_node
-    return None if limit is None else host_bytes_per_rank * request.cluster.gpus_per_node <= limit
+    host = None if limit is None else host_bytes_per_rank * request.cluster.gpus_per_node <= limit
+    nvme = nvme_capacity_fits(request)
+    if host is None or nvme is None:
+        return host if nvme is None else nvme
+    return host and nvme
+
+
+def nvme_capacity_fits(request: PlanRequest) -> bool | None:
+    """Whether a node's ranks' NVMe swap files fit --nvme-capacity-gb; None when not given or
+    the strategy keeps nothing on NVMe."""
+    limit = request.cluster.nvme_capacity_bytes_per_node
+    if limit is None or not request.strategy.kind.optimizer_on_nvme:
+        return None
+    return nvme_bytes(request) * request.cluster.gpus_per_node <= limit
 
 
 def pipeline_rank_breakdowns(request: PlanRequest, capacity: bool = True) -> list[tuple[MemoryBreakdown, ModelStateBytes]]:
@@ -376,6 +391,7 @@ def plan(request: PlanRequest, capacity: bool = True) -> StrategyPlan:
         host_bytes_per_rank=states.host_bytes,
         host_bytes_per_node=host_per_node,
         host_fits=host_memory_fits(request, states.host_bytes),
+        nvme_bytes_per_rank=nvme_bytes(request),
         collectives=step_collectives,
         sent_bytes_per_step=sum(c.sent_bytes_per_step for c in step_collectives),
         communication_volume_elements=sum(c.volume_elements_per_step for c in step_collectives),
@@ -405,6 +421,8 @@ SIMPLICITY: dict[StrategyKind, int] = {
     StrategyKind.zero3_param_offload: 9,
     StrategyKind.zero3_mics: 10,
     StrategyKind.zero3_hpz: 11,
+    StrategyKind.zero3_nvme: 12,
+    StrategyKind.zero3_param_nvme: 13,
 }
 """Rank of each strategy by how much it shards and offloads (0 = plain training or DDP)."""
 
@@ -424,7 +442,9 @@ def recommendation_key(p: StrategyPlan) -> tuple[int | bool, ...]:
 
 def _key_before_peak(p: StrategyPlan) -> tuple[int | bool, ...]:
     """recommendation_key's rules (1)-(3): what decides before the peaks are compared."""
-    return (p.strategy.offloads_optimizer, p.strategy.offloads_parameters, p.sent_bytes_per_step, _shards_nothing(p))
+    # NVMe after host RAM at the same offload: (offloads_parameters, optimizer_on_nvme) in one place.
+    return (p.strategy.offloads_optimizer, (p.strategy.offloads_parameters, p.strategy.optimizer_on_nvme),
+            p.sent_bytes_per_step, _shards_nothing(p))
 
 
 def recommend(plans: Iterable[StrategyPlan]) -> StrategyKind | None:
@@ -440,6 +460,10 @@ def _verdict(
 ) -> str:
     fitting = [p.strategy.value for p in plans if p.fits and p.host_fits is not False]
     short_of_host = [p for p in plans if p.fits and p.host_fits is False]
+    if not fitting and short_of_host and host_limit_bytes is None:
+        least = min(short_of_host, key=lambda p: p.nvme_bytes_per_rank)
+        return (f"Nothing fits in NVMe: {least.strategy.value} fits on the GPU but its swap files need "
+                f"{least.nvme_bytes_per_rank / 1e9:.0f} GB per rank, more than --nvme-capacity-gb allows.")
     if not fitting and short_of_host:
         # The GPU is not what fails: say so, with the host RAM each needs and has.
         least = min(short_of_host, key=lambda p: p.host_bytes_per_node)

@@ -9,6 +9,7 @@ from zeroplan.core.communication import Collective, Phase
 from zeroplan.core.flops import StepFlops, step_flops
 from zeroplan.core.layout import element_bytes
 from zeroplan.core.model_states import held_elements, shard_layout
+from zeroplan.core.nvme import nvme_traffic
 from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise
 from zeroplan.core.parallel.units import rank_trainable_units
 from zeroplan.core.roofline import roofline_step
@@ -31,6 +32,9 @@ class StepTime(Frozen):
     """All collectives, run back to back."""
     host_transfer_s: float
     """Offload copies over the host link (PCIe), at this GPU's share of it."""
+    nvme_transfer_s: float = 0.0
+    """zero3-nvme / zero3-param-nvme: reads and writes of the NVMe swap files, at this GPU's
+    share of the node's drive (zeroplan.core.nvme.nvme_traffic); 0 for every other strategy."""
     cpu_optimizer_s: float = 0.0
     """Offload's optimizer step on the host CPU for this GPU's partition (0 without offload)."""
     optimizer_step_s: float = 0.0
@@ -262,19 +266,47 @@ def model_flops_utilization(model_flops: float, step_s: float, peak_flops_per_s:
     return model_flops / (step_s * peak_flops_per_s)
 
 
-def exposed_communication_s(forward_s, backward_s, collective_s, host_s, maximum=max):
+def exposed_communication_s(forward_s, backward_s, collective_s, host_s, maximum=max, nvme_s=None):
     """Seconds of collectives and host copies not hidden behind compute: each phase's link
     time past that phase's compute, plus everything in the step phase. ``collective_s`` and
-    ``host_s`` map each Phase to seconds. The plan search sweeps numpy arrays through this same
-    rule with ``maximum=np.maximum`` (the planner itself stays free of numpy at start-up)."""
+    ``host_s`` (and, under the NVMe strategies, ``nvme_s``) map each Phase to seconds. The plan
+    search sweeps numpy arrays through this same rule with ``maximum=np.maximum`` (the planner
+    itself stays free of numpy at start-up)."""
     forward_busy = maximum(collective_s[Phase.forward], host_s[Phase.forward])
     backward_busy = maximum(collective_s[Phase.backward], host_s[Phase.backward])
+    step = collective_s[Phase.step] + host_s[Phase.step]
+    if nvme_s is not None:
+        forward_busy = maximum(forward_busy, nvme_s[Phase.forward])
+        backward_busy = maximum(backward_busy, nvme_s[Phase.backward])
+        step = step + nvme_s[Phase.step]
     return (
         maximum(0.0, forward_busy - forward_s)
         + maximum(0.0, backward_busy - backward_s)
-        + collective_s[Phase.step]
-        + host_s[Phase.step]
+        + step
     )
+
+
+# ZeRO-Infinity on NVMe (zeroplan.core.nvme.nvme_traffic for the bytes). The node's ranks swap at
+# once, so each gets 1/G of the drive's read and write bandwidth (as host_memory_bound_s shares
+# the host's memory). Parameter reads are prefetched ahead of their gathers (deepspeed 0.19.8
+# partitioned_param_coordinator.py __prefetch_nvme_param_partitions, swap_in(async_op=True)) and
+# the gradient partition is written while backward runs, so forward and backward NVMe time hides
+# behind that phase's compute as the other links do (the slowest link counts). The optimizer
+# swapper is not pipelined by default (offload_optimizer pipeline_read/pipeline_write False):
+# PartitionedOptimizerSwapper.swap_in_optimizer_state reads each sub-group and waits, the CPU
+# step runs, swap_out_optimizer_state writes and waits (aio_handle.wait()), so the step phase's
+# reads and writes add to the step in full, besides the CPU optimizer's time.
+def nvme_time_by_phase(request: PlanRequest) -> dict[Phase, float]:
+    """Seconds of NVMe reads and writes per phase on one GPU's share of the node's drive."""
+    traffic = nvme_traffic(request)
+    ranks = request.cluster.gpus_per_node
+    read = request.cluster.host.nvme_read_bytes_per_s / ranks
+    write = request.cluster.host.nvme_write_bytes_per_s / ranks
+    return {
+        Phase.forward: traffic.forward_read / read,
+        Phase.backward: traffic.backward_read / read + traffic.backward_write / write,
+        Phase.step: traffic.step_read / read + traffic.step_write / write,
+    }
 
 
 # Model parallelism divides each replica's work among tp x cp x pp ranks, taken as evenly
@@ -317,7 +349,9 @@ def step_time(request: PlanRequest, collectives: tuple[Collective, ...]) -> Step
     # (DeepSpeed's default; its delayed parameter update, ZeRO-Offload sec. 5.2, is opt-in and
     # not modelled), so cpu_s adds to the step in full; the GPU's own optimizer step (roofline
     # model) likewise runs after the last gradient is reduced.
-    exposed = exposed_communication_s(forward_s, backward_s, by_phase, host_by_phase)
+    nvme_by_phase = nvme_time_by_phase(request) if request.strategy.kind.optimizer_on_nvme else None
+    nvme_s = sum(nvme_by_phase.values()) if nvme_by_phase else 0.0
+    exposed = exposed_communication_s(forward_s, backward_s, by_phase, host_by_phase, nvme_s=nvme_by_phase)
     # The pipeline idles a fraction of its busy time: compute and the collectives compute waits on.
     bubble_s = float(bubble_fraction(request.parallel, request.batch.grad_accum_steps)) * (forward_s + backward_s + blocking_s)
     step_s = forward_s + backward_s + blocking_s + bubble_s + exposed + cpu_s + gpu_optimizer_s
@@ -328,10 +362,11 @@ def step_time(request: PlanRequest, collectives: tuple[Collective, ...]) -> Step
         backward_compute_s=backward_s,
         communication_s=communication_s,
         host_transfer_s=host_s,
+        nvme_transfer_s=nvme_s,
         cpu_optimizer_s=cpu_s,
         optimizer_step_s=gpu_optimizer_s,
         exposed_communication_s=exposed,
-        step_without_overlap_s=forward_s + backward_s + communication_s + host_s + cpu_s + gpu_optimizer_s + bubble_s,
+        step_without_overlap_s=forward_s + backward_s + communication_s + host_s + nvme_s + cpu_s + gpu_optimizer_s + bubble_s,
         step_with_overlap_s=step_s,
         model_parallel_communication_s=blocking_s,
         pipeline_bubble_s=bubble_s,

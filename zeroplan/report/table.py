@@ -197,6 +197,24 @@ def finetune_lines(report: FitReport) -> list[str]:
     return [f"{kind} rank {finetune.lora_rank} on {targets}{dropout}: {share}; {base}."]
 
 
+def nvme_lines(report: FitReport, unit: ByteUnit) -> list[str]:
+    """Under the NVMe strategies (zero3-nvme, zero3-param-nvme), each one's trade-off per GPU: GPU
+    peak, pinned host RAM, NVMe bytes and the step time with its NVMe part (docs/memory-model.md,
+    "ZeRO-Infinity on NVMe"); nothing otherwise."""
+    shown = [p for p in report.plans if p.strategy.optimizer_on_nvme or p.strategy.offloads_optimizer]
+    if not any(p.strategy.optimizer_on_nvme for p in report.plans):
+        return []
+    lines = [f"Offload trade-off per GPU (NVMe read/write {report.cluster.host.nvme_read_bytes_per_s / 1e9:.1f}/"
+             f"{report.cluster.host.nvme_write_bytes_per_s / 1e9:.1f} GB/s per node, --nvme-bandwidth):"]
+    for p in shown:
+        t = p.time
+        lines.append(f"  {p.strategy.value}: GPU peak {to_unit(p.memory.peak_bytes, unit):.1f} {unit.value}, host RAM "
+                     f"{to_unit(p.host_bytes_per_rank, unit):.1f} {unit.value}, NVMe {p.nvme_bytes_per_rank / 1e9:.0f} GB; step "
+                     f"{t.step_with_overlap_s:.1f} s (compute {t.compute_s:.1f} s, PCIe {t.host_transfer_s:.1f} s, "
+                     f"NVMe {t.nvme_transfer_s:.1f} s, CPU step {t.cpu_optimizer_s:.1f} s, exposed {t.exposed_communication_s:.1f} s)")
+    return lines
+
+
 def paged_optimizer_lines(report: FitReport, unit: ByteUnit) -> list[str]:
     """Where a paged optimizer's states are, which the table's columns leave out."""
     if not report.training.paged_optimizer:
@@ -235,6 +253,7 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
         + (f", float8 {t.float8.value} (memory only: step time assumes bf16 matmuls)" if t.float8 else ""),
         *allocator_lines(report),
         *paged_optimizer_lines(report, unit),
+        *nvme_lines(report, unit),
         *finetune_lines(report),
         *moe_lines(report),
         *parallel_lines(report),

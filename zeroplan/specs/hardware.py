@@ -133,6 +133,11 @@ class HostSpec(Frozen):
     """Parameters one core updates per second when not memory-bound (DeepSpeed CPU Adam):
     fitted to ZeRO-Offload's CPU-Adam latencies on a DGX-2 host (Ren et al. 2021, Table 3;
     zeroplan.core.cpu_adam_anchor.per_core_rate_from_published), see docs/communication-time.md."""
+    nvme_read_bytes_per_s: float = Field(default=6.5e9, gt=0, le=1e15, allow_inf_nan=False)
+    """Sequential read bandwidth of the node's NVMe swap drive(s), shared by its ranks (default:
+    one PCIe 4.0 datacenter drive, zeroplan.specs.nvme's "pm9a3" preset, 6.5 GB/s)."""
+    nvme_write_bytes_per_s: float = Field(default=3.5e9, gt=0, le=1e15, allow_inf_nan=False)
+    """Sequential write bandwidth of the same drive(s) (the "pm9a3" preset's, 3.5 GB/s)."""
     gpus_per_host_link: int = Field(default=1, gt=0)
     """GPUs that share one PCIe path to the host (e.g. 2 behind each PCIe switch in a DGX A100);
     1 means each GPU has its own full host link."""
@@ -149,6 +154,8 @@ class ClusterSpec(Frozen):
     """GPUs in each node."""
     host_memory_bytes_per_node: int | None = Field(default=None, gt=0)
     """Host RAM per node, for the offload check; None means unknown (not checked)."""
+    nvme_capacity_bytes_per_node: int | None = Field(default=None, gt=0)
+    """NVMe bytes per node for the NVMe strategies' swap files; None means unknown (not checked)."""
     host: HostSpec = Field(default_factory=HostSpec)
     """Host CPUs, memory bandwidth and PCIe sharing per node, for offload's CPU step."""
     cuda_context_bytes: int = Field(default=512 * MiB, ge=0)

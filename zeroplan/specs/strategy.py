@@ -42,6 +42,13 @@ class StrategyKind(str, Enum):
     that also keeps a secondary partition of the parameters over a group of
     StrategySpec.hpz_partition_size ranks (a node), so every gather after the first forward runs
     inside that group."""
+    zero3_nvme = "zero3-nvme"
+    """ZeRO-Infinity (Rajbhandari et al. 2021) on NVMe, optimizer only: zero3-offload with the
+    optimizer's fp32 states swapped to NVMe (DeepSpeed offload_optimizer.device "nvme") through
+    pinned host buffers; the CPU still runs the optimizer step."""
+    zero3_param_nvme = "zero3-param-nvme"
+    """ZeRO-Infinity on NVMe: zero3-param-offload with the optimizer states and the parameter
+    partitions beyond offload_param.max_in_cpu on NVMe (offload_param.device "nvme")."""
     zero3_mics = "zero3-mics"
     """MiCS (Zhang et al. 2022; DeepSpeed mics_shard_size): stage 3 over a shard group of
     StrategySpec.mics_shard_size ranks, replicated across groups, the gradient partitions
@@ -67,6 +74,8 @@ class StrategyKind(str, Enum):
             StrategyKind.zero3_param_offload: 3,
             StrategyKind.zero3_hpz: 3,
             StrategyKind.zero3_mics: 3,
+            StrategyKind.zero3_nvme: 3,
+            StrategyKind.zero3_param_nvme: 3,
         }[self]
 
     @property
@@ -77,11 +86,21 @@ class StrategyKind(str, Enum):
 
     @property
     def offloads_optimizer(self) -> bool:
-        return self in (StrategyKind.zero2_offload, StrategyKind.zero3_offload, StrategyKind.zero3_param_offload)
+        return self in (StrategyKind.zero2_offload, StrategyKind.zero3_offload, StrategyKind.zero3_param_offload,
+                        StrategyKind.zero3_nvme, StrategyKind.zero3_param_nvme)
 
     @property
     def offloads_parameters(self) -> bool:
-        return self is StrategyKind.zero3_param_offload
+        return self in (StrategyKind.zero3_param_offload, StrategyKind.zero3_param_nvme)
+
+    @property
+    def optimizer_on_nvme(self) -> bool:
+        """ZeRO-Infinity's NVMe offload: the optimizer's states live on NVMe (zeroplan.core.nvme)."""
+        return self in (StrategyKind.zero3_nvme, StrategyKind.zero3_param_nvme)
+
+    @property
+    def parameters_on_nvme(self) -> bool:
+        return self is StrategyKind.zero3_param_nvme
 
     @property
     def default_convention(self) -> StateConvention:
@@ -92,7 +111,8 @@ class StrategyKind(str, Enum):
         return StateConvention.zero
 
 
-OPT_IN_STRATEGIES = (StrategyKind.zero3_hpz, StrategyKind.zero3_mics)
+OPT_IN_STRATEGIES = (StrategyKind.zero3_hpz, StrategyKind.zero3_mics, StrategyKind.zero3_nvme,
+                     StrategyKind.zero3_param_nvme)
 """Strategies fit, compare and plan take only when --strategies names them."""
 
 
