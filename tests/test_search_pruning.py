@@ -9,22 +9,14 @@ import pytest
 from zeroplan.core.search import (
     LayoutSpace, _at, _schedulable, _searched_groups, _splits, evaluate, memory_lower_bound, scalar_evaluate, search,
 )
-from zeroplan.presets.gpus import get_gpu
-from zeroplan.presets.models import get_model
-from zeroplan.specs import BatchSpec, Framework, PlanRequest, StrategyKind, StrategySpec, TrainingSpec, cluster_from_gpus
-from zeroplan.specs.training import Precision
+from zeroplan.specs import Framework, PlanRequest
+
+from search_requests import base_request
 
 
 def _base(model: str, gpus: int, gpu: str = "h100-80gb", seq_len: int = 2048, framework: Framework = Framework.zeroplan,
           host_memory_bytes: int | None = None) -> PlanRequest:
-    cluster = cluster_from_gpus(get_gpu(gpu), gpus)
-    if host_memory_bytes is not None:
-        cluster = cluster.model_copy(update={"host_memory_bytes_per_node": host_memory_bytes})
-    precision = Precision.bf16_pure if framework is Framework.torchtune else Precision.bf16_mixed
-    return PlanRequest(
-        model=get_model(model), cluster=cluster, strategy=StrategySpec(kind=StrategyKind.ddp),
-        batch=BatchSpec(seq_len=seq_len), training=TrainingSpec(framework=framework, precision=precision),
-    )
+    return base_request(model, gpus, gpu, seq_len, framework, host_memory_bytes)
 
 
 # (model, GPUs, GPU, seq, framework, host bytes, global batch, layouts): each has groups the bound
