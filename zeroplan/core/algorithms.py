@@ -30,6 +30,7 @@ from zeroplan.core.network import (
     ring_bandwidth_bytes_per_s,
     ring_latency_link,
 )
+from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.hardware import AchievedBusBandwidth, GpuArchitecture, GpuSpec
 from zeroplan.specs.request import PlanRequest
@@ -363,6 +364,21 @@ def call_pricing(request: PlanRequest, collective: Collective) -> CallPricing:
     return CallPricing(gpu=gpu, op=op, layout=layout, candidates=tuple(candidates), efficiencies=efficiencies)
 
 
+# ZeRO++'s (de)quantization kernels (zeroplan.core.zeropp) need CUDA to be measured: they are
+# priced as a memory-bound pass, the bytes they read and write at the GPU's achievable memory
+# bandwidth (zeroplan.core.roofline.ceilings: a device copy's rate), an assumption
+# (docs/communication-time.md, "ZeRO++ qwZ and qgZ").
+def quantization_kernel_seconds(gpu: GpuSpec, kernel_bytes: int) -> float:
+    """Seconds of kernels moving ``kernel_bytes`` through the GPU's memory."""
+    from zeroplan.core.roofline.ceilings import CEILINGS
+
+    ceilings = CEILINGS.get(gpu.name)
+    if ceilings is None:
+        raise ZeroplanError("strategy", f"zero3-zeropp's quantization kernels are timed at a measured memory bandwidth, "
+                                        f"none for gpu {gpu.name!r} (allowed: {', '.join(sorted(CEILINGS))})")
+    return kernel_bytes / ceilings.memory_bytes_per_s
+
+
 def collective_cost(request: PlanRequest, collective: Collective) -> CollectiveTime:
     """Seconds per step of ``collective`` and the algorithms its calls run (call_pricing)."""
     pricing = call_pricing(request, collective)
@@ -377,6 +393,8 @@ def collective_cost(request: PlanRequest, collective: Collective) -> CollectiveT
     main = ranked[0]
     largest = max(size for size, _ in _call_sizes(collective))
     k = efficiencies.get(main, 1.0)
+    if collective.kernel_bytes:
+        seconds += quantization_kernel_seconds(gpu, collective.kernel_bytes)
     return CollectiveTime(
         op=collective.op, phase=collective.phase, what=collective.what, algorithm=main, algorithms=ranked,
         bus_bandwidth_bytes_per_s=k * bus_bandwidth_bytes_per_s(gpu, main, op, layout, largest),

@@ -12,6 +12,7 @@ from zeroplan.core.parallel.pipeline import pipeline_defers_fsdp_reduction
 from zeroplan.core.parallel.units import rank_parameter_units, rank_trainable_elements, rank_trainable_units
 from zeroplan.core.profiles import fsdp_separates_embedding_and_head, profile
 from zeroplan.core.zero3_groups import hpz_secondary_partition_bytes
+from zeroplan.core.zeropp import qgz_buffer_bytes, qwz_buffer_bytes
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, ZeroGradientReduce
@@ -141,7 +142,14 @@ def transient_buffer_bytes(request: PlanRequest) -> int:
         return copies * largest * eb.compute_parameter
     if kind is StrategyKind.fsdp_shard_grad_op:
         return largest_unit_elements(request) * gradient_wire_bytes(request)
-    return gathered_unit_bytes(request, eb.compute_parameter, gradient_wire_bytes(request))
+    gathered = gathered_unit_bytes(request, eb.compute_parameter, gradient_wire_bytes(request))
+    if kind.quantizes_communication:
+        # zero3-zeropp: qwZ's int8 and fp16 copies of the unit being gathered and qgZ's int4
+        # buffers of the gradient being reduced, both transient, counted together: the next
+        # unit's gather runs while the last one's gradients reduce (zeroplan.core.zeropp).
+        elements = padded_unit_elements_of(request, request.shard_group_size)
+        gathered += qwz_buffer_bytes(request, elements) + qgz_buffer_bytes(request)
+    return gathered
 
 
 # torch 2.13 _fully_shard/_fsdp_state.py: while a block runs its backward under full sharding,

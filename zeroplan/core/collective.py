@@ -64,6 +64,13 @@ class Collective(Frozen):
     """Compute waits for it: tensor- and context-parallel collectives inside a block and the
     sends between pipeline stages sit on the critical path, where the data-parallel ones run
     beside the compute (zeroplan.core.timing)."""
+    packed_elements: int | None = None
+    """Elements carried per occurrence where the wire dtype packs several in a byte (qgZ's int4,
+    element_bytes 1); None: buffer_bytes / element_bytes."""
+    kernel_bytes: int = 0
+    """HBM bytes read and written, per occurrence, by the kernels that (de)quantize what it
+    carries (ZeRO++'s qwZ and qgZ, zeroplan.core.zeropp); 0 for an unquantized collective. Timed
+    with it, on its stream, as a memory-bound pass (zeroplan.core.algorithms.collective_cost)."""
     call_sizes: tuple[tuple[int, int], ...] = ()
     """(S bytes, number of calls of that size) for each distinct call size of one occurrence, in
     the order they first run; NCCL picks an algorithm per call from its size
@@ -73,6 +80,8 @@ class Collective(Frozen):
     def volume_elements_per_step(self) -> int:
         """The ZeRO paper's volume (sec. 7.2.1): an all-reduce counts twice its buffer."""
         factor = 2 if self.op is CollectiveOp.all_reduce else 1
+        if self.packed_elements is not None:
+            return factor * self.packed_elements * self.occurrences_per_step
         return factor * self.buffer_bytes_per_step // self.element_bytes
 
     @property

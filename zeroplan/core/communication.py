@@ -20,6 +20,7 @@ from zeroplan.core.parallel.expert import split_expert_collectives
 from zeroplan.core.parallel.pipeline import pipeline_defers_fsdp_reduction
 from zeroplan.core.parallel.units import rank_parameter_units, rank_trainable_units
 from zeroplan.core.zero3_groups import hpz_parameter_collectives, mics_replica_all_reduce
+from zeroplan.core.zeropp import qgz_collectives, qgz_spans_nodes
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, ZeroGradientReduce
 from zeroplan.specs.training import Precision
@@ -140,7 +141,7 @@ def data_parallel_collectives(request: PlanRequest) -> list[Collective]:
     grads = _gradient_buffers(request, group, gradient_bytes)
     params = unit_gather_bytes(request, group, eb.compute_parameter)
     result = []
-    if kind is StrategyKind.zero3_hpz:
+    if kind.uses_hpz:
         backward = params[1:] if request.model.tied_embeddings else params
         result += hpz_parameter_collectives(request, params, backward, accum, group_spans_nodes, per_node)
     elif request.strategy.kind.zero_stage == 3:
@@ -155,7 +156,11 @@ def data_parallel_collectives(request: PlanRequest) -> list[Collective]:
                 # too, so it stays gathered from the forward until its backward is done.
                 backward = params[1:]
             result.append(make_collective(CollectiveOp.all_gather, Phase.backward, "parameters", backward, group, accum, group_spans_nodes, eb.compute_parameter, per_node))
-    result.append(make_collective(CollectiveOp.reduce_scatter, Phase.backward, "gradients", grads, group, reduce_per_step, group_spans_nodes, gradient_bytes, per_node))
+    if kind.quantizes_communication and qgz_spans_nodes(request):
+        # zero3-zeropp's qgZ: the hierarchical int4 all-to-all in place of the reduce-scatter.
+        result += qgz_collectives(request, gradient_bytes, reduce_per_step)
+    else:
+        result.append(make_collective(CollectiveOp.reduce_scatter, Phase.backward, "gradients", grads, group, reduce_per_step, group_spans_nodes, gradient_bytes, per_node))
     if kind.zero_stage in (1, 2):
         # The step gathers what the optimizer updated: the trainable parameters only.
         stepped = _gradient_buffers(request, group, eb.compute_parameter)

@@ -423,6 +423,7 @@ SIMPLICITY: dict[StrategyKind, int] = {
     StrategyKind.zero3_hpz: 11,
     StrategyKind.zero3_nvme: 12,
     StrategyKind.zero3_param_nvme: 13,
+    StrategyKind.zero3_zeropp: 14,
 }
 """Rank of each strategy by how much it shards and offloads (0 = plain training or DDP)."""
 

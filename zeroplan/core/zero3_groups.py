@@ -37,7 +37,7 @@ def hpz_secondary_partition_bytes(request: PlanRequest) -> int:
     """Bytes of the secondary parameter partition one rank holds under zero3-hpz (0 otherwise):
     sum over units of the unit gathered over N, in the compute dtype, divided by H."""
     hpz = request.hpz_group_size
-    if request.strategy.kind is not StrategyKind.zero3_hpz:
+    if not request.strategy.kind.uses_hpz:
         return 0
     compute = element_bytes(request.training.precision, request.convention).compute_parameter
     return sum(ceil_div(b, hpz) for b in unit_gather_bytes(request, request.shard_group_size, compute))
@@ -62,13 +62,22 @@ def hpz_parameter_collectives(request: PlanRequest, params: list[int], backward:
     hpz, world = request.hpz_group_size, request.shard_group_size
     hpz_spans_nodes = hpz > request.cluster.gpus_per_node
     over_world, inside = hpz_forward_gathers_over_all_ranks(accum)
-    result = [make_collective(CollectiveOp.all_gather, Phase.forward, "parameters", params, world, over_world,
-                              spans_nodes, compute, per_node)]
+
+    def gather(what: str, phase: Phase, units: list[int], group: int, occurrences: int, spans: bool,
+               ranks_per_node: int | None = None) -> list[Collective]:
+        if request.strategy.kind.quantizes_communication:
+            # zero3-zeropp: qwZ quantizes every gather, the secondary ones included
+            # (zeroplan.core.zeropp); the units in elements.
+            from zeroplan.core.zeropp import qwz_gathers
+
+            return qwz_gathers(what, phase, [b // compute for b in units], group, occurrences, spans, ranks_per_node)
+        return [make_collective(CollectiveOp.all_gather, phase, what, units, group, occurrences, spans, compute,
+                                ranks_per_node)]
+
+    result = gather("parameters", Phase.forward, params, world, over_world, spans_nodes, per_node)
     if inside:
-        result.append(make_collective(CollectiveOp.all_gather, Phase.forward, "parameters (hpZ group)", params, hpz,
-                                      inside, hpz_spans_nodes, compute))
-    result.append(make_collective(CollectiveOp.all_gather, Phase.backward, "parameters (hpZ group)", backward, hpz,
-                                  accum, hpz_spans_nodes, compute))
+        result += gather("parameters (hpZ group)", Phase.forward, params, hpz, inside, hpz_spans_nodes)
+    result += gather("parameters (hpZ group)", Phase.backward, backward, hpz, accum, hpz_spans_nodes)
     return result
 
 

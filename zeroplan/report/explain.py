@@ -82,7 +82,7 @@ def _step_terms(report: FitReport, plan: StrategyPlan, unit: ByteUnit) -> list[T
         Term("buffers", value(m.peak_buffer_bytes, "peak_buffer_bytes"),
              "communication buckets, gathered units and prefetch, backward workspace alive at the peak"
              + ("; with hpZ's secondary parameter partition (1/H of the parameters, docs/memory-model.md, "
-                "'ZeRO++ hpZ and MiCS')" if plan.strategy.value == "zero3-hpz" else ""),
+                "'ZeRO++ hpZ and MiCS')" if plan.strategy.uses_hpz else ""),
              section(4, 'Temporary and communication buffers')),
         Term("step-tmp", value(m.step_temporary_bytes, "step_temporary_bytes"),
              "the optimizer step's temporaries (after activations are freed)", section(4, 'Temporary and communication buffers')),

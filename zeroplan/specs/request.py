@@ -150,7 +150,8 @@ class PerformanceAssumptions(Frozen):
 # (deepspeed/runtime/zero/mics_utils.py _generate_mics_config, before its removal) reshapes the
 # world into rows of mics_shard_size ranks and asserts they divide it. Neither is built over a
 # tensor-, context- or pipeline-parallel mesh here, so both are planned under data parallelism.
-ZERO3_GROUP_FIELDS = {"zero3-hpz": "hpz_partition_size", "zero3-mics": "mics_shard_size"}
+ZERO3_GROUP_FIELDS = {"zero3-hpz": "hpz_partition_size", "zero3-mics": "mics_shard_size",
+                      "zero3-zeropp": "hpz_partition_size"}
 """The StrategySpec field of each ZeRO-3 variant's group (the command line names its flag)."""
 
 
@@ -165,7 +166,12 @@ def check_zero3_groups(request: "PlanRequest") -> None:
     if parallel.model_parallel_size > 1 or parallel.ep > 1:
         raise ZeroplanError("strategy", f"{kind.value!r} is planned under data parallelism only (allowed: tp, cp, pp "
                                         f"and ep 1 with {kind.value})")
-    group = request.hpz_group_size if kind is StrategyKind.zero3_hpz else request.shard_group_size
+    if kind.quantizes_communication and not request.training.finetune.trains_everything:
+        # qwZ quantizes the gathered weights as one flat int8 buffer per unit: planned for units
+        # whose tensors all train (one dtype), i.e. full training.
+        raise ZeroplanError("strategy", f"{kind.value!r} is planned for full training only (allowed: no --lora-rank, "
+                                        f"--frozen-blocks or frozen embeddings with {kind.value})")
+    group = request.hpz_group_size if kind.uses_hpz else request.shard_group_size
     ranks = request.state_group_size
     if ranks % group:
         given = "" if getattr(request.strategy, field) else " (the default: a node's GPUs)"
@@ -312,7 +318,7 @@ class PlanRequest(Frozen):
         """zero3-hpz: ranks the secondary parameter partition is split over (a node's GPUs
         unless StrategySpec.hpz_partition_size says, at most the data-parallel ranks); 1 for every
         other strategy."""
-        if self.strategy.kind is not StrategyKind.zero3_hpz:
+        if not self.strategy.kind.uses_hpz:
             return 1
         return self.strategy.hpz_partition_size or min(self.cluster.gpus_per_node, self.state_group_size)
 

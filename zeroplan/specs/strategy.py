@@ -42,6 +42,12 @@ class StrategyKind(str, Enum):
     that also keeps a secondary partition of the parameters over a group of
     StrategySpec.hpz_partition_size ranks (a node), so every gather after the first forward runs
     inside that group."""
+    zero3_zeropp = "zero3-zeropp"
+    """ZeRO++'s full recipe (Wang et al. 2023; DeepSpeed's ZeRO++ tutorial): zero3-hpz plus qwZ
+    (zero_quantized_weights: every parameter all-gather carries int8 blockwise-quantized
+    weights and their fp32 scales) and qgZ (zero_quantized_gradients: the gradient
+    reduce-scatter becomes a hierarchical int4 all-to-all, inside the node, then across nodes);
+    zeroplan.core.zeropp."""
     zero3_nvme = "zero3-nvme"
     """ZeRO-Infinity (Rajbhandari et al. 2021) on NVMe, optimizer only: zero3-offload with the
     optimizer's fp32 states swapped to NVMe (DeepSpeed offload_optimizer.device "nvme") through
@@ -73,6 +79,7 @@ class StrategyKind(str, Enum):
             StrategyKind.zero3_offload: 3,
             StrategyKind.zero3_param_offload: 3,
             StrategyKind.zero3_hpz: 3,
+            StrategyKind.zero3_zeropp: 3,
             StrategyKind.zero3_mics: 3,
             StrategyKind.zero3_nvme: 3,
             StrategyKind.zero3_param_nvme: 3,
@@ -83,6 +90,16 @@ class StrategyKind(str, Enum):
         """Planned only when named (--strategies): variants of ZeRO-3 whose group sizes are
         choices of their own, left out of the default list so it stays the common strategies."""
         return self in OPT_IN_STRATEGIES
+
+    @property
+    def uses_hpz(self) -> bool:
+        """Keeps ZeRO++'s secondary parameter partition (hpZ): zero3-hpz and zero3-zeropp."""
+        return self in (StrategyKind.zero3_hpz, StrategyKind.zero3_zeropp)
+
+    @property
+    def quantizes_communication(self) -> bool:
+        """ZeRO++'s qwZ and qgZ (zeroplan.core.zeropp): zero3-zeropp."""
+        return self is StrategyKind.zero3_zeropp
 
     @property
     def offloads_optimizer(self) -> bool:
@@ -112,7 +129,7 @@ class StrategyKind(str, Enum):
 
 
 OPT_IN_STRATEGIES = (StrategyKind.zero3_hpz, StrategyKind.zero3_mics, StrategyKind.zero3_nvme,
-                     StrategyKind.zero3_param_nvme)
+                     StrategyKind.zero3_param_nvme, StrategyKind.zero3_zeropp)
 """Strategies fit, compare and plan take only when --strategies names them."""
 
 
@@ -138,7 +155,7 @@ class StrategySpec(Frozen):
     shard_group_size: int | None = Field(default=None, gt=0)
     """HSDP only: ranks that share one shard; None means the GPUs of one node."""
     hpz_partition_size: int | None = Field(default=None, gt=0)
-    """zero3-hpz only: ranks over which the secondary parameter partition is split (DeepSpeed's
+    """zero3-hpz and zero3-zeropp only: ranks over which the secondary parameter partition is split (DeepSpeed's
     zero_hpz_partition_size); None means the GPUs of one node."""
     mics_shard_size: int | None = Field(default=None, gt=0)
     """zero3-mics only: ranks that share one shard of every model state (DeepSpeed's
