@@ -184,3 +184,79 @@ def test_file_settings_replace_the_harness_and_the_rest_are_kept() -> None:
     assert "zero_optimization.reduce_bucket_size" in notes[0] and "optimizer.params.lr" in notes[0]
     assert "zero_optimization.sub_group_size 1000000000" in notes[1] and "gradient_clipping 0.0" in notes[1]
     assert harness["zero_optimization"]["reduce_bucket_size"] == 100  # not changed in place
+
+
+# ---------------------------------------------------------------------------- accelerate FSDP2
+
+def emit_accelerate(tmp_path: Path, strategy: str, *flags: str) -> Path:
+    folder = tmp_path / f"emitted-{strategy}"
+    code = zeroplan_main(["fit", str(hf_config(tmp_path)), "--gpus", "2", "--gpu", "a100-80gb", "--strategies",
+                          strategy, "--micro-batch", str(MICRO_BATCH), "--seq-len", str(SEQ_LEN), *flags,
+                          "--emit", str(folder)])
+    assert code == 0
+    return folder / "accelerate.yaml"
+
+
+def accelerate_argv(strategy: str, config: Path, out: Path, *flags: str) -> list[str]:
+    return ["measure", MODEL, "--strategy", strategy, "--engine", "torch", "--nproc", "2", "--backend", "gloo",
+            "--steps", "2", "--micro-batch", str(MICRO_BATCH), "--seq-len", str(SEQ_LEN),
+            "--accelerate-config", str(config), "--out", str(out), *flags]
+
+
+@pytest.mark.slow  # launches torchrun
+def test_emitted_accelerate_config_runs_fsdp2_and_validates(tmp_path, capsys) -> None:
+    """As tests/harness/test_accumulation.py expects of FSDP2: model states and collective bytes
+    equal the planner's, except the optimizer states of a rank that owns fewer rows than the
+    padded shard (FSDP2 allocates them like the unpadded local shard)."""
+    config = emit_accelerate(tmp_path, "fsdp-full-shard", "--precision", "fp32")
+    capsys.readouterr()
+    out = tmp_path / "out"
+    assert zeroplan_main(accelerate_argv("fsdp-full-shard", config, out, "--precision", "fp32")) == 0, \
+        capsys.readouterr().err
+    assert zeroplan_main(["validate", str(out)]) == 0
+    for path in sorted(out.glob("rank*.json")):
+        record = read_record(path)
+        notes = " ".join(record.description.notes)
+        assert "fsdp_reshard_after_forward true" in notes and "use_cpu" in notes
+        rows = [row for row in compare_record(record) if row.category == "communication"
+                or row.quantity in ("parameters", "gradients", "optimizer states")]
+        assert len(rows) >= 4
+        for row in rows:
+            if record.rank > 0 and row.quantity == "optimizer states":
+                assert 0 < row.measured_bytes <= row.predicted_bytes
+            else:
+                assert row.measured_bytes == row.predicted_bytes, (path.name, row.quantity)
+
+
+def test_emitted_accelerate_config_is_checked_against_the_flags(tmp_path, capsys) -> None:
+    config = emit_accelerate(tmp_path, "fsdp-shard-grad-op")  # fit's default precision: bf16-mixed
+    capsys.readouterr()
+    err = refusal(capsys, accelerate_argv("fsdp-shard-grad-op", config, tmp_path / "out", "--precision", "fp32"))
+    assert "--accelerate-config: mixed_precision: 'bf16' contradicts --precision fp32" in err
+    err = refusal(capsys, accelerate_argv("fsdp-full-shard", config, tmp_path / "out", "--precision", "bf16-mixed"))
+    assert "--accelerate-config: fsdp_config.fsdp_reshard_after_forward: false contradicts --strategy fsdp-full-shard" in err
+    err = refusal(capsys, accelerate_argv("fsdp-shard-grad-op", config, tmp_path / "out", "--precision", "bf16-mixed",
+                                          "--activation-checkpointing", "full"))
+    assert "fsdp_config.fsdp_activation_checkpointing: false contradicts --activation-checkpointing full" in err
+    text = config.read_text(encoding="utf-8")
+    for old, new, key in (("fsdp_offload_params: false", "fsdp_offload_params: true", "fsdp_config.fsdp_offload_params"),
+                          ("num_processes: 2", "num_processes: 4", "num_processes: 4 contradicts the run's 2 ranks"),
+                          ('"TRANSFORMER_BASED_WRAP"', '"SIZE_BASED_WRAP"', "fsdp_config.fsdp_auto_wrap_policy"),
+                          ("fsdp_version: 2", "fsdp_version: 1", "fsdp_config.fsdp_version")):
+        changed = tmp_path / "changed.yaml"
+        changed.write_text(text.replace(old, new), encoding="utf-8")
+        err = refusal(capsys, accelerate_argv("fsdp-shard-grad-op", changed, tmp_path / "out", "--precision", "bf16-mixed"))
+        assert f"--accelerate-config: {key}" in err
+    err = refusal(capsys, accelerate_argv("fsdp-shard-grad-op", config, tmp_path / "out", "--engine", "torch-fsdp1"))
+    assert "--accelerate-config: configures accelerate's FSDP2, not --engine torch-fsdp1" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_yaml_subset_reads_the_emitted_file_and_refuses_lists(tmp_path) -> None:
+    from zeroplan.errors import ZeroplanError
+    from zeroplan.harness.accelerate_file import parse_yaml_subset
+
+    assert parse_yaml_subset('a: "x"\nb:\n  c: 1\n  d: true\ne: no  # comment\n') == \
+        {"a": "x", "b": {"c": 1, "d": True}, "e": "no"}
+    with pytest.raises(ZeroplanError, match="line 2"):
+        parse_yaml_subset("a:\n  - 1\n")

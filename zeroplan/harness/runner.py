@@ -55,6 +55,8 @@ class RunConfig:
     """Tensor (sequence) and pipeline parallelism (zeroplan.harness.parallel_engines)."""
     deepspeed_file: dict | None = None
     """The ``--deepspeed-config`` JSON, checked against this run (zeroplan.harness.deepspeed_file)."""
+    config_notes: tuple[str, ...] = ()
+    """What the run took from an engine config file checked before it started (``--accelerate-config``)."""
 
 
 def default_backend() -> str:
@@ -146,8 +148,9 @@ def run_rank(
                                                   config.training.optimizer, config.keep_unsharded_grads_on_accum,
                                                   config.batch.grad_accum_steps, config.batch.micro_batch_size,
                                                   config.batch.seq_len)
-        if getattr(engine, "notes", None):  # what came from an engine config file, what the harness kept
-            description = description.model_copy(update={"notes": list(engine.notes)})
+        notes = [*config.config_notes, *getattr(engine, "notes", [])]
+        if notes:  # what came from an engine config file, what the harness kept
+            description = description.model_copy(update={"notes": notes})
         setup_span = (setup_start, _offset(nccl_log))
         setup = list(recorder.records)
         steps: list[StepRecord] = []
