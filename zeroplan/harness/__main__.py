@@ -15,8 +15,8 @@ from pathlib import Path
 from zeroplan.cli.parser import OneLineParser
 from zeroplan.errors import ZeroplanError
 from zeroplan.harness.args import (
-    add_run_arguments, batch_from_args, check_parallel_args, parallel_from_args, resolve_engine, resolve_model,
-    training_from_args,
+    accelerate_notes_from_args, add_run_arguments, batch_from_args, check_parallel_args, deepspeed_file_from_args, parallel_from_args,
+    resolve_engine, resolve_model, training_from_args,
 )
 
 
@@ -35,13 +35,16 @@ def config_from_args(args):  # -> zeroplan.harness.runner.RunConfig (imports tor
     from zeroplan.specs import StrategyKind, check_seq_len
 
     resolve_engine(args)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
     config = RunConfig(
         model=resolve_model(args.model), strategy=StrategyKind(args.strategy), engine=EngineKind(args.engine),
         training=training_from_args(args), batch=batch_from_args(args), steps=args.steps, seed=args.seed,
         run_id=args.run_id, fail_rank=args.fail_rank,
         keep_unsharded_grads_on_accum=args.keep_unsharded_grads_on_accum, parallel=parallel_from_args(args),
+        deepspeed_file=deepspeed_file_from_args(args, world_size),
+        config_notes=tuple(accelerate_notes_from_args(args, world_size)),
     )
-    check_parallel_args(args, config.model, int(os.environ.get("WORLD_SIZE", "1")))
+    check_parallel_args(args, config.model, world_size)
     check_supported(config.strategy, config.engine, config.training.optimizer, config.batch.grad_accum_steps)
     check_seq_len(config.model, config.batch)
     return config

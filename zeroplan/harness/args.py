@@ -31,6 +31,14 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                              "every micro-batch into the gradient shard. ddp and zero1 reduce once per step either way")
     parser.add_argument("--optimizer", choices=[o.value for o in MEASURABLE_OPTIMIZERS], default=Optimizer.adamw.value)
     parser.add_argument("--activation-checkpointing", choices=["none", "full"], default="none")
+    parser.add_argument("--deepspeed-config", metavar="FILE",
+                        help="with --engine deepspeed: take the ZeRO stage, buckets, offload, batch split and precision "
+                             "from this DeepSpeed config JSON (e.g. the deepspeed.json of zeroplan fit/plan --emit); "
+                             "a setting that contradicts these flags, or that the CPU run cannot take, is refused")
+    parser.add_argument("--accelerate-config", metavar="FILE",
+                        help="with --engine torch and an fsdp-* strategy: check an accelerate FSDP2 config YAML (e.g. "
+                             "the accelerate.yaml of zeroplan fit/plan --emit) against this run and record the settings "
+                             "it took; a setting that contradicts these flags, or that the CPU run cannot take, is refused")
     parser.add_argument("--backend", choices=["gloo", "nccl"], help="default: nccl with CUDA, else gloo")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--run-id", default="local", help="a name stored in every record of the run")
@@ -100,6 +108,43 @@ def check_parallel_args(args: argparse.Namespace, model: ModelSpec, nproc: int) 
         refused = parallel_from_args(args).microbatch_rule(args.grad_accum)
         if refused:
             raise ZeroplanError("--grad-accum", refused)
+
+
+def deepspeed_file_from_args(args: argparse.Namespace, world_size: int | None) -> dict | None:
+    """The ``--deepspeed-config`` JSON checked against the run's flags (one-line refusals naming the
+    key, zeroplan.harness.deepspeed_file), or None without the flag. After resolve_engine."""
+    if args.deepspeed_config is None:
+        return None
+    from zeroplan.harness.deepspeed_file import check_deepspeed_file, read_deepspeed_file
+
+    if args.engine != "deepspeed":
+        raise ZeroplanError("--deepspeed-config", f"configures DeepSpeed, not --engine {args.engine} "
+                                                  "(allowed: with --engine deepspeed)")
+    strategy = StrategyKind(args.strategy)
+    config = read_deepspeed_file(args.deepspeed_config)
+    check_deepspeed_file(config, strategy.zero_stage, strategy.offloads_optimizer, args.micro_batch, args.grad_accum,
+                         Precision(args.precision) is Precision.bf16_mixed, world_size)
+    return config
+
+
+def accelerate_notes_from_args(args: argparse.Namespace, world_size: int | None) -> list[str]:
+    """The record's notes of an ``--accelerate-config`` file checked against the run's flags
+    (one-line refusals naming the key, zeroplan.harness.accelerate_file); [] without the flag."""
+    if args.accelerate_config is None:
+        return []
+    from zeroplan.harness.accelerate_file import check_accelerate_file, read_accelerate_file
+
+    if args.engine != "torch" or args.strategy not in ("fsdp-full-shard", "fsdp-shard-grad-op"):
+        raise ZeroplanError("--accelerate-config", f"configures accelerate's FSDP2, not --engine {args.engine} "
+                                                   f"--strategy {args.strategy} (allowed: with --engine torch and "
+                                                   "--strategy fsdp-full-shard or fsdp-shard-grad-op)")
+    if args.tp > 1 or args.pp > 1:
+        raise ZeroplanError("--accelerate-config", "accelerate's FSDP config carries no --tp or --pp "
+                                                   "(allowed: data parallelism only)")
+    if args.deepspeed_config is not None:
+        raise ZeroplanError("--accelerate-config", "one engine config file per run (allowed: without --deepspeed-config)")
+    return check_accelerate_file(read_accelerate_file(args.accelerate_config), args.strategy, args.precision,
+                                 args.activation_checkpointing, world_size)
 
 
 def resolve_engine(args: argparse.Namespace) -> None:

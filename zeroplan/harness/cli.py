@@ -11,7 +11,10 @@ from pathlib import Path
 
 from zeroplan.cli.parser import MAX_COUNT, OneLineParser, positive_float, positive_int, run_reporting_user_errors
 from zeroplan.errors import ZeroplanError
-from zeroplan.harness.args import add_run_arguments, batch_from_args, check_parallel_args, resolve_engine, resolve_model
+from zeroplan.harness.args import (
+    accelerate_notes_from_args, add_run_arguments, batch_from_args, check_parallel_args, deepspeed_file_from_args,
+    resolve_engine, resolve_model,
+)
 from zeroplan.harness.placement import MultiNode, parse_endpoint, slurm_multinode, srun_tasks
 
 
@@ -66,6 +69,10 @@ def _harness_argv(args: argparse.Namespace) -> list[str]:
         argv.append("--keep-unsharded-grads-on-accum")
     if args.allow_longer_seq:
         argv.append("--allow-longer-seq")
+    if args.deepspeed_config is not None:
+        argv += ["--deepspeed-config", str(Path(args.deepspeed_config).resolve())]
+    if args.accelerate_config is not None:
+        argv += ["--accelerate-config", str(Path(args.accelerate_config).resolve())]
     if args.backend:
         argv += ["--backend", args.backend]
     if args.fail_rank is not None:
@@ -130,6 +137,8 @@ def run_measure(args: argparse.Namespace) -> int:
     world = args.nproc * (nodes.nnodes if nodes is not None else 1)
     check_parallel_args(args, model, world)
     check_supported_names(args.strategy, args.engine, args.optimizer, args.grad_accum)
+    deepspeed_file_from_args(args, world)  # refused here, in one line, not once by every rank
+    accelerate_notes_from_args(args, world)
     # DeepSpeed JIT-builds ops into the torch extensions directory; a stale build lock there makes
     # every rank wait forever (zeroplan/harness/extension_locks.py).
     deepspeed = EngineKind(args.engine) is EngineKind.deepspeed

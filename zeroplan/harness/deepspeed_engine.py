@@ -120,12 +120,22 @@ class DeepSpeedZero:
     """``deepspeed.initialize`` over ``model`` on the process group the runner started."""
 
     def __init__(self, model: Transformer, stage: int, dtype: torch.dtype, micro_batch_size: int,
-                 offload: bool = False, grad_accum_steps: int = 1, hpz_partition_size: int = 1) -> None:
+                 offload: bool = False, grad_accum_steps: int = 1, hpz_partition_size: int = 1,
+                 file_config: dict | None = None) -> None:
+        """``file_config``: a DeepSpeed config JSON (``--deepspeed-config``, checked against the
+        run's flags by zeroplan.harness.deepspeed_file) whose settings replace the harness's;
+        :attr:`notes` then says which came from the file and which were kept."""
         assert stage in (1, 2, 3)
         deepspeed = import_deepspeed()
         self.stage, self.offload, self.grad_accum_steps = stage, offload, grad_accum_steps
         config = deepspeed_config(stage, dtype, micro_batch_size, bucket_elements(model), offload, grad_accum_steps,
                                   hpz_partition_size)
+        self.notes: list[str] = []
+        if file_config is not None:
+            from zeroplan.harness.deepspeed_file import merge_deepspeed_file
+
+            config, self.notes = merge_deepspeed_file(config, file_config)
+        self.config = config
         # torch.distributed is initialised already: deepspeed.comm wraps the default group.
         self.ds, self.zero_optimizer, _, _ = deepspeed.initialize(
             model=model, model_parameters=model.parameters(), config=config, dist_init_required=False,

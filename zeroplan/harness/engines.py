@@ -13,19 +13,20 @@ from zeroplan.specs import Optimizer, StrategyKind
 def build_engine(
     model: Transformer, strategy: StrategyKind, engine: EngineKind, dtype: torch.dtype,
     optimizer: Optimizer = Optimizer.adamw, keep_unsharded_grads_on_accum: bool = False,
-    micro_batch_size: int = 1, grad_accum_steps: int = 1,
+    micro_batch_size: int = 1, grad_accum_steps: int = 1, deepspeed_file: dict | None = None,
 ) -> Engine:
     """The engine; ``keep_unsharded_grads_on_accum`` is the planner's StrategySpec knob of the
     same name (ddp and zero1 reduce once per step either way); ``micro_batch_size`` and
     ``grad_accum_steps`` are what the runner feeds each rank per step (DeepSpeed's config needs
-    both)."""
+    both); ``deepspeed_file`` is a checked ``--deepspeed-config`` JSON (deepspeed_file.py)."""
     check_supported(strategy, engine, optimizer)
     keep = keep_unsharded_grads_on_accum
     if engine is EngineKind.deepspeed:
         from zeroplan.harness.deepspeed_engine import DeepSpeedZero
 
         return DeepSpeedZero(model, strategy.zero_stage, dtype, micro_batch_size,
-                             offload=strategy.offloads_optimizer, grad_accum_steps=grad_accum_steps)
+                             offload=strategy.offloads_optimizer, grad_accum_steps=grad_accum_steps,
+                             file_config=deepspeed_file)
     if engine is EngineKind.zeroplan:
         from zeroplan.harness.zero import ReferenceZero
 

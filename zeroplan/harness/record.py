@@ -131,6 +131,9 @@ class RunDescription(Frozen):
     torch_version: str
     backend: str
     device: str
+    notes: list[str] = Field(default_factory=list)
+    """How the engine was configured where a file set it (``--deepspeed-config``): which
+    settings came from the file and which the harness kept; empty otherwise (and in older records)."""
 
 
 class NcclCollective(Frozen):

@@ -53,6 +53,10 @@ class RunConfig:
     """The planner's StrategySpec knob (zeroplan.harness.engines.build_engine)."""
     parallel: ParallelSpec = ParallelSpec()
     """Tensor (sequence) and pipeline parallelism (zeroplan.harness.parallel_engines)."""
+    deepspeed_file: dict | None = None
+    """The ``--deepspeed-config`` JSON, checked against this run (zeroplan.harness.deepspeed_file)."""
+    config_notes: tuple[str, ...] = ()
+    """What the run took from an engine config file checked before it started (``--accelerate-config``)."""
 
 
 def default_backend() -> str:
@@ -138,12 +142,15 @@ def run_rank(
             if mesh is None:
                 engine = build_engine(model, config.strategy, config.engine, dtype, config.training.optimizer,
                                       config.keep_unsharded_grads_on_accum, config.batch.micro_batch_size,
-                                      config.batch.grad_accum_steps)
+                                      config.batch.grad_accum_steps, config.deepspeed_file)
             else:
                 engine = pe.build_parallel_engine(model, mesh, config.parallel, config.strategy, dtype,
                                                   config.training.optimizer, config.keep_unsharded_grads_on_accum,
                                                   config.batch.grad_accum_steps, config.batch.micro_batch_size,
                                                   config.batch.seq_len)
+        notes = [*config.config_notes, *getattr(engine, "notes", [])]
+        if notes:  # what came from an engine config file, what the harness kept
+            description = description.model_copy(update={"notes": notes})
         setup_span = (setup_start, _offset(nccl_log))
         setup = list(recorder.records)
         steps: list[StepRecord] = []
