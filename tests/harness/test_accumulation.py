@@ -194,6 +194,7 @@ def test_optimizers_torch_lacks_are_refused_by_the_parser(capsys, tmp_path) -> N
     assert code == 2 and err.count("\n") == 1 and "--optimizer" in err and "sgd-momentum" in err
 
 
+@pytest.mark.slow  # runs a rank in a subprocess (python -m zeroplan.harness)
 def test_a_rank_refuses_an_unsupported_optimizer_in_one_line(tmp_path) -> None:
     """The per-rank entry point checks too (a cluster launches it without zeroplan measure)."""
     done = subprocess.run([sys.executable, "-m", "zeroplan.harness", "micro-llama", "--strategy", "zero3",
@@ -225,6 +226,7 @@ def test_measure_passes_the_accumulation_flags_to_every_rank(capsys, tmp_path) -
         assert Counter(c.op for c in record.steps[0].collectives)["reduce_scatter"] == 4
 
 
+@pytest.mark.slow  # launches torchrun (one rank)
 def test_one_rank_trains_unwrapped_as_the_planner_predicts(capsys, tmp_path) -> None:
     """At world size 1 DDP is plain training: no gradient-sized bucket copy, on either side."""
     code, err = _zeroplan(capsys, "measure", "micro-llama", "--strategy", "ddp", "--engine", "torch", "--nproc", "1",
