@@ -47,19 +47,29 @@ def test_the_config_file_is_the_harness_preset(tmp_path) -> None:
     assert get_model(str(hf_config(tmp_path))) == HARNESS_PRESETS[MODEL]
 
 
-def emit(tmp_path: Path, strategy: str, *flags: str) -> Path:
+def _emitted(tmp_path: Path, strategy: str, file_name: str, *flags: str) -> Path:
+    """fit --strategies STRATEGY --emit, on the preset's config.json: the emitted ``file_name``."""
     folder = tmp_path / f"emitted-{strategy}"
     code = zeroplan_main(["fit", str(hf_config(tmp_path)), "--gpus", "2", "--gpu", "a100-80gb", "--strategies",
                           strategy, "--micro-batch", str(MICRO_BATCH), "--seq-len", str(SEQ_LEN), *flags,
                           "--emit", str(folder)])
     assert code == 0
-    return folder / "deepspeed.json"
+    return folder / file_name
+
+
+def _measure_with(engine: str, config_flag: str, strategy: str, config: Path, out: Path, *flags: str) -> list[str]:
+    """zeroplan measure's arguments for a run that takes an emitted file through ``config_flag``."""
+    return ["measure", MODEL, "--strategy", strategy, "--engine", engine, "--nproc", "2", "--backend", "gloo",
+            "--steps", "2", "--micro-batch", str(MICRO_BATCH), "--seq-len", str(SEQ_LEN),
+            config_flag, str(config), "--out", str(out), *flags]
+
+
+def emit(tmp_path: Path, strategy: str, *flags: str) -> Path:
+    return _emitted(tmp_path, strategy, "deepspeed.json", *flags)
 
 
 def measure_argv(strategy: str, config: Path, out: Path, *flags: str) -> list[str]:
-    return ["measure", MODEL, "--strategy", strategy, "--engine", "deepspeed", "--nproc", "2", "--backend", "gloo",
-            "--steps", "2", "--micro-batch", str(MICRO_BATCH), "--seq-len", str(SEQ_LEN),
-            "--deepspeed-config", str(config), "--out", str(out), *flags]
+    return _measure_with("deepspeed", "--deepspeed-config", strategy, config, out, *flags)
 
 
 @pytest.mark.slow  # launches torchrun
@@ -189,18 +199,11 @@ def test_file_settings_replace_the_harness_and_the_rest_are_kept() -> None:
 # ---------------------------------------------------------------------------- accelerate FSDP2
 
 def emit_accelerate(tmp_path: Path, strategy: str, *flags: str) -> Path:
-    folder = tmp_path / f"emitted-{strategy}"
-    code = zeroplan_main(["fit", str(hf_config(tmp_path)), "--gpus", "2", "--gpu", "a100-80gb", "--strategies",
-                          strategy, "--micro-batch", str(MICRO_BATCH), "--seq-len", str(SEQ_LEN), *flags,
-                          "--emit", str(folder)])
-    assert code == 0
-    return folder / "accelerate.yaml"
+    return _emitted(tmp_path, strategy, "accelerate.yaml", *flags)
 
 
 def accelerate_argv(strategy: str, config: Path, out: Path, *flags: str) -> list[str]:
-    return ["measure", MODEL, "--strategy", strategy, "--engine", "torch", "--nproc", "2", "--backend", "gloo",
-            "--steps", "2", "--micro-batch", str(MICRO_BATCH), "--seq-len", str(SEQ_LEN),
-            "--accelerate-config", str(config), "--out", str(out), *flags]
+    return _measure_with("torch", "--accelerate-config", strategy, config, out, *flags)
 
 
 @pytest.mark.slow  # launches torchrun
