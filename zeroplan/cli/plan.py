@@ -8,7 +8,8 @@ import sys
 from zeroplan.cli.finetune_args import add_finetune_arguments
 from zeroplan.cli.parser import add_seq_len_arguments, bounded_int, choices_of, option_groups, positive_int
 from zeroplan.core.search_space import LONG_SEQUENCE, SEARCHED_SCHEDULES
-from zeroplan.specs import AttentionKernel, Framework, Optimizer, Precision
+from zeroplan.specs import Framework
+from zeroplan.specs.strategy import OPT_IN_STRATEGIES
 
 _LAYOUT_FLAGS = ("tp", "pp", "cp", "max_tp", "pp_schedule", "no_model_parallel")
 """plan's own layout flags (fit's --tp and friends describe one layout; these bound a search)."""
@@ -53,8 +54,9 @@ def add_layout_arguments(group: argparse._ArgumentGroup) -> None:
     """The strategies and model-parallel layouts searched (docs/communication-time.md, 'Plan search')."""
     from zeroplan.cli.fit import add_zero3_group_arguments
 
+    opt_in = ", ".join(kind.value for kind in OPT_IN_STRATEGIES)
     group.add_argument("--strategies", help="comma-separated subset of the strategies to search (default: all the framework "
-                                            "runs but zero3-hpz and zero3-mics, searched only when named)")
+                                            f"runs but {opt_in}, searched only when named)")
     add_zero3_group_arguments(group)
     group.add_argument("--tp", type=positive_int,
                        help="fix the tensor-parallel degree (default: search every divisor of the GPUs per node; "

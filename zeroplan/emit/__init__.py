@@ -113,7 +113,7 @@ FILE_ROLES = {
 
 def readme(planned: PlannedRun, written: dict[str, str], skipped: dict[str, str]) -> str:
     r = planned.request
-    b, p = r.batch, r.parallel
+    b = r.batch
     conf = formats.allocator_conf(r)
     layout = formats.model_parallel(r) or "data parallel only"
     reserved = (f"; max_memory_reserved {_gib(planned.reserved_peak_bytes)}"
