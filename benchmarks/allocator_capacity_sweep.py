@@ -1,9 +1,11 @@
-"""The allocator model's two OOM-capacity searches side by side on random requests: the default
-(one grown replay, confirmed or galloped from; allocator.capacity.verdict_capacity) against the
-oracle (bisection over whole replays, MemoryAssumptions.exact_capacity). For each request both
-run on the same step trace and the same usable memory; the sweep prints how often the verdicts
-agree (they must: both are the replay at the usable memory), how often the capacities are the
-same boundary, the largest difference where they are not, and the time each search took.
+"""The allocator model's default answer beside the oracle on random requests: the default replays
+the step once on the usable memory (its verdict, and what it reserves there) and, where it runs
+out, once more without a limit (what it would reserve); the oracle (MemoryAssumptions.
+exact_capacity) also bisects the OOM capacity, the least memory the step completes on. Both run
+on the same step trace and usable memory; the sweep prints how often the verdicts agree (they
+must: both are the replay on the usable memory), how often the default peak keeps its own rule
+(at most the usable memory exactly when the step fits), how far the default peak lies from the
+bisected capacity, and the time each took.
 
 Requests are drawn at random over presets cut to 2-12 blocks (a replay's cost grows with the
 blocks; the allocator's behaviour per block does not change with their number), strategies,
@@ -19,10 +21,10 @@ from __future__ import annotations
 import argparse
 import random
 import time
+from typing import NamedTuple
 
 from pydantic import ValidationError
 
-from zeroplan.allocator.capacity import CAPACITY_STEP_BYTES
 from zeroplan.allocator.planner import allocator_verdict
 from zeroplan.core.feasibility import usable_memory_bytes
 from zeroplan.core.peak import peak_allocated_bytes
@@ -33,7 +35,6 @@ from zeroplan.presets.models import get_model
 from zeroplan.specs import BatchSpec, MemoryAssumptions, PlanRequest, StrategySpec, TrainingSpec, cluster_from_gpus
 from zeroplan.specs.finetune import FineTuneSpec
 from zeroplan.specs.parallel import ParallelSpec
-from zeroplan.units import GiB, MiB
 
 MODELS = ("llama-3.1-8b", "llama-2-7b", "mistral-7b", "gpt2-xl", "llama-2-13b")
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp-full-shard", "fsdp-shard-grad-op", "zero2-offload",
@@ -64,9 +65,19 @@ def random_request(rng: random.Random) -> PlanRequest | None:
         return None
 
 
-def compare(request: PlanRequest, rng: random.Random) -> tuple[bool, bool, int, float, float] | None:
-    """(verdicts agree, same capacity, |difference| in bytes, default s, exact s) for one request
-    at a usable memory drawn between 0.9 x its allocated peak and 1.3 x it."""
+class Outcome(NamedTuple):
+    verdicts_agree: bool
+    peak_keeps_rule: bool
+    """fits is (peak <= usable memory)."""
+    peak_over_capacity: float | None
+    """Default peak / bisected OOM capacity (None where nothing was replayed)."""
+    default_s: float
+    exact_s: float
+
+
+def compare(request: PlanRequest, rng: random.Random) -> Outcome | None:
+    """The default answer and the oracle's for one request at a usable memory drawn between
+    0.98 x its allocated peak and 1.3 x it."""
     try:
         states, terms = checked_peak_terms(request)
     except (ZeroplanError, ValidationError):
@@ -75,14 +86,17 @@ def compare(request: PlanRequest, rng: random.Random) -> tuple[bool, bool, int, 
     usable = min(int(allocated * rng.uniform(0.98, 1.3)), usable_memory_bytes(request) * 4)
     exact_request = request.model_copy(update={"assumptions": request.assumptions.model_copy(update={"exact_capacity": True})})
     start = time.perf_counter()
-    fast = allocator_verdict(request, states, terms, allocated, usable)
+    default = allocator_verdict(request, states, terms, allocated, usable)
     middle = time.perf_counter()
     exact = allocator_verdict(exact_request, states, terms, allocated, usable)
     end = time.perf_counter()
-    if fast.oom_capacity_bytes is None:
-        return fast.fits == exact.fits, exact.oom_capacity_bytes is None, 0, middle - start, end - middle
-    difference = abs(fast.oom_capacity_bytes - exact.oom_capacity_bytes)
-    return fast.fits == exact.fits, difference == 0, difference, middle - start, end - middle
+    peak = default.reserved_peak_bytes if default.reserved_peak_bytes is not None else allocated
+    ratio = None if exact.oom_capacity_bytes is None else peak / exact.oom_capacity_bytes
+    return Outcome(default.fits == exact.fits, default.fits == (peak <= usable), ratio, middle - start, end - middle)
+
+
+def _quantile(values: list[float], q: float) -> float:
+    return values[min(int(q * len(values)), len(values) - 1)]
 
 
 def main() -> None:
@@ -91,23 +105,25 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rng = random.Random(args.seed)
-    results = []
+    results: list[Outcome] = []
     while len(results) < args.requests:
         request = random_request(rng)
         outcome = compare(request, rng) if request is not None else None
         if outcome is not None:
             results.append(outcome)
-    agree = sum(r[0] for r in results)
-    same = sum(r[1] for r in results)
-    differing = sorted(r[2] for r in results if not r[1])
-    fast_s, exact_s = sum(r[3] for r in results), sum(r[4] for r in results)
-    print(f"{len(results):,} random requests: verdicts agree {agree:,}; same OOM capacity {same:,} "
-          f"({same / len(results):.2%}); where not ({len(differing):,}), |difference| median "
-          f"{(differing[len(differing) // 2] if differing else 0) / MiB:,.0f} MiB, largest "
-          f"{(differing[-1] if differing else 0) / MiB:,.0f} MiB ({(differing[-1] if differing else 0) / GiB:.2f} GiB); "
-          f"grid {CAPACITY_STEP_BYTES // MiB} MiB")
-    print(f"time in the capacity search and verdict: default {fast_s:.1f} s, exact {exact_s:.1f} s "
-          f"(exact / default {exact_s / fast_s:.2f}x)")
+    agree = sum(r.verdicts_agree for r in results)
+    kept = sum(r.peak_keeps_rule for r in results)
+    ratios = sorted(r.peak_over_capacity for r in results if r.peak_over_capacity is not None)
+    equal = sum(abs(x - 1) < 1e-12 for x in ratios)
+    default_s, exact_s = sum(r.default_s for r in results), sum(r.exact_s for r in results)
+    print(f"{len(results):,} random requests: verdicts agree {agree:,}; peak at most the usable memory exactly when "
+          f"the step fits {kept:,}")
+    if ratios:
+        print(f"default peak / bisected OOM capacity over {len(ratios):,} replayed: equal {equal:,} ({equal / len(ratios):.1%}); "
+              f"min {ratios[0]:.3f}, 5th pct {_quantile(ratios, 0.05):.3f}, median {_quantile(ratios, 0.5):.3f}, "
+              f"95th pct {_quantile(ratios, 0.95):.3f}, max {ratios[-1]:.3f}")
+    print(f"time: default {default_s:.1f} s, with the capacity bisected {exact_s:.1f} s "
+          f"(bisected / default {exact_s / default_s:.1f}x)")
 
 
 if __name__ == "__main__":

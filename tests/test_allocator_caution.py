@@ -46,8 +46,8 @@ def test_a_recommendation_the_allocator_model_cannot_run_is_cautioned():
     assert chosen.fits  # the flat reserve's verdict stands in the table
     assert f"Caution: for {report.recommended.value}, PyTorch's caching allocator" in report.verdict
     modelled = fit(_base(A10G_TORCHTITAN, "--allocator-conf", ""), [report.recommended]).plans[0]
-    assert modelled.memory.oom_capacity_bytes > chosen.usable_memory_bytes
-    assert f"would need {modelled.memory.oom_capacity_bytes / GiB:.1f} GiB" in report.verdict
+    assert not modelled.fits and modelled.memory.peak_bytes > chosen.usable_memory_bytes
+    assert f"would reserve {modelled.memory.peak_bytes / GiB:.1f} GiB on a larger GPU" in report.verdict
 
 
 def test_the_caution_is_not_given_when_the_verdict_is_already_the_allocators():
@@ -80,7 +80,7 @@ def test_the_caution_names_the_next_fitting_strategy_the_model_lets_complete(mon
     calls = _counting_checks(monkeypatch)
     report = fit(_base(HF_80GB), THREE)
     assert report.recommended.value == "fsdp-full-shard"
-    assert "for fsdp-full-shard, PyTorch's caching allocator (modelled, default settings) would need 80.5 GiB" in report.verdict
+    assert "for fsdp-full-shard, PyTorch's caching allocator (modelled, default settings) runs out of the 79.4 GiB usable (it would reserve 89.9 GiB" in report.verdict
     assert "under the model zero3-offload completes" in report.verdict
     # hsdp (the next in recommendation order) was asked before zero3-offload, and failed too.
     assert [kind.value for kind in calls] == ["fsdp-full-shard", "hsdp", "zero3-offload"]
@@ -112,7 +112,7 @@ def test_a_cautioned_suggestion_is_given_when_no_later_one_fits():
                        "--lora-rank 16 --activation-checkpointing full"))
     assert report.recommended is None
     assert "With --gpus 8: Recommended: fsdp-full-shard" in report.verdict
-    assert "for fsdp-full-shard, PyTorch's caching allocator (modelled, default settings) would need 23.6 GiB" in report.verdict
+    assert "for fsdp-full-shard, PyTorch's caching allocator (modelled, default settings) runs out of the 21.9 GiB usable (it would reserve 23.6 GiB" in report.verdict
 
 
 def test_at_most_three_other_strategies_are_asked(monkeypatch):
@@ -149,7 +149,7 @@ def test_the_plan_search_cautions_on_a_best_configuration_the_allocator_model_ca
     assert (best["strategy"], best["activation_checkpointing"], best["micro_batch_size"]) == ("fsdp-full-shard", "full", 1)
     assert result["allocator_caution"].startswith(" Caution: for #1, PyTorch's caching allocator")
     modelled = fit(_base(A10G_TORCHTITAN, "--allocator-conf", ""), [StrategyKind.fsdp_full_shard]).plans[0]
-    assert f"would need {modelled.memory.oom_capacity_bytes / GiB:.1f} GiB" in result["allocator_caution"]
+    assert f"would reserve {modelled.memory.peak_bytes / GiB:.1f} GiB on a larger GPU" in result["allocator_caution"]
     assert result["explanation"].endswith(result["allocator_caution"])
 
 

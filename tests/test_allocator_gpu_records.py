@@ -77,16 +77,23 @@ def test_the_oom_capacity_is_the_one_the_gpu_found(search: dict) -> None:
 @pytest.mark.parametrize("search", SEARCHES, ids=lambda s: f"{s['case']}-{s['conf'] or 'default'}")
 def test_the_planners_own_prediction_is_within_five_percent_of_the_gpu(search: dict) -> None:
     # End to end: the planner's request for the run (its schedule's trace, no measurement in
-    # it) against the allocator's peaks and the capacity the GPU found. Measured: allocated
-    # -1.3 % to +3.2 %, OOM capacity -2.1 % (ZeRO-3, expandable segments) to +2.4 %.
+    # it) against the allocator's peaks and the capacity the GPU found (--exact-capacity).
+    # Measured: allocated -1.3 % to +3.2 %, OOM capacity -2.1 % (ZeRO-3, expandable segments) to +2.4 %.
     case = search["case"].replace(":", "-")
     record = read_record(RECORDS / "records" / case / "rank00000.json")
     request = request_for(record.description)
-    request = request.model_copy(update={"assumptions": request.assumptions.model_copy(update={"allocator_conf": search["conf"]})})
+    request = request.model_copy(update={"assumptions": request.assumptions.model_copy(
+        update={"allocator_conf": search["conf"], "exact_capacity": True})})
     breakdown, _ = memory_breakdown(request)
     run = load_measured_run(_history(search["case"], search["conf"]))
     assert breakdown.allocated_peak_bytes == pytest.approx(run.allocated_peak_bytes, rel=0.05)
     assert breakdown.oom_capacity_bytes == pytest.approx(search["oom_capacity_bytes"], rel=0.05)
+    # The peak: what the step reserves on the GPU's usable memory, against the run's
+    # max_memory_reserved without a cap. Measured: -2.4 % to -1.0 % under expandable segments;
+    # -13.9 % to +13.5 % under PyTorch's defaults, where whole cached segments make the reserve
+    # hang on where each of the schedule's coarser tensors lands (docs/validation.md).
+    tolerance = 0.05 if "expandable_segments:True" in search["conf"] else 0.15
+    assert breakdown.peak_bytes == breakdown.reserved_peak_bytes == pytest.approx(run.reserved_peak_bytes, rel=tolerance)
 
 
 def test_a_file_of_another_layout_is_refused_by_name(tmp_path: Path) -> None:

@@ -94,7 +94,7 @@ def test_split_bytes_keeps_the_total() -> None:
     assert split_bytes(0, [1]) == []
 
 
-def test_fit_judges_on_the_oom_capacity_unless_told_to_take_the_flat_reserve() -> None:
+def test_fit_judges_on_the_replayed_reserve_unless_told_to_take_the_flat_reserve() -> None:
     from zeroplan.core.plan import fit
 
     def memory(*flags: str):
@@ -109,7 +109,7 @@ def test_fit_judges_on_the_oom_capacity_unless_told_to_take_the_flat_reserve() -
     assert flat.peak_bytes == flat.allocated_peak_bytes + int(flat.allocated_peak_bytes * 0.05)
     for after in (default, expandable):
         assert after.allocated_peak_bytes == flat.allocated_peak_bytes
-        assert after.peak_bytes == after.oom_capacity_bytes >= after.allocated_peak_bytes
+        assert after.peak_bytes == after.reserved_peak_bytes >= after.allocated_peak_bytes and after.oom_capacity_bytes is None
         assert sum(after.peak_terms().values()) == after.peak_bytes
     # Expandable segments map pages instead of caching whole segments: less held in reserve.
     assert expandable.reserved_peak_bytes < default.reserved_peak_bytes
@@ -133,11 +133,11 @@ def test_fit_says_how_each_strategys_schedule_was_checked(capsys) -> None:
     from zeroplan.cli.main import main
 
     assert main(["fit", "--detail", *TITAN.split(), "--strategies", "fsdp-full-shard,ddp", "--allocator-conf", ""]) == 0
-    caution = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("caution: oom-at"))
+    caution = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("caution: the replay"))
     assert "fsdp-full-shard: -3.0 % to +5.1 %" in caution and "ddp: a coarser schedule" in caution
     assert main(["fit", "--detail", "llama-2-7b", "--gpus", "8", "--pp", "2", "--grad-accum", "2", "--strategies", "fsdp-full-shard",
                  "--allocator-conf", ""]) == 0
-    caution = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("caution: oom-at"))
+    caution = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("caution: the replay"))
     assert "under a pipeline" in caution and "fsdp-full-shard:" not in caution
 
 

@@ -1,6 +1,7 @@
-"""The allocator model's verdict is its replay at the usable memory, and the OOM capacity shown
-beside it is bisected on the side that verdict fell (docs/memory-model.md, "The caching
-allocator"): completion is not monotone in the capacity."""
+"""The allocator model's verdict is its replay at the usable memory, its peak what that replay
+reserves (without a limit where it runs out), and the OOM capacity, bisected on request, lies
+on the side that verdict fell (docs/memory-model.md, "The caching allocator"): completion is
+not monotone in the capacity."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import re
 
 import pytest
 
-from zeroplan.allocator.capacity import CAPACITY_STEP_BYTES, bisect_capacity, completes_within, oom_capacity
+from zeroplan.allocator.capacity import CAPACITY_STEP_BYTES, bisect_capacity, oom_capacity
 from zeroplan.allocator.config import parse_alloc_conf
 from zeroplan.allocator.planner import allocator_verdict
 from zeroplan.allocator.replay import compile_trace, replay
@@ -55,8 +56,14 @@ def test_the_capacity_is_bisected_on_the_side_the_verdict_fell(step, trace_gib: 
     shortfall = allocated - unlimited.requested_peak_bytes
     assert 0 < shortfall < GiB
     usable = int(trace_gib * GiB) + shortfall
-    verdict = allocator_verdict(request, states, terms, allocated, usable)
-    assert verdict.fits is fits is completes_within(ops, DEFAULT, usable - shortfall, unlimited)
+    exact = request.model_copy(update={"assumptions": request.assumptions.model_copy(update={"exact_capacity": True})})
+    verdict = allocator_verdict(exact, states, terms, allocated, usable)
+    on_gpu = replay(ops, DEFAULT, usable - shortfall)
+    assert verdict.fits is fits is on_gpu.completed
+    # The peak is what the replay reserved on the usable memory where it completes, else what
+    # it reserves without a limit; the rest of the planner's allocated bytes on top.
+    assert verdict.reserved_peak_bytes == (on_gpu if fits else unlimited).reserved_peak_bytes + shortfall
+    assert (verdict.reserved_peak_bytes <= usable) is fits
     capacity = verdict.oom_capacity_bytes
     assert (capacity <= usable) is fits
     # A boundary of the trace's own: it completes there and 2 MiB below it does not.
@@ -74,12 +81,11 @@ def test_plain_bisection_can_land_above_a_usable_memory_on_which_the_step_comple
     assert bisect_capacity(ops, DEFAULT, unlimited, steps, True) <= 19.5 * GiB < plain
 
 
-def test_no_capacity_is_bisected_where_the_allocated_peak_passes_the_usable_memory(step) -> None:
-    request, states, terms, _, unlimited = step
+def test_nothing_is_replayed_where_the_allocated_peak_passes_the_usable_memory(step) -> None:
+    request, states, terms, _, _ = step
     allocated, _ = peak_allocated_bytes(states, terms, 1)
     verdict = allocator_verdict(request, states, terms, allocated, allocated - 1)
-    assert not verdict.fits and verdict.oom_capacity_bytes is None
-    assert verdict.unlimited.reserved_peak_bytes == unlimited.reserved_peak_bytes
+    assert not verdict.fits and verdict.reserved_peak_bytes is None and verdict.oom_capacity_bytes is None
 
 
 def _unranged(verdict: str) -> str:
@@ -91,27 +97,22 @@ def _unranged(verdict: str) -> str:
     "llama-3.1-8b --framework torchtitan --gpus 8 --gpu h100-80gb --micro-batch 2 --seq-len 8192 "
     "--activation-checkpointing selective-op",
     "llama-2-7b --gpus 8 --gpu a100-40gb",
-    # On one node HSDP sends what full sharding sends: the recommendation compares their peaks.
-    "llama-3.1-8b --framework torchtitan --gpus 8 --gpu h100-80gb --strategies fsdp-full-shard,hsdp",
 ])
-def test_a_fit_without_capacities_gives_the_same_verdict(flags: str) -> None:
-    # fit's suggestions plan without bisecting OOM capacities; the verdict and every fits column
-    # must be the full fit's, which is what a user who takes the suggestion is shown.
+def test_bisecting_the_capacity_changes_no_verdict_and_no_peak(flags: str) -> None:
+    # --exact-capacity adds the oom-at column and nothing else: the verdict and the peaks are
+    # the replays on the usable memory either way.
     from zeroplan.core.plan import fit
 
     args = build_parser().parse_args(["fit", *flags.split()])
     request = request_from_args(args)
-    strategies = parse_strategies(args.strategies)
-    full, quick = fit(request, strategies, suggest=False), fit(request, strategies, suggest=False, capacities=False)
-    # The words are the same; a borderline range is the usable memory over the step's peak, which
-    # unbisected is an upper bound of the bisected one (below), so only its figures may differ.
-    assert _unranged(quick.verdict) == _unranged(full.verdict) and quick.recommended == full.recommended
-    assert [p.fits for p in quick.plans] == [p.fits for p in full.plans]
-    assert [p.max_micro_batch_size for p in quick.plans] == [p.max_micro_batch_size for p in full.plans]
-    for q, f in zip(quick.plans, full.plans):
-        # Unbisected, a fitting step's peak is a capacity it completes on, at or above its own.
-        if f.fits and f.memory.oom_capacity_bytes is not None:
-            assert f.memory.peak_bytes <= q.memory.peak_bytes <= q.usable_memory_bytes
+    exact = request.model_copy(update={"assumptions": request.assumptions.model_copy(update={"exact_capacity": True})})
+    default, bisected = fit(request, suggest=False), fit(exact, suggest=False)
+    assert default.verdict == bisected.verdict and default.recommended == bisected.recommended
+    assert [p.memory.peak_bytes for p in default.plans] == [p.memory.peak_bytes for p in bisected.plans]
+    assert [p.max_micro_batch_size for p in default.plans] == [p.max_micro_batch_size for p in bisected.plans]
+    assert all(p.memory.oom_capacity_bytes is None for p in default.plans)
+    replayed = [p for p in bisected.plans if p.memory.reserved_peak_bytes is not None]
+    assert replayed and all((p.memory.oom_capacity_bytes <= p.usable_memory_bytes) is p.fits for p in replayed)
 
 
 def test_the_suggested_change_reads_as_the_fit_of_that_change() -> None:
@@ -132,8 +133,9 @@ def test_the_dataframe_carries_the_allocator_columns_as_integers() -> None:
     frame = fit(request_from_args(build_parser().parse_args(["fit", *flags])), suggest=False).to_dataframe()
     assert str(frame["oom_capacity_bytes"].dtype) == "Int64" and str(frame["reserved_peak_bytes"].dtype) == "Int64"
     fitting = frame[frame["fits"]]
-    assert len(fitting) and (fitting["peak_bytes"] == fitting["oom_capacity_bytes"]).all()
-    assert pd.isna(frame.loc["ddp", "oom_capacity_bytes"])  # its allocated peak alone passes the GPU
+    assert len(fitting) and (fitting["peak_bytes"] == fitting["reserved_peak_bytes"]).all()
+    assert frame["oom_capacity_bytes"].isna().all()  # bisected only with --exact-capacity
+    assert pd.isna(frame.loc["ddp", "reserved_peak_bytes"])  # its allocated peak alone passes the GPU
     assert frame.loc["ddp", "peak_bytes"] == frame.loc["ddp", "allocated_peak_bytes"]
     flat = fit(request_from_args(build_parser().parse_args(["fit", *flags, "--flat-reserve"])), suggest=False).to_dataframe()
     assert flat["reserved_peak_bytes"].isna().all() and flat["oom_capacity_bytes"].isna().all()

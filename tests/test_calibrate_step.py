@@ -37,14 +37,14 @@ def test_the_hfu_solved_gives_back_the_step_it_was_solved_on(kind: StrategyKind,
     # Communication is kept as the planner prices it: zero1's all-gather after the backward is
     # exposed, so the solved HFU is the one the step was timed at, not step / compute.
     for hfu in (0.25, 0.55):
-        time = plan(_request(kind, gpus, hfu), capacity=False).time
+        time = plan(_request(kind, gpus, hfu)).time
         assert solve_hfu(_request(kind, gpus, 0.4), time.step_with_overlap_s) == pytest.approx(hfu, rel=1e-6)
-    exposed = plan(_request(StrategyKind.zero1, 64, 0.4), capacity=False).time.exposed_communication_s
+    exposed = plan(_request(StrategyKind.zero1, 64, 0.4)).time.exposed_communication_s
     assert exposed > 0
 
 
 def test_a_step_faster_than_hfu_one_is_refused() -> None:
-    fastest = plan(_request(StrategyKind.fsdp_full_shard, 8, 1.0), capacity=False).time.step_with_overlap_s
+    fastest = plan(_request(StrategyKind.fsdp_full_shard, 8, 1.0)).time.step_with_overlap_s
     with pytest.raises(ZeroplanError, match="shorter than the planner's step at HFU 1"):
         solve_hfu(_request(StrategyKind.fsdp_full_shard, 8, 0.4), fastest * 0.9)
 

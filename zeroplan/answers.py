@@ -43,7 +43,7 @@ class FitReport(Frozen):
     """The strategy recommended under ``suggested_change``."""
     allocator_caution: str = ""
     """Part of the verdict: where the caching-allocator model finds the recommendation's step
-    running out of memory under the flat reserve, what it would need (core.plan.allocator_caution);
+    running out of memory under the flat reserve, what it would reserve (core.plan.allocator_caution);
     '' otherwise."""
     compute_model: str = "hfu"
     """How the plans' compute was timed (PerformanceAssumptions.compute_model)."""
@@ -98,7 +98,7 @@ class PlanSearchResult(Frozen):
     """One line for a person."""
     allocator_caution: str = ""
     """Part of the explanation: where the caching-allocator model finds the best
-    configuration's step running out of memory under the flat reserve, what it would need and
+    configuration's step running out of memory under the flat reserve, what it would reserve and
     which of the next ranked ones completes (zeroplan.core.plan.allocator_runs_out); '' otherwise."""
 
     def to_dataframe(self):

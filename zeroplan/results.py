@@ -60,13 +60,26 @@ class MemoryBreakdown(Frozen):
     """What the caching allocator reserves beyond that (MemoryAssumptions)."""
     peak_bytes: int
     """Peak device memory: allocated peak plus allocator reserve."""
+    allocator_modelled: bool = False
+    """The caching-allocator model answered (MemoryAssumptions.allocator_conf): the reserve is
+    what its replay reserves beyond the allocated peak; False under the flat reserve."""
     reserved_peak_bytes: int | None = None
-    """With the caching-allocator model (MemoryAssumptions.allocator_conf): the most bytes its
-    segments hold at once when nothing fails (torch.cuda.max_memory_reserved); None without."""
+    """With the caching-allocator model, what the step reserves at its peak
+    (torch.cuda.max_memory_reserved): on the usable memory where it completes there, at most
+    that memory even where the allocator had to free its cache; without a device limit where it
+    runs out. ``peak_bytes`` is then this. None under the flat reserve, and where the allocated
+    peak alone passes the usable memory (nothing replayed: ``peak_bytes`` is then the least the
+    step needs)."""
     oom_capacity_bytes: int | None = None
-    """With the caching-allocator model: the smallest memory on which the step completes under
-    the allocator's retry rules; ``peak_bytes`` is then this, and the reserve what it adds to
-    the allocated peak. None without."""
+    """With the caching-allocator model and MemoryAssumptions.exact_capacity: the least memory,
+    on the verdict's side of the usable memory, on which the step completes under the
+    allocator's retry rules (bisected over replays). None otherwise."""
+
+    @property
+    def peak_is_least(self) -> bool:
+        """The peak is the allocated peak alone, what the step needs at the least: the
+        allocator model replays nothing where that passes the usable memory."""
+        return self.allocator_modelled and self.reserved_peak_bytes is None
 
     def peak_terms(self) -> dict[str, int]:
         """The byte fields alive at ``peak_moment`` (buffers as ``peak_buffer_bytes``) and the

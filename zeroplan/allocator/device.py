@@ -106,18 +106,6 @@ class DeviceAllocator:
         return self._alloc_found_block(block, pool, size, size_bytes,
                                        should_split(block.size, size, small, config))
 
-    def capacity_to_serve(self, size_bytes: int, step_bytes: int) -> int:
-        """After a request of ``size_bytes`` failed (the cache already freed and retried): the
-        next capacity to try, on the ``step_bytes`` grid. A new segment is one cudaMalloc of
-        its whole allocation size, so the capacity it needs is known at once; expandable
-        segments map pages into free space whose extent the search decides, so they grow a
-        step at a time (replay's grow_by_bytes)."""
-        if self.config.expandable_segments:
-            return self.capacity + step_bytes
-        size = round_size(size_bytes, self.config)
-        needed = self.reserved + allocation_size(size)
-        return max(self.capacity + step_bytes, -(-needed // step_bytes) * step_bytes)
-
     # get_free_block: the smallest cached block of the stream at least `size` large; with
     # expandable segments the search moves on while a later candidate could grow less; an
     # oversize block serves only within max_split_size / max_non_split_rounding.

@@ -40,8 +40,6 @@ class ReplayResult(Frozen):
     alloc_retries: int
     """Requests that needed every cached block freed first (num_alloc_retries)."""
     events_replayed: int
-    grown_capacity_bytes: int | None = None
-    """With ``grow_by_bytes``: the capacity the device had grown to when the step ended."""
 
     @property
     def fragmentation_bytes(self) -> int:
@@ -79,14 +77,10 @@ def compile_trace(trace: AllocationTrace) -> Ops:
 
 
 def replay(trace: AllocationTrace | Ops, config: AllocatorConfig, capacity_bytes: int | None = None,
-           segment_addresses: Sequence[tuple[int, int]] = (), fraction_cap: bool = False,
-           grow_by_bytes: int = 0) -> ReplayResult:
+           segment_addresses: Sequence[tuple[int, int]] = (), fraction_cap: bool = False) -> ReplayResult:
     """Run the trace through DeviceAllocator; ``capacity_bytes`` None: no device limit;
     ``segment_addresses``: where a measured run's cudaMalloc calls landed (measured.py);
-    ``fraction_cap``: the capacity is a set_per_process_memory_fraction limit (DeviceAllocator).
-    With ``grow_by_bytes``, a request that fails even after the allocator freed its cache and
-    retried does not end the replay: the device grows by that much until the request is served
-    (capacity.grown_capacity); the result says where it ended (grown_capacity_bytes)."""
+    ``fraction_cap``: the capacity is a set_per_process_memory_fraction limit (DeviceAllocator)."""
     ops = compile_trace(trace) if isinstance(trace, AllocationTrace) else trace
     device = DeviceAllocator(config, capacity_bytes, segment_addresses, fraction_cap)
     malloc, free = device.malloc, device.free
@@ -95,9 +89,6 @@ def replay(trace: AllocationTrace | Ops, config: AllocatorConfig, capacity_bytes
     for index, (kind, ident, size, stream) in enumerate(ops):
         if kind == ALLOC_OP:
             block = malloc(size, stream)
-            while block is None and grow_by_bytes:
-                device.capacity = device.capacity_to_serve(size, grow_by_bytes)
-                block = malloc(size, stream)
             if block is None:
                 oom_index, oom_bytes = index, size
                 break
@@ -117,5 +108,4 @@ def replay(trace: AllocationTrace | Ops, config: AllocatorConfig, capacity_bytes
         reserved_peak_bytes=device.reserved_peak, device_alloc_calls=device.device_allocs,
         device_free_calls=device.device_frees, alloc_retries=device.retries,
         events_replayed=len(ops) if oom_index is None else oom_index,
-        grown_capacity_bytes=device.capacity if grow_by_bytes else None,
     )

@@ -181,8 +181,8 @@ def add_allocator_arguments(group: argparse._ArgumentGroup) -> None:
     )
     group.add_argument(
         "--exact-capacity", action="store_true",
-        help="bisect the allocator model's OOM capacity over whole replays (slower; the figure the default "
-        "single grown replay is checked against) instead of growing one replay's device",
+        help="also bisect the allocator model's OOM capacity, the least memory the step completes on "
+        "(a dozen replays more per strategy; shown as oom-at in --detail)",
     )
     allocator.add_argument(
         "--flat-reserve", action="store_true",

@@ -155,10 +155,8 @@ def _recent_peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms
     return peak_terms(request)
 
 
-def memory_breakdown(request: PlanRequest, capacity: bool = True) -> tuple[MemoryBreakdown, ModelStateBytes]:
-    """The request's memory at its peak; under the caching-allocator model without
-    ``capacity``, the OOM capacity is not bisected (allocator_verdict's ``bisect``): the verdict
-    stands, the peak is a capacity on its side of the usable memory."""
+def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateBytes]:
+    """The request's memory at its peak."""
     batch = request.batch
     states, terms = checked_peak_terms(request)
     activations, logits, workspace, step_temporary = terms.activations, terms.logits, terms.workspace, terms.step_temporary
@@ -169,16 +167,15 @@ def memory_breakdown(request: PlanRequest, capacity: bool = True) -> tuple[Memor
     reserve = int(allocated * request.assumptions.allocator_reserve_fraction)
     reserved = oom_at = None
     if request.assumptions.allocator_conf is not None:
-        # The caching-allocator model replays the step (docs/memory-model.md, "The caching
-        # allocator"): the peak is its OOM capacity, the reserve what that adds; where the
-        # allocated peak alone passes the usable memory the capacity is not bisected and the
-        # peak is the allocated peak, which the step needs at the least.
+        # The caching-allocator model replays the step on the usable memory (docs/memory-model.md,
+        # "The caching allocator"): the peak is what it reserves there, or, where it runs out,
+        # what it reserves without a limit; where the allocated peak alone passes the usable
+        # memory nothing is replayed and the peak is the allocated peak, the least it needs.
         from zeroplan.allocator.planner import allocator_verdict
 
-        verdict = allocator_verdict(request, states, terms, allocated, usable_memory_bytes(request), capacity)
-        reserved = verdict.unlimited.reserved_peak_bytes if verdict.unlimited is not None else None
-        oom_at = verdict.oom_capacity_bytes
-        reserve = 0 if oom_at is None else max(oom_at - allocated, 0)
+        verdict = allocator_verdict(request, states, terms, allocated, usable_memory_bytes(request))
+        reserved, oom_at = verdict.reserved_peak_bytes, verdict.oom_capacity_bytes
+        reserve = 0 if reserved is None else max(reserved - allocated, 0)
     breakdown = MemoryBreakdown(
         parameter_bytes=states.parameter_bytes,
         gradient_bytes=states.gradient_bytes,
@@ -194,6 +191,7 @@ def memory_breakdown(request: PlanRequest, capacity: bool = True) -> tuple[Memor
         allocated_peak_bytes=allocated,
         allocator_reserve_bytes=reserve,
         peak_bytes=allocated + reserve,
+        allocator_modelled=request.assumptions.allocator_conf is not None,
         reserved_peak_bytes=reserved,
         oom_capacity_bytes=oom_at,
     )
@@ -220,10 +218,10 @@ def nvme_capacity_fits(request: PlanRequest) -> bool | None:
     return nvme_bytes(request) * request.cluster.gpus_per_node <= limit
 
 
-def pipeline_rank_breakdowns(request: PlanRequest, capacity: bool = True) -> list[tuple[MemoryBreakdown, ModelStateBytes]]:
+def pipeline_rank_breakdowns(request: PlanRequest) -> list[tuple[MemoryBreakdown, ModelStateBytes]]:
     """Every pipeline rank's breakdown and model states, rank 0 first (the request's own rank
-    alone without a pipeline); ``capacity`` as for memory_breakdown."""
-    return [memory_breakdown(rank, capacity) for rank in pipeline_rank_requests(request)]
+    alone without a pipeline)."""
+    return [memory_breakdown(rank) for rank in pipeline_rank_requests(request)]
 
 
 def pipeline_rank_requests(request: PlanRequest) -> list[PlanRequest]:
@@ -359,13 +357,12 @@ def bisect_max_micro_batch_size(request: PlanRequest) -> int:
     return _largest_fitting_between(request, low, high)
 
 
-def plan(request: PlanRequest, capacity: bool = True) -> StrategyPlan:
+def plan(request: PlanRequest) -> StrategyPlan:
     """Memory and communication of one strategy on one GPU: under pipeline parallelism the
-    pipeline rank whose peak is highest (every rank's peak is kept beside it). Without
-    ``capacity`` the allocator model's OOM capacity is not bisected (memory_breakdown)."""
+    pipeline rank whose peak is highest (every rank's peak is kept beside it)."""
     rank_peaks: tuple[int, ...] = ()
     reason = ""
-    ranks = pipeline_rank_breakdowns(request, capacity)
+    ranks = pipeline_rank_breakdowns(request)
     peak_rank = max(range(len(ranks)), key=lambda rank: ranks[rank][0].peak_bytes)
     breakdown, states = ranks[peak_rank]
     if request.parallel.pp > 1:
@@ -477,9 +474,9 @@ def _verdict(
     if not fitting:
         closest = min(plans, key=lambda p: p.memory.peak_bytes)
         # Under the allocator model a step whose allocated peak alone passes the usable memory
-        # has no OOM capacity bisected: its peak is what it needs at the least.
+        # is not replayed: its peak is what it needs at the least.
         memory = closest.memory
-        least = "at least " if memory.reserved_peak_bytes is not None and memory.oom_capacity_bytes is None else ""
+        least = "at least " if memory.peak_is_least else ""
         return (
             f"Nothing fits; the smallest footprint is {closest.strategy.value} "
             f"({least}{memory.peak_bytes / 2**30:.1f} GiB per GPU of "
@@ -529,11 +526,11 @@ def allocator_runs_out(request: PlanRequest) -> bool:
 
 
 def allocator_shortfall(request: PlanRequest) -> str:
-    """What the caching-allocator model needs for the request's step, against the usable memory."""
-    needed = max(b.oom_capacity_bytes or 0 for b, _ in pipeline_rank_breakdowns(under_allocator_model(request)))
-    return (f"PyTorch's caching allocator (modelled, default settings) would need {needed / 2**30:.1f} GiB, more "
-            f"than the {usable_memory_bytes(request) / 2**30:.1f} GiB usable (the flat "
-            f"{request.assumptions.allocator_reserve_fraction:.0%} reserve is too little here)")
+    """What the caching-allocator model finds for the request's step, against the usable memory."""
+    reserved = max(b.peak_bytes for b, _ in pipeline_rank_breakdowns(under_allocator_model(request)))
+    return (f"PyTorch's caching allocator (modelled, default settings) runs out of the "
+            f"{usable_memory_bytes(request) / 2**30:.1f} GiB usable (it would reserve {reserved / 2**30:.1f} GiB on a "
+            f"larger GPU; the flat {request.assumptions.allocator_reserve_fraction:.0%} reserve is too little here)")
 
 
 def under_allocator_model(request: PlanRequest) -> PlanRequest:
@@ -579,22 +576,8 @@ def allocator_caution(requests: dict[StrategyKind, PlanRequest], plans: tuple[St
     return caution + '; without --flat-reserve the verdict is the allocator model\'s (docs/validation.md).'
 
 
-def _bisected_where_peaks_decide(plans: list[StrategyPlan], requests: dict[StrategyKind, PlanRequest]) -> list[StrategyPlan]:
-    """Plans made without their OOM capacities bisected, with the capacity bisected where the
-    recommendation rule would compare peaks: the fitting plans tied with the best on every key
-    before the peak. The recommendation is then the one the full plans give."""
-    fitting = [p for p in plans if p.fits and p.host_fits is not False]
-    if not fitting or all(p.memory.oom_capacity_bytes is None for p in fitting):
-        return plans
-    best = min(_key_before_peak(p) for p in fitting)
-    tied = {p.strategy for p in fitting if _key_before_peak(p) == best}
-    if len(tied) < 2:
-        return plans
-    return [plan(requests[p.strategy]) if p.strategy in tied else p for p in plans]
-
-
 def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | None = None, *,
-        suggest: bool = True, capacities: bool = True) -> FitReport:
+        suggest: bool = True) -> FitReport:
     """Plan ``base`` under each strategy; the strategy in ``base`` supplies the knobs. None
     plans every strategy the request's framework runs (all of them for zeroplan and hf). When
     nothing fits and ``suggest``, the verdict names the smallest change that fits
@@ -628,11 +611,9 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | N
             # did not ask for it, so it leaves the table with its reason instead of refusing all.
             left_out.append((spec.kind.value, error))
             continue
-        plans.append(plan(requests[spec.kind], capacities))
+        plans.append(plan(requests[spec.kind]))
     if not plans and left_out:
         raise left_out[0][1]
-    if not capacities:
-        plans = _bisected_where_peaks_decide(plans, requests)
     plans_tuple = tuple(plans)
     recommended = recommend(plans_tuple)
     verdict = _verdict(plans_tuple, recommended, base.cluster.host_memory_bytes_per_node, base.cluster.world_size == 1)
@@ -643,8 +624,7 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | N
         # The strategies the user named stay the ones tried; else each retry plans every
         # strategy its framework runs on its GPUs.
         kept = strategies if given else None
-        # A suggestion's table is not shown: its verdict needs no OOM capacity bisected.
-        found = smallest_change(base, lambda request: fit(request, kept, suggest=False, capacities=False))
+        found = smallest_change(base, lambda request: fit(request, kept, suggest=False))
         if found is not None:
             suggested_change, suggested = found
             suggested_recommendation = suggested.recommended

@@ -893,7 +893,7 @@ def search_with_groups(
 def allocator_caution(ranked: list[PlanRequest]) -> str:
     """fit's allocator caution for the search (zeroplan.core.plan.allocator_caution): where the
     caching-allocator model finds the best configuration's step (``ranked``, fastest first)
-    running out of memory, what it would need and the first of the next ranked configurations
+    running out of memory, what it would reserve and the first of the next ranked configurations
     (up to MAX_ALLOCATOR_ALTERNATIVES) whose step it lets complete; '' otherwise."""
     check = allocator_check(ranked) if ranked else None
     if check is None:

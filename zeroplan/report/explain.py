@@ -70,7 +70,7 @@ def _step_terms(report: FitReport, plan: StrategyPlan, unit: ByteUnit) -> list[T
         return shown if field in alive else f"({shown})"
 
     model = report.model
-    reserve = ("the caching-allocator model's OOM capacity less the allocated peak" if m.oom_capacity_bytes is not None
+    reserve = ("what the caching-allocator model's replay reserves beyond the allocated peak" if m.allocator_modelled
                else "a flat share of the allocated peak (--flat-reserve)")
     return [
         Term("activ", value(m.activation_bytes, "activation_bytes"),

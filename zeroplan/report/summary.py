@@ -123,9 +123,9 @@ def fit_verdict(report: FitReport, unit: ByteUnit) -> list[str]:
     else:
         closest = min(report.plans, key=lambda p: p.memory.peak_bytes)
         memory = closest.memory
-        # The allocator model bisects no capacity where the allocated peak alone is too large:
-        # the peak is then what the step needs at the least (as the detail view's verdict says).
-        least = "at least " if memory.reserved_peak_bytes is not None and memory.oom_capacity_bytes is None else ""
+        # The allocator model replays nothing where the allocated peak alone is too large: the
+        # peak is then what the step needs at the least (as the detail view's verdict says).
+        least = "at least " if memory.peak_is_least else ""
         said = (f"Does not fit. Smallest footprint: {closest.strategy.value}, {least}"
                 f"{to_unit(memory.peak_bytes, unit):.1f} {u} per GPU of {to_unit(closest.usable_memory_bytes, unit):.1f} {u} usable"
                 + (f" ({borderline_words(memory.peak_bytes, closest.usable_memory_bytes)}: it may)" if closest.borderline else "")
@@ -172,9 +172,10 @@ def fit_notes(report: FitReport, unit: ByteUnit) -> list[str]:
     if report.allocator_conf:
         notes.append(f"Judged under PYTORCH_CUDA_ALLOC_CONF={report.allocator_conf}"
                      + (f" ({report.training.framework.value}'s launch default)." if report.allocator_conf_is_launch_default else "."))
-    if any(p.memory.reserved_peak_bytes is not None for p in report.plans):
-        notes.append("peak = the least memory the step completes on in a replay of PyTorch's caching allocator "
-                     "(docs/memory-model.md, section 7); its schedule is checked within a few % (docs/validation.md).")
+    if any(p.memory.allocator_modelled for p in report.plans):
+        notes.append("peak = what the step reserves (max_memory_reserved) in a replay of PyTorch's caching allocator on the "
+                     "usable memory, or with no limit where it runs out (docs/memory-model.md, section 7); its schedule is "
+                     "checked within a few % (docs/validation.md).")
     else:
         notes.append("peak = allocated peak plus a flat 5 % allocator reserve (--flat-reserve; docs/memory-model.md, section 5).")
     if report.training.paged_optimizer:

@@ -59,11 +59,13 @@ def _schedule_checks(report: FitReport) -> str:
     pipeline = any(p.parallel.pp > 1 for p in report.plans)
     checked = [] if pipeline else [text for kind, text in _SCHEDULE_CHECKS.items() if kind in kinds]
     unchecked = ", ".join(sorted(k.value for k in kinds if k not in _SCHEDULE_CHECKS))
-    parts = ["against the frameworks' own steps (default allocator, then expandable segments) " + "; ".join(checked)] if checked else []
+    parts = ["its OOM capacity (--exact-capacity) against the frameworks' own steps (default allocator, then expandable "
+             "segments) " + "; ".join(checked)] if checked else []
     if pipeline:
         parts.append("under a pipeline: a coarser schedule, not yet checked against a measured step")
     elif unchecked:
-        parts.append(f"{unchecked}: a coarser schedule, checked only on the H200 harness runs (within 2.4 %)")
+        parts.append(f"{unchecked}: a coarser schedule, checked only on the H200 harness runs (OOM capacity within 2.4 %; "
+                     "reserved peak -13.9 % to +13.5 % under the default allocator, -2.4 % to -1.0 % under expandable segments)")
     return "; ".join(parts)
 
 
@@ -263,7 +265,7 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
     ]
     names = ["strategy", "peak at", *(name for name, _, _ in _COLUMNS), "fits", "max-mb", "host", "sent"]
     rows = [_row(p, unit) for p in report.plans]
-    allocator = any(p.memory.reserved_peak_bytes is not None for p in report.plans)
+    allocator = any(p.memory.allocator_modelled for p in report.plans)
     if allocator:
         names += ["alloc", "reserved", "oom-at"]
         rows = [row + _allocator_cells(p, unit) for row, p in zip(rows, report.plans)]
@@ -280,10 +282,11 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
         "( ) = not alive at that moment: gradients fill in as activations free (docs/memory-model.md, \"Peak\").",
     ]
     if allocator:
-        notes.append("alloc = allocated peak; reserved = the caching-allocator model's reserved peak; oom-at = the least "
-                     "memory its step completes on (peak = oom-at; - = not bisected where alloc alone passes the usable memory, "
-                     "peak = alloc; docs/memory-model.md, \"The caching allocator\").")
-        notes.append(f"caution: oom-at replays the planner's own schedule; {_schedule_checks(report)} (docs/validation.md); "
+        notes.append("alloc = allocated peak; reserved = what the caching-allocator model's replay reserves on the usable "
+                     "memory, or with no limit where the step runs out (peak = reserved; - = not replayed where alloc alone "
+                     "passes the usable memory, peak = alloc); oom-at = the least memory the step completes on, bisected "
+                     "with --exact-capacity (docs/memory-model.md, \"The caching allocator\").")
+        notes.append(f"caution: the replay follows the planner's own schedule; {_schedule_checks(report)} (docs/validation.md); "
                      "`zeroplan simulate MODEL --framework F --whole-step --allocator-conf CONF` replays the framework's "
                      "own allocations.")
     notes += [f"{p.strategy.value}: peak on {p.peak_rank_reason}." for p in report.plans if p.peak_rank_reason]

@@ -84,14 +84,14 @@ class MemoryAssumptions(Frozen):
     tensors occupy (block rounding and fragmentation), as a fraction of the peak allocated bytes."""
     allocator_conf: str | None = ""
     """A PYTORCH_CUDA_ALLOC_CONF string ("" or "backend:native": PyTorch's defaults) under
-    which the caching-allocator model (zeroplan.allocator) replays the step: the verdict is its
-    replay on the usable memory, the peak its OOM capacity. None: the allocated peak plus
-    allocator_reserve_fraction (what the plan search judges on)."""
+    which the caching-allocator model (zeroplan.allocator) replays the step on the usable
+    memory: the verdict is whether the replay completes, the peak what it reserves
+    (zeroplan.allocator.planner). None: the allocated peak plus allocator_reserve_fraction
+    (what the plan search judges on)."""
     exact_capacity: bool = False
-    """Under the caching-allocator model, bisect the OOM capacity over whole replays (the
-    oracle) instead of growing one replay's device (allocator.capacity.verdict_capacity): the
-    verdict is the same replay either way; the capacity shown may differ by the few MiB
-    docs/memory-model.md states."""
+    """Under the caching-allocator model, also bisect the OOM capacity (the least memory the
+    step completes on) over whole replays: a dozen replays more per plan; the verdict and the
+    peak stay the replay's on the usable memory."""
     nccl_channels: int = Field(default=16, gt=0)
     """Channels an NCCL communicator opens (framework profiles only): NCCL picks 2-32 per
     topology (more on NVSwitch systems); 16 is an assumption, not calibrated on a GPU."""
