@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from zeroplan.allocator.config import AllocatorConfig, UNLIMITED
 from zeroplan.allocator.rules import (
-    allocation_size, block_may_serve, is_small, page_bytes, round_size, should_split,
+    SMALL_SIZE_BYTES, allocation_size, block_may_serve, page_bytes, round_size, should_split,
 )
 from zeroplan.allocator.state import Block, Pool, Segment, available
 
@@ -54,6 +54,9 @@ class DeviceAllocator:
         self.device_allocs = self.device_frees = self.retries = 0
         self._rounded: dict[int, int] = {}
         """round_size of every request size seen (it depends on the size and config only)."""
+        self.split_limited = config.max_split_size_bytes != UNLIMITED
+        """max_split_size is set: an oversize cached block may refuse a request (block_may_serve,
+        which without it serves every request)."""
 
     # --- addresses -------------------------------------------------------------------------
     def _address(self, size: int) -> int:
@@ -87,8 +90,8 @@ class DeviceAllocator:
         size = self._rounded.get(size_bytes)
         if size is None:
             size = self._rounded[size_bytes] = round_size(size_bytes, config)
-        small = is_small(size)
-        pool = self._pool(small)
+        small = size <= SMALL_SIZE_BYTES  # rules.is_small, inline on the hot path
+        pool = self.small_pool if small else self.large_pool
         block = self._get_free_block(pool, stream, size)
         if block is None:
             if self.gc_enabled:
@@ -123,11 +126,13 @@ class DeviceAllocator:
                 candidate = pool.by_ptr[keys[following][2]]
                 if _expandable_size(candidate) >= _expandable_size(block):
                     break
-                block = candidate
+                block, index = candidate, following
                 following += 1
-        if not block_may_serve(block.size, size, self.config):
+        if self.split_limited and not block_may_serve(block.size, size, self.config):
             return None
-        pool.remove(block)
+        # The block's key is at ``index``: taken out without a second search (Pool.remove).
+        del keys[index]
+        del pool.by_ptr[block.ptr]
         return block
 
     # alloc_found_block: split off the front `size` bytes when should_split says so; the
@@ -199,9 +204,14 @@ class DeviceAllocator:
 
     # free_block: merge with free neighbours of the same segment, then cache.
     def _free_block(self, block: Block) -> None:
-        pool = self._pool(block.small)
-        self._try_merge(block, block.prev, pool)
-        self._try_merge(block, block.next, pool)
+        pool = self.small_pool if block.small else self.large_pool
+        # The neighbours are tested here first: most are allocated, and the call costs more
+        # than the test (try_merge_blocks tests them again).
+        before, after = block.prev, block.next
+        if before is not None and not before.allocated:
+            self._try_merge(block, before, pool)
+        if after is not None and not after.allocated:
+            self._try_merge(block, after, pool)
         pool.insert(block)
 
     # try_merge_blocks: absorb a free neighbour (both mapped or both unmapped).
