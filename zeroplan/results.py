@@ -175,6 +175,13 @@ class PlanCandidate(Frozen):
     """micro_batch_size * grad_accum_steps * seq_len / (tp * cp * pp) / step_time_s."""
     model_flops_utilization: float
     """Model FLOPs of the step over (step_time_s x peak bf16 FLOP/s) (StepTime.model_flops_utilization)."""
+    allocator_fits: bool | None = None
+    """Whether the step completes in a replay of the caching-allocator model on the usable
+    memory, every pipeline rank (the search ranks on the flat reserve, then asks the model about
+    each configuration it reports); None where it was not asked."""
+    allocator_peak_bytes: int | None = None
+    """What that replay reserves at the peak (the pipeline rank that peaks; without a limit
+    where the step runs out; the allocated peak where that alone passes the usable memory)."""
     compute_s: float | None = None
     """Of the step time: the GPU's compute (StepTime.compute_s; None where only the sweep's
     total is known)."""

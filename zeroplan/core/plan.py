@@ -525,6 +525,16 @@ def allocator_runs_out(request: PlanRequest) -> bool:
     return not _fits_under_allocator(under_allocator_model(request))
 
 
+def allocator_answer(request: PlanRequest) -> tuple[bool, int]:
+    """(whether every pipeline rank's step completes, the highest peak) under the
+    caching-allocator model, with the request's PYTORCH_CUDA_ALLOC_CONF or, under the flat
+    reserve, PyTorch's defaults."""
+    modelled = request if request.assumptions.allocator_conf is not None else under_allocator_model(request)
+    usable = usable_memory_bytes(modelled)
+    peaks = [b.peak_bytes for b, _ in pipeline_rank_breakdowns(modelled)]
+    return all(peak <= usable for peak in peaks), max(peaks)
+
+
 def allocator_shortfall(request: PlanRequest) -> str:
     """What the caching-allocator model finds for the request's step, against the usable memory."""
     reserved = max(b.peak_bytes for b, _ in pipeline_rank_breakdowns(under_allocator_model(request)))

@@ -31,7 +31,7 @@ from zeroplan.core.parallel.collectives import model_parallel_collectives
 from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
 from zeroplan.core.peak import PeakTerms, moment_totals
 from zeroplan.core.plan import (
-    MAX_ALLOCATOR_ALTERNATIVES, allocator_check, host_memory_fits, memory_breakdown, micro_batch_terms, peak_terms,
+    allocator_answer, host_memory_fits, memory_breakdown, micro_batch_terms, peak_terms,
 )
 from zeroplan.core.compiled import runs_checkpointing
 from zeroplan.progress import progress
@@ -55,6 +55,7 @@ from zeroplan.answers import PlanSearchResult
 from zeroplan.results import PeakMoment, PlanCandidate
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.parallel import MODEL_PARALLEL_FRAMEWORKS, PIPELINE_STRATEGIES, ParallelSpec, PipelineSchedule
+from zeroplan.specs.framework import LAUNCH_ALLOCATOR_CONF
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.training import ActivationCheckpointing
@@ -656,7 +657,7 @@ def _layout_groups(layout: PlanRequest, kinds: tuple[StrategyKind, ...]) -> list
 def on_flat_reserve(request: PlanRequest) -> PlanRequest:
     """The request judged on its allocated peak plus the flat reserve: millions of
     configurations cannot each be replayed through the caching-allocator model, so the search
-    judges on the flat reserve and asks the model about its best (allocator_caution)."""
+    judges on the flat reserve and asks the model about each configuration it reports (_answered)."""
     return request.with_allocator_conf(None)
 
 
@@ -846,9 +847,14 @@ def search(
         for group in all_groups:
             group.scalar_only = True
         return search_with_groups(base, global_batch_size, all_groups, splits, top, layouts, show_progress)
+    def request_of(i: int) -> PlanRequest:
+        return _at(all_groups[int(index_a[i])].request, int(micro_a[i]), int(accum_a[i]))
+
+    asked: dict[PlanRequest, tuple[bool, int]] = {}
+    ranked = _answered(ranked, [request_of(i) for i in order[:top].tolist()], base, asked)
+    pareto = _answered(pareto, [request_of(i) for i in front.tolist()], base, asked)
     best = ranked[0] if ranked else None
-    caution = allocator_caution([_at(all_groups[int(index_a[i])].request, int(micro_a[i]), int(accum_a[i]))
-                                 for i in order[:top].tolist()])
+    caution = allocator_caution(ranked, base)
     return PlanSearchResult(
         global_batch_size=global_batch_size, seq_len=base.batch.seq_len, num_gpus=base.cluster.world_size,
         layouts_searched=layouts, groups_searched=len(all_groups),
@@ -872,15 +878,17 @@ def search_with_groups(
         rows += [(s[k], group, int(micro[k]), int(accum[k]), int(peak[k])) for k in range(len(micro)) if fit[k]]
     rows.sort(key=lambda r: (r[0], r[4]))
     candidates = [_candidate(g, b, a, p, s, g.cache[(b, a)][2]) for s, g, b, a, p in rows]
-    ranked = tuple(candidates[:top])
+    asked: dict[PlanRequest, tuple[bool, int]] = {}
+    ranked = _answered(tuple(candidates[:top]), [_at(g.request, b, a) for _, g, b, a, _ in rows[:top]], base, asked)
     if candidates:
         front = pareto_indices(np.array([c.peak_bytes for c in candidates]), np.array([c.step_time_s for c in candidates]))
-        pareto = tuple(candidates[i] for i in front.tolist())
+        pareto = _answered(tuple(candidates[i] for i in front.tolist()),
+                           [_at(rows[i][1].request, rows[i][2], rows[i][3]) for i in front.tolist()], base, asked)
     else:
         pareto = ()
     best = ranked[0] if ranked else None
     evaluated = sum(len(micro) for micro, _ in splits)
-    caution = allocator_caution([_at(g.request, b, a) for _, g, b, a, _ in rows[:top]])
+    caution = allocator_caution(ranked, base)
     return PlanSearchResult(
         global_batch_size=global_batch_size, seq_len=base.batch.seq_len, num_gpus=base.cluster.world_size,
         layouts_searched=layouts, groups_searched=len(all_groups),
@@ -890,21 +898,50 @@ def search_with_groups(
     )
 
 
-def allocator_caution(ranked: list[PlanRequest]) -> str:
-    """fit's allocator caution for the search (zeroplan.core.plan.allocator_caution): where the
-    caching-allocator model finds the best configuration's step (``ranked``, fastest first)
-    running out of memory, what it would reserve and the first of the next ranked configurations
-    (up to MAX_ALLOCATOR_ALTERNATIVES) whose step it lets complete; '' otherwise."""
-    check = allocator_check(ranked) if ranked else None
-    if check is None:
+def modelled_allocator_conf(base: PlanRequest) -> str:
+    """The PYTORCH_CUDA_ALLOC_CONF fit would judge the search's configurations under: the
+    request's own, else the framework launcher's (LAUNCH_ALLOCATOR_CONF), else PyTorch's defaults."""
+    if base.assumptions.allocator_conf is not None:
+        return base.assumptions.allocator_conf
+    return LAUNCH_ALLOCATOR_CONF.get(base.training.framework, "")
+
+
+def _answered(candidates: tuple[PlanCandidate, ...], requests: list[PlanRequest], base: PlanRequest,
+              asked: dict[PlanRequest, tuple[bool, int]]) -> tuple[PlanCandidate, ...]:
+    """The reported candidates with the caching-allocator model's verdict and peak on each
+    (zeroplan.core.plan.allocator_answer), under the PYTORCH_CUDA_ALLOC_CONF fit would judge
+    them under (modelled_allocator_conf):
+    the search ranks on the flat reserve, but a configuration it shows says what the model
+    finds. ``asked`` keeps the answers a table shares with another (ranked and Pareto)."""
+    conf = modelled_allocator_conf(base)
+    out = []
+    for candidate, request in zip(candidates, requests):
+        modelled = request.with_allocator_conf(conf)
+        if modelled not in asked:
+            asked[modelled] = allocator_answer(modelled)
+        fits, peak = asked[modelled]
+        out.append(candidate.model_copy(update={"allocator_fits": fits, "allocator_peak_bytes": peak}))
+    return tuple(out)
+
+
+def allocator_caution(ranked: tuple[PlanCandidate, ...], base: PlanRequest) -> str:
+    """Where the caching-allocator model finds the best configuration's step (``ranked``,
+    fastest first, each answered by _answered) running out of memory though the flat reserve
+    ranked it as fitting: what it would reserve, and the first of the others shown whose step
+    the model lets complete; '' otherwise."""
+    if not ranked or ranked[0].allocator_fits is not False:
         return ""
-    shortfall, completing = check
-    caution = f" Caution: for #1, {shortfall}"
-    asked = min(len(ranked) - 1, MAX_ALLOCATOR_ALTERNATIVES)
+    best = ranked[0]
+    conf = modelled_allocator_conf(base)
+    settings = f"PYTORCH_CUDA_ALLOC_CONF={conf}" if conf else "default settings"
+    caution = (f" Caution: for #1, PyTorch's caching allocator (modelled, {settings}) runs out of the "
+               f"{best.usable_memory_bytes / 2**30:.1f} GiB usable (it would reserve {best.allocator_peak_bytes / 2**30:.1f} "
+               f"GiB on a larger GPU; the flat {base.assumptions.allocator_reserve_fraction:.0%} reserve is too little here)")
+    completing = next((rank for rank, c in enumerate(ranked[1:], start=2) if c.allocator_fits), None)
     if completing is not None:
-        caution += f"; under the model #{completing + 1} completes"
-    elif asked:
-        caution += f"; under the model none of #2 to #{asked + 1} completes"
+        caution += f"; under the model #{completing} completes"
+    elif len(ranked) > 1:
+        caution += f"; under the model none of #2 to #{len(ranked)} completes"
     return caution + "; zeroplan fit takes a configuration's verdict on the allocator model (docs/validation.md)."
 
 

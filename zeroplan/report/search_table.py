@@ -6,7 +6,8 @@ from zeroplan.answers import PlanSearchResult
 from zeroplan.results import PlanCandidate
 from zeroplan.units import GiB
 
-_NAMES = ("#", "strategy", "AC", "tp", "pp", "cp", "dp", "shard", "micro", "accum", "peak GiB", "step s", "compute",
+_NAMES = ("#", "strategy", "AC", "tp", "pp", "cp", "dp", "shard", "micro", "accum", "peak GiB", "alloc", "alloc GiB", "step s",
+          "compute",
           "exposed", "host", "cpu-step", "tokens/s/GPU", "MFU")
 
 
@@ -24,6 +25,8 @@ def _row(rank: int, c: PlanCandidate, gpu_optimizer: bool, model_parallel: bool)
         str(rank), c.strategy.value, c.activation_checkpointing.value, str(c.tp), _pp(c), str(c.cp), str(c.dp),
         str(c.shard_group_size),
         str(c.micro_batch_size), str(c.grad_accum_steps), f"{c.peak_bytes / GiB:.1f}",
+        "-" if c.allocator_fits is None else ("yes" if c.allocator_fits else "NO"),
+        "-" if c.allocator_peak_bytes is None else f"{c.allocator_peak_bytes / GiB:.1f}",
         f"{c.step_time_s:.3f}", _seconds(c.compute_s), *blocking,
         *(_seconds(v) for v in (c.exposed_communication_s, c.host_transfer_s, c.cpu_optimizer_s)),
         *optimizer, f"{c.tokens_per_s_per_gpu:,.0f}", f"{c.model_flops_utilization:.3f}",
@@ -74,7 +77,9 @@ def render_search(result: PlanSearchResult) -> str:
             lines += ["mp-comm = the tensor/context/pipeline-parallel collectives compute waits on; bubble = the "
                       "pipeline schedule's idle time, in s (step = compute + mp-comm + bubble + exposed + cpu-step"
                       + (" + opt-step)." if gpu_optimizer else ").")]
-        lines += ["Fastest that fit (step time with overlap; compute, exposed communication, host = offload's PCIe "
+        lines += ["peak = allocated + a flat 5 % reserve, what the search ranks on; alloc = whether the step completes "
+                  "in a replay of PyTorch's caching allocator (as fit judges), alloc GiB = what it reserves there.",
+                  "Fastest that fit (step time with overlap; compute, exposed communication, host = offload's PCIe "
                   "copies (partly hidden), cpu-step = its CPU optimizer step, in s; MFU = model FLOPs / (step x peak), "
                   "docs/communication-time.md; pp 4i2 = interleaved 1F1B, 2 stages per rank):", *_table(result.ranked), ""]
         lines += ["Pareto front (no other fits in less memory and runs faster):", *_table(result.pareto), ""]

@@ -286,10 +286,22 @@ def _search_columns() -> list[Column]:
         Column("layout", lambda rc: _layout(rc[1]), left=True, drop_order=2),
         Column("micro x accum", lambda rc: f"{rc[1].micro_batch_size} x {rc[1].grad_accum_steps}"),
         Column("peak GiB", lambda rc: f"{rc[1].peak_bytes / GiB:.1f}"),
+        Column("alloc", lambda rc: _allocator_cell(rc[1])),
         Column("step s", lambda rc: f"{rc[1].step_time_s:.3f}"),
         Column("tok/s/GPU", lambda rc: f"{rc[1].tokens_per_s_per_gpu:,.0f}", drop_order=3),
         Column("MFU", lambda rc: f"{rc[1].model_flops_utilization:.2f}", drop_order=4),
     ]
+
+
+def _allocator_cell(candidate: PlanCandidate) -> str:
+    """'yes' / 'NO': whether the caching-allocator model lets the configuration's step complete."""
+    if candidate.allocator_fits is None:
+        return "-"
+    return "yes" if candidate.allocator_fits else "NO"
+
+
+ALLOCATOR_COLUMN_NOTE = ("peak = allocated + a flat 5 % reserve, what the search ranks on; alloc = whether the step "
+                         "completes in a replay of PyTorch's caching allocator (as fit judges), asked of each configuration shown.")
 
 
 def render_search_summary(result: PlanSearchResult, width: int = DEFAULT_WIDTH) -> str:
@@ -304,6 +316,7 @@ def render_search_summary(result: PlanSearchResult, width: int = DEFAULT_WIDTH) 
         lines += ["", "Fastest that fit:", *table(list(enumerate(result.ranked, start=1)), _search_columns(), width)]
         notes.insert(0, "step s with overlap (docs/communication-time.md, 'Plan search'); AC = activation "
                         "checkpointing; layout: tp/cp/pp x dp, 4i2 = interleaved 1F1B, 2 stages per rank.")
+        notes.insert(1, ALLOCATOR_COLUMN_NOTE)
         notes.append(f"--detail: each row's parts of the step and the Pareto front of memory vs step time "
                      f"({len(result.pareto)} configurations).")
     if notes:
