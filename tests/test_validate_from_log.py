@@ -69,3 +69,46 @@ def test_the_command_compares_each_figure_with_the_prediction(capsys) -> None:
     assert "  reserved: read 25.00 GiB" in out and "allocated plus the flat 5% reserve" in out
     assert main([a if a != "zero3" else "zero2,zero3" for a in argv]) == 2
     assert "--strategies: names the one strategy the run used" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- published excerpts (published/README.md)
+
+PUBLISHED = LOGS / "published"
+
+
+@pytest.mark.parametrize("name, stack, figures", [
+    ("torchtitan_pr1287.log", "torchtitan", {"reserved": (49.66, 3)}),
+    ("torchtitan_pr3393.log", "torchtitan", {"reserved": (9.46, 3)}),
+    ("torchtune_pr2406_mps.log", "torchtune", {"allocated": (54.96961975097656, 3), "reserved": (54.96961975097656, 3),
+                                               "active": (47.32469987869263, 3)}),
+    ("deepspeed_issue522_stage2.log", "deepspeed", {"allocated": (5.31, 2), "reserved": (7, 2)}),
+    ("deepspeed_accelerate910_stage3.log", "deepspeed", {"allocated": (0.29, 2), "reserved": (0.31, 2)}),
+])
+def test_published_logs_are_read_as_printed(name: str, stack: str, figures: dict) -> None:
+    log = read_log(PUBLISHED / name)
+    assert log.stack == stack
+    got = {r.figure: (r.bytes, r.lines) for r in log.readings}
+    assert got == {figure: (int(gib * GiB), lines) for figure, (gib, lines) in figures.items()}
+
+
+def test_a_published_max_ca_rounded_to_zero_is_read_as_the_ca_beside_it() -> None:
+    """DeepSpeed prints Max_CA as round(max_memory_reserved / 1024**3): 'CA 0.31 GB  Max_CA 0 GB'
+    is a reserved peak of 0.31 to 0.5 GiB, never the 0 it prints."""
+    (reserved,) = [r for r in read_log(PUBLISHED / "deepspeed_accelerate910_stage3.log").readings if r.figure == "reserved"]
+    assert reserved.bytes == int(0.31 * GiB) and "within 0.5 GiB" in reserved.note
+
+
+def test_a_published_hf_block_without_before_init_is_read_with_a_note() -> None:
+    (reading,) = read_log(PUBLISHED / "hf_trainer_log_metrics_docstring.log").readings
+    assert reading.bytes == (230 + 693 + 7) * MiB and reading.lines == 4
+    assert "no before_init_mem_gpu (transformers before 4.12)" in reading.note
+
+
+@pytest.mark.parametrize("name, words", [
+    ("torchtune_pr640_gpu_resources.log", "line 1: a torchtune Step line whose memory figure is not one of get_memory_stats'"),
+    ("hf_trainer_pr13915_partial.log", "the HF Trainer's train metrics lack init_mem_gpu_alloc_delta"),
+])
+def test_published_logs_the_reader_cannot_take_are_refused_in_one_line(name: str, words: str) -> None:
+    with pytest.raises(ZeroplanError, match=words) as caught:
+        read_log(PUBLISHED / name)
+    assert "\n" not in str(caught.value)
