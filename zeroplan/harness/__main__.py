@@ -42,6 +42,7 @@ def config_from_args(args):  # -> zeroplan.harness.runner.RunConfig (imports tor
         run_id=args.run_id, fail_rank=args.fail_rank,
         keep_unsharded_grads_on_accum=args.keep_unsharded_grads_on_accum, parallel=parallel_from_args(args),
         deepspeed_file=deepspeed_file_from_args(args, world_size),
+        memory_snapshot=args.memory_snapshot,
         config_notes=tuple(accelerate_notes_from_args(args, world_size) + torchtitan_notes_from_args(args, world_size)),
     )
     check_parallel_args(args, config.model, world_size)

@@ -44,6 +44,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                              "torchtitan-overrides.txt of zeroplan fit/plan --emit) against this run and record the "
                              "settings it took; a setting that contradicts these flags, or that the CPU run cannot "
                              "take, is refused")
+    parser.add_argument("--memory-snapshot", action="store_true",
+                        help="CPU runs: also write each rank's allocations as a torch.cuda.memory._snapshot()-format "
+                             "pickle beside its record (rankNNNNN.snapshot.pickle; zeroplan validate --from-log reads it)")
     parser.add_argument("--backend", choices=["gloo", "nccl"], help="default: nccl with CUDA, else gloo")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--run-id", default="local", help="a name stored in every record of the run")

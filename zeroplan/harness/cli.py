@@ -73,6 +73,8 @@ def _harness_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--deepspeed-config", str(Path(args.deepspeed_config).resolve())]
     if args.accelerate_config is not None:
         argv += ["--accelerate-config", str(Path(args.accelerate_config).resolve())]
+    if args.memory_snapshot:
+        argv.append("--memory-snapshot")
     if args.torchtitan_config is not None:
         argv += ["--torchtitan-config", str(Path(args.torchtitan_config).resolve())]
     if args.backend:
@@ -142,6 +144,10 @@ def run_measure(args: argparse.Namespace) -> int:
     deepspeed_file_from_args(args, world)  # refused here, in one line, not once by every rank
     accelerate_notes_from_args(args, world)
     torchtitan_notes_from_args(args, world)
+    if args.memory_snapshot and args.backend == "nccl":
+        # The trace is the CPU allocator's (zeroplan.harness.allocator_trace); a GPU run snapshots itself.
+        raise ZeroplanError("--memory-snapshot", "writes the CPU allocator's events; a CUDA run records its own with "
+                                                 "torch.cuda.memory._record_memory_history() (allowed: --backend gloo)")
     # DeepSpeed JIT-builds ops into the torch extensions directory; a stale build lock there makes
     # every rank wait forever (zeroplan/harness/extension_locks.py).
     deepspeed = EngineKind(args.engine) is EngineKind.deepspeed

@@ -21,7 +21,7 @@
   a Max_CA of 0 beside CA 0.31 is a peak of 0.31 to 0.5 GiB, not 0).
 
 A line that mentions GPU memory in none of these shapes is refused, named; so is a log whose
-lines come from two stacks."""
+lines come from two stacks. A pickle is read as a torch.cuda.memory._snapshot() (zeroplan.validate.snapshot)."""
 
 from __future__ import annotations
 
@@ -86,6 +86,10 @@ def _stack_of(path: Path, stacks: dict[str, int], stack: str, number: int, line:
 def read_log(path: str | Path) -> LogRead:
     """The peak-memory figures of a training log (see the module docstring)."""
     path = Path(path)
+    from zeroplan.validate.snapshot import STACK, is_pickle, read_snapshot
+
+    if is_pickle(path):  # torch.cuda.memory._snapshot() pickled, or zeroplan measure --memory-snapshot
+        return LogRead([Reading(STACK, f.figure, f.bytes, "bytes", f.events, f.note) for f in read_snapshot(path)], STACK)
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError as error:
