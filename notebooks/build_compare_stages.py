@@ -144,6 +144,53 @@ the prediction, at or below the band's low end: buffers the tracker cannot see (
 copies, ZeroRedundancyOptimizer's buckets, ZeRO-3's refilled storages; docs/validation.md), which
 the CPU allocator's peak of the same runs counts."""),
     ("code", """plots.validation_figure(rows);"""),
+    ("markdown", """## 5. From plan to running job, and back
+
+The loop a user runs, on a model small enough for the CPU: **plan** the job and **emit** the files
+that run it (`zeroplan fit --emit`: here a DeepSpeed config for ZeRO-3 on 2 GPUs), **run** them
+(`zeroplan measure` takes the emitted file and runs DeepSpeed itself, 2 ranks on gloo), and
+**validate** the run against the plan. On a GPU cluster the run is `launch.sh` from the same
+folder, and `zeroplan validate --from-log` reads the peak-memory lines the stack prints (the
+emitted README gives the command)."""),
+    ("code", """import json, os, tempfile
+from zeroplan.cli.main import main as zeroplan_cli
+from zeroplan.harness.presets import HARNESS_PRESETS
+
+os.chdir(tempfile.mkdtemp())  # the emitted files and any run go to a scratch folder
+spec = HARNESS_PRESETS["tiny-llama"]  # written as the Hugging Face config.json `zeroplan fit` reads
+Path("tiny-llama.json").write_text(json.dumps({
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": spec.vocab_size,
+    "hidden_size": spec.hidden_size, "num_hidden_layers": spec.num_layers, "num_attention_heads": spec.num_heads,
+    "num_key_value_heads": spec.num_kv_heads, "intermediate_size": spec.ffn_hidden_size,
+    "max_position_embeddings": spec.max_positions, "tie_word_embeddings": False, "hidden_act": "silu"}))
+plan = ["fit", "tiny-llama.json", "--gpus", "2", "--gpu", "a100-80gb", "--strategies", "zero3", "--precision", "fp32",
+        "--micro-batch", "2", "--seq-len", "64", "--emit", "plan-zero3"]
+zeroplan_cli(plan)
+print(json.dumps(json.loads(Path("plan-zero3/deepspeed.json").read_text())["zero_optimization"], indent=1))"""),
+    ("markdown", """The run. `RUN = True` launches it here (torchrun, 2 ranks on the CPU, about a minute; needs
+DeepSpeed); otherwise the records of the same command, made by `benchmarks/emitted_records.py`
+and committed with the file they ran, are read, after checking that file is the one just emitted."""),
+    ("code", """RUN = False
+measure = ["measure", "tiny-llama", "--strategy", "zero3", "--engine", "deepspeed", "--nproc", "2", "--backend", "gloo",
+           "--steps", "3", "--precision", "fp32", "--micro-batch", "2", "--seq-len", "64",
+           "--deepspeed-config", "plan-zero3/deepspeed.json", "--out", "runs/plan-zero3"]
+print("zeroplan " + " ".join(measure))
+if RUN:
+    assert zeroplan_cli(measure) == 0
+    run_dir = Path("runs/plan-zero3")
+else:
+    run_dir = records_dir.parent / "emitted-records" / "tiny-llama-zero3-deepspeed-n2"
+    assert json.loads((run_dir / "deepspeed.json").read_text()) == json.loads(Path("plan-zero3/deepspeed.json").read_text())
+    print(f"read: benchmarks/emitted-records/{run_dir.name}")"""),
+    ("code", """emitted_rows = [row for record in load_records([str(run_dir)]) if record.rank == 0 for row in compare_record(record)]
+comparison_frame(emitted_rows)[["quantity", "predicted_bytes", "measured_bytes", "ratio"]].round(4)"""),
+    ("markdown", """Parameters, optimizer states and the reduce-scatter match the plan to the byte. Stage 3's
+gradients read 4 x: DeepSpeed keeps its reduce bucket and its gradient partition buffer, which the
+planner counts as buffers (docs/harness.md). The all-gather reads about 0.76: DeepSpeed's prefetch
+keeps the units that are resident when the forward ends for the backward (at most
+`stage3_max_live_parameters`, the current and the prefetched unit, which the emitted file sets to
+what the plan counts), where the planner gathers every unit again; on a model with many layers
+that is two units of many."""),
 ]
 
 

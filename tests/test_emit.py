@@ -71,6 +71,8 @@ def test_deepspeed_json_round_trips(tmp_path: Path, strategy: str, precision: st
 
         assert zero.prefetch_bucket_size == largest_unit_elements(run.request)
         assert zero.param_persistence_threshold == 0 and zero.max_reuse_distance == 0
+        # resident: the unit in use and the prefetched ones, as core/buffers.py gathered_unit_bytes counts
+        assert zero.max_live_parameters == (1 + run.request.strategy.prefetch_units) * largest_unit_elements(run.request)
 
 
 def test_deepspeed_json_matches_the_measured_harness_config() -> None:

@@ -78,7 +78,7 @@ def test_the_notebook_tells_the_story_in_order_with_its_figures(executed) -> Non
     headings = [line for c in executed.cells if c.cell_type == "markdown" for line in c.source.splitlines()
                 if line.startswith("## ")]
     story = ["## 1. Memory per GPU", "## 2. What it costs in communication", "## 3. When it slows training",
-             "## 4. Validation against measurements"]
+             "## 4. Validation against measurements", "## 5. From plan to running job, and back"]
     found = [next(i for i, h in enumerate(headings) if h.startswith(s)) for s in story]
     assert found == sorted(found)
     sources = "\n".join(c.source for c in executed.cells if c.cell_type == "code")
@@ -88,3 +88,16 @@ def test_the_notebook_tells_the_story_in_order_with_its_figures(executed) -> Non
     assert "matplotlib" not in sources  # the figures' code lives in zeroplan/report/plots.py
     images = [o for c in executed.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
     assert len(images) == 6
+
+
+def test_the_notebook_walks_plan_emit_run_validate(executed) -> None:
+    """Section 5: fit --emit writes the DeepSpeed file, the run is the measure command on that file
+    (its committed records were made from the same file, checked in the cell), and the records
+    are compared with the plan."""
+    cells = [c for c in executed.cells if c.cell_type == "code"][-3:]
+    assert '"--emit", "plan-zero3"' in cells[0].source and '"--deepspeed-config", "plan-zero3/deepspeed.json"' in cells[1].source
+    text = "".join(o.get("text", "") for c in cells for o in c.outputs if o.output_type == "stream")
+    assert '"stage3_max_live_parameters": 6292224' in text
+    assert "read: benchmarks/emitted-records/tiny-llama-zero3-deepspeed-n2" in text
+    table = cells[2].outputs[0]["data"]["text/plain"]
+    assert "parameters" in table and "all_gather bytes/step" in table

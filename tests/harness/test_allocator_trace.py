@@ -112,3 +112,27 @@ def test_a_block_handed_to_a_collective_and_freed_unseen_dies_after_its_last_use
     peaks = step_peaks(events, {0: (1, 4), 1: (5, 7)}, uses)
     assert peaks[0].peak_bytes == 32
     assert peaks[1].peak_bytes == 9
+
+
+def test_the_snapshot_trace_replays_to_the_allocator_peak() -> None:
+    """zeroplan.harness.snapshot: the events as torch.cuda.memory._snapshot()'s device trace; a
+    block allocated at a live address frees the one before (as _replay does), so the replay of
+    the written trace peaks where the allocator trace's does."""
+    from zeroplan.harness.allocator_trace import Allocation, _replay
+    from zeroplan.harness.snapshot import snapshot_of
+
+    events = [Allocation(time_ns=1000, size_bytes=100, ptr=1, operator="aten::empty"),
+              Allocation(time_ns=2000, size_bytes=50, ptr=2, operator="aten::mul"),
+              Allocation(time_ns=3000, size_bytes=-100, ptr=1, operator="aten::empty"),
+              Allocation(time_ns=4000, size_bytes=70, ptr=2, operator="aten::add")]  # 2's free unseen
+    snapshot = snapshot_of(events)
+    assert snapshot["segments"] == []
+    (trace,) = snapshot["device_traces"]
+    assert [(e["action"], e["addr"], e["size"]) for e in trace] == [
+        ("alloc", 1, 100), ("alloc", 2, 50), ("free_completed", 1, 100), ("free_completed", 2, 50), ("alloc", 2, 70)]
+    assert trace[0]["frames"][0]["name"] == "aten::empty" and trace[0]["time_us"] == 1
+    total = highest = 0
+    for entry in trace:
+        total += entry["size"] if entry["action"] == "alloc" else -entry["size"]
+        highest = max(highest, total)
+    assert highest == max(t for _, t in _replay(events)) == 150

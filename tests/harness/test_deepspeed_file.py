@@ -103,6 +103,13 @@ def test_emitted_deepspeed_config_runs_and_validates(tmp_path, strategy, capsys)
         else:
             assert "zero_optimization.stage3_prefetch_bucket_size" in notes
             assert rows["gradients"].measured_bytes == 4 * (psi + 2 * partition)
+            # DeepSpeed's prefetch keeps the units resident when the forward ends for the backward
+            # (partitioned_param_coordinator.py: a resident parameter the prefetch scan passes is
+            # kept until that later use); stage3_max_live_parameters bounds them, so the backward
+            # re-gathers all but at most that many elements (fp32: 4 bytes each).
+            gathered = next(row for row in compare_record(record) if row.quantity.startswith("all_gather"))
+            live = json.loads(config.read_text())["zero_optimization"]["stage3_max_live_parameters"]
+            assert 0 < gathered.predicted_bytes - gathered.measured_bytes <= 4 * live
         assert rows["optimizer states"].predicted_bytes - rows["optimizer states"].measured_bytes == 4 * (units - 1)
 
 
@@ -263,3 +270,116 @@ def test_the_yaml_subset_reads_the_emitted_file_and_refuses_lists(tmp_path) -> N
         {"a": "x", "b": {"c": 1, "d": True}, "e": "no"}
     with pytest.raises(ZeroplanError, match="line 2"):
         parse_yaml_subset("a:\n  - 1\n")
+
+
+# ---------------------------------------------------------------------------- torchtitan overrides
+
+def emit_torchtitan(tmp_path: Path, strategy: str, *flags: str) -> Path:
+    return _emitted(tmp_path, strategy, "torchtitan-overrides.txt", "--framework", "torchtitan", *flags)
+
+
+def torchtitan_argv(strategy: str, config: Path, out: Path, *flags: str) -> list[str]:
+    return _measure_with("torch", "--torchtitan-config", strategy, config, out, *flags)
+
+
+@pytest.mark.slow  # launches torchrun
+def test_emitted_torchtitan_overrides_run_fsdp2_and_validate(tmp_path, capsys) -> None:
+    """torchtitan's data_parallel_shard_degree 2 is FSDP2 over both ranks (parallelize_llama:
+    fully_shard per block, then the root), as the accelerate file's run: model states and
+    collective bytes equal the planner's, except the optimizer states of a rank that owns fewer
+    rows than the padded shard (tests/harness/test_accumulation.py)."""
+    config = emit_torchtitan(tmp_path, "fsdp-full-shard", "--precision", "fp32")
+    capsys.readouterr()
+    out = tmp_path / "out"
+    assert zeroplan_main(torchtitan_argv("fsdp-full-shard", config, out, "--precision", "fp32")) == 0, \
+        capsys.readouterr().err
+    assert zeroplan_main(["validate", str(out)]) == 0
+    for path in sorted(out.glob("rank*.json")):
+        record = read_record(path)
+        notes = " ".join(record.description.notes)
+        assert "from the torchtitan overrides: data parallel replicate 1 x shard 2" in notes
+        rows = [row for row in compare_record(record) if row.category == "communication"
+                or row.quantity in ("parameters", "gradients", "optimizer states")]
+        assert len(rows) >= 4
+        for row in rows:
+            if record.rank > 0 and row.quantity == "optimizer states":
+                assert 0 < row.measured_bytes <= row.predicted_bytes
+            else:
+                assert row.measured_bytes == row.predicted_bytes, (path.name, row.quantity)
+
+
+SHARD_GRAD_OP_OVERRIDES = """--parallelism.data_parallel_replicate_degree 1
+--parallelism.data_parallel_shard_degree 2
+--parallelism.fsdp_reshard_after_forward never
+--parallelism.tensor_parallel_degree 1
+--parallelism.context_parallel_degree 1
+--parallelism.pipeline_parallel_degree 1
+--training.local_batch_size 2
+--training.global_batch_size 4
+--training.seq_len 16
+--training.dtype float32
+--training.mixed_precision_param bfloat16
+--training.no-enable_cpu_offload
+--compile.no-enable
+activation_checkpoint:none
+"""
+"""What fit --emit writes for micro-llama, fsdp-shard-grad-op, 2 GPUs, micro-batch 2, sequence 16,
+bf16-mixed (the slow test above emits its own)."""
+
+
+def _check_overrides(text: str, **flags) -> list[str]:
+    from zeroplan.harness.torchtitan_file import check_torchtitan_file, parse_overrides
+
+    run = dict(strategy="fsdp-shard-grad-op", precision="bf16-mixed", activation_checkpointing="none", micro_batch=2,
+               grad_accum=1, seq_len=16, tp=1, pp=1, sequence_parallel=False, world_size=2)
+    return check_torchtitan_file(parse_overrides(text), **{**run, **flags})
+
+
+@pytest.mark.parametrize("old, new, flags, words", [
+    ("", "", {"precision": "fp32"}, "--training.mixed_precision_param: bfloat16 contradicts --precision fp32"),
+    ("", "", {"strategy": "fsdp-full-shard"}, "--parallelism.data_parallel_shard_degree: replicate 1, shard 2, reshard "
+                                              "never runs fsdp-shard-grad-op, not --strategy fsdp-full-shard"),
+    ("", "", {"activation_checkpointing": "full"}, "activation_checkpoint:none: contradicts --activation-checkpointing full"),
+    ("", "", {"world_size": 4}, "replicate 1 x shard 2 x tp 1 x pp 1 is not the run's 4 ranks"),
+    ("--training.no-enable_cpu_offload", "--training.enable_cpu_offload", {}, "--training.enable_cpu_offload: offloads"),
+    ("--compile.no-enable", "--compile.enable", {}, "--compile.enable: the harness measures the eager step"),
+    ("--training.local_batch_size 2", "--training.local_batch_size 4", {}, "--training.local_batch_size: 4 contradicts"),
+    ("--training.global_batch_size 4", "--training.global_batch_size 8", {}, "--training.global_batch_size: 8 is not"),
+    ("--training.seq_len 16", "--training.seq_len 32", {}, "--training.seq_len: 32 contradicts --seq-len 16"),
+    ("--parallelism.context_parallel_degree 1", "--parallelism.context_parallel_degree 2", {},
+     "--parallelism.context_parallel_degree: 2: the harness has no context"),
+    ("--parallelism.tensor_parallel_degree 1", "--parallelism.tensor_parallel_degree 2", {},
+     "--parallelism.tensor_parallel_degree: 2 contradicts --tp 1"),
+    ("activation_checkpoint:none", "activation_checkpoint:selective", {}, "activation_checkpoint:selective: the harness"),
+    ("--compile.no-enable", "--compile.no-enable --float8.enable_fsdp_float8_all_gather", {},
+     "--float8.enable_fsdp_float8_all_gather: the harness does not take this option"),
+])
+def test_torchtitan_overrides_are_refused_naming_the_option(old, new, flags, words) -> None:
+    from zeroplan.errors import ZeroplanError
+
+    with pytest.raises(ZeroplanError, match=None) as caught:
+        _check_overrides(SHARD_GRAD_OP_OVERRIDES.replace(old, new) if old else SHARD_GRAD_OP_OVERRIDES, **flags)
+    assert words in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_torchtitan_overrides_that_agree_are_taken_and_noted() -> None:
+    notes = _check_overrides(SHARD_GRAD_OP_OVERRIDES + "--module llama3 --config llama3_debugmodel\n")
+    assert notes[0].startswith("from the torchtitan overrides: data parallel replicate 1 x shard 2 "
+                               "(reshard_after_forward never): fsdp-shard-grad-op")
+    assert notes[1].endswith("--module, --config")
+    assert _check_overrides(SHARD_GRAD_OP_OVERRIDES.replace("shard_degree 2", "shard_degree -1"))
+
+
+def test_a_torchtitan_file_for_another_engine_is_refused_in_one_line(tmp_path, capsys) -> None:
+    path = tmp_path / "overrides.txt"
+    path.write_text(SHARD_GRAD_OP_OVERRIDES, encoding="utf-8")
+    err = refusal(capsys, torchtitan_argv("fsdp-shard-grad-op", path, tmp_path / "out", "--engine", "torch-fsdp1"))
+    assert "--torchtitan-config: runs torchtitan's FSDP2, DDP, TP and PP (the torch engine), not --engine torch-fsdp1" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_torchtitan_overrides_parse_as_tyro_takes_them() -> None:
+    from zeroplan.harness.torchtitan_file import parse_overrides
+
+    assert parse_overrides("--a.b 2 --a.no-c --d.e\nactivation_checkpoint:full --f.g=x") == \
+        {"a.b": "2", "a.c": False, "d.e": True, "activation_checkpoint": "full", "f.g": "x"}

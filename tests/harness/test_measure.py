@@ -106,3 +106,33 @@ def test_the_allocator_peak_holds_what_must_be_alive_together(measured, run: Run
             assert memory.allocator_peak_bytes >= together
             assert memory.allocator_peak_bytes < 4 * together  # nothing counted twice over
             assert memory.allocator_live_bytes_by_operator
+
+
+def test_memory_snapshot_is_refused_on_nccl_in_one_line(tmp_path, capsys) -> None:
+    """--memory-snapshot writes the CPU allocator's events (zeroplan.harness.snapshot); a CUDA run
+    records its own history, so the flag is refused there before anything launches."""
+    from zeroplan.cli.main import main as zeroplan_main
+
+    argv = ["measure", "micro-llama", "--strategy", "ddp", "--engine", "torch", "--nproc", "2", "--backend", "nccl",
+            "--memory-snapshot", "--out", str(tmp_path / "out")]
+    assert zeroplan_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--memory-snapshot: writes the CPU allocator's events" in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow  # launches torchrun
+def test_memory_snapshot_is_written_and_read_back_at_the_records_peak(tmp_path, capsys) -> None:
+    """measure --memory-snapshot: the rank's pickle, read by validate --from-log's reader, peaks
+    at the CPU-allocator peak of the rank's record (the same events, replayed)."""
+    from zeroplan.cli.main import main as zeroplan_main
+    from zeroplan.validate.logs import read_log
+
+    out = tmp_path / "out"
+    argv = ["measure", "micro-llama", "--strategy", "ddp", "--engine", "torch", "--nproc", "1", "--backend", "gloo",
+            "--steps", "2", "--micro-batch", "2", "--seq-len", "16", "--memory-snapshot", "--out", str(out)]
+    assert zeroplan_main(argv) == 0, capsys.readouterr().err
+    record = read_record(out / "rank00000.json")
+    (reading,) = read_log(out / "rank00000.snapshot.pickle").readings
+    assert reading.figure == "allocated"
+    assert reading.bytes == max(step.memory.allocator_peak_bytes for step in record.steps) > 0

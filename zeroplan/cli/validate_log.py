@@ -8,7 +8,7 @@ import sys
 
 from zeroplan.cli.parser import OneLineParser, run_reporting_user_errors
 from zeroplan.errors import ZeroplanError
-from zeroplan.units import GiB
+from zeroplan.units import GiB, MiB
 
 
 def wants_log(argv: list[str]) -> bool:
@@ -23,13 +23,15 @@ def build_parser() -> OneLineParser:
                            description="a run's own peak-memory log lines against the prediction for its setup")
     parser.add_argument("--from-log", required=True, metavar="FILE",
                         help="rank 0's log of torchtitan, torchtune (log_peak_memory_stats=True), the HF Trainer "
-                             "(skip_memory_metrics=False) or DeepSpeed (see_memory_usage)")
+                             "(skip_memory_metrics=False) or DeepSpeed (see_memory_usage), or a pickled "
+                             "torch.cuda.memory._snapshot() (or zeroplan measure --memory-snapshot's)")
     add_fit_arguments(parser)
     return parser
 
 
 def _gib(n: float) -> str:
-    return f"{n / GiB:.2f} GiB"
+    """GiB, or MiB below 1 GiB (a harness model's snapshot is a few hundred KiB)."""
+    return f"{n / GiB:.2f} GiB" if abs(n) >= GiB else f"{n / MiB:.2f} MiB"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,14 +53,17 @@ def run(args: argparse.Namespace) -> int:
         reserved, how = memory.peak_bytes, "allocated plus the flat 5% reserve"
     predicted = {"allocated": (memory.allocated_peak_bytes, "allocated peak"), "active": (memory.allocated_peak_bytes,
                  "allocated peak (active also counts blocks awaiting their stream)"), "reserved": (reserved, f"reserved peak, {how}")}
-    out = [f"{args.from_log}: {log.stack}'s log"]
+    from zeroplan.validate.snapshot import STACK
+
+    out = [f"{args.from_log}: {'a ' + STACK + ' pickle' if log.stack == STACK else log.stack + chr(39) + 's log'}"]
     for reading in log.readings:
         value, what = predicted[reading.figure]
         diff = value - reading.bytes
         pct = f" ({100 * diff / reading.bytes:+.1f}%)" if reading.bytes else ""
-        out.append(f"  {reading.figure}: read {_gib(reading.bytes)} (peak of {reading.lines} line{'s' * (reading.lines != 1)}, "
+        counted = "event" if log.stack == STACK else "line"
+        out.append(f"  {reading.figure}: read {_gib(reading.bytes)} (peak of {reading.lines} {counted}{'s' * (reading.lines != 1)}, "
                    f"{reading.unit}{'; ' + reading.note if reading.note else ''}); predicted {_gib(value)} ({what}); "
-                   f"predicted - read = {diff / GiB:+.2f} GiB{pct}")
+                   f"predicted - read = {'+' if diff >= 0 else '-'}{_gib(abs(diff))}{pct}")
     out.append(f"Prediction: {plan.strategy.value}, micro-batch {plan.micro_batch_size}, "
                f"{'fits' if plan.fits else 'does not fit'} in {_gib(plan.usable_memory_bytes)} usable")
     sys.stdout.write("\n".join(out) + "\n")

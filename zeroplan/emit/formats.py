@@ -66,8 +66,16 @@ def deepspeed_config(request: PlanRequest) -> dict[str, Any]:
       DeepSpeed record of benchmarks/ was measured under (harness/deepspeed_engine.py);
     - stage 3: StrategySpec.prefetch_units units gathered ahead (stage3_prefetch_bucket_size in
       elements of the largest unit), every parameter sharded (param_persistence_threshold 0)
-      and released after use (max_reuse_distance 0): the gathers of core/buffers.py
-      gathered_unit_bytes;
+      and released after use (max_reuse_distance 0), and at most the current unit and the
+      prefetched ones resident (stage3_max_live_parameters, (1 + prefetch_units) largest
+      units): the gathers of core/buffers.py gathered_unit_bytes. The last bound is needed:
+      DeepSpeed 0.19.8's prefetch (runtime/zero/partitioned_param_coordinator.py,
+      _fetch_sub_module_impl) takes up to stage3_prefetch_bucket_size more elements at every
+      module fetch, bounded only by max_live_parameters less those resident (default 1e9), and
+      marks each resident parameter its scan passes over as needed at that later use, which
+      __params_to_release then keeps: unbounded, the scan runs into the backward's entries
+      within the forward, and every parameter gathered in the forward stays gathered until its
+      backward (measured on tiny-llama: nothing but the embedding released in the forward).
     - offload: optimizer (and for zero3-param-offload parameters) on the CPU, unpinned
       (DeepSpeed's default pin_memory false)."""
     kind = request.strategy.kind
@@ -96,6 +104,7 @@ def deepspeed_config(request: PlanRequest) -> dict[str, Any]:
             "stage3_prefetch_bucket_size": request.strategy.prefetch_units * largest_unit_elements(request),
             "stage3_param_persistence_threshold": 0,
             "stage3_max_reuse_distance": 0,
+            "stage3_max_live_parameters": (1 + request.strategy.prefetch_units) * largest_unit_elements(request),
         })
     if kind.offloads_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}

@@ -16,7 +16,7 @@ from zeroplan.cli.parser import OneLineParser
 from zeroplan.errors import ZeroplanError
 from zeroplan.harness.args import (
     accelerate_notes_from_args, add_run_arguments, batch_from_args, check_parallel_args, deepspeed_file_from_args, parallel_from_args,
-    resolve_engine, resolve_model, training_from_args,
+    resolve_engine, resolve_model, torchtitan_notes_from_args, training_from_args,
 )
 
 
@@ -42,7 +42,8 @@ def config_from_args(args):  # -> zeroplan.harness.runner.RunConfig (imports tor
         run_id=args.run_id, fail_rank=args.fail_rank,
         keep_unsharded_grads_on_accum=args.keep_unsharded_grads_on_accum, parallel=parallel_from_args(args),
         deepspeed_file=deepspeed_file_from_args(args, world_size),
-        config_notes=tuple(accelerate_notes_from_args(args, world_size)),
+        memory_snapshot=args.memory_snapshot,
+        config_notes=tuple(accelerate_notes_from_args(args, world_size) + torchtitan_notes_from_args(args, world_size)),
     )
     check_parallel_args(args, config.model, world_size)
     check_supported(config.strategy, config.engine, config.training.optimizer, config.batch.grad_accum_steps)

@@ -93,6 +93,7 @@ class AllocatorTrace:
             profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True) if enabled else None
         )
         self._peaks: dict[int, StepAllocatorPeak] = {}
+        self._events: list[Allocation] = []
 
     def __enter__(self) -> "AllocatorTrace":
         if self._profile is not None:
@@ -104,7 +105,7 @@ class AllocatorTrace:
             return
         self._profile.__exit__(*exc)
         if exc[0] is None:
-            self._peaks = _step_peaks(self._profile)
+            self._peaks, self._events = _step_peaks(self._profile)
 
     @contextlib.contextmanager
     def step(self, index: int) -> Iterator[None]:
@@ -117,6 +118,11 @@ class AllocatorTrace:
     def peaks(self) -> dict[int, StepAllocatorPeak]:
         """Per step index; empty until the trace has ended."""
         return dict(self._peaks)
+
+    def events(self) -> list[Allocation]:
+        """The run's allocations and frees in time order, unseen frees added (with_unseen_frees),
+        as the peaks were replayed from; empty until the trace has ended."""
+        return list(self._events)
 
 
 def _walk(events):
@@ -142,7 +148,7 @@ def _input_allocation_ids(event) -> Iterator[int]:
                 yield allocation_id
 
 
-def _step_peaks(prof: profile) -> dict[int, StepAllocatorPeak]:
+def _step_peaks(prof: profile) -> tuple[dict[int, StepAllocatorPeak], list[Allocation]]:
     events = list(_walk(prof.profiler.kineto_results.experimental_event_tree()))
     allocations, uses = [], []
     for e in events:
@@ -160,7 +166,7 @@ def _step_peaks(prof: profile) -> dict[int, StepAllocatorPeak]:
         int(e.name[len(STEP_RANGE_PREFIX):]): (e.start_time_ns, e.end_time_ns)
         for e in events if e.name.startswith(STEP_RANGE_PREFIX)
     }
-    return step_peaks(allocations, ranges, uses)
+    return step_peaks(allocations, ranges, uses), with_unseen_frees(allocations, uses)
 
 
 def step_peaks(

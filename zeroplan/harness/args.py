@@ -39,6 +39,14 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --engine torch and an fsdp-* strategy: check an accelerate FSDP2 config YAML (e.g. "
                              "the accelerate.yaml of zeroplan fit/plan --emit) against this run and record the settings "
                              "it took; a setting that contradicts these flags, or that the CPU run cannot take, is refused")
+    parser.add_argument("--torchtitan-config", metavar="FILE",
+                        help="with --engine torch: check torchtitan's command-line overrides (e.g. the "
+                             "torchtitan-overrides.txt of zeroplan fit/plan --emit) against this run and record the "
+                             "settings it took; a setting that contradicts these flags, or that the CPU run cannot "
+                             "take, is refused")
+    parser.add_argument("--memory-snapshot", action="store_true",
+                        help="CPU runs: also write each rank's allocations as a torch.cuda.memory._snapshot()-format "
+                             "pickle beside its record (rankNNNNN.snapshot.pickle; zeroplan validate --from-log reads it)")
     parser.add_argument("--backend", choices=["gloo", "nccl"], help="default: nccl with CUDA, else gloo")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--run-id", default="local", help="a name stored in every record of the run")
@@ -145,6 +153,25 @@ def accelerate_notes_from_args(args: argparse.Namespace, world_size: int | None)
         raise ZeroplanError("--accelerate-config", "one engine config file per run (allowed: without --deepspeed-config)")
     return check_accelerate_file(read_accelerate_file(args.accelerate_config), args.strategy, args.precision,
                                  args.activation_checkpointing, world_size)
+
+
+def torchtitan_notes_from_args(args: argparse.Namespace, world_size: int | None) -> list[str]:
+    """The record's notes of a ``--torchtitan-config`` file checked against the run's flags
+    (one-line refusals naming the option, zeroplan.harness.torchtitan_file); [] without the flag."""
+    if getattr(args, "torchtitan_config", None) is None:
+        return []
+    from zeroplan.harness.torchtitan_file import check_torchtitan_file, read_torchtitan_file
+
+    if args.engine != "torch":
+        raise ZeroplanError("--torchtitan-config", f"runs torchtitan's FSDP2, DDP, TP and PP (the torch engine), not --engine {args.engine} "
+                                                   "(allowed: with --engine torch)")
+    if args.deepspeed_config is not None or args.accelerate_config is not None:
+        raise ZeroplanError("--torchtitan-config", "one engine config file per run (allowed: without "
+                                                   "--deepspeed-config and --accelerate-config)")
+    return check_torchtitan_file(read_torchtitan_file(args.torchtitan_config), strategy=args.strategy,
+                                 precision=args.precision, activation_checkpointing=args.activation_checkpointing,
+                                 micro_batch=args.micro_batch, grad_accum=args.grad_accum, seq_len=args.seq_len,
+                                 tp=args.tp, pp=args.pp, sequence_parallel=args.sequence_parallel, world_size=world_size)
 
 
 def resolve_engine(args: argparse.Namespace) -> None:

@@ -13,7 +13,7 @@ from zeroplan.cli.parser import MAX_COUNT, OneLineParser, positive_float, positi
 from zeroplan.errors import ZeroplanError
 from zeroplan.harness.args import (
     accelerate_notes_from_args, add_run_arguments, batch_from_args, check_parallel_args, deepspeed_file_from_args,
-    resolve_engine, resolve_model,
+    resolve_engine, resolve_model, torchtitan_notes_from_args,
 )
 from zeroplan.harness.placement import MultiNode, parse_endpoint, slurm_multinode, srun_tasks
 
@@ -73,6 +73,10 @@ def _harness_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--deepspeed-config", str(Path(args.deepspeed_config).resolve())]
     if args.accelerate_config is not None:
         argv += ["--accelerate-config", str(Path(args.accelerate_config).resolve())]
+    if args.memory_snapshot:
+        argv.append("--memory-snapshot")
+    if args.torchtitan_config is not None:
+        argv += ["--torchtitan-config", str(Path(args.torchtitan_config).resolve())]
     if args.backend:
         argv += ["--backend", args.backend]
     if args.fail_rank is not None:
@@ -139,6 +143,11 @@ def run_measure(args: argparse.Namespace) -> int:
     check_supported_names(args.strategy, args.engine, args.optimizer, args.grad_accum)
     deepspeed_file_from_args(args, world)  # refused here, in one line, not once by every rank
     accelerate_notes_from_args(args, world)
+    torchtitan_notes_from_args(args, world)
+    if args.memory_snapshot and args.backend == "nccl":
+        # The trace is the CPU allocator's (zeroplan.harness.allocator_trace); a GPU run snapshots itself.
+        raise ZeroplanError("--memory-snapshot", "writes the CPU allocator's events; a CUDA run records its own with "
+                                                 "torch.cuda.memory._record_memory_history() (allowed: --backend gloo)")
     # DeepSpeed JIT-builds ops into the torch extensions directory; a stale build lock there makes
     # every rank wait forever (zeroplan/harness/extension_locks.py).
     deepspeed = EngineKind(args.engine) is EngineKind.deepspeed

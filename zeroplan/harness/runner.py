@@ -56,6 +56,9 @@ class RunConfig:
     deepspeed_file: dict | None = None
     """The ``--deepspeed-config`` JSON, checked against this run (zeroplan.harness.deepspeed_file)."""
     config_notes: tuple[str, ...] = ()
+    memory_snapshot: bool = False
+    """Write each rank's CPU allocations as a torch.cuda.memory._snapshot()-format pickle
+    beside its record (zeroplan.harness.snapshot; ``measure --memory-snapshot``)."""
     """What the run took from an engine config file checked before it started (``--accelerate-config``)."""
 
 
@@ -174,6 +177,10 @@ def run_rank(
         record = _with_allocator_peaks(record, trace)
         if out_dir is not None:
             write_record(out_dir, record)
+            if config.memory_snapshot:
+                from zeroplan.harness.snapshot import write_snapshot
+
+                write_snapshot(out_dir / f"rank{rank:05d}.snapshot.pickle", trace.events())
     with torch.device(device):
         recorder.phase = "gather"
         full = engine.full_parameters() if gather_full else {}

@@ -12,11 +12,16 @@
   log_metrics (``  {key} = {value}``, metrics_format writes ``{v >> 20}MB``: MiB, labelled MB):
   before_init_mem_gpu + init_mem_gpu_alloc_delta is the allocated memory when training began,
   and train_mem_gpu_alloc_delta + train_mem_gpu_peaked_delta the peak above it;
+  Before transformers 4.12 (pull request 13915) there is no before_init_mem_gpu: what was
+  allocated before the Trainer was built is then not in the block, and is read as 0 with a note;
 - DeepSpeed 0.19.8 runtime/utils.py see_memory_usage: ``MA x GB  Max_MA x GB  CA x GB  Max_CA n GB``,
-  each divided by 1024**3 (GiB, labelled GB); Max_CA is rounded to a whole number.
+  each divided by 1024**3 (GiB, labelled GB), and the peaks reset after each call; Max_CA is
+  rounded to a whole GiB (``round(max_memory_reserved / 1024**3)``), so the reserved peak read is
+  the larger of the largest Max_CA and the largest CA (CA, to 0.01 GiB, bounds it from below:
+  a Max_CA of 0 beside CA 0.31 is a peak of 0.31 to 0.5 GiB, not 0).
 
 A line that mentions GPU memory in none of these shapes is refused, named; so is a log whose
-lines come from two stacks."""
+lines come from two stacks. A pickle is read as a torch.cuda.memory._snapshot() (zeroplan.validate.snapshot)."""
 
 from __future__ import annotations
 
@@ -32,6 +37,9 @@ TORCHTITAN_STEP = re.compile(rf"step:\s*\d+\s+loss:.*?\smemory:\s*{_NUM}GiB\(\s*
 TORCHTITAN_CAPACITY = re.compile(r"(CUDA|GPU|XPU|NPU) capacity: .* with [\d.]+GiB memory")
 TORCHTITAN_RETRIES = re.compile(r"\d+ \w+ (memory allocation retries|OOM errors thrown)\.")
 TORCHTUNE_STEP = re.compile(r"Step \d+ \| .*peak_memory_")
+TORCHTUNE_OTHER_STEP = re.compile(r"^Step \d+ \| .*\b\w*(mem|gpu)\w*:\s*\d")
+"""A torchtune Step line whose memory key is not get_memory_stats' (an older torchtune's
+gpu_resources, a user's own metric): which counter it holds is not in the line."""
 TORCHTUNE_INIT = re.compile(rf"\b\w+ peak memory (allocation|reserved|active): {_NUM} GiB")
 TORCHTUNE_INIT_HEADER = re.compile(r"Memory stats after model init:")
 HF_METRIC = re.compile(r"^\s*(\w*_mem_(?:gpu|cpu)\w*)\s*=\s*(-?\d+)MB\s*$")
@@ -78,6 +86,10 @@ def _stack_of(path: Path, stacks: dict[str, int], stack: str, number: int, line:
 def read_log(path: str | Path) -> LogRead:
     """The peak-memory figures of a training log (see the module docstring)."""
     path = Path(path)
+    from zeroplan.validate.snapshot import STACK, is_pickle, read_snapshot
+
+    if is_pickle(path):  # torch.cuda.memory._snapshot() pickled, or zeroplan measure --memory-snapshot
+        return LogRead([Reading(STACK, f.figure, f.bytes, "bytes", f.events, f.note) for f in read_snapshot(path)], STACK)
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError as error:
@@ -100,6 +112,10 @@ def read_log(path: str | Path) -> LogRead:
                         peaks.setdefault(("torchtune", figure), []).append(float(fields[name]) * GiB)
                     except ValueError:
                         raise _refuse(path, number, line, f"{name} is not a number") from None
+        elif TORCHTUNE_OTHER_STEP.search(line):
+            raise _refuse(path, number, line, "a torchtune Step line whose memory figure is not one of get_memory_stats' "
+                                              "(allowed: peak_memory_active, peak_memory_alloc, peak_memory_reserved, "
+                                              "logged with log_peak_memory_stats=True)")
         elif m := TORCHTUNE_INIT.search(line):
             _stack_of(path, stacks, "torchtune", number, line)
             init_only = init_only or (number, line)
@@ -109,7 +125,8 @@ def read_log(path: str | Path) -> LogRead:
         elif m := DEEPSPEED.search(line):
             _stack_of(path, stacks, "deepspeed", number, line)
             peaks.setdefault(("deepspeed", "allocated"), []).append(float(m.group(2)) * GiB)
-            peaks.setdefault(("deepspeed", "reserved"), []).append(float(m.group(4)) * GiB)
+            # Max_CA is whole GiB; CA (0.01 GiB) is a lower bound of the same peak
+            peaks.setdefault(("deepspeed", "reserved"), []).append(max(float(m.group(4)), float(m.group(3))) * GiB)
         elif (TORCHTITAN_CAPACITY.search(line) or TORCHTITAN_RETRIES.search(line) or TORCHTUNE_INIT_HEADER.search(line)
               or DEEPSPEED_CPU.search(line)):
             continue  # a known line that holds no peak
@@ -121,11 +138,18 @@ def read_log(path: str | Path) -> LogRead:
     for (stack, figure), values in peaks.items():
         unit = {"torchtitan": "GiB", "torchtune": "GiB (printed without a unit: / 1024**3)",
                 "deepspeed": "GB as printed, GiB in fact (/ 1024**3)"}[stack]
-        note = "Max_CA is printed rounded to a whole GiB" if (stack, figure) == ("deepspeed", "reserved") else ""
+        note = ("Max_CA is printed rounded to a whole GiB (within 0.5 GiB), read as the larger of it and CA"
+                if (stack, figure) == ("deepspeed", "reserved") else "")
         result.readings.append(Reading(stack, figure, int(max(values)), unit, len(values), note))
     if hf:
         gpu = {k: v for k, v in hf.items() if "_mem_gpu" in k}
         needed = ("before_init_mem_gpu", "init_mem_gpu_alloc_delta", "train_mem_gpu_alloc_delta", "train_mem_gpu_peaked_delta")
+        note = "before_init_mem_gpu + init_mem_gpu_alloc_delta + train_mem_gpu_alloc_delta + train_mem_gpu_peaked_delta"
+        if "before_init_mem_gpu" not in gpu and any(k in gpu for k in needed[1:]):
+            # transformers before 4.12 prints no before_init_mem_gpu (pull request 13915 added it)
+            gpu["before_init_mem_gpu"] = 0
+            note = ("no before_init_mem_gpu (transformers before 4.12): memory allocated before the Trainer was built "
+                    "is not counted; init_mem_gpu_alloc_delta + train_mem_gpu_alloc_delta + train_mem_gpu_peaked_delta")
         missing = [k for k in needed if k not in gpu]
         if missing:
             raise ZeroplanError("--from-log", f"{str(path)!r}: the HF Trainer's train metrics lack {', '.join(missing)}; "
@@ -133,8 +157,7 @@ def read_log(path: str | Path) -> LogRead:
                                               "(allowed: the whole '***** train metrics *****' block)")
         total = sum(gpu[k] for k in needed)
         result.readings.append(Reading("hf", "allocated", total * MiB, "MB as printed, MiB in fact (>> 20)", len(needed),
-                                       "before_init_mem_gpu + init_mem_gpu_alloc_delta + train_mem_gpu_alloc_delta + "
-                                       "train_mem_gpu_peaked_delta"))
+                                       note))
     if not result.readings:
         if init_only is not None:
             raise _refuse(path, init_only[0], init_only[1], "torchtune's memory after model init, not a training peak "
