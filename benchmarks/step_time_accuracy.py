@@ -180,6 +180,11 @@ def attention_rate_report(table) -> list[str]:  # type: ignore[no-untyped-def]
                      f"{statistics.median(f.calibrated):.1%}, max {max(f.calibrated):.1%}; default HFU, "
                      f"{len(f.default)} rows: median {statistics.median(f.default):.1%}, max {max(f.default):.1%}; "
                      f"refused by calibrate step: {len(f.refused)} rows")
+    lines.append("")
+    for f in figures:
+        lines.append(f"attention rate {f.mode}, uncalibrated, {len(f.kernel_class)} rows: HFU per GPU generation x kernel "
+                     f"class fitted leave-one-source-out: median {statistics.median(f.kernel_class):.1%}, "
+                     f"max {max(f.kernel_class):.1%}")
     return lines
 
 

@@ -162,7 +162,8 @@ def mechanism_hfu(held_out: str, implied: dict[str, float], rows: tuple[Publishe
 def kernel_mechanism_hfu(held_out: str, implied: dict[str, float], rows: tuple[PublishedThroughput, ...],
                          row: PublishedThroughput) -> float:
     """The HFU of ``row``'s kernel class on its GPU generation, fitted leave-one-source-out."""
-    others = [peer for peer in rows if source_of(peer) != held_out and generation_of(peer.gpu) == generation_of(row.gpu)]
+    others = [peer for peer in rows if source_of(peer) != held_out and generation_of(peer.gpu) == generation_of(row.gpu)
+              and peer.name in implied]  # a row calibrate step refuses is no peer
     for same in (lambda peer: kernel_class_of(peer) == kernel_class_of(row),
                  lambda peer: attention_class_of(peer) == attention_class_of(row),
                  lambda peer: True):
@@ -242,6 +243,9 @@ class AttentionRateFigures(Frozen):
     refused: tuple[str, ...]
     """Rows calibrate step refuses (their published step is shorter than the planner's at HFU 1):
     neither an anchor nor scored."""
+    kernel_class: tuple[float, ...] = ()
+    """|error| of every row at the HFU of its GPU generation x kernel class fitted on the other
+    sources under this mode (kernel_mechanism_hfu; refused rows are no peers but are scored)."""
 
 
 @functools.lru_cache(maxsize=4)
@@ -272,5 +276,8 @@ def attention_rate_figures(mode: str, table: PublishedThroughputTable | None = N
         calibrated += errors
     default = [abs(planned_step(_with_attention_rate(row.request(), mode)).tokens_per_s_per_gpu
                    / row.published_tokens_per_s_per_gpu - 1) for row in rows]
+    kernel = [abs(planned_step(_with_attention_rate(row.request(kernel_mechanism_hfu(source_of(row), implied, rows, row)),
+                                                    mode)).tokens_per_s_per_gpu / row.published_tokens_per_s_per_gpu - 1)
+              for row in rows]
     return AttentionRateFigures(mode=mode, per_source=tuple(per_source), calibrated=tuple(calibrated),
-                                default=tuple(default), refused=tuple(refused))
+                                default=tuple(default), refused=tuple(refused), kernel_class=tuple(kernel))
