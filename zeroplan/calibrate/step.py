@@ -105,7 +105,7 @@ def timed_request(request: PlanRequest) -> PlanRequest:
         return request
     from zeroplan.core.plan import pipeline_rank_breakdowns
 
-    ranks = pipeline_rank_breakdowns(request, False)
+    ranks = pipeline_rank_breakdowns(request)
     return request.at_pipeline_rank(max(range(len(ranks)), key=lambda rank: ranks[rank][0].peak_bytes))
 
 
