@@ -103,3 +103,22 @@ def test_the_peak_carries_what_deepspeed_keeps_between_micro_steps(item) -> None
 def test_the_largest_partition_shortcut_equals_every_rank(numels: list[int], group: int) -> None:
     every = max(_partition_parameter_elements(numels, group, rank) for rank in range(group))
     assert _largest_partition_parameter_elements(numels, group) == every
+
+
+@pytest.mark.parametrize("overlap", [None, True, False])
+def test_the_bucket_is_the_one_zeroplan_emits(overlap) -> None:
+    """The ipg bucket the planner counts is the emitted config's reduce_bucket_size (the trainable
+    elements rounded up to even for a model with an odd count), doubled where overlap_comm is on."""
+    from zeroplan.core.deepspeed_accumulation import _tensor_numels, stage12_bucket_bytes
+    from zeroplan.emit.formats import deepspeed_config
+
+    run = {"precision": "bf16-mixed", "micro_batch": 1, "seq_len": 16, "grad_accum": 2, "model": "micro-llama",
+           "stage": 1, "world_size": 2,
+           "zero_optimization": {"reduce_bucket_size": 500_000_000, "contiguous_gradients": True, "overlap_comm": overlap}}
+    request = _request(run)
+    odd = request.model.model_copy(update={"hidden_size": 33, "num_heads": 1, "num_kv_heads": 1})
+    request = request.model_copy(update={"model": odd})
+    assert sum(_tensor_numels(request)) % 2 == 1
+    zero = deepspeed_config(request)["zero_optimization"]
+    assert zero["overlap_comm"] is bool(overlap)
+    assert stage12_bucket_bytes(request) == (2 if overlap else 1) * zero["reduce_bucket_size"] * 2

@@ -59,8 +59,12 @@ def overlap_comm(request: PlanRequest) -> bool:
     return request.strategy.kind.zero_stage == 3 if chosen is None else chosen
 
 
+# stage_1_and_2.py / stage3.py allocate reduce_bucket_size elements whatever the model's size;
+# the config zeroplan emits (zeroplan.emit.formats.deepspeed_config) and the harness set it to
+# at most the trainable elements rounded up to even, which DeepSpeed requires.
 def _bucket_elements(request: PlanRequest) -> int:
-    return min(request.strategy.zero_bucket_elements, sum(_tensor_numels(request)))
+    trainable = sum(_tensor_numels(request))
+    return min(request.strategy.zero_bucket_elements, trainable + trainable % 2)
 
 
 # deepspeed 0.19.8 runtime/zero/stage_1_and_2.py setup_buckets: at the first gradient hook of a
