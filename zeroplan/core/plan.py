@@ -13,6 +13,7 @@ from zeroplan.core.buffers import (
 )
 from zeroplan.core.communication import collectives
 from zeroplan.core.compiled import check_compiled
+from zeroplan.core.deepspeed_accumulation import accumulated_bytes
 from zeroplan.core.feasibility import usable_memory_bytes
 from zeroplan.core.finetune.activations import (
     dequantized_weight_bytes, dora_weight_norm_bytes, frozen_blocks_kept_bytes, lora_layer_delta_bytes,
@@ -44,7 +45,7 @@ from zeroplan.specs.finetune import Quantization
 from zeroplan.specs.request import INT8_STRATEGIES, PlanRequest
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.framework import Framework
-from zeroplan.specs.training import ActivationCheckpointing
+from zeroplan.specs.training import ActivationCheckpointing, StateConvention
 
 MAX_MICRO_BATCH_SEARCH = 1 << 20
 """The largest micro-batch the search tries."""
@@ -118,6 +119,17 @@ def micro_batch_terms(request: PlanRequest) -> dict[str, object]:
     return dict(activations=activations, logits=logits, workspace=workspace, logits_pieces=logits_pieces)
 
 
+def deepspeed_accumulated_gradient_bytes(request: PlanRequest) -> int | None:
+    """What DeepSpeed's ZeRO-1/2/3 keep between micro-steps beyond their resident buffers, under
+    the deepspeed convention without offload or a step in backward; None elsewhere (the peak
+    then carries the model states' gradients)."""
+    kind = request.strategy.kind
+    if (request.convention is not StateConvention.deepspeed or kind.zero_stage not in (1, 2, 3)
+            or kind.offloads_optimizer or kind.offloads_parameters or request.training.optimizer_in_backward):
+        return None
+    return accumulated_bytes(request)
+
+
 def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     """The model states and the byte terms the peak moments combine, for one request."""
     training = request.training
@@ -137,6 +149,7 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
         transient_buffers=transient_buffer_bytes(request),
         block_transient_buffers=block_backward_transient_bytes(request),
         step_temporary=optimizer_step_temporary_bytes(request, states.optimizer_elements),
+        accumulated_gradients=deepspeed_accumulated_gradient_bytes(request),
     )
     return states, terms
 
@@ -349,7 +362,7 @@ def _max_micro_batch_affine(request: PlanRequest) -> int | None:
             largest = min(largest, (limit_bytes - first) // slope + 1)
     # The bisection stops doubling past MAX_MICRO_BATCH_SEARCH at its largest power of two.
     ceiling = 1 << (MAX_MICRO_BATCH_SEARCH.bit_length() - 1)
-    return ceiling if largest >= ceiling else largest
+    return min(ceiling, largest)
 
 
 def bisect_max_micro_batch_size(request: PlanRequest) -> int:
