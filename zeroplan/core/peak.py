@@ -71,13 +71,13 @@ class PeakTerms:
     ``transient_buffers`` outside FSDP full sharding)."""
     step_temporary: int
     logits_pieces: tuple[int, ...] = ()
+    """The loss's bytes at each of its own moments (``logits`` is their largest). Each is
+    affine in the micro-batch, their maximum is not: the plan search needs them apart."""
     accumulated_gradients: int | None = None
     """With accumulation, what an earlier micro-batch leaves allocated for the next beyond the
     resident buffers; None: the model states' gradients. Set under the deepspeed convention
     (zeroplan.core.deepspeed_accumulation.accumulated_bytes), whose gradient is the fp32
     partition made at the step while the micro-steps carry other buffers."""
-    """The loss's bytes at each of its own moments (``logits`` is their largest). Each is
-    affine in the micro-batch, their maximum is not: the plan search needs them apart."""
 
 
 def moment_totals(states: ModelStateBytes, terms: PeakTerms, grad_accum_steps: int) -> list[int]:
