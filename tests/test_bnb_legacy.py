@@ -68,3 +68,12 @@ def test_an_old_bitsandbytes_under_the_non_reentrant_checkpoint_is_refused() -> 
         _request("0.43.1", checkpointing="full")
     _request("0.43.2", checkpointing="full")
     _request("0.43.1", framework="hf", checkpointing="full")
+
+
+def test_each_profile_that_plans_an_nf4_base_names_its_library_and_releases() -> None:
+    from zeroplan.core.profiles import PROFILES
+    from zeroplan.specs import Framework
+
+    assert "bitsandbytes 0.39.0 and later" in PROFILES[Framework.hf].nf4_library
+    assert "bitsandbytes 0.39.0 and later" in PROFILES[Framework.zeroplan].nf4_library
+    assert PROFILES[Framework.torchtune].nf4_library.startswith("torchao")
