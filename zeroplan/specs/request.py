@@ -12,7 +12,7 @@ from zeroplan.specs.hardware import ClusterSpec
 from zeroplan.specs.model import ModelSpec, PositionKind
 from zeroplan.specs.parallel import ParallelSpec, check_parallel
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
-from zeroplan.specs.training import AttentionKernel, BatchSpec, Optimizer, StateConvention, TrainingSpec
+from zeroplan.specs.training import ActivationCheckpointing, AttentionKernel, BatchSpec, Optimizer, StateConvention, TrainingSpec
 
 
 def check_seq_len(model: ModelSpec, batch: BatchSpec) -> None:
@@ -285,7 +285,8 @@ class PlanRequest(Frozen):
             raise ZeroplanError("model.moe_capacity_factor", "torchtitan's MoE routes dropless, without a capacity "
                                                              "(allowed: leave it out with framework torchtitan)")
         check_parallel(self.parallel, self.model, self.cluster, self.batch, self.strategy.kind, self.training.framework)
-        check_finetune(self.training.finetune, self.model, self.training.framework, self.parallel.model_parallel_size * self.parallel.ep)
+        check_finetune(self.training.finetune, self.model, self.training.framework, self.parallel.model_parallel_size * self.parallel.ep,
+                       checkpointing=self.training.activation_checkpointing is not ActivationCheckpointing.none)
         if self.training.finetune.quantize is Quantization.int8 and self.strategy.kind not in INT8_STRATEGIES:
             raise ZeroplanError("strategy", f"{self.strategy.kind.value!r} cannot hold an int8 base (bitsandbytes Int8Params; "
                                             f"allowed: {', '.join(k.value for k in INT8_STRATEGIES)})")
