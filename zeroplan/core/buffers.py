@@ -68,6 +68,15 @@ def _largest_group(request: PlanRequest, per_unit: list[int]) -> int:
     return max(blocks + [root])
 
 
+# megatron-core 0.16.1 distributed/param_and_grad_buffer.py: gradients are accumulated straight
+# into the contiguous grad_data buffer (param.main_grad views; counted as the gradients), which
+# is all-reduced or reduce-scattered in place, and the distributed optimizer all-gathers the
+# updated parameters in place into param_data (_ParamAndGradBucketGroup.start_param_sync): no
+# bucket copy, gathered unit or flat copy exists beside the model states.
+def _megatron_buffers(request: PlanRequest) -> bool:
+    return request.training.framework is Framework.megatron
+
+
 def _reduces_through_ddp_buckets(request: PlanRequest) -> bool:
     """DDP itself, or ZeroRedundancyOptimizer under DDP (zero_gradient_reduce=ddp-buckets)."""
     return (
@@ -82,6 +91,8 @@ def _reduces_through_ddp_buckets(request: PlanRequest) -> bool:
 # (shard-grad-op's gathered units, no_sync's unsharded gradients); transient ones exist only
 # while a unit is gathered or reduced (DeepSpeed's stage 1-2 bucket while gradients arrive).
 def resident_buffer_bytes(request: PlanRequest) -> int:
+    if _megatron_buffers(request):
+        return 0
     kind = request.strategy.kind
     eb = element_bytes(request.training.precision, request.convention)
     if _reduces_through_ddp_buckets(request):
@@ -104,6 +115,8 @@ def deepspeed_stage3_gradient_buffer_bytes(request: PlanRequest, compute_bytes: 
 
 
 def backward_held_buffer_bytes(request: PlanRequest) -> int:
+    if _megatron_buffers(request):
+        return 0
     kind = request.strategy.kind
     eb = element_bytes(request.training.precision, request.convention)
     held = 0
@@ -126,6 +139,8 @@ def backward_held_buffer_bytes(request: PlanRequest) -> int:
 
 def transient_buffer_bytes(request: PlanRequest) -> int:
     """Buffers of the unit being gathered or reduced (the largest unit)."""
+    if _megatron_buffers(request):
+        return 0
     kind = request.strategy.kind
     eb = element_bytes(request.training.precision, request.convention)
     if _reduces_through_ddp_buckets(request):

@@ -12,6 +12,7 @@ from zeroplan.core.params import ParamUnit
 from zeroplan.core.parallel.units import rank_block_count, rank_parameter_units, rank_trainable_units
 from zeroplan.core.profiles import fused_qkv_fewer_tensors
 from zeroplan.specs.base import Frozen
+from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import ZeroGradientReduce
 from zeroplan.specs.training import StateConvention
@@ -165,6 +166,11 @@ def _deepspeed_stage1_reduces_in_backward(request: PlanRequest) -> bool:
 
 
 def model_state_bytes(request: PlanRequest) -> ModelStateBytes:
+    if request.training.framework is Framework.megatron:
+        # megatron-core's gradient buffer and distributed optimizer (zeroplan.core.megatron).
+        from zeroplan.core.megatron import megatron_model_state_bytes
+
+        return megatron_model_state_bytes(request)
     kind = request.strategy.kind
     stage = kind.zero_stage
     eb = element_bytes(request.training.precision, request.convention)
