@@ -36,6 +36,13 @@ CASES = [
     ("llama-2-7b-tp4-pp2-dp2-last-distopt", "llama-2-7b", 16, 4, 2, 15, True, "bf16-mixed"),
     ("llama-2-7b-tp8-dp3-distopt", "llama-2-7b", 24, 8, 1, 0, True, "bf16-mixed"),
     ("llama-2-7b-tp4-pp2-dp2-first-fp32-distopt", "llama-2-7b", 16, 4, 2, 0, True, "fp32"),
+    ("gpt2-medium-tp2-pp2-dp3-first-distopt", "gpt2-medium", 12, 2, 2, 0, True, "bf16-mixed"),
+    # Rank 8 is dp rank 1 of the last stage: the shard without bucket padding, whose fp32 main
+    # parameters are the most any rank of the stage holds (ceil(buffer / dp), as planned).
+    ("gpt2-medium-tp2-pp2-dp3-last-distopt", "gpt2-medium", 12, 2, 2, 8, True, "bf16-mixed"),
+    # Rank 11 (dp rank 2) holds the buffer's end padding in its shard: 384 fewer main elements.
+    ("gpt2-medium-tp2-pp2-dp3-last-padded-shard-distopt", "gpt2-medium", 12, 2, 2, 11, True, "bf16-mixed"),
+    ("gpt2-medium-tp2-pp2-dp3-last-ddp", "gpt2-medium", 12, 2, 2, 11, False, "bf16-mixed"),
 ]
 
 # The architectures as megatron-core's TransformerConfig spells them (Megatron-LM's
@@ -61,6 +68,8 @@ def measure(name: str, preset: str, world: int, tp: int, pp: int, rank: int, dis
 
     dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
     torch.cuda.current_device = lambda: "meta"
+    # language_module.py moves a tied embedding's copy with .cuda() before its all-reduce.
+    torch.Tensor.cuda = lambda self, *a, **k: self
     from megatron.core import package_info, parallel_state
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -125,7 +134,7 @@ def measure(name: str, preset: str, world: int, tp: int, pp: int, rank: int, dis
     states = sum(t.numel() * t.element_size() for inner in inners for st in inner.state.values()
                  for t in st.values() if torch.is_tensor(t) and t.dim() > 0)
     return dict(
-        name=name, preset=preset, world=world, tp=tp, pp=pp, rank=rank, distributed_optimizer=distopt,
+        name=name, preset=preset, data_parallel_rank=parallel_state.get_data_parallel_rank(), world=world, tp=tp, pp=pp, rank=rank, distributed_optimizer=distopt,
         precision=precision, padded_vocab=vocab, data_parallel_size=parallel_state.get_data_parallel_world_size(),
         pipeline_rank=parallel_state.get_pipeline_model_parallel_rank(), megatron_core=package_info.__version__,
         torch=torch.__version__, rank_parameter_elements=parameter_elements,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from math import lcm
 
 from zeroplan.core.optimizer_states import elementwise_state_bytes
-from zeroplan.core.parallel.units import rank_trainable_units
+from zeroplan.core.parallel.units import MEGATRON_SHARED_EMBEDDING, rank_trainable_units
 from zeroplan.specs.model import MlpKind
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.training import AttentionKernel, Precision
@@ -30,18 +30,39 @@ BUCKET_END_ALIGNMENT = 128
 # out in reverse module order (params[::-1], roughly backward's order) in one bucket (bucket_size
 # is None unless overlap_grad_reduce is set, distributed_data_parallel.py __init__, and always on
 # a pipeline stage after the first). With the distributed optimizer each start is padded to 64
-# elements and the bucket's end to lcm(dp, 128), so the buffer divides evenly over dp; without it
-# the buffer is the parameters exactly. Every start being a multiple of 64, the buffer holds
-# ceil64(n) for each tensor but the one laid out last (the first in module order), plus its n.
+# elements and each bucket's end to lcm(dp, 128), so the buffer divides evenly over dp, and a
+# parameter marked shared_embedding (a tied word embedding and its last-stage copy under a
+# pipeline, zeroplan.core.parallel.units) is a bucket of its own (_does_param_require_new_bucket);
+# without it the buffer is the parameters exactly.
 def grad_buffer_elements(request: PlanRequest) -> int:
     """Elements of the rank's gradient buffer (and, under the distributed optimizer, of its
     parameter buffer), padding included."""
-    sizes = [tensor.numel for unit in rank_trainable_units(request) for tensor in unit.tensors]
+    tensors = [tensor for unit in rank_trainable_units(request) for tensor in unit.tensors]
     if not request.strategy.kind.zero_stage:
-        return sum(sizes)
-    laid_out = sum(ceil_div(n, PARAM_START_ALIGNMENT) * PARAM_START_ALIGNMENT for n in sizes[1:]) + sizes[0]
+        return sum(tensor.numel for tensor in tensors)
+    shared = {MEGATRON_SHARED_EMBEDDING}
+    if request.model.tied_embeddings and request.parallel.pp > 1:
+        shared.add("token.weight")
     divisor = lcm(request.shard_group_size, BUCKET_END_ALIGNMENT)
-    return ceil_div(laid_out, divisor) * divisor
+
+    def pad(index: int, multiple: int) -> int:
+        return ceil_div(index, multiple) * multiple
+
+    start = end = 0
+    open_bucket = False
+    for tensor in reversed(tensors):
+        start = pad(start, PARAM_START_ALIGNMENT)
+        alone = tensor.name in shared
+        if alone and open_bucket:
+            start = end = pad(start, divisor)
+        end = start + tensor.numel
+        open_bucket = True
+        if alone:
+            start = end = pad(end, divisor)
+            open_bucket = False
+        else:
+            start = end
+    return pad(end, divisor) if open_bucket else end
 
 
 # training/arguments.py (Megatron-LM d98e8a6): --bf16 sets accumulate_allreduce_grads_in_fp32

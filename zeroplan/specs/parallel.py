@@ -272,12 +272,6 @@ def check_megatron_parallel(parallel: ParallelSpec, model, batch) -> None:
         # is at most m and the last group, m mod pp, is empty or at least pp: m a multiple of pp.
         raise ZeroplanError("batch.grad_accum_steps", f"{batch.grad_accum_steps} micro-batches for megatron's interleaved "
                             f"schedule over pp {parallel.pp} (allowed: a multiple of {parallel.pp})")
-    if model.tied_embeddings:
-        # models/common/language_module/language_module.py setup_embeddings_and_output_layer:
-        # the last stage keeps its own copy of the word embeddings (shared_embedding),
-        # all-reduced with the first stage's; that copy is not in the planner's stage units.
-        raise ZeroplanError("model.tied_embeddings", "a tied head under pipeline parallelism is not modelled for megatron "
-                            "(allowed: pp 1, or untied embeddings)")
 
 
 def check_expert_parallel(parallel: ParallelSpec, model, cluster, strategy_kind, framework) -> None:
