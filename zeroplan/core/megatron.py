@@ -9,6 +9,7 @@ megatron/core/... in megatron-core 0.16.1 (PyPI). Nothing here imports torch.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from math import lcm
 
 from zeroplan.core.optimizer_states import elementwise_state_bytes
@@ -19,6 +20,19 @@ from zeroplan.specs.training import AttentionKernel, Precision
 from zeroplan.units import ceil_div
 
 FP32_BYTES = 4
+
+
+@dataclass(frozen=True)
+class MegatronStates:
+    """One rank's model states under megatron-core (zeroplan.core.model_states wraps them)."""
+
+    parameter_bytes: int
+    gradient_bytes: int
+    optimizer_state_bytes: int
+    """fp32 main parameters (and, under fp16, their fp32 gradients are in gradient_bytes) plus
+    the optimizer's own states; no per-tensor step counters."""
+    buffer_elements: int
+    optimizer_elements: int
 
 PARAM_START_ALIGNMENT = 64
 """distributed/param_and_grad_buffer.py _pad_start_of_param_if_needed: with the distributed
@@ -90,26 +104,21 @@ def grad_buffer_element_bytes(precision: Precision) -> int:
 #   fused Adam keeps the step count per parameter group (no per-tensor counter).
 # Without the distributed optimizer (optimizer.py Float16OptimizerWithFloat16Params) the same
 # fp32 copies exist for every parameter (d = 1, unpadded).
-def megatron_model_state_bytes(request: PlanRequest):
+def megatron_model_state_bytes(request: PlanRequest) -> MegatronStates:
     """The rank's model states under megatron-core's DDP (ddp) or distributed optimizer (zero1)."""
-    from zeroplan.core.model_states import ModelStateBytes
-
     precision = request.training.precision
     buffer = grad_buffer_elements(request)
     shards = request.shard_group_size if request.strategy.kind.zero_stage else 1
     # Each rank's main parameters cover its 1/d of the padded buffer (less any padding in it).
     optimizer_elements = ceil_div(buffer, shards)
-    mixed = precision.is_mixed
-    parameter = precision.compute_bytes * buffer
     gradient = grad_buffer_element_bytes(precision) * buffer
     if precision is Precision.fp16_mixed:
         gradient += FP32_BYTES * optimizer_elements
-    master = FP32_BYTES * optimizer_elements if mixed else 0
+    master = FP32_BYTES * optimizer_elements if precision.is_mixed else 0
     states = optimizer_elements * elementwise_state_bytes(request.training.optimizer, FP32_BYTES)
-    return ModelStateBytes(
-        parameter_bytes=parameter, gradient_bytes=gradient, optimizer_state_bytes=master + states,
-        step_counter_bytes=0, host_bytes=0, parameter_elements=buffer, optimizer_elements=optimizer_elements,
-    )
+    return MegatronStates(parameter_bytes=precision.compute_bytes * buffer, gradient_bytes=gradient,
+                          optimizer_state_bytes=master + states, buffer_elements=buffer,
+                          optimizer_elements=optimizer_elements)
 
 
 # transformer/mlp.py MLP.forward with bias_activation_fusion (Megatron-LM's --swiglu with its

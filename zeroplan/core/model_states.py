@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from zeroplan.core.finetune.storage import frozen_held_bytes, frozen_tensor_bytes
 from zeroplan.core.finetune.units import trainable_view
+from zeroplan.core.megatron import megatron_model_state_bytes
 from zeroplan.core.layout import ElementBytes, ShardLayout, element_bytes, padded_unit_elements, shard_elements
 from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise, step_counter_bytes, tensor_state_bytes
 from zeroplan.core.nvme import host_pinned_bytes
@@ -168,9 +169,12 @@ def _deepspeed_stage1_reduces_in_backward(request: PlanRequest) -> bool:
 def model_state_bytes(request: PlanRequest) -> ModelStateBytes:
     if request.training.framework is Framework.megatron:
         # megatron-core's gradient buffer and distributed optimizer (zeroplan.core.megatron).
-        from zeroplan.core.megatron import megatron_model_state_bytes
-
-        return megatron_model_state_bytes(request)
+        states = megatron_model_state_bytes(request)
+        return ModelStateBytes(
+            parameter_bytes=states.parameter_bytes, gradient_bytes=states.gradient_bytes,
+            optimizer_state_bytes=states.optimizer_state_bytes, step_counter_bytes=0, host_bytes=0,
+            parameter_elements=states.buffer_elements, optimizer_elements=states.optimizer_elements,
+        )
     kind = request.strategy.kind
     stage = kind.zero_stage
     eb = element_bytes(request.training.precision, request.convention)
