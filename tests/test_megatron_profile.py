@@ -14,6 +14,7 @@ import pytest
 
 from zeroplan.cli.fit import request_from_args
 from zeroplan.cli.main import build_parser
+from zeroplan.core.buffers import optimizer_step_temporary_bytes
 from zeroplan.core.activations import layer_bytes, logits_bytes
 from zeroplan.core.framework_loss import framework_logits_pieces
 from zeroplan.core.frameworks import framework_layer_bytes
@@ -68,11 +69,16 @@ def test_bytes_per_parameter_are_megatrons_table() -> None:
     # docs/user-guide/features/dist_optimizer.md: bf16 with fp32 gradients 18 | 6 + 12/d;
     # fp16 20 | 4 + 16/d; fp32 16 | 8 + 8/d (Llama-2-7B at tp 8, d = 4: buffer padding < 0.01 %).
     flags = ("llama-2-7b", "--gpus", "32", "--framework", "megatron", "--tp", "8", "--optimizer", "adam")
+    # fp16's fp32 main gradients exist at the step only (megatron_step_temporary_bytes).
     for precision, whole, fixed, sharded in (("bf16-mixed", 18, 6, 12), ("fp16-mixed", 20, 4, 16), ("fp32", 16, 8, 8)):
-        ddp = model_state_bytes(_request(*flags, "--precision", precision, strategy=StrategyKind.ddp))
-        zero1 = model_state_bytes(_request(*flags, "--precision", precision))
-        assert ddp.gpu_bytes == whole * ddp.parameter_elements
-        assert zero1.gpu_bytes == fixed * zero1.parameter_elements + sharded * zero1.optimizer_elements
+        at_step = []
+        for strategy in (StrategyKind.ddp, StrategyKind.zero1):
+            request = _request(*flags, "--precision", precision, strategy=strategy)
+            states = model_state_bytes(request)
+            at_step.append((states, states.gpu_bytes + optimizer_step_temporary_bytes(request, states.optimizer_elements)))
+        (ddp, ddp_step), (zero1, zero1_step) = at_step
+        assert ddp_step == whole * ddp.parameter_elements
+        assert zero1_step == fixed * zero1.parameter_elements + sharded * zero1.optimizer_elements
 
 
 def test_vocabulary_is_padded_as_megatron_lm_pads_it() -> None:

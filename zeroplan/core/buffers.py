@@ -14,6 +14,7 @@ from zeroplan.core.profiles import fsdp_separates_embedding_and_head, profile
 from zeroplan.core.zero3_groups import hpz_secondary_partition_bytes
 from zeroplan.core.zeropp import qgz_buffer_bytes, qwz_buffer_bytes
 from zeroplan.specs.framework import Framework
+from zeroplan.core.megatron import megatron_step_temporary_bytes
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, ZeroGradientReduce
 from zeroplan.specs.training import Optimizer, OptimizerLoop, StateConvention
@@ -255,6 +256,8 @@ def for_loop_step_temporary_bytes(request: PlanRequest, eb) -> int:
 
 
 def optimizer_step_temporary_bytes(request: PlanRequest, optimizer_elements: int) -> int:
+    if _megatron_buffers(request):
+        return megatron_step_temporary_bytes(request, optimizer_elements)
     # With FSDP2's CPUOffloadPolicy the step runs on the host's states (model_state_bytes).
     if request.strategy.kind.offloads_optimizer or request.training.fsdp_cpu_offload:
         return 0

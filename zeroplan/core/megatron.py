@@ -29,8 +29,7 @@ class MegatronStates:
     parameter_bytes: int
     gradient_bytes: int
     optimizer_state_bytes: int
-    """fp32 main parameters (and, under fp16, their fp32 gradients are in gradient_bytes) plus
-    the optimizer's own states; no per-tensor step counters."""
+    """fp32 main parameters plus the optimizer's own states; no per-tensor step counters."""
     buffer_elements: int
     optimizer_elements: int
 
@@ -97,9 +96,7 @@ def grad_buffer_element_bytes(precision: Precision) -> int:
 #   reduce-scatter writes each rank's shard in place and the rest stays allocated;
 # - optimizer/distrib_optimizer.py _build_model_and_main_param_groups: an fp32 main copy of each
 #   16-bit parameter's slice in this rank's shard (shard_model_param.clone().float(); fp32
-#   parameters are stepped through a view, no copy), and optimizer.py
-#   MixedPrecisionOptimizer._copy_model_grads_to_main_grads: main_param.grad =
-#   model_grad.float(), a copy only when the buffer is 16-bit (fp16);
+#   parameters are stepped through a view, no copy);
 # - the optimizer's own states (exp_avg, exp_avg_sq for Adam) beside each main parameter; its
 #   fused Adam keeps the step count per parameter group (no per-tensor counter).
 # Without the distributed optimizer (optimizer.py Float16OptimizerWithFloat16Params) the same
@@ -112,13 +109,22 @@ def megatron_model_state_bytes(request: PlanRequest) -> MegatronStates:
     # Each rank's main parameters cover its 1/d of the padded buffer (less any padding in it).
     optimizer_elements = ceil_div(buffer, shards)
     gradient = grad_buffer_element_bytes(precision) * buffer
-    if precision is Precision.fp16_mixed:
-        gradient += FP32_BYTES * optimizer_elements
     master = FP32_BYTES * optimizer_elements if precision.is_mixed else 0
     states = optimizer_elements * elementwise_state_bytes(request.training.optimizer, FP32_BYTES)
     return MegatronStates(parameter_bytes=precision.compute_bytes * buffer, gradient_bytes=gradient,
                           optimizer_state_bytes=master + states, buffer_elements=buffer,
                           optimizer_elements=optimizer_elements)
+
+
+# optimizer/optimizer.py MixedPrecisionOptimizer.step -> _copy_model_grads_to_main_grads:
+# main_param.grad = model_grad.float() (distrib_optimizer.py: shard_main_param.grad =
+# shard_model_grad.float()), a copy only when the gradient buffer is 16-bit (fp16 training);
+# the next train_step's optimizer.zero_grad() (megatron/training/training.py) sets them to None
+# before the forward, so they exist at the step only: the "16/d" of the fp16 row of megatron's
+# table is 12/d of states plus these 4/d.
+def megatron_step_temporary_bytes(request: PlanRequest, optimizer_elements: int) -> int:
+    """fp32 copies of the main parameters' gradients the step makes (fp16 only)."""
+    return FP32_BYTES * optimizer_elements if request.training.precision is Precision.fp16_mixed else 0
 
 
 # transformer/mlp.py MLP.forward with bias_activation_fusion (Megatron-LM's --swiglu with its
