@@ -2,10 +2,10 @@
 DistributedOptimizer, at full size on torch's meta device (no GPU, no memory), and write them
 as a record that tests/test_megatron_profile.py compares zeroplan's megatron profile with.
 
-    PYTHONPATH=<megatron-core 0.16.1 install> python benchmarks/megatron_state_records.py
+    python benchmarks/megatron_state_records.py
 
-megatron-core is not a dependency of zeroplan: install it beside (pip install --no-deps
---target DIR megatron-core==0.16.1; it needs only torch here) and put DIR on PYTHONPATH.
+megatron-core 0.16.1 is installed by scripts/setup (pyproject.toml extra `megatron`); zeroplan
+itself never imports it, and tests/test_megatron_profile.py reads only the committed records.
 Each case runs in a subprocess of its own (parallel_state is process-global), as one rank of a
 torch "fake" process group of the case's world size, so megatron builds that rank's
 tensor-parallel shards and pipeline stage and its data-parallel group has the case's size.
