@@ -109,6 +109,28 @@ def test_eager_attention_expands_grouped_kv() -> None:
     assert extra == 2 * 2 * 2048 * (model.q_size - model.kv_size)
 
 
+def test_the_gradient_buffer_is_alive_through_backward() -> None:
+    # One micro-batch: PyTorch's engines have no gradients before the end of backward, megatron's
+    # buffer is there from the start; the allocated peak holds it at the loss's backward.
+    flags = ("llama-2-7b", "--gpus", "8", "--tp", "2", "--flat-reserve")
+    megatron, _ = memory_breakdown(_request(*flags, "--framework", "megatron"))
+    reference, _ = memory_breakdown(_request(*flags))
+    assert megatron.peak_moment.value == "loss-backward" and megatron.gradients_at_peak
+    assert not reference.gradients_at_peak
+
+
+def test_selective_recomputation_drops_the_attention_core() -> None:
+    from zeroplan.core.frameworks import framework_activation_bytes, framework_recompute_bytes
+
+    flags = ("gpt2-medium", "--framework", "megatron", "--gpus", "8", "--attention", "eager")
+    none = _request(*flags)
+    selective = _request(*flags, "--activation-checkpointing", "selective")
+    model, s, b = none.model, none.batch.seq_len, none.batch.micro_batch_size
+    core = (2 + 1 + 2) * model.num_heads * s * s * b  # softmax output, dropout mask and output (Korthikanti sec. 4.1)
+    assert framework_recompute_bytes(selective) == core
+    assert framework_activation_bytes(none) - framework_activation_bytes(selective) == (model.num_layers - 1) * core
+
+
 def test_no_framework_buffers_beside_the_gradient_buffer() -> None:
     breakdown, _ = memory_breakdown(_request("llama-2-7b", "--framework", "megatron", "--gpus", "8", "--tp", "4",
                                              "--flat-reserve"))

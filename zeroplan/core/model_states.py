@@ -42,6 +42,10 @@ class ModelStateBytes(Frozen):
     paged_optimizer_bytes: int = 0
     """Optimizer states in CUDA managed memory (TrainingSpec.paged_optimizer): outside the
     caching allocator and ``optimizer_state_bytes``, paged to the host when the GPU is full."""
+    gradients_resident: bool = False
+    """The gradients live in a buffer allocated once and kept (megatron-core's contiguous
+    gradient buffer, zeroed between steps and never freed): alive at every moment of the step,
+    not only from the end of backward."""
     parameter_elements: int
     """Trainable parameter elements this rank stores (padding included; frozen ones are in
     parameter_bytes only)."""
@@ -174,6 +178,7 @@ def model_state_bytes(request: PlanRequest) -> ModelStateBytes:
             parameter_bytes=states.parameter_bytes, gradient_bytes=states.gradient_bytes,
             optimizer_state_bytes=states.optimizer_state_bytes, step_counter_bytes=0, host_bytes=0,
             parameter_elements=states.buffer_elements, optimizer_elements=states.optimizer_elements,
+            gradients_resident=True,
         )
     kind = request.strategy.kind
     stage = kind.zero_stage
