@@ -161,3 +161,19 @@ def test_refuses_strategies_and_models_it_does_not_run() -> None:
     with pytest.raises(ZeroplanError) as caught:
         memory_breakdown(_request("tiny-mixtral", "--framework", "megatron", "--gpus", "8"))
     assert caught.value.field == "model"
+
+
+def test_data_parallel_collectives_move_the_buffer() -> None:
+    from zeroplan.core.communication import data_parallel_collectives
+    from zeroplan.core.megatron import grad_buffer_elements
+
+    request = _request("llama-2-7b", "--framework", "megatron", "--gpus", "16", "--tp", "2")
+    buffer = grad_buffer_elements(request)
+    reduce, gather = data_parallel_collectives(request)
+    # bf16: the fp32 gradient buffer reduce-scattered, the bf16 parameter buffer all-gathered.
+    assert (reduce.op.value, reduce.buffer_bytes, gather.op.value, gather.buffer_bytes) == (
+        "reduce_scatter", 4 * buffer, "all_gather", 2 * buffer)
+    (all_reduce,) = data_parallel_collectives(_request("llama-2-7b", "--framework", "megatron", "--gpus", "16", "--tp", "2",
+                                                       strategy=StrategyKind.ddp))
+    assert (all_reduce.op.value, all_reduce.buffer_bytes) == ("all_reduce", 4 * grad_buffer_elements(request.model_copy(
+        update={"strategy": request.strategy.model_copy(update={"kind": StrategyKind.ddp})})))
