@@ -177,3 +177,17 @@ def test_data_parallel_collectives_move_the_buffer() -> None:
                                                        strategy=StrategyKind.ddp))
     assert (all_reduce.op.value, all_reduce.buffer_bytes) == ("all_reduce", 4 * grad_buffer_elements(request.model_copy(
         update={"strategy": request.strategy.model_copy(update={"kind": StrategyKind.ddp})})))
+
+
+def test_interleaving_keeps_more_on_the_first_stage() -> None:
+    # Korthikanti et al. 2022 sec. 4.2.3: with p dividing m, the first stage of the interleaved
+    # schedule keeps L (1 + (p - 1)/(p v)) blocks' activations, 1F1B's keeps L.
+    from zeroplan.core.parallel.activations import rank_activation_bytes
+    from zeroplan.core.plan import framework_activations
+
+    flags = ("llama-2-7b", "--framework", "megatron", "--gpus", "8", "--pp", "4", "--grad-accum", "8")
+    one_f_one_b, _ = rank_activation_bytes(_request(*flags), framework_activations)
+    interleaved, _ = rank_activation_bytes(_request(*flags, "--pp-schedule", "interleaved-1f1b", "--virtual-stages", "2"),
+                                           framework_activations)
+    p, v = 4, 2
+    assert interleaved * p * v == one_f_one_b * (p * v + p - 1)
