@@ -200,6 +200,10 @@ def framework_logits_pieces(request: PlanRequest) -> tuple[int, ...]:
     model, training = request.model, request.training
     s, b = request.batch.seq_len, request.batch.micro_batch_size
     chunks = loss_chunks(training)
+    if training.framework is Framework.megatron:
+        from zeroplan.core.megatron import megatron_logits_bytes
+
+        return (megatron_logits_bytes(request),)
     if torchtitan_chunked_loss(training):
         return torchtitan_chunked_loss_bytes(request), torchtitan_chunk_cross_entropy_bytes(request)
     if training.fused_linear_cross_entropy:

@@ -19,6 +19,10 @@ class Framework(str, Enum):
     """Hugging Face Transformers models (Trainer / Accelerate / its DeepSpeed integration)."""
     torchtune = "torchtune"
     """PyTorch's torchtune (its Llama-3 builders, full-finetune recipes)."""
+    megatron = "megatron"
+    """NVIDIA's Megatron-LM on megatron-core (its GPTModel, DistributedDataParallel with the
+    contiguous gradient buffer, the distributed optimizer, its tensor/sequence/pipeline
+    parallelism and vocabulary-parallel cross-entropy)."""
 
 
 LAUNCH_ALLOCATOR_CONF: dict[Framework, str] = {
@@ -30,3 +34,16 @@ LAUNCH_ALLOCATOR_CONF: dict[Framework, str] = {
 framework is judged under unless it names one (MemoryAssumptions.allocator_conf). Frameworks
 whose launchers set none (torchtune's `tune run`, Hugging Face's Trainer and accelerate) run
 PyTorch's defaults."""
+
+
+LAUNCH_ENVIRONMENT: dict[Framework, str] = {
+    # Megatron-LM examples/gpt3/train_gpt3_175b_distributed.sh (and every script under
+    # examples/) exports CUDA_DEVICE_MAX_CONNECTIONS=1 before torchrun, and
+    # megatron/training/arguments.py validate_args (Megatron-LM d98e8a6) asserts it is 1 with
+    # tensor or context parallelism on GPUs before Blackwell, so a tensor-parallel collective is
+    # queued before the GEMM it overlaps. Neither sets PYTORCH_CUDA_ALLOC_CONF: the caching
+    # allocator runs PyTorch's defaults.
+    Framework.megatron: "CUDA_DEVICE_MAX_CONNECTIONS=1",
+}
+"""Environment a framework's own launch scripts set that does not change the bytes planned,
+shown in the report's header so a user's launch can be compared with it."""
