@@ -221,7 +221,7 @@ def test_plan_shows_the_gpu_optimizer_step_under_the_roofline(zeroplan_cli) -> N
     code, out, err = zeroplan_cli(*argv, "--compute-model", "roofline")
     assert code == 0, err
     lines = out.splitlines()
-    header = next(line.replace("peak GiB", "peak").replace("step s", "step").split()
+    header = next(line.replace("peak GiB", "peak").replace("alloc GiB", "alloc-gib").replace("step s", "step").split()
                   for line in lines if line.startswith("#   strategy"))
     first = lines[lines.index(next(line for line in lines if line.startswith("--  "))) + 1].split()
     row = dict(zip(header, first))
