@@ -75,6 +75,39 @@ def test_deepspeed_json_round_trips(tmp_path: Path, strategy: str, precision: st
         assert zero.max_live_parameters == (1 + run.request.strategy.prefetch_units) * largest_unit_elements(run.request)
 
 
+@pytest.mark.parametrize("strategy, pipeline", [("zero3-nvme", None), ("zero3-param-nvme", "both"),
+                                                ("zero3-param-nvme", "read")])
+def test_deepspeed_json_carries_nvme_offload_as_planned(tmp_path: Path, strategy: str, pipeline: str | None) -> None:
+    """ZeRO-Infinity: DeepSpeed reads back device nvme, the swap path, the aio block and every
+    buffer count and size zeroplan.core.nvme planned the pinned host memory with."""
+    from zeroplan.core import nvme
+    from zeroplan.emit.formats import AIO_CONFIG, NVME_PATH
+
+    flags = ["llama-2-70b", "--gpus", "1", "--gpu", "a100-80gb", "--framework", "hf", "--strategies", strategy,
+             "--activation-checkpointing", "full", "--flat-reserve"] + (["--nvme-pipeline", pipeline] if pipeline else [])
+    run = planned(*flags)
+    emit(run, tmp_path)
+    config = deepspeed_parsed(tmp_path / "deepspeed.json")
+    zero, request = config.zero_config, run.request
+    optimizer = zero.offload_optimizer
+    assert optimizer.device == "nvme" and str(optimizer.nvme_path) == NVME_PATH and optimizer.pin_memory
+    assert optimizer.buffer_count == nvme.optimizer_swap_buffer_count(request) == (12 if pipeline == "both" else
+                                                                                  8 if pipeline else 4)
+    assert (optimizer.pipeline_read, optimizer.pipeline_write) == (pipeline in ("read", "both"), pipeline == "both")
+    assert zero.sub_group_size == nvme.SUB_GROUP_SIZE
+    assert config.aio_config == AIO_CONFIG
+    if strategy == "zero3-param-nvme":
+        param = zero.offload_param
+        assert param.device == "nvme" and str(param.nvme_path) == NVME_PATH
+        # The 32000 x 8192 embedding on one rank: more than DeepSpeed's 1e8-element default holds.
+        assert param.buffer_size == nvme.parameter_buffer_elements(request) == 32000 * 8192
+        assert (param.buffer_count, param.max_in_cpu) == (nvme.PARAM_BUFFER_COUNT, nvme.PARAM_MAX_IN_CPU)
+    else:
+        assert zero.offload_param is None
+    readme_text = (tmp_path / "README.md").read_text()
+    assert f"nvme_path {NVME_PATH}" in readme_text and f"{nvme.nvme_bytes(request) / 1e9:.0f} GB free per node" in readme_text
+
+
 def test_deepspeed_json_matches_the_measured_harness_config() -> None:
     """The settings the planner's buffer model was measured under (zeroplan/harness/deepspeed_engine.py)
     are the ones emitted, the bucket capped at a small model's elements as the harness caps it."""

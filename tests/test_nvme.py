@@ -50,10 +50,13 @@ def test_host_pinned_buffers_from_deepspeed_defaults(gpu_80gib) -> None:
     # Optimizer swapper: buffer_count 4 x largest sub-group (fp32, aligned to 1024 B = 256 elements).
     opt = 4 * (-(-largest // 256) * 256) * 4
     assert nvme.optimizer_swap_buffer_bytes(request) == opt
-    # Parameter swapper: 5 x 1e8 bf16 elements, each buffer aligned to 1024 B = 512 elements
-    # (1e8 = 195,312.5 x 512 -> 100,000,256), the pinned max_in_cpu = 1e9 elements, and the reuse
-    # buffer of the largest sub-group (aligned to 512 bf16 elements).
-    param = 5 * 100_000_256 * 2 + 10**9 * 2 + (-(-largest // 512) * 512) * 2
+    # Parameter swapper: 5 bf16 buffers of the largest parameter partition, the 32000 x 4096
+    # embedding on one rank (131,072,000 elements, a multiple of 1024 B = 512 elements), since
+    # DeepSpeed's 1e8 default cannot hold it (partition_parameters.py get_buffer asserts); the
+    # pinned max_in_cpu = 1e9 elements, and the reuse buffer of the largest sub-group (aligned to
+    # 512 bf16 elements).
+    assert nvme.parameter_buffer_elements(request) == 32000 * 4096
+    param = 5 * 131_072_000 * 2 + 10**9 * 2 + (-(-largest // 512) * 512) * 2
     assert nvme.parameter_swap_host_bytes(request) == param
     assert model_state_bytes(request).host_bytes == opt + param
     zero3_nvme = _request(gpu_80gib, StrategyKind.zero3_nvme)
@@ -105,3 +108,61 @@ def test_opt_in_and_capacity_check(gpu_80gib, capsys) -> None:
     assert "zero3-nvme  host" in capsys.readouterr().out  # 16 B x 6.74e9 parameters = 108 GB > 100 GB
     assert main(["fit", "llama-2-7b", "--gpus", "1", "--strategies", "zero3-nvme", "--detail"]) == 0
     assert "NVMe 108 GB" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("read, write, expected", [
+    # r 2, c 1, w 3 per sub-group, 3 sub-groups (pipelined_optimizer_swapper.py's order):
+    (False, False, 3 * (2 + 1 + 3)),      # each read, step, write waited for in turn
+    (True, False, 2 + 1 + 3 + 2 * 4),     # the next read hides behind step + write (4 > 2)
+    (False, True, 2 + 1 + 3 + 2 * 3),     # the write hides behind the next read + step (3 = 3)
+    (True, True, 2 + 1 + 3 + 2 * 3),      # three stages: the slowest, the write, sets the pace
+])
+def test_pipelined_swapper_overlaps_as_its_step_loop_orders(read, write, expected) -> None:
+    assert nvme.pipelined_step_s([2.0] * 3, [1.0] * 3, [3.0] * 3, read, write) == pytest.approx(expected)
+    # One sub-group: nothing runs ahead (no next swappable group), whatever the flags.
+    assert nvme.pipelined_step_s([2.0], [1.0], [3.0], read, write) == pytest.approx(6.0)
+
+
+def _pipelined(gpu, kind, pipeline, gpus=1):
+    request = _request(gpu, kind, gpus=gpus)
+    return request.with_strategy(request.strategy.model_copy(update={"nvme_pipeline_read": pipeline in ("read", "both"),
+                                                                     "nvme_pipeline_write": pipeline in ("write", "both")}))
+
+
+def test_pipelining_holds_more_swap_buffers_and_hides_the_step_reads(gpu_80gib) -> None:
+    off = _request(gpu_80gib, StrategyKind.zero3_nvme)
+    both = _pipelined(gpu_80gib, StrategyKind.zero3_nvme, "both")
+    assert len(nvme.sub_group_partition_elements(off)) == 7  # 6.74e9 elements in 1e9-element sub-groups
+    # Adam: master, exp_avg, exp_avg_sq and the gradient per sub-group; three sub-groups at once.
+    assert nvme.optimizer_swap_buffer_count(off) == 4 and nvme.optimizer_swap_buffer_count(both) == 12
+    assert nvme.optimizer_swap_buffer_bytes(both) == 3 * nvme.optimizer_swap_buffer_bytes(off)
+    assert nvme.optimizer_swap_buffer_count(_pipelined(gpu_80gib, StrategyKind.zero3_nvme, "read")) == 8
+    # Over 8 ranks a rank's partition is one sub-group: nothing to pipeline, the default pool.
+    assert nvme.optimizer_swap_buffer_count(_pipelined(gpu_80gib, StrategyKind.zero3_nvme, "both", gpus=8)) == 4
+    slow, fast = plan(off).time, plan(both).time
+    assert fast.nvme_transfer_s == pytest.approx(slow.nvme_transfer_s)  # the same bytes
+    assert fast.step_with_overlap_s < slow.step_with_overlap_s
+    # Never below the drive: all the step's writes at the write bandwidth.
+    t = nvme.nvme_traffic(both)
+    assert fast.step_with_overlap_s >= t.step_write / 3.5e9 + fast.forward_compute_s
+
+
+def test_parameter_buffers_take_deepspeeds_default_when_it_holds_every_partition(gpu_80gib) -> None:
+    # Over 8 ranks the embedding's partition is 16.4M elements: the 1e8 default holds it.
+    assert nvme.parameter_buffer_elements(_request(gpu_80gib, StrategyKind.zero3_param_nvme, gpus=8)) == 10**8
+
+
+def test_nvme_pipeline_flag(capsys) -> None:
+    argv = ["fit", "llama-2-70b", "--gpus", "1", "--strategies", "zero3-nvme", "--activation-checkpointing", "full",
+            "--format", "json"]
+    import json
+
+    steps = []
+    for extra in ([], ["--nvme-pipeline", "both"]):
+        assert main(argv + extra) == 0
+        steps.append(json.loads(capsys.readouterr().out)["plans"][0])
+    assert steps[1]["time"]["step_with_overlap_s"] < steps[0]["time"]["step_with_overlap_s"]
+    assert steps[1]["host_bytes_per_rank"] == 3 * steps[0]["host_bytes_per_rank"]
+    with pytest.raises(SystemExit):
+        main(argv + ["--nvme-pipeline", "sideways"])
+    assert "--nvme-pipeline: invalid choice: 'sideways'" in capsys.readouterr().err

@@ -109,13 +109,18 @@ def add_state_arguments(group: argparse._ArgumentGroup) -> None:
 
 
 def add_zero3_group_arguments(group: argparse._ArgumentGroup) -> None:
-    """The group sizes of the opt-in ZeRO-3 variants (fit, compare and plan)."""
+    """The knobs of the opt-in ZeRO-3 variants: group sizes, the NVMe swapper's pipelining (fit,
+    compare and plan)."""
     group.add_argument("--hpz-partition-size", type=positive_int,
                        help="zero3-hpz: ranks of ZeRO++'s secondary parameter partition (DeepSpeed "
                             "zero_hpz_partition_size; default: GPUs per node)")
     group.add_argument("--mics-shard-size", type=positive_int,
                        help="zero3-mics: ranks sharing one shard of the model states (DeepSpeed mics_shard_size; "
                             "default: GPUs per node)")
+    group.add_argument("--nvme-pipeline", choices=("read", "write", "both"),
+                       help="zero3-nvme, zero3-param-nvme: pipeline the optimizer swapper's NVMe reads, writes "
+                            "or both with the CPU step (DeepSpeed offload_optimizer pipeline_read / pipeline_write; "
+                            "default neither)")
 
 
 def add_sharding_arguments(group: argparse._ArgumentGroup) -> None:
@@ -435,6 +440,8 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
     strategy = StrategySpec(kind=kind, shard_group_size=args.hsdp_group,
                             hpz_partition_size=getattr(args, "hpz_partition_size", None),
                             mics_shard_size=getattr(args, "mics_shard_size", None),
+                            nvme_pipeline_read=getattr(args, "nvme_pipeline", None) in ("read", "both"),
+                            nvme_pipeline_write=getattr(args, "nvme_pipeline", None) in ("write", "both"),
                             keep_unsharded_grads_on_accum=getattr(args, "keep_unsharded_grads_on_accum", False))
     if args.mfu is not None:
         raise ZeroplanError(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from zeroplan.core.layout import element_bytes
 from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise
-from zeroplan.core.parallel.units import rank_trainable_units
+from zeroplan.core.parallel.units import rank_parameter_units, rank_trainable_units
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.training import Optimizer
 from zeroplan.units import ceil_div
@@ -76,18 +76,52 @@ def optimizer_state_bytes_per_element(optimizer: Optimizer) -> int:
     return elementwise_state_bytes(optimizer if is_elementwise(optimizer) else Optimizer.adam, FP32_BYTES)
 
 
+# deepspeed 0.19.8 runtime/swap_tensor/optimizer_utils.py OptimizerStateSwapInfo: a sub-group swaps
+# its fp32 partition and each optimizer state large enough for aio (_get_state_tensors,
+# is_swappable_tensor: Adam's exp_avg and exp_avg_sq, not its scalar step), and
+# swap_in_optimizer_state takes one buffer more for the gradient (num_tensors() + 1).
+def swap_buffers_per_sub_group(optimizer: Optimizer) -> int:
+    """Pinned buffers one sub-group holds while it steps (4 for Adam: master, two states, gradient)."""
+    return 1 + optimizer_state_bytes_per_element(optimizer) // FP32_BYTES + 1
+
+
+# deepspeed 0.19.8 runtime/zero/stage3.py _configure_tensor_swapping: offload_optimizer
+# pipeline_read or pipeline_write picks PipelinedOptimizerSwapper
+# (runtime/swap_tensor/pipelined_optimizer_swapper.py). Its step loop holds, besides the sub-group
+# stepping (SYNC_SWAP_IN), the next one's read (ASYNC_SWAP_IN, started by swap_in_optimizer_state
+# with async_parameter = stage3.py next_swappable_fp32_partitioned_groups[i]) under pipeline_read and
+# the previous one's write (ASYNC_SWAP_OUT, completed only at the next swap_out_optimizer_state)
+# under pipeline_write, each with a full sub-group's buffers from the same SwapBufferManager pool;
+# a pool too small fails ("ran out of swap buffers, try increasing 'buffer_count'"). With one
+# sub-group there is no next one and nothing runs ahead.
+def sub_groups_in_flight(request: PlanRequest) -> int:
+    """Sub-groups whose swap buffers are held at once in the optimizer step (1 unpipelined)."""
+    if len(sub_group_partition_elements(request)) < 2:
+        return 1
+    strategy = request.strategy
+    return 1 + int(strategy.nvme_pipeline_read) + int(strategy.nvme_pipeline_write)
+
+
+def optimizer_swap_buffer_count(request: PlanRequest) -> int:
+    """offload_optimizer.buffer_count as planned: DeepSpeed's default 4, or as many buffers as the
+    pipelined swapper holds at once when that is more (what --emit writes)."""
+    return max(OPTIMIZER_BUFFER_COUNT,
+               swap_buffers_per_sub_group(request.training.optimizer) * sub_groups_in_flight(request))
+
+
 # deepspeed 0.19.8 runtime/swap_tensor/optimizer_utils.py OptimizerSwapper.__init__:
 # SwapBufferManager(num_elems=_io_aligned_numel(largest_numel), count=swap_config.buffer_count,
 # dtype=fp32), pinned (new_cpu_locked_tensor), largest_numel = max(fp16_partitioned_groups_flat_numel)
 # (stage3.py _configure_tensor_swapping): the largest sub-group. The default PartitionedOptimizerSwapper
 # swaps one sub-group in at a time into buffer_count of them (swap_in_optimizer_state: its tensors
-# + 1 gradient); PipelinedOptimizerSwapper (pipeline_read/write, off by default) draws on the same pool.
+# + 1 gradient); PipelinedOptimizerSwapper draws on the same pool, buffer_count as planned
+# (optimizer_swap_buffer_count).
 def optimizer_swap_buffer_bytes(request: PlanRequest) -> int:
     """Pinned host bytes of the optimizer swapper on one rank (0 unless zero3(-param)-nvme)."""
     if not request.strategy.kind.optimizer_on_nvme:
         return 0
     largest = max(sub_group_partition_elements(request), default=0)
-    return OPTIMIZER_BUFFER_COUNT * io_aligned_elements(largest, FP32_BYTES) * FP32_BYTES
+    return optimizer_swap_buffer_count(request) * io_aligned_elements(largest, FP32_BYTES) * FP32_BYTES
 
 
 # deepspeed 0.19.8 runtime/zero/stage3.py _create_param_groups_fp16_flat_cpu_memory: with
@@ -111,6 +145,19 @@ def parameters_on_nvme(request: PlanRequest) -> int:
     return sum(sub_group_partition_elements(request)) - parameters_kept_on_host(request)
 
 
+# deepspeed 0.19.8 runtime/zero/partition_parameters.py _partition_param: each parameter partition
+# bound for NVMe takes one of the parameter swapper's buffers (param_swapper.get_buffer, which
+# asserts numel <= buffer_size: "More elements ... than buffer size"), so offload_param.buffer_size
+# must hold the largest partition (ceil(numel / N), _aligned_size // world): the plan takes
+# DeepSpeed's 1e8 or that partition if larger (what --emit writes; a 70B model's 262M-element
+# embedding on one GPU needs it).
+def parameter_buffer_elements(request: PlanRequest) -> int:
+    """offload_param.buffer_size as planned, in elements."""
+    shards = request.shard_group_size
+    largest = max((ceil_div(t.numel, shards) for unit in rank_parameter_units(request) for t in unit.tensors), default=0)
+    return max(PARAM_BUFFER_ELEMENTS, largest)
+
+
 # deepspeed 0.19.8 runtime/swap_tensor/partitioned_param_swapper.py AsyncPartitionedParameterSwapper
 # .__init__: buffers = new_cpu_locked_tensor(aligned(buffer_size) x buffer_count, model dtype); plus
 # stage3.py: _create_param_groups_fp16_flat_cpu_memory's pinned min(P, max_in_cpu) buffer (only as
@@ -122,7 +169,7 @@ def parameter_swap_host_bytes(request: PlanRequest) -> int:
     if not request.strategy.kind.parameters_on_nvme:
         return 0
     compute = element_bytes(request.training.precision, request.convention).compute_parameter
-    pool = PARAM_BUFFER_COUNT * io_aligned_elements(PARAM_BUFFER_ELEMENTS, compute) * compute
+    pool = PARAM_BUFFER_COUNT * io_aligned_elements(parameter_buffer_elements(request), compute) * compute
     groups = sub_group_partition_elements(request)
     flat_cpu = min(sum(groups), PARAM_MAX_IN_CPU) * compute
     reuse = io_aligned_elements(max(groups, default=0), compute) * compute if parameters_on_nvme(request) else 0
@@ -187,3 +234,48 @@ def nvme_traffic(request: PlanRequest) -> NvmeTraffic:
         step_read=elements * (OFFLOAD_MASTER_BYTES + OFFLOAD_GRADIENT_BYTES + states),
         step_write=elements * (OFFLOAD_MASTER_BYTES + states) + params,
     )
+
+
+# Each sub-group's share of the step traffic (nvme_traffic's step_read and step_write, split as
+# DeepSpeed moves them: swap_in_optimizer_state reads a sub-group's master, gradient and states,
+# swap_out_optimizer_state writes its master and states; under zero3-param-nvme a sub-group that
+# is not kept on the host also writes its compute-dtype parameters back, stage3.py
+# _reassign_or_swap_out_partitioned_parameters, before its release).
+def sub_group_step_bytes(request: PlanRequest) -> list[tuple[int, int, int]]:
+    """(partition elements, bytes read, bytes written) of each sub-group in the optimizer step."""
+    states = optimizer_state_bytes_per_element(request.training.optimizer)
+    compute = element_bytes(request.training.precision, request.convention).compute_parameter
+    on_host = parameters_kept_on_host(request) if request.strategy.kind.parameters_on_nvme else None
+    result, seen = [], 0
+    for elements in sub_group_partition_elements(request):
+        params = elements * compute if on_host is not None and seen >= on_host else 0
+        seen += elements
+        result.append((elements, elements * (OFFLOAD_MASTER_BYTES + OFFLOAD_GRADIENT_BYTES + states),
+                       elements * (OFFLOAD_MASTER_BYTES + states) + params))
+    return result
+
+
+# The optimizer step over the sub-groups, in the order of stage3.py step(): _prepare_sub_group
+# (swap_in_optimizer_state: wait for this sub-group's read; under pipeline_read start the next
+# one's), the CPU step, _release_sub_group (swap_out_optimizer_state: under pipeline_write first
+# wait for the previous write, then start this one's without waiting, except for the last
+# sub-group, which has no next swappable group, async_swap False; otherwise write and wait).
+# Reads and writes go through separate aio handles (read_aio_handle, write_aio_handle), taken
+# here at the drive's read and write bandwidths at once (a drive that shares one budget between
+# them overlaps less). ``read_s``, ``cpu_s``, ``write_s`` are per sub-group, in order.
+def pipelined_step_s(read_s: list[float], cpu_s: list[float], write_s: list[float],
+                     pipeline_read: bool, pipeline_write: bool) -> float:
+    """Seconds from the first read to the last write of the optimizer step's sub-groups."""
+    count = len(read_s)
+    now = 0.0  # when the loop reaches the next _prepare_sub_group
+    read_done = read_s[0] if count else 0.0  # the first read is always synchronous
+    write_done = 0.0
+    for i in range(count):
+        has_next = i + 1 < count
+        start = max(now, read_done)  # this sub-group's read has landed
+        begin = max(start + cpu_s[i], write_done)  # a pending async write completes first
+        write_done = begin + write_s[i]
+        now = begin if pipeline_write and has_next else write_done
+        if has_next:  # the next read: started at this one's start, or at the next prepare
+            read_done = (start if pipeline_read else now) + read_s[i + 1]
+    return max(now, write_done)

@@ -295,7 +295,8 @@ def exposed_communication_s(forward_s, backward_s, collective_s, host_s, maximum
 # swapper is not pipelined by default (offload_optimizer pipeline_read/pipeline_write False):
 # PartitionedOptimizerSwapper.swap_in_optimizer_state reads each sub-group and waits, the CPU
 # step runs, swap_out_optimizer_state writes and waits (aio_handle.wait()), so the step phase's
-# reads and writes add to the step in full, besides the CPU optimizer's time.
+# reads and writes add to the step in full, besides the CPU optimizer's time; pipelined, only
+# what nvme_step_exposed_s leaves.
 def nvme_time_by_phase(request: PlanRequest) -> dict[Phase, float]:
     """Seconds of NVMe reads and writes per phase on one GPU's share of the node's drive."""
     traffic = nvme_traffic(request)
@@ -307,6 +308,28 @@ def nvme_time_by_phase(request: PlanRequest) -> dict[Phase, float]:
         Phase.backward: traffic.backward_read / read + traffic.backward_write / write,
         Phase.step: traffic.step_read / read + traffic.step_write / write,
     }
+
+
+# The step phase's NVMe time not hidden behind the CPU optimizer step. Unpipelined (DeepSpeed's
+# default) that is all of it; with offload_optimizer pipeline_read / pipeline_write it is the
+# pipelined optimizer swapper's span (zeroplan.core.nvme.pipelined_step_s, sub-group by sub-group:
+# reads and writes at this GPU's share of the drive, the CPU step split in proportion to each
+# sub-group's elements) less the CPU step, which step_time adds on its own.
+def nvme_step_exposed_s(request: PlanRequest, step_transfer_s: float, cpu_s: float) -> float:
+    """Seconds the optimizer step's NVMe reads and writes add to the step."""
+    from zeroplan.core.nvme import pipelined_step_s, sub_group_step_bytes
+
+    strategy = request.strategy
+    if not (strategy.nvme_pipeline_read or strategy.nvme_pipeline_write):
+        return step_transfer_s
+    groups = sub_group_step_bytes(request)
+    ranks = request.cluster.gpus_per_node
+    read = request.cluster.host.nvme_read_bytes_per_s / ranks
+    write = request.cluster.host.nvme_write_bytes_per_s / ranks
+    elements = sum(e for e, _, _ in groups) or 1
+    span = pipelined_step_s([r / read for _, r, _ in groups], [cpu_s * e / elements for e, _, _ in groups],
+                            [w / write for _, _, w in groups], strategy.nvme_pipeline_read, strategy.nvme_pipeline_write)
+    return max(0.0, span - cpu_s)
 
 
 # Model parallelism divides each replica's work among tp x cp x pp ranks, taken as evenly
@@ -351,7 +374,10 @@ def step_time(request: PlanRequest, collectives: tuple[Collective, ...]) -> Step
     # model) likewise runs after the last gradient is reduced.
     nvme_by_phase = nvme_time_by_phase(request) if request.strategy.kind.optimizer_on_nvme else None
     nvme_s = sum(nvme_by_phase.values()) if nvme_by_phase else 0.0
-    exposed = exposed_communication_s(forward_s, backward_s, by_phase, host_by_phase, nvme_s=nvme_by_phase)
+    nvme_exposed = None
+    if nvme_by_phase is not None:
+        nvme_exposed = {**nvme_by_phase, Phase.step: nvme_step_exposed_s(request, nvme_by_phase[Phase.step], cpu_s)}
+    exposed = exposed_communication_s(forward_s, backward_s, by_phase, host_by_phase, nvme_s=nvme_exposed)
     # The pipeline idles a fraction of its busy time: compute and the collectives compute waits on.
     bubble_s = float(bubble_fraction(request.parallel, request.batch.grad_accum_steps)) * (forward_s + backward_s + blocking_s)
     step_s = forward_s + backward_s + blocking_s + bubble_s + exposed + cpu_s + gpu_optimizer_s

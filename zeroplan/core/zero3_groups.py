@@ -81,6 +81,7 @@ def hpz_parameter_collectives(request: PlanRequest, params: list[int], backward:
     return result
 
 
+# Measured to the byte (benchmarks/mics-records, DeepSpeed 0.18.9 on gloo; tests/test_mics_record.py):
 # deepspeed/runtime/zero/mics.py (the last releases that had it) MiCS_Optimizer.partition_grads
 # -> allreduce_mics_shard_grads: at the gradient-accumulation boundary only, the rank's gradient
 # partition buffers (reduce-scattered inside its shard group, in the model dtype) are divided by

@@ -154,6 +154,16 @@ def readme(planned: PlannedRun, written: dict[str, str], skipped: dict[str, str]
     lines += [f"- `{name}`: {FILE_ROLES[name]}" for name in written if name in FILE_ROLES]
     if skipped:
         lines.append("- not written: " + "; ".join(f"`{name}` ({why})" for name, why in skipped.items()))
+    if r.strategy.kind.optimizer_on_nvme and "deepspeed.json" in written:
+        from zeroplan.core.nvme import host_pinned_bytes, nvme_bytes
+
+        per_node = r.cluster.gpus_per_node
+        lines += ["", f"NVMe: deepspeed.json swaps to nvme_path {formats.NVME_PATH} (DeepSpeed's tutorial's); point both "
+                  f"nvme_path entries at a directory on the node's NVMe drive, with {nvme_bytes(r) * per_node / 1e9:.0f} GB "
+                  f"free per node ({nvme_bytes(r) / 1e9:.0f} GB per rank), and allow {_gib(host_pinned_bytes(r) * per_node)} "
+                  "of pinned host memory per node (`ulimit -l`). The step time assumed the drive's "
+                  f"{r.cluster.host.nvme_read_bytes_per_s / 1e9:.1f}/{r.cluster.host.nvme_write_bytes_per_s / 1e9:.1f} GB/s "
+                  "read/write (--nvme-bandwidth)."]
     if r.training.float8 is not None:
         lines += ["", "float8: torchtitan 0.3.0 sets it in the config function (model_spec converters "
                   "Float8LinearConverter, as llama3_debugmodel_float8 does), not on the command line."]

@@ -52,7 +52,43 @@ def _refuse_model_parallel(request: PlanRequest, what: str) -> None:
 # ---------------------------------------------------------------------------- DeepSpeed
 
 DEEPSPEED_STRATEGIES = (StrategyKind.zero1, StrategyKind.zero2, StrategyKind.zero3, StrategyKind.zero2_offload,
-                        StrategyKind.zero3_offload, StrategyKind.zero3_param_offload)
+                        StrategyKind.zero3_offload, StrategyKind.zero3_param_offload, StrategyKind.zero3_nvme,
+                        StrategyKind.zero3_param_nvme)
+
+NVME_PATH = "/local_nvme"
+"""The swap directory written into deepspeed.json (DeepSpeed's ZeRO-Infinity tutorial's); the
+emitted README says to point it at the node's drive."""
+
+
+# deepspeed 0.19.8 runtime/swap_tensor/constants.py AIO_BLOCK_SIZE_DEFAULT ... AIO_USE_GDS_DEFAULT:
+# the aio settings the planner's swap buffers assume (AIO_ALIGNED_BYTES x intra_op_parallelism 1,
+# zeroplan.core.nvme.io_aligned_elements), written out so that the file says what was planned.
+AIO_CONFIG = {"block_size": 1_048_576, "queue_depth": 8, "intra_op_parallelism": 1, "single_submit": False,
+              "overlap_events": True, "use_gds": False}
+
+
+def nvme_offload_blocks(request: PlanRequest) -> dict[str, Any]:
+    """zero_optimization's offload blocks for zero3-nvme / zero3-param-nvme, every buffer as
+    zeroplan.core.nvme counts it: the optimizer swapper's buffer_count (4, or what the pipelined
+    swapper holds at once) and pipeline flags, the parameter swapper's 5 buffers of 1e8 elements
+    (or the largest parameter partition, parameter_buffer_elements) and 1e9 elements kept on the host, and sub_group_size 1e9, which sets the swap buffers' size."""
+    from zeroplan.core import nvme
+
+    strategy = request.strategy
+    blocks: dict[str, Any] = {
+        "sub_group_size": nvme.SUB_GROUP_SIZE,
+        "offload_optimizer": {
+            "device": "nvme", "nvme_path": NVME_PATH, "pin_memory": True,
+            "buffer_count": nvme.optimizer_swap_buffer_count(request),
+            "pipeline_read": strategy.nvme_pipeline_read, "pipeline_write": strategy.nvme_pipeline_write,
+        },
+    }
+    if strategy.kind.parameters_on_nvme:
+        blocks["offload_param"] = {
+            "device": "nvme", "nvme_path": NVME_PATH, "pin_memory": True, "buffer_count": nvme.PARAM_BUFFER_COUNT,
+            "buffer_size": nvme.parameter_buffer_elements(request), "max_in_cpu": nvme.PARAM_MAX_IN_CPU,
+        }
+    return blocks
 
 
 def deepspeed_config(request: PlanRequest) -> dict[str, Any]:
@@ -78,7 +114,9 @@ def deepspeed_config(request: PlanRequest) -> dict[str, Any]:
       within the forward, and every parameter gathered in the forward stays gathered until its
       backward (measured on tiny-llama: nothing but the embedding released in the forward).
     - offload: optimizer (and for zero3-param-offload parameters) on the CPU, unpinned
-      (DeepSpeed's default pin_memory false)."""
+      (DeepSpeed's default pin_memory false);
+    - NVMe (zero3-nvme, zero3-param-nvme): device "nvme" at NVME_PATH, the aio block and the
+      swappers' buffers as planned (nvme_offload_blocks)."""
     kind = request.strategy.kind
     if kind not in DEEPSPEED_STRATEGIES:
         raise NotApplicable(f"{kind.value} is not a DeepSpeed ZeRO strategy")
@@ -108,10 +146,13 @@ def deepspeed_config(request: PlanRequest) -> dict[str, Any]:
             "stage3_max_reuse_distance": 0,
             "stage3_max_live_parameters": (1 + request.strategy.prefetch_units) * largest_unit_elements(request),
         })
-    if kind.offloads_optimizer:
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
-    if kind.offloads_parameters:
-        zero["offload_param"] = {"device": "cpu", "pin_memory": False}
+    if kind.optimizer_on_nvme:
+        zero.update(nvme_offload_blocks(request))
+    else:
+        if kind.offloads_optimizer:
+            zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+        if kind.offloads_parameters:
+            zero["offload_param"] = {"device": "cpu", "pin_memory": False}
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": request.batch.micro_batch_size,
         "gradient_accumulation_steps": request.batch.grad_accum_steps,
@@ -119,6 +160,8 @@ def deepspeed_config(request: PlanRequest) -> dict[str, Any]:
         "fp16": {"enabled": precision is Precision.fp16_mixed},
         "zero_optimization": zero,
     }
+    if kind.optimizer_on_nvme:
+        config["aio"] = dict(AIO_CONFIG)
     if kind.offloads_optimizer:
         # ZeRO-Offload steps on the host with DeepSpeedCPUAdam, which DeepSpeed builds from
         # this block (runtime/engine.py _configure_basic_optimizer); lr etc. are the user's.

@@ -75,9 +75,12 @@ def bucket_elements(model: nn.Module) -> int:
 
 
 def deepspeed_config(stage: int, dtype: torch.dtype, micro_batch_size: int, buckets: int,
-                     offload: bool = False, grad_accum_steps: int = 1, hpz_partition_size: int = 1) -> dict:
+                     offload: bool = False, grad_accum_steps: int = 1, hpz_partition_size: int = 1,
+                     mics_shard_size: int = 0) -> dict:
     """The DeepSpeed configuration of a measured run (see the module docstring);
-    ``hpz_partition_size`` > 1 turns on ZeRO++'s hpZ at stage 3 (zero_hpz_partition_size)."""
+    ``hpz_partition_size`` > 1 turns on ZeRO++'s hpZ at stage 3 (zero_hpz_partition_size);
+    ``mics_shard_size`` > 0 MiCS (a DeepSpeed release that still has runtime/zero/mics.py:
+    0.19 refuses the key)."""
     zero: dict[str, Any] = {
         "stage": stage,
         "reduce_bucket_size": buckets,
@@ -99,6 +102,9 @@ def deepspeed_config(stage: int, dtype: torch.dtype, micro_batch_size: int, buck
     if hpz_partition_size > 1:
         assert stage == 3, "hpZ partitions stage 3's parameters"
         zero["zero_hpz_partition_size"] = hpz_partition_size
+    if mics_shard_size > 0:
+        assert stage == 3, "MiCS shards stage 3's states"
+        zero["mics_shard_size"] = mics_shard_size
     if offload:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
     return {
@@ -121,7 +127,7 @@ class DeepSpeedZero:
 
     def __init__(self, model: Transformer, stage: int, dtype: torch.dtype, micro_batch_size: int,
                  offload: bool = False, grad_accum_steps: int = 1, hpz_partition_size: int = 1,
-                 file_config: dict | None = None) -> None:
+                 file_config: dict | None = None, mics_shard_size: int = 0) -> None:
         """``file_config``: a DeepSpeed config JSON (``--deepspeed-config``, checked against the
         run's flags by zeroplan.harness.deepspeed_file) whose settings replace the harness's;
         :attr:`notes` then says which came from the file and which were kept."""
@@ -129,7 +135,7 @@ class DeepSpeedZero:
         deepspeed = import_deepspeed()
         self.stage, self.offload, self.grad_accum_steps = stage, offload, grad_accum_steps
         config = deepspeed_config(stage, dtype, micro_batch_size, bucket_elements(model), offload, grad_accum_steps,
-                                  hpz_partition_size)
+                                  hpz_partition_size, mics_shard_size)
         self.notes: list[str] = []
         if file_config is not None:
             from zeroplan.harness.deepspeed_file import merge_deepspeed_file

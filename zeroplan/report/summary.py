@@ -212,6 +212,9 @@ def _compare_columns() -> list[Column]:
     return [
         Column("strategy", lambda p: p.strategy.value, left=True),
         Column("fits", _fits_cell),
+        # The memory side of a trade-off (ZeRO++ and hpZ send less for a larger peak; NVMe
+        # offload the reverse): kept until only the step's own columns are left.
+        Column("peak GiB", lambda p: f"{to_unit(p.memory.peak_bytes, ByteUnit.GiB):.1f}", drop_order=1),
         Column("sent GB", lambda p: f"{p.sent_bytes_per_step / 1e9:.1f}"),
         Column("comm s", lambda p: f"{p.time.communication_s:.3f}", drop_order=3),
         Column("exposed s", lambda p: f"{p.time.exposed_communication_s:.3f}", drop_order=2),

@@ -160,6 +160,13 @@ class StrategySpec(Frozen):
     mics_shard_size: int | None = Field(default=None, gt=0)
     """zero3-mics only: ranks that share one shard of every model state (DeepSpeed's
     mics_shard_size); None means the GPUs of one node."""
+    nvme_pipeline_read: bool = False
+    """zero3-nvme and zero3-param-nvme only: DeepSpeed's offload_optimizer.pipeline_read (default
+    False): the optimizer step reads the next sub-group while this one steps
+    (runtime/swap_tensor/pipelined_optimizer_swapper.py; zeroplan.core.nvme)."""
+    nvme_pipeline_write: bool = False
+    """zero3-nvme and zero3-param-nvme only: offload_optimizer.pipeline_write (default False): a
+    sub-group's write back overlaps the next one's read and step."""
     ddp_bucket_cap_bytes: int = Field(default=25 * 2**20, gt=0)
     """DDP gradient bucket size (torch DistributedDataParallel bucket_cap_mb=25, in MiB)."""
     ddp_gradient_as_bucket_view: bool = False
