@@ -205,6 +205,6 @@ def test_the_caution_names_the_strategies_no_measured_step_checked() -> None:
              StrategyKind.zero3_nvme, StrategyKind.zero3_offload]
     report = SimpleNamespace(plans=[SimpleNamespace(strategy=k, parallel=SimpleNamespace(pp=1)) for k in kinds])
     caution = _schedule_checks(report)
-    assert "zero3: a coarser schedule, checked only on the H200 harness runs (within 2.4 %)" in caution
+    assert "zero3: a coarser schedule, checked only on the H200 harness runs (OOM capacity within 2.4 %" in caution
     assert ("zero3-hpz, zero3-mics, zero3-nvme, zero3-offload, zero3-zeropp: a coarser schedule, "
             "not checked against any measured step") in caution

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from zeroplan.core.deepspeed_accumulation import kept_scalar_bytes
 from zeroplan.core.buffers import resident_buffer_bytes
 from zeroplan.core.collective import CollectiveOp, Phase
 from zeroplan.core.communication import collectives
@@ -57,8 +58,10 @@ def test_model_states_equal_the_planner_to_the_byte(record, request_) -> None:
         for step in rank["steps"]:
             # As stage 3 over M ranks (tests/harness/test_deepspeed.py): the fp32 partition AdamW
             # reads (the planner's gradients) plus the partition buffer and the reduce bucket
-            # (stage3.py grad_partitions_flat_buffer, ipg bucket), which the planner counts as buffers.
-            assert step["gradient_bytes"] == states.gradient_bytes + resident_buffer_bytes(request_)
+            # (stage3.py grad_partitions_flat_buffer, ipg bucket), which the planner counts as buffers
+            # with the optimizer's kept scalars (the norm and overflow flags: not gradient storage).
+            assert step["gradient_bytes"] == (states.gradient_bytes + resident_buffer_bytes(request_)
+                                              - kept_scalar_bytes(request_))
 
 
 @pytest.mark.parametrize("op, phase, what", [
