@@ -125,3 +125,14 @@ def test_the_search_varies_only_policies_measured_under_the_layout():
     varied = request.model_copy(update={"training": training.model_copy(update={"activation_checkpointing": ActivationCheckpointing.selective_op})})
     with pytest.raises(ZeroplanError, match="under tensor parallelism"):
         plan(varied)
+
+
+@pytest.mark.slow
+def test_a_fresh_measurement_equals_its_committed_record():
+    # Re-runs torchtitan's sharding and inductor's partition for one record (seconds, fake tensors).
+    from zeroplan.frameworks.compiled_parallel import measure_parallel_compiled_block
+
+    fresh = measure_parallel_compiled_block("8B", 2, True, 4096, "none")
+    committed = next(r for r in PARALLEL if r.name == fresh.name)
+    assert fresh.compiled_saved_values == committed.compiled_saved_values
+    assert fresh.eager_live_bytes == committed.eager_live_bytes

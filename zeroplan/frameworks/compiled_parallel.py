@@ -11,7 +11,9 @@ checkpointing, then apply_compile per block). The block's inputs are those the m
 hands it under torchtitan's SPMD context (with CP, after prepare_context_parallel_input shards
 tokens, positions and the block mask); then zeroplan.frameworks.compiled.block_saves compiles it
 as apply_compile does (inductor's partitioner, no code generation) and runs it eagerly. Saved
-values are the rank's local tensors.
+values are the rank's local tensors. Float8: torchtitan's own Float8Linear.Config swapped into
+the config before the sharding is set (torchtitan_float8_swap), as its model registry converts
+before its trainer shards.
 
 Pipeline parallelism is not run here: torchtitan 0.3.0 distributed/pipeline_parallel.py
 pipeline_llm calls the same parallelize_fn (parallelize_llama, apply_compile included) on each
