@@ -92,8 +92,9 @@ def run_plan(args: argparse.Namespace) -> int:
         paged_optimizer=False,
     )
     base = request_from_args(argparse.Namespace(**fixed))
-    # Frozen parameters, LoRA and compiled blocks are modelled under data parallelism only; a
-    # layout flag is refused naming what the user typed that made it so.
+    # Frozen parameters and LoRA are modelled under data parallelism only; a layout flag is
+    # refused naming what the user typed that made it so. Compiled blocks are searched under
+    # every layout the request accepts (zeroplan.specs.request.check_compiled_layout).
     finetune = base.training.finetune
     data_parallel_only_by = None
     if args.no_model_parallel:
@@ -101,8 +102,6 @@ def run_plan(args: argparse.Namespace) -> int:
     elif not finetune.trains_everything:
         flag = "--lora-rank" if finetune.is_lora else "--frozen-blocks/--freeze-embeddings"
         data_parallel_only_by = f"{flag} (frozen parameters and LoRA are modelled under data parallelism only)"
-    elif base.training.compile:
-        data_parallel_only_by = "--compile (compiled blocks are modelled under data parallelism only)"
     layout = dict(tp=args.tp, pp=args.pp, cp=args.cp, max_tp=args.max_tp, model_parallel=data_parallel_only_by is None,
                   data_parallel_only_by=data_parallel_only_by or "--no-model-parallel")
     if args.pp_schedule:

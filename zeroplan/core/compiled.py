@@ -19,7 +19,8 @@ from zeroplan.specs.finetune import LoraTarget, Quantization
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.hardware import GpuArchitecture, GpuSpec
 from zeroplan.specs.model import ModelSpec
-from zeroplan.specs.request import PlanRequest
+from zeroplan.specs.parallel import ParallelSpec
+from zeroplan.specs.request import PlanRequest, compiled_policy_measured
 from zeroplan.specs.training import ActivationCheckpointing, TrainingSpec
 
 COMPILED_POLICIES = {
@@ -39,8 +40,11 @@ FLOAT8_ARCHITECTURES = (GpuArchitecture.ada, GpuArchitecture.hopper, GpuArchitec
 supported on NVIDIA SM89 or later, or AMD gfx942 (MI300) or later"."""
 
 
-def runs_checkpointing(training: TrainingSpec, policy: ActivationCheckpointing) -> bool:
-    """Whether ``policy`` is modelled for the training's compile setting (every policy eager)."""
+def runs_checkpointing(training: TrainingSpec, policy: ActivationCheckpointing, parallel: ParallelSpec | None = None) -> bool:
+    """Whether ``policy`` is modelled for the training's compile setting (every policy eager),
+    under ``parallel``'s layout when given."""
+    if parallel is not None and not compiled_policy_measured(training, policy, parallel):
+        return False
     return not training.compile or policy in COMPILED_POLICIES.get(training.framework, ())
 
 
@@ -70,11 +74,16 @@ def check_compiled(training: TrainingSpec, model: ModelSpec, gpu: GpuSpec | None
         allowed = ", ".join(p.value for p in policies)
         raise ZeroplanError("compile", f"with {training.framework.value} and activation checkpointing "
                             f"{training.activation_checkpointing.value!r} was not measured (allowed: {allowed})")
-    if training.activation_offloading or not compiled_finetune_measured(training):
-        field = "activation_offloading" if training.activation_offloading else "finetune"
-        allowed = "without compile" if training.activation_offloading else \
-            "without compile, or torchtune's LoRA/QLoRA without dropout or DoRA"
-        raise ZeroplanError(field, f"is not modelled compiled: no compiled run of it was measured (allowed {allowed})")
+    # Activation offloading (torchtune's, full checkpointing only) is modelled compiled: with
+    # every layer compiled as torchtune's compile_model does, OffloadActivations moves exactly
+    # the bytes it moves eager (the block inputs; benchmarks/compiled-parallel-records/offload),
+    # and the block its backward recomputes is the compiled one (compiled_layer_bytes).
+    if not compiled_finetune_measured(training):
+        raise ZeroplanError("finetune", "is not modelled compiled: no compiled run of it was measured (allowed without "
+                                        "compile, or torchtune's LoRA/QLoRA without dropout or DoRA)")
+    if training.activation_offloading and not training.finetune.trains_everything:
+        raise ZeroplanError("activation_offloading", "is not modelled compiled with a LoRA: no compiled run of it was "
+                                                     "measured (allowed without compile, or a full fine-tune)")
     if not model.is_dense_llama_layout:
         raise ZeroplanError("compile", f"{model.name!r}: compiled blocks were measured for dense Llama-layout models "
                             "(RoPE, RMSNorm, SwiGLU, no biases) only")
@@ -208,3 +217,53 @@ def compiled_chunked_logits_pieces(model: ModelSpec, training: TrainingSpec, s: 
     backward = e * sbv + COMPILED_CROSS_ENTROPY_ROW_BYTES * s * b + e * sbv // chunks
     head = e * sbv + head_backward_bytes
     return forward, backward, head
+
+
+# What a compiled torchtitan block under tensor parallelism keeps beyond the data-parallel
+# values (benchmarks/compiled-parallel-records; docs/compile-float8.md, "Under model
+# parallelism"). Tensor parallelism alone (spmd_types: every rank holds the whole sequence): the
+# block keeps compiled_layer_bytes of the rank's tensor-parallel block (a/t and k/t heads, f/t),
+# the output projection's all-reduced result standing for its local matmul output: exact in the
+# records. With sequence parallelism the block's input x, the output projection's
+# reduce-scattered result and both norms' fp32 rsqrt are the rank's s/t tokens; the norms'
+# outputs are saved as the all-gathered whole-sequence matmul inputs (the partitioner does not
+# recompute a collective), and so are Q, K, V, the attention output and the MLP values:
+# Llama-3.1-8B, tp 2, s 4096: 321,142,784 bytes to the byte; 70B tp 8: 260,182,016.
+def compiled_sequence_sharded_bytes(request: PlanRequest) -> int:
+    """The bytes of a compiled block (of ``request``'s tensor-parallel chunk) that sequence
+    parallelism shards: x, the output projection's result and the two norms' rsqrt."""
+    e = request.training.precision.compute_bytes
+    tokens = request.batch.seq_len * request.batch.micro_batch_size
+    return e * tokens * 2 * request.model.hidden_size + 2 * FP32_BYTES * tokens
+
+
+# torchtitan 0.3.0 distributed/activation_checkpoint.py SelectiveAC under compile and tensor
+# parallelism (records ac=selective-op, tp 2): besides the data-parallel values the block keeps
+# one more [b s, h] tensor: the MLP output projection's local matmul output without sequence
+# parallelism (the policy saves every second mm: wqkv, w1 and w2, whose output, all-reduced, no
+# longer goes unread), and with it a reduce_scatter_tensor output (the policy's comm_ops save
+# list), s/t of the tokens. 168,034,304 and 134,479,872 bytes for Llama-3.1-8B at s 4096, to the byte.
+def compiled_selective_op_tensor_parallel_extra_bytes(request: PlanRequest) -> int:
+    """The [b s, h] tensor a compiled SelectiveAC block keeps under tensor parallelism, whole
+    (the chunk's tokens; sequence parallelism shards it, compiled_sequence_sharded_bytes' way)."""
+    e = request.training.precision.compute_bytes
+    return e * request.batch.seq_len * request.batch.micro_batch_size * request.model.hidden_size
+
+
+FLOAT8_BYTES = 1
+"""torch.float8_e4m3fn."""
+
+
+# torchtitan 0.3.0 Float8Linear (its converter's config swap, then its sharding) under compile,
+# tensor and sequence parallelism (records float8-tensorwise, tp 2 and 8, sp): as without tensor
+# parallelism the partitioner recomputes the bf16 matmul inputs and the SwiGLU product, but the
+# two norms' outputs reach their linears through an all-gather, which it does not recompute:
+# it keeps their float8 casts instead, the whole sequence at one byte an element. Llama-3.1-8B,
+# tp 2, s 4096: 228,868,134 bytes (the planner leaves out 38 bytes of per-linear scalars).
+def compiled_float8_gathered_inputs_bytes(request: PlanRequest) -> int:
+    """The float8 all-gathered norm outputs a compiled float8 block keeps under sequence
+    parallelism (0 without float8); ``request`` is the rank's chunk."""
+    if request.training.float8 is None:
+        return 0
+    tokens = request.batch.seq_len * request.batch.micro_batch_size
+    return FLOAT8_BYTES * tokens * 2 * request.model.hidden_size

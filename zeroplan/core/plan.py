@@ -42,7 +42,7 @@ from zeroplan.results import MemoryBreakdown, StrategyPlan
 from zeroplan.core.parallel.expert import expert_dispatch_bytes
 from zeroplan.specs.parallel import EXPERT_PARALLEL_STRATEGIES, PIPELINE_STRATEGIES
 from zeroplan.specs.finetune import Quantization
-from zeroplan.specs.request import INT8_STRATEGIES, PlanRequest
+from zeroplan.specs.request import INT8_STRATEGIES, PlanRequest, check_compiled_layout
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.training import ActivationCheckpointing, StateConvention
@@ -135,13 +135,13 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     training = request.training
     check_framework_request(training, request.model)
     check_compiled(training, request.model, request.cluster.gpu)
+    # Requests varied by model_copy (the search's policies) skip the request's own validators.
+    check_compiled_layout(training, request.parallel)
     if training.finetune.frozen_blocks and training.activation_checkpointing not in (ActivationCheckpointing.none, ActivationCheckpointing.full):
         raise ZeroplanError("finetune.frozen_blocks", f"is modelled with activation checkpointing none or full, not "
                             f"{training.activation_checkpointing.value!r}")
     if training.finetune.frozen_blocks and training.activation_offloading:
         raise ZeroplanError("finetune.frozen_blocks", "is not modelled with activation offloading (allowed without it)")
-    if training.compile and not (request.parallel.is_trivial and request.parallel.ep == 1):
-        raise ZeroplanError("compile", "compiled blocks were measured under data parallelism only (tp, cp, pp and ep must be 1)")
     states = model_state_bytes(request)
     terms = PeakTerms(
         **micro_batch_terms(request),

@@ -647,7 +647,7 @@ def _layout_groups(layout: PlanRequest, kinds: tuple[StrategyKind, ...]) -> list
             for policy in prof.checkpointing:
                 if policy is ActivationCheckpointing.selective_layer and layout.training.selective_layer_interval > layout.model.num_layers:
                     continue  # it would checkpoint no block: the same as none
-                if not runs_checkpointing(layout.training, policy):
+                if not runs_checkpointing(layout.training, policy, layout.parallel):
                     continue  # compiled under a policy that was not measured (zeroplan.core.compiled)
                 training = strategic.training.model_copy(update={"activation_checkpointing": policy})
                 result.append(_start_group(strategic.model_copy(update={"training": training}), family, layout_cache))

@@ -199,6 +199,33 @@ MEGATRON_VOCAB_MULTIPLE = 128
 """Megatron-LM's --make-vocab-size-divisible-by default (megatron/training/arguments.py)."""
 
 
+# Compiled blocks were measured under torchtitan's own tensor (with and without sequence) and
+# context parallelism (benchmarks/compiled-parallel-records); pipeline parallelism runs the same
+# compiled blocks on each stage (torchtitan 0.3.0 distributed/pipeline_parallel.py pipeline_llm
+# calls parallelize_llama, apply_compile included, on every stage's model part). Not measured:
+# another framework's model parallelism compiled and expert parallelism (compile is modelled
+# for dense models only).
+def check_compiled_layout(training: TrainingSpec, parallel: ParallelSpec) -> None:
+    """Refuse, in one line naming the field, a compiled layout no record covers."""
+    if not training.compile:
+        return
+    if parallel.ep > 1:
+        raise ZeroplanError("compile", "compiled blocks were measured without expert parallelism (allowed: ep 1)")
+    if parallel.model_parallel_size > 1 and training.framework is not Framework.torchtitan:
+        raise ZeroplanError("compile", f"compiled blocks under tp, cp or pp were measured for torchtitan, not "
+                                       f"{training.framework.value} (allowed: tp, cp and pp 1)")
+    if not compiled_policy_measured(training, training.activation_checkpointing, parallel):
+        raise ZeroplanError("float8", f"under tensor parallelism was measured with activation checkpointing none and "
+                                      f"full, not {training.activation_checkpointing.value!r} (allowed: none, full, or tp 1)")
+
+
+def compiled_policy_measured(training: TrainingSpec, policy: ActivationCheckpointing, parallel: ParallelSpec) -> bool:
+    """Whether ``policy`` was measured for a compiled float8 block under the layout's tensor
+    parallelism (none and full were; everything else is as without float8)."""
+    return not (training.compile and training.float8 is not None and parallel.tp > 1
+                and policy not in (ActivationCheckpointing.none, ActivationCheckpointing.full))
+
+
 class PlanRequest(Frozen):
     """Model, numerics, batch, cluster and strategy: everything a prediction depends on."""
 
@@ -316,6 +343,7 @@ class PlanRequest(Frozen):
             raise ZeroplanError("strategy", f"{self.strategy.kind.value!r} cannot hold an int8 base (bitsandbytes Int8Params; "
                                             f"allowed: {', '.join(k.value for k in INT8_STRATEGIES)})")
         check_zero3_groups(self)
+        check_compiled_layout(self.training, self.parallel)
         if self.strategy.kind is StrategyKind.hsdp:
             group = self.shard_group_size
             if self.state_group_size % group:

@@ -9,6 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zeroplan.core.activations import layer_terms, norm_bytes, outside_layers_bytes
+from zeroplan.core.compiled import (
+    compiled_float8_gathered_inputs_bytes,
+    compiled_selective_op_tensor_parallel_extra_bytes,
+    compiled_sequence_sharded_bytes,
+)
 from zeroplan.core.frameworks import block_input_bytes
 from zeroplan.core.parallel.pipeline import in_flight_chunks
 from zeroplan.core.parallel.tensor import tensor_parallel_model
@@ -54,6 +59,9 @@ def micro_batch_bytes(request: PlanRequest, activations) -> MicroBatchBytes:
     kept_two, _ = activations(two)
     per_block = kept_two - kept_one
     terms = MicroBatchBytes(per_block=per_block, recompute=recompute, outside=kept_one - per_block)
+    if compiled_selective_op_under_tp(one, request.parallel.tp):
+        extra = compiled_selective_op_tensor_parallel_extra_bytes(one)
+        terms = MicroBatchBytes(per_block=terms.per_block + extra, recompute=terms.recompute, outside=terms.outside)
     if request.parallel.sequence_parallel:
         terms = sequence_parallel_bytes(one, terms, request.parallel.tp)
     return gathered_kv_bytes(request, one, terms)
@@ -99,16 +107,31 @@ def sequence_parallel_bytes(chunk: PlanRequest, terms: MicroBatchBytes, tp: int)
         return x - ceil_div(x, tp)
 
     mode = training.activation_checkpointing
+    if training.compile:
+        # A compiled block shards other tensors than the eager one (zeroplan.core.compiled).
+        sharded_layer = compiled_sequence_sharded_bytes(chunk)
     if mode is ActivationCheckpointing.none:
         kept_sharded = sharded_layer
+    elif compiled_selective_op_under_tp(chunk, tp):
+        # x and the reduce-scattered output the compiled SelectiveAC block keeps.
+        kept_sharded = block_input_bytes(chunk, s, b) + compiled_selective_op_tensor_parallel_extra_bytes(chunk)
     else:
         # The checkpoint keeps the block's input: the residual stream, sequence-sharded.
         kept_sharded = block_input_bytes(chunk, s, b) if chunk.training.framework is not Framework.zeroplan \
             else training.precision.compute_bytes * s * b * model.hidden_size
     recompute_sharded = sharded_layer if terms.recompute else 0
-    return MicroBatchBytes(per_block=terms.per_block - split(kept_sharded),
-                           recompute=terms.recompute - split(recompute_sharded),
+    # A compiled float8 block keeps the float8 casts of its all-gathered inputs instead.
+    gathered = compiled_float8_gathered_inputs_bytes(chunk) if training.compile else 0
+    return MicroBatchBytes(per_block=terms.per_block - split(kept_sharded) + (gathered if mode is ActivationCheckpointing.none else 0),
+                           recompute=terms.recompute - split(recompute_sharded) + (gathered if terms.recompute else 0),
                            outside=terms.outside - split(sharded_outside))
+
+
+def compiled_selective_op_under_tp(chunk: PlanRequest, tp: int) -> bool:
+    """Whether a chunk's block is torchtitan's compiled SelectiveAC under tensor parallelism,
+    which keeps one [b s, h] tensor more (zeroplan.core.compiled)."""
+    training = chunk.training
+    return training.compile and tp > 1 and training.activation_checkpointing is ActivationCheckpointing.selective_op
 
 
 def rank_activation_bytes(request: PlanRequest, activations) -> tuple[int, int]:
