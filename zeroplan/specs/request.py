@@ -7,7 +7,7 @@ from pydantic import Field, model_validator
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.finetune import Quantization, check_finetune
-from zeroplan.specs.framework import LAUNCH_ALLOCATOR_CONF, Framework
+from zeroplan.specs.framework import LAUNCH_ALLOCATOR_CONF, UNTIES_EMBEDDINGS, Framework
 from zeroplan.specs.hardware import ClusterSpec
 from zeroplan.specs.model import ModelSpec, PositionKind
 from zeroplan.specs.parallel import ParallelSpec, check_parallel
@@ -224,6 +224,24 @@ class PlanRequest(Frozen):
             return {**data, "batch": batch.model_copy(update={"seq_len": min(batch.seq_len, positions)})}
         if isinstance(batch, dict) and "seq_len" not in batch:
             return {**data, "batch": {**batch, "seq_len": min(DEFAULT_SEQ_LEN, positions)}}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _framework_unties_the_head(cls, data: object) -> object:
+        """A framework whose model code always builds its own output projection
+        (UNTIES_EMBEDDINGS: litgpt) is planned with the model untied, as it holds it."""
+        if not isinstance(data, dict):
+            return data
+        training, model = data.get("training"), data.get("model")
+        framework = (training.framework if isinstance(training, TrainingSpec)
+                     else training.get("framework") if isinstance(training, dict) else None)
+        if framework is None or framework not in {f.value for f in UNTIES_EMBEDDINGS}:
+            return data
+        if isinstance(model, ModelSpec) and model.tied_embeddings:
+            return {**data, "model": model.model_copy(update={"tied_embeddings": False})}
+        if isinstance(model, dict) and model.get("tied_embeddings"):
+            return {**data, "model": {**model, "tied_embeddings": False}}
         return data
 
     @model_validator(mode="before")
