@@ -259,6 +259,11 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         # lightning 2.4 fabric/plugins/precision/fsdp.py FSDPPrecision.mixed_precision_config for
         # "bf16-true": MixedPrecision(param_dtype=bf16, reduce_dtype=bf16, buffer_dtype=bf16).
         fsdp_reduces_in_compute_dtype=True,
+        # auto_wrap_policy={Block} leaves wte, ln_f and lm_head in the root unit, and torch's FSDP1
+        # (torch/distributed/fsdp/_runtime_utils.py _post_forward_reshard) does not free the
+        # root's gathered parameters after forward: the embedding and the head are gathered at
+        # the loss's backward, beside the last block prefetched (fsdp_head_gathered_bytes).
+        fsdp_loss_backward_gathers_head=True,
         # model.py Block: Linear q/k/v as one `attn` weight (n_head + 2 n_query_groups) x head_size.
         fuses_qkv=True,
         # lightning 2.4 fabric/strategies/fsdp.py _setup_activation_checkpointing ->
