@@ -122,3 +122,19 @@ def test_a_plan_litgpt_cannot_run_is_not_emitted(targets, kind, gpus, checkpoint
 
     with pytest.raises(NotApplicable, match=reason):
         litgpt_command(_lora(targets, kind=kind, gpus=gpus, checkpointing=checkpointing))
+
+
+def test_bf16_mixed_runs_an_fp32_module_under_autocast_with_an_fp32_cross_entropy() -> None:
+    from zeroplan.core.frameworks import autocast_caches_weights
+    from zeroplan.specs.finetune import BaseDtype
+
+    request = PlanRequest(
+        model=get_model("llama-2-7b"), batch=BatchSpec(seq_len=S, micro_batch_size=1),
+        training=TrainingSpec(framework=Framework.litgpt, precision=Precision.bf16_mixed,
+                              finetune=FineTuneSpec(lora_rank=8, base_dtype=BaseDtype.fp32)),
+        cluster=cluster_from_gpus(get_gpu("a100-40gb"), 1), strategy=StrategySpec(kind=StrategyKind.ddp),
+    )
+    assert request.runs_under_autocast and autocast_caches_weights(request)
+    sbv, rows = S * 32000, LITGPT_LOSS_CHUNK_TOKENS * 32000
+    # bf16 logits, fp32 log-softmax; a chunk's bf16 reshape copy and fp32 upcast; two fp32 gradients.
+    assert framework_logits_pieces(request) == (2 * sbv + 4 * sbv + 2 * rows + 4 * rows, 2 * sbv + 4 * sbv + 2 * 4 * rows)

@@ -214,17 +214,26 @@ lm_head_chunk_size=128), and utils.chunked_cross_entropy's chunk_size defaults t
 #   log-softmax adds e*sbV: three e*sbV at the forward's end. In backward the split's
 #   gradient concatenates the chunks' gradients (two e*sbV beside the logits) and the slice's
 #   gradient is a new [b, s, V] written from it: three e*sbV again.
+# Under bf16-mixed (lightning 2.4 fabric/plugins/precision/amp.py MixedPrecision.forward_context:
+# torch.autocast around an fp32 module) autocast runs each chunk's cross-entropy in fp32 (its
+# fp32 list holds log_softmax and nll_loss): a chunk's fp32 copy in forward, an fp32 saved
+# log-softmax (4*sbV in all) and fp32 chunk gradients, cast back to the logits' bf16.
 def litgpt_logits_pieces(request: PlanRequest) -> tuple[int, ...]:
     """The loss's bytes at its forward's end and in its backward, as litgpt's fit() runs it."""
     model, training = request.model, request.training
     s, b = request.batch.seq_len, request.batch.micro_batch_size
     e = training.precision.compute_bytes
+    ce = FP32_BYTES if request.runs_under_autocast else e  # the cross-entropy's own dtype
+    upcast = ce != e
     sbv = s * b * model.vocab_size
     gathered = fsdp_head_gathered_bytes(request)
     if training.finetune.is_lora:
-        chunk = e * b * min(LITGPT_LOSS_CHUNK_TOKENS, s) * model.vocab_size
-        return 2 * e * sbv + chunk + gathered, 2 * e * sbv + 2 * chunk + gathered
-    return 3 * e * sbv + gathered, 3 * e * sbv + gathered
+        rows = b * min(LITGPT_LOSS_CHUNK_TOKENS, s) * model.vocab_size
+        forward = e * sbv + ce * sbv + e * rows + (ce * rows if upcast else 0)
+        return forward + gathered, e * sbv + ce * sbv + 2 * ce * rows + gathered
+    rows = LITGPT_LOSS_CHUNK_TOKENS * model.vocab_size
+    forward = 2 * e * sbv + ce * sbv + (ce * rows if upcast else 0)
+    return forward + gathered, 3 * e * sbv + gathered
 
 
 def framework_logits_pieces(request: PlanRequest) -> tuple[int, ...]:
