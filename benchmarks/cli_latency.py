@@ -45,10 +45,21 @@ COMMANDS = {
     "zeroplan fit llama-3.1-405b --gpus 512": [
         sys.executable, "-m", "zeroplan", "fit", "llama-3.1-405b", "--gpus", "512", "--gpu", "h100-80gb",
     ],
-    # Issue 17's command: three strategies fit near the usable memory, each bisected.
+    "zeroplan fit llama-3.1-405b --gpus 65536": [
+        sys.executable, "-m", "zeroplan", "fit", "llama-3.1-405b", "--gpus", "65536", "--gpu", "h100-80gb",
+    ],
+    "zeroplan fit llama-2-7b (every strategy fits)": [
+        sys.executable, "-m", "zeroplan", "fit", "llama-2-7b", "--gpus", "8", "--gpu", "a100-80gb",
+    ],
+    # Three strategies fit near the usable memory.
     "zeroplan fit llama-3.1-8b torchtitan 2 x 8192": [
         sys.executable, "-m", "zeroplan", "fit", "llama-3.1-8b", "--framework", "torchtitan", "--gpus", "8",
         "--gpu", "h100-80gb", "--micro-batch", "2", "--seq-len", "8192", "--activation-checkpointing", "selective-op",
+    ],
+    # The plan search, with the allocator model asked of every configuration it shows.
+    "zeroplan plan llama-3.1-70b --gpus 64 --global-batch 512": [
+        sys.executable, "-m", "zeroplan", "plan", "llama-3.1-70b", "--gpus", "64", "--gpu", "h100-80gb",
+        "--global-batch", "512",
     ],
 }
 

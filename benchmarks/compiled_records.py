@@ -3,6 +3,8 @@ torch.compile (inductor's partitioner) and eagerly, and write the records.
 
     python benchmarks/compiled_records.py [OUT_DIR [FRAMEWORK ...]]
     python benchmarks/compiled_records.py --loss [OUT_DIR [FRAMEWORK ...]]   (the loss records only)
+    python benchmarks/compiled_records.py --finetune [OUT_DIR]   (torchtune's LoRA/QLoRA blocks,
+        FINETUNE_RUNS, default benchmarks/compiled-finetune-records; a few minutes)
         (default benchmarks/compiled-records, every framework; the all-gather records go to
         benchmarks/float8-all-gather-records, the compiled-loss records to
         benchmarks/compiled-loss-records)
@@ -26,6 +28,7 @@ from zeroplan.frameworks.compiled_loss import measure_compiled_loss
 from zeroplan.frameworks.float8 import measure_all_gather, measure_float8_block
 from zeroplan.presets.models import get_model
 from zeroplan.specs import ActivationCheckpointing, BatchSpec
+from zeroplan.specs.finetune import FineTuneSpec
 from zeroplan.specs.framework import Framework
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "compiled-records"
@@ -47,6 +50,18 @@ SHAPES = [("llama-3.1-8b", 4096, 1), ("llama-3.1-8b", 8192, 2), ("llama-3.1-70b"
 FLOAT8_RUNS = [("tensorwise", "none"), ("rowwise", "none"), ("tensorwise", "full"), ("rowwise", "full"),
                ("rowwise", "selective-op")]
 ALL_GATHER_MODELS = [("llama-3.1-8b", 8), ("llama-3.1-70b", 8)]
+# torchtune's LoRA and QLoRA blocks (zeroplan.frameworks.lora, FineTuneSpec fields), compiled as
+# its recipes compile each layer with compile: True: r 8 on q, v (8B_lora_single_device.yaml) and
+# on its 8B_lora targets (q, v, o and the MLP), and QLoRA r 8 on every block linear
+# (8B_qlora_single_device.yaml), each without and with full recomputation.
+FINETUNE_RUNS = [
+    ("torchtune", policy, finetune)
+    for finetune in ({"lora_rank": 8, "lora_targets": ["q", "v"]}, {"lora_rank": 8},
+                     {"lora_rank": 8, "quantize": "nf4", "lora_targets": ["q", "k", "v", "o", "gate", "up", "down"]})
+    for policy in ("none", "full")
+]
+FINETUNE_SHAPES = SHAPES[:1]
+FINETUNE_OUT = Path(__file__).resolve().parent / "compiled-finetune-records"
 # The loss each framework compiles with its model (torchtune compile: True, torchtitan's default
 # CompileConfig.components), one chunk at each block shape.
 LOSS_FRAMEWORKS = ("torchtune", "torchtitan")
@@ -80,6 +95,17 @@ def main(out: Path = DEFAULT_OUT, frameworks: set[str] | None = None) -> None:
             print(f"{gather.name:60s} gathered {gather.gathered_bytes:>14,} bytes  ({gather.wall_time_s:.1f} s)")
 
 
+def main_finetune(out: Path = FINETUNE_OUT) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for model_name, seq_len, micro_batch in FINETUNE_SHAPES:
+        for framework, policy, finetune in FINETUNE_RUNS:
+            record = measure_compiled_block(Framework(framework), get_model(model_name), ActivationCheckpointing(policy),
+                                            BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch),
+                                            finetune=FineTuneSpec(**finetune))
+            write_text_atomic(out / record.file_name, record.model_dump_json(indent=2) + "\n")
+            _report(record)
+
+
 def main_loss(out: Path = LOSS_OUT, frameworks: set[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for model_name, seq_len, micro_batch in SHAPES:
@@ -101,5 +127,8 @@ def _report(record) -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--loss"]:
         main_loss(Path(sys.argv[2]) if len(sys.argv) > 2 else LOSS_OUT, set(sys.argv[3:]) or None)
+        sys.exit(0)
+    if sys.argv[1:2] == ["--finetune"]:
+        main_finetune(Path(sys.argv[2]) if len(sys.argv) > 2 else FINETUNE_OUT)
         sys.exit(0)
     main(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT, set(sys.argv[2:]) or None)

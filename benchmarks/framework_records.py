@@ -8,7 +8,8 @@
         minute), dora (DORA_RUNS, a few minutes), bnb (BNB_RUNS: hf QLoRA with bitsandbytes on
         real CPU tensors, about 20 minutes on 2 cores), int8 (INT8_RUNS: hf LoRA over
         bitsandbytes' LLM.int8 base, real CPU tensors, about 15 minutes), qdora (QDORA_RUNS: PEFT's
-        DoRA over the bitsandbytes nf4 base, real CPU tensors, a few minutes); default all five)
+        DoRA over the bitsandbytes nf4 base, real CPU tensors, a few minutes), bnb-legacy (BNB_LEGACY_RUNS: hf QLoRA on bitsandbytes
+        before 0.43.2, a few minutes); default all six)
 
 Each run builds a framework's decoder (zeroplan.frameworks.build) at full width, four blocks
 deep, on fake tensors, and records what each block keeps for backward (zeroplan.frameworks.
@@ -99,8 +100,17 @@ QDORA_RUNS = [
                                          "lora_targets": ["q", "k", "v", "o", "gate", "up", "down"]})
     for policy in ("none", "full")
 ]
+# hf QLoRA as BNB_RUNS (checkpointing none) on bitsandbytes before 0.43.2, whose MatMul4Bit kept
+# its input (FineTuneSpec.bitsandbytes_version; zeroplan/frameworks/lora.py
+# matmul_4bit_keeps_input): 0.43.1, the last such release; fsdp_qlora's train.py asked for 0.43.0
+# and litgpt pinned 0.42.0.
+BNB_LEGACY_RUNS = [
+    ("hf", "ddp", "bf16-mixed", "none", {"lora_rank": 16, "quantize": "nf4", "bitsandbytes_version": "0.43.1", **targets})
+    for targets in ({"lora_targets": ["q", "k", "v", "o", "gate", "up", "down"]}, {})
+]
 FINETUNE_GROUPS = {"lora": (FINETUNE_SHAPES, FINETUNE_RUNS), "dora": (FINETUNE_SHAPES, DORA_RUNS), "bnb": (BNB_SHAPES, BNB_RUNS),
-                   "int8": (BNB_SHAPES, INT8_RUNS), "qdora": (BNB_SHAPES[:1], QDORA_RUNS)}
+                   "int8": (BNB_SHAPES, INT8_RUNS), "qdora": (BNB_SHAPES[:1], QDORA_RUNS),
+                   "bnb-legacy": (BNB_SHAPES[:1], BNB_LEGACY_RUNS)}
 
 
 def main(out: Path = DEFAULT_OUT, frameworks: set[str] | None = None) -> None:
@@ -117,7 +127,7 @@ def main(out: Path = DEFAULT_OUT, frameworks: set[str] | None = None) -> None:
     main_finetune(FINETUNE_OUT if out == DEFAULT_OUT else out, frameworks)
 
 
-REAL_TENSOR_GROUPS = ("bnb", "int8", "qdora")
+REAL_TENSOR_GROUPS = ("bnb", "int8", "qdora", "bnb-legacy")
 """Groups built on real CPU tensors (several GB a record): each record runs in a process of its
 own, since two int8 records in one process exceeded 24 GB of memory."""
 

@@ -11,9 +11,10 @@ docs/validation.md, "Step time", discusses them; nothing here is tuned per row.
 
 Then the calibrated figures (zeroplan.validate.step_calibration): each source (one publication's
 table) of at least three rows calibrated as ``zeroplan calibrate step`` would on its row of
-fewest GPUs, predicting its other rows; and, leave-one-source-out, the default HFU and an HFU
-fitted per GPU generation x stack on the other sources, by GPU, stack, strategy, checkpointing
-and source. No figure includes a row its own fit saw.
+fewest GPUs, predicting its other rows; and, leave-one-source-out, the default HFU, an HFU
+fitted per GPU generation x stack and one per GPU generation x kernel class (the stack's
+attention kernel, compiled or not: zeroplan.core.stack_time) on the other sources, by GPU,
+stack, kernel class, strategy, checkpointing and source. No figure includes a row its own fit saw.
 """
 
 from __future__ import annotations
@@ -116,7 +117,15 @@ def default_summary(errors: list[RowError]) -> str:
             f"{statistics.median(loso):.1%}, max {max(loso):.1%}")
 
 
-GROUPINGS = (("GPU", "gpu"), ("stack", "stack"), ("strategy", "strategy"), ("checkpointing", "checkpointing"),
+def kernel_summary(errors: list[RowError]) -> str:
+    """The line for the efficiency per kernel class x GPU generation (zeroplan.core.stack_time),
+    fitted leave-one-source-out."""
+    kernel = [abs(e.kernel_error) for e in errors]
+    return (f"uncalibrated, {len(errors)} rows: HFU per GPU generation x kernel class (attention kernel, compiled or not) "
+            f"fitted leave-one-source-out: median {statistics.median(kernel):.1%}, max {max(kernel):.1%}")
+
+
+GROUPINGS = (("GPU", "gpu"), ("stack", "stack"), ("kernel class", "kernel_class"), ("strategy", "strategy"), ("checkpointing", "checkpointing"),
              ("source", "source"))
 
 
@@ -133,8 +142,9 @@ def calibrated_report(table) -> list[str]:  # type: ignore[no-untyped-def]
               "Uncalibrated, leave-one-source-out: the default HFU (nothing fitted) and an HFU per GPU generation "
               "x stack, the median HFU calibrate step solves on the rows of that mechanism in the other sources "
               "(the held-out source's rows never in it):", "",
-              "| by | value | rows | default: median abs error | max | fitted per mechanism: median abs error | max |",
-              "|---|---|---:|---:|---:|---:|---:|"]
+              "| by | value | rows | default: median abs error | max | per generation x stack: median abs error | max "
+              "| per generation x kernel class: median abs error | max |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for title, field in GROUPINGS:
         groups: dict[str, list[RowError]] = {}
         for e in errors:
@@ -142,8 +152,8 @@ def calibrated_report(table) -> list[str]:  # type: ignore[no-untyped-def]
         for value, members in sorted(groups.items()):
             shown = labels.get(value, value) if field == "source" else value
             lines.append(f"| {title} | {shown} | {len(members)} | {_abs_figures([e.default_error for e in members])} "
-                         f"| {_abs_figures([e.loso_error for e in members])} |")
-    lines += ["", default_summary(errors)]
+                         f"| {_abs_figures([e.loso_error for e in members])} | {_abs_figures([e.kernel_error for e in members])} |")
+    lines += ["", default_summary(errors), kernel_summary(errors)]
     return lines
 
 
@@ -170,6 +180,11 @@ def attention_rate_report(table) -> list[str]:  # type: ignore[no-untyped-def]
                      f"{statistics.median(f.calibrated):.1%}, max {max(f.calibrated):.1%}; default HFU, "
                      f"{len(f.default)} rows: median {statistics.median(f.default):.1%}, max {max(f.default):.1%}; "
                      f"refused by calibrate step: {len(f.refused)} rows")
+    lines.append("")
+    for f in figures:
+        lines.append(f"attention rate {f.mode}, uncalibrated, {len(f.kernel_class)} rows: HFU per GPU generation x kernel "
+                     f"class fitted leave-one-source-out: median {statistics.median(f.kernel_class):.1%}, "
+                     f"max {max(f.kernel_class):.1%}")
     return lines
 
 

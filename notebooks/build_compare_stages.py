@@ -95,6 +95,13 @@ plots.network_communication_figure(networks);"""),
 Sharding slows a step only by what its collectives leave exposed, and offload by the CPU's
 optimizer step and the PCIe copies. Each bar is a step with overlap, split into its parts."""),
     ("code", """plots.step_time_figure(report);"""),
+    ("markdown", """These step times are the planner's default, not calibrated: compute at HFU 0.4 on every
+executed FLOP. `compare` and `plan` print the same line under their tables; with `--efficiency FILE`
+(written by `zeroplan calibrate step` from one measured step of the same GPU and stack) it says
+*calibrated* and quotes the band measured for one-row calibrations on the published rows
+(docs/validation.md, "Step time")."""),
+    ("code", """from zeroplan.calibrate.step import time_basis_line
+print(time_basis_line(request_for(), None, None, hfu_given=False))"""),
     ("markdown", """The trade-off in one picture: peak memory against step time, on both networks. On NVLink
 ZeRO-3 costs next to nothing; on InfiniBand DDP, ZeRO-1/2 and HSDP leave 0.9-1.4 s of each step
 waiting on the network, ZeRO-3 and FSDP 0.02-0.23 s. Offload is slower in the single node because

@@ -21,6 +21,9 @@ CASES = [
     ("llama-2-7b --gpus 8 --micro-batch 1 --seq-len 2048", StrategyKind.zero3),
     ("llama-2-7b --gpus 8 --micro-batch 2 --seq-len 1024 --grad-accum 4 --activation-checkpointing full", StrategyKind.zero2),
     ("llama-3.1-8b --framework torchtitan --gpus 8 --micro-batch 1 --seq-len 4096", StrategyKind.fsdp_shard_grad_op),
+    # DeepSpeed's own buffers between micro-steps (PeakTerms.accumulated_gradients), not its gradients.
+    ("llama-2-7b --gpus 8 --micro-batch 2 --seq-len 1024 --grad-accum 2 --state-convention deepspeed", StrategyKind.zero1),
+    ("llama-2-7b --gpus 8 --micro-batch 2 --seq-len 1024 --grad-accum 2 --state-convention deepspeed", StrategyKind.zero3),
 ]
 
 

@@ -169,6 +169,10 @@ def test_frozen_weights_skip_their_gradient_matmuls() -> None:
     ({"lora_rank": 8, "quantize": "int8", "quant_block_size": 128}, "finetune.quant_block_size"),
     ({"lora_rank": 8, "quantize": "none", "double_quant": False}, "finetune.double_quant"),
     ({"frozen_blocks": 33}, "finetune.frozen_blocks"),
+    ({"lora_rank": 8, "bitsandbytes_version": "0.42.0"}, "finetune.bitsandbytes_version"),  # no nf4 base
+    ({"lora_rank": 8, "quantize": "nf4", "bitsandbytes_version": "0.42.0"}, "finetune.bitsandbytes_version"),  # torchtune: torchao
+    ({"lora_rank": 8, "quantize": "nf4", "bitsandbytes_version": "0.38.1"}, "finetune.bitsandbytes_version"),
+    ({"lora_rank": 8, "quantize": "nf4", "bitsandbytes_version": "latest"}, "finetune.bitsandbytes_version"),
 ])
 def test_unmodelled_fine_tunes_are_refused_naming_the_field(fields, field) -> None:
     with pytest.raises((ZeroplanError, ValueError)) as error:

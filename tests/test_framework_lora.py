@@ -166,7 +166,7 @@ def test_the_int8_records_run_the_autograd_function_a_gpu_runs() -> None:
 
 
 @pytest.mark.slow
-def test_hf_qlora_base_linears_save_no_input() -> None:
+def test_hf_qlora_base_linears_save_no_input_from_bitsandbytes_0_43_2() -> None:
     pytest.importorskip("bitsandbytes")
     from zeroplan.frameworks.measure import measure
     from zeroplan.specs import BatchSpec
@@ -178,6 +178,14 @@ def test_hf_qlora_base_linears_save_no_input() -> None:
     # nothing saved is the size of a bf16 weight.
     weight_bytes = 2 * NF4_TINY.hidden_size * NF4_TINY.hidden_size
     assert not any(entry.split()[2] == str(weight_bytes) for entry in record.block_saved_tensors)
+    # MatMul4Bit as 0.43.1 ran it (lora.py matmul_4bit_keeps_input): each of q, k, v, gate, up
+    # and down keeps its own bf16 copy of its fp32 input (Linear4bit's x.to(compute_dtype)); o's
+    # bf16 input is the attention's own.
+    legacy = TrainingSpec(framework="hf", precision="bf16-mixed",
+                          finetune={"lora_rank": 4, "quantize": "nf4", "bitsandbytes_version": "0.43.1"})
+    kept = measure(NF4_TINY, StrategyKind.ddp, legacy, BatchSpec(seq_len=32, micro_batch_size=1)).block_kept_bytes
+    h, f = NF4_TINY.hidden_size, NF4_TINY.ffn_hidden_size
+    assert kept - record.block_kept_bytes == 2 * 32 * (5 * h + f)
 
 
 def test_record_names_carry_the_fine_tune_and_are_distinct() -> None:

@@ -4,6 +4,7 @@ it predicts; and the figures the docs and the CLI's band quote are what the benc
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import re
 import statistics
@@ -13,8 +14,10 @@ import pytest
 
 from zeroplan.calibrate.step import CALIBRATED_BAND, DEFAULT_BAND
 from zeroplan.validate.step_calibration import (
-    MIN_SOURCE_ROWS, calibration_study, generation_of, implied_hfu, predicted_tokens_per_s, source_of, stack_of,
+    MIN_SOURCE_ROWS, attention_class_of, calibration_study, generation_of, implied_hfu, kernel_class_of, predicted_tokens_per_s, source_of,
+    stack_of,
 )
+from zeroplan.specs import PerformanceAssumptions
 from zeroplan.validate.step_time import load_published_throughput
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,13 +52,34 @@ def test_each_source_of_three_rows_is_calibrated_on_its_row_of_fewest_gpus_and_s
         assert predicted_tokens_per_s(anchor, calibration.hfu) == pytest.approx(anchor.published_tokens_per_s_per_gpu, rel=1e-6)
 
 
+@functools.lru_cache(maxsize=1)
+def _implied() -> dict[str, float]:
+    """The HFU calibrate step solves on each row (shared by the two leave-one-source-out tests)."""
+    return {row.name: implied_hfu(row) for row in TABLE.rows}
+
+
 def test_the_fitted_default_never_sees_the_source_it_predicts() -> None:
-    implied = {row.name: implied_hfu(row) for row in TABLE.rows}
+    implied = _implied()
     for row, error in zip(TABLE.rows, ERRORS):
         peers = [implied[other.name] for other in TABLE.rows if source_of(other) != source_of(row)
                  and generation_of(other.gpu) == generation_of(row.gpu) and stack_of(other) == stack_of(row)]
-        assert peers, row.name  # every source has another of its GPU generation and stack
-        assert error.loso_hfu == pytest.approx(statistics.median(peers)), row.name
+        # A source with no other of its GPU generation and stack (fms-fsdp's H100 column) takes the default.
+        expected = statistics.median(peers) if peers else PerformanceAssumptions().hardware_flops_utilization
+        assert error.loso_hfu == pytest.approx(expected), row.name
+
+
+def test_the_kernel_class_fit_never_sees_the_source_it_predicts() -> None:
+    # One HFU per GPU generation x kernel class (zeroplan.core.stack_time.kernel_class), the
+    # median over the other sources' rows of that mechanism; coarser where none ran it.
+    implied = _implied()
+    for row, error in zip(TABLE.rows, ERRORS):
+        others = [other for other in TABLE.rows
+                  if source_of(other) != source_of(row) and generation_of(other.gpu) == generation_of(row.gpu)]
+        same = [implied[o.name] for o in others if kernel_class_of(o) == kernel_class_of(row)]
+        kernel = [implied[o.name] for o in others if attention_class_of(o) == attention_class_of(row)]
+        expected = statistics.median(same or kernel or [implied[o.name] for o in others])
+        assert error.kernel_class == kernel_class_of(row)
+        assert error.kernel_hfu == pytest.approx(expected), row.name
 
 
 def test_docs_quote_the_calibrated_figures_as_printed() -> None:

@@ -13,7 +13,7 @@ import pytest
 from zeroplan.core.flops import model_flops_per_token, step_flops
 from zeroplan.errors import ZeroplanError
 from zeroplan.presets.gpus import get_gpu
-from zeroplan.specs import PerformanceAssumptions
+from zeroplan.specs import PerformanceAssumptions, StrategyKind
 from zeroplan.validate.step_time import PUBLISHED_THROUGHPUT_FILE, load_published_throughput, step_time_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,6 +35,8 @@ def test_published_mfu_is_the_published_throughput_under_the_source_flop_count()
     # The tolerance is the sources' own rounding: whole tokens/s/GPU, and the MFU to 3 digits
     # (torchtitan) or 2 decimals of a percent (llm-foundry).
     for row in ROWS:
+        if row.published_mfu is None:  # fms-fsdp's MFU counts FLOPs its own way: not transcribed
+            continue
         peak = get_gpu(row.gpu).peak_bf16_flops_per_s
         mfu = row.published_tokens_per_s_per_gpu * model_flops_per_token(row.model_spec, row.seq_len) / peak
         rounding = row.published_mfu * 0.5 / row.published_tokens_per_s_per_gpu + 5e-4
@@ -46,16 +48,24 @@ def test_a_sources_own_architecture_reproduces_its_parameter_count() -> None:
     (learned positions sized to each row's sequence), so the shapes were read right."""
     from zeroplan.core.params import total_parameters
 
-    own = [row for row in ROWS if row.architecture is not None]
-    assert len(own) >= 100
+    from zeroplan.specs.model import PositionKind
+
+    own = [row for row in ROWS if row.architecture is not None and row.published_parameters is not None]
+    assert len(own) >= 100  # the other sources name a rounded size only (fms-fsdp, Megatron-LM, torchtune, BLOOM)
     for row in own:
         assert total_parameters(row.model_spec) == row.published_parameters, row.name
-        assert row.architecture.max_positions == row.seq_len
+    for row in ROWS:
+        if row.architecture is not None and row.architecture.position is PositionKind.learned:
+            assert row.architecture.max_positions == row.seq_len, row.name
 
 
 def test_default_prediction_is_executed_flops_at_the_default_hfu_when_communication_hides() -> None:
     hfu = PerformanceAssumptions().hardware_flops_utilization
     for row, comparison in zip(ROWS, TABLE):
+        if row.tp * row.pp > 1 or row.strategy is StrategyKind.zero1:
+            # Model-parallel collectives block compute, and ZeRO-1's step-phase collectives are
+            # exposed by design (Megatron's and BLOOM's rows); every FSDP and one-GPU row hides.
+            continue
         assert comparison.exposed_communication_s == 0.0, row.name
         executed_per_token = step_flops(row.request()).executed_flops / row.tokens_per_step_per_gpu
         expected = hfu * get_gpu(row.gpu).peak_bf16_flops_per_s / executed_per_token
@@ -67,6 +77,8 @@ def test_at_the_implied_hfu_the_planner_gives_back_the_published_throughput() ->
     # published one, to the rounding of the published MFU (3 digits): recomputation is charged
     # once, not on top of an MFU that already excludes it.
     for comparison in TABLE:
+        if comparison.published_mfu is None:
+            continue
         assert comparison.published_hfu == pytest.approx(comparison.published_mfu * comparison.flops_per_token_ratio)
         rounding = 0.5 / comparison.published_tokens_per_s_per_gpu + 5e-4 / comparison.published_mfu
         assert comparison.with_published_mfu_error == pytest.approx(0.0, abs=rounding + 1e-4), comparison.name
@@ -74,7 +86,9 @@ def test_at_the_implied_hfu_the_planner_gives_back_the_published_throughput() ->
 
 def test_predicted_mfu_is_the_default_hfu_over_the_flop_ratio() -> None:
     hfu = PerformanceAssumptions().hardware_flops_utilization
-    for comparison in TABLE:
+    for row, comparison in zip(ROWS, TABLE):
+        if comparison.exposed_communication_s > 0 or row.tp * row.pp > 1:  # the step is longer than compute
+            continue
         assert comparison.predicted_mfu == pytest.approx(hfu / comparison.flops_per_token_ratio, rel=1e-9)
 
 

@@ -118,8 +118,9 @@ class StrategyPlan(Frozen):
     """Whether peak_bytes <= usable_memory_bytes."""
     headroom_bytes: int
     """usable_memory_bytes - peak_bytes (negative when it does not fit)."""
-    max_micro_batch_size: int
-    """Largest micro-batch that fits (0: not even 1)."""
+    max_micro_batch_size: int | None
+    """Largest micro-batch that fits (0: not even 1); None where it was not searched (the fits
+    fit's suggestions try, whose tables are not shown)."""
     host_bytes_per_rank: int
     """Model states offloaded to host memory, per GPU."""
     host_bytes_per_node: int

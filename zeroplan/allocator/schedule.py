@@ -75,7 +75,10 @@ def _recorded_step(request: PlanRequest, states: ModelStateBytes, terms: PeakTer
     b.alloc_parts(even_parts(states.parameter_bytes, blocks + 1))
     b.alloc_parts(even_parts(states.optimizer_state_bytes, blocks + 1))
     b.alloc(terms.resident_buffers)
-    gradients = b.alloc_parts(even_parts(states.gradient_bytes, blocks + 1)) if accumulating else []
+    # With accumulation, what the earlier micro-batches left (the gradients, or under DeepSpeed's
+    # convention its own buffers: PeakTerms.accumulated_gradients) is there from the start.
+    carried = states.gradient_bytes if terms.accumulated_gradients is None else terms.accumulated_gradients
+    gradients = b.alloc_parts(even_parts(carried, blocks + 1)) if accumulating else []
     held = b.alloc(terms.backward_held_buffers)
 
     # Forward: each block's unit gathered, its activations saved, the unit freed.
@@ -105,7 +108,12 @@ def _recorded_step(request: PlanRequest, states: ModelStateBytes, terms: PeakTer
     # End of backward: the planner's gradients arrive once the activations are gone, beside the
     # last unit's buffers.
     unit = b.alloc(gathered, gather_stream) + b.alloc(reduce, Stream.reduce_scatter)
-    if not accumulating:
+    if accumulating and carried != states.gradient_bytes:
+        # DeepSpeed's micro-step buffers give way to the gradient the step takes (peak.py's
+        # end-of-backward moment counts the gradients alone).
+        b.free(gradients)
+        gradients = []
+    if not gradients:
         gradients = b.alloc_parts(even_parts(states.gradient_bytes, blocks + 1))
     b.free(unit)
     b.free(held)

@@ -52,6 +52,9 @@ def add_finetune_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--quant-block-size", type=positive_int, metavar="N", help="elements per nf4 scale (default 64)")
     group.add_argument("--double-quant", action=argparse.BooleanOptionalAction, default=None,
                        help="quantize the nf4 scales to 8 bits (default on, or the config's bnb_4bit_use_double_quant)")
+    group.add_argument("--bitsandbytes-version", metavar="V",
+                       help="the bitsandbytes release an nf4 base runs on (default 0.50.2; before 0.43.2 each 4-bit "
+                            "matmul keeps its input for backward)")
     group.add_argument("--freeze-embeddings", action="store_true", help="full fine-tune with the embedding (and an untied head) frozen")
     group.add_argument("--frozen-blocks", type=positive_int, metavar="K", help="full fine-tune with the first K blocks frozen")
 
@@ -73,7 +76,8 @@ def finetune_from_args(args: argparse.Namespace) -> FineTuneSpec:
     if getattr(args, "lora_rank", None):
         fields["lora_rank"] = args.lora_rank
     optional = {"lora_alpha": "lora_alpha", "lora_targets": "lora_targets", "quant_block_size": "quant_block_size",
-                "double_quant": "double_quant", "base_dtype": "base_dtype"}
+                "double_quant": "double_quant", "base_dtype": "base_dtype",
+                "bitsandbytes_version": "bitsandbytes_version"}
     for field, flag in optional.items():
         value = getattr(args, flag, None)
         if value is not None:
@@ -87,7 +91,8 @@ def finetune_from_args(args: argparse.Namespace) -> FineTuneSpec:
     if Quantization(fields.get("quantize", Quantization.none)) is not Quantization.nf4:
         # The spec cannot tell 64 typed from its default: a flag typed for an nf4 base that is
         # not there is refused whatever its value.
-        for field, flag in (("quant_block_size", "--quant-block-size"), ("double_quant", "--double-quant")):
+        for field, flag in (("quant_block_size", "--quant-block-size"), ("double_quant", "--double-quant"),
+                            ("bitsandbytes_version", "--bitsandbytes-version")):
             if getattr(args, field, None) is not None:
                 raise ZeroplanError(flag, "applies to an nf4 base only (allowed: with --quantize nf4, or a config.json "
                                           "whose quantization_config is nf4)")

@@ -308,6 +308,22 @@ def add_collective_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="achievable: published/calibrated nccl-tests efficiency where the GPU has one (default); "
              "nominal: datasheet link rates",
     )
+    parser.add_argument(
+        "--overlap-grad-reduce", action=argparse.BooleanOptionalAction, default=None,
+        help="gradient reductions during the backward (hidden as far as it lasts) or, with --no-overlap-grad-reduce, "
+             "after it (exposed); default: the framework's stack (hf: DeepSpeed ZeRO-1/2 do not overlap, "
+             "overlap_comm being on for stage 3 only; the others do)",
+    )
+    parser.add_argument(
+        "--overlap-param-gather", action="store_true",
+        help="the parameter all-gather after a ZeRO-1/2 step runs in the next forward (Megatron-LM's "
+             "--overlap-param-gather) instead of exposed in the step",
+    )
+    parser.add_argument(
+        "--tp-comm-overlap", action="store_true",
+        help="tensor-parallel all-gathers and reduce-scatters overlap the matrix products (Megatron-LM's "
+             "--tp-comm-overlap) instead of blocking them",
+    )
 
 
 def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
@@ -442,6 +458,9 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
     performance = PerformanceAssumptions(
         hardware_flops_utilization=hfu, algorithm=args.algorithm, bandwidth=args.bandwidth,
         compute_model=args.compute_model, attention_rate=getattr(args, "attention_rate", "matmul"),
+        overlap_grad_reduce=getattr(args, "overlap_grad_reduce", None),
+        overlap_param_gather=getattr(args, "overlap_param_gather", False),
+        tp_comm_overlap=getattr(args, "tp_comm_overlap", False),
     )
     return PlanRequest(
         model=model, training=training, batch=batch, cluster=cluster, strategy=strategy, performance=performance,

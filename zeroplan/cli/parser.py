@@ -162,6 +162,7 @@ FLAG_OF_FIELD = {
     "finetune.base_dtype": "--base-dtype",
     "finetune.quant_block_size": "--quant-block-size",
     "finetune.double_quant": "--double-quant",
+    "finetune.bitsandbytes_version": "--bitsandbytes-version",
     "finetune.freeze_embeddings": "--freeze-embeddings",
     "finetune.frozen_blocks": "--frozen-blocks",
     "compile": "--compile",

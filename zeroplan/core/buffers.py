@@ -3,13 +3,13 @@ temporaries. Each term names the library behaviour it models."""
 
 from __future__ import annotations
 
+from zeroplan.core.deepspeed_accumulation import resident_bytes as deepspeed_resident_bytes
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes
 from zeroplan.core.model_states import (
-    held_elements, largest_optimizer_tensor_elements, largest_tensor_shard_elements, padded_unit_elements_of, shard_layout,
-    unit_gather_bytes,
+    largest_optimizer_tensor_elements, largest_tensor_shard_elements, padded_unit_elements_of, unit_gather_bytes,
 )
 from zeroplan.core.parallel.pipeline import pipeline_defers_fsdp_reduction
-from zeroplan.core.parallel.units import rank_parameter_units, rank_trainable_elements, rank_trainable_units
+from zeroplan.core.parallel.units import rank_parameter_units, rank_trainable_elements
 from zeroplan.core.profiles import fsdp_separates_embedding_and_head, profile
 from zeroplan.core.zero3_groups import hpz_secondary_partition_bytes
 from zeroplan.core.zeropp import qgz_buffer_bytes, qwz_buffer_bytes
@@ -89,18 +89,12 @@ def resident_buffer_bytes(request: PlanRequest) -> int:
     # zero3-hpz's secondary parameter partition lives from the forward through the step
     # (zeroplan.core.zero3_groups): alive at every moment the peak is taken at.
     secondary = hpz_secondary_partition_bytes(request)
-    if kind.zero_stage == 3 and request.convention is StateConvention.deepspeed:
-        return deepspeed_stage3_gradient_buffer_bytes(request, eb.compute_parameter) + secondary
+    if kind.zero_stage in (1, 2, 3) and request.convention is StateConvention.deepspeed and not (
+            kind.offloads_optimizer or kind.offloads_parameters):
+        # Stage 3's ipg bucket and grad_partitions_flat_buffer, allocated once, and the scalars
+        # every stage keeps (measured to the byte: zeroplan.core.deepspeed_accumulation).
+        return deepspeed_resident_bytes(request) + secondary
     return secondary
-
-
-# deepspeed/runtime/zero/stage3.py: the ipg bucket (reduce_bucket_size elements in the
-# communication dtype) and grad_partitions_flat_buffer (this rank's partition, in the model
-# dtype) are allocated once and kept; AdamW reads an fp32 copy made at the step (the
-# convention's gradient). Measured: 72 MiB at the loss backward of tiny-llama, fp32, N = 2.
-def deepspeed_stage3_gradient_buffer_bytes(request: PlanRequest, compute_bytes: int) -> int:
-    partition = held_elements(rank_trainable_units(request), request.shard_group_size, shard_layout(request))
-    return zero_reduce_bucket_bytes(request, compute_bytes) + partition * compute_bytes
 
 
 def backward_held_buffer_bytes(request: PlanRequest) -> int:

@@ -101,7 +101,36 @@ def collectives(request: PlanRequest) -> list[Collective]:
     """Every collective of one optimizer step of ``request``'s rank: the data-parallel
     strategy's over the ranks that hold the same parameters, then those tensor, context and
     pipeline parallelism add (zeroplan.core.parallel.collectives)."""
-    return data_parallel_collectives(request) + model_parallel_collectives(request)
+    return [scheduled(request, c) for c in data_parallel_collectives(request)] + model_parallel_collectives(request)
+
+
+# When a data-parallel collective runs is the stack's choice (zeroplan.core.stack_time):
+# Megatron-LM without --overlap-grad-reduce reduces the gradients after the backward
+# (megatron/core/distributed/distributed_data_parallel_config.py overlap_grad_reduce = False;
+# finish_grad_sync then launches every bucket), and with --overlap-param-gather dispatches the
+# distributed optimizer's parameter all-gather bucket by bucket in the next forward's pre-hooks
+# (param_and_grad_buffer.py start_param_sync) instead of after the step.
+def overlaps_grad_reduce(request: PlanRequest) -> bool:
+    """PerformanceAssumptions.overlap_grad_reduce, or where unset the stack's default."""
+    given = request.performance.overlap_grad_reduce
+    if given is not None:
+        return given
+    from zeroplan.core.stack_time import overlaps_grad_reduce as stack_default
+
+    return stack_default(request.training.framework, request.strategy.kind)
+
+
+def scheduled(request: PlanRequest, collective: Collective) -> Collective:
+    """``collective`` in the phase the request's overlap assumptions put it
+    (PerformanceAssumptions.overlap_grad_reduce and overlap_param_gather)."""
+    performance = request.performance
+    if (collective.phase is Phase.backward and collective.what.startswith("gradient")
+            and not overlaps_grad_reduce(request)):
+        return collective.model_copy(update={"phase": Phase.step})
+    if (performance.overlap_param_gather and collective.phase is Phase.step and collective.op is CollectiveOp.all_gather
+            and collective.what == "parameters"):
+        return collective.model_copy(update={"phase": Phase.forward})
+    return collective
 
 
 def data_parallel_collectives(request: PlanRequest) -> list[Collective]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from zeroplan.core.activations import FP32_BYTES
 from zeroplan.core.profiles import profile
 from zeroplan.errors import ZeroplanError
+from zeroplan.specs.finetune import LoraTarget, Quantization
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.hardware import GpuArchitecture, GpuSpec
 from zeroplan.specs.model import ModelSpec
@@ -69,12 +70,26 @@ def check_compiled(training: TrainingSpec, model: ModelSpec, gpu: GpuSpec | None
         allowed = ", ".join(p.value for p in policies)
         raise ZeroplanError("compile", f"with {training.framework.value} and activation checkpointing "
                             f"{training.activation_checkpointing.value!r} was not measured (allowed: {allowed})")
-    if training.activation_offloading or not training.finetune.trains_everything:
+    if training.activation_offloading or not compiled_finetune_measured(training):
         field = "activation_offloading" if training.activation_offloading else "finetune"
-        raise ZeroplanError(field, "is not modelled compiled: no compiled run of it was measured (allowed without compile)")
+        allowed = "without compile" if training.activation_offloading else \
+            "without compile, or torchtune's LoRA/QLoRA without dropout or DoRA"
+        raise ZeroplanError(field, f"is not modelled compiled: no compiled run of it was measured (allowed {allowed})")
     if not model.is_dense_llama_layout:
         raise ZeroplanError("compile", f"{model.name!r}: compiled blocks were measured for dense Llama-layout models "
                             "(RoPE, RMSNorm, SwiGLU, no biases) only")
+
+
+# benchmarks/compiled-finetune-records: torchtune 0.6.1's LoRA and QLoRA blocks compiled as its
+# recipes compile each layer (zeroplan/frameworks/compiled.py with a FineTuneSpec), lora_dropout 0
+# as its configs ship; peft's blocks, DoRA and dropout were not compiled.
+def compiled_finetune_measured(training: TrainingSpec) -> bool:
+    """Whether the training's fine-tune (or a full one) was measured compiled."""
+    finetune = training.finetune
+    if finetune.trains_everything:
+        return True
+    return (finetune.is_lora and training.framework is Framework.torchtune and not finetune.dora
+            and finetune.lora_dropout == 0)
 
 
 def _kv_width(request: PlanRequest) -> int:
@@ -106,7 +121,41 @@ def compiled_layer_bytes(request: PlanRequest) -> int:
     else:
         widths = 4 * h + 2 * q + 2 * kv + 3 * f
     statistics = FP32_BYTES * tokens * model.num_heads + 2 * FP32_BYTES * tokens
-    return e * tokens * widths + statistics
+    return e * tokens * widths + statistics + compiled_lora_delta_bytes(request)
+
+
+# torchtune's compiled LoRA block (benchmarks/compiled-finetune-records): the partitioner saves
+# what the compiled full block saves (above) less each linear input no adapter reads (the
+# attention norm's output when none of q, k, v has one, the MLP norm's output when neither gate
+# nor up has, the gated product when down has none; the attention output o reads is the
+# attention's own saved output), plus each adapter's r-wide lora_a output (lora_b's input); the
+# eager rule (zeroplan.core.finetune.activations) with the compiled block's norms. Over an NF4
+# base (torchtune 0.6.1 modules/low_precision/nf4_linear.py _LinearNF4: F.linear(input,
+# weight.to(input.dtype)) in forward, the same cast in backward) the partitioner saves each
+# dequantized bf16 weight for the backward instead of dequantizing it again: a block keeps its
+# linears' weights in bf16. Llama-3.1-8B at s 4096, b 1, r 8: q, v 470,450,176 bytes; all seven
+# 621,772,800; all seven over NF4 1,057,980,416.
+def compiled_lora_delta_bytes(request: PlanRequest) -> int:
+    """What a compiled LoRA block keeps less the compiled full block (0 without adapters)."""
+    from zeroplan.core.finetune.activations import INPUT_GROUPS, input_width
+
+    finetune = request.training.finetune
+    if not finetune.is_lora:
+        return 0
+    e = request.training.precision.compute_bytes
+    tokens = request.batch.seq_len * request.batch.micro_batch_size
+    targets = finetune.targets(request.training.framework)
+    unread = sum(e * tokens * input_width(request, kind) for group, kind, kept_anyway in INPUT_GROUPS
+                 if not kept_anyway and not any(t in targets for t in group))
+    adapters = sum(e * tokens * finetune.lora_rank for t in targets if t is not LoraTarget.output)
+    dequantized = e * _block_linear_elements(request.model) if finetune.quantize is Quantization.nf4 else 0
+    return adapters + dequantized - unread
+
+
+def _block_linear_elements(model: ModelSpec) -> int:
+    """Elements of one block's seven linear weights."""
+    h, f = model.hidden_size, model.ffn_hidden_size
+    return h * model.q_size + 2 * h * model.kv_size + model.attention_output_size * h + 3 * h * f
 
 
 # torchtitan 0.3.0 SelectiveAC under compile (records ac=selective-op): the block's input, the

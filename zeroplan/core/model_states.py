@@ -152,16 +152,14 @@ def optimizer_bytes(request: PlanRequest, elements: int, num_shards: int, eb: El
     return ceil_div(whole, num_shards)
 
 
-# deepspeed/runtime/zero/stage_1_and_2.py: with one micro-batch per step, stage 1 reduces its
-# gradients in backward at the accumulation boundary (reduce_ready_partitions_and_remove_grads)
-# and keeps only its partition (copy_grads_in_partition, then _clear_param_grad_only), as stage 2
-# does; measured by the harness's DeepSpeed engine (docs/harness.md). With accumulation the full
-# gradients add up locally until the last micro-batch.
+# deepspeed/runtime/zero/stage_1_and_2.py: stage 1 reduces its gradients in backward at the
+# accumulation boundary (reduce_ready_partitions_and_remove_grads) and keeps only its partition
+# (copy_grads_in_partition, then _clear_param_grad_only), as stage 2 does, so the gradient its
+# step reads is the fp32 partition at any accumulation; the full gradients that add up between
+# micro-steps are zeroplan.core.deepspeed_accumulation's (measured by the harness's DeepSpeed
+# engine: docs/harness.md, benchmarks/deepspeed-accumulation-records).
 def _deepspeed_stage1_reduces_in_backward(request: PlanRequest) -> bool:
-    return (
-        request.strategy.kind.zero_stage == 1 and request.convention is StateConvention.deepspeed
-        and request.batch.grad_accum_steps == 1
-    )
+    return request.strategy.kind.zero_stage == 1 and request.convention is StateConvention.deepspeed
 
 
 def model_state_bytes(request: PlanRequest) -> ModelStateBytes:

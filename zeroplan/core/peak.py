@@ -15,15 +15,17 @@ from zeroplan.results import PeakMoment
 # through backward. A block's backward: activations (at the first block, nearly all), the
 # unit being gathered or reduced and the residual-stream workspace. End of backward: every
 # gradient and the last unit's buffers. Optimizer step: gradients and step temporaries. With
-# accumulation the earlier micro-batches' gradients are there from the start. With the
+# accumulation the earlier micro-batches' gradients are there from the start (what DeepSpeed keeps
+# between micro-steps under its state convention: PeakTerms.accumulated_gradients). With the
 # optimizer in backward (torchtune) no gradient outlives its parameter's step: none at the end
 # of backward, and the step moment is the largest single parameter's (model_state_bytes,
 # optimizer_in_backward_step_bytes).
-def peak_moments(states: ModelStateBytes, moments: "PeakTerms", grad_accum_steps: int) -> dict[PeakMoment, MomentBytes]:
+def peak_moments(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: int) -> dict[PeakMoment, MomentBytes]:
     """Every moment's live bytes, split into gradients, buffers (and workspace) and the rest."""
     resident = states.parameter_bytes + states.optimizer_state_bytes
     held = moments.resident_buffers + moments.backward_held_buffers
-    accumulated = states.gradient_bytes if grad_accum_steps > 1 else 0
+    carried = states.gradient_bytes if moments.accumulated_gradients is None else moments.accumulated_gradients
+    accumulated = carried if grad_accum_steps > 1 else 0
     return {
         PeakMoment.loss_backward: MomentBytes(resident + moments.activations + moments.logits, accumulated, held),
         PeakMoment.block_backward: MomentBytes(
@@ -34,7 +36,7 @@ def peak_moments(states: ModelStateBytes, moments: "PeakTerms", grad_accum_steps
     }
 
 
-def peak_allocated_bytes(states: ModelStateBytes, moments: "PeakTerms", grad_accum_steps: int) -> tuple[int, PeakMoment]:
+def peak_allocated_bytes(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: int) -> tuple[int, PeakMoment]:
     """The largest moment's bytes and which moment it is (the first of the four on a tie)."""
     alive = peak_moments(states, moments, grad_accum_steps)
     moment = max(alive, key=lambda m: alive[m].total)
@@ -71,6 +73,11 @@ class PeakTerms:
     logits_pieces: tuple[int, ...] = ()
     """The loss's bytes at each of its own moments (``logits`` is their largest). Each is
     affine in the micro-batch, their maximum is not: the plan search needs them apart."""
+    accumulated_gradients: int | None = None
+    """With accumulation, what an earlier micro-batch leaves allocated for the next beyond the
+    resident buffers; None: the model states' gradients. Set under the deepspeed convention
+    (zeroplan.core.deepspeed_accumulation.accumulated_bytes), whose gradient is the fp32
+    partition made at the step while the micro-steps carry other buffers."""
 
 
 def moment_totals(states: ModelStateBytes, terms: PeakTerms, grad_accum_steps: int) -> list[int]:

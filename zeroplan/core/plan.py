@@ -13,6 +13,7 @@ from zeroplan.core.buffers import (
 )
 from zeroplan.core.communication import collectives
 from zeroplan.core.compiled import check_compiled
+from zeroplan.core.deepspeed_accumulation import accumulated_bytes
 from zeroplan.core.feasibility import usable_memory_bytes
 from zeroplan.core.finetune.activations import (
     dequantized_weight_bytes, dora_weight_norm_bytes, frozen_blocks_kept_bytes, lora_layer_delta_bytes,
@@ -44,7 +45,7 @@ from zeroplan.specs.finetune import Quantization
 from zeroplan.specs.request import INT8_STRATEGIES, PlanRequest
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.framework import Framework
-from zeroplan.specs.training import ActivationCheckpointing
+from zeroplan.specs.training import ActivationCheckpointing, StateConvention
 
 MAX_MICRO_BATCH_SEARCH = 1 << 20
 """The largest micro-batch the search tries."""
@@ -118,6 +119,17 @@ def micro_batch_terms(request: PlanRequest) -> dict[str, object]:
     return dict(activations=activations, logits=logits, workspace=workspace, logits_pieces=logits_pieces)
 
 
+def deepspeed_accumulated_gradient_bytes(request: PlanRequest) -> int | None:
+    """What DeepSpeed's ZeRO-1/2/3 keep between micro-steps beyond their resident buffers, under
+    the deepspeed convention without offload or a step in backward; None elsewhere (the peak
+    then carries the model states' gradients)."""
+    kind = request.strategy.kind
+    if (request.convention is not StateConvention.deepspeed or kind.zero_stage not in (1, 2, 3)
+            or kind.offloads_optimizer or kind.offloads_parameters or request.training.optimizer_in_backward):
+        return None
+    return accumulated_bytes(request)
+
+
 def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     """The model states and the byte terms the peak moments combine, for one request."""
     training = request.training
@@ -137,6 +149,7 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
         transient_buffers=transient_buffer_bytes(request),
         block_transient_buffers=block_backward_transient_bytes(request),
         step_temporary=optimizer_step_temporary_bytes(request, states.optimizer_elements),
+        accumulated_gradients=deepspeed_accumulated_gradient_bytes(request),
     )
     return states, terms
 
@@ -286,12 +299,19 @@ def max_micro_batch_size(request: PlanRequest) -> int:
 
 
 def _largest_completing(request: PlanRequest, bound: int) -> int:
-    """The largest micro-batch up to ``bound`` whose step completes under the allocator model,
+    """The largest micro-batch up to ``bound`` whose step completes under the allocator model:
     ``bound`` first (usually the answer: the allocator adds little to a step that fills the
-    GPU), then by bisection below it."""
+    GPU), then strides of 1, 2, 4, ... down from it to the first that completes, and bisection
+    between that and the last that did not (each probe one replay; bisection from 0 took a
+    probe per halving where the answer is almost always within a few of the bound)."""
     if bound == 0 or step_fits(request.with_micro_batch(bound)):
         return bound
-    return _largest_fitting_between(request, 0, bound)
+    failing, stride = bound, 1
+    while True:
+        probe = max(bound - stride, 0)
+        if probe == 0 or step_fits(request.with_micro_batch(probe)):
+            return _largest_fitting_between(request, probe, failing)
+        failing, stride = probe, stride * 2
 
 
 def _largest_fitting_between(request: PlanRequest, low: int, high: int) -> int:
@@ -342,7 +362,7 @@ def _max_micro_batch_affine(request: PlanRequest) -> int | None:
             largest = min(largest, (limit_bytes - first) // slope + 1)
     # The bisection stops doubling past MAX_MICRO_BATCH_SEARCH at its largest power of two.
     ceiling = 1 << (MAX_MICRO_BATCH_SEARCH.bit_length() - 1)
-    return ceiling if largest >= ceiling else largest
+    return min(ceiling, largest)
 
 
 def bisect_max_micro_batch_size(request: PlanRequest) -> int:
@@ -357,9 +377,10 @@ def bisect_max_micro_batch_size(request: PlanRequest) -> int:
     return _largest_fitting_between(request, low, high)
 
 
-def plan(request: PlanRequest) -> StrategyPlan:
+def plan(request: PlanRequest, largest_micro_batch: bool = True) -> StrategyPlan:
     """Memory and communication of one strategy on one GPU: under pipeline parallelism the
-    pipeline rank whose peak is highest (every rank's peak is kept beside it)."""
+    pipeline rank whose peak is highest (every rank's peak is kept beside it). Without
+    ``largest_micro_batch`` the largest micro-batch that fits is not searched (None)."""
     rank_peaks: tuple[int, ...] = ()
     reason = ""
     ranks = pipeline_rank_breakdowns(request)
@@ -384,7 +405,7 @@ def plan(request: PlanRequest) -> StrategyPlan:
         fits=breakdown.peak_bytes <= usable,
         borderline=is_borderline(breakdown.peak_bytes, usable),
         headroom_bytes=usable - breakdown.peak_bytes,
-        max_micro_batch_size=max_micro_batch_size(request),
+        max_micro_batch_size=max_micro_batch_size(request) if largest_micro_batch else None,
         host_bytes_per_rank=states.host_bytes,
         host_bytes_per_node=host_per_node,
         host_fits=host_memory_fits(request, states.host_bytes),
@@ -587,11 +608,12 @@ def allocator_caution(requests: dict[StrategyKind, PlanRequest], plans: tuple[St
 
 
 def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | None = None, *,
-        suggest: bool = True) -> FitReport:
+        suggest: bool = True, largest_micro_batch: bool = True) -> FitReport:
     """Plan ``base`` under each strategy; the strategy in ``base`` supplies the knobs. None
     plans every strategy the request's framework runs (all of them for zeroplan and hf). When
     nothing fits and ``suggest``, the verdict names the smallest change that fits
-    (zeroplan.core.suggest)."""
+    (zeroplan.core.suggest). Without ``largest_micro_batch`` no plan searches its largest
+    micro-batch (StrategyPlan.max_micro_batch_size None)."""
     framework = base.training.framework
     given = strategies is not None
     if strategies is None:
@@ -621,7 +643,7 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | N
             # did not ask for it, so it leaves the table with its reason instead of refusing all.
             left_out.append((spec.kind.value, error))
             continue
-        plans.append(plan(requests[spec.kind]))
+        plans.append(plan(requests[spec.kind], largest_micro_batch))
     if not plans and left_out:
         raise left_out[0][1]
     plans_tuple = tuple(plans)
@@ -634,7 +656,8 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | N
         # The strategies the user named stay the ones tried; else each retry plans every
         # strategy its framework runs on its GPUs.
         kept = strategies if given else None
-        found = smallest_change(base, lambda request: fit(request, kept, suggest=False))
+        # A suggestion's table is not shown: its verdict needs no largest micro-batch searched.
+        found = smallest_change(base, lambda request: fit(request, kept, suggest=False, largest_micro_batch=False))
         if found is not None:
             suggested_change, suggested = found
             suggested_recommendation = suggested.recommended

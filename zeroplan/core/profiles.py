@@ -58,6 +58,10 @@ class FrameworkProfile:
     fuses_qkv: bool = False
     """Each block projects q, k and v with one fused weight (so two parameter tensors fewer
     per block for the optimizer to step)."""
+    nf4_library: str = ""
+    """What stores and multiplies an nf4 base (docs/finetuning.md), and which releases the
+    profile models: bitsandbytes' per FineTuneSpec.bitsandbytes_version, torchao's at the
+    profile's release ('': no nf4 base)."""
     fused_optimizer: bool = False
     """Its recipes build Adam/AdamW with ``fused=True``: torch's fused kernel (torch 2.13
     optim/adam.py _fused_adam -> torch._fused_adamw_) updates each tensor in place, with no
@@ -102,6 +106,8 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         loss_chunks=1, offers_activation_offloading=False, strategies=tuple(StrategyKind),
         # zeroplan/harness/model.py Block.forward: checkpoint(self._body, x, use_reentrant=False).
         checkpoint_early_stop=True,
+        nf4_library="bitsandbytes 0.39.0 and later (Linear4bit, MatMul4Bit; FineTuneSpec.bitsandbytes_version, "
+                    "default 0.50.2; before 0.43.2 refused under full recomputation)",
     ),
     # torchtitan 0.3.0, torchtitan/distributed/activation_checkpoint.py: ActivationCheckpointingConfig
     # is selective (SelectiveAC, per-op) | full (FullAC) | memory-budget (compiled only) | none;
@@ -160,6 +166,10 @@ PROFILES: dict[Framework, FrameworkProfile] = {
     # true on CUDA with torch >= 2.5 and no attention mask, so K/V are not repeated.
     Framework.hf: FrameworkProfile(
         framework=Framework.hf, version="transformers 4.56.2",
+        # bitsandbytes 0.50.2 measured (benchmarks/framework-finetune-records), and MatMul4Bit
+        # as 0.39.1 to 0.43.1 kept its input (the -bnb0.43.1 records).
+        nf4_library="bitsandbytes 0.39.0 and later (Linear4bit, MatMul4Bit; FineTuneSpec.bitsandbytes_version, "
+                    "default 0.50.2)",
         checkpointing=_NONE_FULL, checkpointing_names="none, full (gradient_checkpointing)",
         default_precision=Precision.bf16_mixed, expands_kv_heads=False, bf16_module_norm_saves_bf16=True,
         loss_chunks=1, offers_activation_offloading=False,
@@ -205,6 +215,8 @@ PROFILES: dict[Framework, FrameworkProfile] = {
     # in int(ac_style) with a ValueError, so op-level selective is not offered.
     Framework.torchtune: FrameworkProfile(
         framework=Framework.torchtune, version="0.6.1",
+        # modules/peft/lora.py LoRALinear(quantize_base=True): torchao 0.14.1's to_nf4.
+        nf4_library="torchao 0.14.1 NF4Tensor (not bitsandbytes)",
         checkpointing=(*_NONE_FULL, ActivationCheckpointing.selective_layer),
         checkpointing_names=(
             "none, full (enable_activation_checkpointing, or ac_mode: full), "

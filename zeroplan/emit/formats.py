@@ -61,7 +61,8 @@ def deepspeed_config(request: PlanRequest) -> dict[str, Any]:
     - reduce/allgather buckets: StrategySpec.zero_bucket_elements (DeepSpeed's 5e8) capped at
       the rank's trainable elements, rounded up to even (DeepSpeed requires it), as the buffer
       model counts the ipg bucket (core/buffers.py zero_reduce_bucket_bytes);
-    - overlap_comm false, contiguous_gradients, reduce_scatter and the multi-rank bucket
+    - overlap_comm false and contiguous_gradients on unless StrategySpec's deepspeed_overlap_comm
+      / deepspeed_contiguous_gradients say otherwise; reduce_scatter and the multi-rank bucket
       all-reduce on: the collectives core/deepspeed_buckets.py counts and the setting every
       DeepSpeed record of benchmarks/ was measured under (harness/deepspeed_engine.py);
     - stage 3: StrategySpec.prefetch_units units gathered ahead (stage3_prefetch_bucket_size in
@@ -94,8 +95,9 @@ def deepspeed_config(request: PlanRequest) -> dict[str, Any]:
         "stage": kind.zero_stage,
         "reduce_bucket_size": buckets,
         "allgather_bucket_size": buckets,
-        "overlap_comm": False,
-        "contiguous_gradients": True,
+        # StrategySpec's DeepSpeed switches (unset overlap_comm: off, what the records ran).
+        "overlap_comm": bool(request.strategy.deepspeed_overlap_comm),
+        "contiguous_gradients": request.strategy.deepspeed_contiguous_gradients,
         "reduce_scatter": True,
         "use_multi_rank_bucket_allreduce": True,
     }

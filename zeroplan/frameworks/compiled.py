@@ -41,6 +41,7 @@ from zeroplan.frameworks.build import BuiltModel, build
 from zeroplan.frameworks.compiled_record import COMPILED_POLICIES, CompiledBlockRecord, SavedValue
 from zeroplan.simulate import _torch_private as private
 from zeroplan.specs import ActivationCheckpointing, BatchSpec, ModelSpec
+from zeroplan.specs.finetune import FineTuneSpec
 from zeroplan.specs.framework import Framework
 
 COMPILED_FRAMEWORKS = (Framework.torchtitan, Framework.torchtune, Framework.hf)
@@ -101,25 +102,27 @@ def check_compiled(framework: Framework, policy: ActivationCheckpointing, memory
 def measure_compiled_block(framework: Framework, model: ModelSpec, policy: ActivationCheckpointing, batch: BatchSpec,
                            dtype: torch.dtype = torch.bfloat16, memory_budget: float | None = None,
                            convert: Callable[[torch.nn.Module], str] | None = None,
-                           float8_recipe: str | None = None) -> CompiledBlockRecord:
+                           float8_recipe: str | None = None, finetune: FineTuneSpec = FineTuneSpec()) -> CompiledBlockRecord:
     """One block of ``framework``'s ``model`` under ``policy``, compiled and eager, on fake tensors.
 
     ``memory_budget``: torchtitan's MemoryBudgetAC (``torch._functorch.config.
     activation_memory_budget``), compiled only. ``convert``: applied to the built model on the
     meta device before it moves to fake tensors (float8's module swap, ``float8_recipe``); it
-    returns a note.
+    returns a note. ``finetune``: the framework's LoRA/QLoRA block (zeroplan.frameworks.lora),
+    compiled the same way.
     """
     check_compiled(framework, policy, memory_budget)
     start_s = time.perf_counter()
     notes: list[str] = ["compiled: torch.compile(block, fullgraph=True) through inductor's compile_fx and "
                         "partition_fn (min_cut_rematerialization_partition) without code generation"]
     notes += FRAMEWORK_NOTES[framework]
-    version, eager = _run_block(framework, model, policy, batch, dtype, compiled=False, convert=convert, notes=notes)
+    version, eager = _run_block(framework, model, policy, batch, dtype, compiled=False, convert=convert, notes=notes,
+                                finetune=finetune)
     _, compiled = _run_block(framework, model, policy, batch, dtype, compiled=True, convert=convert,
-                             memory_budget=memory_budget, notes=notes)
+                             memory_budget=memory_budget, notes=notes, finetune=finetune)
     return CompiledBlockRecord(
         framework_version=version, torch_version=torch.__version__, model=model, framework=framework,
-        activation_checkpointing=policy, memory_budget=memory_budget, float8_recipe=float8_recipe, batch=batch,
+        activation_checkpointing=policy, memory_budget=memory_budget, float8_recipe=float8_recipe, finetune=finetune, batch=batch,
         module_dtype=str(dtype), compiled_saved_values=compiled.values, compiled_runtime_saved_bytes=compiled.bytes,
         eager_live_bytes=eager.bytes, eager_saved_values=eager.values,
         wall_time_s=time.perf_counter() - start_s, notes=list(dict.fromkeys(notes)),
@@ -128,15 +131,15 @@ def measure_compiled_block(framework: Framework, model: ModelSpec, policy: Activ
 
 def _run_block(framework: Framework, model: ModelSpec, policy: ActivationCheckpointing, batch: BatchSpec,
                dtype: torch.dtype, *, compiled: bool, notes: list[str], convert: Callable | None = None,
-               memory_budget: float | None = None) -> tuple[str, BlockSaves]:
+               memory_budget: float | None = None, finetune: FineTuneSpec = FineTuneSpec()) -> tuple[str, BlockSaves]:
     # A fresh dynamo per run: every measurement compiles its own block (no cache, no recompile limit).
     torch._dynamo.reset()
-    built = build(framework, model, 1, policy, dtype, batch.seq_len)
+    built = build(framework, model, 1, policy, dtype, batch.seq_len, finetune=finetune)
     if convert is not None:
         notes.append(convert(built.module))
     built.materialize()
     with private.fake_tensor_mode():
-        built.module.to_empty(device="cpu")
+        built.to_empty("cpu")
         block = built.blocks[0]
         hidden, rest, kwargs = _block_inputs(built, model, batch)
         saves = block_saves(block, hidden, rest, kwargs, compiled=compiled, memory_budget=memory_budget,
@@ -185,6 +188,8 @@ def _compiled(block: torch.nn.Module, hidden: torch.Tensor, rest: tuple, kwargs:
     # Dynamo runs no compiled code under a dispatch mode (MemTracker is one): the tensors the
     # compiled autograd node saved are read from it instead.
     not_own = [*block.parameters(), *block.buffers(), *shared]
+    # An NF4 base weight (torchao's NF4Tensor) is saved as its inner tensors, the parameter's own storage.
+    not_own += [t for p in block.parameters() for t in (private.inner_tensors(p) or {}).values()]
     return BlockSaves(runtime_saved_bytes(output.grad_fn, not_own), partition_saved_values(forward, user_outputs, inputs[0], x))
 
 
@@ -196,6 +201,8 @@ def _eager(block: torch.nn.Module, hidden: torch.Tensor, rest: tuple, kwargs: di
     # Parameters, buffers and the shared inputs exist before the forward: tracked from the start,
     # not counted when first used.
     private.track_existing(tracker, block)
+    # A LoRA block's frozen base has no gradient for the tracker to hook.
+    private.frozen_parameters_unhooked(tracker, block)
     for tensor in shared:
         private.track_existing(tracker, tensor)
     saved: dict[int, torch.Tensor] = {}
@@ -297,6 +304,7 @@ def partition_saved_values(forward: torch.fx.GraphModule, user_outputs: int, inp
     output = forward.graph.find_nodes(op="output")[0]
     saved = [node for node in output.args[0][user_outputs:] if isinstance(node, torch.fx.Node)]
     placeholders = {node.name: i for i, node in enumerate(forward.graph.find_nodes(op="placeholder"))}
+    inputs = _flattened(inputs)
     values = []
     for node in saved:
         value = node.meta.get("val")
@@ -309,6 +317,21 @@ def partition_saved_values(forward: torch.fx.GraphModule, user_outputs: int, inp
             kind=_kind(source, example is hidden),
         ))
     return values
+
+
+def _flattened(inputs: list[tuple[str, object]]) -> list[tuple[str, object]]:
+    """The dynamo graph's inputs as AOTAutograd's placeholders see them: a traceable tensor
+    subclass (torchao's NF4Tensor, a QLoRA base weight) is replaced by its inner tensors, in its
+    ``__tensor_flatten__`` order (torch/_functorch/_aot_autograd/subclass_utils.py
+    unwrap_tensor_subclasses), each named after the subclass's source."""
+    flat = []
+    for source, example in inputs:
+        inner = private.inner_tensors(example) if isinstance(example, torch.Tensor) else None
+        if inner is None:
+            flat.append((source, example))
+        else:
+            flat.extend(_flattened([(f"{source}.{name}", tensor) for name, tensor in inner.items()]))
+    return flat
 
 
 def _op_name(node: torch.fx.Node) -> str:

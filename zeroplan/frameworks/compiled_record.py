@@ -8,9 +8,10 @@ from pathlib import Path
 from pydantic import Field, model_validator
 
 from zeroplan.errors import ZeroplanError
-from zeroplan.frameworks.record import load_records
-from zeroplan.specs import ActivationCheckpointing, BatchSpec, ModelSpec
+from zeroplan.frameworks.record import finetune_tag, load_records
+from zeroplan.specs import ActivationCheckpointing, BatchSpec, ModelSpec, TrainingSpec
 from zeroplan.specs.base import Frozen
+from zeroplan.specs.finetune import FineTuneSpec
 from zeroplan.specs.framework import Framework
 
 SCHEMA_VERSION = 1
@@ -71,6 +72,8 @@ class CompiledBlockRecord(Frozen):
     float8_recipe: str | None = None
     """torchao Float8Linear recipe the block's linears were converted with ('tensorwise',
     'rowwise'); None: none."""
+    finetune: FineTuneSpec = FineTuneSpec()
+    """The LoRA/QLoRA block measured (zeroplan.frameworks.lora); the default: a full fine-tune."""
     batch: BatchSpec
     module_dtype: str
     compiled_saved_values: list[SavedValue]
@@ -99,7 +102,8 @@ class CompiledBlockRecord(Frozen):
         if self.memory_budget is not None:
             policy = f"memory-budget-{self.memory_budget:g}"
         fp8 = f":float8-{self.float8_recipe}" if self.float8_recipe else ""
-        return (f"{self.framework.value}:{self.model.name}:ac={policy}{fp8}:"
+        tune = finetune_tag(TrainingSpec(framework=self.framework, finetune=self.finetune))
+        return (f"{self.framework.value}{tune}:{self.model.name}:ac={policy}{fp8}:"
                 f"s{self.batch.seq_len}:b{self.batch.micro_batch_size}")
 
     @property

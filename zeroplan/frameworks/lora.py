@@ -265,15 +265,48 @@ def hf_bnb_qlora_llama(model: ModelSpec, layers: int, policy: ActivationCheckpoi
     # weight for the CPU inference kernel only when not training).
     module.train()
 
+    keeps_input = finetune.bnb_4bit_keeps_input
+
     def forward(tokens: torch.Tensor) -> torch.Tensor:
         if finetune.quantize is Quantization.int8:
             with int8_matmul_as_on_cuda():
                 return module(input_ids=tokens).logits
+        if keeps_input:
+            with matmul_4bit_keeps_input():
+                return module(input_ids=tokens).logits
         return module(input_ids=tokens).logits
 
     versions = f"transformers {version('transformers')}, peft {version('peft')}, bitsandbytes {version('bitsandbytes')}"
+    if keeps_input:
+        versions += f" with MatMul4Bit keeping its input as bitsandbytes {finetune.bitsandbytes_version} does"
     blocks = list(module.base_model.model.model.layers)
     return dataclasses.replace(meta, module=module, blocks=blocks, forward=forward, shard=None, version=versions, real=True)
+
+
+@contextlib.contextmanager
+def matmul_4bit_keeps_input():
+    """Run bitsandbytes' MatMul4Bit as releases before 0.43.2 did.
+
+    bitsandbytes 0.39.1 to 0.43.1 autograd/_functions.py MatMul4Bit.forward ends
+    `if any(ctx.needs_input_grad[:2]): ctx.tensors = (A, B)`; commit 9e75374 (#1270, released
+    in 0.43.2) made it `(None, B)`, the only change to what the function keeps (its backward
+    never reads A: the 4-bit weight has no gradient). The installed forward runs, then that one
+    line is restored."""
+    from bitsandbytes.autograd._functions import MatMul4Bit
+
+    original = MatMul4Bit.forward
+
+    def forward(ctx, A, B, out=None, bias=None, quant_state=None):
+        output = original(ctx, A, B, out, bias, quant_state)
+        if not ctx.is_empty and any(ctx.needs_input_grad[:2]):
+            ctx.tensors = (A, ctx.tensors[1])
+        return output
+
+    MatMul4Bit.forward = staticmethod(forward)
+    try:
+        yield
+    finally:
+        MatMul4Bit.forward = staticmethod(original)
 
 
 @contextlib.contextmanager

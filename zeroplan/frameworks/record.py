@@ -10,6 +10,7 @@ from pydantic import Field, ValidationError, field_validator
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs import ActivationCheckpointing, BatchSpec, ModelSpec, StrategyKind, TrainingSpec
 from zeroplan.specs.base import Frozen
+from zeroplan.specs.finetune import BITSANDBYTES_VERSION
 from zeroplan.specs.training import recorded_before_kernels
 
 SCHEMA_VERSION = 1
@@ -90,7 +91,7 @@ def finetune_tag(training: TrainingSpec) -> str:
     """What a record's name adds for a fine-tune: '' for a full fine-tune, else e.g.
     '+lora-r8-qvogud' or '+qlora-nf4-r8-qvogud' (the targets in force, in LoraTarget order),
     with '-a32' (an alpha other than 2 r), '-bs128'/'-nodq' (quantization other than QLoRA's
-    blocks of 64 with double quantization), '-drop0.1', '-dora' and '-basefp32' (a base loaded
+    blocks of 64 with double quantization), '-bnb0.43.1' (a bitsandbytes other than the default), '-drop0.1', '-dora' and '-basefp32' (a base loaded
     in fp32) where they apply."""
     f = training.finetune
     if f.trains_everything:
@@ -103,6 +104,8 @@ def finetune_tag(training: TrainingSpec) -> str:
     tag += f"-r{f.lora_rank}-{letters}"
     if f.quantize.is_quantized and (f.quant_block_size != 64 or not f.double_quant):
         tag += f"-bs{f.quant_block_size}{'' if f.double_quant else '-nodq'}"
+    if f.bitsandbytes_version != BITSANDBYTES_VERSION:
+        tag += f"-bnb{f.bitsandbytes_version}"
     if f.lora_alpha is not None and f.lora_alpha != 2 * f.lora_rank:
         tag += f"-a{f.lora_alpha:g}"
     if f.lora_dropout:

@@ -187,6 +187,9 @@ def finetune_lines(report: FitReport) -> list[str]:
         rest = "in fp32 (prepare_model_for_kbit_training)" if t.framework.value == "hf" else f"as loaded, in {loaded}"
         if finetune.quantize is Quantization.nf4:
             layout = f"blocks of {finetune.quant_block_size}{', double-quantized scales' if finetune.double_quant else ''}"
+            if finetune.bnb_4bit_keeps_input:
+                # zeroplan.core.finetune.activations.bnb_4bit_keeps_input (MatMul4Bit before 0.43.2).
+                layout += f"; bitsandbytes {finetune.bitsandbytes_version}: each keeps its input for backward"
         else:
             layout = "LLM.int8: an fp32 scale per output row; each keeps its input for backward"
         base = f"base linears frozen in {finetune.quantize.value} ({layout}), the rest frozen {rest}"

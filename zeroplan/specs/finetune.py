@@ -3,6 +3,7 @@ embeddings or blocks. The default trains every parameter (a full fine-tune)."""
 
 from __future__ import annotations
 
+import re
 from enum import Enum
 
 from pydantic import Field, model_validator
@@ -80,6 +81,23 @@ def default_lora_targets(framework: Framework) -> tuple[LoraTarget, ...]:
 NF4_BLOCK_SIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 """Elements per nf4 scale block that bitsandbytes quantizes in: the powers of two 32 to 4096."""
 
+BITSANDBYTES_VERSION = "0.50.2"
+"""The bitsandbytes an nf4 base is planned with unless told (what the hf records run)."""
+BITSANDBYTES_FIRST_4BIT = (0, 39, 0)
+"""bitsandbytes 0.39.0 brought Linear4bit and MatMul4Bit (QLoRA, May 2023): the oldest it models."""
+BNB_4BIT_DROPS_INPUT = (0, 43, 2)
+"""bitsandbytes 0.43.2 (commit 9e75374, "fix QLoRA mem bug: delete useless buffered activation",
+#1270) changed MatMul4Bit.forward's ``ctx.tensors = (A, B)`` to ``(None, B)``: before it every
+4-bit matmul kept its input until backward (zeroplan.core.finetune.activations)."""
+
+
+def version_tuple(text: str) -> tuple[int, int, int]:
+    """``"0.43.1"`` as (0, 43, 1); a missing patch number is 0. ValueError for anything else."""
+    match = re.fullmatch(r"(\d+)\.(\d+)(?:\.(\d+))?", text.strip())
+    if match is None:
+        raise ValueError(text)
+    return int(match[1]), int(match[2]), int(match[3] or 0)
+
 
 class FineTuneSpec(Frozen):
     """What trains and how the frozen part is stored. ``lora_rank`` 0 and nothing frozen: every
@@ -107,6 +125,10 @@ class FineTuneSpec(Frozen):
     double_quant: bool = True
     """Quantize the nf4 block scales themselves to 8 bits in blocks of 256 (QLoRA sec. 3,
     bitsandbytes' bnb_4bit_use_double_quant; torchao's NF4Tensor always does)."""
+    bitsandbytes_version: str = BITSANDBYTES_VERSION
+    """The bitsandbytes release an nf4 base runs on (hf and zeroplan; torchtune's nf4 is
+    torchao's): before 0.43.2 each 4-bit matmul kept its input for backward
+    (zeroplan.core.finetune.activations.bnb_4bit_keeps_input)."""
     freeze_embeddings: bool = False
     """Freeze the token embedding (and an untied LM head) in a full fine-tune."""
     frozen_blocks: int = Field(default=0, ge=0)
@@ -125,16 +147,31 @@ class FineTuneSpec(Frozen):
             raise ZeroplanError("finetune.lora_targets", f"must name at least one layer (allowed: {', '.join(t.value for t in LoraTarget)})")
         if self.lora_targets is not None and len(set(self.lora_targets)) != len(self.lora_targets):
             raise ZeroplanError("finetune.lora_targets", "names a layer twice")
-        nf4_only = {"quant_block_size": self.quant_block_size != 64, "double_quant": not self.double_quant}
+        nf4_only = {"quant_block_size": self.quant_block_size != 64, "double_quant": not self.double_quant,
+                    "bitsandbytes_version": self.bitsandbytes_version != BITSANDBYTES_VERSION}
         given = [name for name, set_ in nf4_only.items() if set_]
         if given and self.quantize is not Quantization.nf4:
             raise ZeroplanError(f"finetune.{given[0]}", "applies to an nf4 base only (set quantize, --quantize, to nf4)")
+        try:
+            version = version_tuple(self.bitsandbytes_version)
+        except ValueError:
+            raise ZeroplanError("finetune.bitsandbytes_version", f"{self.bitsandbytes_version!r} is not a release number "
+                                "(allowed: MAJOR.MINOR[.PATCH], e.g. 0.43.1)") from None
+        if version < BITSANDBYTES_FIRST_4BIT:
+            raise ZeroplanError("finetune.bitsandbytes_version", f"{self.bitsandbytes_version} has no 4-bit layers "
+                                "(allowed: 0.39.0 or later)")
         if self.quant_block_size not in NF4_BLOCK_SIZES:
             raise ZeroplanError("finetune.quant_block_size", f"{self.quant_block_size} is not a 4-bit block size bitsandbytes "
                                 f"quantizes in (allowed: {', '.join(map(str, NF4_BLOCK_SIZES))})")
         if self.lora_rank and (self.freeze_embeddings or self.frozen_blocks):
             raise ZeroplanError("finetune.frozen_blocks", "applies to a full fine-tune; under LoRA every base weight is frozen already")
         return self
+
+    @property
+    def bnb_4bit_keeps_input(self) -> bool:
+        """An nf4 base on a bitsandbytes whose MatMul4Bit keeps its input (before 0.43.2); the
+        framework decides whether bitsandbytes runs it at all (torchtune's nf4 is torchao's)."""
+        return self.quantize is Quantization.nf4 and version_tuple(self.bitsandbytes_version) < BNB_4BIT_DROPS_INPUT
 
     @property
     def is_lora(self) -> bool:
@@ -169,7 +206,8 @@ class FineTuneSpec(Frozen):
         return alpha / self.lora_rank
 
 
-def check_finetune(finetune: FineTuneSpec, model: ModelSpec, framework: Framework, model_parallel_size: int) -> None:
+def check_finetune(finetune: FineTuneSpec, model: ModelSpec, framework: Framework, model_parallel_size: int,
+                   checkpointing: bool = False) -> None:
     """Refuse, in one line naming the field, a fine-tune this model, framework or layout cannot take."""
     if finetune.frozen_blocks > model.num_layers:
         raise ZeroplanError("finetune.frozen_blocks", f"{finetune.frozen_blocks} exceeds {model.name}'s "
@@ -190,6 +228,18 @@ def check_finetune(finetune: FineTuneSpec, model: ModelSpec, framework: Framewor
     if finetune.base_dtype is BaseDtype.fp32 and framework is Framework.torchtune:
         # torchtune 0.6.1 recipes load the whole model in the recipe's `dtype` (bf16 in every LoRA config).
         raise ZeroplanError("finetune.base_dtype", "torchtune loads the base in its recipe's dtype (allowed: bf16)")
+    if finetune.bitsandbytes_version != BITSANDBYTES_VERSION and framework is Framework.torchtune:
+        # torchtune 0.6.1 modules/peft/lora.py LoRALinear(quantize_base=True) quantizes with torchao's to_nf4.
+        raise ZeroplanError("finetune.bitsandbytes_version", "torchtune's nf4 base is torchao's NF4Tensor, not bitsandbytes "
+                            f"(allowed: {BITSANDBYTES_VERSION}, the default, or --framework hf or zeroplan)")
+    if finetune.bnb_4bit_keeps_input and framework is Framework.zeroplan and checkpointing:
+        # bitsandbytes before 0.43.2 keeps MatMul4Bit's input in ctx.tensors, a plain attribute
+        # that the reference model's non-reentrant checkpoint (torch/utils/checkpoint.py, saved-
+        # tensor hooks) never sees, so every checkpointed block would keep it (fsdp_qlora's
+        # README warns of "high memory usage" there); no record measures it.
+        raise ZeroplanError("finetune.bitsandbytes_version", f"{finetune.bitsandbytes_version} under the reference model's "
+                            "non-reentrant checkpoint is not measured (allowed: 0.43.2 or later, or "
+                            "--activation-checkpointing none)")
     if finetune.dora and finetune.quantize.is_quantized and framework not in (Framework.torchtune, Framework.hf):
         raise ZeroplanError("finetune.dora", "DoRA over a quantized base is measured for torchtune's QDoRA and PEFT's "
                             "over bitsandbytes nf4 only (allowed: --framework torchtune or hf, or --quantize none)")

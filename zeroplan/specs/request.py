@@ -12,7 +12,7 @@ from zeroplan.specs.hardware import ClusterSpec
 from zeroplan.specs.model import ModelSpec, PositionKind
 from zeroplan.specs.parallel import ParallelSpec, check_parallel
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
-from zeroplan.specs.training import AttentionKernel, BatchSpec, Optimizer, StateConvention, TrainingSpec
+from zeroplan.specs.training import ActivationCheckpointing, AttentionKernel, BatchSpec, Optimizer, StateConvention, TrainingSpec
 
 
 def check_seq_len(model: ModelSpec, batch: BatchSpec) -> None:
@@ -135,6 +135,22 @@ class PerformanceAssumptions(Frozen):
     achievable matmul rate; 'kernel', the kernel's published TFLOP/s itself, whatever the HFU.
     Not the default: on the published throughput rows it helps a calibrated step and hurts the
     uncalibrated one (docs/validation.md, "Attention at its own rate")."""
+    overlap_grad_reduce: bool | None = None
+    """True: data-parallel gradient reductions run during the backward, hidden behind its compute
+    as far as it lasts (FSDP's hooks, DeepSpeed ZeRO-3's overlap_comm, Megatron-LM's
+    --overlap-grad-reduce). False: they run after the backward, exposed (Megatron-LM's default,
+    overlap_grad_reduce False in megatron/core/distributed/distributed_data_parallel_config.py;
+    DeepSpeed ZeRO-1/2's overlap_comm default False). None: the framework's stack decides
+    (zeroplan.core.stack_time.overlaps_grad_reduce: the hf stack's DeepSpeed ZeRO-1/2 do not,
+    every other stack and strategy the planner runs does)."""
+    overlap_param_gather: bool = False
+    """The all-gather of updated parameters after a ZeRO-1/2 or distributed-optimizer step runs
+    during the next forward (Megatron-LM --overlap-param-gather) instead of in the step,
+    exposed (the default, DeepSpeed's and Megatron-LM's)."""
+    tp_comm_overlap: bool = False
+    """Each block's tensor-parallel all-gathers and reduce-scatters overlap its matrix products
+    (Megatron-LM --tp-comm-overlap, TransformerEngine's userbuffers; torchtitan's async TP), so
+    they hide behind the phase's compute instead of blocking it (the default)."""
     algorithm: str = Field(default="auto", pattern="^(auto|ring|tree|nvls|nvls_tree|collnet)$")
     """NCCL algorithm of each collective call: 'auto' = the one NCCL's tuning model predicts
     fastest (zeroplan/core/algorithms.py); a name forces it wherever NCCL offers it for that
@@ -287,7 +303,8 @@ class PlanRequest(Frozen):
             raise ZeroplanError("model.moe_capacity_factor", "torchtitan's MoE routes dropless, without a capacity "
                                                              "(allowed: leave it out with framework torchtitan)")
         check_parallel(self.parallel, self.model, self.cluster, self.batch, self.strategy.kind, self.training.framework)
-        check_finetune(self.training.finetune, self.model, self.training.framework, self.parallel.model_parallel_size * self.parallel.ep)
+        check_finetune(self.training.finetune, self.model, self.training.framework, self.parallel.model_parallel_size * self.parallel.ep,
+                       checkpointing=self.training.activation_checkpointing is not ActivationCheckpointing.none)
         if self.training.finetune.quantize is Quantization.int8 and self.strategy.kind not in INT8_STRATEGIES:
             raise ZeroplanError("strategy", f"{self.strategy.kind.value!r} cannot hold an int8 base (bitsandbytes Int8Params; "
                                             f"allowed: {', '.join(k.value for k in INT8_STRATEGIES)})")

@@ -177,9 +177,17 @@ class StrategySpec(Frozen):
     keep_unsharded_grads_on_accum: bool = False
     """FSDP no_sync / ZeRO-1: accumulate unsharded gradients locally and reduce once per step
     instead of every micro-batch (costs a full gradient buffer)."""
+    deepspeed_contiguous_gradients: bool = True
+    """DeepSpeed zero_optimization.contiguous_gradients (default true): gradients are copied into
+    the reduce ("ipg") bucket, which is then a tensor of zero_bucket_elements (the deepspeed state
+    convention's buffer terms, zeroplan.core.deepspeed_accumulation)."""
+    deepspeed_overlap_comm: bool | None = None
+    """DeepSpeed zero_optimization.overlap_comm; None is DeepSpeed's default (true at stage 3,
+    false below: deepspeed/runtime/zero/config.py overlap_comm_valid). At stages 1-2 with
+    contiguous gradients it doubles the reduce bucket (stage_1_and_2.py setup_buckets)."""
 
     @model_validator(mode="after")
-    def _reduce_mode_fits_the_stage(self) -> "StrategySpec":
+    def _reduce_mode_fits_the_stage(self) -> StrategySpec:
         allowed = {ZeroGradientReduce.per_unit: (1, 2), ZeroGradientReduce.ddp_buckets: (1,)}
         stages = allowed.get(self.zero_gradient_reduce)
         if stages is not None and self.kind.zero_stage not in stages:

@@ -12,7 +12,7 @@ import functools
 import statistics
 
 from zeroplan.calibrate.step import planned_step, solve_hfu
-from zeroplan.specs import PerformanceAssumptions
+from zeroplan.specs import AttentionKernel, PerformanceAssumptions
 from zeroplan.specs.base import Frozen
 from zeroplan.validate.step_time import PublishedThroughput, PublishedThroughputTable, load_published_throughput
 
@@ -26,14 +26,29 @@ def source_of(row: PublishedThroughput) -> str:
 
 
 def stack_of(row: PublishedThroughput) -> str:
-    """The training stack that produced the row: the repository its source lives in
-    (github.com/OWNER/REPO/...), e.g. torchtitan, llm-foundry."""
-    return row.source_url.split("/")[4]
+    """The training stack that produced the row: its stack field, else the repository its source
+    lives in (github.com/OWNER/REPO/...), lower-cased, e.g. torchtitan, llm-foundry, megatron-lm."""
+    return row.stack or row.source_url.split("/")[4].lower()
 
 
 def generation_of(gpu: str) -> str:
     """The GPU generation of a catalog name: a100-40gb and a100-80gb are both a100."""
     return gpu.split("-")[0]
+
+
+def attention_class_of(row: PublishedThroughput) -> str:
+    """The attention kernel the row ran: 'eager' (every score materialised), or its flash kernel."""
+    if row.training_options.attention_kernel is AttentionKernel.eager:
+        return AttentionKernel.eager.value
+    return row.attention_implementation.value
+
+
+def kernel_class_of(row: PublishedThroughput) -> str:
+    """The row's kernel class (zeroplan.core.stack_time.kernel_class): its attention kernel and
+    whether it compiled."""
+    from zeroplan.core.stack_time import kernel_class
+
+    return kernel_class(attention_class_of(row), row.compile)
 
 
 def source_label(row: PublishedThroughput) -> str:
@@ -74,6 +89,12 @@ class RowError(Frozen):
     loso_hfu: float
     """HFU of the row's mechanism (GPU generation x stack), fitted on the other sources' rows."""
     loso_tokens_per_s_per_gpu: float
+    kernel_class: str = ""
+    """kernel_class_of the row."""
+    kernel_hfu: float = 0.0
+    """HFU of the row's kernel class on its GPU generation, fitted on the other sources' rows
+    (kernel_mechanism_hfu)."""
+    kernel_tokens_per_s_per_gpu: float = 0.0
     calibrated_hfu: float | None = None
     """The HFU solved on the source's row of fewest GPUs (None: that row itself, or a source of
     fewer than MIN_SOURCE_ROWS rows)."""
@@ -86,6 +107,10 @@ class RowError(Frozen):
     @property
     def loso_error(self) -> float:
         return self.loso_tokens_per_s_per_gpu / self.published_tokens_per_s_per_gpu - 1
+
+    @property
+    def kernel_error(self) -> float:
+        return self.kernel_tokens_per_s_per_gpu / self.published_tokens_per_s_per_gpu - 1
 
     @property
     def calibrated_error(self) -> float | None:
@@ -130,6 +155,24 @@ def mechanism_hfu(held_out: str, implied: dict[str, float], rows: tuple[Publishe
     return statistics.median(peers) if peers else PerformanceAssumptions().hardware_flops_utilization
 
 
+# One efficiency per kernel class per GPU generation (zeroplan.core.stack_time): the median HFU
+# calibrate step solves on that mechanism's rows in the other sources. Where no other source ran
+# that class on that generation, the next coarser mechanism is used: the attention kernel alone
+# (compiled or not), then the generation alone, then the default; nothing is keyed by a row.
+def kernel_mechanism_hfu(held_out: str, implied: dict[str, float], rows: tuple[PublishedThroughput, ...],
+                         row: PublishedThroughput) -> float:
+    """The HFU of ``row``'s kernel class on its GPU generation, fitted leave-one-source-out."""
+    others = [peer for peer in rows if source_of(peer) != held_out and generation_of(peer.gpu) == generation_of(row.gpu)
+              and peer.name in implied]  # a row calibrate step refuses is no peer
+    for same in (lambda peer: kernel_class_of(peer) == kernel_class_of(row),
+                 lambda peer: attention_class_of(peer) == attention_class_of(row),
+                 lambda peer: True):
+        peers = [implied[peer.name] for peer in others if same(peer)]
+        if peers:
+            return statistics.median(peers)
+    return PerformanceAssumptions().hardware_flops_utilization
+
+
 def calibration_study(table: PublishedThroughputTable | None = None) -> tuple[tuple[SourceCalibration, ...], tuple[RowError, ...]]:
     """Every source's one-row calibration, and every row's out-of-sample predictions."""
     return _study(table or load_published_throughput())
@@ -153,6 +196,7 @@ def _study(table: PublishedThroughputTable) -> tuple[tuple[SourceCalibration, ..
     for row in rows:
         source = source_of(row)
         loso = mechanism_hfu(source, implied, rows, generation_of(row.gpu), stack_of(row))
+        kernel_hfu = kernel_mechanism_hfu(source, implied, rows, row)
         calibrated = calibrated_tokens = None
         if source in calibrations and calibrations[source][0].name != row.name:
             calibrated = calibrations[source][1]
@@ -163,6 +207,8 @@ def _study(table: PublishedThroughputTable) -> tuple[tuple[SourceCalibration, ..
             published_tokens_per_s_per_gpu=row.published_tokens_per_s_per_gpu,
             default_tokens_per_s_per_gpu=predicted_tokens_per_s(row, default_hfu),
             loso_hfu=loso, loso_tokens_per_s_per_gpu=predicted_tokens_per_s(row, loso),
+            kernel_class=kernel_class_of(row), kernel_hfu=kernel_hfu,
+            kernel_tokens_per_s_per_gpu=predicted_tokens_per_s(row, kernel_hfu),
             calibrated_hfu=calibrated, calibrated_tokens_per_s_per_gpu=calibrated_tokens,
         ))
     sources = tuple(
@@ -197,6 +243,9 @@ class AttentionRateFigures(Frozen):
     refused: tuple[str, ...]
     """Rows calibrate step refuses (their published step is shorter than the planner's at HFU 1):
     neither an anchor nor scored."""
+    kernel_class: tuple[float, ...] = ()
+    """|error| of every row at the HFU of its GPU generation x kernel class fitted on the other
+    sources under this mode (kernel_mechanism_hfu; refused rows are no peers but are scored)."""
 
 
 @functools.lru_cache(maxsize=4)
@@ -227,5 +276,8 @@ def attention_rate_figures(mode: str, table: PublishedThroughputTable | None = N
         calibrated += errors
     default = [abs(planned_step(_with_attention_rate(row.request(), mode)).tokens_per_s_per_gpu
                    / row.published_tokens_per_s_per_gpu - 1) for row in rows]
+    kernel = [abs(planned_step(_with_attention_rate(row.request(kernel_mechanism_hfu(source_of(row), implied, rows, row)),
+                                                    mode)).tokens_per_s_per_gpu / row.published_tokens_per_s_per_gpu - 1)
+              for row in rows]
     return AttentionRateFigures(mode=mode, per_source=tuple(per_source), calibrated=tuple(calibrated),
-                                default=tuple(default), refused=tuple(refused))
+                                default=tuple(default), refused=tuple(refused), kernel_class=tuple(kernel))

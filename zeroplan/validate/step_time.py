@@ -20,15 +20,42 @@ from zeroplan.errors import ZeroplanError
 from zeroplan.presets.gpus import get_gpu
 from zeroplan.presets.models import get_model
 from zeroplan.specs import (
-    ActivationCheckpointing, AttentionImplementation, BatchSpec, PerformanceAssumptions, PlanRequest, Precision, StrategyKind, StrategySpec,
-    TrainingSpec, cluster_from_gpus,
+    ActivationCheckpointing, AttentionImplementation, AttentionKernel, BatchSpec, PerformanceAssumptions, Optimizer, PlanRequest, Precision, StrategyKind,
+    StrategySpec, TrainingSpec, cluster_from_gpus,
 )
 from zeroplan.specs.base import Frozen, first_error
 from zeroplan.specs.framework import Framework
+from zeroplan.specs.finetune import FineTuneSpec, LoraTarget, Quantization
+from zeroplan.specs.hardware import GpuSpec, NodeNetworkSpec
 from zeroplan.specs.model import ModelSpec
+from zeroplan.specs.parallel import ParallelSpec
 from zeroplan.validate.rows import FLAT_RESERVE
 
 PUBLISHED_THROUGHPUT_FILE = Path(__file__).resolve().parent / "data" / "published_throughput.json"
+
+
+class TrainingOptions(Frozen):
+    """Training options a published row states beyond the common fields, as TrainingSpec and
+    FineTuneSpec name them (torchtune's rows: its recipes' compile, optimizer in the backward,
+    activation offloading, 8-bit AdamW, FSDP CPU offload, LoRA)."""
+
+    compile: bool = False
+    attention_kernel: AttentionKernel = AttentionKernel.flash
+    optimizer: Optimizer = Optimizer.adamw
+    optimizer_in_backward: bool = False
+    activation_offloading: bool = False
+    fsdp_cpu_offload: bool = False
+    unchunked_loss: bool = False
+    lora_rank: int = Field(default=0, ge=0)
+    lora_targets: tuple[LoraTarget, ...] | None = None
+    quantize: Quantization = Quantization.none
+
+    def training_fields(self) -> dict:  # type: ignore[type-arg]
+        """The TrainingSpec keyword arguments these options set."""
+        fields = self.model_dump(exclude={"lora_rank", "lora_targets", "quantize"})
+        if self.lora_rank:
+            fields["finetune"] = FineTuneSpec(lora_rank=self.lora_rank, lora_targets=self.lora_targets, quantize=self.quantize)
+        return fields
 
 
 class PublishedThroughput(Frozen):
@@ -57,7 +84,11 @@ class PublishedThroughput(Frozen):
     strategy: StrategyKind
     """Sharding strategy."""
     framework: Framework
-    """Training stack of the run."""
+    """The planner framework profile the run is requested with (its memory)."""
+    stack: str | None = None
+    """The training stack that produced the row (zeroplan.core.stack_time.PROFILES), where it is
+    not the repository the source lives in (BLOOM's page lives in bigscience-workshop/bigscience,
+    its stack is Megatron-DeepSpeed); None: that repository's name."""
     fused_cross_entropy: bool = False
     """The run's loss is flash-attn's fused cross-entropy (TrainingSpec.fused_cross_entropy)."""
     attention_implementation: AttentionImplementation = AttentionImplementation.flash_attn_2
@@ -78,37 +109,76 @@ class PublishedThroughput(Frozen):
     """The source's throughput, tokens per second per GPU."""
     published_mfu: float | None = Field(default=None, gt=0, le=1)
     """The source's MFU, under the source's own FLOP count (None where not published)."""
+    node_network_gbps: float | None = Field(default=None, gt=0)
+    """The node's network, Gb/s per node in one direction, where the source states one the GPU
+    catalog's node does not have (fms-fsdp: 400 Gb/s per A100 node, 800 per H100 node): the
+    node's NICs are taken as one per GPU at an equal share (NodeNetworkSpec). None: the
+    catalog's network."""
+    tp: int = Field(default=1, gt=0)
+    """Tensor-parallel degree (ParallelSpec.tp)."""
+    pp: int = Field(default=1, gt=0)
+    """Pipeline-parallel degree (ParallelSpec.pp), 1F1B."""
+    sequence_parallel: bool = False
+    """Megatron's sequence parallelism with tensor parallelism (ParallelSpec.sequence_parallel)."""
+    overlap_grad_reduce: bool | None = None
+    """PerformanceAssumptions.overlap_grad_reduce as the run's flags had it (None: the stack's default)."""
+    overlap_param_gather: bool = False
+    """PerformanceAssumptions.overlap_param_gather (Megatron-LM --overlap-param-gather)."""
+    tp_comm_overlap: bool = False
+    """PerformanceAssumptions.tp_comm_overlap (Megatron-LM --tp-comm-overlap)."""
+    training_options: TrainingOptions = TrainingOptions()
+    """Further training options the source states (torchtune's rows)."""
+    compile: bool = False
+    """The run compiled its model with torch.compile (fms-fsdp's use_torch_compile). Not timed
+    by the planner (TrainingSpec.compile shapes memory only); stated so the rows are split by it
+    (zeroplan.core.stack_time)."""
 
     def request(self, hardware_flops_utilization: float | None = None, compute_model: str = "hfu") -> PlanRequest:
         """The planner request for this run; the planner's default HFU unless one is given, or
         the roofline compute model. Its memory is judged on the flat reserve: the step time does
         not depend on it, and the allocator model's replays would be spent for nothing
         (compare_step_time asks the model for the verdict alone)."""
-        performance = PerformanceAssumptions(compute_model=compute_model)
+        overlap = {"overlap_grad_reduce": self.overlap_grad_reduce, "overlap_param_gather": self.overlap_param_gather,
+                   "tp_comm_overlap": self.tp_comm_overlap}
+        performance = PerformanceAssumptions(compute_model=compute_model, **overlap)
         if hardware_flops_utilization is not None:
-            performance = PerformanceAssumptions(hardware_flops_utilization=hardware_flops_utilization)
+            performance = PerformanceAssumptions(hardware_flops_utilization=hardware_flops_utilization, **overlap)
         return PlanRequest(
             model=self.model_spec,
             training=TrainingSpec(
                 precision=self.precision, activation_checkpointing=self.activation_checkpointing,
                 framework=self.framework, fused_cross_entropy=self.fused_cross_entropy,
-                attention_implementation=self.attention_implementation,
+                attention_implementation=self.attention_implementation, **self.training_options.training_fields(),
             ),
             batch=BatchSpec(
                 micro_batch_size=self.micro_batch_size, seq_len=self.seq_len, grad_accum_steps=self.grad_accum_steps,
             ),
-            cluster=cluster_from_gpus(get_gpu(self.gpu), self.num_gpus, gpus_per_node=self.gpus_per_node),
+            cluster=cluster_from_gpus(self.gpu_spec, self.num_gpus, gpus_per_node=self.gpus_per_node),
             strategy=StrategySpec(kind=self.strategy),
+            parallel=ParallelSpec(tp=self.tp, pp=self.pp, sequence_parallel=self.sequence_parallel),
             performance=performance, assumptions=FLAT_RESERVE,
         )
+
+    @property
+    def gpu_spec(self) -> GpuSpec:
+        """The catalog GPU, with the node network the source states where it states one."""
+        gpu = get_gpu(self.gpu)
+        if self.node_network_gbps is None:
+            return gpu
+        network = NodeNetworkSpec(nics_per_node=self.gpus_per_node,
+                                  nic_bandwidth_bytes_per_s=self.node_network_gbps * 1e9 / 8 / self.gpus_per_node,
+                                  source=f"{self.source_url} ({self.node_network_gbps:g} Gb/s per node)")
+        return gpu.model_copy(update={"node_network": network})
 
     @property
     def model_spec(self) -> ModelSpec:
         return self.architecture or get_model(self.model)
 
     @property
-    def tokens_per_step_per_gpu(self) -> int:
-        return self.micro_batch_size * self.seq_len * self.grad_accum_steps
+    def tokens_per_step_per_gpu(self) -> float:
+        """Tokens of one step over the GPUs that share them: a data-parallel rank's micro-batches
+        over its tensor- and pipeline-parallel ranks (as StepTime.tokens_per_s_per_gpu counts)."""
+        return self.micro_batch_size * self.seq_len * self.grad_accum_steps / (self.tp * self.pp)
 
 
 class PublishedThroughputTable(Frozen):
@@ -200,7 +270,8 @@ def compare_step_time(row: PublishedThroughput) -> StepTimeComparison:
         with_mfu_step_s = plan(row.request(hfu)).time.step_with_overlap_s
         with_mfu_tokens = tokens / with_mfu_step_s
     roofline_tokens = None
-    if row.gpu in CEILINGS or get_gpu(row.gpu).name in CEILINGS:
+    # The roofline prices full training only (zeroplan.core.roofline.step.check_roofline_applies).
+    if (row.gpu in CEILINGS or get_gpu(row.gpu).name in CEILINGS) and not row.training_options.lora_rank:
         roofline_tokens = plan(row.request(compute_model="roofline")).time.tokens_per_s_per_gpu
     return StepTimeComparison(
         name=row.name,

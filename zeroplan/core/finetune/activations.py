@@ -39,7 +39,7 @@ INPUT_GROUPS = (
 )
 
 
-def _input_width(request: PlanRequest, kind: str) -> int:
+def input_width(request: PlanRequest, kind: str) -> int:
     model = request.model
     return {"hidden": model.hidden_size, "attention": model.attention_output_size, "ffn": model.ffn_hidden_size}[kind]
 
@@ -76,6 +76,18 @@ def int8_kept_input_bytes(request: PlanRequest) -> int:
     return FP32_BYTES if request.training.finetune.quantize is Quantization.int8 else 0
 
 
+# bitsandbytes 0.39.1 to 0.43.1 autograd/_functions.py MatMul4Bit.forward: `if
+# any(ctx.needs_input_grad[:2]): ctx.tensors = (A, B)`, a plain attribute holding the input A
+# until backward, which never reads it (the weight is frozen); 0.43.2 keeps (None, B). So before
+# 0.43.2 every 4-bit base linear keeps the input it multiplied, adapter or not. What A is:
+# nn/modules.py Linear4bit.forward (the same in 0.43.1 and 0.50.2) passes `x.to(compute_dtype)`,
+# the shared input itself where it is in the compute dtype already, its own bf16 copy per linear
+# where it is not (hf's QLoRA: the fp32 residual stream and MLP, quantized_base_outputs_fp32).
+def bnb_4bit_keeps_input(request: PlanRequest) -> bool:
+    """Whether each bitsandbytes 4-bit base linear keeps its input for backward."""
+    return request.training.finetune.bnb_4bit_keeps_input and request.training.framework is not Framework.torchtune
+
+
 def quantized_base_outputs_fp32(request: PlanRequest) -> bool:
     """Whether a quantized base linear returns fp32 where it reads the fp32 residual stream or
     MLP: hf's QLoRA and int8 bases under prepare_model_for_kbit_training (FineTuneSpec.module_in_bf16),
@@ -92,20 +104,26 @@ def _group_input_bytes(request: PlanRequest, targets: tuple[LoraTarget, ...], wi
     tokens = request.batch.seq_len * request.batch.micro_batch_size
     wrapped = [t for t in targets if t in finetune.targets(request.training.framework)]
     # The attention output o reads is the fused attention's own kept output (INPUT_GROUPS), so
-    # an int8 o keeps no second copy of it.
+    # an int8 o keeps no second copy of it, nor a 4-bit o (the input arrives in bf16: no cast).
     shared = e * tokens * width if kept_anyway else int8_kept_input_bytes(request) * tokens * width
+    own = 0  # bytes of the copies each base linear makes of the input and keeps
+    if bnb_4bit_keeps_input(request) and not kept_anyway:
+        if quantized_base_outputs_fp32(request):
+            own = len(targets) * e * tokens * width
+        else:
+            shared = e * tokens * width
     if not wrapped:
-        return shared
+        return shared + own
     copies = adapters_copy_their_input(request)
     if finetune.lora_dropout > 0:
         # peft lora_dropout[adapter] and torchtune LoRALinear.dropout are one nn.Dropout per
         # adapter: each keeps its mask, and lora_a its dropped input (in the compute dtype: where
         # the adapters run in fp32, autocast's bf16 copy of the dropped fp32 input).
         mask = dropout_mask_bytes(request, FP32_BYTES if copies else e)
-        return shared + len(wrapped) * (e + mask) * tokens * width
+        return shared + own + len(wrapped) * (e + mask) * tokens * width
     if copies:
-        return shared + len(wrapped) * e * tokens * width
-    return max(shared, e * tokens * width)
+        return shared + own + len(wrapped) * e * tokens * width
+    return own + max(shared, e * tokens * width)
 
 
 def lora_layer_delta_bytes(request: PlanRequest, norm_savings_bytes: int = 0) -> int:
@@ -125,7 +143,7 @@ def lora_layer_delta_bytes(request: PlanRequest, norm_savings_bytes: int = 0) ->
     # Full fine-tune: one copy of each input, kept by the linears that read it (layer_terms'
     # qkv_input, output_projection_input, mlp_input, and the product inside mlp_inner).
     for group, kind, kept_anyway in INPUT_GROUPS:
-        width = _input_width(request, kind)
+        width = input_width(request, kind)
         delta += _group_input_bytes(request, group, width, kept_anyway) - e * tokens * width
     # bitsandbytes 0.50.2 nn/modules.py Linear4bit.forward casts its output back to its input's
     # dtype, and MatMul8bitLt returns its product in its input's dtype: under hf's QLoRA the
@@ -146,7 +164,7 @@ def _dora_linears(request: PlanRequest) -> list[tuple[LoraTarget, int, int]]:
         return []
     widths = {LoraTarget.q: "hidden", LoraTarget.k: "hidden", LoraTarget.v: "hidden", LoraTarget.o: "attention",
               LoraTarget.gate: "hidden", LoraTarget.up: "hidden", LoraTarget.down: "ffn"}
-    return [(t, _input_width(request, widths[t]), _output_width(request, t))
+    return [(t, input_width(request, widths[t]), _output_width(request, t))
             for t in finetune.targets(request.training.framework) if t in widths]
 
 
@@ -280,5 +298,5 @@ def frozen_blocks_kept_bytes(request: PlanRequest, layer_bytes: int, block_input
         return 0, 0
     e = request.training.precision.compute_bytes
     tokens = request.batch.seq_len * request.batch.micro_batch_size
-    inputs = sum(e * tokens * _input_width(request, kind) for _, kind, kept_anyway in INPUT_GROUPS if not kept_anyway)
+    inputs = sum(e * tokens * input_width(request, kind) for _, kind, kept_anyway in INPUT_GROUPS if not kept_anyway)
     return layer_bytes - inputs + frozen_norms_delta(request, norm_savings_bytes), block_input_bytes

@@ -67,8 +67,10 @@ def tensor_parallel_collectives(request: PlanRequest) -> list[Collective]:
            else (CollectiveOp.all_reduce,))
     for op in ops:
         for phase, calls in ((Phase.forward, forward_calls), (Phase.backward, backward_calls)):
+            # --tp-comm-overlap (PerformanceAssumptions.tp_comm_overlap): hidden behind the phase's
+            # compute like a data-parallel collective, instead of on the critical path.
             result.append(make_collective(op, phase, "tensor-parallel activations", [activation] * calls, tp, accum,
-                                          False, e, blocking=True))
+                                          False, e, blocking=not request.performance.tp_comm_overlap))
     if holds_embedding(request):
         # Vocabulary-parallel embedding: each rank looks up its rows, the partial sums reduced;
         # under sequence parallelism a reduce-scatter, whose backward all-gathers the output's

@@ -1,0 +1,79 @@
+"""bitsandbytes before 0.43.2 kept each 4-bit matmul's input (MatMul4Bit ``ctx.tensors = (A, B)``,
+dropped by commit 9e75374): the planner's term, pinned against the hf QLoRA block records
+measured with that line restored (zeroplan/frameworks/lora.py matmul_4bit_keeps_input)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from zeroplan.errors import ZeroplanError
+from zeroplan.frameworks.record import FrameworkRecord
+from zeroplan.presets.gpus import get_gpu
+from zeroplan.presets.models import get_model
+from zeroplan.specs import BatchSpec, FineTuneSpec, PlanRequest, StrategySpec, TrainingSpec, cluster_from_gpus
+
+RECORDS = Path(__file__).resolve().parent.parent / "benchmarks" / "framework-finetune-records"
+PAIRS = [  # (bitsandbytes 0.50.2 record, the same run on 0.43.1's MatMul4Bit)
+    (f"hf_llama-3.1-8b_ddp_bf16-mixed+qlora-nf4-r16-{t}_ac=none_s1024_b1.json",
+     f"hf_llama-3.1-8b_ddp_bf16-mixed+qlora-nf4-r16-{t}-bnb0.43.1_ac=none_s1024_b1.json") for t in ("qkvogud", "qv")
+]
+
+
+def _record(name: str) -> FrameworkRecord:
+    return FrameworkRecord.model_validate_json((RECORDS / name).read_text(encoding="utf-8"))
+
+
+def _predicted(record: FrameworkRecord) -> int:
+    sys.path.insert(0, str(RECORDS.parent))
+    import framework_accuracy
+
+    return framework_accuracy.predicted_block_bytes(record)
+
+
+@pytest.mark.parametrize("current, legacy", PAIRS, ids=["qkvogud", "qv"])
+def test_the_kept_inputs_the_planner_adds_are_what_the_old_matmul_keeps(current: str, legacy: str) -> None:
+    now, then = _record(current), _record(legacy)
+    measured = then.block_kept_bytes - now.block_kept_bytes
+    # Llama-3.1-8B at s 1024: a bf16 copy of its fp32 input per 4-bit linear that reads the
+    # residual stream or the MLP (q, k, v, gate, up: 4096 wide; down: 14336), none for o, whose
+    # bf16 input the attention keeps anyway.
+    assert _predicted(then) - _predicted(now) == 2 * 1024 * (5 * 4096 + 14336)
+    assert abs((_predicted(then) - _predicted(now)) - measured) <= 0.02 * measured, measured
+
+
+def _request(version: str, framework: str = "zeroplan", checkpointing: str = "none") -> PlanRequest:
+    finetune = FineTuneSpec(lora_rank=32, quantize="nf4", lora_targets=("q", "v"), bitsandbytes_version=version)
+    return PlanRequest(model=get_model("llama-2-7b"), cluster=cluster_from_gpus(get_gpu("a10g"), 1),
+                       strategy=StrategySpec(kind="ddp"), batch=BatchSpec(seq_len=512, micro_batch_size=2),
+                       training=TrainingSpec(framework=framework, precision="bf16-pure", finetune=finetune,
+                                             activation_checkpointing=checkpointing))
+
+
+def test_the_reference_model_keeps_each_shared_input_once_before_0_43_2() -> None:
+    from zeroplan.core.finetune.activations import lora_layer_delta_bytes
+
+    # litgpt's bf16 model: Linear4bit's x.to(bf16) is the shared input itself, so the gate/up
+    # input and the down input are kept once each; q, k and v's is the adapters' already, o's
+    # the attention's own.
+    added = lora_layer_delta_bytes(_request("0.42.0")) - lora_layer_delta_bytes(_request("0.43.2"))
+    assert added == 2 * 2 * 512 * (4096 + 11008)
+    assert lora_layer_delta_bytes(_request("0.50.2")) == lora_layer_delta_bytes(_request("0.43.2"))
+
+
+def test_an_old_bitsandbytes_under_the_non_reentrant_checkpoint_is_refused() -> None:
+    with pytest.raises(ZeroplanError, match="finetune.bitsandbytes_version"):
+        _request("0.43.1", checkpointing="full")
+    _request("0.43.2", checkpointing="full")
+    _request("0.43.1", framework="hf", checkpointing="full")
+
+
+def test_each_profile_that_plans_an_nf4_base_names_its_library_and_releases() -> None:
+    from zeroplan.core.profiles import PROFILES
+    from zeroplan.specs import Framework
+
+    assert "bitsandbytes 0.39.0 and later" in PROFILES[Framework.hf].nf4_library
+    assert "bitsandbytes 0.39.0 and later" in PROFILES[Framework.zeroplan].nf4_library
+    assert PROFILES[Framework.torchtune].nf4_library.startswith("torchao")

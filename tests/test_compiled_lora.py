@@ -1,0 +1,85 @@
+"""torch.compile with LoRA and QLoRA in the planner, against what inductor's partitioner saved
+for torchtune's own LoRA/QLoRA blocks (benchmarks/compiled-finetune-records,
+zeroplan/frameworks/compiled.py with a FineTuneSpec)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from zeroplan.core.compiled import check_compiled
+from zeroplan.core.frameworks import framework_block_kept_bytes
+from zeroplan.errors import ZeroplanError
+from zeroplan.frameworks.compiled_record import CompiledBlockRecord, load_compiled_records
+from zeroplan.frameworks.record import load_framework_records
+from zeroplan.presets.gpus import get_gpu
+from zeroplan.presets.models import get_model
+from zeroplan.specs import FineTuneSpec, PlanRequest, StrategySpec, TrainingSpec, cluster_from_gpus
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+RECORDS = BENCHMARKS / "compiled-finetune-records"
+BLOCK_TARGET = 0.02
+
+
+def request_of(record: CompiledBlockRecord) -> PlanRequest:
+    training = TrainingSpec(framework=record.framework, precision="bf16-pure", compile=True, finetune=record.finetune,
+                            activation_checkpointing=record.activation_checkpointing)
+    return PlanRequest(model=record.model, training=training, batch=record.batch,
+                       cluster=cluster_from_gpus(get_gpu("h100-80gb"), 8), strategy=StrategySpec(kind="fsdp-full-shard"))
+
+
+def test_the_records_cover_lora_and_qlora_with_and_without_recomputation() -> None:
+    records = load_compiled_records(RECORDS)
+    kinds = {(r.finetune.quantize.value, r.activation_checkpointing.value) for r in records}
+    assert kinds == {("none", "none"), ("none", "full"), ("nf4", "none"), ("nf4", "full")}
+
+
+@pytest.mark.parametrize("path", sorted(RECORDS.glob("*.json")), ids=lambda p: p.stem)
+def test_a_compiled_lora_block_keeps_what_the_partitioner_saved(path: Path) -> None:
+    record = CompiledBlockRecord.model_validate_json(path.read_text(encoding="utf-8"))
+    # The storages the compiled node held at run time, parameters left out: the partitioned
+    # graph's list also names five transposed adapter weights of the NF4 block (views of
+    # parameters, no storage of their own: 1,015,808 bytes) as intermediates.
+    measured = record.compiled_runtime_saved_bytes
+    assert 0 <= record.compiled_saved_bytes - measured <= 2 ** 20
+    predicted = framework_block_kept_bytes(request_of(record))
+    if record.activation_checkpointing.value == "none":
+        assert predicted == measured
+    # Under full recomputation: the block input (and a few KB of saved RNG state).
+    assert abs(predicted - measured) <= BLOCK_TARGET * measured, (predicted, measured)
+
+
+def test_the_eager_figures_are_the_lora_block_records() -> None:
+    # The same block measured eagerly here and by benchmarks/framework_records.py --finetune.
+    eager = {(r.training.finetune, r.training.activation_checkpointing): r.block_kept_bytes
+             for r in load_framework_records(BENCHMARKS / "framework-finetune-records")
+             if r.training.framework.value == "torchtune" and r.batch.seq_len == 4096}
+    compared = 0
+    for record in load_compiled_records(RECORDS):
+        key = (record.finetune, record.activation_checkpointing)
+        if key in eager:
+            assert record.eager_live_bytes == eager[key], record.name
+            compared += 1
+    assert compared >= 2
+
+
+def test_a_qlora_block_compiled_keeps_its_dequantized_weights() -> None:
+    records = {r.name: r for r in load_compiled_records(RECORDS)}
+    lora = next(r for r in records.values() if r.finetune.quantize.value == "none" and r.activation_checkpointing.value == "none"
+                and len(r.finetune.targets(r.framework)) == 7 - 1)  # torchtune's 8B_lora targets
+    qlora = next(r for r in records.values() if r.finetune.quantize.value == "nf4" and r.activation_checkpointing.value == "none")
+    # All seven linears (QLoRA) against q, v, o and the MLP (LoRA): one more r-wide lora_a output
+    # (k's), and the block's seven weights in bf16 (Llama-3.1-8B: 218,103,808 elements).
+    assert qlora.compiled_runtime_saved_bytes - lora.compiled_runtime_saved_bytes == 2 * 4096 * 8 + 2 * 218_103_808
+
+
+@pytest.mark.parametrize("fields, framework", [
+    ({"lora_rank": 8}, "hf"),
+    ({"lora_rank": 8, "lora_dropout": 0.1}, "torchtune"),
+    ({"lora_rank": 8, "dora": True}, "torchtune"),
+])
+def test_compiled_fine_tunes_not_measured_are_refused_naming_the_field(fields, framework) -> None:
+    with pytest.raises(ZeroplanError) as error:
+        check_compiled(TrainingSpec(framework=framework, compile=True, finetune=FineTuneSpec(**fields)), get_model("llama-3.1-8b"))
+    assert error.value.field == "finetune"
