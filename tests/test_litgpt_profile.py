@@ -138,3 +138,8 @@ def test_bf16_mixed_runs_an_fp32_module_under_autocast_with_an_fp32_cross_entrop
     sbv, rows = S * 32000, LITGPT_LOSS_CHUNK_TOKENS * 32000
     # bf16 logits, fp32 log-softmax; a chunk's bf16 reshape copy and fp32 upcast; two fp32 gradients.
     assert framework_logits_pieces(request) == (2 * sbv + 4 * sbv + 2 * rows + 4 * rows, 2 * sbv + 4 * sbv + 2 * 4 * rows)
+
+
+def test_a_quantized_base_on_several_gpus_is_refused_as_litgpt_refuses_it() -> None:
+    with pytest.raises(ZeroplanError, match="^finetune.quantize: litgpt quantizes a base on one GPU only"):
+        _lora((LoraTarget.q,), quantize="nf4", kind=StrategyKind.fsdp_full_shard, gpus=4, checkpointing="full")

@@ -278,6 +278,11 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         fsdp_loss_backward_gathers_head=True,
         # model.py Block: Linear q/k/v as one `attn` weight (n_head + 2 n_query_groups) x head_size.
         fuses_qkv=True,
+        # finetune/lora.py setup: --quantize bnb.nf4 | bnb.nf4-dq is lightning's
+        # BitsandbytesPrecision (_NF4Linear, _NF4DQLinear: bnb.nn.Linear4bit); pyproject.toml pins
+        # bitsandbytes==0.42.0, and lora.py warns for any other release.
+        nf4_library="bitsandbytes through lightning's BitsandbytesPrecision (litgpt pins 0.42.0; "
+                    "FineTuneSpec.bitsandbytes_version)",
         # lightning 2.4 fabric/strategies/fsdp.py _setup_activation_checkpointing ->
         # torch's apply_activation_checkpointing(checkpoint_wrapper_fn=checkpoint_wrapper), whose
         # default is the non-reentrant checkpoint with early stop left on.

@@ -305,6 +305,12 @@ class PlanRequest(Frozen):
         check_parallel(self.parallel, self.model, self.cluster, self.batch, self.strategy.kind, self.training.framework)
         check_finetune(self.training.finetune, self.model, self.training.framework, self.parallel.model_parallel_size * self.parallel.ep,
                        checkpointing=self.training.activation_checkpointing is not ActivationCheckpointing.none)
+        if (self.training.framework is Framework.litgpt and self.training.finetune.quantize.is_quantized
+                and self.cluster.world_size > 1):
+            # litgpt 0.4.13.dev1 finetune/lora.py setup raises NotImplementedError("Quantization is
+            # currently not supported for multi-GPU training").
+            raise ZeroplanError("finetune.quantize", "litgpt quantizes a base on one GPU only (allowed: --gpus 1, "
+                                                     "or --quantize none)")
         if self.training.finetune.quantize is Quantization.int8 and self.strategy.kind not in INT8_STRATEGIES:
             raise ZeroplanError("strategy", f"{self.strategy.kind.value!r} cannot hold an int8 base (bitsandbytes Int8Params; "
                                             f"allowed: {', '.join(k.value for k in INT8_STRATEGIES)})")
