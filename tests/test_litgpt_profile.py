@@ -143,3 +143,15 @@ def test_bf16_mixed_runs_an_fp32_module_under_autocast_with_an_fp32_cross_entrop
 def test_a_quantized_base_on_several_gpus_is_refused_as_litgpt_refuses_it() -> None:
     with pytest.raises(ZeroplanError, match="^finetune.quantize: litgpt quantizes a base on one GPU only"):
         _lora((LoraTarget.q,), quantize="nf4", kind=StrategyKind.fsdp_full_shard, gpus=4, checkpointing="full")
+
+
+def test_qlora_head_is_4bit_and_dequantizes_through_fp16() -> None:
+    from zeroplan.core.finetune.activations import dequantized_weight_bytes
+    from zeroplan.core.parallel.units import rank_parameter_units
+
+    request = _lora((LoraTarget.q, LoraTarget.v), quantize="nf4")
+    head = next(t for unit in rank_parameter_units(request) for t in unit.tensors if t.name == "lm_head.weight")
+    assert head.quantized and not head.trainable
+    # The head is the largest 4-bit weight: dequantized to fp16 (lightning quantized it from
+    # fp16), then cast to bf16 beside it.
+    assert dequantized_weight_bytes(request) == 128256 * 4096 * (2 + 2)

@@ -14,6 +14,7 @@ from zeroplan.core.profiles import fsdp_separates_embedding_and_head, profile
 from zeroplan.core.zero3_groups import hpz_secondary_partition_bytes
 from zeroplan.core.zeropp import qgz_buffer_bytes, qwz_buffer_bytes
 from zeroplan.specs.framework import Framework
+from zeroplan.core.megatron import megatron_step_temporary_bytes
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, ZeroGradientReduce
 from zeroplan.specs.training import Optimizer, OptimizerLoop, StateConvention
@@ -68,6 +69,15 @@ def _largest_group(request: PlanRequest, per_unit: list[int]) -> int:
     return max(blocks + [root])
 
 
+# megatron-core 0.16.1 distributed/param_and_grad_buffer.py: gradients are accumulated straight
+# into the contiguous grad_data buffer (param.main_grad views; counted as the gradients), which
+# is all-reduced or reduce-scattered in place, and the distributed optimizer all-gathers the
+# updated parameters in place into param_data (_ParamAndGradBucketGroup.start_param_sync): no
+# bucket copy, gathered unit or flat copy exists beside the model states.
+def _megatron_buffers(request: PlanRequest) -> bool:
+    return request.training.framework is Framework.megatron
+
+
 def _reduces_through_ddp_buckets(request: PlanRequest) -> bool:
     """DDP itself, or ZeroRedundancyOptimizer under DDP (zero_gradient_reduce=ddp-buckets)."""
     return (
@@ -82,6 +92,8 @@ def _reduces_through_ddp_buckets(request: PlanRequest) -> bool:
 # (shard-grad-op's gathered units, no_sync's unsharded gradients); transient ones exist only
 # while a unit is gathered or reduced (DeepSpeed's stage 1-2 bucket while gradients arrive).
 def resident_buffer_bytes(request: PlanRequest) -> int:
+    if _megatron_buffers(request):
+        return 0
     kind = request.strategy.kind
     eb = element_bytes(request.training.precision, request.convention)
     if _reduces_through_ddp_buckets(request):
@@ -98,6 +110,8 @@ def resident_buffer_bytes(request: PlanRequest) -> int:
 
 
 def backward_held_buffer_bytes(request: PlanRequest) -> int:
+    if _megatron_buffers(request):
+        return 0
     kind = request.strategy.kind
     eb = element_bytes(request.training.precision, request.convention)
     held = 0
@@ -120,6 +134,8 @@ def backward_held_buffer_bytes(request: PlanRequest) -> int:
 
 def transient_buffer_bytes(request: PlanRequest) -> int:
     """Buffers of the unit being gathered or reduced (the largest unit)."""
+    if _megatron_buffers(request):
+        return 0
     kind = request.strategy.kind
     eb = element_bytes(request.training.precision, request.convention)
     if _reduces_through_ddp_buckets(request):
@@ -234,6 +250,8 @@ def for_loop_step_temporary_bytes(request: PlanRequest, eb) -> int:
 
 
 def optimizer_step_temporary_bytes(request: PlanRequest, optimizer_elements: int) -> int:
+    if _megatron_buffers(request):
+        return megatron_step_temporary_bytes(request, optimizer_elements)
     # With FSDP2's CPUOffloadPolicy the step runs on the host's states (model_state_bytes).
     if request.strategy.kind.offloads_optimizer or request.training.fsdp_cpu_offload:
         return 0

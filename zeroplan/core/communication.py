@@ -21,6 +21,7 @@ from zeroplan.core.parallel.pipeline import pipeline_defers_fsdp_reduction
 from zeroplan.core.parallel.units import rank_parameter_units, rank_trainable_units
 from zeroplan.core.zero3_groups import hpz_parameter_collectives, mics_replica_all_reduce
 from zeroplan.core.zeropp import qgz_collectives, qgz_spans_nodes
+from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, ZeroGradientReduce
 from zeroplan.specs.training import Precision
@@ -97,6 +98,30 @@ def deepspeed_zero12_collectives(
     return result
 
 
+# megatron-core 0.16.1 distributed/param_and_grad_buffer.py _ParamAndGradBucketGroup: the
+# schedules run every micro-batch but the last under DDP's no_sync, so the gradient buffer
+# (one bucket without overlap_grad_reduce) is reduced once a step, in its own dtype (fp32 under
+# bf16: grad_reduce_in_fp32): all-reduced (start_grad_sync), or reduce-scattered in place under
+# the distributed optimizer, which then all-gathers the updated 16-bit parameter buffer
+# (start_param_sync; in the step without overlap_param_gather).
+def megatron_collectives(request: PlanRequest, group: int, spans_nodes: bool, per_node: int | None) -> list[Collective]:
+    """megatron-core's data-parallel collectives of one step."""
+    from zeroplan.core.megatron import grad_buffer_element_bytes, grad_buffer_elements
+
+    buffer = grad_buffer_elements(request)
+    grad = grad_buffer_element_bytes(request.training.precision)
+    param = request.training.precision.compute_bytes
+    if not request.strategy.kind.zero_stage:
+        return [make_collective(CollectiveOp.all_reduce, Phase.backward, "gradients", [buffer * grad], group, 1,
+                                spans_nodes, grad, per_node)]
+    return [
+        make_collective(CollectiveOp.reduce_scatter, Phase.backward, "gradients", [buffer * grad], group, 1,
+                        spans_nodes, grad, per_node),
+        make_collective(CollectiveOp.all_gather, Phase.step, "parameters", [buffer * param], group, 1,
+                        spans_nodes, param, per_node),
+    ]
+
+
 def collectives(request: PlanRequest) -> list[Collective]:
     """Every collective of one optimizer step of ``request``'s rank: the data-parallel
     strategy's over the ranks that hold the same parameters, then those tensor, context and
@@ -146,6 +171,8 @@ def data_parallel_collectives(request: PlanRequest) -> list[Collective]:
     per_node = None if tp == 1 else max(1, min(world, request.cluster.gpus_per_node // tp))
     if world == 1:
         return []
+    if request.training.framework is Framework.megatron:
+        return megatron_collectives(request, world, multi_node, per_node)
     if kind is StrategyKind.ddp or request.strategy.zero_gradient_reduce is ZeroGradientReduce.ddp_buckets:
         total = sum(u.numel for u in rank_trainable_units(request)) * eb.gradient
         buckets = ddp_bucket_sizes(total, request.strategy.ddp_bucket_cap_bytes)

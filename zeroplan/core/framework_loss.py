@@ -245,6 +245,10 @@ def framework_logits_pieces(request: PlanRequest) -> tuple[int, ...]:
     chunks = loss_chunks(training)
     if training.framework is Framework.litgpt and not training.compile:
         return litgpt_logits_pieces(request)
+    if training.framework is Framework.megatron:
+        from zeroplan.core.megatron import megatron_logits_bytes
+
+        return (megatron_logits_bytes(request),)
     if torchtitan_chunked_loss(training):
         return torchtitan_chunked_loss_bytes(request), torchtitan_chunk_cross_entropy_bytes(request)
     if training.fused_linear_cross_entropy:

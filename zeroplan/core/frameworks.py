@@ -234,6 +234,12 @@ def framework_layer_bytes(request: PlanRequest) -> int:
         from zeroplan.core.compiled import compiled_layer_bytes
 
         return compiled_layer_bytes(request) + torchtitan_rope_cache_bytes(request)
+    if training.framework is Framework.megatron:
+        # megatron-core's block is the reference (Korthikanti et al.'s) block but for its fused
+        # bias-SwiGLU and eager attention's expanded K/V (zeroplan.core.megatron).
+        from zeroplan.core.megatron import megatron_layer_delta_bytes
+
+        return layer_bytes(model, training, s, b) + megatron_layer_delta_bytes(request)
     norm_savings = hf_bf16_norm_savings_bytes(request)
     norms = model.norms_per_block * norm_savings
     return (layer_bytes(model, training, s, b, autocast=request.runs_under_autocast) - norms + expanded_kv_extra_bytes(model, training, s, b)
@@ -339,6 +345,11 @@ def framework_activation_bytes(request: PlanRequest) -> int:
         layers = model.num_layers * kept + layer - kept
     elif mode is ActivationCheckpointing.selective_layer:
         layers = selective_layer_layers_bytes(request, layer)
+    elif mode is ActivationCheckpointing.selective:
+        # Korthikanti et al. 2022 sec. 5 (megatron's recompute_modules ["core_attn"]): every
+        # block keeps all but its attention core, which one block's backward rebuilds.
+        kept = layer - selective_core_bytes(request)
+        layers = model.num_layers * kept + layer - kept
     else:
         # Korthikanti et al. 2022 sec. 5: each block's input kept, one block recomputed at a time.
         layers = model.num_layers * block_input_bytes(request, s, b) + layer
@@ -363,7 +374,22 @@ def framework_recompute_bytes(request: PlanRequest) -> int:
     layer = framework_layer_bytes(request)
     if mode is ActivationCheckpointing.selective_op:
         return layer - selective_op_kept_bytes(request)
+    if mode is ActivationCheckpointing.selective:
+        return selective_core_bytes(request)
     return layer
+
+
+# Korthikanti et al. 2022 sec. 5, as megatron-core's transformer/attention.py
+# _checkpointed_attention_forward runs it: the core attention (QK^T, softmax, its dropout,
+# softmax@V) is recomputed, Q, K and V (its inputs) stay saved; under eager attention the
+# expanded K and V are made inside the recomputed core too.
+def selective_core_bytes(request: PlanRequest) -> int:
+    """Bytes of one block's attention core that selective recomputation drops."""
+    from zeroplan.core.activations import selective_recompute_savings
+    from zeroplan.core.megatron import megatron_expanded_kv_bytes
+
+    s, b = request.batch.seq_len, request.batch.micro_batch_size
+    return selective_recompute_savings(request.model, request.training, s, b) + megatron_expanded_kv_bytes(request)
 
 
 
@@ -387,4 +413,6 @@ def framework_block_kept_bytes(request: PlanRequest, position: int = 1) -> int:
         return framework_layer_bytes(request)
     if mode is ActivationCheckpointing.selective_op:
         return selective_op_kept_bytes(request)
+    if mode is ActivationCheckpointing.selective:
+        return framework_layer_bytes(request) - selective_core_bytes(request)
     return block_input_bytes(request, s, b)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from zeroplan.core.finetune.storage import frozen_held_bytes, frozen_tensor_bytes
 from zeroplan.core.finetune.units import trainable_view
+from zeroplan.core.megatron import megatron_model_state_bytes
 from zeroplan.core.layout import ElementBytes, ShardLayout, element_bytes, padded_unit_elements, shard_elements
 from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise, step_counter_bytes, tensor_state_bytes
 from zeroplan.core.nvme import host_pinned_bytes
@@ -12,6 +13,7 @@ from zeroplan.core.params import ParamUnit
 from zeroplan.core.parallel.units import rank_block_count, rank_parameter_units, rank_trainable_units
 from zeroplan.core.profiles import fused_qkv_fewer_tensors
 from zeroplan.specs.base import Frozen
+from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import ZeroGradientReduce
 from zeroplan.specs.training import StateConvention
@@ -40,6 +42,10 @@ class ModelStateBytes(Frozen):
     paged_optimizer_bytes: int = 0
     """Optimizer states in CUDA managed memory (TrainingSpec.paged_optimizer): outside the
     caching allocator and ``optimizer_state_bytes``, paged to the host when the GPU is full."""
+    gradients_resident: bool = False
+    """The gradients live in a buffer allocated once and kept (megatron-core's contiguous
+    gradient buffer, zeroed between steps and never freed): alive at every moment of the step,
+    not only from the end of backward."""
     parameter_elements: int
     """Trainable parameter elements this rank stores (padding included; frozen ones are in
     parameter_bytes only)."""
@@ -163,6 +169,15 @@ def _deepspeed_stage1_reduces_in_backward(request: PlanRequest) -> bool:
 
 
 def model_state_bytes(request: PlanRequest) -> ModelStateBytes:
+    if request.training.framework is Framework.megatron:
+        # megatron-core's gradient buffer and distributed optimizer (zeroplan.core.megatron).
+        states = megatron_model_state_bytes(request)
+        return ModelStateBytes(
+            parameter_bytes=states.parameter_bytes, gradient_bytes=states.gradient_bytes,
+            optimizer_state_bytes=states.optimizer_state_bytes, step_counter_bytes=0, host_bytes=0,
+            parameter_elements=states.buffer_elements, optimizer_elements=states.optimizer_elements,
+            gradients_resident=True,
+        )
     kind = request.strategy.kind
     stage = kind.zero_stage
     eb = element_bytes(request.training.precision, request.convention)

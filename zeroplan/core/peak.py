@@ -19,13 +19,15 @@ from zeroplan.results import PeakMoment
 # between micro-steps under its state convention: PeakTerms.accumulated_gradients). With the
 # optimizer in backward (torchtune) no gradient outlives its parameter's step: none at the end
 # of backward, and the step moment is the largest single parameter's (model_state_bytes,
-# optimizer_in_backward_step_bytes).
+# optimizer_in_backward_step_bytes). A gradient buffer allocated once (megatron-core's) is alive
+# at all four.
 def peak_moments(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: int) -> dict[PeakMoment, MomentBytes]:
     """Every moment's live bytes, split into gradients, buffers (and workspace) and the rest."""
     resident = states.parameter_bytes + states.optimizer_state_bytes
     held = moments.resident_buffers + moments.backward_held_buffers
     carried = states.gradient_bytes if moments.accumulated_gradients is None else moments.accumulated_gradients
-    accumulated = carried if grad_accum_steps > 1 else 0
+    # megatron-core's gradient buffer is there from the first step on (gradients_resident).
+    accumulated = carried if grad_accum_steps > 1 or states.gradients_resident else 0
     return {
         PeakMoment.loss_backward: MomentBytes(resident + moments.activations + moments.logits, accumulated, held),
         PeakMoment.block_backward: MomentBytes(

@@ -154,6 +154,17 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     return states, terms
 
 
+def replayed(states: ModelStateBytes, terms: PeakTerms) -> tuple[ModelStateBytes, PeakTerms]:
+    """The states and terms the caching-allocator model replays. Its step allocates gradients
+    at the end of backward (or from the start when accumulating); a gradient buffer allocated
+    once before the first step and kept (megatron-core's, ModelStateBytes.gradients_resident) is
+    replayed as what it is to the allocator, a resident buffer."""
+    if not states.gradients_resident:
+        return states, terms
+    return (states.model_copy(update={"gradient_bytes": 0}),
+            replace(terms, resident_buffers=terms.resident_buffers + states.gradient_bytes))
+
+
 def checked_peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     """peak_terms, after the refusals a whole breakdown makes first. The last few answers are
     kept (specs and terms are immutable): plan() asks for a request's terms twice, for its
@@ -186,7 +197,7 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
         # memory nothing is replayed and the peak is the allocated peak, the least it needs.
         from zeroplan.allocator.planner import allocator_verdict
 
-        verdict = allocator_verdict(request, states, terms, allocated, usable_memory_bytes(request))
+        verdict = allocator_verdict(request, *replayed(states, terms), allocated, usable_memory_bytes(request))
         reserved, oom_at = verdict.reserved_peak_bytes, verdict.oom_capacity_bytes
         reserve = 0 if reserved is None else max(reserved - allocated, 0)
     breakdown = MemoryBreakdown(
@@ -263,7 +274,7 @@ def _fits_under_allocator(request: PlanRequest) -> bool:
     for rank in pipeline_rank_requests(request):
         states, terms = checked_peak_terms(rank)
         allocated, _ = peak_allocated_bytes(states, terms, rank.batch.grad_accum_steps)
-        if not allocator_fits(rank, states, terms, allocated, usable):
+        if not allocator_fits(rank, *replayed(states, terms), allocated, usable):
             return False
     return True
 

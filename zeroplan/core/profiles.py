@@ -290,6 +290,46 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         # finetune/full.py setup docstring: "bf16-true", "bf16-mixed", "32-true" (and Fabric's
         # "16-true", "16-mixed"): every numerics zeroplan names.
     ),
+    # megatron-core 0.16.1 (PyPI), as Megatron-LM's pretrain_gpt.py drives it; file paths are
+    # megatron/core/... in that release (docs/frameworks.md, "Megatron-LM").
+    Framework.megatron: FrameworkProfile(
+        framework=Framework.megatron, version="megatron-core 0.16.1",
+        # transformer/transformer_config.py recompute_granularity: "selective" (recompute_modules
+        # ["core_attn"] by default: Korthikanti et al. 2022 sec. 5's selective recomputation of the
+        # attention core) or "full" (recompute_method "uniform", recompute_num_layers 1: every
+        # block checkpointed, transformer/transformer_block.py _checkpointed_forward).
+        checkpointing=(*_NONE_FULL, ActivationCheckpointing.selective),
+        checkpointing_names="none, selective (--recompute-granularity selective), full (--recompute-granularity full)",
+        default_precision=Precision.bf16_mixed,
+        # transformer/dot_product_attention.py DotProductAttention.forward (the local spec's
+        # core attention) repeat_interleaves key and value to the query heads before the
+        # baddbmm and bmm that save them; Transformer Engine's fused attention (the default
+        # spec, --use-flash-attn) takes grouped K and V: expanded only with eager attention
+        # (zeroplan.core.megatron.megatron_expanded_kv_bytes).
+        expands_kv_heads=False, bf16_module_norm_saves_bf16=False,
+        loss_chunks=1, offers_activation_offloading=False,
+        # distributed/distributed_data_parallel.py DistributedDataParallel: all-reduce of the
+        # gradient buffer (ddp), or, with DistributedDataParallelConfig.use_distributed_optimizer,
+        # its reduce-scatter and the parameter all-gather of optimizer/distrib_optimizer.py
+        # DistributedOptimizer (ZeRO-1's sharding: zero1). Megatron-FSDP and torch FSDP2 under
+        # Megatron are not modelled.
+        strategies=(StrategyKind.ddp, StrategyKind.zero1),
+        # transformer/attention.py SelfAttention: one linear_qkv weight; transformer/mlp.py: one
+        # linear_fc1 holding gate and up for gated MLPs.
+        fuses_qkv=True,
+        # optimizer/__init__.py: Adam is Transformer Engine's or apex's FusedAdam (multi-tensor,
+        # no state-sized temporary), torch's AdamW only where neither is installed.
+        fused_optimizer=True,
+        # Korthikanti et al. 2022 sec. 4.2.2, tensor_parallel/layers.py
+        # LinearWithGradAccumulationAndAsyncCommunication: under sequence parallelism the
+        # column-parallel linears save the sequence shard and all-gather it again in backward.
+        sequence_parallel_saves_gathered_inputs=False,
+        # tensor_parallel/random.py CheckpointFunction reruns the whole block in backward.
+        checkpoint_early_stop=False,
+        # training/arguments.py: --fp16, --bf16 or neither (fp32); bf16 parameters with bf16
+        # optimizer states (--use-precision-aware-optimizer) are not modelled.
+        precisions=(Precision.fp32, Precision.bf16_mixed, Precision.fp16_mixed),
+    ),
 }
 
 
@@ -412,6 +452,23 @@ def litgpt_builds(model: ModelSpec) -> str | None:
     return None
 
 
+# megatron-core 0.16.1 models/gpt/gpt_model.py GPTModel with models/gpt/gpt_layer_specs.py:
+# position_embedding_type "learned_absolute" | "rope" | "none" (no ALiBi), LayerNorm or RMSNorm
+# (normalization), a GELU or gated (swiglu) MLP, pre-norm sequential blocks with causal attention.
+# Its MoE layers (transformer/moe/: token dispatchers, grouped GEMMs, capacity and padding) and
+# multi-latent attention are other code whose bytes zeroplan has not read; they are refused
+# rather than planned as dense blocks.
+def megatron_builds(model: ModelSpec) -> str | None:
+    """Why the megatron profile does not plan this architecture, or None when it does."""
+    if model.is_moe or model.is_mla:
+        return "a mixture of experts or latent attention (Megatron's MoE and MLA layers are not modelled)"
+    if model.position is PositionKind.alibi:
+        return "ALiBi positions (GPTModel offers learned, rope or none)"
+    if model.post_norms or model.parallel_block or model.embedding_norm or not model.causal:
+        return "post-norms, a parallel block, an embedding norm or bidirectional attention"
+    return None
+
+
 def check_framework_model(framework: Framework, model: ModelSpec) -> None:
     """Refuse, in one line, a model the framework's own code does not build."""
     if framework is Framework.litgpt:
@@ -420,6 +477,12 @@ def check_framework_model(framework: Framework, model: ModelSpec) -> None:
             raise ZeroplanError("model", f"{model.name} has {reason}; litgpt {PROFILES[framework].version} builds "
                                 "rotary decoders (Llama, Mistral, Gemma, Phi, Falcon, GPT-NeoX/StableLM) "
                                 "(allowed: framework zeroplan or hf for it)")
+        return
+    if framework is Framework.megatron:
+        reason = megatron_builds(model)
+        if reason is not None:
+            raise ZeroplanError("model", f"{model.name} has {reason}; the megatron profile plans dense GPT and Llama-style "
+                                "decoders (allowed: framework zeroplan for it)")
         return
     if framework is Framework.torchtune:
         reason = torchtune_builds(model)
@@ -438,6 +501,18 @@ def check_framework_model(framework: Framework, model: ModelSpec) -> None:
         )
 
 
+MEGATRON_OPTIMIZERS = (Optimizer.adam, Optimizer.adamw, Optimizer.sgd, Optimizer.sgd_momentum)
+"""optimizer/__init__.py _get_megatron_optimizer_based_on_param_groups: config.optimizer "adam"
+(TE's or apex's FusedAdam in AdamW mode) or "sgd" (apex FusedSGD, with momentum)."""
+
+
+def check_megatron_optimizer(optimizer: Optimizer) -> None:
+    """Refuse, in one line, an optimizer the megatron profile does not plan."""
+    if optimizer not in MEGATRON_OPTIMIZERS:
+        allowed = ", ".join(o.value for o in MEGATRON_OPTIMIZERS)
+        raise ZeroplanError("optimizer", f"{optimizer.value!r} is not a megatron-core optimizer the profile plans (allowed: {allowed})")
+
+
 _TORCH_FUSED_OPTIMIZERS = (Optimizer.adam, Optimizer.adamw, Optimizer.sgd, Optimizer.sgd_momentum)
 
 
@@ -447,6 +522,8 @@ def check_framework_request(training: TrainingSpec, model: ModelSpec | None = No
     prof = profile(training.framework)
     if model is not None:
         check_framework_model(training.framework, model)
+    if training.framework is Framework.megatron:
+        check_megatron_optimizer(training.optimizer)
     # torch 2.13 optim/adam.py, sgd.py: fused=True exists for Adam, AdamW and SGD only.
     if training.optimizer_loop is OptimizerLoop.fused and training.optimizer not in _TORCH_FUSED_OPTIMIZERS:
         allowed = ", ".join(o.value for o in _TORCH_FUSED_OPTIMIZERS)

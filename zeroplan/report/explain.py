@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from zeroplan.answers import FitReport
 from zeroplan.report.summary import DEFAULT_WIDTH, NARROWEST_WIDTH, wrap
 from zeroplan.results import StrategyPlan
+from zeroplan.specs.framework import Framework
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.units import ByteUnit, to_unit
 
@@ -41,6 +42,9 @@ def _per_parameter(num_bytes: int, report: FitReport, shards: int) -> str:
 def _state_terms(report: FitReport, plan: StrategyPlan, unit: ByteUnit) -> list[Term]:
     m, kind, n = plan.memory, plan.strategy, plan.shard_group_size
     states = f"{section(2, 'Model states')}, convention {plan.state_convention.value}"
+    if report.training.framework is Framework.megatron:
+        # megatron-core keeps its own layout (docs/memory-model.md, "Megatron-LM").
+        states = f"{section(2, 'Model states')}, 'Megatron-LM' (its gradient buffer and distributed optimizer)"
     parameter_shards = n if kind.zero_stage >= 3 else 1
     gradient_shards = n if kind.zero_stage >= 2 else 1
 

@@ -7,7 +7,7 @@ from zeroplan.answers import FitReport
 from zeroplan.core.margin import PEAK_ERROR_BAND
 from zeroplan.results import StrategyPlan
 from zeroplan.specs.finetune import Quantization
-from zeroplan.specs.framework import Framework
+from zeroplan.specs.framework import LAUNCH_ENVIRONMENT, Framework
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.model import ModelSpec
 from zeroplan.specs.training import AttentionKernel
@@ -238,6 +238,14 @@ def allocator_lines(report: FitReport) -> list[str]:
     return [f"allocator: PYTORCH_CUDA_ALLOC_CONF={report.allocator_conf} ({origin})"]
 
 
+def launch_lines(report: FitReport) -> list[str]:
+    """The environment the framework's own launch scripts set (LAUNCH_ENVIRONMENT), where any."""
+    launch = LAUNCH_ENVIRONMENT.get(report.training.framework)
+    if launch is None:
+        return []
+    return [f"launch: {launch} ({report.training.framework.value}'s launch scripts; no allocator setting)"]
+
+
 def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
     c = report.cluster
     t, b = report.training, report.batch
@@ -257,6 +265,7 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
         + (", torch.compile" if t.compile else "")
         + (f", float8 {t.float8.value} (memory only: step time assumes bf16 matmuls)" if t.float8 else ""),
         *allocator_lines(report),
+        *launch_lines(report),
         *paged_optimizer_lines(report, unit),
         *nvme_lines(report, unit),
         *finetune_lines(report),

@@ -21,6 +21,10 @@ class Framework(str, Enum):
     """PyTorch's torchtune (its Llama-3 builders, full-finetune recipes)."""
     litgpt = "litgpt"
     """Lightning AI's litgpt (its own GPT model code, its finetune scripts on Lightning Fabric)."""
+    megatron = "megatron"
+    """NVIDIA's Megatron-LM on megatron-core (its GPTModel, DistributedDataParallel with the
+    contiguous gradient buffer, the distributed optimizer, its tensor/sequence/pipeline
+    parallelism and vocabulary-parallel cross-entropy)."""
 
 
 LAUNCH_ALLOCATOR_CONF: dict[Framework, str] = {
@@ -42,3 +46,16 @@ PyTorch's defaults."""
 UNTIES_EMBEDDINGS: frozenset[Framework] = frozenset({Framework.litgpt})
 """Frameworks whose own model code builds the output projection apart from the embedding even
 for a model whose checkpoint ties them (PlanRequest plans that model untied)."""
+
+
+LAUNCH_ENVIRONMENT: dict[Framework, str] = {
+    # Megatron-LM examples/gpt3/train_gpt3_175b_distributed.sh (and every script under
+    # examples/) exports CUDA_DEVICE_MAX_CONNECTIONS=1 before torchrun, and
+    # megatron/training/arguments.py validate_args (Megatron-LM d98e8a6) asserts it is 1 with
+    # tensor or context parallelism on GPUs before Blackwell, so a tensor-parallel collective is
+    # queued before the GEMM it overlaps. Neither sets PYTORCH_CUDA_ALLOC_CONF: the caching
+    # allocator runs PyTorch's defaults.
+    Framework.megatron: "CUDA_DEVICE_MAX_CONNECTIONS=1",
+}
+"""Environment a framework's own launch scripts set that does not change the bytes planned,
+shown in the report's header so a user's launch can be compared with it."""

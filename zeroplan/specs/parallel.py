@@ -160,9 +160,15 @@ class ParallelSpec(Frozen):
 PIPELINE_STRATEGIES = ("ddp", "zero1", "fsdp-full-shard", "fsdp-shard-grad-op", "hsdp")
 """Data-parallel strategies that run under a pipeline."""
 
-MODEL_PARALLEL_FRAMEWORKS = ("zeroplan", "torchtitan")
+MODEL_PARALLEL_FRAMEWORKS = ("zeroplan", "torchtitan", "megatron")
 """Profiles whose tensor, context, pipeline and expert parallelism are modelled: the reference
-model (Megatron-LM's layout, Korthikanti et al. 2022) and torchtitan 0.3.0's own."""
+model (Megatron-LM's layout, Korthikanti et al. 2022), torchtitan 0.3.0's own and megatron-core's
+(tensor, sequence and pipeline parallelism only: check_megatron_parallel)."""
+
+MEGATRON_SCHEDULES = (PipelineSchedule.one_f_one_b, PipelineSchedule.interleaved_1f1b)
+"""megatron-core 0.16.1 pipeline_parallel/schedules.py get_forward_backward_func: without a
+pipeline forward_backward_no_pipelining; with one forward_backward_pipelining_without_interleaving
+(1F1B) or, with a virtual pipeline size, forward_backward_pipelining_with_interleaving."""
 
 # torchtitan 0.3.0 runs expert parallelism under FSDP2 only: ep borrows from dp_shard (its
 # distributed/fsdp.py shards the experts over efsdp = dp_shard x cp x tp / ep); DDP and HSDP's
@@ -186,6 +192,8 @@ def check_parallel(parallel: ParallelSpec, model, cluster, batch, strategy_kind,
                             "not modelled (allowed: tp 1; use --ep for the experts)")
     if parallel.is_trivial:
         return
+    if framework.value == "megatron":
+        check_megatron_parallel(parallel, model, batch)
     if framework.value not in MODEL_PARALLEL_FRAMEWORKS:
         raise ZeroplanError(
             "parallel", f"tensor, context and pipeline parallelism are not modelled for {framework.value} "
@@ -222,7 +230,9 @@ def check_parallel(parallel: ParallelSpec, model, cluster, batch, strategy_kind,
             "(allowed: cp with 2 x cp dividing the sequence)",
         )
     if parallel.pp > 1:
-        refused = parallel.microbatch_rule(batch.grad_accum_steps)
+        # megatron-core's own schedules take any micro-batch count for 1F1B (its warm-up is
+        # capped at the count) and check_megatron_parallel states its interleaved rule.
+        refused = None if framework.value == "megatron" else parallel.microbatch_rule(batch.grad_accum_steps)
         if refused:
             # The pipeline's micro-batches are the step's accumulation steps.
             raise ZeroplanError("batch.grad_accum_steps", refused)
@@ -236,6 +246,32 @@ def check_parallel(parallel: ParallelSpec, model, cluster, batch, strategy_kind,
                 "strategy", f"{strategy_kind.value!r} does not run under pipeline parallelism "
                 f"(allowed: {', '.join(PIPELINE_STRATEGIES)})",
             )
+
+
+def check_megatron_parallel(parallel: ParallelSpec, model, batch) -> None:
+    """The layouts megatron-core 0.16.1 builds that the megatron profile plans, the rest refused
+    in one line naming the field."""
+    if parallel.cp > 1:
+        # Megatron's context parallelism runs Transformer Engine's attention (its ring exchange
+        # and load balancing), whose saved tensors zeroplan has not read.
+        raise ZeroplanError("parallel.cp", "context parallelism is not modelled for megatron (allowed: cp 1)")
+    if parallel.pp == 1:
+        return
+    if parallel.pp_schedule not in MEGATRON_SCHEDULES:
+        allowed = ", ".join(s.value for s in MEGATRON_SCHEDULES)
+        raise ZeroplanError("parallel.pp_schedule", f"{parallel.pp_schedule.value!r} is not a megatron-core schedule (allowed: {allowed})")
+    if model.num_layers % parallel.stages:
+        # transformer/transformer_block.py get_num_layers_to_build: num_layers // (pp x vp),
+        # with an assertion in training/arguments.py that pp (x vp) divides the layers
+        # unless uneven first/last stages are configured (not modelled).
+        raise ZeroplanError("parallel.pp", f"pp x virtual stages = {parallel.stages} does not divide {model.name}'s "
+                            f"{model.num_layers} blocks (allowed: a divisor of {model.num_layers})")
+    if parallel.pp_schedule is PipelineSchedule.interleaved_1f1b and batch.grad_accum_steps % parallel.pp:
+        # pipeline_parallel/schedules.py forward_backward_pipelining_with_interleaving raises
+        # unless microbatch_group_size_per_vp_stage (pp by default, model_parallel_config.py)
+        # is at most m and the last group, m mod pp, is empty or at least pp: m a multiple of pp.
+        raise ZeroplanError("batch.grad_accum_steps", f"{batch.grad_accum_steps} micro-batches for megatron's interleaved "
+                            f"schedule over pp {parallel.pp} (allowed: a multiple of {parallel.pp})")
 
 
 def check_expert_parallel(parallel: ParallelSpec, model, cluster, strategy_kind, framework) -> None:

@@ -195,6 +195,10 @@ def check_zero3_groups(request: "PlanRequest") -> None:
                                    f"(allowed: a divisor of {ranks})")
 
 
+MEGATRON_VOCAB_MULTIPLE = 128
+"""Megatron-LM's --make-vocab-size-divisible-by default (megatron/training/arguments.py)."""
+
+
 class PlanRequest(Frozen):
     """Model, numerics, batch, cluster and strategy: everything a prediction depends on."""
 
@@ -259,6 +263,27 @@ class PlanRequest(Frozen):
         if isinstance(model, dict) and model.get("tied_embeddings"):
             return {**data, "model": {**model, "tied_embeddings": False}}
         return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _megatron_vocab_padding(cls, data: object) -> object:
+        """Megatron-LM pads the tokenizer's vocabulary to a multiple of 128 x tp before building
+        the model (megatron/core/tokenizers/utils/build_tokenizer.py vocab_size_with_padding,
+        Megatron-LM d98e8a6; --make-vocab-size-divisible-by 128 by default): a megatron request
+        plans the padded embedding, head and logits, as Megatron-LM trains them."""
+        if not isinstance(data, dict):
+            return data
+        training, model, parallel = data.get("training"), data.get("model"), data.get("parallel")
+        framework = (training.framework if isinstance(training, TrainingSpec)
+                     else training.get("framework") if isinstance(training, dict) else None)
+        if framework not in (Framework.megatron, Framework.megatron.value) or not isinstance(model, ModelSpec):
+            return data
+        tp = parallel.tp if isinstance(parallel, ParallelSpec) else (parallel or {}).get("tp", 1)
+        multiple = MEGATRON_VOCAB_MULTIPLE * tp
+        padded = -(-model.vocab_size // multiple) * multiple
+        if padded == model.vocab_size:
+            return data
+        return {**data, "model": model.model_copy(update={"vocab_size": padded})}
 
     @model_validator(mode="before")
     @classmethod
@@ -329,6 +354,12 @@ class PlanRequest(Frozen):
     @property
     def convention(self) -> StateConvention:
         """The byte layout of model states in force for this request."""
+        if self.training.framework is Framework.megatron:
+            # megatron-core casts the module to 16 bits (transformer/module.py Float16Module: no
+            # autocast) beside fp32 main parameters and, under bf16, fp32 gradients: DeepSpeed's
+            # layout, which the buffers and collectives read; its model states are
+            # zeroplan.core.megatron's own.
+            return StateConvention.deepspeed
         return self.training.state_convention or self.strategy.kind.default_convention
 
     @property

@@ -44,7 +44,7 @@ _ROW_LEAVES = frozenset({"o", "down", "fc2"})
 def tensor_split(name: str) -> TensorSplit:
     """How the planner's tensor ``name`` (zeroplan.core.params naming: 'attention.q.weight',
     'mlp.experts.3.down.weight', ...) is split."""
-    if name in ("token.weight", "lm_head.weight"):
+    if name in ("token.weight", "lm_head.weight", "shared_embedding.weight"):
         return TensorSplit.vocabulary
     module, _, kind = name.rpartition(".")
     leaf = module.rsplit(".", 1)[-1]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from zeroplan.core.finetune.units import finetune_units, trainable_view
-from zeroplan.core.params import ParamUnit, parameter_units
+from zeroplan.core.params import ParamTensor, ParamUnit, parameter_units
 from zeroplan.core.parallel.expert import expert_parallel_units
 from zeroplan.core.parallel.pipeline import rank_stages
 from zeroplan.core.parallel.tensor import tensor_parallel_units
@@ -41,8 +41,24 @@ def _rank_units(model: ModelSpec, tp: int, pp: int, schedule: PipelineSchedule, 
             if wanted:
                 keep.append(unit)
         units = tuple(keep)
+        if framework is Framework.megatron and model.tied_embeddings:
+            units = _megatron_shared_embedding(units, model)
     units = expert_parallel_units(tensor_parallel_units(units, parallel.tp), model, parallel.ep, framework, efsdp)
     return finetune_units(units, finetune, framework)
+
+
+MEGATRON_SHARED_EMBEDDING = "shared_embedding.weight"
+"""The last pipeline stage's copy of a tied word embedding (megatron's output_layer.weight)."""
+
+
+# megatron-core 0.16.1 models/common/language_module/language_module.py
+# setup_embeddings_and_output_layer: with tied embeddings and a pipeline, the last stage builds
+# its own output_layer.weight (V x h, marked shared_embedding), a trainable parameter with its own
+# gradient and optimizer state whose gradient finalize_model_grads.py all-reduces with the first
+# stage's word embedding; the stage holding both (pp 1) keeps one.
+def _megatron_shared_embedding(units: tuple[ParamUnit, ...], model: ModelSpec) -> tuple[ParamUnit, ...]:
+    copy = ParamTensor(name=MEGATRON_SHARED_EMBEDDING, shape=(model.vocab_size, model.hidden_size))
+    return tuple(ParamUnit(name=u.name, tensors=(*u.tensors, copy)) if u.name == "head" else u for u in units)
 
 
 @lru_cache(maxsize=64)
