@@ -37,7 +37,7 @@ def add_finetune_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--lora-alpha", type=positive_float, metavar="A", help="LoRA alpha (changes no byte; default 2R)")
     group.add_argument("--lora-targets", type=_targets, metavar="LAYERS",
                        help="comma-separated layers the adapters wrap, of q,k,v,o,gate,up,down,output "
-                            "(default: the framework's; torchtune q,v,o,gate,up,down; hf (PEFT) q,v; zeroplan all seven of a block)")
+                            "(default: the framework's; torchtune q,v,o,gate,up,down; hf (PEFT) and litgpt q,v; zeroplan all seven of a block)")
     group.add_argument("--lora-dropout", type=_fraction, default=0.0, metavar="P",
                        help="dropout on each adapter's input (default 0: no mask or copy is kept)")
     group.add_argument("--dora", action="store_true",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from math import ceil
 
+from zeroplan.core.profiles import profile
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import ModelSpec, NormKind, PositionKind
 from zeroplan.specs.training import ActivationCheckpointing, AttentionKernel, Kernels, TrainingSpec
@@ -99,9 +100,10 @@ def rms_norm_is_composite(training: TrainingSpec, autocast: bool) -> bool:
 #   differ and CUDA runs the composite too, so its bf16 figures are the CPU ones.
 # - transformers 4.56.2 LlamaRMSNorm spells the norm out (pow, mean, rsqrt, multiplies) and never
 #   calls F.rms_norm: it saves the same tensors on either device (its bf16-module saving is
-#   zeroplan.core.frameworks.hf_bf16_norm_savings_bytes).
+#   zeroplan.core.frameworks.hf_bf16_norm_savings_bytes). litgpt 0.4.13.dev1 litgpt/model.py
+#   RMSNorm spells it out the same way (FrameworkProfile.rms_norm_spelled_out).
 def rms_norm_operand_bytes(training: TrainingSpec, autocast: bool) -> tuple[int, int] | None:
-    if training.framework is Framework.hf:
+    if profile(training.framework).rms_norm_spelled_out:
         return None
     weight = FP32_BYTES if autocast else training.precision.compute_bytes
     if training.framework is Framework.torchtune:

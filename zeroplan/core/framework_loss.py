@@ -193,6 +193,49 @@ def fsdp_head_gathered_bytes(request: PlanRequest, *, prefetched: bool = True) -
     return gathered
 
 
+LITGPT_LOSS_CHUNK_TOKENS = 128
+"""litgpt 0.4.13.dev1 (commit 00af8b0): finetune/lora.py fit calls model(input_ids,
+lm_head_chunk_size=128), and utils.chunked_cross_entropy's chunk_size defaults to 128."""
+
+
+# litgpt 0.4.13.dev1 (commit 00af8b0), the loss of its finetune scripts' fit(), in the compute
+# dtype throughout (the head's bf16 logits go to F.cross_entropy as they are: its log-softmax and
+# gradients are bf16), the logits held by fit()'s local `logits` until backward ends:
+# - LoRA (finetune/lora.py lines 304-307; litgpt/lora.py GPT.forward lines 551-553): the head
+#   runs on 128-token slices of the sequence, a list of [b, 128, V] chunks (e*sbV); the last is
+#   sliced [..., :-1, :], which utils.chunked_cross_entropy's reshape copies (one chunk); each
+#   chunk's F.cross_entropy saves its log-softmax (e*sbV in all). In backward every chunk's
+#   nll_loss and log-softmax backward run before any chunk's reshape and head backward (they
+#   were recorded later, so autograd's queue takes them first): the saved log-softmax of the
+#   chunks not yet reached and the logit gradients of those done add to e*sbV, beside one
+#   chunk's two gradients (the nll_loss gradient and the log-softmax one).
+# - Full fine-tune (finetune/full.py lines 255-257): the head returns [b, s, V] whole; the
+#   sliced logits' reshape copies them (e*sbV) and is split into 128-row chunks, whose saved
+#   log-softmax adds e*sbV: three e*sbV at the forward's end. In backward the split's
+#   gradient concatenates the chunks' gradients (two e*sbV beside the logits) and the slice's
+#   gradient is a new [b, s, V] written from it: three e*sbV again.
+# Under bf16-mixed (lightning 2.4 fabric/plugins/precision/amp.py MixedPrecision.forward_context:
+# torch.autocast around an fp32 module) autocast runs each chunk's cross-entropy in fp32 (its
+# fp32 list holds log_softmax and nll_loss): a chunk's fp32 copy in forward, an fp32 saved
+# log-softmax (4*sbV in all) and fp32 chunk gradients, cast back to the logits' bf16.
+def litgpt_logits_pieces(request: PlanRequest) -> tuple[int, ...]:
+    """The loss's bytes at its forward's end and in its backward, as litgpt's fit() runs it."""
+    model, training = request.model, request.training
+    s, b = request.batch.seq_len, request.batch.micro_batch_size
+    e = training.precision.compute_bytes
+    ce = FP32_BYTES if request.runs_under_autocast else e  # the cross-entropy's own dtype
+    upcast = ce != e
+    sbv = s * b * model.vocab_size
+    gathered = fsdp_head_gathered_bytes(request)
+    if training.finetune.is_lora:
+        rows = b * min(LITGPT_LOSS_CHUNK_TOKENS, s) * model.vocab_size
+        forward = e * sbv + ce * sbv + e * rows + (ce * rows if upcast else 0)
+        return forward + gathered, e * sbv + ce * sbv + 2 * ce * rows + gathered
+    rows = LITGPT_LOSS_CHUNK_TOKENS * model.vocab_size
+    forward = 2 * e * sbv + ce * sbv + (ce * rows if upcast else 0)
+    return forward + gathered, 3 * e * sbv + gathered
+
+
 def framework_logits_pieces(request: PlanRequest) -> tuple[int, ...]:
     """The loss's bytes at each moment that can be its largest (each affine in the micro-batch)."""
     from zeroplan.core.activations import logits_bytes
@@ -200,6 +243,8 @@ def framework_logits_pieces(request: PlanRequest) -> tuple[int, ...]:
     model, training = request.model, request.training
     s, b = request.batch.seq_len, request.batch.micro_batch_size
     chunks = loss_chunks(training)
+    if training.framework is Framework.litgpt and not training.compile:
+        return litgpt_logits_pieces(request)
     if training.framework is Framework.megatron:
         from zeroplan.core.megatron import megatron_logits_bytes
 

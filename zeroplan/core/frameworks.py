@@ -95,10 +95,14 @@ def block_input_bytes(request: PlanRequest, s: int, b: int) -> int:
 BF16_BYTES = 2
 
 
+# lightning 2.4 fabric/plugins/precision/amp.py MixedPrecision (litgpt's "bf16-mixed"): the
+# module stays fp32 (no convert_module, no init dtype) and forward_context is torch.autocast,
+# so litgpt's GPT on one device caches bf16 weight copies as zeroplan's own model under DDP.
 def autocast_caches_weights(request: PlanRequest) -> bool:
     """HF under autocast (any strategy: its Trainer autocasts an fp32 module), or zeroplan's own
-    model where the request runs under autocast (DDP and ZeroRedundancyOptimizer)."""
-    if request.training.framework is Framework.zeroplan:
+    model or litgpt's where the request runs under autocast (DDP and ZeroRedundancyOptimizer;
+    litgpt's one device)."""
+    if request.training.framework in (Framework.zeroplan, Framework.litgpt):
         return request.runs_under_autocast
     return hf_under_autocast(request)
 
@@ -149,7 +153,8 @@ def autocast_copies_bytes(request: PlanRequest) -> int:
         # bitsandbytes' MatMul4Bit keeps its packed weight, no bf16 copy (autograd/_functions.py).
         base = 0 if request.training.finetune.quantize.is_quantized else block_linear_weight_elements(model)
         return BF16_BYTES * (base + adapters)
-    extra_input_copies = 2 + (0 if model.mlp is MlpKind.gelu else 1)  # q, k, v; gate and up (gated MLPs)
+    # q, k and v (one copy under a fused qkv weight, litgpt's `attn`); gate and up (gated MLPs).
+    extra_input_copies = (0 if profile(request.training.framework).fuses_qkv else 2) + (0 if model.mlp is MlpKind.gelu else 1)
     return BF16_BYTES * block_linear_weight_elements(model) + extra_input_copies * BF16_BYTES * sbh
 
 

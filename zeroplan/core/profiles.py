@@ -83,6 +83,10 @@ class FrameworkProfile:
     """Whether its FSDP2 wrapping can take CPUOffloadPolicy (TrainingSpec.fsdp_cpu_offload)."""
     precisions: tuple[Precision, ...] = tuple(Precision)
     """The numerics its configs can express."""
+    rms_norm_spelled_out: bool = False
+    """Its RMSNorm is written out in elementwise ops (upcast, mean of squares, rsqrt, multiply,
+    cast back, weight multiply) rather than calling F.rms_norm, so it saves those ops' operands
+    on any device (zeroplan.core.activations.rms_norm_operand_bytes)."""
     checkpoint_early_stop: bool = False
     """Its block checkpoint is torch's non-reentrant one with early stop on, the default
     (torch/utils/checkpoint.py, set_checkpoint_early_stop): recomputation ends once every tensor
@@ -186,6 +190,8 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         # gradient_checkpointing_kwargs it checkpoints with use_reentrant=True, which reruns
         # the whole block (early stop is the non-reentrant checkpoint's).
         checkpoint_early_stop=False,
+        # transformers 4.56.2 models/llama/modeling_llama.py LlamaRMSNorm.forward spells the norm out.
+        rms_norm_spelled_out=True,
         # accelerate 1.10.1 utils/dataclasses.py FullyShardedDataParallelPlugin.set_cpu_offload:
         # cpu_offload / FSDP_OFFLOAD_PARAMS true (the Trainer's fsdp "offload") becomes
         # CPUOffloadPolicy() under fsdp_version 2, which utils/fsdp_utils.py fsdp2_prepare_model
@@ -239,6 +245,50 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         # torchtune 0.6.1 training/activations.py: checkpoint_wrapper(..., use_reentrant=False),
         # early stop left at torch's default (on).
         checkpoint_early_stop=True,
+    ),
+    # litgpt 0.4.13.dev1 (commit 00af8b0; lightning 2.4.0.dev20240728) as its finetune scripts run
+    # it (finetune/full.py, lora.py, adapter.py setup). The model is litgpt's own GPT
+    # (litgpt/model.py; PlanRequest unties the head, zeroplan.specs.framework.UNTIES_EMBEDDINGS).
+    # model.py CausalSelfAttention.forward (lines 255-262): with fewer query groups than heads
+    # k and v are expand()ed to every head and reshape()d, a copy SDPA keeps. model.py RMSNorm
+    # upcasts x, multiplies it by rsqrt(mean(x*x) + eps), casts back and multiplies by the weight,
+    # as transformers' LlamaRMSNorm does (the same saved tensors: hf_bf16_norm_savings_bytes).
+    Framework.litgpt: FrameworkProfile(
+        framework=Framework.litgpt, version="0.4.13.dev1 (00af8b0)",
+        # finetune/full.py and lora.py setup: one device runs strategy "auto" without
+        # checkpointing; more run FSDPStrategy(activation_checkpointing_policy={Block}).
+        checkpointing=_NONE_FULL, checkpointing_names="none (one device), full (FSDPStrategy's policy {Block})",
+        # config_hub/finetune/*/*.yaml: precision bf16-true (parameters, gradients and AdamW
+        # states in bf16: Fabric's HalfPrecision casts the module, torch.optim.AdamW keeps its
+        # states in the parameters' dtype).
+        default_precision=Precision.bf16_pure, expands_kv_heads=True, bf16_module_norm_saves_bf16=True,
+        rms_norm_spelled_out=True,
+        loss_chunks=1, offers_activation_offloading=False,
+        # finetune/*.py setup: FSDPStrategy(auto_wrap_policy={Block}, state_dict_type="full",
+        # limit_all_gathers=True, cpu_offload=False) and no sharding_strategy: lightning's
+        # default FULL_SHARD (FSDP1, planned with the FSDP accounting as hf's FSDP1 is).
+        strategies=(StrategyKind.fsdp_full_shard,),
+        # lightning 2.4 fabric/plugins/precision/fsdp.py FSDPPrecision.mixed_precision_config for
+        # "bf16-true": MixedPrecision(param_dtype=bf16, reduce_dtype=bf16, buffer_dtype=bf16).
+        fsdp_reduces_in_compute_dtype=True,
+        # auto_wrap_policy={Block} leaves wte, ln_f and lm_head in the root unit, and torch's FSDP1
+        # (torch/distributed/fsdp/_runtime_utils.py _post_forward_reshard) does not free the
+        # root's gathered parameters after forward: the embedding and the head are gathered at
+        # the loss's backward, beside the last block prefetched (fsdp_head_gathered_bytes).
+        fsdp_loss_backward_gathers_head=True,
+        # model.py Block: Linear q/k/v as one `attn` weight (n_head + 2 n_query_groups) x head_size.
+        fuses_qkv=True,
+        # finetune/lora.py setup: --quantize bnb.nf4 | bnb.nf4-dq is lightning's
+        # BitsandbytesPrecision (_NF4Linear, _NF4DQLinear: bnb.nn.Linear4bit); pyproject.toml pins
+        # bitsandbytes==0.42.0, and lora.py warns for any other release.
+        nf4_library="bitsandbytes through lightning's BitsandbytesPrecision (litgpt pins 0.42.0; "
+                    "FineTuneSpec.bitsandbytes_version)",
+        # lightning 2.4 fabric/strategies/fsdp.py _setup_activation_checkpointing ->
+        # torch's apply_activation_checkpointing(checkpoint_wrapper_fn=checkpoint_wrapper), whose
+        # default is the non-reentrant checkpoint with early stop left on.
+        checkpoint_early_stop=True,
+        # finetune/full.py setup docstring: "bf16-true", "bf16-mixed", "32-true" (and Fabric's
+        # "16-true", "16-mixed"): every numerics zeroplan names.
     ),
     # megatron-core 0.16.1 (PyPI), as Megatron-LM's pretrain_gpt.py drives it; file paths are
     # megatron/core/... in that release (docs/frameworks.md, "Megatron-LM").
@@ -313,11 +363,13 @@ def fused_qkv_fewer_tensors(request: PlanRequest, num_blocks: int) -> int:
 # torchtune 0.6.1 ships single-device recipes beside the distributed ones
 # (recipes/full_finetune_single_device.py, lora_finetune_single_device.py: the model on one GPU,
 # no FSDP wrapping); on one GPU zeroplan plans that as plain training (ddp at world size 1).
+# litgpt's finetune scripts on one device use Fabric's strategy "auto" (the model on that GPU,
+# no wrapping): planned likewise as ddp at world size 1.
 def framework_strategies(framework: Framework, world_size: int) -> tuple[StrategyKind, ...]:
     """The strategies the framework runs on ``world_size`` GPUs that are planned when none are
     named (the opt-in ones, StrategyKind.is_opt_in, are planned only when named)."""
     kinds = tuple(k for k in profile(framework).strategies if not k.is_opt_in)
-    if world_size == 1 and framework is Framework.torchtune:
+    if world_size == 1 and framework in (Framework.torchtune, Framework.litgpt):
         return (StrategyKind.ddp, *kinds)
     return kinds
 
@@ -385,6 +437,21 @@ def torchtune_builds(model: ModelSpec) -> str | None:
     return None
 
 
+# litgpt 0.4.13.dev1 (commit 00af8b0) litgpt/model.py and config.py: causal decoders with
+# rotary positions (full or partial, rotary_percentage), LayerNorm or RMSNorm, GptNeoxMLP,
+# LLaMAMLP, GemmaMLP or LLaMAMoE, optional parallel residual and post-norms; no learned position
+# table, ALiBi, embedding norm, bidirectional attention, per-head q/k norms or latent attention.
+def litgpt_builds(model: ModelSpec) -> str | None:
+    """Why litgpt's GPT has no configuration of this architecture, or None when it has one."""
+    if model.position is not PositionKind.rope:
+        return "learned or ALiBi positions (its GPT uses rotary positions)"
+    if not model.causal or model.embedding_norm or model.head_transform or model.token_types:
+        return "bidirectional attention or an embedding norm"
+    if model.qk_norm or model.is_mla or model.qkv_bias:
+        return "per-head query/key norms, latent attention or biases on q, k and v alone"
+    return None
+
+
 # megatron-core 0.16.1 models/gpt/gpt_model.py GPTModel with models/gpt/gpt_layer_specs.py:
 # position_embedding_type "learned_absolute" | "rope" | "none" (no ALiBi), LayerNorm or RMSNorm
 # (normalization), a GELU or gated (swiglu) MLP, pre-norm sequential blocks with causal attention.
@@ -404,6 +471,13 @@ def megatron_builds(model: ModelSpec) -> str | None:
 
 def check_framework_model(framework: Framework, model: ModelSpec) -> None:
     """Refuse, in one line, a model the framework's own code does not build."""
+    if framework is Framework.litgpt:
+        reason = litgpt_builds(model)
+        if reason is not None:
+            raise ZeroplanError("model", f"{model.name} has {reason}; litgpt {PROFILES[framework].version} builds "
+                                "rotary decoders (Llama, Mistral, Gemma, Phi, Falcon, GPT-NeoX/StableLM) "
+                                "(allowed: framework zeroplan or hf for it)")
+        return
     if framework is Framework.megatron:
         reason = megatron_builds(model)
         if reason is not None:

@@ -176,7 +176,8 @@ def readme(planned: PlannedRun, written: dict[str, str], skipped: dict[str, str]
         "sbatch job.sbatch     # or under Slurm",
         "```",
         "",
-        "Where a line names YOUR_TRAIN_SCRIPT.py, YOUR_CONFIG or YOUR_CONFIG_FUNCTION, put your own.",
+        "Where a line names YOUR_TRAIN_SCRIPT.py, YOUR_CONFIG, YOUR_CONFIG_FUNCTION or checkpoints/YOUR_MODEL (litgpt's "
+        "checkpoint directory), put your own.",
         "",
         "## Validate",
         "",

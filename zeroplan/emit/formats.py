@@ -13,7 +13,7 @@ import json
 import shlex
 from typing import Any
 
-from zeroplan.specs.finetune import Quantization
+from zeroplan.specs.finetune import LoraTarget, Quantization
 from zeroplan.specs.framework import LAUNCH_ALLOCATOR_CONF, Framework
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
@@ -445,6 +445,56 @@ def torchtune_text(request: PlanRequest) -> str:
     return "\n".join(torchtune_overrides(request)) + "\n"
 
 
+# ---------------------------------------------------------------------------- litgpt
+
+LITGPT_PRECISION = {Precision.bf16_pure: "bf16-true", Precision.bf16_mixed: "bf16-mixed",
+                    Precision.fp16_mixed: "16-mixed", Precision.fp32: "32-true"}
+"""litgpt 0.4.13.dev1 finetune/*.py setup(precision): Fabric's names of the planned numerics."""
+
+_LITGPT_LORA_FLAGS = (("lora_query", (LoraTarget.q,)), ("lora_key", (LoraTarget.k,)), ("lora_value", (LoraTarget.v,)),
+                      ("lora_projection", (LoraTarget.o,)), ("lora_mlp", (LoraTarget.gate, LoraTarget.up, LoraTarget.down)),
+                      ("lora_head", (LoraTarget.output,)))
+
+
+# litgpt 0.4.13.dev1 (commit 00af8b0): __main__.py's finetune_full and finetune_lora commands;
+# args.py TrainArgs.gradient_accumulation_iters(devices) divides global_batch_size by the
+# per-node `devices` and the micro-batch (not by the world size); finetune/lora.py setup's
+# lora_* switches (lora_mlp wraps every MLP linear at once) and its quantize "bnb.nf4" or
+# "bnb.nf4-dq" (lightning's _NF4Linear / _NF4DQLinear: double quantization with -dq).
+def litgpt_command(request: PlanRequest) -> str:
+    """The litgpt command line of the planned run (the checkpoint directory left to fill in)."""
+    training, batch, cluster = request.training, request.batch, request.cluster
+    finetune = training.finetune
+    if finetune.frozen_blocks or finetune.freeze_embeddings or finetune.dora:
+        raise NotApplicable("litgpt's finetune scripts freeze no blocks or embeddings alone and train no DoRA")
+    # finetune/*.py setup: FSDPStrategy(activation_checkpointing_policy={Block}) on more than one
+    # device, strategy "auto" without checkpointing on one; neither is a command-line choice.
+    sharded = request.strategy.kind is not StrategyKind.ddp
+    if sharded != (training.activation_checkpointing is ActivationCheckpointing.full) or (
+            cluster.world_size > 1) != sharded:
+        raise NotApplicable("litgpt checkpoints every block under FSDP on several GPUs and none on one "
+                            "(allowed: --activation-checkpointing full with fsdp-full-shard, none with ddp on one GPU)")
+    global_batch = batch.micro_batch_size * batch.grad_accum_steps * cluster.gpus_per_node
+    args = [f"--devices {cluster.gpus_per_node}", f"--num_nodes {cluster.num_nodes}",
+            f"--precision {LITGPT_PRECISION[training.precision]}", f"--train.micro_batch_size {batch.micro_batch_size}",
+            f"--train.global_batch_size {global_batch}", f"--train.max_seq_length {batch.seq_len}"]
+    if not finetune.is_lora:
+        return "litgpt finetune_full checkpoints/YOUR_MODEL " + " ".join(args)
+    targets = set(finetune.targets(training.framework))
+    args += [f"--lora_r {finetune.lora_rank}", f"--lora_alpha {finetune.lora_rank * finetune.scaling:g}",
+             f"--lora_dropout {finetune.lora_dropout:g}"]
+    for flag, wrapped in _LITGPT_LORA_FLAGS:
+        present = [t in targets for t in wrapped]
+        if any(present) and not all(present):
+            raise NotApplicable("litgpt's lora_mlp wraps every MLP linear or none (allowed: gate, up and down together)")
+        args.append(f"--{flag} {str(all(present)).lower()}")
+    if finetune.quantize is Quantization.nf4:
+        args.append(f"--quantize bnb.nf4{'-dq' if finetune.double_quant else ''}")
+    elif finetune.quantize is not Quantization.none:
+        raise NotApplicable(f"this plan's {finetune.quantize.value} base is not one of litgpt's bnb.nf4 settings")
+    return "litgpt finetune_lora checkpoints/YOUR_MODEL " + " ".join(args)
+
+
 # ---------------------------------------------------------------------------- launch
 
 def _env(request: PlanRequest) -> str:
@@ -460,7 +510,16 @@ def launch_script(request: PlanRequest, formats: dict[str, str]) -> str:
              "# Launch the planned run on each node (NODE_RANK, MASTER_ADDR set per node; sbatch sets them in job.sbatch).",
              "set -euo pipefail", 'HERE="$(cd "$(dirname "$0")" && pwd)"',
              f"{_env(request)}  # the allocator setting the plan was judged under"]
-    if framework is Framework.torchtune:
+    if framework is Framework.litgpt:
+        # lightning 2.4 fabric/plugins/environments/lightning.py LightningEnvironment reads
+        # MASTER_ADDR, MASTER_PORT and NODE_RANK; litgpt starts one process per device itself.
+        lines.append('export NODE_RANK="${NODE_RANK:-0}" MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}" '
+                     'MASTER_PORT="${MASTER_PORT:-29500}"')
+        try:
+            lines.append(litgpt_command(request))
+        except NotApplicable as reason:
+            lines.append(f"echo {shlex.quote(f'litgpt cannot run this plan: {reason}')} >&2; exit 1")
+    elif framework is Framework.torchtune:
         recipe, config = torchtune_recipe(request)
         lines.append(f"tune run --nnodes {cluster.num_nodes} --nproc_per_node {cluster.gpus_per_node} "
                      f"{recipe} --config {config} $(cat \"$HERE/torchtune-overrides.txt\")")

@@ -32,6 +32,39 @@ def _llama(
     )
 
 
+# https://huggingface.co/tiiuae/falcon-7b/blob/898df1396f35e447d5fe44e0a3ccaaaa69f30d36/config.json
+# (tests/fixtures/hf/falcon-7b.json): hidden 4544, 32 layers, 71 heads, multi_query (one K/V head),
+# parallel_attn with new_decoder_architecture false, bias false, alibi false (rotary), vocab
+# 65024; FalconConfig's defaults: ffn_hidden_size 4 x hidden, max_position_embeddings 2048,
+# tie_word_embeddings true. transformers 4.56.2 models/falcon/modeling_falcon.py FalconDecoderLayer
+# builds one input_layernorm (LayerNorm: weight and bias) that attention and MLP both read and
+# adds both outputs to the residual (the parallel block Phi has); its linears carry no bias.
+def _falcon_7b() -> ModelSpec:
+    return ModelSpec(
+        name="falcon-7b", vocab_size=65024, hidden_size=4544, num_layers=32, num_heads=71, num_kv_heads=1,
+        ffn_hidden_size=4 * 4544, mlp=MlpKind.gelu, norm=NormKind.layernorm, position=PositionKind.rope,
+        max_positions=2048, bias=False, parallel_block=True, tied_embeddings=True,
+    )
+
+
+# https://huggingface.co/stabilityai/stablelm-base-alpha-3b/blob/main/config.json
+# (tests/fixtures/hf/stablelm-base-alpha-3b.json): model_type gpt_neox, hidden 4096, 16 layers,
+# 32 heads, intermediate 16384, vocab 50688, rotary_pct 0.25 (partial rotary: no parameters),
+# use_parallel_residual true, tie_word_embeddings false, max_position_embeddings 4096. GPT-NeoX
+# keeps two LayerNorms a block even with the parallel residual (input_layernorm for attention,
+# post_attention_layernorm for the MLP, both over the block input) and biased linears:
+# zeroplan.presets.hf_config reads it as it reads every gpt_neox config (its note on the one
+# s x b x h tensor a block the sequential layout counts twice).
+def _stablelm_alpha_3b() -> ModelSpec:
+    from zeroplan.presets.hf_config import parse_hf_config
+
+    return parse_hf_config({
+        "model_type": "gpt_neox", "vocab_size": 50688, "hidden_size": 4096, "num_hidden_layers": 16,
+        "num_attention_heads": 32, "intermediate_size": 16384, "max_position_embeddings": 4096,
+        "rotary_pct": 0.25, "use_parallel_residual": True, "tie_word_embeddings": False,
+    }, "stablelm-base-alpha-3b")
+
+
 _PRESETS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in [
@@ -55,6 +88,12 @@ _PRESETS: dict[str, ModelSpec] = {
         # mistralai/Mistral-7B-v0.1 and Mixtral-8x7B-v0.1 config.json (max_position_embeddings 32768).
         _llama("mistral-7b", 32000, 4096, 32, 32, 8, 14336, 32768),
         _llama("mixtral-8x7b", 32000, 4096, 32, 32, 8, 14336, 32768, experts=8, experts_per_token=2),
+        # https://huggingface.co/01-ai/Yi-34B/blob/main/config.json (model_type llama; copied to
+        # tests/fixtures/hf/yi-34b.json): 60 layers, hidden 7168, 56 heads, 8 kv heads, intermediate
+        # 20480, vocab 64000, untied, max_position_embeddings 4096.
+        _llama("yi-34b", 64000, 7168, 60, 56, 8, 20480, 4096),
+        _falcon_7b(),
+        _stablelm_alpha_3b(),
     ]
 }
 

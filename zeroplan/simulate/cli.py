@@ -46,7 +46,7 @@ def build_parser() -> OneLineParser:
                         help="with --framework torchtune and full checkpointing: its enable_activation_offloading")
     parser.add_argument("--optimizer-in-backward", action="store_true",
                         help="with --framework torchtune --whole-step: its optimizer_in_bwd (each parameter steps in backward)")
-    parser.add_argument("--framework", choices=[f.value for f in Framework], default=Framework.zeroplan.value,
+    parser.add_argument("--framework", choices=[f.value for f in Framework if f is not Framework.litgpt], default=Framework.zeroplan.value,
                         help="hf, torchtune or torchtitan: build that framework's own model (full width, "
                              "--layers blocks) and record what each block keeps for backward (docs/frameworks.md)")
     parser.add_argument("--layers", type=positive_int, default=None,

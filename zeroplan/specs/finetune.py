@@ -64,6 +64,9 @@ class LoraTarget(str, Enum):
 DEFAULT_LORA_TARGETS: dict[Framework, tuple[LoraTarget, ...]] = {
     Framework.torchtune: (LoraTarget.q, LoraTarget.v, LoraTarget.o, LoraTarget.gate, LoraTarget.up, LoraTarget.down),
     Framework.hf: (LoraTarget.q, LoraTarget.v),
+    # litgpt 0.4.13.dev1 (commit 00af8b0) finetune/lora.py setup: lora_query True, lora_key False,
+    # lora_value True, lora_projection, lora_mlp and lora_head False.
+    Framework.litgpt: (LoraTarget.q, LoraTarget.v),
 }
 """The layers each framework wraps when the user names none (zeroplan: every linear of a block)."""
 

@@ -19,6 +19,8 @@ class Framework(str, Enum):
     """Hugging Face Transformers models (Trainer / Accelerate / its DeepSpeed integration)."""
     torchtune = "torchtune"
     """PyTorch's torchtune (its Llama-3 builders, full-finetune recipes)."""
+    litgpt = "litgpt"
+    """Lightning AI's litgpt (its own GPT model code, its finetune scripts on Lightning Fabric)."""
     megatron = "megatron"
     """NVIDIA's Megatron-LM on megatron-core (its GPTModel, DistributedDataParallel with the
     contiguous gradient buffer, the distributed optimizer, its tensor/sequence/pipeline
@@ -34,6 +36,16 @@ LAUNCH_ALLOCATOR_CONF: dict[Framework, str] = {
 framework is judged under unless it names one (MemoryAssumptions.allocator_conf). Frameworks
 whose launchers set none (torchtune's `tune run`, Hugging Face's Trainer and accelerate) run
 PyTorch's defaults."""
+
+
+# litgpt 0.4.13.dev1 (commit 00af8b0) litgpt/model.py GPT.__init__ builds lm_head as a Linear of its
+# own beside transformer.wte, whatever the checkpoint ties; scripts/convert_hf_checkpoint.py
+# (lines 206-207, 281-282) copies wte into lm_head.weight when a tied checkpoint has none, and
+# finetune/full.py, lora.py and adapter.py validate_args refuse train.tie_embeddings. So a
+# model that ties its head (Gemma, Llama 3.2, Falcon) holds a second V x h matrix there.
+UNTIES_EMBEDDINGS: frozenset[Framework] = frozenset({Framework.litgpt})
+"""Frameworks whose own model code builds the output projection apart from the embedding even
+for a model whose checkpoint ties them (PlanRequest plans that model untied)."""
 
 
 LAUNCH_ENVIRONMENT: dict[Framework, str] = {

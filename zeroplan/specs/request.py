@@ -7,7 +7,7 @@ from pydantic import Field, model_validator
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.finetune import Quantization, check_finetune
-from zeroplan.specs.framework import LAUNCH_ALLOCATOR_CONF, Framework
+from zeroplan.specs.framework import LAUNCH_ALLOCATOR_CONF, UNTIES_EMBEDDINGS, Framework
 from zeroplan.specs.hardware import ClusterSpec
 from zeroplan.specs.model import ModelSpec, PositionKind
 from zeroplan.specs.parallel import ParallelSpec, check_parallel
@@ -275,6 +275,24 @@ class PlanRequest(Frozen):
 
     @model_validator(mode="before")
     @classmethod
+    def _framework_unties_the_head(cls, data: object) -> object:
+        """A framework whose model code always builds its own output projection
+        (UNTIES_EMBEDDINGS: litgpt) is planned with the model untied, as it holds it."""
+        if not isinstance(data, dict):
+            return data
+        training, model = data.get("training"), data.get("model")
+        framework = (training.framework if isinstance(training, TrainingSpec)
+                     else training.get("framework") if isinstance(training, dict) else None)
+        if framework is None or framework not in {f.value for f in UNTIES_EMBEDDINGS}:
+            return data
+        if isinstance(model, ModelSpec) and model.tied_embeddings:
+            return {**data, "model": model.model_copy(update={"tied_embeddings": False})}
+        if isinstance(model, dict) and model.get("tied_embeddings"):
+            return {**data, "model": {**model, "tied_embeddings": False}}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
     def _megatron_vocab_padding(cls, data: object) -> object:
         """Megatron-LM pads the tokenizer's vocabulary to a multiple of 128 x tp before building
         the model (megatron/core/tokenizers/utils/build_tokenizer.py vocab_size_with_padding,
@@ -339,6 +357,12 @@ class PlanRequest(Frozen):
         check_parallel(self.parallel, self.model, self.cluster, self.batch, self.strategy.kind, self.training.framework)
         check_finetune(self.training.finetune, self.model, self.training.framework, self.parallel.model_parallel_size * self.parallel.ep,
                        checkpointing=self.training.activation_checkpointing is not ActivationCheckpointing.none)
+        if (self.training.framework is Framework.litgpt and self.training.finetune.quantize.is_quantized
+                and self.cluster.world_size > 1):
+            # litgpt 0.4.13.dev1 finetune/lora.py setup raises NotImplementedError("Quantization is
+            # currently not supported for multi-GPU training").
+            raise ZeroplanError("finetune.quantize", "litgpt quantizes a base on one GPU only (allowed: --gpus 1, "
+                                                     "or --quantize none)")
         if self.training.finetune.quantize is Quantization.int8 and self.strategy.kind not in INT8_STRATEGIES:
             raise ZeroplanError("strategy", f"{self.strategy.kind.value!r} cannot hold an int8 base (bitsandbytes Int8Params; "
                                             f"allowed: {', '.join(k.value for k in INT8_STRATEGIES)})")

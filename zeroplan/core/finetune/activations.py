@@ -17,7 +17,7 @@ from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import NormKind
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
-from zeroplan.specs.training import Kernels
+from zeroplan.specs.training import Kernels, Precision
 
 
 # torch 2.13 aten/src/ATen/native/Dropout.cpp: on CUDA dropout runs the fused native_dropout,
@@ -261,7 +261,20 @@ def dequantized_weight_bytes(request: PlanRequest) -> int:
         # MatMul8bitLt.backward: state.CB.to(ctx.dtype_A, copy=True).mul_(SCB / 127), the whole
         # weight in the input's dtype (int8_kept_input_bytes), for grad_output @ W.
         return largest_quantized_elements(request) * int8_kept_input_bytes(request)
+    if request.training.framework is Framework.litgpt:
+        return largest_quantized_elements(request) * litgpt_dequantized_element_bytes(request)
     return largest_quantized_elements(request) * request.training.precision.compute_bytes * nf4_dequantize_copies(request)
+
+
+# lightning 2.4 fabric/plugins/precision/bitsandbytes.py _Linear4bit.quantize (litgpt's
+# bnb.nf4): w = weight.to(dtype=torch.half) before quantize_4bit, so quant_state.dtype is fp16;
+# bitsandbytes' MatMul4Bit (autograd/_functions.py) runs dequantize_4bit(B, quant_state)
+# .to(A.dtype): an fp16 weight, then its copy in the input's dtype (none under fp16), both alive
+# while the cast runs.
+def litgpt_dequantized_element_bytes(request: PlanRequest) -> int:
+    """Bytes per element of a weight litgpt's 4-bit linear dequantizes at its peak."""
+    fp16 = 2
+    return fp16 + (0 if request.training.precision is Precision.fp16_mixed else request.training.precision.compute_bytes)
 
 
 # torchao 0.14.1 dtypes/nf4tensor.py NF4Tensor.get_original_weight (what torchtune's NF4 weights

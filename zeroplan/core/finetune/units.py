@@ -42,7 +42,12 @@ def adapter_tensors(weight: ParamTensor, rank: int, dora: bool) -> list[ParamTen
 # torchtune 0.6.1 models/llama3_1/_component_builders.py lora_llama3_1 with quantize_base builds
 # FrozenNF4Linear for every block projection a LoRA does not wrap and LoRALinear(quantize_base)
 # for those it does ("quantize_base is not applied to final output_proj currently").
-def _is_quantized_weight(tensor: ParamTensor, unit: ParamUnit) -> bool:
+# litgpt 0.4.13.dev1 (lightning 2.4 fabric/plugins/precision/bitsandbytes.py
+# BitsandbytesPrecision.module_init_context) replaces torch.nn.Linear itself while its GPT is
+# built, so its lm_head (litgpt/lora.py LoRALinear's `linear`) is 4-bit too.
+def _is_quantized_weight(tensor: ParamTensor, unit: ParamUnit, framework: Framework) -> bool:
+    if framework is Framework.litgpt and tensor.name == "lm_head.weight":
+        return True
     return unit.name.startswith("block.") and tensor.name.endswith(".weight") and len(tensor.shape) == 2
 
 
@@ -62,7 +67,7 @@ def finetune_units(units: tuple[ParamUnit, ...], finetune: FineTuneSpec, framewo
     for unit in units:
         tensors: list[ParamTensor] = []
         for tensor in unit.tensors:
-            tensors.append(_frozen(tensor, quantize and _is_quantized_weight(tensor, unit)))
+            tensors.append(_frozen(tensor, quantize and _is_quantized_weight(tensor, unit, framework)))
             if tensor.name in targets:
                 tensors.extend(adapter_tensors(tensor, finetune.lora_rank, finetune.dora))
         result.append(ParamUnit(name=unit.name, tensors=tuple(tensors)))

@@ -1,0 +1,157 @@
+"""The litgpt profile's terms (torch-free, cheap): each against the byte count its source gives
+(zeroplan.core.profiles, litgpt 0.4.13.dev1 at commit 00af8b0)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from zeroplan.core.activations import norm_bytes, rms_norm_operand_bytes
+from zeroplan.core.framework_loss import LITGPT_LOSS_CHUNK_TOKENS, fsdp_head_gathered_bytes, framework_logits_pieces
+from zeroplan.core.frameworks import expanded_kv_extra_bytes, hf_bf16_norm_savings_bytes
+from zeroplan.core.params import total_parameters
+from zeroplan.core.profiles import check_framework_request, check_framework_strategies, framework_strategies
+from zeroplan.errors import ZeroplanError
+from zeroplan.presets.gpus import get_gpu
+from zeroplan.presets.models import get_model
+from zeroplan.specs import BatchSpec, Framework, PlanRequest, Precision, StrategyKind, StrategySpec, TrainingSpec, cluster_from_gpus
+from zeroplan.specs.finetune import FineTuneSpec, LoraTarget, default_lora_targets
+
+S, B = 512, 2
+FIXTURES = Path(__file__).parent / "fixtures" / "hf"
+
+
+def _request(model="llama-3-8b", kind=StrategyKind.ddp, gpus=1, lora_rank=0, framework=Framework.litgpt) -> PlanRequest:
+    return PlanRequest(
+        model=get_model(model), batch=BatchSpec(seq_len=S, micro_batch_size=B),
+        training=TrainingSpec(framework=framework, precision=Precision.bf16_pure,
+                              finetune=FineTuneSpec(lora_rank=lora_rank)),
+        cluster=cluster_from_gpus(get_gpu("a10g"), gpus), strategy=StrategySpec(kind=kind),
+    )
+
+
+def test_a_tied_model_is_planned_with_litgpts_own_head() -> None:
+    tied = get_model("falcon-7b")
+    assert tied.tied_embeddings
+    request = _request("falcon-7b")
+    assert not request.model.tied_embeddings
+    assert total_parameters(request.model) == total_parameters(tied) + tied.vocab_size * tied.hidden_size
+    assert _request("falcon-7b", framework=Framework.hf).model.tied_embeddings
+
+
+def test_kv_heads_are_expanded_to_every_query_head() -> None:
+    request = _request("falcon-7b")
+    model = request.model
+    assert model.kv_size == 64 and model.q_size == 4544
+    assert expanded_kv_extra_bytes(model, request.training, S, B) == 2 * 2 * S * B * (4544 - 64)
+
+
+def test_rms_norm_saves_its_fp32_input_and_bf16_output() -> None:
+    request = _request("llama-3-8b")
+    sbh = S * B * request.model.hidden_size
+    assert rms_norm_operand_bytes(request.training, autocast=False) is None
+    saved = norm_bytes(request.model, request.training, S, B) - hf_bf16_norm_savings_bytes(request)
+    assert saved == 4 * sbh + 2 * sbh
+
+
+def test_lora_loss_is_bf16_head_chunks_and_their_log_softmax() -> None:
+    request = _request("llama-3-8b", lora_rank=32)
+    sbv, chunk = S * B * 128256, 2 * B * LITGPT_LOSS_CHUNK_TOKENS * 128256
+    assert framework_logits_pieces(request) == (2 * 2 * sbv + chunk, 2 * 2 * sbv + 2 * chunk)
+
+
+def test_full_loss_is_three_bf16_logit_tensors() -> None:
+    request = _request("llama-3-8b")
+    assert framework_logits_pieces(request) == (3 * 2 * S * B * 128256,) * 2
+
+
+def test_fsdp1_root_unit_stays_gathered_to_the_loss_backward() -> None:
+    request = _request("llama-3-8b", kind=StrategyKind.fsdp_full_shard, gpus=4)
+    gathered = fsdp_head_gathered_bytes(request)
+    assert gathered >= 2 * 2 * 128256 * 4096  # bf16 embedding and head, unsharded
+    assert framework_logits_pieces(request)[0] == 3 * 2 * S * B * 128256 + gathered
+
+
+def test_strategies_defaults_and_refusals() -> None:
+    assert framework_strategies(Framework.litgpt, 1) == (StrategyKind.ddp, StrategyKind.fsdp_full_shard)
+    assert framework_strategies(Framework.litgpt, 4) == (StrategyKind.fsdp_full_shard,)
+    with pytest.raises(ZeroplanError, match="strategies.*zero3.*allowed: fsdp-full-shard"):
+        check_framework_strategies(Framework.litgpt, (StrategyKind.zero3,), 4)
+    assert default_lora_targets(Framework.litgpt) == (LoraTarget.q, LoraTarget.v)
+
+
+@pytest.mark.parametrize("model", ["gpt2", str(FIXTURES / "bert-base-uncased.json"), str(FIXTURES / "bloom-560m.json")])
+def test_models_litgpt_has_no_config_for_are_refused_in_one_line(model: str) -> None:
+    with pytest.raises(ZeroplanError, match="^model: .*litgpt") as error:
+        check_framework_request(TrainingSpec(framework=Framework.litgpt), get_model(model))
+    assert "\n" not in str(error.value)
+
+
+def _lora(targets, quantize="none", kind=StrategyKind.ddp, gpus=1, checkpointing="none") -> PlanRequest:
+    from zeroplan.specs.finetune import Quantization
+
+    return PlanRequest(
+        model=get_model("llama-3-8b"), batch=BatchSpec(seq_len=S, micro_batch_size=B, grad_accum_steps=4),
+        training=TrainingSpec(framework=Framework.litgpt, precision=Precision.bf16_pure, activation_checkpointing=checkpointing,
+                              finetune=FineTuneSpec(lora_rank=16, lora_targets=targets, lora_dropout=0.05,
+                                                    **({"quantize": Quantization.nf4, "double_quant": False}
+                                                       if quantize == "nf4" else {}))),
+        cluster=cluster_from_gpus(get_gpu("a10g"), gpus), strategy=StrategySpec(kind=kind),
+    )
+
+
+def test_emitted_litgpt_command_names_its_own_switches() -> None:
+    from zeroplan.emit.formats import litgpt_command
+
+    t = LoraTarget
+    command = litgpt_command(_lora((t.q, t.v, t.gate, t.up, t.down, t.output), quantize="nf4"))
+    assert command.startswith("litgpt finetune_lora checkpoints/YOUR_MODEL --devices 1 --num_nodes 1 --precision bf16-true")
+    assert "--train.micro_batch_size 2 --train.global_batch_size 8 --train.max_seq_length 512" in command
+    assert ("--lora_r 16 --lora_alpha 32 --lora_dropout 0.05 --lora_query true --lora_key false --lora_value true "
+            "--lora_projection false --lora_mlp true --lora_head true --quantize bnb.nf4") in command
+
+
+@pytest.mark.parametrize("targets,kind,gpus,checkpointing,reason", [
+    ((LoraTarget.q, LoraTarget.gate), StrategyKind.ddp, 1, "none", "lora_mlp wraps every MLP linear"),
+    ((LoraTarget.q,), StrategyKind.fsdp_full_shard, 4, "none", "checkpoints every block under FSDP"),
+    ((LoraTarget.q,), StrategyKind.ddp, 1, "full", "checkpoints every block under FSDP"),
+])
+def test_a_plan_litgpt_cannot_run_is_not_emitted(targets, kind, gpus, checkpointing, reason) -> None:
+    from zeroplan.emit.formats import NotApplicable, litgpt_command
+
+    with pytest.raises(NotApplicable, match=reason):
+        litgpt_command(_lora(targets, kind=kind, gpus=gpus, checkpointing=checkpointing))
+
+
+def test_bf16_mixed_runs_an_fp32_module_under_autocast_with_an_fp32_cross_entropy() -> None:
+    from zeroplan.core.frameworks import autocast_caches_weights
+    from zeroplan.specs.finetune import BaseDtype
+
+    request = PlanRequest(
+        model=get_model("llama-2-7b"), batch=BatchSpec(seq_len=S, micro_batch_size=1),
+        training=TrainingSpec(framework=Framework.litgpt, precision=Precision.bf16_mixed,
+                              finetune=FineTuneSpec(lora_rank=8, base_dtype=BaseDtype.fp32)),
+        cluster=cluster_from_gpus(get_gpu("a100-40gb"), 1), strategy=StrategySpec(kind=StrategyKind.ddp),
+    )
+    assert request.runs_under_autocast and autocast_caches_weights(request)
+    sbv, rows = S * 32000, LITGPT_LOSS_CHUNK_TOKENS * 32000
+    # bf16 logits, fp32 log-softmax; a chunk's bf16 reshape copy and fp32 upcast; two fp32 gradients.
+    assert framework_logits_pieces(request) == (2 * sbv + 4 * sbv + 2 * rows + 4 * rows, 2 * sbv + 4 * sbv + 2 * 4 * rows)
+
+
+def test_a_quantized_base_on_several_gpus_is_refused_as_litgpt_refuses_it() -> None:
+    with pytest.raises(ZeroplanError, match="^finetune.quantize: litgpt quantizes a base on one GPU only"):
+        _lora((LoraTarget.q,), quantize="nf4", kind=StrategyKind.fsdp_full_shard, gpus=4, checkpointing="full")
+
+
+def test_qlora_head_is_4bit_and_dequantizes_through_fp16() -> None:
+    from zeroplan.core.finetune.activations import dequantized_weight_bytes
+    from zeroplan.core.parallel.units import rank_parameter_units
+
+    request = _lora((LoraTarget.q, LoraTarget.v), quantize="nf4")
+    head = next(t for unit in rank_parameter_units(request) for t in unit.tensors if t.name == "lm_head.weight")
+    assert head.quantized and not head.trainable
+    # The head is the largest 4-bit weight: dequantized to fp16 (lightning quantized it from
+    # fp16), then cast to bf16 beside it.
+    assert dequantized_weight_bytes(request) == 128256 * 4096 * (2 + 2)
