@@ -114,7 +114,8 @@ def deepspeed_config(request: PlanRequest) -> dict[str, Any]:
       within the forward, and every parameter gathered in the forward stays gathered until its
       backward (measured on tiny-llama: nothing but the embedding released in the forward).
     - offload: optimizer (and for zero3-param-offload parameters) on the CPU, unpinned
-      (DeepSpeed's default pin_memory false);
+      (pin_memory false, set explicitly: DeepSpeed 0.19.8's default is true,
+      runtime/zero/offload_config.py);
     - NVMe (zero3-nvme, zero3-param-nvme): device "nvme" at NVME_PATH, the aio block and the
       swappers' buffers as planned (nvme_offload_blocks)."""
     kind = request.strategy.kind
