@@ -97,7 +97,7 @@ def main() -> None:
         name = case.replace(":", "-")
         run = load_measured_run(RECORDS / "history" / f"{name}-{'expandable' if conf else 'default'}.json.gz")
         request = request_for(read_record(RECORDS / "records" / name / "rank00000.json").description)
-        request = request.with_allocator_conf(conf)
+        request = request.with_allocator_conf(conf).with_exact_capacity()
         breakdown, _ = memory_breakdown(request)
         label = f"{name}-{'expandable' if conf else 'default'}"
         print(f"{label:34s} {run.allocated_peak_bytes / MiB:>9,.0f} {breakdown.allocated_peak_bytes / MiB:>9,.0f} "

@@ -60,7 +60,8 @@ def main() -> None:
             skipped += 1  # e.g. a sequence past the model's positions
             continue
         flat = fit(base, suggest=False)
-        replayed = fit(under_allocator_model(base), suggest=False)
+        # The OOM capacity bisected too: the ratios below are of the least memory each step needs.
+        replayed = fit(under_allocator_model(base).with_exact_capacity(), suggest=False)
         if flat.recommended is not None:
             # The recommendation the flat reserve makes, and whether the plain fit's caution
             # (core.plan.allocator_caution, the band of ALLOCATOR_CHECK_FRACTION) catches it.

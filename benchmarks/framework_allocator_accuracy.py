@@ -40,7 +40,7 @@ def main() -> None:
             record = run_step(get_model("llama-3.1-8b"), strategy, step_training(framework, policy),
                               BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch), 8, allocator_conf=conf)
             request = step_request(record)
-            request = request.with_allocator_conf(conf)
+            request = request.with_allocator_conf(conf).with_exact_capacity()
             breakdown, _ = memory_breakdown(request)
             trace = record.allocator
             error = breakdown.oom_capacity_bytes / trace.oom_capacity_bytes - 1

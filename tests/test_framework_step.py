@@ -165,6 +165,6 @@ def test_a_whole_step_replays_its_allocations_through_the_allocator_model(monkey
     accuracy = _accuracy()
     for record in (figures, expandable.allocator):
         request = accuracy.step_request(expandable)
-        request = request.model_copy(update={"assumptions": request.assumptions.model_copy(update={"allocator_conf": record.alloc_conf})})
+        request = request.with_allocator_conf(record.alloc_conf).with_exact_capacity()
         planned = accuracy.memory_breakdown(request)[0].oom_capacity_bytes
         assert abs(planned / record.oom_capacity_bytes - 1) <= 0.05, (record.alloc_conf, planned, record.oom_capacity_bytes)

@@ -451,6 +451,13 @@ class PlanRequest(Frozen):
         batch = self.batch.model_copy(update={"micro_batch_size": micro_batch_size})
         return self.model_copy(update={"batch": batch})
 
+    def with_exact_capacity(self) -> "PlanRequest":
+        """The same request with the allocator model's OOM capacity bisected too
+        (MemoryAssumptions.exact_capacity: the breakdown's oom_capacity_bytes)."""
+        if self.assumptions.exact_capacity:
+            return self
+        return self.model_copy(update={"assumptions": self.assumptions.model_copy(update={"exact_capacity": True})})
+
     def with_allocator_conf(self, allocator_conf: str | None) -> "PlanRequest":
         """The same request judged under another MemoryAssumptions.allocator_conf (None: the
         flat reserve); the setting is checked, nothing else changes."""
