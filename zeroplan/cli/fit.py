@@ -31,6 +31,7 @@ from zeroplan.specs import (
     TrainingSpec,
     cluster_from_gpus,
 )
+from zeroplan.specs.framework import TORCHTITAN_RELEASES
 from zeroplan.specs.request import default_attention_kernel
 from zeroplan.specs.parallel import EXPERT_PARALLEL_STRATEGIES, ParallelSpec, PipelineSchedule
 from zeroplan.units import GB, GiB, ByteUnit
@@ -147,6 +148,12 @@ def add_framework_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument(
         "--framework", choices=choices_of(Framework), default=Framework.zeroplan.value,
         help="training stack whose model code, checkpointing and loss are predicted (default zeroplan)",
+    )
+    group.add_argument(
+        "--torchtitan-release", choices=TORCHTITAN_RELEASES, metavar="R",
+        help="with --framework torchtitan: the release planned, 0.3.0 (default) or 9dec370 (December 2024, its "
+             "published H100 benchmarks: embedding, norm and head in the root unit, gathered through the step; "
+             "the last block not resharded after forward; implies --unchunked-loss)",
     )
     group.add_argument(
         "--activation-checkpointing", choices=choices_of(ActivationCheckpointing),
@@ -407,7 +414,9 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         activation_offloading=args.activation_offloading,
         fused_linear_cross_entropy=args.fused_linear_cross_entropy,
         fused_cross_entropy=args.fused_cross_entropy,
-        unchunked_loss=args.unchunked_loss,
+        # torchtitan 9dec370 train.py loss_fn: its only loss, unchunked.
+        unchunked_loss=args.unchunked_loss or (framework is Framework.torchtitan and getattr(args, "torchtitan_release", None) == "9dec370"),
+        torchtitan_release=getattr(args, "torchtitan_release", None),
         optimizer_in_backward=args.optimizer_in_backward,
         paged_optimizer=args.paged_optimizer,
         fsdp_cpu_offload=args.fsdp_cpu_offload,

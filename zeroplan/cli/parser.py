@@ -166,6 +166,7 @@ FLAG_OF_FIELD = {
     "finetune.freeze_embeddings": "--freeze-embeddings",
     "finetune.frozen_blocks": "--frozen-blocks",
     "compile": "--compile",
+    "torchtitan_release": "--torchtitan-release",
     "training.paged_optimizer": "--paged-optimizer",
     "float8": "--float8",
 }

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zeroplan.errors import ZeroplanError
-from zeroplan.specs.framework import Framework
+from zeroplan.specs.framework import TORCHTITAN_RELEASES, Framework
 from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
@@ -341,10 +341,27 @@ def profile(framework: Framework) -> FrameworkProfile:
 # custom_sharded_layers, which its full-finetune configs set to ['tok_embeddings', 'output']:
 # under a LoRA recipe the embedding and output projection stay in the root unit with the final
 # norm (recipes/lora_finetune_distributed.py _setup_model passes cfg.get("custom_sharded_layers")).
+#
+# torchtitan 9dec370 torchtitan/parallelisms/parallelize_llama.py apply_fsdp: fully_shard on each
+# block, then fully_shard(model, reshard_after_forward=not pp_enabled): tok_embeddings, norm and
+# output stay in the root unit. The torch it ran (1963fc8, 2024-12-23) set the root's
+# post_forward_mesh_info to None in FSDPState._lazy_init ("for the root, do not reshard after
+# forward"), so the root stays gathered from its forward to its own post-backward, and the last
+# block (reshard_after_forward=False there) is still gathered at the loss's backward: the bytes
+# fsdp_head_gathered_bytes counts for a root unit (embedding, head and one block).
 def fsdp_separates_embedding_and_head(request: PlanRequest) -> bool:
     """Whether the framework's FSDP2 wrapping makes the embedding and the head units of their own."""
-    separate = profile(request.training.framework).fsdp_separate_embedding_and_head
-    return separate and not (request.training.framework is Framework.torchtune and request.training.finetune.is_lora)
+    training = request.training
+    separate = profile(training.framework).fsdp_separate_embedding_and_head
+    if training.framework is Framework.torchtitan and torchtitan_root_holds_head(training):
+        return False
+    return separate and not (training.framework is Framework.torchtune and training.finetune.is_lora)
+
+
+def torchtitan_root_holds_head(training: TrainingSpec) -> bool:
+    """Whether the torchtitan release planned wraps embedding, norm and head into the root unit
+    (9dec370) rather than into units of their own (0.3.0)."""
+    return training.torchtitan_release == "9dec370"
 
 
 # torchtitan 0.3.0 models/common/attention.py FusedQKVLinear: one wqkv Linear (and its bias,
@@ -400,6 +417,7 @@ FRAMEWORK_OPTIONS = {
     "unchunked_loss": lambda prof: prof.framework in (Framework.torchtitan, Framework.torchtune),
     "optimizer_in_backward": lambda prof: prof.offers_optimizer_in_backward,
     "fsdp_cpu_offload": lambda prof: prof.offers_fsdp_cpu_offload,
+    "torchtitan_release": lambda prof: prof.framework is Framework.torchtitan,
 }
 """TrainingSpec fields only some frameworks offer -> whether a profile offers the option."""
 
@@ -516,6 +534,19 @@ def check_megatron_optimizer(optimizer: Optimizer) -> None:
 _TORCH_FUSED_OPTIMIZERS = (Optimizer.adam, Optimizer.adamw, Optimizer.sgd, Optimizer.sgd_momentum)
 
 
+# torchtitan 9dec370 train.py loss_fn: cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1)),
+# the logits whole; the chunked loss came later.
+def check_torchtitan_release(training: TrainingSpec) -> None:
+    """Refuse a torchtitan release the profile does not model, or 9dec370 with a chunked loss."""
+    release = training.torchtitan_release
+    if release is None:
+        return
+    if release not in TORCHTITAN_RELEASES:
+        raise ZeroplanError("torchtitan_release", f"{release!r} is not modelled (allowed: {', '.join(TORCHTITAN_RELEASES)})")
+    if release == "9dec370" and not training.unchunked_loss:
+        raise ZeroplanError("torchtitan_release", "9dec370's loss is unchunked (allowed with unchunked_loss)")
+
+
 def check_framework_request(training: TrainingSpec, model: ModelSpec | None = None) -> None:
     """Refuse, in one line naming the field, a policy the framework does not offer (and, given
     the model, a selective-layer interval that checkpoints no block)."""
@@ -551,6 +582,7 @@ def check_framework_request(training: TrainingSpec, model: ModelSpec | None = No
             raise ZeroplanError(
                 field, f"not offered by {training.framework.value} {prof.version} (allowed only with framework {offering})"
             )
+    check_torchtitan_release(training)
     # torchtune 0.6.1 recipes/full_finetune_distributed.py __init__ raises a RuntimeError when
     # enable_activation_offloading is set without enable_activation_checkpointing, and with
     # ac_mode set as well _setup_model applies no checkpointing at all: offloading goes with full.

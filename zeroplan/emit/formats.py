@@ -320,6 +320,9 @@ def torchtitan_overrides(request: PlanRequest) -> list[str]:
         raise NotApplicable("torchtitan 0.3.0 trains in bf16 or fp32, not fp16")
     if not training.finetune.trains_everything:
         raise NotApplicable("torchtitan 0.3.0 has no LoRA or frozen-parameter option")
+    if training.torchtitan_release is not None and training.torchtitan_release != "0.3.0":
+        # 9dec370 read TOML job configs with other keys; these overrides are 0.3.0's.
+        raise NotApplicable(f"the overrides are torchtitan 0.3.0's, not {training.torchtitan_release}'s")
     dp = request.data_parallel_size
     if kind is StrategyKind.ddp:
         replicate, shard = dp, 1

@@ -271,6 +271,7 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
         + (", fused linear cross-entropy (liger)" if t.fused_linear_cross_entropy else "")
         + (", fused cross-entropy (flash-attn)" if t.fused_cross_entropy else "")
         + (", unchunked loss" if t.unchunked_loss else "")
+        + (f", torchtitan {t.torchtitan_release}" if t.torchtitan_release else "")
         + (", optimizer in backward" if t.optimizer_in_backward else "")
         + (", FSDP CPU offload (sharded states in host RAM)" if t.fsdp_cpu_offload else "")
         + (", torch.compile" if t.compile else "")

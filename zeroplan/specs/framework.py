@@ -27,6 +27,16 @@ class Framework(str, Enum):
     parallelism and vocabulary-parallel cross-entropy)."""
 
 
+# torchtitan 9dec370 (2024-12-26), the commit of its published H100 benchmarks
+# (benchmarks/llama3_h100_202412_torchtitan.md): torchtitan/parallelisms/parallelize_llama.py
+# apply_fsdp shards each block (reshard_after_forward False for the last one) and then the whole
+# model, whose own unit is the embedding, the final norm and the output projection; train.py's
+# loss_fn is one cross_entropy over the logits upcast to fp32.
+TORCHTITAN_RELEASES: tuple[str, ...] = ("0.3.0", "9dec370")
+"""The torchtitan releases the profile models (TrainingSpec.torchtitan_release; None is the
+first, the profile's own)."""
+
+
 LAUNCH_ALLOCATOR_CONF: dict[Framework, str] = {
     # torchtitan's run_train.sh (commit 0168bd5) launches torchrun under
     # PYTORCH_ALLOC_CONF="expandable_segments:True".

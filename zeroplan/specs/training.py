@@ -180,6 +180,12 @@ class TrainingSpec(Frozen):
     forward, one fp32 cross-entropy over all the logits, as ``llama3_debugmodel_ce_loss``)
     instead of the ``ChunkedLossWrapper(num_chunks=8)`` its Llama-3 trainer configs build
     (docs/frameworks.md, "Loss")."""
+    torchtitan_release: str | None = None
+    """torchtitan only: the release whose FSDP2 wrapping and loss are planned, one of
+    zeroplan.specs.framework.TORCHTITAN_RELEASES; None plans the profile's 0.3.0. "9dec370"
+    (December 2024): the embedding, final norm and output projection form the root unit, which
+    FSDP2 then kept gathered from the forward to the end of backward, the last block is not
+    resharded after forward, and the loss is unchunked (unchunked_loss must be set)."""
     optimizer_loop: OptimizerLoop | None = None
     """How the optimizer steps the tensors (decides its step temporary); None takes the
     framework's own: fused for the stacks whose recipes fuse AdamW (FrameworkProfile.fused_optimizer),

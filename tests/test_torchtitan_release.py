@@ -1,0 +1,61 @@
+"""torchtitan 9dec370's FSDP2 wrapping (--torchtitan-release 9dec370): embedding, final norm and
+output projection in the root unit, kept gathered through the step; the last block not resharded
+after forward (torchtitan 9dec370 parallelisms/parallelize_llama.py apply_fsdp)."""
+
+from __future__ import annotations
+
+import pytest
+
+from zeroplan.cli.fit import request_from_args
+from zeroplan.cli.main import build_parser
+from zeroplan.core.framework_loss import fsdp_head_gathered_bytes
+from zeroplan.core.profiles import check_framework_request, fsdp_separates_embedding_and_head
+from zeroplan.errors import ZeroplanError
+from zeroplan.presets.models import get_model
+from zeroplan.specs import BatchSpec, Framework, PlanRequest, StrategyKind, StrategySpec, TrainingSpec, cluster_from_gpus
+
+H, V = 4096, 128256
+"""Llama-3.1-8B's hidden size and vocabulary."""
+BLOCK_ELEMENTS = 2 * H * H + 2 * H * (H // 4) + 3 * H * 14336 + 2 * H
+"""One Llama-3.1-8B block: q and o (h x h), k and v (h x h/4), the SwiGLU MLP (3 x h x 14336), two norms."""
+
+
+def _request(gpu, release: str | None) -> PlanRequest:
+    return PlanRequest(
+        model=get_model("llama-3.1-8b"),
+        training=TrainingSpec(framework=Framework.torchtitan, unchunked_loss=True, torchtitan_release=release),
+        batch=BatchSpec(seq_len=8192, micro_batch_size=2),
+        cluster=cluster_from_gpus(gpu, 8), strategy=StrategySpec(kind=StrategyKind.fsdp_full_shard),
+    )
+
+
+def test_the_root_unit_holds_embedding_and_head(gpu_80gib) -> None:
+    assert fsdp_separates_embedding_and_head(_request(gpu_80gib, None))
+    assert not fsdp_separates_embedding_and_head(_request(gpu_80gib, "9dec370"))
+
+
+def test_the_loss_backward_holds_the_root_and_the_last_block(gpu_80gib) -> None:
+    # 0.3.0: the [norm, lm_head] unit alone; 9dec370: the root (embedding, norm, head) and the
+    # last block, not resharded after forward, in bf16 (8 shards divide every size here).
+    # Measured: torchtitan 0.3.0's model sharded as 9dec370's apply_fsdp on 8 fake ranks holds
+    # 2,537,578,496 bytes of unsharded parameters at its peak (FSDPMemTracker 'unsharded_param';
+    # benchmarks/torchtitan_release_step.py), the second figure here.
+    head = V * H * 2
+    assert fsdp_head_gathered_bytes(_request(gpu_80gib, None)) == head + H * 2
+    assert fsdp_head_gathered_bytes(_request(gpu_80gib, "9dec370")) == 2 * head + H * 2 + BLOCK_ELEMENTS * 2
+
+
+@pytest.mark.parametrize(("training", "field"), [
+    (TrainingSpec(framework=Framework.hf, torchtitan_release="9dec370"), "torchtitan_release"),
+    (TrainingSpec(framework=Framework.torchtitan, unchunked_loss=True, torchtitan_release="1.0"), "torchtitan_release"),
+    (TrainingSpec(framework=Framework.torchtitan, torchtitan_release="9dec370"), "torchtitan_release"),
+])
+def test_refused(training, field) -> None:
+    with pytest.raises(ZeroplanError, match=field):
+        check_framework_request(training)
+
+
+def test_the_flag_implies_the_unchunked_loss() -> None:
+    args = build_parser().parse_args(["fit", "llama-3.1-8b", "--framework", "torchtitan", "--torchtitan-release", "9dec370"])
+    training = request_from_args(args, StrategyKind.fsdp_full_shard).training
+    assert training.torchtitan_release == "9dec370" and training.unchunked_loss
