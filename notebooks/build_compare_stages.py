@@ -251,9 +251,11 @@ frame["bound"] = [tolerance_of(row.quantity) for row in checked]
 frame["within"] = [within(row) if tolerance_of(row.quantity) is not None else "not checked" for row in checked]
 frame"""),
     ("markdown", """Every model state, collective and saved-activation row is inside its bound. The allocator's
-peak is not yet, in two runs: the zero3 run's CPU-allocator peak is 15 % above the plan (its
-tracked-tensor peak 5 %), and the two FSDP2 runs' are 7 % below; docs/harness.md ("Running an
-emitted config") says what is known of each."""),
+peak is not yet: the zero3 run's CPU-allocator peak is 15 % above the plan (DeepSpeed's flat copy
+of the reduce bucket at the end of backward, with gloo's working copy of it, a moment the planner
+does not have), and the two FSDP2 runs' are 7 % below (the planner counts the root's sharded
+gradient at FSDP2's reduce-scatter copy-in, before it exists); docs/harness.md ("Running an
+emitted config") traces each to the source."""),
 ]
 
 
