@@ -134,7 +134,11 @@ def test_stage_3_bytes_are_per_parameter_partitions(runs, nproc) -> None:
         _, step = _last_step(path)
         states = step.model_state
         assert states.parameters_bytes == 4 * partition
-        assert states.gradients_bytes == 4 * (psi + partition + partition)
+        # The fp32 partition AdamW reads; the reduce bucket (psi) and the gradient partition
+        # buffer are buffers, as the planner counts them (total unchanged).
+        assert states.gradients_bytes == 4 * partition
+        assert states.buffers_bytes == 4 * (psi + partition)
+        assert states.total_bytes == states.parameters_bytes + 4 * (psi + 2 * partition) + states.optimizer_states_bytes
         assert states.optimizer_states_bytes == 3 * 4 * partition + 4
         # Each parameter gathered before its forward and again before its backward.
         assert _collective_bytes(step, "all_gather", "forward_backward") == 2 * 4 * nproc * partition
@@ -157,8 +161,10 @@ def test_offload_keeps_master_gradient_and_adam_states_on_the_host(runs, strateg
     staging = 4 * partition + 4 * max(numels) if stage_2 else 4 * partition
     assert states.host_bytes == 16 * partition + 4 + staging
     assert states.optimizer_states_bytes == 0
-    # On the device: the largest-parameter staging buffer (stage 2), the reduce bucket (stage 3).
-    assert states.gradients_bytes == (4 * max(numels) if stage_2 else 4 * psi)
+    # On the device, buffers: the largest-parameter staging buffer (stage 2), the reduce bucket
+    # (stage 3); no gradient stays on the device.
+    assert states.gradients_bytes == 0
+    assert states.buffers_bytes == (4 * max(numels) if stage_2 else 4 * psi)
     rows = {row.quantity: row for row in compare_record(record)}
     # The planner: the same 16 bytes/element and one step counter per unit (DeepSpeed: one).
     units = 2 + HARNESS_PRESETS[MODEL].num_layers
@@ -173,9 +179,11 @@ def test_planner_matches_parameters_and_optimizer_states_at_two_ranks(runs) -> N
         record, _ = _last_step(runs[(strategy, 2)] / "rank00000.json")
         rows = {row.quantity: row for row in compare_record(record)}
         assert rows["parameters"].measured_bytes == rows["parameters"].predicted_bytes
-        if strategy != "zero3":  # stage 3's kept bucket and partition are buffers to the planner
-            # stage 1 as stage 2: one micro-batch per step keeps only the fp32 partition
-            assert rows["gradients"].measured_bytes == rows["gradients"].predicted_bytes
+        # stage 1 as stage 2: one micro-batch per step keeps only the fp32 partition; stage 3's
+        # bucket and partition buffer are buffers on both sides
+        assert rows["gradients"].measured_bytes == rows["gradients"].predicted_bytes
+        if strategy == "zero3":
+            assert rows["buffers (kept)"].measured_bytes == rows["buffers (kept)"].predicted_bytes
         units = 2 + HARNESS_PRESETS[MODEL].num_layers
         assert rows["optimizer states"].predicted_bytes - rows["optimizer states"].measured_bytes == 4 * (units - 1)
 

@@ -102,14 +102,17 @@ def test_emitted_deepspeed_config_runs_and_validates(tmp_path, strategy, capsys)
             assert rows["gradients"].measured_bytes == rows["gradients"].predicted_bytes
         else:
             assert "zero_optimization.stage3_prefetch_bucket_size" in notes
-            assert rows["gradients"].measured_bytes == 4 * (psi + 2 * partition)
-            # DeepSpeed's prefetch keeps the units resident when the forward ends for the backward
-            # (partitioned_param_coordinator.py: a resident parameter the prefetch scan passes is
-            # kept until that later use); stage3_max_live_parameters bounds them, so the backward
-            # re-gathers all but at most that many elements (fp32: 4 bytes each).
-            gathered = next(row for row in compare_record(record) if row.quantity.startswith("all_gather"))
+            # The reduce bucket and gradient partition buffer are buffers on both sides.
+            assert rows["gradients"].measured_bytes == rows["gradients"].predicted_bytes == 4 * partition
+            assert rows["buffers (kept)"].measured_bytes == rows["buffers (kept)"].predicted_bytes == 4 * (psi + partition)
+            # DeepSpeed's prefetch keeps the forward's last modules gathered for their backward,
+            # as many as stage3_max_live_parameters holds (zeroplan.core.deepspeed_prefetch): the
+            # record carries the file's settings and the planner's gathers equal the run's.
             live = json.loads(config.read_text())["zero_optimization"]["stage3_max_live_parameters"]
-            assert 0 < gathered.predicted_bytes - gathered.measured_bytes <= 4 * live
+            assert record.description.deepspeed_stage3.max_live_parameters == live
+            gathered = rows["all_gather bytes/step"]
+            assert gathered.measured_bytes == gathered.predicted_bytes
+            assert 0 < 2 * 4 * psi - gathered.measured_bytes <= 4 * live
         assert rows["optimizer states"].predicted_bytes - rows["optimizer states"].measured_bytes == 4 * (units - 1)
 
 

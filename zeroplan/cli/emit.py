@@ -5,12 +5,13 @@ flag and wraps the command (emitting), which runs as before and then writes the 
 from __future__ import annotations
 
 import argparse
+import enum
 import shlex
 import sys
 
 from zeroplan.errors import ZeroplanError
 
-SKIPPED_DESTS = {"help", "format", "unit", "emit", "top", "run", "search_result"}
+SKIPPED_DESTS = {"help", "format", "unit", "detail", "explain", "emit", "top", "run", "search_result"}
 """Flags that change how an answer is shown, not what is planned."""
 
 
@@ -20,22 +21,43 @@ def add_emit_argument(parser: argparse.ArgumentParser, what: str) -> None:
                              "torchtune overrides (those that apply), launch.sh, job.sbatch and a README")
 
 
+class _RebuiltParser(argparse.ArgumentParser):
+    """Parses the command line emit rebuilt; a flag that does not come back is emit's fault, said
+    in one line rather than as argparse's usage text."""
+
+    def error(self, message: str):
+        raise ZeroplanError("--emit", f"the rebuilt fit flags do not parse back ({message}); please report it")
+
+
 def _parser(add_arguments) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(add_help=False)
+    parser = _RebuiltParser(add_help=False)
     add_arguments(parser)
     return parser
 
 
+def flag_text(value) -> str:
+    """The command-line text a parsed value came from: an enum by its value, a tuple or list
+    (--lora-targets q,v) as its items joined by commas, a float by repr (every digit kept)."""
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    if isinstance(value, (tuple, list)):
+        return ",".join(flag_text(item) for item in value)
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
 def flags_of(parser: argparse.ArgumentParser, values: dict) -> list[str]:
     """The command-line arguments that give ``values`` under ``parser`` (a value equal to the
-    flag's default is left out), the positional model first."""
+    flag's default is left out), the positional model first. Every flag of fit survives the
+    round trip parse -> flags_of -> parse (tests/test_emit_flags.py)."""
     positional, options = [], []
     for action in parser._actions:
         if action.dest in SKIPPED_DESTS or action.dest not in values:
             continue
         value = values[action.dest]
         if not action.option_strings:
-            positional.append(str(value))
+            positional.append(flag_text(value))
             continue
         if value is None or value == action.default:
             continue
@@ -45,7 +67,7 @@ def flags_of(parser: argparse.ArgumentParser, values: dict) -> list[str]:
         elif action.nargs == 0:
             options.append(flag)
         else:
-            options += [flag, str(value)]
+            options += [flag, flag_text(value)]
     return positional + options
 
 

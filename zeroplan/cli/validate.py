@@ -19,6 +19,10 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a row per rank (default: rank 0 of each run, and the first rank of each pipeline stage)")
     parser.add_argument("--plot", help="save a predicted-vs-measured PNG here")
     parser.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    parser.add_argument("--check", action="store_true",
+                        help="exit with status 1, naming each row, when a row is outside the harness's tolerance "
+                             "(model states and collectives 0.1 %%, saved activations 2 %%, allocator peaks 5 %%; "
+                             "docs/harness.md, 'Tolerance')")
     parser.add_argument("--from-log", metavar="FILE",
                         help="instead of records: a run's own log (torchtitan, torchtune, HF Trainer, DeepSpeed), "
                              "followed by the fit flags of its setup (zeroplan validate --from-log FILE --help)")
@@ -113,4 +117,13 @@ def run_validate(args: argparse.Namespace) -> int:
     if args.plot:
         path = save_validation_plot(rows, Path(args.plot))
         sys.stderr.write(f"zeroplan: wrote {path}\n")
+    if args.check:
+        from zeroplan.validate.tolerance import describe, outside
+
+        failed = outside(rows)
+        for row in failed:
+            sys.stderr.write(f"zeroplan: outside tolerance: {describe(row)}\n")
+        if failed:
+            return 1
+        sys.stderr.write(f"zeroplan: all {len(rows)} rows within the harness's tolerance\n")
     return 0

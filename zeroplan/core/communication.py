@@ -11,6 +11,7 @@ NCCL's docs/performance "algorithm bandwidth vs bus bandwidth"). Both are kept a
 from __future__ import annotations
 
 from zeroplan.core import deepspeed_buckets
+from zeroplan.core.deepspeed_prefetch import backward_gather_bytes, forward_gather_bytes, models_deepspeed_gathers
 from zeroplan.core.collective import Collective, CollectiveOp, Phase, make_collective, ring_sent_bytes
 from zeroplan.core.layout import ElementBytes, element_bytes, gradient_wire_bytes
 from zeroplan.core.model_states import padded_unit_elements_of, unit_gather_bytes
@@ -64,6 +65,24 @@ def _wire_bytes(request: PlanRequest) -> ElementBytes:
 # complete_grad_norm_calculation_for_cpu_offload) all-reduces one fp32 norm (compute_grad_norm=True).
 OVERFLOW_FLAG_BYTES = 1
 GRADIENT_NORM_BYTES = 4
+# deepspeed 0.19.8 runtime/zero/stage3.py step -> _get_norm_groups -> get_grad_norm_direct:
+# the per-tensor norms in get_norm_dtype() (zero/utils.py: fp64 where the device has it, as CUDA
+# and the CPU do), summed, one dist.all_reduce (line 2469); _overflow_check_and_loss_scale_update
+# checks overflow (a uint8 all-reduce, has_overflow line 3027) only under fp16. With the
+# optimizer offloaded, complete_grad_norm_calculation_for_cpu_offload all-reduces one
+# get_accelerator().FloatTensor (fp32, line 1989).
+STAGE3_GRADIENT_NORM_BYTES = 8
+
+
+def deepspeed_stage3_step_scalars(request: PlanRequest, group: int, spans_nodes: bool, per_node: int | None) -> list[Collective]:
+    """The scalar all-reduces of DeepSpeed's stage 3 step."""
+    norm = GRADIENT_NORM_BYTES if request.strategy.kind.offloads_optimizer else STAGE3_GRADIENT_NORM_BYTES
+    result = [make_collective(CollectiveOp.all_reduce, Phase.step, "gradient norm", [norm],
+                              group, 1, spans_nodes, norm, per_node)]
+    if request.training.precision is Precision.fp16_mixed:
+        result.append(make_collective(CollectiveOp.all_reduce, Phase.step, "overflow flag", [OVERFLOW_FLAG_BYTES],
+                                      group, 1, spans_nodes, OVERFLOW_FLAG_BYTES, per_node))
+    return result
 
 
 def deepspeed_zero12_collectives(
@@ -204,14 +223,23 @@ def data_parallel_collectives(request: PlanRequest) -> list[Collective]:
         # Under a pipeline the units stay gathered after each backward (pipeline_defers_fsdp_reduction):
         # only the first forward gathers; full shard's forward reshards, so each backward gathers again.
         gathers_forward = 1 if deferred else accum
+        backward = params
+        if models_deepspeed_gathers(request):
+            # DeepSpeed 0.19.8: persistent parameters are never gathered per step, and with its
+            # prefetch on the forward's last modules stay gathered for their backward
+            # (zeroplan.core.deepspeed_prefetch).
+            params = [b for b in forward_gather_bytes(request, eb.compute_parameter) if b]
+            backward = backward_gather_bytes(request, eb.compute_parameter)
         result.append(make_collective(CollectiveOp.all_gather, Phase.forward, "parameters", params, group, gathers_forward, group_spans_nodes, eb.compute_parameter, per_node))
         if kind is not StrategyKind.fsdp_shard_grad_op:
-            backward = params
             if request.model.tied_embeddings and not kind.is_fsdp:
                 # Reference ZeRO-3 (zeroplan/harness/zero.py): a tied embedding serves the head
                 # too, so it stays gathered from the forward until its backward is done.
-                backward = params[1:]
+                backward = backward[1:]
+            backward = [b for b in backward if b]  # a unit the turnaround kept whole gathers nothing
             result.append(make_collective(CollectiveOp.all_gather, Phase.backward, "parameters", backward, group, accum, group_spans_nodes, eb.compute_parameter, per_node))
+        if models_deepspeed_gathers(request):
+            result += deepspeed_stage3_step_scalars(request, group, group_spans_nodes, per_node)
     if kind.quantizes_communication and qgz_spans_nodes(request):
         # zero3-zeropp's qgZ: the hierarchical int4 all-to-all in place of the reduce-scatter.
         result += qgz_collectives(request, gradient_bytes, reduce_per_step)

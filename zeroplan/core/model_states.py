@@ -133,6 +133,21 @@ def largest_tensor_shard_elements(request: PlanRequest) -> int:
                for unit in rank_trainable_units(request) for tensor in unit.tensors)
 
 
+# DeepSpeed 0.19.8 hands its optimizer one flat fp32 partition per parameter group (and
+# sub-group): stage_1_and_2.py single_partition_of_fp32_groups, the group flattened and aligned
+# (flat_group_elements) split N ways; stage3.py fp32_partitioned_groups_flat, each parameter's
+# partition (ceil(ds_numel / N)) concatenated, one sub-group while sub_group_size (1e9 by
+# default) holds the partition. torch's single-tensor AdamW makes its temporaries that size.
+def deepspeed_flat_partition_elements(request: PlanRequest) -> int:
+    from zeroplan.core.deepspeed_buckets import flat_group_elements
+
+    numels = [t.numel for unit in rank_trainable_units(request) for t in unit.tensors if t.trainable]
+    group = request.shard_group_size
+    if request.strategy.kind.zero_stage == 3:
+        return sum(ceil_div(n, group) for n in numels)
+    return flat_group_elements(sum(numels), group) // group
+
+
 def largest_optimizer_tensor_elements(request: PlanRequest) -> int:
     """Elements of the largest tensor the optimizer steps on one rank: a unit's flat shard
     where ZeRO flattens each unit (the fp32 master of zeroplan/harness/zero.py's FlatUnit),
@@ -140,6 +155,8 @@ def largest_optimizer_tensor_elements(request: PlanRequest) -> int:
     parameter's shard (FSDP2's DTensor shards; DDP's tensors, N = 1)."""
     if request.strategy.zero_gradient_reduce is ZeroGradientReduce.ddp_buckets:
         return max(tensor.numel for unit in rank_trainable_units(request) for tensor in unit.tensors)
+    if request.convention is StateConvention.deepspeed and request.strategy.kind.zero_stage and not request.strategy.kind.is_fsdp:
+        return deepspeed_flat_partition_elements(request)
     if request.strategy.kind.zero_stage and shard_layout(request) is ShardLayout.flat:
         return max(shard_elements(unit, request.shard_group_size, ShardLayout.flat) for unit in rank_trainable_units(request))
     return largest_tensor_shard_elements(request)

@@ -151,7 +151,23 @@ class DeepSpeedZero:
         # optimizer-state count read.
         self.optimizer: torch.optim.Optimizer = self.zero_optimizer.optimizer
         self._step_gradients: list[torch.Tensor] = []
+        self._step_buffers: list[torch.Tensor] = []
         self.optimizer.register_step_pre_hook(lambda _opt, _args, _kwargs: self._capture_gradients())
+
+    @property
+    def stage3_settings(self):
+        """The ZeRO-3 settings that decide the parameter gathers (the record's deepspeed_stage3);
+        None below stage 3. deepspeed_config sets all three at stage 3 and a file's replace them."""
+        if self.stage != 3:
+            return None
+        from zeroplan.harness.record import DeepSpeedStage3Settings
+
+        zero = self.config["zero_optimization"]
+        return DeepSpeedStage3Settings(
+            prefetch_bucket_size=int(zero["stage3_prefetch_bucket_size"]),
+            max_live_parameters=int(zero["stage3_max_live_parameters"]),
+            param_persistence_threshold=int(zero["stage3_param_persistence_threshold"]),
+        )
 
     # -- training ---------------------------------------------------------------------------
 
@@ -168,12 +184,12 @@ class DeepSpeedZero:
         return loss.detach()
 
     def step(self) -> None:
-        self._step_gradients = []
+        self._step_gradients, self._step_buffers = [], []
         self.ds.step()
 
     def zero_grad(self) -> None:
         self.ds.zero_grad()
-        self._step_gradients = []
+        self._step_gradients, self._step_buffers = [], []
 
     # -- what DeepSpeed holds ---------------------------------------------------------------
 
@@ -198,11 +214,8 @@ class DeepSpeedZero:
             add(p.grad)
             add(getattr(p, "grad_accum", None))
         add(getattr(opt, "averaged_gradients", None))
-        for bucket in getattr(opt, "ipg_buckets", {}).values():
-            add(getattr(bucket, "buffer", None))
         add(getattr(opt, "grads_in_partition", None))
         if self.stage == 3:
-            add(getattr(opt, "grad_partitions_flat_buffer", None))
             masters = opt.fp32_partitioned_groups_flat
         else:
             masters = opt.single_partition_of_fp32_groups
@@ -210,8 +223,22 @@ class DeepSpeedZero:
             add(master.grad)  # the fp32 gradient partition AdamW reads
         return [t for t in found if t.untyped_storage().nbytes() > 0]
 
+    def _held_buffers(self) -> list[torch.Tensor]:
+        """DeepSpeed's communication buffers held right now: the reduce ("ipg") buckets
+        (stage_1_and_2.py / stage3.py, torch.empty(reduce_bucket_size) with contiguous_gradients)
+        and at stage 3 grad_partitions_flat_buffer, which the reduced partitions are copied into
+        before the fp32 partition AdamW reads is made from it (stage3.py __init__,
+        partition_grads). The planner counts both as buffers (zeroplan.core.deepspeed_accumulation
+        stage3_resident_bytes), not gradients: one definition (docs/harness.md)."""
+        opt = self.zero_optimizer
+        found = [getattr(bucket, "buffer", None) for bucket in getattr(opt, "ipg_buckets", {}).values()]
+        if self.stage == 3:
+            found.append(getattr(opt, "grad_partitions_flat_buffer", None))
+        return [t for t in found if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() > 0]
+
     def _capture_gradients(self) -> None:
         self._step_gradients = self._held_gradients()
+        self._step_buffers = self._held_buffers()
 
     def _masters(self) -> list[torch.Tensor]:
         opt = self.zero_optimizer
@@ -253,20 +280,22 @@ class DeepSpeedZero:
 
     def model_state_tensors(self) -> ModelStateTensors:
         gradients = self._step_gradients or self._held_gradients()
+        buffers = self._step_buffers or self._held_buffers()
         if self.offload:
             host = self._host_tensors()
             on_host = {t.untyped_storage().data_ptr() for t in host}
             gradients = [g for g in gradients if g.untyped_storage().data_ptr() not in on_host]
+            buffers = [b for b in buffers if b.untyped_storage().data_ptr() not in on_host]
             # The device-side staging buffer of offloaded gradients (the largest parameter).
             staging = getattr(self.zero_optimizer, "temp_grad_buffer_for_gpu_offload", None)
             if isinstance(staging, torch.Tensor):
-                gradients.append(staging)
-            return ModelStateTensors(self._parameters(), gradients, [], host)
+                buffers.append(staging)
+            return ModelStateTensors(self._parameters(), gradients, [], host, buffers)
         # As in the reference ZeRO, the fp32 master partition is counted with the optimizer
         # states (the ZeRO paper's K). DeepSpeed clones it even under fp32, so unlike the
         # reference it is never the parameter storage itself.
         optimizer = self._masters() + optimizer_state_tensors(self.optimizer)
-        return ModelStateTensors(self._parameters(), gradients, optimizer)
+        return ModelStateTensors(self._parameters(), gradients, optimizer, buffers=buffers)
 
     @torch.no_grad()
     def full_parameters(self) -> dict[str, torch.Tensor]:

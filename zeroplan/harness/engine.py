@@ -85,6 +85,10 @@ class ModelStateTensors:
     """States an offloading engine keeps in host memory (its fp32 master, gradient partition and
     optimizer states), whatever device the run's tensors are on: on a CPU-only run host and
     device are the same memory, so the engine says which side each state is on."""
+    buffers: list[torch.Tensor] = field(default_factory=list)
+    """Communication and staging buffers the engine keeps across the step (DeepSpeed's reduce
+    buckets, stage 3's gradient partition buffer, offload's device staging buffer): the
+    planner's buffers, not its gradients (docs/harness.md, "What counts as gradients")."""
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:

@@ -34,9 +34,10 @@ def model_state_bytes(states: ModelStateTensors) -> ModelStateBytes:
     grads = unique_bytes(states.gradients)
     optimizer = unique_bytes(states.optimizer_states)
     host = unique_bytes(states.host)
+    buffers = unique_bytes(states.buffers)
     return ModelStateBytes(
         parameters_bytes=params, gradients_bytes=grads, optimizer_states_bytes=optimizer,
-        total_bytes=params + grads + optimizer, host_bytes=host,
+        total_bytes=params + grads + optimizer + buffers, host_bytes=host, buffers_bytes=buffers,
     )
 
 

@@ -88,9 +88,13 @@ class ModelStateBytes(Frozen):
     gradients_bytes: int = Field(ge=0)
     optimizer_states_bytes: int = Field(ge=0)
     total_bytes: int = Field(ge=0)
-    """Parameters + gradients + optimizer states (host_bytes not included)."""
+    """Parameters + gradients + optimizer states + buffers (host_bytes not included)."""
     host_bytes: int = Field(default=0, ge=0)
     """States an offloading engine keeps in host memory (0 for the others)."""
+    buffers_bytes: int = Field(default=0, ge=0)
+    """Communication and staging buffers kept across the step (DeepSpeed's reduce buckets, stage
+    3's gradient partition buffer, offload's device staging buffer); 0 for engines that keep
+    none, and in records made before the field, whose gradients_bytes included them."""
 
 
 class StepRecord(Frozen):
@@ -104,6 +108,21 @@ class StepRecord(Frozen):
     collectives: list[CollectiveRecord]
     memory: MemoryRecord
     model_state: ModelStateBytes
+
+
+class DeepSpeedStage3Settings(Frozen):
+    """The ZeRO-3 settings of a DeepSpeed run that decide its parameter gathers
+    (zeroplan.core.deepspeed_prefetch), as the engine was configured (elements)."""
+
+    prefetch_bucket_size: int = Field(ge=0)
+    max_live_parameters: int = Field(ge=0)
+    param_persistence_threshold: int = Field(ge=0)
+
+
+HARNESS_DEEPSPEED_STAGE3 = DeepSpeedStage3Settings(
+    prefetch_bucket_size=0, max_live_parameters=10**9, param_persistence_threshold=0)
+"""What the harness's own DeepSpeed config sets (zeroplan/harness/deepspeed_engine.py
+deepspeed_config): a DeepSpeed record without deepspeed_stage3 ran under it."""
 
 
 class RunDescription(Frozen):
@@ -131,6 +150,10 @@ class RunDescription(Frozen):
     torch_version: str
     backend: str
     device: str
+    deepspeed_stage3: DeepSpeedStage3Settings | None = None
+    """DeepSpeed at stage 3: its prefetch, live-parameter and persistence settings; None in other
+    runs and in DeepSpeed records made before the field (the harness's own config then,
+    HARNESS_DEEPSPEED_STAGE3)."""
     notes: list[str] = Field(default_factory=list)
     """How the engine was configured where a file set it (``--deepspeed-config``): which
     settings came from the file and which the harness kept; empty otherwise (and in older records)."""

@@ -154,6 +154,9 @@ def run_rank(
         notes = [*config.config_notes, *getattr(engine, "notes", [])]
         if notes:  # what came from an engine config file, what the harness kept
             description = description.model_copy(update={"notes": notes})
+        stage3 = getattr(engine, "stage3_settings", None)
+        if stage3 is not None:  # DeepSpeed at stage 3: the settings that decide its gathers
+            description = description.model_copy(update={"deepspeed_stage3": stage3})
         setup_span = (setup_start, _offset(nccl_log))
         setup = list(recorder.records)
         steps: list[StepRecord] = []
@@ -223,7 +226,7 @@ def _one_step(engine, config: RunConfig, step: int, rank: int, world_size: int,
     recorder.records = []
     start = time.perf_counter()
     before = engine.model_state_tensors()
-    extra = tuple(t for t in (*before.parameters, *before.gradients) if t is not None)
+    extra = tuple(t for t in (*before.parameters, *before.gradients, *before.buffers) if t is not None)
     losses, saved_bytes = [], 0
     with track_peak(engine.module, engine.optimizer, extra, getattr(engine, "no_tracker_reason", None)) as peak, recorder:
         recorder.phase = "forward_backward"

@@ -188,6 +188,16 @@ class StrategySpec(Frozen):
     """DeepSpeed zero_optimization.contiguous_gradients (default true): gradients are copied into
     the reduce ("ipg") bucket, which is then a tensor of zero_bucket_elements (the deepspeed state
     convention's buffer terms, zeroplan.core.deepspeed_accumulation)."""
+    deepspeed_prefetch_bucket_elements: int | None = Field(default=None, ge=0)
+    """DeepSpeed zero_optimization.stage3_prefetch_bucket_size (elements); None is what ``--emit``
+    writes, prefetch_units largest units (zeroplan.core.deepspeed_prefetch). 0 turns the prefetch
+    off, and with it the units kept gathered from the forward to the backward."""
+    deepspeed_max_live_parameters: int | None = Field(default=None, gt=0)
+    """DeepSpeed zero_optimization.stage3_max_live_parameters (elements); None is what ``--emit``
+    writes, (1 + prefetch_units) largest units."""
+    deepspeed_param_persistence_threshold: int = Field(default=0, ge=0)
+    """DeepSpeed zero_optimization.stage3_param_persistence_threshold (elements): parameters of at
+    most this many elements stay gathered from the engine's start (``--emit`` writes 0)."""
     deepspeed_overlap_comm: bool | None = None
     """DeepSpeed zero_optimization.overlap_comm; None is DeepSpeed's default (true at stage 3,
     false below: deepspeed/runtime/zero/config.py overlap_comm_valid). At stages 1-2 with

@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections import defaultdict
 
 from zeroplan.core.activations import saved_logits_bytes
+from zeroplan.core.deepspeed_accumulation import stage3_resident_bytes
 from zeroplan.core.frameworks import framework_activation_bytes
 from zeroplan.core.plan import memory_breakdown
 from zeroplan.harness.engines_table import EngineKind, training_as_run
-from zeroplan.harness.record import RankRecord, RunDescription, StepRecord
+from zeroplan.harness.record import HARNESS_DEEPSPEED_STAGE3, RankRecord, RunDescription, StepRecord
 from zeroplan.specs import PlanRequest, StrategyKind, ZeroGradientReduce
+from zeroplan.specs.training import StateConvention
 from zeroplan.validate.model_parallel import compare_model_parallel_record
 from zeroplan.validate.rows import (
     COLLECTIVE_OPS, ComparisonRow, collective_rows, model_state_rows, peak_rows, planner_request,
@@ -31,7 +33,7 @@ def request_for(description: RunDescription) -> PlanRequest:
     optimizer loop."""
     # A record written before a field existed states none: the engine's own, as the runner records it.
     training = training_as_run(description.training, EngineKind(description.engine))
-    return planner_request(
+    request = planner_request(
         description.model, training, description.batch, description.strategy, description.world_size,
         keep_unsharded_grads_on_accum=description.keep_unsharded_grads_on_accum,
         zero_gradient_reduce=_ENGINE_GRADIENT_REDUCE.get(
@@ -39,6 +41,31 @@ def request_for(description: RunDescription) -> PlanRequest:
         ),
         parallel=description.parallel,
     )
+    if description.engine == "deepspeed" and description.strategy.zero_stage == 3:
+        # The gathers follow the run's own prefetch settings (zeroplan.core.deepspeed_prefetch).
+        zero3 = description.deepspeed_stage3 or HARNESS_DEEPSPEED_STAGE3
+        request = request.with_strategy(request.strategy.model_copy(update={
+            "deepspeed_prefetch_bucket_elements": zero3.prefetch_bucket_size,
+            "deepspeed_max_live_parameters": zero3.max_live_parameters,
+            "deepspeed_param_persistence_threshold": zero3.param_persistence_threshold,
+        }))
+    return request
+
+
+# One definition of gradients for the harness and the planner: the gradient values the optimizer
+# steps from (and any .grad not yet reduced); the buffers gradients pass through on their way
+# (DeepSpeed's reduce bucket, stage 3's gradient partition buffer) are buffers in both
+# (zeroplan/harness/deepspeed_engine.py _held_buffers, zeroplan.core.deepspeed_accumulation).
+def kept_buffer_bytes(request: PlanRequest) -> int:
+    """The buffers a record's model states hold at the step, as the planner counts them:
+    DeepSpeed stage 3's ipg bucket and gradient partition buffer (stage3_resident_bytes, without
+    the kept scalars, which the record does not count); 0 elsewhere (stages 1-2 release their
+    buckets by the step; the offload strategies' staging buffers are not planned)."""
+    kind = request.strategy.kind
+    if (request.convention is not StateConvention.deepspeed or kind.zero_stage != 3 or kind.is_fsdp
+            or kind.offloads_optimizer or kind.offloads_parameters):
+        return 0
+    return stage3_resident_bytes(request)
 
 
 def _measured_collectives(step: StepRecord) -> dict[str, int]:
@@ -67,6 +94,10 @@ def compare_record(record: RankRecord, step_index: int = -1) -> list[ComparisonR
     )
     states = step.model_state
     rows = model_state_rows(base, breakdown, (states.parameters_bytes, states.gradients_bytes, states.optimizer_states_bytes))
+    predicted_buffers = kept_buffer_bytes(request)
+    if predicted_buffers or states.buffers_bytes:
+        rows.append(ComparisonRow(**base, category="memory", quantity="buffers (kept)",
+                                  predicted_bytes=predicted_buffers, measured_bytes=states.buffers_bytes))
     if predicted_states.host_bytes or states.host_bytes:
         rows.append(ComparisonRow(**base, category="memory", quantity="host (offloaded)",
                                   predicted_bytes=predicted_states.host_bytes, measured_bytes=states.host_bytes))
