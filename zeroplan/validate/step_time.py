@@ -129,9 +129,11 @@ class PublishedThroughput(Frozen):
     training_options: TrainingOptions = TrainingOptions()
     """Further training options the source states (torchtune's rows)."""
     compile: bool = False
-    """The run compiled its model with torch.compile (fms-fsdp's use_torch_compile). Not timed
-    by the planner (TrainingSpec.compile shapes memory only); stated so the rows are split by it
-    (zeroplan.core.stack_time)."""
+    """The run compiled its model with torch.compile (fms-fsdp's use_torch_compile), as the
+    source states; the rows are split by it (zeroplan.core.stack_time). The planner times compile
+    where the request compiles (TrainingOptions.compile, zeroplan.core.compiled_time); a row whose
+    framework profile the memory model cannot compile (fms-fsdp's under the reference
+    transformer, torchtune's LoRA with activation offloading) is timed eager."""
 
     def request(self, hardware_flops_utilization: float | None = None, compute_model: str = "hfu") -> PlanRequest:
         """The planner request for this run; the planner's default HFU unless one is given, or
