@@ -28,13 +28,13 @@ from zeroplan.specs.request import PlanRequest
 
 EFFICIENCY_KIND = "zeroplan-step-efficiency"
 
-CALIBRATED_BAND: tuple[float, float] | None = (0.163, 0.599)
+CALIBRATED_BAND: tuple[float, float] | None = (0.146, 0.599)
 """(median, max) |error| of tokens/s/GPU when each published source with at least three rows is
 calibrated on its row of fewest GPUs and predicts its other rows (benchmarks/step_time_accuracy.py,
 docs/validation.md "Calibrated from one measured step"; tests/test_step_calibration.py ties it to
 the printed figures); None until measured."""
 
-DEFAULT_BAND: tuple[float, float] | None = (0.220, 0.868)
+DEFAULT_BAND: tuple[float, float] | None = (0.217, 0.868)
 """(median, max) |error| of tokens/s/GPU at the default HFU over every published row (nothing is
 fitted, so no row is in its own fit); None until measured."""
 
