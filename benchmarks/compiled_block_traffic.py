@@ -27,7 +27,7 @@ MODELS = ("llama-3.2-3b", "llama-2-7b", "llama-3-8b", "llama-2-70b")
 """The widths of the compiled published rows (torchtune's Llama 3.2 3B, fms-fsdp's Llama 2 7B and 70B) and Llama 3 8B: four (h, kv, F) that fix the per-width bytes (zeroplan.core.compiled_time)."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def model_spec(name: str):  # type: ignore[no-untyped-def]
     """A preset, or the published rows' own architecture (Llama 3.2 3B is no preset)."""
     from zeroplan.presets.models import get_model
@@ -79,7 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true", help=f"write {RECORD.relative_to(REPO)}")
     args = parser.parse_args(argv)
 
-    from zeroplan.frameworks.compiled_traffic import TRAFFIC_FRAMEWORKS, measure_block_traffic
+    from zeroplan.frameworks.compiled_traffic import (
+        TRAFFIC_FRAMEWORKS,
+        measure_block_traffic,
+    )
     from zeroplan.specs import BatchSpec
 
     batch = BatchSpec(micro_batch_size=1, seq_len=512, grad_accum_steps=1)

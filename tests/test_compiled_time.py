@@ -10,7 +10,11 @@ import pytest
 
 from zeroplan.calibrate.step import planned_step, solve_hfu
 from zeroplan.core.compiled_time import (
-    BLOCK_TRAFFIC, block_bytes_per_token, compile_saved_bytes, compile_saved_seconds, compile_time_note,
+    BLOCK_TRAFFIC,
+    block_bytes_per_token,
+    compile_saved_bytes,
+    compile_saved_seconds,
+    compile_time_note,
 )
 from zeroplan.core.roofline import roofline_step
 from zeroplan.core.roofline.ceilings import gpu_ceilings

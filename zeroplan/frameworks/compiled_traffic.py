@@ -129,7 +129,7 @@ def eager_traffic(block, hidden, rest, kwargs) -> tuple[collections.Counter, col
     phase = ["forward"]
 
     class Traffic(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             name = func.overloadpacket.__name__
             if name not in NO_TRAFFIC and not any(marker in name for marker in COMPUTE):
@@ -159,7 +159,10 @@ def compiled_traffic(block, hidden, rest, kwargs) -> tuple[collections.Counter, 
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
     from torch._inductor.graph import GraphLowering
-    from torch._inductor.scheduler import ExternKernelSchedulerNode, NopKernelSchedulerNode
+    from torch._inductor.scheduler import (
+        ExternKernelSchedulerNode,
+        NopKernelSchedulerNode,
+    )
 
     moved: collections.Counter = collections.Counter()
     kernels: collections.Counter = collections.Counter()
