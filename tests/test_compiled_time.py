@@ -123,3 +123,20 @@ def test_a_gpu_without_a_measured_bandwidth_is_said_not_to_time_compile() -> Non
     assert compile_time_note(other) == "compile not timed: no measured memory bandwidth for gpu v100-32gb"
     assert compile_saved_seconds(other) == (0.0, 0.0)
     assert compile_time_note(request) == ""
+
+
+@pytest.mark.slow
+def test_the_record_is_what_inductor_measures_now() -> None:
+    # One block measured again (the reference transformer at Llama 3.2 3B's widths, about 15 s on
+    # a CPU): eager operators and inductor's fused kernels move what the record says.
+    from zeroplan.frameworks.compiled_traffic import measure_block_traffic
+    from zeroplan.specs import BatchSpec
+
+    batch = BatchSpec(micro_batch_size=1, seq_len=512, grad_accum_steps=1)
+    model = BENCH.model_spec("llama-3.2-3b").model_copy(update={"max_positions": batch.seq_len})
+    traffic = measure_block_traffic(Framework.zeroplan, model, batch)
+    row = next(r for r in RECORD if r["framework"] == "zeroplan" and r["model"] == "llama-3.2-3b")
+    for phase in ("forward", "backward"):
+        for kind in ("eager", "compiled"):
+            assert getattr(traffic, f"{kind}_{phase}_bytes_per_token") == pytest.approx(row[f"{phase}_{kind}_bytes_per_token"])
+            assert getattr(traffic, f"{kind}_{phase}_kernels") == row[f"{phase}_{kind}_kernels"]
