@@ -136,3 +136,59 @@ def test_the_nccl_tests_mode_parses_as_before() -> None:
 def test_calibrate_step_refuses_a_device_as_out_before_computing(capsys) -> None:
     code, _, err = run(capsys, "calibrate", "step", "gpt2", "--strategy", "ddp", "--step-s", "1", "--out", "/dev/null")
     assert code == 2 and "is a character device" in err and len(err.strip().splitlines()) == 1
+
+
+def _training(request: PlanRequest, **update) -> PlanRequest:  # type: ignore[no-untyped-def]
+    return request.model_copy(update={"training": request.training.model_copy(update=update)})
+
+
+def test_the_file_records_compile_and_the_overlap_flags_it_was_solved_under() -> None:
+    from zeroplan.calibrate.step import calibrate_step
+
+    request = _request(StrategyKind.zero2, 16, 0.4)
+    source = calibrate_step(request, plan(request).time.step_with_overlap_s, model="llama-3.1-8b").source
+    # DeepSpeed ZeRO-2 reduces outside the backward by default (overlap_comm false below stage 3)
+    assert (source.compile, source.overlap_grad_reduce, source.overlap_param_gather, source.tp_comm_overlap) == (
+        False, False, False, False)
+    gather = request.model_copy(update={"performance": request.performance.model_copy(update={"overlap_param_gather": True})})
+    assert calibrate_step(gather, plan(gather).time.step_with_overlap_s, model="m").source.overlap_param_gather
+
+
+def test_a_file_is_applied_across_modelled_mechanisms_and_refused_across_untimed_ones() -> None:
+    from zeroplan.calibrate.step import calibrate_step, calibrated_under, check_calibrated_under
+    from zeroplan.specs.framework import Framework
+    from zeroplan.specs.training import Float8Recipe
+
+    eager = _training(_request(StrategyKind.fsdp_full_shard, 8, 0.4), framework=Framework.torchtitan)
+    efficiency = calibrate_step(eager, plan(eager).time.step_with_overlap_s, model="llama-3.1-8b")
+    compiled = _training(eager, compile=True)
+    check_calibrated_under(efficiency, "f.json", compiled)  # compile's saved traffic is modelled
+    assert calibrated_under(efficiency, compiled) == "eager -> compiled (compile's saved memory traffic modelled)"
+    assert calibrated_under(efficiency, eager) == ""
+    no_overlap = eager.model_copy(update={"performance": eager.performance.model_copy(update={"overlap_grad_reduce": False})})
+    assert calibrated_under(efficiency, no_overlap) == "overlap-grad-reduce on -> off (communication modelled)"
+    with pytest.raises(ZeroplanError, match=r"^--efficiency: 'f.json' was calibrated with float8 off, not rowwise, and "
+                                            r"float8 is not timed \(allowed: a file calibrated with float8 rowwise\)$"):
+        check_calibrated_under(efficiency, "f.json", _training(compiled, float8=Float8Recipe.rowwise))
+    # where compile is not timed (no measured bandwidth of the GPU) an eager file is refused compiled
+    v100 = eager.model_copy(update={"cluster": cluster_from_gpus(get_gpu("v100-32gb"), 8)})
+    on_v100 = calibrate_step(v100, plan(v100).time.step_with_overlap_s, model="llama-3.1-8b")
+    with pytest.raises(ZeroplanError, match=r"^--efficiency: 'f.json' was calibrated eager, not compiled, and compile "
+                                            r"not timed: no measured memory bandwidth for gpu v100-32gb \(allowed: a file "
+                                            r"calibrated compiled\)$"):
+        check_calibrated_under(on_v100, "f.json", _training(v100, compile=True))
+
+
+def test_efficiency_on_the_command_line_refuses_an_untimed_mechanism_in_one_line(tmp_path: Path, capsys) -> None:
+    from zeroplan.calibrate.step import calibrate_step
+    from zeroplan.specs.framework import Framework
+
+    v100 = _training(_request(StrategyKind.fsdp_full_shard, 8, 0.4), framework=Framework.torchtitan)
+    v100 = v100.model_copy(update={"cluster": cluster_from_gpus(get_gpu("v100-32gb"), 8)})
+    path = tmp_path / "v100.json"
+    path.write_text(calibrate_step(v100, plan(v100).time.step_with_overlap_s, model="llama-3.1-8b").model_dump_json())
+    code, _, err = run(capsys, "compare", "llama-3.1-8b", "--gpus", "8", "--gpu", "v100-32gb", "--framework", "torchtitan",
+                       "--compile", "--efficiency", str(path))
+    assert code != 0
+    assert err.strip().splitlines()[-1].startswith("zeroplan: error: --efficiency:")
+    assert "was calibrated eager, not compiled" in err

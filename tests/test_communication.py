@@ -147,3 +147,19 @@ def test_fsdp_reduce_dtype_knob(gpu_80gib) -> None:
 
 def test_single_gpu_has_no_collectives(gpu_80gib) -> None:
     assert collectives(_request(gpu_80gib, StrategyKind.zero3, gpus=1, gpus_per_node=1)) == []
+
+
+@pytest.mark.parametrize("kind", [StrategyKind.zero1, StrategyKind.zero2, StrategyKind.zero2_offload])
+def test_deepspeed_zero_1_2_reduce_gradients_outside_the_backward_unless_overlap_comm(gpu_80gib, kind) -> None:
+    # deepspeed 0.19.8 runtime/zero/config.py overlap_comm_valid: false below stage 3 unless set;
+    # stage_1_and_2.py average_tensor reduces on the compute stream without it.
+    def gradient_phases(**strategy) -> set[Phase]:  # type: ignore[no-untyped-def]
+        return {c.phase for c in collectives(_request(gpu_80gib, kind, **strategy)) if c.what == "gradients"}
+
+    assert gradient_phases() == {Phase.step}
+    assert gradient_phases(deepspeed_overlap_comm=True) == {Phase.backward}
+    if kind is not StrategyKind.zero2_offload:
+        # zeroplan's per-unit reference ZeRO reduces from its backward hooks, as DDP does
+        assert gradient_phases(zero_gradient_reduce=ZeroGradientReduce.per_unit) == {Phase.backward}
+    # stage 3 overlaps by DeepSpeed's default
+    assert {c.phase for c in collectives(_request(gpu_80gib, StrategyKind.zero3)) if c.what == "gradients"} == {Phase.backward}

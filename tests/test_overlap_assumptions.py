@@ -10,7 +10,8 @@ from zeroplan.core.communication import Phase, collectives
 from zeroplan.core.timing import collective_time_s, step_time
 from zeroplan.presets.models import get_model
 from zeroplan.specs import (
-    BatchSpec, GpuSpec, LinkSpec, PerformanceAssumptions, PlanRequest, StrategyKind, StrategySpec, cluster_from_gpus,
+    BatchSpec, GpuSpec, LinkSpec, PerformanceAssumptions, PlanRequest, StrategyKind, StrategySpec, ZeroGradientReduce,
+    cluster_from_gpus,
 )
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.parallel import ParallelSpec
@@ -34,7 +35,9 @@ def _step(request: PlanRequest):  # type: ignore[no-untyped-def]
 
 
 def test_gradients_reduced_after_the_backward_are_exposed_in_full() -> None:
-    overlapped, after = _request(StrategyKind.zero1), _request(StrategyKind.zero1, overlap_grad_reduce=False)
+    overlapped = _request(StrategyKind.zero1, overlap_grad_reduce=True)
+    after = _request(StrategyKind.zero1, overlap_grad_reduce=False)
+    assert collectives(after) == collectives(_request(StrategyKind.zero1))  # DeepSpeed's default (below)
     gradients = next(c for c in collectives(overlapped) if c.what == "gradients")
     assert gradients.phase is Phase.backward
     moved = next(c for c in collectives(after) if c.what == "gradients")
@@ -67,17 +70,23 @@ def test_tensor_parallel_collectives_overlapping_the_gemms_leave_the_critical_pa
 
 
 def test_left_unset_the_stack_decides_when_gradients_are_reduced() -> None:
-    # hf runs ZeRO-1/2 through DeepSpeed, whose overlap_comm is on for stage 3 only
-    # (zeroplan.core.stack_time); the reference transformer overlaps under every strategy.
-    def phase(kind: StrategyKind, framework: Framework) -> Phase:
+    # hf and the reference transformer run ZeRO-1/2 through DeepSpeed, whose overlap_comm is on
+    # for stage 3 only (zeroplan.core.communication.overlaps_grad_reduce); the reference's
+    # per-unit ZeRO reduces from its backward hooks.
+    def phase(kind: StrategyKind, framework: Framework, **strategy: object) -> Phase:
         request = _request(kind)
-        request = request.model_copy(update={"training": request.training.model_copy(update={"framework": framework})})
+        request = request.model_copy(update={
+            "training": request.training.model_copy(update={"framework": framework}),
+            "strategy": request.strategy.model_copy(update=strategy)})
         return next(c for c in collectives(request) if c.what.startswith("gradient")).phase
 
     assert phase(StrategyKind.zero2, Framework.hf) is Phase.step
     assert phase(StrategyKind.zero1, Framework.hf) is Phase.step
     assert phase(StrategyKind.zero3, Framework.hf) is Phase.backward
-    assert phase(StrategyKind.zero2, Framework.zeroplan) is Phase.backward
+    assert phase(StrategyKind.zero2, Framework.zeroplan) is Phase.step
+    assert phase(StrategyKind.zero2, Framework.zeroplan, deepspeed_overlap_comm=True) is Phase.backward
+    assert phase(StrategyKind.zero2, Framework.zeroplan, zero_gradient_reduce=ZeroGradientReduce.per_unit) is Phase.backward
+    assert phase(StrategyKind.fsdp_full_shard, Framework.zeroplan) is Phase.backward
 
 
 def test_the_cli_flags_set_the_assumptions() -> None:

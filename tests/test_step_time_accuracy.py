@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from zeroplan.core.compiled_time import compile_saved_seconds
 from zeroplan.core.flops import model_flops_per_token, step_flops
 from zeroplan.errors import ZeroplanError
 from zeroplan.presets.gpus import get_gpu
@@ -67,8 +68,13 @@ def test_default_prediction_is_executed_flops_at_the_default_hfu_when_communicat
             # exposed by design (Megatron's and BLOOM's rows); every FSDP and one-GPU row hides.
             continue
         assert comparison.exposed_communication_s == 0.0, row.name
-        executed_per_token = step_flops(row.request()).executed_flops / row.tokens_per_step_per_gpu
-        expected = hfu * get_gpu(row.gpu).peak_bf16_flops_per_s / executed_per_token
+        request = row.request()
+        # A compiled step is the eager one less the bytes inductor's fusion saves, at the GPU's
+        # copy bandwidth (zeroplan.core.compiled_time).
+        saved_s = sum(compile_saved_seconds(request))
+        assert (saved_s > 0) == request.training.compile, row.name
+        eager_step_s = step_flops(request).executed_flops / (hfu * get_gpu(row.gpu).peak_bf16_flops_per_s)
+        expected = row.tokens_per_step_per_gpu / (eager_step_s - saved_s)
         assert comparison.predicted_tokens_per_s_per_gpu == pytest.approx(expected, rel=1e-9), row.name
 
 
@@ -88,6 +94,9 @@ def test_predicted_mfu_is_the_default_hfu_over_the_flop_ratio() -> None:
     hfu = PerformanceAssumptions().hardware_flops_utilization
     for row, comparison in zip(ROWS, TABLE):
         if comparison.exposed_communication_s > 0 or row.tp * row.pp > 1:  # the step is longer than compute
+            continue
+        if row.request().training.compile:  # shorter: compile's saved memory traffic
+            assert comparison.predicted_mfu > hfu / comparison.flops_per_token_ratio, row.name
             continue
         assert comparison.predicted_mfu == pytest.approx(hfu / comparison.flops_per_token_ratio, rel=1e-9)
 

@@ -28,13 +28,13 @@ from zeroplan.specs.request import PlanRequest
 
 EFFICIENCY_KIND = "zeroplan-step-efficiency"
 
-CALIBRATED_BAND: tuple[float, float] | None = (0.163, 0.599)
+CALIBRATED_BAND: tuple[float, float] | None = (0.146, 0.599)
 """(median, max) |error| of tokens/s/GPU when each published source with at least three rows is
 calibrated on its row of fewest GPUs and predicts its other rows (benchmarks/step_time_accuracy.py,
 docs/validation.md "Calibrated from one measured step"; tests/test_step_calibration.py ties it to
 the printed figures); None until measured."""
 
-DEFAULT_BAND: tuple[float, float] | None = (0.220, 0.868)
+DEFAULT_BAND: tuple[float, float] | None = (0.217, 0.868)
 """(median, max) |error| of tokens/s/GPU at the default HFU over every published row (nothing is
 fitted, so no row is in its own fit); None until measured."""
 
@@ -60,7 +60,19 @@ class CalibrationSource(Frozen):
     cp: int = Field(default=1, gt=0)
     pp: int = Field(default=1, gt=0)
     compile: bool = False
+    """The measured run compiled its blocks (TrainingSpec.compile): compile's saved memory traffic
+    is modelled (zeroplan.core.compiled_time), so the HFU is an eager step's and the file applies
+    compiled or not where compile is timed."""
     float8: str | None = None
+    """Its float8 recipe: float8 is not timed, so the file applies only under the same."""
+    overlap_grad_reduce: bool | None = None
+    """Whether the planner timed its gradient reductions inside the backward (the stack's default
+    or --overlap-grad-reduce as resolved, zeroplan.core.communication.overlaps_grad_reduce);
+    None in a file written before it was recorded."""
+    overlap_param_gather: bool = False
+    """--overlap-param-gather of the calibration."""
+    tp_comm_overlap: bool = False
+    """--tp-comm-overlap of the calibration."""
     measured_step_s: float = Field(gt=0)
     """The measured optimizer step, seconds."""
     measured_tokens_per_s_per_gpu: float = Field(gt=0)
@@ -154,7 +166,7 @@ def planned_step(request: PlanRequest):  # type: ignore[no-untyped-def]
 
 def calibrate_step(request: PlanRequest, measured_step_s: float, model: str, note: str = "") -> StepEfficiency:
     """The efficiency file of ``request`` measured at ``measured_step_s`` per optimizer step."""
-    from zeroplan.core.communication import collectives
+    from zeroplan.core.communication import collectives, overlaps_grad_reduce
     from zeroplan.core.timing import step_time
 
     hfu = solve_hfu(request, measured_step_s)
@@ -172,6 +184,8 @@ def calibrate_step(request: PlanRequest, measured_step_s: float, model: str, not
             grad_accum_steps=batch.grad_accum_steps, activation_checkpointing=training.activation_checkpointing.value,
             precision=training.precision.value, tp=parallel.tp, cp=parallel.cp, pp=parallel.pp,
             compile=training.compile, float8=training.float8.value if training.float8 else None,
+            overlap_grad_reduce=overlaps_grad_reduce(at), overlap_param_gather=request.performance.overlap_param_gather,
+            tp_comm_overlap=request.performance.tp_comm_overlap,
             measured_step_s=measured_step_s,
             measured_tokens_per_s_per_gpu=step_tokens_per_gpu(request) / measured_step_s, note=note,
         ),
@@ -208,6 +222,48 @@ def check_applies(efficiency: StepEfficiency, path: str | Path, gpu_name: str, f
                                             f"not {framework.value} (allowed: a file of --framework {framework.value})")
 
 
+# What the HFU was solved under, against what it is applied to. The collectives are priced by
+# the planner under the request's own overlap flags (the HFU is compute's alone), and compile's
+# saved memory traffic is modelled, so those carry; float8 is not timed, and neither is compile
+# where its traffic or the GPU's bandwidth was not measured: those must match.
+def check_calibrated_under(efficiency: StepEfficiency, path: str | Path, request: PlanRequest) -> None:
+    """Refuse, in one line naming the field, a file whose calibration differs from ``request`` in
+    a mechanism the planner does not time."""
+    from zeroplan.core.compiled_time import compile_time_note
+
+    source, training = efficiency.source, request.training
+    float8 = training.float8.value if training.float8 else None
+    if source.float8 != float8:
+        raise ZeroplanError("--efficiency", f"{str(path)!r} was calibrated with float8 {source.float8 or 'off'}, not "
+                                            f"{float8 or 'off'}, and float8 is not timed (allowed: a file calibrated "
+                                            f"with float8 {float8 or 'off'})")
+    if source.compile != training.compile:
+        compiled = request if training.compile else request.model_copy(
+            update={"training": training.model_copy(update={"compile": True})})
+        note = compile_time_note(compiled)
+        if note:
+            raise ZeroplanError("--efficiency", f"{str(path)!r} was calibrated {'compiled' if source.compile else 'eager'}, "
+                                                f"not {'compiled' if training.compile else 'eager'}, and {note} (allowed: a "
+                                                f"file calibrated {'compiled' if training.compile else 'eager'})")
+
+
+def calibrated_under(efficiency: StepEfficiency, request: PlanRequest) -> str:
+    """'' where the request runs as the calibration did; else what differs, each modelled."""
+    source, performance = efficiency.source, request.performance
+    differs = []
+    if source.compile != request.training.compile:
+        differs.append(f"{'compiled' if source.compile else 'eager'} -> {'compiled' if request.training.compile else 'eager'}"
+                       " (compile's saved memory traffic modelled)")
+    # Left unset, each strategy's gradient reductions follow its stack's default (modelled).
+    flags = (("overlap-grad-reduce", source.overlap_grad_reduce, performance.overlap_grad_reduce),
+             ("overlap-param-gather", source.overlap_param_gather, performance.overlap_param_gather),
+             ("tp-comm-overlap", source.tp_comm_overlap, performance.tp_comm_overlap))
+    for flag, calibrated, applied in flags:
+        if calibrated is not None and applied is not None and calibrated != applied:
+            differs.append(f"{flag} {'on' if calibrated else 'off'} -> {'on' if applied else 'off'} (communication modelled)")
+    return "; ".join(differs)
+
+
 def _band(band: tuple[float, float] | None, what: str) -> str:
     if band is None:
         return "band not measured"
@@ -217,12 +273,22 @@ def _band(band: tuple[float, float] | None, what: str) -> str:
 def time_basis_line(request: PlanRequest, efficiency_path: str | None, efficiency: StepEfficiency | None,
                     hfu_given: bool) -> str:
     """One line saying what the step times rest on: a calibrated efficiency or the default, and
-    the error band measured for it."""
+    the error band measured for it (and, for a compiled request compile cannot be timed for, why)."""
+    from zeroplan.core.compiled_time import compile_time_note
+
+    line = _time_basis(request, efficiency_path, efficiency, hfu_given)
+    note = compile_time_note(request)
+    return f"{line}; {note}" if note else line
+
+
+def _time_basis(request: PlanRequest, efficiency_path: str | None, efficiency: StepEfficiency | None,
+                hfu_given: bool) -> str:
     if efficiency is not None:
         source = efficiency.source
         return (f"step time: calibrated, HFU {efficiency.hardware_flops_utilization:.3f} from {efficiency_path} "
                 f"({source.model} on {source.num_gpus} x {efficiency.gpu}, {source.strategy}, micro-batch "
                 f"{source.micro_batch_size} x seq {source.seq_len}: {source.measured_step_s:.4g} s measured); "
+                + (f"calibrated under other settings: {differs}; " if (differs := calibrated_under(efficiency, request)) else "")
                 + _band(CALIBRATED_BAND, "when one row of a published source predicts its others"))
     if request.performance.compute_model == "roofline":
         return "step time: roofline compute model, not calibrated; band not measured"

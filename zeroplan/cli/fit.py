@@ -478,10 +478,15 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         overlap_param_gather=getattr(args, "overlap_param_gather", False),
         tp_comm_overlap=getattr(args, "tp_comm_overlap", False),
     )
-    return PlanRequest(
+    request = PlanRequest(
         model=model, training=training, batch=batch, cluster=cluster, strategy=strategy, performance=performance,
         parallel=parallel, assumptions=MemoryAssumptions(**_allocator_conf(args)),
     )
+    if getattr(args, "efficiency", None) is not None:
+        from zeroplan.calibrate.step import check_calibrated_under, load_efficiency
+
+        check_calibrated_under(load_efficiency(args.efficiency), args.efficiency, request)
+    return request
 
 
 def _allocator_conf(args: argparse.Namespace) -> dict[str, str | bool | None]:

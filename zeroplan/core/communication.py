@@ -154,14 +154,34 @@ def collectives(request: PlanRequest) -> list[Collective]:
 # finish_grad_sync then launches every bucket), and with --overlap-param-gather dispatches the
 # distributed optimizer's parameter all-gather bucket by bucket in the next forward's pre-hooks
 # (param_and_grad_buffer.py start_param_sync) instead of after the step.
+# DeepSpeed's ZeRO-1/2 (what zero1, zero2 and zero2-offload run under --framework zeroplan and
+# hf) reduce each full bucket from the gradient hooks on the reduction side stream only with
+# zero_optimization.overlap_comm (deepspeed 0.19.8 runtime/zero/stage_1_and_2.py average_tensor:
+# ``stream = get_accelerator().current_stream()`` otherwise, so the backward waits for every
+# bucket's reduction), and overlap_comm is false below stage 3 unless set (runtime/zero/config.py
+# overlap_comm_valid; StrategySpec.deepspeed_overlap_comm).
 def overlaps_grad_reduce(request: PlanRequest) -> bool:
     """PerformanceAssumptions.overlap_grad_reduce, or where unset the stack's default."""
     given = request.performance.overlap_grad_reduce
     if given is not None:
         return given
+    if runs_deepspeed_stage_1_2(request):
+        from zeroplan.core.deepspeed_accumulation import overlap_comm
+
+        return overlap_comm(request)
     from zeroplan.core.stack_time import overlaps_grad_reduce as stack_default
 
     return stack_default(request.training.framework, request.strategy.kind)
+
+
+def runs_deepspeed_stage_1_2(request: PlanRequest) -> bool:
+    """Whether the request's data parallelism is DeepSpeed's ZeRO stage 1 or 2 (the reference
+    transformer's and the hf stack's zero1, zero2, zero2-offload through DeepSpeed's reduce
+    bucket; the reference per-unit ZeRO and torch's ZeroRedundancyOptimizer under DDP reduce
+    from their backward hooks as DDP does)."""
+    return (request.training.framework in (Framework.zeroplan, Framework.hf)
+            and request.strategy.kind in (StrategyKind.zero1, StrategyKind.zero2, StrategyKind.zero2_offload)
+            and request.strategy.zero_gradient_reduce is ZeroGradientReduce.bucket)
 
 
 def scheduled(request: PlanRequest, collective: Collective) -> Collective:

@@ -204,7 +204,8 @@ def stack_profile(framework: Framework) -> StackTimeProfile | None:
 def overlaps_grad_reduce(framework: Framework, strategy: StrategyKind) -> bool:
     """Whether the framework's stack reduces gradients during the backward under ``strategy``
     by default (PerformanceAssumptions.overlap_grad_reduce left unset); True for the reference
-    transformer, whose step the planner has always timed that way."""
+    transformer. DeepSpeed's ZeRO-1/2 under the reference transformer and hf are decided before
+    this, by their overlap_comm (zeroplan.core.communication.overlaps_grad_reduce)."""
     profile = stack_profile(framework)
     if profile is None:
         return True

@@ -6,6 +6,7 @@ from __future__ import annotations
 from zeroplan.core.algorithms import CollectiveTime, collective_cost
 from zeroplan.core.collective import CollectiveOp
 from zeroplan.core.communication import Collective, Phase
+from zeroplan.core.compiled_time import compile_saved_seconds
 from zeroplan.core.flops import StepFlops, step_flops
 from zeroplan.core.layout import element_bytes
 from zeroplan.core.model_states import held_elements, shard_layout
@@ -235,21 +236,25 @@ def attention_flops_per_s(request: PlanRequest, matmul_rate: float) -> float:
 
 
 # docs/communication-time.md, "Compute": t = matmul FLOPs / (peak x HFU) + attention FLOPs /
-# (peak x HFU x r); the plan search times its groups through this same function.
+# (peak x HFU x r), less under torch.compile the memory-bound bytes inductor's fusion saves at
+# the GPU's copy bandwidth (zeroplan.core.compiled_time: the HFU covers an eager step); the plan
+# search times its groups through this same function.
 def compute_time_s(flops: StepFlops, request: PlanRequest) -> tuple[float, float]:
     """(forward, backward) seconds of compute: executed FLOPs over executed_flops_per_s, the
-    attention core's at its relative rate r, or, under the roofline compute model, the request's
-    kernels against the GPU's ceilings."""
+    attention core's at its relative rate r, less what compile saves, or, under the roofline
+    compute model, the request's kernels against the GPU's ceilings."""
     if request.performance.compute_model == "roofline":
         step = roofline_step(request)
         return step.forward_s, step.backward_s
     rate = executed_flops_per_s(request)
     if request.performance.attention_rate == "matmul":
-        return flops.forward_flops / rate, flops.backward_flops / rate
-    attention_rate = attention_flops_per_s(request, rate)
-    forward = (flops.forward_flops - flops.attention_forward_flops) / rate + flops.attention_forward_flops / attention_rate
-    backward = (flops.backward_flops - flops.attention_backward_flops) / rate + flops.attention_backward_flops / attention_rate
-    return forward, backward
+        forward, backward = flops.forward_flops / rate, flops.backward_flops / rate
+    else:
+        attention_rate = attention_flops_per_s(request, rate)
+        forward = (flops.forward_flops - flops.attention_forward_flops) / rate + flops.attention_forward_flops / attention_rate
+        backward = (flops.backward_flops - flops.attention_backward_flops) / rate + flops.attention_backward_flops / attention_rate
+    saved_forward_s, saved_backward_s = compile_saved_seconds(request)
+    return max(0.0, forward - saved_forward_s), max(0.0, backward - saved_backward_s)
 
 
 def gpu_optimizer_time_s(request: PlanRequest) -> float:

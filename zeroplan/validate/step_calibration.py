@@ -45,10 +45,12 @@ def attention_class_of(row: PublishedThroughput) -> str:
 
 def kernel_class_of(row: PublishedThroughput) -> str:
     """The row's kernel class (zeroplan.core.stack_time.kernel_class): its attention kernel and
-    whether it compiled."""
+    whether it compiled with compile left out of its timed request. A compile the planner times
+    (zeroplan.core.compiled_time) is a modelled mechanism: the HFU solved on such a row is an
+    eager step's, the same mechanism as its eager peers'."""
     from zeroplan.core.stack_time import kernel_class
 
-    return kernel_class(attention_class_of(row), row.compile)
+    return kernel_class(attention_class_of(row), row.compile and not row.request().training.compile)
 
 
 def source_label(row: PublishedThroughput) -> str:

@@ -28,7 +28,7 @@ from zeroplan.specs.framework import Framework
 from zeroplan.specs.finetune import FineTuneSpec, LoraTarget, Quantization
 from zeroplan.specs.hardware import GpuSpec, NodeNetworkSpec
 from zeroplan.specs.model import ModelSpec
-from zeroplan.specs.parallel import ParallelSpec
+from zeroplan.specs.parallel import ParallelSpec, PipelineSchedule
 from zeroplan.validate.rows import FLAT_RESERVE
 
 PUBLISHED_THROUGHPUT_FILE = Path(__file__).resolve().parent / "data" / "published_throughput.json"
@@ -117,7 +117,11 @@ class PublishedThroughput(Frozen):
     tp: int = Field(default=1, gt=0)
     """Tensor-parallel degree (ParallelSpec.tp)."""
     pp: int = Field(default=1, gt=0)
-    """Pipeline-parallel degree (ParallelSpec.pp), 1F1B."""
+    """Pipeline-parallel degree (ParallelSpec.pp)."""
+    pp_schedule: PipelineSchedule = PipelineSchedule.one_f_one_b
+    """The pipeline schedule (ParallelSpec.pp_schedule): 1F1B unless the source's settings imply another."""
+    virtual_stages: int = Field(default=1, gt=0)
+    """Model chunks per pipeline rank under an interleaved schedule (ParallelSpec.virtual_stages)."""
     sequence_parallel: bool = False
     """Megatron's sequence parallelism with tensor parallelism (ParallelSpec.sequence_parallel)."""
     overlap_grad_reduce: bool | None = None
@@ -129,9 +133,11 @@ class PublishedThroughput(Frozen):
     training_options: TrainingOptions = TrainingOptions()
     """Further training options the source states (torchtune's rows)."""
     compile: bool = False
-    """The run compiled its model with torch.compile (fms-fsdp's use_torch_compile). Not timed
-    by the planner (TrainingSpec.compile shapes memory only); stated so the rows are split by it
-    (zeroplan.core.stack_time)."""
+    """The run compiled its model with torch.compile (fms-fsdp's use_torch_compile), as the
+    source states; the rows are split by it (zeroplan.core.stack_time). The planner times compile
+    where the request compiles (TrainingOptions.compile, zeroplan.core.compiled_time); a row whose
+    framework profile the memory model cannot compile (fms-fsdp's under the reference
+    transformer, torchtune's LoRA with activation offloading) is timed eager."""
 
     def request(self, hardware_flops_utilization: float | None = None, compute_model: str = "hfu") -> PlanRequest:
         """The planner request for this run; the planner's default HFU unless one is given, or
@@ -155,7 +161,8 @@ class PublishedThroughput(Frozen):
             ),
             cluster=cluster_from_gpus(self.gpu_spec, self.num_gpus, gpus_per_node=self.gpus_per_node),
             strategy=StrategySpec(kind=self.strategy),
-            parallel=ParallelSpec(tp=self.tp, pp=self.pp, sequence_parallel=self.sequence_parallel),
+            parallel=ParallelSpec(tp=self.tp, pp=self.pp, sequence_parallel=self.sequence_parallel,
+                                  pp_schedule=self.pp_schedule, virtual_stages=self.virtual_stages),
             performance=performance, assumptions=FLAT_RESERVE,
         )
 

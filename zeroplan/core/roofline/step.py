@@ -127,6 +127,16 @@ def optimizer_operation(request: PlanRequest) -> list[Operation]:
     return [memory_pass("optimizer step", OpPass.optimizer, elements * per_element, 1)]
 
 
+def compiled_block_operations(request: PlanRequest, operations: list[Operation]) -> list[Operation]:
+    """``operations`` with each block memory pass moving what the compiled block's kernels move
+    (zeroplan.core.compiled_time.compiled_roofline_scale; MoE blocks take the dense block's ratio)."""
+    from zeroplan.core.compiled_time import BLOCK_MEMORY_NAMES, compiled_roofline_scale
+
+    scales = {backward: compiled_roofline_scale(request, False, backward) for backward in (False, True)}
+    return [op.model_copy(update={"moved_bytes": op.moved_bytes * scales[op.op_pass is OpPass.backward]})
+            if op.kind is OpKind.memory and op.name in BLOCK_MEMORY_NAMES else op for op in operations]
+
+
 def check_roofline_applies(request: PlanRequest) -> None:
     if not request.training.finetune.trains_everything:
         raise ZeroplanError("compute-model", "roofline prices full training only (frozen weights and adapters: "
@@ -145,6 +155,8 @@ def roofline_step(request: PlanRequest) -> RooflineStep:
     operations = step_operations(request.model, request.training, batch.micro_batch_size, batch.seq_len,
                                  batch.grad_accum_steps, activation_bytes)
     ranks = request.parallel.model_parallel_size
+    if request.training.compile:
+        operations = compiled_block_operations(request, operations)
     terms = []
     for operation in operations:
         seconds, bound = operation_seconds(operation, ceilings)
