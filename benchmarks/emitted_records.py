@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from zeroplan.cli.main import main as zeroplan
-from zeroplan.harness.presets import HARNESS_PRESETS
+from zeroplan.harness.presets import HARNESS_PRESETS, llama_config_json
 
 MODEL, NPROC, STEPS, MICRO_BATCH, SEQ_LEN = "tiny-llama", 2, 3, 2, 64
 RUNS = [
@@ -32,13 +32,7 @@ def hf_config(folder: Path) -> Path:
     """The preset as a Hugging Face config.json, the form `zeroplan fit` takes a model in."""
     spec = HARNESS_PRESETS[MODEL]
     path = folder / f"{MODEL}.json"
-    path.write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": spec.vocab_size,
-        "hidden_size": spec.hidden_size, "num_hidden_layers": spec.num_layers,
-        "num_attention_heads": spec.num_heads, "num_key_value_heads": spec.num_kv_heads,
-        "intermediate_size": spec.ffn_hidden_size, "max_position_embeddings": spec.max_positions,
-        "tie_word_embeddings": False, "hidden_act": "silu",
-    }), encoding="utf-8")
+    path.write_text(json.dumps(llama_config_json(spec)), encoding="utf-8")
     return path
 
 

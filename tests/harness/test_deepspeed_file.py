@@ -13,7 +13,7 @@ import pytest
 
 from zeroplan.cli.main import main as zeroplan_main
 from zeroplan.harness.deepspeed_file import check_deepspeed_file, merge_deepspeed_file
-from zeroplan.harness.presets import HARNESS_PRESETS
+from zeroplan.harness.presets import HARNESS_PRESETS, llama_config_json
 from zeroplan.harness.record import read_record
 from zeroplan.validate.compare import compare_record
 
@@ -31,13 +31,7 @@ def hf_config(tmp_path: Path) -> Path:
     the measure command's names): the same ModelSpec, name included (the file's stem)."""
     spec = HARNESS_PRESETS[MODEL]
     path = tmp_path / f"{MODEL}.json"
-    path.write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": spec.vocab_size,
-        "hidden_size": spec.hidden_size, "num_hidden_layers": spec.num_layers,
-        "num_attention_heads": spec.num_heads, "num_key_value_heads": spec.num_kv_heads,
-        "intermediate_size": spec.ffn_hidden_size, "max_position_embeddings": spec.max_positions,
-        "tie_word_embeddings": False, "hidden_act": "silu",
-    }), encoding="utf-8")
+    path.write_text(json.dumps(llama_config_json(spec)), encoding="utf-8")
     return path
 
 

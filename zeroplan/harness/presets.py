@@ -60,3 +60,15 @@ def harness_model(name: str) -> ModelSpec:
         return HARNESS_PRESETS[name]
     except KeyError:
         raise unknown_name_error("model", name, HARNESS_PRESETS) from None
+
+
+def llama_config_json(spec: ModelSpec) -> dict:
+    """A Llama-layout preset as the Hugging Face config.json `zeroplan fit` reads a model from
+    (zeroplan.presets.hf_config): the harness presets are measure's names, fit takes a file."""
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": spec.vocab_size,
+        "hidden_size": spec.hidden_size, "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_heads, "num_key_value_heads": spec.num_kv_heads,
+        "intermediate_size": spec.ffn_hidden_size, "max_position_embeddings": spec.max_positions,
+        "tie_word_embeddings": spec.tied_embeddings, "hidden_act": "silu",
+    }
