@@ -41,6 +41,9 @@ def main() -> None:
                               BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch), 8, allocator_conf=conf)
             request = step_request(record)
             request = request.with_allocator_conf(conf)
+            # The default answer replays once on the usable memory; the OOM capacity compared
+            # here is the bisected one (MemoryAssumptions.exact_capacity), as the trace's is.
+            request = request.model_copy(update={"assumptions": request.assumptions.model_copy(update={"exact_capacity": True})})
             breakdown, _ = memory_breakdown(request)
             trace = record.allocator
             error = breakdown.oom_capacity_bytes / trace.oom_capacity_bytes - 1
