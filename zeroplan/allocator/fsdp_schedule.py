@@ -18,7 +18,7 @@ Two steps are traced, the optimizer states created inside the first (AdamW's laz
 
 The framework traces recorded on fake tensors (zeroplan.simulate.alloc_trace) show exactly
 these allocations; docs/memory-model.md, "The caching allocator", says what is still coarser
-here (each block's own intermediates, the loss's tensors)."""
+here (each block's own intermediates, a loss moment's tensors made and freed together)."""
 
 from __future__ import annotations
 
