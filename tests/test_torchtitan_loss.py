@@ -77,8 +77,10 @@ def test_the_allocator_schedule_allocates_the_cross_entropy_moment_tensor_by_ten
     assert parts[1] == torchtitan_chunk_cross_entropy_parts(request) and len(parts[1]) > 1
     # Eager: 16 bytes a logit (bf16 logits and gradient, three fp32 tensors); compiled: 4.
     rows_vocab = 4 * 16384 // 8 * request.model.vocab_size
-    # (the last three: the fp32 gradient buffer, the hidden-state chunks' copies, the gathered head)
-    assert sum(parts[1][:-3]) - (0 if not compile_ else 8 * 4 * 16384 // 8) == (4 if compile_ else 16) * rows_vocab
+    # (first the chunk's logits and the cross-entropy's tensors; then the fp32 gradient buffer,
+    # the eight hidden-state chunk copies and the gathered head)
+    cross_entropy = parts[1][:3 if compile_ else 5]
+    assert sum(cross_entropy) - (0 if not compile_ else 8 * 4 * 16384 // 8) == (4 if compile_ else 16) * rows_vocab
 
 
 @pytest.mark.parametrize("parallel", [{"tp": 2}, {"cp": 2}, {"pp": 2}])

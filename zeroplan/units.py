@@ -46,3 +46,10 @@ def format_bytes(num_bytes: int | float, unit: ByteUnit = ByteUnit.GiB, digits: 
 def ceil_div(numerator: int, denominator: int) -> int:
     """Integer ceiling division for non-negative integers."""
     return -(-numerator // denominator)
+
+
+def even_split(total: int, count: int) -> tuple[int, ...]:
+    """``total`` bytes as ``count`` nearly equal integer parts summing to it exactly (the larger
+    first; zero parts left out): a tensor split into equal chunks."""
+    quotient, remainder = divmod(total, max(count, 1))
+    return tuple(p for p in [quotient + 1] * remainder + [quotient] * (max(count, 1) - remainder) if p > 0)

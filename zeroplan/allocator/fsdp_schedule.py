@@ -18,7 +18,7 @@ Two steps are traced, the optimizer states created inside the first (AdamW's laz
 
 The framework traces recorded on fake tensors (zeroplan.simulate.alloc_trace) show exactly
 these allocations; docs/memory-model.md, "The caching allocator", says what is still coarser
-here (each block's own intermediates, the loss's tensors)."""
+here (each block's own intermediates, a loss moment's tensors made and freed together)."""
 
 from __future__ import annotations
 
@@ -32,11 +32,9 @@ from zeroplan.core.layout import element_bytes, gradient_wire_bytes
 from zeroplan.core.model_states import padded_unit_elements_of, unit_gather_bytes
 from zeroplan.core.parallel.expert import expert_index, expert_leaf
 from zeroplan.core.parallel.units import rank_parameter_units
-from zeroplan.core.framework_loss import (
-    fsdp_chunked_head_bytes, torchtitan_chunk_cross_entropy_parts, torchtitan_chunked_loss,
-)
+from zeroplan.core.framework_loss import fsdp_chunked_head_bytes, framework_logits_tensors
 from zeroplan.core.fused_cross_entropy import fused_cross_entropy_parts
-from zeroplan.core.parallel.activations import rank_logits_pieces
+from zeroplan.core.parallel.activations import rank_logits_pieces, rank_logits_tensors
 from zeroplan.core.profiles import fsdp_separates_embedding_and_head, loss_chunks
 from zeroplan.specs import StrategyKind
 from zeroplan.specs.framework import Framework
@@ -225,19 +223,21 @@ def record_fsdp_step(request: PlanRequest, states: ModelStateBytes, terms: PeakT
 
 
 def loss_allocations(request: PlanRequest, terms: PeakTerms) -> list[list[int]]:
-    """The loss's moments as a schedule allocates them, one after another: each of
-    PeakTerms.logits_pieces as one allocation, but torchtitan's cross-entropy moment tensor by
-    tensor (zeroplan.core.framework_loss.torchtitan_chunk_cross_entropy_parts, on this rank as
-    rank_logits_pieces sizes the moment itself); the reference model's loss, which has no
-    pieces, as its three fp32 sbV tensors, or flash-attn's fused one as the tensors of its
-    backward (zeroplan.core.fused_cross_entropy.fused_cross_entropy_parts)."""
+    """The loss's moments as a schedule allocates them, one after another, each as the tensors
+    it is made of (zeroplan.core.framework_loss.framework_logits_tensors, on this rank as
+    rank_logits_pieces sizes the moments themselves: each moment's tensors sum to its piece of
+    PeakTerms.logits_pieces); the reference model's loss, which has no pieces, as its three fp32
+    sbV tensors, or flash-attn's fused one as the tensors of its backward
+    (zeroplan.core.fused_cross_entropy.fused_cross_entropy_parts)."""
     if not terms.logits_pieces:
         if request.training.fused_cross_entropy:
             return [list(rank_logits_pieces(request, fused_cross_entropy_parts))]
         return [split_bytes(terms.logits, [1, 1, 1])]
-    moments = [[piece] for piece in terms.logits_pieces]
-    if torchtitan_chunked_loss(request.training) and len(moments) == 2:
-        moments[1] = list(rank_logits_pieces(request, lambda rank: tuple(torchtitan_chunk_cross_entropy_parts(rank))))
+    moments = [list(moment) for moment in rank_logits_tensors(request, framework_logits_tensors)]
+    if [sum(moment) for moment in moments] != list(terms.logits_pieces):
+        # Terms that are not this request's own (a caller's hand-made PeakTerms): each moment
+        # as one allocation of the planner's bytes.
+        return [[piece] for piece in terms.logits_pieces]
     return moments
 
 

@@ -313,8 +313,13 @@ def outside_layers_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: in
 # by the harness's allocator trace). The compute-dtype logits and their fp32 copy are freed
 # once the loss is formed (neither is saved), and this moment is larger than the forward's.
 def logits_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> int:
+    return sum(logits_parts(model, s, b))
+
+
+def logits_parts(model: ModelSpec, s: int, b: int) -> tuple[int, int, int]:
+    """logits_bytes' three fp32 tensors: the saved log-softmax and the two gradients."""
     sbv = s * b * model.vocab_size
-    return saved_logits_bytes(model, s, b) + 2 * FP32_BYTES * sbv
+    return saved_logits_bytes(model, s, b), FP32_BYTES * sbv, FP32_BYTES * sbv
 
 
 def saved_logits_bytes(model: ModelSpec, s: int, b: int) -> int:

@@ -22,6 +22,7 @@ from zeroplan.specs.model import ModelSpec
 from zeroplan.specs.parallel import ParallelSpec
 from zeroplan.specs.request import PlanRequest, compiled_policy_measured
 from zeroplan.specs.training import ActivationCheckpointing, TrainingSpec
+from zeroplan.units import even_split
 
 COMPILED_POLICIES = {
     Framework.torchtitan: (ActivationCheckpointing.none, ActivationCheckpointing.full, ActivationCheckpointing.selective_op),
@@ -211,12 +212,20 @@ def compiles_loss(training: TrainingSpec) -> bool:
 def compiled_chunked_logits_pieces(model: ModelSpec, training: TrainingSpec, s: int, b: int, chunks: int,
                                    head_backward_bytes: int = 0) -> tuple[int, int, int]:
     """The compiled loss's bytes at its three moments: its forward, its backward, the head's backward."""
+    forward, backward, head = (sum(m) for m in compiled_chunked_logits_tensors(model, training, s, b, chunks, (head_backward_bytes,)))
+    return forward, backward, head
+
+
+def compiled_chunked_logits_tensors(model: ModelSpec, training: TrainingSpec, s: int, b: int, chunks: int,
+                                    head_backward_parts: tuple[int, ...] = ()) -> tuple[tuple[int, ...], ...]:
+    """The tensors of compiled_chunked_logits_pieces' moments: the n bf16 chunks and each
+    chunk's row statistics (and, in backward, one chunk's bf16 gradient); then the n bf16
+    gradients and ``head_backward_parts``."""
     e = training.precision.compute_bytes
     sbv = s * b * model.vocab_size
-    forward = e * sbv + COMPILED_CROSS_ENTROPY_ROW_BYTES * s * b
-    backward = e * sbv + COMPILED_CROSS_ENTROPY_ROW_BYTES * s * b + e * sbv // chunks
-    head = e * sbv + head_backward_bytes
-    return forward, backward, head
+    held = (*even_split(e * sbv, chunks), *even_split(COMPILED_CROSS_ENTROPY_ROW_BYTES * s * b, chunks))
+    head = (*even_split(e * sbv, chunks), *(p for p in head_backward_parts if p > 0))
+    return held, (*held, e * sbv // chunks), head
 
 
 # What a compiled torchtitan block under tensor parallelism keeps beyond the data-parallel

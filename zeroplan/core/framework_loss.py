@@ -7,7 +7,7 @@ The blocks' bytes are zeroplan.core.frameworks'; nothing here imports torch.
 
 from __future__ import annotations
 
-from zeroplan.core.compiled import COMPILED_CROSS_ENTROPY_ROW_BYTES, compiled_chunked_logits_pieces, compiles_loss
+from zeroplan.core.compiled import COMPILED_CROSS_ENTROPY_ROW_BYTES, compiled_chunked_logits_tensors, compiles_loss
 from zeroplan.core.frameworks import FP32_BYTES, hf_under_autocast
 from zeroplan.core.profiles import fsdp_separates_embedding_and_head, loss_chunks, profile
 from zeroplan.errors import ZeroplanError
@@ -16,6 +16,7 @@ from zeroplan.specs.model import ModelSpec
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.training import TrainingSpec
+from zeroplan.units import even_split
 
 
 # torchtune 0.6.1 modules/loss/ce_chunked_output_loss.py: the output projection returns
@@ -25,13 +26,25 @@ from zeroplan.specs.training import TrainingSpec
 # (4sbV/n). Backward first holds the saved log-softmax and one chunk's two fp32 gradients;
 # once every chunk's loss backward has run, the n bf16 logit gradients (2sbV) wait for the
 # output projection's backward, which adds ``head_backward_bytes`` (fsdp_chunked_head_bytes).
+def chunked_logits_tensors(model: ModelSpec, training: TrainingSpec, s: int, b: int, chunks: int,
+                           head_backward_parts: tuple[int, ...] = ()) -> tuple[tuple[int, ...], ...]:
+    """The tensors alive at the loss's three moments (its forward: n bf16 chunks, n saved fp32
+    log-softmax chunks, the last chunk's fp32 copy; its backward: the saved log-softmax and one
+    chunk's two fp32 gradients; the head's backward: the n bf16 logit gradients and
+    ``head_backward_parts``, fsdp_chunked_head_parts)."""
+    sbv = s * b * model.vocab_size
+    e = training.precision.compute_bytes
+    saved = even_split(FP32_BYTES * sbv, chunks)
+    forward = (*even_split(e * sbv, chunks), *saved, FP32_BYTES * sbv // chunks)
+    backward = (*saved, *even_split(2 * FP32_BYTES * sbv // chunks, 2))
+    head = (*even_split(e * sbv, chunks), *head_backward_parts)
+    return forward, backward, head
+
+
 def chunked_logits_pieces(model: ModelSpec, training: TrainingSpec, s: int, b: int, chunks: int,
                           head_backward_bytes: int = 0) -> tuple[int, int, int]:
     """The loss's bytes at its three moments: its forward, its backward, the head's backward."""
-    sbv = s * b * model.vocab_size
-    forward = training.precision.compute_bytes * sbv + FP32_BYTES * sbv + FP32_BYTES * sbv // chunks
-    backward = FP32_BYTES * sbv + 2 * FP32_BYTES * sbv // chunks
-    head = training.precision.compute_bytes * sbv + head_backward_bytes
+    forward, backward, head = (sum(m) for m in chunked_logits_tensors(model, training, s, b, chunks, (head_backward_bytes,)))
     return forward, backward, head
 
 
@@ -61,6 +74,14 @@ models/llama3/config_registry.py llama3_8b/70b/405b (lines 187, 260, 312) leave 
 # chunk's bf16 logits.
 def torchtitan_chunked_loss_bytes(request: PlanRequest) -> int:
     """The chunked loss's largest moment: the last chunk's head reduce-scatter."""
+    return sum(torchtitan_chunked_loss_parts(request))
+
+
+def torchtitan_chunked_loss_parts(request: PlanRequest) -> tuple[int, ...]:
+    """The tensors of torchtitan_chunked_loss_bytes, one by one: the chunk's bf16 logits and
+    hidden-state gradient, the fp32 gradient buffer, the hidden-state chunk copies, the bf16
+    head gradient (under FSDP its fp32 copy, the reduce-scatter's fp32 input and its output)
+    and the gathered head."""
     model, training = request.model, request.training
     s, b = request.batch.seq_len, request.batch.micro_batch_size
     e = training.precision.compute_bytes
@@ -68,13 +89,13 @@ def torchtitan_chunked_loss_bytes(request: PlanRequest) -> int:
         # components/loss.py:672: "sequence length must be divisible by num_chunks".
         raise ZeroplanError("batch.seq_len", f"{s}: torchtitan's chunked loss needs a multiple of {TORCHTITAN_LOSS_CHUNKS} (or unchunked_loss, --unchunked-loss)")
     rows = b * s // TORCHTITAN_LOSS_CHUNKS
-    chunk = e * rows * model.vocab_size + e * rows * model.hidden_size
-    accumulator = FP32_BYTES * b * s * model.hidden_size + torchtitan_hidden_chunk_copies_bytes(request)
+    chunk = (e * rows * model.vocab_size, e * rows * model.hidden_size)
+    accumulator = (FP32_BYTES * b * s * model.hidden_size, *torchtitan_hidden_chunk_copies_parts(request))
     vh = model.vocab_size * model.hidden_size
-    head = e * vh
+    head: tuple[int, ...] = (e * vh,)
     if request.strategy.kind in (StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op, StrategyKind.hsdp):
-        head += 2 * FP32_BYTES * vh + FP32_BYTES * vh // request.shard_group_size
-    return chunk + accumulator + head + fsdp_head_gathered_bytes(request, prefetched=False)
+        head += (FP32_BYTES * vh, FP32_BYTES * vh, FP32_BYTES * vh // request.shard_group_size)
+    return tuple(p for p in (*chunk, *accumulator, *head, *fsdp_head_gathered_parts(request, prefetched=False)) if p > 0)
 
 
 # torchtitan 0.3.0 components/loss.py ChunkedLossWrapper.__call__ runs each chunk's lm_head, its
@@ -111,8 +132,8 @@ def torchtitan_chunk_cross_entropy_parts(request: PlanRequest) -> list[int]:
     else:
         cross_entropy = [FP32_BYTES * logits, FP32_BYTES * logits, FP32_BYTES * logits, e * logits]
     accumulator = FP32_BYTES * b * s * model.hidden_size
-    return [e * logits, *cross_entropy, accumulator, torchtitan_hidden_chunk_copies_bytes(request),
-            fsdp_head_gathered_bytes(request, prefetched=False)]
+    return [p for p in (e * logits, *cross_entropy, accumulator, *torchtitan_hidden_chunk_copies_parts(request),
+                        *fsdp_head_gathered_parts(request, prefetched=False)) if p > 0]
 
 
 # ChunkedLossWrapper._chunk_local: ``c.contiguous()`` of each torch.split(hidden, s / n, dim=1)
@@ -126,6 +147,11 @@ def torchtitan_hidden_chunk_copies_bytes(request: PlanRequest) -> int:
     """The chunked loss's copies of the normed hidden states."""
     return request.training.precision.compute_bytes * request.batch.micro_batch_size * request.batch.seq_len \
         * request.model.hidden_size
+
+
+def torchtitan_hidden_chunk_copies_parts(request: PlanRequest) -> tuple[int, ...]:
+    """torchtitan_hidden_chunk_copies_bytes as its n chunk copies."""
+    return even_split(torchtitan_hidden_chunk_copies_bytes(request), TORCHTITAN_LOSS_CHUNKS)
 
 
 def torchtitan_chunked_loss(training: TrainingSpec) -> bool:
@@ -150,17 +176,24 @@ def torchtitan_chunked_loss(training: TrainingSpec) -> bool:
 def fsdp_chunked_head_bytes(request: PlanRequest) -> int:
     """What the output projection's backward adds to the bf16 logit gradients (0 unless the
     framework chunks its loss and its FSDP2 gathers the head per chunk under full sharding)."""
+    return sum(fsdp_chunked_head_parts(request))
+
+
+def fsdp_chunked_head_parts(request: PlanRequest) -> tuple[int, ...]:
+    """The tensors of fsdp_chunked_head_bytes: the head's unit twice (all-gather output and its
+    copy-out), or the gathered units and three unsharded head gradients, whichever is larger."""
     if loss_chunks(request.training) == 1:
-        return 0
-    gathered = fsdp_head_gathered_bytes(request)
-    if gathered == 0:
-        return 0
+        return ()
+    gathered = fsdp_head_gathered_parts(request)
+    if sum(gathered) == 0:
+        return ()
     # Under LoRA the head's weight is frozen (an adapter on it has its own small gradient).
     finetune = request.training.finetune
     head_trainable = not finetune.is_lora and not finetune.freeze_embeddings
     head_gradient = request.model.vocab_size * request.model.hidden_size * request.training.precision.compute_bytes
-    copy_out = 2 * fsdp_head_gathered_bytes(request, prefetched=False)
-    return max(copy_out, gathered + (3 * head_gradient if head_trainable else 0))
+    copy_out = 2 * fsdp_head_gathered_parts(request, prefetched=False)
+    accumulating = (*gathered, *((head_gradient,) * 3 if head_trainable else ()))
+    return copy_out if sum(copy_out) > sum(accumulating) else accumulating
 
 
 # torch 2.13 torch/distributed/fsdp/_fully_shard/_fsdp_state.py _pre_backward ->
@@ -177,20 +210,25 @@ def fsdp_head_gathered_bytes(request: PlanRequest, *, prefetched: bool = True) -
     the framework's profile says its FSDP2 step does this, under full sharding). Without
     ``prefetched``: the head's unit alone, as during the loss's forward (nothing is prefetched
     after the last block's forward)."""
+    return sum(fsdp_head_gathered_parts(request, prefetched=prefetched))
+
+
+def fsdp_head_gathered_parts(request: PlanRequest, *, prefetched: bool = True) -> tuple[int, ...]:
+    """fsdp_head_gathered_bytes unit by unit (each unit's parameters gathered as one)."""
     from zeroplan.core.layout import element_bytes
     from zeroplan.core.model_states import unit_gather_bytes
 
     prof = profile(request.training.framework)
     if not prof.fsdp_loss_backward_gathers_head or request.strategy.kind not in (StrategyKind.fsdp_full_shard, StrategyKind.hsdp):
-        return 0
+        return ()
     compute_bytes = element_bytes(request.training.precision, request.convention).compute_parameter
     padded = unit_gather_bytes(request, request.shard_group_size, compute_bytes)
     embedding, last_block, head = padded[0], padded[-2], padded[-1]
     if fsdp_separates_embedding_and_head(request):
-        gathered = head  # the output unit; the root after it holds only the final norm
+        gathered: tuple[int, ...] = (head,)  # the output unit; the root after it holds only the final norm
     else:
-        gathered = embedding + head + (request.strategy.prefetch_units * last_block if prefetched else 0)
-    return gathered
+        gathered = (embedding, head, *((last_block,) * request.strategy.prefetch_units if prefetched else ()))
+    return tuple(p for p in gathered if p > 0)
 
 
 LITGPT_LOSS_CHUNK_TOKENS = 128
@@ -220,48 +258,70 @@ lm_head_chunk_size=128), and utils.chunked_cross_entropy's chunk_size defaults t
 # log-softmax (4*sbV in all) and fp32 chunk gradients, cast back to the logits' bf16.
 def litgpt_logits_pieces(request: PlanRequest) -> tuple[int, ...]:
     """The loss's bytes at its forward's end and in its backward, as litgpt's fit() runs it."""
+    return tuple(sum(moment) for moment in litgpt_logits_tensors(request))
+
+
+def _chunk_lengths(total: int, size: int) -> list[int]:
+    """torch.split(x, size): the lengths of its pieces (the last what is left)."""
+    return [min(size, total - start) for start in range(0, total, size)]
+
+
+def litgpt_logits_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...]:
+    """The tensors of litgpt_logits_pieces' two moments, one by one (LoRA: each 128-token
+    chunk's logits and saved log-softmax, the last chunk's copy (and its fp32 upcast), then one
+    chunk's two gradients; full: the logits, their reshaped copy and each 128-row chunk's
+    log-softmax, then three [b, s, V] tensors), with the gathered units."""
     model, training = request.model, request.training
     s, b = request.batch.seq_len, request.batch.micro_batch_size
     e = training.precision.compute_bytes
     ce = FP32_BYTES if request.runs_under_autocast else e  # the cross-entropy's own dtype
     upcast = ce != e
     sbv = s * b * model.vocab_size
-    gathered = fsdp_head_gathered_bytes(request)
+    gathered = fsdp_head_gathered_parts(request)
     if training.finetune.is_lora:
         rows = b * min(LITGPT_LOSS_CHUNK_TOKENS, s) * model.vocab_size
-        forward = e * sbv + ce * sbv + e * rows + (ce * rows if upcast else 0)
-        return forward + gathered, e * sbv + ce * sbv + 2 * ce * rows + gathered
+        chunks = [b * tokens * model.vocab_size for tokens in _chunk_lengths(s, LITGPT_LOSS_CHUNK_TOKENS)]
+        held = (*(e * c for c in chunks), *(ce * c for c in chunks))
+        forward = (*held, e * rows, *((ce * rows,) if upcast else ()))
+        return (*forward, *gathered), (*held, ce * rows, ce * rows, *gathered)
     rows = LITGPT_LOSS_CHUNK_TOKENS * model.vocab_size
-    forward = 2 * e * sbv + ce * sbv + (ce * rows if upcast else 0)
-    return forward + gathered, 3 * e * sbv + gathered
+    saved = [ce * tokens * model.vocab_size for tokens in _chunk_lengths(s * b, LITGPT_LOSS_CHUNK_TOKENS)]
+    forward = (e * sbv, e * sbv, *saved, *((ce * rows,) if upcast else ()))
+    return (*forward, *gathered), (e * sbv, e * sbv, e * sbv, *gathered)
 
 
 def framework_logits_pieces(request: PlanRequest) -> tuple[int, ...]:
     """The loss's bytes at each moment that can be its largest (each affine in the micro-batch)."""
-    from zeroplan.core.activations import logits_bytes
+    return tuple(sum(moment) for moment in framework_logits_tensors(request))
+
+
+def framework_logits_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...]:
+    """framework_logits_pieces' moments as the tensors each is made of, in the order the
+    framework allocates them (what the caching-allocator model replays: zeroplan.allocator)."""
+    from zeroplan.core.activations import logits_parts
 
     model, training = request.model, request.training
     s, b = request.batch.seq_len, request.batch.micro_batch_size
     chunks = loss_chunks(training)
     if training.framework is Framework.litgpt and not training.compile:
-        return litgpt_logits_pieces(request)
+        return litgpt_logits_tensors(request)
     if training.framework is Framework.megatron:
-        from zeroplan.core.megatron import megatron_logits_bytes
+        from zeroplan.core.megatron import megatron_logits_parts
 
-        return (megatron_logits_bytes(request),)
+        return (megatron_logits_parts(request),)
     if torchtitan_chunked_loss(training):
-        return torchtitan_chunked_loss_bytes(request), torchtitan_chunk_cross_entropy_bytes(request)
+        return torchtitan_chunked_loss_parts(request), tuple(torchtitan_chunk_cross_entropy_parts(request))
     if training.fused_linear_cross_entropy:
-        return fused_linear_cross_entropy_pieces(request)
+        return fused_linear_cross_entropy_tensors(request)
     if chunks > 1 and compiles_loss(training):
-        return compiled_chunked_logits_pieces(model, training, s, b, chunks, fsdp_chunked_head_bytes(request))
+        return compiled_chunked_logits_tensors(model, training, s, b, chunks, fsdp_chunked_head_parts(request))
     if chunks > 1:
-        return chunked_logits_pieces(model, training, s, b, chunks, fsdp_chunked_head_bytes(request))
+        return chunked_logits_tensors(model, training, s, b, chunks, fsdp_chunked_head_parts(request))
     if training.unchunked_loss and training.framework is Framework.torchtune:
-        return torchtune_unchunked_logits_pieces(request)
+        return torchtune_unchunked_logits_tensors(request)
     # The loss's fp32 tensors are alive at the start of its backward, beside the head's unit
     # that FSDP2 gathers then (fsdp_head_gathered_bytes; 0 outside a framework's FSDP2).
-    return (logits_bytes(model, training, s, b) + fsdp_head_gathered_bytes(request),)
+    return ((*logits_parts(model, s, b), *fsdp_head_gathered_parts(request)),)
 
 
 # torchtune 0.6.1 with a plain torch.nn.CrossEntropyLoss as its recipe's loss (TrainingSpec.
@@ -273,13 +333,20 @@ def framework_logits_pieces(request: PlanRequest) -> tuple[int, ...]:
 # 0 at the peak, 'temp' the two fp32 gradients, 'act' the log-softmax).
 def torchtune_unchunked_logits_pieces(request: PlanRequest) -> tuple[int, int]:
     """(the loss's backward, the start of the output projection's backward)."""
-    from zeroplan.core.activations import logits_bytes
+    loss, head = (sum(moment) for moment in torchtune_unchunked_logits_tensors(request))
+    return loss, head
+
+
+def torchtune_unchunked_logits_tensors(request: PlanRequest) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The tensors of torchtune_unchunked_logits_pieces: the three fp32 tensors; then the fp32
+    gradient, its bf16 cast and the output unit (all-gather output and copy-out)."""
+    from zeroplan.core.activations import logits_parts
 
     model, training = request.model, request.training
     s, b = request.batch.seq_len, request.batch.micro_batch_size
     sbv = s * b * model.vocab_size
-    head = (FP32_BYTES + training.precision.compute_bytes) * sbv + 2 * fsdp_head_gathered_bytes(request, prefetched=False)
-    return logits_bytes(model, training, s, b), head
+    head = (FP32_BYTES * sbv, training.precision.compute_bytes * sbv, *(2 * fsdp_head_gathered_parts(request, prefetched=False)))
+    return logits_parts(model, s, b), head
 
 
 # liger-kernel 0.6.2 ops/fused_linear_cross_entropy.py fused_linear_cross_entropy_forward:
@@ -321,22 +388,30 @@ def _fused_loss_widths(request: PlanRequest) -> tuple[int, int]:
 # its bool mask, 9 bytes a token) are left out, as the unfused loss leaves out its labels.
 def fused_linear_cross_entropy_pieces(request: PlanRequest) -> tuple[int, ...]:
     """The fused loss's bytes at its moments: weight-gradient add, next chunk, loss backward."""
+    return tuple(sum(moment) for moment in fused_linear_cross_entropy_tensors(request))
+
+
+def fused_linear_cross_entropy_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...]:
+    """The tensors of fused_linear_cross_entropy_pieces' moments: grad_input, grad_weight,
+    loss_1d, the weight's bf16 cast and the gathered head, with the chunk's logits and the
+    weight gradient's matmul output and fp32 copy (or two chunks' logits); at the backward,
+    grad_input less the head's input (counted among the activations, gone by then),
+    grad_weight and the gathered units."""
     model, training = request.model, request.training
     tokens = request.batch.seq_len * request.batch.micro_batch_size
     vh = model.vocab_size * model.hidden_size
     stored, matmul = _fused_loss_widths(request)
-    kept = stored * tokens * model.hidden_size + stored * vh
-    weight_cast = matmul * vh if matmul != stored else 0
-    forward = kept + FP32_BYTES * tokens + weight_cast + fsdp_head_gathered_bytes(request, prefetched=False)
+    kept = (stored * tokens * model.hidden_size, stored * vh)
+    weight_cast = (matmul * vh,) if matmul != stored else ()
+    forward = (*kept, FP32_BYTES * tokens, *weight_cast, *fsdp_head_gathered_parts(request, prefetched=False))
     rows = fused_linear_cross_entropy_chunk_rows(model, tokens)
     chunk_logits = matmul * rows * model.vocab_size
-    weight_add = forward + chunk_logits + matmul * vh + (FP32_BYTES * vh if matmul != FP32_BYTES else 0)
-    pieces = [weight_add]
+    moments = [(*forward, chunk_logits, matmul * vh, *((FP32_BYTES * vh,) if matmul != FP32_BYTES else ()))]
     if rows < tokens:
-        pieces.append(forward + 2 * chunk_logits)
+        moments.append((*forward, chunk_logits, chunk_logits))
     head_input = training.precision.compute_bytes * tokens * model.hidden_size
-    pieces.append(kept + fsdp_head_gathered_bytes(request) - head_input)
-    return tuple(pieces)
+    moments.append(tuple(p for p in (kept[0] - head_input, kept[1], *fsdp_head_gathered_parts(request)) if p > 0))
+    return tuple(moments)
 
 
 def framework_logits_bytes(request: PlanRequest) -> int:

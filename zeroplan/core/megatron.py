@@ -173,6 +173,12 @@ def megatron_layer_delta_bytes(request: PlanRequest) -> int:
 def megatron_logits_bytes(request: PlanRequest) -> int:
     """The vocabulary-parallel loss's bytes at its largest moment (V as the caller passes it:
     the rank's V/t columns under tensor parallelism)."""
+    return sum(megatron_logits_parts(request))
+
+
+def megatron_logits_parts(request: PlanRequest) -> tuple[int, int]:
+    """megatron_logits_bytes' two tensors: the compute-dtype logits (or gradient) and the fp32
+    copy (the softmax, then the gradient made in place of it)."""
     model, batch = request.model, request.batch
     logits = batch.seq_len * batch.micro_batch_size * model.vocab_size
-    return (FP32_BYTES + request.training.precision.compute_bytes) * logits
+    return request.training.precision.compute_bytes * logits, FP32_BYTES * logits

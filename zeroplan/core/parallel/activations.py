@@ -173,6 +173,18 @@ def rank_logits_pieces(request: PlanRequest, pieces) -> tuple[int, ...]:
     return tuple(scale * piece for piece in pieces(chunk))
 
 
+def rank_logits_tensors(request: PlanRequest, tensors) -> tuple[tuple[int, ...], ...]:
+    """rank_logits_pieces' moments as their tensors (``tensors`` gives a request's, moment by
+    moment): the rank's chunk's, once per micro-batch in flight."""
+    if request.parallel.is_trivial:
+        return tensors(request)
+    if not holds_head(request):
+        return ((),)
+    chunk = chunk_request(request, 1, split_heads=True)
+    scale = last_stage_in_flight(request)
+    return tuple(scale * tuple(moment) for moment in tensors(chunk))
+
+
 def rank_workspace_bytes(request: PlanRequest, workspace) -> int:
     """The residual-stream gradients a block's backward reads and writes, on this rank."""
     if request.parallel.is_trivial:
