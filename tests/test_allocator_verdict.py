@@ -140,3 +140,23 @@ def test_the_dataframe_carries_the_allocator_columns_as_integers() -> None:
     assert frame.loc["ddp", "peak_bytes"] == frame.loc["ddp", "allocated_peak_bytes"]
     flat = fit(request_from_args(build_parser().parse_args(["fit", *flags, "--flat-reserve"])), suggest=False).to_dataframe()
     assert flat["reserved_peak_bytes"].isna().all() and flat["oom_capacity_bytes"].isna().all()
+
+
+@pytest.mark.parametrize("trace_gib, fits, replays", [(45.0, True, 1), (46.5, False, 2), (30.0, False, 0)])
+def test_the_default_answer_replays_once_twice_where_it_runs_out_and_not_where_alloc_passes(
+        step, monkeypatch, trace_gib: float, fits: bool, replays: int) -> None:
+    # One replay on the usable memory answers the verdict and the peak; a step that runs out is
+    # replayed once more without a limit; one whose allocated peak alone passes is not replayed.
+    import zeroplan.allocator.planner as planner
+
+    request, states, terms, _, unlimited = step
+    allocated, _ = peak_allocated_bytes(states, terms, 1)
+    shortfall = allocated - unlimited.requested_peak_bytes
+    usable = int(trace_gib * GiB) + shortfall
+    calls = []
+    monkeypatch.setattr(planner, "replay", lambda ops, config, capacity=None: calls.append(capacity) or replay(ops, config, capacity))
+    planner._RECENT_REPLAYS.clear()
+    verdict = allocator_verdict(request, states, terms, allocated, usable)
+    assert verdict.fits is fits and len(calls) == replays
+    if replays:
+        assert calls[0] == usable - shortfall and calls[1:] == [None] * (replays - 1)
