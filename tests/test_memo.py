@@ -44,6 +44,10 @@ def test_a_batch_view_gives_only_its_fields() -> None:
     with pytest.raises(UnkeyedRead):
         view.seq_len  # noqa: B018
     assert view == BatchView((("grad_accum_steps", 4),)) and view != BatchView((("grad_accum_steps", 2),))
+    # Reading it whole (a message that prints it, a comparison with a batch) is a read too.
+    for whole in (repr, str, dict, lambda v: f"{v}", lambda v: v == BatchSpec(grad_accum_steps=4)):
+        with pytest.raises(UnkeyedRead):
+            whole(view)
 
 
 def test_a_function_that_reads_an_unkeyed_field_is_answered_uncached() -> None:

@@ -41,13 +41,19 @@ class BatchView:
         raise UnkeyedRead(name)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, BatchView) and self._fields == other._fields
+        # Against a view only (the caches' keys); any other comparison reads the batch whole.
+        if not isinstance(other, BatchView):
+            raise UnkeyedRead("==")
+        return self._fields == other._fields
 
     def __hash__(self) -> int:
         return hash(self._fields)
 
-    def __repr__(self) -> str:
-        return f"BatchView({dict(self._fields)})"
+    def _whole(self, *_: object) -> object:
+        """What reads the batch whole (printing it, iterating it) raises UnkeyedRead too."""
+        raise UnkeyedRead("the whole batch")
+
+    __repr__ = __str__ = __format__ = __iter__ = __len__ = __getitem__ = __contains__ = _whole
 
 
 class _Store:
