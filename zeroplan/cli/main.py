@@ -3,6 +3,7 @@ that the planner answers fast and never imports torch."""
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -80,6 +81,14 @@ _DELEGATED = {
 }
 
 
+def _freeze_imports() -> None:
+    """What the imports built (modules, classes, pydantic's validators, the presets) lives as
+    long as the command's process: moved out of the cyclic collector's generations (gc.freeze),
+    its collections no longer walk it again and again while the command allocates (about 0.1 s
+    of a 2 s plan search, 20 ms of a fit)."""
+    gc.freeze()
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
@@ -93,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
+    from_command_line = argv is None
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "validate":
         from zeroplan.cli import validate_log
@@ -109,6 +119,11 @@ def _main(argv: list[str] | None) -> int:
             return 2
         return module.main(argv[1:])
     args = build_parser().parse_args(argv)
+    if from_command_line:
+        # Only where this process is the command (the console script, python -m zeroplan): a
+        # caller that runs commands in its own process (main(argv), the tests) keeps its
+        # collector as it was.
+        _freeze_imports()
     return run_reporting_user_errors("zeroplan", args.run, args)
 
 

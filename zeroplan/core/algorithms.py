@@ -23,6 +23,7 @@ from enum import Enum
 from math import floor, log2
 
 from zeroplan.core.communication import Collective, CollectiveOp, Phase, ring_sent_bytes
+from zeroplan.core.memo import batch_keyed
 from zeroplan.core.network import (
     contiguous_ranks_per_node,
     inter_node_hop_bandwidth_bytes_per_s,
@@ -379,6 +380,9 @@ def quantization_kernel_seconds(gpu: GpuSpec, kernel_bytes: int) -> float:
     return kernel_bytes / ceilings.memory_bytes_per_s
 
 
+# A collective's price reads the cluster, the GPU and the performance assumptions, not the batch
+# (the collective carries its sizes): fit() prices the same collectives at every micro-batch.
+@batch_keyed()
 def collective_cost(request: PlanRequest, collective: Collective) -> CollectiveTime:
     """Seconds per step of ``collective`` and the algorithms its calls run (call_pricing)."""
     pricing = call_pricing(request, collective)

@@ -14,6 +14,7 @@ from zeroplan.core import deepspeed_buckets
 from zeroplan.core.deepspeed_prefetch import backward_gather_bytes, forward_gather_bytes, models_deepspeed_gathers
 from zeroplan.core.collective import Collective, CollectiveOp, Phase, make_collective, ring_sent_bytes
 from zeroplan.core.layout import ElementBytes, element_bytes, gradient_wire_bytes
+from zeroplan.core.memo import batch_keyed
 from zeroplan.core.model_states import padded_unit_elements_of, unit_gather_bytes
 from zeroplan.core.network import strided_ranks_per_node
 from zeroplan.core.parallel.collectives import model_parallel_collectives
@@ -200,6 +201,18 @@ def scheduled(request: PlanRequest, collective: Collective) -> Collective:
 def data_parallel_collectives(request: PlanRequest) -> list[Collective]:
     """The data-parallel strategy's collectives. Its group is the ranks holding the same
     parameters (PlanRequest.state_group_size), tp ranks apart in the mesh (tp innermost)."""
+    return list(_data_parallel_collectives(request))
+
+
+# The data-parallel collectives move model states and buffers, which do not change with the
+# micro-batch or the sequence, only their count with the accumulation: the requests of one
+# strategy at different micro-batches (fit, the largest micro-batch search) share them.
+@batch_keyed("grad_accum_steps")
+def _data_parallel_collectives(request: PlanRequest) -> tuple[Collective, ...]:
+    return tuple(_uncached_data_parallel_collectives(request))
+
+
+def _uncached_data_parallel_collectives(request: PlanRequest) -> list[Collective]:
     kind = request.strategy.kind
     world = request.state_group_size
     accum = request.batch.grad_accum_steps

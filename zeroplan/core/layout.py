@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import Enum
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from zeroplan.core.params import ParamTensor, ParamUnit
@@ -38,6 +39,8 @@ class ElementBytes(Frozen):
 # In fp32 DeepSpeed still clones its partition into a separate fp32 master
 # (stage_1_and_2.py: weights_partition = ...detach().clone().to(master_weights_and_grads_dtype);
 # stage3.py: fp32_partitioned_groups_flat), measured by the harness: 4 + 4 + 4 + 8 = 20 bytes.
+# Asked for every collective and buffer of every plan: one answer per (precision, convention).
+@lru_cache(maxsize=None)
 def element_bytes(precision: Precision, convention: StateConvention) -> ElementBytes:
     if precision is Precision.fp32:
         master = 4 if convention is StateConvention.deepspeed else 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -28,6 +27,7 @@ from zeroplan.core.profiles import (
     framework_strategies, fsdp_cpu_offload_strategies,
 )
 from zeroplan.core.margin import borderline_words, is_borderline
+from zeroplan.core.memo import batch_keyed, request_keyed
 from zeroplan.core.nvme import nvme_bytes
 from zeroplan.core.model_states import ModelStateBytes, model_state_bytes
 from zeroplan.core.peak import PeakTerms, moment_totals, peak_allocated_bytes, peak_moments
@@ -96,6 +96,14 @@ def framework_activations(request: PlanRequest) -> tuple[int, int]:
 def micro_batch_terms(request: PlanRequest) -> dict[str, object]:
     """The PeakTerms fields that change with the micro-batch: activations, the loss's pieces and
     the workspace (the model states and buffers do not)."""
+    return dict(_micro_batch_terms(request))
+
+
+# The largest micro-batch search asks for the terms at micro-batches 1 and 2 of every request it
+# is given, fit() for those of each strategy again and the plan search at each point it fits:
+# the same requests, so the last answers are kept (every field of the request keys them).
+@request_keyed()
+def _micro_batch_terms(request: PlanRequest) -> tuple[tuple[str, object], ...]:
     training = request.training
     # Each term below is the planner's own for one micro-batch through the whole model; with
     # tensor, context or pipeline parallelism zeroplan.core.parallel.activations applies it to
@@ -116,7 +124,7 @@ def micro_batch_terms(request: PlanRequest) -> dict[str, object]:
         logits_pieces = rank_logits_pieces(request, framework_logits_pieces)
         logits = max(logits_pieces)
         workspace += recompute
-    return dict(activations=activations, logits=logits, workspace=workspace, logits_pieces=logits_pieces)
+    return (("activations", activations), ("logits", logits), ("workspace", workspace), ("logits_pieces", logits_pieces))
 
 
 def deepspeed_accumulated_gradient_bytes(request: PlanRequest) -> int | None:
@@ -142,16 +150,24 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
                             f"{training.activation_checkpointing.value!r}")
     if training.finetune.frozen_blocks and training.activation_offloading:
         raise ZeroplanError("finetune.frozen_blocks", "is not modelled with activation offloading (allowed without it)")
+    states, state_terms = _state_terms(request)
+    return states, PeakTerms(**micro_batch_terms(request), **dict(state_terms))
+
+
+# The model states and buffers do not change with the micro-batch or the sequence (the plan
+# search's _terms shares them across both; its check against memory_breakdown confirms it), so
+# the requests of one strategy at different micro-batches share one answer.
+@batch_keyed("grad_accum_steps")
+def _state_terms(request: PlanRequest) -> tuple[ModelStateBytes, tuple[tuple[str, int | None], ...]]:
+    """The model states and the PeakTerms fields that are not micro_batch_terms'."""
     states = model_state_bytes(request)
-    terms = PeakTerms(
-        **micro_batch_terms(request),
-        resident_buffers=resident_buffer_bytes(request), backward_held_buffers=backward_held_buffer_bytes(request),
-        transient_buffers=transient_buffer_bytes(request),
-        block_transient_buffers=block_backward_transient_bytes(request),
-        step_temporary=optimizer_step_temporary_bytes(request, states.optimizer_elements),
-        accumulated_gradients=deepspeed_accumulated_gradient_bytes(request),
+    return states, (
+        ("resident_buffers", resident_buffer_bytes(request)), ("backward_held_buffers", backward_held_buffer_bytes(request)),
+        ("transient_buffers", transient_buffer_bytes(request)),
+        ("block_transient_buffers", block_backward_transient_bytes(request)),
+        ("step_temporary", optimizer_step_temporary_bytes(request, states.optimizer_elements)),
+        ("accumulated_gradients", deepspeed_accumulated_gradient_bytes(request)),
     )
-    return states, terms
 
 
 def replayed(states: ModelStateBytes, terms: PeakTerms) -> tuple[ModelStateBytes, PeakTerms]:
@@ -172,7 +188,7 @@ def checked_peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms
     return _recent_peak_terms(request)
 
 
-@functools.lru_cache(maxsize=16)
+@request_keyed(limit=64)
 def _recent_peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     check_optimizer_in_backward(request.training, request.batch.grad_accum_steps)
     check_fsdp_cpu_offload(request.training, request.strategy.kind)

@@ -33,6 +33,7 @@ from zeroplan.core.peak import PeakTerms, moment_totals
 from zeroplan.core.plan import (
     allocator_answer, host_memory_fits, memory_breakdown, micro_batch_terms, peak_terms,
 )
+from zeroplan.core.collector import cyclic_gc_paused
 from zeroplan.core.compiled import runs_checkpointing
 from zeroplan.progress import progress
 from zeroplan.core.profiles import check_framework_strategies, framework_strategies, profile
@@ -809,6 +810,12 @@ def search(
     groups done on stderr when it is a terminal and the search runs past a second (zeroplan.progress).
     ``prune``: leave unfitted the groups memory_lower_bound shows cannot fit (the same answer;
     False fits every group, as tests/test_search.py compares)."""
+    with cyclic_gc_paused():
+        return _search(base, global_batch_size, strategies, top, space, show_progress, prune)
+
+
+def _search(base: PlanRequest, global_batch_size: int, strategies: tuple[StrategyKind, ...] | None, top: int,
+            space: LayoutSpace | None, show_progress: bool, prune: bool) -> PlanSearchResult:
     all_groups, layouts = _searched_groups(base, global_batch_size, strategies, space)
     all_groups, splits = _schedulable(all_groups, _splits(all_groups, global_batch_size), global_batch_size)
     index, micros, accums, peaks, fits, seconds = [], [], [], [], [], []

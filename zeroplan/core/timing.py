@@ -13,7 +13,6 @@ from zeroplan.core.model_states import held_elements, shard_layout
 from zeroplan.core.nvme import nvme_traffic
 from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise
 from zeroplan.core.parallel.units import rank_trainable_units
-from zeroplan.core.roofline import roofline_step
 from zeroplan.core.roofline.optimizer import TORCH_ADAM_ACCESSES_PER_ELEMENT
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.hardware import HostSpec
@@ -244,6 +243,8 @@ def compute_time_s(flops: StepFlops, request: PlanRequest) -> tuple[float, float
     attention core's at its relative rate r, less what compile saves, or, under the roofline
     compute model, the request's kernels against the GPU's ceilings."""
     if request.performance.compute_model == "roofline":
+        from zeroplan.core.roofline.step import roofline_step
+
         step = roofline_step(request)
         return step.forward_s, step.backward_s
     rate = executed_flops_per_s(request)
@@ -262,6 +263,8 @@ def gpu_optimizer_time_s(request: PlanRequest) -> float:
     model, whose utilisation is taken to cover it."""
     if request.performance.compute_model != "roofline":
         return 0.0
+    from zeroplan.core.roofline.step import roofline_step
+
     return roofline_step(request).optimizer_s
 
 

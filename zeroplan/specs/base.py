@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from zeroplan.errors import ZeroplanError
@@ -14,6 +16,31 @@ class Frozen(BaseModel):
     # (use_attribute_docstrings parses every class's source at import: about 50 ms of each
     # command's start, for descriptions nothing reads).
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # The planner's caches key on specs, and pydantic's hash of a frozen model hashes every field
+    # again on each call, nested specs included (a request: several microseconds, tens of
+    # thousands of times a plan search). A spec never changes, so its hash is kept in a slot
+    # once computed: the same value pydantic's hash gives (the fields' values, in order). A
+    # slot, not a field: it is not compared, dumped or copied (model_copy builds a new object
+    # whose hash is computed afresh from its own fields).
+    __slots__ = ("_frozen_hash",)
+
+    def __hash__(self) -> int:
+        try:
+            return object.__getattribute__(self, "_frozen_hash")
+        except AttributeError:
+            pass
+        value = hash(type(self)._field_values(self.__dict__))
+        object.__setattr__(self, "_frozen_hash", value)
+        return value
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: object) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        # pydantic's own hash of a frozen model (_model_construction.make_hash_func): the tuple
+        # of the fields' values (the value itself for one field, 0 for none).
+        fields = tuple(cls.__pydantic_fields__)
+        cls._field_values = staticmethod(operator.itemgetter(*fields) if fields else (lambda _: 0))
 
 
 def first_error(error: ValidationError, prefix: str = "") -> ZeroplanError:

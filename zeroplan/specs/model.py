@@ -284,4 +284,6 @@ class ModelSpec(Frozen):
     @property
     def moe_layer_count(self) -> int:
         """Blocks that hold experts (the others have a dense MLP)."""
+        if not self.is_moe:
+            return 0  # is_moe_layer is False for every block (the planner asks this per plan)
         return sum(1 for i in range(self.num_layers) if self.is_moe_layer(i))

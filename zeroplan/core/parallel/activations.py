@@ -33,7 +33,11 @@ def chunk_request(request: PlanRequest, num_layers: int, *, split_heads: bool) -
     model = tensor_parallel_model(request.model, request.parallel.tp) if split_heads else request.model
     model = model.model_copy(update={"num_layers": num_layers})
     batch = request.batch.model_copy(update={"seq_len": request.batch.seq_len // request.parallel.cp})
-    return request.model_copy(update={"model": model, "batch": batch, "parallel": ParallelSpec()})
+    return request.model_copy(update={"model": model, "batch": batch, "parallel": _NO_MODEL_PARALLELISM})
+
+
+_NO_MODEL_PARALLELISM = ParallelSpec()
+"""A chunk's layout (specs are immutable: one object serves every chunk)."""
 
 
 @dataclass(frozen=True)

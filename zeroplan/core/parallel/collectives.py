@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from zeroplan.core.collective import Collective, CollectiveOp, Phase, make_collective
 from zeroplan.core.layout import element_bytes
+from zeroplan.core.memo import request_keyed
 from zeroplan.core.parallel.pipeline import rank_stages
 from zeroplan.core.parallel.tensor import tensor_parallel_model
 from zeroplan.core.parallel.expert import expert_parallel_collectives, moe_block_count
@@ -186,5 +187,13 @@ def _spans_nodes(request: PlanRequest, stride: int, group: int) -> bool:
 
 def model_parallel_collectives(request: PlanRequest) -> list[Collective]:
     """The collectives tensor, context, pipeline and expert parallelism add to the rank's step."""
+    return list(_model_parallel_collectives(request))
+
+
+# A plan asks for them for its step time and the plan search for each rank class's blocking
+# calls and phases at micro-batches 1 and 2: the same requests (every field keys them).
+@request_keyed()
+def _model_parallel_collectives(request: PlanRequest) -> tuple[Collective, ...]:
     experts = expert_parallel_collectives(request, moe_block_count(rank_parameter_units(request)))
-    return tensor_parallel_collectives(request) + context_parallel_collectives(request) + pipeline_collectives(request) + experts
+    return tuple(tensor_parallel_collectives(request) + context_parallel_collectives(request) + pipeline_collectives(request)
+                 + experts)

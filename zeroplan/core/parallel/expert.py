@@ -84,7 +84,21 @@ def expert_parallel_units(units: tuple[ParamUnit, ...], model: ModelSpec, ep: in
 
 def moe_block_count(units: tuple[ParamUnit, ...]) -> int:
     """MoE blocks among ``units`` (those with a router)."""
-    return sum(1 for unit in units if any(t.name == "mlp.router.weight" for t in unit.tensors))
+    found = _MOE_BLOCKS.get(id(units))
+    if found is not None and found[0] is units:
+        return found[1]
+    count = sum(1 for unit in units if any(t.name == "mlp.router.weight" for t in unit.tensors))
+    if len(_MOE_BLOCKS) > _MOE_BLOCKS_LIMIT:
+        _MOE_BLOCKS.clear()
+    _MOE_BLOCKS[id(units)] = (units, count)
+    return count
+
+
+# Asked once per plan of every rank's units (zeroplan.core.parallel.collectives), which are
+# themselves cached tuples (rank_parameter_units): their identity keys the count, and the entry
+# keeps the tuple alive so the identity cannot be reused (as model_states._PADDED_ELEMENTS).
+_MOE_BLOCKS: dict[int, tuple[tuple[ParamUnit, ...], int]] = {}
+_MOE_BLOCKS_LIMIT = 4096
 
 
 def _dispatch_buffer_bytes(request: PlanRequest) -> int:

@@ -69,6 +69,21 @@ def _finetuned_units(model: ModelSpec, finetune: FineTuneSpec, framework: Framew
 def rank_parameter_units(request: PlanRequest) -> tuple[ParamUnit, ...]:
     """The units the request's rank holds, each tensor as its tensor-parallel rank holds it:
     the model's units (zeroplan.core.params) when nothing is model-parallel."""
+    # One plan asks for the same request's units from a dozen functions (model states, buffers,
+    # collectives): the last request's are kept, by identity (the request is immutable and held).
+    last = _LAST_REQUEST_UNITS
+    if last[0] is request:
+        return last[1]
+    units = _request_units(request)
+    last[0], last[1] = request, units
+    return units
+
+
+_LAST_REQUEST_UNITS: list = [None, ()]
+"""[the last request rank_parameter_units answered, its units]."""
+
+
+def _request_units(request: PlanRequest) -> tuple[ParamUnit, ...]:
     parallel, finetune = request.parallel, request.training.finetune
     if parallel.is_trivial and parallel.ep == 1:
         if finetune.trains_everything:

@@ -10,6 +10,15 @@ optimizer.py  the optimizer step's memory traffic
 step.py       the times, by phase, as PerformanceAssumptions.compute_model "roofline" uses them
 """
 
-from zeroplan.core.roofline.step import RooflineStep, roofline_step
-
 __all__ = ["RooflineStep", "roofline_step"]
+
+
+def __getattr__(name: str) -> object:
+    # The step's modules are imported when first asked for: the planner imports this package
+    # for the optimizer's constants (zeroplan.core.timing), and a command under the default
+    # compute model ('hfu') never times a kernel.
+    if name in __all__:
+        from zeroplan.core.roofline import step
+
+        return getattr(step, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,174 @@
+"""The planner's caches (zeroplan.core.memo) answer what the uncached functions answer: each
+keyed on every field its function reads, so two requests differing in one of them get different
+answers from a warm cache, and a read of a field a cache does not key on is answered uncached."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic._internal._model_construction import make_hash_func
+
+from zeroplan.core.algorithms import collective_cost
+from zeroplan.core.communication import _data_parallel_collectives, data_parallel_collectives
+from zeroplan.core.layout import element_bytes
+from zeroplan.core.memo import BatchView, UnkeyedRead, batch_keyed, request_keyed
+from zeroplan.core.parallel.collectives import _model_parallel_collectives, model_parallel_collectives
+from zeroplan.core.parallel.expert import moe_block_count
+from zeroplan.core.parallel.units import _request_units, rank_parameter_units
+from zeroplan.core.plan import _micro_batch_terms, _recent_peak_terms, _state_terms, micro_batch_terms, plan
+from zeroplan.core.profiles import framework_strategies
+from zeroplan.presets.gpus import get_gpu
+from zeroplan.presets.models import get_model
+from zeroplan.specs import (
+    BatchSpec, Framework, MemoryAssumptions, Optimizer, PerformanceAssumptions, PlanRequest, StrategyKind, StrategySpec,
+    TrainingSpec, cluster_from_gpus,
+)
+from zeroplan.specs.parallel import ParallelSpec
+from zeroplan.specs.training import Precision, StateConvention
+
+
+def _request(kind: StrategyKind = StrategyKind.zero3, **batch) -> PlanRequest:
+    return PlanRequest(model=get_model("llama-2-7b"), cluster=cluster_from_gpus(get_gpu("a100-80gb"), 8),
+                       strategy=StrategySpec(kind=kind), batch=BatchSpec(**{"seq_len": 2048, **batch}))
+
+
+def _warm_then_other(function, request: PlanRequest, other: PlanRequest, *args):
+    """function's answer for ``request`` (cached first) and then for ``other``, with the uncached
+    function's answers for both."""
+    first, second = function(request, *args), function(other, *args)
+    return (first, second), (function.uncached(request, *args), function.uncached(other, *args))
+
+
+def test_a_batch_view_gives_only_its_fields() -> None:
+    view = BatchView((("grad_accum_steps", 4),))
+    assert view.grad_accum_steps == 4
+    with pytest.raises(UnkeyedRead):
+        view.seq_len  # noqa: B018
+    assert view == BatchView((("grad_accum_steps", 4),)) and view != BatchView((("grad_accum_steps", 2),))
+    # Reading it whole (a message that prints it, a comparison with a batch) is a read too.
+    for whole in (repr, str, dict, lambda v: f"{v}", lambda v: v == BatchSpec(grad_accum_steps=4)):
+        with pytest.raises(UnkeyedRead):
+            whole(view)
+
+
+def test_a_function_that_reads_an_unkeyed_field_is_answered_uncached() -> None:
+    @batch_keyed("grad_accum_steps")
+    def tokens(request: PlanRequest) -> int:
+        return request.batch.seq_len * request.batch.grad_accum_steps
+
+    assert tokens(_request(seq_len=1024)) == 1024 and tokens(_request(seq_len=2048)) == 2048
+    assert tokens.fallbacks == 2
+
+
+def test_a_request_cache_keys_on_every_spec() -> None:
+    @request_keyed()
+    def described(request: PlanRequest) -> tuple:
+        return request.batch.micro_batch_size, request.strategy.kind, request.training.optimizer
+
+    request = _request()
+    assert described(request) == (1, StrategyKind.zero3, Optimizer.adamw)
+    assert described(request.with_micro_batch(3))[0] == 3
+    assert described(request.with_strategy(StrategySpec(kind=StrategyKind.ddp)))[1] is StrategyKind.ddp
+    # A training of the same value but another object (the training is keyed by identity).
+    other = request.model_copy(update={"training": TrainingSpec(optimizer=Optimizer.sgd)})
+    assert described(other)[2] is Optimizer.sgd
+
+
+def test_state_terms_key_on_the_accumulation_and_the_strategy() -> None:
+    # Unsharded gradients kept across micro-batches are held in backward only when accumulating.
+    request = _request().with_strategy(StrategySpec(kind=StrategyKind.zero3, keep_unsharded_grads_on_accum=True))
+    cached, uncached = _warm_then_other(_state_terms, request, request.model_copy(
+        update={"batch": request.batch.model_copy(update={"grad_accum_steps": 4})}))
+    assert cached == uncached and cached[0] != cached[1]
+    request = _request(StrategyKind.zero2)
+    cached, uncached = _warm_then_other(_state_terms, request, request.with_strategy(StrategySpec(kind=StrategyKind.zero3)))
+    assert cached == uncached and cached[0][0] != cached[1][0]
+    cached, uncached = _warm_then_other(_state_terms, request, request.model_copy(
+        update={"training": TrainingSpec(optimizer=Optimizer.sgd)}))
+    assert cached == uncached and cached[0][0] != cached[1][0]
+
+
+def test_state_terms_share_across_micro_batches_and_sequences() -> None:
+    request = _request(StrategyKind.zero2, micro_batch_size=2)
+    before = _state_terms.fallbacks
+    assert _state_terms(request) == _state_terms(_request(StrategyKind.zero2, micro_batch_size=7, seq_len=4096))
+    assert _state_terms.fallbacks == before
+
+
+def test_micro_batch_terms_key_on_the_batch() -> None:
+    request = _request(micro_batch_size=2)
+    for other in (request.with_micro_batch(3), _request(micro_batch_size=2, seq_len=1024)):
+        cached, uncached = _warm_then_other(_micro_batch_terms, request, other)
+        assert cached == uncached and cached[0] != cached[1]
+        assert micro_batch_terms(other) == dict(uncached[1])
+    cached, uncached = _warm_then_other(_recent_peak_terms, request, request.with_micro_batch(3))
+    assert cached == uncached and cached[0] != cached[1]
+
+
+def test_data_parallel_collectives_key_on_the_accumulation() -> None:
+    # ZeRO-3 gathers the parameters again for every micro-batch.
+    request = _request(StrategyKind.zero3)
+    accumulating = request.model_copy(update={"batch": request.batch.model_copy(update={"grad_accum_steps": 4})})
+    cached, uncached = _warm_then_other(_data_parallel_collectives, request, accumulating)
+    assert cached == uncached and cached[0] != cached[1]
+    assert data_parallel_collectives(request) == list(uncached[0])
+
+
+def test_collective_costs_key_on_the_cluster_and_the_performance_assumptions() -> None:
+    # DDP's gradient all-reduce on H100s: NCCL's algorithm and the measured bus bandwidth decide.
+    request = _request(StrategyKind.ddp).model_copy(update={"cluster": cluster_from_gpus(get_gpu("h100-80gb"), 8)})
+    (collective, *_) = data_parallel_collectives(request)
+    for other in (request.model_copy(update={"cluster": cluster_from_gpus(get_gpu("a100-80gb"), 8)}),
+                  request.model_copy(update={"performance": PerformanceAssumptions(algorithm="ring")}),
+                  request.model_copy(update={"performance": PerformanceAssumptions(bandwidth="nominal")})):
+        cached, uncached = _warm_then_other(collective_cost, request, other, collective)
+        assert cached == uncached and cached[0].seconds != cached[1].seconds
+
+
+def test_the_planner_reads_no_batch_field_its_caches_leave_out() -> None:
+    """The caches hold for the planner's own requests (none falls back to the uncached
+    function): every strategy of three frameworks' stacks, planned."""
+    before = (_state_terms.fallbacks, _data_parallel_collectives.fallbacks, collective_cost.fallbacks)
+    for framework in (Framework.zeroplan, Framework.megatron, Framework.torchtitan):
+        request = PlanRequest(model=get_model("llama-3.1-8b"), training=TrainingSpec(framework=framework),
+                              cluster=cluster_from_gpus(get_gpu("a100-80gb"), 8), strategy=StrategySpec(kind="ddp"),
+                              assumptions=MemoryAssumptions(allocator_conf=None))
+        for kind in framework_strategies(framework, 8):
+            plan(request.with_strategy(StrategySpec(kind=kind)), largest_micro_batch=False)
+    assert (_state_terms.fallbacks, _data_parallel_collectives.fallbacks, collective_cost.fallbacks) == before
+
+
+def test_model_parallel_collectives_key_on_the_batch_and_the_layout() -> None:
+    # Tensor parallelism's activation collectives grow with the micro-batch.
+    request = _request(micro_batch_size=2).with_parallel(ParallelSpec(tp=2))
+    for other in (request.with_micro_batch(3), _request(micro_batch_size=2).with_parallel(ParallelSpec(tp=4))):
+        cached, uncached = _warm_then_other(_model_parallel_collectives, request, other)
+        assert cached == uncached and cached[0] != cached[1]
+    assert model_parallel_collectives(request) == list(_model_parallel_collectives.uncached(request))
+
+
+def test_a_spec_keeps_the_hash_pydantic_gives_it_and_a_copy_hashes_afresh() -> None:
+    request = _request(micro_batch_size=2)
+    assert hash(request) == make_hash_func(PlanRequest)(request)
+    for spec in (request.model, request.training, request.cluster, request.cluster.gpu, request.batch):
+        assert hash(spec) == make_hash_func(type(spec))(spec)
+    changed = request.with_micro_batch(3)
+    assert hash(changed) == make_hash_func(PlanRequest)(changed) != hash(request)
+    assert hash(changed.batch) == hash(BatchSpec(seq_len=2048, micro_batch_size=3))
+    assert hash(request.model_copy()) == hash(request) and request.model_copy() == request
+
+
+def test_the_last_requests_units_and_their_expert_count_follow_the_request() -> None:
+    request = _request()
+    split = request.with_parallel(ParallelSpec(tp=2))
+    whole = rank_parameter_units(request)
+    assert rank_parameter_units(split) != whole and rank_parameter_units(request) is whole
+    assert rank_parameter_units(split) == _request_units(split)
+    moe = PlanRequest(model=get_model("mixtral-8x7b"), cluster=cluster_from_gpus(get_gpu("a100-80gb"), 8),
+                      strategy=StrategySpec(kind=StrategyKind.zero3))
+    assert moe_block_count(rank_parameter_units(request)) == 0
+    assert moe_block_count(rank_parameter_units(moe)) == moe.model.num_layers
+
+
+def test_element_bytes_follow_the_convention() -> None:
+    assert element_bytes(Precision.bf16_mixed, StateConvention.deepspeed).gradient == 4
+    assert element_bytes(Precision.bf16_mixed, StateConvention.zero).gradient == 2

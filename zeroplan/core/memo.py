@@ -1,0 +1,136 @@
+"""Caches of the planner's pure functions keyed on what each reads of its request.
+
+Specs are frozen and hashable, so a function of a request alone may be cached on the request.
+Many of the planner's functions read the model, the training, the cluster and the strategy
+but only part of the batch, or none of it: the model states do not change with the
+micro-batch, yet fit() and the largest micro-batch search ask for them at every micro-batch.
+``batch_keyed`` caches such a function on the request with its batch cut down to the fields
+named, and enforces it: the cached call sees a batch on which every other field raises, and a
+call that reads one is answered by the function on the whole request, uncached (slower, never
+a different answer)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TypeVar
+
+from zeroplan.specs.request import PlanRequest
+
+Result = TypeVar("Result")
+
+
+class UnkeyedRead(BaseException):
+    """A cached function read a batch field its cache does not key on. A BaseException, so no
+    ``except Exception`` in the planner can turn it into an answer."""
+
+
+class BatchView:
+    """The fields of a BatchSpec a cache keys on; reading any other raises UnkeyedRead."""
+
+    __slots__ = ("_fields",)
+
+    def __init__(self, fields: tuple[tuple[str, object], ...]) -> None:
+        self._fields = fields
+
+    def __getattr__(self, name: str) -> object:
+        # Called only for names that are not slots: every BatchSpec field.
+        for field, value in self._fields:
+            if field == name:
+                return value
+        raise UnkeyedRead(name)
+
+    def __eq__(self, other: object) -> bool:
+        # Against a view only (the caches' keys); any other comparison reads the batch whole.
+        if not isinstance(other, BatchView):
+            raise UnkeyedRead("==")
+        return self._fields == other._fields
+
+    def __hash__(self) -> int:
+        return hash(self._fields)
+
+    def _whole(self, *_: object) -> object:
+        """What reads the batch whole (printing it, iterating it) raises UnkeyedRead too."""
+        raise UnkeyedRead("the whole batch")
+
+    __repr__ = __str__ = __format__ = __iter__ = __len__ = __getitem__ = __contains__ = _whole
+
+
+class _Store:
+    """Answers by key (specs hash once: zeroplan.specs.base.Frozen), cleared when full."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.entries: dict[tuple, object] = {}
+
+    def put(self, key: tuple, answer: object) -> None:
+        if len(self.entries) >= self.limit:
+            self.entries.clear()
+        self.entries[key] = answer
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+
+def _specs(request: PlanRequest) -> tuple:
+    """Every spec of the request but its batch."""
+    return (request.model, request.training, request.cluster, request.strategy, request.parallel, request.assumptions,
+            request.performance)
+
+
+_MISSING = object()
+
+
+def batch_keyed(*fields: str, limit: int = 1024) -> Callable[[Callable[..., Result]], Callable[..., Result]]:
+    """Cache ``function(request, *args)`` (args hashable) on the request with its batch reduced
+    to ``fields`` (the module's docstring). The wrapper's ``fallbacks`` counts the calls that
+    read another field (each answered uncached), for the tests that keep the caches effective."""
+
+    def wrap(function: Callable[..., Result]) -> Callable[..., Result]:
+        store = _Store(limit)
+
+        @functools.wraps(function)
+        def call(request: PlanRequest, *args: object) -> Result:
+            batch = request.batch
+            kept = tuple((f, getattr(batch, f)) for f in fields)
+            key = (_specs(request), kept, args)
+            answer = store.entries.get(key, _MISSING)
+            if answer is not _MISSING:
+                return answer
+            viewed = request.model_copy(update={"batch": BatchView(kept)})
+            try:
+                answer = function(viewed, *args)
+            except UnkeyedRead:
+                call.fallbacks += 1
+                return function(request, *args)
+            store.put(key, answer)
+            return answer
+
+        call.fallbacks = 0
+        call.cache_clear = store.clear
+        call.uncached = function
+        return call
+
+    return wrap
+
+
+def request_keyed(limit: int = 1024) -> Callable[[Callable[..., Result]], Callable[..., Result]]:
+    """Cache ``function(request)`` on the whole request (every field keys it)."""
+
+    def wrap(function: Callable[..., Result]) -> Callable[..., Result]:
+        store = _Store(limit)
+
+        @functools.wraps(function)
+        def call(request: PlanRequest) -> Result:
+            answer = store.entries.get(request, _MISSING)
+            if answer is not _MISSING:
+                return answer
+            answer = function(request)
+            store.put(request, answer)
+            return answer
+
+        call.cache_clear = store.clear
+        call.uncached = function
+        return call
+
+    return wrap
