@@ -158,21 +158,13 @@ def _block_inputs(module, block, vocab_size: int, seq_len: int, micro_batch: int
     there), after torchtitan's trainer prepared the inputs (trainer.py post_dataloading_process:
     per-document positions, the block mask, with CP their shards)."""
 
+    from zeroplan.frameworks.tensor_parallel import step_inputs
+
     class Stop(Exception):
         pass
 
     tokens = torch.randint(0, vocab_size, (micro_batch, seq_len))
-    positions = torch.arange(seq_len).repeat(micro_batch, 1)
-    masks = module.get_attention_masks(positions)
-    if cp > 1:
-        from torchtitan.distributed.context_parallel import prepare_context_parallel_input
-
-        private.context_parallel_block_mask_without_compile()
-        # config/configs.py default load balancer "headtail".
-        tokens, _, extra = prepare_context_parallel_input(
-            tokens, tokens.clone(), {"positions": positions, "attention_masks": masks},
-            parallel_dims.get_mesh("cp"), torch.device("cpu"), "headtail")
-        positions, masks = extra["positions"], extra["attention_masks"]
+    tokens, positions, masks = step_inputs(module, tokens, parallel_dims, cp)
     seen: list[tuple[tuple, dict]] = []
 
     def keep(_module, args, kwargs):

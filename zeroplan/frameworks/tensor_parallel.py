@@ -275,6 +275,26 @@ def measure_activations(flavor: str, tp: int, enable_sp: bool, seq_len: int, mic
 _AC_NAMES = {"full": "FullAC", "selective-op": "SelectiveAC"}
 
 
+def step_inputs(module: torch.nn.Module, tokens: torch.Tensor, parallel_dims, cp: int) -> tuple:
+    """(tokens, positions, block mask) as torchtitan 0.3.0's trainer.py post_dataloading_process
+    hands them to the model: positions per document (one here) and the block mask
+    model.get_attention_masks builds from them (once per step, shared by every block); with CP,
+    prepare_context_parallel_input shards tokens, labels, positions and the mask over the cp mesh
+    with the configured load balancer (config/configs.py default "headtail")."""
+    micro_batch, seq_len = tokens.shape
+    positions = torch.arange(seq_len).repeat(micro_batch, 1)
+    masks = module.get_attention_masks(positions)
+    if cp > 1:
+        from torchtitan.distributed.context_parallel import prepare_context_parallel_input
+
+        private.context_parallel_block_mask_without_compile()
+        tokens, _, extra = prepare_context_parallel_input(
+            tokens, tokens.clone(), {"positions": positions, "attention_masks": masks},
+            parallel_dims.get_mesh("cp"), torch.device("cpu"), "headtail")
+        positions, masks = extra["positions"], extra["attention_masks"]
+    return tokens, positions, masks
+
+
 def _subtract(deep: list[tuple], shallow: list[tuple]) -> list[tuple]:
     from collections import Counter
 
@@ -346,22 +366,7 @@ def _run(flavor: str, tp: int, enable_sp: bool, seq_len: int, micro_batch: int, 
             saved = _SavedInLastBlock(blocks[-1], module)
             private.track_existing(tracker, module)
             with context():
-                # trainer.py post_dataloading_process: positions per document (one here) and the
-                # block mask model.get_attention_masks builds from them (built once per step,
-                # shared by every block).
-                positions = torch.arange(seq_len).repeat(micro_batch, 1)
-                masks = module.get_attention_masks(positions)
-                if cp > 1:
-                    # trainer.py post_dataloading_process: with CP, prepare_context_parallel_input
-                    # shards tokens, labels, positions and the block mask over the cp mesh with
-                    # the configured load balancer (config/configs.py default "headtail").
-                    from torchtitan.distributed.context_parallel import prepare_context_parallel_input
-
-                    private.context_parallel_block_mask_without_compile()
-                    tokens, _, extra = prepare_context_parallel_input(
-                        tokens, tokens.clone(), {"positions": positions, "attention_masks": masks},
-                        parallel_dims.get_mesh("cp"), torch.device("cpu"), "headtail")
-                    positions, masks = extra["positions"], extra["attention_masks"]
+                tokens, positions, masks = step_inputs(module, tokens, parallel_dims, cp)
             with context(), tracker, recorder:
                 before = private.tracker_live_bytes(tracker)
                 recorder.phase = Phase.forward
