@@ -23,14 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-NO_TRAFFIC = frozenset({
-    "view", "_unsafe_view", "reshape", "expand", "t", "transpose", "permute", "slice", "select", "split",
-    "split_with_sizes", "unsqueeze", "squeeze", "detach", "alias", "as_strided", "empty", "empty_like",
-    "empty_strided", "unbind", "chunk", "_reshape_alias", "lift_fresh", "new_empty", "new_empty_strided",
-    "view_as_real", "view_as_complex", "_local_scalar_dense", "sym_size", "is_same_size", "device",
-})
-"""Operators that move no tensor data (views, metadata, uninitialised allocation)."""
-COMPUTE = ("mm", "addmm", "bmm", "baddbmm", "scaled_dot_product", "flash_attention", "efficient_attention")
+from zeroplan.frameworks.compiled_traffic import COMPUTE, NO_TRAFFIC  # noqa: E402
 
 
 def distinct_bytes(tensor) -> int:  # type: ignore[no-untyped-def]

@@ -239,9 +239,15 @@ def _producer(tensor: torch.Tensor) -> str:
 
 
 def _block_inputs(built: BuiltModel, model: ModelSpec, batch: BatchSpec) -> tuple[torch.Tensor, tuple, dict]:
-    """The arguments the framework's forward passes its first block (a forward pre-hook on it,
-    the forward stopped there): the hidden state, replaced by a fresh leaf that needs grad, the
-    other positional arguments and the keyword arguments."""
+    """The arguments the framework's forward passes its first block (block_inputs_of)."""
+    tokens = torch.randint(0, model.vocab_size, (batch.micro_batch_size, batch.seq_len))
+    return block_inputs_of(built.blocks[0], lambda: built.forward(tokens))
+
+
+def block_inputs_of(block: torch.nn.Module, forward) -> tuple[torch.Tensor, tuple, dict]:
+    """What ``forward()`` passes ``block`` (a forward pre-hook on it, the forward stopped there):
+    the hidden state, replaced by a fresh leaf that needs grad, the other positional arguments
+    and the keyword arguments."""
 
     class Stop(Exception):
         pass
@@ -252,10 +258,9 @@ def _block_inputs(built: BuiltModel, model: ModelSpec, batch: BatchSpec) -> tupl
         seen.append((args, kwargs))
         raise Stop
 
-    handle = built.blocks[0].register_forward_pre_hook(keep, with_kwargs=True)
-    tokens = torch.randint(0, model.vocab_size, (batch.micro_batch_size, batch.seq_len))
+    handle = block.register_forward_pre_hook(keep, with_kwargs=True)
     try:
-        built.forward(tokens)
+        forward()
     except Stop:
         pass
     finally:

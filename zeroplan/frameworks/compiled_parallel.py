@@ -32,7 +32,7 @@ import time
 
 import torch
 
-from zeroplan.frameworks.compiled import block_saves, partition_saved_values
+from zeroplan.frameworks.compiled import block_inputs_of, block_saves, partition_saved_values
 from zeroplan.frameworks.compiled_parallel_record import CompiledOffloadRecord, CompiledParallelBlockRecord
 from zeroplan.frameworks.compiled_record import SavedValue
 from zeroplan.simulate import _torch_private as private
@@ -157,29 +157,11 @@ def _block_inputs(module, block, vocab_size: int, seq_len: int, micro_batch: int
     """What the model's forward hands its first block (a forward pre-hook, the forward stopped
     there), after torchtitan's trainer prepared the inputs (trainer.py post_dataloading_process:
     per-document positions, the block mask, with CP their shards)."""
-
     from zeroplan.frameworks.tensor_parallel import step_inputs
-
-    class Stop(Exception):
-        pass
 
     tokens = torch.randint(0, vocab_size, (micro_batch, seq_len))
     tokens, positions, masks = step_inputs(module, tokens, parallel_dims, cp)
-    seen: list[tuple[tuple, dict]] = []
-
-    def keep(_module, args, kwargs):
-        seen.append((args, kwargs))
-        raise Stop
-
-    handle = block.register_forward_pre_hook(keep, with_kwargs=True)
-    try:
-        module(tokens, positions=positions, attention_masks=masks)
-    except Stop:
-        pass
-    finally:
-        handle.remove()
-    args, kwargs = seen[0]
-    return torch.empty_like(args[0]).requires_grad_(True), tuple(args[1:]), dict(kwargs)
+    return block_inputs_of(block, lambda: module(tokens, positions=positions, attention_masks=masks))
 
 
 def measure_compiled_offload(model_name: str, seq_len: int, micro_batch: int = 1,
