@@ -14,7 +14,7 @@ from zeroplan.allocator.config import parse_alloc_conf
 from zeroplan.allocator.planner import allocator_verdict
 from zeroplan.allocator.replay import compile_trace, replay
 from zeroplan.allocator.schedule import step_trace
-from zeroplan.cli.fit import parse_strategies, request_from_args
+from zeroplan.cli.fit import request_from_args
 from zeroplan.cli.main import build_parser
 from zeroplan.core.plan import checked_peak_terms, peak_allocated_bytes
 from zeroplan.specs import StrategyKind

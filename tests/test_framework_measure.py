@@ -34,7 +34,6 @@ def _measure(framework, strategy, precision, policy, seq_len=4096, micro_batch=1
 ])
 def test_a_live_measurement_reproduces_its_committed_record(framework, strategy, precision, policy, module) -> None:
     pytest.importorskip(module, reason=f"{module} is not installed (scripts/install-frameworks installs it)")
-    from zeroplan.frameworks.record import FrameworkRecord
 
     record = _measure(framework, strategy, precision, policy)
     _assert_reproduces(record)
