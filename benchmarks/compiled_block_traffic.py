@@ -119,8 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{framework.value}: " + "; ".join(f"{kind} h {w[0]:.3f}, kv {w[1]:.3f}, F {w[2]:.3f}, constant {w[3]:.1f}"
                                                 for kind, w in solved.items()))
     if args.write:
+        from zeroplan.atomic import write_text_atomic
+
         RECORD.parent.mkdir(parents=True, exist_ok=True)
-        RECORD.write_text(json.dumps({
+        write_text_atomic(RECORD, json.dumps({
             "description": ("Bytes per token of one decoder block's memory-bound kernels (matrix products and attention "
                             "excluded), eager (aten operators under a dispatch mode) and compiled (inductor's scheduler "
                             "kernels, its own byte count), on fake bf16 tensors at full width; written by "

@@ -41,6 +41,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from zeroplan.atomic import write_text_atomic
+
 STAGES = (1, 2, 3)
 PRECISIONS = ("fp32", "bf16-mixed")
 ACCUMULATIONS = (1, 2, 4)
@@ -235,7 +237,7 @@ def main() -> None:
     record = {"command": command.strip(), "deepspeed": __import__("deepspeed").__version__,
               "torch": torch.__version__, "backend": "gloo", "ranks": ranks}
     name = args.name
-    (args.out / name).write_text(json.dumps(record, indent=1) + "\n")
+    write_text_atomic(args.out / name, json.dumps(record, indent=1) + "\n")
     for f in tmp.iterdir():
         f.unlink()
     tmp.rmdir()

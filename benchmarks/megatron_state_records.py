@@ -26,6 +26,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from zeroplan.atomic import write_text_atomic
+
 RECORDS = Path(__file__).resolve().parent / "megatron-state-records" / "records.json"
 
 # name, zeroplan preset, world, tp, pp, rank, distributed optimizer, precision
@@ -154,8 +156,8 @@ def main() -> None:
         out = subprocess.run([sys.executable, __file__, json.dumps(case)], capture_output=True, text=True, check=True)
         records.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(records[-1])
-    RECORDS.write_text(json.dumps({"how": __doc__.strip().splitlines()[0] + " (benchmarks/megatron_state_records.py)",
-                                   "records": records}, indent=1) + "\n")
+    write_text_atomic(RECORDS, json.dumps({"how": __doc__.strip().splitlines()[0] + " (benchmarks/megatron_state_records.py)",
+                                           "records": records}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from zeroplan.atomic import write_text_atomic
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "benchmarks" / "mics-records" / "micro-llama-mics2-n4.json"
 WORKER = ROOT / "tests" / "harness" / "mics_worker.py"
@@ -81,7 +83,7 @@ def main(argv: list[str]) -> int:
         } for r in ranks],
     }
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    write_text_atomic(out, json.dumps(record, indent=1) + "\n")
     print(f"wrote {out}")
     return 0
 

@@ -22,6 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from zeroplan.atomic import write_text_atomic
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "benchmarks" / "nvme-records" / "tiny-llama-swapper.json"
 WORKER = ROOT / "tests" / "harness" / "nvme_worker.py"
@@ -59,7 +61,7 @@ def main(argv: list[str]) -> int:
         "runs": runs,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    write_text_atomic(out, json.dumps(record, indent=1) + "\n")
     print(f"wrote {out}")
     return 0
 
