@@ -99,7 +99,8 @@ class PlanSearchResult(Frozen):
     allocator_caution: str = ""
     """Part of the explanation: where the caching-allocator model finds the best
     configuration's step running out of memory under the flat reserve, what it would reserve and
-    which of the next ranked ones completes (zeroplan.core.plan.allocator_runs_out); '' otherwise."""
+    which of the others shown completes (zeroplan.core.search.allocator_caution, from each
+    candidate's allocator_fits); '' otherwise."""
 
     def to_dataframe(self):
         from zeroplan.frames import search_frame

@@ -599,11 +599,12 @@ def under_allocator_model(request: PlanRequest) -> PlanRequest:
 
 def allocator_check(ranked: list[PlanRequest]) -> tuple[str, int | None] | None:
     """The caching-allocator model's check of a flat-reserve answer, ``ranked`` best first (fit's
-    recommendation and the other fitting strategies, or the plan search's ranked
-    configurations): None when the best already takes its verdict from the model
-    (--allocator-conf) or the model lets its step complete (allocator_runs_out); else what the
-    best would need (allocator_shortfall) and the index in ``ranked`` of the first of the next
-    MAX_ALLOCATOR_ALTERNATIVES whose step completes (None when none does)."""
+    recommendation and the other fitting strategies; the plan search asks the model of every
+    configuration it shows instead, core.search._answered): None when the best already takes
+    its verdict from the model (--allocator-conf) or the model lets its step complete
+    (allocator_runs_out); else what the best would reserve (allocator_shortfall) and the index
+    in ``ranked`` of the first of the next MAX_ALLOCATOR_ALTERNATIVES whose step completes (None
+    when none does)."""
     best = ranked[0]
     if best.assumptions.allocator_conf is not None or not allocator_runs_out(best):
         return None
