@@ -75,6 +75,22 @@ def test_deepspeed_json_round_trips(tmp_path: Path, strategy: str, precision: st
         assert zero.max_live_parameters == (1 + run.request.strategy.prefetch_units) * largest_unit_elements(run.request)
 
 
+@pytest.mark.parametrize("strategy, hpz", [("zero3-hpz", None), ("zero3-hpz", "4"), ("zero3-zeropp", None)])
+def test_deepspeed_json_carries_zeropp_as_planned(tmp_path: Path, strategy: str, hpz: str | None) -> None:
+    """ZeRO++: DeepSpeed reads back the secondary partition's group the plan sized (a node of 8
+    unless --hpz-partition-size says otherwise) and, for the full recipe, qwZ and qgZ on."""
+    flags = ["llama-3.1-8b", "--gpus", "16", "--gpu", "h100-80gb", "--framework", "hf", "--strategies", strategy,
+             "--flat-reserve"] + (["--hpz-partition-size", hpz] if hpz else [])
+    run = planned(*flags)
+    emit(run, tmp_path)
+    zero = deepspeed_parsed(tmp_path / "deepspeed.json").zero_config
+    assert int(zero.stage) == 3
+    assert zero.zero_hpz_partition_size == run.request.hpz_group_size == (int(hpz) if hpz else 8)
+    quantized = strategy == "zero3-zeropp"
+    assert (zero.zero_quantized_weights, zero.zero_quantized_gradients) == (quantized, quantized)
+    assert zero.zero_quantized_nontrainable_weights is False
+
+
 @pytest.mark.parametrize("strategy, pipeline", [("zero3-nvme", None), ("zero3-param-nvme", "both"),
                                                 ("zero3-param-nvme", "read")])
 def test_deepspeed_json_carries_nvme_offload_as_planned(tmp_path: Path, strategy: str, pipeline: str | None) -> None:
