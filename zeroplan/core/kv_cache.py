@@ -62,7 +62,11 @@ def loss_forward_tensors(request: PlanRequest) -> tuple[int, ...]:
 # llama-recipes before its PR 41 (utils/train_utils.py: `outputs = model(**batch); loss =
 # outputs.loss; loss.backward()`): the loop's `outputs` holds the output object (its logits, its
 # past_key_values) through backward and the optimizer step, until the next forward returns. The
-# logits are what LlamaForCausalLM returns (4.56.2: lm_head's output, the compute dtype).
+# logits are what LlamaForCausalLM returns (4.56.2: lm_head's output, the compute dtype). The
+# planner counts them with the activations (zeroplan.core.plan), so at the loss's and the blocks'
+# backward and, with the loss's forward moment of the next step, as two steps' outputs; the end of
+# backward and the optimizer step, which hold no activations, do not count them (a moment the
+# micro-batch terms of the plan search would have to carry apart).
 def kept_outputs_bytes(request: PlanRequest) -> int:
     """What a loop that holds the model's output object keeps beyond what backward needs."""
     if not request.training.keep_outputs:
