@@ -271,6 +271,17 @@ def add_fused_loss_argument(parser: argparse.ArgumentParser) -> None:
              "(llm-foundry's default loss_fn; framework zeroplan only)",
     )
     parser.add_argument(
+        "--use-cache", action="store_true",
+        help="hf: the model keeps transformers' KV cache (config use_cache=True, its default, which only its own "
+             "gradient_checkpointing turns off): under checkpointing applied from outside transformers (torch's "
+             "checkpoint_wrapper, as llama-recipes' FSDP) every layer's K and V stay alive with the output object",
+    )
+    parser.add_argument(
+        "--keep-outputs", action="store_true",
+        help="hf: the training loop holds the model's output object (logits, cache) through backward "
+             "(outputs = model(**batch); loss = outputs.loss) instead of only the loss",
+    )
+    parser.add_argument(
         "--unchunked-loss", action="store_true",
         help="torchtitan: its unchunked CrossEntropyLoss instead of the ChunkedLossWrapper its Llama-3 configs use; "
              "torchtune: a plain torch.nn.CrossEntropyLoss as the recipe's loss instead of CEWithChunkedOutputLoss",
@@ -417,6 +428,8 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         # torchtitan 9dec370 train.py loss_fn: its only loss, unchunked.
         unchunked_loss=args.unchunked_loss or (framework is Framework.torchtitan and getattr(args, "torchtitan_release", None) == "9dec370"),
         torchtitan_release=getattr(args, "torchtitan_release", None),
+        use_cache=getattr(args, "use_cache", False),
+        keep_outputs=getattr(args, "keep_outputs", False),
         optimizer_in_backward=args.optimizer_in_backward,
         paged_optimizer=args.paged_optimizer,
         fsdp_cpu_offload=args.fsdp_cpu_offload,

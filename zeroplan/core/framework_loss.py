@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from zeroplan.core.compiled import COMPILED_CROSS_ENTROPY_ROW_BYTES, compiled_chunked_logits_tensors, compiles_loss
 from zeroplan.core.frameworks import FP32_BYTES, hf_under_autocast
+from zeroplan.core.kv_cache import kv_cache_tensors, loss_forward_tensors
 from zeroplan.core.profiles import fsdp_separates_embedding_and_head, loss_chunks, profile
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.framework import Framework
@@ -321,7 +322,14 @@ def framework_logits_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...
         return torchtune_unchunked_logits_tensors(request)
     # The loss's fp32 tensors are alive at the start of its backward, beside the head's unit
     # that FSDP2 gathers then (fsdp_head_gathered_bytes; 0 outside a framework's FSDP2).
-    return ((*logits_parts(model, s, b), *fsdp_head_gathered_parts(request)),)
+    backward = (*logits_parts(model, s, b), *fsdp_head_gathered_parts(request))
+    cache = kv_cache_tensors(request)
+    if not cache:
+        return (backward,)
+    # With transformers' KV cache kept (zeroplan.core.kv_cache) the loss's forward, formed inside
+    # the model's forward beside the head's gathered unit, is a moment of its own: every layer's
+    # K and V are alive until the output object goes.
+    return (*cache, *loss_forward_tensors(request), *fsdp_head_gathered_parts(request, prefetched=False)), backward
 
 
 # torchtune 0.6.1 with a plain torch.nn.CrossEntropyLoss as its recipe's loss (TrainingSpec.
