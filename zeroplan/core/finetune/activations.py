@@ -88,6 +88,37 @@ def bnb_4bit_keeps_input(request: PlanRequest) -> bool:
     return request.training.finetune.bnb_4bit_keeps_input and request.training.framework is not Framework.torchtune
 
 
+# Autograd frees what a node saved with save_for_backward once backward has run the node, but
+# the attributes of a custom Function's ctx live as long as the node, that is as long as anything
+# references the step's graph (its output, its loss). bitsandbytes before 0.43.2 keeps
+# MatMul4Bit's input as ctx.tensors (bnb_4bit_keeps_input), so every 4-bit linear's input of a
+# step outlives that step's backward until its graph is dropped (measured from bitsandbytes' own
+# Linear4bit with that line restored: benchmarks/bnb_ctx_retention.py; 0.43.2 and later keep
+# nothing). litgpt 0.4.13.dev1 finetune/lora.py fit() (lines 304-308) holds the head's output in
+# `logits` and rebinds it only when the next step's model(...) has returned: the previous step's
+# inputs are alive through the whole next forward. They are the distinct tensors the linears
+# read (zeroplan.core.finetune.activations INPUT_GROUPS), whole now (the attention's own copy of
+# o's input was saved with save_for_backward and is gone): the attention norm's output (q, k, v;
+# in a one-norm parallel block the MLP reads it too), the attention output (o), the MLP norm's
+# output (gate/up, GPT's fc), the MLP's product (down), and the final norm's output, whose
+# 128-token slices the 4-bit head (litgpt's lm_head) reads; not the first block's attention
+# input, the frozen embedding's output: it needs no gradient, so MatMul4Bit keeps nothing there
+# (ctx.needs_input_grad is false for both its operands).
+def previous_step_matmul_inputs_bytes(request: PlanRequest) -> int:
+    """Bytes of the previous step's 4-bit matmul inputs alive through litgpt's next forward (0
+    where bitsandbytes drops them or the framework drops the graph before its next forward)."""
+    if request.training.framework is not Framework.litgpt or not bnb_4bit_keeps_input(request):
+        return 0
+    model = request.model
+    e = request.training.precision.compute_bytes
+    tokens = request.batch.seq_len * request.batch.micro_batch_size
+    reads = [model.hidden_size, model.attention_output_size, model.ffn_hidden_size]
+    if model.norms_per_block > 1:
+        reads.append(model.hidden_size)
+    first_block_input, head_input = model.hidden_size, model.hidden_size
+    return e * tokens * (model.num_layers * sum(reads) - first_block_input + head_input)
+
+
 def quantized_base_outputs_fp32(request: PlanRequest) -> bool:
     """Whether a quantized base linear returns fp32 where it reads the fp32 residual stream or
     MLP: hf's QLoRA and int8 bases under prepare_model_for_kbit_training (FineTuneSpec.module_in_bf16),
