@@ -299,10 +299,9 @@ def litgpt_logits_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...]:
         chunks = [sbv]
     # convert_output's copy (none where the model computes in fp32 already: .to is a no-op).
     head = (*((e * c for c in chunks) if e != f else ()), *(f * c for c in chunks))
-    from zeroplan.core.finetune.activations import previous_step_matmul_inputs_bytes
+    from zeroplan.core.finetune.activations import previous_step_matmul_inputs_parts
 
-    previous_inputs = previous_step_matmul_inputs_bytes(request)
-    previous = (*(f * c for c in chunks), *((previous_inputs,) if previous_inputs else ()))
+    previous = (*(f * c for c in chunks), *previous_step_matmul_inputs_parts(request))
     model_end = (*head, *previous, *gathered)
     if training.finetune.is_lora:
         held = (*(f * c for c in chunks), *(f * c for c in chunks))

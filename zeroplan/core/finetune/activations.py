@@ -107,16 +107,24 @@ def bnb_4bit_keeps_input(request: PlanRequest) -> bool:
 def previous_step_matmul_inputs_bytes(request: PlanRequest) -> int:
     """Bytes of the previous step's 4-bit matmul inputs alive through litgpt's next forward (0
     where bitsandbytes drops them or the framework drops the graph before its next forward)."""
+    return sum(previous_step_matmul_inputs_parts(request))
+
+
+def previous_step_matmul_inputs_parts(request: PlanRequest) -> tuple[int, ...]:
+    """previous_step_matmul_inputs_bytes tensor by tensor, block by block, the head's last (what
+    the caching-allocator model replays)."""
     if request.training.framework is not Framework.litgpt or not bnb_4bit_keeps_input(request):
-        return 0
+        return ()
     model = request.model
     e = request.training.precision.compute_bytes
     tokens = request.batch.seq_len * request.batch.micro_batch_size
     reads = [model.hidden_size, model.attention_output_size, model.ffn_hidden_size]
     if model.norms_per_block > 1:
         reads.append(model.hidden_size)
-    first_block_input, head_input = model.hidden_size, model.hidden_size
-    return e * tokens * (model.num_layers * sum(reads) - first_block_input + head_input)
+    first_block = reads[1:]  # its attention input is the frozen embedding's output
+    blocks = [first_block, *([reads] * (model.num_layers - 1))]
+    head_input = model.hidden_size
+    return (*(e * tokens * width for block in blocks for width in block), e * tokens * head_input)
 
 
 def quantized_base_outputs_fp32(request: PlanRequest) -> bool:
