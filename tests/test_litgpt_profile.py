@@ -181,3 +181,28 @@ def test_qlora_head_is_4bit_and_dequantizes_through_fp16() -> None:
     # The head is the largest 4-bit weight: dequantized to fp16 (lightning quantized it from
     # fp16), then cast to bf16 beside it.
     assert dequantized_weight_bytes(request) == 128256 * 4096 * (2 + 2)
+
+
+def test_lora_mlp_on_a_gpt_mlp_wraps_fc_and_proj_as_up_and_down() -> None:
+    from zeroplan.core.finetune.units import trainable_parameters
+    from zeroplan.core.params import parameter_units
+    from zeroplan.emit.formats import litgpt_command
+    from zeroplan.specs.finetune import check_finetune
+
+    phi2 = get_model(str(FIXTURES / "phi-2.json"))
+    t = LoraTarget
+    finetune = FineTuneSpec(lora_rank=8, lora_targets=(t.q, t.k, t.v, t.o, t.up, t.down, t.output))
+    check_finetune(finetune, phi2, Framework.litgpt, 1)
+    # litgpt/lora.py at 00af8b0: per block the fused qkv adapter (A 3r x h, B 3h x r), proj's
+    # (r x h, h x r), GptNeoxMLP fc's (r x h, f x r) and proj's (r x f, h x r); the head's (r x h, V x r).
+    h, f, r, v = 2560, 10240, 8, 51200
+    per_block = 2 * 3 * r * h + 2 * r * h + (r * h + f * r) + (r * f + h * r)
+    assert trainable_parameters(parameter_units(phi2), finetune, Framework.litgpt) == 32 * per_block + r * h + v * r
+    request = PlanRequest(model=phi2, batch=BatchSpec(seq_len=S, micro_batch_size=B),
+                          training=TrainingSpec(framework=Framework.litgpt, precision=Precision.bf16_pure, finetune=finetune),
+                          cluster=cluster_from_gpus(get_gpu("a10g"), 1), strategy=StrategySpec(kind=StrategyKind.ddp))
+    assert "--lora_mlp true" in litgpt_command(request)
+    with pytest.raises(ZeroplanError, match="'up': phi-2 has no such layer"):
+        check_finetune(finetune, phi2, Framework.hf, 1)
+    with pytest.raises(ZeroplanError, match="'gate': phi-2 has no such layer"):
+        check_finetune(FineTuneSpec(lora_rank=8, lora_targets=(t.q, t.gate)), phi2, Framework.litgpt, 1)
