@@ -302,6 +302,11 @@ def dequantized_weight_bytes(request: PlanRequest) -> int:
         return largest_quantized_elements(request) * int8_kept_input_bytes(request)
     if request.training.framework is Framework.litgpt:
         return largest_quantized_elements(request) * litgpt_dequantized_element_bytes(request)
+    if request.training.framework is Framework.torchtune and request.training.compile:
+        # Compiled, the backward dequantizes nothing: it reads the bf16 weights the forward wrote
+        # (COMPILED_NF4_DEQUANTIZE_COPIES), which the block keeps (zeroplan.core.compiled
+        # compiled_lora_delta_bytes) or its recomputation rebuilds (the recompute term).
+        return 0
     return largest_quantized_elements(request) * request.training.precision.compute_bytes * nf4_dequantize_copies(request)
 
 
@@ -325,9 +330,19 @@ def litgpt_dequantized_element_bytes(request: PlanRequest) -> int:
 TORCHAO_NF4_DEQUANTIZE_COPIES = 7
 
 
+# Compiled (torchtune's recipes compile each decoder layer), inductor fuses get_original_weight's
+# unpacking, lookup and scaling into the kernel that writes the bf16 weight: the generated
+# forward of torchtune 0.6.1's FrozenNF4Linear allocates one weight-sized bf16 buffer, which it
+# saves for the backward, and the generated backward none (measured from inductor's CPU code:
+# benchmarks/compiled_nf4_dequantize.py).
+COMPILED_NF4_DEQUANTIZE_COPIES = 1
+
+
 def nf4_dequantize_copies(request: PlanRequest) -> int:
     """Compute-dtype copies of a weight its dequantization holds at its peak."""
-    return TORCHAO_NF4_DEQUANTIZE_COPIES if request.training.framework is Framework.torchtune else 1
+    if request.training.framework is not Framework.torchtune:
+        return 1
+    return COMPILED_NF4_DEQUANTIZE_COPIES if request.training.compile else TORCHAO_NF4_DEQUANTIZE_COPIES
 
 
 def largest_quantized_elements(request: PlanRequest) -> int:
