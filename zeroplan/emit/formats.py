@@ -496,9 +496,12 @@ def litgpt_command(request: PlanRequest) -> str:
     args += [f"--lora_r {finetune.lora_rank}", f"--lora_alpha {finetune.lora_rank * finetune.scaling:g}",
              f"--lora_dropout {finetune.lora_dropout:g}"]
     for flag, wrapped in _LITGPT_LORA_FLAGS:
+        if flag == "lora_mlp" and not request.model.mlp.gated:
+            wrapped = (LoraTarget.up, LoraTarget.down)  # GptNeoxMLP's fc and proj
         present = [t in targets for t in wrapped]
         if any(present) and not all(present):
-            raise NotApplicable("litgpt's lora_mlp wraps every MLP linear or none (allowed: gate, up and down together)")
+            raise NotApplicable("litgpt's lora_mlp wraps every MLP linear or none (allowed: "
+                                f"{', '.join(t.value for t in wrapped)} together)")
         args.append(f"--{flag} {str(all(present)).lower()}")
     if finetune.quantize is Quantization.nf4:
         args.append(f"--quantize bnb.nf4{'-dq' if finetune.double_quant else ''}")
