@@ -182,6 +182,23 @@ def test_accelerate_yaml_round_trips(tmp_path: Path, strategy: str, checkpointin
         assert distributed == "MULTI_GPU"
 
 
+@pytest.mark.parametrize("extra", [(), ("--use-cache",)])
+def test_hf_fsdp_checkpointing_readme_says_what_the_plan_assumed_of_the_kv_cache(tmp_path: Path, extra) -> None:
+    """accelerate's fsdp_activation_checkpointing leaves transformers' use_cache=True on: the README
+    says to load the model without its cache when the plan has none, and that it was planned
+    with the cache when --use-cache was given; runs without checkpointing get no such line."""
+    base = ("llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", "--framework", "hf", "--strategies", "fsdp-full-shard",
+            "--flat-reserve")
+    emit(planned(*base, "--activation-checkpointing", "full", *extra), tmp_path / "ac")
+    text = (tmp_path / "ac" / "README.md").read_text()
+    if extra:
+        assert "planned with --use-cache" in text and "use_cache=False" not in text
+    else:
+        assert "from_pretrained(..., use_cache=False)" in text
+    emit(planned(*base, "--activation-checkpointing", "none"), tmp_path / "plain")
+    assert "KV cache" not in (tmp_path / "plain" / "README.md").read_text()
+
+
 def test_accelerate_refuses_what_it_cannot_express() -> None:
     run = planned("llama-3.1-8b", "--gpus", "8", "--framework", "torchtitan", "--strategies", "fsdp-full-shard",
                   "--flat-reserve")
