@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import argparse
 
-from zeroplan.specs import PerformanceAssumptions
-
-DEFAULT_HFU = PerformanceAssumptions.model_fields["hardware_flops_utilization"].default
+DEFAULT_HFU = None
+"""--hfu left out (zeroplan.cli.fit.DEFAULT_HFU)."""
 
 
 def add_efficiency_file_argument(parser: argparse.ArgumentParser) -> None:

@@ -277,7 +277,8 @@ def add_fused_loss_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-DEFAULT_HFU = PerformanceAssumptions.model_fields["hardware_flops_utilization"].default
+DEFAULT_HFU = None
+"""--hfu left out: the fitted default of the request's mechanism (zeroplan.core.default_efficiency)."""
 
 
 def add_efficiency_arguments(parser: argparse.ArgumentParser) -> None:
@@ -285,7 +286,9 @@ def add_efficiency_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--hfu", type=positive_float, default=DEFAULT_HFU,
         help="hardware FLOPs utilisation: the fraction of peak bf16 FLOP/s at which the FLOPs the GPU executes "
-             f"(recomputation included) run (default {DEFAULT_HFU:g}); MFU is reported, not an input",
+             "(recomputation included) run (default: the HFU fitted on published rows for the GPU generation and "
+             "attention kernel, zeroplan.core.default_efficiency; 0.4 for a GPU without rows); MFU is reported, "
+             "not an input",
     )
     parser.add_argument(
         "--compute-model", choices=("hfu", "roofline"), default="hfu",
@@ -457,7 +460,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
             "mfu", "is no longer an input: give --hfu (executed FLOPs over peak; a published MFU converts as "
             "HFU = MFU x executed / model FLOPs, docs/communication-time.md 'Compute'); MFU is in the output",
         )
-    if args.hfu > 1:
+    if args.hfu is not None and args.hfu > 1:
         raise ZeroplanError("hfu", f"must be in (0, 1], got {args.hfu}")
     if args.compute_model == "roofline":
         if args.hfu != DEFAULT_HFU:

@@ -115,13 +115,16 @@ class MemoryAssumptions(Frozen):
 class PerformanceAssumptions(Frozen):
     """Named assumptions of the step-time model (docs/communication-time.md)."""
 
-    hardware_flops_utilization: float = Field(default=0.4, gt=0.0, le=1.0)
+    hardware_flops_utilization: float | None = Field(default=None, gt=0.0, le=1.0)
     """Fraction of the GPU's peak bf16 throughput at which the FLOPs the GPU executes run
     (zeroplan.core.flops: recomputation and causal attention as the kernels run them): HFU in
     PaLM's terms (Chowdhery et al. 2022, Appendix B). Compute time = executed FLOPs / (peak x
     this). A published MFU converts to it with
-    zeroplan.core.flops.hardware_utilization_from_model_utilization. 0.4 is a round figure, not
-    fitted (docs/communication-time.md, "Compute")."""
+    zeroplan.core.flops.hardware_utilization_from_model_utilization. None (the default): the
+    fitted default of the request's mechanism, GPU generation x kernel class
+    (zeroplan.core.default_efficiency, fitted on the published throughput rows; the flat 0.4,
+    a round figure, where no published row ran that generation or its compute die;
+    docs/communication-time.md, "Compute")."""
     compute_model: str = Field(default="hfu", pattern="^(hfu|roofline)$")
     """How compute is timed: 'hfu', every executed FLOP at hardware_flops_utilization x peak;
     'roofline', kernel by kernel against the GPU's measured ceilings (zeroplan.core.roofline:

@@ -12,6 +12,9 @@ import functools
 import statistics
 
 from zeroplan.calibrate.step import planned_step, solve_hfu
+from zeroplan.core.default_efficiency import (
+    FLAT_HFU, DefaultEfficiencyTable, GenerationCompute, MechanismHfu, fit_mechanisms, generation_of, resolve,
+)
 from zeroplan.specs import AttentionKernel, PerformanceAssumptions
 from zeroplan.specs.base import Frozen
 from zeroplan.validate.step_time import PublishedThroughput, PublishedThroughputTable, load_published_throughput
@@ -31,9 +34,6 @@ def stack_of(row: PublishedThroughput) -> str:
     return row.stack or row.source_url.split("/")[4].lower()
 
 
-def generation_of(gpu: str) -> str:
-    """The GPU generation of a catalog name: a100-40gb and a100-80gb are both a100."""
-    return gpu.split("-")[0]
 
 
 def attention_class_of(row: PublishedThroughput) -> str:
@@ -43,14 +43,19 @@ def attention_class_of(row: PublishedThroughput) -> str:
     return row.attention_implementation.value
 
 
+def compiled_untimed_of(row: PublishedThroughput) -> bool:
+    """The row compiled and its timed request does not (zeroplan.core.default_efficiency.compiled_untimed):
+    a compile the planner times (zeroplan.core.compiled_time) is a modelled mechanism, and the HFU
+    solved on such a row is an eager step's, the same mechanism as its eager peers'."""
+    return row.compile and not row.request().training.compile
+
+
 def kernel_class_of(row: PublishedThroughput) -> str:
     """The row's kernel class (zeroplan.core.stack_time.kernel_class): its attention kernel and
-    whether it compiled with compile left out of its timed request. A compile the planner times
-    (zeroplan.core.compiled_time) is a modelled mechanism: the HFU solved on such a row is an
-    eager step's, the same mechanism as its eager peers'."""
+    whether it compiled with compile left out of its timed request (compiled_untimed_of)."""
     from zeroplan.core.stack_time import kernel_class
 
-    return kernel_class(attention_class_of(row), row.compile and not row.request().training.compile)
+    return kernel_class(attention_class_of(row), compiled_untimed_of(row))
 
 
 def source_label(row: PublishedThroughput) -> str:
@@ -154,25 +159,52 @@ def mechanism_hfu(held_out: str, implied: dict[str, float], rows: tuple[Publishe
     rows of that mechanism in every source but ``held_out``; the default where there are none."""
     peers = [implied[row.name] for row in rows
              if source_of(row) != held_out and generation_of(row.gpu) == generation and stack_of(row) == stack]
-    return statistics.median(peers) if peers else PerformanceAssumptions().hardware_flops_utilization
+    return statistics.median(peers) if peers else FLAT_HFU
 
 
-# One efficiency per kernel class per GPU generation (zeroplan.core.stack_time): the median HFU
-# calibrate step solves on that mechanism's rows in the other sources. Where no other source ran
-# that class on that generation, the next coarser mechanism is used: the attention kernel alone
-# (compiled or not), then the generation alone, then the default; nothing is keyed by a row.
+# One efficiency per kernel class per GPU generation (zeroplan.core.default_efficiency): the
+# median HFU calibrate step solves on that mechanism's rows. Where no row ran that class on that
+# generation, the next coarser mechanism is used: the attention kernel alone (compiled or not),
+# then the generation alone; a generation without rows takes a fitted one of the same compute
+# die, else the flat HFU; nothing is keyed by a row. The shipped default is this fit on every
+# row; each accuracy figure is this fit on the other sources only.
+def fit_default_efficiency(implied: dict[str, float], rows: tuple[PublishedThroughput, ...],
+                           held_out: str | None = None) -> tuple[MechanismHfu, ...]:
+    """The mechanisms fitted on ``rows`` but ``held_out``'s (None: every row) and those calibrate
+    step refuses (not in ``implied``)."""
+    return fit_mechanisms((generation_of(row.gpu), attention_class_of(row), compiled_untimed_of(row), implied[row.name],
+                           source_of(row)) for row in rows if source_of(row) != held_out and row.name in implied)
+
+
+def generation_computes(rows: tuple[PublishedThroughput, ...]) -> tuple[GenerationCompute, ...]:
+    """The compute die of each generation the rows ran on."""
+    dies = {}
+    for row in rows:
+        gpu = row.gpu_spec
+        dies[generation_of(gpu.name)] = GenerationCompute(
+            generation=generation_of(gpu.name), architecture=gpu.architecture.value if gpu.architecture else "",
+            peak_bf16_flops_per_s=gpu.peak_bf16_flops_per_s)
+    return tuple(dies[generation] for generation in sorted(dies))
+
+
 def kernel_mechanism_hfu(held_out: str, implied: dict[str, float], rows: tuple[PublishedThroughput, ...],
                          row: PublishedThroughput) -> float:
     """The HFU of ``row``'s kernel class on its GPU generation, fitted leave-one-source-out."""
-    others = [peer for peer in rows if source_of(peer) != held_out and generation_of(peer.gpu) == generation_of(row.gpu)
-              and peer.name in implied]  # a row calibrate step refuses is no peer
-    for same in (lambda peer: kernel_class_of(peer) == kernel_class_of(row),
-                 lambda peer: attention_class_of(peer) == attention_class_of(row),
-                 lambda peer: True):
-        peers = [implied[peer.name] for peer in others if same(peer)]
-        if peers:
-            return statistics.median(peers)
-    return PerformanceAssumptions().hardware_flops_utilization
+    return _loso_fit(held_out, tuple(sorted(implied.items())), rows, row)
+
+
+@functools.lru_cache(maxsize=4096)
+def _loso_fit(held_out: str, implied: tuple[tuple[str, float], ...], rows: tuple[PublishedThroughput, ...],
+              row: PublishedThroughput) -> float:
+    mechanisms = _held_out_fit(held_out, implied, rows)
+    return resolve(mechanisms, generation_computes(rows), row.gpu_spec, attention_class_of(row),
+                   compiled_untimed_of(row)).hfu
+
+
+@functools.lru_cache(maxsize=64)
+def _held_out_fit(held_out: str, implied: tuple[tuple[str, float], ...],
+                  rows: tuple[PublishedThroughput, ...]) -> tuple[MechanismHfu, ...]:
+    return fit_default_efficiency(dict(implied), rows, held_out)
 
 
 def calibration_study(table: PublishedThroughputTable | None = None) -> tuple[tuple[SourceCalibration, ...], tuple[RowError, ...]]:
@@ -183,8 +215,9 @@ def calibration_study(table: PublishedThroughputTable | None = None) -> tuple[tu
 @functools.lru_cache(maxsize=2)
 def _study(table: PublishedThroughputTable) -> tuple[tuple[SourceCalibration, ...], tuple[RowError, ...]]:
     rows = table.rows
-    implied = {row.name: implied_hfu(row) for row in rows}
-    assert len(implied) == len(rows), "row names must be unique"
+    assert len({row.name for row in rows}) == len(rows), "row names must be unique"
+    implied = mode_implied_hfus("matmul", table)
+    assert len(implied) == len(rows), "calibrate step refuses no row under the matmul attention rate"
     by_source: dict[str, list[PublishedThroughput]] = {}
     for row in rows:
         by_source.setdefault(source_of(row), []).append(row)
@@ -193,7 +226,7 @@ def _study(table: PublishedThroughputTable) -> tuple[tuple[SourceCalibration, ..
         if len(members) >= MIN_SOURCE_ROWS:
             anchor = calibration_row(members)
             calibrations[source] = (anchor, implied[anchor.name])
-    default_hfu = PerformanceAssumptions().hardware_flops_utilization
+    default_hfu = FLAT_HFU
     errors = []
     for row in rows:
         source = source_of(row)
@@ -250,19 +283,27 @@ class AttentionRateFigures(Frozen):
     sources under this mode (kernel_mechanism_hfu; refused rows are no peers but are scored)."""
 
 
-@functools.lru_cache(maxsize=4)
-def attention_rate_figures(mode: str, table: PublishedThroughputTable | None = None) -> AttentionRateFigures:
-    """The calibrated and default figures of the rows under attention-rate ``mode``."""
+@functools.lru_cache(maxsize=8)
+def mode_implied_hfus(mode: str, table: PublishedThroughputTable) -> dict[str, float]:
+    """The HFU calibrate step solves on each row under attention-rate ``mode``; the rows it
+    refuses (a published step shorter than the planner's at HFU 1) are left out."""
     from zeroplan.errors import ZeroplanError
 
-    rows = (table or load_published_throughput()).rows
     implied: dict[str, float] = {}
-    refused = []
-    for row in rows:
+    for row in table.rows:
         try:
             implied[row.name] = solve_hfu(_with_attention_rate(row.request(), mode), published_step_s(row))
         except ZeroplanError:
-            refused.append(row.name)
+            pass
+    return implied
+
+
+@functools.lru_cache(maxsize=4)
+def attention_rate_figures(mode: str, table: PublishedThroughputTable | None = None) -> AttentionRateFigures:
+    """The calibrated and default figures of the rows under attention-rate ``mode``."""
+    rows = (table or load_published_throughput()).rows
+    implied = mode_implied_hfus(mode, table or load_published_throughput())
+    refused = [row.name for row in rows if row.name not in implied]
     by_source: dict[str, list[PublishedThroughput]] = {}
     for row in rows:
         by_source.setdefault(source_of(row), []).append(row)
@@ -283,3 +324,36 @@ def attention_rate_figures(mode: str, table: PublishedThroughputTable | None = N
               for row in rows]
     return AttentionRateFigures(mode=mode, per_source=tuple(per_source), calibrated=tuple(calibrated),
                                 default=tuple(default), refused=tuple(refused), kernel_class=tuple(kernel))
+
+
+REGENERATE = "python benchmarks/step_time_accuracy.py --write-default-efficiency"
+"""The command that writes zeroplan/core/data/default_efficiency.json from the published rows."""
+
+
+def default_efficiency_table(table: PublishedThroughputTable | None = None) -> DefaultEfficiencyTable:
+    """The shipped default efficiency (zeroplan.core.default_efficiency): every mechanism fitted
+    on every published row, under each attention-rate mode, with the rows' file hash and sources."""
+    import hashlib
+
+    from zeroplan.validate.step_time import PUBLISHED_THROUGHPUT_FILE
+
+    table = table or load_published_throughput()
+    counts: dict[str, int] = {}
+    for row in table.rows:
+        counts[source_of(row)] = counts.get(source_of(row), 0) + 1
+    root = PUBLISHED_THROUGHPUT_FILE.parents[3]
+    return DefaultEfficiencyTable(
+        description=("One HFU per GPU generation x kernel class (attention kernel; compiled where the planner does "
+                     "not time compile), at each coarser level too (attention kernel alone, generation alone): the "
+                     "median of the HFUs zeroplan calibrate step solves on the published rows of that mechanism, "
+                     "rows it refuses left out, where they come from at least two sources (MIN_MECHANISM_SOURCES). The "
+                     "planner's default when neither --hfu nor --efficiency is given "
+                     "(zeroplan.core.default_efficiency); its accuracy is measured leave-one-source-out by "
+                     "benchmarks/step_time_accuracy.py, never on this in-sample fit."),
+        regenerate=REGENERATE,
+        published_rows=str(PUBLISHED_THROUGHPUT_FILE.relative_to(root)),
+        published_rows_sha256=hashlib.sha256(PUBLISHED_THROUGHPUT_FILE.read_bytes()).hexdigest(),
+        sources=tuple(f"{source}: {count} rows" for source, count in sorted(counts.items())),
+        generations=generation_computes(table.rows),
+        mechanisms={mode: fit_default_efficiency(mode_implied_hfus(mode, table), table.rows) for mode in ATTENTION_RATES},
+    )
