@@ -92,3 +92,12 @@ def test_compare_labels_the_time_basis(zeroplan_cli) -> None:
     assert "(a100, flash-attn-2, not compiled: median of 14 published rows, 4 sources)" in lines[("a100-80gb", ())]
     assert "leave-one-source-out" not in lines[("b200", ())] and "flat HFU 0.4 (b200" in lines[("b200", ())]
     assert "HFU 0.4 as given (--hfu)" in lines[("a100-80gb", ("--hfu", "0.4"))]
+
+
+def test_the_readme_quotes_the_fitted_defaults_band() -> None:
+    from pathlib import Path
+
+    from zeroplan.calibrate.step import DEFAULT_BAND
+
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    assert f"median error {DEFAULT_BAND[0]:.1%} (max {DEFAULT_BAND[1]:.1%})".replace("%", " %") in readme

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from zeroplan.core.default_efficiency import default_hfu
 from zeroplan.core.flops import (
     StepFlops, attention_forward_flops_per_token, hardware_utilization_from_model_utilization,
     layers_linear_forward_flops_per_token, model_flops_per_token, recompute_flops_per_token, step_flops,
@@ -129,8 +130,10 @@ def test_step_time_reports_throughput_and_mfu() -> None:
     request = _request(ActivationCheckpointing.full, micro=2, accum=3)
     t = step_time(request, ())
     peak = request.cluster.gpu.peak_bf16_flops_per_s
-    assert t.compute_s == pytest.approx(t.executed_flops / (peak * PerformanceAssumptions().hardware_flops_utilization))
+    # Without an HFU the request's fitted default applies (zeroplan.core.default_efficiency).
+    hfu = default_hfu(request).hfu
+    assert t.compute_s == pytest.approx(t.executed_flops / (peak * hfu))
     assert t.tokens_per_s_per_gpu == pytest.approx(2 * 3 * S / t.step_with_overlap_s)
     assert t.model_flops_utilization == pytest.approx(t.model_flops / (t.step_with_overlap_s * peak))
     # Full recomputation executes more than the model FLOPs count, so MFU falls below the HFU.
-    assert t.model_flops_utilization < PerformanceAssumptions().hardware_flops_utilization
+    assert t.model_flops_utilization < hfu
