@@ -544,7 +544,7 @@ def _run(args: argparse.Namespace, compare: bool) -> int:
         sys.stdout.write(report.to_dataframe().to_csv())
     else:
         sys.stdout.write(_rendered(report, args, compare) + "\n")
-        if compare and args.explain is None:
+        if args.explain is None:  # fit's tok/s/GPU column rests on the same basis as compare's
             from zeroplan.cli.efficiency import time_basis
 
             sys.stdout.write(time_basis(args, request) + "\n")
