@@ -107,7 +107,7 @@ print(time_basis_line(request_for(), None, None, hfu_given=False))"""),
     ("markdown", """The trade-off in one picture: peak memory against step time, on both networks. On NVLink
 ZeRO-3 costs next to nothing and DeepSpeed's ZeRO-1/2, which reduce their gradients outside the
 backward by default (overlap_comm off below stage 3), 0.27 s; on InfiniBand DDP and HSDP leave
-1.7-2.0 s of each step waiting on the network, ZeRO-1/2 2.7 s, ZeRO-3 and FSDP 0.2-1.0 s. Offload is slower in the single node because
+1.7-2.0 s of each step waiting on the network, ZeRO-1/2 2.7 s, ZeRO-3 and FSDP 0.2-1.1 s. Offload is slower in the single node because
 its 8 GPUs share one host's CPUs for the optimizer step (1.5 s against 0.2 s with a host per GPU)."""),
     ("code", """plots.tradeoff_figure(networks);"""),
     ("markdown", """The same plans with compute timed kernel by kernel (`compute_model="roofline"`: matrix

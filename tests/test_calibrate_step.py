@@ -79,7 +79,7 @@ def test_compare_and_plan_say_calibrated_or_default(capsys, tmp_path: Path) -> N
                         "--detail")
     assert code == 0
     line = text.splitlines()[-1]
-    assert line.startswith("step time: calibrated, HFU 0.345 from ") and "band" in line
+    assert line.startswith("step time: calibrated, HFU 0.390 from ") and "band" in line
     code, text, _ = run(capsys, "compare", "llama-3.1-70b", "--gpus", "64", "--gpu", "h100-80gb", "--detail")
     assert text.splitlines()[-1].startswith("step time: fitted default HFU ")
     assert ("(h100, flash-attn-2: median of 12 published rows, 2 sources; its kernel class has rows of fewer than 2 "
@@ -89,7 +89,7 @@ def test_compare_and_plan_say_calibrated_or_default(capsys, tmp_path: Path) -> N
     code, text, err = run(capsys, "plan", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", "--global-batch", "16",
                           "--no-model-parallel", "--top", "2", "--efficiency", str(out), "--detail")
     assert code == 0, err
-    assert "step time: calibrated, HFU 0.345" in text
+    assert "step time: calibrated, HFU 0.390" in text
 
 
 @pytest.mark.parametrize("extra, needle", [

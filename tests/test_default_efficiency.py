@@ -57,7 +57,7 @@ def _request(gpu: str, hfu: float | None = None, attention_kernel: AttentionKern
 def test_a_request_without_an_hfu_is_timed_at_its_mechanisms_fitted_hfu() -> None:
     request = _request("a100-80gb")
     fitted = default_hfu(request)
-    shipped = {(m.generation, m.attention, m.compiled): m.hfu for m in default_table().mechanisms["matmul"]}
+    shipped = {(m.generation, m.attention, m.compiled): m.hfu for m in default_table().mechanisms[request.performance.attention_rate]}
     assert fitted.level == "kernel class" and fitted.hfu == shipped[("a100", "flash-attn-2", False)]
     assert effective_hfu(request) == fitted.hfu
     assert plan(request).time.compute_s == pytest.approx(plan(_request("a100-80gb", fitted.hfu)).time.compute_s, rel=1e-12)
@@ -94,10 +94,13 @@ def test_compare_labels_the_time_basis(zeroplan_cli) -> None:
     assert "HFU 0.4 as given (--hfu)" in lines[("a100-80gb", ("--hfu", "0.4"))]
 
 
-def test_the_readme_quotes_the_fitted_defaults_band() -> None:
+def test_the_readme_quotes_the_fitted_default_and_calibrated_bands() -> None:
     from pathlib import Path
 
     from zeroplan.calibrate.step import DEFAULT_BAND
 
     readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
     assert f"median error {DEFAULT_BAND[0]:.1%} (max {DEFAULT_BAND[1]:.1%})".replace("%", " %") in readme
+    from zeroplan.calibrate.step import CALIBRATED_BAND
+
+    assert f"median error {CALIBRATED_BAND[0]:.1%} (max {CALIBRATED_BAND[1]:.1%})".replace("%", " %") in readme

@@ -40,6 +40,8 @@ def _request(checkpointing=ActivationCheckpointing.none, kernel=AttentionKernel.
         batch=BatchSpec(micro_batch_size=micro, seq_len=S, grad_accum_steps=accum),
         cluster=cluster_from_gpus(get_gpu("h100-80gb"), 1),
         strategy=StrategySpec(kind=StrategyKind.ddp),
+        # Every executed FLOP at one rate: the identities below are the flat-HFU model's.
+        performance=PerformanceAssumptions(attention_rate="matmul"),
     )
 
 
@@ -120,7 +122,8 @@ def test_published_mfu_converts_to_the_hfu_that_gives_the_same_compute_time() ->
         request = _request(mode)
         flops = step_flops(request)
         hfu = hardware_utilization_from_model_utilization(0.5, flops)
-        timed = request.model_copy(update={"performance": PerformanceAssumptions(hardware_flops_utilization=hfu)})
+        timed = request.model_copy(update={"performance": PerformanceAssumptions(hardware_flops_utilization=hfu,
+                                                                                 attention_rate="matmul")})
         forward_s, backward_s = compute_time_s(flops, timed)
         peak = request.cluster.gpu.peak_bf16_flops_per_s
         assert forward_s + backward_s == pytest.approx(flops.model_flops / (0.5 * peak), rel=1e-12)

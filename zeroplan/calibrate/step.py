@@ -28,7 +28,7 @@ from zeroplan.specs.request import PlanRequest
 
 EFFICIENCY_KIND = "zeroplan-step-efficiency"
 
-CALIBRATED_BAND: tuple[float, float] | None = (0.146, 0.599)
+CALIBRATED_BAND: tuple[float, float] | None = (0.102, 0.466)
 """(median, max) |error| of tokens/s/GPU when each published source with at least three rows is
 calibrated on its row of fewest GPUs and predicts its other rows (benchmarks/step_time_accuracy.py,
 docs/validation.md "Calibrated from one measured step"; tests/test_step_calibration.py ties it to
@@ -42,8 +42,8 @@ DEFAULT_BANDS: dict[str, tuple[float, float]] = {
 efficiency fitted on the other sources only (leave-one-source-out; benchmarks/step_time_accuracy.py,
 tests/test_step_calibration.py ties them to the printed figures)."""
 
-DEFAULT_BAND: tuple[float, float] | None = DEFAULT_BANDS["matmul"]
-"""The fitted default's band under the default attention rate (matmul)."""
+DEFAULT_BAND: tuple[float, float] | None = DEFAULT_BANDS["published"]
+"""The fitted default's band under the default attention rate (published)."""
 
 FLAT_BAND: tuple[float, float] | None = (0.217, 0.868)
 """(median, max) |error| of tokens/s/GPU at the flat HFU 0.4 (the default of a GPU without rows
@@ -109,7 +109,8 @@ class StepEfficiency(Frozen):
     """The measured configuration."""
     attention_rate: Literal["matmul", "published", "kernel"] = "matmul"
     """PerformanceAssumptions.attention_rate the HFU was solved under (the HFU is the matrix
-    products' under 'published' and 'kernel'); --efficiency applies it only under the same."""
+    products' under 'published' and 'kernel'); --efficiency applies it only under the same. A
+    file without it was written when 'matmul' was the only rate."""
     predicted_compute_s: float = Field(ge=0)
     """Compute of the source configuration at the fitted HFU, seconds."""
     predicted_communication_s: float = Field(ge=0)

@@ -297,9 +297,9 @@ def add_efficiency_arguments(parser: argparse.ArgumentParser) -> None:
              "step included; a100-40gb, a100-80gb, h100-80gb, h200-141gb)",
     )
     parser.add_argument(
-        "--attention-rate", choices=("matmul", "published", "kernel"), default="matmul",
-        help="rate of attention's own FLOPs under --compute-model hfu: matmul (at --hfu like every FLOP, the "
-             "default), published (--hfu x the kernel's published rate relative to the GPU's matmul rate) or "
+        "--attention-rate", choices=("matmul", "published", "kernel"), default="published",
+        help="rate of attention's own FLOPs under --compute-model hfu: matmul (at --hfu like every FLOP), "
+             "published (--hfu x the kernel's published rate relative to the GPU's matmul rate, the default) or "
              "kernel (the kernel's published TFLOP/s); docs/communication-time.md, 'Compute'",
     )
     from zeroplan.cli.efficiency import add_efficiency_file_argument
@@ -476,7 +476,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         hfu = efficiency_hfu(args, cluster.gpu.name, framework)
     performance = PerformanceAssumptions(
         hardware_flops_utilization=hfu, algorithm=args.algorithm, bandwidth=args.bandwidth,
-        compute_model=args.compute_model, attention_rate=getattr(args, "attention_rate", "matmul"),
+        compute_model=args.compute_model, attention_rate=getattr(args, "attention_rate", "published"),
         overlap_grad_reduce=getattr(args, "overlap_grad_reduce", None),
         overlap_param_gather=getattr(args, "overlap_param_gather", False),
         tp_comm_overlap=getattr(args, "tp_comm_overlap", False),

@@ -1,7 +1,9 @@
 """How well a calibrated step time predicts published throughput (docs/validation.md, "Step
 time"): per published source, the HFU ``zeroplan calibrate step`` solves on one row predicts the
-source's other rows; and, leave-one-source-out, the default HFU and an HFU fitted per mechanism
-(GPU generation x training stack) on the other sources only.
+source's other rows; and, leave-one-source-out, the flat HFU 0.4 (every FLOP at it) and HFUs fitted
+per mechanism (GPU generation x training stack, and the planner's fitted default, GPU generation x
+kernel class) on the other sources only. Calibrated and fitted figures time the planner's default
+attention rate (DEFAULT_ATTENTION_RATE); attention_rate_figures compares the modes.
 
 Rules the figures keep: what is fitted is per mechanism, never per row; the row a calibration is
 solved on is never among the rows it is scored on; every figure is out of sample."""
@@ -69,14 +71,24 @@ def published_step_s(row: PublishedThroughput) -> float:
     return row.tokens_per_step_per_gpu / row.published_tokens_per_s_per_gpu
 
 
-def predicted_tokens_per_s(row: PublishedThroughput, hfu: float) -> float:
-    """The planner's tokens/s/GPU for ``row`` with compute at ``hfu``."""
-    return planned_step(row.request(hfu)).tokens_per_s_per_gpu
+DEFAULT_ATTENTION_RATE = PerformanceAssumptions().attention_rate
+"""The planner's attention-rate mode, which the calibrated and fitted-default figures time."""
+
+
+def default_request(row: PublishedThroughput, hfu: float | None = None):  # type: ignore[no-untyped-def]
+    """``row``'s request under the planner's default attention rate."""
+    return row.request(hfu, attention_rate=DEFAULT_ATTENTION_RATE)
+
+
+def predicted_tokens_per_s(row: PublishedThroughput, hfu: float, attention_rate: str = DEFAULT_ATTENTION_RATE) -> float:
+    """The planner's tokens/s/GPU for ``row`` with compute at ``hfu`` (attention at ``attention_rate``)."""
+    return planned_step(row.request(hfu, attention_rate=attention_rate)).tokens_per_s_per_gpu
 
 
 def implied_hfu(row: PublishedThroughput) -> float:
-    """The HFU ``zeroplan calibrate step`` solves on ``row`` (its published step)."""
-    return solve_hfu(row.request(), published_step_s(row))
+    """The HFU ``zeroplan calibrate step`` solves on ``row`` (its published step) under the
+    planner's default attention rate; a step shorter than the planner's at HFU 1 is refused."""
+    return solve_hfu(default_request(row), published_step_s(row))
 
 
 class RowError(Frozen):
@@ -92,7 +104,7 @@ class RowError(Frozen):
     checkpointing: str
     published_tokens_per_s_per_gpu: float
     default_tokens_per_s_per_gpu: float
-    """At the default HFU (nothing fitted)."""
+    """At the flat HFU 0.4, every FLOP at it (nothing fitted)."""
     loso_hfu: float
     """HFU of the row's mechanism (GPU generation x stack), fitted on the other sources' rows."""
     loso_tokens_per_s_per_gpu: float
@@ -127,7 +139,8 @@ class RowError(Frozen):
 
 
 class SourceCalibration(Frozen):
-    """One source calibrated on its row of fewest GPUs (ties: the first)."""
+    """One source calibrated on its row of fewest GPUs (ties: the first) that calibrate step
+    does not refuse."""
 
     source: str
     label: str
@@ -144,7 +157,7 @@ def published_row_efficiency(row: PublishedThroughput):  # type: ignore[no-untyp
     docs' example, docs/examples/, is one)."""
     from zeroplan.calibrate.step import calibrate_step
 
-    return calibrate_step(row.request(), published_step_s(row), model=f"{row.model} ({stack_of(row)}'s architecture)",
+    return calibrate_step(default_request(row), published_step_s(row), model=f"{row.model} ({stack_of(row)}'s architecture)",
                           note=f"published: {source_of(row)}, row {row.name!r}")
 
 
@@ -157,8 +170,8 @@ def mechanism_hfu(held_out: str, implied: dict[str, float], rows: tuple[Publishe
                   generation: str, stack: str) -> float:
     """The HFU of (generation, stack) fitted leave-one-source-out: the median implied HFU of the
     rows of that mechanism in every source but ``held_out``; the default where there are none."""
-    peers = [implied[row.name] for row in rows
-             if source_of(row) != held_out and generation_of(row.gpu) == generation and stack_of(row) == stack]
+    peers = [implied[row.name] for row in rows if source_of(row) != held_out and generation_of(row.gpu) == generation
+             and stack_of(row) == stack and row.name in implied]
     return statistics.median(peers) if peers else FLAT_HFU
 
 
@@ -216,15 +229,18 @@ def calibration_study(table: PublishedThroughputTable | None = None) -> tuple[tu
 def _study(table: PublishedThroughputTable) -> tuple[tuple[SourceCalibration, ...], tuple[RowError, ...]]:
     rows = table.rows
     assert len({row.name for row in rows}) == len(rows), "row names must be unique"
-    implied = mode_implied_hfus("matmul", table)
-    assert len(implied) == len(rows), "calibrate step refuses no row under the matmul attention rate"
+    # Rows calibrate step refuses under the default attention rate (a published step shorter
+    # than the planner's at HFU 1) are no anchor, no peer and not scored calibrated; the
+    # uncalibrated figures still score them.
+    implied = mode_implied_hfus(DEFAULT_ATTENTION_RATE, table)
     by_source: dict[str, list[PublishedThroughput]] = {}
     for row in rows:
         by_source.setdefault(source_of(row), []).append(row)
     calibrations: dict[str, tuple[PublishedThroughput, float]] = {}
     for source, members in by_source.items():
-        if len(members) >= MIN_SOURCE_ROWS:
-            anchor = calibration_row(members)
+        usable = [row for row in members if row.name in implied]
+        if len(members) >= MIN_SOURCE_ROWS and usable:
+            anchor = calibration_row(usable)
             calibrations[source] = (anchor, implied[anchor.name])
     default_hfu = FLAT_HFU
     errors = []
@@ -233,14 +249,14 @@ def _study(table: PublishedThroughputTable) -> tuple[tuple[SourceCalibration, ..
         loso = mechanism_hfu(source, implied, rows, generation_of(row.gpu), stack_of(row))
         kernel_hfu = kernel_mechanism_hfu(source, implied, rows, row)
         calibrated = calibrated_tokens = None
-        if source in calibrations and calibrations[source][0].name != row.name:
+        if source in calibrations and calibrations[source][0].name != row.name and row.name in implied:
             calibrated = calibrations[source][1]
             calibrated_tokens = predicted_tokens_per_s(row, calibrated)
         errors.append(RowError(
             name=row.name, source=source, label=source_label(row), stack=stack_of(row), gpu=row.gpu, strategy=row.strategy.value,
             checkpointing=row.activation_checkpointing.value,
             published_tokens_per_s_per_gpu=row.published_tokens_per_s_per_gpu,
-            default_tokens_per_s_per_gpu=predicted_tokens_per_s(row, default_hfu),
+            default_tokens_per_s_per_gpu=predicted_tokens_per_s(row, default_hfu, "matmul"),
             loso_hfu=loso, loso_tokens_per_s_per_gpu=predicted_tokens_per_s(row, loso),
             kernel_class=kernel_class_of(row), kernel_hfu=kernel_hfu,
             kernel_tokens_per_s_per_gpu=predicted_tokens_per_s(row, kernel_hfu),

@@ -140,19 +140,21 @@ class PublishedThroughput(Frozen):
     framework profile the memory model cannot compile (fms-fsdp's under the reference
     transformer, torchtune's LoRA with activation offloading) is timed eager."""
 
-    def request(self, hardware_flops_utilization: float | None = None, compute_model: str = "hfu") -> PlanRequest:
+    def request(self, hardware_flops_utilization: float | None = None, compute_model: str = "hfu",
+                attention_rate: str = "matmul") -> PlanRequest:
         """The planner request for this run; the flat HFU 0.4 unless one is given, or the
-        roofline compute model. Its memory is judged on the flat reserve: the step time does
+        roofline compute model; every executed FLOP at the HFU unless ``attention_rate`` says
+        otherwise (zeroplan.validate.step_calibration times the planner's default mode). Its memory is judged on the flat reserve: the step time does
         not depend on it, and the allocator model's replays would be spent for nothing
         (compare_step_time asks the model for the verdict alone)."""
         overlap = {"overlap_grad_reduce": self.overlap_grad_reduce, "overlap_param_gather": self.overlap_param_gather,
                    "tp_comm_overlap": self.tp_comm_overlap}
-        performance = PerformanceAssumptions(compute_model=compute_model, **overlap)
+        performance = PerformanceAssumptions(compute_model=compute_model, attention_rate=attention_rate, **overlap)
         if compute_model == "hfu":
             # The flat HFU unless one is given: the fitted default (zeroplan.core.default_efficiency)
             # was fitted on these rows, so no figure is reported at it in sample.
             performance = PerformanceAssumptions(hardware_flops_utilization=hardware_flops_utilization or FLAT_HFU,
-                                                 **overlap)
+                                                 attention_rate=attention_rate, **overlap)
         return PlanRequest(
             model=self.model_spec,
             training=TrainingSpec(
