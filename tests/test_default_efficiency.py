@@ -85,7 +85,8 @@ def test_the_shipped_table_is_the_fit_of_the_current_rows() -> None:
 def test_compare_labels_the_time_basis(zeroplan_cli) -> None:
     lines = {}
     for gpu, extra in (("a100-80gb", ()), ("b200", ()), ("a100-80gb", ("--hfu", "0.4"))):
-        code, out, _ = zeroplan_cli("compare", "llama-3.1-8b", "--gpus", "8", "--gpu", gpu, "--detail", *extra)
+        code, out, _ = zeroplan_cli("compare", "gpt2", "--gpus", "8", "--gpu", gpu, "--strategies", "ddp", "--detail",
+                                    *extra)
         assert code == 0
         lines[(gpu, extra)] = out.splitlines()[-1]
     assert lines[("a100-80gb", ())].startswith("step time: fitted default HFU ")
@@ -104,3 +105,13 @@ def test_the_readme_quotes_the_fitted_default_and_calibrated_bands() -> None:
     from zeroplan.calibrate.step import CALIBRATED_BAND
 
     assert f"median error {CALIBRATED_BAND[0]:.1%} (max {CALIBRATED_BAND[1]:.1%})".replace("%", " %") in readme
+
+
+def test_json_output_carries_the_time_basis(zeroplan_cli) -> None:
+    import json
+
+    code, out, _ = zeroplan_cli("compare", "gpt2", "--gpus", "8", "--gpu", "b200", "--strategies", "ddp", "--format", "json")
+    assert code == 0 and json.loads(out)["step_time_basis"].startswith("step time: flat HFU 0.4 (b200")
+    code, out, _ = zeroplan_cli("plan", "gpt2", "--gpus", "1", "--gpu", "a100-80gb", "--global-batch", "1",
+                                "--strategies", "ddp", "--no-model-parallel", "--top", "1", "--format", "json")
+    assert code == 0 and json.loads(out)["step_time_basis"].startswith("step time: fitted default HFU")

@@ -539,6 +539,9 @@ def _run(args: argparse.Namespace, compare: bool) -> int:
     request = request_from_args(args)
     report = fit(request, kinds)
     if args.format == "json":
+        from zeroplan.cli.efficiency import time_basis_text
+
+        report = report.model_copy(update={"step_time_basis": time_basis_text(args, request)})
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
     elif args.format == "csv":
         sys.stdout.write(report.to_dataframe().to_csv())
