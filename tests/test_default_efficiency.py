@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from zeroplan.core.default_efficiency import (
-    FLAT_HFU, GenerationCompute, MechanismHfu, default_hfu, default_table, effective_hfu, fit_mechanisms, resolve,
+    FLAT_HFU, GenerationCompute, default_hfu, default_table, effective_hfu, fit_mechanisms, resolve,
 )
 from zeroplan.core.plan import plan
 from zeroplan.presets.gpus import get_gpu
