@@ -115,7 +115,7 @@ class DefaultHfu(Frozen):
             return f"flat HFU {self.hfu:g} ({self.mechanism}: no published rows of its generation or compute die)"
         borrowed = f", {self.borrowed_from}'s fit (same compute die)" if self.borrowed_from else ""
         coarser = ("" if self.level == "kernel class" else
-                   f"; its kernel class has rows of fewer than {MIN_MECHANISM_SOURCES} sources: fitted per {self.level}")
+                   f"; its kernel class has no rows of {MIN_MECHANISM_SOURCES} sources or more: fitted per {self.level}")
         return (f"fitted default HFU {self.hfu:.3f} ({self.mechanism}{borrowed}: median of {self.rows} published rows, "
                 f"{self.sources} sources{coarser})")
 
@@ -157,8 +157,8 @@ def _mechanism(generation: str, attention: str | None, compiled: bool | None) ->
 
 # The fit: at each of the three levels (kernel class, attention kernel, generation) the median
 # of the HFUs solved on the rows of that mechanism, where they come from MIN_MECHANISM_SOURCES
-# sources or more; the same function fits the shipped table
-# on every row and, leave-one-source-out, the tables the accuracy figures are scored with.
+# sources or more; the same function fits the shipped table on every row and,
+# leave-one-source-out, the tables the accuracy figures are scored with.
 def fit_mechanisms(samples: Iterable[tuple[str, str, bool, float, str]]) -> tuple[MechanismHfu, ...]:
     """Mechanisms of (generation, attention class, compiled untimed, solved HFU, source) samples."""
     groups: dict[tuple[str, str | None, bool | None], list[tuple[float, str]]] = {}
@@ -177,6 +177,7 @@ def fit_mechanisms(samples: Iterable[tuple[str, str, bool, float, str]]) -> tupl
 
 def resolve(mechanisms: tuple[MechanismHfu, ...], generations: tuple[GenerationCompute, ...], gpu: GpuSpec,
             attention: str, compiled: bool) -> DefaultHfu:
+    """The HFU of ``attention`` (compiled untimed or not) on ``gpu`` under ``mechanisms`` (_resolve)."""
     return _resolve(mechanisms, generations, gpu.name, _architecture(gpu), gpu.peak_bf16_flops_per_s, attention, compiled)
 
 
