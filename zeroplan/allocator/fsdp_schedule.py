@@ -179,9 +179,12 @@ def record_fsdp_step(request: PlanRequest, states: ModelStateBytes, terms: PeakT
             if not unit.elements:
                 return
             # The previous unit's flat input is held until this reduce-scatter starts
-            # (_fsdp_param_group.py post_backward: comm_ctx.reduce_scatter_state).
+            # (_fsdp_param_group.py post_backward: comm_ctx.reduce_scatter_state). The input is
+            # in the reduce dtype, the gradients copied into it by chunk_cat
+            # (_fsdp_collectives.py:597-603 foreach_reduce: reduce_scatter_comm.allocate(...,
+            # dtype=reduce_dtype)), so fp32 under an fp32 reduce_dtype.
             b.free(pending_input)
-            pending_input[:] = b.alloc(scale)
+            pending_input[:] = b.alloc(unit.elements * wire)
             b.free(unsharded or [])
             output = b.alloc(unit.elements // request.shard_group_size * wire, Stream.reduce_scatter)
             if shares:
