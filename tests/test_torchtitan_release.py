@@ -59,3 +59,30 @@ def test_the_flag_implies_the_unchunked_loss() -> None:
     args = build_parser().parse_args(["fit", "llama-3.1-8b", "--framework", "torchtitan", "--torchtitan-release", "9dec370"])
     training = request_from_args(args, StrategyKind.fsdp_full_shard).training
     assert training.torchtitan_release == "9dec370" and training.unchunked_loss
+
+
+def _events(request: PlanRequest):
+    from zeroplan.core.plan import memory_breakdown, peak_terms
+    from zeroplan.allocator.schedule import step_trace
+
+    trace = step_trace(request, *peak_terms(request))
+    return trace, memory_breakdown(request)[0].allocated_peak_bytes
+
+
+def test_the_schedule_gathers_the_root_once_a_step_and_runs_the_loss_tensor_by_tensor(gpu_80gib) -> None:
+    # The step torchtitan 9dec370 runs (benchmarks/torchtitan_release_step.py on fake tensors):
+    # the root's all-gather once a step, never again for the loss's backward; the loss's
+    # bf16 logits, fp32 upcast and log-softmax, then in backward two fp32 gradients and the bf16
+    # one, each its own allocation; the requested peak still the planner's allocated peak.
+    from zeroplan.allocator.trace import AllocEvent, Stream
+
+    request = _request(gpu_80gib, "9dec370")
+    request = request.model_copy(update={"model": request.model.model_copy(update={"num_layers": 4})})
+    trace, allocated = _events(request)
+    root = 2 * V * H * 2 + H * 2  # embedding, head and norm gathered, bf16 (8 shards divide them)
+    gathers = [e.size_bytes for e in trace.events if isinstance(e, AllocEvent) and e.stream == Stream.all_gather]
+    assert gathers.count(root) == 2  # two steps
+    sbv = 2 * 8192 * V
+    large = [e.size_bytes for e in trace.events if isinstance(e, AllocEvent) and e.size_bytes in (2 * sbv, 4 * sbv)]
+    assert large == 2 * [2 * sbv, 4 * sbv, 4 * sbv, 4 * sbv, 4 * sbv, 2 * sbv]
+    assert trace.requested_peak_bytes() == allocated
