@@ -13,9 +13,9 @@ order FSDP2 issues its allocations (torch 2.13 torch/distributed/fsdp/_fully_sha
   reduce-scatter starts (_fsdp_param_group.py, comm_ctx.reduce_scatter_state);
 - a root unit (embedding and head together) stays gathered through the forward, is gathered
   again for the loss's backward and resharded last; under torchtitan 9dec370 it is never
-  resharded, the last block stays gathered from its forward to its backward, and the
-  unchunked loss runs tensor by tensor as torch's cross-entropy allocates it
-  (_torchtitan_unchunked_loss).
+  resharded and the last block stays gathered from its forward to its backward;
+- torchtitan's unchunked loss runs tensor by tensor as torch's cross-entropy allocates it
+  (_torchtitan_unchunked_loss), the unit holding the head gathered from its forward on.
 
 Two steps are traced, the optimizer states created inside the first (AdamW's lazy state).
 
@@ -38,7 +38,7 @@ from zeroplan.core.parallel.units import rank_parameter_units
 from zeroplan.core.framework_loss import fsdp_chunked_head_bytes, framework_logits_tensors
 from zeroplan.core.fused_cross_entropy import fused_cross_entropy_parts
 from zeroplan.core.parallel.activations import rank_logits_pieces, rank_logits_tensors
-from zeroplan.core.profiles import fsdp_separates_embedding_and_head, loss_chunks, torchtitan_root_holds_head
+from zeroplan.core.profiles import fsdp_separates_embedding_and_head, loss_chunks
 from zeroplan.specs import StrategyKind
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
@@ -131,7 +131,11 @@ def record_fsdp_step(request: PlanRequest, states: ModelStateBytes, terms: PeakT
 
     block_units = units[1:-1] if separate else units[1:]
     loss_tensors = torchtitan_unchunked_loss_tensors(request, terms)
-    held_root = loss_tensors is not None and units[0].head_tensors > 0 and len(block_units) > 0
+    # torchtitan's unit holding the head is not resharded after its forward: 9dec370's root
+    # (apply_fsdp: fully_shard(model) for a root torch never reshards), 0.3.0's [norm, lm_head]
+    # (distributed/fsdp.py:200-207, reshard_after_forward False under the default policy).
+    held_root = loss_tensors is not None and not separate and units[0].head_tensors > 0 and len(block_units) > 0
+    held_head = loss_tensors is not None and separate
     per_block, outside = divmod(terms.activations, blocks)
 
     def backward_gradient_parts(unit: _Unit) -> list[int]:
@@ -170,10 +174,21 @@ def record_fsdp_step(request: PlanRequest, states: ModelStateBytes, terms: PeakT
                 b.free(parameters)
 
         head_gradient: list[int] = []
-        if held_root:
-            # The root stays gathered; the loss's tensors one by one, the head's gradient kept
-            # until the root's own post-backward.
-            head_gradient = _torchtitan_unchunked_loss(b, loss_tensors, backward_gradient_parts(units[0])[-units[0].head_tensors:])
+        head_parameters: list[int] = []
+        prefetched_first: list[int] = []
+        if held_root or held_head:
+            # The head's unit stays gathered; the loss's tensors one by one; the head's gradient
+            # kept until its unit's post-backward (the root's, at the end of backward).
+            head_unit = units[-1] if held_head else units[0]
+            head_parameters = gather(head_unit) if held_head else []
+            head_parts = backward_gradient_parts(head_unit)[-head_unit.head_tensors:] if held_root else backward_gradient_parts(head_unit)
+
+            def pre_backward() -> None:
+                # 0.3.0: the head unit's pre-backward prefetches the last block.
+                if held_head:
+                    prefetched_first[:] = gather(block_units[-1]) if block_units else []
+
+            head_gradient = _torchtitan_unchunked_loss(b, loss_tensors, head_parts, pre_backward)
         else:
             # The root's parameters are resharded after the forward and gathered again at the
             # loss's backward, which the planner's loss term counts (fsdp_head_gathered_bytes).
@@ -218,10 +233,11 @@ def record_fsdp_step(request: PlanRequest, states: ModelStateBytes, terms: PeakT
         order += [(1 + position, position) for position in reversed(range(len(block_units)))]
         order += [(0, None)] if separate else []
         if head_gradient and separate:
-            # The chunked loss has run the head's backward already: its accumulated gradient goes.
+            # The chunked loss (or torchtitan's unchunked one) has run the head's backward
+            # already: its gradient goes, with the parameters the unit held.
             order.pop(0)
-            backward_gradients(len(units) - 1, [], head_gradient)
-        current = last_block if held_root else gather(units[order[0][0]])
+            backward_gradients(len(units) - 1, head_parameters, head_gradient)
+        current = last_block if held_root else prefetched_first if held_head else gather(units[order[0][0]])
         for step, (index, position) in enumerate(order):
             prefetched = gather(units[order[step + 1][0]]) if step + 1 < len(order) else []
             if position is not None:
@@ -333,13 +349,12 @@ def _chunked_loss(request: PlanRequest, b: "TraceBuilder", gather, head: _Unit) 
 
 
 def torchtitan_unchunked_loss_tensors(request: PlanRequest, terms: PeakTerms) -> tuple[int, int] | None:
-    """(the bf16 logits, one fp32 logit-sized tensor) on this rank, for torchtitan 9dec370's
-    unchunked cross-entropy with its root unit (embedding, norm, head) never resharded; None
-    where the schedule keeps to the loss's moments (another release or loss, tensor
-    parallelism's loss_parallel, terms that are not the request's own)."""
+    """(the bf16 logits, one fp32 logit-sized tensor) on this rank, for torchtitan's unchunked
+    cross-entropy (9dec370's, or 0.3.0's with unchunked_loss); None where the schedule keeps to
+    the loss's moments (the chunked loss, tensor parallelism's loss_parallel, terms that are not
+    the request's own)."""
     training = request.training
-    if training.framework is not Framework.torchtitan or not torchtitan_root_holds_head(training) \
-            or request.parallel.tp > 1 or fsdp_separates_embedding_and_head(request):
+    if training.framework is not Framework.torchtitan or not training.unchunked_loss or request.parallel.tp > 1:
         return None
     moments = loss_allocations(request, terms)
     if len(moments) != 1 or len(moments[0]) < 3:
@@ -363,9 +378,10 @@ def torchtitan_unchunked_loss_tensors(request: PlanRequest, terms: PeakTerms) ->
 # the logits (del pred); in backward nll_loss's fp32 gradient and log_softmax's, the first freed
 # and the saved log-softmax with it; the gradient cast to bf16 and the fp32 one freed; the head's
 # weight gradient (kept to the root's post-backward) before the bf16 logit gradient goes.
-def _torchtitan_unchunked_loss(b: "TraceBuilder", tensors: tuple[int, int], head_gradient_parts: list[int]) -> list[int]:
-    """The loss's allocations from the head's logits to the head's backward; returns the head's
-    unsharded gradients."""
+def _torchtitan_unchunked_loss(b: "TraceBuilder", tensors: tuple[int, int], head_gradient_parts: list[int],
+                               pre_backward) -> list[int]:
+    """The loss's allocations from the head's logits to the head's backward (``pre_backward``
+    called when the gradient reaches the head's unit); returns the head's unsharded gradients."""
     logits_bytes, fp32 = tensors
     logits = b.alloc(logits_bytes)
     upcast = b.alloc(fp32)
@@ -378,6 +394,7 @@ def _torchtitan_unchunked_loss(b: "TraceBuilder", tensors: tuple[int, int], head
     b.free(log_softmax)
     logits_gradient = b.alloc(logits_bytes)
     b.free(log_softmax_gradient)
+    pre_backward()
     head_gradient = b.alloc_parts(head_gradient_parts)
     b.free(logits_gradient)
     return head_gradient
