@@ -14,17 +14,19 @@ every storage is replayed through the caching-allocator model under expandable s
     python benchmarks/torchtitan_release_step.py [--world-size 8] [--policy selective-op] [--seq-len 8192] [--micro-batch 2]
 
 About 40-80 s per wrapping on two cores. Llama-3.1-8B, 8 ranks, selective-op, 2 x 8192
-(GiB; requested peak, unlimited reserved peak; the planner's allocated and reserved):
+(GiB; requested peak, unlimited reserved peak; the planner's allocated and reserved, its FSDP2
+schedule replayed the same way):
 
 | wrapping | step: peak | unsharded params | reserved | planner: allocated | reserved | published |
 | --- | ---: | ---: | ---: | ---: | ---: | ---: |
-| 0.3.0 | 68.56 | 0.98 | 78.27 | 68.0 | 73.5 | 82.4 |
-| 9dec370 | 69.94 | 2.36 | 80.51 | 69.4 | 78.1 | 82.4 |
+| 0.3.0 | 68.56 | 0.98 | 78.27 | 68.0 | 77.5 | 82.4 |
+| 9dec370 | 69.94 | 2.36 | 80.51 | 69.4 | 79.6 | 82.4 |
 
-The same at --world-size 128 (published 67.0): 0.3.0 58.04 / 64.20 reserved (planner 57.5 / 59.2),
-9dec370 59.42 / 66.33 (planner 58.9 / 63.5); and at --policy full --seq-len 32768 --micro-batch 1
+The same at --world-size 128 (published 67.0): 0.3.0 58.04 / 64.20 reserved (planner 57.5 / 63.1),
+9dec370 59.42 / 66.33 (planner 58.9 / 65.0); and at --policy full --seq-len 32768 --micro-batch 1
 (the CP 1 row's shape, published 83.9 compiled with float8): 0.3.0 68.92 / 83.11 (planner 67.7 /
-73.2), 9dec370 70.30 / 84.85 (planner 69.1 / 77.7).
+81.1), 9dec370 70.30 / 84.85 (planner 69.1 / 83.2). docs/validation.md, "Published peaks", says
+which allocations set the reserved peak.
 """
 
 from __future__ import annotations
