@@ -232,7 +232,7 @@ def record_fsdp_step(request: PlanRequest, states: ModelStateBytes, terms: PeakT
         order = [(len(units) - 1, None)] if separate else []
         order += [(1 + position, position) for position in reversed(range(len(block_units)))]
         order += [(0, None)] if separate else []
-        if head_gradient and separate:
+        if separate and (head_gradient or held_head):
             # The chunked loss (or torchtitan's unchunked one) has run the head's backward
             # already: its gradient goes, with the parameters the unit held.
             order.pop(0)
