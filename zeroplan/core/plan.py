@@ -551,7 +551,7 @@ def _margin(plan: StrategyPlan) -> str:
 
 
 # benchmarks/allocator_verdict_sweep.py: over 1,440 strategy plans the caching-allocator
-# model's OOM capacity reached at most 1.153 x the allocated peak (1.491 before the loss was
+# model's OOM capacity reached at most 1.160 x the allocated peak (1.491 before the loss was
 # replayed tensor by tensor), so below two thirds of the usable memory it cannot overturn the
 # flat reserve's "fits" there; above, it is asked.
 ALLOCATOR_CHECK_FRACTION = (2, 3)
