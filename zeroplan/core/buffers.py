@@ -3,6 +3,7 @@ temporaries. Each term names the library behaviour it models."""
 
 from __future__ import annotations
 
+from zeroplan.core import deepspeed_epilogue
 from zeroplan.core.deepspeed_accumulation import resident_bytes as deepspeed_resident_bytes
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes
 from zeroplan.core.model_states import (
@@ -180,6 +181,69 @@ def _root_head_gradient_bytes(request: PlanRequest) -> int:
     if training.framework is Framework.torchtitan and not training.unchunked_loss:
         return 0
     return request.model.vocab_size * request.model.hidden_size * element_bytes(training.precision, request.convention).compute_parameter
+
+
+# torch 2.13 _fully_shard: the last unit's post-backward (the root's, run from the root's final
+# callback, _fsdp_state.py:395-420, as its inputs need no gradient) reshards its parameters
+# before reducing (_fsdp_param_group.py:637-638), so no unit is gathered at the end of backward;
+# foreach_reduce (_fsdp_collectives.py:595-612) copies the unit's unsharded gradients into one
+# flat input in the reduce dtype and allocates the sharded output, which becomes the unit's
+# sharded gradient (counted with the gradients). The head's unsharded gradient outlives that
+# reduce-scatter (measured on gloo: the emitted accelerate and torchtitan runs' allocator
+# snapshots free it after the reduce-scatter, and so does a bare fully_shard model, with no
+# Python referrer left), as _root_head_gradient_bytes says it stays to the root's post-backward.
+def _fsdp_last_unit(request: PlanRequest) -> tuple[int, int] | None:
+    """(padded trainable elements of the unit reduced last, the head gradient it holds) under
+    FSDP full sharding without a pipeline; None where the units are not embedding, blocks, head."""
+    kind = request.strategy.kind
+    if kind not in (StrategyKind.fsdp_full_shard, StrategyKind.hsdp) or request.parallel.pp > 1:
+        return None
+    units = rank_parameter_units(request)
+    blocks = [i for i, unit in enumerate(units) if unit.name.startswith("block.")]
+    if not blocks or units[0].name != "embedding" or units[-1].name != "head":
+        return None
+    elements = padded_unit_elements_of(request, request.shard_group_size)
+    if fsdp_separates_embedding_and_head(request):
+        # The head is reduced after the loss's backward; the embedding unit last.
+        last, head = elements[0], 0
+    else:
+        last = sum(n for i, n in enumerate(elements) if i not in blocks)
+        head = _root_head_gradient_bytes(request) if last else 0
+    # A frozen root (or embedding) reduces nothing: the first block's reduce is the last.
+    return (last or elements[blocks[0]]), head
+
+
+def last_reduce_scatter_input_bytes(request: PlanRequest) -> int:
+    """The input of the reduce-scatter that ends backward, where it is modelled tensor by tensor
+    (FSDP2 full sharding's last unit, DeepSpeed ZeRO-3's epilogue); 0 elsewhere. A backend that
+    copies its input (gloo: zeroplan.validate.gloo) copies this."""
+    fsdp = _fsdp_last_unit(request)
+    if fsdp is not None:
+        return fsdp[0] * gradient_wire_bytes(request)
+    if deepspeed_epilogue.models_epilogue(request):
+        return deepspeed_epilogue.reduce_scatter_input_bytes(request)
+    return 0
+
+
+def backward_end_buffer_bytes(request: PlanRequest) -> int | None:
+    """The buffers of the last reduction of backward (PeakTerms.backward_end_buffers): FSDP2's
+    last unit's flat reduce-scatter input and the head gradient the root holds; DeepSpeed
+    ZeRO-3's flat copy of its last bucket and its first module, still gathered. None where the
+    largest unit's transient buffers stand for them."""
+    fsdp = _fsdp_last_unit(request)
+    if fsdp is not None:
+        last, head = fsdp
+        return last * gradient_wire_bytes(request) + head
+    if deepspeed_epilogue.models_epilogue(request):
+        return deepspeed_epilogue.epilogue_buffer_bytes(request)
+    return None
+
+
+def backward_end_gradient_bytes(request: PlanRequest) -> int | None:
+    """The gradients alive at the last reduction (PeakTerms.backward_end_gradients): none under
+    DeepSpeed ZeRO-3, whose fp32 partition is made at the step (zeroplan.core.deepspeed_epilogue);
+    None (the model states' gradients) elsewhere."""
+    return 0 if deepspeed_epilogue.models_epilogue(request) else None
 
 
 def block_backward_transient_bytes(request: PlanRequest) -> int:

@@ -12,6 +12,7 @@ from zeroplan.harness.engines_table import EngineKind, training_as_run
 from zeroplan.harness.record import HARNESS_DEEPSPEED_STAGE3, RankRecord, RunDescription, StepRecord
 from zeroplan.specs import PlanRequest, StrategyKind, ZeroGradientReduce
 from zeroplan.specs.training import StateConvention
+from zeroplan.validate.gloo import gloo_allocated_peak_bytes
 from zeroplan.validate.model_parallel import compare_model_parallel_record
 from zeroplan.validate.rows import (
     COLLECTIVE_OPS, ComparisonRow, collective_rows, model_state_rows, peak_rows, planner_request,
@@ -103,5 +104,9 @@ def compare_record(record: RankRecord, step_index: int = -1) -> list[ComparisonR
                                   predicted_bytes=predicted_states.host_bytes, measured_bytes=states.host_bytes))
     rows.append(ComparisonRow(**base, category="memory", quantity="activations (saved)",
                               predicted_bytes=predicted_saved, measured_bytes=step.memory.saved_activation_bytes))
-    rows += peak_rows(base, breakdown, step.memory)
+    peak = breakdown.allocated_peak_bytes
+    if description.backend == "gloo":
+        # The CPU allocator also sees what gloo's collectives copy (zeroplan.validate.gloo).
+        peak = gloo_allocated_peak_bytes(request, peak)
+    rows += peak_rows(base, breakdown.model_copy(update={"allocated_peak_bytes": peak}), step.memory)
     return rows + collective_rows(base, request, _measured_collectives(step))
