@@ -1,6 +1,10 @@
-"""What DeepSpeed ZeRO-3 holds at the end of backward (deepspeed 0.19.8, its default
-reduce_scatter and contiguous_gradients), where the planner's generic end of backward counts the
-largest unit gathered twice and the gradients the optimizer reads:
+"""What DeepSpeed holds through backward and at its end (deepspeed 0.19.8), where the planner's
+generic moments count the gradients the optimizer reads and the largest unit's buffers.
+
+ZeRO-1 (overlap_comm off, its default below stage 3) reduces nothing in backward: every gradient
+stays in autograd, full size in the model dtype, until backward ends (stage1_keeps_gradients).
+
+ZeRO-3 (its default reduce_scatter and contiguous_gradients) at the end of backward:
 
 - the gradient epilogue reduce-scatters what is left in the ipg bucket
   (stage3.py:1407-1411 independent_gradient_partition_epilogue -> :1648
@@ -23,8 +27,9 @@ flat copy (48 MiB) and gloo's own copy of it (48 MiB; zeroplan.validate.gloo), n
 
 from __future__ import annotations
 
-from zeroplan.core.deepspeed_accumulation import _bucket_elements, _model_dtype_bytes, _tensor_numels
+from zeroplan.core.deepspeed_accumulation import _bucket_elements, _model_dtype_bytes, _tensor_numels, overlap_comm
 from zeroplan.core.deepspeed_prefetch import _gathered_bytes, _modules, _persistent
+from zeroplan.core.parallel.units import rank_trainable_units
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.training import StateConvention
@@ -78,3 +83,50 @@ def first_module_gathered_bytes(request: PlanRequest) -> int:
 def epilogue_buffer_bytes(request: PlanRequest) -> int:
     """Beyond the resident bucket and partition buffer: the flat copy and the first module."""
     return flat_copy_bytes(request) + first_module_gathered_bytes(request)
+
+
+# runtime/zero/stage_1_and_2.py:2284-2291 process_gradients reduces a gradient in its hook only
+# with partition_gradients (stage 2) or overlap_comm; otherwise the engine reduces every
+# gradient once backward has ended (engine.py:3085-3097 allreduce_gradients ->
+# stage_1_and_2.py:958-978 reduce_gradients). Measured (benchmarks/deepspeed-records, zero1
+# fp32, an allocator snapshot of rank 0): the head's gradient is alive at the first block's
+# backward, beside the bucket setup_buckets made at its hook.
+def stage1_keeps_gradients(request: PlanRequest) -> bool:
+    """Whether DeepSpeed leaves the gradients in autograd until backward ends: ZeRO-1 under its
+    own state convention without overlap_comm."""
+    return (request.strategy.kind is StrategyKind.zero1 and request.convention is StateConvention.deepspeed
+            and not overlap_comm(request))
+
+
+def stage1_gradient_bytes(request: PlanRequest) -> int:
+    """Every trainable gradient, full size in the model dtype: what ZeRO-1 holds as backward ends."""
+    return sum(_tensor_numels(request)) * _model_dtype_bytes(request)
+
+
+def _after_block_numels(request: PlanRequest) -> list[int]:
+    """The trainable tensors after the last block (final norm, head): their gradients are made
+    before the first block's backward."""
+    units = rank_trainable_units(request)
+    last_block = max((i for i, unit in enumerate(units) if unit.name.startswith("block.")), default=len(units) - 1)
+    return [t.numel for unit in units[last_block + 1:] for t in unit.tensors if t.trainable and t.numel]
+
+
+# stage_1_and_2.py:1455-1461 (contiguous_gradients): a hook that reduces copies the gradient into
+# the bucket and points param.grad at the copy, so autograd's gradient goes once copied; the
+# first hook (the head's, stage_1_and_2.py:2287 setup_buckets) allocates the bucket beside it.
+# Measured (benchmarks/deepspeed-records zero2 fp32, an allocator snapshot of rank 0): the
+# step's peak is that allocation, with the head's 12 MiB gradient and the activations alive.
+def early_gradient_bytes(request: PlanRequest) -> int:
+    """Gradients alive at the first block's backward under DeepSpeed ZeRO-1/2 (their convention):
+    ZeRO-1 without overlap_comm at one micro-batch a step keeps all those after the blocks; a
+    stage that reduces in its hooks holds the largest of them while copying it into the bucket;
+    0 elsewhere (ZeRO-1 accumulating carries its full gradients already)."""
+    kind = request.strategy.kind
+    if request.convention is not StateConvention.deepspeed or kind not in (StrategyKind.zero1, StrategyKind.zero2):
+        return 0
+    numels = _after_block_numels(request)
+    if stage1_keeps_gradients(request):
+        return sum(numels) * _model_dtype_bytes(request) if request.batch.grad_accum_steps == 1 else 0
+    if not request.strategy.deepspeed_contiguous_gradients:
+        return 0
+    return max(numels, default=0) * _model_dtype_bytes(request)

@@ -35,7 +35,8 @@ def peak_moments(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: 
     return {
         PeakMoment.loss_backward: MomentBytes(resident + moments.activations + moments.logits, accumulated, held),
         PeakMoment.block_backward: MomentBytes(
-            resident + moments.activations, accumulated, held + moments.block_transient_buffers + moments.workspace
+            resident + moments.activations, accumulated + moments.block_backward_gradients,
+            held + moments.block_transient_buffers + moments.workspace,
         ),
         PeakMoment.backward_end: MomentBytes(resident, backward_end_gradients, held + backward_end_buffers),
         PeakMoment.optimizer_step: MomentBytes(resident + moments.step_temporary, states.gradient_bytes, moments.resident_buffers),
@@ -88,6 +89,9 @@ class PeakTerms:
     """The buffers (beyond the resident and backward-held ones) alive at the last reduction of
     backward where it is modelled tensor by tensor (zeroplan.core.buffers.backward_end_buffer_bytes);
     None: ``transient_buffers``, the largest unit's."""
+    block_backward_gradients: int = 0
+    """Gradients alive at the first block's backward beyond ``accumulated_gradients``: those a
+    framework keeps unreduced from before the blocks (zeroplan.core.buffers.block_backward_gradient_bytes)."""
     backward_end_gradients: int | None = None
     """The gradients alive at that moment where they are not the model states' (DeepSpeed
     ZeRO-3 makes the fp32 gradient partition the optimizer reads only at the step); None: the

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 from zeroplan.core.activations import activation_bytes, backward_workspace_bytes, layer_bytes, logits_bytes
 from zeroplan.core.buffers import (
-    backward_end_buffer_bytes, backward_end_gradient_bytes, backward_held_buffer_bytes, block_backward_transient_bytes,
-    optimizer_step_temporary_bytes, resident_buffer_bytes, transient_buffer_bytes,
+    backward_end_buffer_bytes, backward_end_gradient_bytes, backward_held_buffer_bytes, block_backward_gradient_bytes,
+    block_backward_transient_bytes, optimizer_step_temporary_bytes, resident_buffer_bytes, transient_buffer_bytes,
 )
 from zeroplan.core.communication import collectives
 from zeroplan.core.compiled import check_compiled
@@ -169,6 +169,7 @@ def _state_terms(request: PlanRequest) -> tuple[ModelStateBytes, tuple[tuple[str
         ("accumulated_gradients", deepspeed_accumulated_gradient_bytes(request)),
         ("backward_end_buffers", backward_end_buffer_bytes(request)),
         ("backward_end_gradients", backward_end_gradient_bytes(request)),
+        ("block_backward_gradients", block_backward_gradient_bytes(request)),
     )
 
 
