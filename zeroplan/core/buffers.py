@@ -3,7 +3,7 @@ temporaries. Each term names the library behaviour it models."""
 
 from __future__ import annotations
 
-from zeroplan.core import deepspeed_epilogue
+from zeroplan.core import deepspeed_epilogue, deepspeed_offload
 from zeroplan.core.deepspeed_accumulation import resident_bytes as deepspeed_resident_bytes
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes
 from zeroplan.core.model_states import (
@@ -107,7 +107,8 @@ def resident_buffer_bytes(request: PlanRequest) -> int:
         # Stage 3's ipg bucket and grad_partitions_flat_buffer, allocated once, and the scalars
         # every stage keeps (measured to the byte: zeroplan.core.deepspeed_accumulation).
         return deepspeed_resident_bytes(request) + secondary
-    return secondary
+    # DeepSpeed's optimizer offload keeps its device staging buffer instead (zeroplan.core.deepspeed_offload).
+    return secondary + deepspeed_offload.device_staging_bytes(request)
 
 
 def backward_held_buffer_bytes(request: PlanRequest) -> int:

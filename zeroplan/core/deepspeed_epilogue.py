@@ -122,7 +122,8 @@ def early_gradient_bytes(request: PlanRequest) -> int:
     stage that reduces in its hooks holds the largest of them while copying it into the bucket;
     0 elsewhere (ZeRO-1 accumulating carries its full gradients already)."""
     kind = request.strategy.kind
-    if request.convention is not StateConvention.deepspeed or kind not in (StrategyKind.zero1, StrategyKind.zero2):
+    if request.convention is not StateConvention.deepspeed or kind not in (
+            StrategyKind.zero1, StrategyKind.zero2, StrategyKind.zero2_offload):
         return 0
     numels = _after_block_numels(request)
     if stage1_keeps_gradients(request):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from zeroplan.core import deepspeed_offload
 from zeroplan.core.activations import saved_logits_bytes
 from zeroplan.core.deepspeed_accumulation import stage3_resident_bytes
 from zeroplan.core.frameworks import framework_activation_bytes
@@ -60,9 +61,12 @@ def request_for(description: RunDescription) -> PlanRequest:
 def kept_buffer_bytes(request: PlanRequest) -> int:
     """The buffers a record's model states hold at the step, as the planner counts them:
     DeepSpeed stage 3's ipg bucket and gradient partition buffer (stage3_resident_bytes, without
-    the kept scalars, which the record does not count); 0 elsewhere (stages 1-2 release their
-    buckets by the step; the offload strategies' staging buffers are not planned)."""
+    the kept scalars, which the record does not count), or under its optimizer offload the device
+    staging buffer (zeroplan.core.deepspeed_offload); 0 elsewhere (stages 1-2 release their
+    buckets by the step)."""
     kind = request.strategy.kind
+    if deepspeed_offload.models_staging(request):
+        return deepspeed_offload.device_staging_bytes(request)
     if (request.convention is not StateConvention.deepspeed or kind.zero_stage != 3 or kind.is_fsdp
             or kind.offloads_optimizer or kind.offloads_parameters):
         return 0
@@ -108,5 +112,9 @@ def compare_record(record: RankRecord, step_index: int = -1) -> list[ComparisonR
     if description.backend == "gloo":
         # The CPU allocator also sees what gloo's collectives copy (zeroplan.validate.gloo).
         peak = gloo_allocated_peak_bytes(request, peak)
+    if description.device == "cpu":
+        # A CPU run's "host" is the same memory as its "device": the offloaded states, allocated
+        # once and kept, are under the one allocator's peak too.
+        peak += predicted_states.host_bytes
     rows += peak_rows(base, breakdown.model_copy(update={"allocated_peak_bytes": peak}), step.memory)
     return rows + collective_rows(base, request, _measured_collectives(step))
