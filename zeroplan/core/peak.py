@@ -21,8 +21,10 @@ from zeroplan.results import PeakMoment
 # of backward, and the step moment is the largest single parameter's (model_state_bytes,
 # optimizer_in_backward_step_bytes). A gradient buffer allocated once (megatron-core's) is alive
 # at all four. Where the last reduction of backward is known tensor by tensor (FSDP2 full
-# sharding's last unit, DeepSpeed ZeRO-3's gradient epilogue) its own buffers and the gradients
-# alive then replace the generic end of backward (PeakTerms.backward_end_buffers/_gradients).
+# sharding's last unit, DeepSpeed ZeRO-3's gradient epilogue, ZeRO-1's reduction after backward)
+# its own buffers and the gradients alive then replace the generic end of backward
+# (PeakTerms.backward_end_buffers/_gradients); gradients a framework leaves unreduced from before
+# the blocks (DeepSpeed ZeRO-1/2's) are alive at a block's backward (block_backward_gradients).
 def peak_moments(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: int) -> dict[PeakMoment, MomentBytes]:
     """Every moment's live bytes, split into gradients, buffers (and workspace) and the rest."""
     resident = states.parameter_bytes + states.optimizer_state_bytes
