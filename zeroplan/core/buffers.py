@@ -219,10 +219,11 @@ def _fsdp_last_unit(request: PlanRequest) -> tuple[int, int] | None:
 
 def _fsdp_backward_end_bytes(request: PlanRequest, last: int, head: int) -> int:
     """Beyond every sharded gradient: the last unit's flat input, and the larger of what sits
-    beside it at the copy-in (the unit's unsharded gradients, its sharded one not made yet) and
-    at the reduce-scatter (the head gradient the root holds)."""
+    beside it at the copy-in (the unit's unsharded gradients, its sharded one not made yet unless
+    an earlier micro-batch made it) and at the reduce-scatter (the head gradient the root holds)."""
     eb = element_bytes(request.training.precision, request.convention)
-    copy_in = last * eb.compute_parameter - last // request.shard_group_size * eb.gradient
+    not_yet = 0 if request.batch.grad_accum_steps > 1 else last // request.shard_group_size * eb.gradient
+    copy_in = last * eb.compute_parameter - not_yet
     return last * gradient_wire_bytes(request) + max(copy_in, head)
 
 
