@@ -158,3 +158,21 @@ def test_strategies_are_zero_stage_1() -> None:
     with pytest.raises(ZeroplanError) as error:
         check_framework_strategies(Framework.megatron_deepspeed, (StrategyKind.zero2,))
     assert "zero1" in str(error.value)
+
+
+def test_pipeline_engine_keeps_each_stage_output() -> None:
+    """DeepSpeed's pipeline engine keeps each in-flight micro-batch's stage output (its 1/t part
+    under tensor parallelism); megatron-core frees it after the send. A GELU model without
+    grouped K/V has the same blocks in both profiles, so that is the whole difference on the
+    first stage."""
+    from zeroplan.core.megatron_deepspeed import pipe_output_bytes
+    from zeroplan.core.plan import micro_batch_terms
+
+    flags = ("gpt2-medium", "--gpus", "8", "--tp", "2", "--pp", "4", "--micro-batch", "2", "--seq-len", "1024",
+             "--grad-accum", "8", "--precision", "fp16-mixed")
+    mds = _request(*flags, "--framework", "megatron-deepspeed")
+    core = _request(*flags, "--framework", "megatron")
+    assert pipe_output_bytes(mds) == 2 * 1024 * 2 * mds.model.hidden_size // 2
+    in_flight = 4  # 1F1B on the first of 4 stages
+    extra = micro_batch_terms(mds)["activations"] - micro_batch_terms(core)["activations"]
+    assert extra == in_flight * pipe_output_bytes(mds)

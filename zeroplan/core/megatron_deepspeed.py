@@ -212,3 +212,21 @@ def mds_logits_parts(request: PlanRequest) -> tuple[int, int, int]:
     model, batch = request.model, request.batch
     logits = batch.seq_len * batch.micro_batch_size * model.vocab_size
     return FP32_BYTES * logits, FP32_BYTES * logits, request.training.precision.compute_bytes * logits
+
+
+# deepspeed runtime/pipe/engine.py _exec_forward_pass keeps each micro-batch's stage output in
+# pipe_buffers['outputs'] until _exec_backward_pass frees it after that micro-batch's backward,
+# and _exec_send_activations sends it without freeing it (megatron-core's schedules free the
+# data after the send, deallocate_output_tensor). Under tensor parallelism the engine's
+# pipe_partitioned (on by default, runtime/config.py) replaces the output's data by
+# torch.zeros(1) and keeps this rank's 1/t part of it (PartitionedTensor) instead. No block of
+# the stage saves its own last output, so these are bytes beyond the blocks' activations on
+# every stage but the last (whose output is the loss's fp32 logits, mds_logits_parts).
+def pipe_output_bytes(request: PlanRequest) -> int:
+    """One in-flight micro-batch's stage output the pipeline engine keeps on this rank."""
+    parallel, batch = request.parallel, request.batch
+    residual = batch.seq_len * batch.micro_batch_size * request.model.hidden_size
+    if parallel.sequence_parallel:
+        # The fork's residual stream is already [s/t, b, h] under sequence parallelism.
+        residual = ceil_div(residual, parallel.tp)
+    return request.training.precision.compute_bytes * ceil_div(residual, parallel.tp)
