@@ -22,6 +22,11 @@ fp32). Two steps of train_batch with 2 micro-batches each run; then, by storage:
   flat gradient buffer itself or a copy), recorded by wrapping deepspeed.comm.all_reduce, and
   every flatten of a bucket (copy or view).
 
+With ``--zero-optimizer`` (bf16 at DeepSpeed's default grad_accum_dtype, the ZeRO stage-1
+optimizer under the same pipeline engine) it records instead, into records-zero1-bf16.json, what
+that optimizer and the parameters' .grad hold before and after the pipeline's reduce (the end of
+the step's backward), when the inner optimizer steps and after train_batch.
+
 The record keeps each figure next to zeroplan.core.megatron_deepspeed.bf16_optimizer_bytes and
 allreduce_copy_bytes for the same groups (tests/test_megatron_deepspeed.py compares them).
 """
@@ -104,7 +109,29 @@ def _param_groups(module: torch.nn.Module) -> list[dict]:
     return [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def _worker(rank: int, out: str) -> None:
+def _held(engine, optimizer, params, masters: set, states: set) -> dict:
+    """Bytes the ZeRO optimizer and the parameters' .grad hold, by attribute, by storage
+    (parameters, fp32 master partitions and Adam states apart)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from deepspeed_accumulation_records import _walk
+
+    found: dict = {}
+    for p in params:
+        if p.grad is not None:
+            found.setdefault(_storage(p.grad), "param.grad")
+    seen = {id(engine.module), id(optimizer.optimizer), id(getattr(optimizer, "module", None)), id(optimizer)}
+    for name, item in vars(optimizer).items():
+        _walk(item, name, found, seen, 1)
+    skip = {_storage(p) for p in params} | masters | states
+    held: dict[str, int] = {}
+    for key, path in found.items():
+        if key not in skip:
+            name = path.split("[")[0]
+            held[name] = held.get(name, 0) + key[1]
+    return dict(sorted(held.items()))
+
+
+def _worker(rank: int, out: str, zero_optimizer: bool = False) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(NPROC))
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     dist.init_process_group("gloo", rank=rank, world_size=NPROC)
@@ -125,10 +152,15 @@ def _worker(rank: int, out: str) -> None:
     config = {
         "train_micro_batch_size_per_gpu": MICRO_BATCH, "gradient_accumulation_steps": ACCUM,
         "gradient_clipping": 1.0, "bf16": {"enabled": True}, "zero_optimization": {"stage": 1},
-        "data_types": {"grad_accum_dtype": "fp32"}, "zero_allow_untested_optimizer": True,
+        "zero_allow_untested_optimizer": True,
         "steps_per_print": 2**31 - 1, "wall_clock_breakdown": False,
     }
+    if not zero_optimizer:
+        config["data_types"] = {"grad_accum_dtype": "fp32"}
     engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config, dist_init_required=False)
+    if zero_optimizer:
+        _zero_optimizer_record(rank, out, engine, module, group_numels)
+        return
     bf16 = engine.optimizer
     assert isinstance(bf16, BF16_Optimizer), type(bf16)
 
@@ -195,6 +227,83 @@ def _worker(rank: int, out: str) -> None:
     dist.destroy_process_group()
 
 
+def _zero_optimizer_record(rank: int, out: str, engine, module, group_numels: list[int]) -> None:
+    """bf16 at DeepSpeed's default grad_accum_dtype: the ZeRO stage-1 optimizer under the
+    pipeline engine, what it holds at the end of the step's backward (before _exec_reduce_grads),
+    after the reduce, when the inner optimizer steps and after train_batch."""
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    from zeroplan.harness.engine import optimizer_state_tensors
+
+    zero = engine.optimizer
+    assert isinstance(zero, DeepSpeedZeroOptimizer), type(zero)
+    params = list(module.parameters())
+    masters = {_storage(t) for t in zero.single_partition_of_fp32_groups}
+    moments: dict[str, dict] = {}
+
+    def states() -> set:
+        return {_storage(t) for t in optimizer_state_tensors(zero.optimizer) if t.dim() > 0}
+
+    # The engine runs each schedule instruction through its class's _INSTRUCTION_MAP (bound with
+    # MethodType), so the reduce is wrapped there, on this instance's copy of the map.
+    from deepspeed.runtime.pipe import schedule
+
+    instructions = dict(type(engine)._INSTRUCTION_MAP)
+    original_reduce = instructions[schedule.ReduceGrads]
+
+    def reduce_grads(self, *args, **kwargs):
+        moments["before_reduce"] = _held(engine, zero, params, masters, states())
+        result = original_reduce(self, *args, **kwargs)
+        moments["after_reduce"] = _held(engine, zero, params, masters, states())
+        return result
+
+    instructions[schedule.ReduceGrads] = reduce_grads
+    engine._INSTRUCTION_MAP = instructions
+    zero.optimizer.register_step_pre_hook(lambda *_: moments.__setitem__("at_step", _held(engine, zero, params, masters,
+                                                                                           states())))
+    g = torch.Generator().manual_seed(1 + rank)
+
+    def batches():
+        while True:
+            tokens = torch.randint(0, VOCAB, (MICRO_BATCH, SEQ), generator=g)
+            yield tokens, torch.roll(tokens, -1, dims=1)
+
+    data = batches()
+    steps = []
+    for _ in range(STEPS):
+        moments.clear()
+        engine.train_batch(data_iter=data)
+        moments["after_step"] = _held(engine, zero, params, masters, states())
+        steps.append(dict(moments))
+    record = {
+        "rank": rank, "world_size": NPROC, "group_numels": group_numels,
+        "parameter_bytes": sum(p.numel() * p.element_size() for p in params),
+        "master_bytes": sum(n for _, n in masters), "optimizer_state_bytes": sum(n for _, n in states()),
+        "reduce_bucket_size": int(zero.reduce_bucket_size), "steps": steps,
+    }
+    Path(out).joinpath(f"rank{rank}.json").write_text(json.dumps(record, indent=1) + "\n")
+    dist.destroy_process_group()
+
+
+def main_zero_optimizer(out: Path = OUT) -> None:
+    """The ZeRO stage-1 optimizer's record (records-zero1-bf16.json)."""
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "tmp"
+    tmp.mkdir(exist_ok=True)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    mp.spawn(_worker, args=(str(tmp), True), nprocs=NPROC, join=True)
+    ranks = [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(NPROC)]
+    for f in tmp.iterdir():
+        f.unlink()
+    tmp.rmdir()
+    record = {"command": "python benchmarks/megatron_deepspeed_records.py --zero-optimizer",
+              "deepspeed": __import__("deepspeed").__version__, "torch": torch.__version__, "backend": "gloo",
+              "ranks": ranks}
+    write_text_atomic(out / "records-zero1-bf16.json", json.dumps(record, indent=1) + "\n")
+    print(f"wrote {out / 'records-zero1-bf16.json'}")
+
+
 def main(out: Path = OUT) -> None:
     from zeroplan.core.megatron_deepspeed import (
         allreduce_copy_bytes,
@@ -234,4 +343,7 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=OUT)
-    main(parser.parse_args().out)
+    parser.add_argument("--zero-optimizer", action="store_true",
+                        help="bf16 at DeepSpeed's default grad_accum_dtype: its ZeRO stage-1 optimizer")
+    parsed = parser.parse_args()
+    (main_zero_optimizer if parsed.zero_optimizer else main)(parsed.out)

@@ -176,3 +176,19 @@ def test_pipeline_engine_keeps_each_stage_output() -> None:
     in_flight = 4  # 1F1B on the first of 4 stages
     extra = micro_batch_terms(mds)["activations"] - micro_batch_terms(core)["activations"]
     assert extra == in_flight * pipe_output_bytes(mds)
+
+
+def test_zero_optimizer_under_the_pipeline_engine() -> None:
+    """bf16 at DeepSpeed's default grad_accum_dtype (benchmarks/megatron-deepspeed-records/
+    records-zero1-bf16.json): at the end of the step's backward the ZeRO stage-1 optimizer under
+    the pipeline engine holds every parameter's bf16 gradient and a reduce bucket of the whole
+    reduce_bucket_size (not capped at the model), which the reduce gives back; the step sees
+    the fp32 partition only, and nothing is left after it."""
+    record = json.loads((ROOT / "benchmarks" / "megatron-deepspeed-records" / "records-zero1-bf16.json").read_text())
+    assert record["deepspeed"] == "0.19.8"
+    for rank in record["ranks"]:
+        for step in rank["steps"]:
+            assert step["before_reduce"]["param.grad"] == 2 * sum(rank["group_numels"])
+            assert step["before_reduce"]["ipg_buckets"] == 2 * rank["reduce_bucket_size"]
+            assert "param.grad" not in step["after_reduce"] and "ipg_buckets" not in step["after_reduce"]
+            assert set(step["after_step"]) <= {"_global_grad_norm"}
