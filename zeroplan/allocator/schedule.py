@@ -81,7 +81,11 @@ def _recorded_step(request: PlanRequest, states: ModelStateBytes, terms: PeakTer
     gradients = b.alloc_parts(even_parts(carried, blocks + 1)) if accumulating else []
     held = b.alloc(terms.backward_held_buffers)
 
-    # Forward: each block's unit gathered, its activations saved, the unit freed.
+    # Forward: each block's unit gathered, its activations saved, the unit freed. A block holds
+    # no more than block_transient_buffers (0 where the only buffer is an all-reduce after the
+    # backward: Megatron-DeepSpeed's BF16_Optimizer, zeroplan.core.buffers).
+    at_end = gathered
+    gathered = min(gathered, terms.block_transient_buffers)
     per_block, outside = divmod(terms.activations, blocks)
     weights = _block_tensor_weights(request)
     outside_ids = b.alloc(outside)
@@ -114,7 +118,7 @@ def _recorded_step(request: PlanRequest, states: ModelStateBytes, terms: PeakTer
     # last unit's buffers, or the last reduction's own buffers and gradients where it is modelled
     # tensor by tensor (PeakTerms.backward_end_buffers, backward_end_gradients).
     if terms.backward_end_buffers is None:
-        unit = b.alloc(gathered, gather_stream) + b.alloc(reduce, Stream.reduce_scatter)
+        unit = b.alloc(at_end, gather_stream) + b.alloc(reduce, Stream.reduce_scatter)
     else:
         unit = b.alloc(terms.backward_end_buffers)
     if accumulating and carried != states.gradient_bytes:

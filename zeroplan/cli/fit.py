@@ -341,6 +341,11 @@ def add_collective_model_arguments(parser: argparse.ArgumentParser) -> None:
              "overlap_comm being on for stage 3 only; the others do)",
     )
     parser.add_argument(
+        "--deepspeed-grad-accum-dtype", choices=["fp32"], default=None,
+        help="DeepSpeed's data_types.grad_accum_dtype (default: the model's dtype); fp32 under bf16 at ZeRO-1 "
+             "runs DeepSpeed's BF16_Optimizer (--framework megatron-deepspeed)",
+    )
+    parser.add_argument(
         "--overlap-param-gather", action="store_true",
         help="the parameter all-gather after a ZeRO-1/2 step runs in the next forward (Megatron-LM's "
              "--overlap-param-gather) instead of exposed in the step",
@@ -467,7 +472,8 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
                             mics_shard_size=getattr(args, "mics_shard_size", None),
                             nvme_pipeline_read=getattr(args, "nvme_pipeline", None) in ("read", "both"),
                             nvme_pipeline_write=getattr(args, "nvme_pipeline", None) in ("write", "both"),
-                            keep_unsharded_grads_on_accum=getattr(args, "keep_unsharded_grads_on_accum", False))
+                            keep_unsharded_grads_on_accum=getattr(args, "keep_unsharded_grads_on_accum", False),
+                            deepspeed_grad_accum_fp32=getattr(args, "deepspeed_grad_accum_dtype", None) == "fp32")
     if args.mfu is not None:
         raise ZeroplanError(
             "mfu", "is no longer an input: give --hfu (executed FLOPs over peak; a published MFU converts as "

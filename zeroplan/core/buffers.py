@@ -16,6 +16,7 @@ from zeroplan.core.zero3_groups import hpz_secondary_partition_bytes
 from zeroplan.core.zeropp import qgz_buffer_bytes, qwz_buffer_bytes
 from zeroplan.specs.framework import Framework
 from zeroplan.core.megatron import megatron_step_temporary_bytes
+from zeroplan.core.megatron_deepspeed import bf16_allreduce_buffer_bytes, bf16_optimizer_runs, bf16_optimizer_states
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, ZeroGradientReduce
 from zeroplan.specs.training import Optimizer, OptimizerLoop, StateConvention
@@ -79,6 +80,16 @@ def _megatron_buffers(request: PlanRequest) -> bool:
     return request.training.framework is Framework.megatron
 
 
+# Megatron-DeepSpeed under DeepSpeed 0.19.8's BF16_Optimizer (zeroplan.core.megatron_deepspeed):
+# the gradients accumulate into the optimizer's own unpartitioned fp32 flat buffer, allocated
+# once and kept (a resident buffer), and are all-reduced after the last micro-batch's backward
+# through buffered_allreduce_fallback's copies (bf16_allreduce_buffer_bytes); nothing is held
+# through the backward. Under fp16 DeepSpeed's ZeRO stage-1 optimizer keeps the deepspeed
+# convention's buffers below.
+def _bf16_optimizer_buffers(request: PlanRequest) -> bool:
+    return bf16_optimizer_runs(request)
+
+
 def _reduces_through_ddp_buckets(request: PlanRequest) -> bool:
     """DDP itself, or ZeroRedundancyOptimizer under DDP (zero_gradient_reduce=ddp-buckets)."""
     return (
@@ -95,6 +106,8 @@ def _reduces_through_ddp_buckets(request: PlanRequest) -> bool:
 def resident_buffer_bytes(request: PlanRequest) -> int:
     if _megatron_buffers(request):
         return 0
+    if _bf16_optimizer_buffers(request):
+        return bf16_optimizer_states(request).gradient_buffer_bytes
     kind = request.strategy.kind
     eb = element_bytes(request.training.precision, request.convention)
     if _reduces_through_ddp_buckets(request):
@@ -112,7 +125,7 @@ def resident_buffer_bytes(request: PlanRequest) -> int:
 
 
 def backward_held_buffer_bytes(request: PlanRequest) -> int:
-    if _megatron_buffers(request):
+    if _megatron_buffers(request) or _bf16_optimizer_buffers(request):
         return 0
     kind = request.strategy.kind
     eb = element_bytes(request.training.precision, request.convention)
@@ -138,6 +151,8 @@ def transient_buffer_bytes(request: PlanRequest) -> int:
     """Buffers of the unit being gathered or reduced (the largest unit)."""
     if _megatron_buffers(request):
         return 0
+    if _bf16_optimizer_buffers(request):
+        return bf16_allreduce_buffer_bytes(request)
     kind = request.strategy.kind
     eb = element_bytes(request.training.precision, request.convention)
     if _reduces_through_ddp_buckets(request):
@@ -275,6 +290,9 @@ def block_backward_transient_bytes(request: PlanRequest) -> int:
     """The gathered and reduced units a block's backward holds under FSDP full sharding (the
     blocks' and the root's, not the largest unit twice); transient_buffer_bytes otherwise."""
     kind = request.strategy.kind
+    if _bf16_optimizer_buffers(request):
+        # The all-reduce runs after the backward of the step's last micro-batch.
+        return 0
     units = rank_parameter_units(request)
     blocks = [i for i, unit in enumerate(units) if unit.name.startswith("block.")]
     if kind not in (StrategyKind.fsdp_full_shard, StrategyKind.hsdp) or not blocks or request.parallel.pp > 1:
@@ -341,6 +359,10 @@ def for_loop_step_temporary_bytes(request: PlanRequest, eb) -> int:
 def optimizer_step_temporary_bytes(request: PlanRequest, optimizer_elements: int) -> int:
     if _megatron_buffers(request):
         return megatron_step_temporary_bytes(request, optimizer_elements)
+    if _bf16_optimizer_buffers(request):
+        # runtime/bf16_optimizer.py step hands the fp32 gradient partition itself to the fused
+        # Adam (param_partition.grad = grad_partition; a copy only under bf16 accumulation).
+        return 0
     # With FSDP2's CPUOffloadPolicy the step runs on the host's states (model_state_bytes).
     if request.strategy.kind.offloads_optimizer or request.training.fsdp_cpu_offload:
         return 0

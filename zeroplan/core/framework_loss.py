@@ -336,6 +336,10 @@ def framework_logits_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...
     chunks = loss_chunks(training)
     if training.framework is Framework.litgpt and not training.compile:
         return litgpt_logits_tensors(request)
+    if training.framework is Framework.megatron_deepspeed:
+        from zeroplan.core.megatron_deepspeed import mds_logits_parts
+
+        return (mds_logits_parts(request),)
     if training.framework is Framework.megatron:
         from zeroplan.core.megatron import megatron_logits_parts
 

@@ -234,6 +234,12 @@ def framework_layer_bytes(request: PlanRequest) -> int:
         from zeroplan.core.compiled import compiled_layer_bytes
 
         return compiled_layer_bytes(request) + torchtitan_rope_cache_bytes(request)
+    if training.framework is Framework.megatron_deepspeed:
+        # The fork's block repeats K and V before either attention kernel and does not fuse
+        # SwiGLU (zeroplan.core.megatron_deepspeed).
+        from zeroplan.core.megatron_deepspeed import mds_layer_delta_bytes
+
+        return layer_bytes(model, training, s, b) + mds_layer_delta_bytes(request)
     if training.framework is Framework.megatron:
         # megatron-core's block is the reference (Korthikanti et al.'s) block but for its fused
         # bias-SwiGLU and eager attention's expanded K/V (zeroplan.core.megatron).
@@ -389,7 +395,13 @@ def selective_core_bytes(request: PlanRequest) -> int:
     from zeroplan.core.megatron import megatron_expanded_kv_bytes
 
     s, b = request.batch.seq_len, request.batch.micro_batch_size
-    return selective_recompute_savings(request.model, request.training, s, b) + megatron_expanded_kv_bytes(request)
+    savings = selective_recompute_savings(request.model, request.training, s, b)
+    if request.training.framework is Framework.megatron_deepspeed:
+        # The fork's ParallelAttention repeats K and V before its checkpointed core attention
+        # (megatron/model/transformer.py:743-745, then _checkpointed_attention_forward): the
+        # copies are the core's saved inputs, not recomputed inside it.
+        return savings
+    return savings + megatron_expanded_kv_bytes(request)
 
 
 

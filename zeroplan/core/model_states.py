@@ -7,6 +7,7 @@ from zeroplan.core import deepspeed_offload
 from zeroplan.core.finetune.storage import frozen_held_bytes, frozen_tensor_bytes
 from zeroplan.core.finetune.units import trainable_view
 from zeroplan.core.megatron import megatron_model_state_bytes
+from zeroplan.core.megatron_deepspeed import bf16_optimizer_runs, bf16_optimizer_states
 from zeroplan.core.layout import ElementBytes, ShardLayout, element_bytes, padded_unit_elements, shard_elements
 from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise, step_counter_bytes, tensor_state_bytes
 from zeroplan.core.nvme import host_pinned_bytes
@@ -195,6 +196,17 @@ def model_state_bytes(request: PlanRequest) -> ModelStateBytes:
             optimizer_state_bytes=states.optimizer_state_bytes, step_counter_bytes=0, host_bytes=0,
             parameter_elements=states.buffer_elements, optimizer_elements=states.optimizer_elements,
             gradients_resident=True,
+        )
+    if bf16_optimizer_runs(request):
+        # DeepSpeed's BF16_Optimizer: bf16 flat groups and the parameters' bf16 gradients beside
+        # partitioned fp32 master and Adam states (zeroplan.core.megatron_deepspeed); its
+        # unpartitioned fp32 gradient buffer is a resident buffer (zeroplan.core.buffers).
+        # Under fp16 the fork runs DeepSpeed's ZeRO stage-1 optimizer, the deepspeed convention below.
+        bf16 = bf16_optimizer_states(request)
+        return ModelStateBytes(
+            parameter_bytes=bf16.parameter_bytes, gradient_bytes=bf16.gradient_bytes,
+            optimizer_state_bytes=bf16.optimizer_state_bytes, step_counter_bytes=0, host_bytes=0,
+            parameter_elements=sum(bf16.group_elements), optimizer_elements=bf16.partition_elements,
         )
     kind = request.strategy.kind
     stage = kind.zero_stage

@@ -31,6 +31,7 @@ from zeroplan.core.margin import borderline_words, is_borderline
 from zeroplan.core.memo import batch_keyed, request_keyed
 from zeroplan.core.nvme import nvme_bytes
 from zeroplan.core.model_states import ModelStateBytes, model_state_bytes
+from zeroplan.core.megatron_deepspeed import bf16_optimizer_runs, check_grad_accum_dtype
 from zeroplan.core.peak import PeakTerms, moment_totals, peak_allocated_bytes, peak_moments
 from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
 from zeroplan.core.parallel.activations import rank_activation_bytes, rank_logits_pieces, rank_workspace_bytes
@@ -138,6 +139,9 @@ def deepspeed_accumulated_gradient_bytes(request: PlanRequest) -> int | None:
     if (request.convention is not StateConvention.deepspeed or kind.zero_stage not in (1, 2, 3)
             or kind.offloads_optimizer or kind.offloads_parameters or request.training.optimizer_in_backward):
         return None
+    if bf16_optimizer_runs(request):
+        # BF16_Optimizer accumulates into its own kept buffers (the model states' gradients).
+        return None
     return accumulated_bytes(request)
 
 
@@ -145,6 +149,7 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     """The model states and the byte terms the peak moments combine, for one request."""
     training = request.training
     check_framework_request(training, request.model)
+    check_grad_accum_dtype(request)
     check_compiled(training, request.model, request.cluster.gpu)
     # Requests varied by model_copy (the search's policies) skip the request's own validators.
     check_compiled_layout(training, request.parallel)

@@ -330,6 +330,39 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         # optimizer states (--use-precision-aware-optimizer) are not modelled.
         precisions=(Precision.fp32, Precision.bf16_mixed, Precision.fp16_mixed),
     ),
+    # microsoft/Megatron-DeepSpeed f4157be (docs/frameworks.md, "Megatron-DeepSpeed"): the fork's
+    # legacy GPT model (megatron/model/transformer.py, gpt_model.py GPTModelPipe) under deepspeed
+    # 0.19.8's engine; its model states are zeroplan.core.megatron_deepspeed's.
+    Framework.megatron_deepspeed: FrameworkProfile(
+        framework=Framework.megatron_deepspeed, version="Megatron-DeepSpeed f4157be, deepspeed 0.19.8",
+        # megatron/arguments.py --checkpoint-activations (GPTModelPipe: DeepSpeed's
+        # PipelineModule checkpoints every checkpoint_num_layers = 1 block, full recomputation)
+        # or --recompute-granularity selective (transformer.py:629, the core attention).
+        checkpointing=(*_NONE_FULL, ActivationCheckpointing.selective),
+        checkpointing_names="none, selective (--recompute-granularity selective), full (--checkpoint-activations)",
+        default_precision=Precision.bf16_mixed,
+        # transformer.py:743-745 repeats grouped K and V before any attention kernel; the block
+        # term counts the copies (zeroplan.core.megatron_deepspeed.mds_expanded_kv_bytes).
+        expands_kv_heads=False, bf16_module_norm_saves_bf16=False,
+        loss_chunks=1, offers_activation_offloading=False,
+        # ZeRO stage 1 (--zero-stage 1: BF16_Optimizer with fp32 accumulation under bf16, the
+        # ZeRO stage-1 optimizer under fp16); runtime/pipe/engine.py refuses ZeRO-2 and -3 under
+        # the pipeline engine. Stage 0 (BF16_Optimizer with bf16 accumulation under the pipeline
+        # engine, FP16_Optimizer or DDP_BFLOAT16 without) is not planned.
+        strategies=(StrategyKind.zero1,),
+        # transformer.py ParallelAttention: one query_key_value weight.
+        fuses_qkv=True,
+        # megatron/optimizer/__init__.py:5 apex's FusedAdam (or DeepSpeed's, --ds-fused-adam).
+        fused_optimizer=True,
+        # megatron/core/tensor_parallel/layers.py (the fork's copy of Megatron's) keeps the
+        # sequence shard under sequence parallelism and gathers it again in backward.
+        sequence_parallel_saves_gathered_inputs=False,
+        # deepspeed runtime/activation_checkpointing/checkpointing.py CheckpointFunction (the
+        # pipeline module's) and the fork's tensor_parallel.checkpoint rerun the whole block.
+        checkpoint_early_stop=False,
+        # megatron/arguments.py --fp16 | --bf16; DeepSpeed's fp32 engine is not planned.
+        precisions=(Precision.bf16_mixed, Precision.fp16_mixed),
+    ),
 }
 
 
@@ -499,11 +532,13 @@ def check_framework_model(framework: Framework, model: ModelSpec) -> None:
                                 "rotary decoders (Llama, Mistral, Gemma, Phi, Falcon, GPT-NeoX/StableLM) "
                                 "(allowed: framework zeroplan or hf for it)")
         return
-    if framework is Framework.megatron:
+    if framework.megatron_layout:
+        # The fork's legacy GPT (megatron/model/language_model.py, transformer.py) offers the
+        # same positions, norms and MLPs as megatron-core's GPTModel; its MoE is DeepSpeed's.
         reason = megatron_builds(model)
         if reason is not None:
-            raise ZeroplanError("model", f"{model.name} has {reason}; the megatron profile plans dense GPT and Llama-style "
-                                "decoders (allowed: framework zeroplan for it)")
+            raise ZeroplanError("model", f"{model.name} has {reason}; the {framework.value} profile plans dense GPT and "
+                                "Llama-style decoders (allowed: framework zeroplan for it)")
         return
     if framework is Framework.torchtune:
         reason = torchtune_builds(model)
@@ -556,7 +591,8 @@ def check_framework_request(training: TrainingSpec, model: ModelSpec | None = No
     prof = profile(training.framework)
     if model is not None:
         check_framework_model(training.framework, model)
-    if training.framework is Framework.megatron:
+    if training.framework.megatron_layout:
+        # The fork's megatron/optimizer/__init__.py:68-116 offers the same "adam" and "sgd".
         check_megatron_optimizer(training.optimizer)
     # torch 2.13 optim/adam.py, sgd.py: fused=True exists for Adam, AdamW and SGD only.
     if training.optimizer_loop is OptimizerLoop.fused and training.optimizer not in _TORCH_FUSED_OPTIMIZERS:

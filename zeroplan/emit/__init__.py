@@ -69,11 +69,11 @@ FORMATS = (
 
 def render(planned: PlannedRun) -> tuple[dict[str, str], dict[str, str]]:
     """(file name -> content, skipped file name -> reason) for the planned run, nothing written."""
-    if planned.request.training.framework is Framework.megatron:
-        # Megatron-LM is launched through its own pretrain_gpt.py arguments, which no format
-        # here writes; a launch.sh of another stack's arguments would be wrong.
-        raise ZeroplanError("--emit", "Megatron-LM run files are not written (allowed: --framework zeroplan, hf, "
-                            "torchtitan or torchtune)")
+    if planned.request.training.framework.megatron_layout:
+        # Megatron-LM and Megatron-DeepSpeed are launched through their own pretrain_gpt.py
+        # arguments, which no format here writes; a launch.sh of another stack's would be wrong.
+        raise ZeroplanError("--emit", "Megatron-LM and Megatron-DeepSpeed run files are not written (allowed: "
+                            "--framework zeroplan, hf, torchtitan or torchtune)")
     written: dict[str, str] = {}
     skipped: dict[str, str] = {}
     for name, build in FORMATS:

@@ -214,10 +214,12 @@ def check_finetune(finetune: FineTuneSpec, model: ModelSpec, framework: Framewor
                             f"{model.num_layers} blocks (allowed: 0 to {model.num_layers})")
     if finetune.trains_everything:
         return
-    if framework is Framework.megatron:
+    if framework.megatron_layout:
         # megatron-core's DDP builds its gradient buffer from requires_grad parameters, but its
-        # PEFT paths live outside megatron-core (NeMo); no fine-tune of it has been read.
-        raise ZeroplanError("finetune", "frozen parameters and LoRA are not modelled for megatron (allowed: full training)")
+        # PEFT paths live outside megatron-core (NeMo); no fine-tune of it has been read, nor
+        # of the Megatron-DeepSpeed fork.
+        raise ZeroplanError("finetune", f"frozen parameters and LoRA are not modelled for {framework.value} "
+                            "(allowed: full training)")
     if model_parallel_size > 1:
         raise ZeroplanError("finetune", "frozen parameters and LoRA are modelled under data parallelism only "
                             "(tp, cp, pp and ep must be 1)")

@@ -25,6 +25,16 @@ class Framework(str, Enum):
     """NVIDIA's Megatron-LM on megatron-core (its GPTModel, DistributedDataParallel with the
     contiguous gradient buffer, the distributed optimizer, its tensor/sequence/pipeline
     parallelism and vocabulary-parallel cross-entropy)."""
+    megatron_deepspeed = "megatron-deepspeed"
+    """Microsoft's Megatron-DeepSpeed fork: Megatron's legacy GPT model (tensor, sequence and
+    pipeline parallelism) trained by DeepSpeed's engine, its BF16_Optimizer or ZeRO stage-1
+    optimizer and its pipeline engine."""
+
+    @property
+    def megatron_layout(self) -> bool:
+        """Megatron's GPT model, its tensor-parallel layers and vocabulary-parallel loss, under
+        megatron-core (megatron) or DeepSpeed (megatron-deepspeed)."""
+        return self in (Framework.megatron, Framework.megatron_deepspeed)
 
 
 # torchtitan 9dec370 (2024-12-26), the commit of its published H100 benchmarks

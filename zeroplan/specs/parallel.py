@@ -160,10 +160,11 @@ class ParallelSpec(Frozen):
 PIPELINE_STRATEGIES = ("ddp", "zero1", "fsdp-full-shard", "fsdp-shard-grad-op", "hsdp")
 """Data-parallel strategies that run under a pipeline."""
 
-MODEL_PARALLEL_FRAMEWORKS = ("zeroplan", "torchtitan", "megatron")
+MODEL_PARALLEL_FRAMEWORKS = ("zeroplan", "torchtitan", "megatron", "megatron-deepspeed")
 """Profiles whose tensor, context, pipeline and expert parallelism are modelled: the reference
-model (Megatron-LM's layout, Korthikanti et al. 2022), torchtitan 0.3.0's own and megatron-core's
-(tensor, sequence and pipeline parallelism only: check_megatron_parallel)."""
+model (Megatron-LM's layout, Korthikanti et al. 2022), torchtitan 0.3.0's own, megatron-core's
+(tensor, sequence and pipeline parallelism only: check_megatron_parallel) and the
+Megatron-DeepSpeed fork's (the same, under DeepSpeed's pipeline engine)."""
 
 MEGATRON_SCHEDULES = (PipelineSchedule.one_f_one_b, PipelineSchedule.interleaved_1f1b)
 """megatron-core 0.16.1 pipeline_parallel/schedules.py get_forward_backward_func: without a
@@ -194,6 +195,8 @@ def check_parallel(parallel: ParallelSpec, model, cluster, batch, strategy_kind,
         return
     if framework.value == "megatron":
         check_megatron_parallel(parallel, model, batch)
+    if framework.value == "megatron-deepspeed":
+        check_megatron_deepspeed_parallel(parallel)
     if framework.value not in MODEL_PARALLEL_FRAMEWORKS:
         raise ZeroplanError(
             "parallel", f"tensor, context and pipeline parallelism are not modelled for {framework.value} "
@@ -232,7 +235,9 @@ def check_parallel(parallel: ParallelSpec, model, cluster, batch, strategy_kind,
     if parallel.pp > 1:
         # megatron-core's own schedules take any micro-batch count for 1F1B (its warm-up is
         # capped at the count) and check_megatron_parallel states its interleaved rule.
-        refused = None if framework.value == "megatron" else parallel.microbatch_rule(batch.grad_accum_steps)
+        # DeepSpeed's TrainSchedule (runtime/pipe/schedule.py) likewise takes any count.
+        refused = (None if framework.value in ("megatron", "megatron-deepspeed")
+                   else parallel.microbatch_rule(batch.grad_accum_steps))
         if refused:
             # The pipeline's micro-batches are the step's accumulation steps.
             raise ZeroplanError("batch.grad_accum_steps", refused)
@@ -272,6 +277,21 @@ def check_megatron_parallel(parallel: ParallelSpec, model, batch) -> None:
         # is at most m and the last group, m mod pp, is empty or at least pp: m a multiple of pp.
         raise ZeroplanError("batch.grad_accum_steps", f"{batch.grad_accum_steps} micro-batches for megatron's interleaved "
                             f"schedule over pp {parallel.pp} (allowed: a multiple of {parallel.pp})")
+
+
+# Megatron-DeepSpeed (microsoft f4157be) megatron/model/gpt_model.py GPTModelPipe is a DeepSpeed
+# PipelineModule (partition_method 'type:transformer': the blocks spread over the stages), run by
+# deepspeed 0.19.8 runtime/pipe/engine.py PipelineEngine under runtime/pipe/schedule.py
+# TrainSchedule, a 1F1B schedule without interleaving; the fork's context parallelism is
+# DeepSpeed-Ulysses' sequence parallelism, which is not planned.
+def check_megatron_deepspeed_parallel(parallel: ParallelSpec) -> None:
+    """The layouts the megatron-deepspeed profile plans, the rest refused in one line."""
+    if parallel.cp > 1:
+        raise ZeroplanError("parallel.cp", "DeepSpeed-Ulysses sequence parallelism is not modelled for megatron-deepspeed "
+                            "(allowed: cp 1)")
+    if parallel.pp > 1 and (parallel.pp_schedule is not PipelineSchedule.one_f_one_b or parallel.virtual_stages > 1):
+        raise ZeroplanError("parallel.pp_schedule", f"{parallel.pp_schedule.value!r} is not DeepSpeed's pipeline schedule "
+                            "(allowed: 1f1b, TrainSchedule, without virtual stages)")
 
 
 def check_expert_parallel(parallel: ParallelSpec, model, cluster, strategy_kind, framework) -> None:

@@ -309,7 +309,11 @@ class PlanRequest(Frozen):
         training, model, parallel = data.get("training"), data.get("model"), data.get("parallel")
         framework = (training.framework if isinstance(training, TrainingSpec)
                      else training.get("framework") if isinstance(training, dict) else None)
-        if framework not in (Framework.megatron, Framework.megatron.value) or not isinstance(model, ModelSpec):
+        # The Megatron-DeepSpeed fork pads alike (megatron/tokenizer/tokenizer.py
+        # _vocab_size_with_padding, megatron/arguments.py --make-vocab-size-divisible-by 128).
+        megatrons = (Framework.megatron, Framework.megatron.value, Framework.megatron_deepspeed,
+                     Framework.megatron_deepspeed.value)
+        if framework not in megatrons or not isinstance(model, ModelSpec):
             return data
         tp = parallel.tp if isinstance(parallel, ParallelSpec) else (parallel or {}).get("tp", 1)
         multiple = MEGATRON_VOCAB_MULTIPLE * tp
@@ -388,11 +392,12 @@ class PlanRequest(Frozen):
     @property
     def convention(self) -> StateConvention:
         """The byte layout of model states in force for this request."""
-        if self.training.framework is Framework.megatron:
+        if self.training.framework.megatron_layout:
             # megatron-core casts the module to 16 bits (transformer/module.py Float16Module: no
             # autocast) beside fp32 main parameters and, under bf16, fp32 gradients: DeepSpeed's
             # layout, which the buffers and collectives read; its model states are
-            # zeroplan.core.megatron's own.
+            # zeroplan.core.megatron's own. Megatron-DeepSpeed's are DeepSpeed's own: its ZeRO
+            # stage-1 optimizer or BF16_Optimizer (zeroplan.core.megatron_deepspeed).
             return StateConvention.deepspeed
         return self.training.state_convention or self.strategy.kind.default_convention
 

@@ -198,6 +198,11 @@ class StrategySpec(Frozen):
     deepspeed_param_persistence_threshold: int = Field(default=0, ge=0)
     """DeepSpeed zero_optimization.stage3_param_persistence_threshold (elements): parameters of at
     most this many elements stay gathered from the engine's start (``--emit`` writes 0)."""
+    deepspeed_grad_accum_fp32: bool = False
+    """DeepSpeed data_types.grad_accum_dtype "fp32" (its default is the model's dtype): under bf16
+    at ZeRO stage 1 DeepSpeed then runs its BF16_Optimizer instead of the ZeRO optimizer
+    (runtime/engine.py _do_optimizer_sanity_check; zeroplan.core.megatron_deepspeed). Planned for
+    the megatron-deepspeed profile."""
     deepspeed_overlap_comm: bool | None = None
     """DeepSpeed zero_optimization.overlap_comm; None is DeepSpeed's default (true at stage 3,
     false below: deepspeed/runtime/zero/config.py overlap_comm_valid). At stages 1-2 with

@@ -153,6 +153,11 @@ def rank_activation_bytes(request: PlanRequest, activations) -> tuple[int, int]:
     kept = chunks * blocks * terms.per_block // parallel.virtual_stages
     if holds_head(request):
         kept += last_stage_in_flight(request) * terms.outside
+    elif request.training.framework is Framework.megatron_deepspeed:
+        # DeepSpeed's pipeline engine keeps each in-flight micro-batch's stage output.
+        from zeroplan.core.megatron_deepspeed import pipe_output_bytes
+
+        kept += chunks * pipe_output_bytes(request)
     return kept, terms.recompute
 
 

@@ -41,7 +41,10 @@ def _rank_units(model: ModelSpec, tp: int, pp: int, schedule: PipelineSchedule, 
             if wanted:
                 keep.append(unit)
         units = tuple(keep)
-        if framework is Framework.megatron and model.tied_embeddings:
+        # Megatron-DeepSpeed's GPTModelPipe (megatron/model/gpt_model.py, the fork at f4157be)
+        # builds the tied embedding on the last stage too (TiedLayerSpec 'embed'), a module of
+        # its own whose gradient the pipeline engine all-reduces with the first stage's.
+        if framework.megatron_layout and model.tied_embeddings:
             units = _megatron_shared_embedding(units, model)
     units = expert_parallel_units(tensor_parallel_units(units, parallel.tp), model, parallel.ep, framework, efsdp)
     return finetune_units(units, finetune, framework)
