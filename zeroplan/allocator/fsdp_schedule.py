@@ -124,8 +124,15 @@ def record_fsdp_step(request: PlanRequest, states: ModelStateBytes, terms: PeakT
     accumulating = request.batch.grad_accum_steps > 1
     weights = [u.elements for u in units]
 
+    offload = request.training.fsdp_cpu_offload
+
     def gather(unit: _Unit) -> list[int]:
+        # Under CPU offload the unit's host shard is first copied to the device on a stream of
+        # its own, and that copy is freed once the all-gather has read it (offload_shard_copy).
+        copy = b.alloc(offload_shard_copy_bytes(unit.gathered_bytes, request.shard_group_size),
+                       Stream.host_copy) if offload else []
         flat = b.alloc(unit.gathered_bytes, Stream.all_gather)
+        b.free(copy)
         parameters = b.alloc_parts(unit.tensor_bytes)
         b.free(flat)
         return parameters
@@ -267,6 +274,18 @@ def record_fsdp_step(request: PlanRequest, states: ModelStateBytes, terms: PeakT
 
     one_step(True)
     one_step(False)
+
+
+# FSDP's CPU offload, torch 2.13: FSDP1's FlatParamHandle.pre_unshard (fsdp/_flat_param.py:1335-
+# 1337) runs flat_param_to(device) on the pre-unshard stream (_runtime_utils.py:292-293 _unshard),
+# a new device tensor of the padded shard that the all-gather reads (_flat_param.py:1440-1491
+# _all_gather_flat_param, record_stream to the unshard stream) and that goes once
+# _use_unsharded_flat_param points the FlatParameter at the gathered one; FSDP2's
+# FSDPParam.all_gather_inputs copies each offloaded shard to the device inside foreach_all_gather's
+# copy-in stream. Either way one shard of the unit (its gathered bytes over the shard group).
+def offload_shard_copy_bytes(gathered_bytes: int, shard_group_size: int) -> int:
+    """Bytes of the device copy of one rank's shard of a unit gathered to ``gathered_bytes``."""
+    return -(-gathered_bytes // max(shard_group_size, 1))
 
 
 def loss_allocations(request: PlanRequest, terms: PeakTerms) -> list[list[int]]:
