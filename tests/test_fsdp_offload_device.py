@@ -66,3 +66,18 @@ def test_each_gather_under_offload_first_copies_the_units_shard_to_the_device() 
     assert _requested_peak_bytes(ops) <= peak_allocated_bytes(states, terms, 1)[0]
     plain = _request(f"{QLORA} --quantize nf4")
     assert not any(stream == Stream.host_copy for _, _, _, stream in step_ops(plain, *peak_terms(plain)))
+
+
+def test_under_mixed_precision_the_shard_comes_over_in_fp32_then_is_cast() -> None:
+    # FSDP1's _use_low_precision_shard and FSDP2's all_gather_inputs: the fp32 shard copied to the
+    # device, its bf16 cast beside it, the fp32 one freed, then the unit's all-gather output.
+    flags = "gpt2 --framework hf --gpus 2 --micro-batch 1 --seq-len 512 --precision bf16-mixed --fsdp-cpu-offload"
+    request = _request(flags)
+    states, terms = peak_terms(request)
+    ops = step_ops(request, states, terms)
+    assert _requested_peak_bytes(ops) <= peak_allocated_bytes(states, terms, 1)[0]
+    first = next(i for i, op in enumerate(ops) if op[0] == ALLOC_OP and op[3] == Stream.host_copy)
+    fp32, bf16, freed, gathered = ops[first:first + 4]
+    assert bf16[0] == ALLOC_OP and bf16[3] == Stream.host_copy and fp32[2] == 2 * bf16[2]
+    assert freed[:2] == (FREE_OP, fp32[1])
+    assert gathered[0] == ALLOC_OP and gathered[3] == Stream.all_gather and bf16[2] == ceil_div(gathered[2], 2)
