@@ -124,8 +124,24 @@ def record_fsdp_step(request: PlanRequest, states: ModelStateBytes, terms: PeakT
     accumulating = request.batch.grad_accum_steps > 1
     weights = [u.elements for u in units]
 
+    offload = request.training.fsdp_cpu_offload
+    stored = element_bytes(request.training.precision, request.convention).parameter
+
     def gather(unit: _Unit) -> list[int]:
+        # Under CPU offload the unit's host shard is first copied to the device on a stream of
+        # its own (in the stored dtype, then cast to the compute dtype where they differ), and
+        # that copy is freed once the all-gather has read it (offload_shard_copy_parts).
+        copies = []
+        if offload:
+            shard = request.shard_group_size
+            parts = offload_shard_copy_parts(unit.gathered_bytes, unit.elements, compute, stored, shard)
+            copies = b.alloc(parts[0], Stream.host_copy)
+            if len(parts) > 1:
+                cast = b.alloc(parts[1], Stream.host_copy)
+                b.free(copies)
+                copies = cast
         flat = b.alloc(unit.gathered_bytes, Stream.all_gather)
+        b.free(copies)
         parameters = b.alloc_parts(unit.tensor_bytes)
         b.free(flat)
         return parameters
@@ -267,6 +283,28 @@ def record_fsdp_step(request: PlanRequest, states: ModelStateBytes, terms: PeakT
 
     one_step(True)
     one_step(False)
+
+
+# FSDP's CPU offload, torch 2.13: FSDP1's FlatParamHandle.pre_unshard (fsdp/_flat_param.py:1335-
+# 1337) runs flat_param_to(device) on the pre-unshard stream (_runtime_utils.py:292-293 _unshard),
+# a new device tensor of the padded shard that the all-gather reads (_flat_param.py:1440-1491
+# _all_gather_flat_param, record_stream to the unshard stream) and that goes once
+# _use_unsharded_flat_param points the FlatParameter at the gathered one; under parameter mixed
+# precision _use_low_precision_shard (_flat_param.py:1342-1357) copies the shard to the device in
+# its stored dtype into the low-precision _mp_shard, which post_unshard frees. FSDP2's
+# FSDPParam.all_gather_inputs (_fully_shard/_fsdp_param.py:897-901) copies each offloaded shard to
+# the device and casts it to the param dtype inside foreach_all_gather's copy-in stream
+# (_fsdp_collectives.py:336-358), freed once copied into the all-gather buffer.
+def offload_shard_copy_parts(gathered_bytes: int, trainable_elements: int, compute_bytes: int, stored_bytes: int,
+                             shard_group_size: int) -> list[int]:
+    """The device copies of one rank's host shard of a unit gathered to ``gathered_bytes``: the
+    shard as stored (its trainable elements in ``stored_bytes``, the frozen storage as gathered),
+    then, where the stored dtype is not the compute dtype, its cast (the shard as gathered)."""
+    shards = max(shard_group_size, 1)
+    as_gathered = -(-gathered_bytes // shards)
+    trainable = trainable_elements * compute_bytes
+    as_stored = -(-(gathered_bytes - trainable + trainable_elements * stored_bytes) // shards)
+    return [as_stored] if as_stored == as_gathered else [as_stored, as_gathered]
 
 
 def loss_allocations(request: PlanRequest, terms: PeakTerms) -> list[list[int]]:

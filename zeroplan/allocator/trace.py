@@ -18,6 +18,9 @@ class Stream(IntEnum):
     compute = 0
     all_gather = 1
     reduce_scatter = 2
+    host_copy = 3
+    """Where FSDP's CPU offload copies a unit's host shard to the device before its all-gather
+    (FSDP1's pre-unshard stream, FSDP2's all-gather copy-in stream)."""
 
 
 class AllocEvent(Frozen):

@@ -4,6 +4,7 @@ states", sec. 3.1), exact for a padded sharded layout, with offload to host memo
 from __future__ import annotations
 
 from zeroplan.core import deepspeed_offload
+from zeroplan.core.finetune.offload import offloaded_quant_constant_bytes
 from zeroplan.core.finetune.storage import frozen_held_bytes, frozen_tensor_bytes
 from zeroplan.core.finetune.units import trainable_view
 from zeroplan.core.megatron import megatron_model_state_bytes
@@ -266,8 +267,12 @@ def model_state_bytes(request: PlanRequest) -> ModelStateBytes:
         # parameters (_fsdp_param.py _init_sharded_param: padded_sharded_param.cpu()) and the
         # sharded gradients (_fsdp_collectives.py foreach_reduce: new_sharded_grad.to("cpu"))
         # live on the host, so the optimizer's states, created beside its parameters, do too.
-        host += parameter + gradient + optimizer
-        parameter = gradient = optimizer = counters = 0
+        # A bitsandbytes base's quantization constants are attributes the offload does not move
+        # (zeroplan.core.finetune.offload): they stay on the GPU.
+        kept = offloaded_quant_constant_bytes(request)
+        host += parameter - kept + gradient + optimizer
+        parameter = kept
+        gradient = optimizer = counters = 0
     return ModelStateBytes(
         parameter_bytes=parameter,
         gradient_bytes=gradient,
