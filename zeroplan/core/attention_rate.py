@@ -15,8 +15,9 @@ half the score blocks; backward 2.5x the forward: flash-attn benchmarks/benchmar
 flops()), so r prices the FLOPs the planner counts. Published at head dimension 128 (a width no
 kernel pads), causal, batch x sequence = 16k tokens, at
 sequences 512-16k; between points r is interpolated in log2(s), outside them held at the end
-point. A (generation, kernel) with no row runs at the matmul rate (r = 1, the flat HFU). A head dimension the kernel pads (flash kernels run it
-rounded up to their tile) runs at d / padded of that rate (head_dim_efficiency).
+point. A (generation, kernel) with no row runs at the matmul rate (r = 1, the flat HFU). A head
+dimension the kernel pads (flash kernels run it rounded up to their tile) runs at d / padded of
+that rate (head_dim_efficiency).
 """
 
 from __future__ import annotations
