@@ -99,10 +99,15 @@ def _abs_figures(errors: list[float]) -> str:
     return f"{statistics.median(magnitudes):.1%} | {max(magnitudes):.1%}"
 
 
-def calibrated_source_line(source: SourceCalibration, errors: list[RowError]) -> str:
+def calibrated_source_line(source: SourceCalibration, errors: list[RowError], source_hfus: list[float]) -> str:
+    """One source's calibration; ``source_hfus``: the HFU calibrate step solves on each of its rows
+    (the anchor's among them), to show where the anchor sits in its source: one row predicts the
+    rest within its spread only where it sits near the middle."""
     predicted = [e.calibrated_error for e in errors if e.source == source.source and e.calibrated_error is not None]
+    below = sum(hfu < source.hfu for hfu in source_hfus)
     return (f"| {source.label} | {source.gpu} | {len(predicted)} | {source.calibration_row} "
-            f"({source.calibration_gpus} GPUs) | {source.hfu:.3f} | {_abs_figures(predicted)} |")
+            f"({source.calibration_gpus} GPUs) | {source.hfu:.3f} | {statistics.median(source_hfus):.3f} "
+            f"| {below} of {len(source_hfus)} | {_abs_figures(predicted)} |")
 
 
 def calibrated_summary(errors: list[RowError]) -> str:
@@ -139,11 +144,21 @@ def calibrated_report(table) -> list[str]:  # type: ignore[no-untyped-def]
     sources, errors = calibration_study(table)
     errors = list(errors)
     labels = {e.source: e.label for e in errors}
+    from zeroplan.validate.step_calibration import DEFAULT_ATTENTION_RATE, mode_implied_hfus, source_of
+
+    implied = mode_implied_hfus(DEFAULT_ATTENTION_RATE, table)
+    by_source: dict[str, list[float]] = {}
+    for row in table.rows:
+        if row.name in implied:
+            by_source.setdefault(source_of(row), []).append(implied[row.name])
     lines = ["Calibrated on one row (zeroplan calibrate step's HFU, solved on the source's row of fewest GPUs, "
-             "ties: the first; scored on the source's other rows, never on the row it was solved on):", "",
-             "| source | GPU | rows predicted | calibrated on | HFU | median abs error | max abs error |",
-             "|---|---|---:|---|---:|---:|---:|"]
-    lines += [calibrated_source_line(source, errors) for source in sources]
+             "ties: the first; scored on the source's other rows, never on the row it was solved on; beside it the "
+             "median HFU calibrate step solves on each of the source's rows and how many of them solve below the "
+             "anchor's, to show where the anchor sits in its source):", "",
+             "| source | GPU | rows predicted | calibrated on | HFU | source's median HFU | rows below it "
+             "| median abs error | max abs error |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|"]
+    lines += [calibrated_source_line(source, errors, by_source[source.source]) for source in sources]
     lines += ["", calibrated_summary(errors), "",
               "Uncalibrated, leave-one-source-out: the flat HFU 0.4 (nothing fitted), an HFU per GPU generation "
               "x stack, and the fitted default (the planner's, per GPU generation x kernel class), each the median "

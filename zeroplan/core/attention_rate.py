@@ -12,10 +12,12 @@ with r the kernel's published forward + backward TFLOP/s over the GPU's maximum 
 rate (zeroplan.core.roofline.ceilings, MAMF), both read from publications, never fitted to the
 throughput rows. The kernels' TFLOP/s count FLOPs as zeroplan.core.flops executes them (causal:
 half the score blocks; backward 2.5x the forward: flash-attn benchmarks/benchmark_flash_attention.py,
-flops()), so r prices the FLOPs the planner counts. Published at head dimension 128 (the models
-of the published rows; other head sizes take it), causal, batch x sequence = 16k tokens, at
+flops()), so r prices the FLOPs the planner counts. Published at head dimension 128 (a width no
+kernel pads), causal, batch x sequence = 16k tokens, at
 sequences 512-16k; between points r is interpolated in log2(s), outside them held at the end
-point. A (generation, kernel) with no row runs at the matmul rate (r = 1, the flat HFU).
+point. A (generation, kernel) with no row runs at the matmul rate (r = 1, the flat HFU). A head
+dimension the kernel pads (flash kernels run it rounded up to their tile) runs at d / padded of
+that rate (head_dim_efficiency).
 """
 
 from __future__ import annotations
@@ -116,9 +118,39 @@ def kernel_name(kernel: AttentionKernel, implementation: AttentionImplementation
     return AttentionKernel.eager.value if kernel is AttentionKernel.eager else implementation.value
 
 
+# The flash kernels run the head dimension padded to their tile. llm-foundry v0.3.0 (the
+# version its benchmark sweep installs) llmfoundry/models/layers/flash_attn_triton.py,
+# _flash_attn_forward and _flash_attn_backward: BLOCK_HEADDIM = max(triton.next_power_of_2(d), 16),
+# the tiles' products BLOCK_HEADDIM wide with masked loads where d is not (EVEN_HEADDIM); the
+# Triton kernel flash-attn's benchmark times is the same code. flash-attention
+# csrc/flash_attn/flash_api.cpp (FlashAttention-2): head_size_rounded = round_multiple(head_size,
+# 32), the kernels instantiated per rounded head dimension (HEADDIM_SWITCH). PyTorch's eager
+# attention runs cuBLAS batched products of the true width (no padding).
+def padded_head_dim(kernel: str, head_dim: int) -> int:
+    """The head dimension ``kernel`` (an attention_rate_row kernel name) computes with."""
+    if kernel == AttentionImplementation.flash_attn_triton.value:
+        return max(1 << (head_dim - 1).bit_length(), 16)
+    if kernel == AttentionImplementation.flash_attn_2.value:
+        return -(-head_dim // 32) * 32
+    return head_dim
+
+
+# The planner counts attention's FLOPs at the model's head dimension d (zeroplan.core.flops); a
+# kernel padding it to d' executes d'/d of them, so at the published (unpadded, d = 128) rate
+# the counted FLOPs run at d / d' of it: MPT-30B's d = 112 runs Triton's and FlashAttention-2's
+# 128-wide tiles, 12.5 % of the products on padding.
+def head_dim_efficiency(kernel: str, head_dim: int) -> float:
+    """d / padded d: the share of ``kernel``'s products that are the model's."""
+    return head_dim / padded_head_dim(kernel, head_dim)
+
+
 def relative_attention_rate(architecture: GpuArchitecture | None, kernel: AttentionKernel,
-                            implementation: AttentionImplementation, seq_len: int) -> float:
+                            implementation: AttentionImplementation, seq_len: int,
+                            head_dim: int | None = None) -> float:
     """r: attention's FLOP rate over the matrix products' for this GPU generation and kernel at
-    ``seq_len`` (1 where the table has no row)."""
-    row = attention_rate_row(architecture, kernel_name(kernel, implementation))
-    return 1.0 if row is None else row.relative(seq_len)
+    ``seq_len`` and ``head_dim`` (unpadded where None), 1 where the table has no row."""
+    name = kernel_name(kernel, implementation)
+    row = attention_rate_row(architecture, name)
+    if row is None:
+        return 1.0
+    return row.relative(seq_len) * (1.0 if head_dim is None else head_dim_efficiency(name, head_dim))

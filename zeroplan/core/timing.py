@@ -218,7 +218,8 @@ def attention_relative_rate(request: PlanRequest) -> float:
 
     training = request.training
     return relative_attention_rate(request.cluster.gpu.architecture, training.attention_kernel,
-                                   training.attention_implementation, request.batch.seq_len)
+                                   training.attention_implementation, request.batch.seq_len,
+                                   request.model.head_size)
 
 
 def attention_flops_per_s(request: PlanRequest, matmul_rate: float) -> float:
@@ -227,14 +228,15 @@ def attention_flops_per_s(request: PlanRequest, matmul_rate: float) -> float:
     generation and kernel the table has no row for)."""
     mode = request.performance.attention_rate
     if mode == "kernel":
-        from zeroplan.core.attention_rate import attention_rate_row, kernel_name
+        from zeroplan.core.attention_rate import attention_rate_row, head_dim_efficiency, kernel_name
 
         training = request.training
-        row = attention_rate_row(request.cluster.gpu.architecture,
-                                 kernel_name(training.attention_kernel, training.attention_implementation))
+        name = kernel_name(training.attention_kernel, training.attention_implementation)
+        row = attention_rate_row(request.cluster.gpu.architecture, name)
         if row is None:
             return matmul_rate
-        return row.relative(request.batch.seq_len) * row.matmul_tflops * 1e12
+        return (row.relative(request.batch.seq_len) * head_dim_efficiency(name, request.model.head_size)
+                * row.matmul_tflops * 1e12)
     return matmul_rate * attention_relative_rate(request)
 
 

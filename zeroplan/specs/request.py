@@ -137,8 +137,8 @@ class PerformanceAssumptions(Frozen):
     'published' (the default), that rate times the kernel's published rate relative to the GPU's
     achievable matmul rate (the matmul rate on a GPU generation or kernel without a published
     rate); 'kernel', the kernel's published TFLOP/s itself, whatever the HFU. On the published
-    throughput rows, 'published' with the fitted default HFU is off by a median 9.9 % on sources
-    left out of the fit against 12.7 % under 'matmul', and calibrated from one row 10.2 % against
+    throughput rows, 'published' with the fitted default HFU is off by a median 10.4 % on sources
+    left out of the fit against 12.7 % under 'matmul', and calibrated from one row 8.9 % against
     14.6 % (docs/validation.md, "Attention at its own rate")."""
     overlap_grad_reduce: bool | None = None
     """True: data-parallel gradient reductions run during the backward, hidden behind its compute
