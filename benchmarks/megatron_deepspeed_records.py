@@ -193,14 +193,7 @@ def _worker(rank: int, out: str, zero_optimizer: bool = False) -> None:
 
     at_step: list[dict] = []
     bf16.optimizer.register_step_pre_hook(lambda *_: at_step.append(grad_bytes()))
-    g = torch.Generator().manual_seed(1 + rank)
-
-    def batches():
-        while True:
-            tokens = torch.randint(0, VOCAB, (MICRO_BATCH, SEQ), generator=g)
-            yield tokens, torch.roll(tokens, -1, dims=1)
-
-    data = batches()
+    data = _batches(rank)
     steps = []
     for _ in range(STEPS):
         reduced.clear()
@@ -225,6 +218,14 @@ def _worker(rank: int, out: str, zero_optimizer: bool = False) -> None:
     }
     Path(out).joinpath(f"rank{rank}.json").write_text(json.dumps(record, indent=1) + "\n")
     dist.destroy_process_group()
+
+
+def _batches(rank: int):
+    """Endless (tokens, next tokens) micro-batches, seeded per rank: the pipeline engine's data."""
+    g = torch.Generator().manual_seed(1 + rank)
+    while True:
+        tokens = torch.randint(0, VOCAB, (MICRO_BATCH, SEQ), generator=g)
+        yield tokens, torch.roll(tokens, -1, dims=1)
 
 
 def _zero_optimizer_record(rank: int, out: str, engine, module, group_numels: list[int]) -> None:
@@ -261,14 +262,7 @@ def _zero_optimizer_record(rank: int, out: str, engine, module, group_numels: li
     engine._INSTRUCTION_MAP = instructions
     zero.optimizer.register_step_pre_hook(lambda *_: moments.__setitem__("at_step", _held(engine, zero, params, masters,
                                                                                            states())))
-    g = torch.Generator().manual_seed(1 + rank)
-
-    def batches():
-        while True:
-            tokens = torch.randint(0, VOCAB, (MICRO_BATCH, SEQ), generator=g)
-            yield tokens, torch.roll(tokens, -1, dims=1)
-
-    data = batches()
+    data = _batches(rank)
     steps = []
     for _ in range(STEPS):
         moments.clear()
@@ -285,18 +279,24 @@ def _zero_optimizer_record(rank: int, out: str, engine, module, group_numels: li
     dist.destroy_process_group()
 
 
-def main_zero_optimizer(out: Path = OUT) -> None:
-    """The ZeRO stage-1 optimizer's record (records-zero1-bf16.json)."""
+def _run_ranks(out: Path, zero_optimizer: bool) -> list[dict]:
+    """Spawn the NPROC gloo ranks, each writing its record under out/tmp; their records, in rank order."""
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "tmp"
     tmp.mkdir(exist_ok=True)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-    mp.spawn(_worker, args=(str(tmp), True), nprocs=NPROC, join=True)
+    mp.spawn(_worker, args=(str(tmp), zero_optimizer), nprocs=NPROC, join=True)
     ranks = [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(NPROC)]
     for f in tmp.iterdir():
         f.unlink()
     tmp.rmdir()
+    return ranks
+
+
+def main_zero_optimizer(out: Path = OUT) -> None:
+    """The ZeRO stage-1 optimizer's record (records-zero1-bf16.json)."""
+    ranks = _run_ranks(out, zero_optimizer=True)
     record = {"command": "python benchmarks/megatron_deepspeed_records.py --zero-optimizer",
               "deepspeed": __import__("deepspeed").__version__, "torch": torch.__version__, "backend": "gloo",
               "ranks": ranks}
@@ -310,17 +310,8 @@ def main(out: Path = OUT) -> None:
         bf16_optimizer_bytes,
     )
 
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "tmp"
-    tmp.mkdir(exist_ok=True)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
     start = time.perf_counter()
-    mp.spawn(_worker, args=(str(tmp),), nprocs=NPROC, join=True)
-    ranks = [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(NPROC)]
-    for f in tmp.iterdir():
-        f.unlink()
-    tmp.rmdir()
+    ranks = _run_ranks(out, zero_optimizer=False)
     planned = bf16_optimizer_bytes(tuple(ranks[0]["group_numels"]), NPROC, 8)
     record = {
         "command": "python benchmarks/megatron_deepspeed_records.py",
