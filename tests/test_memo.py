@@ -25,7 +25,7 @@ from zeroplan.specs import (
     TrainingSpec, cluster_from_gpus,
 )
 from zeroplan.specs.parallel import ParallelSpec
-from zeroplan.specs.training import Precision, StateConvention
+from zeroplan.specs.training import ActivationCheckpointing, Precision, StateConvention
 
 
 def _request(kind: StrategyKind = StrategyKind.zero3, **batch) -> PlanRequest:
@@ -59,6 +59,30 @@ def test_a_function_that_reads_an_unkeyed_field_is_answered_uncached() -> None:
 
     assert tokens(_request(seq_len=1024)) == 1024 and tokens(_request(seq_len=2048)) == 2048
     assert tokens.fallbacks == 2
+
+
+def test_a_training_view_hides_the_fields_left_out_of_the_key() -> None:
+    @batch_keyed(training_but=("activation_checkpointing",))
+    def policy(request: PlanRequest) -> object:
+        return request.training.activation_checkpointing
+
+    @batch_keyed(training_but=("activation_checkpointing",))
+    def optimizer(request: PlanRequest) -> object:
+        return request.training.optimizer
+
+    full = _request().model_copy(update={"training": TrainingSpec(activation_checkpointing="full")})
+    assert policy(_request()) is ActivationCheckpointing.none and policy(full) is ActivationCheckpointing.full
+    assert policy.fallbacks == 2
+    sgd = _request().model_copy(update={"training": TrainingSpec(optimizer=Optimizer.sgd)})
+    assert optimizer(_request()) is Optimizer.adamw and optimizer(sgd) is Optimizer.sgd and optimizer.fallbacks == 0
+
+
+def test_state_terms_share_across_checkpointing_policies() -> None:
+    request = _request(StrategyKind.zero2)
+    before = _state_terms.fallbacks
+    full = request.model_copy(update={"training": TrainingSpec(activation_checkpointing="full")})
+    assert _state_terms(full) is _state_terms(request) and _state_terms.uncached(full) == _state_terms(request)
+    assert _state_terms.fallbacks == before
 
 
 def test_a_request_cache_keys_on_every_spec() -> None:
