@@ -29,17 +29,18 @@ class UnkeyedRead(BaseException):
 class BatchView:
     """The fields of a BatchSpec (or a TrainingSpec) a cache keys on; reading any other raises UnkeyedRead."""
 
-    __slots__ = ("_fields",)
+    __slots__ = ("_fields", "_values")
 
     def __init__(self, fields: tuple[tuple[str, object], ...]) -> None:
         self._fields = fields
+        self._values = dict(fields)
 
     def __getattr__(self, name: str) -> object:
         # Called only for names that are not slots: every BatchSpec field.
-        for field, value in self._fields:
-            if field == name:
-                return value
-        raise UnkeyedRead(name)
+        try:
+            return self._values[name]
+        except KeyError:
+            raise UnkeyedRead(name) from None
 
     def __eq__(self, other: object) -> bool:
         # Against a view only (the caches' keys); any other comparison reads the batch whole.
