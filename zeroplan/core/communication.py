@@ -202,9 +202,10 @@ def data_parallel_collectives(request: PlanRequest) -> list[Collective]:
 
 
 # The data-parallel collectives move model states and buffers, which do not change with the
-# micro-batch or the sequence, only their count with the accumulation: the requests of one
-# strategy at different micro-batches (fit, the largest micro-batch search) share them.
-@batch_keyed("grad_accum_steps")
+# micro-batch, the sequence or the checkpointing policy, only their count with the accumulation:
+# the requests of one strategy at different micro-batches (fit, the largest micro-batch search)
+# and policies (the plan search) share them.
+@batch_keyed("grad_accum_steps", training_but=("activation_checkpointing",))
 def _data_parallel_collectives(request: PlanRequest) -> tuple[Collective, ...]:
     return tuple(_uncached_data_parallel_collectives(request))
 

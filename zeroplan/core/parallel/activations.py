@@ -7,6 +7,7 @@ figure."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from zeroplan.core.activations import layer_terms, norm_bytes, outside_layers_bytes
 from zeroplan.core.compiled import (
@@ -21,6 +22,7 @@ from zeroplan.core.parallel.tensor import tensor_parallel_model
 from zeroplan.core.parallel.units import holds_head, rank_block_count
 from zeroplan.core.profiles import profile
 from zeroplan.specs.framework import Framework
+from zeroplan.specs.model import ModelSpec
 from zeroplan.specs.parallel import ParallelSpec, PipelineSchedule
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.training import ActivationCheckpointing
@@ -31,10 +33,19 @@ def chunk_request(request: PlanRequest, num_layers: int, *, split_heads: bool) -
     """One micro-batch through ``num_layers`` blocks of this rank, as a request of its own with
     nothing model-parallel: the tensor-parallel block (``split_heads``) or the whole one, and
     the rank's 1/cp of the sequence. Built without validation: only the planner reads it."""
-    model = tensor_parallel_model(request.model, request.parallel.tp) if split_heads else request.model
-    model = model.model_copy(update={"num_layers": num_layers})
-    batch = request.batch.model_copy(update={"seq_len": request.batch.seq_len // request.parallel.cp})
+    parallel = request.parallel
+    model = _chunk_model(request.model, parallel.tp if split_heads else 1, num_layers)
+    # Without context parallelism the rank's sequence is the request's (its batch as it is).
+    batch = request.batch if parallel.cp == 1 else request.batch.model_copy(update={"seq_len": request.batch.seq_len // parallel.cp})
     return request.model_copy(update={"model": model, "batch": batch, "parallel": _NO_MODEL_PARALLELISM})
+
+
+# A layout's chunks share the model's tensor-parallel block (the plan search asks for the
+# chunks of thousands of requests of a few models).
+@lru_cache(maxsize=256)
+def _chunk_model(model: ModelSpec, tp: int, num_layers: int) -> ModelSpec:
+    """``num_layers`` of the model's blocks as tensor-parallel rank 0 of ``tp`` computes them."""
+    return tensor_parallel_model(model, tp).model_copy(update={"num_layers": num_layers})
 
 
 _NO_MODEL_PARALLELISM = ParallelSpec()
