@@ -77,12 +77,16 @@ def test_a_training_view_hides_the_fields_left_out_of_the_key() -> None:
     assert optimizer(_request()) is Optimizer.adamw and optimizer(sgd) is Optimizer.sgd and optimizer.fallbacks == 0
 
 
-def test_state_terms_share_across_checkpointing_policies() -> None:
+def test_state_terms_and_data_parallel_collectives_share_across_checkpointing_policies() -> None:
     request = _request(StrategyKind.zero2)
     before = _state_terms.fallbacks
     full = request.model_copy(update={"training": TrainingSpec(activation_checkpointing="full")})
     assert _state_terms(full) is _state_terms(request) and _state_terms.uncached(full) == _state_terms(request)
     assert _state_terms.fallbacks == before
+    before = _data_parallel_collectives.fallbacks
+    assert _data_parallel_collectives(full) is _data_parallel_collectives(request)
+    assert _data_parallel_collectives.uncached(full) == _data_parallel_collectives(request)
+    assert _data_parallel_collectives.fallbacks == before
 
 
 def test_a_request_cache_keys_on_every_spec() -> None:
