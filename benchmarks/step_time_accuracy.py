@@ -1,10 +1,16 @@
 """The planner's step time against published FSDP throughput (zeroplan/validate/data/
-published_throughput.json, each row with its source): tokens/s/GPU predicted under the
-planner's default hardware FLOPs utilisation (HFU) and at the HFU the row's published MFU
+published_throughput.json, each row with its source): tokens/s/GPU predicted under the flat
+hardware FLOPs utilisation (HFU) 0.4 (nothing fitted) and at the HFU the row's published MFU
 implies (HFU = MFU x executed / model FLOPs), and under the roofline compute model
 (--compute-model roofline, zeroplan.core.roofline), beside the published figure.
 
     python benchmarks/step_time_accuracy.py [PUBLISHED.json]
+    python benchmarks/step_time_accuracy.py --write-default-efficiency
+
+The second form writes zeroplan/core/data/default_efficiency.json, the planner's default
+efficiency (zeroplan.core.default_efficiency: one HFU per GPU generation x kernel class, fitted
+on every published row), with the rows' file hash and sources. Its accuracy is printed
+leave-one-source-out ("fitted default"), never in sample.
 
 Errors are predicted / published - 1 on tokens/s/GPU (negative: the planner is too slow).
 docs/validation.md, "Step time", discusses them; nothing here is tuned per row.
@@ -12,8 +18,8 @@ docs/validation.md, "Step time", discusses them; nothing here is tuned per row.
 Then the calibrated figures (zeroplan.validate.step_calibration): each source (one publication's
 table) of at least three rows calibrated as ``zeroplan calibrate step`` would on its row of
 fewest GPUs, predicting its other rows; and, leave-one-source-out, the default HFU, an HFU
-fitted per GPU generation x stack and one per GPU generation x kernel class (the stack's
-attention kernel, compiled or not: zeroplan.core.stack_time) on the other sources, by GPU,
+fitted per GPU generation x stack and the fitted default, one per GPU generation x kernel class
+(the stack's attention kernel, compiled or not: zeroplan.core.default_efficiency), on the other sources, by GPU,
 stack, kernel class, strategy, checkpointing and source. No figure includes a row its own fit saw.
 """
 
@@ -23,14 +29,14 @@ import statistics
 import sys
 from pathlib import Path
 
-from zeroplan.specs import PerformanceAssumptions
+from zeroplan.core.default_efficiency import FLAT_HFU
 from zeroplan.validate.step_calibration import RowError, SourceCalibration, calibration_study
 from zeroplan.validate.step_time import (
     PUBLISHED_THROUGHPUT_FILE, StepTimeComparison, load_published_throughput, step_time_table,
 )
 
 HEADER = (
-    "| run | fits | published tok/s/GPU | step (s) | predicted, HFU {hfu:g} | error | its MFU | published MFU "
+    "| run | fits | published tok/s/GPU | step (s) | predicted, flat HFU {hfu:g} | error | its MFU | published MFU "
     "| HFU it implies | predicted at it | error | executed / model FLOPs | comm (s) | exposed (s) | roofline | error |"
 )
 
@@ -53,7 +59,7 @@ def format_row(c: StepTimeComparison) -> str:
 def report(path: Path = PUBLISHED_THROUGHPUT_FILE) -> str:
     table = load_published_throughput(path)
     rows = step_time_table(table)
-    header = HEADER.format(hfu=PerformanceAssumptions().hardware_flops_utilization)
+    header = HEADER.format(hfu=FLAT_HFU)
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     lines += [format_row(c) for c in rows]
     default_errors = [abs(c.tokens_per_s_error) for c in rows]
@@ -61,14 +67,14 @@ def report(path: Path = PUBLISHED_THROUGHPUT_FILE) -> str:
     roofline_errors = [abs(c.roofline_error) for c in rows if c.roofline_error is not None]
     lines.append("")
     lines.append(
-        f"{len(rows)} rows; |error| at the default HFU: median {statistics.median(default_errors):.1%}, "
+        f"{len(rows)} rows; |error| at the flat HFU {FLAT_HFU:g}: median {statistics.median(default_errors):.1%}, "
         f"max {max(default_errors):.1%}"
         + (f"; at the HFU the published MFU implies: median {statistics.median(mfu_errors):.1%}, max {max(mfu_errors):.1%}" if mfu_errors else "")
         + (f"; roofline compute model: median {statistics.median(roofline_errors):.1%}, max {max(roofline_errors):.1%}"
            if roofline_errors else "")
     )
     lines += ["", "By GPU and checkpointing (median error; rows the planner says do not fit counted too):", "",
-              "| GPU | checkpointing | rows | default HFU | roofline | exposed > 0 | planner says no fit |",
+              "| GPU | checkpointing | rows | flat HFU | roofline | exposed > 0 | planner says no fit |",
               "|---|---|---:|---:|---:|---:|---:|"]
     groups: dict[tuple[str, str], list[StepTimeComparison]] = {}
     for row, comparison in zip(table.rows, rows):
@@ -108,21 +114,21 @@ def calibrated_summary(errors: list[RowError]) -> str:
 
 
 def default_summary(errors: list[RowError]) -> str:
-    """The line the default band (zeroplan.calibrate.step.DEFAULT_BAND) quotes."""
-    hfu = PerformanceAssumptions().hardware_flops_utilization
+    """The line the flat band (zeroplan.calibrate.step.FLAT_BAND) quotes."""
     default = [abs(e.default_error) for e in errors]
     loso = [abs(e.loso_error) for e in errors]
-    return (f"uncalibrated, {len(errors)} rows: default HFU {hfu:g} |error| median {statistics.median(default):.1%}, "
+    return (f"uncalibrated, {len(errors)} rows: flat HFU {FLAT_HFU:g} |error| median {statistics.median(default):.1%}, "
             f"max {max(default):.1%}; HFU per GPU generation x stack fitted leave-one-source-out: median "
             f"{statistics.median(loso):.1%}, max {max(loso):.1%}")
 
 
 def kernel_summary(errors: list[RowError]) -> str:
-    """The line for the efficiency per kernel class x GPU generation (zeroplan.core.stack_time),
-    fitted leave-one-source-out."""
+    """The line the fitted default's band (zeroplan.calibrate.step.DEFAULT_BANDS['matmul']) quotes:
+    the planner's default efficiency, one HFU per GPU generation x kernel class
+    (zeroplan.core.default_efficiency), fitted leave-one-source-out."""
     kernel = [abs(e.kernel_error) for e in errors]
-    return (f"uncalibrated, {len(errors)} rows: HFU per GPU generation x kernel class (attention kernel, compiled or not) "
-            f"fitted leave-one-source-out: median {statistics.median(kernel):.1%}, max {max(kernel):.1%}")
+    return (f"uncalibrated, {len(errors)} rows: fitted default (HFU per GPU generation x kernel class, attention kernel, "
+            f"compiled or not) leave-one-source-out: median {statistics.median(kernel):.1%}, max {max(kernel):.1%}")
 
 
 GROUPINGS = (("GPU", "gpu"), ("stack", "stack"), ("kernel class", "kernel_class"), ("strategy", "strategy"), ("checkpointing", "checkpointing"),
@@ -139,11 +145,12 @@ def calibrated_report(table) -> list[str]:  # type: ignore[no-untyped-def]
              "|---|---|---:|---|---:|---:|---:|"]
     lines += [calibrated_source_line(source, errors) for source in sources]
     lines += ["", calibrated_summary(errors), "",
-              "Uncalibrated, leave-one-source-out: the default HFU (nothing fitted) and an HFU per GPU generation "
-              "x stack, the median HFU calibrate step solves on the rows of that mechanism in the other sources "
-              "(the held-out source's rows never in it):", "",
-              "| by | value | rows | default: median abs error | max | per generation x stack: median abs error | max "
-              "| per generation x kernel class: median abs error | max |",
+              "Uncalibrated, leave-one-source-out: the flat HFU 0.4 (nothing fitted), an HFU per GPU generation "
+              "x stack, and the fitted default (the planner's, per GPU generation x kernel class), each the median "
+              "HFU calibrate step solves on the rows of that mechanism in the other sources (the held-out "
+              "source's rows never in it):", "",
+              "| by | value | rows | flat HFU 0.4: median abs error | max | per generation x stack: median abs error | max "
+              "| fitted default: median abs error | max |",
               "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for title, field in GROUPINGS:
         groups: dict[str, list[RowError]] = {}
@@ -177,20 +184,55 @@ def attention_rate_report(table) -> list[str]:  # type: ignore[no-untyped-def]
     lines.append("")
     for f in figures:
         lines.append(f"attention rate {f.mode}: calibrated on one row, {len(f.calibrated)} rows: |error| median "
-                     f"{statistics.median(f.calibrated):.1%}, max {max(f.calibrated):.1%}; default HFU, "
+                     f"{statistics.median(f.calibrated):.1%}, max {max(f.calibrated):.1%}; flat HFU {FLAT_HFU:g}, "
                      f"{len(f.default)} rows: median {statistics.median(f.default):.1%}, max {max(f.default):.1%}; "
                      f"refused by calibrate step: {len(f.refused)} rows")
     lines.append("")
     for f in figures:
-        lines.append(f"attention rate {f.mode}, uncalibrated, {len(f.kernel_class)} rows: HFU per GPU generation x kernel "
-                     f"class fitted leave-one-source-out: median {statistics.median(f.kernel_class):.1%}, "
+        lines.append(f"attention rate {f.mode}, uncalibrated, {len(f.kernel_class)} rows: fitted default (HFU per GPU "
+                     f"generation x kernel class) leave-one-source-out: median {statistics.median(f.kernel_class):.1%}, "
                      f"max {max(f.kernel_class):.1%}")
     return lines
 
 
+def default_efficiency_report() -> list[str]:
+    """The shipped default efficiency's mechanisms (the fit on every row: what the planner uses,
+    not an accuracy figure) and whether the file is the fit of the current rows."""
+    from zeroplan.core.default_efficiency import DEFAULT_EFFICIENCY_FILE, default_table
+    from zeroplan.validate.step_calibration import default_efficiency_table
+
+    shipped = default_table()
+    current = shipped == default_efficiency_table()
+    lines = [f"The planner's default efficiency ({DEFAULT_EFFICIENCY_FILE.name}, fitted on every row: the HFUs it uses, "
+             f"in sample, not an accuracy figure; {'the fit of the current rows' if current else 'STALE: rerun ' + shipped.regenerate}):",
+             "", "| attention rate | generation | attention kernel | compiled (untimed) | HFU | rows | sources |",
+             "|---|---|---|---|---:|---:|---:|"]
+    for mode, mechanisms in shipped.mechanisms.items():
+        for m in mechanisms:
+            compiled = "any" if m.compiled is None else ("yes" if m.compiled else "no")
+            lines.append(f"| {mode} | {m.generation} | {m.attention or 'any'} | {compiled} | {m.hfu:.3f} | {m.rows} | {m.sources} |")
+    return lines
+
+
+def write_default_efficiency() -> Path:
+    """Fit the default efficiency on every published row and write it (atomically)."""
+    from zeroplan.atomic import write_text_atomic
+    from zeroplan.core.default_efficiency import DEFAULT_EFFICIENCY_FILE
+    from zeroplan.validate.step_calibration import default_efficiency_table
+
+    DEFAULT_EFFICIENCY_FILE.parent.mkdir(exist_ok=True)
+    write_text_atomic(DEFAULT_EFFICIENCY_FILE, default_efficiency_table().model_dump_json(indent=2) + "\n")
+    return DEFAULT_EFFICIENCY_FILE
+
+
 def main(argv: list[str]) -> int:
+    if argv == ["--write-default-efficiency"]:
+        print(f"wrote {write_default_efficiency()}")
+        return 0
     path = Path(argv[0]) if argv else PUBLISHED_THROUGHPUT_FILE
     print(report(path))
+    if path == PUBLISHED_THROUGHPUT_FILE:
+        print("\n" + "\n".join(default_efficiency_report()))
     return 0
 
 

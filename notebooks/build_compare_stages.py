@@ -95,8 +95,10 @@ plots.network_communication_figure(networks);"""),
 Sharding slows a step only by what its collectives leave exposed, and offload by the CPU's
 optimizer step and the PCIe copies. Each bar is a step with overlap, split into its parts."""),
     ("code", """plots.step_time_figure(report);"""),
-    ("markdown", """These step times are the planner's default, not calibrated: compute at HFU 0.4 on every
-executed FLOP. `compare` and `plan` print the same line under their tables; with `--efficiency FILE`
+    ("markdown", """These step times are the planner's default, not calibrated: every executed FLOP at the HFU
+fitted on published runs of the same GPU generation and attention kernel (the line below names it
+and the error band measured for it on sources left out of the fit). `compare` and `plan` print the
+same line under their tables; with `--efficiency FILE`
 (written by `zeroplan calibrate step` from one measured step of the same GPU and stack) it says
 *calibrated* and quotes the band measured for one-row calibrations on the published rows
 (docs/validation.md, "Step time")."""),
@@ -105,7 +107,7 @@ print(time_basis_line(request_for(), None, None, hfu_given=False))"""),
     ("markdown", """The trade-off in one picture: peak memory against step time, on both networks. On NVLink
 ZeRO-3 costs next to nothing and DeepSpeed's ZeRO-1/2, which reduce their gradients outside the
 backward by default (overlap_comm off below stage 3), 0.27 s; on InfiniBand DDP and HSDP leave
-1.1-1.4 s of each step waiting on the network, ZeRO-1/2 2.7 s, ZeRO-3 and FSDP 0.02-0.23 s. Offload is slower in the single node because
+1.7-2.0 s of each step waiting on the network, ZeRO-1/2 2.7 s, ZeRO-3 and FSDP 0.2-1.1 s. Offload is slower in the single node because
 its 8 GPUs share one host's CPUs for the optimizer step (1.5 s against 0.2 s with a host per GPU)."""),
     ("code", """plots.tradeoff_figure(networks);"""),
     ("markdown", """The same plans with compute timed kernel by kernel (`compute_model="roofline"`: matrix

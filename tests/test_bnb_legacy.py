@@ -77,3 +77,18 @@ def test_each_profile_that_plans_an_nf4_base_names_its_library_and_releases() ->
     assert "bitsandbytes 0.39.0 and later" in PROFILES[Framework.hf].nf4_library
     assert "bitsandbytes 0.39.0 and later" in PROFILES[Framework.zeroplan].nf4_library
     assert PROFILES[Framework.torchtune].nf4_library.startswith("torchao")
+
+
+@pytest.mark.slow
+def test_the_previous_steps_matmul_inputs_are_what_bitsandbytes_leaves_alive_after_backward() -> None:
+    # bitsandbytes' own Linear4bit on CPU (benchmarks/bnb_ctx_retention.py): the step's output
+    # referenced as litgpt's fit() references it, each MatMul4Bit input still alive is counted.
+    sys.path.insert(0, str(RECORDS.parent))
+    import bnb_ctx_retention
+    from zeroplan.core.finetune.activations import previous_step_matmul_inputs_bytes
+
+    assert bnb_ctx_retention.measure(keeps_input=False) == 0
+    kept = bnb_ctx_retention.measure(keeps_input=True)
+    assert kept > 0
+    assert kept == previous_step_matmul_inputs_bytes(bnb_ctx_retention.request("0.42.0"))
+    assert previous_step_matmul_inputs_bytes(bnb_ctx_retention.request("0.43.2")) == 0

@@ -79,15 +79,17 @@ def test_compare_and_plan_say_calibrated_or_default(capsys, tmp_path: Path) -> N
                         "--detail")
     assert code == 0
     line = text.splitlines()[-1]
-    assert line.startswith("step time: calibrated, HFU 0.345 from ") and "band" in line
+    assert line.startswith("step time: calibrated, HFU 0.390 from ") and "band" in line
     code, text, _ = run(capsys, "compare", "llama-3.1-70b", "--gpus", "64", "--gpu", "h100-80gb", "--detail")
-    assert text.splitlines()[-1].startswith("step time: default HFU 0.4, not calibrated")
+    assert text.splitlines()[-1].startswith("step time: fitted default HFU ")
+    assert ("(h100, flash-attn-2: median of 12 published rows, 2 sources; its kernel class has no rows of 2 sources "
+            "or more: fitted per attention kernel)") in text.splitlines()[-1]
     code, text, _ = run(capsys, "compare", "llama-3.1-70b", "--gpus", "64", "--gpu", "h100-80gb", "--hfu", "0.5", "--detail")
     assert "HFU 0.5 as given (--hfu), not calibrated; band not measured" in text
     code, text, err = run(capsys, "plan", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", "--global-batch", "16",
                           "--no-model-parallel", "--top", "2", "--efficiency", str(out), "--detail")
     assert code == 0, err
-    assert "step time: calibrated, HFU 0.345" in text
+    assert "step time: calibrated, HFU 0.390" in text
 
 
 @pytest.mark.parametrize("extra, needle", [

@@ -83,3 +83,37 @@ def test_compiled_fine_tunes_not_measured_are_refused_naming_the_field(fields, f
     with pytest.raises(ZeroplanError) as error:
         check_compiled(TrainingSpec(framework=framework, compile=True, finetune=FineTuneSpec(**fields)), get_model("llama-3.1-8b"))
     assert error.value.field == "finetune"
+
+
+@pytest.mark.slow
+def test_compiled_nf4_linear_writes_its_bf16_weight_once_and_its_backward_dequantizes_nothing() -> None:
+    # Inductor's generated CPU code for torchtune's FrozenNF4Linear (benchmarks/compiled_nf4_dequantize.py).
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import compiled_nf4_dequantize as bench
+    from zeroplan.core.finetune.activations import COMPILED_NF4_DEQUANTIZE_COPIES
+
+    forward, backward = bench.generated_buffers()
+    weight = 2 * bench.IN_FEATURES * bench.OUT_FEATURES
+    assert sum(size for _, size in forward if size >= weight) == COMPILED_NF4_DEQUANTIZE_COPIES * weight
+    assert not [size for _, size in backward if size >= weight]
+
+
+def test_a_compiled_torchtune_qlora_plans_no_dequantization_beside_the_blocks_backward() -> None:
+    from zeroplan.core.finetune.activations import dequantized_weight_bytes
+    from zeroplan.presets.gpus import get_gpu
+    from zeroplan.presets.models import get_model
+    from zeroplan.specs import BatchSpec, FineTuneSpec, PlanRequest, StrategySpec, TrainingSpec, cluster_from_gpus
+
+    def request(compile_: bool) -> PlanRequest:
+        finetune = FineTuneSpec(lora_rank=8, quantize="nf4", lora_targets=("q", "k", "v", "o", "gate", "up", "down"))
+        return PlanRequest(model=get_model("llama-3.1-8b"), cluster=cluster_from_gpus(get_gpu("a100-80gb"), 1),
+                           strategy=StrategySpec(kind="ddp"), batch=BatchSpec(seq_len=2048, micro_batch_size=2),
+                           training=TrainingSpec(framework="torchtune", precision="bf16-pure", finetune=finetune,
+                                                 activation_checkpointing="full", compile=compile_))
+
+    # Eager: torchao's get_original_weight, 7 bf16 copies of the MLP's 4096 x 14336 weight.
+    assert dequantized_weight_bytes(request(False)) == 7 * 2 * 4096 * 14336
+    assert dequantized_weight_bytes(request(True)) == 0

@@ -75,6 +75,22 @@ def test_deepspeed_json_round_trips(tmp_path: Path, strategy: str, precision: st
         assert zero.max_live_parameters == (1 + run.request.strategy.prefetch_units) * largest_unit_elements(run.request)
 
 
+@pytest.mark.parametrize("strategy, hpz", [("zero3-hpz", None), ("zero3-hpz", "4"), ("zero3-zeropp", None)])
+def test_deepspeed_json_carries_zeropp_as_planned(tmp_path: Path, strategy: str, hpz: str | None) -> None:
+    """ZeRO++: DeepSpeed reads back the secondary partition's group the plan sized (a node of 8
+    unless --hpz-partition-size says otherwise) and, for the full recipe, qwZ and qgZ on."""
+    flags = ["llama-3.1-8b", "--gpus", "16", "--gpu", "h100-80gb", "--framework", "hf", "--strategies", strategy,
+             "--flat-reserve"] + (["--hpz-partition-size", hpz] if hpz else [])
+    run = planned(*flags)
+    emit(run, tmp_path)
+    zero = deepspeed_parsed(tmp_path / "deepspeed.json").zero_config
+    assert int(zero.stage) == 3
+    assert zero.zero_hpz_partition_size == run.request.hpz_group_size == (int(hpz) if hpz else 8)
+    quantized = strategy == "zero3-zeropp"
+    assert (zero.zero_quantized_weights, zero.zero_quantized_gradients) == (quantized, quantized)
+    assert zero.zero_quantized_nontrainable_weights is False
+
+
 @pytest.mark.parametrize("strategy, pipeline", [("zero3-nvme", None), ("zero3-param-nvme", "both"),
                                                 ("zero3-param-nvme", "read")])
 def test_deepspeed_json_carries_nvme_offload_as_planned(tmp_path: Path, strategy: str, pipeline: str | None) -> None:
@@ -164,6 +180,23 @@ def test_accelerate_yaml_round_trips(tmp_path: Path, strategy: str, checkpointin
         assert config.deepspeed_config == {"deepspeed_config_file": "deepspeed.json", "zero3_init_flag": True}
     else:
         assert distributed == "MULTI_GPU"
+
+
+@pytest.mark.parametrize("extra", [(), ("--use-cache",)])
+def test_hf_fsdp_checkpointing_readme_says_what_the_plan_assumed_of_the_kv_cache(tmp_path: Path, extra) -> None:
+    """accelerate's fsdp_activation_checkpointing leaves transformers' use_cache=True on: the README
+    says to load the model without its cache when the plan has none, and that it was planned
+    with the cache when --use-cache was given; runs without checkpointing get no such line."""
+    base = ("llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", "--framework", "hf", "--strategies", "fsdp-full-shard",
+            "--flat-reserve")
+    emit(planned(*base, "--activation-checkpointing", "full", *extra), tmp_path / "ac")
+    text = (tmp_path / "ac" / "README.md").read_text()
+    if extra:
+        assert "planned with --use-cache" in text and "use_cache=False" not in text
+    else:
+        assert "from_pretrained(..., use_cache=False)" in text
+    emit(planned(*base, "--activation-checkpointing", "none"), tmp_path / "plain")
+    assert "KV cache" not in (tmp_path / "plain" / "README.md").read_text()
 
 
 def test_accelerate_refuses_what_it_cannot_express() -> None:

@@ -63,7 +63,12 @@ def test_the_detail_view_is_the_full_table(zeroplan_cli) -> None:
     assert code == 0
     args = build_parser().parse_args(argv)
     report = fit(request_from_args(args), parse_strategies(args.strategies))
-    assert out == render_table(report) + "\n"
+    from zeroplan.cli.efficiency import time_basis
+
+    # The full table, then the line naming the step time's basis (whole in the detail view).
+    detail = build_parser().parse_args([*argv, "--detail"])
+    assert out == render_table(report) + "\n" + time_basis(detail, request_from_args(detail)) + "\n"
+    assert out.splitlines()[-1].startswith("step time: fitted default HFU")
 
 
 def _report():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from zeroplan.core.default_efficiency import default_hfu
 from zeroplan.core.flops import (
     StepFlops, attention_forward_flops_per_token, hardware_utilization_from_model_utilization,
     layers_linear_forward_flops_per_token, model_flops_per_token, recompute_flops_per_token, step_flops,
@@ -39,6 +40,8 @@ def _request(checkpointing=ActivationCheckpointing.none, kernel=AttentionKernel.
         batch=BatchSpec(micro_batch_size=micro, seq_len=S, grad_accum_steps=accum),
         cluster=cluster_from_gpus(get_gpu("h100-80gb"), 1),
         strategy=StrategySpec(kind=StrategyKind.ddp),
+        # Every executed FLOP at one rate: the identities below are the flat-HFU model's.
+        performance=PerformanceAssumptions(attention_rate="matmul"),
     )
 
 
@@ -119,7 +122,8 @@ def test_published_mfu_converts_to_the_hfu_that_gives_the_same_compute_time() ->
         request = _request(mode)
         flops = step_flops(request)
         hfu = hardware_utilization_from_model_utilization(0.5, flops)
-        timed = request.model_copy(update={"performance": PerformanceAssumptions(hardware_flops_utilization=hfu)})
+        timed = request.model_copy(update={"performance": PerformanceAssumptions(hardware_flops_utilization=hfu,
+                                                                                 attention_rate="matmul")})
         forward_s, backward_s = compute_time_s(flops, timed)
         peak = request.cluster.gpu.peak_bf16_flops_per_s
         assert forward_s + backward_s == pytest.approx(flops.model_flops / (0.5 * peak), rel=1e-12)
@@ -129,8 +133,10 @@ def test_step_time_reports_throughput_and_mfu() -> None:
     request = _request(ActivationCheckpointing.full, micro=2, accum=3)
     t = step_time(request, ())
     peak = request.cluster.gpu.peak_bf16_flops_per_s
-    assert t.compute_s == pytest.approx(t.executed_flops / (peak * PerformanceAssumptions().hardware_flops_utilization))
+    # Without an HFU the request's fitted default applies (zeroplan.core.default_efficiency).
+    hfu = default_hfu(request).hfu
+    assert t.compute_s == pytest.approx(t.executed_flops / (peak * hfu))
     assert t.tokens_per_s_per_gpu == pytest.approx(2 * 3 * S / t.step_with_overlap_s)
     assert t.model_flops_utilization == pytest.approx(t.model_flops / (t.step_with_overlap_s * peak))
     # Full recomputation executes more than the model FLOPs count, so MFU falls below the HFU.
-    assert t.model_flops_utilization < PerformanceAssumptions().hardware_flops_utilization
+    assert t.model_flops_utilization < hfu

@@ -55,22 +55,47 @@ def test_rms_norm_saves_its_fp32_input_and_bf16_output() -> None:
     assert saved == 4 * sbh + 2 * sbh
 
 
-def test_lora_loss_is_bf16_head_chunks_and_their_log_softmax() -> None:
+def test_lora_loss_is_fp32_head_chunks_and_their_log_softmax() -> None:
+    # lightning's convert_output hands the bf16 chunks back as fp32 copies (LITGPT_LOGITS_BYTES);
+    # the model's forward end holds the bf16 chunks, their copies and the previous step's copies.
     request = _request("llama-3-8b", lora_rank=32)
-    sbv, chunk = S * B * 128256, 2 * B * LITGPT_LOSS_CHUNK_TOKENS * 128256
-    assert framework_logits_pieces(request) == (2 * 2 * sbv + chunk, 2 * 2 * sbv + 2 * chunk)
+    sbv, chunk = S * B * 128256, 4 * B * LITGPT_LOSS_CHUNK_TOKENS * 128256
+    assert framework_logits_pieces(request) == (2 * sbv + 4 * sbv + 4 * sbv, 2 * 4 * sbv + chunk, 2 * 4 * sbv + 2 * chunk)
 
 
-def test_full_loss_is_three_bf16_logit_tensors() -> None:
+def test_full_loss_is_three_fp32_logit_tensors() -> None:
     request = _request("llama-3-8b")
-    assert framework_logits_pieces(request) == (3 * 2 * S * B * 128256,) * 2
+    sbv = S * B * 128256
+    assert framework_logits_pieces(request) == (2 * sbv + 4 * sbv + 4 * sbv, 3 * 4 * sbv, 3 * 4 * sbv)
+
+
+def test_a_4bit_head_adds_its_dequantized_weight_and_the_previous_steps_matmul_inputs() -> None:
+    from zeroplan.core.finetune.activations import previous_step_matmul_inputs_bytes
+
+    def qlora(version: str) -> PlanRequest:
+        return _request("llama-3-8b").model_copy(update={"training": TrainingSpec(
+            framework=Framework.litgpt, precision=Precision.bf16_pure,
+            finetune=FineTuneSpec(lora_rank=32, quantize="nf4", bitsandbytes_version=version))})
+
+    old, new = qlora("0.42.0"), qlora("0.43.2")
+    tokens, sbv, chunk = S * B, S * B * 128256, B * LITGPT_LOSS_CHUNK_TOKENS * 128256
+    # Llama-3-8B, 32 blocks: q/k/v read the attention norm's output (4096), o the attention's
+    # (4096), gate/up the MLP norm's (4096), down the product (14336); the head the final norm's
+    # (4096); not the first block's q/k/v, whose input (the frozen embedding's) needs no gradient.
+    assert previous_step_matmul_inputs_bytes(old) == 2 * tokens * (32 * (3 * 4096 + 14336) - 4096 + 4096)
+    assert previous_step_matmul_inputs_bytes(new) == 0
+    head = (2 + 2) * 128256 * 4096  # fp16 dequantized, then its bf16 copy
+    last_chunk = 2 * (sbv - chunk) + head + 4 * sbv
+    assert framework_logits_pieces(new)[:2] == (last_chunk, 2 * sbv + 4 * sbv + 4 * sbv)
+    extra = previous_step_matmul_inputs_bytes(old)
+    assert framework_logits_pieces(old)[:2] == (last_chunk + extra, 2 * sbv + 4 * sbv + 4 * sbv + extra)
 
 
 def test_fsdp1_root_unit_stays_gathered_to_the_loss_backward() -> None:
     request = _request("llama-3-8b", kind=StrategyKind.fsdp_full_shard, gpus=4)
     gathered = fsdp_head_gathered_bytes(request)
     assert gathered >= 2 * 2 * 128256 * 4096  # bf16 embedding and head, unsharded
-    assert framework_logits_pieces(request)[0] == 3 * 2 * S * B * 128256 + gathered
+    assert framework_logits_pieces(request)[1] == 3 * 4 * S * B * 128256 + gathered
 
 
 def test_strategies_defaults_and_refusals() -> None:
@@ -136,8 +161,9 @@ def test_bf16_mixed_runs_an_fp32_module_under_autocast_with_an_fp32_cross_entrop
     )
     assert request.runs_under_autocast and autocast_caches_weights(request)
     sbv, rows = S * 32000, LITGPT_LOSS_CHUNK_TOKENS * 32000
-    # bf16 logits, fp32 log-softmax; a chunk's bf16 reshape copy and fp32 upcast; two fp32 gradients.
-    assert framework_logits_pieces(request) == (2 * sbv + 4 * sbv + 2 * rows + 4 * rows, 2 * sbv + 4 * sbv + 2 * 4 * rows)
+    # autocast's bf16 logits and lightning's fp32 copies (and the previous step's); fp32 logits,
+    # log-softmax, the last chunk's reshape copy and two gradients.
+    assert framework_logits_pieces(request) == (2 * sbv + 4 * sbv + 4 * sbv, 2 * 4 * sbv + 4 * rows, 2 * 4 * sbv + 2 * 4 * rows)
 
 
 def test_a_quantized_base_on_several_gpus_is_refused_as_litgpt_refuses_it() -> None:
@@ -155,3 +181,28 @@ def test_qlora_head_is_4bit_and_dequantizes_through_fp16() -> None:
     # The head is the largest 4-bit weight: dequantized to fp16 (lightning quantized it from
     # fp16), then cast to bf16 beside it.
     assert dequantized_weight_bytes(request) == 128256 * 4096 * (2 + 2)
+
+
+def test_lora_mlp_on_a_gpt_mlp_wraps_fc_and_proj_as_up_and_down() -> None:
+    from zeroplan.core.finetune.units import trainable_parameters
+    from zeroplan.core.params import parameter_units
+    from zeroplan.emit.formats import litgpt_command
+    from zeroplan.specs.finetune import check_finetune
+
+    phi2 = get_model(str(FIXTURES / "phi-2.json"))
+    t = LoraTarget
+    finetune = FineTuneSpec(lora_rank=8, lora_targets=(t.q, t.k, t.v, t.o, t.up, t.down, t.output))
+    check_finetune(finetune, phi2, Framework.litgpt, 1)
+    # litgpt/lora.py at 00af8b0: per block the fused qkv adapter (A 3r x h, B 3h x r), proj's
+    # (r x h, h x r), GptNeoxMLP fc's (r x h, f x r) and proj's (r x f, h x r); the head's (r x h, V x r).
+    h, f, r, v = 2560, 10240, 8, 51200
+    per_block = 2 * 3 * r * h + 2 * r * h + (r * h + f * r) + (r * f + h * r)
+    assert trainable_parameters(parameter_units(phi2), finetune, Framework.litgpt) == 32 * per_block + r * h + v * r
+    request = PlanRequest(model=phi2, batch=BatchSpec(seq_len=S, micro_batch_size=B),
+                          training=TrainingSpec(framework=Framework.litgpt, precision=Precision.bf16_pure, finetune=finetune),
+                          cluster=cluster_from_gpus(get_gpu("a10g"), 1), strategy=StrategySpec(kind=StrategyKind.ddp))
+    assert "--lora_mlp true" in litgpt_command(request)
+    with pytest.raises(ZeroplanError, match="'up': phi-2 has no such layer"):
+        check_finetune(finetune, phi2, Framework.hf, 1)
+    with pytest.raises(ZeroplanError, match="'gate': phi-2 has no such layer"):
+        check_finetune(FineTuneSpec(lora_rank=8, lora_targets=(t.q, t.gate)), phi2, Framework.litgpt, 1)

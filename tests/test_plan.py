@@ -187,7 +187,7 @@ def test_host_ram_shortfall_is_named_in_verdict_and_table():
     with contextlib.redirect_stdout(out):
         assert main([*argv, "--host-memory-gb", "1024"]) == 0
     text = out.getvalue()
-    verdict = text.strip().splitlines()[-1]
+    verdict = next(line for line in text.splitlines() if line.startswith("Verdict: "))
     assert verdict.startswith("Verdict: Nothing fits in host RAM: zero3-offload fits on the GPU")
     assert "1027.8 GiB of host RAM per node, 953.7 GiB available" in verdict
     zero3_offload_row = next(line for line in text.splitlines() if line.startswith("zero3-offload "))

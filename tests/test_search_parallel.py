@@ -95,7 +95,10 @@ def test_the_done_when_question_answers_and_may_pick_a_model_parallel_layout(cap
         request = _base("llama-3.1-70b", 64, seq_len=4096)
         candidate = PlanCandidate(**row)
         # Every layout shown passes the rules, with its strategy.
-        check_parallel(candidate.parallel, model, cluster, request.batch, StrategyKind(row["strategy"]), request.training.framework)
+        # Under the row's own batch: a pipeline's micro-batches are its accumulation steps.
+        batch = request.batch.model_copy(update={"micro_batch_size": row["micro_batch_size"],
+                                                 "grad_accum_steps": row["grad_accum_steps"]})
+        check_parallel(candidate.parallel, model, cluster, batch, StrategyKind(row["strategy"]), request.training.framework)
         if row["pp"] > 1:
             assert row["strategy"] in PIPELINE_STRATEGIES
         assert row["tp"] * row["pp"] * row["cp"] * row["dp"] == 64

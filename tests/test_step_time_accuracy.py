@@ -14,7 +14,8 @@ from zeroplan.core.compiled_time import compile_saved_seconds
 from zeroplan.core.flops import model_flops_per_token, step_flops
 from zeroplan.errors import ZeroplanError
 from zeroplan.presets.gpus import get_gpu
-from zeroplan.specs import PerformanceAssumptions, StrategyKind
+from zeroplan.core.default_efficiency import FLAT_HFU
+from zeroplan.specs import StrategyKind
 from zeroplan.validate.step_time import PUBLISHED_THROUGHPUT_FILE, load_published_throughput, step_time_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,8 +61,8 @@ def test_a_sources_own_architecture_reproduces_its_parameter_count() -> None:
             assert row.architecture.max_positions == row.seq_len, row.name
 
 
-def test_default_prediction_is_executed_flops_at_the_default_hfu_when_communication_hides() -> None:
-    hfu = PerformanceAssumptions().hardware_flops_utilization
+def test_flat_hfu_prediction_is_executed_flops_at_that_hfu_when_communication_hides() -> None:
+    hfu = FLAT_HFU
     for row, comparison in zip(ROWS, TABLE):
         if row.tp * row.pp > 1 or row.strategy is StrategyKind.zero1:
             # Model-parallel collectives block compute, and ZeRO-1's step-phase collectives are
@@ -90,8 +91,8 @@ def test_at_the_implied_hfu_the_planner_gives_back_the_published_throughput() ->
         assert comparison.with_published_mfu_error == pytest.approx(0.0, abs=rounding + 1e-4), comparison.name
 
 
-def test_predicted_mfu_is_the_default_hfu_over_the_flop_ratio() -> None:
-    hfu = PerformanceAssumptions().hardware_flops_utilization
+def test_predicted_mfu_is_the_flat_hfu_over_the_flop_ratio() -> None:
+    hfu = FLAT_HFU
     for row, comparison in zip(ROWS, TABLE):
         if comparison.exposed_communication_s > 0 or row.tp * row.pp > 1:  # the step is longer than compute
             continue
@@ -160,12 +161,12 @@ def test_every_published_run_fits() -> None:
 
 
 def test_readme_medians_are_what_the_benchmark_prints() -> None:
-    # The README quotes the summary line's two medians (|error| at the default HFU, and under
+    # The README quotes the summary line's two medians (|error| at the flat HFU 0.4, and under
     # the roofline), as printed to one decimal; docs/validation.md quotes the whole line.
     summary = next(line for line in _benchmark().report().splitlines() if " rows; |error| " in line)
     default, roofline = (re.search(pattern, summary)[1] for pattern in (
-        r"default HFU: median (\d+\.\d)%", r"roofline compute model: median (\d+\.\d)%"))
+        r"flat HFU 0.4: median (\d+\.\d)%", r"roofline compute model: median (\d+\.\d)%"))
     readme = " ".join((ROOT / "README.md").read_text().split())
-    assert f"median error {default} % at the default HFU, the roofline {roofline} % (too fast)" in readme
+    assert f"median error {default} % at the flat HFU 0.4, the roofline {roofline} % (too fast)" in readme
     docs = (ROOT / "docs" / "validation.md").read_text()
     assert summary.replace("%", " %") in docs

@@ -56,6 +56,11 @@ class FitReport(Frozen):
     allocator_conf_is_launch_default: bool = False
     """Whether that is the framework launcher's own setting (specs.framework.LAUNCH_ALLOCATOR_CONF)
     rather than one the request named."""
+    step_time_basis: str = ""
+    """What the step times rest on: the fitted default HFU of the request's mechanism, the flat
+    HFU, --hfu as given or a calibrated efficiency file, and the error band measured for it
+    (zeroplan.calibrate.step.time_basis_line; the line the text view prints under its table).
+    Filled by the command line; '' from the Python API, where time_basis_line gives it."""
 
     def plan_for(self, strategy: StrategyKind | str) -> StrategyPlan:
         kind = StrategyKind(strategy)
@@ -101,6 +106,11 @@ class PlanSearchResult(Frozen):
     configuration's step running out of memory under the flat reserve, what it would reserve and
     which of the others shown completes (zeroplan.core.search.allocator_caution, from each
     candidate's allocator_fits); '' otherwise."""
+    step_time_basis: str = ""
+    """What the step times rest on: the fitted default HFU of the request's mechanism, the flat
+    HFU, --hfu as given or a calibrated efficiency file, and the error band measured for it
+    (zeroplan.calibrate.step.time_basis_line; the line the text view prints under its table).
+    Filled by the command line; '' from the Python API, where time_basis_line gives it."""
 
     def to_dataframe(self):
         from zeroplan.frames import search_frame

@@ -34,6 +34,7 @@ from zeroplan.core.parallel.expert import expert_index, expert_leaf
 from zeroplan.core.parallel.units import rank_parameter_units
 from zeroplan.core.framework_loss import fsdp_chunked_head_bytes, framework_logits_tensors
 from zeroplan.core.fused_cross_entropy import fused_cross_entropy_parts
+from zeroplan.core.kv_cache import kv_cache_tensors
 from zeroplan.core.parallel.activations import rank_logits_pieces, rank_logits_tensors
 from zeroplan.core.profiles import fsdp_separates_embedding_and_head, loss_chunks
 from zeroplan.specs import StrategyKind
@@ -129,6 +130,7 @@ def record_fsdp_step(request: PlanRequest, states: ModelStateBytes, terms: PeakT
     block_parts = [p * per_block // max(sum(block_tensor_parts), 1) for p in block_tensor_parts]
     block_parts[-1] += per_block - sum(block_parts)
     shares = [] if accumulating else proportional_bytes(states.gradient_bytes, weights)
+    cache_parts = forward_cache_parts(request, len(block_units))
 
     # Two steps: AdamW creates its states lazily, inside the first step's optimizer step, among
     # the cached blocks the first backward left; the second step runs with them in place, as
@@ -148,9 +150,11 @@ def record_fsdp_step(request: PlanRequest, states: ModelStateBytes, terms: PeakT
             b.free(root)
             root = []
         saved: list[list[int]] = []
-        for unit in block_units:
+        cache: list[int] = []
+        for position, unit in enumerate(block_units):
             parameters = gather(unit)
             saved.append(b.alloc_parts([p for p in block_parts if p > 0]))
+            cache += b.alloc_parts(list(cache_parts[position]))
             b.free(parameters)
 
         # The root's parameters are resharded after the forward and gathered again at the loss's
@@ -161,8 +165,7 @@ def record_fsdp_step(request: PlanRequest, states: ModelStateBytes, terms: PeakT
             head_gradient = _chunked_loss(request, b, gather, units[-1])
         else:
             b.free(gather(units[-1]) if separate else [])
-            for moment in loss_allocations(request, terms):
-                b.free(b.alloc_parts(moment))
+            run_loss(request, terms, b, cache)
         root = [] if separate else gather(units[0])
         pending_input: list[int] = []
 
@@ -239,6 +242,31 @@ def loss_allocations(request: PlanRequest, terms: PeakTerms) -> list[list[int]]:
         # as one allocation of the planner's bytes.
         return [[piece] for piece in terms.logits_pieces]
     return moments
+
+
+def forward_cache_parts(request: PlanRequest, blocks: int) -> list[tuple[int, ...]]:
+    """The KV cache's tensors each block's forward adds (zeroplan.core.kv_cache: transformers'
+    cache keeps a layer's K and V as its attention runs), one tuple per block; empty tuples
+    without the cache."""
+    tensors = kv_cache_tensors(request) if request.parallel.is_trivial else ()
+    if not tensors:
+        return [()] * blocks
+    per_block = len(tensors) // blocks
+    return [tuple(tensors[k * per_block:(k + 1) * per_block]) for k in range(blocks)]
+
+
+def run_loss(request: PlanRequest, terms: PeakTerms, b: "TraceBuilder", cache: list[int]) -> None:
+    """The loss's moments one after another (loss_allocations). With the KV cache, the first
+    moment is the loss's forward, whose cache tensors the blocks' forward allocated already
+    (``cache``): its other tensors are made beside them, and the cache goes with them, as the
+    output object does once the forward returns (zeroplan.core.framework_loss)."""
+    moments = loss_allocations(request, terms)
+    if cache:
+        b.free(b.alloc_parts(moments[0][len(cache):]))
+        b.free(cache)
+        moments = moments[1:]
+    for moment in moments:
+        b.free(b.alloc_parts(moment))
 
 
 def per_chunk_head(request: PlanRequest) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from zeroplan.allocator.builder import TraceBuilder, even_parts, split_bytes
 from zeroplan.allocator.fsdp_schedule import applies as fsdp_applies
-from zeroplan.allocator.fsdp_schedule import loss_allocations, record_fsdp_step
+from zeroplan.allocator.fsdp_schedule import forward_cache_parts, record_fsdp_step, run_loss
 from zeroplan.allocator.replay import Ops
 from zeroplan.allocator.trace import AllocationTrace, Stream
 from zeroplan.core.activations import layer_terms
@@ -86,14 +86,15 @@ def _recorded_step(request: PlanRequest, states: ModelStateBytes, terms: PeakTer
     weights = _block_tensor_weights(request)
     outside_ids = b.alloc(outside)
     saved: list[list[int]] = []
-    for _ in range(blocks):
+    cache: list[int] = []
+    for parts in forward_cache_parts(request, blocks):
         unit = b.alloc(gathered, gather_stream)
         saved.append(b.alloc_parts(split_bytes(per_block, weights)))
+        cache += b.alloc_parts(list(parts))
         b.free(unit)
 
     # The loss: each of its moments in turn (the reference model's: three fp32 sbV tensors).
-    for moment in loss_allocations(request, terms):
-        b.free(b.alloc_parts(moment))
+    run_loss(request, terms, b, cache)
 
     # Backward, last block first: unit gathered and reduce buffer, the workspace (and the
     # recomputed block) while the block's gradients are computed, then its activations freed.

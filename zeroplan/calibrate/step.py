@@ -28,15 +28,27 @@ from zeroplan.specs.request import PlanRequest
 
 EFFICIENCY_KIND = "zeroplan-step-efficiency"
 
-CALIBRATED_BAND: tuple[float, float] | None = (0.146, 0.599)
+CALIBRATED_BAND: tuple[float, float] | None = (0.102, 0.466)
 """(median, max) |error| of tokens/s/GPU when each published source with at least three rows is
 calibrated on its row of fewest GPUs and predicts its other rows (benchmarks/step_time_accuracy.py,
 docs/validation.md "Calibrated from one measured step"; tests/test_step_calibration.py ties it to
 the printed figures); None until measured."""
 
-DEFAULT_BAND: tuple[float, float] | None = (0.217, 0.868)
-"""(median, max) |error| of tokens/s/GPU at the default HFU over every published row (nothing is
-fitted, so no row is in its own fit); None until measured."""
+DEFAULT_BANDS: dict[str, tuple[float, float]] = {
+    "matmul": (0.127, 1.091), "published": (0.099, 0.514), "kernel": (0.091, 0.452),
+}
+"""(median, max) |error| of tokens/s/GPU under the fitted default efficiency
+(zeroplan.core.default_efficiency), by attention-rate mode, over every published row with the
+efficiency fitted on the other sources only (leave-one-source-out; benchmarks/step_time_accuracy.py,
+tests/test_step_calibration.py ties them to the printed figures)."""
+
+DEFAULT_BAND: tuple[float, float] | None = DEFAULT_BANDS["published"]
+"""The fitted default's band under the default attention rate (published)."""
+
+FLAT_BAND: tuple[float, float] | None = (0.217, 0.868)
+"""(median, max) |error| of tokens/s/GPU at the flat HFU 0.4 (the default of a GPU without rows
+of its generation or compute die) over every published row (nothing is fitted, so no row is in
+its own fit)."""
 
 HFU_TOLERANCE = 1e-9
 """The bisection stops when the HFU bracket is this narrow."""
@@ -97,7 +109,8 @@ class StepEfficiency(Frozen):
     """The measured configuration."""
     attention_rate: Literal["matmul", "published", "kernel"] = "matmul"
     """PerformanceAssumptions.attention_rate the HFU was solved under (the HFU is the matrix
-    products' under 'published' and 'kernel'); --efficiency applies it only under the same."""
+    products' under 'published' and 'kernel'); --efficiency applies it only under the same. A
+    file without it was written when 'matmul' was the only rate."""
     predicted_compute_s: float = Field(ge=0)
     """Compute of the source configuration at the fitted HFU, seconds."""
     predicted_communication_s: float = Field(ge=0)
@@ -295,5 +308,12 @@ def _time_basis(request: PlanRequest, efficiency_path: str | None, efficiency: S
     if hfu_given:
         return (f"step time: HFU {request.performance.hardware_flops_utilization:g} as given (--hfu), not calibrated; "
                 "band not measured")
-    return (f"step time: default HFU {request.performance.hardware_flops_utilization:g}, not calibrated "
-            "(zeroplan calibrate step fits one); " + _band(DEFAULT_BAND, "on the published rows"))
+    from zeroplan.core.default_efficiency import default_hfu
+
+    default = default_hfu(request)
+    if default.level == "flat":
+        return (f"step time: {default.describe()}, not calibrated (zeroplan calibrate step fits one); "
+                + _band(FLAT_BAND, "of the flat HFU on the published rows"))
+    return (f"step time: {default.describe()}, not calibrated (zeroplan calibrate step fits one); "
+            + _band(DEFAULT_BANDS.get(request.performance.attention_rate),
+                    "on published rows of sources left out of the fit"))

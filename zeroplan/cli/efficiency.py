@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import argparse
 
-from zeroplan.specs import PerformanceAssumptions
-
-DEFAULT_HFU = PerformanceAssumptions.model_fields["hardware_flops_utilization"].default
+DEFAULT_HFU = None
+"""--hfu left out (zeroplan.cli.fit.DEFAULT_HFU)."""
 
 
 def add_efficiency_file_argument(parser: argparse.ArgumentParser) -> None:
@@ -32,7 +31,7 @@ def efficiency_hfu(args: argparse.Namespace, gpu_name: str, framework) -> float:
                                             "or --efficiency")
     efficiency = load_efficiency(args.efficiency)
     check_applies(efficiency, args.efficiency, gpu_name, framework)
-    rate = getattr(args, "attention_rate", "matmul")
+    rate = getattr(args, "attention_rate", "published")
     if efficiency.attention_rate != rate:
         raise ZeroplanError("--efficiency", f"{str(args.efficiency)!r} was solved under --attention-rate "
                                             f"{efficiency.attention_rate}, not {rate} (allowed: --attention-rate "
@@ -40,15 +39,21 @@ def efficiency_hfu(args: argparse.Namespace, gpu_name: str, framework) -> float:
     return efficiency.hardware_flops_utilization
 
 
+def time_basis_text(args: argparse.Namespace, request) -> str:  # type: ignore[no-untyped-def]
+    """The time-basis line, whole (FitReport.step_time_basis, PlanSearchResult.step_time_basis)."""
+    from zeroplan.calibrate.step import load_efficiency, time_basis_line
+
+    path = getattr(args, "efficiency", None)
+    efficiency = load_efficiency(path) if path else None
+    return time_basis_line(request, path, efficiency, hfu_given=args.hfu != DEFAULT_HFU)
+
+
 def time_basis(args: argparse.Namespace, request) -> str:  # type: ignore[no-untyped-def]
     """The line compare and plan print under their table: calibrated or default, and its band;
     wrapped to the screen's width in the first screen (the detail view keeps it whole)."""
     import textwrap
 
-    from zeroplan.calibrate.step import load_efficiency, time_basis_line
     from zeroplan.cli.parser import screen_width
 
-    path = getattr(args, "efficiency", None)
-    efficiency = load_efficiency(path) if path else None
-    line = time_basis_line(request, path, efficiency, hfu_given=args.hfu != DEFAULT_HFU)
+    line = time_basis_text(args, request)
     return line if getattr(args, "detail", False) else "\n".join(textwrap.wrap(line, screen_width()))

@@ -271,13 +271,25 @@ def add_fused_loss_argument(parser: argparse.ArgumentParser) -> None:
              "(llm-foundry's default loss_fn; framework zeroplan only)",
     )
     parser.add_argument(
+        "--use-cache", action="store_true",
+        help="hf: the model keeps transformers' KV cache (config use_cache=True, its default, which only its own "
+             "gradient_checkpointing turns off): under checkpointing applied from outside transformers (torch's "
+             "checkpoint_wrapper, as llama-recipes' FSDP) every layer's K and V stay alive with the output object",
+    )
+    parser.add_argument(
+        "--keep-outputs", action="store_true",
+        help="hf: the training loop holds the model's output object (logits, cache) through backward "
+             "(outputs = model(**batch); loss = outputs.loss) instead of only the loss",
+    )
+    parser.add_argument(
         "--unchunked-loss", action="store_true",
         help="torchtitan: its unchunked CrossEntropyLoss instead of the ChunkedLossWrapper its Llama-3 configs use; "
              "torchtune: a plain torch.nn.CrossEntropyLoss as the recipe's loss instead of CEWithChunkedOutputLoss",
     )
 
 
-DEFAULT_HFU = PerformanceAssumptions.model_fields["hardware_flops_utilization"].default
+DEFAULT_HFU = None
+"""--hfu left out: the fitted default of the request's mechanism (zeroplan.core.default_efficiency)."""
 
 
 def add_efficiency_arguments(parser: argparse.ArgumentParser) -> None:
@@ -285,7 +297,9 @@ def add_efficiency_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--hfu", type=positive_float, default=DEFAULT_HFU,
         help="hardware FLOPs utilisation: the fraction of peak bf16 FLOP/s at which the FLOPs the GPU executes "
-             f"(recomputation included) run (default {DEFAULT_HFU:g}); MFU is reported, not an input",
+             "(recomputation included) run (default: the HFU fitted on published rows for the GPU generation and "
+             "attention kernel, zeroplan.core.default_efficiency; 0.4 for a GPU without rows); MFU is reported, "
+             "not an input",
     )
     parser.add_argument(
         "--compute-model", choices=("hfu", "roofline"), default="hfu",
@@ -294,9 +308,9 @@ def add_efficiency_arguments(parser: argparse.ArgumentParser) -> None:
              "step included; a100-40gb, a100-80gb, h100-80gb, h200-141gb)",
     )
     parser.add_argument(
-        "--attention-rate", choices=("matmul", "published", "kernel"), default="matmul",
-        help="rate of attention's own FLOPs under --compute-model hfu: matmul (at --hfu like every FLOP, the "
-             "default), published (--hfu x the kernel's published rate relative to the GPU's matmul rate) or "
+        "--attention-rate", choices=("matmul", "published", "kernel"), default="published",
+        help="rate of attention's own FLOPs under --compute-model hfu: matmul (at --hfu like every FLOP), "
+             "published (--hfu x the kernel's published rate relative to the GPU's matmul rate, the default) or "
              "kernel (the kernel's published TFLOP/s); docs/communication-time.md, 'Compute'",
     )
     from zeroplan.cli.efficiency import add_efficiency_file_argument
@@ -417,6 +431,8 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         # torchtitan 9dec370 train.py loss_fn: its only loss, unchunked.
         unchunked_loss=args.unchunked_loss or (framework is Framework.torchtitan and getattr(args, "torchtitan_release", None) == "9dec370"),
         torchtitan_release=getattr(args, "torchtitan_release", None),
+        use_cache=getattr(args, "use_cache", False),
+        keep_outputs=getattr(args, "keep_outputs", False),
         optimizer_in_backward=args.optimizer_in_backward,
         paged_optimizer=args.paged_optimizer,
         fsdp_cpu_offload=args.fsdp_cpu_offload,
@@ -457,7 +473,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
             "mfu", "is no longer an input: give --hfu (executed FLOPs over peak; a published MFU converts as "
             "HFU = MFU x executed / model FLOPs, docs/communication-time.md 'Compute'); MFU is in the output",
         )
-    if args.hfu > 1:
+    if args.hfu is not None and args.hfu > 1:
         raise ZeroplanError("hfu", f"must be in (0, 1], got {args.hfu}")
     if args.compute_model == "roofline":
         if args.hfu != DEFAULT_HFU:
@@ -473,7 +489,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         hfu = efficiency_hfu(args, cluster.gpu.name, framework)
     performance = PerformanceAssumptions(
         hardware_flops_utilization=hfu, algorithm=args.algorithm, bandwidth=args.bandwidth,
-        compute_model=args.compute_model, attention_rate=getattr(args, "attention_rate", "matmul"),
+        compute_model=args.compute_model, attention_rate=getattr(args, "attention_rate", "published"),
         overlap_grad_reduce=getattr(args, "overlap_grad_reduce", None),
         overlap_param_gather=getattr(args, "overlap_param_gather", False),
         tp_comm_overlap=getattr(args, "tp_comm_overlap", False),
@@ -536,12 +552,15 @@ def _run(args: argparse.Namespace, compare: bool) -> int:
     request = request_from_args(args)
     report = fit(request, kinds)
     if args.format == "json":
+        from zeroplan.cli.efficiency import time_basis_text
+
+        report = report.model_copy(update={"step_time_basis": time_basis_text(args, request)})
         sys.stdout.write(report.model_dump_json(indent=2) + "\n")
     elif args.format == "csv":
         sys.stdout.write(report.to_dataframe().to_csv())
     else:
         sys.stdout.write(_rendered(report, args, compare) + "\n")
-        if compare and args.explain is None:
+        if args.explain is None:  # fit's tok/s/GPU column rests on the same basis as compare's
             from zeroplan.cli.efficiency import time_basis
 
             sys.stdout.write(time_basis(args, request) + "\n")

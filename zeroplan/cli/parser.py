@@ -167,6 +167,8 @@ FLAG_OF_FIELD = {
     "finetune.frozen_blocks": "--frozen-blocks",
     "compile": "--compile",
     "torchtitan_release": "--torchtitan-release",
+    "use_cache": "--use-cache",
+    "keep_outputs": "--keep-outputs",
     "training.paged_optimizer": "--paged-optimizer",
     "float8": "--float8",
 }

@@ -111,7 +111,10 @@ def run_plan(args: argparse.Namespace) -> int:
                     top=args.top, space=space, show_progress=True)
     args.search_result = result  # for what runs after the command (--emit, zeroplan.cli.emit)
     if args.format == "json":
-        sys.stdout.write(result.model_dump_json(indent=2) + "\n")
+        from zeroplan.cli.efficiency import time_basis_text
+
+        shown = result.model_copy(update={"step_time_basis": time_basis_text(args, base)})
+        sys.stdout.write(shown.model_dump_json(indent=2) + "\n")
     elif args.format == "csv":
         sys.stdout.write(result.to_dataframe().to_csv())
     else:

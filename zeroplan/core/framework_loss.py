@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from zeroplan.core.compiled import COMPILED_CROSS_ENTROPY_ROW_BYTES, compiled_chunked_logits_tensors, compiles_loss
 from zeroplan.core.frameworks import FP32_BYTES, hf_under_autocast
+from zeroplan.core.kv_cache import kv_cache_tensors, loss_forward_tensors
 from zeroplan.core.profiles import fsdp_separates_embedding_and_head, loss_chunks, profile
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.framework import Framework
@@ -236,28 +237,41 @@ LITGPT_LOSS_CHUNK_TOKENS = 128
 lm_head_chunk_size=128), and utils.chunked_cross_entropy's chunk_size defaults to 128."""
 
 
-# litgpt 0.4.13.dev1 (commit 00af8b0), the loss of its finetune scripts' fit(), in the compute
-# dtype throughout (the head's bf16 logits go to F.cross_entropy as they are: its log-softmax and
-# gradients are bf16), the logits held by fit()'s local `logits` until backward ends:
+LITGPT_LOGITS_BYTES = FP32_BYTES
+"""lightning 2.4 fabric/wrappers.py _FabricModule.forward (lines 140-143) runs the module under the
+precision plugin's forward_context and calls its convert_output once that context has restored
+the default dtype: HalfPrecision (plugins/precision/half.py lines 61-62, litgpt's bf16-true),
+BitsandbytesPrecision (bitsandbytes.py lines 155-156, --quantize bnb.*) and MixedPrecision
+(amp.py lines 70-71, bf16-mixed) cast every floating output to torch.get_default_dtype(), fp32
+(plugins/precision/utils.py _convert_fp_tensor): litgpt's logits reach its loss in fp32."""
+
+
+# litgpt 0.4.13.dev1 (commit 00af8b0), the loss of its finetune scripts' fit(): the head's
+# logits come back from lightning's _FabricModule as fp32 copies (LITGPT_LOGITS_BYTES: the
+# compute-dtype originals are alive until the last copy is made), so the cross-entropy, its
+# log-softmax and its gradients are fp32; fit()'s local `logits` holds them until the next
+# step's model(...) has returned:
 # - LoRA (finetune/lora.py lines 304-307; litgpt/lora.py GPT.forward lines 551-553): the head
-#   runs on 128-token slices of the sequence, a list of [b, 128, V] chunks (e*sbV); the last is
+#   runs on 128-token slices of the sequence, a list of [b, 128, V] chunks (4sbV); the last is
 #   sliced [..., :-1, :], which utils.chunked_cross_entropy's reshape copies (one chunk); each
-#   chunk's F.cross_entropy saves its log-softmax (e*sbV in all). In backward every chunk's
+#   chunk's F.cross_entropy saves its log-softmax (4sbV in all). In backward every chunk's
 #   nll_loss and log-softmax backward run before any chunk's reshape and head backward (they
 #   were recorded later, so autograd's queue takes them first): the saved log-softmax of the
-#   chunks not yet reached and the logit gradients of those done add to e*sbV, beside one
+#   chunks not yet reached and the logit gradients of those done add to 4sbV, beside one
 #   chunk's two gradients (the nll_loss gradient and the log-softmax one).
 # - Full fine-tune (finetune/full.py lines 255-257): the head returns [b, s, V] whole; the
-#   sliced logits' reshape copies them (e*sbV) and is split into 128-row chunks, whose saved
-#   log-softmax adds e*sbV: three e*sbV at the forward's end. In backward the split's
-#   gradient concatenates the chunks' gradients (two e*sbV beside the logits) and the slice's
-#   gradient is a new [b, s, V] written from it: three e*sbV again.
-# Under bf16-mixed (lightning 2.4 fabric/plugins/precision/amp.py MixedPrecision.forward_context:
-# torch.autocast around an fp32 module) autocast runs each chunk's cross-entropy in fp32 (its
-# fp32 list holds log_softmax and nll_loss): a chunk's fp32 copy in forward, an fp32 saved
-# log-softmax (4*sbV in all) and fp32 chunk gradients, cast back to the logits' bf16.
+#   sliced logits' reshape copies them (4sbV) and is split into 128-row chunks, whose saved
+#   log-softmax adds 4sbV: three 4sbV at the forward's end. In backward the split's gradient
+#   concatenates the chunks' gradients (two 4sbV beside the logits) and the slice's gradient
+#   is a new [b, s, V] written from it: three 4sbV again.
+# - The model's forward end (the first moment): when convert_output has made the last fp32
+#   copy, the compute-dtype logits are alive beside their copies, and the previous step's fp32
+#   logits beside both (fit() rebinds `logits` only once model(...) has returned), with what
+#   that step's graph keeps beyond its backward (bitsandbytes before 0.43.2: every 4-bit
+#   matmul's input, zeroplan.core.finetune.activations.previous_step_matmul_inputs_bytes).
 def litgpt_logits_pieces(request: PlanRequest) -> tuple[int, ...]:
-    """The loss's bytes at its forward's end and in its backward, as litgpt's fit() runs it."""
+    """The loss's bytes at the model's forward end, its forward's end and in its backward, as
+    litgpt's fit() runs it."""
     return tuple(sum(moment) for moment in litgpt_logits_tensors(request))
 
 
@@ -267,27 +281,44 @@ def _chunk_lengths(total: int, size: int) -> list[int]:
 
 
 def litgpt_logits_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...]:
-    """The tensors of litgpt_logits_pieces' two moments, one by one (LoRA: each 128-token
-    chunk's logits and saved log-softmax, the last chunk's copy (and its fp32 upcast), then one
-    chunk's two gradients; full: the logits, their reshaped copy and each 128-row chunk's
-    log-softmax, then three [b, s, V] tensors), with the gathered units."""
+    """The tensors of litgpt_logits_pieces' three moments, one by one (the model's forward end:
+    the head's output in the compute dtype, its fp32 copy and the previous step's; LoRA: each
+    128-token chunk's logits and saved log-softmax and the last chunk's copy, then one chunk's
+    two gradients; full: the logits, their reshaped copy and each 128-row chunk's log-softmax,
+    then three [b, s, V] tensors), with the gathered units."""
     model, training = request.model, request.training
     s, b = request.batch.seq_len, request.batch.micro_batch_size
     e = training.precision.compute_bytes
-    ce = FP32_BYTES if request.runs_under_autocast else e  # the cross-entropy's own dtype
-    upcast = ce != e
+    f = LITGPT_LOGITS_BYTES
     sbv = s * b * model.vocab_size
     gathered = fsdp_head_gathered_parts(request)
     if training.finetune.is_lora:
         rows = b * min(LITGPT_LOSS_CHUNK_TOKENS, s) * model.vocab_size
         chunks = [b * tokens * model.vocab_size for tokens in _chunk_lengths(s, LITGPT_LOSS_CHUNK_TOKENS)]
-        held = (*(e * c for c in chunks), *(ce * c for c in chunks))
-        forward = (*held, e * rows, *((ce * rows,) if upcast else ()))
-        return (*forward, *gathered), (*held, ce * rows, ce * rows, *gathered)
-    rows = LITGPT_LOSS_CHUNK_TOKENS * model.vocab_size
-    saved = [ce * tokens * model.vocab_size for tokens in _chunk_lengths(s * b, LITGPT_LOSS_CHUNK_TOKENS)]
-    forward = (e * sbv, e * sbv, *saved, *((ce * rows,) if upcast else ()))
-    return (*forward, *gathered), (e * sbv, e * sbv, e * sbv, *gathered)
+    else:
+        rows = LITGPT_LOSS_CHUNK_TOKENS * model.vocab_size
+        chunks = [sbv]
+    # convert_output's copy (none where the model computes in fp32 already: .to is a no-op).
+    head = (*((e * c for c in chunks) if e != f else ()), *(f * c for c in chunks))
+    from zeroplan.core.finetune.activations import previous_step_matmul_inputs_parts
+
+    previous = (*(f * c for c in chunks), *previous_step_matmul_inputs_parts(request))
+    model_end = (*head, *previous, *gathered)
+    if training.finetune.is_lora:
+        held = (*(f * c for c in chunks), *(f * c for c in chunks))
+        loss = (*held, f * rows, *gathered), (*held, f * rows, f * rows, *gathered)
+        if not training.finetune.quantize.is_quantized:
+            return model_end, *loss
+        # The 4-bit head (finetune.units: litgpt's lm_head) dequantizes its weight for each
+        # chunk (litgpt_dequantized_element_bytes: fp16, then its compute-dtype copy): at the
+        # last chunk, beside the chunks made before it and the previous step's tensors.
+        from zeroplan.core.finetune.activations import litgpt_dequantized_element_bytes
+
+        weight = litgpt_dequantized_element_bytes(request) * model.vocab_size * model.hidden_size
+        last_chunk = (*(e * c for c in chunks[:-1]), weight, *previous, *gathered)
+        return last_chunk, model_end, *loss
+    saved = [f * tokens * model.vocab_size for tokens in _chunk_lengths(s * b, LITGPT_LOSS_CHUNK_TOKENS)]
+    return model_end, (f * sbv, f * sbv, *saved, *gathered), (f * sbv, f * sbv, f * sbv, *gathered)
 
 
 def framework_logits_pieces(request: PlanRequest) -> tuple[int, ...]:
@@ -321,7 +352,14 @@ def framework_logits_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...
         return torchtune_unchunked_logits_tensors(request)
     # The loss's fp32 tensors are alive at the start of its backward, beside the head's unit
     # that FSDP2 gathers then (fsdp_head_gathered_bytes; 0 outside a framework's FSDP2).
-    return ((*logits_parts(model, s, b), *fsdp_head_gathered_parts(request)),)
+    backward = (*logits_parts(model, s, b), *fsdp_head_gathered_parts(request))
+    cache = kv_cache_tensors(request)
+    if not cache:
+        return (backward,)
+    # With transformers' KV cache kept (zeroplan.core.kv_cache) the loss's forward, formed inside
+    # the model's forward beside the head's gathered unit, is a moment of its own: every layer's
+    # K and V are alive until the output object goes.
+    return (*cache, *loss_forward_tensors(request), *fsdp_head_gathered_parts(request, prefetched=False)), backward
 
 
 # torchtune 0.6.1 with a plain torch.nn.CrossEntropyLoss as its recipe's loss (TrainingSpec.

@@ -22,6 +22,7 @@ from zeroplan.core.frameworks import (
 )
 from zeroplan.core.framework_loss import framework_logits_pieces
 from zeroplan.core.fused_cross_entropy import fused_cross_entropy_bytes
+from zeroplan.core.kv_cache import kept_outputs_bytes
 from zeroplan.core.profiles import (
     check_framework_request, check_framework_strategies, check_fsdp_cpu_offload, check_optimizer_in_backward,
     framework_strategies, fsdp_cpu_offload_strategies,
@@ -121,6 +122,8 @@ def _micro_batch_terms(request: PlanRequest) -> tuple[tuple[str, object], ...]:
         # The block a recomputing backward rebuilds is alive only in a block's backward: it
         # joins that moment's workspace, not the loss's moment (framework_recompute_bytes).
         activations, recompute = rank_activation_bytes(request, framework_activations)
+        # A loop that holds the model's output object keeps it through backward (zeroplan.core.kv_cache).
+        activations += kept_outputs_bytes(request)
         logits_pieces = rank_logits_pieces(request, framework_logits_pieces)
         logits = max(logits_pieces)
         workspace += recompute

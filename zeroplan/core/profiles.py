@@ -418,6 +418,9 @@ FRAMEWORK_OPTIONS = {
     "optimizer_in_backward": lambda prof: prof.offers_optimizer_in_backward,
     "fsdp_cpu_offload": lambda prof: prof.offers_fsdp_cpu_offload,
     "torchtitan_release": lambda prof: prof.framework is Framework.torchtitan,
+    # transformers' KV cache and the output object its caller holds (zeroplan.core.kv_cache).
+    "use_cache": lambda prof: prof.framework is Framework.hf,
+    "keep_outputs": lambda prof: prof.framework is Framework.hf,
 }
 """TrainingSpec fields only some frameworks offer -> whether a profile offers the option."""
 

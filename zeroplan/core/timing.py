@@ -201,8 +201,12 @@ def compute_flops(request: PlanRequest) -> tuple[float, float]:
 
 
 def executed_flops_per_s(request: PlanRequest) -> float:
-    """Peak bf16 FLOP/s times the hardware FLOPs utilisation: the rate executed FLOPs run at."""
-    return request.cluster.gpu.peak_bf16_flops_per_s * request.performance.hardware_flops_utilization
+    """Peak bf16 FLOP/s times the hardware FLOPs utilisation (the one given, else the fitted
+    default of the request's mechanism, zeroplan.core.default_efficiency): the rate executed
+    FLOPs run at."""
+    from zeroplan.core.default_efficiency import effective_hfu
+
+    return request.cluster.gpu.peak_bf16_flops_per_s * effective_hfu(request)
 
 
 def attention_relative_rate(request: PlanRequest) -> float:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.framework import Framework
+from zeroplan.specs.training import ActivationCheckpointing
 from zeroplan.emit import formats
 from zeroplan.specs.request import PlanRequest
 from zeroplan.units import GiB
@@ -118,6 +119,21 @@ FILE_ROLES = {
 }
 
 
+# transformers 4.56.2: LlamaConfig (and most causal LMs' configs) default use_cache=True, and only
+# transformers' own gradient checkpointing turns it off in training (utils/generic.py, the
+# use_cache override under self.gradient_checkpointing); the checkpoint wrapper accelerate's
+# fsdp_activation_checkpointing applies does not, so the forward builds a cache of every layer's K
+# and V (zeroplan.core.kv_cache) unless the script loads the model with use_cache=False.
+def _use_cache_note(planned_with_cache: bool) -> str:
+    """The README's line on transformers' KV cache under accelerate's FSDP checkpointing."""
+    if planned_with_cache:
+        return ("KV cache: planned with --use-cache (every layer's K and V kept through the step), as transformers "
+                "does under fsdp_activation_checkpointing when the model keeps its config's use_cache=True.")
+    return ("KV cache: the plan assumes none. Under fsdp_activation_checkpointing transformers keeps its config's "
+            "use_cache=True and builds a cache of every layer's K and V in training: load the model with "
+            "`from_pretrained(..., use_cache=False)` (or set `model.config.use_cache = False`), or plan with --use-cache.")
+
+
 def readme(planned: PlannedRun, written: dict[str, str], skipped: dict[str, str]) -> str:
     r = planned.request
     b = r.batch
@@ -164,6 +180,9 @@ def readme(planned: PlannedRun, written: dict[str, str], skipped: dict[str, str]
                   "of pinned host memory per node (`ulimit -l`). The step time assumed the drive's "
                   f"{r.cluster.host.nvme_read_bytes_per_s / 1e9:.1f}/{r.cluster.host.nvme_write_bytes_per_s / 1e9:.1f} GB/s "
                   "read/write (--nvme-bandwidth)."]
+    if "accelerate.yaml" in written and r.training.framework is Framework.hf and r.strategy.kind.is_fsdp \
+            and r.training.activation_checkpointing is ActivationCheckpointing.full:
+        lines += ["", _use_cache_note(r.training.use_cache)]
     if r.training.float8 is not None:
         lines += ["", "float8: torchtitan 0.3.0 sets it in the config function (model_spec converters "
                   "Float8LinearConverter, as llama3_debugmodel_float8 does), not on the command line."]

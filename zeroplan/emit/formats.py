@@ -53,7 +53,7 @@ def _refuse_model_parallel(request: PlanRequest, what: str) -> None:
 
 DEEPSPEED_STRATEGIES = (StrategyKind.zero1, StrategyKind.zero2, StrategyKind.zero3, StrategyKind.zero2_offload,
                         StrategyKind.zero3_offload, StrategyKind.zero3_param_offload, StrategyKind.zero3_nvme,
-                        StrategyKind.zero3_param_nvme)
+                        StrategyKind.zero3_param_nvme, StrategyKind.zero3_hpz, StrategyKind.zero3_zeropp)
 
 NVME_PATH = "/local_nvme"
 """The swap directory written into deepspeed.json (DeepSpeed's ZeRO-Infinity tutorial's); the
@@ -117,7 +117,11 @@ def deepspeed_config(request: PlanRequest) -> dict[str, Any]:
       (pin_memory false, set explicitly: DeepSpeed 0.19.8's default is true,
       runtime/zero/offload_config.py);
     - NVMe (zero3-nvme, zero3-param-nvme): device "nvme" at NVME_PATH, the aio block and the
-      swappers' buffers as planned (nvme_offload_blocks)."""
+      swappers' buffers as planned (nvme_offload_blocks);
+    - ZeRO++ (zero3-hpz, zero3-zeropp): zero_hpz_partition_size, the secondary partition's group
+      as planned (PlanRequest.hpz_group_size, core/zero3_groups.py), and for zero3-zeropp
+      zero_quantized_weights and zero_quantized_gradients (qwZ, qgZ: core/zeropp.py), the three
+      keys of DeepSpeed's ZeRO++ tutorial (runtime/zero/config.py DeepSpeedZeroConfig)."""
     kind = request.strategy.kind
     if kind not in DEEPSPEED_STRATEGIES:
         raise NotApplicable(f"{kind.value} is not a DeepSpeed ZeRO strategy")
@@ -147,6 +151,10 @@ def deepspeed_config(request: PlanRequest) -> dict[str, Any]:
             "stage3_max_reuse_distance": 0,
             "stage3_max_live_parameters": (1 + request.strategy.prefetch_units) * largest_unit_elements(request),
         })
+    if kind.uses_hpz:
+        zero["zero_hpz_partition_size"] = request.hpz_group_size
+    if kind.quantizes_communication:
+        zero.update({"zero_quantized_weights": True, "zero_quantized_gradients": True})
     if kind.optimizer_on_nvme:
         zero.update(nvme_offload_blocks(request))
     else:
@@ -488,9 +496,12 @@ def litgpt_command(request: PlanRequest) -> str:
     args += [f"--lora_r {finetune.lora_rank}", f"--lora_alpha {finetune.lora_rank * finetune.scaling:g}",
              f"--lora_dropout {finetune.lora_dropout:g}"]
     for flag, wrapped in _LITGPT_LORA_FLAGS:
+        if flag == "lora_mlp" and not request.model.mlp.gated:
+            wrapped = (LoraTarget.up, LoraTarget.down)  # GptNeoxMLP's fc and proj
         present = [t in targets for t in wrapped]
         if any(present) and not all(present):
-            raise NotApplicable("litgpt's lora_mlp wraps every MLP linear or none (allowed: gate, up and down together)")
+            raise NotApplicable("litgpt's lora_mlp wraps every MLP linear or none (allowed: "
+                                f"{', '.join(t.value for t in wrapped)} together)")
         args.append(f"--{flag} {str(all(present)).lower()}")
     if finetune.quantize is Quantization.nf4:
         args.append(f"--quantize bnb.nf4{'-dq' if finetune.double_quant else ''}")

@@ -247,7 +247,7 @@ def compare_notes(report: FitReport) -> list[str]:
     if report.compute_model == "roofline":
         notes.append("compute: kernel by kernel at the GPU's measured ceilings (--compute-model roofline), a lower bound.")
     else:
-        notes.append("compute: every executed FLOP (recomputation included) at --hfu of peak; "
+        notes.append("compute: every executed FLOP (recomputation included) at the HFU the step-time line names of peak; "
                      "MFU = model FLOPs / (step x peak).")
     notes.append("nccl = the algorithm NCCL's tuning model picks per collective (AR all-reduce, AG all-gather, "
                  "RS reduce-scatter); * = at a published nccl-tests bandwidth (docs/gpus.md).")

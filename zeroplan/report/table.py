@@ -272,6 +272,8 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
         + (", fused cross-entropy (flash-attn)" if t.fused_cross_entropy else "")
         + (", unchunked loss" if t.unchunked_loss else "")
         + (f", torchtitan {t.torchtitan_release}" if t.torchtitan_release else "")
+        + (", KV cache kept (use_cache)" if t.use_cache else "")
+        + (", outputs held through backward" if t.keep_outputs else "")
         + (", optimizer in backward" if t.optimizer_in_backward else "")
         + (", FSDP CPU offload (sharded states in host RAM)" if t.fsdp_cpu_offload else "")
         + (", torch.compile" if t.compile else "")

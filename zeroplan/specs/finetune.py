@@ -260,7 +260,12 @@ def check_finetune(finetune: FineTuneSpec, model: ModelSpec, framework: Framewor
         check_int8_base(finetune, framework)
     check_lora_rank(finetune, model, framework)
     present = {LoraTarget.q, LoraTarget.k, LoraTarget.v, LoraTarget.o}
-    present |= {LoraTarget.gate, LoraTarget.up, LoraTarget.down} if model.mlp.gated else set()
+    if model.mlp.gated:
+        present |= {LoraTarget.gate, LoraTarget.up, LoraTarget.down}
+    elif framework is Framework.litgpt:
+        # litgpt 0.4.13.dev1 litgpt/lora.py GptNeoxMLP: lora_mlp wraps its fc and proj (a GPT MLP's
+        # two linears), planned as up (h -> f) and down (f -> h): zeroplan.core.finetune.units.
+        present |= {LoraTarget.up, LoraTarget.down}
     present |= set() if model.tied_embeddings else {LoraTarget.output}
     for target in finetune.targets(framework):
         if target not in present:

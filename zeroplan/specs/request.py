@@ -115,26 +115,31 @@ class MemoryAssumptions(Frozen):
 class PerformanceAssumptions(Frozen):
     """Named assumptions of the step-time model (docs/communication-time.md)."""
 
-    hardware_flops_utilization: float = Field(default=0.4, gt=0.0, le=1.0)
+    hardware_flops_utilization: float | None = Field(default=None, gt=0.0, le=1.0)
     """Fraction of the GPU's peak bf16 throughput at which the FLOPs the GPU executes run
     (zeroplan.core.flops: recomputation and causal attention as the kernels run them): HFU in
     PaLM's terms (Chowdhery et al. 2022, Appendix B). Compute time = executed FLOPs / (peak x
     this). A published MFU converts to it with
-    zeroplan.core.flops.hardware_utilization_from_model_utilization. 0.4 is a round figure, not
-    fitted (docs/communication-time.md, "Compute")."""
+    zeroplan.core.flops.hardware_utilization_from_model_utilization. None (the default): the
+    fitted default of the request's mechanism, GPU generation x kernel class
+    (zeroplan.core.default_efficiency, fitted on the published throughput rows; the flat 0.4,
+    a round figure, where no published row ran that generation or its compute die;
+    docs/communication-time.md, "Compute")."""
     compute_model: str = Field(default="hfu", pattern="^(hfu|roofline)$")
     """How compute is timed: 'hfu', every executed FLOP at hardware_flops_utilization x peak;
     'roofline', kernel by kernel against the GPU's measured ceilings (zeroplan.core.roofline:
     matrix products at the achievable matmul rate, attention with its softmax exponentials,
     memory-bound kernels and the optimizer step at the achievable memory bandwidth)."""
-    attention_rate: str = Field(default="matmul", pattern="^(matmul|published|kernel)$")
+    attention_rate: str = Field(default="published", pattern="^(matmul|published|kernel)$")
     """Under the 'hfu' compute model, the rate of attention's own FLOPs (QK^T and AV, forward,
     backward and recomputed; zeroplan.core.attention_rate, docs/communication-time.md,
-    "Compute"): 'matmul', the matrix products' rate (one HFU for every executed FLOP, the
-    default); 'published', that rate times the kernel's published rate relative to the GPU's
-    achievable matmul rate; 'kernel', the kernel's published TFLOP/s itself, whatever the HFU.
-    Not the default: on the published throughput rows it helps a calibrated step and hurts the
-    uncalibrated one (docs/validation.md, "Attention at its own rate")."""
+    "Compute"): 'matmul', the matrix products' rate (one HFU for every executed FLOP);
+    'published' (the default), that rate times the kernel's published rate relative to the GPU's
+    achievable matmul rate (the matmul rate on a GPU generation or kernel without a published
+    rate); 'kernel', the kernel's published TFLOP/s itself, whatever the HFU. On the published
+    throughput rows, 'published' with the fitted default HFU is off by a median 9.9 % on sources
+    left out of the fit against 12.7 % under 'matmul', and calibrated from one row 10.2 % against
+    14.6 % (docs/validation.md, "Attention at its own rate")."""
     overlap_grad_reduce: bool | None = None
     """True: data-parallel gradient reductions run during the backward, hidden behind its compute
     as far as it lasts (FSDP's hooks, DeepSpeed ZeRO-3's overlap_comm, Megatron-LM's

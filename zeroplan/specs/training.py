@@ -180,6 +180,20 @@ class TrainingSpec(Frozen):
     forward, one fp32 cross-entropy over all the logits, as ``llama3_debugmodel_ce_loss``)
     instead of the ``ChunkedLossWrapper(num_chunks=8)`` its Llama-3 trainer configs build
     (docs/frameworks.md, "Loss")."""
+    use_cache: bool = False
+    """Hugging Face only: the model keeps transformers' KV cache in training (LlamaConfig's
+    default use_cache=True, which only transformers' own gradient checkpointing turns off), so
+    under checkpointing applied from outside transformers (torch's checkpoint_wrapper:
+    llama-recipes' FSDP, accelerate's fsdp_activation_checkpointing) every layer's K and V stay
+    alive with the model's output object; without checkpointing the cache is the K and V the
+    attention saves anyway. Runs on transformers before 4.36 (its tuple cache): 4.36's
+    DynamicCache and later make torch's non-reentrant checkpoint raise in backward
+    (zeroplan.core.kv_cache)."""
+    keep_outputs: bool = False
+    """Hugging Face only: the training loop holds the model's output object (its logits and,
+    with use_cache, its cache) through backward (``outputs = model(**batch); loss =
+    outputs.loss``) instead of keeping only the loss (``loss = model(**batch).loss``, the
+    Trainer's compute_loss)."""
     torchtitan_release: str | None = None
     """torchtitan only: the release whose FSDP2 wrapping and loss are planned, one of
     zeroplan.specs.framework.TORCHTITAN_RELEASES; None plans the profile's 0.3.0. "9dec370"

@@ -1,7 +1,9 @@
 """How well a calibrated step time predicts published throughput (docs/validation.md, "Step
 time"): per published source, the HFU ``zeroplan calibrate step`` solves on one row predicts the
-source's other rows; and, leave-one-source-out, the default HFU and an HFU fitted per mechanism
-(GPU generation x training stack) on the other sources only.
+source's other rows; and, leave-one-source-out, the flat HFU 0.4 (every FLOP at it) and HFUs fitted
+per mechanism (GPU generation x training stack, and the planner's fitted default, GPU generation x
+kernel class) on the other sources only. Calibrated and fitted figures time the planner's default
+attention rate (DEFAULT_ATTENTION_RATE); attention_rate_figures compares the modes.
 
 Rules the figures keep: what is fitted is per mechanism, never per row; the row a calibration is
 solved on is never among the rows it is scored on; every figure is out of sample."""
@@ -12,6 +14,9 @@ import functools
 import statistics
 
 from zeroplan.calibrate.step import planned_step, solve_hfu
+from zeroplan.core.default_efficiency import (
+    FLAT_HFU, DefaultEfficiencyTable, GenerationCompute, MechanismHfu, fit_mechanisms, generation_of, resolve,
+)
 from zeroplan.specs import AttentionKernel, PerformanceAssumptions
 from zeroplan.specs.base import Frozen
 from zeroplan.validate.step_time import PublishedThroughput, PublishedThroughputTable, load_published_throughput
@@ -31,9 +36,6 @@ def stack_of(row: PublishedThroughput) -> str:
     return row.stack or row.source_url.split("/")[4].lower()
 
 
-def generation_of(gpu: str) -> str:
-    """The GPU generation of a catalog name: a100-40gb and a100-80gb are both a100."""
-    return gpu.split("-")[0]
 
 
 def attention_class_of(row: PublishedThroughput) -> str:
@@ -43,14 +45,19 @@ def attention_class_of(row: PublishedThroughput) -> str:
     return row.attention_implementation.value
 
 
+def compiled_untimed_of(row: PublishedThroughput) -> bool:
+    """The row compiled and its timed request does not (zeroplan.core.default_efficiency.compiled_untimed):
+    a compile the planner times (zeroplan.core.compiled_time) is a modelled mechanism, and the HFU
+    solved on such a row is an eager step's, the same mechanism as its eager peers'."""
+    return row.compile and not row.request().training.compile
+
+
 def kernel_class_of(row: PublishedThroughput) -> str:
     """The row's kernel class (zeroplan.core.stack_time.kernel_class): its attention kernel and
-    whether it compiled with compile left out of its timed request. A compile the planner times
-    (zeroplan.core.compiled_time) is a modelled mechanism: the HFU solved on such a row is an
-    eager step's, the same mechanism as its eager peers'."""
+    whether it compiled with compile left out of its timed request (compiled_untimed_of)."""
     from zeroplan.core.stack_time import kernel_class
 
-    return kernel_class(attention_class_of(row), row.compile and not row.request().training.compile)
+    return kernel_class(attention_class_of(row), compiled_untimed_of(row))
 
 
 def source_label(row: PublishedThroughput) -> str:
@@ -64,14 +71,24 @@ def published_step_s(row: PublishedThroughput) -> float:
     return row.tokens_per_step_per_gpu / row.published_tokens_per_s_per_gpu
 
 
-def predicted_tokens_per_s(row: PublishedThroughput, hfu: float) -> float:
-    """The planner's tokens/s/GPU for ``row`` with compute at ``hfu``."""
-    return planned_step(row.request(hfu)).tokens_per_s_per_gpu
+DEFAULT_ATTENTION_RATE = PerformanceAssumptions().attention_rate
+"""The planner's attention-rate mode, which the calibrated and fitted-default figures time."""
+
+
+def default_request(row: PublishedThroughput, hfu: float | None = None):  # type: ignore[no-untyped-def]
+    """``row``'s request under the planner's default attention rate."""
+    return row.request(hfu, attention_rate=DEFAULT_ATTENTION_RATE)
+
+
+def predicted_tokens_per_s(row: PublishedThroughput, hfu: float, attention_rate: str = DEFAULT_ATTENTION_RATE) -> float:
+    """The planner's tokens/s/GPU for ``row`` with compute at ``hfu`` (attention at ``attention_rate``)."""
+    return planned_step(row.request(hfu, attention_rate=attention_rate)).tokens_per_s_per_gpu
 
 
 def implied_hfu(row: PublishedThroughput) -> float:
-    """The HFU ``zeroplan calibrate step`` solves on ``row`` (its published step)."""
-    return solve_hfu(row.request(), published_step_s(row))
+    """The HFU ``zeroplan calibrate step`` solves on ``row`` (its published step) under the
+    planner's default attention rate; a step shorter than the planner's at HFU 1 is refused."""
+    return solve_hfu(default_request(row), published_step_s(row))
 
 
 class RowError(Frozen):
@@ -87,7 +104,7 @@ class RowError(Frozen):
     checkpointing: str
     published_tokens_per_s_per_gpu: float
     default_tokens_per_s_per_gpu: float
-    """At the default HFU (nothing fitted)."""
+    """At the flat HFU 0.4, every FLOP at it (nothing fitted)."""
     loso_hfu: float
     """HFU of the row's mechanism (GPU generation x stack), fitted on the other sources' rows."""
     loso_tokens_per_s_per_gpu: float
@@ -122,7 +139,8 @@ class RowError(Frozen):
 
 
 class SourceCalibration(Frozen):
-    """One source calibrated on its row of fewest GPUs (ties: the first)."""
+    """One source calibrated on its row of fewest GPUs (ties: the first) that calibrate step
+    does not refuse."""
 
     source: str
     label: str
@@ -139,7 +157,7 @@ def published_row_efficiency(row: PublishedThroughput):  # type: ignore[no-untyp
     docs' example, docs/examples/, is one)."""
     from zeroplan.calibrate.step import calibrate_step
 
-    return calibrate_step(row.request(), published_step_s(row), model=f"{row.model} ({stack_of(row)}'s architecture)",
+    return calibrate_step(default_request(row), published_step_s(row), model=f"{row.model} ({stack_of(row)}'s architecture)",
                           note=f"published: {source_of(row)}, row {row.name!r}")
 
 
@@ -152,27 +170,54 @@ def mechanism_hfu(held_out: str, implied: dict[str, float], rows: tuple[Publishe
                   generation: str, stack: str) -> float:
     """The HFU of (generation, stack) fitted leave-one-source-out: the median implied HFU of the
     rows of that mechanism in every source but ``held_out``; the default where there are none."""
-    peers = [implied[row.name] for row in rows
-             if source_of(row) != held_out and generation_of(row.gpu) == generation and stack_of(row) == stack]
-    return statistics.median(peers) if peers else PerformanceAssumptions().hardware_flops_utilization
+    peers = [implied[row.name] for row in rows if source_of(row) != held_out and generation_of(row.gpu) == generation
+             and stack_of(row) == stack and row.name in implied]
+    return statistics.median(peers) if peers else FLAT_HFU
 
 
-# One efficiency per kernel class per GPU generation (zeroplan.core.stack_time): the median HFU
-# calibrate step solves on that mechanism's rows in the other sources. Where no other source ran
-# that class on that generation, the next coarser mechanism is used: the attention kernel alone
-# (compiled or not), then the generation alone, then the default; nothing is keyed by a row.
+# One efficiency per kernel class per GPU generation (zeroplan.core.default_efficiency): the
+# median HFU calibrate step solves on that mechanism's rows. Where no row ran that class on that
+# generation, the next coarser mechanism is used: the attention kernel alone (compiled or not),
+# then the generation alone; a generation without rows takes a fitted one of the same compute
+# die, else the flat HFU; nothing is keyed by a row. The shipped default is this fit on every
+# row; each accuracy figure is this fit on the other sources only.
+def fit_default_efficiency(implied: dict[str, float], rows: tuple[PublishedThroughput, ...],
+                           held_out: str | None = None) -> tuple[MechanismHfu, ...]:
+    """The mechanisms fitted on ``rows`` but ``held_out``'s (None: every row) and those calibrate
+    step refuses (not in ``implied``)."""
+    return fit_mechanisms((generation_of(row.gpu), attention_class_of(row), compiled_untimed_of(row), implied[row.name],
+                           source_of(row)) for row in rows if source_of(row) != held_out and row.name in implied)
+
+
+def generation_computes(rows: tuple[PublishedThroughput, ...]) -> tuple[GenerationCompute, ...]:
+    """The compute die of each generation the rows ran on."""
+    dies = {}
+    for row in rows:
+        gpu = row.gpu_spec
+        dies[generation_of(gpu.name)] = GenerationCompute(
+            generation=generation_of(gpu.name), architecture=gpu.architecture.value if gpu.architecture else "",
+            peak_bf16_flops_per_s=gpu.peak_bf16_flops_per_s)
+    return tuple(dies[generation] for generation in sorted(dies))
+
+
 def kernel_mechanism_hfu(held_out: str, implied: dict[str, float], rows: tuple[PublishedThroughput, ...],
                          row: PublishedThroughput) -> float:
     """The HFU of ``row``'s kernel class on its GPU generation, fitted leave-one-source-out."""
-    others = [peer for peer in rows if source_of(peer) != held_out and generation_of(peer.gpu) == generation_of(row.gpu)
-              and peer.name in implied]  # a row calibrate step refuses is no peer
-    for same in (lambda peer: kernel_class_of(peer) == kernel_class_of(row),
-                 lambda peer: attention_class_of(peer) == attention_class_of(row),
-                 lambda peer: True):
-        peers = [implied[peer.name] for peer in others if same(peer)]
-        if peers:
-            return statistics.median(peers)
-    return PerformanceAssumptions().hardware_flops_utilization
+    return _loso_fit(held_out, tuple(sorted(implied.items())), rows, row)
+
+
+@functools.lru_cache(maxsize=4096)
+def _loso_fit(held_out: str, implied: tuple[tuple[str, float], ...], rows: tuple[PublishedThroughput, ...],
+              row: PublishedThroughput) -> float:
+    mechanisms = _held_out_fit(held_out, implied, rows)
+    return resolve(mechanisms, generation_computes(rows), row.gpu_spec, attention_class_of(row),
+                   compiled_untimed_of(row)).hfu
+
+
+@functools.lru_cache(maxsize=64)
+def _held_out_fit(held_out: str, implied: tuple[tuple[str, float], ...],
+                  rows: tuple[PublishedThroughput, ...]) -> tuple[MechanismHfu, ...]:
+    return fit_default_efficiency(dict(implied), rows, held_out)
 
 
 def calibration_study(table: PublishedThroughputTable | None = None) -> tuple[tuple[SourceCalibration, ...], tuple[RowError, ...]]:
@@ -183,31 +228,35 @@ def calibration_study(table: PublishedThroughputTable | None = None) -> tuple[tu
 @functools.lru_cache(maxsize=2)
 def _study(table: PublishedThroughputTable) -> tuple[tuple[SourceCalibration, ...], tuple[RowError, ...]]:
     rows = table.rows
-    implied = {row.name: implied_hfu(row) for row in rows}
-    assert len(implied) == len(rows), "row names must be unique"
+    assert len({row.name for row in rows}) == len(rows), "row names must be unique"
+    # Rows calibrate step refuses under the default attention rate (a published step shorter
+    # than the planner's at HFU 1) are no anchor, no peer and not scored calibrated; the
+    # uncalibrated figures still score them.
+    implied = mode_implied_hfus(DEFAULT_ATTENTION_RATE, table)
     by_source: dict[str, list[PublishedThroughput]] = {}
     for row in rows:
         by_source.setdefault(source_of(row), []).append(row)
     calibrations: dict[str, tuple[PublishedThroughput, float]] = {}
     for source, members in by_source.items():
-        if len(members) >= MIN_SOURCE_ROWS:
-            anchor = calibration_row(members)
+        usable = [row for row in members if row.name in implied]
+        if len(members) >= MIN_SOURCE_ROWS and usable:
+            anchor = calibration_row(usable)
             calibrations[source] = (anchor, implied[anchor.name])
-    default_hfu = PerformanceAssumptions().hardware_flops_utilization
+    default_hfu = FLAT_HFU
     errors = []
     for row in rows:
         source = source_of(row)
         loso = mechanism_hfu(source, implied, rows, generation_of(row.gpu), stack_of(row))
         kernel_hfu = kernel_mechanism_hfu(source, implied, rows, row)
         calibrated = calibrated_tokens = None
-        if source in calibrations and calibrations[source][0].name != row.name:
+        if source in calibrations and calibrations[source][0].name != row.name and row.name in implied:
             calibrated = calibrations[source][1]
             calibrated_tokens = predicted_tokens_per_s(row, calibrated)
         errors.append(RowError(
             name=row.name, source=source, label=source_label(row), stack=stack_of(row), gpu=row.gpu, strategy=row.strategy.value,
             checkpointing=row.activation_checkpointing.value,
             published_tokens_per_s_per_gpu=row.published_tokens_per_s_per_gpu,
-            default_tokens_per_s_per_gpu=predicted_tokens_per_s(row, default_hfu),
+            default_tokens_per_s_per_gpu=predicted_tokens_per_s(row, default_hfu, "matmul"),
             loso_hfu=loso, loso_tokens_per_s_per_gpu=predicted_tokens_per_s(row, loso),
             kernel_class=kernel_class_of(row), kernel_hfu=kernel_hfu,
             kernel_tokens_per_s_per_gpu=predicted_tokens_per_s(row, kernel_hfu),
@@ -250,19 +299,27 @@ class AttentionRateFigures(Frozen):
     sources under this mode (kernel_mechanism_hfu; refused rows are no peers but are scored)."""
 
 
-@functools.lru_cache(maxsize=4)
-def attention_rate_figures(mode: str, table: PublishedThroughputTable | None = None) -> AttentionRateFigures:
-    """The calibrated and default figures of the rows under attention-rate ``mode``."""
+@functools.lru_cache(maxsize=8)
+def mode_implied_hfus(mode: str, table: PublishedThroughputTable) -> dict[str, float]:
+    """The HFU calibrate step solves on each row under attention-rate ``mode``; the rows it
+    refuses (a published step shorter than the planner's at HFU 1) are left out."""
     from zeroplan.errors import ZeroplanError
 
-    rows = (table or load_published_throughput()).rows
     implied: dict[str, float] = {}
-    refused = []
-    for row in rows:
+    for row in table.rows:
         try:
             implied[row.name] = solve_hfu(_with_attention_rate(row.request(), mode), published_step_s(row))
         except ZeroplanError:
-            refused.append(row.name)
+            pass
+    return implied
+
+
+@functools.lru_cache(maxsize=4)
+def attention_rate_figures(mode: str, table: PublishedThroughputTable | None = None) -> AttentionRateFigures:
+    """The calibrated and default figures of the rows under attention-rate ``mode``."""
+    rows = (table or load_published_throughput()).rows
+    implied = mode_implied_hfus(mode, table or load_published_throughput())
+    refused = [row.name for row in rows if row.name not in implied]
     by_source: dict[str, list[PublishedThroughput]] = {}
     for row in rows:
         by_source.setdefault(source_of(row), []).append(row)
@@ -283,3 +340,36 @@ def attention_rate_figures(mode: str, table: PublishedThroughputTable | None = N
               for row in rows]
     return AttentionRateFigures(mode=mode, per_source=tuple(per_source), calibrated=tuple(calibrated),
                                 default=tuple(default), refused=tuple(refused), kernel_class=tuple(kernel))
+
+
+REGENERATE = "python benchmarks/step_time_accuracy.py --write-default-efficiency"
+"""The command that writes zeroplan/core/data/default_efficiency.json from the published rows."""
+
+
+def default_efficiency_table(table: PublishedThroughputTable | None = None) -> DefaultEfficiencyTable:
+    """The shipped default efficiency (zeroplan.core.default_efficiency): every mechanism fitted
+    on every published row, under each attention-rate mode, with the rows' file hash and sources."""
+    import hashlib
+
+    from zeroplan.validate.step_time import PUBLISHED_THROUGHPUT_FILE
+
+    table = table or load_published_throughput()
+    counts: dict[str, int] = {}
+    for row in table.rows:
+        counts[source_of(row)] = counts.get(source_of(row), 0) + 1
+    root = PUBLISHED_THROUGHPUT_FILE.parents[3]
+    return DefaultEfficiencyTable(
+        description=("One HFU per GPU generation x kernel class (attention kernel; compiled where the planner does "
+                     "not time compile), at each coarser level too (attention kernel alone, generation alone): the "
+                     "median of the HFUs zeroplan calibrate step solves on the published rows of that mechanism, "
+                     "rows it refuses left out, where they come from at least two sources (MIN_MECHANISM_SOURCES). The "
+                     "planner's default when neither --hfu nor --efficiency is given "
+                     "(zeroplan.core.default_efficiency); its accuracy is measured leave-one-source-out by "
+                     "benchmarks/step_time_accuracy.py, never on this in-sample fit."),
+        regenerate=REGENERATE,
+        published_rows=str(PUBLISHED_THROUGHPUT_FILE.relative_to(root)),
+        published_rows_sha256=hashlib.sha256(PUBLISHED_THROUGHPUT_FILE.read_bytes()).hexdigest(),
+        sources=tuple(f"{source}: {count} rows" for source, count in sorted(counts.items())),
+        generations=generation_computes(table.rows),
+        mechanisms={mode: fit_default_efficiency(mode_implied_hfus(mode, table), table.rows) for mode in ATTENTION_RATES},
+    )

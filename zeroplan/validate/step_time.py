@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pydantic import Field, ValidationError
 
+from zeroplan.core.default_efficiency import FLAT_HFU
 from zeroplan.core.flops import hardware_utilization_from_model_utilization, step_flops
 from zeroplan.core.plan import plan, step_fits, under_allocator_model
 from zeroplan.core.roofline.ceilings import CEILINGS
@@ -139,16 +140,21 @@ class PublishedThroughput(Frozen):
     framework profile the memory model cannot compile (fms-fsdp's under the reference
     transformer, torchtune's LoRA with activation offloading) is timed eager."""
 
-    def request(self, hardware_flops_utilization: float | None = None, compute_model: str = "hfu") -> PlanRequest:
-        """The planner request for this run; the planner's default HFU unless one is given, or
-        the roofline compute model. Its memory is judged on the flat reserve: the step time does
+    def request(self, hardware_flops_utilization: float | None = None, compute_model: str = "hfu",
+                attention_rate: str = "matmul") -> PlanRequest:
+        """The planner request for this run; the flat HFU 0.4 unless one is given, or the
+        roofline compute model; every executed FLOP at the HFU unless ``attention_rate`` says
+        otherwise (zeroplan.validate.step_calibration times the planner's default mode). Its memory is judged on the flat reserve: the step time does
         not depend on it, and the allocator model's replays would be spent for nothing
         (compare_step_time asks the model for the verdict alone)."""
         overlap = {"overlap_grad_reduce": self.overlap_grad_reduce, "overlap_param_gather": self.overlap_param_gather,
                    "tp_comm_overlap": self.tp_comm_overlap}
-        performance = PerformanceAssumptions(compute_model=compute_model, **overlap)
-        if hardware_flops_utilization is not None:
-            performance = PerformanceAssumptions(hardware_flops_utilization=hardware_flops_utilization, **overlap)
+        performance = PerformanceAssumptions(compute_model=compute_model, attention_rate=attention_rate, **overlap)
+        if compute_model == "hfu":
+            # The flat HFU unless one is given: the fitted default (zeroplan.core.default_efficiency)
+            # was fitted on these rows, so no figure is reported at it in sample.
+            performance = PerformanceAssumptions(hardware_flops_utilization=hardware_flops_utilization or FLAT_HFU,
+                                                 attention_rate=attention_rate, **overlap)
         return PlanRequest(
             model=self.model_spec,
             training=TrainingSpec(
@@ -211,11 +217,11 @@ class StepTimeComparison(Frozen):
     published_tokens_per_s_per_gpu: float
     """The source's throughput."""
     predicted_step_s: float
-    """step_with_overlap_s under the planner's default HFU."""
+    """step_with_overlap_s under the flat HFU 0.4 (nothing fitted)."""
     predicted_tokens_per_s_per_gpu: float
     """Tokens per step per GPU over predicted_step_s."""
     predicted_mfu: float
-    """The planner's MFU at its default HFU (StepTime.model_flops_utilization)."""
+    """The planner's MFU at the flat HFU 0.4 (StepTime.model_flops_utilization)."""
     published_mfu: float | None
     """The source's MFU."""
     published_hfu: float | None
@@ -228,7 +234,7 @@ class StepTimeComparison(Frozen):
     communication_s: float
     """All collectives of the step back to back (the planner's alpha-beta model)."""
     exposed_communication_s: float
-    """Communication the planner says the compute does not hide (default HFU)."""
+    """Communication the planner says the compute does not hide (flat HFU 0.4)."""
     flops_per_token_ratio: float
     """Planner's executed FLOPs per token over the model FLOPs per token the source's MFU counts."""
     roofline_tokens_per_s_per_gpu: float | None = None

@@ -88,6 +88,45 @@ def bnb_4bit_keeps_input(request: PlanRequest) -> bool:
     return request.training.finetune.bnb_4bit_keeps_input and request.training.framework is not Framework.torchtune
 
 
+# Autograd frees what a node saved with save_for_backward once backward has run the node, but
+# the attributes of a custom Function's ctx live as long as the node, that is as long as anything
+# references the step's graph (its output, its loss). bitsandbytes before 0.43.2 keeps
+# MatMul4Bit's input as ctx.tensors (bnb_4bit_keeps_input), so every 4-bit linear's input of a
+# step outlives that step's backward until its graph is dropped (measured from bitsandbytes' own
+# Linear4bit with that line restored: benchmarks/bnb_ctx_retention.py; 0.43.2 and later keep
+# nothing). litgpt 0.4.13.dev1 finetune/lora.py fit() (lines 304-308) holds the head's output in
+# `logits` and rebinds it only when the next step's model(...) has returned: the previous step's
+# inputs are alive through the whole next forward. They are the distinct tensors the linears
+# read (zeroplan.core.finetune.activations INPUT_GROUPS), whole now (the attention's own copy of
+# o's input was saved with save_for_backward and is gone): the attention norm's output (q, k, v;
+# in a one-norm parallel block the MLP reads it too), the attention output (o), the MLP norm's
+# output (gate/up, GPT's fc), the MLP's product (down), and the final norm's output, whose
+# 128-token slices the 4-bit head (litgpt's lm_head) reads; not the first block's attention
+# input, the frozen embedding's output: it needs no gradient, so MatMul4Bit keeps nothing there
+# (ctx.needs_input_grad is false for both its operands).
+def previous_step_matmul_inputs_bytes(request: PlanRequest) -> int:
+    """Bytes of the previous step's 4-bit matmul inputs alive through litgpt's next forward (0
+    where bitsandbytes drops them or the framework drops the graph before its next forward)."""
+    return sum(previous_step_matmul_inputs_parts(request))
+
+
+def previous_step_matmul_inputs_parts(request: PlanRequest) -> tuple[int, ...]:
+    """previous_step_matmul_inputs_bytes tensor by tensor, block by block, the head's last (what
+    the caching-allocator model replays)."""
+    if request.training.framework is not Framework.litgpt or not bnb_4bit_keeps_input(request):
+        return ()
+    model = request.model
+    e = request.training.precision.compute_bytes
+    tokens = request.batch.seq_len * request.batch.micro_batch_size
+    reads = [model.hidden_size, model.attention_output_size, model.ffn_hidden_size]
+    if model.norms_per_block > 1:
+        reads.append(model.hidden_size)
+    first_block = reads[1:]  # its attention input is the frozen embedding's output
+    blocks = [first_block, *([reads] * (model.num_layers - 1))]
+    head_input = model.hidden_size
+    return (*(e * tokens * width for block in blocks for width in block), e * tokens * head_input)
+
+
 def quantized_base_outputs_fp32(request: PlanRequest) -> bool:
     """Whether a quantized base linear returns fp32 where it reads the fp32 residual stream or
     MLP: hf's QLoRA and int8 bases under prepare_model_for_kbit_training (FineTuneSpec.module_in_bf16),
@@ -263,6 +302,11 @@ def dequantized_weight_bytes(request: PlanRequest) -> int:
         return largest_quantized_elements(request) * int8_kept_input_bytes(request)
     if request.training.framework is Framework.litgpt:
         return largest_quantized_elements(request) * litgpt_dequantized_element_bytes(request)
+    if request.training.framework is Framework.torchtune and request.training.compile:
+        # Compiled, the backward dequantizes nothing: it reads the bf16 weights the forward wrote
+        # (COMPILED_NF4_DEQUANTIZE_COPIES), which the block keeps (zeroplan.core.compiled
+        # compiled_lora_delta_bytes) or its recomputation rebuilds (the recompute term).
+        return 0
     return largest_quantized_elements(request) * request.training.precision.compute_bytes * nf4_dequantize_copies(request)
 
 
@@ -286,9 +330,19 @@ def litgpt_dequantized_element_bytes(request: PlanRequest) -> int:
 TORCHAO_NF4_DEQUANTIZE_COPIES = 7
 
 
+# Compiled (torchtune's recipes compile each decoder layer), inductor fuses get_original_weight's
+# unpacking, lookup and scaling into the kernel that writes the bf16 weight: the generated
+# forward of torchtune 0.6.1's FrozenNF4Linear allocates one weight-sized bf16 buffer, which it
+# saves for the backward, and the generated backward none (measured from inductor's CPU code:
+# benchmarks/compiled_nf4_dequantize.py).
+COMPILED_NF4_DEQUANTIZE_COPIES = 1
+
+
 def nf4_dequantize_copies(request: PlanRequest) -> int:
     """Compute-dtype copies of a weight its dequantization holds at its peak."""
-    return TORCHAO_NF4_DEQUANTIZE_COPIES if request.training.framework is Framework.torchtune else 1
+    if request.training.framework is not Framework.torchtune:
+        return 1
+    return COMPILED_NF4_DEQUANTIZE_COPIES if request.training.compile else TORCHAO_NF4_DEQUANTIZE_COPIES
 
 
 def largest_quantized_elements(request: PlanRequest) -> int:

@@ -19,6 +19,10 @@ TARGET_WEIGHT = {
     LoraTarget.output: "lm_head.weight",
 }
 
+GPT_MLP_TARGET_WEIGHT = {LoraTarget.up: "mlp.fc1.weight", LoraTarget.down: "mlp.fc2.weight"}
+"""A two-linear (GPT) MLP's weights, which up and down name (litgpt's GptNeoxMLP fc and proj under
+lora_mlp: zeroplan.specs.finetune.check_finetune); a gated MLP has none of them."""
+
 
 # Hu et al. 2021 ("LoRA") sec. 4.1: W0 x + B A x with A (r x in) and B (out x r) trainable,
 # W0 frozen. peft 0.17.1 tuners/lora/layer.py LoraLayer.update_layer: lora_A Linear(in, r),
@@ -62,6 +66,7 @@ def finetune_units(units: tuple[ParamUnit, ...], finetune: FineTuneSpec, framewo
     if not finetune.is_lora:
         return tuple(_freeze_full_finetune(unit, finetune) for unit in units)
     targets = {TARGET_WEIGHT[t] for t in finetune.targets(framework)}
+    targets |= {GPT_MLP_TARGET_WEIGHT[t] for t in finetune.targets(framework) if t in GPT_MLP_TARGET_WEIGHT}
     quantize = finetune.quantize.is_quantized
     result = []
     for unit in units:

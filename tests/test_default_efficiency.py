@@ -1,0 +1,117 @@
+"""The fitted default efficiency (zeroplan.core.default_efficiency): the shipped table is the fit
+of the current published rows, a request without --hfu is timed at its mechanism's HFU, and a
+GPU without rows falls back to a fitted generation of the same compute die, else the flat HFU."""
+
+from __future__ import annotations
+
+import pytest
+
+from zeroplan.core.default_efficiency import (
+    FLAT_HFU, GenerationCompute, default_hfu, default_table, effective_hfu, fit_mechanisms, resolve,
+)
+from zeroplan.core.plan import plan
+from zeroplan.presets.gpus import get_gpu
+from zeroplan.presets.models import get_model
+from zeroplan.specs import (
+    BatchSpec, PerformanceAssumptions, PlanRequest, StrategyKind, StrategySpec, TrainingSpec, cluster_from_gpus,
+)
+from zeroplan.specs.training import AttentionKernel
+from zeroplan.validate.rows import FLAT_RESERVE
+
+DIES = (GenerationCompute(generation="a100", architecture="ampere", peak_bf16_flops_per_s=312e12),
+        GenerationCompute(generation="h100", architecture="hopper", peak_bf16_flops_per_s=989e12))
+
+
+def _samples() -> list[tuple[str, str, bool, float, str]]:
+    return [("h100", "flash-attn-2", False, 0.40, "s1"), ("h100", "flash-attn-2", False, 0.50, "s2"),
+            ("h100", "flash-attn-triton", False, 0.30, "s3"), ("a100", "eager", False, 0.60, "s4")]
+
+
+def test_a_mechanism_of_one_source_is_not_fitted_and_the_next_coarser_applies() -> None:
+    mechanisms = fit_mechanisms(_samples())
+    keys = {(m.generation, m.attention, m.compiled): m for m in mechanisms}
+    assert keys[("h100", "flash-attn-2", False)].hfu == pytest.approx(0.45)
+    assert ("h100", "flash-attn-triton", False) not in keys  # one source: that source's constant
+    assert ("a100", None, None) not in keys
+    triton = resolve(mechanisms, DIES, get_gpu("h100-80gb"), "flash-attn-triton", False)
+    assert (triton.level, triton.hfu, triton.rows) == ("generation", pytest.approx(0.40), 3)
+
+
+def test_a_gpu_without_rows_takes_its_compute_dies_fit_else_the_flat_hfu() -> None:
+    mechanisms = fit_mechanisms(_samples())
+    h200 = resolve(mechanisms, DIES, get_gpu("h200-141gb"), "flash-attn-2", False)
+    assert (h200.hfu, h200.borrowed_from) == (pytest.approx(0.45), "h100")
+    assert "h100's fit (same compute die)" in h200.describe()
+    for gpu in ("b200", "a100-80gb"):  # no rows of its die; a100 has rows of one source only here
+        flat = resolve(mechanisms, DIES, get_gpu(gpu), "flash-attn-2", False)
+        assert (flat.level, flat.hfu) == ("flat", FLAT_HFU)
+
+
+def _request(gpu: str, hfu: float | None = None, attention_kernel: AttentionKernel = AttentionKernel.flash) -> PlanRequest:
+    return PlanRequest(model=get_model("llama-3.1-8b"), training=TrainingSpec(attention_kernel=attention_kernel),
+                       batch=BatchSpec(micro_batch_size=1, seq_len=4096), cluster=cluster_from_gpus(get_gpu(gpu), 8),
+                       strategy=StrategySpec(kind=StrategyKind.fsdp_full_shard),
+                       performance=PerformanceAssumptions(hardware_flops_utilization=hfu), assumptions=FLAT_RESERVE)
+
+
+def test_a_request_without_an_hfu_is_timed_at_its_mechanisms_fitted_hfu() -> None:
+    request = _request("a100-80gb")
+    fitted = default_hfu(request)
+    shipped = {(m.generation, m.attention, m.compiled): m.hfu for m in default_table().mechanisms[request.performance.attention_rate]}
+    assert fitted.level == "kernel class" and fitted.hfu == shipped[("a100", "flash-attn-2", False)]
+    assert effective_hfu(request) == fitted.hfu
+    assert plan(request).time.compute_s == pytest.approx(plan(_request("a100-80gb", fitted.hfu)).time.compute_s, rel=1e-12)
+    assert effective_hfu(_request("a100-80gb", 0.3)) == 0.3  # a given HFU is used as given
+    assert default_hfu(_request("b200")).level == "flat"
+
+
+def test_the_shipped_table_says_where_it_comes_from() -> None:
+    table = default_table()
+    assert table.regenerate == "python benchmarks/step_time_accuracy.py --write-default-efficiency"
+    assert table.published_rows == "zeroplan/validate/data/published_throughput.json"
+    assert set(table.mechanisms) == {"matmul", "published", "kernel"}
+    assert all(m.sources >= 2 for mechanisms in table.mechanisms.values() for m in mechanisms)
+
+
+@pytest.mark.slow
+def test_the_shipped_table_is_the_fit_of_the_current_rows() -> None:
+    # Solves every row under each attention-rate mode (seconds): rerun the command above after
+    # a change to the rows or to the planner's step time.
+    from zeroplan.validate.step_calibration import default_efficiency_table
+
+    assert default_table() == default_efficiency_table()
+
+
+def test_compare_labels_the_time_basis(zeroplan_cli) -> None:
+    lines = {}
+    for gpu, extra in (("a100-80gb", ()), ("b200", ()), ("a100-80gb", ("--hfu", "0.4"))):
+        code, out, _ = zeroplan_cli("compare", "gpt2", "--gpus", "8", "--gpu", gpu, "--strategies", "ddp", "--detail",
+                                    *extra)
+        assert code == 0
+        lines[(gpu, extra)] = out.splitlines()[-1]
+    assert lines[("a100-80gb", ())].startswith("step time: fitted default HFU ")
+    assert "(a100, flash-attn-2, not compiled: median of 14 published rows, 4 sources)" in lines[("a100-80gb", ())]
+    assert "leave-one-source-out" not in lines[("b200", ())] and "flat HFU 0.4 (b200" in lines[("b200", ())]
+    assert "HFU 0.4 as given (--hfu)" in lines[("a100-80gb", ("--hfu", "0.4"))]
+
+
+def test_the_readme_quotes_the_fitted_default_and_calibrated_bands() -> None:
+    from pathlib import Path
+
+    from zeroplan.calibrate.step import DEFAULT_BAND
+
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    assert f"median error {DEFAULT_BAND[0]:.1%} (max {DEFAULT_BAND[1]:.1%})".replace("%", " %") in readme
+    from zeroplan.calibrate.step import CALIBRATED_BAND
+
+    assert f"median error {CALIBRATED_BAND[0]:.1%} (max {CALIBRATED_BAND[1]:.1%})".replace("%", " %") in readme
+
+
+def test_json_output_carries_the_time_basis(zeroplan_cli) -> None:
+    import json
+
+    code, out, _ = zeroplan_cli("compare", "gpt2", "--gpus", "8", "--gpu", "b200", "--strategies", "ddp", "--format", "json")
+    assert code == 0 and json.loads(out)["step_time_basis"].startswith("step time: flat HFU 0.4 (b200")
+    code, out, _ = zeroplan_cli("plan", "gpt2", "--gpus", "1", "--gpu", "a100-80gb", "--global-batch", "1",
+                                "--strategies", "ddp", "--no-model-parallel", "--top", "1", "--format", "json")
+    assert code == 0 and json.loads(out)["step_time_basis"].startswith("step time: fitted default HFU")

@@ -1,0 +1,75 @@
+"""The KV cache a Hugging Face forward builds in training, and the output object a training loop
+may hold through backward (TrainingSpec.use_cache, TrainingSpec.keep_outputs; docs/frameworks.md,
+"KV cache"). Nothing here imports torch; benchmarks/kv-cache-records measure it from
+transformers' own Llama (zeroplan.frameworks.kv_cache).
+
+transformers 4.56.2 LlamaConfig defaults use_cache=True (models/llama/configuration_llama.py:173)
+and only its own gradient checkpointing turns the cache off (utils/generic.py:981-985,
+modeling_layers.py:66-68). Without checkpointing the cache holds the very K and V each
+attention saves for backward (nothing more); under checkpointing applied from outside
+transformers (torch's checkpoint_wrapper: llama-recipes' FSDP runs, accelerate's
+fsdp_activation_checkpointing) the blocks keep only their inputs and the cache keeps every
+layer's K and V besides, for as long as the model's output object is alive.
+"""
+
+from __future__ import annotations
+
+from zeroplan.core.frameworks import FP32_BYTES
+from zeroplan.specs.request import PlanRequest
+from zeroplan.specs.training import ActivationCheckpointing
+
+
+# transformers 4.56.2 models/llama/modeling_llama.py:244-246 LlamaAttention.forward hands each
+# layer's post-RoPE key_states and value_states ([b, kv_heads, s, head_dim]) to
+# past_key_values.update; cache_utils.py:116-118 DynamicLayer.update keeps their concatenation
+# onto an empty tensor, a copy of each. Measured (benchmarks/kv-cache-records, Llama-2-7B, s 2048,
+# b 4, bf16 module): a layer under torch's checkpoint_wrapper keeps 134,217,728 bytes more with the
+# cache than without, 2 x 2 bytes x 4 x 2048 x 4096; without checkpointing 33,554,432 bytes less
+# (the attention saves the cache's own tensors, and without a cache 4.56.2 builds an explicit
+# b x s x s causal mask, which the CPU kernel converts and saves per layer: masking_utils.py
+# 734-739, 805-807). Releases before 4.36 (a (key_states, value_states) tuple per layer,
+# returned as the layer's `present`) keep the same two tensors, in the compute dtype (4.31's
+# rotary cos/sin are cast to the values' dtype; 4.56.2 under CPU autocast keeps them fp32, but
+# only without checkpointing, where the cache adds nothing).
+def kv_cache_tensors(request: PlanRequest) -> tuple[int, ...]:
+    """The cache's K and V of every layer in forward order (bytes each), beyond what the blocks
+    keep: empty without the cache or without checkpointing."""
+    training = request.training
+    if not training.use_cache or training.activation_checkpointing is ActivationCheckpointing.none:
+        return ()
+    model, batch = request.model, request.batch
+    one = training.precision.compute_bytes * batch.seq_len * batch.micro_batch_size * model.kv_size
+    return (one, one) * model.num_layers
+
+
+def kv_cache_bytes(request: PlanRequest) -> int:
+    return sum(kv_cache_tensors(request))
+
+
+# transformers 4.56.2 LlamaForCausalLM.forward (modeling_llama.py:473-477) with labels: lm_head's
+# logits in the compute dtype (the output object's `logits`), then loss/loss_utils.py:55 ForCausalLMLoss
+# upcasts them (`logits.float()`) and F.cross_entropy saves the fp32 log-softmax: e + 4 + 4 bytes
+# a logit at once; the fp32 copy goes when the loss returns (log_softmax's backward keeps only its
+# output). The cache is alive through all of it: the loss is formed inside the model's forward.
+# Measured (benchmarks/kv-cache-records): the forward's peak is what it returns with the output
+# object held plus the fp32 copy, to the byte.
+def loss_forward_tensors(request: PlanRequest) -> tuple[int, ...]:
+    """The loss's tensors at its forward, in the order they are made."""
+    sbv = request.batch.seq_len * request.batch.micro_batch_size * request.model.vocab_size
+    return request.training.precision.compute_bytes * sbv, FP32_BYTES * sbv, FP32_BYTES * sbv
+
+
+# llama-recipes before its PR 41 (utils/train_utils.py: `outputs = model(**batch); loss =
+# outputs.loss; loss.backward()`): the loop's `outputs` holds the output object (its logits, its
+# past_key_values) through backward and the optimizer step, until the next forward returns. The
+# logits are what LlamaForCausalLM returns (4.56.2: lm_head's output, the compute dtype). The
+# planner counts them with the activations (zeroplan.core.plan), so at the loss's and the blocks'
+# backward and, with the loss's forward moment of the next step, as two steps' outputs; the end of
+# backward and the optimizer step, which hold no activations, do not count them (a moment the
+# micro-batch terms of the plan search would have to carry apart).
+def kept_outputs_bytes(request: PlanRequest) -> int:
+    """What a loop that holds the model's output object keeps beyond what backward needs."""
+    if not request.training.keep_outputs:
+        return 0
+    sbv = request.batch.seq_len * request.batch.micro_batch_size * request.model.vocab_size
+    return request.training.precision.compute_bytes * sbv + kv_cache_bytes(request)
