@@ -253,12 +253,13 @@ frame["run_id"] = [row.run_id.removeprefix("tiny-llama-").removesuffix("-n2") fo
 frame["bound"] = [tolerance_of(row.quantity) for row in checked]
 frame["within"] = [within(row) if tolerance_of(row.quantity) is not None else "not checked" for row in checked]
 frame"""),
-    ("markdown", """Every model state, collective and saved-activation row is inside its bound. The allocator's
-peak is not yet: the zero3 run's CPU-allocator peak is 15 % above the plan (DeepSpeed's flat copy
-of the reduce bucket at the end of backward, with gloo's working copy of it, a moment the planner
-does not have), and the two FSDP2 runs' are 7 % below (the planner counts the root's sharded
-gradient at FSDP2's reduce-scatter copy-in, before it exists); docs/harness.md ("Running an
-emitted config") traces each to the source."""),
+    ("markdown", """Every row is inside its bound, the allocator's peaks included. Each run peaks at the last
+reduction of backward, which the planner models tensor by tensor: DeepSpeed's epilogue copies the
+reduce bucket into one flat buffer for its reduce-scatter beside the embedding, still gathered;
+FSDP2's root unit reduce-scatters its gradients after resharding, beside the head's unsharded
+gradient. On gloo the reduce-scatter also copies its input, which `zeroplan validate` adds for a
+gloo record only (`zeroplan/validate/gloo.py`; NCCL makes no such copy); docs/harness.md
+("Running an emitted config") traces each to the source."""),
 ]
 
 

@@ -166,9 +166,11 @@ def test_offload_keeps_master_gradient_and_adam_states_on_the_host(runs, strateg
     assert states.gradients_bytes == 0
     assert states.buffers_bytes == (4 * max(numels) if stage_2 else 4 * psi)
     rows = {row.quantity: row for row in compare_record(record)}
-    # The planner: the same 16 bytes/element and one step counter per unit (DeepSpeed: one).
+    # The planner: the same 16 bytes/element, one step counter per unit (DeepSpeed: one) and the
+    # same staging buffers on each side (zeroplan.core.deepspeed_offload).
     units = 2 + HARNESS_PRESETS[MODEL].num_layers
-    assert rows["host (offloaded)"].predicted_bytes == 16 * partition + 4 * units
+    assert rows["host (offloaded)"].predicted_bytes == 16 * partition + 4 * units + staging
+    assert rows["buffers (kept)"].predicted_bytes == states.buffers_bytes
 
 
 @needs_deepspeed

@@ -12,7 +12,10 @@ order FSDP2 issues its allocations (torch 2.13 torch/distributed/fsdp/_fully_sha
   stream (_fsdp_collectives.py foreach_reduce); that input is held until the next unit's
   reduce-scatter starts (_fsdp_param_group.py, comm_ctx.reduce_scatter_state);
 - a root unit (embedding and head together) stays gathered through the forward, is gathered
-  again for the loss's backward and resharded last.
+  again for the loss's backward and resharded last; under torchtitan 9dec370 it is never
+  resharded and the last block stays gathered from its forward to its backward;
+- torchtitan's unchunked loss runs tensor by tensor as torch's cross-entropy allocates it
+  (_torchtitan_unchunked_loss), the unit holding the head gathered from its forward on.
 
 Two steps are traced, the optimizer states created inside the first (AdamW's lazy state).
 
@@ -53,6 +56,8 @@ class _Unit:
     gathered_bytes: int
     tensor_bytes: list[int]
     elements: int
+    head_tensors: int = 0
+    """In a root unit holding the head: how many of the last tensor_bytes are the head unit's."""
 
 
 def applies(request: PlanRequest) -> bool:
@@ -82,7 +87,7 @@ def _units(request: PlanRequest) -> list[_Unit]:
         return units
     embedding, head = units[0], units[-1]
     root = _Unit(embedding.gathered_bytes + head.gathered_bytes, embedding.tensor_bytes + head.tensor_bytes,
-                 embedding.elements + head.elements)
+                 embedding.elements + head.elements, len(head.tensor_bytes))
     return [root, *units[1:-1]]
 
 
@@ -126,7 +131,18 @@ def record_fsdp_step(request: PlanRequest, states: ModelStateBytes, terms: PeakT
         return parameters
 
     block_units = units[1:-1] if separate else units[1:]
+    loss_tensors = torchtitan_unchunked_loss_tensors(request, terms)
+    # torchtitan's unit holding the head is not resharded after its forward: 9dec370's root
+    # (apply_fsdp: fully_shard(model) for a root torch never reshards), 0.3.0's [norm, lm_head]
+    # (distributed/fsdp.py:200-207, reshard_after_forward False under the default policy).
+    held_root = loss_tensors is not None and not separate and units[0].head_tensors > 0 and len(block_units) > 0
+    held_head = loss_tensors is not None and separate
     per_block, outside = divmod(terms.activations, blocks)
+
+    def backward_gradient_parts(unit: _Unit) -> list[int]:
+        # autograd's unsharded gradient per parameter, in the compute dtype (frozen storage none).
+        scale = unit.elements * compute
+        return [size * scale // max(unit.gathered_bytes, 1) for size in unit.tensor_bytes]
     block_parts = [p * per_block // max(sum(block_tensor_parts), 1) for p in block_tensor_parts]
     block_parts[-1] += per_block - sum(block_parts)
     shares = [] if accumulating else proportional_bytes(states.gradient_bytes, weights)
@@ -151,22 +167,42 @@ def record_fsdp_step(request: PlanRequest, states: ModelStateBytes, terms: PeakT
             root = []
         saved: list[list[int]] = []
         cache: list[int] = []
+        last_block: list[int] = []
         for position, unit in enumerate(block_units):
             parameters = gather(unit)
             saved.append(b.alloc_parts([p for p in block_parts if p > 0]))
             cache += b.alloc_parts(list(cache_parts[position]))
-            b.free(parameters)
+            if held_root and position == len(block_units) - 1:
+                last_block = parameters  # torchtitan 9dec370: the last block is not resharded
+            else:
+                b.free(parameters)
 
-        # The root's parameters are resharded after the forward and gathered again at the loss's
-        # backward, which the planner's loss term counts (fsdp_head_gathered_bytes).
-        b.free(root)
         head_gradient: list[int] = []
-        if per_chunk_head(request):
-            head_gradient = _chunked_loss(request, b, gather, units[-1])
+        head_parameters: list[int] = []
+        prefetched_first: list[int] = []
+        if held_root or held_head:
+            # The head's unit stays gathered; the loss's tensors one by one; the head's gradient
+            # kept until its unit's post-backward (the root's, at the end of backward).
+            head_unit = units[-1] if held_head else units[0]
+            head_parameters = gather(head_unit) if held_head else []
+            head_parts = backward_gradient_parts(head_unit)[-head_unit.head_tensors:] if held_root else backward_gradient_parts(head_unit)
+
+            def pre_backward() -> None:
+                # 0.3.0: the head unit's pre-backward prefetches the last block.
+                if held_head:
+                    prefetched_first[:] = gather(block_units[-1]) if block_units else []
+
+            head_gradient = _torchtitan_unchunked_loss(b, loss_tensors, head_parts, pre_backward)
         else:
-            b.free(gather(units[-1]) if separate else [])
-            run_loss(request, terms, b, cache)
-        root = [] if separate else gather(units[0])
+            # The root's parameters are resharded after the forward and gathered again at the
+            # loss's backward, which the planner's loss term counts (fsdp_head_gathered_bytes).
+            b.free(root)
+            if per_chunk_head(request):
+                head_gradient = _chunked_loss(request, b, gather, units[-1])
+            else:
+                b.free(gather(units[-1]) if separate else [])
+                run_loss(request, terms, b, cache)
+            root = [] if separate else gather(units[0])
         pending_input: list[int] = []
 
         def backward_gradients(index: int, parameters: list[int], unsharded: list[int] | None = None) -> None:
@@ -175,16 +211,18 @@ def record_fsdp_step(request: PlanRequest, states: ModelStateBytes, terms: PeakT
             # to a shard on the reduce-scatter stream (upcast there where the reduce dtype is
             # fp32), which becomes the sharded gradient.
             unit = units[index]
-            scale = unit.elements * compute
             if unsharded is None and unit.elements:
-                unsharded = b.alloc_parts([size * scale // max(unit.gathered_bytes, 1) for size in unit.tensor_bytes])
+                unsharded = b.alloc_parts(backward_gradient_parts(unit))
             b.free(parameters)
             if not unit.elements:
                 return
             # The previous unit's flat input is held until this reduce-scatter starts
-            # (_fsdp_param_group.py post_backward: comm_ctx.reduce_scatter_state).
+            # (_fsdp_param_group.py post_backward: comm_ctx.reduce_scatter_state). The input is
+            # in the reduce dtype, the gradients copied into it by chunk_cat
+            # (_fsdp_collectives.py:597-603 foreach_reduce: reduce_scatter_comm.allocate(...,
+            # dtype=reduce_dtype)), so fp32 under an fp32 reduce_dtype.
             b.free(pending_input)
-            pending_input[:] = b.alloc(scale)
+            pending_input[:] = b.alloc(unit.elements * wire)
             b.free(unsharded or [])
             output = b.alloc(unit.elements // request.shard_group_size * wire, Stream.reduce_scatter)
             if shares:
@@ -197,11 +235,12 @@ def record_fsdp_step(request: PlanRequest, states: ModelStateBytes, terms: PeakT
         order = [(len(units) - 1, None)] if separate else []
         order += [(1 + position, position) for position in reversed(range(len(block_units)))]
         order += [(0, None)] if separate else []
-        if head_gradient:
-            # The chunked loss has run the head's backward already: its accumulated gradient goes.
+        if separate and (head_gradient or held_head):
+            # The chunked loss (or torchtitan's unchunked one) has run the head's backward
+            # already: its gradient goes, with the parameters the unit held.
             order.pop(0)
-            backward_gradients(len(units) - 1, [], head_gradient)
-        current = gather(units[order[0][0]])
+            backward_gradients(len(units) - 1, head_parameters, head_gradient)
+        current = last_block if held_root else prefetched_first if held_head else gather(units[order[0][0]])
         for step, (index, position) in enumerate(order):
             prefetched = gather(units[order[step + 1][0]]) if step + 1 < len(order) else []
             if position is not None:
@@ -210,7 +249,12 @@ def record_fsdp_step(request: PlanRequest, states: ModelStateBytes, terms: PeakT
             backward_gradients(index, current)
             current = prefetched
         b.free(outside_ids)
-        if not separate:
+        if held_root:
+            # The root's post-backward: the embedding's gradient beside the head's, kept since
+            # the loss's backward.
+            root_parts = backward_gradient_parts(units[0])
+            backward_gradients(0, root, head_gradient + b.alloc_parts(root_parts[:-units[0].head_tensors]))
+        elif not separate:
             backward_gradients(0, root)
         b.free(pending_input)
         b.free(held)
@@ -330,3 +374,55 @@ def _chunked_loss(request: PlanRequest, b: "TraceBuilder", gather, head: _Unit) 
         b.free([gradient])
         b.free(parameters)
     return accumulated
+
+
+def torchtitan_unchunked_loss_tensors(request: PlanRequest, terms: PeakTerms) -> tuple[int, int] | None:
+    """(the bf16 logits, one fp32 logit-sized tensor) on this rank, for torchtitan's unchunked
+    cross-entropy (9dec370's, or 0.3.0's with unchunked_loss); None where the schedule keeps to
+    the loss's moments (the chunked loss, tensor parallelism's loss_parallel, terms that are not
+    the request's own)."""
+    training = request.training
+    if training.framework is not Framework.torchtitan or not training.unchunked_loss or request.parallel.tp > 1:
+        return None
+    moments = loss_allocations(request, terms)
+    if len(moments) != 1 or len(moments[0]) < 3:
+        return None
+    # The moment is the three fp32 tensors of logits_parts (the saved log-softmax and the two
+    # gradients), then the units gathered beside them (fsdp_head_gathered_parts), which this
+    # schedule holds from the forward on.
+    fp32 = moments[0][0]
+    if moments[0][1] != fp32 or moments[0][2] != fp32 or fp32 % FP32_BYTES:
+        return None
+    return fp32 // FP32_BYTES * training.precision.compute_bytes, fp32
+
+
+# torchtitan 9dec370 train.py (as 0.3.0 trainer.py:812-828 _forward_backward_body): pred =
+# model(inputs); loss = loss_fn(pred, labels); del pred; loss.backward(). Its loss_fn is
+# cross_entropy_loss (0.3.0 components/loss.py:60-65): F.cross_entropy(pred.flatten(0, 1).float(),
+# ...), which torch runs as log_softmax then nll_loss (torch/nn/functional.py:3555
+# torch._C._nn.cross_entropy_loss; aten cross_entropy_loss), log_softmax saving its fp32 output,
+# not its input. Measured on fake tensors (benchmarks/torchtitan_release_step.py's step, 8 ranks,
+# 1 x 32768): the head's bf16 logits; the fp32 upcast and the log-softmax; the upcast freed, then
+# the logits (del pred); in backward nll_loss's fp32 gradient and log_softmax's, the first freed
+# and the saved log-softmax with it; the gradient cast to bf16 and the fp32 one freed; the head's
+# weight gradient (kept to the root's post-backward) before the bf16 logit gradient goes.
+def _torchtitan_unchunked_loss(b: "TraceBuilder", tensors: tuple[int, int], head_gradient_parts: list[int],
+                               pre_backward) -> list[int]:
+    """The loss's allocations from the head's logits to the head's backward (``pre_backward``
+    called when the gradient reaches the head's unit); returns the head's unsharded gradients."""
+    logits_bytes, fp32 = tensors
+    logits = b.alloc(logits_bytes)
+    upcast = b.alloc(fp32)
+    log_softmax = b.alloc(fp32)
+    b.free(upcast)
+    b.free(logits)
+    nll_gradient = b.alloc(fp32)
+    log_softmax_gradient = b.alloc(fp32)
+    b.free(nll_gradient)
+    b.free(log_softmax)
+    logits_gradient = b.alloc(logits_bytes)
+    b.free(log_softmax_gradient)
+    pre_backward()
+    head_gradient = b.alloc_parts(head_gradient_parts)
+    b.free(logits_gradient)
+    return head_gradient

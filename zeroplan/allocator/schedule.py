@@ -98,6 +98,9 @@ def _recorded_step(request: PlanRequest, states: ModelStateBytes, terms: PeakTer
 
     # Backward, last block first: unit gathered and reduce buffer, the workspace (and the
     # recomputed block) while the block's gradients are computed, then its activations freed.
+    # Gradients a framework leaves unreduced from before the blocks are there from the first
+    # (PeakTerms.block_backward_gradients: DeepSpeed ZeRO-1's).
+    early = b.alloc(terms.block_backward_gradients)
     for block in reversed(range(blocks)):
         unit = b.alloc(gathered, gather_stream)
         reducing = b.alloc(reduce, Stream.reduce_scatter)
@@ -105,15 +108,27 @@ def _recorded_step(request: PlanRequest, states: ModelStateBytes, terms: PeakTer
         b.free(saved[block])
         b.free(unit + reducing)
     b.free(outside_ids)
+    b.free(early)
 
     # End of backward: the planner's gradients arrive once the activations are gone, beside the
-    # last unit's buffers.
-    unit = b.alloc(gathered, gather_stream) + b.alloc(reduce, Stream.reduce_scatter)
+    # last unit's buffers, or the last reduction's own buffers and gradients where it is modelled
+    # tensor by tensor (PeakTerms.backward_end_buffers, backward_end_gradients).
+    if terms.backward_end_buffers is None:
+        unit = b.alloc(gathered, gather_stream) + b.alloc(reduce, Stream.reduce_scatter)
+    else:
+        unit = b.alloc(terms.backward_end_buffers)
     if accumulating and carried != states.gradient_bytes:
         # DeepSpeed's micro-step buffers give way to the gradient the step takes (peak.py's
         # end-of-backward moment counts the gradients alone).
         b.free(gradients)
         gradients = []
+    ending = terms.backward_end_gradients
+    if ending is not None and ending != states.gradient_bytes:
+        # DeepSpeed's: what backward ends with is not the gradient the step takes.
+        b.free(gradients)
+        gradients = []
+        b.free(b.alloc_parts(even_parts(ending, blocks + 1)) + unit)
+        unit = []
     if not gradients:
         gradients = b.alloc_parts(even_parts(states.gradient_bytes, blocks + 1))
     b.free(unit)

@@ -3,6 +3,7 @@ temporaries. Each term names the library behaviour it models."""
 
 from __future__ import annotations
 
+from zeroplan.core import deepspeed_epilogue, deepspeed_offload
 from zeroplan.core.deepspeed_accumulation import resident_bytes as deepspeed_resident_bytes
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes
 from zeroplan.core.model_states import (
@@ -106,7 +107,8 @@ def resident_buffer_bytes(request: PlanRequest) -> int:
         # Stage 3's ipg bucket and grad_partitions_flat_buffer, allocated once, and the scalars
         # every stage keeps (measured to the byte: zeroplan.core.deepspeed_accumulation).
         return deepspeed_resident_bytes(request) + secondary
-    return secondary
+    # DeepSpeed's optimizer offload keeps its device staging buffer instead (zeroplan.core.deepspeed_offload).
+    return secondary + deepspeed_offload.device_staging_bytes(request)
 
 
 def backward_held_buffer_bytes(request: PlanRequest) -> int:
@@ -180,6 +182,93 @@ def _root_head_gradient_bytes(request: PlanRequest) -> int:
     if training.framework is Framework.torchtitan and not training.unchunked_loss:
         return 0
     return request.model.vocab_size * request.model.hidden_size * element_bytes(training.precision, request.convention).compute_parameter
+
+
+# torch 2.13 _fully_shard: the last unit's post-backward (the root's, run from the root's final
+# callback, _fsdp_state.py:395-420, as its inputs need no gradient) reshards its parameters
+# before reducing (_fsdp_param_group.py:637-638), so no unit is gathered at the end of backward
+# (FSDP1, which hf's and litgpt's stacks are planned with, also reshards first:
+# torch/distributed/fsdp/_runtime_utils.py:742 before :766; its flat gradient is the input itself).
+# foreach_reduce (_fsdp_collectives.py:595-612) allocates one flat input in the reduce dtype,
+# copies the unit's unsharded gradients into it and drops them (the copy-in), then allocates the
+# sharded output, which becomes the unit's sharded gradient (counted with the gradients) and
+# reduce-scatters. The head's unsharded gradient outlives that reduce-scatter: measured on gloo
+# (the emitted accelerate and torchtitan runs' allocator snapshots free it after the
+# reduce-scatter, and so does a bare fully_shard model, with no Python referrer left), as
+# _root_head_gradient_bytes says it stays to the root's post-backward.
+def _fsdp_last_unit(request: PlanRequest) -> tuple[int, int] | None:
+    """(padded trainable elements of the unit reduced last, the head gradient it holds) under
+    FSDP full sharding without a pipeline; None where the units are not embedding, blocks, head."""
+    kind = request.strategy.kind
+    if kind not in (StrategyKind.fsdp_full_shard, StrategyKind.hsdp) or request.parallel.pp > 1:
+        return None
+    units = rank_parameter_units(request)
+    blocks = [i for i, unit in enumerate(units) if unit.name.startswith("block.")]
+    if not blocks or units[0].name != "embedding" or units[-1].name != "head":
+        return None
+    elements = padded_unit_elements_of(request, request.shard_group_size)
+    if fsdp_separates_embedding_and_head(request):
+        # The head is reduced after the loss's backward; the embedding unit last.
+        last, head = elements[0], 0
+    else:
+        last = sum(n for i, n in enumerate(elements) if i not in blocks)
+        head = _root_head_gradient_bytes(request) if last else 0
+    # A frozen root (or embedding) reduces nothing: the first block's reduce is the last.
+    return (last or elements[blocks[0]]), head
+
+
+def _fsdp_backward_end_bytes(request: PlanRequest, last: int, head: int) -> int:
+    """Beyond every sharded gradient: the last unit's flat input, and the larger of what sits
+    beside it at the copy-in (the unit's unsharded gradients, its sharded one not made yet unless
+    an earlier micro-batch made it) and at the reduce-scatter (the head gradient the root holds)."""
+    eb = element_bytes(request.training.precision, request.convention)
+    not_yet = 0 if request.batch.grad_accum_steps > 1 else last // request.shard_group_size * eb.gradient
+    copy_in = last * eb.compute_parameter - not_yet
+    return last * gradient_wire_bytes(request) + max(copy_in, head)
+
+
+def last_reduce_scatter_input_bytes(request: PlanRequest) -> int:
+    """The input of the reduce-scatter that ends backward, where it is modelled tensor by tensor
+    (FSDP2 full sharding's last unit, DeepSpeed ZeRO-3's epilogue); 0 elsewhere. A backend that
+    copies its input (gloo: zeroplan.validate.gloo) copies this."""
+    fsdp = _fsdp_last_unit(request)
+    if fsdp is not None:
+        return fsdp[0] * gradient_wire_bytes(request)
+    if deepspeed_epilogue.models_epilogue(request):
+        return deepspeed_epilogue.reduce_scatter_input_bytes(request)
+    return 0
+
+
+def backward_end_buffer_bytes(request: PlanRequest) -> int | None:
+    """The buffers of the last reduction of backward (PeakTerms.backward_end_buffers): FSDP2's
+    last unit's flat reduce-scatter input, its unsharded gradients or the head gradient the root
+    holds; DeepSpeed ZeRO-3's flat copy of its last bucket and its first module, still gathered.
+    None where the largest unit's transient buffers stand for them."""
+    fsdp = _fsdp_last_unit(request)
+    if fsdp is not None:
+        return _fsdp_backward_end_bytes(request, *fsdp)
+    if deepspeed_epilogue.models_epilogue(request):
+        return deepspeed_epilogue.epilogue_buffer_bytes(request)
+    return None
+
+
+def backward_end_gradient_bytes(request: PlanRequest) -> int | None:
+    """The gradients alive at the last reduction (PeakTerms.backward_end_gradients): none under
+    DeepSpeed ZeRO-3, whose fp32 partition is made at the step, and every full gradient under
+    DeepSpeed ZeRO-1, reduced only once backward ends (zeroplan.core.deepspeed_epilogue); None
+    (the model states' gradients) elsewhere."""
+    if deepspeed_epilogue.models_epilogue(request):
+        return 0
+    if deepspeed_epilogue.stage1_keeps_gradients(request):
+        return deepspeed_epilogue.stage1_gradient_bytes(request)
+    return None
+
+
+def block_backward_gradient_bytes(request: PlanRequest) -> int:
+    """Gradients alive at the first block's backward beyond those carried between micro-batches
+    (PeakTerms.block_backward_gradients): DeepSpeed ZeRO-1/2's gradients of what follows the
+    blocks (zeroplan.core.deepspeed_epilogue.early_gradient_bytes); 0 elsewhere."""
+    return deepspeed_epilogue.early_gradient_bytes(request)
 
 
 def block_backward_transient_bytes(request: PlanRequest) -> int:

@@ -3,6 +3,7 @@ states", sec. 3.1), exact for a padded sharded layout, with offload to host memo
 
 from __future__ import annotations
 
+from zeroplan.core import deepspeed_offload
 from zeroplan.core.finetune.storage import frozen_held_bytes, frozen_tensor_bytes
 from zeroplan.core.finetune.units import trainable_view
 from zeroplan.core.megatron import megatron_model_state_bytes
@@ -248,6 +249,8 @@ def model_state_bytes(request: PlanRequest) -> ModelStateBytes:
         # The gradient partition streams to the host as it is reduced; nothing stays on the GPU.
         host = optimizer_elements * (OFFLOAD_MASTER_BYTES + OFFLOAD_GRADIENT_BYTES)
         host += optimizer_bytes(request, optimizer_elements, optimizer_shards, eb) + counters
+        # DeepSpeed's host staging buffers (zeroplan.core.deepspeed_offload).
+        host += deepspeed_offload.host_staging_bytes(request)
         gradient = 0
         optimizer = 0
         counters = 0

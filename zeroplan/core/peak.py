@@ -20,7 +20,11 @@ from zeroplan.results import PeakMoment
 # optimizer in backward (torchtune) no gradient outlives its parameter's step: none at the end
 # of backward, and the step moment is the largest single parameter's (model_state_bytes,
 # optimizer_in_backward_step_bytes). A gradient buffer allocated once (megatron-core's) is alive
-# at all four.
+# at all four. Where the last reduction of backward is known tensor by tensor (FSDP2 full
+# sharding's last unit, DeepSpeed ZeRO-3's gradient epilogue, ZeRO-1's reduction after backward)
+# its own buffers and the gradients alive then replace the generic end of backward
+# (PeakTerms.backward_end_buffers/_gradients); gradients a framework leaves unreduced from before
+# the blocks (DeepSpeed ZeRO-1/2's) are alive at a block's backward (block_backward_gradients).
 def peak_moments(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: int) -> dict[PeakMoment, MomentBytes]:
     """Every moment's live bytes, split into gradients, buffers (and workspace) and the rest."""
     resident = states.parameter_bytes + states.optimizer_state_bytes
@@ -28,12 +32,15 @@ def peak_moments(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: 
     carried = states.gradient_bytes if moments.accumulated_gradients is None else moments.accumulated_gradients
     # megatron-core's gradient buffer is there from the first step on (gradients_resident).
     accumulated = carried if grad_accum_steps > 1 or states.gradients_resident else 0
+    backward_end_buffers = moments.transient_buffers if moments.backward_end_buffers is None else moments.backward_end_buffers
+    backward_end_gradients = states.gradient_bytes if moments.backward_end_gradients is None else moments.backward_end_gradients
     return {
         PeakMoment.loss_backward: MomentBytes(resident + moments.activations + moments.logits, accumulated, held),
         PeakMoment.block_backward: MomentBytes(
-            resident + moments.activations, accumulated, held + moments.block_transient_buffers + moments.workspace
+            resident + moments.activations, accumulated + moments.block_backward_gradients,
+            held + moments.block_transient_buffers + moments.workspace,
         ),
-        PeakMoment.backward_end: MomentBytes(resident, states.gradient_bytes, held + moments.transient_buffers),
+        PeakMoment.backward_end: MomentBytes(resident, backward_end_gradients, held + backward_end_buffers),
         PeakMoment.optimizer_step: MomentBytes(resident + moments.step_temporary, states.gradient_bytes, moments.resident_buffers),
     }
 
@@ -80,6 +87,17 @@ class PeakTerms:
     resident buffers; None: the model states' gradients. Set under the deepspeed convention
     (zeroplan.core.deepspeed_accumulation.accumulated_bytes), whose gradient is the fp32
     partition made at the step while the micro-steps carry other buffers."""
+    backward_end_buffers: int | None = None
+    """The buffers (beyond the resident and backward-held ones) alive at the last reduction of
+    backward where it is modelled tensor by tensor (zeroplan.core.buffers.backward_end_buffer_bytes);
+    None: ``transient_buffers``, the largest unit's."""
+    block_backward_gradients: int = 0
+    """Gradients alive at the first block's backward beyond ``accumulated_gradients``: those a
+    framework keeps unreduced from before the blocks (zeroplan.core.buffers.block_backward_gradient_bytes)."""
+    backward_end_gradients: int | None = None
+    """The gradients alive at that moment where they are not the model states' (DeepSpeed
+    ZeRO-3 makes the fp32 gradient partition the optimizer reads only at the step); None: the
+    model states' gradients."""
 
 
 def moment_totals(states: ModelStateBytes, terms: PeakTerms, grad_accum_steps: int) -> list[int]:

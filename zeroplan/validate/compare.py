@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from zeroplan.core import deepspeed_offload
 from zeroplan.core.activations import saved_logits_bytes
 from zeroplan.core.deepspeed_accumulation import stage3_resident_bytes
 from zeroplan.core.frameworks import framework_activation_bytes
@@ -12,6 +13,7 @@ from zeroplan.harness.engines_table import EngineKind, training_as_run
 from zeroplan.harness.record import HARNESS_DEEPSPEED_STAGE3, RankRecord, RunDescription, StepRecord
 from zeroplan.specs import PlanRequest, StrategyKind, ZeroGradientReduce
 from zeroplan.specs.training import StateConvention
+from zeroplan.validate.gloo import gloo_allocated_peak_bytes
 from zeroplan.validate.model_parallel import compare_model_parallel_record
 from zeroplan.validate.rows import (
     COLLECTIVE_OPS, ComparisonRow, collective_rows, model_state_rows, peak_rows, planner_request,
@@ -59,9 +61,12 @@ def request_for(description: RunDescription) -> PlanRequest:
 def kept_buffer_bytes(request: PlanRequest) -> int:
     """The buffers a record's model states hold at the step, as the planner counts them:
     DeepSpeed stage 3's ipg bucket and gradient partition buffer (stage3_resident_bytes, without
-    the kept scalars, which the record does not count); 0 elsewhere (stages 1-2 release their
-    buckets by the step; the offload strategies' staging buffers are not planned)."""
+    the kept scalars, which the record does not count), or under its optimizer offload the device
+    staging buffer (zeroplan.core.deepspeed_offload); 0 elsewhere (stages 1-2 release their
+    buckets by the step)."""
     kind = request.strategy.kind
+    if deepspeed_offload.models_staging(request):
+        return deepspeed_offload.device_staging_bytes(request)
     if (request.convention is not StateConvention.deepspeed or kind.zero_stage != 3 or kind.is_fsdp
             or kind.offloads_optimizer or kind.offloads_parameters):
         return 0
@@ -103,5 +108,13 @@ def compare_record(record: RankRecord, step_index: int = -1) -> list[ComparisonR
                                   predicted_bytes=predicted_states.host_bytes, measured_bytes=states.host_bytes))
     rows.append(ComparisonRow(**base, category="memory", quantity="activations (saved)",
                               predicted_bytes=predicted_saved, measured_bytes=step.memory.saved_activation_bytes))
-    rows += peak_rows(base, breakdown, step.memory)
+    peak = breakdown.allocated_peak_bytes
+    if description.backend == "gloo":
+        # The CPU allocator also sees what gloo's collectives copy (zeroplan.validate.gloo).
+        peak = gloo_allocated_peak_bytes(request, peak)
+    if description.device == "cpu":
+        # A CPU run's "host" is the same memory as its "device": the offloaded states, allocated
+        # once and kept, are under the one allocator's peak too.
+        peak += predicted_states.host_bytes
+    rows += peak_rows(base, breakdown.model_copy(update={"allocated_peak_bytes": peak}), step.memory)
     return rows + collective_rows(base, request, _measured_collectives(step))
