@@ -5,16 +5,18 @@ answers from a warm cache, and a read of a field a cache does not key on is answ
 from __future__ import annotations
 
 import pytest
+from pydantic import BaseModel
 from pydantic._internal._model_construction import make_hash_func
 
 from zeroplan.core.algorithms import collective_cost
 from zeroplan.core.communication import _data_parallel_collectives, data_parallel_collectives
 from zeroplan.core.layout import element_bytes
 from zeroplan.core.memo import BatchView, UnkeyedRead, batch_keyed, request_keyed
+from zeroplan.core.parallel.activations import MicroBatchBytes, _chunk_bytes, _of_sequences, chunk_request, micro_batch_bytes
 from zeroplan.core.parallel.collectives import _model_parallel_collectives, model_parallel_collectives
 from zeroplan.core.parallel.expert import moe_block_count
 from zeroplan.core.parallel.units import _request_units, rank_parameter_units
-from zeroplan.core.plan import _micro_batch_terms, _recent_peak_terms, _state_terms, micro_batch_terms, plan
+from zeroplan.core.plan import _micro_batch_terms, _recent_peak_terms, _state_terms, micro_batch_terms, plan, reference_activations
 from zeroplan.core.profiles import framework_strategies
 from zeroplan.presets.gpus import get_gpu
 from zeroplan.presets.models import get_model
@@ -23,7 +25,7 @@ from zeroplan.specs import (
     TrainingSpec, cluster_from_gpus,
 )
 from zeroplan.specs.parallel import ParallelSpec
-from zeroplan.specs.training import Precision, StateConvention
+from zeroplan.specs.training import ActivationCheckpointing, Precision, StateConvention
 
 
 def _request(kind: StrategyKind = StrategyKind.zero3, **batch) -> PlanRequest:
@@ -57,6 +59,34 @@ def test_a_function_that_reads_an_unkeyed_field_is_answered_uncached() -> None:
 
     assert tokens(_request(seq_len=1024)) == 1024 and tokens(_request(seq_len=2048)) == 2048
     assert tokens.fallbacks == 2
+
+
+def test_a_training_view_hides_the_fields_left_out_of_the_key() -> None:
+    @batch_keyed(training_but=("activation_checkpointing",))
+    def policy(request: PlanRequest) -> object:
+        return request.training.activation_checkpointing
+
+    @batch_keyed(training_but=("activation_checkpointing",))
+    def optimizer(request: PlanRequest) -> object:
+        return request.training.optimizer
+
+    full = _request().model_copy(update={"training": TrainingSpec(activation_checkpointing="full")})
+    assert policy(_request()) is ActivationCheckpointing.none and policy(full) is ActivationCheckpointing.full
+    assert policy.fallbacks == 2
+    sgd = _request().model_copy(update={"training": TrainingSpec(optimizer=Optimizer.sgd)})
+    assert optimizer(_request()) is Optimizer.adamw and optimizer(sgd) is Optimizer.sgd and optimizer.fallbacks == 0
+
+
+def test_state_terms_and_data_parallel_collectives_share_across_checkpointing_policies() -> None:
+    request = _request(StrategyKind.zero2)
+    before = _state_terms.fallbacks
+    full = request.model_copy(update={"training": TrainingSpec(activation_checkpointing="full")})
+    assert _state_terms(full) is _state_terms(request) and _state_terms.uncached(full) == _state_terms(request)
+    assert _state_terms.fallbacks == before
+    before = _data_parallel_collectives.fallbacks
+    assert _data_parallel_collectives(full) is _data_parallel_collectives(request)
+    assert _data_parallel_collectives.uncached(full) == _data_parallel_collectives(request)
+    assert _data_parallel_collectives.fallbacks == before
 
 
 def test_a_request_cache_keys_on_every_spec() -> None:
@@ -127,14 +157,50 @@ def test_collective_costs_key_on_the_cluster_and_the_performance_assumptions() -
 def test_the_planner_reads_no_batch_field_its_caches_leave_out() -> None:
     """The caches hold for the planner's own requests (none falls back to the uncached
     function): every strategy of three frameworks' stacks, planned."""
-    before = (_state_terms.fallbacks, _data_parallel_collectives.fallbacks, collective_cost.fallbacks)
+    caches = (_state_terms, _data_parallel_collectives, collective_cost, _chunk_bytes, _of_sequences)
+    before = [cache.fallbacks for cache in caches]
     for framework in (Framework.zeroplan, Framework.megatron, Framework.torchtitan):
         request = PlanRequest(model=get_model("llama-3.1-8b"), training=TrainingSpec(framework=framework),
                               cluster=cluster_from_gpus(get_gpu("a100-80gb"), 8), strategy=StrategySpec(kind="ddp"),
                               assumptions=MemoryAssumptions(allocator_conf=None))
         for kind in framework_strategies(framework, 8):
             plan(request.with_strategy(StrategySpec(kind=kind)), largest_micro_batch=False)
-    assert (_state_terms.fallbacks, _data_parallel_collectives.fallbacks, collective_cost.fallbacks) == before
+    # A layout's chunks (tensor, sequence and pipeline parallel).
+    layout = _request(StrategyKind.zero1, grad_accum_steps=4).with_parallel(ParallelSpec(tp=2, sequence_parallel=True, pp=2))
+    plan(layout, largest_micro_batch=False)
+    assert [cache.fallbacks for cache in caches] == before
+
+
+def test_a_layouts_chunk_activations_key_on_the_sequences_and_serve_every_rank_and_accumulation() -> None:
+    request = _request(StrategyKind.zero1, micro_batch_size=2, grad_accum_steps=4).with_parallel(
+        ParallelSpec(tp=2, sequence_parallel=True, pp=2))
+
+    def uncached(r: PlanRequest) -> MicroBatchBytes:
+        p = r.parallel
+        return _chunk_bytes.uncached(chunk_request(r, 1, split_heads=True), reference_activations, p.tp, p.sequence_parallel, p.cp)
+
+    cached = micro_batch_bytes(request, reference_activations)
+    assert cached == uncached(request)
+    other_rank = request.at_pipeline_rank(1).model_copy(update={"batch": request.batch.model_copy(update={"grad_accum_steps": 8})})
+    assert micro_batch_bytes(other_rank, reference_activations) is cached and uncached(other_rank) == cached
+    for other in (request.with_micro_batch(3), _request(StrategyKind.zero1, micro_batch_size=2, seq_len=1024, grad_accum_steps=4).with_parallel(request.parallel),
+                  request.with_parallel(ParallelSpec(tp=4, sequence_parallel=True, pp=2))):
+        assert micro_batch_bytes(other, reference_activations) == uncached(other) != cached
+    whole = _request(micro_batch_size=2)
+    accumulating = whole.model_copy(update={"batch": whole.batch.model_copy(update={"grad_accum_steps": 4})})
+    assert _of_sequences(whole, reference_activations) == reference_activations(accumulating)
+    assert _of_sequences(whole.with_micro_batch(3), reference_activations) == reference_activations(whole.with_micro_batch(3))
+
+
+def test_a_spec_copy_is_pydantics() -> None:
+    """Frozen.model_copy (the planner's fast copy) gives what pydantic's BaseModel.model_copy gives."""
+    request = _request(micro_batch_size=2)
+    for update in (None, {"batch": BatchSpec(micro_batch_size=5)}, {"strategy": StrategySpec(kind=StrategyKind.ddp)}):
+        ours, theirs = request.model_copy(update=update), BaseModel.model_copy(request, update=update)
+        assert ours == theirs and ours.__dict__ == theirs.__dict__ and ours is not request
+        assert ours.model_fields_set == theirs.model_fields_set and hash(ours) == hash(theirs)
+        assert ours.model_dump() == theirs.model_dump()
+    assert request.model_copy(deep=True) == request
 
 
 def test_model_parallel_collectives_key_on_the_batch_and_the_layout() -> None:

@@ -160,15 +160,16 @@ def test_a_sweep_that_disagrees_with_the_scalar_planner_falls_back_to_it(monkeyp
 
     base = _base("llama-2-7b", 8, seq_len=4096)
     honest = search(base, 64, top=5)
-    real = search_module._vectorised
+    real = search_module._peaking
 
-    def skewed(group, micro, accum):
-        peak, fits, seconds = real(group, micro, accum)
-        if caught_by != "group check" and micro.size == 1:  # the group's own check passes
+    def skewed(group, allocated, class_seconds, host_ok):
+        # Every sweep and every group's check pass through _peaking (the peaking rank class).
+        peak, fits, seconds = real(group, allocated, class_seconds, host_ok)
+        if caught_by != "group check" and allocated.shape[1] == 1:  # the group's own check passes
             return peak, fits, seconds
-        return peak, fits, seconds * (1 + 1e-3 * micro)  # wrong, and it changes the order
+        return peak, fits, seconds * (1 + 1e-3 * np.arange(1, seconds.size + 1))  # wrong, and it changes the order
 
-    monkeypatch.setattr(search_module, "_vectorised", skewed)
+    monkeypatch.setattr(search_module, "_peaking", skewed)
     fallback = search(base, 64, top=5)
     scalar_groups = [g.scalar_only for g in search_module.groups(base)]
     assert all(scalar_groups) == (caught_by == "group check")

@@ -34,24 +34,33 @@ def _list_gpus(_args) -> int:
     return 0
 
 
-def build_parser() -> OneLineParser:
-    from zeroplan.cli.calibrate import add_calibrate_arguments, run_calibrate
-    from zeroplan.cli.fit import add_fit_arguments, run_compare, run_fit
-    from zeroplan.cli.plan import add_plan_arguments, run_plan
-    from zeroplan.cli.validate import add_validate_arguments, run_validate
+_COMMANDS = (
+    ("fit", "per-GPU memory of every strategy, and a verdict", "zeroplan.cli.fit", "add_fit_arguments", "run_fit"),
+    ("compare", "communication volume and step time of every strategy", "zeroplan.cli.fit", "add_fit_arguments", "run_compare"),
+    ("validate", "predicted vs measured for harness records", "zeroplan.cli.validate", "add_validate_arguments", "run_validate"),
+    ("calibrate", "fit link latency and bandwidth to nccl-tests output; calibrate step: the compute efficiency "
+     "of one measured step", "zeroplan.cli.calibrate", "add_calibrate_arguments", "run_calibrate"),
+    ("plan", "the fastest configuration that fits a global batch", "zeroplan.cli.plan", "add_plan_arguments", "run_plan"),
+)
+"""(name, help, module, the function adding its arguments, the function running it)."""
+
+
+def build_parser(command_line: str | None = None) -> OneLineParser:
+    """The command's parser. ``command_line``: the sub-command the line names, whose parser
+    alone is built in full (argparse hands a sub-command's arguments to its own parser only);
+    the others are listed with their help, without their arguments or their modules' imports
+    (None: every one in full)."""
+    import importlib
 
     parser = OneLineParser(prog="zeroplan", description="Will it fit, with which sharding, and what will it cost?")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
-    for name, help_text, add_arguments, run in (
-        ("fit", "per-GPU memory of every strategy, and a verdict", add_fit_arguments, run_fit),
-        ("compare", "communication volume and step time of every strategy", add_fit_arguments, run_compare),
-        ("validate", "predicted vs measured for harness records", add_validate_arguments, run_validate),
-        ("calibrate", "fit link latency and bandwidth to nccl-tests output; calibrate step: the compute efficiency "
-         "of one measured step", add_calibrate_arguments, run_calibrate),
-        ("plan", "the fastest configuration that fits a global batch", add_plan_arguments, run_plan),
-    ):
+    for name, help_text, module_name, add_name, run_name in _COMMANDS:
         command = commands.add_parser(name, help=help_text)
-        add_arguments(command)
+        if command_line is not None and name != command_line:
+            continue
+        module = importlib.import_module(module_name)
+        run = getattr(module, run_name)
+        getattr(module, add_name)(command)
         command.set_defaults(run=run)
         if name == "calibrate":
             from zeroplan.cli.calibrate_step import add_step_mode
@@ -118,7 +127,8 @@ def _main(argv: list[str] | None) -> int:
             sys.stderr.write(f"zeroplan: error: {argv[0]}: needs torch (pip install 'zeroplan[harness]'): {error}\n")
             return 2
         return module.main(argv[1:])
-    args = build_parser().parse_args(argv)
+    named = argv[0] if argv and argv[0] in {command[0] for command in _COMMANDS} else None
+    args = build_parser(named).parse_args(argv)
     if from_command_line:
         # Only where this process is the command (the console script, python -m zeroplan): a
         # caller that runs commands in its own process (main(argv), the tests) keeps its

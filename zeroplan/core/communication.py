@@ -43,12 +43,9 @@ def ddp_bucket_sizes(total_bytes: int, cap_bytes: int) -> list[int]:
     """DDP's gradient buckets: a 1 MiB first bucket, then buckets of the cap (approximating
     parameter boundaries, which DDP never splits)."""
     first = min(total_bytes, DDP_FIRST_BUCKET_BYTES)
-    sizes = [first]
-    rest = total_bytes - first
-    while rest > 0:
-        sizes.append(min(rest, cap_bytes))
-        rest -= sizes[-1]
-    return sizes
+    # Full buckets of the cap, then what is left (a 70B model's gradients fill ~11,000).
+    full, left = divmod(total_bytes - first, cap_bytes)
+    return [first] + [cap_bytes] * full + ([left] if left else [])
 
 
 def _gradient_buffers(request: PlanRequest, num_shards: int, bytes_per_element: int) -> list[int]:
@@ -205,9 +202,10 @@ def data_parallel_collectives(request: PlanRequest) -> list[Collective]:
 
 
 # The data-parallel collectives move model states and buffers, which do not change with the
-# micro-batch or the sequence, only their count with the accumulation: the requests of one
-# strategy at different micro-batches (fit, the largest micro-batch search) share them.
-@batch_keyed("grad_accum_steps")
+# micro-batch, the sequence or the checkpointing policy, only their count with the accumulation:
+# the requests of one strategy at different micro-batches (fit, the largest micro-batch search)
+# and policies (the plan search) share them.
+@batch_keyed("grad_accum_steps", training_but=("activation_checkpointing",))
 def _data_parallel_collectives(request: PlanRequest) -> tuple[Collective, ...]:
     return tuple(_uncached_data_parallel_collectives(request))
 

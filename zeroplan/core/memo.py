@@ -12,6 +12,7 @@ a different answer)."""
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -26,19 +27,20 @@ class UnkeyedRead(BaseException):
 
 
 class BatchView:
-    """The fields of a BatchSpec a cache keys on; reading any other raises UnkeyedRead."""
+    """The fields of a BatchSpec (or a TrainingSpec) a cache keys on; reading any other raises UnkeyedRead."""
 
-    __slots__ = ("_fields",)
+    __slots__ = ("_fields", "_values")
 
     def __init__(self, fields: tuple[tuple[str, object], ...]) -> None:
         self._fields = fields
+        self._values = dict(fields)
 
     def __getattr__(self, name: str) -> object:
         # Called only for names that are not slots: every BatchSpec field.
-        for field, value in self._fields:
-            if field == name:
-                return value
-        raise UnkeyedRead(name)
+        try:
+            return self._values[name]
+        except KeyError:
+            raise UnkeyedRead(name) from None
 
     def __eq__(self, other: object) -> bool:
         # Against a view only (the caches' keys); any other comparison reads the batch whole.
@@ -81,23 +83,44 @@ def _specs(request: PlanRequest) -> tuple:
 _MISSING = object()
 
 
-def batch_keyed(*fields: str, limit: int = 1024) -> Callable[[Callable[..., Result]], Callable[..., Result]]:
+def _specs_but_training(request: PlanRequest) -> tuple:
+    """Every spec of the request but its batch and its training."""
+    return (request.model, request.cluster, request.strategy, request.parallel, request.assumptions, request.performance)
+
+
+def batch_keyed(*fields: str, limit: int = 1024, training_but: tuple[str, ...] = ()) -> Callable[[Callable[..., Result]], Callable[..., Result]]:
     """Cache ``function(request, *args)`` (args hashable) on the request with its batch reduced
-    to ``fields`` (the module's docstring). The wrapper's ``fallbacks`` counts the calls that
-    read another field (each answered uncached), for the tests that keep the caches effective."""
+    to ``fields`` (the module's docstring) and its training less the fields ``training_but``
+    names (the training then a view of its other fields, whose reads of those raise as the
+    batch's do). The wrapper's ``fallbacks`` counts the calls that read another field (each
+    answered uncached), for the tests that keep the caches effective."""
 
     def wrap(function: Callable[..., Result]) -> Callable[..., Result]:
         store = _Store(limit)
+        # The key's values read at C speed (operator.attrgetter: a tuple of them when more than one).
+        batch_values = operator.attrgetter(*fields) if len(fields) > 1 else (
+            (lambda batch: (getattr(batch, fields[0]),)) if fields else (lambda batch: ()))
+        training_fields: list[str] = []
+        training_values: list[Callable[[object], tuple]] = []
 
         @functools.wraps(function)
         def call(request: PlanRequest, *args: object) -> Result:
-            batch = request.batch
-            kept = tuple((f, getattr(batch, f)) for f in fields)
-            key = (_specs(request), kept, args)
+            kept = batch_values(request.batch)
+            if training_but:
+                if not training_values:
+                    training_fields.extend(f for f in type(request.training).model_fields if f not in training_but)
+                    training_values.append(operator.attrgetter(*training_fields))
+                trained = training_values[0](request.training)
+                key = (_specs_but_training(request), trained, kept, args)
+            else:
+                key = (_specs(request), kept, args)
             answer = store.entries.get(key, _MISSING)
             if answer is not _MISSING:
                 return answer
-            viewed = request.model_copy(update={"batch": BatchView(kept)})
+            update = {"batch": BatchView(tuple(zip(fields, kept)))}
+            if training_but:
+                update["training"] = BatchView(tuple(zip(training_fields, trained)))
+            viewed = request.model_copy(update=update)
             try:
                 answer = function(viewed, *args)
             except UnkeyedRead:

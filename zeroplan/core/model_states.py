@@ -116,7 +116,19 @@ def held_elements(units: tuple[ParamUnit, ...], num_shards: int, layout: ShardLa
     """Elements a rank holds of every unit when each is split ``num_shards`` ways."""
     if num_shards == 1:
         return sum(unit.numel for unit in units)
-    return sum(shard_elements(unit, num_shards, layout) for unit in units)
+    # Kept as _PADDED_ELEMENTS keeps its sizes: by the units' identity, the entry holding them.
+    key = (id(units), num_shards, layout)
+    known = _HELD_ELEMENTS.get(key)
+    if known is not None and known[0] is units:
+        return known[1]
+    if len(_HELD_ELEMENTS) >= _PADDED_ELEMENTS_LIMIT:
+        _HELD_ELEMENTS.clear()
+    held = sum(shard_elements(unit, num_shards, layout) for unit in units)
+    _HELD_ELEMENTS[key] = (units, held)
+    return held
+
+
+_HELD_ELEMENTS: dict[tuple[int, int, ShardLayout], tuple[tuple[ParamUnit, ...], int]] = {}
 
 
 def stepped_tensors(request: PlanRequest, sharded: bool) -> int:

@@ -165,7 +165,7 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
 # The model states and buffers do not change with the micro-batch or the sequence (the plan
 # search's _terms shares them across both; its check against memory_breakdown confirms it), so
 # the requests of one strategy at different micro-batches share one answer.
-@batch_keyed("grad_accum_steps")
+@batch_keyed("grad_accum_steps", training_but=("activation_checkpointing",))
 def _state_terms(request: PlanRequest) -> tuple[ModelStateBytes, tuple[tuple[str, int | None], ...]]:
     """The model states and the PeakTerms fields that are not micro_batch_terms'."""
     states = model_state_bytes(request)

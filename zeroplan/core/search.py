@@ -395,8 +395,9 @@ def _fit_group(group: _Group) -> None:
     # that peaks for its class): every class's peak, and the peak and time of the class that
     # peaks; disagreement: scalar planner only.
     micro, accum = np.array([5]), np.array([3])
-    peak, _, seconds = _vectorised(group, micro, accum)
-    allocated, _, _ = _class_values(group, micro, accum)
+    values = _class_values(group, micro, accum)
+    peak, _, seconds = _peaking(group, *values)
+    allocated = values[0]
     scalar = [memory_breakdown(_at(cls.request, 5, 3))[0] for cls in group.classes]
     top = max(range(len(scalar)), key=lambda c: scalar[c].peak_bytes)
     at = _at(group.classes[top].request, 5, 3)
@@ -483,9 +484,13 @@ def _class_values(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[
 def _vectorised(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(peak bytes, fits, step seconds) for arrays of micro-batch and accumulation steps: the
     pipeline rank class that peaks (the first on a tie, as ``plan``), its time."""
-    allocated, seconds, host_ok = _class_values(group, micro, accum)
+    return _peaking(group, *_class_values(group, micro, accum))
+
+
+def _peaking(group: _Group, allocated: np.ndarray, seconds: np.ndarray, host_ok: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """_vectorised from the rank classes' values (_class_values)."""
     peaking = allocated.argmax(axis=0)
-    columns = np.arange(micro.size)
+    columns = np.arange(allocated.shape[1])
     top = allocated[peaking, columns]
     # int(allocated * fraction) truncates toward zero, as astype does.
     reserve = (top.astype(np.float64) * group.request.assumptions.allocator_reserve_fraction).astype(np.int64)

@@ -7,6 +7,7 @@ figure."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from zeroplan.core.activations import layer_terms, norm_bytes, outside_layers_bytes
 from zeroplan.core.compiled import (
@@ -15,11 +16,13 @@ from zeroplan.core.compiled import (
     compiled_sequence_sharded_bytes,
 )
 from zeroplan.core.frameworks import block_input_bytes
+from zeroplan.core.memo import batch_keyed
 from zeroplan.core.parallel.pipeline import in_flight_chunks
 from zeroplan.core.parallel.tensor import tensor_parallel_model
 from zeroplan.core.parallel.units import holds_head, rank_block_count
 from zeroplan.core.profiles import profile
 from zeroplan.specs.framework import Framework
+from zeroplan.specs.model import ModelSpec
 from zeroplan.specs.parallel import ParallelSpec, PipelineSchedule
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.training import ActivationCheckpointing
@@ -30,10 +33,19 @@ def chunk_request(request: PlanRequest, num_layers: int, *, split_heads: bool) -
     """One micro-batch through ``num_layers`` blocks of this rank, as a request of its own with
     nothing model-parallel: the tensor-parallel block (``split_heads``) or the whole one, and
     the rank's 1/cp of the sequence. Built without validation: only the planner reads it."""
-    model = tensor_parallel_model(request.model, request.parallel.tp) if split_heads else request.model
-    model = model.model_copy(update={"num_layers": num_layers})
-    batch = request.batch.model_copy(update={"seq_len": request.batch.seq_len // request.parallel.cp})
+    parallel = request.parallel
+    model = _chunk_model(request.model, parallel.tp if split_heads else 1, num_layers)
+    # Without context parallelism the rank's sequence is the request's (its batch as it is).
+    batch = request.batch if parallel.cp == 1 else request.batch.model_copy(update={"seq_len": request.batch.seq_len // parallel.cp})
     return request.model_copy(update={"model": model, "batch": batch, "parallel": _NO_MODEL_PARALLELISM})
+
+
+# A layout's chunks share the model's tensor-parallel block (the plan search asks for the
+# chunks of thousands of requests of a few models).
+@lru_cache(maxsize=256)
+def _chunk_model(model: ModelSpec, tp: int, num_layers: int) -> ModelSpec:
+    """``num_layers`` of the model's blocks as tensor-parallel rank 0 of ``tp`` computes them."""
+    return tensor_parallel_model(model, tp).model_copy(update={"num_layers": num_layers})
 
 
 _NO_MODEL_PARALLELISM = ParallelSpec()
@@ -57,27 +69,38 @@ def micro_batch_bytes(request: PlanRequest, activations) -> MicroBatchBytes:
     through every block of ``req``, into per-block, recompute and outside terms by evaluating
     it at one and two tensor-parallel blocks (each term is linear in the block count), then
     split the sequence-parallel terms t ways."""
-    one = chunk_request(request, 1, split_heads=True)
-    two = chunk_request(request, 2, split_heads=True)
+    parallel = request.parallel
+    return _chunk_bytes(chunk_request(request, 1, split_heads=True), activations, parallel.tp,
+                        parallel.sequence_parallel, parallel.cp)
+
+
+# What micro_batch_bytes reads is one block's chunk (no pipeline rank, no model-parallel degree)
+# and the layout's tp, sequence parallelism and cp: every pipeline rank and accumulation count
+# of a layout shares one answer (the plan search asks for each), kept on the chunk with its
+# batch cut to the sequence and the micro-batch (zeroplan.core.memo: a read of any other batch
+# field is answered uncached).
+@batch_keyed("seq_len", "micro_batch_size", limit=4096)
+def _chunk_bytes(one: PlanRequest, activations, tp: int, sequence_parallel: bool, cp: int) -> MicroBatchBytes:
+    """micro_batch_bytes from the request's one-block chunk."""
+    two = one.model_copy(update={"model": one.model.model_copy(update={"num_layers": 2})})
     kept_one, recompute = activations(one)
     kept_two, _ = activations(two)
     per_block = kept_two - kept_one
     terms = MicroBatchBytes(per_block=per_block, recompute=recompute, outside=kept_one - per_block)
-    if compiled_selective_op_under_tp(one, request.parallel.tp):
+    if compiled_selective_op_under_tp(one, tp):
         extra = compiled_selective_op_tensor_parallel_extra_bytes(one)
         terms = MicroBatchBytes(per_block=terms.per_block + extra, recompute=terms.recompute, outside=terms.outside)
-    if request.parallel.sequence_parallel:
-        terms = sequence_parallel_bytes(one, terms, request.parallel.tp)
-    return gathered_kv_bytes(request, one, terms)
+    if sequence_parallel:
+        terms = sequence_parallel_bytes(one, terms, tp)
+    return gathered_kv_bytes(cp, one, terms)
 
 
 # A stack whose context parallelism all-gathers K and V (FrameworkProfile.context_parallel_gathers_kv,
 # torchtitan 0.3.0's apply_cp_to_forward under FlexAttention) saves them at the whole sequence:
 # each block keeps K and V for s tokens where the rank's own are s/cp. A ring (Liu et al. 2023)
 # keeps only its own and passes the rest round again in backward.
-def gathered_kv_bytes(request: PlanRequest, chunk: PlanRequest, terms: MicroBatchBytes) -> MicroBatchBytes:
-    """``terms`` with the gathered K and V of the other context-parallel ranks added."""
-    cp = request.parallel.cp
+def gathered_kv_bytes(cp: int, chunk: PlanRequest, terms: MicroBatchBytes) -> MicroBatchBytes:
+    """``terms`` with the gathered K and V of the other ``cp`` - 1 context-parallel ranks added."""
     if cp == 1 or not profile(chunk.training.framework).context_parallel_gathers_kv:
         return terms
     local_tokens = chunk.batch.seq_len * chunk.batch.micro_batch_size
@@ -143,7 +166,7 @@ def rank_activation_bytes(request: PlanRequest, activations) -> tuple[int, int]:
     rebuilds in backward. ``activations`` as in micro_batch_bytes; what is kept outside the
     blocks (the final norm's and output projection's inputs) is held by the rank with the head."""
     if request.parallel.is_trivial:
-        return activations(request)
+        return _of_sequences(request, activations)
     terms = micro_batch_bytes(request, activations)
     parallel = request.parallel
     blocks = rank_block_count(request)
@@ -174,12 +197,22 @@ def rank_logits_pieces(request: PlanRequest, pieces) -> tuple[int, ...]:
     """The loss's bytes at each of its moments on this rank: the tensor-parallel vocabulary
     columns of the rank's 1/cp of the tokens; nothing on a rank without the head."""
     if request.parallel.is_trivial:
-        return pieces(request)
+        return _of_sequences(request, pieces)
     if not holds_head(request):
         return (0,)
     chunk = chunk_request(request, 1, split_heads=True)
     scale = last_stage_in_flight(request)
-    return tuple(scale * piece for piece in pieces(chunk))
+    return tuple(scale * piece for piece in _of_sequences(chunk, pieces))
+
+
+# A micro-batch's activations and loss pieces are those of its sequences: the accumulation
+# counts the plan search and fit ask for share one answer, kept on the request with its batch
+# cut to the sequence and the micro-batch (zeroplan.core.memo: a function that reads another
+# batch field is answered uncached).
+@batch_keyed("seq_len", "micro_batch_size", limit=4096)
+def _of_sequences(request: PlanRequest, function):
+    """``function(request)``."""
+    return function(request)
 
 
 def rank_logits_tensors(request: PlanRequest, tensors) -> tuple[tuple[int, ...], ...]:

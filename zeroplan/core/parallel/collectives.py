@@ -10,6 +10,7 @@ from zeroplan.core.memo import request_keyed
 from zeroplan.core.parallel.pipeline import rank_stages
 from zeroplan.core.parallel.tensor import tensor_parallel_model
 from zeroplan.core.parallel.expert import expert_parallel_collectives, moe_block_count
+from zeroplan.core.params import ParamUnit
 from zeroplan.core.parallel.units import holds_embedding, holds_head, rank_block_count, rank_parameter_units
 from zeroplan.core.profiles import profile
 from zeroplan.specs.framework import Framework
@@ -89,8 +90,7 @@ def tensor_parallel_collectives(request: PlanRequest) -> list[Collective]:
         # comment; benchmarks/parallel-records show it only with FSDP2 on top). It runs once,
         # after backward, with the data-parallel step's collectives (exposed there), not inside
         # a block: so not blocking.
-        norm_elements = sum(t.numel for unit in rank_parameter_units(request) for t in unit.tensors
-                            if t.name.endswith("norm.weight") or t.name.endswith("norm.bias"))
+        norm_elements = _norm_elements(rank_parameter_units(request))
         if norm_elements:
             grad_bytes = element_bytes(request.training.precision, request.convention).gradient
             result.append(make_collective(CollectiveOp.all_reduce, Phase.step, "sequence-parallel norm gradients",
@@ -177,6 +177,24 @@ def pipeline_collectives(request: PlanRequest) -> list[Collective]:
     if sends_backward:
         result.append(make_collective(CollectiveOp.send, Phase.backward, "pipeline activation gradients", [activation] * sends_backward, 2, accum, spans, e, blocking=True))
     return result
+
+
+def _norm_elements(units: tuple[ParamUnit, ...]) -> int:
+    """Elements of the units' norm weights and biases."""
+    # A rank's units are shared by every request of its layout (zeroplan.core.parallel.units
+    # caches them) and the plan search asks for this of each: kept by the tuple's identity, the
+    # entry holding the tuple (as zeroplan.core.model_states keeps the units' padded sizes).
+    known = _NORM_ELEMENTS.get(id(units))
+    if known is not None and known[0] is units:
+        return known[1]
+    if len(_NORM_ELEMENTS) >= 1024:
+        _NORM_ELEMENTS.clear()
+    count = sum(t.numel for unit in units for t in unit.tensors if t.name.endswith("norm.weight") or t.name.endswith("norm.bias"))
+    _NORM_ELEMENTS[id(units)] = (units, count)
+    return count
+
+
+_NORM_ELEMENTS: dict[int, tuple[tuple[ParamUnit, ...], int]] = {}
 
 
 def _spans_nodes(request: PlanRequest, stride: int, group: int) -> bool:

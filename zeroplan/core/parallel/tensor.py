@@ -72,11 +72,25 @@ def tensor_parallel_units(units: tuple[ParamUnit, ...], tp: int) -> tuple[ParamU
     """The units as one tensor-parallel rank holds them (the units themselves when t = 1)."""
     if tp == 1:
         return units
-    return tuple(
-        ParamUnit(name=unit.name, tensors=tuple(
-            ParamTensor(name=t.name, shape=local_shape(t, tp)) for t in unit.tensors))
-        for unit in units
-    )
+    return tuple(_rank_unit(unit, tp) for unit in units)
+
+
+def _rank_unit(unit: ParamUnit, tp: int) -> ParamUnit:
+    """One unit as a tensor-parallel rank holds it."""
+    # The model's units are built once (zeroplan.core.params caches them) and the plan search
+    # asks for the ranks of every pipeline layout of each tp: a unit's is kept by its identity,
+    # the entry holding it (the units are immutable).
+    known = _RANK_UNITS.get((id(unit), tp))
+    if known is not None and known[0] is unit:
+        return known[1]
+    if len(_RANK_UNITS) >= 65536:
+        _RANK_UNITS.clear()
+    split = ParamUnit(name=unit.name, tensors=tuple(ParamTensor(name=t.name, shape=local_shape(t, tp)) for t in unit.tensors))
+    _RANK_UNITS[id(unit), tp] = (unit, split)
+    return split
+
+
+_RANK_UNITS: dict[tuple[int, int], tuple[ParamUnit, ParamUnit]] = {}
 
 
 def tensor_parallel_model(model: ModelSpec, tp: int) -> ModelSpec:
