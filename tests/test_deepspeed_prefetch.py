@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from zeroplan.core.buffers import largest_unit_elements
+from zeroplan.core.largest_unit import largest_unit_elements
 from zeroplan.core.communication import collectives
 from zeroplan.core.deepspeed_prefetch import (
     kept_bytes_at_turnaround, kept_elements_at_turnaround, max_live_parameters, prefetch_bucket_elements,

@@ -67,7 +67,7 @@ def test_deepspeed_json_round_trips(tmp_path: Path, strategy: str, precision: st
     if kind.offloads_optimizer:
         assert zero.offload_optimizer.device == "cpu"
     if kind.zero_stage == 3:
-        from zeroplan.core.buffers import largest_unit_elements
+        from zeroplan.core.largest_unit import largest_unit_elements
 
         assert zero.prefetch_bucket_size == largest_unit_elements(run.request)
         assert zero.param_persistence_threshold == 0 and zero.max_reuse_distance == 0

@@ -16,7 +16,7 @@ from zeroplan.allocator.fsdp_schedule import forward_cache_parts, record_fsdp_st
 from zeroplan.allocator.replay import Ops
 from zeroplan.allocator.trace import AllocationTrace, Stream
 from zeroplan.core.activations import layer_terms
-from zeroplan.core.buffers import largest_unit_elements
+from zeroplan.core.largest_unit import largest_unit_elements
 from zeroplan.core.layout import gradient_wire_bytes
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.training import ActivationCheckpointing

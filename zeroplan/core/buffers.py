@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from zeroplan.core import deepspeed_epilogue, deepspeed_offload
 from zeroplan.core.deepspeed_accumulation import resident_bytes as deepspeed_resident_bytes
+from zeroplan.core.largest_unit import largest_gathered_unit_bytes, largest_unit_elements
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes
 from zeroplan.core.model_states import (
     largest_optimizer_tensor_elements, largest_tensor_shard_elements, padded_unit_elements_of, unit_gather_bytes,
@@ -46,29 +47,6 @@ def zero_reduce_bucket_bytes(request: PlanRequest, gradient_bytes_per_element: i
 def gathered_unit_bytes(request: PlanRequest, bytes_per_element: int, gradient_bytes_per_element: int) -> int:
     gathered = (1 + request.strategy.prefetch_units) * largest_gathered_unit_bytes(request, bytes_per_element)
     return gathered + largest_unit_elements(request) * gradient_bytes_per_element
-
-
-# The FSDP recipe (torchtitan, zeroplan/harness/torch_engines.py): fully_shard each block, then
-# the root, whose parameter group is everything else (embedding, final norm, head), gathered as
-# one. The reference ZeRO and DeepSpeed gather the embedding and the head as separate units, as
-# does torchtune's FSDP2 (custom_sharded_layers, zeroplan.core.profiles).
-def largest_unit_elements(request: PlanRequest) -> int:
-    """Padded trainable elements of the largest unit gathered or reduced as one."""
-    return _largest_group(request, padded_unit_elements_of(request, request.shard_group_size))
-
-
-def largest_gathered_unit_bytes(request: PlanRequest, bytes_per_element: int) -> int:
-    """Bytes of the largest unit an all-gather brings in (frozen tensors in their storage)."""
-    return _largest_group(request, unit_gather_bytes(request, request.shard_group_size, bytes_per_element))
-
-
-def _largest_group(request: PlanRequest, per_unit: list[int]) -> int:
-    if not request.strategy.kind.is_fsdp or fsdp_separates_embedding_and_head(request):
-        return max(per_unit)
-    units = rank_parameter_units(request)
-    blocks = [n for unit, n in zip(units, per_unit) if unit.name.startswith("block.")]
-    root = sum(n for unit, n in zip(units, per_unit) if not unit.name.startswith("block."))
-    return max(blocks + [root])
 
 
 # megatron-core 0.16.1 distributed/param_and_grad_buffer.py: gradients are accumulated straight

@@ -29,6 +29,7 @@ This module does not import torch."""
 
 from __future__ import annotations
 
+from zeroplan.core.largest_unit import largest_unit_elements
 from zeroplan.core.model_states import unit_gather_bytes
 from zeroplan.core.parallel.units import rank_parameter_units
 from zeroplan.specs.request import PlanRequest
@@ -48,8 +49,6 @@ def models_deepspeed_gathers(request: PlanRequest) -> bool:
 def prefetch_bucket_elements(request: PlanRequest) -> int:
     """stage3_prefetch_bucket_size: the strategy's, else what --emit writes (prefetch_units
     largest units, zeroplan.emit.formats.deepspeed_config)."""
-    from zeroplan.core.buffers import largest_unit_elements
-
     chosen = request.strategy.deepspeed_prefetch_bucket_elements
     return request.strategy.prefetch_units * largest_unit_elements(request) if chosen is None else chosen
 
@@ -57,8 +56,6 @@ def prefetch_bucket_elements(request: PlanRequest) -> int:
 def max_live_parameters(request: PlanRequest) -> int:
     """stage3_max_live_parameters: the strategy's, else what --emit writes ((1 + prefetch_units)
     largest units: the gathered units core/buffers.py gathered_unit_bytes counts)."""
-    from zeroplan.core.buffers import largest_unit_elements
-
     chosen = request.strategy.deepspeed_max_live_parameters
     return (1 + request.strategy.prefetch_units) * largest_unit_elements(request) if chosen is None else chosen
 

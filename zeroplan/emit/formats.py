@@ -129,7 +129,7 @@ def deepspeed_config(request: PlanRequest) -> dict[str, Any]:
     precision = request.training.precision
     if precision is Precision.bf16_pure:
         raise NotApplicable("DeepSpeed keeps an fp32 master copy; bf16-pure (no fp32 copy) has no DeepSpeed config")
-    from zeroplan.core.buffers import largest_unit_elements
+    from zeroplan.core.largest_unit import largest_unit_elements
     from zeroplan.core.parallel.units import rank_trainable_elements
 
     trainable = rank_trainable_elements(request)
