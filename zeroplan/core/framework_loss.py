@@ -358,11 +358,14 @@ def framework_logits_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...
     # that FSDP2 gathers then (fsdp_head_gathered_bytes; 0 outside a framework's FSDP2).
     backward = (*logits_parts(model, s, b), *fsdp_head_gathered_parts(request))
     cache = kv_cache_tensors(request)
-    if not cache:
+    if not cache and training.transformers_version is None:
         return (backward,)
     # With transformers' KV cache kept (zeroplan.core.kv_cache) the loss's forward, formed inside
     # the model's forward beside the head's gathered unit, is a moment of its own: every layer's
-    # K and V are alive until the output object goes.
+    # K and V are alive until the output object goes. So it is for an older release, whose loss
+    # forward holds more than 4.56.2's (zeroplan.core.transformers_release: 4.46-4.48 an fp32 copy
+    # of the shifted logits beside the upcast, 16 bytes a logit with bf16 logits, more than the
+    # backward's 12).
     return (*cache, *loss_forward_tensors(request), *fsdp_head_gathered_parts(request, prefetched=False)), backward
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zeroplan.errors import ZeroplanError
-from zeroplan.specs.framework import TORCHTITAN_RELEASES, Framework
+from zeroplan.specs.finetune import version_tuple
+from zeroplan.specs.framework import TORCHTITAN_RELEASES, TRANSFORMERS_NEWEST, TRANSFORMERS_OLDEST, TRANSFORMERS_VERSION, Framework
 from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
@@ -454,6 +455,8 @@ FRAMEWORK_OPTIONS = {
     # transformers' KV cache and the output object its caller holds (zeroplan.core.kv_cache).
     "use_cache": lambda prof: prof.framework is Framework.hf,
     "keep_outputs": lambda prof: prof.framework is Framework.hf,
+    # The causal-LM forward and loss of an older transformers release (zeroplan.core.transformers_release).
+    "transformers_version": lambda prof: prof.framework is Framework.hf,
 }
 """TrainingSpec fields only some frameworks offer -> whether a profile offers the option."""
 
@@ -585,6 +588,20 @@ def check_torchtitan_release(training: TrainingSpec) -> None:
         raise ZeroplanError("torchtitan_release", "9dec370's loss is unchunked (allowed with unchunked_loss)")
 
 
+def check_transformers_version(training: TrainingSpec) -> None:
+    """Refuse a transformers version that is not a release number or lies outside what is modelled."""
+    text = training.transformers_version
+    if text is None:
+        return
+    allowed = f"allowed: MAJOR.MINOR[.PATCH] from {'.'.join(map(str, TRANSFORMERS_OLDEST))} to {TRANSFORMERS_VERSION}"
+    try:
+        release = version_tuple(text)
+    except ValueError:
+        raise ZeroplanError("transformers_version", f"{text!r} is not a release number ({allowed})") from None
+    if not TRANSFORMERS_OLDEST <= release <= TRANSFORMERS_NEWEST:
+        raise ZeroplanError("transformers_version", f"{text} is not modelled ({allowed})")
+
+
 def check_framework_request(training: TrainingSpec, model: ModelSpec | None = None) -> None:
     """Refuse, in one line naming the field, a policy the framework does not offer (and, given
     the model, a selective-layer interval that checkpoints no block)."""
@@ -622,6 +639,7 @@ def check_framework_request(training: TrainingSpec, model: ModelSpec | None = No
                 field, f"not offered by {training.framework.value} {prof.version} (allowed only with framework {offering})"
             )
     check_torchtitan_release(training)
+    check_transformers_version(training)
     # torchtune 0.6.1 recipes/full_finetune_distributed.py __init__ raises a RuntimeError when
     # enable_activation_offloading is set without enable_activation_checkpointing, and with
     # ac_mode set as well _setup_model applies no checkpointing at all: offloading goes with full.
