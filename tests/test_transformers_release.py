@@ -75,6 +75,15 @@ def test_malformed_or_unmodelled_versions_are_refused_in_one_line(value: str, me
         _request(FQ + f" --transformers-version {value}")
 
 
+def test_before_4_46_only_the_llama_family_is_planned() -> None:
+    """GPT-2-style models computed their own loss in the compute dtype before 4.46 (not planned):
+    refused there, accepted from 4.46 when every model goes through ForCausalLMLoss."""
+    gpt2 = "gpt2-xl --framework hf --gpus 1 --gpu a100-80gb --seq-len 1024"
+    with pytest.raises(ZeroplanError, match=r"^transformers_version: 4.40 is modelled before 4.46 only for the Llama family"):
+        _request(gpt2 + " --transformers-version 4.40")
+    assert _request(gpt2 + " --transformers-version 4.47").training.transformers_version == "4.47"
+
+
 def test_the_option_is_refused_outside_hf() -> None:
     with pytest.raises(ZeroplanError, match="^transformers_version: not offered by torchtune"):
         _request("llama-3.1-8b --framework torchtune --gpus 8 --transformers-version 4.38")
