@@ -33,9 +33,11 @@ module level, so torch.nn.RMSNorm stands in (it runs only inside the recomputed 
 About 40-80 s at 80 blocks on two cores. Measured (torch 2.13, 80 blocks, dp 32 x tp 8, 16 x 8192):
 requested peak 46.41 GiB, at the second step's loss forward (80 sequence-sharded block inputs of
 256 MiB, the bf16 local logits, two fp32 local-logit tensors, the gathered final-norm output);
-reserved 49.01 GiB under expandable segments, 56.09 under PyTorch's defaults. The planner (the
-row's flags, compile and float8 included) plans 49.51 allocated, 51.29 reserved (57.38 under the
-defaults); published: 71.9. ``--partition``, with and without ``--float8``, under torch 2.13 +
+reserved 49.01 GiB under expandable segments, 56.09 under PyTorch's defaults; published: 71.9.
+The trace sees DTensor's operators, not the temporaries of loss_parallel's handlers on the local
+shard: with them the loss's backward holds four fp32 local-logit tensors
+(zeroplan.frameworks.loss_parallel), which the planner charges (57.34 allocated, 59.12 reserved;
+65.2 under the defaults). ``--partition``, with and without ``--float8``, under torch 2.13 +
 torchao 0.14.1 and under torch 2.6.0 + torchao 0.8.0 (the releases nearest the runs' torch
 1963fc8 and torchao eab345c): the compiled block saves only its 256 MiB input (besides its
 parameters and the RoPE table); its backward graph's values peak at 7.0 / 8.0 GiB (torch 2.6,
@@ -359,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(trace.events)} events in {time.perf_counter() - start_s:.0f} s")
     for name, peak, snapshot in phase_peaks(trace, marks):
         print(f"  {name:24s} requested peak {peak / GIB:7.2f} GiB")
-        if name == "step 2 forward" or name == "step 2 loss forward":
+        if name in ("step 2 forward", "step 2 loss forward", "step 2 backward"):
             for size, count in sorted(collections.Counter(snapshot.values()).items(), key=lambda kv: -kv[0] * kv[1])[:5]:
                 print(f"      {count:4d} x {size / 2**20:9.2f} MiB")
     verdict = oom_capacity(trace, parse_alloc_conf(options.allocator_conf))
