@@ -86,3 +86,19 @@ def test_a_3d_layout_sums_one_communicator_per_group() -> None:
     assert [c.name for c in communicators(first)].count("pipeline neighbour (send/recv)") == 1
     tied = first.model.tied_embeddings
     assert any(c.name.startswith("embedding") for c in communicators(first)) is tied
+
+
+
+def test_the_header_gives_the_range_where_the_strategies_communicators_differ() -> None:
+    from types import SimpleNamespace
+
+    from zeroplan.report.table import usable_text
+    from zeroplan.units import ByteUnit, GiB
+
+    def report(*usable: float) -> SimpleNamespace:
+        plans = [SimpleNamespace(usable_memory_bytes=int(u * GiB)) for u in usable]
+        return SimpleNamespace(plans=plans, cluster=SimpleNamespace(usable_memory_bytes=int(79.2 * GiB)))
+
+    assert usable_text(report(78.75, 78.75), ByteUnit.GiB) == "78.8 GiB usable per GPU"
+    assert usable_text(report(78.99, 78.16), ByteUnit.GiB) == "78.2-79.0 GiB usable per GPU (by strategy)"
+    assert usable_text(report(), ByteUnit.GiB) == "79.2 GiB usable per GPU"
