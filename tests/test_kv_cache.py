@@ -113,3 +113,24 @@ def test_a_fresh_measurement_keeps_the_planners_cache_per_layer() -> None:
     record = measure_kv_cache(request.model, request.batch)
     assert record.cache_block_bytes("checkpoint_wrapper") == sum(kv_cache_tensors(request)) // request.model.num_layers
     assert record.run(True, "checkpoint_wrapper").backward.startswith("CheckpointError")
+
+
+# torchtune's single-device LoRA recipe at ff594c2 (docs/source/tutorials/lora_finetune.rst's table):
+# Llama-2-7B, batch 2, alpaca padded to at most 512.
+TORCHTUNE_2024 = ("llama-2-7b --framework torchtune --gpus 1 --gpu a100-80gb --micro-batch 2 --seq-len 512 "
+                  "--precision bf16-pure --activation-checkpointing full --lora-rank 8 --lora-targets q,v --unchunked-loss")
+
+
+def test_torchtune_loop_holds_the_shifted_fp32_logits_through_backward() -> None:
+    plain, held = _request(TORCHTUNE_2024, StrategyKind.ddp), _request(TORCHTUNE_2024 + " --keep-outputs", StrategyKind.ddp)
+    # logits[..., :-1, :].contiguous() of the upcast b x s x V logits: b x (s - 1) rows in fp32.
+    assert kept_outputs_bytes(held) == 4 * 2 * 511 * 32_000
+    assert kept_outputs_bytes(plain) == 0
+    # Held beside the loss's own fp32 tensors at its backward (the planner counts it with the activations).
+    assert peak_terms(held)[1].activations - peak_terms(plain)[1].activations == kept_outputs_bytes(held)
+    assert memory_breakdown(held)[0].allocated_peak_bytes - memory_breakdown(plain)[0].allocated_peak_bytes == kept_outputs_bytes(held)
+
+
+def test_torchtune_keep_outputs_needs_the_plain_loss() -> None:
+    with pytest.raises(ZeroplanError, match="^keep_outputs: torchtune's loop held its logits only with a plain"):
+        _request(TORCHTUNE_2024.replace(" --unchunked-loss", "") + " --keep-outputs", StrategyKind.ddp)

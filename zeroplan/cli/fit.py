@@ -284,7 +284,8 @@ def add_fused_loss_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--keep-outputs", action="store_true",
         help="hf: the training loop holds the model's output object (logits, cache) through backward "
-             "(outputs = model(**batch); loss = outputs.loss) instead of only the loss",
+             "(outputs = model(**batch); loss = outputs.loss) instead of only the loss; torchtune: its recipes "
+             "before August 2024 hold the fp32 copy of the shifted logits through backward",
     )
     parser.add_argument(
         "--unchunked-loss", action="store_true",

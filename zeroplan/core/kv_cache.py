@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from zeroplan.core.frameworks import FP32_BYTES
 from zeroplan.core.transformers_release import returned_logit_bytes, returns_fp32_logits, shifts_logits_copy
+from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.training import ActivationCheckpointing
 
@@ -85,5 +86,23 @@ def kept_outputs_bytes(request: PlanRequest) -> int:
     """What a loop that holds the model's output object keeps beyond what backward needs."""
     if not request.training.keep_outputs:
         return 0
+    if request.training.framework is Framework.torchtune:
+        return torchtune_kept_logits_bytes(request)
     sbv = request.batch.seq_len * request.batch.micro_batch_size * request.model.vocab_size
     return returned_logit_bytes(request.training) * sbv + kv_cache_bytes(request)
+
+
+# torchtune's single-device LoRA recipe before August 2024 (recipes/lora_finetune_single_device.py
+# at ff594c2, lines 447-468, and at 8e03661, lines 569-578): `logits = self._model(...)`, whose
+# TransformerDecoder upcasts the output projection (modules/transformer.py:210 at ff594c2, :246 at
+# 8e03661: `self.output(h).float()`), then `logits = logits[..., :-1, :].contiguous()` rebinds the
+# loop's name to an fp32 copy of the shifted rows, `logits.transpose(1, 2)` and the loss. The loop
+# holds that copy through `loss.backward()` and the optimizer step, until the next forward rebinds
+# it (the whole upcast goes at the rebinding: the slice's backward keeps only its shape). Its
+# nn.CrossEntropyLoss keeps the log-softmax of those rows, which the unchunked loss counts
+# (zeroplan.core.framework_loss.torchtune_unchunked_logits_tensors); the held copy is beyond it.
+# 0.6.1 frees the logits before backward (`del logits` in _loss_step) and shifts the labels instead.
+def torchtune_kept_logits_bytes(request: PlanRequest) -> int:
+    """The fp32 shifted logits a pre-August-2024 torchtune loop holds through backward."""
+    b, s, v = request.batch.micro_batch_size, request.batch.seq_len, request.model.vocab_size
+    return FP32_BYTES * b * (s - 1) * v

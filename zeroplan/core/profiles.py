@@ -454,7 +454,9 @@ FRAMEWORK_OPTIONS = {
     "torchtitan_release": lambda prof: prof.framework is Framework.torchtitan,
     # transformers' KV cache and the output object its caller holds (zeroplan.core.kv_cache).
     "use_cache": lambda prof: prof.framework is Framework.hf,
-    "keep_outputs": lambda prof: prof.framework is Framework.hf,
+    # torchtune's single-device recipes before August 2024 hold the shifted fp32 logits through
+    # backward (zeroplan.core.kv_cache.torchtune_kept_logits_bytes).
+    "keep_outputs": lambda prof: prof.framework in (Framework.hf, Framework.torchtune),
     # The causal-LM forward and loss of an older transformers release (zeroplan.core.transformers_release).
     "transformers_version": lambda prof: prof.framework is Framework.hf,
 }
@@ -660,6 +662,11 @@ def check_framework_request(training: TrainingSpec, model: ModelSpec | None = No
     check_transformers_version(training)
     if model is not None:
         check_transformers_version_model(training, model)
+    # torchtune's recipes held their logits only before August 2024, when the loss was a plain
+    # nn.CrossEntropyLoss on the whole upcast logits (CEWithChunkedOutputLoss came later).
+    if training.keep_outputs and training.framework is Framework.torchtune and not training.unchunked_loss:
+        raise ZeroplanError("keep_outputs", "torchtune's loop held its logits only with a plain CrossEntropyLoss "
+                            "(allowed with unchunked_loss, --unchunked-loss)")
     # torchtune 0.6.1 recipes/full_finetune_distributed.py __init__ raises a RuntimeError when
     # enable_activation_offloading is set without enable_activation_checkpointing, and with
     # ac_mode set as well _setup_model applies no checkpointing at all: offloading goes with full.

@@ -429,6 +429,10 @@ def torchtune_overrides(request: PlanRequest) -> list[str]:
         raise NotApplicable(f"torchtune trains in bf16 or fp32 throughout (dtype), not {training.precision.value}")
     if training.finetune.quantize not in (Quantization.none, Quantization.nf4):
         raise NotApplicable(f"torchtune's QLoRA quantizes to nf4, not {training.finetune.quantize.value}")
+    if training.keep_outputs:
+        # zeroplan.core.kv_cache.torchtune_kept_logits_bytes: the recipes' loop before August 2024.
+        raise NotApplicable("the overrides are torchtune 0.6.1's, whose recipes free the logits before backward "
+                            "(keep_outputs plans the loop of its 2024 recipes)")
     args = [f"batch_size={batch.micro_batch_size}", f"gradient_accumulation_steps={batch.grad_accum_steps}",
             f"tokenizer.max_seq_len={batch.seq_len}", f"dtype={dtype}"]
     checkpointing = training.activation_checkpointing

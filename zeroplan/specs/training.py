@@ -190,10 +190,11 @@ class TrainingSpec(Frozen):
     DynamicCache and later make torch's non-reentrant checkpoint raise in backward
     (zeroplan.core.kv_cache)."""
     keep_outputs: bool = False
-    """Hugging Face only: the training loop holds the model's output object (its logits and,
+    """Hugging Face: the training loop holds the model's output object (its logits and,
     with use_cache, its cache) through backward (``outputs = model(**batch); loss =
     outputs.loss``) instead of keeping only the loss (``loss = model(**batch).loss``, the
-    Trainer's compute_loss)."""
+    Trainer's compute_loss). torchtune: its recipes' loop before August 2024 holds the fp32
+    copy of the shifted logits through backward (``logits = logits[..., :-1, :].contiguous()``)."""
     transformers_version: str | None = None
     """Hugging Face only: the transformers release the model code is planned at (MAJOR.MINOR[.PATCH],
     4.31 to 4.56.2); None plans the profile's 4.56.2. Before 4.46 the causal-LM forward returns
