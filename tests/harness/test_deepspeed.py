@@ -5,6 +5,7 @@ explains (one flat group padded to 2N, fp32 master and gradient partitions, one 
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import sys
 from pathlib import Path
@@ -15,13 +16,15 @@ import torch
 from zeroplan.cli.main import main as zeroplan_main
 from zeroplan.errors import ZeroplanError
 from zeroplan.harness.extension_locks import check_no_stale_extension_lock, describe_extension_locks
-from zeroplan.harness.launch import launch
+from zeroplan.harness.launch import run_torchrun
 from zeroplan.harness.model import build_model
 from zeroplan.harness.oracle import oracle_parameters
 from zeroplan.harness.presets import HARNESS_PRESETS
 from zeroplan.harness.record import read_record
 from zeroplan.specs import StateConvention
 from zeroplan.validate.compare import compare_record
+
+WORKER = Path(__file__).with_name("ranks_worker.py")
 
 needs_deepspeed = pytest.mark.skipif(
     importlib.util.find_spec("deepspeed") is None,
@@ -36,28 +39,37 @@ ACCUMULATION = 2
 ACCUMULATION_RUNS = [("zero1", 2), ("zero2", 2), ("zero3", 2)]
 
 
-def _argv(strategy: str, parameters: Path, grad_accum: int = 1) -> list[str]:
+def _argv(strategy: str, grad_accum: int = 1) -> list[str]:
     return [MODEL, "--strategy", strategy, "--engine", "deepspeed", "--steps", str(STEPS),
             "--micro-batch", str(MICRO_BATCH), "--seq-len", str(SEQ_LEN), "--precision", "fp32",
-            "--grad-accum", str(grad_accum), "--save-parameters", str(parameters)]
+            "--grad-accum", str(grad_accum)]
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[tuple[str, int], Path]:
+def runs(tmp_path_factory) -> dict[tuple, Path]:
+    """Every run below, those of one world size in one torchrun launch (tests/harness/ranks_worker.py:
+    DeepSpeed's import and gloo's start cost far more than a micro model's run)."""
     # A stale JIT build lock would make every run below wait out its whole time limit.
     check_no_stale_extension_lock()
-    results = {}
-    for strategy, nproc in RUNS:
-        out = tmp_path_factory.mktemp(f"deepspeed-{strategy}-{nproc}")
-        result = launch(nproc, _argv(strategy, out / "parameters.pt"), out, timeout_s=300)
-        assert result.returncode == 0 and not result.missing_ranks, (strategy, nproc, result.errors,
-                                                                     describe_extension_locks())
-        results[(strategy, nproc)] = out
-    for strategy, nproc in ACCUMULATION_RUNS:
-        out = tmp_path_factory.mktemp(f"deepspeed-{strategy}-{nproc}-accumulating")
-        result = launch(nproc, _argv(strategy, out / "parameters.pt", ACCUMULATION), out, timeout_s=300)
-        assert result.returncode == 0 and not result.missing_ranks, (strategy, nproc, result.errors)
-        results[(strategy, nproc, ACCUMULATION)] = out
+    wanted = [((strategy, nproc), nproc, _argv(strategy)) for strategy, nproc in RUNS]
+    wanted += [((strategy, nproc, ACCUMULATION), nproc, _argv(strategy, ACCUMULATION)) for strategy, nproc in ACCUMULATION_RUNS]
+    results: dict[tuple, Path] = {}
+    for nproc in sorted({n for _, n, _ in wanted}):
+        root = tmp_path_factory.mktemp(f"deepspeed-n{nproc}")
+        spec = []
+        for key, n, argv in wanted:
+            if n == nproc:
+                name = "-".join(map(str, key))
+                results[key] = root / name
+                spec.append({"name": name, "argv": argv, "out": str(root / name),
+                             "save_parameters": str(root / name / "parameters.pt")})
+        spec_path = root / "runs.json"
+        spec_path.write_text(json.dumps(spec), encoding="utf-8")
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+                   str(WORKER), str(spec_path)]
+        returncode, output = run_torchrun(command, 600)
+        assert returncode == 0, ([line for line in output.splitlines() if "zeroplan measure:" in line] or output[-3000:],
+                                 describe_extension_locks())
     return results
 
 
