@@ -116,11 +116,13 @@ class PerformanceAssumptions(Frozen):
     """Named assumptions of the step-time model (docs/communication-time.md)."""
 
     hardware_flops_utilization: float | None = Field(default=None, gt=0.0, le=1.0)
-    """Fraction of the GPU's peak bf16 throughput at which the FLOPs the GPU executes run
-    (zeroplan.core.flops: recomputation and causal attention as the kernels run them): HFU in
-    PaLM's terms (Chowdhery et al. 2022, Appendix B). Compute time = executed FLOPs / (peak x
-    this). A published MFU converts to it with
-    zeroplan.core.flops.hardware_utilization_from_model_utilization. None (the default): the
+    """Fraction of the GPU's peak bf16 throughput at which the matrix products' and attention's
+    executed FLOPs run (zeroplan.core.flops: recomputation and causal attention as the kernels
+    run them): HFU in PaLM's terms (Chowdhery et al. 2022, Appendix B), of those kernels only.
+    Compute time = executed FLOPs / (peak x this) + the memory-bound kernels' bytes at the GPU's
+    copy bandwidth (zeroplan.core.timing.memory_bound_time_s; on a GPU without a measured
+    bandwidth this covers every kernel). A published MFU converts to it with
+    zeroplan.core.timing.hfu_from_mfu. None (the default): the
     fitted default of the request's mechanism, GPU generation x kernel class
     (zeroplan.core.default_efficiency, fitted on the published throughput rows; the flat 0.4,
     a round figure, where no published row ran that generation or its compute die;

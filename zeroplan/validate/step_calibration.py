@@ -358,8 +358,12 @@ def default_efficiency_table(table: PublishedThroughputTable | None = None) -> D
     for row in table.rows:
         counts[source_of(row)] = counts.get(source_of(row), 0) + 1
     root = PUBLISHED_THROUGHPUT_FILE.parents[3]
+    from zeroplan.core.timing import COMPUTE_BASIS
+
     return DefaultEfficiencyTable(
-        description=("One HFU per GPU generation x kernel class (attention kernel; compiled where the planner does "
+        compute_basis=COMPUTE_BASIS,
+        description=("One HFU (of the matrix products' and attention's FLOPs; the memory-bound kernels and the "
+                     "optimizer step are timed apart at the GPU's copy bandwidth) per GPU generation x kernel class (attention kernel; compiled where the planner does "
                      "not time compile), at each coarser level too (attention kernel alone, generation alone): the "
                      "median of the HFUs zeroplan calibrate step solves on the published rows of that mechanism, "
                      "rows it refuses left out, where they come from at least two sources (MIN_MECHANISM_SOURCES). The "

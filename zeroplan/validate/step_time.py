@@ -14,7 +14,8 @@ from pathlib import Path
 from pydantic import Field, ValidationError
 
 from zeroplan.core.default_efficiency import FLAT_HFU
-from zeroplan.core.flops import hardware_utilization_from_model_utilization, step_flops
+from zeroplan.core.flops import step_flops
+from zeroplan.core.timing import hfu_from_mfu
 from zeroplan.core.plan import plan, step_fits, under_allocator_model
 from zeroplan.core.roofline.ceilings import CEILINGS
 from zeroplan.errors import ZeroplanError
@@ -225,8 +226,9 @@ class StepTimeComparison(Frozen):
     published_mfu: float | None
     """The source's MFU."""
     published_hfu: float | None
-    """The HFU the published MFU implies for the planner's executed FLOPs
-    (hardware_utilization_from_model_utilization)."""
+    """The HFU the published MFU implies for the planner's executed FLOPs, its memory-bound
+    kernels at the copy bandwidth (zeroplan.core.timing.hfu_from_mfu); None where they alone
+    outlast the step."""
     with_published_mfu_step_s: float | None
     """step_with_overlap_s with the planner's HFU set to published_hfu."""
     with_published_mfu_tokens_per_s_per_gpu: float | None
@@ -279,9 +281,10 @@ def compare_step_time(row: PublishedThroughput) -> StepTimeComparison:
     flops = step_flops(request)
     hfu = with_mfu_step_s = with_mfu_tokens = None
     if row.published_mfu is not None:
-        hfu = hardware_utilization_from_model_utilization(row.published_mfu, flops)
-        with_mfu_step_s = plan(row.request(hfu)).time.step_with_overlap_s
-        with_mfu_tokens = tokens / with_mfu_step_s
+        hfu = hfu_from_mfu(request, row.published_mfu)
+        if hfu is not None:
+            with_mfu_step_s = plan(row.request(hfu)).time.step_with_overlap_s
+            with_mfu_tokens = tokens / with_mfu_step_s
     roofline_tokens = None
     # The roofline prices full training only (zeroplan.core.roofline.step.check_roofline_applies).
     if (row.gpu in CEILINGS or get_gpu(row.gpu).name in CEILINGS) and not row.training_options.lora_rank:
