@@ -150,3 +150,20 @@ def test_step_time_reports_throughput_and_mfu() -> None:
     assert t.model_flops_utilization == pytest.approx(t.model_flops / (t.step_with_overlap_s * peak))
     # Full recomputation executes more than the model FLOPs count, so MFU falls below the HFU.
     assert t.model_flops_utilization < hfu
+
+
+def test_in_hfu_times_every_kernel_at_the_hfu_as_on_a_gpu_without_a_measured_bandwidth() -> None:
+    # PerformanceAssumptions.memory_bound 'in-hfu' (how the flat 0.4 is scored): no memory-bound
+    # term and no GPU optimizer step, compute = executed FLOPs at the HFU; a GPU without a
+    # measured copy bandwidth (b200) is timed that way whatever the setting.
+    request = _request(ActivationCheckpointing.full, micro=2, accum=3)
+    inside = request.model_copy(update={"performance": PerformanceAssumptions(
+        hardware_flops_utilization=0.4, attention_rate="matmul", memory_bound="in-hfu")})
+    t = step_time(inside, ())
+    assert t.memory_bound_s == 0 and t.optimizer_step_s == 0
+    assert t.compute_s == pytest.approx(t.executed_flops / (0.4 * request.cluster.gpu.peak_bf16_flops_per_s))
+    b200 = inside.model_copy(update={"cluster": cluster_from_gpus(get_gpu("b200"), 1),
+                                     "performance": inside.performance.model_copy(update={"memory_bound": "copy-bandwidth"})})
+    t = step_time(b200, ())
+    assert t.memory_bound_s == 0 and t.optimizer_step_s == 0
+    assert t.compute_s == pytest.approx(t.executed_flops / (0.4 * get_gpu("b200").peak_bf16_flops_per_s))

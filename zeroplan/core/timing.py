@@ -253,11 +253,11 @@ def attention_flops_per_s(request: PlanRequest, matmul_rate: float) -> float:
 
 def times_memory_bound(request: PlanRequest) -> bool:
     """Whether the flat-HFU model times the memory-bound kernels apart, at the GPU's copy
-    bandwidth (a GPU zeroplan.core.roofline.ceilings has a bandwidth for); else its HFU covers
-    every kernel."""
+    bandwidth (a GPU zeroplan.core.roofline.ceilings has a bandwidth for, unless
+    PerformanceAssumptions.memory_bound says 'in-hfu'); else its HFU covers every kernel."""
     from zeroplan.core.roofline.ceilings import CEILINGS
 
-    return request.cluster.gpu.name in CEILINGS
+    return request.performance.memory_bound == "copy-bandwidth" and request.cluster.gpu.name in CEILINGS
 
 
 COMPUTE_BASIS = "matmul-attention"

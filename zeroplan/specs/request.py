@@ -127,6 +127,12 @@ class PerformanceAssumptions(Frozen):
     (zeroplan.core.default_efficiency, fitted on the published throughput rows; the flat 0.4,
     a round figure, where no published row ran that generation or its compute die;
     docs/communication-time.md, "Compute")."""
+    memory_bound: str = Field(default="copy-bandwidth", pattern="^(copy-bandwidth|in-hfu)$")
+    """Under the 'hfu' compute model, how the memory-bound kernels are timed: 'copy-bandwidth',
+    apart from the HFU at the GPU's copy bandwidth where the GPU has a measured one
+    (zeroplan.core.timing.memory_bound_time_s); 'in-hfu', inside the HFU with every other
+    kernel, as on a GPU without a measured bandwidth (the flat HFU 0.4 applies only to such
+    GPUs, so benchmarks/step_time_accuracy.py scores it this way)."""
     compute_model: str = Field(default="hfu", pattern="^(hfu|roofline)$")
     """How compute is timed: 'hfu', every executed FLOP at hardware_flops_utilization x peak;
     'roofline', kernel by kernel against the GPU's measured ceilings (zeroplan.core.roofline:
