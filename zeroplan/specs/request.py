@@ -134,7 +134,8 @@ class PerformanceAssumptions(Frozen):
     kernel, as on a GPU without a measured bandwidth (the flat HFU 0.4 applies only to such
     GPUs, so benchmarks/step_time_accuracy.py scores it this way)."""
     compute_model: str = Field(default="hfu", pattern="^(hfu|roofline)$")
-    """How compute is timed: 'hfu', every executed FLOP at hardware_flops_utilization x peak;
+    """How compute is timed: 'hfu', every executed FLOP at hardware_flops_utilization x peak and
+    the memory-bound kernels at the copy bandwidth (memory_bound);
     'roofline', kernel by kernel against the GPU's measured ceilings (zeroplan.core.roofline:
     matrix products at the achievable matmul rate, attention with its softmax exponentials,
     memory-bound kernels and the optimizer step at the achievable memory bandwidth)."""
