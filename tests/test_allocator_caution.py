@@ -121,7 +121,7 @@ def test_a_cautioned_suggestion_is_given_when_no_later_one_fits(monkeypatch):
                        "--lora-rank 16 --activation-checkpointing full"))
     assert report.recommended is None
     assert "With --gpus 8: Recommended: fsdp-full-shard" in report.verdict
-    assert "for fsdp-full-shard, PyTorch's caching allocator (modelled, default settings) runs out of the 21.9 GiB usable" in report.verdict
+    assert "for fsdp-full-shard, PyTorch's caching allocator (modelled, default settings) runs out of the 21.8 GiB usable" in report.verdict
 
 
 def test_at_most_three_other_strategies_are_asked(monkeypatch):

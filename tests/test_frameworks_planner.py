@@ -10,7 +10,8 @@ import pytest
 
 from zeroplan.cli.main import main
 from zeroplan.core.activations import activation_bytes, logits_bytes
-from zeroplan.core.feasibility import NCCL_BUFFSIZE_BYTES, nccl_buffer_bytes, usable_memory_bytes
+from zeroplan.core.feasibility import nccl_buffer_bytes, usable_memory_bytes
+from zeroplan.core.nccl_buffers import ring_bytes
 from zeroplan.core.frameworks import (
     autocast_copies_bytes, OFFLOAD_FORWARD_STASH, framework_activation_bytes, framework_block_kept_bytes,
     framework_layer_bytes, offloaded_layers_bytes, torchtitan_rope_cache_bytes,
@@ -255,7 +256,8 @@ def test_torchtunes_plain_cross_entropy_peaks_before_the_head_is_gathered(gpu_80
 
 def test_nccl_buffers_shrink_what_the_allocator_may_use(gpu_80gib) -> None:
     request = _request(gpu_80gib, Framework.torchtitan)
-    assert nccl_buffer_bytes(request) == NCCL_BUFFSIZE_BYTES * 16 * 2
+    # FSDP over the 8 GPUs of one node: the default group's ring, 16 channels (no NVLS on this GPU).
+    assert nccl_buffer_bytes(request) == ring_bytes(8, 8, 16)
     assert usable_memory_bytes(request) == request.cluster.usable_memory_bytes - nccl_buffer_bytes(request)
     single = _request(gpu_80gib, Framework.torchtitan, gpus=1)
     assert nccl_buffer_bytes(single) == 0

@@ -156,6 +156,11 @@ def add_framework_arguments(group: argparse._ArgumentGroup) -> None:
              "the last block not resharded after forward; implies --unchunked-loss)",
     )
     group.add_argument(
+        "--transformers-version", metavar="V",
+        help="with --framework hf: the transformers release planned (4.31 to 4.56.2; default 4.56.2): before 4.46 the "
+             "causal-LM forward returns fp32 logits, before 4.49 its loss copies the shifted fp32 logits",
+    )
+    group.add_argument(
         "--activation-checkpointing", choices=choices_of(ActivationCheckpointing),
         default=ActivationCheckpointing.none.value,
     )
@@ -439,6 +444,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         torchtitan_release=getattr(args, "torchtitan_release", None),
         use_cache=getattr(args, "use_cache", False),
         keep_outputs=getattr(args, "keep_outputs", False),
+        transformers_version=getattr(args, "transformers_version", None),
         optimizer_in_backward=args.optimizer_in_backward,
         paged_optimizer=args.paged_optimizer,
         fsdp_cpu_offload=args.fsdp_cpu_offload,

@@ -169,6 +169,7 @@ FLAG_OF_FIELD = {
     "torchtitan_release": "--torchtitan-release",
     "use_cache": "--use-cache",
     "keep_outputs": "--keep-outputs",
+    "transformers_version": "--transformers-version",
     "training.paged_optimizer": "--paged-optimizer",
     "float8": "--float8",
 }

@@ -358,11 +358,14 @@ def framework_logits_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...
     # that FSDP2 gathers then (fsdp_head_gathered_bytes; 0 outside a framework's FSDP2).
     backward = (*logits_parts(model, s, b), *fsdp_head_gathered_parts(request))
     cache = kv_cache_tensors(request)
-    if not cache:
+    if not cache and training.transformers_version is None:
         return (backward,)
     # With transformers' KV cache kept (zeroplan.core.kv_cache) the loss's forward, formed inside
     # the model's forward beside the head's gathered unit, is a moment of its own: every layer's
-    # K and V are alive until the output object goes.
+    # K and V are alive until the output object goes. So it is for an older release, whose loss
+    # forward holds more than 4.56.2's (zeroplan.core.transformers_release: 4.46-4.48 an fp32 copy
+    # of the shifted logits beside the upcast, 16 bytes a logit with bf16 logits, more than the
+    # backward's 12).
     return (*cache, *loss_forward_tensors(request), *fsdp_head_gathered_parts(request, prefetched=False)), backward
 
 
@@ -460,3 +463,32 @@ def framework_logits_bytes(request: PlanRequest) -> int:
     """The loss's largest moment: logits and the cross-entropy's fp32 tensors (and, in a
     framework's FSDP2, the head's unit gathered for its backward)."""
     return max(framework_logits_pieces(request))
+
+
+def loss_parallel_applies(request: PlanRequest) -> bool:
+    """Whether the loss runs under torch's loss_parallel(): torchtitan 9dec370 with tensor
+    parallelism (parallelisms/parallel_dims.py loss_parallel_enabled: tp > 1 and not
+    training.disable_loss_parallel, whose default is off; train.py enters
+    utils.get_train_context's loss_parallel() around the forward, the loss and backward, and
+    apply_tp keeps the output projection's logits vocab-sharded, Shard(-1))."""
+    training = request.training
+    return (training.framework is Framework.torchtitan and training.torchtitan_release == "9dec370"
+            and request.parallel.tp > 1)
+
+
+# torch/distributed/tensor/parallel/loss.py (the same in torch 2.6.0 and 2.13): under
+# loss_parallel() cross_entropy on the vocab-sharded logits runs DTensor's own handlers on the
+# rank's shard. Forward (_log_softmax): the fp32 upcast, `shifted` and exp(shifted) at once beside
+# the bf16 logits (3.5 fp32 shards). Backward (_nll_loss_and_log_softmax_backward): beside the
+# saved log-softmax x it makes grad_input = zeros_like(x), exp(x) and their sum, then the
+# product with grad_output once exp(x) is freed: four fp32 shards at once, one more than torch's
+# own cross-entropy backward (logits_parts); _log_softmax_backward_data passes the result on.
+# Measured with a dispatch mode that sees DTensor's local operations (torch 2.6.0 and 2.13 alike):
+# forward 3.5, backward 4.0 fp32 local-logit tensors.
+def loss_parallel_logits_tensors(chunk: PlanRequest) -> tuple[tuple[int, ...], ...]:
+    """The loss's largest moment under loss_parallel on one rank, as its tensors in allocation
+    order; ``chunk`` is the rank's chunk (zeroplan.core.parallel.activations.chunk_request: the
+    vocabulary already split tp ways, the rank's tokens): the saved fp32 log-softmax, the zeros
+    of grad_input, exp(x), their sum, and the head's unit FSDP2 holds gathered."""
+    shard = FP32_BYTES * chunk.batch.seq_len * chunk.batch.micro_batch_size * chunk.model.vocab_size
+    return ((shard, shard, shard, shard, *fsdp_head_gathered_parts(chunk)),)

@@ -15,6 +15,7 @@ layer's K and V besides, for as long as the model's output object is alive.
 from __future__ import annotations
 
 from zeroplan.core.frameworks import FP32_BYTES
+from zeroplan.core.transformers_release import returned_logit_bytes, returns_fp32_logits, shifts_logits_copy
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.training import ActivationCheckpointing
 
@@ -52,17 +53,30 @@ def kv_cache_bytes(request: PlanRequest) -> int:
 # a logit at once; the fp32 copy goes when the loss returns (log_softmax's backward keeps only its
 # output). The cache is alive through all of it: the loss is formed inside the model's forward.
 # Measured (benchmarks/kv-cache-records): the forward's peak is what it returns with the output
-# object held plus the fp32 copy, to the byte.
+# object held plus the fp32 copy, to the byte. An fp32 module's `.float()` returns the logits
+# themselves (torch Tensor.to with the dtype it has): no copy. Older releases
+# (zeroplan.core.transformers_release): before 4.49 the loss also copies the shifted fp32 logits
+# (b x (s - 1) rows, which the log-softmax then covers); before 4.46 the forward itself upcasts,
+# so the output object carries the fp32 logits and lm_head's compute-dtype output is gone by the
+# time the loss runs (Tensor.float saves nothing for backward).
 def loss_forward_tensors(request: PlanRequest) -> tuple[int, ...]:
     """The loss's tensors at its forward, in the order they are made."""
-    sbv = request.batch.seq_len * request.batch.micro_batch_size * request.model.vocab_size
-    return request.training.precision.compute_bytes * sbv, FP32_BYTES * sbv, FP32_BYTES * sbv
+    training = request.training
+    b, s, v = request.batch.micro_batch_size, request.batch.seq_len, request.model.vocab_size
+    e = training.precision.compute_bytes
+    returned = returned_logit_bytes(training) * s * b * v
+    upcast = (FP32_BYTES * s * b * v,) if e != FP32_BYTES and not returns_fp32_logits(training) else ()
+    if not shifts_logits_copy(training):
+        return returned, *upcast, FP32_BYTES * s * b * v
+    shifted = FP32_BYTES * (s - 1) * b * v
+    return returned, *upcast, shifted, shifted
 
 
 # llama-recipes before its PR 41 (utils/train_utils.py: `outputs = model(**batch); loss =
 # outputs.loss; loss.backward()`): the loop's `outputs` holds the output object (its logits, its
 # past_key_values) through backward and the optimizer step, until the next forward returns. The
-# logits are what LlamaForCausalLM returns (4.56.2: lm_head's output, the compute dtype). The
+# logits are what LlamaForCausalLM returns (4.56.2: lm_head's output, the compute dtype; fp32
+# before 4.46, zeroplan.core.transformers_release). The
 # planner counts them with the activations (zeroplan.core.plan), so at the loss's and the blocks'
 # backward and, with the loss's forward moment of the next step, as two steps' outputs; the end of
 # backward and the optimizer step, which hold no activations, do not count them (a moment the
@@ -72,4 +86,4 @@ def kept_outputs_bytes(request: PlanRequest) -> int:
     if not request.training.keep_outputs:
         return 0
     sbv = request.batch.seq_len * request.batch.micro_batch_size * request.model.vocab_size
-    return request.training.precision.compute_bytes * sbv + kv_cache_bytes(request)
+    return returned_logit_bytes(request.training) * sbv + kv_cache_bytes(request)

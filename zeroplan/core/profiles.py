@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zeroplan.errors import ZeroplanError
-from zeroplan.specs.framework import TORCHTITAN_RELEASES, Framework
+from zeroplan.specs.finetune import version_tuple
+from zeroplan.specs.framework import TORCHTITAN_RELEASES, TRANSFORMERS_NEWEST, TRANSFORMERS_OLDEST, TRANSFORMERS_VERSION, Framework
 from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
@@ -454,6 +455,8 @@ FRAMEWORK_OPTIONS = {
     # transformers' KV cache and the output object its caller holds (zeroplan.core.kv_cache).
     "use_cache": lambda prof: prof.framework is Framework.hf,
     "keep_outputs": lambda prof: prof.framework is Framework.hf,
+    # The causal-LM forward and loss of an older transformers release (zeroplan.core.transformers_release).
+    "transformers_version": lambda prof: prof.framework is Framework.hf,
 }
 """TrainingSpec fields only some frameworks offer -> whether a profile offers the option."""
 
@@ -585,6 +588,38 @@ def check_torchtitan_release(training: TrainingSpec) -> None:
         raise ZeroplanError("torchtitan_release", "9dec370's loss is unchunked (allowed with unchunked_loss)")
 
 
+def check_transformers_version(training: TrainingSpec) -> None:
+    """Refuse a transformers version that is not a release number or lies outside what is modelled."""
+    text = training.transformers_version
+    if text is None:
+        return
+    allowed = f"allowed: MAJOR.MINOR[.PATCH] from {'.'.join(map(str, TRANSFORMERS_OLDEST))} to {TRANSFORMERS_VERSION}"
+    try:
+        release = version_tuple(text)
+    except ValueError:
+        raise ZeroplanError("transformers_version", f"{text!r} is not a release number ({allowed})") from None
+    if not TRANSFORMERS_OLDEST <= release <= TRANSFORMERS_NEWEST:
+        raise ZeroplanError("transformers_version", f"{text} is not modelled ({allowed})")
+
+
+# Before 4.46 each model's forward computed its own loss: the Llama family's (Llama, Mistral,
+# Mixtral, Qwen2, Gemma, Phi-3: RoPE and RMSNorm) upcast the logits to fp32
+# (zeroplan.core.transformers_release, read from modeling_llama.py); GPT-2, Bloom, Falcon and
+# GPT-NeoX shifted and cross-entropied them in the compute dtype (4.45.2 modeling_gpt2.py
+# GPT2LMHeadModel.forward), which is not planned. From 4.46 every model goes through
+# loss_utils.ForCausalLMLoss, as planned.
+def check_transformers_version_model(training: TrainingSpec, model: ModelSpec) -> None:
+    """Refuse a release before 4.46 for a model outside the Llama family, whose old loss is not modelled."""
+    from zeroplan.core.transformers_release import returns_fp32_logits
+
+    if training.transformers_version is None or not returns_fp32_logits(training):
+        return
+    if model.norm is not NormKind.rmsnorm or model.position is not PositionKind.rope:
+        raise ZeroplanError("transformers_version", f"{training.transformers_version} is modelled before 4.46 only for "
+                            "the Llama family's forward (RoPE and RMSNorm models: Llama, Mistral, Qwen2, Gemma, Phi-3); "
+                            f"{model.name} computed its loss its own way (allowed: 4.46.0 or later)")
+
+
 def check_framework_request(training: TrainingSpec, model: ModelSpec | None = None) -> None:
     """Refuse, in one line naming the field, a policy the framework does not offer (and, given
     the model, a selective-layer interval that checkpoints no block)."""
@@ -622,6 +657,9 @@ def check_framework_request(training: TrainingSpec, model: ModelSpec | None = No
                 field, f"not offered by {training.framework.value} {prof.version} (allowed only with framework {offering})"
             )
     check_torchtitan_release(training)
+    check_transformers_version(training)
+    if model is not None:
+        check_transformers_version_model(training, model)
     # torchtune 0.6.1 recipes/full_finetune_distributed.py __init__ raises a RuntimeError when
     # enable_activation_offloading is set without enable_activation_checkpointing, and with
     # ac_mode set as well _setup_model applies no checkpointing at all: offloading goes with full.

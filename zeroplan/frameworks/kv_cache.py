@@ -20,22 +20,27 @@ import torch
 
 from zeroplan.frameworks.build import hf_llama_config
 from zeroplan.frameworks.kv_cache_record import KvCacheRecord, KvCacheRun
+from zeroplan.frameworks.transformers_release import release_forward
 from zeroplan.simulate import _torch_private as private
 from zeroplan.specs import BatchSpec, ModelSpec
 
 CHECKPOINTINGS = ("none", "checkpoint_wrapper")
 
 
-def measure_kv_cache(model: ModelSpec, batch: BatchSpec, layers: int = 2) -> KvCacheRecord:
-    """Every (use_cache, checkpointing) pair at ``layers`` and ``layers + 1`` blocks, bf16 module."""
+def measure_kv_cache(model: ModelSpec, batch: BatchSpec, layers: int = 2, release: str | None = None,
+                     checkpointings: tuple[str, ...] = CHECKPOINTINGS) -> KvCacheRecord:
+    """Every (use_cache, checkpointing) pair at ``layers`` and ``layers + 1`` blocks, bf16 module;
+    ``release``: an older transformers' head and loss run on the installed model
+    (zeroplan.frameworks.transformers_release)."""
     import transformers
 
     start = time.perf_counter()
     runs = []
-    for checkpointing in CHECKPOINTINGS:
+    for checkpointing in checkpointings:
         for use_cache in (False, True):
-            shallow = _forward(model, batch, layers, use_cache, checkpointing, backward=False)
-            deep = _forward(model, batch, layers + 1, use_cache, checkpointing, backward=True)
+            with release_forward(release):
+                shallow = _forward(model, batch, layers, use_cache, checkpointing, backward=False)
+                deep = _forward(model, batch, layers + 1, use_cache, checkpointing, backward=True)
             runs.append(KvCacheRun(
                 use_cache=use_cache, checkpointing=checkpointing,
                 retained_bytes=[shallow[0], deep[0]], loss_only_bytes=[shallow[1], deep[1]],
@@ -43,7 +48,7 @@ def measure_kv_cache(model: ModelSpec, batch: BatchSpec, layers: int = 2) -> KvC
             ))
     return KvCacheRecord(
         framework_version=f"transformers {transformers.__version__}", torch_version=torch.__version__, model=model,
-        batch=batch, built_layers=layers, module_dtype=str(torch.bfloat16), runs=runs,
+        batch=batch, built_layers=layers, module_dtype=str(torch.bfloat16), runs=runs, replayed_release=release,
         wall_time_s=time.perf_counter() - start,
         notes=["forward with labels (the loss formed inside LlamaForCausalLM.forward), attn_implementation sdpa, "
                "train mode; live bytes from MemTracker on fake tensors"],

@@ -45,6 +45,9 @@ class KvCacheRecord(Frozen):
     runs: list[KvCacheRun]
     wall_time_s: float = Field(ge=0)
     notes: list[str] = Field(default_factory=list)
+    replayed_release: str | None = None
+    """None: the installed transformers' own forward; else the older release whose
+    LlamaForCausalLM head and loss ran on the installed model (zeroplan.frameworks.transformers_release)."""
 
     def run(self, use_cache: bool, checkpointing: str) -> KvCacheRun:
         return next(r for r in self.runs if r.use_cache == use_cache and r.checkpointing == checkpointing)
@@ -56,7 +59,8 @@ class KvCacheRecord(Frozen):
 
     @property
     def name(self) -> str:
-        return f"hf:{self.model.name}:kv-cache:s{self.batch.seq_len}:b{self.batch.micro_batch_size}"
+        release = f":transformers-{self.replayed_release}" if self.replayed_release else ""
+        return f"hf:{self.model.name}:kv-cache:s{self.batch.seq_len}:b{self.batch.micro_batch_size}{release}"
 
     @property
     def file_name(self) -> str:

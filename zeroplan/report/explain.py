@@ -107,7 +107,9 @@ def _total_terms(report: FitReport, plan: StrategyPlan, unit: ByteUnit) -> list[
              f"the terms alive at {m.peak_moment.value} (the others in parentheses), plus the reserve",
              section(5, 'Peak')),
         Term("headroom", f"{to_unit(plan.headroom_bytes, unit):.2f} {u}",
-             f"usable {to_unit(plan.usable_memory_bytes, unit):.2f} {u} (capacity less the CUDA context) - peak",
+             f"usable {to_unit(plan.usable_memory_bytes, unit):.2f} {u} (capacity less the CUDA context, "
+             f"{to_unit(report.cluster.cuda_context_bytes, unit):.2f} {u}, and the NCCL communicators' buffers, "
+             f"{to_unit(report.cluster.usable_memory_bytes - plan.usable_memory_bytes, unit):.2f} {u}) - peak",
              section(5, 'Peak')),
         Term("max-mb", str(plan.max_micro_batch_size), "the largest micro-batch whose peak fits the usable memory",
              section(5, 'Peak')),

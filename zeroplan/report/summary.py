@@ -19,7 +19,7 @@ from zeroplan.report.table import (
     left_out_lines,
     moe_lines,
     parallel_lines,
-    usable_bytes,
+    usable_text,
 )
 from zeroplan.results import PlanCandidate, StrategyPlan
 from zeroplan.specs.strategy import StrategyKind
@@ -142,7 +142,7 @@ def fit_context(report: FitReport, unit: ByteUnit) -> str:
     """The request in one sentence: model, GPUs, usable memory and batch."""
     c, t, b = report.cluster, report.training, report.batch
     return (f"{report.model.name} ({report.num_parameters / 1e9:.1f} B parameters) on {c.world_size} x "
-            f"{c.gpu.display_name}, {to_unit(usable_bytes(report), unit):.1f} {unit.value} usable per GPU; "
+            f"{c.gpu.display_name}, {usable_text(report, unit)}; "
             f"micro-batch {b.micro_batch_size} x seq {b.seq_len}, grad-accum {b.grad_accum_steps}, {t.precision.value}, "
             f"{t.optimizer.value}, activation checkpointing {t.activation_checkpointing.value}.")
 

@@ -142,9 +142,19 @@ def attention_name(training) -> str:
 
 
 def usable_bytes(report: FitReport) -> int:
-    """What each plan's peak is checked against: the capacity less the CUDA context and, for a
-    framework profile, NCCL's buffers (zeroplan.core.feasibility); the same for every plan."""
+    """What the first plan's peak is checked against: the capacity less the CUDA context and, for
+    a framework profile, its NCCL communicators' buffers (zeroplan.core.feasibility)."""
     return report.plans[0].usable_memory_bytes if report.plans else report.cluster.usable_memory_bytes
+
+
+def usable_text(report: FitReport, unit: ByteUnit) -> str:
+    """The usable memory per GPU in words: one figure, or the range over the plans where their
+    NCCL communicators differ (HSDP's replica group, DDP's NVLS buffers)."""
+    values = sorted({p.usable_memory_bytes for p in report.plans}) or [report.cluster.usable_memory_bytes]
+    low, high = to_unit(values[0], unit), to_unit(values[-1], unit)
+    if f"{low:.1f}" == f"{high:.1f}":
+        return f"{high:.1f} {unit.value} usable per GPU"
+    return f"{low:.1f}-{high:.1f} {unit.value} usable per GPU (by strategy)"
 
 
 def parallel_lines(report: FitReport) -> list[str]:
@@ -263,7 +273,7 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
     header_lines = [
         f"{report.model.name}: {total_parameters(report.model):,} parameters on "
         f"{c.world_size} x {c.gpu.display_name} ({c.num_nodes} node(s) x {c.gpus_per_node}), "
-        f"{to_unit(usable_bytes(report), unit):.1f} {unit.value} usable per GPU",
+        f"{usable_text(report, unit)}",
         f"{t.precision.value}, {t.optimizer.value}, micro-batch {b.micro_batch_size} x seq {b.seq_len}, "
         f"grad-accum {b.grad_accum_steps}, activation checkpointing {t.activation_checkpointing.value}, "
         f"{attention_name(t)}"
@@ -274,6 +284,7 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
         + (f", torchtitan {t.torchtitan_release}" if t.torchtitan_release else "")
         + (", KV cache kept (use_cache)" if t.use_cache else "")
         + (", outputs held through backward" if t.keep_outputs else "")
+        + (f", transformers {t.transformers_version}" if t.transformers_version else "")
         + (", optimizer in backward" if t.optimizer_in_backward else "")
         + (", FSDP CPU offload (sharded states in host RAM)" if t.fsdp_cpu_offload else "")
         + (", torch.compile" if t.compile else "")

@@ -79,3 +79,13 @@ LAUNCH_ENVIRONMENT: dict[Framework, str] = {
 }
 """Environment a framework's own launch scripts set that does not change the bytes planned,
 shown in the report's header so a user's launch can be compared with it."""
+
+
+TRANSFORMERS_VERSION = "4.56.2"
+"""The transformers release the hf profile measures (TrainingSpec.transformers_version None)."""
+TRANSFORMERS_OLDEST = (4, 31, 0)
+"""The oldest transformers release whose causal-LM loss the hf profile models (4.31.0, the
+release of llama-recipes' first published runs): LlamaForCausalLM.forward upcasts the logits
+and shifts them as every release up to 4.45 does."""
+TRANSFORMERS_NEWEST = (4, 56, 2)
+"""The newest release modelled: the profile's own."""

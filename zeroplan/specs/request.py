@@ -92,11 +92,11 @@ class MemoryAssumptions(Frozen):
     """Under the caching-allocator model, also bisect the OOM capacity (the least memory the
     step completes on) over whole replays: a dozen replays more per plan; the verdict and the
     peak stay the replay's on the usable memory."""
-    nccl_channels: int = Field(default=16, gt=0)
-    """Channels an NCCL communicator opens (framework profiles only): NCCL picks 2-32 per
-    topology (more on NVSwitch systems); 16 is an assumption, not calibrated on a GPU."""
-    nccl_peers_per_channel: int = Field(default=2, gt=0)
-    """Peers each channel keeps an NCCL_BUFFSIZE buffer for (a ring: previous and next)."""
+    nccl_channels: int = Field(default=16, gt=0, le=64)
+    """Channels each NCCL communicator runs (framework profiles only): NCCL's topology search
+    picks them per system and doubles them (NCCL v2.28.3-1 src/graph/connect.cc:452; at most 64),
+    so zeroplan cannot know them; 16 is an assumption, not calibrated on a GPU. Every ring
+    channel holds one connection's LL, LL128 and Simple buffers (zeroplan.core.nccl_buffers)."""
 
 
     @model_validator(mode="after")

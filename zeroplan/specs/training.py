@@ -194,6 +194,11 @@ class TrainingSpec(Frozen):
     with use_cache, its cache) through backward (``outputs = model(**batch); loss =
     outputs.loss``) instead of keeping only the loss (``loss = model(**batch).loss``, the
     Trainer's compute_loss)."""
+    transformers_version: str | None = None
+    """Hugging Face only: the transformers release the model code is planned at (MAJOR.MINOR[.PATCH],
+    4.31 to 4.56.2); None plans the profile's 4.56.2. Before 4.46 the causal-LM forward returns
+    fp32 logits (the output object, and a loop that holds it, keep 4 bytes a logit), and before
+    4.49 the loss makes a contiguous fp32 copy of the shifted logits (zeroplan.core.transformers_release)."""
     torchtitan_release: str | None = None
     """torchtitan only: the release whose FSDP2 wrapping and loss are planned, one of
     zeroplan.specs.framework.TORCHTITAN_RELEASES; None plans the profile's 0.3.0. "9dec370"

@@ -15,6 +15,10 @@ from zeroplan.core.compiled import (
     compiled_selective_op_tensor_parallel_extra_bytes,
     compiled_sequence_sharded_bytes,
 )
+from zeroplan.core.framework_loss import (
+    loss_parallel_applies,
+    loss_parallel_logits_tensors,
+)
 from zeroplan.core.frameworks import block_input_bytes
 from zeroplan.core.memo import batch_keyed
 from zeroplan.core.parallel.pipeline import in_flight_chunks
@@ -202,6 +206,9 @@ def rank_logits_pieces(request: PlanRequest, pieces) -> tuple[int, ...]:
         return (0,)
     chunk = chunk_request(request, 1, split_heads=True)
     scale = last_stage_in_flight(request)
+    if loss_parallel_applies(request):
+        # torchtitan 9dec370's loss_parallel (zeroplan.core.framework_loss): its own moment.
+        return tuple(scale * sum(moment) for moment in _of_sequences(chunk, loss_parallel_logits_tensors))
     return tuple(scale * piece for piece in _of_sequences(chunk, pieces))
 
 
@@ -224,6 +231,8 @@ def rank_logits_tensors(request: PlanRequest, tensors) -> tuple[tuple[int, ...],
         return ((),)
     chunk = chunk_request(request, 1, split_heads=True)
     scale = last_stage_in_flight(request)
+    if loss_parallel_applies(request):
+        return tuple(scale * tuple(moment) for moment in loss_parallel_logits_tensors(chunk))
     return tuple(scale * tuple(moment) for moment in tensors(chunk))
 
 

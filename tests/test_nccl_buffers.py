@@ -1,0 +1,104 @@
+"""The NCCL communicators a rank opens and the device bytes each holds
+(zeroplan.core.nccl_buffers, zeroplan.core.communicators): NCCL v2.28.3-1's buffer sizes and
+the process groups torch, torchtitan, Megatron and DeepSpeed call NCCL on."""
+
+from __future__ import annotations
+
+from zeroplan.core.communicators import communicators, members_on_node
+from zeroplan.core.feasibility import nccl_buffer_bytes, usable_memory_bytes
+from zeroplan.core.nccl_buffers import (
+    LL128_BUFFER_BYTES,
+    LL_BUFFER_BYTES,
+    SIMPLE_BUFFER_BYTES,
+    connection_bytes,
+    nvls_bytes,
+    ring_bytes,
+    send_recv_bytes,
+)
+from zeroplan.presets.gpus import get_gpu
+from zeroplan.presets.models import get_model
+from zeroplan.specs import (
+    BatchSpec, ClusterSpec, Framework, PlanRequest, StrategyKind, StrategySpec, TrainingSpec,
+)
+from zeroplan.specs.parallel import ParallelSpec
+from zeroplan.units import MiB
+
+
+def _request(framework=Framework.torchtitan, kind=StrategyKind.fsdp_full_shard, gpu="h100", gpus=8, tp=1, pp=1,
+             pipeline_rank=0, accum=1) -> PlanRequest:
+    return PlanRequest(
+        model=get_model("llama-3.1-8b"), training=TrainingSpec(framework=framework),
+        batch=BatchSpec(seq_len=4096, micro_batch_size=1, grad_accum_steps=accum),
+        cluster=ClusterSpec(gpu=get_gpu(gpu), num_nodes=max(1, gpus // 8), gpus_per_node=min(gpus, 8)),
+        strategy=StrategySpec(kind=kind), parallel=ParallelSpec(tp=tp, pp=pp, pipeline_rank=pipeline_rank),
+    )
+
+
+def test_protocol_buffers_are_nccls_defaults() -> None:
+    # init.cc DEFAULT_LL_BUFFSIZE, DEFAULT_LL128_BUFFSIZE, DEFAULT_BUFFSIZE.
+    assert (LL_BUFFER_BYTES, LL128_BUFFER_BYTES, SIMPLE_BUFFER_BYTES) == (524288, 4915200, 4194304)
+    assert connection_bytes() == 9633792
+
+
+def test_a_ring_crossing_nodes_stages_its_sends_on_the_gpu() -> None:
+    inside = ring_bytes(8, 8, 16)
+    assert inside == 16 * connection_bytes()
+    # One rank per node: every connection crosses the network, each send staging LL128 + Simple.
+    assert ring_bytes(8, 1, 16) == 16 * (connection_bytes() + LL128_BUFFER_BYTES + SIMPLE_BUFFER_BYTES)
+    assert inside < ring_bytes(64, 8, 16) < ring_bytes(8, 1, 16)
+    assert ring_bytes(1, 1, 16) == 0
+    # Remote peers share one send and one receive buffer of 16 x 128 KiB per p2p channel.
+    assert send_recv_bytes(0, 3, 2, 16) == send_recv_bytes(0, 1, 2, 16) == 2 * 16 * 16 * 128 * 1024
+    assert nvls_bytes(8) == 256 * MiB
+
+
+def test_members_on_node_follow_the_mesh_order() -> None:
+    # (pp, data, tp) = (4, 8, 8) on 8-GPU nodes: tp fills a node, dp and pp have one rank per node.
+    assert members_on_node((4, 8, 8), (2,), 8) == 8
+    assert members_on_node((4, 8, 8), (1,), 8) == 1
+    assert members_on_node((1, 4, 2), (1,), 8) == 4
+    assert members_on_node((4, 8, 8), (0, 1, 2), 8) == 8
+
+
+def test_fsdp_on_one_node_opens_the_default_group_only() -> None:
+    request = _request()
+    (only,) = communicators(request)
+    # H100 nodes meet at NVSwitches: the data-parallel ring plus NVLS's buffers.
+    assert only.group_size == 8 and only.bytes == ring_bytes(8, 8, 16) + nvls_bytes(8)
+    a100 = _request(gpu="a100-80gb")
+    assert nccl_buffer_bytes(a100) == ring_bytes(8, 8, 16)
+    assert usable_memory_bytes(a100) == a100.cluster.usable_memory_bytes - ring_bytes(8, 8, 16)
+    assert communicators(_request(framework=Framework.zeroplan)) == []
+    assert communicators(_request(gpus=1)) == []
+
+
+def test_a_3d_layout_sums_one_communicator_per_group() -> None:
+    request = _request(gpus=256, tp=8, pp=4, accum=8)
+    names = [c.name for c in communicators(request)]
+    assert names == ["data parallel", "tensor parallel", "pipeline (send/recv, gradient norm)", "loss (dp x cp)",
+                     "world (barriers)"]
+    assert nccl_buffer_bytes(request) > 3 * nccl_buffer_bytes(_request())
+    # Megatron-DeepSpeed's pipeline sends unbatched: a two-rank communicator per neighbour, two
+    # for a middle stage; the tied embedding's group only on the first and last stages.
+    middle = _request(Framework.megatron_deepspeed, StrategyKind.zero1, gpus=256, tp=8, pp=4, pipeline_rank=1, accum=8)
+    first = middle.at_pipeline_rank(0)
+    assert [c.name for c in communicators(middle)].count("pipeline neighbour (send/recv)") == 2
+    assert [c.name for c in communicators(first)].count("pipeline neighbour (send/recv)") == 1
+    tied = first.model.tied_embeddings
+    assert any(c.name.startswith("embedding") for c in communicators(first)) is tied
+
+
+
+def test_the_header_gives_the_range_where_the_strategies_communicators_differ() -> None:
+    from types import SimpleNamespace
+
+    from zeroplan.report.table import usable_text
+    from zeroplan.units import ByteUnit, GiB
+
+    def report(*usable: float) -> SimpleNamespace:
+        plans = [SimpleNamespace(usable_memory_bytes=int(u * GiB)) for u in usable]
+        return SimpleNamespace(plans=plans, cluster=SimpleNamespace(usable_memory_bytes=int(79.2 * GiB)))
+
+    assert usable_text(report(78.75, 78.75), ByteUnit.GiB) == "78.8 GiB usable per GPU"
+    assert usable_text(report(78.99, 78.16), ByteUnit.GiB) == "78.2-79.0 GiB usable per GPU (by strategy)"
+    assert usable_text(report(), ByteUnit.GiB) == "79.2 GiB usable per GPU"

@@ -1,0 +1,122 @@
+"""--transformers-version (zeroplan.core.transformers_release): what an older release's causal-LM
+forward returns and its loss allocates, read from the releases' own source; the refusals; the
+allocator schedule against the planner's peak."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from zeroplan.allocator.schedule import step_trace
+from zeroplan.cli.fit import request_from_args
+from zeroplan.cli.main import build_parser
+from zeroplan.core.framework_loss import framework_logits_tensors
+from zeroplan.core.kv_cache import kept_outputs_bytes, loss_forward_tensors
+from zeroplan.core.plan import memory_breakdown, peak_terms
+from zeroplan.errors import ZeroplanError
+from zeroplan.frameworks.kv_cache_record import KvCacheRecord
+from zeroplan.frameworks.record import load_records
+from zeroplan.specs import StrategyKind
+
+# fsdp_qlora's benchmarks: Llama-2-7B QLoRA, 2 GPUs, FSDP, pure bf16, 12 x 2048.
+FQ = ("llama-2-7b --framework hf --gpus 2 --gpu rtx-4090 --micro-batch 12 --seq-len 2048 --precision bf16-pure "
+      "--activation-checkpointing full --lora-rank 64 --quantize nf4")
+S, B, V = 2048, 12, 32000
+
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+# llama-recipes' shape of benchmarks/kv-cache-records: Llama-2-7B, micro-batch 4 x 2048, bf16.
+COOKBOOK = ("llama-2-7b --framework hf --gpus 8 --gpu a100-80gb --micro-batch 4 --seq-len 2048 "
+            "--precision bf16-pure --activation-checkpointing full")
+
+
+def _request(flags: str):
+    base = request_from_args(build_parser().parse_args(["fit", *flags.split()]))
+    return base.model_copy(update={"strategy": base.strategy.model_copy(update={"kind": StrategyKind.fsdp_full_shard})})
+
+
+def test_before_4_46_the_forward_returns_fp32_logits_and_the_loss_copies_the_shifted_ones() -> None:
+    sbv, shifted = S * B * V, (S - 1) * B * V
+    assert loss_forward_tensors(_request(FQ)) == (2 * sbv, 4 * sbv, 4 * sbv)
+    assert loss_forward_tensors(_request(FQ + " --transformers-version 4.38.2")) == (4 * sbv, 4 * shifted, 4 * shifted)
+    # 4.46-4.48: compute-dtype logits, the loss's upcast and its copy of the shifted rows.
+    assert loss_forward_tensors(_request(FQ + " --transformers-version 4.48")) == (2 * sbv, 4 * sbv, 4 * shifted, 4 * shifted)
+    assert loss_forward_tensors(_request(FQ + " --transformers-version 4.49.0")) == (2 * sbv, 4 * sbv, 4 * sbv)
+    # An fp32 module's `.float()` returns the logits themselves.
+    assert loss_forward_tensors(_request(FQ.replace("bf16-pure", "fp32") + " --transformers-version 4.50")) == (4 * sbv, 4 * sbv)
+
+
+def test_a_loop_holding_the_output_keeps_fp32_logits_before_4_46() -> None:
+    held = _request(FQ + " --keep-outputs")
+    old = _request(FQ + " --keep-outputs --transformers-version 4.38.2")
+    assert kept_outputs_bytes(held) == 2 * S * B * V
+    assert kept_outputs_bytes(old) == 4 * S * B * V == 3_145_728_000  # 2.9 GiB
+    assert peak_terms(old)[1].activations - peak_terms(held)[1].activations == 2 * S * B * V
+
+
+def test_an_older_release_makes_the_loss_forward_a_moment_and_the_schedule_stays_under_the_peak() -> None:
+    request = _request(FQ + " --keep-outputs --transformers-version 4.47")
+    forward, backward = framework_logits_tensors(request)
+    assert sum(forward) > sum(backward)
+    assert len(framework_logits_tensors(_request(FQ))) == 1
+    trace = step_trace(request, *peak_terms(request))
+    allocated = memory_breakdown(request)[0].allocated_peak_bytes
+    assert 0.9 * allocated <= trace.requested_peak_bytes() <= allocated
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("four", r"^transformers_version: 'four' is not a release number \(allowed: MAJOR.MINOR\[.PATCH\] from 4.31.0 to 4.56.2\)$"),
+    ("4.30", r"^transformers_version: 4.30 is not modelled \(allowed: MAJOR.MINOR\[.PATCH\] from 4.31.0 to 4.56.2\)$"),
+    ("4.57", r"^transformers_version: 4.57 is not modelled"),
+])
+def test_malformed_or_unmodelled_versions_are_refused_in_one_line(value: str, message: str) -> None:
+    with pytest.raises(ZeroplanError, match=message):
+        _request(FQ + f" --transformers-version {value}")
+
+
+def test_before_4_46_only_the_llama_family_is_planned() -> None:
+    """GPT-2-style models computed their own loss in the compute dtype before 4.46 (not planned):
+    refused there, accepted from 4.46 when every model goes through ForCausalLMLoss."""
+    gpt2 = "gpt2-xl --framework hf --gpus 1 --gpu a100-80gb --seq-len 1024"
+    with pytest.raises(ZeroplanError, match=r"^transformers_version: 4.40 is modelled before 4.46 only for the Llama family"):
+        _request(gpt2 + " --transformers-version 4.40")
+    assert _request(gpt2 + " --transformers-version 4.47").training.transformers_version == "4.47"
+
+
+def test_the_option_is_refused_outside_hf() -> None:
+    with pytest.raises(ZeroplanError, match="^transformers_version: not offered by torchtune"):
+        _request("llama-3.1-8b --framework torchtune --gpus 8 --transformers-version 4.38")
+
+
+@pytest.mark.parametrize("release", ["4.45.2", "4.48.0"])
+def test_the_releases_forward_run_on_the_installed_llama_holds_what_is_planned(release: str) -> None:
+    # benchmarks/transformers-release-records: each release's LlamaForCausalLM head and loss run on
+    # transformers 4.56.2's Llama (zeroplan.frameworks.transformers_release), beside the installed
+    # forward's record at the same shape.
+    records = {r.replayed_release: r for r in load_records(BENCHMARKS / "transformers-release-records", KvCacheRecord, "kv-cache record")}
+    (installed,) = load_records(BENCHMARKS / "kv-cache-records", KvCacheRecord, "kv-cache record")
+    record = records[release]
+    assert (record.model, record.batch) == (installed.model, installed.batch)
+    b, s = record.batch.micro_batch_size, record.batch.seq_len
+    old, new = _request(COOKBOOK + f" --transformers-version {release}"), _request(COOKBOOK)
+    for use_cache in (False, True):
+        run, base = record.run(use_cache, "checkpoint_wrapper"), installed.run(use_cache, "checkpoint_wrapper")
+        # The output object's logits: what a loop that holds it keeps.
+        assert run.retained_bytes[1] - run.loss_only_bytes[1] == kept_outputs_bytes(_request(COOKBOOK + f" --keep-outputs --transformers-version {release}"))
+        # The forward's peak moves by what the loss's forward holds beyond 4.56.2's, less the
+        # int64 labels: 4.56.2 pads them to b x (s + 1), the older loss shifts them to b x (s - 1).
+        labels = 8 * b * (s - 1) - 8 * b * (s + 1)
+        assert run.forward_peak_bytes[1] - base.forward_peak_bytes[1] == sum(loss_forward_tensors(old)) - sum(loss_forward_tensors(new)) + labels
+
+
+@pytest.mark.slow
+def test_a_fresh_run_of_4_45_on_the_installed_llama_holds_fp32_logits() -> None:
+    pytest.importorskip("transformers")
+    from zeroplan.frameworks.kv_cache import measure_kv_cache
+
+    flags = COOKBOOK.replace("--micro-batch 4 --seq-len 2048", "--micro-batch 1 --seq-len 256") + " --keep-outputs"
+    request = _request(flags + " --transformers-version 4.45.2")
+    record = measure_kv_cache(request.model, request.batch, release="4.45.2", checkpointings=("checkpoint_wrapper",))
+    run = record.run(False, "checkpoint_wrapper")
+    assert run.retained_bytes[1] - run.loss_only_bytes[1] == kept_outputs_bytes(request) == 4 * 256 * request.model.vocab_size

@@ -1,0 +1,121 @@
+"""Device memory one NCCL communicator holds outside PyTorch's caching allocator, read from NCCL's
+own source at v2.28.3-1 (the release zeroplan's algorithm model reads, zeroplan.core.algorithms).
+Every term is a rank's share; docs/memory-model.md, "Memory outside the allocator". Nothing here
+imports torch."""
+
+from __future__ import annotations
+
+from zeroplan.units import KiB, MiB
+
+# src/include/device.h:24 NCCL_STEPS 8: every protocol's buffer is NCCL_STEPS slots.
+NCCL_STEPS = 8
+
+# src/init.cc:677 DEFAULT_LL_BUFFSIZE = NCCL_LL_LINES_PER_THREAD (8, device.h:93) x
+# NCCL_LL_MAX_NTHREADS (512, device.h:92) x NCCL_STEPS x sizeof(union ncclLLFifoLine) (16 bytes,
+# device.h:70: four 32-bit words).
+LL_BUFFER_BYTES = 8 * 512 * NCCL_STEPS * 16
+"""The LL protocol's buffer of one connection: 512 KiB."""
+
+# src/init.cc:678 DEFAULT_LL128_BUFFSIZE = NCCL_LL128_ELEMS_PER_THREAD (120, device.h:110) x
+# NCCL_LL128_MAX_NTHREADS (640, device.h:109) x NCCL_STEPS x sizeof(uint64_t).
+LL128_BUFFER_BYTES = 120 * 640 * NCCL_STEPS * 8
+"""The LL128 protocol's buffer of one connection: 4.6875 MiB."""
+
+# src/init.cc:679 DEFAULT_BUFFSIZE (1 << 22), NCCL_BUFFSIZE's default.
+SIMPLE_BUFFER_BYTES = 4 * MiB
+"""The Simple protocol's buffer of one connection (NCCL_BUFFSIZE): 4 MiB."""
+
+# src/init.cc:684 NCCL_P2P_NET_CHUNKSIZE (1 << 17), the step of a send/recv over the network.
+P2P_NET_CHUNK_BYTES = 128 * KiB
+
+# src/transport/net.cc:628 NCCL_SHARED_STEPS 16: slots of the shared send/recv buffers.
+NCCL_SHARED_STEPS = 16
+
+# src/transport/nvls.cc:147 NVLS_NCHANNELS_SM90 16 (Hopper; nvls.cc:195) and :152 NCCL_NVLS_CHUNKSIZE
+# 128 KiB.
+NVLS_CHANNELS_SM90 = 16
+NVLS_CHUNK_BYTES = 128 * KiB
+
+# src/graph/connect.cc:452 and src/include/device.h MAXCHANNELS 64.
+MAX_CHANNELS = 64
+
+
+# A connection's protocol buffers: src/transport/p2p.cc:447 (recvSetup) sizes the receiver's
+# buffer as every protocol's buffSizes[p] (Simple left out under P2P read, when p2p.cc:379
+# sendSetup puts it on the sender instead): inside a node the pair of connectors holds one
+# buffer per protocol between them.
+def connection_bytes() -> int:
+    """Device bytes one connection (a channel's link to one peer, one direction) holds inside a
+    node: LL + LL128 + Simple, 9.1875 MiB at NCCL's defaults."""
+    return LL_BUFFER_BYTES + LL128_BUFFER_BYTES + SIMPLE_BUFFER_BYTES
+
+
+# src/transport/net.cc:881 (sendProxyConnect): a network send connector also stages LL128 and
+# Simple on the device when GPUDirect RDMA is used (useGdr; the receiver's buffers,
+# net.cc:1048, are the three of connection_bytes). Without GPUDirect RDMA they live in host
+# memory; zeroplan assumes GPUDirect RDMA, what InfiniBand/RoCE training clusters run.
+def network_send_staging_bytes() -> int:
+    """Device bytes a connection that crosses the network adds on its sending GPU."""
+    return LL128_BUFFER_BYTES + SIMPLE_BUFFER_BYTES
+
+
+# With NCCL_RUNTIME_CONNECT (on by default, src/init.cc:1224) a ring is connected the first time a
+# collective runs the ring algorithm (src/enqueue.cc:436), on every one of the communicator's
+# channels: each rank then receives from its ring predecessor and sends to its successor on each.
+# A group spanning nodes leaves each node once per channel; NCCL puts each channel's crossing on
+# a different GPU (one NIC each), so the network connections of a channel fall on 1 / ranks_per_node
+# of its ranks on average: each such rank holds its send connector's staging on top.
+def ring_bytes(group_size: int, ranks_per_node: int, channels: int) -> int:
+    """A rank's device bytes of a communicator of ``group_size`` ranks, ``ranks_per_node`` of
+    them on each node, after its first ring collective on ``channels`` channels."""
+    if group_size < 2:
+        return 0
+    spans_nodes = group_size > ranks_per_node
+    crossing = network_send_staging_bytes() * channels // ranks_per_node if spans_nodes else 0
+    return channels * connection_bytes() + crossing
+
+
+# Send/recv (connIndex 1) connects each peer lazily on first use, on p2pnChannelsPerPeer channels
+# (src/enqueue.cc:2409). Inside a node every channel of a peer is a P2P connection per direction
+# (connection_bytes, p2p.cc:447); to a peer across the network the connectors share per-rank
+# buffers of p2pnChannels x NCCL_SHARED_STEPS x P2P_NET_CHUNKSIZE, one for sends and one for
+# receives (net.cc:294/336 shared; net.cc:647), on the GPU under GPUDirect RDMA, whatever the
+# number of remote peers.
+def send_recv_bytes(local_peers: int, remote_peers: int, channels_per_peer: int, p2p_channels: int) -> int:
+    """A rank's device bytes of the send/recv connections of one communicator: ``local_peers``
+    peers on its node and ``remote_peers`` on other nodes, each exchanged with both ways."""
+    local = 2 * local_peers * channels_per_peer * connection_bytes()
+    remote = 2 * p2p_channels * NCCL_SHARED_STEPS * P2P_NET_CHUNK_BYTES if remote_peers else 0
+    return local + remote
+
+
+# src/graph/paths.cc:866 p2pnChannelsPerPeer = pow2Up(the fewest channels any peer gets): 2 to a
+# peer across the network (paths.cc:824, one NIC), 2 over PCIe (paths.cc:817), 2 x the NVLinks
+# between the pair over NVLink (paths.cc:815: every link of the GPU through NVSwitches, 12 on
+# A100, 18 on H100); capped at p2pnChannels, pow2Up(min(nChannels, 64)) (paths.cc:847).
+def p2p_channels(channels: int) -> int:
+    """p2pnChannels: the communicator's channels, rounded up to a power of two."""
+    return _pow2_up(min(channels, MAX_CHANNELS))
+
+
+def p2p_channels_per_peer(channels: int, spans_nodes: bool, nvlink: bool) -> int:
+    """p2pnChannelsPerPeer of a communicator: 2 if any peer is across the network or the node
+    has no NVLink, else its p2pnChannels (NVSwitch nodes give every pair at least 24)."""
+    if spans_nodes or not nvlink:
+        return min(2, p2p_channels(channels))
+    return p2p_channels(channels)
+
+
+# src/transport/nvls.cc:335-337 (ncclNvlsBufferSetup): NVLS keeps, per head (one per local GPU:
+# search.cc:1014, at most NCCL_MAX_NVLS_ARITY), 2 x nvlsChannels buffers of NCCL_STEPS x
+# NVLS_CHUNKSIZE, allocated on first use of the NVLS algorithm (enqueue.cc:436).
+def nvls_bytes(ranks_per_node: int) -> int:
+    """A rank's device bytes of a communicator's NVLS buffers on a Hopper NVSwitch node."""
+    return ranks_per_node * 2 * NVLS_CHANNELS_SM90 * NCCL_STEPS * NVLS_CHUNK_BYTES
+
+
+def _pow2_up(value: int) -> int:
+    result = 1
+    while result < value:
+        result *= 2
+    return result
