@@ -95,9 +95,10 @@ plots.network_communication_figure(networks);"""),
 Sharding slows a step only by what its collectives leave exposed, and offload by the CPU's
 optimizer step and the PCIe copies. Each bar is a step with overlap, split into its parts."""),
     ("code", """plots.step_time_figure(report);"""),
-    ("markdown", """These step times are the planner's default, not calibrated: every executed FLOP at the HFU
-fitted on published runs of the same GPU generation and attention kernel (the line below names it
-and the error band measured for it on sources left out of the fit). `compare` and `plan` print the
+    ("markdown", """These step times are the planner's default, not calibrated: the matrix products' and
+attention's executed FLOPs at the HFU fitted on published runs of the same GPU generation and
+attention kernel (the line below names it and the error band measured for it on sources left out
+of the fit), the memory-bound kernels and the optimizer step at the GPU's copy bandwidth. `compare` and `plan` print the
 same line under their tables; with `--efficiency FILE`
 (written by `zeroplan calibrate step` from one measured step of the same GPU and stack) it says
 *calibrated* and quotes the band measured for one-row calibrations on the published rows

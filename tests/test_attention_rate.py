@@ -11,7 +11,7 @@ import pytest
 
 from zeroplan.core.attention_rate import RATES, SEQUENCE_POINTS, attention_rate_row, relative_attention_rate
 from zeroplan.core.flops import step_flops
-from zeroplan.core.timing import compute_time_s, executed_flops_per_s
+from zeroplan.core.timing import compute_time_s, executed_flops_per_s, memory_bound_time_s
 from zeroplan.specs import AttentionImplementation, AttentionKernel
 from zeroplan.specs.hardware import GpuArchitecture
 from zeroplan.validate.step_time import load_published_throughput
@@ -48,13 +48,16 @@ def test_published_mode_prices_the_attention_core_at_r_times_the_matmul_rate() -
     rate = executed_flops_per_s(request)
     r = attention_rate_row(GpuArchitecture.hopper, "flash-attn-triton").relative(32768)
     forward, backward = compute_time_s(flops, request)
+    # The memory-bound kernels at the copy bandwidth, whatever the attention rate.
+    memory_forward, memory_backward = memory_bound_time_s(request)
     assert 0 < flops.attention_forward_flops < flops.forward_flops
     assert forward == pytest.approx((flops.forward_flops - flops.attention_forward_flops) / rate
-                                    + flops.attention_forward_flops / (r * rate))
+                                    + flops.attention_forward_flops / (r * rate) + memory_forward)
     assert backward == pytest.approx((flops.backward_flops - flops.attention_backward_flops) / rate
-                                     + flops.attention_backward_flops / (r * rate))
-    # The default, one HFU for every FLOP, is unchanged.
-    assert compute_time_s(flops, row.request()) == (flops.forward_flops / rate, flops.backward_flops / rate)
+                                     + flops.attention_backward_flops / (r * rate) + memory_backward)
+    # Under 'matmul', one HFU for every FLOP.
+    assert compute_time_s(flops, row.request()) == pytest.approx(
+        (flops.forward_flops / rate + memory_forward, flops.backward_flops / rate + memory_backward))
 
 
 def test_a_padded_head_dimension_runs_at_d_over_the_padded_width() -> None:
@@ -76,7 +79,7 @@ def test_a_padded_head_dimension_runs_at_d_over_the_padded_width() -> None:
     r = 0.875 * attention_rate_row(GpuArchitecture.hopper, "flash-attn-triton").relative(8192)
     forward, _ = compute_time_s(flops, request)
     assert forward == pytest.approx((flops.forward_flops - flops.attention_forward_flops) / rate
-                                    + flops.attention_forward_flops / (r * rate))
+                                    + flops.attention_forward_flops / (r * rate) + memory_bound_time_s(request)[0])
 
 
 def test_recomputed_attention_is_counted_with_the_attention_core() -> None:

@@ -79,7 +79,7 @@ def test_compare_and_plan_say_calibrated_or_default(capsys, tmp_path: Path) -> N
                         "--detail")
     assert code == 0
     line = text.splitlines()[-1]
-    assert line.startswith("step time: calibrated, HFU 0.390 from ") and "band" in line
+    assert line.startswith("step time: calibrated, HFU 0.476 from ") and "band" in line
     code, text, _ = run(capsys, "compare", "llama-3.1-70b", "--gpus", "64", "--gpu", "h100-80gb", "--detail")
     assert text.splitlines()[-1].startswith("step time: fitted default HFU ")
     assert ("(h100, flash-attn-2: median of 12 published rows, 2 sources; its kernel class has no rows of 2 sources "
@@ -89,7 +89,7 @@ def test_compare_and_plan_say_calibrated_or_default(capsys, tmp_path: Path) -> N
     code, text, err = run(capsys, "plan", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", "--global-batch", "16",
                           "--no-model-parallel", "--top", "2", "--efficiency", str(out), "--detail")
     assert code == 0, err
-    assert "step time: calibrated, HFU 0.390" in text
+    assert "step time: calibrated, HFU 0.476" in text
 
 
 @pytest.mark.parametrize("extra, needle", [
@@ -194,3 +194,21 @@ def test_efficiency_on_the_command_line_refuses_an_untimed_mechanism_in_one_line
     assert code != 0
     assert err.strip().splitlines()[-1].startswith("zeroplan: error: --efficiency:")
     assert "was calibrated eager, not compiled" in err
+
+
+def test_a_file_of_the_old_compute_basis_is_refused_in_one_line(capsys, tmp_path: Path) -> None:
+    # Before the memory-bound kernels were timed apart an HFU covered every kernel: such a file
+    # (no compute_basis) would count the memory-bound time twice, so --efficiency refuses it.
+    from zeroplan.core.timing import COMPUTE_BASIS
+
+    out = _calibrate(capsys, tmp_path)
+    assert load_efficiency(out).compute_basis == COMPUTE_BASIS == "matmul-attention"
+    data = json.loads(out.read_text())
+    del data["compute_basis"]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(data))
+    with pytest.raises(ZeroplanError, match="compute_basis all-kernels .* rerun zeroplan calibrate step"):
+        load_efficiency(old)
+    code, text, err = run(capsys, "compare", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", "--efficiency", str(old))
+    assert code == 2 and text == ""
+    assert len(err.strip().splitlines()) == 1 and "--efficiency" in err and "allowed: compute_basis matmul-attention" in err

@@ -115,3 +115,21 @@ def test_json_output_carries_the_time_basis(zeroplan_cli) -> None:
     code, out, _ = zeroplan_cli("plan", "gpt2", "--gpus", "1", "--gpu", "a100-80gb", "--global-batch", "1",
                                 "--strategies", "ddp", "--no-model-parallel", "--top", "1", "--format", "json")
     assert code == 0 and json.loads(out)["step_time_basis"].startswith("step time: fitted default HFU")
+
+
+def test_the_shipped_table_names_its_compute_basis() -> None:
+    # Its HFUs are the matrix products' and attention's, the memory-bound kernels timed apart
+    # (zeroplan.core.timing.COMPUTE_BASIS); a table without the field does not load.
+    import json
+
+    import pytest
+    from pydantic import ValidationError
+
+    from zeroplan.core.default_efficiency import DEFAULT_EFFICIENCY_FILE, DefaultEfficiencyTable
+    from zeroplan.core.timing import COMPUTE_BASIS
+
+    assert default_table().compute_basis == COMPUTE_BASIS
+    data = json.loads(DEFAULT_EFFICIENCY_FILE.read_text())
+    del data["compute_basis"]
+    with pytest.raises(ValidationError, match="compute_basis"):
+        DefaultEfficiencyTable.model_validate(data)

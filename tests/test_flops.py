@@ -7,11 +7,10 @@ import pytest
 
 from zeroplan.core.default_efficiency import default_hfu
 from zeroplan.core.flops import (
-    StepFlops, attention_forward_flops_per_token, hardware_utilization_from_model_utilization,
-    layers_linear_forward_flops_per_token, model_flops_per_token, recompute_flops_per_token, step_flops,
+    StepFlops, attention_forward_flops_per_token,     layers_linear_forward_flops_per_token, model_flops_per_token, recompute_flops_per_token, step_flops,
 )
 from zeroplan.core.params import total_parameters
-from zeroplan.core.timing import compute_time_s, step_time
+from zeroplan.core.timing import compute_time_s, gpu_optimizer_time_s, hfu_from_mfu, step_time
 from zeroplan.presets.gpus import get_gpu
 from zeroplan.presets.models import get_model
 from zeroplan.specs import (
@@ -119,14 +118,23 @@ def test_flops_scale_with_tokens() -> None:
 
 def test_published_mfu_converts_to_the_hfu_that_gives_the_same_compute_time() -> None:
     for mode in ActivationCheckpointing:
-        request = _request(mode)
+        # A real model and sequence: the tiny one's memory-bound kernels (autocast's weight casts,
+        # the optimizer step) alone outlast its FLOPs at MFU 0.5.
+        tiny = _request(mode)
+        request = tiny.model_copy(update={"model": get_model("llama-2-7b"),
+                                          "batch": tiny.batch.model_copy(update={"seq_len": 4096, "micro_batch_size": 4})})
         flops = step_flops(request)
-        hfu = hardware_utilization_from_model_utilization(0.5, flops)
+        hfu = hfu_from_mfu(request, 0.5)
+        assert hfu is not None and hfu_from_mfu(tiny, 0.5) is None
         timed = request.model_copy(update={"performance": PerformanceAssumptions(hardware_flops_utilization=hfu,
                                                                                  attention_rate="matmul")})
         forward_s, backward_s = compute_time_s(flops, timed)
         peak = request.cluster.gpu.peak_bf16_flops_per_s
-        assert forward_s + backward_s == pytest.approx(flops.model_flops / (0.5 * peak), rel=1e-12)
+        # Compute and the GPU's optimizer step last what the MFU says the step lasts; the HFU is
+        # above MFU x executed / model FLOPs by the memory-bound kernels' share.
+        assert forward_s + backward_s + gpu_optimizer_time_s(timed) == pytest.approx(
+            flops.model_flops / (0.5 * peak), rel=1e-12)
+        assert hfu > 0.5 * flops.executed_flops / flops.model_flops
 
 
 def test_step_time_reports_throughput_and_mfu() -> None:
@@ -135,8 +143,27 @@ def test_step_time_reports_throughput_and_mfu() -> None:
     peak = request.cluster.gpu.peak_bf16_flops_per_s
     # Without an HFU the request's fitted default applies (zeroplan.core.default_efficiency).
     hfu = default_hfu(request).hfu
-    assert t.compute_s == pytest.approx(t.executed_flops / (peak * hfu))
+    assert t.hardware_flops_utilization == hfu
+    assert t.memory_bound_s > 0
+    assert t.compute_s == pytest.approx(t.executed_flops / (peak * hfu) + t.memory_bound_s)
     assert t.tokens_per_s_per_gpu == pytest.approx(2 * 3 * S / t.step_with_overlap_s)
     assert t.model_flops_utilization == pytest.approx(t.model_flops / (t.step_with_overlap_s * peak))
     # Full recomputation executes more than the model FLOPs count, so MFU falls below the HFU.
     assert t.model_flops_utilization < hfu
+
+
+def test_in_hfu_times_every_kernel_at_the_hfu_as_on_a_gpu_without_a_measured_bandwidth() -> None:
+    # PerformanceAssumptions.memory_bound 'in-hfu' (how the flat 0.4 is scored): no memory-bound
+    # term and no GPU optimizer step, compute = executed FLOPs at the HFU; a GPU without a
+    # measured copy bandwidth (b200) is timed that way whatever the setting.
+    request = _request(ActivationCheckpointing.full, micro=2, accum=3)
+    inside = request.model_copy(update={"performance": PerformanceAssumptions(
+        hardware_flops_utilization=0.4, attention_rate="matmul", memory_bound="in-hfu")})
+    t = step_time(inside, ())
+    assert t.memory_bound_s == 0 and t.optimizer_step_s == 0
+    assert t.compute_s == pytest.approx(t.executed_flops / (0.4 * request.cluster.gpu.peak_bf16_flops_per_s))
+    b200 = inside.model_copy(update={"cluster": cluster_from_gpus(get_gpu("b200"), 1),
+                                     "performance": inside.performance.model_copy(update={"memory_bound": "copy-bandwidth"})})
+    t = step_time(b200, ())
+    assert t.memory_bound_s == 0 and t.optimizer_step_s == 0
+    assert t.compute_s == pytest.approx(t.executed_flops / (0.4 * get_gpu("b200").peak_bf16_flops_per_s))

@@ -208,3 +208,26 @@ def test_the_plan_table_splits_each_step_into_compute_exposed_communication_and_
     assert main(["plan", "--detail", "llama-3.1-70b", "--gpus", "8", "--gpu", "a100-80gb", "--global-batch", "16"]) == 0
     out = capsys.readouterr().out
     assert "compute  exposed" in out or "compute  mp-comm  bubble  exposed" in out
+
+
+@pytest.mark.parametrize("gpu, compiled", [("a100-80gb", True), ("h100-80gb", False), ("b200", False)])
+def test_the_search_times_the_memory_bound_kernels_as_the_scalar_planner(gpu, compiled) -> None:
+    # Under the flat HFU the memory-bound kernels run at the copy bandwidth
+    # (zeroplan.core.timing.memory_bound_time_s), some once per micro-batch whatever its size
+    # (FSDP's copies): compute is affine in the micro-batch, not proportional to it, and the
+    # search's two-point fit gives the planner's step where it was not fitted. A GPU without a
+    # measured bandwidth (b200) has its HFU cover every kernel: proportional.
+    from zeroplan.core.search import _build_group, _vectorised, on_flat_reserve
+
+    base = on_flat_reserve(_base("llama-2-7b", 16, gpu=gpu, seq_len=2048, framework=Framework.torchtitan))
+    request = base.model_copy(update={"strategy": StrategySpec(kind=StrategyKind.fsdp_full_shard),
+                                      "training": base.training.model_copy(update={"compile": compiled})})
+    group = _build_group(request)
+    assert not group.scalar_only
+    per_pass = group.forward_s_per_pass + group.backward_s_per_pass
+    assert per_pass > 1e-4 if gpu != "b200" else abs(per_pass) < 1e-12
+    for micro, accum in ((1, 1), (3, 2), (7, 5)):
+        _, _, seconds = _vectorised(group, np.array([micro]), np.array([accum]))
+        at = _at(request, micro, accum)
+        assert float(seconds[0]) == pytest.approx(step_time(at, tuple(collectives(at))).step_with_overlap_s,
+                                                  abs=TIME_TOLERANCE_S)

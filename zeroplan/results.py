@@ -193,8 +193,8 @@ class PlanCandidate(Frozen):
     cpu_optimizer_s: float | None = None
     """Offload's optimizer step on the host CPU (StepTime.cpu_optimizer_s)."""
     optimizer_step_s: float | None = None
-    """The optimizer step on the GPU (StepTime.optimizer_step_s: the roofline compute model's;
-    0 under the flat HFU)."""
+    """The optimizer step on the GPU (StepTime.optimizer_step_s: a memory-bound pass at the copy
+    bandwidth; 0 on a GPU without a measured bandwidth or with the optimizer on the host)."""
     model_parallel_communication_s: float | None = None
     """Of the step time: the tensor-, context- and pipeline-parallel collectives compute waits
     on (StepTime.model_parallel_communication_s)."""

@@ -1,7 +1,8 @@
 """Calibrate the compute efficiency from one measured step (``zeroplan calibrate step``), and
 apply it elsewhere (``--efficiency FILE`` on fit, compare and plan).
 
-The planner times a step as compute (executed FLOPs at HFU x peak bf16 FLOP/s) plus what its
+The planner times a step as compute (executed matrix-product and attention FLOPs at HFU x peak
+bf16 FLOP/s, the memory-bound kernels and the optimizer step at the GPU's copy bandwidth) plus what its
 alpha-beta communication model says the compute does not hide, plus the pipeline bubble, the
 model-parallel collectives and offload's CPU step (zeroplan.core.timing.step_time). One measured
 step fixes one number: the HFU at which that step comes out at the measured seconds, with
@@ -28,14 +29,14 @@ from zeroplan.specs.request import PlanRequest
 
 EFFICIENCY_KIND = "zeroplan-step-efficiency"
 
-CALIBRATED_BAND: tuple[float, float] | None = (0.089, 0.435)
+CALIBRATED_BAND: tuple[float, float] | None = (0.082, 0.412)
 """(median, max) |error| of tokens/s/GPU when each published source with at least three rows is
 calibrated on its row of fewest GPUs and predicts its other rows (benchmarks/step_time_accuracy.py,
 docs/validation.md "Calibrated from one measured step"; tests/test_step_calibration.py ties it to
 the printed figures); None until measured."""
 
 DEFAULT_BANDS: dict[str, tuple[float, float]] = {
-    "matmul": (0.127, 1.091), "published": (0.104, 0.522), "kernel": (0.091, 0.452),
+    "matmul": (0.099, 1.191), "published": (0.078, 0.483), "kernel": (0.068, 0.444),
 }
 """(median, max) |error| of tokens/s/GPU under the fitted default efficiency
 (zeroplan.core.default_efficiency), by attention-rate mode, over every published row with the
@@ -111,6 +112,11 @@ class StepEfficiency(Frozen):
     """PerformanceAssumptions.attention_rate the HFU was solved under (the HFU is the matrix
     products' under 'published' and 'kernel'); --efficiency applies it only under the same. A
     file without it was written when 'matmul' was the only rate."""
+    compute_basis: Literal["all-kernels", "matmul-attention"] = "all-kernels"
+    """What the HFU covers (zeroplan.core.timing.COMPUTE_BASIS): 'matmul-attention', the matrix
+    products' and attention's FLOPs, the memory-bound kernels and the optimizer step timed apart
+    at the GPU's copy bandwidth; 'all-kernels' (a file without the field), every kernel: such a
+    file is refused, its HFU would count the memory-bound time twice."""
     predicted_compute_s: float = Field(ge=0)
     """Compute of the source configuration at the fitted HFU, seconds."""
     predicted_communication_s: float = Field(ge=0)
@@ -180,7 +186,7 @@ def planned_step(request: PlanRequest):  # type: ignore[no-untyped-def]
 def calibrate_step(request: PlanRequest, measured_step_s: float, model: str, note: str = "") -> StepEfficiency:
     """The efficiency file of ``request`` measured at ``measured_step_s`` per optimizer step."""
     from zeroplan.core.communication import collectives, overlaps_grad_reduce
-    from zeroplan.core.timing import step_time
+    from zeroplan.core.timing import COMPUTE_BASIS, step_time
 
     hfu = solve_hfu(request, measured_step_s)
     at = _at_hfu(timed_request(request), hfu)
@@ -202,6 +208,7 @@ def calibrate_step(request: PlanRequest, measured_step_s: float, model: str, not
             measured_step_s=measured_step_s,
             measured_tokens_per_s_per_gpu=step_tokens_per_gpu(request) / measured_step_s, note=note,
         ),
+        compute_basis=COMPUTE_BASIS,
         predicted_compute_s=time.compute_s,
         predicted_communication_s=time.communication_s,
         predicted_exposed_communication_s=time.exposed_communication_s,
@@ -216,13 +223,21 @@ def step_tokens_per_gpu(request: PlanRequest) -> float:
 
 
 def load_efficiency(path: str | Path) -> StepEfficiency:
-    """The efficiency file at ``path``; a malformed one is one line naming the field."""
+    """The efficiency file at ``path``; a malformed one, or one of another compute basis, is one
+    line naming the field."""
+    from zeroplan.core.timing import COMPUTE_BASIS
+
     try:
-        return StepEfficiency.model_validate(json.loads(Path(path).read_text()))
+        efficiency = StepEfficiency.model_validate(json.loads(Path(path).read_text()))
     except ValidationError as error:
         raise first_error(error, prefix=f"--efficiency {path}") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ZeroplanError("--efficiency", f"cannot read {str(path)!r}: {error}") from None
+    if efficiency.compute_basis != COMPUTE_BASIS:
+        raise ZeroplanError("--efficiency", f"{str(path)!r} has compute_basis {efficiency.compute_basis} (its HFU "
+                                            f"covers the memory-bound kernels too, which the planner now times apart): "
+                                            f"rerun zeroplan calibrate step (allowed: compute_basis {COMPUTE_BASIS})")
+    return efficiency
 
 
 def check_applies(efficiency: StepEfficiency, path: str | Path, gpu_name: str, framework: Framework) -> None:

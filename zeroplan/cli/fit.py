@@ -302,14 +302,15 @@ def add_efficiency_arguments(parser: argparse.ArgumentParser) -> None:
     """The rate compute runs at: a hardware FLOPs utilisation (docs/communication-time.md, "Compute")."""
     parser.add_argument(
         "--hfu", type=positive_float, default=DEFAULT_HFU,
-        help="hardware FLOPs utilisation: the fraction of peak bf16 FLOP/s at which the FLOPs the GPU executes "
-             "(recomputation included) run (default: the HFU fitted on published rows for the GPU generation and "
+        help="hardware FLOPs utilisation: the fraction of peak bf16 FLOP/s at which the matrix products' and "
+             "attention's executed FLOPs (recomputation included) run; the memory-bound kernels and the optimizer step "
+             "run at the GPU's copy bandwidth apart from it (A100, H100, H200; another GPU's HFU covers them) (default: the HFU fitted on published rows for the GPU generation and "
              "attention kernel, zeroplan.core.default_efficiency; 0.4 for a GPU without rows); MFU is reported, "
              "not an input",
     )
     parser.add_argument(
         "--compute-model", choices=("hfu", "roofline"), default="hfu",
-        help="how compute is timed: hfu (every executed FLOP at --hfu x peak, the default) or roofline (kernel by "
+        help="how compute is timed: hfu (executed FLOPs at --hfu x peak, memory-bound kernels at the copy bandwidth; the default) or roofline (kernel by "
              "kernel against the GPU's measured matmul, attention and memory-bandwidth ceilings, the optimizer "
              "step included; a100-40gb, a100-80gb, h100-80gb, h200-141gb)",
     )

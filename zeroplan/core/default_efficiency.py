@@ -80,6 +80,9 @@ class DefaultEfficiencyTable(Frozen):
     """data/default_efficiency.json: the fitted mechanisms and where they come from."""
 
     kind: Literal["zeroplan-default-efficiency"] = TABLE_KIND
+    compute_basis: Literal["matmul-attention"]
+    """What each HFU covers (zeroplan.core.timing.COMPUTE_BASIS): the matrix products' and
+    attention's FLOPs, the memory-bound kernels timed apart at the copy bandwidth."""
     description: str
     regenerate: str
     """The command that writes this file from the published rows."""

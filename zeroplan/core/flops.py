@@ -234,10 +234,3 @@ def step_flops(request: PlanRequest) -> StepFlops:
         attention_backward_flops=tokens * (attention_backward_over_forward(kernel) * attention
                                            + recompute_attention_flops_per_token(model, training, batch.seq_len)),
     )
-
-
-# The published MFU and the hardware FLOPs utilisation the planner times compute with count
-# the same seconds: MFU * model FLOPs = HFU * executed FLOPs (PaLM, Appendix B, defines both).
-def hardware_utilization_from_model_utilization(model_flops_utilization: float, flops: StepFlops) -> float:
-    """HFU = MFU x executed FLOPs / model FLOPs for the same step."""
-    return model_flops_utilization * flops.executed_flops / flops.model_flops

@@ -10,7 +10,7 @@ between): each peak moment is affine in the micro-batch b (separately for accumu
 > 1) plus the in-flight micro-batch count times an affine per-chunk term; each phase's
 data-parallel communication and host time is affine in the accumulation steps a; the blocking
 (model-parallel) collectives are a times their per-micro-batch seconds at that b; compute is
-proportional to b*a; the pipeline bubble follows step_time's rule. The sweep then runs over
+a times an affine function of b (fitted from b in {1, 2}); the pipeline bubble follows step_time's rule. The sweep then runs over
 (b, a) with numpy and keeps, as ``plan`` does, the pipeline rank that peaks. Every group checks
 its coefficients against the scalar planner at a point it did not fit them on, and falls back
 to the scalar planner if they disagree; the winner and every Pareto row are planned again with
@@ -90,7 +90,7 @@ class _RankClass:
     phase_slopes_s: np.ndarray | None = None
     cpu_optimizer_s: float = 0.0
     """The optimizer steps once per step: offload's on the CPU (zeroplan.core.timing.cpu_optimizer_time_s)
-    and the roofline model's on the GPU (gpu_optimizer_time_s)."""
+    and the GPU's memory-bound one (gpu_optimizer_time_s)."""
     blocking_s: dict[int, float] = field(default_factory=dict)
     """Per micro-batch size: the blocking collectives' seconds of one micro-batch."""
     in_flight: dict[int, int] = field(default_factory=dict)
@@ -320,7 +320,7 @@ def _fit_class(request: PlanRequest, family: dict, layout_cache: dict) -> _RankC
         cls.moment_intercepts[accumulating] = one - (two - one)
         cls.host_fits[accumulating] = host_memory_fits(request, host_bytes) is not False
     if ("phases", rank) not in family:
-        # Offload's CPU optimizer step and the roofline's GPU one: once per optimizer step,
+        # Offload's CPU optimizer step and the GPU's: once per optimizer step,
         # whatever the micro-batch.
         family["phases", rank] = (*_phase_coefficients(request), cpu_optimizer_time_s(request) + gpu_optimizer_time_s(request))
     cls.phase_intercepts_s, cls.phase_slopes_s, cls.cpu_optimizer_s = family["phases", rank]
@@ -356,17 +356,19 @@ def _start_group(request: PlanRequest, family: dict | None = None, layout_cache:
     layout_cache = {} if layout_cache is None else layout_cache
     group = _Group(request=request, usable_bytes=usable_memory_bytes(request), family=family, layout_cache=layout_cache)
     policy = request.training.activation_checkpointing
-    if ("flops", policy) not in layout_cache:
-        layout_cache["flops", policy] = rank_flops(_at(request, 1, 1))
-    one_pass = layout_cache["flops", policy]
+    for micro in (1, 2):
+        if ("flops", policy, micro) not in layout_cache:
+            layout_cache["flops", policy, micro] = rank_flops(_at(request, micro, 1))
+    one_pass = layout_cache["flops", policy, 1]
+    # Compute is affine in b: the FLOPs are proportional to it, the memory-bound kernels
+    # (zeroplan.core.timing.memory_bound_time_s) and the roofline's weight reads have a part
+    # each micro-batch pays whatever its size (FSDP's copies, autocast's casts). Two sizes give
+    # both coefficients; where a roofline kernel changes bound between sizes the group's check
+    # below falls back to the scalar planner.
     forward_one, backward_one = compute_time_s(one_pass, _at(request, 1, 1))
-    if request.performance.compute_model == "roofline":
-        # Affine in b where no kernel changes bound between sizes; the check below falls back to
-        # the scalar planner where one does.
-        forward_two, backward_two = compute_time_s(one_pass, _at(request, 2, 1))
-        group.forward_s_per_pass, group.backward_s_per_pass = 2 * forward_one - forward_two, 2 * backward_one - backward_two
-        forward_one, backward_one = forward_two - forward_one, backward_two - backward_one
-    group.forward_s_per_micro, group.backward_s_per_micro = forward_one, backward_one
+    forward_two, backward_two = compute_time_s(layout_cache["flops", policy, 2], _at(request, 2, 1))
+    group.forward_s_per_pass, group.backward_s_per_pass = 2 * forward_one - forward_two, 2 * backward_one - backward_two
+    group.forward_s_per_micro, group.backward_s_per_micro = forward_two - forward_one, backward_two - backward_one
     group.model_flops_per_micro = one_pass.model_flops
     return group
 

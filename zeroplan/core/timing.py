@@ -38,8 +38,19 @@ class StepTime(Frozen):
     cpu_optimizer_s: float = 0.0
     """Offload's optimizer step on the host CPU for this GPU's partition (0 without offload)."""
     optimizer_step_s: float = 0.0
-    """The optimizer step on the GPU, after the backward: priced by the roofline compute model
-    (zeroplan.core.roofline.optimizer); the flat HFU model leaves it at 0."""
+    """The optimizer step on the GPU, after the backward: a memory-bound pass at the GPU's copy
+    bandwidth (zeroplan.core.roofline.optimizer) under either compute model; 0 on a GPU without a
+    measured bandwidth, whose flat HFU covers it."""
+    memory_bound_s: float = 0.0
+    """Of forward + backward compute under the flat-HFU model: the memory-bound kernels' single
+    pass over their tensors at the GPU's copy bandwidth (memory_bound_time_s); 0 under the
+    roofline (its terms are in compute) and on a GPU without a measured bandwidth."""
+    compile_saved_s: float = 0.0
+    """Of forward + backward compute under the flat-HFU model: what torch.compile's fusion saves
+    (zeroplan.core.compiled_time.compile_saved_seconds), already taken off."""
+    hardware_flops_utilization: float | None = None
+    """The HFU the matrix products ran at (the given, calibrated or fitted default one); None
+    under the roofline compute model."""
     exposed_communication_s: float
     """Communication and host transfers the compute does not hide."""
     step_without_overlap_s: float
@@ -240,14 +251,48 @@ def attention_flops_per_s(request: PlanRequest, matmul_rate: float) -> float:
     return matmul_rate * attention_relative_rate(request)
 
 
+def times_memory_bound(request: PlanRequest) -> bool:
+    """Whether the flat-HFU model times the memory-bound kernels apart, at the GPU's copy
+    bandwidth (a GPU zeroplan.core.roofline.ceilings has a bandwidth for, unless
+    PerformanceAssumptions.memory_bound says 'in-hfu'); else its HFU covers every kernel."""
+    from zeroplan.core.roofline.ceilings import CEILINGS
+
+    return request.performance.memory_bound == "copy-bandwidth" and request.cluster.gpu.name in CEILINGS
+
+
+COMPUTE_BASIS = "matmul-attention"
+"""What an HFU covers (efficiency files record it): the matrix products' and attention's
+executed FLOPs, the memory-bound kernels timed apart at the copy bandwidth (memory_bound_time_s).
+Files of the basis before it ('all-kernels': the HFU covered every kernel, the optimizer step
+included) are refused (zeroplan.calibrate.step.load_efficiency)."""
+
+
+# docs/communication-time.md, "Compute": the memory-bound kernels (norms, rotary embedding,
+# activation, residual adds, gradient sums, embedding and loss passes, FSDP's copies, autocast's
+# casts; zeroplan.core.roofline.step.memory_bound_step) move their bytes at the GPU's copy
+# bandwidth, whatever the HFU; a compiled block moves the compiled block's bytes
+# (zeroplan.core.compiled_time). The optimizer step is timed apart (gpu_optimizer_time_s).
+def memory_bound_time_s(request: PlanRequest) -> tuple[float, float]:
+    """(forward, backward with recomputation) seconds of the memory-bound kernels; (0, 0) where
+    the GPU has no measured bandwidth (times_memory_bound)."""
+    if not times_memory_bound(request):
+        return 0.0, 0.0
+    from zeroplan.core.roofline.step import memory_bound_step
+
+    step = memory_bound_step(request)
+    return step.forward_s, step.backward_s
+
+
 # docs/communication-time.md, "Compute": t = matmul FLOPs / (peak x HFU) + attention FLOPs /
-# (peak x HFU x r), less under torch.compile the memory-bound bytes inductor's fusion saves at
-# the GPU's copy bandwidth (zeroplan.core.compiled_time: the HFU covers an eager step); the plan
-# search times its groups through this same function.
+# (peak x HFU x r) + memory-bound bytes / copy bandwidth (memory_bound_time_s; under
+# torch.compile the compiled block's bytes). The plan search fits it per group from two
+# micro-batch sizes (some memory-bound passes cost the same whatever the micro-batch: FSDP's
+# copies, autocast's casts) through this same function.
 def compute_time_s(flops: StepFlops, request: PlanRequest) -> tuple[float, float]:
     """(forward, backward) seconds of compute: executed FLOPs over executed_flops_per_s, the
-    attention core's at its relative rate r, less what compile saves, or, under the roofline
-    compute model, the request's kernels against the GPU's ceilings."""
+    attention core's at its relative rate r, plus the memory-bound kernels at the copy
+    bandwidth, or, under the roofline compute model, the request's kernels against the GPU's
+    ceilings. ``flops`` must be the request's (rank_flops)."""
     if request.performance.compute_model == "roofline":
         from zeroplan.core.roofline.step import roofline_step
 
@@ -260,18 +305,39 @@ def compute_time_s(flops: StepFlops, request: PlanRequest) -> tuple[float, float
         attention_rate = attention_flops_per_s(request, rate)
         forward = (flops.forward_flops - flops.attention_forward_flops) / rate + flops.attention_forward_flops / attention_rate
         backward = (flops.backward_flops - flops.attention_backward_flops) / rate + flops.attention_backward_flops / attention_rate
+    memory_forward_s, memory_backward_s = memory_bound_time_s(request)
     saved_forward_s, saved_backward_s = compile_saved_seconds(request)
-    return max(0.0, forward - saved_forward_s), max(0.0, backward - saved_backward_s)
+    return (max(0.0, forward + memory_forward_s - saved_forward_s),
+            max(0.0, backward + memory_backward_s - saved_backward_s))
 
 
 def gpu_optimizer_time_s(request: PlanRequest) -> float:
-    """The GPU's optimizer step: the roofline model's memory-bound pass; 0 under the flat HFU
-    model, whose utilisation is taken to cover it."""
-    if request.performance.compute_model != "roofline":
-        return 0.0
-    from zeroplan.core.roofline.step import roofline_step
+    """The GPU's optimizer step: a memory-bound pass (zeroplan.core.roofline.optimizer) at the
+    copy bandwidth under either compute model; 0 where the GPU has no measured bandwidth (the
+    flat HFU then covers it) or the optimizer steps on the host."""
+    if request.performance.compute_model == "roofline":
+        from zeroplan.core.roofline.step import roofline_step
 
-    return roofline_step(request).optimizer_s
+        return roofline_step(request).optimizer_s
+    if not times_memory_bound(request):
+        return 0.0
+    from zeroplan.core.roofline.step import memory_bound_step
+
+    return memory_bound_step(request).optimizer_s
+
+
+# The HFU at which the planner's compute lasts what a published MFU says the step lasts (PaLM,
+# Appendix B: MFU x peak x step = model FLOPs), the memory-bound kernels and the optimizer step
+# at the copy bandwidth: executed / (peak x HFU) = model / (peak x MFU) - t_memory.
+def hfu_from_mfu(request: PlanRequest, model_flops_utilization: float) -> float | None:
+    """The HFU a published MFU implies for ``request`` (every FLOP at it: attention rate matmul);
+    None where the memory-bound time alone outlasts the step (no HFU <= 1 reproduces it)."""
+    flops = rank_flops(request)
+    peak = request.cluster.gpu.peak_bf16_flops_per_s
+    memory_s = sum(memory_bound_time_s(request)) + gpu_optimizer_time_s(request)
+    flops_s = flops.model_flops / (peak * model_flops_utilization) - memory_s
+    hfu = flops.executed_flops / (peak * flops_s) if flops_s > 0 else None
+    return hfu if hfu is not None and hfu <= 1 else None
 
 
 # PaLM (Chowdhery et al. 2022), Appendix B: MFU = model FLOPs per second achieved / peak.
@@ -397,7 +463,13 @@ def step_time(request: PlanRequest, collectives: tuple[Collective, ...]) -> Step
     step_s = forward_s + backward_s + blocking_s + bubble_s + exposed + cpu_s + gpu_optimizer_s
     batch = request.batch
     tokens = batch.micro_batch_size * batch.grad_accum_steps * batch.seq_len / request.parallel.model_parallel_size
+    flat = request.performance.compute_model != "roofline"
+    from zeroplan.core.default_efficiency import effective_hfu
+
     return StepTime(
+        memory_bound_s=sum(memory_bound_time_s(request)) if flat else 0.0,
+        compile_saved_s=sum(compile_saved_seconds(request)) if flat else 0.0,
+        hardware_flops_utilization=effective_hfu(request) if flat else None,
         forward_compute_s=forward_s,
         backward_compute_s=backward_s,
         communication_s=communication_s,

@@ -39,18 +39,20 @@ def _nics(report: FitReport) -> str:
     return f" (node: {nics} x {nic_bytes_per_s / 1e9:g} GB/s NICs)"
 
 
-def _hfu(report: FitReport) -> float:
-    """The hardware FLOPs utilisation compute was timed at: executed FLOPs / (compute s x peak)."""
-    t = report.plans[0].time
-    return t.executed_flops / (t.compute_s * report.cluster.gpu.peak_bf16_flops_per_s)
-
-
 def _compute_legend(report: FitReport) -> str:
     mfu = "MFU = model FLOPs (6N + attention, PaLM App. B) / (step x peak); tok/s/GPU = tokens / step."
-    if report.compute_model != "roofline":
-        return f"compute = executed FLOPs (recomputation included) at HFU {_hfu(report):.2g} of peak bf16 FLOP/s; {mfu}"
-    from zeroplan.core.roofline.ceilings import gpu_ceilings
+    from zeroplan.core.roofline.ceilings import CEILINGS, gpu_ceilings
 
+    if report.compute_model != "roofline":
+        hfu = report.plans[0].time.hardware_flops_utilization or 0.0
+        if report.cluster.gpu.name not in CEILINGS:
+            return (f"compute = executed FLOPs (recomputation included) at HFU {hfu:.2g} of peak bf16 FLOP/s (no measured "
+                    f"memory bandwidth: the HFU covers every kernel); {mfu}")
+        bandwidth = gpu_ceilings(report.cluster.gpu).memory_bytes_per_s
+        return (f"compute = executed matrix-product and attention FLOPs (recomputation included) at HFU {hfu:.2g} of peak "
+                f"bf16 FLOP/s, memory-bound kernels at {bandwidth / 1e12:.2f} TB/s (copy bandwidth)"
+                + ("; opt-step = the optimizer step on the GPU, at that bandwidth" if any(
+                    p.time.optimizer_step_s for p in report.plans) else "") + f"; {mfu}")
     ceilings = gpu_ceilings(report.cluster.gpu)
     return (f"compute = the step's kernels, each at the longer of its FLOPs at {ceilings.matmul_flops_per_s / 1e12:.0f} "
             f"TFLOP/s (measured matmul ceiling) and its bytes at {ceilings.memory_bytes_per_s / 1e12:.2f} TB/s "
@@ -76,7 +78,8 @@ def render_compare_table(report: FitReport) -> str:
         _compute_legend(report),
         "",
     ]
-    roofline = report.compute_model == "roofline"
+    # The GPU's optimizer step: the roofline's, or the flat-HFU model's memory-bound pass.
+    roofline = report.compute_model == "roofline" or any(p.time.optimizer_step_s for p in report.plans)
     # Tensor, context and pipeline parallelism add parts of the step no data-parallel plan has:
     # their columns appear only then, so that every column adds up to the step.
     model_parallel = any(p.time.model_parallel_communication_s or p.time.pipeline_bubble_s for p in report.plans)

@@ -103,7 +103,7 @@ STEP_PARTS = (
     ("pipeline_bubble_s", "bubble s", "pipeline bubble", "tab:gray"),
     ("exposed_communication_s", "exposed s", "exposed communication and host copies", "tab:orange"),
     ("cpu_optimizer_s", "cpu-step s", "CPU optimizer step (offload)", "tab:brown"),
-    ("optimizer_step_s", "opt-step s", "GPU optimizer step (roofline)", "tab:olive"),
+    ("optimizer_step_s", "opt-step s", "GPU optimizer step", "tab:olive"),
 )
 """The parts of StepTime.step_with_overlap_s, in the order a step runs them: (StepTime field,
 column name, legend label, colour)."""
@@ -131,7 +131,7 @@ def step_time_figure(report: FitReport) -> Figure:
         left = [a + b for a, b in zip(left, widths)]
     axes.set_yticks(positions, names)
     axes.invert_yaxis()
-    compute = "roofline kernels" if report.compute_model == "roofline" else "executed FLOPs at the HFU"
+    compute = "roofline kernels" if report.compute_model == "roofline" else "FLOPs at the HFU, memory-bound kernels at the copy bandwidth"
     axes.set_xlabel(f"seconds per optimizer step (compute: {compute})")
     axes.legend(fontsize=8, ncol=2, loc="lower left", bbox_to_anchor=(0.0, 1.0), frameon=False)
     figure.suptitle(f"{report.model.name} on {report.cluster.world_size} x {report.cluster.gpu.display_name}: "

@@ -72,7 +72,7 @@ def render_search(result: PlanSearchResult) -> str:
     if result.ranked:
         gpu_optimizer = any(c.optimizer_step_s for c in result.ranked)
         if gpu_optimizer:
-            lines += ["opt-step = the optimizer step on the GPU (the roofline compute model), in s."]
+            lines += ["opt-step = the optimizer step on the GPU (a memory-bound pass at the copy bandwidth), in s."]
         if any(c.model_parallel_communication_s or c.pipeline_bubble_s for c in (*result.ranked, *result.pareto)):
             lines += ["mp-comm = the tensor/context/pipeline-parallel collectives compute waits on; bubble = the "
                       "pipeline schedule's idle time, in s (step = compute + mp-comm + bubble + exposed + cpu-step"

@@ -242,12 +242,13 @@ def compare_verdict(report: FitReport) -> str:
 
 
 def compare_notes(report: FitReport) -> list[str]:
-    notes = ["step = compute + exposed communication and host copies + CPU optimizer step, with overlap "
+    notes = ["step = compute + exposed communication and host copies + optimizer step (GPU or CPU), with overlap "
              "(docs/communication-time.md); sent = GB each GPU sends per step (ring)."]
     if report.compute_model == "roofline":
         notes.append("compute: kernel by kernel at the GPU's measured ceilings (--compute-model roofline), a lower bound.")
     else:
-        notes.append("compute: every executed FLOP (recomputation included) at the HFU the step-time line names of peak; "
+        notes.append("compute: executed matrix-product and attention FLOPs (recomputation included) at the HFU the "
+                     "step-time line names of peak, memory-bound kernels at the GPU's copy bandwidth; "
                      "MFU = model FLOPs / (step x peak).")
     notes.append("nccl = the algorithm NCCL's tuning model picks per collective (AR all-reduce, AG all-gather, "
                  "RS reduce-scatter); * = at a published nccl-tests bandwidth (docs/gpus.md).")

@@ -116,17 +116,26 @@ class PerformanceAssumptions(Frozen):
     """Named assumptions of the step-time model (docs/communication-time.md)."""
 
     hardware_flops_utilization: float | None = Field(default=None, gt=0.0, le=1.0)
-    """Fraction of the GPU's peak bf16 throughput at which the FLOPs the GPU executes run
-    (zeroplan.core.flops: recomputation and causal attention as the kernels run them): HFU in
-    PaLM's terms (Chowdhery et al. 2022, Appendix B). Compute time = executed FLOPs / (peak x
-    this). A published MFU converts to it with
-    zeroplan.core.flops.hardware_utilization_from_model_utilization. None (the default): the
+    """Fraction of the GPU's peak bf16 throughput at which the matrix products' and attention's
+    executed FLOPs run (zeroplan.core.flops: recomputation and causal attention as the kernels
+    run them): HFU in PaLM's terms (Chowdhery et al. 2022, Appendix B), of those kernels only.
+    Compute time = executed FLOPs / (peak x this) + the memory-bound kernels' bytes at the GPU's
+    copy bandwidth (zeroplan.core.timing.memory_bound_time_s; on a GPU without a measured
+    bandwidth this covers every kernel). A published MFU converts to it with
+    zeroplan.core.timing.hfu_from_mfu. None (the default): the
     fitted default of the request's mechanism, GPU generation x kernel class
     (zeroplan.core.default_efficiency, fitted on the published throughput rows; the flat 0.4,
     a round figure, where no published row ran that generation or its compute die;
     docs/communication-time.md, "Compute")."""
+    memory_bound: str = Field(default="copy-bandwidth", pattern="^(copy-bandwidth|in-hfu)$")
+    """Under the 'hfu' compute model, how the memory-bound kernels are timed: 'copy-bandwidth',
+    apart from the HFU at the GPU's copy bandwidth where the GPU has a measured one
+    (zeroplan.core.timing.memory_bound_time_s); 'in-hfu', inside the HFU with every other
+    kernel, as on a GPU without a measured bandwidth (the flat HFU 0.4 applies only to such
+    GPUs, so benchmarks/step_time_accuracy.py scores it this way)."""
     compute_model: str = Field(default="hfu", pattern="^(hfu|roofline)$")
-    """How compute is timed: 'hfu', every executed FLOP at hardware_flops_utilization x peak;
+    """How compute is timed: 'hfu', every executed FLOP at hardware_flops_utilization x peak and
+    the memory-bound kernels at the copy bandwidth (memory_bound);
     'roofline', kernel by kernel against the GPU's measured ceilings (zeroplan.core.roofline:
     matrix products at the achievable matmul rate, attention with its softmax exponentials,
     memory-bound kernels and the optimizer step at the achievable memory bandwidth)."""

@@ -85,6 +85,14 @@ def predicted_tokens_per_s(row: PublishedThroughput, hfu: float, attention_rate:
     return planned_step(row.request(hfu, attention_rate=attention_rate)).tokens_per_s_per_gpu
 
 
+def flat_default_tokens_per_s(row: PublishedThroughput, attention_rate: str = "matmul") -> float:
+    """The planner's tokens/s/GPU for ``row`` at the flat HFU 0.4 as it is applied: every kernel
+    inside it (zeroplan.validate.step_time.as_flat_default)."""
+    from zeroplan.validate.step_time import as_flat_default
+
+    return planned_step(as_flat_default(row.request(FLAT_HFU, attention_rate=attention_rate))).tokens_per_s_per_gpu
+
+
 def implied_hfu(row: PublishedThroughput) -> float:
     """The HFU ``zeroplan calibrate step`` solves on ``row`` (its published step) under the
     planner's default attention rate; a step shorter than the planner's at HFU 1 is refused."""
@@ -104,7 +112,7 @@ class RowError(Frozen):
     checkpointing: str
     published_tokens_per_s_per_gpu: float
     default_tokens_per_s_per_gpu: float
-    """At the flat HFU 0.4, every FLOP at it (nothing fitted)."""
+    """At the flat HFU 0.4, every FLOP and every kernel at it, as it is applied (nothing fitted)."""
     loso_hfu: float
     """HFU of the row's mechanism (GPU generation x stack), fitted on the other sources' rows."""
     loso_tokens_per_s_per_gpu: float
@@ -242,7 +250,6 @@ def _study(table: PublishedThroughputTable) -> tuple[tuple[SourceCalibration, ..
         if len(members) >= MIN_SOURCE_ROWS and usable:
             anchor = calibration_row(usable)
             calibrations[source] = (anchor, implied[anchor.name])
-    default_hfu = FLAT_HFU
     errors = []
     for row in rows:
         source = source_of(row)
@@ -256,7 +263,7 @@ def _study(table: PublishedThroughputTable) -> tuple[tuple[SourceCalibration, ..
             name=row.name, source=source, label=source_label(row), stack=stack_of(row), gpu=row.gpu, strategy=row.strategy.value,
             checkpointing=row.activation_checkpointing.value,
             published_tokens_per_s_per_gpu=row.published_tokens_per_s_per_gpu,
-            default_tokens_per_s_per_gpu=predicted_tokens_per_s(row, default_hfu, "matmul"),
+            default_tokens_per_s_per_gpu=flat_default_tokens_per_s(row),
             loso_hfu=loso, loso_tokens_per_s_per_gpu=predicted_tokens_per_s(row, loso),
             kernel_class=kernel_class_of(row), kernel_hfu=kernel_hfu,
             kernel_tokens_per_s_per_gpu=predicted_tokens_per_s(row, kernel_hfu),
@@ -333,8 +340,7 @@ def attention_rate_figures(mode: str, table: PublishedThroughputTable | None = N
                       / row.published_tokens_per_s_per_gpu - 1) for row in usable if row.name != anchor.name]
         per_source.append((source_label(anchor), len(errors), statistics.median(errors), max(errors)))
         calibrated += errors
-    default = [abs(planned_step(_with_attention_rate(row.request(), mode)).tokens_per_s_per_gpu
-                   / row.published_tokens_per_s_per_gpu - 1) for row in rows]
+    default = [abs(flat_default_tokens_per_s(row, mode) / row.published_tokens_per_s_per_gpu - 1) for row in rows]
     kernel = [abs(planned_step(_with_attention_rate(row.request(kernel_mechanism_hfu(source_of(row), implied, rows, row)),
                                                     mode)).tokens_per_s_per_gpu / row.published_tokens_per_s_per_gpu - 1)
               for row in rows]
@@ -358,8 +364,12 @@ def default_efficiency_table(table: PublishedThroughputTable | None = None) -> D
     for row in table.rows:
         counts[source_of(row)] = counts.get(source_of(row), 0) + 1
     root = PUBLISHED_THROUGHPUT_FILE.parents[3]
+    from zeroplan.core.timing import COMPUTE_BASIS
+
     return DefaultEfficiencyTable(
-        description=("One HFU per GPU generation x kernel class (attention kernel; compiled where the planner does "
+        compute_basis=COMPUTE_BASIS,
+        description=("One HFU (of the matrix products' and attention's FLOPs; the memory-bound kernels and the "
+                     "optimizer step are timed apart at the GPU's copy bandwidth) per GPU generation x kernel class (attention kernel; compiled where the planner does "
                      "not time compile), at each coarser level too (attention kernel alone, generation alone): the "
                      "median of the HFUs zeroplan calibrate step solves on the published rows of that mechanism, "
                      "rows it refuses left out, where they come from at least two sources (MIN_MECHANISM_SOURCES). The "

@@ -14,7 +14,8 @@ from pathlib import Path
 from pydantic import Field, ValidationError
 
 from zeroplan.core.default_efficiency import FLAT_HFU
-from zeroplan.core.flops import hardware_utilization_from_model_utilization, step_flops
+from zeroplan.core.flops import step_flops
+from zeroplan.core.timing import hfu_from_mfu
 from zeroplan.core.plan import plan, step_fits, under_allocator_model
 from zeroplan.core.roofline.ceilings import CEILINGS
 from zeroplan.errors import ZeroplanError
@@ -225,8 +226,9 @@ class StepTimeComparison(Frozen):
     published_mfu: float | None
     """The source's MFU."""
     published_hfu: float | None
-    """The HFU the published MFU implies for the planner's executed FLOPs
-    (hardware_utilization_from_model_utilization)."""
+    """The HFU the published MFU implies for the planner's executed FLOPs, its memory-bound
+    kernels at the copy bandwidth (zeroplan.core.timing.hfu_from_mfu); None where they alone
+    outlast the step."""
     with_published_mfu_step_s: float | None
     """step_with_overlap_s with the planner's HFU set to published_hfu."""
     with_published_mfu_tokens_per_s_per_gpu: float | None
@@ -267,6 +269,14 @@ def load_published_throughput(path: Path = PUBLISHED_THROUGHPUT_FILE) -> Publish
         raise ZeroplanError(str(path), f"cannot read published throughput: {error}") from None
 
 
+# The flat HFU 0.4 is the default of a GPU without published rows of its generation or compute
+# die, none of which has a measured copy bandwidth (zeroplan.core.roofline.ceilings): there the
+# HFU covers every kernel, so its figures time the rows that way (PerformanceAssumptions.memory_bound).
+def as_flat_default(request: PlanRequest) -> PlanRequest:
+    """``request`` timed as the flat HFU is applied: the memory-bound kernels inside the HFU."""
+    return request.model_copy(update={"performance": request.performance.model_copy(update={"memory_bound": "in-hfu"})})
+
+
 # The published MFU counts model FLOPs as PaLM's Appendix B does (6N + 12 L H Q T per token,
 # zeroplan.core.flops.model_flops_per_token); torchtitan's get_num_flop_per_token has this form
 # and, at the commit the rows come from, N is every parameter (embeddings included): with it,
@@ -274,14 +284,15 @@ def load_published_throughput(path: Path = PUBLISHED_THROUGHPUT_FILE) -> Publish
 def compare_step_time(row: PublishedThroughput) -> StepTimeComparison:
     """The planner's step time for ``row``'s setup beside the published throughput."""
     tokens = row.tokens_per_step_per_gpu
-    request = row.request()
+    request = as_flat_default(row.request())
     predicted = plan(request)
     flops = step_flops(request)
     hfu = with_mfu_step_s = with_mfu_tokens = None
     if row.published_mfu is not None:
-        hfu = hardware_utilization_from_model_utilization(row.published_mfu, flops)
-        with_mfu_step_s = plan(row.request(hfu)).time.step_with_overlap_s
-        with_mfu_tokens = tokens / with_mfu_step_s
+        hfu = hfu_from_mfu(row.request(), row.published_mfu)
+        if hfu is not None:
+            with_mfu_step_s = plan(row.request(hfu)).time.step_with_overlap_s
+            with_mfu_tokens = tokens / with_mfu_step_s
     roofline_tokens = None
     # The roofline prices full training only (zeroplan.core.roofline.step.check_roofline_applies).
     if (row.gpu in CEILINGS or get_gpu(row.gpu).name in CEILINGS) and not row.training_options.lora_rank:

@@ -149,13 +149,33 @@ def roofline_step(request: PlanRequest) -> RooflineStep:
     kernels evenly among its tp x cp x pp ranks (as zeroplan.core.timing.rank_flops). The last
     few answers are kept (a step time asks for its compute and its optimizer step apart)."""
     check_roofline_applies(request)
+    return _step_terms(request, eager=False)
+
+
+# The flat-HFU model's memory-bound kernels (zeroplan.core.timing.memory_bound_time_s): the
+# roofline's memory passes at their eager single-pass bytes, FSDP's copies, autocast's casts
+# and the optimizer step, each at the GPU's copy bandwidth; the HFU then covers the matrix
+# products and attention (and what a stack's eager kernels move beyond one pass over their
+# tensors). Frozen-weight fine-tuning keeps its activations' passes (the roofline's matrix
+# products, which it does not price there, are not used).
+@functools.lru_cache(maxsize=16)
+def memory_bound_step(request: PlanRequest) -> RooflineStep:
+    """The memory-bound terms of one rank's step (every OpKind.memory operation)."""
+    return RooflineStep(terms=tuple(t for t in _step_terms(request, eager=True).terms
+                                    if t.operation.kind is OpKind.memory))
+
+
+def _step_terms(request: PlanRequest, eager: bool) -> RooflineStep:
+    """Every term of the step; ``eager``: the blocks' memory passes at their eager single-pass
+    bytes even where the request compiles (the flat-HFU model takes compile's measured saving
+    off apart: zeroplan.core.compiled_time.compile_saved_seconds)."""
     ceilings = gpu_ceilings(request.cluster.gpu)
     batch = request.batch
     activation_bytes = request.training.precision.compute_bytes
     operations = step_operations(request.model, request.training, batch.micro_batch_size, batch.seq_len,
                                  batch.grad_accum_steps, activation_bytes)
     ranks = request.parallel.model_parallel_size
-    if request.training.compile:
+    if request.training.compile and not eager:
         operations = compiled_block_operations(request, operations)
     terms = []
     for operation in operations:
