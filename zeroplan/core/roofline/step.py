@@ -165,6 +165,24 @@ def memory_bound_step(request: PlanRequest) -> RooflineStep:
                                     if t.operation.kind is OpKind.memory))
 
 
+def _term(operation: Operation, ceilings: GpuCeilings, ranks: int) -> RooflineTerm:
+    """One of the replica's operations on one of its ``ranks`` model-parallel ranks."""
+    seconds, bound = operation_seconds(operation, ceilings)
+    return RooflineTerm(operation=operation, seconds=seconds / ranks, bound=bound)
+
+
+# The model's own operations depend on the model, the training, the batch's shape, the GPU and
+# the model-parallel ranks only, not on the strategy: fit's strategies (and the plan search's
+# groups of one layout) share them.
+@functools.lru_cache(maxsize=64)
+def _model_terms(model, training, micro_batch_size: int, seq_len: int, micro_batches: int, activation_bytes: int,
+                 gpu, ranks: int) -> tuple[RooflineTerm, ...]:
+    """The eager step's operations (step_operations) priced on ``gpu``'s ceilings, per rank."""
+    ceilings = gpu_ceilings(gpu)
+    operations = step_operations(model, training, micro_batch_size, seq_len, micro_batches, activation_bytes)
+    return tuple(_term(operation, ceilings, ranks) for operation in operations)
+
+
 def _step_terms(request: PlanRequest, eager: bool) -> RooflineStep:
     """Every term of the step; ``eager``: the blocks' memory passes at their eager single-pass
     bytes even where the request compiles (the flat-HFU model takes compile's measured saving
@@ -172,15 +190,15 @@ def _step_terms(request: PlanRequest, eager: bool) -> RooflineStep:
     ceilings = gpu_ceilings(request.cluster.gpu)
     batch = request.batch
     activation_bytes = request.training.precision.compute_bytes
-    operations = step_operations(request.model, request.training, batch.micro_batch_size, batch.seq_len,
-                                 batch.grad_accum_steps, activation_bytes)
     ranks = request.parallel.model_parallel_size
     if request.training.compile and not eager:
-        operations = compiled_block_operations(request, operations)
-    terms = []
-    for operation in operations:
-        seconds, bound = operation_seconds(operation, ceilings)
-        terms.append(RooflineTerm(operation=operation, seconds=seconds / ranks, bound=bound))
+        operations = compiled_block_operations(request, step_operations(
+            request.model, request.training, batch.micro_batch_size, batch.seq_len, batch.grad_accum_steps,
+            activation_bytes))
+        terms = [_term(operation, ceilings, ranks) for operation in operations]
+    else:
+        terms = list(_model_terms(request.model, request.training, batch.micro_batch_size, batch.seq_len,
+                                  batch.grad_accum_steps, activation_bytes, request.cluster.gpu, ranks))
     for operation in (fsdp_copy_operations(request, batch.grad_accum_steps, activation_bytes)
                       + autocast_cast_operations(request, batch.grad_accum_steps) + optimizer_operation(request)):
         seconds, bound = operation_seconds(operation, ceilings)
