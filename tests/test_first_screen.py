@@ -52,6 +52,13 @@ def test_a_fitting_answer_names_the_recommendation_and_why(zeroplan_cli) -> None
     assert out.splitlines()[0] == "Fits. Recommended: zero3-offload (least offload; 2 of 10 fit)."
 
 
+def test_one_strategy_planned_is_recommended_as_such(zeroplan_cli) -> None:
+    """Megatron-DeepSpeed runs ZeRO-1 only: no 'the only one that fits of 1'."""
+    code, out, _ = zeroplan_cli("fit", "llama-2-7b", "--gpus", "8", "--gpu", "a100-80gb", "--framework", "megatron-deepspeed")
+    assert code == 0
+    assert out.splitlines()[0] == "Fits. Recommended: zero1 (the one strategy planned)."
+
+
 def test_the_detail_view_is_the_full_table(zeroplan_cli) -> None:
     from zeroplan.cli.fit import request_from_args
     from zeroplan.cli.main import build_parser

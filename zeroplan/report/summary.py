@@ -95,6 +95,8 @@ def recommendation_reason(report: FitReport) -> str:
     """A few words on why the recommended strategy was chosen over the others that fit."""
     fitting = sorted((p for p in report.plans if p.fits and p.host_fits is not False), key=recommendation_key)
     share = f"{len(fitting)} of {len(report.plans)} fit"
+    if len(report.plans) == 1:
+        return "the one strategy planned"
     if len(fitting) == 1:
         return f"the only one that fits of {len(report.plans)}"
     best, runner_up = recommendation_key(fitting[0]), recommendation_key(fitting[1])
