@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from zeroplan.frameworks.compiled_record import COUNTED_KINDS, SavedValue
+from zeroplan.frameworks.compiled_record import SavedValue, counted_saved_bytes
 from zeroplan.frameworks.record import load_records
 from zeroplan.specs import ActivationCheckpointing, BatchSpec, ModelSpec
 from zeroplan.specs.base import Frozen
@@ -51,7 +51,7 @@ class CompiledParallelBlockRecord(Frozen):
 
     @property
     def compiled_saved_bytes(self) -> int:
-        return sum(v.bytes for v in self.compiled_saved_values if v.kind in COUNTED_KINDS)
+        return counted_saved_bytes(self.compiled_saved_values)
 
     @property
     def name(self) -> str:
@@ -92,7 +92,7 @@ class CompiledOffloadRecord(Frozen):
 
     @property
     def compiled_layer_saved_bytes(self) -> int:
-        return sum(v.bytes for v in self.compiled_layer_saved_values if v.kind in COUNTED_KINDS)
+        return counted_saved_bytes(self.compiled_layer_saved_values)
 
     @property
     def file_name(self) -> str:

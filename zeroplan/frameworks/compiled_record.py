@@ -55,6 +55,11 @@ class SavedValue(Frozen):
         return self
 
 
+def counted_saved_bytes(values: list[SavedValue]) -> int:
+    """The bytes of ``values`` that are the block's own (COUNTED_KINDS)."""
+    return sum(v.bytes for v in values if v.kind in COUNTED_KINDS)
+
+
 class CompiledBlockRecord(Frozen):
     """What one decoder block saves for backward compiled (inductor's partitioner) and eagerly."""
 
@@ -94,7 +99,7 @@ class CompiledBlockRecord(Frozen):
     @property
     def compiled_saved_bytes(self) -> int:
         """The block's own saved bytes: intermediates and its hidden-state input."""
-        return sum(v.bytes for v in self.compiled_saved_values if v.kind in COUNTED_KINDS)
+        return counted_saved_bytes(self.compiled_saved_values)
 
     @property
     def name(self) -> str:
