@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from zeroplan.core.transformers_release import returns_fp32_logits
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.finetune import version_tuple
 from zeroplan.specs.framework import TORCHTITAN_RELEASES, TRANSFORMERS_NEWEST, TRANSFORMERS_OLDEST, TRANSFORMERS_VERSION, Framework
@@ -612,8 +613,6 @@ def check_transformers_version(training: TrainingSpec) -> None:
 # loss_utils.ForCausalLMLoss, as planned.
 def check_transformers_version_model(training: TrainingSpec, model: ModelSpec) -> None:
     """Refuse a release before 4.46 for a model outside the Llama family, whose old loss is not modelled."""
-    from zeroplan.core.transformers_release import returns_fp32_logits
-
     if training.transformers_version is None or not returns_fp32_logits(training):
         return
     if model.norm is not NormKind.rmsnorm or model.position is not PositionKind.rope:
