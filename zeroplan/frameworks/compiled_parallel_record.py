@@ -10,14 +10,14 @@ from pathlib import Path
 from pydantic import Field
 
 from zeroplan.frameworks.compiled_record import SavedValue, counted_saved_bytes
-from zeroplan.frameworks.record import load_records
+from zeroplan.frameworks.record import NamedRecord, load_records
 from zeroplan.specs import ActivationCheckpointing, BatchSpec, ModelSpec
 from zeroplan.specs.base import Frozen
 
 SCHEMA_VERSION = 1
 
 
-class CompiledParallelBlockRecord(Frozen):
+class CompiledParallelBlockRecord(NamedRecord):
     """One torchtitan block on rank 0 of a fake tp x cp group, compiled and eager."""
 
     schema_version: int = SCHEMA_VERSION
@@ -59,10 +59,6 @@ class CompiledParallelBlockRecord(Frozen):
         sp = "sp" if self.sequence_parallel else "nosp"
         return (f"torchtitan:{self.model.name}:tp{self.tp}-{sp}:cp{self.cp}:ac={self.activation_checkpointing.value}{fp8}:"
                 f"s{self.batch.seq_len}:b{self.batch.micro_batch_size}")
-
-    @property
-    def file_name(self) -> str:
-        return self.name.replace(":", "_") + ".json"
 
 
 class CompiledOffloadRecord(Frozen):

@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import Field, model_validator
 
 from zeroplan.errors import ZeroplanError
-from zeroplan.frameworks.record import finetune_tag, load_records
+from zeroplan.frameworks.record import NamedRecord, finetune_tag, load_records
 from zeroplan.specs import ActivationCheckpointing, BatchSpec, ModelSpec, TrainingSpec
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.finetune import FineTuneSpec
@@ -60,7 +60,7 @@ def counted_saved_bytes(values: list[SavedValue]) -> int:
     return sum(v.bytes for v in values if v.kind in COUNTED_KINDS)
 
 
-class CompiledBlockRecord(Frozen):
+class CompiledBlockRecord(NamedRecord):
     """What one decoder block saves for backward compiled (inductor's partitioner) and eagerly."""
 
     schema_version: int = SCHEMA_VERSION
@@ -111,17 +111,13 @@ class CompiledBlockRecord(Frozen):
         return (f"{self.framework.value}{tune}:{self.model.name}:ac={policy}{fp8}:"
                 f"s{self.batch.seq_len}:b{self.batch.micro_batch_size}")
 
-    @property
-    def file_name(self) -> str:
-        return self.name.replace(":", "_") + ".json"
-
 
 def load_compiled_records(directory: Path) -> list[CompiledBlockRecord]:
     """Every ``*.json`` record in ``directory``, sorted by file name; a bad file is one line."""
     return load_records(directory, CompiledBlockRecord, "compiled block record")
 
 
-class CompiledLossRecord(Frozen):
+class CompiledLossRecord(NamedRecord):
     """What one chunk of a framework's cross-entropy saves for backward, compiled as the
     framework compiles its loss and eagerly (zeroplan.frameworks.compiled_loss)."""
 
@@ -164,10 +160,6 @@ class CompiledLossRecord(Frozen):
     def name(self) -> str:
         return (f"{self.framework.value}:{self.model.name}:loss:chunks{self.chunks}:"
                 f"s{self.batch.seq_len}:b{self.batch.micro_batch_size}")
-
-    @property
-    def file_name(self) -> str:
-        return self.name.replace(":", "_") + ".json"
 
 
 def load_compiled_loss_records(directory: Path) -> list[CompiledLossRecord]:

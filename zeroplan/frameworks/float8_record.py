@@ -6,6 +6,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from zeroplan.specs import ModelSpec
+from zeroplan.frameworks.record import NamedRecord
 from zeroplan.specs.base import Frozen
 
 SCHEMA_VERSION = 1
@@ -25,7 +26,7 @@ class AllGatherCall(Frozen):
     """Elements of the gathered result (input x ranks)."""
 
 
-class Float8AllGatherRecord(Frozen):
+class Float8AllGatherRecord(NamedRecord):
     """The all-gathers one torchtitan Llama block's FSDP2 unit issues in its forward."""
 
     schema_version: int = SCHEMA_VERSION
@@ -52,7 +53,3 @@ class Float8AllGatherRecord(Frozen):
     def name(self) -> str:
         kind = "float8" if self.float8_all_gather else "bf16"
         return f"torchtitan:{self.model.name}:all-gather-{kind}:n{self.world_size}"
-
-    @property
-    def file_name(self) -> str:
-        return self.name.replace(":", "_") + ".json"

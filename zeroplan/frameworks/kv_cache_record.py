@@ -7,6 +7,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from zeroplan.specs import BatchSpec, ModelSpec
+from zeroplan.frameworks.record import NamedRecord
 from zeroplan.specs.base import Frozen
 
 SCHEMA_VERSION = 1
@@ -32,7 +33,7 @@ class KvCacheRun(Frozen):
     """'ok', or the first line of the error the backward raised."""
 
 
-class KvCacheRecord(Frozen):
+class KvCacheRecord(NamedRecord):
     """What the KV cache adds to a training forward of transformers' Llama, by checkpointing."""
 
     schema_version: int = SCHEMA_VERSION
@@ -61,7 +62,3 @@ class KvCacheRecord(Frozen):
     def name(self) -> str:
         release = f":transformers-{self.replayed_release}" if self.replayed_release else ""
         return f"hf:{self.model.name}:kv-cache:s{self.batch.seq_len}:b{self.batch.micro_batch_size}{release}"
-
-    @property
-    def file_name(self) -> str:
-        return self.name.replace(":", "_") + ".json"

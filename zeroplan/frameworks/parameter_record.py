@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
-from zeroplan.frameworks.record import finetune_tag, load_records
+from zeroplan.frameworks.record import NamedRecord, finetune_tag, load_records
 from zeroplan.specs import ModelSpec, StrategyKind, TrainingSpec
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.training import recorded_before_kernels
@@ -36,7 +36,7 @@ class ParameterBytes(Frozen):
         return sum(self.frozen.values())
 
 
-class FrameworkParameterRecord(Frozen):
+class FrameworkParameterRecord(NamedRecord):
     """Parameter storage of a framework's model as its builder makes it (on the meta device: the
     bytes are each tensor's elements times its element size)."""
 
@@ -78,10 +78,6 @@ class FrameworkParameterRecord(Frozen):
     def name(self) -> str:
         t = self.training
         return f"{t.framework.value}:{self.model.name}:{self.strategy.value}:{t.precision.value}{finetune_tag(t)}:parameters"
-
-    @property
-    def file_name(self) -> str:
-        return self.name.replace(":", "_") + ".json"
 
 
 def load_parameter_records(directory: Path) -> list[FrameworkParameterRecord]:

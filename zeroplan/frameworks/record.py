@@ -16,7 +16,20 @@ from zeroplan.specs.training import recorded_before_kernels
 SCHEMA_VERSION = 1
 
 
-class FrameworkRecord(Frozen):
+class NamedRecord(Frozen):
+    """A record stored in a file named after its ``name`` (each subclass defines it)."""
+
+    @property
+    def name(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def file_name(self) -> str:
+        """The record's file name: its name with ':' (not allowed on every file system) as '_'."""
+        return self.name.replace(":", "_") + ".json"
+
+
+class FrameworkRecord(NamedRecord):
     """Live bytes one framework's decoder block keeps for backward, measured at full width."""
 
     schema_version: int = SCHEMA_VERSION
@@ -65,11 +78,6 @@ class FrameworkRecord(Frozen):
         """What the added blocks (one, unless added_layers says more) keep for backward: the
         difference of the two retained figures."""
         return self.retained_bytes[1] - self.retained_bytes[0]
-
-    @property
-    def file_name(self) -> str:
-        """The record's file name: its name with ':' (not allowed on every file system) as '_'."""
-        return self.name.replace(":", "_") + ".json"
 
     @property
     def name(self) -> str:

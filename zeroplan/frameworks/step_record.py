@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
-from zeroplan.frameworks.record import finetune_tag, load_records
+from zeroplan.frameworks.record import NamedRecord, finetune_tag, load_records
 from zeroplan.specs import BatchSpec, ModelSpec, StrategyKind, TrainingSpec
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.training import recorded_before_kernels
@@ -44,7 +44,7 @@ class AllocatorFigures(Frozen):
     """The least device memory on which both steps complete under the allocator's retry rules."""
 
 
-class FrameworkStepRecord(Frozen):
+class FrameworkStepRecord(NamedRecord):
     """One forward, loss, backward and AdamW step of a framework's full-depth model."""
 
     schema_version: int = SCHEMA_VERSION
@@ -104,11 +104,6 @@ class FrameworkStepRecord(Frozen):
                 f"ac={t.activation_checkpointing.value}{'+optim-in-bwd' if t.optimizer_in_backward else ''}"
                 f"{'+unchunked-loss' if t.unchunked_loss else ''}:"
                 f"s{b.seq_len}:b{b.micro_batch_size}")
-
-    @property
-    def file_name(self) -> str:
-        """The record's file name: its name with ':' (not allowed on every file system) as '_'."""
-        return self.name.replace(":", "_") + ".json"
 
 
 def load_step_records(directory: Path) -> list[FrameworkStepRecord]:
