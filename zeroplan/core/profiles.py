@@ -399,6 +399,16 @@ def torchtitan_root_holds_head(training: TrainingSpec) -> bool:
     return training.torchtitan_release == "9dec370"
 
 
+# torchtitan 9dec370's train.py calls pp_schedule.step() with no return_outputs (the published
+# runs' torch 1963fc8 had none; torch 2.6.0, the nearest release, appends every stage's output to
+# output_chunks: distributed/pipelining/stage.py:703); torchtitan 0.3.0's trainer.py:862 passes
+# return_outputs=False, and torch 2.13 keeps only the last stage's even without it (stage.py:907).
+def torchtitan_keeps_stage_outputs(training: TrainingSpec) -> bool:
+    """Whether every pipeline stage keeps each micro-batch's output until the next step (9dec370
+    on the torch of its runs) rather than only while the micro-batch is in flight (0.3.0)."""
+    return training.torchtitan_release == "9dec370"
+
+
 # torchtitan 0.3.0 models/common/attention.py FusedQKVLinear: one wqkv Linear (and its bias,
 # where the projections have one) stands for the q, k and v projections, each a tensor of its
 # own in zeroplan.core.params' units; FSDP2 shards, and AdamW steps, per tensor.

@@ -24,7 +24,7 @@ from zeroplan.core.memo import batch_keyed
 from zeroplan.core.parallel.pipeline import in_flight_chunks
 from zeroplan.core.parallel.tensor import tensor_parallel_model
 from zeroplan.core.parallel.units import holds_head, rank_block_count
-from zeroplan.core.profiles import profile
+from zeroplan.core.profiles import profile, torchtitan_keeps_stage_outputs
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import ModelSpec
 from zeroplan.specs.parallel import ParallelSpec, PipelineSchedule
@@ -185,7 +185,37 @@ def rank_activation_bytes(request: PlanRequest, activations) -> tuple[int, int]:
         from zeroplan.core.megatron_deepspeed import pipe_output_bytes
 
         kept += chunks * pipe_output_bytes(request)
+    if request.training.framework is Framework.torchtitan and parallel.pp > 1:
+        kept += pipeline_stage_output_bytes(request, chunks)
     return kept, terms.recompute
+
+
+# torch distributed/pipelining/stage.py forward_one_chunk keeps a stage's output in fwd_cache
+# until backward_one_chunk pops it (2.6.0 and 2.13 alike); the checkpointed blocks that made it
+# save their inputs, not it. Under torchtitan 9dec370 (profiles.torchtitan_keeps_stage_outputs)
+# every stage also keeps each micro-batch's output in output_chunks to the next step's
+# clear_runtime_states (torch 2.6.0 stage.py:703, :514): at the rank's in-flight peak all v m
+# are alive, the last stage's being its bf16 logits (9dec370 models/llama/model.py:445, the
+# vocab-sharded shard under loss_parallel). Counted on torch's own schedules on a fake process
+# group (benchmarks/torchtitan_pipeline_outputs.py: live outputs = chunks in flight under
+# torch 2.13 with return_outputs=False; 8 on every 1F1B rank, 16 on every interleaved one, under
+# torch 2.6.0, pp 8, 8 micro-batches).
+def pipeline_stage_output_bytes(request: PlanRequest, chunks: int) -> int:
+    """The stage outputs the rank's pipeline stages hold at its in-flight peak, beyond the
+    loss's own logits (which the loss terms count for the micro-batches in flight)."""
+    parallel = request.parallel
+    chunk = chunk_request(request, 1, split_heads=True)
+    s, b = chunk.batch.seq_len, chunk.batch.micro_batch_size
+    residual = block_input_bytes(chunk, s, b)
+    if parallel.sequence_parallel:
+        residual = ceil_div(residual, parallel.tp)
+    head = holds_head(request)
+    loss_in_flight = last_stage_in_flight(request) if head else 0
+    if not torchtitan_keeps_stage_outputs(request.training):
+        return (chunks - loss_in_flight) * residual
+    microbatches = request.batch.grad_accum_steps
+    logits = chunk.model.vocab_size * s * b * request.training.precision.compute_bytes
+    return (parallel.virtual_stages - head) * microbatches * residual + (microbatches - loss_in_flight) * logits * head
 
 
 def last_stage_in_flight(request: PlanRequest) -> int:

@@ -1,0 +1,166 @@
+"""Stage outputs that torch's pipeline schedules keep alive, counted on torch's own schedules.
+
+A pipeline stage's output is not saved by the checkpointed blocks that made it (full
+recomputation keeps each block's input), yet torch's PipelineStage holds it: in ``fwd_cache``
+from its forward to its backward (stage.py forward_one_chunk / backward_one_chunk), and in
+``output_chunks`` for the step's merged result, until the next step's ``clear_runtime_states``.
+torch 2.6.0 (stage.py:703, the release nearest the torch 1963fc8 that torchtitan 9dec370's
+published runs used) appends every stage's output to ``output_chunks``; torch 2.13 (stage.py:907)
+only the last stage's and only with ``save_forward_output`` (``return_outputs``, which torchtitan
+0.3.0's trainer.py:862 sets to False; 9dec370's train.py calls ``step()`` without it).
+
+Per pipeline rank of a fake process group (every collective returns at once), each stage a
+Linear probe built with its shapes given: the schedule's step() is run with the stage's
+forward_one_chunk and backward_one_chunk wrapped; every output forward_one_chunk makes is
+watched with a weakref finaliser. At each backward the live outputs and the chunks in flight
+(forwards done less backwards done) are read; after step() the outputs still alive.
+
+    python benchmarks/torchtitan_pipeline_outputs.py [--pp 8] [--microbatches 8]
+
+Runs under any torch from 2.6 (only torch is imported). Measured (pp 8, 8 micro-batches; torch
+2.13 with return_outputs False as torchtitan 0.3.0 runs it, True as a call without it gets):
+at the rank's largest backward, live outputs = chunks in flight on every rank under torch 2.13
+with return_outputs False; under torch 2.6.0 every stage's outputs stay, all v x m of a rank at
+the end of its forwards (1F1B: 8 on every rank; interleaved 1F1B: 16) and after step().
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import inspect
+import weakref
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+SCHEDULES = {"1F1B": 1, "Interleaved1F1B": 2}
+"""Schedules measured and their stages per rank (torchtitan 9dec370's generate_split_points:
+one for a single-stage schedule, two for a multi-stage one)."""
+
+
+@contextlib.contextmanager
+def _fake_group(world_size: int, rank: int):
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group(backend="fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _static_shapes():
+    """torch 2.13's schedules vote over P2P on whether the shapes given suffice (``_warmup_p2p``);
+    on a fake group the vote cannot conclude, so its outcome with every shape given (STATIC) is
+    set (zeroplan.simulate._torch_private.pipeline_stages_static says why). torch 2.6 has no vote."""
+    from torch.distributed.pipelining import schedules
+
+    original = getattr(schedules._PipelineSchedule, "_warmup_p2p", None)
+    if original is None:
+        yield
+        return
+    from torch.distributed.pipelining._utils import InferenceMode
+
+    def every_stage_static(self, stages, has_backward, p2p_done):
+        for stage in stages:
+            stage._inference_mode = InferenceMode.STATIC
+
+    schedules._PipelineSchedule._warmup_p2p = every_stage_static
+    try:
+        yield
+    finally:
+        schedules._PipelineSchedule._warmup_p2p = original
+
+
+def _loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return output.sum()
+
+
+def rank_outputs(schedule: str, pp: int, microbatches: int, rank: int,
+                 return_outputs: bool | None = None, width: int = 8) -> dict[str, object]:
+    """One rank's stage outputs under torch's ``schedule``: at each backward (in call order) the
+    live outputs and the chunks in flight; after step() the outputs alive; ``return_outputs``
+    passed to step() where given (torch 2.13; torch 2.6 has no such argument)."""
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import get_schedule_class
+
+    per_rank = SCHEDULES[schedule]
+    num_stages = pp * per_rank
+    live = {"outputs": 0, "forwards": 0, "backwards": 0}
+    at_backward: list[tuple[int, int]] = []
+    with _fake_group(pp, rank), _static_shapes():
+        stages = []
+        # torchtitan 9dec370 pipelining_utils.stage_ids_this_rank, style "loop".
+        for index in (rank + chunk * pp for chunk in range(per_rank)):
+            stage = PipelineStage(
+                nn.Linear(width, width, bias=False), index, num_stages, torch.device("cpu"),
+                input_args=torch.empty(1, width, requires_grad=index != 0),
+                output_args=torch.empty(1, width, requires_grad=True),
+            )
+            _watch(stage, live, at_backward)
+            stages.append(stage)
+        cls = get_schedule_class(schedule)
+        built = cls(stages if per_rank > 1 else stages[0], n_microbatches=microbatches, loss_fn=_loss)
+        kwargs = {}
+        if any(s.is_last for s in stages):
+            kwargs["target"] = torch.randn(microbatches, width)
+        if return_outputs is not None:
+            kwargs["return_outputs"] = return_outputs
+        args = (torch.randn(microbatches, width),) if any(s.is_first for s in stages) else ()
+        built.step(*args, **kwargs)
+        after = live["outputs"]
+    return {"at_backward": at_backward, "after_step": after}
+
+
+def _watch(stage, live: dict[str, int], at_backward: list[tuple[int, int]]) -> None:
+    forward, backward = stage.forward_one_chunk, stage.backward_one_chunk
+
+    def watched_forward(*args, **kwargs):
+        output = forward(*args, **kwargs)
+        live["outputs"] += 1
+        live["forwards"] += 1
+        weakref.finalize(output, _drop, live)
+        return output
+
+    def watched_backward(*args, **kwargs):
+        at_backward.append((live["outputs"], live["forwards"] - live["backwards"]))
+        live["backwards"] += 1
+        return backward(*args, **kwargs)
+
+    stage.forward_one_chunk, stage.backward_one_chunk = watched_forward, watched_backward
+
+
+def _drop(live: dict[str, int]) -> None:
+    live["outputs"] -= 1
+
+
+def _summary(result: dict[str, object]) -> str:
+    pairs = result["at_backward"]
+    peak_in_flight = max(chunks for _, chunks in pairs)
+    outputs_at_peak = max(outputs for outputs, chunks in pairs if chunks == peak_in_flight)
+    return (f"in flight {peak_in_flight:2d}, live outputs then {outputs_at_peak:2d}, "
+            f"after step {result['after_step']:2d}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pp", type=int, default=8)
+    parser.add_argument("--microbatches", type=int, default=8)
+    options = parser.parse_args(argv)
+    has_flag = "return_outputs" in inspect.signature(
+        __import__("torch.distributed.pipelining.schedules", fromlist=["x"]).PipelineScheduleSingle.step).parameters
+    print(f"torch {torch.__version__}, pp {options.pp}, {options.microbatches} micro-batches")
+    for schedule in SCHEDULES:
+        for flag in ((False, True) if has_flag else (None,)):
+            label = f"{schedule}" + ("" if flag is None else f", return_outputs={flag}")
+            print(label)
+            for rank in range(options.pp):
+                print(f"  rank {rank}: " + _summary(rank_outputs(schedule, options.pp, options.microbatches, rank, flag)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

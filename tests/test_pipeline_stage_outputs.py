@@ -1,0 +1,83 @@
+"""The stage outputs torch's pipeline schedules hold (zeroplan.core.parallel.activations
+pipeline_stage_output_bytes): in flight under torchtitan 0.3.0 (torch 2.13, return_outputs=False),
+every micro-batch's on every stage under 9dec370 (torch 2.6.0's output_chunks), against torch's
+own schedules on a fake process group (benchmarks/torchtitan_pipeline_outputs.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from zeroplan.cli.fit import check_options_apply, request_from_args
+from zeroplan.cli.main import build_parser
+from zeroplan.core.parallel.activations import pipeline_stage_output_bytes
+from zeroplan.core.parallel.pipeline import in_flight_chunks
+from zeroplan.specs.parallel import PipelineSchedule
+from zeroplan.specs.strategy import StrategyKind
+
+ROOT = Path(__file__).resolve().parent.parent
+BF16 = 2
+MICRO, SEQ, HIDDEN, VOCAB, TP, PP = 4, 8192, 16384, 128256, 8, 8
+RESIDUAL = BF16 * MICRO * SEQ * HIDDEN // TP
+"""A stage's output: the sequence-parallel residual stream of Llama-3.1-405B (128 MiB)."""
+LOGITS = BF16 * MICRO * SEQ * (VOCAB // TP)
+"""The last stage's: its bf16 logits, vocab-sharded under loss_parallel."""
+
+
+def _request(schedule: str, *release: str):
+    args = build_parser().parse_args([
+        "fit", "llama-3.1-405b", "--gpus", "512", "--gpu", "h100-80gb", "--micro-batch", str(MICRO),
+        "--seq-len", str(SEQ), "--grad-accum", "8", "--activation-checkpointing", "full", "--framework", "torchtitan",
+        "--tp", str(TP), "--pp", str(PP), "--pp-schedule", schedule, "--unchunked-loss", *release])
+    check_options_apply(args)
+    return request_from_args(args, StrategyKind.fsdp_full_shard)
+
+
+def _outputs(request, rank: int) -> int:
+    at = request.at_pipeline_rank(rank)
+    return pipeline_stage_output_bytes(at, in_flight_chunks(at.parallel, rank, at.batch.grad_accum_steps))
+
+
+def test_in_flight_micro_batches_hold_their_stage_outputs_under_0_3_0() -> None:
+    request = _request("1f1b")
+    # 1F1B: p - r in flight; the last stage's one is its loss's logits, which the loss counts.
+    assert [_outputs(request, rank) for rank in range(PP)] == [(PP - rank) * RESIDUAL for rank in range(PP - 1)] + [0]
+
+
+def test_9dec370_keeps_every_micro_batchs_output_on_every_stage() -> None:
+    one = _request("1f1b", "--torchtitan-release", "9dec370")
+    assert [_outputs(one, rank) for rank in range(PP - 1)] == [8 * RESIDUAL] * (PP - 1)
+    # The last stage: the seven earlier micro-batches' logits beside the one its loss is on.
+    assert _outputs(one, PP - 1) == 7 * LOGITS
+    interleaved = _request("interleaved-1f1b", "--torchtitan-release", "9dec370")
+    assert interleaved.parallel.pp_schedule is PipelineSchedule.interleaved_1f1b
+    assert _outputs(interleaved, 0) == 16 * RESIDUAL
+    assert _outputs(interleaved, PP - 1) == 8 * RESIDUAL + 7 * LOGITS
+
+
+def _measure():
+    spec = importlib.util.spec_from_file_location("torchtitan_pipeline_outputs",
+                                                  ROOT / "benchmarks" / "torchtitan_pipeline_outputs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.rank_outputs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule,planned", [("1F1B", PipelineSchedule.one_f_one_b),
+                                              ("Interleaved1F1B", PipelineSchedule.interleaved_1f1b)])
+def test_torchs_schedules_hold_one_output_per_chunk_in_flight(schedule: str, planned: PipelineSchedule) -> None:
+    rank_outputs = _measure()
+    request = _request(planned.value)
+    for rank in (0, PP // 2, PP - 1):
+        measured = rank_outputs(schedule, PP, 8, rank, return_outputs=False)
+        at = request.at_pipeline_rank(rank)
+        chunks = in_flight_chunks(at.parallel, rank, 8)
+        # At every backward the live outputs are the chunks in flight; the largest is the planner's.
+        assert all(outputs == in_flight for outputs, in_flight in measured["at_backward"])
+        assert max(in_flight for _, in_flight in measured["at_backward"]) == chunks
+        assert measured["after_step"] == 0
+    # Without return_outputs=False (9dec370's call) torch 2.13 keeps the last stage's m outputs too.
+    assert _measure()(schedule, PP, 8, PP - 1)["after_step"] == 8
