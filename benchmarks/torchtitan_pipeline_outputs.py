@@ -91,6 +91,10 @@ def rank_outputs(schedule: str, pp: int, microbatches: int, rank: int,
     num_stages = pp * per_rank
     live = {"outputs": 0, "forwards": 0, "backwards": 0}
     at_backward: list[tuple[int, int]] = []
+    # Backwards run per stage index, to tell how many stages are between their first and their
+    # m-th (last_backward) backward at once: those hold FSDP's unsharded gradient accumulators.
+    per_stage: dict[int, int] = {}
+    accumulating: list[int] = []
     with _fake_group(pp, rank), _static_shapes():
         stages = []
         # torchtitan 9dec370 pipelining_utils.stage_ids_this_rank, style "loop".
@@ -100,7 +104,7 @@ def rank_outputs(schedule: str, pp: int, microbatches: int, rank: int,
                 input_args=torch.empty(1, width, requires_grad=index != 0),
                 output_args=torch.empty(1, width, requires_grad=True),
             )
-            _watch(stage, live, at_backward)
+            _watch(stage, live, at_backward, per_stage, accumulating, microbatches)
             stages.append(stage)
         cls = get_schedule_class(schedule)
         built = cls(stages if per_rank > 1 else stages[0], n_microbatches=microbatches, loss_fn=_loss)
@@ -112,10 +116,11 @@ def rank_outputs(schedule: str, pp: int, microbatches: int, rank: int,
         args = (torch.randn(microbatches, width),) if any(s.is_first for s in stages) else ()
         built.step(*args, **kwargs)
         after = live["outputs"]
-    return {"at_backward": at_backward, "after_step": after}
+    return {"at_backward": at_backward, "after_step": after, "accumulating_stages": max(accumulating)}
 
 
-def _watch(stage, live: dict[str, int], at_backward: list[tuple[int, int]]) -> None:
+def _watch(stage, live: dict[str, int], at_backward: list[tuple[int, int]], per_stage: dict[int, int],
+           accumulating: list[int], microbatches: int) -> None:
     forward, backward = stage.forward_one_chunk, stage.backward_one_chunk
 
     def watched_forward(*args, **kwargs):
@@ -128,6 +133,9 @@ def _watch(stage, live: dict[str, int], at_backward: list[tuple[int, int]]) -> N
     def watched_backward(*args, **kwargs):
         at_backward.append((live["outputs"], live["forwards"] - live["backwards"]))
         live["backwards"] += 1
+        per_stage[stage.stage_index] = per_stage.get(stage.stage_index, 0) + 1
+        accumulating.append(sum(1 for done in per_stage.values() if done < microbatches) + (
+            per_stage[stage.stage_index] == microbatches))
         return backward(*args, **kwargs)
 
     stage.forward_one_chunk, stage.backward_one_chunk = watched_forward, watched_backward
@@ -142,7 +150,8 @@ def _summary(result: dict[str, object]) -> str:
     peak_in_flight = max(chunks for _, chunks in pairs)
     outputs_at_peak = max(outputs for outputs, chunks in pairs if chunks == peak_in_flight)
     return (f"in flight {peak_in_flight:2d}, live outputs then {outputs_at_peak:2d}, "
-            f"after step {result['after_step']:2d}")
+            f"after step {result['after_step']:2d}; stages accumulating gradients at once "
+            f"{result['accumulating_stages']}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,19 +1,23 @@
 """The stage outputs torch's pipeline schedules hold (zeroplan.core.parallel.activations
 pipeline_stage_output_bytes): in flight under torchtitan 0.3.0 (torch 2.13, return_outputs=False),
-every micro-batch's on every stage under 9dec370 (torch 2.6.0's output_chunks), against torch's
-own schedules on a fake process group (benchmarks/torchtitan_pipeline_outputs.py)."""
+every micro-batch's on every stage under 9dec370 (torch 2.6.0's output_chunks); and the stages
+whose FSDP gradients accumulate at once (zeroplan.core.parallel.units
+accumulating_trainable_elements); against torch's own schedules on a fake process group
+(benchmarks/torchtitan_pipeline_outputs.py)."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from zeroplan.cli.fit import check_options_apply, request_from_args
 from zeroplan.cli.main import build_parser
 from zeroplan.core.parallel.activations import pipeline_stage_output_bytes
 from zeroplan.core.parallel.pipeline import in_flight_chunks
+from zeroplan.core.parallel.units import accumulating_trainable_elements, rank_trainable_elements
 from zeroplan.specs.parallel import PipelineSchedule
 from zeroplan.specs.strategy import StrategyKind
 
@@ -26,10 +30,10 @@ LOGITS = BF16 * MICRO * SEQ * (VOCAB // TP)
 """The last stage's: its bf16 logits, vocab-sharded under loss_parallel."""
 
 
-def _request(schedule: str, *release: str):
+def _request(schedule: str, *release: str, microbatches: int = 8):
     args = build_parser().parse_args([
         "fit", "llama-3.1-405b", "--gpus", "512", "--gpu", "h100-80gb", "--micro-batch", str(MICRO),
-        "--seq-len", str(SEQ), "--grad-accum", "8", "--activation-checkpointing", "full", "--framework", "torchtitan",
+        "--seq-len", str(SEQ), "--grad-accum", str(microbatches), "--activation-checkpointing", "full", "--framework", "torchtitan",
         "--tp", str(TP), "--pp", str(PP), "--pp-schedule", schedule, "--unchunked-loss", *release])
     check_options_apply(args)
     return request_from_args(args, StrategyKind.fsdp_full_shard)
@@ -57,6 +61,19 @@ def test_9dec370_keeps_every_micro_batchs_output_on_every_stage() -> None:
     assert _outputs(interleaved, PP - 1) == 8 * RESIDUAL + 7 * LOGITS
 
 
+def test_one_round_of_interleaved_1f1b_accumulates_one_stages_gradients_at_a_time() -> None:
+    # Rank 7 runs stage 7 (blocks 56-63) and stage 15 (blocks 119-125 and the head).
+    last = _request("interleaved-1f1b").at_pipeline_rank(PP - 1)
+    block = (2 * HIDDEN * HIDDEN + 2 * 1024 * HIDDEN + 3 * HIDDEN * 53248) // TP + 2 * HIDDEN
+    assert accumulating_trainable_elements(last) == 8 * block
+    assert rank_trainable_elements(last) == 15 * block + VOCAB // TP * HIDDEN + HIDDEN
+    # Two rounds (m = 2p) alternate the stages: both accumulate.
+    two_rounds = _request("interleaved-1f1b", microbatches=16).at_pipeline_rank(PP - 1)
+    assert accumulating_trainable_elements(two_rounds) == rank_trainable_elements(two_rounds)
+    assert accumulating_trainable_elements(_request("1f1b").at_pipeline_rank(0)) == rank_trainable_elements(
+        _request("1f1b").at_pipeline_rank(0))
+
+
 def _measure():
     spec = importlib.util.spec_from_file_location("torchtitan_pipeline_outputs",
                                                   ROOT / "benchmarks" / "torchtitan_pipeline_outputs.py")
@@ -79,5 +96,33 @@ def test_torchs_schedules_hold_one_output_per_chunk_in_flight(schedule: str, pla
         assert all(outputs == in_flight for outputs, in_flight in measured["at_backward"])
         assert max(in_flight for _, in_flight in measured["at_backward"]) == chunks
         assert measured["after_step"] == 0
+        # One stage's gradients accumulate at a time on every rank (one round: m < 2p).
+        assert measured["accumulating_stages"] == 1
     # Without return_outputs=False (9dec370's call) torch 2.13 keeps the last stage's m outputs too.
-    assert _measure()(schedule, PP, 8, PP - 1)["after_step"] == 8
+    assert rank_outputs(schedule, PP, 8, PP - 1)["after_step"] == 8
+    if planned is PipelineSchedule.interleaved_1f1b:
+        assert rank_outputs(schedule, PP, 16, 0, return_outputs=False)["accumulating_stages"] == 2
+
+
+@pytest.mark.slow
+def test_the_plan_search_follows_the_accumulators_across_rounds_and_plans_9dec370_pipelines_scalar() -> None:
+    from zeroplan.core.search import LayoutSpace, _at, _fit_group, evaluate, groups, scalar_evaluate
+    from zeroplan.presets.gpus import get_gpu
+    from zeroplan.presets.models import get_model
+    from zeroplan.specs import BatchSpec, PlanRequest, StrategySpec, TrainingSpec, cluster_from_gpus
+
+    base = PlanRequest(model=get_model("llama-3.1-8b"), cluster=cluster_from_gpus(get_gpu("h100-80gb"), 16),
+                       strategy=StrategySpec(kind=StrategyKind.ddp), batch=BatchSpec(seq_len=2048), training=TrainingSpec())
+    space = LayoutSpace(tp=1, pp=2, pp_schedules=(PipelineSchedule.interleaved_1f1b,))
+    group = next(g for g in groups(base, space=space)
+                 if g.request.parallel.virtual_stages == 2 and g.request.strategy.kind is StrategyKind.fsdp_full_shard)
+    _fit_group(group)
+    assert not group.scalar_only
+    # One round below m = 2p = 4, two from it on: the accumulators change between.
+    micro, accum = np.array([1, 3, 2, 1]), np.array([3, 4, 8, 17])
+    peak, _, _ = evaluate(group, micro, accum)
+    for k in range(len(micro)):
+        assert abs(int(peak[k]) - scalar_evaluate(_at(group.request, int(micro[k]), int(accum[k])))[0]) <= 1
+    from zeroplan.core.search import _build_group
+
+    assert _build_group(_request("1f1b", "--torchtitan-release", "9dec370")).scalar_only

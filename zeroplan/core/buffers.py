@@ -11,7 +11,7 @@ from zeroplan.core.model_states import (
     largest_optimizer_tensor_elements, largest_tensor_shard_elements, padded_unit_elements_of, unit_gather_bytes,
 )
 from zeroplan.core.parallel.pipeline import pipeline_defers_fsdp_reduction
-from zeroplan.core.parallel.units import rank_parameter_units, rank_trainable_elements
+from zeroplan.core.parallel.units import accumulating_trainable_elements, rank_parameter_units, rank_trainable_elements
 from zeroplan.core.profiles import fsdp_separates_embedding_and_head, profile
 from zeroplan.core.zero3_groups import hpz_secondary_partition_bytes
 from zeroplan.core.zeropp import qgz_buffer_bytes, qwz_buffer_bytes
@@ -117,8 +117,9 @@ def backward_held_buffer_bytes(request: PlanRequest) -> int:
     if deferred:
         # A pipeline stage's FSDP2 without gradient sync upcasts each unsharded gradient to the
         # reduce dtype and accumulates it there (torch 2.13 _fully_shard/_fsdp_param.py
-        # to_accumulated_grad_if_needed) until perform_reduce_grad.
-        held += rank_trainable_elements(request) * gradient_wire_bytes(request)
+        # to_accumulated_grad_if_needed) until perform_reduce_grad; an interleaved schedule of
+        # one round reduces each stage before the next one's backwards start.
+        held += accumulating_trainable_elements(request) * gradient_wire_bytes(request)
     elif accumulating and kind.zero_stage >= 2:
         # no_sync(): unsharded gradients accumulate locally until the last micro-batch.
         held += rank_trainable_elements(request) * eb.compute_parameter

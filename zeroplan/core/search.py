@@ -28,7 +28,9 @@ from zeroplan.core.algorithms import _call_sizes, call_pricing
 from zeroplan.core.communication import Phase, collectives
 from zeroplan.core.feasibility import usable_memory_bytes
 from zeroplan.core.parallel.collectives import model_parallel_collectives
-from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
+from zeroplan.core.layout import gradient_wire_bytes
+from zeroplan.core.parallel.pipeline import in_flight_chunks, pipeline_defers_fsdp_reduction, rank_stages
+from zeroplan.core.parallel.units import accumulating_trainable_elements
 from zeroplan.core.peak import PeakTerms, moment_totals
 from zeroplan.core.plan import (
     allocator_answer, host_memory_fits, memory_breakdown, micro_batch_terms, peak_terms,
@@ -36,7 +38,7 @@ from zeroplan.core.plan import (
 from zeroplan.core.collector import cyclic_gc_paused
 from zeroplan.core.compiled import runs_checkpointing
 from zeroplan.progress import progress
-from zeroplan.core.profiles import check_framework_strategies, framework_strategies, profile
+from zeroplan.core.profiles import check_framework_strategies, framework_strategies, profile, torchtitan_keeps_stage_outputs
 from zeroplan.core.timing import (
     StepTime,
     collective_time_s,
@@ -86,6 +88,10 @@ class _RankClass:
     chunk_slope: int = 0
     """Bytes one in-flight chunk keeps, affine in b (0 when the count never changes)."""
     host_fits: dict[bool, bool] = field(default_factory=dict)
+    accumulators_fitted: dict[bool, int] = field(default_factory=dict)
+    """The deferred FSDP gradient accumulators (_accumulator_bytes) at the accumulations fitted."""
+    accumulators: dict[int, int] = field(default_factory=dict)
+    """Per accumulation: _accumulator_bytes (which stages accumulate at once changes with it)."""
     phase_intercepts_s: np.ndarray | None = None
     phase_slopes_s: np.ndarray | None = None
     cpu_optimizer_s: float = 0.0
@@ -205,6 +211,23 @@ def _activation_mask(request: PlanRequest, count: int) -> np.ndarray:
     return np.array(mask + [1] * (count - len(mask)), dtype=np.int64)
 
 
+def _held_mask(count: int) -> np.ndarray:
+    # peak_moments: the backward-held buffers are alive at a block's backward, at the end of
+    # backward and at the loss's moments, not in the optimizer step (the order of _moments).
+    moments = [m for m in PeakMoment if m is not PeakMoment.loss_backward]
+    mask = [0 if m is PeakMoment.optimizer_step else 1 for m in moments]
+    return np.array(mask + [1] * (count - len(mask)), dtype=np.int64)
+
+
+def _accumulator_bytes(request: PlanRequest, accum: int) -> int:
+    """The unsharded gradient accumulators a pipeline's deferred FSDP reduction holds at ``accum``
+    micro-batches (zeroplan.core.parallel.units.accumulating_trainable_elements: an interleaved
+    schedule of one round accumulates one stage's at a time, of more rounds all of them)."""
+    if not pipeline_defers_fsdp_reduction(request.parallel, request.strategy.kind.is_fsdp):
+        return 0
+    return accumulating_trainable_elements(_at(request, 1, accum)) * gradient_wire_bytes(request)
+
+
 _PHASES = tuple(Phase)
 
 
@@ -311,6 +334,7 @@ def _fit_class(request: PlanRequest, family: dict, layout_cache: dict) -> _RankC
         cls.chunk_slope = chunk[1] - chunk[0]
         cls.chunk_intercept = chunk[0] - cls.chunk_slope
     cls.activation_moments = _activation_mask(request, len(fitted[1, 1][0]))
+    cls.accumulators_fitted = {False: _accumulator_bytes(request, 1), True: _accumulator_bytes(request, 2)}
     for accumulating, a in ((False, 1), (True, 2)):
         (one, host_bytes, _), (two, _, _) = fitted[a, 1], fitted[a, 2]
         chunk_one, chunk_two = cls.chunk_intercept + cls.chunk_slope, cls.chunk_intercept + 2 * cls.chunk_slope
@@ -386,6 +410,11 @@ def _fit_group(group: _Group) -> None:
     if request.training.fused_linear_cross_entropy:
         group.scalar_only = True
         return
+    # Under torchtitan 9dec370 a pipeline stage keeps every micro-batch's output to the step's
+    # end (activations.pipeline_stage_output_bytes): m outputs, not the chunks in flight.
+    if request.parallel.pp > 1 and request.training.framework is Framework.torchtitan and torchtitan_keeps_stage_outputs(request.training):
+        group.scalar_only = True
+        return
     for rank in _rank_classes(request):
         at = request.at_pipeline_rank(rank) if request.parallel.pp > 1 else request
         cls = _fit_class(at, family, layout_cache)
@@ -457,10 +486,15 @@ def _class_values(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[
         count = (_per_value(distinct_accum, cls.in_flight, lambda a, rank=cls.rank: in_flight_chunks(parallel, rank, a))
                  if parallel.pp > 1 else 1)
         in_flight = (count * (cls.chunk_intercept + cls.chunk_slope * micro64)).astype(np.int64)
+        accumulators = (_per_value(distinct_accum, cls.accumulators, lambda a, r=cls.request: _accumulator_bytes(r, a))
+                        if parallel.pp > 1 and parallel.virtual_stages > 1 else None)
         for flag in (False, True):
             rows = accumulating == flag
             moments = (cls.moment_intercepts[flag][:, None] + cls.moment_slopes[flag][:, None] * micro64[None, rows]
                        + cls.activation_moments[:, None] * in_flight[None, rows])
+            if accumulators is not None:
+                extra = accumulators[rows].astype(np.int64) - cls.accumulators_fitted[flag]
+                moments = moments + _held_mask(len(cls.activation_moments))[:, None] * extra[None, :]
             allocated[c, rows] = moments.max(axis=0)
             host_ok[c, rows] = cls.host_fits[flag]
         phases = cls.phase_intercepts_s[:, None] + cls.phase_slopes_s[:, None] * accum_f[None, :]

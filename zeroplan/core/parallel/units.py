@@ -127,3 +127,36 @@ def holds_head(request: PlanRequest) -> bool:
 
 def holds_embedding(request: PlanRequest) -> bool:
     return request.parallel.pp == 1 or any(unit.name == "embedding" for unit in rank_parameter_units(request))
+
+
+def _stage_of(unit: ParamUnit, stages) -> int:
+    """Which of the rank's stages holds ``unit`` (embedding on the first, head on the last)."""
+    for position, stage in enumerate(stages):
+        if unit.name == "embedding" and stage.has_embedding or unit.name == "head" and stage.has_head:
+            return position
+        if unit.name.startswith("block.") and stage.first_block <= int(unit.name.split(".")[1]) < stage.first_block + stage.num_blocks:
+            return position
+    return 0
+
+
+# torch 2.13 (and 2.6.0) distributed/pipelining/schedules.py ScheduleInterleaved1F1B
+# backward_stage_index: the local stage changes every microbatches_per_round = m // max(1, m // p)
+# backwards, and a stage's m-th backward (last_backward) runs FSDP's post-backward, which
+# reduce-scatters and frees that stage's accumulated unsharded gradients (stage.py
+# backward_maybe_with_nosync). With one round (m < 2p) a stage runs all its backwards before the
+# next one starts: one stage's accumulators are alive at a time (counted on torch's own schedule:
+# benchmarks/torchtitan_pipeline_outputs.py, 1 stage on every rank at pp 8 and m 8, 2 at m 16).
+def accumulating_trainable_elements(request: PlanRequest) -> int:
+    """Trainable elements of the rank's stages whose unsharded gradients accumulate at once under
+    a pipeline's deferred FSDP reduction: the largest stage's where the schedule runs its stages'
+    backwards one stage after another, else all the rank holds."""
+    parallel = request.parallel
+    microbatches = request.batch.grad_accum_steps
+    if (parallel.virtual_stages == 1 or parallel.pp_schedule is not PipelineSchedule.interleaved_1f1b
+            or microbatches // parallel.pp > 1):
+        return rank_trainable_elements(request)
+    stages = rank_stages(parallel, request.model.num_layers, request.training.framework, parallel.pipeline_rank)
+    per_stage = [0] * len(stages)
+    for unit in rank_trainable_units(request):
+        per_stage[_stage_of(unit, stages)] += unit.numel
+    return max(per_stage)
