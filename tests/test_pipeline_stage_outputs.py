@@ -17,7 +17,10 @@ from zeroplan.cli.fit import check_options_apply, request_from_args
 from zeroplan.cli.main import build_parser
 from zeroplan.core.parallel.activations import pipeline_stage_output_bytes
 from zeroplan.core.parallel.pipeline import in_flight_chunks
-from zeroplan.core.parallel.units import accumulating_trainable_elements, rank_trainable_elements
+from zeroplan.core.parallel.units import (
+    accumulating_trainable_elements,
+    rank_trainable_elements,
+)
 from zeroplan.specs.parallel import PipelineSchedule
 from zeroplan.specs.strategy import StrategyKind
 
@@ -106,10 +109,23 @@ def test_torchs_schedules_hold_one_output_per_chunk_in_flight(schedule: str, pla
 
 @pytest.mark.slow
 def test_the_plan_search_follows_the_accumulators_across_rounds_and_plans_9dec370_pipelines_scalar() -> None:
-    from zeroplan.core.search import LayoutSpace, _at, _fit_group, evaluate, groups, scalar_evaluate
+    from zeroplan.core.search import (
+        LayoutSpace,
+        _at,
+        _fit_group,
+        evaluate,
+        groups,
+        scalar_evaluate,
+    )
     from zeroplan.presets.gpus import get_gpu
     from zeroplan.presets.models import get_model
-    from zeroplan.specs import BatchSpec, PlanRequest, StrategySpec, TrainingSpec, cluster_from_gpus
+    from zeroplan.specs import (
+        BatchSpec,
+        PlanRequest,
+        StrategySpec,
+        TrainingSpec,
+        cluster_from_gpus,
+    )
 
     base = PlanRequest(model=get_model("llama-3.1-8b"), cluster=cluster_from_gpus(get_gpu("h100-80gb"), 16),
                        strategy=StrategySpec(kind=StrategyKind.ddp), batch=BatchSpec(seq_len=2048), training=TrainingSpec())
