@@ -13,7 +13,10 @@ Per pipeline rank of a fake process group (every collective returns at once), ea
 Linear probe built with its shapes given: the schedule's step() is run with the stage's
 forward_one_chunk and backward_one_chunk wrapped; every output forward_one_chunk makes is
 watched with a weakref finaliser. At each backward the live outputs and the chunks in flight
-(forwards done less backwards done) are read; after step() the outputs still alive.
+(forwards done less backwards done) are read, and how many of the rank's stages are between
+their first and their m-th backward (FSDP2 keeps a stage's unsharded gradient accumulators over
+that span: stage.py backward_maybe_with_nosync reduces at last_backward); after step() the
+outputs still alive.
 
     python benchmarks/torchtitan_pipeline_outputs.py [--pp 8] [--microbatches 8]
 
@@ -22,6 +25,8 @@ Runs under any torch from 2.6 (only torch is imported). Measured (pp 8, 8 micro-
 at the rank's largest backward, live outputs = chunks in flight on every rank under torch 2.13
 with return_outputs False; under torch 2.6.0 every stage's outputs stay, all v x m of a rank at
 the end of its forwards (1F1B: 8 on every rank; interleaved 1F1B: 16) and after step().
+Interleaved 1F1B accumulates one stage's gradients at a time on every rank at 8 micro-batches
+(one round) and two at 16, under both releases.
 """
 
 from __future__ import annotations
