@@ -202,12 +202,30 @@ def attention_rate_report(table) -> list[str]:  # type: ignore[no-untyped-def]
                      f"{statistics.median(f.calibrated):.1%}, max {max(f.calibrated):.1%}; flat HFU {FLAT_HFU:g}, "
                      f"{len(f.default)} rows: median {statistics.median(f.default):.1%}, max {max(f.default):.1%}; "
                      f"refused by calibrate step: {len(f.refused)} rows")
+    lines += ["", *uncalibrated_by_source_lines(table, figures)]
     lines += ["", *attention_efficiency_lines(table)]
     lines.append("")
     for f in figures:
         lines.append(f"attention rate {f.mode}, uncalibrated, {len(f.kernel_class)} rows: fitted default (HFU per GPU "
                      f"generation x kernel class) leave-one-source-out: median {statistics.median(f.kernel_class):.1%}, "
                      f"max {max(f.kernel_class):.1%}")
+    return lines
+
+
+def uncalibrated_by_source_lines(table, figures) -> list[str]:  # type: ignore[no-untyped-def]
+    """Each mode's fitted default (HFU per GPU generation x kernel class, and under 'kernel' the
+    attention efficiency, fitted leave-one-source-out), by source."""
+    from zeroplan.validate.step_calibration import source_label
+
+    lines = ["Uncalibrated, by source (the fitted default of each --attention-rate, fitted on the other sources):", "",
+             "| source | rows | " + " | ".join(f"{f.mode}: median | max" for f in figures) + " |",
+             "|---|---:|" + "---:|---:|" * len(figures)]
+    by_source: dict[str, list[int]] = {}
+    for index, row in enumerate(table.rows):
+        by_source.setdefault(source_label(row), []).append(index)
+    for label, indices in by_source.items():
+        cells = [_abs_figures([f.kernel_class[i] for i in indices]) for f in figures]
+        lines.append(f"| {label} | {len(indices)} | " + " | ".join(cells) + " |")
     return lines
 
 
