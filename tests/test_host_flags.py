@@ -42,3 +42,22 @@ def test_fewer_cores_and_less_bandwidth_slow_the_cpu_step() -> None:
 def test_bad_host_input_is_one_line(zeroplan_cli, flags, message) -> None:
     code, out, err = zeroplan_cli("fit", "llama-3.1-8b", *flags)
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and message in err
+
+
+def test_cuda_context_mib_sets_the_memory_outside_the_allocator() -> None:
+    from zeroplan.core.feasibility import usable_memory_bytes
+
+    default, stated = _request(), _request("--cuda-context-mib", "1573")
+    assert default.cluster.cuda_context_bytes == 512 * 2**20
+    assert stated.cluster.cuda_context_bytes == 1573 * 2**20
+    # The usable memory shrinks by exactly the difference (NCCL's buffers are the same).
+    assert usable_memory_bytes(default) - usable_memory_bytes(stated) == (1573 - 512) * 2**20
+
+
+@pytest.mark.parametrize("value, message", [
+    ("0", "--cuda-context-mib"),
+    ("81920", "--cuda-context-mib: must be smaller than the GPU memory"),
+])
+def test_bad_cuda_context_is_one_line(zeroplan_cli, value, message) -> None:
+    code, out, err = zeroplan_cli("fit", "llama-3.1-8b", "--cuda-context-mib", value)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and message in err

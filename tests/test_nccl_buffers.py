@@ -88,6 +88,24 @@ def test_a_3d_layout_sums_one_communicator_per_group() -> None:
     assert any(c.name.startswith("embedding") for c in communicators(first)) is tied
 
 
+def test_the_deepspeed_pipeline_engine_opens_its_grid_stage_and_slice_groups() -> None:
+    # The loss broadcast over the grid's pipe group (pp ranks, one a node at tp 8 x dp 8) and the
+    # partitioned stage outputs' all-gathers over its slice group (the tp ranks, inside the node):
+    # communicators beside Megatron's tensor-parallel one, on every stage.
+    request = _request(Framework.megatron_deepspeed, StrategyKind.zero1, gpus=256, tp=8, pp=4, pipeline_rank=1, accum=8)
+    found = {c.name: c for c in communicators(request)}
+    stages = found["pipeline engine stages (loss broadcast)"]
+    slice_ = found["pipeline engine slice (partitioned stage outputs)"]
+    assert (stages.group_size, stages.ranks_per_node, stages.bytes) == (4, 1, ring_bytes(4, 1, 16))
+    assert (slice_.group_size, slice_.ranks_per_node, slice_.bytes) == (8, 8, ring_bytes(8, 8, 16))
+    assert "tensor parallel" in found
+    # Without a pipeline the engine runs neither; Megatron-LM's profile never does.
+    assert not any(name.startswith("pipeline engine") for name in
+                   (c.name for c in communicators(_request(Framework.megatron_deepspeed, StrategyKind.zero1, gpus=64, tp=8, accum=8))))
+    megatron = _request(Framework.megatron, StrategyKind.zero1, gpus=256, tp=8, pp=4, pipeline_rank=1, accum=8)
+    assert not any(c.name.startswith("pipeline engine") for c in communicators(megatron))
+
+
 
 def test_the_header_gives_the_range_where_the_strategies_communicators_differ() -> None:
     from types import SimpleNamespace

@@ -16,6 +16,7 @@ from zeroplan.allocator.fsdp_schedule import forward_cache_parts, record_fsdp_st
 from zeroplan.allocator.replay import Ops
 from zeroplan.allocator.trace import AllocationTrace, Stream
 from zeroplan.core.activations import layer_terms
+from zeroplan.core.deepspeed_step import runs_flat_step
 from zeroplan.core.largest_unit import largest_unit_elements
 from zeroplan.core.layout import gradient_wire_bytes
 from zeroplan.specs.request import PlanRequest
@@ -133,12 +134,16 @@ def _recorded_step(request: PlanRequest, states: ModelStateBytes, terms: PeakTer
         gradients = []
         b.free(b.alloc_parts(even_parts(ending, blocks + 1)) + unit)
         unit = []
+    # DeepSpeed's ZeRO-1/2 step reads one flat fp32 gradient partition and makes its temporaries
+    # (the norm's fp64 copy of one gradient, an optimizer temporary over the flat partition) one
+    # tensor at a time (zeroplan.core.deepspeed_step): whole tensors here, not per-unit parts.
+    parts = 1 if runs_flat_step(request) else blocks + 1
     if not gradients:
-        gradients = b.alloc_parts(even_parts(states.gradient_bytes, blocks + 1))
+        gradients = b.alloc_parts(even_parts(states.gradient_bytes, parts))
     b.free(unit)
     b.free(held)
 
     # Optimizer step: its temporaries per unit, then the gradients go (set_to_none).
-    b.free(b.alloc_parts(even_parts(terms.step_temporary, blocks + 1)))
+    b.free(b.alloc_parts(even_parts(terms.step_temporary, parts)))
     b.free(gradients)
     return b, f"planner schedule ({framework})"

@@ -15,6 +15,7 @@ from zeroplan.specs import (
     AttentionImplementation,
     AttentionKernel,
     BatchSpec,
+    ClusterSpec,
     Float8Recipe,
     Framework,
     HostSpec,
@@ -34,7 +35,7 @@ from zeroplan.specs import (
 from zeroplan.specs.framework import TORCHTITAN_RELEASES
 from zeroplan.specs.request import default_attention_kernel
 from zeroplan.specs.parallel import EXPERT_PARALLEL_STRATEGIES, ParallelSpec, PipelineSchedule
-from zeroplan.units import GB, GiB, ByteUnit
+from zeroplan.units import GB, GiB, MiB, ByteUnit
 
 
 def add_cluster_arguments(group: argparse._ArgumentGroup) -> None:
@@ -42,6 +43,9 @@ def add_cluster_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--gpus", type=positive_int, default=8, help="total GPUs (default 8)")
     group.add_argument("--gpu", default="a100-80gb", help="GPU name (see `zeroplan gpus`) or a JSON file (default a100-80gb)")
     group.add_argument("--gpu-memory-gib", type=positive_float, help="override the GPU's memory, in GiB")
+    group.add_argument("--cuda-context-mib", type=positive_float,
+                       help="the CUDA context and libraries' memory outside the allocator, in MiB, where a run "
+                            "states it (default 512: CUDA 12 with lazy module loading)")
     group.add_argument("--nodes", type=positive_int, help="number of nodes (default: --gpus / --gpus-per-node)")
     group.add_argument("--gpus-per-node", type=positive_int, help="GPUs per node (default min(--gpus, 8))")
     host = group.add_mutually_exclusive_group()
@@ -427,6 +431,9 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         model = ModelSpec(**{**dict(model), "moe_capacity_factor": args.moe_capacity_factor})
     cluster = cluster_from_gpus(_gpu(args), args.gpus, args.gpus_per_node, args.nodes)
     cluster = cluster.model_copy(update={"host": host_from_args(args)})
+    if getattr(args, "cuda_context_mib", None) is not None:
+        # Validated again (model_validate): a context at least the GPU's memory is refused in one line.
+        cluster = ClusterSpec.model_validate({**dict(cluster), "cuda_context_bytes": int(args.cuda_context_mib * MiB)})
     if args.host_memory_gib is not None or args.host_memory_gb is not None:
         host_bytes = int(args.host_memory_gib * GiB) if args.host_memory_gib is not None else int(args.host_memory_gb * GB)
         cluster = cluster.model_copy(update={"host_memory_bytes_per_node": host_bytes})

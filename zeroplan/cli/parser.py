@@ -172,6 +172,7 @@ FLAG_OF_FIELD = {
     "transformers_version": "--transformers-version",
     "training.paged_optimizer": "--paged-optimizer",
     "float8": "--float8",
+    "cluster.cuda_context_bytes": "--cuda-context-mib",
 }
 """The request's fields (the Python API's names, which its errors carry) and the flags that set
 them, so the command line names what its user typed. Words inside a message keep the field's

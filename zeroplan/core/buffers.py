@@ -3,7 +3,7 @@ temporaries. Each term names the library behaviour it models."""
 
 from __future__ import annotations
 
-from zeroplan.core import deepspeed_epilogue, deepspeed_offload
+from zeroplan.core import deepspeed_epilogue, deepspeed_offload, deepspeed_step
 from zeroplan.core.deepspeed_accumulation import resident_bytes as deepspeed_resident_bytes
 from zeroplan.core.largest_unit import largest_gathered_unit_bytes, largest_unit_elements
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes
@@ -348,11 +348,14 @@ def optimizer_step_temporary_bytes(request: PlanRequest, optimizer_elements: int
     eb = element_bytes(request.training.precision, request.convention)
     if request.training.optimizer_in_backward:
         return optimizer_in_backward_step_bytes(request, eb)
+    # DeepSpeed's ZeRO-1/2 step takes the gradient norm (one fp64 copy at a time) before the
+    # optimizer updates: the larger of the two is the step's temporary.
+    norm = deepspeed_step.norm_copy_bytes(request)
     if not step_makes_temporary(request):
-        return 0
+        return norm
     if optimizer_loop(request) is OptimizerLoop.for_loop:
-        return for_loop_step_temporary_bytes(request, eb)
-    return optimizer_elements * eb.optimizer_dtype
+        return max(norm, for_loop_step_temporary_bytes(request, eb))
+    return max(norm, optimizer_elements * eb.optimizer_dtype)
 
 
 # torchtune 0.6.1 recipes/full_finetune_distributed.py _setup_optimizer: with optimizer_in_bwd

@@ -136,6 +136,8 @@ def _communicators(request: PlanRequest) -> list[Communicator]:
     found.extend(_pipeline(request))
     if request.training.framework in MEGATRON_PROFILES:
         found.extend(_megatron(request, sizes))
+    if request.training.framework is Framework.megatron_deepspeed:
+        found.extend(_deepspeed_pipeline_grid(request, sizes))
     if request.training.framework is Framework.torchtitan:
         found.extend(_torchtitan(request, sizes))
     found.append(_world(request, sizes))
@@ -206,6 +208,23 @@ def _megatron(request: PlanRequest, sizes: tuple[int, ...]) -> list[Communicator
         found.append(Communicator(name="embedding (tied word embedding)", group_size=2, ranks_per_node=per_node,
                                   bytes=ring_bytes(2, per_node, channels)))
     return found
+
+
+# DeepSpeed 0.19.8's pipeline engine runs collectives on its own grid's groups, which
+# runtime/pipe/topology.py PipelineParallelGrid makes with dist.new_group beside Megatron's mpu
+# groups (other process groups over the same ranks, so other communicators): every train_batch
+# broadcasts the loss from the last stage over the grid's pipe group (runtime/pipe/engine.py:619,
+# 629, _aggregate_total_loss; topology.py:339), and under tensor parallelism (pipe_partitioned)
+# the stage outputs and their gradients cross the pipeline as 1/t parts that PartitionedTensor.full
+# all-gathers over the grid's slice group, the tp ranks (engine.py:713, 818, 833; topology.py:362):
+# on the receiving stage in forward, on the sending stage in backward. The layers' own tp
+# all-reduces stay on Megatron's tensor-parallel group. Both are ring collectives (a broadcast
+# and an all-gather), so each connects its ring.
+def _deepspeed_pipeline_grid(request: PlanRequest, sizes: tuple[int, ...]) -> list[Communicator | None]:
+    if request.parallel.pp < 2:
+        return []
+    return [_ring(request, "pipeline engine stages (loss broadcast)", sizes, (0,)),
+            _ring(request, "pipeline engine slice (partitioned stage outputs)", sizes, (3,))]
 
 
 # torchtitan (trainer.py): the loss is all-reduced over the "loss" mesh (dp x cp). Built on torch's
