@@ -202,11 +202,51 @@ def attention_rate_report(table) -> list[str]:  # type: ignore[no-untyped-def]
                      f"{statistics.median(f.calibrated):.1%}, max {max(f.calibrated):.1%}; flat HFU {FLAT_HFU:g}, "
                      f"{len(f.default)} rows: median {statistics.median(f.default):.1%}, max {max(f.default):.1%}; "
                      f"refused by calibrate step: {len(f.refused)} rows")
+    lines += ["", *uncalibrated_by_source_lines(table, figures)]
+    lines += ["", *attention_efficiency_lines(table)]
     lines.append("")
     for f in figures:
         lines.append(f"attention rate {f.mode}, uncalibrated, {len(f.kernel_class)} rows: fitted default (HFU per GPU "
                      f"generation x kernel class) leave-one-source-out: median {statistics.median(f.kernel_class):.1%}, "
                      f"max {max(f.kernel_class):.1%}")
+    return lines
+
+
+def uncalibrated_by_source_lines(table, figures) -> list[str]:  # type: ignore[no-untyped-def]
+    """Each mode's fitted default (HFU per GPU generation x kernel class, and under 'kernel' the
+    attention efficiency, fitted leave-one-source-out), by source."""
+    from zeroplan.validate.step_calibration import source_label
+
+    lines = ["Uncalibrated, by source (the fitted default of each --attention-rate, fitted on the other sources):", "",
+             "| source | rows | " + " | ".join(f"{f.mode}: median | max" for f in figures) + " |",
+             "|---|---:|" + "---:|---:|" * len(figures)]
+    by_source: dict[str, list[int]] = {}
+    for index, row in enumerate(table.rows):
+        by_source.setdefault(source_label(row), []).append(index)
+    for label, indices in by_source.items():
+        cells = [_abs_figures([f.kernel_class[i] for i in indices]) for f in figures]
+        lines.append(f"| {label} | {len(indices)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def attention_efficiency_lines(table) -> list[str]:  # type: ignore[no-untyped-def]
+    """--attention-rate kernel's attention efficiency (zeroplan.core.attention_efficiency): each
+    source that spans enough sequence lengths on its own rows, and the value each source is scored
+    at (fitted without it)."""
+    from zeroplan.validate.step_calibration import (
+        attention_efficiency_fit, source_attention_efficiencies, source_label, source_of,
+    )
+
+    labels = {source_of(row): source_label(row) for row in table.rows}
+    lines = ["Attention efficiency under --attention-rate kernel (the kernel's achieved rate over its published "
+             "one, zeroplan.core.attention_efficiency; each source's own two-unknown fit, and the value its rows "
+             "are scored at, fitted on the other sources):", "",
+             "| source | kernel | on its own rows | fitted without it |", "|---|---|---:|---:|"]
+    for source, kernel, e in source_attention_efficiencies(table):
+        held_out = dict(attention_efficiency_fit(table, source)).get(kernel, 1.0)
+        lines.append(f"| {labels[source]} | {kernel} | {e:.3f} | {held_out:.3f} |")
+    every = ", ".join(f"{kernel} {e:.3f}" for kernel, e in attention_efficiency_fit(table)) or "none"
+    lines += ["", f"attention efficiency fitted on every source (the planner's default): {every}"]
     return lines
 
 

@@ -212,3 +212,26 @@ def test_a_file_of_the_old_compute_basis_is_refused_in_one_line(capsys, tmp_path
     code, text, err = run(capsys, "compare", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", "--efficiency", str(old))
     assert code == 2 and text == ""
     assert len(err.strip().splitlines()) == 1 and "--efficiency" in err and "allowed: compute_basis matmul-attention" in err
+
+
+@pytest.mark.slow  # three CLI runs, about 0.5 s
+def test_a_file_solved_under_the_kernel_rate_carries_its_attention_efficiency(capsys, tmp_path: Path) -> None:
+    # zeroplan.core.attention_efficiency: the file records the e it solved at and --efficiency
+    # applies it with the HFU, so the measured step comes back; a larger e times attention faster.
+    flags = ("--attention-rate", "kernel", "--attention-impl", "flash-attn-triton")
+    out = _calibrate(capsys, tmp_path, *flags)
+    efficiency = load_efficiency(out)
+    from zeroplan.core.default_efficiency import default_table
+
+    assert efficiency.attention_efficiency == default_table().attention_efficiency["flash-attn-triton"]
+
+    def tokens(path: Path) -> float:
+        code, text, err = run(capsys, "compare", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", *flags,
+                              "--strategies", "fsdp-full-shard", "--format", "json", "--efficiency", str(path))
+        assert code == 0, err
+        return json.loads(text)["plans"][0]["time"]["tokens_per_s_per_gpu"]
+
+    assert tokens(out) == pytest.approx(7000, rel=1e-6)
+    faster = tmp_path / "faster.json"
+    faster.write_text(efficiency.model_copy(update={"attention_efficiency": 2 * efficiency.attention_efficiency}).model_dump_json())
+    assert tokens(faster) > 7000 * 1.01

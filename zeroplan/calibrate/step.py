@@ -36,7 +36,7 @@ docs/validation.md "Calibrated from one measured step"; tests/test_step_calibrat
 the printed figures); None until measured."""
 
 DEFAULT_BANDS: dict[str, tuple[float, float]] = {
-    "matmul": (0.099, 1.191), "published": (0.078, 0.483), "kernel": (0.068, 0.444),
+    "matmul": (0.099, 1.191), "published": (0.078, 0.483), "kernel": (0.056, 0.397),
 }
 """(median, max) |error| of tokens/s/GPU under the fitted default efficiency
 (zeroplan.core.default_efficiency), by attention-rate mode, over every published row with the
@@ -112,6 +112,10 @@ class StepEfficiency(Frozen):
     """PerformanceAssumptions.attention_rate the HFU was solved under (the HFU is the matrix
     products' under 'published' and 'kernel'); --efficiency applies it only under the same. A
     file without it was written when 'matmul' was the only rate."""
+    attention_efficiency: float | None = Field(default=None, gt=0)
+    """Under attention_rate 'kernel', attention's achieved rate over its kernel's published rate
+    the HFU was solved at (zeroplan.core.attention_efficiency); --efficiency applies it with the
+    HFU. None: another attention rate, or a file written before it was recorded."""
     compute_basis: Literal["all-kernels", "matmul-attention"] = "all-kernels"
     """What the HFU covers (zeroplan.core.timing.COMPUTE_BASIS): 'matmul-attention', the matrix
     products' and attention's FLOPs, the memory-bound kernels and the optimizer step timed apart
@@ -194,6 +198,7 @@ def calibrate_step(request: PlanRequest, measured_step_s: float, model: str, not
     batch, parallel, training = request.batch, request.parallel, request.training
     return StepEfficiency(
         hardware_flops_utilization=hfu, attention_rate=request.performance.attention_rate,
+        attention_efficiency=solved_attention_efficiency(request),
         gpu=request.cluster.gpu.name,
         gpu_display_name=request.cluster.gpu.display_name,
         framework=training.framework,
@@ -213,6 +218,18 @@ def calibrate_step(request: PlanRequest, measured_step_s: float, model: str, not
         predicted_communication_s=time.communication_s,
         predicted_exposed_communication_s=time.exposed_communication_s,
     )
+
+
+def solved_attention_efficiency(request: PlanRequest) -> float | None:
+    """Under --attention-rate kernel, the attention efficiency the request's step is timed at
+    (zeroplan.core.attention_efficiency); None under the other rates, where it does not apply."""
+    if request.performance.attention_rate != "kernel":
+        return None
+    from zeroplan.core.attention_efficiency import attention_efficiency
+    from zeroplan.core.attention_rate import kernel_name
+
+    training = request.training
+    return attention_efficiency(request, kernel_name(training.attention_kernel, training.attention_implementation))
 
 
 def step_tokens_per_gpu(request: PlanRequest) -> float:

@@ -86,7 +86,9 @@ def run_calibrate_step(args: argparse.Namespace) -> int:
     print(f"{args.model} on {source.num_gpus} x {efficiency.gpu_display_name}, {source.strategy}, framework "
           f"{efficiency.framework.value}: measured {measured_s:.4g} s per step ({source.measured_tokens_per_s_per_gpu:,.0f} "
           f"tokens/s/GPU)")
-    print(f"HFU {efficiency.hardware_flops_utilization:.3f}: compute {efficiency.predicted_compute_s:.4g} s; "
+    attention = ("" if efficiency.attention_efficiency is None else
+                 f" (attention at {efficiency.attention_efficiency:.3f} x its kernel's published rate)")
+    print(f"HFU {efficiency.hardware_flops_utilization:.3f}{attention}: compute {efficiency.predicted_compute_s:.4g} s; "
           f"communication {efficiency.predicted_communication_s:.4g} s back to back, "
           f"{efficiency.predicted_exposed_communication_s:.4g} s of it (and host copies) exposed, as the planner models them")
     if efficiency.predicted_exposed_communication_s > 0:

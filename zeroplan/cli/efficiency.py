@@ -39,6 +39,15 @@ def efficiency_hfu(args: argparse.Namespace, gpu_name: str, framework) -> float:
     return efficiency.hardware_flops_utilization
 
 
+def efficiency_attention(args: argparse.Namespace) -> float | None:
+    """The attention efficiency --efficiency's file was solved at (--attention-rate kernel,
+    zeroplan.core.attention_efficiency), applied with its HFU; None for a file without one (it
+    was solved at the shipped default, which then applies)."""
+    from zeroplan.calibrate.step import load_efficiency
+
+    return load_efficiency(args.efficiency).attention_efficiency
+
+
 def time_basis_text(args: argparse.Namespace, request) -> str:  # type: ignore[no-untyped-def]
     """The time-basis line, whole (FitReport.step_time_basis, PlanSearchResult.step_time_basis)."""
     from zeroplan.calibrate.step import load_efficiency, time_basis_line

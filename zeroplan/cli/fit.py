@@ -497,12 +497,15 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
 
         gpu_ceilings(cluster.gpu)
     hfu = args.hfu
+    attention_efficiency = None
     if getattr(args, "efficiency", None) is not None:
-        from zeroplan.cli.efficiency import efficiency_hfu
+        from zeroplan.cli.efficiency import efficiency_attention, efficiency_hfu
 
         hfu = efficiency_hfu(args, cluster.gpu.name, framework)
+        attention_efficiency = efficiency_attention(args)
     performance = PerformanceAssumptions(
-        hardware_flops_utilization=hfu, algorithm=args.algorithm, bandwidth=args.bandwidth,
+        hardware_flops_utilization=hfu, attention_efficiency=attention_efficiency, algorithm=args.algorithm,
+        bandwidth=args.bandwidth,
         compute_model=args.compute_model, attention_rate=getattr(args, "attention_rate", "published"),
         overlap_grad_reduce=getattr(args, "overlap_grad_reduce", None),
         overlap_param_gather=getattr(args, "overlap_param_gather", False),

@@ -121,8 +121,11 @@ def kernel_name(kernel: AttentionKernel, implementation: AttentionImplementation
 # The flash kernels run the head dimension padded to their tile. llm-foundry v0.3.0 (the
 # version its benchmark sweep installs) llmfoundry/models/layers/flash_attn_triton.py,
 # _flash_attn_forward and _flash_attn_backward: BLOCK_HEADDIM = max(triton.next_power_of_2(d), 16),
-# the tiles' products BLOCK_HEADDIM wide with masked loads where d is not (EVEN_HEADDIM); the
-# Triton kernel flash-attn's benchmark times is the same code. flash-attention
+# the tiles' products BLOCK_HEADDIM wide with masked loads where d is not (EVEN_HEADDIM). The
+# benchmark's 'FlashAttention Triton' bars time another kernel, OpenAI's triton.ops.flash_attention
+# (flash-attention benchmarks/benchmark_flash_attention.py at 60499abc), at head dimension 128, so
+# unpadded; what llm-foundry's kernel achieves against them is zeroplan.core.attention_efficiency's
+# e (--attention-rate kernel). flash-attention
 # csrc/flash_attn/flash_api.cpp (FlashAttention-2): head_size_rounded = round_multiple(head_size,
 # 32), the kernels instantiated per rounded head dimension (HEADDIM_SWITCH). PyTorch's eager
 # attention runs cuBLAS batched products of the true width (no padding).

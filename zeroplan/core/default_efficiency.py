@@ -96,6 +96,10 @@ class DefaultEfficiencyTable(Frozen):
     mechanisms: dict[str, tuple[MechanismHfu, ...]]
     """By PerformanceAssumptions.attention_rate (the HFU is the matrix products' under
     'published' and 'kernel')."""
+    attention_efficiency: dict[str, float] = {}
+    """Under --attention-rate kernel, each attention kernel's achieved rate over its published one
+    (zeroplan.core.attention_efficiency), fitted on the sources whose rows span enough sequence
+    lengths; a kernel not in it keeps its published rate. The 'kernel' HFUs above are fitted at these."""
 
 
 class DefaultHfu(Frozen):

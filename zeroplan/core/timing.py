@@ -235,7 +235,8 @@ def attention_relative_rate(request: PlanRequest) -> float:
 
 def attention_flops_per_s(request: PlanRequest, matmul_rate: float) -> float:
     """The rate attention's FLOPs run at: r x the matmul rate ('published'), the kernel's own
-    published rate whatever the HFU ('kernel'), or the matmul rate ('matmul', or a GPU
+    published rate whatever the HFU, times its achieved-over-published efficiency
+    (zeroplan.core.attention_efficiency; 'kernel'), or the matmul rate ('matmul', or a GPU
     generation and kernel the table has no row for)."""
     mode = request.performance.attention_rate
     if mode == "kernel":
@@ -246,8 +247,10 @@ def attention_flops_per_s(request: PlanRequest, matmul_rate: float) -> float:
         row = attention_rate_row(request.cluster.gpu.architecture, name)
         if row is None:
             return matmul_rate
+        from zeroplan.core.attention_efficiency import attention_efficiency
+
         return (row.relative(request.batch.seq_len) * head_dim_efficiency(name, request.model.head_size)
-                * row.matmul_tflops * 1e12)
+                * row.matmul_tflops * 1e12 * attention_efficiency(request, name))
     return matmul_rate * attention_relative_rate(request)
 
 

@@ -149,6 +149,11 @@ class PerformanceAssumptions(Frozen):
     throughput rows, 'published' with the fitted default HFU is off by a median 10.4 % on sources
     left out of the fit against 12.7 % under 'matmul', and calibrated from one row 8.9 % against
     14.6 % (docs/validation.md, "Attention at its own rate")."""
+    attention_efficiency: float | None = Field(default=None, gt=0, le=4)
+    """Under --attention-rate kernel, attention's achieved rate over its kernel's published rate
+    (zeroplan.core.attention_efficiency); None: the fitted default of the request's attention
+    kernel (1 where no published source spans enough sequence lengths to fit it). An efficiency
+    file solved under 'kernel' carries the one it was solved at."""
     overlap_grad_reduce: bool | None = None
     """True: data-parallel gradient reductions run during the backward, hidden behind its compute
     as far as it lasts (FSDP's hooks, DeepSpeed ZeRO-3's overlap_comm, Megatron-LM's

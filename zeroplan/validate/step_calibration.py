@@ -87,10 +87,11 @@ def predicted_tokens_per_s(row: PublishedThroughput, hfu: float, attention_rate:
 
 def flat_default_tokens_per_s(row: PublishedThroughput, attention_rate: str = "matmul") -> float:
     """The planner's tokens/s/GPU for ``row`` at the flat HFU 0.4 as it is applied: every kernel
-    inside it (zeroplan.validate.step_time.as_flat_default)."""
+    inside it (zeroplan.validate.step_time.as_flat_default); nothing fitted, so under 'kernel' the
+    kernel's published rate itself (attention efficiency 1)."""
     from zeroplan.validate.step_time import as_flat_default
 
-    return planned_step(as_flat_default(row.request(FLAT_HFU, attention_rate=attention_rate))).tokens_per_s_per_gpu
+    return planned_step(as_flat_default(_with_attention_rate(row.request(FLAT_HFU), attention_rate))).tokens_per_s_per_gpu
 
 
 def implied_hfu(row: PublishedThroughput) -> float:
@@ -283,8 +284,89 @@ ATTENTION_RATES = ("matmul", "published", "kernel")
 "Attention at its own rate")."""
 
 
-def _with_attention_rate(request, mode: str):  # type: ignore[no-untyped-def]
-    return request.model_copy(update={"performance": request.performance.model_copy(update={"attention_rate": mode})})
+def _with_attention_rate(request, mode: str, efficiencies: tuple[tuple[str, float], ...] = ()):  # type: ignore[no-untyped-def]
+    """``request`` under attention-rate ``mode``; under 'kernel', at the attention efficiency
+    ``efficiencies`` gives its kernel (zeroplan.core.attention_efficiency; 1 where it gives none),
+    never the shipped default, which every row was fitted into."""
+    update: dict[str, object] = {"attention_rate": mode}
+    if mode == "kernel":
+        update["attention_efficiency"] = dict(efficiencies).get(attention_kernel_name(request), 1.0)
+    return request.model_copy(update={"performance": request.performance.model_copy(update=update)})
+
+
+def attention_kernel_name(request) -> str:  # type: ignore[no-untyped-def]
+    """The request's attention kernel as zeroplan.core.attention_rate names it."""
+    from zeroplan.core.attention_rate import kernel_name
+
+    return kernel_name(request.training.attention_kernel, request.training.attention_implementation)
+
+
+# zeroplan.core.attention_efficiency: per source whose rows span MIN_SEQUENCE_LENGTHS sequence
+# lengths of one attention kernel, the two-unknown least squares of source_attention_efficiency on
+# the planner's own terms (its step at e = 1 and HFU FIT_HFU, where exposed communication is what
+# it is at a typical HFU); per kernel, the median over those sources. held_out's rows never enter.
+FIT_HFU = 0.6
+"""The HFU the planner's non-compute terms are read at while e is fitted (they barely move with it)."""
+
+
+def _efficiency_columns(row: PublishedThroughput) -> tuple[float, float, float]:
+    from zeroplan.core.compiled_time import compile_saved_seconds
+    from zeroplan.core.timing import attention_flops_per_s, executed_flops_per_s, memory_bound_time_s, rank_flops
+
+    request = timed_request_of(_with_attention_rate(row.request(FIT_HFU), "kernel"))
+    step = planned_step(request)
+    flops = rank_flops(request)
+    attention = flops.attention_forward_flops + flops.attention_backward_flops
+    peak = request.cluster.gpu.peak_bf16_flops_per_s
+    rest_s = (step.step_with_overlap_s - step.compute_s + sum(memory_bound_time_s(request))
+              - sum(compile_saved_seconds(request)))
+    attention_s = attention / attention_flops_per_s(request, executed_flops_per_s(request))
+    return (flops.executed_flops - attention) / peak, attention_s, published_step_s(row) - rest_s
+
+
+def timed_request_of(request):  # type: ignore[no-untyped-def]
+    from zeroplan.calibrate.step import timed_request
+
+    return timed_request(request)
+
+
+@functools.lru_cache(maxsize=16)
+def attention_efficiency_fit(table: PublishedThroughputTable, held_out: str | None = None) -> tuple[tuple[str, float], ...]:
+    """(kernel, e) fitted on ``table``'s sources but ``held_out`` (None: every source), sorted."""
+    from zeroplan.core.attention_efficiency import MIN_SEQUENCE_LENGTHS, source_attention_efficiency
+
+    by_source: dict[str, list[PublishedThroughput]] = {}
+    for row in table.rows:
+        if source_of(row) != held_out:
+            by_source.setdefault(source_of(row), []).append(row)
+    fitted: dict[str, list[float]] = {}
+    for members in by_source.values():
+        kernels = {attention_kernel_name(row.request()) for row in members}
+        if len(kernels) != 1 or len({row.seq_len for row in members}) < MIN_SEQUENCE_LENGTHS:
+            continue
+        e = source_attention_efficiency([_efficiency_columns(row) for row in members])
+        if e is not None:
+            fitted.setdefault(kernels.pop(), []).append(e)
+    return tuple(sorted((kernel, statistics.median(values)) for kernel, values in fitted.items()))
+
+
+def source_attention_efficiencies(table: PublishedThroughputTable) -> tuple[tuple[str, str, float], ...]:
+    """(source, kernel, e) of every source the fit can use, each on its own rows (what the
+    benchmark prints beside the leave-one-source-out values)."""
+    from zeroplan.core.attention_efficiency import MIN_SEQUENCE_LENGTHS, source_attention_efficiency
+
+    by_source: dict[str, list[PublishedThroughput]] = {}
+    for row in table.rows:
+        by_source.setdefault(source_of(row), []).append(row)
+    found = []
+    for source, members in by_source.items():
+        kernels = {attention_kernel_name(row.request()) for row in members}
+        if len(kernels) != 1 or len({row.seq_len for row in members}) < MIN_SEQUENCE_LENGTHS:
+            continue
+        e = source_attention_efficiency([_efficiency_columns(row) for row in members])
+        if e is not None:
+            found.append((source, kernels.pop(), e))
+    return tuple(found)
 
 
 class AttentionRateFigures(Frozen):
@@ -306,44 +388,75 @@ class AttentionRateFigures(Frozen):
     sources under this mode (kernel_mechanism_hfu; refused rows are no peers but are scored)."""
 
 
-@functools.lru_cache(maxsize=8)
-def mode_implied_hfus(mode: str, table: PublishedThroughputTable) -> dict[str, float]:
-    """The HFU calibrate step solves on each row under attention-rate ``mode``; the rows it
+@functools.lru_cache(maxsize=16)
+def mode_implied_hfus(mode: str, table: PublishedThroughputTable,
+                      efficiencies: tuple[tuple[str, float], ...] | None = None) -> dict[str, float]:
+    """The HFU calibrate step solves on each row under attention-rate ``mode`` (under 'kernel', at
+    the attention efficiencies ``efficiencies``; None: those fitted on every row); the rows it
     refuses (a published step shorter than the planner's at HFU 1) are left out."""
     from zeroplan.errors import ZeroplanError
 
+    if efficiencies is None:
+        efficiencies = attention_efficiency_fit(table) if mode == "kernel" else ()
     implied: dict[str, float] = {}
     for row in table.rows:
+        efficiency = dict(efficiencies).get(attention_kernel_name(row.request()), 1.0) if mode == "kernel" else None
         try:
-            implied[row.name] = solve_hfu(_with_attention_rate(row.request(), mode), published_step_s(row))
+            implied[row.name] = _row_implied_hfu(row, mode, efficiency)
         except ZeroplanError:
             pass
     return implied
 
 
+@functools.lru_cache(maxsize=4096)
+def _row_implied_hfu(row: PublishedThroughput, mode: str, efficiency: float | None) -> float:
+    # Kept per (row, mode, efficiency): the leave-one-source-out fits change the efficiency of
+    # one kernel's rows only, so the other rows' solutions are reused.
+    request = _with_attention_rate(row.request(), mode)
+    if efficiency is not None:
+        request = request.model_copy(update={"performance": request.performance.model_copy(
+            update={"attention_efficiency": efficiency})})
+    return solve_hfu(request, published_step_s(row))
+
+
 @functools.lru_cache(maxsize=4)
 def attention_rate_figures(mode: str, table: PublishedThroughputTable | None = None) -> AttentionRateFigures:
     """The calibrated and default figures of the rows under attention-rate ``mode``."""
-    rows = (table or load_published_throughput()).rows
-    implied = mode_implied_hfus(mode, table or load_published_throughput())
+    table = table or load_published_throughput()
+    rows = table.rows
+    implied = mode_implied_hfus(mode, table)
     refused = [row.name for row in rows if row.name not in implied]
     by_source: dict[str, list[PublishedThroughput]] = {}
     for row in rows:
         by_source.setdefault(source_of(row), []).append(row)
+
+    # Under 'kernel' each source is scored at the attention efficiencies fitted without it, its
+    # peers' HFUs solved at those too (held_out_implied): no figure rests on its own rows.
+    def held_out(source: str) -> tuple[tuple[tuple[str, float], ...], dict[str, float]]:
+        if mode != "kernel":
+            return (), implied
+        efficiencies = attention_efficiency_fit(table, source)
+        return efficiencies, mode_implied_hfus(mode, table, efficiencies)
+
     per_source, calibrated = [], []
-    for members in by_source.values():
-        usable = [row for row in members if row.name in implied]
+    for source, members in by_source.items():
+        efficiencies, source_implied = held_out(source)
+        usable = [row for row in members if row.name in source_implied]
         if len(members) < MIN_SOURCE_ROWS or not usable:
             continue
         anchor = calibration_row(usable)
-        errors = [abs(planned_step(_with_attention_rate(row.request(implied[anchor.name]), mode)).tokens_per_s_per_gpu
-                      / row.published_tokens_per_s_per_gpu - 1) for row in usable if row.name != anchor.name]
+        errors = [abs(planned_step(_with_attention_rate(row.request(source_implied[anchor.name]), mode, efficiencies)
+                                   ).tokens_per_s_per_gpu / row.published_tokens_per_s_per_gpu - 1)
+                  for row in usable if row.name != anchor.name]
         per_source.append((source_label(anchor), len(errors), statistics.median(errors), max(errors)))
         calibrated += errors
     default = [abs(flat_default_tokens_per_s(row, mode) / row.published_tokens_per_s_per_gpu - 1) for row in rows]
-    kernel = [abs(planned_step(_with_attention_rate(row.request(kernel_mechanism_hfu(source_of(row), implied, rows, row)),
-                                                    mode)).tokens_per_s_per_gpu / row.published_tokens_per_s_per_gpu - 1)
-              for row in rows]
+    kernel = []
+    for row in rows:
+        efficiencies, source_implied = held_out(source_of(row))
+        hfu = kernel_mechanism_hfu(source_of(row), source_implied, rows, row)
+        kernel.append(abs(planned_step(_with_attention_rate(row.request(hfu), mode, efficiencies)).tokens_per_s_per_gpu
+                          / row.published_tokens_per_s_per_gpu - 1))
     return AttentionRateFigures(mode=mode, per_source=tuple(per_source), calibrated=tuple(calibrated),
                                 default=tuple(default), refused=tuple(refused), kernel_class=tuple(kernel))
 
@@ -382,4 +495,5 @@ def default_efficiency_table(table: PublishedThroughputTable | None = None) -> D
         sources=tuple(f"{source}: {count} rows" for source, count in sorted(counts.items())),
         generations=generation_computes(table.rows),
         mechanisms={mode: fit_default_efficiency(mode_implied_hfus(mode, table), table.rows) for mode in ATTENTION_RATES},
+        attention_efficiency=dict(attention_efficiency_fit(table)),
     )
