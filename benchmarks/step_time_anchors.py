@@ -17,7 +17,9 @@ each checked against the rows with the planner's own quantities; nothing is fitt
    synchronize, the request tried again): the allocator model's replay of the row's step on its
    usable memory, at the row's precision and with fp32 parameters and states (Composer's
    precision 'bf16' with FSDP mixed precision PURE may keep fp32 masters: whichever it did, the
-   replay says which rows retry).
+   replay says which rows retry). Then how near each MPT-30B row on 8 A100 80GB is to the
+   allocator's edge: what its step reserves without a device limit, and the replay's retries
+   (and cudaFree calls) on the usable memory moved by a few GiB either way.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from zeroplan.core.plan import (
 from zeroplan.specs import Precision
 from zeroplan.validate.step_calibration import mode_implied_hfus, published_step_s, source_label
 from zeroplan.validate.step_time import load_published_throughput
+
+GIB = 2**30
 
 MODE = "published"
 """The planner's default attention rate, which the calibrated figures time."""
@@ -103,6 +107,29 @@ def allocator_replay(row, precision: Precision) -> tuple[float, int, int]:  # ty
     return allocated / usable, replay(ops, config, usable - shortfall).alloc_retries, max_micro_batch_size(request)
 
 
+EDGE_OFFSETS_GIB = (4, 2, 0, -2, -4, -6, -8)
+"""Capacities around the usable memory the edge table replays at."""
+
+
+def allocator_edge(row) -> str:  # type: ignore[no-untyped-def]
+    """One table row: requested peak, unlimited reserved peak and capacity (GiB), then
+    retries/cudaFree calls (OOM: the step runs out) at each of EDGE_OFFSETS_GIB."""
+    request = under_allocator_model(row.request())
+    rank = pipeline_rank_requests(request)[0]
+    states, terms = checked_peak_terms(rank)
+    allocated, _ = peak_allocated_bytes(states, terms, rank.batch.grad_accum_steps)
+    ops = step_ops(rank, *replayed(states, terms))
+    config = parse_alloc_conf("")
+    unlimited = replay(ops, config)
+    capacity = usable_memory_bytes(rank) - max(allocated - unlimited.requested_peak_bytes, 0)
+    cells = []
+    for offset in EDGE_OFFSETS_GIB:
+        result = replay(ops, config, capacity + offset * GIB)
+        cells.append(f"{result.alloc_retries}/{result.device_free_calls}" if result.completed else "OOM")
+    return (f"| {row.name} | {unlimited.requested_peak_bytes / GIB:.1f} | {unlimited.reserved_peak_bytes / GIB:.1f} "
+            f"| {capacity / GIB:.1f} | " + " | ".join(cells) + " |")
+
+
 def main() -> int:
     table = load_published_throughput()
     rows = {row.name: row for row in table.rows}
@@ -130,6 +157,12 @@ def main() -> int:
         for precision in dict.fromkeys((row.precision, Precision.bf16_mixed)):
             fraction, retries, largest = allocator_replay(row, precision)
             print(f"| {name} | {implied[name]:.3f} | {precision.value} | {fraction:.2f} | {retries} | {largest} |")
+    print("\nHow near the allocator's edge each MPT-30B row on 8 A100 80GB runs (GiB; retries/cudaFree calls on the "
+          "usable memory moved by the offset):\n")
+    print("| row | requested peak | reserved, no limit | usable to the trace | "
+          + " | ".join(f"{offset:+d}" for offset in EDGE_OFFSETS_GIB) + " |\n|---|---:|---:|---:|" + "---:|" * len(EDGE_OFFSETS_GIB))
+    for name in REPLAYED[:4]:
+        print(allocator_edge(rows[name]))
     return 0
 
 
