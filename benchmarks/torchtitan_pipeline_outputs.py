@@ -18,6 +18,10 @@ their first and their m-th backward (FSDP2 keeps a stage's unsharded gradient ac
 that span: stage.py backward_maybe_with_nosync reduces at last_backward); after step() the
 outputs still alive.
 
+The same run reads each rank's receive buffers (``args_recv_info`` and ``grad_recv_info``, one
+per micro-batch, kept after step()), whether each stage input is a buffer's storage, and the
+gradients of the stage inputs (``bwd_cache``) alive at each backward and after step().
+
     python benchmarks/torchtitan_pipeline_outputs.py [--pp 8] [--microbatches 8]
 
 Runs under any torch from 2.6 (only torch is imported). Measured (pp 8, 8 micro-batches; torch
@@ -27,6 +31,11 @@ with return_outputs False; under torch 2.6.0 every stage's outputs stay, all v x
 the end of its forwards (1F1B: 8 on every rank; interleaved 1F1B: 16) and after step().
 Interleaved 1F1B accumulates one stage's gradients at a time on every rank at 8 micro-batches
 (one round) and two at 16, under both releases.
+Receive buffers, both releases: 1F1B rank 0 8 gradient, ranks 1-6 8 + 8, rank 7 8 activation;
+interleaved 8 + 16, 16 + 16, 16 + 8; every stage input is a buffer. Input gradients at the
+in-flight peak: torch 2.6.0 v m less the chunks in flight (1F1B 0..7 by rank; interleaved
+0, 0, 0, 0, 1, 3, 5, 7), all of them after step(); torch 2.13 1 (1F1B) and 0 (interleaved), none
+after step().
 """
 
 from __future__ import annotations
