@@ -24,7 +24,11 @@ from zeroplan.core.memo import batch_keyed
 from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stage_indices
 from zeroplan.core.parallel.tensor import tensor_parallel_model
 from zeroplan.core.parallel.units import holds_head, rank_block_count
-from zeroplan.core.profiles import profile, torchtitan_keeps_input_gradients, torchtitan_keeps_stage_outputs
+from zeroplan.core.profiles import (
+    profile,
+    torchtitan_keeps_input_gradients,
+    torchtitan_keeps_stage_outputs,
+)
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import ModelSpec
 from zeroplan.specs.parallel import ParallelSpec, PipelineSchedule
