@@ -330,17 +330,15 @@ def _fit_class(request: PlanRequest, family: dict, layout_cache: dict) -> _RankC
     cls = _RankClass(rank=rank, request=request)
     k = {a: in_flight_chunks(parallel, rank, a) for a in (1, 2)}
     fitted = {}
-    activation_mask = None
     for a in (1, 2):
         for b in (1, 2):
             states, terms = _terms(_at(request, b, a), family, layout_cache)
             moments = _moments(states, terms, a)
-            if activation_mask is None:
-                activation_mask = _activation_mask(request, len(moments))
             # The pipeline's receive buffers grow with the accumulation, not with the chunks in
             # flight: fitted apart (_receive_bytes), added back per accumulation.
             received = pipeline_receive_buffer_bytes(_at(request, b, a))
-            fitted[a, b] = moments - activation_mask * received, states.host_bytes, terms.activations - received
+            fitted[a, b] = (moments - _activation_mask(request, len(moments)) * received, states.host_bytes,
+                            terms.activations - received)
     if k[1] != k[2]:
         # Activations = k x (one chunk's bytes) + the rest, for k chunks in flight; one chunk's
         # bytes from the two accumulations' k at each b.
@@ -510,12 +508,8 @@ def _class_values(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[
                         if parallel.pp > 1 and parallel.virtual_stages > 1 else None)
         receives = None
         if cls.receives is not None:
-            values, inverse = distinct_accum
-            for v in values:
-                if v not in cls.receives:
-                    cls.receives[v] = _receive_bytes(cls.request, v)
-            per_accum = np.array([cls.receives[v] for v in values], dtype=np.int64).reshape(-1, 2)[inverse]
-            receives = per_accum[..., 0] + (per_accum[..., 1] - per_accum[..., 0]) * (micro64 - 1)
+            at_b = _per_value(distinct_accum, cls.receives, lambda a, r=cls.request: _receive_bytes(r, a)).astype(np.int64)
+            receives = at_b[..., 0] + (at_b[..., 1] - at_b[..., 0]) * (micro64 - 1)
         for flag in (False, True):
             rows = accumulating == flag
             moments = (cls.moment_intercepts[flag][:, None] + cls.moment_slopes[flag][:, None] * micro64[None, rows]
