@@ -2,7 +2,9 @@
 pipeline_stage_output_bytes): in flight under torchtitan 0.3.0 (torch 2.13, return_outputs=False),
 every micro-batch's on every stage under 9dec370 (torch 2.6.0's output_chunks); and the stages
 whose FSDP gradients accumulate at once (zeroplan.core.parallel.units
-accumulating_trainable_elements); against torch's own schedules on a fake process group
+accumulating_trainable_elements); the receive buffers every stage keeps per micro-batch and the
+input gradients held at the in-flight peak (pipeline_receive_buffer_bytes,
+pipeline_input_gradient_bytes); against torch's own schedules on a fake process group
 (benchmarks/torchtitan_pipeline_outputs.py)."""
 
 from __future__ import annotations
