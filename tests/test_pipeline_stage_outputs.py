@@ -9,6 +9,7 @@ pipeline_input_gradient_bytes); against torch's own schedules on a fake process 
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from pathlib import Path
 
@@ -40,6 +41,7 @@ LOGITS = BF16 * MICRO * SEQ * (VOCAB // TP)
 """The last stage's: its bf16 logits, vocab-sharded under loss_parallel."""
 
 
+@functools.cache
 def _request(schedule: str, *release: str, microbatches: int = 8):
     args = build_parser().parse_args([
         "fit", "llama-3.1-405b", "--gpus", "512", "--gpu", "h100-80gb", "--micro-batch", str(MICRO),
