@@ -18,6 +18,10 @@ their first and their m-th backward (FSDP2 keeps a stage's unsharded gradient ac
 that span: stage.py backward_maybe_with_nosync reduces at last_backward); after step() the
 outputs still alive.
 
+The same run reads each rank's receive buffers (``args_recv_info`` and ``grad_recv_info``, one
+per micro-batch, kept after step()), whether each stage input is a buffer's storage, and the
+gradients of the stage inputs (``bwd_cache``) alive at each backward and after step().
+
     python benchmarks/torchtitan_pipeline_outputs.py [--pp 8] [--microbatches 8]
 
 Runs under any torch from 2.6 (only torch is imported). Measured (pp 8, 8 micro-batches; torch
@@ -27,6 +31,11 @@ with return_outputs False; under torch 2.6.0 every stage's outputs stay, all v x
 the end of its forwards (1F1B: 8 on every rank; interleaved 1F1B: 16) and after step().
 Interleaved 1F1B accumulates one stage's gradients at a time on every rank at 8 micro-batches
 (one round) and two at 16, under both releases.
+Receive buffers, both releases: 1F1B rank 0 8 gradient, ranks 1-6 8 + 8, rank 7 8 activation;
+interleaved 8 + 16, 16 + 16, 16 + 8; every stage input is a buffer. Input gradients at the
+in-flight peak: torch 2.6.0 v m less the chunks in flight (1F1B 0..7 by rank; interleaved
+0, 0, 0, 0, 1, 3, 5, 7), all of them after step(); torch 2.13 1 (1F1B) and 0 (interleaved), none
+after step().
 """
 
 from __future__ import annotations
@@ -94,7 +103,7 @@ def rank_outputs(schedule: str, pp: int, microbatches: int, rank: int,
 
     per_rank = SCHEDULES[schedule]
     num_stages = pp * per_rank
-    live = {"outputs": 0, "forwards": 0, "backwards": 0}
+    live = {"outputs": 0, "forwards": 0, "backwards": 0, "input_grads": 0, "inputs": 0, "inputs_in_buffers": 0}
     at_backward: list[tuple[int, int]] = []
     # Backwards run per stage index, to tell how many stages are between their first and their
     # m-th (last_backward) backward at once: those hold FSDP's unsharded gradient accumulators.
@@ -121,7 +130,21 @@ def rank_outputs(schedule: str, pp: int, microbatches: int, rank: int,
         args = (torch.randn(microbatches, width),) if any(s.is_first for s in stages) else ()
         built.step(*args, **kwargs)
         after = live["outputs"]
-    return {"at_backward": at_backward, "after_step": after, "accumulating_stages": max(accumulating)}
+        buffers = _receive_buffers(stages)
+    return {"at_backward": at_backward, "after_step": after, "accumulating_stages": max(accumulating),
+            "activation_buffers": buffers[0], "gradient_buffers": buffers[1],
+            "input_grads_after_step": live["input_grads"],
+            "inputs_in_buffers": (live["inputs_in_buffers"], live["inputs"])}
+
+
+def _receive_buffers(stages) -> tuple[int, int]:
+    """The receive buffers the rank's stages hold after step(): one per micro-batch for each
+    activation a non-first stage receives (``args_recv_info``) and for each gradient a non-last
+    stage receives (``grad_recv_info``), allocated once and kept for every later step."""
+    def tensors(infos):
+        return sum(1 for chunk in infos.values() for info in chunk
+                   if isinstance(getattr(info, "buffer", None), torch.Tensor))
+    return sum(tensors(s.args_recv_info) for s in stages), sum(tensors(s.grad_recv_info) for s in stages)
 
 
 def _watch(stage, live: dict[str, int], at_backward: list[tuple[int, int]], per_stage: dict[int, int],
@@ -135,15 +158,38 @@ def _watch(stage, live: dict[str, int], at_backward: list[tuple[int, int]], per_
         weakref.finalize(output, _drop, live)
         return output
 
-    def watched_backward(*args, **kwargs):
-        at_backward.append((live["outputs"], live["forwards"] - live["backwards"]))
+    def watched_backward(chunk_id, *args, **kwargs):
+        at_backward.append((live["outputs"], live["forwards"] - live["backwards"], live["input_grads"]))
         live["backwards"] += 1
         per_stage[stage.stage_index] = per_stage.get(stage.stage_index, 0) + 1
         accumulating.append(sum(1 for done in per_stage.values() if done < microbatches) + (
             per_stage[stage.stage_index] == microbatches))
-        return backward(*args, **kwargs)
+        result = backward(chunk_id, *args, **kwargs)
+        # The gradients of the stage's inputs this backward made (bwd_cache, sent to the
+        # previous stage): watched until freed (torch 2.13 drops the input's .grad at once,
+        # torch 2.6.0 keeps it on the receive buffer until clear_runtime_states).
+        for grad in stage.bwd_cache.get(chunk_id, ()):
+            if isinstance(grad, torch.Tensor):
+                live["input_grads"] += 1
+                weakref.finalize(grad, _drop_grad, live)
+        return result
 
+    def stage_input(module, inputs):
+        # Whether the tensor the stage's module runs on is the receive buffer itself (so the
+        # first checkpointed block saves that buffer, not a copy).
+        if stage.is_first:
+            return
+        buffers = {info.buffer.untyped_storage().data_ptr() for chunk in stage.args_recv_info.values()
+                   for info in chunk if isinstance(getattr(info, "buffer", None), torch.Tensor)}
+        live["inputs"] += 1
+        live["inputs_in_buffers"] += inputs[0].untyped_storage().data_ptr() in buffers
+
+    stage.submod.register_forward_pre_hook(stage_input)
     stage.forward_one_chunk, stage.backward_one_chunk = watched_forward, watched_backward
+
+
+def _drop_grad(live: dict[str, int]) -> None:
+    live["input_grads"] -= 1
 
 
 def _drop(live: dict[str, int]) -> None:
@@ -152,11 +198,15 @@ def _drop(live: dict[str, int]) -> None:
 
 def _summary(result: dict[str, object]) -> str:
     pairs = result["at_backward"]
-    peak_in_flight = max(chunks for _, chunks in pairs)
-    outputs_at_peak = max(outputs for outputs, chunks in pairs if chunks == peak_in_flight)
+    peak_in_flight = max(chunks for _, chunks, _ in pairs)
+    outputs_at_peak, _, grads_at_peak = max(p for p in pairs if p[1] == peak_in_flight)
     return (f"in flight {peak_in_flight:2d}, live outputs then {outputs_at_peak:2d}, "
             f"after step {result['after_step']:2d}; stages accumulating gradients at once "
-            f"{result['accumulating_stages']}")
+            f"{result['accumulating_stages']}; receive buffers {result['activation_buffers']:2d} "
+            f"activation + {result['gradient_buffers']:2d} gradient; input gradients at that "
+            f"backward {grads_at_peak:2d}, most {max(p[2] for p in pairs):2d}, after step "
+            f"{result['input_grads_after_step']:2d}; stage inputs that are receive buffers "
+            "{}/{}".format(*result["inputs_in_buffers"]))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,11 +2,14 @@
 pipeline_stage_output_bytes): in flight under torchtitan 0.3.0 (torch 2.13, return_outputs=False),
 every micro-batch's on every stage under 9dec370 (torch 2.6.0's output_chunks); and the stages
 whose FSDP gradients accumulate at once (zeroplan.core.parallel.units
-accumulating_trainable_elements); against torch's own schedules on a fake process group
+accumulating_trainable_elements); the receive buffers every stage keeps per micro-batch and the
+input gradients held at the in-flight peak (pipeline_receive_buffer_bytes,
+pipeline_input_gradient_bytes); against torch's own schedules on a fake process group
 (benchmarks/torchtitan_pipeline_outputs.py)."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from pathlib import Path
 
@@ -15,7 +18,12 @@ import pytest
 
 from zeroplan.cli.fit import check_options_apply, request_from_args
 from zeroplan.cli.main import build_parser
-from zeroplan.core.parallel.activations import pipeline_stage_output_bytes
+from zeroplan.core.parallel.activations import (
+    pipeline_input_gradient_bytes,
+    pipeline_receive_buffer_bytes,
+    pipeline_received_input_bytes,
+    pipeline_stage_output_bytes,
+)
 from zeroplan.core.parallel.pipeline import in_flight_chunks
 from zeroplan.core.parallel.units import (
     accumulating_trainable_elements,
@@ -33,6 +41,7 @@ LOGITS = BF16 * MICRO * SEQ * (VOCAB // TP)
 """The last stage's: its bf16 logits, vocab-sharded under loss_parallel."""
 
 
+@functools.cache
 def _request(schedule: str, *release: str, microbatches: int = 8):
     args = build_parser().parse_args([
         "fit", "llama-3.1-405b", "--gpus", "512", "--gpu", "h100-80gb", "--micro-batch", str(MICRO),
@@ -77,6 +86,40 @@ def test_one_round_of_interleaved_1f1b_accumulates_one_stages_gradients_at_a_tim
         _request("1f1b").at_pipeline_rank(0))
 
 
+def _chunks(request, rank: int) -> int:
+    return in_flight_chunks(request.at_pipeline_rank(rank).parallel, rank, request.batch.grad_accum_steps)
+
+
+def test_every_stage_keeps_a_receive_buffer_per_micro_batch() -> None:
+    one = _request("1f1b")
+    # Rank 0 receives gradients only, the last rank activations only, the others both.
+    assert [pipeline_receive_buffer_bytes(one.at_pipeline_rank(r)) for r in range(PP)] == (
+        [8 * RESIDUAL] + [16 * RESIDUAL] * (PP - 2) + [8 * RESIDUAL])
+    interleaved = _request("interleaved-1f1b")
+    assert [pipeline_receive_buffer_bytes(interleaved.at_pipeline_rank(r)) for r in (0, 1, PP - 1)] == [
+        24 * RESIDUAL, 32 * RESIDUAL, 24 * RESIDUAL]
+    # They grow with the micro-batches, not with the chunks in flight.
+    assert pipeline_receive_buffer_bytes(_request("1f1b", microbatches=16).at_pipeline_rank(1)) == 32 * RESIDUAL
+    # A non-first stage's in-flight chunks saved their receive buffers as the first block's input.
+    assert pipeline_received_input_bytes(one.at_pipeline_rank(0), _chunks(one, 0)) == 0
+    assert pipeline_received_input_bytes(one.at_pipeline_rank(1), _chunks(one, 1)) == 7 * RESIDUAL
+    assert pipeline_received_input_bytes(interleaved.at_pipeline_rank(0), _chunks(interleaved, 0)) == 8 * RESIDUAL
+
+
+def test_input_gradients_held_at_the_in_flight_peak() -> None:
+    # torch 2.6.0 (9dec370): every backward done so far left its input gradient on the buffer.
+    one = _request("1f1b", "--torchtitan-release", "9dec370")
+    assert [pipeline_input_gradient_bytes(one.at_pipeline_rank(r), _chunks(one, r)) // RESIDUAL
+            for r in range(PP)] == [0, 1, 2, 3, 4, 5, 6, 7]
+    interleaved = _request("interleaved-1f1b", "--torchtitan-release", "9dec370")
+    assert [pipeline_input_gradient_bytes(interleaved.at_pipeline_rank(r), _chunks(interleaved, r)) // RESIDUAL
+            for r in range(PP)] == [0, 0, 0, 0, 1, 3, 5, 7]
+    # torch 2.13 (0.3.0): only Schedule1F1B's pending send of the previous backward's.
+    assert [pipeline_input_gradient_bytes(_request("1f1b").at_pipeline_rank(r), 1) // RESIDUAL
+            for r in (0, 1, PP - 1)] == [0, 1, 1]
+    assert pipeline_input_gradient_bytes(_request("interleaved-1f1b").at_pipeline_rank(PP - 1), 9) == 0
+
+
 def _measure():
     spec = importlib.util.spec_from_file_location("torchtitan_pipeline_outputs",
                                                   ROOT / "benchmarks" / "torchtitan_pipeline_outputs.py")
@@ -96,9 +139,16 @@ def test_torchs_schedules_hold_one_output_per_chunk_in_flight(schedule: str, pla
         at = request.at_pipeline_rank(rank)
         chunks = in_flight_chunks(at.parallel, rank, 8)
         # At every backward the live outputs are the chunks in flight; the largest is the planner's.
-        assert all(outputs == in_flight for outputs, in_flight in measured["at_backward"])
-        assert max(in_flight for _, in_flight in measured["at_backward"]) == chunks
+        assert all(outputs == in_flight for outputs, in_flight, _ in measured["at_backward"])
+        assert max(in_flight for _, in_flight, _ in measured["at_backward"]) == chunks
         assert measured["after_step"] == 0
+        # One receive buffer per micro-batch for each activation and gradient received, the
+        # stage's input being the buffer itself; input gradients as the planner holds them.
+        buffers = measured["activation_buffers"] + measured["gradient_buffers"]
+        assert buffers * RESIDUAL == pipeline_receive_buffer_bytes(at)
+        assert measured["inputs_in_buffers"][0] == measured["inputs_in_buffers"][1]
+        at_peak = max(p for p in measured["at_backward"] if p[1] == chunks)
+        assert at_peak[2] * RESIDUAL == pipeline_input_gradient_bytes(at, chunks)
         # One stage's gradients accumulate at a time on every rank (one round: m < 2p).
         assert measured["accumulating_stages"] == 1
     # Without return_outputs=False (9dec370's call) torch 2.13 keeps the last stage's m outputs too.

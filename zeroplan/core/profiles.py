@@ -409,6 +409,16 @@ def torchtitan_keeps_stage_outputs(training: TrainingSpec) -> bool:
     return training.torchtitan_release == "9dec370"
 
 
+# torch 2.6.0 distributed/pipelining/_backward.py:359 reads each stage input's gradient off the
+# receive buffer it accumulated into (.grad) and leaves it there until the next step's
+# clear_runtime_states (stage.py:525); torch 2.13's _backward.py:450 sets it to None at once.
+# The runs of torchtitan 9dec370 used the former's era (torch 1963fc8), 0.3.0 the latter.
+def torchtitan_keeps_input_gradients(training: TrainingSpec) -> bool:
+    """Whether each non-first pipeline stage keeps every micro-batch's input gradient until the
+    next step (9dec370 on the torch of its runs) rather than only until it is sent (0.3.0)."""
+    return training.torchtitan_release == "9dec370"
+
+
 # torchtitan 0.3.0 models/common/attention.py FusedQKVLinear: one wqkv Linear (and its bias,
 # where the projections have one) stands for the q, k and v projections, each a tensor of its
 # own in zeroplan.core.params' units; FSDP2 shards, and AdamW steps, per tensor.

@@ -30,6 +30,7 @@ from zeroplan.core.feasibility import usable_memory_bytes
 from zeroplan.core.parallel.collectives import model_parallel_collectives
 from zeroplan.core.layout import gradient_wire_bytes
 from zeroplan.core.parallel.pipeline import in_flight_chunks, pipeline_defers_fsdp_reduction, rank_stages
+from zeroplan.core.parallel.activations import pipeline_receive_buffer_bytes
 from zeroplan.core.parallel.units import accumulating_trainable_elements
 from zeroplan.core.peak import PeakTerms, moment_totals
 from zeroplan.core.plan import (
@@ -92,6 +93,9 @@ class _RankClass:
     """The deferred FSDP gradient accumulators (_accumulator_bytes) at the accumulations fitted."""
     accumulators: dict[int, int] = field(default_factory=dict)
     """Per accumulation: _accumulator_bytes (which stages accumulate at once changes with it)."""
+    receives: dict[int, tuple[int, int]] | None = None
+    """Per accumulation: _receive_bytes, left out of the fitted coefficients (None: no pipeline
+    receive buffers)."""
     phase_intercepts_s: np.ndarray | None = None
     phase_slopes_s: np.ndarray | None = None
     cpu_optimizer_s: float = 0.0
@@ -228,6 +232,14 @@ def _accumulator_bytes(request: PlanRequest, accum: int) -> int:
     return accumulating_trainable_elements(_at(request, 1, accum)) * gradient_wire_bytes(request)
 
 
+def _receive_bytes(request: PlanRequest, accum: int) -> tuple[int, int]:
+    """The receive buffers torch's pipeline stages keep at ``accum`` micro-batches, one per
+    micro-batch (zeroplan.core.parallel.activations.pipeline_receive_buffer_bytes), at b = 1
+    and 2 (affine in b): they grow with the accumulation, not with the chunks in flight, so
+    they are kept apart from the fitted coefficients and added per accumulation."""
+    return (pipeline_receive_buffer_bytes(_at(request, 1, accum)), pipeline_receive_buffer_bytes(_at(request, 2, accum)))
+
+
 _PHASES = tuple(Phase)
 
 
@@ -321,7 +333,12 @@ def _fit_class(request: PlanRequest, family: dict, layout_cache: dict) -> _RankC
     for a in (1, 2):
         for b in (1, 2):
             states, terms = _terms(_at(request, b, a), family, layout_cache)
-            fitted[a, b] = _moments(states, terms, a), states.host_bytes, terms.activations
+            moments = _moments(states, terms, a)
+            # The pipeline's receive buffers grow with the accumulation, not with the chunks in
+            # flight: fitted apart (_receive_bytes), added back per accumulation.
+            received = pipeline_receive_buffer_bytes(_at(request, b, a))
+            fitted[a, b] = (moments - _activation_mask(request, len(moments)) * received, states.host_bytes,
+                            terms.activations - received)
     if k[1] != k[2]:
         # Activations = k x (one chunk's bytes) + the rest, for k chunks in flight; one chunk's
         # bytes from the two accumulations' k at each b.
@@ -335,6 +352,7 @@ def _fit_class(request: PlanRequest, family: dict, layout_cache: dict) -> _RankC
         cls.chunk_intercept = chunk[0] - cls.chunk_slope
     cls.activation_moments = _activation_mask(request, len(fitted[1, 1][0]))
     cls.accumulators_fitted = {False: _accumulator_bytes(request, 1), True: _accumulator_bytes(request, 2)}
+    cls.receives = {} if any(_receive_bytes(request, 1)) else None
     for accumulating, a in ((False, 1), (True, 2)):
         (one, host_bytes, _), (two, _, _) = fitted[a, 1], fitted[a, 2]
         chunk_one, chunk_two = cls.chunk_intercept + cls.chunk_slope, cls.chunk_intercept + 2 * cls.chunk_slope
@@ -488,6 +506,10 @@ def _class_values(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[
         in_flight = (count * (cls.chunk_intercept + cls.chunk_slope * micro64)).astype(np.int64)
         accumulators = (_per_value(distinct_accum, cls.accumulators, lambda a, r=cls.request: _accumulator_bytes(r, a))
                         if parallel.pp > 1 and parallel.virtual_stages > 1 else None)
+        receives = None
+        if cls.receives is not None:
+            at_b = _per_value(distinct_accum, cls.receives, lambda a, r=cls.request: _receive_bytes(r, a)).astype(np.int64)
+            receives = at_b[..., 0] + (at_b[..., 1] - at_b[..., 0]) * (micro64 - 1)
         for flag in (False, True):
             rows = accumulating == flag
             moments = (cls.moment_intercepts[flag][:, None] + cls.moment_slopes[flag][:, None] * micro64[None, rows]
@@ -495,6 +517,8 @@ def _class_values(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[
             if accumulators is not None:
                 extra = accumulators[rows].astype(np.int64) - cls.accumulators_fitted[flag]
                 moments = moments + _held_mask(len(cls.activation_moments))[:, None] * extra[None, :]
+            if receives is not None:
+                moments = moments + cls.activation_moments[:, None] * receives[rows][None, :]
             allocated[c, rows] = moments.max(axis=0)
             host_ok[c, rows] = cls.host_fits[flag]
         phases = cls.phase_intercepts_s[:, None] + cls.phase_slopes_s[:, None] * accum_f[None, :]

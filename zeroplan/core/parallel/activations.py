@@ -21,10 +21,14 @@ from zeroplan.core.framework_loss import (
 )
 from zeroplan.core.frameworks import block_input_bytes
 from zeroplan.core.memo import batch_keyed
-from zeroplan.core.parallel.pipeline import in_flight_chunks
+from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stage_indices
 from zeroplan.core.parallel.tensor import tensor_parallel_model
 from zeroplan.core.parallel.units import holds_head, rank_block_count
-from zeroplan.core.profiles import profile, torchtitan_keeps_stage_outputs
+from zeroplan.core.profiles import (
+    profile,
+    torchtitan_keeps_input_gradients,
+    torchtitan_keeps_stage_outputs,
+)
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import ModelSpec
 from zeroplan.specs.parallel import ParallelSpec, PipelineSchedule
@@ -186,7 +190,12 @@ def rank_activation_bytes(request: PlanRequest, activations) -> tuple[int, int]:
 
         kept += chunks * pipe_output_bytes(request)
     if request.training.framework is Framework.torchtitan and parallel.pp > 1:
-        kept += pipeline_stage_output_bytes(request, chunks)
+        kept += pipeline_stage_output_bytes(request, chunks) + pipeline_input_gradient_bytes(request, chunks)
+        # The receive buffers are allocated once and kept, so alive at the end of backward and
+        # at the optimizer step too; they grow with the micro-batch, which the model states and
+        # resident buffers do not (plan._state_terms): counted with the activations, at the
+        # moments they are part of.
+        kept += pipeline_receive_buffer_bytes(request) - pipeline_received_input_bytes(request, chunks)
     return kept, terms.recompute
 
 
@@ -206,9 +215,7 @@ def pipeline_stage_output_bytes(request: PlanRequest, chunks: int) -> int:
     parallel = request.parallel
     chunk = chunk_request(request, 1, split_heads=True)
     s, b = chunk.batch.seq_len, chunk.batch.micro_batch_size
-    residual = block_input_bytes(chunk, s, b)
-    if parallel.sequence_parallel:
-        residual = ceil_div(residual, parallel.tp)
+    residual = stage_boundary_bytes(request)
     head = holds_head(request)
     loss_in_flight = last_stage_in_flight(request) if head else 0
     if not torchtitan_keeps_stage_outputs(request.training):
@@ -216,6 +223,76 @@ def pipeline_stage_output_bytes(request: PlanRequest, chunks: int) -> int:
     microbatches = request.batch.grad_accum_steps
     logits = chunk.model.vocab_size * s * b * request.training.precision.compute_bytes
     return (parallel.virtual_stages - head) * microbatches * residual + (microbatches - loss_in_flight) * logits * head
+
+
+def stage_boundary_bytes(request: PlanRequest) -> int:
+    """One tensor a pipeline stage sends or receives for one micro-batch: the residual stream
+    (torchtitan's TP plan hands each block's output on as the local sequence shard under
+    sequence parallelism)."""
+    chunk = chunk_request(request, 1, split_heads=True)
+    residual = block_input_bytes(chunk, chunk.batch.seq_len, chunk.batch.micro_batch_size)
+    return ceil_div(residual, request.parallel.tp) if request.parallel.sequence_parallel else residual
+
+
+def _receiving_stages(request: PlanRequest) -> tuple[int, int]:
+    """(stages of the rank that receive activations, stages that receive gradients): every stage
+    but the pipeline's first, every stage but its last."""
+    parallel = request.parallel
+    indices = rank_stage_indices(parallel, parallel.pipeline_rank)
+    last = parallel.pp * parallel.virtual_stages - 1
+    return sum(1 for i in indices if i != 0), sum(1 for i in indices if i != last)
+
+
+# torch distributed/pipelining/stage.py allocates a receive buffer per micro-batch for every
+# activation a non-first stage receives (2.6.0 _prepare_forward_infra :1433; 2.13
+# _setup_forward_recv_info :2270) and for every gradient a non-last stage receives (2.6.0
+# _prepare_backward_infra :299 via _create_grad_recv_info; 2.13 :330, :2314), once, at the first
+# step, and keeps them for every later one. Counted on torch's own schedules on a fake process
+# group (benchmarks/torchtitan_pipeline_outputs.py, pp 8, 8 micro-batches, torch 2.6.0 and 2.13
+# alike): 1F1B ranks 1-6 hold 8 + 8, rank 0 8 gradient buffers, rank 7 8 activation buffers;
+# interleaved 1F1B 16 + 16 on ranks 1-6, 8 + 16 on rank 0, 16 + 8 on rank 7.
+def pipeline_receive_buffer_bytes(request: PlanRequest) -> int:
+    """The receive buffers of a torchtitan pipeline rank (allocated once, kept for good)."""
+    parallel = request.parallel
+    if request.training.framework is not Framework.torchtitan or parallel.pp == 1:
+        return 0
+    activations, gradients = _receiving_stages(request)
+    return (activations + gradients) * request.batch.grad_accum_steps * stage_boundary_bytes(request)
+
+
+# The micro-batch a non-first stage runs on is its receive buffer itself (torch 2.6.0 stage.py
+# _retrieve_recv_activations :537, 2.13 :635; the benchmark checks every stage input's storage
+# is one of the buffers'), and full recomputation's checkpoint saves each block's input: the
+# first block of such a stage saves the buffer that pipeline_receive_buffer_bytes counts.
+def pipeline_received_input_bytes(request: PlanRequest, chunks: int) -> int:
+    """The in-flight chunks' saved stage inputs that are receive buffers (counted there)."""
+    if request.training.activation_checkpointing is not ActivationCheckpointing.full:
+        return 0
+    v = request.parallel.virtual_stages
+    receiving, _ = _receiving_stages(request)
+    # A rank with the first stage runs its chunks over v stages, one of them not receiving: the
+    # in-flight chunks are taken spread over the stages, as rank_activation_bytes spreads them.
+    return chunks * receiving * stage_boundary_bytes(request) // v
+
+
+# The gradient of a non-first stage's input, made at its backward and sent to the previous
+# stage: torch 2.6.0 leaves it on the receive buffer (_backward.py:359) until the next step's
+# clear_runtime_states (stage.py:525), so at the rank's in-flight peak (after its last forward)
+# every backward done so far left one (profiles.torchtitan_keeps_input_gradients); torch 2.13
+# drops it (_backward.py:450) and only Schedule1F1B's bwd_sends (schedules.py:1116) still
+# holds the previous backward's at the next. Counted on torch's own schedules
+# (benchmarks/torchtitan_pipeline_outputs.py, pp 8, 8 micro-batches): torch 2.6.0 v m - chunks
+# on every rank but 0 (1F1B 1..7, interleaved 0..7), torch 2.13 1 under 1F1B, 0 interleaved.
+def pipeline_input_gradient_bytes(request: PlanRequest, chunks: int) -> int:
+    """The input gradients the rank's non-first stages hold at its in-flight peak."""
+    parallel = request.parallel
+    receiving, _ = _receiving_stages(request)
+    if torchtitan_keeps_input_gradients(request.training):
+        held = min(max(parallel.virtual_stages * request.batch.grad_accum_steps - chunks, 0),
+                   receiving * request.batch.grad_accum_steps)
+    else:
+        held = 1 if receiving and parallel.pp_schedule is PipelineSchedule.one_f_one_b else 0
+    return held * stage_boundary_bytes(request)
 
 
 def last_stage_in_flight(request: PlanRequest) -> int:
