@@ -261,8 +261,28 @@ def backward_end_gradient_bytes(request: PlanRequest) -> int | None:
 def block_backward_gradient_bytes(request: PlanRequest) -> int:
     """Gradients alive at the first block's backward beyond those carried between micro-batches
     (PeakTerms.block_backward_gradients): DeepSpeed ZeRO-1/2's gradients of what follows the
-    blocks (zeroplan.core.deepspeed_epilogue.early_gradient_bytes); 0 elsewhere."""
-    return deepspeed_epilogue.early_gradient_bytes(request)
+    blocks (zeroplan.core.deepspeed_epilogue.early_gradient_bytes), a tied head's gradient held
+    under the optimizer in backward (tied_head_gradient_in_backward_bytes); 0 elsewhere."""
+    return deepspeed_epilogue.early_gradient_bytes(request) + tied_head_gradient_in_backward_bytes(request)
+
+
+# torch 2.13 torch/csrc/autograd/engine.cpp (Engine::evaluate_function): a node runs once every
+# incoming gradient has reached its InputBuffer, where they are summed. A tied embedding's weight
+# is one leaf used twice (output projection and embedding), so its AccumulateGrad, and with it
+# the post-accumulate-grad hook that torchtune's optimizer_in_bwd steps and frees the gradient
+# in (torchtune 0.6.1 training/memory.py register_optim_in_bwd_hooks), runs only after the
+# embedding's backward, the last: the output projection's contribution, a weight-sized gradient
+# in the compute dtype, is held from the loss's backward through every block's. Untied, the
+# head's hook steps and frees it at once. Measured on the CPU (tests/test_head_gradients.py):
+# at the first layer's backward the tied model holds one head-sized gradient more than the untied one.
+def tied_head_gradient_in_backward_bytes(request: PlanRequest) -> int:
+    """The tied embedding's first gradient contribution held through backward under
+    TrainingSpec.optimizer_in_backward (0 untied, frozen or without the optimizer in backward)."""
+    units = rank_parameter_units(request)
+    if (not request.training.optimizer_in_backward or not request.model.tied_embeddings or request.parallel.pp > 1
+            or not any(t.trainable for unit in units if unit.name == "embedding" for t in unit.tensors)):
+        return 0
+    return request.model.vocab_size * request.model.hidden_size * request.training.precision.compute_bytes // request.parallel.tp
 
 
 def block_backward_transient_bytes(request: PlanRequest) -> int:

@@ -197,6 +197,33 @@ def fsdp_chunked_head_parts(request: PlanRequest) -> tuple[int, ...]:
     return copy_out if sum(copy_out) > sum(accumulating) else accumulating
 
 
+# torchtune 0.6.1 modules/transformer.py TransformerDecoder.chunked_output runs self.output once
+# per chunk, so the output projection's weight (a tied embedding's included) is one leaf with n
+# uses. torch 2.13's autograd engine (csrc/autograd/engine.cpp evaluate_function, input_buffer.cpp
+# InputBuffer::add) sums each chunk's weight gradient into the AccumulateGrad node's buffer out of
+# place (aten.add.Tensor), and releases a node's inputs before routing its outputs: the head's
+# backward runs the chunks' matmul backwards after all n cross-entropy backwards (later nodes
+# first), each freeing its bf16 logit gradient, and from the second chunk on the running sum, the
+# chunk's new mm output and their sum, three V x h gradients in the compute dtype, are alive
+# beside the n - 2 chunks' gradients still waiting. Measured on the CPU with torchtune's own
+# llama3_2 and CEWithChunkedOutputLoss, tied and untied (tests/test_head_gradients.py):
+# at most 3 head-sized gradients and 6 of 8 bf16 logit-chunk gradients at once, at that add.
+# Under FSDP2 full sharding fsdp_chunked_head_parts counts the unsharded accumulation instead.
+def chunked_head_accumulation_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...]:
+    """The moment of the head's weight-gradient accumulation over the loss's chunks (the n - 2
+    bf16 logit-chunk gradients left and three head gradients), or none: a frozen head, one chunk,
+    fused linear cross-entropy or FSDP2's gathered head (fsdp_chunked_head_parts)."""
+    chunks = loss_chunks(request.training)
+    finetune = request.training.finetune
+    if (chunks < 3 or finetune.is_lora or finetune.freeze_embeddings or request.training.fused_linear_cross_entropy
+            or fsdp_chunked_head_parts(request)):
+        return ()
+    e = request.training.precision.compute_bytes
+    sbv = request.batch.seq_len * request.batch.micro_batch_size * request.model.vocab_size
+    head_gradient = request.model.vocab_size * request.model.hidden_size * e // request.parallel.tp
+    return ((*even_split(e * sbv // request.parallel.tp, chunks)[2:], *(head_gradient,) * 3),)
+
+
 # torch 2.13 torch/distributed/fsdp/_fully_shard/_fsdp_state.py _pre_backward ->
 # _fsdp_param_group.py pre_backward: the first unit to run backward is the one that ran the
 # output projection last in forward; reshard_after_forward freed its parameters, so its
@@ -348,10 +375,10 @@ def framework_logits_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...
         return torchtitan_chunked_loss_parts(request), tuple(torchtitan_chunk_cross_entropy_parts(request))
     if training.fused_linear_cross_entropy:
         return fused_linear_cross_entropy_tensors(request)
-    if chunks > 1 and compiles_loss(training):
-        return compiled_chunked_logits_tensors(model, training, s, b, chunks, fsdp_chunked_head_parts(request))
     if chunks > 1:
-        return chunked_logits_tensors(model, training, s, b, chunks, fsdp_chunked_head_parts(request))
+        moments = (compiled_chunked_logits_tensors if compiles_loss(training) else chunked_logits_tensors)(
+            model, training, s, b, chunks, fsdp_chunked_head_parts(request))
+        return (*moments, *chunked_head_accumulation_tensors(request))
     if training.unchunked_loss and training.framework is Framework.torchtune:
         return torchtune_unchunked_logits_tensors(request)
     # The loss's fp32 tensors are alive at the start of its backward, beside the head's unit

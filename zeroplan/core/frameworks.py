@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from zeroplan.core.profiles import profile
 from zeroplan.specs.framework import Framework
-from zeroplan.specs.model import MlpKind, ModelSpec
+from zeroplan.specs.model import MlpKind, ModelSpec, PositionKind
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
-from zeroplan.specs.training import ActivationCheckpointing, Precision, TrainingSpec
+from zeroplan.specs.training import ActivationCheckpointing, AttentionKernel, Precision, TrainingSpec
 
 FP32_BYTES = 4
 
@@ -29,6 +29,26 @@ def expanded_kv_extra_bytes(model: ModelSpec, training: TrainingSpec, s: int, b:
     if not prof.expands_kv_heads:
         return 0
     return 2 * training.precision.compute_bytes * s * b * (model.q_size - model.kv_size)
+
+
+# transformers 4.56.2 models/llama/modeling_llama.py eager_attention_forward (lines 181-190;
+# 4.31.0 LlamaAttention.forward, lines 327-347, the same ops): repeat_kv copies K and V to the
+# query head count and the two matmuls keep the copies; the scores pass F.softmax(...,
+# dtype=torch.float32), whose backward keeps its fp32 output, then .to(query.dtype), the copy
+# softmax@V keeps (what attention_core_terms counts as softmax_output); dropout at p = 0 returns
+# its input. So an eager block keeps 4 bytes a score more (none where the compute dtype is fp32:
+# the cast returns the same tensor) and the repeated K and V. ALiBi models' fp32 softmax is in
+# attention_core_terms already. Measured with saved-tensor hooks on transformers 4.56.2's
+# LlamaAttention on the CPU, eager less SDPA (tests/test_eager_attention.py).
+def eager_attention_extra_bytes(request: PlanRequest) -> int:
+    """Bytes one block's eager attention keeps beyond attention_core_terms in the framework's code."""
+    model, training = request.model, request.training
+    if (not profile(training.framework).eager_attention_upcasts_softmax
+            or training.attention_kernel is not AttentionKernel.eager or model.position is PositionKind.alibi):
+        return 0
+    s, b, e = request.batch.seq_len, request.batch.micro_batch_size, training.precision.compute_bytes
+    fp32_scores = FP32_BYTES * model.num_heads * s * s * b if e < FP32_BYTES else 0
+    return fp32_scores + 2 * e * s * b * (model.q_size - model.kv_size)
 
 
 # transformers 4.56.2 models/llama/modeling_llama.py LlamaRMSNorm.forward: the fp32 copy of the
@@ -249,7 +269,7 @@ def framework_layer_bytes(request: PlanRequest) -> int:
     norm_savings = hf_bf16_norm_savings_bytes(request)
     norms = model.norms_per_block * norm_savings
     return (layer_bytes(model, training, s, b, autocast=request.runs_under_autocast) - norms + expanded_kv_extra_bytes(model, training, s, b)
-            + autocast_copies_bytes(request) + torchtitan_rope_cache_bytes(request)
+            + autocast_copies_bytes(request) + torchtitan_rope_cache_bytes(request) + eager_attention_extra_bytes(request)
             + torchtitan_moe_block_extra_bytes(request) + lora_layer_delta_bytes(request, norm_savings))
 
 

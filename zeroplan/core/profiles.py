@@ -89,6 +89,11 @@ class FrameworkProfile:
     """Its RMSNorm is written out in elementwise ops (upcast, mean of squares, rsqrt, multiply,
     cast back, weight multiply) rather than calling F.rms_norm, so it saves those ops' operands
     on any device (zeroplan.core.activations.rms_norm_operand_bytes)."""
+    eager_attention_upcasts_softmax: bool = False
+    """Its eager attention repeats grouped K and V to the query head count and runs the softmax
+    in fp32 before casting the probabilities back, so it keeps the fp32 probabilities and the
+    repeated K and V besides what zeroplan.core.activations.attention_core_terms counts
+    (zeroplan.core.frameworks.eager_attention_extra_bytes)."""
     checkpoint_early_stop: bool = False
     """Its block checkpoint is torch's non-reentrant one with early stop on, the default
     (torch/utils/checkpoint.py, set_checkpoint_early_stop): recomputation ends once every tensor
@@ -194,6 +199,10 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         checkpoint_early_stop=False,
         # transformers 4.56.2 models/llama/modeling_llama.py LlamaRMSNorm.forward spells the norm out.
         rms_norm_spelled_out=True,
+        # transformers 4.56.2 models/llama/modeling_llama.py eager_attention_forward (lines
+        # 181-190), as 4.31.0 LlamaAttention.forward (lines 327-347) before SDPA existed there:
+        # repeat_kv, softmax(..., dtype=torch.float32).to(query.dtype).
+        eager_attention_upcasts_softmax=True,
         # accelerate 1.10.1 utils/dataclasses.py FullyShardedDataParallelPlugin.set_cpu_offload:
         # cpu_offload / FSDP_OFFLOAD_PARAMS true (the Trainer's fsdp "offload") becomes
         # CPUOffloadPolicy() under fsdp_version 2, which utils/fsdp_utils.py fsdp2_prepare_model
