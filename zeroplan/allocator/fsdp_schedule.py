@@ -161,7 +161,10 @@ def record_fsdp_step(request: PlanRequest, states: ModelStateBytes, terms: PeakT
         return [size * scale // max(unit.gathered_bytes, 1) for size in unit.tensor_bytes]
     block_parts = [p * per_block // max(sum(block_tensor_parts), 1) for p in block_tensor_parts]
     block_parts[-1] += per_block - sum(block_parts)
-    shares = [] if accumulating else proportional_bytes(states.gradient_bytes, weights)
+    # With accumulation the shards are carried from the start, or, under no_sync (accumulated
+    # gradients 0), made by the last micro-batch's reduce-scatters as they are without it.
+    carried = states.gradient_bytes if terms.accumulated_gradients is None else terms.accumulated_gradients
+    shares = [] if accumulating and carried else proportional_bytes(states.gradient_bytes, weights)
     cache_parts = forward_cache_parts(request, len(block_units))
 
     # Two steps: AdamW creates its states lazily, inside the first step's optimizer step, among
@@ -171,8 +174,10 @@ def record_fsdp_step(request: PlanRequest, states: ModelStateBytes, terms: PeakT
     b.alloc(terms.resident_buffers)
 
     def one_step(first_step: bool) -> None:
-        gradients = b.alloc_parts(split_bytes(states.gradient_bytes, weights)) if accumulating else []
-        held = b.alloc(terms.backward_held_buffers)
+        gradients = b.alloc_parts(split_bytes(carried, weights)) if accumulating and carried else []
+        held = b.alloc(terms.backward_held_buffers - terms.draining_held_buffers)
+        # FSDP's no_sync unsharded gradients, unit by unit: each goes at its unit's reduce-scatter.
+        draining = [b.alloc(part) for part in proportional_bytes(terms.draining_held_buffers, weights)]
 
         # Forward: the root (or the embedding) first; each block's parameters gathered, its
         # activations saved, its parameters freed (reshard_after_forward).
@@ -240,6 +245,7 @@ def record_fsdp_step(request: PlanRequest, states: ModelStateBytes, terms: PeakT
             b.free(pending_input)
             pending_input[:] = b.alloc(unit.elements * wire)
             b.free(unsharded or [])
+            b.free(draining[index])
             output = b.alloc(unit.elements // request.shard_group_size * wire, Stream.reduce_scatter)
             if shares:
                 gradients.extend(b.alloc(shares[index], Stream.reduce_scatter))

@@ -25,6 +25,9 @@ from zeroplan.results import PeakMoment
 # its own buffers and the gradients alive then replace the generic end of backward
 # (PeakTerms.backward_end_buffers/_gradients); gradients a framework leaves unreduced from before
 # the blocks (DeepSpeed ZeRO-1/2's) are alive at a block's backward (block_backward_gradients).
+# Under FSDP's no_sync accumulation the micro-batches carry the held unsharded gradients and no
+# shard (accumulated_gradients 0); the last one's backward turns them into shards unit by unit,
+# so none is held at the end of backward (draining_held_buffers).
 def peak_moments(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: int) -> dict[PeakMoment, MomentBytes]:
     """Every moment's live bytes, split into gradients, buffers (and workspace) and the rest."""
     resident = states.parameter_bytes + states.optimizer_state_bytes
@@ -40,7 +43,9 @@ def peak_moments(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: 
             resident + moments.activations, accumulated + moments.block_backward_gradients,
             held + moments.block_transient_buffers + moments.workspace,
         ),
-        PeakMoment.backward_end: MomentBytes(resident, backward_end_gradients, held + backward_end_buffers),
+        PeakMoment.backward_end: MomentBytes(
+            resident, backward_end_gradients, held - moments.draining_held_buffers + backward_end_buffers,
+        ),
         PeakMoment.optimizer_step: MomentBytes(resident + moments.step_temporary, states.gradient_bytes, moments.resident_buffers),
     }
 
@@ -98,6 +103,10 @@ class PeakTerms:
     """The gradients alive at that moment where they are not the model states' (DeepSpeed
     ZeRO-3 makes the fp32 gradient partition the optimizer reads only at the step); None: the
     model states' gradients."""
+    draining_held_buffers: int = 0
+    """The part of ``backward_held_buffers`` the last micro-batch's backward frees unit by unit,
+    gone by the end of backward: FSDP's unsharded gradients under no_sync accumulation
+    (zeroplan.core.buffers.draining_held_buffer_bytes)."""
 
 
 def moment_totals(states: ModelStateBytes, terms: PeakTerms, grad_accum_steps: int) -> list[int]:
