@@ -1,8 +1,8 @@
 """Gradient accumulation into FSDP's unsharded gradients (keep_unsharded_grads_on_accum: FSDP1's
 no_sync(), FSDP2 without gradient sync, as Lightning Fabric and litgpt run it): the micro-batches
 carry the held unsharded gradients and no gradient shard beside them, and the last one's
-backward turns them into shards unit by unit (zeroplan.core.buffers
-fsdp_no_sync_carried_gradient_bytes, draining_held_buffer_bytes). Against the committed harness
+reduce-scatters turn them into the shards the step takes (zeroplan.core.buffers
+fsdp_no_sync_carried_gradient_bytes, backward_end_gradient_bytes, draining_held_buffer_bytes). Against the committed harness
 run of FSDP2 on gloo. Reads JSON records only; no torch."""
 
 from __future__ import annotations
@@ -35,11 +35,12 @@ def test_the_unsharded_gradients_replace_the_shard_until_the_last_backward_reduc
     assert terms.accumulated_gradients == 0 and plain_terms.accumulated_gradients is None
     alive = peak_moments(states, terms, 4)
     plain_alive = peak_moments(states, plain_terms, 4)
-    for moment in (PeakMoment.loss_backward, PeakMoment.block_backward):
+    # Every moment of a micro-batch's backward, its end included (every micro-batch but the last
+    # ends with the unsharded gradients whole), holds them instead of the shard.
+    for moment in (PeakMoment.loss_backward, PeakMoment.block_backward, PeakMoment.backward_end):
         assert alive[moment].gradients == 0 and plain_alive[moment].gradients == states.gradient_bytes
         assert alive[moment].total - plain_alive[moment].total == unsharded - states.gradient_bytes
-    # Backward ends with the shards and the last unit's reduction, nothing of the held buffer.
-    assert alive[PeakMoment.backward_end] == plain_alive[PeakMoment.backward_end]
+    assert alive[PeakMoment.optimizer_step] == plain_alive[PeakMoment.optimizer_step]
 
 
 def test_the_harness_run_holds_no_gradient_shard_beside_the_unsharded_gradients() -> None:

@@ -10,7 +10,7 @@ lists what it approximates."""
 from __future__ import annotations
 
 
-from zeroplan.allocator.builder import TraceBuilder, even_parts, proportional_bytes, split_bytes
+from zeroplan.allocator.builder import TraceBuilder, even_parts, split_bytes
 from zeroplan.allocator.fsdp_schedule import applies as fsdp_applies
 from zeroplan.allocator.fsdp_schedule import forward_cache_parts, record_fsdp_step, run_loss
 from zeroplan.allocator.replay import Ops
@@ -80,9 +80,9 @@ def _recorded_step(request: PlanRequest, states: ModelStateBytes, terms: PeakTer
     carried = states.gradient_bytes if terms.accumulated_gradients is None else terms.accumulated_gradients
     gradients = b.alloc_parts(even_parts(carried, blocks + 1)) if accumulating else []
     held = b.alloc(terms.backward_held_buffers - terms.draining_held_buffers)
-    # FSDP's no_sync unsharded gradients, one part per block and one for the rest: each goes
-    # when its unit is reduce-scattered in the last micro-batch's backward.
-    draining = [b.alloc(part) for part in proportional_bytes(terms.draining_held_buffers, [1] * (blocks + 1))]
+    # FSDP's no_sync unsharded gradients: whole through a micro-batch's backward, they give way
+    # to the gradient shards the last one's reduce-scatters make.
+    draining = b.alloc(terms.draining_held_buffers)
 
     # Forward: each block's unit gathered, its activations saved, the unit freed. A block holds
     # no more than block_transient_buffers (0 where the only buffer is an all-reduce after the
@@ -114,10 +114,8 @@ def _recorded_step(request: PlanRequest, states: ModelStateBytes, terms: PeakTer
         b.free(b.alloc(terms.workspace))
         b.free(saved[block])
         b.free(unit + reducing)
-        b.free(draining[block])
     b.free(outside_ids)
     b.free(early)
-    b.free(draining[blocks])
 
     # End of backward: the planner's gradients arrive once the activations are gone, beside the
     # last unit's buffers, or the last reduction's own buffers and gradients where it is modelled
@@ -138,6 +136,7 @@ def _recorded_step(request: PlanRequest, states: ModelStateBytes, terms: PeakTer
         gradients = []
         b.free(b.alloc_parts(even_parts(ending, blocks + 1)) + unit)
         unit = []
+    b.free(draining)
     if not gradients:
         gradients = b.alloc_parts(even_parts(states.gradient_bytes, blocks + 1))
     b.free(unit)

@@ -147,10 +147,9 @@ def fsdp_no_sync_carried_gradient_bytes(request: PlanRequest) -> int | None:
 
 
 def draining_held_buffer_bytes(request: PlanRequest) -> int:
-    """The part of backward_held_buffer_bytes gone by the end of backward
-    (PeakTerms.draining_held_buffers): FSDP's unsharded gradients under no_sync accumulation,
-    which the last micro-batch's backward reduce-scatters and frees unit by unit (the last
-    unit's is among the end-of-backward buffers); 0 elsewhere."""
+    """The part of backward_held_buffer_bytes the gradient shards replace after the step's
+    backward (PeakTerms.draining_held_buffers): FSDP's unsharded gradients under no_sync
+    accumulation, which the last micro-batch reduce-scatters; 0 elsewhere."""
     if fsdp_no_sync_carried_gradient_bytes(request) is None:
         return 0
     return rank_trainable_elements(request) * element_bytes(request.training.precision, request.convention).compute_parameter
@@ -278,10 +277,15 @@ def backward_end_buffer_bytes(request: PlanRequest) -> int | None:
 
 def backward_end_gradient_bytes(request: PlanRequest) -> int | None:
     """The gradients alive at the last reduction (PeakTerms.backward_end_gradients): none under
-    DeepSpeed ZeRO-3, whose fp32 partition is made at the step, and every full gradient under
+    DeepSpeed ZeRO-3, whose fp32 partition is made at the step, or under FSDP's no_sync
+    accumulation (the held unsharded gradients stand for them), and every full gradient under
     DeepSpeed ZeRO-1, reduced only once backward ends (zeroplan.core.deepspeed_epilogue); None
     (the model states' gradients) elsewhere."""
     if deepspeed_epilogue.models_epilogue(request):
+        return 0
+    if fsdp_no_sync_carried_gradient_bytes(request) == 0:
+        # Every micro-batch but the last ends its backward with the unsharded gradients whole and
+        # no shard (fsdp_no_sync_carried_gradient_bytes), the larger of the two ends.
         return 0
     if deepspeed_epilogue.stage1_keeps_gradients(request):
         return deepspeed_epilogue.stage1_gradient_bytes(request)

@@ -26,8 +26,8 @@ from zeroplan.results import PeakMoment
 # (PeakTerms.backward_end_buffers/_gradients); gradients a framework leaves unreduced from before
 # the blocks (DeepSpeed ZeRO-1/2's) are alive at a block's backward (block_backward_gradients).
 # Under FSDP's no_sync accumulation the micro-batches carry the held unsharded gradients and no
-# shard (accumulated_gradients 0); the last one's backward turns them into shards unit by unit,
-# so none is held at the end of backward (draining_held_buffers).
+# shard (accumulated_gradients 0): every micro-batch but the last ends its backward so, beside its
+# last unit's buffers (backward_end_gradients 0), and the last turns them into the shards.
 def peak_moments(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: int) -> dict[PeakMoment, MomentBytes]:
     """Every moment's live bytes, split into gradients, buffers (and workspace) and the rest."""
     resident = states.parameter_bytes + states.optimizer_state_bytes
@@ -43,9 +43,7 @@ def peak_moments(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: 
             resident + moments.activations, accumulated + moments.block_backward_gradients,
             held + moments.block_transient_buffers + moments.workspace,
         ),
-        PeakMoment.backward_end: MomentBytes(
-            resident, backward_end_gradients, held - moments.draining_held_buffers + backward_end_buffers,
-        ),
+        PeakMoment.backward_end: MomentBytes(resident, backward_end_gradients, held + backward_end_buffers),
         PeakMoment.optimizer_step: MomentBytes(resident + moments.step_temporary, states.gradient_bytes, moments.resident_buffers),
     }
 
@@ -104,9 +102,10 @@ class PeakTerms:
     ZeRO-3 makes the fp32 gradient partition the optimizer reads only at the step); None: the
     model states' gradients."""
     draining_held_buffers: int = 0
-    """The part of ``backward_held_buffers`` the last micro-batch's backward frees unit by unit,
-    gone by the end of backward: FSDP's unsharded gradients under no_sync accumulation
-    (zeroplan.core.buffers.draining_held_buffer_bytes)."""
+    """The part of ``backward_held_buffers`` the gradient shards replace once the step's backward
+    is done: FSDP's unsharded gradients under no_sync accumulation, reduce-scattered by the last
+    micro-batch (zeroplan.core.buffers.draining_held_buffer_bytes); the allocator schedules free
+    it before they allocate the shards."""
 
 
 def moment_totals(states: ModelStateBytes, terms: PeakTerms, grad_accum_steps: int) -> list[int]:
