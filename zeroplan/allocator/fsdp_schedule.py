@@ -161,6 +161,9 @@ def record_fsdp_step(request: PlanRequest, states: ModelStateBytes, terms: PeakT
         return [size * scale // max(unit.gathered_bytes, 1) for size in unit.tensor_bytes]
     block_parts = [p * per_block // max(sum(block_tensor_parts), 1) for p in block_tensor_parts]
     block_parts[-1] += per_block - sum(block_parts)
+    # With accumulation the shards are carried from the start; under no_sync (accumulated
+    # gradients 0) none is: they replace the unsharded gradients once backward is done.
+    carried = states.gradient_bytes if terms.accumulated_gradients is None else terms.accumulated_gradients
     shares = [] if accumulating else proportional_bytes(states.gradient_bytes, weights)
     cache_parts = forward_cache_parts(request, len(block_units))
 
@@ -171,8 +174,11 @@ def record_fsdp_step(request: PlanRequest, states: ModelStateBytes, terms: PeakT
     b.alloc(terms.resident_buffers)
 
     def one_step(first_step: bool) -> None:
-        gradients = b.alloc_parts(split_bytes(states.gradient_bytes, weights)) if accumulating else []
-        held = b.alloc(terms.backward_held_buffers)
+        gradients = b.alloc_parts(split_bytes(carried, weights)) if accumulating and carried else []
+        held = b.alloc(terms.backward_held_buffers - terms.draining_held_buffers)
+        # FSDP's no_sync unsharded gradients: whole through a micro-batch's backward, they give
+        # way to the gradient shards the last one's reduce-scatters make.
+        draining = b.alloc(terms.draining_held_buffers)
 
         # Forward: the root (or the embedding) first; each block's parameters gathered, its
         # activations saved, its parameters freed (reshard_after_forward).
@@ -274,6 +280,9 @@ def record_fsdp_step(request: PlanRequest, states: ModelStateBytes, terms: PeakT
             backward_gradients(0, root)
         b.free(pending_input)
         b.free(held)
+        if draining:
+            b.free(draining)
+            gradients = b.alloc_parts(split_bytes(states.gradient_bytes, weights))
 
         # Optimizer step: its temporaries per unit, then the gradients go (set_to_none).
         if first_step:

@@ -80,7 +80,10 @@ def _recorded_step(request: PlanRequest, states: ModelStateBytes, terms: PeakTer
     # convention its own buffers: PeakTerms.accumulated_gradients) is there from the start.
     carried = states.gradient_bytes if terms.accumulated_gradients is None else terms.accumulated_gradients
     gradients = b.alloc_parts(even_parts(carried, blocks + 1)) if accumulating else []
-    held = b.alloc(terms.backward_held_buffers)
+    held = b.alloc(terms.backward_held_buffers - terms.draining_held_buffers)
+    # FSDP's no_sync unsharded gradients: whole through a micro-batch's backward, they give way
+    # to the gradient shards the last one's reduce-scatters make.
+    draining = b.alloc(terms.draining_held_buffers)
 
     # Forward: each block's unit gathered, its activations saved, the unit freed. A block holds
     # no more than block_transient_buffers (0 where the only buffer is an all-reduce after the
@@ -134,6 +137,7 @@ def _recorded_step(request: PlanRequest, states: ModelStateBytes, terms: PeakTer
         gradients = []
         b.free(b.alloc_parts(even_parts(ending, blocks + 1)) + unit)
         unit = []
+    b.free(draining)
     # DeepSpeed's ZeRO-1/2 step reads one flat fp32 gradient partition and makes its temporaries
     # (the norm's fp64 copy of one gradient, an optimizer temporary over the flat partition) one
     # tensor at a time (zeroplan.core.deepspeed_step): whole tensors here, not per-unit parts.

@@ -138,7 +138,8 @@ def add_sharding_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument(
         "--keep-unsharded-grads-on-accum", action="store_true",
         help="accumulate unsharded gradients over --grad-accum micro-batches and reduce once (FSDP no_sync, "
-             "FSDP2 set_requires_gradient_sync(False), as Lightning and litgpt run it): a full gradient buffer",
+             "FSDP2 set_requires_gradient_sync(False)): a full gradient buffer (default with --framework litgpt, "
+             "whose loop runs it)",
     )
     group.add_argument(
         "--fsdp-cpu-offload", action="store_true",
@@ -487,7 +488,8 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
                             mics_shard_size=getattr(args, "mics_shard_size", None),
                             nvme_pipeline_read=getattr(args, "nvme_pipeline", None) in ("read", "both"),
                             nvme_pipeline_write=getattr(args, "nvme_pipeline", None) in ("write", "both"),
-                            keep_unsharded_grads_on_accum=getattr(args, "keep_unsharded_grads_on_accum", False),
+                            keep_unsharded_grads_on_accum=getattr(args, "keep_unsharded_grads_on_accum", False)
+                            or profile(framework).accumulates_without_gradient_sync,
                             deepspeed_grad_accum_fp32=getattr(args, "deepspeed_grad_accum_dtype", None) == "fp32")
     if args.mfu is not None:
         raise ZeroplanError(

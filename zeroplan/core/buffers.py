@@ -126,6 +126,36 @@ def backward_held_buffer_bytes(request: PlanRequest) -> int:
     return held
 
 
+# torch 2.13 distributed/fsdp/_runtime_utils.py _post_backward_hook (lines 743-746): under FSDP1's
+# no_sync() a unit's post-backward keeps its unsharded gradient and returns; _reduce_grad (lines
+# 846-847) takes it off flat_param.grad and reduce-scatters it into a new shard only in the last
+# micro-batch's backward. The step's zero_grad(set_to_none=True) frees the shard (use_orig_params:
+# _flat_param.py _reset_flat_param_grad_info_if_needed, line 2471, at the next forward). FSDP2 the
+# same (_fully_shard/_fsdp_param_group.py post_backward, lines 607-612: no reduce-scatter, the
+# unsharded gradient kept). So what a micro-batch leaves for the next is the unsharded gradient
+# backward_held_buffer_bytes holds, and no gradient shard beside it (the harness's FSDP2 run with
+# 4 micro-batches, benchmarks/records/tiny-llama-fsdp-full-shard-torch-fp32-n2-accum4-keep).
+def fsdp_no_sync_carried_gradient_bytes(request: PlanRequest) -> int | None:
+    """What one micro-batch leaves allocated for the next beyond the held buffers
+    (PeakTerms.accumulated_gradients): 0 where FSDP accumulates unsharded gradients
+    (keep_unsharded_grads_on_accum); None elsewhere (the model states' gradients)."""
+    kind = request.strategy.kind
+    if (request.batch.grad_accum_steps > 1 and request.strategy.keep_unsharded_grads_on_accum and kind.is_fsdp
+            and not pipeline_defers_fsdp_reduction(request.parallel, kind.is_fsdp)
+            and not (_megatron_buffers(request) or _bf16_optimizer_buffers(request))):
+        return 0
+    return None
+
+
+def draining_held_buffer_bytes(request: PlanRequest) -> int:
+    """The part of backward_held_buffer_bytes the gradient shards replace after the step's
+    backward (PeakTerms.draining_held_buffers): FSDP's unsharded gradients under no_sync
+    accumulation, which the last micro-batch reduce-scatters; 0 elsewhere."""
+    if fsdp_no_sync_carried_gradient_bytes(request) is None:
+        return 0
+    return rank_trainable_elements(request) * element_bytes(request.training.precision, request.convention).compute_parameter
+
+
 def transient_buffer_bytes(request: PlanRequest) -> int:
     """Buffers of the unit being gathered or reduced (the largest unit)."""
     if _megatron_buffers(request):
@@ -248,10 +278,15 @@ def backward_end_buffer_bytes(request: PlanRequest) -> int | None:
 
 def backward_end_gradient_bytes(request: PlanRequest) -> int | None:
     """The gradients alive at the last reduction (PeakTerms.backward_end_gradients): none under
-    DeepSpeed ZeRO-3, whose fp32 partition is made at the step, and every full gradient under
+    DeepSpeed ZeRO-3, whose fp32 partition is made at the step, or under FSDP's no_sync
+    accumulation (the held unsharded gradients stand for them), and every full gradient under
     DeepSpeed ZeRO-1, reduced only once backward ends (zeroplan.core.deepspeed_epilogue); None
     (the model states' gradients) elsewhere."""
     if deepspeed_epilogue.models_epilogue(request):
+        return 0
+    if fsdp_no_sync_carried_gradient_bytes(request) == 0:
+        # Every micro-batch but the last ends its backward with the unsharded gradients whole and
+        # no shard (fsdp_no_sync_carried_gradient_bytes), the larger of the two ends.
         return 0
     if deepspeed_epilogue.stage1_keeps_gradients(request):
         return deepspeed_epilogue.stage1_gradient_bytes(request)

@@ -25,6 +25,9 @@ from zeroplan.results import PeakMoment
 # its own buffers and the gradients alive then replace the generic end of backward
 # (PeakTerms.backward_end_buffers/_gradients); gradients a framework leaves unreduced from before
 # the blocks (DeepSpeed ZeRO-1/2's) are alive at a block's backward (block_backward_gradients).
+# Under FSDP's no_sync accumulation the micro-batches carry the held unsharded gradients and no
+# shard (accumulated_gradients 0): every micro-batch but the last ends its backward so, beside its
+# last unit's buffers (backward_end_gradients 0), and the last turns them into the shards.
 def peak_moments(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: int) -> dict[PeakMoment, MomentBytes]:
     """Every moment's live bytes, split into gradients, buffers (and workspace) and the rest."""
     resident = states.parameter_bytes + states.optimizer_state_bytes
@@ -98,6 +101,11 @@ class PeakTerms:
     """The gradients alive at that moment where they are not the model states' (DeepSpeed
     ZeRO-3 makes the fp32 gradient partition the optimizer reads only at the step); None: the
     model states' gradients."""
+    draining_held_buffers: int = 0
+    """The part of ``backward_held_buffers`` the gradient shards replace once the step's backward
+    is done: FSDP's unsharded gradients under no_sync accumulation, reduce-scattered by the last
+    micro-batch (zeroplan.core.buffers.draining_held_buffer_bytes); the allocator schedules free
+    it before they allocate the shards."""
 
 
 def moment_totals(states: ModelStateBytes, terms: PeakTerms, grad_accum_steps: int) -> list[int]:

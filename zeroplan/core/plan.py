@@ -8,7 +8,8 @@ from dataclasses import replace
 from zeroplan.core.activations import activation_bytes, backward_workspace_bytes, layer_bytes, logits_bytes
 from zeroplan.core.buffers import (
     backward_end_buffer_bytes, backward_end_gradient_bytes, backward_held_buffer_bytes, block_backward_gradient_bytes,
-    block_backward_transient_bytes, optimizer_step_temporary_bytes, resident_buffer_bytes, transient_buffer_bytes,
+    block_backward_transient_bytes, draining_held_buffer_bytes, fsdp_no_sync_carried_gradient_bytes,
+    optimizer_step_temporary_bytes, resident_buffer_bytes, transient_buffer_bytes,
 )
 from zeroplan.core.communication import collectives
 from zeroplan.core.compiled import check_compiled
@@ -131,6 +132,14 @@ def _micro_batch_terms(request: PlanRequest) -> tuple[tuple[str, object], ...]:
     return (("activations", activations), ("logits", logits), ("workspace", workspace), ("logits_pieces", logits_pieces))
 
 
+def _accumulated_gradient_bytes(request: PlanRequest) -> int | None:
+    """PeakTerms.accumulated_gradients: DeepSpeed's micro-step buffers, or nothing beyond the held
+    unsharded gradients under FSDP's no_sync accumulation; None where the model states' gradients
+    are carried."""
+    carried = deepspeed_accumulated_gradient_bytes(request)
+    return fsdp_no_sync_carried_gradient_bytes(request) if carried is None else carried
+
+
 def deepspeed_accumulated_gradient_bytes(request: PlanRequest) -> int | None:
     """What DeepSpeed's ZeRO-1/2/3 keep between micro-steps beyond their resident buffers, under
     the deepspeed convention without offload or a step in backward; None elsewhere (the peak
@@ -174,10 +183,11 @@ def _state_terms(request: PlanRequest) -> tuple[ModelStateBytes, tuple[tuple[str
         ("transient_buffers", transient_buffer_bytes(request)),
         ("block_transient_buffers", block_backward_transient_bytes(request)),
         ("step_temporary", optimizer_step_temporary_bytes(request, states.optimizer_elements)),
-        ("accumulated_gradients", deepspeed_accumulated_gradient_bytes(request)),
+        ("accumulated_gradients", _accumulated_gradient_bytes(request)),
         ("backward_end_buffers", backward_end_buffer_bytes(request)),
         ("backward_end_gradients", backward_end_gradient_bytes(request)),
         ("block_backward_gradients", block_backward_gradient_bytes(request)),
+        ("draining_held_buffers", draining_held_buffer_bytes(request)),
     )
 
 

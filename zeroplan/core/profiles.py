@@ -51,6 +51,10 @@ class FrameworkProfile:
     fsdp_loss_backward_gathers_head: bool = False
     """Measured from its own FSDP2 step (benchmarks/framework-step-records): at the loss's
     backward the unit holding the output projection is gathered again (fsdp_head_gathered_bytes)."""
+    accumulates_without_gradient_sync: bool = False
+    """Its loop runs the micro-batches before each optimizer step without gradient sync (FSDP1's
+    no_sync()): the unsharded gradients accumulate, StrategySpec.keep_unsharded_grads_on_accum
+    (the command line's default for it)."""
     fsdp_separate_embedding_and_head: bool = False
     """Under FSDP the token embedding and the output projection are fully_shard units of their
     own (instead of part of the root unit with the final norm)."""
@@ -282,6 +286,10 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         # lightning 2.4 fabric/plugins/precision/fsdp.py FSDPPrecision.mixed_precision_config for
         # "bf16-true": MixedPrecision(param_dtype=bf16, reduce_dtype=bf16, buffer_dtype=bf16).
         fsdp_reduces_in_compute_dtype=True,
+        # finetune/full.py fit() (lines 253-254) and lora.py fit() run every micro-batch but the
+        # step's last under fabric.no_backward_sync(model), which lightning 2.4's FSDPStrategy makes
+        # FSDP1's no_sync() (fabric/strategies/fsdp.py _FSDPBackwardSyncControl).
+        accumulates_without_gradient_sync=True,
         # auto_wrap_policy={Block} leaves wte, ln_f and lm_head in the root unit, and torch's FSDP1
         # (torch/distributed/fsdp/_runtime_utils.py _post_forward_reshard) does not free the
         # root's gathered parameters after forward: the embedding and the head are gathered at

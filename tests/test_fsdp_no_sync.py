@@ -1,0 +1,53 @@
+"""Gradient accumulation into FSDP's unsharded gradients (keep_unsharded_grads_on_accum: FSDP1's
+no_sync(), FSDP2 without gradient sync, as Lightning Fabric and litgpt run it): the micro-batches
+carry the held unsharded gradients and no gradient shard beside them, and the last one's
+reduce-scatters turn them into the shards the step takes (zeroplan.core.buffers
+fsdp_no_sync_carried_gradient_bytes, backward_end_gradient_bytes, draining_held_buffer_bytes). Against the committed harness
+run of FSDP2 on gloo. Reads JSON records only; no torch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from zeroplan.core.peak import peak_moments
+from zeroplan.core.plan import checked_peak_terms
+from zeroplan.harness.record import read_record
+from zeroplan.results import PeakMoment
+from zeroplan.validate.compare import compare_record, request_for
+
+PSI = 12_586_368  # tiny-llama's parameters
+RUN = Path(__file__).resolve().parents[1] / "benchmarks" / "records" / "tiny-llama-fsdp-full-shard-torch-fp32-n2-accum4-keep"
+
+
+def _request(keep: bool):
+    request = request_for(read_record(RUN / "rank00000.json").description)
+    assert request.strategy.keep_unsharded_grads_on_accum and request.batch.grad_accum_steps == 4
+    return request.with_strategy(request.strategy.model_copy(update={"keep_unsharded_grads_on_accum": keep}))
+
+
+def test_the_unsharded_gradients_replace_the_shard_until_the_last_backward_reduces_them() -> None:
+    kept, plain = _request(True), _request(False)
+    states, terms = checked_peak_terms(kept)
+    _, plain_terms = checked_peak_terms(plain)
+    unsharded = 4 * PSI  # fp32, the whole model's gradients on every rank
+    assert states.gradient_bytes == 4 * PSI // 2
+    assert terms.backward_held_buffers == terms.draining_held_buffers == unsharded
+    assert terms.accumulated_gradients == 0 and plain_terms.accumulated_gradients is None
+    alive = peak_moments(states, terms, 4)
+    plain_alive = peak_moments(states, plain_terms, 4)
+    # Every moment of a micro-batch's backward, its end included (every micro-batch but the last
+    # ends with the unsharded gradients whole), holds them instead of the shard.
+    for moment in (PeakMoment.loss_backward, PeakMoment.block_backward, PeakMoment.backward_end):
+        assert alive[moment].gradients == 0 and plain_alive[moment].gradients == states.gradient_bytes
+        assert alive[moment].total - plain_alive[moment].total == unsharded - states.gradient_bytes
+    assert alive[PeakMoment.optimizer_step] == plain_alive[PeakMoment.optimizer_step]
+
+
+def test_the_harness_run_holds_no_gradient_shard_beside_the_unsharded_gradients() -> None:
+    rows = {row.quantity: row for row in compare_record(read_record(RUN / "rank00000.json"))}
+    peak, shard = rows["peak (CPU allocator)"], rows["gradients"]
+    assert shard.measured_bytes == shard.predicted_bytes
+    # The planner's peak is within the harness tolerance (5 %), and its error is well under the
+    # gradient shard it used to count beside the unsharded gradients.
+    assert abs(peak.measured_bytes - peak.predicted_bytes) < 0.05 * peak.measured_bytes
+    assert abs(peak.measured_bytes - peak.predicted_bytes) < shard.predicted_bytes / 2
