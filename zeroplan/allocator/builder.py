@@ -4,6 +4,7 @@ tensors (used by the planner's schedules, schedule.py and fsdp_schedule.py)."""
 from __future__ import annotations
 
 from zeroplan.allocator.replay import ALLOC_OP, FREE_OP, Ops
+from zeroplan.allocator.rules import MIN_BLOCK_BYTES
 from zeroplan.allocator.trace import AllocationTrace, AllocEvent, FreeEvent, Stream
 
 
@@ -41,6 +42,13 @@ class TraceBuilder:
     def __init__(self) -> None:
         self.ops: Ops = []
         self.next_id = 0
+        self._sizes: dict[int, int] = {}
+        self._alive = self._alive_rounded = 0
+        self.requested_peak_bytes = 0
+        """The most requested bytes alive at once (what a replay's requested peak reports)."""
+        self.rounded_peak_bytes = 0
+        """The same with every request rounded up to a multiple of 512 bytes (rules.round_size
+        without roundup_power2_divisions)."""
 
     def alloc(self, size: int, stream: int = Stream.compute) -> list[int]:
         if size <= 0:
@@ -48,6 +56,13 @@ class TraceBuilder:
         ident = self.next_id
         self.next_id += 1
         self.ops.append((ALLOC_OP, ident, size, int(stream)))
+        self._sizes[ident] = size
+        self._alive += size
+        if self._alive > self.requested_peak_bytes:
+            self.requested_peak_bytes = self._alive
+        self._alive_rounded += -(-size // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES
+        if self._alive_rounded > self.rounded_peak_bytes:
+            self.rounded_peak_bytes = self._alive_rounded
         return [ident]
 
     def alloc_parts(self, parts: list[int], stream: int = Stream.compute) -> list[int]:
@@ -55,6 +70,10 @@ class TraceBuilder:
 
     def free(self, idents: list[int]) -> None:
         self.ops.extend((FREE_OP, ident, 0, 0) for ident in idents)
+        for ident in idents:
+            size = self._sizes.pop(ident)
+            self._alive -= size
+            self._alive_rounded -= -(-size // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES
 
     def trace(self, source: str) -> AllocationTrace:
         """The recorded step as a typed trace."""

@@ -21,7 +21,7 @@ from zeroplan.allocator.capacity import CAPACITY_STEP_BYTES, bisect_capacity
 from zeroplan.allocator.config import AllocatorConfig, parse_alloc_conf
 from zeroplan.allocator.replay import ALLOC_OP, FREE_OP, Ops, ReplayResult, replay
 from zeroplan.allocator.rules import round_size
-from zeroplan.allocator.schedule import step_ops
+from zeroplan.allocator.schedule import step_builder, step_ops
 from zeroplan.core.collector import cyclic_gc_paused
 from zeroplan.core.model_states import ModelStateBytes
 from zeroplan.core.peak import PeakTerms
@@ -119,11 +119,15 @@ def _shape(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms,
     if known is not None and known[0] in _SHAPES:
         _SHAPE_OF.move_to_end(key)
         return known[0], _SHAPES[known[0]], known[1], config
-    ops = step_ops(request, states, terms)
+    builder = step_builder(request, states, terms)
+    ops = builder.ops
     digest = _digest(ops, config)
     shape = _SHAPES.get(digest)
-    requested, floor = _peaks(ops, config)
+    requested = builder.requested_peak_bytes
     if shape is None:
+        # Without roundup_power2_divisions round_size is the builder's rounding to 512 bytes.
+        plain = max(config.roundup_power2_divisions) <= 1
+        floor = builder.rounded_peak_bytes if plain else _peaks(ops, config)[1]
         shape = _Shape(floor, config.garbage_collection_threshold == 0.0)
         _remember(_SHAPES, digest, shape, _SHAPE_LIMIT)
     shortfall = max(allocated_peak_bytes - requested, 0)
