@@ -8,6 +8,10 @@ from zeroplan.allocator.rules import MIN_BLOCK_BYTES
 from zeroplan.allocator.trace import AllocationTrace, AllocEvent, FreeEvent, Stream
 
 
+_ROUND = MIN_BLOCK_BYTES - 1
+"""(size + _ROUND) & ~_ROUND: size rounded up to a multiple of 512 (a power of two)."""
+
+
 def proportional_bytes(total: int, weights: list[int]) -> list[int]:
     """``total`` in integer parts proportional to ``weights``, one per weight (the remainder on
     the largest)."""
@@ -42,7 +46,8 @@ class TraceBuilder:
     def __init__(self) -> None:
         self.ops: Ops = []
         self.next_id = 0
-        self._sizes: dict[int, int] = {}
+        self._sizes: list[int] = []
+        """Each id's requested bytes (ids are issued in order, from 0)."""
         self._alive = self._alive_rounded = 0
         self.requested_peak_bytes = 0
         """The most requested bytes alive at once (what a replay's requested peak reports)."""
@@ -56,13 +61,13 @@ class TraceBuilder:
         ident = self.next_id
         self.next_id += 1
         self.ops.append((ALLOC_OP, ident, size, int(stream)))
-        self._sizes[ident] = size
-        self._alive += size
-        if self._alive > self.requested_peak_bytes:
-            self.requested_peak_bytes = self._alive
-        self._alive_rounded += -(-size // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES
-        if self._alive_rounded > self.rounded_peak_bytes:
-            self.rounded_peak_bytes = self._alive_rounded
+        self._sizes.append(size)
+        alive = self._alive = self._alive + size
+        if alive > self.requested_peak_bytes:
+            self.requested_peak_bytes = alive
+        rounded = self._alive_rounded = self._alive_rounded + ((size + _ROUND) & ~_ROUND)
+        if rounded > self.rounded_peak_bytes:
+            self.rounded_peak_bytes = rounded
         return [ident]
 
     def alloc_parts(self, parts: list[int], stream: int = Stream.compute) -> list[int]:
@@ -70,10 +75,11 @@ class TraceBuilder:
 
     def free(self, idents: list[int]) -> None:
         self.ops.extend((FREE_OP, ident, 0, 0) for ident in idents)
+        sizes = self._sizes
         for ident in idents:
-            size = self._sizes.pop(ident)
+            size = sizes[ident]
             self._alive -= size
-            self._alive_rounded -= -(-size // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES
+            self._alive_rounded -= (size + _ROUND) & ~_ROUND
 
     def trace(self, source: str) -> AllocationTrace:
         """The recorded step as a typed trace."""

@@ -11,11 +11,10 @@ only on request (MemoryAssumptions.exact_capacity): a dozen replays, the oracle.
 
 from __future__ import annotations
 
-from array import array
+import pickle
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from hashlib import blake2b
-from itertools import chain
 
 from zeroplan.allocator.capacity import CAPACITY_STEP_BYTES, bisect_capacity
 from zeroplan.allocator.config import AllocatorConfig, parse_alloc_conf
@@ -106,8 +105,7 @@ def _remember(cache: OrderedDict, key, value, limit: int) -> None:
 
 def _digest(ops: Ops, config: AllocatorConfig) -> bytes:
     """The trace and setting as a 16-byte digest (every op's four integers, in order)."""
-    packed = array("q", chain.from_iterable(ops)).tobytes()
-    return blake2b(packed + repr(config).encode(), digest_size=16).digest()
+    return blake2b(pickle.dumps((ops, config.model_dump()), protocol=5), digest_size=16).digest()
 
 
 def _shape(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms,
