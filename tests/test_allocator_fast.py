@@ -118,8 +118,9 @@ def test_refusals_are_counted_where_the_capacity_refuses_an_allocation(small) ->
 def test_a_sample_of_random_requests_gets_the_oracles_verdicts() -> None:
     # benchmarks/allocator_fast_sweep.py's comparison on a few of its random requests (the
     # benchmark itself runs 10,000).
-    for request in random_requests(5, seed=1):
-        assert all(same and difference == 0 for same, difference, _ in compare(request))
+    results = [result for request in random_requests(5, seed=1) for result in compare(request)]
+    assert sum(replayed for *_, replayed in results) >= 3
+    assert all(same and difference == 0 for same, difference, _ in results)
 
 
 @pytest.mark.slow
