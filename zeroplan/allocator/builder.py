@@ -56,30 +56,43 @@ class TraceBuilder:
         without roundup_power2_divisions)."""
 
     def alloc(self, size: int, stream: int = Stream.compute) -> list[int]:
-        if size <= 0:
-            return []
-        ident = self.next_id
-        self.next_id += 1
-        self.ops.append((ALLOC_OP, ident, size, int(stream)))
-        self._sizes.append(size)
-        alive = self._alive = self._alive + size
-        if alive > self.requested_peak_bytes:
-            self.requested_peak_bytes = alive
-        rounded = self._alive_rounded = self._alive_rounded + ((size + _ROUND) & ~_ROUND)
-        if rounded > self.rounded_peak_bytes:
-            self.rounded_peak_bytes = rounded
-        return [ident]
+        return self.alloc_parts((size,), stream)
 
-    def alloc_parts(self, parts: list[int], stream: int = Stream.compute) -> list[int]:
-        return [ident for size in parts for ident in self.alloc(size, stream)]
+    def alloc_parts(self, parts, stream: int = Stream.compute) -> list[int]:
+        """One allocation per positive part, in order (the schedules' hot path: one loop,
+        the peaks counted as it goes)."""
+        ops, sizes, stream = self.ops, self._sizes, int(stream)
+        ident = self.next_id
+        alive, rounded = self._alive, self._alive_rounded
+        peak, rounded_peak = self.requested_peak_bytes, self.rounded_peak_bytes
+        out = []
+        for size in parts:
+            if size <= 0:
+                continue
+            ops.append((ALLOC_OP, ident, size, stream))
+            sizes.append(size)
+            out.append(ident)
+            ident += 1
+            alive += size
+            rounded += (size + _ROUND) & ~_ROUND
+            if alive > peak:
+                peak = alive
+            if rounded > rounded_peak:
+                rounded_peak = rounded
+        self.next_id = ident
+        self._alive, self._alive_rounded = alive, rounded
+        self.requested_peak_bytes, self.rounded_peak_bytes = peak, rounded_peak
+        return out
 
     def free(self, idents: list[int]) -> None:
-        self.ops.extend((FREE_OP, ident, 0, 0) for ident in idents)
-        sizes = self._sizes
+        ops, sizes = self.ops, self._sizes
+        alive, rounded = self._alive, self._alive_rounded
         for ident in idents:
+            ops.append((FREE_OP, ident, 0, 0))
             size = sizes[ident]
-            self._alive -= size
-            self._alive_rounded -= (size + _ROUND) & ~_ROUND
+            alive -= size
+            rounded -= (size + _ROUND) & ~_ROUND
+        self._alive, self._alive_rounded = alive, rounded
 
     def trace(self, source: str) -> AllocationTrace:
         """The recorded step as a typed trace."""
