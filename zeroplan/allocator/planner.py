@@ -7,7 +7,12 @@ peak is what torch.cuda.max_memory_reserved would report on that GPU (below the 
 memory even where the allocator had to free its cache and retry), or runs out. Only a step that
 runs out needs a second replay, without a device limit, for what it would reserve on a GPU
 large enough. The OOM capacity (the least memory on which the step completes) is bisected
-only on request (MemoryAssumptions.exact_capacity): a dozen replays, the oracle."""
+only on request (MemoryAssumptions.exact_capacity): a dozen replays, the oracle.
+
+A verdict is answered from the replays of the same trace already made where they decide it
+exactly, and below the trace's rounded requested peak without one (_outcome); with
+MemoryAssumptions.exact_allocator every verdict replays its trace afresh (the oracle that
+benchmarks/allocator_fast_sweep.py compares it with)."""
 
 from __future__ import annotations
 
