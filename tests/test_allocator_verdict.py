@@ -155,7 +155,7 @@ def test_the_default_answer_replays_once_twice_where_it_runs_out_and_not_where_a
     usable = int(trace_gib * GiB) + shortfall
     calls = []
     monkeypatch.setattr(planner, "replay", lambda ops, config, capacity=None: calls.append(capacity) or replay(ops, config, capacity))
-    planner._RECENT_REPLAYS.clear()
+    planner.forget_replays()
     verdict = allocator_verdict(request, states, terms, allocated, usable)
     assert verdict.fits is fits and len(calls) == replays
     if replays:

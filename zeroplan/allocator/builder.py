@@ -4,7 +4,12 @@ tensors (used by the planner's schedules, schedule.py and fsdp_schedule.py)."""
 from __future__ import annotations
 
 from zeroplan.allocator.replay import ALLOC_OP, FREE_OP, Ops
+from zeroplan.allocator.rules import MIN_BLOCK_BYTES
 from zeroplan.allocator.trace import AllocationTrace, AllocEvent, FreeEvent, Stream
+
+
+_ROUND = MIN_BLOCK_BYTES - 1
+"""(size + _ROUND) & ~_ROUND: size rounded up to a multiple of 512 (a power of two)."""
 
 
 def proportional_bytes(total: int, weights: list[int]) -> list[int]:
@@ -41,20 +46,53 @@ class TraceBuilder:
     def __init__(self) -> None:
         self.ops: Ops = []
         self.next_id = 0
+        self._sizes: list[int] = []
+        """Each id's requested bytes (ids are issued in order, from 0)."""
+        self._alive = self._alive_rounded = 0
+        self.requested_peak_bytes = 0
+        """The most requested bytes alive at once (what a replay's requested peak reports)."""
+        self.rounded_peak_bytes = 0
+        """The same with every request rounded up to a multiple of 512 bytes (rules.round_size
+        without roundup_power2_divisions)."""
 
     def alloc(self, size: int, stream: int = Stream.compute) -> list[int]:
-        if size <= 0:
-            return []
-        ident = self.next_id
-        self.next_id += 1
-        self.ops.append((ALLOC_OP, ident, size, int(stream)))
-        return [ident]
+        return self.alloc_parts((size,), stream)
 
-    def alloc_parts(self, parts: list[int], stream: int = Stream.compute) -> list[int]:
-        return [ident for size in parts for ident in self.alloc(size, stream)]
+    def alloc_parts(self, parts, stream: int = Stream.compute) -> list[int]:
+        """One allocation per positive part, in order (the schedules' hot path: one loop,
+        the peaks counted as it goes)."""
+        ops, sizes, stream = self.ops, self._sizes, int(stream)
+        ident = self.next_id
+        alive, rounded = self._alive, self._alive_rounded
+        peak, rounded_peak = self.requested_peak_bytes, self.rounded_peak_bytes
+        out = []
+        for size in parts:
+            if size <= 0:
+                continue
+            ops.append((ALLOC_OP, ident, size, stream))
+            sizes.append(size)
+            out.append(ident)
+            ident += 1
+            alive += size
+            rounded += (size + _ROUND) & ~_ROUND
+            if alive > peak:
+                peak = alive
+            if rounded > rounded_peak:
+                rounded_peak = rounded
+        self.next_id = ident
+        self._alive, self._alive_rounded = alive, rounded
+        self.requested_peak_bytes, self.rounded_peak_bytes = peak, rounded_peak
+        return out
 
     def free(self, idents: list[int]) -> None:
-        self.ops.extend((FREE_OP, ident, 0, 0) for ident in idents)
+        ops, sizes = self.ops, self._sizes
+        alive, rounded = self._alive, self._alive_rounded
+        for ident in idents:
+            ops.append((FREE_OP, ident, 0, 0))
+            size = sizes[ident]
+            alive -= size
+            rounded -= (size + _ROUND) & ~_ROUND
+        self._alive, self._alive_rounded = alive, rounded
 
     def trace(self, source: str) -> AllocationTrace:
         """The recorded step as a typed trace."""

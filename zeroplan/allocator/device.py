@@ -52,6 +52,9 @@ class DeviceAllocator:
         self.allocated = self.requested = self.reserved = 0
         self.allocated_peak = self.requested_peak = self.reserved_peak = 0
         self.device_allocs = self.device_frees = self.retries = 0
+        self.refusals = 0
+        """Device allocations refused for want of capacity: with none, a replay went exactly as
+        it would without a device limit (no cache was released to retry)."""
         self._rounded: dict[int, int] = {}
         """round_size of every request size seen (it depends on the size and config only)."""
         self.split_limited = config.max_split_size_bytes != UNLIMITED
@@ -165,10 +168,12 @@ class DeviceAllocator:
         if retry:
             self.retries += 1
         if (self.fraction_cap or self.gc_enabled) and self.reserved + alloc_size > self.capacity:
+            self.refusals += 1
             return None  # the set_fraction check, made before any mapping
         if self.config.expandable_segments:
             return self._try_allocate_expandable_block(pool, stream, size)
         if self.reserved + alloc_size > self.capacity:
+            self.refusals += 1
             return None
         self._reserve(alloc_size)
         self.device_allocs += 1
@@ -346,7 +351,10 @@ class DeviceAllocator:
         mapped = (end - begin) * page
         # Under a fraction cap the device itself has room: alloc_block's check on the whole
         # request was the only one, and the pages map even where they pass the cap.
-        if mapped == 0 or (not self.fraction_cap and self.reserved + mapped > self.capacity):
+        if mapped == 0:
+            return False
+        if not self.fraction_cap and self.reserved + mapped > self.capacity:
+            self.refusals += 1
             return False
         pool.remove_unmapped(block)
         block.mapped = True

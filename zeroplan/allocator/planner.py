@@ -7,17 +7,25 @@ peak is what torch.cuda.max_memory_reserved would report on that GPU (below the 
 memory even where the allocator had to free its cache and retry), or runs out. Only a step that
 runs out needs a second replay, without a device limit, for what it would reserve on a GPU
 large enough. The OOM capacity (the least memory on which the step completes) is bisected
-only on request (MemoryAssumptions.exact_capacity): a dozen replays, the oracle."""
+only on request (MemoryAssumptions.exact_capacity): a dozen replays, the oracle.
+
+A verdict is answered from the replays of the same trace already made where they decide it
+exactly, and below the trace's rounded requested peak without one (_outcome); with
+MemoryAssumptions.exact_allocator every verdict replays its trace afresh (the oracle that
+benchmarks/allocator_fast_sweep.py compares it with)."""
 
 from __future__ import annotations
 
+import pickle
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from hashlib import blake2b
 
 from zeroplan.allocator.capacity import CAPACITY_STEP_BYTES, bisect_capacity
 from zeroplan.allocator.config import AllocatorConfig, parse_alloc_conf
 from zeroplan.allocator.replay import ALLOC_OP, FREE_OP, Ops, ReplayResult, replay
-from zeroplan.allocator.schedule import step_ops
+from zeroplan.allocator.rules import round_size
+from zeroplan.allocator.schedule import step_builder, step_ops
 from zeroplan.core.collector import cyclic_gc_paused
 from zeroplan.core.model_states import ModelStateBytes
 from zeroplan.core.peak import PeakTerms
@@ -60,28 +68,132 @@ class _StepReplays:
         return found
 
 
-_RECENT_REPLAYS: OrderedDict[tuple, _StepReplays] = OrderedDict()
-_RECENT_LIMIT = 32
-"""Requests whose replays are kept: a plan asks about its step for its breakdown and again for
-its largest micro-batch, which is often the same step (specs are immutable, so a request and
-its allocator setting name the trace)."""
+@dataclass
+class _Shape:
+    """What is known of one trace under one allocator setting, whichever request built it: the
+    least memory any replay of it needs, what it reserves without a device limit once a replay
+    has shown it, and each capacity's outcome (completed, reserved peak)."""
+
+    floor_bytes: int
+    """rounded_requested_peak_bytes: on less, no replay completes."""
+    capacity_independent: bool
+    """No garbage collection (it acts against the capacity even where nothing is refused)."""
+    unlimited_peak_bytes: int | None = None
+    """The reserved peak without a device limit, once a replay has gone without a refusal."""
+    outcomes: dict[int | None, tuple[bool, int]] = field(default_factory=dict)
 
 
 def _step(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms, allocated_peak_bytes: int) -> _StepReplays:
-    """The compiled step trace, kept for the last few requests."""
+    """The step's trace and replays, afresh for every request (the oracle: the exact replay)."""
+    config = parse_alloc_conf(request.assumptions.allocator_conf or "")
+    ops = step_ops(request, states, terms)
+    return _StepReplays(ops, max(allocated_peak_bytes - _requested_peak_bytes(ops), 0), config)
+
+
+_SHAPE_OF: OrderedDict[tuple, tuple[bytes, int]] = OrderedDict()
+"""(request, allocated peak, allocator setting) -> (its trace's key in _SHAPES, shortfall):
+specs are immutable, so a request and its setting name the trace."""
+_SHAPES: OrderedDict[bytes, _Shape] = OrderedDict()
+"""A trace's digest (with the setting) -> what its replays showed: requests whose traces are
+the same (fit's strategies, the micro-batch search's probes, plan() asking twice) share it."""
+_RECENT_OPS: OrderedDict[bytes, Ops] = OrderedDict()
+"""The last few traces themselves, for the replays a later question about them still needs."""
+_SHAPE_LIMIT = 4096
+_OPS_LIMIT = 32
+
+
+def _remember(cache: OrderedDict, key, value, limit: int) -> None:
+    cache[key] = value
+    if len(cache) > limit:
+        cache.popitem(last=False)
+
+
+def _digest(ops: Ops, config: AllocatorConfig) -> bytes:
+    """The trace and setting as a 16-byte digest (every op's four integers, in order)."""
+    return blake2b(pickle.dumps((ops, config.model_dump()), protocol=5), digest_size=16).digest()
+
+
+def _shape(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms,
+           allocated_peak_bytes: int) -> tuple[bytes, _Shape, int, AllocatorConfig]:
+    """The request's trace's key, what is known of it, the shortfall and the setting."""
     config = parse_alloc_conf(request.assumptions.allocator_conf or "")
     key = (request, allocated_peak_bytes, config)
-    found = _RECENT_REPLAYS.get(key)
+    known = _SHAPE_OF.get(key)
+    if known is not None and known[0] in _SHAPES:
+        _SHAPE_OF.move_to_end(key)
+        return known[0], _SHAPES[known[0]], known[1], config
+    builder = step_builder(request, states, terms)
+    ops = builder.ops
+    digest = _digest(ops, config)
+    shape = _SHAPES.get(digest)
+    requested = builder.requested_peak_bytes
+    if shape is None:
+        # Without roundup_power2_divisions round_size is the builder's rounding to 512 bytes.
+        plain = max(config.roundup_power2_divisions) <= 1
+        floor = builder.rounded_peak_bytes if plain else _peaks(ops, config)[1]
+        shape = _Shape(floor, config.garbage_collection_threshold == 0.0)
+        _remember(_SHAPES, digest, shape, _SHAPE_LIMIT)
+    shortfall = max(allocated_peak_bytes - requested, 0)
+    _remember(_SHAPE_OF, key, (digest, shortfall), _SHAPE_LIMIT)
+    _remember(_RECENT_OPS, digest, ops, _OPS_LIMIT)
+    return digest, shape, shortfall, config
+
+
+def _outcome(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms, digest: bytes, shape: _Shape,
+             config: AllocatorConfig, capacity_bytes: int | None) -> tuple[bool, int]:
+    """(completes, reserved peak) of the trace on ``capacity_bytes`` (None: no limit), from what
+    is known where that decides it exactly, else by replaying the whole trace:
+
+    - a replay without a refused device allocation went as it would on any device, so on a
+      capacity at least its reserved peak the step completes with that peak (garbage
+      collection aside);
+    - below rounded_requested_peak_bytes no replay completes, and a step that runs out reserves
+      what it would without a limit."""
+    found = shape.outcomes.get(capacity_bytes)
     if found is not None:
-        _RECENT_REPLAYS.move_to_end(key)
         return found
-    ops = step_ops(request, states, terms)
-    requested_peak = _requested_peak_bytes(ops)
-    found = _StepReplays(ops, max(allocated_peak_bytes - requested_peak, 0), config)
-    _RECENT_REPLAYS[key] = found
-    if len(_RECENT_REPLAYS) > _RECENT_LIMIT:
-        _RECENT_REPLAYS.popitem(last=False)
+    unlimited = shape.unlimited_peak_bytes
+    if unlimited is not None and shape.capacity_independent and (capacity_bytes is None or capacity_bytes >= unlimited):
+        return True, unlimited
+    if capacity_bytes is not None and capacity_bytes < shape.floor_bytes:
+        return False, _outcome(request, states, terms, digest, shape, config, None)[1]
+    ops = _RECENT_OPS.get(digest)
+    if ops is None:
+        ops = step_ops(request, states, terms)
+        _remember(_RECENT_OPS, digest, ops, _OPS_LIMIT)
+    result = replay(ops, config, capacity_bytes)
+    if result.completed and result.device_refusals == 0:
+        shape.unlimited_peak_bytes = result.reserved_peak_bytes
+    found = (True, result.reserved_peak_bytes) if result.completed else \
+        (False, _outcome(request, states, terms, digest, shape, config, None)[1])
+    shape.outcomes[capacity_bytes] = found
     return found
+
+
+def _peaks(ops: Ops, config: AllocatorConfig) -> tuple[int, int]:
+    """(the most requested bytes alive at once, the same with every request rounded by
+    rules.round_size): every block is at least its rounded request and the allocator never
+    holds more than the device gives it, so no replay completes on less than the second."""
+    rounded: dict[int, int] = {}
+    sizes: dict[int, tuple[int, int]] = {}
+    alive = peak = alive_rounded = peak_rounded = 0
+    for kind, ident, size, _ in ops:
+        if kind == ALLOC_OP:
+            block = rounded.get(size)
+            if block is None:
+                block = rounded[size] = round_size(size, config)
+            sizes[ident] = (size, block)
+            alive += size
+            alive_rounded += block
+            if alive > peak:
+                peak = alive
+            if alive_rounded > peak_rounded:
+                peak_rounded = alive_rounded
+        elif kind == FREE_OP:
+            size, block = sizes.pop(ident)
+            alive -= size
+            alive_rounded -= block
+    return peak, peak_rounded
 
 
 def _requested_peak_bytes(ops: Ops) -> int:
@@ -103,9 +215,24 @@ def _requested_peak_bytes(ops: Ops) -> int:
 def allocator_verdict(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms,
                       allocated_peak_bytes: int, usable_bytes: int) -> PlannedVerdict:
     """Verdict and reserved peak of the request's step on ``usable_bytes`` (the module's
-    docstring); where the allocated peak alone passes the usable memory nothing is replayed."""
+    docstring); where the allocated peak alone passes the usable memory nothing is replayed.
+    The same answer as replaying afresh (MemoryAssumptions.exact_allocator), from the replays
+    of the same trace already made where they decide it (_outcome)."""
     if allocated_peak_bytes > usable_bytes:
         return PlannedVerdict(fits=False, reserved_peak_bytes=None)
+    assumptions = request.assumptions
+    if assumptions.exact_allocator or assumptions.exact_capacity:
+        return _exact_verdict(request, states, terms, allocated_peak_bytes, usable_bytes)
+    with cyclic_gc_paused():
+        digest, shape, shortfall, config = _shape(request, states, terms, allocated_peak_bytes)
+        fits, reserved = _outcome(request, states, terms, digest, shape, config, usable_bytes - shortfall)
+    return PlannedVerdict(fits=fits, reserved_peak_bytes=reserved + shortfall)
+
+
+def _exact_verdict(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms,
+                   allocated_peak_bytes: int, usable_bytes: int) -> PlannedVerdict:
+    """allocator_verdict by replaying the request's whole trace afresh: on the usable memory,
+    and without a limit where it runs out (the oracle; with exact_capacity, the bisection)."""
     # The trace's tens of thousands of events and the allocator's linked blocks would set off
     # full collections that cost as much as the replay itself (70B FSDP2: compile_trace 19 ms
     # with the collector, 4 ms without).
@@ -128,9 +255,24 @@ def allocator_verdict(request: PlanRequest, states: ModelStateBytes, terms: Peak
 
 def allocator_fits(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms, allocated_peak_bytes: int,
                    usable_bytes: int) -> bool:
-    """allocator_verdict(...).fits in one replay (the largest-micro-batch search asks only this)."""
+    """allocator_verdict(...).fits, without the reserved peak of a step that runs out (the
+    largest-micro-batch search asks only this)."""
     if allocated_peak_bytes > usable_bytes:
         return False
     with cyclic_gc_paused():
-        step = _step(request, states, terms, allocated_peak_bytes)
-        return step.on(usable_bytes - step.shortfall_bytes).completed
+        if request.assumptions.exact_allocator:
+            step = _step(request, states, terms, allocated_peak_bytes)
+            return step.on(usable_bytes - step.shortfall_bytes).completed
+        digest, shape, shortfall, config = _shape(request, states, terms, allocated_peak_bytes)
+        capacity = usable_bytes - shortfall
+        if capacity < shape.floor_bytes:
+            return False
+        return _outcome(request, states, terms, digest, shape, config, capacity)[0]
+
+
+def forget_replays() -> None:
+    """Drop every kept trace and replay outcome (a benchmark timing cold answers, a test
+    counting replays)."""
+    _SHAPE_OF.clear()
+    _SHAPES.clear()
+    _RECENT_OPS.clear()

@@ -40,6 +40,10 @@ class ReplayResult(Frozen):
     alloc_retries: int
     """Requests that needed every cached block freed first (num_alloc_retries)."""
     events_replayed: int
+    device_refusals: int = 0
+    """Device allocations (cudaMalloc, page mappings) refused for want of capacity; 0: the
+    replay went exactly as it would on any larger device (garbage collection aside, which acts
+    against the capacity itself)."""
 
     @property
     def fragmentation_bytes(self) -> int:
@@ -106,6 +110,6 @@ def replay(trace: AllocationTrace | Ops, config: AllocatorConfig, capacity_bytes
         completed=oom_index is None, oom_event_index=oom_index, oom_request_bytes=oom_bytes,
         requested_peak_bytes=device.requested_peak, allocated_peak_bytes=device.allocated_peak,
         reserved_peak_bytes=device.reserved_peak, device_alloc_calls=device.device_allocs,
-        device_free_calls=device.device_frees, alloc_retries=device.retries,
+        device_free_calls=device.device_frees, alloc_retries=device.retries, device_refusals=device.refusals,
         events_replayed=len(ops) if oom_index is None else oom_index,
     )

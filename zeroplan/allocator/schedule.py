@@ -59,6 +59,11 @@ def step_ops(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms) ->
     return _recorded_step(request, states, terms)[0].ops
 
 
+def step_builder(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms) -> TraceBuilder:
+    """The builder holding step_ops, with the peaks it counted while recording them."""
+    return _recorded_step(request, states, terms)[0]
+
+
 def _recorded_step(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms) -> tuple[TraceBuilder, str]:
     """The builder holding the step's allocations and frees, and the trace's source."""
     blocks = max(1, request.model.num_layers // request.parallel.pp)

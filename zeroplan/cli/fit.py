@@ -206,6 +206,11 @@ def add_allocator_arguments(group: argparse._ArgumentGroup) -> None:
         help="also bisect the allocator model's OOM capacity, the least memory the step completes on "
         "(a dozen replays more per strategy; shown as oom-at in --detail)",
     )
+    group.add_argument(
+        "--exact-allocator", action="store_true",
+        help="replay every verdict's whole step trace afresh (the oracle; by default a replay of the same "
+        "trace already made answers where it decides the verdict exactly)",
+    )
     allocator.add_argument(
         "--flat-reserve", action="store_true",
         help="judge fit on the allocated peak plus a flat 5%% reserve instead of the allocator model "
@@ -539,8 +544,12 @@ def _allocator_conf(args: argparse.Namespace) -> dict[str, str | bool | None]:
     if getattr(args, "flat_reserve", True):
         if getattr(args, "exact_capacity", False):
             raise ZeroplanError("exact-capacity", "has no effect with --flat-reserve (no replay, no OOM capacity); drop one")
+        if getattr(args, "exact_allocator", False):
+            raise ZeroplanError("exact-allocator", "has no effect with --flat-reserve (no replay); drop one")
         return {"allocator_conf": None}
     exact = {"exact_capacity": True} if args.exact_capacity else {}
+    if getattr(args, "exact_allocator", False):
+        exact["exact_allocator"] = True
     # No default on the flag itself: argparse would not see an explicit "" beside
     # --flat-reserve as a conflict when it equals the default.
     return exact if args.allocator_conf is None else {"allocator_conf": args.allocator_conf, **exact}

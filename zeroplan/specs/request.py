@@ -92,6 +92,10 @@ class MemoryAssumptions(Frozen):
     """Under the caching-allocator model, also bisect the OOM capacity (the least memory the
     step completes on) over whole replays: a dozen replays more per plan; the verdict and the
     peak stay the replay's on the usable memory."""
+    exact_allocator: bool = False
+    """Under the caching-allocator model, replay every verdict's whole trace afresh (the
+    oracle) instead of answering from replays of the same trace already made and the least
+    memory any replay of it needs (zeroplan.allocator.planner: the same verdicts and peaks)."""
     nccl_channels: int = Field(default=16, gt=0, le=64)
     """Channels each NCCL communicator runs (framework profiles only): NCCL's topology search
     picks them per system and doubles them (NCCL v2.28.3-1 src/graph/connect.cc:452; at most 64),
