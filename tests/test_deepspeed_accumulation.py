@@ -122,3 +122,18 @@ def test_the_bucket_is_the_one_zeroplan_emits(overlap) -> None:
     zero = deepspeed_config(request)["zero_optimization"]
     assert zero["overlap_comm"] is bool(overlap)
     assert stage12_bucket_bytes(request) == (2 if overlap else 1) * zero["reduce_bucket_size"] * 2
+
+
+@pytest.mark.parametrize("item", [i for i in _runs() if i[1]["stage"] == 1 and i[1]["grad_accum"] > 1
+                                  and i[1]["zero_optimization"]["contiguous_gradients"]], ids=_name)
+def test_stage_1_reduces_through_the_carried_bucket(item) -> None:
+    """ZeRO-1 under accumulation: the ipg bucket DeepSpeed keeps between micro-steps (the record's
+    ipg_buckets) is in the planner's accumulated term, and the last micro-step's block backward
+    adds no second one (setup_buckets allocates only after the boundary's epilogue)."""
+    rank, run = item
+    request = _request(run)
+    states, terms = peak_terms(request)
+    carried = run["steps"][-1]["micro0"]["buffers"]["ipg_buckets"]
+    gradients = run["steps"][-1]["micro0"]["buffers"]["param.grad"]
+    assert terms.accumulated_gradients + terms.resident_buffers == carried + gradients + 4
+    assert terms.block_transient_buffers == 0

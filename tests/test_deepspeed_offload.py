@@ -36,3 +36,18 @@ def test_staging_buffers_are_what_deepspeed_allocates(strategy: str, device: int
         # On the CPU the offloaded states are under the one allocator's peak: validate adds them.
         breakdown, states = memory_breakdown(request)
         assert rows["peak (CPU allocator)"].predicted_bytes == breakdown.allocated_peak_bytes + states.host_bytes
+
+
+def test_the_parameter_offload_keeps_stage_3s_staging_buffers() -> None:
+    """offload_param beside offload_optimizer (zero3-param-offload) moves the parameter partitions
+    to the host, not the optimizer's buffers: the ipg bucket stays on the device (stage3.py:780-784)
+    and grad_partitions_flat_buffer on the host (stage3.py:333), as under zero3-offload."""
+    from zeroplan.core.buffers import resident_buffer_bytes
+    from zeroplan.specs import StrategyKind
+
+    record = read_record(RECORDS / "tiny-llama-zero3-offload-deepspeed-fp32-n2" / "rank00000.json")
+    request = request_for(record.description)
+    strategy = request.strategy.model_copy(update={"kind": StrategyKind.zero3_param_offload})
+    both = request.model_copy(update={"strategy": strategy})
+    assert device_staging_bytes(both) == resident_buffer_bytes(both) == 4 * PSI
+    assert host_staging_bytes(both) == 4 * (PSI // 2)

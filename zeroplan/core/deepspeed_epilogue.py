@@ -98,6 +98,23 @@ def stage1_keeps_gradients(request: PlanRequest) -> bool:
             and not overlap_comm(request))
 
 
+# stage_1_and_2.py:3256-3281 setup_buckets allocates the ipg bucket(s) only while
+# ready_for_gradients is False, which only _release_ipg_buffers (:924-932) sets, called from
+# independent_gradient_partition_epilogue (:1061); stage 1 runs that epilogue only at the
+# accumulation boundary (engine.py:3082-3092 allreduce_gradients). So the bucket the first
+# micro-step's first hook made is the one every later micro-step reduces through: what
+# deepspeed_accumulation.stage12_bucket_bytes counts between micro-steps, not a second one made
+# in the last micro-step's backward. Measured (DeepSpeed 0.19.8 on gloo, zero1 fp32 accumulation
+# 2, tiny-llama): the step's peak stays below the carried bucket plus a new one.
+def stage1_carries_bucket(request: PlanRequest) -> bool:
+    """Whether, under accumulation, ZeRO-1's backward reduces through the bucket the earlier
+    micro-steps carry (PeakTerms.accumulated_gradients) rather than allocating its own."""
+    strategy = request.strategy
+    return (strategy.kind is StrategyKind.zero1 and request.convention is StateConvention.deepspeed
+            and strategy.deepspeed_contiguous_gradients and request.batch.grad_accum_steps > 1
+            and not request.training.optimizer_in_backward)
+
+
 def stage1_gradient_bytes(request: PlanRequest) -> int:
     """Every trainable gradient, full size in the model dtype: what ZeRO-1 holds as backward ends."""
     return sum(_tensor_numels(request)) * _model_dtype_bytes(request)

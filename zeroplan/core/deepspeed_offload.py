@@ -13,11 +13,17 @@ from zeroplan.specs.training import StateConvention
 from zeroplan.units import ceil_div
 
 
+# stage3.py:333 puts the optimizer's own buffers on the host under offload_optimizer, and
+# :780-784 allocates the ipg bucket on the accelerator whatever is offloaded: offload_param
+# (zero3-param-offload, both offloads to the CPU) moves the parameter partitions, not these.
+_STAGING_KINDS = (StrategyKind.zero2_offload, StrategyKind.zero3_offload, StrategyKind.zero3_param_offload)
+
+
 def models_staging(request: PlanRequest) -> bool:
     """Whether the request is DeepSpeed's optimizer offload as modelled here: stage 2 or 3 under
-    DeepSpeed's own state convention (the parameter offload and NVMe variants stage otherwise)."""
-    return (request.strategy.kind in (StrategyKind.zero2_offload, StrategyKind.zero3_offload)
-            and request.convention is StateConvention.deepspeed)
+    DeepSpeed's own state convention, with or without the parameter offload to the CPU (the NVMe
+    variants stage otherwise)."""
+    return request.strategy.kind in _STAGING_KINDS and request.convention is StateConvention.deepspeed
 
 
 def _largest_tensor_elements(request: PlanRequest) -> int:
