@@ -1,7 +1,12 @@
-"""How long `zeroplan fit` takes, as a ratio against a bare `python -c pass`, measured side by
-side in one run (this machine is noisy, so the ratio is what to read, not the seconds).
+"""How long `zeroplan fit` and a `plan` question take, as a ratio against a bare `python -c pass`,
+measured side by side in one run (this machine is noisy, so the ratio is what to read, not the
+seconds).
 
-    python benchmarks/cli_latency.py [--repeats 10]
+    python benchmarks/cli_latency.py [--repeats 10] [--against DIR]
+
+``--against DIR`` times each zeroplan command a second time, interleaved, with DIR (another
+checkout's source root, e.g. `git worktree add DIR COMMIT`) as its working directory and first
+on PYTHONPATH: a change's before and after in one run, under the same load.
 
 Every command runs with Python's bytecode cache on, in a temporary PYTHONPYCACHEPREFIX warmed by
 one untimed run: an installed zeroplan has its modules compiled (pip compiles them at install),
@@ -10,12 +15,17 @@ so an environment with PYTHONDONTWRITEBYTECODE set would time compilation no use
 command that builds pydantic models cannot start faster than importing pydantic and building
 one model (whose first build imports pydantic's validators and plugin loader). The
 `--flat-reserve` row, beside the default one, is what the caching-allocator model's replays cost.
+Beside the wall-clock medians, the medians of each command's CPU seconds (user + system, from
+the operating system's accounting of the finished child): on a loaded machine a command's wall
+time includes the time it waited for a core, its CPU time does not, so the CPU ratio is the
+steadier of the two when other work shares the cores.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -64,10 +74,16 @@ COMMANDS = {
 }
 
 
-def time_once(command: list[str], env: dict[str, str]) -> float:
-    start = time.perf_counter()
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env=env)
-    return time.perf_counter() - start
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def time_once(command: list[str], env: dict[str, str], cwd: str | None = None) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one run of ``command``."""
+    cpu_before, start = _children_cpu_s(), time.perf_counter()
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env=env, cwd=cwd)
+    return time.perf_counter() - start, _children_cpu_s() - cpu_before
 
 
 def bytecode_cached_env(cache_dir: str) -> dict[str, str]:
@@ -76,24 +92,43 @@ def bytecode_cached_env(cache_dir: str) -> dict[str, str]:
     return env
 
 
+def runs(against: str | None, env: dict[str, str]) -> dict[str, tuple[list[str], dict[str, str], str | None]]:
+    """Each row's command, environment and working directory; with ``against``, each zeroplan
+    command once more on the row below its own, run in that source root with it first on
+    PYTHONPATH (``python -m`` puts the working directory first on sys.path)."""
+    rows = {}
+    for name, command in COMMANDS.items():
+        rows[name] = (command, env, None)
+        if against is not None and name.startswith("zeroplan"):
+            root = os.path.abspath(against)
+            path = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+            rows[f"{name} [{os.path.basename(root)}]"] = (command, {**env, "PYTHONPATH": path}, root)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--against", metavar="DIR", help="another checkout's source root, timed beside this one")
     args = parser.parse_args()
-    samples: dict[str, list[float]] = {name: [] for name in COMMANDS}
     with tempfile.TemporaryDirectory(prefix="zeroplan-pycache-") as cache_dir:
-        env = bytecode_cached_env(cache_dir)
-        for command in COMMANDS.values():  # compiles every module once, untimed
-            time_once(command, env)
+        rows = runs(args.against, bytecode_cached_env(cache_dir))
+        samples: dict[str, list[tuple[float, float]]] = {name: [] for name in rows}
+        for command, env, cwd in rows.values():  # compiles every module once, untimed
+            time_once(command, env, cwd)
         for _ in range(args.repeats):
             # Interleave the commands so drift in machine load hits all of them alike.
-            for name, command in COMMANDS.items():
-                samples[name].append(time_once(command, env))
-    baseline = statistics.median(samples["python -c pass"])
-    print(f"{'command':50s} {'median s':>9s} {'ratio':>7s}")
-    for name, values in samples.items():
-        median = statistics.median(values)
-        print(f"{name:50s} {median:9.3f} {median / baseline:7.1f}x")
+            for name, (command, env, cwd) in rows.items():
+                samples[name].append(time_once(command, env, cwd))
+
+    def medians(name: str) -> tuple[float, float]:
+        return statistics.median(w for w, _ in samples[name]), statistics.median(c for _, c in samples[name])
+
+    wall_baseline, cpu_baseline = medians("python -c pass")
+    print(f"{'command':66s} {'median s':>9s} {'ratio':>7s} {'CPU s':>7s} {'CPU ratio':>9s}")
+    for name in samples:
+        wall, cpu = medians(name)
+        print(f"{name:66s} {wall:9.3f} {wall / wall_baseline:6.1f}x {cpu:7.3f} {cpu / cpu_baseline:8.1f}x")
 
 
 if __name__ == "__main__":

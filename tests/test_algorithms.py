@@ -13,8 +13,8 @@ from zeroplan.calibrate.fit import calibrated_gpu, fit_log
 from zeroplan.calibrate.parse import parse_nccl_tests
 from zeroplan.cli.main import main
 from zeroplan.core.algorithms import (
-    Algorithm, Layout, fastest_algorithm, achievable_efficiencies, available_algorithms, bus_factor, call_time_s,
-    collective_cost, entry_efficiency, entry_layout,
+    Algorithm, Layout, fastest_algorithm, achievable_efficiencies, available_algorithms, bus_factor, call_pricing,
+    call_time_s, collective_cost, entry_efficiency, entry_layout,
 )
 from zeroplan.core.communication import CollectiveOp, collectives
 from zeroplan.core.plan import plan
@@ -163,6 +163,24 @@ def test_forcing_an_algorithm_nccl_cannot_run_falls_back_to_ring() -> None:
         assert collective_cost(request, collective).algorithm is Algorithm.ring  # all-gather, reduce-scatter
     ddp = _request(H100, 16, algorithm="tree")
     assert all(c.algorithm is Algorithm.tree for c in plan(ddp).time.collective_times)
+
+
+def test_collectives_of_one_layout_share_their_call_prices() -> None:
+    # DDP's and ZeRO-1's gradient all-reduce on 16 H100s: the same GPU, op and layout, so one
+    # pricing, whose cached price of each call size is the uncached model's.
+    ddp, zero1 = _request(H100, 16), _request(H100, 16, StrategyKind.zero1)
+    first = next(c for c in collectives(ddp) if c.op is AR)
+    second = next(c for c in collectives(zero1) if c.op is AR)
+    pricing = call_pricing(ddp, first)
+    assert call_pricing(zero1, second) is pricing
+    efficiencies = achievable_efficiencies(H100, AR, pricing.layout)
+    assert pricing.efficiencies == efficiencies
+    assert first.call_sizes
+    for size, _ in first.call_sizes:
+        expected = fastest_algorithm(H100, AR, pricing.layout, size, pricing.candidates, efficiencies)
+        assert pricing.call_seconds(size) == expected == pricing.call_seconds(size)
+    nominal = call_pricing(_request(H100, 16, bandwidth="nominal"), first)
+    assert nominal is not pricing and nominal.efficiencies == {}
 
 
 def test_calibrated_file_overrides_the_catalog_figures(tmp_path: Path) -> None:

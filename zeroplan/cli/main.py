@@ -6,8 +6,12 @@ from __future__ import annotations
 import gc
 import os
 import sys
+from typing import TYPE_CHECKING
 
-from zeroplan.cli.parser import OneLineParser, run_reporting_user_errors
+from zeroplan.core.collector import cyclic_gc_paused
+
+if TYPE_CHECKING:
+    from zeroplan.cli.parser import OneLineParser
 
 
 def _list_models(_args) -> int:
@@ -52,6 +56,8 @@ def build_parser(command_line: str | None = None) -> OneLineParser:
     (None: every one in full)."""
     import importlib
 
+    from zeroplan.cli.parser import OneLineParser
+
     parser = OneLineParser(prog="zeroplan", description="Will it fit, with which sharding, and what will it cost?")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     for name, help_text, module_name, add_name, run_name in _COMMANDS:
@@ -90,16 +96,24 @@ _DELEGATED = {
 }
 
 
-def _freeze_imports() -> None:
-    """What the imports built (modules, classes, pydantic's validators, the presets) lives as
-    long as the command's process: moved out of the cyclic collector's generations (gc.freeze),
-    its collections no longer walk it again and again while the command allocates (about 0.1 s
-    of a 2 s plan search, 20 ms of a fit)."""
-    gc.freeze()
-
-
 def main(argv: list[str] | None = None) -> int:
     try:
+        if argv is None and sys.argv[1:2] != [] and sys.argv[1] in _DELEGATED:
+            return _main(argv)  # torch's commands keep the collector as it is
+        if argv is None:
+            # This process is the command (the console script, python -m zeroplan): Python's
+            # cyclic collector is paused from the first import of the specs to the end (what the
+            # imports build lives as long as the process, and the planner frees what it
+            # allocates by reference counting; its collections would walk every live object
+            # again and again and find nothing), then what is left is moved out of its reach
+            # (gc.freeze) so that the interpreter's collection at exit does not walk it either.
+            # A caller running commands in its own process (main(argv), the tests) keeps its
+            # collector as it was.
+            with cyclic_gc_paused():
+                try:
+                    return _main(argv)
+                finally:
+                    gc.freeze()
         return _main(argv)
     except BrokenPipeError:
         # The reader closed the pipe (`zeroplan plan ... | head`): what it wanted was printed.
@@ -111,7 +125,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    from_command_line = argv is None
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "validate":
         from zeroplan.cli import validate_log
@@ -129,11 +142,8 @@ def _main(argv: list[str] | None) -> int:
         return module.main(argv[1:])
     named = argv[0] if argv and argv[0] in {command[0] for command in _COMMANDS} else None
     args = build_parser(named).parse_args(argv)
-    if from_command_line:
-        # Only where this process is the command (the console script, python -m zeroplan): a
-        # caller that runs commands in its own process (main(argv), the tests) keeps its
-        # collector as it was.
-        _freeze_imports()
+    from zeroplan.cli.parser import run_reporting_user_errors
+
     return run_reporting_user_errors("zeroplan", args.run, args)
 
 

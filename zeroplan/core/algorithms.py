@@ -18,7 +18,8 @@ over B_ring), so ring-only predictions are what they were before this model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 from enum import Enum
 from math import floor, log2
 
@@ -344,10 +345,25 @@ class CallPricing:
     layout: Layout
     candidates: tuple[Algorithm, ...]
     efficiencies: dict
+    # A call's price is a function of its size alone once the rest is fixed, and the same sizes
+    # come back (one call per block; the same data-parallel buckets in each strategy of a fit):
+    # each size is priced once per pricing.
+    priced: dict = field(default_factory=dict, compare=False, repr=False)
 
     def call_seconds(self, message_bytes: int) -> tuple[Algorithm, float]:
         """The algorithm one call of ``message_bytes`` runs and its seconds."""
-        return fastest_algorithm(self.gpu, self.op, self.layout, message_bytes, self.candidates, self.efficiencies)
+        answer = self.priced.get(message_bytes)
+        if answer is None:
+            if len(self.priced) >= PRICED_SIZES_LIMIT:
+                self.priced.clear()
+            answer = fastest_algorithm(self.gpu, self.op, self.layout, message_bytes, self.candidates, self.efficiencies)
+            self.priced[message_bytes] = answer
+        return answer
+
+
+PRICED_SIZES_LIMIT = 4096
+"""Sizes one CallPricing keeps the price of (a plan search asks each call size times every
+micro-batch); cleared when full."""
 
 
 def call_pricing(request: PlanRequest, collective: Collective) -> CallPricing:
@@ -361,8 +377,17 @@ def call_pricing(request: PlanRequest, collective: Collective) -> CallPricing:
     if performance.algorithm != "auto":
         forced = Algorithm(performance.algorithm)
         candidates = (forced,) if forced in candidates else (Algorithm.ring,)
-    efficiencies = achievable_efficiencies(gpu, op, layout) if performance.bandwidth == "achievable" else {}
-    return CallPricing(gpu=gpu, op=op, layout=layout, candidates=tuple(candidates), efficiencies=efficiencies)
+    return shared_pricing(gpu, op, layout, tuple(candidates), performance.bandwidth == "achievable")
+
+
+# Every collective of the same GPU, op, layout and algorithms shares one pricing, and with it the
+# prices of its calls (a 405B fit: 4,732 calls priced, 791 of them distinct).
+@functools.lru_cache(maxsize=256)
+def shared_pricing(gpu: GpuSpec, op: CollectiveOp, layout: Layout, candidates: tuple[Algorithm, ...],
+                   achievable: bool) -> CallPricing:
+    """The CallPricing of these; ``achievable``: at the published runs' efficiencies (else nominal)."""
+    efficiencies = achievable_efficiencies(gpu, op, layout) if achievable else {}
+    return CallPricing(gpu=gpu, op=op, layout=layout, candidates=candidates, efficiencies=efficiencies)
 
 
 # ZeRO++'s (de)quantization kernels (zeroplan.core.zeropp) need CUDA to be measured: they are

@@ -178,6 +178,14 @@ def linear_weight_elements(tensors) -> int:
     return sum(t.numel for t in tensors if t.name.endswith(".weight") and len(t.shape) == 2)
 
 
+# A function of the model alone, asked for each micro-batch shape the plan search prices
+# (a walk over every block's tensors each time).
+@lru_cache(maxsize=64)
+def blocks_linear_weight_elements(model: ModelSpec) -> int:
+    """Elements of the weight matrices of all the blocks' linear layers (embedding and head excluded)."""
+    return sum(linear_weight_elements(unit.tensors) for unit in parameter_units(model)[1:-1])
+
+
 @lru_cache(maxsize=64)
 def parameter_units(model: ModelSpec) -> tuple[ParamUnit, ...]:
     """Units in forward order: embedding, blocks 0..L-1, head."""

@@ -11,7 +11,7 @@ from zeroplan.core.buffers import optimizer_loop
 from zeroplan.core.frameworks import BF16_BYTES, autocast_caches_weights
 from zeroplan.core.layout import element_bytes
 from zeroplan.core.model_states import held_elements, shard_layout
-from zeroplan.core.params import linear_weight_elements, parameter_units, total_parameters
+from zeroplan.core.params import blocks_linear_weight_elements, total_parameters
 from zeroplan.core.parallel.units import rank_trainable_units
 from zeroplan.core.roofline.ceilings import GpuCeilings, gpu_ceilings
 from zeroplan.core.roofline.operations import Operation, OpKind, OpPass, memory_pass, step_operations
@@ -107,7 +107,7 @@ def autocast_cast_operations(request: PlanRequest, micro_batches: int) -> list[O
     model = request.model
     # Per rank of the model-parallel group, as fsdp_copy_operations spreads its copies.
     per_element = (FP32_BYTES + BF16_BYTES) / (request.parallel.tp * request.parallel.pp)
-    block_bytes = sum(linear_weight_elements(unit.tensors) for unit in parameter_units(model)[1:-1]) * per_element
+    block_bytes = blocks_linear_weight_elements(model) * per_element
     all_bytes = block_bytes + model.vocab_size * model.hidden_size * per_element
     ops = [memory_pass("autocast weight casts", OpPass.forward, all_bytes, micro_batches),
            memory_pass("autocast weight-gradient casts", OpPass.backward, all_bytes, micro_batches)]
