@@ -122,8 +122,23 @@ def backward_held_buffer_bytes(request: PlanRequest) -> int:
         held += accumulating_trainable_elements(request) * gradient_wire_bytes(request)
     elif accumulating and kind.zero_stage >= 2:
         # no_sync(): unsharded gradients accumulate locally until the last micro-batch.
-        held += rank_trainable_elements(request) * eb.compute_parameter
+        held += rank_trainable_elements(request) * no_sync_gradient_element_bytes(request)
     return held
+
+
+# torch 2.13 distributed/fsdp/_fully_shard/_fsdp_param_group.py post_backward (lines 607-612)
+# calls _fsdp_param.py to_accumulated_grad_if_needed (lines 802-813) when gradients are not
+# reduced: the unsharded gradient moves to unsharded_accumulated_grad = grad.to(reduce_dtype)
+# (reduce_dtype clamped to None where it equals param_dtype, lines 587-593), and the next
+# micro-batches add into it (accumulate_unsharded_grad_if_needed). So FSDP accumulates in the
+# reduce dtype, the gradients' wire dtype (fp32 by default under MixedPrecisionPolicy's
+# reduce_dtype, the compute dtype where a framework reduces in it); the reference ZeRO engines
+# keep them in the compute dtype.
+def no_sync_gradient_element_bytes(request: PlanRequest) -> int:
+    """Bytes per element of the unsharded gradients accumulated without gradient sync."""
+    if request.strategy.kind.is_fsdp:
+        return gradient_wire_bytes(request)
+    return element_bytes(request.training.precision, request.convention).compute_parameter
 
 
 # torch 2.13 distributed/fsdp/_runtime_utils.py _post_backward_hook (lines 743-746): under FSDP1's
@@ -135,12 +150,19 @@ def backward_held_buffer_bytes(request: PlanRequest) -> int:
 # unsharded gradient kept). So what a micro-batch leaves for the next is the unsharded gradient
 # backward_held_buffer_bytes holds, and no gradient shard beside it (the harness's FSDP2 run with
 # 4 micro-batches, benchmarks/records/tiny-llama-fsdp-full-shard-torch-fp32-n2-accum4-keep).
+# The reference ZeRO-2/3 (zeroplan/harness/zero.py) the same: its zero_grad sets every unit's
+# grad_shard to None, _on_grad reduce-scatters into a new shard only in the last micro-batch,
+# and the first K-1 add up in p.grad (the harness's runs at micro-batch 2 x seq 256 with 4
+# micro-batches: Gradient 48.0 MiB at the peak, the unsharded gradients alone).
 def fsdp_no_sync_carried_gradient_bytes(request: PlanRequest) -> int | None:
     """What one micro-batch leaves allocated for the next beyond the held buffers
-    (PeakTerms.accumulated_gradients): 0 where FSDP accumulates unsharded gradients
-    (keep_unsharded_grads_on_accum); None elsewhere (the model states' gradients)."""
+    (PeakTerms.accumulated_gradients): 0 where FSDP, or ZeRO-2/3 outside DeepSpeed's
+    convention, accumulates unsharded gradients (keep_unsharded_grads_on_accum); None
+    elsewhere (the model states' gradients)."""
     kind = request.strategy.kind
-    if (request.batch.grad_accum_steps > 1 and request.strategy.keep_unsharded_grads_on_accum and kind.is_fsdp
+    reference_zero = kind in (StrategyKind.zero2, StrategyKind.zero3) and request.convention is not StateConvention.deepspeed
+    if (request.batch.grad_accum_steps > 1 and request.strategy.keep_unsharded_grads_on_accum
+            and (kind.is_fsdp or reference_zero)
             and not pipeline_defers_fsdp_reduction(request.parallel, kind.is_fsdp)
             and not (_megatron_buffers(request) or _bf16_optimizer_buffers(request))):
         return 0
@@ -153,7 +175,7 @@ def draining_held_buffer_bytes(request: PlanRequest) -> int:
     accumulation, which the last micro-batch reduce-scatters; 0 elsewhere."""
     if fsdp_no_sync_carried_gradient_bytes(request) is None:
         return 0
-    return rank_trainable_elements(request) * element_bytes(request.training.precision, request.convention).compute_parameter
+    return rank_trainable_elements(request) * no_sync_gradient_element_bytes(request)
 
 
 def transient_buffer_bytes(request: PlanRequest) -> int:
