@@ -89,3 +89,27 @@ def test_fsdp2_accumulates_unsharded_gradients_in_the_reduce_dtype() -> None:
     bf16_reduce = mixed.with_strategy(mixed.strategy.model_copy(update={"fsdp_reduce_in_fp32": False}))
     assert backward_held_buffer_bytes(mixed) == draining_held_buffer_bytes(mixed) == 4 * PSI
     assert backward_held_buffer_bytes(bf16_reduce) == draining_held_buffer_bytes(bf16_reduce) == 2 * PSI
+
+
+def test_the_reference_zero_carries_the_unsharded_gradients_without_a_shard() -> None:
+    """zeroplan/harness/zero.py: zero_grad drops every unit's grad_shard and the first K-1
+    micro-batches add up in p.grad, so stages 2 and 3 hold no shard beside the unsharded
+    gradients (the harness's runs were 8-9 % below the planner when it counted one)."""
+    for stage in ("zero2", "zero3"):
+        record = read_record(RUN.parent / f"tiny-llama-{stage}-zeroplan-fp32-n2-accum4-keep" / "rank00000.json")
+        _, terms = checked_peak_terms(request_for(record.description))
+        assert terms.accumulated_gradients == 0 and terms.backward_held_buffers == 4 * PSI
+        peak = {row.quantity: row for row in compare_record(record)}["peak (CPU allocator)"]
+        assert abs(peak.measured_bytes - peak.predicted_bytes) < 0.01 * peak.measured_bytes
+
+
+def test_fsdp1_under_no_sync_ends_backward_with_the_root_its_gradients_and_their_cat() -> None:
+    """benchmarks/fsdp1_tied_embedding_backward.py --untied: FSDP1's SplitWithSizes backward cats
+    the root's parameter gradients while they, and the gathered root, are alive."""
+    from zeroplan.core.buffers import backward_end_buffer_bytes
+
+    request = request_for(read_record(FSDP1_RUN / "rank00000.json").description)
+    root = 4 * (2 * 8192 * 384 + 384)
+    assert backward_end_buffer_bytes(request) == 3 * root
+    syncing = request.with_strategy(request.strategy.model_copy(update={"keep_unsharded_grads_on_accum": False}))
+    assert backward_end_buffer_bytes(syncing) < 3 * root

@@ -285,14 +285,40 @@ def last_reduce_scatter_input_bytes(request: PlanRequest) -> int:
     return 0
 
 
+# torch 2.13 distributed/fsdp/_flat_param.py _use_unsharded_views: FSDP1 hands each module its
+# parameters as views split off the root's gathered FlatParameter, so autograd's SplitWithSizes
+# node (engine.cpp: a node runs once all its incoming gradients are in its InputBuffer) cats the
+# embedding's, the final norm's and the head's gradients (the head's waiting since the loss) into
+# one flat gradient after the embedding's backward, before the post-backward hook reshards the
+# root (_runtime_utils.py _post_backward_hook, on the FlatParameter's AccumulateGrad). Under
+# no_sync that flat gradient is then added into the held one. Measured on gloo
+# (benchmarks/fsdp1_tied_embedding_backward.py --untied, an embedding-dominated toy wrapped as
+# litgpt's: the root's gathered 32 MiB, the head's and the embedding's 16 MiB gradients and their
+# 32 MiB cat alive at once, beside the held unsharded gradients).
+def _fsdp1_root_backward_end_bytes(request: PlanRequest, root_elements: int) -> int:
+    """The gathered root, its parameters' gradients and their flat concatenation."""
+    return 3 * root_elements * element_bytes(request.training.precision, request.convention).compute_parameter
+
+
+def _runs_fsdp1_no_sync(request: PlanRequest) -> bool:
+    """FSDP1 accumulating under no_sync: the harness's FSDP1 engine, or a stack whose loop runs
+    FSDP1's no_sync() (FrameworkProfile.accumulates_without_gradient_sync: litgpt through Lightning)."""
+    fsdp1 = request.strategy.fsdp1_root_stays_gathered or profile(request.training.framework).accumulates_without_gradient_sync
+    return fsdp1 and fsdp_no_sync_carried_gradient_bytes(request) == 0
+
+
 def backward_end_buffer_bytes(request: PlanRequest) -> int | None:
     """The buffers of the last reduction of backward (PeakTerms.backward_end_buffers): FSDP2's
     last unit's flat reduce-scatter input, its unsharded gradients or the head gradient the root
-    holds; DeepSpeed ZeRO-3's flat copy of its last bucket and its first module, still gathered.
+    holds; FSDP1's gathered root with its gradients and their flat concatenation under no_sync;
+    DeepSpeed ZeRO-3's flat copy of its last bucket and its first module, still gathered.
     None where the largest unit's transient buffers stand for them."""
     fsdp = _fsdp_last_unit(request)
     if fsdp is not None:
-        return _fsdp_backward_end_bytes(request, *fsdp)
+        last, head = fsdp
+        if head and _runs_fsdp1_no_sync(request):
+            return _fsdp1_root_backward_end_bytes(request, last)
+        return _fsdp_backward_end_bytes(request, last, head)
     if deepspeed_epilogue.models_epilogue(request):
         return deepspeed_epilogue.epilogue_buffer_bytes(request)
     return None
