@@ -294,10 +294,15 @@ def last_reduce_scatter_input_bytes(request: PlanRequest) -> int:
 # no_sync that flat gradient is then added into the held one. Measured on gloo
 # (benchmarks/fsdp1_tied_embedding_backward.py --untied, an embedding-dominated toy wrapped as
 # litgpt's: the root's gathered 32 MiB, the head's and the embedding's 16 MiB gradients and their
-# 32 MiB cat alive at once, beside the held unsharded gradients).
+# 32 MiB cat alive at once, beside the held unsharded gradients). A tied embedding is one view
+# used twice: its InputBuffer sums the head's and the embedding's gradients out of place first,
+# and that sum is the peak (the same script without --untied: the 16 MiB root gathered, the two
+# 16 MiB gradients and their 16 MiB sum).
 def _fsdp1_root_backward_end_bytes(request: PlanRequest, root_elements: int) -> int:
-    """The gathered root, its parameters' gradients and their flat concatenation."""
-    return 3 * root_elements * element_bytes(request.training.precision, request.convention).compute_parameter
+    """The gathered root, its parameters' gradients and their flat concatenation (with a tied
+    embedding: the two gradients of the one weight and their sum)."""
+    copies = 4 if request.model.tied_embeddings else 3
+    return copies * root_elements * element_bytes(request.training.precision, request.convention).compute_parameter
 
 
 def _runs_fsdp1_no_sync(request: PlanRequest) -> bool:
