@@ -41,6 +41,7 @@ GRID = [
 ACCUMULATING = ["--grad-accum", "4", "--keep-unsharded-grads-on-accum"]
 ACCUMULATING_GRID = [
     ("tiny-llama", "fsdp-full-shard", "torch", "fp32"),
+    ("tiny-llama", "fsdp-full-shard", "torch", "bf16-mixed"),
     ("tiny-llama", "fsdp-full-shard", "torch-fsdp1", "fp32"),
     ("tiny-llama", "zero2", "zeroplan", "fp32"),
     ("tiny-llama", "zero3", "zeroplan", "fp32"),
