@@ -35,12 +35,17 @@ GRID = [
     ("tiny-gpt2", "fsdp-full-shard", "torch", "fp32"),
 ]
 # Gradient accumulation into unsharded gradients (FSDP2 without gradient sync; FSDP1's no_sync,
-# which Lightning Fabric and litgpt run, the same way): 4 micro-batches per step. FSDP1's run
-# is left out: its root unit stays gathered after the forward, which the planner counts for the
-# frameworks that run FSDP1 (FrameworkProfile.fsdp_loss_backward_gathers_head), not for this
-# harness's own model.
+# which Lightning Fabric and litgpt run, the same way; the reference ZeRO-2/3 reducing once per
+# step): 4 micro-batches per step. FSDP1's root unit stays gathered after the forward
+# (StrategySpec.fsdp1_root_stays_gathered, which validate sets for the torch-fsdp1 engine).
 ACCUMULATING = ["--grad-accum", "4", "--keep-unsharded-grads-on-accum"]
-ACCUMULATING_GRID = [("tiny-llama", "fsdp-full-shard", "torch", "fp32")]
+ACCUMULATING_GRID = [
+    ("tiny-llama", "fsdp-full-shard", "torch", "fp32"),
+    ("tiny-llama", "fsdp-full-shard", "torch", "bf16-mixed"),
+    ("tiny-llama", "fsdp-full-shard", "torch-fsdp1", "fp32"),
+    ("tiny-llama", "zero2", "zeroplan", "fp32"),
+    ("tiny-llama", "zero3", "zeroplan", "fp32"),
+]
 DEEPSPEED_GRID = [
     ("tiny-llama", strategy, "deepspeed", precision)
     for precision in ("fp32", "bf16-mixed") for strategy in ("zero1", "zero2", "zero3")

@@ -122,8 +122,23 @@ def backward_held_buffer_bytes(request: PlanRequest) -> int:
         held += accumulating_trainable_elements(request) * gradient_wire_bytes(request)
     elif accumulating and kind.zero_stage >= 2:
         # no_sync(): unsharded gradients accumulate locally until the last micro-batch.
-        held += rank_trainable_elements(request) * eb.compute_parameter
+        held += rank_trainable_elements(request) * no_sync_gradient_element_bytes(request)
     return held
+
+
+# torch 2.13 distributed/fsdp/_fully_shard/_fsdp_param_group.py post_backward (lines 607-612)
+# calls _fsdp_param.py to_accumulated_grad_if_needed (lines 802-813) when gradients are not
+# reduced: the unsharded gradient moves to unsharded_accumulated_grad = grad.to(reduce_dtype)
+# (reduce_dtype clamped to None where it equals param_dtype, lines 587-593), and the next
+# micro-batches add into it (accumulate_unsharded_grad_if_needed). So FSDP accumulates in the
+# reduce dtype, the gradients' wire dtype (fp32 by default under MixedPrecisionPolicy's
+# reduce_dtype, the compute dtype where a framework reduces in it); the reference ZeRO engines
+# keep them in the compute dtype.
+def no_sync_gradient_element_bytes(request: PlanRequest) -> int:
+    """Bytes per element of the unsharded gradients accumulated without gradient sync."""
+    if request.strategy.kind.is_fsdp:
+        return gradient_wire_bytes(request)
+    return element_bytes(request.training.precision, request.convention).compute_parameter
 
 
 # torch 2.13 distributed/fsdp/_runtime_utils.py _post_backward_hook (lines 743-746): under FSDP1's
@@ -135,12 +150,19 @@ def backward_held_buffer_bytes(request: PlanRequest) -> int:
 # unsharded gradient kept). So what a micro-batch leaves for the next is the unsharded gradient
 # backward_held_buffer_bytes holds, and no gradient shard beside it (the harness's FSDP2 run with
 # 4 micro-batches, benchmarks/records/tiny-llama-fsdp-full-shard-torch-fp32-n2-accum4-keep).
+# The reference ZeRO-2/3 (zeroplan/harness/zero.py) the same: its zero_grad sets every unit's
+# grad_shard to None, _on_grad reduce-scatters into a new shard only in the last micro-batch,
+# and the first K-1 add up in p.grad (the harness's runs at micro-batch 2 x seq 256 with 4
+# micro-batches: Gradient 48.0 MiB at the peak, the unsharded gradients alone).
 def fsdp_no_sync_carried_gradient_bytes(request: PlanRequest) -> int | None:
     """What one micro-batch leaves allocated for the next beyond the held buffers
-    (PeakTerms.accumulated_gradients): 0 where FSDP accumulates unsharded gradients
-    (keep_unsharded_grads_on_accum); None elsewhere (the model states' gradients)."""
+    (PeakTerms.accumulated_gradients): 0 where FSDP, or ZeRO-2/3 outside DeepSpeed's
+    convention, accumulates unsharded gradients (keep_unsharded_grads_on_accum); None
+    elsewhere (the model states' gradients)."""
     kind = request.strategy.kind
-    if (request.batch.grad_accum_steps > 1 and request.strategy.keep_unsharded_grads_on_accum and kind.is_fsdp
+    reference_zero = kind in (StrategyKind.zero2, StrategyKind.zero3) and request.convention is not StateConvention.deepspeed
+    if (request.batch.grad_accum_steps > 1 and request.strategy.keep_unsharded_grads_on_accum
+            and (kind.is_fsdp or reference_zero)
             and not pipeline_defers_fsdp_reduction(request.parallel, kind.is_fsdp)
             and not (_megatron_buffers(request) or _bf16_optimizer_buffers(request))):
         return 0
@@ -153,7 +175,7 @@ def draining_held_buffer_bytes(request: PlanRequest) -> int:
     accumulation, which the last micro-batch reduce-scatters; 0 elsewhere."""
     if fsdp_no_sync_carried_gradient_bytes(request) is None:
         return 0
-    return rank_trainable_elements(request) * element_bytes(request.training.precision, request.convention).compute_parameter
+    return rank_trainable_elements(request) * no_sync_gradient_element_bytes(request)
 
 
 def transient_buffer_bytes(request: PlanRequest) -> int:
@@ -263,14 +285,45 @@ def last_reduce_scatter_input_bytes(request: PlanRequest) -> int:
     return 0
 
 
+# torch 2.13 distributed/fsdp/_flat_param.py _use_unsharded_views: FSDP1 hands each module its
+# parameters as views split off the root's gathered FlatParameter, so autograd's SplitWithSizes
+# node (engine.cpp: a node runs once all its incoming gradients are in its InputBuffer) cats the
+# embedding's, the final norm's and the head's gradients (the head's waiting since the loss) into
+# one flat gradient after the embedding's backward, before the post-backward hook reshards the
+# root (_runtime_utils.py _post_backward_hook, on the FlatParameter's AccumulateGrad). Under
+# no_sync that flat gradient is then added into the held one. Measured on gloo
+# (benchmarks/fsdp1_tied_embedding_backward.py --untied, an embedding-dominated toy wrapped as
+# litgpt's: the root's gathered 32 MiB, the head's and the embedding's 16 MiB gradients and their
+# 32 MiB cat alive at once, beside the held unsharded gradients). A tied embedding is one view
+# used twice: its InputBuffer sums the head's and the embedding's gradients out of place first,
+# and that sum is the peak (the same script without --untied: the 16 MiB root gathered, the two
+# 16 MiB gradients and their 16 MiB sum).
+def _fsdp1_root_backward_end_bytes(request: PlanRequest, root_elements: int) -> int:
+    """The gathered root, its parameters' gradients and their flat concatenation (with a tied
+    embedding: the two gradients of the one weight and their sum)."""
+    copies = 4 if request.model.tied_embeddings else 3
+    return copies * root_elements * element_bytes(request.training.precision, request.convention).compute_parameter
+
+
+def _runs_fsdp1_no_sync(request: PlanRequest) -> bool:
+    """FSDP1 accumulating under no_sync: the harness's FSDP1 engine, or a stack whose loop runs
+    FSDP1's no_sync() (FrameworkProfile.accumulates_without_gradient_sync: litgpt through Lightning)."""
+    fsdp1 = request.strategy.fsdp1_root_stays_gathered or profile(request.training.framework).accumulates_without_gradient_sync
+    return fsdp1 and fsdp_no_sync_carried_gradient_bytes(request) == 0
+
+
 def backward_end_buffer_bytes(request: PlanRequest) -> int | None:
     """The buffers of the last reduction of backward (PeakTerms.backward_end_buffers): FSDP2's
     last unit's flat reduce-scatter input, its unsharded gradients or the head gradient the root
-    holds; DeepSpeed ZeRO-3's flat copy of its last bucket and its first module, still gathered.
+    holds; FSDP1's gathered root with its gradients and their flat concatenation under no_sync;
+    DeepSpeed ZeRO-3's flat copy of its last bucket and its first module, still gathered.
     None where the largest unit's transient buffers stand for them."""
     fsdp = _fsdp_last_unit(request)
     if fsdp is not None:
-        return _fsdp_backward_end_bytes(request, *fsdp)
+        last, head = fsdp
+        if head and _runs_fsdp1_no_sync(request):
+            return _fsdp1_root_backward_end_bytes(request, last)
+        return _fsdp_backward_end_bytes(request, last, head)
     if deepspeed_epilogue.models_epilogue(request):
         return deepspeed_epilogue.epilogue_buffer_bytes(request)
     return None

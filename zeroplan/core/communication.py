@@ -267,6 +267,11 @@ def _uncached_data_parallel_collectives(request: PlanRequest) -> list[Collective
                 # Reference ZeRO-3 (zeroplan/harness/zero.py): a tied embedding serves the head
                 # too, so it stays gathered from the forward until its backward is done.
                 backward = backward[1:]
+            if request.strategy.fsdp1_root_stays_gathered and kind is StrategyKind.fsdp_full_shard:
+                # FSDP1's root stays gathered from the forward (StrategySpec.fsdp1_root_stays_gathered):
+                # its backward gathers the blocks only.
+                blocks = [u.name.startswith("block.") for u in rank_parameter_units(request)]
+                backward = [b for b, block in zip(backward, blocks, strict=True) if block]
             backward = [b for b in backward if b]  # a unit the turnaround kept whole gathers nothing
             result.append(make_collective(CollectiveOp.all_gather, Phase.backward, "parameters", backward, group, accum, group_spans_nodes, eb.compute_parameter, per_node))
         if models_deepspeed_gathers(request):

@@ -247,11 +247,17 @@ def fsdp_head_gathered_parts(request: PlanRequest, *, prefetched: bool = True) -
     from zeroplan.core.model_states import unit_gather_bytes
 
     prof = profile(request.training.framework)
-    if not prof.fsdp_loss_backward_gathers_head or request.strategy.kind not in (StrategyKind.fsdp_full_shard, StrategyKind.hsdp):
+    full_shard = request.strategy.kind in (StrategyKind.fsdp_full_shard, StrategyKind.hsdp)
+    if not full_shard or not (prof.fsdp_loss_backward_gathers_head or request.strategy.fsdp1_root_stays_gathered):
         return ()
     compute_bytes = element_bytes(request.training.precision, request.convention).compute_parameter
     padded = unit_gather_bytes(request, request.shard_group_size, compute_bytes)
     embedding, last_block, head = padded[0], padded[-2], padded[-1]
+    if not prof.fsdp_loss_backward_gathers_head:
+        # FSDP1's root, never resharded after forward (StrategySpec.fsdp1_root_stays_gathered),
+        # is one FlatParameter of the embedding, the final norm and the head; the loss's backward
+        # runs before the root's pre-backward hook, so nothing is prefetched yet.
+        return (embedding + head,) if embedding + head > 0 else ()
     if fsdp_separates_embedding_and_head(request):
         gathered: tuple[int, ...] = (head,)  # the output unit; the root after it holds only the final norm
     else:

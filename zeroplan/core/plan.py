@@ -21,7 +21,7 @@ from zeroplan.core.finetune.activations import (
 from zeroplan.core.frameworks import (
     autocast_copies_bytes, autocast_head_copy_bytes, framework_activation_bytes, framework_recompute_bytes,
 )
-from zeroplan.core.framework_loss import framework_logits_pieces
+from zeroplan.core.framework_loss import framework_logits_pieces, fsdp_head_gathered_bytes
 from zeroplan.core.fused_cross_entropy import fused_cross_entropy_bytes
 from zeroplan.core.kv_cache import kept_outputs_bytes
 from zeroplan.core.profiles import (
@@ -85,10 +85,13 @@ def reference_activations(request: PlanRequest) -> tuple[int, int]:
     return total - recompute, recompute
 
 
+# The loss's tensors, and beside them at its backward FSDP1's root unit, still gathered from the
+# forward (StrategySpec.fsdp1_root_stays_gathered; fsdp_head_gathered_bytes, 0 elsewhere).
 def reference_logits(request: PlanRequest) -> tuple[int, ...]:
+    root = fsdp_head_gathered_bytes(request)
     if request.training.fused_cross_entropy:
-        return (fused_cross_entropy_bytes(request),)
-    return (logits_bytes(request.model, request.training, request.batch.seq_len, request.batch.micro_batch_size),)
+        return (fused_cross_entropy_bytes(request) + root,)
+    return (logits_bytes(request.model, request.training, request.batch.seq_len, request.batch.micro_batch_size) + root,)
 
 
 def framework_activations(request: PlanRequest) -> tuple[int, int]:

@@ -181,6 +181,11 @@ class StrategySpec(Frozen):
     fsdp_reduce_in_fp32: bool = True
     """FSDP: reduce-scatter gradients in fp32 (MixedPrecisionPolicy(reduce_dtype=float32), as
     torchtitan's mixed_precision_reduce defaults); False reduces in the compute dtype."""
+    fsdp1_root_stays_gathered: bool = False
+    """FSDP full shard run by torch's FSDP1 (FullyShardedDataParallel) with a root unit: its
+    post-forward does not reshard the root (torch 2.13 distributed/fsdp/_runtime_utils.py
+    _post_forward_reshard), so the root's parameters stay gathered from the forward through the
+    loss and the backward, and its backward gathers nothing."""
     keep_unsharded_grads_on_accum: bool = False
     """FSDP no_sync / ZeRO-1: accumulate unsharded gradients locally and reduce once per step
     instead of every micro-batch (costs a full gradient buffer)."""

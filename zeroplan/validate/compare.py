@@ -43,6 +43,9 @@ def request_for(description: RunDescription) -> PlanRequest:
         ),
         parallel=description.parallel,
     )
+    if description.engine == "torch-fsdp1" and description.strategy is StrategyKind.fsdp_full_shard:
+        # Each block wrapped, then the root (zeroplan/harness/torch_engines.py Fsdp1Engine).
+        request = request.with_strategy(request.strategy.model_copy(update={"fsdp1_root_stays_gathered": True}))
     if description.engine == "deepspeed" and description.strategy.zero_stage == 3:
         # The gathers follow the run's own prefetch settings (zeroplan.core.deepspeed_prefetch).
         zero3 = description.deepspeed_stage3 or HARNESS_DEEPSPEED_STAGE3
