@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from zeroplan.core.compiled import compiled_layer_bytes, runs_checkpointing
+from zeroplan.core.compiled import check_compiled, compiled_layer_bytes, runs_checkpointing
 from zeroplan.core.frameworks import framework_activation_bytes, framework_block_kept_bytes, framework_layer_bytes
 from zeroplan.core.parallel.activations import micro_batch_bytes
 from zeroplan.core.plan import framework_activations, plan
@@ -72,20 +72,51 @@ def test_the_recomputed_block_is_the_compiled_block_of_the_same_layout(record):
     assert abs(recompute - none.compiled_saved_bytes) <= BLOCK_TARGET * none.compiled_saved_bytes
 
 
+def offload_request(record: CompiledOffloadRecord, **training) -> PlanRequest:
+    training = dict(framework="torchtune", precision="bf16-pure", compile=True, finetune=record.finetune,
+                    activation_checkpointing="full", activation_offloading=True) | training
+    return PlanRequest(model=record.model, batch=record.batch, cluster=cluster_from_gpus(get_gpu("a100-80gb"), 1),
+                       strategy=StrategySpec(kind="ddp"), training=TrainingSpec(**training))
+
+
 def test_compiled_offloading_moves_what_eager_moves_and_recomputes_the_compiled_layer():
-    assert OFFLOAD
+    assert {(r.finetune.is_lora, r.finetune.quantize.value) for r in OFFLOAD} == {(False, "none"), (True, "none"), (True, "nf4")}
     for record in OFFLOAD:
         assert record.compiled_host_bytes == record.eager_host_bytes
-        assert record.dynamo_graphs == 1  # every layer ran compiled, from one graph
-        request = PlanRequest(model=record.model, batch=record.batch, cluster=cluster_from_gpus(get_gpu("a100-80gb"), 1),
-                              strategy=StrategySpec(kind="ddp"),
-                              training=TrainingSpec(framework="torchtune", precision="bf16-pure", compile=True,
-                                                    activation_checkpointing="full", activation_offloading=True))
-        assert compiled_layer_bytes(request) == record.compiled_layer_saved_bytes
-        eager = request.model_copy(update={"training": request.training.model_copy(update={"compile": False})})
+        # Every layer ran compiled: from one graph, or with a frozen embedding (LoRA) from two,
+        # the first layer's (its input needs no gradient) and the one the deeper layers share.
+        assert record.dynamo_graphs == (2 if record.finetune.is_lora else 1)
+        request = offload_request(record)
+        # The recomputed layer: the compiled (LoRA/QLoRA) block's rule, to the byte.
+        assert compiled_layer_bytes(request) == record.compiled_layer_saved_bytes, record.file_name
+        eager = offload_request(record, compile=False)
         # Only the recomputed block differs between the two: the offloaded stash is the same.
         assert (framework_activation_bytes(request) - framework_activation_bytes(eager)
                 == framework_layer_bytes(request) - framework_layer_bytes(eager))
+
+
+def test_the_first_lora_layer_keeps_less_than_the_recomputed_one():
+    # Its input needs no gradient: no input and no first-norm rsqrt kept (and over NF4 no
+    # dequantized q, k, v weights, which only the input's gradient reads), so the planner's
+    # recomputed block is the deeper layers' graph.
+    for record in OFFLOAD:
+        if record.finetune.is_lora:
+            model = record.model
+            tokens, h = record.batch.seq_len * record.batch.micro_batch_size, model.hidden_size
+            qkv_weights = 2 * h * (model.q_size + 2 * model.kv_size) if record.finetune.quantize.value == "nf4" else 0
+            dropped = record.compiled_layer_saved_bytes - record.compiled_first_layer_saved_bytes
+            assert dropped == 2 * tokens * h + 4 * tokens + qkv_weights
+
+
+def test_compiled_lora_with_offloading_is_planned_and_what_was_not_measured_stays_refused():
+    for record in OFFLOAD:
+        check_compiled(offload_request(record).training, record.model)  # refused before
+    lora = next(r for r in OFFLOAD if r.finetune.is_lora)
+    for unmeasured in ({"dora": True}, {"lora_dropout": 0.05}):
+        finetune = lora.finetune.model_copy(update=unmeasured)
+        with pytest.raises(ZeroplanError) as error:
+            check_compiled(offload_request(lora, finetune=finetune).training, lora.model)
+        assert error.value.field == "finetune"
 
 
 def _layout(**parallel) -> dict:
@@ -125,6 +156,29 @@ def test_the_search_varies_only_policies_measured_under_the_layout():
     varied = request.model_copy(update={"training": training.model_copy(update={"activation_checkpointing": ActivationCheckpointing.selective_op})})
     with pytest.raises(ZeroplanError, match="under tensor parallelism"):
         plan(varied)
+
+
+@pytest.mark.slow
+def test_compiled_lora_offloading_on_a_small_model_moves_what_eager_moves(tmp_path):
+    # torchtune's LoRA model with OffloadActivations, eager and every layer compiled, at a small
+    # width (what it moves and the layer's partition are per element): two layers, so the deeper
+    # layer's graph is compiled too.
+    import json
+
+    from zeroplan.frameworks.compiled_parallel import measure_compiled_offload
+    from zeroplan.specs import FineTuneSpec
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
+        "max_position_embeddings": 256, "rope_theta": 500000.0, "rms_norm_eps": 1e-05, "tie_word_embeddings": False,
+        "attention_bias": False, "mlp_bias": False, "hidden_act": "silu"}), encoding="utf-8")
+    finetune = FineTuneSpec(lora_rank=8, lora_targets=("q", "v", "o", "gate", "up", "down"))
+    record = measure_compiled_offload(str(config), 64, 1, depths=(1, 2), finetune=finetune)
+    assert record.compiled_host_bytes == record.eager_host_bytes
+    assert record.dynamo_graphs == 2
+    assert compiled_layer_bytes(offload_request(record)) == record.compiled_layer_saved_bytes
 
 
 @pytest.mark.slow

@@ -77,14 +77,12 @@ def check_compiled(training: TrainingSpec, model: ModelSpec, gpu: GpuSpec | None
                             f"{training.activation_checkpointing.value!r} was not measured (allowed: {allowed})")
     # Activation offloading (torchtune's, full checkpointing only) is modelled compiled: with
     # every layer compiled as torchtune's compile_model does, OffloadActivations moves exactly
-    # the bytes it moves eager (the block inputs; benchmarks/compiled-parallel-records/offload),
-    # and the block its backward recomputes is the compiled one (compiled_layer_bytes).
+    # the bytes it moves eager (the block inputs; benchmarks/compiled-parallel-records/offload,
+    # a full fine-tune and torchtune's LoRA and QLoRA), and the block its backward recomputes is
+    # the compiled one (compiled_layer_bytes, the LoRA block's delta included).
     if not compiled_finetune_measured(training):
         raise ZeroplanError("finetune", "is not modelled compiled: no compiled run of it was measured (allowed without "
                                         "compile, or torchtune's LoRA/QLoRA without dropout or DoRA)")
-    if training.activation_offloading and not training.finetune.trains_everything:
-        raise ZeroplanError("activation_offloading", "is not modelled compiled with a LoRA: no compiled run of it was "
-                                                     "measured (allowed without compile, or a full fine-tune)")
     if not model.is_dense_llama_layout:
         raise ZeroplanError("compile", f"{model.name!r}: compiled blocks were measured for dense Llama-layout models "
                             "(RoPE, RMSNorm, SwiGLU, no biases) only")

@@ -316,12 +316,23 @@ def partition_saved_values(forward: torch.fx.GraphModule, user_outputs: int, inp
         if not isinstance(value, torch.Tensor):
             continue  # a saved symbolic size
         source, example = inputs[placeholders[node.name]] if node.name in placeholders else (None, None)
+        kind = _kind(source, example is hidden)
+        base = _view_base(node)
+        if source is None and base.name in placeholders and _kind(inputs[placeholders[base.name]][0], False) == "parameter":
+            # A transposed adapter weight (permute of a LoRA parameter) has no storage of its own.
+            kind = "parameter"
         values.append(SavedValue(
             name=node.name, op=f"input {source}" if source else _op_name(node), shape=list(value.shape),
-            dtype=str(value.dtype), bytes=math.prod(value.shape) * value.element_size(),
-            kind=_kind(source, example is hidden),
+            dtype=str(value.dtype), bytes=math.prod(value.shape) * value.element_size(), kind=kind,
         ))
     return values
+
+
+def _view_base(node: torch.fx.Node) -> torch.fx.Node:
+    """The node a chain of aten view ops (permute, t, view...) starts from; ``node`` if none."""
+    while node.op == "call_function" and getattr(node.target, "is_view", False) and isinstance(node.args[0], torch.fx.Node):
+        node = node.args[0]
+    return node
 
 
 def _flattened(inputs: list[tuple[str, object]]) -> list[tuple[str, object]]:

@@ -36,6 +36,7 @@ from zeroplan.frameworks.compiled import block_inputs_of, block_saves, partition
 from zeroplan.frameworks.compiled_parallel_record import CompiledOffloadRecord, CompiledParallelBlockRecord
 from zeroplan.frameworks.compiled_record import SavedValue
 from zeroplan.simulate import _torch_private as private
+from zeroplan.specs.finetune import FineTuneSpec
 
 HOW = "python benchmarks/compiled_parallel_records.py"
 PRESETS = {"8B": "llama-3.1-8b", "70B": "llama-3.1-70b"}
@@ -165,8 +166,9 @@ def _block_inputs(module, block, vocab_size: int, seq_len: int, micro_batch: int
 
 
 def measure_compiled_offload(model_name: str, seq_len: int, micro_batch: int = 1,
-                             depths: tuple[int, int] = (2, 3)) -> CompiledOffloadRecord:
-    """torchtune's offloading with full checkpointing, eager and with every layer compiled."""
+                             depths: tuple[int, int] = (2, 3), finetune: FineTuneSpec = FineTuneSpec()) -> CompiledOffloadRecord:
+    """torchtune's offloading with full checkpointing, eager and with every layer compiled;
+    ``finetune``: its LoRA/QLoRA model (zeroplan.frameworks.lora), as its LoRA recipes wrap it."""
     from importlib.metadata import version
 
     from zeroplan.presets.models import get_model
@@ -174,26 +176,47 @@ def measure_compiled_offload(model_name: str, seq_len: int, micro_batch: int = 1
 
     start_s = time.perf_counter()
     model = get_model(model_name)
-    runs = {(compiled, layers): _offload_run(model, layers, seq_len, micro_batch, compiled)
+    runs = {(compiled, layers): _offload_run(model, layers, seq_len, micro_batch, compiled, finetune)
             for compiled in (False, True) for layers in depths}
-    graphs, values = runs[(True, depths[-1])][1:]
+    graphs, partitions = runs[(True, depths[-1])][1:]
     return CompiledOffloadRecord(
         framework_version=f"torchtune {version('torchtune')}", torch_version=torch.__version__, model=model,
-        batch=BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch), activation_checkpointing=ActivationCheckpointing.full,
+        finetune=finetune, batch=BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch), activation_checkpointing=ActivationCheckpointing.full,
         layers=list(depths), eager_host_bytes=[runs[(False, n)][0] for n in depths],
         compiled_host_bytes=[runs[(True, n)][0] for n in depths],
         dynamo_graphs=graphs,
-        compiled_layer_saved_values=values, wall_time_s=time.perf_counter() - start_s, how=HOW,
+        # The last graph compiled is the one the deeper layers run (their input needs a gradient);
+        # with a frozen embedding the first layer's input needs none and dynamo compiles it apart.
+        compiled_layer_saved_values=partitions[-1],
+        compiled_first_layer_saved_values=partitions[0] if len(partitions) > 1 else [],
+        wall_time_s=time.perf_counter() - start_s, how=HOW,
         notes=["torchtune 0.6.1 training/_compile.py compile_model compiles each TransformerSelfAttentionLayer "
                "(m.compile(backend), no fullgraph), inside the CheckpointWrapper set_activation_checkpointing put "
                "around it: the checkpoint's saved-tensor hooks drop what the compiled layer saves in forward and "
                "its recompute in backward runs the compiled layer again",
-               "forward only: OffloadActivations' unpack in backward copies to 'cuda', which a CPU run lacks"],
+               "forward only: OffloadActivations' unpack in backward copies to 'cuda', which a CPU run lacks",
+               *_offload_finetune_notes(model, finetune)],
     )
 
 
-def _offload_run(model, layers: int, seq_len: int, micro_batch: int, compiled: bool) -> tuple[int, int, list[SavedValue]]:
-    """(host bytes after the forward, dynamo graphs, the first compiled partition's saved values)."""
+def _offload_finetune_notes(model, finetune: FineTuneSpec) -> list[str]:
+    if finetune.trains_everything:
+        return []
+    notes = ["the embedding is frozen: the first layer's input needs no gradient, dynamo compiles that layer "
+             "as a graph of its own (compiled_first_layer_saved_values: no input, no first-norm rsqrt) and the "
+             "deeper layers share the second"]
+    if model.tied_embeddings:
+        notes.append("built as zeroplan.frameworks.lora builds torchtune's LoRA model (lora_llama3_1's component "
+                     "builder at this model's sizes, an untied output): the same TransformerSelfAttentionLayer; "
+                     "get_act_offloading_ctx_manager puts a TiedLinear's linear under NoOpManager as it does an "
+                     "untied output")
+    return notes
+
+
+def _offload_run(model, layers: int, seq_len: int, micro_batch: int, compiled: bool,
+                 finetune: FineTuneSpec = FineTuneSpec()) -> tuple[int, int, list[list[SavedValue]]]:
+    """(host bytes after the forward, dynamo graphs, each compiled partition's saved values in
+    the order dynamo compiled them)."""
     from torchtune import modules
 
     from zeroplan.frameworks.build import build
@@ -202,7 +225,7 @@ def _offload_run(model, layers: int, seq_len: int, micro_batch: int, compiled: b
 
     torch._dynamo.reset()
     built = build(Framework.torchtune, model, layers, ActivationCheckpointing.full, torch.bfloat16, seq_len,
-                  activation_offloading=True)
+                  activation_offloading=True, finetune=finetune)
     built.materialize()
     graphs: list[list[tuple[str, object]]] = []
 
@@ -219,16 +242,19 @@ def _offload_run(model, layers: int, seq_len: int, micro_batch: int, compiled: b
         built.to_empty(device="cpu")
         tokens = torch.randint(0, model.vocab_size, (micro_batch, seq_len))
         hidden_inputs: list[torch.Tensor] = []
-        handle = built.blocks[0].register_forward_pre_hook(lambda _m, args: hidden_inputs.append(args[0]))
+        handles = [block.register_forward_pre_hook(lambda _m, args: hidden_inputs.append(args[0]))
+                   for block in built.blocks]
         built.forward(tokens)
-        handle.remove()
+        for handle in handles:
+            handle.remove()
         host = built.host_bytes()
-    values: list[SavedValue] = []
-    if compiled and partitions:
-        forward, _, user_outputs = partitions[0]
-        values = partition_saved_values(forward, user_outputs, graphs[0], hidden_inputs[0])
+    saved: list[list[SavedValue]] = []
+    # One partition per dynamo graph, compiled in order on the first layer that needs it (graph i
+    # on layer i while each layer compiles a new one).
+    for (forward, _, user_outputs), inputs, hidden in zip(partitions if compiled else [], graphs, hidden_inputs):
+        values = partition_saved_values(forward, user_outputs, inputs, hidden)
         # partition_saved_values knows the hidden input by identity; the compiled layer's first
         # graph input is the hidden state (dynamo source L['x']).
-        values = [v.model_copy(update={"kind": "hidden"}) if v.op == "input L['x']" else v for v in values]
-    return host, len(graphs), values
+        saved.append([v.model_copy(update={"kind": "hidden"}) if v.op == "input L['x']" else v for v in values])
+    return host, len(graphs), saved
 

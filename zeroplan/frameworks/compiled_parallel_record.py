@@ -10,9 +10,10 @@ from pathlib import Path
 from pydantic import Field
 
 from zeroplan.frameworks.compiled_record import SavedValue, counted_saved_bytes
-from zeroplan.frameworks.record import NamedRecord, load_records
-from zeroplan.specs import ActivationCheckpointing, BatchSpec, ModelSpec
+from zeroplan.frameworks.record import NamedRecord, finetune_tag, load_records
+from zeroplan.specs import ActivationCheckpointing, BatchSpec, ModelSpec, TrainingSpec
 from zeroplan.specs.base import Frozen
+from zeroplan.specs.finetune import FineTuneSpec
 
 SCHEMA_VERSION = 1
 
@@ -69,6 +70,8 @@ class CompiledOffloadRecord(Frozen):
     framework_version: str
     torch_version: str
     model: ModelSpec
+    finetune: FineTuneSpec = FineTuneSpec()
+    """torchtune's LoRA/QLoRA model measured (zeroplan.frameworks.lora); the default: a full fine-tune."""
     batch: BatchSpec
     activation_checkpointing: ActivationCheckpointing
     layers: list[int]
@@ -81,7 +84,11 @@ class CompiledOffloadRecord(Frozen):
     """Graphs dynamo compiled for the deepest compiled run (the layers share one)."""
     compiled_layer_saved_values: list[SavedValue]
     """What the compiled layer's partitioned forward saves (the checkpoint outside it drops them in
-    forward; its recompute in backward rebuilds them)."""
+    forward; its recompute in backward rebuilds them): the last graph dynamo compiled, the one
+    every layer whose input needs a gradient runs."""
+    compiled_first_layer_saved_values: list[SavedValue] = Field(default_factory=list)
+    """With a frozen embedding (LoRA) the first layer's input needs no gradient and dynamo compiles
+    that layer as a graph of its own: what its partition saves (empty with one graph)."""
     wall_time_s: float = Field(ge=0)
     how: str
     notes: list[str] = Field(default_factory=list)
@@ -91,8 +98,13 @@ class CompiledOffloadRecord(Frozen):
         return counted_saved_bytes(self.compiled_layer_saved_values)
 
     @property
+    def compiled_first_layer_saved_bytes(self) -> int:
+        return counted_saved_bytes(self.compiled_first_layer_saved_values)
+
+    @property
     def file_name(self) -> str:
-        return (f"torchtune_{self.model.name}_offload_ac={self.activation_checkpointing.value}_"
+        tune = finetune_tag(TrainingSpec(framework="torchtune", finetune=self.finetune))
+        return (f"torchtune{tune}_{self.model.name}_offload_ac={self.activation_checkpointing.value}_"
                 f"s{self.batch.seq_len}_b{self.batch.micro_batch_size}.json")
 
 

@@ -62,8 +62,10 @@ def check_finetune(framework: Framework, finetune: FineTuneSpec, policy: Activat
     if policy not in (ActivationCheckpointing.none, ActivationCheckpointing.full):
         # torchtune 0.6.1 recipes/lora_finetune_*.py read only enable_activation_checkpointing.
         raise ZeroplanError("--activation-checkpointing", f"{policy.value!r} is not offered with LoRA (allowed: none, full)")
-    if activation_offloading:
-        raise ZeroplanError("--activation-offloading", "not measured with LoRA yet (allowed: false)")
+    if activation_offloading and framework is not Framework.torchtune:
+        # PEFT's recipes have no activation offloading; torchtune's LoRA recipes wrap the model
+        # as the full ones do (recipes/lora_finetune_*.py get_act_offloading_ctx_manager).
+        raise ZeroplanError("--activation-offloading", f"is torchtune's, not {framework.value}'s (allowed: false)")
     targets = finetune.targets(framework)
     if framework is Framework.torchtune:
         mlp = [t for t in targets if t in TORCHTUNE_MLP]
@@ -98,7 +100,7 @@ def build_finetune(framework: Framework, model: ModelSpec, layers: int, policy: 
     (build.torchtune_built)."""
     check_finetune(framework, finetune, policy, offloading)
     if framework is Framework.torchtune:
-        return torchtune_lora_llama(model, layers, policy, dtype, finetune, torchtune_wrap)
+        return torchtune_lora_llama(model, layers, policy, dtype, finetune, torchtune_wrap, offloading)
     if finetune.quantize.is_quantized:
         return hf_bnb_qlora_llama(model, layers, policy, finetune, hf_base)
     return hf_peft_llama(model, layers, policy, dtype, finetune, hf_base, hf_shard)
@@ -109,8 +111,10 @@ def lora_alpha(finetune: FineTuneSpec) -> float:
 
 
 def torchtune_lora_llama(model: ModelSpec, layers: int, policy: ActivationCheckpointing, dtype: torch.dtype,
-                         finetune: FineTuneSpec, torchtune_wrap: Callable):
-    """torchtune 0.6.1 recipes/lora_finetune_distributed.py _setup_model, on the meta device."""
+                         finetune: FineTuneSpec, torchtune_wrap: Callable, offloading: bool = False):
+    """torchtune 0.6.1 recipes/lora_finetune_distributed.py _setup_model, on the meta device
+    (``offloading``: its enable_activation_offloading, get_act_offloading_ctx_manager as the full
+    recipe's)."""
     from torchtune import training
     from torchtune.models.llama3_1._component_builders import lora_llama3_1
     from torchtune.modules.peft import get_adapter_params, set_trainable_params
@@ -137,7 +141,7 @@ def torchtune_lora_llama(model: ModelSpec, layers: int, policy: ActivationCheckp
     # _setup_model then applies set_activation_checkpointing and shard_model exactly as the full
     # recipe does, with custom_sharded_layers from the config: none of the shipped
     # llama3_1/*_lora.yaml or 405B_qlora.yaml sets it (cfg.get(..., None)).
-    built = torchtune_wrap(module, policy, 2, False, None)
+    built = torchtune_wrap(module, policy, 2, offloading, None)
     if quantized:
         built.empty = empty_with_nf4
     return built
