@@ -4,7 +4,12 @@ import pytest
 
 from zeroplan.cli.fit import request_from_args
 from zeroplan.cli.main import build_parser
-from zeroplan.core.buffers import backward_end_buffer_bytes, optimizer_step_temporary_bytes, transient_buffer_bytes
+from zeroplan.core.buffers import (
+    backward_end_buffer_bytes,
+    block_backward_transient_bytes,
+    optimizer_step_temporary_bytes,
+    transient_buffer_bytes,
+)
 from zeroplan.core.deepspeed_2022 import group_numels, partition_pieces
 from zeroplan.core.model_states import model_state_bytes
 from zeroplan.core.plan import deepspeed_accumulated_gradient_bytes
@@ -53,3 +58,4 @@ def test_2022_terms_at_one_data_parallel_rank():
     # Buckets of whole tensors up to 5e8 elements: the model's 16-bit gradients in one.
     assert backward_end_buffer_bytes(new) == transient_buffer_bytes(new) == 2 * trainable
     assert backward_end_buffer_bytes(old) is None
+    assert block_backward_transient_bytes(_request("--deepspeed-release", "2022-bigscience", "--grad-accum", "1")) == 0

@@ -335,6 +335,9 @@ def block_backward_transient_bytes(request: PlanRequest) -> int:
     if deepspeed_epilogue.stage1_carries_bucket(request):
         # The bucket is the earlier micro-steps', already in PeakTerms.accumulated_gradients.
         return 0
+    if deepspeed_2022.models_2022(request):
+        # 2022's stage 1 reduces nothing in backward (no hooks, no bucket): after it, at the boundary.
+        return 0
     units = rank_parameter_units(request)
     blocks = [i for i, unit in enumerate(units) if unit.name.startswith("block.")]
     if kind not in (StrategyKind.fsdp_full_shard, StrategyKind.hsdp) or not blocks or request.parallel.pp > 1:
