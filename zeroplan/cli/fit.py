@@ -32,7 +32,7 @@ from zeroplan.specs import (
     TrainingSpec,
     cluster_from_gpus,
 )
-from zeroplan.specs.framework import TORCHTITAN_RELEASES
+from zeroplan.specs.framework import DEEPSPEED_RELEASES, TORCHTITAN_RELEASES
 from zeroplan.specs.request import default_attention_kernel
 from zeroplan.specs.parallel import EXPERT_PARALLEL_STRATEGIES, ParallelSpec, PipelineSchedule
 from zeroplan.units import GB, GiB, MiB, ByteUnit
@@ -159,6 +159,12 @@ def add_framework_arguments(group: argparse._ArgumentGroup) -> None:
         help="with --framework torchtitan: the release planned, 0.3.0 (default) or 9dec370 (December 2024, its "
              "published H100 benchmarks: embedding, norm and head in the root unit, gathered through the step; "
              "the last block not resharded after forward; implies --unchunked-loss)",
+    )
+    group.add_argument(
+        "--deepspeed-release", choices=DEEPSPEED_RELEASES, metavar="R",
+        help="with --framework megatron-deepspeed: the DeepSpeed release planned, 0.19.8 (default) or 2022-bigscience "
+             "(the February 2022 source BigScience's tr11 runs used: ZeRO-1 without a reduce bucket, a flat 16-bit "
+             "gradient copy at the step)",
     )
     group.add_argument(
         "--transformers-version", metavar="V",
@@ -456,6 +462,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         # torchtitan 9dec370 train.py loss_fn: its only loss, unchunked.
         unchunked_loss=args.unchunked_loss or (framework is Framework.torchtitan and getattr(args, "torchtitan_release", None) == "9dec370"),
         torchtitan_release=getattr(args, "torchtitan_release", None),
+        deepspeed_release=getattr(args, "deepspeed_release", None),
         use_cache=getattr(args, "use_cache", False),
         keep_outputs=getattr(args, "keep_outputs", False),
         transformers_version=getattr(args, "transformers_version", None),

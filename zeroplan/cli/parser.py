@@ -167,6 +167,7 @@ FLAG_OF_FIELD = {
     "finetune.frozen_blocks": "--frozen-blocks",
     "compile": "--compile",
     "torchtitan_release": "--torchtitan-release",
+    "deepspeed_release": "--deepspeed-release",
     "use_cache": "--use-cache",
     "keep_outputs": "--keep-outputs",
     "transformers_version": "--transformers-version",

@@ -3,7 +3,7 @@ temporaries. Each term names the library behaviour it models."""
 
 from __future__ import annotations
 
-from zeroplan.core import deepspeed_epilogue, deepspeed_offload, deepspeed_step
+from zeroplan.core import deepspeed_2022, deepspeed_epilogue, deepspeed_offload, deepspeed_step
 from zeroplan.core.deepspeed_accumulation import resident_bytes as deepspeed_resident_bytes
 from zeroplan.core.largest_unit import largest_gathered_unit_bytes, largest_unit_elements
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes
@@ -184,6 +184,9 @@ def transient_buffer_bytes(request: PlanRequest) -> int:
         return 0
     if _bf16_optimizer_buffers(request):
         return bf16_allreduce_buffer_bytes(request)
+    if deepspeed_2022.models_2022(request):
+        # No ipg bucket: the reduction's flat copy of its largest bucket is the transient.
+        return deepspeed_2022.reduce_copy_bytes(request)
     kind = request.strategy.kind
     eb = element_bytes(request.training.precision, request.convention)
     if _reduces_through_ddp_buckets(request):
@@ -326,6 +329,8 @@ def backward_end_buffer_bytes(request: PlanRequest) -> int | None:
         return _fsdp_backward_end_bytes(request, last, head)
     if deepspeed_epilogue.models_epilogue(request):
         return deepspeed_epilogue.epilogue_buffer_bytes(request)
+    if deepspeed_2022.models_2022(request):
+        return deepspeed_2022.reduce_copy_bytes(request)
     return None
 
 
@@ -382,6 +387,9 @@ def block_backward_transient_bytes(request: PlanRequest) -> int:
         return 0
     if deepspeed_epilogue.stage1_carries_bucket(request):
         # The bucket is the earlier micro-steps', already in PeakTerms.accumulated_gradients.
+        return 0
+    if deepspeed_2022.models_2022(request):
+        # 2022's stage 1 reduces nothing in backward (no hooks, no bucket): after it, at the boundary.
         return 0
     units = rank_parameter_units(request)
     blocks = [i for i, unit in enumerate(units) if unit.name.startswith("block.")]
@@ -459,6 +467,8 @@ def optimizer_step_temporary_bytes(request: PlanRequest, optimizer_elements: int
     eb = element_bytes(request.training.precision, request.convention)
     if request.training.optimizer_in_backward:
         return optimizer_in_backward_step_bytes(request, eb)
+    if deepspeed_2022.models_2022(request):
+        return deepspeed_2022.step_temporary_bytes(request)
     # DeepSpeed's ZeRO-1/2 step takes the gradient norm (one fp64 copy at a time) before the
     # optimizer updates: the larger of the two is the step's temporary.
     norm = deepspeed_step.norm_copy_bytes(request)

@@ -79,6 +79,10 @@ def check_grad_accum_dtype(request: PlanRequest) -> None:
     if request.training.framework is not Framework.megatron_deepspeed:
         raise ZeroplanError("strategy.deepspeed_grad_accum_fp32", f"is modelled for framework megatron-deepspeed, not "
                             f"{request.training.framework.value} (allowed: the model's dtype)")
+    if request.training.deepspeed_release == "2022-bigscience":
+        # runtime/bf16_optimizer.py entered DeepSpeed on 2022-04-19 (#1801), after the pinned source.
+        raise ZeroplanError("strategy.deepspeed_grad_accum_fp32", "BF16_Optimizer is not in deepspeed 2022-bigscience "
+                            "(allowed: the model's dtype, or deepspeed_release 0.19.8)")
     if request.training.precision is not Precision.bf16_mixed:
         raise ZeroplanError("strategy.deepspeed_grad_accum_fp32", f"is modelled under bf16-mixed (DeepSpeed's "
                             f"BF16_Optimizer), not {request.training.precision.value}")

@@ -13,6 +13,7 @@ from zeroplan.core.buffers import (
 )
 from zeroplan.core.communication import collectives
 from zeroplan.core.compiled import check_compiled
+from zeroplan.core import deepspeed_2022, deepspeed_epilogue
 from zeroplan.core.deepspeed_accumulation import accumulated_bytes
 from zeroplan.core.feasibility import usable_memory_bytes
 from zeroplan.core.finetune.activations import (
@@ -154,6 +155,9 @@ def deepspeed_accumulated_gradient_bytes(request: PlanRequest) -> int | None:
     if bf16_optimizer_runs(request):
         # BF16_Optimizer accumulates into its own kept buffers (the model states' gradients).
         return None
+    if deepspeed_2022.models_2022(request):
+        # No ipg bucket in 2022's stage 1: the micro-steps carry only the 16-bit gradients.
+        return deepspeed_epilogue.stage1_gradient_bytes(request)
     return accumulated_bytes(request)
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from zeroplan.core.transformers_release import returns_fp32_logits
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.finetune import version_tuple
-from zeroplan.specs.framework import TORCHTITAN_RELEASES, TRANSFORMERS_NEWEST, TRANSFORMERS_OLDEST, TRANSFORMERS_VERSION, Framework
+from zeroplan.specs.framework import DEEPSPEED_RELEASES, TORCHTITAN_RELEASES, TRANSFORMERS_NEWEST, TRANSFORMERS_OLDEST, TRANSFORMERS_VERSION, Framework
 from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
@@ -490,6 +490,8 @@ FRAMEWORK_OPTIONS = {
     "optimizer_in_backward": lambda prof: prof.offers_optimizer_in_backward,
     "fsdp_cpu_offload": lambda prof: prof.offers_fsdp_cpu_offload,
     "torchtitan_release": lambda prof: prof.framework is Framework.torchtitan,
+    # The DeepSpeed release under the fork (zeroplan.core.deepspeed_2022).
+    "deepspeed_release": lambda prof: prof.framework is Framework.megatron_deepspeed,
     # transformers' KV cache and the output object its caller holds (zeroplan.core.kv_cache).
     "use_cache": lambda prof: prof.framework is Framework.hf,
     # torchtune's single-device recipes before August 2024 hold the shifted fp32 logits through
@@ -628,6 +630,16 @@ def check_torchtitan_release(training: TrainingSpec) -> None:
         raise ZeroplanError("torchtitan_release", "9dec370's loss is unchunked (allowed with unchunked_loss)")
 
 
+def check_deepspeed_release(training: TrainingSpec) -> None:
+    """Refuse a DeepSpeed release the megatron-deepspeed profile does not model, and BF16_Optimizer
+    (fp32 gradient accumulation) under 2022-bigscience, whose source has no such class yet."""
+    release = training.deepspeed_release
+    if release is None:
+        return
+    if release not in DEEPSPEED_RELEASES:
+        raise ZeroplanError("deepspeed_release", f"{release!r} is not modelled (allowed: {', '.join(DEEPSPEED_RELEASES)})")
+
+
 def check_transformers_version(training: TrainingSpec) -> None:
     """Refuse a transformers version that is not a release number or lies outside what is modelled."""
     text = training.transformers_version
@@ -695,6 +707,7 @@ def check_framework_request(training: TrainingSpec, model: ModelSpec | None = No
                 field, f"not offered by {training.framework.value} {prof.version} (allowed only with framework {offering})"
             )
     check_torchtitan_release(training)
+    check_deepspeed_release(training)
     check_transformers_version(training)
     if model is not None:
         check_transformers_version_model(training, model)

@@ -282,6 +282,7 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
         + (", fused cross-entropy (flash-attn)" if t.fused_cross_entropy else "")
         + (", unchunked loss" if t.unchunked_loss else "")
         + (f", torchtitan {t.torchtitan_release}" if t.torchtitan_release else "")
+        + (f", deepspeed {t.deepspeed_release}" if t.deepspeed_release else "")
         + (", KV cache kept (use_cache)" if t.use_cache else "")
         + (", outputs held through backward" if t.keep_outputs else "")
         + (f", transformers {t.transformers_version}" if t.transformers_version else "")

@@ -43,6 +43,9 @@ class Framework(str, Enum):
 # model, whose own unit is the embedding, the final norm and the output projection; train.py's
 # loss_fn is one cross_entropy over the logits upcast to fp32.
 TORCHTITAN_RELEASES: tuple[str, ...] = ("0.3.0", "9dec370")
+DEEPSPEED_RELEASES: tuple[str, ...] = ("0.19.8", "2022-bigscience")
+"""The DeepSpeed releases the megatron-deepspeed profile models (TrainingSpec.deepspeed_release):
+PyPI 0.19.8 (the default) and the early-2022 source BigScience trained with (zeroplan.core.deepspeed_2022)."""
 """The torchtitan releases the profile models (TrainingSpec.torchtitan_release; None is the
 first, the profile's own)."""
 

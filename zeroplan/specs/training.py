@@ -200,6 +200,11 @@ class TrainingSpec(Frozen):
     4.31 to 4.56.2); None plans the profile's 4.56.2. Before 4.46 the causal-LM forward returns
     fp32 logits (the output object, and a loop that holds it, keep 4 bytes a logit), and before
     4.49 the loss makes a contiguous fp32 copy of the shifted logits (zeroplan.core.transformers_release)."""
+    deepspeed_release: str | None = None
+    """megatron-deepspeed only: the DeepSpeed release whose ZeRO stage-1 optimizer is planned, one of
+    zeroplan.specs.framework.DEEPSPEED_RELEASES; None plans 0.19.8. "2022-bigscience": the source
+    of February 2022 (no reduce bucket, the step's flat 16-bit copy beside the kept gradients;
+    zeroplan.core.deepspeed_2022)."""
     torchtitan_release: str | None = None
     """torchtitan only: the release whose FSDP2 wrapping and loss are planned, one of
     zeroplan.specs.framework.TORCHTITAN_RELEASES; None plans the profile's 0.3.0. "9dec370"
