@@ -33,6 +33,7 @@ from zeroplan.core.margin import borderline_words, is_borderline
 from zeroplan.core.memo import batch_keyed, request_keyed
 from zeroplan.core.nvme import nvme_bytes
 from zeroplan.core.model_states import ModelStateBytes, model_state_bytes
+from zeroplan.core.bf16_accumulation_time import check_fp32_accumulation
 from zeroplan.core.megatron_deepspeed import bf16_optimizer_runs, check_grad_accum_dtype
 from zeroplan.core.peak import PeakTerms, moment_totals, peak_allocated_bytes, peak_moments
 from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
@@ -166,6 +167,7 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     training = request.training
     check_framework_request(training, request.model)
     check_grad_accum_dtype(request)
+    check_fp32_accumulation(request)
     check_compiled(training, request.model, request.cluster.gpu)
     # Requests varied by model_copy (the search's policies) skip the request's own validators.
     check_compiled_layout(training, request.parallel)

@@ -175,6 +175,11 @@ class PerformanceAssumptions(Frozen):
     """Each block's tensor-parallel all-gathers and reduce-scatters overlap its matrix products
     (Megatron-LM --tp-comm-overlap, TransformerEngine's userbuffers; torchtitan's async TP), so
     they hide behind the phase's compute instead of blocking it (the default)."""
+    fp32_grad_accumulation: bool | None = None
+    """DeepSpeed BF16_Optimizer's fp32 gradient accumulation, its per-micro-batch copies timed as
+    memory-bound passes (zeroplan.core.bf16_accumulation_time). None: where the
+    megatron-deepspeed profile runs BF16_Optimizer; True: a run that used it under the reference
+    transformer (bf16-mixed, zero1; BLOOM's Megatron-DeepSpeed rows)."""
     algorithm: str = Field(default="auto", pattern="^(auto|ring|tree|nvls|nvls_tree|collnet)$")
     """NCCL algorithm of each collective call: 'auto' = the one NCCL's tuning model predicts
     fastest (zeroplan/core/algorithms.py); a name forces it wherever NCCL offers it for that

@@ -132,6 +132,9 @@ class PublishedThroughput(Frozen):
     """PerformanceAssumptions.overlap_param_gather (Megatron-LM --overlap-param-gather)."""
     tp_comm_overlap: bool = False
     """PerformanceAssumptions.tp_comm_overlap (Megatron-LM --tp-comm-overlap)."""
+    fp32_grad_accumulation: bool = False
+    """The run's optimizer was DeepSpeed's BF16_Optimizer accumulating gradients in fp32
+    (PerformanceAssumptions.fp32_grad_accumulation; BLOOM's Megatron-DeepSpeed rows)."""
     training_options: TrainingOptions = TrainingOptions()
     """Further training options the source states (torchtune's rows)."""
     compile: bool = False
@@ -149,7 +152,7 @@ class PublishedThroughput(Frozen):
         not depend on it, and the allocator model's replays would be spent for nothing
         (compare_step_time asks the model for the verdict alone)."""
         overlap = {"overlap_grad_reduce": self.overlap_grad_reduce, "overlap_param_gather": self.overlap_param_gather,
-                   "tp_comm_overlap": self.tp_comm_overlap}
+                   "tp_comm_overlap": self.tp_comm_overlap, "fp32_grad_accumulation": self.fp32_grad_accumulation or None}
         performance = PerformanceAssumptions(compute_model=compute_model, attention_rate=attention_rate, **overlap)
         if compute_model == "hfu":
             # The flat HFU unless one is given: the fitted default (zeroplan.core.default_efficiency)

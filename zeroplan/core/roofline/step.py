@@ -199,8 +199,11 @@ def _step_terms(request: PlanRequest, eager: bool) -> RooflineStep:
     else:
         terms = list(_model_terms(request.model, request.training, batch.micro_batch_size, batch.seq_len,
                                   batch.grad_accum_steps, activation_bytes, request.cluster.gpu, ranks))
+    from zeroplan.core.bf16_accumulation_time import bf16_accumulation_operations
+
     for operation in (fsdp_copy_operations(request, batch.grad_accum_steps, activation_bytes)
-                      + autocast_cast_operations(request, batch.grad_accum_steps) + optimizer_operation(request)):
+                      + autocast_cast_operations(request, batch.grad_accum_steps) + optimizer_operation(request)
+                      + bf16_accumulation_operations(request, batch.grad_accum_steps)):
         seconds, bound = operation_seconds(operation, ceilings)
         terms.append(RooflineTerm(operation=operation, seconds=seconds, bound=bound))
     return RooflineStep(terms=tuple(terms))
