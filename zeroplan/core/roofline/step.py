@@ -189,9 +189,11 @@ def memory_bound_seconds(request: PlanRequest) -> tuple[float, float, float]:
 @functools.lru_cache(maxsize=64)
 def _model_memory_seconds(model, training, micro_batch_size: int, seq_len: int, micro_batches: int,
                           activation_bytes: int, gpu, ranks: int) -> tuple[tuple[float, ...], ...]:
-    """_memory_seconds_by_phase of _model_terms (the same arguments)."""
-    return _memory_seconds_by_phase(_model_terms(model, training, micro_batch_size, seq_len, micro_batches,
-                                                 activation_bytes, gpu, ranks))
+    """_memory_seconds_by_phase of _model_terms (the same arguments): its memory passes alone
+    (step_operations' memory_only), priced as _model_terms prices them."""
+    ceilings = gpu_ceilings(gpu)
+    operations = step_operations(model, training, micro_batch_size, seq_len, micro_batches, activation_bytes, memory_only=True)
+    return _memory_seconds_by_phase([_term(operation, ceilings, ranks) for operation in operations])
 
 
 # RooflineStep.forward_s, backward_s and optimizer_s: the phases each sums.
