@@ -179,10 +179,10 @@ def memory_bound_seconds(request: PlanRequest) -> tuple[float, float, float]:
                                           batch.grad_accum_steps, activation_bytes, request.cluster.gpu,
                                           request.parallel.model_parallel_size)
     ceilings = gpu_ceilings(request.cluster.gpu)
-    extra = [_term(operation, ceilings, 1) for operation in (
+    # _step_terms' seconds of these (not divided among the ranks).
+    extra_seconds = _memory_seconds_by_phase([(operation, operation_seconds(operation, ceilings)[0]) for operation in (
         fsdp_copy_operations(request, batch.grad_accum_steps, activation_bytes)
-        + autocast_cast_operations(request, batch.grad_accum_steps) + optimizer_operation(request))]
-    extra_seconds = _memory_seconds_by_phase(extra)
+        + autocast_cast_operations(request, batch.grad_accum_steps) + optimizer_operation(request))])
     return tuple(sum((*model, *added)) for model, added in zip(model_seconds, extra_seconds))
 
 
@@ -193,17 +193,20 @@ def _model_memory_seconds(model, training, micro_batch_size: int, seq_len: int, 
     (step_operations' memory_only), priced as _model_terms prices them."""
     ceilings = gpu_ceilings(gpu)
     operations = step_operations(model, training, micro_batch_size, seq_len, micro_batches, activation_bytes, memory_only=True)
-    return _memory_seconds_by_phase([_term(operation, ceilings, ranks) for operation in operations])
+    # _term's seconds, without building the terms.
+    return _memory_seconds_by_phase([(operation, operation_seconds(operation, ceilings)[0] / ranks)
+                                     for operation in operations])
 
 
 # RooflineStep.forward_s, backward_s and optimizer_s: the phases each sums.
 _PHASES = ((OpPass.forward,), (OpPass.backward, OpPass.recompute), (OpPass.optimizer,))
 
 
-def _memory_seconds_by_phase(terms) -> tuple[tuple[float, ...], ...]:
-    """The memory-bound terms' seconds, in step order, for each of _PHASES."""
-    return tuple(tuple(t.seconds for t in terms if t.operation.kind is OpKind.memory and t.operation.op_pass in passes)
-                 for passes in _PHASES)
+def _memory_seconds_by_phase(priced: list[tuple[Operation, float]]) -> tuple[tuple[float, ...], ...]:
+    """The memory-bound operations' seconds (``priced``: each with its seconds), in step order,
+    for each of _PHASES."""
+    return tuple(tuple(seconds for operation, seconds in priced
+                       if operation.kind is OpKind.memory and operation.op_pass in passes) for passes in _PHASES)
 
 
 def _term(operation: Operation, ceilings: GpuCeilings, ranks: int) -> RooflineTerm:
