@@ -415,10 +415,12 @@ def bisect_max_micro_batch_size(request: PlanRequest) -> int:
     return _largest_fitting_between(request, low, high)
 
 
-def plan(request: PlanRequest, largest_micro_batch: bool = True) -> StrategyPlan:
+def plan(request: PlanRequest, largest_micro_batch: bool = True, timed: bool = True) -> StrategyPlan:
     """Memory and communication of one strategy on one GPU: under pipeline parallelism the
     pipeline rank whose peak is highest (every rank's peak is kept beside it). Without
-    ``largest_micro_batch`` the largest micro-batch that fits is not searched (None)."""
+    ``largest_micro_batch`` the largest micro-batch that fits is not searched (None); without
+    ``timed`` the step is not timed (StrategyPlan.time None: fit's verdict for a suggestion reads
+    neither)."""
     rank_peaks: tuple[int, ...] = ()
     reason = ""
     ranks = pipeline_rank_breakdowns(request)
@@ -451,7 +453,7 @@ def plan(request: PlanRequest, largest_micro_batch: bool = True) -> StrategyPlan
         collectives=step_collectives,
         sent_bytes_per_step=sum(c.sent_bytes_per_step for c in step_collectives),
         communication_volume_elements=sum(c.volume_elements_per_step for c in step_collectives),
-        time=step_time(request, step_collectives),
+        time=step_time(request, step_collectives) if timed else None,
         parallel=request.parallel,
         pipeline_rank_peak_bytes=rank_peaks,
         peak_rank_reason=reason,
@@ -648,12 +650,13 @@ def allocator_caution(requests: dict[StrategyKind, PlanRequest], plans: tuple[St
 
 
 def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | None = None, *,
-        suggest: bool = True, largest_micro_batch: bool = True) -> FitReport:
+        suggest: bool = True, largest_micro_batch: bool = True, timed: bool = True) -> FitReport:
     """Plan ``base`` under each strategy; the strategy in ``base`` supplies the knobs. None
     plans every strategy the request's framework runs (all of them for zeroplan and hf). When
     nothing fits and ``suggest``, the verdict names the smallest change that fits
     (zeroplan.core.suggest). Without ``largest_micro_batch`` no plan searches its largest
-    micro-batch (StrategyPlan.max_micro_batch_size None)."""
+    micro-batch (StrategyPlan.max_micro_batch_size None); without ``timed`` none is timed
+    (StrategyPlan.time None)."""
     framework = base.training.framework
     given = strategies is not None
     if strategies is None:
@@ -683,7 +686,7 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | N
             # did not ask for it, so it leaves the table with its reason instead of refusing all.
             left_out.append((spec.kind.value, error))
             continue
-        plans.append(plan(requests[spec.kind], largest_micro_batch))
+        plans.append(plan(requests[spec.kind], largest_micro_batch, timed))
     if not plans and left_out:
         raise left_out[0][1]
     plans_tuple = tuple(plans)
@@ -696,8 +699,10 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | N
         # The strategies the user named stay the ones tried; else each retry plans every
         # strategy its framework runs on its GPUs.
         kept = strategies if given else None
-        # A suggestion's table is not shown: its verdict needs no largest micro-batch searched.
-        found = smallest_change(base, lambda request: fit(request, kept, suggest=False, largest_micro_batch=False))
+        # A suggestion's table is not shown: its verdict (recommend, _verdict, allocator_caution)
+        # reads no largest micro-batch and no step time, so neither is computed.
+        found = smallest_change(base, lambda request: fit(request, kept, suggest=False, largest_micro_batch=False,
+                                                          timed=False))
         if found is not None:
             suggested_change, suggested = found
             suggested_recommendation = suggested.recommended
