@@ -107,13 +107,19 @@ def autocast_cast_operations(request: PlanRequest, micro_batches: int) -> list[O
     model = request.model
     # Per rank of the model-parallel group, as fsdp_copy_operations spreads its copies.
     per_element = (FP32_BYTES + BF16_BYTES) / (request.parallel.tp * request.parallel.pp)
-    block_bytes = sum(linear_weight_elements(unit.tensors) for unit in parameter_units(model)[1:-1]) * per_element
+    block_bytes = _block_linear_weight_elements(model) * per_element
     all_bytes = block_bytes + model.vocab_size * model.hidden_size * per_element
     ops = [memory_pass("autocast weight casts", OpPass.forward, all_bytes, micro_batches),
            memory_pass("autocast weight-gradient casts", OpPass.backward, all_bytes, micro_batches)]
     if request.training.activation_checkpointing is ActivationCheckpointing.full:
         ops.append(memory_pass("autocast weight casts", OpPass.recompute, block_bytes, micro_batches))
     return ops
+
+
+@functools.lru_cache(maxsize=64)
+def _block_linear_weight_elements(model) -> int:
+    """The linear weights' elements of every block (the units between the embedding and the head)."""
+    return sum(linear_weight_elements(unit.tensors) for unit in parameter_units(model)[1:-1])
 
 
 def optimizer_operation(request: PlanRequest) -> list[Operation]:
