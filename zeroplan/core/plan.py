@@ -327,6 +327,14 @@ def max_micro_batch_size(request: PlanRequest) -> int:
     on one pipeline rank): under the flat reserve that is the answer; under the allocator
     model it bounds the answer from above (the step cannot complete where its allocated peak
     passes the usable memory), and replays decide below it. Searched by bisection otherwise."""
+    # Every step of the search sets its own micro-batch: the answer is the same whatever the
+    # request's, so requests that differ only there (a sweep over micro-batches) share it.
+    return _max_micro_batch_size(request.with_micro_batch(1))
+
+
+@request_keyed()
+def _max_micro_batch_size(request: PlanRequest) -> int:
+    """max_micro_batch_size of a request at micro-batch 1."""
     if request.parallel.pp == 1 and not request.model.is_moe:
         solved = _max_micro_batch_affine(request)
         if solved is not None:
