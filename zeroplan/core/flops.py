@@ -78,6 +78,7 @@ def block_linear_forward_flops_per_token(model: ModelSpec, moe_layer: bool | Non
     return MATMUL_FLOPS_PER_MULTIPLY_ADD * (attention + experts + shared + router)
 
 
+@functools.lru_cache(maxsize=64)  # a model's alone: every step's FLOPs ask for it
 def layers_linear_forward_flops_per_token(model: ModelSpec) -> int:
     """Forward FLOPs per token of every block's linear layers (dense and MoE blocks each their own)."""
     moe_blocks = model.moe_layer_count

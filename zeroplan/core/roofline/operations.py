@@ -13,6 +13,7 @@ a bytes per activation element, s sequence length.
 from __future__ import annotations
 
 from enum import Enum
+from functools import lru_cache
 
 from pydantic import Field
 
@@ -182,6 +183,7 @@ def block_memory_passes(model: ModelSpec, moe: bool, tokens: int, element_bytes:
     return [memory_pass(name, op_pass, tokens * element_bytes * elements, calls) for name, elements in per_token.items()]
 
 
+@lru_cache(maxsize=64)  # the model's alone: every batch shape's memory passes ask for it
 def input_readers(model: ModelSpec, moe: bool, fused_qkv: bool) -> int:
     """Operations that read the attention's and the MLP's normed inputs (h wide), together."""
     h = model.hidden_size
