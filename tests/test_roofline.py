@@ -257,3 +257,27 @@ def test_autocast_casts_every_linear_weight_each_way_under_ddp_only() -> None:
     # FSDP2 and DeepSpeed cast the module's parameters to bf16 themselves: no autocast casts.
     for kind in (StrategyKind.fsdp_full_shard, StrategyKind.zero3):
         assert not [t for t in roofline_step(_request(strategy=kind)).terms if t.operation.name.startswith("autocast")]
+
+
+@pytest.mark.parametrize("strategy", [StrategyKind.ddp, StrategyKind.fsdp_full_shard, StrategyKind.zero3_offload])
+@pytest.mark.parametrize("training", [{}, {"compile": True}, {"precision": "fp32"},
+                                      {"activation_checkpointing": ActivationCheckpointing.full},
+                                      {"activation_checkpointing": ActivationCheckpointing.selective_op},
+                                      {"activation_checkpointing": ActivationCheckpointing.selective,
+                                       "attention_kernel": AttentionKernel.eager}])
+def test_memory_bound_seconds_are_the_memory_bound_steps_sums(strategy, training) -> None:
+    """The flat-HFU model's memory-bound seconds, summed without building the step, are the
+    step's own sums to the last bit (forward, backward with recomputation, optimizer)."""
+    from zeroplan.core.roofline.step import memory_bound_seconds, memory_bound_step
+
+    checkpointing = training.pop("activation_checkpointing", ActivationCheckpointing.none)
+    kernel = training.pop("attention_kernel", AttentionKernel.flash)
+    request = _request("mixtral-8x7b" if training.get("precision") else "llama-3.1-8b", strategy=strategy,
+                       checkpointing=checkpointing, kernel=kernel, **training)
+    step = memory_bound_step.__wrapped__(request)
+    assert memory_bound_seconds(request) == (step.forward_s, step.backward_s, step.optimizer_s)
+    # The memory passes alone are the full step's memory passes, in the same order.
+    batch = request.batch
+    every = step_operations(request.model, request.training, batch.micro_batch_size, batch.seq_len, batch.grad_accum_steps, 2)
+    assert step_operations(request.model, request.training, batch.micro_batch_size, batch.seq_len, batch.grad_accum_steps, 2,
+                           memory_only=True) == [op for op in every if op.kind is OpKind.memory]

@@ -138,8 +138,9 @@ class StrategyPlan(Frozen):
     """Per-step volume in elements of what the engine sends, counted as the ZeRO paper does
     (sec. 7.2.1: an all-reduce twice its buffer): 2*Psi for DDP, 3*Psi for ZeRO-3 and for
     DeepSpeed's ZeRO-1/2 (all-reduce plus all-gather), per micro-batch where it repeats."""
-    time: StepTime
-    """Compute, communication and step time of one optimizer step."""
+    time: StepTime | None
+    """Compute, communication and step time of one optimizer step; None only where the plan
+    was made untimed (plan(timed=False): the verdicts fit() forms for a suggestion, not shown)."""
     parallel: ParallelSpec = ParallelSpec()
     """The tensor, context and pipeline layout; its pipeline_rank is the rank planned above,
     the one whose peak is highest."""

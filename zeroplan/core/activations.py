@@ -8,6 +8,7 @@ e bytes of one activation element. Every term is what PyTorch autograd saves for
 
 from __future__ import annotations
 
+from functools import lru_cache
 from math import ceil
 
 from zeroplan.core.profiles import profile
@@ -263,6 +264,9 @@ def _block_kinds(model: ModelSpec) -> dict[bool, int]:
     return {kind: count for kind, count in ((True, moe), (False, model.num_layers - moe)) if count > 0}
 
 
+# Kept per arguments (specs hash once): fit's strategies and the largest micro-batch's requests
+# ask for the same blocks again.
+@lru_cache(maxsize=1024)
 def layer_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int, *, autocast: bool = False,
                 moe_layer: bool | None = None) -> int:
     """Bytes one transformer block saves for backward, without recomputation; ``moe_layer``
@@ -333,6 +337,7 @@ def backward_workspace_bytes(model: ModelSpec, training: TrainingSpec, s: int, b
     return 2 * training.precision.compute_bytes * s * b * model.hidden_size
 
 
+@lru_cache(maxsize=1024)  # as layer_bytes
 def activation_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int, *, autocast: bool = False) -> int:
     """Activations saved for backward by one micro-batch (logits excluded; ``autocast`` as in
     norm_bytes)."""

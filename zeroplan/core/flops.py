@@ -8,12 +8,14 @@ size, L blocks, s sequence length, V vocabulary. A matmul of an (m x k) by a (k 
 
 from __future__ import annotations
 
+import functools
+
 from zeroplan.core.params import active_parameters, block_tensors
 from zeroplan.core.profiles import profile
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.model import ModelSpec
 from zeroplan.specs.request import PlanRequest
-from zeroplan.specs.training import ActivationCheckpointing, AttentionKernel, TrainingSpec
+from zeroplan.specs.training import ActivationCheckpointing, AttentionKernel, BatchSpec, TrainingSpec
 
 MATMUL_FLOPS_PER_MULTIPLY_ADD = 2
 """A multiply-add is two FLOPs (Kaplan et al. 2020, sec. 2.1)."""
@@ -76,6 +78,7 @@ def block_linear_forward_flops_per_token(model: ModelSpec, moe_layer: bool | Non
     return MATMUL_FLOPS_PER_MULTIPLY_ADD * (attention + experts + shared + router)
 
 
+@functools.lru_cache(maxsize=64)  # a model's alone: every step's FLOPs ask for it
 def layers_linear_forward_flops_per_token(model: ModelSpec) -> int:
     """Forward FLOPs per token of every block's linear layers (dense and MoE blocks each their own)."""
     moe_blocks = model.moe_layer_count
@@ -208,7 +211,20 @@ def recompute_attention_flops_per_token(model: ModelSpec, training: TrainingSpec
 
 def step_flops(request: PlanRequest) -> StepFlops:
     """Executed and model FLOPs of one GPU's optimizer step."""
-    model, training, batch = request.model, request.training, request.batch
+    if request.training.finetune.trains_everything:
+        return _trained_step_flops(request.model, request.training, request.batch)
+    return _step_flops(request.model, request.training, request.batch, request)
+
+
+# Training every weight, the FLOPs read the model, the training and the batch only: fit's
+# strategies and the largest micro-batch's requests share them.
+@functools.lru_cache(maxsize=256)
+def _trained_step_flops(model: ModelSpec, training: TrainingSpec, batch: BatchSpec) -> StepFlops:
+    return _step_flops(model, training, batch, None)
+
+
+def _step_flops(model: ModelSpec, training: TrainingSpec, batch: BatchSpec, request: PlanRequest | None) -> StepFlops:
+    """step_flops; ``request`` (its rank's units) where the training freezes weights or adds adapters."""
     tokens = batch.micro_batch_size * batch.seq_len * batch.grad_accum_steps
     kernel = training.attention_kernel
     linear = layers_linear_forward_flops_per_token(model) + head_forward_flops_per_token(model)

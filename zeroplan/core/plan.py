@@ -346,6 +346,14 @@ def max_micro_batch_size(request: PlanRequest) -> int:
     on one pipeline rank): under the flat reserve that is the answer; under the allocator
     model it bounds the answer from above (the step cannot complete where its allocated peak
     passes the usable memory), and replays decide below it. Searched by bisection otherwise."""
+    # Every step of the search sets its own micro-batch: the answer is the same whatever the
+    # request's, so requests that differ only there (a sweep over micro-batches) share it.
+    return _max_micro_batch_size(request.with_micro_batch(1))
+
+
+@request_keyed()
+def _max_micro_batch_size(request: PlanRequest) -> int:
+    """max_micro_batch_size of a request at micro-batch 1."""
     if request.parallel.pp == 1 and not request.model.is_moe:
         solved = _max_micro_batch_affine(request)
         if solved is not None:
@@ -434,10 +442,12 @@ def bisect_max_micro_batch_size(request: PlanRequest) -> int:
     return _largest_fitting_between(request, low, high)
 
 
-def plan(request: PlanRequest, largest_micro_batch: bool = True) -> StrategyPlan:
+def plan(request: PlanRequest, largest_micro_batch: bool = True, timed: bool = True) -> StrategyPlan:
     """Memory and communication of one strategy on one GPU: under pipeline parallelism the
     pipeline rank whose peak is highest (every rank's peak is kept beside it). Without
-    ``largest_micro_batch`` the largest micro-batch that fits is not searched (None)."""
+    ``largest_micro_batch`` the largest micro-batch that fits is not searched (None); without
+    ``timed`` the step is not timed (StrategyPlan.time None: fit's verdict for a suggestion reads
+    neither)."""
     rank_peaks: tuple[int, ...] = ()
     reason = ""
     ranks = pipeline_rank_breakdowns(request)
@@ -470,7 +480,7 @@ def plan(request: PlanRequest, largest_micro_batch: bool = True) -> StrategyPlan
         collectives=step_collectives,
         sent_bytes_per_step=sum(c.sent_bytes_per_step for c in step_collectives),
         communication_volume_elements=sum(c.volume_elements_per_step for c in step_collectives),
-        time=step_time(request, step_collectives),
+        time=step_time(request, step_collectives) if timed else None,
         parallel=request.parallel,
         pipeline_rank_peak_bytes=rank_peaks,
         peak_rank_reason=reason,
@@ -667,12 +677,13 @@ def allocator_caution(requests: dict[StrategyKind, PlanRequest], plans: tuple[St
 
 
 def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | None = None, *,
-        suggest: bool = True, largest_micro_batch: bool = True) -> FitReport:
+        suggest: bool = True, largest_micro_batch: bool = True, timed: bool = True) -> FitReport:
     """Plan ``base`` under each strategy; the strategy in ``base`` supplies the knobs. None
     plans every strategy the request's framework runs (all of them for zeroplan and hf). When
     nothing fits and ``suggest``, the verdict names the smallest change that fits
     (zeroplan.core.suggest). Without ``largest_micro_batch`` no plan searches its largest
-    micro-batch (StrategyPlan.max_micro_batch_size None)."""
+    micro-batch (StrategyPlan.max_micro_batch_size None); without ``timed`` none is timed
+    (StrategyPlan.time None)."""
     framework = base.training.framework
     given = strategies is not None
     if strategies is None:
@@ -702,7 +713,7 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | N
             # did not ask for it, so it leaves the table with its reason instead of refusing all.
             left_out.append((spec.kind.value, error))
             continue
-        plans.append(plan(requests[spec.kind], largest_micro_batch))
+        plans.append(plan(requests[spec.kind], largest_micro_batch, timed))
     if not plans and left_out:
         raise left_out[0][1]
     plans_tuple = tuple(plans)
@@ -715,8 +726,10 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | N
         # The strategies the user named stay the ones tried; else each retry plans every
         # strategy its framework runs on its GPUs.
         kept = strategies if given else None
-        # A suggestion's table is not shown: its verdict needs no largest micro-batch searched.
-        found = smallest_change(base, lambda request: fit(request, kept, suggest=False, largest_micro_batch=False))
+        # A suggestion's table is not shown: its verdict (recommend, _verdict, allocator_caution)
+        # reads no largest micro-batch and no step time, so neither is computed.
+        found = smallest_change(base, lambda request: fit(request, kept, suggest=False, largest_micro_batch=False,
+                                                          timed=False))
         if found is not None:
             suggested_change, suggested = found
             suggested_recommendation = suggested.recommended

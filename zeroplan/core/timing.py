@@ -280,10 +280,10 @@ def memory_bound_time_s(request: PlanRequest) -> tuple[float, float]:
     the GPU has no measured bandwidth (times_memory_bound)."""
     if not times_memory_bound(request):
         return 0.0, 0.0
-    from zeroplan.core.roofline.step import memory_bound_step
+    from zeroplan.core.roofline.step import memory_bound_seconds
 
-    step = memory_bound_step(request)
-    return step.forward_s, step.backward_s
+    forward_s, backward_s, _ = memory_bound_seconds(request)
+    return forward_s, backward_s
 
 
 # docs/communication-time.md, "Compute": t = matmul FLOPs / (peak x HFU) + attention FLOPs /
@@ -324,9 +324,9 @@ def gpu_optimizer_time_s(request: PlanRequest) -> float:
         return roofline_step(request).optimizer_s
     if not times_memory_bound(request):
         return 0.0
-    from zeroplan.core.roofline.step import memory_bound_step
+    from zeroplan.core.roofline.step import memory_bound_seconds
 
-    return memory_bound_step(request).optimizer_s
+    return memory_bound_seconds(request)[2]
 
 
 # The HFU at which the planner's compute lasts what a published MFU says the step lasts (PaLM,

@@ -34,12 +34,24 @@ class Frozen(BaseModel):
 
     def __hash__(self) -> int:
         try:
-            return object.__getattribute__(self, "_frozen_hash")
+            return self._frozen_hash
         except AttributeError:
             pass
         value = hash(type(self)._field_values(self.__dict__))
         object.__setattr__(self, "_frozen_hash", value)
         return value
+
+    # pydantic's equality (BaseModel.__eq__) takes its generic steps before comparing the
+    # instances' __dict__; the planner's caches compare equal specs that are not the same object
+    # (a request built again for another micro-batch) tens of thousands of times a fit. Two
+    # models of one type (not generic, no private or extra attributes here) whose __dict__ are
+    # equal are what pydantic calls equal; anything else takes pydantic's own answer (a
+    # cached_property's value in one __dict__ and not the other, another type).
+    def __eq__(self, other: object) -> bool:
+        if self is other or (type(other) is type(self) and self.__pydantic_private__ is None
+                             and not self.__pydantic_extra__ and self.__dict__ == other.__dict__):
+            return True
+        return super().__eq__(other)
 
     # pydantic's model_copy (BaseModel.model_copy, __copy__), for this class's models: no extra
     # fields (extra="forbid") and no private attributes, so the copy is the fields' dict with the

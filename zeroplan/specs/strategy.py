@@ -60,30 +60,16 @@ class StrategyKind(str, Enum):
     StrategySpec.mics_shard_size ranks, replicated across groups, the gradient partitions
     all-reduced across the replicas once per step (DeepSpeed's analogue of HSDP)."""
 
+    # Each property below is a lookup in a table built once after the class (the planner asks
+    # them thousands of times a fit: a tuple of members built per call cost about ten times more).
     @property
     def is_fsdp(self) -> bool:
-        return self in (StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op, StrategyKind.hsdp)
+        return self in _FSDP
 
     @property
     def zero_stage(self) -> int:
         """Which model states are sharded, as the ZeRO stage number (0 for DDP)."""
-        return {
-            StrategyKind.ddp: 0,
-            StrategyKind.zero1: 1,
-            StrategyKind.zero2: 2,
-            StrategyKind.zero3: 3,
-            StrategyKind.fsdp_full_shard: 3,
-            StrategyKind.fsdp_shard_grad_op: 3,
-            StrategyKind.hsdp: 3,
-            StrategyKind.zero2_offload: 2,
-            StrategyKind.zero3_offload: 3,
-            StrategyKind.zero3_param_offload: 3,
-            StrategyKind.zero3_hpz: 3,
-            StrategyKind.zero3_zeropp: 3,
-            StrategyKind.zero3_mics: 3,
-            StrategyKind.zero3_nvme: 3,
-            StrategyKind.zero3_param_nvme: 3,
-        }[self]
+        return _ZERO_STAGE[self]
 
     @property
     def is_opt_in(self) -> bool:
@@ -94,7 +80,7 @@ class StrategyKind(str, Enum):
     @property
     def uses_hpz(self) -> bool:
         """Keeps ZeRO++'s secondary parameter partition (hpZ): zero3-hpz and zero3-zeropp."""
-        return self in (StrategyKind.zero3_hpz, StrategyKind.zero3_zeropp)
+        return self in _USES_HPZ
 
     @property
     def quantizes_communication(self) -> bool:
@@ -103,17 +89,16 @@ class StrategyKind(str, Enum):
 
     @property
     def offloads_optimizer(self) -> bool:
-        return self in (StrategyKind.zero2_offload, StrategyKind.zero3_offload, StrategyKind.zero3_param_offload,
-                        StrategyKind.zero3_nvme, StrategyKind.zero3_param_nvme)
+        return self in _OFFLOADS_OPTIMIZER
 
     @property
     def offloads_parameters(self) -> bool:
-        return self in (StrategyKind.zero3_param_offload, StrategyKind.zero3_param_nvme)
+        return self in _OFFLOADS_PARAMETERS
 
     @property
     def optimizer_on_nvme(self) -> bool:
         """ZeRO-Infinity's NVMe offload: the optimizer's states live on NVMe (zeroplan.core.nvme)."""
-        return self in (StrategyKind.zero3_nvme, StrategyKind.zero3_param_nvme)
+        return self in _OPTIMIZER_ON_NVME
 
     @property
     def parameters_on_nvme(self) -> bool:
@@ -123,9 +108,34 @@ class StrategyKind(str, Enum):
     def default_convention(self) -> StateConvention:
         """PyTorch's engines (DDP under autocast, FSDP2) keep fp32 parameters and gradients;
         DeepSpeed's ZeRO keeps half-precision ones beside an fp32 master (the ZeRO paper's)."""
-        if self.is_fsdp or self is StrategyKind.ddp:
-            return StateConvention.fsdp2
-        return StateConvention.zero
+        return _DEFAULT_CONVENTION[self]
+
+
+_FSDP = frozenset({StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op, StrategyKind.hsdp})
+_ZERO_STAGE = {
+    StrategyKind.ddp: 0,
+    StrategyKind.zero1: 1,
+    StrategyKind.zero2: 2,
+    StrategyKind.zero3: 3,
+    StrategyKind.fsdp_full_shard: 3,
+    StrategyKind.fsdp_shard_grad_op: 3,
+    StrategyKind.hsdp: 3,
+    StrategyKind.zero2_offload: 2,
+    StrategyKind.zero3_offload: 3,
+    StrategyKind.zero3_param_offload: 3,
+    StrategyKind.zero3_hpz: 3,
+    StrategyKind.zero3_zeropp: 3,
+    StrategyKind.zero3_mics: 3,
+    StrategyKind.zero3_nvme: 3,
+    StrategyKind.zero3_param_nvme: 3,
+}
+_USES_HPZ = frozenset({StrategyKind.zero3_hpz, StrategyKind.zero3_zeropp})
+_OFFLOADS_OPTIMIZER = frozenset({StrategyKind.zero2_offload, StrategyKind.zero3_offload, StrategyKind.zero3_param_offload,
+                                 StrategyKind.zero3_nvme, StrategyKind.zero3_param_nvme})
+_OFFLOADS_PARAMETERS = frozenset({StrategyKind.zero3_param_offload, StrategyKind.zero3_param_nvme})
+_OPTIMIZER_ON_NVME = frozenset({StrategyKind.zero3_nvme, StrategyKind.zero3_param_nvme})
+_DEFAULT_CONVENTION = {kind: StateConvention.fsdp2 if kind in _FSDP or kind is StrategyKind.ddp else StateConvention.zero
+                       for kind in StrategyKind}
 
 
 OPT_IN_STRATEGIES = (StrategyKind.zero3_hpz, StrategyKind.zero3_mics, StrategyKind.zero3_nvme,

@@ -13,6 +13,7 @@ a bytes per activation element, s sequence length.
 from __future__ import annotations
 
 from enum import Enum
+from functools import lru_cache
 
 from pydantic import Field
 
@@ -107,15 +108,18 @@ def block_matmuls(model: ModelSpec, moe: bool, tokens: int, element_bytes: int, 
 
 
 def attention_core(model: ModelSpec, training: TrainingSpec, tokens: int, seq_len: int, element_bytes: int,
-                   op_pass: OpPass, calls: int) -> list[Operation]:
+                   op_pass: OpPass, calls: int, memory_only: bool = False) -> list[Operation]:
     """The attention core of ``calls`` blocks: one fused kernel (flash), or eager attention's
-    two batched products and its softmax over the materialised scores."""
+    two batched products and its softmax over the materialised scores (``memory_only``: the
+    softmax alone, as every function here that takes it keeps only the memory passes)."""
     kernel = training.attention_kernel
     fraction = executed_causal_fraction(kernel, model.causal)
     forward_flops = tokens * attention_forward_flops_per_token(model, seq_len, fraction)
     backward = op_pass is OpPass.backward
     flops = forward_flops * (attention_backward_over_forward(kernel) if backward else 1)
     q, kv = model.q_size, model.kv_size
+    if kernel is AttentionKernel.flash and memory_only:
+        return []
     if kernel is AttentionKernel.flash:
         # Reads q, k, v and writes the output (forward); reads q, k, v, the output and its
         # gradient and writes dq, dk, dv (backward). One exponential per computed score: the
@@ -128,8 +132,9 @@ def attention_core(model: ModelSpec, training: TrainingSpec, tokens: int, seq_le
                           flops=calls * flops, moved_bytes=calls * moved, exponentials=calls * flops / per_score)]
     # Eager: scores and probabilities of a x s per token, materialised (Korthikanti et al. eq. 1).
     scores = tokens * model.num_heads * seq_len
-    ops = [Operation(name="attention scores and values", kind=OpKind.matmul, op_pass=op_pass, calls=calls,
-                     flops=calls * flops, moved_bytes=calls * element_bytes * (tokens * (2 * q + 2 * kv) + 2 * scores))]
+    ops = [] if memory_only else [
+        Operation(name="attention scores and values", kind=OpKind.matmul, op_pass=op_pass, calls=calls,
+                  flops=calls * flops, moved_bytes=calls * element_bytes * (tokens * (2 * q + 2 * kv) + 2 * scores))]
     softmax_passes = 3 if backward else 2  # forward: read scores, write probabilities; backward: + the gradient
     ops.append(memory_pass("attention softmax", op_pass, element_bytes * softmax_passes * scores, calls))
     return ops
@@ -178,6 +183,7 @@ def block_memory_passes(model: ModelSpec, moe: bool, tokens: int, element_bytes:
     return [memory_pass(name, op_pass, tokens * element_bytes * elements, calls) for name, elements in per_token.items()]
 
 
+@lru_cache(maxsize=64)  # the model's alone: every batch shape's memory passes ask for it
 def input_readers(model: ModelSpec, moe: bool, fused_qkv: bool) -> int:
     """Operations that read the attention's and the MLP's normed inputs (h wide), together."""
     h = model.hidden_size
@@ -194,10 +200,10 @@ def input_readers(model: ModelSpec, moe: bool, fused_qkv: bool) -> int:
 
 
 def block_operations(model: ModelSpec, training: TrainingSpec, moe: bool, tokens: int, seq_len: int,
-                     element_bytes: int, op_pass: OpPass, calls: int) -> list[Operation]:
+                     element_bytes: int, op_pass: OpPass, calls: int, memory_only: bool = False) -> list[Operation]:
     """Everything ``calls`` blocks run in one pass (forward or backward)."""
-    return (block_matmuls(model, moe, tokens, element_bytes, op_pass, calls)
-            + attention_core(model, training, tokens, seq_len, element_bytes, op_pass, calls)
+    return (([] if memory_only else block_matmuls(model, moe, tokens, element_bytes, op_pass, calls))
+            + attention_core(model, training, tokens, seq_len, element_bytes, op_pass, calls, memory_only)
             + block_memory_passes(model, moe, tokens, element_bytes, op_pass, calls, profile(training.framework).fuses_qkv))
 
 
@@ -216,16 +222,18 @@ def loss_bytes_per_token(vocab_size: int, element_bytes: int, backward: bool, fu
 
 
 def head_operations(model: ModelSpec, tokens: int, element_bytes: int, op_pass: OpPass, calls: int,
-                    fused_cross_entropy: bool = False) -> list[Operation]:
+                    fused_cross_entropy: bool = False, memory_only: bool = False) -> list[Operation]:
     """Final norm, output projection and loss of ``calls`` micro-batches."""
     h, vocab = model.hidden_size, model.vocab_size
     backward = op_pass is OpPass.backward
     ops = [memory_pass("final norm", op_pass, tokens * element_bytes * h * (3 if backward else 2), calls)]
-    if model.head_transform:
+    if model.head_transform and not memory_only:
         ops += ([matmul("head transform input grad", op_pass, tokens, h, h, element_bytes, calls),
                  matmul("head transform weight grad", op_pass, h, tokens, h, element_bytes, calls)] if backward
                 else [matmul("head transform", op_pass, tokens, h, h, element_bytes, calls)])
-    if backward:
+    if memory_only:
+        pass  # the output projection is a matrix product
+    elif backward:
         ops += [matmul("output projection input grad", op_pass, tokens, vocab, h, element_bytes, calls),
                 matmul("output projection weight grad", op_pass, vocab, tokens, h, element_bytes, calls)]
     else:
@@ -252,25 +260,28 @@ def embedding_operations(model: ModelSpec, tokens: int, element_bytes: int, op_p
 # (torchtitan's policy: every other mm's output and SDPA's are saved) the unsaved mms, wo and
 # w3 (fc2 in a two-matrix MLP), and the elementwise kernels between them.
 def recompute_operations(model: ModelSpec, training: TrainingSpec, tokens: int, seq_len: int,
-                         element_bytes: int, calls_per_block: int) -> list[Operation]:
+                         element_bytes: int, calls_per_block: int, memory_only: bool = False) -> list[Operation]:
     mode = training.activation_checkpointing
     op_pass = OpPass.recompute
     ops: list[Operation] = []
     for moe, blocks in _block_kinds(model):
         if mode is ActivationCheckpointing.full:
             ops += _early_stopped(block_operations(model, training, moe, tokens, seq_len, element_bytes, op_pass,
-                                                   blocks * calls_per_block), model, training)
+                                                   blocks * calls_per_block, memory_only), model, training)
         elif mode is ActivationCheckpointing.selective:
-            ops += attention_core(model, training, tokens, seq_len, element_bytes, op_pass, blocks * calls_per_block)
+            ops += attention_core(model, training, tokens, seq_len, element_bytes, op_pass, blocks * calls_per_block,
+                                  memory_only)
         elif mode is ActivationCheckpointing.selective_layer:
             checkpointed = blocks // training.selective_layer_interval if len(_block_kinds(model)) == 1 else \
                 blocks * (model.num_layers // training.selective_layer_interval) // model.num_layers
             if checkpointed:
                 ops += _early_stopped(block_operations(model, training, moe, tokens, seq_len, element_bytes, op_pass,
-                                                       checkpointed * calls_per_block), model, training)
+                                                       checkpointed * calls_per_block, memory_only), model, training)
         elif mode is ActivationCheckpointing.selective_op:
             rerun = ("attention.o.weight", "up.weight") if model.mlp.gated else ("attention.o.weight", "fc2.weight")
-            if moe and model.mlp.gated:
+            if memory_only:
+                pass  # the reruns below are matrix products
+            elif moe and model.mlp.gated:
                 shared = tuple(t.name for t in _linear_weights(model, moe) if t.name.startswith("mlp.shared"))
                 ops += [op for op in block_matmuls(model, moe, tokens, element_bytes, op_pass, blocks * calls_per_block, rerun)
                         if not any(op.name == name.removesuffix(".weight") for name in shared)]
@@ -306,16 +317,20 @@ def _block_kinds(model: ModelSpec) -> list[tuple[bool, int]]:
 
 
 def step_operations(model: ModelSpec, training: TrainingSpec, micro_batch_size: int, seq_len: int,
-                    micro_batches: int, element_bytes: int) -> list[Operation]:
+                    micro_batches: int, element_bytes: int, memory_only: bool = False) -> list[Operation]:
     """Forward, backward and recomputation of ``micro_batches`` micro-batches of
-    ``micro_batch_size`` x ``seq_len`` tokens (the optimizer step is zeroplan.core.roofline.optimizer's)."""
+    ``micro_batch_size`` x ``seq_len`` tokens (the optimizer step is zeroplan.core.roofline.optimizer's).
+    ``memory_only``: only the memory passes (OpKind.memory), in the same order, without building
+    the matrix products and attention cores the flat-HFU model does not price kernel by kernel."""
     tokens = micro_batch_size * seq_len
     ops: list[Operation] = []
     for op_pass in (OpPass.forward, OpPass.backward):
         ops += embedding_operations(model, tokens, element_bytes, op_pass, micro_batches)
         for moe, blocks in _block_kinds(model):
-            ops += block_operations(model, training, moe, tokens, seq_len, element_bytes, op_pass, blocks * micro_batches)
-        ops += head_operations(model, tokens, element_bytes, op_pass, micro_batches, training.fused_cross_entropy)
-    ops += recompute_operations(model, training, tokens, seq_len, element_bytes, micro_batches)
+            ops += block_operations(model, training, moe, tokens, seq_len, element_bytes, op_pass, blocks * micro_batches,
+                                    memory_only)
+        ops += head_operations(model, tokens, element_bytes, op_pass, micro_batches, training.fused_cross_entropy,
+                               memory_only)
+    ops += recompute_operations(model, training, tokens, seq_len, element_bytes, micro_batches, memory_only)
     return ops
 

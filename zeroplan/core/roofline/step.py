@@ -165,6 +165,50 @@ def memory_bound_step(request: PlanRequest) -> RooflineStep:
                                     if t.operation.kind is OpKind.memory))
 
 
+# memory_bound_step's sums by phase, as RooflineStep sums them (each phase's terms in step order
+# through one sum()), without building the step: the flat-HFU model asks for them of every plan
+# (zeroplan.core.timing.memory_bound_time_s, gpu_optimizer_time_s), and the model's own terms
+# are shared by every strategy of a batch shape (_model_memory_seconds).
+@functools.lru_cache(maxsize=64)
+def memory_bound_seconds(request: PlanRequest) -> tuple[float, float, float]:
+    """(forward, backward with recomputation, optimizer step) seconds of memory_bound_step."""
+    batch = request.batch
+    activation_bytes = request.training.precision.compute_bytes
+    # Eager: the model's terms whether or not the request compiles (as _step_terms(eager=True)).
+    model_seconds = _model_memory_seconds(request.model, request.training, batch.micro_batch_size, batch.seq_len,
+                                          batch.grad_accum_steps, activation_bytes, request.cluster.gpu,
+                                          request.parallel.model_parallel_size)
+    ceilings = gpu_ceilings(request.cluster.gpu)
+    # _step_terms' seconds of these (not divided among the ranks).
+    extra_seconds = _memory_seconds_by_phase([(operation, operation_seconds(operation, ceilings)[0]) for operation in (
+        fsdp_copy_operations(request, batch.grad_accum_steps, activation_bytes)
+        + autocast_cast_operations(request, batch.grad_accum_steps) + optimizer_operation(request))])
+    return tuple(sum((*model, *added)) for model, added in zip(model_seconds, extra_seconds))
+
+
+@functools.lru_cache(maxsize=64)
+def _model_memory_seconds(model, training, micro_batch_size: int, seq_len: int, micro_batches: int,
+                          activation_bytes: int, gpu, ranks: int) -> tuple[tuple[float, ...], ...]:
+    """_memory_seconds_by_phase of _model_terms (the same arguments): its memory passes alone
+    (step_operations' memory_only), priced as _model_terms prices them."""
+    ceilings = gpu_ceilings(gpu)
+    operations = step_operations(model, training, micro_batch_size, seq_len, micro_batches, activation_bytes, memory_only=True)
+    # _term's seconds, without building the terms.
+    return _memory_seconds_by_phase([(operation, operation_seconds(operation, ceilings)[0] / ranks)
+                                     for operation in operations])
+
+
+# RooflineStep.forward_s, backward_s and optimizer_s: the phases each sums.
+_PHASES = ((OpPass.forward,), (OpPass.backward, OpPass.recompute), (OpPass.optimizer,))
+
+
+def _memory_seconds_by_phase(priced: list[tuple[Operation, float]]) -> tuple[tuple[float, ...], ...]:
+    """The memory-bound operations' seconds (``priced``: each with its seconds), in step order,
+    for each of _PHASES."""
+    return tuple(tuple(seconds for operation, seconds in priced
+                       if operation.kind is OpKind.memory and operation.op_pass in passes) for passes in _PHASES)
+
+
 def _term(operation: Operation, ceilings: GpuCeilings, ranks: int) -> RooflineTerm:
     """One of the replica's operations on one of its ``ranks`` model-parallel ranks."""
     seconds, bound = operation_seconds(operation, ceilings)
