@@ -11,10 +11,16 @@ from zeroplan.core.buffers import optimizer_loop
 from zeroplan.core.frameworks import BF16_BYTES, autocast_caches_weights
 from zeroplan.core.layout import element_bytes
 from zeroplan.core.model_states import held_elements, shard_layout
-from zeroplan.core.params import blocks_linear_weight_elements, total_parameters
 from zeroplan.core.parallel.units import rank_trainable_units
+from zeroplan.core.params import blocks_linear_weight_elements, total_parameters
 from zeroplan.core.roofline.ceilings import GpuCeilings, gpu_ceilings
-from zeroplan.core.roofline.operations import Operation, OpKind, OpPass, memory_pass, step_operations
+from zeroplan.core.roofline.operations import (
+    Operation,
+    OpKind,
+    OpPass,
+    memory_pass,
+    step_operations,
+)
 from zeroplan.core.roofline.optimizer import optimizer_bytes_per_element
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import Frozen
