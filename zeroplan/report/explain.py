@@ -46,8 +46,9 @@ def _state_terms(report: FitReport, plan: StrategyPlan, unit: ByteUnit) -> list[
         # megatron-core keeps its own layout (docs/memory-model.md, "Megatron-LM").
         states = f"{section(2, 'Model states')}, 'Megatron-LM' (its gradient buffer and distributed optimizer)"
     if report.training.framework is Framework.megatron_deepspeed:
-        states = (f"{section(2, 'Model states')}, 'Megatron-DeepSpeed' (DeepSpeed's BF16_Optimizer under bf16, "
-                  "its ZeRO stage-1 optimizer under fp16)")
+        # core/megatron_deepspeed.bf16_optimizer_runs: BF16_Optimizer only with an fp32 grad_accum_dtype.
+        states = (f"{section(2, 'Model states')}, 'Megatron-DeepSpeed' (DeepSpeed's ZeRO stage-1 optimizer; "
+                  "BF16_Optimizer under bf16 with --deepspeed-grad-accum-dtype fp32)")
     parameter_shards = n if kind.zero_stage >= 3 else 1
     gradient_shards = n if kind.zero_stage >= 2 else 1
 
