@@ -25,7 +25,7 @@ from zeroplan.allocator.capacity import CAPACITY_STEP_BYTES, bisect_capacity
 from zeroplan.allocator.config import AllocatorConfig, parse_alloc_conf
 from zeroplan.allocator.replay import ALLOC_OP, FREE_OP, Ops, ReplayResult, replay
 from zeroplan.allocator.rules import round_size
-from zeroplan.allocator.schedule import step_builder, step_ops
+from zeroplan.allocator.schedule import StepInputs, record_step, step_inputs, step_ops
 from zeroplan.core.collector import cyclic_gc_paused
 from zeroplan.core.model_states import ModelStateBytes
 from zeroplan.core.peak import PeakTerms
@@ -96,6 +96,11 @@ specs are immutable, so a request and its setting name the trace."""
 _SHAPES: OrderedDict[bytes, _Shape] = OrderedDict()
 """A trace's digest (with the setting) -> what its replays showed: requests whose traces are
 the same (fit's strategies, the micro-batch search's probes, plan() asking twice) share it."""
+_TRACE_OF: OrderedDict[tuple[StepInputs, AllocatorConfig], tuple[bytes, int]] = OrderedDict()
+"""(a step's inputs, allocator setting) -> (its trace's key in _SHAPES, its requested peak): the
+schedules read nothing but their inputs (schedule.StepInputs), so equal inputs name the same
+trace, known without building it (another strategy, or the same tokens per micro-batch at
+another sequence length)."""
 _RECENT_OPS: OrderedDict[bytes, Ops] = OrderedDict()
 """The last few traces themselves, for the replays a later question about them still needs."""
 _SHAPE_LIMIT = 4096
@@ -122,11 +127,20 @@ def _shape(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms,
     if known is not None and known[0] in _SHAPES:
         _SHAPE_OF.move_to_end(key)
         return known[0], _SHAPES[known[0]], known[1], config
-    builder = step_builder(request, states, terms)
+    inputs = step_inputs(request, states, terms)
+    traced = _TRACE_OF.get((inputs, config))
+    if traced is not None and traced[0] in _SHAPES:
+        _TRACE_OF.move_to_end((inputs, config))
+        digest, requested = traced
+        shortfall = max(allocated_peak_bytes - requested, 0)
+        _remember(_SHAPE_OF, key, (digest, shortfall), _SHAPE_LIMIT)
+        return digest, _SHAPES[digest], shortfall, config
+    builder = record_step(inputs)
     ops = builder.ops
     digest = _digest(ops, config)
     shape = _SHAPES.get(digest)
     requested = builder.requested_peak_bytes
+    _remember(_TRACE_OF, (inputs, config), (digest, requested), _SHAPE_LIMIT)
     if shape is None:
         # Without roundup_power2_divisions round_size is the builder's rounding to 512 bytes.
         plain = max(config.roundup_power2_divisions) <= 1
@@ -275,4 +289,5 @@ def forget_replays() -> None:
     counting replays)."""
     _SHAPE_OF.clear()
     _SHAPES.clear()
+    _TRACE_OF.clear()
     _RECENT_OPS.clear()
