@@ -88,16 +88,41 @@ class DeviceAllocator:
     # --- malloc ----------------------------------------------------------------------------
     # DeviceCachingAllocator::malloc: round, pick the pool, search the cache; else (after
     # garbage collection) allocate a segment; on failure free oversize cached blocks and retry,
-    # then free every unsplit cached block and retry; else out of memory (None).
+    # then free every unsplit cached block and retry; else out of memory (None). get_free_block
+    # and alloc_found_block are inline here (each marked): the replay's hot path.
     def malloc(self, size_bytes: int, stream: int) -> Block | None:
-        config = self.config
         # A step asks for few distinct sizes, many times each: each is rounded once.
         size = self._rounded.get(size_bytes)
         if size is None:
-            size = self._rounded[size_bytes] = round_size(size_bytes, config)
+            size = self._rounded[size_bytes] = round_size(size_bytes, self.config)
         small = size <= SMALL_SIZE_BYTES  # rules.is_small, inline on the hot path
         pool = self.small_pool if small else self.large_pool
-        block = self._get_free_block(pool, stream, size)
+
+        # get_free_block: the smallest cached block of the stream at least `size` large; with
+        # expandable segments the search moves on while a later candidate could grow less; an
+        # oversize block serves only within max_split_size / max_non_split_rounding.
+        if self.gc_enabled:
+            pool.gc_calls += 1
+        keys = pool.keys
+        index = bisect_left(keys, (stream << STREAM_SHIFT) | (size << SIZE_SHIFT))
+        block = None
+        if index < len(keys) and keys[index] >> STREAM_SHIFT == stream:
+            block = pool.by_key[keys[index]]
+            if block.segment is not None:
+                following = index + 1
+                while block.segment is not None and following < len(keys) and keys[following] >> STREAM_SHIFT == stream:
+                    candidate = pool.by_key[keys[following]]
+                    if _expandable_size(candidate) >= _expandable_size(block):
+                        break
+                    block, index = candidate, following
+                    following += 1
+            if self.split_limited and not block_may_serve(block.size, size, self.config):
+                block = None
+            else:
+                # The block's key is at ``index``: taken out without a second search (Pool.remove).
+                del pool.by_key[keys[index]]
+                del keys[index]
+
         if block is None:
             if self.gc_enabled:
                 self._garbage_collect()
@@ -111,68 +136,39 @@ class DeviceAllocator:
             )
             if not block:
                 return None
-        # should_split (rules.should_split, inline on the hot path): the small pool and
-        # expandable segments split whenever 512 bytes or more would remain; the large pool
-        # below max_split_size when more than 1 MiB would.
-        remaining = block.size - size
+
+        # alloc_found_block: split off the front `size` bytes when should_split says so (inline:
+        # the small pool and expandable segments split whenever 512 bytes or more would remain;
+        # the large pool below max_split_size when more than 1 MiB would); the remainder goes
+        # back to the cache.
+        remaining_bytes = block.size - size
         if small or self._expandable:
-            split = remaining >= MIN_BLOCK_BYTES
+            split = remaining_bytes >= MIN_BLOCK_BYTES
         else:
-            split = size < self._max_split and remaining > SMALL_SIZE_BYTES
-        return self._alloc_found_block(block, pool, size, size_bytes, split)
-
-    # get_free_block: the smallest cached block of the stream at least `size` large; with
-    # expandable segments the search moves on while a later candidate could grow less; an
-    # oversize block serves only within max_split_size / max_non_split_rounding.
-    def _get_free_block(self, pool: Pool, stream: int, size: int) -> Block | None:
-        if self.gc_enabled:
-            pool.gc_calls += 1
-        keys = pool.keys
-        index = bisect_left(keys, (stream << STREAM_SHIFT) | (size << SIZE_SHIFT))
-        if index == len(keys) or keys[index] >> STREAM_SHIFT != stream:
-            return None
-        block = pool.by_key[keys[index]]
-        if block.segment is not None:
-            following = index + 1
-            while block.segment is not None and following < len(keys) and keys[following] >> STREAM_SHIFT == stream:
-                candidate = pool.by_key[keys[following]]
-                if _expandable_size(candidate) >= _expandable_size(block):
-                    break
-                block, index = candidate, following
-                following += 1
-        if self.split_limited and not block_may_serve(block.size, size, self.config):
-            return None
-        # The block's key is at ``index``: taken out without a second search (Pool.remove).
-        del pool.by_key[keys[index]]
-        del keys[index]
-        return block
-
-    # alloc_found_block: split off the front `size` bytes when should_split says so; the
-    # remainder goes back to the cache.
-    def _alloc_found_block(self, block: Block, pool: Pool, size: int, requested: int, split: bool) -> Block:
+            split = size < self._max_split and remaining_bytes > SMALL_SIZE_BYTES
         if split:
             remaining = block
             block = Block(remaining.stream, size, remaining.ptr, remaining.small, remaining.segment)
-            block.prev = remaining.prev
-            if block.prev is not None:
-                block.prev.next = block
+            block.prev = before = remaining.prev
+            if before is not None:
+                before.next = block
             block.next = remaining
             remaining.prev = block
             remaining.ptr += size
-            remaining.size -= size
+            remaining.size = remaining_bytes
             # pool.insert, inline on the hot path.
             remaining.gc_base = pool.gc_calls
-            key = (remaining.stream << STREAM_SHIFT) | (remaining.size << SIZE_SHIFT) | remaining.ptr
-            insort(pool.keys, key)
+            key = (remaining.stream << STREAM_SHIFT) | (remaining_bytes << SIZE_SHIFT) | remaining.ptr
+            insort(keys, key)
             pool.by_key[key] = remaining
         block.allocated = True
-        block.requested = requested
-        self.allocated += block.size
-        self.requested += requested
-        if self.allocated > self.allocated_peak:
-            self.allocated_peak = self.allocated
-        if self.requested > self.requested_peak:
-            self.requested_peak = self.requested
+        block.requested = size_bytes
+        allocated = self.allocated = self.allocated + block.size
+        requested = self.requested = self.requested + size_bytes
+        if allocated > self.allocated_peak:
+            self.allocated_peak = allocated
+        if requested > self.requested_peak:
+            self.requested_peak = requested
         return block
 
     # alloc_block: a new segment of alloc_size by cudaMalloc, or (expandable segments) pages
@@ -241,10 +237,15 @@ class DeviceAllocator:
 
     # try_merge_blocks: absorb a free neighbour (both mapped or both unmapped).
     def _try_merge(self, dst: Block, src: Block | None, pool: Pool) -> int:
-        if not available(src) or dst.mapped != src.mapped:
+        # available(src), inline on the hot path.
+        if src is None or src.allocated or src.event_count or src.stream_uses or dst.mapped != src.mapped:
             return 0
         if src.mapped:
-            pool.remove(src)
+            # pool.remove, inline on the hot path.
+            key = (src.stream << STREAM_SHIFT) | (src.size << SIZE_SHIFT) | src.ptr
+            keys = pool.keys
+            del keys[bisect_left(keys, key)]
+            del pool.by_key[key]
         else:
             pool.remove_unmapped(src)
         if dst.prev is src:
