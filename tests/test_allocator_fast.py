@@ -14,7 +14,7 @@ import zeroplan.allocator.planner as planner
 from zeroplan.allocator.config import parse_alloc_conf
 from zeroplan.allocator.planner import allocator_fits, allocator_verdict, forget_replays
 from zeroplan.allocator.replay import replay
-from zeroplan.allocator.schedule import step_ops
+from zeroplan.allocator.schedule import record_step, step_inputs, step_ops
 from zeroplan.cli.fit import request_from_args
 from zeroplan.cli.main import build_parser
 from zeroplan.core.plan import checked_peak_terms, peak_allocated_bytes
@@ -97,6 +97,24 @@ def test_requests_building_the_same_trace_share_its_replays(small, replays) -> N
     assert other != request
     allocator_verdict(other, states, terms, allocated, usable)
     assert len(replays) == 1
+
+
+def test_a_request_whose_step_inputs_were_seen_builds_no_trace(small, replays, monkeypatch) -> None:
+    # The same tokens per micro-batch at half the sequence length (flash attention: every saved
+    # tensor scales with the tokens): the schedule's inputs are equal, so the trace is known
+    # without building it, and its replay is shared.
+    request, states, terms, allocated, shortfall, unlimited = small
+    usable = unlimited.reserved_peak_bytes + shortfall
+    first = allocator_verdict(request, states, terms, allocated, usable)
+    batch = request.batch.model_copy(update={"seq_len": request.batch.seq_len // 2,
+                                             "micro_batch_size": request.batch.micro_batch_size * 2})
+    other = request.model_copy(update={"batch": batch})
+    other_states, other_terms = checked_peak_terms(other)
+    assert step_inputs(other, other_states, other_terms) == step_inputs(request, states, terms)
+    built: list[int] = []
+    monkeypatch.setattr(planner, "record_step", lambda inputs: built.append(1) or record_step(inputs))
+    again = allocator_verdict(other, other_states, other_terms, peak_allocated_bytes(other_states, other_terms, 1)[0], usable)
+    assert built == [] and len(replays) == 1 and again == first
 
 
 @pytest.mark.slow

@@ -4,14 +4,14 @@ named on the line above it; what the model assumes beyond the source is said whe
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from collections.abc import Sequence
 
 from zeroplan.allocator.config import AllocatorConfig, UNLIMITED
 from zeroplan.allocator.rules import (
-    SMALL_SIZE_BYTES, allocation_size, block_may_serve, page_bytes, round_size, should_split,
+    MIN_BLOCK_BYTES, SMALL_SIZE_BYTES, allocation_size, block_may_serve, page_bytes, round_size,
 )
-from zeroplan.allocator.state import Block, Pool, Segment, available
+from zeroplan.allocator.state import SIZE_MASK, SIZE_SHIFT, STREAM_SHIFT, Block, Pool, Segment, available
 
 ADDRESS_ALIGN_BYTES = 2**21
 """Where the model places a new segment: past every earlier one, 2 MiB aligned. Addresses only
@@ -58,6 +58,8 @@ class DeviceAllocator:
         self._rounded: dict[int, int] = {}
         """round_size of every request size seen (it depends on the size and config only)."""
         self.split_limited = config.max_split_size_bytes != UNLIMITED
+        self._max_split = config.max_split_size_bytes
+        self._expandable = config.expandable_segments
         """max_split_size is set: an oversize cached block may refuse a request (block_may_serve,
         which without it serves every request)."""
 
@@ -86,16 +88,41 @@ class DeviceAllocator:
     # --- malloc ----------------------------------------------------------------------------
     # DeviceCachingAllocator::malloc: round, pick the pool, search the cache; else (after
     # garbage collection) allocate a segment; on failure free oversize cached blocks and retry,
-    # then free every unsplit cached block and retry; else out of memory (None).
+    # then free every unsplit cached block and retry; else out of memory (None). get_free_block
+    # and alloc_found_block are inline here (each marked): the replay's hot path.
     def malloc(self, size_bytes: int, stream: int) -> Block | None:
-        config = self.config
         # A step asks for few distinct sizes, many times each: each is rounded once.
         size = self._rounded.get(size_bytes)
         if size is None:
-            size = self._rounded[size_bytes] = round_size(size_bytes, config)
+            size = self._rounded[size_bytes] = round_size(size_bytes, self.config)
         small = size <= SMALL_SIZE_BYTES  # rules.is_small, inline on the hot path
         pool = self.small_pool if small else self.large_pool
-        block = self._get_free_block(pool, stream, size)
+
+        # get_free_block: the smallest cached block of the stream at least `size` large; with
+        # expandable segments the search moves on while a later candidate could grow less; an
+        # oversize block serves only within max_split_size / max_non_split_rounding.
+        if self.gc_enabled:
+            pool.gc_calls += 1
+        keys = pool.keys
+        index = bisect_left(keys, (stream << STREAM_SHIFT) | (size << SIZE_SHIFT))
+        block = None
+        if index < len(keys) and keys[index] >> STREAM_SHIFT == stream:
+            block = pool.by_key[keys[index]]
+            if block.segment is not None:
+                following = index + 1
+                while block.segment is not None and following < len(keys) and keys[following] >> STREAM_SHIFT == stream:
+                    candidate = pool.by_key[keys[following]]
+                    if _expandable_size(candidate) >= _expandable_size(block):
+                        break
+                    block, index = candidate, following
+                    following += 1
+            if self.split_limited and not block_may_serve(block.size, size, self.config):
+                block = None
+            else:
+                # The block's key is at ``index``: taken out without a second search (Pool.remove).
+                del pool.by_key[keys[index]]
+                del keys[index]
+
         if block is None:
             if self.gc_enabled:
                 self._garbage_collect()
@@ -109,57 +136,39 @@ class DeviceAllocator:
             )
             if not block:
                 return None
-        return self._alloc_found_block(block, pool, size, size_bytes,
-                                       should_split(block.size, size, small, config))
 
-    # get_free_block: the smallest cached block of the stream at least `size` large; with
-    # expandable segments the search moves on while a later candidate could grow less; an
-    # oversize block serves only within max_split_size / max_non_split_rounding.
-    def _get_free_block(self, pool: Pool, stream: int, size: int) -> Block | None:
-        if self.gc_enabled:
-            pool.gc_calls += 1
-        keys = pool.keys
-        index = bisect_left(keys, (stream, size, -1))
-        if index == len(keys) or keys[index][0] != stream:
-            return None
-        block = pool.by_ptr[keys[index][2]]
-        if block.segment is not None:
-            following = index + 1
-            while block.segment is not None and following < len(keys) and keys[following][0] == stream:
-                candidate = pool.by_ptr[keys[following][2]]
-                if _expandable_size(candidate) >= _expandable_size(block):
-                    break
-                block, index = candidate, following
-                following += 1
-        if self.split_limited and not block_may_serve(block.size, size, self.config):
-            return None
-        # The block's key is at ``index``: taken out without a second search (Pool.remove).
-        del keys[index]
-        del pool.by_ptr[block.ptr]
-        return block
-
-    # alloc_found_block: split off the front `size` bytes when should_split says so; the
-    # remainder goes back to the cache.
-    def _alloc_found_block(self, block: Block, pool: Pool, size: int, requested: int, split: bool) -> Block:
+        # alloc_found_block: split off the front `size` bytes when should_split says so (inline:
+        # the small pool and expandable segments split whenever 512 bytes or more would remain;
+        # the large pool below max_split_size when more than 1 MiB would); the remainder goes
+        # back to the cache.
+        remaining_bytes = block.size - size
+        if small or self._expandable:
+            split = remaining_bytes >= MIN_BLOCK_BYTES
+        else:
+            split = size < self._max_split and remaining_bytes > SMALL_SIZE_BYTES
         if split:
             remaining = block
             block = Block(remaining.stream, size, remaining.ptr, remaining.small, remaining.segment)
-            block.prev = remaining.prev
-            if block.prev is not None:
-                block.prev.next = block
+            block.prev = before = remaining.prev
+            if before is not None:
+                before.next = block
             block.next = remaining
             remaining.prev = block
             remaining.ptr += size
-            remaining.size -= size
-            pool.insert(remaining)
+            remaining.size = remaining_bytes
+            # pool.insert, inline on the hot path.
+            remaining.gc_base = pool.gc_calls
+            key = (remaining.stream << STREAM_SHIFT) | (remaining_bytes << SIZE_SHIFT) | remaining.ptr
+            insort(keys, key)
+            pool.by_key[key] = remaining
         block.allocated = True
-        block.requested = requested
-        self.allocated += block.size
-        self.requested += requested
-        if self.allocated > self.allocated_peak:
-            self.allocated_peak = self.allocated
-        if self.requested > self.requested_peak:
-            self.requested_peak = self.requested
+        block.requested = size_bytes
+        allocated = self.allocated = self.allocated + block.size
+        requested = self.requested = self.requested + size_bytes
+        if allocated > self.allocated_peak:
+            self.allocated_peak = allocated
+        if requested > self.requested_peak:
+            self.requested_peak = requested
         return block
 
     # alloc_block: a new segment of alloc_size by cudaMalloc, or (expandable segments) pages
@@ -188,7 +197,7 @@ class DeviceAllocator:
         self.requested -= block.requested
         if block.stream_uses:
             block.event_count = len(block.stream_uses)
-            block.stream_uses = set()
+            block.stream_uses = ()
             self.pending.append(block)
         else:
             self._free_block(block)
@@ -196,7 +205,10 @@ class DeviceAllocator:
     # recordStream: uses on the allocation stream need no event.
     def record_stream(self, block: Block, stream: int) -> None:
         if stream != block.stream:
-            block.stream_uses.add(stream)
+            if block.stream_uses:
+                block.stream_uses.add(stream)
+            else:
+                block.stream_uses = {stream}
 
     # synchronize_and_free_events (and process_events once every event has completed): the
     # model's events complete only at a synchronisation, a conservative reading of a CPU that
@@ -217,14 +229,23 @@ class DeviceAllocator:
             self._try_merge(block, before, pool)
         if after is not None and not after.allocated:
             self._try_merge(block, after, pool)
-        pool.insert(block)
+        # pool.insert, inline on the hot path.
+        block.gc_base = pool.gc_calls
+        key = (block.stream << STREAM_SHIFT) | (block.size << SIZE_SHIFT) | block.ptr
+        insort(pool.keys, key)
+        pool.by_key[key] = block
 
     # try_merge_blocks: absorb a free neighbour (both mapped or both unmapped).
     def _try_merge(self, dst: Block, src: Block | None, pool: Pool) -> int:
-        if not available(src) or dst.mapped != src.mapped:
+        # available(src), inline on the hot path.
+        if src is None or src.allocated or src.event_count or src.stream_uses or dst.mapped != src.mapped:
             return 0
         if src.mapped:
-            pool.remove(src)
+            # pool.remove, inline on the hot path.
+            key = (src.stream << STREAM_SHIFT) | (src.size << SIZE_SHIFT) | src.ptr
+            keys = pool.keys
+            del keys[bisect_left(keys, key)]
+            del pool.by_key[key]
         else:
             pool.remove_unmapped(src)
         if dst.prev is src:
@@ -254,17 +275,18 @@ class DeviceAllocator:
             return False
         target = max(size, limit)
         keys = pool.keys
-        index = bisect_left(keys, (stream, target, -1))
-        if index < len(keys) and keys[index][0] == stream:
-            block = pool.by_ptr[keys[index][2]]
+        index = bisect_left(keys, (stream << STREAM_SHIFT) | (target << SIZE_SHIFT))
+        if index < len(keys) and keys[index] >> STREAM_SHIFT == stream:
+            block = pool.by_key[keys[index]]
             if block.is_split():
                 return False  # never cudaFree part of a segment (cannot happen unsplit)
             self._release_block(block, pool)
             return True
         released = 0
         index -= 1
-        while released < target and index >= 0 and keys[index][1] >= limit and keys[index][0] == stream:
-            block = pool.by_ptr[keys[index][2]]
+        while released < target and index >= 0 and (keys[index] >> SIZE_SHIFT) & SIZE_MASK >= limit \
+                and keys[index] >> STREAM_SHIFT == stream:
+            block = pool.by_key[keys[index]]
             if block.is_split():
                 break
             released += block.size
@@ -279,7 +301,7 @@ class DeviceAllocator:
         for pool in (self.large_pool, self.small_pool):
             to_unmap = []
             for key in list(pool.keys):
-                block = pool.by_ptr[key[2]]
+                block = pool.by_key[key]
                 if block.segment is not None:
                     to_unmap.append(block)
                 elif not block.is_split():
@@ -300,7 +322,7 @@ class DeviceAllocator:
         target = self.reserved - threshold
         pool = self.large_pool
         clock = pool.gc_calls
-        freeable = [pool.by_ptr[k[2]] for k in pool.keys if not pool.by_ptr[k[2]].is_split()]
+        freeable = [pool.by_key[k] for k in pool.keys if not pool.by_key[k].is_split()]
         total_age = sum(clock - b.gc_base for b in freeable)
         count = len(freeable)
         reclaimed = 0
@@ -309,7 +331,7 @@ class DeviceAllocator:
             average = total_age / count
             freed = False
             for key in list(pool.keys):
-                block = pool.by_ptr.get(key[2])
+                block = pool.by_key.get(key)
                 if block is None or block.is_split() or clock - block.gc_base < average:
                     continue
                 freed = True

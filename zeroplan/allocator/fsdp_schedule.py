@@ -47,14 +47,13 @@ from zeroplan.core.model_states import ModelStateBytes
 from zeroplan.core.peak import PeakTerms
 
 
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Unit:
     """One FSDP2 parameter group: its gathered bytes, its parameters' unsharded sizes, and its
     trainable elements (what its gradients and optimizer states are proportional to)."""
 
     gathered_bytes: int
-    tensor_bytes: list[int]
+    tensor_bytes: tuple[int, ...]
     elements: int
     head_tensors: int = 0
     """In a root unit holding the head: how many of the last tensor_bytes are the head unit's."""
@@ -82,7 +81,7 @@ def _units(request: PlanRequest) -> list[_Unit]:
         # Each parameter's unsharded storage, scaled so they sum to the unit's gathered bytes
         # (padding and frozen storage included).
         numels = _grouped_expert_numels(unit.tensors) if grouped else [t.numel for t in unit.tensors]
-        units.append(_Unit(unit_bytes, split_bytes(unit_bytes, numels), unit_elements))
+        units.append(_Unit(unit_bytes, tuple(split_bytes(unit_bytes, numels)), unit_elements))
     if fsdp_separates_embedding_and_head(request):
         return units
     embedding, head = units[0], units[-1]
@@ -112,20 +111,104 @@ def _grouped_expert_numels(tensors) -> list[int]:
     return numels
 
 
-def record_fsdp_step(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms, b: "TraceBuilder",
-                     block_tensor_parts: list[int], blocks: int) -> None:
-    """One step under FSDP2 full sharding, recorded in ``b`` (an empty builder);
-    ``block_tensor_parts`` the bytes one block saves for backward, tensor by tensor
-    (schedule._block_tensor_weights scaled)."""
-    units = _units(request)
-    separate = fsdp_separates_embedding_and_head(request)
-    compute = element_bytes(request.training.precision, request.convention).compute_parameter
-    wire = gradient_wire_bytes(request)
-    accumulating = request.batch.grad_accum_steps > 1
-    weights = [u.elements for u in units]
+@dataclass(frozen=True, slots=True)
+class _ChunkedLoss:
+    """What torchtune's chunked loss under FSDP2 reads (_chunked_loss)."""
 
-    offload = request.training.fsdp_cpu_offload
-    stored = element_bytes(request.training.precision, request.convention).parameter
+    chunks: int
+    compute_bytes: int
+    """The logits' element bytes (the compute dtype)."""
+    sbv_chunk: int
+    """A chunk's logits elements."""
+    compiled: bool
+    rows: int
+    """A chunk's tokens."""
+    weight_gradient_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class FsdpStepInputs:
+    """What record_fsdp_step reads beyond the step's common inputs (schedule.StepInputs), from
+    the request, computed before it runs."""
+
+    units: tuple[_Unit, ...]
+    separate: bool
+    """fsdp_separates_embedding_and_head."""
+    compute: int
+    wire: int
+    offload: bool
+    stored: int
+    shard: int
+    loss_tensors: tuple[int, int] | None
+    """torchtitan_unchunked_loss_tensors."""
+    chunked_loss: _ChunkedLoss | None
+    """Where per_chunk_head: torchtune's chunked loss."""
+
+    @property
+    def block_units(self) -> int:
+        return len(self.units) - (2 if self.separate else 1)
+
+    @property
+    def held_root(self) -> bool:
+        # torchtitan's unit holding the head is not resharded after its forward: 9dec370's root
+        # (apply_fsdp: fully_shard(model) for a root torch never reshards), 0.3.0's [norm, lm_head]
+        # (distributed/fsdp.py:200-207, reshard_after_forward False under the default policy).
+        return self.loss_tensors is not None and not self.separate and self.units[0].head_tensors > 0 \
+            and self.block_units > 0
+
+    @property
+    def held_head(self) -> bool:
+        return self.loss_tensors is not None and self.separate
+
+    @property
+    def runs_own_loss(self) -> bool:
+        """The loss's moments (loss_allocations) are not what the schedule runs."""
+        return self.held_root or self.held_head or self.chunked_loss is not None
+
+
+_UNITS_SEEN: dict[tuple[_Unit, ...], tuple[_Unit, ...]] = {}
+"""Each distinct units tuple once: the planner keeps thousands of traces' inputs, and requests
+that differ in their batch alone have equal units (a 70B model's 81 units are ~40 KB, the rest of its inputs ~2 KB)."""
+_UNITS_SEEN_LIMIT = 256
+
+
+def fsdp_step_inputs(request: PlanRequest, terms: PeakTerms) -> FsdpStepInputs:
+    """What record_fsdp_step reads of ``request`` (where applies)."""
+    precision = request.training.precision
+    eb = element_bytes(precision, request.convention)
+    chunked = None
+    if per_chunk_head(request):
+        model, training, batch = request.model, request.training, request.batch
+        chunks = loss_chunks(training)
+        e = precision.compute_bytes
+        chunked = _ChunkedLoss(chunks, e, batch.seq_len * batch.micro_batch_size * model.vocab_size // chunks,
+                               compiles_loss(training), batch.seq_len * batch.micro_batch_size // chunks,
+                               model.vocab_size * model.hidden_size * e)
+    units = tuple(_units(request))
+    if len(_UNITS_SEEN) >= _UNITS_SEEN_LIMIT and units not in _UNITS_SEEN:
+        _UNITS_SEEN.clear()
+    units = _UNITS_SEEN.setdefault(units, units)
+    return FsdpStepInputs(units, fsdp_separates_embedding_and_head(request), eb.compute_parameter,
+                          gradient_wire_bytes(request), bool(request.training.fsdp_cpu_offload), eb.parameter,
+                          request.shard_group_size, torchtitan_unchunked_loss_tensors(request, terms), chunked)
+
+
+def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
+    """One step under FSDP2 full sharding, recorded in ``b`` (an empty builder), from the step's
+    inputs alone (``x`` the common ones, schedule.StepInputs, not imported here: it holds ``f``;
+    ``x.block_weights`` the bytes one block saves for backward, tensor by tensor,
+    as weights)."""
+    units = f.units
+    separate = f.separate
+    compute = f.compute
+    wire = f.wire
+    accumulating = x.accumulating
+    weights = [u.elements for u in units]
+    blocks = x.blocks
+    block_tensor_parts = list(x.block_weights)
+
+    offload = f.offload
+    stored = f.stored
 
     def gather(unit: _Unit) -> list[int]:
         # Under CPU offload the unit's host shard is first copied to the device on a stream of
@@ -133,7 +216,7 @@ def record_fsdp_step(request: PlanRequest, states: ModelStateBytes, terms: PeakT
         # that copy is freed once the all-gather has read it (offload_shard_copy_parts).
         copies = []
         if offload:
-            shard = request.shard_group_size
+            shard = f.shard
             parts = offload_shard_copy_parts(unit.gathered_bytes, unit.elements, compute, stored, shard)
             copies = b.alloc(parts[0], Stream.host_copy)
             if len(parts) > 1:
@@ -147,13 +230,9 @@ def record_fsdp_step(request: PlanRequest, states: ModelStateBytes, terms: PeakT
         return parameters
 
     block_units = units[1:-1] if separate else units[1:]
-    loss_tensors = torchtitan_unchunked_loss_tensors(request, terms)
-    # torchtitan's unit holding the head is not resharded after its forward: 9dec370's root
-    # (apply_fsdp: fully_shard(model) for a root torch never reshards), 0.3.0's [norm, lm_head]
-    # (distributed/fsdp.py:200-207, reshard_after_forward False under the default policy).
-    held_root = loss_tensors is not None and not separate and units[0].head_tensors > 0 and len(block_units) > 0
-    held_head = loss_tensors is not None and separate
-    per_block, outside = divmod(terms.activations, blocks)
+    loss_tensors = f.loss_tensors
+    held_root, held_head = f.held_root, f.held_head
+    per_block, outside = divmod(x.activations, blocks)
 
     def backward_gradient_parts(unit: _Unit) -> list[int]:
         # autograd's unsharded gradient per parameter, in the compute dtype (frozen storage none).
@@ -163,22 +242,22 @@ def record_fsdp_step(request: PlanRequest, states: ModelStateBytes, terms: PeakT
     block_parts[-1] += per_block - sum(block_parts)
     # With accumulation the shards are carried from the start; under no_sync (accumulated
     # gradients 0) none is: they replace the unsharded gradients once backward is done.
-    carried = states.gradient_bytes if terms.accumulated_gradients is None else terms.accumulated_gradients
-    shares = [] if accumulating else proportional_bytes(states.gradient_bytes, weights)
-    cache_parts = forward_cache_parts(request, len(block_units))
+    carried = x.gradient_bytes if x.accumulated_gradients is None else x.accumulated_gradients
+    shares = [] if accumulating else proportional_bytes(x.gradient_bytes, weights)
+    cache_parts = x.cache_parts
 
     # Two steps: AdamW creates its states lazily, inside the first step's optimizer step, among
     # the cached blocks the first backward left; the second step runs with them in place, as
     # every later one does (the frameworks' traces record both steps the same way).
-    b.alloc_parts(split_bytes(states.parameter_bytes, [u.gathered_bytes for u in units]))
-    b.alloc(terms.resident_buffers)
+    b.alloc_parts(split_bytes(x.parameter_bytes, [u.gathered_bytes for u in units]))
+    b.alloc(x.resident_buffers)
 
     def one_step(first_step: bool) -> None:
         gradients = b.alloc_parts(split_bytes(carried, weights)) if accumulating and carried else []
-        held = b.alloc(terms.backward_held_buffers - terms.draining_held_buffers)
+        held = b.alloc(x.backward_held_buffers - x.draining_held_buffers)
         # FSDP's no_sync unsharded gradients: whole through a micro-batch's backward, they give
         # way to the gradient shards the last one's reduce-scatters make.
-        draining = b.alloc(terms.draining_held_buffers)
+        draining = b.alloc(x.draining_held_buffers)
 
         # Forward: the root (or the embedding) first; each block's parameters gathered, its
         # activations saved, its parameters freed (reshard_after_forward).
@@ -219,11 +298,11 @@ def record_fsdp_step(request: PlanRequest, states: ModelStateBytes, terms: PeakT
             # The root's parameters are resharded after the forward and gathered again at the
             # loss's backward, which the planner's loss term counts (fsdp_head_gathered_bytes).
             b.free(root)
-            if per_chunk_head(request):
-                head_gradient = _chunked_loss(request, b, gather, units[-1])
+            if f.chunked_loss is not None:
+                head_gradient = _chunked_loss(f.chunked_loss, b, gather, units[-1])
             else:
                 b.free(gather(units[-1]) if separate else [])
-                run_loss(request, terms, b, cache)
+                run_loss(x.loss_moments, b, cache)
             root = [] if separate else gather(units[0])
         pending_input: list[int] = []
 
@@ -246,7 +325,7 @@ def record_fsdp_step(request: PlanRequest, states: ModelStateBytes, terms: PeakT
             b.free(pending_input)
             pending_input[:] = b.alloc(unit.elements * wire)
             b.free(unsharded or [])
-            output = b.alloc(unit.elements // request.shard_group_size * wire, Stream.reduce_scatter)
+            output = b.alloc(unit.elements // f.shard * wire, Stream.reduce_scatter)
             if shares:
                 gradients.extend(b.alloc(shares[index], Stream.reduce_scatter))
             b.free(output)
@@ -266,7 +345,7 @@ def record_fsdp_step(request: PlanRequest, states: ModelStateBytes, terms: PeakT
         for step, (index, position) in enumerate(order):
             prefetched = gather(units[order[step + 1][0]]) if step + 1 < len(order) else []
             if position is not None:
-                b.free(b.alloc(terms.workspace))
+                b.free(b.alloc(x.workspace))
                 b.free(saved[position])
             backward_gradients(index, current)
             current = prefetched
@@ -282,12 +361,12 @@ def record_fsdp_step(request: PlanRequest, states: ModelStateBytes, terms: PeakT
         b.free(held)
         if draining:
             b.free(draining)
-            gradients = b.alloc_parts(split_bytes(states.gradient_bytes, weights))
+            gradients = b.alloc_parts(split_bytes(x.gradient_bytes, weights))
 
         # Optimizer step: its temporaries per unit, then the gradients go (set_to_none).
         if first_step:
-            b.alloc_parts(split_bytes(states.optimizer_state_bytes, weights))
-        b.free(b.alloc_parts(split_bytes(terms.step_temporary, weights)))
+            b.alloc_parts(split_bytes(x.optimizer_state_bytes, weights))
+        b.free(b.alloc_parts(split_bytes(x.step_temporary, weights)))
         b.free(gradients)
 
     one_step(True)
@@ -346,12 +425,11 @@ def forward_cache_parts(request: PlanRequest, blocks: int) -> list[tuple[int, ..
     return [tuple(tensors[k * per_block:(k + 1) * per_block]) for k in range(blocks)]
 
 
-def run_loss(request: PlanRequest, terms: PeakTerms, b: "TraceBuilder", cache: list[int]) -> None:
+def run_loss(moments: tuple[tuple[int, ...], ...], b: "TraceBuilder", cache: list[int]) -> None:
     """The loss's moments one after another (loss_allocations). With the KV cache, the first
     moment is the loss's forward, whose cache tensors the blocks' forward allocated already
     (``cache``): its other tensors are made beside them, and the cache goes with them, as the
     output object does once the forward returns (zeroplan.core.framework_loss)."""
-    moments = loss_allocations(request, terms)
     if cache:
         b.free(b.alloc_parts(moments[0][len(cache):]))
         b.free(cache)
@@ -367,13 +445,10 @@ def per_chunk_head(request: PlanRequest) -> bool:
         and fsdp_separates_embedding_and_head(request) and not request.training.fused_linear_cross_entropy
 
 
-def _chunked_loss(request: PlanRequest, b: "TraceBuilder", gather, head: _Unit) -> list[int]:
+def _chunked_loss(loss: _ChunkedLoss, b: "TraceBuilder", gather, head: _Unit) -> list[int]:
     """torchtune 0.6.1's chunked cross-entropy (zeroplan.core.framework_loss.chunked_logits_pieces
     names its three moments) chunk by chunk: returns the head's accumulated weight gradient."""
-    model, training = request.model, request.training
-    chunks = loss_chunks(training)
-    e = training.precision.compute_bytes
-    sbv_chunk = request.batch.seq_len * request.batch.micro_batch_size * model.vocab_size // chunks
+    chunks, e, sbv_chunk = loss.chunks, loss.compute_bytes, loss.sbv_chunk
     # Forward: each chunk's logits from the head gathered for it; then each chunk upcast and its
     # fp32 log-softmax saved; the bf16 logits go with the forward.
     logits = []
@@ -382,11 +457,11 @@ def _chunked_loss(request: PlanRequest, b: "TraceBuilder", gather, head: _Unit) 
         logits += b.alloc(e * sbv_chunk)
         b.free(parameters)
     logit_gradients = []
-    if compiles_loss(training):
+    if loss.compiled:
         # Compiled (zeroplan.core.compiled.compiled_chunked_logits_pieces): each chunk's
         # cross-entropy keeps its bf16 logits and two fp32 values a row; its backward writes the
         # chunk's bf16 gradient, then lets the chunk go.
-        rows = request.batch.seq_len * request.batch.micro_batch_size // chunks
+        rows = loss.rows
         statistics = [b.alloc(COMPILED_CROSS_ENTROPY_ROW_BYTES * rows) for _ in range(chunks)]
         for chunk in reversed(range(chunks)):
             logit_gradients += b.alloc(e * sbv_chunk)
@@ -407,7 +482,7 @@ def _chunked_loss(request: PlanRequest, b: "TraceBuilder", gather, head: _Unit) 
             logit_gradients += b.alloc(e * sbv_chunk)
             b.free(second)
     # The head's backward per chunk: gathered again, its weight gradient added out of place.
-    weight_gradient_bytes = model.vocab_size * model.hidden_size * e
+    weight_gradient_bytes = loss.weight_gradient_bytes
     accumulated: list[int] = []
     for gradient in logit_gradients:
         parameters = gather(head)

@@ -16,16 +16,14 @@ benchmarks/allocator_fast_sweep.py compares it with)."""
 
 from __future__ import annotations
 
-import pickle
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from hashlib import blake2b
 
 from zeroplan.allocator.capacity import CAPACITY_STEP_BYTES, bisect_capacity
 from zeroplan.allocator.config import AllocatorConfig, parse_alloc_conf
 from zeroplan.allocator.replay import ALLOC_OP, FREE_OP, Ops, ReplayResult, replay
 from zeroplan.allocator.rules import round_size
-from zeroplan.allocator.schedule import step_builder, step_ops
+from zeroplan.allocator.schedule import StepInputs, record_step, step_inputs, step_ops
 from zeroplan.core.collector import cyclic_gc_paused
 from zeroplan.core.model_states import ModelStateBytes
 from zeroplan.core.peak import PeakTerms
@@ -76,6 +74,8 @@ class _Shape:
 
     floor_bytes: int
     """rounded_requested_peak_bytes: on less, no replay completes."""
+    requested_peak_bytes: int
+    """The most requested bytes alive at once over the trace."""
     capacity_independent: bool
     """No garbage collection (it acts against the capacity even where nothing is refused)."""
     unlimited_peak_bytes: int | None = None
@@ -90,13 +90,17 @@ def _step(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms, alloc
     return _StepReplays(ops, max(allocated_peak_bytes - _requested_peak_bytes(ops), 0), config)
 
 
-_SHAPE_OF: OrderedDict[tuple, tuple[bytes, int]] = OrderedDict()
+TraceKey = tuple[StepInputs, AllocatorConfig]
+"""A trace and its allocator setting: the schedules read nothing but their inputs
+(schedule.StepInputs), so equal inputs name the same trace, known without building it (fit's
+strategies that allocate alike, the same tokens per micro-batch at another sequence length,
+the largest-micro-batch search's probes shared between requests, plan() asking twice)."""
+_SHAPE_OF: OrderedDict[tuple, tuple[TraceKey, int]] = OrderedDict()
 """(request, allocated peak, allocator setting) -> (its trace's key in _SHAPES, shortfall):
 specs are immutable, so a request and its setting name the trace."""
-_SHAPES: OrderedDict[bytes, _Shape] = OrderedDict()
-"""A trace's digest (with the setting) -> what its replays showed: requests whose traces are
-the same (fit's strategies, the micro-batch search's probes, plan() asking twice) share it."""
-_RECENT_OPS: OrderedDict[bytes, Ops] = OrderedDict()
+_SHAPES: OrderedDict[TraceKey, _Shape] = OrderedDict()
+"""A trace (with the setting) -> what its replays showed."""
+_RECENT_OPS: OrderedDict[TraceKey, Ops] = OrderedDict()
 """The last few traces themselves, for the replays a later question about them still needs."""
 _SHAPE_LIMIT = 4096
 _OPS_LIMIT = 32
@@ -108,13 +112,8 @@ def _remember(cache: OrderedDict, key, value, limit: int) -> None:
         cache.popitem(last=False)
 
 
-def _digest(ops: Ops, config: AllocatorConfig) -> bytes:
-    """The trace and setting as a 16-byte digest (every op's four integers, in order)."""
-    return blake2b(pickle.dumps((ops, config.model_dump()), protocol=5), digest_size=16).digest()
-
-
 def _shape(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms,
-           allocated_peak_bytes: int) -> tuple[bytes, _Shape, int, AllocatorConfig]:
+           allocated_peak_bytes: int) -> tuple[TraceKey, _Shape, int, AllocatorConfig]:
     """The request's trace's key, what is known of it, the shortfall and the setting."""
     config = parse_alloc_conf(request.assumptions.allocator_conf or "")
     key = (request, allocated_peak_bytes, config)
@@ -122,25 +121,26 @@ def _shape(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms,
     if known is not None and known[0] in _SHAPES:
         _SHAPE_OF.move_to_end(key)
         return known[0], _SHAPES[known[0]], known[1], config
-    builder = step_builder(request, states, terms)
-    ops = builder.ops
-    digest = _digest(ops, config)
-    shape = _SHAPES.get(digest)
-    requested = builder.requested_peak_bytes
+    trace = (step_inputs(request, states, terms), config)
+    shape = _SHAPES.get(trace)
     if shape is None:
+        builder = record_step(trace[0])
+        ops = builder.ops
         # Without roundup_power2_divisions round_size is the builder's rounding to 512 bytes.
         plain = max(config.roundup_power2_divisions) <= 1
         floor = builder.rounded_peak_bytes if plain else _peaks(ops, config)[1]
-        shape = _Shape(floor, config.garbage_collection_threshold == 0.0)
-        _remember(_SHAPES, digest, shape, _SHAPE_LIMIT)
-    shortfall = max(allocated_peak_bytes - requested, 0)
-    _remember(_SHAPE_OF, key, (digest, shortfall), _SHAPE_LIMIT)
-    _remember(_RECENT_OPS, digest, ops, _OPS_LIMIT)
-    return digest, shape, shortfall, config
+        shape = _Shape(floor, builder.requested_peak_bytes, config.garbage_collection_threshold == 0.0)
+        _remember(_SHAPES, trace, shape, _SHAPE_LIMIT)
+        _remember(_RECENT_OPS, trace, ops, _OPS_LIMIT)
+    else:
+        _SHAPES.move_to_end(trace)
+    shortfall = max(allocated_peak_bytes - shape.requested_peak_bytes, 0)
+    _remember(_SHAPE_OF, key, (trace, shortfall), _SHAPE_LIMIT)
+    return trace, shape, shortfall, config
 
 
-def _outcome(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms, digest: bytes, shape: _Shape,
-             config: AllocatorConfig, capacity_bytes: int | None) -> tuple[bool, int]:
+def _outcome(trace: TraceKey, shape: _Shape, config: AllocatorConfig,
+             capacity_bytes: int | None) -> tuple[bool, int]:
     """(completes, reserved peak) of the trace on ``capacity_bytes`` (None: no limit), from what
     is known where that decides it exactly, else by replaying the whole trace:
 
@@ -156,16 +156,16 @@ def _outcome(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms, di
     if unlimited is not None and shape.capacity_independent and (capacity_bytes is None or capacity_bytes >= unlimited):
         return True, unlimited
     if capacity_bytes is not None and capacity_bytes < shape.floor_bytes:
-        return False, _outcome(request, states, terms, digest, shape, config, None)[1]
-    ops = _RECENT_OPS.get(digest)
+        return False, _outcome(trace, shape, config, None)[1]
+    ops = _RECENT_OPS.get(trace)
     if ops is None:
-        ops = step_ops(request, states, terms)
-        _remember(_RECENT_OPS, digest, ops, _OPS_LIMIT)
+        ops = record_step(trace[0]).ops
+        _remember(_RECENT_OPS, trace, ops, _OPS_LIMIT)
     result = replay(ops, config, capacity_bytes)
     if result.completed and result.device_refusals == 0:
         shape.unlimited_peak_bytes = result.reserved_peak_bytes
     found = (True, result.reserved_peak_bytes) if result.completed else \
-        (False, _outcome(request, states, terms, digest, shape, config, None)[1])
+        (False, _outcome(trace, shape, config, None)[1])
     shape.outcomes[capacity_bytes] = found
     return found
 
@@ -224,8 +224,8 @@ def allocator_verdict(request: PlanRequest, states: ModelStateBytes, terms: Peak
     if assumptions.exact_allocator or assumptions.exact_capacity:
         return _exact_verdict(request, states, terms, allocated_peak_bytes, usable_bytes)
     with cyclic_gc_paused():
-        digest, shape, shortfall, config = _shape(request, states, terms, allocated_peak_bytes)
-        fits, reserved = _outcome(request, states, terms, digest, shape, config, usable_bytes - shortfall)
+        trace, shape, shortfall, config = _shape(request, states, terms, allocated_peak_bytes)
+        fits, reserved = _outcome(trace, shape, config, usable_bytes - shortfall)
     return PlannedVerdict(fits=fits, reserved_peak_bytes=reserved + shortfall)
 
 
@@ -263,11 +263,11 @@ def allocator_fits(request: PlanRequest, states: ModelStateBytes, terms: PeakTer
         if request.assumptions.exact_allocator:
             step = _step(request, states, terms, allocated_peak_bytes)
             return step.on(usable_bytes - step.shortfall_bytes).completed
-        digest, shape, shortfall, config = _shape(request, states, terms, allocated_peak_bytes)
+        trace, shape, shortfall, config = _shape(request, states, terms, allocated_peak_bytes)
         capacity = usable_bytes - shortfall
         if capacity < shape.floor_bytes:
             return False
-        return _outcome(request, states, terms, digest, shape, config, capacity)[0]
+        return _outcome(trace, shape, config, capacity)[0]
 
 
 def forget_replays() -> None:

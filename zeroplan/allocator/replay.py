@@ -88,7 +88,8 @@ def replay(trace: AllocationTrace | Ops, config: AllocatorConfig, capacity_bytes
     ops = compile_trace(trace) if isinstance(trace, AllocationTrace) else trace
     device = DeviceAllocator(config, capacity_bytes, segment_addresses, fraction_cap)
     malloc, free = device.malloc, device.free
-    live = {}
+    live: dict[int, object] = {}
+    forget = live.pop
     oom_index = oom_bytes = None
     for index, (kind, ident, size, stream) in enumerate(ops):
         if kind == ALLOC_OP:
@@ -98,7 +99,7 @@ def replay(trace: AllocationTrace | Ops, config: AllocatorConfig, capacity_bytes
                 break
             live[ident] = block
         elif kind == FREE_OP:
-            free(live.pop(ident))
+            free(forget(ident))
         elif kind == RECORD_OP:
             device.record_stream(live[ident], stream)
         elif kind == SYNC_OP:

@@ -8,6 +8,17 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 
 
+STREAM_SHIFT, SIZE_SHIFT = 128, 64
+"""A cached block's key is one integer, stream << 128 | size << 64 | ptr: ordered as the tuple
+(stream, size, ptr) is (sizes and addresses are below 2**64), and compared faster."""
+SIZE_MASK = (1 << 64) - 1
+
+
+def block_key(stream: int, size: int, ptr: int) -> int:
+    """The key BlockComparatorSize orders a cached block by, as one integer (STREAM_SHIFT)."""
+    return (stream << STREAM_SHIFT) | (size << SIZE_SHIFT) | ptr
+
+
 class Segment:
     """An expandable segment: reserved address space mapped page by page (ExpandableSegment)."""
 
@@ -30,7 +41,9 @@ class Block:
         self.prev: Block | None = None
         self.next: Block | None = None
         self.event_count = 0
-        self.stream_uses: set[int] = set()
+        self.stream_uses: set[int] | tuple[()] = ()
+        """The other streams it was used on since allocated (a set once one is recorded; the
+        empty tuple until then, cheaper to make for the many blocks that never are)."""
         self.gc_base = 0
         self.requested = 0
 
@@ -57,13 +70,13 @@ def available(block: Block | None) -> bool:
 class Pool:
     """struct BlockPool: cached (free, mapped) blocks by size, unmapped blocks by address."""
 
-    __slots__ = ("small", "keys", "by_ptr", "unmapped_keys", "unmapped", "gc_calls")
+    __slots__ = ("small", "keys", "by_key", "unmapped_keys", "unmapped", "gc_calls")
 
     def __init__(self, small: bool) -> None:
         self.small = small
-        self.keys: list[tuple[int, int, int]] = []
-        """(stream, size, ptr) of every cached block, sorted (BlockComparatorSize)."""
-        self.by_ptr: dict[int, Block] = {}
+        self.keys: list[int] = []
+        """block_key of every cached block, sorted (BlockComparatorSize)."""
+        self.by_key: dict[int, Block] = {}
         self.unmapped_keys: list[tuple[int, int]] = []
         """(stream, ptr) of every unmapped block, sorted (BlockComparatorAddress)."""
         self.unmapped: dict[int, Block] = {}
@@ -73,15 +86,16 @@ class Pool:
     # BlockPool::insert_into_blocks: the block's age starts now.
     def insert(self, block: Block) -> None:
         block.gc_base = self.gc_calls
-        insort(self.keys, (block.stream, block.size, block.ptr))
-        self.by_ptr[block.ptr] = block
+        key = (block.stream << STREAM_SHIFT) | (block.size << SIZE_SHIFT) | block.ptr
+        insort(self.keys, key)
+        self.by_key[key] = block
 
     def remove(self, block: Block) -> None:
         """Take a cached block out (before its size or address changes)."""
         keys = self.keys
-        index = bisect_left(keys, (block.stream, block.size, block.ptr))
-        del keys[index]
-        del self.by_ptr[block.ptr]
+        key = (block.stream << STREAM_SHIFT) | (block.size << SIZE_SHIFT) | block.ptr
+        del keys[bisect_left(keys, key)]
+        del self.by_key[key]
 
     def insert_unmapped(self, block: Block) -> None:
         insort(self.unmapped_keys, (block.stream, block.ptr))
