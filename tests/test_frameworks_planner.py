@@ -13,8 +13,8 @@ from zeroplan.core.activations import activation_bytes, logits_bytes
 from zeroplan.core.feasibility import nccl_buffer_bytes, usable_memory_bytes
 from zeroplan.core.nccl_buffers import ring_bytes
 from zeroplan.core.frameworks import (
-    autocast_copies_bytes, OFFLOAD_FORWARD_STASH, framework_activation_bytes, framework_block_kept_bytes,
-    framework_layer_bytes, offloaded_layers_bytes, torchtitan_rope_cache_bytes,
+    autocast_copies_bytes, framework_activation_bytes, framework_block_kept_bytes,
+    framework_layer_bytes, offload_forward_stash_bytes, offloaded_layers_bytes, torchtitan_rope_cache_bytes,
 )
 from zeroplan.core.framework_loss import framework_logits_bytes
 from zeroplan.core.profiles import PROFILES
@@ -68,18 +68,21 @@ def test_offloaded_activations_are_one_recomputed_block_and_what_is_outside_the_
     offloaded = _request(gpu_80gib, Framework.torchtune, activation_checkpointing=AC.full, activation_offloading=True)
     block_input = 2 * 16384 * 4096
     inputs = 32 * block_input  # every block's bf16 input, kept without offloading
-    stash = OFFLOAD_FORWARD_STASH * block_input  # the last five, still on the device
-    assert framework_activation_bytes(full) - framework_activation_bytes(offloaded) == inputs - stash
+    # The final norm's two fp32 tensors (kept either way: on the device in the stash once
+    # offloaded) and the stash's per-token rsqrt (offload_forward_stash_bytes).
+    rsqrt = 4 * 16384
+    assert offload_forward_stash_bytes(offloaded) == 2 * 4 * 16384 * 4096 + rsqrt
+    assert framework_activation_bytes(full) - framework_activation_bytes(offloaded) == inputs - rsqrt
     assert framework_block_kept_bytes(offloaded) == 0 < framework_block_kept_bytes(full)
 
 
 def test_the_loss_backward_holds_the_forward_stash_and_no_recomputed_block(gpu_80gib) -> None:
-    # torchtune's forward stash (max_fwd_stash_size=5) outlives the forward until the first
-    # unpack in a block's backward; the loss's backward recomputes no block. So the loss's moment
-    # keeps the stash only, and a block's backward the stash and its recomputed block.
+    # torchtune's forward stash outlives the forward until the first unpack in backward; the
+    # loss's backward recomputes no block. So the loss's moment keeps the stash only, and a
+    # block's backward the stash and its recomputed block.
     request = _request(gpu_80gib, Framework.torchtune, activation_checkpointing=AC.full, activation_offloading=True)
     layer = framework_layer_bytes(request)
-    stash = OFFLOAD_FORWARD_STASH * 2 * 16384 * 4096
+    stash = offload_forward_stash_bytes(request)
     assert offloaded_layers_bytes(request, layer) == stash + layer
     assert framework_recompute_bytes(request) == layer
     _, terms = peak_terms(request)
