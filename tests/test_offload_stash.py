@@ -5,7 +5,6 @@ lora_llama3_2 with its offloading and checkpointing on the CPU."""
 
 from __future__ import annotations
 
-import contextlib
 import weakref
 from pathlib import Path
 
@@ -37,28 +36,9 @@ def test_a_trainable_final_norm_releases_every_block_input_and_a_frozen_one_keep
         assert offloaded_head_input_bytes(_request(flags)) == 0
 
 
-def _cpu_streams(monkeypatch, torch) -> None:
-    """OffloadActivations asks for CUDA streams; on the CPU they do nothing (its pack_tensor,
-    stash and id rule run unchanged)."""
-
-    class Stream:
-        def wait_stream(self, _):
-            pass
-
-        def wait_event(self, _):
-            pass
-
-        def record_event(self):
-            return None
-
-    monkeypatch.setattr(torch.cuda, "default_stream", lambda *a, **k: Stream())
-    monkeypatch.setattr(torch.cuda, "Stream", lambda *a, **k: Stream())
-    monkeypatch.setattr(torch.cuda, "stream", lambda _: contextlib.nullcontext())
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("lora", [False, True])
-def test_torchtunes_forward_stash_on_the_cpu(monkeypatch, lora: bool) -> None:
+def test_torchtunes_forward_stash_on_the_cpu(lora: bool) -> None:
     """torchtune 0.6.1's llama3_2 / lora_llama3_2 (tied head, 8 loss chunks), bf16, its
     checkpointing and get_act_offloading_ctx_manager: the storages made in the forward and still
     on the device after it, beside the logit chunks and the host copies, are the planner's stash
@@ -68,11 +48,12 @@ def test_torchtunes_forward_stash_on_the_cpu(monkeypatch, lora: bool) -> None:
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
-    _cpu_streams(monkeypatch, torch)
     from torchtune import modules, training
     from torchtune.models.llama3_2 import llama3_2, lora_llama3_2
     from torchtune.modules.peft import get_adapter_params, set_trainable_params
     from torchtune.training._activation_offloading import get_act_offloading_ctx_manager
+
+    from zeroplan.frameworks._cuda_streams import host_cuda_streams
 
     vocab, hidden, seq, batch = 512, 64, 256, 2  # every block input and rsqrt >= min_offload_size
     shape = dict(vocab_size=vocab, num_layers=8, num_heads=4, num_kv_heads=2, embed_dim=hidden, max_seq_len=512,
@@ -87,7 +68,8 @@ def test_torchtunes_forward_stash_on_the_cpu(monkeypatch, lora: bool) -> None:
     model = model.to(torch.bfloat16)
     model.set_num_output_chunks(8)
     training.set_activation_checkpointing(model, auto_wrap_policy={modules.TransformerSelfAttentionLayer})
-    offload = get_act_offloading_ctx_manager(model, True)
+    with host_cuda_streams():  # OffloadActivations' CUDA stream calls, ordering nothing on the CPU
+        offload = get_act_offloading_ctx_manager(model, True)
     offload.use_pin_memory = False
     before = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
     live: dict[int, int] = {}
@@ -105,7 +87,7 @@ def test_torchtunes_forward_stash_on_the_cpu(monkeypatch, lora: bool) -> None:
             return out
 
     tokens = torch.randint(0, vocab, (batch, seq))
-    with Live():
+    with Live(), host_cuda_streams():
         with offload:
             logits = model(tokens)
         host = {t.untyped_storage().data_ptr() for t, offloaded in offload.tracker.values() if offloaded}
