@@ -13,8 +13,8 @@ from zeroplan.core.activations import activation_bytes, logits_bytes
 from zeroplan.core.feasibility import nccl_buffer_bytes, usable_memory_bytes
 from zeroplan.core.nccl_buffers import ring_bytes
 from zeroplan.core.frameworks import (
-    autocast_copies_bytes, OFFLOAD_FORWARD_STASH, framework_activation_bytes, framework_block_kept_bytes,
-    framework_layer_bytes, offloaded_layers_bytes, torchtitan_rope_cache_bytes,
+    autocast_copies_bytes, framework_activation_bytes, framework_block_kept_bytes,
+    framework_layer_bytes, offload_forward_stash_bytes, offloaded_layers_bytes, torchtitan_rope_cache_bytes,
 )
 from zeroplan.core.framework_loss import framework_logits_bytes
 from zeroplan.core.profiles import PROFILES
@@ -68,18 +68,21 @@ def test_offloaded_activations_are_one_recomputed_block_and_what_is_outside_the_
     offloaded = _request(gpu_80gib, Framework.torchtune, activation_checkpointing=AC.full, activation_offloading=True)
     block_input = 2 * 16384 * 4096
     inputs = 32 * block_input  # every block's bf16 input, kept without offloading
-    stash = OFFLOAD_FORWARD_STASH * block_input  # the last five, still on the device
-    assert framework_activation_bytes(full) - framework_activation_bytes(offloaded) == inputs - stash
+    # The final norm's two fp32 tensors (kept either way: on the device in the stash once
+    # offloaded) and the stash's per-token rsqrt (offload_forward_stash_bytes).
+    rsqrt = 4 * 16384
+    assert offload_forward_stash_bytes(offloaded) == 2 * 4 * 16384 * 4096 + rsqrt
+    assert framework_activation_bytes(full) - framework_activation_bytes(offloaded) == inputs - rsqrt
     assert framework_block_kept_bytes(offloaded) == 0 < framework_block_kept_bytes(full)
 
 
 def test_the_loss_backward_holds_the_forward_stash_and_no_recomputed_block(gpu_80gib) -> None:
-    # torchtune's forward stash (max_fwd_stash_size=5) outlives the forward until the first
-    # unpack in a block's backward; the loss's backward recomputes no block. So the loss's moment
-    # keeps the stash only, and a block's backward the stash and its recomputed block.
+    # torchtune's forward stash outlives the forward until the first unpack in backward; the
+    # loss's backward recomputes no block. So the loss's moment keeps the stash only, and a
+    # block's backward the stash and its recomputed block.
     request = _request(gpu_80gib, Framework.torchtune, activation_checkpointing=AC.full, activation_offloading=True)
     layer = framework_layer_bytes(request)
-    stash = OFFLOAD_FORWARD_STASH * 2 * 16384 * 4096
+    stash = offload_forward_stash_bytes(request)
     assert offloaded_layers_bytes(request, layer) == stash + layer
     assert framework_recompute_bytes(request) == layer
     _, terms = peak_terms(request)
@@ -331,18 +334,20 @@ def test_the_blocks_torchtune_checkpoints_are_the_ones_the_planner_names(path: P
 
 @pytest.mark.parametrize("path", [p for p in _record_files() if "+offload" in p.name], ids=lambda p: p.stem)
 def test_what_offloading_leaves_on_the_device_after_the_forward(path: Path) -> None:
-    # torchtune's forward stash still holds the final norm's saved tensors and NoOpManager kept
-    # the output projection's input: the planner's outside-the-blocks term, beside the bf16
-    # logit chunks the forward returns.
-    from zeroplan.core.activations import outside_layers_bytes
+    # torchtune's forward stash still holds the final norm's saved tensors (its packs released
+    # every block input: offload_forward_stash_bytes) and NoOpManager kept the output
+    # projection's input, beside the bf16 logit chunks the forward returns: to the byte.
+    from zeroplan.core.frameworks import offloaded_head_input_bytes
     from zeroplan.frameworks.record import FrameworkRecord
 
     record = FrameworkRecord.model_validate_json(path.read_text(encoding="utf-8"))
+    request = PlanRequest(model=record.model, training=record.training, batch=record.batch,
+                          cluster=cluster_from_gpus(get_gpu("h100-80gb"), 8), strategy=StrategySpec(kind=StrategyKind.ddp))
     s, b = record.batch.seq_len, record.batch.micro_batch_size
     logits = record.training.precision.compute_bytes * s * b * record.model.vocab_size
-    predicted = logits + outside_layers_bytes(record.model, record.training, s, b)
+    predicted = logits + offload_forward_stash_bytes(request) + offloaded_head_input_bytes(request)
     assert record.block_kept_bytes == 0
-    assert abs(predicted - record.retained_bytes[0]) <= 0.02 * record.retained_bytes[0]
+    assert predicted == record.retained_bytes[0]
 
 
 # The strategies each framework itself runs (torchtitan 0.3.0 ParallelismConfig; torchtune

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from zeroplan.core.profiles import profile
 from zeroplan.specs.framework import Framework
-from zeroplan.specs.model import MlpKind, ModelSpec, PositionKind
+from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.training import ActivationCheckpointing, AttentionKernel, Precision, TrainingSpec
@@ -307,19 +307,16 @@ builds it: an offloaded tensor stays on the device until five later saved tensor
 # least min_offload_size bytes that is not a Parameter or Buffer; under full checkpointing a
 # block's one saved tensor is its input (torch 2.13 torch/utils/checkpoint.py
 # _CheckpointFrame.save_inputs saves it before the checkpoint's own hooks are entered; the
-# block's inner tensors go to those hooks), so no block keeps anything on the device. Its forward
-# stash keeps each offloaded tensor alive until five later ones are packed: the inputs of the
-# last five blocks (measured: device bytes grow by one block input over blocks 2 to 5 and not
-# from block 6 on, Llama-3.1-8B, s 4096, 9 blocks); at the end of the forward the final norm's saved
-# tensors, until backward starts (counted in outside_layers_bytes, with the output
-# projection's input, which NoOpManager keeps). unpack_tensor brings a tensor back only when
+# block's inner tensors go to those hooks), so no block keeps anything on the device beyond the
+# forward stash (offload_forward_stash_bytes). unpack_tensor brings a tensor back only when
 # autograd asks for it, so backward holds one recomputed block (its input brought back is the
 # tensor its first norm saves again). The stash outlives the forward: OffloadActivations deletes
 # it in the hook of the first backward node that unpacks an offloaded tensor
 # (_activation_offloading.py unpack_tensor_with_streams, "if there are still things in the
-# fwd_stash, get rid of them as we're in bwd now"), i.e. in the last block's backward; the loss's
-# backward unpacks none (its inputs stay under NoOpManager). So the loss's moment holds the stash
-# and no recomputed block, and the first block's backward the stash and its recomputed block.
+# fwd_stash, get rid of them as we're in bwd now"); the loss's backward unpacks none (its inputs
+# stay under NoOpManager). So the loss's moment holds the stash and no recomputed block; the
+# plan keeps the stash at a block's backward too (an upper bound: the final norm's backward has
+# deleted it by then, and brought back its own tensors).
 def offloads_blocks(request: PlanRequest) -> bool:
     """Whether torchtune's offloading moves each block's saved input off the device."""
     s, b = request.batch.seq_len, request.batch.micro_batch_size
@@ -329,9 +326,70 @@ def offloads_blocks(request: PlanRequest) -> bool:
 def offloaded_layers_bytes(request: PlanRequest, layer: int) -> int:
     """The forward stash and the one recomputed block (framework_recompute_bytes sets the block
     apart: it is alive only in a block's backward)."""
+    return offload_forward_stash_bytes(request) + layer
+
+
+# torchtune 0.6.1 training/_activation_offloading.py OffloadActivations.pack_tensor: every saved
+# tensor (small ones and parameters too) takes the next tensor id, and only when a tensor of at
+# least min_offload_size that is no parameter is packed are the stashed ids <= id -
+# max_fwd_stash_size released. After the last block's input the forward saves the final norm's
+# tensors and nothing more (the output projection runs under NoOpManager). torchtune's RMSNorm
+# (modules/rms_norm.py) calls F.rms_norm on x.float() with its 16-bit scale, so torch 2.13 runs
+# rms_norm_composite (aten/src/ATen/native/layer_norm.cpp; derivatives.yaml) whose ops save, in
+# order: pow the fp32 input, rsqrt its fp32 result, mul the input and that result again, the
+# scale's mul the scale (a parameter) and, only where the scale trains (autograd saves an
+# operand only for a gradient it must compute), the fp32 normalised product. A trainable scale
+# (full fine-tune) ends on that product and releases every block input; a frozen one (LoRA,
+# QLoRA) ends on the rsqrt, four ids after the last block input, which stays. Measured with
+# torchtune's own llama3_2 and lora_llama3_2, OffloadActivations and its checkpointing on the CPU
+# (tests/test_offload_stash.py): the stash at the end of the forward is the fp32 input, its
+# fp32 normalised product and the rsqrt (full), the last block input, the fp32 input and the
+# rsqrt (LoRA); beside it only the output projection's inputs where its weight trains.
+def offload_forward_stash_bytes(request: PlanRequest) -> int:
+    """What OffloadActivations' forward stash holds on the device at the end of the forward:
+    the hefty tensors among the last max_fwd_stash_size ids up to the last hefty one (each
+    storage once)."""
     s, b = request.batch.seq_len, request.batch.micro_batch_size
-    forward_stash = OFFLOAD_FORWARD_STASH * block_input_bytes(request, s, b)
-    return forward_stash + layer
+    block_input = block_input_bytes(request, s, b)
+    training = request.training
+    if not final_norm_is_stashed(request):
+        # Not derived for another norm: every block input the stash can hold.
+        return OFFLOAD_FORWARD_STASH * block_input
+    sbh_fp32 = FP32_BYTES * s * b * request.model.hidden_size
+    rsqrt = FP32_BYTES * s * b
+    scale_trains = not training.finetune.is_lora
+    # (storage, bytes, offloadable) in pack order: the last blocks' inputs, then the final norm.
+    saves = [(f"block{i}", block_input, True) for i in range(OFFLOAD_FORWARD_STASH)]
+    saves += [("x", sbh_fp32, True), ("rsqrt", rsqrt, True), ("x", sbh_fp32, True), ("rsqrt", rsqrt, True),
+              ("scale", 0, False)]
+    if scale_trains:
+        saves.append(("normed", sbh_fp32, True))
+    hefty = [i for i, (_, n, offloadable) in enumerate(saves) if offloadable and n >= OFFLOAD_MIN_BYTES]
+    last = hefty[-1]
+    kept = {name: n for i, (name, n, _) in enumerate(saves) if i in hefty and i > last - OFFLOAD_FORWARD_STASH}
+    return sum(kept.values())
+
+
+def final_norm_is_stashed(request: PlanRequest) -> bool:
+    """Whether offload_forward_stash_bytes holds the final norm's saved tensors (torchtune's
+    composite RMSNorm; the sequence is not derived for another norm)."""
+    from zeroplan.core.activations import rms_norm_is_composite
+
+    return request.model.norm is NormKind.rmsnorm and rms_norm_is_composite(request.training, request.runs_under_autocast)
+
+
+# The output projection under NoOpManager keeps what autograd saves for it on the device: its
+# input (a copy per loss chunk, 2sbh in all) only for a gradient that needs it, the head's weight
+# or an adapter on the head (torch 2.13 autograd saves an mm operand only for the other
+# operand's gradient; measured as offload_forward_stash_bytes is: a frozen head keeps none).
+def offloaded_head_input_bytes(request: PlanRequest) -> int:
+    from zeroplan.specs.finetune import LoraTarget
+
+    finetune = request.training.finetune
+    s, b = request.batch.seq_len, request.batch.micro_batch_size
+    trains = (not finetune.is_lora and not finetune.freeze_embeddings) or (
+        finetune.is_lora and LoraTarget.output in finetune.targets(request.training.framework))
+    return request.training.precision.compute_bytes * s * b * request.model.hidden_size if trains else 0
 
 
 def selective_op_kept_bytes(request: PlanRequest) -> int:
@@ -381,6 +439,13 @@ def framework_activation_bytes(request: PlanRequest) -> int:
         layers = model.num_layers * block_input_bytes(request, s, b) + layer
     norm_savings = hf_bf16_norm_savings_bytes(request)
     outside = outside_layers_bytes(model, training, s, b, autocast=request.runs_under_autocast) + autocast_head_copy_bytes(request)
+    if offloads_blocks(request) and final_norm_is_stashed(request):
+        # The final norm's tensors are in the forward stash (offload_forward_stash_bytes) and the
+        # output projection keeps its input only for a gradient that needs it.
+        from zeroplan.core.activations import norm_bytes
+
+        outside -= (norm_bytes(model, training, s, b, autocast=request.runs_under_autocast)
+                    + training.precision.compute_bytes * s * b * model.hidden_size - offloaded_head_input_bytes(request))
     return layers + outside - norm_savings
 
 
