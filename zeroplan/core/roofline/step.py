@@ -186,9 +186,8 @@ def memory_bound_seconds(request: PlanRequest) -> tuple[float, float, float]:
                                           request.parallel.model_parallel_size)
     ceilings = gpu_ceilings(request.cluster.gpu)
     # _step_terms' seconds of these (not divided among the ranks).
-    extra_seconds = _memory_seconds_by_phase([(operation, operation_seconds(operation, ceilings)[0]) for operation in (
-        fsdp_copy_operations(request, batch.grad_accum_steps, activation_bytes)
-        + autocast_cast_operations(request, batch.grad_accum_steps) + optimizer_operation(request))])
+    extra_seconds = _memory_seconds_by_phase([(operation, operation_seconds(operation, ceilings)[0])
+                                              for operation in _request_operations(request)])
     return tuple(sum((*model, *added)) for model, added in zip(model_seconds, extra_seconds))
 
 
@@ -233,6 +232,19 @@ def _model_terms(model, training, micro_batch_size: int, seq_len: int, micro_bat
     return tuple(_term(operation, ceilings, ranks) for operation in operations)
 
 
+def _request_operations(request: PlanRequest) -> list[Operation]:
+    """The operations that depend on the request beyond its model and batch shape (the strategy's
+    copies, autocast's casts, the optimizer step, BF16_Optimizer's fp32 accumulation): one list
+    for both _step_terms and memory_bound_seconds, so the two always price the same passes."""
+    from zeroplan.core.bf16_accumulation_time import bf16_accumulation_operations
+
+    batch = request.batch
+    activation_bytes = request.training.precision.compute_bytes
+    return (fsdp_copy_operations(request, batch.grad_accum_steps, activation_bytes)
+            + autocast_cast_operations(request, batch.grad_accum_steps) + optimizer_operation(request)
+            + bf16_accumulation_operations(request, batch.grad_accum_steps))
+
+
 def _step_terms(request: PlanRequest, eager: bool) -> RooflineStep:
     """Every term of the step; ``eager``: the blocks' memory passes at their eager single-pass
     bytes even where the request compiles (the flat-HFU model takes compile's measured saving
@@ -249,11 +261,7 @@ def _step_terms(request: PlanRequest, eager: bool) -> RooflineStep:
     else:
         terms = list(_model_terms(request.model, request.training, batch.micro_batch_size, batch.seq_len,
                                   batch.grad_accum_steps, activation_bytes, request.cluster.gpu, ranks))
-    from zeroplan.core.bf16_accumulation_time import bf16_accumulation_operations
-
-    for operation in (fsdp_copy_operations(request, batch.grad_accum_steps, activation_bytes)
-                      + autocast_cast_operations(request, batch.grad_accum_steps) + optimizer_operation(request)
-                      + bf16_accumulation_operations(request, batch.grad_accum_steps)):
+    for operation in _request_operations(request):
         seconds, bound = operation_seconds(operation, ceilings)
         terms.append(RooflineTerm(operation=operation, seconds=seconds, bound=bound))
     return RooflineStep(terms=tuple(terms))
