@@ -163,9 +163,10 @@ def test_strategies_are_zero_stage_1() -> None:
 def test_pipeline_engine_keeps_each_stage_output() -> None:
     """DeepSpeed's pipeline engine keeps each in-flight micro-batch's stage output (its 1/t part
     under tensor parallelism); megatron-core frees it after the send. A GELU model without
-    grouped K/V has the same blocks in both profiles, so that is the whole difference on the
-    first stage."""
-    from zeroplan.core.megatron_deepspeed import pipe_output_bytes
+    grouped K/V has the same blocks in both profiles, so that and the embedding dropout masks
+    the megatron-deepspeed profile keeps on the first stage (megatron-core's profile counts them
+    only on the head's stage) are the whole difference there."""
+    from zeroplan.core.megatron_deepspeed import pipe_embedding_mask_bytes, pipe_output_bytes
     from zeroplan.core.plan import micro_batch_terms
 
     flags = ("gpt2-medium", "--gpus", "8", "--tp", "2", "--pp", "4", "--micro-batch", "2", "--seq-len", "1024",
@@ -175,7 +176,8 @@ def test_pipeline_engine_keeps_each_stage_output() -> None:
     assert pipe_output_bytes(mds) == 2 * 1024 * 2 * mds.model.hidden_size // 2
     in_flight = 4  # 1F1B on the first of 4 stages
     extra = micro_batch_terms(mds)["activations"] - micro_batch_terms(core)["activations"]
-    assert extra == in_flight * pipe_output_bytes(mds)
+    assert pipe_embedding_mask_bytes(mds) == 1024 * 2 * mds.model.hidden_size
+    assert extra == in_flight * (pipe_output_bytes(mds) + pipe_embedding_mask_bytes(mds))
 
 
 def test_zero_optimizer_under_the_pipeline_engine() -> None:
@@ -192,3 +194,31 @@ def test_zero_optimizer_under_the_pipeline_engine() -> None:
             assert step["before_reduce"]["ipg_buckets"] == 2 * rank["reduce_bucket_size"]
             assert "param.grad" not in step["after_reduce"] and "ipg_buckets" not in step["after_reduce"]
             assert set(step["after_step"]) <= {"_global_grad_norm"}
+
+
+def test_first_pipeline_stage_keeps_each_in_flight_embedding_dropout_mask():
+    """DeepSpeed's PipelineModule checkpoints only transformer-layer chunks, so the first
+    stage's embedding dropout keeps its one-byte mask of s x b x h per micro-batch in flight."""
+    from zeroplan.cli.fit import request_from_args as _from_args
+    from zeroplan.cli.main import build_parser as _parser
+    from zeroplan.core.megatron_deepspeed import pipe_embedding_mask_bytes
+    from zeroplan.core.parallel.activations import rank_activation_bytes
+    from zeroplan.core.parallel.pipeline import in_flight_chunks
+    from zeroplan.core.plan import framework_activations
+    from zeroplan.specs.strategy import StrategyKind as _Kind
+
+    args = _parser().parse_args(["fit", "gpt2-124m", "--gpus", "4", "--gpu", "a100-80gb", "--pp", "4",
+                                 "--framework", "megatron-deepspeed", "--precision", "fp16-mixed",
+                                 "--grad-accum", "8", "--micro-batch", "2", "--seq-len", "512",
+                                 "--activation-checkpointing", "full"])
+    request = _from_args(args, _Kind.zero1)
+    assert request.model.hidden_dropout > 0
+    assert pipe_embedding_mask_bytes(request) == 512 * 2 * 768
+    first, second = (request.model_copy(update={"parallel": request.parallel.model_copy(update={"pipeline_rank": r})})
+                     for r in (0, 1))
+    chunks = in_flight_chunks(first.parallel, 0, 8)
+    # Stage 1 holds the same blocks' share and no embedding: the difference in kept bytes is the
+    # masks (both stages hold 3 blocks of gpt2's 12 over 4 stages and the same pipe outputs).
+    kept_first = rank_activation_bytes(first, framework_activations)[0]
+    kept_second = rank_activation_bytes(second, framework_activations)[0]
+    assert kept_first - chunks * pipe_embedding_mask_bytes(request) == chunks * (kept_second // in_flight_chunks(second.parallel, 1, 8))

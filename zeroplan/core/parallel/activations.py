@@ -23,7 +23,7 @@ from zeroplan.core.frameworks import block_input_bytes
 from zeroplan.core.memo import batch_keyed
 from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stage_indices
 from zeroplan.core.parallel.tensor import tensor_parallel_model
-from zeroplan.core.parallel.units import holds_head, rank_block_count
+from zeroplan.core.parallel.units import holds_embedding, holds_head, rank_block_count
 from zeroplan.core.profiles import (
     profile,
     torchtitan_keeps_input_gradients,
@@ -189,6 +189,10 @@ def rank_activation_bytes(request: PlanRequest, activations) -> tuple[int, int]:
         from zeroplan.core.megatron_deepspeed import pipe_output_bytes
 
         kept += chunks * pipe_output_bytes(request)
+        if holds_embedding(request):
+            from zeroplan.core.megatron_deepspeed import pipe_embedding_mask_bytes
+
+            kept += chunks * pipe_embedding_mask_bytes(request)
     if request.training.framework is Framework.torchtitan and parallel.pp > 1:
         kept += pipeline_stage_output_bytes(request, chunks) + pipeline_input_gradient_bytes(request, chunks)
         # The receive buffers are allocated once and kept, so alive at the end of backward and
