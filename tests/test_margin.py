@@ -46,10 +46,10 @@ def test_borderline_is_the_usable_memory_inside_the_peaks_range() -> None:
 
 
 def test_a_borderline_recommendation_says_so(zeroplan_cli) -> None:
-    # torchtitan's 8B at 2 x 9,728 tokens on 8 H100s, selective per-op recomputation:
-    # shard-grad-op peaks at 72.7 of 79.0 GiB usable, full sharding at 61.9.
+    # torchtitan's 8B at 2 x 10,240 tokens on 8 H100s, selective per-op recomputation:
+    # shard-grad-op peaks at 74.8 of 79.0 GiB usable, full sharding at 64.0.
     flags = ("fit", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", "--framework", "torchtitan",
-             "--seq-len", "9728", "--micro-batch", "2", "--activation-checkpointing", "selective-op",
+             "--seq-len", "10240", "--micro-batch", "2", "--activation-checkpointing", "selective-op",
              "--strategies", "fsdp-shard-grad-op,fsdp-full-shard")
     for view in ((), ("--detail",)):
         code, out, err = zeroplan_cli(*flags, *view)
