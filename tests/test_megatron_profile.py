@@ -191,3 +191,40 @@ def test_interleaving_keeps_more_on_the_first_stage() -> None:
                                            framework_activations)
     p, v = 4, 2
     assert interleaved * p * v == one_f_one_b * (p * v + p - 1)
+
+
+MASK_RECORDS = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "megatron-embedding-mask-records"
+                           / "records.json").read_text())["records"]
+
+
+@pytest.mark.parametrize("record", MASK_RECORDS, ids=lambda r: r["name"])
+def test_first_stage_embedding_masks_are_megatron_cores_own(record: dict) -> None:
+    """Pipeline rank 0 under megatron-core's own 1F1B and interleaved schedules
+    (benchmarks/megatron_embedding_masks.py) keeps as many embedding dropout masks, of
+    s x b x h bytes (/t under sequence parallelism), as zeroplan.core.megatron counts."""
+    from zeroplan.core.megatron import embedding_mask_bytes, first_stage_embedding_masks
+
+    count = first_stage_embedding_masks(record["pp"], record["virtual_stages"], record["microbatches"])
+    assert count == record["most_masks_alive"]
+    flags = ["gpt2-124m", "--framework", "megatron", "--gpus", str(record["tp"] * record["pp"]), "--tp", str(record["tp"]),
+             "--pp", str(record["pp"]), "--grad-accum", str(record["microbatches"]), "--seq-len", str(record["seq_len"]),
+             "--micro-batch", str(record["micro_batch_size"])]
+    request = _request(*flags, *(["--sequence-parallel"] if record["sequence_parallel"] else []))
+    request = request.model_copy(update={"model": request.model.model_copy(update={"hidden_size": record["hidden_size"]})})
+    assert count * embedding_mask_bytes(request) == record["most_mask_bytes_alive"]
+
+
+def test_embedding_masks_move_to_the_first_stage() -> None:
+    """With pp > 1 the first stage keeps min(p, m) embedding masks and the head's stage, which
+    runs no embedding, none; hidden_dropout 0 keeps none anywhere."""
+    from zeroplan.core.megatron import embedding_mask_bytes
+    from zeroplan.core.parallel.activations import megatron_pipeline_embedding_mask_bytes
+
+    flags = ("gpt2-medium", "--framework", "megatron", "--gpus", "4", "--pp", "4", "--grad-accum", "8",
+             "--micro-batch", "2", "--seq-len", "1024")
+    first, middle, last = (_request(*flags, pipeline_rank=r) for r in (0, 1, 3))
+    mask = embedding_mask_bytes(first)
+    assert first.model.hidden_dropout > 0 and mask == 1024 * 2 * first.model.hidden_size
+    assert [megatron_pipeline_embedding_mask_bytes(r) for r in (first, middle, last)] == [4 * mask, 0, -mask]
+    dropless = first.model_copy(update={"model": first.model.model_copy(update={"hidden_dropout": 0.0})})
+    assert embedding_mask_bytes(dropless) == 0 == megatron_pipeline_embedding_mask_bytes(dropless)

@@ -182,3 +182,51 @@ def megatron_logits_parts(request: PlanRequest) -> tuple[int, int]:
     model, batch = request.model, request.batch
     logits = batch.seq_len * batch.micro_batch_size * model.vocab_size
     return request.training.precision.compute_bytes * logits, FP32_BYTES * logits
+
+
+DROPOUT_MASK_BYTES = 1
+"""torch's fused CUDA dropout (native_dropout) saves a bool mask, one byte an element."""
+
+
+# models/gpt/gpt_model.py GPTModel: only a stage with pre_process (the pipeline's first, model
+# chunk 0 under interleaving) builds LanguageModelEmbedding, whose forward
+# (models/common/embeddings/language_model_embedding.py) ends in embedding_dropout
+# (torch.nn.Dropout(config.hidden_dropout)); under sequence parallelism it first scatters the
+# [s, b, h] embeddings to the rank's s/t shard. transformer/transformer_block.py
+# _checkpointed_forward checkpoints the layers only, so with any recomputation the mask stays
+# with its micro-batch's graph until that micro-batch's backward. A stage without pre_process
+# (the head's, when pp > 1) runs no embedding dropout.
+def embedding_mask_bytes(request: PlanRequest) -> int:
+    """One micro-batch's embedding dropout mask on the stage that runs the embedding."""
+    if request.model.hidden_dropout <= 0:
+        return 0
+    parallel, batch = request.parallel, request.batch
+    residual = batch.seq_len * batch.micro_batch_size * request.model.hidden_size
+    if parallel.sequence_parallel:
+        residual = ceil_div(residual, parallel.tp)
+    return DROPOUT_MASK_BYTES * residual
+
+
+# pipeline_parallel/schedules.py: forward_backward_pipelining_without_interleaving keeps each
+# warm-up micro-batch's graph (input_tensors/output_tensors) until its backward, min(p, m) on the
+# first stage, every one through the embedding. forward_backward_pipelining_with_interleaving
+# runs forwards in get_schedule_table's order (groups of microbatch_group_size_per_vp_stage,
+# default p, micro-batches through model chunk 0, then 1, ..., v - 1) and backwards in the same
+# order with chunk v - 1 - c (get_model_chunk_id(forward=False)), after
+# 2(p - 1) + (v - 1) p warm-up forwards on rank 0; only chunk 0's graphs hold an embedding mask.
+def first_stage_embedding_masks(pp: int, virtual_stages: int, microbatches: int) -> int:
+    """The most micro-batches whose embedding dropout mask pipeline rank 0 keeps at its
+    in-flight peak (warm-up done, each later forward followed by one backward)."""
+    p, v, m = pp, virtual_stages, microbatches
+    if v == 1:
+        return min(p, m)
+    table = [(mb, chunk) for start in range(0, m, p)
+             for chunk in range(v) for mb in range(start, m if start + p >= m else start + p)]
+    warmup = min(2 * (p - 1) + (v - 1) * p, v * m)
+    alive = sum(1 for _, chunk in table[:warmup] if chunk == 0)
+    most = alive
+    for step in range(v * m - warmup):
+        alive += table[warmup + step][1] == 0
+        most = max(most, alive)
+        alive -= table[step][1] == v - 1  # the backward of (mb, v - 1 - chunk): chunk 0 when chunk is v - 1
+    return most

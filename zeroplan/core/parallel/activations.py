@@ -184,7 +184,9 @@ def rank_activation_bytes(request: PlanRequest, activations) -> tuple[int, int]:
     kept = chunks * blocks * terms.per_block // parallel.virtual_stages
     if holds_head(request):
         kept += last_stage_in_flight(request) * terms.outside
-    elif request.training.framework is Framework.megatron_deepspeed:
+    if request.training.framework is Framework.megatron and parallel.pp > 1:
+        kept += megatron_pipeline_embedding_mask_bytes(request)
+    elif not holds_head(request) and request.training.framework is Framework.megatron_deepspeed:
         # DeepSpeed's pipeline engine keeps each in-flight micro-batch's stage output.
         from zeroplan.core.megatron_deepspeed import pipe_output_bytes
 
@@ -201,6 +203,22 @@ def rank_activation_bytes(request: PlanRequest, activations) -> tuple[int, int]:
         # moments they are part of.
         kept += pipeline_receive_buffer_bytes(request) - pipeline_received_input_bytes(request, chunks)
     return kept, terms.recompute
+
+
+def megatron_pipeline_embedding_mask_bytes(request: PlanRequest) -> int:
+    """What a megatron-core pipeline rank keeps of the embedding dropout masks beyond the
+    outside-block terms: each in-flight micro-batch's mask on the first stage, and none on the
+    head's stage, whose outside terms count one (zeroplan.core.megatron.embedding_mask_bytes)."""
+    from zeroplan.core.megatron import embedding_mask_bytes, first_stage_embedding_masks
+
+    parallel = request.parallel
+    mask = embedding_mask_bytes(request)
+    kept = 0
+    if holds_embedding(request):
+        kept += first_stage_embedding_masks(parallel.pp, parallel.virtual_stages, request.batch.grad_accum_steps) * mask
+    if holds_head(request):
+        kept -= last_stage_in_flight(request) * mask
+    return kept
 
 
 # torch distributed/pipelining/stage.py forward_one_chunk keeps a stage's output in fwd_cache
