@@ -164,7 +164,7 @@ def main() -> None:
         return
     records = []
     for case in CASES:
-        out = subprocess.run([sys.executable, __file__, json.dumps(case)], capture_output=True, text=True)
+        out = subprocess.run([sys.executable, __file__, json.dumps(case)], capture_output=True, text=True, check=False)
         if out.returncode:
             sys.exit(f"{case[0]}: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}")
         records.append(json.loads(out.stdout.strip().splitlines()[-1]))

@@ -221,7 +221,7 @@ def first_stage_embedding_masks(pp: int, virtual_stages: int, microbatches: int)
     if v == 1:
         return min(p, m)
     table = [(mb, chunk) for start in range(0, m, p)
-             for chunk in range(v) for mb in range(start, m if start + p >= m else start + p)]
+             for chunk in range(v) for mb in range(start, min(m, start + p))]
     warmup = min(2 * (p - 1) + (v - 1) * p, v * m)
     alive = sum(1 for _, chunk in table[:warmup] if chunk == 0)
     most = alive
