@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import lcm
 
+from zeroplan.core.activations import DROPOUT_MASK_BYTES
 from zeroplan.core.optimizer_states import elementwise_state_bytes
 from zeroplan.core.parallel.units import MEGATRON_SHARED_EMBEDDING, rank_trainable_units
 from zeroplan.specs.model import MlpKind
@@ -184,8 +185,6 @@ def megatron_logits_parts(request: PlanRequest) -> tuple[int, int]:
     return request.training.precision.compute_bytes * logits, FP32_BYTES * logits
 
 
-DROPOUT_MASK_BYTES = 1
-"""torch's fused CUDA dropout (native_dropout) saves a bool mask, one byte an element."""
 
 
 # models/gpt/gpt_model.py GPTModel: only a stage with pre_process (the pipeline's first, model

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from zeroplan.core.megatron import embedding_mask_bytes
 from zeroplan.core.optimizer_states import elementwise_state_bytes
 from zeroplan.core.parallel.units import rank_trainable_units
 from zeroplan.errors import ZeroplanError
@@ -28,8 +29,6 @@ MDS_COMMIT = "f4157bea69f3df8c6cb66f2ebcda66ba03d1288e"
 
 FP32_BYTES = 4
 BF16_BYTES = 2
-DROPOUT_MASK_BYTES = 1
-"""torch's fused dropout saves a bool mask, one byte an element (Korthikanti et al. sec. 4.1)."""
 
 NCCL_START_ALIGNMENT_FACTOR = 2
 """runtime/bf16_optimizer.py BF16_Optimizer.__init__: nccl_start_alignment_factor = 2; each
@@ -244,14 +243,9 @@ def pipe_output_bytes(request: PlanRequest) -> int:
 # checkpoint and autograd keeps its dropout's mask (megatron/model/language_model.py Embedding:
 # embedding_dropout, hidden_dropout; one byte an element) for every micro-batch in flight until
 # that micro-batch's backward. Under sequence parallelism the fork scatters the embeddings to
-# the sequence shard before the dropout. On a stage without the head these bytes are nowhere
-# else (the head's stage counts them with the other outside-block terms).
+# the sequence shard before the dropout, as megatron-core does: the same mask, so the same
+# function (zeroplan.core.megatron.embedding_mask_bytes). On a stage without the head these
+# bytes are nowhere else (the head's stage counts them with the other outside-block terms).
 def pipe_embedding_mask_bytes(request: PlanRequest) -> int:
     """One in-flight micro-batch's embedding dropout mask on the first pipeline stage."""
-    if request.model.hidden_dropout <= 0:
-        return 0
-    parallel, batch = request.parallel, request.batch
-    residual = batch.seq_len * batch.micro_batch_size * request.model.hidden_size
-    if parallel.sequence_parallel:
-        residual = ceil_div(residual, parallel.tp)
-    return DROPOUT_MASK_BYTES * residual
+    return embedding_mask_bytes(request)
