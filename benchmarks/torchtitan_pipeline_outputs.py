@@ -49,6 +49,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from zeroplan.simulate._torch_private import pipeline_stages_static
+
 SCHEDULES = {"1F1B": 1, "Interleaved1F1B": 2}
 """Schedules measured and their stages per rank (torchtitan 9dec370's generate_split_points:
 one for a single-stage schedule, two for a multi-stage one)."""
@@ -63,30 +65,6 @@ def _fake_group(world_size: int, rank: int):
         yield
     finally:
         dist.destroy_process_group()
-
-
-@contextlib.contextmanager
-def _static_shapes():
-    """torch 2.13's schedules vote over P2P on whether the shapes given suffice (``_warmup_p2p``);
-    on a fake group the vote cannot conclude, so its outcome with every shape given (STATIC) is
-    set (zeroplan.simulate._torch_private.pipeline_stages_static says why). torch 2.6 has no vote."""
-    from torch.distributed.pipelining import schedules
-
-    original = getattr(schedules._PipelineSchedule, "_warmup_p2p", None)
-    if original is None:
-        yield
-        return
-    from torch.distributed.pipelining._utils import InferenceMode
-
-    def every_stage_static(self, stages, has_backward, p2p_done):
-        for stage in stages:
-            stage._inference_mode = InferenceMode.STATIC
-
-    schedules._PipelineSchedule._warmup_p2p = every_stage_static
-    try:
-        yield
-    finally:
-        schedules._PipelineSchedule._warmup_p2p = original
 
 
 def _loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -109,7 +87,7 @@ def rank_outputs(schedule: str, pp: int, microbatches: int, rank: int,
     # m-th (last_backward) backward at once: those hold FSDP's unsharded gradient accumulators.
     per_stage: dict[int, int] = {}
     accumulating: list[int] = []
-    with _fake_group(pp, rank), _static_shapes():
+    with _fake_group(pp, rank), pipeline_stages_static():
         stages = []
         # torchtitan 9dec370 pipelining_utils.stage_ids_this_rank, style "loop".
         for index in (rank + chunk * pp for chunk in range(per_rank)):
