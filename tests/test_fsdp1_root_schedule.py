@@ -7,11 +7,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from zeroplan.allocator.schedule import step_trace
 from zeroplan.allocator.trace import Stream
 from zeroplan.core.peak import peak_allocated_bytes
+from zeroplan.cli.fit import request_from_args
+from zeroplan.cli.main import build_parser
+from zeroplan.core.communication import collectives
 from zeroplan.core.plan import checked_peak_terms
+from zeroplan.errors import ZeroplanError
 from zeroplan.harness.record import read_record
+from zeroplan.specs import StrategyKind
 from zeroplan.validate.compare import request_for
 
 FSDP1_RUN = Path(__file__).resolve().parents[1] / "benchmarks" / "records" / "tiny-llama-fsdp-full-shard-torch-fsdp1-fp32-n2-accum4-keep"
@@ -37,3 +44,32 @@ def test_the_fsdp1_root_is_gathered_once_a_step_and_kept_through_the_loss() -> N
     # loss's backward, is the planner's allocated peak, not one root above it.
     states, terms = checked_peak_terms(request)
     assert fsdp1_peak == peak_allocated_bytes(states, terms, request.batch.grad_accum_steps)[0]
+
+
+def _fit_request(*flags: str):
+    args = build_parser().parse_args(["fit", "llama-3-8b", "--gpus", "8", "--gpu", "h100-80gb", *flags])
+    return request_from_args(args, StrategyKind.fsdp_full_shard)
+
+
+def _backward_gather_calls(request) -> int:
+    return sum(c.calls for c in collectives(request) if c.op.value == "all_gather" and c.phase.value == "backward")
+
+
+def test_fsdp_version_1_plans_the_reference_model_with_fsdp1s_root() -> None:
+    fsdp1, fsdp2 = _fit_request("--fsdp-version", "1"), _fit_request()
+    assert fsdp1.strategy.fsdp1_root_stays_gathered and not fsdp2.strategy.fsdp1_root_stays_gathered
+    # The root (embedding and head, two of the planner's units) is not gathered again in backward.
+    assert _backward_gather_calls(fsdp2) - _backward_gather_calls(fsdp1) == 2
+    # litgpt runs FSDP1 through Lightning: its profile says so, and the flag is refused there.
+    assert _backward_gather_calls(_fit_request("--framework", "litgpt")) == _backward_gather_calls(fsdp1)
+    with pytest.raises(ZeroplanError, match="fsdp-version"):
+        _fit_request("--framework", "litgpt", "--fsdp-version", "1")
+
+
+def test_the_emitted_fsdp_configs_refuse_an_fsdp1_plan() -> None:
+    """accelerate.yaml, torchtitan's and torchtune's overrides all run FSDP2."""
+    from zeroplan.emit.formats import NotApplicable, accelerate_config
+
+    assert accelerate_config(_fit_request())["fsdp_config"]["fsdp_version"] == 2
+    with pytest.raises(NotApplicable, match="FSDP1"):
+        accelerate_config(_fit_request("--fsdp-version", "1"))

@@ -404,10 +404,9 @@ def profile(framework: Framework) -> FrameworkProfile:
 def fsdp1_root_stays_gathered(request: PlanRequest) -> bool:
     """Whether FSDP1 full-shards the run with a root unit kept gathered from the forward to the
     end of backward."""
-    if request.strategy.fsdp1_root_stays_gathered:
-        return True
-    full_shard = request.strategy.kind in (StrategyKind.fsdp_full_shard, StrategyKind.hsdp)
-    return full_shard and profile(request.training.framework).runs_fsdp1
+    if request.strategy.kind not in (StrategyKind.fsdp_full_shard, StrategyKind.hsdp):
+        return False  # the flag rides on a request that fit() plans under every strategy
+    return request.strategy.fsdp1_root_stays_gathered or profile(request.training.framework).runs_fsdp1
 
 
 # torchtitan 9dec370 torchtitan/parallelisms/parallelize_llama.py apply_fsdp: fully_shard on each
