@@ -35,11 +35,11 @@ from zeroplan.core.layout import element_bytes, gradient_wire_bytes
 from zeroplan.core.model_states import padded_unit_elements_of, unit_gather_bytes
 from zeroplan.core.parallel.expert import expert_index, expert_leaf
 from zeroplan.core.parallel.units import rank_parameter_units
-from zeroplan.core.framework_loss import fsdp_chunked_head_bytes, framework_logits_tensors
+from zeroplan.core.framework_loss import fsdp_chunked_head_bytes, fsdp_head_gathered_bytes, framework_logits_tensors
 from zeroplan.core.fused_cross_entropy import fused_cross_entropy_parts
 from zeroplan.core.kv_cache import kv_cache_tensors
 from zeroplan.core.parallel.activations import rank_logits_pieces, rank_logits_tensors
-from zeroplan.core.profiles import fsdp_separates_embedding_and_head, loss_chunks
+from zeroplan.core.profiles import fsdp1_root_stays_gathered, fsdp_separates_embedding_and_head, loss_chunks
 from zeroplan.specs import StrategyKind
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
@@ -143,6 +143,9 @@ class FsdpStepInputs:
     """torchtitan_unchunked_loss_tensors."""
     chunked_loss: _ChunkedLoss | None
     """Where per_chunk_head: torchtune's chunked loss."""
+    fsdp1_root: bool = False
+    """FSDP1's root unit (embedding and head), gathered from the forward to the end of backward
+    (fsdp1_root_held)."""
 
     @property
     def block_units(self) -> int:
@@ -190,7 +193,16 @@ def fsdp_step_inputs(request: PlanRequest, terms: PeakTerms) -> FsdpStepInputs:
     units = _UNITS_SEEN.setdefault(units, units)
     return FsdpStepInputs(units, fsdp_separates_embedding_and_head(request), eb.compute_parameter,
                           gradient_wire_bytes(request), bool(request.training.fsdp_cpu_offload), eb.parameter,
-                          request.shard_group_size, torchtitan_unchunked_loss_tensors(request, terms), chunked)
+                          request.shard_group_size, torchtitan_unchunked_loss_tensors(request, terms), chunked,
+                          fsdp1_root_held(request))
+
+
+# torch 2.13 distributed/fsdp/_runtime_utils.py _post_forward_reshard: FSDP1 does not reshard the
+# root after its forward, and its pre-backward unshard finds it gathered.
+def fsdp1_root_held(request: PlanRequest) -> bool:
+    """Whether the schedule keeps the root unit (embedding and head together) gathered from its
+    forward to its post-backward (profiles.fsdp1_root_stays_gathered)."""
+    return fsdp1_root_stays_gathered(request) and not fsdp_separates_embedding_and_head(request)
 
 
 def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
@@ -296,14 +308,18 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
             head_gradient = _torchtitan_unchunked_loss(b, loss_tensors, head_parts, pre_backward)
         else:
             # The root's parameters are resharded after the forward and gathered again at the
-            # loss's backward, which the planner's loss term counts (fsdp_head_gathered_bytes).
-            b.free(root)
+            # loss's backward, which the planner's loss term counts (fsdp_head_gathered_bytes);
+            # FSDP1's root stays gathered throughout instead, and the loss's moments leave it out
+            # (loss_allocations' held_root_bytes).
+            if not f.fsdp1_root:
+                b.free(root)
             if f.chunked_loss is not None:
                 head_gradient = _chunked_loss(f.chunked_loss, b, gather, units[-1])
             else:
                 b.free(gather(units[-1]) if separate else [])
                 run_loss(x.loss_moments, b, cache)
-            root = [] if separate else gather(units[0])
+            if not f.fsdp1_root:
+                root = [] if separate else gather(units[0])
         pending_input: list[int] = []
 
         def backward_gradients(index: int, parameters: list[int], unsharded: list[int] | None = None) -> None:
@@ -395,23 +411,40 @@ def offload_shard_copy_parts(gathered_bytes: int, trainable_elements: int, compu
     return [as_stored] if as_stored == as_gathered else [as_stored, as_gathered]
 
 
-def loss_allocations(request: PlanRequest, terms: PeakTerms) -> list[list[int]]:
+def loss_allocations(request: PlanRequest, terms: PeakTerms, held_root_bytes: int = 0) -> list[list[int]]:
     """The loss's moments as a schedule allocates them, one after another, each as the tensors
     it is made of (zeroplan.core.framework_loss.framework_logits_tensors, on this rank as
     rank_logits_pieces sizes the moments themselves: each moment's tensors sum to its piece of
     PeakTerms.logits_pieces); the reference model's loss, which has no pieces, as its three fp32
     sbV tensors, or flash-attn's fused one as the tensors of its backward
-    (zeroplan.core.fused_cross_entropy.fused_cross_entropy_parts)."""
+    (zeroplan.core.fused_cross_entropy.fused_cross_entropy_parts). Less ``held_root_bytes``:
+    FSDP1's root, which the planner's loss terms count beside the loss's tensors and the FSDP
+    schedule holds gathered itself (fsdp_loss_allocations)."""
     if not terms.logits_pieces:
         if request.training.fused_cross_entropy:
             return [list(rank_logits_pieces(request, fused_cross_entropy_parts))]
-        return [split_bytes(terms.logits, [1, 1, 1])]
+        return [split_bytes(terms.logits - held_root_bytes, [1, 1, 1])]
     moments = [list(moment) for moment in rank_logits_tensors(request, framework_logits_tensors)]
     if [sum(moment) for moment in moments] != list(terms.logits_pieces):
         # Terms that are not this request's own (a caller's hand-made PeakTerms): each moment
         # as one allocation of the planner's bytes.
-        return [[piece] for piece in terms.logits_pieces]
-    return moments
+        return [[piece - held_root_bytes] for piece in terms.logits_pieces]
+    return [_without(moment, held_root_bytes) for moment in moments]
+
+
+def _without(moment: list[int], tensor: int) -> list[int]:
+    """``moment`` less its last tensor of ``tensor`` bytes (none: ``moment`` as it is)."""
+    for index in reversed(range(len(moment))):
+        if tensor and moment[index] == tensor:
+            return moment[:index] + moment[index + 1:]
+    return moment
+
+
+def fsdp_loss_allocations(request: PlanRequest, terms: PeakTerms) -> list[list[int]]:
+    """loss_allocations as the FSDP schedule runs them: without FSDP1's root (fsdp1_root_held),
+    which it keeps gathered from the forward on."""
+    held = fsdp_head_gathered_bytes(request) if fsdp1_root_held(request) else 0
+    return loss_allocations(request, terms, held)
 
 
 def forward_cache_parts(request: PlanRequest, blocks: int) -> list[tuple[int, ...]]:

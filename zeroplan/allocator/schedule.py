@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from zeroplan.allocator.builder import TraceBuilder, even_parts, split_bytes
 from zeroplan.allocator.fsdp_schedule import applies as fsdp_applies
-from zeroplan.allocator.fsdp_schedule import (FsdpStepInputs, forward_cache_parts, fsdp_step_inputs, loss_allocations,
+from zeroplan.allocator.fsdp_schedule import (FsdpStepInputs, forward_cache_parts, fsdp_loss_allocations, fsdp_step_inputs, loss_allocations,
                                               record_fsdp_step, run_loss)
 from zeroplan.allocator.replay import Ops
 from zeroplan.allocator.trace import AllocationTrace, Stream
@@ -100,7 +100,7 @@ def step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms)
                   block_weights=tuple(_block_tensor_weights(request)))
     if fsdp_applies(request):
         fsdp = fsdp_step_inputs(request, terms)
-        moments = () if fsdp.runs_own_loss else tuple(map(tuple, loss_allocations(request, terms)))
+        moments = () if fsdp.runs_own_loss else tuple(map(tuple, fsdp_loss_allocations(request, terms)))
         return StepInputs(**common, cache_parts=tuple(forward_cache_parts(request, fsdp.block_units)),
                           loss_moments=moments, fsdp=fsdp)
     gathered, reduce = _transient_parts(request, terms.transient_buffers)

@@ -128,6 +128,16 @@ def add_zero3_group_arguments(group: argparse._ArgumentGroup) -> None:
                             "default neither)")
 
 
+# torch 2.13 distributed/fsdp/_runtime_utils.py _post_forward_reshard: FSDP1 keeps its root gathered
+# (StrategySpec.fsdp1_root_stays_gathered, what `validate` plans the harness's torch-fsdp1 engine with).
+def _fsdp1_from_args(args: argparse.Namespace, framework: Framework) -> bool:
+    """Whether --fsdp-version 1 asks for FSDP1 (refused for a framework that runs its own FSDP)."""
+    version = getattr(args, "fsdp_version", None)
+    if version is not None and framework is not Framework.zeroplan:
+        raise ZeroplanError("fsdp-version", f"applies to --framework zeroplan only ({framework.value} runs its own FSDP)")
+    return version == 1
+
+
 def add_sharding_arguments(group: argparse._ArgumentGroup) -> None:
     """The data-parallel strategies' own knobs (fit and compare)."""
     group.add_argument(
@@ -140,6 +150,12 @@ def add_sharding_arguments(group: argparse._ArgumentGroup) -> None:
         help="accumulate unsharded gradients over --grad-accum micro-batches and reduce once (FSDP no_sync, "
              "FSDP2 set_requires_gradient_sync(False)): a full gradient buffer (default with --framework litgpt, "
              "whose loop runs it)",
+    )
+    group.add_argument(
+        "--fsdp-version", type=int, choices=(1, 2),
+        help="--framework zeroplan: the torch FSDP that runs fsdp-full-shard and hsdp, 1 "
+             "(FullyShardedDataParallel: its root unit stays gathered from the forward through backward) or 2 "
+             "(fully_shard; default); the other frameworks run their own (litgpt FSDP1, the others FSDP2)",
     )
     group.add_argument(
         "--fsdp-cpu-offload", action="store_true",
@@ -502,7 +518,8 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
                             nvme_pipeline_write=getattr(args, "nvme_pipeline", None) in ("write", "both"),
                             keep_unsharded_grads_on_accum=getattr(args, "keep_unsharded_grads_on_accum", False)
                             or profile(framework).accumulates_without_gradient_sync,
-                            deepspeed_grad_accum_fp32=getattr(args, "deepspeed_grad_accum_dtype", None) == "fp32")
+                            deepspeed_grad_accum_fp32=getattr(args, "deepspeed_grad_accum_dtype", None) == "fp32",
+                            fsdp1_root_stays_gathered=_fsdp1_from_args(args, framework))
     if args.mfu is not None:
         raise ZeroplanError(
             "mfu", "is no longer an input: give --hfu (executed FLOPs over peak; a published MFU converts as "

@@ -12,7 +12,7 @@ from zeroplan.core.model_states import (
 )
 from zeroplan.core.parallel.pipeline import pipeline_defers_fsdp_reduction
 from zeroplan.core.parallel.units import accumulating_trainable_elements, rank_parameter_units, rank_trainable_elements
-from zeroplan.core.profiles import fsdp_separates_embedding_and_head, profile
+from zeroplan.core.profiles import fsdp1_root_stays_gathered, fsdp_separates_embedding_and_head, profile
 from zeroplan.core.zero3_groups import hpz_secondary_partition_bytes
 from zeroplan.core.zeropp import qgz_buffer_bytes, qwz_buffer_bytes
 from zeroplan.specs.framework import Framework
@@ -311,7 +311,7 @@ def _fsdp1_root_backward_end_bytes(request: PlanRequest, root_elements: int) -> 
 def _runs_fsdp1_no_sync(request: PlanRequest) -> bool:
     """FSDP1 accumulating under no_sync: the harness's FSDP1 engine, or a stack whose loop runs
     FSDP1's no_sync() (FrameworkProfile.accumulates_without_gradient_sync: litgpt through Lightning)."""
-    fsdp1 = request.strategy.fsdp1_root_stays_gathered or profile(request.training.framework).accumulates_without_gradient_sync
+    fsdp1 = fsdp1_root_stays_gathered(request) or profile(request.training.framework).accumulates_without_gradient_sync
     return fsdp1 and fsdp_no_sync_carried_gradient_bytes(request) == 0
 
 

@@ -21,6 +21,7 @@ from zeroplan.core.parallel.collectives import model_parallel_collectives
 from zeroplan.core.parallel.expert import split_expert_collectives
 from zeroplan.core.parallel.pipeline import pipeline_defers_fsdp_reduction
 from zeroplan.core.parallel.units import rank_parameter_units, rank_trainable_units
+from zeroplan.core.profiles import fsdp1_root_stays_gathered
 from zeroplan.core.zero3_groups import hpz_parameter_collectives, mics_replica_all_reduce
 from zeroplan.core.zeropp import qgz_collectives, qgz_spans_nodes
 from zeroplan.specs.framework import Framework
@@ -267,8 +268,8 @@ def _uncached_data_parallel_collectives(request: PlanRequest) -> list[Collective
                 # Reference ZeRO-3 (zeroplan/harness/zero.py): a tied embedding serves the head
                 # too, so it stays gathered from the forward until its backward is done.
                 backward = backward[1:]
-            if request.strategy.fsdp1_root_stays_gathered and kind is StrategyKind.fsdp_full_shard:
-                # FSDP1's root stays gathered from the forward (StrategySpec.fsdp1_root_stays_gathered):
+            if fsdp1_root_stays_gathered(request) and kind is StrategyKind.fsdp_full_shard:
+                # FSDP1's root stays gathered from the forward (profiles.fsdp1_root_stays_gathered):
                 # its backward gathers the blocks only.
                 blocks = [u.name.startswith("block.") for u in rank_parameter_units(request)]
                 backward = [b for b, block in zip(backward, blocks, strict=True) if block]

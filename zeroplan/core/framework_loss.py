@@ -10,7 +10,7 @@ from __future__ import annotations
 from zeroplan.core.compiled import COMPILED_CROSS_ENTROPY_ROW_BYTES, compiled_chunked_logits_tensors, compiles_loss
 from zeroplan.core.frameworks import FP32_BYTES, hf_under_autocast
 from zeroplan.core.kv_cache import kv_cache_tensors, loss_forward_tensors
-from zeroplan.core.profiles import fsdp_separates_embedding_and_head, loss_chunks, profile
+from zeroplan.core.profiles import fsdp1_root_stays_gathered, fsdp_separates_embedding_and_head, loss_chunks, profile
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import ModelSpec
@@ -248,13 +248,14 @@ def fsdp_head_gathered_parts(request: PlanRequest, *, prefetched: bool = True) -
 
     prof = profile(request.training.framework)
     full_shard = request.strategy.kind in (StrategyKind.fsdp_full_shard, StrategyKind.hsdp)
-    if not full_shard or not (prof.fsdp_loss_backward_gathers_head or request.strategy.fsdp1_root_stays_gathered):
+    fsdp1 = fsdp1_root_stays_gathered(request)
+    if not full_shard or not (prof.fsdp_loss_backward_gathers_head or fsdp1):
         return ()
     compute_bytes = element_bytes(request.training.precision, request.convention).compute_parameter
     padded = unit_gather_bytes(request, request.shard_group_size, compute_bytes)
     embedding, last_block, head = padded[0], padded[-2], padded[-1]
-    if not prof.fsdp_loss_backward_gathers_head:
-        # FSDP1's root, never resharded after forward (StrategySpec.fsdp1_root_stays_gathered),
+    if fsdp1:
+        # FSDP1's root, never resharded after forward (profiles.fsdp1_root_stays_gathered),
         # is one FlatParameter of the embedding, the final norm and the head; the loss's backward
         # runs before the root's pre-backward hook, so nothing is prefetched yet.
         return (embedding + head,) if embedding + head > 0 else ()

@@ -88,7 +88,7 @@ def reference_activations(request: PlanRequest) -> tuple[int, int]:
 
 
 # The loss's tensors, and beside them at its backward FSDP1's root unit, still gathered from the
-# forward (StrategySpec.fsdp1_root_stays_gathered; fsdp_head_gathered_bytes, 0 elsewhere).
+# forward (profiles.fsdp1_root_stays_gathered; fsdp_head_gathered_bytes, 0 elsewhere).
 def reference_logits(request: PlanRequest) -> tuple[int, ...]:
     root = fsdp_head_gathered_bytes(request)
     if request.training.fused_cross_entropy:

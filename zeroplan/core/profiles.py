@@ -55,6 +55,9 @@ class FrameworkProfile:
     """Its loop runs the micro-batches before each optimizer step without gradient sync (FSDP1's
     no_sync()): the unsharded gradients accumulate, StrategySpec.keep_unsharded_grads_on_accum
     (the command line's default for it)."""
+    runs_fsdp1: bool = False
+    """Its FSDP full sharding is torch's FSDP1 (FullyShardedDataParallel) with a root unit, whose
+    parameters stay gathered from the forward to the end of backward (fsdp1_root_stays_gathered)."""
     fsdp_separate_embedding_and_head: bool = False
     """Under FSDP the token embedding and the output projection are fully_shard units of their
     own (instead of part of the root unit with the final norm)."""
@@ -292,9 +295,10 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         accumulates_without_gradient_sync=True,
         # auto_wrap_policy={Block} leaves wte, ln_f and lm_head in the root unit, and torch's FSDP1
         # (torch/distributed/fsdp/_runtime_utils.py _post_forward_reshard) does not free the
-        # root's gathered parameters after forward: the embedding and the head are gathered at
-        # the loss's backward, beside the last block prefetched (fsdp_head_gathered_bytes).
-        fsdp_loss_backward_gathers_head=True,
+        # root's gathered parameters after forward: the root is gathered at the loss's backward
+        # and its backward gathers nothing. The loss runs outside the module, before the root's
+        # pre-backward hook (on its logits) prefetches the last block (fsdp1_root_stays_gathered).
+        runs_fsdp1=True,
         # model.py Block: Linear q/k/v as one `attn` weight (n_head + 2 n_query_groups) x head_size.
         fuses_qkv=True,
         # finetune/lora.py setup: --quantize bnb.nf4 | bnb.nf4-dq is lightning's
@@ -394,6 +398,17 @@ def profile(framework: Framework) -> FrameworkProfile:
 # under a LoRA recipe the embedding and output projection stay in the root unit with the final
 # norm (recipes/lora_finetune_distributed.py _setup_model passes cfg.get("custom_sharded_layers")).
 #
+# torch 2.13 distributed/fsdp/_runtime_utils.py _post_forward_reshard: FSDP1 never reshards the
+# root unit after its forward (the harness's torch-fsdp1 engine: StrategySpec's flag; litgpt
+# through Lightning's FSDPStrategy: FrameworkProfile.runs_fsdp1).
+def fsdp1_root_stays_gathered(request: PlanRequest) -> bool:
+    """Whether FSDP1 full-shards the run with a root unit kept gathered from the forward to the
+    end of backward."""
+    if request.strategy.kind not in (StrategyKind.fsdp_full_shard, StrategyKind.hsdp):
+        return False  # the flag rides on a request that fit() plans under every strategy
+    return request.strategy.fsdp1_root_stays_gathered or profile(request.training.framework).runs_fsdp1
+
+
 # torchtitan 9dec370 torchtitan/parallelisms/parallelize_llama.py apply_fsdp: fully_shard on each
 # block, then fully_shard(model, reshard_after_forward=not pp_enabled): tok_embeddings, norm and
 # output stay in the root unit. The torch it ran (1963fc8, 2024-12-23) set the root's

@@ -49,6 +49,13 @@ def _refuse_model_parallel(request: PlanRequest, what: str) -> None:
         raise NotApplicable(f"{what} carries no {layout}; the planned layout runs in torchtitan (--framework torchtitan)")
 
 
+# Each FSDP file written here runs FSDP2 (accelerate's fsdp_version 2, torchtitan's and torchtune's
+# fully_shard): none runs the FSDP1 plan that --fsdp-version 1 asks for.
+def _refuse_fsdp1(request: PlanRequest, what: str) -> None:
+    if request.strategy.kind.is_fsdp and request.strategy.fsdp1_root_stays_gathered:
+        raise NotApplicable(f"{what} would run FSDP2; the plan is FSDP1's (--fsdp-version 1)")
+
+
 # ---------------------------------------------------------------------------- DeepSpeed
 
 DEEPSPEED_STRATEGIES = (StrategyKind.zero1, StrategyKind.zero2, StrategyKind.zero3, StrategyKind.zero2_offload,
@@ -234,6 +241,7 @@ def accelerate_config(request: PlanRequest, deepspeed_file: str = "deepspeed.jso
     checkpointing = request.training.activation_checkpointing
     if checkpointing not in (ActivationCheckpointing.none, ActivationCheckpointing.full):
         raise NotApplicable(f"accelerate checkpoints whole blocks (full) or none, not {checkpointing.value}")
+    _refuse_fsdp1(request, "the accelerate config")
     if kind.is_fsdp:
         fsdp: dict[str, Any] = {
             "fsdp_version": 2,
@@ -320,6 +328,7 @@ def torchtitan_overrides(request: PlanRequest) -> list[str]:
     kind = request.strategy.kind
     if kind not in TORCHTITAN_STRATEGIES:
         raise NotApplicable(f"torchtitan runs no {kind.value} (it runs FSDP2, HSDP and DDP)")
+    _refuse_fsdp1(request, "torchtitan")
     training, batch, p = request.training, request.batch, request.parallel
     checkpointing = TORCHTITAN_CHECKPOINTING.get(training.activation_checkpointing)
     if checkpointing is None:
@@ -423,6 +432,7 @@ def torchtune_overrides(request: PlanRequest) -> list[str]:
     if not single and kind not in (StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op):
         raise NotApplicable(f"torchtune's distributed recipes run FSDP2 only, not {kind.value}")
     _refuse_model_parallel(request, "torchtune's recipes")
+    _refuse_fsdp1(request, "torchtune's recipes")
     training, batch = request.training, request.batch
     dtype = TORCHTUNE_DTYPE.get(training.precision)
     if dtype is None:
