@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import pytest
 
+from zeroplan.core.deepspeed_accumulation import _bucket_elements
+from zeroplan.core.hf_deepspeed import hf_auto_strategy
 from zeroplan.core.plan import peak_terms
 from zeroplan.errors import ZeroplanError
 from zeroplan.presets.models import get_model
 from zeroplan.specs import BatchSpec, Framework, PlanRequest, StrategyKind, StrategySpec, TrainingSpec, cluster_from_gpus
+from zeroplan.specs.finetune import FineTuneSpec
 from zeroplan.specs.training import StateConvention
 
 _DEEPSPEED_KINDS = (StrategyKind.zero1, StrategyKind.zero2, StrategyKind.zero3, StrategyKind.zero2_offload,
@@ -51,3 +54,25 @@ def test_hf_zero_states_and_buffers_are_deepspeeds(gpu_80gib, kind) -> None:
 def test_hf_refuses_a_state_convention_in_one_line(gpu_80gib) -> None:
     with pytest.raises(ZeroplanError, match="hf's own engines \\(DeepSpeed's under its ZeRO strategies\\)"):
         peak_terms(_request(gpu_80gib, StrategyKind.zero3, state_convention=StateConvention.deepspeed))
+
+
+def test_hf_reduce_bucket_is_the_configured_size_not_the_adapters(gpu_80gib) -> None:
+    # Measured (benchmarks/hf_deepspeed_buckets.py): accelerate's DeepSpeedPlugin runs DeepSpeed's
+    # 5e8-element bucket for a 115,008-element model; zeroplan's own emitted config caps it.
+    lora = {"finetune": FineTuneSpec(lora_rank=8)}
+    hf = _request(gpu_80gib, StrategyKind.zero3, **lora)
+    capped = _request(gpu_80gib, StrategyKind.zero3, Framework.zeroplan, **lora)
+    assert _bucket_elements(hf) == 500_000_000
+    assert _bucket_elements(capped) < 500_000_000
+
+
+def test_hf_auto_settings_follow_the_hidden_size(gpu_80gib) -> None:
+    request = _request(gpu_80gib, StrategyKind.zero3)
+    auto = hf_auto_strategy(request.strategy, request.model)
+    # llama-2-7b, h 4096: h^2, int(0.9 h^2), 10 h (trainer_config_finalize; the measured tiny
+    # model's h 64 gave 4,096, 3,686 and 640).
+    assert (auto.zero_bucket_elements, auto.deepspeed_prefetch_bucket_elements,
+            auto.deepspeed_param_persistence_threshold) == (16_777_216, 15_099_494, 40_960)
+    assert hf_auto_strategy(StrategySpec(kind=StrategyKind.zero2), request.model).deepspeed_prefetch_bucket_elements is None
+    smaller = peak_terms(request.with_strategy(auto))[1]
+    assert smaller.resident_buffers < peak_terms(request)[1].resident_buffers
