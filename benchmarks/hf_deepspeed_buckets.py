@@ -96,7 +96,15 @@ def planned(model, stage: int, bucket_elements: int) -> int:
     from zeroplan.core.deepspeed_accumulation import _bucket_elements
     from zeroplan.presets.gpus import get_gpu
     from zeroplan.presets.hf_config import load_hf_config
-    from zeroplan.specs import BatchSpec, Framework, PlanRequest, StrategyKind, StrategySpec, TrainingSpec, cluster_from_gpus
+    from zeroplan.specs import (
+        BatchSpec,
+        Framework,
+        PlanRequest,
+        StrategyKind,
+        StrategySpec,
+        TrainingSpec,
+        cluster_from_gpus,
+    )
     from zeroplan.specs.training import Precision
 
     path = Path(tempfile.mkdtemp()) / "config.json"

@@ -12,7 +12,15 @@ from zeroplan.core.hf_deepspeed import hf_auto_strategy
 from zeroplan.core.plan import peak_terms
 from zeroplan.errors import ZeroplanError
 from zeroplan.presets.models import get_model
-from zeroplan.specs import BatchSpec, Framework, PlanRequest, StrategyKind, StrategySpec, TrainingSpec, cluster_from_gpus
+from zeroplan.specs import (
+    BatchSpec,
+    Framework,
+    PlanRequest,
+    StrategyKind,
+    StrategySpec,
+    TrainingSpec,
+    cluster_from_gpus,
+)
 from zeroplan.specs.finetune import FineTuneSpec
 from zeroplan.specs.training import StateConvention
 
