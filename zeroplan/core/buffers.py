@@ -34,9 +34,12 @@ def ddp_bucket_bytes(request: PlanRequest, gradient_bytes_per_element: int) -> i
 
 
 # deepspeed/runtime/zero/stage_1_and_2.py: gradients are reduced through an "ipg" bucket of
-# reduce_bucket_size elements in the gradient dtype, at most the model.
+# reduce_bucket_size elements in the gradient dtype, at most the model (zeroplan's emitted
+# config); Hugging Face's configs do not cap it (deepspeed_accumulation._bucket_elements).
 def zero_reduce_bucket_bytes(request: PlanRequest, gradient_bytes_per_element: int) -> int:
-    elements = min(request.strategy.zero_bucket_elements, rank_trainable_elements(request))
+    elements = request.strategy.zero_bucket_elements
+    if request.training.framework is not Framework.hf:
+        elements = min(elements, rank_trainable_elements(request))
     return elements * gradient_bytes_per_element
 
 

@@ -26,6 +26,7 @@ from bisect import bisect_right
 from zeroplan.core.deepspeed_buckets import flat_group_elements
 from zeroplan.core.layout import element_bytes
 from zeroplan.core.parallel.units import rank_trainable_units
+from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
 from zeroplan.units import ceil_div
 
@@ -61,8 +62,14 @@ def overlap_comm(request: PlanRequest) -> bool:
 
 # stage_1_and_2.py / stage3.py allocate reduce_bucket_size elements whatever the model's size;
 # the config zeroplan emits (zeroplan.emit.formats.deepspeed_config) and the harness set it to
-# at most the trainable elements rounded up to even, which DeepSpeed requires.
+# at most the trainable elements rounded up to even, which DeepSpeed requires. Hugging Face's
+# configs are not capped: accelerate 1.10.1 utils/dataclasses.py DeepSpeedPlugin (no config file)
+# writes no reduce_bucket_size, so DeepSpeed's 5e8 (runtime/zero/config.py) is allocated, and a
+# config's "auto" becomes hidden_size^2 (transformers 4.56.2 integrations/deepspeed.py
+# trainer_config_finalize), whatever the trainable count (a LoRA adapter's few millions).
 def _bucket_elements(request: PlanRequest) -> int:
+    if request.training.framework is Framework.hf:
+        return request.strategy.zero_bucket_elements
     trainable = sum(_tensor_numels(request))
     return min(request.strategy.zero_bucket_elements, trainable + trainable % 2)
 

@@ -705,9 +705,12 @@ def check_framework_request(training: TrainingSpec, model: ModelSpec | None = No
             "precision", f"{training.precision.value!r} is not offered by {training.framework.value} {prof.version} (allowed: {allowed})",
         )
     if training.state_convention is not None and training.framework is not Framework.zeroplan:
-        # The framework's own engines decide where the bytes live (its profile and strategy).
+        # The framework's own engines decide where the bytes live (its profile and strategy;
+        # hf's ZeRO strategies run DeepSpeed's engine: PlanRequest.convention).
+        engines = " (DeepSpeed's under its ZeRO strategies)" if training.framework is Framework.hf else ""
         raise ZeroplanError(
-            "state_convention", f"{training.framework.value}'s own engines decide the state layout (allowed only with framework zeroplan)",
+            "state_convention", f"{training.framework.value}'s own engines{engines} decide the state layout "
+                                "(allowed only with framework zeroplan)",
         )
     if training.activation_checkpointing not in prof.checkpointing:
         raise ZeroplanError(

@@ -103,7 +103,8 @@ def deepspeed_config(request: PlanRequest) -> dict[str, Any]:
 
     - reduce/allgather buckets: StrategySpec.zero_bucket_elements (DeepSpeed's 5e8) capped at
       the rank's trainable elements, rounded up to even (DeepSpeed requires it), as the buffer
-      model counts the ipg bucket (core/buffers.py zero_reduce_bucket_bytes);
+      model counts the ipg bucket (core/buffers.py zero_reduce_bucket_bytes); uncapped under
+      --framework hf, as planned there;
     - overlap_comm false and contiguous_gradients on unless StrategySpec's deepspeed_overlap_comm
       / deepspeed_contiguous_gradients say otherwise; reduce_scatter and the multi-rank bucket
       all-reduce on: the collectives core/deepspeed_buckets.py counts and the setting every
@@ -141,6 +142,10 @@ def deepspeed_config(request: PlanRequest) -> dict[str, Any]:
 
     trainable = rank_trainable_elements(request)
     buckets = min(request.strategy.zero_bucket_elements, trainable + trainable % 2)
+    if request.training.framework is Framework.hf:
+        # Planned uncapped under hf (core/deepspeed_accumulation.py _bucket_elements): the
+        # config says what was planned.
+        buckets = request.strategy.zero_bucket_elements
     zero: dict[str, Any] = {
         "stage": kind.zero_stage,
         "reduce_bucket_size": buckets,

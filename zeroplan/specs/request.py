@@ -422,7 +422,13 @@ class PlanRequest(Frozen):
             # zeroplan.core.megatron's own. Megatron-DeepSpeed's are DeepSpeed's own: its ZeRO
             # stage-1 optimizer or BF16_Optimizer (zeroplan.core.megatron_deepspeed).
             return StateConvention.deepspeed
-        return self.training.state_convention or self.strategy.kind.default_convention
+        kind = self.strategy.kind
+        if self.training.framework is Framework.hf and kind.zero_stage and not kind.is_fsdp:
+            # HF's ZeRO is DeepSpeed's own engine: transformers 4.56.2 integrations/deepspeed.py
+            # deepspeed_init and accelerate 1.10.1 accelerator.py _prepare_deepspeed call
+            # deepspeed.initialize, so its states and buffers are DeepSpeed's.
+            return StateConvention.deepspeed
+        return self.training.state_convention or kind.default_convention
 
     @property
     def runs_under_autocast(self) -> bool:
