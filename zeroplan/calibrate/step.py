@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import Frozen, first_error
@@ -57,6 +57,10 @@ HFU_TOLERANCE = 1e-9
 
 class CalibrationSource(Frozen):
     """The measured configuration an efficiency file was solved on."""
+
+    # Its validator is built on first use: `zeroplan fit` never builds one (pydantic's schema
+    # build at class creation is most of an import's cost).
+    model_config = ConfigDict(defer_build=True)
 
     model: str
     """The model the step ran (preset name or config path as given)."""
@@ -96,6 +100,10 @@ class CalibrationSource(Frozen):
 
 class StepEfficiency(Frozen):
     """An efficiency file: the compute efficiency one measured step implies."""
+
+    # Its validator is built on first use: `zeroplan fit` never builds one (pydantic's schema
+    # build at class creation is most of an import's cost).
+    model_config = ConfigDict(defer_build=True)
 
     kind: Literal["zeroplan-step-efficiency"] = EFFICIENCY_KIND
     """Marks the file's kind (a GPU file or a record is refused by it)."""
