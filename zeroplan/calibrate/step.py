@@ -16,7 +16,6 @@ of its source (CALIBRATED_BAND)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Literal
 
@@ -250,6 +249,8 @@ def step_tokens_per_gpu(request: PlanRequest) -> float:
 def load_efficiency(path: str | Path) -> StepEfficiency:
     """The efficiency file at ``path``; a malformed one, or one of another compute basis, is one
     line naming the field."""
+    import json  # only for --efficiency FILE: the time-basis line of a default fit never loads it
+
     from zeroplan.core.timing import COMPUTE_BASIS
 
     try:
