@@ -5,7 +5,7 @@ itself into a pandas DataFrame through zeroplan.frames, which sits below it."""
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from zeroplan.results import PlanCandidate, StrategyPlan
 from zeroplan.specs.base import Frozen
@@ -78,6 +78,10 @@ class FitReport(Frozen):
 
 class PlanSearchResult(Frozen):
     """The ranked configurations that fit, and the Pareto front of memory vs step time."""
+
+    # Its validator is built on first use: `zeroplan fit` never builds one (pydantic's schema
+    # build at class creation is most of an import's cost).
+    model_config = ConfigDict(defer_build=True)
 
     global_batch_size: int
     """Sequences per optimizer step over all GPUs."""

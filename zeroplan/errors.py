@@ -9,7 +9,6 @@ invariants use ``assert`` instead.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 
 
@@ -26,6 +25,8 @@ class ZeroplanError(Exception):
 
 def unknown_name_error(field: str, name: str, known: Iterable[str]) -> ZeroplanError:
     """Build the error for an unknown catalog name, with a close-match suggestion."""
+    import difflib  # only on a user's mistake: a command that runs never loads it
+
     known_sorted = sorted(known)
     close = difflib.get_close_matches(name.lower(), known_sorted, n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from enum import Enum
 
+from pydantic import ConfigDict
+
 from zeroplan.core.communication import Collective
 from zeroplan.core.timing import StepTime
 from zeroplan.specs.base import Frozen
@@ -156,6 +158,10 @@ class StrategyPlan(Frozen):
 
 class PlanCandidate(Frozen):
     """One configuration of the search and its predicted cost on one GPU."""
+
+    # Its validator is built on first use: `zeroplan fit` never builds one (pydantic's schema
+    # build at class creation is most of an import's cost).
+    model_config = ConfigDict(defer_build=True)
 
     strategy: StrategyKind
     """Sharding strategy (offload variants included)."""

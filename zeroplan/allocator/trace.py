@@ -6,7 +6,7 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import Literal, Union
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from zeroplan.specs.base import Frozen
 
@@ -26,6 +26,10 @@ class Stream(IntEnum):
 class AllocEvent(Frozen):
     """A tensor's storage is requested on a stream (DeviceCachingAllocator::malloc)."""
 
+    # Its validator is built on first use: `zeroplan fit` never builds one (pydantic's schema
+    # build at class creation is most of an import's cost).
+    model_config = ConfigDict(defer_build=True)
+
     kind: Literal["alloc"] = "alloc"
     id: int = Field(ge=0)
     """Names the allocation until its FreeEvent; ids may be reused after it."""
@@ -38,6 +42,10 @@ class AllocEvent(Frozen):
 class FreeEvent(Frozen):
     """The storage's last reference is dropped (DeviceCachingAllocator::free)."""
 
+    # Its validator is built on first use: `zeroplan fit` never builds one (pydantic's schema
+    # build at class creation is most of an import's cost).
+    model_config = ConfigDict(defer_build=True)
+
     kind: Literal["free"] = "free"
     id: int = Field(ge=0)
 
@@ -45,6 +53,10 @@ class FreeEvent(Frozen):
 class RecordStreamEvent(Frozen):
     """Tensor.record_stream: the block is used on another stream, so after its free it stays
     unavailable until that stream's work is known to be done (recordStream, insert_events)."""
+
+    # Its validator is built on first use: `zeroplan fit` never builds one (pydantic's schema
+    # build at class creation is most of an import's cost).
+    model_config = ConfigDict(defer_build=True)
 
     kind: Literal["record_stream"] = "record_stream"
     id: int = Field(ge=0)
@@ -55,11 +67,19 @@ class SyncEvent(Frozen):
     """A point by which every stream's earlier work has finished (a synchronize, or the wait
     that precedes the next use): blocks held by recorded streams return to their pools."""
 
+    # Its validator is built on first use: `zeroplan fit` never builds one (pydantic's schema
+    # build at class creation is most of an import's cost).
+    model_config = ConfigDict(defer_build=True)
+
     kind: Literal["sync"] = "sync"
 
 
 class EmptyCacheEvent(Frozen):
     """torch.cuda.empty_cache(): cached, unsplit blocks go back to CUDA (emptyCache)."""
+
+    # Its validator is built on first use: `zeroplan fit` never builds one (pydantic's schema
+    # build at class creation is most of an import's cost).
+    model_config = ConfigDict(defer_build=True)
 
     kind: Literal["empty_cache"] = "empty_cache"
 
@@ -69,6 +89,10 @@ TraceEvent = Union[AllocEvent, FreeEvent, RecordStreamEvent, SyncEvent, EmptyCac
 
 class AllocationTrace(Frozen):
     """A step's events in issue order, and where they came from."""
+
+    # Its validator is built on first use: `zeroplan fit` never builds one (pydantic's schema
+    # build at class creation is most of an import's cost).
+    model_config = ConfigDict(defer_build=True)
 
     events: tuple[TraceEvent, ...]
     source: str = ""

@@ -16,11 +16,10 @@ of its source (CALIBRATED_BAND)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import Frozen, first_error
@@ -57,6 +56,10 @@ HFU_TOLERANCE = 1e-9
 
 class CalibrationSource(Frozen):
     """The measured configuration an efficiency file was solved on."""
+
+    # Its validator is built on first use: `zeroplan fit` never builds one (pydantic's schema
+    # build at class creation is most of an import's cost).
+    model_config = ConfigDict(defer_build=True)
 
     model: str
     """The model the step ran (preset name or config path as given)."""
@@ -96,6 +99,10 @@ class CalibrationSource(Frozen):
 
 class StepEfficiency(Frozen):
     """An efficiency file: the compute efficiency one measured step implies."""
+
+    # Its validator is built on first use: `zeroplan fit` never builds one (pydantic's schema
+    # build at class creation is most of an import's cost).
+    model_config = ConfigDict(defer_build=True)
 
     kind: Literal["zeroplan-step-efficiency"] = EFFICIENCY_KIND
     """Marks the file's kind (a GPU file or a record is refused by it)."""
@@ -242,6 +249,8 @@ def step_tokens_per_gpu(request: PlanRequest) -> float:
 def load_efficiency(path: str | Path) -> StepEfficiency:
     """The efficiency file at ``path``; a malformed one, or one of another compute basis, is one
     line naming the field."""
+    import json  # only for --efficiency FILE: the time-basis line of a default fit never loads it
+
     from zeroplan.core.timing import COMPUTE_BASIS
 
     try:

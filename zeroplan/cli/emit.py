@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import enum
-import shlex
 import sys
 
 from zeroplan.errors import ZeroplanError
@@ -109,6 +108,8 @@ def _write(planned, directory: str) -> int:
 
 def emit_fit(args: argparse.Namespace) -> int:
     """fit --emit: the one strategy asked for, written into args.emit."""
+    import shlex  # here, not at the top: every fit builds --emit's flag, few use it
+
     flags = flags_of(_fit_parser(), vars(args))
     command = "zeroplan fit " + shlex.join(flags) + f" --emit {shlex.quote(args.emit)}"
     planned, plan = planned_from_fit_flags(flags, command)
@@ -122,6 +123,8 @@ PLAN_ONLY = {"global_batch", "max_tp", "no_model_parallel", "top", "search_resul
 
 def emit_plan(args: argparse.Namespace, result) -> int:
     """plan --emit: the best configuration of the search, as fit flags, written into args.emit."""
+    import shlex
+
     from zeroplan.cli.plan import add_plan_arguments
 
     best = result.best

@@ -16,7 +16,6 @@ from zeroplan.core.profiles import fsdp1_root_stays_gathered, fsdp_separates_emb
 from zeroplan.core.zero3_groups import hpz_secondary_partition_bytes
 from zeroplan.core.zeropp import qgz_buffer_bytes, qwz_buffer_bytes
 from zeroplan.specs.framework import Framework
-from zeroplan.core.megatron import megatron_step_temporary_bytes
 from zeroplan.core.megatron_deepspeed import bf16_allreduce_buffer_bytes, bf16_optimizer_runs, bf16_optimizer_states
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, ZeroGradientReduce
@@ -459,6 +458,8 @@ def for_loop_step_temporary_bytes(request: PlanRequest, eb) -> int:
 
 def optimizer_step_temporary_bytes(request: PlanRequest, optimizer_elements: int) -> int:
     if _megatron_buffers(request):
+        from zeroplan.core.megatron import megatron_step_temporary_bytes  # megatron's requests alone load it
+
         return megatron_step_temporary_bytes(request, optimizer_elements)
     if _bf16_optimizer_buffers(request):
         # runtime/bf16_optimizer.py step hands the fp32 gradient partition itself to the fused

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from zeroplan.core.algorithms import Algorithm, Layout, available_algorithms
 from zeroplan.core.collective import CollectiveOp
@@ -33,6 +33,10 @@ MEGATRON_PROFILES = (Framework.megatron, Framework.megatron_deepspeed)
 
 class Communicator(Frozen):
     """One NCCL communicator of a rank and the device bytes its buffers take."""
+
+    # Its validator is built on first use: `zeroplan fit` never builds one (pydantic's schema
+    # build at class creation is most of an import's cost).
+    model_config = ConfigDict(defer_build=True)
 
     name: str
     """Which process group, e.g. 'tensor parallel' or 'pipeline next stage'."""

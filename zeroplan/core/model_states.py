@@ -7,7 +7,6 @@ from zeroplan.core import deepspeed_offload
 from zeroplan.core.finetune.offload import offloaded_quant_constant_bytes
 from zeroplan.core.finetune.storage import frozen_held_bytes, frozen_tensor_bytes
 from zeroplan.core.finetune.units import trainable_view
-from zeroplan.core.megatron import megatron_model_state_bytes
 from zeroplan.core.megatron_deepspeed import bf16_optimizer_runs, bf16_optimizer_states
 from zeroplan.core.layout import ElementBytes, ShardLayout, element_bytes, padded_unit_elements, shard_elements
 from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise, step_counter_bytes, tensor_state_bytes
@@ -202,7 +201,10 @@ def _deepspeed_stage1_reduces_in_backward(request: PlanRequest) -> bool:
 
 def model_state_bytes(request: PlanRequest) -> ModelStateBytes:
     if request.training.framework is Framework.megatron:
-        # megatron-core's gradient buffer and distributed optimizer (zeroplan.core.megatron).
+        # megatron-core's gradient buffer and distributed optimizer (zeroplan.core.megatron,
+        # imported here: a request of another framework never loads it).
+        from zeroplan.core.megatron import megatron_model_state_bytes
+
         states = megatron_model_state_bytes(request)
         return ModelStateBytes(
             parameter_bytes=states.parameter_bytes, gradient_bytes=states.gradient_bytes,

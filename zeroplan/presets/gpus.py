@@ -23,7 +23,6 @@ Where the figures come from (docs/gpus.md has the table and the assumptions):
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -211,6 +210,8 @@ def get_gpu(name: str) -> GpuSpec:
 
 def load_gpu_file(path: str | Path) -> GpuSpec:
     """A custom GPU from a JSON file holding an object with GpuSpec's fields."""
+    import json  # only for a file: a preset name never loads it
+
     path = Path(path).expanduser()
     try:
         text = path.read_text(encoding="utf-8")

@@ -8,7 +8,6 @@ is marked ``parameter_count_exact=False`` with the keys named, so that no count 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -584,11 +583,15 @@ def config_quantization(config: dict[str, Any]) -> dict[str, Any] | None:
 
 def read_config_quantization(path: Path) -> dict[str, Any] | None:
     """config_quantization of the config.json at ``path`` (already read once by load_hf_config)."""
+    import json  # only for a config path: a preset name never loads it
+
     return config_quantization(json.loads(path.read_text(encoding="utf-8")))
 
 
 def load_hf_config(path: Path) -> ModelSpec:
     """Parse ``path`` (a config.json); errors name the file problem or the bad key."""
+    import json  # only for a config path: a preset name never loads it
+
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as error:

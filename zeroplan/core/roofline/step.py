@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import functools
 
+from pydantic import ConfigDict
+
 from zeroplan.core.activations import FP32_BYTES
 from zeroplan.core.buffers import optimizer_loop
 from zeroplan.core.frameworks import BF16_BYTES, autocast_caches_weights
@@ -32,6 +34,10 @@ from zeroplan.specs.training import ActivationCheckpointing
 class RooflineTerm(Frozen):
     """One operation's time and what bounds it."""
 
+    # Its validator is built on first use: `zeroplan fit` never builds one (pydantic's schema
+    # build at class creation is most of an import's cost).
+    model_config = ConfigDict(defer_build=True)
+
     operation: Operation
     seconds: float
     bound: str
@@ -40,6 +46,10 @@ class RooflineTerm(Frozen):
 
 class RooflineStep(Frozen):
     """Every term of one rank's optimizer step, and their sums by phase."""
+
+    # Its validator is built on first use: `zeroplan fit` never builds one (pydantic's schema
+    # build at class creation is most of an import's cost).
+    model_config = ConfigDict(defer_build=True)
 
     terms: tuple[RooflineTerm, ...]
 
