@@ -14,15 +14,17 @@ from collections.abc import Iterator
 
 import torch
 
-# The operator type a dispatch mode receives, and the mode's base class.
-from torch._ops import OpOverload
-
 # FakeTensorMode: tensors with shapes, dtypes and devices but no data.
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+# The operator type a dispatch mode receives, and the mode's base class.
+from torch._ops import OpOverload
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
 # Importing fake_pg registers the "fake" backend (and gives the store it needs).
 from torch.testing._internal.distributed.fake_pg import FakeStore
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.distributed._tools.common_utils import get_untyped_storages
 
 FAKE_BACKEND = "fake"
 """The c10d backend name that fake_pg registers."""
@@ -253,7 +255,6 @@ def pipeline_stages_static() -> Iterator[None]:
         yield
         return
     from torch.distributed.pipelining._utils import InferenceMode
-
 
     def every_stage_static(self, stages, has_backward, p2p_done):
         for stage in stages:
