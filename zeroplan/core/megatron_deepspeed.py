@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zeroplan.core.megatron import embedding_mask_bytes
 from zeroplan.core.optimizer_states import elementwise_state_bytes
 from zeroplan.core.parallel.units import rank_trainable_units
 from zeroplan.errors import ZeroplanError
@@ -248,4 +247,7 @@ def pipe_output_bytes(request: PlanRequest) -> int:
 # bytes are nowhere else (the head's stage counts them with the other outside-block terms).
 def pipe_embedding_mask_bytes(request: PlanRequest) -> int:
     """One in-flight micro-batch's embedding dropout mask on the first pipeline stage."""
+    # Imported here: a default fit never reaches a Megatron request (tests/test_cli_imports.py).
+    from zeroplan.core.megatron import embedding_mask_bytes
+
     return embedding_mask_bytes(request)
