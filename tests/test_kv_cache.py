@@ -110,8 +110,11 @@ def test_a_fresh_measurement_keeps_the_planners_cache_per_layer() -> None:
     from zeroplan.frameworks.kv_cache import measure_kv_cache
 
     request = _request(COOKBOOK.replace("--micro-batch 4 --seq-len 2048", "--micro-batch 1 --seq-len 256") + " --use-cache")
-    # Two of Llama-2-7B's blocks: the cache is a per-layer quantity (the committed record has all 32).
-    request = request.model_copy(update={"model": request.model.model_copy(update={"num_layers": 2})})
+    # Two narrow blocks of Llama-2-7B's kind: the cache is a per-layer quantity of the block's
+    # shape (the committed record has all 32 of the full width).
+    narrow = request.model.model_copy(update={"num_layers": 2, "hidden_size": 1024, "num_heads": 8, "num_kv_heads": 8,
+                                               "ffn_hidden_size": 2752, "vocab_size": 4096})
+    request = request.model_copy(update={"model": narrow})
     record = measure_kv_cache(request.model, request.batch)
     assert record.cache_block_bytes("checkpoint_wrapper") == sum(kv_cache_tensors(request)) // request.model.num_layers
     assert record.run(True, "checkpoint_wrapper").backward.startswith("CheckpointError")

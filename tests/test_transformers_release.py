@@ -117,8 +117,11 @@ def test_a_fresh_run_of_4_45_on_the_installed_llama_holds_fp32_logits() -> None:
 
     flags = COOKBOOK.replace("--micro-batch 4 --seq-len 2048", "--micro-batch 1 --seq-len 256") + " --keep-outputs"
     request = _request(flags + " --transformers-version 4.45.2")
-    # Two of Llama-2-7B's blocks: the held logits do not depend on the depth.
-    request = request.model_copy(update={"model": request.model.model_copy(update={"num_layers": 2})})
+    # Two narrow blocks of Llama-2-7B's kind and its vocabulary: the held logits depend on neither
+    # the depth nor the width.
+    narrow = request.model.model_copy(update={"num_layers": 2, "hidden_size": 1024, "num_heads": 8, "num_kv_heads": 8,
+                                               "ffn_hidden_size": 2752})
+    request = request.model_copy(update={"model": narrow})
     record = measure_kv_cache(request.model, request.batch, release="4.45.2", checkpointings=("checkpoint_wrapper",))
     run = record.run(False, "checkpoint_wrapper")
     assert run.retained_bytes[1] - run.loss_only_bytes[1] == kept_outputs_bytes(request) == 4 * 256 * request.model.vocab_size
