@@ -93,6 +93,9 @@ class _RankClass:
     """The deferred FSDP gradient accumulators (_accumulator_bytes) at the accumulations fitted."""
     accumulators: dict[int, int] = field(default_factory=dict)
     """Per accumulation: _accumulator_bytes (which stages accumulate at once changes with it)."""
+    accumulators_by_rounds: dict[bool, int] = field(default_factory=dict)
+    """_accumulator_bytes for one round of the interleaved schedule (False) and for more (True):
+    the only way it depends on the accumulation (_accumulators_at)."""
     receives: dict[int, tuple[int, int]] | None = None
     """Per accumulation: _receive_bytes, left out of the fitted coefficients (None: no pipeline
     receive buffers)."""
@@ -238,6 +241,17 @@ def _receive_bytes(request: PlanRequest, accum: int) -> tuple[int, int]:
     and 2 (affine in b): they grow with the accumulation, not with the chunks in flight, so
     they are kept apart from the fitted coefficients and added per accumulation."""
     return (pipeline_receive_buffer_bytes(_at(request, 1, accum)), pipeline_receive_buffer_bytes(_at(request, 2, accum)))
+
+
+def _accumulators_at(cls: _RankClass, accum: int) -> int:
+    """_accumulator_bytes of the class's request at ``accum`` micro-batches, computed once per
+    number of rounds: units.accumulating_trainable_elements reads the accumulation only as
+    whether the interleaved schedule runs one round of it (accum // pp <= 1) or more (a sweep
+    asks hundreds of accumulations, each a request copy and a walk over the rank's units)."""
+    several = accum // cls.request.parallel.pp > 1
+    if several not in cls.accumulators_by_rounds:
+        cls.accumulators_by_rounds[several] = _accumulator_bytes(cls.request, accum)
+    return cls.accumulators_by_rounds[several]
 
 
 _PHASES = tuple(Phase)
@@ -504,7 +518,7 @@ def _class_values(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[
         count = (_per_value(distinct_accum, cls.in_flight, lambda a, rank=cls.rank: in_flight_chunks(parallel, rank, a))
                  if parallel.pp > 1 else 1)
         in_flight = (count * (cls.chunk_intercept + cls.chunk_slope * micro64)).astype(np.int64)
-        accumulators = (_per_value(distinct_accum, cls.accumulators, lambda a, r=cls.request: _accumulator_bytes(r, a))
+        accumulators = (_per_value(distinct_accum, cls.accumulators, lambda a, c=cls: _accumulators_at(c, a))
                         if parallel.pp > 1 and parallel.virtual_stages > 1 else None)
         receives = None
         if cls.receives is not None:
