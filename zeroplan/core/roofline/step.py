@@ -9,6 +9,7 @@ import functools
 from pydantic import ConfigDict
 
 from zeroplan.core.activations import FP32_BYTES
+from zeroplan.core.bf16_accumulation_time import bf16_accumulation_operations
 from zeroplan.core.buffers import optimizer_loop
 from zeroplan.core.frameworks import BF16_BYTES, autocast_caches_weights
 from zeroplan.core.layout import element_bytes
@@ -246,8 +247,6 @@ def _request_operations(request: PlanRequest) -> list[Operation]:
     """The operations that depend on the request beyond its model and batch shape (the strategy's
     copies, autocast's casts, the optimizer step, BF16_Optimizer's fp32 accumulation): one list
     for both _step_terms and memory_bound_seconds, so the two always price the same passes."""
-    from zeroplan.core.bf16_accumulation_time import bf16_accumulation_operations
-
     batch = request.batch
     activation_bytes = request.training.precision.compute_bytes
     return (fsdp_copy_operations(request, batch.grad_accum_steps, activation_bytes)
