@@ -6,11 +6,11 @@ loss on the CPU."""
 
 from __future__ import annotations
 
-import weakref
 from pathlib import Path
 
 import pytest
 
+from tests.live_storages import live_storage_tracker
 from zeroplan.cli.fit import request_from_args
 from zeroplan.cli.main import build_parser
 from zeroplan.core.buffers import tied_head_gradient_in_backward_bytes
@@ -46,34 +46,6 @@ def test_tied_head_gradient_is_held_only_under_the_optimizer_in_backward() -> No
     assert tied_head_gradient_in_backward_bytes(_request("--optimizer-in-backward", "llama-3.1-8b")) == 0  # untied
 
 
-def _live_tracker(torch, skipped: set[int]):
-    """A dispatch mode counting the storages made inside it and alive (``skipped``: the
-    parameters' storages, which views such as aten.t return), calling ``probe`` after every op."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_flatten
-
-    class Live(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.live: dict[int, int] = {}
-            self.probe = None
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for tensor in tree_flatten(out)[0]:
-                if isinstance(tensor, torch.Tensor):
-                    storage = tensor.untyped_storage()
-                    key = storage.data_ptr()
-                    if key and key not in self.live and key not in skipped:
-                        self.live[key] = storage.nbytes()
-                        weakref.finalize(storage, self.live.pop, key)
-            if self.probe is not None:
-                self.probe()
-            return out
-
-    return Live()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("tied", [False, True])
 def test_torchtunes_chunked_head_and_tied_gradient_on_the_cpu(tied: bool) -> None:
@@ -93,7 +65,7 @@ def test_torchtunes_chunked_head_and_tied_gradient_on_the_cpu(tied: bool) -> Non
     model.set_num_output_chunks(chunks)
     for parameter in model.parameters():
         parameter.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
-    mode = _live_tracker(torch, {p.untyped_storage().data_ptr() for p in model.parameters()})
+    mode = live_storage_tracker({p.untyped_storage().data_ptr() for p in model.parameters()})
     most = [0, 0, 0]  # head-sized, logit-chunk gradients at the largest sum; head-sized at the first block's backward
 
     def probe() -> None:

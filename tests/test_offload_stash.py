@@ -5,11 +5,11 @@ lora_llama3_2 with its offloading and checkpointing on the CPU."""
 
 from __future__ import annotations
 
-import weakref
 from pathlib import Path
 
 import pytest
 
+from tests.live_storages import live_storage_tracker
 from zeroplan.cli.fit import request_from_args
 from zeroplan.cli.main import build_parser
 from zeroplan.core.frameworks import offload_forward_stash_bytes, offloaded_head_input_bytes
@@ -45,8 +45,6 @@ def test_torchtunes_forward_stash_on_the_cpu(lora: bool) -> None:
     and head input, to the byte."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("torchtune")
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_flatten
 
     from torchtune import modules, training
     from torchtune.models.llama3_2 import llama3_2, lora_llama3_2
@@ -72,27 +70,15 @@ def test_torchtunes_forward_stash_on_the_cpu(lora: bool) -> None:
         offload = get_act_offloading_ctx_manager(model, True)
     offload.use_pin_memory = False
     before = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
-    live: dict[int, int] = {}
-
-    class Live(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for tensor in tree_flatten(out)[0]:
-                if isinstance(tensor, torch.Tensor):
-                    storage = tensor.untyped_storage()
-                    key = storage.data_ptr()
-                    if key and key not in live and key not in before:
-                        live[key] = storage.nbytes()
-                        weakref.finalize(storage, live.pop, key)
-            return out
+    mode = live_storage_tracker(before)
 
     tokens = torch.randint(0, vocab, (batch, seq))
-    with Live(), host_cuda_streams():
+    with mode, host_cuda_streams():
         with offload:
             logits = model(tokens)
         host = {t.untyped_storage().data_ptr() for t, offloaded in offload.tracker.values() if offloaded}
         chunks = {c.untyped_storage().data_ptr() for c in logits}
-        device = sum(n for key, n in live.items() if key not in host and key not in chunks)
+        device = sum(n for key, n in mode.live.items() if key not in host and key not in chunks)
 
     request = _request("--lora-rank 8" if lora else "")
     request = request.model_copy(update={
