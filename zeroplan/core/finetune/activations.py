@@ -17,7 +17,7 @@ from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import NormKind
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
-from zeroplan.specs.training import Kernels, Precision
+from zeroplan.specs.training import Kernels, Precision, StateConvention
 
 
 # torch 2.13 aten/src/ATen/native/Dropout.cpp: on CUDA dropout runs the fused native_dropout,
@@ -127,6 +127,27 @@ def previous_step_matmul_inputs_parts(request: PlanRequest) -> tuple[int, ...]:
     return (*(e * tokens * width for block in blocks for width in block), e * tokens * head_input)
 
 
+# DeepSpeed's zero.Init (partition_parameters.py, InsertPostInitMethodToModuleSubClasses: at
+# microsoft/DeepSpeed@bf6b9802c, 2023-01-17, lines 399-404; in 0.19.8 _enable_mem_efficient_linear,
+# lines 412-419, called from patch_init_and_builtins with zero_optimization.memory_efficient_linear,
+# default true) sets torch.nn.functional.linear = zero3_linear_wrap and never puts it back ("This
+# will persist unless manually reset"; shutdown_init_context leaves it commented out), so every
+# nn.Linear of the process runs LinearFunctionForZeroStage3 from then on, whose forward calls
+# ctx.save_for_backward(input, weight, bias) (zero/linear.py: bf6b9802c saves the input and the
+# weight's id, 0.19.8 setup_context the input itself) whatever needs a gradient: a frozen base
+# linear keeps the input it read once its node is recorded (the input needs a gradient). Hugging
+# Face enters zero.Init for from_pretrained under ZeRO-3 (transformers' is_deepspeed_zero3_enabled;
+# accelerate 1.10.1 DeepSpeedPlugin.zero3_init_flag defaults to the config being stage 3).
+# Measured: tests/test_zero3_linear_inputs.py (DeepSpeed 0.19.8's own zero3_linear_wrap on
+# transformers' Llama block under peft's LoRA).
+def zero3_linear_keeps_input(request: PlanRequest) -> bool:
+    """Whether every base linear keeps its input under DeepSpeed ZeRO-3's replaced F.linear (hf
+    at stage 3 under DeepSpeed's own state convention)."""
+    kind = request.strategy.kind
+    return (request.training.framework is Framework.hf and kind.zero_stage == 3 and not kind.is_fsdp
+            and request.convention is StateConvention.deepspeed)
+
+
 def quantized_base_outputs_fp32(request: PlanRequest) -> bool:
     """Whether a quantized base linear returns fp32 where it reads the fp32 residual stream or
     MLP: hf's QLoRA and int8 bases under prepare_model_for_kbit_training (FineTuneSpec.module_in_bf16),
@@ -151,6 +172,8 @@ def _group_input_bytes(request: PlanRequest, targets: tuple[LoraTarget, ...], wi
             own = len(targets) * e * tokens * width
         else:
             shared = e * tokens * width
+    if zero3_linear_keeps_input(request):
+        shared = max(shared, e * tokens * width)
     if not wrapped:
         return shared + own
     copies = adapters_copy_their_input(request)
