@@ -26,6 +26,8 @@ def test_only_hf_stage_3_under_deepspeed_keeps_the_frozen_inputs() -> None:
     assert not zero3_linear_keeps_input(_request("llama-2-7b", "zero2"))
     assert not zero3_linear_keeps_input(_request("llama-2-7b", "fsdp-full-shard"))
     assert not zero3_linear_keeps_input(_request("llama-2-7b", "zero3", FLAGS.replace("hf", "zeroplan")))
+    # transformers enters no zero.Init for a quantized model; its base linears are bitsandbytes'.
+    assert not zero3_linear_keeps_input(_request("llama-2-7b", "zero3", FLAGS + " --quantize nf4"))
 
 
 def test_the_kept_inputs_are_the_unwrapped_linears_inputs() -> None:

@@ -136,16 +136,19 @@ def previous_step_matmul_inputs_parts(request: PlanRequest) -> tuple[int, ...]:
 # ctx.save_for_backward(input, weight, bias) (zero/linear.py: bf6b9802c saves the input and the
 # weight's id, 0.19.8 setup_context the input itself) whatever needs a gradient: a frozen base
 # linear keeps the input it read once its node is recorded (the input needs a gradient). Hugging
-# Face enters zero.Init for from_pretrained under ZeRO-3 (transformers' is_deepspeed_zero3_enabled;
-# accelerate 1.10.1 DeepSpeedPlugin.zero3_init_flag defaults to the config being stage 3).
+# Face enters zero.Init for from_pretrained under ZeRO-3 (transformers 4.56.2 modeling_utils.py
+# get_init_context, lines 4485-4498; accelerate 1.10.1 DeepSpeedPlugin.zero3_init_flag defaults to
+# the config being stage 3), but not for a quantized model (the same lines: init_empty_weights
+# instead), whose base linears call bitsandbytes' matmul_4bit / matmul, not F.linear, anyway.
 # Measured: tests/test_zero3_linear_inputs.py (DeepSpeed 0.19.8's own zero3_linear_wrap on
 # transformers' Llama block under peft's LoRA).
 def zero3_linear_keeps_input(request: PlanRequest) -> bool:
     """Whether every base linear keeps its input under DeepSpeed ZeRO-3's replaced F.linear (hf
-    at stage 3 under DeepSpeed's own state convention)."""
+    at stage 3 under DeepSpeed's own state convention, the base not quantized)."""
     kind = request.strategy.kind
     return (request.training.framework is Framework.hf and kind.zero_stage == 3 and not kind.is_fsdp
-            and request.convention is StateConvention.deepspeed)
+            and request.convention is StateConvention.deepspeed
+            and not request.training.finetune.quantize.is_quantized)
 
 
 def quantized_base_outputs_fp32(request: PlanRequest) -> bool:
