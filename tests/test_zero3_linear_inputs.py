@@ -5,6 +5,9 @@ linear keeps the input it reads, against DeepSpeed's own function on transformer
 
 from __future__ import annotations
 
+import argparse
+import functools
+
 import pytest
 
 from zeroplan.cli.fit import request_from_args
@@ -16,8 +19,14 @@ from zeroplan.specs.strategy import StrategyKind
 FLAGS = "--gpus 2 --micro-batch 2 --seq-len 64 --precision fp32 --framework hf --lora-rank 8 --lora-dropout 0.1"
 
 
-def _request(model: str, kind: str, flags: str = FLAGS):
-    return request_from_args(build_parser().parse_args(["fit", model, *flags.split()]), StrategyKind(kind))
+@functools.lru_cache(maxsize=None)
+def _args(model: str, flags: str):
+    return build_parser().parse_args(["fit", model, *flags.split()])
+
+
+def _request(model: str, kind: str, flags: str = FLAGS, **changed):
+    args = argparse.Namespace(**{**vars(_args(model, flags)), **changed})
+    return request_from_args(args, StrategyKind(kind))
 
 
 def test_only_hf_stage_3_under_deepspeed_keeps_the_frozen_inputs() -> None:
@@ -25,9 +34,9 @@ def test_only_hf_stage_3_under_deepspeed_keeps_the_frozen_inputs() -> None:
     assert zero3_linear_keeps_input(_request("llama-2-7b", "zero3-param-offload"))
     assert not zero3_linear_keeps_input(_request("llama-2-7b", "zero2"))
     assert not zero3_linear_keeps_input(_request("llama-2-7b", "fsdp-full-shard"))
-    assert not zero3_linear_keeps_input(_request("llama-2-7b", "zero3", FLAGS.replace("hf", "zeroplan")))
+    assert not zero3_linear_keeps_input(_request("llama-2-7b", "zero3", framework="zeroplan"))
     # transformers enters no zero.Init for a quantized model; its base linears are bitsandbytes'.
-    assert not zero3_linear_keeps_input(_request("llama-2-7b", "zero3", FLAGS + " --quantize nf4"))
+    assert not zero3_linear_keeps_input(_request("llama-2-7b", "zero3", quantize="nf4"))
 
 
 def test_the_kept_inputs_are_the_unwrapped_linears_inputs() -> None:
