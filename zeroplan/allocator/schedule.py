@@ -20,6 +20,7 @@ from zeroplan.allocator.trace import AllocationTrace, Stream
 from zeroplan.core import deepspeed_2022
 from zeroplan.core.activations import layer_terms
 from zeroplan.core.deepspeed_step import NORM_COPY_BYTES, runs_flat_step
+from zeroplan.core.frameworks import framework_recompute_bytes
 from zeroplan.core.largest_unit import largest_unit_elements
 from zeroplan.core.parallel.activations import rank_activation_bytes
 from zeroplan.core.parallel.pipeline import in_flight_chunks
@@ -52,6 +53,11 @@ def _block_tensor_weights(request: PlanRequest) -> list[int]:
 # recompute is DeepSpeed's (the megatron-deepspeed profile's --deepspeed-activation-checkpointing);
 # torch.utils.checkpoint reruns alike, but the other profiles' reserved rows are not yet checked
 # against it, so their workspace stays one allocation.
+def _recompute_only(request: PlanRequest) -> tuple[int, int]:
+    """(kept, recompute) as rank_activation_bytes reads them, the recompute alone."""
+    return 0, framework_recompute_bytes(request)
+
+
 def _workspace_parts(request: PlanRequest, workspace: int) -> tuple[int, ...]:
     """A block's backward workspace as the tensors it allocates: the rebuilt block's own (as the
     planner's layer terms weigh them) and the rest in one; the whole in one elsewhere."""
@@ -59,10 +65,7 @@ def _workspace_parts(request: PlanRequest, workspace: int) -> tuple[int, ...]:
     if (training.activation_checkpointing is not ActivationCheckpointing.full
             or training.framework is not Framework.megatron_deepspeed):
         return (workspace,)
-    # Imported here: zeroplan.core.plan imports this module's planner lazily.
-    from zeroplan.core.plan import framework_activations
-
-    recompute = min(rank_activation_bytes(request, framework_activations)[1], workspace)
+    recompute = min(rank_activation_bytes(request, _recompute_only)[1], workspace)
     model, batch = request.model, request.batch
     terms = layer_terms(model, training, batch.seq_len, batch.micro_batch_size, autocast=request.runs_under_autocast)
     weights = [value for value in terms.values() if value > 0]
