@@ -258,3 +258,20 @@ def test_first_stage_keeps_each_in_flight_embedding_norm_input(tmp_path: Path) -
         with_norm, without = (rank_activation_bytes(r.at_pipeline_rank(rank), framework_activations)[0]
                               for r in (request, plain))
         assert with_norm - without == norms * pipe_embedding_norm_bytes(request)
+
+
+def test_embedding_norm_saves_its_16_bit_input_measured() -> None:
+    """The fork's --embed-layernorm is a plain torch.nn.LayerNorm in the 16-bit module: measured
+    with saved-tensor hooks on the CPU, the only activation-sized tensor it keeps is its input,
+    2 bytes an element (the rest: its weight and bias, and per-token statistics)."""
+    import torch
+
+    s, b, h = 16, 2, 64
+    norm = torch.nn.LayerNorm(h).half()
+    saved: list[torch.Tensor] = []
+    x = torch.randn(b, s, h, dtype=torch.half, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        norm(x)
+    activation_sized = [t for t in saved if t.numel() == s * b * h]
+    assert sum(t.untyped_storage().nbytes() for t in activation_sized) == 2 * s * b * h
+    assert all(t.numel() <= s * b or t.numel() == h for t in saved if t.numel() != s * b * h)
