@@ -26,7 +26,9 @@ commit's deepspeed/runtime/... Nothing here imports torch.
 Its pipeline engine keeps one more buffer slot than 0.19.8's (pipe/schedule.py:246
 min(stages - stage_id + 1, micro_batches)), but each slot's inputs and outputs are freed after
 their micro-batch's backward (pipe/engine.py:739, :1000), so the in-flight micro-batches, and
-the bytes, are the 1F1B schedule's either way.
+the bytes, are the 1F1B schedule's either way: that commit's TrainSchedule, run as it is (pure
+Python), gives stage 0 of 10 eleven buffers and at most ten forwards without their backward
+(stage 0 of 4: five and four; the last stage: two and one).
 """
 
 from __future__ import annotations
