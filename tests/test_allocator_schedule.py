@@ -208,3 +208,19 @@ def test_the_caution_names_the_strategies_no_measured_step_checked() -> None:
     assert "zero3: a coarser schedule, checked only on the H200 harness runs (OOM capacity within 2.4 %" in caution
     assert ("zero3-hpz, zero3-mics, zero3-nvme, zero3-offload, zero3-zeropp: a coarser schedule, "
             "not checked against any measured step") in caution
+
+
+def test_a_pipeline_rank_saves_each_in_flight_micro_batch_apart() -> None:
+    # pp 4 under 1F1B: rank 0 holds 4 micro-batches in flight, so every block's saved input
+    # (full recomputation) is allocated 4 times, a quarter of the block's sum each; the trace
+    # still peaks at the planner's allocated peak.
+    flags = ("gpt2-124m --framework megatron --gpus 4 --pp 4 --micro-batch 2 --seq-len 1024 --grad-accum 8 "
+             "--activation-checkpointing full")
+    request = _request(flags, StrategyKind.ddp)
+    states, terms = peak_terms(request)
+    trace = step_trace(request, states, terms)
+    blocks = request.model.num_layers // 4
+    per_micro_batch = terms.activations // (blocks * 4)
+    sizes = _alloc_sizes(trace, Stream.compute)
+    assert sizes.count(per_micro_batch) >= 4 * blocks
+    assert trace.requested_peak_bytes() == memory_breakdown(request)[0].allocated_peak_bytes

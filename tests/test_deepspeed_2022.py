@@ -59,3 +59,32 @@ def test_2022_terms_at_one_data_parallel_rank():
     assert backward_end_buffer_bytes(new) == transient_buffer_bytes(new) == 2 * trainable
     assert backward_end_buffer_bytes(old) is None
     assert block_backward_transient_bytes(_request("--deepspeed-release", "2022-bigscience", "--grad-accum", "1")) == 0
+
+
+def test_the_replayed_rank_is_the_one_with_the_largest_piece():
+    # Tensors 10, 2, 2, 2 over two ranks (partition 8): rank 0 holds a piece of 8 of the first
+    # tensor, rank 1 the last 2 of it and three whole small ones (more .grad elements kept,
+    # 16 against 10): the copies of rank 0's piece are the step's largest, so its step is taken.
+    from zeroplan.core.deepspeed_2022 import partition_tensor_pieces
+
+    assert partition_pieces([10, 2, 2, 2], 2) == (8, 16, 2)
+    assert partition_tensor_pieces([10, 2, 2, 2], 2) == (8, (0,), (8,))
+
+
+def test_the_step_replayed_tensor_by_tensor_peaks_at_the_planners_step():
+    """The 2022 step's allocations in their order (kept .grad tensors, overflow and norm copies,
+    flat 16-bit and fp32 partitions), replayed at one rank, reach step_peak_bytes at their most."""
+    from zeroplan.core.deepspeed_2022 import FP32_BYTES, OVERFLOW_COPY_BYTES, step_allocations, step_peak_bytes
+    from zeroplan.core.deepspeed_step import NORM_COPY_BYTES
+
+    request = _request("--deepspeed-release", "2022-bigscience")
+    grads, kept, group_kept, groups = step_allocations(request)
+    alive = sum(grads[i] for i in kept)
+    most = alive + max(OVERFLOW_COPY_BYTES * p for _, _, pieces in groups for p in pieces)
+    for (flat, fp32, pieces), members in zip(groups, group_kept):
+        most = max(most, alive + NORM_COPY_BYTES * max(pieces))
+        alive += fp32
+        most = max(most, alive + flat)
+        alive -= sum(grads[i] for i in members)
+    assert most == step_peak_bytes(request)
+    assert all(fp32 == FP32_BYTES * flat // 2 for flat, fp32, _ in groups)  # fp16 flat, fp32 cast

@@ -222,3 +222,56 @@ def test_first_pipeline_stage_keeps_each_in_flight_embedding_dropout_mask():
     kept_first = rank_activation_bytes(first, framework_activations)[0]
     kept_second = rank_activation_bytes(second, framework_activations)[0]
     assert kept_first - chunks * pipe_embedding_mask_bytes(request) == chunks * (kept_second // in_flight_chunks(second.parallel, 1, 8))
+
+
+def _bloom_request(tmp_path: Path, *flags: str):
+    config = tmp_path / "bloom.json"
+    config.write_text(json.dumps({"model_type": "bloom", "n_layer": 4, "hidden_size": 256, "n_head": 4,
+                                  "vocab_size": 1024, "hidden_dropout": 0.1, "attention_dropout": 0.1}))
+    return _request(str(config), "--gpus", "2", "--gpu", "a100-80gb", "--pp", "2", "--framework", "megatron-deepspeed",
+                    "--precision", "fp16-mixed", "--grad-accum", "4", "--micro-batch", "2", "--seq-len", "128",
+                    "--activation-checkpointing", "full", "--attention", "eager", *flags)
+
+
+def test_alibi_and_the_embedding_norm_are_the_bigscience_forks(tmp_path: Path) -> None:
+    """microsoft/Megatron-DeepSpeed f4157be builds neither; the BigScience fork the 2022 release
+    stands for builds both, so the refusal names that release."""
+    from zeroplan.core.plan import peak_terms
+
+    with pytest.raises(ZeroplanError, match=r"allowed: deepspeed_release 2022-bigscience"):
+        peak_terms(_bloom_request(tmp_path))
+    assert peak_terms(_bloom_request(tmp_path, "--deepspeed-release", "2022-bigscience"))[1].activations > 0
+
+
+def test_first_stage_keeps_each_in_flight_embedding_norm_input(tmp_path: Path) -> None:
+    """--embed-layernorm's LayerNorm runs outside any checkpoint: the first stage keeps its
+    16-bit s x b x h input per micro-batch in flight; the head's stage, without the embedding,
+    keeps none of it."""
+    from zeroplan.core.megatron_deepspeed import pipe_embedding_norm_bytes
+    from zeroplan.core.parallel.activations import rank_activation_bytes
+    from zeroplan.core.plan import framework_activations
+
+    request = _bloom_request(tmp_path, "--deepspeed-release", "2022-bigscience")
+    assert pipe_embedding_norm_bytes(request) == 2 * 128 * 2 * 256
+    plain = request.model_copy(update={"model": request.model.model_copy(update={"embedding_norm": False})})
+    for rank, norms in ((0, 2), (1, 0)):  # 1F1B at pp 2: two micro-batches in flight on rank 0
+        with_norm, without = (rank_activation_bytes(r.at_pipeline_rank(rank), framework_activations)[0]
+                              for r in (request, plain))
+        assert with_norm - without == norms * pipe_embedding_norm_bytes(request)
+
+
+def test_embedding_norm_saves_its_16_bit_input_measured() -> None:
+    """The fork's --embed-layernorm is a plain torch.nn.LayerNorm in the 16-bit module: measured
+    with saved-tensor hooks on the CPU, the only activation-sized tensor it keeps is its input,
+    2 bytes an element (the rest: its weight and bias, and per-token statistics)."""
+    import torch
+
+    s, b, h = 16, 2, 64
+    norm = torch.nn.LayerNorm(h).half()
+    saved: list[torch.Tensor] = []
+    x = torch.randn(b, s, h, dtype=torch.half, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        norm(x)
+    activation_sized = [t for t in saved if t.numel() == s * b * h]
+    assert sum(t.untyped_storage().nbytes() for t in activation_sized) == 2 * s * b * h
+    assert all(t.numel() <= s * b or t.numel() == h for t in saved if t.numel() != s * b * h)

@@ -17,9 +17,14 @@ from zeroplan.allocator.fsdp_schedule import (FsdpStepInputs, forward_cache_part
                                               record_fsdp_step, run_loss)
 from zeroplan.allocator.replay import Ops
 from zeroplan.allocator.trace import AllocationTrace, Stream
+from zeroplan.core import deepspeed_2022
 from zeroplan.core.activations import layer_terms
-from zeroplan.core.deepspeed_step import runs_flat_step
+from zeroplan.core.deepspeed_step import NORM_COPY_BYTES, runs_flat_step
+from zeroplan.core.frameworks import framework_recompute_bytes
 from zeroplan.core.largest_unit import largest_unit_elements
+from zeroplan.core.parallel.activations import rank_activation_bytes
+from zeroplan.core.parallel.pipeline import in_flight_chunks
+from zeroplan.specs.framework import Framework
 from zeroplan.core.layout import gradient_wire_bytes
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.training import ActivationCheckpointing
@@ -37,6 +42,49 @@ def _block_tensor_weights(request: PlanRequest) -> list[int]:
     terms = layer_terms(model, training, batch.seq_len, batch.micro_batch_size, autocast=request.runs_under_autocast)
     weights = [value for value in terms.values() if value > 0]
     return weights or [1]
+
+
+# Korthikanti et al. 2022 sec. 5: under full recomputation a block's backward first reruns its
+# forward with gradients on (DeepSpeed runtime/activation_checkpointing/checkpointing.py
+# CheckpointFunction.backward at microsoft/DeepSpeed@8eef742f0: ctx.run_function under
+# torch.enable_grad, then torch.autograd.backward), allocating the block's saved tensors one by
+# one (zeroplan.core.frameworks.framework_recompute_bytes counts their sum), beside the
+# residual-stream gradients the rest of the workspace is. Taken tensor by tensor where the
+# recompute is DeepSpeed's (the megatron-deepspeed profile's --deepspeed-activation-checkpointing);
+# torch.utils.checkpoint reruns alike, but the other profiles' reserved rows are not yet checked
+# against it, so their workspace stays one allocation.
+def _recompute_only(request: PlanRequest) -> tuple[int, int]:
+    """(kept, recompute) as rank_activation_bytes reads them, the recompute alone."""
+    return 0, framework_recompute_bytes(request)
+
+
+def _workspace_parts(request: PlanRequest, workspace: int) -> tuple[int, ...]:
+    """A block's backward workspace as the tensors it allocates: the rebuilt block's own (as the
+    planner's layer terms weigh them) and the rest in one; the whole in one elsewhere."""
+    training = request.training
+    if (training.activation_checkpointing is not ActivationCheckpointing.full
+            or training.framework is not Framework.megatron_deepspeed):
+        return (workspace,)
+    recompute = min(rank_activation_bytes(request, _recompute_only)[1], workspace)
+    model, batch = request.model, request.batch
+    terms = layer_terms(model, training, batch.seq_len, batch.micro_batch_size, autocast=request.runs_under_autocast)
+    weights = [value for value in terms.values() if value > 0]
+    return tuple(split_bytes(recompute, weights or [1]) + split_bytes(workspace - recompute, [1]))
+
+
+# A pipeline rank holds each in-flight micro-batch's saved tensors apart: every forward of a
+# micro-batch allocates its own (deepspeed runtime/pipe/engine.py _exec_forward_pass at
+# microsoft/DeepSpeed@8eef742f0, one PipelineModule forward per buffer slot; torch's
+# distributed/pipelining stage.py forward_one_chunk; megatron-core's forward_step), and its
+# backward frees them. zeroplan.core.parallel.activations counts them as one sum per block.
+def _in_flight_micro_batches(request: PlanRequest) -> int:
+    """Micro-batches whose saved tensors each of the rank's blocks holds at its in-flight peak:
+    the rank's in-flight chunks spread over its virtual stages (1 without a pipeline)."""
+    parallel = request.parallel
+    if parallel.pp == 1:
+        return 1
+    chunks = in_flight_chunks(parallel, parallel.pipeline_rank, request.batch.grad_accum_steps)
+    return max(1, chunks // parallel.virtual_stages)
 
 
 def _transient_parts(request: PlanRequest, transient: int) -> tuple[int, int]:
@@ -85,6 +133,14 @@ class StepInputs:
     """The stream a unit's gather is on (FSDP's all-gather stream, or the compute stream)."""
     flat_step: bool = False
     """runs_flat_step: the step's gradients and temporaries whole, not per unit."""
+    in_flight: int = 1
+    """_in_flight_micro_batches: each block's saved tensors once per micro-batch in flight."""
+    stage1_2022: tuple | None = None
+    """deepspeed_2022.step_allocations where the 2022 DeepSpeed's ZeRO stage-1 step runs: the
+    16-bit gradients tensor by tensor and the step's allocations in their order; None elsewhere."""
+    workspace_parts: tuple[int, ...] = ()
+    """_workspace_parts: the tensors a block's backward workspace is made of (empty: the
+    workspace whole)."""
 
 
 def step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms) -> StepInputs:
@@ -111,7 +167,9 @@ def step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms)
                       backward_end_buffers=terms.backward_end_buffers,
                       backward_end_gradients=terms.backward_end_gradients,
                       gather_stream=Stream.all_gather if request.strategy.kind.is_fsdp else Stream.compute,
-                      flat_step=runs_flat_step(request))
+                      flat_step=runs_flat_step(request), in_flight=_in_flight_micro_batches(request),
+                      workspace_parts=_workspace_parts(request, terms.workspace),
+                      stage1_2022=deepspeed_2022.step_allocations(request) if deepspeed_2022.models_2022(request) else None)
 
 
 def step_trace(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms) -> AllocationTrace:
@@ -147,7 +205,10 @@ def record_step(x: StepInputs) -> TraceBuilder:
     # With accumulation, what the earlier micro-batches left (the gradients, or under DeepSpeed's
     # convention its own buffers: PeakTerms.accumulated_gradients) is there from the start.
     carried = x.gradient_bytes if x.accumulated_gradients is None else x.accumulated_gradients
-    gradients = b.alloc_parts(even_parts(carried, blocks + 1)) if accumulating else []
+    grads_2022 = x.stage1_2022[0] if x.stage1_2022 is not None else None
+    # The 2022 ZeRO stage 1 keeps every 16-bit .grad as its own tensor (deepspeed_2022.step_allocations).
+    carried_parts = list(grads_2022) if grads_2022 is not None else even_parts(carried, blocks + 1)
+    gradients = b.alloc_parts(carried_parts) if accumulating else []
     held = b.alloc(x.backward_held_buffers - x.draining_held_buffers)
     # FSDP's no_sync unsharded gradients: whole through a micro-batch's backward, they give way
     # to the gradient shards the last one's reduce-scatters make.
@@ -158,16 +219,21 @@ def record_step(x: StepInputs) -> TraceBuilder:
     # backward: Megatron-DeepSpeed's BF16_Optimizer, zeroplan.core.buffers).
     at_end = gathered
     gathered = min(gathered, x.block_transient_buffers)
-    per_block, outside = divmod(x.activations, blocks)
+    # Under a pipeline each in-flight micro-batch's forward saves its own tensors in every
+    # block, the earliest micro-batch first (_in_flight_micro_batches).
+    in_flight = x.in_flight
+    per_block, outside = divmod(x.activations, blocks * in_flight)
     weights = list(x.block_weights)
     outside_ids = b.alloc(outside)
-    saved: list[list[int]] = []
+    saved: list[list[list[int]]] = [[] for _ in x.cache_parts]
     cache: list[int] = []
-    for parts in x.cache_parts:
-        unit = b.alloc(gathered, gather_stream)
-        saved.append(b.alloc_parts(split_bytes(per_block, weights)))
-        cache += b.alloc_parts(list(parts))
-        b.free(unit)
+    for micro_batch in range(in_flight):
+        for block, parts in enumerate(x.cache_parts):
+            unit = b.alloc(gathered, gather_stream)
+            saved[block].append(b.alloc_parts(split_bytes(per_block, weights)))
+            if micro_batch == 0:
+                cache += b.alloc_parts(list(parts))
+            b.free(unit)
 
     # The loss: each of its moments in turn (the reference model's: three fp32 sbV tensors).
     run_loss(x.loss_moments, b, cache)
@@ -176,15 +242,23 @@ def record_step(x: StepInputs) -> TraceBuilder:
     # recomputed block) while the block's gradients are computed, then its activations freed.
     # Gradients a framework leaves unreduced from before the blocks are there from the first
     # (PeakTerms.block_backward_gradients: DeepSpeed ZeRO-1's).
+    # Under a pipeline the micro-batches' backwards run in turn, the earliest first (1F1B's
+    # cool-down; in its steady state a forward between two backwards reuses what one freed).
     early = b.alloc(x.block_backward_gradients)
-    for block in reversed(range(blocks)):
-        unit = b.alloc(gathered, gather_stream)
-        reducing = b.alloc(reduce, Stream.reduce_scatter)
-        b.free(b.alloc(x.workspace))
-        b.free(saved[block])
-        b.free(unit + reducing)
+    workspace = list(x.workspace_parts) or [x.workspace]
+    for micro_batch in range(in_flight):
+        for block in reversed(range(blocks)):
+            unit = b.alloc(gathered, gather_stream)
+            reducing = b.alloc(reduce, Stream.reduce_scatter)
+            b.free(b.alloc_parts(workspace))
+            b.free(saved[block][micro_batch])
+            b.free(unit + reducing)
     b.free(outside_ids)
     b.free(early)
+
+    if x.stage1_2022 is not None:
+        _record_2022_step(x, b, gradients, held + draining)
+        return b
 
     # End of backward: the planner's gradients arrive once the activations are gone, beside the
     # last unit's buffers, or the last reduction's own buffers and gradients where it is modelled
@@ -219,3 +293,30 @@ def record_step(x: StepInputs) -> TraceBuilder:
     b.free(b.alloc_parts(even_parts(x.step_temporary, parts)))
     b.free(gradients)
     return b
+
+
+# zeroplan.core.deepspeed_2022.step_allocations: the reduction's flat bucket copy after backward
+# (backward_end_buffers, reduce_copy_bytes), the epilogue's zero_grad freeing the gradients
+# outside the partition, then the step's copies in their order, each its own allocation.
+def _record_2022_step(x: StepInputs, b: TraceBuilder, gradients: list[int], held: list[int]) -> None:
+    """The end of backward and the step of the 2022 DeepSpeed's ZeRO stage 1."""
+    grads, kept, group_kept, groups = x.stage1_2022
+    if not gradients:
+        # Without accumulation the one backward makes them.
+        gradients = b.alloc_parts(list(grads))
+    b.free(b.alloc(x.backward_end_buffers or 0))
+    keep = set(kept)
+    b.free([ident for i, ident in enumerate(gradients) if i not in keep])
+    b.free(held)
+    for _, _, pieces in groups:
+        for piece in pieces:
+            b.free(b.alloc(deepspeed_2022.OVERFLOW_COPY_BYTES * piece))
+    partitions: list[int] = []
+    for (flat_bytes, fp32_bytes, pieces), members in zip(groups, group_kept):
+        for piece in pieces:
+            b.free(b.alloc(NORM_COPY_BYTES * piece))
+        flat = b.alloc(flat_bytes)
+        partitions += b.alloc(fp32_bytes)
+        b.free(flat)
+        b.free([gradients[i] for i in members])
+    b.free(partitions)

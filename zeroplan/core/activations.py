@@ -49,10 +49,13 @@ def attention_core_terms(model: ModelSpec, training: TrainingSpec, s: int, b: in
         return {**terms, "logsumexp": FP32_BYTES * model.num_heads * s * b}
     scores = model.num_heads * s * s * b
     terms["softmax_output"] = e * scores
-    if model.position is PositionKind.alibi:
+    if model.position is PositionKind.alibi and not training.framework.megatron_layout:
         # transformers 4.56.2 models/bloom/modeling_bloom.py BloomAttention.forward: the scores
         # (alibi.baddbmm) pass F.softmax(..., dtype=torch.float32), whose fp32 output its backward
-        # keeps, then .to(query dtype) for the bmm with the values, which keeps that copy.
+        # keeps, then .to(query dtype) for the bmm with the values, which keeps that copy. The
+        # BigScience Megatron fork's ALiBi (bigscience-workshop/Megatron-DeepSpeed@541b967f
+        # megatron/model/transformer.py:283-358) adds the bias in its baddbmm and passes the 16-bit
+        # scores to its FusedScaleMaskSoftmax, which keeps its 16-bit output as without ALiBi.
         terms["softmax_output"] = (FP32_BYTES + e) * scores
     if model.attention_dropout > 0:
         terms["attention_dropout"] = DROPOUT_MASK_BYTES * scores + e * scores

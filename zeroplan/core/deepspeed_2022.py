@@ -26,7 +26,9 @@ commit's deepspeed/runtime/... Nothing here imports torch.
 Its pipeline engine keeps one more buffer slot than 0.19.8's (pipe/schedule.py:246
 min(stages - stage_id + 1, micro_batches)), but each slot's inputs and outputs are freed after
 their micro-batch's backward (pipe/engine.py:739, :1000), so the in-flight micro-batches, and
-the bytes, are the 1F1B schedule's either way.
+the bytes, are the 1F1B schedule's either way: that commit's TrainSchedule, run as it is (pure
+Python), gives stage 0 of 10 eleven buffers and at most ten forwards without their backward
+(stage 0 of 4: five and four; the last stage: two and one).
 """
 
 from __future__ import annotations
@@ -126,3 +128,61 @@ def reduce_copy_bytes(request: PlanRequest) -> int:
     e = _model_dtype_bytes(request)
     cast = COMMUNICATION_BYTES if request.training.precision is not Precision.fp16_mixed else 0
     return (e + cast) * largest
+
+
+# Which rank the allocator's replay takes: the step's largest single allocations are the fp32 and
+# fp64 copies of a rank's largest piece (check_overflow, get_grad_norm_direct), made after the
+# activations' blocks are freed but too large for them, so the rank with the largest piece (the
+# first data-parallel rank of the first stage, whose partition opens with the word embedding)
+# reserves the most; partition_pieces' rank, which keeps the most .grad bytes, sets the
+# allocated peak.
+def partition_tensor_pieces(numels: list[int], group_size: int) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """For the rank whose partition holds the largest piece of one tensor (then the most kept
+    .grad elements): its partition's elements, the indices of the tensors whose whole .grad it
+    keeps and each one's piece inside the partition."""
+    partition = flat_group_elements(sum(numels), group_size) // group_size
+    best: tuple[tuple[int, int], tuple[int, ...], tuple[int, ...]] = ((-1, -1), (), ())
+    for rank in range(group_size):
+        lo, hi = rank * partition, (rank + 1) * partition
+        kept: list[int] = []
+        pieces: list[int] = []
+        offset = 0
+        for index, numel in enumerate(numels):
+            start, end = max(offset, lo), min(offset + numel, hi)
+            if start < end:
+                kept.append(index)
+                pieces.append(end - start)
+            offset += numel
+        score = (max(pieces, default=0), sum(numels[i] for i in kept))
+        if score > best[0]:
+            best = (score, tuple(kept), tuple(pieces))
+    return partition, best[1], best[2]
+
+
+# The step's allocations in their order, tensor by tensor (what step_peak_bytes takes the moments
+# of; the allocator's schedule replays them, zeroplan.allocator.schedule): every 16-bit .grad is
+# its own tensor, made by the first micro-batch's backward; the epilogue's zero_grad
+# (stage_1_and_2.py:690) frees those outside the partition; check_overflow (:1640, :1835-1840,
+# :1877) makes and drops an fp32 copy of every kept piece, group after group; then per group
+# (:1676-1709) get_grad_norm_direct's fp64 copy of every piece (:1536), one at a time, the flat
+# 16-bit partition (:1694-1700), its fp32 cast (kept as the fp32 partition's .grad), the flat
+# copy dropped and the group's .grad tensors freed (:1709); the fp32 partitions go after the
+# optimizer's step.
+def step_allocations(request: PlanRequest) -> tuple[tuple[int, ...], tuple[int, ...], tuple[tuple[int, ...], ...],
+                                                      tuple[tuple[int, int, tuple[int, ...]], ...]]:
+    """(every .grad's bytes in model order, the indices of those the step keeps, each group's
+    kept indices, per group (flat 16-bit bytes, fp32 partition bytes, its pieces' elements)),
+    for partition_tensor_pieces' rank."""
+    e = _model_dtype_bytes(request)
+    grads: list[int] = []
+    kept: list[int] = []
+    group_kept: list[tuple[int, ...]] = []
+    groups: list[tuple[int, int, tuple[int, ...]]] = []
+    for numels in group_numels(request):
+        partition, indices, pieces = partition_tensor_pieces(numels, request.shard_group_size)
+        base = len(grads)
+        grads += [e * n for n in numels]
+        kept += [base + i for i in indices]
+        group_kept.append(tuple(base + i for i in indices))
+        groups.append((e * partition, FP32_BYTES * partition, pieces))
+    return tuple(grads), tuple(kept), tuple(group_kept), tuple(groups)

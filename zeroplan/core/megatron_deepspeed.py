@@ -251,3 +251,21 @@ def pipe_embedding_mask_bytes(request: PlanRequest) -> int:
     from zeroplan.core.megatron import embedding_mask_bytes
 
     return embedding_mask_bytes(request)
+
+
+# bigscience-workshop/Megatron-DeepSpeed@541b967f megatron/mpu/layers.py:191, :236-237
+# (--embed-layernorm): VocabParallelEmbedding normalises its all-reduced output with a
+# torch.nn.LayerNorm, which saves its [b, s, h] input (2 bytes an element in the 16-bit module;
+# its fp32 mean and rstd are s b floats each, left out as the planner's norms leave them). Like
+# the dropout mask it runs outside any checkpoint (pipe_embedding_mask_bytes), so the first stage
+# keeps it for every micro-batch in flight; the head's stage counts the model's outside-block
+# terms, this one included, which it does not hold under a pipeline.
+def pipe_embedding_norm_bytes(request: PlanRequest) -> int:
+    """One in-flight micro-batch's embedding norm input on the stage that runs the embedding
+    (0 without the embedding norm)."""
+    if not request.model.embedding_norm:
+        return 0
+    from zeroplan.core.activations import norm_bytes
+
+    batch = request.batch
+    return norm_bytes(request.model, request.training, batch.seq_len, batch.micro_batch_size)

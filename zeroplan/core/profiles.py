@@ -572,18 +572,33 @@ def litgpt_builds(model: ModelSpec) -> str | None:
 # Its MoE layers (transformer/moe/: token dispatchers, grouped GEMMs, capacity and padding) and
 # multi-latent attention are other code whose bytes zeroplan has not read; they are refused
 # rather than planned as dense blocks.
-def megatron_builds(model: ModelSpec) -> str | None:
-    """Why the megatron profile does not plan this architecture, or None when it does."""
+def megatron_builds(model: ModelSpec, *, bigscience_fork: bool = False) -> str | None:
+    """Why the megatron profile does not plan this architecture, or None when it does
+    (``bigscience_fork``: the BigScience fork's GPT, which adds ALiBi and an embedding norm)."""
     if model.is_moe or model.is_mla:
         return "a mixture of experts or latent attention (Megatron's MoE and MLA layers are not modelled)"
-    if model.position is PositionKind.alibi:
+    if model.position is PositionKind.alibi and not bigscience_fork:
         return "ALiBi positions (GPTModel offers learned, rope or none)"
-    if model.post_norms or model.parallel_block or model.embedding_norm or not model.causal:
-        return "post-norms, a parallel block, an embedding norm or bidirectional attention"
+    if model.embedding_norm and not bigscience_fork:
+        return "an embedding norm"
+    if model.post_norms or model.parallel_block or not model.causal:
+        return "post-norms, a parallel block or bidirectional attention"
     return None
 
 
-def check_framework_model(framework: Framework, model: ModelSpec) -> None:
+# bigscience-workshop/Megatron-DeepSpeed@541b967f (2022-02-17, the fork BigScience's tr11 runs
+# trained with beside the 2022 DeepSpeed): --position-embedding-type alibi
+# (megatron/model/transformer.py ParallelAttention adds the ALiBi bias in its baddbmm, no position
+# table: megatron/model/language_model.py Embedding) and --embed-layernorm
+# (megatron/mpu/layers.py:191, VocabParallelEmbedding's torch.nn.LayerNorm after the vocabulary
+# all-reduce). The megatron-deepspeed profile plans that fork's GPT under deepspeed_release
+# 2022-bigscience (zeroplan.core.deepspeed_2022).
+def builds_bigscience_fork(framework: Framework, deepspeed_release: str | None) -> bool:
+    """Whether the request's GPT is the BigScience fork's (ALiBi and the embedding norm built)."""
+    return framework is Framework.megatron_deepspeed and deepspeed_release == "2022-bigscience"
+
+
+def check_framework_model(framework: Framework, model: ModelSpec, deepspeed_release: str | None = None) -> None:
     """Refuse, in one line, a model the framework's own code does not build."""
     if framework is Framework.litgpt:
         reason = litgpt_builds(model)
@@ -595,10 +610,13 @@ def check_framework_model(framework: Framework, model: ModelSpec) -> None:
     if framework.megatron_layout:
         # The fork's legacy GPT (megatron/model/language_model.py, transformer.py) offers the
         # same positions, norms and MLPs as megatron-core's GPTModel; its MoE is DeepSpeed's.
-        reason = megatron_builds(model)
+        reason = megatron_builds(model, bigscience_fork=builds_bigscience_fork(framework, deepspeed_release))
         if reason is not None:
+            forked = framework is Framework.megatron_deepspeed and megatron_builds(model, bigscience_fork=True) is None
+            allowed = "deepspeed_release 2022-bigscience, whose fork builds it, or framework zeroplan" if forked else (
+                "framework zeroplan for it")
             raise ZeroplanError("model", f"{model.name} has {reason}; the {framework.value} profile plans dense GPT and "
-                                "Llama-style decoders (allowed: framework zeroplan for it)")
+                                f"Llama-style decoders (allowed: {allowed})")
         return
     if framework is Framework.torchtune:
         reason = torchtune_builds(model)
@@ -690,7 +708,7 @@ def check_framework_request(training: TrainingSpec, model: ModelSpec | None = No
     the model, a selective-layer interval that checkpoints no block)."""
     prof = profile(training.framework)
     if model is not None:
-        check_framework_model(training.framework, model)
+        check_framework_model(training.framework, model, training.deepspeed_release)
     if training.framework.megatron_layout:
         # The fork's megatron/optimizer/__init__.py:68-116 offers the same "adam" and "sgd".
         check_megatron_optimizer(training.optimizer)

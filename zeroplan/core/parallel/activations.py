@@ -192,9 +192,14 @@ def rank_activation_bytes(request: PlanRequest, activations) -> tuple[int, int]:
 
         kept += chunks * pipe_output_bytes(request)
         if holds_embedding(request):
-            from zeroplan.core.megatron_deepspeed import pipe_embedding_mask_bytes
+            from zeroplan.core.megatron_deepspeed import pipe_embedding_mask_bytes, pipe_embedding_norm_bytes
 
-            kept += chunks * pipe_embedding_mask_bytes(request)
+            kept += chunks * (pipe_embedding_mask_bytes(request) + pipe_embedding_norm_bytes(request))
+    elif request.training.framework is Framework.megatron_deepspeed and not holds_embedding(request):
+        # The head's stage counts the outside-block terms, the embedding norm's input among them.
+        from zeroplan.core.megatron_deepspeed import pipe_embedding_norm_bytes
+
+        kept -= last_stage_in_flight(request) * pipe_embedding_norm_bytes(request)
     if request.training.framework is Framework.torchtitan and parallel.pp > 1:
         kept += pipeline_stage_output_bytes(request, chunks) + pipeline_input_gradient_bytes(request, chunks)
         # The receive buffers are allocated once and kept, so alive at the end of backward and
