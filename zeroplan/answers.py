@@ -59,7 +59,7 @@ class FitReport(Frozen):
     step_time_basis: str = ""
     """What the step times rest on: the fitted default HFU of the request's mechanism, the flat
     HFU, --hfu as given or a calibrated efficiency file, and the error band measured for it
-    (zeroplan.calibrate.step.time_basis_line; the line the text view prints under its table).
+    (zeroplan.calibrate.basis.time_basis_line; the line the text view prints under its table).
     Filled by the command line; '' from the Python API, where time_basis_line gives it."""
 
     def plan_for(self, strategy: StrategyKind | str) -> StrategyPlan:
@@ -113,7 +113,7 @@ class PlanSearchResult(Frozen):
     step_time_basis: str = ""
     """What the step times rest on: the fitted default HFU of the request's mechanism, the flat
     HFU, --hfu as given or a calibrated efficiency file, and the error band measured for it
-    (zeroplan.calibrate.step.time_basis_line; the line the text view prints under its table).
+    (zeroplan.calibrate.basis.time_basis_line; the line the text view prints under its table).
     Filled by the command line; '' from the Python API, where time_basis_line gives it."""
 
     def to_dataframe(self):

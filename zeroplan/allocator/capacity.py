@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pydantic import ConfigDict
+
 from zeroplan.allocator.config import AllocatorConfig
 from zeroplan.allocator.replay import Ops, ReplayResult, compile_trace, replay
 from zeroplan.allocator.trace import AllocationTrace
@@ -18,6 +20,10 @@ between two multiples behaves as the lower one (small-pool segments are 2 MiB to
 
 class AllocatorVerdict(Frozen):
     """The allocator's answer for one step and one configuration."""
+
+    # Its validator is built on first use: `zeroplan fit` never builds one (oom_capacity, which
+    # the framework measurements call, does).
+    model_config = ConfigDict(defer_build=True)
 
     unlimited: ReplayResult
     """The replay with no device limit: what the allocator reserves when nothing fails."""

@@ -50,10 +50,14 @@ def efficiency_attention(args: argparse.Namespace) -> float | None:
 
 def time_basis_text(args: argparse.Namespace, request) -> str:  # type: ignore[no-untyped-def]
     """The time-basis line, whole (FitReport.step_time_basis, PlanSearchResult.step_time_basis)."""
-    from zeroplan.calibrate.step import load_efficiency, time_basis_line
+    from zeroplan.calibrate.basis import time_basis_line
 
     path = getattr(args, "efficiency", None)
-    efficiency = load_efficiency(path) if path else None
+    efficiency = None
+    if path:
+        from zeroplan.calibrate.step import load_efficiency
+
+        efficiency = load_efficiency(path)
     return time_basis_line(request, path, efficiency, hfu_given=args.hfu != DEFAULT_HFU)
 
 

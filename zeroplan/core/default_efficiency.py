@@ -14,7 +14,7 @@ mechanism's HFU, the coarser mechanism where no row ran it (its attention kernel
 generation); a GPU generation without rows takes the fit of a generation of the same compute
 die (architecture and peak bf16 FLOP/s, e.g. H200 from H100), else the flat HFU 0.4 (a round
 figure, not fitted). How far this default lands from published rows the fit never saw is
-measured leave-one-source-out (benchmarks/step_time_accuracy.py; zeroplan.calibrate.step.DEFAULT_BAND).
+measured leave-one-source-out (benchmarks/step_time_accuracy.py; zeroplan.calibrate.basis.DEFAULT_BAND).
 
 Nothing here imports torch; the table is data.
 """

@@ -1,0 +1,78 @@
+"""The line under fit's, compare's and plan's table saying what the step times rest on (a
+calibrated efficiency file, the fitted default, --hfu, the roofline) and the error band measured
+for it. Apart from zeroplan.calibrate.step, whose efficiency-file models a default fit never
+builds: the line is printed by every fit, the file read only under --efficiency."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from zeroplan.calibrate.step import StepEfficiency
+    from zeroplan.specs.request import PlanRequest
+
+CALIBRATED_BAND: tuple[float, float] | None = (0.075, 0.412)
+"""(median, max) |error| of tokens/s/GPU when each published source with at least three rows is
+calibrated on its row of fewest GPUs and predicts its other rows (benchmarks/step_time_accuracy.py,
+docs/validation.md "Calibrated from one measured step"; tests/test_step_calibration.py ties it to
+the printed figures); None until measured."""
+
+DEFAULT_BANDS: dict[str, tuple[float, float]] = {
+    "matmul": (0.093, 1.191), "published": (0.066, 0.414), "kernel": (0.050, 0.396),
+}
+"""(median, max) |error| of tokens/s/GPU under the fitted default efficiency
+(zeroplan.core.default_efficiency), by attention-rate mode, over every published row with the
+efficiency fitted on the other sources only (leave-one-source-out; benchmarks/step_time_accuracy.py,
+tests/test_step_calibration.py ties them to the printed figures)."""
+
+DEFAULT_BAND: tuple[float, float] | None = DEFAULT_BANDS["published"]
+"""The fitted default's band under the default attention rate (published)."""
+
+FLAT_BAND: tuple[float, float] | None = (0.223, 0.868)
+"""(median, max) |error| of tokens/s/GPU at the flat HFU 0.4 (the default of a GPU without rows
+of its generation or compute die) over every published row (nothing is fitted, so no row is in
+its own fit)."""
+
+
+def _band(band: tuple[float, float] | None, what: str) -> str:
+    if band is None:
+        return "band not measured"
+    return f"error band {what}: median {band[0]:.1%}, max {band[1]:.1%} |error| of tokens/s/GPU (docs/validation.md)"
+
+
+def time_basis_line(request: PlanRequest, efficiency_path: str | None, efficiency: StepEfficiency | None,
+                    hfu_given: bool) -> str:
+    """One line saying what the step times rest on: a calibrated efficiency or the default, and
+    the error band measured for it (and, for a compiled request compile cannot be timed for, why)."""
+    from zeroplan.core.compiled_time import compile_time_note
+
+    line = _time_basis(request, efficiency_path, efficiency, hfu_given)
+    note = compile_time_note(request)
+    return f"{line}; {note}" if note else line
+
+
+def _time_basis(request: PlanRequest, efficiency_path: str | None, efficiency: StepEfficiency | None,
+                hfu_given: bool) -> str:
+    if efficiency is not None:
+        from zeroplan.calibrate.step import calibrated_under
+
+        source = efficiency.source
+        return (f"step time: calibrated, HFU {efficiency.hardware_flops_utilization:.3f} from {efficiency_path} "
+                f"({source.model} on {source.num_gpus} x {efficiency.gpu}, {source.strategy}, micro-batch "
+                f"{source.micro_batch_size} x seq {source.seq_len}: {source.measured_step_s:.4g} s measured); "
+                + (f"calibrated under other settings: {differs}; " if (differs := calibrated_under(efficiency, request)) else "")
+                + _band(CALIBRATED_BAND, "when one row of a published source predicts its others"))
+    if request.performance.compute_model == "roofline":
+        return "step time: roofline compute model, not calibrated; band not measured"
+    if hfu_given:
+        return (f"step time: HFU {request.performance.hardware_flops_utilization:g} as given (--hfu), not calibrated; "
+                "band not measured")
+    from zeroplan.core.default_efficiency import default_hfu
+
+    default = default_hfu(request)
+    if default.level == "flat":
+        return (f"step time: {default.describe()}, not calibrated (zeroplan calibrate step fits one); "
+                + _band(FLAT_BAND, "of the flat HFU on the published rows"))
+    return (f"step time: {default.describe()}, not calibrated (zeroplan calibrate step fits one); "
+            + _band(DEFAULT_BANDS.get(request.performance.attention_rate),
+                    "on published rows of sources left out of the fit"))
