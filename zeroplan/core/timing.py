@@ -39,7 +39,9 @@ class StepTime(Frozen):
     """zero3-nvme / zero3-param-nvme: reads and writes of the NVMe swap files, at this GPU's
     share of the node's drive (zeroplan.core.nvme.nvme_traffic); 0 for every other strategy."""
     cpu_optimizer_s: float = 0.0
-    """Offload's optimizer step on the host CPU for this GPU's partition (0 without offload)."""
+    """Offload's optimizer step on the host CPU for this GPU's partition (0 without offload);
+    under DeepSpeed's CPU offload with its unscale and cast passes over host memory
+    (zeroplan.core.deepspeed_offload_time)."""
     optimizer_step_s: float = 0.0
     """The optimizer step on the GPU, after the backward: a memory-bound pass at the GPU's copy
     bandwidth (zeroplan.core.roofline.optimizer) under either compute model; 0 on a GPU without a
