@@ -44,7 +44,10 @@ def test_vectorised_layouts_equal_the_scalar_planner_where_not_fitted(framework,
     base = _base("llama-3.1-8b", 16, seq_len=seq_len, framework=framework)
     space = LayoutSpace(max_tp=4) if seq_len < 32768 else LayoutSpace(max_tp=2, pp=None)
     all_groups = [g for g in groups(base, space=space) if not g.request.parallel.is_trivial]
-    assert all_groups and not any(g.scalar_only for g in all_groups)
+    # ZeRO-2 offload's host copies are not affine in the accumulation steps
+    # (zeroplan.core.deepspeed_offload_time.stage2_gradient_bytes): the scalar planner times it.
+    assert all_groups and not any(g.scalar_only and g.request.strategy.kind is not StrategyKind.zero2_offload
+                                  for g in all_groups)
     checked = 0
     for group in _sample(all_groups, rng, 2):
         p = group.request.parallel.pp

@@ -65,9 +65,10 @@ def test_a_sources_own_architecture_reproduces_its_parameter_count() -> None:
 def test_flat_hfu_prediction_is_executed_flops_at_that_hfu_when_communication_hides() -> None:
     hfu = FLAT_HFU
     for row, comparison in zip(ROWS, TABLE):
-        if row.tp * row.pp > 1 or row.strategy is StrategyKind.zero1:
-            # Model-parallel collectives block compute, and ZeRO-1's step-phase collectives are
-            # exposed by design (Megatron's and BLOOM's rows); every FSDP and one-GPU row hides.
+        if row.tp * row.pp > 1 or row.strategy is StrategyKind.zero1 or row.strategy.offloads_optimizer:
+            # Model-parallel collectives block compute, ZeRO-1's step-phase collectives are
+            # exposed by design (Megatron's and BLOOM's rows), and so are offload's host copies
+            # and CPU step; every FSDP and one-GPU row hides.
             continue
         assert comparison.exposed_communication_s == 0.0, row.name
         request = row.request()
@@ -166,7 +167,10 @@ def test_every_published_run_fits() -> None:
     # Each row is a run that ran: the verdict a GPU would give (the caching-allocator model's,
     # the default) must say it fits. llm-foundry's rows fit once their loss is the fused
     # cross-entropy their model builds by default (docs/validation.md, "Step time").
-    assert [c.name for c in TABLE if not c.fits] == []
+    # DeepSpeed's ZeRO-Offload tutorial run kept its activation checkpoints on the host
+    # (activation_checkpointing.cpu_checkpointing), which the memory model does not: 0.65 GiB over.
+    host_checkpoints = {"deepspeed zero-offload gpt-2 10b l50 h4096 a32 v100-32gb x1 s1024 b10 AC"}
+    assert {c.name for c in TABLE if not c.fits} == host_checkpoints
 
 
 def test_readme_medians_are_what_the_benchmark_prints() -> None:

@@ -52,7 +52,7 @@ def add_cluster_arguments(group: argparse._ArgumentGroup) -> None:
     host.add_argument("--host-memory-gib", type=positive_float, help="host RAM per node in GiB (2^30 bytes), to check offload")
     host.add_argument("--host-memory-gb", type=positive_float, help="the same in GB (10^9 bytes)")
     group.add_argument("--host", default="dgx-h100",
-                       help="the node's CPUs and memory that run offload's optimizer step: dgx-h100 (default) or dgx-a100")
+                       help="the node's CPUs and memory that run offload's optimizer step: dgx-h100 (default), dgx-a100 or dgx-2")
     group.add_argument("--host-cores", type=positive_int, help="physical CPU cores per node (overrides --host's)")
     group.add_argument("--nvme-bandwidth",
                        help="zero3-nvme, zero3-param-nvme: the node's swap drive(s), a preset (pm9a3, the default; "

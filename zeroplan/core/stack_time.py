@@ -65,6 +65,7 @@ _COMPOSER = "mosaicml/composer@6405188805a0054b4551ec49e4919c54c971d0e8"
 _MEGATRON = "NVIDIA/Megatron-LM@d98e8a64ddf34856e74b24714e3bedb2f5a39553"
 _FMS = "foundation-model-stack/fms-fsdp@5a296afe42f9932f590783cb053fa0f9384e01fc"
 _MDS = "bigscience-workshop/Megatron-DeepSpeed@8387ae17c4704f6579f88a84500b535d19d7fbbf"
+_DSE = "microsoft/DeepSpeedExamples@ece5e0e077f5b4fd60d6f31c68129a11741aa81b"
 
 PROFILES: dict[str, StackTimeProfile] = {
     "torchtitan": StackTimeProfile(
@@ -143,6 +144,24 @@ PROFILES: dict[str, StackTimeProfile] = {
                  "ReduceGrads, then OptimizerStep): nothing overlaps the backward; ZeRO-1's (BF16_Optimizer's) "
                  "parameter gather after the step"),
         overlap_source="deepspeed 0.19.8 runtime/pipe/schedule.py TrainSchedule, runtime/pipe/engine.py _exec_reduce_grads",
+        overlap_grad_reduce=False,
+    ),
+    "deepspeed": StackTimeProfile(
+        stack="deepspeed", read_at=f"{_DSE} (DeepSpeed's ZeRO-Offload tutorial's Megatron-LM v1.1.5 GPT-2, deepspeed 0.3.0)",
+        attention_kernel="eager",
+        attention_source=(f"{_DSE} Megatron-LM/mpu/transformer.py GPT2ParallelSelfAttention.forward: QK^T, scale, "
+                          "mask by multiply-subtract, torch.nn.Softmax, dropout, then AV: every score materialised, "
+                          "unfused"),
+        fused_ops=("apex FusedLayerNorm", "DeepSpeedCPUAdam on the host under --cpu-optimizer (apex FusedAdam otherwise)",
+                   "GeLU: OpenAI's tanh form in eager ops"),
+        fused_source=(f"{_DSE} Megatron-LM/mpu/transformer.py (from apex.normalization.fused_layer_norm import "
+                      "FusedLayerNorm, gelu_impl), Megatron-LM/pretrain_gpt2.py get_optimizer"),
+        compile_default=False, float8="",
+        compile_source=f"{_DSE} Megatron-LM/arguments.py (no compile or fp8 option)",
+        overlap=("DeepSpeed ZeRO-2: reduce buckets and the offload's gradient copies on the compute stream unless "
+                 "overlap_comm, which the tutorial's config file does not set"),
+        overlap_source=(f"{_DSE} Megatron-LM/scripts/ds_zero-offload_10B_config.json; deepspeed 0.3.0 "
+                        "runtime/zero/stage2.py reduce_ipg_grads"),
         overlap_grad_reduce=False,
     ),
     "hf": StackTimeProfile(

@@ -8,6 +8,9 @@ from zeroplan.core.collective import CollectiveOp
 from zeroplan.core.communication import Collective, Phase
 from zeroplan.core.compiled_time import compile_saved_seconds
 from zeroplan.core.flops import StepFlops, step_flops
+from zeroplan.core.deepspeed_offload_time import (
+    deepspeed_offload_transfer_bytes, host_pass_bytes_per_element, models_offload_time, parameter_copy_in_cpu_step_bytes,
+)
 from zeroplan.core.layout import element_bytes
 from zeroplan.core.model_states import held_elements, shard_layout
 from zeroplan.core.nvme import nvme_traffic
@@ -36,7 +39,9 @@ class StepTime(Frozen):
     """zero3-nvme / zero3-param-nvme: reads and writes of the NVMe swap files, at this GPU's
     share of the node's drive (zeroplan.core.nvme.nvme_traffic); 0 for every other strategy."""
     cpu_optimizer_s: float = 0.0
-    """Offload's optimizer step on the host CPU for this GPU's partition (0 without offload)."""
+    """Offload's optimizer step on the host CPU for this GPU's partition (0 without offload);
+    under DeepSpeed's CPU offload with its unscale and cast passes over host memory
+    (zeroplan.core.deepspeed_offload_time)."""
     optimizer_step_s: float = 0.0
     """The optimizer step on the GPU, after the backward: a memory-bound pass at the GPU's copy
     bandwidth (zeroplan.core.roofline.optimizer) under either compute model; 0 on a GPU without a
@@ -96,7 +101,9 @@ def collective_time_s(request: PlanRequest, collective: Collective) -> float:
 
 # ZeRO-Offload (Ren et al. 2021, sec. 4.2): each micro-batch's backward moves the gradient
 # partition to the host, and after the CPU step the updated half-precision parameters come
-# back; with parameter offload (ZeRO-Infinity) the shard also comes up for every gather.
+# back; with parameter offload (ZeRO-Infinity) the shard also comes up for every gather. That
+# rule stays for the NVMe strategies; DeepSpeed's CPU offload moves what its source copies
+# (zeroplan.core.deepspeed_offload_time), FSDP2's CPU offload what fsdp_offload_transfer_bytes says.
 def host_transfer_bytes(request: PlanRequest) -> dict[Phase, int]:
     """Bytes over the host link per step, by the phase they overlap with."""
     kind = request.strategy.kind
@@ -105,6 +112,8 @@ def host_transfer_bytes(request: PlanRequest) -> dict[Phase, int]:
         return fsdp_offload_transfer_bytes(request)
     if not kind.offloads_optimizer:
         return moved
+    if models_offload_time(request):
+        return deepspeed_offload_transfer_bytes(request, offloaded_optimizer_elements(request))
     eb = element_bytes(request.training.precision, request.convention)
     shard = offloaded_optimizer_elements(request)
     shard_bytes = eb.compute_parameter * shard
@@ -190,12 +199,24 @@ def cpu_optimizer_time_s(request: PlanRequest) -> float:
         return host_memory_bound_s(traffic, request.cluster.host, request.cluster.gpus_per_node)
     if not request.strategy.kind.offloads_optimizer:
         return 0.0
-    return cpu_step_time_s(
-        offloaded_optimizer_elements(request),
+    elements = offloaded_optimizer_elements(request)
+    adam_s = cpu_step_time_s(
+        elements,
         cpu_optimizer_bytes_per_element(request.training.optimizer),
         request.cluster.host,
         request.cluster.gpus_per_node,
     )
+    if not models_offload_time(request):
+        return adam_s
+    # Before 0.9.0 the kernel itself copied the half-precision tiles up as it went, the copy
+    # overlapping the update (zeroplan.core.deepspeed_offload_time.step_copy_in_cpu_step): the
+    # slower of the two. DeepSpeed's unscale and cast passes run before and after the kernel, one
+    # after another (host_pass_bytes_per_element).
+    in_kernel_copy_s = parameter_copy_in_cpu_step_bytes(request, elements) / host_link_share_bytes_per_s(request)
+    adam_s = max(adam_s, in_kernel_copy_s)
+    passes = host_memory_bound_s(elements * host_pass_bytes_per_element(request), request.cluster.host,
+                                 request.cluster.gpus_per_node)
+    return adam_s + passes
 
 
 # GPUs behind one PCIe switch copy at the same time (every rank offloads in the same phase), so

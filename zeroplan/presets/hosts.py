@@ -15,7 +15,14 @@ DGX_H100 = HostSpec()
 # socket, 16 x 3200 MT/s x 8 B = 409.6 GB/s.
 DGX_A100 = HostSpec(memory_bandwidth_bytes_per_s=409.6e9, cores_per_node=128, gpus_per_host_link=2)
 
-HOST_PRESETS: dict[str, HostSpec] = {"dgx-h100": DGX_H100, "dgx-a100": DGX_A100}
+# NVIDIA DGX-2 (16 V100 SXM3; the host of ZeRO-Offload's single-GPU figures): two Intel Xeon
+# Platinum 8168, 24 cores each (NVIDIA DGX-2 datasheet); Intel ark (Xeon Platinum 8168): six
+# DDR4-2666 channels a socket, 12 x 2666 MT/s x 8 B = 255.9 GB/s. How its GPUs share the PCIe
+# switches is not taken from a source here, so each GPU is given its own link (the rows on it
+# run one GPU). zeroplan.core.cpu_adam_anchor fits the CPU-Adam rate on this host.
+DGX_2 = HostSpec(memory_bandwidth_bytes_per_s=2 * 6 * 2666e6 * 8, cores_per_node=48)
+
+HOST_PRESETS: dict[str, HostSpec] = {"dgx-h100": DGX_H100, "dgx-a100": DGX_A100, "dgx-2": DGX_2}
 
 
 def get_host(name: str) -> HostSpec:

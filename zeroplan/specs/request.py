@@ -180,6 +180,12 @@ class PerformanceAssumptions(Frozen):
     memory-bound passes (zeroplan.core.bf16_accumulation_time). None: where the
     megatron-deepspeed profile runs BF16_Optimizer; True: a run that used it under the reference
     transformer (bf16-mixed, zero1; BLOOM's Megatron-DeepSpeed rows)."""
+    cpu_adam_copies_parameters: bool = False
+    """DeepSpeed before 0.9.0 under ZeRO-2 offload (stage2.py at v0.3.0: self.optimizer.step(
+    fp16_param_groups=...)): DeepSpeedCPUAdam writes each updated tile in half precision straight
+    to the GPU as it goes, so the parameters' up-copy overlaps the CPU step and no separate cast
+    pass runs (zeroplan.core.deepspeed_offload_time). False: DeepSpeed since 0.9.0 (#3097
+    disabled that path), the cast and the up-copy after the CPU step."""
     algorithm: str = Field(default="auto", pattern="^(auto|ring|tree|nvls|nvls_tree|collnet)$")
     """NCCL algorithm of each collective call: 'auto' = the one NCCL's tuning model predicts
     fastest (zeroplan/core/algorithms.py); a name forces it wherever NCCL offers it for that

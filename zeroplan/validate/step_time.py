@@ -20,6 +20,7 @@ from zeroplan.core.plan import plan, step_fits, under_allocator_model
 from zeroplan.core.roofline.ceilings import CEILINGS
 from zeroplan.errors import ZeroplanError
 from zeroplan.presets.gpus import get_gpu
+from zeroplan.presets.hosts import get_host
 from zeroplan.presets.models import get_model
 from zeroplan.specs import (
     ActivationCheckpointing, AttentionImplementation, AttentionKernel, BatchSpec, PerformanceAssumptions, Optimizer, PlanRequest, Precision, StrategyKind,
@@ -28,7 +29,7 @@ from zeroplan.specs import (
 from zeroplan.specs.base import Frozen, first_error
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.finetune import FineTuneSpec, LoraTarget, Quantization
-from zeroplan.specs.hardware import GpuSpec, NodeNetworkSpec
+from zeroplan.specs.hardware import ClusterSpec, GpuSpec, NodeNetworkSpec
 from zeroplan.specs.model import ModelSpec
 from zeroplan.specs.parallel import ParallelSpec, PipelineSchedule
 from zeroplan.validate.rows import FLAT_RESERVE
@@ -135,6 +136,12 @@ class PublishedThroughput(Frozen):
     fp32_grad_accumulation: bool = False
     """The run's optimizer was DeepSpeed's BF16_Optimizer accumulating gradients in fp32
     (PerformanceAssumptions.fp32_grad_accumulation; BLOOM's Megatron-DeepSpeed rows)."""
+    cpu_adam_copies_parameters: bool = False
+    """The run's DeepSpeed (before 0.9.0) copied the updated fp16 parameters to the GPU inside
+    its CPU Adam kernel (PerformanceAssumptions.cpu_adam_copies_parameters)."""
+    host: str | None = None
+    """The node's host (zeroplan.presets.hosts), where the source names the machine: it runs
+    offload's CPU step. None: HostSpec's default."""
     training_options: TrainingOptions = TrainingOptions()
     """Further training options the source states (torchtune's rows)."""
     compile: bool = False
@@ -152,7 +159,8 @@ class PublishedThroughput(Frozen):
         not depend on it, and the allocator model's replays would be spent for nothing
         (compare_step_time asks the model for the verdict alone)."""
         overlap = {"overlap_grad_reduce": self.overlap_grad_reduce, "overlap_param_gather": self.overlap_param_gather,
-                   "tp_comm_overlap": self.tp_comm_overlap, "fp32_grad_accumulation": self.fp32_grad_accumulation or None}
+                   "tp_comm_overlap": self.tp_comm_overlap, "fp32_grad_accumulation": self.fp32_grad_accumulation or None,
+                   "cpu_adam_copies_parameters": self.cpu_adam_copies_parameters}
         performance = PerformanceAssumptions(compute_model=compute_model, attention_rate=attention_rate, **overlap)
         if compute_model == "hfu":
             # The flat HFU unless one is given: the fitted default (zeroplan.core.default_efficiency)
@@ -169,12 +177,18 @@ class PublishedThroughput(Frozen):
             batch=BatchSpec(
                 micro_batch_size=self.micro_batch_size, seq_len=self.seq_len, grad_accum_steps=self.grad_accum_steps,
             ),
-            cluster=cluster_from_gpus(self.gpu_spec, self.num_gpus, gpus_per_node=self.gpus_per_node),
+            cluster=self.cluster,
             strategy=StrategySpec(kind=self.strategy),
             parallel=ParallelSpec(tp=self.tp, pp=self.pp, sequence_parallel=self.sequence_parallel,
                                   pp_schedule=self.pp_schedule, virtual_stages=self.virtual_stages),
             performance=performance, assumptions=FLAT_RESERVE,
         )
+
+    @property
+    def cluster(self) -> ClusterSpec:
+        """The run's nodes, with the source's host where it names one."""
+        cluster = cluster_from_gpus(self.gpu_spec, self.num_gpus, gpus_per_node=self.gpus_per_node)
+        return cluster if self.host is None else cluster.model_copy(update={"host": get_host(self.host)})
 
     @property
     def gpu_spec(self) -> GpuSpec:
