@@ -718,12 +718,12 @@ def peak_lower_bounds(group: _Group, micro: np.ndarray, accum: np.ndarray) -> np
 
 
 def _bounded_out(group: _Group, micro: np.ndarray, accum: np.ndarray, peak_bound: int | None,
-                 incumbents: "_Incumbents") -> bool:
+                 incumbents: "_Incumbents") -> np.ndarray | bool:
     """Whether the group's configurations can enter neither the ranking nor the Pareto front
     of the fitting ones found so far (``incumbents``), from bounds tried cheapest first: compute
     alone, then the step's collectives and optimizer step (step_time_lower_bound), then each
     configuration's own peak bound (peak_lower_bounds), which also sets aside the
-    configurations that cannot fit."""
+    configurations that cannot fit; where none can, those peak bounds (the group cannot fit)."""
     seconds = step_time_lower_bound(group, micro, accum, collectives=False)
     if seconds is None:
         return False
@@ -736,6 +736,8 @@ def _bounded_out(group: _Group, micro: np.ndarray, accum: np.ndarray, peak_bound
     if peaks is None:
         return False
     may_fit = peaks <= group.usable_bytes
+    if not may_fit.any():
+        return peaks
     return incumbents.excludes(peaks[may_fit], seconds[may_fit])
 
 
@@ -1054,9 +1056,9 @@ class _Incumbents:
         """Whether no configuration of a group can enter the ranking (``top`` fastest, by time,
         then peak, then the order of the groups) nor the Pareto front (pareto_indices), when
         each peaks at ``peak_bound`` or more (one for all, or one each) and takes at least
-        ``seconds_bound`` (one each): every one is slower than the ``top`` fastest already found, and one
-        found beats it on peak and is no slower, or peaks no higher and is faster (so it comes
-        before it in pareto_indices' order and is no slower: it is off the front). The
+        ``seconds_bound`` (one each): every one is slower than the ``top`` fastest already
+        found, and one found beats it on peak and is no slower, or peaks no higher and is faster
+        (so it comes before it in pareto_indices' order and is no slower: it is off the front). The
         configurations found are a subset of all, so the ranking's last time only falls and the
         front only moves towards them."""
         if self.top <= 0:
@@ -1109,7 +1111,13 @@ def _search(base: PlanRequest, global_batch_size: int, strategies: tuple[Strateg
         incumbents = _Incumbents(top)
         for _, g, bound in pending:
             micro, accum = splits[g]
-            if prune and _bounded_out(all_groups[g], micro, accum, bound, incumbents):
+            left_out = prune and _bounded_out(all_groups[g], micro, accum, bound, incumbents)
+            if isinstance(left_out, np.ndarray):
+                # No configuration fits (each peak bound passes the usable memory): searched,
+                # none fitting, as for cannot_fit.
+                all_groups[g].ruled_out = True
+                results[g] = left_out, np.zeros(micro.shape, dtype=bool), np.full(micro.shape, np.inf)
+            elif left_out:
                 bounded_out += micro.size
             else:
                 results[g] = peak, fit, s = evaluate(all_groups[g], micro, accum)
