@@ -14,7 +14,10 @@ a times an affine function of b (fitted from b in {1, 2}); the pipeline bubble f
 (b, a) with numpy and keeps, as ``plan`` does, the pipeline rank that peaks. Every group checks
 its coefficients against the scalar planner at a point it did not fit them on, and falls back
 to the scalar planner if they disagree; the winner and every Pareto row are planned again with
-the scalar planner (every pipeline rank) before they are shown.
+the scalar planner (every pipeline rank) before they are shown. A branch and bound fits only the
+groups whose lower bounds on peak and step time (memory_lower_bound, peak_lower_bounds,
+step_time_lower_bound) leave them a chance to fit and to rank or join the Pareto front of the
+configurations found so far, the groups taken fastest bound first (search, _Incumbents).
 """
 
 from __future__ import annotations
