@@ -708,14 +708,17 @@ def peak_lower_bounds(group: _Group, micro: np.ndarray, accum: np.ndarray) -> np
         return None
     first = request.at_pipeline_rank(0) if request.parallel.pp > 1 else request
     fraction = request.assumptions.allocator_reserve_fraction
+    states = {}
     result = []
     for b, a in zip(micro.tolist(), accum.tolist()):
-        states, state_terms = _terms(_at(first, 1, min(a, 2)), group.family, group.layout_cache)
+        if min(a, 2) not in states:
+            states[min(a, 2)] = _terms(_at(first, 1, min(a, 2)), group.family, group.layout_cache)
+        state_bytes, state_terms = states[min(a, 2)]
         at = _at(first, b, a)
         key = _activation_key(at)
         if key not in group.layout_cache:
             group.layout_cache[key] = micro_batch_terms(at)
-        allocated = max(moment_totals(states, replace(state_terms, **group.layout_cache[key]), a))
+        allocated = max(moment_totals(state_bytes, replace(state_terms, **group.layout_cache[key]), a))
         result.append(allocated + int(allocated * fraction))
     return np.array(result, dtype=np.int64)
 
