@@ -6,7 +6,8 @@ accumulation) split of many global batch sizes over each layout's data-parallel 
 prints how many configurations and groups were evaluated and how fast: building the groups
 (the scalar planner, a few calls per class of pipeline ranks), the vectorised sweep, and both
 end to end. Then the one question `zeroplan plan MODEL --gpus G --global-batch G x 8` end to end,
-and the search with and without its pruning side by side (CPU seconds, same answer or not): the
+and the search with and without its pruning (branch and bound) side by side (CPU seconds, the same
+answer or not: ranking, Pareto front, explanation; how many configurations were bounded out): the
 model at --global-batch, and --also-model at each --also GPUS:GLOBAL_BATCH (by default
 llama-3.1-405b at 2^20 GPUs and sequences, the documented maximum).
 
@@ -103,9 +104,14 @@ def pruned_vs_unpruned(args: argparse.Namespace, model: str, gpus: int, global_b
         start = time.process_time()
         results[prune] = search(base, global_batch, space=space, prune=prune)
         seconds[prune] = time.process_time() - start
-    same = results[True] == results[False]
+    # The answer: the ranking, the Pareto front and the explanation (the pruned search counts the
+    # fitting configurations of the groups it evaluated only: configurations_bounded_out).
+    same = all(getattr(results[True], name) == getattr(results[False], name)
+               for name in ("ranked", "pareto", "best", "explanation", "configurations_evaluated"))
     print(f"{model} on {gpus} GPUs, global batch {global_batch}: unpruned {seconds[False]:.2f} s CPU, "
-          f"pruned {seconds[True]:.2f} s CPU ({seconds[False] / seconds[True]:.1f}x); same answer: {same}")
+          f"pruned {seconds[True]:.2f} s CPU ({seconds[False] / seconds[True]:.1f}x; "
+          f"{results[True].configurations_bounded_out:,} of {results[True].configurations_evaluated:,} "
+          f"configurations bounded out); same answer: {same}")
 
 
 if __name__ == "__main__":

@@ -98,7 +98,12 @@ def test_search_ranks_by_time_and_matches_a_brute_force_over_the_scalar_planner(
             if fits:
                 brute.append((seconds, peak))
     brute.sort()
-    assert result.configurations_fitting == len(brute)
+    # The exhaustive search counts every fitting configuration; branch and bound (the default)
+    # those of the groups it evaluated, the same ranking.
+    exhaustive = search(base, 64, top=5, prune=False)
+    assert exhaustive.configurations_fitting == len(brute) and exhaustive.configurations_bounded_out == 0
+    assert result.ranked == exhaustive.ranked
+    assert result.configurations_fitting <= len(brute)
     assert [c.step_time_s for c in result.ranked] == pytest.approx([t for t, _ in brute[:5]], rel=0, abs=TIME_TOLERANCE_S)
     assert [c.peak_bytes for c in result.ranked] == [p for _, p in brute[:5]]
     assert result.best == result.ranked[0]
@@ -164,6 +169,7 @@ def test_a_sweep_that_disagrees_with_the_scalar_planner_falls_back_to_it(monkeyp
 
     base = _base("llama-2-7b", 8, seq_len=4096)
     honest = search(base, 64, top=5)
+    exhaustive = search(base, 64, top=5, prune=False)
     real = search_module._peaking
 
     def skewed(group, allocated, class_seconds, host_ok):
@@ -178,7 +184,15 @@ def test_a_sweep_that_disagrees_with_the_scalar_planner_falls_back_to_it(monkeyp
     scalar_groups = [g.scalar_only for g in search_module.groups(base)]
     assert all(scalar_groups) == (caught_by == "group check")
     assert [(c.step_time_s, c.peak_bytes) for c in fallback.ranked] == [(c.step_time_s, c.peak_bytes) for c in honest.ranked]
-    assert fallback.configurations_fitting == honest.configurations_fitting
+    if caught_by == "group check":
+        # Every group answered by the scalar planner, whose times the bounds hold for too: the
+        # same groups bounded out.
+        assert (fallback.configurations_fitting, fallback.configurations_bounded_out) == (
+            honest.configurations_fitting, honest.configurations_bounded_out)
+    else:
+        # The scalar planner ranks every group the memory bound leaves, none bounded out.
+        assert fallback.configurations_bounded_out == 0
+        assert fallback.configurations_fitting == exhaustive.configurations_fitting
 
 
 def test_plan_command_runs_with_torch_blocked() -> None:

@@ -94,9 +94,15 @@ class PlanSearchResult(Frozen):
     groups_searched: int = 0
     """(layout, strategy, checkpointing, shard group) groups searched."""
     configurations_evaluated: int
-    """Configurations whose memory and step time were predicted."""
+    """Configurations searched: every (layout, strategy, checkpointing, shard group,
+    micro-batch, accumulation) the search considered."""
     configurations_fitting: int
-    """Of those, the ones that fit on the GPU (and in host memory when it is given)."""
+    """Of those, the ones found to fit on the GPU (and in host memory when it is given); the
+    configurations_bounded_out are not among them, fitting or not."""
+    configurations_bounded_out: int = 0
+    """Of those, the ones left unevaluated because their group's lower bounds on peak and step
+    time show none can enter the ranking or the Pareto front (zeroplan.core.search, branch and
+    bound); 0 from the exhaustive search."""
     ranked: tuple[PlanCandidate, ...]
     """The fastest fitting configurations, fastest first."""
     pareto: tuple[PlanCandidate, ...]

@@ -14,7 +14,10 @@ a times an affine function of b (fitted from b in {1, 2}); the pipeline bubble f
 (b, a) with numpy and keeps, as ``plan`` does, the pipeline rank that peaks. Every group checks
 its coefficients against the scalar planner at a point it did not fit them on, and falls back
 to the scalar planner if they disagree; the winner and every Pareto row are planned again with
-the scalar planner (every pipeline rank) before they are shown.
+the scalar planner (every pipeline rank) before they are shown. A branch and bound fits only the
+groups whose lower bounds on peak and step time (memory_lower_bound, peak_lower_bounds,
+step_time_lower_bound) leave them a chance to fit and to rank or join the Pareto front of the
+configurations found so far, the groups taken fastest bound first (search, _Incumbents).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from zeroplan.core.plan import (
 )
 from zeroplan.core.collector import cyclic_gc_paused
 from zeroplan.core.compiled import runs_checkpointing
-from zeroplan.progress import progress
+from zeroplan.progress import progress, steps
 from zeroplan.core.profiles import check_framework_strategies, framework_strategies, profile, torchtitan_keeps_stage_outputs
 from zeroplan.core.timing import (
     StepTime,
@@ -137,6 +140,8 @@ class _Group:
     """What the group shares with its family and its layout (_build_group)."""
     fitted: bool = False
     """Whether _fit_group has run."""
+    timed: bool = False
+    """Whether _compute_coefficients has run."""
     ruled_out: bool = False
     """The search found that nothing of the group fits without fitting it (cannot_fit)."""
 
@@ -376,23 +381,43 @@ def _fit_class(request: PlanRequest, family: dict, layout_cache: dict) -> _RankC
         cls.moment_intercepts[accumulating] = one - (two - one)
         cls.host_fits[accumulating] = host_memory_fits(request, host_bytes) is not False
     if ("phases", rank) not in family:
-        # Offload's CPU optimizer step and the GPU's: once per optimizer step,
-        # whatever the micro-batch.
-        family["phases", rank] = (*_phase_coefficients(request), cpu_optimizer_time_s(request) + gpu_optimizer_time_s(request))
-    cls.phase_intercepts_s, cls.phase_slopes_s, cls.cpu_optimizer_s = family["phases", rank]
-    policy = request.training.activation_checkpointing
+        family["phases", rank] = _phase_coefficients(request)
+    cls.phase_intercepts_s, cls.phase_slopes_s = family["phases", rank]
+    cls.cpu_optimizer_s = _optimizer_seconds(request, family)
     cls.in_flight = layout_cache.setdefault(("in flight", rank), {})
     if not parallel.is_trivial:
-        if ("structure", rank, policy) not in layout_cache:
-            layout_cache["structure", rank, policy] = _blocking_structure(request)
-        cls.blocking_structure = layout_cache["structure", rank, policy]
-        cls.call_seconds = layout_cache.setdefault("call seconds", {})
-        # Policies whose blocking calls are the same (same collectives, same sizes) share their
-        # seconds per micro-batch; without a structure each policy is timed on its own.
-        calls = (policy if cls.blocking_structure is None
-                 else tuple((identity, tuple(sizes)) for identity, sizes, _ in cls.blocking_structure))
-        cls.blocking_s = layout_cache.setdefault(("blocking", rank, calls), {})
+        cls.blocking_structure, cls.call_seconds, cls.blocking_s = _blocking_caches(request, layout_cache)
     return cls
+
+
+def _optimizer_seconds(request: PlanRequest, family: dict) -> float:
+    """Offload's CPU optimizer step and the GPU's (a pipeline rank's): once per optimizer step,
+    whatever the micro-batch, so once per strategy, shard group and rank (``family``)."""
+    key = ("optimizer", request.parallel.pipeline_rank)
+    if key not in family:
+        family[key] = cpu_optimizer_time_s(request) + gpu_optimizer_time_s(request)
+    return family[key]
+
+
+def _blocking_caches(request: PlanRequest, layout_cache: dict) -> tuple[list | None, dict, dict]:
+    """(_blocking_structure, the layout's seconds per blocking call, the seconds per micro-batch
+    size) of a pipeline rank under a checkpointing policy, shared by the layout's groups."""
+    rank, policy = request.parallel.pipeline_rank, request.training.activation_checkpointing
+    if ("structure", rank, policy) not in layout_cache:
+        layout_cache["structure", rank, policy] = _blocking_structure(request)
+    structure = layout_cache["structure", rank, policy]
+    # Policies whose blocking calls are the same (same collectives, same sizes) share their
+    # seconds per micro-batch; without a structure each policy is timed on its own.
+    calls = policy if structure is None else tuple((identity, tuple(sizes)) for identity, sizes, _ in structure)
+    return structure, layout_cache.setdefault("call seconds", {}), layout_cache.setdefault(("blocking", rank, calls), {})
+
+
+def _blocking_per_micro(request: PlanRequest, structure: list | None, call_seconds: dict, micro: int) -> float:
+    """Seconds of the blocking collectives of one micro-batch of ``micro`` sequences (the
+    structure's, else the scalar planner's own)."""
+    if structure is None:
+        return _blocking_seconds(request, micro)
+    return _structured_blocking_seconds(structure, micro, call_seconds)
 
 
 def _build_group(request: PlanRequest, family: dict | None = None, layout_cache: dict | None = None) -> _Group:
@@ -405,12 +430,21 @@ def _build_group(request: PlanRequest, family: dict | None = None, layout_cache:
 
 
 def _start_group(request: PlanRequest, family: dict | None = None, layout_cache: dict | None = None) -> _Group:
-    """The group's compute coefficients (cheap: the layout's FLOPs per policy), its coefficients
-    of memory and communication left to _fit_group (the search fits only the groups its memory
-    bound does not rule out: memory_lower_bound)."""
+    """The group, its coefficients left to _compute_coefficients (compute) and _fit_group (memory
+    and communication): the search computes them only for the groups its bounds do not rule
+    out (memory_lower_bound, step_time_lower_bound)."""
     family = {} if family is None else family
     layout_cache = {} if layout_cache is None else layout_cache
-    group = _Group(request=request, usable_bytes=usable_memory_bytes(request), family=family, layout_cache=layout_cache)
+    return _Group(request=request, usable_bytes=usable_memory_bytes(request), family=family, layout_cache=layout_cache)
+
+
+def _compute_coefficients(group: _Group) -> None:
+    """The group's compute coefficients (the layout's FLOPs per policy, compute_time_s at two
+    micro-batch sizes); once."""
+    if group.timed:
+        return
+    group.timed = True
+    request, layout_cache = group.request, group.layout_cache
     policy = request.training.activation_checkpointing
     for micro in (1, 2):
         if ("flops", policy, micro) not in layout_cache:
@@ -420,13 +454,25 @@ def _start_group(request: PlanRequest, family: dict | None = None, layout_cache:
     # (zeroplan.core.timing.memory_bound_time_s) and the roofline's weight reads have a part
     # each micro-batch pays whatever its size (FSDP's copies, autocast's casts). Two sizes give
     # both coefficients; where a roofline kernel changes bound between sizes the group's check
-    # below falls back to the scalar planner.
+    # (_fit_group) falls back to the scalar planner.
     forward_one, backward_one = compute_time_s(one_pass, _at(request, 1, 1))
     forward_two, backward_two = compute_time_s(layout_cache["flops", policy, 2], _at(request, 2, 1))
     group.forward_s_per_pass, group.backward_s_per_pass = 2 * forward_one - forward_two, 2 * backward_one - backward_two
     group.forward_s_per_micro, group.backward_s_per_micro = forward_two - forward_one, backward_two - backward_one
     group.model_flops_per_micro = one_pass.model_flops
-    return group
+
+
+def _scalar_only_by_rule(request: PlanRequest) -> bool:
+    """Whether the group's memory is not affine in what the sweep varies, so the scalar planner
+    answers every configuration of it."""
+    # liger's chunk is a power of two in b*s (frameworks.fused_linear_cross_entropy_chunk_rows),
+    # so its loss moments are not affine in the micro-batch: the scalar planner only.
+    if request.training.fused_linear_cross_entropy:
+        return True
+    # Under torchtitan 9dec370 a pipeline stage keeps every micro-batch's output to the step's
+    # end (activations.pipeline_stage_output_bytes): m outputs, not the chunks in flight.
+    return (request.parallel.pp > 1 and request.training.framework is Framework.torchtitan
+            and torchtitan_keeps_stage_outputs(request.training))
 
 
 def _fit_group(group: _Group) -> None:
@@ -436,15 +482,9 @@ def _fit_group(group: _Group) -> None:
     if group.fitted:
         return
     group.fitted = True
+    _compute_coefficients(group)
     request, family, layout_cache = group.request, group.family, group.layout_cache
-    # liger's chunk is a power of two in b*s (frameworks.fused_linear_cross_entropy_chunk_rows),
-    # so its loss moments are not affine in the micro-batch: the scalar planner only.
-    if request.training.fused_linear_cross_entropy:
-        group.scalar_only = True
-        return
-    # Under torchtitan 9dec370 a pipeline stage keeps every micro-batch's output to the step's
-    # end (activations.pipeline_stage_output_bytes): m outputs, not the chunks in flight.
-    if request.parallel.pp > 1 and request.training.framework is Framework.torchtitan and torchtitan_keeps_stage_outputs(request.training):
+    if _scalar_only_by_rule(request):
         group.scalar_only = True
         return
     for rank in _rank_classes(request):
@@ -543,9 +583,7 @@ def _class_values(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[
             blocking = np.zeros(micro.shape)
         else:
             def per_micro(b: int, cls: _RankClass = cls) -> float:
-                if cls.blocking_structure is None:
-                    return _blocking_seconds(cls.request, b)
-                return _structured_blocking_seconds(cls.blocking_structure, b, cls.call_seconds)
+                return _blocking_per_micro(cls.request, cls.blocking_structure, cls.call_seconds, b)
 
             blocking = accum_f * _per_value(distinct_micro, cls.blocking_s, per_micro)
         # step_time: compute, the blocking collectives, the bubble over both, what the compute
@@ -600,6 +638,115 @@ def memory_lower_bound(group: _Group, accum: np.ndarray) -> int | None:
     return allocated + int(allocated * request.assumptions.allocator_reserve_fraction)
 
 
+TIME_BOUND_SLACK_S = 1e-6
+"""What step_time_lower_bound leaves below its figure: more than the vectorised sweep and the
+scalar planner may differ by (TIME_TOLERANCE_S) and than the rounding of their sums."""
+
+
+# step_time: step = compute + blocking + bubble x (compute + blocking) + exposed + the CPU's and
+# the GPU's optimizer steps, every term at least 0 (exposed_communication_s: each phase's link
+# time past its compute, and the step phase's collectives and copies). Compute is the group's
+# affine fit in the micro-batch (_compute_coefficients): the sweep uses it as it is, and under the flat-HFU
+# compute model the scalar planner's compute_time_s is affine in b per micro-batch (executed
+# FLOPs in proportion to b, memory-bound kernels with a part each pass pays whatever its size).
+def step_time_lower_bound(group: _Group, micro: np.ndarray, accum: np.ndarray, collectives: bool = True) -> np.ndarray | None:
+    """Per configuration (``micro``, ``accum``): seconds below which neither the sweep nor the
+    scalar planner times its step, whichever pipeline rank peaks: compute, the blocking
+    collectives of the rank class with the fewest, the pipeline bubble over both, and the
+    least optimizer step of the rank classes; exposed communication taken as 0. None where no
+    bound is taken: the roofline compute model (a kernel may change its bound between micro-batch
+    sizes) and compiled blocks (compile_saved_seconds is taken off compute, which is clamped at
+    0), whose compute need not be affine in b, and the groups the scalar planner answers by rule.
+    ``collectives`` False: compute and the bubble over it alone (a looser bound, at no cost)."""
+    request = group.request
+    if (request.performance.compute_model == "roofline" or request.training.compile
+            or _scalar_only_by_rule(request)):
+        return None
+    _compute_coefficients(group)
+    parallel = request.parallel
+    accum_f = accum.astype(np.float64)
+    passes = (micro * accum).astype(np.float64)
+    compute = ((group.forward_s_per_micro + group.backward_s_per_micro) * passes
+               + (group.forward_s_per_pass + group.backward_s_per_pass) * accum_f)
+    # bubble_fraction: (p - 1)/(m v) of the busy time, m the accumulation steps.
+    bubble = (parallel.pp - 1) / (accum_f * parallel.virtual_stages) if parallel.pp > 1 else 0.0
+    if not collectives:
+        return compute * (1 + bubble) - TIME_BOUND_SLACK_S
+    blocking, optimizer = None, None
+    for at in _class_requests(group):
+        optimizer = min(_optimizer_seconds(at, group.family), optimizer if optimizer is not None else np.inf)
+        if parallel.is_trivial:
+            continue
+        structure, call_seconds, per_size = _blocking_caches(at, group.layout_cache)
+        per_micro = _per_value(_distinct(micro), per_size,
+                               lambda b, at=at: _blocking_per_micro(at, structure, call_seconds, b))
+        blocking = accum_f * per_micro if blocking is None else np.minimum(blocking, accum_f * per_micro)
+    blocking = 0.0 if blocking is None else blocking
+    return (compute + blocking) * (1 + bubble) + optimizer - TIME_BOUND_SLACK_S
+
+
+def _class_requests(group: _Group) -> list[PlanRequest]:
+    """The request at each rank class's first pipeline rank (the group's own without a pipeline),
+    the classes kept in the layout's cache."""
+    request = group.request
+    if request.parallel.pp == 1:
+        return [request]
+    if "rank classes" not in group.layout_cache:
+        group.layout_cache["rank classes"] = _rank_classes(request)
+    return [request.at_pipeline_rank(rank) for rank in group.layout_cache["rank classes"]]
+
+
+def peak_lower_bounds(group: _Group, micro: np.ndarray, accum: np.ndarray) -> np.ndarray | None:
+    """Per configuration: a peak (allocated + reserve) it does not reach below, the first
+    pipeline rank's largest moment at its own micro-batch and accumulation (the peak is the
+    largest over the ranks), as memory_lower_bound takes it at one configuration: the model
+    states at accumulation 1 or 2 (those of every accumulation past 1), the activations at the
+    configuration's. Without a pipeline, the peak the sweep finds. None where memory_lower_bound
+    takes no bound."""
+    request = group.request
+    if request.training.fused_linear_cross_entropy:
+        return None
+    first = request.at_pipeline_rank(0) if request.parallel.pp > 1 else request
+    fraction = request.assumptions.allocator_reserve_fraction
+    states = {}
+    result = []
+    for b, a in zip(micro.tolist(), accum.tolist()):
+        if min(a, 2) not in states:
+            states[min(a, 2)] = _terms(_at(first, 1, min(a, 2)), group.family, group.layout_cache)
+        state_bytes, state_terms = states[min(a, 2)]
+        at = _at(first, b, a)
+        key = _activation_key(at)
+        if key not in group.layout_cache:
+            group.layout_cache[key] = micro_batch_terms(at)
+        allocated = max(moment_totals(state_bytes, replace(state_terms, **group.layout_cache[key]), a))
+        result.append(allocated + int(allocated * fraction))
+    return np.array(result, dtype=np.int64)
+
+
+def _bounded_out(group: _Group, micro: np.ndarray, accum: np.ndarray, peak_bound: int | None,
+                 incumbents: "_Incumbents") -> np.ndarray | bool:
+    """Whether the group's configurations can enter neither the ranking nor the Pareto front
+    of the fitting ones found so far (``incumbents``), from bounds tried cheapest first: compute
+    alone, then the step's collectives and optimizer step (step_time_lower_bound), then each
+    configuration's own peak bound (peak_lower_bounds), which also sets aside the
+    configurations that cannot fit; where none can, those peak bounds (the group cannot fit)."""
+    seconds = step_time_lower_bound(group, micro, accum, collectives=False)
+    if seconds is None:
+        return False
+    if incumbents.excludes(peak_bound, seconds):
+        return True
+    seconds = step_time_lower_bound(group, micro, accum)
+    if incumbents.excludes(peak_bound, seconds):
+        return True
+    peaks = peak_lower_bounds(group, micro, accum)
+    if peaks is None:
+        return False
+    may_fit = peaks <= group.usable_bytes
+    if not may_fit.any():
+        return peaks
+    return incumbents.excludes(peaks[may_fit], seconds[may_fit])
+
+
 def cannot_fit(group: _Group, accum: np.ndarray) -> bool:
     """True when memory_lower_bound already passes the usable memory: no configuration of the
     group fits, so it can enter neither the ranking nor the Pareto front nor the count of those
@@ -610,6 +757,7 @@ def cannot_fit(group: _Group, accum: np.ndarray) -> bool:
 
 def evaluate(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(peak bytes, fits, step seconds): vectorised, or the scalar planner where it must."""
+    _compute_coefficients(group)
     if not group.scalar_only:
         _fit_group(group)
     if not group.scalar_only:
@@ -777,6 +925,7 @@ def batch_splits(global_batch_size: int, data_parallel_size: int) -> tuple[np.nd
 
 
 def _candidate(group: _Group, micro: int, accum: int, peak: int, seconds: float, time: StepTime | None = None) -> PlanCandidate:
+    _compute_coefficients(group)
     r = group.request
     p = r.parallel
     parts = {} if time is None else dict(
@@ -887,31 +1036,105 @@ def search(
     """Rank every fitting configuration of ``base`` at ``global_batch_size`` by step time: under
     the request's own layout, or under every layout of ``space``. ``show_progress`` draws the
     groups done on stderr when it is a terminal and the search runs past a second (zeroplan.progress).
-    ``prune``: leave unfitted the groups memory_lower_bound shows cannot fit (the same answer;
-    False fits every group, as tests/test_search.py compares)."""
+    ``prune``: branch and bound (the same ranking and Pareto front): leave unfitted the groups
+    memory_lower_bound shows cannot fit, and those step_time_lower_bound and memory_lower_bound
+    show can enter neither the ranking nor the Pareto front (their configurations are counted
+    as bounded out); False fits every group (the exhaustive search, as tests/test_search_pruning.py
+    compares)."""
     with cyclic_gc_paused():
         return _search(base, global_batch_size, strategies, top, space, show_progress, prune)
+
+
+class _Incumbents:
+    """The fitting configurations the search has evaluated so far (peak, step seconds): the
+    bar a group's bounds must pass to be worth evaluating."""
+
+    def __init__(self, top: int) -> None:
+        self.top = top
+        self.peaks = np.zeros(0, dtype=np.int64)
+        self.seconds = np.zeros(0, dtype=np.float64)
+
+    def add(self, peaks: np.ndarray, seconds: np.ndarray) -> None:
+        self.peaks = np.concatenate([self.peaks, peaks])
+        self.seconds = np.concatenate([self.seconds, seconds])
+
+    def excludes(self, peak_bound: int | np.ndarray | None, seconds_bound: np.ndarray) -> bool:
+        """Whether no configuration of a group can enter the ranking (``top`` fastest, by time,
+        then peak, then the order of the groups) nor the Pareto front (pareto_indices), when
+        each peaks at ``peak_bound`` or more (one for all, or one each) and takes at least
+        ``seconds_bound`` (one each): every one is slower than the ``top`` fastest already
+        found, and one found beats it on peak and is no slower, or peaks no higher and is faster
+        (so it comes before it in pareto_indices' order and is no slower: it is off the front). The
+        configurations found are a subset of all, so the ranking's last time only falls and the
+        front only moves towards them."""
+        if self.top <= 0:
+            ranks = np.zeros(seconds_bound.shape, dtype=bool)
+        elif self.seconds.size < self.top:
+            return False
+        else:
+            kth = np.partition(self.seconds, self.top - 1)[self.top - 1]
+            ranks = seconds_bound <= kth
+        if ranks.any():
+            return False
+        if seconds_bound.size == 0:
+            return True
+        if not self.peaks.size:
+            return False
+        peaks = np.broadcast_to(np.asarray(0 if peak_bound is None else peak_bound, dtype=np.int64), seconds_bound.shape)
+        # The fastest found at each peak or below, by peak: the fastest found below a bound p
+        # is the running minimum up to the last peak < p, no higher up to the last <= p.
+        by_peak = np.argsort(self.peaks, kind="stable")
+        sorted_peaks, running = self.peaks[by_peak], np.minimum.accumulate(self.seconds[by_peak])
+        running = np.concatenate([[np.inf], running])
+        fastest_lower = running[np.searchsorted(sorted_peaks, peaks, side="left")]
+        fastest_no_higher = running[np.searchsorted(sorted_peaks, peaks, side="right")]
+        return bool(np.all((fastest_lower <= seconds_bound) | (fastest_no_higher < seconds_bound)))
 
 
 def _search(base: PlanRequest, global_batch_size: int, strategies: tuple[StrategyKind, ...] | None, top: int,
             space: LayoutSpace | None, show_progress: bool, prune: bool) -> PlanSearchResult:
     all_groups, layouts = _searched_groups(base, global_batch_size, strategies, space)
     all_groups, splits = _schedulable(all_groups, _splits(all_groups, global_batch_size), global_batch_size)
-    index, micros, accums, peaks, fits, seconds = [], [], [], [], [], []
-    swept = progress(zip(all_groups, splits), len(all_groups), "plan: groups", enabled=show_progress)
-    for g, (group, (micro, accum)) in enumerate(swept):
-        bound = memory_lower_bound(group, accum) if prune else None
-        if bound is not None and bound > group.usable_bytes:
-            # Nothing of the group fits: its configurations are counted as searched, none as
-            # fitting, as the sweep would find (cannot_fit).
-            group.ruled_out = True
-            peak, fit, s = np.full(micro.shape, bound), np.zeros(micro.shape, dtype=bool), np.full(micro.shape, np.inf)
-        else:
-            peak, fit, s = evaluate(group, micro, accum)
-        index.append(np.full(micro.shape, g)), micros.append(micro), accums.append(accum)
-        peaks.append(peak), fits.append(fit), seconds.append(s)
-    index_a, micro_a, accum_a = np.concatenate(index), np.concatenate(micros), np.concatenate(accums)
-    peak_a, fit_a, seconds_a = np.concatenate(peaks), np.concatenate(fits), np.concatenate(seconds)
+    results: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = [None] * len(all_groups)
+    bounded_out = 0
+    with steps(2 * len(all_groups), "plan: groups", enabled=show_progress) as bar:
+        pending = []
+        for g, (group, (micro, accum)) in enumerate(zip(all_groups, splits)):
+            bound = memory_lower_bound(group, accum) if prune else None
+            if bound is not None and bound > group.usable_bytes:
+                # Nothing of the group fits: its configurations are counted as searched, none as
+                # fitting, as the sweep would find (cannot_fit).
+                group.ruled_out = True
+                results[g] = np.full(micro.shape, bound), np.zeros(micro.shape, dtype=bool), np.full(micro.shape, np.inf)
+                bar.update(2)
+            else:
+                seconds = step_time_lower_bound(group, micro, accum, collectives=False) if prune else None
+                pending.append((-np.inf if seconds is None else float(seconds.min()), g, bound))
+                bar.update()
+        # The groups that may be fastest first, so that the bar the others must pass rises early;
+        # those without a time bound first of all.
+        pending.sort(key=lambda item: item[0])
+        incumbents = _Incumbents(top)
+        for _, g, bound in pending:
+            micro, accum = splits[g]
+            left_out = prune and _bounded_out(all_groups[g], micro, accum, bound, incumbents)
+            if isinstance(left_out, np.ndarray):
+                # No configuration fits (each peak bound passes the usable memory): searched,
+                # none fitting, as for cannot_fit.
+                all_groups[g].ruled_out = True
+                results[g] = left_out, np.zeros(micro.shape, dtype=bool), np.full(micro.shape, np.inf)
+            elif left_out:
+                bounded_out += micro.size
+            else:
+                results[g] = peak, fit, s = evaluate(all_groups[g], micro, accum)
+                incumbents.add(peak[fit], s[fit])
+            bar.update()
+    # The evaluated groups in the order of the groups, so ties fall as the exhaustive search's.
+    kept = [g for g, result in enumerate(results) if result is not None]
+    index_a = np.concatenate([np.full(splits[g][0].shape, g) for g in kept])
+    micro_a, accum_a = np.concatenate([splits[g][0] for g in kept]), np.concatenate([splits[g][1] for g in kept])
+    peak_a, fit_a, seconds_a = (np.concatenate([results[g][k] for g in kept]) for k in range(3))
+    searched = sum(micro.size for micro, _ in splits)
     fitting = np.flatnonzero(fit_a)
     # Fastest first; among equal times the smaller peak.
     order = fitting[np.lexsort((peak_a[fitting], seconds_a[fitting]))]
@@ -944,8 +1167,8 @@ def _search(base: PlanRequest, global_batch_size: int, strategies: tuple[Strateg
     return PlanSearchResult(
         global_batch_size=global_batch_size, seq_len=base.batch.seq_len, num_gpus=base.cluster.world_size,
         layouts_searched=layouts, groups_searched=len(all_groups),
-        configurations_evaluated=len(index_a), configurations_fitting=len(fitting), ranked=ranked,
-        pareto=pareto, best=best, explanation=explain(best, ranked, len(index_a), global_batch_size) + caution,
+        configurations_evaluated=searched, configurations_fitting=len(fitting), configurations_bounded_out=bounded_out,
+        ranked=ranked, pareto=pareto, best=best, explanation=explain(best, ranked, searched, global_batch_size) + caution,
         allocator_caution=caution,
     )
 

@@ -57,6 +57,17 @@ def _table(candidates: tuple[PlanCandidate, ...]) -> list[str]:
     return [line(names), line(["-" * w for w in widths]), *(line(r) for r in rows)]
 
 
+def configurations_counted(result: PlanSearchResult, noun: str = "configurations") -> str:
+    """'4,245 configurations, 656 fit', or, where the search bounded some out (left them
+    unevaluated: none could rank or join the Pareto front), how many of the others fit."""
+    counted = f"{result.configurations_evaluated:,} {noun}"
+    if not result.configurations_bounded_out:
+        return f"{counted}, {result.configurations_fitting:,} fit"
+    evaluated = result.configurations_evaluated - result.configurations_bounded_out
+    return (f"{counted}, {result.configurations_fitting:,} of the {evaluated:,} evaluated fit "
+            f"({result.configurations_bounded_out:,} bounded out: none could rank or join the Pareto front)")
+
+
 def render_search(result: PlanSearchResult) -> str:
     if result.layouts_searched > 1:
         split = (f"micro x accum x dp = {result.global_batch_size}; {result.layouts_searched} layouts tp x pp x cp x dp, "
@@ -65,8 +76,7 @@ def render_search(result: PlanSearchResult) -> str:
         split = f"{result.global_batch_size // result.num_gpus} sequences per GPU = micro x accum"
     lines = [
         f"Global batch {result.global_batch_size} x seq {result.seq_len} on {result.num_gpus} GPUs "
-        f"({split}): {result.configurations_evaluated:,} configurations, "
-        f"{result.configurations_fitting:,} fit.",
+        f"({split}): {configurations_counted(result)}.",
         "",
     ]
     if result.ranked:

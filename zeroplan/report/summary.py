@@ -13,6 +13,7 @@ from zeroplan.answers import FitReport, PlanSearchResult
 from zeroplan.core.margin import PEAK_ERROR_BAND, borderline_words
 from zeroplan.core.plan import recommendation_key
 from zeroplan.core.timing import nccl_algorithms
+from zeroplan.report.search_table import configurations_counted
 from zeroplan.report.table import (
     finetune_lines,
     framework_layout_caution,
@@ -315,7 +316,7 @@ def render_search_summary(result: PlanSearchResult, width: int = DEFAULT_WIDTH) 
     width = max(width, NARROWEST_WIDTH)
     verdict = result.explanation.replace(result.allocator_caution, "") if result.allocator_caution else result.explanation
     context = (f"Global batch {result.global_batch_size} x seq {result.seq_len} on {result.num_gpus} GPUs: "
-               f"{result.configurations_evaluated:,} configurations searched, {result.configurations_fitting:,} fit.")
+               f"{configurations_counted(result, 'configurations searched')}.")
     lines = [*wrap(verdict, width), *wrap(context, width)]
     notes = [] if not result.allocator_caution else [result.allocator_caution.strip()]
     if result.ranked:
