@@ -209,10 +209,6 @@ def latent_attention_terms(model: ModelSpec, training: TrainingSpec, s: int, b: 
     return terms
 
 
-def mlp_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int, moe_layer: bool | None = None) -> int:
-    return sum(mlp_terms(model, training, s, b, moe_layer).values())
-
-
 # Qwen3 (transformers 4.51 modeling_qwen3.py q_norm/k_norm; torchtitan 0.3.0 models/qwen3):
 # an RMSNorm over each head of q and of k before RoPE. Each saves what a norm saves (norm_bytes'
 # rules) at q's and k's widths, with one rstd per head and token on the fused path. Measured in

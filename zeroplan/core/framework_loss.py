@@ -49,12 +49,6 @@ def chunked_logits_pieces(model: ModelSpec, training: TrainingSpec, s: int, b: i
     return forward, backward, head
 
 
-def chunked_logits_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int, chunks: int,
-                         head_backward_bytes: int = 0) -> int:
-    """The largest of chunked_logits_pieces."""
-    return max(chunked_logits_pieces(model, training, s, b, chunks, head_backward_bytes))
-
-
 TORCHTITAN_LOSS_CHUNKS = 8
 """torchtitan 0.3.0 components/loss.py:610 ChunkedLossWrapper.Config.num_chunks, which
 models/llama3/config_registry.py llama3_8b/70b/405b (lines 187, 260, 312) leave at its default."""
