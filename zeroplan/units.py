@@ -14,10 +14,8 @@ MiB = 2**20
 GiB = 2**30
 TiB = 2**40
 
-KB = 10**3
 MB = 10**6
 GB = 10**9
-TB = 10**12
 
 
 class ByteUnit(str, Enum):

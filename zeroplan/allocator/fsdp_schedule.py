@@ -43,7 +43,6 @@ from zeroplan.core.profiles import fsdp1_root_stays_gathered, fsdp_separates_emb
 from zeroplan.specs import StrategyKind
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
-from zeroplan.core.model_states import ModelStateBytes
 from zeroplan.core.peak import PeakTerms
 
 
