@@ -17,6 +17,10 @@ TiB = 2**40
 MB = 10**6
 GB = 10**9
 
+FP32_BYTES = 4
+BF16_BYTES = 2
+"""Bytes of one fp32 and one bf16 element."""
+
 
 class ByteUnit(str, Enum):
     """A unit for printing byte counts; the name says binary or decimal."""

@@ -15,10 +15,10 @@ from zeroplan.core.profiles import profile
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import ModelSpec, NormKind, PositionKind
 from zeroplan.specs.training import ActivationCheckpointing, AttentionKernel, Kernels, TrainingSpec
+from zeroplan.units import FP32_BYTES
 
 DROPOUT_MASK_BYTES = 1
 """Korthikanti et al. sec. 4.1: dropout masks are stored as one byte per element."""
-FP32_BYTES = 4
 
 
 # Korthikanti et al. 2022, eq. (1): bytes per layer without parallelism or recomputation,

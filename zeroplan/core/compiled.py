@@ -12,7 +12,6 @@ written as the shapes they have; nothing here imports torch.
 
 from __future__ import annotations
 
-from zeroplan.core.activations import FP32_BYTES
 from zeroplan.core.profiles import profile
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.finetune import LoraTarget, Quantization
@@ -22,7 +21,7 @@ from zeroplan.specs.model import ModelSpec
 from zeroplan.specs.parallel import ParallelSpec
 from zeroplan.specs.request import PlanRequest, compiled_policy_measured
 from zeroplan.specs.training import ActivationCheckpointing, TrainingSpec
-from zeroplan.units import even_split
+from zeroplan.units import FP32_BYTES, even_split
 
 COMPILED_POLICIES = {
     Framework.torchtitan: (ActivationCheckpointing.none, ActivationCheckpointing.full, ActivationCheckpointing.selective_op),

@@ -8,7 +8,7 @@ The blocks' bytes are zeroplan.core.frameworks'; nothing here imports torch.
 from __future__ import annotations
 
 from zeroplan.core.compiled import COMPILED_CROSS_ENTROPY_ROW_BYTES, compiled_chunked_logits_tensors, compiles_loss
-from zeroplan.core.frameworks import FP32_BYTES, hf_under_autocast
+from zeroplan.core.frameworks import hf_under_autocast
 from zeroplan.core.kv_cache import kv_cache_tensors, loss_forward_tensors
 from zeroplan.core.profiles import fsdp1_root_stays_gathered, fsdp_separates_embedding_and_head, loss_chunks, profile
 from zeroplan.errors import ZeroplanError
@@ -17,7 +17,7 @@ from zeroplan.specs.model import ModelSpec
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.training import TrainingSpec
-from zeroplan.units import even_split
+from zeroplan.units import FP32_BYTES, even_split
 
 
 # torchtune 0.6.1 modules/loss/ce_chunked_output_loss.py: the output projection returns

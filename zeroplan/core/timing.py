@@ -19,6 +19,7 @@ from zeroplan.specs.hardware import HostSpec
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.training import Optimizer
+from zeroplan.units import FP32_BYTES
 
 
 class StepTime(Frozen):
@@ -145,9 +146,6 @@ TORCH_CPU_ADAM_ACCESSES_PER_ELEMENT = TORCH_ADAM_ACCESSES_PER_ELEMENT
 # element reads param, grad, exp_avg, exp_avg_sq and writes param, exp_avg, exp_avg_sq back;
 # 4 B each. Other element-wise optimizers read/write their own state count the same way;
 # non-element-wise ones (Adafactor, 8-bit Adam) are charged as Adam (an upper bound).
-FP32_BYTES = 4
-
-
 def cpu_optimizer_bytes_per_element(optimizer: Optimizer) -> int:
     """Host-memory bytes read + written per parameter by one CPU optimizer step (28 for Adam)."""
     state = elementwise_state_bytes(optimizer if is_elementwise(optimizer) else Optimizer.adam, FP32_BYTES)
