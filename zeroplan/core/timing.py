@@ -203,12 +203,6 @@ def host_link_share_bytes_per_s(request: PlanRequest) -> float:
     return request.cluster.gpu.host_link.bandwidth_bytes_per_s / request.cluster.host.gpus_per_host_link
 
 
-def compute_flops(request: PlanRequest) -> tuple[float, float]:
-    """(forward, backward) FLOPs the GPU executes in one optimizer step (zeroplan.core.flops)."""
-    flops = step_flops(request)
-    return flops.forward_flops, flops.backward_flops
-
-
 def executed_flops_per_s(request: PlanRequest) -> float:
     """Peak bf16 FLOP/s times the hardware FLOPs utilisation (the one given, else the fitted
     default of the request's mechanism, zeroplan.core.default_efficiency): the rate executed
