@@ -42,10 +42,9 @@ def chunked_logits_tensors(model: ModelSpec, training: TrainingSpec, s: int, b: 
     return forward, backward, head
 
 
-def chunked_logits_pieces(model: ModelSpec, training: TrainingSpec, s: int, b: int, chunks: int,
-                          head_backward_bytes: int = 0) -> tuple[int, int, int]:
+def chunked_logits_pieces(model: ModelSpec, training: TrainingSpec, s: int, b: int, chunks: int) -> tuple[int, int, int]:
     """The loss's bytes at its three moments: its forward, its backward, the head's backward."""
-    forward, backward, head = (sum(m) for m in chunked_logits_tensors(model, training, s, b, chunks, (head_backward_bytes,)))
+    forward, backward, head = (sum(m) for m in chunked_logits_tensors(model, training, s, b, chunks, ()))
     return forward, backward, head
 
 
