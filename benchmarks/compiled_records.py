@@ -37,7 +37,7 @@ LOSS_OUT = Path(__file__).resolve().parent / "compiled-loss-records"
 
 # (framework, checkpointing, memory budget): torchtitan's four policies (its MemoryBudgetAC at
 # its default 0.5), torchtune's none and full, transformers' none (its checkpointing wraps the
-# layer outside the compiled region; zeroplan.frameworks.compiled_record.COMPILED_POLICIES).
+# layer outside the compiled region; zeroplan.core.compiled.COMPILED_POLICIES).
 RUNS = [
     ("torchtitan", "none", None), ("torchtitan", "full", None), ("torchtitan", "selective-op", None),
     ("torchtitan", "none", 0.5),

@@ -43,7 +43,6 @@ import torch.multiprocessing as mp
 
 from zeroplan.atomic import write_text_atomic
 
-STAGES = (1, 2, 3)
 PRECISIONS = ("fp32", "bf16-mixed")
 ACCUMULATIONS = (1, 2, 4)
 VARIANTS = ("default", "no-contiguous", "overlap", "quarter-bucket")

@@ -20,14 +20,6 @@ LLM_ANALYSIS_STAGE = {
 }
 
 
-# stage_1_and_2.py: GPU = fp16 params and grads (4 bytes) + 16 bytes/param of fp32 master,
-# Adam states and fp32 gradients split over the GPUs; with CPU offload only the fp16 params.
-def deepspeed_zero2_gpu_bytes(total_params: int, total_gpus: int, cpu_offload: bool) -> int:
-    if cpu_offload:
-        return 2 * total_params
-    return 4 * total_params + int(16 * total_params / total_gpus)
-
-
 # stage3.py: GPU = the largest layer gathered in fp32-sized buffers (4 bytes/param) + 18 bytes
 # per param split over the GPUs; optimizer offload leaves 2 bytes/param, param offload none.
 def deepspeed_zero3_gpu_bytes(

@@ -31,25 +31,25 @@ FLAGS = ("llama-3.1-8b --framework hf --gpus 8 --gpu a100-80gb --micro-batch 4 -
 SMALL = "gpt2 --gpus 2 --gpu a10g --micro-batch 2 --seq-len 512 --allocator-conf="
 
 
-@pytest.fixture(scope="module")
-def step():
-    base = request_from_args(build_parser().parse_args(["fit", *FLAGS.split()]))
+def _fsdp2_step(flags: str):
+    """Under FSDP2: request, states, terms, allocated peak, its excess over the replay's, the replay."""
+    base = request_from_args(build_parser().parse_args(["fit", *flags.split()]))
     request = base.with_strategy(base.strategy.model_copy(update={"kind": StrategyKind.fsdp_full_shard}))
     states, terms = checked_peak_terms(request)
     allocated, _ = peak_allocated_bytes(states, terms, 1)
     unlimited = replay(step_ops(request, states, terms), parse_alloc_conf(""))
     return request, states, terms, allocated, allocated - unlimited.requested_peak_bytes, unlimited
+
+
+@pytest.fixture(scope="module")
+def step():
+    return _fsdp2_step(FLAGS)
 
 
 @pytest.fixture(scope="module")
 def small():
     # GPT-2 under FSDP2 on two A10G: a short trace, for the questions that need no band.
-    base = request_from_args(build_parser().parse_args(["fit", *SMALL.split()]))
-    request = base.with_strategy(base.strategy.model_copy(update={"kind": StrategyKind.fsdp_full_shard}))
-    states, terms = checked_peak_terms(request)
-    allocated, _ = peak_allocated_bytes(states, terms, 1)
-    unlimited = replay(step_ops(request, states, terms), parse_alloc_conf(""))
-    return request, states, terms, allocated, allocated - unlimited.requested_peak_bytes, unlimited
+    return _fsdp2_step(SMALL)
 
 
 @pytest.fixture

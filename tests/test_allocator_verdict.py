@@ -5,8 +5,6 @@ not monotone in the capacity."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
 from zeroplan.allocator.capacity import CAPACITY_STEP_BYTES, bisect_capacity, oom_capacity
@@ -87,10 +85,6 @@ def test_nothing_is_replayed_where_the_allocated_peak_passes_the_usable_memory(s
     allocated, _ = peak_allocated_bytes(states, terms, 1)
     verdict = allocator_verdict(request, states, terms, allocated, allocated - 1)
     assert not verdict.fits and verdict.reserved_peak_bytes is None and verdict.oom_capacity_bytes is None
-
-
-def _unranged(verdict: str) -> str:
-    return re.sub(r"borderline: \d+-\d+ %", "borderline: N-M %", verdict)
 
 
 @pytest.mark.parametrize("flags", [

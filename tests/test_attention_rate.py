@@ -4,7 +4,6 @@ the matmul rate, compute splits as documented, and the benchmark's figures are w
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,8 @@ from zeroplan.core.timing import compute_time_s, executed_flops_per_s, memory_bo
 from zeroplan.specs import AttentionImplementation, AttentionKernel
 from zeroplan.specs.hardware import GpuArchitecture
 from zeroplan.validate.step_time import load_published_throughput
+
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = load_published_throughput().rows
@@ -90,10 +91,7 @@ def test_recomputed_attention_is_counted_with_the_attention_core() -> None:
 
 
 def test_docs_quote_the_attention_rate_figures_as_printed() -> None:
-    spec = importlib.util.spec_from_file_location("step_time_accuracy", ROOT / "benchmarks" / "step_time_accuracy.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    printed = module.attention_rate_report(load_published_throughput())
+    printed = load_script(ROOT / "benchmarks" / "step_time_accuracy.py").attention_rate_report(load_published_throughput())
     docs = (ROOT / "docs" / "validation.md").read_text()
     section = docs[docs.index("### Attention at its own rate"):]
     lines = [line for line in printed if line.startswith("| ") or line.startswith("attention rate ")]

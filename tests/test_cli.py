@@ -14,17 +14,8 @@ from zeroplan.cli.main import main
 from zeroplan.specs import StrategyKind
 
 
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exit_:  # argparse's own errors
-        code = exit_.code
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def test_fit_table_lists_every_strategy_and_a_verdict(capsys) -> None:
-    code, out, err = run(capsys, "fit", "--detail", "llama-2-70b", "--gpus", "8", "--gpu", "a100-80gb")
+def test_fit_table_lists_every_strategy_and_a_verdict(zeroplan_cli) -> None:
+    code, out, err = zeroplan_cli("fit", "--detail", "llama-2-70b", "--gpus", "8", "--gpu", "a100-80gb")
     assert code == 0, err
     for kind in StrategyKind:
         # The opt-in ZeRO-3 variants are planned only when --strategies names them.
@@ -33,8 +24,8 @@ def test_fit_table_lists_every_strategy_and_a_verdict(capsys) -> None:
     assert "Verdict: " in out
 
 
-def test_fit_json_is_a_fit_report(capsys) -> None:
-    code, out, _ = run(capsys, "fit", "gpt2", "--gpus", "2", "--format", "json", "--strategies", "ddp,zero3")
+def test_fit_json_is_a_fit_report(zeroplan_cli) -> None:
+    code, out, _ = zeroplan_cli("fit", "gpt2", "--gpus", "2", "--format", "json", "--strategies", "ddp,zero3")
     assert code == 0
     report = json.loads(out)
     assert [p["strategy"] for p in report["plans"]] == ["ddp", "zero3"]
@@ -42,17 +33,17 @@ def test_fit_json_is_a_fit_report(capsys) -> None:
     assert isinstance(report["plans"][0]["memory"]["peak_bytes"], int)
 
 
-def test_fit_csv_parses_with_pandas(capsys) -> None:
-    code, out, _ = run(capsys, "fit", "llama-3-8b", "--gpus", "16", "--gpus-per-node", "8", "--format", "csv")
+def test_fit_csv_parses_with_pandas(zeroplan_cli) -> None:
+    code, out, _ = zeroplan_cli("fit", "llama-3-8b", "--gpus", "16", "--gpus-per-node", "8", "--format", "csv")
     assert code == 0
     frame = pd.read_csv(io.StringIO(out), index_col="strategy")
     assert frame.loc["hsdp", "shard_group_size"] == 8
     assert frame.loc["zero3", "shard_group_size"] == 16
 
 
-def test_fit_gb_unit_changes_the_table(capsys) -> None:
-    _, gib, _ = run(capsys, "fit", "--detail", "gpt2", "--gpus", "1", "--strategies", "ddp")
-    _, gb, _ = run(capsys, "fit", "--detail", "gpt2", "--gpus", "1", "--strategies", "ddp", "--unit", "GB")
+def test_fit_gb_unit_changes_the_table(zeroplan_cli) -> None:
+    _, gib, _ = zeroplan_cli("fit", "--detail", "gpt2", "--gpus", "1", "--strategies", "ddp")
+    _, gb, _ = zeroplan_cli("fit", "--detail", "gpt2", "--gpus", "1", "--strategies", "ddp", "--unit", "GB")
     assert "in GiB" in gib and "in GB" in gb
 
 
@@ -72,28 +63,28 @@ def test_fit_gb_unit_changes_the_table(capsys) -> None:
         (["fit", "/no/such/config.json"], "model: cannot read"),
     ],
 )
-def test_bad_input_is_one_line_exit_2(capsys, argv, needle) -> None:
-    code, out, err = run(capsys, *argv)
+def test_bad_input_is_one_line_exit_2(zeroplan_cli, argv, needle) -> None:
+    code, out, err = zeroplan_cli(*argv)
     assert code == 2
     assert out == ""
     assert err.count("\n") == 1 and needle in err, err
     assert "Traceback" not in err
 
 
-def test_heads_not_dividing_hidden_in_config(capsys, tmp_path) -> None:
+def test_heads_not_dividing_hidden_in_config(zeroplan_cli, tmp_path) -> None:
     path = tmp_path / "config.json"
     path.write_text(json.dumps({
         "model_type": "llama", "vocab_size": 100, "hidden_size": 100, "intermediate_size": 200,
         "num_hidden_layers": 2, "num_attention_heads": 3,
     }))
-    code, _, err = run(capsys, "fit", str(path))
+    code, _, err = zeroplan_cli("fit", str(path))
     assert code == 2 and "model.num_heads: 3 heads do not divide hidden_size 100" in err
 
 
-def test_models_and_gpus_listings(capsys) -> None:
-    code, out, _ = run(capsys, "models")
+def test_models_and_gpus_listings(zeroplan_cli) -> None:
+    code, out, _ = zeroplan_cli("models")
     assert code == 0 and "llama-2-70b" in out and "68,976,648,192" in out
-    code, out, _ = run(capsys, "gpus")
+    code, out, _ = zeroplan_cli("gpus")
     assert code == 0 and "a100-80gb" in out and "h100-80gb" in out
 
 
@@ -106,58 +97,58 @@ def test_console_script_entry_point() -> None:
     assert "mistral-7b: 7,241,732,096 parameters" in result.stdout
 
 
-def test_compare_prints_volume_and_times(capsys) -> None:
-    code, out, err = run(capsys, "compare", "--detail", "llama-2-7b", "--gpus", "16", "--strategies", "ddp,zero3,hsdp", "--hfu", "0.5")
+def test_compare_prints_volume_and_times(zeroplan_cli) -> None:
+    code, out, err = zeroplan_cli("compare", "--detail", "llama-2-7b", "--gpus", "16", "--strategies", "ddp,zero3,hsdp", "--hfu", "0.5")
     assert code == 0, err
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split() and line.split()[0] in ("ddp", "zero3", "hsdp")}
     assert rows["ddp"][1] == "2.0" and rows["zero3"][1] == "3.0"
 
 
-def test_hfu_above_one_is_rejected(capsys) -> None:
-    code, _, err = run(capsys, "compare", "gpt2", "--hfu", "1.5")
+def test_hfu_above_one_is_rejected(zeroplan_cli) -> None:
+    code, _, err = zeroplan_cli("compare", "gpt2", "--hfu", "1.5")
     assert code == 2 and "hfu: must be in (0, 1]" in err
 
 
-def test_mfu_is_refused_with_a_pointer_to_hfu(capsys) -> None:
+def test_mfu_is_refused_with_a_pointer_to_hfu(zeroplan_cli) -> None:
     # The old --mfu timed executed FLOPs (an HFU); it is refused rather than read either way.
     for command in ("compare", "plan"):
         extra = ["--global-batch", "16"] if command == "plan" else []
-        code, _, err = run(capsys, command, "gpt2", *extra, "--mfu", "0.5")
+        code, _, err = zeroplan_cli(command, "gpt2", *extra, "--mfu", "0.5")
         assert code == 2 and "mfu:" in err and "--hfu" in err and len(err.strip().splitlines()) == 1
 
 
-def test_seq_len_default_is_capped_at_the_models_positions(capsys) -> None:
+def test_seq_len_default_is_capped_at_the_models_positions(zeroplan_cli) -> None:
     # 4,096 by default, GPT-2's 1,024 learned positions when fewer (docs/input-bounds.md).
-    code, out, err = run(capsys, "fit", "--detail", "gpt2", "--gpus", "1", "--strategies", "ddp")
+    code, out, err = zeroplan_cli("fit", "--detail", "gpt2", "--gpus", "1", "--strategies", "ddp")
     assert code == 0, err
     assert "x seq 1024," in out
-    code, out, err = run(capsys, "fit", "--detail", "llama-2-7b", "--gpus", "1", "--strategies", "ddp")
+    code, out, err = zeroplan_cli("fit", "--detail", "llama-2-7b", "--gpus", "1", "--strategies", "ddp")
     assert code == 0, err
     assert "x seq 4096," in out
 
 
-def test_allow_longer_seq_runs_rope_past_its_positions(capsys) -> None:
+def test_allow_longer_seq_runs_rope_past_its_positions(zeroplan_cli) -> None:
     argv = ["fit", "llama-2-7b", "--gpus", "8", "--strategies", "zero3", "--format", "json"]
-    code, _, err = run(capsys, *argv, "--seq-len", "8192")
+    code, _, err = zeroplan_cli(*argv, "--seq-len", "8192")
     assert code == 2 and "--seq-len: 8,192 exceeds llama-2-7b's maximum of 4,096" in err, err
-    code, at_limit, err = run(capsys, *argv, "--seq-len", "4096")
+    code, at_limit, err = zeroplan_cli(*argv, "--seq-len", "4096")
     assert code == 0, err
-    code, longer, err = run(capsys, *argv, "--seq-len", "8192", "--allow-longer-seq")
+    code, longer, err = zeroplan_cli(*argv, "--seq-len", "8192", "--allow-longer-seq")
     assert code == 0, err
     at_limit, longer = json.loads(at_limit)["plans"][0]["memory"], json.loads(longer)["plans"][0]["memory"]
     assert longer["activation_bytes"] > at_limit["activation_bytes"]
     assert longer["parameter_bytes"] == at_limit["parameter_bytes"]
 
 
-def test_issue_8_command_still_runs(capsys) -> None:
+def test_issue_8_command_still_runs(zeroplan_cli) -> None:
     # Llama-3.1's config.json gives max_position_embeddings 131072: 8192 is within it.
-    code, out, err = run(capsys, "fit", "--detail", "llama-3.1-8b", "--framework", "torchtitan", "--activation-checkpointing",
+    code, out, err = zeroplan_cli("fit", "--detail", "llama-3.1-8b", "--framework", "torchtitan", "--activation-checkpointing",
                          "selective-op", "--gpus", "8", "--gpu", "h100-80gb", "--micro-batch", "2", "--seq-len", "8192")
     assert code == 0, err
     assert "x seq 8192," in out and "Verdict: " in out
 
 
-def test_measure_forwards_allow_longer_seq_and_refuses_before_launch(capsys, monkeypatch, tmp_path) -> None:
+def test_measure_forwards_allow_longer_seq_and_refuses_before_launch(zeroplan_cli, monkeypatch, tmp_path) -> None:
     from zeroplan.harness import launch as launch_module
 
     launched = []
@@ -168,11 +159,11 @@ def test_measure_forwards_allow_longer_seq_and_refuses_before_launch(capsys, mon
 
     monkeypatch.setattr(launch_module, "launch", fake_launch)
     base = ["measure", "tiny-llama", "--strategy", "zero2", "--backend", "gloo", "--seq-len", "1024", "--out", str(tmp_path / "o")]
-    code, _, err = run(capsys, *base, "--allow-longer-seq")
+    code, _, err = zeroplan_cli(*base, "--allow-longer-seq")
     assert code == 0, err
     assert launched and "--allow-longer-seq" in launched[0] and launched[0][launched[0].index("--seq-len") + 1] == "1024"
     launched.clear()
-    code, _, err = run(capsys, "measure", "tiny-gpt2", *base[2:], "--allow-longer-seq")
+    code, _, err = zeroplan_cli("measure", "tiny-gpt2", *base[2:], "--allow-longer-seq")
     assert code == 2 and "tiny-gpt2's maximum of 512" in err and not launched, err
 
 

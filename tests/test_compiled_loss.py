@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from zeroplan.core.activations import FP32_BYTES
 from zeroplan.core.compiled import COMPILED_CROSS_ENTROPY_ROW_BYTES, compiled_chunked_logits_pieces, compiles_loss
 from zeroplan.core.framework_loss import chunked_logits_pieces, framework_logits_pieces
 from zeroplan.core.plan import plan
@@ -16,6 +15,7 @@ from zeroplan.frameworks.compiled_record import CompiledLossRecord, load_compile
 from zeroplan.presets.gpus import get_gpu
 from zeroplan.presets.models import get_model
 from zeroplan.specs import BatchSpec, PlanRequest, StrategySpec, TrainingSpec, cluster_from_gpus
+from zeroplan.units import FP32_BYTES
 
 RECORDS = Path(__file__).resolve().parent.parent / "benchmarks" / "compiled-loss-records"
 

@@ -3,7 +3,6 @@ bytes compile saves, and how the flat-HFU and roofline models price them."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -23,10 +22,10 @@ from zeroplan.specs import ActivationCheckpointing
 from zeroplan.specs.framework import Framework
 from zeroplan.validate.step_time import load_published_throughput
 
+from tests.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("compiled_block_traffic", ROOT / "benchmarks" / "compiled_block_traffic.py")
-BENCH = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(BENCH)  # type: ignore[union-attr]
+BENCH = load_script(ROOT / "benchmarks" / "compiled_block_traffic.py")
 RECORD = BENCH.load_record()
 ROWS = {row.name: row for row in load_published_throughput().rows}
 EAGER = ROWS["torchtune llama-3.2-3b a100 x1 s4096 b2 packed"]

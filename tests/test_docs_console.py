@@ -4,17 +4,14 @@ sub-command's own argument parser (scripts/refresh_docs.py says how)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
-_SPEC = importlib.util.spec_from_file_location("refresh_docs", ROOT / "scripts" / "refresh_docs.py")
-docs = importlib.util.module_from_spec(_SPEC)
-sys.modules["refresh_docs"] = docs
-_SPEC.loader.exec_module(docs)
+docs = load_script(ROOT / "scripts" / "refresh_docs.py")
 
 BLOCKS = [block for path in docs.doc_paths() for block in docs.console_blocks(path)]
 PARSED = [command for path in docs.doc_paths() for command in docs.commands_to_parse(path)]

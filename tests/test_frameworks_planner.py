@@ -115,14 +115,11 @@ def test_selective_layer_activations_follow_the_blocks_it_checkpoints(gpu_80gib,
     assert full <= selective <= none + layer
 
 
-def test_a_selective_layer_interval_that_checkpoints_nothing_is_one_line(capsys) -> None:
+def test_a_selective_layer_interval_that_checkpoints_nothing_is_one_line(zeroplan_cli) -> None:
     for k, field in (("33", "selective_layer_interval"), ("0", "--selective-layer-interval")):
-        try:
-            code = main(["fit", "llama-3.1-8b", "--framework", "torchtune", "--activation-checkpointing", "selective-layer",
-                         "--selective-layer-interval", k])
-        except SystemExit as exit_:
-            code = exit_.code
-        err = capsys.readouterr().err.strip().splitlines()
+        code, _, err = zeroplan_cli("fit", "llama-3.1-8b", "--framework", "torchtune", "--activation-checkpointing",
+                                    "selective-layer", "--selective-layer-interval", k)
+        err = err.strip().splitlines()
         assert code == 2 and len(err) == 1 and field in err[0], err
     with pytest.raises(ZeroplanError, match="selective_layer_interval.*allowed: 1 to 32"):
         fit(_request(get_gpu("h100-80gb"), Framework.torchtune, activation_checkpointing=AC.selective_layer,
@@ -278,12 +275,8 @@ def test_the_done_when_commands_run(capsys, framework, policy) -> None:
     assert code == 0 and "Verdict" in out
 
 
-def test_an_unoffered_policy_on_the_command_line_is_one_line(capsys) -> None:
-    try:
-        code = main(["fit", "llama-3.1-8b", "--framework", "hf", "--activation-checkpointing", "selective-op"])
-    except SystemExit as exit_:
-        code = exit_.code
-    err = capsys.readouterr().err
+def test_an_unoffered_policy_on_the_command_line_is_one_line(zeroplan_cli) -> None:
+    code, _, err = zeroplan_cli("fit", "llama-3.1-8b", "--framework", "hf", "--activation-checkpointing", "selective-op")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "allowed" in err
 
 

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from tests.scripts import load_script
+
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
 
 def _builder():
-    spec = importlib.util.spec_from_file_location("build_compare_stages", NOTEBOOKS / "build_compare_stages.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(NOTEBOOKS / "build_compare_stages.py")
 
 
 def test_committed_notebook_is_what_the_builder_writes() -> None:

@@ -19,6 +19,8 @@ from zeroplan.frameworks.pipeline_record import (
     peak_in_flight,
 )
 
+from tests.scripts import load_script
+
 RECORDS = Path(__file__).resolve().parent.parent / "benchmarks" / "pipeline-records"
 SPLITS = load_split_records(RECORDS)
 SCHEDULES = load_schedule_records(RECORDS)
@@ -51,11 +53,7 @@ def test_split_refusals_are_torchtitans_layers_per_stage_checks() -> None:
 
 
 def test_split_layers_are_the_registry_depths() -> None:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("pipeline_records", RECORDS.parent / "pipeline_records.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script(RECORDS.parent / "pipeline_records.py")
     assert {r.flavour: r.num_layers for r in SPLITS} == script.NUM_LAYERS
 
 
@@ -205,12 +203,8 @@ def test_dualpipev_refuses_fewer_microbatches_than_stages() -> None:
 
 
 def test_docs_tables_are_the_records() -> None:
-    import importlib.util
-
     root = RECORDS.parents[1]
-    spec = importlib.util.spec_from_file_location("pipeline_records", root / "benchmarks" / "pipeline_records.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script(root / "benchmarks" / "pipeline_records.py")
     doc = (root / "docs" / "pipeline-measured.md").read_text(encoding="utf-8")
     for table in script.tables(RECORDS).split("\n\n"):
         assert table.strip() in doc

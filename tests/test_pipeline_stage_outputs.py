@@ -10,7 +10,6 @@ pipeline_input_gradient_bytes); against torch's own schedules on a fake process 
 from __future__ import annotations
 
 import functools
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +30,8 @@ from zeroplan.core.parallel.units import (
 )
 from zeroplan.specs.parallel import PipelineSchedule
 from zeroplan.specs.strategy import StrategyKind
+
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 BF16 = 2
@@ -121,11 +122,7 @@ def test_input_gradients_held_at_the_in_flight_peak() -> None:
 
 
 def _measure():
-    spec = importlib.util.spec_from_file_location("torchtitan_pipeline_outputs",
-                                                  ROOT / "benchmarks" / "torchtitan_pipeline_outputs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.rank_outputs
+    return load_script(ROOT / "benchmarks" / "torchtitan_pipeline_outputs.py").rank_outputs
 
 
 @pytest.mark.slow

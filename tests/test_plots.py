@@ -8,6 +8,8 @@ from zeroplan.core.plan import fit
 from zeroplan.presets.models import get_model
 from zeroplan.specs import BatchSpec, PlanRequest, StrategyKind, StrategySpec, cluster_from_gpus
 
+from tests.scripts import load_script
+
 matplotlib = pytest.importorskip("matplotlib")
 matplotlib.use("Agg")
 
@@ -226,13 +228,9 @@ def test_the_validation_figure_shows_every_row_and_the_published_error_band() ->
 
 def test_the_docs_figures_render(tmp_path) -> None:
     """notebooks/render_figures.py writes one PNG per figure the docs show."""
-    import importlib.util
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[1] / "notebooks" / "render_figures.py"
-    spec = importlib.util.spec_from_file_location("render_figures", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    written = module.render(tmp_path)
+    written = load_script(script).render(tmp_path)
     assert sorted(p.name for p in written) == sorted(p.name for p in (script.parents[1] / "docs" / "figures").glob("*.png"))
     assert all(p.read_bytes().startswith(b"\x89PNG") for p in written)

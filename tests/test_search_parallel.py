@@ -133,15 +133,10 @@ def test_a_search_restricted_to_no_model_parallelism_is_todays(capsys) -> None:
     (["--pp", "2", "--strategies", "zero3"], "strategies", "allowed under pipeline parallelism: ddp"),
     (["--pp-schedule", "gpipe"], "--pp-schedule", "choose from"),
 ])
-def test_bad_layout_flags_are_refused_in_one_line(capsys, flags, named, allowed) -> None:
-    from zeroplan.cli.main import main
-
-    try:
-        code = main(["plan", "llama-2-7b", "--gpus", "16", "--global-batch", "64", *flags])
-    except SystemExit as exit_:
-        code = exit_.code
+def test_bad_layout_flags_are_refused_in_one_line(zeroplan_cli, flags, named, allowed) -> None:
+    code, _, err = zeroplan_cli("plan", "llama-2-7b", "--gpus", "16", "--global-batch", "64", *flags)
     assert code == 2
-    err = capsys.readouterr().err.strip()
+    err = err.strip()
     assert len(err.splitlines()) == 1 and named in err and allowed in err, err
 
 

@@ -5,7 +5,6 @@ it predicts; and the figures the docs and the CLI's band quote are what the benc
 from __future__ import annotations
 
 import functools
-import importlib.util
 import re
 import statistics
 from pathlib import Path
@@ -21,16 +20,15 @@ from zeroplan.validate.step_calibration import (
 )
 from zeroplan.validate.step_time import load_published_throughput
 
+from tests.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = load_published_throughput()
 SOURCES, ERRORS = calibration_study()
 
 
 def _benchmark():
-    spec = importlib.util.spec_from_file_location("step_time_accuracy", ROOT / "benchmarks" / "step_time_accuracy.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "benchmarks" / "step_time_accuracy.py")
 
 
 PRINTED = _benchmark().calibrated_report(TABLE)

@@ -15,6 +15,8 @@ from zeroplan.validate.step_profile import (
     STEP_PROFILE_DIR, compare_profile, kernel_category, load_step_profile, profile_request, step_profiles,
 )
 
+from tests.scripts import load_script
+
 
 @pytest.mark.parametrize("name, category", [
     ("nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_NTN", "matmul"),
@@ -62,13 +64,9 @@ def test_eager_block_traffic_counts_the_blocks_memory_bound_kernels(capsys) -> N
     """benchmarks/eager_block_traffic.py on a short sequence: the block's fused norm and SiLU are
     counted once each way, views and products are not, and the total is not below the model's
     single-pass count (eager kernels never move less than one read and one write)."""
-    import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "eager_block_traffic.py"
-    spec = importlib.util.spec_from_file_location("eager_block_traffic", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(Path(__file__).resolve().parents[1] / "benchmarks" / "eager_block_traffic.py")
     assert module.main(["--micro-batch", "1", "--seq-len", "64"]) == 0
     out = capsys.readouterr().out
     for operator in ("| forward | _fused_rms_norm |", "| backward | _fused_rms_norm_backward |", "| forward | silu |"):
@@ -80,13 +78,10 @@ def test_eager_block_traffic_counts_the_blocks_memory_bound_kernels(capsys) -> N
 
 def test_docs_step_table_is_what_the_benchmark_prints() -> None:
     # docs/validation.md's per-category table of the H200 step profiles is the benchmark's.
-    import importlib.util
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("step_profile_accuracy", root / "benchmarks" / "step_profile_accuracy.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(root / "benchmarks" / "step_profile_accuracy.py")
     docs = (root / "docs" / "validation.md").read_text()
     lines = [line for line in module.step_table() if line.startswith("| ") and "---" not in line]
     assert len(lines) >= 20

@@ -3,7 +3,6 @@ the figures mean what the docs say they mean (docs/validation.md, "Step time")."
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -18,6 +17,8 @@ from zeroplan.presets.gpus import get_gpu
 from zeroplan.core.default_efficiency import FLAT_HFU
 from zeroplan.specs import StrategyKind
 from zeroplan.validate.step_time import PUBLISHED_THROUGHPUT_FILE, load_published_throughput, step_time_table
+
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = load_published_throughput().rows
@@ -129,10 +130,7 @@ def test_malformed_file_is_one_line_naming_the_field(tmp_path: Path) -> None:
 
 
 def _benchmark():
-    spec = importlib.util.spec_from_file_location("step_time_accuracy", ROOT / "benchmarks" / "step_time_accuracy.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "benchmarks" / "step_time_accuracy.py")
 
 
 def test_benchmark_prints_a_line_per_row() -> None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from zeroplan.core.communication import Phase, collectives
+from zeroplan.core.flops import step_flops
 from zeroplan.core.params import block_linear_weight_elements, total_parameters
 from zeroplan.core.plan import plan
 from zeroplan.core.timing import (
-    collective_time_s, compute_flops, cpu_optimizer_bytes_per_element, cpu_optimizer_time_s, host_transfer_bytes,
+    collective_time_s, cpu_optimizer_bytes_per_element, cpu_optimizer_time_s, host_transfer_bytes,
     step_time,
 )
 from zeroplan.presets.models import get_model
@@ -85,12 +86,12 @@ def test_compute_is_the_matmul_weights_times_6_plus_causal_flash_attention() -> 
     s, h, a, d, L = 4096, model.hidden_size, model.num_heads, model.head_size, model.num_layers
     matmul_weights = L * block_linear_weight_elements(model) + model.vocab_size * h
     attention = L * 4 * s * d * a / 2
-    forward, backward = compute_flops(_request(StrategyKind.ddp, accum=2))
-    assert forward == pytest.approx(2 * s * (2 * matmul_weights + attention), rel=1e-12)
-    assert forward + backward == pytest.approx(2 * s * (6 * matmul_weights + 3.5 * attention), rel=1e-12)
-    forward, backward = compute_flops(_request(StrategyKind.ddp, activation_checkpointing=ActivationCheckpointing.full))
+    flops = step_flops(_request(StrategyKind.ddp, accum=2))
+    assert flops.forward_flops == pytest.approx(2 * s * (2 * matmul_weights + attention), rel=1e-12)
+    assert flops.forward_flops + flops.backward_flops == pytest.approx(2 * s * (6 * matmul_weights + 3.5 * attention), rel=1e-12)
+    flops = step_flops(_request(StrategyKind.ddp, activation_checkpointing=ActivationCheckpointing.full))
     recomputed = 2 * L * (block_linear_weight_elements(model) - h * model.ffn_hidden_size) + attention
-    assert forward + backward == pytest.approx(s * (6 * matmul_weights + 3.5 * attention + recomputed), rel=1e-12)
+    assert flops.forward_flops + flops.backward_flops == pytest.approx(s * (6 * matmul_weights + 3.5 * attention + recomputed), rel=1e-12)
 
 
 def test_moe_compute_uses_active_parameters() -> None:
@@ -99,7 +100,7 @@ def test_moe_compute_uses_active_parameters() -> None:
     model = get_model("mixtral-8x7b")
     h, L = model.hidden_size, model.num_layers
     matmul_weights = 12_879_925_248 - model.vocab_size * h - (2 * L + 1) * h
-    forward, _ = compute_flops(_request(StrategyKind.zero3, model="mixtral-8x7b"))
+    forward = step_flops(_request(StrategyKind.zero3, model="mixtral-8x7b")).forward_flops
     assert forward == pytest.approx(4096 * (2 * matmul_weights + L * 4 * 4096 * model.head_size * model.num_heads / 2), rel=1e-12)
 
 

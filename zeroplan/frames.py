@@ -91,30 +91,6 @@ def fit_report_frame(report: HoldsPlans) -> pd.DataFrame:
     return frame.astype({name: "Int64" for name in NULLABLE_BYTE_COLUMNS})
 
 
-def collectives_frame(plan: StrategyPlan) -> pd.DataFrame:
-    """One row per collective kind of one optimizer step."""
-    rows = [
-        {
-            "op": c.op.value,
-            "phase": c.phase.value,
-            "what": c.what,
-            "group_size": c.group_size,
-            "calls": c.calls,
-            "occurrences_per_step": c.occurrences_per_step,
-            "buffer_bytes_per_step": c.buffer_bytes_per_step,
-            "sent_bytes_per_step": c.sent_bytes_per_step,
-            "spans_nodes": c.spans_nodes,
-            "algorithm": t.algorithm.value,
-            "algorithms": "+".join(a.value for a in t.algorithms),
-            "bus_bandwidth_bytes_per_s": t.bus_bandwidth_bytes_per_s,
-            "bandwidth_basis": t.bandwidth_basis,
-            "seconds_per_step": t.seconds,
-        }
-        for c, t in zip(plan.collectives, plan.time.collective_times, strict=True)
-    ]
-    return pd.DataFrame(rows)
-
-
 def search_frame(result: HoldsCandidates) -> pd.DataFrame:
     """The ranked configurations, fastest first, with their layout (tp, pp, cp, dp and the
     schedule) and a column marking the Pareto rows."""

@@ -14,10 +14,12 @@ MiB = 2**20
 GiB = 2**30
 TiB = 2**40
 
-KB = 10**3
 MB = 10**6
 GB = 10**9
-TB = 10**12
+
+FP32_BYTES = 4
+BF16_BYTES = 2
+"""Bytes of one fp32 and one bf16 element."""
 
 
 class ByteUnit(str, Enum):

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from harness_runs import MICRO_BATCH, RUNS, SEQ_LEN, STEPS, Run
-from zeroplan.cli.main import main as zeroplan_main
 from zeroplan.core.communication import collectives
 from zeroplan.core.optimizer_states import adafactor_state_bytes, step_counter_bytes
 from zeroplan.core.params import ParamTensor
@@ -169,19 +168,11 @@ def test_the_factory_builds_each_optimizer_whose_states_the_planner_counts(kind:
             assert sum(t.nbytes for t in states) == per_element * p.numel()
 
 
-def _zeroplan(capsys, *argv: str) -> tuple[int, str]:
-    try:
-        code = zeroplan_main(list(argv))
-    except SystemExit as exit_:
-        code = exit_.code
-    return code, capsys.readouterr().err
-
-
 @pytest.mark.parametrize("strategy,engine", [("zero2", "zeroplan"), ("fsdp-full-shard", "torch"),
                                              ("fsdp-shard-grad-op", "torch-fsdp1")])
-def test_adafactor_on_sharded_tensors_is_refused_in_one_line(capsys, tmp_path, strategy, engine) -> None:
-    code, err = _zeroplan(capsys, "measure", "micro-llama", "--strategy", strategy, "--engine", engine,
-                          "--optimizer", "adafactor", "--out", str(tmp_path))
+def test_adafactor_on_sharded_tensors_is_refused_in_one_line(zeroplan_cli, tmp_path, strategy, engine) -> None:
+    code, _, err = zeroplan_cli("measure", "micro-llama", "--strategy", strategy, "--engine", engine,
+                                "--optimizer", "adafactor", "--out", str(tmp_path))
     assert code == 2
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith("zeroplan measure: error: optimizer: 'adafactor' is not supported by ")
@@ -189,8 +180,8 @@ def test_adafactor_on_sharded_tensors_is_refused_in_one_line(capsys, tmp_path, s
     assert not list(tmp_path.iterdir())  # refused before any rank started
 
 
-def test_optimizers_torch_lacks_are_refused_by_the_parser(capsys, tmp_path) -> None:
-    code, err = _zeroplan(capsys, "measure", "micro-llama", "--strategy", "zero2", "--optimizer", "lion", "--out", str(tmp_path))
+def test_optimizers_torch_lacks_are_refused_by_the_parser(zeroplan_cli, tmp_path) -> None:
+    code, _, err = zeroplan_cli("measure", "micro-llama", "--strategy", "zero2", "--optimizer", "lion", "--out", str(tmp_path))
     assert code == 2 and err.count("\n") == 1 and "--optimizer" in err and "sgd-momentum" in err
 
 
@@ -207,13 +198,13 @@ def test_a_rank_refuses_an_unsupported_optimizer_in_one_line(tmp_path) -> None:
 
 
 @pytest.mark.slow  # launches torchrun
-def test_measure_passes_the_accumulation_flags_to_every_rank(capsys, tmp_path) -> None:
+def test_measure_passes_the_accumulation_flags_to_every_rank(zeroplan_cli, tmp_path) -> None:
     """Through ``zeroplan measure`` itself (the other runs use the batched test launcher): the
     flags reach the ranks' records, and a rank that fails leaves every record with the steps
     done so far."""
-    code, err = _zeroplan(capsys, "measure", "micro-llama", "--strategy", "zero2", "--steps", str(STEPS),
-                          "--seq-len", str(SEQ_LEN), "--grad-accum", "3", "--optimizer", "sgd-momentum",
-                          "--keep-unsharded-grads-on-accum", "--fail-rank", "1", "--out", str(tmp_path))
+    code, _, err = zeroplan_cli("measure", "micro-llama", "--strategy", "zero2", "--steps", str(STEPS),
+                                "--seq-len", str(SEQ_LEN), "--grad-accum", "3", "--optimizer", "sgd-momentum",
+                                "--keep-unsharded-grads-on-accum", "--fail-rank", "1", "--out", str(tmp_path))
     assert code == 1 and "rank 1 failed: InjectedFailure" in err
     assert "ranks without a complete record: [0, 1]; 2 record(s) kept" in err
     records = [read_record(p) for p in sorted(tmp_path.glob("rank*.json"))]
@@ -227,11 +218,11 @@ def test_measure_passes_the_accumulation_flags_to_every_rank(capsys, tmp_path) -
 
 
 @pytest.mark.slow  # launches torchrun (one rank)
-def test_one_rank_trains_unwrapped_as_the_planner_predicts(capsys, tmp_path) -> None:
+def test_one_rank_trains_unwrapped_as_the_planner_predicts(zeroplan_cli, tmp_path) -> None:
     """At world size 1 DDP is plain training: no gradient-sized bucket copy, on either side."""
-    code, err = _zeroplan(capsys, "measure", "micro-llama", "--strategy", "ddp", "--engine", "torch", "--nproc", "1",
-                          "--steps", "2", "--micro-batch", str(MICRO_BATCH), "--seq-len", str(SEQ_LEN),
-                          "--precision", "fp32", "--out", str(tmp_path))
+    code, _, err = zeroplan_cli("measure", "micro-llama", "--strategy", "ddp", "--engine", "torch", "--nproc", "1",
+                                "--steps", "2", "--micro-batch", str(MICRO_BATCH), "--seq-len", str(SEQ_LEN),
+                                "--precision", "fp32", "--out", str(tmp_path))
     assert code == 0, err
     rows = {row.quantity: row for row in compare_record(read_record(next(tmp_path.glob("rank*.json"))))}
     assert all(rows[q].measured_bytes == rows[q].predicted_bytes for q in ("parameters", "gradients", "optimizer states"))

@@ -174,19 +174,13 @@ def test_inconsistent_node_flags_are_refused(flags: list[str], env: dict[str, st
     (["--nnodes", "0"], "--nnodes"), (["--nnodes", "2", "--rdzv-endpoint", "h:1", "--node-rank", "5"], "--node-rank"),
     (["--nnodes", "2", "--node-rank", "1"], "--rdzv-endpoint"), (["--slurm"], "SLURM_STEP_NUM_NODES"),
 ])
-def test_measure_answers_bad_node_flags_in_one_line(flags, flag, capsys, monkeypatch, tmp_path) -> None:
+def test_measure_answers_bad_node_flags_in_one_line(flags, flag, zeroplan_cli, monkeypatch, tmp_path) -> None:
     """Through the command line: exit 2, one line naming the flag, no traceback, nothing launched."""
-    from zeroplan.cli.main import main
-
     for name in [n for n in os.environ if n.startswith("SLURM_")]:
         monkeypatch.delenv(name)
     monkeypatch.setattr("zeroplan.harness.launch.launch", lambda *a, **k: pytest.fail("launched"))
     monkeypatch.chdir(tmp_path)
-    try:
-        code = main(["measure", *BASE, "--backend", "gloo", *flags])
-    except SystemExit as exit_:  # argparse's own errors
-        code = exit_.code
-    err = capsys.readouterr().err
+    code, _, err = zeroplan_cli("measure", *BASE, "--backend", "gloo", *flags)
     assert code == 2 and err.count("\n") == 1 and flag in err and "Traceback" not in err, err
     assert list(tmp_path.iterdir()) == []
 

@@ -77,9 +77,6 @@ class DeviceAllocator:
         self.next_address += -(-size // ADDRESS_ALIGN_BYTES) * ADDRESS_ALIGN_BYTES
         return ptr
 
-    def _pool(self, small: bool) -> Pool:
-        return self.small_pool if small else self.large_pool
-
     def _reserve(self, size: int) -> None:
         self.reserved += size
         if self.reserved > self.reserved_peak:

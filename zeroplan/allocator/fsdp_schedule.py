@@ -29,7 +29,6 @@ from dataclasses import dataclass
 
 from zeroplan.allocator.builder import TraceBuilder, proportional_bytes, split_bytes
 from zeroplan.allocator.trace import Stream
-from zeroplan.core.activations import FP32_BYTES
 from zeroplan.core.compiled import COMPILED_CROSS_ENTROPY_ROW_BYTES, compiles_loss
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes
 from zeroplan.core.model_states import padded_unit_elements_of, unit_gather_bytes
@@ -43,8 +42,8 @@ from zeroplan.core.profiles import fsdp1_root_stays_gathered, fsdp_separates_emb
 from zeroplan.specs import StrategyKind
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
-from zeroplan.core.model_states import ModelStateBytes
 from zeroplan.core.peak import PeakTerms
+from zeroplan.units import FP32_BYTES
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,11 +14,6 @@ STREAM_SHIFT, SIZE_SHIFT = 128, 64
 SIZE_MASK = (1 << 64) - 1
 
 
-def block_key(stream: int, size: int, ptr: int) -> int:
-    """The key BlockComparatorSize orders a cached block by, as one integer (STREAM_SHIFT)."""
-    return (stream << STREAM_SHIFT) | (size << SIZE_SHIFT) | ptr
-
-
 class Segment:
     """An expandable segment: reserved address space mapped page by page (ExpandableSegment)."""
 
@@ -75,7 +70,7 @@ class Pool:
     def __init__(self, small: bool) -> None:
         self.small = small
         self.keys: list[int] = []
-        """block_key of every cached block, sorted (BlockComparatorSize)."""
+        """The key (STREAM_SHIFT) of every cached block, sorted (BlockComparatorSize)."""
         self.by_key: dict[int, Block] = {}
         self.unmapped_keys: list[tuple[int, int]] = []
         """(stream, ptr) of every unmapped block, sorted (BlockComparatorAddress)."""

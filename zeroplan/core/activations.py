@@ -15,10 +15,10 @@ from zeroplan.core.profiles import profile
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import ModelSpec, NormKind, PositionKind
 from zeroplan.specs.training import ActivationCheckpointing, AttentionKernel, Kernels, TrainingSpec
+from zeroplan.units import FP32_BYTES
 
 DROPOUT_MASK_BYTES = 1
 """Korthikanti et al. sec. 4.1: dropout masks are stored as one byte per element."""
-FP32_BYTES = 4
 
 
 # Korthikanti et al. 2022, eq. (1): bytes per layer without parallelism or recomputation,
@@ -210,10 +210,6 @@ def latent_attention_terms(model: ModelSpec, training: TrainingSpec, s: int, b: 
     if model.q_lora_rank is not None:
         terms["q_latent"] = latent(model.q_lora_rank)
     return terms
-
-
-def mlp_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int, moe_layer: bool | None = None) -> int:
-    return sum(mlp_terms(model, training, s, b, moe_layer).values())
 
 
 # Qwen3 (transformers 4.51 modeling_qwen3.py q_norm/k_norm; torchtitan 0.3.0 models/qwen3):

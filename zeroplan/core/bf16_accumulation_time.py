@@ -17,9 +17,7 @@ from zeroplan.errors import ZeroplanError
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.training import Precision
-
-BF16_BYTES = 2
-FP32_BYTES = 4
+from zeroplan.units import BF16_BYTES, FP32_BYTES
 
 # runtime/bf16_optimizer.py _update_hp_grad: hp_grad.data.add_(lp.grad.data.to(hp_grad.dtype)):
 # the cast reads the bf16 gradient and writes an fp32 copy (2 + 4), the add reads the fp32

@@ -12,7 +12,6 @@ written as the shapes they have; nothing here imports torch.
 
 from __future__ import annotations
 
-from zeroplan.core.activations import FP32_BYTES
 from zeroplan.core.profiles import profile
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.finetune import LoraTarget, Quantization
@@ -22,7 +21,7 @@ from zeroplan.specs.model import ModelSpec
 from zeroplan.specs.parallel import ParallelSpec
 from zeroplan.specs.request import PlanRequest, compiled_policy_measured
 from zeroplan.specs.training import ActivationCheckpointing, TrainingSpec
-from zeroplan.units import even_split
+from zeroplan.units import FP32_BYTES, even_split
 
 COMPILED_POLICIES = {
     Framework.torchtitan: (ActivationCheckpointing.none, ActivationCheckpointing.full, ActivationCheckpointing.selective_op),
@@ -207,10 +206,9 @@ def compiles_loss(training: TrainingSpec) -> bool:
 # chunk's bf16 gradient while that chunk's saved logits are still held, so the first holds all
 # the logits and one chunk's gradient, and the head's backward then starts beside the n bf16
 # gradients, as eager.
-def compiled_chunked_logits_pieces(model: ModelSpec, training: TrainingSpec, s: int, b: int, chunks: int,
-                                   head_backward_bytes: int = 0) -> tuple[int, int, int]:
+def compiled_chunked_logits_pieces(model: ModelSpec, training: TrainingSpec, s: int, b: int, chunks: int) -> tuple[int, int, int]:
     """The compiled loss's bytes at its three moments: its forward, its backward, the head's backward."""
-    forward, backward, head = (sum(m) for m in compiled_chunked_logits_tensors(model, training, s, b, chunks, (head_backward_bytes,)))
+    forward, backward, head = (sum(m) for m in compiled_chunked_logits_tensors(model, training, s, b, chunks))
     return forward, backward, head
 
 

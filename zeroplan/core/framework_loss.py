@@ -8,7 +8,7 @@ The blocks' bytes are zeroplan.core.frameworks'; nothing here imports torch.
 from __future__ import annotations
 
 from zeroplan.core.compiled import COMPILED_CROSS_ENTROPY_ROW_BYTES, compiled_chunked_logits_tensors, compiles_loss
-from zeroplan.core.frameworks import FP32_BYTES, hf_under_autocast
+from zeroplan.core.frameworks import hf_under_autocast
 from zeroplan.core.kv_cache import kv_cache_tensors, loss_forward_tensors
 from zeroplan.core.profiles import fsdp1_root_stays_gathered, fsdp_separates_embedding_and_head, loss_chunks, profile
 from zeroplan.errors import ZeroplanError
@@ -17,7 +17,7 @@ from zeroplan.specs.model import ModelSpec
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.training import TrainingSpec
-from zeroplan.units import even_split
+from zeroplan.units import FP32_BYTES, even_split
 
 
 # torchtune 0.6.1 modules/loss/ce_chunked_output_loss.py: the output projection returns
@@ -42,17 +42,10 @@ def chunked_logits_tensors(model: ModelSpec, training: TrainingSpec, s: int, b: 
     return forward, backward, head
 
 
-def chunked_logits_pieces(model: ModelSpec, training: TrainingSpec, s: int, b: int, chunks: int,
-                          head_backward_bytes: int = 0) -> tuple[int, int, int]:
+def chunked_logits_pieces(model: ModelSpec, training: TrainingSpec, s: int, b: int, chunks: int) -> tuple[int, int, int]:
     """The loss's bytes at its three moments: its forward, its backward, the head's backward."""
-    forward, backward, head = (sum(m) for m in chunked_logits_tensors(model, training, s, b, chunks, (head_backward_bytes,)))
+    forward, backward, head = (sum(m) for m in chunked_logits_tensors(model, training, s, b, chunks, ()))
     return forward, backward, head
-
-
-def chunked_logits_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int, chunks: int,
-                         head_backward_bytes: int = 0) -> int:
-    """The largest of chunked_logits_pieces."""
-    return max(chunked_logits_pieces(model, training, s, b, chunks, head_backward_bytes))
 
 
 TORCHTITAN_LOSS_CHUNKS = 8

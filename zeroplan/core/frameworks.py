@@ -17,8 +17,7 @@ from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.training import ActivationCheckpointing, AttentionKernel, Precision, TrainingSpec
-
-FP32_BYTES = 4
+from zeroplan.units import BF16_BYTES, FP32_BYTES
 
 
 # torchtune 0.6.1 modules/attention.py: k.unsqueeze(2).expand(...).flatten(1, 2) copies K and
@@ -110,9 +109,6 @@ def block_input_bytes(request: PlanRequest, s: int, b: int) -> int:
     if training.framework is Framework.hf and not _hf_module_in_bf16(request):
         width = FP32_BYTES
     return width * s * b * request.model.hidden_size
-
-
-BF16_BYTES = 2
 
 
 # lightning 2.4 fabric/plugins/precision/amp.py MixedPrecision (litgpt's "bf16-mixed"): the

@@ -6,8 +6,8 @@ measured: its kernels are Triton or CUDA and do not run on the CPU (docs/memory-
 
 from __future__ import annotations
 
-from zeroplan.core.activations import FP32_BYTES
 from zeroplan.specs.request import PlanRequest
+from zeroplan.units import FP32_BYTES
 
 
 # flash-attn 2.x flash_attn/ops/triton/cross_entropy.py CrossEntropyLoss: the forward reads the

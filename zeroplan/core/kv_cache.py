@@ -14,11 +14,11 @@ layer's K and V besides, for as long as the model's output object is alive.
 
 from __future__ import annotations
 
-from zeroplan.core.frameworks import FP32_BYTES
 from zeroplan.core.transformers_release import returned_logit_bytes, returns_fp32_logits, shifts_logits_copy
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.training import ActivationCheckpointing
+from zeroplan.units import FP32_BYTES
 
 
 # transformers 4.56.2 models/llama/modeling_llama.py:244-246 LlamaAttention.forward hands each

@@ -18,9 +18,7 @@ from zeroplan.core.parallel.units import MEGATRON_SHARED_EMBEDDING, rank_trainab
 from zeroplan.specs.model import MlpKind
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.training import AttentionKernel, Precision
-from zeroplan.units import ceil_div
-
-FP32_BYTES = 4
+from zeroplan.units import FP32_BYTES, ceil_div
 
 
 @dataclass(frozen=True)

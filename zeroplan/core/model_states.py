@@ -10,7 +10,7 @@ from zeroplan.core.finetune.units import trainable_view
 from zeroplan.core.megatron_deepspeed import bf16_optimizer_runs, bf16_optimizer_states
 from zeroplan.core.layout import ElementBytes, ShardLayout, element_bytes, padded_unit_elements, shard_elements
 from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise, step_counter_bytes, tensor_state_bytes
-from zeroplan.core.nvme import host_pinned_bytes
+from zeroplan.core.nvme import OFFLOAD_GRADIENT_BYTES, OFFLOAD_MASTER_BYTES, host_pinned_bytes
 from zeroplan.core.params import ParamUnit
 from zeroplan.core.parallel.units import rank_block_count, rank_parameter_units, rank_trainable_units
 from zeroplan.core.profiles import fused_qkv_fewer_tensors
@@ -20,11 +20,6 @@ from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import ZeroGradientReduce
 from zeroplan.specs.training import StateConvention
 from zeroplan.units import ceil_div
-
-# ZeRO-Offload (Ren et al. 2021, sec. 4.1): the host holds fp32 master weights, optimizer
-# states and fp32 gradients, and runs the optimizer step; bytes per element of the first and last.
-OFFLOAD_MASTER_BYTES = 4
-OFFLOAD_GRADIENT_BYTES = 4
 
 
 class ModelStateBytes(Frozen):
@@ -261,7 +256,9 @@ def model_state_bytes(request: PlanRequest) -> ModelStateBytes:
         paged = paged_state_bytes(request, optimizer_shards, BNB_STATE_DTYPE_BYTES)
     host = 0
     if kind.offloads_optimizer:
-        # The gradient partition streams to the host as it is reduced; nothing stays on the GPU.
+        # ZeRO-Offload (Ren et al. 2021, sec. 4.1): the host holds fp32 master weights, optimizer
+        # states and fp32 gradients, and runs the optimizer step. The gradient partition streams
+        # to the host as it is reduced; nothing stays on the GPU.
         host = optimizer_elements * (OFFLOAD_MASTER_BYTES + OFFLOAD_GRADIENT_BYTES)
         host += optimizer_bytes(request, optimizer_elements, optimizer_shards, eb) + counters
         # DeepSpeed's host staging buffers (zeroplan.core.deepspeed_offload).

@@ -17,11 +17,10 @@ from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwi
 from zeroplan.core.parallel.units import rank_parameter_units, rank_trainable_units
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.training import Optimizer
-from zeroplan.units import ceil_div
+from zeroplan.units import FP32_BYTES, ceil_div
 
-FP32_BYTES = 4
-"""The optimizer swapper's dtype: stage3.py _configure_tensor_swapping passes
-dtype=self.master_weights_and_grads_dtype (fp32)."""
+# The optimizer swapper's dtype is fp32: stage3.py _configure_tensor_swapping passes
+# dtype=self.master_weights_and_grads_dtype.
 OFFLOAD_MASTER_BYTES = FP32_BYTES
 """The fp32 master partition the swapper keeps (fp32_partitioned_groups_flat)."""
 OFFLOAD_GRADIENT_BYTES = FP32_BYTES

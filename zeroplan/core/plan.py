@@ -487,10 +487,6 @@ def plan(request: PlanRequest, largest_micro_batch: bool = True, timed: bool = T
     )
 
 
-ALL_STRATEGIES: tuple[StrategyKind, ...] = tuple(StrategyKind)
-"""Every strategy zeroplan plans (the opt-in ones, StrategyKind.is_opt_in, only when named)."""
-
-
 # Simpler first: fewer model states sharded, no engine before an engine (docs/memory-model.md,
 # "Recommendation"). The last tie-break, so list order never decides.
 SIMPLICITY: dict[StrategyKind, int] = {

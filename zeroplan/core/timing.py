@@ -22,6 +22,7 @@ from zeroplan.specs.hardware import HostSpec
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.training import Optimizer
+from zeroplan.units import FP32_BYTES
 
 
 class StepTime(Frozen):
@@ -154,9 +155,6 @@ TORCH_CPU_ADAM_ACCESSES_PER_ELEMENT = TORCH_ADAM_ACCESSES_PER_ELEMENT
 # element reads param, grad, exp_avg, exp_avg_sq and writes param, exp_avg, exp_avg_sq back;
 # 4 B each. Other element-wise optimizers read/write their own state count the same way;
 # non-element-wise ones (Adafactor, 8-bit Adam) are charged as Adam (an upper bound).
-FP32_BYTES = 4
-
-
 def cpu_optimizer_bytes_per_element(optimizer: Optimizer) -> int:
     """Host-memory bytes read + written per parameter by one CPU optimizer step (28 for Adam)."""
     state = elementwise_state_bytes(optimizer if is_elementwise(optimizer) else Optimizer.adam, FP32_BYTES)
@@ -224,12 +222,6 @@ def cpu_optimizer_time_s(request: PlanRequest) -> float:
 def host_link_share_bytes_per_s(request: PlanRequest) -> float:
     """Host-link bandwidth one GPU gets while its neighbours copy too."""
     return request.cluster.gpu.host_link.bandwidth_bytes_per_s / request.cluster.host.gpus_per_host_link
-
-
-def compute_flops(request: PlanRequest) -> tuple[float, float]:
-    """(forward, backward) FLOPs the GPU executes in one optimizer step (zeroplan.core.flops)."""
-    flops = step_flops(request)
-    return flops.forward_flops, flops.backward_flops
 
 
 def executed_flops_per_s(request: PlanRequest) -> float:

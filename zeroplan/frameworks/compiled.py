@@ -36,9 +36,10 @@ from dataclasses import dataclass
 
 import torch
 
+from zeroplan.core.compiled import COMPILED_POLICIES
 from zeroplan.errors import ZeroplanError
 from zeroplan.frameworks.build import BuiltModel, build
-from zeroplan.frameworks.compiled_record import COMPILED_POLICIES, CompiledBlockRecord, SavedValue
+from zeroplan.frameworks.compiled_record import CompiledBlockRecord, SavedValue
 from zeroplan.simulate import _torch_private as private
 from zeroplan.specs import ActivationCheckpointing, BatchSpec, ModelSpec
 from zeroplan.specs.finetune import FineTuneSpec

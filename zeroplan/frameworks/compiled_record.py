@@ -16,15 +16,6 @@ from zeroplan.specs.framework import Framework
 
 SCHEMA_VERSION = 1
 
-COMPILED_POLICIES = {
-    Framework.torchtitan: (ActivationCheckpointing.none, ActivationCheckpointing.full, ActivationCheckpointing.selective_op),
-    Framework.torchtune: (ActivationCheckpointing.none, ActivationCheckpointing.full),
-    # transformers' gradient checkpointing wraps the layer's __call__ (GradientCheckpointingLayer)
-    # outside the compiled forward, which then runs under no_grad: nothing is partitioned.
-    Framework.hf: (ActivationCheckpointing.none,),
-}
-"""Framework -> checkpointing policies a compiled block is measured under."""
-
 SAVED_KINDS = ("intermediate", "hidden", "parameter", "buffer", "shared")
 """What a saved value is: made inside the block; the block's hidden-state input; a parameter or
 buffer of the block; an input every block shares (positions, the attention mask)."""

@@ -112,10 +112,9 @@ class ActivationMeasurement(Frozen):
     def block_saved_bytes(self) -> int:
         return sum(t.nbytes for t in self.block_saved)
 
-    def block_collective_bytes(self, phase: str, kind: str | None = None) -> int:
-        """Output bytes of one block's collectives in ``phase`` (of one ``kind`` if given)."""
-        return sum(c.output_bytes * c.count for c in self.block_collectives
-                   if c.phase == phase and (kind is None or c.kind == kind))
+    def block_collective_bytes(self, phase: str) -> int:
+        """Output bytes of one block's collectives in ``phase``."""
+        return sum(c.output_bytes * c.count for c in self.block_collectives if c.phase == phase)
 
 
 class ParallelRecord(Frozen):

@@ -6,11 +6,9 @@ the adapters in their dtype."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pydantic import Field, field_validator
 
-from zeroplan.frameworks.record import NamedRecord, finetune_tag, load_records
+from zeroplan.frameworks.record import NamedRecord, finetune_tag
 from zeroplan.specs import ModelSpec, StrategyKind, TrainingSpec
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.training import recorded_before_kernels
@@ -78,8 +76,3 @@ class FrameworkParameterRecord(NamedRecord):
     def name(self) -> str:
         t = self.training
         return f"{t.framework.value}:{self.model.name}:{self.strategy.value}:{t.precision.value}{finetune_tag(t)}:parameters"
-
-
-def load_parameter_records(directory: Path) -> list[FrameworkParameterRecord]:
-    """Every ``*.json`` record in ``directory``, sorted by file name; a bad file is one line."""
-    return load_records(directory, FrameworkParameterRecord, "framework parameter record")

@@ -45,10 +45,6 @@ DATATYPES: dict[int, tuple[str, int]] = {
     10: ("float8_e4m3fn", 1), 11: ("float8_e5m2", 1),
 }
 
-# ncclRedOp_t: built-in values; ncclNumOps = 5 and above are operators made by
-# ncclRedOpCreatePreMulSum (what PyTorch uses for PREMUL_SUM), logged as their mangled value.
-RED_OPS = {0: "sum", 1: "prod", 2: "max", 3: "min", 4: "avg"}
-
 # NCCL's opName -> CollectiveRecord.op (zeroplan/harness/comm.py's vocabulary).
 OPS = {
     "AllReduce": "all_reduce", "AllGather": "all_gather", "ReduceScatter": "reduce_scatter",

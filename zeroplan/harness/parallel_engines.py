@@ -191,8 +191,6 @@ class StageModule(nn.Module):
 
 
 _SCHEDULES = {PipelineSchedule.gpipe: "ScheduleGPipe", PipelineSchedule.one_f_one_b: "Schedule1F1B"}
-MEASURED_SCHEDULES = tuple(_SCHEDULES)
-"""Pipeline schedules the harness runs (one stage per rank)."""
 
 
 class PipelineEngine:

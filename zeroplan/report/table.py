@@ -141,12 +141,6 @@ def attention_name(training) -> str:
     return f"{training.attention_kernel.value} attention"
 
 
-def usable_bytes(report: FitReport) -> int:
-    """What the first plan's peak is checked against: the capacity less the CUDA context and, for
-    a framework profile, its NCCL communicators' buffers (zeroplan.core.feasibility)."""
-    return report.plans[0].usable_memory_bytes if report.plans else report.cluster.usable_memory_bytes
-
-
 def usable_text(report: FitReport, unit: ByteUnit) -> str:
     """The usable memory per GPU in words: one figure, or the range over the plans where their
     NCCL communicators differ (HSDP's replica group, DDP's NVLS buffers)."""

@@ -11,13 +11,14 @@ fine-tune's terms are those of zeroplan.core.activations.layer_terms.
 
 from __future__ import annotations
 
-from zeroplan.core.activations import FP32_BYTES, norm_bytes, rms_norm_is_composite
+from zeroplan.core.activations import norm_bytes, rms_norm_is_composite
 from zeroplan.specs.finetune import BaseDtype, LoraTarget, Quantization
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import NormKind
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.training import Kernels, Precision, StateConvention
+from zeroplan.units import FP32_BYTES
 
 
 # torch 2.13 aten/src/ATen/native/Dropout.cpp: on CUDA dropout runs the fused native_dropout,

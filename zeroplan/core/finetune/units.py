@@ -117,10 +117,6 @@ def trainable_view(units: tuple[ParamUnit, ...]) -> tuple[ParamUnit, ...]:
 _TRAINABLE: dict[int, tuple[tuple[ParamUnit, ...], tuple[ParamUnit, ...]]] = {}
 
 
-def frozen_tensors(units: tuple[ParamUnit, ...]) -> list[tuple[ParamUnit, ParamTensor]]:
-    return [(unit, t) for unit in units for t in unit.tensors if not t.trainable]
-
-
 def trainable_parameters(units: tuple[ParamUnit, ...], finetune: FineTuneSpec, framework: Framework) -> int:
     """Elements the optimizer steps under ``finetune`` (adapters, or the unfrozen part)."""
     return sum(t.numel for unit in finetune_units(units, finetune, framework) for t in unit.tensors if t.trainable)

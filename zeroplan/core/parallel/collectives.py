@@ -16,8 +16,7 @@ from zeroplan.core.profiles import profile
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.training import ActivationCheckpointing
-
-FP32_BYTES = 4
+from zeroplan.units import FP32_BYTES
 
 
 def recomputes_collectives(request: PlanRequest) -> bool:
