@@ -22,6 +22,7 @@ from zeroplan.core.framework_loss import (
 from zeroplan.core.frameworks import block_input_bytes
 from zeroplan.core.memo import batch_keyed
 from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stage_indices
+from zeroplan.core.parallel.ring_attention import torchtitan_sdpa_ring
 from zeroplan.core.parallel.tensor import tensor_parallel_model
 from zeroplan.core.parallel.units import holds_embedding, holds_head, rank_block_count
 from zeroplan.core.profiles import (
@@ -106,10 +107,11 @@ def _chunk_bytes(one: PlanRequest, activations, tp: int, sequence_parallel: bool
 # A stack whose context parallelism all-gathers K and V (FrameworkProfile.context_parallel_gathers_kv,
 # torchtitan 0.3.0's apply_cp_to_forward under FlexAttention) saves them at the whole sequence:
 # each block keeps K and V for s tokens where the rank's own are s/cp. A ring (Liu et al. 2023)
-# keeps only its own and passes the rest round again in backward.
+# keeps only its own and passes the rest round again in backward (torchtitan 9dec370's SDPA
+# ring: its buffers are zeroplan.core.parallel.ring_attention's).
 def gathered_kv_bytes(cp: int, chunk: PlanRequest, terms: MicroBatchBytes) -> MicroBatchBytes:
     """``terms`` with the gathered K and V of the other ``cp`` - 1 context-parallel ranks added."""
-    if cp == 1 or not profile(chunk.training.framework).context_parallel_gathers_kv:
+    if cp == 1 or not profile(chunk.training.framework).context_parallel_gathers_kv or torchtitan_sdpa_ring(chunk.training):
         return terms
     local_tokens = chunk.batch.seq_len * chunk.batch.micro_batch_size
     others = 2 * (cp - 1) * local_tokens * chunk.model.kv_size * chunk.training.precision.compute_bytes
