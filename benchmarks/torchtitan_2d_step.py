@@ -27,7 +27,7 @@ for backward, under whatever torch runs the script. RMSNorm: 9dec370's norms.py 
 module level, so torch.nn.RMSNorm stands in (it runs only inside the recomputed blocks here).
 
     python benchmarks/torchtitan_2d_step.py --torchtitan-src PATH [--layers 80] [--dp 32] [--tp 8]
-        [--micro-batch 16] [--seq-len 8192] [--allocator-conf expandable_segments:True]
+        [--micro-batch 16] [--seq-len 8192] [--allocator-conf expandable_segments:True] [--local-ops]
     python benchmarks/torchtitan_2d_step.py --torchtitan-src PATH --partition [--float8]
 
 About 40-80 s at 80 blocks on two cores. Measured (torch 2.13, 80 blocks, dp 32 x tp 8, 16 x 8192):
@@ -37,7 +37,12 @@ reserved 49.01 GiB under expandable segments, 56.09 under PyTorch's defaults; pu
 The trace sees DTensor's operators, not the temporaries of loss_parallel's handlers on the local
 shard: with them the loss's backward holds four fp32 local-logit tensors
 (zeroplan.frameworks.loss_parallel), which the planner charges (57.34 allocated, 59.12 reserved;
-65.2 under the defaults). ``--partition``, with and without ``--float8``, under torch 2.13 +
+65.2 under the defaults). ``--local-ops`` records DTensor's local operators instead (the trace
+declines DTensor's, and leaves out the shape inference DTensor's sharding propagation runs on
+global-shape fake tensors): loss forward 3.5, backward 4 fp32 local-logit tensors, requested peak
+58.15 GiB at the second step's loss backward, reserved 64.67 under expandable segments (about 85 s);
+the planner, which now runs loss_parallel tensor by tensor in that order
+(zeroplan.allocator.fsdp_schedule._torchtitan_loss_parallel), 57.34 and 62.84. ``--partition``, with and without ``--float8``, under torch 2.13 +
 torchao 0.14.1 and under torch 2.6.0 + torchao 0.8.0 (the releases nearest the runs' torch
 1963fc8 and torchao eab345c): the compiled block saves only its 256 MiB input (besides its
 parameters and the RoPE table); its backward graph's values peak at 7.0 / 8.0 GiB (torch 2.6,
@@ -152,9 +157,28 @@ def apply_9dec370(model: torch.nn.Module, mesh) -> None:
     fully_shard(model, mesh=mesh["dp"], mp_policy=policy, reshard_after_forward=None)
 
 
+def _pause_during_sharding_propagation(recorder) -> None:
+    """Leave DTensor's shape inference (torch/distributed/tensor/_sharding_prop.py
+    _propagate_tensor_meta_non_cached: the operator run on fake tensors of the global shape)
+    out of the trace."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    original = ShardingPropagator._propagate_tensor_meta_non_cached
+
+    def paused(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        recorder.paused = True
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            recorder.paused = False
+
+    ShardingPropagator._propagate_tensor_meta_non_cached = paused
+
+
 def run(options: argparse.Namespace):
     """Two training steps; the trace of every storage and the event index of each phase's end."""
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel import loss_parallel
 
     from zeroplan.simulate import _torch_private as private
@@ -173,6 +197,9 @@ def run(options: argparse.Namespace):
             model = module.Transformer(args)
         apply_9dec370(model, mesh)
         with private.fake_tensor_mode(), recording_storages(HOPPER_CUBLAS_WORKSPACE_BYTES) as recorder:
+            if options.local_ops:
+                recorder.declines = DTensor
+                _pause_during_sharding_propagation(recorder)
             model.to_empty(device="cpu")
             params = list(model.parameters())
             shards = [private.dtensor_local_storage(p) for p in params]
@@ -350,6 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allocator-conf", default="expandable_segments:True")
     parser.add_argument("--partition", action="store_true", help="one compiled block's partition instead of the step")
     parser.add_argument("--float8", action="store_true", help="with --partition: torchao's float8 tensorwise linears")
+    parser.add_argument("--local-ops", action="store_true",
+                        help="record DTensor's local operators (loss_parallel's handlers' temporaries included) "
+                             "instead of DTensor's own")
     options = parser.parse_args(argv)
     if options.partition:
         return compiled_partition(options)
