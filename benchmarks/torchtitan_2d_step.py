@@ -42,7 +42,7 @@ declines DTensor's, and leaves out the shape inference DTensor's sharding propag
 global-shape fake tensors): loss forward 3.5, backward 4 fp32 local-logit tensors, requested peak
 58.15 GiB at the second step's loss backward, reserved 64.67 under expandable segments (about 85 s);
 the planner, which now runs loss_parallel tensor by tensor in that order
-(zeroplan.allocator.fsdp_schedule._torchtitan_loss_parallel), 57.34 and 62.84. ``--partition``, with and without ``--float8``, under torch 2.13 +
+(zeroplan.allocator.fsdp_schedule.run_torchtitan_loss_parallel), 57.34 and 62.84. ``--partition``, with and without ``--float8``, under torch 2.13 +
 torchao 0.14.1 and under torch 2.6.0 + torchao 0.8.0 (the releases nearest the runs' torch
 1963fc8 and torchao eab345c): the compiled block saves only its 256 MiB input (besides its
 parameters and the RoPE table); its backward graph's values peak at 7.0 / 8.0 GiB (torch 2.6,

@@ -58,15 +58,17 @@ def test_torchs_loss_parallel_peaks_at_four_fp32_logit_shards_in_backward() -> N
 
 
 
-def _schedule_loss_events(seq_len: int) -> list[float]:
+def _schedule_loss_events(seq_len: int, request=None, steps: int = 2) -> list[float]:
     """The allocator schedule's first-step fp32 and bf16 local-logit allocations (+) and frees
-    (-), in order, in fp32 local-logit tensors, for 4 of Llama-3.1-70B's blocks at TP 8."""
+    (-), in order, in fp32 local-logit tensors, for 4 of Llama-3.1-70B's blocks at TP 8 (or
+    ``request``, of one sequence of ``seq_len`` a micro-batch, whose schedule records ``steps``)."""
     from zeroplan.allocator.schedule import step_trace
     from zeroplan.allocator.trace import AllocEvent
     from zeroplan.core.plan import peak_terms
 
-    request = _request(seq_len, "--torchtitan-release", "9dec370")
-    request = request.model_copy(update={"model": request.model.model_copy(update={"num_layers": 4})})
+    if request is None:
+        request = _request(seq_len, "--torchtitan-release", "9dec370")
+        request = request.model_copy(update={"model": request.model.model_copy(update={"num_layers": 4})})
     shard = FP32 * seq_len * (128256 // 8)
     sizes: dict[int, int] = {}
     events: list[float] = []
@@ -77,7 +79,7 @@ def _schedule_loss_events(seq_len: int) -> list[float]:
                 events.append(event.size_bytes / shard)
         elif sizes.get(event.id) in (shard, shard // 2):
             events.append(-sizes[event.id] / shard)
-    return events[:len(events) // 2]
+    return events[:len(events) // steps]
 
 
 def test_the_fsdp_schedule_runs_loss_parallel_tensor_by_tensor() -> None:
@@ -86,6 +88,19 @@ def test_the_fsdp_schedule_runs_loss_parallel_tensor_by_tensor() -> None:
     # bf16 gradient, the product freed; the bf16 gradient freed after the head's weight gradient.
     # (At 2,048 tokens no unit of Llama-3.1-70B's has a logit tensor's size.)
     assert _schedule_loss_events(2048) == [.5, 1, 1, 1, -1, 1, -1, -1, -.5, 1, 1, 1, -1, 1, -1, -1, -1, .5, -1, -.5]
+
+
+def test_the_pipeline_schedule_runs_the_last_stages_loss_parallel_tensor_by_tensor() -> None:
+    # Llama-3.1-405B at TP 8 x PP 8 (1F1B), 8 micro-batches of 1 x 2048: the last stage's loss in
+    # the pipelined (coarse) schedule, in the same order.
+    args = build_parser().parse_args([
+        "fit", "llama-3.1-405b", "--gpus", "512", "--gpu", "h100-80gb", "--micro-batch", "1", "--seq-len", "2048",
+        "--grad-accum", "8", "--activation-checkpointing", "full", "--framework", "torchtitan", "--tp", "8", "--pp", "8",
+        "--pp-schedule", "1f1b", "--unchunked-loss", "--torchtitan-release", "9dec370"])
+    check_options_apply(args)
+    last = request_from_args(args, StrategyKind.fsdp_full_shard).at_pipeline_rank(7)
+    events = _schedule_loss_events(2048, last, steps=1)  # the pipelined schedule records one step
+    assert events == [.5, 1, 1, 1, -1, 1, -1, -1, -.5, 1, 1, 1, -1, 1, -1, -1, -1, .5, -1, -.5]
 
 
 @pytest.mark.slow

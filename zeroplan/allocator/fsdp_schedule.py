@@ -150,7 +150,7 @@ class FsdpStepInputs:
     (fsdp1_root_held)."""
     loss_parallel: bool = False
     """loss_tensors are those of loss_parallel's cross-entropy on the rank's vocabulary shard
-    (zeroplan.core.framework_loss.loss_parallel_applies), run as _torchtitan_loss_parallel."""
+    (zeroplan.core.framework_loss.loss_parallel_applies), run as run_torchtitan_loss_parallel."""
 
     @property
     def block_units(self) -> int:
@@ -310,7 +310,7 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
                 if held_head:
                     prefetched_first[:] = gather(block_units[-1]) if block_units else []
 
-            run = _torchtitan_loss_parallel if f.loss_parallel else _torchtitan_unchunked_loss
+            run = run_torchtitan_loss_parallel if f.loss_parallel else _torchtitan_unchunked_loss
             head_gradient = run(b, loss_tensors, head_parts, pre_backward)
         else:
             # The root's parameters are resharded after the forward and gathered again at the
@@ -604,7 +604,7 @@ def _torchtitan_unchunked_loss(b: "TraceBuilder", tensors: tuple[int, int], head
 # exp freed, the product with grad_output, the sum, the zeros and the saved log-softmax freed; the
 # gradient cast to bf16 (the .float()'s backward) and the fp32 one freed; the head's weight
 # gradient before the bf16 logit gradient goes.
-def _torchtitan_loss_parallel(b: "TraceBuilder", tensors: tuple[int, int], head_gradient_parts: list[int],
+def run_torchtitan_loss_parallel(b: "TraceBuilder", tensors: tuple[int, int], head_gradient_parts: list[int],
                               pre_backward) -> list[int]:
     """loss_parallel's allocations from the head's logits to the head's backward, as
     _torchtitan_unchunked_loss's for torch's plain cross-entropy."""

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 
 from zeroplan.allocator.builder import TraceBuilder, even_parts, split_bytes
 from zeroplan.allocator.fsdp_schedule import applies as fsdp_applies
-from zeroplan.allocator.fsdp_schedule import (FsdpStepInputs, forward_cache_parts, fsdp_loss_allocations, fsdp_step_inputs, loss_allocations,
-                                              record_fsdp_step, run_loss)
+from zeroplan.allocator.fsdp_schedule import (FsdpStepInputs, forward_cache_parts, fsdp_loss_allocations, fsdp_step_inputs,
+                                              loss_allocations, record_fsdp_step, run_loss, run_torchtitan_loss_parallel)
 from zeroplan.allocator.replay import Ops
 from zeroplan.allocator.trace import AllocationTrace, Stream
-from zeroplan.core.activations import layer_terms
+from zeroplan.core.activations import FP32_BYTES, layer_terms
+from zeroplan.core.framework_loss import loss_parallel_applies
 from zeroplan.core.deepspeed_step import runs_flat_step
 from zeroplan.core.largest_unit import largest_unit_elements
 from zeroplan.core.layout import gradient_wire_bytes
@@ -85,6 +86,10 @@ class StepInputs:
     """The stream a unit's gather is on (FSDP's all-gather stream, or the compute stream)."""
     flat_step: bool = False
     """runs_flat_step: the step's gradients and temporaries whole, not per unit."""
+    loss_parallel: bool = False
+    """The one loss moment is loss_parallel's (four fp32 local-logit tensors, then the units
+    gathered beside them): run tensor by tensor as torch's handlers make them
+    (fsdp_schedule.run_torchtitan_loss_parallel)."""
 
 
 def step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms) -> StepInputs:
@@ -104,14 +109,24 @@ def step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms)
         return StepInputs(**common, cache_parts=tuple(forward_cache_parts(request, fsdp.block_units)),
                           loss_moments=moments, fsdp=fsdp)
     gathered, reduce = _transient_parts(request, terms.transient_buffers)
+    moments = tuple(map(tuple, loss_allocations(request, terms)))
     return StepInputs(**common, cache_parts=tuple(forward_cache_parts(request, blocks)),
-                      loss_moments=tuple(map(tuple, loss_allocations(request, terms))), fsdp=None,
+                      loss_moments=moments, fsdp=None, loss_parallel=_runs_loss_parallel(request, moments),
                       gathered=gathered, reduce=reduce, block_transient_buffers=terms.block_transient_buffers,
                       block_backward_gradients=terms.block_backward_gradients,
                       backward_end_buffers=terms.backward_end_buffers,
                       backward_end_gradients=terms.backward_end_gradients,
                       gather_stream=Stream.all_gather if request.strategy.kind.is_fsdp else Stream.compute,
                       flat_step=runs_flat_step(request))
+
+
+def _runs_loss_parallel(request: PlanRequest, moments: tuple[tuple[int, ...], ...]) -> bool:
+    """Whether the loss's one moment is loss_parallel's four fp32 local-logit tensors (bf16
+    logits: their bf16 casts are half of one)."""
+    if not loss_parallel_applies(request) or request.training.precision.compute_bytes != 2 or len(moments) != 1:
+        return False
+    moment = moments[0]
+    return len(moment) >= 4 and len(set(moment[:4])) == 1 and moment[0] % FP32_BYTES == 0 and moment[0] > 0
 
 
 def step_trace(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms) -> AllocationTrace:
@@ -169,8 +184,15 @@ def record_step(x: StepInputs) -> TraceBuilder:
         cache += b.alloc_parts(list(parts))
         b.free(unit)
 
-    # The loss: each of its moments in turn (the reference model's: three fp32 sbV tensors).
-    run_loss(x.loss_moments, b, cache)
+    # The loss: each of its moments in turn (the reference model's: three fp32 sbV tensors);
+    # loss_parallel's tensor by tensor, the units its moment holds gathered around it.
+    if x.loss_parallel:
+        (moment,) = x.loss_moments
+        around = b.alloc_parts(list(moment[4:]))
+        b.free(run_torchtitan_loss_parallel(b, (moment[0] // 2, moment[0]), [], lambda: None))
+        b.free(around)
+    else:
+        run_loss(x.loss_moments, b, cache)
 
     # Backward, last block first: unit gathered and reduce buffer, the workspace (and the
     # recomputed block) while the block's gradients are computed, then its activations freed.

@@ -34,7 +34,7 @@ class LossParallelPeaks:
     large_events: tuple[int, ...] = ()
     """The storages of at least a bf16 local-logit tensor, in order: +bytes where one is made,
     -bytes where it goes (the allocator schedule's order: zeroplan.allocator.fsdp_schedule
-    _torchtitan_loss_parallel)."""
+    run_torchtitan_loss_parallel)."""
 
 
 def measure_loss_parallel(tokens: int = 2048, vocab_size: int = 32768, tp: int = 8) -> LossParallelPeaks:
