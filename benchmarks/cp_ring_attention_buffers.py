@@ -17,14 +17,16 @@ context parallelism: the forward's output and logsumexp, the backward's dq, dk, 
 
     python benchmarks/cp_ring_attention_buffers.py [--cp 2 4 8 16] [--seq-local 4096] [--heads 16]
 
-Measured (torch 2.13, any local length and head count; the largest rank): backward peak 32.0,
-36.0, 44.0, 60.0 X at cp 2, 4, 8, 16 = (2 cp + 28) X: the all-gathered K and V (2 cp X, the
-rotation's one all-gather, kept to the end), the fp32 accumulators of dq, dk and dv (6 X), the
-fp32 dK/dV concatenation passed round the ring by all-to-all with its received buffer and the
-one before (12 X), the flash backward's dq, dk, dv (3 X), the round-robin partial update's fp32
-concatenations (4 X), the K/V concatenation (2 X) and the casts back to bf16 (1 X); the plain
-op's backward makes 3 X. Forward peak 15.0, 20.0, 36.0, 68.0 X; plain 1.0 X (and the
-logsumexp).
+Measured (torch 2.13, any local length and head count; the largest over the ranks): backward peak
+30.5, 34.5, 42.5, 58.5 X (and 1.5 fp32 logsumexps) at cp 2, 4, 8, 16 = (2 cp + 26.5) X. At cp 8
+the peak holds the all-gathered K and V (2 cp X = 16 X, the rotation's one all-gather, kept to
+the end), two fp32 dK/dV concatenations (the one sent round the ring by all-to-all and the one
+received, 4 X each), four fp32 X-sized tensors (2 X each: the dq, dk and dv accumulators and the
+round-robin half-update's concatenation), ten of X bytes (among them the K/V concatenation and
+the flash backward's dq, dk, dv) and one of X / 2, on rank 0. The plain op's backward makes
+3 X (dq, dk, dv). Forward peak (2 cp + 11) X: 15.0, 19.0, 27.0, 43.0 X; plain 1.0 X and the
+logsumexp. c10d's wait_tensor returns its input on a GPU; its fake kernel a new tensor, which
+the run undoes (WaitReturnsItsInput).
 """
 
 from __future__ import annotations

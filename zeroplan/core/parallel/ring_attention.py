@@ -13,7 +13,8 @@ FP32_BYTES = 4
 
 def runs_ring_attention(request: PlanRequest) -> bool:
     """Whether the request's context parallelism is torch's ring attention over SDPA: torchtitan
-    9dec370 with cp > 1 (train.py utils.create_context_parallel_ctx -> torch's context_parallel();
+    9dec370 with cp > 1 (train.py -> utils.py:171-193 create_context_parallel_ctx: torch's
+    set_rotate_method(job_config's rotate method), then context_parallel());
     torchtitan 0.3.0 all-gathers K and V under FlexAttention instead:
     FrameworkProfile.context_parallel_gathers_kv)."""
     return request.parallel.cp > 1 and torchtitan_sdpa_ring(request.training)
@@ -34,11 +35,15 @@ def torchtitan_sdpa_ring(training: TrainingSpec) -> bool:
 # X one local q's bytes, k and v having every query head after 9dec370's repeat_kv), keeps fp32
 # accumulators of dq, dk and dv, passes the fp32 dK/dV concatenation round the ring by
 # all-to-all (_AllToAllRotater) and merges the round-robin halves with torch.cat
-# (_partial_update). Measured on torch's own functions on a fake process group, every storage
-# recorded (benchmarks/cp_ring_attention_buffers.py, any head count and local length): at the
-# largest rank the backward peaks at (2 cp + 26.5) X plus 1.5 fp32 logsumexps, against the plain
-# flash backward's 3 X (dq, dk, dv), at cp 2, 4, 8 and 16 alike. Its forward, rerun by the
-# recomputing block, peaks lower: (2 cp + 11) X.
+# (_partial_update). torch 1963fc8's own file (the runs' torch) was not read; 9dec370's call of
+# set_rotate_method ("allgather" or "alltoall") shows it had both rotaters. Measured on torch's
+# own functions on a fake process group, every storage recorded
+# (benchmarks/cp_ring_attention_buffers.py, any head count and local length): at the largest
+# rank the backward peaks at (2 cp + 26.5) X plus 1.5 fp32 logsumexps, against the plain flash
+# backward's 3 X (dq, dk, dv), at cp 2, 4, 8 and 16 alike. Its forward, rerun by the
+# recomputing block, peaks lower: (2 cp + 11) X. Counted whole on top of the block's backward
+# moment, which also holds the recomputed MLP's tensors, gone by the attention's backward: an
+# over-count of at most those.
 def ring_attention_backward_extra_bytes(request: PlanRequest) -> int:
     """What one block's attention backward holds under the ring beyond the plain flash kernel's
     dq, dk and dv (0 without the ring, and for a non-16-bit compute dtype, whose SDPA is not the
