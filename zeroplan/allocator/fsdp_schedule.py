@@ -605,11 +605,12 @@ def _torchtitan_unchunked_loss(b: "TraceBuilder", tensors: tuple[int, int], head
 # gradient cast to bf16 (the .float()'s backward) and the fp32 one freed; the head's weight
 # gradient before the bf16 logit gradient goes.
 def run_torchtitan_loss_parallel(b: "TraceBuilder", tensors: tuple[int, int], head_gradient_parts: list[int],
-                              pre_backward) -> list[int]:
+                                 pre_backward, logits_held: bool = False) -> list[int]:
     """loss_parallel's allocations from the head's logits to the head's backward, as
-    _torchtitan_unchunked_loss's for torch's plain cross-entropy."""
+    _torchtitan_unchunked_loss's for torch's plain cross-entropy (``logits_held``: the logits are
+    a pipeline stage's output, allocated and kept elsewhere)."""
     logits_bytes, fp32 = tensors
-    logits = b.alloc(logits_bytes)
+    logits = [] if logits_held else b.alloc(logits_bytes)
     upcast = b.alloc(fp32)
     shifted = b.alloc(fp32)
     b.free(b.alloc(fp32))

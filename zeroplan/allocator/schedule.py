@@ -90,6 +90,9 @@ class StepInputs:
     """The one loss moment is loss_parallel's (four fp32 local-logit tensors, then the units
     gathered beside them): run tensor by tensor as torch's handlers make them
     (fsdp_schedule.run_torchtitan_loss_parallel)."""
+    loss_logits_held: bool = False
+    """The bf16 logits the loss starts from are a pipeline stage's output, held with the
+    activations (parallel.activations.pipeline_stage_output_bytes), not made and freed by it."""
 
 
 def step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms) -> StepInputs:
@@ -112,6 +115,7 @@ def step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms)
     moments = tuple(map(tuple, loss_allocations(request, terms)))
     return StepInputs(**common, cache_parts=tuple(forward_cache_parts(request, blocks)),
                       loss_moments=moments, fsdp=None, loss_parallel=_runs_loss_parallel(request, moments),
+                      loss_logits_held=request.parallel.pp > 1,
                       gathered=gathered, reduce=reduce, block_transient_buffers=terms.block_transient_buffers,
                       block_backward_gradients=terms.block_backward_gradients,
                       backward_end_buffers=terms.backward_end_buffers,
@@ -189,7 +193,8 @@ def record_step(x: StepInputs) -> TraceBuilder:
     if x.loss_parallel:
         (moment,) = x.loss_moments
         around = b.alloc_parts(list(moment[4:]))
-        b.free(run_torchtitan_loss_parallel(b, (moment[0] // 2, moment[0]), [], lambda: None))
+        b.free(run_torchtitan_loss_parallel(b, (moment[0] // 2, moment[0]), [], lambda: None,
+                                            logits_held=x.loss_logits_held))
         b.free(around)
     else:
         run_loss(x.loss_moments, b, cache)

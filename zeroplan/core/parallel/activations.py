@@ -232,10 +232,13 @@ def megatron_pipeline_embedding_mask_bytes(request: PlanRequest) -> int:
 # vocab-sharded shard under loss_parallel). Counted on torch's own schedules on a fake process
 # group (benchmarks/torchtitan_pipeline_outputs.py: live outputs = chunks in flight under
 # torch 2.13 with return_outputs=False; 8 on every 1F1B rank, 16 on every interleaved one, under
-# torch 2.6.0, pp 8, 8 micro-batches).
+# torch 2.6.0, pp 8, 8 micro-batches). The loss's terms hold none of these logits: outside a
+# pipeline train.py's `del pred` frees them before backward (zeroplan.core.framework_loss), but a
+# stage's output stays in fwd_cache through its loss's backward and in output_chunks after, so
+# under 9dec370 the last stage holds all m at its loss's backward, the current one's included.
 def pipeline_stage_output_bytes(request: PlanRequest, chunks: int) -> int:
-    """The stage outputs the rank's pipeline stages hold at its in-flight peak, beyond the
-    loss's own logits (which the loss terms count for the micro-batches in flight)."""
+    """The stage outputs the rank's pipeline stages hold at its in-flight peak (under 0.3.0
+    beyond the loss's micro-batches in flight)."""
     parallel = request.parallel
     chunk = chunk_request(request, 1, split_heads=True)
     s, b = chunk.batch.seq_len, chunk.batch.micro_batch_size
@@ -246,7 +249,7 @@ def pipeline_stage_output_bytes(request: PlanRequest, chunks: int) -> int:
         return (chunks - loss_in_flight) * residual
     microbatches = request.batch.grad_accum_steps
     logits = chunk.model.vocab_size * s * b * request.training.precision.compute_bytes
-    return (parallel.virtual_stages - head) * microbatches * residual + (microbatches - loss_in_flight) * logits * head
+    return (parallel.virtual_stages - head) * microbatches * residual + microbatches * logits * head
 
 
 def stage_boundary_bytes(request: PlanRequest) -> int:
