@@ -111,7 +111,7 @@ def calibrated_source_line(source: SourceCalibration, errors: list[RowError], so
 
 
 def calibrated_summary(errors: list[RowError]) -> str:
-    """The one line the planner's calibrated band (zeroplan.calibrate.step.CALIBRATED_BAND) quotes."""
+    """The one line the planner's calibrated band (zeroplan.calibrate.basis.CALIBRATED_BAND) quotes."""
     predicted = [abs(e.calibrated_error) for e in errors if e.calibrated_error is not None]
     sources = len({e.source for e in errors if e.calibrated_error is not None})
     return (f"calibrated on one row: {len(predicted)} rows of {sources} sources predicted; |error| median "
@@ -119,7 +119,7 @@ def calibrated_summary(errors: list[RowError]) -> str:
 
 
 def default_summary(errors: list[RowError]) -> str:
-    """The line the flat band (zeroplan.calibrate.step.FLAT_BAND) quotes."""
+    """The line the flat band (zeroplan.calibrate.basis.FLAT_BAND) quotes."""
     default = [abs(e.default_error) for e in errors]
     loso = [abs(e.loso_error) for e in errors]
     return (f"uncalibrated, {len(errors)} rows: flat HFU {FLAT_HFU:g} |error| median {statistics.median(default):.1%}, "
@@ -128,7 +128,7 @@ def default_summary(errors: list[RowError]) -> str:
 
 
 def kernel_summary(errors: list[RowError]) -> str:
-    """The line the fitted default's band (zeroplan.calibrate.step.DEFAULT_BANDS['matmul']) quotes:
+    """The line the fitted default's band (zeroplan.calibrate.basis.DEFAULT_BANDS['matmul']) quotes:
     the planner's default efficiency, one HFU per GPU generation x kernel class
     (zeroplan.core.default_efficiency), fitted leave-one-source-out."""
     kernel = [abs(e.kernel_error) for e in errors]

@@ -23,21 +23,28 @@ applies, on rank 0 of a fake process group of dp x tp ranks:
 Not run in the step: torch.compile, float8 and AsyncTP (the published rows ran all three but
 AsyncTP's). ``--partition`` instead compiles one block as 9dec370 prepares it (``--float8``: with
 torchao's float8 linears and tensor-parallel styles) and prints what inductor's partition saves
-for backward, under whatever torch runs the script. RMSNorm: 9dec370's norms.py imports triton at
-module level, so torch.nn.RMSNorm stands in (it runs only inside the recomputed blocks here).
+for backward, under whatever torch runs the script. RMSNorm: 9dec370's own class, taken out of its
+norms.py (which imports triton at module level).
 
     python benchmarks/torchtitan_2d_step.py --torchtitan-src PATH [--layers 80] [--dp 32] [--tp 8]
-        [--micro-batch 16] [--seq-len 8192] [--allocator-conf expandable_segments:True]
+        [--micro-batch 16] [--seq-len 8192] [--allocator-conf expandable_segments:True] [--local-ops]
     python benchmarks/torchtitan_2d_step.py --torchtitan-src PATH --partition [--float8]
 
-About 40-80 s at 80 blocks on two cores. Measured (torch 2.13, 80 blocks, dp 32 x tp 8, 16 x 8192):
-requested peak 46.41 GiB, at the second step's loss forward (80 sequence-sharded block inputs of
-256 MiB, the bf16 local logits, two fp32 local-logit tensors, the gathered final-norm output);
-reserved 49.01 GiB under expandable segments, 56.09 under PyTorch's defaults; published: 71.9.
-The trace sees DTensor's operators, not the temporaries of loss_parallel's handlers on the local
-shard: with them the loss's backward holds four fp32 local-logit tensors
-(zeroplan.frameworks.loss_parallel), which the planner charges (57.34 allocated, 59.12 reserved;
-65.2 under the defaults). ``--partition``, with and without ``--float8``, under torch 2.13 +
+About 40-100 s at 80 blocks on two cores. Measured (torch 2.13, 80 blocks, dp 32 x tp 8, 16 x 8192,
+9dec370's own RMSNorm): requested peak 46.16 GiB, at the second step's loss forward (80
+sequence-sharded block inputs of 256 MiB, the bf16 local logits, two fp32 local-logit tensors,
+the gathered final-norm output and the final norm's fp32 and bf16 tensors); reserved 48.83 GiB
+under expandable segments, 56.09 under PyTorch's defaults; published: 71.9. That trace sees
+DTensor's operators, not the temporaries of loss_parallel's handlers on the local shard.
+``--local-ops`` records DTensor's local operators instead (the trace declines DTensor's, and
+leaves out the shape inference DTensor's sharding propagation runs on global-shape fake
+tensors): the loss's forward holds 3.5 and its backward 4 fp32 local-logit tensors; requested
+peak 57.90 GiB at the second step's loss backward, reserved 64.47 under expandable segments and
+71.74 under PyTorch's defaults (about 100 s each). The planner (loss_parallel tensor by tensor,
+zeroplan.allocator.fsdp_schedule.run_torchtitan_loss_parallel): allocated 57.84, reserved 63.35
+and 61.52. Under the defaults the step's forward leaves its 2 GiB all-gathered block inputs as
+cached segments the 8 GiB loss tensors cannot use, which the planner's schedule (no forward
+transients) does not make. ``--partition``, with and without ``--float8``, under torch 2.13 +
 torchao 0.14.1 and under torch 2.6.0 + torchao 0.8.0 (the releases nearest the runs' torch
 1963fc8 and torchao eab345c): the compiled block saves only its 256 MiB input (besides its
 parameters and the RoPE table); its backward graph's values peak at 7.0 / 8.0 GiB (torch 2.6,
@@ -72,9 +79,17 @@ LLAMA_31_70B = dict(dim=8192, n_heads=64, n_kv_heads=8, ffn_dim_multiplier=1.3, 
 def load_model_module(src: Path) -> types.ModuleType:
     """9dec370's torchtitan/models/llama/model.py, loaded under its own name so that the
     installed torchtitan is untouched; its one torchtitan import (build_norm) is served by
-    torch.nn.RMSNorm."""
+    9dec370's own RMSNorm class (models/norms.py, norm_type "rmsnorm": config_manager.py's default
+    and every train_configs toml's), taken out of norms.py, which imports triton at module level."""
+    import ast
+
+    norms_path = src / "torchtitan" / "models" / "norms.py"
+    norms_text = norms_path.read_text()
+    (node,) = [n for n in ast.parse(norms_text).body if isinstance(n, ast.ClassDef) and n.name == "RMSNorm"]
     norms = types.ModuleType("torchtitan_9dec370_norms")
-    norms.build_norm = lambda norm_type, dim, eps=1e-6: torch.nn.RMSNorm(dim, eps=eps)
+    norms.__dict__.update(torch=torch, nn=torch.nn)
+    exec(compile(ast.Module(body=[node], type_ignores=[]), str(norms_path), "exec"), norms.__dict__)  # noqa: S102
+    norms.build_norm = lambda norm_type, dim, eps=1e-6: norms.RMSNorm(dim, eps=eps)
     path = src / "torchtitan" / "models" / "llama" / "model.py"
     text = path.read_text().replace("from torchtitan.models.norms import build_norm",
                                     "from torchtitan_9dec370_norms import build_norm")
@@ -152,9 +167,28 @@ def apply_9dec370(model: torch.nn.Module, mesh) -> None:
     fully_shard(model, mesh=mesh["dp"], mp_policy=policy, reshard_after_forward=None)
 
 
+def _pause_during_sharding_propagation(recorder) -> None:
+    """Leave DTensor's shape inference (torch/distributed/tensor/_sharding_prop.py
+    _propagate_tensor_meta_non_cached: the operator run on fake tensors of the global shape)
+    out of the trace."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    original = ShardingPropagator._propagate_tensor_meta_non_cached
+
+    def paused(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        recorder.paused = True
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            recorder.paused = False
+
+    ShardingPropagator._propagate_tensor_meta_non_cached = paused
+
+
 def run(options: argparse.Namespace):
     """Two training steps; the trace of every storage and the event index of each phase's end."""
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel import loss_parallel
 
     from zeroplan.simulate import _torch_private as private
@@ -173,6 +207,9 @@ def run(options: argparse.Namespace):
             model = module.Transformer(args)
         apply_9dec370(model, mesh)
         with private.fake_tensor_mode(), recording_storages(HOPPER_CUBLAS_WORKSPACE_BYTES) as recorder:
+            if options.local_ops:
+                recorder.declines = DTensor
+                _pause_during_sharding_propagation(recorder)
             model.to_empty(device="cpu")
             params = list(model.parameters())
             shards = [private.dtensor_local_storage(p) for p in params]
@@ -350,6 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allocator-conf", default="expandable_segments:True")
     parser.add_argument("--partition", action="store_true", help="one compiled block's partition instead of the step")
     parser.add_argument("--float8", action="store_true", help="with --partition: torchao's float8 tensorwise linears")
+    parser.add_argument("--local-ops", action="store_true",
+                        help="record DTensor's local operators (loss_parallel's handlers' temporaries included) "
+                             "instead of DTensor's own")
     options = parser.parse_args(argv)
     if options.partition:
         return compiled_partition(options)

@@ -103,7 +103,7 @@ same line under their tables; with `--efficiency FILE`
 (written by `zeroplan calibrate step` from one measured step of the same GPU and stack) it says
 *calibrated* and quotes the band measured for one-row calibrations on the published rows
 (docs/validation.md, "Step time")."""),
-    ("code", """from zeroplan.calibrate.step import time_basis_line
+    ("code", """from zeroplan.calibrate.basis import time_basis_line
 print(time_basis_line(request_for(), None, None, hfu_given=False))"""),
     ("markdown", """The trade-off in one picture: peak memory against step time, on both networks. On NVLink
 ZeRO-3 costs next to nothing and DeepSpeed's ZeRO-1/2, which reduce their gradients outside the

@@ -98,11 +98,11 @@ def test_compare_labels_the_time_basis(zeroplan_cli) -> None:
 def test_the_readme_quotes_the_fitted_default_and_calibrated_bands() -> None:
     from pathlib import Path
 
-    from zeroplan.calibrate.step import DEFAULT_BAND
+    from zeroplan.calibrate.basis import DEFAULT_BAND
 
     readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
     assert f"median error {DEFAULT_BAND[0]:.1%} (max {DEFAULT_BAND[1]:.1%})".replace("%", " %") in readme
-    from zeroplan.calibrate.step import CALIBRATED_BAND
+    from zeroplan.calibrate.basis import CALIBRATED_BAND
 
     assert f"median error {CALIBRATED_BAND[0]:.1%} (max {CALIBRATED_BAND[1]:.1%})".replace("%", " %") in readme
 

@@ -55,3 +55,76 @@ def test_torchs_loss_parallel_peaks_at_four_fp32_logit_shards_in_backward() -> N
     assert planned <= measured.backward_peak_bytes <= 1.01 * planned
     # The forward (bf16 logits, the fp32 upcast, `shifted`, exp(shifted)) stays below it.
     assert measured.forward_peak_bytes < measured.backward_peak_bytes
+
+
+
+def _schedule_loss_events(seq_len: int, request=None, steps: int = 2) -> list[float]:
+    """The allocator schedule's first-step fp32 and bf16 local-logit allocations (+) and frees
+    (-), in order, in fp32 local-logit tensors, for 4 of Llama-3.1-70B's blocks at TP 8 (or
+    ``request``, of one sequence of ``seq_len`` a micro-batch, whose schedule records ``steps``)."""
+    from zeroplan.allocator.schedule import step_trace
+    from zeroplan.allocator.trace import AllocEvent
+    from zeroplan.core.plan import peak_terms
+
+    if request is None:
+        request = _request(seq_len, "--torchtitan-release", "9dec370")
+        request = request.model_copy(update={"model": request.model.model_copy(update={"num_layers": 4})})
+    shard = FP32 * seq_len * (128256 // 8)
+    sizes: dict[int, int] = {}
+    events: list[float] = []
+    for event in step_trace(request, *peak_terms(request)).events:
+        if isinstance(event, AllocEvent):
+            sizes[event.id] = event.size_bytes
+            if event.size_bytes in (shard, shard // 2):
+                events.append(event.size_bytes / shard)
+        elif sizes.get(event.id) in (shard, shard // 2):
+            events.append(-sizes[event.id] / shard)
+    return events[:len(events) // steps]
+
+
+def test_the_fsdp_schedule_runs_loss_parallel_tensor_by_tensor() -> None:
+    # Forward: bf16 logits, upcast, shifted, exp (freed), log-softmax; shifted, upcast, logits
+    # freed. Backward: zeros, exp, sum, exp freed, product; sum, zeros, log-softmax freed; the
+    # bf16 gradient, the product freed; the bf16 gradient freed after the head's weight gradient.
+    # (At 2,048 tokens no unit of Llama-3.1-70B's has a logit tensor's size.)
+    assert _schedule_loss_events(2048) == [.5, 1, 1, 1, -1, 1, -1, -1, -.5, 1, 1, 1, -1, 1, -1, -1, -1, .5, -1, -.5]
+
+
+def test_the_pipeline_schedule_runs_the_last_stages_loss_parallel_tensor_by_tensor() -> None:
+    # Llama-3.1-405B at TP 8 x PP 8 (1F1B), 8 micro-batches of 1 x 2048: the last stage's loss in
+    # the pipelined (coarse) schedule, in the same order, from logits the stage holds (counted
+    # with its activations: parallel.activations.pipeline_stage_output_bytes).
+    args = build_parser().parse_args([
+        "fit", "llama-3.1-405b", "--gpus", "512", "--gpu", "h100-80gb", "--micro-batch", "1", "--seq-len", "2048",
+        "--grad-accum", "8", "--activation-checkpointing", "full", "--framework", "torchtitan", "--tp", "8", "--pp", "8",
+        "--pp-schedule", "1f1b", "--unchunked-loss", "--torchtitan-release", "9dec370"])
+    check_options_apply(args)
+    last = request_from_args(args, StrategyKind.fsdp_full_shard).at_pipeline_rank(7)
+    events = _schedule_loss_events(2048, last, steps=1)  # the pipelined schedule records one step
+    assert events == [1, 1, 1, -1, 1, -1, -1, 1, 1, 1, -1, 1, -1, -1, -1, .5, -1, -.5]
+
+
+@pytest.mark.slow
+def test_the_schedules_loss_order_is_torchs_handlers() -> None:
+    from zeroplan.frameworks.loss_parallel import measure_loss_parallel
+
+    measured = measure_loss_parallel(tokens=512, vocab_size=128256, tp=8)
+    # Up to the fp32 gradient's free after its bf16 cast (the measurement's logits are a product,
+    # whose backward is not the output projection's).
+    order = [e / measured.local_logit_fp32_bytes for e in measured.large_events]
+    assert order[:19] == _schedule_loss_events(2048)[:19]
+
+
+@pytest.mark.slow
+def test_the_schedules_requested_peak_is_the_planners_loss_moment() -> None:
+    from zeroplan.allocator.schedule import step_trace
+    from zeroplan.core.plan import memory_breakdown, peak_terms
+
+    # At 8,192 tokens the loss's backward is the peak: the schedule's requested peak is the
+    # planner's loss moment but for the padding of the held units (the planner's loss term pads
+    # the chunk's units, fsdp_head_gathered_parts of chunk_request; the schedule holds the rank's).
+    request = _request(8192, "--torchtitan-release", "9dec370")
+    allocated = memory_breakdown(request)[0].allocated_peak_bytes
+    assert 0 <= allocated - step_trace(request, *peak_terms(request)).requested_peak_bytes() <= 8 << 20
+
+

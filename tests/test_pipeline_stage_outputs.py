@@ -66,12 +66,13 @@ def test_in_flight_micro_batches_hold_their_stage_outputs_under_0_3_0() -> None:
 def test_9dec370_keeps_every_micro_batchs_output_on_every_stage() -> None:
     one = _request("1f1b", "--torchtitan-release", "9dec370")
     assert [_outputs(one, rank) for rank in range(PP - 1)] == [8 * RESIDUAL] * (PP - 1)
-    # The last stage: the seven earlier micro-batches' logits beside the one its loss is on.
-    assert _outputs(one, PP - 1) == 7 * LOGITS
+    # The last stage: every micro-batch's logits, the one its loss is on included (the stage
+    # holds it in fwd_cache through the loss's backward; the loss's terms count none).
+    assert _outputs(one, PP - 1) == 8 * LOGITS
     interleaved = _request("interleaved-1f1b", "--torchtitan-release", "9dec370")
     assert interleaved.parallel.pp_schedule is PipelineSchedule.interleaved_1f1b
     assert _outputs(interleaved, 0) == 16 * RESIDUAL
-    assert _outputs(interleaved, PP - 1) == 8 * RESIDUAL + 7 * LOGITS
+    assert _outputs(interleaved, PP - 1) == 8 * RESIDUAL + 8 * LOGITS
 
 
 def test_one_round_of_interleaved_1f1b_accumulates_one_stages_gradients_at_a_time() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from zeroplan.calibrate.step import CALIBRATED_BAND, DEFAULT_BAND, DEFAULT_BANDS, FLAT_BAND
+from zeroplan.calibrate.basis import CALIBRATED_BAND, DEFAULT_BAND, DEFAULT_BANDS, FLAT_BAND
 from zeroplan.core.default_efficiency import FLAT_HFU, MIN_MECHANISM_SOURCES
 from zeroplan.specs import PerformanceAssumptions
 from zeroplan.validate.step_calibration import (

@@ -45,6 +45,18 @@ def test_the_loss_backward_holds_the_root_and_the_last_block(gpu_80gib) -> None:
     assert fsdp_head_gathered_bytes(_request(gpu_80gib, "9dec370")) == 2 * head + H * 2 + BLOCK_ELEMENTS * 2
 
 
+def test_9dec370s_spelled_out_rms_norm_keeps_an_fp32_copy_and_the_bf16_output(gpu_80gib) -> None:
+    # 9dec370 models/norms.py RMSNorm: _norm(x.float()).type_as(x) * weight saves the fp32 x and
+    # the bf16 output (and the fp32 per-token rsqrt); 0.3.0's nn.RMSNorm (F.rms_norm's fused CUDA
+    # kernel) the bf16 input and the fp32 rstd.
+    from zeroplan.core.activations import norm_bytes
+
+    sb = 8192 * 2
+    old, new = (_request(gpu_80gib, release) for release in (None, "9dec370"))
+    assert norm_bytes(new.model, new.training, 8192, 2) == (4 + 2) * sb * H + 4 * sb
+    assert norm_bytes(new.model, new.training, 8192, 2) - norm_bytes(old.model, old.training, 8192, 2) == 4 * sb * H
+
+
 @pytest.mark.parametrize(("training", "field"), [
     (TrainingSpec(framework=Framework.hf, torchtitan_release="9dec370"), "torchtitan_release"),
     (TrainingSpec(framework=Framework.torchtitan, unchunked_loss=True, torchtitan_release="1.0"), "torchtitan_release"),

@@ -34,7 +34,9 @@ from zeroplan.core.layout import element_bytes, gradient_wire_bytes
 from zeroplan.core.model_states import padded_unit_elements_of, unit_gather_bytes
 from zeroplan.core.parallel.expert import expert_index, expert_leaf
 from zeroplan.core.parallel.units import rank_parameter_units
-from zeroplan.core.framework_loss import fsdp_chunked_head_bytes, fsdp_head_gathered_bytes, framework_logits_tensors
+from zeroplan.core.framework_loss import (
+    fsdp_chunked_head_bytes, fsdp_head_gathered_bytes, framework_logits_tensors, loss_parallel_applies,
+)
 from zeroplan.core.fused_cross_entropy import fused_cross_entropy_parts
 from zeroplan.core.kv_cache import kv_cache_tensors
 from zeroplan.core.parallel.activations import rank_logits_pieces, rank_logits_tensors
@@ -145,6 +147,9 @@ class FsdpStepInputs:
     fsdp1_root: bool = False
     """FSDP1's root unit (embedding and head), gathered from the forward to the end of backward
     (fsdp1_root_held)."""
+    loss_parallel: bool = False
+    """loss_tensors are those of loss_parallel's cross-entropy on the rank's vocabulary shard
+    (zeroplan.core.framework_loss.loss_parallel_applies), run as run_torchtitan_loss_parallel."""
 
     @property
     def block_units(self) -> int:
@@ -193,7 +198,7 @@ def fsdp_step_inputs(request: PlanRequest, terms: PeakTerms) -> FsdpStepInputs:
     return FsdpStepInputs(units, fsdp_separates_embedding_and_head(request), eb.compute_parameter,
                           gradient_wire_bytes(request), bool(request.training.fsdp_cpu_offload), eb.parameter,
                           request.shard_group_size, torchtitan_unchunked_loss_tensors(request, terms), chunked,
-                          fsdp1_root_held(request))
+                          fsdp1_root_held(request), loss_parallel_applies(request))
 
 
 # torch 2.13 distributed/fsdp/_runtime_utils.py _post_forward_reshard: FSDP1 does not reshard the
@@ -304,7 +309,8 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
                 if held_head:
                     prefetched_first[:] = gather(block_units[-1]) if block_units else []
 
-            head_gradient = _torchtitan_unchunked_loss(b, loss_tensors, head_parts, pre_backward)
+            run = run_torchtitan_loss_parallel if f.loss_parallel else _torchtitan_unchunked_loss
+            head_gradient = run(b, loss_tensors, head_parts, pre_backward)
         else:
             # The root's parameters are resharded after the forward and gathered again at the
             # loss's backward, which the planner's loss term counts (fsdp_head_gathered_bytes);
@@ -532,20 +538,24 @@ def _chunked_loss(loss: _ChunkedLoss, b: "TraceBuilder", gather, head: _Unit) ->
 
 def torchtitan_unchunked_loss_tensors(request: PlanRequest, terms: PeakTerms) -> tuple[int, int] | None:
     """(the bf16 logits, one fp32 logit-sized tensor) on this rank, for torchtitan's unchunked
-    cross-entropy (9dec370's, or 0.3.0's with unchunked_loss); None where the schedule keeps to
-    the loss's moments (the chunked loss, tensor parallelism's loss_parallel, terms that are not
-    the request's own)."""
+    cross-entropy (9dec370's, or 0.3.0's with unchunked_loss; under tensor parallelism 9dec370's
+    loss_parallel on the rank's vocabulary shard); None where the schedule keeps to the loss's
+    moments (the chunked loss, tensor parallelism without loss_parallel, terms that are not the
+    request's own)."""
     training = request.training
-    if training.framework is not Framework.torchtitan or not training.unchunked_loss or request.parallel.tp > 1:
+    if training.framework is not Framework.torchtitan or not training.unchunked_loss:
+        return None
+    if request.parallel.tp > 1 and not loss_parallel_applies(request):
         return None
     moments = loss_allocations(request, terms)
     if len(moments) != 1 or len(moments[0]) < 3:
         return None
     # The moment is the three fp32 tensors of logits_parts (the saved log-softmax and the two
-    # gradients), then the units gathered beside them (fsdp_head_gathered_parts), which this
-    # schedule holds from the forward on.
+    # gradients; loss_parallel's four: loss_parallel_logits_tensors), then the units gathered
+    # beside them (fsdp_head_gathered_parts), which this schedule holds from the forward on.
     fp32 = moments[0][0]
-    if moments[0][1] != fp32 or moments[0][2] != fp32 or fp32 % FP32_BYTES:
+    fp32_tensors = 4 if loss_parallel_applies(request) else 3
+    if len(moments[0]) < fp32_tensors or any(p != fp32 for p in moments[0][:fp32_tensors]) or fp32 % FP32_BYTES:
         return None
     return fp32 // FP32_BYTES * training.precision.compute_bytes, fp32
 
@@ -576,6 +586,47 @@ def _torchtitan_unchunked_loss(b: "TraceBuilder", tensors: tuple[int, int], head
     b.free(log_softmax)
     logits_gradient = b.alloc(logits_bytes)
     b.free(log_softmax_gradient)
+    pre_backward()
+    head_gradient = b.alloc_parts(head_gradient_parts)
+    b.free(logits_gradient)
+    return head_gradient
+
+
+# torch/distributed/tensor/parallel/loss.py (torch 2.6.0 and 2.13 alike), torchtitan 9dec370's
+# loss under tensor parallelism: cross_entropy(pred.flatten(0, 1).float(), labels) on the
+# vocab-sharded logits under loss_parallel(), then del pred and backward. DTensor's handlers run on
+# the rank's shard; their local tensors, in the order they are made and freed (measured with
+# zeroplan.frameworks.loss_parallel's dispatch mode, which sees them, on a fake process group):
+# the bf16 logits; the fp32 upcast, `shifted` and exp(shifted), exp freed, the log-softmax, then
+# `shifted`, the upcast and the logits freed (del pred); in backward
+# (_nll_loss_and_log_softmax_backward) zeros_like of the log-softmax, its exp and their sum, the
+# exp freed, the product with grad_output, the sum, the zeros and the saved log-softmax freed; the
+# gradient cast to bf16 (the .float()'s backward) and the fp32 one freed; the head's weight
+# gradient before the bf16 logit gradient goes.
+def run_torchtitan_loss_parallel(b: "TraceBuilder", tensors: tuple[int, int], head_gradient_parts: list[int],
+                                 pre_backward, logits_held: bool = False) -> list[int]:
+    """loss_parallel's allocations from the head's logits to the head's backward, as
+    _torchtitan_unchunked_loss's for torch's plain cross-entropy (``logits_held``: the logits are
+    a pipeline stage's output, allocated and kept elsewhere)."""
+    logits_bytes, fp32 = tensors
+    logits = [] if logits_held else b.alloc(logits_bytes)
+    upcast = b.alloc(fp32)
+    shifted = b.alloc(fp32)
+    b.free(b.alloc(fp32))
+    log_softmax = b.alloc(fp32)
+    b.free(shifted)
+    b.free(upcast)
+    b.free(logits)
+    zeros = b.alloc(fp32)
+    exp = b.alloc(fp32)
+    total = b.alloc(fp32)
+    b.free(exp)
+    product = b.alloc(fp32)
+    b.free(total)
+    b.free(zeros)
+    b.free(log_softmax)
+    logits_gradient = b.alloc(logits_bytes)
+    b.free(product)
     pre_backward()
     head_gradient = b.alloc_parts(head_gradient_parts)
     b.free(logits_gradient)

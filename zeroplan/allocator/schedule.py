@@ -13,13 +13,14 @@ from dataclasses import dataclass
 
 from zeroplan.allocator.builder import TraceBuilder, even_parts, split_bytes
 from zeroplan.allocator.fsdp_schedule import applies as fsdp_applies
-from zeroplan.allocator.fsdp_schedule import (FsdpStepInputs, forward_cache_parts, fsdp_loss_allocations, fsdp_step_inputs, loss_allocations,
-                                              record_fsdp_step, run_loss)
+from zeroplan.allocator.fsdp_schedule import (FsdpStepInputs, forward_cache_parts, fsdp_loss_allocations, fsdp_step_inputs,
+                                              loss_allocations, record_fsdp_step, run_loss, run_torchtitan_loss_parallel)
 from zeroplan.allocator.replay import Ops
 from zeroplan.allocator.trace import AllocationTrace, Stream
 from zeroplan.core import deepspeed_2022
 from zeroplan.core.activations import layer_terms
 from zeroplan.core.deepspeed_step import NORM_COPY_BYTES, runs_flat_step
+from zeroplan.core.framework_loss import loss_parallel_applies
 from zeroplan.core.frameworks import framework_recompute_bytes
 from zeroplan.core.largest_unit import largest_unit_elements
 from zeroplan.core.parallel.activations import rank_activation_bytes
@@ -28,6 +29,7 @@ from zeroplan.specs.framework import Framework
 from zeroplan.core.layout import gradient_wire_bytes
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.training import ActivationCheckpointing
+from zeroplan.units import FP32_BYTES
 from zeroplan.core.model_states import ModelStateBytes
 from zeroplan.core.peak import PeakTerms
 
@@ -141,6 +143,13 @@ class StepInputs:
     workspace_parts: tuple[int, ...] = ()
     """_workspace_parts: the tensors a block's backward workspace is made of (empty: the
     workspace whole)."""
+    loss_parallel: bool = False
+    """The one loss moment is loss_parallel's (four fp32 local-logit tensors, then the units
+    gathered beside them): run tensor by tensor as torch's handlers make them
+    (fsdp_schedule.run_torchtitan_loss_parallel)."""
+    loss_logits_held: bool = False
+    """The bf16 logits the loss starts from are a pipeline stage's output, held with the
+    activations (parallel.activations.pipeline_stage_output_bytes), not made and freed by it."""
 
 
 def step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms) -> StepInputs:
@@ -160,8 +169,10 @@ def step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms)
         return StepInputs(**common, cache_parts=tuple(forward_cache_parts(request, fsdp.block_units)),
                           loss_moments=moments, fsdp=fsdp)
     gathered, reduce = _transient_parts(request, terms.transient_buffers)
+    moments = tuple(map(tuple, loss_allocations(request, terms)))
     return StepInputs(**common, cache_parts=tuple(forward_cache_parts(request, blocks)),
-                      loss_moments=tuple(map(tuple, loss_allocations(request, terms))), fsdp=None,
+                      loss_moments=moments, fsdp=None, loss_parallel=_runs_loss_parallel(request, moments),
+                      loss_logits_held=request.parallel.pp > 1,
                       gathered=gathered, reduce=reduce, block_transient_buffers=terms.block_transient_buffers,
                       block_backward_gradients=terms.block_backward_gradients,
                       backward_end_buffers=terms.backward_end_buffers,
@@ -170,6 +181,15 @@ def step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms)
                       flat_step=runs_flat_step(request), in_flight=_in_flight_micro_batches(request),
                       workspace_parts=_workspace_parts(request, terms.workspace),
                       stage1_2022=deepspeed_2022.step_allocations(request) if deepspeed_2022.models_2022(request) else None)
+
+
+def _runs_loss_parallel(request: PlanRequest, moments: tuple[tuple[int, ...], ...]) -> bool:
+    """Whether the loss's one moment is loss_parallel's four fp32 local-logit tensors (bf16
+    logits: their bf16 casts are half of one)."""
+    if not loss_parallel_applies(request) or request.training.precision.compute_bytes != 2 or len(moments) != 1:
+        return False
+    moment = moments[0]
+    return len(moment) >= 4 and len(set(moment[:4])) == 1 and moment[0] % FP32_BYTES == 0 and moment[0] > 0
 
 
 def step_trace(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms) -> AllocationTrace:
@@ -235,8 +255,16 @@ def record_step(x: StepInputs) -> TraceBuilder:
                 cache += b.alloc_parts(list(parts))
             b.free(unit)
 
-    # The loss: each of its moments in turn (the reference model's: three fp32 sbV tensors).
-    run_loss(x.loss_moments, b, cache)
+    # The loss: each of its moments in turn (the reference model's: three fp32 sbV tensors);
+    # loss_parallel's tensor by tensor, the units its moment holds gathered around it.
+    if x.loss_parallel:
+        (moment,) = x.loss_moments
+        around = b.alloc_parts(list(moment[4:]))
+        b.free(run_torchtitan_loss_parallel(b, (moment[0] // 2, moment[0]), [], lambda: None,
+                                            logits_held=x.loss_logits_held))
+        b.free(around)
+    else:
+        run_loss(x.loss_moments, b, cache)
 
     # Backward, last block first: unit gathered and reduce buffer, the workspace (and the
     # recomputed block) while the block's gradients are computed, then its activations freed.

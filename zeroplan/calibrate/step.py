@@ -12,7 +12,7 @@ lengths of the same GPU and training stack, and is refused for another GPU or st
 mechanism fitted is per GPU x stack, never per configuration).
 
 docs/validation.md, "Step time", measures how well one calibrated row predicts the other rows
-of its source (CALIBRATED_BAND)."""
+of its source (zeroplan.calibrate.basis.CALIBRATED_BAND)."""
 
 from __future__ import annotations
 
@@ -21,13 +21,6 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, ValidationError
 
-from zeroplan.calibrate.basis import (  # noqa: F401  (the bands and the line, where they were first defined)
-    CALIBRATED_BAND,
-    DEFAULT_BAND,
-    DEFAULT_BANDS,
-    FLAT_BAND,
-    time_basis_line,
-)
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import Frozen, first_error
 from zeroplan.specs.framework import Framework

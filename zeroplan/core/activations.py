@@ -75,6 +75,8 @@ def norm_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int, *, auto
     sbh = s * b * model.hidden_size
     if model.norm is NormKind.layernorm:
         return training.precision.compute_bytes * sbh
+    if training.framework is Framework.torchtitan and training.torchtitan_release == "9dec370" and not autocast:
+        return torchtitan_9dec370_rms_norm_bytes(training, sbh, s * b)
     if not rms_norm_is_composite(training, autocast):
         return fused_rms_norm_bytes(rms_norm_operand_bytes(training, autocast)[0], s, b, model.hidden_size)
     return composite_rms_norm_bytes(sbh)
@@ -113,6 +115,16 @@ def rms_norm_operand_bytes(training: TrainingSpec, autocast: bool) -> tuple[int,
     if training.framework is Framework.torchtune:
         return FP32_BYTES, weight
     return weight, weight
+
+
+# torchtitan 9dec370 torchtitan/models/norms.py:77-101 RMSNorm (norm_type "rmsnorm", the default
+# of config_manager.py:174-177 and of every train_configs toml): _norm(x.float()).type_as(x) *
+# weight spelled out, no F.rms_norm: pow and the multiply by rsqrt save the fp32 copy of x,
+# rsqrt its fp32 per-token result, the multiply by the weight the output cast back to x's dtype.
+# Measured: the final norm of benchmarks/torchtitan_2d_step.py (9dec370's own class) keeps one
+# fp32 and one bf16 sequence-sharded [b s, h] tensor through the loss.
+def torchtitan_9dec370_rms_norm_bytes(training: TrainingSpec, sbh: int, sb: int) -> int:
+    return (FP32_BYTES + training.precision.compute_bytes) * sbh + FP32_BYTES * sb
 
 
 # torch 2.13 tools/autograd/derivatives.yaml, _fused_rms_norm: the backward reads input, weight

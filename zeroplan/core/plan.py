@@ -38,6 +38,7 @@ from zeroplan.core.megatron_deepspeed import bf16_optimizer_runs, check_grad_acc
 from zeroplan.core.peak import PeakTerms, moment_totals, peak_allocated_bytes, peak_moments
 from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
 from zeroplan.core.parallel.activations import rank_activation_bytes, rank_logits_pieces, rank_workspace_bytes
+from zeroplan.core.parallel.ring_attention import ring_attention_backward_extra_bytes
 from zeroplan.core.params import total_parameters
 from zeroplan.core.suggest import smallest_change
 from zeroplan.core.timing import step_time
@@ -118,8 +119,9 @@ def _micro_batch_terms(request: PlanRequest) -> tuple[tuple[str, object], ...]:
     # what this rank computes and keeps in flight.
     # DoRA's weight-norm temporaries arise in a block's forward and in a recomputing backward's
     # rerun; the block-backward moment, which holds every block's activations, bounds both.
+    # A block's backward under torch's ring attention also holds the ring's buffers.
     workspace = (rank_workspace_bytes(request, _workspace) + expert_dispatch_bytes(request) + dequantized_weight_bytes(request)
-                 + dora_weight_norm_bytes(request))
+                 + dora_weight_norm_bytes(request) + ring_attention_backward_extra_bytes(request))
     logits_pieces: tuple[int, ...] = ()
     if training.framework is Framework.zeroplan:
         # The reference model's recomputed block stays with its activations at every moment.

@@ -31,6 +31,10 @@ class LossParallelPeaks:
     """From the bf16 logits to the loss, ``del pred`` included."""
     backward_peak_bytes: int
     """loss.backward() down to the logits' gradient (the bf16 cast of its fp32 gradient)."""
+    large_events: tuple[int, ...] = ()
+    """The storages of at least a bf16 local-logit tensor, in order: +bytes where one is made,
+    -bytes where it goes (the allocator schedule's order: zeroplan.allocator.fsdp_schedule
+    run_torchtitan_loss_parallel)."""
 
 
 def measure_loss_parallel(tokens: int = 2048, vocab_size: int = 32768, tp: int = 8) -> LossParallelPeaks:
@@ -50,7 +54,7 @@ def measure_loss_parallel(tokens: int = 2048, vocab_size: int = 32768, tp: int =
         logits = distribute_tensor(torch.randn(1, tokens, vocab_size, dtype=torch.bfloat16), mesh, [Shard(2)])
         logits.requires_grad_()
         labels = torch.randint(0, vocab_size, (1, tokens))
-        counter = _LocalStorages(DTensor)
+        counter = _LocalStorages(DTensor, large=2 * tokens * (vocab_size // tp))
         with counter, loss_parallel():
             pred = logits * 1  # a storage of its own, as the output projection's is
             loss = torch.nn.functional.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
@@ -60,7 +64,7 @@ def measure_loss_parallel(tokens: int = 2048, vocab_size: int = 32768, tp: int =
             backward = counter.take_peak()
         del loss
     return LossParallelPeaks(local_logit_fp32_bytes=4 * tokens * (vocab_size // tp), forward_peak_bytes=forward,
-                             backward_peak_bytes=backward)
+                             backward_peak_bytes=backward, large_events=tuple(counter.large_events))
 
 
 class _LocalStorages(torch.utils._python_dispatch.TorchDispatchMode):
@@ -68,9 +72,11 @@ class _LocalStorages(torch.utils._python_dispatch.TorchDispatchMode):
     reference goes; declines tensor subclasses (DTensor) so that their own dispatch, and with it
     their local operators, runs under the mode."""
 
-    def __init__(self, subclass: type) -> None:
+    def __init__(self, subclass: type, large: int = 0) -> None:
         super().__init__()
         self.subclass = subclass
+        self.large = large
+        self.large_events: list[int] = []
         self.live: dict[int, tuple[int, weakref.ref]] = {}
         self.now = 0
         self.peak = 0
@@ -91,12 +97,16 @@ class _LocalStorages(torch.utils._python_dispatch.TorchDispatchMode):
             return
         size = storage.nbytes()
         self.live[key] = (size, weakref.ref(storage, lambda _ref: self._free(key, size)))
+        if self.large and size >= self.large:
+            self.large_events.append(size)
         self.now += size
         self.peak = max(self.peak, self.now)
 
     def _free(self, key: int, size: int) -> None:
         if self.live.pop(key, None) is not None:
             self.now -= size
+            if self.large and size >= self.large:
+                self.large_events.append(-size)
 
     def take_peak(self) -> int:
         """The peak since the last call, which starts the next phase from what is live now."""

@@ -63,11 +63,22 @@ class StorageTrace(TorchDispatchMode):
         self._next_id = 0
         self._streams: dict[object, int] = {torch.cpu.current_stream(): 0}
         """Streams seen, numbered in order of first use (the default one 0)."""
+        self.declines: type | None = None
+        """A tensor subclass whose operators the trace declines (NotImplemented), so that the
+        subclass's own dispatch runs and its local operators are recorded instead (DTensor's
+        custom handlers, loss_parallel's, make temporaries no DTensor operator returns)."""
+        self.paused = False
+        """While set, operators run unrecorded (DTensor's sharding propagation runs its operators on
+        fake tensors of the global shape to infer the output's: no allocation of the run's)."""
 
     def _stream_now(self) -> int:
         return self._streams.setdefault(torch.cpu.current_stream(), len(self._streams))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if self.declines is not None and any(issubclass(t, self.declines) for t in types):
+            return NotImplemented
+        if self.paused:
+            return func(*args, **(kwargs or {}))
         if self.cublas_workspace_bytes and getattr(func, "__name__", "").split(".")[0] in _MATMULS:
             backward = in_backward()
             if backward not in self._workspaces:

@@ -22,6 +22,7 @@ from zeroplan.core.framework_loss import (
 from zeroplan.core.frameworks import block_input_bytes
 from zeroplan.core.memo import batch_keyed
 from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stage_indices
+from zeroplan.core.parallel.ring_attention import torchtitan_sdpa_ring
 from zeroplan.core.parallel.tensor import tensor_parallel_model
 from zeroplan.core.parallel.units import holds_embedding, holds_head, rank_block_count
 from zeroplan.core.profiles import (
@@ -106,10 +107,11 @@ def _chunk_bytes(one: PlanRequest, activations, tp: int, sequence_parallel: bool
 # A stack whose context parallelism all-gathers K and V (FrameworkProfile.context_parallel_gathers_kv,
 # torchtitan 0.3.0's apply_cp_to_forward under FlexAttention) saves them at the whole sequence:
 # each block keeps K and V for s tokens where the rank's own are s/cp. A ring (Liu et al. 2023)
-# keeps only its own and passes the rest round again in backward.
+# keeps only its own and passes the rest round again in backward (torchtitan 9dec370's SDPA
+# ring: its buffers are zeroplan.core.parallel.ring_attention's).
 def gathered_kv_bytes(cp: int, chunk: PlanRequest, terms: MicroBatchBytes) -> MicroBatchBytes:
     """``terms`` with the gathered K and V of the other ``cp`` - 1 context-parallel ranks added."""
-    if cp == 1 or not profile(chunk.training.framework).context_parallel_gathers_kv:
+    if cp == 1 or not profile(chunk.training.framework).context_parallel_gathers_kv or torchtitan_sdpa_ring(chunk.training):
         return terms
     local_tokens = chunk.batch.seq_len * chunk.batch.micro_batch_size
     others = 2 * (cp - 1) * local_tokens * chunk.model.kv_size * chunk.training.precision.compute_bytes
@@ -235,10 +237,13 @@ def megatron_pipeline_embedding_mask_bytes(request: PlanRequest) -> int:
 # vocab-sharded shard under loss_parallel). Counted on torch's own schedules on a fake process
 # group (benchmarks/torchtitan_pipeline_outputs.py: live outputs = chunks in flight under
 # torch 2.13 with return_outputs=False; 8 on every 1F1B rank, 16 on every interleaved one, under
-# torch 2.6.0, pp 8, 8 micro-batches).
+# torch 2.6.0, pp 8, 8 micro-batches). The loss's terms hold none of these logits: outside a
+# pipeline train.py's `del pred` frees them before backward (zeroplan.core.framework_loss), but a
+# stage's output stays in fwd_cache through its loss's backward and in output_chunks after, so
+# under 9dec370 the last stage holds all m at its loss's backward, the current one's included.
 def pipeline_stage_output_bytes(request: PlanRequest, chunks: int) -> int:
-    """The stage outputs the rank's pipeline stages hold at its in-flight peak, beyond the
-    loss's own logits (which the loss terms count for the micro-batches in flight)."""
+    """The stage outputs the rank's pipeline stages hold at its in-flight peak (under 0.3.0
+    beyond the loss's micro-batches in flight)."""
     parallel = request.parallel
     chunk = chunk_request(request, 1, split_heads=True)
     s, b = chunk.batch.seq_len, chunk.batch.micro_batch_size
@@ -249,7 +254,7 @@ def pipeline_stage_output_bytes(request: PlanRequest, chunks: int) -> int:
         return (chunks - loss_in_flight) * residual
     microbatches = request.batch.grad_accum_steps
     logits = chunk.model.vocab_size * s * b * request.training.precision.compute_bytes
-    return (parallel.virtual_stages - head) * microbatches * residual + (microbatches - loss_in_flight) * logits * head
+    return (parallel.virtual_stages - head) * microbatches * residual + microbatches * logits * head
 
 
 def stage_boundary_bytes(request: PlanRequest) -> int:
