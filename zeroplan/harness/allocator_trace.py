@@ -125,10 +125,15 @@ class AllocatorTrace:
         return list(self._events)
 
 
-def _walk(events):
-    for event in events:
-        yield event
-        yield from _walk(event.children)
+def _walk(events) -> list:
+    """Every event of the tree in pre-order (each event before its children, siblings in order),
+    without one generator per level: a run's tree holds hundreds of thousands of events."""
+    ordered, stack = [], list(reversed(events))
+    while stack:
+        event = stack.pop()
+        ordered.append(event)
+        stack.extend(reversed(event.children))
+    return ordered
 
 
 def _collective_end_ns(event) -> int | None:
@@ -149,24 +154,35 @@ def _input_allocation_ids(event) -> Iterator[int]:
 
 
 def _step_peaks(prof: profile) -> tuple[dict[int, StepAllocatorPeak], list[Allocation]]:
-    events = list(_walk(prof.profiler.kineto_results.experimental_event_tree()))
-    allocations, uses = [], []
+    events = _walk(prof.profiler.kineto_results.experimental_event_tree())
+    allocations, operators = [], []
+    cpu = torch.device("cpu")
     for e in events:
         kind = type(e.extra_fields).__name__
-        if kind == "_ExtraFields_Allocation" and e.extra_fields.device == torch.device("cpu"):
+        if kind == "_ExtraFields_Allocation" and e.extra_fields.device == cpu:
             allocations.append(Allocation(
                 time_ns=e.start_time_ns, size_bytes=e.extra_fields.alloc_size, ptr=e.extra_fields.ptr,
                 operator=e.parent.name if e.parent is not None else "(no operator)",
                 collective_end_ns=_collective_end_ns(e), allocation_id=e.extra_fields.allocation_id,
             ))
         elif kind == "_ExtraFields_TorchOp":
-            uses.extend(Use(allocation_id=i, end_ns=e.end_time_ns, collective=e.name.startswith("c10d::"))
-                        for i in _input_allocation_ids(e))
+            operators.append(e)
     ranges = {
         int(e.name[len(STEP_RANGE_PREFIX):]): (e.start_time_ns, e.end_time_ns)
         for e in events if e.name.startswith(STEP_RANGE_PREFIX)
     }
-    return step_peaks(allocations, ranges, uses), with_unseen_frees(allocations, uses)
+    replayed = with_unseen_frees(allocations, _uses_of_handed_blocks(operators))
+    return _peaks_of(replayed, ranges), replayed
+
+
+def _uses_of_handed_blocks(operators: list) -> list[Use]:
+    """The uses with_unseen_frees reads: it asks when a block was last used only for blocks
+    handed to a collective, so the uses of every other block (most of a run's operators'
+    inputs) are left out."""
+    inputs = [(e, list(_input_allocation_ids(e))) for e in operators]
+    handed = {i for e, ids in inputs if e.name.startswith("c10d::") for i in ids}
+    return [Use(allocation_id=i, end_ns=e.end_time_ns, collective=e.name.startswith("c10d::"))
+            for e, ids in inputs for i in ids if i in handed]
 
 
 def step_peaks(
@@ -174,7 +190,11 @@ def step_peaks(
 ) -> dict[int, StepAllocatorPeak]:
     """Each step's peak of live bytes, from allocator events, operator inputs and the steps'
     time ranges."""
-    events = with_unseen_frees(allocations, uses)
+    return _peaks_of(with_unseen_frees(allocations, uses), ranges)
+
+
+def _peaks_of(events: list[Allocation], ranges: dict[int, tuple[int, int]]) -> dict[int, StepAllocatorPeak]:
+    """Each step's peak over ``events`` already in time order with their unseen frees."""
     totals = [total for _, total in _replay(events)]
     peaks = {}
     for index, (start_ns, end_ns) in ranges.items():
