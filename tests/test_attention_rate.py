@@ -98,3 +98,21 @@ def test_docs_quote_the_attention_rate_figures_as_printed() -> None:
     assert len(lines) >= 8
     for line in lines:
         assert line in section, line
+
+
+def test_the_published_eager_rate_covers_its_softmax_so_the_softmax_is_not_timed_again() -> None:
+    # flash-attention's benchmark times eager attention whole (both products, the mask's add, the
+    # softmax and the dropout), so where attention runs at that rate the softmax's memory passes
+    # leave the memory-bound time; under 'matmul' they stay, and a flash kernel has none.
+    from zeroplan.core.roofline.step import eager_softmax_seconds
+
+    eager = next(r for r in ROWS if r.name == "megatron 2021 gpt-1.7b a100 x32 tp1 pp1 b512").request()
+    softmax = eager_softmax_seconds(eager)
+    assert softmax[0] > 0 and softmax[1] > softmax[0]
+    matmul = memory_bound_time_s(_with(eager, "matmul"))
+    for mode in ("published", "kernel"):
+        assert memory_bound_time_s(_with(eager, mode)) == pytest.approx(
+            (matmul[0] - softmax[0], matmul[1] - softmax[1]), rel=1e-12)
+    flash = next(r for r in ROWS if r.name == "mpt-1b h100 x8 s32768 b1x4 no AC").request()
+    assert eager_softmax_seconds(flash) == (0, 0)
+    assert memory_bound_time_s(_with(flash, "published")) == memory_bound_time_s(_with(flash, "matmul"))

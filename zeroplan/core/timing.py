@@ -21,7 +21,7 @@ from zeroplan.specs.base import Frozen
 from zeroplan.specs.hardware import HostSpec
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
-from zeroplan.specs.training import Optimizer
+from zeroplan.specs.training import AttentionKernel, Optimizer
 from zeroplan.units import FP32_BYTES
 
 
@@ -296,7 +296,27 @@ def memory_bound_time_s(request: PlanRequest) -> tuple[float, float]:
     from zeroplan.core.roofline.step import memory_bound_seconds
 
     forward_s, backward_s, _ = memory_bound_seconds(request)
+    if softmax_inside_attention_rate(request):
+        from zeroplan.core.roofline.step import eager_softmax_seconds
+
+        softmax_forward_s, softmax_backward_s = eager_softmax_seconds(request)
+        return forward_s - softmax_forward_s, backward_s - softmax_backward_s
     return forward_s, backward_s
+
+
+# flash-attention benchmarks/benchmark_flash_attention.py, attention_pytorch: the published eager
+# ('Pytorch') rate (zeroplan.core.attention_rate) times the whole standard attention, both batched
+# products and the causal mask's add, the softmax and the dropout over the materialised scores.
+# Where eager attention's FLOPs run at that rate ('published', or 'kernel' with a row for the GPU
+# generation), its softmax passes are inside the rate, not a memory-bound kernel beside it.
+def softmax_inside_attention_rate(request: PlanRequest) -> bool:
+    """Whether the request's eager attention is timed at the published eager rate, which covers
+    its softmax (so memory_bound_time_s leaves the softmax passes out)."""
+    if request.performance.attention_rate == "matmul" or request.training.attention_kernel is not AttentionKernel.eager:
+        return False
+    from zeroplan.core.attention_rate import attention_rate_row
+
+    return attention_rate_row(request.cluster.gpu.architecture, AttentionKernel.eager.value) is not None
 
 
 # docs/communication-time.md, "Compute": t = matmul FLOPs / (peak x HFU) + attention FLOPs /

@@ -214,6 +214,21 @@ def _model_memory_seconds(model, training, micro_batch_size: int, seq_len: int, 
                                      for operation in operations])
 
 
+def eager_softmax_seconds(request: PlanRequest) -> tuple[float, float]:
+    """(forward, backward with recomputation) seconds of eager attention's softmax passes
+    (attention_core's 'attention softmax'), as memory_bound_seconds prices them; (0, 0) for a
+    flash kernel."""
+    batch = request.batch
+    operations = [operation for operation in step_operations(
+        request.model, request.training, batch.micro_batch_size, batch.seq_len, batch.grad_accum_steps,
+        request.training.precision.compute_bytes, memory_only=True) if operation.name == "attention softmax"]
+    ceilings = gpu_ceilings(request.cluster.gpu)
+    ranks = request.parallel.model_parallel_size
+    forward, backward, _ = _memory_seconds_by_phase(
+        [(operation, operation_seconds(operation, ceilings)[0] / ranks) for operation in operations])
+    return sum(forward), sum(backward)
+
+
 # RooflineStep.forward_s, backward_s and optimizer_s: the phases each sums.
 _PHASES = ((OpPass.forward,), (OpPass.backward, OpPass.recompute), (OpPass.optimizer,))
 
