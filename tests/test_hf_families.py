@@ -123,6 +123,14 @@ def test_unmodelled_options_are_refused_in_one_line(fixture: str, changes: dict,
     assert error.value.field == field and "\n" not in str(error.value) and "allowed" in str(error.value)
 
 
+@pytest.mark.parametrize("model_type", ["t5", "mt5", "umt5"])
+def test_an_encoder_decoder_is_refused_by_name(model_type: str) -> None:
+    # bigscience/T0_3B and mt0-xxl (the PEFT README's rows) are T5 v1.1 and mT5 configs.
+    config = {"model_type": model_type, "d_model": 2048, "num_layers": 24, "num_decoder_layers": 24, "is_encoder_decoder": True}
+    with pytest.raises(ZeroplanError, match=f"config.model_type: '{model_type}' is an encoder-decoder"):
+        parse_hf_config(config, "x")
+
+
 def test_mpt_widths_must_be_json_integers() -> None:
     with pytest.raises(ZeroplanError, match="config.d_model: must be a JSON integer"):
         parse_hf_config(_config("mpt-7b.json", d_model="4096"), "x")

@@ -35,6 +35,9 @@ _GPT_NEOX = ("gpt_neox",)
 _PHI = ("phi",)
 _BLOOM = ("bloom",)
 _BERT = ("bert",)
+# transformers 4.56.2 models/t5, mt5, umt5, bart, mbart, pegasus, marian, longt5, switch_transformers:
+# encoder-decoder model types, named in their refusal.
+ENCODER_DECODER_TYPES = ("t5", "mt5", "umt5", "longt5", "switch_transformers", "bart", "mbart", "pegasus", "marian")
 # OPT, Falcon, GPT-J, MPT, GPTBigCode and StarCoder2: zeroplan.presets.hf_families.
 _FAMILIES = tuple(FAMILY_READERS)
 SUPPORTED_MODEL_TYPES = (_GPT2_LIKE + _GPT_NEOX + _PHI + _BLOOM + _BERT + _LLAMA_LIKE + _GEMMA_LIKE + _QWEN_MOE + _DEEPSEEK
@@ -524,6 +527,11 @@ def parse_hf_config(config: dict[str, Any], name: str) -> ModelSpec:
     model_type = config.get("model_type")
     if model_type is None:
         raise ZeroplanError("config.model_type", f"missing (allowed: {', '.join(SUPPORTED_MODEL_TYPES)})")
+    if model_type in ENCODER_DECODER_TYPES or (config.get("is_encoder_decoder") and model_type not in SUPPORTED_MODEL_TYPES):
+        # A ModelSpec is one stack of blocks over one sequence; an encoder-decoder has two stacks,
+        # cross-attention and a decoder length of its own.
+        raise ZeroplanError("config.model_type", f"{model_type!r} is an encoder-decoder, which zeroplan does not model "
+                                                 f"(allowed: a decoder-only or encoder-only model_type: {', '.join(SUPPORTED_MODEL_TYPES)})")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ZeroplanError(
             "config.model_type", f"unsupported {model_type!r} (allowed: {', '.join(SUPPORTED_MODEL_TYPES)})"
