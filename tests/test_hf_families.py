@@ -92,6 +92,13 @@ def test_gptj_biases_its_mlp_and_head_only() -> None:
     assert spec.parallel_block and spec.head_bias and not spec.tied_embeddings
 
 
+def test_litgpt_refuses_gptj_whose_mlp_alone_is_biased() -> None:
+    from zeroplan.core.profiles import litgpt_builds
+
+    assert litgpt_builds(load_hf_config(FIXTURES / "gpt-j-6b.json")) == "biases on the MLP alone or a ReLU MLP"
+    assert litgpt_builds(load_hf_config(FIXTURES / "falcon-40b.json")) is None
+
+
 def test_mpt_norms_have_no_bias() -> None:
     spec = load_hf_config(FIXTURES / "mpt-7b.json")
     assert not spec.norm_bias and spec.position.value == "alibi"

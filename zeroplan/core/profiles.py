@@ -563,6 +563,9 @@ def litgpt_builds(model: ModelSpec) -> str | None:
         return "bidirectional attention or an embedding norm"
     if model.qk_norm or model.is_mla or model.qkv_bias:
         return "per-head query/key norms, latent attention or biases on q, k and v alone"
+    # litgpt's Config.bias sets every linear's bias at once (GPT-J biases its MLP alone).
+    if model.mlp_biased != model.bias or model.mlp is MlpKind.relu:
+        return "biases on the MLP alone or a ReLU MLP"
     return None
 
 
