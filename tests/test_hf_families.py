@@ -85,6 +85,12 @@ def test_falcon_40b_is_grouped_query_with_two_norms() -> None:
     assert (spec.num_heads, spec.kv_heads, spec.norms_per_block) == (128, 8, 2) and not spec.parallel_block
 
 
+def test_gpt_bigcode_dropout_defaults_are_its_config_class_ones() -> None:
+    # GPTBigCodeConfig: attn_pdrop, resid_pdrop and embd_pdrop default to 0.1.
+    spec = load_hf_config(FIXTURES / "starcoder.json")
+    assert (spec.attention_dropout, spec.hidden_dropout, spec.kv_heads) == (0.1, 0.1, 1)
+
+
 def test_gptj_biases_its_mlp_and_head_only() -> None:
     spec = load_hf_config(FIXTURES / "gpt-j-6b.json")
     block = {t.name for t in parameter_units(spec)[1].tensors}
@@ -232,10 +238,8 @@ CASES = [
      "fp32", lambda spec, e, t: _repeated_kv(spec, e, t) - e * t * spec.hidden_size),
     ("gptj", {"n_embd": 64, "n_head": 4, "rotary_dim": 8, "n_positions": 128}, "fp32",
      lambda spec, e, t: 3 * e * t * spec.ffn_hidden_size),
-    # GPTBigCode also keeps a second copy of the probabilities (a (b a, s, s) tensor the
-    # probabilities-times-values matmul saves beside the softmax's output), which no term counts.
-    ("gpt_bigcode", {"n_embd": 64, "n_head": 4, "n_positions": 128}, "fp32",
-     lambda spec, e, t: _repeated_kv(spec, e, t) + e * spec.num_heads * S * t),
+    ("gpt_bigcode", {"n_embd": 64, "n_head": 4, "n_positions": 128, "attn_pdrop": 0.0, "resid_pdrop": 0.0},
+     "fp32", _repeated_kv),
     ("starcoder2", {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 256},
      "fp32", _repeated_kv),
     ("mpt", {"d_model": 64, "n_heads": 4, "max_seq_len": 128}, "bf16-pure", lambda spec, e, t: 0),

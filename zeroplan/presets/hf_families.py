@@ -186,7 +186,8 @@ def gpt_bigcode_spec(name: str, config: dict[str, Any]) -> ModelSpec:
         mlp=MlpKind.gelu, norm=NormKind.layernorm, position=PositionKind.learned,
         max_positions=_require(config, "n_positions", "max_position_embeddings"),
         bias=True, tied_embeddings=config.get("tie_word_embeddings", True),
-        attention_dropout=config.get("attn_pdrop", 0.0), hidden_dropout=config.get("resid_pdrop", 0.0),
+        # GPTBigCodeConfig drops out at 0.1 unless told otherwise.
+        attention_dropout=config.get("attn_pdrop", 0.1), hidden_dropout=config.get("resid_pdrop", 0.1),
     )
 
 
