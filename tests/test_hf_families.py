@@ -267,3 +267,53 @@ def test_a_layer_saves_what_the_plan_counts(model_type: str, shape: dict, precis
     assert measured == planned + extra(spec, e, S * B), (measured, planned)
     if model_type == "falcon" and shape.get("new_decoder_architecture"):
         assert e * S * B * spec.hidden_size == norm_bytes(spec, training, S, B)  # the norm input counted twice
+
+
+# The same layers in bf16 against what `--framework hf --attention eager` plans: layer_terms plus
+# zeroplan.core.frameworks.eager_attention_extra_bytes (transformers' fp32 softmax output beside
+# its 16-bit copy, and K and V repeated to every head). OPT (the DeepSpeed-Chat row's
+# model), GPTBigCode, StarCoder2 and MPT keep exactly that. Falcon's eager path softmaxes in the
+# input dtype (F.softmax(..., dtype=hidden_states.dtype)), 4 bytes a score fewer than planned
+# (and Falcon-40B's norm input counted twice). GPT-J's _attn upcasts q and k to fp32 before the
+# scores (2 more bytes an element of each) and its gelu_new keeps 3 f more: not planned.
+def _scores(spec, e, t) -> int:
+    return spec.num_heads * S * t
+
+
+HF_EAGER_CASES = [
+    (CASES[0], lambda spec, e, t: 0),
+    (CASES[1], lambda spec, e, t: -4 * _scores(spec, e, t)),
+    (CASES[2], lambda spec, e, t: -4 * _scores(spec, e, t)),
+    (CASES[3], lambda spec, e, t: -4 * _scores(spec, e, t) - e * t * spec.hidden_size),
+    (CASES[4], lambda spec, e, t: 3 * e * t * spec.ffn_hidden_size + (4 - e) * t * (spec.q_size + spec.kv_size)),
+    (CASES[5], lambda spec, e, t: 0),
+    (CASES[6], lambda spec, e, t: 0),
+    (CASES[7], lambda spec, e, t: 0),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case,extra", HF_EAGER_CASES, ids=[f"{c[0]}-{i}" for i, (c, _) in enumerate(HF_EAGER_CASES)])
+def test_a_bf16_layer_against_the_hf_eager_plan(case, extra, tmp_path) -> None:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from zeroplan.cli.fit import request_from_args
+    from zeroplan.cli.main import build_parser
+    from zeroplan.core.frameworks import eager_attention_extra_bytes
+
+    model_type, shape = case[0], case[1]
+    raw = {"model_type": model_type, "vocab_size": 100, LAYER_KEY.get(model_type, "num_hidden_layers"): 1, **shape}
+    config = transformers.AutoConfig.for_model(**raw)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    layer, call = _layer_and_call(torch, transformers, model_type, config)
+    layer = layer.to(torch.bfloat16).train()
+    x = torch.randn(B, S, config.hidden_size, dtype=torch.bfloat16, requires_grad=True)
+    measured = _saved_bytes(torch, layer, lambda: call(layer, x))
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    request = request_from_args(build_parser().parse_args([
+        "fit", str(path), "--framework", "hf", "--attention", "eager", "--precision", "bf16-pure",
+        "--seq-len", str(S), "--micro-batch", str(B), "--gpus", "1", "--allow-longer-seq"]))
+    planned = sum(layer_terms(request.model, request.training, S, B).values()) + eager_attention_extra_bytes(request)
+    assert measured == planned + extra(request.model, 2, S * B), (measured, planned)
