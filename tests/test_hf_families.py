@@ -317,3 +317,27 @@ def test_a_bf16_layer_against_the_hf_eager_plan(case, extra, tmp_path) -> None:
         "--seq-len", str(S), "--micro-batch", str(B), "--gpus", "1", "--allow-longer-seq"]))
     planned = sum(layer_terms(request.model, request.training, S, B).values()) + eager_attention_extra_bytes(request)
     assert measured == planned + extra(request.model, 2, S * B), (measured, planned)
+
+
+@pytest.mark.slow
+def test_a_whole_opt_forward_keeps_its_layers_and_the_outside_terms() -> None:
+    # OPTForCausalLM (2 blocks, bf16, eager, no loss): the embedding sum with the offset
+    # positions keeps nothing of its own; the final norm's input and the head's input are
+    # outside_layers_bytes; each block adds the fp32 softmax output of --framework hf's eager path.
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from zeroplan.core.activations import outside_layers_bytes
+
+    raw = {"model_type": "opt", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "ffn_dim": 256, "max_position_embeddings": 128, "dropout": 0.0, "word_embed_proj_dim": 64}
+    config = transformers.AutoConfig.for_model(**raw)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16).train()
+    ids = torch.randint(0, 100, (B, S))
+    measured = _saved_bytes(torch, model, lambda: model(input_ids=ids))
+    spec = parse_hf_config(raw, "tiny")
+    training = TrainingSpec(attention_kernel="eager", precision="bf16-pure")
+    fp32_probabilities = 4 * spec.num_heads * S * S * B
+    planned = spec.num_layers * (sum(layer_terms(spec, training, S, B).values()) + fp32_probabilities)
+    assert measured == planned + outside_layers_bytes(spec, training, S, B)
