@@ -13,7 +13,7 @@ from math import ceil
 
 from zeroplan.core.profiles import profile
 from zeroplan.specs.framework import Framework
-from zeroplan.specs.model import ModelSpec, NormKind, PositionKind
+from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
 from zeroplan.specs.training import ActivationCheckpointing, AttentionKernel, Kernels, TrainingSpec
 from zeroplan.units import FP32_BYTES
 
@@ -164,8 +164,13 @@ def routed_token_copies(model: ModelSpec, tokens: int) -> int:
     return model.num_experts * capacity
 
 
+# A ReLU MLP (OPT) saves f: torch tools/autograd/derivatives.yaml gives relu's backward its
+# result, the very tensor the second linear saves as its input (measured with saved-tensor hooks
+# on transformers' OPTDecoderLayer, tests/test_hf_families.py).
 def _mlp_width_bytes(model: ModelSpec, width: int) -> int:
     """Bytes per token, over e, that an MLP of inner width ``width`` saves inside (not its input)."""
+    if model.mlp is MlpKind.relu:
+        return width
     return 4 * width if model.mlp.gated else 2 * width
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from zeroplan.core.profiles import profile
 from zeroplan.specs.framework import Framework
-from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
+from zeroplan.specs.model import ModelSpec, NormKind, PositionKind
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.training import ActivationCheckpointing, AttentionKernel, Precision, TrainingSpec
@@ -170,7 +170,7 @@ def autocast_copies_bytes(request: PlanRequest) -> int:
         base = 0 if request.training.finetune.quantize.is_quantized else block_linear_weight_elements(model)
         return BF16_BYTES * (base + adapters)
     # q, k and v (one copy under a fused qkv weight, litgpt's `attn`); gate and up (gated MLPs).
-    extra_input_copies = (0 if profile(request.training.framework).fuses_qkv else 2) + (0 if model.mlp is MlpKind.gelu else 1)
+    extra_input_copies = (0 if profile(request.training.framework).fuses_qkv else 2) + (1 if model.mlp.gated else 0)
     return BF16_BYTES * block_linear_weight_elements(model) + extra_input_copies * BF16_BYTES * sbh
 
 

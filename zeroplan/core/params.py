@@ -55,7 +55,7 @@ class ParamUnit(Frozen):
 def _norm_tensors(prefix: str, model: ModelSpec) -> list[ParamTensor]:
     h = model.hidden_size
     tensors = [ParamTensor(name=f"{prefix}.weight", shape=(h,))]
-    if model.norm is NormKind.layernorm:
+    if model.norm is NormKind.layernorm and model.norm_bias:
         tensors.append(ParamTensor(name=f"{prefix}.bias", shape=(h,)))
     return tensors
 
@@ -69,7 +69,7 @@ def _linear_tensors(prefix: str, in_features: int, out_features: int, bias: bool
 
 def _mlp_tensors(prefix: str, model: ModelSpec, width: int | None = None) -> list[ParamTensor]:
     """A feed-forward MLP of inner width ``width`` (default ffn_hidden_size)."""
-    h, f, bias = model.hidden_size, width if width is not None else model.ffn_hidden_size, model.bias
+    h, f, bias = model.hidden_size, width if width is not None else model.ffn_hidden_size, model.mlp_biased
     if not model.mlp.gated:
         return _linear_tensors(f"{prefix}.fc1", h, f, bias) + _linear_tensors(f"{prefix}.fc2", f, h, bias)
     return (
@@ -192,7 +192,7 @@ def parameter_units(model: ModelSpec) -> tuple[ParamUnit, ...]:
     h = model.hidden_size
     embedding = [ParamTensor(name="token.weight", shape=(model.vocab_size, h))]
     if model.position is PositionKind.learned:
-        embedding.append(ParamTensor(name="position.weight", shape=(model.max_positions, h)))
+        embedding.append(ParamTensor(name="position.weight", shape=(model.max_positions + model.position_offset, h)))
     if model.token_types:
         embedding.append(ParamTensor(name="token_type.weight", shape=(model.token_types, h)))
     if model.embedding_norm:

@@ -545,7 +545,7 @@ def torchtune_builds(model: ModelSpec) -> str | None:
     if model.position is not PositionKind.rope or model.norm is not NormKind.rmsnorm:
         return "learned or ALiBi positions, or LayerNorm"
     if not model.mlp.gated:
-        return "a two-matrix GELU MLP"
+        return "a two-matrix (GELU or ReLU) MLP"
     if model.bias or model.parallel_block or model.head_bias or model.embedding_norm or not model.causal:
         return "biased projections, a parallel block, an embedding norm or bidirectional attention"
     return None
@@ -563,6 +563,9 @@ def litgpt_builds(model: ModelSpec) -> str | None:
         return "bidirectional attention or an embedding norm"
     if model.qk_norm or model.is_mla or model.qkv_bias:
         return "per-head query/key norms, latent attention or biases on q, k and v alone"
+    # litgpt's Config.bias sets every linear's bias at once (GPT-J biases its MLP alone).
+    if model.mlp_biased != model.bias or model.mlp is MlpKind.relu:
+        return "biases on the MLP alone or a ReLU MLP"
     return None
 
 
@@ -583,6 +586,9 @@ def megatron_builds(model: ModelSpec, *, bigscience_fork: bool = False) -> str |
         return "an embedding norm"
     if model.post_norms or model.parallel_block or not model.causal:
         return "post-norms, a parallel block or bidirectional attention"
+    if model.mlp is MlpKind.relu or model.position_offset or model.mlp_biased != model.bias:
+        # OPT's and GPT-J's layouts: the megatron profile's terms were not read for them.
+        return "a ReLU MLP, an offset position table or biases on the MLP alone"
     return None
 
 

@@ -217,8 +217,14 @@ def check_buildable(spec: ModelSpec) -> None:
     for field in ("qkv_bias", "qk_norm", "post_norms", "parallel_block", "head_bias", "token_types", "head_transform"):
         if getattr(spec, field):
             raise ZeroplanError(f"model.{field}", "not built by the measurement harness (allowed: false)")
-    if spec.mlp is MlpKind.geglu:
-        raise ZeroplanError("model.mlp", "geglu is not built by the measurement harness (allowed: gelu, swiglu)")
+    if spec.mlp in (MlpKind.geglu, MlpKind.relu):
+        raise ZeroplanError("model.mlp", f"{spec.mlp.value} is not built by the measurement harness (allowed: gelu, swiglu)")
+    if spec.mlp_bias is not None and spec.mlp_bias != spec.bias:
+        raise ZeroplanError("model.mlp_bias", "not built by the measurement harness (allowed: null or equal to bias)")
+    if not spec.norm_bias:
+        raise ZeroplanError("model.norm_bias", "a LayerNorm without bias is not built by the measurement harness (allowed: true)")
+    if spec.position_offset:
+        raise ZeroplanError("model.position_offset", "not built by the measurement harness (allowed: 0)")
     if not spec.causal:
         raise ZeroplanError("model.causal", "an encoder's attention is not built by the measurement harness (allowed: true)")
     if spec.position is PositionKind.alibi or spec.embedding_norm:

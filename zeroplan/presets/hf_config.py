@@ -1,5 +1,6 @@
 """Read a Hugging Face ``config.json`` offline into a ModelSpec (GPT-2, Llama, Gemma and Phi-3 families,
-and the mixture-of-experts families Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2 and DeepSeek-V3).
+and the mixture-of-experts families Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2 and DeepSeek-V3;
+OPT, Falcon, GPT-J, MPT and the StarCoder families through zeroplan.presets.hf_families).
 
 Every key that changes the parameter count is either read, refused in one line (a count-changing
 feature the planner does not model), or, when the reader does not know the key at all, the spec
@@ -14,6 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from zeroplan.errors import ZeroplanError
+from zeroplan.presets.hf_families import FAMILY_NEUTRAL_KEYS, FAMILY_READERS
 from zeroplan.specs.base import first_error
 from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
 
@@ -33,7 +35,13 @@ _GPT_NEOX = ("gpt_neox",)
 _PHI = ("phi",)
 _BLOOM = ("bloom",)
 _BERT = ("bert",)
-SUPPORTED_MODEL_TYPES = _GPT2_LIKE + _GPT_NEOX + _PHI + _BLOOM + _BERT + _LLAMA_LIKE + _GEMMA_LIKE + _QWEN_MOE + _DEEPSEEK
+# transformers 4.56.2 models/t5, mt5, umt5, bart, mbart, pegasus, marian, longt5, switch_transformers:
+# encoder-decoder model types, named in their refusal.
+ENCODER_DECODER_TYPES = ("t5", "mt5", "umt5", "longt5", "switch_transformers", "bart", "mbart", "pegasus", "marian")
+# OPT, Falcon, GPT-J, MPT, GPTBigCode and StarCoder2: zeroplan.presets.hf_families.
+_FAMILIES = tuple(FAMILY_READERS)
+SUPPORTED_MODEL_TYPES = (_GPT2_LIKE + _GPT_NEOX + _PHI + _BLOOM + _BERT + _LLAMA_LIKE + _GEMMA_LIKE + _QWEN_MOE + _DEEPSEEK
+                         + _FAMILIES)
 
 
 def strict_model_spec(**fields) -> ModelSpec:
@@ -174,6 +182,7 @@ _NEUTRAL_BY_TYPE["bert"] = frozenset({
     "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
     "layer_norm_eps", "position_embedding_type", "classifier_dropout", "gradient_checkpointing",
 })
+_NEUTRAL_BY_TYPE.update(FAMILY_NEUTRAL_KEYS)
 # DeepSeek-V3's num_nextn_predict_layers is read (a caveat: transformers builds no MTP module).
 _NEUTRAL_BY_TYPE["deepseek_v3"] = _NEUTRAL_BY_TYPE["deepseek_v2"] | {"num_nextn_predict_layers"}
 
@@ -218,7 +227,7 @@ def _refuse_unmodelled(config: dict[str, Any], model_type: str) -> None:
         raise ZeroplanError("config.add_cross_attention", "cross-attention layers are not modelled (allowed: false)")
     if config.get("pruned_heads"):
         raise ZeroplanError("config.pruned_heads", "pruned attention heads are not modelled (allowed: none)")
-    if model_type not in _GPT2_LIKE + _GPT_NEOX + _PHI + _BLOOM + _BERT and (config.get("attention_bias") or config.get("mlp_bias")):
+    if model_type not in _GPT2_LIKE + _GPT_NEOX + _PHI + _BLOOM + _BERT + _FAMILIES and (config.get("attention_bias") or config.get("mlp_bias")):
         key = "attention_bias" if config.get("attention_bias") else "mlp_bias"
         raise ZeroplanError(f"config.{key}", f"biased projections are not modelled for model_type {model_type!r} (allowed: false)")
 
@@ -480,6 +489,8 @@ _INTEGER_KEYS = (
     "num_local_experts", "num_experts_per_tok", "num_experts", "n_routed_experts", "n_shared_experts",
     "moe_intermediate_size", "shared_expert_intermediate_size", "first_k_dense_replace", "decoder_sparse_step",
     "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+    "ffn_dim", "word_embed_proj_dim", "n_embed", "num_kv_heads", "ffn_hidden_size", "rotary_dim",
+    "d_model", "n_heads", "n_layers", "max_seq_len",
 )
 
 
@@ -489,12 +500,12 @@ published model (vocabularies ~256k, widths ~32k), low enough that a typo such a
 refused instead of making the planner's integer arithmetic run for minutes."""
 MAX_CONFIG_POSITIONS = 1 << 30
 """Largest max_position_embeddings / n_positions accepted."""
-_POSITION_KEYS = ("max_position_embeddings", "n_positions")
+_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len")
 MAX_CONFIG_LAYERS = 1 << 10
 """Largest num_hidden_layers / n_layer (1,024): the deepest published models have under 200
 blocks; the planner builds every block's units, so 2^24 grew past 10 GB and never answered,
 while 1,024 answers in about a second (docs/input-bounds.md)."""
-_LAYER_KEYS = ("num_hidden_layers", "n_layer")
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers")
 
 
 def _check_integer_keys(config: dict[str, Any]) -> None:
@@ -516,6 +527,11 @@ def parse_hf_config(config: dict[str, Any], name: str) -> ModelSpec:
     model_type = config.get("model_type")
     if model_type is None:
         raise ZeroplanError("config.model_type", f"missing (allowed: {', '.join(SUPPORTED_MODEL_TYPES)})")
+    if model_type in ENCODER_DECODER_TYPES or (config.get("is_encoder_decoder") and model_type not in SUPPORTED_MODEL_TYPES):
+        # A ModelSpec is one stack of blocks over one sequence; an encoder-decoder has two stacks,
+        # cross-attention and a decoder length of its own.
+        raise ZeroplanError("config.model_type", f"{model_type!r} is an encoder-decoder, which zeroplan does not model "
+                                                 f"(allowed: a decoder-only or encoder-only model_type: {', '.join(SUPPORTED_MODEL_TYPES)})")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ZeroplanError(
             "config.model_type", f"unsupported {model_type!r} (allowed: {', '.join(SUPPORTED_MODEL_TYPES)})"
@@ -535,6 +551,8 @@ def parse_hf_config(config: dict[str, Any], name: str) -> ModelSpec:
             spec = _bloom_spec(name, config)
         elif model_type in _BERT:
             spec = _bert_spec(name, config)
+        elif model_type in FAMILY_READERS:
+            spec = FAMILY_READERS[model_type](name, config)
         elif model_type in _QWEN_MOE + _DEEPSEEK:
             spec = _moe_spec(name, config)
         else:

@@ -12,16 +12,19 @@ from zeroplan.specs.base import Frozen
 
 class MlpKind(str, Enum):
     """Feed-forward block: ``gelu`` is GPT's two-matrix MLP, ``swiglu`` Llama's gated three-matrix one,
-    ``geglu`` the same gated block with GeLU in place of SiLU (Gemma; Shazeer 2020, "GLU Variants")."""
+    ``geglu`` the same gated block with GeLU in place of SiLU (Gemma; Shazeer 2020, "GLU Variants"),
+    ``relu`` the two-matrix MLP with ReLU (OPT; Zhang et al. 2022), whose saved output is also the
+    second linear's input."""
 
     gelu = "gelu"
     swiglu = "swiglu"
     geglu = "geglu"
+    relu = "relu"
 
     @property
     def gated(self) -> bool:
         """Whether the block has gate, up and down projections (three matrices) rather than two."""
-        return self is not MlpKind.gelu
+        return self in (MlpKind.swiglu, MlpKind.geglu)
 
 
 class NormKind(str, Enum):
@@ -65,12 +68,21 @@ class ModelSpec(Frozen):
     """Feed-forward kind."""
     norm: NormKind = NormKind.rmsnorm
     """Normalisation kind (pre-norm, two per block plus a final one)."""
+    norm_bias: bool = True
+    """Whether a LayerNorm carries its bias (MPT's norms have none: transformers 4.56.2
+    models/mpt/modeling_mpt.py sets norm_1.bias, norm_2.bias and norm_f.bias to None)."""
     position: PositionKind = PositionKind.rope
     """Position encoding."""
     max_positions: int = Field(default=4096, gt=0)
     """Longest sequence; sizes the learned position table."""
+    position_offset: int = Field(default=0, ge=0)
+    """Rows of the learned position table before position 0 (OPT's 2: transformers 4.56.2
+    models/opt/modeling_opt.py OPTLearnedPositionalEmbedding, max_positions + 2 rows)."""
     bias: bool = False
     """Whether linear layers carry biases (GPT-2/3: yes; Llama: no)."""
+    mlp_bias: bool | None = None
+    """Whether the MLP's linears carry biases where the attention's do not (GPT-J: fc_in and
+    fc_out biased, q/k/v/out_proj not); None: as ``bias``."""
     qkv_bias: bool = False
     """Whether only the q/k/v projections carry biases while the rest do not (Qwen2; HF modeling_qwen2.py)."""
     qk_norm: bool = False
@@ -171,6 +183,10 @@ class ModelSpec(Frozen):
         if self.parallel_block and (self.post_norms or self.is_moe or self.is_mla):
             raise ZeroplanError("model.parallel_block", "is modelled for dense blocks without post-norms or latent attention (allowed: false "
                                 "with post_norms, experts or latent attention)")
+        if not self.norm_bias and self.norm is not NormKind.layernorm:
+            raise ZeroplanError("model.norm_bias", "applies to LayerNorm only (allowed: true with rmsnorm)")
+        if self.position_offset and self.position is not PositionKind.learned:
+            raise ZeroplanError("model.position_offset", "sizes a learned position table (allowed: 0 without learned positions)")
         self._check_moe()
         self._check_mla()
         return self
@@ -212,6 +228,11 @@ class ModelSpec(Frozen):
             raise ZeroplanError("model.num_kv_heads", "MLA expands the latent to every query head (allowed: num_heads)")
 
     @property
+    def mlp_biased(self) -> bool:
+        """Whether the MLP's linears carry biases."""
+        return self.bias if self.mlp_bias is None else self.mlp_bias
+
+    @property
     def kv_heads(self) -> int:
         return self.num_kv_heads if self.num_kv_heads is not None else self.num_heads
 
@@ -246,7 +267,7 @@ class ModelSpec(Frozen):
         frameworks' Llama builders make, so what their measurements cover)."""
         return (not self.is_moe and not self.is_mla and self.position is PositionKind.rope
                 and self.norm is NormKind.rmsnorm and self.mlp is MlpKind.swiglu and self.causal
-                and not (self.bias or self.qkv_bias or self.head_bias or self.qk_norm or self.post_norms
+                and not (self.bias or self.mlp_biased or self.qkv_bias or self.head_bias or self.qk_norm or self.post_norms
                          or self.parallel_block or self.embedding_norm))
 
     @property
