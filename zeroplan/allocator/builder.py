@@ -45,6 +45,9 @@ class TraceBuilder:
 
     def __init__(self) -> None:
         self.ops: Ops = []
+        self.marks: list[int] = []
+        """Op indices where a schedule's loop begins an iteration (and where its last ends):
+        hints for fast_replay.replay_ops, which checks every period it skips itself."""
         self.next_id = 0
         self._sizes: list[int] = []
         """Each id's requested bytes (ids are issued in order, from 0)."""
@@ -83,6 +86,10 @@ class TraceBuilder:
         self._alive, self._alive_rounded = alive, rounded
         self.requested_peak_bytes, self.rounded_peak_bytes = peak, rounded_peak
         return out
+
+    def mark(self) -> None:
+        """A loop iteration begins (or the last one ended) here (``marks``)."""
+        self.marks.append(len(self.ops))
 
     def free(self, idents: list[int]) -> None:
         ops, sizes = self.ops, self._sizes

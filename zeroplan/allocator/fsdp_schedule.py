@@ -282,6 +282,7 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
         cache: list[int] = []
         last_block: list[int] = []
         for position, unit in enumerate(block_units):
+            b.mark()
             parameters = gather(unit)
             saved.append(b.alloc_parts([p for p in block_parts if p > 0]))
             cache += b.alloc_parts(list(cache_parts[position]))
@@ -289,6 +290,7 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
                 last_block = parameters  # torchtitan 9dec370: the last block is not resharded
             else:
                 b.free(parameters)
+        b.mark()
 
         head_gradient: list[int] = []
         head_parameters: list[int] = []

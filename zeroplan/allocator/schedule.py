@@ -164,10 +164,12 @@ def record_step(x: StepInputs) -> TraceBuilder:
     saved: list[list[int]] = []
     cache: list[int] = []
     for parts in x.cache_parts:
+        b.mark()
         unit = b.alloc(gathered, gather_stream)
         saved.append(b.alloc_parts(split_bytes(per_block, weights)))
         cache += b.alloc_parts(list(parts))
         b.free(unit)
+    b.mark()
 
     # The loss: each of its moments in turn (the reference model's: three fp32 sbV tensors).
     run_loss(x.loss_moments, b, cache)
