@@ -62,12 +62,11 @@ class TraceBuilder:
         return self.alloc_parts((size,), stream)
 
     def alloc_parts(self, parts, stream: int = Stream.compute) -> list[int]:
-        """One allocation per positive part, in order (the schedules' hot path: one loop,
-        the peaks counted as it goes)."""
+        """One allocation per positive part, in order (the schedules' hot path: one loop).
+        The bytes alive only grow over the call, so its peaks are the totals at its end."""
         ops, sizes, stream = self.ops, self._sizes, int(stream)
         ident = self.next_id
         alive, rounded = self._alive, self._alive_rounded
-        peak, rounded_peak = self.requested_peak_bytes, self.rounded_peak_bytes
         out = []
         for size in parts:
             if size <= 0:
@@ -78,13 +77,12 @@ class TraceBuilder:
             ident += 1
             alive += size
             rounded += (size + _ROUND) & ~_ROUND
-            if alive > peak:
-                peak = alive
-            if rounded > rounded_peak:
-                rounded_peak = rounded
         self.next_id = ident
         self._alive, self._alive_rounded = alive, rounded
-        self.requested_peak_bytes, self.rounded_peak_bytes = peak, rounded_peak
+        if alive > self.requested_peak_bytes:
+            self.requested_peak_bytes = alive
+        if rounded > self.rounded_peak_bytes:
+            self.rounded_peak_bytes = rounded
         return out
 
     def mark(self) -> None:

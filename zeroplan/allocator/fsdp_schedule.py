@@ -284,7 +284,7 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
         for position, unit in enumerate(block_units):
             b.mark()
             parameters = gather(unit)
-            saved.append(b.alloc_parts([p for p in block_parts if p > 0]))
+            saved.append(b.alloc_parts(block_parts))
             cache += b.alloc_parts(list(cache_parts[position]))
             if held_root and position == len(block_units) - 1:
                 last_block = parameters  # torchtitan 9dec370: the last block is not resharded

@@ -163,10 +163,11 @@ def record_step(x: StepInputs) -> TraceBuilder:
     outside_ids = b.alloc(outside)
     saved: list[list[int]] = []
     cache: list[int] = []
+    block_parts = split_bytes(per_block, weights)
     for parts in x.cache_parts:
         b.mark()
         unit = b.alloc(gathered, gather_stream)
-        saved.append(b.alloc_parts(split_bytes(per_block, weights)))
+        saved.append(b.alloc_parts(block_parts))
         cache += b.alloc_parts(list(parts))
         b.free(unit)
     b.mark()
