@@ -208,3 +208,15 @@ def test_the_caution_names_the_strategies_no_measured_step_checked() -> None:
     assert "zero3: a coarser schedule, checked only on the H200 harness runs (OOM capacity within 2.4 %" in caution
     assert ("zero3-hpz, zero3-mics, zero3-nvme, zero3-offload, zero3-zeropp: a coarser schedule, "
             "not checked against any measured step") in caution
+
+
+def test_the_fsdp_units_are_shared_across_micro_batches_and_read_no_batch_field() -> None:
+    # fsdp_schedule._units is cached on the request without its batch (core/memo.py): another
+    # micro-batch gets the same units, none read a batch field, and they are what it computes.
+    from zeroplan.allocator.fsdp_schedule import _units
+
+    request = _request(TITAN, StrategyKind.fsdp_full_shard)
+    other = request.model_copy(update={"batch": request.batch.model_copy(update={"micro_batch_size": 3})})
+    before = _units.fallbacks
+    assert _units(other) is _units(request) and _units.uncached(other) == _units(request)
+    assert _units.fallbacks == before

@@ -35,6 +35,7 @@ from zeroplan.core.layout import element_bytes, gradient_wire_bytes
 from zeroplan.core.model_states import padded_unit_elements_of, unit_gather_bytes
 from zeroplan.core.parallel.expert import expert_index, expert_leaf
 from zeroplan.core.parallel.units import rank_parameter_units
+from zeroplan.core.memo import batch_keyed
 from zeroplan.core.framework_loss import fsdp_chunked_head_bytes, fsdp_head_gathered_bytes, framework_logits_tensors
 from zeroplan.core.fused_cross_entropy import fused_cross_entropy_parts
 from zeroplan.core.kv_cache import kv_cache_tensors
@@ -68,7 +69,10 @@ def applies(request: PlanRequest) -> bool:
     return len(units) >= 3 and units[0].name == "embedding" and units[-1].name == "head"
 
 
-def _units(request: PlanRequest) -> list[_Unit]:
+# The same at every micro-batch and sequence length: fit() and the largest-micro-batch search
+# ask for it at each (core/memo.py enforces that no batch field is read).
+@batch_keyed(limit=256)
+def _units(request: PlanRequest) -> tuple[_Unit, ...]:
     """The request's units in forward order, grouped as its framework wraps them: embedding and
     head apart, or together in the root unit gathered first."""
     shard = request.shard_group_size
@@ -83,11 +87,11 @@ def _units(request: PlanRequest) -> list[_Unit]:
         numels = _grouped_expert_numels(unit.tensors) if grouped else [t.numel for t in unit.tensors]
         units.append(_Unit(unit_bytes, tuple(split_bytes(unit_bytes, numels)), unit_elements))
     if fsdp_separates_embedding_and_head(request):
-        return units
+        return tuple(units)
     embedding, head = units[0], units[-1]
     root = _Unit(embedding.gathered_bytes + head.gathered_bytes, embedding.tensor_bytes + head.tensor_bytes,
                  embedding.elements + head.elements, len(head.tensor_bytes))
-    return [root, *units[1:-1]]
+    return (root, *units[1:-1])
 
 
 # torchtitan 0.3.0 models/common/moe.py GroupedExperts: a block's routed experts are three
@@ -187,7 +191,7 @@ def fsdp_step_inputs(request: PlanRequest, terms: PeakTerms) -> FsdpStepInputs:
         chunked = _ChunkedLoss(chunks, e, batch.seq_len * batch.micro_batch_size * model.vocab_size // chunks,
                                compiles_loss(training), batch.seq_len * batch.micro_batch_size // chunks,
                                model.vocab_size * model.hidden_size * e)
-    units = tuple(_units(request))
+    units = _units(request)
     if len(_UNITS_SEEN) >= _UNITS_SEEN_LIMIT and units not in _UNITS_SEEN:
         _UNITS_SEEN.clear()
     units = _UNITS_SEEN.setdefault(units, units)
