@@ -20,7 +20,8 @@ CONFS = ("", "max_split_size_mb:128", "roundup_power2_divisions:4")
 def _loop(saved_bytes: int, blocks: int = 12, crumbs: bool = False) -> TraceBuilder:
     """A forward and backward like the planner's schedules: per block a gathered unit, a saved
     tensor (whole 2 MiB pages, or leaving a cached remainder in its segment with ``crumbs``), the
-    unit freed; then the blocks in reverse, each saved tensor freed beside a workspace."""
+    unit freed; then the blocks in reverse, each saved tensor freed beside a workspace (allocated
+    and freed at once)."""
     b = TraceBuilder()
     b.alloc_parts([300 * MiB] * 4)
     saved = []
@@ -29,7 +30,10 @@ def _loop(saved_bytes: int, blocks: int = 12, crumbs: bool = False) -> TraceBuil
         unit = b.alloc(64 * MiB, Stream.all_gather)
         saved.append(b.alloc_parts([saved_bytes + (MiB // 2 if crumbs else 0), 12 * MiB]))
         b.free(unit)
+    # An allocation freed at once, across a mark (the two replayed apart).
+    probe = b.alloc(8 * MiB)
     b.mark()
+    b.free(probe)
     for block in reversed(range(blocks)):
         unit = b.alloc(64 * MiB, Stream.all_gather)
         b.free(b.alloc(40 * MiB))

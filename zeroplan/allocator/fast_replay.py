@@ -4,8 +4,12 @@ segments, no garbage collection), with the same result:
 - DeviceAllocator's malloc and free fused into one loop: the same steps in the same order
   (device.py's methods, marked where each is inlined), without a method call per event; every
   rare path (a new segment, a retry, a recorded stream) goes through DeviceAllocator itself;
+- an allocation served from the cache and freed by the next op changes only the peaks: the
+  block (or the front split off it) merges back into the cached block it came from, whose
+  neighbours are never available (they would have merged with it);
 - a loop iteration of the schedule (TraceBuilder.marks) that repeats the one before it is
-  applied in one step where the allocator's state proves it would act the same (_Period).
+  applied in one step where the allocator's state proves it would act the same
+  (_apply_repeats).
 
 Every other setting goes through replay.replay, which stays the oracle
 (MemoryAssumptions.exact_allocator); benchmarks/allocator_fast_sweep.py compares the two.
@@ -214,7 +218,11 @@ def _run(device: DeviceAllocator, ops: Ops, start: int, end: int, live: dict[int
     allocated_peak, requested_peak = device.allocated_peak, device.requested_peak
     capacity = device.capacity
     oom = None
+    last = end - 1
+    skip = -1
     for index in range(start, end):
+        if index == skip:
+            continue
         kind, ident, size_bytes, stream = ops[index]
         if kind == ALLOC_OP:
             # DeviceAllocator.malloc.
@@ -234,6 +242,21 @@ def _run(device: DeviceAllocator, ops: Ops, start: int, end: int, live: dict[int
                 block = by_key[key]
                 if split_limited and not block_may_serve(block.size, size, config):
                     block = None
+                elif index < last and ops[index + 1][1] == ident and ops[index + 1][0] == FREE_OP:
+                    # Freed at once: the block (or its front, split off) merges back into what it
+                    # was cut from (a cached block's neighbours are never available: they would
+                    # have merged), so the cache is as it was; only the peaks move.
+                    remaining_bytes = block.size - size
+                    if small:
+                        whole = remaining_bytes < MIN_BLOCK_BYTES
+                    else:
+                        whole = not (size < max_split and remaining_bytes > SMALL_SIZE_BYTES)
+                    if allocated + (block.size if whole else size) > allocated_peak:
+                        allocated_peak = allocated + (block.size if whole else size)
+                    if requested + size_bytes > requested_peak:
+                        requested_peak = requested + size_bytes
+                    skip = index + 1
+                    continue
                 else:
                     del by_key[key]
                     del keys[at]
