@@ -59,7 +59,20 @@ class TraceBuilder:
         without roundup_power2_divisions)."""
 
     def alloc(self, size: int, stream: int = Stream.compute) -> list[int]:
-        return self.alloc_parts((size,), stream)
+        """alloc_parts of one part (the schedules' most frequent call, spelled out)."""
+        if size <= 0:
+            return []
+        ident = self.next_id
+        self.next_id = ident + 1
+        self.ops.append((ALLOC_OP, ident, size, int(stream)))
+        self._sizes.append(size)
+        alive = self._alive = self._alive + size
+        rounded = self._alive_rounded = self._alive_rounded + ((size + _ROUND) & ~_ROUND)
+        if alive > self.requested_peak_bytes:
+            self.requested_peak_bytes = alive
+        if rounded > self.rounded_peak_bytes:
+            self.rounded_peak_bytes = rounded
+        return [ident]
 
     def alloc_parts(self, parts, stream: int = Stream.compute) -> list[int]:
         """One allocation per positive part, in order (the schedules' hot path: one loop).
