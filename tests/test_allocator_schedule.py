@@ -224,3 +224,15 @@ def test_a_pipeline_rank_saves_each_in_flight_micro_batch_apart() -> None:
     sizes = _alloc_sizes(trace, Stream.compute)
     assert sizes.count(per_micro_batch) >= 4 * blocks
     assert trace.requested_peak_bytes() == memory_breakdown(request)[0].allocated_peak_bytes
+
+
+def test_the_fsdp_units_are_shared_across_micro_batches_and_read_no_batch_field() -> None:
+    # fsdp_schedule._units is cached on the request without its batch (core/memo.py): another
+    # micro-batch gets the same units, none read a batch field, and they are what it computes.
+    from zeroplan.allocator.fsdp_schedule import _units
+
+    request = _request(TITAN, StrategyKind.fsdp_full_shard)
+    other = request.model_copy(update={"batch": request.batch.model_copy(update={"micro_batch_size": 3})})
+    before = _units.fallbacks
+    assert _units(other) is _units(request) and _units.uncached(other) == _units(request)
+    assert _units.fallbacks == before

@@ -148,7 +148,8 @@ def test_the_default_answer_replays_once_twice_where_it_runs_out_and_not_where_a
     shortfall = allocated - unlimited.requested_peak_bytes
     usable = int(trace_gib * GiB) + shortfall
     calls = []
-    monkeypatch.setattr(planner, "replay", lambda ops, config, capacity=None: calls.append(capacity) or replay(ops, config, capacity))
+    monkeypatch.setattr(planner, "replay_ops", lambda ops, config, capacity=None, marks=():
+                        calls.append(capacity) or replay(ops, config, capacity))
     planner.forget_replays()
     verdict = allocator_verdict(request, states, terms, allocated, usable)
     assert verdict.fits is fits and len(calls) == replays

@@ -45,6 +45,9 @@ class TraceBuilder:
 
     def __init__(self) -> None:
         self.ops: Ops = []
+        self.marks: list[int] = []
+        """Op indices where a schedule's loop begins an iteration (and where its last ends):
+        hints for fast_replay.replay_ops, which checks every period it skips itself."""
         self.next_id = 0
         self._sizes: list[int] = []
         """Each id's requested bytes (ids are issued in order, from 0)."""
@@ -56,15 +59,27 @@ class TraceBuilder:
         without roundup_power2_divisions)."""
 
     def alloc(self, size: int, stream: int = Stream.compute) -> list[int]:
-        return self.alloc_parts((size,), stream)
+        """alloc_parts of one part (the schedules' most frequent call, spelled out)."""
+        if size <= 0:
+            return []
+        ident = self.next_id
+        self.next_id = ident + 1
+        self.ops.append((ALLOC_OP, ident, size, int(stream)))
+        self._sizes.append(size)
+        alive = self._alive = self._alive + size
+        rounded = self._alive_rounded = self._alive_rounded + ((size + _ROUND) & ~_ROUND)
+        if alive > self.requested_peak_bytes:
+            self.requested_peak_bytes = alive
+        if rounded > self.rounded_peak_bytes:
+            self.rounded_peak_bytes = rounded
+        return [ident]
 
     def alloc_parts(self, parts, stream: int = Stream.compute) -> list[int]:
-        """One allocation per positive part, in order (the schedules' hot path: one loop,
-        the peaks counted as it goes)."""
+        """One allocation per positive part, in order (the schedules' hot path: one loop).
+        The bytes alive only grow over the call, so its peaks are the totals at its end."""
         ops, sizes, stream = self.ops, self._sizes, int(stream)
         ident = self.next_id
         alive, rounded = self._alive, self._alive_rounded
-        peak, rounded_peak = self.requested_peak_bytes, self.rounded_peak_bytes
         out = []
         for size in parts:
             if size <= 0:
@@ -75,14 +90,17 @@ class TraceBuilder:
             ident += 1
             alive += size
             rounded += (size + _ROUND) & ~_ROUND
-            if alive > peak:
-                peak = alive
-            if rounded > rounded_peak:
-                rounded_peak = rounded
         self.next_id = ident
         self._alive, self._alive_rounded = alive, rounded
-        self.requested_peak_bytes, self.rounded_peak_bytes = peak, rounded_peak
+        if alive > self.requested_peak_bytes:
+            self.requested_peak_bytes = alive
+        if rounded > self.rounded_peak_bytes:
+            self.rounded_peak_bytes = rounded
         return out
+
+    def mark(self) -> None:
+        """A loop iteration begins (or the last one ended) here (``marks``)."""
+        self.marks.append(len(self.ops))
 
     def free(self, idents: list[int]) -> None:
         ops, sizes = self.ops, self._sizes

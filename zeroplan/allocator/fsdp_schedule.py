@@ -37,6 +37,7 @@ from zeroplan.core.parallel.units import rank_parameter_units
 from zeroplan.core.framework_loss import (
     fsdp_chunked_head_bytes, fsdp_head_gathered_bytes, framework_logits_tensors, loss_parallel_applies,
 )
+from zeroplan.core.memo import batch_keyed
 from zeroplan.core.fused_cross_entropy import fused_cross_entropy_parts
 from zeroplan.core.kv_cache import kv_cache_tensors
 from zeroplan.core.parallel.activations import rank_logits_pieces, rank_logits_tensors
@@ -69,7 +70,10 @@ def applies(request: PlanRequest) -> bool:
     return len(units) >= 3 and units[0].name == "embedding" and units[-1].name == "head"
 
 
-def _units(request: PlanRequest) -> list[_Unit]:
+# The same at every micro-batch and sequence length: fit() and the largest-micro-batch search
+# ask for it at each (core/memo.py enforces that no batch field is read).
+@batch_keyed(limit=256)
+def _units(request: PlanRequest) -> tuple[_Unit, ...]:
     """The request's units in forward order, grouped as its framework wraps them: embedding and
     head apart, or together in the root unit gathered first."""
     shard = request.shard_group_size
@@ -84,11 +88,11 @@ def _units(request: PlanRequest) -> list[_Unit]:
         numels = _grouped_expert_numels(unit.tensors) if grouped else [t.numel for t in unit.tensors]
         units.append(_Unit(unit_bytes, tuple(split_bytes(unit_bytes, numels)), unit_elements))
     if fsdp_separates_embedding_and_head(request):
-        return units
+        return tuple(units)
     embedding, head = units[0], units[-1]
     root = _Unit(embedding.gathered_bytes + head.gathered_bytes, embedding.tensor_bytes + head.tensor_bytes,
                  embedding.elements + head.elements, len(head.tensor_bytes))
-    return [root, *units[1:-1]]
+    return (root, *units[1:-1])
 
 
 # torchtitan 0.3.0 models/common/moe.py GroupedExperts: a block's routed experts are three
@@ -191,7 +195,7 @@ def fsdp_step_inputs(request: PlanRequest, terms: PeakTerms) -> FsdpStepInputs:
         chunked = _ChunkedLoss(chunks, e, batch.seq_len * batch.micro_batch_size * model.vocab_size // chunks,
                                compiles_loss(training), batch.seq_len * batch.micro_batch_size // chunks,
                                model.vocab_size * model.hidden_size * e)
-    units = tuple(_units(request))
+    units = _units(request)
     if len(_UNITS_SEEN) >= _UNITS_SEEN_LIMIT and units not in _UNITS_SEEN:
         _UNITS_SEEN.clear()
     units = _UNITS_SEEN.setdefault(units, units)
@@ -286,13 +290,15 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
         cache: list[int] = []
         last_block: list[int] = []
         for position, unit in enumerate(block_units):
+            b.mark()
             parameters = gather(unit)
-            saved.append(b.alloc_parts([p for p in block_parts if p > 0]))
+            saved.append(b.alloc_parts(block_parts))
             cache += b.alloc_parts(list(cache_parts[position]))
             if held_root and position == len(block_units) - 1:
                 last_block = parameters  # torchtitan 9dec370: the last block is not resharded
             else:
                 b.free(parameters)
+        b.mark()
 
         head_gradient: list[int] = []
         head_parameters: list[int] = []

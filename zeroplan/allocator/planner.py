@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from zeroplan.allocator.capacity import CAPACITY_STEP_BYTES, bisect_capacity
 from zeroplan.allocator.config import AllocatorConfig, parse_alloc_conf
+from zeroplan.allocator.fast_replay import replay_ops
 from zeroplan.allocator.replay import ALLOC_OP, FREE_OP, Ops, ReplayResult, replay
 from zeroplan.allocator.rules import round_size
 from zeroplan.allocator.schedule import StepInputs, record_step, step_inputs, step_ops
@@ -100,8 +101,9 @@ _SHAPE_OF: OrderedDict[tuple, tuple[TraceKey, int]] = OrderedDict()
 specs are immutable, so a request and its setting name the trace."""
 _SHAPES: OrderedDict[TraceKey, _Shape] = OrderedDict()
 """A trace (with the setting) -> what its replays showed."""
-_RECENT_OPS: OrderedDict[TraceKey, Ops] = OrderedDict()
-"""The last few traces themselves, for the replays a later question about them still needs."""
+_RECENT_OPS: OrderedDict[TraceKey, tuple[Ops, list[int]]] = OrderedDict()
+"""The last few traces themselves (with their builder's marks), for the replays a later
+question about them still needs."""
 _SHAPE_LIMIT = 4096
 _OPS_LIMIT = 32
 
@@ -131,7 +133,7 @@ def _shape(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms,
         floor = builder.rounded_peak_bytes if plain else _peaks(ops, config)[1]
         shape = _Shape(floor, builder.requested_peak_bytes, config.garbage_collection_threshold == 0.0)
         _remember(_SHAPES, trace, shape, _SHAPE_LIMIT)
-        _remember(_RECENT_OPS, trace, ops, _OPS_LIMIT)
+        _remember(_RECENT_OPS, trace, (ops, builder.marks), _OPS_LIMIT)
     else:
         _SHAPES.move_to_end(trace)
     shortfall = max(allocated_peak_bytes - shape.requested_peak_bytes, 0)
@@ -157,11 +159,13 @@ def _outcome(trace: TraceKey, shape: _Shape, config: AllocatorConfig,
         return True, unlimited
     if capacity_bytes is not None and capacity_bytes < shape.floor_bytes:
         return False, _outcome(trace, shape, config, None)[1]
-    ops = _RECENT_OPS.get(trace)
-    if ops is None:
-        ops = record_step(trace[0]).ops
-        _remember(_RECENT_OPS, trace, ops, _OPS_LIMIT)
-    result = replay(ops, config, capacity_bytes)
+    recorded = _RECENT_OPS.get(trace)
+    if recorded is None:
+        builder = record_step(trace[0])
+        recorded = builder.ops, builder.marks
+        _remember(_RECENT_OPS, trace, recorded, _OPS_LIMIT)
+    # The oracle's replay, made cheaper where the result is provably the same (fast_replay).
+    result = replay_ops(recorded[0], config, capacity_bytes, recorded[1])
     if result.completed and result.device_refusals == 0:
         shape.unlimited_peak_bytes = result.reserved_peak_bytes
     found = (True, result.reserved_peak_bytes) if result.completed else \

@@ -247,13 +247,16 @@ def record_step(x: StepInputs) -> TraceBuilder:
     outside_ids = b.alloc(outside)
     saved: list[list[list[int]]] = [[] for _ in x.cache_parts]
     cache: list[int] = []
+    block_parts = split_bytes(per_block, weights)
     for micro_batch in range(in_flight):
         for block, parts in enumerate(x.cache_parts):
+            b.mark()
             unit = b.alloc(gathered, gather_stream)
-            saved[block].append(b.alloc_parts(split_bytes(per_block, weights)))
+            saved[block].append(b.alloc_parts(block_parts))
             if micro_batch == 0:
                 cache += b.alloc_parts(list(parts))
             b.free(unit)
+    b.mark()
 
     # The loss: each of its moments in turn (the reference model's: three fp32 sbV tensors);
     # loss_parallel's tensor by tensor, the units its moment holds gathered around it.

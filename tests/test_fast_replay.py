@@ -1,0 +1,91 @@
+"""zeroplan.allocator.fast_replay gives replay.replay's result (the oracle), with its fused loop
+and with the schedule's repeated loop iterations applied in one step where the state proves
+them repeats; benchmarks/allocator_fast_sweep.py compares the planner's verdicts at scale."""
+
+from __future__ import annotations
+
+import pytest
+
+import zeroplan.allocator.fast_replay as fast_replay
+from zeroplan.allocator.builder import TraceBuilder
+from zeroplan.allocator.config import parse_alloc_conf
+from zeroplan.allocator.fast_replay import replay_ops
+from zeroplan.allocator.replay import replay
+from zeroplan.allocator.trace import Stream
+from zeroplan.units import MiB
+
+CONFS = ("", "max_split_size_mb:128", "roundup_power2_divisions:4")
+
+
+def _loop(saved_bytes: int, blocks: int = 12, crumbs: bool = False) -> TraceBuilder:
+    """A forward and backward like the planner's schedules: per block a gathered unit, a saved
+    tensor (whole 2 MiB pages, or leaving a cached remainder in its segment with ``crumbs``), the
+    unit freed; then the blocks in reverse, each saved tensor freed beside a workspace (allocated
+    and freed at once)."""
+    b = TraceBuilder()
+    b.alloc_parts([300 * MiB] * 4)
+    saved = []
+    for _ in range(blocks):
+        b.mark()
+        unit = b.alloc(64 * MiB, Stream.all_gather)
+        saved.append(b.alloc_parts([saved_bytes + (MiB // 2 if crumbs else 0), 12 * MiB]))
+        b.free(unit)
+    # An allocation freed at once, across a mark (the two replayed apart).
+    probe = b.alloc(8 * MiB)
+    b.mark()
+    b.free(probe)
+    for block in reversed(range(blocks)):
+        unit = b.alloc(64 * MiB, Stream.all_gather)
+        b.free(b.alloc(40 * MiB))
+        b.free(saved[block] + unit)
+    return b
+
+
+def _capacities(b: TraceBuilder, conf: str) -> list[int | None]:
+    unlimited = replay(b.ops, parse_alloc_conf(conf))
+    low, high = unlimited.allocated_peak_bytes, unlimited.reserved_peak_bytes
+    return [None, high, high - 2 * MiB, (low + high) // 2, low, low - 2 * MiB]
+
+
+@pytest.mark.parametrize("conf", CONFS)
+@pytest.mark.parametrize("crumbs", [False, True])
+def test_the_result_is_the_oracles_on_every_capacity(conf: str, crumbs: bool) -> None:
+    b = _loop(40 * MiB, crumbs=crumbs)
+    config = parse_alloc_conf(conf)
+    for capacity in _capacities(b, conf):
+        assert replay_ops(b.ops, config, capacity, b.marks) == replay(b.ops, config, capacity)
+        assert replay_ops(b.ops, config, capacity) == replay(b.ops, config, capacity)
+
+
+def test_repeated_iterations_are_applied_in_one_step_where_the_state_repeats(monkeypatch) -> None:
+    # Whole pages per saved tensor: from the second iteration on the cached blocks are the same
+    # at every mark, so the rest of the forward is applied at once. With a remainder cached in
+    # every saved tensor's segment they never are, and every op is replayed.
+    replayed: list[int] = []
+    run = fast_replay._run
+    monkeypatch.setattr(fast_replay, "_run", lambda device, ops, start, end, *rest:
+                        replayed.append(end - start) or run(device, ops, start, end, *rest))
+    config = parse_alloc_conf("")
+    for crumbs, fewer in ((False, True), (True, False)):
+        replayed.clear()
+        b = _loop(40 * MiB, blocks=24, crumbs=crumbs)
+        assert replay_ops(b.ops, config, None, b.marks) == replay(b.ops, config)
+        assert (sum(replayed) < len(b.ops)) is fewer
+
+
+def test_a_repeat_that_would_pass_the_capacity_is_replayed() -> None:
+    # On a capacity the forward's segments reach part-way, the iterations up to it are applied
+    # at once and the one that would be refused is replayed (retrying, then running out).
+    b = _loop(40 * MiB, blocks=24)
+    config = parse_alloc_conf("")
+    unlimited = replay(b.ops, config)
+    for capacity in range(unlimited.allocated_peak_bytes - 600 * MiB, unlimited.reserved_peak_bytes + 1, 50 * MiB):
+        assert replay_ops(b.ops, config, capacity, b.marks) == replay(b.ops, config, capacity)
+
+
+def test_settings_outside_the_fused_loop_replay_as_the_oracle() -> None:
+    b = _loop(40 * MiB, crumbs=True)
+    for conf in ("expandable_segments:True", "garbage_collection_threshold:0.6"):
+        config = parse_alloc_conf(conf)
+        for capacity in _capacities(b, conf):
+            assert replay_ops(b.ops, config, capacity, b.marks) == replay(b.ops, config, capacity)
