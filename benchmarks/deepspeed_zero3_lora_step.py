@@ -219,6 +219,11 @@ def main() -> None:
     earlier = sum(size for size, _, step in result["live_at_peak"] if 0 <= step < result["peak_step"])
     print(f"  the run's peak (step {result['peak_step']}) counts {earlier / mib:.2f} MiB made in an earlier step "
           "(the profiler's blind spot, or a buffer kept between steps)")
+    # transformers' SDPA path builds a boolean causal mask (masking_utils: comparisons and an and) that every
+    # checkpointed layer takes as an input; flash-attention 2, which the planner's --attention flash is, builds none.
+    mask = sum(size for size, op, step in result["live_at_peak"]
+               if step == result["peak_step"] and op in ("aten::le", "aten::eq", "aten::bitwise_and"))
+    print(f"  of the peak step's own bytes, {mask / mib:.2f} MiB come from the comparison ops the SDPA mask is built with")
 
 
 if __name__ == "__main__":
