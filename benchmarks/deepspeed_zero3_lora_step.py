@@ -1,0 +1,234 @@
+"""DeepSpeed ZeRO-3's own engine under Hugging Face LoRA as the PEFT docs' Llama-2-70B rows run it
+(zero.Init entered by transformers, LoRA on every block linear, non-reentrant gradient
+checkpointing, bf16, DeepSpeed's stage-3 settings), on a scaled-down Llama on gloo (2 CPU ranks):
+each step's peak of live CPU bytes beside the planner's allocated peak for the same request.
+
+    python benchmarks/deepspeed_zero3_lora_step.py [--deepspeed-src DIR] [--early-2024-recompute]
+        [--seq-len 512] [--attention sdpa]
+
+--deepspeed-src runs another DeepSpeed release from its source tree (e.g. 0.13.3, the release of
+the 8 x H100 row's date: `pip download --no-deps --no-binary :all: deepspeed==0.13.3` and unpack).
+That release's CPU accelerator imports IPEX and oneCCL and picks the 'ccl' backend, and it reads
+two names torch 2.13 and numpy 2 dropped at import; the script stands in for those (gloo's process
+group does the collectives), none of which touches ZeRO-3's gathers or its optimizer.
+--early-2024-recompute runs torch's non-reentrant recompute as the releases of that date did
+(torch/utils/checkpoint.py _recomputation_hook stored x.detach() of every tensor the recompute
+saves; torch 2.13 keeps a tensor that needs no gradient as it is, and DeepSpeed before 0.19's
+recompute attribution then fails the checkpoint's metadata check on its released frozen weights).
+
+The model keeps the 70B row's proportions where DeepSpeed's settings act on them: a block of
+hidden 256, FFN 896 (3.5 x), 8 heads over 1 KV head, 835,584 elements, 1,024 times fewer than
+Llama-2-70B's; stage3_prefetch_bucket_size, stage3_max_live_parameters and
+stage3_max_reuse_distance are DeepSpeed's defaults (5e7, 1e9, 1e9) over the same 1,024, and
+stage3_param_persistence_threshold 4,096 keeps the same tensors whole as 1e5 does on 70B (norms,
+the adapters of q, k, v, o and down's B). reduce_bucket_size is 1e5 (planned as given).
+
+Live bytes come from the profiler's allocator events (zeroplan.harness.allocator_trace), whose
+blind spot is a free made on a thread the profiler does not cover: the list of what is live at
+the run's peak, printed with the step each allocation was made in, shows such tensors (an
+earlier step's attention masks, which gc finds gone after the run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import types
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+HIDDEN, FFN, LAYERS, HEADS, KV_HEADS, VOCAB, MICRO_BATCH, STEPS = 256, 896, 4, 8, 1, 512, 2, 3
+SCALE = 1024
+STAGE3 = {"reduce_bucket_size": 100_000, "stage3_prefetch_bucket_size": 5 * 10**7 // SCALE,
+          "stage3_max_live_parameters": 10**9 // SCALE, "stage3_max_reuse_distance": 10**9 // SCALE,
+          "stage3_param_persistence_threshold": 4096}
+
+
+def _detach_every_recomputed_tensor() -> None:
+    """torch's _recomputation_hook as in the releases of early 2024: every saved tensor detached."""
+    import inspect
+    import textwrap
+
+    from torch.utils import checkpoint
+
+    source = textwrap.dedent(inspect.getsource(checkpoint._recomputation_hook))
+    kept_as_is = "x = x.detach() if x.requires_grad else x"
+    if kept_as_is not in source:
+        raise SystemExit("--early-2024-recompute: this torch's _recomputation_hook is not the one it edits")
+    # Re-executes torch's own class source with the one line changed, in its own module.
+    exec(compile(source.replace(kept_as_is, "x = x.detach()"), checkpoint.__file__, "exec"), checkpoint.__dict__)  # noqa: S102
+
+
+def _import_old_deepspeed(source: str):
+    """DeepSpeed from a source tree of an earlier release, with the stand-ins the docstring names."""
+    import logging
+
+    import numpy
+    import torch.distributed.elastic.agent.server.api as elastic_api
+
+    sys.path.insert(0, source)
+    elastic_api.log = logging.getLogger("elastic")  # read at import by elasticity/elastic_agent.py
+    if not hasattr(elastic_api, "_get_socket_with_port"):
+        elastic_api._get_socket_with_port = lambda: None
+    numpy.BUFSIZE = 8192  # numpy 1's constant, read at import by autotuning/scheduler.py
+    for name in ("intel_extension_for_pytorch", "oneccl_bindings_for_pytorch"):
+        sys.modules[name] = types.ModuleType(name)
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    get_accelerator()._communication_backend_name = "gloo"
+    return deepspeed
+
+
+def _rank(rank: int, world: int, options: argparse.Namespace, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(options.port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_SIZE=str(world), DS_ACCELERATOR="cpu")
+    import torch
+    import torch.distributed as dist
+
+    if options.early_2024_recompute:
+        _detach_every_recomputed_tensor()
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from zeroplan.harness.allocator_trace import (
+        STEP_RANGE_PREFIX,
+        AllocatorTrace,
+        _replay,
+    )
+
+    with AllocatorTrace() as trace:
+        # transformers probes for IPEX at import: imported before the stand-ins.
+        from peft import LoraConfig, get_peft_model
+        from transformers import LlamaConfig, LlamaForCausalLM
+        from transformers.integrations import HfDeepSpeedConfig
+
+        deepspeed = _import_old_deepspeed(options.deepspeed_src) if options.deepspeed_src else __import__("deepspeed")
+        deepspeed.init_distributed(dist_backend="gloo")
+        from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+        # accelerate's DeepSpeedPlugin config (utils/dataclasses.py, no config file) with the scaled settings.
+        config = {"train_micro_batch_size_per_gpu": MICRO_BATCH, "gradient_accumulation_steps": 1,
+                  "train_batch_size": MICRO_BATCH * world, "bf16": {"enabled": True}, "steps_per_print": 2**31 - 1,
+                  "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none"},
+                                        "offload_param": {"device": "none"},
+                                        "stage3_gather_16bit_weights_on_model_save": True, **STAGE3}}
+        ds_config = HfDeepSpeedConfig(config)  # noqa: F841  (kept alive: transformers reads it through a weakref)
+        model_config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
+                                   num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, attention_dropout=0.0,
+                                   attn_implementation=options.attention, use_cache=False)
+        torch.manual_seed(0)
+        model = LlamaForCausalLM._from_config(model_config)  # under zero.Init (is_deepspeed_zero3_enabled)
+        model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.1, target_modules="all-linear",
+                                                 task_type="CAUSAL_LM"))
+        model.gradient_checkpointing_enable({"use_reentrant": False})
+        model.train()
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config, dist_init_required=False)
+        adapter_dtypes = sorted({str(p.dtype) for n, p in model.named_parameters() if "lora_" in n})
+
+        gathered: list[tuple[str, int]] = []
+
+        def note_gathered(name: str) -> None:
+            gathered.append((name, sum(p.numel() * p.element_size() for p in model.parameters()
+                                       if getattr(p, "ds_status", None) == ZeroParamStatus.AVAILABLE and not p.ds_persist)))
+
+        last = f"layers.{LAYERS - 1}."
+        for name, module in model.named_modules():
+            if name.endswith("base_layer") and last in name:
+                module.register_full_backward_pre_hook(lambda m, g, name=name: note_gathered(name.split(last)[1]))
+        tokens = torch.randint(0, VOCAB, (MICRO_BATCH, options.seq_len), generator=torch.Generator().manual_seed(rank))
+        for step in range(STEPS):
+            with trace.step(step):
+                engine.backward(engine(input_ids=tokens, labels=tokens).loss)
+                engine.step()
+    if rank == 0:
+        peaks = trace.peaks()
+        events = trace.events()
+        best, live, peak_ns = -1, [], 0
+        for event, (alive, total) in zip(events, _replay(events)):
+            if total > best:
+                best, live, peak_ns = total, [(a.size_bytes, a.operator, a.time_ns) for a in alive.values()], event.time_ns
+        starts = sorted(e.start_time_ns for e in trace._profile.profiler.kineto_results.experimental_event_tree()
+                        if e.name.startswith(STEP_RANGE_PREFIX))
+
+        def step_of(time_ns: int) -> int:
+            return sum(time_ns >= s for s in starts) - 1
+
+        result = {"deepspeed": deepspeed.__version__, "adapter_dtypes": adapter_dtypes,
+                  "step_peaks": {k: v.peak_bytes for k, v in peaks.items()},
+                  "gathered_at_last_block_backward": gathered[-7:], "peak_step": step_of(peak_ns),
+                  "live_at_peak": [(size, op, step_of(t)) for size, op, t in sorted(live, reverse=True)]}
+        Path(out).write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+def planned_bytes(options: argparse.Namespace) -> int:
+    """The planner's allocated peak for the same request (zero3, --framework hf, 2 ranks)."""
+    import tempfile
+
+    from transformers import LlamaConfig
+
+    from zeroplan.cli.fit import request_from_args
+    from zeroplan.cli.main import build_parser
+    from zeroplan.core.plan import memory_breakdown
+    from zeroplan.specs.strategy import StrategyKind
+
+    path = Path(tempfile.mkdtemp()) / "config.json"
+    LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
+                num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=4096).to_json_file(path)
+    attention = "flash" if options.attention == "sdpa" else "eager"  # SDPA's CPU kernel saves what FA2 does
+    flags = (f"--gpus 2 --gpu h100-80gb --micro-batch {MICRO_BATCH} --seq-len {options.seq_len} --precision bf16-mixed "
+             "--framework hf --lora-rank 8 --lora-targets q,k,v,o,gate,up,down --lora-alpha 16 --lora-dropout 0.1 "
+             f"--activation-checkpointing full --attention {attention}").split()
+    request = request_from_args(build_parser().parse_args(["fit", str(path), *flags]), StrategyKind.zero3)
+    request = request.model_copy(update={"strategy": request.strategy.model_copy(
+        update={"zero_bucket_elements": STAGE3["reduce_bucket_size"]})})
+    return memory_breakdown(request)[0].allocated_peak_bytes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--deepspeed-src", help="a DeepSpeed source tree to run instead of the installed release")
+    parser.add_argument("--early-2024-recompute", action="store_true",
+                        help="torch's non-reentrant recompute detaching every saved tensor, as early-2024 releases did")
+    parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa")
+    parser.add_argument("--port", type=int, default=29561)
+    options = parser.parse_args()
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    out = str(Path(tempfile.mkdtemp()) / "result.json")
+    mp.spawn(_rank, args=(2, options, out), nprocs=2)
+    result = json.loads(Path(out).read_text())
+    mib = 2**20
+    planned = planned_bytes(options)
+    print(f"DeepSpeed {result['deepspeed']}, LoRA adapters in {', '.join(result['adapter_dtypes'])}; micro-batch "
+          f"{MICRO_BATCH} x seq {options.seq_len}, {options.attention}; torch recompute: "
+          f"{'early-2024 (every saved tensor detached)' if options.early_2024_recompute else 'as installed'}")
+    for step, peak in sorted(result["step_peaks"].items(), key=lambda kv: int(kv[0])):
+        print(f"  step {step}: peak of live CPU bytes {peak / mib:8.2f} MiB")
+    print(f"  planned allocated peak (zeroplan, same request): {planned / mib:8.2f} MiB")
+    print("  gathered (non-persistent) parameters at each base linear's backward, last block: "
+          + ", ".join(f"{name.split('.')[-2]} {size / mib:.2f}" for name, size in result["gathered_at_last_block_backward"]))
+    # transformers' SDPA path builds a boolean causal mask (masking_utils: comparisons and an and) that every
+    # checkpointed layer takes as an input; flash-attention 2, which the planner's --attention flash is, builds
+    # none. Earlier steps' masks still count at the peak: their frees are the profiler's blind spot (gc finds no
+    # mask alive after the run).
+    mask_ops = ("aten::le", "aten::eq", "aten::bitwise_and")
+    masks = sum(size for size, op, step in result["live_at_peak"] if step >= 0 and op in mask_ops)
+    earlier = sum(size for size, op, step in result["live_at_peak"]
+                  if 0 <= step < result["peak_step"] and op not in mask_ops)
+    peak = result["step_peaks"][str(result["peak_step"])]
+    print(f"  at the run's peak (step {result['peak_step']}): {masks / mib:.2f} MiB made by the ops the SDPA mask is "
+          f"built with (every step's), {earlier / mib:.2f} MiB else made in earlier steps (optimizer states among "
+          f"them); without the masks {(peak - masks) / mib:.2f} MiB")
+
+
+if __name__ == "__main__":
+    main()
