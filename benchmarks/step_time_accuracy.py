@@ -29,6 +29,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from zeroplan.errors import ZeroplanError
 from zeroplan.core.default_efficiency import FLAT_HFU
 from zeroplan.validate.step_calibration import RowError, SourceCalibration, calibration_study
 from zeroplan.validate.step_time import (
@@ -281,12 +282,24 @@ def write_default_efficiency() -> Path:
 
 
 def main(argv: list[str]) -> int:
-    if argv == ["--write-default-efficiency"]:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        description="Published training throughput against zeroplan's step time: uncalibrated (leave-one-source-out), "
+                    "calibrated from one row per source, and the fitted default efficiency's table.")
+    parser.add_argument("rows", nargs="?", type=Path, default=PUBLISHED_THROUGHPUT_FILE,
+                        help="a published-throughput JSON file (default: the project's own set)")
+    parser.add_argument("--write-default-efficiency", action="store_true",
+                        help="fit the default efficiency on the project's rows and write it")
+    args = parser.parse_args(argv)
+    if args.write_default_efficiency:
         print(f"wrote {write_default_efficiency()}")
         return 0
-    path = Path(argv[0]) if argv else PUBLISHED_THROUGHPUT_FILE
-    print(report(path))
-    if path == PUBLISHED_THROUGHPUT_FILE:
+    try:
+        print(report(args.rows))
+    except ZeroplanError as error:
+        parser.exit(2, f"step_time_accuracy: {error}\n")
+    if args.rows == PUBLISHED_THROUGHPUT_FILE:
         print("\n" + "\n".join(default_efficiency_report()))
     return 0
 
