@@ -126,6 +126,11 @@ def _rank(rank: int, world: int, options: argparse.Namespace, out: str) -> None:
                                                  task_type="CAUSAL_LM"))
         model.gradient_checkpointing_enable({"use_reentrant": False})
         model.train()
+        if options.bf16_adapters:
+            # What DeepSpeed before 0.19.2 did to them: _configure_distributed_model's module.bfloat16().
+            for name, p in model.named_parameters():
+                if "lora_" in name:
+                    p.data = p.data.to(torch.bfloat16)
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config, dist_init_required=False)
         adapter_dtypes = sorted({str(p.dtype) for n, p in model.named_parameters() if "lora_" in n})
@@ -195,6 +200,10 @@ def main() -> None:
     parser.add_argument("--deepspeed-src", help="a DeepSpeed source tree to run instead of the installed release")
     parser.add_argument("--early-2024-recompute", action="store_true",
                         help="torch's non-reentrant recompute detaching every saved tensor, as early-2024 releases did")
+    parser.add_argument("--bf16-adapters", action="store_true",
+                        help="cast peft's fp32 adapters to bf16 before deepspeed.initialize, as DeepSpeed before 0.19.2's "
+                             "module.bfloat16() did")
+    parser.add_argument("--breakdown", action="store_true", help="the bytes live at the run's peak by the op that made them")
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa")
     parser.add_argument("--port", type=int, default=29561)
@@ -228,6 +237,12 @@ def main() -> None:
     print(f"  at the run's peak (step {result['peak_step']}): {masks / mib:.2f} MiB made by the ops the SDPA mask is "
           f"built with (every step's), {earlier / mib:.2f} MiB else made in earlier steps (optimizer states among "
           f"them); without the masks {(peak - masks) / mib:.2f} MiB")
+    if options.breakdown:
+        by_op: dict[tuple[str, int, int], int] = {}
+        for size, op, step in result["live_at_peak"]:
+            by_op[(op, size, step)] = by_op.get((op, size, step), 0) + 1
+        for (op, size, step), count in sorted(by_op.items(), key=lambda kv: -kv[0][1] * kv[1]):
+            print(f"    {op:32s} step {step:2d} {count:4d} x {size:9d} B = {count * size / mib:7.3f} MiB")
 
 
 if __name__ == "__main__":
