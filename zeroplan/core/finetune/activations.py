@@ -58,11 +58,13 @@ def _output_width(request: PlanRequest, target: LoraTarget) -> int:
 # with any ds_id parameter (zero.Init, entered by transformers for a non-quantized model under
 # ZeRO-3: zero3_linear_keeps_input) is not cast at all. peft's adapters are made after zero.Init
 # has returned and upcast to fp32 by get_peft_model (peft 0.17.1 tuners_utils.py
-# _cast_adapter_dtype), and ZeRO-3's optimizer partitions them as they are
-# (zero/partition_parameters.py:1209-1215 _convert_to_zero_parameters: no dtype cast), so they
-# stay fp32: their weights, their gradients and the "fp16" flat partition, which then serves as
-# the fp32 master itself (zero/stage3.py:1147-1152, dtype equal: no second copy), and the engine
-# runs no autocast (torch_autocast off by default). Before 0.19.2 the same function called
+# _cast_adapter_dtype), and ZeRO-3 partitions them as they are (zero/parameter_offload.py:258-264
+# -> partition_parameters.py:1209-1215 _convert_to_zero_parameters: no dtype cast), so they stay
+# fp32: their weights, their autograd gradients and the optimizer's "fp16" flat partition
+# (stage3.py:238, the first trainable parameter's dtype), which then serves as the fp32 master
+# itself (stage3.py:1162-1167, dtypes equal: no second copy); the engine runs no autocast
+# (torch_autocast off by default). Those model-state differences are a few bytes per adapter
+# element and are not modelled; what the adapters keep for backward is. Before 0.19.2 the same function called
 # self.module.bfloat16() / half() on every model (0.13.3 engine.py:1099-1106; 0.19.1 the same;
 # replaced in microsoft/DeepSpeed#8066, first released in 0.19.2), which cast the adapters with
 # the rest. ZeRO-1/2 never pass zero.Init, so the cast holds there in every release.
