@@ -4,7 +4,14 @@ checkpointing, bf16, DeepSpeed's stage-3 settings), on a scaled-down Llama on gl
 each step's peak of live CPU bytes beside the planner's allocated peak for the same request.
 
     python benchmarks/deepspeed_zero3_lora_step.py [--deepspeed-src DIR] [--early-2024-recompute]
-        [--seq-len 512] [--attention sdpa]
+        [--bf16-adapters] [--breakdown] [--seq-len 512] [--attention sdpa]
+
+From 0.19.2 DeepSpeed's engine casts no zero.Init model to bf16, so peft's fp32 adapters stay
+fp32 (zeroplan.core.finetune.activations.adapters_stay_fp32); --bf16-adapters casts them as the
+earlier releases' module.bfloat16() did, on the installed release. The planned figure is for the
+release the run stands for (--deepspeed-release 0.13.3 for an earlier source or --bf16-adapters),
+on a GPU's dispatch path and on the CPU's the run took. --breakdown lists the bytes live at the
+run's peak by the op that allocated them.
 
 --deepspeed-src runs another DeepSpeed release from its source tree (e.g. 0.13.3, the release of
 the 8 x H100 row's date: `pip download --no-deps --no-binary :all: deepspeed==0.13.3` and unpack).
@@ -126,6 +133,11 @@ def _rank(rank: int, world: int, options: argparse.Namespace, out: str) -> None:
                                                  task_type="CAUSAL_LM"))
         model.gradient_checkpointing_enable({"use_reentrant": False})
         model.train()
+        if options.bf16_adapters:
+            # What DeepSpeed before 0.19.2 did to them: _configure_distributed_model's module.bfloat16().
+            for name, p in model.named_parameters():
+                if "lora_" in name:
+                    p.data = p.data.to(torch.bfloat16)
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config, dist_init_required=False)
         adapter_dtypes = sorted({str(p.dtype) for n, p in model.named_parameters() if "lora_" in n})
@@ -166,8 +178,10 @@ def _rank(rank: int, world: int, options: argparse.Namespace, out: str) -> None:
     dist.destroy_process_group()
 
 
-def planned_bytes(options: argparse.Namespace) -> int:
-    """The planner's allocated peak for the same request (zero3, --framework hf, 2 ranks)."""
+def planned_bytes(options: argparse.Namespace, release: str, kernels: str = "cuda") -> int:
+    """The planner's allocated peak for the same request (zero3, --framework hf, 2 ranks) under
+    DeepSpeed ``release`` (--deepspeed-release), on a GPU's dispatch path or (kernels "cpu") the
+    CPU's the run took (Kernels: dropout keeps a noise tensor of its input's dtype, not a bool mask)."""
     import tempfile
 
     from transformers import LlamaConfig
@@ -176,6 +190,7 @@ def planned_bytes(options: argparse.Namespace) -> int:
     from zeroplan.cli.main import build_parser
     from zeroplan.core.plan import memory_breakdown
     from zeroplan.specs.strategy import StrategyKind
+    from zeroplan.specs.training import Kernels
 
     path = Path(tempfile.mkdtemp()) / "config.json"
     LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
@@ -183,10 +198,11 @@ def planned_bytes(options: argparse.Namespace) -> int:
     attention = "flash" if options.attention == "sdpa" else "eager"  # SDPA's CPU kernel saves what FA2 does
     flags = (f"--gpus 2 --gpu h100-80gb --micro-batch {MICRO_BATCH} --seq-len {options.seq_len} --precision bf16-mixed "
              "--framework hf --lora-rank 8 --lora-targets q,k,v,o,gate,up,down --lora-alpha 16 --lora-dropout 0.1 "
-             f"--activation-checkpointing full --attention {attention}").split()
+             f"--activation-checkpointing full --attention {attention} --deepspeed-release {release}").split()
     request = request_from_args(build_parser().parse_args(["fit", str(path), *flags]), StrategyKind.zero3)
     request = request.model_copy(update={"strategy": request.strategy.model_copy(
-        update={"zero_bucket_elements": STAGE3["reduce_bucket_size"]})})
+        update={"zero_bucket_elements": STAGE3["reduce_bucket_size"]}),
+        "training": request.training.model_copy(update={"kernels": Kernels(kernels)})})
     return memory_breakdown(request)[0].allocated_peak_bytes
 
 
@@ -195,6 +211,10 @@ def main() -> None:
     parser.add_argument("--deepspeed-src", help="a DeepSpeed source tree to run instead of the installed release")
     parser.add_argument("--early-2024-recompute", action="store_true",
                         help="torch's non-reentrant recompute detaching every saved tensor, as early-2024 releases did")
+    parser.add_argument("--bf16-adapters", action="store_true",
+                        help="cast peft's fp32 adapters to bf16 before deepspeed.initialize, as DeepSpeed before 0.19.2's "
+                             "module.bfloat16() did")
+    parser.add_argument("--breakdown", action="store_true", help="the bytes live at the run's peak by the op that made them")
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa")
     parser.add_argument("--port", type=int, default=29561)
@@ -207,13 +227,19 @@ def main() -> None:
     mp.spawn(_rank, args=(2, options, out), nprocs=2)
     result = json.loads(Path(out).read_text())
     mib = 2**20
-    planned = planned_bytes(options)
+    # DeepSpeed before 0.19.2 casts the adapters to bf16 with the module (engine.py
+    # _configure_distributed_model), as --bf16-adapters does: the planner's release 0.13.3.
+    ds_version = tuple(int(part) for part in result["deepspeed"].split("+")[0].split(".")[:3])
+    release = "0.13.3" if options.bf16_adapters or ds_version < (0, 19, 2) else "0.19.8"
+    planned = planned_bytes(options, release)
+    planned_cpu = planned_bytes(options, release, "cpu")
     print(f"DeepSpeed {result['deepspeed']}, LoRA adapters in {', '.join(result['adapter_dtypes'])}; micro-batch "
           f"{MICRO_BATCH} x seq {options.seq_len}, {options.attention}; torch recompute: "
           f"{'early-2024 (every saved tensor detached)' if options.early_2024_recompute else 'as installed'}")
     for step, peak in sorted(result["step_peaks"].items(), key=lambda kv: int(kv[0])):
         print(f"  step {step}: peak of live CPU bytes {peak / mib:8.2f} MiB")
-    print(f"  planned allocated peak (zeroplan, same request): {planned / mib:8.2f} MiB")
+    print(f"  planned allocated peak (zeroplan, same request, --deepspeed-release {release}): {planned / mib:8.2f} MiB; "
+          f"on the CPU's dispatch path the run took: {planned_cpu / mib:8.2f} MiB")
     print("  gathered (non-persistent) parameters at each base linear's backward, last block: "
           + ", ".join(f"{name.split('.')[-2]} {size / mib:.2f}" for name, size in result["gathered_at_last_block_backward"]))
     # transformers' SDPA path builds a boolean causal mask (masking_utils: comparisons and an and) that every
@@ -228,6 +254,12 @@ def main() -> None:
     print(f"  at the run's peak (step {result['peak_step']}): {masks / mib:.2f} MiB made by the ops the SDPA mask is "
           f"built with (every step's), {earlier / mib:.2f} MiB else made in earlier steps (optimizer states among "
           f"them); without the masks {(peak - masks) / mib:.2f} MiB")
+    if options.breakdown:
+        by_op: dict[tuple[str, int, int], int] = {}
+        for size, op, step in result["live_at_peak"]:
+            by_op[(op, size, step)] = by_op.get((op, size, step), 0) + 1
+        for (op, size, step), count in sorted(by_op.items(), key=lambda kv: -kv[0][1] * kv[1]):
+            print(f"    {op:32s} step {step:2d} {count:4d} x {size:9d} B = {count * size / mib:7.3f} MiB")
 
 
 if __name__ == "__main__":

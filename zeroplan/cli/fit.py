@@ -32,7 +32,7 @@ from zeroplan.specs import (
     TrainingSpec,
     cluster_from_gpus,
 )
-from zeroplan.specs.framework import DEEPSPEED_RELEASES, TORCHTITAN_RELEASES
+from zeroplan.specs.framework import DEEPSPEED_RELEASES, HF_DEEPSPEED_RELEASES, TORCHTITAN_RELEASES
 from zeroplan.specs.request import default_attention_kernel
 from zeroplan.specs.parallel import EXPERT_PARALLEL_STRATEGIES, ParallelSpec, PipelineSchedule
 from zeroplan.units import GB, GiB, MiB, ByteUnit
@@ -177,10 +177,11 @@ def add_framework_arguments(group: argparse._ArgumentGroup) -> None:
              "the last block not resharded after forward; implies --unchunked-loss)",
     )
     group.add_argument(
-        "--deepspeed-release", choices=DEEPSPEED_RELEASES, metavar="R",
+        "--deepspeed-release", choices=tuple(dict.fromkeys(DEEPSPEED_RELEASES + HF_DEEPSPEED_RELEASES)), metavar="R",
         help="with --framework megatron-deepspeed: the DeepSpeed release planned, 0.19.8 (default) or 2022-bigscience "
              "(the February 2022 source BigScience's tr11 runs used: ZeRO-1 without a reduce bucket, a flat 16-bit "
-             "gradient copy at the step)",
+             "gradient copy at the step); with --framework hf under ZeRO: 0.19.8 (default) or 0.13.3 (any release "
+             "before 0.19.2, whose engine casts peft's fp32 adapters to 16 bits under zero.Init)",
     )
     group.add_argument(
         "--transformers-version", metavar="V",

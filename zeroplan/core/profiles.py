@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from zeroplan.core.transformers_release import returns_fp32_logits
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.finetune import version_tuple
-from zeroplan.specs.framework import DEEPSPEED_RELEASES, TORCHTITAN_RELEASES, TRANSFORMERS_NEWEST, TRANSFORMERS_OLDEST, TRANSFORMERS_VERSION, Framework
+from zeroplan.specs.framework import DEEPSPEED_RELEASES, HF_DEEPSPEED_RELEASES, TORCHTITAN_RELEASES, TRANSFORMERS_NEWEST, TRANSFORMERS_OLDEST, TRANSFORMERS_VERSION, Framework
 from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
@@ -505,8 +505,9 @@ FRAMEWORK_OPTIONS = {
     "optimizer_in_backward": lambda prof: prof.offers_optimizer_in_backward,
     "fsdp_cpu_offload": lambda prof: prof.offers_fsdp_cpu_offload,
     "torchtitan_release": lambda prof: prof.framework is Framework.torchtitan,
-    # The DeepSpeed release under the fork (zeroplan.core.deepspeed_2022).
-    "deepspeed_release": lambda prof: prof.framework is Framework.megatron_deepspeed,
+    # The DeepSpeed release under the fork (zeroplan.core.deepspeed_2022), and the one Hugging
+    # Face's ZeRO runs (zeroplan.core.finetune.activations.adapters_stay_fp32).
+    "deepspeed_release": lambda prof: prof.framework in (Framework.megatron_deepspeed, Framework.hf),
     # transformers' KV cache and the output object its caller holds (zeroplan.core.kv_cache).
     "use_cache": lambda prof: prof.framework is Framework.hf,
     # torchtune's single-device recipes before August 2024 hold the shifted fp32 logits through
@@ -670,13 +671,14 @@ def check_torchtitan_release(training: TrainingSpec) -> None:
 
 
 def check_deepspeed_release(training: TrainingSpec) -> None:
-    """Refuse a DeepSpeed release the megatron-deepspeed profile does not model, and BF16_Optimizer
-    (fp32 gradient accumulation) under 2022-bigscience, whose source has no such class yet."""
+    """Refuse a DeepSpeed release the framework's profile does not model (megatron-deepspeed's
+    DEEPSPEED_RELEASES, hf's HF_DEEPSPEED_RELEASES)."""
     release = training.deepspeed_release
     if release is None:
         return
-    if release not in DEEPSPEED_RELEASES:
-        raise ZeroplanError("deepspeed_release", f"{release!r} is not modelled (allowed: {', '.join(DEEPSPEED_RELEASES)})")
+    allowed = HF_DEEPSPEED_RELEASES if training.framework is Framework.hf else DEEPSPEED_RELEASES
+    if release not in allowed:
+        raise ZeroplanError("deepspeed_release", f"{release!r} is not modelled (allowed: {', '.join(allowed)})")
 
 
 def check_transformers_version(training: TrainingSpec) -> None:

@@ -46,6 +46,11 @@ TORCHTITAN_RELEASES: tuple[str, ...] = ("0.3.0", "9dec370")
 DEEPSPEED_RELEASES: tuple[str, ...] = ("0.19.8", "2022-bigscience")
 """The DeepSpeed releases the megatron-deepspeed profile models (TrainingSpec.deepspeed_release):
 PyPI 0.19.8 (the default) and the early-2022 source BigScience trained with (zeroplan.core.deepspeed_2022)."""
+HF_DEEPSPEED_RELEASES: tuple[str, ...] = ("0.19.8", "0.13.3")
+"""The DeepSpeed releases the hf profile models under ZeRO (TrainingSpec.deepspeed_release): PyPI
+0.19.8 (the default) and 0.13.3, which stands for every release before 0.19.2 in the one respect
+that differs: its engine casts the whole module to 16 bits, peft's fp32 adapters included
+(zeroplan.core.finetune.activations.adapters_stay_fp32)."""
 """The torchtitan releases the profile models (TrainingSpec.torchtitan_release; None is the
 first, the profile's own)."""
 

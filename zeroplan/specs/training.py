@@ -201,10 +201,13 @@ class TrainingSpec(Frozen):
     fp32 logits (the output object, and a loop that holds it, keep 4 bytes a logit), and before
     4.49 the loss makes a contiguous fp32 copy of the shifted logits (zeroplan.core.transformers_release)."""
     deepspeed_release: str | None = None
-    """megatron-deepspeed only: the DeepSpeed release whose ZeRO stage-1 optimizer is planned, one of
-    zeroplan.specs.framework.DEEPSPEED_RELEASES; None plans 0.19.8. "2022-bigscience": the source
-    of February 2022 (no reduce bucket, the step's flat 16-bit copy beside the kept gradients;
-    zeroplan.core.deepspeed_2022)."""
+    """megatron-deepspeed and hf: the DeepSpeed release planned; None plans 0.19.8. Under
+    megatron-deepspeed its ZeRO stage-1 optimizer, one of zeroplan.specs.framework.DEEPSPEED_RELEASES:
+    "2022-bigscience", the source of February 2022 (no reduce bucket, the step's flat 16-bit copy
+    beside the kept gradients; zeroplan.core.deepspeed_2022). Under hf, one of
+    HF_DEEPSPEED_RELEASES: "0.13.3", a release whose engine casts peft's fp32 adapters to 16 bits
+    under ZeRO-3's zero.Init (every release before 0.19.2; zeroplan.core.finetune.activations
+    adapters_stay_fp32)."""
     torchtitan_release: str | None = None
     """torchtitan only: the release whose FSDP2 wrapping and loss are planned, one of
     zeroplan.specs.framework.TORCHTITAN_RELEASES; None plans the profile's 0.3.0. "9dec370"

@@ -52,16 +52,51 @@ def _output_width(request: PlanRequest, target: LoraTarget) -> int:
             LoraTarget.up: model.ffn_hidden_size, LoraTarget.down: model.hidden_size}[target]
 
 
+# DeepSpeed 0.19.8 runtime/engine.py _configure_distributed_model (lines 2074-2088) and
+# _cast_module_mixed_precision (1851-1862): "ZeRO-Init params are already at the configured dtype
+# and partitioned, so the per-parameter cast applies only in the non-zero-init path"; a model
+# with any ds_id parameter (zero.Init, entered by transformers for a non-quantized model under
+# ZeRO-3: zero3_linear_keeps_input) is not cast at all. peft's adapters are made after zero.Init
+# has returned and upcast to fp32 by get_peft_model (peft 0.17.1 tuners_utils.py
+# _cast_adapter_dtype), and ZeRO-3 partitions them as they are (zero/parameter_offload.py:258-264
+# -> partition_parameters.py:1209-1215 _convert_to_zero_parameters: no dtype cast), so they stay
+# fp32: their weights, their autograd gradients and the optimizer's "fp16" flat partition
+# (stage3.py:238, the first trainable parameter's dtype), which then serves as the fp32 master
+# itself (stage3.py:1162-1167, dtypes equal: no second copy); the engine runs no autocast
+# (torch_autocast off by default). Those model-state differences are a few bytes per adapter
+# element and are not modelled; what the adapters keep for backward is. Before 0.19.2 the same function called
+# self.module.bfloat16() / half() on every model (0.13.3 engine.py:1099-1106; 0.19.1 the same;
+# replaced in microsoft/DeepSpeed#8066, first released in 0.19.2), which cast the adapters with
+# the rest. ZeRO-1/2 never pass zero.Init, so the cast holds there in every release.
+def adapters_stay_fp32(request: PlanRequest) -> bool:
+    """Whether DeepSpeed's ZeRO-3 engine leaves peft's fp32 adapters in fp32 under a 16-bit
+    precision (hf, zero.Init entered, DeepSpeed 0.19.2 or later: deepspeed_release 0.19.8)."""
+    return (zero3_linear_keeps_input(request) and request.training.finetune.is_lora
+            and request.training.precision.compute_bytes < FP32_BYTES
+            and request.training.deepspeed_release in (None, "0.19.8"))
+
+
 # peft 0.17.1 tuners/lora/layer.py Linear.forward casts the input to the adapter weight's dtype
 # (_cast_input_dtype) before each adapter, and get_peft_model upcasts bf16 adapters to fp32
 # (tuners_utils.py _cast_adapter_dtype, autocast_adapter_dtype=True). Where nothing casts the
-# adapters back to bf16 for compute (the Trainer's DDP path: autocast, no engine cast), each
-# adapter makes its own copy of the shared input, which autocast casts to bf16 again for
-# lora_A's matmul, and that bf16 copy is what lora_A saves: one per adapter. FSDP2's
-# MixedPrecisionPolicy (param_dtype bf16) and DeepSpeed's module cast hand the adapters bf16
-# weights, so the input passes uncast and is kept once.
+# adapters back to bf16 for compute, each adapter makes its own fp32 copy of the shared input:
+# the Trainer's DDP path (autocast, no engine cast: autocast casts the copy to bf16 again for
+# lora_A's matmul, and that bf16 copy is what lora_A saves) and DeepSpeed ZeRO-3 from 0.19.2
+# (adapters_stay_fp32: no autocast, lora_A saves the fp32 copy). FSDP2's MixedPrecisionPolicy
+# (param_dtype bf16) and DeepSpeed's module cast (ZeRO-1/2; ZeRO-3 before 0.19.2) hand the
+# adapters bf16 weights, so the input passes uncast and is kept once.
 def adapters_copy_their_input(request: PlanRequest) -> bool:
-    return request.training.framework is Framework.hf and request.strategy.kind is StrategyKind.ddp
+    return (request.training.framework is Framework.hf and request.strategy.kind is StrategyKind.ddp) or \
+        adapters_stay_fp32(request)
+
+
+# What lora_A multiplies, and so saves for its weight's gradient, and what it returns, which
+# lora_B saves: under autocast (hf's DDP) its bf16 cast of the (dropped) fp32 input and a bf16
+# product; with fp32 adapters and no autocast (adapters_stay_fp32) the fp32 input and an fp32
+# product; otherwise the compute dtype.
+def adapter_matmul_bytes(request: PlanRequest) -> int:
+    """Bytes per element of lora_A's saved input and of its r-wide output."""
+    return FP32_BYTES if adapters_stay_fp32(request) else request.training.precision.compute_bytes
 
 
 # bitsandbytes 0.50.2 autograd/_functions.py MatMul8bitLt.forward (what Linear8bitLt runs on a GPU):
@@ -181,14 +216,15 @@ def _group_input_bytes(request: PlanRequest, targets: tuple[LoraTarget, ...], wi
     if not wrapped:
         return shared + own
     copies = adapters_copy_their_input(request)
+    a = adapter_matmul_bytes(request)
     if finetune.lora_dropout > 0:
         # peft lora_dropout[adapter] and torchtune LoRALinear.dropout are one nn.Dropout per
-        # adapter: each keeps its mask, and lora_a its dropped input (in the compute dtype: where
-        # the adapters run in fp32, autocast's bf16 copy of the dropped fp32 input).
+        # adapter: each keeps its mask, and lora_a its dropped input (adapter_matmul_bytes: under
+        # hf's DDP autocast's bf16 copy of the dropped fp32 input, fp32 where adapters_stay_fp32).
         mask = dropout_mask_bytes(request, FP32_BYTES if copies else e)
-        return shared + own + len(wrapped) * (e + mask) * tokens * width
+        return shared + own + len(wrapped) * (a + mask) * tokens * width
     if copies:
-        return shared + own + len(wrapped) * e * tokens * width
+        return shared + own + len(wrapped) * a * tokens * width
     return own + max(shared, e * tokens * width)
 
 
@@ -218,8 +254,8 @@ def lora_layer_delta_bytes(request: PlanRequest, norm_savings_bytes: int = 0) ->
     # three [b, s, f] fp32 saved tensors).
     if quantized_base_outputs_fp32(request):
         delta += 3 * (FP32_BYTES - e) * tokens * request.model.ffn_hidden_size
-    # Each adapter's B keeps A's r-wide output.
-    delta += sum(e * tokens * finetune.lora_rank for t in targets if t is not LoraTarget.output)
+    # Each adapter's B keeps A's r-wide output (adapter_matmul_bytes).
+    delta += sum(adapter_matmul_bytes(request) * tokens * finetune.lora_rank for t in targets if t is not LoraTarget.output)
     return delta + dora_kept_bytes(request) + frozen_norms_delta(request, norm_savings_bytes)
 
 
