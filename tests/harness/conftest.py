@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from harness_runs import RUNS, Run, launch_batch
+from harness_runs import PARALLEL_RUNS, RUNS, ParallelRun, Run, launch_batch
 
 
 @pytest.fixture(scope="session")
-def measured(tmp_path_factory) -> Callable[[Run], Path]:
+def measured(tmp_path_factory) -> Callable[[Run | ParallelRun], Path]:
     """run -> its output directory; the first request for a world size launches all its runs."""
-    outs: dict[Run, Path] = {}
+    outs: dict[Run | ParallelRun, Path] = {}
 
-    def out_dir(run: Run) -> Path:
+    def out_dir(run: Run | ParallelRun) -> Path:
         if run not in outs:
-            batch = [r for r in RUNS if r.nproc == run.nproc]
+            batch = [r for r in (*RUNS, *PARALLEL_RUNS) if r.nproc == run.nproc]
             outs.update(launch_batch(run.nproc, batch, tmp_path_factory.mktemp(f"runs-n{run.nproc}")))
         return outs[run]
 

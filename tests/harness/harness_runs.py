@@ -1,5 +1,6 @@
 """The measured runs the harness tests check, and how they are launched: every run of one world
-size in a single torchrun launch (tests/harness/ranks_worker.py)."""
+size in a single torchrun launch (tests/harness/ranks_worker.py), the tensor and pipeline
+parallel runs of test_model_parallel.py (PARALLEL_RUNS) included."""
 
 from __future__ import annotations
 
@@ -36,12 +37,38 @@ class Run:
         return argv + (["--keep-unsharded-grads-on-accum"] if self.keep_unsharded else [])
 
 
-def launch_batch(nproc: int, runs: list[Run], root: Path, timeout_s: float = 600) -> dict[Run, Path]:
-    """Run ``runs`` (all of world size ``nproc``) in one torchrun launch; each run's records and
-    rank 0's full parameters (parameters.pt) go to root/<name>/."""
+@dataclass(frozen=True)
+class ParallelRun:
+    """A tensor or pipeline parallel run (test_model_parallel.py), given by its own flags; its
+    full parameters are not saved."""
+
+    name: str
+    flags: tuple[str, ...]
+    nproc: int = 4
+
+    def argv(self) -> list[str]:
+        return [PARALLEL_MODEL, *self.flags, "--steps", str(PARALLEL_STEPS), "--micro-batch", str(MICRO_BATCH),
+                "--seq-len", str(SEQ_LEN), "--run-id", self.name]
+
+
+PARALLEL_MODEL, PARALLEL_STEPS, PARALLEL_MICRO_BATCHES = "micro-llama-mp", 2, 2
+PARALLEL_RUNS = [
+    ParallelRun("tp", ("--strategy", "fsdp-full-shard", "--tp", "2")),
+    ParallelRun("tp-sp", ("--strategy", "fsdp-full-shard", "--tp", "2", "--sequence-parallel")),
+    ParallelRun("pp-1f1b-fsdp", ("--strategy", "fsdp-full-shard", "--pp", "2", "--pp-schedule", "1f1b",
+                                 "--grad-accum", str(PARALLEL_MICRO_BATCHES))),
+    ParallelRun("pp-gpipe-ddp", ("--strategy", "ddp", "--pp", "2", "--pp-schedule", "gpipe",
+                                 "--grad-accum", str(PARALLEL_MICRO_BATCHES))),
+]
+
+
+def launch_batch(nproc: int, runs: list[Run | ParallelRun], root: Path, timeout_s: float = 600) -> dict[Run | ParallelRun, Path]:
+    """Run ``runs`` (all of world size ``nproc``) in one torchrun launch; each run's records and,
+    for a Run, rank 0's full parameters (parameters.pt) go to root/<name>/."""
     assert all(run.nproc == nproc for run in runs)
     outs = {run: root / run.name for run in runs}
-    spec = [{"name": run.name, "argv": run.argv(), "out": str(out), "save_parameters": str(out / "parameters.pt")}
+    spec = [{"name": run.name, "argv": run.argv(), "out": str(out),
+             "save_parameters": str(out / "parameters.pt") if isinstance(run, Run) else None}
             for run, out in outs.items()]
     root.mkdir(parents=True, exist_ok=True)
     spec_path = root / "runs.json"
