@@ -13,14 +13,20 @@ from pathlib import Path
 
 import pytest
 import torch
+from harness_runs import (
+    DEEPSPEED_ACCUMULATING,
+    DEEPSPEED_ACCUMULATION,
+    DEEPSPEED_KEYS,
+    DEEPSPEED_STRATEGIES,
+    HPZ,
+    MICRO_BATCH,
+    OFFLOAD_COPIES,
+    SEQ_LEN,
+    STEPS,
+)
 
 from zeroplan.cli.main import main as zeroplan_main
 from zeroplan.errors import ZeroplanError
-from zeroplan.harness.extension_locks import (
-    check_no_stale_extension_lock,
-    describe_extension_locks,
-)
-from zeroplan.harness.launch import run_torchrun
 from zeroplan.harness.model import build_model
 from zeroplan.harness.oracle import oracle_parameters
 from zeroplan.harness.presets import HARNESS_PRESETS
@@ -28,66 +34,21 @@ from zeroplan.harness.record import read_record
 from zeroplan.specs import StateConvention
 from zeroplan.validate.compare import compare_record
 
-WORKER = Path(__file__).with_name("ranks_worker.py")
-
 needs_deepspeed = pytest.mark.skipif(
     importlib.util.find_spec("deepspeed") is None,
     reason="deepspeed is not installed (DS_BUILD_OPS=0 pip install --no-build-isolation 'deepspeed==0.19.8')",
 )
 
 MODEL = "micro-llama"
-STEPS, MICRO_BATCH, SEQ_LEN = 3, 2, 16
-RUNS = [("zero1", 2), ("zero2", 2), ("zero3", 2), ("zero3", 4), ("zero2-offload", 2), ("zero3-offload", 2)]
-ACCUMULATION = 2
-"""Micro-batches per step of the accumulation runs below (DeepSpeed's gradient_accumulation_steps)."""
-ACCUMULATION_RUNS = [("zero1", 2), ("zero2", 2), ("zero3", 2)]
-OFFLOAD_COPIES = ((2, 1), (2, 3), (3, 3))
-"""(stage, micro-batches per step) of the offload copy counts (tests/harness/offload_copies_worker.py)."""
-HPZ = 2
-"""zero_hpz_partition_size of the hpZ probe over four ranks (tests/harness/hpz_worker.py)."""
-PROBES = [(("offload-copies", 2), 2, "offload_copies", [f"{stage}:{accum}" for stage, accum in OFFLOAD_COPIES]),
-          (("hpz", 4), 4, "hpz", [str(HPZ)])]
-
-
-def _argv(strategy: str, grad_accum: int = 1) -> list[str]:
-    return [MODEL, "--strategy", strategy, "--engine", "deepspeed", "--steps", str(STEPS),
-            "--micro-batch", str(MICRO_BATCH), "--seq-len", str(SEQ_LEN), "--precision", "fp32",
-            "--grad-accum", str(grad_accum)]
+RUNS, ACCUMULATION, ACCUMULATION_RUNS = DEEPSPEED_STRATEGIES, DEEPSPEED_ACCUMULATION, DEEPSPEED_ACCUMULATING
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[tuple, Path]:
-    """Every run below, those of one world size in one torchrun launch (tests/harness/ranks_worker.py:
-    DeepSpeed's import and gloo's start cost far more than a micro model's run), the probes
-    (PROBES) last."""
-    # A stale JIT build lock would make every run below wait out its whole time limit.
-    check_no_stale_extension_lock()
-    wanted = [((strategy, nproc), nproc, _argv(strategy)) for strategy, nproc in RUNS]
-    wanted += [((strategy, nproc, ACCUMULATION), nproc, _argv(strategy, ACCUMULATION)) for strategy, nproc in ACCUMULATION_RUNS]
-    results: dict[tuple, Path] = {}
-    for nproc in sorted({n for _, n, _ in wanted} | {n for _, n, _, _ in PROBES}):
-        root = tmp_path_factory.mktemp(f"deepspeed-n{nproc}")
-        spec = []
-        for key, n, argv in wanted:
-            if n == nproc:
-                name = "-".join(map(str, key))
-                results[key] = root / name
-                spec.append({"name": name, "argv": argv, "out": str(root / name),
-                             "save_parameters": str(root / name / "parameters.pt")})
-        for key, n, probe, args in PROBES:
-            if n == nproc:
-                name = "-".join(map(str, key))
-                results[key] = root / name
-                results[key].mkdir()
-                spec.append({"name": name, "probe": probe, "args": [str(root / name), *args]})
-        spec_path = root / "runs.json"
-        spec_path.write_text(json.dumps(spec), encoding="utf-8")
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-                   str(WORKER), str(spec_path)]
-        returncode, output = run_torchrun(command, 600)
-        assert returncode == 0, ([line for line in output.splitlines() if "zeroplan measure:" in line] or output[-3000:],
-                                 describe_extension_locks())
-    return results
+def runs(measured) -> dict[tuple, Path]:
+    """Every run below by its key, launched with the other runs of its world size
+    (tests/harness/conftest.py, harness_runs.py DEEPSPEED_KEYS: DeepSpeed's import and gloo's
+    start cost far more than a micro model's run)."""
+    return {key: measured(run) for key, run in DEEPSPEED_KEYS.items()}
 
 
 @functools.cache
