@@ -29,10 +29,10 @@ def _bytes(tensors: list[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def main(out: str, hpz: int) -> int:
+def write_record(out: str, hpz: int) -> None:
+    """Measure on the process group already started."""
     import torch.distributed as dist
 
-    init_distributed("gloo")
     torch.manual_seed(0)
     preset = HARNESS_PRESETS[MODEL]
     engine = DeepSpeedZero(build_model(preset), 3, torch.float32, MICRO_BATCH, hpz_partition_size=hpz)
@@ -51,6 +51,13 @@ def main(out: str, hpz: int) -> int:
     record = {"rank": rank, "world": dist.get_world_size(), "steps": steps, "primary_elements": primary,
               "optimizer_state_bytes": _bytes(engine._masters() + optimizer_state_tensors(engine.optimizer))}
     Path(out, f"rank{rank}.json").write_text(json.dumps(record), encoding="utf-8")
+
+
+def main(out: str, hpz: int) -> int:
+    import torch.distributed as dist
+
+    init_distributed("gloo")
+    write_record(out, hpz)
     dist.destroy_process_group()
     return 0
 

@@ -96,15 +96,22 @@ def _measure(stage: int, accum: int) -> dict:
     return {"partition_elements": elements, "bytes": counter.bytes}
 
 
-def main(out: str, settings: list[str]) -> int:
+def write_records(out: str, settings: list[str]) -> None:
+    """Measure each STAGE:ACCUM setting on the process group already started."""
     import torch.distributed as dist
 
-    init_distributed("gloo")
     rank = dist.get_rank()
     for setting in settings:
         stage, accum = (int(v) for v in setting.split(":"))
         record = {"rank": rank, "world": dist.get_world_size(), **_measure(stage, accum)}
         Path(out, f"rank{rank}-stage{stage}-accum{accum}.json").write_text(json.dumps(record), encoding="utf-8")
+
+
+def main(out: str, settings: list[str]) -> int:
+    import torch.distributed as dist
+
+    init_distributed("gloo")
+    write_records(out, settings)
     dist.destroy_process_group()
     return 0
 

@@ -4,6 +4,7 @@ explains (one flat group padded to 2N, fp32 master and gradient partitions, one 
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import math
@@ -12,11 +13,20 @@ from pathlib import Path
 
 import pytest
 import torch
+from harness_runs import (
+    DEEPSPEED_ACCUMULATING,
+    DEEPSPEED_ACCUMULATION,
+    DEEPSPEED_KEYS,
+    DEEPSPEED_STRATEGIES,
+    HPZ,
+    MICRO_BATCH,
+    OFFLOAD_COPIES,
+    SEQ_LEN,
+    STEPS,
+)
 
 from zeroplan.cli.main import main as zeroplan_main
 from zeroplan.errors import ZeroplanError
-from zeroplan.harness.extension_locks import check_no_stale_extension_lock, describe_extension_locks
-from zeroplan.harness.launch import run_torchrun
 from zeroplan.harness.model import build_model
 from zeroplan.harness.oracle import oracle_parameters
 from zeroplan.harness.presets import HARNESS_PRESETS
@@ -24,53 +34,27 @@ from zeroplan.harness.record import read_record
 from zeroplan.specs import StateConvention
 from zeroplan.validate.compare import compare_record
 
-WORKER = Path(__file__).with_name("ranks_worker.py")
-
 needs_deepspeed = pytest.mark.skipif(
     importlib.util.find_spec("deepspeed") is None,
     reason="deepspeed is not installed (DS_BUILD_OPS=0 pip install --no-build-isolation 'deepspeed==0.19.8')",
 )
 
 MODEL = "micro-llama"
-STEPS, MICRO_BATCH, SEQ_LEN = 3, 2, 16
-RUNS = [("zero1", 2), ("zero2", 2), ("zero3", 2), ("zero3", 4), ("zero2-offload", 2), ("zero3-offload", 2)]
-ACCUMULATION = 2
-"""Micro-batches per step of the accumulation runs below (DeepSpeed's gradient_accumulation_steps)."""
-ACCUMULATION_RUNS = [("zero1", 2), ("zero2", 2), ("zero3", 2)]
-
-
-def _argv(strategy: str, grad_accum: int = 1) -> list[str]:
-    return [MODEL, "--strategy", strategy, "--engine", "deepspeed", "--steps", str(STEPS),
-            "--micro-batch", str(MICRO_BATCH), "--seq-len", str(SEQ_LEN), "--precision", "fp32",
-            "--grad-accum", str(grad_accum)]
+RUNS, ACCUMULATION, ACCUMULATION_RUNS = DEEPSPEED_STRATEGIES, DEEPSPEED_ACCUMULATION, DEEPSPEED_ACCUMULATING
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[tuple, Path]:
-    """Every run below, those of one world size in one torchrun launch (tests/harness/ranks_worker.py:
-    DeepSpeed's import and gloo's start cost far more than a micro model's run)."""
-    # A stale JIT build lock would make every run below wait out its whole time limit.
-    check_no_stale_extension_lock()
-    wanted = [((strategy, nproc), nproc, _argv(strategy)) for strategy, nproc in RUNS]
-    wanted += [((strategy, nproc, ACCUMULATION), nproc, _argv(strategy, ACCUMULATION)) for strategy, nproc in ACCUMULATION_RUNS]
-    results: dict[tuple, Path] = {}
-    for nproc in sorted({n for _, n, _ in wanted}):
-        root = tmp_path_factory.mktemp(f"deepspeed-n{nproc}")
-        spec = []
-        for key, n, argv in wanted:
-            if n == nproc:
-                name = "-".join(map(str, key))
-                results[key] = root / name
-                spec.append({"name": name, "argv": argv, "out": str(root / name),
-                             "save_parameters": str(root / name / "parameters.pt")})
-        spec_path = root / "runs.json"
-        spec_path.write_text(json.dumps(spec), encoding="utf-8")
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-                   str(WORKER), str(spec_path)]
-        returncode, output = run_torchrun(command, 600)
-        assert returncode == 0, ([line for line in output.splitlines() if "zeroplan measure:" in line] or output[-3000:],
-                                 describe_extension_locks())
-    return results
+def runs(measured) -> dict[tuple, Path]:
+    """Every run below by its key, launched with the other runs of its world size
+    (tests/harness/conftest.py, harness_runs.py DEEPSPEED_KEYS: DeepSpeed's import and gloo's
+    start cost far more than a micro model's run)."""
+    return {key: measured(run) for key, run in DEEPSPEED_KEYS.items()}
+
+
+@functools.cache
+def _oracle(nproc: int, grad_accum_steps: int = 1) -> dict[str, torch.Tensor]:
+    """Single-process AdamW's parameters, computed once per setting (only read below)."""
+    return oracle_parameters(HARNESS_PRESETS[MODEL], STEPS, nproc, MICRO_BATCH, SEQ_LEN, grad_accum_steps=grad_accum_steps)
 
 
 def _numels() -> list[int]:
@@ -91,7 +75,7 @@ def _collective_bytes(step, op: str, phase: str) -> int:
 @pytest.mark.parametrize("strategy,nproc", RUNS)
 def test_parameters_match_single_process_adamw(runs, strategy, nproc) -> None:
     measured = torch.load(runs[(strategy, nproc)] / "parameters.pt")
-    expected = oracle_parameters(HARNESS_PRESETS[MODEL], STEPS, nproc, MICRO_BATCH, SEQ_LEN)
+    expected = _oracle(nproc)
     assert measured.keys() == expected.keys()
     for name, tensor in expected.items():
         torch.testing.assert_close(measured[name], tensor, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
@@ -103,8 +87,7 @@ def test_accumulating_runs_match_single_process_adamw_over_the_whole_batch(runs,
     """DeepSpeed driven as its training loop drives it (backward and step every micro-batch, the
     optimizer stepping at the boundary) computes the step of the whole accumulated batch."""
     measured = torch.load(runs[(strategy, nproc, ACCUMULATION)] / "parameters.pt")
-    expected = oracle_parameters(HARNESS_PRESETS[MODEL], STEPS, nproc, MICRO_BATCH, SEQ_LEN,
-                                 grad_accum_steps=ACCUMULATION)
+    expected = _oracle(nproc, ACCUMULATION)
     assert measured.keys() == expected.keys()
     for name, tensor in expected.items():
         torch.testing.assert_close(measured[name], tensor, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
@@ -238,42 +221,37 @@ def test_missing_deepspeed_is_a_one_line_engine_error(monkeypatch) -> None:
     assert "\n" not in message and "engine" in message and "DS_BUILD_OPS=0" in message
 
 
-HPZ_WORKER = Path(__file__).with_name("hpz_worker.py")
-
-
-@pytest.mark.slow  # launches torchrun
 @needs_deepspeed
-def test_hpz_secondary_partition_equals_the_planner_to_the_byte(tmp_path) -> None:
+def test_hpz_secondary_partition_equals_the_planner_to_the_byte(runs) -> None:
     """DeepSpeed 0.19.8's own hpZ (zero_hpz_partition_size 2 over 4 ranks, CPU, gloo): the
     secondary partition each rank holds from the forward through the backward, gone after the
     step, equals zeroplan.core.zero3_groups.hpz_secondary_partition_bytes; the primary partition
     and the optimizer states are stage 3's over all four ranks."""
-    import json
-
     from zeroplan.core.model_states import model_state_bytes
     from zeroplan.core.zero3_groups import hpz_secondary_partition_bytes
-    from zeroplan.harness.launch import run_torchrun
-    from zeroplan.specs import (
-        BatchSpec, PlanRequest, Precision, StrategyKind, StrategySpec, TrainingSpec, cluster_from_gpus,
-    )
     from zeroplan.presets.gpus import get_gpu
+    from zeroplan.specs import (
+        BatchSpec,
+        PlanRequest,
+        Precision,
+        StrategyKind,
+        StrategySpec,
+        TrainingSpec,
+        cluster_from_gpus,
+    )
 
-    check_no_stale_extension_lock()
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", str(HPZ_WORKER), str(tmp_path), "2"]
-    code, output = run_torchrun(command, timeout_s=300)
-    assert code == 0, output[-2000:]
     request = PlanRequest(
         model=HARNESS_PRESETS[MODEL], batch=BatchSpec(micro_batch_size=MICRO_BATCH, seq_len=SEQ_LEN),
         training=TrainingSpec(precision=Precision.fp32, state_convention=StateConvention.deepspeed),
         cluster=cluster_from_gpus(get_gpu("h100-80gb"), 4, gpus_per_node=4),
-        strategy=StrategySpec(kind=StrategyKind.zero3_hpz, hpz_partition_size=2),
+        strategy=StrategySpec(kind=StrategyKind.zero3_hpz, hpz_partition_size=HPZ),
     )
     predicted = hpz_secondary_partition_bytes(request)
     states = model_state_bytes(request)
     numels = _numels()
     assert predicted == sum(math.ceil(n / 4) * 4 // 2 * 4 for n in numels)
     for rank in range(4):
-        record = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        record = json.loads((runs[("hpz", 4)] / f"rank{rank}.json").read_text())
         for step in record["steps"]:
             assert step["after_forward"] == step["after_backward"] == predicted
             assert step["after_step"] == 0
@@ -281,3 +259,66 @@ def test_hpz_secondary_partition_equals_the_planner_to_the_byte(tmp_path) -> Non
         # fp32 master + exp_avg + exp_avg_sq; DeepSpeed's one step counter against one per unit.
         units = 2 + HARNESS_PRESETS[MODEL].num_layers
         assert states.optimizer_state_bytes - record["optimizer_state_bytes"] == 4 * (units - 1)
+
+
+def _offload_request(kind, accum: int):
+    from zeroplan.harness.presets import HARNESS_PRESETS
+    from zeroplan.presets.gpus import get_gpu
+    from zeroplan.specs import (
+        BatchSpec,
+        PlanRequest,
+        Precision,
+        StateConvention,
+        StrategySpec,
+        TrainingSpec,
+        cluster_from_gpus,
+    )
+
+    return PlanRequest(
+        model=HARNESS_PRESETS["micro-llama"], batch=BatchSpec(micro_batch_size=2, seq_len=16, grad_accum_steps=accum),
+        training=TrainingSpec(precision=Precision.bf16_mixed, state_convention=StateConvention.deepspeed),
+        cluster=cluster_from_gpus(get_gpu("h100-80gb"), 2, gpus_per_node=2), strategy=StrategySpec(kind=kind),
+    )
+
+
+@needs_deepspeed
+def test_offload_copies_match_deepspeed_to_the_parameter(runs) -> None:
+    """The host-link bytes zeroplan.core.deepspeed_offload_time prices against the copies DeepSpeed
+    0.19.8's own optimizer offload makes (CPU, gloo, two ranks; tests/harness/offload_copies_worker.py
+    counts every aten.copy_ into or out of the optimizer's host buffers)."""
+    from zeroplan.core.communication import Phase
+    from zeroplan.core.deepspeed_offload_time import deepspeed_offload_transfer_bytes
+    from zeroplan.core.timing import offloaded_optimizer_elements
+    from zeroplan.specs import StrategyKind
+
+    kinds = {2: StrategyKind.zero2_offload, 3: StrategyKind.zero3_offload}
+    out = runs[("offload-copies", 2)]
+    records = {(stage, accum): [json.loads((out / f"rank{rank}-stage{stage}-accum{accum}.json").read_text())
+                                for rank in range(2)] for stage, accum in OFFLOAD_COPIES}
+    for (stage, accum), ranks in records.items():
+        request = _offload_request(kinds[stage], accum)
+        elements = offloaded_optimizer_elements(request)
+        moved = deepspeed_offload_transfer_bytes(request, elements)
+        for record in ranks:
+            measured = record["bytes"]
+            assert record["partition_elements"] == elements
+            # The bf16 partition goes up once after the CPU step; stage 2 casts it on the host first
+            # (bit16_partition_buffer.copy_, 2 B written per element).
+            assert measured["step up"] == 2 * elements
+            assert measured.get("step host", 0) == (2 * elements if stage == 2 else 0)
+            if stage == 2:
+                # No overlap_comm: the gradient copies are charged to the step phase; the model
+                # prices the partition's elements, DeepSpeed's accumulation copies move whole
+                # parameters that touch it (16 elements of one more here, each micro-batch).
+                gradient = moved[Phase.step] - measured["step up"]
+                extra = 2 * 16 * (2 * accum - 1) if accum > 1 else 0
+                assert measured["backward down"] + measured.get("backward up", 0) == gradient + extra
+                assert measured["backward down"] == 4 * elements + (accum * (2 * elements + 32) if accum > 1 else 0)
+            else:
+                assert moved[Phase.step] == measured["step up"]
+                # Seen on the CPU accelerator: the first micro-batch's bf16 copy down and the fp32
+                # copy at the boundary. The later micro-batches' round trips take stage3.py's
+                # on_accelerator branch here (the host is the device) and add in place; on a GPU
+                # they come up and go down again: 2 x 2 B per element each, in the model.
+                assert measured["backward down"] == 2 * elements + 4 * elements
+                assert moved[Phase.backward] == measured["backward down"] + 2 * elements + (accum - 1) * 2 * 2 * elements

@@ -5,44 +5,30 @@ sends and receives in it, the parameter bytes each rank holds against the planne
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import pytest
+from harness_runs import (
+    MICRO_BATCH,
+    PARALLEL_MICRO_BATCHES,
+    PARALLEL_MODEL,
+    PARALLEL_RUNS,
+    PARALLEL_STEPS,
+    SEQ_LEN,
+)
 
-from zeroplan.harness.launch import run_torchrun
 from zeroplan.harness.presets import HARNESS_PRESETS
 from zeroplan.harness.record import SCHEMA_VERSION, read_record
 from zeroplan.validate.compare import compare_record
 
-WORKER = Path(__file__).with_name("ranks_worker.py")
-MODEL = "micro-llama-mp"
-NPROC, STEPS, MICRO_BATCH, SEQ_LEN, MICRO_BATCHES = 4, 2, 2, 16, 2
-RUNS = {
-    "tp": ["--strategy", "fsdp-full-shard", "--tp", "2"],
-    "tp-sp": ["--strategy", "fsdp-full-shard", "--tp", "2", "--sequence-parallel"],
-    "pp-1f1b-fsdp": ["--strategy", "fsdp-full-shard", "--pp", "2", "--pp-schedule", "1f1b",
-                     "--grad-accum", str(MICRO_BATCHES)],
-    "pp-gpipe-ddp": ["--strategy", "ddp", "--pp", "2", "--pp-schedule", "gpipe", "--grad-accum", str(MICRO_BATCHES)],
-}
+MODEL, NPROC, STEPS, MICRO_BATCHES = PARALLEL_MODEL, 4, PARALLEL_STEPS, PARALLEL_MICRO_BATCHES
+RUNS = {run.name: run for run in PARALLEL_RUNS}
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, Path]:
-    """Every run of RUNS in one torchrun launch of 4 ranks (tests/harness/ranks_worker.py)."""
-    root = tmp_path_factory.mktemp("model-parallel")
-    outs = {name: root / name for name in RUNS}
-    spec = [{"name": name, "out": str(outs[name]), "save_parameters": None,
-             "argv": [MODEL, *flags, "--steps", str(STEPS), "--micro-batch", str(MICRO_BATCH), "--seq-len", str(SEQ_LEN),
-                      "--run-id", name]}
-            for name, flags in RUNS.items()]
-    (root / "runs.json").write_text(json.dumps(spec), encoding="utf-8")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={NPROC}",
-               str(WORKER), str(root / "runs.json")]
-    returncode, output = run_torchrun(command, timeout_s=300)
-    assert returncode == 0, [line for line in output.splitlines() if "zeroplan measure:" in line] or output[-3000:]
-    return outs
+def runs(measured) -> dict[str, Path]:
+    """Every run of RUNS, launched with the other runs of 4 ranks (tests/harness/conftest.py)."""
+    return {name: measured(run) for name, run in RUNS.items()}
 
 
 def _records(out: Path):

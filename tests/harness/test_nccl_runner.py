@@ -88,9 +88,15 @@ def _run(tmp_path: Path, drop: int) -> tuple[dict, dict]:
     return summary, json.loads((tmp_path / "rank00000.json").read_text())
 
 
+@pytest.fixture(scope="module")
+def undropped(tmp_path_factory) -> tuple[dict, dict]:
+    """The run with every call logged, which both tests below read (one subprocess, not two)."""
+    return _run(tmp_path_factory.mktemp("undropped"), drop=0)
+
+
 @pytest.mark.slow  # a rank in a subprocess, seconds
-def test_step_spans_hold_each_steps_calls(tmp_path: Path) -> None:
-    summary, record = _run(tmp_path, drop=0)
+def test_step_spans_hold_each_steps_calls(undropped) -> None:
+    summary, record = undropped
     log = record["nccl_log"]
     assert log["agrees"], [d for c in log["checks"] for d in c["disagreements"]]
     assert [c["phase"] for c in log["checks"]] == ["setup", "step 0", "step 1", "step 2"]
@@ -102,12 +108,10 @@ def test_step_spans_hold_each_steps_calls(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # a rank in a subprocess, seconds
-def test_a_missing_call_shows_in_its_step_only(tmp_path: Path) -> None:
-    (tmp_path / "a").mkdir()
-    _, first = _run(tmp_path / "a", drop=0)
+def test_a_missing_call_shows_in_its_step_only(tmp_path: Path, undropped) -> None:
+    _, first = undropped
     per_step = sum(1 for c in first["steps"][0]["collectives"] if c["op"] == "reduce_scatter")
-    (tmp_path / "b").mkdir()
-    _, record = _run(tmp_path / "b", drop=per_step + 1)  # the first reduce_scatter of step 1
+    _, record = _run(tmp_path, drop=per_step + 1)  # the first reduce_scatter of step 1
     checks = record["nccl_log"]["checks"]
     assert [c["phase"] for c in checks if not c["agrees"]] == ["step 1"]
     assert checks[2]["disagreements"][0].startswith(f"step 1: reduce_scatter: {per_step} call(s)")
