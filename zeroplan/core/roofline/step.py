@@ -189,12 +189,7 @@ def memory_bound_step(request: PlanRequest) -> RooflineStep:
 @functools.lru_cache(maxsize=64)
 def memory_bound_seconds(request: PlanRequest) -> tuple[float, float, float]:
     """(forward, backward with recomputation, optimizer step) seconds of memory_bound_step."""
-    batch = request.batch
-    activation_bytes = request.training.precision.compute_bytes
-    # Eager: the model's terms whether or not the request compiles (as _step_terms(eager=True)).
-    model_seconds = _model_memory_seconds(request.model, request.training, batch.micro_batch_size, batch.seq_len,
-                                          batch.grad_accum_steps, activation_bytes, request.cluster.gpu,
-                                          request.parallel.model_parallel_size)
+    model_seconds = _model_memory_seconds(*_model_shape(request))
     ceilings = gpu_ceilings(request.cluster.gpu)
     # _step_terms' seconds of these (not divided among the ranks).
     extra_seconds = _memory_seconds_by_phase([(operation, operation_seconds(operation, ceilings)[0])
@@ -203,29 +198,38 @@ def memory_bound_seconds(request: PlanRequest) -> tuple[float, float, float]:
 
 
 @functools.lru_cache(maxsize=64)
-def _model_memory_seconds(model, training, micro_batch_size: int, seq_len: int, micro_batches: int,
-                          activation_bytes: int, gpu, ranks: int) -> tuple[tuple[float, ...], ...]:
-    """_memory_seconds_by_phase of _model_terms (the same arguments): its memory passes alone
-    (step_operations' memory_only), priced as _model_terms prices them."""
+def _model_memory_priced(model, training, micro_batch_size: int, seq_len: int, micro_batches: int,
+                         activation_bytes: int, gpu, ranks: int) -> tuple[tuple[Operation, float], ...]:
+    """_model_terms' memory passes alone (step_operations' memory_only; the same arguments), each
+    with its seconds on one of ``ranks`` model-parallel ranks, priced as _model_terms prices them."""
     ceilings = gpu_ceilings(gpu)
     operations = step_operations(model, training, micro_batch_size, seq_len, micro_batches, activation_bytes, memory_only=True)
     # _term's seconds, without building the terms.
-    return _memory_seconds_by_phase([(operation, operation_seconds(operation, ceilings)[0] / ranks)
-                                     for operation in operations])
+    return tuple((operation, operation_seconds(operation, ceilings)[0] / ranks) for operation in operations)
+
+
+@functools.lru_cache(maxsize=64)
+def _model_memory_seconds(*shape) -> tuple[tuple[float, ...], ...]:
+    """_memory_seconds_by_phase of _model_memory_priced (the same arguments), shared by every
+    strategy of a batch shape."""
+    return _memory_seconds_by_phase(list(_model_memory_priced(*shape)))
+
+
+def _model_shape(request: PlanRequest) -> tuple:
+    """_model_memory_priced's arguments for the request's model and batch shape (eager: the
+    model's terms whether or not the request compiles, as _step_terms(eager=True))."""
+    batch = request.batch
+    return (request.model, request.training, batch.micro_batch_size, batch.seq_len, batch.grad_accum_steps,
+            request.training.precision.compute_bytes, request.cluster.gpu, request.parallel.model_parallel_size)
 
 
 def eager_softmax_seconds(request: PlanRequest) -> tuple[float, float]:
     """(forward, backward with recomputation) seconds of eager attention's softmax passes
     (attention_core's 'attention softmax'), as memory_bound_seconds prices them; (0, 0) for a
     flash kernel."""
-    batch = request.batch
-    operations = [operation for operation in step_operations(
-        request.model, request.training, batch.micro_batch_size, batch.seq_len, batch.grad_accum_steps,
-        request.training.precision.compute_bytes, memory_only=True) if operation.name == "attention softmax"]
-    ceilings = gpu_ceilings(request.cluster.gpu)
-    ranks = request.parallel.model_parallel_size
     forward, backward, _ = _memory_seconds_by_phase(
-        [(operation, operation_seconds(operation, ceilings)[0] / ranks) for operation in operations])
+        [(operation, seconds) for operation, seconds in _model_memory_priced(*_model_shape(request))
+         if operation.name == "attention softmax"])
     return sum(forward), sum(backward)
 
 
