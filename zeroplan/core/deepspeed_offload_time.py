@@ -30,8 +30,9 @@ def models_offload_time(request: PlanRequest) -> bool:
 
 
 def _model_bytes(request: PlanRequest) -> int:
-    # The model dtype DeepSpeed's bit16 groups and its gradients are in (fp16/bf16, fp32 under fp32).
-    return 4 if request.training.precision is Precision.fp32 else 2
+    # The model dtype DeepSpeed's bit16 groups and its gradients are in (fp16/bf16, fp32 under fp32):
+    # the precision's compute dtype.
+    return request.training.precision.compute_bytes
 
 
 # stage_1_and_2.py / stage3.py master_weights_and_grads_dtype: fp32 unless the low-precision
