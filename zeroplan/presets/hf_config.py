@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from zeroplan.errors import ZeroplanError
 from zeroplan.presets.hf_families import FAMILY_NEUTRAL_KEYS, FAMILY_READERS
+from zeroplan.presets.hf_fields import require_key, strict_model_spec
 from zeroplan.specs.base import first_error
 from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
 
@@ -42,12 +43,6 @@ ENCODER_DECODER_TYPES = ("t5", "mt5", "umt5", "longt5", "switch_transformers", "
 _FAMILIES = tuple(FAMILY_READERS)
 SUPPORTED_MODEL_TYPES = (_GPT2_LIKE + _GPT_NEOX + _PHI + _BLOOM + _BERT + _LLAMA_LIKE + _GEMMA_LIKE + _QWEN_MOE + _DEEPSEEK
                          + _FAMILIES)
-
-
-def strict_model_spec(**fields) -> ModelSpec:
-    """A ModelSpec from config.json's values without coercion: a config's "yes" is no boolean
-    and "4096" no width (pydantic's strict mode; enums are built by this module)."""
-    return ModelSpec.model_validate(fields, strict=True)
 
 
 # transformers 4.56.2 modeling_rope_utils.py ROPE_INIT_FUNCTIONS: the RoPE variants a config's
@@ -206,13 +201,6 @@ _READ_COUNT_KEYS: dict[str, frozenset[str]] = {
 _READ_COUNT_KEYS["deepseek_v3"] = _READ_COUNT_KEYS["deepseek_v2"]
 
 
-def _require(config: dict[str, Any], *keys: str) -> Any:
-    for key in keys:
-        if key in config:
-            return config[key]
-    raise ZeroplanError(f"config.{keys[0]}", "missing from config.json")
-
-
 def _refuse_unmodelled(config: dict[str, Any], model_type: str) -> None:
     """One-line refusal of a key that would change the count in a way the planner does not model."""
     read = _READ_COUNT_KEYS.get(model_type, frozenset())
@@ -250,9 +238,9 @@ def _count_caveat(config: dict[str, Any], model_type: str) -> str:
 def _megatron_shape_fields(name: str, config: dict[str, Any], *hidden_keys: str) -> dict[str, Any]:
     """The shape as GPT-2's and Bloom's configs name it (n_layer, n_head; transformers maps the
     num_* names onto them), the hidden size under ``hidden_keys``."""
-    return dict(name=name, vocab_size=_require(config, "vocab_size"), hidden_size=_require(config, *hidden_keys),
-                num_layers=_require(config, "n_layer", "num_hidden_layers"),
-                num_heads=_require(config, "n_head", "num_attention_heads"))
+    return dict(name=name, vocab_size=require_key(config, "vocab_size"), hidden_size=require_key(config, *hidden_keys),
+                num_layers=require_key(config, "n_layer", "num_hidden_layers"),
+                num_heads=require_key(config, "n_head", "num_attention_heads"))
 
 
 def _gpt2_spec(name: str, config: dict[str, Any]) -> ModelSpec:
@@ -263,7 +251,7 @@ def _gpt2_spec(name: str, config: dict[str, Any]) -> ModelSpec:
         mlp=MlpKind.gelu,
         norm=NormKind.layernorm,
         position=PositionKind.learned,
-        max_positions=_require(config, "n_positions", "max_position_embeddings"),
+        max_positions=require_key(config, "n_positions", "max_position_embeddings"),
         bias=True,
         tied_embeddings=config.get("tie_word_embeddings", True),
         attention_dropout=config.get("attn_pdrop", 0.0),
@@ -280,16 +268,16 @@ def _gpt2_spec(name: str, config: dict[str, Any]) -> ModelSpec:
 # counts it again, one s x b x h tensor a block more than the model saves (docs/memory-model.md).
 def _shape_fields(name: str, config: dict[str, Any]) -> dict[str, Any]:
     """The fields every config but GPT-2's names alike (vocab_size, hidden_size, ...)."""
-    return dict(name=name, vocab_size=_require(config, "vocab_size"), hidden_size=_require(config, "hidden_size"),
-                num_layers=_require(config, "num_hidden_layers"), num_heads=_require(config, "num_attention_heads"),
-                ffn_hidden_size=_require(config, "intermediate_size"))
+    return dict(name=name, vocab_size=require_key(config, "vocab_size"), hidden_size=require_key(config, "hidden_size"),
+                num_layers=require_key(config, "num_hidden_layers"), num_heads=require_key(config, "num_attention_heads"),
+                ffn_hidden_size=require_key(config, "intermediate_size"))
 
 
 def _biased_layernorm_gelu(config: dict[str, Any]) -> dict[str, Any]:
     """The GPT-style layout GPT-NeoX, Phi and BERT share: LayerNorm, biased linears, a GELU MLP,
     max_position_embeddings positions."""
     return dict(mlp=MlpKind.gelu, norm=NormKind.layernorm, bias=True,
-                max_positions=_require(config, "max_position_embeddings"))
+                max_positions=require_key(config, "max_position_embeddings"))
 
 
 def _gpt_neox_spec(name: str, config: dict[str, Any]) -> ModelSpec:
@@ -398,14 +386,14 @@ def _llama_spec(name: str, config: dict[str, Any]) -> ModelSpec:
     moe_defaults = (8, 2) if model_type == "mixtral" else (1, 1)  # MixtralConfig: 8 experts, top-2
     return strict_model_spec(
         name=name,
-        vocab_size=_require(config, "vocab_size"),
-        hidden_size=_require(config, "hidden_size"),
-        num_layers=_require(config, "num_hidden_layers"),
-        num_heads=_require(config, "num_attention_heads"),
+        vocab_size=require_key(config, "vocab_size"),
+        hidden_size=require_key(config, "hidden_size"),
+        num_layers=require_key(config, "num_hidden_layers"),
+        num_heads=require_key(config, "num_attention_heads"),
         num_kv_heads=config.get("num_key_value_heads"),
         # GemmaConfig / Gemma2Config default head_dim to 256, not hidden_size / heads.
         head_dim=config.get("head_dim", 256 if gemma else None),
-        ffn_hidden_size=_require(config, "intermediate_size"),
+        ffn_hidden_size=require_key(config, "intermediate_size"),
         mlp=MlpKind.geglu if gemma else MlpKind.swiglu,
         norm=NormKind.rmsnorm,
         position=PositionKind.rope,
@@ -470,7 +458,7 @@ def _moe_spec(name: str, config: dict[str, Any]) -> ModelSpec:
         head_dim=qk_nope + qk_rope,
         num_experts=config.get("n_routed_experts", 64 if v2 else 256),
         # DeepseekV2Config leaves num_experts_per_tok None: the model cannot route without it.
-        experts_per_token=_require(config, "num_experts_per_tok") if v2 else config.get("num_experts_per_tok", 8),
+        experts_per_token=require_key(config, "num_experts_per_tok") if v2 else config.get("num_experts_per_tok", 8),
         moe_ffn_hidden_size=moe_width,
         shared_expert_ffn_hidden_size=(shared or 0) * moe_width,
         first_dense_layers=config.get("first_k_dense_replace", 0 if v2 else 3),

@@ -11,23 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from zeroplan.errors import ZeroplanError
+from zeroplan.presets.hf_fields import require_key, strict_model_spec
 from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
 
 # The GELU variants transformers' ACT2FN maps to a GELU (erf or tanh approximations): the same
 # saved tensors (the activation's input) and the same shapes.
 GELU_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_python", "gelu_accurate")
-
-
-def _spec(**fields: Any) -> ModelSpec:
-    # Strict as hf_config.strict_model_spec: a config's "yes" is no boolean, "4096" no width.
-    return ModelSpec.model_validate(fields, strict=True)
-
-
-def _require(config: dict[str, Any], *keys: str) -> Any:
-    for key in keys:
-        if key in config:
-            return config[key]
-    raise ZeroplanError(f"config.{keys[0]}", "missing from config.json")
 
 
 def _allowed(config: dict[str, Any], key: str, default: Any, allowed: tuple[Any, ...], why: str) -> Any:
@@ -53,7 +42,7 @@ def _zero_dropout(config: dict[str, Any], key: str, why: str) -> None:
 # tied to embed_tokens. The attention (eager_attention_forward) drops out its probabilities
 # with attention_dropout.
 def opt_spec(name: str, config: dict[str, Any]) -> ModelSpec:
-    hidden = _require(config, "hidden_size")
+    hidden = require_key(config, "hidden_size")
     _allowed(config, "do_layer_norm_before", True, (True,),
              "(OPT-350m's post-norm blocks, without a final norm) is not modelled")
     projection = config.get("word_embed_proj_dim", hidden)
@@ -65,12 +54,12 @@ def opt_spec(name: str, config: dict[str, Any]) -> ModelSpec:
     _allowed(config, "_remove_final_layer_norm", False, (False,), "(no final norm) is not modelled")
     _zero_dropout(config, "activation_dropout", "OPT's dropout between ReLU and fc2 is not modelled")
     _zero_dropout(config, "layerdrop", "skipping whole blocks at random is not modelled")
-    return _spec(
-        name=name, vocab_size=_require(config, "vocab_size"), hidden_size=hidden,
-        num_layers=_require(config, "num_hidden_layers"), num_heads=_require(config, "num_attention_heads"),
-        ffn_hidden_size=_require(config, "ffn_dim"),
+    return strict_model_spec(
+        name=name, vocab_size=require_key(config, "vocab_size"), hidden_size=hidden,
+        num_layers=require_key(config, "num_hidden_layers"), num_heads=require_key(config, "num_attention_heads"),
+        ffn_hidden_size=require_key(config, "ffn_dim"),
         mlp=MlpKind.relu, norm=NormKind.layernorm, position=PositionKind.learned,
-        max_positions=_require(config, "max_position_embeddings"), position_offset=2,
+        max_positions=require_key(config, "max_position_embeddings"), position_offset=2,
         bias=config.get("enable_bias", True),
         tied_embeddings=config.get("tie_word_embeddings", True),
         attention_dropout=config.get("attention_dropout", 0.0),
@@ -90,7 +79,7 @@ def falcon_spec(name: str, config: dict[str, Any]) -> ModelSpec:
     _allowed(config, "alibi", False, (False,), "(Falcon-RW's ALiBi attention, its softmax in the input dtype) is not modelled")
     _allowed(config, "activation", "gelu", ("gelu",), "is not modelled for falcon")
     _zero_dropout(config, "hidden_dropout", "Falcon's one dropout on the summed block output is not modelled")
-    heads = _require(config, "num_attention_heads")
+    heads = require_key(config, "num_attention_heads")
     new = config.get("new_decoder_architecture", False)
     parallel = config.get("parallel_attn", True)
     if new and not parallel:
@@ -103,10 +92,10 @@ def falcon_spec(name: str, config: dict[str, Any]) -> ModelSpec:
     if config.get("apply_residual_connection_post_layernorm"):
         raise ZeroplanError("config.apply_residual_connection_post_layernorm",
                             "a residual taken after the norm is not modelled (allowed: false)")
-    hidden = _require(config, "hidden_size", "n_embed")
-    return _spec(
-        name=name, vocab_size=_require(config, "vocab_size"), hidden_size=hidden,
-        num_layers=_require(config, "num_hidden_layers", "n_layer"), num_heads=heads, num_kv_heads=kv_heads,
+    hidden = require_key(config, "hidden_size", "n_embed")
+    return strict_model_spec(
+        name=name, vocab_size=require_key(config, "vocab_size"), hidden_size=hidden,
+        num_layers=require_key(config, "num_hidden_layers", "n_layer"), num_heads=heads, num_kv_heads=kv_heads,
         ffn_hidden_size=config.get("ffn_hidden_size") or 4 * hidden,
         mlp=MlpKind.gelu, norm=NormKind.layernorm, position=PositionKind.rope,
         max_positions=config.get("max_position_embeddings", 2048),
@@ -125,11 +114,11 @@ def falcon_spec(name: str, config: dict[str, Any]) -> ModelSpec:
 # positions (rotary_dim) have no parameters.
 def gptj_spec(name: str, config: dict[str, Any]) -> ModelSpec:
     _allowed(config, "activation_function", "gelu_new", GELU_ACTIVATIONS, "is not modelled for gptj")
-    hidden = _require(config, "n_embd", "hidden_size")
-    return _spec(
-        name=name, vocab_size=_require(config, "vocab_size"), hidden_size=hidden,
-        num_layers=_require(config, "n_layer", "num_hidden_layers"),
-        num_heads=_require(config, "n_head", "num_attention_heads"),
+    hidden = require_key(config, "n_embd", "hidden_size")
+    return strict_model_spec(
+        name=name, vocab_size=require_key(config, "vocab_size"), hidden_size=hidden,
+        num_layers=require_key(config, "n_layer", "num_hidden_layers"),
+        num_heads=require_key(config, "n_head", "num_attention_heads"),
         ffn_hidden_size=config.get("n_inner") or 4 * hidden,
         mlp=MlpKind.gelu, norm=NormKind.layernorm, position=PositionKind.rope,
         max_positions=config.get("n_positions", 2048),
@@ -151,7 +140,7 @@ MPT_TRAINED_POSITIONS = 2048
 # scores in fp32 and casts them back (softmax(scores.float()).to(value dtype)), Bloom's 6 bytes a
 # score; attn_pdrop drops the probabilities and both sub-blocks' outputs.
 def mpt_spec(name: str, config: dict[str, Any]) -> ModelSpec:
-    hidden = _require(config, "d_model")
+    hidden = require_key(config, "d_model")
     _allowed(config, "expansion_ratio", 4, (4,), "builds no other MLP width in transformers' MptMLP (4 x d_model)")
     _allowed(config, "no_bias", True, (True,), "builds no biases in transformers' MPT either way")
     attn = config.get("attn_config") or {}
@@ -161,9 +150,9 @@ def mpt_spec(name: str, config: dict[str, Any]) -> ModelSpec:
         if attn.get(key, allowed) != allowed:
             raise ZeroplanError(f"config.attn_config.{key}", f"{attn[key]!r} is not modelled for mpt (allowed: {allowed!r})")
     dropout = attn.get("attn_pdrop", 0.0)
-    return _spec(
-        name=name, vocab_size=_require(config, "vocab_size"), hidden_size=hidden,
-        num_layers=_require(config, "n_layers"), num_heads=_require(config, "n_heads"),
+    return strict_model_spec(
+        name=name, vocab_size=require_key(config, "vocab_size"), hidden_size=hidden,
+        num_layers=require_key(config, "n_layers"), num_heads=require_key(config, "n_heads"),
         ffn_hidden_size=4 * hidden, mlp=MlpKind.gelu, norm=NormKind.layernorm, norm_bias=False,
         position=PositionKind.alibi, max_positions=config.get("max_seq_len", MPT_TRAINED_POSITIONS),
         bias=False, tied_embeddings=config.get("tie_word_embeddings", True),
@@ -176,15 +165,15 @@ def mpt_spec(name: str, config: dict[str, Any]) -> ModelSpec:
 # whose c_attn projects h -> h + 2 d under multi_query (one key/value head, the default).
 def gpt_bigcode_spec(name: str, config: dict[str, Any]) -> ModelSpec:
     _allowed(config, "activation_function", "gelu_pytorch_tanh", GELU_ACTIVATIONS, "is not modelled for gpt_bigcode")
-    hidden = _require(config, "n_embd", "hidden_size")
-    heads = _require(config, "n_head", "num_attention_heads")
-    return _spec(
-        name=name, vocab_size=_require(config, "vocab_size"), hidden_size=hidden,
-        num_layers=_require(config, "n_layer", "num_hidden_layers"), num_heads=heads,
+    hidden = require_key(config, "n_embd", "hidden_size")
+    heads = require_key(config, "n_head", "num_attention_heads")
+    return strict_model_spec(
+        name=name, vocab_size=require_key(config, "vocab_size"), hidden_size=hidden,
+        num_layers=require_key(config, "n_layer", "num_hidden_layers"), num_heads=heads,
         num_kv_heads=1 if config.get("multi_query", True) else heads,
         ffn_hidden_size=config.get("n_inner") or 4 * hidden,
         mlp=MlpKind.gelu, norm=NormKind.layernorm, position=PositionKind.learned,
-        max_positions=_require(config, "n_positions", "max_position_embeddings"),
+        max_positions=require_key(config, "n_positions", "max_position_embeddings"),
         bias=True, tied_embeddings=config.get("tie_word_embeddings", True),
         # GPTBigCodeConfig drops out at 0.1 unless told otherwise.
         attention_dropout=config.get("attn_pdrop", 0.1), hidden_dropout=config.get("resid_pdrop", 0.1),
@@ -198,10 +187,10 @@ def gpt_bigcode_spec(name: str, config: dict[str, Any]) -> ModelSpec:
 # bias, tied by default; rotary positions.
 def starcoder2_spec(name: str, config: dict[str, Any]) -> ModelSpec:
     _allowed(config, "hidden_act", "gelu_pytorch_tanh", GELU_ACTIVATIONS, "is not modelled for starcoder2")
-    return _spec(
-        name=name, vocab_size=_require(config, "vocab_size"), hidden_size=_require(config, "hidden_size"),
-        num_layers=_require(config, "num_hidden_layers"), num_heads=_require(config, "num_attention_heads"),
-        num_kv_heads=config.get("num_key_value_heads"), ffn_hidden_size=_require(config, "intermediate_size"),
+    return strict_model_spec(
+        name=name, vocab_size=require_key(config, "vocab_size"), hidden_size=require_key(config, "hidden_size"),
+        num_layers=require_key(config, "num_hidden_layers"), num_heads=require_key(config, "num_attention_heads"),
+        num_kv_heads=config.get("num_key_value_heads"), ffn_hidden_size=require_key(config, "intermediate_size"),
         mlp=MlpKind.gelu, norm=NormKind.layernorm, position=PositionKind.rope,
         max_positions=config.get("max_position_embeddings", 4096),
         bias=config.get("use_bias", True), tied_embeddings=config.get("tie_word_embeddings", True),
