@@ -724,16 +724,16 @@ def peak_lower_bounds(group: _Group, micro: np.ndarray, accum: np.ndarray) -> np
 
 
 def _bounded_out(group: _Group, micro: np.ndarray, accum: np.ndarray, peak_bound: int | None,
-                 incumbents: "_Incumbents") -> np.ndarray | bool:
+                 incumbents: "_Incumbents", compute_seconds: np.ndarray | None) -> np.ndarray | bool:
     """Whether the group's configurations can enter neither the ranking nor the Pareto front
     of the fitting ones found so far (``incumbents``), from bounds tried cheapest first: compute
-    alone, then the step's collectives and optimizer step (step_time_lower_bound), then each
+    alone (``compute_seconds``: step_time_lower_bound without collectives, as the search ordered
+    the groups by; None where no time bound is taken), then the step's collectives and optimizer step (step_time_lower_bound), then each
     configuration's own peak bound (peak_lower_bounds), which also sets aside the
     configurations that cannot fit; where none can, those peak bounds (the group cannot fit)."""
-    seconds = step_time_lower_bound(group, micro, accum, collectives=False)
-    if seconds is None:
+    if compute_seconds is None:
         return False
-    if incumbents.excludes(peak_bound, seconds):
+    if incumbents.excludes(peak_bound, compute_seconds):
         return True
     seconds = step_time_lower_bound(group, micro, accum)
     if incumbents.excludes(peak_bound, seconds):
@@ -1109,15 +1109,15 @@ def _search(base: PlanRequest, global_batch_size: int, strategies: tuple[Strateg
                 bar.update(2)
             else:
                 seconds = step_time_lower_bound(group, micro, accum, collectives=False) if prune else None
-                pending.append((-np.inf if seconds is None else float(seconds.min()), g, bound))
+                pending.append((-np.inf if seconds is None else float(seconds.min()), g, bound, seconds))
                 bar.update()
         # The groups that may be fastest first, so that the bar the others must pass rises early;
         # those without a time bound first of all.
         pending.sort(key=lambda item: item[0])
         incumbents = _Incumbents(top)
-        for _, g, bound in pending:
+        for _, g, bound, seconds in pending:
             micro, accum = splits[g]
-            left_out = prune and _bounded_out(all_groups[g], micro, accum, bound, incumbents)
+            left_out = prune and _bounded_out(all_groups[g], micro, accum, bound, incumbents, seconds)
             if isinstance(left_out, np.ndarray):
                 # No configuration fits (each peak bound passes the usable memory): searched,
                 # none fitting, as for cannot_fit.
