@@ -123,14 +123,7 @@ class DeviceAllocator:
         if block is None:
             if self.gc_enabled:
                 self._garbage_collect()
-            alloc_size = allocation_size(size)
-            block = (
-                self._alloc_block(pool, stream, size, alloc_size, retry=False)
-                or (self._release_available_cached_blocks(pool, stream, size)
-                    and self._alloc_block(pool, stream, size, alloc_size, retry=False))
-                or (self._release_cached_blocks()
-                    and self._alloc_block(pool, stream, size, alloc_size, retry=True))
-            )
+            block = self._alloc_new_block(pool, stream, size, allocation_size(size))
             if not block:
                 return None
 
@@ -167,6 +160,17 @@ class DeviceAllocator:
         if requested > self.requested_peak:
             self.requested_peak = requested
         return block
+
+    # malloc's path when no cached block fits: alloc_block, else release_available_cached_blocks
+    # and alloc_block again, else release_cached_blocks and alloc_block once more (the retry).
+    def _alloc_new_block(self, pool: Pool, stream: int, size: int, alloc_size: int) -> Block | None:
+        return (
+            self._alloc_block(pool, stream, size, alloc_size, retry=False)
+            or (self._release_available_cached_blocks(pool, stream, size)
+                and self._alloc_block(pool, stream, size, alloc_size, retry=False))
+            or (self._release_cached_blocks()
+                and self._alloc_block(pool, stream, size, alloc_size, retry=True))
+        )
 
     # alloc_block: a new segment of alloc_size by cudaMalloc, or (expandable segments) pages
     # mapped into the stream's segment; fails when the device has no room.
@@ -215,6 +219,10 @@ class DeviceAllocator:
         for block in pending:
             block.event_count = 0
             self._free_block(block)
+
+    # emptyCache: release_cached_blocks, which synchronises every event first.
+    def empty_cache(self) -> None:
+        self._release_cached_blocks()
 
     # free_block: merge with free neighbours of the same segment, then cache.
     def _free_block(self, block: Block) -> None:

@@ -274,13 +274,7 @@ def _run(device: DeviceAllocator, ops: Ops, start: int, end: int, live: dict[int
                     block = Block(stream, alloc_size, ptr, small)
                 else:
                     # A refusal: alloc_block refuses it again (and counts it), then the retries.
-                    block = (
-                        device._alloc_block(pool, stream, size, alloc_size, retry=False)
-                        or (device._release_available_cached_blocks(pool, stream, size)
-                            and device._alloc_block(pool, stream, size, alloc_size, retry=False))
-                        or (device._release_cached_blocks()
-                            and device._alloc_block(pool, stream, size, alloc_size, retry=True))
-                    )
+                    block = device._alloc_new_block(pool, stream, size, alloc_size)
                     if not block:
                         oom = index
                         break
@@ -355,8 +349,7 @@ def _run(device: DeviceAllocator, ops: Ops, start: int, end: int, live: dict[int
         elif kind == SYNC_OP:
             device.synchronize()
         else:
-            device.synchronize()
-            device._release_cached_blocks()
+            device.empty_cache()
     device.allocated, device.requested = allocated, requested
     device.allocated_peak, device.requested_peak = allocated_peak, requested_peak
     return oom

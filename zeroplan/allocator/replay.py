@@ -105,8 +105,7 @@ def replay(trace: AllocationTrace | Ops, config: AllocatorConfig, capacity_bytes
         elif kind == SYNC_OP:
             device.synchronize()
         else:
-            device.synchronize()
-            device._release_cached_blocks()
+            device.empty_cache()
     return ReplayResult(
         completed=oom_index is None, oom_event_index=oom_index, oom_request_bytes=oom_bytes,
         requested_peak_bytes=device.requested_peak, allocated_peak_bytes=device.allocated_peak,
