@@ -359,6 +359,11 @@ def framework_logits_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...
     from zeroplan.core.activations import logits_parts
 
     model, training = request.model, request.training
+    if model.is_encoder_decoder:
+        # The loss over the target tokens (zeroplan.core.encoder_decoder).
+        from zeroplan.core.encoder_decoder import logits_tensors
+
+        return (logits_tensors(request),)
     s, b = request.batch.seq_len, request.batch.micro_batch_size
     chunks = loss_chunks(training)
     if training.framework is Framework.litgpt and not training.compile:

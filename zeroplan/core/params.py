@@ -189,6 +189,11 @@ def blocks_linear_weight_elements(model: ModelSpec) -> int:
 @lru_cache(maxsize=64)
 def parameter_units(model: ModelSpec) -> tuple[ParamUnit, ...]:
     """Units in forward order: embedding, blocks 0..L-1, head."""
+    if model.encoder_decoder is not None:
+        # Two stacks of blocks (zeroplan.core.encoder_decoder).
+        from zeroplan.core.encoder_decoder import parameter_units as encoder_decoder_units
+
+        return encoder_decoder_units(model)
     h = model.hidden_size
     embedding = [ParamTensor(name="token.weight", shape=(model.vocab_size, h))]
     if model.position is PositionKind.learned:

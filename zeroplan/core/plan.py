@@ -15,6 +15,7 @@ from zeroplan.core.communication import collectives
 from zeroplan.core.compiled import check_compiled
 from zeroplan.core import deepspeed_2022, deepspeed_epilogue
 from zeroplan.core.deepspeed_accumulation import accumulated_bytes
+from zeroplan.core.encoder_decoder import check_encoder_decoder_request
 from zeroplan.core.feasibility import usable_memory_bytes
 from zeroplan.core.finetune.activations import (
     dequantized_weight_bytes, dora_weight_norm_bytes, frozen_blocks_kept_bytes, lora_layer_delta_bytes,
@@ -114,6 +115,11 @@ def micro_batch_terms(request: PlanRequest) -> dict[str, object]:
 @request_keyed()
 def _micro_batch_terms(request: PlanRequest) -> tuple[tuple[str, object], ...]:
     training = request.training
+    if request.model.is_encoder_decoder:
+        # An encoder and a decoder stack at their own lengths (zeroplan.core.encoder_decoder).
+        from zeroplan.core.encoder_decoder import micro_batch_terms as encoder_decoder_terms
+
+        return encoder_decoder_terms(request)
     # Each term below is the planner's own for one micro-batch through the whole model; with
     # tensor, context or pipeline parallelism zeroplan.core.parallel.activations applies it to
     # what this rank computes and keeps in flight.
@@ -167,6 +173,7 @@ def deepspeed_accumulated_gradient_bytes(request: PlanRequest) -> int | None:
 def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     """The model states and the byte terms the peak moments combine, for one request."""
     training = request.training
+    check_encoder_decoder_request(request)
     check_framework_request(training, request.model)
     check_grad_accum_dtype(request)
     check_fp32_accumulation(request)

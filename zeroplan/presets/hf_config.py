@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from zeroplan.errors import ZeroplanError
+from zeroplan.presets.hf_encoder_decoder import ENCODER_DECODER_NEUTRAL_KEYS, ENCODER_DECODER_READERS
 from zeroplan.presets.hf_families import FAMILY_NEUTRAL_KEYS, FAMILY_READERS
 from zeroplan.presets.hf_fields import require_key, strict_model_spec
 from zeroplan.specs.base import first_error
@@ -36,13 +37,14 @@ _GPT_NEOX = ("gpt_neox",)
 _PHI = ("phi",)
 _BLOOM = ("bloom",)
 _BERT = ("bert",)
-# transformers 4.56.2 models/t5, mt5, umt5, bart, mbart, pegasus, marian, longt5, switch_transformers:
-# encoder-decoder model types, named in their refusal.
-ENCODER_DECODER_TYPES = ("t5", "mt5", "umt5", "longt5", "switch_transformers", "bart", "mbart", "pegasus", "marian")
+# transformers 4.56.2 models/longt5, switch_transformers, mbart, pegasus, marian: encoder-decoder
+# model types not read (their own attention, experts or norms), named in their refusal; t5, mt5,
+# umt5 and bart are read by zeroplan.presets.hf_encoder_decoder.
+ENCODER_DECODER_TYPES = ("longt5", "switch_transformers", "mbart", "pegasus", "marian")
 # OPT, Falcon, GPT-J, MPT, GPTBigCode and StarCoder2: zeroplan.presets.hf_families.
 _FAMILIES = tuple(FAMILY_READERS)
 SUPPORTED_MODEL_TYPES = (_GPT2_LIKE + _GPT_NEOX + _PHI + _BLOOM + _BERT + _LLAMA_LIKE + _GEMMA_LIKE + _QWEN_MOE + _DEEPSEEK
-                         + _FAMILIES)
+                         + _FAMILIES + tuple(ENCODER_DECODER_READERS))
 
 
 # transformers 4.56.2 modeling_rope_utils.py ROPE_INIT_FUNCTIONS: the RoPE variants a config's
@@ -178,6 +180,7 @@ _NEUTRAL_BY_TYPE["bert"] = frozenset({
     "layer_norm_eps", "position_embedding_type", "classifier_dropout", "gradient_checkpointing",
 })
 _NEUTRAL_BY_TYPE.update(FAMILY_NEUTRAL_KEYS)
+_NEUTRAL_BY_TYPE.update(ENCODER_DECODER_NEUTRAL_KEYS)
 # DeepSeek-V3's num_nextn_predict_layers is read (a caveat: transformers builds no MTP module).
 _NEUTRAL_BY_TYPE["deepseek_v3"] = _NEUTRAL_BY_TYPE["deepseek_v2"] | {"num_nextn_predict_layers"}
 
@@ -518,8 +521,8 @@ def parse_hf_config(config: dict[str, Any], name: str) -> ModelSpec:
     if model_type in ENCODER_DECODER_TYPES or (config.get("is_encoder_decoder") and model_type not in SUPPORTED_MODEL_TYPES):
         # A ModelSpec is one stack of blocks over one sequence; an encoder-decoder has two stacks,
         # cross-attention and a decoder length of its own.
-        raise ZeroplanError("config.model_type", f"{model_type!r} is an encoder-decoder, which zeroplan does not model "
-                                                 f"(allowed: a decoder-only or encoder-only model_type: {', '.join(SUPPORTED_MODEL_TYPES)})")
+        raise ZeroplanError("config.model_type", f"{model_type!r} is an encoder-decoder zeroplan does not read "
+                                                 f"(allowed: {', '.join(SUPPORTED_MODEL_TYPES)})")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ZeroplanError(
             "config.model_type", f"unsupported {model_type!r} (allowed: {', '.join(SUPPORTED_MODEL_TYPES)})"
@@ -529,7 +532,9 @@ def parse_hf_config(config: dict[str, Any], name: str) -> ModelSpec:
     _refuse_unmodelled(config, model_type)
     config_quantization(config)
     try:
-        if model_type in _GPT2_LIKE:
+        if model_type in ENCODER_DECODER_READERS:
+            spec = ENCODER_DECODER_READERS[model_type](name, config)
+        elif model_type in _GPT2_LIKE:
             spec = _gpt2_spec(name, config)
         elif model_type in _GPT_NEOX:
             spec = _gpt_neox_spec(name, config)

@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import Frozen
+from zeroplan.specs.encoder_decoder import EncoderDecoderSpec
 
 
 class MlpKind(str, Enum):
@@ -42,6 +43,9 @@ class PositionKind(str, Enum):
     learned = "learned"
     rope = "rope"
     alibi = "alibi"
+    relative = "relative"
+    """T5's bucketed relative position bias added to the attention scores (Raffel et al. 2020
+    sec. 2.1): its table is an encoder-decoder's (EncoderDecoderSpec.relative_attention_buckets)."""
 
 
 class ModelSpec(Frozen):
@@ -152,6 +156,9 @@ class ModelSpec(Frozen):
     """Dropout on attention probabilities; >0 stores a 1-byte mask (Korthikanti sec. 4.1)."""
     hidden_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
     """Dropout after the attention and MLP blocks; >0 stores 1-byte masks."""
+    encoder_decoder: EncoderDecoderSpec | None = None
+    """Set for an encoder-decoder (T5, BART): num_layers then counts the encoder's blocks and the
+    decoder's (zeroplan.specs.encoder_decoder); None: one stack of blocks."""
     parameter_count_exact: bool = True
     """Whether the parameter count is known to equal the checkpoint's; False when a config.json carried
     keys the reader does not model (parameter_count_caveat names them)."""
@@ -189,7 +196,40 @@ class ModelSpec(Frozen):
             raise ZeroplanError("model.position_offset", "sizes a learned position table (allowed: 0 without learned positions)")
         self._check_moe()
         self._check_mla()
+        self._check_encoder_decoder()
         return self
+
+    def _check_encoder_decoder(self) -> None:
+        stacks = self.encoder_decoder
+        if stacks is None:
+            if self.position is PositionKind.relative:
+                raise ZeroplanError("model.position", "relative (T5's bias) is an encoder-decoder's (allowed: with encoder_decoder)")
+            return
+        if stacks.encoder_layers >= self.num_layers:
+            raise ZeroplanError("model.encoder_decoder.encoder_layers", f"{stacks.encoder_layers} leaves no decoder block "
+                                f"(allowed: 1 to {self.num_layers - 1}; num_layers counts both stacks)")
+        if self.is_moe or self.is_mla or self.parallel_block or self.post_norms or self.qk_norm or self.token_types or self.head_transform:
+            raise ZeroplanError("model.encoder_decoder", "is modelled for dense T5 and BART blocks (allowed: without experts, "
+                                "latent attention, parallel blocks, post-norms, q/k norms, token types or a head transform)")
+        if (stacks.relative_attention_buckets > 0) != (self.position is PositionKind.relative):
+            raise ZeroplanError("model.encoder_decoder.relative_attention_buckets",
+                                "must be set exactly when position is relative (T5's bias; allowed: 0 otherwise)")
+        if self.position in (PositionKind.rope, PositionKind.alibi):
+            raise ZeroplanError("model.position", f"{self.position.value} is not an encoder-decoder's here (allowed: relative, learned)")
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        return self.encoder_decoder is not None
+
+    @property
+    def encoder_layers(self) -> int:
+        """Blocks of the encoder stack (0 for one stack)."""
+        return self.encoder_decoder.encoder_layers if self.encoder_decoder is not None else 0
+
+    @property
+    def decoder_layers(self) -> int:
+        """Blocks of the decoder stack (num_layers for one stack)."""
+        return self.num_layers - self.encoder_layers
 
     def _check_moe(self) -> None:
         moe_only = {"moe_ffn_hidden_size": self.moe_ffn_hidden_size is not None,

@@ -255,6 +255,10 @@ class BatchSpec(Frozen):
     """s: tokens per sequence."""
     grad_accum_steps: int = Field(default=1, gt=0)
     """Micro-batches accumulated before each optimizer step."""
+    target_len: int | None = Field(default=None, gt=0)
+    """An encoder-decoder's decoder (target) tokens per sequence, seq_len being its encoder's
+    (source) tokens; None: as many as seq_len. Refused for a model with one stack
+    (zeroplan.core.encoder_decoder.check_encoder_decoder_request)."""
     allow_longer_seq: bool = False
     """Accept a seq_len above the model's max_positions (RoPE models only; a learned position
     table has no row past max_positions). See specs.request.check_seq_len."""
