@@ -503,6 +503,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
     batch = BatchSpec(
         micro_batch_size=args.micro_batch, seq_len=seq_len_of(args, model.max_positions),
         grad_accum_steps=args.grad_accum, allow_longer_seq=args.allow_longer_seq,
+        target_len=getattr(args, "target_len", None),
     )
     check_optimizer_in_backward(training, batch.grad_accum_steps)
     if args.hsdp_group is not None and cluster.world_size % args.hsdp_group:

@@ -77,6 +77,9 @@ def add_seq_len_arguments(parser: argparse.ArgumentParser, default: int | None =
         "--allow-longer-seq", action="store_true",
         help="accept --seq-len above the model's maximum positions (RoPE models only; learned positions cannot)",
     )
+    parser.add_argument("--target-len", type=seq_len_int, default=None,
+                        help="an encoder-decoder's (T5's, BART's) decoder tokens per sequence, --seq-len being its encoder's "
+                             "(default: --seq-len)")
 
 
 def seq_len_of(args: argparse.Namespace, max_positions: int) -> int:
@@ -134,6 +137,7 @@ def choices_of(enum_type) -> list[str]:
 
 FLAG_OF_FIELD = {
     "batch.seq_len": "--seq-len",
+    "batch.target_len": "--target-len",
     "batch.micro_batch_size": "--micro-batch",
     "batch.grad_accum_steps": "--grad-accum",
     "parallel": "--tp/--cp/--pp",

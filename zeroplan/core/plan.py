@@ -489,7 +489,8 @@ def plan(request: PlanRequest, largest_micro_batch: bool = True, timed: bool = T
         collectives=step_collectives,
         sent_bytes_per_step=sum(c.sent_bytes_per_step for c in step_collectives),
         communication_volume_elements=sum(c.volume_elements_per_step for c in step_collectives),
-        time=step_time(request, step_collectives) if timed else None,
+        # An encoder-decoder's step is not timed (zeroplan.core.timing.step_time refuses it).
+        time=step_time(request, step_collectives) if timed and not request.model.is_encoder_decoder else None,
         parallel=request.parallel,
         pipeline_rank_peak_bytes=rank_peaks,
         peak_rank_reason=reason,

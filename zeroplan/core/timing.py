@@ -3,6 +3,8 @@ offload, and how much communication the compute hides. docs/communication-time.m
 
 from __future__ import annotations
 
+from zeroplan.errors import ZeroplanError
+
 from zeroplan.core.algorithms import CollectiveTime, collective_cost
 from zeroplan.core.collective import CollectiveOp
 from zeroplan.core.communication import Collective, Phase
@@ -464,6 +466,12 @@ def rank_flops(request: PlanRequest) -> StepFlops:
 
 def step_time(request: PlanRequest, collectives: tuple[Collective, ...]) -> StepTime:
     from zeroplan.core.parallel.pipeline import bubble_fraction
+
+    if request.model.is_encoder_decoder:
+        # The FLOPs and the roofline's operations are one stack's at one length (zeroplan.core.flops,
+        # zeroplan.core.roofline): an encoder-decoder's memory is planned, its step is not timed.
+        raise ZeroplanError("model", f"{request.model.name} is an encoder-decoder, whose step time is not modelled "
+                                     "(its memory is; allowed: a model with one stack for step times and the plan search)")
 
     flops = rank_flops(request)
     forward_s, backward_s = compute_time_s(flops, request)

@@ -65,6 +65,39 @@ def _stablelm_alpha_3b() -> ModelSpec:
     }, "stablelm-base-alpha-3b")
 
 
+# Encoder-decoders, read by zeroplan.presets.hf_encoder_decoder from the shape keys of each
+# published config.json (Hugging Face hub): google-t5/t5-base, t5-large, t5-3b, t5-11b (T5 1.0:
+# relu feed-forward, tied head, n_positions 512, 32 relative buckets, dropout_rate 0.1);
+# bigscience/T0_3B (T5 1.1 LM-adapted XL: gated-gelu, untied, d_model 2048, d_ff 5120, 32
+# heads of 64, 24 + 24 blocks); bigscience/mt0-xxl (mT5-XXL: model_type mt5, vocab 250112,
+# d_model 4096, d_ff 10240, 64 heads of 64, 24 + 24 blocks, untied); facebook/bart-large
+# (d_model 1024, 12 + 12 layers, 16 heads, ffn 4096, vocab 50265, 1024 learned positions).
+# Their counts equal transformers 4.56.2's on the meta device (tests/test_encoder_decoder.py).
+_T5_V1 = {"model_type": "t5", "vocab_size": 32128, "n_positions": 512, "relative_attention_num_buckets": 32,
+          "feed_forward_proj": "relu", "dropout_rate": 0.1}
+_ENCODER_DECODER_CONFIGS = {
+    "t5-base": {**_T5_V1, "d_model": 768, "d_kv": 64, "d_ff": 3072, "num_layers": 12, "num_heads": 12},
+    "t5-large": {**_T5_V1, "d_model": 1024, "d_kv": 64, "d_ff": 4096, "num_layers": 24, "num_heads": 16},
+    "t5-3b": {**_T5_V1, "d_model": 1024, "d_kv": 128, "d_ff": 16384, "num_layers": 24, "num_heads": 32},
+    "t5-11b": {**_T5_V1, "d_model": 1024, "d_kv": 128, "d_ff": 65536, "num_layers": 24, "num_heads": 128},
+    "t0-3b": {"model_type": "t5", "vocab_size": 32128, "d_model": 2048, "d_kv": 64, "d_ff": 5120, "num_layers": 24,
+              "num_decoder_layers": 24, "num_heads": 32, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False,
+              "relative_attention_num_buckets": 32, "dropout_rate": 0.1},
+    "mt0-xxl": {"model_type": "mt5", "vocab_size": 250112, "d_model": 4096, "d_kv": 64, "d_ff": 10240, "num_layers": 24,
+                "num_decoder_layers": 24, "num_heads": 64, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False,
+                "relative_attention_num_buckets": 32, "dropout_rate": 0.1},
+    "bart-large": {"model_type": "bart", "vocab_size": 50265, "d_model": 1024, "encoder_layers": 12, "decoder_layers": 12,
+                   "encoder_attention_heads": 16, "decoder_attention_heads": 16, "encoder_ffn_dim": 4096,
+                   "decoder_ffn_dim": 4096, "max_position_embeddings": 1024, "dropout": 0.1, "attention_dropout": 0.0},
+}
+
+
+def _encoder_decoders() -> list[ModelSpec]:
+    from zeroplan.presets.hf_config import parse_hf_config
+
+    return [parse_hf_config(config, name) for name, config in _ENCODER_DECODER_CONFIGS.items()]
+
+
 _PRESETS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in [
@@ -94,10 +127,12 @@ _PRESETS: dict[str, ModelSpec] = {
         _llama("yi-34b", 64000, 7168, 60, 56, 8, 20480, 4096),
         _falcon_7b(),
         _stablelm_alpha_3b(),
+        *_encoder_decoders(),
     ]
 }
 
-_ALIASES = {"gpt2-small": "gpt2", "gpt2-124m": "gpt2", "gpt2-1.5b": "gpt2-xl", "gpt3": "gpt3-175b"}
+_ALIASES = {"gpt2-small": "gpt2", "gpt2-124m": "gpt2", "gpt2-1.5b": "gpt2-xl", "gpt3": "gpt3-175b",
+            "bigscience/t0_3b": "t0-3b", "t0_3b": "t0-3b", "bigscience/mt0-xxl": "mt0-xxl", "facebook/bart-large": "bart-large"}
 
 
 def model_names() -> list[str]:
