@@ -137,11 +137,13 @@ def test_unmodelled_options_are_refused_in_one_line(fixture: str, changes: dict,
 
 
 @pytest.mark.parametrize("model_type", ["t5", "mt5", "umt5"])
-def test_an_encoder_decoder_is_refused_by_name(model_type: str) -> None:
-    # bigscience/T0_3B and mt0-xxl (the PEFT README's rows) are T5 v1.1 and mT5 configs.
-    config = {"model_type": model_type, "d_model": 2048, "num_layers": 24, "num_decoder_layers": 24, "is_encoder_decoder": True}
-    with pytest.raises(ZeroplanError, match=f"config.model_type: '{model_type}' is an encoder-decoder"):
-        parse_hf_config(config, "x")
+def test_an_encoder_decoder_is_read_with_two_stacks(model_type: str) -> None:
+    # bigscience/T0_3B and mt0-xxl (the PEFT README's rows) are T5 v1.1 and mT5 configs
+    # (zeroplan.presets.hf_encoder_decoder; tests/test_encoder_decoder.py).
+    config = {"model_type": model_type, "vocab_size": 100, "d_model": 2048, "d_kv": 64, "d_ff": 5120, "num_heads": 32,
+              "num_layers": 24, "num_decoder_layers": 24, "is_encoder_decoder": True}
+    spec = parse_hf_config(config, "x")
+    assert (spec.encoder_layers, spec.decoder_layers) == (24, 24)
 
 
 def test_mpt_widths_must_be_json_integers() -> None:

@@ -92,7 +92,7 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> dict[str, argparse
 
 def add_batch_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--micro-batch", type=positive_int, default=1, help="sequences per GPU per pass (default 1)")
-    add_seq_len_arguments(group)
+    add_seq_len_arguments(group, target=True)
     group.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step (default 1)")
 
 

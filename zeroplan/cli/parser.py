@@ -69,14 +69,17 @@ DEFAULT_SEQ_LEN = BatchSpec().seq_len
 """--seq-len of the planning commands when none is given (4096, capped at the model's max_positions)."""
 
 
-def add_seq_len_arguments(parser: argparse.ArgumentParser, default: int | None = None) -> None:
-    """--seq-len and --allow-longer-seq; ``default`` None means DEFAULT_SEQ_LEN capped at the model's limit."""
+def add_seq_len_arguments(parser: argparse.ArgumentParser, default: int | None = None, *, target: bool = False) -> None:
+    """--seq-len and --allow-longer-seq; ``default`` None means DEFAULT_SEQ_LEN capped at the model's limit;
+    ``target``: --target-len too (the planning command that plans encoder-decoders)."""
     shown = f"{default}" if default is not None else f"{DEFAULT_SEQ_LEN}, or the model's maximum positions if fewer"
     parser.add_argument("--seq-len", type=seq_len_int, default=default, help=f"tokens per sequence (default {shown})")
     parser.add_argument(
         "--allow-longer-seq", action="store_true",
         help="accept --seq-len above the model's maximum positions (RoPE models only; learned positions cannot)",
     )
+    if not target:
+        return
     parser.add_argument("--target-len", type=seq_len_int, default=None,
                         help="an encoder-decoder's (T5's, BART's) decoder tokens per sequence, --seq-len being its encoder's "
                              "(default: --seq-len)")

@@ -114,6 +114,11 @@ def check_encoder_decoder_request(request: PlanRequest) -> None:
                                                     "(allowed: unset, --target-len left out)")
         return
     finetune = training.finetune
+    target = target_len(request)
+    if target > model.max_positions and (model.position is PositionKind.learned or not batch.allow_longer_seq):
+        raise ZeroplanError("batch.target_len", f"{target:,} exceeds {model.name}'s maximum of {model.max_positions:,} positions "
+                                                f"(allowed: 1 to {model.max_positions:,}; allow_longer_seq (--allow-longer-seq) "
+                                                "runs T5's relative positions past that)")
     refusals = (
         (training.framework is not Framework.hf, "training.framework",
          f"{training.framework.value} builds no encoder-decoder (allowed: hf, transformers' own T5)"),
