@@ -178,3 +178,14 @@ def test_t5_blocks_save_what_the_plan_counts(proj: str, dropout: float, precisio
     request = request.model_copy(update={"training": request.training.model_copy(update={"kernels": Kernels.cpu})})
     assert (encoder, decoder) == (ed.encoder_block_bytes(request), ed.decoder_block_bytes(request))
     assert one == encoder + decoder + ed.outside_kept_bytes(request)
+
+
+@pytest.mark.slow
+def test_fit_prints_no_step_time_and_compare_refuses(zeroplan_cli) -> None:
+    args = ("t0-3b", "--gpus", "1", "--framework", "hf", "--attention", "eager", "--precision", "fp32",
+            "--seq-len", "64", "--target-len", "4", "--micro-batch", "8", "--strategies", "ddp")
+    code, out, err = zeroplan_cli("fit", *args)
+    assert code == 0, err
+    assert "step time: not modelled for an encoder-decoder" in out
+    code, _, err = zeroplan_cli("compare", *args)
+    assert code == 2 and "model: t0-3b is an encoder-decoder" in err and err.strip().count("\n") == 0

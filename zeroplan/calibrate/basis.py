@@ -46,6 +46,9 @@ def time_basis_line(request: PlanRequest, efficiency_path: str | None, efficienc
     the error band measured for it (and, for a compiled request compile cannot be timed for, why)."""
     from zeroplan.core.compiled_time import compile_time_note
 
+    if request.model.is_encoder_decoder:
+        # zeroplan.core.timing.step_time refuses an encoder-decoder: no step is timed.
+        return f"step time: not modelled for an encoder-decoder ({request.model.name}: two stacks); its memory is planned"
     line = _time_basis(request, efficiency_path, efficiency, hfu_given)
     note = compile_time_note(request)
     return f"{line}; {note}" if note else line

@@ -5,6 +5,8 @@ typed results and leaves out only what --detail and the JSON/CSV formats still c
 
 from __future__ import annotations
 
+from zeroplan.errors import ZeroplanError
+
 import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -164,7 +166,8 @@ def _fit_columns(unit: ByteUnit) -> list[Column]:
         Column(f"peak {u}", lambda p: f"{to_unit(p.memory.peak_bytes, unit):.1f}"),
         Column(f"headroom {u}", lambda p: f"{to_unit(p.headroom_bytes, unit):.1f}", drop_order=2),
         Column("max-mb", lambda p: str(p.max_micro_batch_size), drop_order=3),
-        Column("tok/s/GPU", lambda p: f"{p.time.tokens_per_s_per_gpu:,.0f}", drop_order=4),
+        # "-": an encoder-decoder's step is not timed (StrategyPlan.time None).
+        Column("tok/s/GPU", lambda p: f"{p.time.tokens_per_s_per_gpu:,.0f}" if p.time else "-", drop_order=4),
         Column("sent GB", lambda p: f"{p.sent_bytes_per_step / 1e9:.1f}", drop_order=1),
     ]
 
@@ -263,6 +266,10 @@ def compare_notes(report: FitReport) -> list[str]:
 
 def render_compare_summary(report: FitReport, width: int = DEFAULT_WIDTH) -> str:
     """zeroplan compare's first screen."""
+    if report.model.is_encoder_decoder:
+        # compare ranks by step time, which zeroplan.core.timing.step_time refuses for two stacks.
+        raise ZeroplanError("model", f"{report.model.name} is an encoder-decoder, whose step time is not modelled "
+                                     "(allowed: zeroplan fit for its memory)")
     width = max(width, NARROWEST_WIDTH)
     c, b = report.cluster, report.batch
     context = (f"{report.model.name} on {c.world_size} x {c.gpu.display_name} ({c.num_nodes} node(s) x "

@@ -105,6 +105,9 @@ def framework_layout_caution(report: FitReport) -> list[str]:
 
     if report.training.framework is not Framework.hf or report.model.is_moe:
         return []
+    if report.model.is_encoder_decoder:
+        return [f"Caution: {report.model.name} is an encoder-decoder: its activation terms were measured on transformers' "
+                "own T5 (docs/memory-model.md, \"Encoder-decoders\"); seq is the source length, --target-len the target's."]
     reason = torchtune_builds(report.model)
     if reason is None:
         return []
