@@ -105,7 +105,7 @@ def test_hf_config_mixtral_reads_experts() -> None:
         ("{not json", "model"),
         ("[1, 2]", "config"),
         (json.dumps({"vocab_size": 10}), "config.model_type"),
-        (json.dumps(dict(LLAMA_2_7B_CONFIG, model_type="t5")), "config.model_type"),
+        (json.dumps(dict(LLAMA_2_7B_CONFIG, model_type="longt5")), "config.model_type"),
         (json.dumps({k: v for k, v in LLAMA_2_7B_CONFIG.items() if k != "hidden_size"}), "config.hidden_size"),
         (json.dumps(dict(LLAMA_2_7B_CONFIG, num_attention_heads=31)), "model.num_heads"),
         (json.dumps(dict(LLAMA_2_7B_CONFIG, vocab_size=-1)), "config.vocab_size"),

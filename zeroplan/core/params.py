@@ -7,81 +7,16 @@ registration order of the harness's PyTorch model, so padded flat layouts agree 
 
 from __future__ import annotations
 
-from functools import cached_property, lru_cache
-from math import prod
+from functools import lru_cache
 
-from pydantic import Field
-
-from zeroplan.specs.base import Frozen
-from zeroplan.specs.model import ModelSpec, NormKind, PositionKind
-
-
-class ParamTensor(Frozen):
-    """One parameter tensor."""
-
-    name: str
-    """Dotted name inside its unit, e.g. 'attention.q.weight'."""
-    shape: tuple[int, ...] = Field(min_length=1)
-    """Tensor shape; dim 0 is the one FSDP2 shards."""
-    shard_group_divisor: int = Field(default=1, gt=0)
-    """Data-parallel sharding of this tensor runs over the shard group divided by this: ep for
-    the routed experts under expert parallelism (torchtitan 0.3.0 distributed/fsdp.py shards
-    them over the efsdp mesh, dp_shard x cp x tp / ep ranks), 1 for everything else."""
-    trainable: bool = True
-    """Whether the optimizer steps it (False: a frozen weight, which has no gradient, no
-    optimizer state and no master copy; zeroplan.core.finetune)."""
-    quantized: bool = False
-    """A frozen base weight stored in the fine-tune's quantized format (QLoRA's nf4, ...)."""
-
-    # Cached: the planner sums these thousands of times per fit (the tensor is frozen).
-    @cached_property
-    def numel(self) -> int:
-        return prod(self.shape)
-
-
-class ParamUnit(Frozen):
-    """A group of parameters gathered and reduced together."""
-
-    name: str
-    """'embedding', 'block.<i>' or 'head'."""
-    tensors: tuple[ParamTensor, ...]
-    """Tensors in registration order."""
-
-    @cached_property
-    def numel(self) -> int:
-        return sum(t.numel for t in self.tensors)
-
-
-def _norm_tensors(prefix: str, model: ModelSpec) -> list[ParamTensor]:
-    h = model.hidden_size
-    tensors = [ParamTensor(name=f"{prefix}.weight", shape=(h,))]
-    if model.norm is NormKind.layernorm and model.norm_bias:
-        tensors.append(ParamTensor(name=f"{prefix}.bias", shape=(h,)))
-    return tensors
-
-
-def _linear_tensors(prefix: str, in_features: int, out_features: int, bias: bool) -> list[ParamTensor]:
-    tensors = [ParamTensor(name=f"{prefix}.weight", shape=(out_features, in_features))]
-    if bias:
-        tensors.append(ParamTensor(name=f"{prefix}.bias", shape=(out_features,)))
-    return tensors
-
-
-def _mlp_tensors(prefix: str, model: ModelSpec, width: int | None = None) -> list[ParamTensor]:
-    """A feed-forward MLP of inner width ``width`` (default ffn_hidden_size)."""
-    h, f, bias = model.hidden_size, width if width is not None else model.ffn_hidden_size, model.mlp_biased
-    if not model.mlp.gated:
-        return _linear_tensors(f"{prefix}.fc1", h, f, bias) + _linear_tensors(f"{prefix}.fc2", f, h, bias)
-    return (
-        _linear_tensors(f"{prefix}.gate", h, f, bias)
-        + _linear_tensors(f"{prefix}.up", h, f, bias)
-        + _linear_tensors(f"{prefix}.down", f, h, bias)
-    )
+from zeroplan.core.encoder_decoder_params import parameter_units as encoder_decoder_units
+from zeroplan.core.param_tensors import ParamTensor, ParamUnit, linear_tensors, mlp_tensors, norm_tensors
+from zeroplan.specs.model import ModelSpec, PositionKind
 
 
 def expert_tensors(model: ModelSpec, expert: int) -> list[ParamTensor]:
     """One routed expert's tensors, named 'mlp.experts.<i>.<leaf>.weight'."""
-    return _mlp_tensors(f"mlp.experts.{expert}", model, model.expert_ffn_hidden_size)
+    return mlp_tensors(f"mlp.experts.{expert}", model, model.expert_ffn_hidden_size)
 
 
 def expert_parameters(model: ModelSpec) -> int:
@@ -100,15 +35,15 @@ def _mla_tensors(model: ModelSpec) -> list[ParamTensor]:
     assert d_rope is not None and model.kv_lora_rank is not None
     d_nope = d_qk - d_rope
     if model.q_lora_rank is None:
-        tensors = _linear_tensors("attention.q", h, a * d_qk, False)
+        tensors = linear_tensors("attention.q", h, a * d_qk, False)
     else:
-        tensors = (_linear_tensors("attention.q_a", h, model.q_lora_rank, False)
+        tensors = (linear_tensors("attention.q_a", h, model.q_lora_rank, False)
                    + [ParamTensor(name="attention.q_a_norm.weight", shape=(model.q_lora_rank,))]
-                   + _linear_tensors("attention.q_b", model.q_lora_rank, a * d_qk, False))
-    tensors += _linear_tensors("attention.kv_a", h, model.kv_lora_rank + d_rope, False)
+                   + linear_tensors("attention.q_b", model.q_lora_rank, a * d_qk, False))
+    tensors += linear_tensors("attention.kv_a", h, model.kv_lora_rank + d_rope, False)
     tensors.append(ParamTensor(name="attention.kv_a_norm.weight", shape=(model.kv_lora_rank,)))
-    tensors += _linear_tensors("attention.kv_b", model.kv_lora_rank, a * (d_nope + model.v_head_size), False)
-    tensors += _linear_tensors("attention.o", model.attention_output_size, h, False)
+    tensors += linear_tensors("attention.kv_b", model.kv_lora_rank, a * (d_nope + model.v_head_size), False)
+    tensors += linear_tensors("attention.o", model.attention_output_size, h, False)
     return tensors
 
 
@@ -118,16 +53,16 @@ def _attention_tensors(model: ModelSpec) -> list[ParamTensor]:
     h, bias = model.hidden_size, model.bias
     # Qwen2 biases q/k/v only: transformers 4.44 models/qwen2/modeling_qwen2.py (Qwen2Attention, bias=True)
     qkv_bias = bias or model.qkv_bias
-    tensors = _linear_tensors("attention.q", h, model.q_size, qkv_bias)
-    tensors += _linear_tensors("attention.k", h, model.kv_size, qkv_bias)
-    tensors += _linear_tensors("attention.v", h, model.kv_size, qkv_bias)
+    tensors = linear_tensors("attention.q", h, model.q_size, qkv_bias)
+    tensors += linear_tensors("attention.k", h, model.kv_size, qkv_bias)
+    tensors += linear_tensors("attention.v", h, model.kv_size, qkv_bias)
     if model.qk_norm:
         # Qwen3 per-head RMSNorm on q and k: transformers 4.51 models/qwen3/modeling_qwen3.py (q_norm, k_norm)
         tensors += [
             ParamTensor(name="attention.q_norm.weight", shape=(model.head_size,)),
             ParamTensor(name="attention.k_norm.weight", shape=(model.head_size,)),
         ]
-    tensors += _linear_tensors("attention.o", model.q_size, h, bias)
+    tensors += linear_tensors("attention.o", model.q_size, h, bias)
     return tensors
 
 
@@ -136,30 +71,30 @@ def _attention_tensors(model: ModelSpec) -> list[ParamTensor]:
 # experts, then the shared expert and Qwen2-MoE's shared-expert gate h -> 1. DeepSeek-V3's
 # e_score_correction_bias is a buffer (register_buffer), not a parameter, and is not counted.
 def _moe_tensors(model: ModelSpec) -> list[ParamTensor]:
-    tensors = _linear_tensors("mlp.router", model.hidden_size, model.num_experts, bias=False)
+    tensors = linear_tensors("mlp.router", model.hidden_size, model.num_experts, bias=False)
     for expert in range(model.num_experts):
         tensors += expert_tensors(model, expert)
     if model.shared_expert_ffn_hidden_size:
-        tensors += _mlp_tensors("mlp.shared", model, model.shared_expert_ffn_hidden_size)
+        tensors += mlp_tensors("mlp.shared", model, model.shared_expert_ffn_hidden_size)
     if model.shared_expert_gate:
-        tensors += _linear_tensors("mlp.shared_gate", model.hidden_size, 1, bias=False)
+        tensors += linear_tensors("mlp.shared_gate", model.hidden_size, 1, bias=False)
     return tensors
 
 
 @lru_cache(maxsize=128)
 def block_tensors(model: ModelSpec, moe: bool) -> tuple[ParamTensor, ...]:
     """One block's tensors in registration order: with the experts (``moe``) or a dense MLP."""
-    tensors = _norm_tensors("attention_norm", model)
+    tensors = norm_tensors("attention_norm", model)
     tensors += _attention_tensors(model)
     if model.post_norms:
         # Gemma 2 normalises each sub-block's output: transformers 4.42 models/gemma2/modeling_gemma2.py
         # (Gemma2DecoderLayer: post_attention_layernorm, pre_feedforward_layernorm, post_feedforward_layernorm)
-        tensors += _norm_tensors("attention_post_norm", model)
+        tensors += norm_tensors("attention_post_norm", model)
     if not model.parallel_block:
-        tensors += _norm_tensors("mlp_norm", model)
-    tensors += _moe_tensors(model) if moe else _mlp_tensors("mlp", model)
+        tensors += norm_tensors("mlp_norm", model)
+    tensors += _moe_tensors(model) if moe else mlp_tensors("mlp", model)
     if model.post_norms:
-        tensors += _norm_tensors("mlp_post_norm", model)
+        tensors += norm_tensors("mlp_post_norm", model)
     return tuple(tensors)
 
 
@@ -191,7 +126,6 @@ def parameter_units(model: ModelSpec) -> tuple[ParamUnit, ...]:
     """Units in forward order: embedding, blocks 0..L-1, head."""
     if model.encoder_decoder is not None:
         # Two stacks of blocks (zeroplan.core.encoder_decoder).
-        from zeroplan.core.encoder_decoder import parameter_units as encoder_decoder_units
 
         return encoder_decoder_units(model)
     h = model.hidden_size
@@ -201,9 +135,9 @@ def parameter_units(model: ModelSpec) -> tuple[ParamUnit, ...]:
     if model.token_types:
         embedding.append(ParamTensor(name="token_type.weight", shape=(model.token_types, h)))
     if model.embedding_norm:
-        embedding += _norm_tensors("embedding_norm", model)
-    head = _linear_tensors("head_transform", h, h, True) if model.head_transform else []
-    head += _norm_tensors("final_norm", model)
+        embedding += norm_tensors("embedding_norm", model)
+    head = linear_tensors("head_transform", h, h, True) if model.head_transform else []
+    head += norm_tensors("final_norm", model)
     if not model.tied_embeddings:
         head.append(ParamTensor(name="lm_head.weight", shape=(model.vocab_size, h)))
     if model.head_bias:
