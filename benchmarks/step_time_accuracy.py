@@ -137,6 +137,23 @@ def kernel_summary(errors: list[RowError]) -> str:
             f"compiled or not) leave-one-source-out: median {statistics.median(kernel):.1%}, max {max(kernel):.1%}")
 
 
+def previous_tie_break_lines(table) -> list[str]:  # type: ignore[no-untyped-def]
+    """The same calibration with ties broken as before (the first listed of the fewest-GPU rows),
+    where that picks another row: the figures under both rules."""
+    from zeroplan.validate.step_calibration import tie_break_figures
+
+    previous = tie_break_figures(table)
+    lines = ["Anchored as before this rule (ties: the first listed; only the sources where it picks another row):", "",
+             "| source | calibrated on | rows predicted | median abs error | max abs error |", "|---|---|---:|---:|---:|"]
+    current = dict((s.label, s.calibration_row) for s in calibration_study(table)[0])
+    for label, anchor, n, median, worst in previous.per_source:
+        if current.get(label) != anchor:
+            lines.append(f"| {label} | {anchor} | {n} | {median:.1%} | {worst:.1%} |")
+    lines += ["", f"calibrated on one row, ties the first listed: {len(previous.errors)} rows; |error| median "
+                  f"{statistics.median(previous.errors):.1%}, max {max(previous.errors):.1%}"]
+    return lines
+
+
 GROUPINGS = (("GPU", "gpu"), ("stack", "stack"), ("kernel class", "kernel_class"), ("strategy", "strategy"), ("checkpointing", "checkpointing"),
              ("source", "source"))
 
@@ -153,14 +170,15 @@ def calibrated_report(table) -> list[str]:  # type: ignore[no-untyped-def]
         if row.name in implied:
             by_source.setdefault(source_of(row), []).append(implied[row.name])
     lines = ["Calibrated on one row (zeroplan calibrate step's HFU, solved on the source's row of fewest GPUs, "
-             "ties: the first; scored on the source's other rows, never on the row it was solved on; beside it the "
+             "ties: the smallest model at the source's median sequence length, zeroplan.validate.step_calibration."
+             "calibration_row; scored on the source's other rows, never on the row it was solved on; beside it the "
              "median HFU calibrate step solves on each of the source's rows and how many of them solve below the "
              "anchor's, to show where the anchor sits in its source):", "",
              "| source | GPU | rows predicted | calibrated on | HFU | source's median HFU | rows below it "
              "| median abs error | max abs error |",
              "|---|---|---:|---|---:|---:|---:|---:|---:|"]
     lines += [calibrated_source_line(source, errors, by_source[source.source]) for source in sources]
-    lines += ["", calibrated_summary(errors), "",
+    lines += ["", calibrated_summary(errors), "", *previous_tie_break_lines(table), "",
               "Uncalibrated, leave-one-source-out: the flat HFU 0.4 (nothing fitted), an HFU per GPU generation "
               "x stack, and the fitted default (the planner's, per GPU generation x kernel class), each the median "
               "HFU calibrate step solves on the rows of that mechanism in the other sources (the held-out "

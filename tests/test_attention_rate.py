@@ -68,19 +68,12 @@ def test_a_padded_head_dimension_runs_at_d_over_the_padded_width() -> None:
     assert [padded_head_dim("flash-attn-triton", d) for d in (8, 64, 80, 112, 128)] == [16, 64, 128, 128, 128]
     assert [padded_head_dim("flash-attn-2", d) for d in (64, 80, 112, 128, 200)] == [64, 96, 128, 128, 224]
     assert padded_head_dim("eager", 112) == 112
-    # MPT-30B's 112-wide heads (7,168 / 64) run the 128-wide tiles: its attention at 7/8 of the rate.
-    row = next(r for r in ROWS if r.name == "mpt-30b h100 x8 s8192 b1x21 AC")
-    assert row.model_spec.head_size == 112 and head_dim_efficiency("flash-attn-triton", 112) == 0.875
+    # Every MPT row runs 128-wide heads: the benchmark yamls set n_heads so that d_head == 128
+    # (scripts/train/yamls/pretrain/mpt-*.yaml; MPT-30B: 7,168 / 56), so none pays the padding.
+    assert {r.model_spec.head_size for r in ROWS if r.model.startswith("mpt-")} == {128}
     assert relative_attention_rate(GpuArchitecture.hopper, AttentionKernel.flash, AttentionImplementation.flash_attn_triton,
                                    8192, 112) == pytest.approx(
         0.875 * attention_rate_row(GpuArchitecture.hopper, "flash-attn-triton").relative(8192))
-    request = _with(row.request(), "published")
-    flops = step_flops(request)
-    rate = executed_flops_per_s(request)
-    r = 0.875 * attention_rate_row(GpuArchitecture.hopper, "flash-attn-triton").relative(8192)
-    forward, _ = compute_time_s(flops, request)
-    assert forward == pytest.approx((flops.forward_flops - flops.attention_forward_flops) / rate
-                                    + flops.attention_forward_flops / (r * rate) + memory_bound_time_s(request)[0])
 
 
 def test_recomputed_attention_is_counted_with_the_attention_core() -> None:

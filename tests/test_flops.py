@@ -104,6 +104,24 @@ def test_full_recomputation_skips_the_last_matmul_only_where_the_checkpoint_stop
     assert recompute_flops_per_token(dropped, training, 4096) == linear + attention
 
 
+
+def test_a_run_on_torch_1_13_reruns_the_whole_block() -> None:
+    """TrainingSpec.checkpoint_early_stop overrides the framework's: torch 1.13's non-reentrant
+    checkpoint has no early stop (llm-foundry's A100 40GB table ran on its 1.13.1 image)."""
+    from zeroplan.validate.step_time import load_published_throughput
+
+    model = get_model("llama-3.1-8b")
+    linear = layers_linear_forward_flops_per_token(model)
+    attention = model.num_layers * attention_forward_flops_per_token(model, 4096, 0.5)
+    training = TrainingSpec(activation_checkpointing=ActivationCheckpointing.full, checkpoint_early_stop=False)
+    assert recompute_flops_per_token(model, training, 4096) == linear + attention
+    forced = TrainingSpec(activation_checkpointing=ActivationCheckpointing.full, framework="hf", checkpoint_early_stop=True)
+    assert recompute_flops_per_token(model, forced, 4096) == linear + attention - model.num_layers * 2 * 14336 * 4096
+    rows = load_published_throughput().rows
+    old = {row.name for row in rows if row.request().training.checkpoint_early_stop is False}
+    assert old == {row.name for row in rows if row.source_section.startswith("'A100 40GB")
+                   or (row.source_section.startswith("'A100 80GB") and row.model == "mpt-70b")}
+
 def test_model_flops_are_palm_appendix_b() -> None:
     # 6N + 12 L a d s = 6 * 1352 + 12 * 2 * 2 * 4 * 6 = 8112 + 1152, whatever the policy or kernel.
     assert model_flops_per_token(TINY, S) == 9264

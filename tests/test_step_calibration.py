@@ -15,7 +15,7 @@ from zeroplan.calibrate.basis import CALIBRATED_BAND, DEFAULT_BAND, DEFAULT_BAND
 from zeroplan.core.default_efficiency import FLAT_HFU, MIN_MECHANISM_SOURCES
 from zeroplan.specs import PerformanceAssumptions
 from zeroplan.validate.step_calibration import (
-    MIN_SOURCE_ROWS, attention_class_of, calibration_study, generation_of, implied_hfu, kernel_class_of, predicted_tokens_per_s, source_of,
+    MIN_SOURCE_ROWS, calibration_row, attention_class_of, calibration_study, generation_of, implied_hfu, kernel_class_of, predicted_tokens_per_s, source_of,
     stack_of,
 )
 from zeroplan.validate.step_time import load_published_throughput
@@ -45,7 +45,8 @@ def test_each_source_of_three_rows_is_calibrated_on_its_row_of_fewest_gpus_and_s
         # are neither the anchor nor scored.
         rows = [row for row in by_source[calibration.source] if row.name in implied]
         fewest = min(row.num_gpus for row in rows)
-        assert calibration.calibration_row == next(row.name for row in rows if row.num_gpus == fewest)
+        anchor = next(row for row in rows if row.name == calibration.calibration_row)
+        assert anchor.num_gpus == fewest and anchor == calibration_row(rows)
         scored = [e for e in ERRORS if e.source == calibration.source and e.calibrated_error is not None]
         assert calibration.calibration_row not in {e.name for e in scored}
         assert len(scored) == len(rows) - 1
@@ -144,4 +145,17 @@ def test_the_docs_example_file_is_calibrate_steps_answer_for_its_published_row()
     row = next(row for row in TABLE.rows if row.name == "mpt-30b h100 x8 s8192 b1x21 AC")
     assert example == published_row_efficiency(row)
     assert example.hardware_flops_utilization == pytest.approx(
-        next(s.hfu for s in SOURCES if s.calibration_row == row.name))
+        implied_hfu(row))
+
+
+def test_the_anchor_is_the_smallest_model_of_fewest_gpus_at_the_sources_median_sequence() -> None:
+    """Ties among the fewest-GPU rows go to the cheapest run to measure: the smallest model (its
+    learned position table, sized to the row's sequence, left out), then the sequence length
+    nearest the source's median; the published throughput never enters."""
+    rows = [row for row in TABLE.rows if row.source_section == "'H100 80GB BF16' table"]
+    assert calibration_row(rows).name == "mpt-760m h100 x8 s2048 b24x2 no AC"
+    faster = [row.model_copy(update={"published_tokens_per_s_per_gpu": row.published_tokens_per_s_per_gpu * (1 + i % 3)})
+              for i, row in enumerate(rows)]
+    assert calibration_row(faster).name == calibration_row(rows).name
+    # Without the 760M rows the next smallest model's row at the median length.
+    assert calibration_row([row for row in rows if row.model != "mpt-760m"]).name == "mpt-1b h100 x8 s2048 b14x1 no AC"

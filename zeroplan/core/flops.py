@@ -166,7 +166,10 @@ def selective_op_recompute_flops_per_token(model: ModelSpec) -> int:
 def early_stop_skipped_flops_per_token(model: ModelSpec, training: TrainingSpec) -> int:
     """Forward FLOPs per token of each recomputed block's last matmul, which early stop skips
     (0 where the framework's checkpoint does not stop early)."""
-    if not profile(training.framework).checkpoint_early_stop or model.is_moe or model.hidden_dropout > 0:
+    early_stop = training.checkpoint_early_stop
+    if early_stop is None:
+        early_stop = profile(training.framework).checkpoint_early_stop
+    if not early_stop or model.is_moe or model.hidden_dropout > 0:
         return 0
     return MATMUL_FLOPS_PER_MULTIPLY_ADD * model.ffn_hidden_size * model.hidden_size
 

@@ -175,6 +175,12 @@ class TrainingSpec(Frozen):
     fused_crossentropy``): it saves the logits and a fp32 log-sum-exp per row, and its backward
     writes one logits-sized gradient (framework zeroplan only; docs/memory-model.md section 3,
     "Logits and loss")."""
+    checkpoint_early_stop: bool | None = None
+    """Whether the block checkpoint stops recomputing once every tensor the backward saved is back
+    (torch's non-reentrant checkpoint as rewritten after 2.0, set_checkpoint_early_stop); None: the
+    framework's (zeroplan.core.profiles.FrameworkProfile.checkpoint_early_stop). False for torch
+    1.13, whose non-reentrant checkpoint (torch/utils/checkpoint.py, _checkpoint_without_reentrant)
+    reruns the whole block at the backward's first unpack: llm-foundry's runs on its 1.13.1 image."""
     unchunked_loss: bool = False
     """torchtitan only: its unchunked ``CrossEntropyLoss`` (the output projection in the model's
     forward, one fp32 cross-entropy over all the logits, as ``llama3_debugmodel_ce_loss``)

@@ -148,8 +148,7 @@ class RowError(Frozen):
 
 
 class SourceCalibration(Frozen):
-    """One source calibrated on its row of fewest GPUs (ties: the first) that calibrate step
-    does not refuse."""
+    """One source calibrated on its calibration_row among the rows calibrate step does not refuse."""
 
     source: str
     label: str
@@ -170,9 +169,64 @@ def published_row_efficiency(row: PublishedThroughput):  # type: ignore[no-untyp
                           note=f"published: {source_of(row)}, row {row.name!r}")
 
 
+# Which row a source is calibrated on, as a user would pick the one step they measure: the
+# run of fewest GPUs (issue 30: "calibrate on its smallest-GPU-count row"); where several
+# share that count, the cheapest of them to run, the smallest model (fewest parameters, a learned
+# position table left out: llm-foundry sizes MPT's to each row's sequence), at the sequence
+# length the source mostly runs (nearest its rows' median length, in log2; the shorter on a
+# tie), then the first listed. Nothing in it reads a published throughput or an error.
 def calibration_row(rows: list[PublishedThroughput]) -> PublishedThroughput:
-    """The row of fewest GPUs; the first of those on a tie."""
+    """The row ``zeroplan calibrate step`` is solved on among a source's ``rows``."""
+    import math
+
+    median_log2 = statistics.median(math.log2(row.seq_len) for row in rows)
+    fewest = min(row.num_gpus for row in rows)
+    tied = [row for row in rows if row.num_gpus == fewest]
+    # min keeps the first of equal keys.
+    return min(tied, key=lambda row: (_model_size(row), abs(math.log2(row.seq_len) - median_log2), row.seq_len))
+
+
+def _model_size(row: PublishedThroughput) -> int:
+    """The row's parameters less a learned position table (which grows with the row's sequence)."""
+    from zeroplan.core.params import total_parameters
+    from zeroplan.specs.model import PositionKind
+
+    spec = row.model_spec
+    table = (spec.max_positions + spec.position_offset) * spec.hidden_size if spec.position is PositionKind.learned else 0
+    return total_parameters(spec) - table
+
+
+def first_listed_calibration_row(rows: list[PublishedThroughput]) -> PublishedThroughput:
+    """The tie-break calibration_row replaced: the row of fewest GPUs listed first in the source
+    (llm-foundry lists its largest model and longest sequence first); printed beside it."""
     return min(rows, key=lambda row: row.num_gpus)  # min keeps the first of equal keys
+
+
+class TieBreakFigures(Frozen):
+    """The one-row calibration under another anchor rule: per source (label, anchor, rows scored,
+    median |error|, max |error|), and every scored row's |error|."""
+
+    per_source: tuple[tuple[str, str, int, float, float], ...]
+    errors: tuple[float, ...]
+
+
+def tie_break_figures(table: PublishedThroughputTable, rule=first_listed_calibration_row) -> TieBreakFigures:  # type: ignore[no-untyped-def]
+    """The calibrated figures (the planner's default attention rate) with each source anchored by ``rule``."""
+    implied = mode_implied_hfus(DEFAULT_ATTENTION_RATE, table)
+    by_source: dict[str, list[PublishedThroughput]] = {}
+    for row in table.rows:
+        by_source.setdefault(source_of(row), []).append(row)
+    per_source, every = [], []
+    for members in by_source.values():
+        usable = [row for row in members if row.name in implied]
+        if len(members) < MIN_SOURCE_ROWS or not usable:
+            continue
+        anchor = rule(usable)
+        errors = [abs(predicted_tokens_per_s(row, implied[anchor.name]) / row.published_tokens_per_s_per_gpu - 1)
+                  for row in usable if row.name != anchor.name]
+        per_source.append((source_label(anchor), anchor.name, len(errors), statistics.median(errors), max(errors)))
+        every += errors
+    return TieBreakFigures(per_source=tuple(per_source), errors=tuple(every))
 
 
 def mechanism_hfu(held_out: str, implied: dict[str, float], rows: tuple[PublishedThroughput, ...],

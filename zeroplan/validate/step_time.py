@@ -52,6 +52,8 @@ class TrainingOptions(Frozen):
     lora_rank: int = Field(default=0, ge=0)
     lora_targets: tuple[LoraTarget, ...] | None = None
     quantize: Quantization = Quantization.none
+    checkpoint_early_stop: bool | None = None
+    """TrainingSpec.checkpoint_early_stop: False where the run's torch (1.13) had no early stop."""
 
     def training_fields(self) -> dict:  # type: ignore[type-arg]
         """The TrainingSpec keyword arguments these options set."""
