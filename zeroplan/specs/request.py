@@ -240,8 +240,12 @@ MEGATRON_VOCAB_MULTIPLE = 128
 # calls parallelize_llama, apply_compile included, on every stage's model part). Not measured:
 # another framework's model parallelism compiled and expert parallelism (compile is modelled
 # for dense models only).
+# torchtitan 9dec370 parallelisms/parallelize_llama.py parallelize_llama: "Async TP requires
+# --training.compile" (the fusion is an inductor pass, torch._inductor.config._micro_pipeline_tp).
 def check_compiled_layout(training: TrainingSpec, parallel: ParallelSpec) -> None:
     """Refuse, in one line naming the field, a compiled layout no record covers."""
+    if parallel.async_tp and (not training.compile or training.framework is not Framework.torchtitan):
+        raise ZeroplanError("parallel.async_tp", "is torchtitan's inductor pass (allowed: with --compile under --framework torchtitan)")
     if not training.compile:
         return
     if parallel.ep > 1:
