@@ -222,7 +222,8 @@ def add_allocator_arguments(group: argparse._ArgumentGroup) -> None:
         "--allocator-conf", metavar="CONF",
         help="the PYTORCH_CUDA_ALLOC_CONF under which the caching-allocator model replays the step and judges "
         "fit (e.g. expandable_segments:True; default: what the framework's launcher sets, expandable_segments:True "
-        "for torchtitan, PyTorch's defaults otherwise; \"\" for PyTorch's defaults)",
+        "for torchtitan on one node (run_train.sh; its multi-node multinode_trainer.slurm sets none), PyTorch's "
+        "defaults otherwise; \"\" for PyTorch's defaults)",
     )
     group.add_argument(
         "--exact-capacity", action="store_true",
@@ -568,7 +569,7 @@ def _allocator_conf(args: argparse.Namespace) -> dict[str, str | bool | None]:
     """MemoryAssumptions' allocator_conf from the flags: None (the flat reserve) under
     --flat-reserve or for a command without the allocator flags (the plan search judges
     millions of configurations on the flat reserve); left unset without --allocator-conf, so
-    the framework's launch default applies (LAUNCH_ALLOCATOR_CONF; PyTorch's own otherwise)."""
+    the framework's launch default applies (launch_allocator_conf; PyTorch's own otherwise)."""
     if getattr(args, "flat_reserve", True):
         if getattr(args, "exact_capacity", False):
             raise ZeroplanError("exact-capacity", "has no effect with --flat-reserve (no replay, no OOM capacity); drop one")
