@@ -35,15 +35,22 @@ def test_a_block_gathers_and_scatters_whole_sequence_tensors() -> None:
     eager = sequence_parallel_forward_collectives(_request(TP))
     assert eager.held
     assert sequence_parallel_forward_collectives(_request(TP.replace("--tp 4", "--tp 1"))) is None
+    # torch 2.13's funcol gathers dim 1 as a view at one sequence per micro-batch (0.3.0); the
+    # December 2024 funcol of 9dec370's runs always concatenates.
+    one = TP.replace("--micro-batch 2", "--micro-batch 1") + " --compile"
+    assert collectives.gather_copy and not sequence_parallel_forward_collectives(_request(one)).gather_copy
+    assert sequence_parallel_forward_collectives(_request(one + " --unchunked-loss --torchtitan-release 9dec370")).gather_copy
 
 
-@pytest.mark.parametrize("held, fused, allocations, peak", [
-    (False, False, 5, 2), (True, False, 5, 3), (False, True, 3, 1), (True, True, 3, 2)])
-def test_each_sublayer_allocates_and_frees_its_tensors(held: bool, fused: bool, allocations: int, peak: int) -> None:
+@pytest.mark.parametrize("held, fused, copy, allocations, peak", [
+    (False, False, True, 5, 2), (True, False, True, 5, 3), (False, True, True, 3, 1), (True, True, True, 3, 2),
+    (False, False, False, 4, 2), (True, False, False, 4, 3)])
+def test_each_sublayer_allocates_and_frees_its_tensors(held: bool, fused: bool, copy: bool, allocations: int,
+                                                       peak: int) -> None:
     # funcol's gather on dim 1: output, concatenated copy; its scatter: partial, copy, shard. Fused
     # (asynchronous TP): the gathered input, the stacked partials, the shard.
     whole = 1 << 30
-    collectives = SublayerCollectives(whole, whole, whole // 8, recomputed=True, held=held, fused=fused)
+    collectives = SublayerCollectives(whole, whole, whole // 8, recomputed=True, held=held, fused=fused, gather_copy=copy)
     b = TraceBuilder()
     run_sequence_parallel_forward(b, collectives)
     trace = b.trace("forward collectives")

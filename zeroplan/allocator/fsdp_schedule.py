@@ -167,7 +167,9 @@ class FsdpStepInputs:
     @property
     def held_root(self) -> bool:
         # torchtitan's unit holding the head is not resharded after its forward: 9dec370's root
-        # (apply_fsdp: fully_shard(model) for a root torch never reshards), 0.3.0's [norm, lm_head]
+        # (apply_fsdp: fully_shard(model, reshard_after_forward=not pp_enabled), which torch up to
+        # 2.7, the runs' 1963fc8 among them, clamps to False for a root; pytorch PR 154704 (2.8)
+        # honours an explicit True, PR 155319 keeps None unsharded), 0.3.0's [norm, lm_head]
         # (distributed/fsdp.py:200-207, reshard_after_forward False under the default policy).
         return self.loss_tensors is not None and not self.separate and self.units[0].head_tensors > 0 \
             and self.block_units > 0
@@ -663,15 +665,16 @@ def run_torchtitan_loss_parallel(b: "TraceBuilder", tensors: tuple[int, int], he
 # concatenated copy the sublayer reads, the output freed once copied) and its reduce-scatter on
 # dim 1 (the row-parallel linear's partial output, its concatenated copy, the shard), once for the
 # attention and once for the feed-forward; the gathered input freed after the column-parallel
-# matmuls (compiled) or once the sublayer returns (eager). Fused (asynchronous TP): the gathered
-# input alone, then the stacked partials and the shard. Nothing of them is kept.
+# matmuls (compiled) or once the sublayer returns (eager); where funcol's gather is a view
+# (SublayerCollectives.gather_copy) its output alone. Fused (asynchronous TP): the gathered input
+# alone, then the stacked partials and the shard. Nothing of them is kept.
 def run_sequence_parallel_forward(b: "TraceBuilder", collectives: SublayerCollectives | None) -> None:
     """One block's forward collectives under sequence parallelism (none where ``collectives``
     is None)."""
     if collectives is None:
         return
     for _ in range(SUBLAYERS):
-        if collectives.fused:
+        if collectives.fused or not collectives.gather_copy:
             gathered = b.alloc(collectives.gathered)
         else:
             output = b.alloc(collectives.gathered)

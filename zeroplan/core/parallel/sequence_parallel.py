@@ -34,13 +34,15 @@ class SublayerCollectives:
     scatter); compiled, inductor frees it after its last reader, the column-parallel matmuls."""
     fused: bool
     """Asynchronous TP: no concatenated copies (fused_all_gather_matmul, fused_matmul_reduce_scatter)."""
+    gather_copy: bool = True
+    """The gather's concatenated copy is made (False: torch 2.13's funcol returns a view)."""
 
     def peak(self) -> int:
-        """The most of them alive at once (as run_sequence_parallel_forward makes them)."""
-        held = self.gathered if self.held else 0
-        if self.fused:
-            return max(self.gathered, held + self.partial + self.shard)
-        return max(2 * self.gathered, held + 2 * self.partial, held + self.partial + self.shard)
+        """The most of them alive at once (as run_sequence_parallel_forward makes them): the
+        gather's, or the scatter's beside the gathered input where that is held."""
+        gather = self.gathered if self.fused or not self.gather_copy else 2 * self.gathered
+        scatter = self.partial + self.shard if self.fused else max(2 * self.partial, self.partial + self.shard)
+        return max(gather, (self.gathered if self.held else 0) + scatter)
 
 
 # torchtitan 9dec370 parallelisms/parallelize_llama.py apply_tp: each block's attention and
@@ -60,6 +62,10 @@ class SublayerCollectives:
 # ...), FeedForward.forward(x)) and lives until it returns, beside the scatter's; compiled
 # (apply_compile: each block one fullgraph graph), inductor's wrapper frees each buffer after its
 # last reader, so the gathered input goes once the column-parallel matmuls have read it.
+# torch 2.13's funcol (the torch torchtitan 0.3.0 is measured on) gathers through
+# torch/_utils.py _maybe_view_chunk_cat, a view where every dim the gathered one moves across has
+# size 1: on dim 1 of [b, s/t, h], at micro-batch 1 (its scatter still concatenates,
+# _chunk_or_narrow_cat). The runs of 9dec370 had December 2024's funcol, which always copies.
 # Asynchronous TP (apply_tp: torch._inductor.config._micro_pipeline_tp) replaces both by the
 # symmetric-memory ops of torch/distributed/_symmetric_memory/__init__.py (December 2024):
 # _fused_all_gather_matmul gathers the shards into one whole tensor (no concatenated copy) and
@@ -78,4 +84,5 @@ def sequence_parallel_forward_collectives(request: PlanRequest) -> SublayerColle
     gathered = whole * (FLOAT8_BYTES if training.float8 is not None else compute)
     return SublayerCollectives(gathered=gathered, partial=whole * compute, shard=whole * compute // parallel.tp,
                               recomputed=recomputes_collectives(request), held=not training.compile,
-                              fused=parallel.async_tp)
+                              fused=parallel.async_tp,
+                              gather_copy=training.torchtitan_release == "9dec370" or batch.micro_batch_size > 1)
