@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from zeroplan.allocator.builder import TraceBuilder
@@ -20,6 +22,7 @@ TP = ("llama-3.1-8b --framework torchtitan --gpus 16 --gpu h100-80gb --tp 4 --mi
       "--activation-checkpointing full")
 
 
+@functools.lru_cache(maxsize=None)
 def _request(flags: str):
     return request_from_args(build_parser().parse_args(["fit", *flags.split()]), StrategyKind.fsdp_full_shard)
 
