@@ -42,9 +42,11 @@ tensors): the loss's forward holds 3.5 and its backward 4 fp32 local-logit tenso
 peak 57.90 GiB at the second step's loss backward, reserved 64.47 under expandable segments and
 71.74 under PyTorch's defaults (about 100 s each). The planner (loss_parallel tensor by tensor,
 zeroplan.allocator.fsdp_schedule.run_torchtitan_loss_parallel): allocated 57.84, reserved 63.35
-and 61.52. Under the defaults the step's forward leaves its 2 GiB all-gathered block inputs as
-cached segments the 8 GiB loss tensors cannot use, which the planner's schedule (no forward
-transients) does not make. ``--partition``, with and without ``--float8``, under torch 2.13 +
+under expandable segments and, with the forward's sequence-parallel collectives
+(run_sequence_parallel_forward), 68.99 under the defaults (61.52 without them): the step's forward
+leaves its 2 GiB all-gathered block inputs as cached segments the 8 GiB loss tensors cannot use.
+The planner column below is the published row's (compiled, float8); for the eager bf16 step's
+own flags drop --compile and --float8 from planner(). ``--partition``, with and without ``--float8``, under torch 2.13 +
 torchao 0.14.1 and under torch 2.6.0 + torchao 0.8.0 (the releases nearest the runs' torch
 1963fc8 and torchao eab345c): the compiled block saves only its 256 MiB input (besides its
 parameters and the RoPE table); its backward graph's values peak at 7.0 / 8.0 GiB (torch 2.6,

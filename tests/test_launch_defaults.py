@@ -56,3 +56,14 @@ def test_the_header_names_the_allocator_and_where_it_comes_from(zeroplan_cli) ->
     assert code == 0 and "allocator:" not in out
     code, out, _ = zeroplan_cli(*flags, "--allocator-conf", "expandable_segments:True")
     assert "allocator: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (--allocator-conf)" in out.splitlines()
+
+
+def test_torchtitans_multi_node_launcher_sets_none() -> None:
+    # torchtitan's multinode_trainer.slurm (the README's multi-node instructions) starts torchrun
+    # without PYTORCH_CUDA_ALLOC_CONF; only the single-node script sets expandable segments.
+    request = PlanRequest(model=get_model("llama-3.1-8b"), cluster=cluster_from_gpus(get_gpu("h100-80gb"), 16),
+                          strategy=StrategySpec(kind="fsdp-full-shard"), training=TrainingSpec(framework="torchtitan"))
+    assert request.cluster.num_nodes == 2
+    assert request.assumptions.allocator_conf == "" and request.allocator_conf_is_launch_default
+    named = request.model_copy(update={"assumptions": MemoryAssumptions(allocator_conf="expandable_segments:True")})
+    assert not named.allocator_conf_is_launch_default

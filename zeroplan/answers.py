@@ -54,7 +54,7 @@ class FitReport(Frozen):
     """The PYTORCH_CUDA_ALLOC_CONF the verdict was judged under (MemoryAssumptions.allocator_conf;
     None: the flat reserve)."""
     allocator_conf_is_launch_default: bool = False
-    """Whether that is the framework launcher's own setting (specs.framework.LAUNCH_ALLOCATOR_CONF)
+    """Whether that is the framework launcher's own setting (specs.framework.launch_allocator_conf)
     rather than one the request named."""
     step_time_basis: str = ""
     """What the step times rest on: the fitted default HFU of the request's mechanism, the flat

@@ -41,6 +41,9 @@ from zeroplan.core.memo import batch_keyed
 from zeroplan.core.fused_cross_entropy import fused_cross_entropy_parts
 from zeroplan.core.kv_cache import kv_cache_tensors
 from zeroplan.core.parallel.activations import rank_logits_pieces, rank_logits_tensors
+from zeroplan.core.parallel.sequence_parallel import (
+    SUBLAYERS, SublayerCollectives, sequence_parallel_forward_collectives,
+)
 from zeroplan.core.profiles import fsdp1_root_stays_gathered, fsdp_separates_embedding_and_head, loss_chunks
 from zeroplan.specs import StrategyKind
 from zeroplan.specs.framework import Framework
@@ -154,6 +157,8 @@ class FsdpStepInputs:
     loss_parallel: bool = False
     """loss_tensors are those of loss_parallel's cross-entropy on the rank's vocabulary shard
     (zeroplan.core.framework_loss.loss_parallel_applies), run as run_torchtitan_loss_parallel."""
+    sequence_parallel: SublayerCollectives | None = None
+    """forward_collectives: each block's forward collectives (run_sequence_parallel_forward)."""
 
     @property
     def block_units(self) -> int:
@@ -162,7 +167,9 @@ class FsdpStepInputs:
     @property
     def held_root(self) -> bool:
         # torchtitan's unit holding the head is not resharded after its forward: 9dec370's root
-        # (apply_fsdp: fully_shard(model) for a root torch never reshards), 0.3.0's [norm, lm_head]
+        # (apply_fsdp: fully_shard(model, reshard_after_forward=not pp_enabled), which torch up to
+        # 2.7, the runs' 1963fc8 among them, clamps to False for a root; pytorch PR 154704 (2.8)
+        # honours an explicit True, PR 155319 keeps None unsharded), 0.3.0's [norm, lm_head]
         # (distributed/fsdp.py:200-207, reshard_after_forward False under the default policy).
         return self.loss_tensors is not None and not self.separate and self.units[0].head_tensors > 0 \
             and self.block_units > 0
@@ -202,7 +209,20 @@ def fsdp_step_inputs(request: PlanRequest, terms: PeakTerms) -> FsdpStepInputs:
     return FsdpStepInputs(units, fsdp_separates_embedding_and_head(request), eb.compute_parameter,
                           gradient_wire_bytes(request), bool(request.training.fsdp_cpu_offload), eb.parameter,
                           request.shard_group_size, torchtitan_unchunked_loss_tensors(request, terms), chunked,
-                          fsdp1_root_held(request), loss_parallel_applies(request))
+                          fsdp1_root_held(request), loss_parallel_applies(request),
+                          forward_collectives(request, terms))
+
+
+# A block's backward reruns its forward under full recomputation (and computes the gradients of
+# the same collectives), inside the workspace the planner gives it (PeakTerms.workspace): the
+# forward's collectives are scheduled where they fit in it, so that the trace's requested peak
+# stays the planner's allocated peak.
+def forward_collectives(request: PlanRequest, terms: PeakTerms) -> SublayerCollectives | None:
+    """sequence_parallel_forward_collectives where the block's backward workspace holds them."""
+    collectives = sequence_parallel_forward_collectives(request)
+    if collectives is None or collectives.peak() > terms.workspace:
+        return None
+    return collectives
 
 
 # torch 2.13 distributed/fsdp/_runtime_utils.py _post_forward_reshard: FSDP1 does not reshard the
@@ -294,6 +314,7 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
             parameters = gather(unit)
             saved.append(b.alloc_parts(block_parts))
             cache += b.alloc_parts(list(cache_parts[position]))
+            run_sequence_parallel_forward(b, f.sequence_parallel)
             if held_root and position == len(block_units) - 1:
                 last_block = parameters  # torchtitan 9dec370: the last block is not resharded
             else:
@@ -372,7 +393,8 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
         for step, (index, position) in enumerate(order):
             prefetched = gather(units[order[step + 1][0]]) if step + 1 < len(order) else []
             if position is not None:
-                b.free(b.alloc(x.workspace))
+                run_sequence_parallel_recompute(b, f.sequence_parallel)
+                b.free(b.alloc_parts(list(x.workspace_parts or (x.workspace,))))
                 b.free(saved[position])
             backward_gradients(index, current)
             current = prefetched
@@ -637,3 +659,43 @@ def run_torchtitan_loss_parallel(b: "TraceBuilder", tensors: tuple[int, int], he
     head_gradient = b.alloc_parts(head_gradient_parts)
     b.free(logits_gradient)
     return head_gradient
+
+
+# zeroplan.core.parallel.sequence_parallel: funcol's all-gather on dim 1 (its output, then the
+# concatenated copy the sublayer reads, the output freed once copied) and its reduce-scatter on
+# dim 1 (the row-parallel linear's partial output, its concatenated copy, the shard), once for the
+# attention and once for the feed-forward; the gathered input freed after the column-parallel
+# matmuls (compiled) or once the sublayer returns (eager); where funcol's gather is a view
+# (SublayerCollectives.gather_copy) its output alone. Fused (asynchronous TP): the gathered input
+# alone, then the stacked partials and the shard. Nothing of them is kept.
+def run_sequence_parallel_forward(b: "TraceBuilder", collectives: SublayerCollectives | None) -> None:
+    """One block's forward collectives under sequence parallelism (none where ``collectives``
+    is None)."""
+    if collectives is None:
+        return
+    for _ in range(SUBLAYERS):
+        if collectives.fused or not collectives.gather_copy:
+            gathered = b.alloc(collectives.gathered)
+        else:
+            output = b.alloc(collectives.gathered)
+            gathered = b.alloc(collectives.gathered)
+            b.free(output)
+        if not collectives.held:
+            b.free(gathered)
+            gathered = []
+        partial = b.alloc(collectives.partial)
+        if not collectives.fused:
+            copy = b.alloc(collectives.partial)
+            b.free(partial)
+            partial = copy
+        shard = b.alloc(collectives.shard)
+        b.free(partial)
+        b.free(gathered)
+        b.free(shard)
+
+
+def run_sequence_parallel_recompute(b: "TraceBuilder", collectives: SublayerCollectives | None) -> None:
+    """The recomputed forward's collectives at the start of a block's backward, where it reruns
+    them (SublayerCollectives.recomputed), before the workspace the planner gives the rest."""
+    if collectives is not None and collectives.recomputed:
+        run_sequence_parallel_forward(b, collectives)

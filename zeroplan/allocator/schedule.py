@@ -13,8 +13,11 @@ from dataclasses import dataclass
 
 from zeroplan.allocator.builder import TraceBuilder, even_parts, split_bytes
 from zeroplan.allocator.fsdp_schedule import applies as fsdp_applies
-from zeroplan.allocator.fsdp_schedule import (FsdpStepInputs, forward_cache_parts, fsdp_loss_allocations, fsdp_step_inputs,
-                                              loss_allocations, record_fsdp_step, run_loss, run_torchtitan_loss_parallel)
+from zeroplan.allocator.fsdp_schedule import (FsdpStepInputs, forward_cache_parts, forward_collectives, fsdp_loss_allocations,
+                                              fsdp_step_inputs, loss_allocations, record_fsdp_step, run_loss,
+                                              run_sequence_parallel_forward, run_sequence_parallel_recompute,
+                                              run_torchtitan_loss_parallel)
+from zeroplan.core.parallel.sequence_parallel import SublayerCollectives
 from zeroplan.allocator.replay import Ops
 from zeroplan.allocator.trace import AllocationTrace, Stream
 from zeroplan.core import deepspeed_2022
@@ -65,7 +68,7 @@ def _workspace_parts(request: PlanRequest, workspace: int) -> tuple[int, ...]:
     planner's layer terms weigh them) and the rest in one; the whole in one elsewhere."""
     training = request.training
     if (training.activation_checkpointing is not ActivationCheckpointing.full
-            or training.framework is not Framework.megatron_deepspeed):
+            or training.framework not in (Framework.megatron_deepspeed, Framework.torchtitan)):
         return (workspace,)
     recompute = min(rank_activation_bytes(request, _recompute_only)[1], workspace)
     model, batch = request.model, request.batch
@@ -150,6 +153,9 @@ class StepInputs:
     loss_logits_held: bool = False
     """The bf16 logits the loss starts from are a pipeline stage's output, held with the
     activations (parallel.activations.pipeline_stage_output_bytes), not made and freed by it."""
+    sequence_parallel: SublayerCollectives | None = None
+    """fsdp_schedule.forward_collectives: each block's forward collectives, run in every
+    micro-batch's forward (fsdp_schedule.run_sequence_parallel_forward)."""
 
 
 def step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms) -> StepInputs:
@@ -167,7 +173,7 @@ def step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms)
         fsdp = fsdp_step_inputs(request, terms)
         moments = () if fsdp.runs_own_loss else tuple(map(tuple, fsdp_loss_allocations(request, terms)))
         return StepInputs(**common, cache_parts=tuple(forward_cache_parts(request, fsdp.block_units)),
-                          loss_moments=moments, fsdp=fsdp)
+                          loss_moments=moments, fsdp=fsdp, workspace_parts=_workspace_parts(request, terms.workspace))
     gathered, reduce = _transient_parts(request, terms.transient_buffers)
     moments = tuple(map(tuple, loss_allocations(request, terms)))
     return StepInputs(**common, cache_parts=tuple(forward_cache_parts(request, blocks)),
@@ -180,6 +186,7 @@ def step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms)
                       gather_stream=Stream.all_gather if request.strategy.kind.is_fsdp else Stream.compute,
                       flat_step=runs_flat_step(request), in_flight=_in_flight_micro_batches(request),
                       workspace_parts=_workspace_parts(request, terms.workspace),
+                      sequence_parallel=forward_collectives(request, terms),
                       stage1_2022=deepspeed_2022.step_allocations(request) if deepspeed_2022.models_2022(request) else None)
 
 
@@ -255,6 +262,7 @@ def record_step(x: StepInputs) -> TraceBuilder:
             saved[block].append(b.alloc_parts(block_parts))
             if micro_batch == 0:
                 cache += b.alloc_parts(list(parts))
+            run_sequence_parallel_forward(b, x.sequence_parallel)
             b.free(unit)
     b.mark()
 
@@ -281,6 +289,7 @@ def record_step(x: StepInputs) -> TraceBuilder:
         for block in reversed(range(blocks)):
             unit = b.alloc(gathered, gather_stream)
             reducing = b.alloc(reduce, Stream.reduce_scatter)
+            run_sequence_parallel_recompute(b, x.sequence_parallel)
             b.free(b.alloc_parts(workspace))
             b.free(saved[block][micro_batch])
             b.free(unit + reducing)

@@ -222,7 +222,8 @@ def add_allocator_arguments(group: argparse._ArgumentGroup) -> None:
         "--allocator-conf", metavar="CONF",
         help="the PYTORCH_CUDA_ALLOC_CONF under which the caching-allocator model replays the step and judges "
         "fit (e.g. expandable_segments:True; default: what the framework's launcher sets, expandable_segments:True "
-        "for torchtitan, PyTorch's defaults otherwise; \"\" for PyTorch's defaults)",
+        "for torchtitan on one node (run_train.sh; its multi-node multinode_trainer.slurm sets none), PyTorch's "
+        "defaults otherwise; \"\" for PyTorch's defaults)",
     )
     group.add_argument(
         "--exact-capacity", action="store_true",
@@ -257,6 +258,9 @@ def add_parallel_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
                        help="shard norms and the residual stream over the tp ranks (default: on for torchtitan, whose "
                             "enable_sequence_parallel defaults to true; off for the reference model, as Megatron-LM)")
+    group.add_argument("--async-tp", action="store_true",
+                       help="torchtitan's asynchronous tensor parallelism (enable_async_tensor_parallel; needs --compile "
+                            "and sequence parallelism): each all-gather and reduce-scatter fused with its matmuls")
     group.add_argument("--cp", type=positive_int, default=1, help="context-parallel degree (ring attention; default 1)")
     group.add_argument("--pp", type=positive_int, default=1, help="pipeline-parallel degree (default 1); --grad-accum micro-batches flow through it")
     group.add_argument("--pp-schedule", choices=choices_of(PipelineSchedule),
@@ -286,8 +290,8 @@ def parallel_from_args(args: argparse.Namespace) -> ParallelSpec:
         # torchtitan 0.3.0 config/configs.py ParallelismConfig.enable_sequence_parallel = True.
         sequence_parallel = args.tp > 1 and args.framework == Framework.torchtitan.value
     virtual = args.virtual_stages or (2 if schedule.interleaved and args.pp > 1 else 1)
-    return ParallelSpec(tp=args.tp, sequence_parallel=sequence_parallel, cp=args.cp, pp=args.pp,
-                        pp_schedule=schedule, virtual_stages=virtual, ep=args.ep)
+    return ParallelSpec(tp=args.tp, sequence_parallel=sequence_parallel, async_tp=bool(getattr(args, "async_tp", False)),
+                        cp=args.cp, pp=args.pp, pp_schedule=schedule, virtual_stages=virtual, ep=args.ep)
 
 
 def add_optimizer_loop_argument(parser: argparse.ArgumentParser) -> None:
@@ -566,7 +570,7 @@ def _allocator_conf(args: argparse.Namespace) -> dict[str, str | bool | None]:
     """MemoryAssumptions' allocator_conf from the flags: None (the flat reserve) under
     --flat-reserve or for a command without the allocator flags (the plan search judges
     millions of configurations on the flat reserve); left unset without --allocator-conf, so
-    the framework's launch default applies (LAUNCH_ALLOCATOR_CONF; PyTorch's own otherwise)."""
+    the framework's launch default applies (launch_allocator_conf; PyTorch's own otherwise)."""
     if getattr(args, "flat_reserve", True):
         if getattr(args, "exact_capacity", False):
             raise ZeroplanError("exact-capacity", "has no effect with --flat-reserve (no replay, no OOM capacity); drop one")

@@ -148,6 +148,7 @@ FLAG_OF_FIELD = {
     "parallel.cp": "--cp",
     "parallel.pp": "--pp",
     "parallel.sequence_parallel": "--sequence-parallel",
+    "parallel.async_tp": "--async-tp",
     "parallel.virtual_stages": "--virtual-stages",
     "parallel.pp_schedule": "--pp-schedule",
     "parallel.ep": "--ep",

@@ -62,7 +62,7 @@ from zeroplan.answers import PlanSearchResult
 from zeroplan.results import PeakMoment, PlanCandidate
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.parallel import MODEL_PARALLEL_FRAMEWORKS, PIPELINE_STRATEGIES, ParallelSpec, PipelineSchedule
-from zeroplan.specs.framework import LAUNCH_ALLOCATOR_CONF
+from zeroplan.specs.framework import launch_allocator_conf
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.training import ActivationCheckpointing
@@ -1209,10 +1209,11 @@ def search_with_groups(
 
 def modelled_allocator_conf(base: PlanRequest) -> str:
     """The PYTORCH_CUDA_ALLOC_CONF fit would judge the search's configurations under: the
-    request's own, else the framework launcher's (LAUNCH_ALLOCATOR_CONF), else PyTorch's defaults."""
+    request's own, else the framework launcher's for its node count (launch_allocator_conf), else
+    PyTorch's defaults."""
     if base.assumptions.allocator_conf is not None:
         return base.assumptions.allocator_conf
-    return LAUNCH_ALLOCATOR_CONF.get(base.training.framework, "")
+    return launch_allocator_conf(base.training.framework, base.cluster.num_nodes) or ""
 
 
 def _answered(candidates: tuple[PlanCandidate, ...], requests: list[PlanRequest], base: PlanRequest,

@@ -14,7 +14,7 @@ import shlex
 from typing import Any
 
 from zeroplan.specs.finetune import LoraTarget, Quantization
-from zeroplan.specs.framework import LAUNCH_ALLOCATOR_CONF, Framework
+from zeroplan.specs.framework import Framework, launch_allocator_conf
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.training import ActivationCheckpointing, Precision
@@ -29,10 +29,10 @@ class NotApplicable(Exception):
 def allocator_conf(request: PlanRequest) -> str:
     """The PYTORCH_CUDA_ALLOC_CONF the plan assumed: the request's MemoryAssumptions.allocator_conf,
     or, where the request was judged on the flat reserve (None: the plan search), what the
-    framework's own launcher sets (LAUNCH_ALLOCATOR_CONF); "" is PyTorch's defaults."""
+    framework's own launcher sets for the node count (launch_allocator_conf); "" is PyTorch's defaults."""
     conf = request.assumptions.allocator_conf
     if conf is None:
-        conf = LAUNCH_ALLOCATOR_CONF.get(request.training.framework, "")
+        conf = launch_allocator_conf(request.training.framework, request.cluster.num_nodes) or ""
     return conf
 
 

@@ -178,6 +178,9 @@ def fit_notes(report: FitReport, unit: ByteUnit) -> list[str]:
     if report.allocator_conf:
         notes.append(f"Judged under PYTORCH_CUDA_ALLOC_CONF={report.allocator_conf}"
                      + (f" ({report.training.framework.value}'s launch default)." if report.allocator_conf_is_launch_default else "."))
+    elif report.allocator_conf is not None and report.allocator_conf_is_launch_default:
+        notes.append(f"Judged under PyTorch's default allocator ({report.training.framework.value}'s multi-node launch "
+                     "default: its multi-node launcher sets no PYTORCH_CUDA_ALLOC_CONF).")
     if any(p.memory.allocator_modelled for p in report.plans):
         notes.append("peak = what the step reserves (max_memory_reserved) in a replay of PyTorch's caching allocator on the "
                      "usable memory, or with no limit where it runs out (docs/memory-model.md, section 7); its schedule is "

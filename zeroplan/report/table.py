@@ -248,8 +248,12 @@ def paged_optimizer_lines(report: FitReport, unit: ByteUnit) -> list[str]:
 
 
 def allocator_lines(report: FitReport) -> list[str]:
-    """The allocator setting the verdict is judged under, where it is not PyTorch's default."""
+    """The allocator setting the verdict is judged under, where it is not PyTorch's default or
+    where PyTorch's default is a multi-node launcher's choice over its single-node one's."""
     if not report.allocator_conf:
+        if report.allocator_conf_is_launch_default and report.allocator_conf is not None:
+            return [f"allocator: PyTorch's defaults ({report.training.framework.value}'s multi-node launch default; "
+                    "--allocator-conf expandable_segments:True for its single-node one)"]
         return []
     origin = (f"{report.training.framework.value}'s launch default; --allocator-conf \"\" for PyTorch's defaults"
               if report.allocator_conf_is_launch_default else "--allocator-conf")

@@ -66,6 +66,26 @@ whose launchers set none (torchtune's `tune run`, Hugging Face's Trainer and acc
 PyTorch's defaults."""
 
 
+MULTINODE_LAUNCH_ALLOCATOR_CONF: dict[Framework, str] = {
+    # torchtitan's README ("Multi-Node Training", 9dec370 and b5bcd76 alike) sends multi-node
+    # users to multinode_trainer.slurm, whose `srun torchrun ...` (9dec370 line 62, b5bcd76 line
+    # 63) runs under no PYTORCH_CUDA_ALLOC_CONF (it sets NCCL and EFA variables only):
+    # PyTorch's defaults. Only the single-node run_llama_train.sh / run_train.sh set expandable
+    # segments, and torchtitan's own code sets no allocator configuration.
+    Framework.torchtitan: "",
+}
+"""The PYTORCH_CUDA_ALLOC_CONF a framework's multi-node launcher sets, where it is not the
+single-node one's (launch_allocator_conf)."""
+
+
+def launch_allocator_conf(framework: Framework, num_nodes: int) -> str | None:
+    """The PYTORCH_CUDA_ALLOC_CONF the framework's own launcher sets for a run over
+    ``num_nodes`` nodes (None: its launchers set none, PyTorch's defaults)."""
+    if num_nodes > 1 and framework in MULTINODE_LAUNCH_ALLOCATOR_CONF:
+        return MULTINODE_LAUNCH_ALLOCATOR_CONF[framework]
+    return LAUNCH_ALLOCATOR_CONF.get(framework)
+
+
 # litgpt 0.4.13.dev1 (commit 00af8b0) litgpt/model.py GPT.__init__ builds lm_head as a Linear of its
 # own beside transformer.wte, whatever the checkpoint ties; scripts/convert_hf_checkpoint.py
 # (lines 206-207, 281-282) copies wte into lm_head.weight when a tied checkpoint has none, and

@@ -72,6 +72,11 @@ class ParallelSpec(Frozen):
     sequence_parallel: bool = False
     """Shard the norms' and residual stream's sequence dimension over the tensor-parallel ranks
     (Korthikanti et al. 2022, sec. 4.2.2); requires tp > 1."""
+    async_tp: bool = False
+    """torchtitan's asynchronous tensor parallelism (``enable_async_tensor_parallel``): inductor's
+    micro-pipeline pass fuses each sequence-parallel all-gather with the matmuls that read it and
+    each matmul with its reduce-scatter (zeroplan.core.parallel.sequence_parallel); requires
+    sequence parallelism and a compiled block."""
     cp: int = Field(default=1, gt=0)
     """Context-parallel degree: the sequence split cp ways, attention exchanging K and V around
     a ring (Liu et al. 2023, Ring Attention; torchtitan's context_parallel)."""
@@ -94,6 +99,8 @@ class ParallelSpec(Frozen):
     def _check(self) -> "ParallelSpec":
         if self.sequence_parallel and self.tp == 1:
             raise ZeroplanError("parallel.sequence_parallel", "needs tensor parallelism (allowed: with tp > 1)")
+        if self.async_tp and not self.sequence_parallel:
+            raise ZeroplanError("parallel.async_tp", "needs sequence parallelism (allowed: with tp > 1 and sequence parallelism)")
         if self.pp == 1 and (self.virtual_stages != 1 or self.pipeline_rank != 0):
             raise ZeroplanError("parallel.virtual_stages", "needs pipeline parallelism (allowed: 1 with pp 1)")
         if self.pp > 1 and self.pp_schedule.interleaved and self.virtual_stages < 2:

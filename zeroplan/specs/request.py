@@ -7,7 +7,7 @@ from pydantic import Field, model_validator
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.finetune import Quantization, check_finetune
-from zeroplan.specs.framework import LAUNCH_ALLOCATOR_CONF, UNTIES_EMBEDDINGS, Framework
+from zeroplan.specs.framework import UNTIES_EMBEDDINGS, Framework, launch_allocator_conf
 from zeroplan.specs.hardware import ClusterSpec
 from zeroplan.specs.model import ModelSpec, PositionKind
 from zeroplan.specs.parallel import ParallelSpec, check_parallel
@@ -240,8 +240,12 @@ MEGATRON_VOCAB_MULTIPLE = 128
 # calls parallelize_llama, apply_compile included, on every stage's model part). Not measured:
 # another framework's model parallelism compiled and expert parallelism (compile is modelled
 # for dense models only).
+# torchtitan 9dec370 parallelisms/parallelize_llama.py parallelize_llama: "Async TP requires
+# --training.compile" (the fusion is an inductor pass, torch._inductor.config._micro_pipeline_tp).
 def check_compiled_layout(training: TrainingSpec, parallel: ParallelSpec) -> None:
     """Refuse, in one line naming the field, a compiled layout no record covers."""
+    if parallel.async_tp and (not training.compile or training.framework is not Framework.torchtitan):
+        raise ZeroplanError("parallel.async_tp", "is torchtitan's inductor pass (allowed: with --compile under --framework torchtitan)")
     if not training.compile:
         return
     if parallel.ep > 1:
@@ -355,15 +359,19 @@ class PlanRequest(Frozen):
     @classmethod
     def _framework_launch_allocator(cls, data: object) -> object:
         """A request whose assumptions name no allocator_conf is judged under the one its
-        framework's launcher sets (LAUNCH_ALLOCATOR_CONF: torchtitan's expandable segments), as
+        framework's launcher sets for its node count (launch_allocator_conf: torchtitan's
+        expandable segments on one node, PyTorch's defaults under its multi-node launcher), as
         a user of that framework runs it; one that names any (even "") keeps its own."""
         if not isinstance(data, dict):
             return data
         training = data.get("training")
         framework = (training.framework if isinstance(training, TrainingSpec)
                      else training.get("framework") if isinstance(training, dict) else None)
+        cluster = data.get("cluster")
+        nodes = (cluster.num_nodes if isinstance(cluster, ClusterSpec)
+                 else cluster.get("num_nodes", 1) if isinstance(cluster, dict) else 1)
         try:
-            launch = LAUNCH_ALLOCATOR_CONF.get(Framework(framework)) if framework is not None else None
+            launch = launch_allocator_conf(Framework(framework), nodes) if framework is not None else None
         except ValueError:
             return data  # the training's own validation answers
         if launch is None:
@@ -380,7 +388,7 @@ class PlanRequest(Frozen):
     @property
     def allocator_conf_is_launch_default(self) -> bool:
         """Whether the allocator configuration judged under is the framework launcher's own."""
-        launch = LAUNCH_ALLOCATOR_CONF.get(self.training.framework)
+        launch = launch_allocator_conf(self.training.framework, self.cluster.num_nodes)
         return launch is not None and self.assumptions.allocator_conf == launch
 
     @model_validator(mode="after")
