@@ -90,7 +90,7 @@ def test_compare_labels_the_time_basis(zeroplan_cli) -> None:
         assert code == 0
         lines[(gpu, extra)] = out.splitlines()[-1]
     assert lines[("a100-80gb", ())].startswith("step time: fitted default HFU ")
-    assert "(a100, flash-attn-2, not compiled: median of 14 published rows, 4 sources)" in lines[("a100-80gb", ())]
+    assert "(a100, flash-attn-2, not compiled: median of 18 published rows, 6 sources)" in lines[("a100-80gb", ())]
     assert "leave-one-source-out" not in lines[("b200", ())] and "flat HFU 0.4 (b200" in lines[("b200", ())]
     assert "HFU 0.4 as given (--hfu)" in lines[("a100-80gb", ("--hfu", "0.4"))]
 

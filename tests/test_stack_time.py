@@ -9,7 +9,8 @@ from zeroplan.specs.framework import Framework
 from zeroplan.validate.step_calibration import stack_of
 from zeroplan.validate.step_time import load_published_throughput
 
-STACKS = {"torchtitan", "llm-foundry", "megatron-lm", "megatron-deepspeed", "hf", "fms-fsdp", "torchtune", "deepspeed"}
+STACKS = {"torchtitan", "llm-foundry", "megatron-lm", "megatron-deepspeed", "hf", "fms-fsdp", "torchtune", "deepspeed",
+          "llm.c", "tinyllama"}
 
 
 def test_each_stack_has_a_profile_with_its_sources() -> None:

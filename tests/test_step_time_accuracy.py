@@ -67,11 +67,13 @@ def test_flat_hfu_prediction_is_executed_flops_at_that_hfu_when_communication_hi
     hfu = FLAT_HFU
     for row, comparison in zip(ROWS, TABLE):
         if (row.tp * row.pp > 1 or row.strategy is StrategyKind.zero1 or row.strategy.offloads_optimizer
-                or row.overlap_grad_reduce is False):
+                or row.overlap_grad_reduce is False or (row.strategy.zero_stage == 3 and not row.strategy.is_fsdp)):
             # Model-parallel collectives block compute, ZeRO-1's step-phase collectives are
             # exposed by design (Megatron's and BLOOM's rows), and so are offload's host copies
-            # and CPU step, and an all-reduce the run's flags put after the backward (Megatron-LM
-            # 2021's local DDP); every other row hides.
+            # and CPU step, an all-reduce the run's flags put after the backward (Megatron-LM
+            # 2021's local DDP), and DeepSpeed stage 3's gradient-norm and overflow all-reduces in
+            # its step (zeroplan.core.communication.deepspeed_stage3_step_scalars: DeepSpeed on
+            # Azure's ZeRO-3 rows); every other row hides.
             continue
         assert comparison.exposed_communication_s == 0.0, row.name
         request = row.request()
@@ -170,7 +172,14 @@ def test_every_published_run_fits() -> None:
     # DeepSpeed's ZeRO-Offload tutorial run kept its activation checkpoints on the host
     # (activation_checkpointing.cpu_checkpointing), which the memory model does not: 0.65 GiB over.
     host_checkpoints = {"deepspeed zero-offload gpt-2 10b l50 h4096 a32 v100-32gb x1 s1024 b10 AC"}
-    assert {c.name for c in TABLE if not c.fits} == host_checkpoints
+    # TinyLlama's run (40.9 GiB planned on a 40 GB card): the litgpt profile plans litgpt 0.4.13's
+    # model code, not TinyLlama's flash-attn fused RMSNorm, rotary and cross-entropy and xformers'
+    # SwiGLU, which keep fewer activations. DeepSpeed on Azure's 1T ZeRO-3 run (110.6 GiB): the
+    # planner gathers a whole block (15.7 GB) per ZeRO-3 unit where DeepSpeed fetches each
+    # submodule under the recipe's stage3_max_live_parameters (3e9 elements), and holds its 53.7 GB
+    # of checkpoints on the GPU, which the blog's text suggests were kept in host memory.
+    unmodelled = {"tinyllama 1.1b a100-40gb x16 fsdp no AC b8 accum8", "deepspeed azure gpt-1t a100 x1024 zero3-offload b8 s1024"}
+    assert {c.name for c in TABLE if not c.fits} == host_checkpoints | unmodelled
 
 
 def test_readme_medians_are_what_the_benchmark_prints() -> None:

@@ -66,6 +66,9 @@ _MEGATRON = "NVIDIA/Megatron-LM@d98e8a64ddf34856e74b24714e3bedb2f5a39553"
 _FMS = "foundation-model-stack/fms-fsdp@5a296afe42f9932f590783cb053fa0f9384e01fc"
 _MDS = "bigscience-workshop/Megatron-DeepSpeed@8387ae17c4704f6579f88a84500b535d19d7fbbf"
 _DSE = "microsoft/DeepSpeedExamples@ece5e0e077f5b4fd60d6f31c68129a11741aa81b"
+_LLMC = "karpathy/llm.c@42dff8793988b1f72793b0dfdbc02d8d0f15acc2"
+_LLMC_H100 = "karpathy/llm.c@c6efd90a861e038b0bfb5c9cd4c19199a6f5f9eb"
+_TINYLLAMA = "jzhang38/TinyLlama@bf122247c486b6b897050e98cbb7bedae8eeba73"
 
 PROFILES: dict[str, StackTimeProfile] = {
     "torchtitan": StackTimeProfile(
@@ -204,6 +207,44 @@ PROFILES: dict[str, StackTimeProfile] = {
         compile_source="torchtune 0.6.1 recipes/configs/llama3_1/70B_full.yaml compile: False",
         overlap="FSDP2 fully_shard per block, implicit prefetch; no explicit prefetch",
         overlap_source="torchtune 0.6.1 training/_distributed.py shard_model",
+    ),
+    "llm.c": StackTimeProfile(
+        stack="llm.c", read_at=f"{_LLMC} (the A100 GPT-2 scripts) and {_LLMC_H100} (the H100 1558M script)",
+        attention_kernel="cudnn",
+        attention_source=(f"{_LLMC} README.md ('As of May 1, 2024 we use the Flash Attention from cuDNN', built with "
+                          "USE_CUDNN=1 as scripts/run_gpt2_*.sh do); train_gpt2.cu attention_forward_cudnn / "
+                          "attention_backward_cudnn (llmc/cudnn_att.cpp, cudnn-frontend SDPA)"),
+        fused_ops=("residual add and LayerNorm in one kernel (fused_residual_forward5), LayerNorm backward accumulating "
+                   "the residual gradient", "bias in the cuBLASLt GEMM epilogue; GeLU separate (gelu_fusion 0 by default)",
+                   "classifier: softmax, loss and its gradient in one kernel over the bf16 logits (fused_classifier)",
+                   "one fused QKV projection", "AdamW: one CUDA kernel (adamw_update) with fp32 master weights"),
+        fused_source=(f"{_LLMC} train_gpt2.cu (gpt2_forward, gpt2_backward, gpt2_update), llmc/fused_classifier.cuh, "
+                      "llmc/layernorm.cuh; README.md"),
+        compile_default=False, float8="",
+        compile_source=f"{_LLMC} README.md (C/CUDA, no PyTorch: nothing to compile)",
+        overlap=("ZeRO-1 (-z 1): at the A100 scripts' commit the gradients are reduce-scattered once after the last "
+                 "micro-batch's backward; from the H100 script's commit each block's are handed to NCCL on its own "
+                 "stream as the backward finishes them; the updated parameters are all-gathered after the step"),
+        overlap_source=(f"{_LLMC} train_gpt2.cu gpt2_multi_gpu_loss_and_grad_reduce; {_LLMC_H100} llmc/zero.cuh "
+                        "multi_gpu_async_reduce_gradient; README.md ('multi-GPU training')"),
+        overlap_grad_reduce=False,
+    ),
+    "tinyllama": StackTimeProfile(
+        stack="tinyllama", read_at=f"{_TINYLLAMA} (its fork of lit-gpt on Lightning 2.1.2)",
+        attention_kernel="flash-attn-2",
+        attention_source=f"{_TINYLLAMA} lit_gpt/model.py CausalSelfAttention.scaled_dot_product_attention: flash_attn_func",
+        fused_ops=("RMSNorm: flash-attn's fused dropout_layer_norm (FusedRMSNorm)", "rotary: flash-attn's fused rotary",
+                   "SwiGLU: xformers' fused SwiGLU", "cross-entropy: flash-attn's FusedCrossEntropyLoss",
+                   "AdamW: torch.optim.AdamW(foreach=False)"),
+        fused_source=(f"{_TINYLLAMA} lit_gpt/model.py, lit_gpt/config.py tiny_LLaMA_1b, pretrain/tinyllama.py; "
+                      "README.md ('fused layernorm, fused cross entropy loss, and fused rotary positional embedding')"),
+        compile_default=False, float8="",
+        compile_source=f"{_TINYLLAMA} pretrain/tinyllama.py (no torch.compile)",
+        overlap=("Lightning Fabric FSDPStrategy (FSDP1 FULL_SHARD, limit_all_gathers True, backward_prefetch left at "
+                 "BACKWARD_PRE); no_backward_sync on the accumulating micro-batches; bf16-mixed gathers fp32 "
+                 "parameters (param_dtype float32)"),
+        overlap_source=(f"{_TINYLLAMA} pretrain/tinyllama.py setup/train; Lightning 2.1.2 "
+                        "src/lightning/fabric/plugins/precision/fsdp.py mixed_precision_config"),
     ),
 }
 """The stacks' time profiles, by stack name."""

@@ -63,6 +63,24 @@ class TrainingOptions(Frozen):
         return fields
 
 
+class ZeroOptions(Frozen):
+    """DeepSpeed zero_optimization values the source's config sets, as StrategySpec names them
+    (None: StrategySpec's default, what ``--emit`` writes)."""
+
+    zero_bucket_elements: int | None = Field(default=None, gt=0)
+    """reduce_bucket_size (elements)."""
+    deepspeed_prefetch_bucket_elements: int | None = Field(default=None, ge=0)
+    """stage3_prefetch_bucket_size (elements)."""
+    deepspeed_max_live_parameters: int | None = Field(default=None, gt=0)
+    """stage3_max_live_parameters (elements)."""
+    deepspeed_param_persistence_threshold: int | None = Field(default=None, ge=0)
+    """stage3_param_persistence_threshold (elements)."""
+
+    def strategy_fields(self) -> dict:  # type: ignore[type-arg]
+        """The StrategySpec keyword arguments these options set."""
+        return self.model_dump(exclude_none=True)
+
+
 class PublishedThroughput(Frozen):
     """One published training run: its setup and the throughput it reports."""
 
@@ -146,6 +164,8 @@ class PublishedThroughput(Frozen):
     offload's CPU step. None: HostSpec's default."""
     training_options: TrainingOptions = TrainingOptions()
     """Further training options the source states (torchtune's rows)."""
+    zero_options: ZeroOptions = ZeroOptions()
+    """The DeepSpeed ZeRO settings the source's config states (DeepSpeed on Azure's ZeRO-3 recipes)."""
     compile: bool = False
     """The run compiled its model with torch.compile (fms-fsdp's use_torch_compile), as the
     source states; the rows are split by it (zeroplan.core.stack_time). The planner times compile
@@ -180,7 +200,7 @@ class PublishedThroughput(Frozen):
                 micro_batch_size=self.micro_batch_size, seq_len=self.seq_len, grad_accum_steps=self.grad_accum_steps,
             ),
             cluster=self.cluster,
-            strategy=StrategySpec(kind=self.strategy),
+            strategy=StrategySpec(kind=self.strategy, **self.zero_options.strategy_fields()),
             parallel=ParallelSpec(tp=self.tp, pp=self.pp, sequence_parallel=self.sequence_parallel,
                                   pp_schedule=self.pp_schedule, virtual_stages=self.virtual_stages),
             performance=performance, assumptions=FLAT_RESERVE,
