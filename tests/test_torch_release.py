@@ -40,6 +40,10 @@ def test_before_2_0_the_gradients_are_alive_at_the_loss_and_the_step_loops_tenso
     assert optimizer_loop(_request()) is OptimizerLoop.foreach
     assert optimizer_loop(_request("--torch-release 1.13")) is OptimizerLoop.for_loop
     assert optimizer_loop(_request("--torch-release 1.13 --optimizer-loop foreach")) is OptimizerLoop.foreach
+    # Hugging Face's recipe fuses AdamW today (the Trainer's adamw_torch_fused); a 1.x loop did not.
+    hf = FLAGS.replace("zeroplan", "hf")
+    assert optimizer_loop(_request("", flags=hf)) is OptimizerLoop.fused
+    assert optimizer_loop(_request("--torch-release 1.13", flags=hf)) is OptimizerLoop.for_loop
     # 2.0 and later plan as the default does.
     assert _loss_moment(_request("--torch-release 2.0"))[1] == new
 

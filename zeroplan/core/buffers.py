@@ -437,11 +437,13 @@ def optimizer_loop(request: PlanRequest) -> OptimizerLoop:
     optimizer = request.training.optimizer
     if request.convention is StateConvention.deepspeed and optimizer in _DEEPSPEED_FUSED_OPTIMIZERS:
         return OptimizerLoop.fused
+    # Before torch 2.0 torch's optimizers loop tensor by tensor unless asked
+    # (zeroplan.core.torch_release): the loops of the time (peft's examples' torch.optim.AdamW,
+    # given neither foreach nor fused) stepped so, whatever the framework's recipe fuses today.
+    if default_loop_is_for_loop(request.training):
+        return OptimizerLoop.for_loop
     fuses = optimizer in _FUSED_OPTIMIZERS and profile(request.training.framework).fused_optimizer
-    if fuses:
-        return OptimizerLoop.fused
-    # Before torch 2.0 torch's optimizers loop tensor by tensor unless asked (zeroplan.core.torch_release).
-    return OptimizerLoop.for_loop if default_loop_is_for_loop(request.training) else OptimizerLoop.foreach
+    return OptimizerLoop.fused if fuses else OptimizerLoop.foreach
 
 
 def step_makes_temporary(request: PlanRequest) -> bool:

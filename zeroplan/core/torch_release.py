@@ -22,16 +22,18 @@ TORCH_NEWEST = (2, 13)
 SET_TO_NONE_DEFAULT_FROM = (2, 0, 0)
 """torch 2.0.0 (pytorch/pytorch PR 92731) changed Optimizer.zero_grad's and Module.zero_grad's
 default from set_to_none=False to True. Before it a loop calling ``optimizer.zero_grad()`` or
-``model.zero_grad()`` (transformers' Trainer: ``model.zero_grad()``; peft's example scripts:
-``optimizer.zero_grad()``) detaches and zeroes every .grad in place (torch 1.13
-torch/optim/optimizer.py zero_grad: ``p.grad.requires_grad_(False); p.grad.zero_()``), so the
-gradients made by the first backward stay allocated through every later forward."""
+``model.zero_grad()`` (transformers' Trainer: ``model.zero_grad()``, trainer.py; peft's example
+scripts: ``optimizer.zero_grad()``) took the set_to_none=False branch, which torch 2.13 still has
+(optim/optimizer.py Optimizer.zero_grad, nn/modules/module.py Module.zero_grad: ``detach_()`` or
+``requires_grad_(False)`` on each .grad, then ``zero_()``): the gradients the first backward made
+stay allocated through every later forward, and each backward accumulates into them."""
 
 FOREACH_DEFAULT_FROM = (2, 0, 0)
 """torch 1.13 torch/optim/adamw.py and adam.py adamw()/adam(): ``if foreach is None: # Placeholder
 for more complex foreach logic to be added when value is not set; foreach = False``: the
 per-tensor loop unless the caller asks. torch 2.0 (torch/optim/optimizer.py
 _default_to_fused_or_foreach) picks foreach for CUDA tensors."""
+
 
 def torch_release(training: TrainingSpec) -> tuple[int, int, int]:
     """The release planned: TrainingSpec.torch_release, else 2.13."""
@@ -48,12 +50,12 @@ def default_loop_is_for_loop(training: TrainingSpec) -> bool:
     return torch_release(training) < FOREACH_DEFAULT_FROM
 
 
-# torch's own zero_grad frees the gradients only under plain DDP and one GPU, where the
-# optimizer is torch's and the loop calls it. DeepSpeed's engine (ZeRO stages) drops its own:
+# torch's own zero_grad decides the gradients' life only under plain DDP and one GPU, where the
+# loop calls it on torch's optimizer or the module. DeepSpeed's engine (ZeRO stages) drops its own:
 # deepspeed 0.19.8 runtime/engine.py _take_model_step calls the ZeRO optimizer's zero_grad
 # (stage_1_and_2.py zero_grad(set_to_none=True), stage3.py alike) or its own zero_grad
-# (``param.grad = None``), and accelerate's DeepSpeedOptimizerWrapper.zero_grad does nothing
-# ("zero grad is handled by DeepSpeed"), whatever torch's default.
+# (``param.grad = None``), and accelerate's DeepSpeedOptimizerWrapper.zero_grad is a ``pass``
+# (accelerate 1.10.1 utils/deepspeed.py), whatever torch's default.
 def keeps_zeroed_gradients(request: PlanRequest) -> bool:
     """Whether the step's gradients stay allocated (zeroed) from the previous step through the
     forward: a torch release before 2.0 under DDP or one GPU, the gradients stepped at the end."""
