@@ -22,8 +22,9 @@ TORCH_NEWEST = (2, 13)
 SET_TO_NONE_DEFAULT_FROM = (2, 0, 0)
 """torch 2.0.0 (pytorch/pytorch PR 92731) changed Optimizer.zero_grad's and Module.zero_grad's
 default from set_to_none=False to True. Before it a loop calling ``optimizer.zero_grad()`` or
-``model.zero_grad()`` (transformers' Trainer: ``model.zero_grad()``, trainer.py; peft's example
-scripts: ``optimizer.zero_grad()``) took the set_to_none=False branch, which torch 2.13 still has
+``model.zero_grad()`` (transformers' Trainer: ``model.zero_grad()``, 4.56.2 trainer.py:2575 and
+2750; peft's 2022 example scripts: ``optimizer.zero_grad()``) took the set_to_none=False branch,
+which torch 2.13 still has
 (optim/optimizer.py Optimizer.zero_grad, nn/modules/module.py Module.zero_grad: ``detach_()`` or
 ``requires_grad_(False)`` on each .grad, then ``zero_()``): the gradients the first backward made
 stay allocated through every later forward, and each backward accumulates into them."""
