@@ -24,6 +24,9 @@ CASES = [
     # DeepSpeed's own buffers between micro-steps (PeakTerms.accumulated_gradients), not its gradients.
     ("llama-2-7b --gpus 8 --micro-batch 2 --seq-len 1024 --grad-accum 2 --state-convention deepspeed", StrategyKind.zero1),
     ("llama-2-7b --gpus 8 --micro-batch 2 --seq-len 1024 --grad-accum 2 --state-convention deepspeed", StrategyKind.zero3),
+    # torch 1.x's zero_grad: the gradients allocated before the forward and kept (StepInputs.gradients_kept).
+    ("llama-2-7b --gpus 1 --gpu h200-141gb --micro-batch 1 --seq-len 1024 --framework hf --torch-release 1.13", StrategyKind.ddp),
+    ("llama-2-7b --gpus 8 --micro-batch 2 --seq-len 1024 --grad-accum 2 --torch-release 1.13", StrategyKind.ddp),
 ]
 
 

@@ -156,6 +156,9 @@ class StepInputs:
     sequence_parallel: SublayerCollectives | None = None
     """fsdp_schedule.forward_collectives: each block's forward collectives, run in every
     micro-batch's forward (fsdp_schedule.run_sequence_parallel_forward)."""
+    gradients_kept: bool = False
+    """ModelStateBytes.gradients_kept: the previous step's gradients, zeroed in place by a torch
+    release before 2.0, are allocated before the forward and never freed."""
 
 
 def step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms) -> StepInputs:
@@ -168,7 +171,7 @@ def step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms)
                   backward_held_buffers=terms.backward_held_buffers,
                   draining_held_buffers=terms.draining_held_buffers, activations=terms.activations,
                   workspace=terms.workspace, step_temporary=terms.step_temporary,
-                  block_weights=tuple(_block_tensor_weights(request)))
+                  block_weights=tuple(_block_tensor_weights(request)), gradients_kept=states.gradients_kept)
     if fsdp_applies(request):
         fsdp = fsdp_step_inputs(request, terms)
         moments = () if fsdp.runs_own_loss else tuple(map(tuple, fsdp_loss_allocations(request, terms)))
@@ -235,7 +238,9 @@ def record_step(x: StepInputs) -> TraceBuilder:
     grads_2022 = x.stage1_2022[0] if x.stage1_2022 is not None else None
     # The 2022 ZeRO stage 1 keeps every 16-bit .grad as its own tensor (deepspeed_2022.step_allocations).
     carried_parts = list(grads_2022) if grads_2022 is not None else even_parts(carried, blocks + 1)
-    gradients = b.alloc_parts(carried_parts) if accumulating else []
+    # Before torch 2.0 zero_grad() zeroes them in place: the first step's backward made them, one
+    # tensor per parameter, and each later step finds them allocated (StepInputs.gradients_kept).
+    gradients = b.alloc_parts(carried_parts) if accumulating or x.gradients_kept else []
     held = b.alloc(x.backward_held_buffers - x.draining_held_buffers)
     # FSDP's no_sync unsharded gradients: whole through a micro-batch's backward, they give way
     # to the gradient shards the last one's reduce-scatters make.
@@ -329,9 +334,11 @@ def record_step(x: StepInputs) -> TraceBuilder:
     b.free(unit)
     b.free(held)
 
-    # Optimizer step: its temporaries per unit, then the gradients go (set_to_none).
+    # Optimizer step: its temporaries per unit, then the gradients go (set_to_none), or stay
+    # for the next step where zero_grad() zeroes them.
     b.free(b.alloc_parts(even_parts(x.step_temporary, parts)))
-    b.free(gradients)
+    if not x.gradients_kept:
+        b.free(gradients)
     return b
 
 

@@ -189,6 +189,12 @@ def add_framework_arguments(group: argparse._ArgumentGroup) -> None:
              "causal-LM forward returns fp32 logits, before 4.49 its loss copies the shifted fp32 logits",
     )
     group.add_argument(
+        "--torch-release", metavar="V",
+        help="with --framework hf or zeroplan: the torch release the loop runs (1.7 to 2.13; default 2.13): before 2.0 "
+             "zero_grad() zeroes the gradients in place, so under ddp they stay allocated through the next forward, "
+             "and torch's Adam/AdamW step tensor by tensor by default",
+    )
+    group.add_argument(
         "--activation-checkpointing", choices=choices_of(ActivationCheckpointing),
         default=ActivationCheckpointing.none.value,
     )
@@ -487,6 +493,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         use_cache=getattr(args, "use_cache", False),
         keep_outputs=getattr(args, "keep_outputs", False),
         transformers_version=getattr(args, "transformers_version", None),
+        torch_release=getattr(args, "torch_release", None),
         optimizer_in_backward=args.optimizer_in_backward,
         paged_optimizer=args.paged_optimizer,
         fsdp_cpu_offload=args.fsdp_cpu_offload,

@@ -179,6 +179,7 @@ FLAG_OF_FIELD = {
     "use_cache": "--use-cache",
     "keep_outputs": "--keep-outputs",
     "transformers_version": "--transformers-version",
+    "torch_release": "--torch-release",
     "training.paged_optimizer": "--paged-optimizer",
     "float8": "--float8",
     "cluster.cuda_context_bytes": "--cuda-context-mib",

@@ -13,6 +13,7 @@ from zeroplan.core.model_states import (
 from zeroplan.core.parallel.pipeline import pipeline_defers_fsdp_reduction
 from zeroplan.core.parallel.units import accumulating_trainable_elements, rank_parameter_units, rank_trainable_elements
 from zeroplan.core.profiles import fsdp1_root_stays_gathered, fsdp_separates_embedding_and_head, profile
+from zeroplan.core.torch_release import default_loop_is_for_loop
 from zeroplan.core.zero3_groups import hpz_secondary_partition_bytes
 from zeroplan.core.zeropp import qgz_buffer_bytes, qwz_buffer_bytes
 from zeroplan.specs.framework import Framework
@@ -428,13 +429,19 @@ _DEEPSPEED_FUSED_OPTIMIZERS = (Optimizer.adam, Optimizer.adamw, Optimizer.lion)
 def optimizer_loop(request: PlanRequest) -> OptimizerLoop:
     """The request's optimizer loop, or its stack's: fused where DeepSpeed builds the optimizer
     (the deepspeed state convention) or the framework's recipes fuse Adam/AdamW
-    (FrameworkProfile.fused_optimizer), else foreach, torch's CUDA default."""
+    (FrameworkProfile.fused_optimizer), else foreach, torch's CUDA default (the for-loop before
+    torch 2.0: TrainingSpec.torch_release)."""
     chosen = request.training.optimizer_loop
     if chosen is not None:
         return chosen
     optimizer = request.training.optimizer
     if request.convention is StateConvention.deepspeed and optimizer in _DEEPSPEED_FUSED_OPTIMIZERS:
         return OptimizerLoop.fused
+    # Before torch 2.0 torch's optimizers loop tensor by tensor unless asked
+    # (zeroplan.core.torch_release): the loops of the time (peft's examples' torch.optim.AdamW,
+    # given neither foreach nor fused) stepped so, whatever the framework's recipe fuses today.
+    if default_loop_is_for_loop(request.training):
+        return OptimizerLoop.for_loop
     fuses = optimizer in _FUSED_OPTIMIZERS and profile(request.training.framework).fused_optimizer
     return OptimizerLoop.fused if fuses else OptimizerLoop.foreach
 

@@ -19,6 +19,7 @@ from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import ZeroGradientReduce
 from zeroplan.specs.training import StateConvention
+from zeroplan.core.torch_release import keeps_zeroed_gradients
 from zeroplan.units import ceil_div
 
 
@@ -43,6 +44,11 @@ class ModelStateBytes(Frozen):
     """The gradients live in a buffer allocated once and kept (megatron-core's contiguous
     gradient buffer, zeroed between steps and never freed): alive at every moment of the step,
     not only from the end of backward."""
+    gradients_kept: bool = False
+    """The gradients stay allocated from one step to the next, zeroed in place by a torch release
+    before 2.0 (zeroplan.core.torch_release.keeps_zeroed_gradients): alive through the forward
+    and every moment as with gradients_resident, but each its own tensor, made by the first
+    backward."""
     parameter_elements: int
     """Trainable parameter elements this rank stores (padding included; frozen ones are in
     parameter_bytes only)."""
@@ -293,6 +299,7 @@ def model_state_bytes(request: PlanRequest) -> ModelStateBytes:
         parameter_elements=parameter_elements,
         optimizer_elements=optimizer_elements,
         paged_optimizer_bytes=paged,
+        gradients_kept=gradient > 0 and keeps_zeroed_gradients(request),
     )
 
 

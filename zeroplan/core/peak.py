@@ -33,8 +33,9 @@ def peak_moments(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: 
     resident = states.parameter_bytes + states.optimizer_state_bytes
     held = moments.resident_buffers + moments.backward_held_buffers
     carried = states.gradient_bytes if moments.accumulated_gradients is None else moments.accumulated_gradients
-    # megatron-core's gradient buffer is there from the first step on (gradients_resident).
-    accumulated = carried if grad_accum_steps > 1 or states.gradients_resident else 0
+    # megatron-core's gradient buffer is there from the first step on (gradients_resident), and
+    # so are the gradients a torch release before 2.0 zeroes in place (gradients_kept).
+    accumulated = carried if grad_accum_steps > 1 or states.gradients_resident or states.gradients_kept else 0
     backward_end_buffers = moments.transient_buffers if moments.backward_end_buffers is None else moments.backward_end_buffers
     backward_end_gradients = states.gradient_bytes if moments.backward_end_gradients is None else moments.backward_end_gradients
     return {

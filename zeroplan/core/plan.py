@@ -26,6 +26,7 @@ from zeroplan.core.frameworks import (
 from zeroplan.core.framework_loss import framework_logits_pieces, fsdp_head_gathered_bytes
 from zeroplan.core.fused_cross_entropy import fused_cross_entropy_bytes
 from zeroplan.core.kv_cache import kept_outputs_bytes
+from zeroplan.core.torch_release import check_torch_release, check_torch_release_strategy, zero_grad_zeroes
 from zeroplan.core.profiles import (
     check_framework_request, check_framework_strategies, check_fsdp_cpu_offload, check_optimizer_in_backward,
     framework_strategies, fsdp_cpu_offload_strategies,
@@ -231,6 +232,7 @@ def checked_peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms
 def _recent_peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     check_optimizer_in_backward(request.training, request.batch.grad_accum_steps)
     check_fsdp_cpu_offload(request.training, request.strategy.kind)
+    check_torch_release_strategy(request.training, request.strategy.kind)
     return peak_terms(request)
 
 
@@ -702,6 +704,11 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | N
             strategies = tuple(k for k in strategies if k.value in EXPERT_PARALLEL_STRATEGIES)
         if base.training.finetune.quantize is Quantization.int8:
             strategies = tuple(k for k in strategies if k in INT8_STRATEGIES)
+        # torch 1.x has no FSDP2 (zeroplan.core.torch_release.check_torch_release_strategy).
+        if base.training.torch_release is not None:
+            check_torch_release(base.training)
+            if zero_grad_zeroes(base.training):
+                strategies = tuple(k for k in strategies if not k.is_fsdp)
     strategies = tuple(strategies)
     check_framework_strategies(
         framework, tuple(s.kind if isinstance(s, StrategySpec) else StrategyKind(s) for s in strategies), base.cluster.world_size,

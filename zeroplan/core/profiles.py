@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from zeroplan.core.torch_release import check_torch_release
 from zeroplan.core.transformers_release import returns_fp32_logits
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.finetune import version_tuple
@@ -515,6 +516,10 @@ FRAMEWORK_OPTIONS = {
     "keep_outputs": lambda prof: prof.framework in (Framework.hf, Framework.torchtune),
     # The causal-LM forward and loss of an older transformers release (zeroplan.core.transformers_release).
     "transformers_version": lambda prof: prof.framework is Framework.hf,
+    # zero_grad's and the optimizers' defaults before torch 2.0 (zeroplan.core.torch_release): the
+    # loops that call torch's own; torchtune, torchtitan and litgpt need torch 2.x, and megatron
+    # and megatron-deepspeed keep their gradients in their own buffers.
+    "torch_release": lambda prof: prof.framework in (Framework.hf, Framework.zeroplan),
 }
 """TrainingSpec fields only some frameworks offer -> whether a profile offers the option."""
 
@@ -753,6 +758,7 @@ def check_framework_request(training: TrainingSpec, model: ModelSpec | None = No
     check_torchtitan_release(training)
     check_deepspeed_release(training)
     check_transformers_version(training)
+    check_torch_release(training)
     if model is not None:
         check_transformers_version_model(training, model)
     # torchtune's recipes held their logits only before August 2024, when the loss was a plain

@@ -287,6 +287,7 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
         + (", KV cache kept (use_cache)" if t.use_cache else "")
         + (", outputs held through backward" if t.keep_outputs else "")
         + (f", transformers {t.transformers_version}" if t.transformers_version else "")
+        + (f", torch {t.torch_release}" if t.torch_release else "")
         + (", optimizer in backward" if t.optimizer_in_backward else "")
         + (", FSDP CPU offload (sharded states in host RAM)" if t.fsdp_cpu_offload else "")
         + (", torch.compile" if t.compile else "")

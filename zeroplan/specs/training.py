@@ -214,6 +214,11 @@ class TrainingSpec(Frozen):
     HF_DEEPSPEED_RELEASES: "0.13.3", a release whose engine casts peft's fp32 adapters to 16 bits
     under ZeRO-3's zero.Init (every release before 0.19.2; zeroplan.core.finetune.activations
     adapters_stay_fp32)."""
+    torch_release: str | None = None
+    """hf and zeroplan: the torch release the loop runs (MAJOR.MINOR[.PATCH], 1.7 to 2.13); None plans
+    2.13. Before 2.0 zero_grad() zeroes the gradients in place instead of dropping them, so under
+    DDP or one GPU they stay allocated through the next forward, and torch's Adam/AdamW step
+    tensor by tensor unless optimizer_loop says otherwise (zeroplan.core.torch_release)."""
     torchtitan_release: str | None = None
     """torchtitan only: the release whose FSDP2 wrapping and loss are planned, one of
     zeroplan.specs.framework.TORCHTITAN_RELEASES; None plans the profile's 0.3.0. "9dec370"
