@@ -189,3 +189,31 @@ def test_fit_prints_no_step_time_and_compare_refuses(zeroplan_cli) -> None:
     assert "step time: not modelled for an encoder-decoder" in out
     code, _, err = zeroplan_cli("compare", *args)
     assert code == 2 and "model: t0-3b is an encoder-decoder" in err and err.strip().count("\n") == 0
+
+
+@pytest.mark.slow
+def test_explain_and_csv_show_the_missing_step_time(zeroplan_cli) -> None:
+    args = ("t0-3b", "--gpus", "1", "--framework", "hf", "--attention", "eager", "--precision", "fp32",
+            "--seq-len", "64", "--target-len", "4", "--micro-batch", "8", "--strategies", "ddp")
+    code, out, err = zeroplan_cli("fit", *args, "--explain", "ddp")
+    assert code == 0, err
+    assert any(line.split()[:2] == ["step", "-"] and "not modelled for an encoder-decoder" in line
+               for line in out.splitlines())
+    code, out, err = zeroplan_cli("fit", *args, "--format", "csv")
+    assert code == 0, err
+    header, row = out.strip().splitlines()[:2]
+    columns = dict(zip(header.split(","), row.split(",")))
+    assert columns["step_with_overlap_s"] == "" and int(columns["peak_bytes"]) > 0
+
+
+@pytest.mark.slow
+def test_time_figures_refuse_an_encoder_decoder_in_one_line() -> None:
+    pytest.importorskip("matplotlib")
+    from zeroplan.core.plan import fit
+    from zeroplan.report.plots import step_time_figure
+
+    report = fit(_request("t0-3b", "--framework", "hf", "--attention", "eager", "--precision", "fp32",
+                          "--seq-len", "64", "--target-len", "4", "--micro-batch", "8", "--strategies", "ddp"))
+    with pytest.raises(ZeroplanError, match="model: t0-3b has no modelled step time") as error:
+        step_time_figure(report)
+    assert "\n" not in str(error.value)

@@ -64,25 +64,28 @@ def plan_row(plan: StrategyPlan) -> dict[str, object]:
         host_bytes_per_node=plan.host_bytes_per_node,
         sent_bytes_per_step=plan.sent_bytes_per_step,
         communication_volume_elements=plan.communication_volume_elements,
-        compute_s=plan.time.compute_s,
-        communication_s=plan.time.communication_s,
-        host_transfer_s=plan.time.host_transfer_s,
-        cpu_optimizer_s=plan.time.cpu_optimizer_s,
-        optimizer_step_s=plan.time.optimizer_step_s,
-        model_parallel_communication_s=plan.time.model_parallel_communication_s,
-        pipeline_bubble_s=plan.time.pipeline_bubble_s,
-        exposed_communication_s=plan.time.exposed_communication_s,
-        step_with_overlap_s=plan.time.step_with_overlap_s,
-        step_without_overlap_s=plan.time.step_without_overlap_s,
-        executed_flops=plan.time.executed_flops,
-        model_flops=plan.time.model_flops,
-        tokens_per_s_per_gpu=plan.time.tokens_per_s_per_gpu,
-        model_flops_utilization=plan.time.model_flops_utilization,
-        state_convention=plan.state_convention.value,
-        shard_group_size=plan.shard_group_size,
-        nccl_algorithms=nccl_algorithms(plan.time),
     )
+    times = _time_columns(plan)
+    nccl = times.pop("nccl_algorithms")
+    row.update(times, state_convention=plan.state_convention.value, shard_group_size=plan.shard_group_size,
+               nccl_algorithms=nccl)
     return row
+
+
+TIME_COLUMNS = (
+    "compute_s", "communication_s", "host_transfer_s", "cpu_optimizer_s", "optimizer_step_s",
+    "model_parallel_communication_s", "pipeline_bubble_s", "exposed_communication_s",
+    "step_with_overlap_s", "step_without_overlap_s", "executed_flops", "model_flops",
+    "tokens_per_s_per_gpu", "model_flops_utilization",
+)
+
+
+def _time_columns(plan: StrategyPlan) -> dict[str, object]:
+    """The step time's columns; missing values where no step time is modelled (an
+    encoder-decoder: zeroplan.calibrate.basis says why), so its memory rows still frame."""
+    if plan.time is None:
+        return {**dict.fromkeys(TIME_COLUMNS, float("nan")), "nccl_algorithms": None}
+    return {**{name: getattr(plan.time, name) for name in TIME_COLUMNS}, "nccl_algorithms": nccl_algorithms(plan.time)}
 
 
 def fit_report_frame(report: HoldsPlans) -> pd.DataFrame:

@@ -102,7 +102,6 @@ def _step_terms(report: FitReport, plan: StrategyPlan, unit: ByteUnit) -> list[T
 def _total_terms(report: FitReport, plan: StrategyPlan, unit: ByteUnit) -> list[Term]:
     m = plan.memory
     u = unit.value
-    t = plan.time
     return [
         Term("peak", f"{to_unit(m.peak_bytes, unit):.2f} {u}",
              f"the terms alive at {m.peak_moment.value} (the others in parentheses), plus the reserve",
@@ -118,8 +117,15 @@ def _total_terms(report: FitReport, plan: StrategyPlan, unit: ByteUnit) -> list[
              f"what one GPU sends per step under ring collectives; volume "
              f"{plan.communication_volume_elements / report.num_parameters:.1f} Psi",
              section(6, 'Communication')),
-        Term("step", f"{t.step_with_overlap_s:.3f} s", _step_parts(plan), "docs/communication-time.md"),
+        _step_term(plan),
     ]
+
+
+def _step_term(plan: StrategyPlan) -> Term:
+    if plan.time is None:
+        # zeroplan.core.timing.step_time refuses an encoder-decoder; its memory is still planned.
+        return Term("step", "-", "not modelled for an encoder-decoder (two stacks)", "docs/memory-model.md")
+    return Term("step", f"{plan.time.step_with_overlap_s:.3f} s", _step_parts(plan), "docs/communication-time.md")
 
 
 def _step_parts(plan: StrategyPlan) -> str:

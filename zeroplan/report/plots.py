@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from zeroplan.answers import FitReport
+from zeroplan.errors import ZeroplanError
 from zeroplan.units import ByteUnit, to_unit
 
 _STACK = (
@@ -27,6 +28,14 @@ _STACK = (
 )
 """Segments in stack order; each bar stacks the terms alive at its plan's peak moment
 (MemoryBreakdown.peak_terms), so every bar ends at its peak."""
+
+
+def _require_step_times(*reports: FitReport) -> None:
+    """A time figure needs every plan's step time; an encoder-decoder's is not modelled."""
+    for report in reports:
+        if any(p.time is None for p in report.plans):
+            raise ZeroplanError("model", f"{report.model.name} has no modelled step time (an encoder-decoder), "
+                                         "so its time figures cannot be drawn (allowed: memory_stack_figure)")
 
 
 def memory_stack_figure(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> Figure:
@@ -77,6 +86,7 @@ def communication_figure(report: FitReport) -> Figure:
 
     Horizontal bars, so that strategy names read level and never overlap; the legend sits above
     the bars, outside the axes."""
+    _require_step_times(report)
     names = [p.strategy.value for p in report.plans]
     figure, (sent_axes, time_axes) = plt.subplots(
         1, 2, figsize=(11, 0.45 * len(names) + 1.8), sharey=True, layout="constrained"
@@ -118,6 +128,7 @@ def step_time_figure(report: FitReport) -> Figure:
     """Where each strategy's step goes: stacked horizontal bars of compute, the collectives that
     block it, the pipeline bubble, what communication and offload copies leave exposed, and the
     optimizer steps; each bar's length is the step time with overlap."""
+    _require_step_times(report)
     names = [p.strategy.value for p in report.plans]
     figure, axes = plt.subplots(figsize=(11, 0.45 * len(names) + 1.8), layout="constrained")
     positions = list(range(len(names)))
@@ -148,6 +159,7 @@ def network_communication_figure(reports: Mapping[str, FitReport]) -> Figure:
     from matplotlib.patches import Patch
 
     settings = list(reports)
+    _require_step_times(*reports.values())
     first = reports[settings[0]]
     names = [p.strategy.value for p in first.plans]
     plans = {setting: {p.strategy.value: p for p in reports[setting].plans} for setting in settings}
@@ -189,6 +201,7 @@ def tradeoff_figure(reports: FitReport | Mapping[str, FitReport]) -> Figure:
     A plan that fits is a filled point, one that does not a hollow one; the usable memory is a
     dashed line, so the strategies under it and furthest left are the ones to choose."""
     series = {"": reports} if isinstance(reports, FitReport) else dict(reports)
+    _require_step_times(*series.values())
     first = next(iter(series.values()))
     figure, axes = plt.subplots(figsize=(11, 6), layout="constrained")
     markers = "osD^v"
