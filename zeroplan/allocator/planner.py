@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from zeroplan.allocator.capacity import CAPACITY_STEP_BYTES, bisect_capacity
 from zeroplan.allocator.config import AllocatorConfig, parse_alloc_conf
@@ -84,9 +85,17 @@ class _Shape:
     outcomes: dict[int | None, tuple[bool, int]] = field(default_factory=dict)
 
 
+# A frozen spec of its string alone; parsing and validating it again cost ~35 us a verdict
+# (a default fit asks ~16 verdicts). A string it refuses raises each time (not cached).
+@lru_cache(maxsize=64)
+def _config(allocator_conf: str) -> AllocatorConfig:
+    """parse_alloc_conf(allocator_conf), once per string."""
+    return parse_alloc_conf(allocator_conf)
+
+
 def _step(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms, allocated_peak_bytes: int) -> _StepReplays:
     """The step's trace and replays, afresh for every request (the oracle: the exact replay)."""
-    config = parse_alloc_conf(request.assumptions.allocator_conf or "")
+    config = _config(request.assumptions.allocator_conf or "")
     ops = step_ops(request, states, terms)
     return _StepReplays(ops, max(allocated_peak_bytes - _requested_peak_bytes(ops), 0), config)
 
@@ -101,11 +110,9 @@ _SHAPE_OF: OrderedDict[tuple, tuple[TraceKey, int]] = OrderedDict()
 specs are immutable, so a request and its setting name the trace."""
 _SHAPES: OrderedDict[TraceKey, _Shape] = OrderedDict()
 """A trace (with the setting) -> what its replays showed."""
-_RECENT_OPS: OrderedDict[TraceKey, tuple[Ops, list[int]]] = OrderedDict()
-"""The last few traces themselves (with their builder's marks), for the replays a later
-question about them still needs."""
 _SHAPE_LIMIT = 4096
-_OPS_LIMIT = 32
+Recorded = tuple[Ops, list[int]]
+"""A trace's ops and its builder's marks."""
 
 
 def _remember(cache: OrderedDict, key, value, limit: int) -> None:
@@ -115,16 +122,18 @@ def _remember(cache: OrderedDict, key, value, limit: int) -> None:
 
 
 def _shape(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms,
-           allocated_peak_bytes: int) -> tuple[TraceKey, _Shape, int, AllocatorConfig]:
-    """The request's trace's key, what is known of it, the shortfall and the setting."""
-    config = parse_alloc_conf(request.assumptions.allocator_conf or "")
+           allocated_peak_bytes: int) -> tuple[TraceKey, _Shape, int, AllocatorConfig, Recorded | None]:
+    """The request's trace's key, what is known of it, the shortfall, the setting and, where
+    the trace was built for it here, the trace (for _outcome's replay)."""
+    config = _config(request.assumptions.allocator_conf or "")
     key = (request, allocated_peak_bytes, config)
     known = _SHAPE_OF.get(key)
     if known is not None and known[0] in _SHAPES:
         _SHAPE_OF.move_to_end(key)
-        return known[0], _SHAPES[known[0]], known[1], config
+        return known[0], _SHAPES[known[0]], known[1], config, None
     trace = (step_inputs(request, states, terms), config)
     shape = _SHAPES.get(trace)
+    recorded = None
     if shape is None:
         builder = record_step(trace[0])
         ops = builder.ops
@@ -133,16 +142,16 @@ def _shape(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms,
         floor = builder.rounded_peak_bytes if plain else _peaks(ops, config)[1]
         shape = _Shape(floor, builder.requested_peak_bytes, config.garbage_collection_threshold == 0.0)
         _remember(_SHAPES, trace, shape, _SHAPE_LIMIT)
-        _remember(_RECENT_OPS, trace, (ops, builder.marks), _OPS_LIMIT)
+        recorded = ops, builder.marks
     else:
         _SHAPES.move_to_end(trace)
     shortfall = max(allocated_peak_bytes - shape.requested_peak_bytes, 0)
     _remember(_SHAPE_OF, key, (trace, shortfall), _SHAPE_LIMIT)
-    return trace, shape, shortfall, config
+    return trace, shape, shortfall, config, recorded
 
 
 def _outcome(trace: TraceKey, shape: _Shape, config: AllocatorConfig,
-             capacity_bytes: int | None) -> tuple[bool, int]:
+             capacity_bytes: int | None, recorded: Recorded | None = None) -> tuple[bool, int]:
     """(completes, reserved peak) of the trace on ``capacity_bytes`` (None: no limit), from what
     is known where that decides it exactly, else by replaying the whole trace:
 
@@ -150,7 +159,13 @@ def _outcome(trace: TraceKey, shape: _Shape, config: AllocatorConfig,
       capacity at least its reserved peak the step completes with that peak (garbage
       collection aside);
     - below rounded_requested_peak_bytes no replay completes, and a step that runs out reserves
-      what it would without a limit."""
+      what it would without a limit.
+
+    ``recorded``: the trace, where the caller has it; else it is built again. Traces are not
+    kept between verdicts: a later question that needs one replayed again (rare: a capacity
+    below the reserved peak of a replay already made) rebuilds it for about a third of the
+    replay's cost, where keeping them left thousands of op tuples a verdict for Python's
+    cyclic collector to walk (~0.3 ms of a default fit's 11-12 ms)."""
     found = shape.outcomes.get(capacity_bytes)
     if found is not None:
         return found
@@ -158,18 +173,16 @@ def _outcome(trace: TraceKey, shape: _Shape, config: AllocatorConfig,
     if unlimited is not None and shape.capacity_independent and (capacity_bytes is None or capacity_bytes >= unlimited):
         return True, unlimited
     if capacity_bytes is not None and capacity_bytes < shape.floor_bytes:
-        return False, _outcome(trace, shape, config, None)[1]
-    recorded = _RECENT_OPS.get(trace)
+        return False, _outcome(trace, shape, config, None, recorded)[1]
     if recorded is None:
         builder = record_step(trace[0])
         recorded = builder.ops, builder.marks
-        _remember(_RECENT_OPS, trace, recorded, _OPS_LIMIT)
     # The oracle's replay, made cheaper where the result is provably the same (fast_replay).
     result = replay_ops(recorded[0], config, capacity_bytes, recorded[1])
     if result.completed and result.device_refusals == 0:
         shape.unlimited_peak_bytes = result.reserved_peak_bytes
     found = (True, result.reserved_peak_bytes) if result.completed else \
-        (False, _outcome(trace, shape, config, None)[1])
+        (False, _outcome(trace, shape, config, None, recorded)[1])
     shape.outcomes[capacity_bytes] = found
     return found
 
@@ -228,8 +241,10 @@ def allocator_verdict(request: PlanRequest, states: ModelStateBytes, terms: Peak
     if assumptions.exact_allocator or assumptions.exact_capacity:
         return _exact_verdict(request, states, terms, allocated_peak_bytes, usable_bytes)
     with cyclic_gc_paused():
-        trace, shape, shortfall, config = _shape(request, states, terms, allocated_peak_bytes)
-        fits, reserved = _outcome(trace, shape, config, usable_bytes - shortfall)
+        trace, shape, shortfall, config, recorded = _shape(request, states, terms, allocated_peak_bytes)
+        fits, reserved = _outcome(trace, shape, config, usable_bytes - shortfall, recorded)
+        # The trace goes here, while the collector is paused: freed by reference counting.
+        del recorded
     return PlannedVerdict(fits=fits, reserved_peak_bytes=reserved + shortfall)
 
 
@@ -267,11 +282,11 @@ def allocator_fits(request: PlanRequest, states: ModelStateBytes, terms: PeakTer
         if request.assumptions.exact_allocator:
             step = _step(request, states, terms, allocated_peak_bytes)
             return step.on(usable_bytes - step.shortfall_bytes).completed
-        trace, shape, shortfall, config = _shape(request, states, terms, allocated_peak_bytes)
+        trace, shape, shortfall, config, recorded = _shape(request, states, terms, allocated_peak_bytes)
         capacity = usable_bytes - shortfall
-        if capacity < shape.floor_bytes:
-            return False
-        return _outcome(trace, shape, config, capacity)[0]
+        fits = capacity >= shape.floor_bytes and _outcome(trace, shape, config, capacity, recorded)[0]
+        del recorded
+    return fits
 
 
 def forget_replays() -> None:
@@ -279,4 +294,3 @@ def forget_replays() -> None:
     counting replays)."""
     _SHAPE_OF.clear()
     _SHAPES.clear()
-    _RECENT_OPS.clear()
