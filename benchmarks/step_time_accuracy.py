@@ -162,11 +162,13 @@ def calibrated_report(table) -> list[str]:  # type: ignore[no-untyped-def]
     sources, errors = calibration_study(table)
     errors = list(errors)
     labels = {e.source: e.label for e in errors}
-    from zeroplan.validate.step_calibration import DEFAULT_ATTENTION_RATE, mode_implied_hfus, source_of
+    from zeroplan.validate.step_calibration import DEFAULT_ATTENTION_RATE, held_out_fit, source_of
 
-    implied = mode_implied_hfus(DEFAULT_ATTENTION_RATE, table)
     by_source: dict[str, list[float]] = {}
     for row in table.rows:
+        # The HFUs solved as the anchor's was: under 'kernel', at the attention efficiencies fitted
+        # without the row's source.
+        implied = held_out_fit(DEFAULT_ATTENTION_RATE, table, source_of(row))[1]
         if row.name in implied:
             by_source.setdefault(source_of(row), []).append(implied[row.name])
     lines = ["Calibrated on one row (zeroplan calibrate step's HFU, solved on the source's row of fewest GPUs, "

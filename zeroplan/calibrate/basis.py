@@ -11,24 +11,29 @@ if TYPE_CHECKING:
     from zeroplan.calibrate.step import StepEfficiency
     from zeroplan.specs.request import PlanRequest
 
-CALIBRATED_BAND: tuple[float, float] | None = (0.068, 0.412)
+CALIBRATED_BANDS: dict[str, tuple[float, float]] = {
+    "matmul": (0.134, 0.627), "published": (0.075, 0.426), "kernel": (0.079, 0.262),
+}
 """(median, max) |error| of tokens/s/GPU when each published source with at least three rows is
-calibrated on its row of fewest GPUs and predicts its other rows (benchmarks/step_time_accuracy.py,
-docs/validation.md "Calibrated from one measured step"; tests/test_step_calibration.py ties it to
-the printed figures); None until measured."""
+calibrated on its row of fewest GPUs and predicts its other rows, by the attention-rate mode the
+HFU was solved under (benchmarks/step_time_accuracy.py, docs/validation.md "Calibrated from one
+measured step"; tests/test_step_calibration.py ties them to the printed figures)."""
+
+CALIBRATED_BAND: tuple[float, float] | None = CALIBRATED_BANDS["kernel"]
+"""The calibrated band under the default attention rate (zeroplan.specs.request.DEFAULT_ATTENTION_RATE)."""
 
 DEFAULT_BANDS: dict[str, tuple[float, float]] = {
-    "matmul": (0.086, 1.191), "published": (0.065, 0.407), "kernel": (0.047, 0.365),
+    "matmul": (0.108, 1.210), "published": (0.084, 0.460), "kernel": (0.063, 0.278),
 }
 """(median, max) |error| of tokens/s/GPU under the fitted default efficiency
 (zeroplan.core.default_efficiency), by attention-rate mode, over every published row with the
 efficiency fitted on the other sources only (leave-one-source-out; benchmarks/step_time_accuracy.py,
 tests/test_step_calibration.py ties them to the printed figures)."""
 
-DEFAULT_BAND: tuple[float, float] | None = DEFAULT_BANDS["published"]
-"""The fitted default's band under the default attention rate (published)."""
+DEFAULT_BAND: tuple[float, float] | None = DEFAULT_BANDS["kernel"]
+"""The fitted default's band under the default attention rate (zeroplan.specs.request.DEFAULT_ATTENTION_RATE)."""
 
-FLAT_BAND: tuple[float, float] | None = (0.228, 0.868)
+FLAT_BAND: tuple[float, float] | None = (0.234, 0.868)
 """(median, max) |error| of tokens/s/GPU at the flat HFU 0.4 (the default of a GPU without rows
 of its generation or compute die) over every published row (nothing is fitted, so no row is in
 its own fit)."""
@@ -64,7 +69,8 @@ def _time_basis(request: PlanRequest, efficiency_path: str | None, efficiency: S
                 f"({source.model} on {source.num_gpus} x {efficiency.gpu}, {source.strategy}, micro-batch "
                 f"{source.micro_batch_size} x seq {source.seq_len}: {source.measured_step_s:.4g} s measured); "
                 + (f"calibrated under other settings: {differs}; " if (differs := calibrated_under(efficiency, request)) else "")
-                + _band(CALIBRATED_BAND, "when one row of a published source predicts its others"))
+                + _band(CALIBRATED_BANDS.get(efficiency.attention_rate),
+                        "when one row of a published source predicts its others"))
     if request.performance.compute_model == "roofline":
         return "step time: roofline compute model, not calibrated; band not measured"
     if hfu_given:

@@ -31,7 +31,9 @@ def efficiency_hfu(args: argparse.Namespace, gpu_name: str, framework) -> float:
                                             "or --efficiency")
     efficiency = load_efficiency(args.efficiency)
     check_applies(efficiency, args.efficiency, gpu_name, framework)
-    rate = getattr(args, "attention_rate", "published")
+    from zeroplan.specs.request import DEFAULT_ATTENTION_RATE
+
+    rate = getattr(args, "attention_rate", DEFAULT_ATTENTION_RATE)
     if efficiency.attention_rate != rate:
         raise ZeroplanError("--efficiency", f"{str(args.efficiency)!r} was solved under --attention-rate "
                                             f"{efficiency.attention_rate}, not {rate} (allowed: --attention-rate "

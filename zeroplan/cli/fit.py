@@ -33,7 +33,7 @@ from zeroplan.specs import (
     cluster_from_gpus,
 )
 from zeroplan.specs.framework import DEEPSPEED_RELEASES, HF_DEEPSPEED_RELEASES, TORCHTITAN_RELEASES
-from zeroplan.specs.request import default_attention_kernel
+from zeroplan.specs.request import ATTENTION_RATES, DEFAULT_ATTENTION_RATE, default_attention_kernel
 from zeroplan.specs.parallel import EXPERT_PARALLEL_STRATEGIES, ParallelSpec, PipelineSchedule
 from zeroplan.units import GB, GiB, MiB, ByteUnit
 
@@ -358,10 +358,11 @@ def add_efficiency_arguments(parser: argparse.ArgumentParser) -> None:
              "step included; a100-40gb, a100-80gb, h100-80gb, h200-141gb)",
     )
     parser.add_argument(
-        "--attention-rate", choices=("matmul", "published", "kernel"), default="published",
+        "--attention-rate", choices=ATTENTION_RATES, default=DEFAULT_ATTENTION_RATE,
         help="rate of attention's own FLOPs under --compute-model hfu: matmul (at --hfu like every FLOP), "
-             "published (--hfu x the kernel's published rate relative to the GPU's matmul rate, the default) or "
-             "kernel (the kernel's published TFLOP/s); docs/communication-time.md, 'Compute'",
+             "published (--hfu x the kernel's published rate relative to the GPU's matmul rate) or "
+             "kernel (the kernel's published TFLOP/s x its fitted efficiency, the default); "
+             "docs/communication-time.md, 'Compute'",
     )
     from zeroplan.cli.efficiency import add_efficiency_file_argument
 
@@ -557,7 +558,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
     performance = PerformanceAssumptions(
         hardware_flops_utilization=hfu, attention_efficiency=attention_efficiency, algorithm=args.algorithm,
         bandwidth=args.bandwidth,
-        compute_model=args.compute_model, attention_rate=getattr(args, "attention_rate", "published"),
+        compute_model=args.compute_model, attention_rate=getattr(args, "attention_rate", DEFAULT_ATTENTION_RATE),
         overlap_grad_reduce=getattr(args, "overlap_grad_reduce", None),
         overlap_param_gather=getattr(args, "overlap_param_gather", False),
         tp_comm_overlap=getattr(args, "tp_comm_overlap", False),

@@ -116,6 +116,15 @@ class MemoryAssumptions(Frozen):
         return self
 
 
+ATTENTION_RATES = ("matmul", "published", "kernel")
+"""PerformanceAssumptions.attention_rate's modes (--attention-rate)."""
+
+# 'kernel' is the default because it predicts the published throughput rows best on sources left
+# out of its fit (docs/communication-time.md, "Compute"; docs/validation.md, "Attention at its own rate").
+DEFAULT_ATTENTION_RATE = "kernel"
+"""PerformanceAssumptions.attention_rate when none is given (--attention-rate's default)."""
+
+
 class PerformanceAssumptions(Frozen):
     """Named assumptions of the step-time model (docs/communication-time.md)."""
 
@@ -143,7 +152,7 @@ class PerformanceAssumptions(Frozen):
     'roofline', kernel by kernel against the GPU's measured ceilings (zeroplan.core.roofline:
     matrix products at the achievable matmul rate, attention with its softmax exponentials,
     memory-bound kernels and the optimizer step at the achievable memory bandwidth)."""
-    attention_rate: str = Field(default="published", pattern="^(matmul|published|kernel)$")
+    attention_rate: str = Field(default=DEFAULT_ATTENTION_RATE, pattern="^(matmul|published|kernel)$")
     """Under the 'hfu' compute model, the rate of attention's own FLOPs (QK^T and AV, forward,
     backward and recomputed; zeroplan.core.attention_rate, docs/communication-time.md,
     "Compute"): 'matmul', the matrix products' rate (one HFU for every executed FLOP);

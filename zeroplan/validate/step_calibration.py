@@ -19,6 +19,7 @@ from zeroplan.core.default_efficiency import (
 )
 from zeroplan.specs import AttentionKernel, PerformanceAssumptions
 from zeroplan.specs.base import Frozen
+from zeroplan.specs.request import ATTENTION_RATES  # noqa: F401  (compared on the rows: docs/validation.md, "Attention at its own rate")
 from zeroplan.validate.step_time import PublishedThroughput, PublishedThroughputTable, load_published_throughput
 
 MIN_SOURCE_ROWS = 3
@@ -212,17 +213,18 @@ class TieBreakFigures(Frozen):
 
 def tie_break_figures(table: PublishedThroughputTable, rule=first_listed_calibration_row) -> TieBreakFigures:  # type: ignore[no-untyped-def]
     """The calibrated figures (the planner's default attention rate) with each source anchored by ``rule``."""
-    implied = mode_implied_hfus(DEFAULT_ATTENTION_RATE, table)
     by_source: dict[str, list[PublishedThroughput]] = {}
     for row in table.rows:
         by_source.setdefault(source_of(row), []).append(row)
     per_source, every = [], []
-    for members in by_source.values():
+    for source, members in by_source.items():
+        efficiencies, implied = held_out_fit(DEFAULT_ATTENTION_RATE, table, source)
         usable = [row for row in members if row.name in implied]
         if len(members) < MIN_SOURCE_ROWS or not usable:
             continue
         anchor = rule(usable)
-        errors = [abs(predicted_tokens_per_s(row, implied[anchor.name]) / row.published_tokens_per_s_per_gpu - 1)
+        errors = [abs(held_out_tokens_per_s(row, implied[anchor.name], DEFAULT_ATTENTION_RATE, efficiencies)
+                      / row.published_tokens_per_s_per_gpu - 1)
                   for row in usable if row.name != anchor.name]
         per_source.append((source_label(anchor), anchor.name, len(errors), statistics.median(errors), max(errors)))
         every += errors
@@ -295,12 +297,16 @@ def _study(table: PublishedThroughputTable) -> tuple[tuple[SourceCalibration, ..
     # Rows calibrate step refuses under the default attention rate (a published step shorter
     # than the planner's at HFU 1) are no anchor, no peer and not scored calibrated; the
     # uncalibrated figures still score them.
-    implied = mode_implied_hfus(DEFAULT_ATTENTION_RATE, table)
+    # Under 'kernel' every figure of a source is at the attention efficiencies fitted without it
+    # (held_out_fit), as attention_rate_figures scores it: no figure rests on its own rows.
+    mode = DEFAULT_ATTENTION_RATE
     by_source: dict[str, list[PublishedThroughput]] = {}
     for row in rows:
         by_source.setdefault(source_of(row), []).append(row)
+    fits = {source: held_out_fit(mode, table, source) for source in by_source}
     calibrations: dict[str, tuple[PublishedThroughput, float]] = {}
     for source, members in by_source.items():
+        implied = fits[source][1]
         usable = [row for row in members if row.name in implied]
         if len(members) >= MIN_SOURCE_ROWS and usable:
             anchor = calibration_row(usable)
@@ -308,20 +314,21 @@ def _study(table: PublishedThroughputTable) -> tuple[tuple[SourceCalibration, ..
     errors = []
     for row in rows:
         source = source_of(row)
+        efficiencies, implied = fits[source]
         loso = mechanism_hfu(source, implied, rows, generation_of(row.gpu), stack_of(row))
         kernel_hfu = kernel_mechanism_hfu(source, implied, rows, row)
         calibrated = calibrated_tokens = None
         if source in calibrations and calibrations[source][0].name != row.name and row.name in implied:
             calibrated = calibrations[source][1]
-            calibrated_tokens = predicted_tokens_per_s(row, calibrated)
+            calibrated_tokens = held_out_tokens_per_s(row, calibrated, mode, efficiencies)
         errors.append(RowError(
             name=row.name, source=source, label=source_label(row), stack=stack_of(row), gpu=row.gpu, strategy=row.strategy.value,
             checkpointing=row.activation_checkpointing.value,
             published_tokens_per_s_per_gpu=row.published_tokens_per_s_per_gpu,
             default_tokens_per_s_per_gpu=flat_default_tokens_per_s(row),
-            loso_hfu=loso, loso_tokens_per_s_per_gpu=predicted_tokens_per_s(row, loso),
+            loso_hfu=loso, loso_tokens_per_s_per_gpu=held_out_tokens_per_s(row, loso, mode, efficiencies),
             kernel_class=kernel_class_of(row), kernel_hfu=kernel_hfu,
-            kernel_tokens_per_s_per_gpu=predicted_tokens_per_s(row, kernel_hfu),
+            kernel_tokens_per_s_per_gpu=held_out_tokens_per_s(row, kernel_hfu, mode, efficiencies),
             calibrated_hfu=calibrated, calibrated_tokens_per_s_per_gpu=calibrated_tokens,
         ))
     sources = tuple(
@@ -333,9 +340,6 @@ def _study(table: PublishedThroughputTable) -> tuple[tuple[SourceCalibration, ..
     return sources, tuple(errors)
 
 
-ATTENTION_RATES = ("matmul", "published", "kernel")
-"""PerformanceAssumptions.attention_rate's modes, compared on the rows (docs/validation.md,
-"Attention at its own rate")."""
 
 
 def _with_attention_rate(request, mode: str, efficiencies: tuple[tuple[str, float], ...] = ()):  # type: ignore[no-untyped-def]
@@ -384,7 +388,7 @@ def timed_request_of(request):  # type: ignore[no-untyped-def]
     return timed_request(request)
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=128)
 def attention_efficiency_fit(table: PublishedThroughputTable, held_out: str | None = None) -> tuple[tuple[str, float], ...]:
     """(kernel, e) fitted on ``table``'s sources but ``held_out`` (None: every source), sorted."""
     from zeroplan.core.attention_efficiency import MIN_SEQUENCE_LENGTHS, source_attention_efficiency
@@ -462,6 +466,27 @@ def mode_implied_hfus(mode: str, table: PublishedThroughputTable,
     return implied
 
 
+def held_out_fit(mode: str, table: PublishedThroughputTable,
+                 source: str) -> tuple[tuple[tuple[str, float], ...], dict[str, float]]:
+    """What ``source``'s rows are scored at under attention-rate ``mode``: under 'kernel', the
+    attention efficiencies fitted without its rows (attention_efficiency_fit) and every row's HFU
+    solved at them; under the others nothing but the HFU is fitted: ((), every row's HFU)."""
+    if mode != "kernel":
+        return (), mode_implied_hfus(mode, table)
+    efficiencies = attention_efficiency_fit(table, source)
+    return efficiencies, mode_implied_hfus(mode, table, efficiencies)
+
+
+def held_out_tokens_per_s(row: PublishedThroughput, hfu: float, mode: str,
+                          efficiencies: tuple[tuple[str, float], ...]) -> float:
+    """The planner's tokens/s/GPU for ``row`` at ``hfu`` under ``mode``; under 'kernel' at the
+    attention efficiencies ``efficiencies`` (held_out_fit's), never the shipped default, which
+    every row was fitted into."""
+    if mode != "kernel":
+        return predicted_tokens_per_s(row, hfu, mode)
+    return planned_step(_with_attention_rate(row.request(hfu), mode, efficiencies)).tokens_per_s_per_gpu
+
+
 @functools.lru_cache(maxsize=4096)
 def _row_implied_hfu(row: PublishedThroughput, mode: str, efficiency: float | None) -> float:
     # Kept per (row, mode, efficiency): the leave-one-source-out fits change the efficiency of
@@ -485,12 +510,9 @@ def attention_rate_figures(mode: str, table: PublishedThroughputTable | None = N
         by_source.setdefault(source_of(row), []).append(row)
 
     # Under 'kernel' each source is scored at the attention efficiencies fitted without it, its
-    # peers' HFUs solved at those too (held_out_implied): no figure rests on its own rows.
+    # peers' HFUs solved at those too (held_out_fit): no figure rests on its own rows.
     def held_out(source: str) -> tuple[tuple[tuple[str, float], ...], dict[str, float]]:
-        if mode != "kernel":
-            return (), implied
-        efficiencies = attention_efficiency_fit(table, source)
-        return efficiencies, mode_implied_hfus(mode, table, efficiencies)
+        return held_out_fit(mode, table, source)
 
     per_source, calibrated = [], []
     for source, members in by_source.items():
