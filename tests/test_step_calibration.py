@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from zeroplan.calibrate.basis import CALIBRATED_BAND, DEFAULT_BAND, DEFAULT_BANDS, FLAT_BAND
+from zeroplan.calibrate.basis import CALIBRATED_BAND, CALIBRATED_BANDS, DEFAULT_BAND, DEFAULT_BANDS, FLAT_BAND
 from zeroplan.core.default_efficiency import FLAT_HFU, MIN_MECHANISM_SOURCES
 from zeroplan.specs import PerformanceAssumptions
 from zeroplan.validate.step_calibration import (
-    MIN_SOURCE_ROWS, calibration_row, attention_class_of, calibration_study, generation_of, implied_hfu, kernel_class_of, predicted_tokens_per_s, source_of,
-    stack_of,
+    DEFAULT_ATTENTION_RATE, MIN_SOURCE_ROWS, attention_efficiency_fit, calibration_row, attention_class_of, calibration_study,
+    generation_of, held_out_fit, held_out_tokens_per_s, implied_hfu, kernel_class_of, mode_implied_hfus, source_attention_efficiencies,
+    source_of, stack_of,
 )
 from zeroplan.validate.step_time import load_published_throughput
 
@@ -39,8 +40,8 @@ def test_each_source_of_three_rows_is_calibrated_on_its_row_of_fewest_gpus_and_s
     for row in TABLE.rows:
         by_source.setdefault(source_of(row), []).append(row)
     assert {s.source for s in SOURCES} == {source for source, rows in by_source.items() if len(rows) >= MIN_SOURCE_ROWS}
-    implied = _implied()
     for calibration in SOURCES:
+        efficiencies, implied = _held_out(calibration.source)
         # Rows calibrate step refuses (a published step shorter than the planner's at HFU 1)
         # are neither the anchor nor scored.
         rows = [row for row in by_source[calibration.source] if row.name in implied]
@@ -52,27 +53,33 @@ def test_each_source_of_three_rows_is_calibrated_on_its_row_of_fewest_gpus_and_s
         assert len(scored) == len(rows) - 1
         anchor = next(row for row in rows if row.name == calibration.calibration_row)
         # Calibrated on its own row, the planner gives that row's published throughput back.
-        assert predicted_tokens_per_s(anchor, calibration.hfu) == pytest.approx(anchor.published_tokens_per_s_per_gpu, rel=1e-6)
+        assert held_out_tokens_per_s(anchor, calibration.hfu, DEFAULT_ATTENTION_RATE, efficiencies) == pytest.approx(
+            anchor.published_tokens_per_s_per_gpu, rel=1e-6)
 
 
-@functools.lru_cache(maxsize=1)
-def _implied() -> dict[str, float]:
-    """The HFU calibrate step solves on each row it does not refuse, under the planner's default
-    attention rate (shared by the tests above and below)."""
-    from zeroplan.errors import ZeroplanError
+@functools.lru_cache(maxsize=64)
+def _held_out(source: str) -> tuple[tuple[tuple[str, float], ...], dict[str, float]]:
+    """The attention efficiencies ``source``'s rows are scored at under the planner's default
+    attention rate (under 'kernel', fitted without its rows; none under the others) and the HFU
+    calibrate step solves on each row it does not refuse at them (shared by the tests below)."""
+    efficiencies = attention_efficiency_fit(TABLE, source) if DEFAULT_ATTENTION_RATE == "kernel" else ()
+    found = held_out_fit(DEFAULT_ATTENTION_RATE, TABLE, source)
+    assert found == (efficiencies, mode_implied_hfus(DEFAULT_ATTENTION_RATE, TABLE,
+                                                     efficiencies if DEFAULT_ATTENTION_RATE == "kernel" else None))
+    return found
 
-    implied = {}
-    for row in TABLE.rows:
-        try:
-            implied[row.name] = implied_hfu(row)
-        except ZeroplanError:
-            continue
-    return implied
+
+def test_the_held_out_attention_efficiency_never_sees_the_source_it_scores() -> None:
+    # Fitted without a source, the efficiencies are those of the rows with that source taken out
+    # (the sources the fit can use: the others' rows never enter it).
+    for source, _, _ in source_attention_efficiencies(TABLE):
+        others = TABLE.model_copy(update={"rows": tuple(row for row in TABLE.rows if source_of(row) != source)})
+        assert attention_efficiency_fit(TABLE, source) == attention_efficiency_fit(others), source
 
 
 def test_the_fitted_default_never_sees_the_source_it_predicts() -> None:
-    implied = _implied()
     for row, error in zip(TABLE.rows, ERRORS):
+        implied = _held_out(source_of(row))[1]
         peers = [implied[other.name] for other in TABLE.rows if source_of(other) != source_of(row)
                  and generation_of(other.gpu) == generation_of(row.gpu) and stack_of(other) == stack_of(row)
                  and other.name in implied]
@@ -85,12 +92,12 @@ def test_the_kernel_class_fit_never_sees_the_source_it_predicts() -> None:
     # The fitted default: one HFU per GPU generation x kernel class (zeroplan.core.stack_time.kernel_class),
     # the median over the other sources' rows of that mechanism where they are of two sources or
     # more; coarser where they are not (no other generation shares a compute die in the rows).
-    implied = _implied()
-
-    def fitted(rows: list) -> list[float]:
-        return [implied[o.name] for o in rows] if len({source_of(o) for o in rows}) >= MIN_MECHANISM_SOURCES else []
-
     for row, error in zip(TABLE.rows, ERRORS):
+        implied = _held_out(source_of(row))[1]
+
+        def fitted(rows: list) -> list[float]:
+            return [implied[o.name] for o in rows] if len({source_of(o) for o in rows}) >= MIN_MECHANISM_SOURCES else []
+
         others = [other for other in TABLE.rows if other.name in implied
                   and source_of(other) != source_of(row) and generation_of(other.gpu) == generation_of(row.gpu)]
         same = fitted([o for o in others if kernel_class_of(o) == kernel_class_of(row)])
@@ -113,7 +120,7 @@ def test_the_bands_the_cli_quotes_are_the_printed_summaries() -> None:
     calibrated = next(line for line in PRINTED if line.startswith("calibrated on one row:"))
     default = next(line for line in PRINTED if line.startswith("uncalibrated,"))
     median, maximum = (float(x) / 100 for x in re.search(r"median (\d+\.\d)%, max (\d+\.\d)%", calibrated).groups())
-    assert CALIBRATED_BAND == (pytest.approx(median), pytest.approx(maximum))
+    assert CALIBRATED_BAND == CALIBRATED_BANDS[DEFAULT_ATTENTION_RATE] == (pytest.approx(median), pytest.approx(maximum))
     median, maximum = (float(x) / 100 for x in re.search(r"flat HFU 0.4 \|error\| median (\d+\.\d)%, max (\d+\.\d)%", default).groups())
     assert FLAT_BAND == (pytest.approx(median), pytest.approx(maximum))
     fitted = next(line for line in PRINTED if line.startswith("uncalibrated,") and "fitted default" in line)
@@ -122,11 +129,19 @@ def test_the_bands_the_cli_quotes_are_the_printed_summaries() -> None:
 
 
 def test_the_fitted_default_bands_of_each_attention_rate_are_the_printed_ones() -> None:
+    checked = set()
     for line in _benchmark().attention_rate_report(TABLE):
         found = re.match(r"attention rate (\w+), uncalibrated, .* median (\d+\.\d)%, max (\d+\.\d)%", line)
         if found:
             mode, median, maximum = found.group(1), float(found.group(2)) / 100, float(found.group(3)) / 100
             assert DEFAULT_BANDS[mode] == (pytest.approx(median), pytest.approx(maximum)), mode
+            checked.add(("default", mode))
+        found = re.match(r"attention rate (\w+): calibrated on one row, \d+ rows: \|error\| median (\d+\.\d)%, max (\d+\.\d)%", line)
+        if found:
+            mode, median, maximum = found.group(1), float(found.group(2)) / 100, float(found.group(3)) / 100
+            assert CALIBRATED_BANDS[mode] == (pytest.approx(median), pytest.approx(maximum)), mode
+            checked.add(("calibrated", mode))
+    assert len(checked) == 2 * len(DEFAULT_BANDS) == 2 * len(CALIBRATED_BANDS)
 
 
 def test_compare_quotes_the_band(zeroplan_cli) -> None:
