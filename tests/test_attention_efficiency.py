@@ -4,11 +4,16 @@ efficiency file carry it."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from zeroplan.core.attention_efficiency import attention_efficiency, source_attention_efficiency
 from zeroplan.core.timing import attention_flops_per_s
 from zeroplan.validate.step_time import load_published_throughput
+
+ROOT = Path(__file__).resolve().parents[1]
 
 ROW = next(row for row in load_published_throughput().rows if row.name == "mpt-7b a100 x8 s8192 b8x2 AC")
 
@@ -54,3 +59,16 @@ def test_an_efficiency_file_solved_under_kernel_records_the_efficiency_it_was_so
 
     assert solved_attention_efficiency(_with(ROW.request(0.6), attention_rate="kernel", attention_efficiency=1.1)) == 1.1
     assert solved_attention_efficiency(_with(ROW.request(0.6), attention_rate="published")) is None
+
+
+def test_an_efficiency_file_applies_only_under_the_attention_rate_it_was_solved_under(zeroplan_cli) -> None:
+    # The docs' example file was solved under the default rate ('kernel'): applied under another
+    # its HFU would time the matrix products against another attention time, so it is refused.
+    from zeroplan.specs.request import DEFAULT_ATTENTION_RATE
+
+    example = "docs/examples/h100-llm-foundry-efficiency.json"
+    assert json.loads((ROOT / example).read_text())["attention_rate"] == DEFAULT_ATTENTION_RATE == "kernel"
+    code, _, err = zeroplan_cli("compare", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", "--strategies", "ddp",
+                                "--efficiency", str(ROOT / example), "--attention-rate", "published")
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "--efficiency" in err and "solved under --attention-rate kernel, not published" in err
