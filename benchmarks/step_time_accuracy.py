@@ -129,9 +129,10 @@ def default_summary(errors: list[RowError]) -> str:
 
 
 def kernel_summary(errors: list[RowError]) -> str:
-    """The line the fitted default's band (zeroplan.calibrate.basis.DEFAULT_BANDS['matmul']) quotes:
-    the planner's default efficiency, one HFU per GPU generation x kernel class
-    (zeroplan.core.default_efficiency), fitted leave-one-source-out."""
+    """The line the fitted default's band (zeroplan.calibrate.basis.DEFAULT_BAND, the default
+    attention rate's) quotes: the planner's default efficiency, one HFU per GPU generation x kernel
+    class (zeroplan.core.default_efficiency), fitted leave-one-source-out (under 'kernel' the
+    attention efficiency too: zeroplan.validate.step_calibration.held_out_fit)."""
     kernel = [abs(e.kernel_error) for e in errors]
     return (f"uncalibrated, {len(errors)} rows: fitted default (HFU per GPU generation x kernel class, attention kernel, "
             f"compiled or not) leave-one-source-out: median {statistics.median(kernel):.1%}, max {max(kernel):.1%}")

@@ -12,7 +12,7 @@ lengths of the same GPU and training stack, and is refused for another GPU or st
 mechanism fitted is per GPU x stack, never per configuration).
 
 docs/validation.md, "Step time", measures how well one calibrated row predicts the other rows
-of its source (zeroplan.calibrate.basis.CALIBRATED_BAND)."""
+of its source (zeroplan.calibrate.basis.CALIBRATED_BANDS, by the attention rate the HFU was solved under)."""
 
 from __future__ import annotations
 

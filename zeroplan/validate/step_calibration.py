@@ -3,7 +3,8 @@ time"): per published source, the HFU ``zeroplan calibrate step`` solves on one 
 source's other rows; and, leave-one-source-out, the flat HFU 0.4 (every FLOP at it) and HFUs fitted
 per mechanism (GPU generation x training stack, and the planner's fitted default, GPU generation x
 kernel class) on the other sources only. Calibrated and fitted figures time the planner's default
-attention rate (DEFAULT_ATTENTION_RATE); attention_rate_figures compares the modes.
+attention rate (DEFAULT_ATTENTION_RATE; under 'kernel' at the attention efficiencies fitted without
+the scored source, held_out_fit); attention_rate_figures compares the modes.
 
 Rules the figures keep: what is fitted is per mechanism, never per row; the row a calibration is
 solved on is never among the rows it is scored on; every figure is out of sample."""
@@ -97,7 +98,9 @@ def flat_default_tokens_per_s(row: PublishedThroughput, attention_rate: str = "m
 
 def implied_hfu(row: PublishedThroughput) -> float:
     """The HFU ``zeroplan calibrate step`` solves on ``row`` (its published step) under the
-    planner's default attention rate; a step shorter than the planner's at HFU 1 is refused."""
+    planner's default attention rate, at the shipped attention efficiency as calibrate step does
+    (in sample under 'kernel': no accuracy figure uses it; they use held_out_fit); a step shorter
+    than the planner's at HFU 1 is refused."""
     return solve_hfu(default_request(row), published_step_s(row))
 
 
