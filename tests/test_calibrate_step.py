@@ -79,18 +79,22 @@ def test_compare_and_plan_say_calibrated_or_default(capsys, tmp_path: Path) -> N
                         "--detail")
     assert code == 0
     line = text.splitlines()[-1]
-    assert line.startswith("step time: calibrated, HFU 0.476 from ") and "band" in line
+    assert line.startswith("step time: calibrated, HFU 0.436 from ") and "band" in line
+    # The band of the rate the file was solved under (the default, 'kernel').
+    from zeroplan.calibrate.basis import CALIBRATED_BANDS
+
+    assert f"median {CALIBRATED_BANDS['kernel'][0]:.1%}, max {CALIBRATED_BANDS['kernel'][1]:.1%}" in line
     code, text, _ = run(capsys, "compare", "llama-3.1-70b", "--gpus", "64", "--gpu", "h100-80gb", "--detail")
     assert text.splitlines()[-1].startswith("step time: fitted default HFU ")
     # The large-scale llm-foundry table's FlashAttention-2 rows give h100's eager-timed flash-attn-2
-    # class rows of two sources (with Megatron-LM's).
-    assert "(h100, flash-attn-2, not compiled: median of 21 published rows, 2 sources)" in text.splitlines()[-1]
+    # class rows of three sources (with Megatron-LM's and llm.c's GPT-2 1558M row, cuDNN's flash attention).
+    assert "(h100, flash-attn-2, not compiled: median of 22 published rows, 3 sources)" in text.splitlines()[-1]
     code, text, _ = run(capsys, "compare", "llama-3.1-70b", "--gpus", "64", "--gpu", "h100-80gb", "--hfu", "0.5", "--detail")
     assert "HFU 0.5 as given (--hfu), not calibrated; band not measured" in text
     code, text, err = run(capsys, "plan", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", "--global-batch", "16",
                           "--no-model-parallel", "--top", "2", "--efficiency", str(out), "--detail")
     assert code == 0, err
-    assert "step time: calibrated, HFU 0.476" in text
+    assert "step time: calibrated, HFU 0.436" in text
 
 
 @pytest.mark.parametrize("extra, needle", [
