@@ -249,3 +249,20 @@ def test_the_search_times_the_memory_bound_kernels_as_the_scalar_planner(gpu, co
         at = _at(request, micro, accum)
         assert float(seconds[0]) == pytest.approx(step_time(at, tuple(collectives(at))).step_with_overlap_s,
                                                   abs=TIME_TOLERANCE_S)
+
+
+def test_the_front_s_own_rows_are_asked_of_the_allocator_model_only_where_they_are_shown() -> None:
+    # zeroplan plan's first screen shows the ranked rows alone (answer_pareto=False): the same
+    # ranking and front, the ranked rows' answers on the front's rows they share, the others
+    # left unasked (allocator_fits None) instead of replayed for nothing.
+    base = _base("gpt2", 8)
+    shown = search(base, 8, top=1)
+    first_screen = search(base, 8, top=1, answer_pareto=False)
+    assert first_screen.ranked == shown.ranked and first_screen.best == shown.best
+    assert len(first_screen.pareto) == len(shown.pareto) and any(c not in shown.ranked for c in shown.pareto)
+    assert all(c.allocator_fits is not None for c in shown.pareto)
+    for asked, left in zip(shown.pareto, first_screen.pareto):
+        if asked in shown.ranked:
+            assert left == asked
+        else:
+            assert left == asked.model_copy(update={"allocator_fits": None, "allocator_peak_bytes": None})

@@ -107,8 +107,11 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.pp_schedule:
         layout["pp_schedules"] = (PipelineSchedule(args.pp_schedule),)
     space = LayoutSpace(**layout)
+    # The first screen shows the ranked rows alone: the Pareto front's own rows are asked of the
+    # caching-allocator model (a replay of each pipeline rank's step) only where they are shown.
+    shows_pareto = args.detail or args.format != "table"
     result = search(base, args.global_batch, parse_strategies(args.strategies),
-                    top=args.top, space=space, show_progress=True)
+                    top=args.top, space=space, show_progress=True, answer_pareto=shows_pareto)
     args.search_result = result  # for what runs after the command (--emit, zeroplan.cli.emit)
     if args.format == "json":
         from zeroplan.cli.efficiency import time_basis_text

@@ -1031,7 +1031,7 @@ def _searched_groups(
 
 def search(
     base: PlanRequest, global_batch_size: int, strategies: tuple[StrategyKind, ...] | None = None, top: int = 10,
-    space: LayoutSpace | None = None, show_progress: bool = False, prune: bool = True,
+    space: LayoutSpace | None = None, show_progress: bool = False, prune: bool = True, answer_pareto: bool = True,
 ) -> PlanSearchResult:
     """Rank every fitting configuration of ``base`` at ``global_batch_size`` by step time: under
     the request's own layout, or under every layout of ``space``. ``show_progress`` draws the
@@ -1040,9 +1040,12 @@ def search(
     memory_lower_bound shows cannot fit, and those step_time_lower_bound and memory_lower_bound
     show can enter neither the ranking nor the Pareto front (their configurations are counted
     as bounded out); False fits every group (the exhaustive search, as tests/test_search_pruning.py
-    compares)."""
+    compares). ``answer_pareto`` False: the Pareto rows that are not also ranked are left without
+    the caching-allocator model's answer (allocator_fits None), for a caller that shows the
+    ranked rows alone (zeroplan plan's first screen); each answer is a replay of every pipeline
+    rank's step."""
     with cyclic_gc_paused():
-        return _search(base, global_batch_size, strategies, top, space, show_progress, prune)
+        return _search(base, global_batch_size, strategies, top, space, show_progress, prune, answer_pareto)
 
 
 class _Incumbents:
@@ -1092,7 +1095,7 @@ class _Incumbents:
 
 
 def _search(base: PlanRequest, global_batch_size: int, strategies: tuple[StrategyKind, ...] | None, top: int,
-            space: LayoutSpace | None, show_progress: bool, prune: bool) -> PlanSearchResult:
+            space: LayoutSpace | None, show_progress: bool, prune: bool, answer_pareto: bool = True) -> PlanSearchResult:
     all_groups, layouts = _searched_groups(base, global_batch_size, strategies, space)
     all_groups, splits = _schedulable(all_groups, _splits(all_groups, global_batch_size), global_batch_size)
     results: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = [None] * len(all_groups)
@@ -1155,13 +1158,13 @@ def _search(base: PlanRequest, global_batch_size: int, strategies: tuple[Strateg
         # The vectorised sweep and the scalar planner disagree: rank with the scalar one.
         for group in all_groups:
             group.scalar_only = True
-        return search_with_groups(base, global_batch_size, all_groups, splits, top, layouts, show_progress)
+        return search_with_groups(base, global_batch_size, all_groups, splits, top, layouts, show_progress, answer_pareto)
     def request_of(i: int) -> PlanRequest:
         return _at(all_groups[int(index_a[i])].request, int(micro_a[i]), int(accum_a[i]))
 
     asked: dict[PlanRequest, tuple[bool, int]] = {}
     ranked = _answered(ranked, [request_of(i) for i in order[:top].tolist()], base, asked)
-    pareto = _answered(pareto, [request_of(i) for i in front.tolist()], base, asked)
+    pareto = _answered(pareto, [request_of(i) for i in front.tolist()], base, asked, ask=answer_pareto)
     best = ranked[0] if ranked else None
     caution = allocator_caution(ranked, base)
     return PlanSearchResult(
@@ -1175,7 +1178,7 @@ def _search(base: PlanRequest, global_batch_size: int, strategies: tuple[Strateg
 
 def search_with_groups(
     base: PlanRequest, global_batch_size: int, all_groups: list[_Group], splits: list[tuple[np.ndarray, np.ndarray]],
-    top: int, layouts: int = 1, show_progress: bool = False,
+    top: int, layouts: int = 1, show_progress: bool = False, answer_pareto: bool = True,
 ) -> PlanSearchResult:
     """The same ranking with every group on the scalar planner."""
     rows = []
@@ -1192,7 +1195,8 @@ def search_with_groups(
     if candidates:
         front = pareto_indices(np.array([c.peak_bytes for c in candidates]), np.array([c.step_time_s for c in candidates]))
         pareto = _answered(tuple(candidates[i] for i in front.tolist()),
-                           [_at(rows[i][1].request, rows[i][2], rows[i][3]) for i in front.tolist()], base, asked)
+                           [_at(rows[i][1].request, rows[i][2], rows[i][3]) for i in front.tolist()], base, asked,
+                           ask=answer_pareto)
     else:
         pareto = ()
     best = ranked[0] if ranked else None
@@ -1217,17 +1221,21 @@ def modelled_allocator_conf(base: PlanRequest) -> str:
 
 
 def _answered(candidates: tuple[PlanCandidate, ...], requests: list[PlanRequest], base: PlanRequest,
-              asked: dict[PlanRequest, tuple[bool, int]]) -> tuple[PlanCandidate, ...]:
+              asked: dict[PlanRequest, tuple[bool, int]], ask: bool = True) -> tuple[PlanCandidate, ...]:
     """The reported candidates with the caching-allocator model's verdict and peak on each
     (zeroplan.core.plan.allocator_answer), under the PYTORCH_CUDA_ALLOC_CONF fit would judge
     them under (modelled_allocator_conf):
     the search ranks on the flat reserve, but a configuration it shows says what the model
-    finds. ``asked`` keeps the answers a table shares with another (ranked and Pareto)."""
+    finds. ``asked`` keeps the answers a table shares with another (ranked and Pareto); ``ask``
+    False: only those, the other candidates left unasked (allocator_fits None)."""
     conf = modelled_allocator_conf(base)
     out = []
     for candidate, request in zip(candidates, requests):
         modelled = request.with_allocator_conf(conf)
         if modelled not in asked:
+            if not ask:
+                out.append(candidate)
+                continue
             asked[modelled] = allocator_answer(modelled)
         fits, peak = asked[modelled]
         out.append(candidate.model_copy(update={"allocator_fits": fits, "allocator_peak_bytes": peak}))
