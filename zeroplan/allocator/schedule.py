@@ -22,6 +22,7 @@ from zeroplan.allocator.replay import Ops
 from zeroplan.allocator.trace import AllocationTrace, Stream
 from zeroplan.core import deepspeed_2022
 from zeroplan.core.activations import layer_terms
+from zeroplan.core.deepspeed_accumulation import overlap_comm
 from zeroplan.core.deepspeed_step import NORM_COPY_BYTES, runs_flat_step
 from zeroplan.core.framework_loss import loss_parallel_applies
 from zeroplan.core.frameworks import framework_recompute_bytes
@@ -31,7 +32,7 @@ from zeroplan.core.parallel.pipeline import in_flight_chunks
 from zeroplan.specs.framework import Framework
 from zeroplan.core.layout import gradient_wire_bytes
 from zeroplan.specs.request import PlanRequest
-from zeroplan.specs.training import ActivationCheckpointing
+from zeroplan.specs.training import ActivationCheckpointing, StateConvention
 from zeroplan.units import FP32_BYTES
 from zeroplan.core.model_states import ModelStateBytes
 from zeroplan.core.peak import PeakTerms
@@ -186,11 +187,32 @@ def step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms)
                       block_backward_gradients=terms.block_backward_gradients,
                       backward_end_buffers=terms.backward_end_buffers,
                       backward_end_gradients=terms.backward_end_gradients,
-                      gather_stream=Stream.all_gather if request.strategy.kind.is_fsdp else Stream.compute,
+                      gather_stream=_gather_stream(request),
                       flat_step=runs_flat_step(request), in_flight=_in_flight_micro_batches(request),
                       workspace_parts=_workspace_parts(request, terms.workspace),
                       sequence_parallel=forward_collectives(request, terms),
                       stage1_2022=deepspeed_2022.step_allocations(request) if deepspeed_2022.models_2022(request) else None)
+
+
+# DeepSpeed ZeRO-3's coordinator gathers in its allgather stream's context (v0.13.3 and v0.14.0
+# runtime/zero/partitioned_param_coordinator.py:303 and :460, 0.19.8 :400 and :606: `with
+# get_accelerator().stream(self.__allgather_stream)` around all_gather_coalesced, which allocates the
+# gathered buffer), a stream of its own where overlap_comm is on (parameter_offload.py:138-139 at
+# v0.13.3, :195-196 at 0.19.8); the caching allocator keeps that stream's blocks apart. Hugging
+# Face's DeepSpeed configs (accelerate's plugin) leave overlap_comm to DeepSpeed's default, on at
+# stage 3 (deepspeed_accumulation.overlap_comm). DeepSpeed 0.13.3's own allocation sequence at the
+# 70B LoRA row's sizes (benchmarks/deepspeed_zero3_allocator_replay.py) reserves 62.1 GiB replayed
+# with its gathers on that stream, 65.9 with them on the compute stream.
+def _gather_stream(request: PlanRequest) -> int:
+    """The stream a unit's gather allocates on: FSDP's all-gather stream, DeepSpeed ZeRO-3's
+    allgather stream under the hf profile (overlap_comm on), else the compute stream."""
+    kind = request.strategy.kind
+    if kind.is_fsdp:
+        return Stream.all_gather
+    if (kind.zero_stage == 3 and request.training.framework is Framework.hf
+            and request.convention is StateConvention.deepspeed and overlap_comm(request)):
+        return Stream.all_gather
+    return Stream.compute
 
 
 def _runs_loss_parallel(request: PlanRequest, moments: tuple[tuple[int, ...], ...]) -> bool:

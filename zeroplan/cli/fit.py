@@ -181,12 +181,14 @@ def add_framework_arguments(group: argparse._ArgumentGroup) -> None:
         help="with --framework megatron-deepspeed: the DeepSpeed release planned, 0.19.8 (default) or 2022-bigscience "
              "(the February 2022 source BigScience's tr11 runs used: ZeRO-1 without a reduce bucket, a flat 16-bit "
              "gradient copy at the step); with --framework hf under ZeRO: 0.19.8 (default) or 0.13.3 (any release "
-             "before 0.19.2, whose engine casts peft's fp32 adapters to 16 bits under zero.Init)",
+             "before 0.19.2, whose engine casts peft's fp32 adapters to 16 bits under zero.Init, and before 0.18.0, whose "
+             "ZeRO-2 allocates its reduce bucket before the loss's backward)",
     )
     group.add_argument(
         "--transformers-version", metavar="V",
         help="with --framework hf: the transformers release planned (4.31 to 4.56.2; default 4.56.2): before 4.46 the "
-             "causal-LM forward returns fp32 logits, before 4.49 its loss copies the shifted fp32 logits",
+             "causal-LM forward returns fp32 logits, before 4.49 its loss copies the shifted fp32 logits (OPT: its "
+             "attention keeps the clamped scores and its loss runs in the compute dtype)",
     )
     group.add_argument(
         "--torch-release", metavar="V",

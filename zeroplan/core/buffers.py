@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from zeroplan.core import deepspeed_2022, deepspeed_epilogue, deepspeed_offload, deepspeed_step
 from zeroplan.core.deepspeed_accumulation import resident_bytes as deepspeed_resident_bytes
+from zeroplan.core.deepspeed_accumulation import stage12_bucket_bytes
 from zeroplan.core.largest_unit import largest_gathered_unit_bytes, largest_unit_elements
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes
 from zeroplan.core.model_states import (
@@ -105,12 +106,27 @@ def resident_buffer_bytes(request: PlanRequest) -> int:
     return secondary + deepspeed_offload.device_staging_bytes(request)
 
 
+# DeepSpeed before 0.18.0 allocates ZeRO-2's ipg bucket in the optimizer's own backward, before it
+# calls loss.backward: v0.9.0 runtime/zero/stage_1_and_2.py:1871-1884 and v0.13.3 :2030-2043
+# (backward: torch.empty(reduce_bucket_size) in the model dtype with contiguous_gradients, a second
+# with overlap_comm; v0.17.0 backward_prologue :2062-2078 the same), and frees it in the epilogue
+# after backward (_release_ipg_buffers). So it is alive at the loss's backward too, where 0.18.0's
+# setup_buckets, called from process_gradients at the first gradient hook, allocates it only once
+# the loss's backward has produced a gradient (0.19.8 :2287, :3256-3276). The hf profile's
+# deepspeed_release "0.13.3" stands for those releases.
+def deepspeed_bucket_from_backward_start(request: PlanRequest) -> bool:
+    """Whether ZeRO-2's ipg bucket is held from the start of backward (hf, DeepSpeed 0.13.3)."""
+    return (request.training.framework is Framework.hf and request.training.deepspeed_release == "0.13.3"
+            and request.strategy.kind is StrategyKind.zero2 and request.convention is StateConvention.deepspeed
+            and request.strategy.zero_gradient_reduce is ZeroGradientReduce.bucket)
+
+
 def backward_held_buffer_bytes(request: PlanRequest) -> int:
     if _megatron_buffers(request) or _bf16_optimizer_buffers(request):
         return 0
     kind = request.strategy.kind
     eb = element_bytes(request.training.precision, request.convention)
-    held = 0
+    held = stage12_bucket_bytes(request) if deepspeed_bucket_from_backward_start(request) else 0
     deferred = pipeline_defers_fsdp_reduction(request.parallel, kind.is_fsdp)
     if kind is StrategyKind.fsdp_shard_grad_op or deferred:
         # reshard_after_forward=False (or a pipeline stage's reshard_after_backward=False):
@@ -196,6 +212,9 @@ def transient_buffer_bytes(request: PlanRequest) -> int:
         return 0
     if kind.zero_stage in (1, 2):
         if request.strategy.zero_gradient_reduce is ZeroGradientReduce.bucket:
+            if deepspeed_bucket_from_backward_start(request):
+                # Held through the whole backward instead (backward_held_buffer_bytes).
+                return 0
             # Filled as gradients arrive and released after backward: no bucket is alive at
             # the loss backward (the harness's allocator trace of DeepSpeed stage 2).
             return zero_reduce_bucket_bytes(request, eb.compute_parameter)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from zeroplan.core.compiled import COMPILED_CROSS_ENTROPY_ROW_BYTES, compiled_chunked_logits_tensors, compiles_loss
 from zeroplan.core.frameworks import hf_under_autocast
 from zeroplan.core.kv_cache import kv_cache_tensors, loss_forward_tensors
+from zeroplan.core.transformers_release import opt_loss_tensors, runs_opt_own_forward
 from zeroplan.core.profiles import fsdp1_root_stays_gathered, fsdp_separates_embedding_and_head, loss_chunks, profile
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.framework import Framework
@@ -388,7 +389,8 @@ def framework_logits_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...
         return torchtune_unchunked_logits_tensors(request)
     # The loss's fp32 tensors are alive at the start of its backward, beside the head's unit
     # that FSDP2 gathers then (fsdp_head_gathered_bytes; 0 outside a framework's FSDP2).
-    backward = (*logits_parts(model, s, b), *fsdp_head_gathered_parts(request))
+    loss = opt_loss_tensors(model, training, s, b)[1] if runs_opt_own_forward(model, training) else logits_parts(model, s, b)
+    backward = (*loss, *fsdp_head_gathered_parts(request))
     cache = kv_cache_tensors(request)
     if not cache and training.transformers_version is None:
         return (backward,)

@@ -12,6 +12,7 @@ zeroplan.core.framework_loss'. Nothing here imports torch.
 from __future__ import annotations
 
 from zeroplan.core.profiles import profile
+from zeroplan.core.transformers_release import opt_clamp_score_bytes, upcasts_softmax
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import ModelSpec, NormKind, PositionKind
 from zeroplan.specs.request import PlanRequest
@@ -38,7 +39,9 @@ def expanded_kv_extra_bytes(model: ModelSpec, training: TrainingSpec, s: int, b:
 # its input. So an eager block keeps 4 bytes a score more (none where the compute dtype is fp32:
 # the cast returns the same tensor) and the repeated K and V. ALiBi models' fp32 softmax is in
 # attention_core_terms already. Measured with saved-tensor hooks on transformers 4.56.2's
-# LlamaAttention on the CPU, eager less SDPA (tests/test_eager_attention.py).
+# LlamaAttention on the CPU, eager less SDPA (tests/test_eager_attention.py). OPT's own attention
+# before transformers 4.49 (zeroplan.core.transformers_release.OPT_OWN_FORWARD_UNTIL) also keeps
+# the clamp's input, the masked scores in the compute dtype, and upcasts the softmax only in fp16.
 def eager_attention_extra_bytes(request: PlanRequest) -> int:
     """Bytes one block's eager attention keeps beyond attention_core_terms in the framework's code."""
     model, training = request.model, request.training
@@ -46,8 +49,10 @@ def eager_attention_extra_bytes(request: PlanRequest) -> int:
             or training.attention_kernel is not AttentionKernel.eager or model.position is PositionKind.alibi):
         return 0
     s, b, e = request.batch.seq_len, request.batch.micro_batch_size, training.precision.compute_bytes
-    fp32_scores = FP32_BYTES * model.num_heads * s * s * b if e < FP32_BYTES else 0
-    return fp32_scores + 2 * e * s * b * (model.q_size - model.kv_size)
+    scores = model.num_heads * s * s * b
+    fp32_scores = FP32_BYTES * scores if e < FP32_BYTES and upcasts_softmax(model, training) else 0
+    clamp = opt_clamp_score_bytes(model, training) * scores
+    return fp32_scores + clamp + 2 * e * s * b * (model.q_size - model.kv_size)
 
 
 # transformers 4.56.2 models/llama/modeling_llama.py LlamaRMSNorm.forward: the fp32 copy of the

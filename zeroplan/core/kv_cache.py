@@ -14,7 +14,9 @@ layer's K and V besides, for as long as the model's output object is alive.
 
 from __future__ import annotations
 
-from zeroplan.core.transformers_release import returned_logit_bytes, returns_fp32_logits, shifts_logits_copy
+from zeroplan.core.transformers_release import (
+    opt_loss_tensors, returned_logit_bytes, returns_fp32_logits, runs_opt_own_forward, shifts_logits_copy,
+)
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.training import ActivationCheckpointing
@@ -64,6 +66,8 @@ def loss_forward_tensors(request: PlanRequest) -> tuple[int, ...]:
     """The loss's tensors at its forward, in the order they are made."""
     training = request.training
     b, s, v = request.batch.micro_batch_size, request.batch.seq_len, request.model.vocab_size
+    if runs_opt_own_forward(request.model, training):
+        return opt_loss_tensors(request.model, training, s, b)[0]
     e = training.precision.compute_bytes
     returned = returned_logit_bytes(training) * s * b * v
     upcast = (FP32_BYTES * s * b * v,) if e != FP32_BYTES and not returns_fp32_logits(training) else ()
@@ -89,7 +93,7 @@ def kept_outputs_bytes(request: PlanRequest) -> int:
     if request.training.framework is Framework.torchtune:
         return torchtune_kept_logits_bytes(request)
     sbv = request.batch.seq_len * request.batch.micro_batch_size * request.model.vocab_size
-    return returned_logit_bytes(request.training) * sbv + kv_cache_bytes(request)
+    return returned_logit_bytes(request.training, request.model) * sbv + kv_cache_bytes(request)
 
 
 # torchtune's single-device LoRA recipe before August 2024 (recipes/lora_finetune_single_device.py

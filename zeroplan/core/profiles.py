@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zeroplan.core.torch_release import check_torch_release
-from zeroplan.core.transformers_release import returns_fp32_logits
+from zeroplan.core.transformers_release import is_opt, returns_fp32_logits
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.finetune import version_tuple
 from zeroplan.specs.framework import DEEPSPEED_RELEASES, HF_DEEPSPEED_RELEASES, TORCHTITAN_RELEASES, TRANSFORMERS_NEWEST, TRANSFORMERS_OLDEST, TRANSFORMERS_VERSION, Framework
@@ -705,14 +705,15 @@ def check_transformers_version(training: TrainingSpec) -> None:
 # (zeroplan.core.transformers_release, read from modeling_llama.py); GPT-2, Bloom, Falcon and
 # GPT-NeoX shifted and cross-entropied them in the compute dtype (4.45.2 modeling_gpt2.py
 # GPT2LMHeadModel.forward), which is not planned. From 4.46 every model goes through
-# loss_utils.ForCausalLMLoss, as planned.
+# loss_utils.ForCausalLMLoss, as planned. OPT's own forward, attention and compute-dtype loss,
+# is planned up to 4.48 (zeroplan.core.transformers_release.OPT_OWN_FORWARD_UNTIL).
 def check_transformers_version_model(training: TrainingSpec, model: ModelSpec) -> None:
-    """Refuse a release before 4.46 for a model outside the Llama family, whose old loss is not modelled."""
-    if training.transformers_version is None or not returns_fp32_logits(training):
+    """Refuse a release before 4.46 for a model outside the Llama family and OPT, whose old loss is not modelled."""
+    if training.transformers_version is None or not returns_fp32_logits(training) or is_opt(model):
         return
     if model.norm is not NormKind.rmsnorm or model.position is not PositionKind.rope:
         raise ZeroplanError("transformers_version", f"{training.transformers_version} is modelled before 4.46 only for "
-                            "the Llama family's forward (RoPE and RMSNorm models: Llama, Mistral, Qwen2, Gemma, Phi-3); "
+                            "the Llama family's forward (RoPE and RMSNorm models: Llama, Mistral, Qwen2, Gemma, Phi-3) and OPT's; "
                             f"{model.name} computed its loss its own way (allowed: 4.46.0 or later)")
 
 

@@ -8,8 +8,9 @@ Nothing here imports torch.
 from __future__ import annotations
 
 from zeroplan.specs.finetune import version_tuple
-from zeroplan.specs.framework import TRANSFORMERS_VERSION
-from zeroplan.specs.training import TrainingSpec
+from zeroplan.specs.framework import TRANSFORMERS_VERSION, Framework
+from zeroplan.specs.model import ModelSpec, PositionKind
+from zeroplan.specs.training import Precision, TrainingSpec
 
 FP32_LOGITS_UNTIL = (4, 46, 0)
 """transformers 4.31.0 to 4.45.2 LlamaForCausalLM.forward (4.31.0 modeling_llama.py:825
@@ -28,6 +29,23 @@ pads the labels by one position instead (loss_utils.py:39 ``nn.functional.pad(la
 and runs on the upcast logits as they are (4.49.0 loss_utils.py:36-39)."""
 
 
+OPT_OWN_FORWARD_UNTIL = (4, 49, 0)
+"""transformers 4.31.0 to 4.48.0 models/opt/modeling_opt.py (4.28.1 and 4.29.2 the same ops) run
+OPT's own OPTAttention and loss. The attention (4.31.0 lines 219-233, 4.48.0 lines 197-211) adds
+the causal mask to the scores and clamps them, ``attn_weights = torch.max(attn_weights,
+torch.tensor(torch.finfo(attn_weights.dtype).min, ...))``, whose backward (maximum's, torch's
+derivatives.yaml) keeps its input, the masked scores in the compute dtype; then it upcasts the
+softmax only for fp16 (``if attn_weights.dtype == torch.float16: softmax(..., dtype=float32)
+.to(torch.float16)``, else a softmax in the compute dtype). OPTForCausalLM.forward (4.31.0 lines
+957-969, 4.48.0 lines 1189-1201) returns ``self.lm_head(outputs[0]).contiguous()`` in the compute
+dtype and computes the loss on it: ``shift_logits = logits[..., :-1, :].contiguous()`` and
+CrossEntropyLoss over them, in the compute dtype. 4.49.0 replaced both (modeling_opt.py:168
+eager_attention_forward without the clamp, softmax upcast whatever the dtype; :1202
+self.loss_function, the ForCausalLMLoss the profile's 4.56.2 runs). Measured on the releases'
+own OPTForCausalLM under saved-tensor hooks (benchmarks/opt_release_attention.py): 4.28.1 keeps
+2 bytes a score more than 4.56.2 in fp16."""
+
+
 def transformers_release(training: TrainingSpec) -> tuple[int, int, int]:
     """The release planned: TrainingSpec.transformers_version, else the profile's 4.56.2."""
     return version_tuple(training.transformers_version or TRANSFORMERS_VERSION)
@@ -43,6 +61,47 @@ def shifts_logits_copy(training: TrainingSpec) -> bool:
     return transformers_release(training) < SHIFTED_COPY_UNTIL
 
 
-def returned_logit_bytes(training: TrainingSpec) -> int:
-    """Bytes of one logit in the output object: fp32 before 4.46, else the compute dtype."""
+def returned_logit_bytes(training: TrainingSpec, model: ModelSpec | None = None) -> int:
+    """Bytes of one logit in the output object: fp32 before 4.46 (the Llama family's forward;
+    OPT's own before 4.49 returns lm_head's compute-dtype output), else the compute dtype."""
+    if model is not None and runs_opt_own_forward(model, training):
+        return training.precision.compute_bytes
     return 4 if returns_fp32_logits(training) else training.precision.compute_bytes
+
+
+# hf_families.opt_spec is the only model reader that offsets its learned positions (OPT's
+# OPTLearnedPositionalEmbedding, ids offset by 2): that marks an OPT model in a ModelSpec.
+def is_opt(model: ModelSpec) -> bool:
+    return model.position is PositionKind.learned and model.position_offset == 2
+
+
+def runs_opt_own_forward(model: ModelSpec, training: TrainingSpec) -> bool:
+    """Whether an OPT model runs a release's own OPTAttention clamp and compute-dtype loss (before 4.49)."""
+    return (training.framework is Framework.hf and training.transformers_version is not None and is_opt(model)
+            and transformers_release(training) < OPT_OWN_FORWARD_UNTIL)
+
+
+# OPT_OWN_FORWARD_UNTIL: the clamp's kept input, the masked scores in the compute dtype.
+def opt_clamp_score_bytes(model: ModelSpec, training: TrainingSpec) -> int:
+    """Bytes a score OPT's own attention keeps for its clamp (0 where the release does not clamp)."""
+    return training.precision.compute_bytes if runs_opt_own_forward(model, training) else 0
+
+
+# OPT_OWN_FORWARD_UNTIL: the softmax runs in fp32 only where the scores are fp16.
+def upcasts_softmax(model: ModelSpec, training: TrainingSpec) -> bool:
+    """Whether the eager softmax runs in fp32 (every dtype from 4.49; OPT's own attention: fp16 only)."""
+    return not runs_opt_own_forward(model, training) or training.precision is Precision.fp16_mixed
+
+
+# OPT_OWN_FORWARD_UNTIL: OPTForCausalLM.forward's loss in the compute dtype. Its forward holds
+# lm_head's logits (b x s rows), their shifted contiguous copy (b x (s - 1) rows) and
+# CrossEntropyLoss's log-softmax of it at once; the copy goes when the loss returns (log_softmax
+# keeps its output, not its input). The backward starts with nll_loss_backward's dense gradient of
+# the log-probabilities, then _log_softmax_backward_data writes the shifted logits' gradient
+# while both are alive (as zeroplan.core.activations.logits_parts for the fp32 loss): three
+# compute-dtype tensors of b x (s - 1) rows.
+def opt_loss_tensors(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the loss's forward tensors, its backward's) under OPT's own forward before 4.49."""
+    e = training.precision.compute_bytes
+    shifted = e * b * (s - 1) * model.vocab_size
+    return (e * b * s * model.vocab_size, shifted, shifted), (shifted, shifted, shifted)

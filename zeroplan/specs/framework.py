@@ -48,9 +48,10 @@ DEEPSPEED_RELEASES: tuple[str, ...] = ("0.19.8", "2022-bigscience")
 PyPI 0.19.8 (the default) and the early-2022 source BigScience trained with (zeroplan.core.deepspeed_2022)."""
 HF_DEEPSPEED_RELEASES: tuple[str, ...] = ("0.19.8", "0.13.3")
 """The DeepSpeed releases the hf profile models under ZeRO (TrainingSpec.deepspeed_release): PyPI
-0.19.8 (the default) and 0.13.3, which stands for every release before 0.19.2 in the one respect
-that differs: its engine casts the whole module to 16 bits, peft's fp32 adapters included
-(zeroplan.core.finetune.activations.adapters_stay_fp32)."""
+0.19.8 (the default) and 0.13.3, which stands for the earlier releases in the two respects that
+differ: its engine casts the whole module to 16 bits, peft's fp32 adapters included (every release
+before 0.19.2: zeroplan.core.finetune.activations.adapters_stay_fp32), and ZeRO-2 allocates its ipg
+bucket before the loss's backward (before 0.18.0: zeroplan.core.buffers.deepspeed_bucket_from_backward_start)."""
 """The torchtitan releases the profile models (TrainingSpec.torchtitan_release; None is the
 first, the profile's own)."""
 

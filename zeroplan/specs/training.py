@@ -205,7 +205,8 @@ class TrainingSpec(Frozen):
     """Hugging Face only: the transformers release the model code is planned at (MAJOR.MINOR[.PATCH],
     4.31 to 4.56.2); None plans the profile's 4.56.2. Before 4.46 the causal-LM forward returns
     fp32 logits (the output object, and a loop that holds it, keep 4 bytes a logit), and before
-    4.49 the loss makes a contiguous fp32 copy of the shifted logits (zeroplan.core.transformers_release)."""
+    4.49 the loss makes a contiguous fp32 copy of the shifted logits; OPT's own attention clamps
+    its scores and its loss runs in the compute dtype before 4.49 (zeroplan.core.transformers_release)."""
     deepspeed_release: str | None = None
     """megatron-deepspeed and hf: the DeepSpeed release planned; None plans 0.19.8. Under
     megatron-deepspeed its ZeRO stage-1 optimizer, one of zeroplan.specs.framework.DEEPSPEED_RELEASES:
@@ -213,7 +214,8 @@ class TrainingSpec(Frozen):
     beside the kept gradients; zeroplan.core.deepspeed_2022). Under hf, one of
     HF_DEEPSPEED_RELEASES: "0.13.3", a release whose engine casts peft's fp32 adapters to 16 bits
     under ZeRO-3's zero.Init (every release before 0.19.2; zeroplan.core.finetune.activations
-    adapters_stay_fp32)."""
+    adapters_stay_fp32) and whose ZeRO-2 allocates its ipg bucket before the loss's backward
+    (before 0.18.0; zeroplan.core.buffers.deepspeed_bucket_from_backward_start)."""
     torch_release: str | None = None
     """hf and zeroplan: the torch release the loop runs (MAJOR.MINOR[.PATCH], 1.7 to 2.13); None plans
     2.13. Before 2.0 zero_grad() zeroes the gradients in place instead of dropping them, so under
