@@ -23,7 +23,7 @@ class PeakErrorBand:
 # / predicted over the published runs that report max_memory_reserved, the figure the allocator
 # model's verdict rests on (benchmarks/published_memory/rows.csv; docs/validation.md). A test
 # recomputes them from the rows, so they move with the model and the data.
-PEAK_ERROR_BAND = PeakErrorBand(low=1.002, high=1.068, rows=55)
+PEAK_ERROR_BAND = PeakErrorBand(low=0.987, high=1.066, rows=55)
 
 
 def peak_range_bytes(peak_bytes: int, band: PeakErrorBand = PEAK_ERROR_BAND) -> tuple[int, int]:
