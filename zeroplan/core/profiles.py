@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from zeroplan.core.torch_release import check_torch_release
 from zeroplan.core.transformers_release import is_opt, returns_fp32_logits
 from zeroplan.errors import ZeroplanError
-from zeroplan.specs.finetune import version_tuple
+from zeroplan.specs.finetune import check_release_range
 from zeroplan.specs.framework import DEEPSPEED_RELEASES, HF_DEEPSPEED_RELEASES, TORCHTITAN_RELEASES, TRANSFORMERS_NEWEST, TRANSFORMERS_OLDEST, TRANSFORMERS_VERSION, Framework
 from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
 from zeroplan.specs.request import PlanRequest
@@ -688,16 +688,8 @@ def check_deepspeed_release(training: TrainingSpec) -> None:
 
 def check_transformers_version(training: TrainingSpec) -> None:
     """Refuse a transformers version that is not a release number or lies outside what is modelled."""
-    text = training.transformers_version
-    if text is None:
-        return
-    allowed = f"allowed: MAJOR.MINOR[.PATCH] from {'.'.join(map(str, TRANSFORMERS_OLDEST))} to {TRANSFORMERS_VERSION}"
-    try:
-        release = version_tuple(text)
-    except ValueError:
-        raise ZeroplanError("transformers_version", f"{text!r} is not a release number ({allowed})") from None
-    if not TRANSFORMERS_OLDEST <= release <= TRANSFORMERS_NEWEST:
-        raise ZeroplanError("transformers_version", f"{text} is not modelled ({allowed})")
+    check_release_range("transformers_version", training.transformers_version, TRANSFORMERS_OLDEST,
+                        TRANSFORMERS_NEWEST, TRANSFORMERS_VERSION)
 
 
 # Before 4.46 each model's forward computed its own loss: the Llama family's (Llama, Mistral,

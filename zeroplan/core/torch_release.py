@@ -7,7 +7,7 @@ those are modelled here. Nothing here imports torch.
 from __future__ import annotations
 
 from zeroplan.errors import ZeroplanError
-from zeroplan.specs.finetune import version_tuple
+from zeroplan.specs.finetune import check_release_range, version_tuple
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.training import TrainingSpec
@@ -66,16 +66,7 @@ def keeps_zeroed_gradients(request: PlanRequest) -> bool:
 
 def check_torch_release(training: TrainingSpec) -> None:
     """Refuse a torch version that is not a release number or lies outside what is described."""
-    text = training.torch_release
-    if text is None:
-        return
-    allowed = f"allowed: MAJOR.MINOR[.PATCH] from {'.'.join(map(str, TORCH_OLDEST))} to {TORCH_VERSION}"
-    try:
-        release = version_tuple(text)
-    except ValueError:
-        raise ZeroplanError("torch_release", f"{text!r} is not a release number ({allowed})") from None
-    if not TORCH_OLDEST <= release[:2] <= TORCH_NEWEST:
-        raise ZeroplanError("torch_release", f"{text} is not modelled ({allowed})")
+    check_release_range("torch_release", training.torch_release, TORCH_OLDEST, TORCH_NEWEST, TORCH_VERSION)
 
 
 # torch 1.x has FSDP1 alone (torch.distributed.fsdp.FullyShardedDataParallel, whose flat

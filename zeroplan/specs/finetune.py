@@ -99,6 +99,21 @@ def version_tuple(text: str) -> tuple[int, int, int]:
     return int(match[1]), int(match[2]), int(match[3] or 0)
 
 
+def check_release_range(field: str, text: str | None, oldest: tuple[int, ...], newest: tuple[int, ...],
+                        newest_text: str) -> None:
+    """Refuse, in one line naming ``field``, a version that is not a release number or whose
+    leading numbers (as many as ``oldest`` gives) lie outside oldest..newest; None passes."""
+    if text is None:
+        return
+    allowed = f"allowed: MAJOR.MINOR[.PATCH] from {'.'.join(map(str, oldest))} to {newest_text}"
+    try:
+        release = version_tuple(text)
+    except ValueError:
+        raise ZeroplanError(field, f"{text!r} is not a release number ({allowed})") from None
+    if not oldest <= release[:len(oldest)] <= newest:
+        raise ZeroplanError(field, f"{text} is not modelled ({allowed})")
+
+
 class FineTuneSpec(Frozen):
     """What trains and how the frozen part is stored. ``lora_rank`` 0 and nothing frozen: every
     parameter trains."""
