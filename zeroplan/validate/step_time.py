@@ -75,6 +75,8 @@ class ZeroOptions(Frozen):
     """stage3_max_live_parameters (elements)."""
     deepspeed_param_persistence_threshold: int | None = Field(default=None, ge=0)
     """stage3_param_persistence_threshold (elements)."""
+    deepspeed_max_reuse_distance: int | None = Field(default=None, ge=0)
+    """stage3_max_reuse_distance (elements)."""
 
     def strategy_fields(self) -> dict:  # type: ignore[type-arg]
         """The StrategySpec keyword arguments these options set."""
