@@ -54,6 +54,8 @@ class TrainingOptions(Frozen):
     quantize: Quantization = Quantization.none
     checkpoint_early_stop: bool | None = None
     """TrainingSpec.checkpoint_early_stop: False where the run's torch (1.13) had no early stop."""
+    litgpt_fork: str | None = None
+    """TrainingSpec.litgpt_fork: the lit-gpt fork whose model code the run trained (TinyLlama's)."""
 
     def training_fields(self) -> dict:  # type: ignore[type-arg]
         """The TrainingSpec keyword arguments these options set."""

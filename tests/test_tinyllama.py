@@ -1,0 +1,67 @@
+"""TinyLlama's fork of lit-gpt as its pretraining ran (zeroplan.core.tinyllama): the tensors each
+block and the loss keep, the published run's verdict, and the one-line refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from zeroplan.core.plan import step_fits, under_allocator_model
+from zeroplan.core.tinyllama import activation_bytes, block_bytes, logits_tensors
+from zeroplan.errors import ZeroplanError
+from zeroplan.specs import StrategyKind
+from zeroplan.specs.framework import Framework
+from zeroplan.specs.training import ActivationCheckpointing
+from zeroplan.validate.step_time import as_flat_default, load_published_throughput
+
+ROW = next(r for r in load_published_throughput().rows if r.name == "tinyllama 1.1b a100-40gb x16 fsdp no AC b8 accum8")
+REQUEST = as_flat_default(ROW.request())
+T = 8 * 2048  # tokens of one micro-batch
+
+
+def test_a_block_keeps_the_fused_kernels_tensors() -> None:
+    # tiny_LLaMA_1b: h 2048, 32 heads and 4 query groups of 64, SwiGLU 5632. Each tensor a block
+    # keeps, by the op that saves it (bytes):
+    saved = {
+        "two FusedRMSNorm inputs, fp32, with mu and rsigma": 2 * (4 * T * 2048 + 2 * 4 * T),
+        "qkv linear's bf16 input cast": 2 * T * 2048,
+        "the qkv output, alive through the k and v views": 2 * T * (32 + 2 * 4) * 64,
+        "q's reshaped copy": 2 * T * 2048,
+        "flash-attn's output (the projection's input)": 2 * T * 2048,
+        "flash-attn's fp32 log-sum-exp": 4 * T * 32,
+        "the packed SwiGLU's bf16 input cast": 2 * T * 2048,
+        "its two up projections x1, x2": 2 * 2 * T * 5632,
+        "bf16 casts of every linear weight": 2 * (2048 * 2560 + 2048 * 2048 + 3 * 2048 * 5632),
+    }
+    assert block_bytes(REQUEST) == sum(saved.values())
+    outside = 4 * T * 2048 + 2 * 4 * T + 2 * T * 2048 + 2 * 32000 * 2048
+    assert activation_bytes(REQUEST) == 22 * sum(saved.values()) + outside
+
+
+def test_the_loss_moments() -> None:
+    logits = T * 32000
+    model_end, loss, backward = logits_tensors(REQUEST, ())
+    # bf16 logits, Lightning's fp32 copy and the previous micro-batch's fp32 logits.
+    assert model_end == (2 * logits, 4 * logits, 4 * logits)
+    assert sum(backward) < sum(model_end) and sum(loss) < sum(model_end)
+
+
+def test_the_published_run_fits() -> None:
+    assert step_fits(under_allocator_model(REQUEST))
+
+
+@pytest.mark.parametrize("update, field", [
+    ({"framework": Framework.hf}, "litgpt_fork"),
+    ({"litgpt_fork": "openllama"}, "litgpt_fork"),
+    ({"activation_checkpointing": ActivationCheckpointing.full}, "litgpt_fork"),
+])
+def test_refusals_name_the_field(update: dict, field: str) -> None:
+    request = REQUEST.model_copy(update={"training": REQUEST.training.model_copy(update=update)})
+    with pytest.raises(ZeroplanError) as error:
+        block_bytes(request)
+    assert error.value.field == field
+
+
+def test_another_strategy_is_refused() -> None:
+    request = REQUEST.with_strategy(REQUEST.strategy.model_copy(update={"kind": StrategyKind.ddp}))
+    with pytest.raises(ZeroplanError, match="fsdp-full-shard"):
+        block_bytes(request)
