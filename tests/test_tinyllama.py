@@ -65,3 +65,17 @@ def test_another_strategy_is_refused() -> None:
     request = REQUEST.with_strategy(REQUEST.strategy.model_copy(update={"kind": StrategyKind.ddp}))
     with pytest.raises(ZeroplanError, match="fsdp-full-shard"):
         block_bytes(request)
+
+
+def test_q_is_copied_and_k_v_stay_views_of_the_qkv_output() -> None:
+    # lit_gpt/model.py lines 212-229, measured with torch on the CPU at tiny_LLaMA_1b's grouping
+    # (4 query groups of 8 queries, 1 key and 1 value, head size 64; a short sequence): q's
+    # reshape copies, k and v are views of the qkv output with unit last stride, which
+    # flash-attn's maybe_contiguous passes through, so saving them keeps that output alive.
+    torch = pytest.importorskip("torch")
+    qkv = torch.zeros(1, 4, 4 * 10 * 64)
+    q, k, v = qkv.view(1, 4, 4, 10, 64).split((8, 1, 1), dim=-2)
+    q, k, v = (t.reshape(1, 4, -1, 64) for t in (q, k, v))
+    storage = qkv.untyped_storage().data_ptr()
+    assert q.untyped_storage().data_ptr() != storage
+    assert all(t.untyped_storage().data_ptr() == storage and t.stride(-1) == 1 for t in (k, v))
