@@ -79,3 +79,14 @@ def test_q_is_copied_and_k_v_stay_views_of_the_qkv_output() -> None:
     storage = qkv.untyped_storage().data_ptr()
     assert q.untyped_storage().data_ptr() != storage
     assert all(t.untyped_storage().data_ptr() == storage and t.stride(-1) == 1 for t in (k, v))
+
+
+def test_no_sync_carries_fp32_unsharded_gradients() -> None:
+    # pretrain/tinyllama.py runs 7 of every 8 micro-batches under fabric.no_backward_sync, FSDP1's
+    # no_sync(); Lightning 2.1.2's bf16-mixed keeps param_dtype fp32, so the whole model's
+    # unsharded gradients are carried in fp32 (the row's request sets what the CLI sets for litgpt).
+    from zeroplan.core.buffers import backward_held_buffer_bytes
+    from zeroplan.core.params import total_parameters
+
+    assert REQUEST.strategy.keep_unsharded_grads_on_accum
+    assert backward_held_buffer_bytes(REQUEST) == 4 * total_parameters(REQUEST.model)

@@ -4,7 +4,7 @@ temporaries. Each term names the library behaviour it models."""
 from __future__ import annotations
 
 from zeroplan.core import deepspeed_2022, deepspeed_epilogue, deepspeed_offload, deepspeed_step
-from zeroplan.core import megatron_deepspeed_gathers
+from zeroplan.core import megatron_deepspeed_gathers, tinyllama
 from zeroplan.core.deepspeed_accumulation import resident_bytes as deepspeed_resident_bytes
 from zeroplan.core.largest_unit import largest_gathered_unit_bytes, largest_unit_elements
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes
@@ -22,6 +22,7 @@ from zeroplan.core.megatron_deepspeed import bf16_allreduce_buffer_bytes, bf16_o
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, ZeroGradientReduce
 from zeroplan.specs.training import Optimizer, OptimizerLoop, StateConvention
+from zeroplan.units import FP32_BYTES
 
 
 # torch/nn/parallel/distributed.py, gradient_as_bucket_view: "if False, gradients are copied
@@ -140,6 +141,9 @@ def backward_held_buffer_bytes(request: PlanRequest) -> int:
 # keep them in the compute dtype.
 def no_sync_gradient_element_bytes(request: PlanRequest) -> int:
     """Bytes per element of the unsharded gradients accumulated without gradient sync."""
+    if tinyllama.runs_fork(request):
+        # Lightning 2.1.2's FSDP bf16-mixed: param_dtype fp32, so FSDP1's unsharded gradients are fp32.
+        return FP32_BYTES
     if request.strategy.kind.is_fsdp:
         return gradient_wire_bytes(request)
     return element_bytes(request.training.precision, request.convention).compute_parameter
