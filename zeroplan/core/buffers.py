@@ -4,6 +4,7 @@ temporaries. Each term names the library behaviour it models."""
 from __future__ import annotations
 
 from zeroplan.core import deepspeed_2022, deepspeed_epilogue, deepspeed_offload, deepspeed_step
+from zeroplan.core import megatron_deepspeed_gathers, tinyllama
 from zeroplan.core.deepspeed_accumulation import resident_bytes as deepspeed_resident_bytes
 from zeroplan.core.deepspeed_accumulation import stage12_bucket_bytes
 from zeroplan.core.largest_unit import largest_gathered_unit_bytes, largest_unit_elements
@@ -22,6 +23,7 @@ from zeroplan.core.megatron_deepspeed import bf16_allreduce_buffer_bytes, bf16_o
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, ZeroGradientReduce
 from zeroplan.specs.training import Optimizer, OptimizerLoop, StateConvention
+from zeroplan.units import FP32_BYTES
 
 
 # torch/nn/parallel/distributed.py, gradient_as_bucket_view: "if False, gradients are copied
@@ -155,6 +157,9 @@ def backward_held_buffer_bytes(request: PlanRequest) -> int:
 # keep them in the compute dtype.
 def no_sync_gradient_element_bytes(request: PlanRequest) -> int:
     """Bytes per element of the unsharded gradients accumulated without gradient sync."""
+    if tinyllama.runs_fork(request):
+        # Lightning 2.1.2's FSDP bf16-mixed: param_dtype fp32, so FSDP1's unsharded gradients are fp32.
+        return FP32_BYTES
     if request.strategy.kind.is_fsdp:
         return gradient_wire_bytes(request)
     return element_bytes(request.training.precision, request.convention).compute_parameter
@@ -225,6 +230,9 @@ def transient_buffer_bytes(request: PlanRequest) -> int:
         return copies * largest * eb.compute_parameter
     if kind is StrategyKind.fsdp_shard_grad_op:
         return largest_unit_elements(request) * gradient_wire_bytes(request)
+    if megatron_deepspeed_gathers.replays_gathers(request):
+        # DeepSpeed gathers module by module, not a whole block (zeroplan.core.megatron_deepspeed_gathers).
+        return megatron_deepspeed_gathers.peak_gathered_bytes(request)
     gathered = gathered_unit_bytes(request, eb.compute_parameter, gradient_wire_bytes(request))
     if kind.quantizes_communication:
         # zero3-zeropp: qwZ's int8 and fp16 copies of the unit being gathered and qgZ's int4

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from zeroplan.core.compiled import COMPILED_CROSS_ENTROPY_ROW_BYTES, compiled_chunked_logits_tensors, compiles_loss
 from zeroplan.core.frameworks import hf_under_autocast
+from zeroplan.core import tinyllama
 from zeroplan.core.kv_cache import kv_cache_tensors, loss_forward_tensors
 from zeroplan.core.transformers_release import opt_loss_tensors, runs_opt_own_forward
 from zeroplan.core.profiles import fsdp1_root_stays_gathered, fsdp_separates_embedding_and_head, loss_chunks, profile
@@ -367,6 +368,8 @@ def framework_logits_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...
         return (logits_tensors(request),)
     s, b = request.batch.seq_len, request.batch.micro_batch_size
     chunks = loss_chunks(training)
+    if tinyllama.runs_fork(request):
+        return tinyllama.logits_tensors(request, fsdp_head_gathered_parts(request))
     if training.framework is Framework.litgpt and not training.compile:
         return litgpt_logits_tensors(request)
     if training.framework is Framework.megatron_deepspeed:

@@ -11,6 +11,7 @@ zeroplan.core.framework_loss'. Nothing here imports torch.
 
 from __future__ import annotations
 
+from zeroplan.core import tinyllama
 from zeroplan.core.profiles import profile
 from zeroplan.core.transformers_release import opt_clamp_score_bytes, upcasts_softmax
 from zeroplan.specs.framework import Framework
@@ -250,6 +251,9 @@ def framework_layer_bytes(request: PlanRequest) -> int:
 
     model, training = request.model, request.training
     s, b = request.batch.seq_len, request.batch.micro_batch_size
+    if tinyllama.runs_fork(request):
+        # TinyLlama's fork of lit-gpt: its fused kernels (zeroplan.core.tinyllama).
+        return tinyllama.block_bytes(request)
     if training.compile:
         # Inductor's partitioner decides what a compiled block keeps (zeroplan.core.compiled).
         from zeroplan.core.compiled import compiled_layer_bytes
@@ -408,6 +412,8 @@ def framework_activation_bytes(request: PlanRequest) -> int:
 
     model, training = request.model, request.training
     s, b = request.batch.seq_len, request.batch.micro_batch_size
+    if tinyllama.runs_fork(request):
+        return tinyllama.activation_bytes(request)
     layer = framework_layer_bytes(request)
     mode = training.activation_checkpointing
     frozen = training.finetune.frozen_blocks

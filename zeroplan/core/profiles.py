@@ -750,6 +750,9 @@ def check_framework_request(training: TrainingSpec, model: ModelSpec | None = No
             )
     check_torchtitan_release(training)
     check_deepspeed_release(training)
+    from zeroplan.core.tinyllama import check_fork_training
+
+    check_fork_training(training)
     check_transformers_version(training)
     check_torch_release(training)
     if model is not None:

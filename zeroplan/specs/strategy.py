@@ -210,6 +210,10 @@ class StrategySpec(Frozen):
     deepspeed_max_live_parameters: int | None = Field(default=None, gt=0)
     """DeepSpeed zero_optimization.stage3_max_live_parameters (elements); None is what ``--emit``
     writes, (1 + prefetch_units) largest units."""
+    deepspeed_max_reuse_distance: int = Field(default=0, ge=0)
+    """DeepSpeed zero_optimization.stage3_max_reuse_distance (elements): a module's parameters stay
+    gathered after its use when the trace uses them again within this many elements (``--emit``
+    writes 0; read under megatron-deepspeed, zeroplan.core.megatron_deepspeed_gathers)."""
     deepspeed_param_persistence_threshold: int = Field(default=0, ge=0)
     """DeepSpeed zero_optimization.stage3_param_persistence_threshold (elements): parameters of at
     most this many elements stay gathered from the engine's start (``--emit`` writes 0)."""

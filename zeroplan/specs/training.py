@@ -227,6 +227,11 @@ class TrainingSpec(Frozen):
     (December 2024): the embedding, final norm and output projection form the root unit, which
     FSDP2 then kept gathered from the forward to the end of backward, the last block is not
     resharded after forward, and the loss is unchunked (unchunked_loss must be set)."""
+    litgpt_fork: str | None = None
+    """litgpt only: a fork of lit-gpt whose model code and loss are planned instead of litgpt
+    0.4.13.dev1's, one of zeroplan.core.tinyllama.LITGPT_FORKS: "tinyllama" (TinyLlama@bf12224's
+    pretraining: flash-attn's fused RMSNorm, rotary and cross-entropy, xformers' fused SwiGLU,
+    under Lightning 2.1.2's FSDP at bf16-mixed; zeroplan.core.tinyllama)."""
     optimizer_loop: OptimizerLoop | None = None
     """How the optimizer steps the tensors (decides its step temporary); None takes the
     framework's own: fused for the stacks whose recipes fuse AdamW (FrameworkProfile.fused_optimizer),

@@ -17,6 +17,7 @@ from zeroplan.core.default_efficiency import FLAT_HFU
 from zeroplan.core.flops import step_flops
 from zeroplan.core.timing import hfu_from_mfu
 from zeroplan.core.plan import plan, step_fits, under_allocator_model
+from zeroplan.core.profiles import profile
 from zeroplan.core.roofline.ceilings import CEILINGS
 from zeroplan.errors import ZeroplanError
 from zeroplan.presets.gpus import get_gpu
@@ -54,6 +55,8 @@ class TrainingOptions(Frozen):
     quantize: Quantization = Quantization.none
     checkpoint_early_stop: bool | None = None
     """TrainingSpec.checkpoint_early_stop: False where the run's torch (1.13) had no early stop."""
+    litgpt_fork: str | None = None
+    """TrainingSpec.litgpt_fork: the lit-gpt fork whose model code the run trained (TinyLlama's)."""
 
     def training_fields(self) -> dict:  # type: ignore[type-arg]
         """The TrainingSpec keyword arguments these options set."""
@@ -75,6 +78,8 @@ class ZeroOptions(Frozen):
     """stage3_max_live_parameters (elements)."""
     deepspeed_param_persistence_threshold: int | None = Field(default=None, ge=0)
     """stage3_param_persistence_threshold (elements)."""
+    deepspeed_max_reuse_distance: int | None = Field(default=None, ge=0)
+    """stage3_max_reuse_distance (elements)."""
 
     def strategy_fields(self) -> dict:  # type: ignore[type-arg]
         """The StrategySpec keyword arguments these options set."""
@@ -200,7 +205,10 @@ class PublishedThroughput(Frozen):
                 micro_batch_size=self.micro_batch_size, seq_len=self.seq_len, grad_accum_steps=self.grad_accum_steps,
             ),
             cluster=self.cluster,
-            strategy=StrategySpec(kind=self.strategy, **self.zero_options.strategy_fields()),
+            # A framework whose loop accumulates under no_sync keeps the unsharded gradients, as
+            # the command line plans it (zeroplan.cli.fit: litgpt through Lightning).
+            strategy=StrategySpec(kind=self.strategy, **self.zero_options.strategy_fields(),
+                                  keep_unsharded_grads_on_accum=profile(self.framework).accumulates_without_gradient_sync),
             parallel=ParallelSpec(tp=self.tp, pp=self.pp, sequence_parallel=self.sequence_parallel,
                                   pp_schedule=self.pp_schedule, virtual_stages=self.virtual_stages),
             performance=performance, assumptions=FLAT_RESERVE,
