@@ -90,3 +90,22 @@ def test_no_sync_carries_fp32_unsharded_gradients() -> None:
 
     assert REQUEST.strategy.keep_unsharded_grads_on_accum
     assert backward_held_buffer_bytes(REQUEST) == 4 * total_parameters(REQUEST.model)
+
+
+def test_the_command_line_asks_for_the_published_run() -> None:
+    # The preset and --litgpt-fork give the request the published row makes (its architecture
+    # is the preset's; every field the row sets is what the flags set).
+    from zeroplan.cli.fit import request_from_args
+    from zeroplan.cli.main import build_parser
+
+    args = build_parser().parse_args([
+        "fit", "tinyllama-1.1b", "--gpus", "16", "--gpus-per-node", "8", "--gpu", "a100-40gb",
+        "--framework", "litgpt", "--litgpt-fork", "tinyllama", "--micro-batch", "8", "--seq-len", "2048",
+        "--grad-accum", "8", "--precision", "bf16-mixed", "--strategies", "fsdp-full-shard"])
+    request = request_from_args(args)
+    published = ROW.request()
+    assert request.model == published.model
+    assert request.training.litgpt_fork == "tinyllama"
+    # fit plans each of --strategies from the request's strategy settings.
+    strategy = request.strategy.model_copy(update={"kind": published.strategy.kind})
+    assert (request.batch, request.training, strategy) == (published.batch, published.training, published.strategy)

@@ -32,7 +32,7 @@ from zeroplan.specs import (
     TrainingSpec,
     cluster_from_gpus,
 )
-from zeroplan.specs.framework import DEEPSPEED_RELEASES, HF_DEEPSPEED_RELEASES, TORCHTITAN_RELEASES
+from zeroplan.specs.framework import DEEPSPEED_RELEASES, HF_DEEPSPEED_RELEASES, LITGPT_FORKS, TORCHTITAN_RELEASES
 from zeroplan.specs.request import ATTENTION_RATES, DEFAULT_ATTENTION_RATE, default_attention_kernel
 from zeroplan.specs.parallel import EXPERT_PARALLEL_STRATEGIES, ParallelSpec, PipelineSchedule
 from zeroplan.units import GB, GiB, MiB, ByteUnit
@@ -195,6 +195,11 @@ def add_framework_arguments(group: argparse._ArgumentGroup) -> None:
         help="with --framework hf or zeroplan: the torch release the loop runs (1.7 to 2.13; default 2.13): before 2.0 "
              "zero_grad() zeroes the gradients in place, so under ddp they stay allocated through the next forward, "
              "and torch's Adam/AdamW step tensor by tensor by default",
+    )
+    group.add_argument(
+        "--litgpt-fork", choices=LITGPT_FORKS,
+        help="with --framework litgpt: plan a fork of lit-gpt's model code as it trained (tinyllama: TinyLlama's "
+             "pretraining on Lightning 2.1.2, its fused kernels and bf16-mixed with fp32 parameters)",
     )
     group.add_argument(
         "--activation-checkpointing", choices=choices_of(ActivationCheckpointing),
@@ -497,6 +502,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         keep_outputs=getattr(args, "keep_outputs", False),
         transformers_version=getattr(args, "transformers_version", None),
         torch_release=getattr(args, "torch_release", None),
+        litgpt_fork=getattr(args, "litgpt_fork", None),
         optimizer_in_backward=args.optimizer_in_backward,
         paged_optimizer=args.paged_optimizer,
         fsdp_cpu_offload=args.fsdp_cpu_offload,

@@ -35,14 +35,11 @@ This module does not import torch."""
 from __future__ import annotations
 
 from zeroplan.errors import ZeroplanError
-from zeroplan.specs.framework import Framework
+from zeroplan.specs.framework import LITGPT_FORKS, Framework
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.training import ActivationCheckpointing, Kernels, Precision, TrainingSpec
 from zeroplan.units import BF16_BYTES, FP32_BYTES
-
-LITGPT_FORKS: tuple[str, ...] = ("tinyllama",)
-"""The lit-gpt forks TrainingSpec.litgpt_fork plans: TinyLlama's (jzhang38/TinyLlama@bf12224)."""
 
 NORM_ROW_STATISTICS = 2
 """mu and rsigma: the fp32 values per row flash-attention's layer-norm kernel keeps."""

@@ -125,6 +125,9 @@ _PRESETS: dict[str, ModelSpec] = {
         # tests/fixtures/hf/yi-34b.json): 60 layers, hidden 7168, 56 heads, 8 kv heads, intermediate
         # 20480, vocab 64000, untied, max_position_embeddings 4096.
         _llama("yi-34b", 64000, 7168, 60, 56, 8, 20480, 4096),
+        # jzhang38/TinyLlama@bf12224 lit_gpt/config.py tiny_LLaMA_1b: 22 layers, n_embd 2048,
+        # 32 heads, 4 query groups, LLaMAMLP 5632, vocab 32000, block_size 2048, untied head.
+        _llama("tinyllama-1.1b", 32000, 2048, 22, 32, 4, 5632, 2048),
         _falcon_7b(),
         _stablelm_alpha_3b(),
         *_encoder_decoders(),

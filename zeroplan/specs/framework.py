@@ -118,3 +118,8 @@ release of llama-recipes' first published runs): LlamaForCausalLM.forward upcast
 and shifts them as every release up to 4.45 does."""
 TRANSFORMERS_NEWEST = (4, 56, 2)
 """The newest release modelled: the profile's own."""
+
+
+LITGPT_FORKS: tuple[str, ...] = ("tinyllama",)
+"""The lit-gpt forks TrainingSpec.litgpt_fork plans: TinyLlama's (jzhang38/TinyLlama@bf12224,
+zeroplan.core.tinyllama)."""

@@ -229,7 +229,7 @@ class TrainingSpec(Frozen):
     resharded after forward, and the loss is unchunked (unchunked_loss must be set)."""
     litgpt_fork: str | None = None
     """litgpt only: a fork of lit-gpt whose model code and loss are planned instead of litgpt
-    0.4.13.dev1's, one of zeroplan.core.tinyllama.LITGPT_FORKS: "tinyllama" (TinyLlama@bf12224's
+    0.4.13.dev1's, one of zeroplan.specs.framework.LITGPT_FORKS: "tinyllama" (TinyLlama@bf12224's
     pretraining: flash-attn's fused RMSNorm, rotary and cross-entropy, xformers' fused SwiGLU,
     under Lightning 2.1.2's FSDP at bf16-mixed; zeroplan.core.tinyllama)."""
     optimizer_loop: OptimizerLoop | None = None
