@@ -238,7 +238,7 @@ record as in the planner (docs/harness.md, "What counts as gradients"). The all-
 planner's under the deepspeed convention: DeepSpeed's prefetch keeps the forward's last modules
 gathered for their backward, as many as `stage3_max_live_parameters` holds (here the head, the
 last block and most of the one before), and the backward gathers only the rest
-(`zeroplan/core/deepspeed_prefetch.py`).
+(`zeroplan/core/deepspeed_coordinator.py`).
 
 Each emitted run (the DeepSpeed file above, and the accelerate and torchtitan files of
 `fsdp-full-shard`, `benchmarks/emitted-records/`) against the harness's tolerance, the bounds of

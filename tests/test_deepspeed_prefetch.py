@@ -1,5 +1,5 @@
 """DeepSpeed ZeRO-3's parameter gathers under the deepspeed state convention
-(zeroplan.core.deepspeed_prefetch), against the committed records of DeepSpeed 0.19.8's own
+(zeroplan.core.deepspeed_coordinator's replay), against the committed records of DeepSpeed 0.19.8's own
 engine: the emitted file's run (prefetch on, stage3_max_live_parameters bounded: the forward's
 last modules stay gathered for their backward) and the harness's own config (prefetch off:
 every parameter gathered twice). Reads JSON records only; no torch."""
@@ -13,8 +13,8 @@ import pytest
 
 from zeroplan.core.largest_unit import largest_unit_elements
 from zeroplan.core.communication import collectives
-from zeroplan.core.deepspeed_prefetch import (
-    kept_bytes_at_turnaround, kept_elements_at_turnaround, max_live_parameters, prefetch_bucket_elements,
+from zeroplan.core.deepspeed_coordinator import (
+    backward_gather_bytes, forward_gather_bytes, max_live_parameters, prefetch_bucket_elements,
 )
 from zeroplan.core.model_states import unit_gather_bytes
 from zeroplan.harness.record import read_record
@@ -45,26 +45,34 @@ def test_the_emitted_run_gathers_what_the_planner_predicts(rank: int) -> None:
     assert max_live_parameters(request) == settings["stage3_max_live_parameters"]
 
 
+def _kept_bytes(request, whole: int) -> int:
+    """What is gathered once, not twice, in the step (``whole``: the bytes of every parameter
+    fetched per step): what the forward left gathered (or a prefetch at its end gathered) for
+    the backward."""
+    return 2 * whole - sum(forward_gather_bytes(request)) - sum(backward_gather_bytes(request))
+
+
 def test_the_turnaround_keeps_the_last_modules_within_max_live() -> None:
     request = request_for(read_record(EMITTED / "rank00000.json").description)
     # tiny-llama: head 3,145,728 + final norm 384 + the last block 1,573,632 + the second last
-    # block's down, up, gate, mlp_norm, o, v, k (1,425,792); its q (147,456) would pass max_live.
-    assert kept_elements_at_turnaround(request) == 6_145_536 <= max_live_parameters(request)
-    assert kept_elements_at_turnaround(request) + 147_456 > max_live_parameters(request)
-    # What they hold is within the gathered units the buffer model counts under --emit's settings.
-    assert kept_bytes_at_turnaround(request, 4) <= (1 + request.strategy.prefetch_units) * largest_unit_elements(request) * 4
+    # block's down, up, gate, mlp_norm, o, v, k (1,425,792) stay gathered; its q (147,456) would
+    # pass max_live.
     whole = sum(unit_gather_bytes(request, request.shard_group_size, 4))
+    assert _kept_bytes(request, whole) == 6_145_536 * 4 and 6_145_536 <= max_live_parameters(request) < 6_145_536 + 147_456
+    # What they hold is within the gathered units the buffer model counts under --emit's settings.
+    assert _kept_bytes(request, whole) <= (1 + request.strategy.prefetch_units) * largest_unit_elements(request) * 4
     predicted = sum(c.buffer_bytes_per_step for c in collectives(request) if c.op.value == "all_gather")
-    assert predicted == 2 * whole - kept_bytes_at_turnaround(request, 4)
+    assert predicted == 2 * whole - _kept_bytes(request, whole)
 
 
 @pytest.mark.parametrize("run", HARNESS, ids=lambda p: p.name)
 def test_the_harness_config_prefetches_nothing_and_gathers_twice(run: Path) -> None:
     record = read_record(run / "rank00000.json")
     request = request_for(record.description)
-    assert prefetch_bucket_elements(request) == 0 and kept_elements_at_turnaround(request) == 0
+    whole = sum(unit_gather_bytes(request, 2, 4 if record.description.training.precision.value == "fp32" else 2))
+    assert prefetch_bucket_elements(request) == 0 and _kept_bytes(request, whole) == 0
     row = _rows(run / "rank00000.json")["all_gather bytes/step"]
-    assert row.measured_bytes == row.predicted_bytes == 2 * sum(unit_gather_bytes(request, 2, 4 if record.description.training.precision.value == "fp32" else 2))
+    assert row.measured_bytes == row.predicted_bytes == 2 * whole
 
 
 def _gathered(request) -> int:
@@ -76,10 +84,10 @@ def test_persistent_parameters_are_never_gathered_per_step() -> None:
     everything = request.with_strategy(request.strategy.model_copy(update={"deepspeed_param_persistence_threshold": 10**9}))
     assert _gathered(everything) == 0
     norms = request.with_strategy(request.strategy.model_copy(update={"deepspeed_param_persistence_threshold": 384}))
-    # The 9 norms (384 elements) persist; the walk back from the head then also keeps the
-    # second last block's q: 3,145,728 + 1,572,864 + 1,179,648 + 245,760 + 147,456 elements.
-    assert kept_elements_at_turnaround(norms) == 6_291_456
+    # The 9 norms (384 elements) persist; the prefetch scan then also keeps the second last
+    # block's q: 3,145,728 + 1,572,864 + 1,179,648 + 245,760 + 147,456 elements.
     whole = sum(unit_gather_bytes(request, 2, 4)) - 9 * 384 * 4
+    assert _kept_bytes(norms, whole) == 6_291_456 * 4
     assert _gathered(norms) == 2 * whole - 6_291_456 * 4
 
 

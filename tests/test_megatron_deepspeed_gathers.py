@@ -1,11 +1,11 @@
 """DeepSpeed ZeRO-3's gathers under megatron-deepspeed, module by module
-(zeroplan.core.megatron_deepspeed_gathers), on the DeepSpeed-on-Azure 1T row's request."""
+(zeroplan.core.deepspeed_coordinator), on the DeepSpeed-on-Azure 1T row's request."""
 
 from __future__ import annotations
 
 from zeroplan.core.buffers import transient_buffer_bytes
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes
-from zeroplan.core.megatron_deepspeed_gathers import peak_gathered_bytes, replays_gathers
+from zeroplan.core.deepspeed_coordinator import peak_gathered_bytes, replays_gathers
 from zeroplan.units import ceil_div
 from zeroplan.validate.step_time import load_published_throughput
 
@@ -41,6 +41,11 @@ def test_without_room_to_prefetch_one_module_and_its_gradient() -> None:
     assert peak_gathered_bytes(request) == _padded(F * H) + _padded(F) + module * gradient_wire_bytes(request)
 
 
-def test_other_stacks_keep_the_unit_model() -> None:
-    other = REQUEST.model_copy(update={"training": REQUEST.training.model_copy(update={"framework": "zeroplan"})})
-    assert not replays_gathers(other)
+def test_the_reference_convention_keeps_the_unit_model() -> None:
+    # The harness's own ZeRO-3 engine (the zero state convention) gathers whole units: not replayed.
+    from zeroplan.specs.framework import Framework
+    from zeroplan.specs.training import StateConvention
+
+    other = REQUEST.model_copy(update={"training": REQUEST.training.model_copy(
+        update={"framework": Framework.zeroplan, "state_convention": StateConvention.zero})})
+    assert other.convention is StateConvention.zero and not replays_gathers(other)

@@ -4,7 +4,7 @@ temporaries. Each term names the library behaviour it models."""
 from __future__ import annotations
 
 from zeroplan.core import deepspeed_2022, deepspeed_epilogue, deepspeed_offload, deepspeed_step
-from zeroplan.core import megatron_deepspeed_gathers, tinyllama
+from zeroplan.core import deepspeed_coordinator, tinyllama
 from zeroplan.core.deepspeed_accumulation import resident_bytes as deepspeed_resident_bytes
 from zeroplan.core.deepspeed_accumulation import stage12_bucket_bytes
 from zeroplan.core.largest_unit import largest_gathered_unit_bytes, largest_unit_elements
@@ -230,9 +230,9 @@ def transient_buffer_bytes(request: PlanRequest) -> int:
         return copies * largest * eb.compute_parameter
     if kind is StrategyKind.fsdp_shard_grad_op:
         return largest_unit_elements(request) * gradient_wire_bytes(request)
-    if megatron_deepspeed_gathers.replays_gathers(request):
-        # DeepSpeed gathers module by module, not a whole block (zeroplan.core.megatron_deepspeed_gathers).
-        return megatron_deepspeed_gathers.peak_gathered_bytes(request)
+    if deepspeed_coordinator.replays_gathers(request):
+        # DeepSpeed gathers module by module, not a whole block (zeroplan.core.deepspeed_coordinator).
+        return deepspeed_coordinator.peak_gathered_bytes(request)
     gathered = gathered_unit_bytes(request, eb.compute_parameter, gradient_wire_bytes(request))
     if kind.quantizes_communication:
         # zero3-zeropp: qwZ's int8 and fp16 copies of the unit being gathered and qgZ's int4

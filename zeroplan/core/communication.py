@@ -11,7 +11,7 @@ NCCL's docs/performance "algorithm bandwidth vs bus bandwidth"). Both are kept a
 from __future__ import annotations
 
 from zeroplan.core import deepspeed_buckets
-from zeroplan.core.deepspeed_prefetch import backward_gather_bytes, forward_gather_bytes, models_deepspeed_gathers
+from zeroplan.core.deepspeed_coordinator import backward_gather_bytes, forward_gather_bytes, models_deepspeed_gathers, replays_gathers
 from zeroplan.core.collective import Collective, CollectiveOp, Phase, make_collective, ring_sent_bytes
 from zeroplan.core.layout import ElementBytes, element_bytes, gradient_wire_bytes
 from zeroplan.core.memo import batch_keyed
@@ -256,12 +256,12 @@ def _uncached_data_parallel_collectives(request: PlanRequest) -> list[Collective
         # only the first forward gathers; full shard's forward reshards, so each backward gathers again.
         gathers_forward = 1 if deferred else accum
         backward = params
-        if models_deepspeed_gathers(request):
-            # DeepSpeed 0.19.8: persistent parameters are never gathered per step, and with its
-            # prefetch on the forward's last modules stay gathered for their backward
-            # (zeroplan.core.deepspeed_prefetch).
-            params = [b for b in forward_gather_bytes(request, eb.compute_parameter) if b]
-            backward = backward_gather_bytes(request, eb.compute_parameter)
+        if replays_gathers(request):
+            # DeepSpeed's coordinator: persistent parameters are never gathered per step, what a
+            # prefetch scan or the reuse distance keeps is not gathered again, and a recomputed
+            # block is gathered for its recomputation (zeroplan.core.deepspeed_coordinator).
+            params = [b for b in forward_gather_bytes(request) if b]
+            backward = backward_gather_bytes(request)
         result.append(make_collective(CollectiveOp.all_gather, Phase.forward, "parameters", params, group, gathers_forward, group_spans_nodes, eb.compute_parameter, per_node))
         if kind is not StrategyKind.fsdp_shard_grad_op:
             if request.model.tied_embeddings and not kind.is_fsdp:

@@ -28,7 +28,7 @@ flat copy (48 MiB) and gloo's own copy of it (48 MiB; zeroplan.validate.gloo), n
 from __future__ import annotations
 
 from zeroplan.core.deepspeed_accumulation import _bucket_elements, _model_dtype_bytes, _tensor_numels, overlap_comm
-from zeroplan.core.deepspeed_prefetch import _gathered_bytes, _modules, _persistent
+from zeroplan.core import deepspeed_coordinator
 from zeroplan.core.parallel.units import rank_trainable_units
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
@@ -76,8 +76,7 @@ def flat_copy_bytes(request: PlanRequest) -> int:
 def first_module_gathered_bytes(request: PlanRequest) -> int:
     """The first module's gathered parameters (its persistent ones are counted with the
     parameters, never gathered per step)."""
-    tensors = [t for t in _modules(request)[0][1] if not _persistent(request, t)]
-    return sum(_gathered_bytes(request, t, _model_dtype_bytes(request)) for t in tensors)
+    return deepspeed_coordinator.first_module_gathered_bytes(request, _model_dtype_bytes(request))
 
 
 def epilogue_buffer_bytes(request: PlanRequest) -> int:

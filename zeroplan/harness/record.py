@@ -112,7 +112,7 @@ class StepRecord(Frozen):
 
 class DeepSpeedStage3Settings(Frozen):
     """The ZeRO-3 settings of a DeepSpeed run that decide its parameter gathers
-    (zeroplan.core.deepspeed_prefetch), as the engine was configured (elements)."""
+    (zeroplan.core.deepspeed_coordinator), as the engine was configured (elements)."""
 
     prefetch_bucket_size: int = Field(ge=0)
     max_live_parameters: int = Field(ge=0)

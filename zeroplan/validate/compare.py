@@ -47,7 +47,7 @@ def request_for(description: RunDescription) -> PlanRequest:
         # Each block wrapped, then the root (zeroplan/harness/torch_engines.py Fsdp1Engine).
         request = request.with_strategy(request.strategy.model_copy(update={"fsdp1_root_stays_gathered": True}))
     if description.engine == "deepspeed" and description.strategy.zero_stage == 3:
-        # The gathers follow the run's own prefetch settings (zeroplan.core.deepspeed_prefetch).
+        # The gathers follow the run's own prefetch settings (zeroplan.core.deepspeed_coordinator).
         zero3 = description.deepspeed_stage3 or HARNESS_DEEPSPEED_STAGE3
         request = request.with_strategy(request.strategy.model_copy(update={
             "deepspeed_prefetch_bucket_elements": zero3.prefetch_bucket_size,

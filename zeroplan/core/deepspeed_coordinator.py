@@ -1,0 +1,301 @@
+"""DeepSpeed ZeRO-3's gathered parameters, replayed module by module as its
+PartitionedParameterCoordinator fetches, prefetches and releases them over the step's trace:
+one model for every stack planned under the ``deepspeed`` state convention (hf's Trainer and
+accelerate, megatron-deepspeed). Rules quoted from DeepSpeed 0.13.3
+runtime/zero/partitioned_param_coordinator.py (the PEFT rows' release; 0.19.8 and 0.6.2, the
+Azure recipes' release, follow the same rules at the lines given beside them).
+
+ZeRO-3 hooks every module and gathers the parameters of one module at a time
+(fetch_sub_module: iter_params(current_submodule, recurse=False), 0.13.3 lines 261-290), not a
+whole block. The modules are the model's own: one per linear (its weight and bias), one per
+norm, megatron-deepspeed's fused query_key_value (Megatron-DeepSpeed@62bc4562
+megatron/model/transformer.py line 147) where hf's Llama has q_proj, k_proj and v_proj, and under
+peft's LoRA each adapted linear's base_layer, lora_A and lora_B (peft tuners/lora/layer.py
+Linear.forward: base_layer(x), then lora_B(lora_A(dropout(x)))). Every module's fetch runs the
+prefetch, whether or not it has parameters to gather (0.13.3 lines 323-391).
+
+With a complete trace (recorded in the first step, 0.13.3 reset_step lines 204-239), each fetch
+first pops its own parameters off the parameter queue (lines 325-343), then prefetches from it
+until at least min(stage3_max_live_parameters - elements available, stage3_prefetch_bucket_size)
+elements are in flight (lines 353-385), whole parameters: one not available is gathered, one
+available is passed over, and either way ``__most_recent_step_id_param_fetched_for`` is raised
+to that later use (lines 371-373). After a module's forward or backward (release_sub_module at
+step_id = its fetch's + 1, lines 391-405) its parameters are released unless a prefetch scan
+marked them for a later use (``__params_to_release``, lines 500-504) or the trace within
+stage3_max_reuse_distance elements uses them again (lines 506-516). ``__n_available_params`` is
+counted in ds_numel (unpadded): += at each gather (line 447), -= at each release (line 483).
+Persistent parameters (partition_parameters.py _partition_param: ds_numel <=
+stage3_param_persistence_threshold) are gathered once when the engine is built and never
+counted or released (``__params_to_release`` skips ds_persist, line 492).
+
+The trace is the forward's modules, then unit by unit from the last its modules' backward in
+reverse, after a block's forward again where every block is recomputed (hf's
+gradient_checkpointing_enable, Megatron's --checkpoint-activations): DeepSpeed 0.13.3's own
+engine under peft's 70B LoRA shapes (benchmarks/deepspeed_zero3_allocator_replay.py) gathers the
+lm_head, then the last block's recompute, then its backward, block by block.
+
+This module does not import torch."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from functools import lru_cache
+
+from zeroplan.core.largest_unit import largest_unit_elements
+from zeroplan.core.layout import element_bytes, gradient_wire_bytes
+from zeroplan.core.parallel.units import rank_parameter_units
+from zeroplan.specs.framework import Framework
+from zeroplan.specs.request import PlanRequest
+from zeroplan.specs.strategy import StrategyKind
+from zeroplan.specs.training import ActivationCheckpointing, StateConvention
+from zeroplan.units import ceil_div
+
+
+def models_deepspeed_gathers(request: PlanRequest) -> bool:
+    """Whether the ZeRO-3 gathers are DeepSpeed's plain ones (the deepspeed state convention at
+    stage 3; not FSDP, nor ZeRO++ (hpZ, qwZ) or MiCS, whose gathers have terms of their own)."""
+    kind = request.strategy.kind
+    return (request.convention is StateConvention.deepspeed and kind.zero_stage == 3 and not kind.is_fsdp
+            and not kind.uses_hpz and not kind.quantizes_communication and kind is not StrategyKind.zero3_mics)
+
+
+def replays_gathers(request: PlanRequest) -> bool:
+    """Whether the coordinator's replay gives the request's gathered parameters: DeepSpeed's plain
+    ZeRO-3 gathers without a pipeline (DeepSpeed's pipeline engine runs stage 1 at most), with no
+    recomputation, or recomputation whose trace is the forward's modules (selective: the
+    attention core holds no parameters), or every block recomputed."""
+    return (models_deepspeed_gathers(request) and request.parallel.pp == 1
+            and request.training.activation_checkpointing in (ActivationCheckpointing.none, ActivationCheckpointing.full,
+                                                              ActivationCheckpointing.selective))
+
+
+# DeepSpeed 0.13.3 (and 0.19.8, 0.6.2) runtime/zero/config.py DeepSpeedZeroConfig: stage3_prefetch_bucket_size
+# 5e7 (line 194), stage3_param_persistence_threshold 1e5 (200), stage3_max_live_parameters 1e9
+# (217), stage3_max_reuse_distance 1e9 (223): what a run whose config leaves them out (accelerate's
+# DeepSpeedPlugin without a config file, the PEFT docs' runs) gets.
+RELEASE_DEFAULTS = {"prefetch_bucket": 5 * 10**7, "persistence": 10**5, "max_live": 10**9, "reuse": 10**9}
+
+
+def _release_defaults(request: PlanRequest) -> bool:
+    """A request naming the DeepSpeed release it plans (--deepspeed-release) plans that release's
+    defaults for the stage-3 settings its strategy leaves unset; otherwise the unset ones are what
+    ``--emit`` writes (zeroplan.emit.formats.deepspeed_config)."""
+    return request.training.deepspeed_release is not None
+
+
+def prefetch_bucket_elements(request: PlanRequest) -> int:
+    """stage3_prefetch_bucket_size: the strategy's, else the release's default, else what --emit
+    writes (prefetch_units largest units)."""
+    chosen = request.strategy.deepspeed_prefetch_bucket_elements
+    if chosen is not None:
+        return chosen
+    if _release_defaults(request):
+        return RELEASE_DEFAULTS["prefetch_bucket"]
+    return request.strategy.prefetch_units * largest_unit_elements(request)
+
+
+def max_live_parameters(request: PlanRequest) -> int:
+    """stage3_max_live_parameters: the strategy's, else the release's default, else what --emit
+    writes ((1 + prefetch_units) largest units)."""
+    chosen = request.strategy.deepspeed_max_live_parameters
+    if chosen is not None:
+        return chosen
+    if _release_defaults(request):
+        return RELEASE_DEFAULTS["max_live"]
+    return (1 + request.strategy.prefetch_units) * largest_unit_elements(request)
+
+
+def max_reuse_distance(request: PlanRequest) -> int:
+    """stage3_max_reuse_distance: the strategy's (0 unset: what --emit writes), else the release's default."""
+    chosen = request.strategy.deepspeed_max_reuse_distance
+    return RELEASE_DEFAULTS["reuse"] if chosen == 0 and _release_defaults(request) else chosen
+
+
+def persistence_threshold(request: PlanRequest) -> int:
+    """stage3_param_persistence_threshold: the strategy's (0 unset: what --emit writes), else the release's default."""
+    chosen = request.strategy.deepspeed_param_persistence_threshold
+    return RELEASE_DEFAULTS["persistence"] if chosen == 0 and _release_defaults(request) else chosen
+
+
+def _gathered_bytes(request: PlanRequest, tensor, bytes_per_element: int) -> int:
+    """Bytes an all-gather brings in for one tensor: partition_parameters.py pads each
+    parameter to a multiple of the group (ceil(ds_numel / N) per rank); a frozen tensor in its
+    own storage (zeroplan.core.finetune.storage)."""
+    group = request.shard_group_size
+    if tensor.trainable:
+        return ceil_div(tensor.numel, group) * group * bytes_per_element
+    from zeroplan.core.finetune.storage import frozen_tensor_bytes
+
+    return group * ceil_div(frozen_tensor_bytes(request, tensor, gathered=True), group)
+
+
+def _fuses_qkv(request: PlanRequest) -> bool:
+    # Megatron's ParallelAttention computes q, k and v with one query_key_value linear
+    # (megatron/model/transformer.py line 147); hf's Llama has q_proj, k_proj, v_proj.
+    return request.training.framework is Framework.megatron_deepspeed
+
+
+def _module_name(request: PlanRequest, tensor_name: str) -> str:
+    """The module a tensor belongs to: its dotted prefix ('attention.q' of 'attention.q.weight'
+    and '.bias'; 'attention.q.lora_a' is LoRA's lora_A module), q, k and v one module where the
+    stack fuses them."""
+    prefix = tensor_name.rsplit(".", 1)[0]
+    if _fuses_qkv(request) and prefix in ("attention.q", "attention.k", "attention.v"):
+        return "attention.qkv"
+    return prefix
+
+
+@dataclass(frozen=True)
+class _Param:
+    unit: int
+    numel: int
+    gathered_bytes: int
+    gradient_bytes: int
+
+
+@dataclass(frozen=True)
+class Replay:
+    """What the replay found: the most held at once (gathered parameters, with the module's full
+    gradients at its backward) and the bytes gathered per unit in the forward and the backward."""
+
+    peak_bytes: int
+    forward_gathered_bytes: tuple[int, ...]
+    backward_gathered_bytes: tuple[int, ...]
+
+
+def _modules(request: PlanRequest) -> tuple[list[tuple[int, list[int]]], list[_Param], list[bool]]:
+    """(each module's unit and parameter ids in forward order, persistent ones left out: the
+    module still fetches, so it still prefetches; the parameters; whether each unit is a block).
+    A tied output projection uses the embedding's weight again after the final norm
+    (megatron/model/gpt_model.py line 130; transformers' tied lm_head): one more use of that
+    parameter, last in the forward."""
+    eb = element_bytes(request.training.precision, request.convention)
+    wire = gradient_wire_bytes(request)
+    threshold = persistence_threshold(request)
+    params: list[_Param] = []
+    modules: list[tuple[int, list[int]]] = []
+    units = rank_parameter_units(request)
+    word_embeddings = None
+    for index, unit in enumerate(units):
+        by_module: dict[str, list[int]] = {}
+        for tensor in unit.tensors:
+            own = by_module.setdefault(_module_name(request, tensor.name), [])
+            if tensor.numel <= threshold:
+                continue  # persistent: gathered at the engine's start, never fetched
+            own.append(len(params))
+            if tensor.name == "token.weight":
+                word_embeddings = len(params)
+            params.append(_Param(index, tensor.numel, _gathered_bytes(request, tensor, eb.compute_parameter),
+                                 tensor.numel * wire if tensor.trainable else 0))
+        modules += [(index, ids) for ids in by_module.values()]
+    if request.model.tied_embeddings and word_embeddings is not None:
+        modules.append((len(units) - 1, [word_embeddings]))
+    return modules, params, [unit.name.startswith("block.") for unit in units]
+
+
+# DeepSpeed hooks every module, containers too (parameter_offload.py _register_hooks_recursively):
+# the model itself, whose pre-forward fetch is the trace's first and whose pre-backward fetch
+# (PreBackwardFunction on its output) is the backward's first, and each block's layer module,
+# fetched before its children in the forward, the recomputation and the backward. They gather
+# nothing but take trace steps (a release keeps what the next step uses: lines 500-504) and
+# run the prefetch. The containers inside a block (attention, mlp) are left out.
+def _trace(request: PlanRequest, modules: list[tuple[int, list[int]]], blocks: list[bool]) -> list[tuple[int, bool]]:
+    """(module, whether it is its backward) in the order the coordinator fetches them: the model,
+    the forward; the model again, then unit by unit from the last its backward in reverse, after
+    a block's forward again under full recomputation (module -1: a container, no parameters)."""
+    full = request.training.activation_checkpointing is ActivationCheckpointing.full
+    container = [[-1] if block else [] for block in blocks]
+    trace = [(-1, False)]
+    for unit in range(len(blocks)):
+        trace += [(m, False) for m in container[unit] + [m for m, (index, _) in enumerate(modules) if index == unit]]
+    trace.append((-1, True))
+    for unit in reversed(range(len(blocks))):
+        own = [m for m, (index, _) in enumerate(modules) if index == unit]
+        if full and blocks[unit]:
+            trace += [(m, False) for m in container[unit] + own]
+        trace += [(m, True) for m in container[unit] + list(reversed(own))]
+    return trace
+
+
+@lru_cache(maxsize=256)
+def replay(request: PlanRequest) -> Replay:
+    """The coordinator's step, fetch by fetch (the module docstring's rules)."""
+    modules, params, blocks = _modules(request)
+    trace = _trace(request, modules, blocks)
+    forward_steps = next(step for step, (m, backward) in enumerate(trace) if backward)
+    ids = [own for _, own in modules] + [[]]  # ids[-1]: a container's
+    limit, bucket, reuse = max_live_parameters(request), prefetch_bucket_elements(request), max_reuse_distance(request)
+    queue = deque((p, step) for step, (m, _) in enumerate(trace) for p in ids[m])
+    available: set[int] = set()
+    most_recent = [-1] * len(params)
+    gathered = [[0] * len(blocks), [0] * len(blocks)]
+    n_available = peak = 0
+
+    def gather(p: int, step: int) -> int:
+        available.add(p)
+        gathered[step >= forward_steps][params[p].unit] += params[p].gathered_bytes
+        return params[p].numel
+
+    for step, (m, is_backward) in enumerate(trace):
+        for p in ids[m]:
+            if p not in available:
+                n_available += gather(p, step)
+        # The current module's own entries leave the queue (lines 325-336).
+        while queue and queue[0][1] <= step:
+            p, used_at = queue.popleft()
+            most_recent[p] = max(most_recent[p], used_at)
+        # Prefetch: whole parameters until at least min(max_live - available, bucket) elements
+        # are in flight; available ones are passed over but marked (lines 353-373).
+        wanted, fetching = (min(limit - n_available, bucket), 0) if bucket > 0 else (0, 0)
+        while queue and fetching < wanted:
+            p, used_at = queue.popleft()
+            most_recent[p] = max(most_recent[p], used_at)
+            if p not in available:
+                numel = gather(p, step)
+                n_available += numel
+                fetching += numel
+        held = sum(params[p].gathered_bytes for p in available)
+        if is_backward:
+            held += sum(params[p].gradient_bytes for p in ids[m])
+        peak = max(peak, held)
+        # Release after the module's forward or backward, at step_id = step + 1 (lines 487-518).
+        release = {p for p in ids[m] if most_recent[p] <= step + 1}
+        traversed = 0
+        for later, _ in trace[step + 1:]:
+            if traversed >= reuse or not release:
+                break
+            for p in ids[later]:
+                release.discard(p)
+                traversed += params[p].numel
+        for p in release & available:
+            available.discard(p)
+            n_available -= params[p].numel
+    return Replay(peak, tuple(gathered[0]), tuple(gathered[1]))
+
+
+def peak_gathered_bytes(request: PlanRequest) -> int:
+    """The most the coordinator holds at once: the gathered parameters after a fetch and its
+    prefetch, and, at a module's backward, that module's full gradients before they are reduced."""
+    return replay(request).peak_bytes
+
+
+def forward_gather_bytes(request: PlanRequest) -> list[int]:
+    """Per unit, the bytes the forward's fetches and prefetches gather."""
+    return list(replay(request).forward_gathered_bytes)
+
+
+def backward_gather_bytes(request: PlanRequest) -> list[int]:
+    """Per unit, the bytes the backward (with its recomputation) gathers: what the forward left
+    gathered for it gathers nothing."""
+    return list(replay(request).backward_gathered_bytes)
+
+
+def first_module_gathered_bytes(request: PlanRequest, bytes_per_element: int) -> int:
+    """The gathered bytes of the forward's first module (its non-persistent parameters), at
+    ``bytes_per_element``."""
+    threshold = persistence_threshold(request)
+    first = rank_parameter_units(request)[0]
+    name = _module_name(request, first.tensors[0].name)
+    return sum(_gathered_bytes(request, t, bytes_per_element) for t in first.tensors
+               if _module_name(request, t.name) == name and t.numel > threshold)
