@@ -50,8 +50,12 @@ def test_hf_zero_states_and_buffers_are_deepspeeds(gpu_80gib, kind) -> None:
     # The same model states and buffer terms as a request that names DeepSpeed's convention
     # itself (the layout the DeepSpeed engine records measure); only activations may differ.
     hf_states, hf_terms = peak_terms(_request(gpu_80gib, kind))
-    ds_states, ds_terms = peak_terms(_request(gpu_80gib, kind, Framework.zeroplan,
-                                              state_convention=StateConvention.deepspeed))
+    # hf runs DeepSpeed's own stage-3 defaults where the strategy sets none (zeroplan.core.deepspeed_coordinator).
+    named = _request(gpu_80gib, kind, Framework.zeroplan, state_convention=StateConvention.deepspeed)
+    named = named.with_strategy(named.strategy.model_copy(update={
+        "deepspeed_prefetch_bucket_elements": 5 * 10**7, "deepspeed_max_live_parameters": 10**9,
+        "deepspeed_max_reuse_distance": 10**9, "deepspeed_param_persistence_threshold": 10**5}))
+    ds_states, ds_terms = peak_terms(named)
     assert hf_states == ds_states
     # bf16-mixed: fp32 gradients the optimizer reads, 18 bytes a parameter over the 8 ranks' shards
     assert hf_states.gradient_bytes > peak_terms(_request(gpu_80gib, kind, Framework.zeroplan))[0].gradient_bytes

@@ -49,3 +49,23 @@ def test_the_reference_convention_keeps_the_unit_model() -> None:
     other = REQUEST.model_copy(update={"training": REQUEST.training.model_copy(
         update={"framework": Framework.zeroplan, "state_convention": StateConvention.zero})})
     assert other.convention is StateConvention.zero and not replays_gathers(other)
+
+
+def test_hf_plans_the_release_defaults_and_peft_lora_adapters_as_modules() -> None:
+    # Under hf the stage-3 settings the strategy leaves unset are DeepSpeed's defaults (0.13.3
+    # runtime/zero/config.py): LoRA's 8 x 8,192 adapters of Llama-2-70B persist (1e5), its
+    # 8 x 28,672 ones are fetched as modules of their own.
+    from zeroplan.cli.fit import request_from_args
+    from zeroplan.cli.main import build_parser
+    from zeroplan.core.deepspeed_coordinator import _modules, max_live_parameters, max_reuse_distance, persistence_threshold
+    from zeroplan.specs.strategy import StrategyKind
+
+    row = ("llama-2-70b --gpus 8 --gpu h100-80gb --micro-batch 8 --seq-len 2048 --activation-checkpointing full "
+           "--precision bf16-mixed --framework hf --lora-rank 8 --lora-targets q,k,v,o,gate,up,down")
+    request = request_from_args(build_parser().parse_args(["fit", *row.split()]), StrategyKind.zero3)
+    assert (max_live_parameters(request), max_reuse_distance(request), persistence_threshold(request)) == (10**9, 10**9, 10**5)
+    assert replays_gathers(request)
+    modules, params, _ = _modules(request)
+    block = [[params[p].name for p in ids] for unit, ids in modules if unit == 1]
+    assert ["block.0.mlp.down.lora_a.weight"] in block and ["block.0.attention.q.weight"] in block
+    assert [] in block  # the norms and the 8 x 8,192 adapters persist: their modules fetch nothing

@@ -26,7 +26,8 @@ stage3_max_reuse_distance elements uses them again (lines 506-516). ``__n_availa
 counted in ds_numel (unpadded): += at each gather (line 447), -= at each release (line 483).
 Persistent parameters (partition_parameters.py _partition_param: ds_numel <=
 stage3_param_persistence_threshold) are gathered once when the engine is built and never
-counted or released (``__params_to_release`` skips ds_persist, line 492).
+counted or released (``__params_to_release`` skips ds_persist, lines 491-493; ds_persist is set
+in partition_parameters.py lines 1086-1091).
 
 The trace is the forward's modules, then unit by unit from the last its modules' backward in
 reverse, after a block's forward again where every block is recomputed (hf's
@@ -78,10 +79,11 @@ RELEASE_DEFAULTS = {"prefetch_bucket": 5 * 10**7, "persistence": 10**5, "max_liv
 
 
 def _release_defaults(request: PlanRequest) -> bool:
-    """A request naming the DeepSpeed release it plans (--deepspeed-release) plans that release's
-    defaults for the stage-3 settings its strategy leaves unset; otherwise the unset ones are what
-    ``--emit`` writes (zeroplan.emit.formats.deepspeed_config)."""
-    return request.training.deepspeed_release is not None
+    """Whether the stage-3 settings the strategy leaves unset are DeepSpeed's defaults: under hf
+    (accelerate's DeepSpeedPlugin and the Trainer write no such keys unless a config file sets
+    them: zeroplan.core.hf_deepspeed) or where the request names the release it plans
+    (--deepspeed-release); otherwise what ``--emit`` writes (zeroplan.emit.formats.deepspeed_config)."""
+    return request.training.framework is Framework.hf or request.training.deepspeed_release is not None
 
 
 def prefetch_bucket_elements(request: PlanRequest) -> int:
@@ -149,6 +151,7 @@ def _module_name(request: PlanRequest, tensor_name: str) -> str:
 @dataclass(frozen=True)
 class _Param:
     unit: int
+    name: str
     numel: int
     gathered_bytes: int
     gradient_bytes: int
@@ -162,6 +165,10 @@ class Replay:
     peak_bytes: int
     forward_gathered_bytes: tuple[int, ...]
     backward_gathered_bytes: tuple[int, ...]
+    gathers: tuple[tuple[int, str], ...]
+    """(trace step, '<unit name>.<tensor name>') of each parameter gathered, in order."""
+    held_bytes: tuple[int, ...]
+    """Per trace step, what is held after its fetch and prefetch (as peak_bytes)."""
 
 
 def _modules(request: PlanRequest) -> tuple[list[tuple[int, list[int]]], list[_Param], list[bool]]:
@@ -186,7 +193,7 @@ def _modules(request: PlanRequest) -> tuple[list[tuple[int, list[int]]], list[_P
             own.append(len(params))
             if tensor.name == "token.weight":
                 word_embeddings = len(params)
-            params.append(_Param(index, tensor.numel, _gathered_bytes(request, tensor, eb.compute_parameter),
+            params.append(_Param(index, f"{unit.name}.{tensor.name}", tensor.numel, _gathered_bytes(request, tensor, eb.compute_parameter),
                                  tensor.numel * wire if tensor.trainable else 0))
         modules += [(index, ids) for ids in by_module.values()]
     if request.model.tied_embeddings and word_embeddings is not None:
@@ -194,7 +201,8 @@ def _modules(request: PlanRequest) -> tuple[list[tuple[int, list[int]]], list[_P
     return modules, params, [unit.name.startswith("block.") for unit in units]
 
 
-# DeepSpeed hooks every module, containers too (parameter_offload.py _register_hooks_recursively):
+# DeepSpeed hooks every module, containers too (0.13.3 parameter_offload.py _register_hooks_recursively,
+# lines 262-439):
 # the model itself, whose pre-forward fetch is the trace's first and whose pre-backward fetch
 # (PreBackwardFunction on its output) is the backward's first, and each block's layer module,
 # fetched before its children in the forward, the recomputation and the backward. They gather
@@ -231,9 +239,12 @@ def replay(request: PlanRequest) -> Replay:
     most_recent = [-1] * len(params)
     gathered = [[0] * len(blocks), [0] * len(blocks)]
     n_available = peak = 0
+    order: list[tuple[int, str]] = []
+    series: list[int] = []
 
     def gather(p: int, step: int) -> int:
         available.add(p)
+        order.append((step, params[p].name))
         gathered[step >= forward_steps][params[p].unit] += params[p].gathered_bytes
         return params[p].numel
 
@@ -259,6 +270,7 @@ def replay(request: PlanRequest) -> Replay:
         if is_backward:
             held += sum(params[p].gradient_bytes for p in ids[m])
         peak = max(peak, held)
+        series.append(held)
         # Release after the module's forward or backward, at step_id = step + 1 (lines 487-518).
         release = {p for p in ids[m] if most_recent[p] <= step + 1}
         traversed = 0
@@ -271,7 +283,7 @@ def replay(request: PlanRequest) -> Replay:
         for p in release & available:
             available.discard(p)
             n_available -= params[p].numel
-    return Replay(peak, tuple(gathered[0]), tuple(gathered[1]))
+    return Replay(peak, tuple(gathered[0]), tuple(gathered[1]), tuple(order), tuple(series))
 
 
 def peak_gathered_bytes(request: PlanRequest) -> int:

@@ -205,7 +205,8 @@ class StrategySpec(Frozen):
     convention's buffer terms, zeroplan.core.deepspeed_accumulation)."""
     deepspeed_prefetch_bucket_elements: int | None = Field(default=None, ge=0)
     """DeepSpeed zero_optimization.stage3_prefetch_bucket_size (elements); None is what ``--emit``
-    writes, prefetch_units largest units (zeroplan.core.deepspeed_coordinator). 0 turns the prefetch
+    writes, prefetch_units largest units, or under hf or a named --deepspeed-release DeepSpeed's
+    default (zeroplan.core.deepspeed_coordinator, as the three below). 0 turns the prefetch
     off, and with it the units kept gathered from the forward to the backward."""
     deepspeed_max_live_parameters: int | None = Field(default=None, gt=0)
     """DeepSpeed zero_optimization.stage3_max_live_parameters (elements); None is what ``--emit``
@@ -213,7 +214,7 @@ class StrategySpec(Frozen):
     deepspeed_max_reuse_distance: int = Field(default=0, ge=0)
     """DeepSpeed zero_optimization.stage3_max_reuse_distance (elements): a module's parameters stay
     gathered after its use when the trace uses them again within this many elements (``--emit``
-    writes 0; read under megatron-deepspeed, zeroplan.core.deepspeed_coordinator)."""
+    writes 0; zeroplan.core.deepspeed_coordinator)."""
     deepspeed_param_persistence_threshold: int = Field(default=0, ge=0)
     """DeepSpeed zero_optimization.stage3_param_persistence_threshold (elements): parameters of at
     most this many elements stay gathered from the engine's start (``--emit`` writes 0)."""
