@@ -25,7 +25,23 @@ for path in (ROOT, ROOT / "benchmarks"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from deepspeed_zero3_allocator_replay import ROW, _collective_temporaries, scaled  # noqa: E402
+from deepspeed_zero3_allocator_replay import (  # noqa: E402
+    FFN, HEADS, HIDDEN, KV_HEADS, LAYERS, ROW, STAGE3, _collective_temporaries, scaled,
+)
+
+RANK = 8
+
+
+def engine_persistent_elements() -> int:
+    """The scaled run's persistent elements (ds_numel <= its stage3_param_persistence_threshold):
+    the norms and LoRA's narrow adapters, which shrink 32 times where max_live shrinks 1,024 times."""
+    kv = HIDDEN // HEADS * KV_HEADS
+    shapes = [HIDDEN, HIDDEN]  # the two norms
+    for out_features, in_features in ((HIDDEN, HIDDEN), (kv, HIDDEN), (kv, HIDDEN), (HIDDEN, HIDDEN),
+                                      (FFN, HIDDEN), (FFN, HIDDEN), (HIDDEN, FFN)):
+        shapes += [RANK * in_features, out_features * RANK]  # lora_A, lora_B
+    threshold = STAGE3["stage3_param_persistence_threshold"]
+    return LAYERS * sum(n for n in shapes if n <= threshold) + HIDDEN  # and the final norm
 
 # transformers' Llama and peft's LoRA names -> the planner's (zeroplan.core.parallel.units).
 RENAMES = [(r"^base_model\.model\.", ""), (r"^model\.", ""), (r"^embed_tokens\.", "embedding.token."),
@@ -67,6 +83,22 @@ def engine_step(result: dict, step: int) -> tuple[list[list[str]], list[int], in
     return names, alive, max(alive), alive[head + 1]
 
 
+def _planned(run) -> tuple[list, list, int, list]:
+    """(each trace step's gathered parameters, what is held after it, the lm_head's index, all in order)."""
+    by_step: dict[int, list[str]] = {}
+    for step, name in run.gathers:
+        by_step.setdefault(step, []).append(name)
+    planned = [sorted(names) for _, names in sorted(by_step.items())]
+    planned_alive = [run.held_bytes[step] for step in sorted(by_step)]
+    head = next(i for i, n in enumerate(planned) if "head.lm_head.weight" in n)
+    return planned, planned_alive, head, [n for names in planned for n in names]
+
+
+def _after_head(run) -> list:
+    head = next(i for i, (_, n) in enumerate(run.gathers) if n == "head.lm_head.weight")
+    return list(run.gathers[head + 1:])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=Path, required=True)
@@ -80,18 +112,25 @@ def main() -> None:
 
     gib = 2**30
     request = request_from_args(build_parser().parse_args(["fit", *ROW.split()]), StrategyKind.zero3)
-    run = replay(request)
-    by_step: dict[int, list[str]] = {}
-    for step, name in run.gathers:
-        by_step.setdefault(step, []).append(name)
-    planned = [sorted(names) for _, names in sorted(by_step.items())]
-    planned_alive = [run.held_bytes[step] for step in sorted(by_step)]
-    head = next(i for i, n in enumerate(planned) if "head.lm_head.weight" in n)
-    flat_planned = [n for names in planned for n in names]
-    print(f"DeepSpeed {result['deepspeed']} engine (the 70B LoRA row's shapes over 1,024) against the replay of the row's request")
-    print(f"  replay: {len(planned)} gathers, {len(flat_planned)} parameters; gathered alive at its peak "
-          f"{run.peak_bytes / gib:.2f} GiB, at the last block's recomputation {planned_alive[head + 1] / gib:.2f} GiB")
+    # Step 1 starts the counter at 0 (the step before ran in record mode, whose releases partition
+    # the persistent parameters); from step 2 on it starts at minus the persistent elements
+    # (zeroplan.core.deepspeed_coordinator.persistent_elements), which in the scaled run are
+    # engine_persistent_elements() against a stage3_max_live_parameters of 1e9 / 1,024: the same
+    # fraction of the row's 1e9 is replayed beside the row's own.
+    engine_offset = engine_persistent_elements()
+    as_run = -round(engine_offset / STAGE3["stage3_max_live_parameters"] * 10**9)
+    print(f"DeepSpeed {result['deepspeed']} engine (the 70B LoRA row's shapes over 1,024) against the replay of the row's request;"
+          f" the scaled run's persistent elements {engine_offset:,}")
+    for label, start in (("step 1 (counter from 0)", 0), ("steady state, the row's shapes", None),
+                         (f"steady state, the scaled run's offset ({as_run:,})", as_run)):
+        run = replay(request, start)
+        print(f"  replay, {label}: gathered alive at its peak {run.peak_bytes / gib:.2f} GiB; after the lm_head gathers "
+              f"{', '.join(sorted({n.rsplit('.', 2)[0] for _, n in _after_head(run)[:6]}))}")
     for step in range(1, len(result["step_starts"])):
+        run = replay(request, 0 if step == 1 else as_run)
+        planned, planned_alive, head, flat_planned = _planned(run)
+        print(f"  replay as step {step} runs: {len(planned)} gathers, {len(flat_planned)} parameters; gathered alive at its peak "
+              f"{run.peak_bytes / gib:.2f} GiB, at the last block's recomputation {planned_alive[head + 1] / gib:.2f} GiB")
         names, alive, peak, recompute = engine_step(result, step)
         flat = [n for group in names for n in group]
         matcher = difflib.SequenceMatcher(a=flat, b=flat_planned, autojunk=False)

@@ -57,7 +57,9 @@ def test_hf_plans_the_release_defaults_and_peft_lora_adapters_as_modules() -> No
     # 8 x 28,672 ones are fetched as modules of their own.
     from zeroplan.cli.fit import request_from_args
     from zeroplan.cli.main import build_parser
-    from zeroplan.core.deepspeed_coordinator import _modules, max_live_parameters, max_reuse_distance, persistence_threshold
+    from zeroplan.core.deepspeed_coordinator import (
+        _modules, max_live_parameters, max_reuse_distance, persistence_threshold, persistent_elements, replay,
+    )
     from zeroplan.specs.strategy import StrategyKind
 
     row = ("llama-2-70b --gpus 8 --gpu h100-80gb --micro-batch 8 --seq-len 2048 --activation-checkpointing full "
@@ -69,3 +71,7 @@ def test_hf_plans_the_release_defaults_and_peft_lora_adapters_as_modules() -> No
     block = [[params[p].name for p in ids] for unit, ids in modules if unit == 1]
     assert ["block.0.mlp.down.lora_a.weight"] in block and ["block.0.attention.q.weight"] in block
     assert [] in block  # the norms and the 8 x 8,192 adapters persist: their modules fetch nothing
+    # Per block 2 norms (8,192), six lora_A and three lora_B of 8 x 8,192, two lora_B of 8 x 1,024; the final norm.
+    assert persistent_elements(request) == 80 * (2 * 8_192 + 9 * 65_536 + 2 * 8_192) + 8_192
+    # After an optimizer step the counter starts that far below zero: the prefetch runs further.
+    assert replay(request).peak_bytes > replay(request, 0).peak_bytes

@@ -259,7 +259,8 @@ def _uncached_data_parallel_collectives(request: PlanRequest) -> list[Collective
         if replays_gathers(request):
             # DeepSpeed's coordinator: persistent parameters are never gathered per step, what a
             # prefetch scan or the reuse distance keeps is not gathered again, and a recomputed
-            # block is gathered for its recomputation (zeroplan.core.deepspeed_coordinator).
+            # block is gathered for its recomputation (zeroplan.core.deepspeed_coordinator; every
+            # micro-batch counted as the one after an optimizer step, whose prefetch runs furthest).
             params = [b for b in forward_gather_bytes(request) if b]
             backward = backward_gather_bytes(request)
         result.append(make_collective(CollectiveOp.all_gather, Phase.forward, "parameters", params, group, gathers_forward, group_spans_nodes, eb.compute_parameter, per_node))

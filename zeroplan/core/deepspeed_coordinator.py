@@ -214,21 +214,43 @@ def _trace(request: PlanRequest, modules: list[tuple[int, list[int]]], blocks: l
     a block's forward again under full recomputation (module -1: a container, no parameters)."""
     full = request.training.activation_checkpointing is ActivationCheckpointing.full
     container = [[-1] if block else [] for block in blocks]
+    of_unit: list[list[int]] = [[] for _ in blocks]
+    for m, (index, _) in enumerate(modules):
+        of_unit[index].append(m)
     trace = [(-1, False)]
     for unit in range(len(blocks)):
-        trace += [(m, False) for m in container[unit] + [m for m, (index, _) in enumerate(modules) if index == unit]]
+        trace += [(m, False) for m in container[unit] + of_unit[unit]]
     trace.append((-1, True))
     for unit in reversed(range(len(blocks))):
-        own = [m for m, (index, _) in enumerate(modules) if index == unit]
+        own = of_unit[unit]
         if full and blocks[unit]:
             trace += [(m, False) for m in container[unit] + own]
         trace += [(m, True) for m in container[unit] + list(reversed(own))]
     return trace
 
 
+# The counter starts a step below zero by the persistent parameters' elements: the optimizer step
+# (0.13.3 stage3.py:2021 step -> _partition_all_parameters, parameter_offload.py:162) runs
+# release_and_reset_all (coordinator lines 407-421), whose __release_param (478-483) subtracts the
+# ds_numel of every available parameter, the persistent ones too (only __params_to_release skips
+# ds_persist); _post_step gathers those again outside the coordinator (stage3.py:1986, no +=), and
+# reset_step zeroes the counter only at the end of the next backward (line 239, called at
+# stage3.py:2215). So from the third step on, the micro-batch after each optimizer step prefetches
+# that many elements beyond stage3_max_live_parameters (0.19.8: lines 537-546 and 624-630 alike).
+# In DeepSpeed 0.13.3's own run of the 70B LoRA row's shapes over 1,024 (step 2 of
+# benchmarks/deepspeed_zero3_allocator_replay.py's events) that is 1,556,736 elements, more than
+# the scaled stage3_max_live_parameters (976,562): the prefetch there takes three blocks ahead.
+def persistent_elements(request: PlanRequest) -> int:
+    """The elements of the persistent parameters (ds_numel, whole: every rank holds them)."""
+    threshold = persistence_threshold(request)
+    return sum(t.numel for unit in rank_parameter_units(request) for t in unit.tensors if t.numel <= threshold)
+
+
 @lru_cache(maxsize=256)
-def replay(request: PlanRequest) -> Replay:
-    """The coordinator's step, fetch by fetch (the module docstring's rules)."""
+def replay(request: PlanRequest, counter_start: int | None = None) -> Replay:
+    """The coordinator's step, fetch by fetch (the module docstring's rules), in the micro-batch
+    after an optimizer step (counter_start: where __n_available_params starts; None: minus the
+    persistent elements)."""
     modules, params, blocks = _modules(request)
     trace = _trace(request, modules, blocks)
     forward_steps = next(step for step, (m, backward) in enumerate(trace) if backward)
@@ -238,12 +260,29 @@ def replay(request: PlanRequest) -> Replay:
     available: set[int] = set()
     most_recent = [-1] * len(params)
     gathered = [[0] * len(blocks), [0] * len(blocks)]
-    n_available = peak = 0
+    n_available = -persistent_elements(request) if counter_start is None else counter_start
+    peak = held_gathered = 0
+    # The reuse scan (lines 506-516) walks the trace from the next step, counting every module's
+    # elements before it looks at the module: a parameter stays when its next use j satisfies
+    # elements[j] - elements[step + 1] < stage3_max_reuse_distance (elements[k]: the trace's
+    # elements before step k, a running sum, so the next use decides).
+    elements = [0]
+    for m, _ in trace:
+        elements.append(elements[-1] + sum(params[p].numel for p in ids[m]))
+    next_use: list[dict[int, int]] = [{} for _ in trace]
+    seen: dict[int, int] = {}
+    for step in reversed(range(len(trace))):
+        for p in ids[trace[step][0]]:
+            if p in seen:
+                next_use[step][p] = seen[p]
+            seen[p] = step
     order: list[tuple[int, str]] = []
     series: list[int] = []
 
     def gather(p: int, step: int) -> int:
+        nonlocal held_gathered
         available.add(p)
+        held_gathered += params[p].gathered_bytes
         order.append((step, params[p].name))
         gathered[step >= forward_steps][params[p].unit] += params[p].gathered_bytes
         return params[p].numel
@@ -266,22 +305,19 @@ def replay(request: PlanRequest) -> Replay:
                 numel = gather(p, step)
                 n_available += numel
                 fetching += numel
-        held = sum(params[p].gathered_bytes for p in available)
+        held = held_gathered
         if is_backward:
             held += sum(params[p].gradient_bytes for p in ids[m])
         peak = max(peak, held)
         series.append(held)
         # Release after the module's forward or backward, at step_id = step + 1 (lines 487-518).
-        release = {p for p in ids[m] if most_recent[p] <= step + 1}
-        traversed = 0
-        for later, _ in trace[step + 1:]:
-            if traversed >= reuse or not release:
-                break
-            for p in ids[later]:
-                release.discard(p)
-                traversed += params[p].numel
-        for p in release & available:
+        for p in ids[m]:
+            later = next_use[step].get(p)
+            if (most_recent[p] > step + 1 or p not in available
+                    or (later is not None and elements[later] - elements[step + 1] < reuse)):
+                continue
             available.discard(p)
+            held_gathered -= params[p].gathered_bytes
             n_available -= params[p].numel
     return Replay(peak, tuple(gathered[0]), tuple(gathered[1]), tuple(order), tuple(series))
 
