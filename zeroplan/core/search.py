@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from pydantic import ValidationError
 
+from zeroplan.core import deepspeed_coordinator
 from zeroplan.core.algorithms import _call_sizes, call_pricing
 from zeroplan.core.communication import Phase, collectives
 from zeroplan.core.feasibility import usable_memory_bytes
@@ -183,9 +184,13 @@ def _terms(request: PlanRequest, family: dict, layout_cache: dict) -> tuple:
     accumulation but not on b or checkpointing (``family``: one strategy and shard group of
     the layout), and the activations, loss and workspace, which depend on b, a,
     checkpointing and the engine's autocast but not otherwise on the strategy (``layout_cache``: the layout). The group's check
-    against memory_breakdown would catch a term that broke this."""
+    against memory_breakdown would catch a term that broke this. One exception: DeepSpeed
+    ZeRO-3's gathered parameters, where its coordinator is replayed, depend on checkpointing
+    (the recompute's gathers are in the trace), so there the states are kept per checkpointing."""
     rank, a = request.parallel.pipeline_rank, request.batch.grad_accum_steps
     state_key = ("state", rank, a)
+    if deepspeed_coordinator.replays_gathers(request):
+        state_key += (request.training.activation_checkpointing,)
     activation_key = _activation_key(request)
     if state_key not in family:
         states, terms = peak_terms(request)
