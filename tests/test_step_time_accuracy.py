@@ -174,7 +174,7 @@ def test_every_published_run_fits() -> None:
     host_checkpoints = {"deepspeed zero-offload gpt-2 10b l50 h4096 a32 v100-32gb x1 s1024 b10 AC"}
     # TinyLlama's run fits as its fork of lit-gpt ran (litgpt_fork "tinyllama", zeroplan.core.tinyllama:
     # 34.4 GiB; litgpt 0.4.13's own model code planned 40.9). DeepSpeed on Azure's 1T ZeRO-3 run (81.3 GiB, with
-    # DeepSpeed's module-by-module gathers, zeroplan.core.megatron_deepspeed_gathers): its 53.7 GB
+    # DeepSpeed's module-by-module gathers, zeroplan.core.deepspeed_coordinator): its 53.7 GB
     # of checkpoints stay on the GPU as the recipe sets them (no cpu_checkpointing), which the
     # blog's text says were kept in host memory.
     unmodelled = {"deepspeed azure gpt-1t a100 x1024 zero3-offload b8 s1024"}

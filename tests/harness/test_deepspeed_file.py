@@ -100,7 +100,7 @@ def test_emitted_deepspeed_config_runs_and_validates(tmp_path, strategy, capsys)
             assert rows["gradients"].measured_bytes == rows["gradients"].predicted_bytes == 4 * partition
             assert rows["buffers (kept)"].measured_bytes == rows["buffers (kept)"].predicted_bytes == 4 * (psi + partition)
             # DeepSpeed's prefetch keeps the forward's last modules gathered for their backward,
-            # as many as stage3_max_live_parameters holds (zeroplan.core.deepspeed_prefetch): the
+            # as many as stage3_max_live_parameters holds (zeroplan.core.deepspeed_coordinator): the
             # record carries the file's settings and the planner's gathers equal the run's.
             live = json.loads(config.read_text())["zero_optimization"]["stage3_max_live_parameters"]
             assert record.description.deepspeed_stage3.max_live_parameters == live
