@@ -251,8 +251,8 @@ def _bisection(step_s, measured_step_s: float) -> float:
     return high
 
 
-@pytest.mark.parametrize("measured", [0.65, 0.66, 0.7, 1.0, 1.6, 2.5, 9.0, 40.0])
-def test_the_narrowed_bisection_returns_the_plain_bisections_hfu_with_fewer_steps_timed(measured: float) -> None:
+@pytest.mark.parametrize("measured_step_s", [0.65, 0.66, 0.7, 1.0, 1.6, 2.5, 9.0, 40.0])
+def test_the_narrowed_bisection_returns_the_plain_bisections_hfu_with_fewer_steps_timed(measured_step_s: float) -> None:
     """bisect_hfu times only the midpoints its interpolation has not already placed: the same
     float as the plain bisection, on a step piecewise linear in 1/HFU with a flat
     (communication-bound) stretch up to HFU 1 and a second kink."""
@@ -268,5 +268,5 @@ def test_the_narrowed_bisection_returns_the_plain_bisections_hfu_with_fewer_step
         timed.append(hfu)
         return step_s(hfu)
 
-    assert bisect_hfu(counted, measured, step_s(1.0)) == _bisection(step_s, measured)
+    assert bisect_hfu(counted, measured_step_s, step_s(1.0)) == _bisection(step_s, measured_step_s)
     assert len(timed) <= 10  # the plain bisection times 30
