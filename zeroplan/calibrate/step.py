@@ -16,6 +16,7 @@ of its source (zeroplan.calibrate.basis.CALIBRATED_BAND)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 from typing import Literal
@@ -115,7 +116,7 @@ class StepEfficiency(Frozen):
     """Of those (and host copies), what the planner says the compute does not hide, seconds."""
 
 
-def _at_hfu(request: PlanRequest, hfu: float) -> PlanRequest:
+def _at_hfu(request: PlanRequest, hfu: float | None) -> PlanRequest:
     return request.model_copy(update={"performance": request.performance.model_copy(
         update={"hardware_flops_utilization": hfu})})
 
@@ -124,10 +125,18 @@ def timed_request(request: PlanRequest) -> PlanRequest:
     """The request whose step plan() times: under pipeline parallelism its peak-memory rank."""
     if request.parallel.pp == 1:
         return request
+    return request.at_pipeline_rank(_peak_memory_pipeline_rank(_at_hfu(request, None)))
+
+
+# Kept per request without its HFU: memory never reads the HFU (it times compute only,
+# zeroplan.core.default_efficiency.effective_hfu), and the fits and the solver ask for the same
+# pipeline at many HFUs, each a breakdown of every rank.
+@functools.lru_cache(maxsize=1024)
+def _peak_memory_pipeline_rank(request: PlanRequest) -> int:
     from zeroplan.core.plan import pipeline_rank_breakdowns
 
     ranks = pipeline_rank_breakdowns(request)
-    return request.at_pipeline_rank(max(range(len(ranks)), key=lambda rank: ranks[rank][0].peak_bytes))
+    return max(range(len(ranks)), key=lambda rank: ranks[rank][0].peak_bytes)
 
 
 def solve_hfu(request: PlanRequest, measured_step_s: float) -> float:
