@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import gc
 
 import pytest
@@ -22,8 +23,8 @@ def pytest_collection_modifyitems(config, items) -> None:
 # Python's full collections would walk it all again, about a fifth of the quick run: it is moved
 # out of the collector's reach (gc.freeze) once collected and after each test, the young
 # generations collected first. Inside a test the collector runs as it always does, and reference
-# counting still frees what was frozen; only a cycle a test left in the oldest generation is
-# never freed.
+# counting still frees what was frozen; a cycle a test left in the oldest generation is freed
+# only at exit.
 def pytest_collection_finish(session) -> None:
     gc.freeze()
 
@@ -34,10 +35,9 @@ def pytest_runtest_logfinish(nodeid, location) -> None:
     gc.freeze()
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_sessionfinish(session, exitstatus) -> None:
-    # Back in reach for the collections at exit, which free (and extensions check) it as before.
-    gc.unfreeze()
+# Back in reach at the interpreter's exit, whose last collection frees it (and extensions check
+# that it was freed); pytest's own collections at its end still find only what is not frozen.
+atexit.register(gc.unfreeze)
 
 from zeroplan.specs import GpuSpec, LinkSpec
 from zeroplan.units import GiB
