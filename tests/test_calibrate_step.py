@@ -240,3 +240,38 @@ def test_a_file_solved_under_the_kernel_rate_carries_its_attention_efficiency(ca
     faster = tmp_path / "faster.json"
     faster.write_text(efficiency.model_copy(update={"attention_efficiency": 2 * efficiency.attention_efficiency}).model_dump_json())
     assert tokens(faster) > 7000 * 1.01
+
+
+def _bisection(step_s, measured_step_s: float) -> float:
+    # The plain bisection solve_hfu's answer is defined by: every midpoint timed.
+    from zeroplan.calibrate.step import HFU_TOLERANCE
+
+    low, high = 0.0, 1.0
+    while high - low > HFU_TOLERANCE:
+        middle = (low + high) / 2
+        if step_s(middle) > measured_step_s:
+            low = middle
+        else:
+            high = middle
+    return high
+
+
+@pytest.mark.parametrize("measured_step_s", [0.65, 0.66, 0.7, 1.0, 1.6, 2.5, 9.0, 40.0])
+def test_the_narrowed_bisection_returns_the_plain_bisections_hfu_with_fewer_steps_timed(measured_step_s: float) -> None:
+    """bisect_hfu times only the midpoints its interpolation has not already placed: the same
+    float as the plain bisection, on a step piecewise linear in 1/HFU with a flat
+    (communication-bound) stretch up to HFU 1 and a second kink."""
+    from zeroplan.calibrate.step import bisect_hfu
+
+    def step_s(hfu: float) -> float:
+        compute = 0.25 / hfu
+        return max(compute, 0.6) + 0.2 * max(0.0, compute - 1.5) + 0.05
+
+    timed: list[float] = []
+
+    def counted(hfu: float) -> float:
+        timed.append(hfu)
+        return step_s(hfu)
+
+    assert bisect_hfu(counted, measured_step_s, step_s(1.0)) == _bisection(step_s, measured_step_s)
+    assert len(timed) <= 10  # the plain bisection times 30

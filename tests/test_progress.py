@@ -10,6 +10,7 @@ import struct
 import termios
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -117,11 +118,14 @@ def _measure_program(tmp_path: Path) -> str:
 
 
 def test_measure_shows_steps_recorded_ranks_finished_and_time_on_a_terminal_only(tmp_path) -> None:
-    stdout, on_terminal = _python(_measure_program(tmp_path), stderr_on_terminal=True)
+    # The two launches run side by side: each mostly waits on its fake torchrun's steps.
+    (tmp_path / "piped").mkdir()
+    with ThreadPoolExecutor(max_workers=1) as beside:
+        piped_run = beside.submit(_python, _measure_program(tmp_path / "piped"), stderr_on_terminal=False)
+        stdout, on_terminal = _python(_measure_program(tmp_path), stderr_on_terminal=True)
+        piped_stdout, piped = piped_run.result()
     assert stdout.strip() == "0 2 []"
     assert "measure: steps recorded" in on_terminal and "/6" in on_terminal
     assert "ranks finished 0/2" in on_terminal and "ranks finished 2/2" in on_terminal
     assert "[00:0" in on_terminal  # the time elapsed
-    (tmp_path / "piped").mkdir()
-    stdout, piped = _python(_measure_program(tmp_path / "piped"), stderr_on_terminal=False)
-    assert stdout.strip() == "0 2 []" and piped == ""
+    assert piped_stdout.strip() == "0 2 []" and piped == ""

@@ -16,6 +16,8 @@ of its source (zeroplan.calibrate.basis.CALIBRATED_BANDS, by the attention rate 
 
 from __future__ import annotations
 
+import functools
+import math
 from pathlib import Path
 from typing import Literal
 
@@ -114,7 +116,7 @@ class StepEfficiency(Frozen):
     """Of those (and host copies), what the planner says the compute does not hide, seconds."""
 
 
-def _at_hfu(request: PlanRequest, hfu: float) -> PlanRequest:
+def _at_hfu(request: PlanRequest, hfu: float | None) -> PlanRequest:
     return request.model_copy(update={"performance": request.performance.model_copy(
         update={"hardware_flops_utilization": hfu})})
 
@@ -123,10 +125,18 @@ def timed_request(request: PlanRequest) -> PlanRequest:
     """The request whose step plan() times: under pipeline parallelism its peak-memory rank."""
     if request.parallel.pp == 1:
         return request
+    return request.at_pipeline_rank(_peak_memory_pipeline_rank(_at_hfu(request, None)))
+
+
+# Kept per request without its HFU: memory never reads the HFU (it times compute only,
+# zeroplan.core.default_efficiency.effective_hfu), and the fits and the solver ask for the same
+# pipeline at many HFUs, each a breakdown of every rank.
+@functools.lru_cache(maxsize=1024)
+def _peak_memory_pipeline_rank(request: PlanRequest) -> int:
     from zeroplan.core.plan import pipeline_rank_breakdowns
 
     ranks = pipeline_rank_breakdowns(request)
-    return request.at_pipeline_rank(max(range(len(ranks)), key=lambda rank: ranks[rank][0].peak_bytes))
+    return max(range(len(ranks)), key=lambda rank: ranks[rank][0].peak_bytes)
 
 
 def solve_hfu(request: PlanRequest, measured_step_s: float) -> float:
@@ -153,10 +163,73 @@ def solve_hfu(request: PlanRequest, measured_step_s: float) -> float:
             f"({fastest.step_with_overlap_s:.4g} s, of which {fastest.compute_s:.4g} s compute and "
             f"{fastest.step_with_overlap_s - fastest.compute_s:.4g} s communication, bubble and host time): "
             "check the configuration (allowed: a step at least that long)")
+    return bisect_hfu(step_s, measured_step_s, fastest.step_with_overlap_s)
+
+
+NARROWING_ROUNDS = 8
+"""Rounds bisect_hfu spends narrowing the bracket before it replays the bisection."""
+
+
+# The answer is the bisection's, halving [0, 1] until the bracket is HFU_TOLERANCE narrow; the
+# step does not grow with the HFU, so every midpoint at or below an HFU already found too slow
+# is too slow and every one at or above an HFU found fast enough is fast enough: only midpoints
+# strictly between the two are timed. The narrowing before it: compute is linear in 1/HFU and
+# the rest of the step is either independent of it or the larger of two such lines (exposed
+# communication), so the step is piecewise linear and convex in 1/HFU. The line through two
+# too-slow steps then meets the measured step at an HFU that is too slow or the solution
+# (convexity), the solution once both lie on its piece; a probe a quarter tolerance either side
+# of it leaves a midpoint or two to time. A round that does not halve the bracket is followed
+# by a bisection of it, so a step that is not convex only costs rounds, never the answer.
+def bisect_hfu(step_s, measured_step_s: float, step_at_one_s: float) -> float:  # type: ignore[no-untyped-def]
+    """The bisection's HFU for a step ``step_s(hfu)`` that does not grow with the HFU and whose
+    value at HFU 1, ``step_at_one_s``, is at most ``measured_step_s``: the smallest HFU of the
+    final HFU_TOLERANCE bracket at which the step is at most the measured one."""
+    slow, fast = 0.0, 1.0  # the largest HFU timed too slow (0: none), the smallest fast enough
+    timed: list[tuple[float, float]] = [(1.0, step_at_one_s)]  # (HFU, step) in the order timed
+    too_slow: list[tuple[float, float]] = []
+    steps = {1.0: step_at_one_s}
+
+    def time(hfu: float) -> float:
+        nonlocal slow, fast
+        seconds = step_s(hfu)
+        timed.append((hfu, seconds))
+        steps[hfu] = seconds
+        if seconds > measured_step_s:
+            too_slow.append((hfu, seconds))
+            slow = max(slow, hfu)
+        else:
+            fast = min(fast, hfu)
+        return seconds
+
+    def line_guess() -> float | None:
+        # Through the last two steps too slow at least a tolerance apart; else the bracket's ends;
+        # else (nothing too slow yet) the last two timed.
+        pair = too_slow[-1:] + [point for point in too_slow[-2::-1] if too_slow[-1][0] - point[0] > HFU_TOLERANCE][:1]
+        if len(pair) < 2 and too_slow:
+            pair = [(slow, steps[slow]), (fast, steps[fast])]
+        (hfu_a, seconds_a), (hfu_b, seconds_b) = pair if len(pair) == 2 else timed[-2:]
+        if seconds_a == seconds_b:
+            return None
+        inverse = 1 / hfu_b + (measured_step_s - seconds_b) * (1 / hfu_a - 1 / hfu_b) / (seconds_a - seconds_b)
+        return 1 / inverse if inverse > 0 and slow < 1 / inverse < fast else None
+
+    time(0.5)  # the bisection's first midpoint
+    width = 1.0
+    for _ in range(NARROWING_ROUNDS):
+        if fast - slow <= HFU_TOLERANCE:
+            break
+        guess = line_guess() if fast - slow <= width / 2 else None
+        width = fast - slow
+        if guess is None:
+            time((slow + fast) / 2)
+            continue
+        for probe in (guess - HFU_TOLERANCE / 4, guess + HFU_TOLERANCE / 4):
+            if slow < probe < fast:
+                time(probe)
     low, high = 0.0, 1.0  # step_s(low) > measured >= step_s(high)
     while high - low > HFU_TOLERANCE:
         middle = (low + high) / 2
-        if step_s(middle) > measured_step_s:
+        if middle <= slow or (middle < fast and time(middle) > measured_step_s):
             low = middle
         else:
             high = middle

@@ -25,6 +25,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
@@ -125,26 +126,6 @@ class AllocatorTrace:
         return list(self._events)
 
 
-def _walk(events) -> list:
-    """Every event of the tree in pre-order (each event before its children, siblings in order),
-    without one generator per level: a run's tree holds hundreds of thousands of events."""
-    ordered, stack = [], list(reversed(events))
-    while stack:
-        event = stack.pop()
-        ordered.append(event)
-        stack.extend(reversed(event.children))
-    return ordered
-
-
-def _collective_end_ns(event) -> int | None:
-    node = event.parent
-    while node is not None:
-        if node.name.startswith("c10d::"):
-            return node.end_time_ns
-        node = node.parent
-    return None
-
-
 def _input_allocation_ids(event) -> Iterator[int]:
     for value in event.extra_fields.inputs:
         for item in value if isinstance(value, list) else [value]:
@@ -154,35 +135,61 @@ def _input_allocation_ids(event) -> Iterator[int]:
 
 
 def _step_peaks(prof: profile) -> tuple[dict[int, StepAllocatorPeak], list[Allocation]]:
-    events = _walk(prof.profiler.kineto_results.experimental_event_tree())
     allocations, operators = [], []
+    ranges: dict[int, tuple[int, int]] = {}
     cpu = torch.device("cpu")
-    for e in events:
-        kind = type(e.extra_fields).__name__
-        if kind == "_ExtraFields_Allocation" and e.extra_fields.device == cpu:
+    # The event tree in pre-order (each event before its children, siblings in order), without
+    # one generator per level (a run's tree holds hundreds of thousands of events), each event
+    # with its parent's name and the end of the c10d collective it runs inside (None: none);
+    # reading a name or a field costs a call into the profiler, so each is read once.
+    stack: list[tuple[Any, str, int | None]] = [
+        (e, "(no operator)", None) for e in reversed(prof.profiler.kineto_results.experimental_event_tree())]
+    while stack:
+        e, parent_name, collective_end_ns = stack.pop()
+        name, fields = e.name, e.extra_fields
+        kind = type(fields).__name__
+        if kind == "_ExtraFields_Allocation" and fields.device == cpu:
             allocations.append(Allocation(
-                time_ns=e.start_time_ns, size_bytes=e.extra_fields.alloc_size, ptr=e.extra_fields.ptr,
-                operator=e.parent.name if e.parent is not None else "(no operator)",
-                collective_end_ns=_collective_end_ns(e), allocation_id=e.extra_fields.allocation_id,
+                time_ns=e.start_time_ns, size_bytes=fields.alloc_size, ptr=fields.ptr, operator=parent_name,
+                collective_end_ns=collective_end_ns, allocation_id=fields.allocation_id,
             ))
         elif kind == "_ExtraFields_TorchOp":
             operators.append(e)
-    ranges = {
-        int(e.name[len(STEP_RANGE_PREFIX):]): (e.start_time_ns, e.end_time_ns)
-        for e in events if e.name.startswith(STEP_RANGE_PREFIX)
-    }
-    replayed = with_unseen_frees(allocations, _uses_of_handed_blocks(operators))
+        if name.startswith(STEP_RANGE_PREFIX):
+            ranges[int(name[len(STEP_RANGE_PREFIX):])] = (e.start_time_ns, e.end_time_ns)
+        children = e.children
+        if children:
+            inside_ns = e.end_time_ns if name.startswith("c10d::") else collective_end_ns
+            stack.extend((child, name, inside_ns) for child in reversed(children))
+    replayed = with_unseen_frees(allocations, _uses_of_handed_blocks(operators, allocations))
     return _peaks_of(replayed, ranges), replayed
 
 
-def _uses_of_handed_blocks(operators: list) -> list[Use]:
-    """The uses with_unseen_frees reads: it asks when a block was last used only for blocks
-    handed to a collective, so the uses of every other block (most of a run's operators'
-    inputs) are left out."""
-    inputs = [(e, list(_input_allocation_ids(e))) for e in operators]
-    handed = {i for e, ids in inputs if e.name.startswith("c10d::") for i in ids}
-    return [Use(allocation_id=i, end_ns=e.end_time_ns, collective=e.name.startswith("c10d::"))
-            for e, ids in inputs for i in ids if i in handed]
+def _uses_of_handed_blocks(operators: list, allocations: list[Allocation]) -> list[Use]:
+    """The uses with_unseen_frees reads: every collective's, which tell the blocks handed to
+    one, and the last use of each block whose last use it asks for (handed, made outside a
+    collective, its free not seen). Reading an operator's inputs is most of the trace's cost,
+    so the other operators are read latest end first only until each such block is met (the
+    first operator met using it ends last): most of a run's operators are never read."""
+    collectives = [e for e in operators if e.name.startswith("c10d::")]
+    uses = [Use(allocation_id=i, end_ns=e.end_time_ns, collective=True) for e in collectives for i in _input_allocation_ids(e)]
+    asked = _last_use_asked(allocations, {use.allocation_id for use in uses})
+    for e in sorted(operators, key=lambda e: e.end_time_ns, reverse=True):
+        if not asked:
+            break
+        met = asked.intersection(_input_allocation_ids(e))
+        uses += [Use(allocation_id=i, end_ns=e.end_time_ns, collective=e.name.startswith("c10d::")) for i in met]
+        asked -= met
+    return uses
+
+
+def _last_use_asked(allocations: list[Allocation], handed: set[int]) -> set[int]:
+    """The blocks whose last use with_unseen_frees reads, of those ``handed`` to a collective."""
+    ordered = sorted(allocations, key=lambda a: a.time_ns)
+    following = _following_at_ptr(ordered)
+    return {allocation.allocation_id for allocation, after in zip(ordered, following, strict=True)
+            if allocation.size_bytes > 0 and allocation.collective_end_ns is None and allocation.allocation_id in handed
+            and not (after is not None and ordered[after].size_bytes < 0)}
 
 
 def step_peaks(
@@ -228,11 +235,7 @@ def with_unseen_frees(allocations: list[Allocation], uses: list[Use] = ()) -> li
         last_use_ns[use.allocation_id] = max(use.end_ns, last_use_ns.get(use.allocation_id, 0))
         if use.collective:
             handed.add(use.allocation_id)
-    next_at_ptr: dict[int, int] = {}
-    following: list[int | None] = [None] * len(ordered)
-    for index in range(len(ordered) - 1, -1, -1):
-        following[index] = next_at_ptr.get(ordered[index].ptr)
-        next_at_ptr[ordered[index].ptr] = index
+    following = _following_at_ptr(ordered)
     added = []
     for index, allocation in enumerate(ordered):
         if allocation.size_bytes <= 0:
@@ -250,6 +253,16 @@ def with_unseen_frees(allocations: list[Allocation], uses: list[Use] = ()) -> li
         added.append(Allocation(time_ns=freed_ns, size_bytes=-allocation.size_bytes,
                                 ptr=allocation.ptr, operator=allocation.operator))
     return sorted(ordered + added, key=lambda a: a.time_ns)
+
+
+def _following_at_ptr(ordered: list[Allocation]) -> list[int | None]:
+    """For each event of ``ordered`` (time order), the index of the next event at its address."""
+    next_at_ptr: dict[int, int] = {}
+    following: list[int | None] = [None] * len(ordered)
+    for index in range(len(ordered) - 1, -1, -1):
+        following[index] = next_at_ptr.get(ordered[index].ptr)
+        next_at_ptr[ordered[index].ptr] = index
+    return following
 
 
 # Replayed by address, the live set does not drift even where a free is missing: a block
