@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 from bisect import bisect_right
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -41,7 +40,7 @@ for path in (ROOT, ROOT / "benchmarks"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from deepspeed_zero3_lora_step import _detach_every_recomputed_tensor, _import_old_deepspeed  # noqa: E402
+from deepspeed_zero3_lora_step import _import_old_deepspeed, start_rank  # noqa: E402
 
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS, VOCAB, MICRO_BATCH, SEQ, STEPS = 256, 896, 80, 8, 1, 1000, 2, 256, 3
 SCALE = 1024
@@ -68,14 +67,10 @@ def _every(roots) -> list:
 
 
 def _rank(rank: int, world: int, options: argparse.Namespace, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(options.port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_SIZE=str(world), DS_ACCELERATOR="cpu")
+    start_rank(rank, world, options)
     import torch
     import torch.distributed as dist
 
-    if options.early_2024_recompute:
-        _detach_every_recomputed_tensor()
-    dist.init_process_group("gloo", rank=rank, world_size=world)
     from torch.profiler import record_function
 
     from zeroplan.harness.allocator_trace import AllocatorTrace

@@ -92,15 +92,22 @@ def _import_old_deepspeed(source: str):
     return deepspeed
 
 
-def _rank(rank: int, world: int, options: argparse.Namespace, out: str) -> None:
+def start_rank(rank: int, world: int, options: argparse.Namespace) -> None:
+    """A CPU rank's environment and gloo group (the recompute patch first, where asked)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(options.port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_SIZE=str(world), DS_ACCELERATOR="cpu")
-    import torch
     import torch.distributed as dist
 
     if options.early_2024_recompute:
         _detach_every_recomputed_tensor()
     dist.init_process_group("gloo", rank=rank, world_size=world)
+
+
+def _rank(rank: int, world: int, options: argparse.Namespace, out: str) -> None:
+    start_rank(rank, world, options)
+    import torch
+    import torch.distributed as dist
+
     from zeroplan.harness.allocator_trace import (
         STEP_RANGE_PREFIX,
         AllocatorTrace,
