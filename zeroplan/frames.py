@@ -65,10 +65,8 @@ def plan_row(plan: StrategyPlan) -> dict[str, object]:
         sent_bytes_per_step=plan.sent_bytes_per_step,
         communication_volume_elements=plan.communication_volume_elements,
     )
-    times = _time_columns(plan)
-    nccl = times.pop("nccl_algorithms")
-    row.update(times, state_convention=plan.state_convention.value, shard_group_size=plan.shard_group_size,
-               nccl_algorithms=nccl)
+    row.update(_time_columns(plan), state_convention=plan.state_convention.value, shard_group_size=plan.shard_group_size,
+               nccl_algorithms=None if plan.time is None else nccl_algorithms(plan.time))
     return row
 
 
@@ -84,8 +82,8 @@ def _time_columns(plan: StrategyPlan) -> dict[str, object]:
     """The step time's columns; missing values where no step time is modelled (an
     encoder-decoder: zeroplan.calibrate.basis says why), so its memory rows still frame."""
     if plan.time is None:
-        return {**dict.fromkeys(TIME_COLUMNS, float("nan")), "nccl_algorithms": None}
-    return {**{name: getattr(plan.time, name) for name in TIME_COLUMNS}, "nccl_algorithms": nccl_algorithms(plan.time)}
+        return dict.fromkeys(TIME_COLUMNS, float("nan"))
+    return {name: getattr(plan.time, name) for name in TIME_COLUMNS}
 
 
 def fit_report_frame(report: HoldsPlans) -> pd.DataFrame:
