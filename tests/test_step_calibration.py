@@ -174,3 +174,18 @@ def test_the_anchor_is_the_smallest_model_of_fewest_gpus_at_the_sources_median_s
     assert calibration_row(faster).name == calibration_row(rows).name
     # Without the 760M rows the next smallest model's row at the median length.
     assert calibration_row([row for row in rows if row.model != "mpt-760m"]).name == "mpt-1b h100 x8 s2048 b14x1 no AC"
+
+
+def test_the_anchor_floor_holds_the_rules_anchor_among_every_anchor_tried() -> None:
+    from zeroplan.validate.step_calibration import TARGET_MAX, TARGET_MEDIAN, anchor_floor
+
+    # torchtitan's Llama 2 table: four rows, so twelve predictions.
+    calibration = next(s for s in SOURCES if "Llama 2" in s.label)
+    floor = anchor_floor(TABLE, calibration.source)
+    scored = [abs(e.calibrated_error) for e in ERRORS if e.source == calibration.source and e.calibrated_error is not None]
+    assert (floor.rule_median, floor.rule_max) == pytest.approx((statistics.median(scored), max(scored)))
+    assert floor.anchors == len(scored) + 1
+    assert floor.best_median <= floor.rule_median and floor.best_max <= floor.rule_max
+    assert floor.best_median <= floor.best_max_median and floor.best_max <= floor.best_median_max
+    meets = floor.rule_median <= TARGET_MEDIAN and floor.rule_max <= TARGET_MAX
+    assert floor.meeting_target >= int(meets)

@@ -576,3 +576,69 @@ def default_efficiency_table(table: PublishedThroughputTable | None = None) -> D
         mechanisms={mode: fit_default_efficiency(mode_implied_hfus(mode, table), table.rows) for mode in ATTENTION_RATES},
         attention_efficiency=dict(attention_efficiency_fit(table)),
     )
+
+
+TARGET_MEDIAN = 0.05
+TARGET_MAX = 0.15
+"""Issue 30's target for a source calibrated on one row: median |error| at most 5 %, none over 15 %."""
+
+
+class AnchorFloor(Frozen):
+    """Where a source's calibration error comes from: the rule's anchor (calibration_row) beside
+    every other row of the source tried as the anchor. A diagnostic of the model's spread within
+    the source, never an accuracy figure: picking the anchor by its errors would fit it to the
+    rows it is scored on. Where no anchor reaches the target, the planner's residuals themselves
+    spread wider than the target within the source, whatever row is measured."""
+
+    label: str
+    anchors: int
+    """Rows tried as the anchor (those calibrate step does not refuse)."""
+    rule_median: float
+    rule_max: float
+    best_median: float
+    """The lowest median |error| any one anchor gives (its max beside it: best_median_max)."""
+    best_median_max: float
+    best_max: float
+    """The lowest max |error| any one anchor gives (its median beside it: best_max_median)."""
+    best_max_median: float
+    meeting_target: int
+    """Anchors whose median and max both meet TARGET_MEDIAN and TARGET_MAX."""
+
+
+def source_rows(table: PublishedThroughputTable) -> dict[str, list[PublishedThroughput]]:
+    """The table's rows by source, in the order listed."""
+    by_source: dict[str, list[PublishedThroughput]] = {}
+    for row in table.rows:
+        by_source.setdefault(source_of(row), []).append(row)
+    return by_source
+
+
+def anchor_floor(table: PublishedThroughputTable, source: str) -> AnchorFloor:
+    """``source``'s calibrated errors with each of its rows as the anchor, at the attention
+    efficiencies fitted without it (held_out_fit), as the calibrated figures score it."""
+    efficiencies, implied = held_out_fit(DEFAULT_ATTENTION_RATE, table, source)
+    usable = [row for row in source_rows(table)[source] if row.name in implied]
+    rule = calibration_row(usable).name
+    by_anchor: dict[str, tuple[float, float]] = {}
+    for anchor in usable:
+        errors = [abs(held_out_tokens_per_s(row, implied[anchor.name], DEFAULT_ATTENTION_RATE, efficiencies)
+                      / row.published_tokens_per_s_per_gpu - 1) for row in usable if row.name != anchor.name]
+        by_anchor[anchor.name] = (statistics.median(errors), max(errors))
+    best_median = min(by_anchor.values())
+    best_max = min(by_anchor.values(), key=lambda figures: (figures[1], figures[0]))
+    return AnchorFloor(
+        label=source_label(usable[0]), anchors=len(usable), rule_median=by_anchor[rule][0], rule_max=by_anchor[rule][1],
+        best_median=best_median[0], best_median_max=best_median[1], best_max=best_max[1], best_max_median=best_max[0],
+        meeting_target=sum(median <= TARGET_MEDIAN and worst <= TARGET_MAX for median, worst in by_anchor.values()))
+
+
+def row_features(row: PublishedThroughput) -> str:
+    """What a published row ran, in the terms its calibrated error is read against: model and
+    width, sequence, micro-batch x accumulation (and the tokens of one micro-batch), GPUs and
+    model-parallel layout, checkpointing, attention kernel and compile."""
+    spec = row.model_spec
+    layout = f" tp{row.tp} pp{row.pp}" if row.tp * row.pp > 1 else ""
+    compiled = " compiled" if row.compile else ""
+    return (f"{row.model} h{spec.hidden_size} L{spec.num_layers} | s {row.seq_len} | b {row.micro_batch_size} x "
+            f"{row.grad_accum_steps} ({row.micro_batch_size * row.seq_len} tokens/micro-batch) | {row.num_gpus} GPUs{layout} "
+            f"{row.strategy.value} | AC {row.activation_checkpointing.value} | {attention_class_of(row)}{compiled}")
