@@ -510,7 +510,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         optimizer_loop=OptimizerLoop(args.optimizer_loop) if getattr(args, "optimizer_loop", None) else None,
         activation_checkpointing=ActivationCheckpointing(args.activation_checkpointing),
         selective_layer_interval=args.selective_layer_interval or DEFAULT_SELECTIVE_LAYER_INTERVAL,
-        attention_kernel=AttentionKernel(args.attention) if args.attention else default_attention_kernel(model),
+        attention_kernel=AttentionKernel(args.attention) if args.attention else default_attention_kernel(model, Framework(args.framework)),
         attention_implementation=AttentionImplementation(getattr(args, "attention_impl", None)
                                                          or AttentionImplementation.flash_attn_2.value),
         state_convention=StateConvention(args.state_convention) if args.state_convention else None,
