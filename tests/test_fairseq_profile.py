@@ -135,5 +135,23 @@ def test_refuses_models_and_strategies_it_does_not_build():
     from zeroplan.specs.framework import Framework
 
     with pytest.raises(ZeroplanError) as refused:
-        check_framework_strategies(Framework.fairseq, (StrategyKind.ddp,), 2)
-    assert "fsdp-full-shard" in str(refused.value)
+        check_framework_strategies(Framework.fairseq, (StrategyKind.zero2,), 2)
+    assert "fsdp-full-shard" in str(refused.value) and "ddp" in str(refused.value)
+
+
+def test_ddp_runs_fp16_optimizer():
+    """--ddp-backend c10d with --fp16: the model is fp16 itself (no autocast), FP16Optimizer keeps
+    a flat fp32 master and a flat fp32 gradient beside Adam's fp32 states, and torch 1.8 DDP's
+    buckets copy the fp16 gradients: 2 + 2 + 16 bytes a parameter and 2 of buckets."""
+    from zeroplan.core.buffers import resident_buffer_bytes
+    from zeroplan.core.model_states import model_state_bytes
+
+    request = _request(*SMALL, strategy=StrategyKind.ddp)
+    states = model_state_bytes(request)
+    n = states.parameter_elements
+    assert not request.runs_under_autocast
+    assert states.parameter_bytes == states.gradient_bytes == 2 * n
+    assert states.optimizer_state_bytes - states.step_counter_bytes == (4 + 4 + 8) * n
+    assert resident_buffer_bytes(request) == 2 * n
+    fp32 = model_state_bytes(_request(*SMALL, "--precision", "fp32", strategy=StrategyKind.ddp))
+    assert fp32.parameter_bytes == fp32.gradient_bytes == 4 * n

@@ -8,6 +8,7 @@ gathered, the fused (or host) Adam, fairscale's CPU offload. Nothing here import
 
 from __future__ import annotations
 
+from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import MlpKind
 from zeroplan.specs.request import PlanRequest
 from zeroplan.units import FP32_BYTES
@@ -80,3 +81,29 @@ def softmax_backward_extra_bytes(request: PlanRequest) -> int:
              + terms["mlp_inner"] + terms["hidden_dropout_masks"] + gelu_upcast_bytes(request))
     gradients = 2 * kept_scores_bytes(request)
     return max(0, gradients - freed)
+
+
+# fairseq c6006678 trainer.py: outside fully_sharded, --fp16 casts the model itself
+# (self._model.half()), so parameters and their gradients are fp16 (no autocast);
+# optim/fp16_optimizer.py FP16Optimizer.build_fp32_params (flatten, the default without
+# --fp16-no-flatten-grads) allocates one flat fp32 master copy of every parameter and beside it a
+# flat fp32 gradient (fp32_params.grad = fp32_params.data.new(total_param_size)), both kept for
+# good (zero_grad zeroes the flat gradient and sets the fp16 ones to None); the wrapped optimizer
+# (apex's FusedAdam) keeps its states on the flat master. _sync_fp16_grads_to_fp32 copies the fp16
+# gradients into the flat one at the step. --memory-efficient-fp16 (MemoryEfficientFP16Optimizer:
+# no master copy) is not an input.
+def runs_fp16_optimizer(request: PlanRequest) -> bool:
+    """Whether fairseq's FP16Optimizer holds the run's master copy (--fp16 outside FSDP)."""
+    from zeroplan.specs.strategy import StrategyKind
+    from zeroplan.specs.training import Precision
+
+    return (request.training.framework is Framework.fairseq and request.strategy.kind is StrategyKind.ddp
+            and request.training.precision is Precision.fp16_mixed)
+
+
+def fp16_optimizer_state_bytes(elements: int, optimizer_state_bytes: int) -> tuple[int, int, int]:
+    """(parameters, gradients, optimizer) of one rank under FP16Optimizer: fp16 parameters and
+    gradients; the flat fp32 master and its flat fp32 gradient, kept between steps, counted with
+    the optimizer's own states (``optimizer_state_bytes``, on the fp32 master)."""
+    fp16 = 2 * elements
+    return fp16, fp16, 2 * FP32_BYTES * elements + optimizer_state_bytes

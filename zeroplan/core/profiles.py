@@ -403,9 +403,9 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         expands_kv_heads=False, bf16_module_norm_saves_bf16=False,
         loss_chunks=1, offers_activation_offloading=False,
         # fairseq/distributed/fully_sharded_data_parallel.py (--ddp-backend fully_sharded):
-        # reshard_after_forward = not --no-reshard-after-forward. Its DDP backends run
-        # FP16Optimizer's flat fp32 master copy, which is not modelled: not offered.
-        strategies=(StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op),
+        # reshard_after_forward = not --no-reshard-after-forward; --ddp-backend c10d is torch's
+        # DDP with FP16Optimizer's flat fp32 master (zeroplan.core.fairseq).
+        strategies=(StrategyKind.ddp, StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op),
         # fairscale 05ce7971 fully_sharded_data_parallel.py _lazy_init: the root instance sets
         # reshard_after_forward = False, so the root unit (fairseq wraps each decoder layer with
         # fsdp_wrap and then the whole model: the embeddings, positions, final norm and output
