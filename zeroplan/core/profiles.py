@@ -415,6 +415,10 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         # --fp32-reduce-scatter (default False): fairscale reduce-scatters the fp16 gradient and
         # casts the reduced shard to fp32 after (_post_reduction_hook).
         fsdp_reduces_in_compute_dtype=True,
+        # trainer.py train_step maybe_no_sync: every micro-batch of --update-freq but the last
+        # runs under the model's no_sync() (fairscale's: _require_backward_grad_sync False, the
+        # full fp16 gradients accumulate unreduced).
+        accumulates_without_gradient_sync=True,
         # fairseq/optim/adam.py: apex's multi-tensor FusedAdam on the GPU; --optimizer cpu_adam
         # (DeepSpeedCPUAdam) steps on the host under --cpu-offload.
         fused_optimizer=True,

@@ -302,7 +302,7 @@ def hf_training_arguments(request: PlanRequest) -> list[str]:
 
 
 # fairseq c6006678 fairseq/dataclass/configs.py (CommonConfig --fp16; DistributedTrainingConfig
-# --ddp-backend fully_sharded, --no-reshard-after-forward, --cpu-offload; DatasetConfig
+# --ddp-backend c10d | fully_sharded, --no-reshard-after-forward, --cpu-offload; DatasetConfig
 # --batch-size; OptimizationConfig --update-freq), models/transformer_lm.py
 # --checkpoint-activations and tasks/language_modeling.py --tokens-per-sample, as the
 # fully-sharded README's commands pass them; --optimizer cpu_adam steps the offloaded states.
@@ -311,7 +311,7 @@ def fairseq_train_arguments(request: PlanRequest) -> list[str]:
     training, batch, kind = request.training, request.batch, request.strategy.kind
     args = ["DATA_BIN", "--task language_modeling", f"--tokens-per-sample {batch.seq_len}",
             f"--batch-size {batch.micro_batch_size}", f"--update-freq {batch.grad_accum_steps}",
-            "--ddp-backend fully_sharded"]
+            "--ddp-backend " + ("c10d" if kind is StrategyKind.ddp else "fully_sharded")]
     if kind is StrategyKind.fsdp_shard_grad_op:
         args.append("--no-reshard-after-forward")
     if training.precision is Precision.fp16_mixed:
