@@ -155,3 +155,68 @@ def test_ddp_runs_fp16_optimizer():
     assert resident_buffer_bytes(request) == 2 * n
     fp32 = model_state_bytes(_request(*SMALL, "--precision", "fp32", strategy=StrategyKind.ddp))
     assert fp32.parameter_bytes == fp32.gradient_bytes == 4 * n
+
+
+@pytest.mark.slow
+def test_layer_and_softmax_backward_measured_on_the_cpu(tmp_path):
+    """A fairseq pre-norm decoder layer written as its ops run (torch 1.8 nn/functional.py
+    multi_head_attention_forward: q*scaling, bmm, the float mask added in place, softmax, bmm,
+    out_proj; fairseq's fp32 GELU), fp32 on the CPU, live storages counted per op
+    (tests/live_storages.py); the backward asks for the input's gradient only, so no weight
+    gradient (the planner's gradients, not its workspace) is made. torch 1.8's softmax kept its input, which this torch
+    does not: the test keeps the scores alive itself. Saved after the forward: the planner's
+    layer (framework_layer_bytes); the most alive in its backward beyond that: the residual
+    workspace and softmax_backward_extra_bytes, to within one residual-stream tensor."""
+    import json
+
+    from tests.live_storages import live_storage_tracker
+    from zeroplan.core.activations import backward_workspace_bytes
+    from zeroplan.core.frameworks import framework_layer_bytes
+
+    s, b, h, a, f = 128, 1, 64, 4, 256
+    config = tmp_path / "tiny.json"
+    config.write_text(json.dumps({"model_type": "gpt2", "vocab_size": 512, "n_embd": h, "n_layer": 2, "n_head": a,
+                                  "n_inner": f, "n_positions": s, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+                                  "attn_pdrop": 0.0, "tie_word_embeddings": False}))
+    request = _request(str(config), "--gpus", "2", "--micro-batch", str(b), "--seq-len", str(s), "--framework", "fairseq",
+                       "--precision", "fp32", "--activation-checkpointing", "none")
+    torch.manual_seed(0)
+    d = h // a
+    w = {name: (torch.randn(shape) * 0.1).requires_grad_() for name, shape in
+         {"q": (h, h), "k": (h, h), "v": (h, h), "o": (h, h), "fc1": (f, h), "fc2": (h, f)}.items()}
+    mask = torch.triu(torch.full((s, s), float("-inf")), 1)
+    kept: list = []
+
+    def layer(x):
+        y = F.layer_norm(x, (h,))
+        q = F.linear(y, w["q"]) * d ** -0.5
+        k, v = F.linear(y, w["k"]), F.linear(y, w["v"])
+        q, k, v = (t.contiguous().view(s, b * a, d).transpose(0, 1) for t in (q, k, v))
+        scores = torch.bmm(q, k.transpose(1, 2))
+        scores += mask
+        kept.append(scores)  # torch 1.8: SoftmaxBackward's `self`
+        out = torch.bmm(F.softmax(scores, dim=-1), v).transpose(0, 1).contiguous().view(s, b, h)
+        x = x + F.linear(out, w["o"])
+        y = F.layer_norm(x, (h,))
+        return x + F.linear(F.gelu(F.linear(y, w["fc1"]).float()).type_as(y), w["fc2"])
+
+    skipped = {t.untyped_storage().data_ptr() for t in (*w.values(), mask)}
+    x = torch.randn(s, b, h, requires_grad=True)
+    skipped.add(x.untyped_storage().data_ptr())
+    tracker = live_storage_tracker(skipped)
+    with tracker:
+        out = layer(x)
+        output_bytes = out.untyped_storage().nbytes()
+        saved = sum(tracker.live.values()) - output_bytes
+        grad = torch.ones_like(out)
+        start = sum(tracker.live.values())
+        most = [start]
+        tracker.probe = lambda: most.append(sum(tracker.live.values()))
+        torch.autograd.grad(out, x, grad)
+    # The planner's block also counts its input (the first norm's), which the measurement skips,
+    # and ignores the norms' per-token statistics (mean and rstd, fp32), which it counts.
+    statistics = 2 * 2 * 4 * s * b
+    assert saved - (framework_layer_bytes(request) - 4 * s * b * h) == statistics
+    planned = backward_workspace_bytes(request.model, request.training, s, b) + softmax_backward_extra_bytes(request)
+    assert softmax_backward_extra_bytes(request) > 0
+    assert abs((max(most) - start + output_bytes) - planned) <= 4 * s * b * h
