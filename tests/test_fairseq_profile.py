@@ -105,6 +105,7 @@ def test_softmax_backward_moment():
     assert softmax_backward_extra_bytes(long) > 0
 
 
+@pytest.mark.slow  # replays the caching allocator over a 13B step
 def test_readme_13b_offload_run_fits_one_v100():
     """examples/fully_sharded_data_parallel/README.md @c6006678: the 13B run completed on one
     32 GB V100 (gb_free 9.3); the plan must not call it out of memory."""
