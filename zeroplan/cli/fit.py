@@ -155,12 +155,13 @@ def add_sharding_arguments(group: argparse._ArgumentGroup) -> None:
         "--fsdp-version", type=int, choices=(1, 2),
         help="--framework zeroplan: the torch FSDP that runs fsdp-full-shard and hsdp, 1 "
              "(FullyShardedDataParallel: its root unit stays gathered from the forward through backward) or 2 "
-             "(fully_shard; default); the other frameworks run their own (litgpt FSDP1, the others FSDP2)",
+             "(fully_shard; default); the other frameworks run their own (litgpt FSDP1, fairseq fairscale's, the others FSDP2)",
     )
     group.add_argument(
         "--fsdp-cpu-offload", action="store_true",
         help="FSDP2 CPUOffloadPolicy: sharded parameters, gradients and optimizer states in host RAM "
-             "(torchtune's fsdp_cpu_offload, torchtitan's enable_cpu_offload, accelerate's fsdp_offload_params)",
+             "(torchtune's fsdp_cpu_offload, torchtitan's enable_cpu_offload, accelerate's fsdp_offload_params; "
+             "under --framework fairseq, fairscale FSDP's cpu_offload: fairseq's --cpu-offload)",
     )
 
 
