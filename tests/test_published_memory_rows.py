@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 
 ROWS = Path(__file__).resolve().parent.parent / "benchmarks" / "published_memory" / "rows.csv"
-STACKS = {"torchtitan", "torchtune", "hf", "deepspeed", "megatron", "megatron-deepspeed", "litgpt", "fsdp_qlora"}
+STACKS = {"torchtitan", "torchtune", "hf", "deepspeed", "megatron", "megatron-deepspeed", "litgpt", "fsdp_qlora", "fairseq"}
 METRICS = {"allocated", "reserved", "nvidia-smi", "tool-peak"}
 UNITS = {"GiB": 2**30, "GB": 10**9, "MiB": 2**20, "MB": 10**6}
 STRATEGIES = {"ddp", "zero1", "zero2", "zero3", "zero2-offload", "zero3-offload", "zero3-param-offload",
               "fsdp-full-shard", "fsdp-shard-grad-op", "hsdp"}
-FRAMEWORKS = {"zeroplan", "torchtitan", "hf", "torchtune", "megatron", "megatron-deepspeed", "litgpt"}
+FRAMEWORKS = {"zeroplan", "torchtitan", "hf", "torchtune", "megatron", "megatron-deepspeed", "litgpt", "fairseq"}
 REQUIRED = ("id", "stack", "source", "source_detail", "model", "gpu", "num_gpus", "gpus_per_node", "strategy",
             "tp", "pp", "cp", "micro_batch", "seq_len", "grad_accum", "activation_checkpointing", "precision",
             "lora_rank", "quantize", "dora", "framework", "extra_flags", "metric", "measured_value", "unit",

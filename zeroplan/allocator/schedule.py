@@ -56,7 +56,9 @@ def _block_tensor_weights(request: PlanRequest) -> list[int]:
 # torch.enable_grad, then torch.autograd.backward), allocating the block's saved tensors one by
 # one (zeroplan.core.frameworks.framework_recompute_bytes counts their sum), beside the
 # residual-stream gradients the rest of the workspace is. Taken tensor by tensor where the
-# recompute is DeepSpeed's (the megatron-deepspeed profile's --deepspeed-activation-checkpointing);
+# recompute is DeepSpeed's (the megatron-deepspeed profile's --deepspeed-activation-checkpointing)
+# or fairseq's (fairseq c6006678 modules/checkpoint_activations.py CheckpointFunction.backward:
+# ctx.run_function under torch.enable_grad, then torch.autograd.backward, the same rerun);
 # torch.utils.checkpoint reruns alike, but the other profiles' reserved rows are not yet checked
 # against it, so their workspace stays one allocation.
 def _recompute_only(request: PlanRequest) -> tuple[int, int]:
@@ -69,7 +71,7 @@ def _workspace_parts(request: PlanRequest, workspace: int) -> tuple[int, ...]:
     planner's layer terms weigh them) and the rest in one; the whole in one elsewhere."""
     training = request.training
     if (training.activation_checkpointing is not ActivationCheckpointing.full
-            or training.framework not in (Framework.megatron_deepspeed, Framework.torchtitan)):
+            or training.framework not in (Framework.megatron_deepspeed, Framework.torchtitan, Framework.fairseq)):
         return (workspace,)
     recompute = min(rank_activation_bytes(request, _recompute_only)[1], workspace)
     model, batch = request.model, request.batch

@@ -155,12 +155,13 @@ def add_sharding_arguments(group: argparse._ArgumentGroup) -> None:
         "--fsdp-version", type=int, choices=(1, 2),
         help="--framework zeroplan: the torch FSDP that runs fsdp-full-shard and hsdp, 1 "
              "(FullyShardedDataParallel: its root unit stays gathered from the forward through backward) or 2 "
-             "(fully_shard; default); the other frameworks run their own (litgpt FSDP1, the others FSDP2)",
+             "(fully_shard; default); the other frameworks run their own (litgpt FSDP1, fairseq fairscale's, the others FSDP2)",
     )
     group.add_argument(
         "--fsdp-cpu-offload", action="store_true",
         help="FSDP2 CPUOffloadPolicy: sharded parameters, gradients and optimizer states in host RAM "
-             "(torchtune's fsdp_cpu_offload, torchtitan's enable_cpu_offload, accelerate's fsdp_offload_params)",
+             "(torchtune's fsdp_cpu_offload, torchtitan's enable_cpu_offload, accelerate's fsdp_offload_params; "
+             "under --framework fairseq, fairscale FSDP's cpu_offload: fairseq's --cpu-offload)",
     )
 
 
@@ -510,7 +511,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         optimizer_loop=OptimizerLoop(args.optimizer_loop) if getattr(args, "optimizer_loop", None) else None,
         activation_checkpointing=ActivationCheckpointing(args.activation_checkpointing),
         selective_layer_interval=args.selective_layer_interval or DEFAULT_SELECTIVE_LAYER_INTERVAL,
-        attention_kernel=AttentionKernel(args.attention) if args.attention else default_attention_kernel(model),
+        attention_kernel=AttentionKernel(args.attention) if args.attention else default_attention_kernel(model, Framework(args.framework)),
         attention_implementation=AttentionImplementation(getattr(args, "attention_impl", None)
                                                          or AttentionImplementation.flash_attn_2.value),
         state_convention=StateConvention(args.state_convention) if args.state_convention else None,

@@ -95,7 +95,11 @@ def resident_buffer_bytes(request: PlanRequest) -> int:
     kind = request.strategy.kind
     eb = element_bytes(request.training.precision, request.convention)
     if _reduces_through_ddp_buckets(request):
-        return ddp_bucket_bytes(request, eb.gradient)
+        # fairseq's --fp16 model is fp16 itself (zeroplan.core.fairseq): torch 1.8 DDP's buckets,
+        # copies of its gradients (fairseq's c10d wrapper sets no gradient_as_bucket_view), too.
+        from zeroplan.core.fairseq import runs_fp16_optimizer
+
+        return ddp_bucket_bytes(request, 2 if runs_fp16_optimizer(request) else eb.gradient)
     # zero3-hpz's secondary parameter partition lives from the forward through the step
     # (zeroplan.core.zero3_groups): alive at every moment the peak is taken at.
     secondary = hpz_secondary_partition_bytes(request)

@@ -376,6 +376,12 @@ def framework_logits_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...
         from zeroplan.core.megatron_deepspeed import mds_logits_parts
 
         return (mds_logits_parts(request),)
+    if training.framework is Framework.fairseq:
+        # fairseq's criterion on torch 1.8 (zeroplan.core.fairseq), beside fairscale's root unit,
+        # gathered from the forward on (fsdp1_root_stays_gathered, fsdp_head_gathered_parts).
+        from zeroplan.core.fairseq import fairseq_logits_parts
+
+        return ((*fairseq_logits_parts(request), *fsdp_head_gathered_parts(request)),)
     if training.framework is Framework.megatron:
         from zeroplan.core.megatron import megatron_logits_parts
 

@@ -265,6 +265,12 @@ def framework_layer_bytes(request: PlanRequest) -> int:
         from zeroplan.core.megatron_deepspeed import mds_layer_delta_bytes
 
         return layer_bytes(model, training, s, b) + mds_layer_delta_bytes(request)
+    if training.framework is Framework.fairseq:
+        # fairseq's decoder layer on torch 1.8: the softmax keeps its scores, GELU its fp32
+        # input (zeroplan.core.fairseq).
+        from zeroplan.core.fairseq import fairseq_layer_delta_bytes
+
+        return layer_bytes(model, training, s, b) + fairseq_layer_delta_bytes(request)
     if training.framework is Framework.megatron:
         # megatron-core's block is the reference (Korthikanti et al.'s) block but for its fused
         # bias-SwiGLU and eager attention's expanded K/V (zeroplan.core.megatron).

@@ -290,6 +290,13 @@ def model_state_bytes(request: PlanRequest) -> ModelStateBytes:
         host += parameter - kept + gradient + optimizer
         parameter = kept
         gradient = optimizer = counters = 0
+    from zeroplan.core.fairseq import fp16_optimizer_state_bytes, runs_fp16_optimizer
+
+    if runs_fp16_optimizer(request):
+        # fairseq's FP16Optimizer under DDP (zeroplan.core.fairseq): fp16 model, flat fp32 master
+        # and gradient; the states are Adam's on the master, as counted above.
+        parameter, gradient, optimizer = fp16_optimizer_state_bytes(
+            parameter_elements, optimizer_bytes(request, optimizer_elements, optimizer_shards, eb) + counters)
     return ModelStateBytes(
         parameter_bytes=parameter,
         gradient_bytes=gradient,

@@ -59,6 +59,15 @@ MAX_MICRO_BATCH_SEARCH = 1 << 20
 """The largest micro-batch the search tries."""
 
 
+def fairseq_softmax_backward_bytes(request: PlanRequest) -> int:
+    """The eager softmax's backward under fairseq (zeroplan.core.fairseq); 0 elsewhere."""
+    if request.training.framework is not Framework.fairseq:
+        return 0
+    from zeroplan.core.fairseq import softmax_backward_extra_bytes
+
+    return softmax_backward_extra_bytes(request)
+
+
 def _workspace(request: PlanRequest) -> int:
     return backward_workspace_bytes(request.model, request.training, request.batch.seq_len, request.batch.micro_batch_size)
 
@@ -128,7 +137,8 @@ def _micro_batch_terms(request: PlanRequest) -> tuple[tuple[str, object], ...]:
     # rerun; the block-backward moment, which holds every block's activations, bounds both.
     # A block's backward under torch's ring attention also holds the ring's buffers.
     workspace = (rank_workspace_bytes(request, _workspace) + expert_dispatch_bytes(request) + dequantized_weight_bytes(request)
-                 + dora_weight_norm_bytes(request) + ring_attention_backward_extra_bytes(request))
+                 + dora_weight_norm_bytes(request) + ring_attention_backward_extra_bytes(request)
+                 + fairseq_softmax_backward_bytes(request))
     logits_pieces: tuple[int, ...] = ()
     if training.framework is Framework.zeroplan:
         # The reference model's recomputed block stays with its activations at every moment.

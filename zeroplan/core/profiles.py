@@ -387,6 +387,49 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         # megatron/arguments.py --fp16 | --bf16; DeepSpeed's fp32 engine is not planned.
         precisions=(Precision.bf16_mixed, Precision.fp16_mixed),
     ),
+    # fairseq c6006678 (2021-03-09, the commit of examples/fully_sharded_data_parallel/README.md)
+    # with the fairscale of that day (05ce7971) and torch 1.8; the byte terms are
+    # zeroplan.core.fairseq's (docs/frameworks.md, "fairseq").
+    Framework.fairseq: FrameworkProfile(
+        framework=Framework.fairseq, version="fairseq c6006678, fairscale 05ce7971, torch 1.8",
+        # fairseq/models/transformer.py build_decoder_layer: --checkpoint-activations wraps every
+        # decoder layer in fairseq/modules/checkpoint_activations.py checkpoint_wrapper, whose
+        # CheckpointFunction saves the layer's inputs and reruns the whole layer in backward.
+        checkpointing=_NONE_FULL, checkpointing_names="none, full (--checkpoint-activations)",
+        checkpoint_early_stop=False,
+        # --fp16 (fairscale FSDP mixed_precision: fp32 shards, fp16 compute) or fp32.
+        default_precision=Precision.fp16_mixed, precisions=(Precision.fp32, Precision.fp16_mixed),
+        # transformer_lm builds multi-head attention only (no grouped K/V) and LayerNorm.
+        expands_kv_heads=False, bf16_module_norm_saves_bf16=False,
+        loss_chunks=1, offers_activation_offloading=False,
+        # fairseq/distributed/fully_sharded_data_parallel.py (--ddp-backend fully_sharded):
+        # reshard_after_forward = not --no-reshard-after-forward; --ddp-backend c10d is torch's
+        # DDP with FP16Optimizer's flat fp32 master (zeroplan.core.fairseq).
+        strategies=(StrategyKind.ddp, StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op),
+        # fairscale 05ce7971 fully_sharded_data_parallel.py _lazy_init: the root instance sets
+        # reshard_after_forward = False, so the root unit (fairseq wraps each decoder layer with
+        # fsdp_wrap and then the whole model: the embeddings, positions, final norm and output
+        # projection) stays gathered from its forward to the end of backward, as FSDP1's root.
+        runs_fsdp1=True,
+        # fairseq/distributed/fully_sharded_data_parallel.py: fp32_reduce_scatter is
+        # --fp32-reduce-scatter (default False): fairscale reduce-scatters the fp16 gradient and
+        # casts the reduced shard to fp32 after (_post_reduction_hook).
+        fsdp_reduces_in_compute_dtype=True,
+        # trainer.py train_step maybe_no_sync: every micro-batch of --update-freq but the last
+        # runs under the model's no_sync() (fairscale's: _require_backward_grad_sync False, the
+        # full fp16 gradients accumulate unreduced).
+        accumulates_without_gradient_sync=True,
+        # fairseq/optim/adam.py: apex's multi-tensor FusedAdam on the GPU; --optimizer cpu_adam
+        # (DeepSpeedCPUAdam) steps on the host under --cpu-offload.
+        fused_optimizer=True,
+        # fairscale 05ce7971 FSDP(cpu_offload=True): the fp32 shard, its gradient (move_grads_to_cpu)
+        # and so the optimizer's states live on the host (zeroplan.core.fairseq for what the device
+        # still allocates).
+        offers_fsdp_cpu_offload=True,
+        # torch 1.8 nn/functional.py multi_head_attention_forward (fairseq's MultiheadAttention
+        # calls it in training) runs softmax in the compute dtype: no fp32 upcast.
+        eager_attention_upcasts_softmax=False,
+    ),
 }
 
 
@@ -610,8 +653,32 @@ def builds_bigscience_fork(framework: Framework, deepspeed_release: str | None) 
     return framework is Framework.megatron_deepspeed and deepspeed_release == "2022-bigscience"
 
 
+# fairseq c6006678 fairseq/models/transformer_lm.py and transformer.py TransformerDecoder: token
+# embeddings, learned (or sinusoidal) positions, pre- or post-norm LayerNorm blocks of
+# MultiheadAttention (as many K/V heads as query heads) and a two-matrix feed-forward
+# (utils.get_activation_fn: relu, gelu, tanh...), an optional final LayerNorm and output projection.
+def fairseq_builds(model: ModelSpec) -> str | None:
+    """Why fairseq's transformer_lm does not build this architecture, or None when it does."""
+    if model.position is not PositionKind.learned:
+        return f"{model.position.value} positions (transformer_lm has learned or sinusoidal ones)"
+    if model.norm is not NormKind.layernorm or model.mlp.gated or model.mlp not in (MlpKind.gelu, MlpKind.relu):
+        return "RMSNorm or a gated MLP (transformer_lm builds LayerNorm and a two-matrix ReLU or GELU feed-forward)"
+    if model.kv_heads != model.num_heads or model.is_moe or model.is_mla:
+        return "grouped K/V heads, experts or latent attention"
+    if (model.post_norms or model.parallel_block or not model.causal or model.qk_norm or model.embedding_norm
+            or model.head_transform or model.token_types):
+        return "a block layout transformer_lm does not build"
+    return None
+
+
 def check_framework_model(framework: Framework, model: ModelSpec, deepspeed_release: str | None = None) -> None:
     """Refuse, in one line, a model the framework's own code does not build."""
+    if framework is Framework.fairseq:
+        reason = fairseq_builds(model)
+        if reason is not None:
+            raise ZeroplanError("model", f"{model.name} has {reason}; the fairseq profile plans transformer_lm "
+                                "decoders (allowed: framework zeroplan or hf for it)")
+        return
     if framework is Framework.litgpt:
         reason = litgpt_builds(model)
         if reason is not None:
@@ -748,6 +815,10 @@ def check_framework_request(training: TrainingSpec, model: ModelSpec | None = No
             raise ZeroplanError(
                 field, f"not offered by {training.framework.value} {prof.version} (allowed only with framework {offering})"
             )
+    # fairscale 05ce7971 FullyShardedDataParallel.__init__: "cpu_offload requires mixed_precision=True".
+    if training.fsdp_cpu_offload and training.framework is Framework.fairseq and training.precision is not Precision.fp16_mixed:
+        raise ZeroplanError("fsdp_cpu_offload", f"fairscale's cpu_offload requires mixed precision, not "
+                            f"{training.precision.value} (allowed: precision fp16-mixed, fairseq's --fp16)")
     check_torchtitan_release(training)
     check_deepspeed_release(training)
     from zeroplan.core.tinyllama import check_fork_training

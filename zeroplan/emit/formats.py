@@ -301,6 +301,30 @@ def hf_training_arguments(request: PlanRequest) -> list[str]:
     return args
 
 
+# fairseq c6006678 fairseq/dataclass/configs.py (CommonConfig --fp16; DistributedTrainingConfig
+# --ddp-backend c10d | fully_sharded, --no-reshard-after-forward, --cpu-offload; DatasetConfig
+# --batch-size; OptimizationConfig --update-freq), models/transformer_lm.py
+# --checkpoint-activations and tasks/language_modeling.py --tokens-per-sample, as the
+# fully-sharded README's commands pass them; --optimizer cpu_adam steps the offloaded states.
+def fairseq_train_arguments(request: PlanRequest) -> list[str]:
+    """fairseq-train flags of the planned run (DATA_BIN and --arch are the user's)."""
+    training, batch, kind = request.training, request.batch, request.strategy.kind
+    args = ["DATA_BIN", "--task language_modeling", f"--tokens-per-sample {batch.seq_len}",
+            f"--batch-size {batch.micro_batch_size}", f"--update-freq {batch.grad_accum_steps}",
+            "--ddp-backend " + ("c10d" if kind is StrategyKind.ddp else "fully_sharded")]
+    if kind is StrategyKind.fsdp_shard_grad_op:
+        args.append("--no-reshard-after-forward")
+    if training.precision is Precision.fp16_mixed:
+        args.append("--fp16")
+    if training.activation_checkpointing is ActivationCheckpointing.full:
+        args.append("--checkpoint-activations")
+    if training.fsdp_cpu_offload:
+        args += ["--cpu-offload", "--optimizer cpu_adam"]
+    else:
+        args.append("--optimizer adam")
+    return args
+
+
 # ---------------------------------------------------------------------------- torchtitan
 
 TORCHTITAN_STRATEGIES = (StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op, StrategyKind.hsdp, StrategyKind.ddp)
@@ -558,7 +582,9 @@ def launch_script(request: PlanRequest, formats: dict[str, str]) -> str:
         lines.append(f"tune run --nnodes {cluster.num_nodes} --nproc_per_node {cluster.gpus_per_node} "
                      f"{recipe} --config {config} $(cat \"$HERE/torchtune-overrides.txt\")")
     else:
-        if framework is Framework.torchtitan or (framework is Framework.zeroplan and "torchtitan" in formats):
+        if framework is Framework.fairseq:
+            target = "-m fairseq_cli.train " + " ".join(fairseq_train_arguments(request))
+        elif framework is Framework.torchtitan or (framework is Framework.zeroplan and "torchtitan" in formats):
             target = (f"-m torchtitan.train --module llama3 --config {torchtitan_config_name(request)} "
                       f"$(cat \"$HERE/torchtitan-overrides.txt\")")
         else:

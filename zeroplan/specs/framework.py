@@ -29,6 +29,10 @@ class Framework(str, Enum):
     """Microsoft's Megatron-DeepSpeed fork: Megatron's legacy GPT model (tensor, sequence and
     pipeline parallelism) trained by DeepSpeed's engine, its BF16_Optimizer or ZeRO stage-1
     optimizer and its pipeline engine."""
+    fairseq = "fairseq"
+    """Meta's fairseq as its fully-sharded README ran it (c6006678, March 2021): its
+    transformer_lm decoder (torch 1.8's multi_head_attention_forward, its fp32 GELU and
+    log-softmax loss) under fairscale's FullyShardedDataParallel (zeroplan.core.fairseq)."""
 
     @property
     def megatron_layout(self) -> bool:

@@ -52,14 +52,19 @@ def check_paged_optimizer(training: TrainingSpec, kind: StrategyKind) -> None:
                             "steps them on the host already (allowed: a strategy that keeps the optimizer on the GPU)")
 
 
-def default_attention_kernel(model: ModelSpec) -> AttentionKernel:
+def default_attention_kernel(model: ModelSpec, framework: Framework | None = None) -> AttentionKernel:
     """The attention a request takes when none is given: eager for ALiBi models, whose
     transformers attention has no fused path (BloomAttention: baddbmm, then an fp32 softmax),
-    the fused kernel otherwise."""
-    return AttentionKernel.eager if model.position is PositionKind.alibi else AttentionKernel.flash
+    and under fairseq (torch 1.8's multi_head_attention_forward materialises the scores); the
+    fused kernel otherwise."""
+    eager = model.position is PositionKind.alibi or framework is Framework.fairseq
+    return AttentionKernel.eager if eager else AttentionKernel.flash
 
 
 def check_attention_kernel(model: ModelSpec, training: TrainingSpec) -> None:
+    if training.framework is Framework.fairseq and training.attention_kernel is AttentionKernel.flash:
+        raise ZeroplanError("training.attention_kernel", "'flash' under fairseq: its MultiheadAttention runs torch 1.8's "
+                            "multi_head_attention_forward, which has no fused kernel (allowed: eager, --attention eager)")
     if model.position is PositionKind.alibi and training.attention_kernel is AttentionKernel.flash:
         raise ZeroplanError("training.attention_kernel", f"'flash' for {model.name!r}: its ALiBi attention runs eager in "
                             "transformers (BloomAttention has no fused path; allowed: eager, --attention eager)")
@@ -309,8 +314,12 @@ class PlanRequest(Frozen):
             positions = model.get("max_positions", ModelSpec.model_fields["max_positions"].default)
         else:
             return data  # the model's own validation answers
-        if isinstance(model, ModelSpec) and model.position is PositionKind.alibi:
-            data = _default_attention(data, default_attention_kernel(model))
+        training = data.get("training")
+        framework = (training.framework if isinstance(training, TrainingSpec)
+                     else training.get("framework") if isinstance(training, dict) else None)
+        fairseq = framework in (Framework.fairseq, Framework.fairseq.value)
+        if isinstance(model, ModelSpec) and (model.position is PositionKind.alibi or fairseq):
+            data = _default_attention(data, default_attention_kernel(model, Framework.fairseq if fairseq else None))
         if not isinstance(positions, int) or positions < 1:
             return data
         batch = data.get("batch")
@@ -364,6 +373,25 @@ class PlanRequest(Frozen):
         if padded == model.vocab_size:
             return data
         return {**data, "model": model.model_copy(update={"vocab_size": padded})}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fairscale_gathers_no_unit_ahead(cls, data: object) -> object:
+        """fairscale 05ce7971 fully_sharded_data_parallel.py: forward() and _pre_backward_hook
+        gather the unit's own parameters only (_rebuild_full_params), no unit ahead: a fairseq
+        request plans no prefetched unit unless its strategy names one."""
+        if not isinstance(data, dict):
+            return data
+        training, strategy = data.get("training"), data.get("strategy")
+        framework = (training.framework if isinstance(training, TrainingSpec)
+                     else training.get("framework") if isinstance(training, dict) else None)
+        if framework not in (Framework.fairseq, Framework.fairseq.value):
+            return data
+        if isinstance(strategy, StrategySpec) and "prefetch_units" not in strategy.model_fields_set:
+            return {**data, "strategy": strategy.model_copy(update={"prefetch_units": 0})}
+        if isinstance(strategy, dict) and "prefetch_units" not in strategy:
+            return {**data, "strategy": {**strategy, "prefetch_units": 0}}
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -460,8 +488,10 @@ class PlanRequest(Frozen):
         with fp32 parameters held and no FSDP cast (DDP, as the harness's torch engines and
         torchtitan 0.3.0 distributed/utils.py maybe_enable_amp run it without FSDP). DeepSpeed
         and FSDP cast the module's parameters to 16 bits instead."""
+        # fairseq c6006678 trainer.py casts the model itself under --fp16 (self._model.half()).
         return (self.training.precision.is_mixed and self.convention is StateConvention.fsdp2
-                and not self.strategy.kind.is_fsdp and not self.training.finetune.module_in_bf16(self.training.framework))
+                and not self.strategy.kind.is_fsdp and not self.training.finetune.module_in_bf16(self.training.framework)
+                and self.training.framework is not Framework.fairseq)
 
     @property
     def shard_group_size(self) -> int:
