@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 ROWS = Path(__file__).resolve().parent.parent / "benchmarks" / "published_memory" / "rows.csv"
-STACKS = {"torchtitan", "torchtune", "hf", "deepspeed", "megatron", "megatron-deepspeed", "litgpt", "fsdp_qlora", "fairseq"}
+STACKS = {"torchtitan", "torchtune", "hf", "deepspeed", "megatron", "megatron-deepspeed", "litgpt", "fsdp_qlora", "fairseq", "ms-swift"}
 METRICS = {"allocated", "reserved", "nvidia-smi", "tool-peak"}
 UNITS = {"GiB": 2**30, "GB": 10**9, "MiB": 2**20, "MB": 10**6}
 STRATEGIES = {"ddp", "zero1", "zero2", "zero3", "zero2-offload", "zero3-offload", "zero3-param-offload",

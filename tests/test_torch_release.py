@@ -110,3 +110,24 @@ def test_zeroed_gradients_are_alive_at_the_end_of_the_next_forward_as_planned() 
     _, old = _loss_moment(_request("--torch-release 1.13").model_copy(update={"model": micro}))
     assert new_states.gradient_bytes == gradient_bytes
     assert old.total - new.total == gradient_bytes
+
+
+def test_the_trainer_fuses_adamw_only_from_transformers_4_54_under_torch_2_8() -> None:
+    # transformers 4.54.0 training_args.py:1286-1291 (4.56.2 :1296-1301): adamw_torch_fused where
+    # torch >= 2.8, else adamw_torch (torch.optim.AdamW unfused: foreach on CUDA from torch 2.0).
+    hf = FLAGS.replace("zeroplan", "hf")
+    cases = {
+        "": OptimizerLoop.fused,
+        "--torch-release 2.7": OptimizerLoop.foreach,
+        "--torch-release 2.1": OptimizerLoop.foreach,
+        "--transformers-version 4.53.3": OptimizerLoop.foreach,
+        "--transformers-version 4.54.0 --torch-release 2.8": OptimizerLoop.fused,
+        "--transformers-version 4.36 --torch-release 2.1 --optimizer-loop fused": OptimizerLoop.fused,
+    }
+    for extra, loop in cases.items():
+        assert optimizer_loop(_request(extra, flags=hf)) is loop, extra
+    # The foreach step's _foreach_sqrt output is one state-sized temporary: an fp32 AdamW over
+    # every parameter of a full fine-tune on one GPU (fp32 precision: 4 bytes an element).
+    states, terms = checked_peak_terms(_request("--torch-release 2.1", flags=hf))
+    assert terms.step_temporary == states.optimizer_elements * 4
+    assert checked_peak_terms(_request("", flags=hf))[1].step_temporary == 0

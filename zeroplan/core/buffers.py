@@ -16,6 +16,7 @@ from zeroplan.core.parallel.pipeline import pipeline_defers_fsdp_reduction
 from zeroplan.core.parallel.units import accumulating_trainable_elements, rank_parameter_units, rank_trainable_elements
 from zeroplan.core.profiles import fsdp1_root_stays_gathered, fsdp_separates_embedding_and_head, profile
 from zeroplan.core.torch_release import default_loop_is_for_loop
+from zeroplan.core.transformers_release import trainer_fuses_adamw
 from zeroplan.core.zero3_groups import hpz_secondary_partition_bytes
 from zeroplan.core.zeropp import qgz_buffer_bytes, qwz_buffer_bytes
 from zeroplan.specs.framework import Framework
@@ -474,6 +475,10 @@ def optimizer_loop(request: PlanRequest) -> OptimizerLoop:
     if default_loop_is_for_loop(request.training):
         return OptimizerLoop.for_loop
     fuses = optimizer in _FUSED_OPTIMIZERS and profile(request.training.framework).fused_optimizer
+    # The hf profile's fused AdamW is the Trainer's default of transformers 4.54+ under torch 2.8+
+    # only; earlier releases build torch.optim.AdamW unfused (transformers_release.TRAINER_FUSED_ADAMW_FROM).
+    if fuses and request.training.framework is Framework.hf and not trainer_fuses_adamw(request.training):
+        fuses = False
     return OptimizerLoop.fused if fuses else OptimizerLoop.foreach
 
 

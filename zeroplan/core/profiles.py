@@ -199,7 +199,8 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         # (liger-kernel >= 0.3.0, utils/import_utils.py is_liger_kernel_available).
         offers_fused_linear_cross_entropy=True,
         # transformers 4.56.2 training_args.py: default_optim = "adamw_torch_fused" with
-        # torch >= 2.8 (torch.optim.AdamW(fused=True)).
+        # torch >= 2.8 (torch.optim.AdamW(fused=True)); earlier transformers or torch releases
+        # build it unfused (transformers_release.trainer_fuses_adamw).
         fused_optimizer=True,
         # transformers 4.56.2 modeling_utils.py gradient_checkpointing_enable: without
         # gradient_checkpointing_kwargs it checkpoints with use_reentrant=True, which reruns

@@ -7,6 +7,7 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
+from zeroplan.core.torch_release import torch_release
 from zeroplan.specs.finetune import version_tuple
 from zeroplan.specs.framework import TRANSFORMERS_VERSION, Framework
 from zeroplan.specs.model import ModelSpec, PositionKind
@@ -44,6 +45,25 @@ eager_attention_forward without the clamp, softmax upcast whatever the dtype; :1
 self.loss_function, the ForCausalLMLoss the profile's 4.56.2 runs). Measured on the releases'
 own OPTForCausalLM under saved-tensor hooks (benchmarks/opt_release_attention.py): 4.28.1 keeps
 2 bytes a score more than 4.56.2 in fp16."""
+
+
+TRAINER_FUSED_ADAMW_FROM = (4, 54, 0)
+"""transformers PR 37358 (first in 4.54.0; 4.53.3 training_args.py:1281 ``default_optim =
+"adamw_torch"`` with the switch commented out): TrainingArguments' default ``optim`` is
+adamw_torch_fused only where torch is 2.8 or later (4.54.0 training_args.py:1286-1291, 4.56.2
+:1296-1301), else adamw_torch, ``torch.optim.AdamW`` built without ``fused`` (torch's foreach
+default on CUDA from 2.0). Before 4.32 (PR 25109) the default was transformers' own AdamW
+(adamw_hf), a per-tensor loop; zeroplan plans that as torch's foreach, its temporaries not modelled."""
+TRAINER_FUSED_TORCH_FROM = (2, 8, 0)
+"""is_torch_greater_or_equal_than_2_8 (transformers 4.56.2 pytorch_utils.py), the condition of
+the fused default."""
+
+
+def trainer_fuses_adamw(training: TrainingSpec) -> bool:
+    """Whether the Trainer's default optimizer is torch's fused AdamW: the planned transformers
+    release 4.54 or later with torch 2.8 or later (TRAINER_FUSED_ADAMW_FROM)."""
+    return (transformers_release(training) >= TRAINER_FUSED_ADAMW_FROM
+            and torch_release(training) >= TRAINER_FUSED_TORCH_FROM)
 
 
 def transformers_release(training: TrainingSpec) -> tuple[int, int, int]:

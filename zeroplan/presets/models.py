@@ -92,6 +92,52 @@ _ENCODER_DECODER_CONFIGS = {
 }
 
 
+# Qwen families, read by zeroplan.presets.hf_config from the shape keys of each published
+# config.json (Hugging Face hub, Qwen/<name>): Qwen2.5 0.5B to 72B (model_type qwen2: q, k, v
+# biased, grouped K/V heads; 0.5B to 3B tie the head), Qwen3 0.6B to 32B (qwen3: q/k norms, 128-wide
+# heads whatever hidden / heads; 0.6B to 4B tied). Qwen2-0.5B, 1.5B, 7B and 72B have the Qwen2.5
+# shapes (aliases below). Qwen-1 (Qwen/Qwen-1_8B, 7B, 14B, 72B: model_type qwen, its own modeling
+# code) has the parameters of an untied multi-head Qwen2 of its shapes (c_attn = q, k, v with
+# bias; attn c_proj, w1, w2 and mlp c_proj unbiased; its config's intermediate_size is twice the
+# width of w1 and w2), so it is read as one; max_position_embeddings as its config (8192; 72B
+# 32768; it extrapolates by dynamic NTK). Yi-6B (01-ai/Yi-6B) is a Llama layout. Every count
+# equals transformers 4.56.2's on the meta device (tests/test_qwen_presets.py); Qwen-7B's
+# 7,721,324,544 is also what ms-swift's benchmark page prints for its full fine-tune.
+def _qwen(model_type: str, hidden: int, ffn: int, layers: int, heads: int, kv: int, vocab: int, tied: bool,
+          positions: int, **extra) -> dict:
+    return {"model_type": model_type, "hidden_size": hidden, "intermediate_size": ffn, "num_hidden_layers": layers,
+            "num_attention_heads": heads, "num_key_value_heads": kv, "vocab_size": vocab, "tie_word_embeddings": tied,
+            "max_position_embeddings": positions, **extra}
+
+
+_QWEN_CONFIGS = {
+    "qwen2.5-0.5b": _qwen("qwen2", 896, 4864, 24, 14, 2, 151936, True, 32768),
+    "qwen2.5-1.5b": _qwen("qwen2", 1536, 8960, 28, 12, 2, 151936, True, 32768),
+    "qwen2.5-3b": _qwen("qwen2", 2048, 11008, 36, 16, 2, 151936, True, 32768),
+    "qwen2.5-7b": _qwen("qwen2", 3584, 18944, 28, 28, 4, 152064, False, 32768),
+    "qwen2.5-14b": _qwen("qwen2", 5120, 13824, 48, 40, 8, 152064, False, 32768),
+    "qwen2.5-32b": _qwen("qwen2", 5120, 27648, 64, 40, 8, 152064, False, 32768),
+    "qwen2.5-72b": _qwen("qwen2", 8192, 29568, 80, 64, 8, 152064, False, 32768),
+    "qwen3-0.6b": _qwen("qwen3", 1024, 3072, 28, 16, 8, 151936, True, 40960, head_dim=128),
+    "qwen3-1.7b": _qwen("qwen3", 2048, 6144, 28, 16, 8, 151936, True, 40960, head_dim=128),
+    "qwen3-4b": _qwen("qwen3", 2560, 9728, 36, 32, 8, 151936, True, 40960, head_dim=128),
+    "qwen3-8b": _qwen("qwen3", 4096, 12288, 36, 32, 8, 151936, False, 40960, head_dim=128),
+    "qwen3-14b": _qwen("qwen3", 5120, 17408, 40, 40, 8, 151936, False, 40960, head_dim=128),
+    "qwen3-32b": _qwen("qwen3", 5120, 25600, 64, 64, 8, 151936, False, 40960, head_dim=128),
+    "qwen-1.8b": _qwen("qwen2", 2048, 5504, 24, 16, 16, 151936, False, 8192),
+    "qwen-7b": _qwen("qwen2", 4096, 11008, 32, 32, 32, 151936, False, 8192),
+    "qwen-14b": _qwen("qwen2", 5120, 13696, 40, 40, 40, 152064, False, 8192),
+    "qwen-72b": _qwen("qwen2", 8192, 24576, 80, 64, 64, 152064, False, 32768),
+    "yi-6b": _qwen("llama", 4096, 11008, 32, 32, 4, 64000, False, 4096),
+}
+
+
+def _qwen_family() -> list[ModelSpec]:
+    from zeroplan.presets.hf_config import parse_hf_config
+
+    return [parse_hf_config(config, name) for name, config in _QWEN_CONFIGS.items()]
+
+
 def _encoder_decoders() -> list[ModelSpec]:
     from zeroplan.presets.hf_config import parse_hf_config
 
@@ -131,11 +177,14 @@ _PRESETS: dict[str, ModelSpec] = {
         _falcon_7b(),
         _stablelm_alpha_3b(),
         *_encoder_decoders(),
+        *_qwen_family(),
     ]
 }
 
 _ALIASES = {"gpt2-small": "gpt2", "gpt2-124m": "gpt2", "gpt2-1.5b": "gpt2-xl", "gpt3": "gpt3-175b",
-            "bigscience/t0_3b": "t0-3b", "t0_3b": "t0-3b", "bigscience/mt0-xxl": "mt0-xxl", "facebook/bart-large": "bart-large"}
+            "bigscience/t0_3b": "t0-3b", "t0_3b": "t0-3b", "bigscience/mt0-xxl": "mt0-xxl", "facebook/bart-large": "bart-large",
+            "qwen2-0.5b": "qwen2.5-0.5b", "qwen2-1.5b": "qwen2.5-1.5b", "qwen2-7b": "qwen2.5-7b", "qwen2-72b": "qwen2.5-72b",
+            "qwen-1_8b": "qwen-1.8b"}
 
 
 def model_names() -> list[str]:
