@@ -266,7 +266,7 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
         verdict = allocator_verdict(request, *replayed(states, terms), allocated, usable_memory_bytes(request))
         reserved, oom_at = verdict.reserved_peak_bytes, verdict.oom_capacity_bytes
         reserve = 0 if reserved is None else max(reserved - allocated, 0)
-    breakdown = MemoryBreakdown(
+    breakdown = MemoryBreakdown.trusted(
         parameter_bytes=states.parameter_bytes,
         gradient_bytes=states.gradient_bytes,
         optimizer_state_bytes=states.optimizer_state_bytes,
@@ -482,7 +482,7 @@ def plan(request: PlanRequest, largest_micro_batch: bool = True, timed: bool = T
     usable = usable_memory_bytes(request)
     host_per_node = states.host_bytes * request.cluster.gpus_per_node
     step_collectives = tuple(collectives(request))
-    return StrategyPlan(
+    return StrategyPlan.trusted(
         strategy=request.strategy.kind,
         state_convention=request.convention,
         shard_group_size=request.shard_group_size,
