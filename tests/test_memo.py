@@ -134,6 +134,26 @@ def test_micro_batch_terms_key_on_the_batch() -> None:
     assert cached == uncached and cached[0] != cached[1]
 
 
+def test_the_terms_are_shared_between_allocator_settings() -> None:
+    """The model states, buffers and micro-batch terms do not read the allocator setting: a
+    request under the flat reserve and under the caching-allocator model (either way round)
+    share one answer, the one each computes uncached."""
+    caches = (_state_terms, _recent_peak_terms, _micro_batch_terms)
+    before = [cache.fallbacks for cache in caches]
+    for kind in (StrategyKind.zero3, StrategyKind.fsdp_full_shard, StrategyKind.ddp):
+        flat = _request(kind, micro_batch_size=3).with_allocator_conf(None)
+        modelled = flat.with_allocator_conf("")
+        exact = modelled.model_copy(update={"assumptions": MemoryAssumptions(exact_allocator=True, exact_capacity=True)})
+        for cache in caches:
+            first = cache(flat)
+            assert cache(modelled) is first and cache(exact) is first
+            assert cache.uncached(modelled) == cache.uncached(flat) == first
+    # A field the terms do read keys them still.
+    channels = _request(StrategyKind.zero3).model_copy(update={"assumptions": MemoryAssumptions(nccl_channels=4)})
+    assert _recent_peak_terms(channels) == _recent_peak_terms.uncached(channels)
+    assert [cache.fallbacks for cache in caches] == before
+
+
 def test_data_parallel_collectives_key_on_the_accumulation() -> None:
     # ZeRO-3 gathers the parameters again for every micro-batch.
     request = _request(StrategyKind.zero3)
@@ -157,7 +177,8 @@ def test_collective_costs_key_on_the_cluster_and_the_performance_assumptions() -
 def test_the_planner_reads_no_batch_field_its_caches_leave_out() -> None:
     """The caches hold for the planner's own requests (none falls back to the uncached
     function): every strategy of three frameworks' stacks, planned."""
-    caches = (_state_terms, _data_parallel_collectives, collective_cost, _chunk_bytes, _of_sequences)
+    caches = (_state_terms, _data_parallel_collectives, collective_cost, _chunk_bytes, _of_sequences, _recent_peak_terms,
+              _micro_batch_terms)
     before = [cache.fallbacks for cache in caches]
     for framework in (Framework.zeroplan, Framework.megatron, Framework.torchtitan):
         request = PlanRequest(model=get_model("llama-3.1-8b"), training=TrainingSpec(framework=framework),

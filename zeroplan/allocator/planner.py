@@ -236,7 +236,7 @@ def allocator_verdict(request: PlanRequest, states: ModelStateBytes, terms: Peak
     The same answer as replaying afresh (MemoryAssumptions.exact_allocator), from the replays
     of the same trace already made where they decide it (_outcome)."""
     if allocated_peak_bytes > usable_bytes:
-        return PlannedVerdict(fits=False, reserved_peak_bytes=None)
+        return PlannedVerdict.trusted(fits=False, reserved_peak_bytes=None)
     assumptions = request.assumptions
     if assumptions.exact_allocator or assumptions.exact_capacity:
         return _exact_verdict(request, states, terms, allocated_peak_bytes, usable_bytes)
@@ -245,7 +245,7 @@ def allocator_verdict(request: PlanRequest, states: ModelStateBytes, terms: Peak
         fits, reserved = _outcome(trace, shape, config, usable_bytes - shortfall, recorded)
         # The trace goes here, while the collector is paused: freed by reference counting.
         del recorded
-    return PlannedVerdict(fits=fits, reserved_peak_bytes=reserved + shortfall)
+    return PlannedVerdict.trusted(fits=fits, reserved_peak_bytes=reserved + shortfall)
 
 
 def _exact_verdict(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms,
@@ -268,7 +268,7 @@ def _exact_verdict(request: PlanRequest, states: ModelStateBytes, terms: PeakTer
             unlimited = step.on(None)
             oom_capacity = bisect_capacity(step.ops, step.config, unlimited, capacity // CAPACITY_STEP_BYTES,
                                            on_gpu.completed) + step.shortfall_bytes
-    return PlannedVerdict(fits=on_gpu.completed, reserved_peak_bytes=reserved.reserved_peak_bytes + step.shortfall_bytes,
+    return PlannedVerdict.trusted(fits=on_gpu.completed, reserved_peak_bytes=reserved.reserved_peak_bytes + step.shortfall_bytes,
                           oom_capacity_bytes=oom_capacity)
 
 

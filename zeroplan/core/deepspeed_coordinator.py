@@ -246,11 +246,49 @@ def persistent_elements(request: PlanRequest) -> int:
     return sum(t.numel for unit in rank_parameter_units(request) for t in unit.tensors if t.numel <= threshold)
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=64)
+def _quantizes(units: tuple) -> bool:
+    """Whether any of the units' tensors is stored quantized (its gathered bytes then read more of
+    the request than the replay's key names: finetune.storage.quantized_layout)."""
+    return any(t.quantized for unit in units for t in unit.tensors)
+
+
+def _replay_key(request: PlanRequest) -> tuple:
+    """Everything replay reads of the request, as values: _modules (the rank's units, q/k/v
+    fused or not, tied embeddings, the gathered and gradient element bytes, the persistence
+    threshold, the shard group, and where a tensor is quantized the request itself), _trace
+    (whether every block is recomputed) and the three stage-3 settings. Requests that differ in
+    nothing else (fit's ZeRO-3 strategies with and without offload under one framework) have one
+    replay."""
+    units = rank_parameter_units(request)
+    return (units, _fuses_qkv(request), request.model.tied_embeddings,
+            element_bytes(request.training.precision, request.convention).compute_parameter,
+            gradient_wire_bytes(request), persistence_threshold(request), request.shard_group_size,
+            request if _quantizes(units) else None,
+            request.training.activation_checkpointing is ActivationCheckpointing.full,
+            max_live_parameters(request), prefetch_bucket_elements(request), max_reuse_distance(request))
+
+
+_REPLAYS: dict[tuple, Replay] = {}
+"""(_replay_key, counter_start) -> the replay (a 70B model's costs ~15 ms)."""
+_REPLAYS_LIMIT = 256
+
+
 def replay(request: PlanRequest, counter_start: int | None = None) -> Replay:
     """The coordinator's step, fetch by fetch (the module docstring's rules), in the micro-batch
     after an optimizer step (counter_start: where __n_available_params starts; None: minus the
-    persistent elements)."""
+    persistent elements). Kept by what it reads of the request (_replay_key)."""
+    key = (_replay_key(request), counter_start)
+    found = _REPLAYS.get(key)
+    if found is None:
+        if len(_REPLAYS) >= _REPLAYS_LIMIT:
+            _REPLAYS.clear()
+        found = _REPLAYS[key] = _replay(request, counter_start)
+    return found
+
+
+def _replay(request: PlanRequest, counter_start: int | None) -> Replay:
+    """replay, computed: reads of ``request`` only what _replay_key holds."""
     modules, params, blocks = _modules(request)
     trace = _trace(request, modules, blocks)
     forward_steps = next(step for step, (m, backward) in enumerate(trace) if backward)

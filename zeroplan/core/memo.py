@@ -74,53 +74,52 @@ class _Store:
         self.entries.clear()
 
 
-def _specs(request: PlanRequest) -> tuple:
-    """Every spec of the request but its batch."""
-    return (request.model, request.training, request.cluster, request.strategy, request.parallel, request.assumptions,
-            request.performance)
-
-
 _MISSING = object()
 
 
-def _specs_but_training(request: PlanRequest) -> tuple:
-    """Every spec of the request but its batch and its training."""
-    return (request.model, request.cluster, request.strategy, request.parallel, request.assumptions, request.performance)
+def _kept_values(spec: str, left_out: tuple[str, ...]) -> tuple[tuple[str, ...], Callable[[object], tuple]]:
+    """The field names of the request's ``spec`` but ``left_out``, and a reader of their values
+    (a tuple, at C speed: operator.attrgetter) that reads a spec and a view of it alike."""
+    names = tuple(f for f in PlanRequest.model_fields[spec].annotation.model_fields if f not in left_out)
+    getter = operator.attrgetter(*names)
+    return names, (getter if len(names) > 1 else (lambda spec: (getter(spec),)))
 
 
-def batch_keyed(*fields: str, limit: int = 1024, training_but: tuple[str, ...] = ()) -> Callable[[Callable[..., Result]], Callable[..., Result]]:
+def batch_keyed(*fields: str, limit: int = 1024, training_but: tuple[str, ...] = (), assumptions_but: tuple[str, ...] = (),
+                whole_batch: bool = False) -> Callable[[Callable[..., Result]], Callable[..., Result]]:
     """Cache ``function(request, *args)`` (args hashable) on the request with its batch reduced
-    to ``fields`` (the module's docstring) and its training less the fields ``training_but``
-    names (the training then a view of its other fields, whose reads of those raise as the
-    batch's do). The wrapper's ``fallbacks`` counts the calls that read another field (each
-    answered uncached), for the tests that keep the caches effective."""
+    to ``fields`` (the module's docstring; ``whole_batch``: the batch itself, every field), its
+    training less the fields ``training_but`` names and its memory assumptions less those
+    ``assumptions_but`` names (each then a view of its other fields, whose reads of those raise
+    as the batch's do; the key holds the kept fields' values, so a call on a request that is
+    itself such a view keys as the request does). The wrapper's ``fallbacks`` counts the calls
+    that read another field (each answered uncached), for the tests that keep the caches
+    effective."""
 
     def wrap(function: Callable[..., Result]) -> Callable[..., Result]:
         store = _Store(limit)
         # The key's values read at C speed (operator.attrgetter: a tuple of them when more than one).
         batch_values = operator.attrgetter(*fields) if len(fields) > 1 else (
             (lambda batch: (getattr(batch, fields[0]),)) if fields else (lambda batch: ()))
-        training_fields: list[str] = []
-        training_values: list[Callable[[object], tuple]] = []
+        training_reader = _kept_values("training", training_but) if training_but else None
+        assumptions_reader = _kept_values("assumptions", assumptions_but) if assumptions_but else None
 
         @functools.wraps(function)
         def call(request: PlanRequest, *args: object) -> Result:
-            kept = batch_values(request.batch)
-            if training_but:
-                if not training_values:
-                    training_fields.extend(f for f in type(request.training).model_fields if f not in training_but)
-                    training_values.append(operator.attrgetter(*training_fields))
-                trained = training_values[0](request.training)
-                key = (_specs_but_training(request), trained, kept, args)
-            else:
-                key = (_specs(request), kept, args)
+            batch = request.batch if whole_batch else batch_values(request.batch)
+            trained = training_reader[1](request.training) if training_reader else request.training
+            assumed = assumptions_reader[1](request.assumptions) if assumptions_reader else request.assumptions
+            key = (request.model, request.cluster, request.strategy, request.parallel, request.performance,
+                   trained, assumed, batch, args)
             answer = store.entries.get(key, _MISSING)
             if answer is not _MISSING:
                 return answer
-            update = {"batch": BatchView(tuple(zip(fields, kept)))}
-            if training_but:
-                update["training"] = BatchView(tuple(zip(training_fields, trained)))
-            viewed = request.model_copy(update=update)
+            update = {} if whole_batch else {"batch": BatchView(tuple(zip(fields, batch)))}
+            if training_reader:
+                update["training"] = BatchView(tuple(zip(training_reader[0], trained)))
+            if assumptions_reader:
+                update["assumptions"] = BatchView(tuple(zip(assumptions_reader[0], assumed)))
+            viewed = request.model_copy(update=update) if update else request
             try:
                 answer = function(viewed, *args)
             except UnkeyedRead:

@@ -119,10 +119,19 @@ def micro_batch_terms(request: PlanRequest) -> dict[str, object]:
     return dict(_micro_batch_terms(request))
 
 
+ALLOCATOR_SETTING = ("allocator_conf", "allocator_reserve_fraction", "exact_allocator", "exact_capacity")
+"""The MemoryAssumptions fields only the verdict on the terms reads (memory_breakdown: the flat
+reserve or the caching-allocator model's replay), not the terms: the caches of the terms leave
+them out of their keys (core/memo.py enforces that none is read), so a request and the same
+request under the other allocator setting (fit's allocator check, the plan search's answers
+under the model) share its model states, buffers and micro-batch terms."""
+
+
 # The largest micro-batch search asks for the terms at micro-batches 1 and 2 of every request it
 # is given, fit() for those of each strategy again and the plan search at each point it fits:
-# the same requests, so the last answers are kept (every field of the request keys them).
-@request_keyed()
+# the same requests, so the last answers are kept (every field of the request but the allocator
+# setting keys them).
+@batch_keyed(whole_batch=True, assumptions_but=ALLOCATOR_SETTING)
 def _micro_batch_terms(request: PlanRequest) -> tuple[tuple[str, object], ...]:
     training = request.training
     if request.model.is_encoder_decoder:
@@ -203,7 +212,7 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
 # The model states and buffers do not change with the micro-batch or the sequence (the plan
 # search's _terms shares them across both; its check against memory_breakdown confirms it), so
 # the requests of one strategy at different micro-batches share one answer.
-@batch_keyed("grad_accum_steps", training_but=("activation_checkpointing",))
+@batch_keyed("grad_accum_steps", training_but=("activation_checkpointing",), assumptions_but=ALLOCATOR_SETTING)
 def _state_terms(request: PlanRequest) -> tuple[ModelStateBytes, tuple[tuple[str, int | None], ...]]:
     """The model states and the PeakTerms fields that are not micro_batch_terms'."""
     states = model_state_bytes(request)
@@ -238,7 +247,7 @@ def checked_peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms
     return _recent_peak_terms(request)
 
 
-@request_keyed(limit=64)
+@batch_keyed(whole_batch=True, limit=64, assumptions_but=ALLOCATOR_SETTING)
 def _recent_peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     check_optimizer_in_backward(request.training, request.batch.grad_accum_steps)
     check_fsdp_cpu_offload(request.training, request.strategy.kind)
@@ -267,7 +276,7 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
         verdict = allocator_verdict(request, *replayed(states, terms), allocated, usable_memory_bytes(request))
         reserved, oom_at = verdict.reserved_peak_bytes, verdict.oom_capacity_bytes
         reserve = 0 if reserved is None else max(reserved - allocated, 0)
-    breakdown = MemoryBreakdown(
+    breakdown = MemoryBreakdown.trusted(
         parameter_bytes=states.parameter_bytes,
         gradient_bytes=states.gradient_bytes,
         optimizer_state_bytes=states.optimizer_state_bytes,
@@ -483,7 +492,7 @@ def plan(request: PlanRequest, largest_micro_batch: bool = True, timed: bool = T
     usable = usable_memory_bytes(request)
     host_per_node = states.host_bytes * request.cluster.gpus_per_node
     step_collectives = tuple(collectives(request))
-    return StrategyPlan(
+    return StrategyPlan.trusted(
         strategy=request.strategy.kind,
         state_convention=request.convention,
         shard_group_size=request.shard_group_size,

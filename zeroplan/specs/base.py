@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 _set = object.__setattr__
+_REQUIRED = object()
+"""A field without a default in Frozen.trusted's template."""
 
 
 class Frozen(BaseModel):
@@ -33,12 +35,15 @@ class Frozen(BaseModel):
     __slots__ = ("_frozen_hash",)
 
     def __hash__(self) -> int:
+        # Read through the slot's own descriptor: an unset slot read as an attribute falls to
+        # pydantic's __getattr__, which raises and formats an error twice (~4 us of each new
+        # spec's first hash, thousands a fit).
         try:
-            return self._frozen_hash
+            return _HASH_SLOT.__get__(self)
         except AttributeError:
             pass
         value = hash(type(self)._field_values(self.__dict__))
-        object.__setattr__(self, "_frozen_hash", value)
+        _HASH_SLOT.__set__(self, value)
         return value
 
     # pydantic's equality (BaseModel.__eq__) takes its generic steps before comparing the
@@ -72,6 +77,32 @@ class Frozen(BaseModel):
         _set(copied, "__pydantic_private__", None)
         return copied
 
+    # pydantic validates every model it builds, ~15-30 us for a result of twenty fields; the
+    # planner builds its results (each plan's breakdown, the plan itself, the allocator's verdict)
+    # from values it has itself computed and typed, a dozen of each a fit. model_construct skips
+    # the validation but costs as much in its generic steps.
+    @classmethod
+    def trusted(cls, **values: Any) -> Self:
+        """The model of ``values`` unvalidated: for values already of each field's own type (an
+        int for an int, a tuple for a tuple, never one pydantic would convert), what validating
+        them builds (tests/test_trusted_results.py compares the two over fit's results), the
+        fields left out at their defaults. A name that is no field, or a field without a
+        default left out, is refused as validation refuses it."""
+        template = cls.__dict__.get("_trusted_template")
+        if template is None:
+            template = {name: _REQUIRED if info.is_required() else info.get_default(call_default_factory=True)
+                        for name, info in cls.__pydantic_fields__.items()}
+            type.__setattr__(cls, "_trusted_template", template)
+        data = {**template, **values}
+        if len(data) != len(template) or any(value is _REQUIRED for value in data.values()):
+            return cls(**values)  # pydantic's own error
+        built = object.__new__(cls)
+        _set(built, "__dict__", data)
+        _set(built, "__pydantic_fields_set__", set(values))
+        _set(built, "__pydantic_extra__", None)
+        _set(built, "__pydantic_private__", None)
+        return built
+
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: object) -> None:
         super().__pydantic_init_subclass__(**kwargs)
@@ -79,6 +110,10 @@ class Frozen(BaseModel):
         # of the fields' values (the value itself for one field, 0 for none).
         fields = tuple(cls.__pydantic_fields__)
         cls._field_values = staticmethod(operator.itemgetter(*fields) if fields else (lambda _: 0))
+
+
+_HASH_SLOT = Frozen.__dict__["_frozen_hash"]
+"""The slot that keeps a spec's hash (Frozen.__hash__)."""
 
 
 def first_error(error: ValidationError, prefix: str = "") -> ZeroplanError:

@@ -1,0 +1,33 @@
+"""DeepSpeed ZeRO-3's coordinator replay (zeroplan.core.deepspeed_coordinator.replay) is kept by
+what it reads of the request: fit's ZeRO-3 strategies with and without offload share one replay,
+which is the one each computes afresh, and a setting the replay reads (recomputation) has its own."""
+
+from __future__ import annotations
+
+from zeroplan.core import deepspeed_coordinator
+from zeroplan.presets.gpus import get_gpu
+from zeroplan.presets.models import get_model
+from zeroplan.specs import BatchSpec, PlanRequest, StrategySpec, TrainingSpec, cluster_from_gpus
+
+
+def _request(kind: str, checkpointing: str = "none") -> PlanRequest:
+    return PlanRequest(model=get_model("tinyllama-1.1b"), cluster=cluster_from_gpus(get_gpu("a100-80gb"), 8),
+                       strategy=StrategySpec(kind=kind), batch=BatchSpec(seq_len=512, micro_batch_size=1),
+                       training=TrainingSpec(framework="hf", activation_checkpointing=checkpointing))
+
+
+def test_zero3_strategies_share_the_replay_they_would_each_compute() -> None:
+    deepspeed_coordinator._REPLAYS.clear()
+    requests = [_request(kind) for kind in ("zero3", "zero3-offload", "zero3-param-offload")]
+    assert all(deepspeed_coordinator.replays_gathers(r) for r in requests)
+    shared = [deepspeed_coordinator.replay(r) for r in requests]
+    assert len(deepspeed_coordinator._REPLAYS) == 1
+    assert all(s == deepspeed_coordinator._replay(r, None) for s, r in zip(shared, requests))
+
+
+def test_recomputation_is_in_the_key() -> None:
+    deepspeed_coordinator._REPLAYS.clear()
+    plain, full = _request("zero3"), _request("zero3", "full")
+    assert deepspeed_coordinator.replay(full) == deepspeed_coordinator._replay(full, None)
+    assert deepspeed_coordinator.replay(plain) != deepspeed_coordinator.replay(full)
+    assert len(deepspeed_coordinator._REPLAYS) == 2

@@ -1,0 +1,52 @@
+"""Frozen.trusted builds the planner's results (each plan, its breakdown, the allocator's verdict)
+without validating them: what validation would build from the same values, type for type (an
+int field never holding a bool or a float, a tuple never a list), over fit's results for three
+stacks, under the caching-allocator model and the flat reserve."""
+
+from __future__ import annotations
+
+import pytest
+
+from zeroplan.allocator.planner import PlannedVerdict
+from zeroplan.core.plan import fit
+from zeroplan.presets.gpus import get_gpu
+from zeroplan.presets.models import get_model
+from zeroplan.results import MemoryBreakdown, StrategyPlan
+from zeroplan.specs import BatchSpec, PlanRequest, StrategySpec, TrainingSpec, cluster_from_gpus
+from zeroplan.specs.base import Frozen
+
+
+def _same(trusted: object, validated: object) -> bool:
+    """Equal, and of the same type at every level (1 == 1.0 == True in Python, not here)."""
+    if type(trusted) is not type(validated):
+        return False
+    if isinstance(trusted, Frozen):
+        return (trusted.model_fields_set == validated.model_fields_set and list(trusted.__dict__) == list(validated.__dict__)
+                and all(_same(trusted.__dict__[name], validated.__dict__[name]) for name in trusted.__dict__))
+    if isinstance(trusted, tuple):
+        return len(trusted) == len(validated) and all(map(_same, trusted, validated))
+    return trusted == validated
+
+
+def _validated(result: Frozen) -> Frozen:
+    return type(result)(**{name: getattr(result, name) for name in result.model_fields_set})
+
+
+@pytest.mark.parametrize(("framework", "allocator_conf"), [("zeroplan", ""), ("hf", None), ("torchtitan", "")])
+def test_fits_results_are_what_validation_builds(framework: str, allocator_conf: str | None) -> None:
+    request = PlanRequest(model=get_model("tinyllama-1.1b"), cluster=cluster_from_gpus(get_gpu("a100-40gb"), 4),
+                          strategy=StrategySpec(kind="zero3"), batch=BatchSpec(seq_len=2048, micro_batch_size=4),
+                          training=TrainingSpec(framework=framework)).with_allocator_conf(allocator_conf)
+    for plan in fit(request, suggest=False, largest_micro_batch=False).plans:
+        assert _same(plan, _validated(plan)) and _same(plan.memory, _validated(plan.memory))
+
+
+def test_a_verdict_is_what_validation_builds_and_a_bad_field_is_refused() -> None:
+    verdict = PlannedVerdict.trusted(fits=True, reserved_peak_bytes=3 << 30)
+    assert _same(verdict, PlannedVerdict(fits=True, reserved_peak_bytes=3 << 30))
+    with pytest.raises(ValueError, match="reserved_peak_bytes"):
+        PlannedVerdict.trusted(fits=True)
+    with pytest.raises(ValueError, match="unknown"):
+        MemoryBreakdown.trusted(unknown=1)
+    with pytest.raises(ValueError):
+        StrategyPlan.trusted()
