@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from pydantic import ConfigDict
+from pydantic import ConfigDict, model_serializer
 
 from zeroplan.core.communication import Collective
 from zeroplan.core.timing import StepTime
@@ -76,6 +76,18 @@ class MemoryBreakdown(Frozen):
     """With the caching-allocator model and MemoryAssumptions.exact_capacity: the least memory,
     on the verdict's side of the usable memory, on which the step completes under the
     allocator's retry rules (bisected over replays). None otherwise."""
+    varying_length_reserve_bytes: int = 0
+    """Of ``allocator_reserve_bytes``: what an epoch of micro-batches of varying length
+    (BatchSpec.varying_lengths) leaves cached beyond the one step at seq_len, in expectation
+    (zeroplan.allocator.varying_lengths); 0 where every micro-batch is seq_len tokens."""
+
+    # A breakdown without varying lengths dumps as it did before the field existed.
+    @model_serializer(mode="wrap")
+    def _without_unset_varying(self, handler):
+        dumped = handler(self)
+        if not self.varying_length_reserve_bytes and isinstance(dumped, dict):
+            dumped.pop("varying_length_reserve_bytes", None)
+        return dumped
 
     @property
     def peak_is_least(self) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from zeroplan.cli.finetune_args import add_finetune_arguments, finetune_from_args
@@ -33,6 +34,7 @@ from zeroplan.specs import (
     cluster_from_gpus,
 )
 from zeroplan.specs.framework import DEEPSPEED_RELEASES, HF_DEEPSPEED_RELEASES, LITGPT_FORKS, TORCHTITAN_RELEASES
+from zeroplan.specs.lengths import LongSamples, VaryingLengths
 from zeroplan.specs.request import ATTENTION_RATES, DEFAULT_ATTENTION_RATE, default_attention_kernel
 from zeroplan.specs.parallel import EXPERT_PARALLEL_STRATEGIES, ParallelSpec, PipelineSchedule
 from zeroplan.units import GB, GiB, MiB, ByteUnit
@@ -94,6 +96,34 @@ def add_batch_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--micro-batch", type=positive_int, default=1, help="sequences per GPU per pass (default 1)")
     add_seq_len_arguments(group, target=True)
     group.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step (default 1)")
+    group.add_argument(
+        "--varying-lengths", type=varying_lengths_arg, default=None, metavar="MEAN,SD,MIN,SAMPLES[,drop|truncate]",
+        help="each micro-batch is padded to its own longest sample, up to --seq-len: the dataset's token lengths "
+             "(mean, standard deviation, shortest), its sample count, and whether longer samples are dropped "
+             "(default, ms-swift's) or cut; adds what the epoch's record-long batches leave cached",
+    )
+
+
+def varying_lengths_arg(text: str) -> VaryingLengths:
+    """--varying-lengths MEAN,SD,MIN,SAMPLES[,drop|truncate] as a spec; a bad value is one line."""
+    allowed = "MEAN,SD,MIN,SAMPLES[,drop|truncate], e.g. 3234.4,2547.5,91,4959"
+    fields = [part.strip() for part in text.split(",")]
+    if len(fields) not in (4, 5):
+        raise argparse.ArgumentTypeError(f"expected {allowed}, got {text!r}")
+    try:
+        mean, sd = float(fields[0]), float(fields[1])
+        shortest, samples = int(fields[2]), int(fields[3])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers in {allowed}, got {text!r}") from None
+    if not (math.isfinite(mean) and math.isfinite(sd)) or mean <= 0 or sd <= 0 or shortest <= 0 or samples <= 0:
+        raise argparse.ArgumentTypeError(f"MEAN, SD, MIN and SAMPLES must be positive, got {text!r}")
+    if len(fields) == 5 and fields[4] not in choices_of(LongSamples):
+        raise argparse.ArgumentTypeError(f"the fifth field must be drop or truncate, got {fields[4]!r}")
+    try:
+        return VaryingLengths(mean_tokens=mean, sd_tokens=sd, min_tokens=shortest, samples=samples,
+                              long_samples=LongSamples(fields[4]) if len(fields) == 5 else LongSamples.drop)
+    except ZeroplanError as error:
+        raise argparse.ArgumentTypeError(error.detail) from None
 
 
 def add_state_arguments(group: argparse._ArgumentGroup) -> None:
@@ -524,7 +554,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
     batch = BatchSpec(
         micro_batch_size=args.micro_batch, seq_len=seq_len_of(args, model.max_positions),
         grad_accum_steps=args.grad_accum, allow_longer_seq=args.allow_longer_seq,
-        target_len=getattr(args, "target_len", None),
+        target_len=getattr(args, "target_len", None), varying_lengths=getattr(args, "varying_lengths", None),
     )
     check_optimizer_in_backward(training, batch.grad_accum_steps)
     if args.hsdp_group is not None and cluster.world_size % args.hsdp_group:

@@ -276,6 +276,15 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
         verdict = allocator_verdict(request, *replayed(states, terms), allocated, usable_memory_bytes(request))
         reserved, oom_at = verdict.reserved_peak_bytes, verdict.oom_capacity_bytes
         reserve = 0 if reserved is None else max(reserved - allocated, 0)
+    varying = 0
+    if request.batch.varying_lengths is not None and (reserved is not None or request.assumptions.allocator_conf is None):
+        # What an epoch's shorter record batches leave cached (zeroplan.allocator.varying_lengths).
+        from zeroplan.allocator.varying_lengths import varying_length_reserve_bytes
+
+        one_step = allocated + reserve if reserved is None else reserved
+        varying = varying_length_reserve_bytes(request, terms, one_step, usable_memory_bytes(request))
+        reserve += varying
+        reserved = None if reserved is None else reserved + varying
     breakdown = MemoryBreakdown.trusted(
         parameter_bytes=states.parameter_bytes,
         gradient_bytes=states.gradient_bytes,
@@ -294,6 +303,7 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
         allocator_modelled=request.assumptions.allocator_conf is not None,
         reserved_peak_bytes=reserved,
         oom_capacity_bytes=oom_at,
+        varying_length_reserve_bytes=varying,
     )
     return breakdown, states
 

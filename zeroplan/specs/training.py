@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from enum import Enum
 
-from pydantic import Field
+from pydantic import Field, model_serializer
 
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.finetune import FineTuneSpec
 from zeroplan.specs.framework import Framework
+from zeroplan.specs.lengths import VaryingLengths
 
 
 class Precision(str, Enum):
@@ -280,6 +281,20 @@ class BatchSpec(Frozen):
     allow_longer_seq: bool = False
     """Accept a seq_len above the model's max_positions (RoPE models only; a learned position
     table has no row past max_positions). See specs.request.check_seq_len."""
+    varying_lengths: VaryingLengths | None = None
+    """Each micro-batch is padded to its own longest sample, drawn from a dataset with these
+    length statistics, up to seq_len (zeroplan.allocator.varying_lengths adds what the caching
+    allocator keeps cached from the epoch's record-long batches); None: every micro-batch is
+    seq_len tokens."""
+
+    # A request without varying lengths dumps as it did before the field existed (the answers'
+    # JSON, and every digest of it, stay as they were).
+    @model_serializer(mode="wrap")
+    def _without_unset_lengths(self, handler):
+        dumped = handler(self)
+        if self.varying_lengths is None and isinstance(dumped, dict):
+            dumped.pop("varying_lengths", None)
+        return dumped
 
 
 def measured_on(training: TrainingSpec, device_type: str) -> TrainingSpec:
