@@ -51,9 +51,26 @@ ROW = ("llama-2-70b --gpus 8 --gpu h100-80gb --gpus-per-node 8 --micro-batch 8 -
        "--activation-checkpointing full --precision bf16-mixed --framework hf --lora-rank 8 "
        "--lora-targets q,k,v,o,gate,up,down --lora-alpha 16 --lora-dropout 0.1 --transformers-version 4.39.0 "
        "--deepspeed-release 0.13.3")
+# The row's persistent parameters (DeepSpeed's default threshold 1e5 keeps the norms and LoRA's
+# adapters narrower than it: zeroplan.core.deepspeed_coordinator.persistent_elements of ROW,
+# 49,815,552) over its stage3_max_live_parameters (1e9). From the second step after the trace is
+# recorded the coordinator's counter starts that many elements below zero (release_and_reset_all
+# subtracts them, _post_step gathers them again outside the coordinator: 0.13.3 stage3.py:2021,
+# :1986; coordinator lines 407-421, 478-483), so the prefetch runs that share beyond
+# stage3_max_live_parameters. The scaled run's adapters shrink 32 times where max_live shrinks
+# 1,024 times: at threshold 4,096 they are 1.59 of it (step 2 prefetches three blocks ahead where
+# the row prefetches one); at --persistence-threshold 2047 only the norms and k/v's lora_B stay
+# persistent, 0.084 of it, and the adapters are gathered as the row's 7,168-element-wide ones are not.
+PERSISTENT_SHARE = 49_815_552 / 10**9
 MASK_OPS = ("aten::le", "aten::eq", "aten::bitwise_and")
 GATHER_RANGE = "zeroplan::allgather"
 STEP_RANGE = "zeroplan::optimizer_step"
+
+
+def stage3(options: argparse.Namespace) -> dict:
+    """The run's stage-3 settings: STAGE3, with --persistence-threshold where given."""
+    threshold = getattr(options, "persistence_threshold", None)
+    return STAGE3 if threshold is None else {**STAGE3, "stage3_param_persistence_threshold": threshold}
 
 
 def _every(roots) -> list:
@@ -104,7 +121,7 @@ def _rank(rank: int, world: int, options: argparse.Namespace, out: str) -> None:
                   "train_batch_size": MICRO_BATCH * world, "bf16": {"enabled": True}, "steps_per_print": 2**31 - 1,
                   "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none"},
                                         "offload_param": {"device": "none"},
-                                        "stage3_gather_16bit_weights_on_model_save": True, **STAGE3}}
+                                        "stage3_gather_16bit_weights_on_model_save": True, **stage3(options)}}
         ds_config = HfDeepSpeedConfig(config)  # noqa: F841  (transformers reads it through a weakref)
         model_config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
                                    num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, attention_dropout=0.0,
@@ -133,18 +150,20 @@ def _rank(rank: int, world: int, options: argparse.Namespace, out: str) -> None:
         gathers = sorted((e.start_time_ns, e.end_time_ns, e.name[len(GATHER_RANGE) + 1:]) for e in _every(tree)
                          if e.name.startswith(GATHER_RANGE))
         events = [(a.time_ns, a.size_bytes, a.ptr, a.operator) for a in trace.events()]
-        Path(out).write_text(json.dumps({"deepspeed": deepspeed.__version__, "step_starts": starts,
+        Path(out).write_text(json.dumps({"deepspeed": deepspeed.__version__, "stage3": stage3(options), "step_starts": starts,
                                          "gathers": gathers, "optimizer_steps": optimizer_steps,
                                          "events": events}))
     dist.destroy_process_group()
 
 
-def engine_trace(result: dict, first_step: int):
-    """The run's allocations from ``first_step`` on, scaled, as an AllocationTrace (SDPA's masks
-    left out), and the bytes live at that step's start (the run's own, scaled)."""
+def engine_trace(result: dict, first_step: int, end_step: int | None = None):
+    """The run's allocations from ``first_step`` on (to ``end_step``'s start where given), scaled,
+    as an AllocationTrace (SDPA's masks left out), and the bytes live at that step's start (the
+    run's own, scaled)."""
     from zeroplan.allocator.trace import AllocationTrace, AllocEvent, FreeEvent
 
     start = result["step_starts"][first_step]
+    end = result["step_starts"][end_step] if end_step is not None and end_step < len(result["step_starts"]) else None
     windows = result.get("gathers", [])
     window_starts = [window[0] for window in windows]
 
@@ -156,6 +175,8 @@ def engine_trace(result: dict, first_step: int):
     out: list = []
     next_id = 0
     for index, (time_ns, size, ptr, op) in enumerate(result["events"]):
+        if end is not None and time_ns >= end:
+            break
         previous = live.pop(ptr, None)
         if previous is not None and previous[1] is not None and time_ns >= start:
             out.append(FreeEvent(id=previous[1]))
@@ -201,6 +222,16 @@ NARROW_SCALE = 32
 STEP_SCALE = NARROW_SCALE * 2 // 8
 
 
+def persistent_elements(threshold: int) -> int:
+    """The scaled run's persistent elements (ds_numel <= threshold): norms and LoRA's adapters."""
+    kv = HIDDEN // HEADS * KV_HEADS
+    shapes = [HIDDEN, HIDDEN]  # the two norms
+    for out_features, in_features in ((HIDDEN, HIDDEN), (kv, HIDDEN), (kv, HIDDEN), (HIDDEN, HIDDEN),
+                                      (FFN, HIDDEN), (FFN, HIDDEN), (HIDDEN, FFN)):
+        shapes += [8 * in_features, out_features * 8]  # lora_A, lora_B at r 8
+    return LAYERS * sum(n for n in shapes if n <= threshold) + HIDDEN  # and the final norm
+
+
 def scaled(size: int, in_step: bool = False) -> int:
     if in_step:
         return size * STEP_SCALE
@@ -230,6 +261,8 @@ def main() -> None:
                         help="torch's non-reentrant recompute detaching every saved tensor, as early-2024 releases did")
     parser.add_argument("--events", type=Path, help="reuse a run's events saved by --save-events")
     parser.add_argument("--save-events", type=Path, help="keep the run's events here")
+    parser.add_argument("--persistence-threshold", type=int,
+                        help="the run's stage3_param_persistence_threshold (default 4,096; see PERSISTENT_SHARE)")
     parser.add_argument("--port", type=int, default=29571)
     options = parser.parse_args()
 
@@ -262,24 +295,29 @@ def main() -> None:
     capacity = usable_memory_bytes(request)
     config = parse_alloc_conf("")
     planner = replay(step_trace(request, *peak_terms(request)), config, capacity)
-    engine, run_between = engine_trace(result, 1)
     held = AllocEvent(id=10**9, size_bytes=between, stream=0)
-    engine = AllocationTrace(events=(held, *engine.events), source=engine.source)
-    replayed = replay(engine, config, capacity)
-    print(f"DeepSpeed {result['deepspeed']}; Llama-2-70B LoRA row's shapes over {SCALE}, 2 gloo ranks, steps 1-2, "
-          f"replayed x {SCALE} on {capacity / gib:.2f} GiB usable")
+    outside = request.cluster.gpu.memory_bytes - capacity  # CUDA context and NCCL buffers, as published_memory_accuracy
+    settings = result.get("stage3", STAGE3)
+    share = persistent_elements(settings["stage3_param_persistence_threshold"]) / settings["stage3_max_live_parameters"]
+    print(f"DeepSpeed {result['deepspeed']}; Llama-2-70B LoRA row's shapes over {SCALE}, 2 gloo ranks, "
+          f"replayed x {SCALE} on {capacity / gib:.2f} GiB usable; stage3_param_persistence_threshold "
+          f"{settings['stage3_param_persistence_threshold']:,}: persistent elements {share:.3f} of stage3_max_live_parameters "
+          f"(the row's {PERSISTENT_SHARE:.3f}), which step 2 on prefetches beyond it")
+    for label, first, end in (("step 1", 1, 2), ("step 2", 2, 3), ("steps 1-2", 1, None)):
+        engine, run_between = engine_trace(result, first, end)
+        engine = AllocationTrace(events=(held, *engine.events), source=engine.source)
+        replayed = replay(engine, config, capacity)
+        print(f"  engine {label}: allocations {sum(isinstance(e, AllocEvent) for e in engine.events):,}; requested peak "
+              f"{replayed.requested_peak_bytes / gib:.2f} GiB, reserved peak {replayed.reserved_peak_bytes / gib:.2f} GiB, "
+              f"as nvidia-smi {(replayed.reserved_peak_bytes + outside) / gib:.2f} GiB (cudaMalloc calls "
+              f"{replayed.device_alloc_calls}, completed {replayed.completed})")
     print(f"  held between steps: planner {between / gib:.2f} GiB (the 2-rank run's own, scaled: "
           f"{run_between * SCALE / gib:.2f})")
-    print(f"  engine's allocations: {sum(isinstance(e, AllocEvent) for e in engine.events):,}; requested peak "
-          f"{replayed.requested_peak_bytes / gib:.2f} GiB, reserved peak {replayed.reserved_peak_bytes / gib:.2f} GiB, "
-          f"cudaMalloc calls {replayed.device_alloc_calls}, completed {replayed.completed}")
     print(f"  planner's schedule: allocated peak {breakdown.allocated_peak_bytes / gib:.2f} GiB, replay requested "
-          f"{planner.requested_peak_bytes / gib:.2f}, reserved {planner.reserved_peak_bytes / gib:.2f} GiB "
-          f"(allocations {sum(isinstance(e, AllocEvent) for e in step_trace(request, *peak_terms(request)).events):,})")
-    outside = request.cluster.gpu.memory_bytes - capacity  # CUDA context and NCCL buffers, as published_memory_accuracy
-    print(f"  as nvidia-smi (reserved + {outside / gib:.2f} GiB of context and NCCL buffers): engine "
-          f"{(replayed.reserved_peak_bytes + outside) / gib:.2f} GiB, planner {(planner.reserved_peak_bytes + outside) / gib:.2f} "
-          f"GiB; the row's screenshot: 64 GB")
+          f"{planner.requested_peak_bytes / gib:.2f}, reserved {planner.reserved_peak_bytes / gib:.2f} GiB, as nvidia-smi "
+          f"{(planner.reserved_peak_bytes + outside) / gib:.2f} GiB "
+          f"(allocations {sum(isinstance(e, AllocEvent) for e in step_trace(request, *peak_terms(request)).events):,}); "
+          f"the row's screenshot: 64 GB")
 
 
 if __name__ == "__main__":

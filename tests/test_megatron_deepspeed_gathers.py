@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from zeroplan.core.buffers import transient_buffer_bytes
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes
 from zeroplan.core.deepspeed_coordinator import peak_gathered_bytes, replays_gathers
@@ -75,3 +77,33 @@ def test_hf_plans_the_release_defaults_and_peft_lora_adapters_as_modules() -> No
     assert persistent_elements(request) == 80 * (2 * 8_192 + 9 * 65_536 + 2 * 8_192) + 8_192
     # After an optimizer step the counter starts that far below zero: the prefetch runs further.
     assert replay(request).peak_bytes > replay(request, 0).peak_bytes
+
+
+# DeepSpeed 0.13.3's own engine on the 70B LoRA row's shapes over 1,024
+# (benchmarks/deepspeed_zero3_allocator_replay.py, stage3_param_persistence_threshold 4,096) frees
+# each forward gather's buffer 5 gathers after it in step 1 and 14 in step 2
+# (benchmarks/deepspeed_coordinator_check.py): one block ahead, then three. Step 2 is the first to
+# start the coordinator's counter below zero by the persistent elements, which that run's
+# narrow adapters make 1.59 x its stage3_max_live_parameters (the row's own: 0.05 x).
+@pytest.mark.slow
+def test_the_prefetch_runs_as_many_blocks_ahead_as_the_engine_after_an_optimizer_step() -> None:
+    from zeroplan.cli.fit import request_from_args
+    from zeroplan.cli.main import build_parser
+    from zeroplan.core.deepspeed_coordinator import _modules, _trace, replay
+    from zeroplan.specs.strategy import StrategyKind
+
+    row = ("llama-2-70b --gpus 8 --gpu h100-80gb --micro-batch 8 --seq-len 2048 --activation-checkpointing full "
+           "--precision bf16-mixed --framework hf --lora-rank 8 --lora-targets q,k,v,o,gate,up,down")
+    request = request_from_args(build_parser().parse_args(["fit", *row.split()]), StrategyKind.zero3)
+    modules, _, blocks = _modules(request)
+    trace = _trace(request, modules, blocks)
+    at = next(step for step, (m, _) in enumerate(trace) if m >= 0 and modules[m][0] == 41)  # block.40's first fetch
+
+    def blocks_ahead(counter_start: int | None) -> int:
+        gathered = [int(name.split(".")[1]) for step, name in replay(request, counter_start).gathers
+                    if step <= at and name.startswith("block.")]
+        return max(gathered) - 40
+
+    assert blocks_ahead(0) == 1  # step 1
+    assert blocks_ahead(None) == 1  # the row's steady state: 49.8 M persistent elements below zero
+    assert blocks_ahead(-1_594_098_480) == 3  # the scaled run's offset, at the row's scale
