@@ -8,7 +8,9 @@ than the row's: hidden 256 and FFN 896 (Llama-2-70B's 8,192 and 28,672 over 32, 
 blocks, and micro-batch 2 x 256 tokens (8 x 2,048 over 32), so each activation (tokens x a width)
 is 1,024 times smaller too; DeepSpeed's stage-3 settings are its defaults over 1,024 (as
 benchmarks/deepspeed_zero3_lora_step.py: stage3_param_persistence_threshold 4,096 keeps the tensors
-whole that 1e5 does on 70B) and reduce_bucket_size 5e8 / 1,024. Rank 0's CPU
+whole that 1e5 does on 70B) and reduce_bucket_size 5e8 / 1,024; --persistence-threshold 2047
+gathers LoRA's adapters so that the persistent parameters are the share of
+stage3_max_live_parameters the row's are (PERSISTENT_SHARE), which sets how far step 2 prefetches. Rank 0's CPU
 allocations and frees (the profiler's allocator events, zeroplan.harness.allocator_trace) in steps
 1 and 2 are scaled by 1,024 and replayed, in their order, through zeroplan.allocator.replay on the
 row's usable memory, after one allocation standing for what the row holds between steps (the
@@ -18,10 +20,11 @@ not tokens x a width or a weight (LoRA's r-wide ones, norms' statistics) scale o
 small beside the rest. The trace is the CPU's: gloo's all-gather temporaries are left out
 (NCCL makes none), but dropout keeps a noise tensor of its input's dtype where CUDA keeps a bool
 mask (LoRA's dropout on each adapted linear's input: about 1.2 GiB more at the row's sizes, in the
-requested peak). A gathered buffer's use on the compute stream (free_param's record_stream) is
+requested peak; the last line printed leaves these out and halves the noise, cpu_temporaries). A gathered buffer's use on the compute stream (free_param's record_stream) is
 taken as done when DeepSpeed frees it. Usage:
 
-    python benchmarks/deepspeed_zero3_allocator_replay.py --deepspeed-src DIR --early-2024-recompute
+    python benchmarks/deepspeed_zero3_allocator_replay.py --deepspeed-src DIR --early-2024-recompute \
+        --persistence-threshold 2047
 
 (DIR: DeepSpeed 0.13.3's source, the release of the row's date; see deepspeed_zero3_lora_step.py.)
 """
@@ -156,10 +159,10 @@ def _rank(rank: int, world: int, options: argparse.Namespace, out: str) -> None:
     dist.destroy_process_group()
 
 
-def engine_trace(result: dict, first_step: int, end_step: int | None = None):
+def engine_trace(result: dict, first_step: int, end_step: int | None = None, cuda_like: bool = False):
     """The run's allocations from ``first_step`` on (to ``end_step``'s start where given), scaled,
-    as an AllocationTrace (SDPA's masks left out), and the bytes live at that step's start (the
-    run's own, scaled)."""
+    as an AllocationTrace (SDPA's masks left out; with ``cuda_like`` the CPU's own temporaries
+    too, cpu_temporaries), and the bytes live at that step's start (the run's own, scaled)."""
     from zeroplan.allocator.trace import AllocationTrace, AllocEvent, FreeEvent
 
     start = result["step_starts"][first_step]
@@ -171,6 +174,10 @@ def engine_trace(result: dict, first_step: int, end_step: int | None = None):
     step_starts = [window[0] for window in steps]
 
     skipped = _collective_temporaries(result["events"])
+    halved: set[int] = set()
+    if cuda_like:
+        dropped, halved = cpu_temporaries(result["events"])
+        skipped |= dropped
     live: dict[int, tuple[int, int | None]] = {}  # ptr -> (size, trace id or None: from before / a mask)
     out: list = []
     next_id = 0
@@ -186,10 +193,42 @@ def engine_trace(result: dict, first_step: int, end_step: int | None = None):
             live[ptr] = (size, None)
             continue
         live[ptr] = (size, next_id)
+        size = size // 2 if index in halved else size
         out.append(AllocEvent(id=next_id, size_bytes=scaled(size, _inside(steps, step_starts, time_ns)),
                               stream=1 if _inside(windows, window_starts, time_ns) else 0))
         next_id += 1
     return AllocationTrace(events=tuple(out), source="deepspeed engine, scaled"), _live_at(result["events"], start)
+
+
+# What the CPU run allocates that a CUDA run of the same step does not: aten::mm's own buffers
+# (allocated and freed inside the CPU matmul; cuBLAS uses its workspace), the buffers of SDPA's CPU
+# flash kernel (freed inside _scaled_dot_product_flash_attention_for_cpu) and the aten::where of
+# its CPU path (the row runs flash attention 2, which allocates its output and log-sum-exp only);
+# and dropout's noise, which torch's CPU dropout makes in the input's dtype (empty_like, then
+# bernoulli_ and div_: aten/src/ATen/native/Dropout.cpp _dropout_impl) where CUDA's fused
+# native_dropout keeps a bool mask: half its bytes in bf16.
+def cpu_temporaries(events: list) -> tuple[set[int], set[int]]:
+    """(indices of the CPU's own temporaries, indices of dropout's noise tensors)."""
+    made: dict[int, int] = {}
+    freed_by: dict[int, str] = {}
+    for index, (_, size, ptr, op) in enumerate(events):
+        if size > 0:
+            made[ptr] = index
+        elif ptr in made:
+            freed_by[made.pop(ptr)] = op
+    dropped: set[int] = set()
+    noise: set[int] = set()
+    for index, (_, size, _, op) in enumerate(events):
+        if size <= 0:
+            continue
+        freer = freed_by.get(index, "")
+        if ((op == "aten::mm" and freer == "aten::mm") or op == "aten::where"
+                or (op == "aten::empty" and freer.startswith("aten::_scaled_dot_product_flash_attention_for_cpu"))):
+            dropped.add(index)
+        elif (op == "aten::empty_strided" and index + 1 < len(events) and events[index + 1][3] == "aten::div_"
+              and freer in ("aten::dropout", "MulBackward0")):
+            noise.add(index)
+    return dropped, noise
 
 
 # gloo's all-gather on the CPU (c10d::_allgather_base_) allocates two copies of the gathered
@@ -303,8 +342,9 @@ def main() -> None:
           f"replayed x {SCALE} on {capacity / gib:.2f} GiB usable; stage3_param_persistence_threshold "
           f"{settings['stage3_param_persistence_threshold']:,}: persistent elements {share:.3f} of stage3_max_live_parameters "
           f"(the row's {PERSISTENT_SHARE:.3f}), which step 2 on prefetches beyond it")
-    for label, first, end in (("step 1", 1, 2), ("step 2", 2, 3), ("steps 1-2", 1, None)):
-        engine, run_between = engine_trace(result, first, end)
+    for label, first, end, cuda_like in (("step 1", 1, 2, False), ("step 2", 2, 3, False), ("steps 1-2", 1, None, False),
+                                         ("step 2, the CPU's own temporaries left out", 2, 3, True)):
+        engine, run_between = engine_trace(result, first, end, cuda_like)
         engine = AllocationTrace(events=(held, *engine.events), source=engine.source)
         replayed = replay(engine, config, capacity)
         print(f"  engine {label}: allocations {sum(isinstance(e, AllocEvent) for e in engine.events):,}; requested peak "
