@@ -107,3 +107,34 @@ def test_the_prefetch_runs_as_many_blocks_ahead_as_the_engine_after_an_optimizer
     assert blocks_ahead(0) == 1  # step 1
     assert blocks_ahead(None) == 1  # the row's steady state: 49.8 M persistent elements below zero
     assert blocks_ahead(-1_594_098_480) == 3  # the scaled run's offset, at the row's scale
+
+
+# DeepSpeed counts the elements of the tensor it partitions (partition_parameters.py
+# _convert_to_deepspeed_param: ds_numel = param.numel()); under bitsandbytes that is Params4bit's
+# packed codes. Measured on DeepSpeed 0.19.8's own engine with bitsandbytes 0.50.2 (nf4, double
+# quantization, bnb_4bit_quant_storage bf16; transformers 4.56.2 from_pretrained, 2 gloo ranks):
+# on a Llama of hidden 256, FFN 896 and one KV head of 32, q_proj's ds_numel is 16,384 and
+# gate_proj's 57,344, and under stage3_param_persistence_threshold 4,096 k_proj and v_proj (2,048
+# each) persist while gate_proj's lora_B (7,168) is gathered.
+def test_a_4bit_base_counts_its_packed_elements_as_deepspeed_does(tmp_path) -> None:
+    import json
+
+    from zeroplan.cli.fit import request_from_args
+    from zeroplan.cli.main import build_parser
+    from zeroplan.core.deepspeed_coordinator import _modules
+    from zeroplan.specs.strategy import StrategyKind
+
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "intermediate_size": 896,
+              "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 1, "vocab_size": 512,
+              "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    flags = ("--gpus 2 --gpu a100-40gb --micro-batch 2 --seq-len 512 --precision bf16-mixed --framework hf --lora-rank 8 "
+             "--quantize nf4 --double-quant --lora-targets q,k,v,o,gate,up,down --activation-checkpointing full")
+    request = request_from_args(build_parser().parse_args(["fit", str(path), *flags.split()]), StrategyKind.zero3)
+    request = request.with_strategy(request.strategy.model_copy(update={"deepspeed_param_persistence_threshold": 4096}))
+    _, params, _ = _modules(request)
+    numel = {p.name: p.numel for p in params}
+    assert numel["block.0.attention.q.weight"] == 16_384 and numel["block.0.mlp.gate.weight"] == 57_344
+    assert "block.0.attention.k.weight" not in numel and "block.0.attention.v.weight" not in numel
+    assert numel["block.0.mlp.gate.lora_b.weight"] == 7_168

@@ -132,6 +132,31 @@ def _gathered_bytes(request: PlanRequest, tensor, bytes_per_element: int) -> int
     return group * ceil_div(frozen_tensor_bytes(request, tensor, gathered=True), group)
 
 
+QUANT_STORAGE_BYTES = 2
+"""Bytes of one element of bitsandbytes' Params4bit as PEFT's DeepSpeed QLoRA guide stores it
+(bnb_4bit_quant_storage bf16: four 4-bit codes an element; zeroplan.frameworks.lora.BNB_QUANT_STORAGE)."""
+
+
+# DeepSpeed counts a parameter's elements as the tensor it partitions holds them
+# (partition_parameters.py _convert_to_deepspeed_param: param.ds_numel = param.numel(), 0.13.3
+# line 1076, 0.19.8 line 1282): for bitsandbytes' Params4bit that is the packed codes, a quarter
+# of the weight's elements in bf16 storage. Every element count of the coordinator reads ds_numel:
+# the persistence threshold (line 1086), stage3_max_live_parameters and the prefetch bucket
+# (__n_available_params, numel_prefetching) and the reuse distance (the trace's running sum). So
+# under a 4-bit base DeepSpeed keeps gathered and prefetches four times the weights that the same
+# settings do for a 16-bit base: DeepSpeed 0.19.8's own engine under bitsandbytes 0.50.2 on a
+# 4-block Llama whose packed model (417,792 elements) is within its scaled reuse distance
+# (976,562) keeps every block's packed weights gathered through the step.
+def ds_numel(request: PlanRequest, tensor) -> int:
+    """The elements DeepSpeed counts for one tensor (ds_numel): a quantized frozen weight's
+    stored elements, else its elements."""
+    if tensor.quantized and not tensor.trainable:
+        from zeroplan.core.finetune.storage import quantized_layout
+
+        return ceil_div(quantized_layout(request, tensor)[0], QUANT_STORAGE_BYTES)
+    return tensor.numel
+
+
 def _fuses_qkv(request: PlanRequest) -> bool:
     # Megatron's ParallelAttention computes q, k and v with one query_key_value linear
     # (megatron/model/transformer.py line 147); hf's Llama has q_proj, k_proj, v_proj.
@@ -188,12 +213,13 @@ def _modules(request: PlanRequest) -> tuple[list[tuple[int, list[int]]], list[_P
         by_module: dict[str, list[int]] = {}
         for tensor in unit.tensors:
             own = by_module.setdefault(_module_name(request, tensor.name), [])
-            if tensor.numel <= threshold:
+            numel = ds_numel(request, tensor)
+            if numel <= threshold:
                 continue  # persistent: gathered at the engine's start, never fetched
             own.append(len(params))
             if tensor.name == "token.weight":
                 word_embeddings = len(params)
-            params.append(_Param(index, f"{unit.name}.{tensor.name}", tensor.numel, _gathered_bytes(request, tensor, eb.compute_parameter),
+            params.append(_Param(index, f"{unit.name}.{tensor.name}", numel, _gathered_bytes(request, tensor, eb.compute_parameter),
                                  tensor.numel * wire if tensor.trainable else 0))
         modules += [(index, ids) for ids in by_module.values()]
     if request.model.tied_embeddings and word_embeddings is not None:
@@ -243,7 +269,8 @@ def _trace(request: PlanRequest, modules: list[tuple[int, list[int]]], blocks: l
 def persistent_elements(request: PlanRequest) -> int:
     """The elements of the persistent parameters (ds_numel, whole: every rank holds them)."""
     threshold = persistence_threshold(request)
-    return sum(t.numel for unit in rank_parameter_units(request) for t in unit.tensors if t.numel <= threshold)
+    counts = (ds_numel(request, t) for unit in rank_parameter_units(request) for t in unit.tensors)
+    return sum(n for n in counts if n <= threshold)
 
 
 @lru_cache(maxsize=256)
@@ -346,4 +373,4 @@ def first_module_gathered_bytes(request: PlanRequest, bytes_per_element: int) ->
     first = rank_parameter_units(request)[0]
     name = _module_name(request, first.tensors[0].name)
     return sum(_gathered_bytes(request, t, bytes_per_element) for t in first.tensors
-               if _module_name(request, t.name) == name and t.numel > threshold)
+               if _module_name(request, t.name) == name and ds_numel(request, t) > threshold)
