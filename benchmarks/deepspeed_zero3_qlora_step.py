@@ -4,7 +4,7 @@ linear, reentrant gradient checkpointing with the input's gradient enabled, bf16
 Llama on gloo (2 CPU ranks): what DeepSpeed counts for each packed weight (ds_numel, ds_persist),
 each step's peak of live CPU bytes, and the planner's allocated peak for the same request.
 
-    python benchmarks/deepspeed_zero3_qlora_step.py
+    python benchmarks/deepspeed_zero3_qlora_step.py [--bf16-base] [--non-reentrant]
 
 The model is deepspeed_zero3_lora_step.py's (hidden 256, FFN 896, 8 heads over one KV head of 32,
 vocabulary 512, micro-batch 2 x 512) with the stage-3 settings it scales by 1,024
@@ -16,6 +16,22 @@ and for the CPU's the run took (Kernels cpu: dropout's noise in the input's dtyp
 engine's figure: what transformers' SDPA path builds for its causal mask (every step's: the earlier
 ones' frees are the profiler's blind spot) and SDPA's CPU kernel's aten::where; flash attention 2,
 the row's, builds neither.
+
+Also printed: the non-persistent parameters gathered at each block's down_proj backward. From
+0.19.3 (deepspeedai/DeepSpeed a31eb3165, "Z3: Support for activation ckpt with frozen params") a
+frozen parameter fetched in a checkpoint's recompute is attributed to the last module whose
+backward is active (partitioned_param_coordinator.py fetch_sub_module: update_recompute_parameters)
+and released with that module's backward (release_sub_module). Under torch's non-reentrant
+checkpoint the recompute runs inside a block module's backward; under the reentrant one it runs in
+CheckpointFunction.backward, outside any block module's, and the owner is an outer module: each
+recomputed block's frozen weights then stay gathered to the end of the backward, which the
+planner's coordinator replay does not model (the PEFT rows ran DeepSpeed 0.13.3 and 0.14.0, which
+have no such attribution). Measured here with --bf16-base: 1.89, 3.43, 5.10 and 6.77 MB gathered at
+blocks 3 to 0 (one block's weights, 1.67 MB, more at each), against 0.09 to 0.25 MB with
+--non-reentrant; with the 4-bit base the packed model (1.7 MB) is within the scaled
+stage3_max_reuse_distance, so the reuse scan keeps it gathered either way, and with
+stage3_max_live_parameters and stage3_max_reuse_distance at a quarter (1e9 / 4,096) the blocks
+still hold 0.45, 0.85, 1.26 and 1.67 MB.
 """
 
 from __future__ import annotations
@@ -61,20 +77,33 @@ def _rank(rank: int, world: int, options: argparse.Namespace, checkpoint: str, o
         # --bnb_4bit_quant_storage_dtype bfloat16, the model loaded in that dtype.
         quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                                           bnb_4bit_compute_dtype=torch.bfloat16, bnb_4bit_quant_storage=torch.bfloat16)
-        model = AutoModelForCausalLM.from_pretrained(checkpoint, quantization_config=quantization, dtype=torch.bfloat16,
-                                                     attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(checkpoint, quantization_config=None if options.bf16_base else quantization,
+                                                     dtype=torch.bfloat16, attn_implementation="sdpa")
         model.config.use_cache = False
         model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.1, target_modules="all-linear",
                                                  task_type="CAUSAL_LM"))
-        model.gradient_checkpointing_enable({"use_reentrant": True})
+        model.gradient_checkpointing_enable({"use_reentrant": not options.non_reentrant})
         model.enable_input_require_grads()
         model.train()
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config, dist_init_required=False)
         counted = {name.split("layers.0.")[1]: (p.ds_numel, bool(p.ds_persist), type(p).__name__)
                    for name, p in model.named_parameters() if "layers.0." in name and "base_layer" in name}
+        from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+        gathered: list[tuple[str, int]] = []
+
+        def note(tag: str) -> None:
+            gathered.append((tag, sum(p.numel() * p.element_size() for p in model.parameters()
+                                      if getattr(p, "ds_status", None) == ZeroParamStatus.AVAILABLE and not p.ds_persist)))
+
+        for name, module in model.named_modules():
+            if name.endswith("mlp.down_proj.base_layer"):
+                block = name.split("layers.")[1].split(".")[0]
+                module.register_full_backward_pre_hook(lambda m, g, block=block: note(block))
         tokens = torch.randint(0, VOCAB, (MICRO_BATCH, SEQ), generator=torch.Generator().manual_seed(rank))
         for step in range(STEPS):
+            gathered.clear()
             with trace.step(step):
                 engine.backward(engine(input_ids=tokens, labels=tokens).loss)
                 engine.step()
@@ -88,7 +117,7 @@ def _rank(rank: int, world: int, options: argparse.Namespace, checkpoint: str, o
                         if e.name.startswith(STEP_RANGE_PREFIX))
         assert starts
         Path(out).write_text(json.dumps({
-            "deepspeed": deepspeed.__version__, "counted": counted, "peak": best,
+            "deepspeed": deepspeed.__version__, "counted": counted, "peak": best, "gathered": gathered,
             "left_out": sum(size for size, op in live if op in LEFT_OUT_OPS),
             "step_peaks": {k: v.peak_bytes for k, v in trace.peaks().items()}}))
     dist.destroy_process_group()
@@ -121,6 +150,10 @@ def planned_bytes(path: Path, kernels: str) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--non-reentrant", action="store_true", help="torch's non-reentrant checkpoint (the Trainer's "
+                        "gradient_checkpointing_kwargs use_reentrant False) instead of transformers' default reentrant one")
+    parser.add_argument("--bf16-base", action="store_true", help="LoRA on a bf16 base (no quantization; zero.Init then "
+                        "partitions it as transformers loads it), for comparison")
     parser.add_argument("--port", type=int, default=29581)
     options = parser.parse_args()
     options.early_2024_recompute = False  # start_rank's option: torch's recompute as installed
@@ -138,7 +171,8 @@ def main() -> None:
     result = json.loads(Path(out).read_text())
     path = Path(checkpoint) / "config.json"
     mb = 1e6
-    print(f"DeepSpeed {result['deepspeed']}, QLoRA (nf4, double quantization, bf16 storage), reentrant checkpointing; "
+    base = "LoRA on a bf16 base" if options.bf16_base else "QLoRA (nf4, double quantization, bf16 storage)"
+    print(f"DeepSpeed {result['deepspeed']}, {base}, {'non-' if options.non_reentrant else ''}reentrant checkpointing; "
           f"micro-batch {MICRO_BATCH} x seq {SEQ}; stage3_param_persistence_threshold "
           f"{STAGE3['stage3_param_persistence_threshold']:,}")
     for name, (numel, persist, kind) in sorted(result["counted"].items()):
@@ -147,8 +181,11 @@ def main() -> None:
         print(f"  step {step}: peak of live CPU bytes {peak / mb:.2f} MB")
     print(f"  at the run's peak {result['peak'] / mb:.2f} MB, {result['left_out'] / mb:.2f} of them the SDPA path's masks and "
           f"where: {(result['peak'] - result['left_out']) / mb:.2f} MB")
-    print(f"  planned allocated peak (zeroplan, same request): {planned_bytes(path, 'cuda') / mb:.2f} MB; on the CPU's "
-          f"dispatch path the run took: {planned_bytes(path, 'cpu') / mb:.2f} MB")
+    print("  gathered non-persistent parameters at each block's down_proj backward, step 2: "
+          + ", ".join(f"block {block} {size / mb:.2f} MB" for block, size in result["gathered"]))
+    if not (options.bf16_base or options.non_reentrant):
+        print(f"  planned allocated peak (zeroplan, same request): {planned_bytes(path, 'cuda') / mb:.2f} MB; on the CPU's "
+              f"dispatch path the run took: {planned_bytes(path, 'cpu') / mb:.2f} MB")
 
 
 if __name__ == "__main__":
