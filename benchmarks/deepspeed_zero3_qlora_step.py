@@ -24,9 +24,9 @@ backward is active (partitioned_param_coordinator.py fetch_sub_module: update_re
 and released with that module's backward (release_sub_module). Under torch's non-reentrant
 checkpoint the recompute runs inside a block module's backward; under the reentrant one it runs in
 CheckpointFunction.backward, outside any block module's, and the owner is an outer module: each
-recomputed block's frozen weights then stay gathered to the end of the backward, which the
-planner's coordinator replay does not model (the PEFT rows ran DeepSpeed 0.13.3 and 0.14.0, which
-have no such attribution). Measured here with --bf16-base: 1.89, 3.43, 5.10 and 6.77 MB gathered at
+recomputed block's frozen weights then stay gathered to the end of the backward, as the planner's
+coordinator replay holds them (deepspeed_coordinator.holds_recomputed_frozen; the PEFT rows ran
+DeepSpeed 0.13.3 and 0.14.0, which have no such attribution). Measured here with --bf16-base: 1.89, 3.43, 5.10 and 6.77 MB gathered at
 blocks 3 to 0 (one block's weights, 1.67 MB, more at each), against 0.09 to 0.25 MB with
 --non-reentrant; with the 4-bit base the packed model (1.7 MB) is within the scaled
 stage3_max_reuse_distance, so the reuse scan keeps it gathered either way, and with
