@@ -26,22 +26,15 @@ for path in (ROOT, ROOT / "benchmarks"):
         sys.path.insert(0, str(path))
 
 from deepspeed_zero3_allocator_replay import (  # noqa: E402
-    FFN, HEADS, HIDDEN, KV_HEADS, LAYERS, ROW, STAGE3, _collective_temporaries, scaled,
+    ROW, STAGE3, _collective_temporaries, persistent_elements, scaled,
 )
 
-RANK = 8
 
 
-def engine_persistent_elements() -> int:
+def engine_persistent_elements(result: dict) -> int:
     """The scaled run's persistent elements (ds_numel <= its stage3_param_persistence_threshold):
     the norms and LoRA's narrow adapters, which shrink 32 times where max_live shrinks 1,024 times."""
-    kv = HIDDEN // HEADS * KV_HEADS
-    shapes = [HIDDEN, HIDDEN]  # the two norms
-    for out_features, in_features in ((HIDDEN, HIDDEN), (kv, HIDDEN), (kv, HIDDEN), (HIDDEN, HIDDEN),
-                                      (FFN, HIDDEN), (FFN, HIDDEN), (HIDDEN, FFN)):
-        shapes += [RANK * in_features, out_features * RANK]  # lora_A, lora_B
-    threshold = STAGE3["stage3_param_persistence_threshold"]
-    return LAYERS * sum(n for n in shapes if n <= threshold) + HIDDEN  # and the final norm
+    return persistent_elements(result.get("stage3", STAGE3)["stage3_param_persistence_threshold"])
 
 # transformers' Llama and peft's LoRA names -> the planner's (zeroplan.core.parallel.units).
 RENAMES = [(r"^base_model\.model\.", ""), (r"^model\.", ""), (r"^embed_tokens\.", "embedding.token."),
@@ -117,8 +110,8 @@ def main() -> None:
     # (zeroplan.core.deepspeed_coordinator.persistent_elements), which in the scaled run are
     # engine_persistent_elements() against a stage3_max_live_parameters of 1e9 / 1,024: the same
     # fraction of the row's 1e9 is replayed beside the row's own.
-    engine_offset = engine_persistent_elements()
-    as_run = -round(engine_offset / STAGE3["stage3_max_live_parameters"] * 10**9)
+    engine_offset = engine_persistent_elements(result)
+    as_run = -round(engine_offset / result.get("stage3", STAGE3)["stage3_max_live_parameters"] * 10**9)
     print(f"DeepSpeed {result['deepspeed']} engine (the 70B LoRA row's shapes over 1,024) against the replay of the row's request;"
           f" the scaled run's persistent elements {engine_offset:,}")
     for label, start in (("step 1 (counter from 0)", 0), ("steady state, the row's shapes", None),

@@ -203,8 +203,9 @@ def step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms)
 # v0.13.3, :195-196 at 0.19.8); the caching allocator keeps that stream's blocks apart. Hugging
 # Face's DeepSpeed configs (accelerate's plugin) leave overlap_comm to DeepSpeed's default, on at
 # stage 3 (deepspeed_accumulation.overlap_comm). DeepSpeed 0.13.3's own allocation sequence at the
-# 70B LoRA row's sizes (benchmarks/deepspeed_zero3_allocator_replay.py) reserves 62.1 GiB replayed
-# with its gathers on that stream, 65.9 with them on the compute stream.
+# 70B LoRA row's sizes (benchmarks/deepspeed_zero3_allocator_replay.py --persistence-threshold 2047,
+# the run whose persistent share of stage3_max_live_parameters is near the row's) reserves 60.2 GiB
+# replayed with its gathers on that stream, 67.4 with them on the compute stream.
 def _gather_stream(request: PlanRequest) -> int:
     """The stream a unit's gather allocates on: FSDP's all-gather stream, DeepSpeed ZeRO-3's
     allgather stream under the hf profile (overlap_comm on), else the compute stream."""

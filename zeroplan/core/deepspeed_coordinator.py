@@ -71,6 +71,30 @@ def replays_gathers(request: PlanRequest) -> bool:
                                                               ActivationCheckpointing.selective))
 
 
+# DeepSpeed 0.19.3 (deepspeedai/DeepSpeed a31eb3165, "Z3: Support for activation ckpt with frozen
+# params"; 0.19.8 partitioned_param_coordinator.py fetch_sub_module lines 389-394 and
+# release_sub_module lines 500-524): a frozen parameter fetched in a checkpoint's recompute (a
+# forward inside the backward's graph task) is attributed to the module whose backward was last
+# entered (update_recompute_parameters adds that module to its ds_active_sub_modules) and released
+# with that module's backward. Under transformers' default reentrant checkpoint (the hf profile's;
+# modeling_utils.py gradient_checkpointing_enable: use_reentrant True) the recompute runs in
+# CheckpointFunction.backward, outside any block module's backward, and the owner is an outer
+# module whose backward ends with the step's: each recomputed block's frozen parameters stay
+# gathered to the end of the backward. Measured on DeepSpeed 0.19.8's own engine
+# (benchmarks/deepspeed_zero3_qlora_step.py --bf16-base: 1.89, 3.43, 5.10 and 6.77 MB gathered at
+# blocks 3 to 0, the replay 2.45, 3.37, 5.04 and 6.71; --non-reentrant 0.09 to 0.25 MB).
+def holds_recomputed_frozen(request: PlanRequest) -> bool:
+    """Whether the frozen parameters a block's recompute gathers stay gathered to the end of the
+    backward: hf's reentrant checkpoint under every block recomputed, DeepSpeed 0.19.3 or later."""
+    from zeroplan.core.profiles import profile
+
+    training = request.training
+    early_stop = training.checkpoint_early_stop
+    reentrant = not (profile(training.framework).checkpoint_early_stop if early_stop is None else early_stop)
+    return (training.framework is Framework.hf and reentrant and training.deepspeed_release in (None, "0.19.8")
+            and training.activation_checkpointing is ActivationCheckpointing.full)
+
+
 # DeepSpeed 0.13.3 (and 0.19.8, 0.6.2) runtime/zero/config.py DeepSpeedZeroConfig: stage3_prefetch_bucket_size
 # 5e7 (line 194), stage3_param_persistence_threshold 1e5 (200), stage3_max_live_parameters 1e9
 # (217), stage3_max_reuse_distance 1e9 (223): what a run whose config leaves them out (accelerate's
@@ -132,6 +156,31 @@ def _gathered_bytes(request: PlanRequest, tensor, bytes_per_element: int) -> int
     return group * ceil_div(frozen_tensor_bytes(request, tensor, gathered=True), group)
 
 
+QUANT_STORAGE_BYTES = 2
+"""Bytes of one element of bitsandbytes' Params4bit as PEFT's DeepSpeed QLoRA guide stores it
+(bnb_4bit_quant_storage bf16: four 4-bit codes an element; zeroplan.frameworks.lora.BNB_QUANT_STORAGE)."""
+
+
+# DeepSpeed counts a parameter's elements as the tensor it partitions holds them
+# (partition_parameters.py _convert_to_deepspeed_param: param.ds_numel = param.numel(), 0.13.3
+# line 1076, 0.19.8 line 1282): for bitsandbytes' Params4bit that is the packed codes, a quarter
+# of the weight's elements in bf16 storage. Every element count of the coordinator reads ds_numel:
+# the persistence threshold (line 1086), stage3_max_live_parameters and the prefetch bucket
+# (__n_available_params, numel_prefetching) and the reuse distance (the trace's running sum). So
+# under a 4-bit base DeepSpeed keeps gathered and prefetches four times the weights that the same
+# settings do for a 16-bit base: DeepSpeed 0.19.8's own engine under bitsandbytes 0.50.2 on a
+# 4-block Llama whose packed model (417,792 elements) is within its scaled reuse distance
+# (976,562) keeps every block's packed weights gathered through the step.
+def ds_numel(request: PlanRequest, tensor) -> int:
+    """The elements DeepSpeed counts for one tensor (ds_numel): a quantized frozen weight's
+    stored elements, else its elements."""
+    if tensor.quantized and not tensor.trainable:
+        from zeroplan.core.finetune.storage import quantized_layout
+
+        return ceil_div(quantized_layout(request, tensor)[0], QUANT_STORAGE_BYTES)
+    return tensor.numel
+
+
 def _fuses_qkv(request: PlanRequest) -> bool:
     # Megatron's ParallelAttention computes q, k and v with one query_key_value linear
     # (megatron/model/transformer.py line 147); hf's Llama has q_proj, k_proj, v_proj.
@@ -188,12 +237,13 @@ def _modules(request: PlanRequest) -> tuple[list[tuple[int, list[int]]], list[_P
         by_module: dict[str, list[int]] = {}
         for tensor in unit.tensors:
             own = by_module.setdefault(_module_name(request, tensor.name), [])
-            if tensor.numel <= threshold:
+            numel = ds_numel(request, tensor)
+            if numel <= threshold:
                 continue  # persistent: gathered at the engine's start, never fetched
             own.append(len(params))
             if tensor.name == "token.weight":
                 word_embeddings = len(params)
-            params.append(_Param(index, f"{unit.name}.{tensor.name}", tensor.numel, _gathered_bytes(request, tensor, eb.compute_parameter),
+            params.append(_Param(index, f"{unit.name}.{tensor.name}", numel, _gathered_bytes(request, tensor, eb.compute_parameter),
                                  tensor.numel * wire if tensor.trainable else 0))
         modules += [(index, ids) for ids in by_module.values()]
     if request.model.tied_embeddings and word_embeddings is not None:
@@ -243,7 +293,8 @@ def _trace(request: PlanRequest, modules: list[tuple[int, list[int]]], blocks: l
 def persistent_elements(request: PlanRequest) -> int:
     """The elements of the persistent parameters (ds_numel, whole: every rank holds them)."""
     threshold = persistence_threshold(request)
-    return sum(t.numel for unit in rank_parameter_units(request) for t in unit.tensors if t.numel <= threshold)
+    counts = (ds_numel(request, t) for unit in rank_parameter_units(request) for t in unit.tensors)
+    return sum(n for n in counts if n <= threshold)
 
 
 @lru_cache(maxsize=64)
@@ -316,6 +367,7 @@ def _replay(request: PlanRequest, counter_start: int | None) -> Replay:
             seen[p] = step
     order: list[tuple[int, str]] = []
     series: list[int] = []
+    holds, held_frozen = holds_recomputed_frozen(request), set()
 
     def gather(p: int, step: int) -> int:
         nonlocal held_gathered
@@ -349,7 +401,11 @@ def _replay(request: PlanRequest, counter_start: int | None) -> Replay:
         peak = max(peak, held)
         series.append(held)
         # Release after the module's forward or backward, at step_id = step + 1 (lines 487-518).
+        if holds and step > forward_steps and not is_backward:
+            held_frozen.update(p for p in ids[m] if params[p].gradient_bytes == 0)
         for p in ids[m]:
+            if p in held_frozen:
+                continue  # attributed to an outer module's backward (holds_recomputed_frozen)
             later = next_use[step].get(p)
             if (most_recent[p] > step + 1 or p not in available
                     or (later is not None and elements[later] - elements[step + 1] < reuse)):
@@ -384,4 +440,4 @@ def first_module_gathered_bytes(request: PlanRequest, bytes_per_element: int) ->
     first = rank_parameter_units(request)[0]
     name = _module_name(request, first.tensors[0].name)
     return sum(_gathered_bytes(request, t, bytes_per_element) for t in first.tensors
-               if _module_name(request, t.name) == name and t.numel > threshold)
+               if _module_name(request, t.name) == name and ds_numel(request, t) > threshold)
