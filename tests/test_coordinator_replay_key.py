@@ -7,6 +7,7 @@ from __future__ import annotations
 from zeroplan.core import deepspeed_coordinator
 from zeroplan.presets.gpus import get_gpu
 from zeroplan.presets.models import get_model
+from zeroplan.specs.finetune import FineTuneSpec
 from zeroplan.specs import BatchSpec, PlanRequest, StrategySpec, TrainingSpec, cluster_from_gpus
 
 
@@ -31,3 +32,18 @@ def test_recomputation_is_in_the_key() -> None:
     assert deepspeed_coordinator.replay(full) == deepspeed_coordinator._replay(full, None)
     assert deepspeed_coordinator.replay(plain) != deepspeed_coordinator.replay(full)
     assert len(deepspeed_coordinator._REPLAYS) == 2
+
+
+def test_the_release_that_holds_recomputed_frozen_weights_is_in_the_key() -> None:
+    # DeepSpeed 0.19.3+ keeps a reentrant recompute's frozen weights gathered (holds_recomputed_frozen);
+    # 0.13.3 does not: the same units and settings otherwise, two replays.
+    deepspeed_coordinator._REPLAYS.clear()
+    base = _request("zero3", "full")
+    lora = FineTuneSpec(lora_rank=8)
+    current = base.model_copy(update={"training": base.training.model_copy(update={"finetune": lora})})
+    earlier = base.model_copy(update={"training": base.training.model_copy(update={"finetune": lora, "deepspeed_release": "0.13.3"})})
+    assert deepspeed_coordinator.holds_recomputed_frozen(current)
+    assert not deepspeed_coordinator.holds_recomputed_frozen(earlier)
+    assert deepspeed_coordinator.replay(current) == deepspeed_coordinator._replay(current, None)
+    assert deepspeed_coordinator.replay(earlier) == deepspeed_coordinator._replay(earlier, None)
+    assert deepspeed_coordinator.replay(current) != deepspeed_coordinator.replay(earlier)

@@ -308,7 +308,8 @@ def _replay_key(request: PlanRequest) -> tuple:
     """Everything replay reads of the request, as values: _modules (the rank's units, q/k/v
     fused or not, tied embeddings, the gathered and gradient element bytes, the persistence
     threshold, the shard group, and where a tensor is quantized the request itself), _trace
-    (whether every block is recomputed) and the three stage-3 settings. Requests that differ in
+    (whether every block is recomputed), whether a recompute's frozen weights stay gathered
+    (holds_recomputed_frozen) and the three stage-3 settings. Requests that differ in
     nothing else (fit's ZeRO-3 strategies with and without offload under one framework) have one
     replay."""
     units = rank_parameter_units(request)
@@ -317,6 +318,7 @@ def _replay_key(request: PlanRequest) -> tuple:
             gradient_wire_bytes(request), persistence_threshold(request), request.shard_group_size,
             request if _quantizes(units) else None,
             request.training.activation_checkpointing is ActivationCheckpointing.full,
+            holds_recomputed_frozen(request),
             max_live_parameters(request), prefetch_bucket_elements(request), max_reuse_distance(request))
 
 
