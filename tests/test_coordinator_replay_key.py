@@ -42,8 +42,31 @@ def test_the_release_that_holds_recomputed_frozen_weights_is_in_the_key() -> Non
     lora = FineTuneSpec(lora_rank=8)
     current = base.model_copy(update={"training": base.training.model_copy(update={"finetune": lora})})
     earlier = base.model_copy(update={"training": base.training.model_copy(update={"finetune": lora, "deepspeed_release": "0.13.3"})})
-    assert deepspeed_coordinator.holds_recomputed_frozen(current)
-    assert not deepspeed_coordinator.holds_recomputed_frozen(earlier)
+    assert deepspeed_coordinator.holds_recomputed_frozen(current.training)
+    assert not deepspeed_coordinator.holds_recomputed_frozen(earlier.training)
     assert deepspeed_coordinator.replay(current) == deepspeed_coordinator._replay(current, None)
     assert deepspeed_coordinator.replay(earlier) == deepspeed_coordinator._replay(earlier, None)
     assert deepspeed_coordinator.replay(current) != deepspeed_coordinator.replay(earlier)
+
+
+def test_checkpoint_impl_sets_what_the_replay_reads_and_the_report_says_why(capsys) -> None:
+    from zeroplan.cli.main import main
+
+    flags = ["fit", "llama-2-7b", "--gpus", "8", "--gpu", "h100-80gb", "--framework", "hf", "--lora-rank", "8",
+             "--activation-checkpointing", "full", "--format", "json"]
+    import json
+
+    def zero3_peak(extra: list[str]) -> tuple[int, str]:
+        main(flags + extra)
+        report = json.loads(capsys.readouterr().out)
+        plan = next(p for p in report["plans"] if p["strategy"] == "zero3")
+        return plan["memory"]["peak_bytes"], report["training"]["checkpoint_early_stop"]
+
+    reentrant, default_flag = zero3_peak([])
+    non_reentrant, set_flag = zero3_peak(["--checkpoint-impl", "non-reentrant"])
+    assert default_flag is None and set_flag is True
+    # 31 blocks' frozen weights (~0.4 GB each in bf16) stay gathered under the reentrant recompute.
+    assert reentrant - non_reentrant > 31 * 0.35e9
+    assert zero3_peak(["--checkpoint-impl", "reentrant"])[0] == reentrant
+    main(flags[:-2] + ["--detail"])
+    assert "--checkpoint-impl non-reentrant" in capsys.readouterr().out

@@ -180,6 +180,7 @@ FLAG_OF_FIELD = {
     "keep_outputs": "--keep-outputs",
     "transformers_version": "--transformers-version",
     "torch_release": "--torch-release",
+    "checkpoint_early_stop": "--checkpoint-impl",
     "litgpt_fork": "--litgpt-fork",
     "training.paged_optimizer": "--paged-optimizer",
     "float8": "--float8",

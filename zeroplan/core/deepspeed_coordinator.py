@@ -49,7 +49,7 @@ from zeroplan.core.parallel.units import rank_parameter_units
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
-from zeroplan.specs.training import ActivationCheckpointing, StateConvention
+from zeroplan.specs.training import ActivationCheckpointing, StateConvention, TrainingSpec
 from zeroplan.units import ceil_div
 
 
@@ -83,12 +83,11 @@ def replays_gathers(request: PlanRequest) -> bool:
 # gathered to the end of the backward. Measured on DeepSpeed 0.19.8's own engine
 # (benchmarks/deepspeed_zero3_qlora_step.py --bf16-base: 1.89, 3.43, 5.10 and 6.77 MB gathered at
 # blocks 3 to 0, the replay 2.45, 3.37, 5.04 and 6.71; --non-reentrant 0.09 to 0.25 MB).
-def holds_recomputed_frozen(request: PlanRequest) -> bool:
+def holds_recomputed_frozen(training: TrainingSpec) -> bool:
     """Whether the frozen parameters a block's recompute gathers stay gathered to the end of the
     backward: hf's reentrant checkpoint under every block recomputed, DeepSpeed 0.19.3 or later."""
     from zeroplan.core.profiles import profile
 
-    training = request.training
     early_stop = training.checkpoint_early_stop
     reentrant = not (profile(training.framework).checkpoint_early_stop if early_stop is None else early_stop)
     return (training.framework is Framework.hf and reentrant and training.deepspeed_release in (None, "0.19.8")
@@ -318,7 +317,7 @@ def _replay_key(request: PlanRequest) -> tuple:
             gradient_wire_bytes(request), persistence_threshold(request), request.shard_group_size,
             request if _quantizes(units) else None,
             request.training.activation_checkpointing is ActivationCheckpointing.full,
-            holds_recomputed_frozen(request),
+            holds_recomputed_frozen(request.training),
             max_live_parameters(request), prefetch_bucket_elements(request), max_reuse_distance(request))
 
 
@@ -369,7 +368,7 @@ def _replay(request: PlanRequest, counter_start: int | None) -> Replay:
             seen[p] = step
     order: list[tuple[int, str]] = []
     series: list[int] = []
-    holds, held_frozen = holds_recomputed_frozen(request), set()
+    holds, held_frozen = holds_recomputed_frozen(request.training), set()
 
     def gather(p: int, step: int) -> int:
         nonlocal held_gathered

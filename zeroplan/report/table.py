@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from zeroplan.core.deepspeed_coordinator import holds_recomputed_frozen
 from zeroplan.core.params import active_parameters, total_parameters
 from zeroplan.answers import FitReport
 from zeroplan.core.margin import PEAK_ERROR_BAND
@@ -217,7 +218,12 @@ def finetune_lines(report: FitReport) -> list[str]:
             base += " (DeepSpeed holds it in bf16, accelerate's FSDP2 in fp32, whatever it was loaded in)"
     dropout = f", dropout {finetune.lora_dropout:g}" if finetune.lora_dropout else ""
     kind = "DoRA (magnitudes included)" if finetune.dora else "LoRA"
-    return [f"{kind} rank {finetune.lora_rank} on {targets}{dropout}: {share}; {base}."]
+    lines = [f"{kind} rank {finetune.lora_rank} on {targets}{dropout}: {share}; {base}."]
+    if holds_recomputed_frozen(t) and any(p.strategy.zero_stage == 3 and not p.strategy.is_fsdp for p in report.plans):
+        lines.append("DeepSpeed ZeRO-3 from 0.19.3 (the release planned): under transformers' reentrant checkpoint each "
+                     "recomputed block's frozen weights stay gathered to the end of the backward (--checkpoint-impl "
+                     "non-reentrant for use_reentrant=False; --deepspeed-release 0.13.3 for a release before).")
+    return lines
 
 
 def nvme_lines(report: FitReport, unit: ByteUnit) -> list[str]:
