@@ -340,7 +340,7 @@ def add_fused_loss_argument(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--checkpoint-reentrant", action=argparse.BooleanOptionalAction, default=None,
-        help="hf, --activation-checkpointing full: torch's reentrant block checkpoint (the default: transformers' "
+        help="hf, under --activation-checkpointing full: torch's reentrant block checkpoint (the default: transformers' "
              "gradient_checkpointing_enable) or, --no-checkpoint-reentrant, the non-reentrant one "
              "(gradient_checkpointing_kwargs use_reentrant False; ms-swift 1.x patches torch's checkpoint to it), "
              "under which bitsandbytes before 0.43.2 keeps every block's 4-bit matmul inputs through backward",

@@ -452,16 +452,13 @@ def checkpoint_is_reentrant(training: TrainingSpec) -> bool:
     return training.framework is Framework.hf
 
 
+# Like transformers' gradient_checkpointing_kwargs, the choice stands whether or not the blocks
+# are checkpointed (the plan search tries both): without checkpointing it changes nothing.
 def check_checkpoint_reentrant(training: TrainingSpec) -> None:
-    """Refuse checkpoint_reentrant outside hf's full checkpointing, in one line."""
-    if training.checkpoint_reentrant is None:
-        return
-    if training.framework is not Framework.hf:
+    """Refuse checkpoint_reentrant outside hf, in one line."""
+    if training.checkpoint_reentrant is not None and training.framework is not Framework.hf:
         raise ZeroplanError("checkpoint_reentrant", f"{training.framework.value} {profile(training.framework).version} "
                             "has one block checkpoint of its own (allowed only with framework hf)")
-    if training.activation_checkpointing is not ActivationCheckpointing.full:
-        raise ZeroplanError("checkpoint_reentrant", "chooses the checkpoint of a fully checkpointed block (allowed with "
-                            f"activation_checkpointing 'full', not {training.activation_checkpointing.value!r})")
 
 
 # torchtune 0.6.1 recipes/configs/llama3_1/*_lora.yaml (and *_qlora*) set no

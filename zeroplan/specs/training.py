@@ -182,8 +182,8 @@ class TrainingSpec(Frozen):
     1.13, whose non-reentrant checkpoint (torch/utils/checkpoint.py, _checkpoint_without_reentrant)
     reruns the whole block at the backward's first unpack: llm-foundry's runs on its 1.13.1 image."""
     checkpoint_reentrant: bool | None = None
-    """Hugging Face only, under full checkpointing: whether the block checkpoint is torch's
-    reentrant one (True: transformers' gradient_checkpointing_enable without
+    """Hugging Face only: whether a fully checkpointed block runs torch's reentrant checkpoint
+    (True: transformers' gradient_checkpointing_enable without
     gradient_checkpointing_kwargs) or the non-reentrant one (False: gradient_checkpointing_kwargs=
     {"use_reentrant": False}, or ms-swift 1.x, which patches torch.utils.checkpoint.checkpoint to
     default to it); None: the framework's (zeroplan.core.profiles.checkpoint_is_reentrant). Under the
