@@ -184,3 +184,22 @@ def test_what_escapes_the_checkpoint_is_what_bitsandbytes_leaves_alive() -> None
     assert bench.measure(keeps_input=True, reentrant=False) == (planned, planned)
     assert bench.measure(keeps_input=True, reentrant=True) == (0, 0)
     assert bench.measure(keeps_input=False, reentrant=False) == (0, 0)
+
+
+def test_llm_int8_inputs_escape_the_non_reentrant_checkpoint_in_every_release() -> None:
+    from zeroplan.core.finetune.activations import checkpoint_escaping_inputs_bytes
+    from zeroplan.core.frameworks import framework_recompute_bytes
+
+    def int8(reentrant: bool) -> PlanRequest:
+        finetune = FineTuneSpec(lora_rank=8, quantize="int8", lora_targets=("q", "v"))
+        return PlanRequest(model=get_model("llama-2-7b"), cluster=cluster_from_gpus(get_gpu("a100-80gb"), 1),
+                           strategy=StrategySpec(kind="ddp"), batch=BatchSpec(seq_len=1024, micro_batch_size=1),
+                           training=TrainingSpec(framework="hf", precision="bf16-mixed", finetune=finetune,
+                                                 activation_checkpointing="full", checkpoint_reentrant=reentrant))
+
+    # MatMul8bitLt's ctx.tensors = (CAt, subA, A): the fp32 inputs of q/k/v and of gate/up, the
+    # fp32 product down reads, the attention's bf16 output o reads.
+    assert checkpoint_escaping_inputs_bytes(int8(False)) == 1024 * (4 * (4096 + 11008 + 4096) + 2 * 4096)
+    assert checkpoint_escaping_inputs_bytes(int8(True)) == 0
+    # The recomputed block's own kept inputs die with its recomputation.
+    assert framework_recompute_bytes(int8(True)) - framework_recompute_bytes(int8(False)) == 1024 * 4 * (2 * 4096 + 11008)

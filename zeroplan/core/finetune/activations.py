@@ -138,12 +138,13 @@ def bnb_4bit_keeps_input(request: PlanRequest) -> bool:
 # 2023-11-28 to its 3.0 refactor) rebinds torch.utils.checkpoint.checkpoint to default to
 # use_reentrant=False, which Qwen-1's own modeling_qwen.py then calls for every block.
 def bnb_inputs_escape_checkpoint(request: PlanRequest) -> bool:
-    """Whether every fully checkpointed block keeps its 4-bit matmul inputs (hf's non-reentrant
-    checkpoint over bitsandbytes before 0.43.2)."""
+    """Whether every fully checkpointed block keeps its quantized matmul inputs (hf's
+    non-reentrant checkpoint over bitsandbytes' 4-bit before 0.43.2, or its int8 in any release)."""
     from zeroplan.core.profiles import checkpoint_is_reentrant
 
     training = request.training
-    return (bnb_4bit_keeps_input(request) and training.framework is Framework.hf
+    keeps = bnb_4bit_keeps_input(request) or training.finetune.quantize is Quantization.int8
+    return (keeps and training.framework is Framework.hf
             and training.activation_checkpointing is ActivationCheckpointing.full and not checkpoint_is_reentrant(training))
 
 
@@ -162,6 +163,12 @@ def checkpoint_escaping_inputs_bytes(request: PlanRequest) -> int:
     e = request.training.precision.compute_bytes
     tokens = request.batch.seq_len * request.batch.micro_batch_size
     hidden, attention, ffn = (input_width(request, kind) for kind in ("hidden", "attention", "ffn"))
+    if request.training.finetune.quantize is Quantization.int8:
+        # MatMul8bitLt keeps the input itself (int8_kept_input_bytes: fp32 under hf's recipe), o's
+        # the attention's compute-dtype output.
+        x = int8_kept_input_bytes(request)
+        mlp_input = [hidden] if model.norms_per_block > 1 else []
+        return tokens * (x * (hidden + ffn + sum(mlp_input)) + e * attention)
     if quantized_base_outputs_fp32(request):
         reads = [hidden] * 3 + [attention] + [hidden] * (2 if model.mlp.gated else 1) + [ffn]
     else:
@@ -249,11 +256,14 @@ def _group_input_bytes(request: PlanRequest, targets: tuple[LoraTarget, ...], wi
     wrapped = [t for t in targets if t in finetune.targets(request.training.framework)]
     # The attention output o reads is the fused attention's own kept output (INPUT_GROUPS), so
     # an int8 o keeps no second copy of it, nor a 4-bit o (the input arrives in bf16: no cast).
-    shared = e * tokens * width if kept_anyway else int8_kept_input_bytes(request) * tokens * width
+    # Under the non-reentrant checkpoint a recomputed block's MatMul4Bit and MatMul8bitLt nodes
+    # die with the recomputation; what the block keeps is its forward's
+    # (checkpoint_escaping_inputs_bytes).
+    escapes = bnb_inputs_escape_checkpoint(request)
+    int8_kept = 0 if escapes else int8_kept_input_bytes(request)
+    shared = e * tokens * width if kept_anyway else int8_kept * tokens * width
     own = 0  # bytes of the copies each base linear makes of the input and keeps
-    # Under the non-reentrant checkpoint a recomputed block's MatMul4Bit nodes die with the
-    # recomputation; what the block keeps is its forward's (checkpoint_escaping_inputs_bytes).
-    if bnb_4bit_keeps_input(request) and not kept_anyway and not bnb_inputs_escape_checkpoint(request):
+    if bnb_4bit_keeps_input(request) and not kept_anyway and not escapes:
         if quantized_base_outputs_fp32(request):
             own = len(targets) * e * tokens * width
         else:
