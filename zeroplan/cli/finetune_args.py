@@ -55,6 +55,10 @@ def add_finetune_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--bitsandbytes-version", metavar="V",
                        help="the bitsandbytes release an nf4 base runs on (default 0.50.2; before 0.43.2 each 4-bit "
                             "matmul keeps its input for backward)")
+    group.add_argument("--kbit-fp32-cast", action=argparse.BooleanOptionalAction, default=None,
+                       help="hf, quantized base: peft's prepare_model_for_kbit_training casts the embeddings, head and "
+                            "norms to fp32 (default on, transformers' QLoRA recipe; --no-kbit-fp32-cast: they stay as "
+                            "loaded, as ms-swift 1.x runs QLoRA)")
     group.add_argument("--freeze-embeddings", action="store_true", help="full fine-tune with the embedding (and an untied head) frozen")
     group.add_argument("--frozen-blocks", type=positive_int, metavar="K", help="full fine-tune with the first K blocks frozen")
 
@@ -77,7 +81,7 @@ def finetune_from_args(args: argparse.Namespace) -> FineTuneSpec:
         fields["lora_rank"] = args.lora_rank
     optional = {"lora_alpha": "lora_alpha", "lora_targets": "lora_targets", "quant_block_size": "quant_block_size",
                 "double_quant": "double_quant", "base_dtype": "base_dtype",
-                "bitsandbytes_version": "bitsandbytes_version"}
+                "bitsandbytes_version": "bitsandbytes_version", "kbit_fp32_cast": "kbit_fp32_cast"}
     for field, flag in optional.items():
         value = getattr(args, flag, None)
         if value is not None:

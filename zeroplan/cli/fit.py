@@ -387,6 +387,13 @@ def add_fused_loss_argument(parser: argparse.ArgumentParser) -> None:
              "before August 2024 hold the fp32 copy of the shifted logits through backward",
     )
     parser.add_argument(
+        "--checkpoint-reentrant", action=argparse.BooleanOptionalAction, default=None,
+        help="hf, under --activation-checkpointing full: torch's reentrant block checkpoint (the default: transformers' "
+             "gradient_checkpointing_enable) or, --no-checkpoint-reentrant, the non-reentrant one "
+             "(gradient_checkpointing_kwargs use_reentrant False; ms-swift 1.x patches torch's checkpoint to it), "
+             "under which bitsandbytes before 0.43.2 keeps every block's 4-bit matmul inputs through backward",
+    )
+    parser.add_argument(
         "--unchunked-loss", action="store_true",
         help="torchtitan: its unchunked CrossEntropyLoss instead of the ChunkedLossWrapper its Llama-3 configs use; "
              "torchtune: a plain torch.nn.CrossEntropyLoss as the recipe's loss instead of CEWithChunkedOutputLoss",
@@ -549,6 +556,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         deepspeed_release=getattr(args, "deepspeed_release", None),
         use_cache=getattr(args, "use_cache", False),
         keep_outputs=getattr(args, "keep_outputs", False),
+        checkpoint_reentrant=getattr(args, "checkpoint_reentrant", None),
         transformers_version=getattr(args, "transformers_version", None),
         torch_release=getattr(args, "torch_release", None),
         litgpt_fork=getattr(args, "litgpt_fork", None),

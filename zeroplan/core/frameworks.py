@@ -448,8 +448,11 @@ def framework_activation_bytes(request: PlanRequest) -> int:
         kept = layer - selective_core_bytes(request)
         layers = model.num_layers * kept + layer - kept
     else:
-        # Korthikanti et al. 2022 sec. 5: each block's input kept, one block recomputed at a time.
-        layers = model.num_layers * block_input_bytes(request, s, b) + layer
+        # Korthikanti et al. 2022 sec. 5: each block's input kept, one block recomputed at a time;
+        # what escapes a non-reentrant checkpoint stays with every block (checkpoint_escaping_inputs_bytes).
+        from zeroplan.core.finetune.activations import checkpoint_escaping_inputs_bytes
+
+        layers = model.num_layers * (block_input_bytes(request, s, b) + checkpoint_escaping_inputs_bytes(request)) + layer
     norm_savings = hf_bf16_norm_savings_bytes(request)
     outside = outside_layers_bytes(model, training, s, b, autocast=request.runs_under_autocast) + autocast_head_copy_bytes(request)
     if offloads_blocks(request) and final_norm_is_stashed(request):

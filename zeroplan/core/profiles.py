@@ -438,6 +438,29 @@ def profile(framework: Framework) -> FrameworkProfile:
     return PROFILES[framework]
 
 
+# Which checkpoint a framework's block runs under full recomputation: Hugging Face's
+# gradient_checkpointing_enable passes no use_reentrant unless told (transformers 4.35 and 4.36
+# modeling_utils.py: functools.partial(checkpoint, **{}), torch before 2.4 then defaulting to the
+# reentrant one; from 4.41 {"use_reentrant": True} explicitly), and so does the model code of
+# Hub models that call torch.utils.checkpoint.checkpoint themselves (Qwen-1's modeling_qwen.py);
+# the others wrap their blocks in the non-reentrant one (FrameworkProfile.checkpoint_early_stop's
+# sources). TrainingSpec.checkpoint_reentrant overrides it for hf.
+def checkpoint_is_reentrant(training: TrainingSpec) -> bool:
+    """Whether a fully checkpointed block runs torch's reentrant checkpoint."""
+    if training.checkpoint_reentrant is not None:
+        return training.checkpoint_reentrant
+    return training.framework is Framework.hf
+
+
+# Like transformers' gradient_checkpointing_kwargs, the choice stands whether or not the blocks
+# are checkpointed (the plan search tries both): without checkpointing it changes nothing.
+def check_checkpoint_reentrant(training: TrainingSpec) -> None:
+    """Refuse checkpoint_reentrant outside hf, in one line."""
+    if training.checkpoint_reentrant is not None and training.framework is not Framework.hf:
+        raise ZeroplanError("checkpoint_reentrant", f"{training.framework.value} {profile(training.framework).version} "
+                            "has one block checkpoint of its own (allowed only with framework hf)")
+
+
 # torchtune 0.6.1 recipes/configs/llama3_1/*_lora.yaml (and *_qlora*) set no
 # custom_sharded_layers, which its full-finetune configs set to ['tok_embeddings', 'output']:
 # under a LoRA recipe the embedding and output projection stay in the root unit with the final
@@ -827,6 +850,7 @@ def check_framework_request(training: TrainingSpec, model: ModelSpec | None = No
     check_fork_training(training)
     check_transformers_version(training)
     check_torch_release(training)
+    check_checkpoint_reentrant(training)
     if model is not None:
         check_transformers_version_model(training, model)
     # torchtune's recipes held their logits only before August 2024, when the loss was a plain

@@ -203,12 +203,16 @@ def finetune_lines(report: FitReport) -> list[str]:
     loaded = finetune.base_dtype.value
     if finetune.quantize.is_quantized:
         # peft's prepare_model_for_kbit_training (hf's QLoRA recipe) casts the rest to fp32.
-        rest = "in fp32 (prepare_model_for_kbit_training)" if t.framework.value == "hf" else f"as loaded, in {loaded}"
+        rest = ("in fp32 (prepare_model_for_kbit_training)" if finetune.hf_casts_rest_to_fp32(t.framework)
+                else f"as loaded, in {loaded}")
         if finetune.quantize is Quantization.nf4:
             layout = f"blocks of {finetune.quant_block_size}{', double-quantized scales' if finetune.double_quant else ''}"
             if finetune.bnb_4bit_keeps_input:
                 # zeroplan.core.finetune.activations.bnb_4bit_keeps_input (MatMul4Bit before 0.43.2).
                 layout += f"; bitsandbytes {finetune.bitsandbytes_version}: each keeps its input for backward"
+                if t.checkpoint_reentrant is False and t.activation_checkpointing.value == "full":
+                    # zeroplan.core.finetune.activations.checkpoint_escaping_inputs_bytes.
+                    layout += ", in every block under the non-reentrant checkpoint"
         else:
             layout = "LLM.int8: an fp32 scale per output row; each keeps its input for backward"
         base = f"base linears frozen in {finetune.quantize.value} ({layout}), the rest frozen {rest}"

@@ -85,6 +85,10 @@ BITSANDBYTES_VERSION = "0.50.2"
 """The bitsandbytes an nf4 base is planned with unless told (what the hf records run)."""
 BITSANDBYTES_FIRST_4BIT = (0, 39, 0)
 """bitsandbytes 0.39.0 brought Linear4bit and MatMul4Bit (QLoRA, May 2023): the oldest it models."""
+BNB_4BIT_KEEPS_SOURCE_DTYPE = (0, 43, 0)
+"""bitsandbytes 0.43.0 (Params4bit._quantize, commit dcfb6f8, #970) quantizes a weight as loaded;
+before it Params4bit.cuda quantized an fp16 copy, so each dequantization wrote fp16 first
+(zeroplan.core.finetune.activations.bnb_dequantizes_via_fp16)."""
 BNB_4BIT_DROPS_INPUT = (0, 43, 2)
 """bitsandbytes 0.43.2 (commit 9e75374, "fix QLoRA mem bug: delete useless buffered activation",
 #1270) changed MatMul4Bit.forward's ``ctx.tensors = (A, B)`` to ``(None, B)``: before it every
@@ -144,6 +148,12 @@ class FineTuneSpec(Frozen):
     """The bitsandbytes release an nf4 base runs on (hf and zeroplan; torchtune's nf4 is
     torchao's): before 0.43.2 each 4-bit matmul kept its input for backward
     (zeroplan.core.finetune.activations.bnb_4bit_keeps_input)."""
+    kbit_fp32_cast: bool = True
+    """Hugging Face's quantized base (QLoRA, int8): whether the recipe runs peft's
+    prepare_model_for_kbit_training, which casts every parameter that is not 4- or 8-bit
+    (embeddings, head, norms) to fp32 (transformers' and peft's QLoRA recipes); False: they stay
+    in the dtype the base was loaded in, as ms-swift 1.x's sft (swift/llm/sft.py at cfcb672:
+    from_pretrained with torch_dtype and a BitsAndBytesConfig, then its own LoRA, nothing cast)."""
     freeze_embeddings: bool = False
     """Freeze the token embedding (and an untied LM head) in a full fine-tune."""
     frozen_blocks: int = Field(default=0, ge=0)
@@ -178,6 +188,9 @@ class FineTuneSpec(Frozen):
         if self.quant_block_size not in NF4_BLOCK_SIZES:
             raise ZeroplanError("finetune.quant_block_size", f"{self.quant_block_size} is not a 4-bit block size bitsandbytes "
                                 f"quantizes in (allowed: {', '.join(map(str, NF4_BLOCK_SIZES))})")
+        if not self.kbit_fp32_cast and not self.quantize.is_quantized:
+            raise ZeroplanError("finetune.kbit_fp32_cast", "applies to a quantized base only (set quantize, --quantize, "
+                                "to nf4 or int8)")
         if self.lora_rank and (self.freeze_embeddings or self.frozen_blocks):
             raise ZeroplanError("finetune.frozen_blocks", "applies to a full fine-tune; under LoRA every base weight is frozen already")
         return self
@@ -202,7 +215,11 @@ class FineTuneSpec(Frozen):
         casts: a LoRA base loaded in bf16, except hf's QLoRA, whose recipe runs peft 0.17.1
         utils/other.py prepare_model_for_kbit_training, casting every parameter that is not
         4-bit (embeddings, head, norms) to fp32, so the residual stream is fp32 again."""
-        return self.loads_base_in_bf16 and not (framework is Framework.hf and self.quantize.is_quantized)
+        return self.loads_base_in_bf16 and not self.hf_casts_rest_to_fp32(framework)
+
+    def hf_casts_rest_to_fp32(self, framework: Framework) -> bool:
+        """Whether hf's recipe casts what is not quantized to fp32 (kbit_fp32_cast)."""
+        return framework is Framework.hf and self.quantize.is_quantized and self.kbit_fp32_cast
 
     @property
     def trains_everything(self) -> bool:
@@ -246,6 +263,11 @@ def check_finetune(finetune: FineTuneSpec, model: ModelSpec, framework: Framewor
     if framework is Framework.torchtitan:
         raise ZeroplanError("finetune.lora_rank", "LoRA is modelled for hf (PEFT), torchtune and zeroplan, not torchtitan yet "
                             "(allowed frameworks: hf, torchtune, zeroplan)")
+    if not finetune.kbit_fp32_cast and framework is not Framework.hf:
+        # peft's prepare_model_for_kbit_training is hf's recipe; the other frameworks keep what
+        # is not quantized as loaded already.
+        raise ZeroplanError("finetune.kbit_fp32_cast", f"is hf's recipe step; {framework.value} casts nothing to fp32 "
+                            "(allowed only with framework hf)")
     if finetune.base_dtype is BaseDtype.fp32 and framework is Framework.torchtune:
         # torchtune 0.6.1 recipes load the whole model in the recipe's `dtype` (bf16 in every LoRA config).
         raise ZeroplanError("finetune.base_dtype", "torchtune loads the base in its recipe's dtype (allowed: bf16)")

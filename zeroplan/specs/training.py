@@ -182,6 +182,15 @@ class TrainingSpec(Frozen):
     framework's (zeroplan.core.profiles.FrameworkProfile.checkpoint_early_stop). False for torch
     1.13, whose non-reentrant checkpoint (torch/utils/checkpoint.py, _checkpoint_without_reentrant)
     reruns the whole block at the backward's first unpack: llm-foundry's runs on its 1.13.1 image."""
+    checkpoint_reentrant: bool | None = None
+    """Hugging Face only: whether a fully checkpointed block runs torch's reentrant checkpoint
+    (True: transformers' gradient_checkpointing_enable without
+    gradient_checkpointing_kwargs) or the non-reentrant one (False: gradient_checkpointing_kwargs=
+    {"use_reentrant": False}, or ms-swift 1.x, which patches torch.utils.checkpoint.checkpoint to
+    default to it); None: the framework's (zeroplan.core.profiles.checkpoint_is_reentrant). Under the
+    non-reentrant one a custom Function's plain ctx attributes escape the checkpoint: bitsandbytes
+    before 0.43.2 keeps every block's 4-bit matmul inputs through the backward
+    (zeroplan.core.finetune.activations.checkpoint_escaping_inputs_bytes)."""
     unchunked_loss: bool = False
     """torchtitan only: its unchunked ``CrossEntropyLoss`` (the output projection in the model's
     forward, one fp32 cross-entropy over all the logits, as ``llama3_debugmodel_ce_loss``)

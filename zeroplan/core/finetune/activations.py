@@ -17,7 +17,7 @@ from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import NormKind
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
-from zeroplan.specs.training import Kernels, Precision, StateConvention
+from zeroplan.specs.training import ActivationCheckpointing, Kernels, Precision, StateConvention
 from zeroplan.units import FP32_BYTES
 
 
@@ -124,6 +124,58 @@ def bnb_4bit_keeps_input(request: PlanRequest) -> bool:
     return request.training.finetune.bnb_4bit_keeps_input and request.training.framework is not Framework.torchtune
 
 
+# torch 2.1 torch/utils/checkpoint.py _checkpoint_without_reentrant_generator (the non-reentrant
+# checkpoint; the same in 2.13) runs the block's forward with grad enabled inside
+# saved_tensors_hooks whose pack hook drops each tensor an op saves with save_for_backward and
+# whose unpack recomputes it in backward; the reentrant CheckpointFunction runs the forward under
+# no_grad, recording no node. A custom Function's plain ctx attribute is no saved tensor: under
+# the non-reentrant checkpoint bitsandbytes' MatMul4Bit before 0.43.2 (ctx.tensors = (A, B),
+# bnb_4bit_keeps_input) holds every block's input A from its forward until the step's graph is
+# dropped after backward, while the recomputation's own nodes die with it (measured with
+# bitsandbytes' Linear4bit on CPU, both checkpoints: benchmarks/bnb_checkpoint_escape.py). Hugging
+# Face's checkpoint is the reentrant one unless gradient_checkpointing_kwargs says otherwise;
+# ms-swift 1.x (swift/llm/utils/model.py fix_gradient_checkpointing_warning, from c445b330c of
+# 2023-11-28 to its 3.0 refactor) rebinds torch.utils.checkpoint.checkpoint to default to
+# use_reentrant=False, which Qwen-1's own modeling_qwen.py then calls for every block.
+def bnb_inputs_escape_checkpoint(request: PlanRequest) -> bool:
+    """Whether every fully checkpointed block keeps its quantized matmul inputs (hf's
+    non-reentrant checkpoint over bitsandbytes' 4-bit before 0.43.2, or its int8 in any release)."""
+    from zeroplan.core.profiles import checkpoint_is_reentrant
+
+    training = request.training
+    keeps = bnb_4bit_keeps_input(request) or training.finetune.quantize is Quantization.int8
+    return (keeps and training.framework is Framework.hf
+            and training.activation_checkpointing is ActivationCheckpointing.full and not checkpoint_is_reentrant(training))
+
+
+# What MatMul4Bit holds per block: the tensor each 4-bit linear multiplied. Linear4bit.forward
+# passes x.to(compute_dtype): in a bf16 module the shared input itself, one per tensor read (the
+# attention norm's output for q, k, v, and in a parallel block the MLP; the attention output for
+# o; the MLP norm's output for gate and up, or fc; the MLP's product for down); in hf's fp32
+# module (prepare_model_for_kbit_training, quantized_base_outputs_fp32) a bf16 copy per linear,
+# but for o, which reads the attention's bf16 output.
+def checkpoint_escaping_inputs_bytes(request: PlanRequest) -> int:
+    """Bytes of one block's 4-bit matmul inputs alive from its forward to the end of the step's
+    backward (0 unless bnb_inputs_escape_checkpoint)."""
+    if not bnb_inputs_escape_checkpoint(request):
+        return 0
+    model = request.model
+    e = request.training.precision.compute_bytes
+    tokens = request.batch.seq_len * request.batch.micro_batch_size
+    hidden, attention, ffn = (input_width(request, kind) for kind in ("hidden", "attention", "ffn"))
+    if request.training.finetune.quantize is Quantization.int8:
+        # MatMul8bitLt keeps the input itself (int8_kept_input_bytes: fp32 under hf's recipe), o's
+        # the attention's compute-dtype output.
+        x = int8_kept_input_bytes(request)
+        mlp_input = [hidden] if model.norms_per_block > 1 else []
+        return tokens * (x * (hidden + ffn + sum(mlp_input)) + e * attention)
+    if quantized_base_outputs_fp32(request):
+        reads = [hidden] * 3 + [attention] + [hidden] * (2 if model.mlp.gated else 1) + [ffn]
+    else:
+        reads = [hidden, attention, ffn] + ([hidden] if model.norms_per_block > 1 else [])
+    return sum(e * tokens * width for width in reads)
+
+
 # Autograd frees what a node saved with save_for_backward once backward has run the node, but
 # the attributes of a custom Function's ctx live as long as the node, that is as long as anything
 # references the step's graph (its output, its loss). bitsandbytes before 0.43.2 keeps
@@ -204,9 +256,14 @@ def _group_input_bytes(request: PlanRequest, targets: tuple[LoraTarget, ...], wi
     wrapped = [t for t in targets if t in finetune.targets(request.training.framework)]
     # The attention output o reads is the fused attention's own kept output (INPUT_GROUPS), so
     # an int8 o keeps no second copy of it, nor a 4-bit o (the input arrives in bf16: no cast).
-    shared = e * tokens * width if kept_anyway else int8_kept_input_bytes(request) * tokens * width
+    # Under the non-reentrant checkpoint a recomputed block's MatMul4Bit and MatMul8bitLt nodes
+    # die with the recomputation; what the block keeps is its forward's
+    # (checkpoint_escaping_inputs_bytes).
+    escapes = bnb_inputs_escape_checkpoint(request)
+    int8_kept = 0 if escapes else int8_kept_input_bytes(request)
+    shared = e * tokens * width if kept_anyway else int8_kept * tokens * width
     own = 0  # bytes of the copies each base linear makes of the input and keeps
-    if bnb_4bit_keeps_input(request) and not kept_anyway:
+    if bnb_4bit_keeps_input(request) and not kept_anyway and not escapes:
         if quantized_base_outputs_fp32(request):
             own = len(targets) * e * tokens * width
         else:
@@ -370,7 +427,23 @@ def dequantized_weight_bytes(request: PlanRequest) -> int:
         # (COMPILED_NF4_DEQUANTIZE_COPIES), which the block keeps (zeroplan.core.compiled
         # compiled_lora_delta_bytes) or its recomputation rebuilds (the recompute term).
         return 0
+    if bnb_dequantizes_via_fp16(request):
+        return largest_quantized_elements(request) * litgpt_dequantized_element_bytes(request)
     return largest_quantized_elements(request) * request.training.precision.compute_bytes * nf4_dequantize_copies(request)
+
+
+# bitsandbytes 0.39.0 to 0.42.0 nn/modules.py Params4bit.cuda quantizes
+# `self.data.contiguous().half().cuda(device)`, so quantize_4bit records quant_state.dtype fp16
+# and every MatMul4Bit dequantize_4bit(B, quant_state).to(A.dtype) writes an fp16 weight, then
+# its copy in the input's dtype; 0.43.0's Params4bit._quantize (commit dcfb6f8, #970, FSDP
+# support) moves `self.data.contiguous()` as loaded, so a bf16 base dequantizes to bf16 once.
+def bnb_dequantizes_via_fp16(request: PlanRequest) -> bool:
+    """Whether a bitsandbytes nf4 base (hf, zeroplan) was quantized from an fp16 copy."""
+    from zeroplan.specs.finetune import BNB_4BIT_KEEPS_SOURCE_DTYPE, version_tuple
+
+    finetune = request.training.finetune
+    return (finetune.quantize is Quantization.nf4 and request.training.framework in (Framework.hf, Framework.zeroplan)
+            and version_tuple(finetune.bitsandbytes_version) < BNB_4BIT_KEEPS_SOURCE_DTYPE)
 
 
 # lightning 2.4 fabric/plugins/precision/bitsandbytes.py _Linear4bit.quantize (litgpt's

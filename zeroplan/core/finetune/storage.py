@@ -88,7 +88,7 @@ def frozen_element_bytes(request: PlanRequest) -> int:
         return eb.parameter
     if request.convention is not StateConvention.fsdp2:
         return eb.compute_parameter  # deepspeed/runtime/engine.py _configure_distributed_model: module.bfloat16()
-    if request.training.framework is Framework.hf and finetune.quantize.is_quantized:
+    if finetune.hf_casts_rest_to_fp32(request.training.framework):
         # peft 0.17.1 utils/other.py prepare_model_for_kbit_training, which transformers' QLoRA
         # recipe calls, casts every parameter that is not 4- or 8-bit (embeddings, head, norms) to
         # fp32 (measured: benchmarks/framework-parameter-records, hf QLoRA).
