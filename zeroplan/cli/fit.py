@@ -168,17 +168,6 @@ def _fsdp1_from_args(args: argparse.Namespace, framework: Framework) -> bool:
     return version == 1
 
 
-def _checkpoint_early_stop(args: argparse.Namespace) -> bool | None:
-    """TrainingSpec.checkpoint_early_stop from --checkpoint-impl: a reentrant checkpoint reruns the
-    whole block; torch's non-reentrant one stops early from 2.0 (set_checkpoint_early_stop), not
-    in 1.x (_checkpoint_without_reentrant reruns the block); None: the framework's."""
-    impl = getattr(args, "checkpoint_impl", None)
-    if impl is None:
-        return None
-    release = getattr(args, "torch_release", None)
-    return impl == "non-reentrant" and not (release and release.split(".")[0] in ("0", "1"))
-
-
 def add_sharding_arguments(group: argparse._ArgumentGroup) -> None:
     """The data-parallel strategies' own knobs (fit and compare)."""
     group.add_argument(
@@ -250,13 +239,6 @@ def add_framework_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument(
         "--selective-layer-interval", type=positive_int, metavar="K",
         help="with --activation-checkpointing selective-layer: checkpoint every K-th block (torchtune's ac_option; default 2)",
-    )
-    group.add_argument(
-        "--checkpoint-impl", choices=("reentrant", "non-reentrant"),
-        help="torch's checkpoint the blocks run under (default: the framework's; hf: transformers' use_reentrant=True, "
-             "non-reentrant as gradient_checkpointing_kwargs={'use_reentrant': False} sets it): non-reentrant stops "
-             "recomputing once the saved tensors are back, and under DeepSpeed 0.19.3+ ZeRO-3 a reentrant "
-             "recompute keeps each block's frozen weights gathered to the end of the backward",
     )
     group.add_argument(
         "--activation-offloading", action="store_true",
@@ -566,7 +548,6 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         optimizer=Optimizer(args.optimizer),
         optimizer_loop=OptimizerLoop(args.optimizer_loop) if getattr(args, "optimizer_loop", None) else None,
         activation_checkpointing=ActivationCheckpointing(args.activation_checkpointing),
-        checkpoint_early_stop=_checkpoint_early_stop(args),
         selective_layer_interval=args.selective_layer_interval or DEFAULT_SELECTIVE_LAYER_INTERVAL,
         attention_kernel=AttentionKernel(args.attention) if args.attention else default_attention_kernel(model, Framework(args.framework)),
         attention_implementation=AttentionImplementation(getattr(args, "attention_impl", None)

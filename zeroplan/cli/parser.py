@@ -182,7 +182,6 @@ FLAG_OF_FIELD = {
     "checkpoint_reentrant": "--checkpoint-reentrant",
     "transformers_version": "--transformers-version",
     "torch_release": "--torch-release",
-    "checkpoint_early_stop": "--checkpoint-impl",
     "litgpt_fork": "--litgpt-fork",
     "training.paged_optimizer": "--paged-optimizer",
     "float8": "--float8",

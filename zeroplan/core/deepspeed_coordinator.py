@@ -86,10 +86,9 @@ def replays_gathers(request: PlanRequest) -> bool:
 def holds_recomputed_frozen(training: TrainingSpec) -> bool:
     """Whether the frozen parameters a block's recompute gathers stay gathered to the end of the
     backward: hf's reentrant checkpoint under every block recomputed, DeepSpeed 0.19.3 or later."""
-    from zeroplan.core.profiles import profile
+    from zeroplan.core.profiles import checkpoint_is_reentrant
 
-    early_stop = training.checkpoint_early_stop
-    reentrant = not (profile(training.framework).checkpoint_early_stop if early_stop is None else early_stop)
+    reentrant = checkpoint_is_reentrant(training)
     return (training.framework is Framework.hf and reentrant and training.deepspeed_release in (None, "0.19.8")
             and training.activation_checkpointing is ActivationCheckpointing.full)
 

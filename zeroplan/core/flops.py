@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 
 from zeroplan.core.params import active_parameters, block_tensors
-from zeroplan.core.profiles import profile
+from zeroplan.core.profiles import checkpoint_stops_early
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.model import ModelSpec
 from zeroplan.specs.request import PlanRequest
@@ -166,10 +166,7 @@ def selective_op_recompute_flops_per_token(model: ModelSpec) -> int:
 def early_stop_skipped_flops_per_token(model: ModelSpec, training: TrainingSpec) -> int:
     """Forward FLOPs per token of each recomputed block's last matmul, which early stop skips
     (0 where the framework's checkpoint does not stop early)."""
-    early_stop = training.checkpoint_early_stop
-    if early_stop is None:
-        early_stop = profile(training.framework).checkpoint_early_stop
-    if not early_stop or model.is_moe or model.hidden_dropout > 0:
+    if not checkpoint_stops_early(training) or model.is_moe or model.hidden_dropout > 0:
         return 0
     return MATMUL_FLOPS_PER_MULTIPLY_ADD * model.ffn_hidden_size * model.hidden_size
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zeroplan.core.torch_release import check_torch_release
+from zeroplan.core.torch_release import check_torch_release, torch_release
 from zeroplan.core.transformers_release import is_opt, returns_fp32_logits
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.finetune import check_release_range
@@ -450,6 +450,23 @@ def checkpoint_is_reentrant(training: TrainingSpec) -> bool:
     if training.checkpoint_reentrant is not None:
         return training.checkpoint_reentrant
     return training.framework is Framework.hf
+
+
+# torch/utils/checkpoint.py: the non-reentrant checkpoint stops recomputing once every saved tensor
+# is back from 2.0 (set_checkpoint_early_stop, on by default); 1.x's _checkpoint_without_reentrant
+# and the reentrant CheckpointFunction rerun the whole block.
+NON_REENTRANT_EARLY_STOP_FROM = (2, 0, 0)
+
+
+def checkpoint_stops_early(training: TrainingSpec) -> bool:
+    """Whether the block checkpoint stops recomputing early: TrainingSpec.checkpoint_early_stop,
+    else a non-reentrant checkpoint chosen for hf (checkpoint_reentrant False) on torch 2.0 or
+    later, else the framework's."""
+    if training.checkpoint_early_stop is not None:
+        return training.checkpoint_early_stop
+    if training.checkpoint_reentrant is False:
+        return torch_release(training) >= NON_REENTRANT_EARLY_STOP_FROM
+    return profile(training.framework).checkpoint_early_stop
 
 
 # Like transformers' gradient_checkpointing_kwargs, the choice stands whether or not the blocks

@@ -225,8 +225,8 @@ def finetune_lines(report: FitReport) -> list[str]:
     lines = [f"{kind} rank {finetune.lora_rank} on {targets}{dropout}: {share}; {base}."]
     if holds_recomputed_frozen(t) and any(p.strategy.zero_stage == 3 and not p.strategy.is_fsdp for p in report.plans):
         lines.append("DeepSpeed ZeRO-3 from 0.19.3 (the release planned): under transformers' reentrant checkpoint each "
-                     "recomputed block's frozen weights stay gathered to the end of the backward (--checkpoint-impl "
-                     "non-reentrant for use_reentrant=False; --deepspeed-release 0.13.3 for a release before).")
+                     "recomputed block's frozen weights stay gathered to the end of the backward (--no-checkpoint-reentrant "
+                     "for use_reentrant=False; --deepspeed-release 0.13.3 for a release before).")
     return lines
 
 
