@@ -78,6 +78,11 @@ def test_casts_and_the_weight_casts_the_float8_all_gather_moves_to_the_shard() -
     gathered, cast = float8_cast_bytes(_request(float8_all_gather=True)), float8_cast_bytes(_request())
     assert float8_linear_count(_request()) == 7 * 32 + 1  # wq, wk, wv, wo, w1, w3, w2 per block, and the head
     assert all(c > g > 0 for c, g in zip(cast, gathered, strict=True))
+    # rowwise: the output gradient's two casts are along different axes, an amax each (2 bytes more).
+    model = _request().model
+    outputs = model.q_size + 2 * model.kv_size + 2 * model.hidden_size + 2 * model.ffn_hidden_size
+    rowwise = float8_cast_bytes(_request(Float8Recipe.rowwise))
+    assert rowwise[0] == cast[0] and rowwise[1] - cast[1] == 4096 * 2 * (model.num_layers * outputs + model.vocab_size)
     recomputed = float8_cast_bytes(_request(activation_checkpointing=ActivationCheckpointing.full))
     assert recomputed[0] == cast[0] and recomputed[1] > cast[1]
 

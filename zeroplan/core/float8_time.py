@@ -34,7 +34,7 @@ from zeroplan.core.flops import (
     recompute_flops_per_token,
 )
 from zeroplan.specs.request import PlanRequest
-from zeroplan.specs.training import ActivationCheckpointing
+from zeroplan.specs.training import ActivationCheckpointing, Float8Recipe
 
 FLOAT8_ALIGNMENT = 16
 """torchtitan's float8 module_filter_fn: a Linear with any dimension not divisible by 16 stays
@@ -92,7 +92,7 @@ def float8_gemm_saved_seconds(request: PlanRequest, bf16_flops_per_s: float) -> 
 # norm's output (h, for wq/wk/wv), the attention output (wo's input) and the MLP norm's output
 # (h, for w1/w3), the MLP's hidden product (w2's input): an amax and a cast in forward, again in
 # backward for grad_weight from the saved bf16 input. Output gradients, one per linear: an amax
-# and two casts (grad_input's and grad_weight's layouts). Weights, unless FSDP gathers them cast:
+# and two casts (grad_input's and grad_weight's layouts; rowwise, an amax each). Weights, unless FSDP gathers them cast:
 # an amax and a cast in forward and again in backward for grad_input, per micro-batch.
 def float8_cast_bytes(request: PlanRequest) -> tuple[float, float]:
     """(forward, backward with recomputation) bytes of one rank's step that the float8 casts
@@ -105,10 +105,15 @@ def float8_cast_bytes(request: PlanRequest) -> tuple[float, float]:
     inputs = 2 * h + model.attention_output_size + f
     # wq, wk, wv, wo, then the MLP's up (and gate) projections and its down projection.
     outputs = model.q_size + 2 * model.kv_size + h + (2 if model.mlp.gated else 1) * f + h
+    # Tensorwise, the output gradient's two casts share one scale, so one amax; rowwise
+    # (Float8LinearConfig.from_recipe_name("rowwise"): axiswise along -1 for grad_input, 0 for
+    # grad_weight) each cast has its own amax.
+    gradient_bytes = pass_bytes + (CAST_BYTES_PER_ELEMENT if request.training.float8 is Float8Recipe.tensorwise
+                                   else pass_bytes)
     head = converts_head(request)
     forward_per_token = model.num_layers * inputs * pass_bytes + (h * pass_bytes if head else 0)
-    backward_per_token = (model.num_layers * (inputs * pass_bytes + outputs * (pass_bytes + CAST_BYTES_PER_ELEMENT))
-                          + ((h * pass_bytes + model.vocab_size * (pass_bytes + CAST_BYTES_PER_ELEMENT)) if head else 0))
+    backward_per_token = (model.num_layers * (inputs * pass_bytes + outputs * gradient_bytes)
+                          + ((h * pass_bytes + model.vocab_size * gradient_bytes) if head else 0))
     policy = request.training.activation_checkpointing
     if policy is ActivationCheckpointing.full:
         backward_per_token += model.num_layers * inputs * pass_bytes
