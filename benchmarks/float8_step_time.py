@@ -40,16 +40,15 @@ def _held_out_tokens_per_s(table, row: PublishedThroughput, scored: PublishedThr
     """``scored``'s tokens/s/GPU at the efficiency fitted without ``row``'s source, under the
     planner's default attention rate (kernel): its attention efficiencies and its kernel class's HFU."""
     from zeroplan.validate.step_calibration import (
-        _with_attention_rate,
         held_out_fit,
+        held_out_tokens_per_s,
         kernel_mechanism_hfu,
-        planned_step,
         source_of,
     )
 
     efficiencies, implied = held_out_fit("kernel", table, source_of(row))
     hfu = kernel_mechanism_hfu(source_of(row), implied, table.rows, row)
-    return planned_step(_with_attention_rate(scored.request(hfu), "kernel", efficiencies)).tokens_per_s_per_gpu
+    return held_out_tokens_per_s(scored, hfu, "kernel", efficiencies)
 
 
 def main() -> None:
