@@ -174,9 +174,16 @@ def test_a_file_is_applied_across_modelled_mechanisms_and_refused_across_untimed
     assert calibrated_under(efficiency, eager) == ""
     no_overlap = eager.model_copy(update={"performance": eager.performance.model_copy(update={"overlap_grad_reduce": False})})
     assert calibrated_under(efficiency, no_overlap) == "overlap-grad-reduce on -> off (communication modelled)"
-    with pytest.raises(ZeroplanError, match=r"^--efficiency: 'f.json' was calibrated with float8 off, not rowwise, and "
-                                            r"float8 is not timed \(allowed: a file calibrated with float8 rowwise\)$"):
-        check_calibrated_under(efficiency, "f.json", _training(compiled, float8=Float8Recipe.rowwise))
+    # float8 is timed on a GPU with an fp8 peak (zeroplan.core.float8_time), refused on one without
+    float8 = _training(compiled, float8=Float8Recipe.tensorwise)
+    check_calibrated_under(efficiency, "f.json", float8)
+    assert calibrated_under(efficiency, float8).endswith("; float8 off -> tensorwise (the float8 products at the fp8 "
+                                                         "peak, their casts at the copy bandwidth, modelled)")
+    on_l40s = float8.model_copy(update={"cluster": cluster_from_gpus(get_gpu("l40s"), 8)})
+    with pytest.raises(ZeroplanError, match=r"^--efficiency: 'f.json' was calibrated with float8 off, not tensorwise, and "
+                                            r"float8 is not timed on l40s, which has no fp8 peak in the catalog \(allowed: "
+                                            r"a file calibrated with float8 tensorwise\)$"):
+        check_calibrated_under(efficiency, "f.json", on_l40s)
     # where compile is not timed (no measured bandwidth of the GPU) an eager file is refused compiled
     v100 = eager.model_copy(update={"cluster": cluster_from_gpus(get_gpu("v100-32gb"), 8)})
     on_v100 = calibrate_step(v100, plan(v100).time.step_with_overlap_s, model="llama-3.1-8b")

@@ -328,9 +328,11 @@ def check_applies(efficiency: StepEfficiency, path: str | Path, gpu_name: str, f
 
 
 # What the HFU was solved under, against what it is applied to. The collectives are priced by
-# the planner under the request's own overlap flags (the HFU is compute's alone), and compile's
-# saved memory traffic is modelled, so those carry; float8 is not timed, and neither is compile
-# where its traffic or the GPU's bandwidth was not measured: those must match.
+# the planner under the request's own overlap flags (the HFU is compute's alone), compile's
+# saved memory traffic is modelled, and so is float8 (zeroplan.core.float8_time: the converted
+# products at the same HFU of the fp8 peak, the casts at the copy bandwidth), so those carry;
+# float8 on a GPU the catalog has no fp8 peak for is not timed, and neither is compile where its
+# traffic or the GPU's bandwidth was not measured: those must match.
 def check_calibrated_under(efficiency: StepEfficiency, path: str | Path, request: PlanRequest) -> None:
     """Refuse, in one line naming the field, a file whose calibration differs from ``request`` in
     a mechanism the planner does not time."""
@@ -338,9 +340,10 @@ def check_calibrated_under(efficiency: StepEfficiency, path: str | Path, request
 
     source, training = efficiency.source, request.training
     float8 = training.float8.value if training.float8 else None
-    if source.float8 != float8:
+    if source.float8 != float8 and request.cluster.gpu.peak_fp8_flops_per_s is None:
         raise ZeroplanError("--efficiency", f"{str(path)!r} was calibrated with float8 {source.float8 or 'off'}, not "
-                                            f"{float8 or 'off'}, and float8 is not timed (allowed: a file calibrated "
+                                            f"{float8 or 'off'}, and float8 is not timed on {request.cluster.gpu.name}, which has no fp8 peak "
+                                            f"in the catalog (allowed: a file calibrated "
                                             f"with float8 {float8 or 'off'})")
     if source.compile != training.compile:
         compiled = request if training.compile else request.model_copy(
@@ -359,6 +362,10 @@ def calibrated_under(efficiency: StepEfficiency, request: PlanRequest) -> str:
     if source.compile != request.training.compile:
         differs.append(f"{'compiled' if source.compile else 'eager'} -> {'compiled' if request.training.compile else 'eager'}"
                        " (compile's saved memory traffic modelled)")
+    float8 = request.training.float8.value if request.training.float8 else None
+    if source.float8 != float8:
+        differs.append(f"float8 {source.float8 or 'off'} -> {float8 or 'off'} (the float8 products at the fp8 peak, "
+                       "their casts at the copy bandwidth, modelled)")
     # Left unset, each strategy's gradient reductions follow its stack's default (modelled).
     flags = (("overlap-grad-reduce", source.overlap_grad_reduce, performance.overlap_grad_reduce),
              ("overlap-param-gather", source.overlap_param_gather, performance.overlap_param_gather),

@@ -248,6 +248,12 @@ def _uncached_data_parallel_collectives(request: PlanRequest) -> list[Collective
     grads = _gradient_buffers(request, group, gradient_bytes)
     params = unit_gather_bytes(request, group, eb.compute_parameter)
     result = []
+    if request.training.float8_all_gather and kind.is_fsdp:
+        # torchao's float8 all-gather (zeroplan.core.float8_time): Float8Linear weights travel cast.
+        from zeroplan.core.float8_time import float8_gather_bytes, float8_scale_all_reduce
+
+        params = float8_gather_bytes(request, params, eb.compute_parameter)
+        result.append(float8_scale_all_reduce(request, group, group_spans_nodes, per_node))
     if kind.uses_hpz:
         backward = params[1:] if request.model.tied_embeddings else params
         result += hpz_parameter_collectives(request, params, backward, accum, group_spans_nodes, per_node)

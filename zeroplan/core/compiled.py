@@ -20,7 +20,7 @@ from zeroplan.specs.hardware import GpuArchitecture, GpuSpec
 from zeroplan.specs.model import ModelSpec
 from zeroplan.specs.parallel import ParallelSpec
 from zeroplan.specs.request import PlanRequest, compiled_policy_measured
-from zeroplan.specs.training import ActivationCheckpointing, TrainingSpec
+from zeroplan.specs.training import ActivationCheckpointing, Float8Recipe, TrainingSpec
 from zeroplan.units import FP32_BYTES, even_split
 
 COMPILED_POLICIES = {
@@ -55,6 +55,14 @@ def check_compiled(training: TrainingSpec, model: ModelSpec, gpu: GpuSpec | None
         allowed = ", ".join(a.value for a in FLOAT8_ARCHITECTURES)
         raise ZeroplanError("float8", f"needs float8 matmuls, which {gpu.display_name} ({gpu.architecture.value}) lacks "
                             f"(allowed architectures: {allowed})")
+    if (training.float8_all_gather or training.float8_skips_output) and training.float8 is None:
+        raise ZeroplanError("float8", "float8_all_gather and float8_skips_output need float8 training (allowed: with a "
+                            "float8 recipe)")
+    if training.float8_all_gather and training.float8 is not Float8Recipe.tensorwise:
+        # torchao float8/config.py Float8LinearConfig.__post_init__: the float8 all-gather needs
+        # dynamic tensorwise scaling of the weight.
+        raise ZeroplanError("float8", f"the FSDP float8 all-gather needs the tensorwise recipe, not "
+                            f"{training.float8.value} (allowed: tensorwise)")
     if training.float8 is not None:
         if training.framework is not Framework.torchtitan:
             raise ZeroplanError("float8", f"float8 training is torchtitan's converter, not {training.framework.value}'s "

@@ -83,7 +83,7 @@ PROFILES: dict[str, StackTimeProfile] = {
         fused_source=(f"{_TT} torchtitan/components/optimizer/optimizer.py (implementation = 'fused'), "
                       "torchtitan/models/common/nn_modules.py RMSNorm(nn.RMSNorm), torchtitan/components/loss.py "
                       f"cross_entropy_loss; {_TT_ROWS} train.py AdamW(foreach=True)"),
-        compile_default=False, float8="torchao Float8Linear via model.converters (compiled only)",
+        compile_default=False, float8="torchao Float8Linear via model.converters (compiled only; timed, zeroplan.core.float8_time)",
         compile_source=f"{_TT} torchtitan/config/configs.py Compile.enable = False; torchtitan/components/quantization/float8.py",
         overlap=("FSDP2 fully_shard: implicit prefetch of the next unit's all-gather in forward and backward; "
                  "reshard_after_forward 'default' (True except the last unit / under PP); explicit prefetch only with "

@@ -9,6 +9,7 @@ from zeroplan.core.algorithms import CollectiveTime, collective_cost
 from zeroplan.core.collective import CollectiveOp
 from zeroplan.core.communication import Collective, Phase
 from zeroplan.core.compiled_time import compile_saved_seconds
+from zeroplan.core.float8_time import float8_cast_seconds, float8_gemm_saved_seconds
 from zeroplan.core.flops import StepFlops, step_flops
 from zeroplan.core.deepspeed_offload_time import (
     deepspeed_offload_transfer_bytes, host_pass_bytes_per_element, models_offload_time, parameter_copy_in_cpu_step_bytes,
@@ -345,8 +346,12 @@ def compute_time_s(flops: StepFlops, request: PlanRequest) -> tuple[float, float
         backward = (flops.backward_flops - flops.attention_backward_flops) / rate + flops.attention_backward_flops / attention_rate
     memory_forward_s, memory_backward_s = memory_bound_time_s(request)
     saved_forward_s, saved_backward_s = compile_saved_seconds(request)
-    return (max(0.0, forward + memory_forward_s - saved_forward_s),
-            max(0.0, backward + memory_backward_s - saved_backward_s))
+    # float8 (zeroplan.core.float8_time): the converted products at the fp8 peak, their casts
+    # at the copy bandwidth.
+    fp8_forward_s, fp8_backward_s = float8_gemm_saved_seconds(request, rate)
+    cast_forward_s, cast_backward_s = float8_cast_seconds(request)
+    return (max(0.0, forward + memory_forward_s - saved_forward_s - fp8_forward_s + cast_forward_s),
+            max(0.0, backward + memory_backward_s - saved_backward_s - fp8_backward_s + cast_backward_s))
 
 
 def gpu_optimizer_time_s(request: PlanRequest) -> float:

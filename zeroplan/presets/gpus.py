@@ -114,12 +114,13 @@ def _gpu(
     name: str, display_name: str, memory_bytes: int, tflops: float,
     intra: LinkSpec, inter: LinkSpec, host: LinkSpec, source: str, nics: NodeNetworkSpec,
     architecture: GpuArchitecture, nvswitch: bool = False, achievable: tuple[AchievedBusBandwidth, ...] = (),
+    fp8_tflops: float | None = None,
 ) -> GpuSpec:
     return GpuSpec(
         name=name, display_name=display_name, memory_bytes=memory_bytes,
         peak_bf16_flops_per_s=tflops * 1e12, intra_node_link=intra, inter_node_link=inter,
         host_link=host, source=source, node_network=nics, architecture=architecture, nvswitch=nvswitch,
-        achievable=achievable,
+        achievable=achievable, peak_fp8_flops_per_s=None if fp8_tflops is None else fp8_tflops * 1e12,
     )
 
 
@@ -141,15 +142,16 @@ _CATALOG: dict[str, GpuSpec] = {
              GpuArchitecture.ampere, nvswitch=True),
         _gpu("a100-80gb", "NVIDIA A100 80GB SXM", 80 * GiB, 312, NVLINK3, IB_HDR, PCIE4, _A100, DGX_A100_NICS,
              GpuArchitecture.ampere, nvswitch=True, achievable=A100_80GB_ACHIEVED),
-        # bf16 1,979 TFLOP/s with sparsity, 989 dense. nvidia-smi: 81,559 MiB (79.65 GiB).
-        # DGX H100: one 400 Gb/s NDR port per GPU.
+        # bf16 1,979 TFLOP/s with sparsity, 989 dense; FP8 3,958 with sparsity, 1,979 dense.
+        # nvidia-smi: 81,559 MiB (79.65 GiB). DGX H100: one 400 Gb/s NDR port per GPU.
         _gpu("h100-80gb", "NVIDIA H100 80GB SXM", 81_559 * MiB, 989, NVLINK4, IB_NDR, PCIE5,
              "NVIDIA H100 Tensor Core GPU datasheet (SXM); NVIDIA DGX H100 datasheet", DGX_H100_NICS,
-             GpuArchitecture.hopper, nvswitch=True, achievable=H100_ACHIEVED),
-        # Same compute as the H100 SXM; 141 GB HBM3e, which nvidia-smi shows as 143,771 MiB.
+             GpuArchitecture.hopper, nvswitch=True, achievable=H100_ACHIEVED, fp8_tflops=1979),
+        # Same compute as the H100 SXM (FP8 3,958 TFLOP/s with sparsity, 1,979 dense); 141 GB
+        # HBM3e, which nvidia-smi shows as 143,771 MiB.
         _gpu("h200-141gb", "NVIDIA H200 141GB SXM", 143_771 * MiB, 989, NVLINK4, IB_NDR, PCIE5,
              "NVIDIA H200 Tensor Core GPU datasheet (SXM); NVIDIA DGX H200 datasheet", DGX_H200_NICS,
-             GpuArchitecture.hopper, nvswitch=True, achievable=H200_ACHIEVED),
+             GpuArchitecture.hopper, nvswitch=True, achievable=H200_ACHIEVED, fp8_tflops=1979),
         # HGX B200: 18 PFLOP/s fp16/bf16 dense for 8 GPUs = 2.25 each. DGX B200: 1,440 GB of GPU
         # memory for 8 GPUs, which nvidia-smi shows as 183,359 MiB each; 8 x 400 Gb/s.
         _gpu("b200", "NVIDIA B200 SXM", 183_359 * MiB, 2250, NVLINK5, IB_NDR, PCIE5,

@@ -96,6 +96,9 @@ class GpuSpec(Frozen):
     """Device memory as the driver reports it, in bytes."""
     peak_bf16_flops_per_s: float = Field(gt=0, le=MAX_FLOPS_PER_S, allow_inf_nan=False)
     """Dense (no sparsity) bf16/fp16 tensor throughput, FLOP/s; fp16 for chips without bf16."""
+    peak_fp8_flops_per_s: float | None = Field(default=None, gt=0, le=MAX_FLOPS_PER_S, allow_inf_nan=False)
+    """Dense (no sparsity) fp8 tensor throughput, FLOP/s, from the same datasheet; None where the
+    catalog has none (float8 matmuls are then timed at the bf16 rate)."""
     intra_node_link: LinkSpec
     """GPU-to-GPU inside a node (NVLink/NVSwitch, Infinity Fabric, or PCIe)."""
     inter_node_link: LinkSpec

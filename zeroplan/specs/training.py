@@ -269,6 +269,13 @@ class TrainingSpec(Frozen):
     float8: Float8Recipe | None = None
     """Train the linears in float8 with torchao's Float8Linear under this recipe (torchtitan's
     ``model.converters: ["float8"]``; compiled only). None: no float8."""
+    float8_all_gather: bool = False
+    """torchao's ``enable_fsdp_float8_all_gather`` with ``precompute_float8_dynamic_scale_for_fsdp``
+    (torchao float8/fsdp_utils.py WeightWithDynamicFloat8CastTensor): FSDP2 gathers each
+    Float8Linear weight already cast, one byte an element (tensorwise recipe only)."""
+    float8_skips_output: bool = False
+    """The output projection stays bf16 (torchtitan's ``float8.filter_fqns = ["output"]``, as its
+    Llama 3 configs set before 0.3.0); False: converted too (0.3.0's default, filter_fqns empty)."""
     finetune: FineTuneSpec = FineTuneSpec()
     """Which parameters train (LoRA adapters over a frozen, optionally quantized base; frozen
     embeddings or blocks): every one by default (zeroplan.specs.finetune)."""

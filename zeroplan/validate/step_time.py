@@ -33,6 +33,7 @@ from zeroplan.specs.finetune import FineTuneSpec, LoraTarget, Quantization
 from zeroplan.specs.hardware import ClusterSpec, GpuSpec, NodeNetworkSpec
 from zeroplan.specs.model import ModelSpec
 from zeroplan.specs.parallel import ParallelSpec, PipelineSchedule
+from zeroplan.specs.training import Float8Recipe
 from zeroplan.validate.rows import FLAT_RESERVE
 
 PUBLISHED_THROUGHPUT_FILE = Path(__file__).resolve().parent / "data" / "published_throughput.json"
@@ -57,6 +58,12 @@ class TrainingOptions(Frozen):
     """TrainingSpec.checkpoint_early_stop: False where the run's torch (1.13) had no early stop."""
     litgpt_fork: str | None = None
     """TrainingSpec.litgpt_fork: the lit-gpt fork whose model code the run trained (TinyLlama's)."""
+    float8: Float8Recipe | None = None
+    """TrainingSpec.float8: the run's torchao float8 recipe (torchtitan's float8 converter)."""
+    float8_all_gather: bool = False
+    """TrainingSpec.float8_all_gather: enable_fsdp_float8_all_gather with the scale precomputed."""
+    float8_skips_output: bool = False
+    """TrainingSpec.float8_skips_output: the run's float8.filter_fqns named the output projection."""
 
     def training_fields(self) -> dict:  # type: ignore[type-arg]
         """The TrainingSpec keyword arguments these options set."""

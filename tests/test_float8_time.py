@@ -1,0 +1,128 @@
+"""float8 in the step time (zeroplan.core.float8_time): which products run at the fp8 peak, the
+casts' bytes, and FSDP2's float8 all-gather against the all-gather the records measured."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from zeroplan.core.communication import collectives
+from zeroplan.core.float8_time import (
+    float8_cast_bytes,
+    float8_gather_bytes,
+    float8_gemm_flops,
+    float8_gemm_saved_seconds,
+    float8_linear_count,
+)
+from zeroplan.core.flops import (
+    head_forward_flops_per_token,
+    layers_linear_forward_flops_per_token,
+)
+from zeroplan.core.model_states import unit_gather_bytes
+from zeroplan.core.timing import step_time
+from zeroplan.errors import ZeroplanError
+from zeroplan.frameworks.float8_record import Float8AllGatherRecord
+from zeroplan.frameworks.record import load_records
+from zeroplan.presets.gpus import get_gpu
+from zeroplan.presets.models import get_model
+from zeroplan.specs import (
+    BatchSpec,
+    PerformanceAssumptions,
+    PlanRequest,
+    StrategyKind,
+    StrategySpec,
+    cluster_from_gpus,
+)
+from zeroplan.specs.framework import Framework
+from zeroplan.specs.training import ActivationCheckpointing, Float8Recipe, TrainingSpec
+from zeroplan.validate.rows import FLAT_RESERVE
+
+RECORDS = Path(__file__).resolve().parent.parent / "benchmarks" / "float8-all-gather-records"
+
+
+def _request(float8: Float8Recipe | None = Float8Recipe.tensorwise, gpu: str = "h100-80gb", model: str = "llama-3.1-8b",
+             **training) -> PlanRequest:
+    return PlanRequest(
+        model=get_model(model), batch=BatchSpec(micro_batch_size=1, seq_len=4096),
+        training=TrainingSpec(framework=Framework.torchtitan, compile=True, float8=float8, **training),
+        cluster=cluster_from_gpus(get_gpu(gpu), 8), strategy=StrategySpec(kind=StrategyKind.fsdp_full_shard),
+        performance=PerformanceAssumptions(hardware_flops_utilization=0.4), assumptions=FLAT_RESERVE,
+    )
+
+
+def test_every_linear_product_runs_in_float8_forward_and_both_backward_ones() -> None:
+    request = _request(float8_skips_output=True)
+    model, tokens = request.model, 4096
+    blocks = layers_linear_forward_flops_per_token(model)
+    assert float8_gemm_flops(request) == (tokens * blocks, tokens * 2 * blocks)
+    # torchtitan 0.3.0 converts the output projection too unless filter_fqns names it.
+    with_head = blocks + head_forward_flops_per_token(model)
+    assert float8_gemm_flops(_request()) == (tokens * with_head, tokens * 2 * with_head)
+    assert float8_gemm_flops(_request(None)) == (0.0, 0.0)
+
+
+def test_at_twice_the_bf16_peak_the_float8_products_take_half_the_time() -> None:
+    request = _request()
+    rate = request.cluster.gpu.peak_bf16_flops_per_s * 0.4
+    forward, backward = float8_gemm_flops(request)
+    # The datasheet's 1,979 and 989 TFLOP/s dense: 2x, each rounded.
+    assert request.cluster.gpu.peak_fp8_flops_per_s == pytest.approx(2 * request.cluster.gpu.peak_bf16_flops_per_s, rel=1e-3)
+    assert float8_gemm_saved_seconds(request, rate) == (pytest.approx(forward / rate / 2, rel=1e-3),
+                                                        pytest.approx(backward / rate / 2, rel=1e-3))
+    # No fp8 peak in the catalog: nothing saved (the products at the bf16 rate).
+    assert float8_gemm_saved_seconds(_request(gpu="l40s"), rate) == (0.0, 0.0)
+
+
+def test_casts_and_the_weight_casts_the_float8_all_gather_moves_to_the_shard() -> None:
+    gathered, cast = float8_cast_bytes(_request(float8_all_gather=True)), float8_cast_bytes(_request())
+    assert float8_linear_count(_request()) == 7 * 32 + 1  # wq, wk, wv, wo, w1, w3, w2 per block, and the head
+    assert all(c > g > 0 for c, g in zip(cast, gathered, strict=True))
+    # rowwise: the output gradient's two casts are along different axes, an amax each (2 bytes more).
+    model = _request().model
+    outputs = model.q_size + 2 * model.kv_size + 2 * model.hidden_size + 2 * model.ffn_hidden_size
+    rowwise = float8_cast_bytes(_request(Float8Recipe.rowwise))
+    assert rowwise[0] == cast[0] and rowwise[1] - cast[1] == 4096 * 2 * (model.num_layers * outputs + model.vocab_size)
+    recomputed = float8_cast_bytes(_request(activation_checkpointing=ActivationCheckpointing.full))
+    assert recomputed[0] == cast[0] and recomputed[1] > cast[1]
+
+
+def test_the_float8_all_gather_bytes_are_the_recorded_ones() -> None:
+    records = [r for r in load_records(RECORDS, Float8AllGatherRecord, "float8 all-gather record") if r.float8_all_gather]
+    assert records
+    for record in records:
+        request = _request(model=record.model.name, float8_all_gather=True)
+        bf16 = unit_gather_bytes(request, record.world_size, 2)
+        block = next(i for i, name in enumerate(u.name for u in _units(request)) if name == "block.0")
+        assert float8_gather_bytes(request, bf16, 2)[block] == record.gathered_bytes, record.model.name
+
+
+def _units(request: PlanRequest):  # type: ignore[no-untyped-def]
+    from zeroplan.core.parallel.units import rank_parameter_units
+
+    return rank_parameter_units(request)
+
+
+def test_a_float8_step_is_faster_and_its_gathers_and_amax_all_reduce_are_priced() -> None:
+    plain = _request(None)
+    float8 = _request(float8_all_gather=True)
+    plain_time = step_time(plain, tuple(collectives(plain)))
+    float8_time = step_time(float8, tuple(collectives(float8)))
+    assert float8_time.compute_s < plain_time.compute_s
+    gathers = [c for c in collectives(float8) if c.what == "parameters" and c.phase.value == "forward"]
+    plain_gathers = [c for c in collectives(plain) if c.what == "parameters" and c.phase.value == "forward"]
+    assert 0.5 < gathers[0].buffer_bytes / plain_gathers[0].buffer_bytes < 0.6
+    amax = [c for c in collectives(float8) if c.what == "float8 weight amaxes"]
+    assert len(amax) == 1 and amax[0].buffer_bytes == 4 * float8_linear_count(float8)
+
+
+def test_the_float8_all_gather_needs_the_tensorwise_recipe() -> None:
+    from zeroplan.core.compiled import check_compiled
+
+    request = _request(Float8Recipe.rowwise, float8_all_gather=True)
+    with pytest.raises(ZeroplanError, match=r"^float8: the FSDP float8 all-gather needs the tensorwise recipe, not "
+                                            r"rowwise \(allowed: tensorwise\)$"):
+        check_compiled(request.training, request.model)
+    request = _request(None, float8_all_gather=True)
+    with pytest.raises(ZeroplanError, match=r"^float8: float8_all_gather and float8_skips_output need float8 training"):
+        check_compiled(request.training, request.model)
