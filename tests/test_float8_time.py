@@ -126,3 +126,19 @@ def test_the_float8_all_gather_needs_the_tensorwise_recipe() -> None:
     request = _request(None, float8_all_gather=True)
     with pytest.raises(ZeroplanError, match=r"^float8: float8_all_gather and float8_skips_output need float8 training"):
         check_compiled(request.training, request.model)
+
+
+def test_the_float8_flags_reach_the_request_and_bad_combinations_refuse_in_one_line(capsys) -> None:
+    import json
+
+    from zeroplan.cli.main import main
+
+    flags = ["fit", "llama-3.1-8b", "--gpus", "32", "--gpu", "h200", "--framework", "torchtitan", "--compile",
+             "--float8", "tensorwise", "--format", "json"]
+    main(flags + ["--float8-all-gather", "--float8-skip-output"])
+    training = json.loads(capsys.readouterr().out)["training"]
+    assert training["float8_all_gather"] is True and training["float8_skips_output"] is True
+    assert main(["fit", "llama-3.1-8b", "--gpus", "32", "--gpu", "h200", "--framework", "torchtitan", "--compile",
+                 "--float8", "rowwise", "--float8-all-gather"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and "--float8" in error and "allowed: tensorwise" in error

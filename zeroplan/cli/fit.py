@@ -294,6 +294,12 @@ def add_compile_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--float8", nargs="?", const=Float8Recipe.rowwise.value, choices=choices_of(Float8Recipe),
                         help="torchtitan's float8 training (torchao Float8Linear) with this recipe (default rowwise, "
                              "torchtitan's); needs --compile and an SM89+ GPU")
+    parser.add_argument("--float8-all-gather", action="store_true",
+                        help="with --float8 tensorwise: FSDP2 gathers the Float8Linear weights already cast, one byte an "
+                             "element (torchtitan's float8.enable_fsdp_float8_all_gather with its scale precompute)")
+    parser.add_argument("--float8-skip-output", action="store_true",
+                        help="with --float8: the output projection stays bf16 (torchtitan's float8.filter_fqns "
+                             "[\"output\"], as its Llama 3 configs set before 0.3.0)")
 
 
 def add_parallel_arguments(group: argparse._ArgumentGroup) -> None:
@@ -556,6 +562,8 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         finetune=finetune_from_args(args),
         compile=getattr(args, "compile", False),
         float8=Float8Recipe(args.float8) if getattr(args, "float8", None) else None,
+        float8_all_gather=getattr(args, "float8_all_gather", False),
+        float8_skips_output=getattr(args, "float8_skip_output", False),
     )
     check_framework_request(training, model)
     check_compiled(training, model, cluster.gpu)

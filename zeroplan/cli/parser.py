@@ -185,6 +185,8 @@ FLAG_OF_FIELD = {
     "litgpt_fork": "--litgpt-fork",
     "training.paged_optimizer": "--paged-optimizer",
     "float8": "--float8",
+    "float8_all_gather": "--float8-all-gather",
+    "float8_skips_output": "--float8-skip-output",
     "cluster.cuda_context_bytes": "--cuda-context-mib",
 }
 """The request's fields (the Python API's names, which its errors carry) and the flags that set
