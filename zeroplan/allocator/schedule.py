@@ -103,7 +103,9 @@ def _in_flight_micro_batches(request: PlanRequest) -> int:
 # first stage, then one of the head's stage, whose loss and backward come next. The chunks are
 # replayed in that order, each over its stage's share of the rank's blocks, so the head stage's
 # micro-batch runs its loss on top of the other stage's held chunks (not every block once per
-# in_flight // v micro-batch, as under 1F1B).
+# in_flight // v micro-batch, as under 1F1B). megatron-core's interleaved schedule
+# (pipeline_parallel/schedules.py get_schedule_table, microbatch_group_size_per_vp_stage = pp by
+# default) runs the same order where p divides m.
 def _in_flight_chunk_blocks(request: PlanRequest, blocks: int) -> tuple[tuple[int, ...], ...]:
     """The blocks each in-flight chunk runs, in forward order, as the rank's ``blocks`` slots
     (empty: every block once per in-flight micro-batch)."""
