@@ -28,7 +28,8 @@ from zeroplan.core.framework_loss import loss_parallel_applies
 from zeroplan.core.frameworks import framework_recompute_bytes
 from zeroplan.core.largest_unit import largest_unit_elements
 from zeroplan.core.parallel.activations import rank_activation_bytes
-from zeroplan.core.parallel.pipeline import in_flight_chunks
+from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
+from zeroplan.specs.parallel import PipelineSchedule
 from zeroplan.specs.framework import Framework
 from zeroplan.core.layout import gradient_wire_bytes
 from zeroplan.specs.request import PlanRequest
@@ -95,6 +96,37 @@ def _in_flight_micro_batches(request: PlanRequest) -> int:
     return max(1, chunks // parallel.virtual_stages)
 
 
+# torch 2.13 (and 2.6.0) distributed/pipelining/schedules.py ScheduleInterleaved1F1B
+# forward_stage_index: a rank's k-th forward runs its local stage (k // q) % v, q = m // max(1,
+# m // p) micro-batches per round, and its first backward (the peak, in_flight_chunks) follows
+# the warm-up forwards and one more: on the last rank (pp 8, m 8, v 2) eight micro-batches of its
+# first stage, then one of the head's stage, whose loss and backward come next. The chunks are
+# replayed in that order, each over its stage's share of the rank's blocks, so the head stage's
+# micro-batch runs its loss on top of the other stage's held chunks (not every block once per
+# in_flight // v micro-batch, as under 1F1B). megatron-core's interleaved schedule
+# (pipeline_parallel/schedules.py get_schedule_table, microbatch_group_size_per_vp_stage = pp by
+# default) runs the same order where p divides m.
+def _in_flight_chunk_blocks(request: PlanRequest, blocks: int) -> tuple[tuple[int, ...], ...]:
+    """The blocks each in-flight chunk runs, in forward order, as the rank's ``blocks`` slots
+    (empty: every block once per in-flight micro-batch)."""
+    parallel = request.parallel
+    if parallel.pp == 1 or parallel.virtual_stages == 1 or parallel.pp_schedule is not PipelineSchedule.interleaved_1f1b:
+        return ()
+    m, p, v, rank = request.batch.grad_accum_steps, parallel.pp, parallel.virtual_stages, parallel.pipeline_rank
+    stages = rank_stages(parallel, request.model.num_layers, request.training.framework, rank)
+    total = sum(stage.num_blocks for stage in stages)
+    if total == 0:
+        return ()
+    bounds, seen = [0], 0
+    for stage in stages:
+        seen += stage.num_blocks
+        bounds.append(round(blocks * seen / total))
+    per_round = m // max(1, m // p)
+    chunks = tuple(tuple(range(bounds[(k // per_round) % v], bounds[(k // per_round) % v + 1]))
+                   for k in range(in_flight_chunks(parallel, rank, m)))
+    return chunks if any(chunks) else ()
+
+
 def _transient_parts(request: PlanRequest, transient: int) -> tuple[int, int]:
     """(gathered unit on the all-gather stream, reduce buffer on the reduce-scatter stream) for
     FSDP; the whole term on the compute stream otherwise (returned as the first)."""
@@ -143,6 +175,9 @@ class StepInputs:
     """runs_flat_step: the step's gradients and temporaries whole, not per unit."""
     in_flight: int = 1
     """_in_flight_micro_batches: each block's saved tensors once per micro-batch in flight."""
+    chunk_blocks: tuple[tuple[int, ...], ...] = ()
+    """_in_flight_chunk_blocks: the in-flight chunks' blocks in forward order (empty: in_flight
+    micro-batches through every block)."""
     stage1_2022: tuple | None = None
     """deepspeed_2022.step_allocations where the 2022 DeepSpeed's ZeRO stage-1 step runs: the
     16-bit gradients tensor by tensor and the step's allocations in their order; None elsewhere."""
@@ -191,6 +226,7 @@ def step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms)
                       backward_end_gradients=terms.backward_end_gradients,
                       gather_stream=_gather_stream(request),
                       flat_step=runs_flat_step(request), in_flight=_in_flight_micro_batches(request),
+                      chunk_blocks=_in_flight_chunk_blocks(request, blocks),
                       workspace_parts=_workspace_parts(request, terms.workspace),
                       sequence_parallel=forward_collectives(request, terms),
                       stage1_2022=deepspeed_2022.step_allocations(request) if deepspeed_2022.models_2022(request) else None)
@@ -278,20 +314,24 @@ def record_step(x: StepInputs) -> TraceBuilder:
     gathered = min(gathered, x.block_transient_buffers)
     # Under a pipeline each in-flight micro-batch's forward saves its own tensors in every
     # block, the earliest micro-batch first (_in_flight_micro_batches).
-    in_flight = x.in_flight
-    per_block, outside = divmod(x.activations, blocks * in_flight)
+    # An interleaved schedule's chunks each run one stage's blocks (_in_flight_chunk_blocks).
+    chunks = x.chunk_blocks or tuple(tuple(range(len(x.cache_parts))) for _ in range(x.in_flight))
+    per_block, outside = divmod(x.activations, sum(len(chunk) for chunk in chunks))
     weights = list(x.block_weights)
     outside_ids = b.alloc(outside)
-    saved: list[list[list[int]]] = [[] for _ in x.cache_parts]
+    saved: list[list[list[int]]] = []
     cache: list[int] = []
+    cached: set[int] = set()
     block_parts = split_bytes(per_block, weights)
-    for micro_batch in range(in_flight):
-        for block, parts in enumerate(x.cache_parts):
+    for chunk in chunks:
+        saved.append([])
+        for block in chunk:
             b.mark()
             unit = b.alloc(gathered, gather_stream)
-            saved[block].append(b.alloc_parts(block_parts))
-            if micro_batch == 0:
-                cache += b.alloc_parts(list(parts))
+            saved[-1].append(b.alloc_parts(block_parts))
+            if block not in cached:
+                cached.add(block)
+                cache += b.alloc_parts(list(x.cache_parts[block]))
             run_sequence_parallel_forward(b, x.sequence_parallel)
             b.free(unit)
     b.mark()
@@ -315,13 +355,17 @@ def record_step(x: StepInputs) -> TraceBuilder:
     # cool-down; in its steady state a forward between two backwards reuses what one freed).
     early = b.alloc(x.block_backward_gradients)
     workspace = list(x.workspace_parts) or [x.workspace]
-    for micro_batch in range(in_flight):
-        for block in reversed(range(blocks)):
+    # Interleaved: the head stage's chunk, whose loss just ran, goes back first.
+    order = list(range(len(chunks)))
+    if x.chunk_blocks:
+        order = order[-1:] + order[:-1]
+    for index in order:
+        for position in reversed(range(len(chunks[index]))):
             unit = b.alloc(gathered, gather_stream)
             reducing = b.alloc(reduce, Stream.reduce_scatter)
             run_sequence_parallel_recompute(b, x.sequence_parallel)
             b.free(b.alloc_parts(workspace))
-            b.free(saved[block][micro_batch])
+            b.free(saved[index][position])
             b.free(unit + reducing)
     b.free(outside_ids)
     b.free(early)
