@@ -55,3 +55,14 @@ def test_the_command_skips_pydantic_plugin_discovery_where_the_user_has_not_chos
         environ = {"PYDANTIC_DISABLE_PLUGINS": chosen}
         skip_pydantic_plugin_discovery(environ)
         assert environ == {"PYDANTIC_DISABLE_PLUGINS": chosen}
+
+
+def test_the_command_runs_numpy_on_one_blas_thread_where_the_user_has_not_chosen() -> None:
+    from zeroplan.cli.main import single_blas_thread
+
+    environ: dict[str, str] = {}
+    single_blas_thread(environ)
+    assert environ == {"OPENBLAS_NUM_THREADS": "1"}
+    environ = {"OPENBLAS_NUM_THREADS": "8"}
+    single_blas_thread(environ)
+    assert environ == {"OPENBLAS_NUM_THREADS": "8"}
