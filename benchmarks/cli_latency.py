@@ -2,7 +2,7 @@
 measured side by side in one run (this machine is noisy, so the ratio is what to read, not the
 seconds).
 
-    python benchmarks/cli_latency.py [--repeats 10] [--against DIR]
+    python benchmarks/cli_latency.py [--repeats 10] [--against DIR] [--instructions]
 
 ``--against DIR`` times each zeroplan command a second time, interleaved, with DIR (another
 checkout's source root, e.g. `git worktree add DIR COMMIT`) as its working directory and first
@@ -18,14 +18,20 @@ one model (whose first build imports pydantic's validators and plugin loader). T
 Beside the wall-clock medians, the medians of each command's CPU seconds (user + system, from
 the operating system's accounting of the finished child): on a loaded machine a command's wall
 time includes the time it waited for a core, its CPU time does not, so the CPU ratio is the
-steadier of the two when other work shares the cores.
+steadier of the two when other work shares the cores. ``--instructions`` adds, from one more
+run of each command under valgrind's callgrind, the instructions it executes: the same count on
+every run of the same code whatever else the machine runs, so a change's before and after differ
+by what the change does (the count weighs the interpreter's start, its shared libraries' loading
+and page faults, less than the CPU seconds do: its ratios read higher than the CPU ratios).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -86,6 +92,13 @@ def time_once(command: list[str], env: dict[str, str], cwd: str | None = None) -
     return time.perf_counter() - start, _children_cpu_s() - cpu_before
 
 
+def instructions(command: list[str], env: dict[str, str], cwd: str | None = None) -> int:
+    """Instructions one run of ``command`` executes (valgrind --tool=callgrind, every thread)."""
+    result = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *command], check=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
+    return int(re.search(r"Collected : (\d+)", result.stderr).group(1))
+
+
 def bytecode_cached_env(cache_dir: str) -> dict[str, str]:
     env = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPYCACHEPREFIX"] = cache_dir
@@ -110,7 +123,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--against", metavar="DIR", help="another checkout's source root, timed beside this one")
+    parser.add_argument("--instructions", action="store_true",
+                        help="also count each command's instructions once under valgrind's callgrind")
     args = parser.parse_args()
+    if args.instructions and shutil.which("valgrind") is None:
+        parser.error("--instructions: valgrind is not on PATH")
+    counts: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="zeroplan-pycache-") as cache_dir:
         rows = runs(args.against, bytecode_cached_env(cache_dir))
         samples: dict[str, list[tuple[float, float]]] = {name: [] for name in rows}
@@ -120,15 +138,21 @@ def main() -> None:
             # Interleave the commands so drift in machine load hits all of them alike.
             for name, (command, env, cwd) in rows.items():
                 samples[name].append(time_once(command, env, cwd))
+        if args.instructions:
+            counts = {name: instructions(command, env, cwd) for name, (command, env, cwd) in rows.items()}
 
     def medians(name: str) -> tuple[float, float]:
         return statistics.median(w for w, _ in samples[name]), statistics.median(c for _, c in samples[name])
 
     wall_baseline, cpu_baseline = medians("python -c pass")
-    print(f"{'command':66s} {'median s':>9s} {'ratio':>7s} {'CPU s':>7s} {'CPU ratio':>9s}")
+    header = f"{'command':66s} {'median s':>9s} {'ratio':>7s} {'CPU s':>7s} {'CPU ratio':>9s}"
+    print(header + (f" {'M instr':>8s} {'ratio':>7s}" if counts else ""))
     for name in samples:
         wall, cpu = medians(name)
-        print(f"{name:66s} {wall:9.3f} {wall / wall_baseline:6.1f}x {cpu:7.3f} {cpu / cpu_baseline:8.1f}x")
+        line = f"{name:66s} {wall:9.3f} {wall / wall_baseline:6.1f}x {cpu:7.3f} {cpu / cpu_baseline:8.1f}x"
+        if counts:
+            line += f" {counts[name] / 1e6:8.0f} {counts[name] / counts['python -c pass']:6.1f}x"
+        print(line)
 
 
 if __name__ == "__main__":

@@ -43,3 +43,26 @@ def test_fit_and_compare_import_no_frame_plot_or_torch_library_nor_what_they_do_
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "", f"{' '.join(argv)} imported {result.stdout.strip()}"
+
+
+def test_the_command_skips_pydantic_plugin_discovery_where_the_user_has_not_chosen() -> None:
+    from zeroplan.cli.main import skip_pydantic_plugin_discovery
+
+    environ: dict[str, str] = {}
+    skip_pydantic_plugin_discovery(environ)
+    assert environ == {"PYDANTIC_DISABLE_PLUGINS": "__all__"}
+    for chosen in ("", "logfire"):  # empty: every plugin loads; a name: all but that one
+        environ = {"PYDANTIC_DISABLE_PLUGINS": chosen}
+        skip_pydantic_plugin_discovery(environ)
+        assert environ == {"PYDANTIC_DISABLE_PLUGINS": chosen}
+
+
+def test_the_command_runs_numpy_on_one_blas_thread_where_the_user_has_not_chosen() -> None:
+    from zeroplan.cli.main import single_blas_thread
+
+    environ: dict[str, str] = {}
+    single_blas_thread(environ)
+    assert environ == {"OPENBLAS_NUM_THREADS": "1"}
+    environ = {"OPENBLAS_NUM_THREADS": "8"}
+    single_blas_thread(environ)
+    assert environ == {"OPENBLAS_NUM_THREADS": "8"}

@@ -3,7 +3,7 @@ which strategy?", zeroplan.core.plan.fit) and PlanSearchResult ("which configura
 fastest?", zeroplan.core.search). Each holds the lower results (zeroplan.results) and turns
 itself into a pandas DataFrame through zeroplan.frames, which sits below it."""
 
-from __future__ import annotations
+# No postponed annotations: pydantic reads these fields' types as objects (zeroplan/specs/base.py).
 
 from pydantic import ConfigDict, Field
 

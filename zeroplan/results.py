@@ -1,6 +1,6 @@
 """Typed results of the planner. Every size is an integer number of bytes."""
 
-from __future__ import annotations
+# No postponed annotations: pydantic reads these fields' types as objects (zeroplan/specs/base.py).
 
 from enum import Enum
 

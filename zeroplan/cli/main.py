@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+from collections.abc import MutableMapping
 from typing import TYPE_CHECKING
 
 from zeroplan.core.collector import cyclic_gc_paused
@@ -96,6 +97,27 @@ _DELEGATED = {
 }
 
 
+# pydantic looks for plugins (its "pydantic" entry-point group) at the first model it builds:
+# pydantic/plugin/_loader.py get_plugins reads the entry points of every installed distribution,
+# 28 M instructions of fit llama-2-70b's 1,063 M (callgrind) in an environment of 125
+# distributions (torch, deepspeed, transformers...). A plugin observes validations; this command's
+# are its own specs and results. Where PYDANTIC_DISABLE_PLUGINS is set already, pydantic reads that
+# value (an empty one: every plugin loads, as without the variable).
+def skip_pydantic_plugin_discovery(environ: MutableMapping[str, str]) -> None:
+    environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+
+
+# numpy's wheels load OpenBLAS, which starts a thread per core it may use when numpy is imported
+# (the plan search, --format csv's pandas); each waits for work spinning before it sleeps, CPU
+# time the command pays for matrix products it never asks for: the search's arrays are
+# element-wise (core/search.py), no BLAS call. One thread, where OPENBLAS_NUM_THREADS is not set:
+# `plan llama-3.1-70b --gpus 64 --global-batch 512` 985 -> 905 ms of CPU, `import numpy` alone
+# 134 -> 94 ms (medians of 15 alternating runs, 2 cores). The torch commands (measure, simulate)
+# keep their own threads: they return before this is set.
+def single_blas_thread(environ: MutableMapping[str, str]) -> None:
+    environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         if argv is None and sys.argv[1:2] != [] and sys.argv[1] in _DELEGATED:
@@ -109,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
             # (gc.freeze) so that the interpreter's collection at exit does not walk it either.
             # A caller running commands in its own process (main(argv), the tests) keeps its
             # collector as it was.
+            skip_pydantic_plugin_discovery(os.environ)
+            single_blas_thread(os.environ)
             with cyclic_gc_paused():
                 try:
                     return _main(argv)

@@ -9,7 +9,7 @@ stacks, as in every published T5 and BART checkpoint. zeroplan.core.encoder_deco
 parameters and the activations from it.
 """
 
-from __future__ import annotations
+# No postponed annotations: pydantic reads these fields' types as objects (zeroplan/specs/base.py).
 
 from pydantic import Field
 

@@ -1,7 +1,7 @@
 """Which parameters train: LoRA adapters over a frozen (optionally quantized) base, frozen
 embeddings or blocks. The default trains every parameter (a full fine-tune)."""
 
-from __future__ import annotations
+# No postponed annotations: pydantic reads these fields' types as objects (zeroplan/specs/base.py).
 
 import re
 from enum import Enum

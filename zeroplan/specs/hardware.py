@@ -1,6 +1,6 @@
 """GPUs, the links between them, and the cluster they form."""
 
-from __future__ import annotations
+# No postponed annotations: pydantic reads these fields' types as objects (zeroplan/specs/base.py).
 
 from enum import Enum
 

@@ -1,6 +1,6 @@
 """The architecture of a decoder-only transformer, as the planner and the harness both read it."""
 
-from __future__ import annotations
+# No postponed annotations: pydantic reads these fields' types as objects (zeroplan/specs/base.py).
 
 from enum import Enum
 

@@ -8,7 +8,7 @@ strategy (DDP, ZeRO, FSDP) runs over the dp ranks; FSDP shards over dp x cp, sin
 parallel ranks hold the same parameters (torchtitan's "fsdp" mesh is dp_shard x cp).
 """
 
-from __future__ import annotations
+# No postponed annotations: pydantic reads these fields' types as objects (zeroplan/specs/base.py).
 
 from enum import Enum
 

@@ -1,6 +1,6 @@
 """One request: the single object that feeds both the planner and the measurement harness."""
 
-from __future__ import annotations
+# No postponed annotations: pydantic reads these fields' types as objects (zeroplan/specs/base.py).
 
 from pydantic import Field, model_validator
 

@@ -1,6 +1,6 @@
 """Data-parallel sharding strategies and the knobs of their implementations."""
 
-from __future__ import annotations
+# No postponed annotations: pydantic reads these fields' types as objects (zeroplan/specs/base.py).
 
 from enum import Enum
 
@@ -229,7 +229,7 @@ class StrategySpec(Frozen):
     contiguous gradients it doubles the reduce bucket (stage_1_and_2.py setup_buckets)."""
 
     @model_validator(mode="after")
-    def _reduce_mode_fits_the_stage(self) -> StrategySpec:
+    def _reduce_mode_fits_the_stage(self) -> "StrategySpec":
         allowed = {ZeroGradientReduce.per_unit: (1, 2), ZeroGradientReduce.ddp_buckets: (1,)}
         stages = allowed.get(self.zero_gradient_reduce)
         if stages is not None and self.kind.zero_stage not in stages:

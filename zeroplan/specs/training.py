@@ -1,6 +1,6 @@
 """How the model is trained: numeric precision, optimizer, activation checkpointing, batch shape."""
 
-from __future__ import annotations
+# No postponed annotations: pydantic reads these fields' types as objects (zeroplan/specs/base.py).
 
 from enum import Enum
 
