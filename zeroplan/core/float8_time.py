@@ -34,6 +34,7 @@ from zeroplan.core.flops import (
     recompute_flops_per_token,
 )
 from zeroplan.specs.request import PlanRequest
+from zeroplan.core.roofline.ceilings import gpu_ceilings, times_memory_bound
 from zeroplan.specs.training import ActivationCheckpointing, Float8Recipe
 
 FLOAT8_ALIGNMENT = 16
@@ -160,12 +161,8 @@ def float8_linear_count(request: PlanRequest) -> int:
 def float8_cast_seconds(request: PlanRequest) -> tuple[float, float]:
     """(forward, backward) seconds of the casts at the GPU's copy bandwidth; (0, 0) where the
     flat-HFU model does not time memory-bound kernels apart (its HFU covers them)."""
-    from zeroplan.core.timing import times_memory_bound
-
     if not times_float8(request) or not times_memory_bound(request):
         return 0.0, 0.0
-    from zeroplan.core.roofline.ceilings import gpu_ceilings
-
     bandwidth = gpu_ceilings(request.cluster.gpu).memory_bytes_per_s
     forward, backward = float8_cast_bytes(request)
     return forward / bandwidth, backward / bandwidth

@@ -19,6 +19,7 @@ from zeroplan.core.model_states import held_elements, shard_layout
 from zeroplan.core.nvme import nvme_traffic
 from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise
 from zeroplan.core.parallel.units import rank_trainable_units
+from zeroplan.core.roofline.ceilings import times_memory_bound
 from zeroplan.core.roofline.optimizer import TORCH_ADAM_ACCESSES_PER_ELEMENT
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.hardware import HostSpec
@@ -268,15 +269,6 @@ def attention_flops_per_s(request: PlanRequest, matmul_rate: float) -> float:
         return (row.relative(request.batch.seq_len) * head_dim_efficiency(name, request.model.head_size)
                 * row.matmul_tflops * 1e12 * attention_efficiency(request, name))
     return matmul_rate * attention_relative_rate(request)
-
-
-def times_memory_bound(request: PlanRequest) -> bool:
-    """Whether the flat-HFU model times the memory-bound kernels apart, at the GPU's copy
-    bandwidth (a GPU zeroplan.core.roofline.ceilings has a bandwidth for, unless
-    PerformanceAssumptions.memory_bound says 'in-hfu'); else its HFU covers every kernel."""
-    from zeroplan.core.roofline.ceilings import CEILINGS
-
-    return request.performance.memory_bound == "copy-bandwidth" and request.cluster.gpu.name in CEILINGS
 
 
 COMPUTE_BASIS = "matmul-attention"

@@ -22,6 +22,7 @@ from pydantic import Field
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.hardware import GpuSpec
+from zeroplan.specs.request import PlanRequest
 
 
 class GpuCeilings(Frozen):
@@ -82,3 +83,10 @@ def gpu_ceilings(gpu: GpuSpec) -> GpuCeilings:
             f"(allowed: {', '.join(sorted(CEILINGS))}); use --compute-model hfu",
         )
     return ceilings
+
+
+def times_memory_bound(request: PlanRequest) -> bool:
+    """Whether the flat-HFU model times the memory-bound kernels apart, at the GPU's copy
+    bandwidth (a GPU zeroplan.core.roofline.ceilings has a bandwidth for, unless
+    PerformanceAssumptions.memory_bound says 'in-hfu'); else its HFU covers every kernel."""
+    return request.performance.memory_bound == "copy-bandwidth" and request.cluster.gpu.name in CEILINGS
