@@ -18,8 +18,10 @@ from zeroplan.core.fairseq import (
     fairseq_layer_delta_bytes,
     fairseq_logits_parts,
     gelu_upcast_bytes,
+    held_layer_gradient_bytes,
     kept_scores_bytes,
     softmax_backward_extra_bytes,
+    softmax_backward_temporary_bytes,
 )
 from zeroplan.core.feasibility import usable_memory_bytes
 from zeroplan.core.plan import pipeline_rank_breakdowns
@@ -93,13 +95,20 @@ def test_loss_keeps_fp16_logits_and_fp32_log_probabilities():
 
 
 def test_softmax_backward_moment():
-    """The scores' and probabilities' gradients, less what the block saved after its attention
-    core (freed by the softmax's backward)."""
+    """The scores' and probabilities' gradients, torch 1.8's CUDA `grad * output` product, and
+    under FSDP the layer's flat-parameter views' gradients computed so far, less what the block
+    saved after its attention core (freed by the softmax's backward)."""
     request = _request(*SMALL)
     s, b, h, a, f = 64, 2, 768, 12, 3072
     terms = layer_terms(request.model, request.training, s, b)
     freed = (2 * s * b * h) * 3 + terms["mlp_inner"] + 2 * s * b * f + terms["hidden_dropout_masks"]
-    assert softmax_backward_extra_bytes(request) == max(0, 2 * 2 * a * s * s * b - freed)
+    assert softmax_backward_temporary_bytes(request) == 2 * a * s * s * b
+    # out_proj (weight, bias), the second LayerNorm (weight, bias), fc1 and fc2 (weights, biases), fp16.
+    held = 2 * (h * h + h + 2 * h + 2 * h * f + f + h)
+    assert held_layer_gradient_bytes(request) == held
+    assert softmax_backward_extra_bytes(request) == max(0, 3 * 2 * a * s * s * b + held - freed)
+    # DDP: each gradient goes to its AccumulateGrad (the model states' gradients), none held.
+    assert held_layer_gradient_bytes(_request(*SMALL, strategy=StrategyKind.ddp)) == 0
     # Long sequences: the quadratic gradients win.
     long = _request("gpt2", "--gpus", "2", "--micro-batch", "1", "--seq-len", "1024", "--framework", "fairseq")
     assert softmax_backward_extra_bytes(long) > 0
@@ -164,10 +173,13 @@ def test_layer_and_softmax_backward_measured_on_the_cpu(tmp_path):
     multi_head_attention_forward: q*scaling, bmm, the float mask added in place, softmax, bmm,
     out_proj; fairseq's fp32 GELU), fp32 on the CPU, live storages counted per op
     (tests/live_storages.py); the backward asks for the input's gradient only, so no weight
-    gradient (the planner's gradients, not its workspace) is made. torch 1.8's softmax kept its input, which this torch
-    does not: the test keeps the scores alive itself. Saved after the forward: the planner's
-    layer (framework_layer_bytes); the most alive in its backward beyond that: the residual
-    workspace and softmax_backward_extra_bytes, to within one residual-stream tensor."""
+    gradient (the planner's gradients, not its workspace) is made (a DDP request: no
+    flat-parameter gradients held). The softmax is torch 1.8's on CUDA, which this CPU torch does
+    not run: it keeps its input beside its output (derivatives.yaml) and its backward
+    materialises `grad * output` before writing the scores' gradient (cuda/SoftMax.cu
+    softmax_backward_cuda). Saved after the forward: the planner's layer (framework_layer_bytes);
+    the most alive in its backward beyond that: the residual workspace and
+    softmax_backward_extra_bytes, to within one residual-stream tensor."""
     import json
 
     from tests.live_storages import live_storage_tracker
@@ -180,13 +192,27 @@ def test_layer_and_softmax_backward_measured_on_the_cpu(tmp_path):
                                   "n_inner": f, "n_positions": s, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
                                   "attn_pdrop": 0.0, "tie_word_embeddings": False}))
     request = _request(str(config), "--gpus", "2", "--micro-batch", str(b), "--seq-len", str(s), "--framework", "fairseq",
-                       "--precision", "fp32", "--activation-checkpointing", "none")
+                       "--precision", "fp32", "--activation-checkpointing", "none", strategy=StrategyKind.ddp)
     torch.manual_seed(0)
     d = h // a
     w = {name: (torch.randn(shape) * 0.1).requires_grad_() for name, shape in
          {"q": (h, h), "k": (h, h), "v": (h, h), "o": (h, h), "fc1": (f, h), "fc2": (h, f)}.items()}
     mask = torch.triu(torch.full((s, s), float("-inf")), 1)
-    kept: list = []
+
+    class Torch18CudaSoftmax(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, scores):
+            probs = torch.softmax(scores, dim=-1)
+            ctx.save_for_backward(scores, probs)  # _softmax_backward_data(grad, result, dim, self)
+            return probs
+
+        @staticmethod
+        def backward(ctx, grad):
+            _, probs = ctx.saved_tensors
+            tmp = grad * probs  # softmax_backward_cuda: Tensor tmp = grad * output;
+            grad_input = torch.empty_like(tmp)  # host_softmax_backward's gI, written from tmp
+            torch.mul(probs, tmp.sum(-1, keepdim=True), out=grad_input)
+            return torch.sub(tmp, grad_input, out=grad_input)
 
     def layer(x):
         y = F.layer_norm(x, (h,))
@@ -195,8 +221,7 @@ def test_layer_and_softmax_backward_measured_on_the_cpu(tmp_path):
         q, k, v = (t.contiguous().view(s, b * a, d).transpose(0, 1) for t in (q, k, v))
         scores = torch.bmm(q, k.transpose(1, 2))
         scores += mask
-        kept.append(scores)  # torch 1.8: SoftmaxBackward's `self`
-        out = torch.bmm(F.softmax(scores, dim=-1), v).transpose(0, 1).contiguous().view(s, b, h)
+        out = torch.bmm(Torch18CudaSoftmax.apply(scores), v).transpose(0, 1).contiguous().view(s, b, h)
         x = x + F.linear(out, w["o"])
         y = F.layer_norm(x, (h,))
         return x + F.linear(F.gelu(F.linear(y, w["fc1"]).float()).type_as(y), w["fc2"])
