@@ -125,6 +125,20 @@ def test_readme_13b_offload_run_fits_one_v100():
     assert breakdown.parameter_bytes == breakdown.optimizer_state_bytes == 0  # fp32 shard and Adam on the host
 
 
+@pytest.mark.slow  # replays the caching allocator over a 13B step
+@pytest.mark.parametrize(("micro_batch", "fits"), [(1, True), (2, False)])
+def test_readme_13b_without_offload_fits_batch_1_only(micro_batch, fits):
+    """The same README, '13B params on 8 V100 GPUs': without CPU offloading only a batch size of
+    1 per GPU fits. What grows with the batch at the first layer's backward, where nearly every
+    gradient shard is allocated: the scores, the probabilities, their gradients and torch 1.8's
+    `grad * output` product in the recomputed layer's softmax backward."""
+    request = _request(GPT3_13B, "--gpus", "8", "--gpus-per-node", "8", "--gpu", "v100-32gb", "--micro-batch",
+                       str(micro_batch), "--seq-len", "2048", "--framework", "fairseq", "--activation-checkpointing", "full",
+                       "--optimizer", "adam")
+    breakdown = max((b for b, _ in pipeline_rank_breakdowns(request)), key=lambda b: b.peak_bytes)
+    assert (breakdown.peak_bytes <= usable_memory_bytes(request)) is fits
+
+
 @pytest.mark.parametrize(("flags", "field"), [
     (("--attention", "flash"), "attention_kernel"),
     (("--precision", "fp32", "--fsdp-cpu-offload"), "fsdp_cpu_offload"),
@@ -168,13 +182,18 @@ def test_ddp_runs_fp16_optimizer():
 
 
 @pytest.mark.slow
-def test_layer_and_softmax_backward_measured_on_the_cpu(tmp_path):
+@pytest.mark.parametrize("flat", [False, True], ids=["ddp", "fairscale-flat-param"])
+def test_layer_and_softmax_backward_measured_on_the_cpu(tmp_path, flat):
     """A fairseq pre-norm decoder layer written as its ops run (torch 1.8 nn/functional.py
     multi_head_attention_forward: q*scaling, bmm, the float mask added in place, softmax, bmm,
     out_proj; fairseq's fp32 GELU), fp32 on the CPU, live storages counted per op
-    (tests/live_storages.py); the backward asks for the input's gradient only, so no weight
-    gradient (the planner's gradients, not its workspace) is made (a DDP request: no
-    flat-parameter gradients held). The softmax is torch 1.8's on CUDA, which this CPU torch does
+    (tests/live_storages.py). Under DDP the backward asks for the input's gradient only, so no
+    weight gradient (the planner's gradients, not its workspace) is made; under fairscale's FSDP
+    the weights are views of one flat parameter made at the forward
+    (flatten_params_wrapper.py _unflatten_params_as_views) and the backward asks for its gradient
+    too, which autograd's split backward makes only once every view's gradient has arrived
+    (held_layer_gradient_bytes; the planner's biases and norm weights, which this layer lacks, are
+    within the tolerance). The softmax is torch 1.8's on CUDA, which this CPU torch does
     not run: it keeps its input beside its output (derivatives.yaml) and its backward
     materialises `grad * output` before writing the scores' gradient (cuda/SoftMax.cu
     softmax_backward_cuda). Saved after the forward: the planner's layer (framework_layer_bytes);
@@ -192,11 +211,14 @@ def test_layer_and_softmax_backward_measured_on_the_cpu(tmp_path):
                                   "n_inner": f, "n_positions": s, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
                                   "attn_pdrop": 0.0, "tie_word_embeddings": False}))
     request = _request(str(config), "--gpus", "2", "--micro-batch", str(b), "--seq-len", str(s), "--framework", "fairseq",
-                       "--precision", "fp32", "--activation-checkpointing", "none", strategy=StrategyKind.ddp)
+                       "--precision", "fp32", "--activation-checkpointing", "none",
+                       strategy=StrategyKind.fsdp_full_shard if flat else StrategyKind.ddp)
     torch.manual_seed(0)
     d = h // a
-    w = {name: (torch.randn(shape) * 0.1).requires_grad_() for name, shape in
-         {"q": (h, h), "k": (h, h), "v": (h, h), "o": (h, h), "fc1": (f, h), "fc2": (h, f)}.items()}
+    shapes = {"q": (h, h), "k": (h, h), "v": (h, h), "o": (h, h), "fc1": (f, h), "fc2": (h, f)}
+    flat_param = (torch.randn(sum(m * n for m, n in shapes.values())) * 0.1).requires_grad_()
+    # Under FSDP the layer's forward makes the views; separate weights otherwise.
+    w = {} if flat else {name: (torch.randn(shape) * 0.1).requires_grad_() for name, shape in shapes.items()}
     mask = torch.triu(torch.full((s, s), float("-inf")), 1)
 
     class Torch18CudaSoftmax(torch.autograd.Function):
@@ -215,6 +237,9 @@ def test_layer_and_softmax_backward_measured_on_the_cpu(tmp_path):
             return torch.sub(tmp, grad_input, out=grad_input)
 
     def layer(x):
+        if flat:
+            views = flat_param.split([m * n for m, n in shapes.values()])
+            w.update({name: t.view(shape) for (name, shape), t in zip(shapes.items(), views)})
         y = F.layer_norm(x, (h,))
         q = F.linear(y, w["q"]) * d ** -0.5
         k, v = F.linear(y, w["k"]), F.linear(y, w["v"])
@@ -226,7 +251,7 @@ def test_layer_and_softmax_backward_measured_on_the_cpu(tmp_path):
         y = F.layer_norm(x, (h,))
         return x + F.linear(F.gelu(F.linear(y, w["fc1"]).float()).type_as(y), w["fc2"])
 
-    skipped = {t.untyped_storage().data_ptr() for t in (*w.values(), mask)}
+    skipped = {t.untyped_storage().data_ptr() for t in (*w.values(), mask, flat_param)}
     x = torch.randn(s, b, h, requires_grad=True)
     skipped.add(x.untyped_storage().data_ptr())
     tracker = live_storage_tracker(skipped)
@@ -238,7 +263,7 @@ def test_layer_and_softmax_backward_measured_on_the_cpu(tmp_path):
         start = sum(tracker.live.values())
         most = [start]
         tracker.probe = lambda: most.append(sum(tracker.live.values()))
-        torch.autograd.grad(out, x, grad)
+        torch.autograd.grad(out, (x, flat_param) if flat else x, grad)
     # The planner's block also counts its input (the first norm's), which the measurement skips,
     # and ignores the norms' per-token statistics (mean and rstd, fp32), which it counts.
     statistics = 2 * 2 * 4 * s * b
