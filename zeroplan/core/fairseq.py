@@ -66,14 +66,15 @@ def fairseq_logits_parts(request: PlanRequest) -> tuple[int, int, int, int]:
 # _softmax_backward_data runs on a CUDA tensor): `Tensor tmp = grad * output;` materialises the
 # product of the probabilities and their gradient, then host_softmax_backward(tmp, output, ...)
 # writes the scores' gradient into a new tensor (gI = at::empty_like(tmp)) while tmp is alive:
-# one scores-sized temporary in the compute dtype beside the gradient it writes (the CPU kernel,
-# which the tests can run, fuses the product instead).
+# one scores-sized temporary in the compute dtype beside the gradient it writes (this torch's
+# CPU kernel makes no such product: tests/test_fairseq_profile.py writes the CUDA one's out).
 def softmax_backward_temporary_bytes(request: PlanRequest) -> int:
     """The `grad * output` product torch 1.8's CUDA softmax backward allocates."""
     return kept_scores_bytes(request)
 
 
-# fairscale 05ce7971 nn/misc/flatten_params_wrapper.py: FSDP flattens each unit's parameters
+# fairscale 05ce7971 nn/misc/flatten_params_wrapper.py (fairseq's fsdp_wrap keeps
+# flatten_parameters=True, fairseq/distributed/fully_sharded_data_parallel.py): FSDP flattens each unit's parameters
 # into one flat_param and at every forward (FlattenParamsWrapper.forward ->
 # _unflatten_params_as_views) sets the layer's weights as views of flat_param.split(...); the
 # recomputed layer (fairseq's checkpoint_wrapper sits inside the FSDP wrapper) uses those views.
@@ -99,8 +100,8 @@ def held_layer_gradient_bytes(request: PlanRequest) -> int:
 # torch 1.8's autograd runs a fairseq layer's backward in reverse order: fc2, GELU, fc1, the second
 # norm, out_proj, probs @ V, then the softmax, whose backward (_softmax_backward_data) writes the
 # scores' gradient while the probabilities' gradient (from probs @ V's backward), the product
-# above and both saved tensors are alive. By then the tensors saved after the attention core (out_proj's input, the
-# second norm's input, fc1's input, the MLP's inner tensors, the residual dropouts' masks) are
+# above, both saved tensors and (under FSDP) the layer's gradients so far are alive. By then the
+# tensors saved after the attention core (out_proj's input, the second norm's input, fc1's input, the MLP's inner tensors, the residual dropouts' masks) are
 # freed. zeroplan's block-backward moment counts the whole saved block and two residual-stream
 # tensors (zeroplan.core.activations.backward_workspace_bytes); with scores materialised the
 # softmax's moment is larger by what this returns.
