@@ -18,8 +18,10 @@ from zeroplan.core.fairseq import (
     fairseq_layer_delta_bytes,
     fairseq_logits_parts,
     gelu_upcast_bytes,
+    held_layer_gradient_bytes,
     kept_scores_bytes,
     softmax_backward_extra_bytes,
+    softmax_backward_temporary_bytes,
 )
 from zeroplan.core.feasibility import usable_memory_bytes
 from zeroplan.core.plan import pipeline_rank_breakdowns
@@ -93,13 +95,20 @@ def test_loss_keeps_fp16_logits_and_fp32_log_probabilities():
 
 
 def test_softmax_backward_moment():
-    """The scores' and probabilities' gradients, less what the block saved after its attention
-    core (freed by the softmax's backward)."""
+    """The scores' and probabilities' gradients, torch 1.8's CUDA `grad * output` product, and
+    under FSDP the layer's flat-parameter views' gradients computed so far, less what the block
+    saved after its attention core (freed by the softmax's backward)."""
     request = _request(*SMALL)
     s, b, h, a, f = 64, 2, 768, 12, 3072
     terms = layer_terms(request.model, request.training, s, b)
     freed = (2 * s * b * h) * 3 + terms["mlp_inner"] + 2 * s * b * f + terms["hidden_dropout_masks"]
-    assert softmax_backward_extra_bytes(request) == max(0, 2 * 2 * a * s * s * b - freed)
+    assert softmax_backward_temporary_bytes(request) == 2 * a * s * s * b
+    # out_proj (weight, bias), the second LayerNorm (weight, bias), fc1 and fc2 (weights, biases), fp16.
+    held = 2 * (h * h + h + 2 * h + 2 * h * f + f + h)
+    assert held_layer_gradient_bytes(request) == held
+    assert softmax_backward_extra_bytes(request) == max(0, 3 * 2 * a * s * s * b + held - freed)
+    # DDP: each gradient goes to its AccumulateGrad (the model states' gradients), none held.
+    assert held_layer_gradient_bytes(_request(*SMALL, strategy=StrategyKind.ddp)) == 0
     # Long sequences: the quadratic gradients win.
     long = _request("gpt2", "--gpus", "2", "--micro-batch", "1", "--seq-len", "1024", "--framework", "fairseq")
     assert softmax_backward_extra_bytes(long) > 0
@@ -114,6 +123,20 @@ def test_readme_13b_offload_run_fits_one_v100():
     breakdown = max((b for b, _ in pipeline_rank_breakdowns(request)), key=lambda b: b.peak_bytes)
     assert breakdown.peak_bytes <= usable_memory_bytes(request)
     assert breakdown.parameter_bytes == breakdown.optimizer_state_bytes == 0  # fp32 shard and Adam on the host
+
+
+@pytest.mark.slow  # replays the caching allocator over a 13B step
+@pytest.mark.parametrize(("micro_batch", "fits"), [(1, True), (2, False)])
+def test_readme_13b_without_offload_fits_batch_1_only(micro_batch, fits):
+    """The same README, '13B params on 8 V100 GPUs': without CPU offloading only a batch size of
+    1 per GPU fits. What grows with the batch at the first layer's backward, where nearly every
+    gradient shard is allocated: the scores, the probabilities, their gradients and torch 1.8's
+    `grad * output` product in the recomputed layer's softmax backward."""
+    request = _request(GPT3_13B, "--gpus", "8", "--gpus-per-node", "8", "--gpu", "v100-32gb", "--micro-batch",
+                       str(micro_batch), "--seq-len", "2048", "--framework", "fairseq", "--activation-checkpointing", "full",
+                       "--optimizer", "adam")
+    breakdown = max((b for b, _ in pipeline_rank_breakdowns(request)), key=lambda b: b.peak_bytes)
+    assert (breakdown.peak_bytes <= usable_memory_bytes(request)) is fits
 
 
 @pytest.mark.parametrize(("flags", "field"), [
@@ -159,15 +182,23 @@ def test_ddp_runs_fp16_optimizer():
 
 
 @pytest.mark.slow
-def test_layer_and_softmax_backward_measured_on_the_cpu(tmp_path):
+@pytest.mark.parametrize("flat", [False, True], ids=["ddp", "fairscale-flat-param"])
+def test_layer_and_softmax_backward_measured_on_the_cpu(tmp_path, flat):
     """A fairseq pre-norm decoder layer written as its ops run (torch 1.8 nn/functional.py
     multi_head_attention_forward: q*scaling, bmm, the float mask added in place, softmax, bmm,
     out_proj; fairseq's fp32 GELU), fp32 on the CPU, live storages counted per op
-    (tests/live_storages.py); the backward asks for the input's gradient only, so no weight
-    gradient (the planner's gradients, not its workspace) is made. torch 1.8's softmax kept its input, which this torch
-    does not: the test keeps the scores alive itself. Saved after the forward: the planner's
-    layer (framework_layer_bytes); the most alive in its backward beyond that: the residual
-    workspace and softmax_backward_extra_bytes, to within one residual-stream tensor."""
+    (tests/live_storages.py). Under DDP the backward asks for the input's gradient only, so no
+    weight gradient (the planner's gradients, not its workspace) is made; under fairscale's FSDP
+    the weights are views of one flat parameter made at the forward
+    (flatten_params_wrapper.py _unflatten_params_as_views) and the backward asks for its gradient
+    too, which autograd's split backward makes only once every view's gradient has arrived
+    (held_layer_gradient_bytes; the planner's biases and norm weights, which this layer lacks, are
+    within the tolerance). The softmax is torch 1.8's on CUDA, which this CPU torch does
+    not run: it keeps its input beside its output (derivatives.yaml) and its backward
+    materialises `grad * output` before writing the scores' gradient (cuda/SoftMax.cu
+    softmax_backward_cuda). Saved after the forward: the planner's layer (framework_layer_bytes);
+    the most alive in its backward beyond that: the residual workspace and
+    softmax_backward_extra_bytes, to within one residual-stream tensor."""
     import json
 
     from tests.live_storages import live_storage_tracker
@@ -180,28 +211,47 @@ def test_layer_and_softmax_backward_measured_on_the_cpu(tmp_path):
                                   "n_inner": f, "n_positions": s, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
                                   "attn_pdrop": 0.0, "tie_word_embeddings": False}))
     request = _request(str(config), "--gpus", "2", "--micro-batch", str(b), "--seq-len", str(s), "--framework", "fairseq",
-                       "--precision", "fp32", "--activation-checkpointing", "none")
+                       "--precision", "fp32", "--activation-checkpointing", "none",
+                       strategy=StrategyKind.fsdp_full_shard if flat else StrategyKind.ddp)
     torch.manual_seed(0)
     d = h // a
-    w = {name: (torch.randn(shape) * 0.1).requires_grad_() for name, shape in
-         {"q": (h, h), "k": (h, h), "v": (h, h), "o": (h, h), "fc1": (f, h), "fc2": (h, f)}.items()}
+    shapes = {"q": (h, h), "k": (h, h), "v": (h, h), "o": (h, h), "fc1": (f, h), "fc2": (h, f)}
+    flat_param = (torch.randn(sum(m * n for m, n in shapes.values())) * 0.1).requires_grad_()
+    # Under FSDP the layer's forward makes the views; separate weights otherwise.
+    w = {} if flat else {name: (torch.randn(shape) * 0.1).requires_grad_() for name, shape in shapes.items()}
     mask = torch.triu(torch.full((s, s), float("-inf")), 1)
-    kept: list = []
+
+    class Torch18CudaSoftmax(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, scores):
+            probs = torch.softmax(scores, dim=-1)
+            ctx.save_for_backward(scores, probs)  # _softmax_backward_data(grad, result, dim, self)
+            return probs
+
+        @staticmethod
+        def backward(ctx, grad):
+            _, probs = ctx.saved_tensors
+            tmp = grad * probs  # softmax_backward_cuda: Tensor tmp = grad * output;
+            grad_input = torch.empty_like(tmp)  # host_softmax_backward's gI, written from tmp
+            torch.mul(probs, tmp.sum(-1, keepdim=True), out=grad_input)
+            return torch.sub(tmp, grad_input, out=grad_input)
 
     def layer(x):
+        if flat:
+            views = flat_param.split([m * n for m, n in shapes.values()])
+            w.update({name: t.view(shape) for (name, shape), t in zip(shapes.items(), views)})
         y = F.layer_norm(x, (h,))
         q = F.linear(y, w["q"]) * d ** -0.5
         k, v = F.linear(y, w["k"]), F.linear(y, w["v"])
         q, k, v = (t.contiguous().view(s, b * a, d).transpose(0, 1) for t in (q, k, v))
         scores = torch.bmm(q, k.transpose(1, 2))
         scores += mask
-        kept.append(scores)  # torch 1.8: SoftmaxBackward's `self`
-        out = torch.bmm(F.softmax(scores, dim=-1), v).transpose(0, 1).contiguous().view(s, b, h)
+        out = torch.bmm(Torch18CudaSoftmax.apply(scores), v).transpose(0, 1).contiguous().view(s, b, h)
         x = x + F.linear(out, w["o"])
         y = F.layer_norm(x, (h,))
         return x + F.linear(F.gelu(F.linear(y, w["fc1"]).float()).type_as(y), w["fc2"])
 
-    skipped = {t.untyped_storage().data_ptr() for t in (*w.values(), mask)}
+    skipped = {t.untyped_storage().data_ptr() for t in (*w.values(), mask, flat_param)}
     x = torch.randn(s, b, h, requires_grad=True)
     skipped.add(x.untyped_storage().data_ptr())
     tracker = live_storage_tracker(skipped)
@@ -213,7 +263,7 @@ def test_layer_and_softmax_backward_measured_on_the_cpu(tmp_path):
         start = sum(tracker.live.values())
         most = [start]
         tracker.probe = lambda: most.append(sum(tracker.live.values()))
-        torch.autograd.grad(out, x, grad)
+        torch.autograd.grad(out, (x, flat_param) if flat else x, grad)
     # The planner's block also counts its input (the first norm's), which the measurement skips,
     # and ignores the norms' per-token statistics (mean and rstd, fp32), which it counts.
     statistics = 2 * 2 * 4 * s * b

@@ -438,6 +438,11 @@ def block_backward_transient_bytes(request: PlanRequest) -> int:
         n for i, n in enumerate(gathered) if not units[i].name.startswith("block.")) + _root_head_gradient_bytes(request)
     largest_gathered = max(gathered[i] for i in blocks)
     largest_elements = max(elements[i] for i in blocks)
+    if request.training.framework is Framework.fairseq:
+        # fairscale's root stays gathered with its head gradient through backward beside the
+        # layer's unit, so the largest unit (the root) does not bound them; the layer's own
+        # gradients at its softmax's backward are in the workspace (zeroplan.core.fairseq).
+        return root + (1 + request.strategy.prefetch_units) * largest_gathered
     block_units = (1 + request.strategy.prefetch_units) * largest_gathered + largest_elements * gradient_wire_bytes(request)
     return min(root + block_units, transient_buffer_bytes(request))
 

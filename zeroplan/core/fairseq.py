@@ -62,11 +62,46 @@ def fairseq_logits_parts(request: PlanRequest) -> tuple[int, int, int, int]:
     return e * sbv, FP32_BYTES * sbv, FP32_BYTES * sbv, e * sbv
 
 
+# torch 1.8 aten/src/ATen/native/cuda/SoftMax.cu softmax_backward_cuda (what
+# _softmax_backward_data runs on a CUDA tensor): `Tensor tmp = grad * output;` materialises the
+# product of the probabilities and their gradient, then host_softmax_backward(tmp, output, ...)
+# writes the scores' gradient into a new tensor (gI = at::empty_like(tmp)) while tmp is alive:
+# one scores-sized temporary in the compute dtype beside the gradient it writes (this torch's
+# CPU kernel makes no such product: tests/test_fairseq_profile.py writes the CUDA one's out).
+def softmax_backward_temporary_bytes(request: PlanRequest) -> int:
+    """The `grad * output` product torch 1.8's CUDA softmax backward allocates."""
+    return kept_scores_bytes(request)
+
+
+# fairscale 05ce7971 nn/misc/flatten_params_wrapper.py (fairseq's fsdp_wrap keeps
+# flatten_parameters=True, fairseq/distributed/fully_sharded_data_parallel.py): FSDP flattens each unit's parameters
+# into one flat_param and at every forward (FlattenParamsWrapper.forward ->
+# _unflatten_params_as_views) sets the layer's weights as views of flat_param.split(...); the
+# recomputed layer (fairseq's checkpoint_wrapper sits inside the FSDP wrapper) uses those views.
+# Autograd's SplitWithSizesBackward runs once every view's gradient has arrived, so a layer's
+# weight gradients are held unsharded, in the compute dtype, in its input buffer until the
+# layer's last one (the first norm's) is computed. At the softmax's backward those of what runs
+# after the attention core are: out_proj, the second norm, fc1 and fc2 (with their biases).
+# Outside FSDP (DDP) each gradient goes to its AccumulateGrad, the model states' gradients.
+def held_layer_gradient_bytes(request: PlanRequest) -> int:
+    """The recomputed layer's unsharded weight gradients alive at its softmax's backward under
+    fairscale's FSDP (0 elsewhere)."""
+    if not request.strategy.kind.is_fsdp:
+        return 0
+    model = request.model
+    h, f = model.hidden_size, model.ffn_hidden_size
+    out_proj = h * h + (h if model.bias else 0)
+    mlp_bias = model.bias if model.mlp_bias is None else model.mlp_bias
+    mlp = 2 * h * f + ((f + h) if mlp_bias else 0)
+    norm = h * (2 if model.norm_bias else 1)
+    return request.training.precision.compute_bytes * (out_proj + norm + mlp)
+
+
 # torch 1.8's autograd runs a fairseq layer's backward in reverse order: fc2, GELU, fc1, the second
 # norm, out_proj, probs @ V, then the softmax, whose backward (_softmax_backward_data) writes the
-# scores' gradient while the probabilities' gradient (from probs @ V's backward) and both saved
-# tensors are alive. By then the tensors saved after the attention core (out_proj's input, the
-# second norm's input, fc1's input, the MLP's inner tensors, the residual dropouts' masks) are
+# scores' gradient while the probabilities' gradient (from probs @ V's backward), the product
+# above, both saved tensors and (under FSDP) the layer's gradients so far are alive. By then the
+# tensors saved after the attention core (out_proj's input, the second norm's input, fc1's input, the MLP's inner tensors, the residual dropouts' masks) are
 # freed. zeroplan's block-backward moment counts the whole saved block and two residual-stream
 # tensors (zeroplan.core.activations.backward_workspace_bytes); with scores materialised the
 # softmax's moment is larger by what this returns.
@@ -79,8 +114,8 @@ def softmax_backward_extra_bytes(request: PlanRequest) -> int:
     terms = layer_terms(model, training, s, b)
     freed = (terms["output_projection_input"] + terms["mlp_input"] + terms["norm_inputs"] // model.norms_per_block
              + terms["mlp_inner"] + terms["hidden_dropout_masks"] + gelu_upcast_bytes(request))
-    gradients = 2 * kept_scores_bytes(request)
-    return max(0, gradients - freed)
+    gradients = 2 * kept_scores_bytes(request) + softmax_backward_temporary_bytes(request)
+    return max(0, gradients + held_layer_gradient_bytes(request) - freed)
 
 
 # fairseq c6006678 trainer.py: outside fully_sharded, --fp16 casts the model itself
