@@ -10,7 +10,6 @@ import pytest
 from zeroplan.core.communication import collectives
 from zeroplan.core.float8_time import (
     float8_cast_bytes,
-    float8_gather_bytes,
     float8_gemm_flops,
     float8_gemm_saved_seconds,
     float8_linear_count,
@@ -88,13 +87,14 @@ def test_casts_and_the_weight_casts_the_float8_all_gather_moves_to_the_shard() -
 
 
 def test_the_float8_all_gather_bytes_are_the_recorded_ones() -> None:
-    records = [r for r in load_records(RECORDS, Float8AllGatherRecord, "float8 all-gather record") if r.float8_all_gather]
-    assert records
+    # The gathered (unsharded) bytes the memory model and the collectives both read: the
+    # Float8Linear weights at one byte with the all-gather, the compute dtype without.
+    records = load_records(RECORDS, Float8AllGatherRecord, "float8 all-gather record")
+    assert {r.float8_all_gather for r in records} == {True, False}
     for record in records:
-        request = _request(model=record.model.name, float8_all_gather=True)
-        bf16 = unit_gather_bytes(request, record.world_size, 2)
+        request = _request(model=record.model.name, float8_all_gather=record.float8_all_gather)
         block = next(i for i, name in enumerate(u.name for u in _units(request)) if name == "block.0")
-        assert float8_gather_bytes(request, bf16, 2)[block] == record.gathered_bytes, record.model.name
+        assert unit_gather_bytes(request, record.world_size, 2)[block] == record.gathered_bytes, record.model.name
 
 
 def _units(request: PlanRequest):  # type: ignore[no-untyped-def]

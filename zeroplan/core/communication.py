@@ -246,13 +246,14 @@ def _uncached_data_parallel_collectives(request: PlanRequest) -> list[Collective
     if kind.zero_stage in (1, 2) and request.strategy.zero_gradient_reduce is ZeroGradientReduce.bucket:
         return deepspeed_zero12_collectives(request, group, reduce_per_step, group_spans_nodes, per_node)
     grads = _gradient_buffers(request, group, gradient_bytes)
+    # Under torchao's float8 all-gather these are already the cast sizes (the Float8Linear
+    # weights at one byte: model_states.unit_gather_bytes).
     params = unit_gather_bytes(request, group, eb.compute_parameter)
     result = []
     if request.training.float8_all_gather and kind.is_fsdp:
-        # torchao's float8 all-gather (zeroplan.core.float8_time): Float8Linear weights travel cast.
-        from zeroplan.core.float8_time import float8_gather_bytes, float8_scale_all_reduce
+        # precompute_float8_dynamic_scale_for_fsdp's amax all-reduce (zeroplan.core.float8_time).
+        from zeroplan.core.float8_time import float8_scale_all_reduce
 
-        params = float8_gather_bytes(request, params, eb.compute_parameter)
         result.append(float8_scale_all_reduce(request, group, group_spans_nodes, per_node))
     if kind.uses_hpz:
         backward = params[1:] if request.model.tied_embeddings else params

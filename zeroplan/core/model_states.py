@@ -93,15 +93,36 @@ def padded_unit_elements_of(request: PlanRequest, num_shards: int) -> list[int]:
 def unit_gather_bytes(request: PlanRequest, num_shards: int, bytes_per_element: int) -> list[int]:
     """Every unit's unsharded bytes as an all-gather brings it in: its trainable elements (padded
     for ``num_shards``) at ``bytes_per_element``, its frozen tensors in their own storage
-    (zeroplan.core.finetune.storage: each padded to a multiple of the shards)."""
+    (zeroplan.core.finetune.storage: each padded to a multiple of the shards); under FSDP with
+    torchao's float8 all-gather, the Float8Linear weights at one byte (_float8_unsharded)."""
     padded = padded_unit_elements_of(request, num_shards)
     units = rank_parameter_units(request)
     if trainable_view(units) is units:
-        return [elements * bytes_per_element for elements in padded]
+        return _float8_unsharded(request, [elements * bytes_per_element for elements in padded], bytes_per_element)
     return [elements * bytes_per_element
             + sum(num_shards * ceil_div(frozen_tensor_bytes(request, t, gathered=True), num_shards)
                   for t in unit.tensors if not t.trainable)
             for unit, elements in zip(units, padded)]
+
+
+# torchao 0.14.1 float8/fsdp_utils.py WeightWithDynamicFloat8CastTensor: fsdp_pre_all_gather
+# casts the shard to float8 and hands FSDP2 its _data to gather; fsdp_post_all_gather wraps the
+# gathered data, uncopied, as the unsharded Float8TrainingTensor, and float8_linear.py
+# matmul_with_hp_or_float8_args saves that tensor (already cast, so no bf16 weight is made) for
+# backward. So a Float8Linear's unsharded storage is 1 byte an element, the unit's other
+# parameters (norms) stay in the compute dtype: measured on gloo by
+# benchmarks/float8_all_gather_memory.py (a 512x256 weight's all-gather output 131,072 bytes,
+# float8_e4m3fn, against 262,144 in bf16; the saved weight is that storage) and, per block, by
+# docs/compile-float8.md's "FSDP2 float8 all-gather" (Llama-3.1-8B 218,120,192 bytes against
+# 436,224,000). The per-weight fp32 scale (4 bytes) is left out.
+def _float8_unsharded(request: PlanRequest, gathered: list[int], bytes_per_element: int) -> list[int]:
+    """``gathered`` (every unit in ``bytes_per_element``) with the Float8Linear weights at one
+    byte where FSDP gathers them cast (TrainingSpec.float8_all_gather)."""
+    if not (request.training.float8_all_gather and request.strategy.kind.is_fsdp):
+        return gathered
+    from zeroplan.core.float8_time import float8_gather_bytes
+
+    return float8_gather_bytes(request, gathered, bytes_per_element)
 
 
 # The planner asks for the same units' padded sizes many times per plan (collectives, buffers,
