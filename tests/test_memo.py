@@ -259,3 +259,38 @@ def test_the_last_requests_units_and_their_expert_count_follow_the_request() -> 
 def test_element_bytes_follow_the_convention() -> None:
     assert element_bytes(Precision.bf16_mixed, StateConvention.deepspeed).gradient == 4
     assert element_bytes(Precision.bf16_mixed, StateConvention.zero).gradient == 2
+
+
+def test_a_strategy_view_keys_on_its_facts_alone() -> None:
+    @batch_keyed(strategy_view=lambda request: (("runs_under_autocast", request.runs_under_autocast),))
+    def autocast(request: PlanRequest) -> bool:
+        return request.runs_under_autocast
+
+    @batch_keyed(strategy_view=lambda request: (("runs_under_autocast", request.runs_under_autocast),))
+    def kind(request: PlanRequest) -> StrategyKind:
+        return request.strategy.kind
+
+    assert autocast(_request(StrategyKind.zero3)) is autocast(_request(StrategyKind.zero2)) is False
+    assert autocast.fallbacks == 0
+    assert kind(_request(StrategyKind.zero3)) is StrategyKind.zero3 and kind(_request(StrategyKind.zero2)) is StrategyKind.zero2
+    assert kind.fallbacks == 2
+
+
+def test_the_reference_models_micro_batch_terms_are_shared_by_strategies_of_one_engine() -> None:
+    """The reference model's terms read of the strategy only whether it runs under autocast and
+    whether FSDP1's root stays gathered: fit's strategies share them, each the answer it computes
+    uncached; FSDP1's gathered root keys them on the whole strategy."""
+    before = _micro_batch_terms.fallbacks
+    request = _request(micro_batch_size=3).model_copy(update={"training": TrainingSpec(precision=Precision.bf16_mixed,
+                                                                                       state_convention=StateConvention.fsdp2)})
+    answers = {}
+    for kind in framework_strategies(Framework.zeroplan, 8):
+        strategy_request = request.with_strategy(StrategySpec(kind=kind))
+        answer = _micro_batch_terms(strategy_request)
+        assert answer == _micro_batch_terms.uncached(strategy_request)
+        answers.setdefault(strategy_request.runs_under_autocast, answer)
+        assert answers[strategy_request.runs_under_autocast] is answer
+    assert set(answers) == {False, True} and answers[False] != answers[True]
+    root = request.with_strategy(StrategySpec(kind=StrategyKind.fsdp_full_shard, fsdp1_root_stays_gathered=True))
+    assert _micro_batch_terms(root) == _micro_batch_terms.uncached(root) != answers[False]
+    assert _micro_batch_terms.fallbacks == before
