@@ -51,3 +51,14 @@ def test_a_verdict_is_what_validation_builds_and_a_bad_field_is_refused() -> Non
         MemoryBreakdown.trusted(unknown=1)
     with pytest.raises(ValueError):
         StrategyPlan.trusted()
+
+
+def test_memory_passes_are_what_validation_builds() -> None:
+    from zeroplan.core.roofline.operations import OpPass, memory_pass, step_operations
+
+    model = get_model("tinyllama-1.1b")
+    operations = step_operations(model, TrainingSpec(activation_checkpointing="full"), 4, 2048, 2, 2, memory_only=True)
+    operations.append(memory_pass("optimizer step", OpPass.optimizer, 12.5, 1))
+    assert operations and all(_same(op, _validated(op)) for op in operations)
+    with pytest.raises(ValueError, match="moved_bytes"):
+        memory_pass("norms", OpPass.forward, -1, 1)
