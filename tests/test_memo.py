@@ -18,6 +18,7 @@ from zeroplan.core.parallel.expert import moe_block_count
 from zeroplan.core.parallel.units import _request_units, rank_parameter_units
 from zeroplan.core.plan import _micro_batch_terms, _recent_peak_terms, _state_terms, micro_batch_terms, plan, reference_activations
 from zeroplan.core.profiles import framework_strategies
+from zeroplan.core.roofline.step import _request_memory_seconds
 from zeroplan.presets.gpus import get_gpu
 from zeroplan.presets.models import get_model
 from zeroplan.specs import (
@@ -178,7 +179,7 @@ def test_the_planner_reads_no_batch_field_its_caches_leave_out() -> None:
     """The caches hold for the planner's own requests (none falls back to the uncached
     function): every strategy of three frameworks' stacks, planned."""
     caches = (_state_terms, _data_parallel_collectives, collective_cost, _chunk_bytes, _of_sequences, _recent_peak_terms,
-              _micro_batch_terms)
+              _micro_batch_terms, _request_memory_seconds)
     before = [cache.fallbacks for cache in caches]
     for framework in (Framework.zeroplan, Framework.megatron, Framework.torchtitan):
         request = PlanRequest(model=get_model("llama-3.1-8b"), training=TrainingSpec(framework=framework),
@@ -259,3 +260,49 @@ def test_the_last_requests_units_and_their_expert_count_follow_the_request() -> 
 def test_element_bytes_follow_the_convention() -> None:
     assert element_bytes(Precision.bf16_mixed, StateConvention.deepspeed).gradient == 4
     assert element_bytes(Precision.bf16_mixed, StateConvention.zero).gradient == 2
+
+
+def test_a_strategy_view_keys_on_its_facts_alone() -> None:
+    @batch_keyed(strategy_view=lambda request: (("runs_under_autocast", request.runs_under_autocast),))
+    def autocast(request: PlanRequest) -> bool:
+        return request.runs_under_autocast
+
+    @batch_keyed(strategy_view=lambda request: (("runs_under_autocast", request.runs_under_autocast),))
+    def kind(request: PlanRequest) -> StrategyKind:
+        return request.strategy.kind
+
+    assert autocast(_request(StrategyKind.zero3)) is autocast(_request(StrategyKind.zero2)) is False
+    assert autocast.fallbacks == 0
+    assert kind(_request(StrategyKind.zero3)) is StrategyKind.zero3 and kind(_request(StrategyKind.zero2)) is StrategyKind.zero2
+    assert kind.fallbacks == 2
+
+
+def test_the_reference_models_micro_batch_terms_are_shared_by_strategies_of_one_engine() -> None:
+    """The reference model's terms read of the strategy only whether it runs under autocast and
+    whether FSDP1's root stays gathered: fit's strategies share them, each the answer it computes
+    uncached; FSDP1's gathered root keys them on the whole strategy."""
+    before = _micro_batch_terms.fallbacks
+    request = _request(micro_batch_size=3).model_copy(update={"training": TrainingSpec(precision=Precision.bf16_mixed,
+                                                                                       state_convention=StateConvention.fsdp2)})
+    answers = {}
+    for kind in framework_strategies(Framework.zeroplan, 8):
+        strategy_request = request.with_strategy(StrategySpec(kind=kind))
+        answer = _micro_batch_terms(strategy_request)
+        assert answer == _micro_batch_terms.uncached(strategy_request)
+        answers.setdefault(strategy_request.runs_under_autocast, answer)
+        assert answers[strategy_request.runs_under_autocast] is answer
+    assert set(answers) == {False, True} and answers[False] != answers[True]
+    root = request.with_strategy(StrategySpec(kind=StrategyKind.fsdp_full_shard, fsdp1_root_stays_gathered=True))
+    assert _micro_batch_terms(root) == _micro_batch_terms.uncached(root) != answers[False]
+    assert _micro_batch_terms.fallbacks == before
+
+
+def test_a_requests_own_memory_passes_share_across_micro_batches_and_key_on_the_accumulation() -> None:
+    request = _request(StrategyKind.fsdp_full_shard, micro_batch_size=2)
+    before = _request_memory_seconds.fallbacks
+    assert _request_memory_seconds(request) is _request_memory_seconds(_request(StrategyKind.fsdp_full_shard, micro_batch_size=5,
+                                                                                seq_len=4096))
+    accumulating = request.model_copy(update={"batch": request.batch.model_copy(update={"grad_accum_steps": 4})})
+    cached, uncached = _warm_then_other(_request_memory_seconds, request, accumulating)
+    assert cached == uncached and cached[0] != cached[1]
+    assert _request_memory_seconds.fallbacks == before

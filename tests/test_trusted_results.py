@@ -1,4 +1,4 @@
-"""Frozen.trusted builds the planner's results (each plan, its breakdown, the allocator's verdict)
+"""Frozen.trusted builds the planner's results (each plan, its breakdown and step time, the allocator's verdict)
 without validating them: what validation would build from the same values, type for type (an
 int field never holding a bool or a float, a tuple never a list), over fit's results for three
 stacks, under the caching-allocator model and the flat reserve."""
@@ -39,6 +39,7 @@ def test_fits_results_are_what_validation_builds(framework: str, allocator_conf:
                           training=TrainingSpec(framework=framework)).with_allocator_conf(allocator_conf)
     for plan in fit(request, suggest=False, largest_micro_batch=False).plans:
         assert _same(plan, _validated(plan)) and _same(plan.memory, _validated(plan.memory))
+        assert plan.time is not None and _same(plan.time, _validated(plan.time))
 
 
 def test_a_verdict_is_what_validation_builds_and_a_bad_field_is_refused() -> None:
@@ -50,3 +51,14 @@ def test_a_verdict_is_what_validation_builds_and_a_bad_field_is_refused() -> Non
         MemoryBreakdown.trusted(unknown=1)
     with pytest.raises(ValueError):
         StrategyPlan.trusted()
+
+
+def test_memory_passes_are_what_validation_builds() -> None:
+    from zeroplan.core.roofline.operations import OpPass, memory_pass, step_operations
+
+    model = get_model("tinyllama-1.1b")
+    operations = step_operations(model, TrainingSpec(activation_checkpointing="full"), 4, 2048, 2, 2, memory_only=True)
+    operations.append(memory_pass("optimizer step", OpPass.optimizer, 12.5, 1))
+    assert operations and all(_same(op, _validated(op)) for op in operations)
+    with pytest.raises(ValueError, match="moved_bytes"):
+        memory_pass("norms", OpPass.forward, -1, 1)

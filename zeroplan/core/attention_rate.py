@@ -23,6 +23,7 @@ that rate (head_dim_efficiency).
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.hardware import GpuArchitecture
@@ -30,6 +31,9 @@ from zeroplan.specs.training import AttentionImplementation, AttentionKernel
 
 SEQUENCE_POINTS: tuple[int, ...] = (512, 1024, 2048, 4096, 8192, 16384)
 """The sequence lengths the kernel benchmarks publish (FlashAttention-2 README and paper, Fig. 4)."""
+
+_LOG2_SEQUENCE_POINTS: tuple[float, ...] = tuple(math.log2(s) for s in SEQUENCE_POINTS)
+"""log2 of SEQUENCE_POINTS, where AttentionRate.relative interpolates."""
 
 A100_MAMF_TFLOPS = 267.9
 H100_MAMF_TFLOPS = 792.1
@@ -60,7 +64,7 @@ class AttentionRate(Frozen):
 
     def relative(self, seq_len: int) -> float:
         """r at ``seq_len``: TFLOP/s over the matmul rate, interpolated in log2(s)."""
-        points = [math.log2(s) for s in SEQUENCE_POINTS]
+        points = _LOG2_SEQUENCE_POINTS
         x = min(max(math.log2(seq_len), points[0]), points[-1])
         for i in range(len(points) - 1):
             if x <= points[i + 1]:
@@ -108,6 +112,7 @@ RATES: tuple[AttentionRate, ...] = (
 """The published rates, one row per (GPU generation, kernel)."""
 
 
+@lru_cache(maxsize=64)  # the table is fixed; every plan's step time asks for its row
 def attention_rate_row(architecture: GpuArchitecture | None, kernel: str) -> AttentionRate | None:
     """The table's row for (architecture, kernel); None where none is published."""
     return next((row for row in RATES if row.architecture is architecture and row.kernel == kernel), None)
@@ -147,6 +152,9 @@ def head_dim_efficiency(kernel: str, head_dim: int) -> float:
     return head_dim / padded_head_dim(kernel, head_dim)
 
 
+# Kept by its arguments (the table is fixed): every plan's step time asks for it, fit's
+# strategies and a sweep's micro-batches at the same few sequences.
+@lru_cache(maxsize=256)
 def relative_attention_rate(architecture: GpuArchitecture | None, kernel: AttentionKernel,
                             implementation: AttentionImplementation, seq_len: int,
                             head_dim: int | None = None) -> float:

@@ -242,9 +242,12 @@ def fsdp_head_gathered_parts(request: PlanRequest, *, prefetched: bool = True) -
     from zeroplan.core.model_states import unit_gather_bytes
 
     prof = profile(request.training.framework)
-    full_shard = request.strategy.kind in (StrategyKind.fsdp_full_shard, StrategyKind.hsdp)
     fsdp1 = fsdp1_root_stays_gathered(request)
-    if not full_shard or not (prof.fsdp_loss_backward_gathers_head or fsdp1):
+    # The profile first: the reference model's micro-batch terms key on no more of the strategy
+    # than fsdp1_root_stays_gathered (core.plan._reference_engine).
+    if not (prof.fsdp_loss_backward_gathers_head or fsdp1):
+        return ()
+    if request.strategy.kind not in (StrategyKind.fsdp_full_shard, StrategyKind.hsdp):
         return ()
     compute_bytes = element_bytes(request.training.precision, request.convention).compute_parameter
     padded = unit_gather_bytes(request, request.shard_group_size, compute_bytes)

@@ -86,7 +86,9 @@ def _kept_values(spec: str, left_out: tuple[str, ...]) -> tuple[tuple[str, ...],
 
 
 def batch_keyed(*fields: str, limit: int = 1024, training_but: tuple[str, ...] = (), assumptions_but: tuple[str, ...] = (),
-                whole_batch: bool = False) -> Callable[[Callable[..., Result]], Callable[..., Result]]:
+                whole_batch: bool = False,
+                strategy_view: Callable[[PlanRequest], tuple[tuple[str, object], ...] | None] | None = None,
+                ) -> Callable[[Callable[..., Result]], Callable[..., Result]]:
     """Cache ``function(request, *args)`` (args hashable) on the request with its batch reduced
     to ``fields`` (the module's docstring; ``whole_batch``: the batch itself, every field), its
     training less the fields ``training_but`` names and its memory assumptions less those
@@ -94,7 +96,10 @@ def batch_keyed(*fields: str, limit: int = 1024, training_but: tuple[str, ...] =
     as the batch's do; the key holds the kept fields' values, so a call on a request that is
     itself such a view keys as the request does). The wrapper's ``fallbacks`` counts the calls
     that read another field (each answered uncached), for the tests that keep the caches
-    effective."""
+    effective. ``strategy_view``, where given, names for a request the only facts of its
+    strategy the function reads, as (name, value) pairs (None: the whole strategy keys it): the
+    strategy is then a view of those alone, in the key and for the function, whose other reads
+    raise as the batch's do."""
 
     def wrap(function: Callable[..., Result]) -> Callable[..., Result]:
         store = _Store(limit)
@@ -109,7 +114,9 @@ def batch_keyed(*fields: str, limit: int = 1024, training_but: tuple[str, ...] =
             batch = request.batch if whole_batch else batch_values(request.batch)
             trained = training_reader[1](request.training) if training_reader else request.training
             assumed = assumptions_reader[1](request.assumptions) if assumptions_reader else request.assumptions
-            key = (request.model, request.cluster, request.strategy, request.parallel, request.performance,
+            viewed_strategy = strategy_view(request) if strategy_view else None
+            strategy = request.strategy if viewed_strategy is None else BatchView(viewed_strategy)
+            key = (request.model, request.cluster, strategy, request.parallel, request.performance,
                    trained, assumed, batch, args)
             answer = store.entries.get(key, _MISSING)
             if answer is not _MISSING:
@@ -119,6 +126,8 @@ def batch_keyed(*fields: str, limit: int = 1024, training_but: tuple[str, ...] =
                 update["training"] = BatchView(tuple(zip(training_reader[0], trained)))
             if assumptions_reader:
                 update["assumptions"] = BatchView(tuple(zip(assumptions_reader[0], assumed)))
+            if viewed_strategy is not None:
+                update["strategy"] = strategy
             viewed = request.model_copy(update=update) if update else request
             try:
                 answer = function(viewed, *args)

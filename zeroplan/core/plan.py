@@ -29,7 +29,7 @@ from zeroplan.core.kv_cache import kept_outputs_bytes
 from zeroplan.core.torch_release import check_torch_release, check_torch_release_strategy, zero_grad_zeroes
 from zeroplan.core.profiles import (
     check_framework_request, check_framework_strategies, check_fsdp_cpu_offload, check_optimizer_in_backward,
-    framework_strategies, fsdp_cpu_offload_strategies,
+    framework_strategies, fsdp1_root_stays_gathered, fsdp_cpu_offload_strategies,
 )
 from zeroplan.core.margin import borderline_words, is_borderline
 from zeroplan.core.memo import batch_keyed, request_keyed
@@ -127,11 +127,22 @@ request under the other allocator setting (fit's allocator check, the plan searc
 under the model) share its model states, buffers and micro-batch terms."""
 
 
+def _reference_engine(request: PlanRequest) -> tuple[tuple[str, object], ...] | None:
+    """What the reference model's micro-batch terms read of the strategy: whether it runs under
+    autocast (its dtypes) and whether FSDP1's root stays gathered at the loss (no: with it they
+    read the strategy's units, so the whole strategy keys them); None for a framework's own
+    terms, which read the strategy whole (its FSDP units, the head gathered at the loss)."""
+    if request.training.framework is not Framework.zeroplan or fsdp1_root_stays_gathered(request):
+        return None
+    return (("runs_under_autocast", request.runs_under_autocast), ("root_stays_gathered", False))
+
+
 # The largest micro-batch search asks for the terms at micro-batches 1 and 2 of every request it
 # is given, fit() for those of each strategy again and the plan search at each point it fits:
 # the same requests, so the last answers are kept (every field of the request but the allocator
-# setting keys them).
-@batch_keyed(whole_batch=True, assumptions_but=ALLOCATOR_SETTING)
+# setting keys them; of the reference model's strategy only what _reference_engine names, so
+# fit's strategies share them, and a read of anything else of it is answered uncached).
+@batch_keyed(whole_batch=True, assumptions_but=ALLOCATOR_SETTING, strategy_view=_reference_engine)
 def _micro_batch_terms(request: PlanRequest) -> tuple[tuple[str, object], ...]:
     training = request.training
     if request.model.is_encoder_decoder:

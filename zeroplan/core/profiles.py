@@ -16,7 +16,7 @@ from zeroplan.specs.finetune import check_release_range
 from zeroplan.specs.framework import DEEPSPEED_RELEASES, HF_DEEPSPEED_RELEASES, TORCHTITAN_RELEASES, TRANSFORMERS_NEWEST, TRANSFORMERS_OLDEST, TRANSFORMERS_VERSION, Framework
 from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
 from zeroplan.specs.request import PlanRequest
-from zeroplan.specs.strategy import StrategyKind
+from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.training import ActivationCheckpointing, Optimizer, OptimizerLoop, Precision, TrainingSpec
 
 
@@ -489,6 +489,10 @@ def check_checkpoint_reentrant(training: TrainingSpec) -> None:
 def fsdp1_root_stays_gathered(request: PlanRequest) -> bool:
     """Whether FSDP1 full-shards the run with a root unit kept gathered from the forward to the
     end of backward."""
+    if type(request.strategy) is not StrategySpec:
+        # A planner cache's view of the strategy that keys on this answer alone, and holds it
+        # (zeroplan.core.plan._reference_engine).
+        return request.strategy.root_stays_gathered
     if request.strategy.kind not in (StrategyKind.fsdp_full_shard, StrategyKind.hsdp):
         return False  # the flag rides on a request that fit() plans under every strategy
     return request.strategy.fsdp1_root_stays_gathered or profile(request.training.framework).runs_fsdp1

@@ -488,6 +488,10 @@ class PlanRequest(Frozen):
         with fp32 parameters held and no FSDP cast (DDP, as the harness's torch engines and
         torchtitan 0.3.0 distributed/utils.py maybe_enable_amp run it without FSDP). DeepSpeed
         and FSDP cast the module's parameters to 16 bits instead."""
+        if type(self.strategy) is not StrategySpec:
+            # A planner cache's view of the strategy (zeroplan.core.memo.batch_keyed's
+            # strategy_view) that keys on this answer alone, and holds it.
+            return self.strategy.runs_under_autocast
         # fairseq c6006678 trainer.py casts the model itself under --fp16 (self._model.half()).
         return (self.training.precision.is_mixed and self.convention is StateConvention.fsdp2
                 and not self.strategy.kind.is_fsdp and not self.training.finetune.module_in_bf16(self.training.framework)

@@ -69,7 +69,14 @@ def matmul(name: str, op_pass: OpPass, m: float, k: float, n: float, element_byt
 
 
 def memory_pass(name: str, op_pass: OpPass, moved_bytes: float, calls: int) -> Operation:
-    return Operation(name=name, kind=OpKind.memory, op_pass=op_pass, flops=0, moved_bytes=calls * moved_bytes, calls=calls)
+    moved = calls * moved_bytes
+    # The flat-HFU model builds a dozen of these for every new batch shape: built unvalidated
+    # (Frozen.trusted) where the values are what validation would keep (the float fields made
+    # floats as it makes them); anything else takes validation's own answer or error.
+    if type(name) is str and type(op_pass) is OpPass and type(calls) is int and calls >= 0 and moved >= 0:
+        return Operation.trusted(name=name, kind=OpKind.memory, op_pass=op_pass, flops=0.0, moved_bytes=float(moved),
+                                 calls=calls)
+    return Operation(name=name, kind=OpKind.memory, op_pass=op_pass, flops=0, moved_bytes=moved, calls=calls)
 
 
 def _routed_share(model: ModelSpec, tensor: ParamTensor) -> float:

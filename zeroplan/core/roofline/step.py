@@ -13,6 +13,7 @@ from zeroplan.core.bf16_accumulation_time import bf16_accumulation_operations
 from zeroplan.core.buffers import optimizer_loop
 from zeroplan.core.frameworks import BF16_BYTES, autocast_caches_weights
 from zeroplan.core.layout import element_bytes
+from zeroplan.core.memo import batch_keyed
 from zeroplan.core.model_states import held_elements, shard_layout
 from zeroplan.core.parallel.units import rank_trainable_units
 from zeroplan.core.params import blocks_linear_weight_elements, total_parameters
@@ -190,11 +191,20 @@ def memory_bound_step(request: PlanRequest) -> RooflineStep:
 def memory_bound_seconds(request: PlanRequest) -> tuple[float, float, float]:
     """(forward, backward with recomputation, optimizer step) seconds of memory_bound_step."""
     model_seconds = _model_memory_seconds(*_model_shape(request))
-    ceilings = gpu_ceilings(request.cluster.gpu)
-    # _step_terms' seconds of these (not divided among the ranks).
-    extra_seconds = _memory_seconds_by_phase([(operation, operation_seconds(operation, ceilings)[0])
-                                              for operation in _request_operations(request)])
+    extra_seconds = _request_memory_seconds(request)
     return tuple(sum((*model, *added)) for model, added in zip(model_seconds, extra_seconds))
+
+
+# The request's own operations (FSDP's copies, autocast's casts, the optimizer step, BF16's
+# accumulation) read of the batch its accumulation alone, so a sweep's micro-batches and
+# sequences share them (batch_keyed answers a read of another batch field uncached).
+@batch_keyed("grad_accum_steps")
+def _request_memory_seconds(request: PlanRequest) -> tuple[tuple[float, ...], ...]:
+    """_memory_seconds_by_phase of _request_operations, each at _step_terms' seconds (not divided
+    among the ranks)."""
+    ceilings = gpu_ceilings(request.cluster.gpu)
+    return _memory_seconds_by_phase([(operation, operation_seconds(operation, ceilings)[0])
+                                     for operation in _request_operations(request)])
 
 
 @functools.lru_cache(maxsize=64)
