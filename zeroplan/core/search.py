@@ -8,7 +8,9 @@ evaluated at a few micro-batch and accumulation values to get exact coefficients
 class of pipeline ranks that hold the same kind of stages (the first, the last, the ones in
 between): each peak moment is affine in the micro-batch b (separately for accumulation 1 and
 > 1) plus the in-flight micro-batch count times an affine per-chunk term; each phase's
-data-parallel communication and host time is affine in the accumulation steps a; the blocking
+data-parallel communication and host time is affine in the accumulation steps a (again
+separately for a = 1 and > 1: ZeRO-2 offload copies gradients every micro-batch only when
+it accumulates); the blocking
 (model-parallel) collectives are a times their per-micro-batch seconds at that b; compute is
 a times an affine function of b (fitted from b in {1, 2}); the pipeline bubble follows step_time's rule. The sweep then runs over
 (b, a) with numpy and keeps, as ``plan`` does, the pipeline rank that peaks. Every group checks
@@ -103,8 +105,10 @@ class _RankClass:
     receives: dict[int, tuple[int, int]] | None = None
     """Per accumulation: _receive_bytes, left out of the fitted coefficients (None: no pipeline
     receive buffers)."""
-    phase_intercepts_s: np.ndarray | None = None
-    phase_slopes_s: np.ndarray | None = None
+    phase_intercepts_s: dict[bool, np.ndarray] = field(default_factory=dict)
+    phase_slopes_s: dict[bool, np.ndarray] = field(default_factory=dict)
+    """Each phase's seconds affine in a, apart for one micro-batch a step (False) and more
+    (True), as the moments are (_phase_coefficients)."""
     cpu_optimizer_s: float = 0.0
     """The optimizer steps once per step: offload's on the CPU (zeroplan.core.timing.cpu_optimizer_time_s)
     and the GPU's memory-bound one (gpu_optimizer_time_s)."""
@@ -280,10 +284,15 @@ def _phase_seconds(request: PlanRequest) -> np.ndarray:
     return np.array([comm[p] for p in _PHASES] + [host[p] / link for p in _PHASES], dtype=np.float64)
 
 
-def _phase_coefficients(request: PlanRequest) -> tuple[np.ndarray, np.ndarray]:
-    """(intercepts, slopes) of each phase's seconds in the accumulation steps."""
-    p1, p2 = _phase_seconds(_at(request, 1, 1)), _phase_seconds(_at(request, 1, 2))
-    return p1 - (p2 - p1), p2 - p1
+def _phase_coefficients(request: PlanRequest) -> tuple[dict[bool, np.ndarray], dict[bool, np.ndarray]]:
+    """(intercepts, slopes) of each phase's seconds in the accumulation steps a, for a = 1
+    (False: that value itself) and for a > 1 (True: fitted at a = 2 and 4, so the group's check
+    at 3 tests the fit). Apart because a copy may run only when a step accumulates: DeepSpeed
+    ZeRO-2 offload's per-micro-batch gradient copies (deepspeed_offload_time.stage2_gradient_bytes:
+    f E at a = 1, (f - m) E + 2 a m E past it), affine in a from 2 on but not through 1."""
+    one, two, four = (_phase_seconds(_at(request, 1, a)) for a in (1, 2, 4))
+    slope = (four - two) / 2
+    return {False: one, True: two - 2 * slope}, {False: np.zeros_like(one), True: slope}
 
 
 def _blocking_seconds(request: PlanRequest, micro: int) -> float:
@@ -580,7 +589,9 @@ def _class_values(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[
                 moments = moments + cls.activation_moments[:, None] * receives[rows][None, :]
             allocated[c, rows] = moments.max(axis=0)
             host_ok[c, rows] = cls.host_fits[flag]
-        phases = cls.phase_intercepts_s[:, None] + cls.phase_slopes_s[:, None] * accum_f[None, :]
+        phases = np.where(accumulating[None, :],
+                          cls.phase_intercepts_s[True][:, None] + cls.phase_slopes_s[True][:, None] * accum_f[None, :],
+                          cls.phase_intercepts_s[False][:, None])
         comm = dict(zip(_PHASES, phases[:n]))
         host = dict(zip(_PHASES, phases[n:]))
         exposed = exposed_communication_s(forward_s, backward_s, comm, host, maximum=np.maximum)
