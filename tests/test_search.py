@@ -294,3 +294,23 @@ def test_zero2_offload_is_swept_and_answers_as_the_scalar_planner_at_every_accum
             assert abs(int(peak[k]) - s_peak) <= BYTE_TOLERANCE
             assert abs(float(seconds[k]) - s_seconds) <= TIME_TOLERANCE_S, (int(accum[k]), float(seconds[k]), s_seconds)
             assert bool(fits[k]) == s_fits
+
+
+def test_the_sweep_s_in_flight_chunks_are_the_planner_s_at_every_accumulation() -> None:
+    # The sweep takes every accumulation of a group at once (numpy's minimum and maximum).
+    from zeroplan.core.parallel.pipeline import in_flight_chunks
+    from zeroplan.specs.parallel import ParallelSpec, PipelineSchedule
+
+    accum = np.arange(1, 70, dtype=np.int64)
+    schedules = set()
+    for schedule in PipelineSchedule:
+        for pp, virtual in ((2, 1), (4, 1), (4, 2), (8, 3)):
+            try:
+                parallel = ParallelSpec(pp=pp, pp_schedule=schedule, virtual_stages=virtual)
+            except ZeroplanError:
+                continue  # a schedule that runs other virtual stages
+            schedules.add(schedule)
+            for rank in range(pp):
+                swept = in_flight_chunks(parallel, rank, accum, minimum=np.minimum, maximum=np.maximum)
+                assert np.broadcast_to(swept, accum.shape).tolist() == [in_flight_chunks(parallel, rank, a) for a in accum.tolist()]
+    assert schedules == set(PipelineSchedule)
