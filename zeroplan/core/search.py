@@ -633,7 +633,8 @@ def _class_values(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[
             if receives is not None:
                 moments = moments + cls.activation_moments[:, None] * receives[rows][None, :]
             allocated[c, rows] = moments.max(axis=0)
-            host_ok[c, rows] = cls.host_fits[flag]
+            if not cls.host_fits[flag]:
+                host_ok[c, rows] = False
         phases = _phase_rows(cls, accumulating, accum_f)
         comm = dict(zip(_PHASES, phases[:n]))
         host = dict(zip(_PHASES, phases[n:]))
