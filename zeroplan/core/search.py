@@ -8,9 +8,9 @@ evaluated at a few micro-batch and accumulation values to get exact coefficients
 class of pipeline ranks that hold the same kind of stages (the first, the last, the ones in
 between): each peak moment is affine in the micro-batch b (separately for accumulation 1 and
 > 1) plus the in-flight micro-batch count times an affine per-chunk term; each phase's
-data-parallel communication and host time is affine in the accumulation steps a (again
-separately for a = 1 and > 1: ZeRO-2 offload copies gradients every micro-batch only when
-it accumulates); the blocking
+data-parallel communication and host time is affine in the accumulation steps a (separately
+for a = 1 and > 1 where one fit misses: ZeRO-2 offload copies gradients every micro-batch only
+when it accumulates); the blocking
 (model-parallel) collectives are a times their per-micro-batch seconds at that b; compute is
 a times an affine function of b (fitted from b in {1, 2}); the pipeline bubble follows step_time's rule. The sweep then runs over
 (b, a) with numpy and keeps, as ``plan`` does, the pipeline rank that peaks. Every group checks
