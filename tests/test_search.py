@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from zeroplan.core.search import (
-    BYTE_TOLERANCE, TIME_TOLERANCE_S, _at, batch_splits, evaluate, groups, pareto_indices, scalar_evaluate, search,
+    BYTE_TOLERANCE, TIME_TOLERANCE_S, LayoutSpace, _at, batch_splits, evaluate, groups, pareto_indices, scalar_evaluate, search,
 )
 from zeroplan.core.communication import collectives
 from zeroplan.core.timing import step_time
@@ -39,11 +39,9 @@ def test_vectorised_equals_scalar_on_random_configurations(model, gpus, framewor
     base = _base(model, gpus, framework=framework, host_memory_bytes=host)
     checked = 0
     for group in groups(base):
-        # The coefficients held where checked; ZeRO-2 offload's gradient copies are not affine in
-        # the accumulation steps (none of its per-micro-batch copies at one micro-batch a step:
-        # zeroplan.core.deepspeed_offload_time.stage2_gradient_bytes), so it takes the scalar planner.
-        assert not group.scalar_only or group.request.strategy.kind is StrategyKind.zero2_offload, \
-            group.request.strategy.kind
+        # The coefficients held where checked, ZeRO-2 offload's too (its gradient copies are
+        # affine in the accumulation steps from 2 on, not through 1: fitted apart).
+        assert not group.scalar_only, group.request.strategy.kind
         micro = np.array([rng.randint(1, 64) for _ in range(3)], dtype=np.int64)
         accum = np.array([rng.choice([1, 1, 2, 3, 8, 17]) for _ in range(3)], dtype=np.int64)
         peak, fits, seconds = evaluate(group, micro, accum)
@@ -266,3 +264,53 @@ def test_the_front_s_own_rows_are_asked_of_the_allocator_model_only_where_they_a
             assert left == asked
         else:
             assert left == asked.model_copy(update={"allocator_fits": None, "allocator_peak_bytes": None})
+
+
+# DeepSpeed ZeRO-2 offload copies each micro-batch's gradients to the host only when a step
+# accumulates (zeroplan.core.deepspeed_offload_time.stage2_gradient_bytes: f E at one micro-batch,
+# (f - m) E + 2 a m E past it): the sweep fits one micro-batch and more apart, and answers as the
+# scalar planner at every accumulation, with the copies hidden (overlap_comm) or exposed, the
+# CPU Adam kernel's in-step copy or the cast after it, the reference model and the hf stack
+# (which unscales on the host), tensor parallel or not.
+@pytest.mark.parametrize("framework,overlap,in_step_copy,tp", [
+    (Framework.zeroplan, None, False, 1),
+    (Framework.zeroplan, True, True, 2),
+    (Framework.hf, False, False, 1),
+], ids=lambda v: str(v))
+def test_zero2_offload_is_swept_and_answers_as_the_scalar_planner_at_every_accumulation(framework, overlap, in_step_copy, tp) -> None:
+    base = _base("gpt2", 8, framework=framework, host_memory_bytes=2**36)
+    performance = base.performance.model_copy(update={"overlap_grad_reduce": overlap, "cpu_adam_copies_parameters": in_step_copy})
+    base = base.model_copy(update={"performance": performance})
+    space = None if tp == 1 else LayoutSpace(tp=tp, pp=1)
+    offload = groups(base, strategies=(StrategyKind.zero2_offload,), space=space)
+    assert offload and all(g.request.parallel.tp == tp for g in offload)
+    micro = np.array([1, 3, 2, 5, 1, 4, 2], dtype=np.int64)
+    accum = np.array([1, 2, 3, 4, 6, 9, 32], dtype=np.int64)
+    for group in offload:
+        assert not group.scalar_only
+        peak, fits, seconds = evaluate(group, micro, accum)
+        for k in range(len(micro)):
+            s_peak, s_fits, s_seconds = scalar_evaluate(_at(group.request, int(micro[k]), int(accum[k])))
+            assert abs(int(peak[k]) - s_peak) <= BYTE_TOLERANCE
+            assert abs(float(seconds[k]) - s_seconds) <= TIME_TOLERANCE_S, (int(accum[k]), float(seconds[k]), s_seconds)
+            assert bool(fits[k]) == s_fits
+
+
+def test_the_sweep_s_in_flight_chunks_are_the_planner_s_at_every_accumulation() -> None:
+    # The sweep takes every accumulation of a group at once (numpy's minimum and maximum).
+    from zeroplan.core.parallel.pipeline import in_flight_chunks
+    from zeroplan.specs.parallel import ParallelSpec, PipelineSchedule
+
+    accum = np.arange(1, 70, dtype=np.int64)
+    schedules = set()
+    for schedule in PipelineSchedule:
+        for pp, virtual in ((2, 1), (4, 1), (4, 2), (8, 3)):
+            try:
+                parallel = ParallelSpec(pp=pp, pp_schedule=schedule, virtual_stages=virtual)
+            except ZeroplanError:
+                continue  # a schedule that runs other virtual stages
+            schedules.add(schedule)
+            for rank in range(pp):
+                swept = in_flight_chunks(parallel, rank, accum, minimum=np.minimum, maximum=np.maximum)
+                assert np.broadcast_to(swept, accum.shape).tolist() == [in_flight_chunks(parallel, rank, a) for a in accum.tolist()]
+    assert schedules == set(PipelineSchedule)

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from zeroplan.core.search import (
-    LayoutSpace, _at, _Incumbents, _schedulable, _searched_groups, _splits, evaluate, memory_lower_bound,
+    TIME_TOLERANCE_S, LayoutSpace, _at, _Incumbents, _schedulable, _searched_groups, _splits, evaluate, memory_lower_bound,
     pareto_indices, peak_lower_bounds, scalar_plan, search, step_time_lower_bound,
 )
-from zeroplan.specs import Framework, PlanRequest
+from zeroplan.specs import Framework, PlanRequest, StrategyKind
 
 from search_requests import base_request
 
@@ -139,3 +139,31 @@ def test_the_bounds_are_below_every_configuration_of_their_group(model, gpus, gp
             assert not fits.any()
             ruled_out += 1
     assert 0 < ruled_out < len(all_groups) and timed
+
+
+# DeepSpeed ZeRO-2 offload's host copies run every micro-batch only when a step accumulates
+# (zeroplan.core.deepspeed_offload_time.stage2_gradient_bytes), which the sweep fits apart from
+# one micro-batch a step: its groups are swept, every bound stays below the scalar planner's peak
+# and step at each split (1 to 8 accumulation steps), and the pruned search answers as the
+# exhaustive one.
+@pytest.mark.parametrize("framework", [Framework.zeroplan, Framework.hf], ids=lambda f: f.value)
+def test_the_bounds_hold_for_zero2_offload_at_every_accumulation(framework) -> None:
+    base = _base("llama-2-7b", 8, "a100-40gb", 2048, framework, 2**38)
+    strategies = (StrategyKind.zero2_offload,)
+    all_groups, _ = _searched_groups(base, 64, strategies, None)
+    all_groups, splits = _schedulable(all_groups, _splits(all_groups, 64), 64)
+    for group, (micro, accum) in zip(all_groups, splits):
+        assert group.request.strategy.kind is StrategyKind.zero2_offload and int(accum.max()) == 8
+        bound = memory_lower_bound(group, accum)
+        peaks = peak_lower_bounds(group, micro, accum)
+        tight = step_time_lower_bound(group, micro, accum)
+        peak, _, seconds = evaluate(group, micro, accum)
+        assert not group.scalar_only
+        for k in range(len(micro)):
+            scalar_peak, _, scalar_time = scalar_plan(_at(group.request, int(micro[k]), int(accum[k])))
+            assert peak[k] == scalar_peak and abs(seconds[k] - scalar_time.step_with_overlap_s) <= TIME_TOLERANCE_S
+            assert bound <= scalar_peak and peaks[k] <= scalar_peak
+            assert tight[k] <= scalar_time.step_with_overlap_s
+    pruned = search(base, 64, strategies, top=2, answer_pareto=False)
+    _same_answer(pruned, search(base, 64, strategies, top=2, prune=False, answer_pareto=False))
+    assert any(c.grad_accum_steps > 1 for c in pruned.ranked)

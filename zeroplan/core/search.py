@@ -8,7 +8,9 @@ evaluated at a few micro-batch and accumulation values to get exact coefficients
 class of pipeline ranks that hold the same kind of stages (the first, the last, the ones in
 between): each peak moment is affine in the micro-batch b (separately for accumulation 1 and
 > 1) plus the in-flight micro-batch count times an affine per-chunk term; each phase's
-data-parallel communication and host time is affine in the accumulation steps a; the blocking
+data-parallel communication and host time is affine in the accumulation steps a (separately
+for a = 1 and > 1 where one fit misses: ZeRO-2 offload copies gradients every micro-batch only
+when it accumulates); the blocking
 (model-parallel) collectives are a times their per-micro-batch seconds at that b; compute is
 a times an affine function of b (fitted from b in {1, 2}); the pipeline bubble follows step_time's rule. The sweep then runs over
 (b, a) with numpy and keeps, as ``plan`` does, the pipeline rank that peaks. Every group checks
@@ -95,24 +97,22 @@ class _RankClass:
     host_fits: dict[bool, bool] = field(default_factory=dict)
     accumulators_fitted: dict[bool, int] = field(default_factory=dict)
     """The deferred FSDP gradient accumulators (_accumulator_bytes) at the accumulations fitted."""
-    accumulators: dict[int, int] = field(default_factory=dict)
-    """Per accumulation: _accumulator_bytes (which stages accumulate at once changes with it)."""
     accumulators_by_rounds: dict[bool, int] = field(default_factory=dict)
     """_accumulator_bytes for one round of the interleaved schedule (False) and for more (True):
     the only way it depends on the accumulation (_accumulators_at)."""
     receives: dict[int, tuple[int, int]] | None = None
     """Per accumulation: _receive_bytes, left out of the fitted coefficients (None: no pipeline
     receive buffers)."""
-    phase_intercepts_s: np.ndarray | None = None
-    phase_slopes_s: np.ndarray | None = None
+    phase_intercepts_s: dict[bool, np.ndarray] = field(default_factory=dict)
+    phase_slopes_s: dict[bool, np.ndarray] = field(default_factory=dict)
+    """Each phase's seconds affine in a, apart for one micro-batch a step (False) and more
+    (True), as the moments are (_phase_coefficients)."""
     cpu_optimizer_s: float = 0.0
     """The optimizer steps once per step: offload's on the CPU (zeroplan.core.timing.cpu_optimizer_time_s)
     and the GPU's memory-bound one (gpu_optimizer_time_s)."""
-    blocking_s: dict[int, float] = field(default_factory=dict)
-    """Per micro-batch size: the blocking collectives' seconds of one micro-batch."""
-    in_flight: dict[int, int] = field(default_factory=dict)
-    """Per accumulation: micro-batch chunks in flight on the class's first rank (shared by the
-    layout's groups: the count depends on the layout and the rank only)."""
+    blocking_s: dict = field(default_factory=dict)
+    """Per micro-batch size: the blocking collectives' seconds of one micro-batch (and per sweep,
+    under the bytes of its distinct micro-batch sizes, the array of them: _blocking_at)."""
     blocking_structure: list | None = None
     """_blocking_structure of the class (None: each b timed by the scalar planner)."""
     call_seconds: dict = field(default_factory=dict)
@@ -264,6 +264,18 @@ def _accumulators_at(cls: _RankClass, accum: int) -> int:
     return cls.accumulators_by_rounds[several]
 
 
+def _accumulators_by_rounds(cls: _RankClass, accum: np.ndarray) -> np.ndarray:
+    """_accumulators_at at each accumulation of ``accum``: one value for one round of the
+    interleaved schedule, one for more, taken at the first accumulation of each."""
+    several = accum // cls.request.parallel.pp > 1
+    result = np.zeros(accum.shape, dtype=np.int64)
+    for flag in (False, True):
+        rows = several == flag
+        if rows.any():
+            result[rows] = _accumulators_at(cls, int(accum[rows][0]))
+    return result
+
+
 _PHASES = tuple(Phase)
 
 
@@ -280,10 +292,25 @@ def _phase_seconds(request: PlanRequest) -> np.ndarray:
     return np.array([comm[p] for p in _PHASES] + [host[p] / link for p in _PHASES], dtype=np.float64)
 
 
-def _phase_coefficients(request: PlanRequest) -> tuple[np.ndarray, np.ndarray]:
-    """(intercepts, slopes) of each phase's seconds in the accumulation steps."""
-    p1, p2 = _phase_seconds(_at(request, 1, 1)), _phase_seconds(_at(request, 1, 2))
-    return p1 - (p2 - p1), p2 - p1
+def _phase_coefficients(request: PlanRequest) -> tuple[dict[bool, np.ndarray], dict[bool, np.ndarray]]:
+    """(intercepts, slopes) of each phase's seconds in the accumulation steps a, for a = 1
+    (False) and for a > 1 (True). Where the seconds are affine in a through a = 1 (the fit at
+    a = 1 and 2 gives a = 4's to rounding), that one fit for every a; otherwise a = 1's own
+    value and a fit at a = 2 and 4 past it (the group's check at 3 tests it): a copy may run
+    only when a step accumulates, as DeepSpeed ZeRO-2 offload's per-micro-batch gradient copies
+    (deepspeed_offload_time.stage2_gradient_bytes: f E at a = 1, (f - m) E + 2 a m E past it)."""
+    one, two, four = (_phase_seconds(_at(request, 1, a)) for a in (1, 2, 4))
+    slope = two - one
+    start = one - slope
+    if np.allclose(start + slope * 4, four, rtol=PHASE_ROUNDING, atol=0):
+        return {False: start, True: start}, {False: slope, True: slope}
+    slope = (four - two) / 2
+    return {False: one, True: two - 2 * slope}, {False: np.zeros_like(one), True: slope}
+
+
+PHASE_ROUNDING = 1e-13
+"""Relative difference _phase_coefficients takes as rounding: a phase's seconds are sums of a
+few hundred terms at most, each to double precision (about 1e-16)."""
 
 
 def _blocking_seconds(request: PlanRequest, micro: int) -> float:
@@ -314,16 +341,30 @@ def _blocking_structure(request: PlanRequest) -> list | None:
     return result
 
 
-def _structured_blocking_seconds(structure: list, micro: int, call_cache: dict) -> float:
-    """_blocking_seconds from the structure: each call of S bytes timed once per (group, S) by
-    the call pricing collective_cost itself uses, summed as collective_cost sums its calls."""
-    total = 0.0
+def _call_price(identity: tuple, pricing, message_bytes: int, call_cache: dict) -> float:
+    """Seconds of one call of ``message_bytes`` of the collective ``identity`` names (its
+    pricing's), once per search (``call_cache``: the layouts' of the same _pricing_inputs)."""
+    key = (identity, message_bytes)
+    if key not in call_cache:
+        call_cache[key] = pricing.call_seconds(message_bytes)[1]
+    return call_cache[key]
+
+
+def _structured_blocking_table(structure: list, distinct: tuple[list[int], np.ndarray, bytes], call_cache: dict) -> np.ndarray:
+    """_blocking_seconds from the structure at each of the distinct micro-batch sizes of a sweep
+    (_distinct): each call of S bytes timed once per search (_call_price) by the call pricing
+    collective_cost itself uses, summed as collective_cost sums its calls (per collective, then
+    over them), over numpy arrays; each call size's prices at those sizes kept once
+    (``call_cache``), shared by the layouts, rank classes and checkpointing policies whose
+    blocking collectives make the same calls."""
+    values, _, token = distinct
+    total = np.zeros(len(values))
     for identity, sizes, pricing in structure:
-        seconds = 0.0
+        seconds = np.zeros(len(values))
         for size, calls in sizes:
-            key = (identity, size * micro)
+            key = ("prices", identity, size, token)
             if key not in call_cache:
-                call_cache[key] = pricing.call_seconds(size * micro)[1]
+                call_cache[key] = np.array([_call_price(identity, pricing, size * micro, call_cache) for micro in values])
             seconds += calls * call_cache[key]
         total += seconds
     return total
@@ -389,7 +430,6 @@ def _fit_class(request: PlanRequest, family: dict, layout_cache: dict) -> _RankC
         family["phases", rank] = _phase_coefficients(request)
     cls.phase_intercepts_s, cls.phase_slopes_s = family["phases", rank]
     cls.cpu_optimizer_s = _optimizer_seconds(request, family)
-    cls.in_flight = layout_cache.setdefault(("in flight", rank), {})
     if not parallel.is_trivial:
         cls.blocking_structure, cls.call_seconds, cls.blocking_s = _blocking_caches(request, layout_cache)
     return cls
@@ -417,12 +457,19 @@ def _blocking_caches(request: PlanRequest, layout_cache: dict) -> tuple[list | N
     return structure, layout_cache.setdefault("call seconds", {}), layout_cache.setdefault(("blocking", rank, calls), {})
 
 
-def _blocking_per_micro(request: PlanRequest, structure: list | None, call_seconds: dict, micro: int) -> float:
-    """Seconds of the blocking collectives of one micro-batch of ``micro`` sequences (the
-    structure's, else the scalar planner's own)."""
+def _blocking_at(request: PlanRequest, structure: list | None, call_seconds: dict, per_size: dict,
+                 distinct: tuple[list[int], np.ndarray, bytes]) -> np.ndarray:
+    """Seconds of the blocking collectives of one micro-batch at each micro-batch size of a
+    sweep (``distinct``: _distinct of its micro-batches), laid out as the sweep: the structure's
+    (_structured_blocking_table), else the scalar planner's own (_blocking_seconds);
+    ``per_size`` keeps them (the layout's, per rank and calls: _blocking_caches), per sweep as
+    _per_value keeps its arrays."""
     if structure is None:
-        return _blocking_seconds(request, micro)
-    return _structured_blocking_seconds(structure, micro, call_seconds)
+        return _per_value(distinct, per_size, lambda b: _blocking_seconds(request, b))
+    values, inverse, token = distinct
+    if token not in per_size:
+        per_size[token] = _structured_blocking_table(structure, distinct, call_seconds)
+    return per_size[token][inverse]
 
 
 def _build_group(request: PlanRequest, family: dict | None = None, layout_cache: dict | None = None) -> _Group:
@@ -515,29 +562,37 @@ def _fit_group(group: _Group) -> None:
     group.scalar_only = not agree
 
 
-def _per_value(distinct: tuple[list[int], np.ndarray], known: dict, compute) -> np.ndarray:
-    """``compute(v)`` for each distinct value of an array (``distinct``: np.unique's values as
-    ints and its inverse, shaped as the array), laid out as the array; ``known`` keeps every
-    value computed (shared by the groups that share it), so each is computed once."""
-    values, inverse = distinct
-    for v in values:
-        if v not in known:
-            known[v] = compute(v)
-    return np.array([known[v] for v in values])[inverse]
+def _per_value(distinct: tuple[list[int], np.ndarray, bytes], known: dict, compute) -> np.ndarray:
+    """``compute(v)`` for each distinct value of an array (``distinct``: _distinct's values as
+    ints, its inverse shaped as the array, and the values' bytes), laid out as the array;
+    ``known`` keeps every value computed (shared by the groups that share it), so each is
+    computed once, and the values' array under their bytes: the layout's groups sweep the same
+    splits, so each finds the array the first built instead of looking up its values one by one."""
+    values, inverse, token = distinct
+    table = known.get(token)
+    if table is None:
+        for v in values:
+            if v not in known:
+                known[v] = compute(v)
+        table = known[token] = np.array([known[v] for v in values])
+    return table[inverse]
 
 
-def _distinct(values: np.ndarray) -> tuple[list[int], np.ndarray]:
-    """np.unique of ``values`` (positive integers) with its inverse, computed once per sweep and
-    shared by every rank class. Micro-batches and accumulations are small counts, so a table of
-    which values occur replaces np.unique's sort where it is not much larger than the array."""
+def _distinct(values: np.ndarray) -> tuple[list[int], np.ndarray, bytes]:
+    """np.unique of ``values`` (positive integers) with its inverse and its bytes (what
+    _per_value keys its arrays by), computed once per sweep and shared by every rank class.
+    Micro-batches and accumulations are small counts, so a table of which values occur replaces
+    np.unique's sort where it is not much larger than the array."""
     largest = int(values.max()) if values.size else 0
     if largest > 4 * values.size + 1024:
         distinct, inverse = np.unique(values, return_inverse=True)
-        return distinct.tolist(), inverse.reshape(values.shape)
+        distinct = distinct.astype(np.int64)
+        return distinct.tolist(), inverse.reshape(values.shape), distinct.tobytes()
     present = np.zeros(largest + 1, dtype=bool)
     present[values] = True
     position = np.cumsum(present) - 1
-    return np.flatnonzero(present).tolist(), position[values]
+    distinct = np.flatnonzero(present).astype(np.int64)
+    return distinct.tolist(), position[values], distinct.tobytes()
 
 
 def _class_values(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -553,18 +608,17 @@ def _class_values(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[
     bubble = (parallel.pp - 1) / (accum_f * parallel.virtual_stages) if parallel.pp > 1 else np.zeros(micro.shape)
     n = len(_PHASES)
     distinct_micro = _distinct(micro) if not parallel.is_trivial else None
-    distinct_accum = _distinct(accum) if parallel.pp > 1 else None
+    distinct_accum = _distinct(accum) if any(cls.receives is not None for cls in group.classes) else None
     shape = (len(group.classes), micro.size)
     allocated = np.zeros(shape, dtype=np.int64)
     seconds = np.zeros(shape, dtype=np.float64)
     host_ok = np.ones(shape, dtype=bool)
     for c, cls in enumerate(group.classes):
         # Without a pipeline one chunk is in flight whatever the accumulation (in_flight_chunks).
-        count = (_per_value(distinct_accum, cls.in_flight, lambda a, rank=cls.rank: in_flight_chunks(parallel, rank, a))
+        count = (in_flight_chunks(parallel, cls.rank, accum.astype(np.int64), minimum=np.minimum, maximum=np.maximum)
                  if parallel.pp > 1 else 1)
         in_flight = (count * (cls.chunk_intercept + cls.chunk_slope * micro64)).astype(np.int64)
-        accumulators = (_per_value(distinct_accum, cls.accumulators, lambda a, c=cls: _accumulators_at(c, a))
-                        if parallel.pp > 1 and parallel.virtual_stages > 1 else None)
+        accumulators = _accumulators_by_rounds(cls, accum) if parallel.pp > 1 and parallel.virtual_stages > 1 else None
         receives = None
         if cls.receives is not None:
             at_b = _per_value(distinct_accum, cls.receives, lambda a, r=cls.request: _receive_bytes(r, a)).astype(np.int64)
@@ -579,23 +633,38 @@ def _class_values(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[
             if receives is not None:
                 moments = moments + cls.activation_moments[:, None] * receives[rows][None, :]
             allocated[c, rows] = moments.max(axis=0)
-            host_ok[c, rows] = cls.host_fits[flag]
-        phases = cls.phase_intercepts_s[:, None] + cls.phase_slopes_s[:, None] * accum_f[None, :]
+            if not cls.host_fits[flag]:
+                host_ok[c, rows] = False
+        phases = _phase_rows(cls, accumulating, accum_f)
         comm = dict(zip(_PHASES, phases[:n]))
         host = dict(zip(_PHASES, phases[n:]))
         exposed = exposed_communication_s(forward_s, backward_s, comm, host, maximum=np.maximum)
         if parallel.is_trivial:
             blocking = np.zeros(micro.shape)
         else:
-            def per_micro(b: int, cls: _RankClass = cls) -> float:
-                return _blocking_per_micro(cls.request, cls.blocking_structure, cls.call_seconds, b)
-
-            blocking = accum_f * _per_value(distinct_micro, cls.blocking_s, per_micro)
+            blocking = accum_f * _blocking_at(cls.request, cls.blocking_structure, cls.call_seconds, cls.blocking_s,
+                                              distinct_micro)
         # step_time: compute, the blocking collectives, the bubble over both, what the compute
         # does not hide, the CPU step.
         busy = forward_s + backward_s + blocking
         seconds[c] = forward_s + backward_s + blocking + bubble * busy + exposed + cls.cpu_optimizer_s
     return allocated, seconds, host_ok
+
+
+def _phase_rows(cls: _RankClass, accumulating: np.ndarray, accum_f: np.ndarray) -> list:
+    """Each phase's seconds (_phase_seconds' order) at each accumulation (_phase_coefficients):
+    a number where they are the same at every accumulation (one fit, no slope: most
+    strategies' host copies and step-phase collectives, none or once a step), which the sweep's
+    sums broadcast to the same figures, else the array."""
+    rows = []
+    for start, slope, start_more, slope_more in zip(
+            cls.phase_intercepts_s[False].tolist(), cls.phase_slopes_s[False].tolist(),
+            cls.phase_intercepts_s[True].tolist(), cls.phase_slopes_s[True].tolist()):
+        if (start, slope) == (start_more, slope_more):
+            rows.append(start + slope if slope == 0 else start + slope * accum_f)
+        else:
+            rows.append(np.where(accumulating, start_more + slope_more * accum_f, start + slope))
+    return rows
 
 
 def _vectorised(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -683,8 +752,7 @@ def step_time_lower_bound(group: _Group, micro: np.ndarray, accum: np.ndarray, c
         if parallel.is_trivial:
             continue
         structure, call_seconds, per_size = _blocking_caches(at, group.layout_cache)
-        per_micro = _per_value(_distinct(micro), per_size,
-                               lambda b, at=at: _blocking_per_micro(at, structure, call_seconds, b))
+        per_micro = _blocking_at(at, structure, call_seconds, per_size, _distinct(micro))
         blocking = accum_f * per_micro if blocking is None else np.minimum(blocking, accum_f * per_micro)
     blocking = 0.0 if blocking is None else blocking
     return (compute + blocking) * (1 + bubble) + optimizer - TIME_BOUND_SLACK_S
@@ -862,11 +930,22 @@ def _layouts(base: PlanRequest, space: LayoutSpace) -> list[PlanRequest]:
     return result
 
 
-def _layout_groups(layout: PlanRequest, kinds: tuple[StrategyKind, ...]) -> list[_Group]:
-    """Every (strategy, checkpointing, shard group) the framework runs under one layout."""
+def _pricing_inputs(request: PlanRequest) -> tuple:
+    """What a collective's call pricing (zeroplan.core.algorithms.call_pricing) reads of the
+    request besides the collective itself (its op, group, ranks per node, whether it spans
+    nodes: the identity _blocking_structure keys its calls by): the GPU, the GPUs per node, the
+    NCCL algorithm and bandwidth assumed."""
+    return (request.cluster.gpu, request.cluster.gpus_per_node, request.performance.algorithm, request.performance.bandwidth)
+
+
+def _layout_groups(layout: PlanRequest, kinds: tuple[StrategyKind, ...], prices: dict | None = None) -> list[_Group]:
+    """Every (strategy, checkpointing, shard group) the framework runs under one layout.
+    ``prices``: the blocking calls' seconds shared by the layouts of one search (per
+    _pricing_inputs; the layouts make the same calls at many sizes)."""
     prof = profile(layout.training.framework)
     result = []
-    layout_cache: dict = {}
+    prices = {} if prices is None else prices
+    layout_cache: dict = {"call seconds": prices.setdefault(_pricing_inputs(layout), {})}
     for kind in kinds:
         if layout.parallel.pp > 1 and kind.value not in PIPELINE_STRATEGIES:
             continue  # zeroplan.specs.parallel.check_parallel refuses it under a pipeline
@@ -908,9 +987,10 @@ def groups(
     check_framework_strategies(framework, kinds, world)
     layouts = [base] if space is None else layout_requests(base, space)
     result = []
+    prices: dict = {}
     for layout in layouts:
         if global_batch_size is None or global_batch_size % layout.data_parallel_size == 0:
-            result += _layout_groups(layout, kinds)
+            result += _layout_groups(layout, kinds, prices)
     for group in result:
         _fit_group(group)
     return result
@@ -1025,7 +1105,8 @@ def _searched_groups(
     world = base.cluster.world_size
     kinds = framework_strategies(framework, world) if strategies is None else strategies
     check_framework_strategies(framework, kinds, world)
-    all_groups = [g for layout in usable for g in _layout_groups(layout, kinds)]
+    prices: dict = {}
+    all_groups = [g for layout in usable for g in _layout_groups(layout, kinds, prices)]
     if not all_groups:
         raise ZeroplanError(
             "strategies", f"none of {', '.join(k.value for k in kinds)} runs under the layouts searched "

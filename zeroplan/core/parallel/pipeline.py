@@ -107,7 +107,9 @@ def rank_stages(parallel: ParallelSpec, num_layers: int, framework: Framework, r
 # - Interleaved zero bubble: a chunk's activations stay until its weight-gradient pass, which
 #   the schedule delays: v min(p, m) on every rank (not 1F1B's peak, as ZB-H1 is on paper).
 # - ZBV: min(2p, m + 1 + r).
-def in_flight_chunks(parallel: ParallelSpec, rank: int, microbatches: int) -> int:
+# The plan search passes numpy's minimum and maximum to take an array of m at once (as
+# zeroplan.core.timing.exposed_communication_s takes its arrays); the planner stays free of numpy.
+def in_flight_chunks(parallel: ParallelSpec, rank: int, microbatches: int, minimum=min, maximum=max) -> int:
     p, v, m = parallel.pp, parallel.virtual_stages, microbatches
     schedule = parallel.pp_schedule
     if p == 1:
@@ -115,15 +117,15 @@ def in_flight_chunks(parallel: ParallelSpec, rank: int, microbatches: int) -> in
     if schedule is PipelineSchedule.gpipe:
         return m
     if schedule is PipelineSchedule.one_f_one_b:
-        return min(p - rank, m)
+        return minimum(p - rank, m)
     if schedule is PipelineSchedule.interleaved_1f1b:
-        per_round = m // max(1, m // p)
-        return min((v - 1) * per_round + 2 * (p - 1 - rank) + 1, v * m)
+        per_round = m // maximum(1, m // p)
+        return minimum((v - 1) * per_round + 2 * (p - 1 - rank) + 1, v * m)
     if schedule is PipelineSchedule.looped_bfs:
         return v * m
     if schedule is PipelineSchedule.zero_bubble:
-        return v * min(p, m)
-    return min(2 * p, m + 1 + rank)
+        return v * minimum(p, m)
+    return minimum(2 * p, m + 1 + rank)
 
 
 # Narayanan et al. 2021, sec. 2.2.1: GPipe and 1F1B idle (p - 1) forward-and-backward slots of a
