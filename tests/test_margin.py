@@ -10,7 +10,7 @@ import re
 import sys
 from pathlib import Path
 
-from zeroplan.core.margin import PEAK_ERROR_BAND, borderline_words, is_borderline, peak_range_bytes
+from zeroplan.core.margin import PEAK_ERROR_BAND, PeakErrorBand, borderline_words, is_borderline, peak_range_bytes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import published_memory_accuracy  # noqa: E402
@@ -39,17 +39,31 @@ def test_borderline_is_the_usable_memory_inside_the_peaks_range() -> None:
     gib = 2**30
     low, high = peak_range_bytes(100 * gib)
     assert (low, high) == (int(100 * gib * PEAK_ERROR_BAND.low), int(100 * gib * PEAK_ERROR_BAND.high))
-    assert is_borderline(100 * gib, low) and is_borderline(100 * gib, high)
-    assert not is_borderline(100 * gib, low - 1) and not is_borderline(100 * gib, high + 1)
+    assert is_borderline(100 * gib, high) and not is_borderline(100 * gib, high + 1)
+    # A predicted OOM turns only where the range reaches below the usable memory.
+    assert is_borderline(100 * gib, low) if low < 100 * gib else not is_borderline(100 * gib, 100 * gib - 1)
+
+
+def test_a_fit_whose_whole_range_is_past_the_usable_memory_is_borderline() -> None:
+    # Measured peaks above every prediction (low > 1): a plan at 99.9 % of usable fits as predicted,
+    # and the middle half of published runs would not; it is no fit with room.
+    gib = 2**30
+    band = PeakErrorBand(low=1.01, high=1.24, rows=3)
+    assert is_borderline(int(99.9 * gib), 100 * gib, band)
+    assert is_borderline(int(81 * gib), 100 * gib, band) and not is_borderline(int(80 * gib), 100 * gib, band)
+    # Predicted not to fit, and every run of the middle half peaked higher still: not borderline.
+    assert not is_borderline(int(100.5 * gib), 100 * gib, band)
+    band_below = PeakErrorBand(low=0.99, high=1.07, rows=3)
+    assert is_borderline(int(100.5 * gib), 100 * gib, band_below) and is_borderline(int(99 * gib), 100 * gib, band_below)
     assert borderline_words(100 * gib, 100 * gib) == (
         f"borderline: {100 * PEAK_ERROR_BAND.low:.0f}-{100 * PEAK_ERROR_BAND.high:.0f} % of usable")
 
 
 def test_a_borderline_recommendation_says_so(zeroplan_cli) -> None:
-    # torchtitan's 8B at 2 x 10,240 tokens on 8 H100s, selective per-op recomputation:
-    # shard-grad-op peaks at 74.8 of 79.0 GiB usable, full sharding at 64.0.
+    # torchtitan's 8B at 2 x 9,216 tokens on 8 H100s, selective per-op recomputation:
+    # shard-grad-op peaks at 70.6 of 78.7 GiB usable, full sharding with room below the band.
     flags = ("fit", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", "--framework", "torchtitan",
-             "--seq-len", "10240", "--micro-batch", "2", "--activation-checkpointing", "selective-op",
+             "--seq-len", "9216", "--micro-batch", "2", "--activation-checkpointing", "selective-op",
              "--strategies", "fsdp-shard-grad-op,fsdp-full-shard")
     for view in ((), ("--detail",)):
         code, out, err = zeroplan_cli(*flags, *view)

@@ -196,7 +196,7 @@ def fit_notes(report: FitReport, unit: ByteUnit) -> list[str]:
     if any(p.borderline for p in report.plans):
         band = PEAK_ERROR_BAND
         notes.append(f"* = borderline: published runs peaked at {100 * band.low:.0f}-{100 * band.high:.0f} % of the "
-                     "prediction (middle half), a range the usable memory falls in (docs/validation.md).")
+                     "prediction (middle half), so the measured error alone could turn the verdict (docs/validation.md).")
     if report.allocator_caution:
         notes.append(report.allocator_caution.strip())
     if not report.model.parameter_count_exact:
