@@ -314,3 +314,21 @@ def test_the_sweep_s_in_flight_chunks_are_the_planner_s_at_every_accumulation() 
                 swept = in_flight_chunks(parallel, rank, accum, minimum=np.minimum, maximum=np.maximum)
                 assert np.broadcast_to(swept, accum.shape).tolist() == [in_flight_chunks(parallel, rank, a) for a in accum.tolist()]
     assert schedules == set(PipelineSchedule)
+
+
+def test_fsdp1s_gathered_root_keeps_its_activation_terms_apart_from_the_other_strategies() -> None:
+    # Under FSDP1 (StrategySpec.fsdp1_root_stays_gathered) the reference model's full-shard rank
+    # holds its gathered root at the loss, which ddp and the ZeRO stages do not: the sweep's
+    # shared micro-batch terms must not carry one strategy's to the other.
+    base = _base("llama-2-7b", 16)
+    base = base.with_strategy(base.strategy.model_copy(update={"fsdp1_root_stays_gathered": True}))
+    micro, accum = np.array([1, 4, 9], dtype=np.int64), np.array([1, 2, 8], dtype=np.int64)
+    kinds = set()
+    for group in groups(base):
+        kinds.add(group.request.strategy.kind)
+        peak, fits, seconds = evaluate(group, micro, accum)
+        for k in range(len(micro)):
+            s_peak, s_fits, s_seconds = scalar_evaluate(_at(group.request, int(micro[k]), int(accum[k])))
+            assert abs(int(peak[k]) - s_peak) <= BYTE_TOLERANCE, group.request.strategy.kind
+            assert bool(fits[k]) == s_fits
+    assert {StrategyKind.ddp, StrategyKind.fsdp_full_shard} <= kinds
