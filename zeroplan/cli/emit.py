@@ -9,6 +9,7 @@ import enum
 import sys
 
 from zeroplan.errors import ZeroplanError
+from zeroplan.specs.lengths import VaryingLengths
 
 SKIPPED_DESTS = {"help", "format", "unit", "detail", "explain", "emit", "top", "run", "search_result"}
 """Flags that change how an answer is shown, not what is planned."""
@@ -36,9 +37,14 @@ def _parser(add_arguments) -> argparse.ArgumentParser:
 
 def flag_text(value) -> str:
     """The command-line text a parsed value came from: an enum by its value, a tuple or list
-    (--lora-targets q,v) as its items joined by commas, a float by repr (every digit kept)."""
+    (--lora-targets q,v) as its items joined by commas, a float by repr (every digit kept), the
+    dataset's lengths as --varying-lengths reads them."""
     if isinstance(value, enum.Enum):
         return str(value.value)
+    if isinstance(value, VaryingLengths):
+        # --varying-lengths MEAN,SD,MIN,SAMPLES,drop|truncate (zeroplan.cli.fit.varying_lengths_arg).
+        return (f"{value.mean_tokens!r},{value.sd_tokens!r},{value.min_tokens},{value.samples},"
+                f"{value.long_samples.value}")
     if isinstance(value, (tuple, list)):
         return ",".join(flag_text(item) for item in value)
     if isinstance(value, float):
