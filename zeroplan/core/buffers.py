@@ -540,3 +540,45 @@ def optimizer_in_backward_step_bytes(request: PlanRequest, eb) -> int:
     elements = largest_tensor_shard_elements(request)
     temporary = eb.optimizer_dtype if step_makes_temporary(request) else 0
     return elements * (eb.gradient + temporary)
+
+
+def _reduces_unit_by_unit(request: PlanRequest) -> bool:
+    """FSDP full sharding (or HSDP) without a pipeline over embedding, blocks and head, one
+    micro-batch a step: each unit's gradient becomes its shard as its backward ends."""
+    if request.strategy.kind not in (StrategyKind.fsdp_full_shard, StrategyKind.hsdp) or request.parallel.pp > 1:
+        return False
+    if request.batch.grad_accum_steps > 1:
+        return False
+    units = rank_parameter_units(request)
+    return len(units) >= 3 and units[0].name == "embedding" and units[-1].name == "head"
+
+
+def first_layer_activation_blocks(request: PlanRequest) -> int:
+    """PeakTerms.activation_blocks: the blocks whose activations the first layer's backward has
+    seen freed all but one of, where that moment is modelled (_reduces_unit_by_unit); else 0."""
+    return request.model.num_layers if _reduces_unit_by_unit(request) else 0
+
+
+# torch 2.13 distributed/fsdp/_fully_shard/_fsdp_param_group.py post_backward (and FSDP1's
+# _runtime_utils.py _post_backward_hook): a unit's gradients are reduce-scattered to its shard as
+# its backward ends, so when the first layer's backward runs, the last unit to run but the root
+# (or the embedding), every other unit's shard is there: the blocks after the first and, where the
+# head is a unit of its own, the head's. The shards split the model states' gradients in
+# proportion to the units' padded trainable elements, the remainder on the largest (as the step's
+# trace splits them: allocator/fsdp_schedule.py record_fsdp_step).
+def first_layer_gradient_bytes(request: PlanRequest, gradient_bytes: int) -> int:
+    """PeakTerms.first_layer_gradients: the shards of the units reduced before the first block
+    (0 where that moment is not modelled)."""
+    if not _reduces_unit_by_unit(request):
+        return 0
+    elements = padded_unit_elements_of(request, request.shard_group_size)
+    # The units in forward order as FSDP wraps them: the root holds embedding and head together.
+    weights = elements if fsdp_separates_embedding_and_head(request) else [elements[0] + elements[-1], *elements[1:-1]]
+    total = sum(weights)
+    if gradient_bytes <= 0 or total <= 0:
+        return 0
+    before = sum(gradient_bytes * w // total for w in weights[2:])
+    largest = max(range(len(weights)), key=weights.__getitem__)
+    if largest >= 2:
+        before += gradient_bytes - sum(gradient_bytes * w // total for w in weights)
+    return before

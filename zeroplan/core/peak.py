@@ -1,4 +1,4 @@
-"""The four moments of a step whose live bytes set the allocated peak (docs/memory-model.md,
+"""The moments of a step whose live bytes set the allocated peak (docs/memory-model.md,
 "Peak"): the terms they combine, each moment's bytes, and the largest. Formulas only: the
 planner (zeroplan.core.plan), the allocator's schedule and the plan search all read these."""
 
@@ -10,7 +10,7 @@ from zeroplan.core.model_states import ModelStateBytes
 from zeroplan.results import PeakMoment
 
 
-# docs/memory-model.md, "Peak": four moments of a step, each what is alive at once.
+# docs/memory-model.md, "Peak": five moments of a step, each what is alive at once.
 # Loss backward: all activations, the loss's three fp32 sbV tensors and the buffers kept
 # through backward. A block's backward: activations (at the first block, nearly all), the
 # unit being gathered or reduced and the residual-stream workspace. End of backward: every
@@ -27,7 +27,11 @@ from zeroplan.results import PeakMoment
 # the blocks (DeepSpeed ZeRO-1/2's) are alive at a block's backward (block_backward_gradients).
 # Under FSDP's no_sync accumulation the micro-batches carry the held unsharded gradients and no
 # shard (accumulated_gradients 0): every micro-batch but the last ends its backward so, beside its
-# last unit's buffers (backward_end_gradients 0), and the last turns them into the shards.
+# last unit's buffers (backward_end_gradients 0), and the last turns them into the shards. Where a
+# strategy reduces each unit's gradient to its shard as that unit's backward ends (FSDP full
+# sharding, HSDP), the first layer's backward, the last block's to run, holds the same units and
+# workspace as a block's but one block's activations (and what the blocks leave outside) and the
+# shards of every unit whose backward ran before it (PeakTerms.first_layer_gradients).
 def peak_moments(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: int) -> dict[PeakMoment, MomentBytes]:
     """Every moment's live bytes, split into gradients, buffers (and workspace) and the rest."""
     resident = states.parameter_bytes + states.optimizer_state_bytes
@@ -44,13 +48,38 @@ def peak_moments(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: 
             resident + moments.activations, accumulated + moments.block_backward_gradients,
             held + moments.block_transient_buffers + moments.workspace,
         ),
+        PeakMoment.first_layer_backward: first_layer_moment(states, moments, accumulated, resident, held),
         PeakMoment.backward_end: MomentBytes(resident, backward_end_gradients, held + backward_end_buffers),
         PeakMoment.optimizer_step: MomentBytes(resident + moments.step_temporary, states.gradient_bytes, moments.resident_buffers),
     }
 
 
+# docs/memory-model.md, "Peak": the first layer's backward. The step's trace splits the
+# activations into one share per block and a remainder outside them (allocator/fsdp_schedule.py
+# record_fsdp_step: divmod(activations, blocks)), and every block but the first has freed its
+# share by then: one share and the remainder (less than ``blocks`` bytes, taken at its most so
+# that the moment grows with the activations, as the plan search's bounds take every moment).
+def first_layer_activation_bytes(activations: int, blocks: int) -> int:
+    """The activations alive at the first layer's backward: one block's share and at most the
+    remainder of their split into ``blocks`` shares."""
+    return activations // blocks + blocks - 1
+
+
+def first_layer_moment(states: ModelStateBytes, moments: PeakTerms, accumulated: int, resident: int,
+                       held: int) -> MomentBytes:
+    """The first layer's backward (nothing where PeakTerms.activation_blocks is 0): a block's
+    backward with the first layer's activations and the shards already reduced."""
+    if not moments.activation_blocks:
+        return MomentBytes(0, 0, 0)
+    return MomentBytes(
+        resident + first_layer_activation_bytes(moments.activations, moments.activation_blocks),
+        accumulated + moments.block_backward_gradients + moments.first_layer_gradients,
+        held + moments.block_transient_buffers + moments.workspace,
+    )
+
+
 def peak_allocated_bytes(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: int) -> tuple[int, PeakMoment]:
-    """The largest moment's bytes and which moment it is (the first of the four on a tie)."""
+    """The largest moment's bytes and which moment it is (the first of them on a tie)."""
     alive = peak_moments(states, moments, grad_accum_steps)
     moment = max(alive, key=lambda m: alive[m].total)
     return alive[moment].total, moment
@@ -102,6 +131,14 @@ class PeakTerms:
     """The gradients alive at that moment where they are not the model states' (DeepSpeed
     ZeRO-3 makes the fp32 gradient partition the optimizer reads only at the step); None: the
     model states' gradients."""
+    first_layer_gradients: int = 0
+    """The gradient shards alive at the first layer's backward beyond ``accumulated_gradients``:
+    those of every unit whose backward ran before the first block's, where each unit's gradient
+    is reduced to its shard as its backward ends and nothing accumulates
+    (zeroplan.core.buffers.first_layer_gradient_bytes)."""
+    activation_blocks: int = 0
+    """The blocks the activations are split among at the first layer's backward (one block's
+    share left: first_layer_activation_bytes); 0 where that moment is not modelled."""
     draining_held_buffers: int = 0
     """The part of ``backward_held_buffers`` the gradient shards replace once the step's backward
     is done: FSDP's unsharded gradients under no_sync accumulation, reduce-scattered by the last

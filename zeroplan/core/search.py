@@ -175,7 +175,7 @@ def scalar_plan(request: PlanRequest) -> tuple[int, bool, StepTime]:
 
 
 def _moments(states, terms: PeakTerms, grad_accum_steps: int) -> np.ndarray:
-    """The four peak moments, the loss's once per piece of the loss (plan.moment_totals)."""
+    """The peak moments, the loss's once per piece of the loss (plan.moment_totals)."""
     return np.array(moment_totals(states, terms, grad_accum_steps), dtype=np.int64)
 
 
