@@ -34,12 +34,7 @@ from zeroplan.results import PeakMoment
 # shards of every unit whose backward ran before it (PeakTerms.first_layer_gradients).
 def peak_moments(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: int) -> dict[PeakMoment, MomentBytes]:
     """Every moment's live bytes, split into gradients, buffers (and workspace) and the rest."""
-    resident = states.parameter_bytes + states.optimizer_state_bytes
-    held = moments.resident_buffers + moments.backward_held_buffers
-    carried = states.gradient_bytes if moments.accumulated_gradients is None else moments.accumulated_gradients
-    # megatron-core's gradient buffer is there from the first step on (gradients_resident), and
-    # so are the gradients a torch release before 2.0 zeroes in place (gradients_kept).
-    accumulated = carried if grad_accum_steps > 1 or states.gradients_resident or states.gradients_kept else 0
+    accumulated, resident, held = _backward_bases(states, moments, grad_accum_steps)
     backward_end_buffers = moments.transient_buffers if moments.backward_end_buffers is None else moments.backward_end_buffers
     backward_end_gradients = states.gradient_bytes if moments.backward_end_gradients is None else moments.backward_end_gradients
     return {
@@ -48,33 +43,59 @@ def peak_moments(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: 
             resident + moments.activations, accumulated + moments.block_backward_gradients,
             held + moments.block_transient_buffers + moments.workspace,
         ),
-        PeakMoment.first_layer_backward: first_layer_moment(states, moments, accumulated, resident, held),
+        PeakMoment.first_layer_backward: max(first_layer_pieces(moments, accumulated, resident, held),
+                                             key=lambda piece: piece.total),
         PeakMoment.backward_end: MomentBytes(resident, backward_end_gradients, held + backward_end_buffers),
         PeakMoment.optimizer_step: MomentBytes(resident + moments.step_temporary, states.gradient_bytes, moments.resident_buffers),
     }
 
 
-# docs/memory-model.md, "Peak": the first layer's backward. The step's trace splits the
+def _backward_bases(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: int) -> tuple[int, int, int]:
+    """(the gradients carried from earlier micro-batches, the resident model states, the buffers
+    held through backward): what every moment of backward starts from."""
+    resident = states.parameter_bytes + states.optimizer_state_bytes
+    held = moments.resident_buffers + moments.backward_held_buffers
+    carried = states.gradient_bytes if moments.accumulated_gradients is None else moments.accumulated_gradients
+    # megatron-core's gradient buffer is there from the first step on (gradients_resident), and
+    # so are the gradients a torch release before 2.0 zeroes in place (gradients_kept).
+    accumulated = carried if grad_accum_steps > 1 or states.gradients_resident or states.gradients_kept else 0
+    return accumulated, resident, held
+
+
+# docs/memory-model.md, "Peak": the first layer's backward, from its all-gather (prefetched while
+# the second layer's backward runs) to its gradients' reduction. The step's trace splits the
 # activations into one share per block and a remainder outside them (allocator/fsdp_schedule.py
-# record_fsdp_step: divmod(activations, blocks)), and every block but the first has freed its
-# share by then: one share and the remainder (less than ``blocks`` bytes, taken at its most so
-# that the moment grows with the activations, as the plan search's bounds take every moment).
-def first_layer_activation_bytes(activations: int, blocks: int) -> int:
-    """The activations alive at the first layer's backward: one block's share and at most the
-    remainder of their split into ``blocks`` shares."""
-    return activations // blocks + blocks - 1
+# record_fsdp_step: divmod(activations, blocks)); every block after the first two has freed its
+# share by the first layer's all-gather, every block after the first by its backward. The
+# remainder (less than ``blocks`` bytes) is taken at its most, so that every piece grows with the
+# activations, as the plan search's bounds take every moment.
+def first_layer_activation_bytes(activations: int, blocks: int, shares: int = 1) -> int:
+    """The activations alive at a piece of the first layer's backward: ``shares`` blocks' shares
+    (two at its all-gather, one at its own backward) and at most the remainder of the split."""
+    return shares * (activations // blocks) + blocks - 1
 
 
-def first_layer_moment(states: ModelStateBytes, moments: PeakTerms, accumulated: int, resident: int,
-                       held: int) -> MomentBytes:
-    """The first layer's backward (nothing where PeakTerms.activation_blocks is 0): a block's
-    backward with the first layer's activations and the shards already reduced."""
+FIRST_LAYER_SHARES = (1, 1, 2)
+"""The blocks' activation shares alive at each of first_layer_pieces."""
+
+
+def first_layer_pieces(moments: PeakTerms, accumulated: int, resident: int, held: int) -> tuple[MomentBytes, ...]:
+    """The first layer's backward in its three pieces (nothing where PeakTerms.activation_blocks
+    is 0): its units with its workspace, its units with its unsharded gradients or the
+    embedding's all-gather (PeakTerms.first_layer_copy_buffers), and its own all-gather during
+    the second layer's backward (PeakTerms.first_layer_gather_buffers), each with the shards
+    reduced by then."""
     if not moments.activation_blocks:
-        return MomentBytes(0, 0, 0)
-    return MomentBytes(
-        resident + first_layer_activation_bytes(moments.activations, moments.activation_blocks),
-        accumulated + moments.block_backward_gradients + moments.first_layer_gradients,
-        held + moments.block_transient_buffers + moments.workspace,
+        return (MomentBytes(0, 0, 0),) * len(FIRST_LAYER_SHARES)
+    blocks, activations = moments.activation_blocks, moments.activations
+    own = accumulated + moments.block_backward_gradients + moments.first_layer_gradients
+    gathering = accumulated + moments.block_backward_gradients + moments.first_layer_gather_gradients
+    at_own = resident + first_layer_activation_bytes(activations, blocks, FIRST_LAYER_SHARES[0])
+    return (
+        MomentBytes(at_own, own, held + moments.first_layer_buffers + moments.workspace),
+        MomentBytes(at_own, own, held + moments.first_layer_buffers + moments.first_layer_copy_buffers),
+        MomentBytes(resident + first_layer_activation_bytes(activations, blocks, FIRST_LAYER_SHARES[2]), gathering,
+                    held + moments.first_layer_gather_buffers),
     )
 
 
@@ -139,6 +160,19 @@ class PeakTerms:
     activation_blocks: int = 0
     """The blocks the activations are split among at the first layer's backward (one block's
     share left: first_layer_activation_bytes); 0 where that moment is not modelled."""
+    first_layer_buffers: int = 0
+    """The units the first layer's backward holds beside its workspace
+    (zeroplan.core.buffers.first_layer_buffer_bytes)."""
+    first_layer_copy_buffers: int = 0
+    """What the first layer's backward holds beside those units once its workspace is freed, or
+    before it is made (zeroplan.core.buffers.first_layer_copy_buffer_bytes): the workspace and
+    these are not alive together, and only the workspace grows with the micro-batch."""
+    first_layer_gather_buffers: int = 0
+    """The units alive as the first layer is gathered during the second layer's backward
+    (zeroplan.core.buffers.first_layer_gather_buffer_bytes)."""
+    first_layer_gather_gradients: int = 0
+    """The gradient shards alive then: those of the units whose backward ran before the second
+    layer's (zeroplan.core.buffers.first_layer_gradient_bytes, before_block 1)."""
     draining_held_buffers: int = 0
     """The part of ``backward_held_buffers`` the gradient shards replace once the step's backward
     is done: FSDP's unsharded gradients under no_sync accumulation, reduce-scattered by the last
@@ -146,10 +180,20 @@ class PeakTerms:
     it before they allocate the shards."""
 
 
+TOTAL_MOMENTS: tuple[PeakMoment, ...] = (
+    PeakMoment.block_backward, *(PeakMoment.first_layer_backward for _ in FIRST_LAYER_SHARES),
+    PeakMoment.backward_end, PeakMoment.optimizer_step,
+)
+"""The moment of each of moment_totals' entries before the loss's pieces."""
+
+
 def moment_totals(states: ModelStateBytes, terms: PeakTerms, grad_accum_steps: int) -> list[int]:
-    """Every moment's bytes, the loss's once per piece of the loss (each affine in the
-    micro-batch, as PeakTerms.logits_pieces says; their maximum is not)."""
+    """Every moment's bytes (TOTAL_MOMENTS), the first layer's once per piece of it
+    (first_layer_pieces), the loss's once per piece of the loss (each affine in the micro-batch,
+    as PeakTerms.logits_pieces says; their maximum is not)."""
     alive = peak_moments(states, terms, grad_accum_steps)
     loss = alive[PeakMoment.loss_backward].total
-    totals = [bytes_.total for moment, bytes_ in alive.items() if moment is not PeakMoment.loss_backward]
+    totals = [alive[PeakMoment.block_backward].total]
+    totals += [piece.total for piece in first_layer_pieces(terms, *_backward_bases(states, terms, grad_accum_steps))]
+    totals += [alive[PeakMoment.backward_end].total, alive[PeakMoment.optimizer_step].total]
     return totals + [loss - terms.logits + piece for piece in terms.logits_pieces or (terms.logits,)]
