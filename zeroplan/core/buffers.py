@@ -643,13 +643,13 @@ def first_layer_copy_buffer_bytes(request: PlanRequest) -> int:
 
 # allocator/fsdp_schedule.py record_fsdp_step, after torch 2.13 _fully_shard/_fsdp_state.py (the
 # backward prefetch) and _fsdp_collectives.py foreach_all_gather: the first layer is gathered
-# while the second layer's backward runs, before the second's workspace is made: its flat
-# all-gather buffer and its copied-out parameters beside the second block gathered, the third
-# block's flat reduce-scatter input still held and, where embedding and head share the root unit,
-# the root (gathered since the loss's backward).
+# while the second layer's backward runs, before the second's workspace is made, into a flat
+# all-gather buffer (first_layer_gather_flat_bytes) whose copy-out gives its parameters; beside
+# them the second block gathered, the third block's flat reduce-scatter input still held and,
+# where embedding and head share the root unit, the root (gathered since the loss's backward).
 def first_layer_gather_buffer_bytes(request: PlanRequest) -> int:
-    """PeakTerms.first_layer_gather_buffers: the root where it holds embedding and head, three
-    of the largest block gathered and the largest block's flat input (0 where the moment is not
+    """PeakTerms.first_layer_gather_buffers: the root where it holds embedding and head, two of
+    the largest block gathered and the largest block's flat input (0 where the moment is not
     modelled)."""
     if not _reduces_unit_by_unit(request):
         return 0
@@ -663,4 +663,16 @@ def first_layer_gather_buffer_bytes(request: PlanRequest) -> int:
     elements = padded_unit_elements_of(request, shard)
     root = 0 if fsdp_separates_embedding_and_head(request) else \
         sum(n for i, n in enumerate(gathered) if i not in blocks) + _root_head_gradient_bytes(request)
-    return root + 3 * max(gathered[i] for i in blocks) + max(elements[i] for i in blocks) * gradient_wire_bytes(request)
+    return root + 2 * max(gathered[i] for i in blocks) + max(elements[i] for i in blocks) * gradient_wire_bytes(request)
+
+
+def first_layer_gather_flat_bytes(request: PlanRequest) -> int:
+    """PeakTerms.first_layer_gather_flat_buffers: the largest block's flat all-gather buffer (0
+    where the moment is not modelled)."""
+    if not _reduces_unit_by_unit(request):
+        return 0
+    units = rank_parameter_units(request)
+    blocks = [i for i, unit in enumerate(units) if unit.name.startswith("block.")]
+    gathered = unit_gather_bytes(request, request.shard_group_size,
+                                 element_bytes(request.training.precision, request.convention).compute_parameter)
+    return max((gathered[i] for i in blocks), default=0)

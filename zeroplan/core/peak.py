@@ -75,15 +75,16 @@ def first_layer_activation_bytes(activations: int, blocks: int, shares: int = 1)
     return shares * (activations // blocks) + blocks - 1
 
 
-FIRST_LAYER_SHARES = (1, 1, 2)
+FIRST_LAYER_SHARES = (1, 1, 2, 2)
 """The blocks' activation shares alive at each of first_layer_pieces."""
 
 
 def first_layer_pieces(moments: PeakTerms, accumulated: int, resident: int, held: int) -> tuple[MomentBytes, ...]:
-    """The first layer's backward in its three pieces (nothing where PeakTerms.activation_blocks
+    """The first layer's backward in its four pieces (nothing where PeakTerms.activation_blocks
     is 0): its units with its workspace, its units with its unsharded gradients or the
-    embedding's all-gather (PeakTerms.first_layer_copy_buffers), and its own all-gather during
-    the second layer's backward (PeakTerms.first_layer_gather_buffers), each with the shards
+    embedding's all-gather (PeakTerms.first_layer_copy_buffers), and the second layer's
+    backward with the first layer gathered (PeakTerms.first_layer_gather_buffers) beside its
+    flat all-gather buffer, then beside the second layer's workspace, each with the shards
     reduced by then."""
     if not moments.activation_blocks:
         return (MomentBytes(0, 0, 0),) * len(FIRST_LAYER_SHARES)
@@ -91,11 +92,13 @@ def first_layer_pieces(moments: PeakTerms, accumulated: int, resident: int, held
     own = accumulated + moments.block_backward_gradients + moments.first_layer_gradients
     gathering = accumulated + moments.block_backward_gradients + moments.first_layer_gather_gradients
     at_own = resident + first_layer_activation_bytes(activations, blocks, FIRST_LAYER_SHARES[0])
+    at_second = resident + first_layer_activation_bytes(activations, blocks, FIRST_LAYER_SHARES[2])
+    second_units = held + moments.first_layer_gather_buffers
     return (
         MomentBytes(at_own, own, held + moments.first_layer_buffers + moments.workspace),
         MomentBytes(at_own, own, held + moments.first_layer_buffers + moments.first_layer_copy_buffers),
-        MomentBytes(resident + first_layer_activation_bytes(activations, blocks, FIRST_LAYER_SHARES[2]), gathering,
-                    held + moments.first_layer_gather_buffers),
+        MomentBytes(at_second, gathering, second_units + moments.first_layer_gather_flat_buffers),
+        MomentBytes(at_second, gathering, second_units + moments.workspace),
     )
 
 
@@ -168,8 +171,11 @@ class PeakTerms:
     before it is made (zeroplan.core.buffers.first_layer_copy_buffer_bytes): the workspace and
     these are not alive together, and only the workspace grows with the micro-batch."""
     first_layer_gather_buffers: int = 0
-    """The units alive as the first layer is gathered during the second layer's backward
-    (zeroplan.core.buffers.first_layer_gather_buffer_bytes)."""
+    """The units alive in the second layer's backward once the first layer is gathered for its
+    own (zeroplan.core.buffers.first_layer_gather_buffer_bytes)."""
+    first_layer_gather_flat_buffers: int = 0
+    """The first layer's flat all-gather buffer, alive beside them before its parameters are
+    copied out, and before the second layer's workspace is made (the largest block gathered)."""
     first_layer_gather_gradients: int = 0
     """The gradient shards alive then: those of the units whose backward ran before the second
     layer's (zeroplan.core.buffers.first_layer_gradient_bytes, before_block 1)."""

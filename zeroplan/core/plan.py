@@ -9,7 +9,8 @@ from zeroplan.core.activations import activation_bytes, backward_workspace_bytes
 from zeroplan.core.buffers import (
     backward_end_buffer_bytes, backward_end_gradient_bytes, backward_held_buffer_bytes, block_backward_gradient_bytes,
     block_backward_transient_bytes, draining_held_buffer_bytes, first_layer_activation_blocks, first_layer_buffer_bytes,
-    first_layer_copy_buffer_bytes, first_layer_gather_buffer_bytes, first_layer_gradient_bytes, fsdp_no_sync_carried_gradient_bytes,
+    first_layer_copy_buffer_bytes, first_layer_gather_buffer_bytes, first_layer_gather_flat_bytes,
+    first_layer_gradient_bytes, fsdp_no_sync_carried_gradient_bytes,
     optimizer_step_temporary_bytes, resident_buffer_bytes, transient_buffer_bytes,
 )
 from zeroplan.core.communication import collectives
@@ -245,6 +246,7 @@ def _state_terms(request: PlanRequest) -> tuple[ModelStateBytes, tuple[tuple[str
         ("first_layer_gather_gradients", 0 if states.gradients_resident or states.gradients_kept
          else first_layer_gradient_bytes(request, states.gradient_bytes, before_block=1)),
         ("first_layer_gather_buffers", first_layer_gather_buffer_bytes(request)),
+        ("first_layer_gather_flat_buffers", first_layer_gather_flat_bytes(request)),
         ("activation_blocks", first_layer_activation_blocks(request)),
         ("first_layer_buffers", first_layer_buffer_bytes(request)),
         ("first_layer_copy_buffers", first_layer_copy_buffer_bytes(request)),
