@@ -23,15 +23,20 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.allocator_fast_sweep import random_requests  # noqa: E402
-from benchmarks.published_memory_accuracy import argv_of, load_rows  # noqa: E402
-from zeroplan.allocator.planner import _requested_peak_bytes  # noqa: E402
-from zeroplan.allocator.schedule import step_ops  # noqa: E402
-from zeroplan.cli.fit import check_options_apply, request_from_args  # noqa: E402
-from zeroplan.cli.main import build_parser  # noqa: E402
-from zeroplan.core.plan import checked_peak_terms, peak_allocated_bytes, pipeline_rank_requests, replayed  # noqa: E402
-from zeroplan.errors import ZeroplanError  # noqa: E402
-from zeroplan.specs import StrategyKind  # noqa: E402
+from benchmarks.allocator_fast_sweep import random_requests
+from benchmarks.published_memory_accuracy import argv_of, load_rows
+from zeroplan.allocator.planner import _requested_peak_bytes
+from zeroplan.allocator.schedule import step_ops
+from zeroplan.cli.fit import check_options_apply, request_from_args
+from zeroplan.cli.main import build_parser
+from zeroplan.core.plan import (
+    checked_peak_terms,
+    peak_allocated_bytes,
+    pipeline_rank_requests,
+    replayed,
+)
+from zeroplan.errors import ZeroplanError
+from zeroplan.specs import StrategyKind
 
 GIB = 2**30
 

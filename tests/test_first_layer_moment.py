@@ -13,7 +13,12 @@ from zeroplan.allocator.planner import _requested_peak_bytes
 from zeroplan.allocator.schedule import step_ops
 from zeroplan.cli.fit import request_from_args
 from zeroplan.cli.main import build_parser
-from zeroplan.core.peak import TOTAL_MOMENTS, moment_totals, peak_allocated_bytes, peak_moments
+from zeroplan.core.peak import (
+    TOTAL_MOMENTS,
+    moment_totals,
+    peak_allocated_bytes,
+    peak_moments,
+)
 from zeroplan.core.plan import memory_breakdown, peak_terms, replayed
 from zeroplan.results import PeakMoment
 from zeroplan.specs import StrategyKind
@@ -24,8 +29,8 @@ GPT3_13B = str(ROOT / "benchmarks" / "published_memory" / "configs" / "fairseq-t
 # (benchmarks/allocated_peak_gap.py) whose trace peaked at the first layer's backward above the
 # planner's allocated peak before it had that moment.
 CASES = [
-    f"{GPT3_13B} --framework fairseq --gpus 8 --gpu v100-32gb --micro-batch 2 --seq-len 2048 "
-    "--activation-checkpointing full --precision fp16-mixed --optimizer adam",
+    (f"{GPT3_13B} --framework fairseq --gpus 8 --gpu v100-32gb --micro-batch 2 --seq-len 2048 "
+     "--activation-checkpointing full --precision fp16-mixed --optimizer adam"),
     "mistral-7b --framework torchtune --gpus 16 --gpu a100-80gb --micro-batch 3 --seq-len 256 --activation-checkpointing full",
     "llama-3.1-8b --framework torchtune --gpus 4 --gpu a100-80gb --micro-batch 3 --seq-len 512 --activation-checkpointing full",
     "llama-2-13b --framework torchtitan --gpus 16 --gpu a100-80gb --micro-batch 3 --seq-len 512 --activation-checkpointing full",
