@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from zeroplan.allocator.planner import _requested_peak_bytes
@@ -20,6 +21,7 @@ from zeroplan.core.peak import (
     peak_moments,
 )
 from zeroplan.core.plan import memory_breakdown, peak_terms, replayed
+from zeroplan.core.search import BYTE_TOLERANCE, _at, evaluate, groups
 from zeroplan.results import PeakMoment
 from zeroplan.specs import StrategyKind
 
@@ -93,3 +95,23 @@ def test_moment_totals_list_the_first_layer_s_pieces_in_their_slots() -> None:
     assert len(slots) == 4
     assert max(slots) == peak_moments(states, terms, 1)[PeakMoment.first_layer_backward].total
     assert max(totals) == peak_allocated_bytes(states, terms, 1)[0]
+
+
+@pytest.mark.parametrize("flags", CASES[:2], ids=["fairseq-13b", "mistral-7b-torchtune"])
+def test_the_sweep_answers_as_the_scalar_planner_where_the_first_layer_peaks(flags) -> None:
+    # The sweep fits each moment affine in the micro-batch from b 1 and 2 (a floor of the
+    # activations, the first layer's share, added back per b: search._first_layer_bytes) and
+    # must find the scalar planner's peak, the first layer's among them, at other b.
+    base = _request(flags)
+    (group,) = [g for g in groups(base, strategies=(StrategyKind.fsdp_full_shard,))
+                if g.request.training.activation_checkpointing is base.training.activation_checkpointing]
+    assert not group.scalar_only
+    micro = np.array([1, 2, 3, 7], dtype=np.int64)
+    accum = np.ones_like(micro)
+    peak, _, _ = evaluate(group, micro, accum)
+    moments = set()
+    for k, b in enumerate(micro.tolist()):
+        breakdown, _ = memory_breakdown(_at(group.request, b, 1))
+        moments.add(breakdown.peak_moment)
+        assert abs(int(peak[k]) - breakdown.peak_bytes) <= BYTE_TOLERANCE
+    assert PeakMoment.first_layer_backward in moments
