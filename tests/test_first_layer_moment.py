@@ -21,7 +21,7 @@ from zeroplan.core.peak import (
     peak_moments,
 )
 from zeroplan.core.plan import memory_breakdown, peak_terms, replayed
-from zeroplan.core.search import BYTE_TOLERANCE, _at, evaluate, groups
+from zeroplan.core.search import BYTE_TOLERANCE, _at, _first_layer_bytes, evaluate, groups
 from zeroplan.results import PeakMoment
 from zeroplan.specs import StrategyKind
 
@@ -115,3 +115,21 @@ def test_the_sweep_answers_as_the_scalar_planner_where_the_first_layer_peaks(fla
         moments.add(breakdown.peak_moment)
         assert abs(int(peak[k]) - breakdown.peak_bytes) <= BYTE_TOLERANCE
     assert PeakMoment.first_layer_backward in moments
+
+
+def test_the_sweep_s_moments_are_the_planner_s_where_the_activations_do_not_divide_among_the_blocks() -> None:
+    # GPT-2 XL's 48 blocks do not divide its activations at 1000 tokens (remainders 16, 32, 0,
+    # 32 at b 1, 2, 3, 5): the first layer's pieces are not affine in b, and the sweep adds
+    # their share back per b (search._first_layer_bytes).
+    base = _request("gpt2-xl --gpus 2 --gpu a100-80gb --micro-batch 1 --seq-len 1000 --activation-checkpointing full")
+    (group,) = [g for g in groups(base, strategies=(StrategyKind.fsdp_full_shard,))
+                if g.request.training.activation_checkpointing is base.training.activation_checkpointing]
+    (cls,) = group.classes
+    for b in (1, 2, 3, 5, 7):
+        states, terms = peak_terms(_at(group.request, b, 1))
+        assert terms.activation_blocks == 48
+        activations = cls.activation_intercept[False] + cls.activation_slope[False] * b
+        assert activations == terms.activations
+        swept = (cls.moment_intercepts[False] + cls.moment_slopes[False] * b
+                 + _first_layer_bytes(activations, cls.first_layer_blocks[False], len(cls.activation_moments)))
+        assert swept.tolist() == moment_totals(states, terms, 1)
