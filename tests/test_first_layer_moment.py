@@ -21,7 +21,13 @@ from zeroplan.core.peak import (
     peak_moments,
 )
 from zeroplan.core.plan import memory_breakdown, peak_terms, replayed
-from zeroplan.core.search import BYTE_TOLERANCE, _at, _first_layer_bytes, evaluate, groups
+from zeroplan.core.search import (
+    BYTE_TOLERANCE,
+    _at,
+    _first_layer_bytes,
+    evaluate,
+    groups,
+)
 from zeroplan.results import PeakMoment
 from zeroplan.specs import StrategyKind
 
