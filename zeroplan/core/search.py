@@ -93,6 +93,8 @@ class _RankClass:
     activation_moments: np.ndarray | None = None
     """Which moments hold the activations (1) and which do not (0)."""
     first_layer_blocks: dict[bool, int] = field(default_factory=dict)
+    first_layer_shares: np.ndarray | None = None
+    """_first_layer_mask: each moment's blocks' shares of the activations."""
     activation_intercept: dict[bool, int] = field(default_factory=dict)
     activation_slope: dict[bool, int] = field(default_factory=dict)
     """PeakTerms.activation_blocks and the activations, affine in b: the first layer's moment
@@ -450,6 +452,7 @@ def _fit_class(request: PlanRequest, family: dict, layout_cache: dict) -> _RankC
         cls.chunk_slope = chunk[1] - chunk[0]
         cls.chunk_intercept = chunk[0] - cls.chunk_slope
     cls.activation_moments = _activation_mask(request, len(fitted[1, 1][0]))
+    cls.first_layer_shares = _first_layer_mask(len(fitted[1, 1][0]))
     cls.accumulators_fitted = {False: _accumulator_bytes(request, 1), True: _accumulator_bytes(request, 2)}
     cls.receives = {} if any(_receive_bytes(request, 1)) else None
     for accumulating, a in ((False, 1), (True, 2)):
@@ -669,9 +672,12 @@ def _class_values(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[
                 moments = moments + _held_mask(len(cls.activation_moments))[:, None] * extra[None, :]
             if receives is not None:
                 moments = moments + cls.activation_moments[:, None] * receives[rows][None, :]
-            if cls.first_layer_blocks[flag]:
-                activations = cls.activation_intercept[flag] + cls.activation_slope[flag] * micro64[rows]
-                moments = moments + _first_layer_bytes(activations, cls.first_layer_blocks[flag], len(cls.activation_moments))
+            blocks = cls.first_layer_blocks[flag]
+            if blocks:
+                # _first_layer_bytes, its shares per moment taken once per class.
+                per_block = (cls.activation_intercept[flag] + cls.activation_slope[flag] * micro64[rows]) // blocks
+                moments = moments + cls.first_layer_shares[:, None] * per_block[None, :] \
+                    + (cls.first_layer_shares[:, None] > 0) * (blocks - 1)
             allocated[c, rows] = moments.max(axis=0)
             if not cls.host_fits[flag]:
                 host_ok[c, rows] = False
