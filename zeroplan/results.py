@@ -21,6 +21,9 @@ class PeakMoment(str, Enum):
     """Backward of the loss: every activation, the logits and the loss's fp32 copies."""
     block_backward = "block-backward"
     """The first block's backward: activations, the unit gathered or reduced, the workspace."""
+    first_layer_backward = "first-layer-backward"
+    """The first layer's backward, the last block's to run, under FSDP full sharding without
+    accumulation: one block's activations left, every later unit's gradient shard made."""
     backward_end = "backward-end"
     """End of backward: every gradient and the last unit's buffers."""
     optimizer_step = "optimizer-step"

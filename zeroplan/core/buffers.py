@@ -540,3 +540,139 @@ def optimizer_in_backward_step_bytes(request: PlanRequest, eb) -> int:
     elements = largest_tensor_shard_elements(request)
     temporary = eb.optimizer_dtype if step_makes_temporary(request) else 0
     return elements * (eb.gradient + temporary)
+
+
+def _reduces_unit_by_unit(request: PlanRequest) -> bool:
+    """FSDP full sharding (or HSDP) without a pipeline over embedding, blocks and head, one
+    micro-batch a step: each unit's gradient becomes its shard as its backward ends."""
+    if request.strategy.kind not in (StrategyKind.fsdp_full_shard, StrategyKind.hsdp) or request.parallel.pp > 1:
+        return False
+    if request.batch.grad_accum_steps > 1:
+        return False
+    units = rank_parameter_units(request)
+    return len(units) >= 3 and units[0].name == "embedding" and units[-1].name == "head"
+
+
+def first_layer_activation_blocks(request: PlanRequest) -> int:
+    """PeakTerms.activation_blocks: the blocks whose activations the first layer's backward has
+    seen freed all but one of, where that moment is modelled (_reduces_unit_by_unit); else 0."""
+    return request.model.num_layers if _reduces_unit_by_unit(request) else 0
+
+
+# torch 2.13 distributed/fsdp/_fully_shard/_fsdp_param_group.py post_backward (and FSDP1's
+# _runtime_utils.py _post_backward_hook): a unit's gradients are reduce-scattered to its shard as
+# its backward ends, so when the first layer's backward runs, the last unit to run but the root
+# (or the embedding), every other unit's shard is there: the blocks after the first and, where the
+# head is a unit of its own, the head's. The shards split the model states' gradients in
+# proportion to the units' padded trainable elements, the remainder on the largest (as the step's
+# trace splits them: allocator/fsdp_schedule.py record_fsdp_step).
+def first_layer_gradient_bytes(request: PlanRequest, gradient_bytes: int, before_block: int = 0) -> int:
+    """PeakTerms.first_layer_gradients: the shards of the units reduced before block
+    ``before_block``'s backward, the first's or (1) the second's (0 where that moment is not
+    modelled)."""
+    if not _reduces_unit_by_unit(request):
+        return 0
+    elements = padded_unit_elements_of(request, request.shard_group_size)
+    # The units in forward order as FSDP wraps them: the root holds embedding and head together.
+    weights = elements if fsdp_separates_embedding_and_head(request) else [elements[0] + elements[-1], *elements[1:-1]]
+    total = sum(weights)
+    if gradient_bytes <= 0 or total <= 0:
+        return 0
+    # weights[1 + before_block] is that block's: every unit after it is reduced before it.
+    after = 2 + before_block
+    before = sum(gradient_bytes * w // total for w in weights[after:])
+    largest = max(range(len(weights)), key=weights.__getitem__)
+    if largest >= after:
+        before += gradient_bytes - sum(gradient_bytes * w // total for w in weights)
+    return before
+
+
+# allocator/fsdp_schedule.py record_fsdp_step, after torch 2.13 _fully_shard/_fsdp_param_group.py
+# (post_backward keeps a unit's flat reduce-scatter input until the next unit's reduce-scatter
+# starts) and _fsdp_state.py (the backward prefetch): while the first layer's backward runs, the
+# root stays gathered (or, where embedding and head are units of their own, the embedding is
+# gathered, prefetched as the unit whose backward comes next), the first block is gathered and the
+# second block's flat reduce-scatter input is still held; the workspace comes beside them. The last
+# block's backward, the first to run, has no earlier input held: block_backward_transient_bytes'
+# fairseq units leave it out, which this moment may not.
+def first_layer_buffer_bytes(request: PlanRequest) -> int:
+    """The units the first layer's backward holds (0 where that moment is not modelled): the root
+    or the prefetched embedding, the largest block gathered and the largest block's flat input."""
+    if not _reduces_unit_by_unit(request):
+        return 0
+    units = rank_parameter_units(request)
+    blocks = [i for i, unit in enumerate(units) if unit.name.startswith("block.")]
+    if not blocks:
+        return 0
+    eb = element_bytes(request.training.precision, request.convention)
+    shard = request.shard_group_size
+    gathered = unit_gather_bytes(request, shard, eb.compute_parameter)
+    elements = padded_unit_elements_of(request, shard)
+    if fsdp_separates_embedding_and_head(request):
+        outside = gathered[0]
+    else:
+        outside = sum(n for i, n in enumerate(gathered) if i not in blocks) + _root_head_gradient_bytes(request)
+    return (outside + max(gathered[i] for i in blocks)
+            + max(elements[i] for i in blocks) * gradient_wire_bytes(request))
+
+
+# allocator/fsdp_schedule.py record_fsdp_step, after torch 2.13 _fully_shard/_fsdp_collectives.py:
+# the first layer's workspace is freed before autograd makes its unsharded gradients, one per
+# parameter in the compute dtype, which are alive beside the block's gathered parameters and the
+# second block's flat input until foreach_reduce copies them into the block's own; and before the
+# workspace is made, the prefetched embedding (a unit of its own) is gathered into one flat
+# all-gather buffer beside its copied-out parameters (foreach_all_gather, then copy-out).
+def first_layer_copy_buffer_bytes(request: PlanRequest) -> int:
+    """PeakTerms.first_layer_copy_buffers: the largest block's unsharded gradients, or the
+    embedding's all-gather buffer where it is a unit of its own, whichever is larger (0 where
+    the moment is not modelled)."""
+    if not _reduces_unit_by_unit(request):
+        return 0
+    units = rank_parameter_units(request)
+    blocks = [i for i, unit in enumerate(units) if unit.name.startswith("block.")]
+    if not blocks:
+        return 0
+    eb = element_bytes(request.training.precision, request.convention)
+    shard = request.shard_group_size
+    elements = padded_unit_elements_of(request, shard)
+    gradients = max(elements[i] for i in blocks) * eb.compute_parameter
+    if not fsdp_separates_embedding_and_head(request):
+        return gradients
+    return max(gradients, unit_gather_bytes(request, shard, eb.compute_parameter)[0])
+
+
+# allocator/fsdp_schedule.py record_fsdp_step, after torch 2.13 _fully_shard/_fsdp_state.py (the
+# backward prefetch) and _fsdp_collectives.py foreach_all_gather: the first layer is gathered
+# while the second layer's backward runs, before the second's workspace is made, into a flat
+# all-gather buffer (first_layer_gather_flat_bytes) whose copy-out gives its parameters; beside
+# them the second block gathered, the third block's flat reduce-scatter input still held and,
+# where embedding and head share the root unit, the root (gathered since the loss's backward).
+def first_layer_gather_buffer_bytes(request: PlanRequest) -> int:
+    """PeakTerms.first_layer_gather_buffers: the root where it holds embedding and head, two of
+    the largest block gathered and the largest block's flat input (0 where the moment is not
+    modelled)."""
+    if not _reduces_unit_by_unit(request):
+        return 0
+    units = rank_parameter_units(request)
+    blocks = [i for i, unit in enumerate(units) if unit.name.startswith("block.")]
+    if not blocks:
+        return 0
+    eb = element_bytes(request.training.precision, request.convention)
+    shard = request.shard_group_size
+    gathered = unit_gather_bytes(request, shard, eb.compute_parameter)
+    elements = padded_unit_elements_of(request, shard)
+    root = 0 if fsdp_separates_embedding_and_head(request) else \
+        sum(n for i, n in enumerate(gathered) if i not in blocks) + _root_head_gradient_bytes(request)
+    return root + 2 * max(gathered[i] for i in blocks) + max(elements[i] for i in blocks) * gradient_wire_bytes(request)
+
+
+def first_layer_gather_flat_bytes(request: PlanRequest) -> int:
+    """PeakTerms.first_layer_gather_flat_buffers: the largest block's flat all-gather buffer (0
+    where the moment is not modelled)."""
+    if not _reduces_unit_by_unit(request):
+        return 0
+    units = rank_parameter_units(request)
+    blocks = [i for i, unit in enumerate(units) if unit.name.startswith("block.")]
+    gathered = unit_gather_bytes(request, request.shard_group_size,
+                                 element_bytes(request.training.precision, request.convention).compute_parameter)
+    return max((gathered[i] for i in blocks), default=0)

@@ -1,4 +1,4 @@
-"""The four moments of a step whose live bytes set the allocated peak (docs/memory-model.md,
+"""The moments of a step whose live bytes set the allocated peak (docs/memory-model.md,
 "Peak"): the terms they combine, each moment's bytes, and the largest. Formulas only: the
 planner (zeroplan.core.plan), the allocator's schedule and the plan search all read these."""
 
@@ -10,7 +10,7 @@ from zeroplan.core.model_states import ModelStateBytes
 from zeroplan.results import PeakMoment
 
 
-# docs/memory-model.md, "Peak": four moments of a step, each what is alive at once.
+# docs/memory-model.md, "Peak": five moments of a step, each what is alive at once.
 # Loss backward: all activations, the loss's three fp32 sbV tensors and the buffers kept
 # through backward. A block's backward: activations (at the first block, nearly all), the
 # unit being gathered or reduced and the residual-stream workspace. End of backward: every
@@ -27,15 +27,14 @@ from zeroplan.results import PeakMoment
 # the blocks (DeepSpeed ZeRO-1/2's) are alive at a block's backward (block_backward_gradients).
 # Under FSDP's no_sync accumulation the micro-batches carry the held unsharded gradients and no
 # shard (accumulated_gradients 0): every micro-batch but the last ends its backward so, beside its
-# last unit's buffers (backward_end_gradients 0), and the last turns them into the shards.
+# last unit's buffers (backward_end_gradients 0), and the last turns them into the shards. Where a
+# strategy reduces each unit's gradient to its shard as that unit's backward ends (FSDP full
+# sharding, HSDP), the first layer's backward, the last block's to run, holds the same units and
+# workspace as a block's but one block's activations (and what the blocks leave outside) and the
+# shards of every unit whose backward ran before it (PeakTerms.first_layer_gradients).
 def peak_moments(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: int) -> dict[PeakMoment, MomentBytes]:
     """Every moment's live bytes, split into gradients, buffers (and workspace) and the rest."""
-    resident = states.parameter_bytes + states.optimizer_state_bytes
-    held = moments.resident_buffers + moments.backward_held_buffers
-    carried = states.gradient_bytes if moments.accumulated_gradients is None else moments.accumulated_gradients
-    # megatron-core's gradient buffer is there from the first step on (gradients_resident), and
-    # so are the gradients a torch release before 2.0 zeroes in place (gradients_kept).
-    accumulated = carried if grad_accum_steps > 1 or states.gradients_resident or states.gradients_kept else 0
+    accumulated, resident, held = _backward_bases(states, moments, grad_accum_steps)
     backward_end_buffers = moments.transient_buffers if moments.backward_end_buffers is None else moments.backward_end_buffers
     backward_end_gradients = states.gradient_bytes if moments.backward_end_gradients is None else moments.backward_end_gradients
     return {
@@ -44,13 +43,67 @@ def peak_moments(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: 
             resident + moments.activations, accumulated + moments.block_backward_gradients,
             held + moments.block_transient_buffers + moments.workspace,
         ),
+        PeakMoment.first_layer_backward: max(first_layer_pieces(moments, accumulated, resident, held),
+                                             key=lambda piece: piece.total),
         PeakMoment.backward_end: MomentBytes(resident, backward_end_gradients, held + backward_end_buffers),
         PeakMoment.optimizer_step: MomentBytes(resident + moments.step_temporary, states.gradient_bytes, moments.resident_buffers),
     }
 
 
+def _backward_bases(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: int) -> tuple[int, int, int]:
+    """(the gradients carried from earlier micro-batches, the resident model states, the buffers
+    held through backward): what every moment of backward starts from."""
+    resident = states.parameter_bytes + states.optimizer_state_bytes
+    held = moments.resident_buffers + moments.backward_held_buffers
+    carried = states.gradient_bytes if moments.accumulated_gradients is None else moments.accumulated_gradients
+    # megatron-core's gradient buffer is there from the first step on (gradients_resident), and
+    # so are the gradients a torch release before 2.0 zeroes in place (gradients_kept).
+    accumulated = carried if grad_accum_steps > 1 or states.gradients_resident or states.gradients_kept else 0
+    return accumulated, resident, held
+
+
+# docs/memory-model.md, "Peak": the first layer's backward, from its all-gather (prefetched while
+# the second layer's backward runs) to its gradients' reduction. The step's trace splits the
+# activations into one share per block and a remainder outside them (allocator/fsdp_schedule.py
+# record_fsdp_step: divmod(activations, blocks)); every block after the first two has freed its
+# share by the first layer's all-gather, every block after the first by its backward. The
+# remainder (less than ``blocks`` bytes) is taken at its most, so that every piece grows with the
+# activations, as the plan search's bounds take every moment.
+def first_layer_activation_bytes(activations: int, blocks: int, shares: int = 1) -> int:
+    """The activations alive at a piece of the first layer's backward: ``shares`` blocks' shares
+    (two at its all-gather, one at its own backward) and at most the remainder of the split."""
+    return shares * (activations // blocks) + blocks - 1
+
+
+FIRST_LAYER_SHARES = (1, 1, 2, 2)
+"""The blocks' activation shares alive at each of first_layer_pieces."""
+
+
+def first_layer_pieces(moments: PeakTerms, accumulated: int, resident: int, held: int) -> tuple[MomentBytes, ...]:
+    """The first layer's backward in its four pieces (nothing where PeakTerms.activation_blocks
+    is 0): its units with its workspace, its units with its unsharded gradients or the
+    embedding's all-gather (PeakTerms.first_layer_copy_buffers), and the second layer's
+    backward with the first layer gathered (PeakTerms.first_layer_gather_buffers) beside its
+    flat all-gather buffer, then beside the second layer's workspace, each with the shards
+    reduced by then."""
+    if not moments.activation_blocks:
+        return (MomentBytes(0, 0, 0),) * len(FIRST_LAYER_SHARES)
+    blocks, activations = moments.activation_blocks, moments.activations
+    own = accumulated + moments.block_backward_gradients + moments.first_layer_gradients
+    gathering = accumulated + moments.block_backward_gradients + moments.first_layer_gather_gradients
+    at_own = resident + first_layer_activation_bytes(activations, blocks, FIRST_LAYER_SHARES[0])
+    at_second = resident + first_layer_activation_bytes(activations, blocks, FIRST_LAYER_SHARES[2])
+    second_units = held + moments.first_layer_gather_buffers
+    return (
+        MomentBytes(at_own, own, held + moments.first_layer_buffers + moments.workspace),
+        MomentBytes(at_own, own, held + moments.first_layer_buffers + moments.first_layer_copy_buffers),
+        MomentBytes(at_second, gathering, second_units + moments.first_layer_gather_flat_buffers),
+        MomentBytes(at_second, gathering, second_units + moments.workspace),
+    )
+
+
 def peak_allocated_bytes(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: int) -> tuple[int, PeakMoment]:
-    """The largest moment's bytes and which moment it is (the first of the four on a tie)."""
+    """The largest moment's bytes and which moment it is (the first of them on a tie)."""
     alive = peak_moments(states, moments, grad_accum_steps)
     moment = max(alive, key=lambda m: alive[m].total)
     return alive[moment].total, moment
@@ -102,6 +155,30 @@ class PeakTerms:
     """The gradients alive at that moment where they are not the model states' (DeepSpeed
     ZeRO-3 makes the fp32 gradient partition the optimizer reads only at the step); None: the
     model states' gradients."""
+    first_layer_gradients: int = 0
+    """The gradient shards alive at the first layer's backward beyond ``accumulated_gradients``:
+    those of every unit whose backward ran before the first block's, where each unit's gradient
+    is reduced to its shard as its backward ends and nothing accumulates
+    (zeroplan.core.buffers.first_layer_gradient_bytes)."""
+    activation_blocks: int = 0
+    """The blocks the activations are split among at the first layer's backward (one block's
+    share left: first_layer_activation_bytes); 0 where that moment is not modelled."""
+    first_layer_buffers: int = 0
+    """The units the first layer's backward holds beside its workspace
+    (zeroplan.core.buffers.first_layer_buffer_bytes)."""
+    first_layer_copy_buffers: int = 0
+    """What the first layer's backward holds beside those units once its workspace is freed, or
+    before it is made (zeroplan.core.buffers.first_layer_copy_buffer_bytes): the workspace and
+    these are not alive together, and only the workspace grows with the micro-batch."""
+    first_layer_gather_buffers: int = 0
+    """The units alive in the second layer's backward once the first layer is gathered for its
+    own (zeroplan.core.buffers.first_layer_gather_buffer_bytes)."""
+    first_layer_gather_flat_buffers: int = 0
+    """The first layer's flat all-gather buffer, alive beside them before its parameters are
+    copied out, and before the second layer's workspace is made (the largest block gathered)."""
+    first_layer_gather_gradients: int = 0
+    """The gradient shards alive then: those of the units whose backward ran before the second
+    layer's (zeroplan.core.buffers.first_layer_gradient_bytes, before_block 1)."""
     draining_held_buffers: int = 0
     """The part of ``backward_held_buffers`` the gradient shards replace once the step's backward
     is done: FSDP's unsharded gradients under no_sync accumulation, reduce-scattered by the last
@@ -109,10 +186,20 @@ class PeakTerms:
     it before they allocate the shards."""
 
 
+TOTAL_MOMENTS: tuple[PeakMoment, ...] = (
+    PeakMoment.block_backward, *(PeakMoment.first_layer_backward for _ in FIRST_LAYER_SHARES),
+    PeakMoment.backward_end, PeakMoment.optimizer_step,
+)
+"""The moment of each of moment_totals' entries before the loss's pieces."""
+
+
 def moment_totals(states: ModelStateBytes, terms: PeakTerms, grad_accum_steps: int) -> list[int]:
-    """Every moment's bytes, the loss's once per piece of the loss (each affine in the
-    micro-batch, as PeakTerms.logits_pieces says; their maximum is not)."""
+    """Every moment's bytes (TOTAL_MOMENTS), the first layer's once per piece of it
+    (first_layer_pieces), the loss's once per piece of the loss (each affine in the micro-batch,
+    as PeakTerms.logits_pieces says; their maximum is not)."""
     alive = peak_moments(states, terms, grad_accum_steps)
     loss = alive[PeakMoment.loss_backward].total
-    totals = [bytes_.total for moment, bytes_ in alive.items() if moment is not PeakMoment.loss_backward]
+    totals = [alive[PeakMoment.block_backward].total]
+    totals += [piece.total for piece in first_layer_pieces(terms, *_backward_bases(states, terms, grad_accum_steps))]
+    totals += [alive[PeakMoment.backward_end].total, alive[PeakMoment.optimizer_step].total]
     return totals + [loss - terms.logits + piece for piece in terms.logits_pieces or (terms.logits,)]

@@ -8,7 +8,9 @@ from dataclasses import replace
 from zeroplan.core.activations import activation_bytes, backward_workspace_bytes, layer_bytes, logits_bytes
 from zeroplan.core.buffers import (
     backward_end_buffer_bytes, backward_end_gradient_bytes, backward_held_buffer_bytes, block_backward_gradient_bytes,
-    block_backward_transient_bytes, draining_held_buffer_bytes, fsdp_no_sync_carried_gradient_bytes,
+    block_backward_transient_bytes, draining_held_buffer_bytes, first_layer_activation_blocks, first_layer_buffer_bytes,
+    first_layer_copy_buffer_bytes, first_layer_gather_buffer_bytes, first_layer_gather_flat_bytes,
+    first_layer_gradient_bytes, fsdp_no_sync_carried_gradient_bytes,
     optimizer_step_temporary_bytes, resident_buffer_bytes, transient_buffer_bytes,
 )
 from zeroplan.core.communication import collectives
@@ -237,6 +239,17 @@ def _state_terms(request: PlanRequest) -> tuple[ModelStateBytes, tuple[tuple[str
         ("backward_end_gradients", backward_end_gradient_bytes(request)),
         ("block_backward_gradients", block_backward_gradient_bytes(request)),
         ("draining_held_buffers", draining_held_buffer_bytes(request)),
+        # A gradient buffer kept across steps (megatron-core's) or zeroed in place is counted
+        # whole at every moment already (peak.peak_moments).
+        ("first_layer_gradients", 0 if states.gradients_resident or states.gradients_kept
+         else first_layer_gradient_bytes(request, states.gradient_bytes)),
+        ("first_layer_gather_gradients", 0 if states.gradients_resident or states.gradients_kept
+         else first_layer_gradient_bytes(request, states.gradient_bytes, before_block=1)),
+        ("first_layer_gather_buffers", first_layer_gather_buffer_bytes(request)),
+        ("first_layer_gather_flat_buffers", first_layer_gather_flat_bytes(request)),
+        ("activation_blocks", first_layer_activation_blocks(request)),
+        ("first_layer_buffers", first_layer_buffer_bytes(request)),
+        ("first_layer_copy_buffers", first_layer_copy_buffer_bytes(request)),
     )
 
 

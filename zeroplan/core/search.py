@@ -38,7 +38,7 @@ from zeroplan.core.layout import gradient_wire_bytes
 from zeroplan.core.parallel.pipeline import in_flight_chunks, pipeline_defers_fsdp_reduction, rank_stages
 from zeroplan.core.parallel.activations import pipeline_receive_buffer_bytes
 from zeroplan.core.parallel.units import accumulating_trainable_elements
-from zeroplan.core.peak import PeakTerms, moment_totals
+from zeroplan.core.peak import FIRST_LAYER_SHARES, TOTAL_MOMENTS, PeakTerms, moment_totals
 from zeroplan.core.plan import (
     allocator_answer, host_memory_fits, memory_breakdown, micro_batch_terms, peak_terms,
 )
@@ -92,6 +92,13 @@ class _RankClass:
     """Each moment, less the in-flight chunks' k-dependent activations, affine in b."""
     activation_moments: np.ndarray | None = None
     """Which moments hold the activations (1) and which do not (0)."""
+    first_layer_blocks: dict[bool, int] = field(default_factory=dict)
+    first_layer_shares: np.ndarray | None = None
+    """_first_layer_mask: each moment's blocks' shares of the activations."""
+    activation_intercept: dict[bool, int] = field(default_factory=dict)
+    activation_slope: dict[bool, int] = field(default_factory=dict)
+    """PeakTerms.activation_blocks and the activations, affine in b: the first layer's moment
+    holds first_layer_activation_bytes of them, a floor, added exactly per b."""
     chunk_intercept: int = 0
     chunk_slope: int = 0
     """Bytes one in-flight chunk keeps, affine in b (0 when the count never changes)."""
@@ -175,7 +182,7 @@ def scalar_plan(request: PlanRequest) -> tuple[int, bool, StepTime]:
 
 
 def _moments(states, terms: PeakTerms, grad_accum_steps: int) -> np.ndarray:
-    """The four peak moments, the loss's once per piece of the loss (plan.moment_totals)."""
+    """The peak moments, the loss's once per piece of the loss (plan.moment_totals)."""
     return np.array(moment_totals(states, terms, grad_accum_steps), dtype=np.int64)
 
 
@@ -225,18 +232,40 @@ _MICRO_BATCH_TERMS = ("activations", "logits", "workspace", "logits_pieces")
 
 def _activation_mask(request: PlanRequest, count: int) -> np.ndarray:
     # peak_moments: activations are alive at a block's backward and at the loss's moments, not
-    # at the end of backward nor in the optimizer step (the order of _moments).
-    moments = [m for m in PeakMoment if m is not PeakMoment.loss_backward]
-    mask = [1 if m is PeakMoment.block_backward else 0 for m in moments]
+    # at the end of backward nor in the optimizer step (the order of _moments). The first layer's
+    # holds one block's share of them, and only without a pipeline (PeakTerms.activation_blocks):
+    # no chunk in flight or receive buffer there; its share is added exactly (_first_layer_bytes).
+    mask = [1 if m is PeakMoment.block_backward else 0 for m in TOTAL_MOMENTS]
     return np.array(mask + [1] * (count - len(mask)), dtype=np.int64)
+
+
+def _first_layer_mask(count: int) -> np.ndarray:
+    # peak_moments: the first layer's pieces alone hold blocks' shares of the activations
+    # (peak.FIRST_LAYER_SHARES, in TOTAL_MOMENTS' order).
+    shares = iter(FIRST_LAYER_SHARES)
+    mask = [next(shares) if m is PeakMoment.first_layer_backward else 0 for m in TOTAL_MOMENTS]
+    return np.array(mask + [0] * (count - len(mask)), dtype=np.int64)
 
 
 def _held_mask(count: int) -> np.ndarray:
-    # peak_moments: the backward-held buffers are alive at a block's backward, at the end of
-    # backward and at the loss's moments, not in the optimizer step (the order of _moments).
-    moments = [m for m in PeakMoment if m is not PeakMoment.loss_backward]
-    mask = [0 if m is PeakMoment.optimizer_step else 1 for m in moments]
+    # peak_moments: the backward-held buffers are alive at a block's backward (the first layer's
+    # too), at the end of backward and at the loss's moments, not in the optimizer step (the
+    # order of _moments).
+    mask = [0 if m is PeakMoment.optimizer_step else 1 for m in TOTAL_MOMENTS]
     return np.array(mask + [1] * (count - len(mask)), dtype=np.int64)
+
+
+def _first_layer_bytes(activations, blocks: int, count: int) -> np.ndarray:
+    """Per moment (rows) and activations (columns, or one int): the first layer's pieces' share
+    of the activations (peak.first_layer_activation_bytes), 0 elsewhere or where the moment is
+    not modelled."""
+    shares = _first_layer_mask(count)
+    values = np.asarray(activations, dtype=np.int64)
+    if not blocks:
+        return np.zeros(shares.shape + values.shape, dtype=np.int64)
+    per_block = values // blocks
+    return np.where(shares.reshape(shares.shape + (1,) * values.ndim) > 0,
+                    shares.reshape(shares.shape + (1,) * values.ndim) * per_block + blocks - 1, 0)
 
 
 def _accumulator_bytes(request: PlanRequest, accum: int) -> int:
@@ -405,6 +434,10 @@ def _fit_class(request: PlanRequest, family: dict, layout_cache: dict) -> _RankC
             # The pipeline's receive buffers grow with the accumulation, not with the chunks in
             # flight: fitted apart (_receive_bytes), added back per accumulation.
             received = pipeline_receive_buffer_bytes(_at(request, b, a))
+            # The first layer's activations are one block's share, a floor of the activations:
+            # left out of the fit and added back exactly per b (_class_values).
+            moments = moments - _first_layer_bytes(terms.activations, terms.activation_blocks, len(moments))
+            cls.first_layer_blocks[a > 1] = terms.activation_blocks
             fitted[a, b] = (moments - _activation_mask(request, len(moments)) * received, states.host_bytes,
                             terms.activations - received)
     if k[1] != k[2]:
@@ -419,6 +452,7 @@ def _fit_class(request: PlanRequest, family: dict, layout_cache: dict) -> _RankC
         cls.chunk_slope = chunk[1] - chunk[0]
         cls.chunk_intercept = chunk[0] - cls.chunk_slope
     cls.activation_moments = _activation_mask(request, len(fitted[1, 1][0]))
+    cls.first_layer_shares = _first_layer_mask(len(fitted[1, 1][0]))
     cls.accumulators_fitted = {False: _accumulator_bytes(request, 1), True: _accumulator_bytes(request, 2)}
     cls.receives = {} if any(_receive_bytes(request, 1)) else None
     for accumulating, a in ((False, 1), (True, 2)):
@@ -428,6 +462,9 @@ def _fit_class(request: PlanRequest, family: dict, layout_cache: dict) -> _RankC
         two = two - k[a] * chunk_two * cls.activation_moments
         cls.moment_slopes[accumulating] = two - one
         cls.moment_intercepts[accumulating] = one - (two - one)
+        activations_one, activations_two = fitted[a, 1][2], fitted[a, 2][2]
+        cls.activation_slope[accumulating] = activations_two - activations_one
+        cls.activation_intercept[accumulating] = activations_one - (activations_two - activations_one)
         cls.host_fits[accumulating] = host_memory_fits(request, host_bytes) is not False
     if ("phases", rank) not in family:
         family["phases", rank] = _phase_coefficients(request)
@@ -635,6 +672,12 @@ def _class_values(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[
                 moments = moments + _held_mask(len(cls.activation_moments))[:, None] * extra[None, :]
             if receives is not None:
                 moments = moments + cls.activation_moments[:, None] * receives[rows][None, :]
+            blocks = cls.first_layer_blocks[flag]
+            if blocks:
+                # _first_layer_bytes, its shares per moment taken once per class.
+                per_block = (cls.activation_intercept[flag] + cls.activation_slope[flag] * micro64[rows]) // blocks
+                moments = moments + cls.first_layer_shares[:, None] * per_block[None, :] \
+                    + (cls.first_layer_shares[:, None] > 0) * (blocks - 1)
             allocated[c, rows] = moments.max(axis=0)
             if not cls.host_fits[flag]:
                 host_ok[c, rows] = False
