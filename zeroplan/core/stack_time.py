@@ -101,8 +101,11 @@ PROFILES: dict[str, StackTimeProfile] = {
                    "optimizer: Composer DecoupledLionW/AdamW (torch ops)"),
         fused_source=(f"{_LF} llmfoundry/models/mpt/modeling_mpt.py ComposerMPTCausalLM(loss_fn='fused_crossentropy'); "
                       "scripts/train/benchmarking/submit_benchmarks.py norm_type = 'low_precision_layernorm'"),
-        compile_default=False, float8="TransformerEngine amp_fp8 on H100 (precision amp_fp8; its 'H100 80GB FP8' table)",
-        compile_source=f"{_LF} scripts/train/benchmarking/submit_benchmarks.py (no compile option; fp8 needs te on h100_80gb)",
+        compile_default=False, float8=("TransformerEngine amp_fp8 on H100 (precision amp_fp8; its 'H100 80GB FP8' table): "
+                                        "te.Linear under DelayedScaling HYBRID, timed as Float8Recipe.te_delayed"),
+        compile_source=(f"{_LF} scripts/train/benchmarking/submit_benchmarks.py (no compile option; fp8 needs te on "
+                        "h100_80gb: b2a43a14 sets fc_type 'te' and installs TransformerEngine v0.10); Composer "
+                        "composer/core/precision.py get_precision_context (AMP_FP8's DelayedScaling)"),
         overlap=("Composer FSDP1: backward_prefetch BACKWARD_POST, forward_prefetch False, limit_all_gathers True "
                  "(benchmarks leave them at these defaults)"),
         overlap_source=(f"{_COMPOSER} composer/utils/parallelism.py FSDPConfig; {_LF} "
