@@ -220,3 +220,18 @@ def test_transformer_engine_step_is_faster_than_bf16_by_its_products_less_its_ca
     te_time = step_time(request, tuple(collectives(request)))
     bf16_time = step_time(bf16, tuple(collectives(bf16)))
     assert bf16_time.compute_s - te_time.compute_s == pytest.approx(saved - casts, rel=1e-9)
+
+
+def test_transformer_engine_float8_is_planned_but_never_emitted(capsys, tmp_path: Path) -> None:
+    from zeroplan.cli.main import main
+
+    flags = ["fit", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", "--float8", "te-delayed",
+             "--strategies", "fsdp-full-shard"]
+    import json
+
+    assert main(flags + ["--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["training"]["float8"] == "te-delayed"
+    assert main(flags + ["--emit", str(tmp_path / "run")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and "--emit" in error and "allowed: without --float8 te-delayed" in error
+    assert not (tmp_path / "run").exists()
