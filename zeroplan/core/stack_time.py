@@ -278,6 +278,10 @@ def overlaps_grad_reduce(framework: Framework, strategy: StrategyKind) -> bool:
 # The mechanism a compute efficiency is keyed by: what attention kernel runs (its class) and
 # whether the rest of the step is compiled (inductor fuses the elementwise ops the eager step
 # runs as separate memory-bound kernels), on one GPU generation.
-def kernel_class(attention_kernel: str, compiled: bool) -> str:
-    """'ATTENTION-KERNEL, compiled|not compiled', e.g. 'flash-attn-2, compiled'."""
-    return f"{attention_kernel}, {'compiled' if compiled else 'not compiled'}"
+def kernel_class(attention_kernel: str, compiled: bool, float8: str | None = None) -> str:
+    """'ATTENTION-KERNEL, compiled|not compiled[, float8 RECIPE]', e.g. 'flash-attn-2, compiled' or
+    'flash-attn-triton, not compiled, float8 te-delayed': a float8 run's linears run other kernels
+    (TransformerEngine's or torchao's scaled matmuls and casts) than a bf16 run's, so its class is
+    its own (zeroplan.core.default_efficiency)."""
+    base = f"{attention_kernel}, {'compiled' if compiled else 'not compiled'}"
+    return base if float8 is None else f"{base}, float8 {float8}"
