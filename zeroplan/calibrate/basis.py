@@ -23,7 +23,7 @@ CALIBRATED_BAND: tuple[float, float] | None = CALIBRATED_BANDS["kernel"]
 """The calibrated band under the default attention rate (zeroplan.specs.request.DEFAULT_ATTENTION_RATE)."""
 
 DEFAULT_BANDS: dict[str, tuple[float, float]] = {
-    "matmul": (0.111, 1.037), "published": (0.081, 0.356), "kernel": (0.065, 0.280),
+    "matmul": (0.109, 1.210), "published": (0.088, 0.460), "kernel": (0.060, 0.280),
 }
 """(median, max) |error| of tokens/s/GPU under the fitted default efficiency
 (zeroplan.core.default_efficiency), by attention-rate mode, over every published row with the
