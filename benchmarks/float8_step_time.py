@@ -1,7 +1,9 @@
-"""float8 in the step time (zeroplan.core.float8_time), against torchtitan's published tables.
+"""float8 in the step time (zeroplan.core.float8_time), against torchtitan's and llm-foundry's
+published tables.
 
-1. The H200 rows of zeroplan/validate/data/published_throughput.json that ran torchao float8
-   (torchtitan's benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md at cbccb38): predicted
+1. The rows of zeroplan/validate/data/published_throughput.json that ran float8: torchao's
+   (torchtitan's benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md at cbccb38) and
+   TransformerEngine's (llm-foundry's 'H100 80GB FP8' table, Float8Recipe.te_delayed): predicted
    with float8 timed and with it ignored (the linears at the bf16 rate, the weights gathered in
    bf16), each at the fitted default efficiency the other sources give (leave-one-source-out:
    zeroplan.validate.step_calibration.held_out_fit), under the planner's default attention rate.

@@ -293,7 +293,8 @@ def default_efficiency_report() -> list[str]:
     for mode, mechanisms in shipped.mechanisms.items():
         for m in mechanisms:
             compiled = "any" if m.compiled is None else ("yes" if m.compiled else "no")
-            lines.append(f"| {mode} | {m.generation} | {m.attention or 'any'} | {compiled} | {m.hfu:.3f} | {m.rows} | {m.sources} |")
+            float8 = f" (float8 {m.float8})" if m.float8 else ""  # a float8 recipe's own mechanism
+            lines.append(f"| {mode} | {m.generation}{float8} | {m.attention or 'any'} | {compiled} | {m.hfu:.3f} | {m.rows} | {m.sources} |")
     return lines
 
 

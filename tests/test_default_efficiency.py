@@ -22,9 +22,9 @@ DIES = (GenerationCompute(generation="a100", architecture="ampere", peak_bf16_fl
         GenerationCompute(generation="h100", architecture="hopper", peak_bf16_flops_per_s=989e12))
 
 
-def _samples() -> list[tuple[str, str, bool, float, str]]:
-    return [("h100", "flash-attn-2", False, 0.40, "s1"), ("h100", "flash-attn-2", False, 0.50, "s2"),
-            ("h100", "flash-attn-triton", False, 0.30, "s3"), ("a100", "eager", False, 0.60, "s4")]
+def _samples() -> list[tuple[str, str, bool, float, str, str | None]]:
+    return [("h100", "flash-attn-2", False, 0.40, "s1", None), ("h100", "flash-attn-2", False, 0.50, "s2", None),
+            ("h100", "flash-attn-triton", False, 0.30, "s3", None), ("a100", "eager", False, 0.60, "s4", None)]
 
 
 def test_a_mechanism_of_one_source_is_not_fitted_and_the_next_coarser_applies() -> None:
@@ -35,6 +35,41 @@ def test_a_mechanism_of_one_source_is_not_fitted_and_the_next_coarser_applies() 
     assert ("a100", None, None) not in keys
     triton = resolve(mechanisms, DIES, get_gpu("h100-80gb"), "flash-attn-triton", False)
     assert (triton.level, triton.hfu, triton.rows) == ("generation", pytest.approx(0.40), 3)
+
+
+def test_float8_rows_are_their_own_mechanism_and_a_float8_request_without_one_takes_bf16s() -> None:
+    # Two float8 te-delayed sources at 0.30 and 0.34: fitted apart, never in bf16's mechanisms.
+    float8 = [("h100", "flash-attn-2", False, 0.30, "f1", "te-delayed"), ("h100", "flash-attn-2", False, 0.34, "f2", "te-delayed")]
+    mechanisms = fit_mechanisms(_samples() + float8)
+    assert {(m.generation, m.attention, m.compiled, m.float8): m.hfu for m in mechanisms} == {
+        **{(m.generation, m.attention, m.compiled, m.float8): m.hfu for m in fit_mechanisms(_samples())},
+        ("h100", "flash-attn-2", False, "te-delayed"): pytest.approx(0.32),
+        ("h100", "flash-attn-2", None, "te-delayed"): pytest.approx(0.32), ("h100", None, None, "te-delayed"): pytest.approx(0.32)}
+    h100 = get_gpu("h100-80gb")
+    own = resolve(mechanisms, DIES, h100, "flash-attn-2", False, "te-delayed")
+    assert (own.hfu, own.level, own.float8_fallback, own.mechanism) == (
+        pytest.approx(0.32), "kernel class", None, "h100, flash-attn-2, not compiled, float8 te-delayed")
+    assert resolve(mechanisms, DIES, h100, "flash-attn-2", False).hfu == pytest.approx(0.45)  # bf16 unmoved
+    # A recipe with no float8 rows of two sources (one source here, or its only source held out)
+    # falls back to bf16's chain, and says so.
+    for fit in (fit_mechanisms(_samples() + float8[:1]), mechanisms):
+        fallback = resolve(fit, DIES, h100, "flash-attn-2", False, "tensorwise" if fit is mechanisms else "te-delayed")
+        assert (fallback.hfu, fallback.level, fallback.mechanism) == (pytest.approx(0.45), "kernel class",
+                                                                      "h100, flash-attn-2, not compiled")
+        assert fallback.float8_fallback in ("tensorwise", "te-delayed") and "bf16's fit" in fallback.describe()
+
+
+def test_a_float8_request_without_an_hfu_is_timed_at_the_shipped_float8_or_bf16_fit() -> None:
+    from zeroplan.specs.training import Float8Recipe
+
+    request = _request("h100-80gb")
+    float8 = request.model_copy(update={"training": request.training.model_copy(update={"float8": Float8Recipe.te_delayed})})
+    shipped = default_hfu(float8)
+    # One published source runs each float8 recipe (llm-foundry's FP8 table, torchtitan's H200
+    # table): no float8 mechanism is fitted, and a float8 request takes bf16's, saying so.
+    assert not [m for mechanisms in default_table().mechanisms.values() for m in mechanisms if m.float8 is not None]
+    assert shipped.float8_fallback == "te-delayed" and shipped.hfu == default_hfu(request).hfu
+    assert shipped.describe().endswith("no float8 te-delayed rows of 2 sources or more: bf16's fit)")
 
 
 def test_a_gpu_without_rows_takes_its_compute_dies_fit_else_the_flat_hfu() -> None:

@@ -3,6 +3,7 @@ casts' bytes, and FSDP2's float8 all-gather against the all-gather the records m
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from zeroplan.core.float8_time import (
     float8_gemm_flops,
     float8_gemm_saved_seconds,
     float8_linear_count,
+    float8_weight_elements,
 )
 from zeroplan.core.flops import (
     head_forward_flops_per_token,
@@ -142,3 +144,94 @@ def test_the_float8_flags_reach_the_request_and_bad_combinations_refuse_in_one_l
                  "--float8", "rowwise", "--float8-all-gather"]) == 2
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and "--float8" in error and "allowed: tensorwise" in error
+
+
+def _te_request(policy: ActivationCheckpointing = ActivationCheckpointing.none, accum: int = 1, **training) -> PlanRequest:
+    """llm-foundry's MPT-1B (its FP8 table's architecture at seq 512) under amp_fp8."""
+    from zeroplan.validate.step_time import load_published_throughput
+
+    row = next(r for r in load_published_throughput().rows if r.name == "mpt-1b h100 x8 s512 b56x4 no AC fp8")
+    return PlanRequest(
+        model=row.model_spec, batch=BatchSpec(micro_batch_size=2, seq_len=512, grad_accum_steps=accum),
+        training=TrainingSpec(framework=Framework.zeroplan, float8=Float8Recipe.te_delayed,
+                              activation_checkpointing=policy, **training),
+        cluster=cluster_from_gpus(get_gpu("h100-80gb"), 8), strategy=StrategySpec(kind=StrategyKind.fsdp_full_shard),
+        performance=PerformanceAssumptions(hardware_flops_utilization=0.4), assumptions=FLAT_RESERVE,
+    )
+
+
+def test_transformer_engine_runs_the_block_linears_in_float8_and_leaves_the_tied_head_bf16() -> None:
+    request = _te_request()
+    blocks = layers_linear_forward_flops_per_token(request.model)
+    assert float8_gemm_flops(request) == (1024 * blocks, 1024 * 2 * blocks)
+    # The weights of the four te.Linear per block (Wqkv, out_proj, up_proj, down_proj), no head
+    # (F.linear over the tied embedding).
+    h, f = request.model.hidden_size, request.model.ffn_hidden_size
+    assert float8_weight_elements(request) == request.model.num_layers * (3 * h * h + h * h + 2 * h * f)
+
+
+def test_transformer_engine_casts_are_fused_cast_transposes_without_an_amax_pass() -> None:
+    # TE v0.10 fp8_cast_transpose_fused: read 2, write 1 + 1 a element; the forward casts each
+    # te.Linear input and each weight (every micro-batch), the backward each output's gradient;
+    # full checkpointing recasts the inputs and weights.
+    request = _te_request()
+    model, tokens = request.model, 1024
+    h, f, layers = model.hidden_size, model.ffn_hidden_size, model.num_layers
+    weights = float8_weight_elements(request)
+    forward, backward = float8_cast_bytes(request)
+    assert forward == tokens * layers * (3 * h + f) * 4 + weights * 4
+    assert backward == tokens * layers * (3 * h + h + f + h) * 4
+    accumulating = float8_cast_bytes(_te_request(accum=3))
+    assert accumulating[0] == 3 * tokens * layers * (3 * h + f) * 4 + 3 * weights * 4
+    full = float8_cast_bytes(_te_request(ActivationCheckpointing.full))
+    assert full == (forward, backward + forward)
+
+
+def test_transformer_engine_float8_is_refused_outside_what_it_models() -> None:
+    from zeroplan.core.compiled import check_compiled
+
+    for training, match in [
+        (TrainingSpec(framework=Framework.torchtitan, compile=True, float8=Float8Recipe.te_delayed), "allowed only with framework zeroplan"),
+        (TrainingSpec(framework=Framework.zeroplan, compile=True, float8=Float8Recipe.te_delayed), "allowed: without compile"),
+        (TrainingSpec(float8=Float8Recipe.te_delayed, float8_skips_output=True), "allowed: without it"),
+        (TrainingSpec(float8=Float8Recipe.te_delayed, activation_checkpointing=ActivationCheckpointing.selective_op),
+         "allowed: none, full"),
+        (TrainingSpec(float8=Float8Recipe.te_delayed, float8_all_gather=True), "allowed: tensorwise"),
+    ]:
+        with pytest.raises(ZeroplanError, match=r"^float8: .*" + re.escape(match)):
+            check_compiled(training, get_model("llama-3.1-8b"))
+    with pytest.raises(ZeroplanError, match=r"^float8: .*allowed: a dense model"):
+        check_compiled(TrainingSpec(float8=Float8Recipe.te_delayed), get_model("mixtral-8x7b"))
+    from zeroplan.specs.parallel import ParallelSpec
+    from zeroplan.specs.request import check_compiled_layout
+
+    with pytest.raises(ZeroplanError, match=r"^float8: te-delayed .*allowed: tp, cp, pp and ep 1"):
+        check_compiled_layout(TrainingSpec(float8=Float8Recipe.te_delayed), ParallelSpec(tp=2))
+
+
+def test_transformer_engine_step_is_faster_than_bf16_by_its_products_less_its_casts() -> None:
+    request = _te_request()
+    bf16 = request.model_copy(update={"training": request.training.model_copy(update={"float8": None})})
+    from zeroplan.core.float8_time import float8_cast_seconds
+
+    saved = sum(float8_gemm_saved_seconds(request, 0.4 * request.cluster.gpu.peak_bf16_flops_per_s))
+    casts = sum(float8_cast_seconds(request))
+    assert saved > casts > 0
+    te_time = step_time(request, tuple(collectives(request)))
+    bf16_time = step_time(bf16, tuple(collectives(bf16)))
+    assert bf16_time.compute_s - te_time.compute_s == pytest.approx(saved - casts, rel=1e-9)
+
+
+def test_transformer_engine_float8_is_planned_but_never_emitted(capsys, tmp_path: Path) -> None:
+    from zeroplan.cli.main import main
+
+    flags = ["fit", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", "--float8", "te-delayed",
+             "--strategies", "fsdp-full-shard"]
+    import json
+
+    assert main(flags + ["--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["training"]["float8"] == "te-delayed"
+    assert main(flags + ["--emit", str(tmp_path / "run")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and "--emit" in error and "allowed: without --float8 te-delayed" in error
+    assert not (tmp_path / "run").exists()

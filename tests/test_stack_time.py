@@ -41,3 +41,4 @@ def test_the_framework_picks_its_stacks_profile() -> None:
 def test_kernel_class_names_the_kernel_and_compilation() -> None:
     assert kernel_class("flash-attn-2", True) == "flash-attn-2, compiled"
     assert kernel_class("flash-attn-triton", False) == "flash-attn-triton, not compiled"
+    assert kernel_class("flash-attn-triton", False, "te-delayed") == "flash-attn-triton, not compiled, float8 te-delayed"

@@ -16,7 +16,8 @@ from zeroplan.core.default_efficiency import FLAT_HFU, MIN_MECHANISM_SOURCES
 from zeroplan.specs import PerformanceAssumptions
 from zeroplan.validate.step_calibration import (
     DEFAULT_ATTENTION_RATE, MIN_SOURCE_ROWS, attention_efficiency_fit, calibration_row, attention_class_of, calibration_study,
-    generation_of, held_out_fit, held_out_tokens_per_s, implied_hfu, kernel_class_of, mode_implied_hfus, source_attention_efficiencies,
+    float8_class_of, generation_of, held_out_fit, held_out_tokens_per_s, implied_hfu, kernel_class_of, mode_implied_hfus,
+    source_attention_efficiencies,
     source_of, stack_of,
 )
 from zeroplan.validate.step_time import load_published_throughput
@@ -80,9 +81,13 @@ def test_the_held_out_attention_efficiency_never_sees_the_source_it_scores() -> 
 def test_the_fitted_default_never_sees_the_source_it_predicts() -> None:
     for row, error in zip(TABLE.rows, ERRORS):
         implied = _held_out(source_of(row))[1]
-        peers = [implied[other.name] for other in TABLE.rows if source_of(other) != source_of(row)
-                 and generation_of(other.gpu) == generation_of(row.gpu) and stack_of(other) == stack_of(row)
-                 and other.name in implied]
+        mechanism = [other for other in TABLE.rows if source_of(other) != source_of(row)
+                     and generation_of(other.gpu) == generation_of(row.gpu) and stack_of(other) == stack_of(row)
+                     and other.name in implied]
+        # float8 rows are peers of float8 rows of their recipe only; a float8 row without such
+        # peers takes its bf16 peers'; a bf16 row never has a float8 peer.
+        peers = ([implied[o.name] for o in mechanism if float8_class_of(o) == float8_class_of(row)]
+                 or [implied[o.name] for o in mechanism if float8_class_of(o) is None])
         # A source with no other of its GPU generation and stack (fms-fsdp's H100 column) takes the default.
         expected = statistics.median(peers) if peers else FLAT_HFU
         assert error.loso_hfu == pytest.approx(expected), row.name
@@ -103,15 +108,24 @@ def test_the_kernel_class_fit_never_sees_the_source_it_predicts() -> None:
             return [other for other in TABLE.rows if other.name in implied
                     and source_of(other) != source_of(row) and generation_of(other.gpu) == generation]
 
+        def bf16_fitted(rows: list) -> list[float]:  # a generation is fitted on its bf16 rows
+            return fitted([o for o in rows if float8_class_of(o) is None])
+
         others = generation_rows(generation_of(row.gpu))
-        if not fitted(others):
+        if not bf16_fitted(others):
             spec = row.gpu_spec
             dies = sorted({generation_of(o.gpu) for o in TABLE.rows if o.gpu_spec.architecture == spec.architecture
                            and o.gpu_spec.peak_bf16_flops_per_s == spec.peak_bf16_flops_per_s} - {generation_of(row.gpu)})
-            others = next((generation_rows(g) for g in dies if fitted(generation_rows(g))), others)
-        same = fitted([o for o in others if kernel_class_of(o) == kernel_class_of(row)])
-        kernel = fitted([o for o in others if attention_class_of(o) == attention_class_of(row)])
-        expected = statistics.median(same or kernel or fitted(others) or [FLAT_HFU])
+            others = next((generation_rows(g) for g in dies if bf16_fitted(generation_rows(g))), others)
+        # A float8 row's own mechanisms (its recipe's rows only), then bf16's: a float8 row never
+        # enters a bf16 mechanism.
+        own = [o for o in others if float8_class_of(o) == float8_class_of(row)]
+        bf16 = [o for o in others if float8_class_of(o) is None]
+        chain = []  # a generation without fitted bf16 rows of its own or its die's: the flat HFU
+        for pool in () if not bf16_fitted(others) else ((own, bf16) if float8_class_of(row) is not None else (bf16,)):
+            chain += [fitted([o for o in pool if kernel_class_of(o).split(", float8")[0] == kernel_class_of(row).split(", float8")[0]]),
+                      fitted([o for o in pool if attention_class_of(o) == attention_class_of(row)]), fitted(pool)]
+        expected = statistics.median(next((found for found in chain if found), [FLAT_HFU]))
         assert error.kernel_class == kernel_class_of(row)
         assert error.kernel_hfu == pytest.approx(expected), row.name
 

@@ -117,7 +117,9 @@ def test_predicted_mfu_is_the_flat_hfu_over_the_flop_ratio() -> None:
     for row, comparison in zip(ROWS, TABLE):
         if comparison.exposed_communication_s > 0 or row.tp * row.pp > 1:  # the step is longer than compute
             continue
-        if row.request().training.compile:  # shorter: compile's saved memory traffic
+        training = row.request().training
+        if training.compile or training.float8 is not None:
+            # shorter: compile's saved memory traffic, float8's products at the fp8 peak
             assert comparison.predicted_mfu > hfu / comparison.flops_per_token_ratio, row.name
             continue
         assert comparison.predicted_mfu == pytest.approx(hfu / comparison.flops_per_token_ratio, rel=1e-9)

@@ -293,7 +293,8 @@ def add_compile_arguments(parser: argparse.ArgumentParser) -> None:
                              "inductor's partitioner decides what each block keeps")
     parser.add_argument("--float8", nargs="?", const=Float8Recipe.rowwise.value, choices=choices_of(Float8Recipe),
                         help="torchtitan's float8 training (torchao Float8Linear) with this recipe (default rowwise, "
-                             "torchtitan's); needs --compile and an SM89+ GPU")
+                             "torchtitan's; needs --compile), or te-delayed: TransformerEngine's te.Linear as llm-foundry's "
+                             "amp_fp8 runs it (framework zeroplan, eager; timed only, memory as bf16); an SM89+ GPU")
     parser.add_argument("--float8-all-gather", action="store_true",
                         help="with --float8 tensorwise: FSDP2 gathers the Float8Linear weights already cast, one byte an "
                              "element (torchtitan's float8.enable_fsdp_float8_all_gather with its scale precompute)")

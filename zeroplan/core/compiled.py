@@ -48,6 +48,32 @@ def runs_checkpointing(training: TrainingSpec, policy: ActivationCheckpointing, 
     return not training.compile or policy in COMPILED_POLICIES.get(training.framework, ())
 
 
+# llm-foundry b2a43a14 scripts/train/benchmarking/submit_benchmarks.py: amp_fp8 on h100_80gb sets
+# the MPT model's fc_type 'te' (llm-foundry v0.3.0 llmfoundry/models/layers/fc.py: te.Linear), an
+# eager model under Composer's FSDP1 (no compile option); TransformerEngine's own modules run in
+# zeroplan's reference transformer's place. Its memory is not modelled (Float8Recipe.te_delayed):
+# the parts that would change it (torchtitan's compiled float8 block, the FSDP float8 all-gather)
+# are refused rather than mixed with it.
+def check_transformer_engine_float8(training: TrainingSpec, model: ModelSpec) -> None:
+    """Refuse, in one line naming the field, TransformerEngine float8 outside what it models."""
+    if training.framework is not Framework.zeroplan:
+        raise ZeroplanError("float8", f"te-delayed is TransformerEngine's te.Linear as llm-foundry runs it, not "
+                            f"{training.framework.value}'s (allowed only with framework zeroplan; torchtitan: rowwise, "
+                            "tensorwise)")
+    if training.compile:
+        raise ZeroplanError("float8", "te-delayed is modelled eager, as llm-foundry runs it (allowed: without compile)")
+    if training.float8_skips_output:
+        raise ZeroplanError("float8", "te-delayed never converts the output projection (llm-foundry's head is not a "
+                            "te.Linear); float8_skips_output is torchtitan's filter_fqns (allowed: without it)")
+    if training.activation_checkpointing not in (ActivationCheckpointing.none, ActivationCheckpointing.full):
+        # zeroplan.core.float8_time.transformer_engine_cast_bytes counts what full recomputes.
+        raise ZeroplanError("float8", f"te-delayed is timed with activation checkpointing none or full, not "
+                            f"{training.activation_checkpointing.value!r} (allowed: none, full)")
+    if model.is_moe:
+        raise ZeroplanError("float8", "te-delayed is timed for dense models, as llm-foundry's MPT rows ran (allowed: "
+                            "a dense model)")
+
+
 def check_compiled(training: TrainingSpec, model: ModelSpec, gpu: GpuSpec | None = None) -> None:
     """Refuse, in one line naming the field, a compiled or float8 run that was not measured (or,
     given the GPU, float8 on one without float8 matmuls)."""
@@ -63,7 +89,9 @@ def check_compiled(training: TrainingSpec, model: ModelSpec, gpu: GpuSpec | None
         # dynamic tensorwise scaling of the weight.
         raise ZeroplanError("float8", f"the FSDP float8 all-gather needs the tensorwise recipe, not "
                             f"{training.float8.value} (allowed: tensorwise)")
-    if training.float8 is not None:
+    if training.float8 is Float8Recipe.te_delayed:
+        check_transformer_engine_float8(training, model)
+    elif training.float8 is not None:
         if training.framework is not Framework.torchtitan:
             raise ZeroplanError("float8", f"float8 training is torchtitan's converter, not {training.framework.value}'s "
                                 "(allowed only with framework torchtitan)")

@@ -4,14 +4,18 @@ per mechanism never per row, every figure leave-one-source-out).
 
 The efficiency a run reaches is a property of the kernels it runs on its GPU: the attention
 kernel (zeroplan.core.stack_time.kernel_class: flash-attn-2, the Triton flash kernel, eager),
-whether the step is compiled where the planner does not time compile, and the GPU generation.
+whether the step is compiled where the planner does not time compile, whether its linears train
+in float8 and under which recipe (TransformerEngine's delayed scaling or torchao's tensorwise or
+rowwise: other matmul and cast kernels than bf16's), and the GPU generation.
 Each mechanism's HFU is the median of the HFUs ``zeroplan calibrate step`` solves on the
 published rows that ran it, where they come from at least two published sources
 (zeroplan.validate.step_calibration.fit_default_efficiency, written to data/default_efficiency.json
 by ``python benchmarks/step_time_accuracy.py --write-default-efficiency`` with the rows' file hash
 and sources). A request without --hfu or --efficiency is timed at its
 mechanism's HFU, the coarser mechanism where no row ran it (its attention kernel alone, then its
-generation); a GPU generation without rows takes the fit of a generation of the same compute
+generation). A float8 request takes its float8 recipe's mechanisms, fitted on float8 rows only;
+where none is fitted (no float8 rows of that recipe from two sources) it falls back, explicitly,
+to the bf16 chain above. A GPU generation without rows takes the fit of a generation of the same compute
 die (architecture and peak bf16 FLOP/s, e.g. H200 from H100), else the flat HFU 0.4 (a round
 figure, not fitted). How far this default lands from published rows the fit never saw is
 measured leave-one-source-out (benchmarks/step_time_accuracy.py; zeroplan.calibrate.basis.DEFAULT_BAND).
@@ -63,6 +67,9 @@ class MechanismHfu(Frozen):
     """Published rows the median is over."""
     sources: int = Field(gt=0)
     """Published sources (one publication's table each) those rows come from."""
+    float8: str | None = None
+    """The float8 recipe (Float8Recipe value) the rows trained their linears under, fitted on those
+    rows only; None: bf16 rows only (a float8 row never enters a bf16 mechanism)."""
 
 
 class GenerationCompute(Frozen):
@@ -113,6 +120,9 @@ class DefaultHfu(Frozen):
     sources: int = 0
     borrowed_from: str | None = None
     """The fitted generation of the same compute die a generation without rows takes."""
+    float8_fallback: str | None = None
+    """The float8 recipe of a request no float8 mechanism of which is fitted: it is timed at the
+    bf16 mechanism's HFU (found at ``level`` of the bf16 chain)."""
 
     def describe(self) -> str:
         """What the time basis line says of it."""
@@ -121,8 +131,10 @@ class DefaultHfu(Frozen):
         borrowed = f", {self.borrowed_from}'s fit (same compute die)" if self.borrowed_from else ""
         coarser = ("" if self.level == "kernel class" else
                    f"; its kernel class has no rows of {MIN_MECHANISM_SOURCES} sources or more: fitted per {self.level}")
+        float8 = ("" if self.float8_fallback is None else
+                  f"; no float8 {self.float8_fallback} rows of {MIN_MECHANISM_SOURCES} sources or more: bf16's fit")
         return (f"fitted default HFU {self.hfu:.3f} ({self.mechanism}{borrowed}: median of {self.rows} published rows, "
-                f"{self.sources} sources{coarser})")
+                f"{self.sources} sources{coarser}{float8})")
 
 
 def generation_of(gpu_name: str) -> str:
@@ -135,6 +147,11 @@ def attention_class(training: TrainingSpec) -> str:
     if training.attention_kernel is AttentionKernel.eager:
         return AttentionKernel.eager.value
     return training.attention_implementation.value
+
+
+def float8_class(training: TrainingSpec) -> str | None:
+    """The float8 recipe a request trains its linears under (its own mechanism), None: bf16."""
+    return None if training.float8 is None else training.float8.value
 
 
 def compiled_untimed(request: PlanRequest) -> bool:
@@ -151,50 +168,60 @@ def _architecture(gpu: GpuSpec) -> str:
     return gpu.architecture.value if gpu.architecture else ""
 
 
-def _mechanism(generation: str, attention: str | None, compiled: bool | None) -> str:
+def _mechanism(generation: str, attention: str | None, compiled: bool | None, float8: str | None = None) -> str:
     parts = [generation]
     if attention is not None:
         parts.append(attention)
     if compiled is not None:
         parts.append("compiled" if compiled else "not compiled")
+    if float8 is not None:
+        parts.append(f"float8 {float8}")
     return ", ".join(parts)
 
 
 # The fit: at each of the three levels (kernel class, attention kernel, generation) the median
 # of the HFUs solved on the rows of that mechanism, where they come from MIN_MECHANISM_SOURCES
-# sources or more; the same function fits the shipped table on every row and,
+# sources or more; float8 rows form their own mechanisms per recipe at the same three levels and
+# never enter bf16's. The same function fits the shipped table on every row and,
 # leave-one-source-out, the tables the accuracy figures are scored with.
-def fit_mechanisms(samples: Iterable[tuple[str, str, bool, float, str]]) -> tuple[MechanismHfu, ...]:
-    """Mechanisms of (generation, attention class, compiled untimed, solved HFU, source) samples."""
+def fit_mechanisms(samples: Iterable[tuple[str, str, bool, float, str, str | None]]) -> tuple[MechanismHfu, ...]:
+    """Mechanisms of (generation, attention class, compiled untimed, solved HFU, source, float8
+    recipe or None) samples."""
     import statistics  # the fit runs in validation and benchmarks, never in a command that plans
 
-    groups: dict[tuple[str, str | None, bool | None], list[tuple[float, str]]] = {}
-    for generation, attention, compiled, hfu, source in samples:
-        for key in ((generation, attention, compiled), (generation, attention, None), (generation, None, None)):
+    groups: dict[tuple[str, str | None, bool | None, str | None], list[tuple[float, str]]] = {}
+    for generation, attention, compiled, hfu, source, float8 in samples:
+        for key in ((generation, attention, compiled, float8), (generation, attention, None, float8),
+                    (generation, None, None, float8)):
             groups.setdefault(key, []).append((hfu, source))
     return tuple(
-        MechanismHfu(generation=generation, attention=attention, compiled=compiled,
+        MechanismHfu(generation=generation, attention=attention, compiled=compiled, float8=float8,
                      hfu=statistics.median(hfu for hfu, _ in members), rows=len(members),
                      sources=len({source for _, source in members}))
-        for (generation, attention, compiled), members in sorted(
-            groups.items(), key=lambda item: (item[0][0], item[0][1] or "", str(item[0][2])))
+        for (generation, attention, compiled, float8), members in sorted(
+            groups.items(), key=lambda item: (item[0][3] or "", item[0][0], item[0][1] or "", str(item[0][2])))
         if len({source for _, source in members}) >= MIN_MECHANISM_SOURCES
     )
 
 
 def resolve(mechanisms: tuple[MechanismHfu, ...], generations: tuple[GenerationCompute, ...], gpu: GpuSpec,
-            attention: str, compiled: bool) -> DefaultHfu:
-    """The HFU of ``attention`` (compiled untimed or not) on ``gpu`` under ``mechanisms`` (_resolve)."""
-    return _resolve(mechanisms, generations, gpu.name, _architecture(gpu), gpu.peak_bf16_flops_per_s, attention, compiled)
+            attention: str, compiled: bool, float8: str | None = None) -> DefaultHfu:
+    """The HFU of ``attention`` (compiled untimed or not, float8 recipe or bf16) on ``gpu`` under
+    ``mechanisms`` (_resolve)."""
+    return _resolve(mechanisms, generations, gpu.name, _architecture(gpu), gpu.peak_bf16_flops_per_s, attention, compiled,
+                    float8)
 
 
 def _resolve(mechanisms: tuple[MechanismHfu, ...], generations: tuple[GenerationCompute, ...], gpu_name: str,
-             architecture: str, peak_bf16_flops_per_s: float, attention: str, compiled: bool) -> DefaultHfu:
+             architecture: str, peak_bf16_flops_per_s: float, attention: str, compiled: bool,
+             float8: str | None = None) -> DefaultHfu:
     """The HFU of ``attention`` (compiled untimed or not) on ``gpu``: its kernel class on its
     generation, else its attention kernel, else the generation; a generation without rows takes
-    a fitted one of the same compute die; else the flat HFU."""
+    a fitted one of the same compute die; else the flat HFU. A float8 request first walks the
+    same levels among its recipe's float8 mechanisms; where none is fitted it falls back to the
+    bf16 chain (float8_fallback says so)."""
     generation = generation_of(gpu_name)
-    fitted = {m.generation for m in mechanisms if m.attention is None}
+    fitted = {m.generation for m in mechanisms if m.attention is None and m.float8 is None}
     borrowed = None
     if generation not in fitted:
         same_die = sorted(g.generation for g in generations if architecture and g.generation in fitted
@@ -202,14 +229,17 @@ def _resolve(mechanisms: tuple[MechanismHfu, ...], generations: tuple[Generation
         if not same_die:
             return DefaultHfu(hfu=FLAT_HFU, level="flat", mechanism=_mechanism(generation, attention, compiled))
         borrowed = generation = same_die[0]
-    by_key = {(m.generation, m.attention, m.compiled): m for m in mechanisms}
+    by_key = {(m.generation, m.attention, m.compiled, m.float8): m for m in mechanisms}
     levels: tuple[tuple[Level, str | None, bool | None], ...] = (
         ("kernel class", attention, compiled), ("attention kernel", attention, None), ("generation", None, None))
-    for level, key_attention, key_compiled in levels:
-        found = by_key.get((generation, key_attention, key_compiled))
-        if found is not None:
-            return DefaultHfu(hfu=found.hfu, level=level, rows=found.rows, sources=found.sources, borrowed_from=borrowed,
-                              mechanism=_mechanism(generation_of(gpu_name), key_attention, key_compiled))
+    # float8's own mechanisms first, then (explicitly, float8_fallback) bf16's.
+    for key_float8 in ((float8, None) if float8 is not None else (None,)):
+        for level, key_attention, key_compiled in levels:
+            found = by_key.get((generation, key_attention, key_compiled, key_float8))
+            if found is not None:
+                return DefaultHfu(hfu=found.hfu, level=level, rows=found.rows, sources=found.sources,
+                                  borrowed_from=borrowed, float8_fallback=float8 if key_float8 != float8 else None,
+                                  mechanism=_mechanism(generation_of(gpu_name), key_attention, key_compiled, key_float8))
     raise AssertionError("a fitted generation has its generation-level mechanism")  # the coarsest has the most sources
 
 
@@ -223,10 +253,10 @@ def default_table() -> DefaultEfficiencyTable:
 
 @functools.lru_cache(maxsize=256)
 def _default_hfu(gpu_name: str, architecture: str, peak_bf16_flops_per_s: float, attention: str, compiled: bool,
-                 mode: str) -> DefaultHfu:
+                 mode: str, float8: str | None) -> DefaultHfu:
     table = default_table()
     return _resolve(table.mechanisms[mode], table.generations, gpu_name, architecture, peak_bf16_flops_per_s,
-                    attention, compiled)
+                    attention, compiled, float8)
 
 
 def default_hfu(request: PlanRequest) -> DefaultHfu:
@@ -234,7 +264,7 @@ def default_hfu(request: PlanRequest) -> DefaultHfu:
     gpu = request.cluster.gpu
     return _default_hfu(gpu.name, _architecture(gpu), gpu.peak_bf16_flops_per_s, attention_class(request.training),
                         compiled_untimed(request),
-                        request.performance.attention_rate)
+                        request.performance.attention_rate, float8_class(request.training))
 
 
 def effective_hfu(request: PlanRequest) -> float:

@@ -18,7 +18,11 @@ default casts all of them, tensorwise). So three things change against the bf16 
      WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather), and
      precompute_float8_dynamic_scale_for_fsdp all-reduces one fp32 amax per Float8Linear once
      a step, after the optimizer (zeroplan.core.communication).
-float8 is modelled compiled only (zeroplan.core.compiled.check_compiled), so the casts are
+TransformerEngine's te.Linear (Float8Recipe.te_delayed, llm-foundry's amp_fp8) changes the same
+three things but casts otherwise (transformer_engine_cast_bytes): its delayed scaling takes each
+scale from the amax history, the cast kernel records the new amax as it writes, so no amax pass
+runs; the casts are TransformerEngine's fused kernels, not compiled ones.
+torchao's float8 is modelled compiled only (zeroplan.core.compiled.check_compiled), so its casts are
 counted as inductor fuses them: casts of one tensor under one scale share their amax (wq, wk, wv
 read one norm output, w1 and w3 the other), the output gradient's two casts (for grad_input and
 for grad_weight, tensorwise: one scale) one amax, and the layout _scaled_mm needs is written by
@@ -52,11 +56,19 @@ def times_float8(request: PlanRequest) -> bool:
     return request.training.float8 is not None
 
 
+def is_transformer_engine(request: PlanRequest) -> bool:
+    """Whether the float8 linears are TransformerEngine's te.Linear (Float8Recipe.te_delayed)."""
+    return request.training.float8 is Float8Recipe.te_delayed
+
+
 def converts_head(request: PlanRequest) -> bool:
     """Whether the output projection is a Float8Linear (torchtitan 0.3.0 converts it unless
-    filter_fqns names it; its earlier Llama 3 configs did: TrainingSpec.float8_skips_output)."""
+    filter_fqns names it; its earlier Llama 3 configs did: TrainingSpec.float8_skips_output).
+    Never a te.Linear: llm-foundry v0.3.0 builds only the blocks' linears from fc_type
+    (llmfoundry/models/layers/attention.py Wqkv, out_proj; ffn.py up_proj, down_proj), its head
+    is the tied embedding's F.linear (modeling_mpt.py)."""
     model = request.model
-    return (not request.training.float8_skips_output and model.vocab_size % FLOAT8_ALIGNMENT == 0
+    return (not is_transformer_engine(request) and not request.training.float8_skips_output and model.vocab_size % FLOAT8_ALIGNMENT == 0
             and model.hidden_size % FLOAT8_ALIGNMENT == 0)
 
 
@@ -100,6 +112,8 @@ def float8_cast_bytes(request: PlanRequest) -> tuple[float, float]:
     read and write."""
     if not times_float8(request):
         return 0.0, 0.0
+    if is_transformer_engine(request):
+        return transformer_engine_cast_bytes(request)
     model, batch = request.model, request.batch
     h, f = model.hidden_size, model.ffn_hidden_size * (model.experts_per_token if model.is_moe else 1)
     pass_bytes = AMAX_BYTES_PER_ELEMENT + CAST_BYTES_PER_ELEMENT
@@ -129,6 +143,45 @@ def float8_cast_bytes(request: PlanRequest) -> tuple[float, float]:
         weights = float8_weight_elements(request) / ranks
         forward += batch.grad_accum_steps * weights * pass_bytes
         backward += batch.grad_accum_steps * weights * pass_bytes
+    return forward, backward
+
+
+TE_CAST_TRANSPOSE_BYTES_PER_ELEMENT = 4
+"""TransformerEngine v0.10 fp8_cast_transpose_fused (and fp8_cast_transpose_bgrad_fused, its bias
+gradient reduced in the same pass): read the bf16 element (2 bytes), write its float8 (1) and
+the float8 transpose (1) the other GEMM operand needs; the amax is recorded in the same kernel."""
+
+
+# TransformerEngine v0.10 (the tag llm-foundry b2a43a14's submit_benchmarks.py installs for
+# amp_fp8) transformer_engine/pytorch/module/linear.py _Linear with the recipe's
+# override_linear_precision (False, False, False): fprop, dgrad and wgrad all in float8.
+#   forward: the input through fp8_cast_transpose_fused (inputmat and inputmat_t, the latter
+#     saved for wgrad); the weight through fp8_cast_transpose_fused into weight_fp8 and
+#     weight_t_fp8 whenever update_fp8_weights (is_first_microbatch None, as Composer calls it:
+#     every micro-batch), read at the gathered parameter's dtype (Composer's FSDP DEFAULT mixed
+#     precision: the compute dtype);
+#   backward: the output's gradient through module/base.py grad_output_preprocess,
+#     fp8_cast_transpose_bgrad_fused with a bias (MPT's), fp8_cast_transpose_fused without;
+#   what full checkpointing recomputes runs the forward's casts again (grad enabled).
+# Per token of one block the te.Linear inputs are Wqkv's (the attention norm's output), out_proj's,
+# up_proj's (the MLP norm's output) and down_proj's; the outputs are their four results.
+def transformer_engine_cast_bytes(request: PlanRequest) -> tuple[float, float]:
+    """(forward, backward with recomputation) bytes of one rank's step that TransformerEngine's
+    float8 casts read and write."""
+    model, batch = request.model, request.batch
+    h, f = model.hidden_size, model.ffn_hidden_size
+    per_element = TE_CAST_TRANSPOSE_BYTES_PER_ELEMENT
+    up = (2 if model.mlp.gated else 1) * f
+    inputs = 2 * h + model.attention_output_size + f
+    outputs = model.q_size + 2 * model.kv_size + h + up + h
+    tokens = batch.micro_batch_size * batch.seq_len * batch.grad_accum_steps
+    weight_per_element = request.training.precision.compute_bytes + 2
+    weights = batch.grad_accum_steps * float8_weight_elements(request) * weight_per_element
+    forward = tokens * model.num_layers * inputs * per_element + weights
+    backward = tokens * model.num_layers * outputs * per_element
+    # zeroplan.core.compiled.check_transformer_engine_float8 allows none and full.
+    if request.training.activation_checkpointing is ActivationCheckpointing.full:
+        backward += tokens * model.num_layers * inputs * per_element + weights
     return forward, backward
 
 

@@ -101,8 +101,11 @@ PROFILES: dict[str, StackTimeProfile] = {
                    "optimizer: Composer DecoupledLionW/AdamW (torch ops)"),
         fused_source=(f"{_LF} llmfoundry/models/mpt/modeling_mpt.py ComposerMPTCausalLM(loss_fn='fused_crossentropy'); "
                       "scripts/train/benchmarking/submit_benchmarks.py norm_type = 'low_precision_layernorm'"),
-        compile_default=False, float8="TransformerEngine amp_fp8 on H100 (precision amp_fp8; its 'H100 80GB FP8' table)",
-        compile_source=f"{_LF} scripts/train/benchmarking/submit_benchmarks.py (no compile option; fp8 needs te on h100_80gb)",
+        compile_default=False, float8=("TransformerEngine amp_fp8 on H100 (precision amp_fp8; its 'H100 80GB FP8' table): "
+                                        "te.Linear under DelayedScaling HYBRID, timed as Float8Recipe.te_delayed"),
+        compile_source=(f"{_LF} scripts/train/benchmarking/submit_benchmarks.py (no compile option; fp8 needs te on "
+                        "h100_80gb: b2a43a14 sets fc_type 'te' and installs TransformerEngine v0.10); Composer "
+                        "composer/core/precision.py get_precision_context (AMP_FP8's DelayedScaling)"),
         overlap=("Composer FSDP1: backward_prefetch BACKWARD_POST, forward_prefetch False, limit_all_gathers True "
                  "(benchmarks leave them at these defaults)"),
         overlap_source=(f"{_COMPOSER} composer/utils/parallelism.py FSDPConfig; {_LF} "
@@ -275,6 +278,10 @@ def overlaps_grad_reduce(framework: Framework, strategy: StrategyKind) -> bool:
 # The mechanism a compute efficiency is keyed by: what attention kernel runs (its class) and
 # whether the rest of the step is compiled (inductor fuses the elementwise ops the eager step
 # runs as separate memory-bound kernels), on one GPU generation.
-def kernel_class(attention_kernel: str, compiled: bool) -> str:
-    """'ATTENTION-KERNEL, compiled|not compiled', e.g. 'flash-attn-2, compiled'."""
-    return f"{attention_kernel}, {'compiled' if compiled else 'not compiled'}"
+def kernel_class(attention_kernel: str, compiled: bool, float8: str | None = None) -> str:
+    """'ATTENTION-KERNEL, compiled|not compiled[, float8 RECIPE]', e.g. 'flash-attn-2, compiled' or
+    'flash-attn-triton, not compiled, float8 te-delayed': a float8 run's linears run other kernels
+    (TransformerEngine's or torchao's scaled matmuls and casts) than a bf16 run's, so its class is
+    its own (zeroplan.core.default_efficiency)."""
+    base = f"{attention_kernel}, {'compiled' if compiled else 'not compiled'}"
+    return base if float8 is None else f"{base}, float8 {float8}"

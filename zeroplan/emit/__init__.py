@@ -74,6 +74,11 @@ def render(planned: PlannedRun) -> tuple[dict[str, str], dict[str, str]]:
         # arguments, which no format here writes; a launch.sh of another stack's would be wrong.
         raise ZeroplanError("--emit", "Megatron-LM and Megatron-DeepSpeed run files are not written (allowed: "
                             "--framework zeroplan, hf, torchtitan or torchtune)")
+    if planned.request.training.float8 is not None and planned.request.training.float8.value == "te-delayed":
+        # TransformerEngine's float8 is llm-foundry's (fc_type te under Composer's amp_fp8): no
+        # file here runs it, and a launch without it would train bf16.
+        raise ZeroplanError("--emit", "te-delayed float8 runs are not written: it is llm-foundry's amp_fp8, timed only "
+                            "(allowed: without --float8 te-delayed)")
     written: dict[str, str] = {}
     skipped: dict[str, str] = {}
     for name, build in FORMATS:

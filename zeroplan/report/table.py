@@ -301,7 +301,9 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
         + (", optimizer in backward" if t.optimizer_in_backward else "")
         + (", FSDP CPU offload (sharded states in host RAM)" if t.fsdp_cpu_offload else "")
         + (", torch.compile" if t.compile else "")
-        + (f", float8 {t.float8.value} (the linears' products at the fp8 peak where the catalog has one)" if t.float8 else "")
+        + (f", float8 {t.float8.value} (the linears' products at the fp8 peak where the catalog has one"
+           + ("; memory as bf16's: TransformerEngine's float8 weight copies not modelled)" if t.float8.value == "te-delayed" else ")")
+           if t.float8 else "")
         + (", float8 all-gather" if t.float8_all_gather else "") + (", output projection in bf16" if t.float8_skips_output else ""),
         *allocator_lines(report),
         *launch_lines(report),

@@ -12,7 +12,9 @@ from zeroplan.specs.hardware import ClusterSpec
 from zeroplan.specs.model import ModelSpec, PositionKind
 from zeroplan.specs.parallel import ParallelSpec, check_parallel
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
-from zeroplan.specs.training import ActivationCheckpointing, AttentionKernel, BatchSpec, Optimizer, StateConvention, TrainingSpec
+from zeroplan.specs.training import (
+    ActivationCheckpointing, AttentionKernel, BatchSpec, Float8Recipe, Optimizer, StateConvention, TrainingSpec,
+)
 
 
 def check_seq_len(model: ModelSpec, batch: BatchSpec) -> None:
@@ -261,6 +263,10 @@ def check_compiled_layout(training: TrainingSpec, parallel: ParallelSpec) -> Non
     """Refuse, in one line naming the field, a compiled layout no record covers."""
     if parallel.async_tp and (not training.compile or training.framework is not Framework.torchtitan):
         raise ZeroplanError("parallel.async_tp", "is torchtitan's inductor pass (allowed: with --compile under --framework torchtitan)")
+    if training.float8 is Float8Recipe.te_delayed and (parallel.model_parallel_size > 1 or parallel.ep > 1):
+        # llm-foundry's amp_fp8 rows ran FSDP alone; TransformerEngine's tensor-parallel float8
+        # gathers (module/linear.py gather_along_first_dim of the float8 input) are not modelled.
+        raise ZeroplanError("float8", "te-delayed is modelled under data parallelism alone (allowed: tp, cp, pp and ep 1)")
     if not training.compile:
         return
     if parallel.ep > 1:

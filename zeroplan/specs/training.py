@@ -134,6 +134,14 @@ class Float8Recipe(str, Enum):
     tensorwise = "tensorwise"
     """One scale per tensor for inputs, weights and gradients (torchao's Float8LinearConfig()
     default; torchtitan 0.3.0's converter no longer names it)."""
+    te_delayed = "te-delayed"
+    """TransformerEngine's delayed scaling over te.Linear, as llm-foundry's ``precision: amp_fp8``
+    runs it (Composer get_precision_context: fp8_autocast with DelayedScaling(fp8_format HYBRID,
+    E4M3 forward and E5M2 gradients, amax_history_len 16, amax_compute_algo max); the model's
+    ``fc_type: te``). Timed only (zeroplan.core.float8_time): the memory is the bf16 run's, though
+    TransformerEngine v0.10 keeps a float8 copy and transpose of every te.Linear weight unsharded
+    (module/base.py set_fp8_weights: 2 bytes an element more) and saves the inputs' float8
+    transposes for backward instead of the bf16 inputs. Framework zeroplan only, eager, tp 1."""
 
 
 class TrainingSpec(Frozen):
@@ -268,7 +276,8 @@ class TrainingSpec(Frozen):
     partitioner decides what each block keeps for backward (zeroplan.core.compiled)."""
     float8: Float8Recipe | None = None
     """Train the linears in float8 with torchao's Float8Linear under this recipe (torchtitan's
-    ``model.converters: ["float8"]``; compiled only). None: no float8."""
+    ``model.converters: ["float8"]``; compiled only), or with TransformerEngine's te.Linear
+    (``te-delayed``: llm-foundry's amp_fp8, framework zeroplan, eager). None: no float8."""
     float8_all_gather: bool = False
     """torchao's ``enable_fsdp_float8_all_gather`` with ``precompute_float8_dynamic_scale_for_fsdp``
     (torchao float8/fsdp_utils.py WeightWithDynamicFloat8CastTensor): FSDP2 gathers each

@@ -54,12 +54,20 @@ def compiled_untimed_of(row: PublishedThroughput) -> bool:
     return row.compile and not row.request().training.compile
 
 
+def float8_class_of(row: PublishedThroughput) -> str | None:
+    """The float8 recipe the row trained its linears under (zeroplan.core.default_efficiency.float8_class), None: bf16."""
+    from zeroplan.core.default_efficiency import float8_class
+
+    return float8_class(row.request().training)
+
+
 def kernel_class_of(row: PublishedThroughput) -> str:
-    """The row's kernel class (zeroplan.core.stack_time.kernel_class): its attention kernel and
-    whether it compiled with compile left out of its timed request (compiled_untimed_of)."""
+    """The row's kernel class (zeroplan.core.stack_time.kernel_class): its attention kernel,
+    whether it compiled with compile left out of its timed request (compiled_untimed_of), and its
+    float8 recipe (float8_class_of; a float8 run is its own class)."""
     from zeroplan.core.stack_time import kernel_class
 
-    return kernel_class(attention_class_of(row), compiled_untimed_of(row))
+    return kernel_class(attention_class_of(row), compiled_untimed_of(row), float8_class_of(row))
 
 
 def source_label(row: PublishedThroughput) -> str:
@@ -235,16 +243,22 @@ def tie_break_figures(table: PublishedThroughputTable, rule=first_listed_calibra
 
 
 def mechanism_hfu(held_out: str, implied: dict[str, float], rows: tuple[PublishedThroughput, ...],
-                  generation: str, stack: str) -> float:
-    """The HFU of (generation, stack) fitted leave-one-source-out: the median implied HFU of the
-    rows of that mechanism in every source but ``held_out``; the default where there are none."""
-    peers = [implied[row.name] for row in rows if source_of(row) != held_out and generation_of(row.gpu) == generation
-             and stack_of(row) == stack and row.name in implied]
-    return statistics.median(peers) if peers else FLAT_HFU
+                  generation: str, stack: str, float8: str | None = None) -> float:
+    """The HFU of (generation, stack, float8 recipe or bf16) fitted leave-one-source-out: the
+    median implied HFU of the rows of that mechanism in every source but ``held_out``; a float8
+    mechanism without such rows takes bf16's (as the fitted default does); the default where there
+    are none."""
+    for key_float8 in ((float8, None) if float8 is not None else (None,)):
+        peers = [implied[row.name] for row in rows if source_of(row) != held_out and generation_of(row.gpu) == generation
+                 and stack_of(row) == stack and float8_class_of(row) == key_float8 and row.name in implied]
+        if peers:
+            return statistics.median(peers)
+    return FLAT_HFU
 
 
 # One efficiency per kernel class per GPU generation (zeroplan.core.default_efficiency): the
-# median HFU calibrate step solves on that mechanism's rows. Where no row ran that class on that
+# median HFU calibrate step solves on that mechanism's rows; a float8 row's class is its own
+# (fitted from float8 rows only; bf16's where none is fitted). Where no row ran that class on that
 # generation, the next coarser mechanism is used: the attention kernel alone (compiled or not),
 # then the generation alone; a generation without rows takes a fitted one of the same compute
 # die, else the flat HFU; nothing is keyed by a row. The shipped default is this fit on every
@@ -254,7 +268,8 @@ def fit_default_efficiency(implied: dict[str, float], rows: tuple[PublishedThrou
     """The mechanisms fitted on ``rows`` but ``held_out``'s (None: every row) and those calibrate
     step refuses (not in ``implied``)."""
     return fit_mechanisms((generation_of(row.gpu), attention_class_of(row), compiled_untimed_of(row), implied[row.name],
-                           source_of(row)) for row in rows if source_of(row) != held_out and row.name in implied)
+                           source_of(row), float8_class_of(row))
+                          for row in rows if source_of(row) != held_out and row.name in implied)
 
 
 def generation_computes(rows: tuple[PublishedThroughput, ...]) -> tuple[GenerationCompute, ...]:
@@ -279,7 +294,7 @@ def _loso_fit(held_out: str, implied: tuple[tuple[str, float], ...], rows: tuple
               row: PublishedThroughput) -> float:
     mechanisms = _held_out_fit(held_out, implied, rows)
     return resolve(mechanisms, generation_computes(rows), row.gpu_spec, attention_class_of(row),
-                   compiled_untimed_of(row)).hfu
+                   compiled_untimed_of(row), float8_class_of(row)).hfu
 
 
 @functools.lru_cache(maxsize=64)
@@ -318,7 +333,7 @@ def _study(table: PublishedThroughputTable) -> tuple[tuple[SourceCalibration, ..
     for row in rows:
         source = source_of(row)
         efficiencies, implied = fits[source]
-        loso = mechanism_hfu(source, implied, rows, generation_of(row.gpu), stack_of(row))
+        loso = mechanism_hfu(source, implied, rows, generation_of(row.gpu), stack_of(row), float8_class_of(row))
         kernel_hfu = kernel_mechanism_hfu(source, implied, rows, row)
         calibrated = calibrated_tokens = None
         if source in calibrations and calibrations[source][0].name != row.name and row.name in implied:
