@@ -592,6 +592,19 @@ def first_layer_gradient_bytes(request: PlanRequest, gradient_bytes: int, before
     return before
 
 
+def _first_layer_units(request: PlanRequest):
+    """(block indices, gathered bytes per unit, padded elements per unit, element bytes) of the
+    units the first-layer moment reads; None where that moment is not modelled."""
+    if not _reduces_unit_by_unit(request):
+        return None
+    blocks = [i for i, unit in enumerate(rank_parameter_units(request)) if unit.name.startswith("block.")]
+    if not blocks:
+        return None
+    eb = element_bytes(request.training.precision, request.convention)
+    shard = request.shard_group_size
+    return blocks, unit_gather_bytes(request, shard, eb.compute_parameter), padded_unit_elements_of(request, shard), eb
+
+
 # allocator/fsdp_schedule.py record_fsdp_step, after torch 2.13 _fully_shard/_fsdp_param_group.py
 # (post_backward keeps a unit's flat reduce-scatter input until the next unit's reduce-scatter
 # starts) and _fsdp_state.py (the backward prefetch): while the first layer's backward runs, the
@@ -603,16 +616,10 @@ def first_layer_gradient_bytes(request: PlanRequest, gradient_bytes: int, before
 def first_layer_buffer_bytes(request: PlanRequest) -> int:
     """The units the first layer's backward holds (0 where that moment is not modelled): the root
     or the prefetched embedding, the largest block gathered and the largest block's flat input."""
-    if not _reduces_unit_by_unit(request):
+    found = _first_layer_units(request)
+    if found is None:
         return 0
-    units = rank_parameter_units(request)
-    blocks = [i for i, unit in enumerate(units) if unit.name.startswith("block.")]
-    if not blocks:
-        return 0
-    eb = element_bytes(request.training.precision, request.convention)
-    shard = request.shard_group_size
-    gathered = unit_gather_bytes(request, shard, eb.compute_parameter)
-    elements = padded_unit_elements_of(request, shard)
+    blocks, gathered, elements, _ = found
     if fsdp_separates_embedding_and_head(request):
         outside = gathered[0]
     else:
@@ -631,19 +638,14 @@ def first_layer_copy_buffer_bytes(request: PlanRequest) -> int:
     """PeakTerms.first_layer_copy_buffers: the largest block's unsharded gradients, or the
     embedding's all-gather buffer where it is a unit of its own, whichever is larger (0 where
     the moment is not modelled)."""
-    if not _reduces_unit_by_unit(request):
+    found = _first_layer_units(request)
+    if found is None:
         return 0
-    units = rank_parameter_units(request)
-    blocks = [i for i, unit in enumerate(units) if unit.name.startswith("block.")]
-    if not blocks:
-        return 0
-    eb = element_bytes(request.training.precision, request.convention)
-    shard = request.shard_group_size
-    elements = padded_unit_elements_of(request, shard)
+    blocks, gathered, elements, eb = found
     gradients = max(elements[i] for i in blocks) * eb.compute_parameter
     if not fsdp_separates_embedding_and_head(request):
         return gradients
-    return max(gradients, unit_gather_bytes(request, shard, eb.compute_parameter)[0])
+    return max(gradients, gathered[0])
 
 
 # allocator/fsdp_schedule.py record_fsdp_step, after torch 2.13 _fully_shard/_fsdp_state.py (the
@@ -656,16 +658,10 @@ def first_layer_gather_buffer_bytes(request: PlanRequest) -> int:
     """PeakTerms.first_layer_gather_buffers: the root where it holds embedding and head, two of
     the largest block gathered and the largest block's flat input (0 where the moment is not
     modelled)."""
-    if not _reduces_unit_by_unit(request):
+    found = _first_layer_units(request)
+    if found is None:
         return 0
-    units = rank_parameter_units(request)
-    blocks = [i for i, unit in enumerate(units) if unit.name.startswith("block.")]
-    if not blocks:
-        return 0
-    eb = element_bytes(request.training.precision, request.convention)
-    shard = request.shard_group_size
-    gathered = unit_gather_bytes(request, shard, eb.compute_parameter)
-    elements = padded_unit_elements_of(request, shard)
+    blocks, gathered, elements, _ = found
     root = 0 if fsdp_separates_embedding_and_head(request) else \
         sum(n for i, n in enumerate(gathered) if i not in blocks) + _root_head_gradient_bytes(request)
     return root + 2 * max(gathered[i] for i in blocks) + max(elements[i] for i in blocks) * gradient_wire_bytes(request)
@@ -674,10 +670,8 @@ def first_layer_gather_buffer_bytes(request: PlanRequest) -> int:
 def first_layer_gather_flat_bytes(request: PlanRequest) -> int:
     """PeakTerms.first_layer_gather_flat_buffers: the largest block's flat all-gather buffer (0
     where the moment is not modelled)."""
-    if not _reduces_unit_by_unit(request):
+    found = _first_layer_units(request)
+    if found is None:
         return 0
-    units = rank_parameter_units(request)
-    blocks = [i for i, unit in enumerate(units) if unit.name.startswith("block.")]
-    gathered = unit_gather_bytes(request, request.shard_group_size,
-                                 element_bytes(request.training.precision, request.convention).compute_parameter)
-    return max((gathered[i] for i in blocks), default=0)
+    blocks, gathered, _, _ = found
+    return max(gathered[i] for i in blocks)
