@@ -72,17 +72,11 @@ class Frozen(BaseModel):
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         if deep or self.__pydantic_private__ is not None or self.__pydantic_extra__ is not None:
             return super().model_copy(update=update, deep=deep)
-        copied = object.__new__(type(self))
         fields_set = set(self.__pydantic_fields_set__)
         if update:
-            _set(copied, "__dict__", {**self.__dict__, **update})
             fields_set.update(update)
-        else:
-            _set(copied, "__dict__", dict(self.__dict__))
-        _set(copied, "__pydantic_extra__", None)
-        _set(copied, "__pydantic_fields_set__", fields_set)
-        _set(copied, "__pydantic_private__", None)
-        return copied
+            return _instance(type(self), {**self.__dict__, **update}, fields_set)
+        return _instance(type(self), dict(self.__dict__), fields_set)
 
     # pydantic validates every model it builds, ~15-30 us for a result of twenty fields; the
     # planner builds its results (each plan's breakdown, the plan itself, the allocator's verdict)
@@ -107,12 +101,7 @@ class Frozen(BaseModel):
         data = {**template, **values}
         if len(data) != len(template) or not required <= values.keys():
             return cls(**values)  # pydantic's own error
-        built = object.__new__(cls)
-        _set(built, "__dict__", data)
-        _set(built, "__pydantic_fields_set__", set(values))
-        _set(built, "__pydantic_extra__", None)
-        _set(built, "__pydantic_private__", None)
-        return built
+        return _instance(cls, data, set(values))
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: object) -> None:
@@ -121,6 +110,18 @@ class Frozen(BaseModel):
         # of the fields' values (the value itself for one field, 0 for none).
         fields = tuple(cls.__pydantic_fields__)
         cls._field_values = staticmethod(operator.itemgetter(*fields) if fields else (lambda _: 0))
+
+
+def _instance(cls: type[Frozen], data: dict[str, Any], fields_set: set[str]) -> Any:
+    """A model of ``cls`` whose fields are ``data``, as pydantic stores one of this class's (no
+    extra fields, no private attributes), built without its generic steps: model_copy's and
+    trusted's one construction."""
+    built = object.__new__(cls)
+    _set(built, "__dict__", data)
+    _set(built, "__pydantic_fields_set__", fields_set)
+    _set(built, "__pydantic_extra__", None)
+    _set(built, "__pydantic_private__", None)
+    return built
 
 
 _HASH_SLOT = Frozen.__dict__["_frozen_hash"]
