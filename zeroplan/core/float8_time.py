@@ -185,12 +185,17 @@ def transformer_engine_cast_bytes(request: PlanRequest) -> tuple[float, float]:
     return forward, backward
 
 
-def float8_weight_elements(request: PlanRequest) -> int:
-    """Elements of the Float8Linear weights (block linears, and the head when converted)."""
+def _float8_weights(request: PlanRequest) -> list:
+    """The Float8Linear weights' parameter tensors (block linears, and the head when converted)."""
     from zeroplan.core.params import parameter_units
 
-    return sum(t.numel for unit in parameter_units(request.model) for t in unit.tensors
-               if is_float8_weight(request, unit.name, t.name, t.shape))
+    return [t for unit in parameter_units(request.model) for t in unit.tensors
+            if is_float8_weight(request, unit.name, t.name, t.shape)]
+
+
+def float8_weight_elements(request: PlanRequest) -> int:
+    """Elements of the Float8Linear weights."""
+    return sum(t.numel for t in _float8_weights(request))
 
 
 def is_float8_weight(request: PlanRequest, unit: str, name: str, shape: tuple[int, ...]) -> bool:
@@ -205,10 +210,7 @@ def is_float8_weight(request: PlanRequest, unit: str, name: str, shape: tuple[in
 
 def float8_linear_count(request: PlanRequest) -> int:
     """Float8Linear modules of the model (one amax each in the FSDP precompute all-reduce)."""
-    from zeroplan.core.params import parameter_units
-
-    return sum(1 for unit in parameter_units(request.model) for t in unit.tensors
-               if is_float8_weight(request, unit.name, t.name, t.shape))
+    return len(_float8_weights(request))
 
 
 def float8_cast_seconds(request: PlanRequest) -> tuple[float, float]:
