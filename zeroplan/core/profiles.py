@@ -442,11 +442,14 @@ def profile(framework: Framework) -> FrameworkProfile:
 # gradient_checkpointing_enable passes no use_reentrant unless told (transformers 4.35 and 4.36
 # modeling_utils.py: functools.partial(checkpoint, **{}), torch before 2.4 then defaulting to the
 # reentrant one; from 4.41 {"use_reentrant": True} explicitly), and so does the model code of
-# Hub models that call torch.utils.checkpoint.checkpoint themselves (Qwen-1's modeling_qwen.py);
-# the others wrap their blocks in the non-reentrant one (FrameworkProfile.checkpoint_early_stop's
-# sources). TrainingSpec.checkpoint_reentrant overrides it for hf.
+# Hub models that call torch.utils.checkpoint.checkpoint themselves (Qwen-1's modeling_qwen.py).
+# TrainingSpec.checkpoint_reentrant overrides it for hf. Its two readers (DeepSpeed's recompute
+# hold, deepspeed_coordinator.holds_recomputed_frozen; bitsandbytes' escaping inputs,
+# finetune.activations.bnb_inputs_escape_checkpoint) are Hugging Face's mechanisms and ask under
+# hf alone: the False of the other frameworks is no reading of their checkpoints (Megatron's and
+# fairscale's are autograd Functions of their own).
 def checkpoint_is_reentrant(training: TrainingSpec) -> bool:
-    """Whether a fully checkpointed block runs torch's reentrant checkpoint."""
+    """Whether a fully checkpointed hf block runs torch's reentrant checkpoint."""
     if training.checkpoint_reentrant is not None:
         return training.checkpoint_reentrant
     return training.framework is Framework.hf
