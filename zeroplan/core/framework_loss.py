@@ -244,7 +244,7 @@ def fsdp_head_gathered_parts(request: PlanRequest, *, prefetched: bool = True) -
     prof = profile(request.training.framework)
     fsdp1 = fsdp1_root_stays_gathered(request)
     # The profile first: the reference model's micro-batch terms key on no more of the strategy
-    # than fsdp1_root_stays_gathered (core.plan._reference_engine).
+    # than fsdp1_root_stays_gathered (core.plan.reference_engine).
     if not (prof.fsdp_loss_backward_gathers_head or fsdp1):
         return ()
     if request.strategy.kind not in (StrategyKind.fsdp_full_shard, StrategyKind.hsdp):

@@ -129,7 +129,7 @@ request under the other allocator setting (fit's allocator check, the plan searc
 under the model) share its model states, buffers and micro-batch terms."""
 
 
-def _reference_engine(request: PlanRequest) -> tuple[tuple[str, object], ...] | None:
+def reference_engine(request: PlanRequest) -> tuple[tuple[str, object], ...] | None:
     """What the reference model's micro-batch terms read of the strategy: whether it runs under
     autocast (its dtypes) and whether FSDP1's root stays gathered at the loss (no: with it they
     read the strategy's units, so the whole strategy keys them); None for a framework's own
@@ -142,9 +142,9 @@ def _reference_engine(request: PlanRequest) -> tuple[tuple[str, object], ...] | 
 # The largest micro-batch search asks for the terms at micro-batches 1 and 2 of every request it
 # is given, fit() for those of each strategy again and the plan search at each point it fits:
 # the same requests, so the last answers are kept (every field of the request but the allocator
-# setting keys them; of the reference model's strategy only what _reference_engine names, so
+# setting keys them; of the reference model's strategy only what reference_engine names, so
 # fit's strategies share them, and a read of anything else of it is answered uncached).
-@batch_keyed(whole_batch=True, assumptions_but=ALLOCATOR_SETTING, strategy_view=_reference_engine)
+@batch_keyed(whole_batch=True, assumptions_but=ALLOCATOR_SETTING, strategy_view=reference_engine)
 def _micro_batch_terms(request: PlanRequest) -> tuple[tuple[str, object], ...]:
     training = request.training
     if request.model.is_encoder_decoder:

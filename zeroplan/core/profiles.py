@@ -494,7 +494,7 @@ def fsdp1_root_stays_gathered(request: PlanRequest) -> bool:
     end of backward."""
     if type(request.strategy) is not StrategySpec:
         # A planner cache's view of the strategy that keys on this answer alone, and holds it
-        # (zeroplan.core.plan._reference_engine).
+        # (zeroplan.core.plan.reference_engine).
         return request.strategy.root_stays_gathered
     if request.strategy.kind not in (StrategyKind.fsdp_full_shard, StrategyKind.hsdp):
         return False  # the flag rides on a request that fit() plans under every strategy

@@ -40,13 +40,12 @@ from zeroplan.core.parallel.activations import pipeline_receive_buffer_bytes
 from zeroplan.core.parallel.units import accumulating_trainable_elements
 from zeroplan.core.peak import FIRST_LAYER_SHARES, TOTAL_MOMENTS, PeakTerms, moment_totals
 from zeroplan.core.plan import (
-    allocator_answer, host_memory_fits, memory_breakdown, micro_batch_terms, peak_terms,
+    allocator_answer, host_memory_fits, memory_breakdown, micro_batch_terms, peak_terms, reference_engine,
 )
 from zeroplan.core.collector import cyclic_gc_paused
 from zeroplan.core.compiled import runs_checkpointing
 from zeroplan.progress import progress, steps
-from zeroplan.core.profiles import (check_framework_strategies, framework_strategies, fsdp1_root_stays_gathered, profile,
-                                     torchtitan_keeps_stage_outputs)
+from zeroplan.core.profiles import check_framework_strategies, framework_strategies, profile, torchtitan_keeps_stage_outputs
 from zeroplan.core.timing import (
     StepTime,
     collective_time_s,
@@ -214,14 +213,10 @@ def _terms(request: PlanRequest, family: dict, layout_cache: dict) -> tuple:
 
 def _activation_key(request: PlanRequest) -> tuple:
     """What a request's activation terms (plan.micro_batch_terms) depend on: the layout's
-    pipeline rank, checkpointing, b, a and the engine. The reference model's activations depend
-    on the engine only through its dtypes (fp32 norms under autocast:
-    PlanRequest.runs_under_autocast) and FSDP1's root kept gathered (its head at the loss:
-    profiles.fsdp1_root_stays_gathered); a framework's own terms also on its FSDP units
-    (zeroplan.core.frameworks: the head gathered at the loss, per strategy and shard group)."""
-    engine = ((request.runs_under_autocast, fsdp1_root_stays_gathered(request))
-              if request.training.framework is Framework.zeroplan
-              else (request.strategy.kind, request.shard_group_size, request.convention))
+    pipeline rank, checkpointing, b, a and the engine: of the reference model's strategy what
+    plan.reference_engine names (its dtypes under autocast), which its cache keys on too; else
+    (a framework's own terms, or FSDP1's root gathered at the loss) the strategy's FSDP units."""
+    engine = reference_engine(request) or (request.strategy.kind, request.shard_group_size, request.convention)
     return ("activations", request.parallel.pipeline_rank, request.training.activation_checkpointing,
             request.batch.micro_batch_size, request.batch.grad_accum_steps, engine)
 
