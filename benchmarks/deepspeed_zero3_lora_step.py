@@ -56,6 +56,15 @@ STAGE3 = {"reduce_bucket_size": 100_000, "stage3_prefetch_bucket_size": 5 * 10**
           "stage3_param_persistence_threshold": 4096}
 
 
+def zero3_config(world: int) -> dict:
+    """accelerate's DeepSpeedPlugin config (utils/dataclasses.py, no config file) for ZeRO-3 in
+    bf16 with nothing offloaded, at the scaled stage-3 settings."""
+    return {"train_micro_batch_size_per_gpu": MICRO_BATCH, "gradient_accumulation_steps": 1,
+            "train_batch_size": MICRO_BATCH * world, "bf16": {"enabled": True}, "steps_per_print": 2**31 - 1,
+            "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none"}, "offload_param": {"device": "none"},
+                                  "stage3_gather_16bit_weights_on_model_save": True, **STAGE3}}
+
+
 def _detach_every_recomputed_tensor() -> None:
     """torch's _recomputation_hook as in the releases of early 2024: every saved tensor detached."""
     import inspect
@@ -124,12 +133,7 @@ def _rank(rank: int, world: int, options: argparse.Namespace, out: str) -> None:
         deepspeed.init_distributed(dist_backend="gloo")
         from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
-        # accelerate's DeepSpeedPlugin config (utils/dataclasses.py, no config file) with the scaled settings.
-        config = {"train_micro_batch_size_per_gpu": MICRO_BATCH, "gradient_accumulation_steps": 1,
-                  "train_batch_size": MICRO_BATCH * world, "bf16": {"enabled": True}, "steps_per_print": 2**31 - 1,
-                  "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none"},
-                                        "offload_param": {"device": "none"},
-                                        "stage3_gather_16bit_weights_on_model_save": True, **STAGE3}}
+        config = zero3_config(world)
         ds_config = HfDeepSpeedConfig(config)  # noqa: F841  (kept alive: transformers reads it through a weakref)
         model_config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
                                    num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, attention_dropout=0.0,

@@ -47,7 +47,9 @@ for path in (ROOT, ROOT / "benchmarks"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from deepspeed_zero3_lora_step import FFN, HEADS, HIDDEN, KV_HEADS, LAYERS, MICRO_BATCH, STAGE3, VOCAB, start_rank  # noqa: E402
+from deepspeed_zero3_lora_step import (  # noqa: E402
+    FFN, HEADS, HIDDEN, KV_HEADS, LAYERS, MICRO_BATCH, STAGE3, VOCAB, start_rank, zero3_config,
+)
 
 SEQ, STEPS = 512, 3
 LEFT_OUT_OPS = ("aten::le", "aten::eq", "aten::bitwise_and", "aten::where")
@@ -67,11 +69,7 @@ def _rank(rank: int, world: int, options: argparse.Namespace, checkpoint: str, o
         from transformers.integrations import HfDeepSpeedConfig
 
         deepspeed.init_distributed(dist_backend="gloo")
-        config = {"train_micro_batch_size_per_gpu": MICRO_BATCH, "gradient_accumulation_steps": 1,
-                  "train_batch_size": MICRO_BATCH * world, "bf16": {"enabled": True}, "steps_per_print": 2**31 - 1,
-                  "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none"},
-                                        "offload_param": {"device": "none"},
-                                        "stage3_gather_16bit_weights_on_model_save": True, **STAGE3}}
+        config = zero3_config(world)
         ds_config = HfDeepSpeedConfig(config)  # noqa: F841  (transformers reads it through a weakref)
         # PEFT's examples/sft/train.py with --use_4bit_quantization, --use_nested_quant and
         # --bnb_4bit_quant_storage_dtype bfloat16, the model loaded in that dtype.
