@@ -19,29 +19,24 @@ zeroplan/frameworks/lora.py matmul_4bit_keeps_input) and with the installed one.
 from __future__ import annotations
 
 import contextlib
-import gc
 import sys
-import weakref
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bnb_ctx_retention import FFN, HEADS, HIDDEN, LAYERS, VOCAB, alive_bytes, matmul_4bit_inputs, tiny_llama  # noqa: E402
 from zeroplan.presets.gpus import get_gpu  # noqa: E402
-from zeroplan.presets.models import get_model  # noqa: E402
 from zeroplan.specs import BatchSpec, FineTuneSpec, PlanRequest, StrategySpec, TrainingSpec, cluster_from_gpus  # noqa: E402
 
-HIDDEN, HEADS, FFN, LAYERS, VOCAB = 256, 4, 704, 3, 1000
 SEQ, BATCH = 128, 2
 
 
 def request(version: str, reentrant: bool) -> PlanRequest:
     """The planner's request for the measured model (llama-2-7b's layout at the measured sizes),
     as ms-swift runs it: a bf16 base with nothing cast to fp32, hf's full checkpointing."""
-    model = get_model("llama-2-7b").model_copy(update={
-        "hidden_size": HIDDEN, "num_heads": HEADS, "num_kv_heads": HEADS, "ffn_hidden_size": FFN,
-        "num_layers": LAYERS, "vocab_size": VOCAB})
+    model = tiny_llama()
     finetune = FineTuneSpec(lora_rank=8, quantize="nf4", lora_targets=("q", "v"), bitsandbytes_version=version,
                             kbit_fp32_cast=False)
     return PlanRequest(model=model, cluster=cluster_from_gpus(get_gpu("a10g"), 1), strategy=StrategySpec(kind="ddp"),
@@ -55,7 +50,6 @@ def measure(keeps_input: bool, reentrant: bool) -> tuple[int, int]:
     import bitsandbytes as bnb
     import torch
     import torch.utils.checkpoint
-    from bitsandbytes.autograd._functions import MatMul4Bit
 
     from zeroplan.frameworks.lora import matmul_4bit_keeps_input
 
@@ -101,25 +95,8 @@ def measure(keeps_input: bool, reentrant: bool) -> tuple[int, int]:
     blocks = torch.nn.ModuleList(Block() for _ in range(LAYERS)).train()
     norm = torch.nn.RMSNorm(HIDDEN, dtype=bf16).requires_grad_(False)
     head = torch.nn.Linear(HIDDEN, VOCAB, bias=False, dtype=bf16).requires_grad_(False)
-    inputs: list[weakref.ref] = []
-    original = MatMul4Bit.forward
-
-    def spy(ctx, A, *args, **kwargs):
-        inputs.append(weakref.ref(A))
-        return original(ctx, A, *args, **kwargs)
-
-    def alive() -> int:
-        gc.collect()
-        storages = {}
-        for ref in inputs:
-            tensor = ref()
-            if tensor is not None:
-                storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
-        return sum(storages.values())
-
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ))
-    MatMul4Bit.forward = staticmethod(spy)
-    try:
+    with matmul_4bit_inputs() as inputs:
         with matmul_4bit_keeps_input() if keeps_input else contextlib.nullcontext():
             # transformers' enable_input_require_grads: the embedding's output requires a gradient.
             x = embedding(tokens).requires_grad_(True)
@@ -128,11 +105,9 @@ def measure(keeps_input: bool, reentrant: bool) -> tuple[int, int]:
             logits = head(norm(x)).float()
             loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten())
             del x, logits
-            after_forward = alive()
+            after_forward = alive_bytes(inputs)
             loss.backward()
-            after_backward = alive()
-    finally:
-        MatMul4Bit.forward = staticmethod(original)
+            after_backward = alive_bytes(inputs)
     del loss
     return after_forward, after_backward
 

@@ -29,17 +29,53 @@ if str(ROOT) not in sys.path:
 
 from zeroplan.presets.gpus import get_gpu  # noqa: E402
 from zeroplan.presets.models import get_model  # noqa: E402
-from zeroplan.specs import BatchSpec, FineTuneSpec, PlanRequest, StrategySpec, TrainingSpec, cluster_from_gpus  # noqa: E402
+from zeroplan.specs import BatchSpec, FineTuneSpec, ModelSpec, PlanRequest, StrategySpec, TrainingSpec, cluster_from_gpus  # noqa: E402
 
 HIDDEN, HEADS, FFN, LAYERS, VOCAB = 256, 4, 704, 3, 1000
 SEQ, BATCH = 384, 2
 
 
-def request(version: str) -> PlanRequest:
-    """The planner's request for the measured model (llama-2-7b's layout at the measured sizes)."""
-    model = get_model("llama-2-7b").model_copy(update={
+def tiny_llama() -> ModelSpec:
+    """The measured model's spec: llama-2-7b's layout at the measured sizes."""
+    return get_model("llama-2-7b").model_copy(update={
         "hidden_size": HIDDEN, "num_heads": HEADS, "num_kv_heads": HEADS, "ffn_hidden_size": FFN,
         "num_layers": LAYERS, "vocab_size": VOCAB})
+
+
+@contextlib.contextmanager
+def matmul_4bit_inputs():
+    """Weak references to every tensor bitsandbytes' MatMul4Bit receives as its input while open."""
+    from bitsandbytes.autograd._functions import MatMul4Bit
+
+    inputs: list[weakref.ref] = []
+    original = MatMul4Bit.forward
+
+    def spy(ctx, A, *args, **kwargs):
+        inputs.append(weakref.ref(A))
+        return original(ctx, A, *args, **kwargs)
+
+    MatMul4Bit.forward = staticmethod(spy)
+    try:
+        yield inputs
+    finally:
+        MatMul4Bit.forward = staticmethod(original)
+
+
+def alive_bytes(inputs: list[weakref.ref]) -> int:
+    """Bytes of the storages of those inputs still alive, after a collection (a storage shared
+    by several counted once)."""
+    gc.collect()
+    storages = {}
+    for ref in inputs:
+        tensor = ref()
+        if tensor is not None:
+            storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+    return sum(storages.values())
+
+
+def request(version: str) -> PlanRequest:
+    """The planner's request for the measured model."""
+    model = tiny_llama()
     finetune = FineTuneSpec(lora_rank=8, quantize="nf4", lora_targets=("q", "v"), bitsandbytes_version=version)
     return PlanRequest(model=model, cluster=cluster_from_gpus(get_gpu("a10g"), 1), strategy=StrategySpec(kind="ddp"),
                        batch=BatchSpec(seq_len=SEQ, micro_batch_size=BATCH),
@@ -50,7 +86,6 @@ def measure(keeps_input: bool) -> int:
     """Bytes of MatMul4Bit inputs alive after one step's backward, its output still referenced."""
     import bitsandbytes as bnb
     import torch
-    from bitsandbytes.autograd._functions import MatMul4Bit
 
     from zeroplan.frameworks.lora import matmul_4bit_keeps_input
 
@@ -88,16 +123,8 @@ def measure(keeps_input: bool) -> int:
     embedding = torch.nn.Embedding(VOCAB, HIDDEN, dtype=bf16).requires_grad_(False)
     blocks = torch.nn.ModuleList(Block() for _ in range(LAYERS)).train()
     norm, head = torch.nn.RMSNorm(HIDDEN, dtype=bf16).requires_grad_(False), linear(HIDDEN, VOCAB)
-    inputs: list[weakref.ref] = []
-    original = MatMul4Bit.forward
-
-    def spy(ctx, A, *args, **kwargs):
-        inputs.append(weakref.ref(A))
-        return original(ctx, A, *args, **kwargs)
-
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ))
-    MatMul4Bit.forward = staticmethod(spy)
-    try:
+    with matmul_4bit_inputs() as inputs:
         with matmul_4bit_keeps_input() if keeps_input else contextlib.nullcontext():
             x = embedding(tokens)
             for block in blocks:
@@ -106,17 +133,10 @@ def measure(keeps_input: bool) -> int:
             loss = sum(torch.nn.functional.cross_entropy(chunk.float().flatten(0, 1), target.flatten())
                        for chunk, target in zip(logits, tokens.split(128, dim=1)))
             loss.backward()
-    finally:
-        MatMul4Bit.forward = staticmethod(original)
     del loss, x
-    gc.collect()
-    storages = {}
-    for ref in inputs:
-        tensor = ref()
-        if tensor is not None:
-            storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+    kept = alive_bytes(inputs)
     del logits
-    return sum(storages.values())
+    return kept
 
 
 def main() -> None:
