@@ -109,3 +109,26 @@ def test_the_published_eager_rate_covers_its_softmax_so_the_softmax_is_not_timed
     flash = next(r for r in ROWS if r.name == "mpt-1b h100 x8 s32768 b1x4 no AC").request()
     assert eager_softmax_seconds(flash) == (0, 0)
     assert memory_bound_time_s(_with(flash, "published")) == memory_bound_time_s(_with(flash, "matmul"))
+
+
+def test_eager_attention_moves_its_scores_per_head_so_wider_heads_run_faster() -> None:
+    from zeroplan.core.attention_rate import eager_relative_at_head_dim
+
+    for architecture, plotted_64 in ((GpuArchitecture.ampere, (15, 16, 17, 18, 18)),
+                                     (GpuArchitecture.hopper, (26, 29, 31, 32, 32))):
+        eager = attention_rate_row(architecture, "eager")
+        # At the published head dimension, the published rate.
+        assert eager.relative_at(2048, 128) == pytest.approx(eager.relative(2048))
+        # The same plots' head-dimension-64 panels (causal, x2 executed), from the 128 ones: 1k-8k.
+        for s, plotted in zip(SEQUENCE_POINTS[1:], plotted_64[1:], strict=False):
+            assert eager.relative_at(s, 64) * eager.matmul_tflops == pytest.approx(2 * plotted, rel=0.09)
+        rates = [eager.relative_at(2048, d) for d in (64, 96, 128, 160, 224)]
+        assert rates == sorted(rates) and rates[-1] < 1
+    # The score passes' time per FLOP goes as 1/d, the products' stays at the matmul rate.
+    r = 0.25
+    assert 1 / eager_relative_at_head_dim(r, 64) - 1 == pytest.approx(2 * (1 / r - 1))
+    # The published and kernel modes both read it; a flash kernel keeps d over its padded width.
+    assert relative_attention_rate(GpuArchitecture.ampere, AttentionKernel.eager, AttentionImplementation.flash_attn_2,
+                                   2048, 96) == pytest.approx(attention_rate_row(GpuArchitecture.ampere, "eager").relative_at(2048, 96))
+    fa2 = attention_rate_row(GpuArchitecture.ampere, "flash-attn-2")
+    assert fa2.relative_at(2048, 80) == pytest.approx(fa2.relative(2048) * 80 / 96)

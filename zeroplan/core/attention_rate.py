@@ -17,7 +17,8 @@ kernel pads), causal, batch x sequence = 16k tokens, at
 sequences 512-16k; between points r is interpolated in log2(s), outside them held at the end
 point. A (generation, kernel) with no row runs at the matmul rate (r = 1, the flat HFU). A head
 dimension the kernel pads (flash kernels run it rounded up to their tile) runs at d / padded of
-that rate (head_dim_efficiency).
+that rate (head_dim_efficiency); eager attention's passes over its scores cost the same per score
+whatever the head dimension, so its rate moves with d as eager_relative_at_head_dim says.
 """
 
 from __future__ import annotations
@@ -71,6 +72,14 @@ class AttentionRate(Frozen):
                 t = (x - points[i]) / (points[i + 1] - points[i])
                 return (self.tflops[i] + t * (self.tflops[i + 1] - self.tflops[i])) / self.matmul_tflops
         return self.tflops[-1] / self.matmul_tflops
+
+    def relative_at(self, seq_len: int, head_dim: int) -> float:
+        """r at ``seq_len`` for the model's head dimension ``head_dim``: a flash kernel's at d over
+        its padded width (head_dim_efficiency), eager attention's by its per-score passes
+        (eager_relative_at_head_dim)."""
+        if self.kernel == AttentionKernel.eager.value:
+            return eager_relative_at_head_dim(self.relative(seq_len), head_dim)
+        return self.relative(seq_len) * head_dim_efficiency(self.kernel, head_dim)
 
 
 # The Triton kernel has no published H100 figure. Like FlashAttention-2's CUDA kernels it issues
@@ -152,6 +161,25 @@ def head_dim_efficiency(kernel: str, head_dim: int) -> float:
     return head_dim / padded_head_dim(kernel, head_dim)
 
 
+PUBLISHED_HEAD_DIM = 128
+"""The head dimension the table's rates are published at."""
+
+
+# Eager attention (flash-attention benchmarks/benchmark_flash_attention.py attention_pytorch, as
+# Megatron's ParallelAttention) runs two batched products, 4 d FLOPs per score forward, and between
+# them passes over the materialised b x heads x s x s scores (the causal mask's add, the softmax,
+# the dropout, and their backwards) that move the same bytes per score whatever d. Per counted
+# FLOP, over the matmul rate: 1/r(d) = 1 + (1/r(128) - 1) x 128/d, the products at the matmul
+# rate (r = 1 is the table's MAMF) and the score passes' time per FLOP in proportion to 1/d; a
+# model of fewer, wider heads runs its attention faster. The same README plots' head-dimension-64
+# panels (causal 'Pytorch', x2 executed: A100 15, 16, 17, 18, 18; H100 26, 29, 31, 32, 32 plotted)
+# are what it predicts from the 128 panels at 1k-8k within 9 %, 16-19 % slow at 512
+# (tests/test_attention_rate.py).
+def eager_relative_at_head_dim(relative_128: float, head_dim: int) -> float:
+    """Eager attention's r at head dimension ``head_dim`` from its published r at 128."""
+    return 1 / (1 + (1 / relative_128 - 1) * PUBLISHED_HEAD_DIM / head_dim)
+
+
 # Kept by its arguments (the table is fixed): every plan's step time asks for it, fit's
 # strategies and a sweep's micro-batches at the same few sequences.
 @lru_cache(maxsize=256)
@@ -164,4 +192,4 @@ def relative_attention_rate(architecture: GpuArchitecture | None, kernel: Attent
     row = attention_rate_row(architecture, name)
     if row is None:
         return 1.0
-    return row.relative(seq_len) * (1.0 if head_dim is None else head_dim_efficiency(name, head_dim))
+    return row.relative(seq_len) if head_dim is None else row.relative_at(seq_len, head_dim)

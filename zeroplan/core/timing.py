@@ -257,7 +257,7 @@ def attention_flops_per_s(request: PlanRequest, matmul_rate: float) -> float:
     generation and kernel the table has no row for)."""
     mode = request.performance.attention_rate
     if mode == "kernel":
-        from zeroplan.core.attention_rate import attention_rate_row, head_dim_efficiency, kernel_name
+        from zeroplan.core.attention_rate import attention_rate_row, kernel_name
 
         training = request.training
         name = kernel_name(training.attention_kernel, training.attention_implementation)
@@ -266,7 +266,7 @@ def attention_flops_per_s(request: PlanRequest, matmul_rate: float) -> float:
             return matmul_rate
         from zeroplan.core.attention_efficiency import attention_efficiency
 
-        return (row.relative(request.batch.seq_len) * head_dim_efficiency(name, request.model.head_size)
+        return (row.relative_at(request.batch.seq_len, request.model.head_size)
                 * row.matmul_tflops * 1e12 * attention_efficiency(request, name))
     return matmul_rate * attention_relative_rate(request)
 
