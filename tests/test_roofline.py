@@ -281,3 +281,27 @@ def test_memory_bound_seconds_are_the_memory_bound_steps_sums(strategy, training
     every = step_operations(request.model, request.training, batch.micro_batch_size, batch.seq_len, batch.grad_accum_steps, 2)
     assert step_operations(request.model, request.training, batch.micro_batch_size, batch.seq_len, batch.grad_accum_steps, 2,
                            memory_only=True) == [op for op in every if op.kind is OpKind.memory]
+
+
+def test_tensor_parallel_ranks_run_the_norms_and_residual_adds_whole_without_sequence_parallelism() -> None:
+    """Megatron's tensor parallelism splits the products, the heads and the MLP width; the norms,
+    the residual adds and the normed input's gradient sums run on the whole h on every tp rank
+    unless sequence parallelism splits them along the sequence."""
+    from zeroplan.core.roofline.step import TP_REPLICATED_PASSES, memory_bound_seconds, memory_bound_step
+    from zeroplan.specs.parallel import ParallelSpec
+
+    base = _request("gpt2", strategy=StrategyKind.ddp, kernel=AttentionKernel.eager)
+    tp = base.model_copy(update={"parallel": ParallelSpec(tp=4)})
+    sp = base.model_copy(update={"parallel": ParallelSpec(tp=4, sequence_parallel=True)})
+    one, four, split = (memory_bound_step.__wrapped__(r) for r in (base, tp, sp))
+    for a, b, c in zip(one.terms, four.terms, split.terms, strict=True):
+        if a.operation.name.startswith(("autocast", "optimizer")):
+            continue  # the request's own passes, over the rank's parameters
+        assert a.operation == b.operation == c.operation
+        assert c.seconds == pytest.approx(a.seconds / 4)
+        replicated = a.operation.name in TP_REPLICATED_PASSES
+        assert b.seconds == pytest.approx(a.seconds if replicated else a.seconds / 4), a.operation.name
+    names = {t.operation.name for t in one.terms}
+    assert {"norms", "residual adds", "final norm"} <= names and "activation" in names and "attention softmax" in names
+    assert memory_bound_seconds(tp) == (four.forward_s, four.backward_s, four.optimizer_s)
+    assert sum(memory_bound_seconds(tp)) > sum(memory_bound_seconds(sp))

@@ -209,13 +209,39 @@ def _request_memory_seconds(request: PlanRequest) -> tuple[tuple[float, ...], ..
 
 @functools.lru_cache(maxsize=64)
 def _model_memory_priced(model, training, micro_batch_size: int, seq_len: int, micro_batches: int,
-                         activation_bytes: int, gpu, ranks: int) -> tuple[tuple[Operation, float], ...]:
+                         activation_bytes: int, gpu, ranks: int, tp_replicas: int = 1) -> tuple[tuple[Operation, float], ...]:
     """_model_terms' memory passes alone (step_operations' memory_only; the same arguments), each
     with its seconds on one of ``ranks`` model-parallel ranks, priced as _model_terms prices them."""
     ceilings = gpu_ceilings(gpu)
     operations = step_operations(model, training, micro_batch_size, seq_len, micro_batches, activation_bytes, memory_only=True)
     # _term's seconds, without building the terms.
-    return tuple((operation, operation_seconds(operation, ceilings)[0] / ranks) for operation in operations)
+    return tuple((operation, operation_seconds(operation, ceilings)[0] / operation_ranks(operation, ranks, tp_replicas))
+                 for operation in operations)
+
+
+TP_REPLICATED_PASSES = frozenset({"norms", "residual adds", "gradient sums", "final norm"})
+"""The memory passes that run on the block's whole s b h activation, outside its tensor-parallel
+matrix products: without sequence parallelism every tensor-parallel rank runs them in full."""
+
+
+# Megatron-LM sec. 3 (Figure 4): a block's tensor parallelism splits its matrix products, the
+# attention heads and the MLP's hidden width (the attention core, its softmax, the activation),
+# and leaves the layer norms, the residual adds (Megatron's bias-dropout-add) and the sum of the
+# normed input's gradients replicated: every rank of the tp group runs them on the whole h
+# (Korthikanti et al. 2022, sec. 4.2.2: "the layer-norm and dropouts ... are replicated across
+# the tensor parallel ranks"; sequence parallelism splits them along the sequence instead). So
+# they are divided among the pipeline and context ranks only, the rest among all tp x cp x pp.
+def operation_ranks(operation: Operation, ranks: int, tp_replicas: int) -> int:
+    """The ranks ``operation``'s work is divided among: ``ranks`` (tp x cp x pp), or ranks / tp for a
+    pass every tensor-parallel rank runs whole (``tp_replicas``: tp without sequence parallelism, else 1)."""
+    return ranks // tp_replicas if operation.name in TP_REPLICATED_PASSES else ranks
+
+
+def tp_replicas(request: PlanRequest) -> int:
+    """tp where the request's tensor-parallel ranks each run the replicated passes whole (no
+    sequence parallelism), else 1."""
+    parallel = request.parallel
+    return 1 if parallel.sequence_parallel else parallel.tp
 
 
 @functools.lru_cache(maxsize=64)
@@ -230,7 +256,8 @@ def _model_shape(request: PlanRequest) -> tuple:
     model's terms whether or not the request compiles, as _step_terms(eager=True))."""
     batch = request.batch
     return (request.model, request.training, batch.micro_batch_size, batch.seq_len, batch.grad_accum_steps,
-            request.training.precision.compute_bytes, request.cluster.gpu, request.parallel.model_parallel_size)
+            request.training.precision.compute_bytes, request.cluster.gpu, request.parallel.model_parallel_size,
+            tp_replicas(request))
 
 
 def eager_softmax_seconds(request: PlanRequest) -> tuple[float, float]:
@@ -254,10 +281,10 @@ def _memory_seconds_by_phase(priced: list[tuple[Operation, float]]) -> tuple[tup
                        if operation.kind is OpKind.memory and operation.op_pass in passes) for passes in _PHASES)
 
 
-def _term(operation: Operation, ceilings: GpuCeilings, ranks: int) -> RooflineTerm:
+def _term(operation: Operation, ceilings: GpuCeilings, ranks: int, tp_replicas: int = 1) -> RooflineTerm:
     """One of the replica's operations on one of its ``ranks`` model-parallel ranks."""
     seconds, bound = operation_seconds(operation, ceilings)
-    return RooflineTerm(operation=operation, seconds=seconds / ranks, bound=bound)
+    return RooflineTerm(operation=operation, seconds=seconds / operation_ranks(operation, ranks, tp_replicas), bound=bound)
 
 
 # The model's own operations depend on the model, the training, the batch's shape, the GPU and
@@ -265,11 +292,11 @@ def _term(operation: Operation, ceilings: GpuCeilings, ranks: int) -> RooflineTe
 # groups of one layout) share them.
 @functools.lru_cache(maxsize=64)
 def _model_terms(model, training, micro_batch_size: int, seq_len: int, micro_batches: int, activation_bytes: int,
-                 gpu, ranks: int) -> tuple[RooflineTerm, ...]:
+                 gpu, ranks: int, tp_replicas: int = 1) -> tuple[RooflineTerm, ...]:
     """The eager step's operations (step_operations) priced on ``gpu``'s ceilings, per rank."""
     ceilings = gpu_ceilings(gpu)
     operations = step_operations(model, training, micro_batch_size, seq_len, micro_batches, activation_bytes)
-    return tuple(_term(operation, ceilings, ranks) for operation in operations)
+    return tuple(_term(operation, ceilings, ranks, tp_replicas) for operation in operations)
 
 
 def _request_operations(request: PlanRequest) -> list[Operation]:
@@ -291,14 +318,15 @@ def _step_terms(request: PlanRequest, eager: bool) -> RooflineStep:
     batch = request.batch
     activation_bytes = request.training.precision.compute_bytes
     ranks = request.parallel.model_parallel_size
+    replicas = tp_replicas(request)
     if request.training.compile and not eager:
         operations = compiled_block_operations(request, step_operations(
             request.model, request.training, batch.micro_batch_size, batch.seq_len, batch.grad_accum_steps,
             activation_bytes))
-        terms = [_term(operation, ceilings, ranks) for operation in operations]
+        terms = [_term(operation, ceilings, ranks, replicas) for operation in operations]
     else:
         terms = list(_model_terms(request.model, request.training, batch.micro_batch_size, batch.seq_len,
-                                  batch.grad_accum_steps, activation_bytes, request.cluster.gpu, ranks))
+                                  batch.grad_accum_steps, activation_bytes, request.cluster.gpu, ranks, replicas))
     for operation in _request_operations(request):
         seconds, bound = operation_seconds(operation, ceilings)
         terms.append(RooflineTerm(operation=operation, seconds=seconds, bound=bound))
