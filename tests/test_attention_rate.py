@@ -132,3 +132,11 @@ def test_eager_attention_moves_its_scores_per_head_so_wider_heads_run_faster() -
                                    2048, 96) == pytest.approx(attention_rate_row(GpuArchitecture.ampere, "eager").relative_at(2048, 96))
     fa2 = attention_rate_row(GpuArchitecture.ampere, "flash-attn-2")
     assert fa2.relative_at(2048, 80) == pytest.approx(fa2.relative(2048) * 80 / 96)
+
+
+def test_eager_attention_with_unequal_query_and_value_heads_runs_at_their_mean_width() -> None:
+    # MLA's scores take 2 d_qk FLOPs and its values 2 d_v: 2 (d_qk + d_v) a score, the mean width's.
+    eager = attention_rate_row(GpuArchitecture.hopper, "eager")
+    assert eager.relative_at(4096, 192, 128) == pytest.approx(eager.relative_at(4096, 160))
+    flash = attention_rate_row(GpuArchitecture.hopper, "flash-attn-2")
+    assert flash.relative_at(4096, 192, 128) == flash.relative_at(4096, 192)

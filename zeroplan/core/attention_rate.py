@@ -73,12 +73,14 @@ class AttentionRate(Frozen):
                 return (self.tflops[i] + t * (self.tflops[i + 1] - self.tflops[i])) / self.matmul_tflops
         return self.tflops[-1] / self.matmul_tflops
 
-    def relative_at(self, seq_len: int, head_dim: int) -> float:
-        """r at ``seq_len`` for the model's head dimension ``head_dim``: a flash kernel's at d over
-        its padded width (head_dim_efficiency), eager attention's by its per-score passes
-        (eager_relative_at_head_dim)."""
+    def relative_at(self, seq_len: int, head_dim: int, v_head_dim: int | None = None) -> float:
+        """r at ``seq_len`` for the model's query/key head dimension ``head_dim`` (and value head
+        dimension, where it differs: MLA): a flash kernel's at d over its padded width
+        (head_dim_efficiency), eager attention's by its per-score passes at the mean of the two,
+        2 (d_qk + d_v) FLOPs per score (eager_relative_at_head_dim)."""
         if self.kernel == AttentionKernel.eager.value:
-            return eager_relative_at_head_dim(self.relative(seq_len), head_dim)
+            width = head_dim if v_head_dim is None else (head_dim + v_head_dim) / 2
+            return eager_relative_at_head_dim(self.relative(seq_len), width)
         return self.relative(seq_len) * head_dim_efficiency(self.kernel, head_dim)
 
 
@@ -175,7 +177,7 @@ PUBLISHED_HEAD_DIM = 128
 # panels (causal 'Pytorch', x2 executed: A100 15, 16, 17, 18, 18; H100 26, 29, 31, 32, 32 plotted)
 # are what it predicts from the 128 panels at 1k-8k within 9 %, 16-19 % slow at 512
 # (tests/test_attention_rate.py).
-def eager_relative_at_head_dim(relative_128: float, head_dim: int) -> float:
+def eager_relative_at_head_dim(relative_128: float, head_dim: float) -> float:
     """Eager attention's r at head dimension ``head_dim`` from its published r at 128."""
     return 1 / (1 + (1 / relative_128 - 1) * PUBLISHED_HEAD_DIM / head_dim)
 
@@ -185,11 +187,11 @@ def eager_relative_at_head_dim(relative_128: float, head_dim: int) -> float:
 @lru_cache(maxsize=256)
 def relative_attention_rate(architecture: GpuArchitecture | None, kernel: AttentionKernel,
                             implementation: AttentionImplementation, seq_len: int,
-                            head_dim: int | None = None) -> float:
+                            head_dim: int | None = None, v_head_dim: int | None = None) -> float:
     """r: attention's FLOP rate over the matrix products' for this GPU generation and kernel at
     ``seq_len`` and ``head_dim`` (unpadded where None), 1 where the table has no row."""
     name = kernel_name(kernel, implementation)
     row = attention_rate_row(architecture, name)
     if row is None:
         return 1.0
-    return row.relative(seq_len) if head_dim is None else row.relative_at(seq_len, head_dim)
+    return row.relative(seq_len) if head_dim is None else row.relative_at(seq_len, head_dim, v_head_dim)

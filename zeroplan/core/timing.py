@@ -247,7 +247,7 @@ def attention_relative_rate(request: PlanRequest) -> float:
     training = request.training
     return relative_attention_rate(request.cluster.gpu.architecture, training.attention_kernel,
                                    training.attention_implementation, request.batch.seq_len,
-                                   request.model.head_size)
+                                   request.model.head_size, request.model.v_head_size)
 
 
 def attention_flops_per_s(request: PlanRequest, matmul_rate: float) -> float:
@@ -266,7 +266,7 @@ def attention_flops_per_s(request: PlanRequest, matmul_rate: float) -> float:
             return matmul_rate
         from zeroplan.core.attention_efficiency import attention_efficiency
 
-        return (row.relative_at(request.batch.seq_len, request.model.head_size)
+        return (row.relative_at(request.batch.seq_len, request.model.head_size, request.model.v_head_size)
                 * row.matmul_tflops * 1e12 * attention_efficiency(request, name))
     return matmul_rate * attention_relative_rate(request)
 
