@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from zeroplan.core.activations import norm_bytes, rms_norm_operand_bytes
+from zeroplan.core.buffers import block_backward_transient_bytes, transient_buffer_bytes
 from zeroplan.core.framework_loss import LITGPT_LOSS_CHUNK_TOKENS, fsdp_head_gathered_bytes, framework_logits_pieces
 from zeroplan.core.frameworks import expanded_kv_extra_bytes, hf_bf16_norm_savings_bytes
 from zeroplan.core.params import total_parameters
@@ -96,6 +97,23 @@ def test_fsdp1_root_unit_stays_gathered_to_the_loss_backward() -> None:
     gathered = fsdp_head_gathered_bytes(request)
     assert gathered >= 2 * 2 * 128256 * 4096  # bf16 embedding and head, unsharded
     assert framework_logits_pieces(request)[1] == 3 * 4 * S * B * 128256 + gathered
+
+
+def test_the_fsdp1_root_is_held_beside_every_blocks_units() -> None:
+    """FSDP1 reshards the root only at its own post-backward, after every block's: a block's
+    backward holds the root (embedding and head, the head's gradient) and its own units, which
+    the largest unit (the root) does not bound; hf's and torchtune's FSDP2 roots are bounded."""
+    request = _request("llama-2-7b", kind=StrategyKind.fsdp_full_shard, gpus=4)
+    root = 2 * 2 * 32000 * 4096 + 2 * 4096  # bf16 embedding, head and final norm, unsharded
+    head_gradient = 2 * 32000 * 4096
+    # One Llama-2-7B block in bf16 (q, k, v, o 4096^2, the MLP 3 x 4096 x 11008, two norms): two
+    # gathered (the block's and the one prefetched) and its unsharded gradient.
+    block = 2 * (4 * 4096 * 4096 + 3 * 4096 * 11008 + 2 * 4096)
+    held = block_backward_transient_bytes(request)
+    assert held > transient_buffer_bytes(request)  # the root alone, with its gradient
+    assert root + head_gradient + 3 * block <= held < root + head_gradient + 3 * block + 2**20  # shard padding
+    hf = _request("llama-2-7b", kind=StrategyKind.fsdp_full_shard, gpus=4, framework=Framework.hf)
+    assert block_backward_transient_bytes(hf) <= transient_buffer_bytes(hf)
 
 
 def test_strategies_defaults_and_refusals() -> None:

@@ -444,6 +444,13 @@ def block_backward_transient_bytes(request: PlanRequest) -> int:
         # gradients at its softmax's backward are in the workspace (zeroplan.core.fairseq).
         return root + (1 + request.strategy.prefetch_units) * largest_gathered
     block_units = (1 + request.strategy.prefetch_units) * largest_gathered + largest_elements * gradient_wire_bytes(request)
+    if profile(request.training.framework).runs_fsdp1:
+        # torch 2.13 distributed/fsdp/_runtime_utils.py _post_forward_reshard: FSDP1 does not
+        # reshard the root after its forward (free_unsharded_flat_param is false for the root), and
+        # the root's post-backward, which reshards it, runs after every block's. litgpt's root
+        # (Lightning's FSDPStrategy, auto_wrap_policy={Block}: wte, ln_f, lm_head) is thus gathered,
+        # with its head's gradient, beside each block's units: the largest unit does not bound them.
+        return root + block_units
     return min(root + block_units, transient_buffer_bytes(request))
 
 

@@ -70,6 +70,13 @@ def fairseq_softmax_backward_bytes(request: PlanRequest) -> int:
     return softmax_backward_extra_bytes(request)
 
 
+def hf_softmax_backward_bytes(request: PlanRequest) -> int:
+    """transformers' eager softmax backward on CUDA (zeroplan.core.hf_eager_backward); 0 elsewhere."""
+    from zeroplan.core.hf_eager_backward import softmax_backward_extra_bytes
+
+    return softmax_backward_extra_bytes(request)
+
+
 def _workspace(request: PlanRequest) -> int:
     return backward_workspace_bytes(request.model, request.training, request.batch.seq_len, request.batch.micro_batch_size)
 
@@ -160,7 +167,7 @@ def _micro_batch_terms(request: PlanRequest) -> tuple[tuple[str, object], ...]:
     # A block's backward under torch's ring attention also holds the ring's buffers.
     workspace = (rank_workspace_bytes(request, _workspace) + expert_dispatch_bytes(request) + dequantized_weight_bytes(request)
                  + dora_weight_norm_bytes(request) + ring_attention_backward_extra_bytes(request)
-                 + fairseq_softmax_backward_bytes(request))
+                 + fairseq_softmax_backward_bytes(request) + hf_softmax_backward_bytes(request))
     logits_pieces: tuple[int, ...] = ()
     if training.framework is Framework.zeroplan:
         # The reference model's recomputed block stays with its activations at every moment.

@@ -290,9 +290,34 @@ def lora_layer_delta_bytes(request: PlanRequest, norm_savings_bytes: int = 0) ->
     unless the request trains adapters); ``norm_savings_bytes``: what the framework's norm
     keeps less than zeroplan.core.activations.norm_bytes in a full fine-tune (HF's bf16 module:
     zeroplan.core.frameworks.hf_bf16_norm_savings_bytes)."""
-    finetune = request.training.finetune
-    if not finetune.is_lora:
+    if not request.training.finetune.is_lora:
         return 0
+    return _lora_delta_bytes(request, norm_savings_bytes, BLOCK_TARGETS, request.model.norms_per_block)
+
+
+BLOCK_TARGETS = frozenset(LoraTarget) - {LoraTarget.output}
+"""The adapters inside a decoder block (the LM head's, LoraTarget.output, is outside)."""
+
+AFTER_ATTENTION_TARGETS = frozenset({LoraTarget.o, LoraTarget.gate, LoraTarget.up, LoraTarget.down})
+"""The block's linears that run after the attention core (its output projection and the MLP)."""
+
+
+# The part of lora_layer_delta_bytes that the block's tensors saved after its attention core
+# make: the groups of INPUT_GROUPS read there (o, gate/up, down), their adapters, the MLP's fp32
+# outputs under hf's QLoRA and the norms after the first (the pre-attention one runs before it).
+# What a block's backward has freed by the time it reaches the attention core (zeroplan.core.
+# hf_eager_backward) is the full fine-tune's tensors there plus this.
+def lora_after_attention_delta_bytes(request: PlanRequest, norm_savings_bytes: int = 0) -> int:
+    """lora_layer_delta_bytes' share from the tensors a block saves after its attention core."""
+    if not request.training.finetune.is_lora:
+        return 0
+    return _lora_delta_bytes(request, norm_savings_bytes, AFTER_ATTENTION_TARGETS, request.model.norms_per_block - 1)
+
+
+def _lora_delta_bytes(request: PlanRequest, norm_savings_bytes: int, within: frozenset[LoraTarget], norms: int) -> int:
+    """lora_layer_delta_bytes over the input groups and adapters of the linears ``within`` and
+    ``norms`` of the block's norms."""
+    finetune = request.training.finetune
     training = request.training
     e = training.precision.compute_bytes
     s, b = request.batch.seq_len, request.batch.micro_batch_size
@@ -302,6 +327,8 @@ def lora_layer_delta_bytes(request: PlanRequest, norm_savings_bytes: int = 0) ->
     # Full fine-tune: one copy of each input, kept by the linears that read it (layer_terms'
     # qkv_input, output_projection_input, mlp_input, and the product inside mlp_inner).
     for group, kind, kept_anyway in INPUT_GROUPS:
+        if not within.issuperset(group):
+            continue
         width = input_width(request, kind)
         delta += _group_input_bytes(request, group, width, kept_anyway) - e * tokens * width
     # bitsandbytes 0.50.2 nn/modules.py Linear4bit.forward casts its output back to its input's
@@ -309,11 +336,13 @@ def lora_layer_delta_bytes(request: PlanRequest, norm_savings_bytes: int = 0) ->
     # residual stream is fp32 (FineTuneSpec.module_in_bf16), so the gate and up outputs and
     # SiLU's, which the MLP keeps, are fp32 (measured: the hf QLoRA and int8 block records'
     # three [b, s, f] fp32 saved tensors).
-    if quantized_base_outputs_fp32(request):
+    if quantized_base_outputs_fp32(request) and LoraTarget.gate in within:
         delta += 3 * (FP32_BYTES - e) * tokens * request.model.ffn_hidden_size
     # Each adapter's B keeps A's r-wide output (adapter_matmul_bytes).
-    delta += sum(adapter_matmul_bytes(request) * tokens * finetune.lora_rank for t in targets if t is not LoraTarget.output)
-    return delta + dora_kept_bytes(request) + frozen_norms_delta(request, norm_savings_bytes)
+    delta += sum(adapter_matmul_bytes(request) * tokens * finetune.lora_rank for t in targets if t in within)
+    dora = dora_kept_bytes(request, within)
+    whole_norms = frozen_norms_delta(request, norm_savings_bytes)
+    return delta + dora + whole_norms * norms // max(1, request.model.norms_per_block)
 
 
 def _dora_linears(request: PlanRequest) -> list[tuple[LoraTarget, int, int]]:
@@ -338,12 +367,12 @@ def _adapter_bytes(request: PlanRequest) -> int:
 # DoRALinear.forward): out = (m/||W+sBA|| - 1) * base_out + m/||W+sBA|| * lora_out * s. Each of
 # the two products keeps its [tokens, out] operand, base_out and lora_out, in the compute dtype;
 # the division keeps the norm, and the products the two out-wide scales, in the adapters' dtype.
-def dora_kept_bytes(request: PlanRequest) -> int:
-    """What DoRA adds to what one LoRA block keeps (0 without DoRA)."""
+def dora_kept_bytes(request: PlanRequest, within: frozenset[LoraTarget] = frozenset(LoraTarget)) -> int:
+    """What DoRA adds to what one LoRA block keeps (0 without DoRA), over the linears ``within``."""
     e = request.training.precision.compute_bytes
     tokens = request.batch.seq_len * request.batch.micro_batch_size
     return sum((_base_output_bytes(request, target) + e) * tokens * out + 3 * _adapter_bytes(request) * out
-               for target, _, out in _dora_linears(request))
+               for target, _, out in _dora_linears(request) if target in within)
 
 
 # bitsandbytes 0.50.2 Linear4bit.forward returns its output in its input's dtype: under hf's
