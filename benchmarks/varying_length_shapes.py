@@ -8,8 +8,9 @@ set (4,959 samples) at max_length 512, 1024 and 2048, dropping longer samples, i
 (transformers 4.36 Trainer's RandomSampler: SwiftMixin._get_train_sampler with
 train_sampler_random True), batch 1, eager tokenization (lazy_tokenize False), no sorting
 (test_oom_error False) and no empty_cache in the loop. Its growth over the one step at max_length,
-per logit-sized tensor, is (measured - planned) / (3 fp32 tensors of max_length x 151,936):
-1.8B, 7B and 14B alike within 0.1.
+per logit-sized tensor, is (measured - planned step) / (3 segments of an fp32 max_length x
+151,936 tensor): 1.8B, 7B and 14B alike within 0.3. Each record is counted once per segment size
+(zeroplan.allocator.varying_lengths.segment_size_cdf).
 
     python benchmarks/varying_length_shapes.py
 """
@@ -25,11 +26,16 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.published_memory_accuracy import load_rows, predict  # noqa: E402
+from benchmarks.varying_length_rows import without_flag  # noqa: E402
+from zeroplan.allocator.config import parse_alloc_conf  # noqa: E402
+from zeroplan.allocator.rules import allocation_size, round_size  # noqa: E402
+from zeroplan.allocator.varying_lengths import segment_size_cdf  # noqa: E402
 from zeroplan.core.length_records import expected_record_sum, regularized_gamma_p  # noqa: E402
 
 GIB = 2**30
 MEAN, SD, MIN, SAMPLES, VOCAB = 3234.4, 2547.5, 91, 4959, 151_936
 LENGTHS = (512, 1024, 2048)
+DEFAULT_ALLOCATOR = parse_alloc_conf("")
 
 
 def gamma_cdf(shape: float):
@@ -45,12 +51,19 @@ def lognormal_cdf():
     return lambda tokens: 0.5 * math.erfc(-(math.log(max(tokens, 1e-9)) - mu) / math.sqrt(2 * sigma2))
 
 
+def segment_bytes(tokens: int) -> int:
+    """The segment an fp32 logit row of Qwen's vocabulary at ``tokens`` gets (default allocator)."""
+    return allocation_size(round_size(4 * VOCAB * tokens, DEFAULT_ALLOCATOR))
+
+
 def per_tensor_growth(cdf, seq_len: int) -> tuple[float, int]:
-    """(expected sum over the record batches below the longest of tokens / seq_len, batches)."""
+    """(expected sum over the record batches below the longest of their segments, in segments of
+    seq_len, batches): zeroplan.allocator.varying_lengths' sum for one logit-sized tensor."""
     below = cdf(seq_len)
     batches = max(1, round(SAMPLES * below))
     table = [(tokens, cdf(tokens) / below) for tokens in range(MIN, seq_len + 1)]
-    records, longest = expected_record_sum(table, batches, lambda tokens: tokens / seq_len)
+    full = segment_bytes(seq_len)
+    records, longest = expected_record_sum(segment_size_cdf(table, segment_bytes), batches, lambda t: segment_bytes(t) / full)
     return records - longest, batches
 
 
@@ -59,7 +72,8 @@ def measured_growth(seq_len: int) -> list[float]:
     for row in load_rows():
         if row["id"].startswith("swift-bm-qwen-") and row["id"].endswith(f"-chat-lora-{seq_len}") and row["measured_value"]:
             measured = float(row["measured_value"]) * int(row["unit_bytes"])
-            out.append((measured - predict(row)["predicted"]) / (3 * 4 * VOCAB * seq_len))
+            step = predict({**row, "extra_flags": without_flag(row["extra_flags"])})["predicted"]
+            out.append((measured - step) / (3 * segment_bytes(seq_len)))
     return out
 
 
