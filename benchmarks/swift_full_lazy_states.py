@@ -35,6 +35,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.published_memory_accuracy import argv_of, load_rows, predict  # noqa: E402
+from benchmarks.varying_length_rows import without_flag  # noqa: E402
 from zeroplan.allocator.config import parse_alloc_conf  # noqa: E402
 from zeroplan.allocator.replay import ALLOC_OP, FREE_OP, replay  # noqa: E402
 from zeroplan.allocator.schedule import step_ops  # noqa: E402
@@ -160,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
     rows = {row["id"]: row for row in load_rows()}
     for rid in options.rows:
-        row = rows[rid]
+        # The one step at max_length: the epoch's lengths are replayed here, not taken as a term.
+        row = {**rows[rid], "extra_flags": without_flag(rows[rid]["extra_flags"])}
         seq_len = int(row["seq_len"])
         flags = argv_of(row)
         flags = [f for i, f in enumerate(flags) if f != "--seq-len" and (i == 0 or flags[i - 1] != "--seq-len")]
