@@ -23,6 +23,8 @@ reserved peak stays within the usable memory (so the term is at most what the on
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from zeroplan.allocator.config import parse_alloc_conf
 from zeroplan.allocator.fsdp_schedule import loss_allocations
 from zeroplan.allocator.rules import allocation_size, round_size
@@ -44,6 +46,26 @@ def record_tensor_bytes(request: PlanRequest, terms: PeakTerms) -> list[int]:
     moment = max(moments, key=sum)
     largest = max(moment, default=0)
     return [size for size in moment if size >= EQUAL_SIZE_FRACTION * largest and size > 0]
+
+
+# c10/cuda/CUDACachingAllocator.cpp get_free_block: a request is served by any cached block at
+# least as large, so a batch longer than every earlier one still fits the segment its longest
+# predecessor left when its request rounds (round_size) to no more than that segment
+# (get_allocation_size: 2 MiB steps above 10 MiB, 3.4 tokens of a 151,936-entry fp32 logit row).
+# What takes a new segment is a batch whose segment size exceeds every earlier one's: the length
+# CDF taken at the last length of each segment size.
+def segment_size_cdf(cdf: list[tuple[int, float]], segment: Callable[[int], int]) -> list[tuple[int, float]]:
+    """``cdf`` (length, P(batch length <= it)) at the last length of each distinct segment size."""
+    out: list[tuple[int, float]] = []
+    last = None
+    for tokens, f in cdf:
+        size = segment(tokens)
+        if size == last:
+            out[-1] = (tokens, f)
+        else:
+            out.append((tokens, f))
+        last = size
+    return out
 
 
 def varying_length_reserve_bytes(request: PlanRequest, terms: PeakTerms, reserved_bytes: int, usable_bytes: int) -> int:
@@ -71,6 +93,6 @@ def varying_length_reserve_bytes(request: PlanRequest, terms: PeakTerms, reserve
         def segment(tokens: int, tensor: int = tensor) -> int:
             return allocation_size(round_size(max(1, tensor * tokens // seq_len), config))
 
-        records, longest = expected_record_sum(cdf, batches, segment)
+        records, longest = expected_record_sum(segment_size_cdf(cdf, segment), batches, segment)
         extra += records - longest
     return max(0, min(int(extra), usable_bytes - reserved_bytes))

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from zeroplan.specs.lengths import LongSamples, VaryingLengths
 
 MAX_LENGTH_BINS = 4096
-"""Lengths are taken in at most this many equal bins up to seq_len: a record counts once per
-bin (at seq_len 2048, 1 token; at 32k, 8 tokens, 4.6 MiB of a 152k-vocabulary fp32 logit row
-each, about the allocator's 2 MiB segment rounding)."""
+"""Lengths are taken in at most this many equal bins up to seq_len (at seq_len 2048, 1 token; at
+32k, 8 tokens, 4.6 MiB of a 152k-vocabulary fp32 logit row each); the allocator's reserve then
+counts a record once per segment size, 2 MiB steps (zeroplan.allocator.varying_lengths.segment_size_cdf)."""
 
 
 # Numerical Recipes (Press et al., 3rd ed.) sec. 6.2: the regularised lower incomplete gamma

@@ -1,0 +1,187 @@
+"""ms-swift's December full fine-tune rows (Qwen-7B, one A100 80GB, `swift-dec-qwen-7b-chat-full-*`)
+replayed over an epoch of varying-length micro-batches, with the gradients and AdamW states
+allocated when HF Trainer's loop allocates them rather than before the first step.
+
+What the run does (ms-swift cfcb672 run_single.py and sft.py; transformers 4.36 Trainer; torch 2.1):
+1,000 samples cut to max_length (truncation_left), batch 1, a random order (RandomSampler),
+gradient_accumulation_steps 16, adamw_torch, max_grad_norm 0.5, gradient checkpointing.
+- Each accumulation window's first backward creates every .grad (AccumulateGrad keeps the
+  backward's new tensor); the later backwards add into it (a temporary of the parameter's size).
+- `model.zero_grad()` after each optimizer step sets them to None (torch 2.x default), so the
+  next window creates them again, wherever the cached segments of that moment put them.
+- AdamW's `_init_group` creates exp_avg and exp_avg_sq (zeros_like, per parameter) at the first
+  step, after 16 micro-batches of varying length; the foreach step allocates sqrt(exp_avg_sq)
+  for every parameter at once (`_multi_tensor_adamw`) and frees it.
+The planner's own step instead allocates parameters, states and gradients first (its trace
+between steps). Each micro-batch's activations and loss tensors are the planner's own step at
+that length (zeroplan.allocator.schedule.step_ops), so the difference is the order alone.
+
+Lengths: the page's statistics (3234.4 +- 2547.5, min 91) as a shifted gamma, cut to
+max_length, in seeded random orders. Prints, per row and seed, the reserved peak of the replay
+on the usable memory with the states up front and created lazily, and whether it completed.
+
+    python benchmarks/swift_full_lazy_states.py [--seeds 3] [--rows ID ...]   # about two minutes
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.published_memory_accuracy import argv_of, load_rows, predict  # noqa: E402
+from benchmarks.varying_length_rows import without_flag  # noqa: E402
+from zeroplan.allocator.config import parse_alloc_conf  # noqa: E402
+from zeroplan.allocator.replay import ALLOC_OP, FREE_OP, replay  # noqa: E402
+from zeroplan.allocator.schedule import step_ops  # noqa: E402
+from zeroplan.cli.fit import request_from_args  # noqa: E402
+from zeroplan.cli.main import build_parser  # noqa: E402
+from zeroplan.core.feasibility import usable_memory_bytes  # noqa: E402
+from zeroplan.core.plan import peak_terms  # noqa: E402
+from zeroplan.specs.strategy import StrategyKind  # noqa: E402
+
+GIB = 2**30
+MEAN, SD, MIN, SAMPLES = 3234.4, 2547.5, 91, 1000
+ROWS = ("swift-dec-qwen-7b-chat-full-2048", "swift-dec-qwen-7b-chat-full-4096", "swift-dec-qwen-7b-chat-full-8192-oom")
+BF16 = 2
+
+
+def qwen1_parameters(model) -> tuple[list[int], list[list[int]], list[int]]:
+    """Bytes of each bf16 parameter in model.parameters() order, grouped: (wte), per block
+    (ln_1, c_attn weight and bias, c_proj, ln_2, w1, w2, mlp c_proj: modeling_qwen.py QWenBlock),
+    (ln_f, lm_head)."""
+    h, f, v = model.hidden_size, model.ffn_hidden_size, model.vocab_size
+    block = [h, 3 * h * h, 3 * h, h * h, h, f * h, f * h, h * f]
+    return [v * h * BF16], [[n * BF16 for n in block] for _ in range(model.num_layers)], [h * BF16, v * h * BF16]
+
+
+def lengths_of(seq_len: int, seed: int) -> list[int]:
+    shape, scale = ((MEAN - MIN) / SD) ** 2, SD**2 / (MEAN - MIN)
+    rng = random.Random(seed)
+    return [min(seq_len, int(MIN + rng.gammavariate(shape, scale))) for _ in range(SAMPLES)]
+
+
+class Steps:
+    """The planner's step at each length, split into the micro-batch's own ops (activations,
+    loss, recompute) and the points where the backward reaches the head and each block."""
+
+    def __init__(self, flags: list[str]):
+        self.flags, self.cache = flags, {}
+
+    def at(self, tokens: int):
+        if tokens not in self.cache:
+            args = build_parser().parse_args([*self.flags, "--seq-len", str(tokens)])
+            request = request_from_args(args, StrategyKind.ddp)
+            ops = step_ops(request, *peak_terms(request))
+            freed = {ident for kind, ident, _, _ in ops if kind == FREE_OP}
+            end = len(ops)
+            while ops[end - 1][0] == FREE_OP:
+                end -= 1
+            start = end
+            while ops[start - 1][0] == ALLOC_OP:
+                start -= 1
+            # Up to the optimizer's temporaries: the micro-batch; model states (never freed) and
+            # the gradients (freed after the temporaries) are left to the caller.
+            late = {ident for _, ident, _, _ in ops[end:]}
+            temporaries = {ident for _, ident, _, _ in ops[start:end]}
+            body = [op for op in ops[:start] if op[1] in freed and op[1] not in late - temporaries]
+            allocs = [op for op in body if op[0] == ALLOC_OP]
+            largest = max(size for _, _, size, _ in allocs)
+            loss_ids = {ident for _, ident, size, _ in allocs if size >= 0.99 * largest}
+            first_loss = next(i for i, op in enumerate(body) if op[1] in loss_ids)
+            checkpoints = [op[1] for op in body[:first_loss] if op[0] == ALLOC_OP]
+            head = max(i for i, op in enumerate(body) if op[0] == FREE_OP and op[1] in loss_ids)
+            block_done = {op[1]: i for i, op in enumerate(body) if op[0] == FREE_OP and op[1] in checkpoints}
+            # The last checkpoint freed first: the backward runs the blocks from the last.
+            points = [block_done[ident] for ident in checkpoints]
+            self.cache[tokens] = (body, head, points)
+        return self.cache[tokens]
+
+
+def epoch_ops(steps: Steps, lengths: list[int], model, accum: int, lazy: bool) -> list[tuple[int, int, int, int]]:
+    wte, blocks, tail = qwen1_parameters(model)
+    sizes = wte + [s for b in blocks for s in b] + tail
+    next_id = [10**9]
+
+    def new(size: int) -> tuple[int, int, int, int]:
+        next_id[0] += 1
+        return (ALLOC_OP, next_id[0], size, 0)
+
+    ops = [new(s) for s in sizes]
+    states = [new(s) for s in sizes for _ in range(2)]
+    grads_up_front = [new(s) for s in sizes]
+    if not lazy:
+        ops += states + grads_up_front
+    states_made = not lazy
+    grads: list[tuple[int, int, int, int]] = []
+    for n, tokens in enumerate(lengths):
+        body, head, points = steps.at(tokens)
+        shift = (n + 1) * 10**7
+        body = [(kind, ident + shift, size, stream) for kind, ident, size, stream in body]
+        first = n % accum == 0
+        inserts: dict[int, list] = {}
+        if lazy:
+            # AccumulateGrad: the first backward's tensor becomes .grad; later ones add into it.
+            def made(group: list[int], first: bool = first, grads: list = grads) -> list:
+                if first:
+                    out = [new(s) for s in group]
+                    grads.extend(out)
+                    return out
+                out = [new(s) for s in group]
+                return out + [(FREE_OP, op[1], 0, 0) for op in out]
+
+            inserts[head] = made(tail[::-1])
+            for j, point in enumerate(points):
+                inserts[point] = made(blocks[len(blocks) - 1 - j][::-1])
+            inserts[points[-1]] = inserts[points[-1]] + made(wte)
+        for i, op in enumerate(body):
+            ops.append(op)
+            ops += inserts.get(i, [])
+        if (n + 1) % accum == 0 or n == len(lengths) - 1:
+            if not states_made:
+                ops += states
+                states_made = True
+            temporaries = [new(s) for s in sizes]  # foreach sqrt(exp_avg_sq)
+            ops += temporaries + [(FREE_OP, op[1], 0, 0) for op in temporaries]
+            if lazy:
+                ops += [(FREE_OP, op[1], 0, 0) for op in grads]  # zero_grad(set_to_none=True)
+                grads = []
+    return ops
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--rows", nargs="*", default=list(ROWS), choices=ROWS)
+    options = parser.parse_args(argv)
+    rows = {row["id"]: row for row in load_rows()}
+    for rid in options.rows:
+        # The one step at max_length: the epoch's lengths are replayed here, not taken as a term.
+        row = {**rows[rid], "extra_flags": without_flag(rows[rid]["extra_flags"])}
+        seq_len = int(row["seq_len"])
+        flags = argv_of(row)
+        flags = [f for i, f in enumerate(flags) if f != "--seq-len" and (i == 0 or flags[i - 1] != "--seq-len")]
+        request = request_from_args(build_parser().parse_args([*flags, "--seq-len", str(seq_len)]), StrategyKind.ddp)
+        usable = usable_memory_bytes(request)
+        measured = f"{float(row['measured_value']) * int(row['unit_bytes']) / GIB:.2f} GiB" if row["measured_value"] else "OOM"
+        print(f"{rid}: measured {measured}; planned step {predict(row)['predicted'] / GIB:.2f} GiB; usable {usable / GIB:.2f}")
+        steps = Steps(flags)
+        for seed in range(options.seeds):
+            lengths = lengths_of(seq_len, seed)
+            line = []
+            for lazy in (False, True):
+                result = replay(epoch_ops(steps, lengths, request.model, int(row["grad_accum"]), lazy), parse_alloc_conf(""), usable)
+                state = "completed" if result.completed else f"OOM ({result.oom_request_bytes / GIB:.2f} GiB request)"
+                line.append(f"{'lazy' if lazy else 'up front'} {result.reserved_peak_bytes / GIB:.2f} GiB {state}, "
+                            f"{result.alloc_retries} retries")
+            print(f"  seed {seed}: " + "; ".join(line))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
