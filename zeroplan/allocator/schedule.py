@@ -9,7 +9,7 @@ lists what it approximates."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from zeroplan.allocator.builder import TraceBuilder, even_parts, split_bytes
 from zeroplan.allocator.eager_softmax_workspace import eager_softmax_workspace, record_workspace
@@ -37,7 +37,7 @@ from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.training import ActivationCheckpointing, StateConvention
 from zeroplan.units import FP32_BYTES
 from zeroplan.core.model_states import ModelStateBytes
-from zeroplan.core.peak import PeakTerms
+from zeroplan.core.peak import PeakTerms, peak_allocated_bytes
 
 
 
@@ -208,6 +208,21 @@ class StepInputs:
 
 def step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms) -> StepInputs:
     """What the request's step schedule reads (StepInputs)."""
+    inputs = _step_inputs(request, states, terms)
+    # The planner's forward moment does not count the eager scores' temporaries of a
+    # checkpointed block's first forward: where they would lift the trace's requested peak past
+    # the planner's allocated peak (or past the trace's own without them, where the FSDP
+    # schedule's is above it already), the forward makes none (eager_softmax_workspace).
+    if not inputs.block_forward_steps:
+        return inputs
+    peak = record_step(inputs).requested_peak_bytes
+    if peak <= peak_allocated_bytes(states, terms, request.batch.grad_accum_steps)[0]:
+        return inputs
+    without = replace(inputs, block_forward_steps=())
+    return inputs if peak <= record_step(without).requested_peak_bytes else without
+
+
+def _step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms) -> StepInputs:
     blocks = max(1, request.model.num_layers // request.parallel.pp)
     common = dict(blocks=blocks, accumulating=request.batch.grad_accum_steps > 1,
                   parameter_bytes=states.parameter_bytes, optimizer_state_bytes=states.optimizer_state_bytes,
