@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zeroplan.allocator.builder import TraceBuilder, proportional_bytes, split_bytes
+from zeroplan.allocator.eager_softmax_workspace import record_workspace
 from zeroplan.allocator.trace import Stream
 from zeroplan.core.compiled import COMPILED_CROSS_ENTROPY_ROW_BYTES, compiles_loss
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes
@@ -313,6 +314,7 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
             b.mark()
             parameters = gather(unit)
             saved.append(b.alloc_parts(block_parts))
+            b.free(record_workspace(b, x.block_forward_steps))
             cache += b.alloc_parts(list(cache_parts[position]))
             run_sequence_parallel_forward(b, f.sequence_parallel)
             if held_root and position == len(block_units) - 1:
@@ -394,7 +396,11 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
             prefetched = gather(units[order[step + 1][0]]) if step + 1 < len(order) else []
             if position is not None:
                 run_sequence_parallel_recompute(b, f.sequence_parallel)
-                b.free(b.alloc_parts(list(x.workspace_parts or (x.workspace,))))
+                if x.workspace_steps:
+                    # transformers' eager attention core, tensor by tensor (eager_softmax_workspace).
+                    b.free(record_workspace(b, x.workspace_steps))
+                else:
+                    b.free(b.alloc_parts(list(x.workspace_parts or (x.workspace,))))
                 b.free(saved[position])
             backward_gradients(index, current)
             current = prefetched

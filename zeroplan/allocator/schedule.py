@@ -9,9 +9,10 @@ lists what it approximates."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from zeroplan.allocator.builder import TraceBuilder, even_parts, split_bytes
+from zeroplan.allocator.eager_softmax_workspace import eager_softmax_workspace, record_workspace
 from zeroplan.allocator.fsdp_schedule import applies as fsdp_applies
 from zeroplan.allocator.fsdp_schedule import (FsdpStepInputs, forward_cache_parts, forward_collectives, fsdp_loss_allocations,
                                               fsdp_step_inputs, loss_allocations, record_fsdp_step, run_loss,
@@ -36,7 +37,7 @@ from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.training import ActivationCheckpointing, StateConvention
 from zeroplan.units import FP32_BYTES
 from zeroplan.core.model_states import ModelStateBytes
-from zeroplan.core.peak import PeakTerms
+from zeroplan.core.peak import PeakTerms, peak_allocated_bytes
 
 
 
@@ -184,6 +185,12 @@ class StepInputs:
     workspace_parts: tuple[int, ...] = ()
     """_workspace_parts: the tensors a block's backward workspace is made of (empty: the
     workspace whole)."""
+    workspace_steps: tuple[int, ...] = ()
+    """eager_softmax_workspace: the workspace as transformers' eager attention core makes and
+    frees its tensors (empty: workspace_parts, allocated together)."""
+    block_forward_steps: tuple[int, ...] = ()
+    """eager_softmax_workspace: what a checkpointed block's first forward makes and frees
+    beside its saved input (empty: nothing)."""
     loss_parallel: bool = False
     """The one loss moment is loss_parallel's (four fp32 local-logit tensors, then the units
     gathered beside them): run tensor by tensor as torch's handlers make them
@@ -201,6 +208,21 @@ class StepInputs:
 
 def step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms) -> StepInputs:
     """What the request's step schedule reads (StepInputs)."""
+    inputs = _step_inputs(request, states, terms)
+    # The planner's forward moment does not count the eager scores' temporaries of a
+    # checkpointed block's first forward: where they would lift the trace's requested peak past
+    # the planner's allocated peak (or past the trace's own without them, where the FSDP
+    # schedule's is above it already), the forward makes none (eager_softmax_workspace).
+    if not inputs.block_forward_steps:
+        return inputs
+    peak = record_step(inputs).requested_peak_bytes
+    if peak <= peak_allocated_bytes(states, terms, request.batch.grad_accum_steps)[0]:
+        return inputs
+    without = replace(inputs, block_forward_steps=())
+    return inputs if peak <= record_step(without).requested_peak_bytes else without
+
+
+def _step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms) -> StepInputs:
     blocks = max(1, request.model.num_layers // request.parallel.pp)
     common = dict(blocks=blocks, accumulating=request.batch.grad_accum_steps > 1,
                   parameter_bytes=states.parameter_bytes, optimizer_state_bytes=states.optimizer_state_bytes,
@@ -214,7 +236,8 @@ def step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms)
         fsdp = fsdp_step_inputs(request, terms)
         moments = () if fsdp.runs_own_loss else tuple(map(tuple, fsdp_loss_allocations(request, terms)))
         return StepInputs(**common, cache_parts=tuple(forward_cache_parts(request, fsdp.block_units)),
-                          loss_moments=moments, fsdp=fsdp, workspace_parts=_workspace_parts(request, terms.workspace))
+                          loss_moments=moments, fsdp=fsdp, workspace_parts=_workspace_parts(request, terms.workspace),
+                          **_eager_steps(request, terms))
     gathered, reduce = _transient_parts(request, terms.transient_buffers)
     moments = tuple(map(tuple, loss_allocations(request, terms)))
     return StepInputs(**common, cache_parts=tuple(forward_cache_parts(request, blocks)),
@@ -228,8 +251,15 @@ def step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms)
                       flat_step=runs_flat_step(request), in_flight=_in_flight_micro_batches(request),
                       chunk_blocks=_in_flight_chunk_blocks(request, blocks),
                       workspace_parts=_workspace_parts(request, terms.workspace),
+                      **_eager_steps(request, terms),
                       sequence_parallel=forward_collectives(request, terms),
                       stage1_2022=deepspeed_2022.step_allocations(request) if deepspeed_2022.models_2022(request) else None)
+
+
+def _eager_steps(request: PlanRequest, terms: PeakTerms) -> dict[str, tuple[int, ...]]:
+    """StepInputs' block_forward_steps and workspace_steps (eager_softmax_workspace)."""
+    forward, backward = eager_softmax_workspace(request, terms.workspace)
+    return dict(block_forward_steps=forward, workspace_steps=backward)
 
 
 # DeepSpeed ZeRO-3's coordinator gathers in its allgather stream's context (v0.13.3 and v0.14.0
@@ -329,6 +359,7 @@ def record_step(x: StepInputs) -> TraceBuilder:
             b.mark()
             unit = b.alloc(gathered, gather_stream)
             saved[-1].append(b.alloc_parts(block_parts))
+            b.free(record_workspace(b, x.block_forward_steps))
             if block not in cached:
                 cached.add(block)
                 cache += b.alloc_parts(list(x.cache_parts[block]))
@@ -364,7 +395,7 @@ def record_step(x: StepInputs) -> TraceBuilder:
             unit = b.alloc(gathered, gather_stream)
             reducing = b.alloc(reduce, Stream.reduce_scatter)
             run_sequence_parallel_recompute(b, x.sequence_parallel)
-            b.free(b.alloc_parts(workspace))
+            b.free(record_workspace(b, x.workspace_steps) if x.workspace_steps else b.alloc_parts(workspace))
             b.free(saved[index][position])
             b.free(unit + reducing)
     b.free(outside_ids)

@@ -75,20 +75,32 @@ def softmax_backward_gradient_bytes(request: PlanRequest) -> int:
 # tensors the planner's block-backward workspace holds (activations.backward_workspace_bytes).
 def freed_before_softmax_backward_bytes(request: PlanRequest) -> int:
     """What one block's backward has freed of its saved tensors when it reaches the softmax."""
+    return sum(freed_before_softmax_backward_parts(request))
+
+
+def kept_score_bytes(request: PlanRequest) -> int:
+    """The scores-sized tensors the block still holds at its softmax's backward: the softmax's
+    saved output (and OPT's clamp's)."""
+    model, training, batch = request.model, request.training, request.batch
+    scores = model.num_heads * batch.seq_len ** 2 * batch.micro_batch_size
+    return (softmax_element_bytes(request) + opt_clamp_score_bytes(model, training)) * scores
+
+
+def freed_before_softmax_backward_parts(request: PlanRequest) -> tuple[int, int, int]:
+    """freed_before_softmax_backward_bytes as (the probabilities' cast and dropout tensors, V as
+    softmax@V saved it, what the block saved after the attention core)."""
     model, training = request.model, request.training
     s, b, e = request.batch.seq_len, request.batch.micro_batch_size, training.precision.compute_bytes
     terms = layer_terms(model, training, s, b, autocast=request.runs_under_autocast)
-    scores = model.num_heads * s * s * b
     planned_scores = (terms["softmax_output"] + terms["attention_dropout"]
                       + eager_attention_extra_bytes(request) - _repeated_kv_bytes(request))
-    kept_scores = (softmax_element_bytes(request) + opt_clamp_score_bytes(model, training)) * scores
     values = e * s * b * model.v_size + _repeated_kv_bytes(request) // 2
     norm_savings = hf_bf16_norm_savings_bytes(request)
     norm = norm_bytes(model, training, s, b, autocast=request.runs_under_autocast) - norm_savings
     after = (terms["output_projection_input"] + terms["mlp_input"] + terms["mlp_inner"] + terms["hidden_dropout_masks"]
              + terms["router_input"] + terms["router_scores"] + terms["shared_expert"] + terms["shared_expert_gate"]
              + (model.norms_per_block - 1) * norm + lora_after_attention_delta_bytes(request, norm_savings))
-    return planned_scores - kept_scores + values + after
+    return planned_scores - kept_score_bytes(request), values, after
 
 
 def _repeated_kv_bytes(request: PlanRequest) -> int:
