@@ -169,15 +169,10 @@ def megatron_layer_delta_bytes(request: PlanRequest) -> int:
 # F.cross_entropy holds three fp32 tensors (zeroplan.core.activations.logits_bytes). The fused
 # variant (fusions/fused_cross_entropy.py, --cross-entropy-loss-fusion) runs the same
 # calculations in one jit function and holds the same.
-def megatron_logits_bytes(request: PlanRequest) -> int:
-    """The vocabulary-parallel loss's bytes at its largest moment (V as the caller passes it:
-    the rank's V/t columns under tensor parallelism)."""
-    return sum(megatron_logits_parts(request))
-
-
 def megatron_logits_parts(request: PlanRequest) -> tuple[int, int]:
-    """megatron_logits_bytes' two tensors: the compute-dtype logits (or gradient) and the fp32
-    copy (the softmax, then the gradient made in place of it)."""
+    """The vocabulary-parallel loss's two tensors at its largest moment (V as the caller passes
+    it: the rank's V/t columns under tensor parallelism): the compute-dtype logits (or gradient)
+    and the fp32 copy (the softmax, then the gradient made in place of it)."""
     model, batch = request.model, request.batch
     logits = batch.seq_len * batch.micro_batch_size * model.vocab_size
     return request.training.precision.compute_bytes * logits, FP32_BYTES * logits
