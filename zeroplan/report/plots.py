@@ -81,32 +81,6 @@ def _run_line(report: FitReport) -> str:
             f"checkpointing {t.activation_checkpointing.value}, {t.precision.value}, {t.framework.value}")
 
 
-def communication_figure(report: FitReport) -> Figure:
-    """Bytes sent per GPU per step, and step time with and without overlap, per strategy.
-
-    Horizontal bars, so that strategy names read level and never overlap; the legend sits above
-    the bars, outside the axes."""
-    _require_step_times(report)
-    names = [p.strategy.value for p in report.plans]
-    figure, (sent_axes, time_axes) = plt.subplots(
-        1, 2, figsize=(11, 0.45 * len(names) + 1.8), sharey=True, layout="constrained"
-    )
-    positions = list(range(len(names)))
-    sent_axes.barh(positions, [p.sent_bytes_per_step / 1e9 for p in report.plans], color="tab:blue")
-    sent_axes.set_yticks(positions, names)
-    sent_axes.invert_yaxis()
-    sent_axes.set_xlabel("GB sent per GPU per step (ring)")
-    time_axes.barh([y - 0.2 for y in positions], [p.time.step_without_overlap_s for p in report.plans],
-                   height=0.4, label="no overlap", color="tab:orange")
-    time_axes.barh([y + 0.2 for y in positions], [p.time.step_with_overlap_s for p in report.plans],
-                   height=0.4, label="with overlap", color="tab:green")
-    time_axes.set_xlabel("step time (s)")
-    time_axes.legend(fontsize=8, ncol=2, loc="lower left", bbox_to_anchor=(0.0, 1.0), frameon=False)
-    figure.suptitle(f"{report.model.name} on {report.cluster.world_size} x {report.cluster.gpu.display_name}: "
-                    f"{_run_line(report)}", fontsize=10)
-    return figure
-
-
 STEP_PARTS = (
     ("compute", "compute s", "forward + backward compute", "tab:blue"),
     ("model_parallel_communication_s", "model-parallel s", "tensor/context/pipeline collectives", "tab:purple"),
