@@ -23,9 +23,6 @@ from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.training import Precision
 from zeroplan.units import BF16_BYTES, FP32_BYTES, ceil_div
 
-MDS_COMMIT = "f4157bea69f3df8c6cb66f2ebcda66ba03d1288e"
-"""The microsoft/Megatron-DeepSpeed commit the profile was read at."""
-
 NCCL_START_ALIGNMENT_FACTOR = 2
 """runtime/bf16_optimizer.py BF16_Optimizer.__init__: nccl_start_alignment_factor = 2; each
 group's flat buffer is padded to a multiple of 2 x dp elements (_flatten_dense_tensors_aligned)."""
