@@ -518,9 +518,8 @@ def _row_implied_hfu(row: PublishedThroughput, mode: str, efficiency: float | No
 
 
 @functools.lru_cache(maxsize=4)
-def attention_rate_figures(mode: str, table: PublishedThroughputTable | None = None) -> AttentionRateFigures:
+def attention_rate_figures(mode: str, table: PublishedThroughputTable) -> AttentionRateFigures:
     """The calibrated and default figures of the rows under attention-rate ``mode``."""
-    table = table or load_published_throughput()
     rows = table.rows
     implied = mode_implied_hfus(mode, table)
     refused = [row.name for row in rows if row.name not in implied]
