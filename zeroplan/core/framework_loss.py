@@ -491,12 +491,6 @@ def fused_linear_cross_entropy_tensors(request: PlanRequest) -> tuple[tuple[int,
     return tuple(moments)
 
 
-def framework_logits_bytes(request: PlanRequest) -> int:
-    """The loss's largest moment: logits and the cross-entropy's fp32 tensors (and, in a
-    framework's FSDP2, the head's unit gathered for its backward)."""
-    return max(framework_logits_pieces(request))
-
-
 def loss_parallel_applies(request: PlanRequest) -> bool:
     """Whether the loss runs under torch's loss_parallel(): torchtitan 9dec370 with tensor
     parallelism (parallelisms/parallel_dims.py loss_parallel_enabled: tp > 1 and not
