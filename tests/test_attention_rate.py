@@ -62,7 +62,7 @@ def test_published_mode_prices_the_attention_core_at_r_times_the_matmul_rate() -
 
 
 def test_a_padded_head_dimension_runs_at_d_over_the_padded_width() -> None:
-    from zeroplan.core.attention_rate import head_dim_efficiency, padded_head_dim
+    from zeroplan.core.attention_rate import padded_head_dim
 
     # Triton: the next power of two (at least 16); FlashAttention-2: a multiple of 32; eager: none.
     assert [padded_head_dim("flash-attn-triton", d) for d in (8, 64, 80, 112, 128)] == [16, 64, 128, 128, 128]

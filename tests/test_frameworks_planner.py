@@ -16,7 +16,7 @@ from zeroplan.core.frameworks import (
     autocast_copies_bytes, framework_activation_bytes, framework_block_kept_bytes,
     framework_layer_bytes, offload_forward_stash_bytes, offloaded_layers_bytes, torchtitan_rope_cache_bytes,
 )
-from zeroplan.core.framework_loss import framework_logits_bytes
+from zeroplan.core.framework_loss import framework_logits_pieces
 from zeroplan.core.profiles import PROFILES
 from zeroplan.core.frameworks import framework_recompute_bytes
 from zeroplan.core.plan import fit, memory_breakdown, peak_terms
@@ -209,8 +209,8 @@ def test_hf_under_autocast_keeps_bf16_copies_of_weights_and_inputs(gpu_80gib) ->
 
 
 def test_torchtune_chunked_loss_is_smaller_than_one_piece(gpu_80gib) -> None:
-    tune = framework_logits_bytes(_request(gpu_80gib, Framework.torchtune))
-    titan = framework_logits_bytes(_request(gpu_80gib, Framework.torchtitan, unchunked_loss=True))
+    tune = max(framework_logits_pieces(_request(gpu_80gib, Framework.torchtune)))
+    titan = max(framework_logits_pieces(_request(gpu_80gib, Framework.torchtitan, unchunked_loss=True)))
     sbv = 16384 * 128256
     # torchtitan's [norm, lm_head] unit (4096 + 128256 x 4096 elements, bf16) is still gathered.
     assert titan == 12 * sbv + 2 * (4096 + 128256 * 4096)
@@ -218,7 +218,7 @@ def test_torchtune_chunked_loss_is_smaller_than_one_piece(gpu_80gib) -> None:
 
 
 def test_torchtitan_chunked_loss_holds_one_chunk_and_the_heads_reduce_scatter(gpu_80gib) -> None:
-    chunked = framework_logits_bytes(_request(gpu_80gib, Framework.torchtitan))
+    chunked = max(framework_logits_pieces(_request(gpu_80gib, Framework.torchtitan)))
     vh, rows, bsh = 128256 * 4096, 16384 // 8, 16384 * 4096
     # One chunk's bf16 logits and hidden-state gradient, the fp32 GradAccumulator buffer, the
     # bf16 copies of the hidden states the chunks are (b = 2: a dim-1 split is not contiguous),
@@ -226,13 +226,13 @@ def test_torchtitan_chunked_loss_holds_one_chunk_and_the_heads_reduce_scatter(gp
     # output, and the gathered [norm, lm_head] unit.
     assert chunked == (2 * rows * 128256 + 2 * rows * 4096 + 4 * bsh + 2 * bsh + 2 * vh + 2 * 4 * vh + 4 * vh // 8
                        + 2 * (4096 + vh))
-    assert chunked < framework_logits_bytes(_request(gpu_80gib, Framework.torchtitan, unchunked_loss=True)) / 3
+    assert chunked < max(framework_logits_pieces(_request(gpu_80gib, Framework.torchtitan, unchunked_loss=True))) / 3
 
 
 def test_torchtitans_chunked_loss_refuses_a_sequence_it_cannot_split(gpu_80gib) -> None:
     with pytest.raises(ZeroplanError, match="batch.seq_len"):
-        framework_logits_bytes(_request(gpu_80gib, Framework.torchtitan, seq_len=8191))
-    framework_logits_bytes(_request(gpu_80gib, Framework.torchtitan, seq_len=8191, unchunked_loss=True))
+        max(framework_logits_pieces(_request(gpu_80gib, Framework.torchtitan, seq_len=8191)))
+    max(framework_logits_pieces(_request(gpu_80gib, Framework.torchtitan, seq_len=8191, unchunked_loss=True)))
 
 
 def test_unchunked_loss_is_refused_where_the_loss_is_unchunked_already(gpu_80gib) -> None:

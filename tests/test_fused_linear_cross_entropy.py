@@ -11,7 +11,7 @@ import pytest
 from zeroplan.cli.main import main
 from zeroplan.core.activations import logits_bytes
 from zeroplan.core.framework_loss import (
-    framework_logits_bytes, framework_logits_pieces, fsdp_head_gathered_bytes,
+    framework_logits_pieces, fsdp_head_gathered_bytes,
     fused_linear_cross_entropy_chunk_rows,
 )
 from zeroplan.core.plan import memory_breakdown
@@ -62,7 +62,7 @@ def test_bf16_module_pieces_match_the_source_allocations(gpu_80gib) -> None:
     assert weight_add == 4_468_310_016
     # Against HF's own loss (three fp32 s*b*V tensors): about a fifth.
     unfused = logits_bytes(get_model("llama-3.1-8b"), TrainingSpec(), 8192, 2)
-    assert unfused == 12 * T * V and framework_logits_bytes(_request(gpu_80gib)) * 5 < unfused
+    assert unfused == 12 * T * V and max(framework_logits_pieces(_request(gpu_80gib))) * 5 < unfused
 
 
 def test_autocast_keeps_fp32_gradients_and_writes_bf16_matmuls(gpu_80gib) -> None:

@@ -32,7 +32,7 @@ def test_under_9dec370s_tensor_parallelism_the_loss_holds_four_fp32_logit_shards
     request = _request(8192, "--torchtitan-release", "9dec370")
     assert loss_parallel_applies(request)
     shard = FP32 * 8192 * (128256 // 8)
-    chunk = chunk_request(request, 1, split_heads=True)
+    chunk = chunk_request(request, split_heads=True)
     (moment,) = loss_parallel_logits_tensors(chunk)
     assert moment[:4] == (shard,) * 4
     assert rank_logits_pieces(request, None) == (4 * shard + sum(fsdp_head_gathered_parts(chunk)),)
@@ -47,7 +47,7 @@ def test_torchs_loss_parallel_peaks_at_four_fp32_logit_shards_in_backward() -> N
 
     tokens = 512
     measured = measure_loss_parallel(tokens=tokens, vocab_size=128256, tp=8)
-    (moment,) = loss_parallel_logits_tensors(chunk_request(_request(tokens, "--torchtitan-release", "9dec370"), 1,
+    (moment,) = loss_parallel_logits_tensors(chunk_request(_request(tokens, "--torchtitan-release", "9dec370"),
                                                            split_heads=True))
     planned = sum(moment[:4])
     assert measured.local_logit_fp32_bytes == moment[0]

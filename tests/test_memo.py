@@ -199,7 +199,7 @@ def test_a_layouts_chunk_activations_key_on_the_sequences_and_serve_every_rank_a
 
     def uncached(r: PlanRequest) -> MicroBatchBytes:
         p = r.parallel
-        return _chunk_bytes.uncached(chunk_request(r, 1, split_heads=True), reference_activations, p.tp, p.sequence_parallel, p.cp)
+        return _chunk_bytes.uncached(chunk_request(r, split_heads=True), reference_activations, p.tp, p.sequence_parallel, p.cp)
 
     cached = micro_batch_bytes(request, reference_activations)
     assert cached == uncached(request)

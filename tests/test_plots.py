@@ -14,7 +14,7 @@ matplotlib = pytest.importorskip("matplotlib")
 matplotlib.use("Agg")
 
 
-@pytest.mark.parametrize("figure_name", ["memory_stack_figure", "communication_figure", "step_time_figure"])
+@pytest.mark.parametrize("figure_name", ["memory_stack_figure", "step_time_figure"])
 def test_names_are_level_and_the_legend_is_outside_the_bars(gpu_80gib, figure_name) -> None:
     from zeroplan.report import plots
 
@@ -24,7 +24,7 @@ def test_names_are_level_and_the_legend_is_outside_the_bars(gpu_80gib, figure_na
     figure = getattr(plots, figure_name)(report)
     figure.canvas.draw()
     renderer = figure.canvas.get_renderer()
-    axes = figure.axes[-1] if figure_name == "communication_figure" else figure.axes[0]
+    axes = figure.axes[0]
     names_axes = figure.axes[0]
     labels = [t.get_text() for t in names_axes.get_yticklabels()]
     assert labels == [p.strategy.value for p in report.plans]

@@ -40,9 +40,9 @@ def to_unit(num_bytes: int | float, unit: ByteUnit) -> float:
     return num_bytes / unit.size_bytes
 
 
-def format_bytes(num_bytes: int | float, unit: ByteUnit = ByteUnit.GiB, digits: int = 2) -> str:
+def format_bytes(num_bytes: int | float, unit: ByteUnit = ByteUnit.GiB) -> str:
     """Render ``num_bytes`` as e.g. ``'12.34 GiB'``."""
-    return f"{to_unit(num_bytes, unit):.{digits}f} {unit.value}"
+    return f"{to_unit(num_bytes, unit):.2f} {unit.value}"
 
 
 def ceil_div(numerator: int, denominator: int) -> int:

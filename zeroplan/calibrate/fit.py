@@ -87,9 +87,9 @@ def _latency_given_beta(xs: list[float], ts: list[float], beta: float) -> float:
     return max(0.0, sum(w * (t - x * beta) for w, x, t in zip(weights, xs, ts)) / sum(weights))
 
 
-def fit_log(log: NcclTestsLog, bandwidth_regime_fraction: float = BANDWIDTH_REGIME_FRACTION) -> LinkFit:
+def fit_log(log: NcclTestsLog) -> LinkFit:
     """Fit one run from its out-of-place times (in-place ones are not used): busbw from the rows whose
-    printed busbw reaches ``bandwidth_regime_fraction`` of the peak (all rows if fewer than two sizes
+    printed busbw reaches BANDWIDTH_REGIME_FRACTION of the peak (all rows if fewer than two sizes
     do), alpha from the other rows given that busbw (the bandwidth fit's intercept if there are none)."""
     factor = bus_factor(log.collective, log.num_ranks)
     rows = [row for row in log.rows if row.size_bytes > 0 and row.out_of_place_time_s > 0]
@@ -102,7 +102,7 @@ def fit_log(log: NcclTestsLog, bandwidth_regime_fraction: float = BANDWIDTH_REGI
     if peak == 0:
         raise ZeroplanError("calibrate", f"{log.source}: the busbw column is 0 in every row, which a run that moved "
                                          "data cannot print (allowed: nccl-tests output of a run that completed)")
-    in_regime = [row.out_of_place_busbw_bytes_per_s >= bandwidth_regime_fraction * peak for row in rows]
+    in_regime = [row.out_of_place_busbw_bytes_per_s >= BANDWIDTH_REGIME_FRACTION * peak for row in rows]
     if len({row.size_bytes for row, inside in zip(rows, in_regime) if inside}) < 2:
         in_regime = [True] * len(rows)
     intercept, beta = fit_alpha_beta([x for x, inside in zip(xs, in_regime) if inside],

@@ -17,7 +17,6 @@ of its source (zeroplan.calibrate.basis.CALIBRATED_BANDS, by the attention rate 
 from __future__ import annotations
 
 import functools
-import math
 from pathlib import Path
 from typing import Literal
 

@@ -278,6 +278,11 @@ BitsandbytesPrecision (bitsandbytes.py lines 155-156, --quantize bnb.*) and Mixe
 (plugins/precision/utils.py _convert_fp_tensor): litgpt's logits reach its loss in fp32."""
 
 
+def _chunk_lengths(total: int, size: int) -> list[int]:
+    """torch.split(x, size): the lengths of its pieces (the last what is left)."""
+    return [min(size, total - start) for start in range(0, total, size)]
+
+
 # litgpt 0.4.13.dev1 (commit 00af8b0), the loss of its finetune scripts' fit(): the head's
 # logits come back from lightning's _FabricModule as fp32 copies (LITGPT_LOGITS_BYTES: the
 # compute-dtype originals are alive until the last copy is made), so the cross-entropy, its
@@ -301,19 +306,9 @@ BitsandbytesPrecision (bitsandbytes.py lines 155-156, --quantize bnb.*) and Mixe
 #   logits beside both (fit() rebinds `logits` only once model(...) has returned), with what
 #   that step's graph keeps beyond its backward (bitsandbytes before 0.43.2: every 4-bit
 #   matmul's input, zeroplan.core.finetune.activations.previous_step_matmul_inputs_bytes).
-def litgpt_logits_pieces(request: PlanRequest) -> tuple[int, ...]:
-    """The loss's bytes at the model's forward end, its forward's end and in its backward, as
-    litgpt's fit() runs it."""
-    return tuple(sum(moment) for moment in litgpt_logits_tensors(request))
-
-
-def _chunk_lengths(total: int, size: int) -> list[int]:
-    """torch.split(x, size): the lengths of its pieces (the last what is left)."""
-    return [min(size, total - start) for start in range(0, total, size)]
-
-
 def litgpt_logits_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...]:
-    """The tensors of litgpt_logits_pieces' three moments, one by one (the model's forward end:
+    """The loss's tensors at the model's forward end, its forward's end and in its backward, as
+    litgpt's fit() runs it, one by one (the model's forward end:
     the head's output in the compute dtype, its fp32 copy and the previous step's; LoRA: each
     128-token chunk's logits and saved log-softmax and the last chunk's copy, then one chunk's
     two gradients; full: the logits, their reshaped copy and each 128-row chunk's log-softmax,
@@ -422,14 +417,9 @@ def framework_logits_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...
 # gradient reaches the `.float()`, beside it and its bf16 cast (measured: the framework's own
 # step, benchmarks/framework-step-records `+unchunked-loss`: FSDPMemTracker's 'unsharded_param'
 # 0 at the peak, 'temp' the two fp32 gradients, 'act' the log-softmax).
-def torchtune_unchunked_logits_pieces(request: PlanRequest) -> tuple[int, int]:
-    """(the loss's backward, the start of the output projection's backward)."""
-    loss, head = (sum(moment) for moment in torchtune_unchunked_logits_tensors(request))
-    return loss, head
-
-
 def torchtune_unchunked_logits_tensors(request: PlanRequest) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The tensors of torchtune_unchunked_logits_pieces: the three fp32 tensors; then the fp32
+    """The tensors of (the loss's backward, the start of the output projection's backward): the
+    three fp32 tensors; then the fp32
     gradient, its bf16 cast and the output unit (all-gather output and copy-out)."""
     from zeroplan.core.activations import logits_parts
 
@@ -477,13 +467,9 @@ def _fused_loss_widths(request: PlanRequest) -> tuple[int, int]:
 # leaf tensors that require grad are cached until the autocast region exits) a bf16 copy of
 # lm_head.weight lives through the forward's chunks. The label tensors (int64 shift_labels and
 # its bool mask, 9 bytes a token) are left out, as the unfused loss leaves out its labels.
-def fused_linear_cross_entropy_pieces(request: PlanRequest) -> tuple[int, ...]:
-    """The fused loss's bytes at its moments: weight-gradient add, next chunk, loss backward."""
-    return tuple(sum(moment) for moment in fused_linear_cross_entropy_tensors(request))
-
-
 def fused_linear_cross_entropy_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...]:
-    """The tensors of fused_linear_cross_entropy_pieces' moments: grad_input, grad_weight,
+    """The tensors of the fused loss's moments (weight-gradient add, next chunk, loss backward):
+    grad_input, grad_weight,
     loss_1d, the weight's bf16 cast and the gathered head, with the chunk's logits and the
     weight gradient's matmul output and fp32 copy (or two chunks' logits); at the backward,
     grad_input less the head's input (counted among the activations, gone by then),
@@ -503,12 +489,6 @@ def fused_linear_cross_entropy_tensors(request: PlanRequest) -> tuple[tuple[int,
     head_input = training.precision.compute_bytes * tokens * model.hidden_size
     moments.append(tuple(p for p in (kept[0] - head_input, kept[1], *fsdp_head_gathered_parts(request)) if p > 0))
     return tuple(moments)
-
-
-def framework_logits_bytes(request: PlanRequest) -> int:
-    """The loss's largest moment: logits and the cross-entropy's fp32 tensors (and, in a
-    framework's FSDP2, the head's unit gathered for its backward)."""
-    return max(framework_logits_pieces(request))
 
 
 def loss_parallel_applies(request: PlanRequest) -> bool:

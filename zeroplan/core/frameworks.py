@@ -72,9 +72,8 @@ def hf_bf16_norm_savings_bytes(request: PlanRequest) -> int:
 # (models/common/attention.py QKVLinear: one wqkv matmul); the feed-forward is
 # w2(silu(w1(x)) * w3(x)) (models/common/feed_forward.py). The block's matmuls in forward order,
 # as output widths per token:
-def llama_block_mm_widths(model: ModelSpec, fused_qkv: bool) -> tuple[int, ...]:
-    qkv = (model.q_size + 2 * model.kv_size,) if fused_qkv else (model.q_size, model.kv_size, model.kv_size)
-    return (*qkv, model.hidden_size, model.ffn_hidden_size, model.ffn_hidden_size, model.hidden_size)
+def llama_block_mm_widths(model: ModelSpec) -> tuple[int, ...]:
+    return (model.q_size + 2 * model.kv_size, model.hidden_size, model.ffn_hidden_size, model.ffn_hidden_size, model.hidden_size)
 
 
 # torchtitan 0.3.0 torchtitan/distributed/activation_checkpoint.py SelectiveAC._wrap_block: the
@@ -88,7 +87,7 @@ def selective_op_layer_bytes(model: ModelSpec, training: TrainingSpec, s: int, b
     e = training.precision.compute_bytes
     sb = s * b
     block_input = e * sb * model.hidden_size
-    widths = llama_block_mm_widths(model, fused_qkv=True)
+    widths = llama_block_mm_widths(model)
     kept_mm_outputs = e * sb * sum(widths[0::2])
     sdpa = e * sb * model.q_size + FP32_BYTES * model.num_heads * sb
     return block_input + kept_mm_outputs + sdpa

@@ -43,7 +43,7 @@ def is_borderline(peak_bytes: int, usable_bytes: int, band: PeakErrorBand = PEAK
     return low <= usable_bytes
 
 
-def borderline_words(peak_bytes: int, usable_bytes: int, band: PeakErrorBand = PEAK_ERROR_BAND) -> str:
+def borderline_words(peak_bytes: int, usable_bytes: int) -> str:
     """'borderline: 93-108 % of usable' for a person."""
-    low, high = peak_range_bytes(peak_bytes, band)
+    low, high = peak_range_bytes(peak_bytes)
     return f"borderline: {100 * low / usable_bytes:.0f}-{100 * high / usable_bytes:.0f} % of usable"

@@ -141,6 +141,14 @@ def fused_swiglu_savings_bytes(request: PlanRequest) -> int:
     return request.training.precision.compute_bytes * tokens * model.ffn_hidden_size
 
 
+def repeated_kv_bytes(request: PlanRequest) -> int:
+    """Bytes of K and V copied to the query heads (2·s·b·(q - kv)·e): what a block saves more
+    where its attention saves K and V expanded from fewer key-value heads."""
+    model = request.model
+    tokens = request.batch.seq_len * request.batch.micro_batch_size
+    return 2 * request.training.precision.compute_bytes * tokens * (model.q_size - model.kv_size)
+
+
 # transformer/dot_product_attention.py DotProductAttention.forward (the local spec's core
 # attention, Megatron's path without Transformer Engine or flash-attn): with fewer key-value
 # heads than query heads it repeat_interleaves key and value to the query heads, and the
@@ -149,9 +157,7 @@ def megatron_expanded_kv_bytes(request: PlanRequest) -> int:
     """Extra bytes one block saves because K and V are expanded before eager attention."""
     if request.training.attention_kernel is AttentionKernel.flash:
         return 0
-    model = request.model
-    tokens = request.batch.seq_len * request.batch.micro_batch_size
-    return 2 * request.training.precision.compute_bytes * tokens * (model.q_size - model.kv_size)
+    return repeated_kv_bytes(request)
 
 
 def megatron_layer_delta_bytes(request: PlanRequest) -> int:
@@ -169,15 +175,10 @@ def megatron_layer_delta_bytes(request: PlanRequest) -> int:
 # F.cross_entropy holds three fp32 tensors (zeroplan.core.activations.logits_bytes). The fused
 # variant (fusions/fused_cross_entropy.py, --cross-entropy-loss-fusion) runs the same
 # calculations in one jit function and holds the same.
-def megatron_logits_bytes(request: PlanRequest) -> int:
-    """The vocabulary-parallel loss's bytes at its largest moment (V as the caller passes it:
-    the rank's V/t columns under tensor parallelism)."""
-    return sum(megatron_logits_parts(request))
-
-
 def megatron_logits_parts(request: PlanRequest) -> tuple[int, int]:
-    """megatron_logits_bytes' two tensors: the compute-dtype logits (or gradient) and the fp32
-    copy (the softmax, then the gradient made in place of it)."""
+    """The vocabulary-parallel loss's two tensors at its largest moment (V as the caller passes
+    it: the rank's V/t columns under tensor parallelism): the compute-dtype logits (or gradient)
+    and the fp32 copy (the softmax, then the gradient made in place of it)."""
     model, batch = request.model, request.batch
     logits = batch.seq_len * batch.micro_batch_size * model.vocab_size
     return request.training.precision.compute_bytes * logits, FP32_BYTES * logits

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from zeroplan.core.megatron import repeated_kv_bytes
 from zeroplan.core.optimizer_states import elementwise_state_bytes
 from zeroplan.core.parallel.units import rank_trainable_units
 from zeroplan.errors import ZeroplanError
@@ -22,9 +23,6 @@ from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.training import Precision
 from zeroplan.units import BF16_BYTES, FP32_BYTES, ceil_div
-
-MDS_COMMIT = "f4157bea69f3df8c6cb66f2ebcda66ba03d1288e"
-"""The microsoft/Megatron-DeepSpeed commit the profile was read at."""
 
 NCCL_START_ALIGNMENT_FACTOR = 2
 """runtime/bf16_optimizer.py BF16_Optimizer.__init__: nccl_start_alignment_factor = 2; each
@@ -182,19 +180,12 @@ def allreduce_copy_bytes(group_elements: tuple[int, ...]) -> int:
 # key-value heads than query heads, K and V are expanded to the query heads (expand + reshape, a
 # copy) at lines 743-745, before either core attention (its CoreAttention or flash-attn's
 # FlashSelfAttention) saves them: the copies are saved with every kernel.
-def mds_expanded_kv_bytes(request: PlanRequest) -> int:
-    """Extra bytes one block saves because K and V are repeated before attention."""
-    model = request.model
-    tokens = request.batch.seq_len * request.batch.micro_batch_size
-    return 2 * request.training.precision.compute_bytes * tokens * (model.q_size - model.kv_size)
-
-
 # megatron/model/transformer.py:137-141 (the fork): --swiglu is a Python function, chunk then
 # F.silu(x[0]) * x[1], saving what the reference gated MLP saves (no fused bias-SwiGLU, whose
 # savings zeroplan.core.megatron counts for megatron-core).
 def mds_layer_delta_bytes(request: PlanRequest) -> int:
-    """What one Megatron-DeepSpeed block saves beyond the reference block."""
-    return mds_expanded_kv_bytes(request)
+    """What one Megatron-DeepSpeed block saves beyond the reference block: the repeated K and V."""
+    return repeated_kv_bytes(request)
 
 
 # megatron/model/gpt_model.py (the fork) GPTModelPipe: after the tied head (_logits_helper,

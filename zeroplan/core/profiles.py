@@ -367,7 +367,7 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         checkpointing_names="none, selective (--recompute-granularity selective), full (--checkpoint-activations)",
         default_precision=Precision.bf16_mixed,
         # transformer.py:743-745 repeats grouped K and V before any attention kernel; the block
-        # term counts the copies (zeroplan.core.megatron_deepspeed.mds_expanded_kv_bytes).
+        # term counts the copies (zeroplan.core.megatron_deepspeed.mds_layer_delta_bytes).
         expands_kv_heads=False, bf16_module_norm_saves_bf16=False,
         loss_chunks=1, offers_activation_offloading=False,
         # ZeRO stage 1 (--zero-stage 1: BF16_Optimizer with fp32 accumulation under bf16, the

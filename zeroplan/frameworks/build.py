@@ -293,13 +293,28 @@ def _eager_flex_attention() -> None:
     private.flex_attention_without_dynamo()
 
 
+def build_on_meta(config, dtype: torch.dtype) -> nn.Module:  # type: ignore[no-untyped-def]
+    """torchtitan's model ``config`` built on the meta device in ``dtype``, its RoPE caches as
+    torchtitan makes them: Module.to casts the complex64 RoPE cache too; FSDP2's
+    MixedPrecisionPolicy casts only parameters, so each RoPE rebuilds its own cache
+    (RoPE._init_self_buffers, complex64)."""
+    from torchtitan.models.common import RoPE
+
+    with torch.device("meta"):
+        module = config.build().to(dtype)
+        for submodule in module.modules():
+            if isinstance(submodule, RoPE):
+                submodule.init_states(buffer_device=torch.device("meta"))
+    return module
+
+
 def _torchtitan_llama(model: ModelSpec, layers: int, policy: ActivationCheckpointing, dtype: torch.dtype,
                       seq_len: int) -> BuiltModel:
     from importlib.metadata import version
 
     from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
     from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
-    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm, RoPE
+    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
     from torchtitan.models.llama3 import Llama3Model, _build_llama3_layers
 
     _eager_flex_attention()
@@ -319,13 +334,7 @@ def _torchtitan_llama(model: ModelSpec, layers: int, policy: ActivationCheckpoin
             rope=ComplexRoPE.Config(dim=model.head_size, max_seq_len=seq_len, theta=500000, scaling="llama"),
         ),
     )
-    with torch.device("meta"):
-        module = config.build().to(dtype)
-        # Module.to casts the complex64 RoPE cache too; FSDP2's MixedPrecisionPolicy casts only
-        # parameters, so each RoPE rebuilds its own cache (RoPE._init_self_buffers, complex64).
-        for submodule in module.modules():
-            if isinstance(submodule, RoPE):
-                submodule.init_states(buffer_device=torch.device("meta"))
+    module = build_on_meta(config, dtype)
     module.train()
     # torchtitan 0.3.0 models/llama3/parallelize.py: ac_config.build().apply(model) wraps each
     # block (distributed/activation_checkpoint.py); "selective" is SelectiveAC (per op).

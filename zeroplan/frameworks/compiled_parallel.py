@@ -73,9 +73,8 @@ def _run(flavor: str, tp: int, enable_sp: bool, seq_len: int, micro_batch: int, 
          float8_recipe: str | None, notes: list[str]):
     from torchtitan.distributed import utils as dist_utils
     from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
-    from torchtitan.models.common import RoPE
 
-    from zeroplan.frameworks.build import _eager_flex_attention
+    from zeroplan.frameworks.build import _eager_flex_attention, build_on_meta
     from zeroplan.frameworks.tensor_parallel import COMPUTE_DTYPE, llama3_config, torchtitan_world
 
     torch._dynamo.reset()
@@ -95,11 +94,7 @@ def _run(flavor: str, tp: int, enable_sp: bool, seq_len: int, micro_batch: int, 
         set_llama3_sharding_config(config, enable_sp=enable_sp)
         calls = [f"Float8LinearConverter.convert(config) as torchtitan's, recipe {float8_recipe}", *calls]
     with torchtitan_world(tp, 1, cp, enable_sp) as (parallel_dims, _):
-        with torch.device("meta"):
-            module = config.build().to(COMPUTE_DTYPE)
-            for submodule in module.modules():
-                if isinstance(submodule, RoPE):
-                    submodule.init_states(buffer_device=torch.device("meta"))
+        module = build_on_meta(config, COMPUTE_DTYPE)
         # torchtitan 0.3.0 parallelize_llama under spmd_types: model.parallelize(parallel_dims),
         # then ac_config.build().apply(model), then apply_compile.
         module.parallelize(parallel_dims)

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 
 import torch
 
-from zeroplan.frameworks.build import _eager_flex_attention
+from zeroplan.frameworks.build import _eager_flex_attention, build_on_meta
 from zeroplan.frameworks.expert_record import ExpertParallelRecord
 from zeroplan.frameworks.parallel_record import ActivationMeasurement, ParamShard, SavedTensor, collective_counts
 from zeroplan.frameworks.tensor_parallel import (
@@ -105,18 +105,6 @@ def expert_world(ep: int, dp_shard: int) -> Iterator[tuple[object, object]]:
         yield parallel_dims, parallelism
 
 
-def _build(config, dtype: torch.dtype):
-    from torchtitan.models.common import RoPE
-
-    with torch.device("meta"):
-        module = config.build().to(dtype)
-        # Module.to cast the complex RoPE cache too; each RoPE rebuilds its own.
-        for submodule in module.modules():
-            if isinstance(submodule, RoPE):
-                submodule.init_states(buffer_device=torch.device("meta"))
-    return module
-
-
 def _parallelize(family: str, module, parallel_dims, parallelism, policy: str = "none") -> str:
     from torchtitan.config import CompileConfig, TrainingConfig
     from torchtitan.distributed.activation_checkpoint import FullAC
@@ -155,7 +143,7 @@ def measure_states(flavor: str, ep: int, dp_shard: int, layers: int = 2, family:
     config, full_depth, dense = moe_config(family, flavor, layers, 4096)
     global_shapes = global_parameter_shapes(config)
     with expert_world(ep, dp_shard) as (parallel_dims, parallelism):
-        module = _build(config, PARAM_DTYPE)
+        module = build_on_meta(config, PARAM_DTYPE)
         calls = _parallelize(family, module, parallel_dims, parallelism)
         params = parameter_shards(module, global_shapes)
     return ExpertParallelRecord(
@@ -208,7 +196,7 @@ def _run(family: str, flavor: str, ep: int, dp_shard: int, seq_len: int, micro_b
     moe_blocks = layers - min(dense, layers)
     splits = balanced_split_sizes(config, seq_len * micro_batch, ep)
     with expert_world(ep, dp_shard) as (parallel_dims, parallelism):
-        module = _build(config, PARAM_DTYPE)
+        module = build_on_meta(config, PARAM_DTYPE)
         calls = _parallelize(family, module, parallel_dims, parallelism, policy)
         params = parameter_shards(module, global_shapes)
         context = dist_utils.get_spmd_context(parallel_dims=parallel_dims)

@@ -8,14 +8,14 @@ from pathlib import Path
 
 from pydantic import Field
 
-from zeroplan.frameworks.parallel_record import ActivationMeasurement, CollectiveCount, Part, ParamShard
+from zeroplan.frameworks.parallel_record import ActivationMeasurement, CollectiveCount, ParamShard, RankParameters
 from zeroplan.frameworks.record import load_records
 from zeroplan.specs.base import Frozen
 
 SCHEMA_VERSION = 1
 
 
-class ExpertParallelRecord(Frozen):
+class ExpertParallelRecord(RankParameters, Frozen):
     """torchtitan's own MoE model at full width, a few blocks deep, parallelized by its own
     parallelize function with expert parallelism and FSDP2, measured on rank 0 of a fake group."""
 
@@ -59,13 +59,6 @@ class ExpertParallelRecord(Frozen):
     how: str
     notes: list[str] = Field(default_factory=list)
 
-    def part_bytes(self, part: Part) -> int:
-        return sum(p.local_bytes for p in self.params if p.part == part)
-
-    @property
-    def local_param_bytes(self) -> int:
-        return sum(p.local_bytes for p in self.params)
-
     def layer_param_bytes(self, index: int) -> int:
         return sum(p.local_bytes for p in self.params if p.fqn.startswith(f"layers.{index}."))
 
@@ -83,8 +76,8 @@ class ExpertParallelRecord(Frozen):
         """Local parameter bytes at the flavour's full depth: its dense blocks are alike and so
         are its MoE blocks (each built block of a kind has the same local bytes)."""
         moe_layers = self.n_layers_full - self.n_dense_layers_full
-        return (self.part_bytes("embedding") + self.part_bytes("norm") + self.part_bytes("output")
-                + self.n_dense_layers_full * self.dense_block_param_bytes + moe_layers * self.moe_block_param_bytes)
+        return (self.outside_blocks_param_bytes + self.n_dense_layers_full * self.dense_block_param_bytes
+                + moe_layers * self.moe_block_param_bytes)
 
     def block_all_to_all(self, phase: str) -> list[CollectiveCount]:
         """One MoE block's all-to-alls over the ep group in ``phase``."""
@@ -94,17 +87,8 @@ class ExpertParallelRecord(Frozen):
     @property
     def name(self) -> str:
         backend = {"spmd_types": "spmd", "partial_dtensor": "dtensor"}.get(self.spmd_backend, self.spmd_backend)
-        parts = [f"torchtitan-{self.family}-{self.flavor}", backend, f"ep{self.ep}", f"dp{self.dp_shard}"]
-        if self.activations is None:
-            parts.append("states")
-        else:
-            a = self.activations
-            parts += [f"ac-{a.activation_checkpointing}", f"s{a.seq_len}", f"b{a.micro_batch_size}"]
-        return "_".join(parts)
-
-    @property
-    def file_name(self) -> str:
-        return self.name + ".json"
+        return "_".join([f"torchtitan-{self.family}-{self.flavor}", backend, f"ep{self.ep}", f"dp{self.dp_shard}",
+                         *self.run_name_parts()])
 
 
 def load_expert_records(directory: Path) -> list[ExpertParallelRecord]:

@@ -73,7 +73,7 @@ def _torchtitan_filter() -> object:
     return module.module_filter_fn
 
 
-def converter(recipe: str, fsdp_all_gather: bool = False, filter_fqns: tuple[str, ...] = ()) -> object:
+def converter(recipe: str, fsdp_all_gather: bool = False) -> object:
     """A function that swaps a built torchtitan model's linears for Float8Linear as torchtitan's
     Float8LinearConverter would, returning a one-line note of what it did."""
     config = float8_config(recipe, fsdp_all_gather)
@@ -83,9 +83,9 @@ def converter(recipe: str, fsdp_all_gather: bool = False, filter_fqns: tuple[str
         from torchao.float8 import convert_to_float8_training
 
         # torchtitan's filter reads in_features / out_features of the Linear.Config; the built
-        # nn.Linear has the same attributes.
+        # nn.Linear has the same attributes. No fqn is filtered out (0.3.0's default: filter_fqns empty).
         convert_to_float8_training(module, config=config,
-                                   module_filter_fn=lambda linear, fqn: module_filter_fn(linear, fqn, list(filter_fqns)))
+                                   module_filter_fn=lambda linear, fqn: module_filter_fn(linear, fqn, []))
         swapped = sorted(name for name, m in module.named_modules() if type(m).__name__ == "Float8Linear")
         dtypes = sorted({str(p.dtype) for p in module.parameters()})
         return (f"torchao convert_to_float8_training(Float8LinearConfig recipe {recipe}"

@@ -117,7 +117,35 @@ class ActivationMeasurement(Frozen):
         return sum(c.output_bytes * c.count for c in self.block_collectives if c.phase == phase)
 
 
-class ParallelRecord(Frozen):
+class RankParameters:
+    """What a record of torchtitan's own parallelism reads off its ``params`` (the measured rank's
+    parameter shards) and its ``activations`` (None for a record of model states only)."""
+
+    def part_bytes(self, part: Part) -> int:
+        return sum(p.local_bytes for p in self.params if p.part == part)
+
+    @property
+    def local_param_bytes(self) -> int:
+        return sum(p.local_bytes for p in self.params)
+
+    @property
+    def outside_blocks_param_bytes(self) -> int:
+        """Local bytes of the embedding, the final norm and the output projection."""
+        return self.part_bytes("embedding") + self.part_bytes("norm") + self.part_bytes("output")
+
+    def run_name_parts(self) -> list[str]:
+        """The name's last parts: 'states', or the activation run's checkpointing and shape."""
+        a = self.activations
+        if a is None:
+            return ["states"]
+        return [f"ac-{a.activation_checkpointing}", f"s{a.seq_len}", f"b{a.micro_batch_size}"]
+
+    @property
+    def file_name(self) -> str:
+        return self.name + ".json"
+
+
+class ParallelRecord(RankParameters, Frozen):
     """torchtitan's own parallelism applied to its Llama-3 at full width, a few blocks deep,
     measured on rank 0 of a fake process group."""
 
@@ -156,13 +184,6 @@ class ParallelRecord(Frozen):
     """The command that regenerates it."""
     notes: list[str] = Field(default_factory=list)
 
-    def part_bytes(self, part: Part) -> int:
-        return sum(p.local_bytes for p in self.params if p.part == part)
-
-    @property
-    def local_param_bytes(self) -> int:
-        return sum(p.local_bytes for p in self.params)
-
     @property
     def block_param_bytes(self) -> int:
         """Local bytes of one block's parameters (block 0)."""
@@ -170,26 +191,16 @@ class ParallelRecord(Frozen):
 
     def full_depth_param_bytes(self) -> int:
         """Local parameter bytes at the flavour's full depth: the built blocks are identical."""
-        return (self.part_bytes("embedding") + self.part_bytes("norm") + self.part_bytes("output")
-                + self.n_layers_full * self.block_param_bytes)
+        return self.outside_blocks_param_bytes + self.n_layers_full * self.block_param_bytes
 
     @property
     def name(self) -> str:
         backend = {"spmd_types": "spmd", "partial_dtensor": "dtensor"}.get(self.spmd_backend, self.spmd_backend)
         parts = [f"torchtitan-llama3-{self.flavor}", backend, f"tp{self.tp}", f"dp{self.dp_shard}", f"cp{self.cp}",
-                 "sp" if self.sequence_parallel else "nosp"]
-        if self.activations is None:
-            parts.append("states")
-        else:
-            a = self.activations
-            parts += [f"ac-{a.activation_checkpointing}", f"s{a.seq_len}", f"b{a.micro_batch_size}"]
-            if a.norm_formula != "cpu":
-                parts.append(f"{a.norm_formula}norm")
+                 "sp" if self.sequence_parallel else "nosp", *self.run_name_parts()]
+        if self.activations is not None and self.activations.norm_formula != "cpu":
+            parts.append(f"{self.activations.norm_formula}norm")
         return "_".join(parts)
-
-    @property
-    def file_name(self) -> str:
-        return self.name + ".json"
 
 
 def collective_counts(records: list[tuple]) -> list[CollectiveCount]:

@@ -22,10 +22,11 @@ from zeroplan.errors import ZeroplanError
 from zeroplan.frameworks.build import build
 from zeroplan.frameworks.measure import DEFAULT_PRECISION
 from zeroplan.frameworks.step_record import AllocatorFigures, FrameworkStepRecord, StepPhase
+from zeroplan.harness.engine import local_tensor
 from zeroplan.simulate import _torch_private as private
 from zeroplan.simulate.alloc_trace import HOPPER_CUBLAS_WORKSPACE_BYTES, recording_storages
 from zeroplan.simulate.fake_world import (
-    DEVICE, check_rank_of_world, device_mesh, fake_process_group, local_tensor, storage_bytes,
+    DEVICE, check_rank_of_world, device_mesh, fake_process_group, storage_bytes,
 )
 from zeroplan.specs import BatchSpec, ModelSpec, Optimizer, Precision, StrategyKind, TrainingSpec, check_seq_len
 from zeroplan.specs.framework import Framework

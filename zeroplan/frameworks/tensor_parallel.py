@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import torch
 
-from zeroplan.frameworks.build import _eager_flex_attention
+from zeroplan.frameworks.build import _eager_flex_attention, build_on_meta
 from zeroplan.frameworks.parallel_record import (
     ActivationMeasurement,
     ParallelRecord,
@@ -314,20 +314,13 @@ def _run(flavor: str, tp: int, enable_sp: bool, seq_len: int, micro_batch: int, 
          layers: int, spmd_backend: str = "spmd_types", dp_shard: int = 1) -> _Run:
     from torchtitan.distributed import utils as dist_utils
     from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
-    from torchtitan.models.common import RoPE
 
     import spmd_types as spmd
 
     config, _ = llama3_config(flavor, layers, seq_len, enable_sp)
     global_shapes = global_parameter_shapes(config)
     with torchtitan_world(tp, dp_shard, cp, enable_sp, spmd_backend) as (parallel_dims, parallelism):
-        with torch.device("meta"):
-            module = config.build().to(PARAM_DTYPE if dp_shard > 1 else COMPUTE_DTYPE)
-            # Module.to cast the complex64 RoPE cache too; each RoPE rebuilds its own
-            # (zeroplan/frameworks/build.py _torchtitan_llama does the same).
-            for submodule in module.modules():
-                if isinstance(submodule, RoPE):
-                    submodule.init_states(buffer_device=torch.device("meta"))
+        module = build_on_meta(config, PARAM_DTYPE if dp_shard > 1 else COMPUTE_DTYPE)
         # torchtitan 0.3.0 models/llama3/parallelize.py parallelize_llama: under spmd_types,
         # model.parallelize(parallel_dims) (CP is declared in the inner attention's sharding);
         # under partial_dtensor, apply_cp_to_forward on every inner attention when CP is on and

@@ -122,6 +122,23 @@ def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tens
     ]
 
 
+class TorchOptimizerSteps:
+    """step(), zero_grad() and model_state_tensors() of an engine that steps torch's own
+    ``optimizer`` over its ``module``'s parameters."""
+
+    module: nn.Module
+    optimizer: torch.optim.Optimizer
+
+    def step(self) -> None:
+        self.optimizer.step()
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def model_state_tensors(self) -> ModelStateTensors:
+        return module_state_tensors(self.module, self.optimizer)
+
+
 class Engine(Protocol):
     """A data-parallel training engine wrapped around one rank's model."""
 

@@ -28,8 +28,8 @@ import torch.distributed as dist
 from torch import nn
 
 from zeroplan.harness.engine import (
-    MicroBatch, ModelStateTensors, accumulated_loss, autocast_to, device_type, local_tensor as _local, make_optimizer,
-    module_state_tensors,
+    MicroBatch, ModelStateTensors, TorchOptimizerSteps, accumulated_loss, autocast_to, device_type,
+    local_tensor as _local, make_optimizer, module_state_tensors,
 )
 from zeroplan.harness.model import Transformer, next_token_loss
 from zeroplan.specs import Optimizer, StrategyKind
@@ -110,7 +110,7 @@ def _scalar(loss: torch.Tensor) -> torch.Tensor:
     return _local(loss).detach()
 
 
-class TensorParallelFsdp:
+class TensorParallelFsdp(TorchOptimizerSteps):
     """Tensor (and sequence) parallelism over "tp", FSDP2 over "dp"."""
 
     runs_whole_step = False
@@ -138,15 +138,6 @@ class TensorParallelFsdp:
             del logits
             accumulated_loss(loss, micro).backward()
         return _scalar(loss)
-
-    def step(self) -> None:
-        self.optimizer.step()
-
-    def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def model_state_tensors(self) -> ModelStateTensors:
-        return module_state_tensors(self.module, self.optimizer)
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         return {name: p.full_tensor().detach().clone() for name, p in self.module.named_parameters()}
@@ -193,7 +184,7 @@ class StageModule(nn.Module):
 _SCHEDULES = {PipelineSchedule.gpipe: "ScheduleGPipe", PipelineSchedule.one_f_one_b: "Schedule1F1B"}
 
 
-class PipelineEngine:
+class PipelineEngine(TorchOptimizerSteps):
     """One pipeline stage per rank under torch's schedule, DDP or FSDP2 over "dp"; the step's
     micro-batches all go through the schedule in one call (``runs_whole_step``)."""
 
@@ -291,12 +282,6 @@ class PipelineEngine:
         value = torch.tensor([loss if self.last else 0.0], dtype=torch.float64)
         dist.broadcast(value, src=dist.get_process_group_ranks(group)[-1], group=group)
         return float(value.item())
-
-    def step(self) -> None:
-        self.optimizer.step()
-
-    def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
 
     def model_state_tensors(self) -> ModelStateTensors:
         return module_state_tensors(self.inner, self.optimizer)

@@ -32,18 +32,16 @@ import torch.distributed as dist
 from torch import nn
 
 from zeroplan.harness.engine import (
-    MicroBatch, ModelStateTensors, accumulated_loss, autocast_to, device_type, make_optimizer, module_state_tensors,
+    MicroBatch, ModelStateTensors, TorchOptimizerSteps, accumulated_loss, autocast_to, device_type, make_optimizer,
     optimizer_class_and_kwargs, optimizer_state_tensors,
 )
 from zeroplan.harness.model import Block, Transformer, next_token_loss
 from zeroplan.specs import Optimizer
 
 
-class _Base:
+class _Base(TorchOptimizerSteps):
     """Shared step logic: the wrapped module computes the loss, the optimizer steps."""
 
-    module: nn.Module
-    optimizer: torch.optim.Optimizer
     compute_dtype: torch.dtype = torch.float32
 
     def forward_backward(
@@ -62,15 +60,6 @@ class _Base:
     def _accumulating(self, micro: MicroBatch) -> contextlib.AbstractContextManager:
         """The context of a micro-batch's forward and backward (gradient synchronisation)."""
         return contextlib.nullcontext()
-
-    def step(self) -> None:
-        self.optimizer.step()
-
-    def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def model_state_tensors(self) -> ModelStateTensors:
-        return module_state_tensors(self.module, self.optimizer)
 
 
 class DdpEngine(_Base):

@@ -196,11 +196,6 @@ def gpu_names() -> list[str]:
     return sorted(_CATALOG)
 
 
-def gpu_aliases() -> dict[str, str]:
-    """Short names accepted by :func:`get_gpu`, each with the canonical name it stands for."""
-    return dict(_ALIASES)
-
-
 def get_gpu(name: str) -> GpuSpec:
     """A catalog GPU by canonical name or alias, case-insensitively."""
     key = name.strip().lower().replace("_", "-")

@@ -38,7 +38,7 @@ def _require_step_times(*reports: FitReport) -> None:
                                          "so its time figures cannot be drawn (allowed: memory_stack_figure)")
 
 
-def memory_stack_figure(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> Figure:
+def memory_stack_figure(report: FitReport) -> Figure:
     """Stacked horizontal bars of each strategy's per-GPU memory at its peak moment (so a bar ends
     at its peak, marked by a tick) and the usable memory as a line. Horizontal, so strategy names
     read level; the legend sits right of the axes, never over a bar. Segments too thin to see are
@@ -47,12 +47,12 @@ def memory_stack_figure(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> Fig
     figure, axes = plt.subplots(figsize=(11, 0.45 * len(names) + 1.8), layout="constrained")
     positions = list(range(len(names)))
     lefts = [0.0] * len(names)
-    peaks = [to_unit(p.memory.peak_bytes, unit) for p in report.plans]
-    usable = to_unit(report.cluster.usable_memory_bytes, unit)
+    peaks = [to_unit(p.memory.peak_bytes, ByteUnit.GiB) for p in report.plans]
+    usable = to_unit(report.cluster.usable_memory_bytes, ByteUnit.GiB)
     span = max([usable, *peaks]) or 1.0
     thin: list[list[str]] = [[] for _ in names]
     for label, field in _STACK:
-        widths = [to_unit(p.memory.peak_terms().get(field, 0), unit) for p in report.plans]
+        widths = [to_unit(p.memory.peak_terms().get(field, 0), ByteUnit.GiB) for p in report.plans]
         axes.barh(positions, widths, left=lefts, label=label, edgecolor="white", linewidth=0.4)
         for index, width in enumerate(widths):
             # Under 1 % of the axis a segment is a hairline: say it in words.
@@ -64,10 +64,10 @@ def memory_stack_figure(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> Fig
         if words:
             axes.annotate(" + " + ", ".join(words), (peak, position), xytext=(6, 0), textcoords="offset points",
                           va="center", fontsize=7)
-    axes.axvline(usable, color="red", linestyle="--", label=f"usable ({usable:.1f} {unit.value})")
+    axes.axvline(usable, color="red", linestyle="--", label=f"usable ({usable:.1f} GiB)")
     axes.set_yticks(positions, names)
     axes.invert_yaxis()
-    axes.set_xlabel(f"per-GPU memory ({unit.value})")
+    axes.set_xlabel("per-GPU memory (GiB)")
     axes.set_title(f"{report.model.name} on {report.cluster.world_size} x {report.cluster.gpu.display_name}\n"
                    f"{_run_line(report)}", fontsize=10)
     axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
@@ -79,32 +79,6 @@ def _run_line(report: FitReport) -> str:
     t, b = report.training, report.batch
     return (f"micro-batch {b.micro_batch_size} x seq {b.seq_len}, grad-accum {b.grad_accum_steps}, "
             f"checkpointing {t.activation_checkpointing.value}, {t.precision.value}, {t.framework.value}")
-
-
-def communication_figure(report: FitReport) -> Figure:
-    """Bytes sent per GPU per step, and step time with and without overlap, per strategy.
-
-    Horizontal bars, so that strategy names read level and never overlap; the legend sits above
-    the bars, outside the axes."""
-    _require_step_times(report)
-    names = [p.strategy.value for p in report.plans]
-    figure, (sent_axes, time_axes) = plt.subplots(
-        1, 2, figsize=(11, 0.45 * len(names) + 1.8), sharey=True, layout="constrained"
-    )
-    positions = list(range(len(names)))
-    sent_axes.barh(positions, [p.sent_bytes_per_step / 1e9 for p in report.plans], color="tab:blue")
-    sent_axes.set_yticks(positions, names)
-    sent_axes.invert_yaxis()
-    sent_axes.set_xlabel("GB sent per GPU per step (ring)")
-    time_axes.barh([y - 0.2 for y in positions], [p.time.step_without_overlap_s for p in report.plans],
-                   height=0.4, label="no overlap", color="tab:orange")
-    time_axes.barh([y + 0.2 for y in positions], [p.time.step_with_overlap_s for p in report.plans],
-                   height=0.4, label="with overlap", color="tab:green")
-    time_axes.set_xlabel("step time (s)")
-    time_axes.legend(fontsize=8, ncol=2, loc="lower left", bbox_to_anchor=(0.0, 1.0), frameon=False)
-    figure.suptitle(f"{report.model.name} on {report.cluster.world_size} x {report.cluster.gpu.display_name}: "
-                    f"{_run_line(report)}", fontsize=10)
-    return figure
 
 
 STEP_PARTS = (
@@ -235,16 +209,20 @@ def tradeoff_figure(reports: FitReport | Mapping[str, FitReport]) -> Figure:
     return figure
 
 
-def _nearby_groups(names: list[str], xs: list[float], ys: list[float], spans: tuple[float, float],
-                   near: tuple[float, float] = (0.06, 0.04)) -> list[tuple[list[str], float, float]]:
-    """Points within ``near`` (x, y) of the axes' span of one another (y on a log scale) labelled once,
+_NEAR = (0.06, 0.04)
+"""How close (x, y), as fractions of the axes' span, two labelled points may be before they share a label."""
+
+
+def _nearby_groups(names: list[str], xs: list[float], ys: list[float],
+                   spans: tuple[float, float]) -> list[tuple[list[str], float, float]]:
+    """Points within _NEAR (x, y) of the axes' span of one another (y on a log scale) labelled once,
     with their names joined, at the first of them: strategies with the same peak and step time
     would otherwise write their names over each other."""
     groups: list[tuple[list[str], float, float]] = []
     for name, x, y in zip(names, xs, ys):
         for group in groups:
-            if (abs(group[1] - x) / spans[0] < near[0]
-                    and abs(math.log10(max(group[2], 1e-12)) - math.log10(max(y, 1e-12))) / spans[1] < near[1]):
+            if (abs(group[1] - x) / spans[0] < _NEAR[0]
+                    and abs(math.log10(max(group[2], 1e-12)) - math.log10(max(y, 1e-12))) / spans[1] < _NEAR[1]):
                 group[0].append(name)
                 break
         else:
@@ -252,7 +230,7 @@ def _nearby_groups(names: list[str], xs: list[float], ys: list[float], spans: tu
     return groups
 
 
-def validation_figure(rows, band=None) -> Figure:  # type: ignore[no-untyped-def]
+def validation_figure(rows) -> Figure:  # type: ignore[no-untyped-def]
     """Predicted against measured: measured / predicted for each quantity of each measured run
     (zeroplan.validate rows), against the predicted size (MiB, log scale), with 1 (exact) drawn
     and the published-peaks error band shaded (zeroplan.core.margin.PEAK_ERROR_BAND: the middle
@@ -260,7 +238,7 @@ def validation_figure(rows, band=None) -> Figure:  # type: ignore[no-untyped-def
     from zeroplan.core.margin import PEAK_ERROR_BAND
     from zeroplan.validate.styles import quantity_style
 
-    band = PEAK_ERROR_BAND if band is None else band
+    band = PEAK_ERROR_BAND
     figure, axes = plt.subplots(figsize=(11, 6), layout="constrained")
     axes.axhspan(band.low, band.high, color="0.9", zorder=0,
                  label=f"published peaks, middle half: {band.low:.3f}-{band.high:.3f} x ({band.rows} runs)")

@@ -54,11 +54,6 @@ def device_mesh(world_size: int):
     return init_device_mesh(DEVICE, (world_size,))
 
 
-def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard, or the tensor itself."""
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
-
-
 def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """Bytes of the distinct storages under ``tensors`` (a view counts its whole storage once; a
     tensor subclass that wraps inner tensors, e.g. torchao's NF4Tensor, counts their storages)."""

@@ -17,13 +17,13 @@ from torch import nn
 
 from zeroplan.errors import ZeroplanError
 from zeroplan.progress import steps
-from zeroplan.harness.engine import make_adamw
+from zeroplan.harness.engine import local_tensor, make_adamw
 from zeroplan.harness.model import Transformer, build_model, next_token_loss
 from zeroplan.harness.torch_engines import fake_group_all_reduce
 from zeroplan.simulate import _torch_private as private
 from zeroplan.simulate.collectives import CollectiveRecorder
 from zeroplan.simulate.fake_world import (
-    DEVICE as _DEVICE, check_rank_of_world, device_mesh, fake_process_group, local_tensor, storage_bytes,
+    DEVICE as _DEVICE, check_rank_of_world, device_mesh, fake_process_group, storage_bytes,
 )
 from zeroplan.simulate.fused_rms_norm import cuda_rms_norm_formula
 from zeroplan.simulate.record import ModelStateBytes, Phase, SimulationRecord

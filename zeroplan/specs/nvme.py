@@ -19,8 +19,6 @@ NVME_PRESETS: dict[str, tuple[float, float]] = {
 }
 """Preset name -> (read, write) bytes per second of one node's swap drive(s)."""
 
-DEFAULT_NVME = "pm9a3"
-
 
 def parse_nvme_bandwidth(text: str) -> tuple[float, float]:
     """--nvme-bandwidth: a preset name, one figure in GB/s (read and write alike) or READ,WRITE."""

@@ -85,9 +85,9 @@ DEFAULT_ATTENTION_RATE = PerformanceAssumptions().attention_rate
 """The planner's attention-rate mode, which the calibrated and fitted-default figures time."""
 
 
-def default_request(row: PublishedThroughput, hfu: float | None = None):  # type: ignore[no-untyped-def]
-    """``row``'s request under the planner's default attention rate."""
-    return row.request(hfu, attention_rate=DEFAULT_ATTENTION_RATE)
+def default_request(row: PublishedThroughput):  # type: ignore[no-untyped-def]
+    """``row``'s request (no HFU set) under the planner's default attention rate."""
+    return row.request(None, attention_rate=DEFAULT_ATTENTION_RATE)
 
 
 def predicted_tokens_per_s(row: PublishedThroughput, hfu: float, attention_rate: str = DEFAULT_ATTENTION_RATE) -> float:
@@ -222,8 +222,9 @@ class TieBreakFigures(Frozen):
     errors: tuple[float, ...]
 
 
-def tie_break_figures(table: PublishedThroughputTable, rule=first_listed_calibration_row) -> TieBreakFigures:  # type: ignore[no-untyped-def]
-    """The calibrated figures (the planner's default attention rate) with each source anchored by ``rule``."""
+def tie_break_figures(table: PublishedThroughputTable) -> TieBreakFigures:
+    """The calibrated figures (the planner's default attention rate) with each source anchored by
+    first_listed_calibration_row."""
     by_source: dict[str, list[PublishedThroughput]] = {}
     for row in table.rows:
         by_source.setdefault(source_of(row), []).append(row)
@@ -233,7 +234,7 @@ def tie_break_figures(table: PublishedThroughputTable, rule=first_listed_calibra
         usable = [row for row in members if row.name in implied]
         if len(members) < MIN_SOURCE_ROWS or not usable:
             continue
-        anchor = rule(usable)
+        anchor = first_listed_calibration_row(usable)
         errors = [abs(held_out_tokens_per_s(row, implied[anchor.name], DEFAULT_ATTENTION_RATE, efficiencies)
                       / row.published_tokens_per_s_per_gpu - 1)
                   for row in usable if row.name != anchor.name]
@@ -517,9 +518,8 @@ def _row_implied_hfu(row: PublishedThroughput, mode: str, efficiency: float | No
 
 
 @functools.lru_cache(maxsize=4)
-def attention_rate_figures(mode: str, table: PublishedThroughputTable | None = None) -> AttentionRateFigures:
+def attention_rate_figures(mode: str, table: PublishedThroughputTable) -> AttentionRateFigures:
     """The calibrated and default figures of the rows under attention-rate ``mode``."""
-    table = table or load_published_throughput()
     rows = table.rows
     implied = mode_implied_hfus(mode, table)
     refused = [row.name for row in rows if row.name not in implied]
@@ -559,14 +559,14 @@ REGENERATE = "python benchmarks/step_time_accuracy.py --write-default-efficiency
 """The command that writes zeroplan/core/data/default_efficiency.json from the published rows."""
 
 
-def default_efficiency_table(table: PublishedThroughputTable | None = None) -> DefaultEfficiencyTable:
+def default_efficiency_table() -> DefaultEfficiencyTable:
     """The shipped default efficiency (zeroplan.core.default_efficiency): every mechanism fitted
     on every published row, under each attention-rate mode, with the rows' file hash and sources."""
     import hashlib
 
     from zeroplan.validate.step_time import PUBLISHED_THROUGHPUT_FILE
 
-    table = table or load_published_throughput()
+    table = load_published_throughput()
     counts: dict[str, int] = {}
     for row in table.rows:
         counts[source_of(row)] = counts.get(source_of(row), 0) + 1

@@ -38,12 +38,12 @@ from zeroplan.specs.training import ActivationCheckpointing
 from zeroplan.units import ceil_div
 
 
-def chunk_request(request: PlanRequest, num_layers: int, *, split_heads: bool) -> PlanRequest:
-    """One micro-batch through ``num_layers`` blocks of this rank, as a request of its own with
+def chunk_request(request: PlanRequest, *, split_heads: bool) -> PlanRequest:
+    """One micro-batch through one block of this rank, as a request of its own with
     nothing model-parallel: the tensor-parallel block (``split_heads``) or the whole one, and
     the rank's 1/cp of the sequence. Built without validation: only the planner reads it."""
     parallel = request.parallel
-    model = _chunk_model(request.model, parallel.tp if split_heads else 1, num_layers)
+    model = _chunk_model(request.model, parallel.tp if split_heads else 1)
     # Without context parallelism the rank's sequence is the request's (its batch as it is).
     batch = request.batch if parallel.cp == 1 else request.batch.model_copy(update={"seq_len": request.batch.seq_len // parallel.cp})
     return request.model_copy(update={"model": model, "batch": batch, "parallel": _NO_MODEL_PARALLELISM})
@@ -52,9 +52,9 @@ def chunk_request(request: PlanRequest, num_layers: int, *, split_heads: bool) -
 # A layout's chunks share the model's tensor-parallel block (the plan search asks for the
 # chunks of thousands of requests of a few models).
 @lru_cache(maxsize=256)
-def _chunk_model(model: ModelSpec, tp: int, num_layers: int) -> ModelSpec:
-    """``num_layers`` of the model's blocks as tensor-parallel rank 0 of ``tp`` computes them."""
-    return tensor_parallel_model(model, tp).model_copy(update={"num_layers": num_layers})
+def _chunk_model(model: ModelSpec, tp: int) -> ModelSpec:
+    """One of the model's blocks as tensor-parallel rank 0 of ``tp`` computes it."""
+    return tensor_parallel_model(model, tp).model_copy(update={"num_layers": 1})
 
 
 _NO_MODEL_PARALLELISM = ParallelSpec()
@@ -79,7 +79,7 @@ def micro_batch_bytes(request: PlanRequest, activations) -> MicroBatchBytes:
     it at one and two tensor-parallel blocks (each term is linear in the block count), then
     split the sequence-parallel terms t ways."""
     parallel = request.parallel
-    return _chunk_bytes(chunk_request(request, 1, split_heads=True), activations, parallel.tp,
+    return _chunk_bytes(chunk_request(request, split_heads=True), activations, parallel.tp,
                         parallel.sequence_parallel, parallel.cp)
 
 
@@ -245,7 +245,7 @@ def pipeline_stage_output_bytes(request: PlanRequest, chunks: int) -> int:
     """The stage outputs the rank's pipeline stages hold at its in-flight peak (under 0.3.0
     beyond the loss's micro-batches in flight)."""
     parallel = request.parallel
-    chunk = chunk_request(request, 1, split_heads=True)
+    chunk = chunk_request(request, split_heads=True)
     s, b = chunk.batch.seq_len, chunk.batch.micro_batch_size
     residual = stage_boundary_bytes(request)
     head = holds_head(request)
@@ -261,7 +261,7 @@ def stage_boundary_bytes(request: PlanRequest) -> int:
     """One tensor a pipeline stage sends or receives for one micro-batch: the residual stream
     (torchtitan's TP plan hands each block's output on as the local sequence shard under
     sequence parallelism)."""
-    chunk = chunk_request(request, 1, split_heads=True)
+    chunk = chunk_request(request, split_heads=True)
     residual = block_input_bytes(chunk, chunk.batch.seq_len, chunk.batch.micro_batch_size)
     return ceil_div(residual, request.parallel.tp) if request.parallel.sequence_parallel else residual
 
@@ -343,7 +343,7 @@ def rank_logits_pieces(request: PlanRequest, pieces) -> tuple[int, ...]:
         return _of_sequences(request, pieces)
     if not holds_head(request):
         return (0,)
-    chunk = chunk_request(request, 1, split_heads=True)
+    chunk = chunk_request(request, split_heads=True)
     scale = last_stage_in_flight(request)
     if loss_parallel_applies(request):
         # torchtitan 9dec370's loss_parallel (zeroplan.core.framework_loss): its own moment.
@@ -368,7 +368,7 @@ def rank_logits_tensors(request: PlanRequest, tensors) -> tuple[tuple[int, ...],
         return tensors(request)
     if not holds_head(request):
         return ((),)
-    chunk = chunk_request(request, 1, split_heads=True)
+    chunk = chunk_request(request, split_heads=True)
     scale = last_stage_in_flight(request)
     if loss_parallel_applies(request):
         return tuple(scale * tuple(moment) for moment in loss_parallel_logits_tensors(chunk))
@@ -379,6 +379,6 @@ def rank_workspace_bytes(request: PlanRequest, workspace) -> int:
     """The residual-stream gradients a block's backward reads and writes, on this rank."""
     if request.parallel.is_trivial:
         return workspace(request)
-    whole = workspace(chunk_request(request, 1, split_heads=False))
+    whole = workspace(chunk_request(request, split_heads=False))
     # The residual stream's gradients are sequence-sharded under sequence parallelism.
     return ceil_div(whole, request.parallel.tp) if request.parallel.sequence_parallel else whole
