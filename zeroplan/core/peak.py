@@ -104,7 +104,11 @@ def first_layer_pieces(moments: PeakTerms, accumulated: int, resident: int, held
 
 def peak_allocated_bytes(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: int) -> tuple[int, PeakMoment]:
     """The largest moment's bytes and which moment it is (the first of them on a tie)."""
-    alive = peak_moments(states, moments, grad_accum_steps)
+    return largest_moment(peak_moments(states, moments, grad_accum_steps))
+
+
+def largest_moment(alive: dict[PeakMoment, MomentBytes]) -> tuple[int, PeakMoment]:
+    """peak_allocated_bytes of moments already computed (peak_moments)."""
     moment = max(alive, key=lambda m: alive[m].total)
     return alive[moment].total, moment
 
