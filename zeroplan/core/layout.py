@@ -75,23 +75,51 @@ def padded_unit_elements(unit: ParamUnit, num_shards: int, layout: ShardLayout) 
     """Elements of the unit after padding, summed over all shards."""
     if layout is ShardLayout.flat:
         return num_shards * shard_elements(unit, num_shards, layout)
-    total = 0
-    for tensor in unit.tensors:
-        shards, rows = tensor_shard_count(tensor, num_shards), tensor.shape[0]
-        total += shards * ceil_div(rows, shards) * (tensor.numel // rows)
-    return total
+    return _dim0_elements(unit, num_shards)[1]
 
 
 def shard_elements(unit: ParamUnit, num_shards: int, layout: ShardLayout) -> int:
     """Elements of the unit one rank holds (padding included)."""
     if layout is ShardLayout.flat:
         return ceil_div(unit.numel, num_shards)
-    total = 0
-    for tensor in unit.tensors:
-        rows = tensor.shape[0]
-        row_numel = tensor.numel // rows
-        total += ceil_div(rows, tensor_shard_count(tensor, num_shards)) * row_numel
-    return total
+    return _dim0_elements(unit, num_shards)[0]
+
+
+# FSDP2's dim-0 shards are a walk over the unit's tensors, asked for every unit of every rank's
+# layout by the model states, buffers and collectives (the plan search: tens of thousands of
+# walks). A model's blocks are the same tensors under another unit name, so the answer is kept
+# per the tensors' (rows, elements a row, shard group divisor), which every unit of the same
+# shapes shares, and each unit's shapes under its identity (the entry keeps the unit alive, so
+# the identity cannot be reused).
+_DIM0_SHAPES: dict[int, tuple[ParamUnit, int]] = {}
+"""id(unit) -> (the unit, its shapes' number in _DIM0_SHAPE_NUMBERS)."""
+_DIM0_SHAPE_NUMBERS: dict[tuple[tuple[int, int, int], ...], int] = {}
+_DIM0_ELEMENTS: dict[tuple[int, int], tuple[int, int]] = {}
+"""(shapes' number, shards) -> (shard_elements, padded_unit_elements) under ShardLayout.dim0."""
+_DIM0_LIMIT = 8192
+
+
+def _dim0_elements(unit: ParamUnit, num_shards: int) -> tuple[int, int]:
+    """(elements one rank holds, elements summed over the shards) of ``unit`` cut on dim 0 of
+    each tensor ``num_shards`` ways (each tensor over tensor_shard_count ranks), padding included."""
+    known = _DIM0_SHAPES.get(id(unit))
+    if known is None or known[0] is not unit:
+        if len(_DIM0_SHAPES) >= _DIM0_LIMIT or len(_DIM0_ELEMENTS) >= _DIM0_LIMIT:
+            # Numbers are reused once cleared: every cache that holds them goes together.
+            _DIM0_SHAPES.clear(), _DIM0_SHAPE_NUMBERS.clear(), _DIM0_ELEMENTS.clear()
+        shapes = tuple((t.shape[0], t.numel // t.shape[0], t.shard_group_divisor) for t in unit.tensors)
+        known = _DIM0_SHAPES[id(unit)] = (unit, _DIM0_SHAPE_NUMBERS.setdefault(shapes, len(_DIM0_SHAPE_NUMBERS)))
+    key = (known[1], num_shards)
+    answer = _DIM0_ELEMENTS.get(key)
+    if answer is None:
+        held = padded = 0
+        for tensor in unit.tensors:
+            shards, rows = tensor_shard_count(tensor, num_shards), tensor.shape[0]
+            row_numel = tensor.numel // rows
+            held += ceil_div(rows, shards) * row_numel
+            padded += shards * ceil_div(rows, shards) * row_numel
+        answer = _DIM0_ELEMENTS[key] = (held, padded)
+    return answer
 
 
 def gradient_wire_bytes(request: "PlanRequest") -> int:
