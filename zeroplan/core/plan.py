@@ -39,7 +39,7 @@ from zeroplan.core.nvme import nvme_bytes
 from zeroplan.core.model_states import ModelStateBytes, model_state_bytes
 from zeroplan.core.bf16_accumulation_time import check_fp32_accumulation
 from zeroplan.core.megatron_deepspeed import bf16_optimizer_runs, check_grad_accum_dtype
-from zeroplan.core.peak import PeakTerms, largest_moment, moment_totals, peak_allocated_bytes, peak_moments
+from zeroplan.core.peak import PeakTerms, largest_moment, moment_totals, peak_allocated_bytes, peak_moments, with_terms
 from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
 from zeroplan.core.parallel.activations import rank_activation_bytes, rank_logits_pieces, rank_workspace_bytes
 from zeroplan.core.parallel.ring_attention import ring_attention_backward_extra_bytes
@@ -473,9 +473,9 @@ def _max_micro_batch_affine(request: PlanRequest) -> int | None:
     # The states and buffers do not change with the micro-batch: only its own terms are new
     # (the request's own terms are the ones its breakdown just computed).
     states, own_terms = checked_peak_terms(request)
-    terms = own_terms if request.batch.micro_batch_size == 1 else replace(
-        own_terms, **micro_batch_terms(request.with_micro_batch(1)))
-    at_two_terms = replace(own_terms, **micro_batch_terms(request.with_micro_batch(2)))
+    terms = own_terms if request.batch.micro_batch_size == 1 else with_terms(
+        own_terms, micro_batch_terms(request.with_micro_batch(1)))
+    at_two_terms = with_terms(own_terms, micro_batch_terms(request.with_micro_batch(2)))
     accumulation = request.batch.grad_accum_steps
     at_one, at_two = moment_totals(states, terms, accumulation), moment_totals(states, at_two_terms, accumulation)
     # The allocator model's reserve is what its replay adds: no step completes past the usable memory.
