@@ -44,8 +44,9 @@ def test_fits_results_are_what_validation_builds(framework: str, allocator_conf:
 
 
 def test_model_parallel_collectives_are_what_validation_builds() -> None:
-    """make_collective builds every collective unvalidated: the tensor-, sequence- and
-    pipeline-parallel ones too (a layout of tp 2 with sequence parallelism, pp 2, interleaved)."""
+    """make_collective builds every collective unvalidated, and collective_layout each one's
+    layout: the tensor-, sequence- and pipeline-parallel ones too (a layout of tp 2 with
+    sequence parallelism, pp 2, interleaved)."""
     from zeroplan.core.communication import collectives
     from zeroplan.specs.parallel import ParallelSpec
 
@@ -53,8 +54,12 @@ def test_model_parallel_collectives_are_what_validation_builds() -> None:
                           strategy=StrategySpec(kind="zero1"), batch=BatchSpec(seq_len=2048, micro_batch_size=2, grad_accum_steps=4),
                           training=TrainingSpec(framework="torchtitan"),
                           parallel=ParallelSpec(tp=2, sequence_parallel=True, pp=2, pp_schedule="interleaved-1f1b", virtual_stages=2))
+    from zeroplan.core.algorithms import collective_layout
+
     found = collectives(request)
     assert any(c.blocking for c in found) and all(_same(c, _validated(c)) for c in found)
+    layouts = [collective_layout(request, c) for c in found]
+    assert all(_same(layout, _validated(layout)) for layout in layouts)
 
 
 def test_a_verdict_is_what_validation_builds_and_a_bad_field_is_refused() -> None:

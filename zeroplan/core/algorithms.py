@@ -325,8 +325,10 @@ def collective_layout(request: PlanRequest, collective: Collective) -> Layout:
     per_node = collective.ranks_per_node
     if per_node is None:
         per_node = contiguous_ranks_per_node(collective.group_size, cluster.gpus_per_node)
-    return Layout(group_size=collective.group_size, ranks_per_node=per_node,
-                  gpus_per_node=cluster.gpus_per_node, spans_nodes=collective.spans_nodes)
+    # Unvalidated (Frozen.trusted): the collective's and the cluster's fields are of these
+    # fields' types already; every collective of every plan is priced through one.
+    return Layout.trusted(group_size=collective.group_size, ranks_per_node=per_node,
+                          gpus_per_node=cluster.gpus_per_node, spans_nodes=collective.spans_nodes)
 
 
 def _call_sizes(collective: Collective) -> tuple[tuple[int, int], ...]:
