@@ -426,9 +426,11 @@ def collective_cost(request: PlanRequest, collective: Collective) -> CollectiveT
     k = efficiencies.get(main, 1.0)
     if collective.kernel_bytes:
         seconds += quantization_kernel_seconds(gpu, collective.kernel_bytes)
-    return CollectiveTime(
+    # Unvalidated (Frozen.trusted): the enums and strings are the collective's, the seconds and
+    # the bandwidth floats (k and the sum start as floats); every collective of a plan is priced.
+    return CollectiveTime.trusted(
         op=collective.op, phase=collective.phase, what=collective.what, algorithm=main, algorithms=ranked,
-        bus_bandwidth_bytes_per_s=k * bus_bandwidth_bytes_per_s(gpu, main, op, layout, largest),
+        bus_bandwidth_bytes_per_s=float(k * bus_bandwidth_bytes_per_s(gpu, main, op, layout, largest)),
         bandwidth_basis="achievable" if main in efficiencies else "nominal",
-        seconds=collective.occurrences_per_step * seconds,
+        seconds=float(collective.occurrences_per_step * seconds),
     )
