@@ -71,6 +71,14 @@ def tensor_shard_count(tensor: ParamTensor, num_shards: int) -> int:
     return max(1, num_shards // tensor.shard_group_divisor)
 
 
+def tensor_shard_elements(tensor: ParamTensor, num_shards: int, layout: ShardLayout) -> int:
+    """shard_elements of a unit of ``tensor`` alone (padding included), without building the unit."""
+    if layout is ShardLayout.flat:
+        return ceil_div(tensor.numel, num_shards)
+    rows = tensor.shape[0]
+    return ceil_div(rows, tensor_shard_count(tensor, num_shards)) * (tensor.numel // rows)
+
+
 def padded_unit_elements(unit: ParamUnit, num_shards: int, layout: ShardLayout) -> int:
     """Elements of the unit after padding, summed over all shards."""
     if layout is ShardLayout.flat:

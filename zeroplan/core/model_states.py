@@ -9,7 +9,7 @@ from zeroplan.core.finetune.storage import frozen_held_bytes, frozen_tensor_byte
 from zeroplan.core.finetune.units import trainable_view
 from zeroplan.core.megatron_deepspeed import bf16_optimizer_runs, bf16_optimizer_states
 from zeroplan.core.layout import (
-    ElementBytes, ShardLayout, distinct_units, element_bytes, padded_unit_elements, shard_elements,
+    ElementBytes, ShardLayout, distinct_units, element_bytes, padded_unit_elements, shard_elements, tensor_shard_elements,
 )
 from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise, step_counter_bytes, tensor_state_bytes
 from zeroplan.core.nvme import OFFLOAD_GRADIENT_BYTES, OFFLOAD_MASTER_BYTES, host_pinned_bytes
@@ -169,7 +169,7 @@ def stepped_tensors(request: PlanRequest, sharded: bool) -> int:
 def largest_tensor_shard_elements(request: PlanRequest) -> int:
     """Elements of the largest trainable parameter tensor's shard on one rank (padding included)."""
     layout, num_shards = shard_layout(request), request.shard_group_size
-    return max(shard_elements(ParamUnit(name=unit.name, tensors=(tensor,)), num_shards, layout)
+    return max(tensor_shard_elements(tensor, num_shards, layout)
                for unit in rank_trainable_units(request) for tensor in unit.tensors)
 
 
@@ -353,7 +353,7 @@ def paged_state_bytes(request: PlanRequest, num_shards: int, state_dtype_bytes: 
     paged = 0
     for unit in rank_trainable_units(request):
         for tensor in unit.tensors:
-            elements = shard_elements(ParamUnit(name=unit.name, tensors=(tensor,)), num_shards, layout)
+            elements = tensor_shard_elements(tensor, num_shards, layout)
             if elements < PAGED_MIN_ELEMENTS:
                 continue
             optimizer = request.training.optimizer
