@@ -1,4 +1,4 @@
-"""Frozen.trusted builds the planner's results (each plan, its breakdown and step time, the allocator's verdict)
+"""Frozen.trusted builds the planner's results (each plan, its breakdown, step time and collectives, the allocator's verdict)
 without validating them: what validation would build from the same values, type for type (an
 int field never holding a bool or a float, a tuple never a list), over fit's results for three
 stacks, under the caching-allocator model and the flat reserve."""
@@ -40,6 +40,29 @@ def test_fits_results_are_what_validation_builds(framework: str, allocator_conf:
     for plan in fit(request, suggest=False, largest_micro_batch=False).plans:
         assert _same(plan, _validated(plan)) and _same(plan.memory, _validated(plan.memory))
         assert plan.time is not None and _same(plan.time, _validated(plan.time))
+        assert plan.collectives and all(_same(c, _validated(c)) for c in plan.collectives)
+        assert plan.time.collective_times and all(_same(c, _validated(c)) for c in plan.time.collective_times)
+
+
+def test_model_parallel_collectives_are_what_validation_builds() -> None:
+    """make_collective builds every collective unvalidated, collective_layout each one's layout
+    and collective_cost its price: the tensor-, sequence- and pipeline-parallel ones too (a layout of tp 2 with
+    sequence parallelism, pp 2, interleaved)."""
+    from zeroplan.core.communication import collectives
+    from zeroplan.specs.parallel import ParallelSpec
+
+    request = PlanRequest(model=get_model("tinyllama-1.1b"), cluster=cluster_from_gpus(get_gpu("a100-40gb"), 8),
+                          strategy=StrategySpec(kind="zero1"), batch=BatchSpec(seq_len=2048, micro_batch_size=2, grad_accum_steps=4),
+                          training=TrainingSpec(framework="torchtitan"),
+                          parallel=ParallelSpec(tp=2, sequence_parallel=True, pp=2, pp_schedule="interleaved-1f1b", virtual_stages=2))
+    from zeroplan.core.algorithms import collective_cost, collective_layout
+
+    found = collectives(request)
+    assert any(c.blocking for c in found) and all(_same(c, _validated(c)) for c in found)
+    layouts = [collective_layout(request, c) for c in found]
+    assert all(_same(layout, _validated(layout)) for layout in layouts)
+    prices = [collective_cost(request, c) for c in found]
+    assert all(_same(price, _validated(price)) for price in prices)
 
 
 def test_a_verdict_is_what_validation_builds_and_a_bad_field_is_refused() -> None:

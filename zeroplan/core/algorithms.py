@@ -325,8 +325,10 @@ def collective_layout(request: PlanRequest, collective: Collective) -> Layout:
     per_node = collective.ranks_per_node
     if per_node is None:
         per_node = contiguous_ranks_per_node(collective.group_size, cluster.gpus_per_node)
-    return Layout(group_size=collective.group_size, ranks_per_node=per_node,
-                  gpus_per_node=cluster.gpus_per_node, spans_nodes=collective.spans_nodes)
+    # Unvalidated (Frozen.trusted): the collective's and the cluster's fields are of these
+    # fields' types already; every collective of every plan is priced through one.
+    return Layout.trusted(group_size=collective.group_size, ranks_per_node=per_node,
+                          gpus_per_node=cluster.gpus_per_node, spans_nodes=collective.spans_nodes)
 
 
 def _call_sizes(collective: Collective) -> tuple[tuple[int, int], ...]:
@@ -424,9 +426,11 @@ def collective_cost(request: PlanRequest, collective: Collective) -> CollectiveT
     k = efficiencies.get(main, 1.0)
     if collective.kernel_bytes:
         seconds += quantization_kernel_seconds(gpu, collective.kernel_bytes)
-    return CollectiveTime(
+    # Unvalidated (Frozen.trusted): the enums and strings are the collective's, the seconds and
+    # the bandwidth floats (k and the sum start as floats); every collective of a plan is priced.
+    return CollectiveTime.trusted(
         op=collective.op, phase=collective.phase, what=collective.what, algorithm=main, algorithms=ranked,
-        bus_bandwidth_bytes_per_s=k * bus_bandwidth_bytes_per_s(gpu, main, op, layout, largest),
+        bus_bandwidth_bytes_per_s=float(k * bus_bandwidth_bytes_per_s(gpu, main, op, layout, largest)),
         bandwidth_basis="achievable" if main in efficiencies else "nominal",
-        seconds=collective.occurrences_per_step * seconds,
+        seconds=float(collective.occurrences_per_step * seconds),
     )

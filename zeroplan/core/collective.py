@@ -113,7 +113,10 @@ def make_collective(
 ) -> Collective:
     # Many calls share a size (one per block): each distinct size is computed once.
     sizes = Counter(buffers)
-    return Collective(
+    # Built unvalidated (Frozen.trusted): every value is already of its field's type (ints,
+    # bools, the enums, a tuple of int pairs), as validating it gives; the plan search builds
+    # thousands of collectives, ~4 us of pydantic's validation each.
+    return Collective.trusted(
         op=op, phase=phase, what=what, group_size=group_size, element_bytes=element_bytes,
         buffer_bytes=sum(buffers),
         calls=len(buffers), occurrences_per_step=occurrences, spans_nodes=spans_nodes,

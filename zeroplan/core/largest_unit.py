@@ -8,7 +8,7 @@ Formulas only: no torch.
 from __future__ import annotations
 
 from zeroplan.core.model_states import padded_unit_elements_of, unit_gather_bytes
-from zeroplan.core.parallel.units import rank_parameter_units
+from zeroplan.core.parallel.units import block_positions, rank_parameter_units
 from zeroplan.core.profiles import fsdp_separates_embedding_and_head
 from zeroplan.specs.request import PlanRequest
 
@@ -30,7 +30,7 @@ def largest_gathered_unit_bytes(request: PlanRequest, bytes_per_element: int) ->
 def _largest_group(request: PlanRequest, per_unit: list[int]) -> int:
     if not request.strategy.kind.is_fsdp or fsdp_separates_embedding_and_head(request):
         return max(per_unit)
-    units = rank_parameter_units(request)
-    blocks = [n for unit, n in zip(units, per_unit) if unit.name.startswith("block.")]
-    root = sum(n for unit, n in zip(units, per_unit) if not unit.name.startswith("block."))
+    blocks = [per_unit[i] for i in block_positions(rank_parameter_units(request))]
+    # The root's units are the rest: every unit's sum less the blocks' (integers, exact).
+    root = sum(per_unit) - sum(blocks)
     return max(blocks + [root])

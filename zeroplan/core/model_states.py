@@ -8,7 +8,9 @@ from zeroplan.core.finetune.offload import offloaded_quant_constant_bytes
 from zeroplan.core.finetune.storage import frozen_held_bytes, frozen_tensor_bytes
 from zeroplan.core.finetune.units import trainable_view
 from zeroplan.core.megatron_deepspeed import bf16_optimizer_runs, bf16_optimizer_states
-from zeroplan.core.layout import ElementBytes, ShardLayout, element_bytes, padded_unit_elements, shard_elements
+from zeroplan.core.layout import (
+    ElementBytes, ShardLayout, distinct_units, element_bytes, padded_unit_elements, shard_elements, tensor_shard_elements,
+)
 from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise, step_counter_bytes, tensor_state_bytes
 from zeroplan.core.nvme import OFFLOAD_GRADIENT_BYTES, OFFLOAD_MASTER_BYTES, host_pinned_bytes
 from zeroplan.core.params import ParamUnit
@@ -135,16 +137,18 @@ _PADDED_ELEMENTS_LIMIT = 4096
 
 def held_elements(units: tuple[ParamUnit, ...], num_shards: int, layout: ShardLayout) -> int:
     """Elements a rank holds of every unit when each is split ``num_shards`` ways."""
-    if num_shards == 1:
-        return sum(unit.numel for unit in units)
-    # Kept as _PADDED_ELEMENTS keeps its sizes: by the units' identity, the entry holding them.
+    # Kept as _PADDED_ELEMENTS keeps its sizes: by the units' identity, the entry holding them
+    # (unsharded too: DDP's states and buffers ask it of every unit of the rank, per plan).
     key = (id(units), num_shards, layout)
     known = _HELD_ELEMENTS.get(key)
     if known is not None and known[0] is units:
         return known[1]
     if len(_HELD_ELEMENTS) >= _PADDED_ELEMENTS_LIMIT:
         _HELD_ELEMENTS.clear()
-    held = sum(shard_elements(unit, num_shards, layout) for unit in units)
+    if num_shards == 1:
+        held = sum(unit.numel for unit in units)
+    else:
+        held = sum(count * shard_elements(unit, num_shards, layout) for unit, count in distinct_units(units))
     _HELD_ELEMENTS[key] = (units, held)
     return held
 
@@ -165,7 +169,7 @@ def stepped_tensors(request: PlanRequest, sharded: bool) -> int:
 def largest_tensor_shard_elements(request: PlanRequest) -> int:
     """Elements of the largest trainable parameter tensor's shard on one rank (padding included)."""
     layout, num_shards = shard_layout(request), request.shard_group_size
-    return max(shard_elements(ParamUnit(name=unit.name, tensors=(tensor,)), num_shards, layout)
+    return max(tensor_shard_elements(tensor, num_shards, layout)
                for unit in rank_trainable_units(request) for tensor in unit.tensors)
 
 
@@ -349,7 +353,7 @@ def paged_state_bytes(request: PlanRequest, num_shards: int, state_dtype_bytes: 
     paged = 0
     for unit in rank_trainable_units(request):
         for tensor in unit.tensors:
-            elements = shard_elements(ParamUnit(name=unit.name, tensors=(tensor,)), num_shards, layout)
+            elements = tensor_shard_elements(tensor, num_shards, layout)
             if elements < PAGED_MIN_ELEMENTS:
                 continue
             optimizer = request.training.optimizer

@@ -4,7 +4,7 @@ planner (zeroplan.core.plan), the allocator's schedule and the plan search all r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from zeroplan.core.model_states import ModelStateBytes
 from zeroplan.results import PeakMoment
@@ -104,7 +104,11 @@ def first_layer_pieces(moments: PeakTerms, accumulated: int, resident: int, held
 
 def peak_allocated_bytes(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: int) -> tuple[int, PeakMoment]:
     """The largest moment's bytes and which moment it is (the first of them on a tie)."""
-    alive = peak_moments(states, moments, grad_accum_steps)
+    return largest_moment(peak_moments(states, moments, grad_accum_steps))
+
+
+def largest_moment(alive: dict[PeakMoment, MomentBytes]) -> tuple[int, PeakMoment]:
+    """peak_allocated_bytes of moments already computed (peak_moments)."""
     moment = max(alive, key=lambda m: alive[m].total)
     return alive[moment].total, moment
 
@@ -184,6 +188,24 @@ class PeakTerms:
     is done: FSDP's unsharded gradients under no_sync accumulation, reduce-scattered by the last
     micro-batch (zeroplan.core.buffers.draining_held_buffer_bytes); the allocator schedules free
     it before they allocate the shards."""
+
+
+_PEAK_TERM_FIELDS = frozenset(PeakTerms.__dataclass_fields__)
+
+
+# dataclasses.replace checks its arguments against the fields and calls __init__ with every
+# field (a frozen dataclass sets each through object.__setattr__): ~10 us for PeakTerms' twenty,
+# where the plan search swaps the micro-batch's terms into the model states' thousands of times.
+# PeakTerms has no __post_init__ and no field whose value replace would derive, so the copy of
+# its fields with the changes is what replace builds.
+def with_terms(terms: PeakTerms, changes: dict[str, object]) -> PeakTerms:
+    """dataclasses.replace(terms, **changes), each name of ``changes`` a PeakTerms field."""
+    if not changes.keys() <= _PEAK_TERM_FIELDS:
+        return replace(terms, **changes)  # replace's own error
+    copied = object.__new__(PeakTerms)
+    copied.__dict__.update(terms.__dict__)
+    copied.__dict__.update(changes)
+    return copied
 
 
 TOTAL_MOMENTS: tuple[PeakMoment, ...] = (

@@ -39,7 +39,7 @@ from zeroplan.core.nvme import nvme_bytes
 from zeroplan.core.model_states import ModelStateBytes, model_state_bytes
 from zeroplan.core.bf16_accumulation_time import check_fp32_accumulation
 from zeroplan.core.megatron_deepspeed import bf16_optimizer_runs, check_grad_accum_dtype
-from zeroplan.core.peak import PeakTerms, moment_totals, peak_allocated_bytes, peak_moments
+from zeroplan.core.peak import PeakTerms, largest_moment, moment_totals, peak_allocated_bytes, peak_moments, with_terms
 from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
 from zeroplan.core.parallel.activations import rank_activation_bytes, rank_logits_pieces, rank_workspace_bytes
 from zeroplan.core.parallel.ring_attention import ring_attention_backward_extra_bytes
@@ -278,7 +278,7 @@ def checked_peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms
     return _recent_peak_terms(request)
 
 
-@batch_keyed(whole_batch=True, limit=64, assumptions_but=ALLOCATOR_SETTING)
+@batch_keyed(whole_batch=True, limit=4096, assumptions_but=ALLOCATOR_SETTING)
 def _recent_peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     check_optimizer_in_backward(request.training, request.batch.grad_accum_steps)
     check_fsdp_cpu_offload(request.training, request.strategy.kind)
@@ -293,8 +293,9 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
     activations, logits, workspace, step_temporary = terms.activations, terms.logits, terms.workspace, terms.step_temporary
     # The table's buffers column: every buffer at once (the most ever allocated for them).
     temporary = terms.resident_buffers + terms.backward_held_buffers + terms.transient_buffers + workspace
+    # The moments once: the peak is their largest (peak_allocated_bytes).
     alive = peak_moments(states, terms, batch.grad_accum_steps)
-    allocated, moment = peak_allocated_bytes(states, terms, batch.grad_accum_steps)
+    allocated, moment = largest_moment(alive)
     reserve = int(allocated * request.assumptions.allocator_reserve_fraction)
     reserved = oom_at = None
     if request.assumptions.allocator_conf is not None:
@@ -479,9 +480,9 @@ def _max_micro_batch_affine(request: PlanRequest) -> int | None:
     # The states and buffers do not change with the micro-batch: only its own terms are new
     # (the request's own terms are the ones its breakdown just computed).
     states, own_terms = checked_peak_terms(request)
-    terms = own_terms if request.batch.micro_batch_size == 1 else replace(
-        own_terms, **micro_batch_terms(request.with_micro_batch(1)))
-    at_two_terms = replace(own_terms, **micro_batch_terms(request.with_micro_batch(2)))
+    terms = own_terms if request.batch.micro_batch_size == 1 else with_terms(
+        own_terms, micro_batch_terms(request.with_micro_batch(1)))
+    at_two_terms = with_terms(own_terms, micro_batch_terms(request.with_micro_batch(2)))
     accumulation = request.batch.grad_accum_steps
     at_one, at_two = moment_totals(states, terms, accumulation), moment_totals(states, at_two_terms, accumulation)
     # The allocator model's reserve is what its replay adds: no step completes past the usable memory.

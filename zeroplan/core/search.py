@@ -24,7 +24,7 @@ configurations found so far, the groups taken fastest bound first (search, _Incu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 from pydantic import ValidationError
@@ -38,7 +38,7 @@ from zeroplan.core.layout import gradient_wire_bytes
 from zeroplan.core.parallel.pipeline import in_flight_chunks, pipeline_defers_fsdp_reduction, rank_stages
 from zeroplan.core.parallel.activations import pipeline_receive_buffer_bytes
 from zeroplan.core.parallel.units import accumulating_trainable_elements
-from zeroplan.core.peak import FIRST_LAYER_SHARES, TOTAL_MOMENTS, PeakTerms, moment_totals
+from zeroplan.core.peak import FIRST_LAYER_SHARES, TOTAL_MOMENTS, PeakTerms, moment_totals, with_terms
 from zeroplan.core.plan import (
     allocator_answer, host_memory_fits, memory_breakdown, micro_batch_terms, peak_terms, reference_engine,
 )
@@ -208,7 +208,7 @@ def _terms(request: PlanRequest, family: dict, layout_cache: dict) -> tuple:
         # first request and run again in the group's check against memory_breakdown).
         layout_cache[activation_key] = micro_batch_terms(request)
     states, state_terms = family[state_key]
-    return states, replace(state_terms, **layout_cache[activation_key])
+    return states, with_terms(state_terms, layout_cache[activation_key])
 
 
 def _activation_key(request: PlanRequest) -> tuple:
@@ -749,7 +749,7 @@ def memory_lower_bound(group: _Group, accum: np.ndarray) -> int | None:
     key = _activation_key(at)
     if key not in group.layout_cache:
         group.layout_cache[key] = micro_batch_terms(at)
-    allocated = max(moment_totals(states, replace(state_terms, **group.layout_cache[key]), fewest))
+    allocated = max(moment_totals(states, with_terms(state_terms, group.layout_cache[key]), fewest))
     return allocated + int(allocated * request.assumptions.allocator_reserve_fraction)
 
 
@@ -832,7 +832,7 @@ def peak_lower_bounds(group: _Group, micro: np.ndarray, accum: np.ndarray) -> np
         key = _activation_key(at)
         if key not in group.layout_cache:
             group.layout_cache[key] = micro_batch_terms(at)
-        allocated = max(moment_totals(state_bytes, replace(state_terms, **group.layout_cache[key]), a))
+        allocated = max(moment_totals(state_bytes, with_terms(state_terms, group.layout_cache[key]), a))
         result.append(allocated + int(allocated * fraction))
     return np.array(result, dtype=np.int64)
 

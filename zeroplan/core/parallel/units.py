@@ -118,7 +118,25 @@ def rank_block_count(request: PlanRequest) -> int:
     """Blocks the rank holds (all of them without a pipeline)."""
     if request.parallel.pp == 1:
         return request.model.num_layers
-    return sum(1 for unit in rank_parameter_units(request) if unit.name.startswith("block."))
+    return len(block_positions(rank_parameter_units(request)))
+
+
+def block_positions(units: tuple[ParamUnit, ...]) -> tuple[int, ...]:
+    """The positions in ``units`` of the blocks ('block.<i>'), in order. The planner asks it of
+    a rank's units for every buffer and collective of a plan, and the units tuples are cached,
+    so it is kept by their identity (the entry holds them, so the identity cannot be reused)."""
+    known = _BLOCK_POSITIONS.get(id(units))
+    if known is not None and known[0] is units:
+        return known[1]
+    if len(_BLOCK_POSITIONS) >= _BLOCK_POSITIONS_LIMIT:
+        _BLOCK_POSITIONS.clear()
+    positions = tuple(i for i, unit in enumerate(units) if unit.name.startswith("block."))
+    _BLOCK_POSITIONS[id(units)] = (units, positions)
+    return positions
+
+
+_BLOCK_POSITIONS: dict[int, tuple[tuple[ParamUnit, ...], tuple[int, ...]]] = {}
+_BLOCK_POSITIONS_LIMIT = 4096
 
 
 def holds_head(request: PlanRequest) -> bool:
