@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import nbformat
@@ -29,7 +30,14 @@ def executed(tmp_path_factory) -> nbformat.NotebookNode:
     # From a directory that is not the notebook's: the notebook must not depend on where it runs.
     notebook = nbformat.read(NOTEBOOKS / "compare_stages.ipynb", as_version=4)
     path = tmp_path_factory.mktemp("notebook")
-    NotebookClient(notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path)}}).execute()
+    # The kernel starts in that directory: a relative PYTHONPATH entry (`PYTHONPATH=.`) would
+    # resolve there and import another checkout's zeroplan, so each entry is made absolute here.
+    entries = [str(Path(entry).resolve()) for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    with pytest.MonkeyPatch.context() as patch:
+        if entries:
+            patch.setenv("PYTHONPATH", os.pathsep.join(entries))
+        NotebookClient(notebook, timeout=300, kernel_name="python3",
+                       resources={"metadata": {"path": str(path)}}).execute()
     return notebook
 
 
