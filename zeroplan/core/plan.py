@@ -8,10 +8,10 @@ from dataclasses import replace
 from zeroplan.core.activations import activation_bytes, backward_workspace_bytes, layer_bytes, logits_bytes
 from zeroplan.core.buffers import (
     backward_end_buffer_bytes, backward_end_gradient_bytes, backward_held_buffer_bytes, block_backward_gradient_bytes,
-    block_backward_transient_bytes, draining_held_buffer_bytes, first_layer_activation_blocks, first_layer_buffer_bytes,
-    first_layer_copy_buffer_bytes, first_layer_gather_buffer_bytes, first_layer_gather_flat_bytes,
+    block_backward_transient_bytes, block_copy_buffer_bytes, draining_held_buffer_bytes, first_layer_activation_blocks,
+    first_layer_buffer_bytes, first_layer_copy_buffer_bytes, first_layer_gather_buffer_bytes, first_layer_gather_flat_bytes,
     first_layer_gradient_bytes, fsdp_no_sync_carried_gradient_bytes,
-    optimizer_step_temporary_bytes, resident_buffer_bytes, transient_buffer_bytes,
+    optimizer_step_temporary_bytes, resident_buffer_bytes, root_gather_buffer_bytes, transient_buffer_bytes,
 )
 from zeroplan.core.communication import collectives
 from zeroplan.core.compiled import check_compiled
@@ -39,7 +39,9 @@ from zeroplan.core.nvme import nvme_bytes
 from zeroplan.core.model_states import ModelStateBytes, model_state_bytes
 from zeroplan.core.bf16_accumulation_time import check_fp32_accumulation
 from zeroplan.core.megatron_deepspeed import bf16_optimizer_runs, check_grad_accum_dtype
-from zeroplan.core.peak import PeakTerms, moment_totals, peak_allocated_bytes, peak_moments
+from zeroplan.core.peak import (
+    PeakTerms, backward_bases, block_pieces, moment_totals, peak_allocated_bytes, peak_moments,
+)
 from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
 from zeroplan.core.parallel.activations import rank_activation_bytes, rank_logits_pieces, rank_workspace_bytes
 from zeroplan.core.parallel.ring_attention import ring_attention_backward_extra_bytes
@@ -240,6 +242,8 @@ def _state_terms(request: PlanRequest) -> tuple[ModelStateBytes, tuple[tuple[str
         ("resident_buffers", resident_buffer_bytes(request)), ("backward_held_buffers", backward_held_buffer_bytes(request)),
         ("transient_buffers", transient_buffer_bytes(request)),
         ("block_transient_buffers", block_backward_transient_bytes(request)),
+        ("block_copy_buffers", block_copy_buffer_bytes(request)),
+        ("root_gather_buffers", root_gather_buffer_bytes(request)),
         ("step_temporary", optimizer_step_temporary_bytes(request, states.optimizer_elements)),
         ("accumulated_gradients", _accumulated_gradient_bytes(request)),
         ("backward_end_buffers", backward_end_buffer_bytes(request)),
@@ -291,9 +295,12 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
     batch = request.batch
     states, terms = checked_peak_terms(request)
     activations, logits, workspace, step_temporary = terms.activations, terms.logits, terms.workspace, terms.step_temporary
-    # The table's buffers column: every buffer at once (the most ever allocated for them).
-    temporary = terms.resident_buffers + terms.backward_held_buffers + terms.transient_buffers + workspace
     alive = peak_moments(states, terms, batch.grad_accum_steps)
+    # The table's buffers column: every buffer at once (the most ever allocated for them), at
+    # least what any piece of a block's backward holds (FSDP's root, two blocks and an input).
+    temporary = max(terms.resident_buffers + terms.backward_held_buffers + terms.transient_buffers + workspace,
+                    *(piece.buffers for piece in block_pieces(terms, *backward_bases(states, terms, batch.grad_accum_steps))),
+                    *(moment_bytes.buffers for moment_bytes in alive.values()))
     allocated, moment = peak_allocated_bytes(states, terms, batch.grad_accum_steps)
     reserve = int(allocated * request.assumptions.allocator_reserve_fraction)
     reserved = oom_at = None
