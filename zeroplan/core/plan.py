@@ -40,7 +40,7 @@ from zeroplan.core.model_states import ModelStateBytes, model_state_bytes
 from zeroplan.core.bf16_accumulation_time import check_fp32_accumulation
 from zeroplan.core.megatron_deepspeed import bf16_optimizer_runs, check_grad_accum_dtype
 from zeroplan.core.peak import (
-    PeakTerms, backward_bases, block_pieces, moment_totals, peak_allocated_bytes, peak_moments,
+    MomentBytes, PeakTerms, backward_bases, block_pieces, moment_totals, peak_allocated_bytes, peak_moments,
 )
 from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
 from zeroplan.core.parallel.activations import rank_activation_bytes, rank_logits_pieces, rank_workspace_bytes
@@ -50,7 +50,7 @@ from zeroplan.core.suggest import smallest_change
 from zeroplan.core.timing import step_time
 from zeroplan.errors import ZeroplanError
 from zeroplan.answers import FitReport
-from zeroplan.results import MemoryBreakdown, StrategyPlan
+from zeroplan.results import MemoryBreakdown, PeakMoment, StrategyPlan
 from zeroplan.core.parallel.expert import expert_dispatch_bytes
 from zeroplan.specs.parallel import EXPERT_PARALLEL_STRATEGIES, PIPELINE_STRATEGIES
 from zeroplan.specs.finetune import Quantization
@@ -323,6 +323,7 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
         varying = varying_length_reserve_bytes(request, terms, one_step, usable_memory_bytes(request))
         reserve += varying
         reserved = None if reserved is None else reserved + varying
+    peak_gradients, peak_activations = _alive_at_peak(states, terms, moment, alive[moment])
     breakdown = MemoryBreakdown.trusted(
         parameter_bytes=states.parameter_bytes,
         gradient_bytes=states.gradient_bytes,
@@ -335,6 +336,8 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
         peak_moment=moment,
         gradients_at_peak=alive[moment].gradients > 0,
         peak_buffer_bytes=alive[moment].buffers,
+        peak_gradient_bytes=peak_gradients,
+        peak_activation_bytes=peak_activations,
         allocated_peak_bytes=allocated,
         allocator_reserve_bytes=reserve,
         peak_bytes=allocated + reserve,
@@ -344,6 +347,22 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
         varying_length_reserve_bytes=varying,
     )
     return breakdown, states
+
+
+# peak.peak_moments: a moment's ``other`` bytes are the resident model states, the activations
+# alive then and the loss's terms (at the loss's backward) or the step's temporaries (at the step).
+def _alive_at_peak(states: ModelStateBytes, terms: PeakTerms, moment: PeakMoment,
+                   alive: MomentBytes) -> tuple[int | None, int | None]:
+    """MemoryBreakdown.peak_gradient_bytes and peak_activation_bytes: the gradients and the
+    activations alive at the peak moment, None where the plain fields say so already."""
+    gradients = None if alive.gradients in (0, states.gradient_bytes) else alive.gradients
+    activations = alive.other - states.parameter_bytes - states.optimizer_state_bytes
+    if moment is PeakMoment.loss_backward:
+        activations -= terms.logits
+    if moment is PeakMoment.optimizer_step:
+        activations -= terms.step_temporary
+    plain = terms.activations if moment in (PeakMoment.loss_backward, PeakMoment.block_backward) else 0
+    return gradients, None if activations == plain else activations
 
 
 def host_memory_fits(request: PlanRequest, host_bytes_per_rank: int) -> bool | None:
