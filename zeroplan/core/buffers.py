@@ -443,7 +443,13 @@ def block_backward_transient_bytes(request: PlanRequest) -> int:
         # layer's unit, so the largest unit (the root) does not bound them; the layer's own
         # gradients at its softmax's backward are in the workspace (zeroplan.core.fairseq).
         return root + (1 + request.strategy.prefetch_units) * largest_gathered
-    block_units = (1 + request.strategy.prefetch_units) * largest_gathered + largest_elements * gradient_wire_bytes(request)
+    # The flat reduce-scatter input held is the unit's reduced before (_fsdp_param_group.py
+    # post_backward: comm_ctx.reduce_scatter_state, freed once the next reduce-scatter starts): a
+    # block's, or at the first block's backward, where the head is a unit of its own, the head's.
+    held_input = largest_elements
+    if fsdp_separates_embedding_and_head(request) and _runs_units_in_order(request):
+        held_input = max(held_input, elements[-1])
+    block_units = (1 + request.strategy.prefetch_units) * largest_gathered + held_input * gradient_wire_bytes(request)
     if profile(request.training.framework).runs_fsdp1 or _runs_units_in_order(request):
         # torch 2.13 distributed/fsdp/_runtime_utils.py _post_forward_reshard: FSDP1 does not
         # reshard the root after its forward (free_unsharded_flat_param is false for the root), and
