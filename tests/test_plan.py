@@ -7,7 +7,10 @@ import pytest
 from zeroplan.errors import ZeroplanError
 
 from zeroplan.core.activations import backward_workspace_bytes
-from zeroplan.core.buffers import backward_held_buffer_bytes, resident_buffer_bytes, transient_buffer_bytes
+from zeroplan.core.buffers import (
+    backward_held_buffer_bytes, block_backward_transient_bytes, block_copy_buffer_bytes, resident_buffer_bytes,
+    root_gather_buffer_bytes, transient_buffer_bytes,
+)
 from zeroplan.core.model_states import padded_unit_elements_of
 from zeroplan.core.params import total_parameters
 from zeroplan.core.plan import checked_peak_terms, fit, max_micro_batch_size, memory_breakdown, plan, recommend
@@ -71,9 +74,14 @@ def _moments(request) -> dict[str, int]:
     held = resident + backward_held_buffer_bytes(request)
     transient = transient_buffer_bytes(request)
     accumulated = memory.gradient_bytes if request.batch.grad_accum_steps > 1 else 0
+    # A block's units (FSDP full sharding: the root, the block, the next one and the earlier
+    # block's reduce-scatter input) beside its workspace, or beside the next block's flat
+    # all-gather buffer or its unsharded gradients; or, before them, the root gathered again.
+    units = block_backward_transient_bytes(request)
+    block = max(units + workspace, units + block_copy_buffer_bytes(request), root_gather_buffer_bytes(request))
     return {
         "loss": held + accumulated + memory.activation_bytes + memory.logits_bytes,
-        "block": held + accumulated + memory.activation_bytes + transient + workspace,
+        "block": held + accumulated + memory.activation_bytes + block,
         "end": held + memory.gradient_bytes + transient,
         "step": resident + memory.gradient_bytes + memory.step_temporary_bytes,
     }

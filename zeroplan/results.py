@@ -59,6 +59,15 @@ class MemoryBreakdown(Frozen):
     the step, in backward only when earlier micro-batches' gradients are accumulating."""
     peak_buffer_bytes: int
     """Buffers and backward workspace alive at ``peak_moment`` (a part of ``temporary_bytes``)."""
+    peak_gradient_bytes: int | None = None
+    """Gradients alive at ``peak_moment`` where that is neither ``gradient_bytes`` nor nothing:
+    the shards reduced by the first layer's backward, what earlier micro-batches leave under
+    DeepSpeed's convention, the gradients a framework keeps unreduced at a block's backward.
+    None: ``gradient_bytes`` where ``gradients_at_peak``, else 0."""
+    peak_activation_bytes: int | None = None
+    """Activations alive at ``peak_moment`` where that is neither ``activation_bytes`` nor
+    nothing: at the first layer's backward, the blocks' shares left. None: ``activation_bytes``
+    at the loss's and a block's backward, else 0."""
     allocated_peak_bytes: int
     """Peak bytes held by tensors."""
     allocator_reserve_bytes: int
@@ -88,8 +97,13 @@ class MemoryBreakdown(Frozen):
     @model_serializer(mode="wrap")
     def _without_unset_varying(self, handler):
         dumped = handler(self)
-        if not self.varying_length_reserve_bytes and isinstance(dumped, dict):
-            dumped.pop("varying_length_reserve_bytes", None)
+        if isinstance(dumped, dict):
+            if not self.varying_length_reserve_bytes:
+                dumped.pop("varying_length_reserve_bytes", None)
+            # Where the plain fields say what is alive at the peak, it dumps as it did before these existed.
+            for name in ("peak_gradient_bytes", "peak_activation_bytes"):
+                if getattr(self, name) is None:
+                    dumped.pop(name, None)
         return dumped
 
     @property
@@ -103,9 +117,13 @@ class MemoryBreakdown(Frozen):
         reserve: their values add up to ``peak_bytes`` exactly."""
         moment = self.peak_moment
         terms = {"parameter_bytes": self.parameter_bytes, "optimizer_state_bytes": self.optimizer_state_bytes}
-        if self.gradients_at_peak:
+        if self.peak_gradient_bytes is not None:
+            terms["gradient_bytes"] = self.peak_gradient_bytes
+        elif self.gradients_at_peak:
             terms["gradient_bytes"] = self.gradient_bytes
-        if moment in (PeakMoment.loss_backward, PeakMoment.block_backward):
+        if self.peak_activation_bytes is not None:
+            terms["activation_bytes"] = self.peak_activation_bytes
+        elif moment in (PeakMoment.loss_backward, PeakMoment.block_backward):
             terms["activation_bytes"] = self.activation_bytes
         if moment is PeakMoment.loss_backward:
             terms["logits_bytes"] = self.logits_bytes

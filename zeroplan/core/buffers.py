@@ -443,15 +443,90 @@ def block_backward_transient_bytes(request: PlanRequest) -> int:
         # layer's unit, so the largest unit (the root) does not bound them; the layer's own
         # gradients at its softmax's backward are in the workspace (zeroplan.core.fairseq).
         return root + (1 + request.strategy.prefetch_units) * largest_gathered
-    block_units = (1 + request.strategy.prefetch_units) * largest_gathered + largest_elements * gradient_wire_bytes(request)
-    if profile(request.training.framework).runs_fsdp1:
+    # The flat reduce-scatter input held is the unit's reduced before (_fsdp_param_group.py
+    # post_backward: comm_ctx.reduce_scatter_state, freed once the next reduce-scatter starts): a
+    # block's, or at the first block's backward, where the head is a unit of its own, the head's.
+    held_input = largest_elements
+    if fsdp_separates_embedding_and_head(request) and _runs_units_in_order(request):
+        held_input = max(held_input, elements[-1])
+    block_units = (1 + request.strategy.prefetch_units) * largest_gathered + held_input * gradient_wire_bytes(request)
+    if profile(request.training.framework).runs_fsdp1 or _runs_units_in_order(request):
         # torch 2.13 distributed/fsdp/_runtime_utils.py _post_forward_reshard: FSDP1 does not
         # reshard the root after its forward (free_unsharded_flat_param is false for the root), and
         # the root's post-backward, which reshards it, runs after every block's. litgpt's root
         # (Lightning's FSDPStrategy, auto_wrap_policy={Block}: wte, ln_f, lm_head) is thus gathered,
         # with its head's gradient, beside each block's units: the largest unit does not bound them.
+        # FSDP2 the same (_fully_shard/_fsdp_state.py: the root's pre-backward gathers it at the
+        # loss's backward, its post-backward runs from the root's final callback, after every
+        # block's: allocator/fsdp_schedule.py record_fsdp_step gathers it for the whole backward).
         return root + block_units
     return min(root + block_units, transient_buffer_bytes(request))
+
+
+def _runs_units_in_order(request: PlanRequest) -> bool:
+    """The rank's units run embedding, blocks, head (what allocator/fsdp_schedule.py applies to)."""
+    units = rank_parameter_units(request)
+    return len(units) >= 3 and units[0].name == "embedding" and units[-1].name == "head"
+
+
+# torch 2.13 _fully_shard/_fsdp_collectives.py foreach_all_gather and _fsdp_param_group.py
+# pre_backward (FSDP1 the same: _runtime_utils.py _prefetch_handle, _flat_param.py
+# _all_gather_flat_param into the padded unsharded flat parameter): the next block, prefetched as
+# a block's backward starts, is gathered into one flat all-gather buffer, alive beside the
+# parameters copied out of it (foreach_all_gather_copy_out) until they are all copied, before the
+# block's workspace is made. Then, after the workspace is freed, autograd's unsharded gradients
+# (one per parameter, the compute dtype) are alive beside the block's gathered parameters, the
+# prefetched ones and the earlier block's flat reduce-scatter input, until post_backward reshards
+# and foreach_reduce copies them into the block's own input (_fsdp_collectives.py:595-612). Both
+# are what allocator/fsdp_schedule.py record_fsdp_step allocates beside those units in place of
+# the workspace (its gather and backward_gradients).
+def block_copy_buffer_bytes(request: PlanRequest) -> int:
+    """PeakTerms.block_copy_buffers: the largest block's flat all-gather buffer or its unsharded
+    gradients, whichever is larger, under FSDP full sharding or HSDP whose units run embedding,
+    blocks, head without a pipeline; 0 elsewhere."""
+    kind = request.strategy.kind
+    if kind not in (StrategyKind.fsdp_full_shard, StrategyKind.hsdp) or request.parallel.pp > 1:
+        return 0
+    if not _runs_units_in_order(request):
+        return 0
+    units = rank_parameter_units(request)
+    blocks = [i for i, unit in enumerate(units) if unit.name.startswith("block.")]
+    if not blocks:
+        return 0
+    eb = element_bytes(request.training.precision, request.convention)
+    shard = request.shard_group_size
+    gathered = unit_gather_bytes(request, shard, eb.compute_parameter)
+    elements = padded_unit_elements_of(request, shard)
+    return max(max(gathered[i] for i in blocks), max(elements[i] for i in blocks) * eb.compute_parameter)
+
+
+# torch 2.13 _fully_shard/_fsdp_state.py _pre_backward and _fsdp_param_group.py pre_backward: a
+# root unit resharded after its forward (FSDP2's, reshard_after_forward) is gathered again when
+# the backward reaches it, after the loss's own backward and before any block's, into one flat
+# all-gather buffer beside the parameters copied out of it (foreach_all_gather, copy-out), every
+# activation still saved (allocator/fsdp_schedule.py record_fsdp_step: gather(units[0]) after the
+# loss). FSDP1's root stays gathered from its forward (fsdp1_root_stays_gathered), torchtitan's
+# unit holding the head under its unchunked loss too (fsdp_schedule.FsdpStepInputs.held_root), and
+# where embedding and head are units of their own the embedding is gathered after the last block.
+def root_gather_buffer_bytes(request: PlanRequest) -> int:
+    """PeakTerms.root_gather_buffers: the root unit's flat all-gather buffer and its copied-out
+    parameters, twice its gathered bytes, where it is gathered again for the backward; else 0."""
+    kind = request.strategy.kind
+    if kind not in (StrategyKind.fsdp_full_shard, StrategyKind.hsdp) or request.parallel.pp > 1:
+        return 0
+    if not _runs_units_in_order(request) or fsdp_separates_embedding_and_head(request):
+        return 0
+    if fsdp1_root_stays_gathered(request):
+        return 0
+    training = request.training
+    if training.framework is Framework.torchtitan and training.unchunked_loss:
+        return 0
+    units = rank_parameter_units(request)
+    eb = element_bytes(training.precision, request.convention)
+    gathered = unit_gather_bytes(request, request.shard_group_size, eb.compute_parameter)
+    if not any(unit.name.startswith("block.") for unit in units):
+        return 0
+    return 2 * sum(n for unit, n in zip(units, gathered) if not unit.name.startswith("block."))
 
 
 # torch/optim/adam.py, _multi_tensor_adam: torch._foreach_sqrt(exp_avg_sqs) materialises one

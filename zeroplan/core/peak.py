@@ -34,15 +34,12 @@ from zeroplan.results import PeakMoment
 # shards of every unit whose backward ran before it (PeakTerms.first_layer_gradients).
 def peak_moments(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: int) -> dict[PeakMoment, MomentBytes]:
     """Every moment's live bytes, split into gradients, buffers (and workspace) and the rest."""
-    accumulated, resident, held = _backward_bases(states, moments, grad_accum_steps)
+    accumulated, resident, held = backward_bases(states, moments, grad_accum_steps)
     backward_end_buffers = moments.transient_buffers if moments.backward_end_buffers is None else moments.backward_end_buffers
     backward_end_gradients = states.gradient_bytes if moments.backward_end_gradients is None else moments.backward_end_gradients
     return {
         PeakMoment.loss_backward: MomentBytes(resident + moments.activations + moments.logits, accumulated, held),
-        PeakMoment.block_backward: MomentBytes(
-            resident + moments.activations, accumulated + moments.block_backward_gradients,
-            held + moments.block_transient_buffers + moments.workspace,
-        ),
+        PeakMoment.block_backward: max(block_pieces(moments, accumulated, resident, held), key=lambda piece: piece.total),
         PeakMoment.first_layer_backward: max(first_layer_pieces(moments, accumulated, resident, held),
                                              key=lambda piece: piece.total),
         PeakMoment.backward_end: MomentBytes(resident, backward_end_gradients, held + backward_end_buffers),
@@ -50,7 +47,7 @@ def peak_moments(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: 
     }
 
 
-def _backward_bases(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: int) -> tuple[int, int, int]:
+def backward_bases(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: int) -> tuple[int, int, int]:
     """(the gradients carried from earlier micro-batches, the resident model states, the buffers
     held through backward): what every moment of backward starts from."""
     resident = states.parameter_bytes + states.optimizer_state_bytes
@@ -60,6 +57,22 @@ def _backward_bases(states: ModelStateBytes, moments: PeakTerms, grad_accum_step
     # so are the gradients a torch release before 2.0 zeroes in place (gradients_kept).
     accumulated = carried if grad_accum_steps > 1 or states.gradients_resident or states.gradients_kept else 0
     return accumulated, resident, held
+
+
+# docs/memory-model.md, "Peak": a block's backward holds its units beside its workspace, and,
+# before the workspace is made or once it is freed, beside the prefetched block's flat all-gather
+# buffer or its own unsharded gradients (PeakTerms.block_copy_buffers): two pieces, each affine in
+# the micro-batch, as the plan search's bounds take every moment.
+# The root's gathering again for the backward (PeakTerms.root_gather_buffers) comes before any
+# block's, with the same activations and gradients: a third piece.
+def block_pieces(moments: PeakTerms, accumulated: int, resident: int, held: int) -> tuple[MomentBytes, ...]:
+    """A block's backward in its pieces: its units with its workspace, with its copy buffers
+    (PeakTerms.block_copy_buffers), and the root gathered again before it (root_gather_buffers)."""
+    other, gradients = resident + moments.activations, accumulated + moments.block_backward_gradients
+    units = held + moments.block_transient_buffers
+    return (MomentBytes(other, gradients, units + moments.workspace),
+            MomentBytes(other, gradients, units + moments.block_copy_buffers),
+            MomentBytes(other, gradients, held + moments.root_gather_buffers))
 
 
 # docs/memory-model.md, "Peak": the first layer's backward, from its all-gather (prefetched while
@@ -140,6 +153,13 @@ class PeakTerms:
     """The units a block's backward holds (zeroplan.core.buffers.block_backward_transient_bytes;
     ``transient_buffers`` outside FSDP full sharding)."""
     step_temporary: int
+    block_copy_buffers: int = 0
+    """What a block's backward holds beside its units instead of its workspace, before the
+    workspace is made or once it is freed: the prefetched block's flat all-gather buffer or the
+    block's unsharded gradients (zeroplan.core.buffers.block_copy_buffer_bytes); 0 elsewhere."""
+    root_gather_buffers: int = 0
+    """The root unit's flat all-gather buffer and copied-out parameters where it is gathered
+    again for the backward, before any block's (zeroplan.core.buffers.root_gather_buffer_bytes)."""
     logits_pieces: tuple[int, ...] = ()
     """The loss's bytes at each of its own moments (``logits`` is their largest). Each is
     affine in the micro-batch, their maximum is not: the plan search needs them apart."""
@@ -208,8 +228,11 @@ def with_terms(terms: PeakTerms, changes: dict[str, object]) -> PeakTerms:
     return copied
 
 
+BLOCK_PIECES = 3
+"""How many pieces block_pieces gives."""
+
 TOTAL_MOMENTS: tuple[PeakMoment, ...] = (
-    PeakMoment.block_backward, *(PeakMoment.first_layer_backward for _ in FIRST_LAYER_SHARES),
+    *(PeakMoment.block_backward for _ in range(BLOCK_PIECES)), *(PeakMoment.first_layer_backward for _ in FIRST_LAYER_SHARES),
     PeakMoment.backward_end, PeakMoment.optimizer_step,
 )
 """The moment of each of moment_totals' entries before the loss's pieces."""
@@ -221,7 +244,8 @@ def moment_totals(states: ModelStateBytes, terms: PeakTerms, grad_accum_steps: i
     as PeakTerms.logits_pieces says; their maximum is not)."""
     alive = peak_moments(states, terms, grad_accum_steps)
     loss = alive[PeakMoment.loss_backward].total
-    totals = [alive[PeakMoment.block_backward].total]
-    totals += [piece.total for piece in first_layer_pieces(terms, *_backward_bases(states, terms, grad_accum_steps))]
+    bases = backward_bases(states, terms, grad_accum_steps)
+    totals = [piece.total for piece in block_pieces(terms, *bases)]
+    totals += [piece.total for piece in first_layer_pieces(terms, *bases)]
     totals += [alive[PeakMoment.backward_end].total, alive[PeakMoment.optimizer_step].total]
     return totals + [loss - terms.logits + piece for piece in terms.logits_pieces or (terms.logits,)]

@@ -8,10 +8,10 @@ from dataclasses import replace
 from zeroplan.core.activations import activation_bytes, backward_workspace_bytes, layer_bytes, logits_bytes
 from zeroplan.core.buffers import (
     backward_end_buffer_bytes, backward_end_gradient_bytes, backward_held_buffer_bytes, block_backward_gradient_bytes,
-    block_backward_transient_bytes, draining_held_buffer_bytes, first_layer_activation_blocks, first_layer_buffer_bytes,
-    first_layer_copy_buffer_bytes, first_layer_gather_buffer_bytes, first_layer_gather_flat_bytes,
+    block_backward_transient_bytes, block_copy_buffer_bytes, draining_held_buffer_bytes, first_layer_activation_blocks,
+    first_layer_buffer_bytes, first_layer_copy_buffer_bytes, first_layer_gather_buffer_bytes, first_layer_gather_flat_bytes,
     first_layer_gradient_bytes, fsdp_no_sync_carried_gradient_bytes,
-    optimizer_step_temporary_bytes, resident_buffer_bytes, transient_buffer_bytes,
+    optimizer_step_temporary_bytes, resident_buffer_bytes, root_gather_buffer_bytes, transient_buffer_bytes,
 )
 from zeroplan.core.communication import collectives
 from zeroplan.core.compiled import check_compiled
@@ -39,7 +39,10 @@ from zeroplan.core.nvme import nvme_bytes
 from zeroplan.core.model_states import ModelStateBytes, model_state_bytes
 from zeroplan.core.bf16_accumulation_time import check_fp32_accumulation
 from zeroplan.core.megatron_deepspeed import bf16_optimizer_runs, check_grad_accum_dtype
-from zeroplan.core.peak import PeakTerms, largest_moment, moment_totals, peak_allocated_bytes, peak_moments, with_terms
+from zeroplan.core.peak import (
+    MomentBytes, PeakTerms, backward_bases, block_pieces, largest_moment, moment_totals, peak_allocated_bytes,
+    peak_moments, with_terms,
+)
 from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
 from zeroplan.core.parallel.activations import rank_activation_bytes, rank_logits_pieces, rank_workspace_bytes
 from zeroplan.core.parallel.ring_attention import ring_attention_backward_extra_bytes
@@ -48,7 +51,7 @@ from zeroplan.core.suggest import smallest_change
 from zeroplan.core.timing import step_time
 from zeroplan.errors import ZeroplanError
 from zeroplan.answers import FitReport
-from zeroplan.results import MemoryBreakdown, StrategyPlan
+from zeroplan.results import MemoryBreakdown, PeakMoment, StrategyPlan
 from zeroplan.core.parallel.expert import expert_dispatch_bytes
 from zeroplan.specs.parallel import EXPERT_PARALLEL_STRATEGIES, PIPELINE_STRATEGIES
 from zeroplan.specs.finetune import Quantization
@@ -240,6 +243,8 @@ def _state_terms(request: PlanRequest) -> tuple[ModelStateBytes, tuple[tuple[str
         ("resident_buffers", resident_buffer_bytes(request)), ("backward_held_buffers", backward_held_buffer_bytes(request)),
         ("transient_buffers", transient_buffer_bytes(request)),
         ("block_transient_buffers", block_backward_transient_bytes(request)),
+        ("block_copy_buffers", block_copy_buffer_bytes(request)),
+        ("root_gather_buffers", root_gather_buffer_bytes(request)),
         ("step_temporary", optimizer_step_temporary_bytes(request, states.optimizer_elements)),
         ("accumulated_gradients", _accumulated_gradient_bytes(request)),
         ("backward_end_buffers", backward_end_buffer_bytes(request)),
@@ -291,10 +296,13 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
     batch = request.batch
     states, terms = checked_peak_terms(request)
     activations, logits, workspace, step_temporary = terms.activations, terms.logits, terms.workspace, terms.step_temporary
-    # The table's buffers column: every buffer at once (the most ever allocated for them).
-    temporary = terms.resident_buffers + terms.backward_held_buffers + terms.transient_buffers + workspace
-    # The moments once: the peak is their largest (peak_allocated_bytes).
     alive = peak_moments(states, terms, batch.grad_accum_steps)
+    # The table's buffers column: every buffer at once (the most ever allocated for them), at
+    # least what any piece of a block's backward holds (FSDP's root, two blocks and an input).
+    temporary = max(terms.resident_buffers + terms.backward_held_buffers + terms.transient_buffers + workspace,
+                    *(piece.buffers for piece in block_pieces(terms, *backward_bases(states, terms, batch.grad_accum_steps))),
+                    *(moment_bytes.buffers for moment_bytes in alive.values()))
+    # The moments once: the peak is their largest (peak_allocated_bytes).
     allocated, moment = largest_moment(alive)
     reserve = int(allocated * request.assumptions.allocator_reserve_fraction)
     reserved = oom_at = None
@@ -317,6 +325,7 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
         varying = varying_length_reserve_bytes(request, terms, one_step, usable_memory_bytes(request))
         reserve += varying
         reserved = None if reserved is None else reserved + varying
+    peak_gradients, peak_activations = _alive_at_peak(states, terms, moment, alive[moment])
     breakdown = MemoryBreakdown.trusted(
         parameter_bytes=states.parameter_bytes,
         gradient_bytes=states.gradient_bytes,
@@ -329,6 +338,8 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
         peak_moment=moment,
         gradients_at_peak=alive[moment].gradients > 0,
         peak_buffer_bytes=alive[moment].buffers,
+        peak_gradient_bytes=peak_gradients,
+        peak_activation_bytes=peak_activations,
         allocated_peak_bytes=allocated,
         allocator_reserve_bytes=reserve,
         peak_bytes=allocated + reserve,
@@ -338,6 +349,22 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
         varying_length_reserve_bytes=varying,
     )
     return breakdown, states
+
+
+# peak.peak_moments: a moment's ``other`` bytes are the resident model states, the activations
+# alive then and the loss's terms (at the loss's backward) or the step's temporaries (at the step).
+def _alive_at_peak(states: ModelStateBytes, terms: PeakTerms, moment: PeakMoment,
+                   alive: MomentBytes) -> tuple[int | None, int | None]:
+    """MemoryBreakdown.peak_gradient_bytes and peak_activation_bytes: the gradients and the
+    activations alive at the peak moment, None where the plain fields say so already."""
+    gradients = None if alive.gradients in (0, states.gradient_bytes) else alive.gradients
+    activations = alive.other - states.parameter_bytes - states.optimizer_state_bytes
+    if moment is PeakMoment.loss_backward:
+        activations -= terms.logits
+    if moment is PeakMoment.optimizer_step:
+        activations -= terms.step_temporary
+    plain = terms.activations if moment in (PeakMoment.loss_backward, PeakMoment.block_backward) else 0
+    return gradients, None if activations == plain else activations
 
 
 def host_memory_fits(request: PlanRequest, host_bytes_per_rank: int) -> bool | None:

@@ -81,7 +81,7 @@ def _step_terms(report: FitReport, plan: StrategyPlan, unit: ByteUnit) -> list[T
     reserve = ("what the caching-allocator model's replay reserves beyond the allocated peak" if m.allocator_modelled
                else "a flat share of the allocated peak (--flat-reserve)")
     return [
-        Term("activ", value(m.activation_bytes, "activation_bytes"),
+        Term("activ", value(alive.get("activation_bytes", m.activation_bytes), "activation_bytes"),
              f"saved for backward by {model.num_layers} blocks at micro-batch {b.micro_batch_size} x seq {b.seq_len}, "
              f"checkpointing {t.activation_checkpointing.value}", section(3, 'Activations')),
         Term("logits", value(m.logits_bytes, "logits_bytes"),

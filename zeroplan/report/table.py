@@ -34,7 +34,8 @@ def _row(plan: StrategyPlan, unit: ByteUnit) -> list[str]:
     cells = [plan.strategy.value, plan.memory.peak_moment.value]
     alive = plan.memory.peak_terms()
     for _, field, get in _COLUMNS:
-        cell = f"{to_unit(get(plan), unit):.1f}"
+        # A field alive at the peak shows what of it is alive then (peak_terms), so the cells add up.
+        cell = f"{to_unit(alive[field] if field in alive else get(plan), unit):.1f}"
         cells.append(cell if field is None or field in alive else f"({cell})")
     # "host": fits on the GPU, but the offloaded states do not fit the node's host RAM.
     cells.append((("host" if plan.host_fits is False else "yes") if plan.fits else "no") + ("*" if plan.borderline else ""))
