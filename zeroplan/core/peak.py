@@ -4,9 +4,8 @@ planner (zeroplan.core.plan), the allocator's schedule and the plan search all r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from zeroplan.core.model_states import ModelStateBytes
+from zeroplan.core.record import frozen
 from zeroplan.results import PeakMoment
 
 
@@ -109,7 +108,7 @@ def peak_allocated_bytes(states: ModelStateBytes, moments: PeakTerms, grad_accum
     return alive[moment].total, moment
 
 
-@dataclass(frozen=True)
+@frozen
 class MomentBytes:
     """Bytes alive at one moment: gradients and buffers apart, everything else in ``other``."""
 
@@ -122,7 +121,7 @@ class MomentBytes:
         return self.other + self.gradients + self.buffers
 
 
-@dataclass(frozen=True)
+@frozen
 class PeakTerms:
     """The byte terms the peak moments combine (besides the model states)."""
 
