@@ -16,8 +16,6 @@ The ring keeps zeroplan's alpha-beta time (every step pays the slowest hop's lat
 over B_ring), so ring-only predictions are what they were before this model.
 """
 
-from __future__ import annotations
-
 import functools
 from dataclasses import field
 from enum import Enum

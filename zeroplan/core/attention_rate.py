@@ -20,8 +20,6 @@ dimension the kernel pads (flash kernels run it rounded up to their tile) runs a
 that rate (head_dim_efficiency).
 """
 
-from __future__ import annotations
-
 import math
 from functools import lru_cache
 
