@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from zeroplan.core.record import frozen
+from zeroplan.core.record import COMPILE_AFTER, frozen
 
 
 def _namespace() -> dict:
@@ -21,8 +21,13 @@ def _namespace() -> dict:
 
 
 @pytest.mark.parametrize("slots", [False, True])
-def test_a_frozen_record_behaves_as_a_frozen_dataclass(slots: bool) -> None:
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_frozen_record_behaves_as_a_frozen_dataclass(slots: bool, compiled: bool) -> None:
     made = frozen(type("Record", (), _namespace()), slots=slots)
+    generic = made.__init__
+    for _ in range(COMPILE_AFTER + 1 if compiled else 0):
+        made(1)
+    assert (made.__init__ is not generic) == compiled
     reference = dataclasses.dataclass(frozen=True, slots=slots)(type("Record", (), _namespace()))
     for cls in (made, reference):
         one, same, other = cls(1), cls(a=1, b=1.5, c=()), cls(1, 2.5, (3,))
