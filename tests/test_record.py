@@ -64,6 +64,17 @@ def test_a_record_keeps_the_methods_its_class_writes_and_refuses_its_own_setattr
         def __repr__(self) -> str:
             return "shown"
 
+    @frozen
+    class Compared:
+        a: int
+
+        def __eq__(self, other: object) -> bool:
+            return True
+
     assert repr(Shown(1)) == "shown" and Shown(1) == Shown(1)
+    assert Compared(1) == Compared(2) and hash(Compared(1)) == hash((1,))  # as a dataclass's
+    reference = dataclasses.dataclass(frozen=True)(type("Compared", (), {"__annotations__": {"a": int},
+                                                                          "__eq__": lambda self, other: True}))
+    assert hash(reference(1)) == hash((1,))
     with pytest.raises(TypeError, match="__setattr__"):
         frozen(type("Writes", (), {"__annotations__": {"a": "int"}, "__setattr__": lambda self, n, v: None}))

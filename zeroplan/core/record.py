@@ -168,10 +168,14 @@ def _give_methods(cls: T) -> T:
                 _set(self, name, value)
 
         methods.update(__getstate__=__getstate__, __setstate__=__setstate__)
+    # As dataclasses: a method the class writes itself is kept, and a frozen class may not write
+    # __setattr__ or __delattr__; the __hash__ = None Python sets beside a class's own __eq__ is
+    # not one it wrote (dataclasses' has_explicit_hash), so the fields' hash replaces it.
+    written = set(cls.__dict__)
+    if cls.__dict__.get("__hash__", 0) is None and "__eq__" in written:
+        written.discard("__hash__")
     for name, method in methods.items():
-        # As dataclasses: a method the class writes itself is kept (its __hash__ too, beside its
-        # own __eq__ or not), and a frozen class may not write __setattr__ or __delattr__.
-        if name in cls.__dict__:
+        if name in written:
             if name in ("__setattr__", "__delattr__"):
                 raise TypeError(f"Cannot overwrite attribute {name} in class {cls.__name__}")
             continue
