@@ -14,8 +14,10 @@ HEAVY = ("numpy", "pandas", "matplotlib", "torch", "scipy")
 # Loaded where they are used, never by these commands: each was part of the start for nothing
 # (json for a file argument, difflib for a misspelt name, statistics where the default efficiency
 # is fitted, shlex for --emit, megatron-core's terms for its own framework, the efficiency file's
-# models for --efficiency FILE: the time-basis line comes from zeroplan.calibrate.basis).
-LAZY = ("json", "difflib", "statistics", "shlex", "zeroplan.core.megatron", "zeroplan.calibrate.step")
+# models for --efficiency FILE: the time-basis line comes from zeroplan.calibrate.basis; the
+# config.json readers for the presets read from one, built only when asked for by name).
+LAZY = ("json", "difflib", "statistics", "shlex", "zeroplan.core.megatron", "zeroplan.calibrate.step",
+        "zeroplan.presets.hf_config")
 
 # Models these commands never validate: their validators are built on first use (defer_build).
 DEFERRED = ("zeroplan.calibrate.step:StepEfficiency", "zeroplan.answers:PlanSearchResult",

@@ -25,7 +25,6 @@ here (each block's own intermediates, a loss moment's tensors made and freed tog
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from zeroplan.allocator.builder import TraceBuilder, proportional_bytes, split_bytes
 from zeroplan.allocator.eager_softmax_workspace import record_workspace
@@ -46,6 +45,7 @@ from zeroplan.core.parallel.sequence_parallel import (
     SUBLAYERS, SublayerCollectives, sequence_parallel_forward_collectives,
 )
 from zeroplan.core.profiles import fsdp1_root_stays_gathered, fsdp_separates_embedding_and_head, loss_chunks
+from zeroplan.core.record import frozen
 from zeroplan.specs import StrategyKind
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
@@ -53,7 +53,7 @@ from zeroplan.core.peak import PeakTerms
 from zeroplan.units import FP32_BYTES
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class _Unit:
     """One FSDP2 parameter group: its gathered bytes, its parameters' unsharded sizes, and its
     trainable elements (what its gradients and optimizer states are proportional to)."""
@@ -120,7 +120,7 @@ def _grouped_expert_numels(tensors) -> list[int]:
     return numels
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class _ChunkedLoss:
     """What torchtune's chunked loss under FSDP2 reads (_chunked_loss)."""
 
@@ -135,7 +135,7 @@ class _ChunkedLoss:
     weight_gradient_bytes: int
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class FsdpStepInputs:
     """What record_fsdp_step reads beyond the step's common inputs (schedule.StepInputs), from
     the request, computed before it runs."""

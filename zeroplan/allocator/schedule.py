@@ -9,7 +9,7 @@ lists what it approximates."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from zeroplan.allocator.builder import TraceBuilder, even_parts, split_bytes
 from zeroplan.allocator.eager_softmax_workspace import eager_softmax_workspace, record_workspace
@@ -30,6 +30,7 @@ from zeroplan.core.frameworks import framework_recompute_bytes
 from zeroplan.core.largest_unit import largest_unit_elements
 from zeroplan.core.parallel.activations import rank_activation_bytes
 from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
+from zeroplan.core.record import frozen
 from zeroplan.specs.parallel import PipelineSchedule
 from zeroplan.specs.framework import Framework
 from zeroplan.core.layout import gradient_wire_bytes
@@ -137,7 +138,7 @@ def _transient_parts(request: PlanRequest, transient: int) -> tuple[int, int]:
     return transient - reduce, reduce
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class StepInputs:
     """Everything a step's schedule reads, computed from the request, its states and terms
     before the schedule runs: the schedules (record_step, fsdp_schedule.record_fsdp_step) read

@@ -16,10 +16,8 @@ The ring keeps zeroplan's alpha-beta time (every step pays the slowest hop's lat
 over B_ring), so ring-only predictions are what they were before this model.
 """
 
-from __future__ import annotations
-
 import functools
-from dataclasses import dataclass, field
+from dataclasses import field
 from enum import Enum
 from math import floor, log2
 
@@ -32,6 +30,7 @@ from zeroplan.core.network import (
     ring_bandwidth_bytes_per_s,
     ring_latency_link,
 )
+from zeroplan.core.record import frozen
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.hardware import AchievedBusBandwidth, GpuArchitecture, GpuSpec
@@ -337,7 +336,7 @@ def _call_sizes(collective: Collective) -> tuple[tuple[int, int], ...]:
     return ((collective.buffer_bytes // max(collective.calls, 1), collective.calls),)
 
 
-@dataclass(frozen=True)
+@frozen
 class CallPricing:
     """What pricing one call of a collective needs besides its size: the GPU, the op as timed,
     the ranks' layout, the algorithms it may run and their achievable efficiencies."""

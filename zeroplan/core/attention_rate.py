@@ -21,8 +21,6 @@ that rate (head_dim_efficiency); eager attention's passes over its scores cost t
 whatever the head dimension, so its rate moves with d as eager_relative_at_head_dim says.
 """
 
-from __future__ import annotations
-
 import math
 from functools import lru_cache
 

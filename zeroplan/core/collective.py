@@ -3,8 +3,6 @@ type every collective-producing module shares (zeroplan.core.communication for d
 parallelism, zeroplan.core.parallel.collectives for tensor, context and pipeline parallelism).
 """
 
-from __future__ import annotations
-
 from collections import Counter
 from enum import Enum
 

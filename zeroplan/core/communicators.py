@@ -8,8 +8,6 @@ one two-rank communicator per peer for an unbatched send/recv (its pointToPoint 
 "low:high" rank). So a communicator is counted for each group the stack's training step calls
 NCCL on, not for each group it creates."""
 
-from __future__ import annotations
-
 from functools import lru_cache
 
 from pydantic import ConfigDict, Field

@@ -24,8 +24,7 @@ embedding, final norm and loss stay eager. Nothing here imports torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from zeroplan.core.record import frozen
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import ModelSpec
 from zeroplan.specs.request import PlanRequest
@@ -33,7 +32,7 @@ from zeroplan.specs.request import PlanRequest
 RECORD = "benchmarks/compiled-traffic-records/traffic.json"
 
 
-@dataclass(frozen=True)
+@frozen
 class WidthBytes:
     """Bytes per token of one block's memory-bound kernels in one pass: w_h h + w_kv kv + w_F F + w_0."""
 
@@ -46,7 +45,7 @@ class WidthBytes:
         return self.per_h * hidden + self.per_kv * kv + self.per_f * mlp_width + self.constant
 
 
-@dataclass(frozen=True)
+@frozen
 class BlockTrafficModel:
     """One framework's block, eager and compiled, forward and backward."""
 

@@ -40,12 +40,12 @@ This module does not import torch."""
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 from functools import lru_cache
 
 from zeroplan.core.largest_unit import largest_unit_elements
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes
 from zeroplan.core.parallel.units import rank_parameter_units
+from zeroplan.core.record import frozen
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
@@ -195,7 +195,7 @@ def _module_name(request: PlanRequest, tensor_name: str) -> str:
     return prefix
 
 
-@dataclass(frozen=True)
+@frozen
 class _Param:
     unit: int
     name: str
@@ -204,7 +204,7 @@ class _Param:
     gradient_bytes: int
 
 
-@dataclass(frozen=True)
+@frozen
 class Replay:
     """What the replay found: the most held at once (gathered parameters, with the module's full
     gradients at its backward) and the bytes gathered per unit in the forward and the backward."""

@@ -23,8 +23,6 @@ measured leave-one-source-out (benchmarks/step_time_accuracy.py; zeroplan.calibr
 Nothing here imports torch; the table is data.
 """
 
-from __future__ import annotations
-
 import functools
 from collections.abc import Iterable
 from pathlib import Path

@@ -6,8 +6,6 @@ size, L blocks, s sequence length, V vocabulary. A matmul of an (m x k) by a (k 
 2mkn FLOPs; elementwise ops (norms, activations, softmax, RoPE, biases) are not counted.
 """
 
-from __future__ import annotations
-
 import functools
 
 from zeroplan.core.params import active_parameters, block_tensors

@@ -1,7 +1,5 @@
 """Bytes per element of each model state, and how many elements of a unit a rank holds."""
 
-from __future__ import annotations
-
 from enum import Enum
 from functools import lru_cache
 from typing import TYPE_CHECKING

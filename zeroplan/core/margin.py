@@ -4,10 +4,10 @@ measured error could turn the verdict ("borderline")."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from zeroplan.core.record import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class PeakErrorBand:
     """The middle half of measured / predicted peak over published runs."""
 

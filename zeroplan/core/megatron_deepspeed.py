@@ -12,11 +12,10 @@ DeepSpeed paths are deepspeed/... in 0.19.8 (PyPI). Nothing here imports torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from zeroplan.core.megatron import repeated_kv_bytes
 from zeroplan.core.optimizer_states import elementwise_state_bytes
 from zeroplan.core.parallel.units import rank_trainable_units
+from zeroplan.core.record import frozen
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
@@ -33,7 +32,7 @@ MEMORY_OPT_ALLREDUCE_SIZE = 500_000_000
 the pipeline engine's _bf16_reduce_grads passes (runtime/pipe/engine.py)."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Bf16OptimizerStates:
     """One rank's model states under DeepSpeed's BF16_Optimizer."""
 

@@ -1,8 +1,6 @@
 """Per-rank bytes of parameters, gradients and optimizer states (the ZeRO paper's "model
 states", sec. 3.1), exact for a padded sharded layout, with offload to host memory."""
 
-from __future__ import annotations
-
 from zeroplan.core import deepspeed_offload
 from zeroplan.core.finetune.offload import offloaded_quant_constant_bytes
 from zeroplan.core.finetune.storage import frozen_held_bytes, frozen_tensor_bytes

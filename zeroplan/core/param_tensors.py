@@ -3,8 +3,6 @@ from (a norm, a linear, a feed-forward MLP): below zeroplan.core.params and the
 encoder-decoder's units, which both compose them.
 """
 
-from __future__ import annotations
-
 from functools import cached_property
 from math import prod
 

@@ -4,9 +4,10 @@ planner (zeroplan.core.plan), the allocator's schedule and the plan search all r
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from zeroplan.core.model_states import ModelStateBytes
+from zeroplan.core.record import frozen
 from zeroplan.results import PeakMoment
 
 
@@ -126,7 +127,7 @@ def largest_moment(alive: dict[PeakMoment, MomentBytes]) -> tuple[int, PeakMomen
     return alive[moment].total, moment
 
 
-@dataclass(frozen=True)
+@frozen
 class MomentBytes:
     """Bytes alive at one moment: gradients and buffers apart, everything else in ``other``."""
 
@@ -139,7 +140,7 @@ class MomentBytes:
         return self.other + self.gradients + self.buffers
 
 
-@dataclass(frozen=True)
+@frozen
 class PeakTerms:
     """The byte terms the peak moments combine (besides the model states)."""
 

@@ -7,8 +7,7 @@ consult a profile without an import cycle. Nothing here imports torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from zeroplan.core.record import frozen
 from zeroplan.core.torch_release import check_torch_release, torch_release
 from zeroplan.core.transformers_release import is_opt, returns_fp32_logits
 from zeroplan.errors import ZeroplanError
@@ -21,7 +20,7 @@ from zeroplan.specs.training import ActivationCheckpointing, Optimizer, Optimize
 
 
 
-@dataclass(frozen=True)
+@frozen
 class FrameworkProfile:
     """What one training stack does, as read from its source (docs/frameworks.md)."""
 

@@ -14,13 +14,12 @@ Nothing here imports torch; the core reads these as data.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from zeroplan.core.record import frozen
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.strategy import StrategyKind
 
 
-@dataclass(frozen=True)
+@frozen
 class StackTimeProfile:
     """What one training stack runs, as far as its step time goes, read from its source."""
 

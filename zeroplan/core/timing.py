@@ -1,8 +1,6 @@
 """Step time: compute from FLOPs, communication from an alpha-beta model, host transfers for
 offload, and how much communication the compute hides. docs/communication-time.md derives it."""
 
-from __future__ import annotations
-
 from zeroplan.errors import ZeroplanError
 
 from zeroplan.core.algorithms import CollectiveTime, collective_cost

@@ -9,11 +9,11 @@ from zeroplan.errors import ZeroplanError
 
 import textwrap
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from zeroplan.answers import FitReport, PlanSearchResult
 from zeroplan.core.margin import PEAK_ERROR_BAND, borderline_words
 from zeroplan.core.plan import recommendation_key
+from zeroplan.core.record import frozen
 from zeroplan.core.timing import nccl_algorithms
 from zeroplan.report.search_table import configurations_counted
 from zeroplan.report.table import (
@@ -38,7 +38,7 @@ FOOTNOTE_LINES = 2
 """A footnote is cut to this many lines at the width; --detail prints the whole sentence."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Column:
     """A column of the compact table: ``drop_order`` 0 is never dropped, higher ones go first
     when the terminal is too narrow for every column."""

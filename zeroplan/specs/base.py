@@ -26,12 +26,14 @@ class Frozen(BaseModel):
     # command's start, for descriptions nothing reads).
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    # The modules that define most fields (the specs, results, answers) do not postpone their
-    # annotations (no `from __future__ import annotations`): postponed, each field's type is a
-    # string that pydantic compiles and evaluates when the class is built (typing.ForwardRef,
-    # _typing_extra.eval_type), about 75,000 instructions a field, ~300 fields at each command's
-    # start (fit llama-2-70b: 1,080 -> 1,063 M instructions, callgrind). The same types either
-    # way: every model's JSON schema and fields compare equal.
+    # The modules that define most fields (the specs, results, answers, and the core's models:
+    # collectives, layouts, model states, step time, roofline terms, the default efficiency) do
+    # not postpone their annotations (no `from __future__ import annotations`): postponed, each
+    # field's type is a string that pydantic compiles and evaluates when the class is built
+    # (typing.ForwardRef, _typing_extra.eval_type), about 75,000 instructions a field, ~300
+    # fields at each command's start (fit llama-2-70b: 1,080 -> 1,063 M instructions, callgrind),
+    # and the core's 132 more (1,000 -> 990 M). The same types either way: every model's JSON
+    # schema and fields compare equal.
 
     # The planner's caches key on specs, and pydantic's hash of a frozen model hashes every field
     # again on each call, nested specs included (a request: several microseconds, tens of

@@ -2,8 +2,6 @@
 padded to their own longest sample (HF's DataCollatorForSeq2Seq, ms-swift's data_collate_fn,
 torchtune's padded_collate), as a user reads them off the dataset."""
 
-from __future__ import annotations
-
 from enum import Enum
 
 from pydantic import Field, model_validator

@@ -6,7 +6,6 @@ figure."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 
 from zeroplan.core.activations import layer_terms, norm_bytes, outside_layers_bytes
@@ -30,6 +29,7 @@ from zeroplan.core.profiles import (
     torchtitan_keeps_input_gradients,
     torchtitan_keeps_stage_outputs,
 )
+from zeroplan.core.record import frozen
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import ModelSpec
 from zeroplan.specs.parallel import ParallelSpec, PipelineSchedule
@@ -61,7 +61,7 @@ _NO_MODEL_PARALLELISM = ParallelSpec()
 """A chunk's layout (specs are immutable: one object serves every chunk)."""
 
 
-@dataclass(frozen=True)
+@frozen
 class MicroBatchBytes:
     """What one micro-batch keeps on this rank, split the way a pipeline multiplies it."""
 

@@ -9,15 +9,15 @@ L blocks, r a pipeline rank (0 = the first stage).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 
+from zeroplan.core.record import frozen
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.parallel import ParallelSpec, PipelineSchedule
 
 
-@dataclass(frozen=True)
+@frozen
 class Stage:
     """One pipeline stage: a run of consecutive blocks, and the embedding or the head if it is
     the first or the last."""

@@ -3,9 +3,8 @@ collectives, under torch's tensor-parallel styles (torchtitan's plan): formulas 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from zeroplan.core.parallel.collectives import recomputes_collectives
+from zeroplan.core.record import frozen
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
 
@@ -16,7 +15,7 @@ SUBLAYERS = 2
 """Attention and feed-forward: each gathers its input and reduce-scatters its output."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class SublayerCollectives:
     """One sublayer's forward collectives, in bytes per micro-batch on one rank."""
 

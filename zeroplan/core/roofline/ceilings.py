@@ -15,8 +15,6 @@ model times every kernel against.
   against 989 of bf16 matmul, which is why attention runs well below the matmul ceiling.
 """
 
-from __future__ import annotations
-
 from pydantic import Field
 
 from zeroplan.errors import ZeroplanError

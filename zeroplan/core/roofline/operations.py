@@ -10,8 +10,6 @@ key/value projection widths, F the MLP's hidden width a token passes through, V 
 a bytes per activation element, s sequence length.
 """
 
-from __future__ import annotations
-
 from enum import Enum
 from functools import lru_cache
 

@@ -2,8 +2,6 @@
 operation by operation"): each operation of zeroplan.core.roofline.operations, the FSDP copies
 around its collectives and the optimizer step, at the GPU's achievable ceilings."""
 
-from __future__ import annotations
-
 import functools
 
 from pydantic import ConfigDict

@@ -1,0 +1,80 @@
+"""zeroplan.core.record.frozen builds what @dataclass(frozen=True) builds: each behaviour below is
+compared with a dataclass of the same fields."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+
+from zeroplan.core.record import COMPILE_AFTER, frozen
+
+
+def _namespace() -> dict:
+    """A class body: fields with and without defaults, one with a factory left out of equality
+    and repr, a method."""
+    return {"__annotations__": {"a": int, "b": float, "c": tuple, "cache": dict}, "__qualname__": "Record",
+            "__doc__": "A record.", "b": 1.5, "c": (),
+            "cache": dataclasses.field(default_factory=dict, compare=False, repr=False),
+            "total": lambda self: self.a + self.b}
+
+
+@pytest.mark.parametrize("slots", [False, True])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_frozen_record_behaves_as_a_frozen_dataclass(slots: bool, compiled: bool) -> None:
+    made = frozen(type("Record", (), _namespace()), slots=slots)
+    generic = made.__init__
+    for _ in range(COMPILE_AFTER + 1 if compiled else 0):
+        made(1)
+    assert (made.__init__ is not generic) == compiled
+    reference = dataclasses.dataclass(frozen=True, slots=slots)(type("Record", (), _namespace()))
+    for cls in (made, reference):
+        one, same, other = cls(1), cls(a=1, b=1.5, c=()), cls(1, 2.5, (3,))
+        assert (one == same, one == other, one != other) == (True, False, True)
+        assert hash(one) == hash(same) == hash((1, 1.5, ()))  # the compared fields' tuple
+        assert one.cache == {} and one.cache is not same.cache  # a factory's value per record
+        assert one.total() == 2.5
+        assert dataclasses.replace(one, b=2.5, c=(3,)) == other
+        assert dataclasses.astuple(other) == (1, 2.5, (3,), {})
+        assert copy.deepcopy(other) == other and copy.copy(other) == other
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            one.a = 2
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            del one.a
+        with pytest.raises(TypeError):
+            cls()  # a field without a default
+        with pytest.raises(TypeError):
+            cls(1, d=2)  # no such field
+        with pytest.raises(TypeError):
+            cls(1, a=1)
+        with pytest.raises(TypeError):
+            cls(1, 2, 3, {}, 5)
+    assert repr(made(1, 2.5, (3,))) == repr(reference(1, 2.5, (3,))) == "Record(a=1, b=2.5, c=(3,))"
+    assert [f.name for f in dataclasses.fields(made)] == ["a", "b", "c", "cache"]
+    assert made(1) != reference(1)  # another class, as two dataclasses of the same fields
+    assert ("__slots__" in vars(made)) == slots == ("__dict__" not in dir(made(1)))
+
+
+def test_a_record_keeps_the_methods_its_class_writes_and_refuses_its_own_setattr() -> None:
+    @frozen
+    class Shown:
+        a: int
+
+        def __repr__(self) -> str:
+            return "shown"
+
+    @frozen
+    class Compared:
+        a: int
+
+        def __eq__(self, other: object) -> bool:
+            return True
+
+    assert repr(Shown(1)) == "shown" and Shown(1) == Shown(1)
+    assert Compared(1) == Compared(2) and hash(Compared(1)) == hash((1,))  # as a dataclass's
+    reference = dataclasses.dataclass(frozen=True)(type("Compared", (), {"__annotations__": {"a": int},
+                                                                          "__eq__": lambda self, other: True}))
+    assert hash(reference(1)) == hash((1,))
+    with pytest.raises(TypeError, match="__setattr__"):
+        frozen(type("Writes", (), {"__annotations__": {"a": "int"}, "__setattr__": lambda self, n, v: None}))
