@@ -55,6 +55,9 @@ class DeviceAllocator:
         self.refusals = 0
         """Device allocations refused for want of capacity: with none, a replay went exactly as
         it would without a device limit (no cache was released to retry)."""
+        self.stream_records = 0
+        """record_stream calls so far: until one, no block has a recorded stream or an
+        outstanding event (fast_replay's merges test being free alone)."""
         self._rounded: dict[int, int] = {}
         """round_size of every request size seen (it depends on the size and config only)."""
         self.split_limited = config.max_split_size_bytes != UNLIMITED
@@ -205,6 +208,7 @@ class DeviceAllocator:
 
     # recordStream: uses on the allocation stream need no event.
     def record_stream(self, block: Block, stream: int) -> None:
+        self.stream_records += 1
         if stream != block.stream:
             if block.stream_uses:
                 block.stream_uses.add(stream)
