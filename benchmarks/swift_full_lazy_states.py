@@ -21,6 +21,13 @@ max_length, in seeded random orders. Prints, per row and seed, the reserved peak
 on the usable memory with the states up front and created lazily, and whether it completed.
 
     python benchmarks/swift_full_lazy_states.py [--seeds 3] [--rows ID ...]   # about two minutes
+    python benchmarks/swift_full_lazy_states.py --seeds 1 --fixed 2          # every micro-batch at max_length
+
+With --fixed N, N accumulation windows of max_length micro-batches (the planner's one step, no
+epoch of lengths): up front / lazy 72.54 / 72.86 GiB at 2048, 72.22 / 79.07 at 4096, 73.70 /
+77.89 at 8192 (completed after one cudaMalloc retry, usable 79.50); one window stays at 72.1-72.9 (the
+second step is where the lazy order shows), a third changes nothing. So at one length the lazy order does not run the 8192 row out
+of memory: the 3 of 10 OOM orders above need the epoch's varying lengths as well.
 """
 
 from __future__ import annotations
@@ -158,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--rows", nargs="*", default=list(ROWS), choices=ROWS)
+    parser.add_argument("--fixed", type=int, default=0, metavar="WINDOWS",
+                        help="replay WINDOWS accumulation windows of max_length micro-batches instead of the epoch")
     options = parser.parse_args(argv)
     rows = {row["id"]: row for row in load_rows()}
     for rid in options.rows:
@@ -172,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{rid}: measured {measured}; planned step {predict(row)['predicted'] / GIB:.2f} GiB; usable {usable / GIB:.2f}")
         steps = Steps(flags)
         for seed in range(options.seeds):
-            lengths = lengths_of(seq_len, seed)
+            lengths = [seq_len] * (options.fixed * int(row["grad_accum"])) if options.fixed else lengths_of(seq_len, seed)
             line = []
             for lazy in (False, True):
                 result = replay(epoch_ops(steps, lengths, request.model, int(row["grad_accum"]), lazy), parse_alloc_conf(""), usable)
