@@ -31,9 +31,9 @@ from pydantic import ValidationError
 
 from zeroplan.core import deepspeed_coordinator
 from zeroplan.core.algorithms import _call_sizes, call_pricing
-from zeroplan.core.communication import Phase, collectives
+from zeroplan.core.communication import Phase, collectives, data_parallel_collectives, scheduled
 from zeroplan.core.feasibility import usable_memory_bytes
-from zeroplan.core.parallel.collectives import model_parallel_collectives
+from zeroplan.core.parallel.collectives import model_parallel_collectives, overlapped_model_parallel_collectives
 from zeroplan.core.layout import gradient_wire_bytes
 from zeroplan.core.parallel.pipeline import in_flight_chunks, pipeline_defers_fsdp_reduction, rank_stages
 from zeroplan.core.parallel.activations import pipeline_receive_buffer_bytes
@@ -311,7 +311,8 @@ def _phase_seconds(request: PlanRequest) -> np.ndarray:
     sequence-parallel norm-gradient all-reduce), then host-link seconds (2 x len(Phase) values).
     The blocking ones are timed apart (_blocking_seconds)."""
     comm = {phase: 0.0 for phase in Phase}
-    for collective in collectives(request):
+    # collectives(request)'s non-blocking ones, in its order, the blocking ones left unbuilt.
+    for collective in [scheduled(request, c) for c in data_parallel_collectives(request)] + overlapped_model_parallel_collectives(request):
         if not collective.blocking:
             comm[collective.phase] += collective_time_s(request, collective)
     link = host_link_share_bytes_per_s(request)
