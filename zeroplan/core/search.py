@@ -33,7 +33,9 @@ from zeroplan.core import deepspeed_coordinator
 from zeroplan.core.algorithms import _call_sizes, call_pricing
 from zeroplan.core.communication import Phase, collectives, data_parallel_collectives, scheduled
 from zeroplan.core.feasibility import usable_memory_bytes
-from zeroplan.core.parallel.collectives import model_parallel_collectives, overlapped_model_parallel_collectives
+from zeroplan.core.parallel.collectives import (
+    collective_recomputation, model_parallel_collectives, overlapped_model_parallel_collectives,
+)
 from zeroplan.core.layout import gradient_wire_bytes
 from zeroplan.core.parallel.pipeline import in_flight_chunks, pipeline_defers_fsdp_reduction, rank_stages
 from zeroplan.core.parallel.activations import pipeline_receive_buffer_bytes
@@ -484,9 +486,12 @@ def _blocking_caches(request: PlanRequest, layout_cache: dict) -> tuple[list | N
     """(_blocking_structure, the layout's seconds per blocking call, the seconds per micro-batch
     size) of a pipeline rank under a checkpointing policy, shared by the layout's groups."""
     rank, policy = request.parallel.pipeline_rank, request.training.activation_checkpointing
-    if ("structure", rank, policy) not in layout_cache:
-        layout_cache["structure", rank, policy] = _blocking_structure(request)
-    structure = layout_cache["structure", rank, policy]
+    # Policies that rerun the same collectives (none and selective: neither reruns a block's
+    # collectives) make the same blocking calls: one structure for them.
+    reruns = collective_recomputation(request)
+    if ("structure", rank, reruns) not in layout_cache:
+        layout_cache["structure", rank, reruns] = _blocking_structure(request)
+    structure = layout_cache["structure", rank, reruns]
     # Policies whose blocking calls are the same (same collectives, same sizes) share their
     # seconds per micro-batch; without a structure each policy is timed on its own.
     calls = policy if structure is None else tuple((identity, tuple(sizes)) for identity, sizes, _ in structure)

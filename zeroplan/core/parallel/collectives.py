@@ -24,6 +24,17 @@ def recomputes_collectives(request: PlanRequest) -> bool:
     return request.training.activation_checkpointing in (ActivationCheckpointing.full, ActivationCheckpointing.selective_op)
 
 
+# The checkpointing policy enters the model-parallel collectives only through these two reads
+# (tensor_parallel_collectives and context_parallel_collectives: recomputes_collectives;
+# expert_parallel_collectives: full recomputation alone reruns the token all-to-alls), so
+# policies that agree on both make the same collectives (the plan search shares their blocking
+# calls between them).
+def collective_recomputation(request: PlanRequest) -> tuple[bool, bool]:
+    """(whether the backward reruns the blocks' tensor- and context-parallel collectives,
+    whether it reruns the MoE blocks' token all-to-alls)."""
+    return recomputes_collectives(request), request.training.activation_checkpointing is ActivationCheckpointing.full
+
+
 def _activation_element_bytes(request: PlanRequest) -> int:
     return request.training.precision.compute_bytes
 
