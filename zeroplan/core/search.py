@@ -157,6 +157,11 @@ class _Group:
 
 
 def _at(request: PlanRequest, micro: int, accum: int) -> PlanRequest:
+    # A request already at (micro, accum) is its own answer (a quarter of the plan search's
+    # calls): requests are immutable, and the same object keeps its hash (Frozen.__hash__)
+    # and meets itself in the planner's caches.
+    if request.batch.micro_batch_size == micro and request.batch.grad_accum_steps == accum:
+        return request
     batch = request.batch.model_copy(update={"micro_batch_size": micro, "grad_accum_steps": accum})
     return request.model_copy(update={"batch": batch})
 
