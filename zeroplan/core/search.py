@@ -432,11 +432,12 @@ def _fit_class(request: PlanRequest, family: dict, layout_cache: dict) -> _RankC
     fitted = {}
     for a in (1, 2):
         for b in (1, 2):
-            states, terms = _terms(_at(request, b, a), family, layout_cache)
+            at = _at(request, b, a)
+            states, terms = _terms(at, family, layout_cache)
             moments = _moments(states, terms, a)
             # The pipeline's receive buffers grow with the accumulation, not with the chunks in
             # flight: fitted apart (_receive_bytes), added back per accumulation.
-            received = pipeline_receive_buffer_bytes(_at(request, b, a))
+            received = pipeline_receive_buffer_bytes(at)
             # The first layer's activations are one block's share, a floor of the activations:
             # left out of the fit and added back exactly per b (_class_values).
             moments = moments - _first_layer_bytes(terms.activations, terms.activation_blocks, len(moments))
