@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from zeroplan.core.communication import Phase, collectives
+from zeroplan.core.parallel.collectives import model_parallel_collectives, overlapped_model_parallel_collectives
 from zeroplan.core.timing import collective_time_s, step_time
 from zeroplan.presets.models import get_model
 from zeroplan.specs import (
@@ -67,6 +68,17 @@ def test_tensor_parallel_collectives_overlapping_the_gemms_leave_the_critical_pa
     assert _step(overlapped).model_parallel_communication_s == pytest.approx(
         _step(blocking).model_parallel_communication_s - seconds)
     assert _step(overlapped).step_with_overlap_s < _step(blocking).step_with_overlap_s
+
+
+@pytest.mark.parametrize("kind", [StrategyKind.ddp, StrategyKind.fsdp_full_shard])
+@pytest.mark.parametrize("tp, overlap", [(1, False), (2, False), (2, True), (4, False)])
+def test_the_overlapped_model_parallel_collectives_are_the_non_blocking_ones_in_order(kind, tp, overlap) -> None:
+    # What the plan search's communication phases take (search._phase_seconds), built without
+    # the blocking ones where it can: the same collectives, in the same order.
+    request = _request(kind, tp=tp, tp_comm_overlap=overlap)
+    expected = [c for c in model_parallel_collectives(request) if not c.blocking]
+    assert overlapped_model_parallel_collectives(request) == expected
+    assert expected or tp == 1
 
 
 def test_left_unset_the_stack_decides_when_gradients_are_reduced() -> None:

@@ -12,7 +12,10 @@ from zeroplan.core.collective import CollectiveOp, Phase
 from zeroplan.core.model_states import model_state_bytes
 from zeroplan.core.params import parameter_units, total_parameters
 from zeroplan.core.parallel.activations import micro_batch_bytes
-from zeroplan.core.parallel.collectives import pipeline_collectives, tensor_parallel_collectives
+from zeroplan.core.parallel.collectives import (
+    collective_recomputation, model_parallel_collectives, pipeline_collectives, tensor_parallel_collectives,
+)
+from zeroplan.core.profiles import profile
 from zeroplan.core.parallel.pipeline import bubble_fraction, in_flight_chunks, pipeline_stages
 from zeroplan.core.parallel.tensor import TensorSplit, tensor_split
 from zeroplan.core.parallel.units import rank_parameter_elements, rank_parameter_units
@@ -345,3 +348,36 @@ def test_sequence_parallel_adds_the_embedding_gradient_gather_and_the_norm_gradi
     assert norms.buffer_bytes == (2 * r.model.num_layers + 1) * r.model.hidden_size * 4  # fp32 gradients under FSDP2
     titan = request(gpus=8, tp=8, sequence_parallel=True, training=TrainingSpec(framework=Framework.torchtitan))
     assert "sequence-parallel norm gradients" not in {c.what for c in tensor_parallel_collectives(titan)}
+
+
+@pytest.mark.parametrize("framework, parallel, distinct", [
+    (Framework.zeroplan, {"tp": 2, "sequence_parallel": True, "pp": 2}, 2),  # none and selective alike
+    (Framework.megatron, {"tp": 4, "cp": 2}, 2),
+    (Framework.torchtitan, {"tp": 2, "cp": 2, "pp": 2}, 2),  # full and selective-op alike (no experts)
+])
+def test_checkpointing_policies_that_rerun_the_same_collectives_make_the_same_ones(framework, parallel, distinct):
+    # The plan search keys its blocking calls on collective_recomputation, not on the policy.
+    base = request(gpus=16, kind=StrategyKind.ddp, batch=BatchSpec(seq_len=4096, grad_accum_steps=4), **parallel)
+    by_reruns: dict = {}
+    for policy in profile(framework).checkpointing:
+        training = TrainingSpec(framework=framework, activation_checkpointing=policy)
+        at = base.model_copy(update={"training": training}).at_pipeline_rank(parallel.get("pp", 1) - 1)
+        by_reruns.setdefault(collective_recomputation(at), []).append(model_parallel_collectives(at))
+    assert all(made == made[:1] * len(made) for made in by_reruns.values())
+    # Policies that rerun different collectives make different ones.
+    assert len({tuple(made[0]) for made in by_reruns.values()}) == distinct
+
+
+def test_moe_token_all_to_alls_rerun_under_full_recomputation_only():
+    base = PlanRequest(model=get_model("mixtral-8x7b"), batch=BatchSpec(seq_len=4096),
+                       training=TrainingSpec(framework=Framework.torchtitan),
+                       cluster=cluster_from_gpus(get_gpu("h100-80gb"), 16),
+                       strategy=StrategySpec(kind=StrategyKind.fsdp_full_shard), parallel=ParallelSpec(ep=2))
+    by_reruns: dict = {}
+    for policy in profile(Framework.torchtitan).checkpointing:
+        at = base.model_copy(update={"training": base.training.model_copy(update={"activation_checkpointing": policy})})
+        by_reruns.setdefault(collective_recomputation(at), []).append(model_parallel_collectives(at))
+    assert all(made == made[:1] * len(made) for made in by_reruns.values())
+    # Without tensor or context parallelism only full recomputation reruns a collective.
+    rerun = by_reruns[True, True][0]
+    assert all(made[0] != rerun for key, made in by_reruns.items() if key != (True, True))

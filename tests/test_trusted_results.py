@@ -85,3 +85,17 @@ def test_memory_passes_are_what_validation_builds() -> None:
     assert operations and all(_same(op, _validated(op)) for op in operations)
     with pytest.raises(ValueError, match="moved_bytes"):
         memory_pass("norms", OpPass.forward, -1, 1)
+
+
+def test_tensor_parallel_units_are_what_validation_builds(monkeypatch) -> None:
+    """_rank_unit builds a tensor-parallel rank's units and tensors unvalidated."""
+    from zeroplan.core.param_tensors import ParamTensor, ParamUnit
+    from zeroplan.core.parallel import tensor
+    from zeroplan.core.params import parameter_units
+
+    monkeypatch.setattr(tensor, "_RANK_UNITS", {})  # built here, not kept from another test
+    units = tensor.tensor_parallel_units(parameter_units(get_model("tinyllama-1.1b")), 2)
+    assert len(units) > 2
+    for unit in units:
+        validated = ParamUnit(name=unit.name, tensors=tuple(ParamTensor(name=t.name, shape=t.shape) for t in unit.tensors))
+        assert _same(unit, validated)

@@ -217,7 +217,13 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     """The model states and the byte terms the peak moments combine, for one request."""
     training = request.training
     check_encoder_decoder_request(request)
-    check_framework_request(training, request.model)
+    # A pure check of the training and the model: each pair refused again every time, passed
+    # once (the plan search asks of a few pairs hundreds of times).
+    if (training, request.model) not in _FRAMEWORK_CHECKED:
+        check_framework_request(training, request.model)
+        if len(_FRAMEWORK_CHECKED) >= 1024:
+            _FRAMEWORK_CHECKED.clear()
+        _FRAMEWORK_CHECKED.add((training, request.model))
     check_grad_accum_dtype(request)
     check_fp32_accumulation(request)
     check_compiled(training, request.model, request.cluster.gpu)
@@ -230,6 +236,10 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
         raise ZeroplanError("finetune.frozen_blocks", "is not modelled with activation offloading (allowed without it)")
     states, state_terms = _state_terms(request)
     return states, PeakTerms(**micro_batch_terms(request), **dict(state_terms))
+
+
+_FRAMEWORK_CHECKED: set = set()
+"""The (training, model) pairs check_framework_request passed (peak_terms)."""
 
 
 # The model states and buffers do not change with the micro-batch or the sequence (the plan

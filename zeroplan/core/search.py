@@ -31,9 +31,11 @@ from pydantic import ValidationError
 
 from zeroplan.core import deepspeed_coordinator
 from zeroplan.core.algorithms import _call_sizes, call_pricing
-from zeroplan.core.communication import Phase, collectives
+from zeroplan.core.communication import Phase, collectives, data_parallel_collectives, scheduled
 from zeroplan.core.feasibility import usable_memory_bytes
-from zeroplan.core.parallel.collectives import model_parallel_collectives
+from zeroplan.core.parallel.collectives import (
+    collective_recomputation, model_parallel_collectives, overlapped_model_parallel_collectives,
+)
 from zeroplan.core.layout import gradient_wire_bytes
 from zeroplan.core.parallel.pipeline import in_flight_chunks, pipeline_defers_fsdp_reduction, rank_stages
 from zeroplan.core.parallel.activations import pipeline_receive_buffer_bytes
@@ -155,6 +157,11 @@ class _Group:
 
 
 def _at(request: PlanRequest, micro: int, accum: int) -> PlanRequest:
+    # A request already at (micro, accum) is its own answer (a quarter of the plan search's
+    # calls): requests are immutable, and the same object keeps its hash (Frozen.__hash__)
+    # and meets itself in the planner's caches.
+    if request.batch.micro_batch_size == micro and request.batch.grad_accum_steps == accum:
+        return request
     batch = request.batch.model_copy(update={"micro_batch_size": micro, "grad_accum_steps": accum})
     return request.model_copy(update={"batch": batch})
 
@@ -311,7 +318,8 @@ def _phase_seconds(request: PlanRequest) -> np.ndarray:
     sequence-parallel norm-gradient all-reduce), then host-link seconds (2 x len(Phase) values).
     The blocking ones are timed apart (_blocking_seconds)."""
     comm = {phase: 0.0 for phase in Phase}
-    for collective in collectives(request):
+    # collectives(request)'s non-blocking ones, in its order, the blocking ones left unbuilt.
+    for collective in [scheduled(request, c) for c in data_parallel_collectives(request)] + overlapped_model_parallel_collectives(request):
         if not collective.blocking:
             comm[collective.phase] += collective_time_s(request, collective)
     link = host_link_share_bytes_per_s(request)
@@ -424,11 +432,12 @@ def _fit_class(request: PlanRequest, family: dict, layout_cache: dict) -> _RankC
     fitted = {}
     for a in (1, 2):
         for b in (1, 2):
-            states, terms = _terms(_at(request, b, a), family, layout_cache)
+            at = _at(request, b, a)
+            states, terms = _terms(at, family, layout_cache)
             moments = _moments(states, terms, a)
             # The pipeline's receive buffers grow with the accumulation, not with the chunks in
             # flight: fitted apart (_receive_bytes), added back per accumulation.
-            received = pipeline_receive_buffer_bytes(_at(request, b, a))
+            received = pipeline_receive_buffer_bytes(at)
             # The first layer's activations are one block's share, a floor of the activations:
             # left out of the fit and added back exactly per b (_class_values).
             moments = moments - _first_layer_bytes(terms.activations, terms.activation_blocks, len(moments))
@@ -483,9 +492,12 @@ def _blocking_caches(request: PlanRequest, layout_cache: dict) -> tuple[list | N
     """(_blocking_structure, the layout's seconds per blocking call, the seconds per micro-batch
     size) of a pipeline rank under a checkpointing policy, shared by the layout's groups."""
     rank, policy = request.parallel.pipeline_rank, request.training.activation_checkpointing
-    if ("structure", rank, policy) not in layout_cache:
-        layout_cache["structure", rank, policy] = _blocking_structure(request)
-    structure = layout_cache["structure", rank, policy]
+    # Policies that rerun the same collectives (none and selective: neither reruns a block's
+    # collectives) make the same blocking calls: one structure for them.
+    reruns = collective_recomputation(request)
+    if ("structure", rank, reruns) not in layout_cache:
+        layout_cache["structure", rank, reruns] = _blocking_structure(request)
+    structure = layout_cache["structure", rank, reruns]
     # Policies whose blocking calls are the same (same collectives, same sizes) share their
     # seconds per micro-batch; without a structure each policy is timed on its own.
     calls = policy if structure is None else tuple((identity, tuple(sizes)) for identity, sizes, _ in structure)

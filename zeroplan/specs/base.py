@@ -43,17 +43,23 @@ class Frozen(BaseModel):
     # whose hash is computed afresh from its own fields).
     __slots__ = ("_frozen_hash",)
 
+    # The slot holds None until the first hash: every spec the planner builds has it set, by
+    # validation (model_post_init) or by _instance (model_copy, trusted), so the hash reads it as
+    # a plain attribute (~70 ns; through the slot's descriptor object, ~400 ns, tens of thousands
+    # of times a plan search). A spec built another way (copy.copy, pickle) has it unset: that
+    # read falls to pydantic's __getattr__, which raises (~7 us, once per such spec).
     def __hash__(self) -> int:
-        # Read through the slot's own descriptor: an unset slot read as an attribute falls to
-        # pydantic's __getattr__, which raises and formats an error twice (~4 us of each new
-        # spec's first hash, thousands a fit).
         try:
-            return _HASH_SLOT.__get__(self)
+            value = self._frozen_hash
         except AttributeError:
-            pass
-        value = hash(type(self)._field_values(self.__dict__))
-        _HASH_SLOT.__set__(self, value)
+            value = None
+        if value is None:
+            value = hash(type(self)._field_values(self.__dict__))
+            _set(self, "_frozen_hash", value)
         return value
+
+    def model_post_init(self, context: Any, /) -> None:
+        _set(self, "_frozen_hash", None)
 
     # pydantic's equality (BaseModel.__eq__) takes its generic steps before comparing the
     # instances' __dict__; the planner's caches compare equal specs that are not the same object
@@ -119,6 +125,7 @@ def _instance(cls: type[Frozen], data: dict[str, Any], fields_set: set[str]) -> 
     extra fields, no private attributes), built without its generic steps: model_copy's and
     trusted's one construction."""
     built = object.__new__(cls)
+    _set(built, "_frozen_hash", None)
     _set(built, "__dict__", data)
     _set(built, "__pydantic_fields_set__", fields_set)
     _set(built, "__pydantic_extra__", None)
@@ -126,8 +133,6 @@ def _instance(cls: type[Frozen], data: dict[str, Any], fields_set: set[str]) -> 
     return built
 
 
-_HASH_SLOT = Frozen.__dict__["_frozen_hash"]
-"""The slot that keeps a spec's hash (Frozen.__hash__)."""
 
 
 def first_error(error: ValidationError, prefix: str = "") -> ZeroplanError:

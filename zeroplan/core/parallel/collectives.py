@@ -24,6 +24,17 @@ def recomputes_collectives(request: PlanRequest) -> bool:
     return request.training.activation_checkpointing in (ActivationCheckpointing.full, ActivationCheckpointing.selective_op)
 
 
+# The checkpointing policy enters the model-parallel collectives only through these two reads
+# (tensor_parallel_collectives and context_parallel_collectives: recomputes_collectives;
+# expert_parallel_collectives: full recomputation alone reruns the token all-to-alls), so
+# policies that agree on both make the same collectives (the plan search shares their blocking
+# calls between them).
+def collective_recomputation(request: PlanRequest) -> tuple[bool, bool]:
+    """(whether the backward reruns the blocks' tensor- and context-parallel collectives,
+    whether it reruns the MoE blocks' token all-to-alls)."""
+    return recomputes_collectives(request), request.training.activation_checkpointing is ActivationCheckpointing.full
+
+
 def _activation_element_bytes(request: PlanRequest) -> int:
     return request.training.precision.compute_bytes
 
@@ -81,19 +92,7 @@ def tensor_parallel_collectives(request: PlanRequest) -> list[Collective]:
         if parallel.sequence_parallel:
             result.append(make_collective(CollectiveOp.all_gather, Phase.backward, "vocab-parallel embedding gradient",
                                           [activation], tp, accum, False, e, blocking=True))
-    if parallel.sequence_parallel and not profile(request.training.framework).fsdp_reduces_norm_gradients_over_tp:
-        # Sequence-parallel norms see a sequence shard, so their weights' gradients are partial
-        # sums over tp: Megatron-LM core/distributed/finalize_model_grads.py
-        # (_allreduce_layernorm_grads) all-reduces them once per step, as the harness's
-        # DTensor plan does (measured on gloo). torchtitan leaves it to FSDP (its sharding
-        # comment; benchmarks/parallel-records show it only with FSDP2 on top). It runs once,
-        # after backward, with the data-parallel step's collectives (exposed there), not inside
-        # a block: so not blocking.
-        norm_elements = _norm_elements(rank_parameter_units(request))
-        if norm_elements:
-            grad_bytes = element_bytes(request.training.precision, request.convention).gradient
-            result.append(make_collective(CollectiveOp.all_reduce, Phase.step, "sequence-parallel norm gradients",
-                                          [norm_elements * grad_bytes], tp, 1, False, grad_bytes))
+    result += _norm_gradient_reductions(request)
     if holds_head(request):
         # The output projection's input gradient (all-reduce, or reduce-scatter after the
         # sequence-parallel all-gather), and the vocabulary-parallel cross-entropy's three fp32
@@ -107,6 +106,27 @@ def tensor_parallel_collectives(request: PlanRequest) -> list[Collective]:
         result.append(make_collective(CollectiveOp.all_reduce, Phase.forward, "vocab-parallel loss statistics",
                                       [tokens * FP32_BYTES] * 3, tp, accum, False, FP32_BYTES, blocking=True))
     return result
+
+
+# Sequence-parallel norms see a sequence shard, so their weights' gradients are partial sums
+# over tp: Megatron-LM core/distributed/finalize_model_grads.py (_allreduce_layernorm_grads)
+# all-reduces them once per step, as the harness's DTensor plan does (measured on gloo).
+# torchtitan leaves it to FSDP (its sharding comment; benchmarks/parallel-records show it only
+# with FSDP2 on top). It runs once, after backward, with the data-parallel step's collectives
+# (exposed there), not inside a block: so not blocking.
+def _norm_gradient_reductions(request: PlanRequest) -> list[Collective]:
+    """The once-a-step all-reduce of the sequence-parallel norms' gradients (none without
+    tensor or sequence parallelism, or where FSDP reduces them)."""
+    parallel = request.parallel
+    if (parallel.tp == 1 or not parallel.sequence_parallel
+            or profile(request.training.framework).fsdp_reduces_norm_gradients_over_tp):
+        return []
+    norm_elements = _norm_elements(rank_parameter_units(request))
+    if not norm_elements:
+        return []
+    grad_bytes = element_bytes(request.training.precision, request.convention).gradient
+    return [make_collective(CollectiveOp.all_reduce, Phase.step, "sequence-parallel norm gradients",
+                            [norm_elements * grad_bytes], parallel.tp, 1, False, grad_bytes)]
 
 
 # Ring attention (Liu et al. 2023, sec. 3; Megatron-LM's context parallelism): each of the
@@ -205,6 +225,16 @@ def _spans_nodes(request: PlanRequest, stride: int, group: int) -> bool:
 def model_parallel_collectives(request: PlanRequest) -> list[Collective]:
     """The collectives tensor, context, pipeline and expert parallelism add to the rank's step."""
     return list(_model_parallel_collectives(request))
+
+
+# The plan search's communication phases take only the collectives that overlap compute, at
+# three accumulation counts per rank class: without --tp-comm-overlap those are the norms'
+# gradient reduction alone, so the blocking ones (every block's) are not built for them.
+def overlapped_model_parallel_collectives(request: PlanRequest) -> list[Collective]:
+    """The non-blocking ones of model_parallel_collectives, in its order."""
+    if request.performance.tp_comm_overlap:
+        return [c for c in model_parallel_collectives(request) if not c.blocking]
+    return _norm_gradient_reductions(request)
 
 
 # A plan asks for them for its step time and the plan search for each rank class's blocking
