@@ -239,3 +239,13 @@ def test_the_fsdp_units_are_shared_across_micro_batches_and_read_no_batch_field(
     before = _units.fallbacks
     assert _units(other) is _units(request) and _units.uncached(other) == _units(request)
     assert _units.fallbacks == before
+
+
+def test_zero1_accumulating_reduces_through_its_carried_bucket_after_backward() -> None:
+    # DeepSpeed ZeRO-1 accumulating: the carried buffers hold the ipg bucket
+    # (deepspeed_epilogue.stage1_carries_bucket); the end of backward allocates no second one,
+    # so the trace peaks at the planner's largest moment, not at its end of backward plus a bucket.
+    flags = ("stablelm-base-alpha-3b --framework megatron-deepspeed --gpus 8 --micro-batch 1 --seq-len 256 "
+             "--grad-accum 2 --activation-checkpointing full")
+    request = _request(flags, StrategyKind.zero1)
+    assert _trace(request).requested_peak_bytes() == memory_breakdown(request)[0].allocated_peak_bytes
