@@ -249,3 +249,14 @@ def test_zero1_accumulating_reduces_through_its_carried_bucket_after_backward() 
              "--grad-accum 2 --activation-checkpointing full")
     request = _request(flags, StrategyKind.zero1)
     assert _trace(request).requested_peak_bytes() == memory_breakdown(request)[0].allocated_peak_bytes
+
+
+def test_fsdp2_sharded_gradient_is_the_reduce_scatter_output_where_the_dtypes_agree() -> None:
+    # torch 2.13 foreach_reduce: fp32 parameters reduced in fp32 take a view of the reduce-scatter
+    # output as their sharded gradient (fsdp_schedule.reduce_output_is_sharded_gradient): no
+    # second shard beside it, so the last unit's reduction stays within the planner's end of
+    # backward (with both allocated it peaked 64.5 MiB above it).
+    request = _request("tinyllama-1.1b --framework torchtitan --gpus 2 --micro-batch 1 --seq-len 256",
+                       StrategyKind.fsdp_full_shard)
+    assert request.strategy.fsdp_reduce_in_fp32
+    assert _trace(request).requested_peak_bytes() <= memory_breakdown(request)[0].allocated_peak_bytes

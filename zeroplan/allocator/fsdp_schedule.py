@@ -160,6 +160,8 @@ class FsdpStepInputs:
     (zeroplan.core.framework_loss.loss_parallel_applies), run as run_torchtitan_loss_parallel."""
     sequence_parallel: SublayerCollectives | None = None
     """forward_collectives: each block's forward collectives (run_sequence_parallel_forward)."""
+    gradient_is_output: bool = False
+    """reduce_output_is_sharded_gradient: a unit's sharded gradient is its reduce-scatter output."""
 
     @property
     def block_units(self) -> int:
@@ -211,7 +213,21 @@ def fsdp_step_inputs(request: PlanRequest, terms: PeakTerms) -> FsdpStepInputs:
                           gradient_wire_bytes(request), bool(request.training.fsdp_cpu_offload), eb.parameter,
                           request.shard_group_size, torchtitan_unchunked_loss_tensors(request, terms), chunked,
                           fsdp1_root_held(request), loss_parallel_applies(request),
-                          forward_collectives(request, terms))
+                          forward_collectives(request, terms), reduce_output_is_sharded_gradient(request))
+
+
+# torch 2.13 distributed/fsdp/_fully_shard/_fsdp_collectives.py:696-708 foreach_reduce:
+# reduce_output = _to_dtype_if_needed(reduce_output, orig_dtype) (_fsdp_common.py:173-178: a new
+# tensor only where the dtypes differ), then each parameter's new sharded gradient is
+# torch.as_strided(reduce_output, ...), a view of it, set as its .grad (or added into the .grad
+# an earlier micro-batch left, the view then dropped). orig_dtype is the sharded parameters'
+# dtype (_fsdp_param_group.py:279-286): where the reduce dtype is that dtype (fp32 parameters
+# reduced in fp32, bf16 parameters in bf16) the output is the sharded gradient, no second
+# allocation; otherwise the cast is the gradient and the reduce-dtype output is freed.
+def reduce_output_is_sharded_gradient(request: PlanRequest) -> bool:
+    """Whether a unit's reduce-scatter output, kept, is its sharded gradient: the gradient wire
+    dtype is the stored parameters' (by element size: zeroplan's dtypes of a size are one)."""
+    return gradient_wire_bytes(request) == element_bytes(request.training.precision, request.convention).parameter
 
 
 # A block's backward reruns its forward under full recomputation (and computes the gradients of
@@ -376,6 +392,10 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
             pending_input[:] = b.alloc(unit.elements * wire)
             b.free(unsharded or [])
             output = b.alloc(unit.elements // f.shard * wire, Stream.reduce_scatter)
+            if shares and shares[index] and f.gradient_is_output:
+                # The sharded gradient is a view of the output (reduce dtype = parameter dtype).
+                gradients.extend(output)
+                return
             if shares:
                 gradients.extend(b.alloc(shares[index], Stream.reduce_scatter))
             b.free(output)
