@@ -25,10 +25,12 @@ here (each block's own intermediates, a loss moment's tensors made and freed tog
 
 from __future__ import annotations
 
+from dataclasses import replace
 
 from zeroplan.allocator.builder import TraceBuilder, proportional_bytes, split_bytes
 from zeroplan.allocator.eager_softmax_workspace import record_workspace
 from zeroplan.allocator.trace import Stream
+from zeroplan.core.buffers import _root_head_gradient_bytes
 from zeroplan.core.compiled import COMPILED_CROSS_ENTROPY_ROW_BYTES, compiles_loss
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes
 from zeroplan.core.model_states import padded_unit_elements_of, unit_gather_bytes
@@ -160,6 +162,11 @@ class FsdpStepInputs:
     (zeroplan.core.framework_loss.loss_parallel_applies), run as run_torchtitan_loss_parallel."""
     sequence_parallel: SublayerCollectives | None = None
     """forward_collectives: each block's forward collectives (run_sequence_parallel_forward)."""
+    gradient_is_output: bool = False
+    """reduce_output_is_sharded_gradient: a unit's sharded gradient is its reduce-scatter output."""
+    root_head_gradient: int = 0
+    """root_head_gradient_bytes: where the schedule runs the loss's moments, the head weight's
+    unsharded gradient the root keeps from the loss's backward to its own post-backward."""
 
     @property
     def block_units(self) -> int:
@@ -207,11 +214,47 @@ def fsdp_step_inputs(request: PlanRequest, terms: PeakTerms) -> FsdpStepInputs:
     if len(_UNITS_SEEN) >= _UNITS_SEEN_LIMIT and units not in _UNITS_SEEN:
         _UNITS_SEEN.clear()
     units = _UNITS_SEEN.setdefault(units, units)
-    return FsdpStepInputs(units, fsdp_separates_embedding_and_head(request), eb.compute_parameter,
-                          gradient_wire_bytes(request), bool(request.training.fsdp_cpu_offload), eb.parameter,
-                          request.shard_group_size, torchtitan_unchunked_loss_tensors(request, terms), chunked,
-                          fsdp1_root_held(request), loss_parallel_applies(request),
-                          forward_collectives(request, terms))
+    inputs = FsdpStepInputs(units, fsdp_separates_embedding_and_head(request), eb.compute_parameter,
+                            gradient_wire_bytes(request), bool(request.training.fsdp_cpu_offload), eb.parameter,
+                            request.shard_group_size, torchtitan_unchunked_loss_tensors(request, terms), chunked,
+                            fsdp1_root_held(request), loss_parallel_applies(request),
+                            forward_collectives(request, terms), reduce_output_is_sharded_gradient(request))
+    return replace(inputs, root_head_gradient=root_head_gradient_bytes(request, inputs))
+
+
+# torch 2.13 distributed/fsdp/_fully_shard/_fsdp_state.py: a unit's post-backward (reshard, then
+# foreach_reduce of its unsharded gradients) runs from the autograd hook on its forward inputs
+# (_fsdp_param_group.py:891-907 _register_post_backward_hook, RegisterPostBackwardFunction), only
+# for inputs that need a gradient; the root's inputs are token ids, so its post-backward runs
+# from _root_post_backward_final_callback (:395-420), after every block's backward. Where the root
+# holds the head (hf/accelerate's FSDP2 wrapping, FSDP1's root, whose flat gradient waits for the
+# embedding's: zeroplan.core.buffers), the head's weight gradient that the loss's backward
+# accumulates into the unsharded parameter stays there through the blocks' backward, as the
+# planner's block moments count it (buffers._root_head_gradient_bytes: the head weight's; the
+# final norm's, a hidden-size vector, is left to the post-backward here, as the planner leaves it
+# out). The hf 70B whole step recorded from torch's FSDP2 on fake tensors
+# (benchmarks/framework-step-records) holds it.
+def root_head_gradient_bytes(request: PlanRequest, inputs: FsdpStepInputs) -> int:
+    """The head weight's unsharded gradient the schedule holds in the root from the loss's
+    backward on, where it runs the loss's moments itself (runs_own_loss: its own loss keeps it);
+    0 where the root trains no head or is not the head's unit."""
+    if inputs.separate or inputs.runs_own_loss or not inputs.units[0].head_tensors or not inputs.units[0].elements:
+        return 0
+    return _root_head_gradient_bytes(request)
+
+
+# torch 2.13 distributed/fsdp/_fully_shard/_fsdp_collectives.py:696-708 foreach_reduce:
+# reduce_output = _to_dtype_if_needed(reduce_output, orig_dtype) (_fsdp_common.py:173-178: a new
+# tensor only where the dtypes differ), then each parameter's new sharded gradient is
+# torch.as_strided(reduce_output, ...), a view of it, set as its .grad (or added into the .grad
+# an earlier micro-batch left, the view then dropped). orig_dtype is the sharded parameters'
+# dtype (_fsdp_param_group.py:279-286): where the reduce dtype is that dtype (fp32 parameters
+# reduced in fp32, bf16 parameters in bf16) the output is the sharded gradient, no second
+# allocation; otherwise the cast is the gradient and the reduce-dtype output is freed.
+def reduce_output_is_sharded_gradient(request: PlanRequest) -> bool:
+    """Whether a unit's reduce-scatter output, kept, is its sharded gradient: the gradient wire
+    dtype is the stored parameters' (by element size: zeroplan's dtypes of a size are one)."""
+    return gradient_wire_bytes(request) == element_bytes(request.training.precision, request.convention).parameter
 
 
 # A block's backward reruns its forward under full recomputation (and computes the gradients of
@@ -354,6 +397,10 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
                 run_loss(x.loss_moments, b, cache)
             if not f.fsdp1_root:
                 root = [] if separate else gather(units[0])
+            if f.root_head_gradient:
+                # The head's backward (the loss's last) leaves its weight's unsharded gradient,
+                # held to the root's post-backward after every block's (root_head_gradient_bytes).
+                head_gradient = b.alloc(f.root_head_gradient)
         pending_input: list[int] = []
 
         def backward_gradients(index: int, parameters: list[int], unsharded: list[int] | None = None) -> None:
@@ -376,6 +423,10 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
             pending_input[:] = b.alloc(unit.elements * wire)
             b.free(unsharded or [])
             output = b.alloc(unit.elements // f.shard * wire, Stream.reduce_scatter)
+            if shares and shares[index] and f.gradient_is_output:
+                # The sharded gradient is a view of the output (reduce dtype = parameter dtype).
+                gradients.extend(output)
+                return
             if shares:
                 gradients.extend(b.alloc(shares[index], Stream.reduce_scatter))
             b.free(output)
@@ -410,6 +461,12 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
             # the loss's backward.
             root_parts = backward_gradient_parts(units[0])
             backward_gradients(0, root, head_gradient + b.alloc_parts(root_parts[:-units[0].head_tensors]))
+        elif head_gradient and not separate:
+            # The root's other gradients (the embedding's, the final norm's) beside the head
+            # weight's, whose share of the root's parts it takes.
+            root_parts = backward_gradient_parts(units[0])
+            head_at = max(range(len(root_parts) - units[0].head_tensors, len(root_parts)), key=root_parts.__getitem__)
+            backward_gradients(0, root, head_gradient + b.alloc_parts(root_parts[:head_at] + root_parts[head_at + 1:]))
         elif not separate:
             backward_gradients(0, root)
         b.free(pending_input)

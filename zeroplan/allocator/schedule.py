@@ -24,6 +24,7 @@ from zeroplan.allocator.trace import AllocationTrace, Stream
 from zeroplan.core import deepspeed_2022
 from zeroplan.core.activations import layer_terms
 from zeroplan.core.deepspeed_accumulation import overlap_comm
+from zeroplan.core.deepspeed_epilogue import stage1_carries_bucket
 from zeroplan.core.deepspeed_step import NORM_COPY_BYTES, runs_flat_step
 from zeroplan.core.framework_loss import loss_parallel_applies
 from zeroplan.core.frameworks import framework_recompute_bytes
@@ -129,9 +130,17 @@ def _in_flight_chunk_blocks(request: PlanRequest, blocks: int) -> tuple[tuple[in
     return chunks if any(chunks) else ()
 
 
+# DeepSpeed ZeRO-1 accumulating reduces every micro-step through the one ipg bucket its first
+# hook made (stage_1_and_2.py:3256-3281 setup_buckets, released only by the boundary's epilogue:
+# zeroplan.core.deepspeed_epilogue.stage1_carries_bucket), which the carried buffers count
+# (PeakTerms.accumulated_gradients, deepspeed_accumulation.stage12_bucket_bytes): the reduction
+# after the last micro-step's backward allocates no second bucket beside them.
 def _transient_parts(request: PlanRequest, transient: int) -> tuple[int, int]:
     """(gathered unit on the all-gather stream, reduce buffer on the reduce-scatter stream) for
-    FSDP; the whole term on the compute stream otherwise (returned as the first)."""
+    FSDP; the whole term on the compute stream otherwise (returned as the first; none where
+    ZeRO-1's carried bucket is the one it stands for)."""
+    if stage1_carries_bucket(request):
+        return 0, 0
     if not request.strategy.kind.is_fsdp:
         return transient, 0
     reduce = min(transient, largest_unit_elements(request) * gradient_wire_bytes(request))
