@@ -137,11 +137,12 @@ def summary(title: str, groups: dict[str, list[float]]) -> None:
         print(f"  {key:32s} {len(errors):3d} {abs_median:>15s} {median(errors):>13s}")
 
 
-def error_band(out_rows: list[dict]) -> tuple[float, float, int]:
+def error_band(out_rows: list[dict], varying_lengths: bool) -> tuple[float, float, int]:
     """The quartiles of measured / predicted over the compared rows whose metric is the reserved
-    peak (what the allocator model's verdict rests on), and how many rows they are over."""
+    peak (what the allocator model's verdict rests on), of runs planned with --varying-lengths or
+    of runs without, and how many rows they are over."""
     ratios = [row["measured_gib"] / row["predicted_gib"] for row in out_rows
-              if row["metric"] == "reserved" and row["error_pct"] != ""]
+              if row["metric"] == "reserved" and row["error_pct"] != "" and row["varying_lengths"] == varying_lengths]
     quartiles = statistics.quantiles(ratios, n=4)
     return round(quartiles[0], 3), round(quartiles[2], 3), len(ratios)
 
@@ -186,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
                          "measured_gib": measured / GIB if measured is not None else "",
                          "predicted_gib": result["predicted"] / GIB, "allocated_gib": result["allocated"] / GIB,
                          "reserved_gib": result["reserved"] / GIB, "error_pct": error if error is not None else "",
-                         "outcome": row["outcome"], "fits": result["fits"]})
+                         "outcome": row["outcome"], "fits": result["fits"],
+                         "varying_lengths": "--varying-lengths" in row["extra_flags"]})
 
     every = [e for errors in by["stack"].values() for e in errors]
     print(f"\nrows: {len(rows)}; planned: {len(rows) - len(unexpressed)}; compared (completed, with a figure): {len(every)}; "
@@ -194,9 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     if every:
         print(f"all compared rows: median |error| {statistics.median([abs(e) for e in every]):.1f} %, "
               f"median signed error {statistics.median(every):+.1f} % (positive: zeroplan predicts more)")
-    low, high, count = error_band(out_rows)
+    low, high, count = error_band(out_rows, varying_lengths=False)
     print(f"error band (quartiles of measured / predicted over the {count} rows reporting the reserved peak, "
-          f"zeroplan.core.margin.PEAK_ERROR_BAND): {low:.3f} to {high:.3f}")
+          f"one length a run, zeroplan.core.margin.PEAK_ERROR_BAND): {low:.3f} to {high:.3f}")
+    low, high, count = error_band(out_rows, varying_lengths=True)
+    print(f"error band (quartiles of measured / predicted over the {count} rows reporting the reserved peak, "
+          f"planned with --varying-lengths, zeroplan.core.margin.VARYING_LENGTHS_PEAK_ERROR_BAND): {low:.3f} to {high:.3f}")
     summary("by stack", by["stack"])
     summary("by metric (allocated and tool-peak against the allocated peak; reserved against the allocator model's reserved peak)", by["metric"])
     summary("by feature", by["feature"])

@@ -33,7 +33,7 @@ from zeroplan.core.profiles import (
     check_framework_request, check_framework_strategies, check_fsdp_cpu_offload, check_optimizer_in_backward,
     framework_strategies, fsdp1_root_stays_gathered, fsdp_cpu_offload_strategies,
 )
-from zeroplan.core.margin import borderline_words, is_borderline
+from zeroplan.core.margin import PeakErrorBand, borderline_words, error_band, is_borderline
 from zeroplan.core.memo import batch_keyed, request_keyed
 from zeroplan.core.nvme import nvme_bytes
 from zeroplan.core.model_states import ModelStateBytes, model_state_bytes
@@ -579,7 +579,7 @@ def plan(request: PlanRequest, largest_micro_batch: bool = True, timed: bool = T
         memory=breakdown,
         usable_memory_bytes=usable,
         fits=breakdown.peak_bytes <= usable,
-        borderline=is_borderline(breakdown.peak_bytes, usable),
+        borderline=is_borderline(breakdown.peak_bytes, usable, error_band(request.batch.varying_lengths is not None)),
         headroom_bytes=usable - breakdown.peak_bytes,
         max_micro_batch_size=max_micro_batch_size(request) if largest_micro_batch else None,
         host_bytes_per_rank=states.host_bytes,
@@ -649,6 +649,7 @@ def recommend(plans: Iterable[StrategyPlan]) -> StrategyKind | None:
 
 def _verdict(
     plans: tuple[StrategyPlan, ...], recommended: StrategyKind | None, host_limit_bytes: int | None, single_gpu: bool,
+    band: PeakErrorBand,
 ) -> str:
     fitting = [p.strategy.value for p in plans if p.fits and p.host_fits is not False]
     short_of_host = [p for p in plans if p.fits and p.host_fits is False]
@@ -674,7 +675,7 @@ def _verdict(
         return (
             f"Nothing fits; the smallest footprint is {closest.strategy.value} "
             f"({least}{memory.peak_bytes / 2**30:.1f} GiB per GPU of "
-            f"{closest.usable_memory_bytes / 2**30:.1f} GiB usable{_margin(closest)})."
+            f"{closest.usable_memory_bytes / 2**30:.1f} GiB usable{_margin(closest, band)})."
         )
     others = [name for name in fitting if name != recommended.value]
     also = f"; also fits: {', '.join(others)}" if others else ""
@@ -682,15 +683,15 @@ def _verdict(
     chosen = next(p for p in plans if p.strategy is recommended)
     return (
         f"Recommended: {recommended.value}{plain} (of those that fit: least offload, then least sent per step, "
-        f"then lowest peak, then simplest{_margin(chosen)}){also}."
+        f"then lowest peak, then simplest{_margin(chosen, band)}){also}."
     )
 
 
-def _margin(plan: StrategyPlan) -> str:
+def _margin(plan: StrategyPlan, band: PeakErrorBand) -> str:
     """'; borderline: the real peak of runs like it lies at 93-108 % of usable' where it does."""
     if not plan.borderline:
         return ""
-    return f"; {borderline_words(plan.memory.peak_bytes, plan.usable_memory_bytes)} for the middle half of published runs"
+    return f"; {borderline_words(plan.memory.peak_bytes, plan.usable_memory_bytes, band)} for the middle half of published runs"
 
 
 # benchmarks/allocator_verdict_sweep.py: over 1,440 strategy plans the caching-allocator
@@ -829,7 +830,8 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | N
         raise left_out[0][1]
     plans_tuple = tuple(plans)
     recommended = recommend(plans_tuple)
-    verdict = _verdict(plans_tuple, recommended, base.cluster.host_memory_bytes_per_node, base.cluster.world_size == 1)
+    verdict = _verdict(plans_tuple, recommended, base.cluster.host_memory_bytes_per_node, base.cluster.world_size == 1,
+                       error_band(base.batch.varying_lengths is not None))
     caution = allocator_caution(requests, plans_tuple, recommended) if recommended is not None else ""
     verdict += caution
     suggested_change, suggested_recommendation = "", None

@@ -11,7 +11,7 @@ import textwrap
 from collections.abc import Callable, Sequence
 
 from zeroplan.answers import FitReport, PlanSearchResult
-from zeroplan.core.margin import PEAK_ERROR_BAND, borderline_words
+from zeroplan.core.margin import PeakErrorBand, borderline_words, error_band
 from zeroplan.core.plan import recommendation_key
 from zeroplan.core.record import frozen
 from zeroplan.core.timing import nccl_algorithms
@@ -94,6 +94,11 @@ _RULE_WORDS = ("least offload", "least offload", "least sent per step", "nothing
                "lowest peak", "simplest")
 
 
+def _band(report: FitReport) -> PeakErrorBand:
+    """The published runs' error band for runs like the report's (varying-length batches or not)."""
+    return error_band(report.batch.varying_lengths is not None)
+
+
 def recommendation_reason(report: FitReport) -> str:
     """A few words on why the recommended strategy was chosen over the others that fit."""
     fitting = sorted((p for p in report.plans if p.fits and p.host_fits is not False), key=recommendation_key)
@@ -117,7 +122,7 @@ def fit_verdict(report: FitReport, unit: ByteUnit) -> list[str]:
         if chosen.borderline:
             safe = [p.strategy.value for p in report.plans if p.fits and p.host_fits is not False and not p.borderline]
             room = f"; {', '.join(safe)} fit{'s' if len(safe) == 1 else ''} with room" if safe else ""
-            said.append(f"But {borderline_words(chosen.memory.peak_bytes, chosen.usable_memory_bytes)} for the middle "
+            said.append(f"But {borderline_words(chosen.memory.peak_bytes, chosen.usable_memory_bytes, _band(report))} for the middle "
                         f"half of published runs: it may not{room}.")
         return said
     short_of_host = [p for p in report.plans if p.fits and p.host_fits is False]
@@ -133,7 +138,8 @@ def fit_verdict(report: FitReport, unit: ByteUnit) -> list[str]:
         least = "at least " if memory.peak_is_least else ""
         said = (f"Does not fit. Smallest footprint: {closest.strategy.value}, {least}"
                 f"{to_unit(memory.peak_bytes, unit):.1f} {u} per GPU of {to_unit(closest.usable_memory_bytes, unit):.1f} {u} usable"
-                + (f" ({borderline_words(memory.peak_bytes, closest.usable_memory_bytes)}: it may)" if closest.borderline else "")
+                + (f" ({borderline_words(memory.peak_bytes, closest.usable_memory_bytes, _band(report))}: it may)"
+                   if closest.borderline else "")
                 + ".")
     if report.suggested_change:
         recommended = report.suggested_recommendation.value if report.suggested_recommendation else "a strategy"
@@ -194,7 +200,7 @@ def fit_notes(report: FitReport, unit: ByteUnit) -> list[str]:
     if any(p.fits and p.host_fits is False for p in report.plans):
         notes.append("fits = host: fits on the GPU, but its offloaded states exceed the node's host RAM.")
     if any(p.borderline for p in report.plans):
-        band = PEAK_ERROR_BAND
+        band = _band(report)
         notes.append(f"* = borderline: published runs peaked at {100 * band.low:.0f}-{100 * band.high:.0f} % of the "
                      "prediction (middle half), so the measured error alone could turn the verdict (docs/validation.md).")
     if report.allocator_caution:

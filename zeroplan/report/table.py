@@ -5,7 +5,7 @@ from __future__ import annotations
 from zeroplan.core.deepspeed_coordinator import holds_recomputed_frozen
 from zeroplan.core.params import active_parameters, total_parameters
 from zeroplan.answers import FitReport
-from zeroplan.core.margin import PEAK_ERROR_BAND
+from zeroplan.core.margin import error_band
 from zeroplan.results import StrategyPlan
 from zeroplan.specs.finetune import Quantization
 from zeroplan.specs.framework import LAUNCH_ENVIRONMENT, Framework
@@ -345,7 +345,7 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
                      "own allocations.")
     notes += [f"{p.strategy.value}: peak on {p.peak_rank_reason}." for p in report.plans if p.peak_rank_reason]
     if any(p.borderline for p in report.plans):
-        band = PEAK_ERROR_BAND
+        band = error_band(report.batch.varying_lengths is not None)
         notes.append(f"* = borderline: the middle half of published runs peaked at {100 * band.low:.0f}-{100 * band.high:.0f} % of their "
                      "prediction, and the usable memory lies in that range (docs/validation.md, \"Published peaks\").")
     if any(p.fits and p.host_fits is False for p in report.plans):
