@@ -12,7 +12,6 @@ DeepSpeed paths are deepspeed/... in 0.19.8 (PyPI). Nothing here imports torch.
 
 from __future__ import annotations
 
-from zeroplan.core.megatron import repeated_kv_bytes
 from zeroplan.core.optimizer_states import elementwise_state_bytes
 from zeroplan.core.parallel.units import rank_trainable_units
 from zeroplan.core.record import frozen
@@ -184,6 +183,8 @@ def allreduce_copy_bytes(group_elements: tuple[int, ...]) -> int:
 # savings zeroplan.core.megatron counts for megatron-core).
 def mds_layer_delta_bytes(request: PlanRequest) -> int:
     """What one Megatron-DeepSpeed block saves beyond the reference block: the repeated K and V."""
+    from zeroplan.core.megatron import repeated_kv_bytes  # megatron's module loads only for its requests
+
     return repeated_kv_bytes(request)
 
 
