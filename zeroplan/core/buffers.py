@@ -265,7 +265,9 @@ def _root_head_gradient_bytes(request: PlanRequest) -> int:
         return 0
     if training.framework is Framework.torchtitan and not training.unchunked_loss:
         return 0
-    return request.model.vocab_size * request.model.hidden_size * element_bytes(training.precision, request.convention).compute_parameter
+    # A tensor-parallel rank's head is its V/tp vocabulary rows (zeroplan.core.parallel.tensor).
+    return (request.model.vocab_size * request.model.hidden_size * element_bytes(training.precision, request.convention).compute_parameter
+            // request.parallel.tp)
 
 
 # torch 2.13 _fully_shard: the last unit's post-backward (the root's, run from the root's final
