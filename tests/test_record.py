@@ -114,3 +114,17 @@ def test_a_record_refuses_what_its_init_would_not_do_as_a_dataclass_does(body: d
     # argument; the record's would not: refused when the class is defined, not built differently.
     with pytest.raises(TypeError, match="use @dataclass"):
         frozen(type("Differs", (), body))
+
+
+def test_a_record_and_its_subclass_compare_as_dataclasses_do() -> None:
+    # dataclasses' __eq__ compares instances of the very same class only; a subclass that adds a
+    # field gets the base's methods over every field, its own included.
+    reference = dataclasses.dataclass(frozen=True)(type("Base", (), {"__annotations__": {"a": int}}))
+    for base in (frozen(type("Base", (), {"__annotations__": {"a": int}})), reference):
+        plain = type("Sub", (base,), {})
+        assert base(1) != plain(1) and plain(1) == plain(1) and hash(plain(1)) == hash(base(1))
+        wider = (frozen if base is not reference else dataclasses.dataclass(frozen=True))(
+            type("Wider", (base,), {"__annotations__": {"b": int}}))
+        assert wider(1, 2) == wider(1, 2) != wider(1, 3) and repr(wider(1, 2)) == "Wider(a=1, b=2)"
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            plain(1).a = 2
