@@ -78,3 +78,53 @@ def test_a_record_keeps_the_methods_its_class_writes_and_refuses_its_own_setattr
     assert hash(reference(1)) == hash((1,))
     with pytest.raises(TypeError, match="__setattr__"):
         frozen(type("Writes", (), {"__annotations__": {"a": "int"}, "__setattr__": lambda self, n, v: None}))
+
+
+@frozen(slots=True)
+class _Slotted:
+    a: int
+    b: tuple = ()
+
+
+@frozen
+class _Plain:
+    a: int
+    b: tuple = ()
+
+
+@pytest.mark.parametrize("cls", [_Slotted, _Plain])
+def test_a_record_pickles_as_a_frozen_dataclass(cls: type) -> None:
+    import pickle
+
+    record = cls(1, (2,))
+    for protocol in range(2, pickle.HIGHEST_PROTOCOL + 1):
+        loaded = pickle.loads(pickle.dumps(record, protocol))
+        assert loaded == record and type(loaded) is cls and loaded.b == (2,)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            loaded.a = 2
+
+
+@pytest.mark.parametrize("body", [
+    {"__annotations__": {"a": "int"}, "__post_init__": lambda self: None},
+    {"__annotations__": {"a": "int", "b": "int"}, "a": dataclasses.field(init=False, default=0)},
+    {"__annotations__": {"a": "int", "b": "int"}, "a": dataclasses.field(kw_only=True, default=0)},
+])
+def test_a_record_refuses_what_its_init_would_not_do_as_a_dataclass_does(body: dict) -> None:
+    # A dataclass's __init__ would call __post_init__, or take b as the first positional
+    # argument; the record's would not: refused when the class is defined, not built differently.
+    with pytest.raises(TypeError, match="use @dataclass"):
+        frozen(type("Differs", (), body))
+
+
+def test_a_record_and_its_subclass_compare_as_dataclasses_do() -> None:
+    # dataclasses' __eq__ compares instances of the very same class only; a subclass that adds a
+    # field gets the base's methods over every field, its own included.
+    reference = dataclasses.dataclass(frozen=True)(type("Base", (), {"__annotations__": {"a": int}}))
+    for base in (frozen(type("Base", (), {"__annotations__": {"a": int}})), reference):
+        plain = type("Sub", (base,), {})
+        assert base(1) != plain(1) and plain(1) == plain(1) and hash(plain(1)) == hash(base(1))
+        wider = (frozen if base is not reference else dataclasses.dataclass(frozen=True))(
+            type("Wider", (base,), {"__annotations__": {"b": int}}))
+        assert wider(1, 2) == wider(1, 2) != wider(1, 3) and repr(wider(1, 2)) == "Wider(a=1, b=2)"
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            plain(1).a = 2

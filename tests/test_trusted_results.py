@@ -97,5 +97,15 @@ def test_tensor_parallel_units_are_what_validation_builds(monkeypatch) -> None:
     units = tensor.tensor_parallel_units(parameter_units(get_model("tinyllama-1.1b")), 2)
     assert len(units) > 2
     for unit in units:
-        validated = ParamUnit(name=unit.name, tensors=tuple(ParamTensor(name=t.name, shape=t.shape) for t in unit.tensors))
+        validated = ParamUnit(name=unit.name, tensors=tuple(
+            ParamTensor(name=t.name, shape=t.shape, shard_group_divisor=t.shard_group_divisor, trainable=t.trainable,
+                        quantized=t.quantized) for t in unit.tensors))
         assert _same(unit, validated)
+        assert all(t.numel == validated_t.numel for t, validated_t in zip(unit.tensors, validated.tensors))
+    # A tensor's other fields are its own on the rank: a frozen, quantized one stays so.
+    kept = ParamUnit(name="block.0", tensors=(
+        ParamTensor(name="attention.q.weight", shape=(64, 64), trainable=False, quantized=True, shard_group_divisor=2),))
+    assert kept.tensors[0].numel == 4096  # cached before the split
+    (split,) = tensor.tensor_parallel_units((kept,), 2)[0].tensors
+    assert (split.shape, split.numel) == ((32, 64), 2048)
+    assert (split.trainable, split.quantized, split.shard_group_divisor) == (False, True, 2)

@@ -14,7 +14,7 @@ from typing import NamedTuple
 from zeroplan.allocator.builder import TraceBuilder
 from zeroplan.core.frameworks import framework_recompute_bytes
 from zeroplan.core.hf_eager_backward import (
-    freed_before_softmax_backward_parts, kept_score_bytes, runs_eager_softmax, softmax_backward_extra_bytes,
+    freed_before_softmax_backward_parts, kept_score_bytes, runs_eager_softmax, score_elements, softmax_backward_extra_bytes,
     softmax_element_bytes, softmax_input_gradient_bytes,
 )
 from zeroplan.core.transformers_release import opt_clamp_score_bytes
@@ -72,11 +72,12 @@ def eager_softmax_workspace(request: PlanRequest, workspace_bytes: int) -> tuple
     """(the block's first forward under the checkpoint, its backward's workspace
     (``workspace_bytes``, PeakTerms.workspace)) as steps: a positive step allocates that many
     bytes, a negative one frees the allocation ~step (0-based, in the order of the steps'
-    allocations); what is alive at the end is freed with the block's saved tensors. Empty where the workspace is one tensor: outside runs_eager_softmax, without full
-    recomputation (the tensors freed before the softmax's backward are then the forward's saved
-    tensors, not the workspace's), under model parallelism, where the softmax's gradients add
-    nothing to the block's backward (softmax_backward_extra_bytes 0), for OPT's clamp, or where
-    the steps would hold more than the workspace at once."""
+    allocations); what is alive at the end is freed with the block's saved tensors. Empty where
+    the workspace is one tensor: outside runs_eager_softmax, without full recomputation (the
+    tensors freed before the softmax's backward are then the forward's saved tensors, not the
+    workspace's), under model parallelism, where the softmax's gradients add nothing to the
+    block's backward (softmax_backward_extra_bytes 0), for OPT's clamp, or where the steps would
+    hold more than the workspace at once."""
     training = request.training
     if (not runs_eager_softmax(request) or training.activation_checkpointing is not ActivationCheckpointing.full
             or not request.parallel.is_trivial or opt_clamp_score_bytes(request.model, training)):
@@ -89,8 +90,7 @@ def eager_softmax_workspace(request: PlanRequest, workspace_bytes: int) -> tuple
     rest = workspace_bytes - recompute - extra
     if extra <= 0 or others < 0 or rest < 0:
         return (), ()
-    batch = request.batch
-    scores = request.model.num_heads * batch.seq_len ** 2 * batch.micro_batch_size
+    scores = score_elements(request)
     e = training.precision.compute_bytes
     output_bytes, input_gradient_bytes = softmax_element_bytes(request), softmax_input_gradient_bytes(request)
     converts_input = input_gradient_bytes != e

@@ -30,7 +30,7 @@ from dataclasses import replace
 from zeroplan.allocator.builder import TraceBuilder, proportional_bytes, split_bytes
 from zeroplan.allocator.eager_softmax_workspace import record_workspace
 from zeroplan.allocator.trace import Stream
-from zeroplan.core.buffers import _root_head_gradient_bytes
+from zeroplan.core.buffers import head_weight_gradient_bytes
 from zeroplan.core.compiled import COMPILED_CROSS_ENTROPY_ROW_BYTES, compiles_loss
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes
 from zeroplan.core.model_states import padded_unit_elements_of, unit_gather_bytes
@@ -230,7 +230,7 @@ def fsdp_step_inputs(request: PlanRequest, terms: PeakTerms) -> FsdpStepInputs:
 # holds the head (hf/accelerate's FSDP2 wrapping, FSDP1's root, whose flat gradient waits for the
 # embedding's: zeroplan.core.buffers), the head's weight gradient that the loss's backward
 # accumulates into the unsharded parameter stays there through the blocks' backward, as the
-# planner's block moments count it (buffers._root_head_gradient_bytes: the head weight's; the
+# planner's block moments count it (buffers.head_weight_gradient_bytes: the head weight's; the
 # final norm's, a hidden-size vector, is left to the post-backward here, as the planner leaves it
 # out). The hf 70B whole step recorded from torch's FSDP2 on fake tensors
 # (benchmarks/framework-step-records) holds it.
@@ -240,7 +240,7 @@ def root_head_gradient_bytes(request: PlanRequest, inputs: FsdpStepInputs) -> in
     0 where the root trains no head or is not the head's unit."""
     if inputs.separate or inputs.runs_own_loss or not inputs.units[0].head_tensors or not inputs.units[0].elements:
         return 0
-    return _root_head_gradient_bytes(request)
+    return head_weight_gradient_bytes(request)
 
 
 # torch 2.13 distributed/fsdp/_fully_shard/_fsdp_collectives.py:696-708 foreach_reduce:

@@ -256,7 +256,7 @@ def transient_buffer_bytes(request: PlanRequest) -> int:
 # docs/memory-model.md, "The caching allocator"). Where embedding and head are units of their own
 # (torchtune's full fine-tunes), the head is gathered only around the loss, whose own terms count
 # it (zeroplan.core.framework_loss.fsdp_head_gathered_bytes), and the embedding after the last block.
-def _root_head_gradient_bytes(request: PlanRequest) -> int:
+def head_weight_gradient_bytes(request: PlanRequest) -> int:
     """The output projection's unsharded gradient, which the root unit holds from the loss's
     backward to its own post-backward (0 where the head is frozen, or where torchtitan's chunked
     loss reduce-scatters it at its last chunk: zeroplan.core.framework_loss.torchtitan_chunked_loss_bytes)."""
@@ -281,7 +281,7 @@ def _root_head_gradient_bytes(request: PlanRequest) -> int:
 # reduce-scatters. The head's unsharded gradient outlives that reduce-scatter: measured on gloo
 # (the emitted accelerate and torchtitan runs' allocator snapshots free it after the
 # reduce-scatter, and so does a bare fully_shard model, with no Python referrer left), as
-# _root_head_gradient_bytes says it stays to the root's post-backward.
+# head_weight_gradient_bytes says it stays to the root's post-backward.
 def _fsdp_last_unit(request: PlanRequest) -> tuple[int, int] | None:
     """(padded trainable elements of the unit reduced last, the head gradient it holds) under
     FSDP full sharding without a pipeline; None where the units are not embedding, blocks, head."""
@@ -298,7 +298,7 @@ def _fsdp_last_unit(request: PlanRequest) -> tuple[int, int] | None:
         last, head = elements[0], 0
     else:
         last = sum(n for i, n in enumerate(elements) if i not in blocks)
-        head = _root_head_gradient_bytes(request) if last else 0
+        head = head_weight_gradient_bytes(request) if last else 0
     # A frozen root (or embedding) reduces nothing: the first block's reduce is the last.
     return (last or elements[blocks[0]]), head
 
@@ -437,7 +437,7 @@ def block_backward_transient_bytes(request: PlanRequest) -> int:
     gathered = unit_gather_bytes(request, shard, eb.compute_parameter)
     elements = padded_unit_elements_of(request, shard)
     root = 0 if fsdp_separates_embedding_and_head(request) else sum(
-        n for i, n in enumerate(gathered) if not units[i].name.startswith("block.")) + _root_head_gradient_bytes(request)
+        n for i, n in enumerate(gathered) if not units[i].name.startswith("block.")) + head_weight_gradient_bytes(request)
     largest_gathered = max(gathered[i] for i in blocks)
     largest_elements = max(elements[i] for i in blocks)
     if request.training.framework is Framework.fairseq:
@@ -707,7 +707,7 @@ def first_layer_buffer_bytes(request: PlanRequest) -> int:
     if fsdp_separates_embedding_and_head(request):
         outside = gathered[0]
     else:
-        outside = sum(n for i, n in enumerate(gathered) if i not in blocks) + _root_head_gradient_bytes(request)
+        outside = sum(n for i, n in enumerate(gathered) if i not in blocks) + head_weight_gradient_bytes(request)
     return (outside + max(gathered[i] for i in blocks)
             + max(elements[i] for i in blocks) * gradient_wire_bytes(request))
 
@@ -747,7 +747,7 @@ def first_layer_gather_buffer_bytes(request: PlanRequest) -> int:
         return 0
     blocks, gathered, elements, _ = found
     root = 0 if fsdp_separates_embedding_and_head(request) else \
-        sum(n for i, n in enumerate(gathered) if i not in blocks) + _root_head_gradient_bytes(request)
+        sum(n for i, n in enumerate(gathered) if i not in blocks) + head_weight_gradient_bytes(request)
     return root + 2 * max(gathered[i] for i in blocks) + max(elements[i] for i in blocks) * gradient_wire_bytes(request)
 
 

@@ -32,6 +32,12 @@ def runs_eager_softmax(request: PlanRequest) -> bool:
 # with dtype float runs _softmax(input, dim, half_to_float=true), any other converts the input
 # to fp32 first and runs _softmax in fp32. OPT's own attention before transformers 4.49 runs
 # the softmax in the compute dtype but in fp16 (zeroplan.core.transformers_release.upcasts_softmax).
+def score_elements(request: PlanRequest) -> int:
+    """Elements of one block's scores tensor (b x heads x s x s), the size of every tensor here."""
+    batch = request.batch
+    return request.model.num_heads * batch.seq_len ** 2 * batch.micro_batch_size
+
+
 def softmax_element_bytes(request: PlanRequest) -> int:
     """Bytes of one element of the softmax's output (and of the gradient reaching it)."""
     e = request.training.precision.compute_bytes
@@ -57,9 +63,7 @@ def softmax_input_gradient_bytes(request: PlanRequest) -> int:
 # product (tests/test_hf_eager_backward.py adds it to what it measures there).
 def softmax_backward_gradient_bytes(request: PlanRequest) -> int:
     """The scores-sized gradients alive while one block's softmax backward runs on CUDA."""
-    model, batch = request.model, request.batch
-    scores = model.num_heads * batch.seq_len ** 2 * batch.micro_batch_size
-    return (2 * softmax_element_bytes(request) + softmax_input_gradient_bytes(request)) * scores
+    return (2 * softmax_element_bytes(request) + softmax_input_gradient_bytes(request)) * score_elements(request)
 
 
 # Autograd runs a block's backward in reverse order (the ready queue takes the node created last)
@@ -81,9 +85,7 @@ def freed_before_softmax_backward_bytes(request: PlanRequest) -> int:
 def kept_score_bytes(request: PlanRequest) -> int:
     """The scores-sized tensors the block still holds at its softmax's backward: the softmax's
     saved output (and OPT's clamp's)."""
-    model, training, batch = request.model, request.training, request.batch
-    scores = model.num_heads * batch.seq_len ** 2 * batch.micro_batch_size
-    return (softmax_element_bytes(request) + opt_clamp_score_bytes(model, training)) * scores
+    return (softmax_element_bytes(request) + opt_clamp_score_bytes(request.model, request.training)) * score_elements(request)
 
 
 def freed_before_softmax_backward_parts(request: PlanRequest) -> tuple[int, int, int]:

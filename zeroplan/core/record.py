@@ -12,7 +12,8 @@ field names: the same construction (positional or by name, defaults and default 
 equality and hash over the compared fields (the hash of the same tuple dataclasses hashes), repr
 and refusal of assignment (FrozenInstanceError). Only a class built many times in one process
 has its __init__ compiled, as dataclasses would have, when it has been built COMPILE_AFTER
-times. tests/test_record.py compares each with a dataclass's."""
+times. A class that needs more of dataclasses' __init__ (__post_init__, a field of init=False
+or kw_only) is refused where it is defined. tests/test_record.py compares each with a dataclass's."""
 
 from __future__ import annotations
 
@@ -77,8 +78,23 @@ def _compiled_init(every: tuple[Field, ...], qualname: str) -> Callable[..., Non
     return init
 
 
+# What dataclasses' generated __init__ does beyond taking each field in order, which the methods
+# here do not: calling __post_init__, leaving out a field of init=False (its default set, later
+# positional arguments moved up), taking a kw_only field by name alone after the others. A class
+# that asks for one is refused when it is defined, not given an __init__ that silently differs.
+def _refuse_unwritten(cls: type, every: tuple[Field, ...]) -> None:
+    """TypeError where ``cls`` needs a dataclass __init__ feature ``frozen`` does not write."""
+    if hasattr(cls, "__post_init__"):
+        raise TypeError(f"{cls.__qualname__}: frozen records do not call __post_init__ (use @dataclass(frozen=True))")
+    for f in every:
+        if not f.init or f.kw_only is True:
+            raise TypeError(f"{cls.__qualname__}.{f.name}: frozen records take every field positionally or by name "
+                            "(no init=False or kw_only; use @dataclass(frozen=True))")
+
+
 def _give_methods(cls: T) -> T:
     every = fields(cls)
+    _refuse_unwritten(cls, every)
     names = tuple(f.name for f in every)
     compared = _tuple_of(tuple(f.name for f in every if f.compare))
     hashed = _tuple_of(tuple(f.name for f in every if (f.compare if f.hash is None else f.hash)))

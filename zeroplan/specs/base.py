@@ -133,8 +133,6 @@ def _instance(cls: type[Frozen], data: dict[str, Any], fields_set: set[str]) -> 
     return built
 
 
-
-
 def first_error(error: ValidationError, prefix: str = "") -> ZeroplanError:
     """Turn pydantic's multi-line report into one line naming the first bad field."""
     detail = error.errors()[0]

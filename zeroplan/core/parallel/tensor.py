@@ -87,9 +87,12 @@ def _rank_unit(unit: ParamUnit, tp: int) -> ParamUnit:
         _RANK_UNITS.clear()
     # Built unvalidated (Frozen.trusted): a name that is already a str and a shape of ints of
     # the tensor's own length, as validating them gives (a 70B model's ranks: ~2,000 tensors a
-    # plan search, ~5 us of pydantic's validation each).
-    split = ParamUnit.trusted(name=unit.name, tensors=tuple(ParamTensor.trusted(name=t.name, shape=local_shape(t, tp))
-                                                            for t in unit.tensors))
+    # plan search, ~5 us of pydantic's validation each); the tensor's other fields are its own.
+    # Not model_copy: it would carry the whole tensor's cached numel into the split one.
+    split = ParamUnit.trusted(name=unit.name, tensors=tuple(
+        ParamTensor.trusted(name=t.name, shape=local_shape(t, tp), shard_group_divisor=t.shard_group_divisor,
+                            trainable=t.trainable, quantized=t.quantized)
+        for t in unit.tensors))
     _RANK_UNITS[id(unit), tp] = (unit, split)
     return split
 

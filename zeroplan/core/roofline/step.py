@@ -207,13 +207,13 @@ def _request_memory_seconds(request: PlanRequest) -> tuple[tuple[float, ...], ..
 
 @functools.lru_cache(maxsize=64)
 def _model_memory_priced(model, training, micro_batch_size: int, seq_len: int, micro_batches: int,
-                         activation_bytes: int, gpu, ranks: int, tp_replicas: int = 1) -> tuple[tuple[Operation, float], ...]:
+                         activation_bytes: int, gpu, ranks: int, replicas: int) -> tuple[tuple[Operation, float], ...]:
     """_model_terms' memory passes alone (step_operations' memory_only; the same arguments), each
     with its seconds on one of ``ranks`` model-parallel ranks, priced as _model_terms prices them."""
     ceilings = gpu_ceilings(gpu)
     operations = step_operations(model, training, micro_batch_size, seq_len, micro_batches, activation_bytes, memory_only=True)
     # _term's seconds, without building the terms.
-    return tuple((operation, operation_seconds(operation, ceilings)[0] / operation_ranks(operation, ranks, tp_replicas))
+    return tuple((operation, operation_seconds(operation, ceilings)[0] / operation_ranks(operation, ranks, replicas))
                  for operation in operations)
 
 
@@ -279,10 +279,10 @@ def _memory_seconds_by_phase(priced: list[tuple[Operation, float]]) -> tuple[tup
                        if operation.kind is OpKind.memory and operation.op_pass in passes) for passes in _PHASES)
 
 
-def _term(operation: Operation, ceilings: GpuCeilings, ranks: int, tp_replicas: int = 1) -> RooflineTerm:
-    """One of the replica's operations on one of its ``ranks`` model-parallel ranks."""
+def _term(operation: Operation, ceilings: GpuCeilings, ranks: int, replicas: int) -> RooflineTerm:
+    """One of the replica's operations on one of its ``ranks`` model-parallel ranks (``replicas``: tp_replicas)."""
     seconds, bound = operation_seconds(operation, ceilings)
-    return RooflineTerm(operation=operation, seconds=seconds / operation_ranks(operation, ranks, tp_replicas), bound=bound)
+    return RooflineTerm(operation=operation, seconds=seconds / operation_ranks(operation, ranks, replicas), bound=bound)
 
 
 # The model's own operations depend on the model, the training, the batch's shape, the GPU and
@@ -290,11 +290,11 @@ def _term(operation: Operation, ceilings: GpuCeilings, ranks: int, tp_replicas: 
 # groups of one layout) share them.
 @functools.lru_cache(maxsize=64)
 def _model_terms(model, training, micro_batch_size: int, seq_len: int, micro_batches: int, activation_bytes: int,
-                 gpu, ranks: int, tp_replicas: int = 1) -> tuple[RooflineTerm, ...]:
+                 gpu, ranks: int, replicas: int) -> tuple[RooflineTerm, ...]:
     """The eager step's operations (step_operations) priced on ``gpu``'s ceilings, per rank."""
     ceilings = gpu_ceilings(gpu)
     operations = step_operations(model, training, micro_batch_size, seq_len, micro_batches, activation_bytes)
-    return tuple(_term(operation, ceilings, ranks, tp_replicas) for operation in operations)
+    return tuple(_term(operation, ceilings, ranks, replicas) for operation in operations)
 
 
 def _request_operations(request: PlanRequest) -> list[Operation]:
