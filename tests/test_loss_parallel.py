@@ -133,8 +133,8 @@ def test_the_schedules_requested_peak_is_the_planners_loss_moment() -> None:
 def test_the_roots_head_gradient_is_the_ranks_vocabulary_rows() -> None:
     # Under tensor parallelism each rank's head is V/tp rows (loss parallel), and so is the
     # unsharded gradient its root holds from the loss's backward to its own post-backward.
-    from zeroplan.core.buffers import _root_head_gradient_bytes
+    from zeroplan.core.buffers import head_weight_gradient_bytes
 
     request = _request(8192, "--torchtitan-release", "9dec370")
     model = request.model
-    assert _root_head_gradient_bytes(request) == model.vocab_size * model.hidden_size * 2 // 8
+    assert head_weight_gradient_bytes(request) == model.vocab_size * model.hidden_size * 2 // 8
