@@ -290,11 +290,11 @@ def _memory_pass_polynomials(model, training, activation_bytes: int) -> tuple[tu
             passes.append((operation.name, operation.op_pass, int(doubled)))
         return passes
 
-    probes = [doubled_bytes(*shape) for shape in _PROBE_SHAPES]
-    if any(probe is None for probe in probes) or len({tuple(name for name, _, _ in probe) for probe in probes}) != 1:
+    probes = [doubled_bytes(*shape) for shape in (*_PROBE_SHAPES, *_CHECK_SHAPES)]
+    if any(probe is None for probe in probes) or len({tuple(p[:2] for p in probe) for probe in probes}) != 1:
         return None
     polynomials = []
-    for (name, op_pass, at_11), (_, _, at_21), (_, _, at_12) in zip(*probes):
+    for (name, op_pass, at_11), (_, _, at_21), (_, _, at_12) in zip(*probes[:len(_PROBE_SHAPES)]):
         # at (b, s): A b s + B b s^2 + C.
         linear = at_21 - at_11  # A + B
         fixed = at_11 - linear
@@ -303,12 +303,10 @@ def _memory_pass_polynomials(model, training, activation_bytes: int) -> tuple[tu
             return None
         phase = next(i for i, passes in enumerate(_PHASES) if op_pass in passes)
         polynomials.append((phase, linear - quadratic, quadratic, fixed, name in TP_REPLICATED_PASSES))
-    for shape in _CHECK_SHAPES:
-        checked = doubled_bytes(*shape)
-        tokens = shape[0] * shape[1]
-        if checked is None or len(checked) != len(polynomials) or any(
-                value != per_token * tokens + per_score * tokens * shape[1] + fixed
-                for (_, _, value), (_, per_token, per_score, fixed, _) in zip(checked, polynomials)):
+    for (micro_batch_size, seq_len), checked in zip(_CHECK_SHAPES, probes[len(_PROBE_SHAPES):]):
+        tokens = micro_batch_size * seq_len
+        if any(value != per_token * tokens + per_score * tokens * seq_len + fixed
+               for (_, _, value), (_, per_token, per_score, fixed, _) in zip(checked, polynomials)):
             return None
     return tuple(polynomials)
 
