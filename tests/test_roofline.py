@@ -305,3 +305,21 @@ def test_tensor_parallel_ranks_run_the_norms_and_residual_adds_whole_without_seq
     assert {"norms", "residual adds", "final norm"} <= names and "activation" in names and "attention softmax" in names
     assert memory_bound_seconds(tp) == (four.forward_s, four.backward_s, four.optimizer_s)
     assert sum(memory_bound_seconds(tp)) > sum(memory_bound_seconds(sp))
+
+
+@pytest.mark.parametrize("model", ["llama-3.1-8b", "gpt2", "mixtral-8x7b", "qwen3-0.6b"])
+@pytest.mark.parametrize("checkpointing", list(ActivationCheckpointing))
+@pytest.mark.parametrize("kernel", list(AttentionKernel))
+def test_the_memory_passes_byte_polynomials_give_the_operations_own_seconds(model, checkpointing, kernel) -> None:
+    """The flat-HFU model's memory passes priced from their byte polynomials are the very floats
+    the operations give, phase by phase and pass by pass, at shapes other than the probes'
+    (a micro-batch of 3 x 4,097 tokens, 5 micro-batches, tensor-parallel passes replicated)."""
+    from zeroplan.core.roofline.step import (
+        _memory_pass_polynomials, _memory_seconds_by_phase, _model_memory_priced, _model_memory_seconds,
+    )
+
+    request = _request(model, checkpointing=checkpointing, kernel=kernel)
+    assert _memory_pass_polynomials(request.model, request.training, 2) is not None
+    for shape in ((1, 1024, 1, 1, 1), (3, 4097, 5, 8, 4)):
+        args = (request.model, request.training, *shape[:3], 2, request.cluster.gpu, *shape[3:])
+        assert _model_memory_seconds(*args) == _memory_seconds_by_phase(list(_model_memory_priced(*args)))

@@ -149,6 +149,9 @@ def parameter_units(model: ModelSpec) -> tuple[ParamUnit, ...]:
     return tuple(units)
 
 
+# A function of the model alone, asked for by every step's FLOPs (active_parameters) and FSDP's
+# copies: a walk over every unit's tensors each time.
+@lru_cache(maxsize=64)
 def total_parameters(model: ModelSpec) -> int:
     """Psi in the ZeRO paper: every trainable parameter, counted once (tied weights once)."""
     return sum(unit.numel for unit in parameter_units(model))

@@ -243,10 +243,72 @@ def tp_replicas(request: PlanRequest) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def _model_memory_seconds(*shape) -> tuple[tuple[float, ...], ...]:
+def _model_memory_seconds(model, training, micro_batch_size: int, seq_len: int, micro_batches: int,
+                          activation_bytes: int, gpu, ranks: int, tp_replicas: int = 1) -> tuple[tuple[float, ...], ...]:
     """_memory_seconds_by_phase of _model_memory_priced (the same arguments), shared by every
-    strategy of a batch shape."""
-    return _memory_seconds_by_phase(list(_model_memory_priced(*shape)))
+    strategy of a batch shape: from the passes' byte polynomials (_memory_pass_polynomials), the
+    same floats without building the operations, else from the operations themselves."""
+    polynomials = _memory_pass_polynomials(model, training, activation_bytes)
+    if polynomials is None:
+        return _memory_seconds_by_phase(list(_model_memory_priced(
+            model, training, micro_batch_size, seq_len, micro_batches, activation_bytes, gpu, ranks, tp_replicas)))
+    bandwidth = gpu_ceilings(gpu).memory_bytes_per_s
+    tokens = micro_batch_size * seq_len
+    by_phase: tuple[list[float], ...] = tuple([] for _ in _PHASES)
+    for phase, per_token, per_score, fixed, replicated in polynomials:
+        # Twice the integer bytes, halved once as a float: _early_stopped's halving of a float
+        # byte count, and exact (a float's halving) for the rest; then operation_seconds'
+        # division by the bandwidth and _model_memory_priced's by the ranks, in that order.
+        moved = float(micro_batches * (per_token * tokens + per_score * tokens * seq_len + fixed)) / 2
+        by_phase[phase].append(moved / bandwidth / (ranks // tp_replicas if replicated else ranks))
+    return tuple(tuple(seconds) for seconds in by_phase)
+
+
+# step_operations(memory_only=True) builds the same passes, in the same order, for every batch
+# shape, and each pass moves an integer number of bytes (every width, count and element size is
+# an int) of the form micro_batches x (A tokens + B tokens x seq_len + C): tokens x a per-token
+# byte count (norms, rotary, residual adds, activation, gradient sums, final norm, loss), the
+# eager softmax's scores (tokens x heads x seq_len), the embedding's table-sized gradient (C),
+# times calls = blocks x micro_batches; a checkpoint's early stop halves its residual adds (as a
+# float). So the coefficients, read off step_operations itself at three shapes of one
+# micro-batch and checked at two more, price any shape with the operations' own floats.
+_PROBE_SHAPES = ((1, 1), (2, 1), (1, 2))
+_CHECK_SHAPES = ((3, 5), (2, 7))
+
+
+@functools.lru_cache(maxsize=64)
+def _memory_pass_polynomials(model, training, activation_bytes: int) -> tuple[tuple[int, int, int, int, bool], ...] | None:
+    """For each memory pass of step_operations(memory_only=True), in order: (its index in _PHASES,
+    2A, 2B, 2C as above, whether every tensor-parallel rank runs it whole); None where the
+    passes do not take that form (a non-integer byte count, or a shape that changes the list)."""
+    def doubled_bytes(micro_batch_size: int, seq_len: int) -> list[tuple[str, OpPass, int]] | None:
+        passes = []
+        for operation in step_operations(model, training, micro_batch_size, seq_len, 1, activation_bytes, memory_only=True):
+            doubled = 2 * operation.moved_bytes
+            if operation.kind is not OpKind.memory or doubled != int(doubled) or doubled >= 2 ** 53:
+                return None
+            passes.append((operation.name, operation.op_pass, int(doubled)))
+        return passes
+
+    probes = [doubled_bytes(*shape) for shape in (*_PROBE_SHAPES, *_CHECK_SHAPES)]
+    if any(probe is None for probe in probes) or len({tuple(p[:2] for p in probe) for probe in probes}) != 1:
+        return None
+    polynomials = []
+    for (name, op_pass, at_11), (_, _, at_21), (_, _, at_12) in zip(*probes[:len(_PROBE_SHAPES)]):
+        # at (b, s): A b s + B b s^2 + C.
+        linear = at_21 - at_11  # A + B
+        fixed = at_11 - linear
+        quadratic, odd = divmod(at_12 - fixed - 2 * linear, 2)
+        if odd:
+            return None
+        phase = next(i for i, passes in enumerate(_PHASES) if op_pass in passes)
+        polynomials.append((phase, linear - quadratic, quadratic, fixed, name in TP_REPLICATED_PASSES))
+    for (micro_batch_size, seq_len), checked in zip(_CHECK_SHAPES, probes[len(_PROBE_SHAPES):]):
+        tokens = micro_batch_size * seq_len
+        if any(value != per_token * tokens + per_score * tokens * seq_len + fixed
+               for (_, _, value), (_, per_token, per_score, fixed, _) in zip(checked, polynomials)):
+            return None
+    return tuple(polynomials)
 
 
 def _model_shape(request: PlanRequest) -> tuple:
