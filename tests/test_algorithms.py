@@ -14,7 +14,7 @@ from zeroplan.calibrate.parse import parse_nccl_tests
 from zeroplan.cli.main import main
 from zeroplan.core.algorithms import (
     Algorithm, Layout, fastest_algorithm, achievable_efficiencies, available_algorithms, bus_factor, call_pricing,
-    call_time_s, collective_cost, entry_efficiency, entry_layout,
+    call_time_s, call_timer, collective_cost, entry_efficiency, entry_layout,
 )
 from zeroplan.core.communication import CollectiveOp, collectives
 from zeroplan.core.plan import plan
@@ -181,6 +181,26 @@ def test_collectives_of_one_layout_share_their_call_prices() -> None:
         assert pricing.call_seconds(size) == expected == pricing.call_seconds(size)
     nominal = call_pricing(_request(H100, 16, bandwidth="nominal"), first)
     assert nominal is not pricing and nominal.efficiencies == {}
+
+
+@pytest.mark.parametrize("gpu_name", ["a100-80gb", "h100-80gb"])
+def test_call_timer_gives_call_time_s_to_the_bit(gpu_name: str) -> None:
+    # CallPricing times each size with a timer that takes the size-free bandwidths once: every
+    # algorithm, op and layout (one node, two, many; whole and part nodes), sizes across the
+    # tree's correction table, with and without an efficiency, the same float as call_time_s.
+    gpu = get_gpu(gpu_name)
+    sizes = (0, 1, 64, 4095, 1 << 16, 123_457, 1 << 22, 3 * MiB + 5, GiB, 7 * GiB + 3)
+    checked = 0
+    for op in (AR, AG, CollectiveOp.reduce_scatter, CollectiveOp.broadcast):
+        for layout in (_nodes(1), _nodes(2), _nodes(3), _nodes(64), _nodes(16, per_node=4),
+                       Layout(group_size=4, ranks_per_node=4, gpus_per_node=8, spans_nodes=False)):
+            for algorithm in {*available_algorithms(gpu, op, layout), Algorithm.ring}:
+                for efficiency in (1.0, 0.83):
+                    timer = call_timer(gpu, algorithm, op, layout, efficiency)
+                    for size in sizes:
+                        assert timer(size) == call_time_s(gpu, algorithm, op, layout, size, efficiency)
+                        checked += 1
+    assert checked > 500
 
 
 def test_calibrated_file_overrides_the_catalog_figures(tmp_path: Path) -> None:

@@ -8,7 +8,9 @@ import random
 
 import pytest
 
-from zeroplan.core.deepspeed_buckets import _sliced_all_reduce_calls
+from zeroplan.core.deepspeed_buckets import (
+    _sliced_all_reduce_calls, gradient_all_reduce_elements, shared_gradient_all_reduce_elements,
+)
 
 
 def _naive(offset: int, numel: int, partition: int, cap: int) -> list[int]:
@@ -42,3 +44,13 @@ def test_a_tensor_over_a_million_partitions_is_cut_in_bucket_sized_calls() -> No
     numel, partition, cap = 128_256 * 16_384, 387_052, 500_000_000
     calls = _sliced_all_reduce_calls(12_345, numel, partition, cap)
     assert sum(calls) == numel and all(c > cap for c in calls[:-1]) and len(calls) == 5
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_the_shared_pass_is_the_pass_in_registration_order_or_its_reverse(reverse: bool) -> None:
+    rng = random.Random(7)
+    numels = tuple(rng.choice([0, 1, 3, 50, 400, 5000]) for _ in range(60))
+    order = list(range(len(numels)))[::-1] if reverse else list(range(len(numels)))
+    expected = gradient_all_reduce_elements(list(numels), order, 1000, 6)
+    assert shared_gradient_all_reduce_elements(numels, reverse, 1000, 6) == tuple(expected)
+    assert shared_gradient_all_reduce_elements(numels, not reverse, 1000, 6) != tuple(expected)

@@ -17,6 +17,7 @@ over B_ring), so ring-only predictions are what they were before this model.
 """
 
 import functools
+from collections.abc import Callable
 from dataclasses import field
 from enum import Enum
 from math import floor, log2
@@ -196,6 +197,17 @@ def _tree_correction(message_bytes: int) -> float:
     return TREE_CORRECTION_SIMPLE[index] if 0 <= index < len(TREE_CORRECTION_SIMPLE) else 1.0
 
 
+# tuning.cc: bw = bwIntra on <= 2 nodes, else bwInter; busBw = .92 nCh bw; algbw = busBw / 2,
+# times treeCorrectionFactor for the size (ncclTopoGetAlgoTime)
+def _tree_bandwidth_parts(gpu: GpuSpec, layout: Layout) -> tuple[float, float]:
+    """The tree's algorithm bandwidth before the size's correction factor, and the node's NIC
+    bandwidth that bounds it."""
+    bandwidth = gpu.intra_node_link.bandwidth_bytes_per_s if layout.num_nodes <= 2 else \
+        ring_bandwidth_bytes_per_s(gpu, layout.gpus_per_node, layout.ranks_per_node, layout.spans_nodes)
+    return (TREE_BANDWIDTH_FACTOR * bandwidth * 0.5,
+            inter_node_hop_bandwidth_bytes_per_s(gpu, layout.gpus_per_node, layout.ranks_per_node))
+
+
 def algorithm_bandwidth_bytes_per_s(
     gpu: GpuSpec, algorithm: Algorithm, op: CollectiveOp, layout: Layout, message_bytes: int,
 ) -> float:
@@ -209,13 +221,10 @@ def algorithm_bandwidth_bytes_per_s(
         # tuning.cc: algorithm bandwidth = busBw * nRanks / nsteps (a broadcast's busbw is its algbw)
         return ring if op in (CollectiveOp.broadcast, CollectiveOp.send) or steps == 0 else ring * n_ranks / steps
     if algorithm is Algorithm.tree:
-        # tuning.cc: bw = bwIntra on <= 2 nodes, else bwInter; busBw = .92 nCh bw; algbw = busBw / 2,
-        # times treeCorrectionFactor for the size (ncclTopoGetAlgoTime)
-        bandwidth = intra if n <= 2 else ring
-        algbw = TREE_BANDWIDTH_FACTOR * bandwidth * 0.5 * _tree_correction(message_bytes)
+        base, nics = _tree_bandwidth_parts(gpu, layout)
         # Not in tuning.cc: a node's NICs carry the whole buffer once each way, so the tree cannot
         # beat them (NCCL's bwIntra on two nodes would, on NVLink 5 nodes).
-        return min(algbw, inter)
+        return min(base * _tree_correction(message_bytes), nics)
     efficiency = _nvls_efficiency(gpu)
     if algorithm in (Algorithm.nvls, Algorithm.nvls_tree):
         # tuning.cc: intraBw = bwIntra * nvlsEfficiency * (nCh-1)/nCh, x2 for all-reduce (two
@@ -257,6 +266,24 @@ def call_time_s(
         return latency + ring_sent_bytes(op, message_bytes, layout.group_size) / (ring * efficiency)
     bandwidth = algorithm_bandwidth_bytes_per_s(gpu, algorithm, op, layout, message_bytes)
     return latency + message_bytes / (bandwidth * efficiency)
+
+
+def call_timer(gpu: GpuSpec, algorithm: Algorithm, op: CollectiveOp, layout: Layout,
+               efficiency: float = 1.0) -> Callable[[int], float]:
+    """call_time_s of one algorithm as a function of the size alone: the latency and every
+    bandwidth that does not depend on the size taken once, the same operations after them
+    (the same seconds, to the bit)."""
+    latency = latency_s(gpu, algorithm, op, layout)
+    if algorithm is Algorithm.ring:
+        ring = ring_bandwidth_bytes_per_s(gpu, layout.gpus_per_node, layout.ranks_per_node, layout.spans_nodes)
+        denominator, n_ranks = ring * efficiency, layout.group_size
+        return lambda message_bytes: latency + ring_sent_bytes(op, message_bytes, n_ranks) / denominator
+    if algorithm is Algorithm.tree:
+        base, nics = _tree_bandwidth_parts(gpu, layout)
+        return lambda message_bytes: latency + message_bytes / (min(base * _tree_correction(message_bytes), nics) * efficiency)
+    # NVLS, NVLS tree and CollNet: a bandwidth the size does not change.
+    denominator = algorithm_bandwidth_bytes_per_s(gpu, algorithm, op, layout, 0) * efficiency
+    return lambda message_bytes: latency + message_bytes / denominator
 
 
 def bus_bandwidth_bytes_per_s(gpu: GpuSpec, algorithm: Algorithm, op: CollectiveOp, layout: Layout, message_bytes: int) -> float:
@@ -350,15 +377,28 @@ class CallPricing:
     # come back (one call per block; the same data-parallel buckets in each strategy of a fit):
     # each size is priced once per pricing.
     priced: dict = field(default_factory=dict, compare=False, repr=False)
+    # Each candidate's call_timer, made at the first size priced: a 405B fit on 65,536 GPUs
+    # prices ~800 distinct sizes, each of whose ~3 candidates read the same links and NICs.
+    timers: list = field(default_factory=list, compare=False, repr=False)
 
     def call_seconds(self, message_bytes: int) -> tuple[Algorithm, float]:
-        """The algorithm one call of ``message_bytes`` runs and its seconds."""
+        """The algorithm one call of ``message_bytes`` runs and its seconds (fastest_algorithm)."""
         answer = self.priced.get(message_bytes)
         if answer is None:
             if len(self.priced) >= PRICED_SIZES_LIMIT:
                 self.priced.clear()
-            answer = fastest_algorithm(self.gpu, self.op, self.layout, message_bytes, self.candidates, self.efficiencies)
-            self.priced[message_bytes] = answer
+            timers = self.timers
+            if not timers:
+                timers.extend((algorithm, call_timer(self.gpu, algorithm, self.op, self.layout,
+                                                     self.efficiencies.get(algorithm, 1.0)))
+                              for algorithm in self.candidates)
+            # fastest_algorithm's rule: the least time, ties keeping the earlier candidate.
+            best, best_s = timers[0][0], None
+            for algorithm, timer in timers:
+                seconds = timer(message_bytes)
+                if best_s is None or seconds < best_s:
+                    best, best_s = algorithm, seconds
+            answer = self.priced[message_bytes] = (best, best_s)
         return answer
 
 

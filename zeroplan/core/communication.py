@@ -95,12 +95,9 @@ def deepspeed_zero12_collectives(
     gradients arrive (taken as reverse registration order), every micro-batch."""
     eb = _wire_bytes(request)
     gradient_bytes = gradient_wire_bytes(request)
-    numels = [t.numel for unit in rank_trainable_units(request) for t in unit.tensors]
-    order = list(range(len(numels)))
-    if request.strategy.kind.zero_stage == 2:
-        order.reverse()
-    grad_elements = deepspeed_buckets.gradient_all_reduce_elements(
-        numels, order, request.strategy.zero_bucket_elements, group)
+    numels = tuple(t.numel for unit in rank_trainable_units(request) for t in unit.tensors)
+    grad_elements = deepspeed_buckets.shared_gradient_all_reduce_elements(
+        numels, request.strategy.kind.zero_stage == 2, request.strategy.zero_bucket_elements, group)
     flat = deepspeed_buckets.flat_group_elements(sum(numels), group)
     result = [
         make_collective(CollectiveOp.all_reduce, Phase.backward, "gradients", [n * gradient_bytes for n in grad_elements],
