@@ -465,6 +465,18 @@ def block_backward_transient_bytes(request: PlanRequest) -> int:
     return min(root + block_units, transient_buffer_bytes(request))
 
 
+def _sharded_blocks_in_order(request: PlanRequest) -> frozenset[int]:
+    """The rank's block units (their indices) under FSDP full sharding or HSDP whose units run
+    embedding, blocks, head without a pipeline (what block_copy_buffer_bytes and
+    root_gather_buffer_bytes apply to); empty elsewhere."""
+    kind = request.strategy.kind
+    if kind not in (StrategyKind.fsdp_full_shard, StrategyKind.hsdp) or request.parallel.pp > 1:
+        return frozenset()
+    if not _runs_units_in_order(request):
+        return frozenset()
+    return frozenset(i for i, unit in enumerate(rank_parameter_units(request)) if unit.name.startswith("block."))
+
+
 def _runs_units_in_order(request: PlanRequest) -> bool:
     """The rank's units run embedding, blocks, head (what allocator/fsdp_schedule.py applies to)."""
     units = rank_parameter_units(request)
@@ -486,13 +498,7 @@ def block_copy_buffer_bytes(request: PlanRequest) -> int:
     """PeakTerms.block_copy_buffers: the largest block's flat all-gather buffer or its unsharded
     gradients, whichever is larger, under FSDP full sharding or HSDP whose units run embedding,
     blocks, head without a pipeline; 0 elsewhere."""
-    kind = request.strategy.kind
-    if kind not in (StrategyKind.fsdp_full_shard, StrategyKind.hsdp) or request.parallel.pp > 1:
-        return 0
-    if not _runs_units_in_order(request):
-        return 0
-    units = rank_parameter_units(request)
-    blocks = [i for i, unit in enumerate(units) if unit.name.startswith("block.")]
+    blocks = _sharded_blocks_in_order(request)
     if not blocks:
         return 0
     eb = element_bytes(request.training.precision, request.convention)
@@ -513,22 +519,15 @@ def block_copy_buffer_bytes(request: PlanRequest) -> int:
 def root_gather_buffer_bytes(request: PlanRequest) -> int:
     """PeakTerms.root_gather_buffers: the root unit's flat all-gather buffer and its copied-out
     parameters, twice its gathered bytes, where it is gathered again for the backward; else 0."""
-    kind = request.strategy.kind
-    if kind not in (StrategyKind.fsdp_full_shard, StrategyKind.hsdp) or request.parallel.pp > 1:
-        return 0
-    if not _runs_units_in_order(request) or fsdp_separates_embedding_and_head(request):
-        return 0
-    if fsdp1_root_stays_gathered(request):
+    blocks = _sharded_blocks_in_order(request)
+    if not blocks or fsdp_separates_embedding_and_head(request) or fsdp1_root_stays_gathered(request):
         return 0
     training = request.training
     if training.framework is Framework.torchtitan and training.unchunked_loss:
         return 0
-    units = rank_parameter_units(request)
     eb = element_bytes(training.precision, request.convention)
     gathered = unit_gather_bytes(request, request.shard_group_size, eb.compute_parameter)
-    if not any(unit.name.startswith("block.") for unit in units):
-        return 0
-    return 2 * sum(n for unit, n in zip(units, gathered) if not unit.name.startswith("block."))
+    return 2 * sum(n for i, n in enumerate(gathered) if i not in blocks)
 
 
 # torch/optim/adam.py, _multi_tensor_adam: torch._foreach_sqrt(exp_avg_sqs) materialises one

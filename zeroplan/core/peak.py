@@ -35,17 +35,28 @@ from zeroplan.results import PeakMoment
 # shards of every unit whose backward ran before it (PeakTerms.first_layer_gradients).
 def peak_moments(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: int) -> dict[PeakMoment, MomentBytes]:
     """Every moment's live bytes, split into gradients, buffers (and workspace) and the rest."""
+    loss, blocks, first_layer, backward_end, step = _moment_pieces(states, moments, grad_accum_steps)
+    return {
+        PeakMoment.loss_backward: loss,
+        PeakMoment.block_backward: max(blocks, key=lambda piece: piece.total),
+        PeakMoment.first_layer_backward: max(first_layer, key=lambda piece: piece.total),
+        PeakMoment.backward_end: backward_end,
+        PeakMoment.optimizer_step: step,
+    }
+
+
+def _moment_pieces(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: int) -> tuple[
+        MomentBytes, tuple[MomentBytes, ...], tuple[MomentBytes, ...], MomentBytes, MomentBytes]:
+    """The loss's backward, a block's backward in its pieces, the first layer's in its pieces,
+    the backward's end and the optimizer step: what peak_moments and moment_totals both read."""
     accumulated, resident, held = backward_bases(states, moments, grad_accum_steps)
     backward_end_buffers = moments.transient_buffers if moments.backward_end_buffers is None else moments.backward_end_buffers
     backward_end_gradients = states.gradient_bytes if moments.backward_end_gradients is None else moments.backward_end_gradients
-    return {
-        PeakMoment.loss_backward: MomentBytes(resident + moments.activations + moments.logits, accumulated, held),
-        PeakMoment.block_backward: max(block_pieces(moments, accumulated, resident, held), key=lambda piece: piece.total),
-        PeakMoment.first_layer_backward: max(first_layer_pieces(moments, accumulated, resident, held),
-                                             key=lambda piece: piece.total),
-        PeakMoment.backward_end: MomentBytes(resident, backward_end_gradients, held + backward_end_buffers),
-        PeakMoment.optimizer_step: MomentBytes(resident + moments.step_temporary, states.gradient_bytes, moments.resident_buffers),
-    }
+    return (MomentBytes(resident + moments.activations + moments.logits, accumulated, held),
+            block_pieces(moments, accumulated, resident, held),
+            first_layer_pieces(moments, accumulated, resident, held),
+            MomentBytes(resident, backward_end_gradients, held + backward_end_buffers),
+            MomentBytes(resident + moments.step_temporary, states.gradient_bytes, moments.resident_buffers))
 
 
 def backward_bases(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: int) -> tuple[int, int, int]:
@@ -243,10 +254,6 @@ def moment_totals(states: ModelStateBytes, terms: PeakTerms, grad_accum_steps: i
     """Every moment's bytes (TOTAL_MOMENTS), the first layer's once per piece of it
     (first_layer_pieces), the loss's once per piece of the loss (each affine in the micro-batch,
     as PeakTerms.logits_pieces says; their maximum is not)."""
-    alive = peak_moments(states, terms, grad_accum_steps)
-    loss = alive[PeakMoment.loss_backward].total
-    bases = backward_bases(states, terms, grad_accum_steps)
-    totals = [piece.total for piece in block_pieces(terms, *bases)]
-    totals += [piece.total for piece in first_layer_pieces(terms, *bases)]
-    totals += [alive[PeakMoment.backward_end].total, alive[PeakMoment.optimizer_step].total]
-    return totals + [loss - terms.logits + piece for piece in terms.logits_pieces or (terms.logits,)]
+    loss, blocks, first_layer, backward_end, step = _moment_pieces(states, terms, grad_accum_steps)
+    totals = [piece.total for piece in (*blocks, *first_layer, backward_end, step)]
+    return totals + [loss.total - terms.logits + piece for piece in terms.logits_pieces or (terms.logits,)]
