@@ -47,6 +47,9 @@ def attention_class_of(row: PublishedThroughput) -> str:
     return row.attention_implementation.value
 
 
+# Kept per row (rows are frozen): each builds the row's whole request, and the fits ask it of
+# every other row once per row they score.
+@functools.lru_cache(maxsize=4096)
 def compiled_untimed_of(row: PublishedThroughput) -> bool:
     """The row compiled and its timed request does not (zeroplan.core.default_efficiency.compiled_untimed):
     a compile the planner times (zeroplan.core.compiled_time) is a modelled mechanism, and the HFU
@@ -54,6 +57,7 @@ def compiled_untimed_of(row: PublishedThroughput) -> bool:
     return row.compile and not row.request().training.compile
 
 
+@functools.lru_cache(maxsize=4096)
 def float8_class_of(row: PublishedThroughput) -> str | None:
     """The float8 recipe the row trained its linears under (zeroplan.core.default_efficiency.float8_class), None: bf16."""
     from zeroplan.core.default_efficiency import float8_class
