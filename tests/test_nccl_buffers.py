@@ -120,3 +120,61 @@ def test_the_header_gives_the_range_where_the_strategies_communicators_differ() 
     assert usable_text(report(78.75, 78.75), ByteUnit.GiB) == "78.8 GiB usable per GPU"
     assert usable_text(report(78.99, 78.16), ByteUnit.GiB) == "78.2-79.0 GiB usable per GPU (by strategy)"
     assert usable_text(report(), ByteUnit.GiB) == "79.2 GiB usable per GPU"
+
+
+def test_nvls_buffers_follow_the_nccl_release() -> None:
+    # v2.17.1-1 to v2.20.5-1 (nvls.cc ncclNvlsSetup): heads x 2 x 16 channels x (NCCL_BUFFSIZE
+    # 4 MiB + NVLS_MEM_ALIGN_SIZE 2 MiB); v2.21.5-1: 8 steps x 128 KiB + 2 MiB; v2.22.3-1 on: the
+    # chunks alone. NCCL before 2.17 has no NVLS.
+    assert nvls_bytes(8, (2, 19, 3)) == nvls_bytes(8, (2, 17, 1)) == 8 * 32 * 6 * MiB == 1536 * MiB
+    assert nvls_bytes(8, (2, 21, 5)) == 768 * MiB
+    assert nvls_bytes(8, (2, 22, 3)) == nvls_bytes(8) == 256 * MiB
+    assert nvls_bytes(8, (2, 14, 3)) == 0
+    assert nvls_bytes(4, (2, 19, 3)) == 768 * MiB
+
+
+def test_torch_releases_load_the_nccl_their_wheels_pin() -> None:
+    from zeroplan.core.nccl_release import NCCL_MODELLED, nccl_release
+
+    def nccl(torch: str | None):
+        return nccl_release(TrainingSpec(framework=Framework.hf, torch_release=torch))
+
+    assert nccl(None) == NCCL_MODELLED == (2, 28, 3)
+    assert [nccl(v) for v in ("1.13", "2.0.1", "2.1", "2.2.1", "2.3", "2.6", "2.7", "2.13")] == [
+        (2, 14, 3), (2, 14, 3), (2, 18, 1), (2, 19, 3), (2, 20, 5), (2, 20, 5), NCCL_MODELLED, NCCL_MODELLED]
+
+
+def _at_torch(request: PlanRequest, torch: str) -> PlanRequest:
+    return request.model_copy(update={"training": request.training.model_copy(update={"torch_release": torch})})
+
+
+def test_before_nccl_2_22_every_communicator_sets_up_nvls_at_initialisation() -> None:
+    # torch 2.2 (NCCL 2.19.3) on 8 H100s: FSDP's one communicator holds 2.19's NVLS buffers.
+    (only,) = communicators(_at_torch(_request(), "2.2"))
+    assert only.bytes == ring_bytes(8, 8, 16) + 1536 * MiB
+    # The world group runs barriers only (no NVLS call): NCCL 2.28 connects no NVLS for it, 2.19
+    # sets it up at initialisation all the same.
+    layout = _request(gpus=8, tp=2, accum=1)
+    world = {c.name: c for c in communicators(layout)}["world (barriers)"]
+    assert world.bytes == ring_bytes(8, 8, 16)
+    world_2_19 = {c.name: c for c in communicators(_at_torch(layout, "2.2"))}["world (barriers)"]
+    assert world_2_19.bytes == ring_bytes(8, 8, 16) + 1536 * MiB
+    # No multicast on A100 nodes; at most 2 GPUs of the communicator on the node: none either.
+    assert nccl_buffer_bytes(_at_torch(_request(gpu="a100-80gb"), "2.2")) == ring_bytes(8, 8, 16)
+    tp2 = {c.name: c for c in communicators(_at_torch(layout, "2.2"))}["tensor parallel"]
+    assert tp2.bytes == ring_bytes(2, 2, 16)
+    # NCCL 2.20 (torch 2.3) leaves out a communicator that spans nodes; 2.19 does not.
+    spans = _request(gpus=16)
+    assert nccl_buffer_bytes(_at_torch(spans, "2.3")) == ring_bytes(16, 8, 16)
+    assert nccl_buffer_bytes(_at_torch(spans, "2.2")) == ring_bytes(16, 8, 16) + 1536 * MiB
+
+
+def test_deepspeed_0_13_3_zero3_opens_the_default_group_beside_its_clone() -> None:
+    request = _request(Framework.hf, StrategyKind.zero3)
+    old = request.model_copy(update={"training": request.training.model_copy(update={"deepspeed_release": "0.13.3"})})
+    assert [c.name for c in communicators(request)] == ["data parallel"]
+    found = communicators(old)
+    assert [c.name for c in found] == ["data parallel", "world (ZeRO-3 parameter all-gathers)"]
+    # Both run NVLS-able collectives (reduce-scatter, all-gather) on the node's 8 H100s.
+    assert all(c.bytes == ring_bytes(8, 8, 16) + nvls_bytes(8) for c in found)
+    assert nccl_buffer_bytes(_at_torch(old, "2.2")) == 2 * (ring_bytes(8, 8, 16) + 1536 * MiB)

@@ -109,6 +109,7 @@ DEEPSPEED_KEYS: dict[tuple, DeepSpeedRun | ProbeRun] = {
        for strategy, nproc in DEEPSPEED_ACCUMULATING},
     ("offload-copies", 2): ProbeRun("offload_copies", 2, tuple(f"{stage}:{accum}" for stage, accum in OFFLOAD_COPIES)),
     ("hpz", 4): ProbeRun("hpz", 4, (str(HPZ),)),
+    ("groups", 2): ProbeRun("groups", 2, ()),
 }
 """test_deepspeed.py's runs by its keys."""
 DEEPSPEED_RUNS = list(DEEPSPEED_KEYS.values()) if importlib.util.find_spec("deepspeed") is not None else []

@@ -8,7 +8,7 @@ other on one process group. Starting torch and gloo costs far more than a micro 
 so the harness tests batch their runs. An entry {"name", "probe", "args"} instead runs one of
 the probes beside this file on the same process group with the arguments its own command
 line takes ("hpz": hpz_worker.py OUT HPZ; "offload_copies": offload_copies_worker.py OUT
-STAGE:ACCUM...). A failing run prints one line naming it; exit 1.
+STAGE:ACCUM...; "groups": groups_worker.py OUT). A failing run prints one line naming it; exit 1.
 """
 
 from __future__ import annotations
@@ -26,6 +26,10 @@ def _run_probe(probe: str, args: list[str]) -> None:
         import hpz_worker
 
         hpz_worker.write_record(args[0], int(args[1]))
+    elif probe == "groups":
+        import groups_worker
+
+        groups_worker.write_record(args[0])
     elif probe == "offload_copies":
         import offload_copies_worker
 

@@ -322,3 +322,18 @@ def test_offload_copies_match_deepspeed_to_the_parameter(runs) -> None:
                 # they come up and go down again: 2 x 2 B per element each, in the model.
                 assert measured["backward down"] == 2 * elements + 4 * elements
                 assert moved[Phase.backward] == measured["backward down"] + 2 * elements + (accum - 1) * 2 * 2 * elements
+
+
+@needs_deepspeed
+def test_the_saved_group_records_are_this_releases_engine(runs) -> None:
+    """tests/harness/groups_worker.py on the installed DeepSpeed (2 ranks) calls the same
+    collectives on the same groups as benchmarks/deepspeed-groups-records (tests/test_deepspeed_groups.py
+    checks the planner's communicators against those)."""
+    import importlib.metadata
+
+    saved = Path(__file__).resolve().parents[2] / "benchmarks" / "deepspeed-groups-records"
+    release = importlib.metadata.version("deepspeed")
+    for rank in range(2):
+        live = json.loads((runs[("groups", 2)] / f"rank{rank}.json").read_text())
+        recorded = json.loads((saved / release / f"rank{rank}.json").read_text())
+        assert live["calls"] == recorded["calls"] and live["group_sizes"] == recorded["group_sizes"]

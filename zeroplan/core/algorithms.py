@@ -119,6 +119,11 @@ def _nvls_efficiency(gpu: GpuSpec) -> float:
     return NVLS_EFFICIENCY.get(gpu.architecture, 0.0) if gpu.nvswitch else 0.0
 
 
+def multicast_capable(gpu: GpuSpec) -> bool:
+    """Whether the GPU's node gives NVLS its multicast objects (Hopper or newer behind NVSwitches)."""
+    return _nvls_efficiency(gpu) > 0
+
+
 def _sharp(gpu: GpuSpec) -> bool:
     return gpu.node_network is not None and gpu.node_network.sharp
 

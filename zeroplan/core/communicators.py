@@ -12,8 +12,9 @@ from functools import lru_cache
 
 from pydantic import ConfigDict, Field
 
-from zeroplan.core.algorithms import Algorithm, Layout, available_algorithms
+from zeroplan.core.algorithms import Algorithm, Layout, available_algorithms, multicast_capable
 from zeroplan.core.collective import CollectiveOp
+from zeroplan.core.nccl_release import connects_at_init, nccl_release
 from zeroplan.core.nccl_buffers import (
     nvls_bytes,
     p2p_channels,
@@ -25,6 +26,7 @@ from zeroplan.specs.base import Frozen
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
+from zeroplan.specs.training import StateConvention
 
 MEGATRON_PROFILES = (Framework.megatron, Framework.megatron_deepspeed)
 
@@ -72,9 +74,26 @@ def _ring(request: PlanRequest, name: str, sizes: tuple[int, ...], dims: tuple[i
     per_node = members_on_node(sizes, dims, request.cluster.gpus_per_node)
     channels = request.assumptions.nccl_channels
     held = ring_bytes(size, per_node, channels)
-    if nvls_op is not None and _runs_nvls(request, nvls_op, size, per_node):
-        held += nvls_bytes(per_node)
+    nccl = nccl_release(request.training)
+    if connects_at_init(nccl):
+        if _nvls_at_init(request, nccl, size, per_node):
+            held += nvls_bytes(per_node, nccl)
+    elif nvls_op is not None and _runs_nvls(request, nvls_op, size, per_node):
+        held += nvls_bytes(per_node, nccl)
     return Communicator(name=name, group_size=size, ranks_per_node=per_node, bytes=held)
+
+
+# Before v2.22.3-1 (zeroplan.core.nccl_release) ncclNvlsSetup ran at every communicator's
+# initialisation (v2.19.3-1 src/init.cc:1131), whatever collectives it would run, where
+# ncclNvlsInit found multicast support: NVLS_ENABLE's default 2 asks the device
+# (CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED: Hopper or newer behind NVSwitches) and the
+# communicator's topology holds more than 2 GPUs (v2.19.3-1 src/transport/nvls.cc:251, 262);
+# the 2.20 releases also left out communicators spanning nodes (v2.20.5-1 nvls.cc:240:
+# comm->nNodes > 1), which v2.21.5-1 let in again (:241).
+def _nvls_at_init(request: PlanRequest, nccl: tuple[int, int, int], size: int, per_node: int) -> bool:
+    if not multicast_capable(request.cluster.gpu) or per_node <= 2:
+        return False
+    return not (nccl[:2] == (2, 20) and size > per_node)
 
 
 # NCCL runs NVLS on Hopper (or newer) NVSwitch nodes where its tuning allows it
@@ -243,9 +262,34 @@ def _torchtitan(request: PlanRequest, sizes: tuple[int, ...]) -> list[Communicat
 # DDP (process_group None) and a one-dimensional DeviceMesh use the default group itself, so it is
 # the same communicator; Megatron's parallel_state makes every group with new_group, each its own.
 def _world(request: PlanRequest, sizes: tuple[int, ...]) -> Communicator | None:
+    if _deepspeed_gathers_on_world(request):
+        return _ring(request, "world (ZeRO-3 parameter all-gathers)", sizes, (0, 1, 2, 3), CollectiveOp.all_gather)
     if not _splits_world(request) and request.training.framework not in MEGATRON_PROFILES:
         return None
     return _ring(request, "world (barriers)", sizes, (0, 1, 2, 3))
+
+
+# DeepSpeed's ZeRO-3 without an mpu (hf: accelerate and transformers pass none) partitions the
+# parameters on the default group: zero.Init with no data_parallel_group takes
+# dist.get_world_group() (0.13.3 runtime/zero/partition_parameters.py:923-924, 0.19.8 :1094), as
+# does the engine for parameters zero.Init did not see (parameter_offload.py
+# _convert_to_zero_parameters: Init(data_parallel_group=None)), and each parameter's all-gather
+# runs on its ds_process_group. The engine's own data-parallel group is a clone
+# (utils/groups.py _get_data_parallel_group -> _clone_world_group: dist.new_group over every
+# rank), another process group and so another communicator. 0.13.3 reduce-scatters the gradients
+# and all-reduces their norm on that clone (runtime/zero/stage3.py:1343 __avg_scatter_grads, :1738
+# and :1759 on self.dp_process_group), so a step opens both; 0.19.8 reduce-scatters on the
+# parameters' own group (stage3.py:1916 _get_param_partition_group, the norms alike at :1991), so
+# its step runs on the default group alone, the one data-parallel communicator counted.
+# Measured on both releases' own engines (tests/harness/groups_worker.py, gloo). MiCS partitions
+# on its shard groups instead.
+def _deepspeed_gathers_on_world(request: PlanRequest) -> bool:
+    """Whether the parameters' all-gathers open a communicator of their own (the default group)
+    beside the data-parallel clone the gradients are reduced on: DeepSpeed 0.13.3's ZeRO-3 under hf."""
+    kind = request.strategy.kind
+    return (request.training.framework is Framework.hf and request.training.deepspeed_release == "0.13.3"
+            and kind.zero_stage == 3 and not kind.is_fsdp and kind is not StrategyKind.zero3_mics
+            and request.convention is StateConvention.deepspeed)
 
 
 def _splits_world(request: PlanRequest) -> bool:

@@ -1,10 +1,12 @@
 """Device memory one NCCL communicator holds outside PyTorch's caching allocator, read from NCCL's
-own source at v2.28.3-1 (the release zeroplan's algorithm model reads, zeroplan.core.algorithms).
+own source at v2.28.3-1 (the release zeroplan's algorithm model reads, zeroplan.core.algorithms;
+NVLS's buffers also at the earlier releases a torch release loads, zeroplan.core.nccl_release).
 Every term is a rank's share; docs/memory-model.md, "Memory outside the allocator". Nothing here
 imports torch."""
 
 from __future__ import annotations
 
+from zeroplan.core.nccl_release import NCCL_MODELLED, NVLS_CHUNKED_FROM, NVLS_FROM, RUNTIME_CONNECT_FROM
 from zeroplan.units import KiB, MiB
 
 # src/include/device.h:24 NCCL_STEPS 8: every protocol's buffer is NCCL_STEPS slots.
@@ -106,12 +108,30 @@ def p2p_channels_per_peer(channels: int, spans_nodes: bool, nvlink: bool) -> int
     return p2p_channels(channels)
 
 
+# src/transport/nvls.cc at v2.19.3-1:240 NVLS_MEM_ALIGN_SIZE (1 << 21): before v2.22.3-1 each NVLS
+# buffer carried this much more for its head and tail words (nvls.cc:355-356).
+NVLS_MEM_ALIGN_BYTES = 2 * MiB
+
+
 # src/transport/nvls.cc:335-337 (ncclNvlsBufferSetup): NVLS keeps, per head (one per local GPU:
 # search.cc:1014, at most NCCL_MAX_NVLS_ARITY), 2 x nvlsChannels buffers of NCCL_STEPS x
-# NVLS_CHUNKSIZE, allocated on first use of the NVLS algorithm (enqueue.cc:436).
-def nvls_bytes(ranks_per_node: int) -> int:
-    """A rank's device bytes of a communicator's NVLS buffers on a Hopper NVSwitch node."""
-    return ranks_per_node * 2 * NVLS_CHANNELS_SM90 * NCCL_STEPS * NVLS_CHUNK_BYTES
+# NVLS_CHUNKSIZE, allocated on first use of the NVLS algorithm (enqueue.cc:436). Earlier releases
+# (``nccl``, zeroplan.core.nccl_release) sized them in ncclNvlsSetup at initialisation:
+# v2.17.1-1 to v2.20.5-1 (v2.19.3-1 nvls.cc:320-323) as nHeads x nvlsChannels (16, :243) x 2 x
+# (NCCL_BUFFSIZE + NVLS_MEM_ALIGN_SIZE), v2.21.5-1 (:310-314) as nHeads x nvlsChannels x 2 x
+# (NCCL_STEPS x NVLS_CHUNKSIZE + NVLS_MEM_ALIGN_SIZE). The multicast granularity the size is
+# rounded up to (nvlsGetProperties, a driver query) is not modelled.
+def nvls_bytes(ranks_per_node: int, nccl: tuple[int, int, int] = NCCL_MODELLED) -> int:
+    """A rank's device bytes of a communicator's NVLS buffers on a Hopper NVSwitch node under
+    NCCL release ``nccl`` (0 before NVLS existed, v2.17.1-1)."""
+    if nccl < NVLS_FROM:
+        return 0
+    buffers = ranks_per_node * 2 * NVLS_CHANNELS_SM90
+    if nccl < NVLS_CHUNKED_FROM:
+        return buffers * (SIMPLE_BUFFER_BYTES + NVLS_MEM_ALIGN_BYTES)
+    if nccl < RUNTIME_CONNECT_FROM:
+        return buffers * (NCCL_STEPS * NVLS_CHUNK_BYTES + NVLS_MEM_ALIGN_BYTES)
+    return buffers * NCCL_STEPS * NVLS_CHUNK_BYTES
 
 
 def _pow2_up(value: int) -> int:

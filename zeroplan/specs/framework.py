@@ -55,7 +55,9 @@ HF_DEEPSPEED_RELEASES: tuple[str, ...] = ("0.19.8", "0.13.3")
 0.19.8 (the default) and 0.13.3, which stands for the earlier releases in the two respects that
 differ: its engine casts the whole module to 16 bits, peft's fp32 adapters included (every release
 before 0.19.2: zeroplan.core.finetune.activations.adapters_stay_fp32), and ZeRO-2 allocates its ipg
-bucket before the loss's backward (before 0.18.0: zeroplan.core.buffers.deepspeed_bucket_from_backward_start)."""
+bucket before the loss's backward (before 0.18.0: zeroplan.core.buffers.deepspeed_bucket_from_backward_start).
+Its ZeRO-3 also reduces the gradients on the engine's clone of the world group while the parameters
+gather on the default group, two NCCL communicators (zeroplan.core.communicators)."""
 """The torchtitan releases the profile models (TrainingSpec.torchtitan_release; None is the
 first, the profile's own)."""
 

@@ -238,7 +238,8 @@ class TrainingSpec(Frozen):
     """hf and zeroplan: the torch release the loop runs (MAJOR.MINOR[.PATCH], 1.7 to 2.13); None plans
     2.13. Before 2.0 zero_grad() zeroes the gradients in place instead of dropping them, so under
     DDP or one GPU they stay allocated through the next forward, and torch's Adam/AdamW step
-    tensor by tensor unless optimizer_loop says otherwise (zeroplan.core.torch_release)."""
+    tensor by tensor unless optimizer_loop says otherwise (zeroplan.core.torch_release). The NCCL its
+    wheels load decides NVLS's buffers outside the allocator (zeroplan.core.nccl_release)."""
     torchtitan_release: str | None = None
     """torchtitan only: the release whose FSDP2 wrapping and loss are planned, one of
     zeroplan.specs.framework.TORCHTITAN_RELEASES; None plans the profile's 0.3.0. "9dec370"
