@@ -30,6 +30,22 @@ Variants whose constant comes from a publication or a measurement (not from thes
   (benchmarks/gpu-step-profile-records: 35.85 ms of memory kernels against 17.98 predicted);
   on every row, then on llm-foundry's MPT rows only (the stack that runs them eager).
 
+- gemm-operand-traffic: each matrix product also moves its operands, A and B read and C written
+  (2 bytes each, bf16), at the GPU's copy bandwidth (zeroplan.core.roofline.ceilings, the rate the
+  memory-bound kernels are timed at), added to its math rather than hidden under it: the additive
+  roofline, t = FLOPs / (peak x HFU) + bytes / bandwidth. Its share of a product's time is about
+  ridge x (1/M + 1/N + 1/K) with ridge = (peak x HFU) / bandwidth, so a narrow model's products
+  (MPT-760M: h 1,536) pay several times a wide one's (h 8,192), and H100 (ridge 272 FLOP/byte)
+  more than A100 (151 on the 80GB, 198 on the 40GB). Every block product on the rank (q/k/v, output, MLP up (and gate),
+  down; its share of tensor-parallel widths), forward, recomputed forward (the recomputed share
+  of the forward FLOPs), data gradient and weight gradient, per micro-batch, and the output
+  head's three without pipeline parallelism; no constant, nothing fitted. A diagnostic of the
+  misses' width scaling (a per-token cost in proportion to h, where the FLOPs go as h^2), not a
+  measured mechanism: the H200 profile (docs/validation.md, "Step time, kernel by kernel") timed
+  the products of a 2,048-wide model at 8,192 tokens within 0-3 % of the matmul ceiling, where
+  this variant adds 15 % to them (ridge 189 FLOP/byte there; H100 272, A100 80GB 151, A100 40GB 198).
+  gemm-operand-traffic+contention: that and the contention variant together.
+
 Exploratory, constants picked by hand and so in sample (labelled so; never a shipped figure):
 
 - gemm-k: a matrix product of inner dimension K runs at K / (K + K0) of the HFU (a fixed
@@ -61,6 +77,8 @@ VARIANTS = {
     "contention": f"compute slowed {OVERLAP_SLOWDOWN:.1%} under overlapped collectives",
     "eager-memory-x2": f"memory-bound kernels x{EAGER_MEMORY_FACTOR:.2f}, every row",
     "eager-memory-x2-mpt": f"memory-bound kernels x{EAGER_MEMORY_FACTOR:.2f}, llm-foundry's MPT rows",
+    "gemm-operand-traffic": "GEMM operands at the copy bandwidth, not hidden under the math (no constant)",
+    "gemm-operand-traffic+contention": "GEMM operands at the copy bandwidth and compute slowed under overlap",
     "gemm-k768": "GEMM K/(K+768), both generations (exploratory, in sample)",
     "gemm-k256-1024": "GEMM K/(K+K0), K0 A100 256, H100 1024 (exploratory, in sample)",
     "gemm-k128-1536": "GEMM K/(K+K0), K0 A100 128, H100 1536 (exploratory, in sample)",
@@ -161,6 +179,49 @@ def _patch_gemm(k0_ampere: float, k0_hopper: float) -> None:
     timing.compute_time_s = patched
 
 
+def gemm_operand_bytes(request) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """(forward, backward with recomputation) bytes of the matrix products' operands on one rank
+    per step: A and B read, C written, 2 bytes an element."""
+    model, tp, batch = request.model, request.parallel.tp, request.batch
+    tokens = batch.micro_batch_size * batch.seq_len / request.parallel.cp
+    h, f = model.hidden_size, model.ffn_hidden_size
+    # (inner K, outer N) of each block weight on one rank: column-parallel q/k/v, up (and gate), row-parallel o and down.
+    weights = [(h, (model.q_size + 2 * model.kv_size) / tp), (model.q_size / tp, h)]
+    weights += [(h, f / tp)] * (2 if model.mlp.gated else 1) + [(f / tp, h)]
+
+    def moved(m: float, n: float, k: float) -> float:
+        return 2.0 * (m * k + k * n + m * n)
+
+    layers = model.num_layers / request.parallel.pp
+    forward = layers * sum(moved(tokens, n, k) for k, n in weights)
+    # data gradient (M x K from M x N and N x K) and weight gradient (K x N from K x M and M x N): the same three sizes
+    backward = 2 * forward
+    if request.parallel.pp == 1:
+        head = moved(tokens, model.vocab_size / tp, h)
+        forward, backward = forward + head, backward + 2 * head
+    return forward, backward
+
+
+def _patch_gemm_operand_traffic() -> None:
+    import zeroplan.core.timing as timing
+    from zeroplan.core.roofline.ceilings import gpu_ceilings, times_memory_bound
+
+    compute = timing.compute_time_s
+
+    def patched(flops, request):  # type: ignore[no-untyped-def]
+        forward_s, backward_s = compute(flops, request)
+        if request.performance.compute_model == "roofline" or not times_memory_bound(request):
+            return forward_s, backward_s
+        bandwidth = gpu_ceilings(request.cluster.gpu).memory_bytes_per_s
+        forward, backward = gemm_operand_bytes(request)
+        recomputed_share = flops.recompute_flops / flops.forward_flops if flops.forward_flops else 0.0
+        accumulation = request.batch.grad_accum_steps
+        return (forward_s + accumulation * forward / bandwidth,
+                backward_s + accumulation * (backward + recomputed_share * forward) / bandwidth)
+
+    timing.compute_time_s = patched
+
+
 def apply(variant: str) -> None:
     if variant == "recompute-forward-rate":
         _patch_recompute_forward_rate()
@@ -168,6 +229,11 @@ def apply(variant: str) -> None:
         _patch_contention()
     elif variant.startswith("eager-memory-x2"):
         _patch_memory(EAGER_MEMORY_FACTOR, variant.endswith("-mpt"))
+    elif variant == "gemm-operand-traffic":
+        _patch_gemm_operand_traffic()
+    elif variant == "gemm-operand-traffic+contention":
+        _patch_gemm_operand_traffic()
+        _patch_contention()
     elif variant == "gemm-k768":
         _patch_gemm(768, 768)
     elif variant == "gemm-k256-1024":
