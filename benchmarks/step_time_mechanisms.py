@@ -6,7 +6,7 @@ anchor, scored on the source's other rows), the anchor floor (how many of a sour
 meet the target as its anchor: a diagnostic of the model's spread within the source) and the
 fitted default's leave-one-source-out figures are printed beside the planner as it is.
 
-    python benchmarks/step_time_mechanisms.py            # every variant, ~4 min
+    python benchmarks/step_time_mechanisms.py            # every variant, ~10 min on 2 cores
     python benchmarks/step_time_mechanisms.py --variant contention
 
 Variants whose constant comes from a publication or a measurement (not from these rows):
