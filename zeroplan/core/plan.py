@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
+from typing import NamedTuple, TypeVar
 
 from zeroplan.core.activations import activation_bytes, backward_workspace_bytes, layer_bytes, logits_bytes
 from zeroplan.core.buffers import (
@@ -557,18 +558,48 @@ def plan(request: PlanRequest, largest_micro_batch: bool = True, timed: bool = T
     ``largest_micro_batch`` the largest micro-batch that fits is not searched (None); without
     ``timed`` the step is not timed (StrategyPlan.time None: fit's verdict for a suggestion reads
     neither)."""
+    return _plan_at_peak(peak_rank_memory(request), largest_micro_batch, timed)
+
+
+class PeakRankMemory(NamedTuple):
+    """The memory half of a plan: the pipeline rank whose peak is highest (the request itself
+    without a pipeline), its breakdown and model states, and the verdict on them."""
+
+    request: PlanRequest
+    """The request at the peak rank."""
+    breakdown: MemoryBreakdown
+    states: ModelStateBytes
+    rank_peaks: tuple[int, ...]
+    """Every pipeline rank's peak, rank 0 first; () without a pipeline."""
+    usable_bytes: int
+    fits: bool
+    """StrategyPlan.fits."""
+    host_fits: bool | None
+    """StrategyPlan.host_fits."""
+
+
+def peak_rank_memory(request: PlanRequest) -> PeakRankMemory:
+    """plan()'s memory and verdict for the request, without its collectives, step time and
+    largest micro-batch (fit's suggestion asks every strategy this first: a candidate change
+    where none fits needs nothing more)."""
     rank_peaks: tuple[int, ...] = ()
-    reason = ""
     ranks = pipeline_rank_breakdowns(request)
     peak_rank = max(range(len(ranks)), key=lambda rank: ranks[rank][0].peak_bytes)
     breakdown, states = ranks[peak_rank]
     if request.parallel.pp > 1:
         rank_peaks = tuple(b.peak_bytes for b, _ in ranks)
         request = request.at_pipeline_rank(peak_rank)
-        reason = peak_rank_reason(request)
     # Feasibility: allocated peak + allocator reserve against capacity less the CUDA context
     # and NCCL buffers (docs/frameworks.md, "Feasibility").
     usable = usable_memory_bytes(request)
+    return PeakRankMemory(request, breakdown, states, rank_peaks, usable, breakdown.peak_bytes <= usable,
+                          host_memory_fits(request, states.host_bytes))
+
+
+def _plan_at_peak(memory: PeakRankMemory, largest_micro_batch: bool, timed: bool) -> StrategyPlan:
+    """plan() from its memory half."""
+    request, breakdown, states, usable = memory.request, memory.breakdown, memory.states, memory.usable_bytes
+    reason = peak_rank_reason(request) if request.parallel.pp > 1 else ""
     host_per_node = states.host_bytes * request.cluster.gpus_per_node
     step_collectives = tuple(collectives(request))
     return StrategyPlan.trusted(
@@ -578,13 +609,13 @@ def plan(request: PlanRequest, largest_micro_batch: bool = True, timed: bool = T
         micro_batch_size=request.batch.micro_batch_size,
         memory=breakdown,
         usable_memory_bytes=usable,
-        fits=breakdown.peak_bytes <= usable,
+        fits=memory.fits,
         borderline=is_borderline(breakdown.peak_bytes, usable, error_band(request.batch.varying_lengths is not None)),
         headroom_bytes=usable - breakdown.peak_bytes,
         max_micro_batch_size=max_micro_batch_size(request) if largest_micro_batch else None,
         host_bytes_per_rank=states.host_bytes,
         host_bytes_per_node=host_per_node,
-        host_fits=host_memory_fits(request, states.host_bytes),
+        host_fits=memory.host_fits,
         nvme_bytes_per_rank=nvme_bytes(request),
         collectives=step_collectives,
         sent_bytes_per_step=sum(c.sent_bytes_per_step for c in step_collectives),
@@ -592,7 +623,7 @@ def plan(request: PlanRequest, largest_micro_batch: bool = True, timed: bool = T
         # An encoder-decoder's step is not timed (zeroplan.core.timing.step_time refuses it).
         time=step_time(request, step_collectives) if timed and not request.model.is_encoder_decoder else None,
         parallel=request.parallel,
-        pipeline_rank_peak_bytes=rank_peaks,
+        pipeline_rank_peak_bytes=memory.rank_peaks,
         peak_rank_reason=reason,
     )
 
@@ -783,14 +814,13 @@ def allocator_caution(requests: dict[StrategyKind, PlanRequest], plans: tuple[St
     return caution + '; without --flat-reserve the verdict is the allocator model\'s (docs/validation.md).'
 
 
-def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | None = None, *,
-        suggest: bool = True, largest_micro_batch: bool = True, timed: bool = True) -> FitReport:
-    """Plan ``base`` under each strategy; the strategy in ``base`` supplies the knobs. None
-    plans every strategy the request's framework runs (all of them for zeroplan and hf). When
-    nothing fits and ``suggest``, the verdict names the smallest change that fits
-    (zeroplan.core.suggest). Without ``largest_micro_batch`` no plan searches its largest
-    micro-batch (StrategyPlan.max_micro_batch_size None); without ``timed`` none is timed
-    (StrategyPlan.time None)."""
+_Answer = TypeVar("_Answer")
+
+
+def _fit_strategies(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | None,
+                    ) -> tuple[tuple[StrategyKind | StrategySpec, ...], bool]:
+    """The strategies fit plans for ``base`` (its framework's own list where None, checked
+    against the framework) and whether the caller named them."""
     framework = base.training.framework
     given = strategies is not None
     if strategies is None:
@@ -812,7 +842,18 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | N
     check_framework_strategies(
         framework, tuple(s.kind if isinstance(s, StrategySpec) else StrategyKind(s) for s in strategies), base.cluster.world_size,
     )
-    plans, requests, left_out = [], {}, []
+    return strategies, given
+
+
+def _each_strategy(base: PlanRequest, strategies: tuple[StrategyKind | StrategySpec, ...], given: bool,
+                   answer: Callable[[PlanRequest], _Answer],
+                   ) -> tuple[list[_Answer], dict[StrategyKind, PlanRequest], list[tuple[str, ZeroplanError]]]:
+    """``answer`` of ``base`` under each strategy, in order, each asked as soon as its request
+    is made (so the first refusal met is the one raised); the requests by kind (the last of a
+    kind named twice, for allocator_caution); and the default list's strategies that cannot
+    apply, each with its refusal. Refuses a named strategy that cannot apply, and raises the
+    first refusal left out when none applies."""
+    answers, requests, left_out = [], {}, []
     for strategy in strategies:
         spec = strategy if isinstance(strategy, StrategySpec) else base.strategy.model_copy(update={"kind": StrategyKind(strategy)})
         try:
@@ -825,24 +866,69 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | N
             # did not ask for it, so it leaves the table with its reason instead of refusing all.
             left_out.append((spec.kind.value, error))
             continue
-        plans.append(plan(requests[spec.kind], largest_micro_batch, timed))
-    if not plans and left_out:
+        answers.append(answer(requests[spec.kind]))
+    if not answers and left_out:
         raise left_out[0][1]
-    plans_tuple = tuple(plans)
-    recommended = recommend(plans_tuple)
-    verdict = _verdict(plans_tuple, recommended, base.cluster.host_memory_bytes_per_node, base.cluster.world_size == 1,
+    return answers, requests, left_out
+
+
+def _fit_verdict(base: PlanRequest, plans: tuple[StrategyPlan, ...],
+                 requests: dict[StrategyKind, PlanRequest]) -> tuple[StrategyKind | None, str, str]:
+    """fit's recommendation, its verdict (the caution included) and the caution alone, before
+    any suggestion."""
+    recommended = recommend(plans)
+    verdict = _verdict(plans, recommended, base.cluster.host_memory_bytes_per_node, base.cluster.world_size == 1,
                        error_band(base.batch.varying_lengths is not None))
-    caution = allocator_caution(requests, plans_tuple, recommended) if recommended is not None else ""
-    verdict += caution
+    caution = allocator_caution(requests, plans, recommended) if recommended is not None else ""
+    return recommended, verdict + caution, caution
+
+
+class SuggestionFit(NamedTuple):
+    """What smallest_change and fit's verdict read of a candidate change's fit."""
+
+    recommended: StrategyKind | None
+    verdict: str
+    """FitReport.verdict; '' where nothing fits (a suggestion never words a change that fits nothing)."""
+    allocator_caution: str
+
+
+def suggestion_fit(request: PlanRequest, strategies: tuple[StrategyKind | StrategySpec, ...] | None) -> SuggestionFit:
+    """fit(request, strategies, suggest=False, largest_micro_batch=False, timed=False)'s
+    recommendation, verdict and caution, which is all a suggestion reads (recommend, _verdict
+    and allocator_caution read no largest micro-batch and no step time), its verdict left
+    unworded where nothing fits. Every strategy's memory and verdict come first, as plan()
+    finds them (peak_rank_memory); only where one fits (its host memory too) are the plans
+    completed (collectives and the rest) for the verdict: a candidate change that fits
+    nothing (most of the doubled GPU counts tried) costs no collectives. Refuses as fit does,
+    but where nothing fits a refusal from the collectives is not reached: either way the
+    suggestion passes the change over (smallest_change)."""
+    strategies, given = _fit_strategies(request, strategies)
+    memories, requests, _ = _each_strategy(request, strategies, given, peak_rank_memory)
+    if not any(memory.fits and memory.host_fits is not False for memory in memories):
+        return SuggestionFit(None, "", "")
+    plans = tuple(_plan_at_peak(memory, False, False) for memory in memories)
+    return SuggestionFit(*_fit_verdict(request, plans, requests))
+
+
+def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | None = None, *,
+        suggest: bool = True, largest_micro_batch: bool = True, timed: bool = True) -> FitReport:
+    """Plan ``base`` under each strategy; the strategy in ``base`` supplies the knobs. None
+    plans every strategy the request's framework runs (all of them for zeroplan and hf). When
+    nothing fits and ``suggest``, the verdict names the smallest change that fits
+    (zeroplan.core.suggest). Without ``largest_micro_batch`` no plan searches its largest
+    micro-batch (StrategyPlan.max_micro_batch_size None); without ``timed`` none is timed
+    (StrategyPlan.time None)."""
+    strategies, given = _fit_strategies(base, strategies)
+    plans, requests, left_out = _each_strategy(base, strategies, given,
+                                               lambda request: plan(request, largest_micro_batch, timed))
+    plans_tuple = tuple(plans)
+    recommended, verdict, caution = _fit_verdict(base, plans_tuple, requests)
     suggested_change, suggested_recommendation = "", None
     if recommended is None and suggest:
         # The strategies the user named stay the ones tried; else each retry plans every
         # strategy its framework runs on its GPUs.
         kept = strategies if given else None
-        # A suggestion's table is not shown: its verdict (recommend, _verdict, allocator_caution)
-        # reads no largest micro-batch and no step time, so neither is computed.
-        found = smallest_change(base, lambda request: fit(request, kept, suggest=False, largest_micro_batch=False,
-                                                          timed=False))
+        found = smallest_change(base, lambda request: suggestion_fit(request, kept))
         if found is not None:
             suggested_change, suggested = found
             suggested_recommendation = suggested.recommended

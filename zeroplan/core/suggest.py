@@ -14,7 +14,8 @@ from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.training import ActivationCheckpointing
 
 MAX_GPU_DOUBLINGS = 6
-"""More GPUs are tried up to 2^6 = 64 times the request's (each a full fit of every strategy)."""
+"""More GPUs are tried up to 2^6 = 64 times the request's (each every strategy's memory and
+verdict, the rest of the plans only where one fits: core.plan.suggestion_fit)."""
 
 
 def _with_training(base: PlanRequest, **update) -> PlanRequest | None:
@@ -42,8 +43,9 @@ def smallest_change(base: PlanRequest, fit: Callable[[PlanRequest], object]) -> 
     """The first change that makes a strategy fit (its flags) and the fit's report; None when
     none of the candidates does. A change whose recommendation the caching-allocator model finds running
     out of memory (FitReport.allocator_caution) is passed over for the next, and given only
-    when no later candidate fits without one. ``fit`` plans a request (every strategy its
-    framework runs) without suggesting anything itself."""
+    when no later candidate fits without one. ``fit`` answers a request (every strategy its
+    framework runs) without suggesting anything itself: its recommendation, verdict and
+    allocator_caution, as FitReport names them (core.plan.suggestion_fit)."""
     cautioned: list[tuple[str, object]] = []
 
     def answer(change: str, request: PlanRequest | None) -> tuple[str, object] | None:
