@@ -9,7 +9,9 @@ from pydantic import BaseModel
 from pydantic._internal._model_construction import make_hash_func
 
 from zeroplan.core.algorithms import collective_cost
-from zeroplan.core.communication import _data_parallel_collectives, data_parallel_collectives
+from zeroplan.core.communication import (
+    _data_parallel_collectives, _scheduled_data_parallel_collectives, collectives, data_parallel_collectives,
+)
 from zeroplan.core.layout import element_bytes
 from zeroplan.core.memo import BatchView, UnkeyedRead, batch_keyed, request_keyed
 from zeroplan.core.parallel.activations import MicroBatchBytes, _chunk_bytes, _of_sequences, chunk_request, micro_batch_bytes
@@ -19,6 +21,7 @@ from zeroplan.core.parallel.units import _request_units, rank_parameter_units
 from zeroplan.core.plan import _micro_batch_terms, _recent_peak_terms, _state_terms, micro_batch_terms, plan, reference_activations
 from zeroplan.core.profiles import framework_strategies
 from zeroplan.core.roofline.step import _request_memory_seconds
+from zeroplan.core.timing import _batch_free_terms
 from zeroplan.presets.gpus import get_gpu
 from zeroplan.presets.models import get_model
 from zeroplan.specs import (
@@ -179,7 +182,7 @@ def test_the_planner_reads_no_batch_field_its_caches_leave_out() -> None:
     """The caches hold for the planner's own requests (none falls back to the uncached
     function): every strategy of three frameworks' stacks, planned."""
     caches = (_state_terms, _data_parallel_collectives, collective_cost, _chunk_bytes, _of_sequences, _recent_peak_terms,
-              _micro_batch_terms, _request_memory_seconds)
+              _micro_batch_terms, _request_memory_seconds, _scheduled_data_parallel_collectives, _batch_free_terms)
     before = [cache.fallbacks for cache in caches]
     for framework in (Framework.zeroplan, Framework.megatron, Framework.torchtitan):
         request = PlanRequest(model=get_model("llama-3.1-8b"), training=TrainingSpec(framework=framework),
@@ -306,3 +309,21 @@ def test_a_requests_own_memory_passes_share_across_micro_batches_and_key_on_the_
     cached, uncached = _warm_then_other(_request_memory_seconds, request, accumulating)
     assert cached == uncached and cached[0] != cached[1]
     assert _request_memory_seconds.fallbacks == before
+
+
+def test_a_steps_batch_free_terms_share_across_micro_batches_and_key_on_the_accumulation() -> None:
+    """The step's collectives in their phases and its terms that do not change with the batch's
+    shape (collective prices, host copies, the CPU step, the pipeline bubble, the HFU): one
+    answer for a strategy's micro-batches and sequences, another with another accumulation."""
+    befores = (_scheduled_data_parallel_collectives.fallbacks, _batch_free_terms.fallbacks)
+    request = _request(StrategyKind.zero2_offload, micro_batch_size=2)
+    other_shape = _request(StrategyKind.zero2_offload, micro_batch_size=5, seq_len=4096)
+    assert _scheduled_data_parallel_collectives(request) is _scheduled_data_parallel_collectives(other_shape)
+    step_collectives = tuple(collectives(request))
+    assert _batch_free_terms(request, step_collectives) is _batch_free_terms(other_shape, step_collectives)
+    accumulating = request.model_copy(update={"batch": request.batch.model_copy(update={"grad_accum_steps": 4})})
+    cached, uncached = _warm_then_other(_scheduled_data_parallel_collectives, request, accumulating)
+    assert cached == uncached
+    cached, uncached = _warm_then_other(_batch_free_terms, request, accumulating, step_collectives)
+    assert cached == uncached and cached[0] != cached[1]
+    assert (_scheduled_data_parallel_collectives.fallbacks, _batch_free_terms.fallbacks) == befores

@@ -13,6 +13,7 @@ from zeroplan.core.deepspeed_offload_time import (
     deepspeed_offload_transfer_bytes, host_pass_bytes_per_element, models_offload_time, parameter_copy_in_cpu_step_bytes,
 )
 from zeroplan.core.layout import element_bytes
+from zeroplan.core.memo import batch_keyed
 from zeroplan.core.model_states import held_elements, shard_layout
 from zeroplan.core.nvme import nvme_traffic
 from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise
@@ -343,7 +344,11 @@ def compute_time_s(flops: StepFlops, request: PlanRequest) -> tuple[float, float
 
         step = roofline_step(request)
         return step.forward_s, step.backward_s
-    rate = executed_flops_per_s(request)
+    return _flat_compute_time_s(flops, request, executed_flops_per_s(request))
+
+
+def _flat_compute_time_s(flops: StepFlops, request: PlanRequest, rate: float) -> tuple[float, float]:
+    """compute_time_s under the flat-HFU model, ``rate`` the request's executed_flops_per_s."""
     if request.performance.attention_rate == "matmul":
         forward, backward = flops.forward_flops / rate, flops.backward_flops / rate
     else:
@@ -475,17 +480,19 @@ def rank_flops(request: PlanRequest) -> StepFlops:
                      attention_backward_flops=flops.attention_backward_flops / ranks)
 
 
-def step_time(request: PlanRequest, collectives: tuple[Collective, ...]) -> StepTime:
+# The step's collectives (each carries its sizes), host copies, CPU optimizer step, NVMe traffic,
+# pipeline bubble share and HFU read of the batch its accumulation alone: kept per request with
+# its batch cut to that (zeroplan.core.memo: a read of another batch field is answered uncached),
+# so the micro-batches and sequences of one strategy (fit, a sweep, the largest micro-batch
+# search) share them and step_time computes only what the batch's shape changes.
+@batch_keyed("grad_accum_steps")
+def _batch_free_terms(request: PlanRequest, collectives: tuple[Collective, ...]) -> tuple:
+    """step_time's terms that do not change with the micro-batch or the sequence, in its order:
+    (collective costs, non-blocking collective seconds by phase, blocking seconds, host seconds
+    by phase, communication seconds, host seconds, CPU step seconds, NVMe seconds, NVMe seconds
+    by phase as exposed, bubble fraction, flat-HFU model, HFU and executed_flops_per_s or None)."""
     from zeroplan.core.parallel.pipeline import bubble_fraction
 
-    if request.model.is_encoder_decoder:
-        # The FLOPs and the roofline's operations are one stack's at one length (zeroplan.core.flops,
-        # zeroplan.core.roofline): an encoder-decoder's memory is planned, its step is not timed.
-        raise ZeroplanError("model", f"{request.model.name} is an encoder-decoder, whose step time is not modelled "
-                                     "(its memory is; allowed: a model with one stack for step times and the plan search)")
-
-    flops = rank_flops(request)
-    forward_s, backward_s = compute_time_s(flops, request)
     by_phase = {phase: 0.0 for phase in Phase}
     costs = tuple(collective_cost(request, collective) for collective in collectives)
     blocking_s = 0.0
@@ -499,6 +506,33 @@ def step_time(request: PlanRequest, collectives: tuple[Collective, ...]) -> Step
     communication_s = sum(by_phase.values()) + blocking_s
     host_s = sum(host_by_phase.values())
     cpu_s = cpu_optimizer_time_s(request)
+    nvme_by_phase = nvme_time_by_phase(request) if request.strategy.kind.optimizer_on_nvme else None
+    nvme_s = sum(nvme_by_phase.values()) if nvme_by_phase else 0.0
+    nvme_exposed = None
+    if nvme_by_phase is not None:
+        nvme_exposed = {**nvme_by_phase, Phase.step: nvme_step_exposed_s(request, nvme_by_phase[Phase.step], cpu_s)}
+    bubble = float(bubble_fraction(request.parallel, request.batch.grad_accum_steps))
+    flat = request.performance.compute_model != "roofline"
+    from zeroplan.core.default_efficiency import effective_hfu
+
+    hfu = effective_hfu(request) if flat else None
+    # executed_flops_per_s, from the same HFU.
+    rate = None if hfu is None else request.cluster.gpu.peak_bf16_flops_per_s * hfu
+    return (costs, by_phase, blocking_s, host_by_phase, communication_s, host_s, cpu_s, nvme_s, nvme_exposed, bubble,
+            flat, hfu, rate)
+
+
+def step_time(request: PlanRequest, collectives: tuple[Collective, ...]) -> StepTime:
+    if request.model.is_encoder_decoder:
+        # The FLOPs and the roofline's operations are one stack's at one length (zeroplan.core.flops,
+        # zeroplan.core.roofline): an encoder-decoder's memory is planned, its step is not timed.
+        raise ZeroplanError("model", f"{request.model.name} is an encoder-decoder, whose step time is not modelled "
+                                     "(its memory is; allowed: a model with one stack for step times and the plan search)")
+
+    flops = rank_flops(request)
+    (costs, by_phase, blocking_s, host_by_phase, communication_s, host_s, cpu_s, nvme_s, nvme_exposed, bubble, flat,
+     hfu, rate) = _batch_free_terms(request, tuple(collectives))
+    forward_s, backward_s = compute_time_s(flops, request) if rate is None else _flat_compute_time_s(flops, request, rate)
     gpu_optimizer_s = gpu_optimizer_time_s(request)
     # Forward gathers hide behind forward compute, backward collectives and gradient offload
     # behind backward compute (each link runs its own copies, so the slower one counts); what
@@ -507,21 +541,12 @@ def step_time(request: PlanRequest, collectives: tuple[Collective, ...]) -> Step
     # (DeepSpeed's default; its delayed parameter update, ZeRO-Offload sec. 5.2, is opt-in and
     # not modelled), so cpu_s adds to the step in full; the GPU's own optimizer step (roofline
     # model) likewise runs after the last gradient is reduced.
-    nvme_by_phase = nvme_time_by_phase(request) if request.strategy.kind.optimizer_on_nvme else None
-    nvme_s = sum(nvme_by_phase.values()) if nvme_by_phase else 0.0
-    nvme_exposed = None
-    if nvme_by_phase is not None:
-        nvme_exposed = {**nvme_by_phase, Phase.step: nvme_step_exposed_s(request, nvme_by_phase[Phase.step], cpu_s)}
     exposed = exposed_communication_s(forward_s, backward_s, by_phase, host_by_phase, nvme_s=nvme_exposed)
     # The pipeline idles a fraction of its busy time: compute and the collectives compute waits on.
-    bubble_s = float(bubble_fraction(request.parallel, request.batch.grad_accum_steps)) * (forward_s + backward_s + blocking_s)
+    bubble_s = bubble * (forward_s + backward_s + blocking_s)
     step_s = forward_s + backward_s + blocking_s + bubble_s + exposed + cpu_s + gpu_optimizer_s
     batch = request.batch
     tokens = batch.micro_batch_size * batch.grad_accum_steps * batch.seq_len / request.parallel.model_parallel_size
-    flat = request.performance.compute_model != "roofline"
-    from zeroplan.core.default_efficiency import effective_hfu
-
-    hfu = effective_hfu(request) if flat else None
     memory_bound_s = float(sum(memory_bound_time_s(request))) if flat else 0.0
     globals()["_last_memory_bound"] = _NO_MEMORY_BOUND
     # Built unvalidated (Frozen.trusted): every value is the planner's own, each float field's
