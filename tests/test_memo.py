@@ -18,7 +18,10 @@ from zeroplan.core.parallel.activations import MicroBatchBytes, _chunk_bytes, _o
 from zeroplan.core.parallel.collectives import _model_parallel_collectives, model_parallel_collectives
 from zeroplan.core.parallel.expert import moe_block_count
 from zeroplan.core.parallel.units import _request_units, rank_parameter_units
-from zeroplan.core.plan import _micro_batch_terms, _recent_peak_terms, _state_terms, micro_batch_terms, plan, reference_activations
+from zeroplan.core.plan import (
+    _micro_batch_terms, _one_rank_micro_batch_terms, _recent_peak_terms, _state_terms, micro_batch_terms, plan,
+    reference_activations,
+)
 from zeroplan.core.profiles import framework_strategies
 from zeroplan.core.roofline.step import _request_memory_seconds
 from zeroplan.core.timing import _batch_free_terms
@@ -142,7 +145,7 @@ def test_the_terms_are_shared_between_allocator_settings() -> None:
     """The model states, buffers and micro-batch terms do not read the allocator setting: a
     request under the flat reserve and under the caching-allocator model (either way round)
     share one answer, the one each computes uncached."""
-    caches = (_state_terms, _recent_peak_terms, _micro_batch_terms)
+    caches = (_state_terms, _recent_peak_terms, _micro_batch_terms, _one_rank_micro_batch_terms)
     before = [cache.fallbacks for cache in caches]
     for kind in (StrategyKind.zero3, StrategyKind.fsdp_full_shard, StrategyKind.ddp):
         flat = _request(kind, micro_batch_size=3).with_allocator_conf(None)
@@ -182,7 +185,8 @@ def test_the_planner_reads_no_batch_field_its_caches_leave_out() -> None:
     """The caches hold for the planner's own requests (none falls back to the uncached
     function): every strategy of three frameworks' stacks, planned."""
     caches = (_state_terms, _data_parallel_collectives, collective_cost, _chunk_bytes, _of_sequences, _recent_peak_terms,
-              _micro_batch_terms, _request_memory_seconds, _scheduled_data_parallel_collectives, _batch_free_terms)
+              _micro_batch_terms, _request_memory_seconds, _scheduled_data_parallel_collectives, _batch_free_terms,
+              _one_rank_micro_batch_terms)
     before = [cache.fallbacks for cache in caches]
     for framework in (Framework.zeroplan, Framework.megatron, Framework.torchtitan):
         request = PlanRequest(model=get_model("llama-3.1-8b"), training=TrainingSpec(framework=framework),
@@ -327,3 +331,20 @@ def test_a_steps_batch_free_terms_share_across_micro_batches_and_key_on_the_accu
     cached, uncached = _warm_then_other(_batch_free_terms, request, accumulating, step_collectives)
     assert cached == uncached and cached[0] != cached[1]
     assert (_scheduled_data_parallel_collectives.fallbacks, _batch_free_terms.fallbacks) == befores
+
+
+def test_one_ranks_micro_batch_terms_share_across_accumulation_counts_and_key_on_the_sequences() -> None:
+    """Without model parallelism the micro-batch terms are the sequences' own: one answer for
+    every accumulation count, the whole-batch cache's and the uncached function's; another micro-batch
+    or sequence length keys another."""
+    before = _one_rank_micro_batch_terms.fallbacks
+    for framework in (Framework.zeroplan, Framework.hf, Framework.torchtitan):
+        request = _request(micro_batch_size=2).model_copy(update={"training": TrainingSpec(framework=framework)})
+        accumulating = request.model_copy(update={"batch": request.batch.model_copy(update={"grad_accum_steps": 4})})
+        assert _one_rank_micro_batch_terms(request) is _one_rank_micro_batch_terms(accumulating)
+        assert micro_batch_terms(accumulating) == dict(_micro_batch_terms(accumulating)) == dict(_micro_batch_terms.uncached(request))
+        for other in (request.with_micro_batch(3), request.model_copy(
+                update={"batch": request.batch.model_copy(update={"seq_len": 1024})})):
+            cached, uncached = _warm_then_other(_one_rank_micro_batch_terms, request, other)
+            assert cached == uncached and cached[0] != cached[1]
+    assert _one_rank_micro_batch_terms.fallbacks == before

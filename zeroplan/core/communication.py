@@ -144,10 +144,11 @@ def collectives(request: PlanRequest) -> list[Collective]:
     return list(_scheduled_data_parallel_collectives(request)) + model_parallel_collectives(request)
 
 
-# The data-parallel collectives in their phases read what _data_parallel_collectives reads and
-# the overlap assumptions: the requests of one strategy at different micro-batches and sequences
-# share them (the same objects, whose prices core.algorithms.collective_cost keeps).
-@batch_keyed("grad_accum_steps", training_but=("activation_checkpointing",))
+# The data-parallel collectives in their phases read of the batch its accumulation alone: the
+# requests of one strategy at different micro-batches and sequences share them (the same
+# objects, whose prices core.algorithms.collective_cost keeps). The whole training keys them
+# (DeepSpeed's ZeRO-3 gathers read the checkpointing policy: deepspeed_coordinator.replays_gathers).
+@batch_keyed("grad_accum_steps")
 def _scheduled_data_parallel_collectives(request: PlanRequest) -> tuple[Collective, ...]:
     return tuple(scheduled(request, c) for c in data_parallel_collectives(request))
 

@@ -58,7 +58,7 @@ from zeroplan.specs.finetune import Quantization
 from zeroplan.specs.request import INT8_STRATEGIES, PlanRequest, check_compiled_layout
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.framework import Framework
-from zeroplan.specs.training import ActivationCheckpointing, StateConvention
+from zeroplan.specs.training import ActivationCheckpointing, BatchSpec, StateConvention
 
 MAX_MICRO_BATCH_SEARCH = 1 << 20
 """The largest micro-batch the search tries."""
@@ -128,6 +128,8 @@ def framework_activations(request: PlanRequest) -> tuple[int, int]:
 def micro_batch_terms(request: PlanRequest) -> dict[str, object]:
     """The PeakTerms fields that change with the micro-batch: activations, the loss's pieces and
     the workspace (the model states and buffers do not)."""
+    if request.parallel.is_trivial and not request.model.is_encoder_decoder:
+        return dict(_one_rank_micro_batch_terms(request))
     return dict(_micro_batch_terms(request))
 
 
@@ -156,6 +158,25 @@ def reference_engine(request: PlanRequest) -> tuple[tuple[str, object], ...] | N
 # fit's strategies share them, and a read of anything else of it is answered uncached).
 @batch_keyed(whole_batch=True, assumptions_but=ALLOCATOR_SETTING, strategy_view=reference_engine)
 def _micro_batch_terms(request: PlanRequest) -> tuple[tuple[str, object], ...]:
+    return _uncached_micro_batch_terms(request)
+
+
+SEQUENCE_FIELDS = tuple(name for name in BatchSpec.model_fields if name != "grad_accum_steps")
+"""The batch's fields but the accumulation: what a micro-batch's sequences are."""
+
+
+# Without tensor, context or pipeline parallelism a rank computes and keeps one micro-batch of
+# the whole model: its terms are those of the micro-batch's sequences
+# (zeroplan.core.parallel.activations._of_sequences), read of the batch without the accumulation,
+# so one cache keyed on the sequences serves every accumulation count (a read of it is answered
+# uncached) and the terms within need no cache of their own.
+@batch_keyed(*SEQUENCE_FIELDS, assumptions_but=ALLOCATOR_SETTING, strategy_view=reference_engine)
+def _one_rank_micro_batch_terms(request: PlanRequest) -> tuple[tuple[str, object], ...]:
+    """_micro_batch_terms of a request without model parallelism."""
+    return _uncached_micro_batch_terms(request)
+
+
+def _uncached_micro_batch_terms(request: PlanRequest) -> tuple[tuple[str, object], ...]:
     training = request.training
     if request.model.is_encoder_decoder:
         # An encoder and a decoder stack at their own lengths (zeroplan.core.encoder_decoder).
@@ -172,17 +193,21 @@ def _micro_batch_terms(request: PlanRequest) -> tuple[tuple[str, object], ...]:
                  + dora_weight_norm_bytes(request) + ring_attention_backward_extra_bytes(request)
                  + fairseq_softmax_backward_bytes(request) + hf_softmax_backward_bytes(request))
     logits_pieces: tuple[int, ...] = ()
+    # One rank's terms without model parallelism are the request's own (rank_activation_bytes,
+    # rank_logits_pieces), asked directly.
+    one_rank = request.parallel.is_trivial
     if training.framework is Framework.zeroplan:
         # The reference model's recomputed block stays with its activations at every moment.
-        activations = sum(rank_activation_bytes(request, reference_activations))
-        logits = max(rank_logits_pieces(request, reference_logits))
+        activations = sum(reference_activations(request) if one_rank else rank_activation_bytes(request, reference_activations))
+        logits = max(reference_logits(request) if one_rank else rank_logits_pieces(request, reference_logits))
     else:
         # The block a recomputing backward rebuilds is alive only in a block's backward: it
         # joins that moment's workspace, not the loss's moment (framework_recompute_bytes).
-        activations, recompute = rank_activation_bytes(request, framework_activations)
+        activations, recompute = (framework_activations(request) if one_rank
+                                  else rank_activation_bytes(request, framework_activations))
         # A loop that holds the model's output object keeps it through backward (zeroplan.core.kv_cache).
         activations += kept_outputs_bytes(request)
-        logits_pieces = rank_logits_pieces(request, framework_logits_pieces)
+        logits_pieces = framework_logits_pieces(request) if one_rank else rank_logits_pieces(request, framework_logits_pieces)
         logits = max(logits_pieces)
         workspace += recompute
     return (("activations", activations), ("logits", logits), ("workspace", workspace), ("logits_pieces", logits_pieces))
