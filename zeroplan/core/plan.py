@@ -27,6 +27,7 @@ from zeroplan.core.frameworks import (
 )
 from zeroplan.core.framework_loss import framework_logits_pieces, fsdp_head_gathered_bytes
 from zeroplan.core.fused_cross_entropy import fused_cross_entropy_bytes
+from zeroplan.core.hf_eager_backward import softmax_backward_extra_bytes as hf_eager_softmax_backward_bytes
 from zeroplan.core.kv_cache import kept_outputs_bytes
 from zeroplan.core.torch_release import check_torch_release, check_torch_release_strategy, zero_grad_zeroes
 from zeroplan.core.profiles import (
@@ -75,9 +76,7 @@ def fairseq_softmax_backward_bytes(request: PlanRequest) -> int:
 
 def hf_softmax_backward_bytes(request: PlanRequest) -> int:
     """transformers' eager softmax backward on CUDA (zeroplan.core.hf_eager_backward); 0 elsewhere."""
-    from zeroplan.core.hf_eager_backward import softmax_backward_extra_bytes
-
-    return softmax_backward_extra_bytes(request)
+    return hf_eager_softmax_backward_bytes(request)
 
 
 def _workspace(request: PlanRequest) -> int:

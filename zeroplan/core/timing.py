@@ -1,6 +1,8 @@
 """Step time: compute from FLOPs, communication from an alpha-beta model, host transfers for
 offload, and how much communication the compute hides. docs/communication-time.md derives it."""
 
+import functools
+
 from zeroplan.errors import ZeroplanError
 
 from zeroplan.core.algorithms import CollectiveTime, collective_cost
@@ -21,10 +23,11 @@ from zeroplan.core.parallel.units import rank_trainable_units
 from zeroplan.core.roofline.ceilings import times_memory_bound
 from zeroplan.core.roofline.optimizer import TORCH_ADAM_ACCESSES_PER_ELEMENT
 from zeroplan.specs.base import Frozen
-from zeroplan.specs.hardware import HostSpec
-from zeroplan.specs.request import PlanRequest
+from zeroplan.specs.hardware import GpuSpec, HostSpec
+from zeroplan.specs.model import ModelSpec
+from zeroplan.specs.request import PerformanceAssumptions, PlanRequest
 from zeroplan.specs.strategy import StrategyKind
-from zeroplan.specs.training import AttentionKernel, Optimizer
+from zeroplan.specs.training import AttentionKernel, Optimizer, TrainingSpec
 from zeroplan.units import FP32_BYTES
 
 
@@ -256,18 +259,30 @@ def attention_flops_per_s(request: PlanRequest, matmul_rate: float) -> float:
     generation and kernel the table has no row for)."""
     mode = request.performance.attention_rate
     if mode == "kernel":
-        from zeroplan.core.attention_rate import attention_rate_row, kernel_name
-
-        training = request.training
-        name = kernel_name(training.attention_kernel, training.attention_implementation)
-        row = attention_rate_row(request.cluster.gpu.architecture, name)
-        if row is None:
-            return matmul_rate
-        from zeroplan.core.attention_efficiency import attention_efficiency
-
-        return (row.relative_at(request.batch.seq_len, request.model.head_size, request.model.v_head_size)
-                * row.matmul_tflops * 1e12 * attention_efficiency(request, name))
+        rate = _kernel_attention_flops_per_s(request.model, request.cluster.gpu, request.training, request.performance,
+                                             request.batch.seq_len)
+        return matmul_rate if rate is None else rate
     return matmul_rate * attention_relative_rate(request)
+
+
+# The kernel's rate reads the model's head widths, the GPU generation, the kernel, the given
+# efficiency and the sequence alone: kept by them (every plan's step time asks, fit's strategies
+# and a sweep's micro-batches at the same few sequences).
+@functools.lru_cache(maxsize=256)
+def _kernel_attention_flops_per_s(model: ModelSpec, gpu: GpuSpec, training: TrainingSpec,
+                                  performance: PerformanceAssumptions, seq_len: int) -> float | None:
+    """attention_flops_per_s under 'kernel'; None where the table has no row for the GPU
+    generation and kernel (the matmul rate then)."""
+    from zeroplan.core.attention_rate import attention_rate_row, kernel_name
+
+    name = kernel_name(training.attention_kernel, training.attention_implementation)
+    row = attention_rate_row(gpu.architecture, name)
+    if row is None:
+        return None
+    from zeroplan.core.attention_efficiency import kernel_attention_efficiency
+
+    return (row.relative_at(seq_len, model.head_size, model.v_head_size)
+            * row.matmul_tflops * 1e12 * kernel_attention_efficiency(performance, name))
 
 
 COMPUTE_BASIS = "matmul-attention"
@@ -303,9 +318,7 @@ _last_memory_bound = _NO_MEMORY_BOUND
 def _memory_bound_time_s(request: PlanRequest) -> tuple[float, float]:
     if not times_memory_bound(request):
         return 0.0, 0.0
-    from zeroplan.core.roofline.step import memory_bound_seconds
-
-    forward_s, backward_s, _ = memory_bound_seconds(request)
+    forward_s, backward_s, _ = _memory_bound_seconds(request)
     if softmax_inside_attention_rate(request):
         from zeroplan.core.roofline.step import eager_softmax_seconds
 
@@ -375,9 +388,23 @@ def gpu_optimizer_time_s(request: PlanRequest) -> float:
         return roofline_step(request).optimizer_s
     if not times_memory_bound(request):
         return 0.0
-    from zeroplan.core.roofline.step import memory_bound_seconds
+    return _memory_bound_seconds(request)[2]
 
-    return memory_bound_seconds(request)[2]
+
+def _memory_bound_seconds(request: PlanRequest) -> tuple[float, float, float]:
+    """zeroplan.core.roofline.step.memory_bound_seconds, its module imported when first asked
+    for (a GPU without a measured bandwidth never needs it) and kept: an import statement costs
+    each plan's step time as much as the answer it reaches, kept by the roofline."""
+    function = _ROOFLINE_MEMORY_BOUND[0]
+    if function is None:
+        from zeroplan.core.roofline.step import memory_bound_seconds as function
+
+        _ROOFLINE_MEMORY_BOUND[0] = function
+    return function(request)
+
+
+_ROOFLINE_MEMORY_BOUND: list = [None]
+"""zeroplan.core.roofline.step.memory_bound_seconds once imported (_memory_bound_seconds)."""
 
 
 # The HFU at which the planner's compute lasts what a published MFU says the step lasts (PaLM,
