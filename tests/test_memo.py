@@ -348,3 +348,35 @@ def test_one_ranks_micro_batch_terms_share_across_accumulation_counts_and_key_on
             cached, uncached = _warm_then_other(_one_rank_micro_batch_terms, request, other)
             assert cached == uncached and cached[0] != cached[1]
     assert _one_rank_micro_batch_terms.fallbacks == before
+
+
+def test_the_reference_engine_kept_per_training_and_strategy_is_the_requests_own() -> None:
+    """reference_engine keeps its answer per (training, strategy): for every strategy, precision
+    and state convention (autocast or not, FSDP1's root or not) it is what the request gives."""
+    from zeroplan.core.plan import _reference_engine, reference_engine
+
+    base = _request()
+    for training in (TrainingSpec(), TrainingSpec(precision=Precision.bf16_mixed, state_convention=StateConvention.fsdp2),
+                     TrainingSpec(framework=Framework.hf), TrainingSpec(precision=Precision.bf16_pure)):
+        for kind in framework_strategies(Framework.zeroplan, 8):
+            for strategy in (StrategySpec(kind=kind), StrategySpec(kind=kind, fsdp1_root_stays_gathered=True)):
+                request = base.model_copy(update={"training": training, "strategy": strategy})
+                assert reference_engine(request) == _reference_engine(request)
+                assert reference_engine(request) == _reference_engine(request)  # kept, the same
+
+
+def test_peak_terms_of_is_the_records_own_construction() -> None:
+    """peak.peak_terms_of builds what PeakTerms(**micro_batch, **states) builds, and refuses what
+    it refuses (a field named twice)."""
+    from zeroplan.core.peak import PeakTerms, peak_terms_of
+
+    micro = micro_batch_terms(_request(StrategyKind.fsdp_full_shard, micro_batch_size=2))
+    states = dict(_state_terms(_request(StrategyKind.fsdp_full_shard))[1])
+    built = peak_terms_of(micro, states)
+    assert built == PeakTerms(**micro, **states) and hash(built) == hash(PeakTerms(**micro, **states))
+    assert repr(built) == repr(PeakTerms(**micro, **states))
+    # Fewer fields: PeakTerms' defaults; a field twice: its own TypeError.
+    fewer = {name: value for name, value in states.items() if name != "draining_held_buffers"}
+    assert peak_terms_of(micro, fewer) == PeakTerms(**micro, **fewer)
+    with pytest.raises(TypeError):
+        peak_terms_of(micro, {**states, "workspace": 0})

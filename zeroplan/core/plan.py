@@ -41,8 +41,8 @@ from zeroplan.core.model_states import ModelStateBytes, model_state_bytes
 from zeroplan.core.bf16_accumulation_time import check_fp32_accumulation
 from zeroplan.core.megatron_deepspeed import bf16_optimizer_runs, check_grad_accum_dtype
 from zeroplan.core.peak import (
-    MomentBytes, PeakTerms, backward_bases, block_pieces, largest_moment, moment_totals, peak_allocated_bytes,
-    peak_moments, with_terms,
+    MomentBytes, PeakTerms, largest_moment, moment_totals, peak_allocated_bytes, peak_moments_and_block_pieces,
+    peak_terms_of, with_terms,
 )
 from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
 from zeroplan.core.parallel.activations import rank_activation_bytes, rank_logits_pieces, rank_workspace_bytes
@@ -59,7 +59,7 @@ from zeroplan.specs.finetune import Quantization
 from zeroplan.specs.request import INT8_STRATEGIES, PlanRequest, check_compiled_layout
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.framework import Framework
-from zeroplan.specs.training import ActivationCheckpointing, BatchSpec, StateConvention
+from zeroplan.specs.training import ActivationCheckpointing, BatchSpec, StateConvention, TrainingSpec
 
 MAX_MICRO_BATCH_SEARCH = 1 << 20
 """The largest micro-batch the search tries."""
@@ -145,9 +145,30 @@ def reference_engine(request: PlanRequest) -> tuple[tuple[str, object], ...] | N
     autocast (its dtypes) and whether FSDP1's root stays gathered at the loss (no: with it they
     read the strategy's units, so the whole strategy keys them); None for a framework's own
     terms, which read the strategy whole (its FSDP units, the head gathered at the loss)."""
+    training, strategy = request.training, request.strategy
+    if type(training) is not TrainingSpec or type(strategy) is not StrategySpec:
+        return _reference_engine(request)  # a cache's view of either
+    # Every micro-batch terms cache asks, hit or miss: kept per (training, strategy), all that
+    # fsdp1_root_stays_gathered and PlanRequest.runs_under_autocast read of a request.
+    key = (training, strategy)
+    answer = _REFERENCE_ENGINES.get(key, _NOT_KEPT)
+    if answer is _NOT_KEPT:
+        answer = _reference_engine(request)
+        if len(_REFERENCE_ENGINES) >= 1024:
+            _REFERENCE_ENGINES.clear()
+        _REFERENCE_ENGINES[key] = answer
+    return answer
+
+
+def _reference_engine(request: PlanRequest) -> tuple[tuple[str, object], ...] | None:
     if request.training.framework is not Framework.zeroplan or fsdp1_root_stays_gathered(request):
         return None
     return (("runs_under_autocast", request.runs_under_autocast), ("root_stays_gathered", False))
+
+
+_REFERENCE_ENGINES: dict = {}
+"""reference_engine's answers by (training, strategy)."""
+_NOT_KEPT = object()
 
 
 # The largest micro-batch search asks for the terms at micro-batches 1 and 2 of every request it
@@ -259,7 +280,7 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     if training.finetune.frozen_blocks and training.activation_offloading:
         raise ZeroplanError("finetune.frozen_blocks", "is not modelled with activation offloading (allowed without it)")
     states, state_terms = _state_terms(request)
-    return states, PeakTerms(**micro_batch_terms(request), **dict(state_terms))
+    return states, peak_terms_of(micro_batch_terms(request), dict(state_terms))
 
 
 _FRAMEWORK_CHECKED: set = set()
@@ -330,12 +351,11 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
     batch = request.batch
     states, terms = checked_peak_terms(request)
     activations, logits, workspace, step_temporary = terms.activations, terms.logits, terms.workspace, terms.step_temporary
-    alive = peak_moments(states, terms, batch.grad_accum_steps)
+    alive, blocks = peak_moments_and_block_pieces(states, terms, batch.grad_accum_steps)
     # The table's buffers column: every buffer at once (the most ever allocated for them), at
     # least what any piece of a block's backward holds (FSDP's root, two blocks and an input).
     temporary = max(terms.resident_buffers + terms.backward_held_buffers + terms.transient_buffers + workspace,
-                    *(piece.buffers for piece in block_pieces(terms, *backward_bases(states, terms, batch.grad_accum_steps))),
-                    *(moment_bytes.buffers for moment_bytes in alive.values()))
+                    *(piece.buffers for piece in blocks), *(moment_bytes.buffers for moment_bytes in alive.values()))
     # The moments once: the peak is their largest (peak_allocated_bytes).
     allocated, moment = largest_moment(alive)
     reserve = int(allocated * request.assumptions.allocator_reserve_fraction)
