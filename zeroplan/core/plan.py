@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -35,7 +36,7 @@ from zeroplan.core.profiles import (
     framework_strategies, fsdp1_root_stays_gathered, fsdp_cpu_offload_strategies,
 )
 from zeroplan.core.margin import PeakErrorBand, borderline_words, error_band, is_borderline
-from zeroplan.core.memo import batch_keyed, request_keyed
+from zeroplan.core.memo import batch_keyed
 from zeroplan.core.nvme import nvme_bytes
 from zeroplan.core.model_states import ModelStateBytes, model_state_bytes
 from zeroplan.core.bf16_accumulation_time import check_fp32_accumulation
@@ -500,11 +501,25 @@ def max_micro_batch_size(request: PlanRequest) -> int:
     model it bounds the answer from above (the step cannot complete where its allocated peak
     passes the usable memory), and replays decide below it. Searched by bisection otherwise."""
     # Every step of the search sets its own micro-batch: the answer is the same whatever the
-    # request's, so requests that differ only there (a sweep over micro-batches) share it.
-    return _max_micro_batch_size(request.with_micro_batch(1))
+    # request's, so requests that differ only there (a sweep over micro-batches) share it, kept
+    # by every field of the request but the micro-batch (the request at micro-batch 1, without
+    # building it: a copy of the batch and of the request cost a kept answer's lookup five times over).
+    key = (_FIELDS_BUT_BATCH(request), _BATCH_BUT_MICRO_BATCH(request.batch))
+    answer = _MAX_MICRO_BATCHES.get(key)
+    if answer is None:
+        answer = _max_micro_batch_size(request.with_micro_batch(1))
+        if len(_MAX_MICRO_BATCHES) >= 1024:
+            _MAX_MICRO_BATCHES.clear()
+        _MAX_MICRO_BATCHES[key] = answer
+    return answer
 
 
-@request_keyed()
+_FIELDS_BUT_BATCH = operator.attrgetter(*(name for name in PlanRequest.model_fields if name != "batch"))
+_BATCH_BUT_MICRO_BATCH = operator.attrgetter(*(name for name in BatchSpec.model_fields if name != "micro_batch_size"))
+_MAX_MICRO_BATCHES: dict = {}
+"""max_micro_batch_size's answers by the request's fields but the micro-batch."""
+
+
 def _max_micro_batch_size(request: PlanRequest) -> int:
     """max_micro_batch_size of a request at micro-batch 1."""
     if request.parallel.pp == 1 and not request.model.is_moe:
