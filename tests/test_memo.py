@@ -380,3 +380,19 @@ def test_peak_terms_of_is_the_records_own_construction() -> None:
     assert peak_terms_of(micro, fewer) == PeakTerms(**micro, **fewer)
     with pytest.raises(TypeError):
         peak_terms_of(micro, {**states, "workspace": 0})
+
+
+def test_a_specs_kept_values_are_its_values_and_hash_as_them() -> None:
+    """The values a cache keeps of a spec less some fields (its training, its assumptions) are
+    the plain tuple of them, equal and hashing alike, the same object for the same spec, and a
+    view's are read as they are."""
+    from zeroplan.core.memo import _kept_values
+
+    names, read = _kept_values("training", ("activation_checkpointing",))
+    training = TrainingSpec(optimizer=Optimizer.sgd)
+    plain = tuple(getattr(training, name) for name in names)
+    kept = read(training)
+    assert kept == plain and hash(kept) == hash(plain) and read(training) is kept
+    assert read(TrainingSpec(optimizer=Optimizer.sgd)) == kept
+    view = BatchView(tuple(zip(names, plain)))
+    assert read(view) == plain
