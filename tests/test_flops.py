@@ -185,3 +185,20 @@ def test_in_hfu_times_every_kernel_at_the_hfu_as_on_a_gpu_without_a_measured_ban
     t = step_time(b200, ())
     assert t.memory_bound_s == 0 and t.optimizer_step_s == 0
     assert t.compute_s == pytest.approx(t.executed_flops / (0.4 * get_gpu("b200").peak_bf16_flops_per_s))
+
+
+@pytest.mark.parametrize("model_name", ["llama-2-7b", "mixtral-8x7b", "gpt2-xl", "qwen3-8b"])
+def test_the_trained_steps_flops_are_step_flops_own_per_token_products(model_name) -> None:
+    """Training every weight, the FLOPs kept per sequence and multiplied by the step's tokens are
+    the floats _step_flops forms from the whole batch (every policy, both kernels, several shapes)."""
+    from zeroplan.core.flops import _step_flops, _trained_step_flops
+
+    model = get_model(model_name)
+    for mode in ActivationCheckpointing:
+        for kernel in AttentionKernel:
+            training = TrainingSpec(activation_checkpointing=mode, attention_kernel=kernel)
+            for micro, seq_len, accum in ((1, 512, 1), (3, 1024, 2), (7, 333, 5), (16, 4096, 8)):
+                batch = BatchSpec(micro_batch_size=micro, seq_len=seq_len, grad_accum_steps=accum)
+                kept = _trained_step_flops(model, training, batch)
+                assert kept == _step_flops(model, training, batch, None)
+                assert kept.model_dump_json() == _step_flops(model, training, batch, None).model_dump_json()

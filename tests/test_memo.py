@@ -9,16 +9,22 @@ from pydantic import BaseModel
 from pydantic._internal._model_construction import make_hash_func
 
 from zeroplan.core.algorithms import collective_cost
-from zeroplan.core.communication import _data_parallel_collectives, data_parallel_collectives
+from zeroplan.core.communication import (
+    _data_parallel_collectives, _scheduled_data_parallel_collectives, collectives, data_parallel_collectives,
+)
 from zeroplan.core.layout import element_bytes
 from zeroplan.core.memo import BatchView, UnkeyedRead, batch_keyed, request_keyed
 from zeroplan.core.parallel.activations import MicroBatchBytes, _chunk_bytes, _of_sequences, chunk_request, micro_batch_bytes
 from zeroplan.core.parallel.collectives import _model_parallel_collectives, model_parallel_collectives
 from zeroplan.core.parallel.expert import moe_block_count
 from zeroplan.core.parallel.units import _request_units, rank_parameter_units
-from zeroplan.core.plan import _micro_batch_terms, _recent_peak_terms, _state_terms, micro_batch_terms, plan, reference_activations
+from zeroplan.core.plan import (
+    _micro_batch_terms, _one_rank_micro_batch_terms, _recent_peak_terms, _state_terms, micro_batch_terms, plan,
+    reference_activations,
+)
 from zeroplan.core.profiles import framework_strategies
 from zeroplan.core.roofline.step import _request_memory_seconds
+from zeroplan.core.timing import _batch_free_terms
 from zeroplan.presets.gpus import get_gpu
 from zeroplan.presets.models import get_model
 from zeroplan.specs import (
@@ -139,7 +145,7 @@ def test_the_terms_are_shared_between_allocator_settings() -> None:
     """The model states, buffers and micro-batch terms do not read the allocator setting: a
     request under the flat reserve and under the caching-allocator model (either way round)
     share one answer, the one each computes uncached."""
-    caches = (_state_terms, _recent_peak_terms, _micro_batch_terms)
+    caches = (_state_terms, _recent_peak_terms, _micro_batch_terms, _one_rank_micro_batch_terms)
     before = [cache.fallbacks for cache in caches]
     for kind in (StrategyKind.zero3, StrategyKind.fsdp_full_shard, StrategyKind.ddp):
         flat = _request(kind, micro_batch_size=3).with_allocator_conf(None)
@@ -179,7 +185,8 @@ def test_the_planner_reads_no_batch_field_its_caches_leave_out() -> None:
     """The caches hold for the planner's own requests (none falls back to the uncached
     function): every strategy of three frameworks' stacks, planned."""
     caches = (_state_terms, _data_parallel_collectives, collective_cost, _chunk_bytes, _of_sequences, _recent_peak_terms,
-              _micro_batch_terms, _request_memory_seconds)
+              _micro_batch_terms, _request_memory_seconds, _scheduled_data_parallel_collectives, _batch_free_terms,
+              _one_rank_micro_batch_terms)
     before = [cache.fallbacks for cache in caches]
     for framework in (Framework.zeroplan, Framework.megatron, Framework.torchtitan):
         request = PlanRequest(model=get_model("llama-3.1-8b"), training=TrainingSpec(framework=framework),
@@ -306,3 +313,86 @@ def test_a_requests_own_memory_passes_share_across_micro_batches_and_key_on_the_
     cached, uncached = _warm_then_other(_request_memory_seconds, request, accumulating)
     assert cached == uncached and cached[0] != cached[1]
     assert _request_memory_seconds.fallbacks == before
+
+
+def test_a_steps_batch_free_terms_share_across_micro_batches_and_key_on_the_accumulation() -> None:
+    """The step's collectives in their phases and its terms that do not change with the batch's
+    shape (collective prices, host copies, the CPU step, the pipeline bubble, the HFU): one
+    answer for a strategy's micro-batches and sequences, another with another accumulation."""
+    befores = (_scheduled_data_parallel_collectives.fallbacks, _batch_free_terms.fallbacks)
+    request = _request(StrategyKind.zero2_offload, micro_batch_size=2)
+    other_shape = _request(StrategyKind.zero2_offload, micro_batch_size=5, seq_len=4096)
+    assert _scheduled_data_parallel_collectives(request) is _scheduled_data_parallel_collectives(other_shape)
+    step_collectives = tuple(collectives(request))
+    assert _batch_free_terms(request, step_collectives) is _batch_free_terms(other_shape, step_collectives)
+    accumulating = request.model_copy(update={"batch": request.batch.model_copy(update={"grad_accum_steps": 4})})
+    cached, uncached = _warm_then_other(_scheduled_data_parallel_collectives, request, accumulating)
+    assert cached == uncached
+    cached, uncached = _warm_then_other(_batch_free_terms, request, accumulating, step_collectives)
+    assert cached == uncached and cached[0] != cached[1]
+    assert (_scheduled_data_parallel_collectives.fallbacks, _batch_free_terms.fallbacks) == befores
+
+
+def test_one_ranks_micro_batch_terms_share_across_accumulation_counts_and_key_on_the_sequences() -> None:
+    """Without model parallelism the micro-batch terms are the sequences' own: one answer for
+    every accumulation count, the whole-batch cache's and the uncached function's; another micro-batch
+    or sequence length keys another."""
+    before = _one_rank_micro_batch_terms.fallbacks
+    for framework in (Framework.zeroplan, Framework.hf, Framework.torchtitan):
+        request = _request(micro_batch_size=2).model_copy(update={"training": TrainingSpec(framework=framework)})
+        accumulating = request.model_copy(update={"batch": request.batch.model_copy(update={"grad_accum_steps": 4})})
+        assert _one_rank_micro_batch_terms(request) is _one_rank_micro_batch_terms(accumulating)
+        assert micro_batch_terms(accumulating) == dict(_micro_batch_terms(accumulating)) == dict(_micro_batch_terms.uncached(request))
+        for other in (request.with_micro_batch(3), request.model_copy(
+                update={"batch": request.batch.model_copy(update={"seq_len": 1024})})):
+            cached, uncached = _warm_then_other(_one_rank_micro_batch_terms, request, other)
+            assert cached == uncached and cached[0] != cached[1]
+    assert _one_rank_micro_batch_terms.fallbacks == before
+
+
+def test_the_reference_engine_kept_per_training_and_strategy_is_the_requests_own() -> None:
+    """reference_engine keeps its answer per (training, strategy): for every strategy, precision
+    and state convention (autocast or not, FSDP1's root or not) it is what the request gives."""
+    from zeroplan.core.plan import _reference_engine, reference_engine
+
+    base = _request()
+    for training in (TrainingSpec(), TrainingSpec(precision=Precision.bf16_mixed, state_convention=StateConvention.fsdp2),
+                     TrainingSpec(framework=Framework.hf), TrainingSpec(precision=Precision.bf16_pure)):
+        for kind in framework_strategies(Framework.zeroplan, 8):
+            for strategy in (StrategySpec(kind=kind), StrategySpec(kind=kind, fsdp1_root_stays_gathered=True)):
+                request = base.model_copy(update={"training": training, "strategy": strategy})
+                assert reference_engine(request) == _reference_engine(request)
+                assert reference_engine(request) == _reference_engine(request)  # kept, the same
+
+
+def test_peak_terms_of_is_the_records_own_construction() -> None:
+    """peak.peak_terms_of builds what PeakTerms(**micro_batch, **states) builds, and refuses what
+    it refuses (a field named twice)."""
+    from zeroplan.core.peak import PeakTerms, peak_terms_of
+
+    micro = micro_batch_terms(_request(StrategyKind.fsdp_full_shard, micro_batch_size=2))
+    states = dict(_state_terms(_request(StrategyKind.fsdp_full_shard))[1])
+    built = peak_terms_of(micro, states)
+    assert built == PeakTerms(**micro, **states) and hash(built) == hash(PeakTerms(**micro, **states))
+    assert repr(built) == repr(PeakTerms(**micro, **states))
+    # Fewer fields: PeakTerms' defaults; a field twice: its own TypeError.
+    fewer = {name: value for name, value in states.items() if name != "draining_held_buffers"}
+    assert peak_terms_of(micro, fewer) == PeakTerms(**micro, **fewer)
+    with pytest.raises(TypeError):
+        peak_terms_of(micro, {**states, "workspace": 0})
+
+
+def test_a_specs_kept_values_are_its_values_and_hash_as_them() -> None:
+    """The values a cache keeps of a spec less some fields (its training, its assumptions) are
+    the plain tuple of them, equal and hashing alike, the same object for the same spec, and a
+    view's are read as they are."""
+    from zeroplan.core.memo import _kept_values
+
+    names, read = _kept_values("training", ("activation_checkpointing",))
+    training = TrainingSpec(optimizer=Optimizer.sgd)
+    plain = tuple(getattr(training, name) for name in names)
+    kept = read(training)
+    assert kept == plain and hash(kept) == hash(plain) and read(training) is kept
+    assert read(TrainingSpec(optimizer=Optimizer.sgd)) == kept
+    view = BatchView(tuple(zip(names, plain)))
+    assert read(view) == plain

@@ -25,7 +25,7 @@ kernel no such source ran keeps its published rate (e = 1).
 
 from __future__ import annotations
 
-from zeroplan.specs.request import PlanRequest
+from zeroplan.specs.request import PerformanceAssumptions, PlanRequest
 
 MIN_SEQUENCE_LENGTHS = 3
 """A source's rows tell attention's rate from the matrix products' only where they run at least
@@ -59,7 +59,13 @@ def attention_efficiency(request: PlanRequest, kernel: str) -> float:
     """e of ``kernel`` (an attention_rate kernel name) for ``request``: the one given
     (PerformanceAssumptions.attention_efficiency), else the fitted default
     (zeroplan.core.default_efficiency), else 1 (the published rate)."""
-    given = request.performance.attention_efficiency
+    return kernel_attention_efficiency(request.performance, kernel)
+
+
+def kernel_attention_efficiency(performance: PerformanceAssumptions, kernel: str) -> float:
+    """attention_efficiency of the request whose performance assumptions are ``performance``
+    (the only part of it the efficiency reads)."""
+    given = performance.attention_efficiency
     if given is not None:
         return given
     from zeroplan.core.default_efficiency import default_table

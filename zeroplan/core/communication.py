@@ -141,7 +141,16 @@ def collectives(request: PlanRequest) -> list[Collective]:
     """Every collective of one optimizer step of ``request``'s rank: the data-parallel
     strategy's over the ranks that hold the same parameters, then those tensor, context and
     pipeline parallelism add (zeroplan.core.parallel.collectives)."""
-    return [scheduled(request, c) for c in data_parallel_collectives(request)] + model_parallel_collectives(request)
+    return list(_scheduled_data_parallel_collectives(request)) + model_parallel_collectives(request)
+
+
+# The data-parallel collectives in their phases read of the batch its accumulation alone: the
+# requests of one strategy at different micro-batches and sequences share them (the same
+# objects, whose prices core.algorithms.collective_cost keeps). The whole training keys them
+# (DeepSpeed's ZeRO-3 gathers read the checkpointing policy: deepspeed_coordinator.replays_gathers).
+@batch_keyed("grad_accum_steps")
+def _scheduled_data_parallel_collectives(request: PlanRequest) -> tuple[Collective, ...]:
+    return tuple(scheduled(request, c) for c in data_parallel_collectives(request))
 
 
 # When a data-parallel collective runs is the stack's choice (zeroplan.core.stack_time):

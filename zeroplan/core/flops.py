@@ -218,7 +218,30 @@ def step_flops(request: PlanRequest) -> StepFlops:
 # strategies and the largest micro-batch's requests share them.
 @functools.lru_cache(maxsize=256)
 def _trained_step_flops(model: ModelSpec, training: TrainingSpec, batch: BatchSpec) -> StepFlops:
-    return _step_flops(model, training, batch, None)
+    tokens = batch.micro_batch_size * batch.seq_len * batch.grad_accum_steps
+    values = {name: tokens * per_token for name, per_token in _trained_flops_per_token(model, training, batch.seq_len)}
+    # StepFlops' fields are floats: built unvalidated (Frozen.trusted) where each already is one,
+    # as validating them would leave them; validated otherwise.
+    if all(type(value) is float for value in values.values()):
+        return StepFlops.trusted(**values)
+    return StepFlops(**values)
+
+
+# _step_flops multiplies the tokens of the step by per-token FLOPs that read the model, the
+# training and the sequence alone: computed once per sequence (the micro-batches and
+# accumulation counts of a sweep share them), each product the same float _step_flops forms.
+@functools.lru_cache(maxsize=256)
+def _trained_flops_per_token(model: ModelSpec, training: TrainingSpec, seq_len: int) -> tuple[tuple[str, float], ...]:
+    """StepFlops' fields per token of the step, training every weight (_step_flops' factors)."""
+    kernel = training.attention_kernel
+    linear = layers_linear_forward_flops_per_token(model) + head_forward_flops_per_token(model)
+    attention = model.num_layers * attention_forward_flops_per_token(model, seq_len, executed_causal_fraction(kernel, model.causal))
+    recompute = recompute_flops_per_token(model, training, seq_len)
+    backward = BACKWARD_MATMULS_PER_FORWARD_MATMUL * linear + attention_backward_over_forward(kernel) * attention
+    return (("forward_flops", linear + attention), ("backward_flops", backward + recompute), ("recompute_flops", recompute),
+            ("model_flops", model_flops_per_token(model, seq_len)), ("attention_forward_flops", attention),
+            ("attention_backward_flops", attention_backward_over_forward(kernel) * attention
+             + recompute_attention_flops_per_token(model, training, seq_len)))
 
 
 def _step_flops(model: ModelSpec, training: TrainingSpec, batch: BatchSpec, request: PlanRequest | None) -> StepFlops:

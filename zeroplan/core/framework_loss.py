@@ -238,9 +238,6 @@ def fsdp_head_gathered_bytes(request: PlanRequest, *, prefetched: bool = True) -
 
 def fsdp_head_gathered_parts(request: PlanRequest, *, prefetched: bool = True) -> tuple[int, ...]:
     """fsdp_head_gathered_bytes unit by unit (each unit's parameters gathered as one)."""
-    from zeroplan.core.layout import element_bytes
-    from zeroplan.core.model_states import unit_gather_bytes
-
     prof = profile(request.training.framework)
     fsdp1 = fsdp1_root_stays_gathered(request)
     # The profile first: the reference model's micro-batch terms key on no more of the strategy
@@ -249,6 +246,9 @@ def fsdp_head_gathered_parts(request: PlanRequest, *, prefetched: bool = True) -
         return ()
     if request.strategy.kind not in (StrategyKind.fsdp_full_shard, StrategyKind.hsdp):
         return ()
+    from zeroplan.core.layout import element_bytes
+    from zeroplan.core.model_states import unit_gather_bytes
+
     compute_bytes = element_bytes(request.training.precision, request.convention).compute_parameter
     padded = unit_gather_bytes(request, request.shard_group_size, compute_bytes)
     embedding, last_block, head = padded[0], padded[-2], padded[-1]

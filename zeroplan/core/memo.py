@@ -75,12 +75,38 @@ class _Store:
 _MISSING = object()
 
 
+class _KeptValues(tuple):
+    """A spec's kept values (a tuple, equal to and hashing as the plain one), its hash computed
+    once: a training's thirty-odd values, a dozen of them enums whose hash is a Python call, are
+    hashed at every cache lookup otherwise."""
+
+    def __hash__(self) -> int:
+        return self.hashed
+
+
 def _kept_values(spec: str, left_out: tuple[str, ...]) -> tuple[tuple[str, ...], Callable[[object], tuple]]:
     """The field names of the request's ``spec`` but ``left_out``, and a reader of their values
-    (a tuple, at C speed: operator.attrgetter) that reads a spec and a view of it alike."""
+    (a tuple, at C speed: operator.attrgetter) that reads a spec and a view of it alike; a spec's
+    are kept per spec (specs are immutable) with their hash (_KeptValues)."""
     names = tuple(f for f in PlanRequest.model_fields[spec].annotation.model_fields if f not in left_out)
     getter = operator.attrgetter(*names)
-    return names, (getter if len(names) > 1 else (lambda spec: (getter(spec),)))
+    plain = getter if len(names) > 1 else (lambda spec: (getter(spec),))
+    spec_type = PlanRequest.model_fields[spec].annotation
+    kept: dict[object, _KeptValues] = {}
+
+    def read(value: object) -> tuple:
+        if type(value) is not spec_type:
+            return plain(value)  # a view of the spec: its values as they are
+        found = kept.get(value)
+        if found is None:
+            found = _KeptValues(plain(value))
+            found.hashed = tuple.__hash__(found)
+            if len(kept) >= 1024:
+                kept.clear()
+            kept[value] = found
+        return found
+
+    return names, read
 
 
 def batch_keyed(*fields: str, limit: int = 1024, training_but: tuple[str, ...] = (), assumptions_but: tuple[str, ...] = (),

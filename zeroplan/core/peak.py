@@ -4,6 +4,7 @@ planner (zeroplan.core.plan), the allocator's schedule and the plan search all r
 
 from __future__ import annotations
 
+import operator
 from dataclasses import replace
 
 from zeroplan.core.model_states import ModelStateBytes
@@ -35,14 +36,20 @@ from zeroplan.results import PeakMoment
 # shards of every unit whose backward ran before it (PeakTerms.first_layer_gradients).
 def peak_moments(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: int) -> dict[PeakMoment, MomentBytes]:
     """Every moment's live bytes, split into gradients, buffers (and workspace) and the rest."""
+    return peak_moments_and_block_pieces(states, moments, grad_accum_steps)[0]
+
+
+def peak_moments_and_block_pieces(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: int) -> tuple[
+        dict[PeakMoment, MomentBytes], tuple[MomentBytes, ...]]:
+    """peak_moments, and the block's backward in its pieces (block_pieces) it chose from."""
     loss, blocks, first_layer, backward_end, step = _moment_pieces(states, moments, grad_accum_steps)
     return {
         PeakMoment.loss_backward: loss,
-        PeakMoment.block_backward: max(blocks, key=lambda piece: piece.total),
-        PeakMoment.first_layer_backward: max(first_layer, key=lambda piece: piece.total),
+        PeakMoment.block_backward: max(blocks, key=_TOTAL),
+        PeakMoment.first_layer_backward: max(first_layer, key=_TOTAL),
         PeakMoment.backward_end: backward_end,
         PeakMoment.optimizer_step: step,
-    }
+    }, blocks
 
 
 def _moment_pieces(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: int) -> tuple[
@@ -223,6 +230,8 @@ class PeakTerms:
 
 
 _PEAK_TERM_FIELDS = frozenset(PeakTerms.__dataclass_fields__)
+_TOTAL = operator.attrgetter("total")
+"""A moment's total bytes (MomentBytes.total), the key the largest piece is chosen by."""
 
 
 # dataclasses.replace checks its arguments against the fields and calls __init__ with every
@@ -238,6 +247,19 @@ def with_terms(terms: PeakTerms, changes: dict[str, object]) -> PeakTerms:
     copied.__dict__.update(terms.__dict__)
     copied.__dict__.update(changes)
     return copied
+
+
+# PeakTerms' __init__ sets its two dozen fields one by one (a frozen record's object.__setattr__),
+# once for every request planned: where the micro-batch's terms and the model states' name every
+# field between them, once each, the record of their values is what it builds.
+def peak_terms_of(micro_batch: dict[str, object], states: dict[str, object]) -> PeakTerms:
+    """PeakTerms(**micro_batch, **states)."""
+    values = {**micro_batch, **states}
+    if len(values) != len(micro_batch) + len(states) or values.keys() != _PEAK_TERM_FIELDS:
+        return PeakTerms(**micro_batch, **states)  # its own error, or its defaults
+    built = object.__new__(PeakTerms)
+    built.__dict__.update(values)
+    return built
 
 
 BLOCK_PIECES = 3

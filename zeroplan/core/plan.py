@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import NamedTuple, TypeVar
@@ -28,6 +29,7 @@ from zeroplan.core.frameworks import (
 )
 from zeroplan.core.framework_loss import framework_logits_pieces, fsdp_head_gathered_bytes
 from zeroplan.core.fused_cross_entropy import fused_cross_entropy_bytes
+from zeroplan.core.hf_eager_backward import softmax_backward_extra_bytes as hf_eager_softmax_backward_bytes
 from zeroplan.core.kv_cache import kept_outputs_bytes
 from zeroplan.core.torch_release import check_torch_release, check_torch_release_strategy, zero_grad_zeroes
 from zeroplan.core.profiles import (
@@ -35,14 +37,14 @@ from zeroplan.core.profiles import (
     framework_strategies, fsdp1_root_stays_gathered, fsdp_cpu_offload_strategies,
 )
 from zeroplan.core.margin import PeakErrorBand, borderline_words, error_band, is_borderline
-from zeroplan.core.memo import batch_keyed, request_keyed
+from zeroplan.core.memo import batch_keyed
 from zeroplan.core.nvme import nvme_bytes
 from zeroplan.core.model_states import ModelStateBytes, model_state_bytes
 from zeroplan.core.bf16_accumulation_time import check_fp32_accumulation
 from zeroplan.core.megatron_deepspeed import bf16_optimizer_runs, check_grad_accum_dtype
 from zeroplan.core.peak import (
-    MomentBytes, PeakTerms, backward_bases, block_pieces, largest_moment, moment_totals, peak_allocated_bytes,
-    peak_moments, with_terms,
+    MomentBytes, PeakTerms, largest_moment, moment_totals, peak_allocated_bytes, peak_moments_and_block_pieces,
+    peak_terms_of, with_terms,
 )
 from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
 from zeroplan.core.parallel.activations import rank_activation_bytes, rank_logits_pieces, rank_workspace_bytes
@@ -59,7 +61,7 @@ from zeroplan.specs.finetune import Quantization
 from zeroplan.specs.request import INT8_STRATEGIES, PlanRequest, check_compiled_layout
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.framework import Framework
-from zeroplan.specs.training import ActivationCheckpointing, StateConvention
+from zeroplan.specs.training import ActivationCheckpointing, BatchSpec, StateConvention, TrainingSpec
 
 MAX_MICRO_BATCH_SEARCH = 1 << 20
 """The largest micro-batch the search tries."""
@@ -76,9 +78,7 @@ def fairseq_softmax_backward_bytes(request: PlanRequest) -> int:
 
 def hf_softmax_backward_bytes(request: PlanRequest) -> int:
     """transformers' eager softmax backward on CUDA (zeroplan.core.hf_eager_backward); 0 elsewhere."""
-    from zeroplan.core.hf_eager_backward import softmax_backward_extra_bytes
-
-    return softmax_backward_extra_bytes(request)
+    return hf_eager_softmax_backward_bytes(request)
 
 
 def _workspace(request: PlanRequest) -> int:
@@ -129,6 +129,8 @@ def framework_activations(request: PlanRequest) -> tuple[int, int]:
 def micro_batch_terms(request: PlanRequest) -> dict[str, object]:
     """The PeakTerms fields that change with the micro-batch: activations, the loss's pieces and
     the workspace (the model states and buffers do not)."""
+    if request.parallel.is_trivial and not request.model.is_encoder_decoder:
+        return dict(_one_rank_micro_batch_terms(request))
     return dict(_micro_batch_terms(request))
 
 
@@ -145,9 +147,30 @@ def reference_engine(request: PlanRequest) -> tuple[tuple[str, object], ...] | N
     autocast (its dtypes) and whether FSDP1's root stays gathered at the loss (no: with it they
     read the strategy's units, so the whole strategy keys them); None for a framework's own
     terms, which read the strategy whole (its FSDP units, the head gathered at the loss)."""
+    training, strategy = request.training, request.strategy
+    if type(training) is not TrainingSpec or type(strategy) is not StrategySpec:
+        return _reference_engine(request)  # a cache's view of either
+    # Every micro-batch terms cache asks, hit or miss: kept per (training, strategy), all that
+    # fsdp1_root_stays_gathered and PlanRequest.runs_under_autocast read of a request.
+    key = (training, strategy)
+    answer = _REFERENCE_ENGINES.get(key, _NOT_KEPT)
+    if answer is _NOT_KEPT:
+        answer = _reference_engine(request)
+        if len(_REFERENCE_ENGINES) >= 1024:
+            _REFERENCE_ENGINES.clear()
+        _REFERENCE_ENGINES[key] = answer
+    return answer
+
+
+def _reference_engine(request: PlanRequest) -> tuple[tuple[str, object], ...] | None:
     if request.training.framework is not Framework.zeroplan or fsdp1_root_stays_gathered(request):
         return None
     return (("runs_under_autocast", request.runs_under_autocast), ("root_stays_gathered", False))
+
+
+_REFERENCE_ENGINES: dict = {}
+"""reference_engine's answers by (training, strategy)."""
+_NOT_KEPT = object()
 
 
 # The largest micro-batch search asks for the terms at micro-batches 1 and 2 of every request it
@@ -157,6 +180,25 @@ def reference_engine(request: PlanRequest) -> tuple[tuple[str, object], ...] | N
 # fit's strategies share them, and a read of anything else of it is answered uncached).
 @batch_keyed(whole_batch=True, assumptions_but=ALLOCATOR_SETTING, strategy_view=reference_engine)
 def _micro_batch_terms(request: PlanRequest) -> tuple[tuple[str, object], ...]:
+    return _uncached_micro_batch_terms(request)
+
+
+SEQUENCE_FIELDS = tuple(name for name in BatchSpec.model_fields if name != "grad_accum_steps")
+"""The batch's fields but the accumulation: what a micro-batch's sequences are."""
+
+
+# Without tensor, context or pipeline parallelism a rank computes and keeps one micro-batch of
+# the whole model: its terms are those of the micro-batch's sequences
+# (zeroplan.core.parallel.activations._of_sequences), read of the batch without the accumulation,
+# so one cache keyed on the sequences serves every accumulation count (a read of it is answered
+# uncached) and the terms within need no cache of their own.
+@batch_keyed(*SEQUENCE_FIELDS, assumptions_but=ALLOCATOR_SETTING, strategy_view=reference_engine)
+def _one_rank_micro_batch_terms(request: PlanRequest) -> tuple[tuple[str, object], ...]:
+    """_micro_batch_terms of a request without model parallelism."""
+    return _uncached_micro_batch_terms(request)
+
+
+def _uncached_micro_batch_terms(request: PlanRequest) -> tuple[tuple[str, object], ...]:
     training = request.training
     if request.model.is_encoder_decoder:
         # An encoder and a decoder stack at their own lengths (zeroplan.core.encoder_decoder).
@@ -173,17 +215,21 @@ def _micro_batch_terms(request: PlanRequest) -> tuple[tuple[str, object], ...]:
                  + dora_weight_norm_bytes(request) + ring_attention_backward_extra_bytes(request)
                  + fairseq_softmax_backward_bytes(request) + hf_softmax_backward_bytes(request))
     logits_pieces: tuple[int, ...] = ()
+    # One rank's terms without model parallelism are the request's own (rank_activation_bytes,
+    # rank_logits_pieces), asked directly.
+    one_rank = request.parallel.is_trivial
     if training.framework is Framework.zeroplan:
         # The reference model's recomputed block stays with its activations at every moment.
-        activations = sum(rank_activation_bytes(request, reference_activations))
-        logits = max(rank_logits_pieces(request, reference_logits))
+        activations = sum(reference_activations(request) if one_rank else rank_activation_bytes(request, reference_activations))
+        logits = max(reference_logits(request) if one_rank else rank_logits_pieces(request, reference_logits))
     else:
         # The block a recomputing backward rebuilds is alive only in a block's backward: it
         # joins that moment's workspace, not the loss's moment (framework_recompute_bytes).
-        activations, recompute = rank_activation_bytes(request, framework_activations)
+        activations, recompute = (framework_activations(request) if one_rank
+                                  else rank_activation_bytes(request, framework_activations))
         # A loop that holds the model's output object keeps it through backward (zeroplan.core.kv_cache).
         activations += kept_outputs_bytes(request)
-        logits_pieces = rank_logits_pieces(request, framework_logits_pieces)
+        logits_pieces = framework_logits_pieces(request) if one_rank else rank_logits_pieces(request, framework_logits_pieces)
         logits = max(logits_pieces)
         workspace += recompute
     return (("activations", activations), ("logits", logits), ("workspace", workspace), ("logits_pieces", logits_pieces))
@@ -236,7 +282,7 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     if training.finetune.frozen_blocks and training.activation_offloading:
         raise ZeroplanError("finetune.frozen_blocks", "is not modelled with activation offloading (allowed without it)")
     states, state_terms = _state_terms(request)
-    return states, PeakTerms(**micro_batch_terms(request), **dict(state_terms))
+    return states, peak_terms_of(micro_batch_terms(request), dict(state_terms))
 
 
 _FRAMEWORK_CHECKED: set = set()
@@ -307,12 +353,11 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
     batch = request.batch
     states, terms = checked_peak_terms(request)
     activations, logits, workspace, step_temporary = terms.activations, terms.logits, terms.workspace, terms.step_temporary
-    alive = peak_moments(states, terms, batch.grad_accum_steps)
+    alive, blocks = peak_moments_and_block_pieces(states, terms, batch.grad_accum_steps)
     # The table's buffers column: every buffer at once (the most ever allocated for them), at
     # least what any piece of a block's backward holds (FSDP's root, two blocks and an input).
     temporary = max(terms.resident_buffers + terms.backward_held_buffers + terms.transient_buffers + workspace,
-                    *(piece.buffers for piece in block_pieces(terms, *backward_bases(states, terms, batch.grad_accum_steps))),
-                    *(moment_bytes.buffers for moment_bytes in alive.values()))
+                    *(piece.buffers for piece in blocks), *(moment_bytes.buffers for moment_bytes in alive.values()))
     # The moments once: the peak is their largest (peak_allocated_bytes).
     allocated, moment = largest_moment(alive)
     reserve = int(allocated * request.assumptions.allocator_reserve_fraction)
@@ -457,11 +502,25 @@ def max_micro_batch_size(request: PlanRequest) -> int:
     model it bounds the answer from above (the step cannot complete where its allocated peak
     passes the usable memory), and replays decide below it. Searched by bisection otherwise."""
     # Every step of the search sets its own micro-batch: the answer is the same whatever the
-    # request's, so requests that differ only there (a sweep over micro-batches) share it.
-    return _max_micro_batch_size(request.with_micro_batch(1))
+    # request's, so requests that differ only there (a sweep over micro-batches) share it, kept
+    # by every field of the request but the micro-batch (the request at micro-batch 1, without
+    # building it: a copy of the batch and of the request cost a kept answer's lookup five times over).
+    key = (_FIELDS_BUT_BATCH(request), _BATCH_BUT_MICRO_BATCH(request.batch))
+    answer = _MAX_MICRO_BATCHES.get(key)
+    if answer is None:
+        answer = _max_micro_batch_size(request.with_micro_batch(1))
+        if len(_MAX_MICRO_BATCHES) >= 1024:
+            _MAX_MICRO_BATCHES.clear()
+        _MAX_MICRO_BATCHES[key] = answer
+    return answer
 
 
-@request_keyed()
+_FIELDS_BUT_BATCH = operator.attrgetter(*(name for name in PlanRequest.model_fields if name != "batch"))
+_BATCH_BUT_MICRO_BATCH = operator.attrgetter(*(name for name in BatchSpec.model_fields if name != "micro_batch_size"))
+_MAX_MICRO_BATCHES: dict = {}
+"""max_micro_batch_size's answers by the request's fields but the micro-batch."""
+
+
 def _max_micro_batch_size(request: PlanRequest) -> int:
     """max_micro_batch_size of a request at micro-batch 1."""
     if request.parallel.pp == 1 and not request.model.is_moe:

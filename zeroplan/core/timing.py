@@ -1,6 +1,8 @@
 """Step time: compute from FLOPs, communication from an alpha-beta model, host transfers for
 offload, and how much communication the compute hides. docs/communication-time.md derives it."""
 
+import functools
+
 from zeroplan.errors import ZeroplanError
 
 from zeroplan.core.algorithms import CollectiveTime, collective_cost
@@ -13,6 +15,7 @@ from zeroplan.core.deepspeed_offload_time import (
     deepspeed_offload_transfer_bytes, host_pass_bytes_per_element, models_offload_time, parameter_copy_in_cpu_step_bytes,
 )
 from zeroplan.core.layout import element_bytes
+from zeroplan.core.memo import batch_keyed
 from zeroplan.core.model_states import held_elements, shard_layout
 from zeroplan.core.nvme import nvme_traffic
 from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise
@@ -20,10 +23,11 @@ from zeroplan.core.parallel.units import rank_trainable_units
 from zeroplan.core.roofline.ceilings import times_memory_bound
 from zeroplan.core.roofline.optimizer import TORCH_ADAM_ACCESSES_PER_ELEMENT
 from zeroplan.specs.base import Frozen
-from zeroplan.specs.hardware import HostSpec
-from zeroplan.specs.request import PlanRequest
+from zeroplan.specs.hardware import GpuSpec, HostSpec
+from zeroplan.specs.model import ModelSpec
+from zeroplan.specs.request import PerformanceAssumptions, PlanRequest
 from zeroplan.specs.strategy import StrategyKind
-from zeroplan.specs.training import AttentionKernel, Optimizer
+from zeroplan.specs.training import AttentionKernel, Optimizer, TrainingSpec
 from zeroplan.units import FP32_BYTES
 
 
@@ -255,18 +259,30 @@ def attention_flops_per_s(request: PlanRequest, matmul_rate: float) -> float:
     generation and kernel the table has no row for)."""
     mode = request.performance.attention_rate
     if mode == "kernel":
-        from zeroplan.core.attention_rate import attention_rate_row, kernel_name
-
-        training = request.training
-        name = kernel_name(training.attention_kernel, training.attention_implementation)
-        row = attention_rate_row(request.cluster.gpu.architecture, name)
-        if row is None:
-            return matmul_rate
-        from zeroplan.core.attention_efficiency import attention_efficiency
-
-        return (row.relative_at(request.batch.seq_len, request.model.head_size, request.model.v_head_size)
-                * row.matmul_tflops * 1e12 * attention_efficiency(request, name))
+        rate = _kernel_attention_flops_per_s(request.model, request.cluster.gpu, request.training, request.performance,
+                                             request.batch.seq_len)
+        return matmul_rate if rate is None else rate
     return matmul_rate * attention_relative_rate(request)
+
+
+# The kernel's rate reads the model's head widths, the GPU generation, the kernel, the given
+# efficiency and the sequence alone: kept by them (every plan's step time asks, fit's strategies
+# and a sweep's micro-batches at the same few sequences).
+@functools.lru_cache(maxsize=256)
+def _kernel_attention_flops_per_s(model: ModelSpec, gpu: GpuSpec, training: TrainingSpec,
+                                  performance: PerformanceAssumptions, seq_len: int) -> float | None:
+    """attention_flops_per_s under 'kernel'; None where the table has no row for the GPU
+    generation and kernel (the matmul rate then)."""
+    from zeroplan.core.attention_rate import attention_rate_row, kernel_name
+
+    name = kernel_name(training.attention_kernel, training.attention_implementation)
+    row = attention_rate_row(gpu.architecture, name)
+    if row is None:
+        return None
+    from zeroplan.core.attention_efficiency import kernel_attention_efficiency
+
+    return (row.relative_at(seq_len, model.head_size, model.v_head_size)
+            * row.matmul_tflops * 1e12 * kernel_attention_efficiency(performance, name))
 
 
 COMPUTE_BASIS = "matmul-attention"
@@ -302,9 +318,7 @@ _last_memory_bound = _NO_MEMORY_BOUND
 def _memory_bound_time_s(request: PlanRequest) -> tuple[float, float]:
     if not times_memory_bound(request):
         return 0.0, 0.0
-    from zeroplan.core.roofline.step import memory_bound_seconds
-
-    forward_s, backward_s, _ = memory_bound_seconds(request)
+    forward_s, backward_s, _ = _memory_bound_seconds(request)
     if softmax_inside_attention_rate(request):
         from zeroplan.core.roofline.step import eager_softmax_seconds
 
@@ -343,7 +357,11 @@ def compute_time_s(flops: StepFlops, request: PlanRequest) -> tuple[float, float
 
         step = roofline_step(request)
         return step.forward_s, step.backward_s
-    rate = executed_flops_per_s(request)
+    return _flat_compute_time_s(flops, request, executed_flops_per_s(request))
+
+
+def _flat_compute_time_s(flops: StepFlops, request: PlanRequest, rate: float) -> tuple[float, float]:
+    """compute_time_s under the flat-HFU model, ``rate`` the request's executed_flops_per_s."""
     if request.performance.attention_rate == "matmul":
         forward, backward = flops.forward_flops / rate, flops.backward_flops / rate
     else:
@@ -370,9 +388,23 @@ def gpu_optimizer_time_s(request: PlanRequest) -> float:
         return roofline_step(request).optimizer_s
     if not times_memory_bound(request):
         return 0.0
-    from zeroplan.core.roofline.step import memory_bound_seconds
+    return _memory_bound_seconds(request)[2]
 
-    return memory_bound_seconds(request)[2]
+
+def _memory_bound_seconds(request: PlanRequest) -> tuple[float, float, float]:
+    """zeroplan.core.roofline.step.memory_bound_seconds, its module imported when first asked
+    for (a GPU without a measured bandwidth never needs it) and kept: an import statement costs
+    each plan's step time as much as the answer it reaches, kept by the roofline."""
+    function = _ROOFLINE_MEMORY_BOUND[0]
+    if function is None:
+        from zeroplan.core.roofline.step import memory_bound_seconds as function
+
+        _ROOFLINE_MEMORY_BOUND[0] = function
+    return function(request)
+
+
+_ROOFLINE_MEMORY_BOUND: list = [None]
+"""zeroplan.core.roofline.step.memory_bound_seconds once imported (_memory_bound_seconds)."""
 
 
 # The HFU at which the planner's compute lasts what a published MFU says the step lasts (PaLM,
@@ -475,17 +507,19 @@ def rank_flops(request: PlanRequest) -> StepFlops:
                      attention_backward_flops=flops.attention_backward_flops / ranks)
 
 
-def step_time(request: PlanRequest, collectives: tuple[Collective, ...]) -> StepTime:
+# The step's collectives (each carries its sizes), host copies, CPU optimizer step, NVMe traffic,
+# pipeline bubble share and HFU read of the batch its accumulation alone: kept per request with
+# its batch cut to that (zeroplan.core.memo: a read of another batch field is answered uncached),
+# so the micro-batches and sequences of one strategy (fit, a sweep, the largest micro-batch
+# search) share them and step_time computes only what the batch's shape changes.
+@batch_keyed("grad_accum_steps")
+def _batch_free_terms(request: PlanRequest, collectives: tuple[Collective, ...]) -> tuple:
+    """step_time's terms that do not change with the micro-batch or the sequence, in its order:
+    (collective costs, non-blocking collective seconds by phase, blocking seconds, host seconds
+    by phase, communication seconds, host seconds, CPU step seconds, NVMe seconds, NVMe seconds
+    by phase as exposed, bubble fraction, flat-HFU model, HFU and executed_flops_per_s or None)."""
     from zeroplan.core.parallel.pipeline import bubble_fraction
 
-    if request.model.is_encoder_decoder:
-        # The FLOPs and the roofline's operations are one stack's at one length (zeroplan.core.flops,
-        # zeroplan.core.roofline): an encoder-decoder's memory is planned, its step is not timed.
-        raise ZeroplanError("model", f"{request.model.name} is an encoder-decoder, whose step time is not modelled "
-                                     "(its memory is; allowed: a model with one stack for step times and the plan search)")
-
-    flops = rank_flops(request)
-    forward_s, backward_s = compute_time_s(flops, request)
     by_phase = {phase: 0.0 for phase in Phase}
     costs = tuple(collective_cost(request, collective) for collective in collectives)
     blocking_s = 0.0
@@ -499,6 +533,33 @@ def step_time(request: PlanRequest, collectives: tuple[Collective, ...]) -> Step
     communication_s = sum(by_phase.values()) + blocking_s
     host_s = sum(host_by_phase.values())
     cpu_s = cpu_optimizer_time_s(request)
+    nvme_by_phase = nvme_time_by_phase(request) if request.strategy.kind.optimizer_on_nvme else None
+    nvme_s = sum(nvme_by_phase.values()) if nvme_by_phase else 0.0
+    nvme_exposed = None
+    if nvme_by_phase is not None:
+        nvme_exposed = {**nvme_by_phase, Phase.step: nvme_step_exposed_s(request, nvme_by_phase[Phase.step], cpu_s)}
+    bubble = float(bubble_fraction(request.parallel, request.batch.grad_accum_steps))
+    flat = request.performance.compute_model != "roofline"
+    from zeroplan.core.default_efficiency import effective_hfu
+
+    hfu = effective_hfu(request) if flat else None
+    # executed_flops_per_s, from the same HFU.
+    rate = None if hfu is None else request.cluster.gpu.peak_bf16_flops_per_s * hfu
+    return (costs, by_phase, blocking_s, host_by_phase, communication_s, host_s, cpu_s, nvme_s, nvme_exposed, bubble,
+            flat, hfu, rate)
+
+
+def step_time(request: PlanRequest, collectives: tuple[Collective, ...]) -> StepTime:
+    if request.model.is_encoder_decoder:
+        # The FLOPs and the roofline's operations are one stack's at one length (zeroplan.core.flops,
+        # zeroplan.core.roofline): an encoder-decoder's memory is planned, its step is not timed.
+        raise ZeroplanError("model", f"{request.model.name} is an encoder-decoder, whose step time is not modelled "
+                                     "(its memory is; allowed: a model with one stack for step times and the plan search)")
+
+    flops = rank_flops(request)
+    (costs, by_phase, blocking_s, host_by_phase, communication_s, host_s, cpu_s, nvme_s, nvme_exposed, bubble, flat,
+     hfu, rate) = _batch_free_terms(request, tuple(collectives))
+    forward_s, backward_s = compute_time_s(flops, request) if rate is None else _flat_compute_time_s(flops, request, rate)
     gpu_optimizer_s = gpu_optimizer_time_s(request)
     # Forward gathers hide behind forward compute, backward collectives and gradient offload
     # behind backward compute (each link runs its own copies, so the slower one counts); what
@@ -507,21 +568,12 @@ def step_time(request: PlanRequest, collectives: tuple[Collective, ...]) -> Step
     # (DeepSpeed's default; its delayed parameter update, ZeRO-Offload sec. 5.2, is opt-in and
     # not modelled), so cpu_s adds to the step in full; the GPU's own optimizer step (roofline
     # model) likewise runs after the last gradient is reduced.
-    nvme_by_phase = nvme_time_by_phase(request) if request.strategy.kind.optimizer_on_nvme else None
-    nvme_s = sum(nvme_by_phase.values()) if nvme_by_phase else 0.0
-    nvme_exposed = None
-    if nvme_by_phase is not None:
-        nvme_exposed = {**nvme_by_phase, Phase.step: nvme_step_exposed_s(request, nvme_by_phase[Phase.step], cpu_s)}
     exposed = exposed_communication_s(forward_s, backward_s, by_phase, host_by_phase, nvme_s=nvme_exposed)
     # The pipeline idles a fraction of its busy time: compute and the collectives compute waits on.
-    bubble_s = float(bubble_fraction(request.parallel, request.batch.grad_accum_steps)) * (forward_s + backward_s + blocking_s)
+    bubble_s = bubble * (forward_s + backward_s + blocking_s)
     step_s = forward_s + backward_s + blocking_s + bubble_s + exposed + cpu_s + gpu_optimizer_s
     batch = request.batch
     tokens = batch.micro_batch_size * batch.grad_accum_steps * batch.seq_len / request.parallel.model_parallel_size
-    flat = request.performance.compute_model != "roofline"
-    from zeroplan.core.default_efficiency import effective_hfu
-
-    hfu = effective_hfu(request) if flat else None
     memory_bound_s = float(sum(memory_bound_time_s(request))) if flat else 0.0
     globals()["_last_memory_bound"] = _NO_MEMORY_BOUND
     # Built unvalidated (Frozen.trusted): every value is the planner's own, each float field's

@@ -224,6 +224,10 @@ def _spans_nodes(request: PlanRequest, stride: int, group: int) -> bool:
 
 def model_parallel_collectives(request: PlanRequest) -> list[Collective]:
     """The collectives tensor, context, pipeline and expert parallelism add to the rank's step."""
+    parallel = request.parallel
+    if parallel.tp == parallel.cp == parallel.pp == parallel.ep == 1:
+        # Each kind's own first test (a degree of 1 adds none), without a cache's key.
+        return []
     return list(_model_parallel_collectives(request))
 
 
