@@ -15,9 +15,8 @@ import zeroplan.allocator.planner as planner
 from zeroplan.allocator.config import parse_alloc_conf
 from zeroplan.allocator.fast_replay import replay_ops
 from zeroplan.allocator.planner import allocator_fits, allocator_verdict, forget_replays
-from zeroplan.allocator.replay import replay
+from zeroplan.allocator.replay import ALLOC_OP, RECORD_OP, SYNC_OP, replay
 from zeroplan.allocator.schedule import record_step, step_inputs, step_ops
-from zeroplan.allocator.state import Block
 from zeroplan.cli.fit import request_from_args
 from zeroplan.cli.main import build_parser
 from zeroplan.core.plan import checked_peak_terms, peak_allocated_bytes
@@ -139,19 +138,38 @@ def test_refusals_are_counted_where_the_capacity_refuses_an_allocation(small) ->
     assert replay(ops, parse_alloc_conf(""), unlimited.reserved_peak_bytes - 2**21).device_refusals > 0
 
 
-def test_a_finished_replay_leaves_no_blocks_for_the_cyclic_collector(small) -> None:
+@pytest.mark.parametrize("conf, below_peak", [("", False), ("", True), ("max_split_size_mb:128", True)])
+def test_a_finished_replay_leaves_no_blocks_for_the_cyclic_collector(small, conf, below_peak) -> None:
     # Each segment's blocks link to each other; replay_ops unlinks them when it is done, so they
-    # go by reference counting (the cyclic collector's walks over them cost a default fit ~4 %).
+    # go by reference counting (the cyclic collector's walks over them cost a default fit ~4 %):
+    # the fused loop's blocks, and DeviceAllocator's where a refusal under max_split_size
+    # handed the replay to it.
     request, states, terms, _, _, unlimited = small
     ops = step_ops(request, states, terms)
+    capacity = unlimited.reserved_peak_bytes - 2**21 if below_peak else None
     gc.collect()
     gc.disable()
     try:
-        result = replay_ops(ops, parse_alloc_conf(""))
-        left = sum(isinstance(o, Block) for o in gc.get_objects())
+        result = replay_ops(ops, parse_alloc_conf(conf), capacity)
+        unreachable = gc.collect()
     finally:
         gc.enable()
-    assert result == unlimited and left == 0
+    assert result == replay(ops, parse_alloc_conf(conf), capacity) and unreachable == 0
+    assert (result.device_refusals > 0) is below_peak
+
+
+@pytest.mark.parametrize("conf", ["", "max_split_size_mb:128", "roundup_power2_divisions:4"])
+def test_the_fused_loop_hands_what_it_does_not_cover_to_the_device_allocator(small, conf) -> None:
+    # A recorded stream and a synchronisation (no planner schedule makes them, a measured trace
+    # may), and refusals below the unlimited reserved peak: the same result as the oracle.
+    request, states, terms, _, _, unlimited = small
+    ops = step_ops(request, states, terms)
+    first = next(i for i, op in enumerate(ops) if op[0] == ALLOC_OP and ops[i + 1][0] == ALLOC_OP)
+    recorded = [*ops[:first + 1], (RECORD_OP, ops[first][1], 0, 1), *ops[first + 1:-1], (SYNC_OP, 0, 0, 0), ops[-1]]
+    config = parse_alloc_conf(conf)
+    for trace in (ops, recorded):
+        for capacity in (None, unlimited.reserved_peak_bytes - 2**21, unlimited.reserved_peak_bytes // 2):
+            assert replay_ops(trace, config, capacity) == replay(trace, config, capacity)
 
 
 def test_a_sample_of_random_requests_gets_the_oracles_verdicts() -> None:

@@ -2,8 +2,13 @@
 segments, no garbage collection), with the same result:
 
 - DeviceAllocator's malloc and free fused into one loop: the same steps in the same order
-  (device.py's methods, marked where each is inlined), without a method call per event; every
-  rare path (a new segment, a retry, a recorded stream) goes through DeviceAllocator itself;
+  (device.py's methods, marked where each is inlined, a refused device allocation's release of
+  the cache and retry included), without a method call per event, on blocks held as plain
+  lists (_BLOCK_FIELDS: a list is made in about a sixth of a Block's time, and a step makes one
+  at most splits); where a replay meets what the loop does not cover (a recorded stream, a
+  synchronisation, an emptied cache, a refused device allocation under max_split_size, whose
+  release picks blocks by size), its blocks become DeviceAllocator's Blocks (_as_blocks) and
+  DeviceAllocator itself replays the rest;
 - an allocation served from the cache and freed by the next op changes only the peaks: the
   block (or the front split off it) merges back into the cached block it came from, whose
   neighbours are never available (they would have merged with it);
@@ -31,7 +36,7 @@ oracle's."""
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import bisect_left
 from collections.abc import Sequence
 
 from zeroplan.allocator.config import AllocatorConfig
@@ -44,6 +49,16 @@ from zeroplan.allocator.state import SIZE_SHIFT, STREAM_SHIFT, Block
 MAX_MISSES = 2
 """Periods checked in vain before a replay stops checking (each check copies the cached blocks'
 keys): a schedule whose loop leaves cached blocks behind every iteration never repeats."""
+
+_BLOCK_FIELDS = ("size", "ptr", "prev", "next", "allocated", "requested", "small", "stream", "key")
+_FIELD_INDICES = tuple(range(len(_BLOCK_FIELDS)))
+SIZE, PTR, PREV, NEXT, ALLOCATED, REQUESTED, SMALL, STREAM, KEY = _FIELD_INDICES
+"""A block of the fused loop: a list of state.Block's fields that the loop reads, in this order
+(the indices above), and its key in its pool while it is cached (set as it goes in, so a merge
+finds it without working it out); a list, not a Block, because the loop makes one at every
+split."""
+
+FastBlock = list
 
 
 def fused_applies(config: AllocatorConfig) -> bool:
@@ -59,9 +74,11 @@ def replay_ops(ops: Ops, config: AllocatorConfig, capacity_bytes: int | None = N
     if not fused_applies(config):
         return replay(ops, config, capacity_bytes)
     device = DeviceAllocator(config, capacity_bytes)
-    live: dict[int, Block] = {}
-    sizes: dict[int, tuple[int, bool, int]] = {}
+    live: dict = {}
+    cached: tuple[list[FastBlock], list[FastBlock]] = ([], [])
+    sizes: dict = {}
     oom = None
+    handed_over = False
     start = 0
     before: _Snapshot | None = None
     misses = 0
@@ -73,10 +90,15 @@ def replay_ops(ops: Ops, config: AllocatorConfig, capacity_bytes: int | None = N
         peaks = device.allocated_peak, device.requested_peak, device.reserved_peak
         device.allocated_peak, device.requested_peak = device.allocated, device.requested
         device.reserved_peak = device.reserved
-        oom = _run(device, ops, start, end, live, sizes)
+        stop = _run(device, ops, start, end, live, cached, sizes)
+        if stop is not None:
+            oom, handed_over = stop
+            if handed_over:
+                live = _as_blocks(device, live, cached)
+                oom = _on_device(device, ops, oom, live)
         period_peaks = device.allocated_peak, device.requested_peak, device.reserved_peak
         device.allocated_peak, device.requested_peak, device.reserved_peak = map(max, peaks, period_peaks)
-        if oom is not None or end == len(ops):
+        if stop is not None or end == len(ops):
             break
         after = _Snapshot(device, end)
         if before is not None:
@@ -93,19 +115,76 @@ def replay_ops(ops: Ops, config: AllocatorConfig, capacity_bytes: int | None = N
         device_free_calls=device.device_frees, alloc_retries=device.retries, device_refusals=device.refusals,
         events_replayed=len(ops) if oom is None else oom,
     )
-    _unlink(device, live)
+    _unlink(device, live, cached, handed_over)
     return result
 
 
-def _unlink(device: DeviceAllocator, live: dict[int, Block]) -> None:
+def _unlink(device: DeviceAllocator, live: dict, cached: tuple[list[FastBlock], list[FastBlock]],
+            blocks_made: bool) -> None:
     """Break the links between a finished replay's blocks: each segment's blocks point at each
     other (prev, next), cycles that reference counting never frees, so each replay's hundreds of
     blocks waited for Python's cyclic collector (~4 % of a default fit's time went to its
-    collections); unlinked, they go with the replay. Every block is allocated (``live``),
-    cached (a pool's) or waiting on an event (pending)."""
-    for blocks in (live.values(), device.small_pool.by_key.values(), device.large_pool.by_key.values(), device.pending):
+    collections); unlinked, they go with the replay. Every block is allocated (``live``) or
+    cached (``cached``; once DeviceAllocator took over, ``blocks_made``, the pools' Blocks, or
+    waiting on an event: pending)."""
+    if blocks_made:
+        for blocks in (live.values(), device.small_pool.by_key.values(), device.large_pool.by_key.values(),
+                       device.pending):
+            for block in blocks:
+                block.prev = block.next = None
+        return
+    for blocks in (live.values(), *cached):
         for block in blocks:
-            block.prev = block.next = None
+            block[PREV] = block[NEXT] = None
+
+
+def _as_blocks(device: DeviceAllocator, live: dict[int, FastBlock],
+               cached: tuple[list[FastBlock], list[FastBlock]]) -> dict[int, Block]:
+    """The fused loop's blocks as DeviceAllocator's (the same sizes, addresses, links and
+    pools; every block is allocated or cached): the allocations by id, returned, and the cached
+    ones in their pools (Pool.by_key)."""
+    made: dict[int, Block] = {}
+    lists: list[FastBlock] = []
+
+    def block_of(fast: FastBlock) -> Block:
+        block = made.get(id(fast))
+        if block is None:
+            block = made[id(fast)] = Block(fast[STREAM], fast[SIZE], fast[PTR], fast[SMALL])
+            block.allocated, block.requested = fast[ALLOCATED], fast[REQUESTED]
+            lists.append(fast)
+        return block
+
+    blocks = {ident: block_of(fast) for ident, fast in live.items()}
+    for pool, blocks_cached in zip((device.large_pool, device.small_pool), cached):
+        pool.by_key = {key: block_of(fast) for key, fast in zip(pool.keys, blocks_cached)}
+    for fast in lists:
+        block = made[id(fast)]
+        block.prev = None if fast[PREV] is None else made[id(fast[PREV])]
+        block.next = None if fast[NEXT] is None else made[id(fast[NEXT])]
+        fast[PREV] = fast[NEXT] = None
+    return blocks
+
+
+def _on_device(device: DeviceAllocator, ops: Ops, start: int, live: dict[int, Block]) -> int | None:
+    """ops[start:] replayed by DeviceAllocator itself (replay.replay's loop): the index of the
+    request that ran out of memory, or None."""
+    malloc, free = device.malloc, device.free
+    for index in range(start, len(ops)):
+        kind, ident, size, stream = ops[index]
+        if kind == ALLOC_OP:
+            block = malloc(size, stream)
+            if block is None:
+                return index
+            live[ident] = block
+        elif kind == FREE_OP:
+            free(live.pop(ident))
+        elif kind == RECORD_OP:
+            device.record_stream(live[ident], stream)
+        elif kind == SYNC_OP:
+            device.synchronize()
+        else:
+            device.empty_cache()
+    return None
 
 
 class _Snapshot:
@@ -127,7 +206,7 @@ class _Snapshot:
 
 
 def _apply_repeats(device: DeviceAllocator, ops: Ops, before: _Snapshot, after: _Snapshot,
-                   period_peaks: tuple[int, int, int], live: dict[int, Block]) -> int:
+                   period_peaks: tuple[int, int, int], live: dict[int, FastBlock]) -> int:
     """Where the replay resumes after the period ops[before.index:after.index]: past every
     repeat of it that follows and that the state proves acts as it did (the module's
     docstring), applied here; else at its end."""
@@ -148,8 +227,8 @@ def _apply_repeats(device: DeviceAllocator, ops: Ops, before: _Snapshot, after: 
     for block in blocks:
         # What the docstring proves, checked: every block the period leaves allocated lies in a
         # segment it created, among blocks it left allocated.
-        if block.ptr < before.next_address or (block.prev is not None and id(block.prev) not in kept) \
-                or (block.next is not None and id(block.next) not in kept):
+        if block[PTR] < before.next_address or (block[PREV] is not None and id(block[PREV]) not in kept) \
+                or (block[NEXT] is not None and id(block[NEXT]) not in kept):
             return end
     address_shift = device.next_address - before.next_address
     reserved_step = after.reserved - before.reserved
@@ -165,20 +244,18 @@ def _apply_repeats(device: DeviceAllocator, ops: Ops, before: _Snapshot, after: 
         return end
     # The repeated periods' allocated blocks, each period's moved by the address shift.
     for repeat in range(1, repeats + 1):
-        moved: dict[int, Block] = {}
+        moved: dict[int, FastBlock] = {}
         shift = repeat * address_shift
         for ident, block in zip(survivors, blocks):
-            copy = Block(block.stream, block.size, block.ptr + shift, block.small)
-            copy.allocated = True
-            copy.requested = block.requested
+            copy = [block[SIZE], block[PTR] + shift, None, None, True, block[REQUESTED], block[SMALL], block[STREAM], 0]
             moved[id(block)] = copy
             live[ident + repeat * id_shift] = copy
         for block in blocks:
             copy = moved[id(block)]
-            if block.prev is not None:
-                copy.prev = moved[id(block.prev)]
-            if block.next is not None:
-                copy.next = moved[id(block.next)]
+            if block[PREV] is not None:
+                copy[PREV] = moved[id(block[PREV])]
+            if block[NEXT] is not None:
+                copy[NEXT] = moved[id(block[NEXT])]
     allocated_step, requested_step = after.allocated - before.allocated, after.requested - before.requested
     device.next_address += repeats * address_shift
     device.reserved += repeats * reserved_step
@@ -217,170 +294,210 @@ def _repeats(ops: Ops, start: int, end: int, id_shift: int) -> bool:
     return True
 
 
-def _run(device: DeviceAllocator, ops: Ops, start: int, end: int, live: dict[int, Block],
-         sizes: dict[int, tuple[int, bool, int]]) -> int | None:
-    """Replay ops[start:end] on ``device``: DeviceAllocator.malloc and free inline. The index
-    of the request that ran out of memory, or None. ``sizes``: each request size seen, its
-    rounded size, pool (small) and rounded size shifted into a cached block's key, kept
-    between the calls of one replay (they depend on the size and the setting alone)."""
+def _size_facts(size_bytes: int, stream: int, device: DeviceAllocator,
+                blocks: tuple[list[FastBlock], list[FastBlock]]) -> tuple:
+    """What the fused loop needs of a request's size on a stream (it depends on those and the
+    setting alone, so each replay works it out once): the rounded size, its pool (small), the
+    key get_free_block searches from (the stream's blocks of at least that size), the first key
+    past the stream's, the stream's bits of a key, the segment a cache miss allocates
+    (get_allocation_size), the address space that segment takes, and the pool's keys and
+    blocks (``blocks``: the large pool's, the small pool's)."""
+    size = round_size(size_bytes, device.config)
+    small = size <= SMALL_SIZE_BYTES
+    pool = device.small_pool if small else device.large_pool
+    alloc_size = allocation_size(size)
+    advance = -(-alloc_size // ADDRESS_ALIGN_BYTES) * ADDRESS_ALIGN_BYTES
+    stream_bits = stream << STREAM_SHIFT
+    return (size, small, stream_bits | (size << SIZE_SHIFT), (stream + 1) << STREAM_SHIFT, stream_bits, alloc_size,
+            advance, pool.keys, blocks[small])
+
+
+def _run(device: DeviceAllocator, ops: Ops, start: int, end: int, live: dict[int, FastBlock],
+         cached: tuple[list[FastBlock], list[FastBlock]], sizes: dict) -> tuple[int, bool] | None:
+    """Replay ops[start:end] on ``device``: DeviceAllocator.malloc and free inline, on the
+    fused loop's blocks (_BLOCK_FIELDS). None where every op was applied; else (index, False)
+    where the request at ``index`` ran out of memory, (index, True) where the op at ``index``
+    needs DeviceAllocator itself (not applied: the module's docstring). ``cached``: the large
+    and the small pool's cached blocks, each in the order of its pool's keys (which stand for
+    Pool.by_key here: a list index instead of hashing a key); ``sizes``: each request size's
+    _size_facts, kept between the calls of one replay."""
+    # What every op reads, as locals (the cheapest names to read): the fields' indices, the
+    # op kinds, the keys' shifts, the rules' sizes, bisect.
+    SIZE, PTR, PREV, NEXT, ALLOCATED, REQUESTED, SMALL, STREAM, KEY = _FIELD_INDICES  # noqa: N806
+    alloc_op, free_op, stream_shift, size_shift = ALLOC_OP, FREE_OP, STREAM_SHIFT, SIZE_SHIFT
+    min_block, small_size, search = MIN_BLOCK_BYTES, SMALL_SIZE_BYTES, bisect_left
     config = device.config
-    small_pool, large_pool = device.small_pool, device.large_pool
+    keys_small, keys_large = device.small_pool.keys, device.large_pool.keys
+    cached_large, cached_small = cached
     split_limited, max_split = device.split_limited, config.max_split_size_bytes
     forget = live.pop
-    by_key_small, by_key_large = small_pool.by_key, large_pool.by_key
-    keys_small, keys_large = small_pool.keys, large_pool.keys
-    allocated, requested = device.allocated, device.requested
-    allocated_peak, requested_peak = device.allocated_peak, device.requested_peak
+    allocated, requested, reserved = device.allocated, device.requested, device.reserved
+    allocated_peak, requested_peak, reserved_peak = device.allocated_peak, device.requested_peak, device.reserved_peak
+    next_address, device_allocs = device.next_address, device.device_allocs
     capacity = device.capacity
-    # A block is available to merge when free, with no outstanding event and no recorded
-    # stream (state.available); until a stream is recorded in this replay no block has either,
-    # and being free decides it.
-    plain = device.stream_records == 0
-    oom = None
+    stop = None
     last = end - 1
-    skip = -1
     for index in range(start, end):
-        if index == skip:
-            continue
         kind, ident, size_bytes, stream = ops[index]
-        if kind == ALLOC_OP:
+        if kind == alloc_op:
             # DeviceAllocator.malloc.
-            known = sizes.get(size_bytes)
+            fact_key = (size_bytes, stream) if stream else size_bytes
+            known = sizes.get(fact_key)
             if known is None:
-                rounded = round_size(size_bytes, config)
-                known = sizes[size_bytes] = (rounded, rounded <= SMALL_SIZE_BYTES, rounded << SIZE_SHIFT)
-            size, small, shifted = known
-            if small:
-                keys, by_key = keys_small, by_key_small
-            else:
-                keys, by_key = keys_large, by_key_large
+                known = sizes[fact_key] = _size_facts(size_bytes, stream, device, cached)
+            size, small, least, past, stream_bits, alloc_size, advance, keys, pool = known
             # get_free_block (no expandable segments: the first candidate is the block).
-            at = bisect_left(keys, (stream << STREAM_SHIFT) | shifted)
+            at = search(keys, least)
             block = None
             if at < len(keys):
                 key = keys[at]
-                if key >> STREAM_SHIFT == stream:
-                    block = by_key[key]
-                    if split_limited and not block_may_serve(block.size, size, config):
+                if key < past:
+                    block = pool[at]
+                    if split_limited and not block_may_serve(block[SIZE], size, config):
                         block = None
-                    elif index < last and (following := ops[index + 1])[1] == ident and following[0] == FREE_OP:
+                    elif index < last and (following := ops[index + 1])[1] == ident and following[0] == free_op:
                         # Freed at once: the block (or its front, split off) merges back into what
                         # it was cut from (a cached block's neighbours are never available: they
-                        # would have merged), so the cache is as it was; only the peaks move.
-                        remaining_bytes = block.size - size
+                        # would have merged), so the cache is as it was; only the peaks move. Its
+                        # free, next, finds no block (live.pop's default).
+                        remaining_bytes = block[SIZE] - size
                         if small:
-                            whole = remaining_bytes < MIN_BLOCK_BYTES
+                            whole = remaining_bytes < min_block
                         else:
-                            whole = not (size < max_split and remaining_bytes > SMALL_SIZE_BYTES)
-                        if allocated + (block.size if whole else size) > allocated_peak:
-                            allocated_peak = allocated + (block.size if whole else size)
+                            whole = not (size < max_split and remaining_bytes > small_size)
+                        if allocated + (block[SIZE] if whole else size) > allocated_peak:
+                            allocated_peak = allocated + (block[SIZE] if whole else size)
                         if requested + size_bytes > requested_peak:
                             requested_peak = requested + size_bytes
-                        skip = index + 1
                         continue
                     else:
-                        del by_key[key]
                         del keys[at]
+                        del pool[at]
             if block is None:
-                alloc_size = allocation_size(size)
-                reserved = device.reserved + alloc_size
-                if reserved <= capacity:
+                if reserved + alloc_size <= capacity:
                     # alloc_block with _address and _reserve inline (no measured run's addresses here).
-                    device.reserved = reserved
-                    if reserved > device.reserved_peak:
-                        device.reserved_peak = reserved
-                    device.device_allocs += 1
-                    ptr = device.next_address
-                    device.next_address = ptr + -(-alloc_size // ADDRESS_ALIGN_BYTES) * ADDRESS_ALIGN_BYTES
-                    block = Block(stream, alloc_size, ptr, small)
+                    reserved += alloc_size
+                    if reserved > reserved_peak:
+                        reserved_peak = reserved
+                    device_allocs += 1
+                    block = [alloc_size, next_address, None, None, False, 0, small, stream, 0]
+                    next_address += advance
+                elif split_limited:
+                    # release_available_cached_blocks acts under max_split_size: DeviceAllocator's.
+                    stop = index, True
+                    break
                 else:
-                    # A refusal: alloc_block refuses it again (and counts it), then the retries.
-                    pool = small_pool if small else large_pool
-                    block = device._alloc_new_block(pool, stream, size, alloc_size)
-                    if not block:
-                        oom = index
+                    # _alloc_new_block: alloc_block refused; release_cached_blocks (nothing waits
+                    # on an event here) cudaFrees every unsplit cached block of both pools; the
+                    # retry.
+                    device.refusals += 1
+                    for pool_keys, pool_blocks in ((keys_large, cached_large), (keys_small, cached_small)):
+                        kept_keys, kept = [], []
+                        for key, unused in zip(pool_keys, pool_blocks):
+                            if unused[PREV] is None and unused[NEXT] is None:
+                                reserved -= unused[SIZE]
+                                device.device_frees += 1
+                            else:
+                                kept_keys.append(key)
+                                kept.append(unused)
+                        pool_keys[:] = kept_keys
+                        pool_blocks[:] = kept
+                    device.retries += 1
+                    if reserved + alloc_size > capacity:
+                        device.refusals += 1
+                        stop = index, False
                         break
+                    reserved += alloc_size
+                    if reserved > reserved_peak:
+                        reserved_peak = reserved
+                    device_allocs += 1
+                    block = [alloc_size, next_address, None, None, False, 0, small, stream, 0]
+                    next_address += advance
             # alloc_found_block.
-            remaining_bytes = block.size - size
+            remaining_bytes = block[SIZE] - size
             if small:
-                split = remaining_bytes >= MIN_BLOCK_BYTES
+                split = remaining_bytes >= min_block
             else:
-                split = size < max_split and remaining_bytes > SMALL_SIZE_BYTES
+                split = size < max_split and remaining_bytes > small_size
             if split:
-                remaining = block
-                ptr = remaining.ptr
-                block = Block(stream, size, ptr, small)
-                block.prev = before = remaining.prev
+                ptr = block[PTR]
+                before = block[PREV]
+                front = [size, ptr, before, block, True, size_bytes, small, stream, 0]
                 if before is not None:
-                    before.next = block
-                block.next = remaining
-                remaining.prev = block
+                    before[NEXT] = front
+                block[PREV] = front
                 ptr += size
-                remaining.ptr = ptr
-                remaining.size = remaining_bytes
-                key = (stream << STREAM_SHIFT) | (remaining_bytes << SIZE_SHIFT) | ptr
-                insort(keys, key)
-                by_key[key] = remaining
-            block.allocated = True
-            block.requested = size_bytes
-            allocated += block.size
+                block[PTR] = ptr
+                block[SIZE] = remaining_bytes
+                key = (remaining_bytes << size_shift) | ptr
+                if stream_bits:
+                    key |= stream_bits
+                block[KEY] = key
+                at = search(keys, key)
+                keys.insert(at, key)
+                pool.insert(at, block)
+                block = front
+                allocated += size
+            else:
+                block[ALLOCATED] = True
+                block[REQUESTED] = size_bytes
+                allocated += block[SIZE]
             requested += size_bytes
             if allocated > allocated_peak:
                 allocated_peak = allocated
             if requested > requested_peak:
                 requested_peak = requested
             live[ident] = block
-        elif kind == FREE_OP:
-            # DeviceAllocator.free.
-            block = forget(ident)
-            block.allocated = False
-            size = block.size
+        elif kind == free_op:
+            # DeviceAllocator.free (no block has a recorded stream here).
+            block = forget(ident, None)
+            if block is None:
+                continue  # freed at once (above)
+            block[ALLOCATED] = False
+            size = block[SIZE]
             allocated -= size
-            requested -= block.requested
-            if not plain and block.stream_uses:
-                block.event_count = len(block.stream_uses)
-                block.stream_uses = ()
-                device.pending.append(block)
-                continue
+            requested -= block[REQUESTED]
             # free_block, try_merge_blocks inline (every block is mapped here).
-            if block.small:
-                keys, by_key = keys_small, by_key_small
+            if block[SMALL]:
+                keys, pool = keys_small, cached_small
             else:
-                keys, by_key = keys_large, by_key_large
-            stream = block.stream << STREAM_SHIFT
-            ptr = block.ptr
-            before = block.prev
-            if before is not None and not before.allocated and (plain or (not before.event_count and not before.stream_uses)):
-                before_size = before.size
-                key = stream | (before_size << SIZE_SHIFT) | before.ptr
-                del keys[bisect_left(keys, key)]
-                del by_key[key]
-                ptr = block.ptr = before.ptr
+                keys, pool = keys_large, cached_large
+            ptr = block[PTR]
+            before = block[PREV]
+            if before is not None and not before[ALLOCATED]:
+                before_size = before[SIZE]
+                ptr = before[PTR]
+                at = search(keys, before[KEY])
+                del keys[at]
+                del pool[at]
+                block[PTR] = ptr
                 size += before_size
-                block.prev = preceding = before.prev
+                block[PREV] = preceding = before[PREV]
                 if preceding is not None:
-                    preceding.next = block
-            after = block.next
-            if after is not None and not after.allocated and (plain or (not after.event_count and not after.stream_uses)):
-                after_size = after.size
-                key = stream | (after_size << SIZE_SHIFT) | after.ptr
-                del keys[bisect_left(keys, key)]
-                del by_key[key]
-                block.next = following = after.next
+                    preceding[NEXT] = block
+            after = block[NEXT]
+            if after is not None and not after[ALLOCATED]:
+                after_size = after[SIZE]
+                at = search(keys, after[KEY])
+                del keys[at]
+                del pool[at]
+                block[NEXT] = following = after[NEXT]
                 if following is not None:
-                    following.prev = block
+                    following[PREV] = block
                 size += after_size
-            block.size = size
-            key = stream | (size << SIZE_SHIFT) | ptr
-            insort(keys, key)
-            by_key[key] = block
-        elif kind == RECORD_OP:
-            device.record_stream(live[ident], stream)
-            plain = False
-        elif kind == SYNC_OP:
-            device.synchronize()
+            block[SIZE] = size
+            key = (size << size_shift) | ptr
+            if block[STREAM]:
+                key |= block[STREAM] << stream_shift
+            block[KEY] = key
+            at = search(keys, key)
+            keys.insert(at, key)
+            pool.insert(at, block)
         else:
-            device.empty_cache()
-    device.allocated, device.requested = allocated, requested
-    device.allocated_peak, device.requested_peak = allocated_peak, requested_peak
-    return oom
+            # A recorded stream, a synchronisation, an emptied cache: DeviceAllocator's.
+            stop = index, True
+            break
+    device.allocated, device.requested, device.reserved = allocated, requested, reserved
+    device.allocated_peak, device.requested_peak, device.reserved_peak = allocated_peak, requested_peak, reserved_peak
+    device.next_address, device.device_allocs = next_address, device_allocs
+    return stop
