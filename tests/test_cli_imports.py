@@ -127,3 +127,17 @@ def test_the_command_as_a_process_skips_the_plugin_loaders_imports_and_validates
     with contextlib.redirect_stdout(expected):
         assert main(argv) == 0
     assert result.stdout == expected.getvalue()
+
+
+@pytest.mark.parametrize("at_exit", [False, True])
+def test_the_command_ends_with_its_status_and_flushed_streams_and_runs_what_is_registered_at_exit(at_exit: bool) -> None:
+    program = (
+        "import atexit, sys\n"
+        + ("atexit.register(lambda: print('ran at exit'))\n" if at_exit else "")
+        + "from zeroplan.cli.main import exit_without_teardown\n"
+        "print('answer', end='')\n"
+        "sys.stderr.write('note')\n"
+        "exit_without_teardown(3)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout, result.stderr) == (3, "answer" + ("ran at exit\n" if at_exit else ""), "note")
