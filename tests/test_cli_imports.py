@@ -15,9 +15,10 @@ HEAVY = ("numpy", "pandas", "matplotlib", "torch", "scipy")
 # (json for a file argument, difflib for a misspelt name, statistics where the default efficiency
 # is fitted, shlex for --emit, megatron-core's terms for its own framework, the efficiency file's
 # models for --efficiency FILE: the time-basis line comes from zeroplan.calibrate.basis; the
-# config.json readers for the presets read from one, built only when asked for by name).
+# config.json readers for the presets read from one, built only when asked for by name; the plan
+# search's table).
 LAZY = ("json", "difflib", "statistics", "shlex", "zeroplan.core.megatron", "zeroplan.calibrate.step",
-        "zeroplan.presets.hf_config")
+        "zeroplan.presets.hf_config", "zeroplan.report.search_table")
 
 # Models these commands never validate: their validators are built on first use (defer_build).
 DEFERRED = ("zeroplan.calibrate.step:StepEfficiency", "zeroplan.answers:PlanSearchResult",
@@ -68,3 +69,75 @@ def test_the_command_runs_numpy_on_one_blas_thread_where_the_user_has_not_chosen
     environ = {"OPENBLAS_NUM_THREADS": "8"}
     single_blas_thread(environ)
     assert environ == {"OPENBLAS_NUM_THREADS": "8"}
+
+
+def test_pydantic_plugin_loader_is_stood_in_for_only_where_every_plugin_is_disabled() -> None:
+    from zeroplan.cli import no_pydantic_plugins
+    from zeroplan.cli.no_pydantic_plugins import LOADER, install
+
+    for disabled in ("__all__", "1", "true"):
+        modules: dict = {}
+        assert install({"PYDANTIC_DISABLE_PLUGINS": disabled}, modules)
+        assert modules == {LOADER: no_pydantic_plugins}
+    for chosen in ({}, {"PYDANTIC_DISABLE_PLUGINS": ""}, {"PYDANTIC_DISABLE_PLUGINS": "logfire"}):
+        modules = {}
+        assert not install(chosen, modules)
+        assert modules == {}
+    already = object()
+    modules = {LOADER: already}  # pydantic's own, imported before: kept
+    assert not install({"PYDANTIC_DISABLE_PLUGINS": "__all__"}, modules)
+    assert modules == {LOADER: already}
+
+
+def test_the_stand_in_answers_as_pydantics_loader_does_with_every_plugin_disabled(monkeypatch) -> None:
+    from pydantic.plugin import _loader
+
+    from zeroplan.cli import no_pydantic_plugins
+
+    monkeypatch.setenv("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    assert list(no_pydantic_plugins.get_plugins()) == list(_loader.get_plugins()) == []
+    assert no_pydantic_plugins.PYDANTIC_ENTRY_POINT_GROUP == _loader.PYDANTIC_ENTRY_POINT_GROUP
+
+
+@pytest.mark.slow  # one interpreter
+def test_the_command_as_a_process_skips_the_plugin_loaders_imports_and_validates_as_before() -> None:
+    # main() with no argv is the command (python -m zeroplan): it stands in for pydantic's loader.
+    argv = ["fit", "llama-2-70b", "--gpus", "8", "--gpu", "a100-80gb"]
+    program = (
+        "import contextlib, io, os, sys\n"
+        "os.environ.pop('PYDANTIC_DISABLE_PLUGINS', None)\n"
+        f"sys.argv = ['zeroplan', *{argv!r}]\n"
+        "from zeroplan.cli.main import main\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out):\n"
+        "    assert main() == 0\n"
+        "from zeroplan.cli import no_pydantic_plugins\n"
+        "assert sys.modules['pydantic.plugin._loader'] is no_pydantic_plugins\n"
+        "assert 'importlib.metadata' not in sys.modules\n"
+        "print(out.getvalue(), end='')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    import contextlib
+    import io
+
+    from zeroplan.cli.main import main
+
+    expected = io.StringIO()
+    with contextlib.redirect_stdout(expected):
+        assert main(argv) == 0
+    assert result.stdout == expected.getvalue()
+
+
+@pytest.mark.parametrize("at_exit", [False, True])
+def test_the_command_ends_with_its_status_and_flushed_streams_and_runs_what_is_registered_at_exit(at_exit: bool) -> None:
+    program = (
+        "import atexit, sys\n"
+        + ("atexit.register(lambda: print('ran at exit'))\n" if at_exit else "")
+        + "from zeroplan.cli.main import exit_without_teardown\n"
+        "print('answer', end='')\n"
+        "sys.stderr.write('note')\n"
+        "exit_without_teardown(3)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout, result.stderr) == (3, "answer" + ("ran at exit\n" if at_exit else ""), "note")

@@ -64,6 +64,10 @@ def test_every_preset_resolves_case_insensitively() -> None:
         assert get_model(name.upper()).name == name
 
 
+def test_a_preset_is_built_once_when_first_asked_for() -> None:
+    assert get_model("llama-2-70b") is get_model("LLAMA-2-70B")
+
+
 def test_unknown_model_suggests_close_match() -> None:
     with pytest.raises(ZeroplanError) as caught:
         get_model("llama-2-7")

@@ -128,3 +128,18 @@ def test_a_record_and_its_subclass_compare_as_dataclasses_do() -> None:
         assert wider(1, 2) == wider(1, 2) != wider(1, 3) and repr(wider(1, 2)) == "Wider(a=1, b=2)"
         with pytest.raises(dataclasses.FrozenInstanceError):
             plain(1).a = 2
+
+
+def test_a_record_without_a_docstring_is_documented_by_its_fields_without_parsing_a_signature(monkeypatch) -> None:
+    import inspect
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("inspect.signature called")
+
+    monkeypatch.setattr(inspect, "signature", refuse)
+    namespace = {**_namespace(), "__doc__": None}
+    for slots in (False, True):
+        made = frozen(type("Record", (), dict(namespace)), slots=slots)
+        assert made.__doc__ == "Record(a, b, c, cache)"
+        assert made(1) == made(1, 1.5, ())
+    assert frozen(type("Record", (), _namespace())).__doc__ == "A record."

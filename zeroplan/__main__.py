@@ -1,3 +1,3 @@
-from zeroplan.cli.main import main
+from zeroplan.cli.main import command
 
-raise SystemExit(main())
+command()

@@ -33,7 +33,17 @@ def frozen(cls: T | None = None, /, *, slots: bool = False) -> Any:
     """``@dataclass(frozen=True)`` (``slots=True``: ``@dataclass(frozen=True, slots=True)``)."""
 
     def wrap(cls: T) -> T:
-        return _give_methods(dataclass(cls, init=False, repr=False, eq=False, slots=slots))
+        # dataclasses writes a class without a docstring one from inspect.signature(cls), here
+        # object.__init__'s text signature, which it parses with tokenize: the process's first
+        # such parse compiles tokenize's token pattern (re), 14 M instructions of a fit's start
+        # (callgrind), for the text '_Param()'. Such a class is given its fields' names instead.
+        undocumented = not cls.__dict__.get("__doc__")
+        if undocumented:
+            cls.__doc__ = cls.__name__
+        built = _give_methods(dataclass(cls, init=False, repr=False, eq=False, slots=slots))
+        if undocumented:
+            built.__doc__ = f"{built.__name__}({', '.join(f.name for f in fields(built))})"
+        return built
 
     return wrap if cls is None else wrap(cls)
 

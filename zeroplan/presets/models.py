@@ -4,6 +4,7 @@ model cards) or paper; the parameter counts they imply are tested in tests/test_
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
 
 from zeroplan.errors import ZeroplanError, unknown_name_error
@@ -145,39 +146,44 @@ def _read_preset(name: str) -> ModelSpec:
     return parse_hf_config(_READ_PRESETS[name], name)
 
 
-_PRESETS: dict[str, ModelSpec] = {
-    spec.name: spec
-    for spec in [
-        _gpt2("gpt2", 768, 12, 12),
-        _gpt2("gpt2-medium", 1024, 24, 16),
-        _gpt2("gpt2-large", 1280, 36, 20),
-        _gpt2("gpt2-xl", 1600, 48, 25),
-        # Brown et al. 2020, Table 2.1: 96 layers, d_model 12288, 96 heads, context 2048.
-        _gpt2("gpt3-175b", 12288, 96, 96, positions=2048),
-        # meta-llama/Llama-2-*-hf config.json (max_position_embeddings 4096).
-        _llama("llama-2-7b", 32000, 4096, 32, 32, 32, 11008, 4096),
-        _llama("llama-2-13b", 32000, 5120, 40, 40, 40, 13824, 4096),
-        _llama("llama-2-70b", 32000, 8192, 80, 64, 8, 28672, 4096),
-        # meta-llama/Meta-Llama-3-* config.json (max_position_embeddings 8192) and Llama-3.1-*
-        # config.json (131072, with llama3 rope_scaling from an original 8192).
-        _llama("llama-3-8b", 128256, 4096, 32, 32, 8, 14336, 8192),
-        _llama("llama-3-70b", 128256, 8192, 80, 64, 8, 28672, 8192),
-        _llama("llama-3.1-8b", 128256, 4096, 32, 32, 8, 14336, 131072),
-        _llama("llama-3.1-70b", 128256, 8192, 80, 64, 8, 28672, 131072),
-        _llama("llama-3.1-405b", 128256, 16384, 126, 128, 8, 53248, 131072),
-        # mistralai/Mistral-7B-v0.1 and Mixtral-8x7B-v0.1 config.json (max_position_embeddings 32768).
-        _llama("mistral-7b", 32000, 4096, 32, 32, 8, 14336, 32768),
-        _llama("mixtral-8x7b", 32000, 4096, 32, 32, 8, 14336, 32768, experts=8, experts_per_token=2),
-        # https://huggingface.co/01-ai/Yi-34B/blob/main/config.json (model_type llama; copied to
-        # tests/fixtures/hf/yi-34b.json): 60 layers, hidden 7168, 56 heads, 8 kv heads, intermediate
-        # 20480, vocab 64000, untied, max_position_embeddings 4096.
-        _llama("yi-34b", 64000, 7168, 60, 56, 8, 20480, 4096),
-        # jzhang38/TinyLlama@bf12224 lit_gpt/config.py tiny_LLaMA_1b: 22 layers, n_embd 2048,
-        # 32 heads, 4 query groups, LLaMAMLP 5632, vocab 32000, block_size 2048, untied head.
-        _llama("tinyllama-1.1b", 32000, 2048, 22, 32, 4, 5632, 2048),
-        _falcon_7b(),
-    ]
+# Each preset is built (validated) the first time it is asked for by name: a command plans one
+# model, and validating the other seventeen at every start cost about 4 M instructions.
+_PRESETS: dict[str, Callable[[], ModelSpec]] = {
+    "gpt2": functools.partial(_gpt2, "gpt2", 768, 12, 12),
+    "gpt2-medium": functools.partial(_gpt2, "gpt2-medium", 1024, 24, 16),
+    "gpt2-large": functools.partial(_gpt2, "gpt2-large", 1280, 36, 20),
+    "gpt2-xl": functools.partial(_gpt2, "gpt2-xl", 1600, 48, 25),
+    # Brown et al. 2020, Table 2.1: 96 layers, d_model 12288, 96 heads, context 2048.
+    "gpt3-175b": functools.partial(_gpt2, "gpt3-175b", 12288, 96, 96, positions=2048),
+    # meta-llama/Llama-2-*-hf config.json (max_position_embeddings 4096).
+    "llama-2-7b": functools.partial(_llama, "llama-2-7b", 32000, 4096, 32, 32, 32, 11008, 4096),
+    "llama-2-13b": functools.partial(_llama, "llama-2-13b", 32000, 5120, 40, 40, 40, 13824, 4096),
+    "llama-2-70b": functools.partial(_llama, "llama-2-70b", 32000, 8192, 80, 64, 8, 28672, 4096),
+    # meta-llama/Meta-Llama-3-* config.json (max_position_embeddings 8192) and Llama-3.1-*
+    # config.json (131072, with llama3 rope_scaling from an original 8192).
+    "llama-3-8b": functools.partial(_llama, "llama-3-8b", 128256, 4096, 32, 32, 8, 14336, 8192),
+    "llama-3-70b": functools.partial(_llama, "llama-3-70b", 128256, 8192, 80, 64, 8, 28672, 8192),
+    "llama-3.1-8b": functools.partial(_llama, "llama-3.1-8b", 128256, 4096, 32, 32, 8, 14336, 131072),
+    "llama-3.1-70b": functools.partial(_llama, "llama-3.1-70b", 128256, 8192, 80, 64, 8, 28672, 131072),
+    "llama-3.1-405b": functools.partial(_llama, "llama-3.1-405b", 128256, 16384, 126, 128, 8, 53248, 131072),
+    # mistralai/Mistral-7B-v0.1 and Mixtral-8x7B-v0.1 config.json (max_position_embeddings 32768).
+    "mistral-7b": functools.partial(_llama, "mistral-7b", 32000, 4096, 32, 32, 8, 14336, 32768),
+    "mixtral-8x7b": functools.partial(_llama, "mixtral-8x7b", 32000, 4096, 32, 32, 8, 14336, 32768, experts=8, experts_per_token=2),
+    # https://huggingface.co/01-ai/Yi-34B/blob/main/config.json (model_type llama; copied to
+    # tests/fixtures/hf/yi-34b.json): 60 layers, hidden 7168, 56 heads, 8 kv heads, intermediate
+    # 20480, vocab 64000, untied, max_position_embeddings 4096.
+    "yi-34b": functools.partial(_llama, "yi-34b", 64000, 7168, 60, 56, 8, 20480, 4096),
+    # jzhang38/TinyLlama@bf12224 lit_gpt/config.py tiny_LLaMA_1b: 22 layers, n_embd 2048,
+    # 32 heads, 4 query groups, LLaMAMLP 5632, vocab 32000, block_size 2048, untied head.
+    "tinyllama-1.1b": functools.partial(_llama, "tinyllama-1.1b", 32000, 2048, 22, 32, 4, 5632, 2048),
+    "falcon-7b": _falcon_7b,
 }
+
+
+@functools.cache
+def _built_preset(name: str) -> ModelSpec:
+    return _PRESETS[name]()
+
 
 _ALIASES = {"gpt2-small": "gpt2", "gpt2-124m": "gpt2", "gpt2-1.5b": "gpt2-xl", "gpt3": "gpt3-175b",
             "bigscience/t0_3b": "t0-3b", "t0_3b": "t0-3b", "bigscience/mt0-xxl": "mt0-xxl", "facebook/bart-large": "bart-large",
@@ -195,7 +201,7 @@ def get_model(name_or_path: str) -> ModelSpec:
     key = name_or_path.strip().lower()
     key = _ALIASES.get(key, key)
     if key in _PRESETS:
-        return _PRESETS[key]
+        return _built_preset(key)
     if key in _READ_PRESETS:
         return _read_preset(key)
     if Path(name_or_path).is_dir():

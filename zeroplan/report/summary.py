@@ -15,7 +15,6 @@ from zeroplan.core.margin import PeakErrorBand, borderline_words, error_band
 from zeroplan.core.plan import recommendation_key
 from zeroplan.core.record import frozen
 from zeroplan.core.timing import nccl_algorithms
-from zeroplan.report.search_table import configurations_counted
 from zeroplan.report.table import (
     finetune_lines,
     framework_layout_caution,
@@ -329,6 +328,9 @@ ALLOCATOR_COLUMN_NOTE = ("peak = allocated + a flat 5 % reserve, what the search
 
 def render_search_summary(result: PlanSearchResult, width: int = DEFAULT_WIDTH) -> str:
     """zeroplan plan's first screen: the best configuration, then the fastest that fit."""
+    # Imported here: the plan search's table module, which fit's and compare's screens never use.
+    from zeroplan.report.search_table import configurations_counted
+
     width = max(width, NARROWEST_WIDTH)
     verdict = result.explanation.replace(result.allocator_caution, "") if result.allocator_caution else result.explanation
     context = (f"Global batch {result.global_batch_size} x seq {result.seq_len} on {result.num_gpus} GPUs: "
