@@ -316,11 +316,23 @@ class StepTimeComparison(Frozen):
 def load_published_throughput(path: Path = PUBLISHED_THROUGHPUT_FILE) -> PublishedThroughputTable:
     """The published rows of ``path``; a malformed file is one line naming the field."""
     try:
-        return PublishedThroughputTable.model_validate(json.loads(Path(path).read_text()))
-    except ValidationError as error:
-        raise first_error(error, prefix=str(path)) from None
-    except (OSError, json.JSONDecodeError) as error:
+        text = Path(path).read_text()
+    except OSError as error:
         raise ZeroplanError(str(path), f"cannot read published throughput: {error}") from None
+    return _parsed_throughput(text, str(path))
+
+
+# Kept per file content: the table is immutable, and the fits key their caches on it, so every
+# reader of one file shares one object, whose rows the caches compare by identity (an equal table
+# read again is compared row by row, field by field, at each lookup).
+@functools.lru_cache(maxsize=4)
+def _parsed_throughput(text: str, path: str) -> PublishedThroughputTable:
+    try:
+        return PublishedThroughputTable.model_validate(json.loads(text))
+    except ValidationError as error:
+        raise first_error(error, prefix=path) from None
+    except json.JSONDecodeError as error:
+        raise ZeroplanError(path, f"cannot read published throughput: {error}") from None
 
 
 # The flat HFU 0.4 is the default of a GPU without published rows of its generation or compute
