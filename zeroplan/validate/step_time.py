@@ -192,6 +192,9 @@ class PublishedThroughput(Frozen):
         otherwise (zeroplan.validate.step_calibration times the planner's default mode). Its memory is judged on the flat reserve: the step time does
         not depend on it, and the allocator model's replays would be spent for nothing
         (compare_step_time asks the model for the verdict alone)."""
+        return _row_request(self, hardware_flops_utilization, compute_model, attention_rate)
+
+    def _built_request(self, hardware_flops_utilization: float | None, compute_model: str, attention_rate: str) -> PlanRequest:
         overlap = {"overlap_grad_reduce": self.overlap_grad_reduce, "overlap_param_gather": self.overlap_param_gather,
                    "tp_comm_overlap": self.tp_comm_overlap, "fp32_grad_accumulation": self.fp32_grad_accumulation or None,
                    "cpu_adam_copies_parameters": self.cpu_adam_copies_parameters}
@@ -247,6 +250,15 @@ class PublishedThroughput(Frozen):
         """Tokens of one step over the GPUs that share them: a data-parallel rank's micro-batches
         over its tensor- and pipeline-parallel ranks (as StepTime.tokens_per_s_per_gpu counts)."""
         return self.micro_batch_size * self.seq_len * self.grad_accum_steps / (self.tp * self.pp)
+
+
+# Kept per (row, arguments): the request is immutable, and the fits and figures ask each row's
+# request at the flat HFU, at its solved HFU and under each attention rate many times over
+# (three in four of the published rows' requests were asked before).
+@functools.lru_cache(maxsize=8192)
+def _row_request(row: PublishedThroughput, hardware_flops_utilization: float | None, compute_model: str,
+                 attention_rate: str) -> PlanRequest:
+    return row._built_request(hardware_flops_utilization, compute_model, attention_rate)
 
 
 class PublishedThroughputTable(Frozen):
