@@ -363,18 +363,19 @@ def compare_step_time(row: PublishedThroughput) -> StepTimeComparison:
     """The planner's step time for ``row``'s setup beside the published throughput."""
     tokens = row.tokens_per_step_per_gpu
     request = as_flat_default(row.request())
-    predicted = plan(request)
+    # Only the plans' step times are read: the largest micro-batch that fits is not searched.
+    predicted = plan(request, largest_micro_batch=False)
     flops = step_flops(request)
     hfu = with_mfu_step_s = with_mfu_tokens = None
     if row.published_mfu is not None:
         hfu = hfu_from_mfu(row.request(), row.published_mfu)
         if hfu is not None:
-            with_mfu_step_s = plan(row.request(hfu)).time.step_with_overlap_s
+            with_mfu_step_s = plan(row.request(hfu), largest_micro_batch=False).time.step_with_overlap_s
             with_mfu_tokens = tokens / with_mfu_step_s
     roofline_tokens = None
     # The roofline prices full training only (zeroplan.core.roofline.step.check_roofline_applies).
     if (row.gpu in CEILINGS or get_gpu(row.gpu).name in CEILINGS) and not row.training_options.lora_rank:
-        roofline_tokens = plan(row.request(compute_model="roofline")).time.tokens_per_s_per_gpu
+        roofline_tokens = plan(row.request(compute_model="roofline"), largest_micro_batch=False).time.tokens_per_s_per_gpu
     return StepTimeComparison(
         name=row.name,
         source=f"{row.source_url} ({row.source_section})",
