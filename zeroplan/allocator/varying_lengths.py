@@ -23,7 +23,7 @@ reserved peak stays within the usable memory (so the term is at most what the on
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from zeroplan.allocator.config import parse_alloc_conf
 from zeroplan.allocator.fsdp_schedule import loss_allocations
@@ -54,7 +54,7 @@ def record_tensor_bytes(request: PlanRequest, terms: PeakTerms) -> list[int]:
 # (get_allocation_size: 2 MiB steps above 10 MiB, 3.4 tokens of a 151,936-entry fp32 logit row).
 # What takes a new segment is a batch whose segment size exceeds every earlier one's: the length
 # CDF taken at the last length of each segment size.
-def segment_size_cdf(cdf: list[tuple[int, float]], segment: Callable[[int], int]) -> list[tuple[int, float]]:
+def segment_size_cdf(cdf: Sequence[tuple[int, float]], segment: Callable[[int], int]) -> list[tuple[int, float]]:
     """``cdf`` (length, P(batch length <= it)) at the last length of each distinct segment size."""
     out: list[tuple[int, float]] = []
     last = None

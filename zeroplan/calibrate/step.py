@@ -25,7 +25,7 @@ from pydantic import ConfigDict, Field, ValidationError
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import Frozen, first_error
 from zeroplan.specs.framework import Framework
-from zeroplan.specs.request import PlanRequest
+from zeroplan.specs.request import PerformanceAssumptions, PlanRequest
 
 EFFICIENCY_KIND = "zeroplan-step-efficiency"
 
@@ -124,12 +124,27 @@ def timed_request(request: PlanRequest) -> PlanRequest:
     """The request whose step plan() times: under pipeline parallelism its peak-memory rank."""
     if request.parallel.pp == 1:
         return request
-    return request.at_pipeline_rank(_peak_memory_pipeline_rank(_at_hfu(request, None)))
+    return request.at_pipeline_rank(_peak_memory_pipeline_rank(_memory_request(request)))
 
 
-# Kept per request without its HFU: memory never reads the HFU (it times compute only,
-# zeroplan.core.default_efficiency.effective_hfu), and the fits and the solver ask for the same
-# pipeline at many HFUs, each a breakdown of every rank.
+def _memory_request(request: PlanRequest) -> PlanRequest:
+    """``request`` with the assumptions only its step time reads set to their defaults: the HFU
+    (zeroplan.core.default_efficiency.effective_hfu), the attention rate and efficiency
+    (zeroplan.core.timing, zeroplan.core.attention_efficiency) and how the memory-bound kernels
+    are timed (zeroplan.core.roofline.ceilings.times_memory_bound)."""
+    performance = request.performance
+    update = {name: PerformanceAssumptions.model_fields[name].default for name in _TIME_ONLY_ASSUMPTIONS
+              if getattr(performance, name) != PerformanceAssumptions.model_fields[name].default}
+    return request.model_copy(update={"performance": performance.model_copy(update=update)}) if update else request
+
+
+_TIME_ONLY_ASSUMPTIONS = ("hardware_flops_utilization", "attention_rate", "attention_efficiency", "memory_bound")
+"""The PerformanceAssumptions fields no memory term reads (_memory_request)."""
+
+
+# Kept per request without the assumptions only time reads (_memory_request): the fits and the
+# solver ask for the same pipeline at many HFUs and under each attention rate, each a breakdown
+# of every rank.
 @functools.lru_cache(maxsize=1024)
 def _peak_memory_pipeline_rank(request: PlanRequest) -> int:
     from zeroplan.core.plan import pipeline_rank_breakdowns

@@ -10,8 +10,9 @@ sum over its record batches (zeroplan.allocator.varying_lengths). Pure arithmeti
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from zeroplan.specs.lengths import LongSamples, VaryingLengths
 
@@ -78,7 +79,10 @@ def batches_per_rank(lengths: VaryingLengths, seq_len: int, micro_batch: int, da
     return max(1, math.ceil(kept / (micro_batch * data_parallel)))
 
 
-def batch_length_cdf(lengths: VaryingLengths, seq_len: int, micro_batch: int) -> list[tuple[int, float]]:
+# Kept per (lengths, seq_len, micro_batch), immutable: the plans of one dataset's runs (other
+# models, strategies, GPU counts) ask for the same distribution, a gamma function at every bin.
+@functools.lru_cache(maxsize=64)
+def batch_length_cdf(lengths: VaryingLengths, seq_len: int, micro_batch: int) -> tuple[tuple[int, float], ...]:
     """(length, P(a batch's padded length is at most it)) at each bin edge up to seq_len: a batch
     is padded to the longest of its micro_batch samples (independent draws), so its CDF is the
     sample CDF to the power micro_batch; dropped samples condition the CDF on seq_len, cut ones
@@ -96,7 +100,7 @@ def batch_length_cdf(lengths: VaryingLengths, seq_len: int, micro_batch: int) ->
         else:
             one = cdf(tokens)
         out.append((tokens, min(1.0, one) ** micro_batch))
-    return out
+    return tuple(out)
 
 
 def _geometric(f: float, batches: int) -> float:
@@ -113,7 +117,7 @@ def _geometric(f: float, batches: int) -> float:
 # batch i is a record at length l when it has length l and the i - 1 before it are shorter,
 # probability p(l) F(l-)^(i-1); summed over the epoch's batches, p(l) (1 - F(l-)^n) / (1 - F(l-)).
 # The epoch's longest batch is the last record; its length has CDF F^n.
-def expected_record_sum(cdf: list[tuple[int, float]], batches: int, size_of: Callable[[int], int]) -> tuple[float, float]:
+def expected_record_sum(cdf: Sequence[tuple[int, float]], batches: int, size_of: Callable[[int], int]) -> tuple[float, float]:
     """(E[sum over the record batches of size_of(length)], E[size_of(the longest batch's length)])."""
     records = longest = 0.0
     before = 0.0

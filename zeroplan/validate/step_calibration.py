@@ -277,6 +277,8 @@ def fit_default_efficiency(implied: dict[str, float], rows: tuple[PublishedThrou
                           for row in rows if source_of(row) != held_out and row.name in implied)
 
 
+# Kept per table of rows: every leave-one-source-out fit of every row asks for it.
+@functools.lru_cache(maxsize=8)
 def generation_computes(rows: tuple[PublishedThroughput, ...]) -> tuple[GenerationCompute, ...]:
     """The compute die of each generation the rows ran on."""
     dies = {}
@@ -390,6 +392,8 @@ FIT_HFU = 0.6
 """The HFU the planner's non-compute terms are read at while e is fitted (they barely move with it)."""
 
 
+# Kept per row: each leave-one-source-out fit asks it of every row but the held-out source's.
+@functools.lru_cache(maxsize=4096)
 def _efficiency_columns(row: PublishedThroughput) -> tuple[float, float, float]:
     from zeroplan.core.compiled_time import compile_saved_seconds
     from zeroplan.core.timing import attention_flops_per_s, executed_flops_per_s, memory_bound_time_s, rank_flops

@@ -192,6 +192,9 @@ class PublishedThroughput(Frozen):
         otherwise (zeroplan.validate.step_calibration times the planner's default mode). Its memory is judged on the flat reserve: the step time does
         not depend on it, and the allocator model's replays would be spent for nothing
         (compare_step_time asks the model for the verdict alone)."""
+        return _row_request(self, hardware_flops_utilization, compute_model, attention_rate)
+
+    def _built_request(self, hardware_flops_utilization: float | None, compute_model: str, attention_rate: str) -> PlanRequest:
         overlap = {"overlap_grad_reduce": self.overlap_grad_reduce, "overlap_param_gather": self.overlap_param_gather,
                    "tp_comm_overlap": self.tp_comm_overlap, "fp32_grad_accumulation": self.fp32_grad_accumulation or None,
                    "cpu_adam_copies_parameters": self.cpu_adam_copies_parameters}
@@ -247,6 +250,15 @@ class PublishedThroughput(Frozen):
         """Tokens of one step over the GPUs that share them: a data-parallel rank's micro-batches
         over its tensor- and pipeline-parallel ranks (as StepTime.tokens_per_s_per_gpu counts)."""
         return self.micro_batch_size * self.seq_len * self.grad_accum_steps / (self.tp * self.pp)
+
+
+# Kept per (row, arguments): the request is immutable, and the fits and figures ask each row's
+# request at the flat HFU, at its solved HFU and under each attention rate many times over
+# (three in four of the published rows' requests were asked before).
+@functools.lru_cache(maxsize=8192)
+def _row_request(row: PublishedThroughput, hardware_flops_utilization: float | None, compute_model: str,
+                 attention_rate: str) -> PlanRequest:
+    return row._built_request(hardware_flops_utilization, compute_model, attention_rate)
 
 
 class PublishedThroughputTable(Frozen):
@@ -316,11 +328,23 @@ class StepTimeComparison(Frozen):
 def load_published_throughput(path: Path = PUBLISHED_THROUGHPUT_FILE) -> PublishedThroughputTable:
     """The published rows of ``path``; a malformed file is one line naming the field."""
     try:
-        return PublishedThroughputTable.model_validate(json.loads(Path(path).read_text()))
-    except ValidationError as error:
-        raise first_error(error, prefix=str(path)) from None
-    except (OSError, json.JSONDecodeError) as error:
+        text = Path(path).read_text()
+    except OSError as error:
         raise ZeroplanError(str(path), f"cannot read published throughput: {error}") from None
+    return _parsed_throughput(text, str(path))
+
+
+# Kept per file content: the table is immutable, and the fits key their caches on it, so every
+# reader of one file shares one object, whose rows the caches compare by identity (an equal table
+# read again is compared row by row, field by field, at each lookup).
+@functools.lru_cache(maxsize=4)
+def _parsed_throughput(text: str, path: str) -> PublishedThroughputTable:
+    try:
+        return PublishedThroughputTable.model_validate(json.loads(text))
+    except ValidationError as error:
+        raise first_error(error, prefix=path) from None
+    except json.JSONDecodeError as error:
+        raise ZeroplanError(path, f"cannot read published throughput: {error}") from None
 
 
 # The flat HFU 0.4 is the default of a GPU without published rows of its generation or compute
@@ -339,18 +363,19 @@ def compare_step_time(row: PublishedThroughput) -> StepTimeComparison:
     """The planner's step time for ``row``'s setup beside the published throughput."""
     tokens = row.tokens_per_step_per_gpu
     request = as_flat_default(row.request())
-    predicted = plan(request)
+    # Only the plans' step times are read: the largest micro-batch that fits is not searched.
+    predicted = plan(request, largest_micro_batch=False)
     flops = step_flops(request)
     hfu = with_mfu_step_s = with_mfu_tokens = None
     if row.published_mfu is not None:
         hfu = hfu_from_mfu(row.request(), row.published_mfu)
         if hfu is not None:
-            with_mfu_step_s = plan(row.request(hfu)).time.step_with_overlap_s
+            with_mfu_step_s = plan(row.request(hfu), largest_micro_batch=False).time.step_with_overlap_s
             with_mfu_tokens = tokens / with_mfu_step_s
     roofline_tokens = None
     # The roofline prices full training only (zeroplan.core.roofline.step.check_roofline_applies).
     if (row.gpu in CEILINGS or get_gpu(row.gpu).name in CEILINGS) and not row.training_options.lora_rank:
-        roofline_tokens = plan(row.request(compute_model="roofline")).time.tokens_per_s_per_gpu
+        roofline_tokens = plan(row.request(compute_model="roofline"), largest_micro_batch=False).time.tokens_per_s_per_gpu
     return StepTimeComparison(
         name=row.name,
         source=f"{row.source_url} ({row.source_section})",

@@ -242,7 +242,9 @@ def tp_replicas(request: PlanRequest) -> int:
     return 1 if parallel.sequence_parallel else parallel.tp
 
 
-@functools.lru_cache(maxsize=64)
+# 512 kept (small tuples): a validation over the published rows asks for about 210 shapes in
+# turn, again for each attention rate and each HFU tried, and with 64 none was left by its next turn.
+@functools.lru_cache(maxsize=512)
 def _model_memory_seconds(model, training, micro_batch_size: int, seq_len: int, micro_batches: int,
                           activation_bytes: int, gpu, ranks: int, tp_replicas: int = 1) -> tuple[tuple[float, ...], ...]:
     """_memory_seconds_by_phase of _model_memory_priced (the same arguments), shared by every
@@ -276,7 +278,8 @@ _PROBE_SHAPES = ((1, 1), (2, 1), (1, 2))
 _CHECK_SHAPES = ((3, 5), (2, 7))
 
 
-@functools.lru_cache(maxsize=64)
+# 512 kept, as _model_memory_seconds (the published rows: about 150 model x training pairs).
+@functools.lru_cache(maxsize=512)
 def _memory_pass_polynomials(model, training, activation_bytes: int) -> tuple[tuple[int, int, int, int, bool], ...] | None:
     """For each memory pass of step_operations(memory_only=True), in order: (its index in _PHASES,
     2A, 2B, 2C as above, whether every tensor-parallel rank runs it whole); None where the
