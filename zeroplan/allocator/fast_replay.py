@@ -374,19 +374,11 @@ def _run(device: DeviceAllocator, ops: Ops, start: int, end: int, live: dict[int
                         del keys[at]
                         del pool[at]
             if block is None:
-                if reserved + alloc_size <= capacity:
-                    # alloc_block with _address and _reserve inline (no measured run's addresses here).
-                    reserved += alloc_size
-                    if reserved > reserved_peak:
-                        reserved_peak = reserved
-                    device_allocs += 1
-                    block = [alloc_size, next_address, None, None, False, 0, small, stream, 0]
-                    next_address += advance
-                elif split_limited:
-                    # release_available_cached_blocks acts under max_split_size: DeviceAllocator's.
-                    stop = index, True
-                    break
-                else:
+                if reserved + alloc_size > capacity:
+                    if split_limited:
+                        # release_available_cached_blocks acts under max_split_size: DeviceAllocator's.
+                        stop = index, True
+                        break
                     # _alloc_new_block: alloc_block refused; release_cached_blocks (nothing waits
                     # on an event here) cudaFrees every unsplit cached block of both pools; the
                     # retry.
@@ -407,12 +399,13 @@ def _run(device: DeviceAllocator, ops: Ops, start: int, end: int, live: dict[int
                         device.refusals += 1
                         stop = index, False
                         break
-                    reserved += alloc_size
-                    if reserved > reserved_peak:
-                        reserved_peak = reserved
-                    device_allocs += 1
-                    block = [alloc_size, next_address, None, None, False, 0, small, stream, 0]
-                    next_address += advance
+                # alloc_block with _address and _reserve inline (no measured run's addresses here).
+                reserved += alloc_size
+                if reserved > reserved_peak:
+                    reserved_peak = reserved
+                device_allocs += 1
+                block = [alloc_size, next_address, None, None, False, 0, small, stream, 0]
+                next_address += advance
             # alloc_found_block.
             remaining_bytes = block[SIZE] - size
             if small:
