@@ -41,7 +41,7 @@ from collections.abc import Sequence
 
 from zeroplan.allocator.config import AllocatorConfig
 from zeroplan.allocator.device import ADDRESS_ALIGN_BYTES, DeviceAllocator
-from zeroplan.allocator.replay import ALLOC_OP, FREE_OP, RECORD_OP, SYNC_OP, Ops, ReplayResult, replay
+from zeroplan.allocator.replay import ALLOC_OP, FREE_OP, Ops, ReplayResult, replay, run_ops
 from zeroplan.allocator.rules import MIN_BLOCK_BYTES, SMALL_SIZE_BYTES, allocation_size, block_may_serve, round_size
 from zeroplan.allocator.state import SIZE_SHIFT, STREAM_SHIFT, Block
 
@@ -95,7 +95,7 @@ def replay_ops(ops: Ops, config: AllocatorConfig, capacity_bytes: int | None = N
             oom, handed_over = stop
             if handed_over:
                 live = _as_blocks(device, live, cached)
-                oom = _on_device(device, ops, oom, live)
+                oom = run_ops(device, ops, oom, live)
         period_peaks = device.allocated_peak, device.requested_peak, device.reserved_peak
         device.allocated_peak, device.requested_peak, device.reserved_peak = map(max, peaks, period_peaks)
         if stop is not None or end == len(ops):
@@ -163,28 +163,6 @@ def _as_blocks(device: DeviceAllocator, live: dict[int, FastBlock],
         block.next = None if fast[NEXT] is None else made[id(fast[NEXT])]
         fast[PREV] = fast[NEXT] = None
     return blocks
-
-
-def _on_device(device: DeviceAllocator, ops: Ops, start: int, live: dict[int, Block]) -> int | None:
-    """ops[start:] replayed by DeviceAllocator itself (replay.replay's loop): the index of the
-    request that ran out of memory, or None."""
-    malloc, free = device.malloc, device.free
-    for index in range(start, len(ops)):
-        kind, ident, size, stream = ops[index]
-        if kind == ALLOC_OP:
-            block = malloc(size, stream)
-            if block is None:
-                return index
-            live[ident] = block
-        elif kind == FREE_OP:
-            free(live.pop(ident))
-        elif kind == RECORD_OP:
-            device.record_stream(live[ident], stream)
-        elif kind == SYNC_OP:
-            device.synchronize()
-        else:
-            device.empty_cache()
-    return None
 
 
 class _Snapshot:

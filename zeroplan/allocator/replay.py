@@ -80,6 +80,28 @@ def compile_trace(trace: AllocationTrace) -> Ops:
     return ops
 
 
+def run_ops(device: DeviceAllocator, ops: Ops, start: int, live: dict[int, object]) -> int | None:
+    """ops[start:] run through ``device``, ``live`` the blocks alive by id (filled and emptied as
+    the ops go): the index of the request that ran out of memory, or None."""
+    malloc, free = device.malloc, device.free
+    for index in range(start, len(ops)):
+        kind, ident, size, stream = ops[index]
+        if kind == ALLOC_OP:
+            block = malloc(size, stream)
+            if block is None:
+                return index
+            live[ident] = block
+        elif kind == FREE_OP:
+            free(live.pop(ident))
+        elif kind == RECORD_OP:
+            device.record_stream(live[ident], stream)
+        elif kind == SYNC_OP:
+            device.synchronize()
+        else:
+            device.empty_cache()
+    return None
+
+
 def replay(trace: AllocationTrace | Ops, config: AllocatorConfig, capacity_bytes: int | None = None,
            segment_addresses: Sequence[tuple[int, int]] = (), fraction_cap: bool = False) -> ReplayResult:
     """Run the trace through DeviceAllocator; ``capacity_bytes`` None: no device limit;
@@ -87,27 +109,10 @@ def replay(trace: AllocationTrace | Ops, config: AllocatorConfig, capacity_bytes
     ``fraction_cap``: the capacity is a set_per_process_memory_fraction limit (DeviceAllocator)."""
     ops = compile_trace(trace) if isinstance(trace, AllocationTrace) else trace
     device = DeviceAllocator(config, capacity_bytes, segment_addresses, fraction_cap)
-    malloc, free = device.malloc, device.free
-    live: dict[int, object] = {}
-    forget = live.pop
-    oom_index = oom_bytes = None
-    for index, (kind, ident, size, stream) in enumerate(ops):
-        if kind == ALLOC_OP:
-            block = malloc(size, stream)
-            if block is None:
-                oom_index, oom_bytes = index, size
-                break
-            live[ident] = block
-        elif kind == FREE_OP:
-            free(forget(ident))
-        elif kind == RECORD_OP:
-            device.record_stream(live[ident], stream)
-        elif kind == SYNC_OP:
-            device.synchronize()
-        else:
-            device.empty_cache()
+    oom_index = run_ops(device, ops, 0, {})
     return ReplayResult(
-        completed=oom_index is None, oom_event_index=oom_index, oom_request_bytes=oom_bytes,
+        completed=oom_index is None, oom_event_index=oom_index,
+        oom_request_bytes=None if oom_index is None else ops[oom_index][2],
         requested_peak_bytes=device.requested_peak, allocated_peak_bytes=device.allocated_peak,
         reserved_peak_bytes=device.reserved_peak, device_alloc_calls=device.device_allocs,
         device_free_calls=device.device_frees, alloc_retries=device.retries, device_refusals=device.refusals,
