@@ -56,12 +56,12 @@ class BatchView:
     __repr__ = __str__ = __format__ = __iter__ = __len__ = __getitem__ = __contains__ = _whole
 
 
-class _Store:
+class KeptAnswers:
     """Answers by key (specs hash once: zeroplan.specs.base.Frozen), cleared when full."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int = 1024) -> None:
         self.limit = limit
-        self.entries: dict[tuple, object] = {}
+        self.entries: dict[object, object] = {}
 
     def put(self, key: tuple, answer: object) -> None:
         if len(self.entries) >= self.limit:
@@ -126,7 +126,7 @@ def batch_keyed(*fields: str, limit: int = 1024, training_but: tuple[str, ...] =
     raise as the batch's do."""
 
     def wrap(function: Callable[..., Result]) -> Callable[..., Result]:
-        store = _Store(limit)
+        store = KeptAnswers(limit)
         # The key's values read at C speed (operator.attrgetter: a tuple of them when more than one).
         batch_values = operator.attrgetter(*fields) if len(fields) > 1 else (
             (lambda batch: (getattr(batch, fields[0]),)) if fields else (lambda batch: ()))
@@ -173,7 +173,7 @@ def request_keyed(limit: int = 1024) -> Callable[[Callable[..., Result]], Callab
     """Cache ``function(request)`` on the whole request (every field keys it)."""
 
     def wrap(function: Callable[..., Result]) -> Callable[..., Result]:
-        store = _Store(limit)
+        store = KeptAnswers(limit)
 
         @functools.wraps(function)
         def call(request: PlanRequest) -> Result:

@@ -37,7 +37,7 @@ from zeroplan.core.profiles import (
     framework_strategies, fsdp1_root_stays_gathered, fsdp_cpu_offload_strategies,
 )
 from zeroplan.core.margin import PeakErrorBand, borderline_words, error_band, is_borderline
-from zeroplan.core.memo import batch_keyed
+from zeroplan.core.memo import KeptAnswers, batch_keyed
 from zeroplan.core.nvme import nvme_bytes
 from zeroplan.core.model_states import ModelStateBytes, model_state_bytes
 from zeroplan.core.bf16_accumulation_time import check_fp32_accumulation
@@ -153,12 +153,10 @@ def reference_engine(request: PlanRequest) -> tuple[tuple[str, object], ...] | N
     # Every micro-batch terms cache asks, hit or miss: kept per (training, strategy), all that
     # fsdp1_root_stays_gathered and PlanRequest.runs_under_autocast read of a request.
     key = (training, strategy)
-    answer = _REFERENCE_ENGINES.get(key, _NOT_KEPT)
+    answer = _REFERENCE_ENGINES.entries.get(key, _NOT_KEPT)
     if answer is _NOT_KEPT:
         answer = _reference_engine(request)
-        if len(_REFERENCE_ENGINES) >= 1024:
-            _REFERENCE_ENGINES.clear()
-        _REFERENCE_ENGINES[key] = answer
+        _REFERENCE_ENGINES.put(key, answer)
     return answer
 
 
@@ -168,7 +166,7 @@ def _reference_engine(request: PlanRequest) -> tuple[tuple[str, object], ...] | 
     return (("runs_under_autocast", request.runs_under_autocast), ("root_stays_gathered", False))
 
 
-_REFERENCE_ENGINES: dict = {}
+_REFERENCE_ENGINES = KeptAnswers()
 """reference_engine's answers by (training, strategy)."""
 _NOT_KEPT = object()
 
@@ -266,11 +264,9 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     check_encoder_decoder_request(request)
     # A pure check of the training and the model: each pair refused again every time, passed
     # once (the plan search asks of a few pairs hundreds of times).
-    if (training, request.model) not in _FRAMEWORK_CHECKED:
+    if (training, request.model) not in _FRAMEWORK_CHECKED.entries:
         check_framework_request(training, request.model)
-        if len(_FRAMEWORK_CHECKED) >= 1024:
-            _FRAMEWORK_CHECKED.clear()
-        _FRAMEWORK_CHECKED.add((training, request.model))
+        _FRAMEWORK_CHECKED.put((training, request.model), True)
     check_grad_accum_dtype(request)
     check_fp32_accumulation(request)
     check_compiled(training, request.model, request.cluster.gpu)
@@ -285,7 +281,7 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     return states, peak_terms_of(micro_batch_terms(request), dict(state_terms))
 
 
-_FRAMEWORK_CHECKED: set = set()
+_FRAMEWORK_CHECKED = KeptAnswers()
 """The (training, model) pairs check_framework_request passed (peak_terms)."""
 
 
@@ -506,18 +502,16 @@ def max_micro_batch_size(request: PlanRequest) -> int:
     # by every field of the request but the micro-batch (the request at micro-batch 1, without
     # building it: a copy of the batch and of the request cost a kept answer's lookup five times over).
     key = (_FIELDS_BUT_BATCH(request), _BATCH_BUT_MICRO_BATCH(request.batch))
-    answer = _MAX_MICRO_BATCHES.get(key)
+    answer = _MAX_MICRO_BATCHES.entries.get(key)
     if answer is None:
         answer = _max_micro_batch_size(request.with_micro_batch(1))
-        if len(_MAX_MICRO_BATCHES) >= 1024:
-            _MAX_MICRO_BATCHES.clear()
-        _MAX_MICRO_BATCHES[key] = answer
+        _MAX_MICRO_BATCHES.put(key, answer)
     return answer
 
 
 _FIELDS_BUT_BATCH = operator.attrgetter(*(name for name in PlanRequest.model_fields if name != "batch"))
 _BATCH_BUT_MICRO_BATCH = operator.attrgetter(*(name for name in BatchSpec.model_fields if name != "micro_batch_size"))
-_MAX_MICRO_BATCHES: dict = {}
+_MAX_MICRO_BATCHES = KeptAnswers()
 """max_micro_batch_size's answers by the request's fields but the micro-batch."""
 
 
