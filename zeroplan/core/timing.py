@@ -2,6 +2,7 @@
 offload, and how much communication the compute hides. docs/communication-time.md derives it."""
 
 import functools
+from typing import NamedTuple
 
 from zeroplan.errors import ZeroplanError
 
@@ -512,12 +513,28 @@ def rank_flops(request: PlanRequest) -> StepFlops:
 # its batch cut to that (zeroplan.core.memo: a read of another batch field is answered uncached),
 # so the micro-batches and sequences of one strategy (fit, a sweep, the largest micro-batch
 # search) share them and step_time computes only what the batch's shape changes.
+class _BatchFreeTerms(NamedTuple):
+    """step_time's terms that do not change with the micro-batch or the sequence."""
+
+    costs: tuple[CollectiveTime, ...]
+    by_phase: dict[Phase, float]
+    """Non-blocking collective seconds by phase."""
+    blocking_s: float
+    host_by_phase: dict[Phase, float]
+    communication_s: float
+    host_s: float
+    cpu_s: float
+    nvme_s: float
+    nvme_exposed: dict[Phase, float] | None
+    """NVMe seconds by phase as exposed (the step's after the CPU step); None without NVMe."""
+    bubble: float
+    hfu: float | None
+    """The flat-HFU model's HFU; None under the roofline."""
+
+
 @batch_keyed("grad_accum_steps")
-def _batch_free_terms(request: PlanRequest, collectives: tuple[Collective, ...]) -> tuple:
-    """step_time's terms that do not change with the micro-batch or the sequence, in its order:
-    (collective costs, non-blocking collective seconds by phase, blocking seconds, host seconds
-    by phase, communication seconds, host seconds, CPU step seconds, NVMe seconds, NVMe seconds
-    by phase as exposed, bubble fraction, flat-HFU model, HFU and executed_flops_per_s or None)."""
+def _batch_free_terms(request: PlanRequest, collectives: tuple[Collective, ...]) -> _BatchFreeTerms:
+    """step_time's terms that do not change with the micro-batch or the sequence."""
     from zeroplan.core.parallel.pipeline import bubble_fraction
 
     by_phase = {phase: 0.0 for phase in Phase}
@@ -539,14 +556,11 @@ def _batch_free_terms(request: PlanRequest, collectives: tuple[Collective, ...])
     if nvme_by_phase is not None:
         nvme_exposed = {**nvme_by_phase, Phase.step: nvme_step_exposed_s(request, nvme_by_phase[Phase.step], cpu_s)}
     bubble = float(bubble_fraction(request.parallel, request.batch.grad_accum_steps))
-    flat = request.performance.compute_model != "roofline"
     from zeroplan.core.default_efficiency import effective_hfu
 
-    hfu = effective_hfu(request) if flat else None
-    # executed_flops_per_s, from the same HFU.
-    rate = None if hfu is None else request.cluster.gpu.peak_bf16_flops_per_s * hfu
-    return (costs, by_phase, blocking_s, host_by_phase, communication_s, host_s, cpu_s, nvme_s, nvme_exposed, bubble,
-            flat, hfu, rate)
+    hfu = effective_hfu(request) if request.performance.compute_model != "roofline" else None
+    return _BatchFreeTerms(costs, by_phase, blocking_s, host_by_phase, communication_s, host_s, cpu_s, nvme_s, nvme_exposed,
+                           bubble, hfu)
 
 
 def step_time(request: PlanRequest, collectives: tuple[Collective, ...]) -> StepTime:
@@ -557,9 +571,12 @@ def step_time(request: PlanRequest, collectives: tuple[Collective, ...]) -> Step
                                      "(its memory is; allowed: a model with one stack for step times and the plan search)")
 
     flops = rank_flops(request)
-    (costs, by_phase, blocking_s, host_by_phase, communication_s, host_s, cpu_s, nvme_s, nvme_exposed, bubble, flat,
-     hfu, rate) = _batch_free_terms(request, tuple(collectives))
-    forward_s, backward_s = compute_time_s(flops, request) if rate is None else _flat_compute_time_s(flops, request, rate)
+    (costs, by_phase, blocking_s, host_by_phase, communication_s, host_s, cpu_s, nvme_s, nvme_exposed, bubble,
+     hfu) = _batch_free_terms(request, tuple(collectives))
+    flat = hfu is not None
+    # executed_flops_per_s, from the same HFU.
+    forward_s, backward_s = (_flat_compute_time_s(flops, request, request.cluster.gpu.peak_bf16_flops_per_s * hfu) if flat
+                             else compute_time_s(flops, request))
     gpu_optimizer_s = gpu_optimizer_time_s(request)
     # Forward gathers hide behind forward compute, backward collectives and gradient offload
     # behind backward compute (each link runs its own copies, so the slower one counts); what
