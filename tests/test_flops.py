@@ -188,10 +188,15 @@ def test_in_hfu_times_every_kernel_at_the_hfu_as_on_a_gpu_without_a_measured_ban
 
 
 @pytest.mark.parametrize("model_name", ["llama-2-7b", "mixtral-8x7b", "gpt2-xl", "qwen3-8b"])
-def test_the_trained_steps_flops_are_step_flops_own_per_token_products(model_name) -> None:
+def test_the_trained_steps_flops_are_the_per_token_flops_times_its_tokens(model_name) -> None:
     """Training every weight, the FLOPs kept per sequence and multiplied by the step's tokens are
-    the floats _step_flops forms from the whole batch (every policy, both kernels, several shapes)."""
-    from zeroplan.core.flops import _step_flops, _trained_step_flops
+    the floats the per-token equations give times the whole batch's tokens (every policy, both
+    kernels, several shapes): linears (the head's included) and attention forward, twice the
+    linears and the kernel's share of attention backward, the recomputed FLOPs on top."""
+    from zeroplan.core.flops import (
+        BACKWARD_MATMULS_PER_FORWARD_MATMUL, _step_flops, attention_backward_over_forward, executed_causal_fraction,
+        head_forward_flops_per_token, recompute_attention_flops_per_token,
+    )
 
     model = get_model(model_name)
     for mode in ActivationCheckpointing:
@@ -199,6 +204,18 @@ def test_the_trained_steps_flops_are_step_flops_own_per_token_products(model_nam
             training = TrainingSpec(activation_checkpointing=mode, attention_kernel=kernel)
             for micro, seq_len, accum in ((1, 512, 1), (3, 1024, 2), (7, 333, 5), (16, 4096, 8)):
                 batch = BatchSpec(micro_batch_size=micro, seq_len=seq_len, grad_accum_steps=accum)
-                kept = _trained_step_flops(model, training, batch)
-                assert kept == _step_flops(model, training, batch, None)
-                assert kept.model_dump_json() == _step_flops(model, training, batch, None).model_dump_json()
+                tokens = micro * seq_len * accum
+                linear = layers_linear_forward_flops_per_token(model) + head_forward_flops_per_token(model)
+                attention = model.num_layers * attention_forward_flops_per_token(
+                    model, seq_len, executed_causal_fraction(kernel, model.causal))
+                recompute = recompute_flops_per_token(model, training, seq_len)
+                backward = BACKWARD_MATMULS_PER_FORWARD_MATMUL * linear + attention_backward_over_forward(kernel) * attention
+                expected = StepFlops(
+                    forward_flops=tokens * (linear + attention), backward_flops=tokens * (backward + recompute),
+                    recompute_flops=tokens * recompute, model_flops=tokens * model_flops_per_token(model, seq_len),
+                    attention_forward_flops=tokens * attention,
+                    attention_backward_flops=tokens * (attention_backward_over_forward(kernel) * attention
+                                                       + recompute_attention_flops_per_token(model, training, seq_len)))
+                kept = _step_flops(model, training, batch, 0, 0)  # step_flops' own call training every weight
+                assert kept == expected
+                assert kept.model_dump_json() == expected.model_dump_json()

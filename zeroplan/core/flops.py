@@ -209,17 +209,28 @@ def recompute_attention_flops_per_token(model: ModelSpec, training: TrainingSpec
 
 def step_flops(request: PlanRequest) -> StepFlops:
     """Executed and model FLOPs of one GPU's optimizer step."""
-    if request.training.finetune.trains_everything:
-        return _trained_step_flops(request.model, request.training, request.batch)
-    return _step_flops(request.model, request.training, request.batch, request)
+    model, training = request.model, request.training
+    if training.finetune.trains_everything:
+        return _step_flops(model, training, request.batch, 0, 0)
+    # Frozen weights skip their gradient's matmul; LoRA adapters add their own two small
+    # matmuls (forward and full backward). Model FLOPs stay the model's (MFU's definition).
+    from zeroplan.core.finetune.units import adapter_weight_elements, frozen_matmul_weight_elements
+    from zeroplan.core.parallel.units import rank_parameter_units
+
+    units = rank_parameter_units(request)
+    return _step_flops(model, training, request.batch, 2 * adapter_weight_elements(units),
+                       2 * frozen_matmul_weight_elements(units, model.tied_embeddings))
 
 
-# Training every weight, the FLOPs read the model, the training and the batch only: fit's
-# strategies and the largest micro-batch's requests share them.
+# The FLOPs read the model, the training, the batch and the rank's adapter and frozen weights
+# only: fit's strategies and the largest micro-batch's requests share them.
 @functools.lru_cache(maxsize=256)
-def _trained_step_flops(model: ModelSpec, training: TrainingSpec, batch: BatchSpec) -> StepFlops:
+def _step_flops(model: ModelSpec, training: TrainingSpec, batch: BatchSpec, adapter_flops_per_token: int,
+                frozen_gradient_flops_per_token: int) -> StepFlops:
+    """step_flops: the step's tokens times _flops_per_token."""
     tokens = batch.micro_batch_size * batch.seq_len * batch.grad_accum_steps
-    values = {name: tokens * per_token for name, per_token in _trained_flops_per_token(model, training, batch.seq_len)}
+    values = {name: tokens * per_token for name, per_token in _flops_per_token(
+        model, training, batch.seq_len, adapter_flops_per_token, frozen_gradient_flops_per_token)}
     # StepFlops' fields are floats: built unvalidated (Frozen.trusted) where each already is one,
     # as validating them would leave them; validated otherwise.
     if all(type(value) is float for value in values.values()):
@@ -227,47 +238,24 @@ def _trained_step_flops(model: ModelSpec, training: TrainingSpec, batch: BatchSp
     return StepFlops(**values)
 
 
-# _step_flops multiplies the tokens of the step by per-token FLOPs that read the model, the
-# training and the sequence alone: computed once per sequence (the micro-batches and
-# accumulation counts of a sweep share them), each product the same float _step_flops forms.
+# Per token of the step the FLOPs read the model, the training, the sequence and the rank's
+# adapter and frozen weights alone: computed once per sequence (the micro-batches and
+# accumulation counts of a sweep share them).
 @functools.lru_cache(maxsize=256)
-def _trained_flops_per_token(model: ModelSpec, training: TrainingSpec, seq_len: int) -> tuple[tuple[str, float], ...]:
-    """StepFlops' fields per token of the step, training every weight (_step_flops' factors)."""
+def _flops_per_token(model: ModelSpec, training: TrainingSpec, seq_len: int, adapter_flops_per_token: int,
+                     frozen_gradient_flops_per_token: int) -> tuple[tuple[str, float], ...]:
+    """StepFlops' fields per token of the step: ``adapter_flops_per_token`` (twice the rank's
+    adapter weights) joins the linears' forward and its backward matmuls, and
+    ``frozen_gradient_flops_per_token`` (twice the frozen matmul weights) leaves the backward."""
     kernel = training.attention_kernel
     linear = layers_linear_forward_flops_per_token(model) + head_forward_flops_per_token(model)
     attention = model.num_layers * attention_forward_flops_per_token(model, seq_len, executed_causal_fraction(kernel, model.causal))
     recompute = recompute_flops_per_token(model, training, seq_len)
     backward = BACKWARD_MATMULS_PER_FORWARD_MATMUL * linear + attention_backward_over_forward(kernel) * attention
+    if adapter_flops_per_token or frozen_gradient_flops_per_token:
+        linear += adapter_flops_per_token
+        backward += BACKWARD_MATMULS_PER_FORWARD_MATMUL * adapter_flops_per_token - frozen_gradient_flops_per_token
     return (("forward_flops", linear + attention), ("backward_flops", backward + recompute), ("recompute_flops", recompute),
             ("model_flops", model_flops_per_token(model, seq_len)), ("attention_forward_flops", attention),
             ("attention_backward_flops", attention_backward_over_forward(kernel) * attention
              + recompute_attention_flops_per_token(model, training, seq_len)))
-
-
-def _step_flops(model: ModelSpec, training: TrainingSpec, batch: BatchSpec, request: PlanRequest | None) -> StepFlops:
-    """step_flops; ``request`` (its rank's units) where the training freezes weights or adds adapters."""
-    tokens = batch.micro_batch_size * batch.seq_len * batch.grad_accum_steps
-    kernel = training.attention_kernel
-    linear = layers_linear_forward_flops_per_token(model) + head_forward_flops_per_token(model)
-    attention = model.num_layers * attention_forward_flops_per_token(model, batch.seq_len, executed_causal_fraction(kernel, model.causal))
-    recompute = recompute_flops_per_token(model, training, batch.seq_len)
-    backward = BACKWARD_MATMULS_PER_FORWARD_MATMUL * linear + attention_backward_over_forward(kernel) * attention
-    if not training.finetune.trains_everything:
-        # Frozen weights skip their gradient's matmul; LoRA adapters add their own two small
-        # matmuls (forward and full backward). Model FLOPs stay the model's (MFU's definition).
-        from zeroplan.core.finetune.units import adapter_weight_elements, frozen_matmul_weight_elements
-        from zeroplan.core.parallel.units import rank_parameter_units
-
-        units = rank_parameter_units(request)
-        adapters = 2 * adapter_weight_elements(units)
-        linear += adapters
-        backward += BACKWARD_MATMULS_PER_FORWARD_MATMUL * adapters - 2 * frozen_matmul_weight_elements(units, model.tied_embeddings)
-    return StepFlops(
-        forward_flops=tokens * (linear + attention),
-        backward_flops=tokens * (backward + recompute),
-        recompute_flops=tokens * recompute,
-        model_flops=tokens * model_flops_per_token(model, batch.seq_len),
-        attention_forward_flops=tokens * attention,
-        attention_backward_flops=tokens * (attention_backward_over_forward(kernel) * attention
-                                           + recompute_attention_flops_per_token(model, training, batch.seq_len)),
-    )
