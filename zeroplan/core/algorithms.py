@@ -17,7 +17,7 @@ over B_ring), so ring-only predictions are what they were before this model.
 """
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import field
 from enum import Enum
 from math import floor, log2
@@ -297,13 +297,18 @@ def bus_bandwidth_bytes_per_s(gpu: GpuSpec, algorithm: Algorithm, op: Collective
 
 
 def fastest_algorithm(gpu, op, layout, message_bytes, candidates, efficiencies) -> tuple[Algorithm, float]:
-    # src/enqueue.cc (topoGetAlgoInfo): the algorithm of least predicted time; ties keep the earlier.
-    best, best_s = candidates[0], None
-    for algorithm in candidates:
-        seconds = call_time_s(gpu, algorithm, op, layout, message_bytes, efficiencies.get(algorithm, 1.0))
-        if best_s is None or seconds < best_s:
-            best, best_s = algorithm, seconds
-    return best, best_s
+    return least_time((algorithm, call_time_s(gpu, algorithm, op, layout, message_bytes, efficiencies.get(algorithm, 1.0)))
+                      for algorithm in candidates)
+
+
+# src/enqueue.cc (topoGetAlgoInfo): the algorithm of least predicted time; ties keep the earlier.
+def least_time(timed: Iterable[tuple[Algorithm, float]]) -> tuple[Algorithm, float]:
+    """The (algorithm, seconds) of least seconds, the earlier of equal ones."""
+    best = None
+    for candidate in timed:
+        if best is None or candidate[1] < best[1]:
+            best = candidate
+    return best
 
 
 def entry_layout(entry: AchievedBusBandwidth) -> Layout:
@@ -397,13 +402,7 @@ class CallPricing:
                 timers.extend((algorithm, call_timer(self.gpu, algorithm, self.op, self.layout,
                                                      self.efficiencies.get(algorithm, 1.0)))
                               for algorithm in self.candidates)
-            # fastest_algorithm's rule: the least time, ties keeping the earlier candidate.
-            best, best_s = timers[0][0], None
-            for algorithm, timer in timers:
-                seconds = timer(message_bytes)
-                if best_s is None or seconds < best_s:
-                    best, best_s = algorithm, seconds
-            answer = self.priced[message_bytes] = (best, best_s)
+            answer = self.priced[message_bytes] = least_time((algorithm, timer(message_bytes)) for algorithm, timer in timers)
         return answer
 
 
