@@ -87,3 +87,44 @@ def test_docs_step_table_is_what_the_benchmark_prints() -> None:
     assert len(lines) >= 20
     for line in lines:
         assert line in docs, line
+
+
+def _bandwidth_script():  # type: ignore[no-untyped-def]
+    from pathlib import Path
+
+    return load_script(Path(__file__).resolve().parents[1] / "benchmarks" / "eager_kernel_bandwidth.py")
+
+
+@pytest.mark.parametrize("name, shapes, expected", [
+    ("aten::add", "[[2, 4096, 2048], [2, 4096, 2048], []]", ("pointwise", 3 * 2 * 4096 * 2048 * 2)),
+    ("aten::silu", "[[2, 4096, 8192]]", ("pointwise", 2 * 2 * 4096 * 8192 * 2)),
+    ("aten::_fused_rms_norm_backward", "[[2, 4096, 2048], [2, 4096, 2048], [], [2, 4096, 1], [2048], []]",
+     ("norm backward", 3 * 2 * 4096 * 2048 * 2)),
+    ("aten::mul", "[[2, 4096, 32, 32], [1, 4096, 1, 32]]", ("rotary (harness)", (2 * 2 * 4096 * 32 * 32 + 4096 * 32) * 2)),
+    ("aten::mul_", "[[1024, 2048], []]", None),  # the optimizer's, not the block's
+    ("aten::mm", "[[8192, 2048], [2048, 2048]]", None),
+])
+def test_eager_kernel_classes_count_the_rooflines_bytes(name, shapes, expected) -> None:
+    module = _bandwidth_script()
+    assert module.classify({"name": name, "input_shapes": shapes}, 8192) == expected
+
+
+def test_the_profiled_pointwise_kernels_are_the_rooflines_pointwise_passes() -> None:
+    """The pointwise class of a profiled step moves exactly the bytes the roofline counts for the
+    blocks' residual adds, activation and gradient sums (so its fraction is the factor on them),
+    and the norm classes the blocks' and the final norm's."""
+    from zeroplan.core.roofline.operations import OpPass, block_memory_passes
+    from zeroplan.core.roofline.operations import head_operations
+
+    module = _bandwidth_script()
+    profile = load_step_profile(STEP_PROFILE_DIR / "fsdp-full-shard-torch-2-4096-none.json.gz")
+    model, tokens = profile.model, 8192
+    passes = [op for op_pass in (OpPass.forward, OpPass.backward)
+              for op in block_memory_passes(model, False, tokens, 2, op_pass, model.num_layers)]
+    pointwise = sum(op.moved_bytes for op in passes if op.name in ("residual adds", "activation", "gradient sums"))
+    found = module.step_classes("fsdp-full-shard-torch-2-4096-none")
+    assert found["pointwise"][2] == pointwise
+    final = [op for op in head_operations(model, tokens, 2, OpPass.forward, 1, memory_only=True) if op.name == "final norm"]
+    norms = sum(op.moved_bytes for op in passes if op.name == "norms" and op.op_pass is OpPass.forward)
+    assert found["norm forward"][2] == norms + final[0].moved_bytes
+
