@@ -128,3 +128,12 @@ def test_the_profiled_pointwise_kernels_are_the_rooflines_pointwise_passes() -> 
     norms = sum(op.moved_bytes for op in passes if op.name == "norms" and op.op_pass is OpPass.forward)
     assert found["norm forward"][2] == norms + final[0].moved_bytes
 
+
+def test_docs_eager_bandwidth_table_is_what_the_benchmark_prints() -> None:
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "validation.md").read_text()
+    lines = [line for line in _bandwidth_script().report() if line.startswith(("| fsdp", "pooled"))]
+    assert len(lines) == 19
+    for line in lines:
+        assert line in docs, line
