@@ -6,9 +6,10 @@ micro-batch 1-20; each measured after a warm-up pass, in one run, at the default
 caching-allocator model, answering from the replays of a trace already made where they decide
 it), with every verdict's trace replayed afresh (MemoryAssumptions.exact_allocator, the
 oracle), with the capacity bisected (MemoryAssumptions.exact_capacity) and on the flat reserve
-(no replay). With --breakdown, where a default fit()'s time goes instead: the allocator's
-replays (how many a fit, how many events each, the time an event), the trace builds, the trace
-keys and the rest of the planner, each timed by wrapping zeroplan.allocator.planner's own calls.
+(no replay). With --breakdown, where a default plan()'s and fit()'s time goes instead: the
+allocator's replays (how many a request, how many events each, the time an event), the trace
+builds, the trace keys and the rest of the planner, each timed by wrapping
+zeroplan.allocator.planner's own calls.
 
     python benchmarks/api_throughput.py [--cpu-time] [--breakdown]
 """
@@ -42,51 +43,59 @@ def per_second(function, batch: list[PlanRequest], clock=time.perf_counter) -> f
 
 
 def breakdown(batch: list[PlanRequest], clock=time.perf_counter) -> None:
-    """Print where fit()'s time goes at the defaults, measured as main() measures it (after a
-    plan() pass over the same requests and a warm-up)."""
+    """Print where plan()'s and then fit()'s time goes at the defaults, each measured as main()
+    measures it: plan() first, over requests none of whose answers is kept yet (after a
+    warm-up), then fit() after that plan() pass and a warm-up."""
     from zeroplan.allocator import planner
 
+    for name, function in (("plan()", plan), ("fit()", fit)):
+        for request in batch[:3]:
+            function(request)
+        _timed_pass(name, function, batch, planner, clock)
+
+
+def _timed_pass(name: str, function, batch: list[PlanRequest], planner, clock) -> None:
+    """Time one pass of ``function`` over ``batch``, zeroplan.allocator.planner's own calls
+    wrapped, and print the split."""
     spent: Counter[str] = Counter()
     calls: Counter[str] = Counter()
     replayed: Counter[str] = Counter()
 
-    def timed(name: str, function):
+    def timed(call_name: str, call):
         def wrapper(*args):
-            if name == "replay_ops":
+            if call_name == "replay_ops":
                 replayed["events"] += len(args[0])
             start = clock()
             try:
-                return function(*args)
+                return call(*args)
             finally:
-                spent[name] += clock() - start
-                calls[name] += 1
+                spent[call_name] += clock() - start
+                calls[call_name] += 1
         return wrapper
 
-    per_second(plan, batch, clock)
-    for request in batch[:3]:
-        fit(request)
     names = ("replay_ops", "record_step", "step_inputs")
-    originals = {name: getattr(planner, name) for name in names}
-    for name in names:
-        setattr(planner, name, timed(name, originals[name]))
+    originals = {call_name: getattr(planner, call_name) for call_name in names}
+    for call_name in names:
+        setattr(planner, call_name, timed(call_name, originals[call_name]))
     try:
         start = clock()
         for request in batch:
-            fit(request)
+            function(request)
         total = clock() - start
     finally:
-        for name, function in originals.items():
-            setattr(planner, name, function)
+        for call_name, call in originals.items():
+            setattr(planner, call_name, call)
     n = len(batch)
     replays, events = calls["replay_ops"], replayed["events"]
-    rest = total - spent["replay_ops"] - spent["record_step"] - spent["step_inputs"]
-    print(f"fit() at the defaults: {1e3 * total / n:.2f} ms a request ({n / total:,.1f} configs/s)")
-    print(f"  allocator replays   {1e3 * spent['replay_ops'] / n:6.2f} ms ({replays / n:.2f} a fit, {events / max(replays, 1):,.0f} "
+    allocator = spent["replay_ops"] + spent["record_step"] + spent["step_inputs"]
+    rest = total - allocator
+    print(f"{name} at the defaults: {1e3 * total / n:.3f} ms a request ({n / total:,.1f} configs/s)")
+    print(f"  allocator replays   {1e3 * spent['replay_ops'] / n:6.3f} ms ({replays / n:.2f} a request, {events / max(replays, 1):,.0f} "
           f"events each, {1e6 * spent['replay_ops'] / max(events, 1):.2f} us an event)")
-    print(f"  trace builds        {1e3 * spent['record_step'] / n:6.2f} ms ({calls['record_step'] / n:.2f} a fit)")
-    print(f"  trace keys          {1e3 * spent['step_inputs'] / n:6.2f} ms ({calls['step_inputs'] / n:.2f} a fit)")
-    print(f"  the rest            {1e3 * rest / n:6.2f} ms (the planner's terms, step times, collectives, specs)")
-    print(f"  at most {n / spent['replay_ops']:,.0f} configs/s with nothing but the replays; "
+    print(f"  trace builds        {1e3 * spent['record_step'] / n:6.3f} ms ({calls['record_step'] / n:.2f} a request)")
+    print(f"  trace keys          {1e3 * spent['step_inputs'] / n:6.3f} ms ({calls['step_inputs'] / n:.2f} a request)")
+    print(f"  the rest            {1e3 * rest / n:6.3f} ms (the planner's terms, step times, collectives, specs)")
+    print(f"  at most {n / max(allocator, 1e-9):,.0f} configs/s with nothing but the replays, builds and keys; "
           f"{n / rest:,.0f}/s with nothing but the rest")
 
 
@@ -95,7 +104,7 @@ def main() -> None:
     parser.add_argument("--cpu-time", action="store_true",
                         help="time with the process's CPU time (steadier than the wall clock on a shared machine)")
     parser.add_argument("--breakdown", action="store_true",
-                        help="where a default fit()'s time goes (replays, trace builds, keys, the rest) instead")
+                        help="where a default plan()'s and fit()'s time goes (replays, trace builds, keys, the rest) instead")
     args = parser.parse_args()
     clock = time.process_time if args.cpu_time else time.perf_counter
     batch = requests()
