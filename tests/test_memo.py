@@ -68,6 +68,37 @@ def test_a_function_that_reads_an_unkeyed_field_is_answered_uncached() -> None:
     assert tokens.fallbacks == 2
 
 
+def test_a_key_whose_call_read_more_keeps_its_answers_by_the_whole_request() -> None:
+    calls = []
+
+    @batch_keyed("grad_accum_steps")
+    def tokens(request: PlanRequest) -> int:
+        calls.append(request.batch.seq_len)
+        return request.batch.seq_len * request.batch.grad_accum_steps
+
+    for seq_len in (1024, 2048, 1024, 2048, 1024):
+        assert tokens(_request(seq_len=seq_len)) == seq_len
+    # One evaluation per whole request (the first through the view, which raised), each kept.
+    assert tokens.fallbacks == 2 and calls == [1024, 2048]
+    tokens.cache_clear()
+    assert tokens(_request(seq_len=1024)) == 1024 and tokens.fallbacks == 3
+
+
+def test_hf_zero3_states_with_accumulation_are_kept_across_calls() -> None:
+    # DeepSpeed's ZeRO-3 gathers read the checkpointing policy (deepspeed_coordinator.replays_gathers),
+    # which the model states' key leaves out: answered on the whole request, then kept.
+    request = PlanRequest(model=get_model("llama-2-7b"), cluster=cluster_from_gpus(get_gpu("a100-80gb"), 8),
+                          strategy=StrategySpec(kind=StrategyKind.zero3), training=TrainingSpec(framework=Framework.hf),
+                          batch=BatchSpec(seq_len=2048, grad_accum_steps=4))
+    _state_terms.cache_clear()
+    before = _state_terms.fallbacks
+    first = _state_terms(request)
+    fallbacks = _state_terms.fallbacks
+    assert fallbacks == before + 1
+    assert _state_terms(request) is first and _state_terms.fallbacks == fallbacks
+    assert first == _state_terms.uncached(request)
+
+
 def test_a_training_view_hides_the_fields_left_out_of_the_key() -> None:
     @batch_keyed(training_but=("activation_checkpointing",))
     def policy(request: PlanRequest) -> object:

@@ -6,8 +6,8 @@ but only part of the batch, or none of it: the model states do not change with t
 micro-batch, yet fit() and the largest micro-batch search ask for them at every micro-batch.
 ``batch_keyed`` caches such a function on the request with its batch cut down to the fields
 named, and enforces it: the cached call sees a batch on which every other field raises, and a
-call that reads one is answered by the function on the whole request, uncached (slower, never
-a different answer)."""
+call that reads one is answered by the function on the whole request, kept under the whole
+request (slower, never a different answer)."""
 
 from __future__ import annotations
 
@@ -73,6 +73,9 @@ class KeptAnswers:
 
 
 _MISSING = object()
+_READS_MORE = object()
+"""Kept under a key whose call read a field the key leaves out: its answers are kept under the
+whole request instead."""
 
 
 class _KeptValues(tuple):
@@ -118,8 +121,10 @@ def batch_keyed(*fields: str, limit: int = 1024, training_but: tuple[str, ...] =
     training less the fields ``training_but`` names and its memory assumptions less those
     ``assumptions_but`` names (each then a view of its other fields, whose reads of those raise
     as the batch's do; the key holds the kept fields' values, so a call on a request that is
-    itself such a view keys as the request does). The wrapper's ``fallbacks`` counts the calls
-    that read another field (each answered uncached), for the tests that keep the caches
+    itself such a view keys as the request does). A key whose call read another field is marked,
+    and the answers under it are kept by the whole request (hf ZeRO-3's gathers read the
+    checkpointing policy that the model states' key leaves out). The wrapper's ``fallbacks``
+    counts the calls answered on the whole request, for the tests that keep the caches
     effective. ``strategy_view``, where given, names for a request the only facts of its
     strategy the function reads, as (name, value) pairs (None: the whole strategy keys it): the
     strategy is then a view of those alone, in the key and for the function, whose other reads
@@ -127,6 +132,7 @@ def batch_keyed(*fields: str, limit: int = 1024, training_but: tuple[str, ...] =
 
     def wrap(function: Callable[..., Result]) -> Callable[..., Result]:
         store = KeptAnswers(limit)
+        whole = KeptAnswers(limit)
         # The key's values read at C speed (operator.attrgetter: a tuple of them when more than one).
         batch_values = operator.attrgetter(*fields) if len(fields) > 1 else (
             (lambda batch: (getattr(batch, fields[0]),)) if fields else (lambda batch: ()))
@@ -143,6 +149,8 @@ def batch_keyed(*fields: str, limit: int = 1024, training_but: tuple[str, ...] =
             key = (request.model, request.cluster, strategy, request.parallel, request.performance,
                    trained, assumed, batch, args)
             answer = store.entries.get(key, _MISSING)
+            if answer is _READS_MORE:
+                return _whole_request_answer(request, args)
             if answer is not _MISSING:
                 return answer
             update = {} if whole_batch else {"batch": BatchView(tuple(zip(fields, batch)))}
@@ -156,13 +164,28 @@ def batch_keyed(*fields: str, limit: int = 1024, training_but: tuple[str, ...] =
             try:
                 answer = function(viewed, *args)
             except UnkeyedRead:
-                call.fallbacks += 1
-                return function(request, *args)
+                answer = _whole_request_answer(request, args)
+                store.put(key, _READS_MORE)
+                return answer
             store.put(key, answer)
             return answer
 
+        def _whole_request_answer(request: PlanRequest, args: tuple) -> Result:
+            # A request that is itself a view raises UnkeyedRead here (hashing or comparing its
+            # views), to the cache whose view it is, before anything is kept.
+            answer = whole.entries.get((request, args), _MISSING)
+            if answer is _MISSING:
+                call.fallbacks += 1
+                answer = function(request, *args)
+                whole.put((request, args), answer)
+            return answer
+
+        def cache_clear() -> None:
+            store.clear()
+            whole.clear()
+
         call.fallbacks = 0
-        call.cache_clear = store.clear
+        call.cache_clear = cache_clear
         call.uncached = function
         return call
 
@@ -174,6 +197,7 @@ def request_keyed(limit: int = 1024) -> Callable[[Callable[..., Result]], Callab
 
     def wrap(function: Callable[..., Result]) -> Callable[..., Result]:
         store = KeptAnswers(limit)
+        whole = KeptAnswers(limit)
 
         @functools.wraps(function)
         def call(request: PlanRequest) -> Result:
