@@ -50,6 +50,21 @@ def test_defaults_are_the_readme_runs():
     assert request.strategy.prefetch_units == 0
 
 
+@pytest.mark.parametrize("strategy", [StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op])
+def test_one_gpu_accumulates_into_the_fp32_shard(strategy):
+    """trainer.py maybe_no_sync enters no_sync() only where data_parallel_world_size > 1: on one
+    GPU each micro-batch reduces into the fp32 shard, which stays alive through the next, so a
+    step of two micro-batches allocates no less than a step of one (it held the fp16 unsharded
+    gradients instead, half the fp32 shard's bytes on one GPU, and planned less)."""
+    one_gpu = [flag if flag != "2" or SMALL[i - 1] != "--gpus" else "1" for i, flag in enumerate(SMALL)]
+    accumulating = _request(*one_gpu, "--grad-accum", "2", strategy=strategy)
+    assert not accumulating.strategy.keep_unsharded_grads_on_accum
+    assert _request(*SMALL, "--grad-accum", "2", strategy=strategy).strategy.keep_unsharded_grads_on_accum
+    single = _request(*one_gpu, strategy=strategy)
+    allocated = [max(b.allocated_peak_bytes for b, _ in pipeline_rank_breakdowns(r)) for r in (single, accumulating)]
+    assert allocated[1] >= allocated[0]
+
+
 def test_layer_delta_is_the_kept_scores_and_the_fp32_gelu_input():
     request = _request(*SMALL)
     s, b, h, a, f = 64, 2, 768, 12, 3072

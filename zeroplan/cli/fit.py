@@ -516,7 +516,9 @@ def host_from_args(args: argparse.Namespace) -> HostSpec:
 def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKind.ddp) -> PlanRequest:
     """Build the PlanRequest the flags describe; bad values raise one-line ZeroplanErrors."""
     from zeroplan.core.compiled import check_compiled
-    from zeroplan.core.profiles import check_framework_request, check_optimizer_in_backward, profile
+    from zeroplan.core.profiles import (
+        accumulates_without_sync, check_framework_request, check_optimizer_in_backward, profile,
+    )
     from zeroplan.presets.models import get_model
 
     model = get_model(args.model)
@@ -588,7 +590,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
                             nvme_pipeline_read=getattr(args, "nvme_pipeline", None) in ("read", "both"),
                             nvme_pipeline_write=getattr(args, "nvme_pipeline", None) in ("write", "both"),
                             keep_unsharded_grads_on_accum=getattr(args, "keep_unsharded_grads_on_accum", False)
-                            or profile(framework).accumulates_without_gradient_sync,
+                            or accumulates_without_sync(framework, cluster.world_size // parallel.model_parallel_size),
                             deepspeed_grad_accum_fp32=getattr(args, "deepspeed_grad_accum_dtype", None) == "fp32",
                             fsdp1_root_stays_gathered=_fsdp1_from_args(args, framework))
     if args.mfu is not None:

@@ -10,7 +10,8 @@ from zeroplan.core.deepspeed_accumulation import stage12_bucket_bytes
 from zeroplan.core.largest_unit import largest_gathered_unit_bytes, largest_unit_elements
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes
 from zeroplan.core.model_states import (
-    largest_optimizer_tensor_elements, largest_tensor_shard_elements, padded_unit_elements_of, unit_gather_bytes,
+    largest_optimizer_tensor_elements, largest_tensor_shard_elements, model_state_bytes, padded_unit_elements_of,
+    unit_gather_bytes,
 )
 from zeroplan.core.parallel.pipeline import pipeline_defers_fsdp_reduction
 from zeroplan.core.parallel.units import accumulating_trainable_elements, rank_parameter_units, rank_trainable_elements
@@ -373,19 +374,29 @@ def backward_end_buffer_bytes(request: PlanRequest) -> int | None:
 
 def backward_end_gradient_bytes(request: PlanRequest) -> int | None:
     """The gradients alive at the last reduction (PeakTerms.backward_end_gradients): none under
-    DeepSpeed ZeRO-3, whose fp32 partition is made at the step, or under FSDP's no_sync
-    accumulation (the held unsharded gradients stand for them), and every full gradient under
+    DeepSpeed ZeRO-3, whose fp32 partition is made at the step, what the shards add beyond the
+    held unsharded gradients under FSDP's no_sync accumulation (none from two ranks on:
+    no_sync_backward_end_gradient_bytes), and every full gradient under
     DeepSpeed ZeRO-1, reduced only once backward ends (zeroplan.core.deepspeed_epilogue); None
     (the model states' gradients) elsewhere."""
     if deepspeed_epilogue.models_epilogue(request):
         return 0
     if fsdp_no_sync_carried_gradient_bytes(request) == 0:
-        # Every micro-batch but the last ends its backward with the unsharded gradients whole and
-        # no shard (fsdp_no_sync_carried_gradient_bytes), the larger of the two ends.
-        return 0
+        return no_sync_backward_end_gradient_bytes(request)
     if deepspeed_epilogue.stage1_keeps_gradients(request):
         return deepspeed_epilogue.stage1_gradient_bytes(request)
     return None
+
+
+# Every micro-batch of no_sync accumulation but the last ends its backward with the unsharded
+# gradients whole and no shard (fsdp_no_sync_carried_gradient_bytes); the last ends with the
+# shards its reduce-scatters made in their place (draining_held_buffer_bytes), beside the same last
+# reduction. From two ranks on the shards are no larger (4/N bytes an element of fp32 shards
+# against the unsharded 2), on one rank under fp32 shards they are twice as large.
+def no_sync_backward_end_gradient_bytes(request: PlanRequest) -> int:
+    """The gradients alive at the end of backward under FSDP's no_sync accumulation beyond the
+    held unsharded gradients: what the last micro-batch's shards add to the larger end."""
+    return max(model_state_bytes(request).gradient_bytes - draining_held_buffer_bytes(request), 0)
 
 
 def block_backward_gradient_bytes(request: PlanRequest) -> int:

@@ -29,7 +29,8 @@ from zeroplan.results import PeakMoment
 # the blocks (DeepSpeed ZeRO-1/2's) are alive at a block's backward (block_backward_gradients).
 # Under FSDP's no_sync accumulation the micro-batches carry the held unsharded gradients and no
 # shard (accumulated_gradients 0): every micro-batch but the last ends its backward so, beside its
-# last unit's buffers (backward_end_gradients 0), and the last turns them into the shards. Where a
+# last unit's buffers, and the last turns them into the shards (backward_end_gradients: what the
+# shards add beyond them, 0 from two ranks on). Where a
 # strategy reduces each unit's gradient to its shard as that unit's backward ends (FSDP full
 # sharding, HSDP), the first layer's backward, the last block's to run, holds the same units and
 # workspace as a block's but one block's activations (and what the blocks leave outside) and the

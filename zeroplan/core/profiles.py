@@ -55,6 +55,10 @@ class FrameworkProfile:
     """Its loop runs the micro-batches before each optimizer step without gradient sync (FSDP1's
     no_sync()): the unsharded gradients accumulate, StrategySpec.keep_unsharded_grads_on_accum
     (the command line's default for it)."""
+    syncs_alone: bool = False
+    """Its loop enters no_sync() only where there is more than one data-parallel rank, so on one
+    rank every micro-batch reduces (and accumulates into the sharded fp32 gradient) as without
+    accumulation: accumulates_without_gradient_sync applies from two ranks on."""
     runs_fsdp1: bool = False
     """Its FSDP full sharding is torch's FSDP1 (FullyShardedDataParallel) with a root unit, whose
     parameters stay gathered from the forward to the end of backward (fsdp1_root_stays_gathered)."""
@@ -417,8 +421,12 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         fsdp_reduces_in_compute_dtype=True,
         # trainer.py train_step maybe_no_sync: every micro-batch of --update-freq but the last
         # runs under the model's no_sync() (fairscale's: _require_backward_grad_sync False, the
-        # full fp16 gradients accumulate unreduced).
+        # full fp16 gradients accumulate unreduced)...
         accumulates_without_gradient_sync=True,
+        # ...where `self.data_parallel_world_size > 1` (the first condition of maybe_no_sync): on
+        # one GPU fairscale's post-backward hook casts every micro-batch's gradient to the fp32
+        # shard and accumulates it there.
+        syncs_alone=True,
         # fairseq/optim/adam.py: apex's multi-tensor FusedAdam on the GPU; --optimizer cpu_adam
         # (DeepSpeedCPUAdam) steps on the host under --cpu-offload.
         fused_optimizer=True,
@@ -560,6 +568,15 @@ def fused_qkv_fewer_tensors(request: PlanRequest, num_blocks: int) -> int:
 # no FSDP wrapping); on one GPU zeroplan plans that as plain training (ddp at world size 1).
 # litgpt's finetune scripts on one device use Fabric's strategy "auto" (the model on that GPU,
 # no wrapping): planned likewise as ddp at world size 1.
+def accumulates_without_sync(framework: Framework, data_parallel_size: int) -> bool:
+    """Whether the framework's loop runs the micro-batches before each optimizer step under
+    no_sync() at this data-parallel size (FrameworkProfile.accumulates_without_gradient_sync,
+    from two ranks on where FrameworkProfile.syncs_alone): StrategySpec.keep_unsharded_grads_on_accum's
+    default for it."""
+    prof = profile(framework)
+    return prof.accumulates_without_gradient_sync and (data_parallel_size > 1 or not prof.syncs_alone)
+
+
 def framework_strategies(framework: Framework, world_size: int) -> tuple[StrategyKind, ...]:
     """The strategies the framework runs on ``world_size`` GPUs that are planned when none are
     named (the opt-in ones, StrategyKind.is_opt_in, are planned only when named)."""

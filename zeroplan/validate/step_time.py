@@ -17,7 +17,7 @@ from zeroplan.core.default_efficiency import FLAT_HFU
 from zeroplan.core.flops import step_flops
 from zeroplan.core.timing import hfu_from_mfu
 from zeroplan.core.plan import plan, step_fits, under_allocator_model
-from zeroplan.core.profiles import profile
+from zeroplan.core.profiles import accumulates_without_sync
 from zeroplan.core.roofline.ceilings import CEILINGS
 from zeroplan.errors import ZeroplanError
 from zeroplan.presets.gpus import get_gpu
@@ -218,7 +218,8 @@ class PublishedThroughput(Frozen):
             # A framework whose loop accumulates under no_sync keeps the unsharded gradients, as
             # the command line plans it (zeroplan.cli.fit: litgpt through Lightning).
             strategy=StrategySpec(kind=self.strategy, **self.zero_options.strategy_fields(),
-                                  keep_unsharded_grads_on_accum=profile(self.framework).accumulates_without_gradient_sync),
+                                  keep_unsharded_grads_on_accum=accumulates_without_sync(
+                                      self.framework, self.num_gpus // (self.tp * self.pp))),
             parallel=ParallelSpec(tp=self.tp, pp=self.pp, sequence_parallel=self.sequence_parallel,
                                   pp_schedule=self.pp_schedule, virtual_stages=self.virtual_stages),
             performance=performance, assumptions=FLAT_RESERVE,

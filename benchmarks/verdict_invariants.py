@@ -1,0 +1,672 @@
+"""A metamorphic sweep of the planner's answers for physical consistency: random but valid
+requests (models from 0.5 B to 70 B, every framework, strategy, tp/pp/cp layout, LoRA/QLoRA,
+activation checkpointing, GPU), each asked again with one thing changed where physics says which
+way the answer must move. A verdict that disagrees with the GPU is the worst answer a planner
+can give; none of this is a GPU measurement, only the planner against itself.
+
+Invariants (each checked only where it must hold):
+  1 bigger-gpu     the same request on a GPU of the same family with more memory never turns fits into OOM
+  2 batch-growth   the allocated peak never decreases when the micro-batch or the sequence grows;
+                   the reserved peak is never below the allocated peak
+  3 state-order    model-state bytes per GPU: ddp >= zero1 >= zero2 >= zero3, fsdp-shard-grad-op >=
+                   fsdp-full-shard, and an offload variant holds no more than its strategy on the GPU
+  4 checkpointing  full activation checkpointing saves no more activation bytes than any other mode
+  5 max-mb         the largest micro-batch (max-mb) fits and max-mb + 1 does not, by plan()'s verdict
+  6 plan-vs-fit    plan()'s verdict and peak for a strategy equal fit()'s row for it
+  7 determinism    the same request answers the same numbers again (after every other request of the
+                   run, in reverse order: a cache keyed on too few fields shows here), and every
+                   refused request is a one-line ZeroplanError (or pydantic's one-line error), never
+                   another exception
+
+    python benchmarks/verdict_invariants.py --requests 500 --seed 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import random
+import shlex
+import sys
+import time
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+
+from pydantic import ValidationError
+
+from zeroplan.cli.fit import add_fit_arguments, check_options_apply, parse_strategies, request_from_args
+from zeroplan.cli.parser import OneLineParser
+from zeroplan.core.plan import fit, pipeline_rank_breakdowns, plan
+from zeroplan.errors import ZeroplanError
+from zeroplan.specs.strategy import StrategyKind
+
+SMALL_MODELS = ("qwen2.5-0.5b", "qwen3-0.6b", "tinyllama-1.1b", "gpt2", "gpt2-medium", "qwen2.5-1.5b", "qwen2.5-3b",
+                "t5-large", "bart-large")
+MID_MODELS = ("llama-2-7b", "llama-3.1-8b", "mistral-7b", "qwen2.5-7b", "llama-2-13b", "qwen3-8b")
+LARGE_MODELS = ("qwen2.5-32b", "llama-2-70b", "llama-3.1-70b")
+FRAMEWORKS = ("zeroplan", "hf", "torchtune", "torchtitan", "litgpt", "megatron", "zeroplan", "hf", "megatron-deepspeed",
+              "fairseq")
+GPUS = ("a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb", "a10g", "l40s", "v100-16gb", "v100-32gb", "rtx-4090",
+        "b200", "mi300x")
+LARGER_SIBLING = {"a100-40gb": "a100-80gb", "v100-16gb": "v100-32gb", "h100-80gb": "h200-141gb"}
+"""A GPU of the same family with more memory (H200: an H100 with 141 GB of HBM3e)."""
+CHECKPOINTING = ("none", "selective", "full", "selective-op", "selective-layer")
+MODEL_PARALLEL_FRAMEWORKS = ("zeroplan", "torchtitan", "megatron")
+
+STATE_ORDER = (("ddp", "zero1"), ("zero1", "zero2"), ("zero2", "zero3"), ("ddp", "fsdp-shard-grad-op"),
+               ("fsdp-shard-grad-op", "fsdp-full-shard"), ("zero2", "zero2-offload"), ("zero3", "zero3-offload"),
+               ("zero3-offload", "zero3-param-offload"), ("zero3", "zero3-nvme"), ("zero3-offload", "zero3-nvme"),
+               ("zero3-param-offload", "zero3-param-nvme"))
+"""(more, no more) pairs of model-state bytes per GPU on the same layout."""
+
+INVARIANTS = ("1 bigger-gpu", "2 batch-growth", "3 state-order", "4 checkpointing", "5 max-mb", "6 plan-vs-fit",
+              "7 determinism")
+
+
+def random_argv(rng: random.Random) -> list[str]:
+    """One random request as `zeroplan fit` flags; valid most of the time (the planner refuses the rest)."""
+    framework = rng.choice(FRAMEWORKS)
+    if rng.random() < 0.04:
+        return moe_argv(rng)
+    models, modes = framework_accepts(framework)
+    while not models or not modes:
+        framework = rng.choice(FRAMEWORKS)
+        models, modes = framework_accepts(framework)
+    size = rng.random()
+    sized = [m for m in (SMALL_MODELS if size < 0.35 else MID_MODELS if size < 0.8 else LARGE_MODELS) if m in models]
+    model = rng.choice(sized or models)
+    gpus = rng.choice((1, 2, 4, 8, 8, 16, 32))
+    argv = [model, "--framework", framework, "--gpu", rng.choice(GPUS), "--gpus", str(gpus),
+            "--micro-batch", str(rng.choice((1, 1, 2, 3, 4, 8))), "--seq-len", str(rng.choice((512, 1024, 2048, 4096))),
+            "--grad-accum", str(rng.choice((1, 1, 2, 4))),
+            "--activation-checkpointing", rng.choice(modes)]
+    if framework in MODEL_PARALLEL_FRAMEWORKS and gpus >= 2 and rng.random() < 0.4:
+        tp = rng.choice((1, 2, 4))
+        pp = rng.choice((1, 1, 2, 4))
+        cp = rng.choice((1, 1, 2)) if framework != "megatron" else 1
+        if tp * pp * cp <= gpus:
+            argv += ["--tp", str(tp), "--pp", str(pp), "--cp", str(cp)]
+            if pp > 1:
+                argv = with_flag(argv, "--grad-accum", str(rng.choice((pp, 2 * pp))))
+                if rng.random() < 0.4:
+                    argv += rng.choice(PIPELINE_OPTIONS)
+            if tp > 1 and rng.random() < 0.2:
+                argv += [rng.choice(("--no-sequence-parallel", "--async-tp"))]
+    finetune = rng.random()
+    if finetune < 0.15:
+        argv += ["--lora-rank", str(rng.choice((8, 16, 64)))]
+    elif finetune < 0.25:
+        argv += ["--lora-rank", str(rng.choice((8, 16))), "--quantize", "nf4"]
+    if rng.random() < 0.1:
+        argv += ["--optimizer", rng.choice(("adam", "sgd", "adam-8bit", "lion", "adafactor"))]
+    if rng.random() < 0.1:
+        argv += ["--precision", rng.choice(("fp32", "bf16-mixed", "fp16-mixed", "bf16-pure"))]
+    if framework in ("torchtune", "torchtitan") and rng.random() < 0.15:
+        argv += ["--fsdp-cpu-offload"]
+    if framework in ("torchtune", "torchtitan") and rng.random() < 0.1:
+        argv += ["--compile"]
+    argv += rare_options(rng, framework, model)
+    if rng.random() < 0.3:
+        argv += ["--flat-reserve"]
+    elif rng.random() < 0.15:
+        argv += ["--allocator-conf", "expandable_segments:True"]
+    return argv
+
+
+OPTIONS = (
+    # (probability, frameworks (None: any), flags)
+    (0.06, ("zeroplan", "hf"), ["--strategies", "zero3,zero3-hpz,zero3-zeropp,zero3-mics,zero3-nvme,zero3-param-nvme,"
+                                "zero3-offload,zero3-param-offload"]),
+    (0.05, ("zeroplan", "hf"), ["--hsdp-group", "2"]),
+    (0.05, ("zeroplan",), ["--fsdp-version", "1"]),
+    (0.05, None, ["--keep-unsharded-grads-on-accum"]),
+    (0.05, ("torchtune",), ["--optimizer-in-backward", "--grad-accum", "1"]),
+    (0.04, None, ["--paged-optimizer"]),
+    (0.06, ("torchtune",), ["--activation-offloading"]),
+    (0.05, None, ["--fused-linear-cross-entropy"]),
+    (0.05, ("zeroplan",), ["--fused-cross-entropy"]),
+    (0.05, ("hf",), ["--use-cache"]),
+    (0.05, ("hf",), ["--keep-outputs"]),
+    (0.05, ("hf", "zeroplan"), ["--checkpoint-reentrant"]),
+    (0.05, ("torchtitan",), ["--unchunked-loss"]),
+    (0.05, ("torchtitan",), ["--compile", "--float8", "--gpu", "h100-80gb"]),
+    (0.05, None, ["--freeze-embeddings"]),
+    (0.05, None, ["--frozen-blocks", "4"]),
+    (0.04, None, ["--lora-rank", "16", "--dora"]),
+    (0.03, ("hf",), ["--lora-rank", "8", "--quantize", "int8", "--strategies", "ddp"]),
+    (0.05, None, ["--varying-lengths", "900,400,64,20000"]),
+    (0.05, None, ["--cuda-context-mib", "1024"]),
+    (0.04, None, ["--seq-len", "8192"]),
+    (0.03, None, ["--seq-len", "16384", "--allow-longer-seq"]),
+    (0.05, ("torchtune", "hf"), ["--activation-checkpointing", "full", "--checkpoint-reentrant"]),
+)
+"""Less common options the sweep adds now and then (the planner refuses those that do not apply)."""
+
+PIPELINE_OPTIONS = (["--pp-schedule", "gpipe"], ["--pp-schedule", "interleaved-1f1b", "--virtual-stages", "2"],
+                    ["--pp-schedule", "zero-bubble"], ["--pp-schedule", "looped-bfs", "--virtual-stages", "2"])
+
+
+def rare_options(rng: random.Random, framework: str, model: str) -> list[str]:
+    out = []
+    for probability, frameworks, flags in OPTIONS:
+        if (frameworks is None or framework in frameworks) and rng.random() < probability:
+            out += flags
+    return out
+
+
+def moe_argv(rng: random.Random) -> list[str]:
+    """Mixtral-8x7B under expert parallelism (zeroplan or torchtitan)."""
+    framework = rng.choice(("zeroplan", "torchtitan"))
+    ep = rng.choice((1, 2, 4, 8))
+    return ["mixtral-8x7b", "--framework", framework, "--gpu", rng.choice(("a100-80gb", "h100-80gb", "h200-141gb")),
+            "--gpus", str(rng.choice((8, 16))), "--ep", str(ep), "--micro-batch", str(rng.choice((1, 2))),
+            "--seq-len", str(rng.choice((1024, 4096))), "--activation-checkpointing", rng.choice(("none", "full"))]
+
+
+@functools.cache
+def framework_accepts(framework: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The sweep's models and checkpointing modes the framework's profile plans (it refuses the others)."""
+    def accepted(argv: list[str]) -> bool:
+        try:
+            request_from_args(PARSER.parse_args(argv))
+        except ZeroplanError:
+            return False
+        return True
+
+    models = tuple(m for m in SMALL_MODELS + MID_MODELS + LARGE_MODELS if accepted([m, "--framework", framework]))
+    modes = tuple(c for c in CHECKPOINTING if models and accepted([models[0], "--framework", framework,
+                                                                   "--activation-checkpointing", c]))
+    return models, modes
+
+
+def _parser() -> OneLineParser:
+    parser = OneLineParser(prog="zeroplan fit")
+    add_fit_arguments(parser)
+    return parser
+
+
+PARSER = _parser()
+
+
+def with_flag(argv: list[str], flag: str, value: str | None) -> list[str]:
+    """argv with ``flag`` set to ``value`` ("" for a switch; None removes it)."""
+    out, skip = [], False
+    for token in argv:
+        if skip:
+            skip = False
+        elif token == flag:
+            skip = flag not in SWITCHES
+        else:
+            out.append(token)
+    return out + ([flag] if value == "" else [flag, value] if value is not None else [])
+
+
+SWITCHES = ("--flat-reserve", "--fsdp-cpu-offload", "--compile")
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    value = None
+    for i, token in enumerate(argv[:-1]):
+        if token == flag:
+            value = argv[i + 1]
+    return value
+
+
+def command_line(argv: list[str], strategies: str | None = None) -> str:
+    return "zeroplan fit " + shlex.join(with_flag(argv, "--strategies", strategies) if strategies else argv)
+
+
+class Refused(Exception):
+    """The request was refused in one line (a user's error), as the command line would refuse it."""
+
+
+@dataclass
+class Sweep:
+    checked: Counter = field(default_factory=Counter)
+    violations: dict[str, list[str]] = field(default_factory=lambda: {name: [] for name in INVARIANTS})
+    refused: Counter = field(default_factory=Counter)
+    requests: int = 0
+    answered: list[tuple[list[str], object]] = field(default_factory=list)
+
+    def check(self, invariant: str, holds: bool, what: str) -> None:
+        self.checked[invariant] += 1
+        if not holds:
+            self.violations[invariant].append(what)
+
+
+def build(argv: list[str], sweep: Sweep):
+    """The request the flags describe; Refused where the planner refuses it in one line, and a
+    determinism (7) violation where anything else is raised or the line is not one line."""
+    try:
+        args = PARSER.parse_args(argv)
+        check_options_apply(args)
+        return request_from_args(args)
+    except SystemExit:
+        raise Refused("argparse") from None
+    except (ZeroplanError, ValidationError) as error:
+        _one_line(error, argv, sweep)
+        raise Refused(getattr(error, "field", "validation")) from None
+    except Exception:
+        sweep.check(INVARIANTS[6], False, f"traceback building the request: {_last_line()}\n    {command_line(argv)}")
+        raise Refused("traceback") from None
+
+
+def answer(call, argv: list[str], sweep: Sweep, strategies: str | None = None):
+    """call() (a fit or plan of the request), with the same rule for refusals as build."""
+    try:
+        return call()
+    except (ZeroplanError, ValidationError) as error:
+        _one_line(error, argv, sweep, strategies)
+        raise Refused(getattr(error, "field", "validation")) from None
+    except Exception:
+        sweep.check(INVARIANTS[6], False, f"traceback answering: {_last_line()}\n    {command_line(argv, strategies)}")
+        raise Refused("traceback") from None
+
+
+def _one_line(error: Exception, argv: list[str], sweep: Sweep, strategies: str | None = None) -> None:
+    text = str(error) if isinstance(error, ZeroplanError) else _first_validation_line(error)
+    sweep.check(INVARIANTS[6], "\n" not in text.strip(), f"refusal of more than one line: {text!r}\n    "
+                f"{command_line(argv, strategies)}")
+
+
+def _first_validation_line(error: ValidationError) -> str:
+    from zeroplan.specs.base import first_error
+
+    return first_error(error)
+
+
+def _last_line() -> str:
+    return traceback.format_exc().strip().splitlines()[-1]
+
+
+def fit_plans(argv: list[str], sweep: Sweep, strategies: tuple[str, ...] | None = None) -> dict[str, object]:
+    """{strategy: StrategyPlan} of fit on argv without the largest micro-batch or step time."""
+    request = build(argv, sweep)
+    kinds = tuple(StrategyKind(s) for s in strategies) if strategies else None
+    report = answer(lambda: fit(request, kinds, suggest=False, largest_micro_batch=False, timed=False), argv, sweep)
+    return {p.strategy.value: p for p in report.plans}
+
+
+def allocated_peak(request) -> int:
+    """The highest allocated peak over every pipeline rank."""
+    return max(b.allocated_peak_bytes for b, _ in pipeline_rank_breakdowns(request))
+
+
+def state_bytes(p) -> int:
+    m = p.memory
+    return m.parameter_bytes + m.gradient_bytes + m.optimizer_state_bytes
+
+
+def gib(value: int) -> str:
+    return f"{value / 2**30:.3f} GiB"
+
+
+def check_request(argv: list[str], rng: random.Random, sweep: Sweep, search_share: float = 0.25) -> None:
+    request = build(argv, sweep)
+    named = answer(lambda: parse_strategies(flag_value(argv, "--strategies")), argv, sweep)
+    report = answer(lambda: fit(request, named, suggest=False), argv, sweep)
+    sweep.answered.append((argv, report))
+    plans = {p.strategy.value: p for p in report.plans}
+    names = ",".join(plans)
+    _check_reserved(argv, plans, sweep)
+    _check_plan_vs_fit(argv, request, plans, sweep)
+    _check_max_micro_batch(argv, request, plans, sweep)
+    _check_state_order(argv, plans, sweep, request)
+    checks = [_check_bigger_gpu, _check_growth, _check_checkpointing, _check_offload_policy]
+    if rng.random() < search_share:
+        checks.append(_check_search)
+    for check in checks:
+        try:
+            check(argv, names, plans, sweep)
+        except Refused as refusal:
+            sweep.refused[f"variant: {refusal}"] += 1
+
+
+def _check_reserved(argv, plans, sweep) -> None:
+    for name, p in plans.items():
+        m = p.memory
+        sweep.check(INVARIANTS[1], m.peak_bytes >= m.allocated_peak_bytes and
+                    (m.reserved_peak_bytes is None or m.reserved_peak_bytes >= m.allocated_peak_bytes),
+                    f"{name}: reserved {m.reserved_peak_bytes} / peak {m.peak_bytes} below allocated "
+                    f"{m.allocated_peak_bytes}\n    {command_line(argv, name)}")
+
+
+def _check_plan_vs_fit(argv, request, plans, sweep) -> None:
+    for name, p in plans.items():
+        alone = answer(lambda: plan(request.with_strategy(request.strategy.model_copy(update={"kind": StrategyKind(name)}))),
+                       argv, sweep, name)
+        same = (alone.fits, alone.memory.peak_bytes, alone.max_micro_batch_size) == (p.fits, p.memory.peak_bytes,
+                                                                                      p.max_micro_batch_size)
+        sweep.check(INVARIANTS[5], same, f"{name}: plan() fits {alone.fits} peak {alone.memory.peak_bytes} max-mb "
+                    f"{alone.max_micro_batch_size}; fit() fits {p.fits} peak {p.memory.peak_bytes} max-mb "
+                    f"{p.max_micro_batch_size}\n    {command_line(argv, name)}")
+
+
+def _check_max_micro_batch(argv, request, plans, sweep) -> None:
+    for name, p in plans.items():
+        largest = p.max_micro_batch_size
+        at = request.with_strategy(request.strategy.model_copy(update={"kind": StrategyKind(name)}))
+        if largest >= 1:
+            fits = answer(lambda: plan(at.with_micro_batch(largest), False, False).fits, argv, sweep, name)
+            sweep.check(INVARIANTS[4], fits, f"{name}: max-mb {largest} does not fit\n    "
+                        f"{command_line(with_flag(argv, '--micro-batch', str(largest)), name)}")
+        # Below it, checked under the flat reserve only: there the peak is the allocated peak
+        # plus a share of it, which grows with the micro-batch. A replay of the caching allocator
+        # need not: when its device allocations fail it frees its cache and retries, and how
+        # tightly the step then packs depends on when in the step that first happens
+        # (tinyllama-1.1b, litgpt, rtx-4090 x 16, fsdp-full-shard, full checkpointing: micro-batch
+        # 20 to 23 run out, 24 completes; its OOM capacity 24.03 GiB at 20, 23.24 at 24).
+        if largest >= 2 and not p.memory.allocator_modelled:
+            below = random.Random(largest * 7919 + len(argv)).randint(1, largest - 1)
+            fits = answer(lambda: plan(at.with_micro_batch(below), False, False).fits, argv, sweep, name)
+            sweep.check(INVARIANTS[4], fits, f"{name}: max-mb {largest} but {below} does not fit\n    "
+                        f"{command_line(with_flag(argv, '--micro-batch', str(below)), name)}")
+        if largest < 256:
+            over = answer(lambda: plan(at.with_micro_batch(largest + 1), False, False).fits, argv, sweep, name)
+            sweep.check(INVARIANTS[4], not over, f"{name}: max-mb {largest} but {largest + 1} fits\n    "
+                        f"{command_line(with_flag(argv, '--micro-batch', str(largest + 1)), name)}")
+
+
+CROSS_ENGINE = {("ddp", "zero1"), ("ddp", "fsdp-shard-grad-op")}
+"""Pairs whose two strategies run in different engines, each with its own layout of the
+unsharded states: compared only where there are two data-parallel ranks or more to shard over.
+On one rank nothing is sharded and the layouts differ by mechanism: DeepSpeed's bf16 ZeRO-1 keeps
+bf16 parameters, an fp32 gradient partition and fp32 master and moments (18 bytes a parameter)
+where torch AMP's DDP keeps fp32 parameters and gradients and moments (16); megatron-core's
+distributed optimizer pads each parameter's start in its buffer (a few bytes more than its DDP);
+accelerate's fsdp2_prepare_model casts a LoRA's frozen bf16 base to fp32 under FSDP (4 bytes a
+base element against DDP's 2)."""
+
+
+def _check_state_order(argv, plans, sweep, request=None) -> None:
+    """Under a pipeline each strategy's plan is its peak rank, not always the same one: there
+    every pipeline rank's states are compared with the same rank's (``request`` given)."""
+    for more, less in STATE_ORDER:
+        if (more, less) in CROSS_ENGINE and plans.get(less) is not None and plans[less].shard_group_size < 2:
+            continue
+        if more in plans and less in plans:
+            if request is not None and request.parallel.pp > 1:
+                pairs = zip(rank_state_bytes(request, more), rank_state_bytes(request, less))
+            else:
+                pairs = [(state_bytes(plans[more]), state_bytes(plans[less]))]
+            for a, b in pairs:
+                sweep.check(INVARIANTS[2], a >= b, f"{more} {gib(a)} < {less} {gib(b)} of model states per GPU\n    "
+                            f"{command_line(argv, f'{more},{less}')}")
+
+
+def rank_state_bytes(request, kind: str) -> list[int]:
+    """Every pipeline rank's model-state bytes under ``kind`` (on the flat reserve: the states
+    do not depend on the allocator)."""
+    from zeroplan.core.search import on_flat_reserve
+
+    at = on_flat_reserve(request.with_strategy(request.strategy.model_copy(update={"kind": StrategyKind(kind)})))
+    return [b.parameter_bytes + b.gradient_bytes + b.optimizer_state_bytes for b, _ in pipeline_rank_breakdowns(at)]
+
+
+def _check_bigger_gpu(argv, names, plans, sweep) -> None:
+    gpu = flag_value(argv, "--gpu")
+    bigger = with_flag(argv, "--gpu", LARGER_SIBLING[gpu]) if gpu in LARGER_SIBLING else None
+    variants = [bigger] if bigger else []
+    # The same GPU with 8 GiB more memory (--gpu-memory-gib): more memory alone.
+    from zeroplan.presets.gpus import get_gpu
+
+    variants.append(with_flag(argv, "--gpu-memory-gib", f"{get_gpu(gpu).memory_bytes / 2**30 + 8:g}"))
+    # Near the boundary: the GPU shrunk until the strategy with the least headroom only just
+    # fits, then a little more memory (where a replay of the caching allocator is least settled).
+    fitting = [p for p in plans.values() if p.fits]
+    if fitting:
+        tight = min(fitting, key=lambda p: p.headroom_bytes)
+        rng = random.Random(len(variants) + tight.memory.peak_bytes)
+        memory_gib = (get_gpu(gpu).memory_bytes - tight.headroom_bytes) / 2**30 + rng.uniform(0.0, 0.25)
+        near = with_flag(argv, "--gpu-memory-gib", f"{memory_gib:.4f}")
+        try:
+            small = fit_plans(near, sweep, tuple(plans))
+        except Refused:
+            small = {}
+        for step_gib in (0.02, 0.1, 0.5):
+            grown = with_flag(argv, "--gpu-memory-gib", f"{memory_gib + step_gib:.4f}")
+            larger = fit_plans(grown, sweep, tuple(small))
+            for name, p in small.items():
+                sweep.check(INVARIANTS[0], not p.fits or larger[name].fits,
+                            f"{name}: fits ({gib(p.memory.peak_bytes)} of {gib(p.usable_memory_bytes)}) but OOM with more "
+                            f"memory ({gib(larger[name].memory.peak_bytes)} of {gib(larger[name].usable_memory_bytes)})\n"
+                            f"    {command_line(near, name)}\n    {command_line(grown, name)}")
+    for variant in variants:
+        larger = fit_plans(variant, sweep, tuple(plans))
+        for name, p in plans.items():
+            if name in larger:
+                sweep.check(INVARIANTS[0], not p.fits or larger[name].fits,
+                            f"{name}: fits ({gib(p.memory.peak_bytes)} of {gib(p.usable_memory_bytes)}) but OOM with more "
+                            f"memory ({gib(larger[name].memory.peak_bytes)} of {gib(larger[name].usable_memory_bytes)})\n"
+                            f"    {command_line(argv, name)}\n    {command_line(variant, name)}")
+
+
+def _check_growth(argv, names, plans, sweep) -> None:
+    micro = int(flag_value(argv, "--micro-batch"))
+    seq = int(flag_value(argv, "--seq-len"))
+    accum = build(argv, sweep).batch.grad_accum_steps
+    for flag, grown in (("--micro-batch", str(micro + 1)), ("--seq-len", str(seq * 2)), ("--grad-accum", str(accum * 2))):
+        variant = with_flag(argv, flag, grown)
+        try:
+            request = build(variant, sweep)
+        except Refused:
+            continue  # e.g. a sequence past the model's positions
+        base = build(argv, sweep)
+        for name in plans:
+            kind = StrategyKind(name)
+            before = allocated_peak(base.with_strategy(base.strategy.model_copy(update={"kind": kind})))
+            after = answer(lambda: allocated_peak(request.with_strategy(request.strategy.model_copy(update={"kind": kind}))),
+                           variant, sweep, name)
+            sweep.check(INVARIANTS[1], after >= before, f"{name}: allocated peak {gib(before)} -> {gib(after)} with "
+                        f"{flag} {grown}\n    {command_line(argv, name)}\n    {command_line(variant, name)}")
+
+
+def _check_checkpointing(argv, names, plans, sweep) -> None:
+    full = fit_plans(with_flag(argv, "--activation-checkpointing", "full"), sweep, tuple(plans))
+    for mode in CHECKPOINTING:
+        if mode == "full":
+            continue
+        variant = with_flag(argv, "--activation-checkpointing", mode)
+        try:
+            other = fit_plans(variant, sweep, tuple(plans))
+        except Refused:
+            continue
+        for name, p in full.items():
+            if name in other:
+                a, b = p.memory.activation_bytes, other[name].memory.activation_bytes
+                sweep.check(INVARIANTS[3], a <= b, f"{name}: full {gib(a)} > {mode} {gib(b)} of activations\n    "
+                            f"{command_line(with_flag(argv, '--activation-checkpointing', 'full'), name)}\n    "
+                            f"{command_line(variant, name)}")
+
+
+def _check_offload_policy(argv, names, plans, sweep) -> None:
+    """FSDP's CPU offload holds no more model states on the GPU than the same FSDP strategy without it."""
+    if "--fsdp-cpu-offload" not in argv:
+        return
+    plain_argv = [t for t in argv if t != "--fsdp-cpu-offload"]
+    plain = fit_plans(plain_argv, sweep, tuple(name for name in plans))
+    for name, p in plans.items():
+        if name in plain:
+            a, b = state_bytes(p), state_bytes(plain[name])
+            sweep.check(INVARIANTS[2], a <= b, f"{name}: with --fsdp-cpu-offload {gib(a)} > {gib(b)} without\n    "
+                        f"{command_line(argv, name)}")
+
+
+PLAN_VALUE_FLAGS = ("--framework", "--gpu", "--gpus", "--seq-len", "--precision", "--optimizer", "--lora-rank",
+                    "--quantize", "--cuda-context-mib", "--frozen-blocks", "--float8", "--tp", "--pp", "--cp")
+PLAN_SWITCHES = ("--allow-longer-seq", "--compile", "--freeze-embeddings", "--dora", "--fused-linear-cross-entropy",
+                 "--fused-cross-entropy")
+
+
+def plan_argv(argv: list[str]) -> list[str]:
+    """The `zeroplan plan` flags of a fit request: its model, cluster, sequence and stack (the
+    search varies the strategy, micro-batch, accumulation and checkpointing); its own layout
+    where it names one, else data parallelism alone."""
+    out = [argv[0]]
+    for i, token in enumerate(argv[1:], start=1):
+        if token in PLAN_SWITCHES:
+            out.append(token)
+        elif token in PLAN_VALUE_FLAGS and i + 1 < len(argv):
+            out += [token, argv[i + 1]]
+    if not any(flag in argv for flag in ("--tp", "--pp", "--cp")):
+        out.append("--no-model-parallel")
+    return out
+
+
+def candidate_argv(base: list[str], row: dict) -> list[str]:
+    """The fit flags of one configuration the search shows."""
+    argv = [t for t in base if t != "--no-model-parallel"]
+    for flag in ("--tp", "--pp", "--cp"):
+        argv = with_flag(argv, flag, None)
+    argv += ["--strategies", row["strategy"], "--micro-batch", str(row["micro_batch_size"]),
+             "--grad-accum", str(row["grad_accum_steps"]), "--activation-checkpointing", row["activation_checkpointing"],
+             "--tp", str(row["tp"]), "--pp", str(row["pp"]), "--cp", str(row["cp"])]
+    if row["tp"] > 1:
+        argv.append("--sequence-parallel" if row["sequence_parallel"] else "--no-sequence-parallel")
+    if row["pp"] > 1:
+        argv += ["--pp-schedule", row["pp_schedule"], "--virtual-stages", str(row["virtual_stages"])]
+    if row["strategy"] == "hsdp":
+        argv += ["--hsdp-group", str(row["shard_group_size"])]
+    return argv
+
+
+def _check_search(argv, names, plans, sweep) -> None:
+    """`zeroplan plan` at the request's global batch: every configuration it ranks fits under fit
+    --flat-reserve with the same peak (the search ranks on the flat reserve), and fit's verdict
+    under the allocator model is the one the search reports (allocator_fits)."""
+    import contextlib
+    import io
+    import json
+
+    from zeroplan.cli.main import main as zeroplan_main
+
+    request = build(argv, sweep)
+    global_batch = request.batch.micro_batch_size * request.batch.grad_accum_steps * request.data_parallel_size
+    line = [*plan_argv(argv), "--global-batch", str(global_batch), "--top", "4", "--format", "json"]
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            status = zeroplan_main(["plan", *line])
+    except SystemExit as exit_:
+        status = exit_.code
+    except Exception:
+        sweep.check(INVARIANTS[6], False, f"traceback: {_last_line()}\n    zeroplan plan {shlex.join(line)}")
+        return
+    if status != 0:
+        lines = err.getvalue().strip().splitlines()
+        sweep.check(INVARIANTS[6], len(lines) == 1, f"plan refused in {len(lines)} lines\n    zeroplan plan {shlex.join(line)}")
+        sweep.refused["variant: plan search"] += 1
+        return
+    for row in json.loads(out.getvalue())["ranked"]:
+        fit_line = candidate_argv(line[:-6], row)
+        try:
+            flat = fit_plans([*fit_line, "--flat-reserve"], sweep, (row["strategy"],))[row["strategy"]]
+            modelled = fit_plans(fit_line, sweep, (row["strategy"],))[row["strategy"]]
+        except Refused as refusal:
+            sweep.check(INVARIANTS[5], False, f"plan shows a configuration fit refuses ({refusal})\n    "
+                        f"zeroplan plan {shlex.join(line)}\n    {command_line(fit_line)}")
+            continue
+        sweep.check(INVARIANTS[5], flat.fits and flat.memory.peak_bytes == row["peak_bytes"],
+                    f"plan ranks {row['strategy']} at peak {row['peak_bytes']} (fits); fit --flat-reserve: fits {flat.fits} "
+                    f"peak {flat.memory.peak_bytes}\n    zeroplan plan {shlex.join(line)}\n    "
+                    f"{command_line([*fit_line, '--flat-reserve'])}")
+        sweep.check(INVARIANTS[5], modelled.fits == row["allocator_fits"],
+                    f"plan says the allocator model {'completes' if row['allocator_fits'] else 'runs out'} "
+                    f"(peak {row['allocator_peak_bytes']}); fit: fits {modelled.fits} peak {modelled.memory.peak_bytes}\n"
+                    f"    zeroplan plan {shlex.join(line)}\n    {command_line(fit_line)}")
+
+
+def check_determinism(sweep: Sweep, sample: int, rng: random.Random) -> None:
+    """Each of ``sample`` answered requests asked again, in reverse order, after every other."""
+    answered = sweep.answered[-sample:][::-1] if sample else []
+    for argv, first in answered:
+        again = fit(request_from_args(PARSER.parse_args(argv)), parse_strategies(flag_value(argv, "--strategies")),
+                    suggest=False)
+        sweep.check(INVARIANTS[6], again.model_dump() == first.model_dump(), f"a second answer differs\n    {command_line(argv)}")
+
+
+BAD_INPUTS = (
+    ["llama-2-7b", "--tp", "3"], ["llama-2-7b", "--gpus", "8", "--pp", "16"], ["llama-2-7b", "--gpus", "6", "--tp", "4"],
+    ["llama-2-7b", "--lora-rank", "8", "--tp", "2"], ["llama-2-7b", "--quantize", "nf4"], ["gpt2", "--seq-len", "4096"],
+    ["llama-2-7b", "--framework", "hf", "--tp", "2"], ["llama-2-7b", "--framework", "torchtune", "--pp", "2"],
+    ["llama-2-7b", "--quantize", "int8", "--lora-rank", "8", "--strategies", "zero3"], ["llama-2-7b", "--cp", "3"],
+    ["llama-2-7b", "--gpus", "8", "--hsdp-group", "3"], ["llama-2-7b", "--gpu-memory-gib", "0.1"],
+    ["llama-2-7b", "--cuda-context-mib", "1000000"], ["llama-2-7b", "--optimizer-in-backward", "--grad-accum", "4"],
+    ["llama-2-7b", "--framework", "megatron", "--strategies", "zero3"], ["llama-2-7b", "--gpus", "16", "--nodes", "3"],
+    ["llama-2-7b", "--paged-optimizer", "--strategies", "zero2-offload"], ["llama-2-7b", "--float8", "--framework", "hf"],
+    ["llama-2-7b", "--gpus", "8", "--pp", "2", "--strategies", "zero3"], ["llama-2-7b", "--ep", "2"],
+    ["llama-2-7b", "--frozen-blocks", "64", "--lora-rank", "8"], ["llama-2-7b", "--lora-rank", "8", "--dora", "--quantize", "int8"],
+    ["llama-2-7b", "--compile", "--gpu", "v100-16gb", "--framework", "torchtitan"], ["llama-2-7b", "--gpus", "1", "--cp", "2"],
+    ["llama-2-7b", "--selective-layer-interval", "2"], ["llama-2-7b", "--virtual-stages", "3", "--pp", "2", "--gpus", "8"],
+)
+"""Inputs the planner must refuse in one line: layouts that do not divide, options that do not
+apply to the framework or strategy, memory that cannot hold the context."""
+
+
+def check_bad_inputs(sweep: Sweep) -> None:
+    """Every BAD_INPUTS line through the command's own entry point: status 2 and one line on stderr."""
+    import contextlib
+    import io
+
+    from zeroplan.cli.main import main
+
+    for argv in BAD_INPUTS:
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                status = main(["fit", *argv])
+        except SystemExit as exit_:
+            status = exit_.code
+        except Exception:
+            sweep.check(INVARIANTS[6], False, f"traceback: {_last_line()}\n    zeroplan fit {shlex.join(argv)}")
+            continue
+        lines = err.getvalue().strip().splitlines()
+        sweep.check(INVARIANTS[6], status in (0, 2) and (status == 0 or len(lines) == 1),
+                    f"status {status}, stderr {lines!r}\n    zeroplan fit {shlex.join(argv)}")
+
+
+def run(requests: int, seed: int, determinism_sample: int = 50, bad_inputs: bool = True,
+        search_share: float = 0.25) -> Sweep:
+    """The sweep of ``requests`` random requests; ``search_share`` of those answered are also
+    searched by `zeroplan plan` at their global batch (each configuration it ranks asked of fit)."""
+    rng = random.Random(seed)
+    sweep = Sweep()
+    for _ in range(requests):
+        argv = random_argv(rng)
+        sweep.requests += 1
+        try:
+            check_request(argv, rng, sweep, search_share)
+        except Refused as refusal:
+            sweep.refused[str(refusal)] += 1
+    check_determinism(sweep, determinism_sample, rng)
+    if bad_inputs:
+        check_bad_inputs(sweep)
+    return sweep
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=200, help="random requests to sweep (default 200)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--search-share", type=float, default=0.25,
+                        help="share of the answered requests also searched by zeroplan plan (default 0.25)")
+    parser.add_argument("--determinism-sample", type=int, default=50,
+                        help="answered requests asked again at the end, in reverse order (default 50)")
+    args = parser.parse_args()
+    start = time.perf_counter()
+    sweep = run(args.requests, args.seed, args.determinism_sample, search_share=args.search_share)
+    answered = len(sweep.answered)
+    print(f"{sweep.requests} requests (seed {args.seed}): {answered} answered, {sweep.requests - answered} refused "
+          f"in one line; {time.perf_counter() - start:.0f} s")
+    print("refused by field: " + ", ".join(f"{k} {v}" for k, v in sweep.refused.most_common()))
+    for name in INVARIANTS:
+        print(f"invariant {name:16s} checked {sweep.checked[name]:7d}  violated {len(sweep.violations[name]):5d}")
+    for name in INVARIANTS:
+        for what in sweep.violations[name]:
+            print(f"[{name}] {what}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""benchmarks/verdict_invariants.py, the metamorphic sweep of the planner's answers: a fixed
+seed's few random requests hold every invariant (a bigger GPU never turns fits into OOM, the
+allocated peak grows with the micro-batch, sequence and accumulation, the model states order by
+sharding stage, full checkpointing saves the least, the largest micro-batch fits and one more
+does not, plan() and the plan search agree with fit, answers repeat and refusals are one line),
+and the sweep's own checks record a violation where one is fed to them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tests.scripts import load_script
+
+ROOT = Path(__file__).resolve().parents[1]
+sweep_script = load_script(ROOT / "benchmarks" / "verdict_invariants.py")
+
+
+def _assert_holds(sweep) -> None:
+    for name in sweep_script.INVARIANTS:
+        assert sweep.checked[name] > 0, name
+    violations = [what for name in sweep_script.INVARIANTS for what in sweep.violations[name]]
+    assert not violations, "\n".join(violations)
+
+
+def test_a_few_random_requests_hold_every_invariant():
+    sweep = sweep_script.run(6, seed=6, determinism_sample=3, search_share=0.3)
+    assert len(sweep.answered) >= 4
+    _assert_holds(sweep)
+
+
+@pytest.mark.slow
+def test_a_larger_sweep_holds_every_invariant():
+    sweep = sweep_script.run(120, seed=20260, determinism_sample=20)
+    _assert_holds(sweep)
+
+
+def _plan(state_bytes: int, shard_group: int = 8, allocated: int = 10, peak: int = 11, reserved=None):
+    memory = SimpleNamespace(parameter_bytes=state_bytes, gradient_bytes=0, optimizer_state_bytes=0,
+                             allocated_peak_bytes=allocated, peak_bytes=peak, reserved_peak_bytes=reserved)
+    return SimpleNamespace(memory=memory, shard_group_size=shard_group)
+
+
+def test_the_checks_record_what_breaks_them():
+    """Fed answers that break the order of model states, or a reserved peak below the allocated
+    one, the sweep records each with the command line that reproduces it."""
+    sweep = sweep_script.Sweep()
+    argv = ["llama-2-7b", "--gpus", "8"]
+    sweep_script._check_state_order(argv, {"zero2": _plan(5), "zero3": _plan(6)}, sweep)
+    sweep_script._check_reserved(argv, {"zero3": _plan(5, allocated=10, peak=11, reserved=9)}, sweep)
+    assert sweep.violations["3 state-order"] == [
+        "zero2 0.000 GiB < zero3 0.000 GiB of model states per GPU\n"
+        "    zeroplan fit llama-2-7b --gpus 8 --strategies zero2,zero3"]
+    assert len(sweep.violations["2 batch-growth"]) == 1
+
+
+def test_engines_are_compared_only_over_two_ranks_or_more():
+    """DDP against ZeRO-1 (another engine's layout of the unsharded states) is compared only
+    where ZeRO-1 has ranks to shard over (the mechanisms in CROSS_ENGINE)."""
+    sweep = sweep_script.Sweep()
+    sweep_script._check_state_order(["m"], {"ddp": _plan(16), "zero1": _plan(18, shard_group=1)}, sweep)
+    assert sweep.checked["3 state-order"] == 0
+    sweep_script._check_state_order(["m"], {"ddp": _plan(16), "zero1": _plan(18, shard_group=2)}, sweep)
+    assert len(sweep.violations["3 state-order"]) == 1
+
+
+def test_with_flag_sets_replaces_and_removes():
+    argv = ["m", "--gpu", "a100-40gb", "--flat-reserve", "--micro-batch", "2"]
+    assert sweep_script.with_flag(argv, "--gpu", "a100-80gb") == ["m", "--flat-reserve", "--micro-batch", "2",
+                                                                  "--gpu", "a100-80gb"]
+    assert sweep_script.with_flag(argv, "--flat-reserve", None) == ["m", "--gpu", "a100-40gb", "--micro-batch", "2"]
+    assert sweep_script.flag_value(argv, "--micro-batch") == "2"
