@@ -531,34 +531,43 @@ def candidate_argv(base: list[str], row: dict) -> list[str]:
     return argv
 
 
+def _run_command(argv: list[str]) -> tuple[object, str, str]:
+    """The command's own entry point on ``argv`` in this process: (exit status, stdout, stderr);
+    a traceback propagates."""
+    import contextlib
+    import io
+
+    from zeroplan.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = main(argv)
+        except SystemExit as exit_:
+            status = exit_.code
+    return status, out.getvalue(), err.getvalue()
+
+
 def _check_search(argv, names, plans, sweep) -> None:
     """`zeroplan plan` at the request's global batch: every configuration it ranks fits under fit
     --flat-reserve with the same peak (the search ranks on the flat reserve), and fit's verdict
     under the allocator model is the one the search reports (allocator_fits)."""
-    import contextlib
-    import io
     import json
-
-    from zeroplan.cli.main import main as zeroplan_main
 
     request = build(argv, sweep)
     global_batch = request.batch.micro_batch_size * request.batch.grad_accum_steps * request.data_parallel_size
     line = [*plan_argv(argv), "--global-batch", str(global_batch), "--top", "4", "--format", "json"]
-    out, err = io.StringIO(), io.StringIO()
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            status = zeroplan_main(["plan", *line])
-    except SystemExit as exit_:
-        status = exit_.code
+        status, out, err = _run_command(["plan", *line])
     except Exception:
         sweep.check(INVARIANTS[6], False, f"traceback: {_last_line()}\n    zeroplan plan {shlex.join(line)}")
         return
     if status != 0:
-        lines = err.getvalue().strip().splitlines()
+        lines = err.strip().splitlines()
         sweep.check(INVARIANTS[6], len(lines) == 1, f"plan refused in {len(lines)} lines\n    zeroplan plan {shlex.join(line)}")
         sweep.refused["variant: plan search"] += 1
         return
-    for row in json.loads(out.getvalue())["ranked"]:
+    for row in json.loads(out)["ranked"]:
         fit_line = candidate_argv(line[:-6], row)
         try:
             flat = fit_plans([*fit_line, "--flat-reserve"], sweep, (row["strategy"],))[row["strategy"]]
@@ -606,22 +615,13 @@ apply to the framework or strategy, memory that cannot hold the context."""
 
 def check_bad_inputs(sweep: Sweep) -> None:
     """Every BAD_INPUTS line through the command's own entry point: status 2 and one line on stderr."""
-    import contextlib
-    import io
-
-    from zeroplan.cli.main import main
-
     for argv in BAD_INPUTS:
-        err = io.StringIO()
         try:
-            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-                status = main(["fit", *argv])
-        except SystemExit as exit_:
-            status = exit_.code
+            status, _, err = _run_command(["fit", *argv])
         except Exception:
             sweep.check(INVARIANTS[6], False, f"traceback: {_last_line()}\n    zeroplan fit {shlex.join(argv)}")
             continue
-        lines = err.getvalue().strip().splitlines()
+        lines = err.strip().splitlines()
         sweep.check(INVARIANTS[6], status in (0, 2) and (status == 0 or len(lines) == 1),
                     f"status {status}, stderr {lines!r}\n    zeroplan fit {shlex.join(argv)}")
 
