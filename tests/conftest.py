@@ -16,6 +16,10 @@ def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+    # The tests that read the harness's measured runs come last, in their own order: the runs'
+    # launches start with the session's first harness test and run in the background
+    # (tests/harness/conftest.py) while every other test runs.
+    items.sort(key=lambda item: "measured" in getattr(item, "fixturenames", ()))
 
 
 # What collection builds (the test modules, their tables computed at import) and what each test
