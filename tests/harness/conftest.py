@@ -1,16 +1,18 @@
 """One torchrun launch per world size for all the measured runs the harness tests read, launched in
-the background when the session's first harness test starts; the tests that read them run last
-(tests/conftest.py), the session's other tests run meanwhile."""
+the background as soon as the session's tests are collected; the harness's tests run after the
+session's other tests, and the tests that read the runs last (tests/conftest.py), so the launches
+take the core that the in-process tests leave idle."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from harness_runs import AnyRun, BackgroundLaunches, DeepSpeedRun, ParallelRun, ProbeRun, Run
 
 RUN_TYPES = (Run, ParallelRun, DeepSpeedRun, ProbeRun)
+LAUNCHES = pytest.StashKey[BackgroundLaunches]()
 
 
 def known_world_sizes(items: list[pytest.Item]) -> list[int]:
@@ -27,21 +29,31 @@ def known_world_sizes(items: list[pytest.Item]) -> list[int]:
     return sizes
 
 
-@pytest.fixture(scope="session", autouse=True)
-def background_launches(request, tmp_path_factory) -> Iterator[BackgroundLaunches]:
-    """Started by the session's first harness test: the batches its tests will read are launched now."""
-    launches = BackgroundLaunches(tmp_path_factory.mktemp("runs"), timeout_s=1200)
-    for nproc in known_world_sizes(request.session.items):
-        launches.ask(nproc)
-    yield launches
-    launches.stop()
+def _launches(config: pytest.Config) -> BackgroundLaunches:
+    if LAUNCHES not in config.stash:
+        config.stash[LAUNCHES] = BackgroundLaunches(timeout_s=1200)
+    return config.stash[LAUNCHES]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The batches the selected tests name are launched now, before the first test runs."""
+    if session.config.option.collectonly:
+        return
+    for nproc in known_world_sizes(session.items):
+        _launches(session.config).ask(nproc)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if LAUNCHES in session.config.stash:
+        session.config.stash[LAUNCHES].stop()
 
 
 @pytest.fixture(scope="session")
-def measured(background_launches: BackgroundLaunches) -> Callable[[AnyRun], Path]:
+def measured(request) -> Callable[[AnyRun], Path]:
     """run -> its output directory, once its world size's launch has ended."""
+    launches = _launches(request.config)
 
     def out_dir(run: AnyRun) -> Path:
-        return background_launches.out_dirs(run.nproc)[run]
+        return launches.out_dirs(run.nproc)[run]
 
     return out_dir

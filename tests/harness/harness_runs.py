@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -185,14 +186,14 @@ class _Batch:
 
 class BackgroundLaunches:
     """Each world size's batch in one torchrun launch, launched one after another on a thread
-    of this session at a lower CPU priority, in the order asked; a test that reads a run waits
-    for its batch. Starting torch and gloo in every rank and measuring a few dozen runs costs
+    of this session at a lower CPU priority, in the order asked, into a directory of its own
+    removed at the session's end; a test that reads a run waits for its batch. Starting torch and gloo in every rank and measuring a few dozen runs costs
     minutes of CPU; started before the tests that read them, they run while the others do.
     A batch's time limit counts from when a test first waits for it (started earlier, it may
     be slowed by the tests beside it without being late)."""
 
-    def __init__(self, root: Path, timeout_s: float) -> None:
-        self.root, self.timeout_s = root, timeout_s
+    def __init__(self, timeout_s: float) -> None:
+        self.root, self.timeout_s = Path(tempfile.mkdtemp(prefix="zeroplan-harness-runs-")), timeout_s
         self._batches: dict[int, _Batch] = {}
         self._queue: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -230,6 +231,7 @@ class BackgroundLaunches:
         self._stopping.set()
         self._queue.put(None)
         self._thread.join()
+        shutil.rmtree(self.root, ignore_errors=True)
 
     def _launch_all(self) -> None:
         while (nproc := self._queue.get()) is not None and not self._stopping.is_set():
