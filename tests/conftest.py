@@ -4,18 +4,26 @@ from __future__ import annotations
 
 import atexit
 import gc
+from pathlib import Path
 
 import pytest
 
 # Fixtures that launch torchrun (tests/harness/conftest.py, tests/harness/test_deepspeed.py): a test
 # that uses one is slow. `pytest -m "not slow"` leaves them out; .ci/run runs everything.
 SLOW_FIXTURES = frozenset({"measured", "runs"})
+HARNESS = Path(__file__).resolve().parent / "harness"
 
 
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+    # The harness's measured runs are launched in the background once the tests are collected
+    # (tests/harness/conftest.py), at a lower CPU priority: the in-process tests come first,
+    # which leave a core idle for them, then the harness's other tests (torchrun launches of
+    # their own, which take both cores), then the tests that read the runs, each group in its
+    # own order.
+    items.sort(key=lambda item: ("measured" in getattr(item, "fixturenames", ()), item.path.is_relative_to(HARNESS)))
 
 
 # What collection builds (the test modules, their tables computed at import) and what each test

@@ -1,17 +1,25 @@
 """The measured runs the harness tests check, and how they are launched: every run of one world
 size in a single torchrun launch (tests/harness/ranks_worker.py), the tensor and pipeline
 parallel runs of test_model_parallel.py (PARALLEL_RUNS) and the DeepSpeed runs and probes of
-test_deepspeed.py (DEEPSPEED_RUNS, last) included."""
+test_deepspeed.py (DEEPSPEED_RUNS, last) included. The launches run in the background
+(BackgroundLaunches), while the tests that need none of them run."""
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
 import sys
+import tempfile
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
-
-from zeroplan.harness.launch import run_torchrun
 
 WORKER = Path(__file__).with_name("ranks_worker.py")
 STEPS, MICRO_BATCH, SEQ_LEN = 3, 2, 16
@@ -127,10 +135,15 @@ def _entry(run: AnyRun, out: Path) -> dict:
             "save_parameters": None if isinstance(run, ParallelRun) else str(out / "parameters.pt")}
 
 
-def launch_batch(nproc: int, runs: list[AnyRun], root: Path, timeout_s: float = 600) -> dict[AnyRun, Path]:
-    """Run ``runs`` (all of world size ``nproc``) in one torchrun launch; each run's records and,
-    but for a ParallelRun, rank 0's full parameters (parameters.pt) go to root/<name>/ (a
-    probe's files too)."""
+def batch_runs(nproc: int) -> list[AnyRun]:
+    """Every run of world size ``nproc``, in launch order (DeepSpeed's last)."""
+    return [run for run in (*RUNS, *PARALLEL_RUNS, *DEEPSPEED_RUNS) if run.nproc == nproc]
+
+
+def _batch_command(nproc: int, runs: list[AnyRun], root: Path) -> tuple[list[str], dict[AnyRun, Path]]:
+    """The torchrun command that runs ``runs`` (all of world size ``nproc``) in one launch, and
+    each run's output directory: its records and, but for a ParallelRun, rank 0's full
+    parameters (parameters.pt) go to root/<name>/ (a probe's files too)."""
     assert all(run.nproc == nproc for run in runs)
     outs = {run: root / run.name for run in runs}
     root.mkdir(parents=True, exist_ok=True)
@@ -139,14 +152,137 @@ def launch_batch(nproc: int, runs: list[AnyRun], root: Path, timeout_s: float = 
     spec_path.write_text(json.dumps(spec), encoding="utf-8")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                str(WORKER), str(spec_path)]
-    returncode, output = run_torchrun(command, timeout_s)
+    return command, outs
+
+
+def _check_batch(runs: list[AnyRun], returncode: int, output: str) -> None:
+    """A failed launch fails the test that reads it, with the lines naming the failed runs."""
     errors = [line for line in output.splitlines() if "zeroplan measure:" in line]
     if any(isinstance(run, DeepSpeedRun | ProbeRun) for run in runs):
         from zeroplan.harness.extension_locks import describe_extension_locks
 
         assert returncode == 0, (errors or output[-3000:], describe_extension_locks())
     assert returncode == 0, errors or output[-3000:]
-    return outs
+
+
+BACKGROUND_NICENESS = 10
+"""How much lower the background launches' CPU priority is than the test session's: they take
+the cores the session leaves idle (it runs its in-process tests on one), not the session's."""
+POLL_S = 0.5
+STOP_GRACE_S = 30.0
+"""How long torchrun's agent gets to stop its ranks after SIGTERM before it is killed (as
+zeroplan.harness.launch stops a launch)."""
+
+
+@dataclass
+class _Batch:
+    nproc: int
+    done: threading.Event
+    waited_since: float | None = None
+    """When a test first waited for it (time.monotonic); its time limit runs from then on."""
+    outs: dict[AnyRun, Path] | None = None
+    failure: BaseException | None = None
+
+
+class BackgroundLaunches:
+    """Each world size's batch in one torchrun launch, launched one after another on a thread
+    of this session at a lower CPU priority, in the order asked, into a directory of its own
+    removed at the session's end; a test that reads a run waits for its batch. Starting torch and gloo in every rank and measuring a few dozen runs costs
+    minutes of CPU; started before the tests that read them, they run while the others do.
+    A batch's time limit counts from when a test first waits for it (started earlier, it may
+    be slowed by the tests beside it without being late)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.root, self.timeout_s = Path(tempfile.mkdtemp(prefix="zeroplan-harness-runs-")), timeout_s
+        self._batches: dict[int, _Batch] = {}
+        self._queue: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._launch_all, name="harness-batches", daemon=True)
+        self._thread.start()
+        # Also where the session ends without tearing its fixtures down (Ctrl-C).
+        atexit.register(self.stop)
+
+    def ask(self, nproc: int) -> _Batch:
+        """Queue the batch of world size ``nproc`` unless it is queued already."""
+        with self._lock:
+            if nproc not in self._batches:
+                self._batches[nproc] = _Batch(nproc, threading.Event())
+                self._queue.put(nproc)
+            return self._batches[nproc]
+
+    def out_dirs(self, nproc: int) -> dict[AnyRun, Path]:
+        """Each run of world size ``nproc`` -> its output directory, once its launch has ended;
+        a failed launch raises its failure in every test that reads one of its runs."""
+        batch = self.ask(nproc)
+        with self._lock:
+            if batch.waited_since is None:
+                batch.waited_since = time.monotonic()
+        batch.done.wait()
+        if batch.failure is not None:
+            raise batch.failure
+        assert batch.outs is not None
+        return batch.outs
+
+    def stop(self) -> None:
+        """At the session's end: stop a launch still running (no test reads it) and start no other."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        self._queue.put(None)
+        self._thread.join()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def _launch_all(self) -> None:
+        while (nproc := self._queue.get()) is not None and not self._stopping.is_set():
+            batch = self._batches[nproc]
+            try:
+                batch.outs = self._launch(batch)
+            except BaseException as failure:  # noqa: BLE001 - handed to the test that reads the batch
+                batch.failure = failure
+            finally:
+                batch.done.set()
+
+    def _launch(self, batch: _Batch) -> dict[AnyRun, Path]:
+        runs = batch_runs(batch.nproc)
+        if any(isinstance(run, DeepSpeedRun | ProbeRun) for run in runs):
+            from zeroplan.harness.extension_locks import check_no_stale_extension_lock
+
+            # A stale JIT build lock would make DeepSpeed's runs wait out the whole time limit.
+            check_no_stale_extension_lock()
+        command, outs = _batch_command(batch.nproc, runs, self.root / f"runs-n{batch.nproc}")
+        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1")
+        # Output to a file, not a pipe: torchrun starts each rank in a session of its own.
+        with tempfile.TemporaryFile("w+") as log:
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+            # Before torchrun's agent has imported torch, so every rank it starts inherits it.
+            os.setpriority(os.PRIO_PROCESS, process.pid,
+                           min(19, os.getpriority(os.PRIO_PROCESS, 0) + BACKGROUND_NICENESS))
+            returncode = self._wait(process, batch)
+            log.seek(0)
+            output = log.read()
+        _check_batch(runs, returncode, output)
+        return outs
+
+    def _wait(self, process: subprocess.Popen, batch: _Batch) -> int:
+        """The launch's exit status; 124 once its time limit has passed, or at the session's end,
+        after stopping it."""
+        started = time.monotonic()
+        while True:
+            try:
+                return process.wait(timeout=POLL_S)
+            except subprocess.TimeoutExpired:
+                pass
+            waited_since = batch.waited_since
+            late = waited_since is not None and time.monotonic() - max(started, waited_since) > self.timeout_s
+            if late or self._stopping.is_set():
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(timeout=STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+                return 124
 
 
 _REFERENCE_ONE_MICRO_BATCH = [
