@@ -563,11 +563,9 @@ def fused_qkv_fewer_tensors(request: PlanRequest, num_blocks: int) -> int:
     return 2 * per_projection * num_blocks
 
 
-# torchtune 0.6.1 ships single-device recipes beside the distributed ones
-# (recipes/full_finetune_single_device.py, lora_finetune_single_device.py: the model on one GPU,
-# no FSDP wrapping); on one GPU zeroplan plans that as plain training (ddp at world size 1).
-# litgpt's finetune scripts on one device use Fabric's strategy "auto" (the model on that GPU,
-# no wrapping): planned likewise as ddp at world size 1.
+# fairseq trainer.py (c6006678) maybe_no_sync enters no_sync() only where
+# data_parallel_world_size > 1 (FrameworkProfile.syncs_alone); the other no_sync loops enter it at
+# any size.
 def accumulates_without_sync(framework: Framework, data_parallel_size: int) -> bool:
     """Whether the framework's loop runs the micro-batches before each optimizer step under
     no_sync() at this data-parallel size (FrameworkProfile.accumulates_without_gradient_sync,
@@ -577,6 +575,11 @@ def accumulates_without_sync(framework: Framework, data_parallel_size: int) -> b
     return prof.accumulates_without_gradient_sync and (data_parallel_size > 1 or not prof.syncs_alone)
 
 
+# torchtune 0.6.1 ships single-device recipes beside the distributed ones
+# (recipes/full_finetune_single_device.py, lora_finetune_single_device.py: the model on one GPU,
+# no FSDP wrapping); on one GPU zeroplan plans that as plain training (ddp at world size 1).
+# litgpt's finetune scripts on one device use Fabric's strategy "auto" (the model on that GPU,
+# no wrapping): planned likewise as ddp at world size 1.
 def framework_strategies(framework: Framework, world_size: int) -> tuple[StrategyKind, ...]:
     """The strategies the framework runs on ``world_size`` GPUs that are planned when none are
     named (the opt-in ones, StrategyKind.is_opt_in, are planned only when named)."""
