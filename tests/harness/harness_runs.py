@@ -187,8 +187,9 @@ class _Batch:
 class BackgroundLaunches:
     """Each world size's batch in one torchrun launch, launched one after another on a thread
     of this session at a lower CPU priority, in the order asked, into a directory of its own
-    removed at the session's end; a test that reads a run waits for its batch. Starting torch and gloo in every rank and measuring a few dozen runs costs
-    minutes of CPU; started before the tests that read them, they run while the others do.
+    removed at the session's end; a test that reads a run waits for its batch. Starting torch
+    and gloo in every rank and measuring a few dozen runs costs minutes of CPU; started before
+    the tests that read them, they run while the others do.
     A batch's time limit counts from when a test first waits for it (started earlier, it may
     be slowed by the tests beside it without being late)."""
 
