@@ -228,3 +228,19 @@ def test_embedding_masks_move_to_the_first_stage() -> None:
     assert [megatron_pipeline_embedding_mask_bytes(r) for r in (first, middle, last)] == [4 * mask, 0, -mask]
     dropless = first.model_copy(update={"model": first.model.model_copy(update={"hidden_dropout": 0.0})})
     assert embedding_mask_bytes(dropless) == 0 == megatron_pipeline_embedding_mask_bytes(dropless)
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "fp32"])
+@pytest.mark.parametrize("accumulation", ["1", "2"])
+def test_the_distributed_optimizer_holds_the_whole_grad_buffer_through_backward(precision: str, accumulation: str) -> None:
+    # megatron-core's DistributedOptimizer shards the optimizer states alone: its grad_data buffer is
+    # the DDP's, resident and whole on every rank (param_and_grad_buffer.py), with none of DeepSpeed's
+    # ZeRO-1 buckets or early gradients beside it. So at the loss's backward zero1 holds what ddp
+    # holds less the optimizer states it shards, at every accumulation.
+    flags = ("qwen3-8b", "--framework", "megatron", "--gpu", "h100-80gb", "--gpus", "4", "--tp", "2", "--micro-batch", "1",
+             "--seq-len", "1024", "--grad-accum", accumulation, "--precision", precision, "--flat-reserve")
+    ddp, _ = memory_breakdown(_request(*flags, strategy=StrategyKind.ddp))
+    zero1, _ = memory_breakdown(_request(*flags))
+    assert zero1.gradient_bytes == ddp.gradient_bytes
+    assert ddp.peak_moment == zero1.peak_moment == "loss-backward"
+    assert ddp.allocated_peak_bytes - zero1.allocated_peak_bytes == ddp.optimizer_state_bytes - zero1.optimizer_state_bytes

@@ -28,6 +28,7 @@ from zeroplan.core.layout import element_bytes
 from zeroplan.core.parallel.units import rank_trainable_units
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
+from zeroplan.specs.training import StateConvention
 from zeroplan.units import ceil_div
 
 # stage_1_and_2.py step: self._global_grad_norm = scaled_global_norm() / scale, one fp32 scalar
@@ -51,6 +52,17 @@ def _tensor_numels(request: PlanRequest) -> list[int]:
 
 def _model_dtype_bytes(request: PlanRequest) -> int:
     return element_bytes(request.training.precision, request.convention).compute_parameter
+
+
+# megatron-core 0.16.1 plans under DeepSpeed's state layout (PlanRequest.convention) but runs its
+# own DistributedDataParallel and DistributedOptimizer, not DeepSpeed's engine: its gradients go
+# straight into the resident grad_data buffer (distributed/param_and_grad_buffer.py, param.main_grad
+# views; zeroplan.core.buffers._megatron_buffers), with no ipg bucket, no gradients left in
+# autograd until backward ends and no micro-step buffers of DeepSpeed's stage_1_and_2.py.
+def runs_deepspeed_engine(request: PlanRequest) -> bool:
+    """Whether DeepSpeed's ZeRO engine (its buckets, epilogue and micro-step buffers) runs the
+    request: its state convention, under any framework but megatron-core."""
+    return request.convention is StateConvention.deepspeed and request.training.framework is not Framework.megatron
 
 
 def overlap_comm(request: PlanRequest) -> bool:

@@ -27,7 +27,9 @@ flat copy (48 MiB) and gloo's own copy of it (48 MiB; zeroplan.validate.gloo), n
 
 from __future__ import annotations
 
-from zeroplan.core.deepspeed_accumulation import _bucket_elements, _model_dtype_bytes, _tensor_numels, overlap_comm
+from zeroplan.core.deepspeed_accumulation import (
+    _bucket_elements, _model_dtype_bytes, _tensor_numels, overlap_comm, runs_deepspeed_engine,
+)
 from zeroplan.core import deepspeed_coordinator
 from zeroplan.core.parallel.units import rank_trainable_units
 from zeroplan.specs.request import PlanRequest
@@ -93,8 +95,7 @@ def epilogue_buffer_bytes(request: PlanRequest) -> int:
 def stage1_keeps_gradients(request: PlanRequest) -> bool:
     """Whether DeepSpeed leaves the gradients in autograd until backward ends: ZeRO-1 under its
     own state convention without overlap_comm."""
-    return (request.strategy.kind is StrategyKind.zero1 and request.convention is StateConvention.deepspeed
-            and not overlap_comm(request))
+    return request.strategy.kind is StrategyKind.zero1 and runs_deepspeed_engine(request) and not overlap_comm(request)
 
 
 # stage_1_and_2.py:3256-3281 setup_buckets allocates the ipg bucket(s) only while
@@ -109,7 +110,7 @@ def stage1_carries_bucket(request: PlanRequest) -> bool:
     """Whether, under accumulation, ZeRO-1's backward reduces through the bucket the earlier
     micro-steps carry (PeakTerms.accumulated_gradients) rather than allocating its own."""
     strategy = request.strategy
-    return (strategy.kind is StrategyKind.zero1 and request.convention is StateConvention.deepspeed
+    return (strategy.kind is StrategyKind.zero1 and runs_deepspeed_engine(request)
             and strategy.deepspeed_contiguous_gradients and request.batch.grad_accum_steps > 1
             and not request.training.optimizer_in_backward)
 
@@ -138,8 +139,7 @@ def early_gradient_bytes(request: PlanRequest) -> int:
     stage that reduces in its hooks holds the largest of them while copying it into the bucket;
     0 elsewhere (ZeRO-1 accumulating carries its full gradients already)."""
     kind = request.strategy.kind
-    if request.convention is not StateConvention.deepspeed or kind not in (
-            StrategyKind.zero1, StrategyKind.zero2, StrategyKind.zero2_offload):
+    if not runs_deepspeed_engine(request) or kind not in (StrategyKind.zero1, StrategyKind.zero2, StrategyKind.zero2_offload):
         return 0
     numels = _after_block_numels(request)
     if stage1_keeps_gradients(request):

@@ -18,7 +18,7 @@ from zeroplan.core.buffers import (
 from zeroplan.core.communication import collectives
 from zeroplan.core.compiled import check_compiled
 from zeroplan.core import deepspeed_2022, deepspeed_epilogue
-from zeroplan.core.deepspeed_accumulation import accumulated_bytes
+from zeroplan.core.deepspeed_accumulation import accumulated_bytes, runs_deepspeed_engine
 from zeroplan.core.encoder_decoder import check_encoder_decoder_request
 from zeroplan.core.feasibility import usable_memory_bytes
 from zeroplan.core.finetune.activations import (
@@ -61,7 +61,7 @@ from zeroplan.specs.finetune import Quantization
 from zeroplan.specs.request import INT8_STRATEGIES, PlanRequest, check_compiled_layout
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.framework import Framework
-from zeroplan.specs.training import ActivationCheckpointing, BatchSpec, StateConvention, TrainingSpec
+from zeroplan.specs.training import ActivationCheckpointing, BatchSpec, TrainingSpec
 
 MAX_MICRO_BATCH_SEARCH = 1 << 20
 """The largest micro-batch the search tries."""
@@ -246,7 +246,7 @@ def deepspeed_accumulated_gradient_bytes(request: PlanRequest) -> int | None:
     the deepspeed convention without offload or a step in backward; None elsewhere (the peak
     then carries the model states' gradients)."""
     kind = request.strategy.kind
-    if (request.convention is not StateConvention.deepspeed or kind.zero_stage not in (1, 2, 3)
+    if (not runs_deepspeed_engine(request) or kind.zero_stage not in (1, 2, 3)
             or kind.offloads_optimizer or kind.offloads_parameters or request.training.optimizer_in_backward):
         return None
     if bf16_optimizer_runs(request):
