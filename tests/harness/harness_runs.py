@@ -12,7 +12,6 @@ import json
 import os
 import queue
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,8 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from zeroplan.harness.launch import stop_torchrun
 
 WORKER = Path(__file__).with_name("ranks_worker.py")
 STEPS, MICRO_BATCH, SEQ_LEN = 3, 2, 16
@@ -169,9 +170,6 @@ BACKGROUND_NICENESS = 10
 """How much lower the background launches' CPU priority is than the test session's: they take
 the cores the session leaves idle (it runs its in-process tests on one), not the session's."""
 POLL_S = 0.5
-STOP_GRACE_S = 30.0
-"""How long torchrun's agent gets to stop its ranks after SIGTERM before it is killed (as
-zeroplan.harness.launch stops a launch)."""
 
 
 @dataclass
@@ -277,12 +275,8 @@ class BackgroundLaunches:
             waited_since = batch.waited_since
             late = waited_since is not None and time.monotonic() - max(started, waited_since) > self.timeout_s
             if late or self._stopping.is_set():
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(timeout=STOP_GRACE_S)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+                # As zeroplan.harness.launch stops a launch: SIGTERM for torchrun's agent, then SIGKILL.
+                stop_torchrun(process)
                 return 124
 
 

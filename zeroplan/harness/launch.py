@@ -201,13 +201,13 @@ def run_torchrun(command: list[str], timeout_s: float, watch: Callable[[], None]
             try:
                 returncode = _wait(process, timeout_s, watch)
             except subprocess.TimeoutExpired:
-                _stop(process)
+                stop_torchrun(process)
                 returncode = 124
             except _CalledOff as called:
                 # A second signal while stopping is ignored: the stop itself must finish.
                 for sig in previous:
                     signal.signal(sig, signal.SIG_IGN)
-                _stop(process)
+                stop_torchrun(process)
                 raise Interrupted(called.signum) from None
         finally:
             for sig, handler in previous.items():
@@ -239,7 +239,7 @@ class _CalledOff(BaseException):
         self.signum = signum
 
 
-def _stop(process: subprocess.Popen) -> None:
+def stop_torchrun(process: subprocess.Popen) -> None:
     """SIGTERM lets torchrun's agent stop its workers (torch/distributed/elastic/agent); SIGKILL
     follows if it does not finish in time."""
     process.send_signal(signal.SIGTERM)
