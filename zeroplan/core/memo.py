@@ -197,7 +197,6 @@ def request_keyed(limit: int = 1024) -> Callable[[Callable[..., Result]], Callab
 
     def wrap(function: Callable[..., Result]) -> Callable[..., Result]:
         store = KeptAnswers(limit)
-        whole = KeptAnswers(limit)
 
         @functools.wraps(function)
         def call(request: PlanRequest) -> Result:
