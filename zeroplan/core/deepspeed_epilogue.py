@@ -93,8 +93,8 @@ def epilogue_buffer_bytes(request: PlanRequest) -> int:
 # fp32, an allocator snapshot of rank 0): the head's gradient is alive at the first block's
 # backward, beside the bucket setup_buckets made at its hook.
 def stage1_keeps_gradients(request: PlanRequest) -> bool:
-    """Whether DeepSpeed leaves the gradients in autograd until backward ends: ZeRO-1 under its
-    own state convention without overlap_comm."""
+    """Whether DeepSpeed leaves the gradients in autograd until backward ends: ZeRO-1 run by
+    its engine (runs_deepspeed_engine) without overlap_comm."""
     return request.strategy.kind is StrategyKind.zero1 and runs_deepspeed_engine(request) and not overlap_comm(request)
 
 
@@ -134,7 +134,7 @@ def _after_block_numels(request: PlanRequest) -> list[int]:
 # Measured (benchmarks/deepspeed-records zero2 fp32, an allocator snapshot of rank 0): the
 # step's peak is that allocation, with the head's 12 MiB gradient and the activations alive.
 def early_gradient_bytes(request: PlanRequest) -> int:
-    """Gradients alive at the first block's backward under DeepSpeed ZeRO-1/2 (their convention):
+    """Gradients alive at the first block's backward under DeepSpeed ZeRO-1/2 (its engine):
     ZeRO-1 without overlap_comm at one micro-batch a step keeps all those after the blocks; a
     stage that reduces in its hooks holds the largest of them while copying it into the bucket;
     0 elsewhere (ZeRO-1 accumulating carries its full gradients already)."""

@@ -242,9 +242,9 @@ def _accumulated_gradient_bytes(request: PlanRequest) -> int | None:
 
 
 def deepspeed_accumulated_gradient_bytes(request: PlanRequest) -> int | None:
-    """What DeepSpeed's ZeRO-1/2/3 keep between micro-steps beyond their resident buffers, under
-    the deepspeed convention without offload or a step in backward; None elsewhere (the peak
-    then carries the model states' gradients)."""
+    """What DeepSpeed's ZeRO-1/2/3 keep between micro-steps beyond their resident buffers, run
+    by its engine (runs_deepspeed_engine) without offload or a step in backward; None elsewhere
+    (the peak then carries the model states' gradients)."""
     kind = request.strategy.kind
     if (not runs_deepspeed_engine(request) or kind.zero_stage not in (1, 2, 3)
             or kind.offloads_optimizer or kind.offloads_parameters or request.training.optimizer_in_backward):
