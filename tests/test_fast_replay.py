@@ -70,7 +70,7 @@ def test_repeated_iterations_are_applied_in_one_step_where_the_state_repeats(mon
         replayed.clear()
         b = _loop(40 * MiB, blocks=24, crumbs=crumbs)
         assert replay_ops(b.ops, config, None, b.marks) == replay(b.ops, config)
-        assert (sum(replayed) < len(b.ops)) is fewer
+        assert (sum(replayed) < fast_replay._last_allocation_end(b.ops)) is fewer
 
 
 def test_a_repeat_that_would_pass_the_capacity_is_replayed() -> None:
@@ -81,6 +81,23 @@ def test_a_repeat_that_would_pass_the_capacity_is_replayed() -> None:
     unlimited = replay(b.ops, config)
     for capacity in range(unlimited.allocated_peak_bytes - 600 * MiB, unlimited.reserved_peak_bytes + 1, 50 * MiB):
         assert replay_ops(b.ops, config, capacity, b.marks) == replay(b.ops, config, capacity)
+
+
+def test_the_frees_after_the_last_allocation_are_not_replayed(monkeypatch) -> None:
+    # The backward's last frees (the first block's workspace, saved tensors and unit): nothing a replay
+    # reports moves with them, so it stops at the allocation before them, with the oracle's result.
+    replayed: list[int] = []
+    run = fast_replay._run
+    monkeypatch.setattr(fast_replay, "_run", lambda device, ops, start, end, *rest:
+                        replayed.append(end) or run(device, ops, start, end, *rest))
+    b = _loop(40 * MiB, crumbs=True)
+    config = parse_alloc_conf("")
+    trailing = len(b.ops) - fast_replay._last_allocation_end(b.ops)
+    assert trailing == 4
+    for capacity in _capacities(b, ""):
+        replayed.clear()
+        assert replay_ops(b.ops, config, capacity, b.marks) == replay(b.ops, config, capacity)
+        assert max(replayed) <= len(b.ops) - trailing
 
 
 def test_settings_outside_the_fused_loop_replay_as_the_oracle() -> None:
