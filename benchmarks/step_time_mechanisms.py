@@ -90,19 +90,19 @@ def _patch_recompute_forward_rate() -> None:
     from zeroplan.core.attention_rate import kernel_name
     from zeroplan.core.flops import attention_backward_over_forward
 
-    compute = timing.compute_time_s
+    compute = timing._flat_compute_time_s
 
-    def patched(flops, request):  # type: ignore[no-untyped-def]
-        forward_s, backward_s = compute(flops, request)
-        if request.performance.compute_model == "roofline" or request.performance.attention_rate == "matmul":
+    def patched(flops, request, executed_rate):  # type: ignore[no-untyped-def]
+        forward_s, backward_s = compute(flops, request, executed_rate)
+        if request.performance.attention_rate == "matmul":
             return forward_s, backward_s
         training = request.training
         charge = RECOMPUTE_FORWARD_CHARGE.get(kernel_name(training.attention_kernel, training.attention_implementation), 1.0)
         recomputed = flops.attention_backward_flops - attention_backward_over_forward(training.attention_kernel) * flops.attention_forward_flops
-        rate = timing.attention_flops_per_s(request, timing.executed_flops_per_s(request))
+        rate = timing.attention_flops_per_s(request, executed_rate)
         return forward_s, backward_s - max(0.0, recomputed) * (1 - charge) / rate
 
-    timing.compute_time_s = patched
+    timing._flat_compute_time_s = patched
 
 
 def _patch_contention() -> None:
@@ -143,7 +143,7 @@ def _patch_gemm(k0_ampere: float, k0_hopper: float) -> None:
     import zeroplan.core.timing as timing
     from zeroplan.core.flops import attention_backward_over_forward
 
-    compute = timing.compute_time_s
+    compute = timing._flat_compute_time_s
 
     def multipliers(request) -> tuple[float, float]:  # type: ignore[no-untyped-def]
         architecture = request.cluster.gpu.architecture
@@ -162,11 +162,8 @@ def _patch_gemm(k0_ampere: float, k0_hopper: float) -> None:
         backward = sum(i * o * (slowed(o) + slowed(tokens)) for i, o in weights) / sum(2 * i * o for i, o in weights)
         return forward, backward
 
-    def patched(flops, request):  # type: ignore[no-untyped-def]
-        forward_s, backward_s = compute(flops, request)
-        if request.performance.compute_model == "roofline":
-            return forward_s, backward_s
-        rate = timing.executed_flops_per_s(request)
+    def patched(flops, request, rate):  # type: ignore[no-untyped-def]
+        forward_s, backward_s = compute(flops, request, rate)
         forward_m, backward_m = multipliers(request)
         recomputed_attention = max(0.0, flops.attention_backward_flops
                                    - attention_backward_over_forward(request.training.attention_kernel) * flops.attention_forward_flops)
@@ -176,7 +173,7 @@ def _patch_gemm(k0_ampere: float, k0_hopper: float) -> None:
         return (forward_s + forward * (forward_m - 1),
                 backward_s + backward * (backward_m - 1) + recomputed * (forward_m - 1))
 
-    timing.compute_time_s = patched
+    timing._flat_compute_time_s = patched
 
 
 def gemm_operand_bytes(request) -> tuple[float, float]:  # type: ignore[no-untyped-def]
@@ -206,11 +203,11 @@ def _patch_gemm_operand_traffic() -> None:
     import zeroplan.core.timing as timing
     from zeroplan.core.roofline.ceilings import gpu_ceilings, times_memory_bound
 
-    compute = timing.compute_time_s
+    compute = timing._flat_compute_time_s
 
-    def patched(flops, request):  # type: ignore[no-untyped-def]
-        forward_s, backward_s = compute(flops, request)
-        if request.performance.compute_model == "roofline" or not times_memory_bound(request):
+    def patched(flops, request, rate):  # type: ignore[no-untyped-def]
+        forward_s, backward_s = compute(flops, request, rate)
+        if not times_memory_bound(request):
             return forward_s, backward_s
         bandwidth = gpu_ceilings(request.cluster.gpu).memory_bytes_per_s
         forward, backward = gemm_operand_bytes(request)
@@ -219,7 +216,7 @@ def _patch_gemm_operand_traffic() -> None:
         return (forward_s + accumulation * forward / bandwidth,
                 backward_s + accumulation * (backward + recomputed_share * forward) / bandwidth)
 
-    timing.compute_time_s = patched
+    timing._flat_compute_time_s = patched
 
 
 def apply(variant: str) -> None:
