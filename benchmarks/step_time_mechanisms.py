@@ -46,6 +46,19 @@ Variants whose constant comes from a publication or a measurement (not from thes
   this variant adds 15 % to them (ridge 189 FLOP/byte there; H100 272, A100 80GB 151, A100 40GB 198).
   gemm-operand-traffic+contention: that and the contention variant together.
 
+- optimizer-loop: llm-foundry's MPT rows pay Composer's optimizer step as a host loop: Composer
+  0.16-0.17's DecoupledAdamW (composer/optim/decoupled_weight_decay.py) steps each parameter
+  tensor in Python and reads its GPU step count with .item() first, so the GPU drains at every
+  tensor and waits on the host's launches. The tensors the busiest rank steps under FSDP1 with
+  use_orig_params=True (Composer's default, trainer/dist_strategy.py: every original tensor that
+  meets the rank's shard of its unit's flat parameter; the torch 1.13.1 rows, without
+  use_orig_params, one flat shard per unit), each at the host time per tensor of torch's
+  single-tensor AdamW on the project's H200 (step_overhead_fit.measured_optimizer_s_per_tensor,
+  0.23 ms; a lower bound for Composer's loop, which also waits at every tensor), added to the step.
+- fsdp-edge: each micro-batch's first FSDP all-gather and the step's last reduce-scatter exposed
+  (one call each, the phase's collective time over its calls), where the planner hides a phase's
+  collectives behind its compute as a whole; no constant.
+
 Exploratory, constants picked by hand and so in sample (labelled so; never a shipped figure):
 
 - gemm-k: a matrix product of inner dimension K runs at K / (K + K0) of the HFU (a fixed
@@ -63,6 +76,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 RECOMPUTE_FORWARD_CHARGE = {"flash-attn-2": 265 / 298, "flash-attn-triton": 3.5 / (1 + 2.5 * 136.5 / 76.2)}
 """A recomputed attention forward's seconds over what the forward + backward rate charges it."""
@@ -79,6 +93,8 @@ VARIANTS = {
     "eager-memory-x2-mpt": f"memory-bound kernels x{EAGER_MEMORY_FACTOR:.2f}, llm-foundry's MPT rows",
     "gemm-operand-traffic": "GEMM operands at the copy bandwidth, not hidden under the math (no constant)",
     "gemm-operand-traffic+contention": "GEMM operands at the copy bandwidth and compute slowed under overlap",
+    "optimizer-loop": "MPT rows: Composer's per-tensor AdamW loop at the H200's host time per tensor (no constant from the rows)",
+    "fsdp-edge": "each micro-batch's first FSDP gather and the step's last reduce-scatter exposed (no constant)",
     "gemm-k768": "GEMM K/(K+768), both generations (exploratory, in sample)",
     "gemm-k256-1024": "GEMM K/(K+K0), K0 A100 256, H100 1024 (exploratory, in sample)",
     "gemm-k128-1536": "GEMM K/(K+K0), K0 A100 128, H100 1536 (exploratory, in sample)",
@@ -90,19 +106,19 @@ def _patch_recompute_forward_rate() -> None:
     from zeroplan.core.attention_rate import kernel_name
     from zeroplan.core.flops import attention_backward_over_forward
 
-    compute = timing.compute_time_s
+    compute = timing._flat_compute_time_s
 
-    def patched(flops, request):  # type: ignore[no-untyped-def]
-        forward_s, backward_s = compute(flops, request)
-        if request.performance.compute_model == "roofline" or request.performance.attention_rate == "matmul":
+    def patched(flops, request, executed_rate):  # type: ignore[no-untyped-def]
+        forward_s, backward_s = compute(flops, request, executed_rate)
+        if request.performance.attention_rate == "matmul":
             return forward_s, backward_s
         training = request.training
         charge = RECOMPUTE_FORWARD_CHARGE.get(kernel_name(training.attention_kernel, training.attention_implementation), 1.0)
         recomputed = flops.attention_backward_flops - attention_backward_over_forward(training.attention_kernel) * flops.attention_forward_flops
-        rate = timing.attention_flops_per_s(request, timing.executed_flops_per_s(request))
+        rate = timing.attention_flops_per_s(request, executed_rate)
         return forward_s, backward_s - max(0.0, recomputed) * (1 - charge) / rate
 
-    timing.compute_time_s = patched
+    timing._flat_compute_time_s = patched
 
 
 def _patch_contention() -> None:
@@ -143,7 +159,7 @@ def _patch_gemm(k0_ampere: float, k0_hopper: float) -> None:
     import zeroplan.core.timing as timing
     from zeroplan.core.flops import attention_backward_over_forward
 
-    compute = timing.compute_time_s
+    compute = timing._flat_compute_time_s
 
     def multipliers(request) -> tuple[float, float]:  # type: ignore[no-untyped-def]
         architecture = request.cluster.gpu.architecture
@@ -162,11 +178,8 @@ def _patch_gemm(k0_ampere: float, k0_hopper: float) -> None:
         backward = sum(i * o * (slowed(o) + slowed(tokens)) for i, o in weights) / sum(2 * i * o for i, o in weights)
         return forward, backward
 
-    def patched(flops, request):  # type: ignore[no-untyped-def]
-        forward_s, backward_s = compute(flops, request)
-        if request.performance.compute_model == "roofline":
-            return forward_s, backward_s
-        rate = timing.executed_flops_per_s(request)
+    def patched(flops, request, rate):  # type: ignore[no-untyped-def]
+        forward_s, backward_s = compute(flops, request, rate)
         forward_m, backward_m = multipliers(request)
         recomputed_attention = max(0.0, flops.attention_backward_flops
                                    - attention_backward_over_forward(request.training.attention_kernel) * flops.attention_forward_flops)
@@ -176,7 +189,7 @@ def _patch_gemm(k0_ampere: float, k0_hopper: float) -> None:
         return (forward_s + forward * (forward_m - 1),
                 backward_s + backward * (backward_m - 1) + recomputed * (forward_m - 1))
 
-    timing.compute_time_s = patched
+    timing._flat_compute_time_s = patched
 
 
 def gemm_operand_bytes(request) -> tuple[float, float]:  # type: ignore[no-untyped-def]
@@ -206,11 +219,11 @@ def _patch_gemm_operand_traffic() -> None:
     import zeroplan.core.timing as timing
     from zeroplan.core.roofline.ceilings import gpu_ceilings, times_memory_bound
 
-    compute = timing.compute_time_s
+    compute = timing._flat_compute_time_s
 
-    def patched(flops, request):  # type: ignore[no-untyped-def]
-        forward_s, backward_s = compute(flops, request)
-        if request.performance.compute_model == "roofline" or not times_memory_bound(request):
+    def patched(flops, request, rate):  # type: ignore[no-untyped-def]
+        forward_s, backward_s = compute(flops, request, rate)
+        if not times_memory_bound(request):
             return forward_s, backward_s
         bandwidth = gpu_ceilings(request.cluster.gpu).memory_bytes_per_s
         forward, backward = gemm_operand_bytes(request)
@@ -219,7 +232,96 @@ def _patch_gemm_operand_traffic() -> None:
         return (forward_s + accumulation * forward / bandwidth,
                 backward_s + accumulation * (backward + recomputed_share * forward) / bandwidth)
 
-    timing.compute_time_s = patched
+    timing._flat_compute_time_s = patched
+
+
+# torch/distributed/fsdp/_runtime_utils.py (FSDP1) and _fully_shard (FSDP2): a unit's all-gather
+# is issued at its pre-forward hook (or prefetched by the unit before it), so the first unit of
+# each micro-batch's forward gathers with nothing to hide behind; the last unit's reduce-scatter
+# is waited on before the optimizer step. The planner hides each phase's collectives behind that
+# phase's compute as a whole (exposed_communication_s); this variant exposes at least one call
+# of the forward gather per micro-batch and one call of the backward reduce-scatter per step.
+def _patch_fsdp_edge() -> None:
+    import zeroplan.core.timing as timing
+    from zeroplan.core.collective import CollectiveOp, Phase
+
+    step_time = timing.step_time
+
+    def patched(request, collectives):  # type: ignore[no-untyped-def]
+        time = step_time(request, collectives)
+        if not request.strategy.kind.is_fsdp:
+            return time
+        edge = 0.0
+        for collective, cost in zip(collectives, time.collective_times):
+            if collective.blocking or not collective.calls:
+                continue
+            per_call_s = cost.seconds / (collective.occurrences_per_step * collective.calls)
+            if collective.op is CollectiveOp.all_gather and collective.phase is Phase.forward:
+                edge += per_call_s * collective.occurrences_per_step
+            elif collective.op is CollectiveOp.reduce_scatter and collective.phase is Phase.backward:
+                edge += per_call_s
+        added = max(0.0, edge - time.exposed_communication_s)
+        if not added:
+            return time
+        step_s = time.step_with_overlap_s + added
+        return time.model_copy(update={
+            "step_with_overlap_s": step_s, "exposed_communication_s": time.exposed_communication_s + added,
+            "tokens_per_s_per_gpu": time.tokens_per_s_per_gpu * time.step_with_overlap_s / step_s,
+            "model_flops_utilization": time.model_flops_utilization * time.step_with_overlap_s / step_s})
+
+    timing.step_time = patched
+
+
+def rank_stepped_tensors(request) -> int:  # type: ignore[no-untyped-def]
+    """Parameter tensors the busiest rank steps under FSDP1 with use_orig_params=True (Composer's
+    default from torch 2.0): each unit is one flat parameter split into N equal shards, and a
+    rank steps every original tensor whose elements meet its shard (torch/distributed/fsdp/
+    _flat_param.py, FlatParamHandle._use_sharded_views; the others get no gradient)."""
+    from zeroplan.core.parallel.units import rank_trainable_units
+
+    if request.training.checkpoint_early_stop is False:
+        # the torch 1.13.1 rows (checkpoint_early_stop false marks them): FSDP1 without
+        # use_orig_params steps one flat shard per unit
+        return len(rank_trainable_units(request))
+    n = request.shard_group_size
+    per_rank = [0] * n
+    for unit in rank_trainable_units(request):
+        total = sum(t.numel for t in unit.tensors)
+        shard = -(-total // n)
+        start = 0
+        for tensor in unit.tensors:
+            end = start + tensor.numel
+            for rank in range(start // shard, min(n, -(-end // shard))):
+                per_rank[rank] += 1
+            start = end
+    return max(per_rank)
+
+
+# composer 0.16 optim/decoupled_weight_decay.py (DecoupledAdamW, llm-foundry's decoupled_adamw;
+# Composer's FSDP default use_orig_params=True, trainer/dist_strategy.py): the step loops over
+# the parameter tensors in Python, keeps each tensor's step count on the GPU and reads it with
+# .item() before its update, so the GPU drains at every tensor and waits on the host's launches.
+def _patch_optimizer_loop() -> None:
+    import zeroplan.core.timing as timing
+    from step_overhead_fit import measured_optimizer_s_per_tensor
+
+    # torch's single-tensor AdamW on the H200's host (gpu-step-profile-records' DDP step), a
+    # lower bound for Composer's loop, which also waits on the GPU at every tensor
+    per_tensor_s = measured_optimizer_s_per_tensor()
+    step_time = timing.step_time
+
+    def patched(request, collectives):  # type: ignore[no-untyped-def]
+        time = step_time(request, collectives)
+        if not request.model.name.startswith("mpt-"):
+            return time
+        added = rank_stepped_tensors(request) * per_tensor_s
+        step_s = time.step_with_overlap_s + added
+        return time.model_copy(update={
+            "step_with_overlap_s": step_s,
+            "tokens_per_s_per_gpu": time.tokens_per_s_per_gpu * time.step_with_overlap_s / step_s,
+            "model_flops_utilization": time.model_flops_utilization * time.step_with_overlap_s / step_s})
+
+    timing.step_time = patched
 
 
 def apply(variant: str) -> None:
@@ -234,6 +336,10 @@ def apply(variant: str) -> None:
     elif variant == "gemm-operand-traffic+contention":
         _patch_gemm_operand_traffic()
         _patch_contention()
+    elif variant == "optimizer-loop":
+        _patch_optimizer_loop()
+    elif variant == "fsdp-edge":
+        _patch_fsdp_edge()
     elif variant == "gemm-k768":
         _patch_gemm(768, 768)
     elif variant == "gemm-k256-1024":
