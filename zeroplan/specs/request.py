@@ -604,7 +604,8 @@ def revalidated(request: PlanRequest, **update: Frozen) -> PlanRequest:
         value = data[name]
         if type(value) is not field_type:
             return type(request)(**{**dict(request), **update})
-        if not _passed(field_type, value):
+        # The same object as one that passed (most fields of most requests): no hash, no comparison.
+        if _PASSED_OBJECTS.get(id(value)) is not value and not _passed(field_type, value):
             return type(request)(**{**dict(request), **update})
     built = _instance(PlanRequest, data, set(data))
     try:
@@ -621,16 +622,18 @@ def _passed(field_type: type[Frozen], value: Frozen) -> bool:
     ZeroplanError where it does not); False where a validator answers with another object or an
     error pydantic words (the full validation then decides)."""
     passed = _PASSED[field_type]
-    if value in passed:
-        return True
-    try:
-        if field_type.__pydantic_validator__.validate_python(value) is not value:
-            return False
-    except (ValueError, AssertionError):
-        return False  # pydantic's own error (ValidationError is a ValueError), worded by the full validation
-    if len(passed) >= 1024:
-        passed.clear()
-    passed.add(value)
+    if value not in passed:
+        try:
+            if field_type.__pydantic_validator__.validate_python(value) is not value:
+                return False
+        except (ValueError, AssertionError):
+            return False  # pydantic's own error (ValidationError is a ValueError), worded by the full validation
+        if len(passed) >= 1024:
+            passed.clear()
+        passed.add(value)
+    if len(_PASSED_OBJECTS) >= 4096:
+        _PASSED_OBJECTS.clear()
+    _PASSED_OBJECTS[id(value)] = value
     return True
 
 
@@ -639,6 +642,8 @@ _FIELD_TYPES: dict[str, type[Frozen]] = {name: info.annotation for name, info in
 assert all(isinstance(t, type) and issubclass(t, Frozen) for t in _FIELD_TYPES.values())
 _PASSED: dict[type[Frozen], set[Frozen]] = {field_type: set() for field_type in _FIELD_TYPES.values()}
 """Per field type, specs that passed their validators (revalidated)."""
+_PASSED_OBJECTS: dict[int, Frozen] = {}
+"""The specs of _PASSED by identity, each kept alive here (so its id names it alone)."""
 _BEFORE = tuple(getattr(PlanRequest, name) for name, decorator in PlanRequest.__pydantic_decorators__.model_validators.items()
                 if decorator.info.mode == "before")
 """PlanRequest's before-validators, each returning its data itself where it changes nothing."""
