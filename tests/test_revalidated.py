@@ -104,3 +104,21 @@ def test_the_fast_path_is_taken(monkeypatch) -> None:
     monkeypatch.setattr(PlanRequest, "__init__", counting)
     assert base.with_strategy(StrategySpec(kind="zero1")).strategy.kind is StrategyKind.zero1
     assert not calls
+
+
+def test_kept_copy_is_model_copy_made_once() -> None:
+    """kept_copy: model_copy's result (values and fields set), one object for equal specs with
+    the same fields set and update, another where the fields set differ (PlanRequest's
+    before-validators read them)."""
+    from zeroplan.specs.base import kept_copy
+
+    first, second = StrategySpec(kind="zero3"), StrategySpec(kind="zero3")
+    copy = kept_copy(first, kind=StrategyKind.zero1)
+    made = first.model_copy(update={"kind": StrategyKind.zero1})
+    assert copy == made and copy.model_fields_set == made.model_fields_set
+    assert kept_copy(second, kind=StrategyKind.zero1) is copy
+    assert kept_copy(first, kind=StrategyKind.zero2) is not copy
+    unset = StrategySpec.model_validate({"kind": "zero3"}).model_copy()
+    object.__setattr__(unset, "__pydantic_fields_set__", set())
+    assert unset == first and kept_copy(unset, kind=StrategyKind.zero1) is not copy
+    assert kept_copy(unset, kind=StrategyKind.zero1).model_fields_set == {"kind"}

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.finetune import Quantization
+from zeroplan.specs.base import kept_copy
 from zeroplan.specs.request import PlanRequest, revalidated
 from zeroplan.specs.training import ActivationCheckpointing
 
@@ -20,8 +21,7 @@ verdict, the rest of the plans only where one fits: core.plan.suggestion_fit).""
 
 def _with_training(base: PlanRequest, **update) -> PlanRequest | None:
     try:
-        training = base.training.model_copy(update=update)
-        return revalidated(base, training=training)
+        return revalidated(base, training=kept_copy(base.training, **update))
     except (ZeroplanError, ValidationError):
         return None
 
