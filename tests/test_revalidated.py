@@ -122,3 +122,18 @@ def test_kept_copy_is_model_copy_made_once() -> None:
     object.__setattr__(unset, "__pydantic_fields_set__", set())
     assert unset == first and kept_copy(unset, kind=StrategyKind.zero1) is not copy
     assert kept_copy(unset, kind=StrategyKind.zero1).model_fields_set == {"kind"}
+
+
+def test_spec_validators_read_values_alone() -> None:
+    """What revalidated's table of passed specs rests on: every validator of a request's field
+    specs runs after validation, on the spec's values (never on the fields set, which equality
+    leaves out)."""
+    import inspect
+
+    from zeroplan.specs.request import _FIELD_TYPES
+
+    for field_type in _FIELD_TYPES.values():
+        for decorator in field_type.__pydantic_decorators__.model_validators.values():
+            assert decorator.info.mode == "after", (field_type.__name__, decorator.cls_var_name)
+            assert "fields_set" not in inspect.getsource(decorator.func), (field_type.__name__, decorator.cls_var_name)
+        assert not field_type.__pydantic_decorators__.field_validators, field_type.__name__
