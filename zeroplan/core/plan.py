@@ -58,6 +58,7 @@ from zeroplan.results import MemoryBreakdown, PeakMoment, StrategyPlan
 from zeroplan.core.parallel.expert import expert_dispatch_bytes
 from zeroplan.specs.parallel import EXPERT_PARALLEL_STRATEGIES, PIPELINE_STRATEGIES
 from zeroplan.specs.finetune import Quantization
+from zeroplan.specs.base import kept_copy
 from zeroplan.specs.request import INT8_STRATEGIES, PlanRequest, check_compiled_layout
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.framework import Framework
@@ -908,7 +909,7 @@ def _each_strategy(base: PlanRequest, strategies: tuple[StrategyKind | StrategyS
     first refusal left out when none applies."""
     answers, requests, left_out = [], {}, []
     for strategy in strategies:
-        spec = strategy if isinstance(strategy, StrategySpec) else base.strategy.model_copy(update={"kind": StrategyKind(strategy)})
+        spec = strategy if isinstance(strategy, StrategySpec) else kept_copy(base.strategy, kind=StrategyKind(strategy))
         try:
             requests[spec.kind] = base.with_strategy(spec)
         except ZeroplanError as error:

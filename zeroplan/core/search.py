@@ -68,7 +68,7 @@ from zeroplan.results import PeakMoment, PlanCandidate
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.parallel import MODEL_PARALLEL_FRAMEWORKS, PIPELINE_STRATEGIES, ParallelSpec, PipelineSchedule
 from zeroplan.specs.framework import launch_allocator_conf
-from zeroplan.specs.request import PlanRequest
+from zeroplan.specs.request import PlanRequest, revalidated
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.training import ActivationCheckpointing
 
@@ -977,7 +977,7 @@ def _layouts(base: PlanRequest, space: LayoutSpace) -> list[PlanRequest]:
                         # each layout to its own (micro-batch, accumulation) splits, and drops
                         # those the schedule refuses (_schedulable).
                         batch = base.batch.model_copy(update={"grad_accum_steps": pp})
-                        result.append(type(base)(**{**dict(base), "parallel": spec, "batch": batch}))
+                        result.append(revalidated(base, parallel=spec, batch=batch))
                     except (ZeroplanError, ValidationError):
                         continue  # a layout the rules refuse: not searched
     return result

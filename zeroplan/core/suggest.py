@@ -10,7 +10,8 @@ from pydantic import ValidationError
 
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.finetune import Quantization
-from zeroplan.specs.request import PlanRequest
+from zeroplan.specs.base import kept_copy
+from zeroplan.specs.request import PlanRequest, revalidated
 from zeroplan.specs.training import ActivationCheckpointing
 
 MAX_GPU_DOUBLINGS = 6
@@ -20,8 +21,7 @@ verdict, the rest of the plans only where one fits: core.plan.suggestion_fit).""
 
 def _with_training(base: PlanRequest, **update) -> PlanRequest | None:
     try:
-        training = base.training.model_copy(update=update)
-        return type(base)(**{**dict(base), "training": training})
+        return revalidated(base, training=kept_copy(base.training, **update))
     except (ZeroplanError, ValidationError):
         return None
 
@@ -34,7 +34,7 @@ def _with_gpus(base: PlanRequest, gpus: int) -> PlanRequest | None:
     if gpus % per_node:
         return None
     try:
-        return type(base)(**{**dict(base), "cluster": cluster.model_copy(update={"num_nodes": gpus // per_node, "gpus_per_node": per_node})})
+        return revalidated(base, cluster=cluster.model_copy(update={"num_nodes": gpus // per_node, "gpus_per_node": per_node}))
     except (ZeroplanError, ValidationError):
         return None
 

@@ -5,7 +5,7 @@
 from pydantic import Field, model_validator
 
 from zeroplan.errors import ZeroplanError
-from zeroplan.specs.base import Frozen
+from zeroplan.specs.base import Frozen, _instance
 from zeroplan.specs.finetune import Quantization, check_finetune
 from zeroplan.specs.framework import UNTIES_EMBEDDINGS, Framework, launch_allocator_conf
 from zeroplan.specs.hardware import ClusterSpec
@@ -541,7 +541,7 @@ class PlanRequest(Frozen):
 
     def with_parallel(self, parallel: ParallelSpec) -> "PlanRequest":
         """The same request under other parallel degrees (validated again)."""
-        return type(self)(**{**dict(self), "parallel": parallel})
+        return revalidated(self, parallel=parallel)
 
     def at_pipeline_rank(self, rank: int) -> "PlanRequest":
         """The request as pipeline rank ``rank`` sees it (no revalidation: only the rank moves)."""
@@ -549,7 +549,7 @@ class PlanRequest(Frozen):
 
     def with_strategy(self, strategy: StrategySpec) -> "PlanRequest":
         """The same request under another strategy (validated again: HSDP groups must divide)."""
-        return type(self)(**{**dict(self), "strategy": strategy})
+        return revalidated(self, strategy=strategy)
 
     def with_micro_batch(self, micro_batch_size: int) -> "PlanRequest":
         batch = self.batch.model_copy(update={"micro_batch_size": micro_batch_size})
@@ -582,3 +582,68 @@ def _default_attention(data: dict, kernel: AttentionKernel) -> dict:
     if isinstance(training, dict) and "attention_kernel" not in training:
         return {**data, "training": {**training, "attention_kernel": kernel.value}}
     return data
+
+
+# fit() asks a request under each of its strategies (a dozen, and a dozen more for each change a
+# suggestion tries): validating each whole cost ~25-45 us, most of it the request's own specs'
+# validators run again on the same objects (pydantic runs a nested spec's after-validators even
+# on an instance it does not revalidate). Those validators (ModelSpec._check_shapes,
+# ClusterSpec._check_context, ...) read nothing but the spec's own values and return the spec
+# itself, so a spec equal to one that passed passes; the request's own validators run every time.
+def revalidated(request: PlanRequest, **update: Frozen) -> PlanRequest:
+    """``type(request)(**{**dict(request), **update})``: the request with spec fields replaced,
+    validated again as PlanRequest's validation does, with the same result or the same refusal
+    (tests/test_revalidated.py compares the two): its before-validators, each field's spec
+    validators where an equal spec has not passed them already (_passed), then _check_groups. Where
+    a before-validator would change the data, or a field is no spec of its own type, it is the
+    full validation itself."""
+    data = {**request.__dict__, **update}
+    if type(request) is not PlanRequest or len(data) != len(_FIELD_TYPES) or any(before(data) is not data for before in _BEFORE):
+        return type(request)(**{**dict(request), **update})
+    for name, field_type in _FIELD_TYPES.items():
+        value = data[name]
+        if type(value) is not field_type:
+            return type(request)(**{**dict(request), **update})
+        # The same object as one that passed (most fields of most requests): no hash, no comparison.
+        if _PASSED_OBJECTS.get(id(value)) is not value and not _passed(field_type, value):
+            return type(request)(**{**dict(request), **update})
+    built = _instance(PlanRequest, data, set(data))
+    try:
+        checked = built._check_groups()
+    except (ValueError, AssertionError):
+        checked = None  # what pydantic wraps in its own error: the full validation raises it
+    if checked is not built:
+        return type(request)(**{**dict(request), **update})
+    return built
+
+
+def _passed(field_type: type[Frozen], value: Frozen) -> bool:
+    """Whether ``value`` passes its type's validators as a field of a request (raising their
+    ZeroplanError where it does not); False where a validator answers with another object or an
+    error pydantic words (the full validation then decides)."""
+    passed = _PASSED[field_type]
+    if value not in passed:
+        try:
+            if field_type.__pydantic_validator__.validate_python(value) is not value:
+                return False
+        except (ValueError, AssertionError):
+            return False  # pydantic's own error (ValidationError is a ValueError), worded by the full validation
+        if len(passed) >= 1024:
+            passed.clear()
+        passed.add(value)
+    if len(_PASSED_OBJECTS) >= 4096:
+        _PASSED_OBJECTS.clear()
+    _PASSED_OBJECTS[id(value)] = value
+    return True
+
+
+_FIELD_TYPES: dict[str, type[Frozen]] = {name: info.annotation for name, info in PlanRequest.model_fields.items()}
+"""PlanRequest's fields, each a spec of its own (revalidated)."""
+assert all(isinstance(t, type) and issubclass(t, Frozen) for t in _FIELD_TYPES.values())
+_PASSED: dict[type[Frozen], set[Frozen]] = {field_type: set() for field_type in _FIELD_TYPES.values()}
+"""Per field type, specs that passed their validators (revalidated)."""
+_PASSED_OBJECTS: dict[int, Frozen] = {}
+"""The specs of _PASSED by identity, each kept alive here (so its id names it alone)."""
+_BEFORE = tuple(getattr(PlanRequest, name) for name, decorator in PlanRequest.__pydantic_decorators__.model_validators.items()
+                if decorator.info.mode == "before")
+"""PlanRequest's before-validators, each returning its data itself where it changes nothing."""
