@@ -14,6 +14,7 @@ from zeroplan.core.nccl_buffers import (
     nvls_bytes,
     ring_bytes,
     send_recv_bytes,
+    tree_chain_bytes,
 )
 from zeroplan.presets.gpus import get_gpu
 from zeroplan.presets.models import get_model
@@ -149,24 +150,40 @@ def _at_torch(request: PlanRequest, torch: str) -> PlanRequest:
 
 
 def test_before_nccl_2_22_every_communicator_sets_up_nvls_at_initialisation() -> None:
-    # torch 2.2 (NCCL 2.19.3) on 8 H100s: FSDP's one communicator holds 2.19's NVLS buffers.
+    # torch 2.2 (NCCL 2.19.3) on 8 H100s: FSDP's one communicator holds 2.19's NVLS buffers (and
+    # the tree connections made at initialisation, test below).
+    tree = tree_chain_bytes(8, 16)
     (only,) = communicators(_at_torch(_request(), "2.2"))
-    assert only.bytes == ring_bytes(8, 8, 16) + 1536 * MiB
+    assert only.bytes == ring_bytes(8, 8, 16) + tree + 1536 * MiB
     # The world group runs barriers only (no NVLS call): NCCL 2.28 connects no NVLS for it, 2.19
     # sets it up at initialisation all the same.
     layout = _request(gpus=8, tp=2, accum=1)
     world = {c.name: c for c in communicators(layout)}["world (barriers)"]
     assert world.bytes == ring_bytes(8, 8, 16)
     world_2_19 = {c.name: c for c in communicators(_at_torch(layout, "2.2"))}["world (barriers)"]
-    assert world_2_19.bytes == ring_bytes(8, 8, 16) + 1536 * MiB
+    assert world_2_19.bytes == ring_bytes(8, 8, 16) + tree + 1536 * MiB
     # No multicast on A100 nodes; at most 2 GPUs of the communicator on the node: none either.
-    assert nccl_buffer_bytes(_at_torch(_request(gpu="a100-80gb"), "2.2")) == ring_bytes(8, 8, 16)
+    assert nccl_buffer_bytes(_at_torch(_request(gpu="a100-80gb"), "2.2")) == ring_bytes(8, 8, 16) + tree
     tp2 = {c.name: c for c in communicators(_at_torch(layout, "2.2"))}["tensor parallel"]
     assert tp2.bytes == ring_bytes(2, 2, 16)
     # NCCL 2.20 (torch 2.3) leaves out a communicator that spans nodes; 2.19 does not.
     spans = _request(gpus=16)
-    assert nccl_buffer_bytes(_at_torch(spans, "2.3")) == ring_bytes(16, 8, 16)
-    assert nccl_buffer_bytes(_at_torch(spans, "2.2")) == ring_bytes(16, 8, 16) + 1536 * MiB
+    assert nccl_buffer_bytes(_at_torch(spans, "2.3")) == ring_bytes(16, 8, 16) + tree
+    assert nccl_buffer_bytes(_at_torch(spans, "2.2")) == ring_bytes(16, 8, 16) + tree + 1536 * MiB
+
+
+def test_before_nccl_2_22_trees_add_the_chains_reverse_connections() -> None:
+    # init.cc "Connect Trees": the chain inside a node links the ring's neighbours, so each rank
+    # inside it gains the direction the ring lacks, one connection per channel.
+    assert tree_chain_bytes(8, 16) == ring_bytes(8, 8, 16) == 16 * connection_bytes()
+    assert tree_chain_bytes(4, 24) == 24 * connection_bytes()
+    # Two ranks on the node: the ring of a one-node pair runs both ways already; across nodes the
+    # pair's reverse link and the links between nodes are left out.
+    assert tree_chain_bytes(2, 16) == tree_chain_bytes(1, 16) == 0
+    a100 = _request(gpu="a100-80gb")
+    assert nccl_buffer_bytes(a100) == ring_bytes(8, 8, 16)
+    for torch, tree in (("2.0", tree_chain_bytes(8, 16)), ("2.6", tree_chain_bytes(8, 16)), ("2.7", 0)):
+        assert nccl_buffer_bytes(_at_torch(a100, torch)) == ring_bytes(8, 8, 16) + tree, torch
 
 
 def test_deepspeed_0_13_3_zero3_opens_the_default_group_beside_its_clone() -> None:
@@ -177,4 +194,4 @@ def test_deepspeed_0_13_3_zero3_opens_the_default_group_beside_its_clone() -> No
     assert [c.name for c in found] == ["data parallel", "world (ZeRO-3 parameter all-gathers)"]
     # Both run NVLS-able collectives (reduce-scatter, all-gather) on the node's 8 H100s.
     assert all(c.bytes == ring_bytes(8, 8, 16) + nvls_bytes(8) for c in found)
-    assert nccl_buffer_bytes(_at_torch(old, "2.2")) == 2 * (ring_bytes(8, 8, 16) + 1536 * MiB)
+    assert nccl_buffer_bytes(_at_torch(old, "2.2")) == 2 * (ring_bytes(8, 8, 16) + tree_chain_bytes(8, 16) + 1536 * MiB)

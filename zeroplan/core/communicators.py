@@ -21,6 +21,7 @@ from zeroplan.core.nccl_buffers import (
     p2p_channels_per_peer,
     ring_bytes,
     send_recv_bytes,
+    tree_chain_bytes,
 )
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.framework import Framework
@@ -76,6 +77,7 @@ def _ring(request: PlanRequest, name: str, sizes: tuple[int, ...], dims: tuple[i
     held = ring_bytes(size, per_node, channels)
     nccl = nccl_release(request.training)
     if connects_at_init(nccl):
+        held += tree_chain_bytes(per_node, channels)
         if _nvls_at_init(request, nccl, size, per_node):
             held += nvls_bytes(per_node, nccl)
     elif nvls_op is not None and _runs_nvls(request, nvls_op, size, per_node):

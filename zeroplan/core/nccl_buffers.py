@@ -77,6 +77,24 @@ def ring_bytes(group_size: int, ranks_per_node: int, channels: int) -> int:
     return channels * connection_bytes() + crossing
 
 
+# Before NCCL_RUNTIME_CONNECT (v2.22.3-1; zeroplan.core.nccl_release) a communicator's
+# initialisation connects every channel's tree beside its ring ("Connect Trees", v2.19.3-1
+# src/init.cc:1120-1127, v2.10.3-1 :782-789): each rank to its tree parent and children, both
+# ways (ncclTransportP2pConnect on connIndex 0, which skips a peer already connected in that
+# direction, src/transport.cc:48-54). Inside a node the tree is a chain (src/graph/connect.cc:56-57,
+# tree.up = treeIntra[i-1], tree.down[0] = treeIntra[i+1]), and on NVSwitch nodes both searches
+# take adjacent GPUs first (src/graph/search.cc:265-276: the ring the next GPU, the tree the
+# previous), so the chain links the ring's neighbours: the direction the ring already has is
+# reused and the other is a new connection, one per channel on each rank inside the chain. The
+# tree's links between nodes, and the chain's one reverse link where a node holds 2 ranks of a
+# group that spans nodes, are not counted: this is the least the trees add.
+def tree_chain_bytes(ranks_per_node: int, channels: int) -> int:
+    """A rank's device bytes of the tree connections a communicator with ``ranks_per_node`` of its
+    ranks on the rank's node adds at initialisation (NCCL before v2.22.3-1), for a rank inside
+    the node's chain: 0 where the node holds 2 ranks or fewer."""
+    return channels * connection_bytes() if ranks_per_node > 2 else 0
+
+
 # Send/recv (connIndex 1) connects each peer lazily on first use, on p2pnChannelsPerPeer channels
 # (src/enqueue.cc:2409). Inside a node every channel of a peer is a P2P connection per direction
 # (connection_bytes, p2p.cc:447); to a peer across the network the connectors share per-rank
