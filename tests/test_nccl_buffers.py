@@ -186,6 +186,47 @@ def test_before_nccl_2_22_trees_add_the_chains_reverse_connections() -> None:
         assert nccl_buffer_bytes(_at_torch(a100, torch)) == ring_bytes(8, 8, 16) + tree, torch
 
 
+def test_deepspeed_of_february_2022_plans_an_nccl_of_its_date() -> None:
+    from zeroplan.core.nccl_release import NCCL_BY_2022_02, connects_at_init, nccl_release
+
+    def training(**kw):
+        return TrainingSpec(framework=Framework.megatron_deepspeed, **kw)
+
+    assert nccl_release(training(deepspeed_release="2022-bigscience")) == NCCL_BY_2022_02 == (2, 11, 4)
+    assert connects_at_init(NCCL_BY_2022_02)
+    assert nccl_release(training()) == (2, 28, 3)
+    # tp 8 x pp 4 x dp 8 on 256 A100s, a middle stage: every communicator adds its trees' chain
+    # where the node holds more than 2 of its ranks, and each pipeline pair (one rank a node)
+    # its two-rank ring, connected at initialisation beside the send/recv buffers.
+    request = _request(Framework.megatron_deepspeed, StrategyKind.zero1, gpu="a100-80gb", gpus=256, tp=8, pp=4,
+                       pipeline_rank=1, accum=8)
+    old = request.model_copy(update={"training": request.training.model_copy(update={"deepspeed_release": "2022-bigscience"})})
+    now = {c.name: c for c in communicators(request)}
+    then = {c.name: c for c in communicators(old)}
+    assert then["tensor parallel"].bytes == now["tensor parallel"].bytes + tree_chain_bytes(8, 16)
+    assert then["data parallel"].bytes == now["data parallel"].bytes == ring_bytes(8, 1, 16)
+    pairs = [c for c in communicators(old) if c.name.startswith("pipeline neighbour")]
+    assert len(pairs) == 2
+    assert all(c.bytes == send_recv_bytes(0, 1, 2, 16) + ring_bytes(2, 1, 16) for c in pairs)
+    assert nccl_buffer_bytes(old) > nccl_buffer_bytes(request)
+
+
+def test_torchtitans_pipeline_ring_is_counted_once() -> None:
+    # Its pipeline group runs the gradient norm's all-reduce (a ring) and the stages' send/recv;
+    # an NCCL before 2.22 connects that ring at initialisation, the same ring.
+    request = _request(gpus=32, pp=4, pipeline_rank=1, accum=8)
+    for torch in ("2.2", "2.13"):
+        (pipe,) = [c for c in communicators(_at_torch(request, torch)) if c.name.startswith("pipeline")]
+        assert pipe.bytes == send_recv_bytes(0, 2, 2, 16) + ring_bytes(4, 1, 16), torch
+    # The four stages on one node (dp 2 between them): the ring never leaves the node, and before
+    # 2.22 the trees' chain over the four is connected too.
+    one_node = _request(gpus=8, pp=4, pipeline_rank=1, accum=8)
+    local = send_recv_bytes(2, 0, 16, 16)
+    for torch, tree in (("2.2", tree_chain_bytes(4, 16)), ("2.13", 0)):
+        (pipe,) = [c for c in communicators(_at_torch(one_node, torch)) if c.name.startswith("pipeline")]
+        assert pipe.bytes == local + ring_bytes(4, 4, 16) + tree, torch
+
+
 def test_deepspeed_0_13_3_zero3_opens_the_default_group_beside_its_clone() -> None:
     request = _request(Framework.hf, StrategyKind.zero3)
     old = request.model_copy(update={"training": request.training.model_copy(update={"deepspeed_release": "0.13.3"})})

@@ -84,10 +84,11 @@ def ring_bytes(group_size: int, ranks_per_node: int, channels: int) -> int:
 # direction, src/transport.cc:48-54). Inside a node the tree is a chain (src/graph/connect.cc:56-57,
 # tree.up = treeIntra[i-1], tree.down[0] = treeIntra[i+1]), and on NVSwitch nodes both searches
 # take adjacent GPUs first (src/graph/search.cc:265-276: the ring the next GPU, the tree the
-# previous), so the chain links the ring's neighbours: the direction the ring already has is
-# reused and the other is a new connection, one per channel on each rank inside the chain. The
-# tree's links between nodes, and the chain's one reverse link where a node holds 2 ranks of a
-# group that spans nodes, are not counted: this is the least the trees add.
+# previous; v2.11.4-1 search.cc:214-245 sorts equal GPUs by their distance from the current one,
+# the next first, for both), so the chain links the ring's neighbours: the direction the ring
+# already has is reused and the other is a new connection, one per channel on each rank inside
+# the chain. The tree's links between nodes, and the chain's one reverse link where a node holds
+# 2 ranks of a group that spans nodes, are not counted: this is the least the trees add.
 def tree_chain_bytes(ranks_per_node: int, channels: int) -> int:
     """A rank's device bytes of the tree connections a communicator with ``ranks_per_node`` of its
     ranks on the rank's node adds at initialisation (NCCL before v2.22.3-1), for a rank inside
