@@ -22,6 +22,7 @@ from zeroplan.core.nccl_buffers import (
     ring_bytes,
     send_recv_bytes,
     tree_chain_bytes,
+    tree_network_bytes,
 )
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.framework import Framework
@@ -77,7 +78,7 @@ def _ring(request: PlanRequest, name: str, sizes: tuple[int, ...], dims: tuple[i
     held = ring_bytes(size, per_node, channels)
     nccl = nccl_release(request.training)
     if connects_at_init(nccl):
-        held += tree_chain_bytes(per_node, channels)
+        held += tree_chain_bytes(per_node, channels) + tree_network_bytes(size, per_node, channels)
         if _nvls_at_init(request, nccl, size, per_node):
             held += nvls_bytes(per_node, nccl)
     elif nvls_op is not None and _runs_nvls(request, nvls_op, size, per_node):
@@ -124,7 +125,8 @@ def _send_recv(request: PlanRequest, name: str, size: int, local_peers: int, rem
     held = send_recv_bytes(local_peers, remote_peers, per_peer, p2p_channels(channels))
     if connects_at_init(nccl_release(request.training)):
         on_node = local_peers + 1 if members_on_node is None else members_on_node
-        held += ring_bytes(size, on_node, channels) + tree_chain_bytes(on_node, channels)
+        held += (ring_bytes(size, on_node, channels) + tree_chain_bytes(on_node, channels)
+                 + tree_network_bytes(size, on_node, channels))
     return Communicator(name=name, group_size=size, ranks_per_node=local_peers + 1, bytes=held)
 
 
