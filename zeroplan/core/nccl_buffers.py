@@ -140,7 +140,8 @@ def dtree_neighbours(nodes: int, node: int) -> tuple[tuple[int, ...], tuple[int,
 # both ways at initialisation: on each end a receive (connection_bytes, under GPUDirect RDMA) and a
 # send staging (network_send_staging_bytes). The ring's network links join a node's last chain
 # rank to the next node's first (connectRings), so with 3 or more ranks on a node no tree link is
-# a ring link (the chains' orders taken as the ring's), and a node's links are shared among its
+# a ring link (the chains' orders taken as the ring's; with 2, where the last rank is the second
+# and a link may be the ring's, none is taken as reused either), and a node's links are shared among its
 # ranks as the ring's crossings are (ring_bytes); with one rank a node, a tree link to the ring's
 # predecessor reuses the ring's receive and one to its successor the ring's send.
 @lru_cache(maxsize=1024)
