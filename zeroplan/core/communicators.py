@@ -21,6 +21,8 @@ from zeroplan.core.nccl_buffers import (
     p2p_channels_per_peer,
     ring_bytes,
     send_recv_bytes,
+    tree_chain_bytes,
+    tree_network_bytes,
 )
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.framework import Framework
@@ -76,6 +78,7 @@ def _ring(request: PlanRequest, name: str, sizes: tuple[int, ...], dims: tuple[i
     held = ring_bytes(size, per_node, channels)
     nccl = nccl_release(request.training)
     if connects_at_init(nccl):
+        held += tree_chain_bytes(per_node, channels) + tree_network_bytes(size, per_node, channels)
         if _nvls_at_init(request, nccl, size, per_node):
             held += nvls_bytes(per_node, nccl)
     elif nvls_op is not None and _runs_nvls(request, nvls_op, size, per_node):
@@ -108,10 +111,22 @@ def _runs_nvls(request: PlanRequest, op: CollectiveOp, size: int, per_node: int)
     return bool({Algorithm.nvls, Algorithm.nvls_tree} & set(available_algorithms(gpu, op, layout)))
 
 
-def _send_recv(request: PlanRequest, name: str, size: int, local_peers: int, remote_peers: int) -> Communicator:
+# A communicator made for send/recv alone connects its peers on first use (connIndex 1,
+# zeroplan.core.nccl_buffers.send_recv_bytes); before
+# v2.22.3-1 its initialisation also connected the ring and the trees of its ranks, used or not
+# (v2.19.3-1 src/init.cc:1117-1127, v2.11.4-1 alike), which the send/recv connections then reuse
+# where they coincide (a two-rank ring links the very pair, both ways).
+def _send_recv(request: PlanRequest, name: str, size: int, local_peers: int, remote_peers: int,
+               members_on_node: int | None = None) -> Communicator:
+    """``members_on_node``: the communicator's ranks on the rank's node, for the ring connected
+    at initialisation (its local peers and itself where not given)."""
     channels = request.assumptions.nccl_channels
     per_peer = p2p_channels_per_peer(channels, remote_peers > 0, _nvlink(request))
     held = send_recv_bytes(local_peers, remote_peers, per_peer, p2p_channels(channels))
+    if connects_at_init(nccl_release(request.training)):
+        on_node = local_peers + 1 if members_on_node is None else members_on_node
+        held += (ring_bytes(size, on_node, channels) + tree_chain_bytes(on_node, channels)
+                 + tree_network_bytes(size, on_node, channels))
     return Communicator(name=name, group_size=size, ranks_per_node=local_peers + 1, bytes=held)
 
 
@@ -197,11 +212,13 @@ def _pipeline(request: PlanRequest) -> list[Communicator]:
     if request.training.framework is Framework.megatron_deepspeed:
         return [_send_recv(request, "pipeline neighbour (send/recv)", 2, 0 if remote else 1, 1 if remote else 0)
                 for _ in range(neighbours)]
-    held = _send_recv(request, "pipeline (send/recv)", parallel.pp, 0 if remote else neighbours, neighbours if remote else 0)
-    if request.training.framework is Framework.torchtitan:
+    per_node = 1 if remote else min(parallel.pp, request.cluster.gpus_per_node // stride)
+    held = _send_recv(request, "pipeline (send/recv)", parallel.pp, 0 if remote else neighbours,
+                      neighbours if remote else 0, per_node)
+    if request.training.framework is Framework.torchtitan and not connects_at_init(nccl_release(request.training)):
         # torchtitan's gradient norm all-reduces over the same pipeline group (distributed/utils.py
-        # clip_grad_norm_ with pp_mesh), connecting its ring too.
-        per_node = 1 if remote else min(parallel.pp, request.cluster.gpus_per_node // stride)
+        # clip_grad_norm_ with pp_mesh), connecting its ring too (which an NCCL before 2.22 has
+        # connected at initialisation, _send_recv).
         ring = ring_bytes(parallel.pp, per_node, request.assumptions.nccl_channels)
         held = held.model_copy(update={"name": "pipeline (send/recv, gradient norm)", "bytes": held.bytes + ring})
     return [held]

@@ -1,10 +1,13 @@
 """Device memory one NCCL communicator holds outside PyTorch's caching allocator, read from NCCL's
 own source at v2.28.3-1 (the release zeroplan's algorithm model reads, zeroplan.core.algorithms;
-NVLS's buffers also at the earlier releases a torch release loads, zeroplan.core.nccl_release).
+NVLS's buffers and the trees connected at initialisation also at the earlier releases a torch
+release loads, zeroplan.core.nccl_release).
 Every term is a rank's share; docs/memory-model.md, "Memory outside the allocator". Nothing here
 imports torch."""
 
 from __future__ import annotations
+
+from functools import lru_cache
 
 from zeroplan.core.nccl_release import NCCL_MODELLED, NVLS_CHUNKED_FROM, NVLS_FROM, RUNTIME_CONNECT_FROM
 from zeroplan.units import KiB, MiB
@@ -75,6 +78,91 @@ def ring_bytes(group_size: int, ranks_per_node: int, channels: int) -> int:
     spans_nodes = group_size > ranks_per_node
     crossing = network_send_staging_bytes() * channels // ranks_per_node if spans_nodes else 0
     return channels * connection_bytes() + crossing
+
+
+# Before NCCL_RUNTIME_CONNECT (v2.22.3-1; zeroplan.core.nccl_release) a communicator's
+# initialisation connects every channel's tree beside its ring ("Connect Trees", v2.19.3-1
+# src/init.cc:1120-1127, v2.10.3-1 :782-789): each rank to its tree parent and children, both
+# ways (ncclTransportP2pConnect on connIndex 0, which skips a peer already connected in that
+# direction, src/transport.cc:48-54). Inside a node the tree is a chain (src/graph/connect.cc:56-57,
+# tree.up = treeIntra[i-1], tree.down[0] = treeIntra[i+1]), and on NVSwitch nodes both searches
+# take adjacent GPUs first (src/graph/search.cc:265-276: the ring the next GPU, the tree the
+# previous; v2.11.4-1 search.cc:214-245 sorts equal GPUs by their distance from the current one,
+# the next first, for both), so the chain links the ring's neighbours: the direction the ring
+# already has is reused and the other is a new connection, one per channel on each rank inside
+# the chain. The chain's one reverse link where a node holds 2 ranks of a group that spans nodes
+# is not counted; the tree's links between nodes are tree_network_bytes.
+def tree_chain_bytes(ranks_per_node: int, channels: int) -> int:
+    """A rank's device bytes of the tree connections a communicator with ``ranks_per_node`` of its
+    ranks on the rank's node adds at initialisation (NCCL before v2.22.3-1), for a rank inside
+    the node's chain: 0 where the node holds 2 ranks or fewer."""
+    return channels * connection_bytes() if ranks_per_node > 2 else 0
+
+
+# src/graph/trees.cc ncclGetBtree (v2.11.4-1 and v2.19.3-1 alike): the binary tree over the
+# nodes, rooted at 0, whose links follow the lowest set bit of a node's index.
+def btree_neighbours(nodes: int, node: int) -> tuple[int, ...]:
+    """The parent and children of ``node`` in NCCL's binary tree over ``nodes`` nodes."""
+    bit = 1
+    while bit < nodes and not bit & node:
+        bit <<= 1
+    if node == 0:
+        return (bit >> 1,) if nodes > 1 else ()
+    up = (node ^ bit) | (bit << 1)
+    if up >= nodes:
+        up = node ^ bit
+    low = bit >> 1
+    if low == 0:
+        return (up,)
+    down0, down1 = node - low, node + low
+    while down1 >= nodes:
+        down1 = node + low if low else -1
+        low >>= 1
+    return (up, down0) if down1 < 0 else (up, down0, down1)
+
+
+# trees.cc ncclGetDtree: the second tree of the double binary tree mirrors the first (an even
+# number of nodes) or shifts it by one node (an odd number).
+def dtree_neighbours(nodes: int, node: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``node``'s tree neighbours in NCCL's first and second tree over ``nodes`` nodes."""
+    first = btree_neighbours(nodes, node)
+    if nodes % 2:
+        second = tuple((n + 1) % nodes for n in btree_neighbours(nodes, (node - 1) % nodes))
+    else:
+        second = tuple(nodes - 1 - n for n in btree_neighbours(nodes, nodes - 1 - node))
+    return first, second
+
+
+# src/graph/connect.cc connectTrees (v2.11.4-1:122-165; v2.19.3-1 alike): each channel's tree links
+# the nodes of ncclGetDtree, the first half of the channels on the first tree and their
+# duplicates (connect.cc:60-63) on the second, between the ranks of the node's chain that face the
+# network (treeToParent and treeToChild0/1: the chain's first ranks). Every link is connected
+# both ways at initialisation: on each end a receive (connection_bytes, under GPUDirect RDMA) and a
+# send staging (network_send_staging_bytes). The ring's network links join a node's last chain
+# rank to the next node's first (connectRings), so with 3 or more ranks on a node no tree link is
+# a ring link (the chains' orders taken as the ring's; with 2, where the last rank is the second
+# and a link may be the ring's, none is taken as reused either), and a node's links are shared among its
+# ranks as the ring's crossings are (ring_bytes); with one rank a node, a tree link to the ring's
+# predecessor reuses the ring's receive and one to its successor the ring's send.
+@lru_cache(maxsize=1024)
+def tree_network_bytes(group_size: int, ranks_per_node: int, channels: int) -> int:
+    """A rank's device bytes, averaged over the group's nodes, of the tree links between nodes that
+    a communicator spanning nodes connects at initialisation (NCCL before v2.22.3-1)."""
+    if group_size <= ranks_per_node:
+        return 0
+    nodes = group_size // ranks_per_node
+    receive, send = connection_bytes(), network_send_staging_bytes()
+    if ranks_per_node > 1:
+        # Each tree has nodes - 1 links, each with an end on two nodes: 2 (nodes - 1) link ends.
+        ends = 2 * (nodes - 1) * 2
+        return channels * ends * (receive + send) // (2 * nodes * ranks_per_node)
+    total = 0
+    for node in range(nodes):
+        prev, nxt = (node - 1) % nodes, (node + 1) % nodes
+        for tree in dtree_neighbours(nodes, node):
+            total += sum((0 if peer == prev else receive) + (0 if peer == nxt else send) for peer in tree)
+    # Half the channels run each tree: channels / 2 x both trees' links, per node.
+    return channels * total // (2 * nodes)
 
 
 # Send/recv (connIndex 1) connects each peer lazily on first use, on p2pnChannelsPerPeer channels

@@ -40,10 +40,20 @@ NVLS buffers are set up when an algorithm first runs (ncclNvlsBufferSetup) inste
 communicator initialisation; from it NVLS_MEM_ALIGN_SIZE is no longer added to each buffer."""
 
 
+NCCL_BY_2022_02 = (2, 11, 4)
+"""v2.11.4-1 (tagged 2021-09-08), the last NCCL release before 2022-02-17 (v2.12.7-1 followed on
+2022-03-02): the newest a stack of that day can have loaded. Planned for
+TrainingSpec.deepspeed_release "2022-bigscience" (zeroplan.core.deepspeed_2022), whose runs name
+no torch release; any release of the date connects at initialisation and has no NVLS, which is
+all that decides its buffers here."""
+DEEPSPEED_2022 = "2022-bigscience"
+
+
 def nccl_release(training: TrainingSpec) -> tuple[int, int, int]:
-    """The NCCL release ``training``'s torch loads: NCCL_MODELLED when no torch release is given."""
+    """The NCCL release ``training``'s torch loads: NCCL_MODELLED when no torch release is given
+    (NCCL_BY_2022_02 under DeepSpeed's February 2022 source)."""
     if training.torch_release is None:
-        return NCCL_MODELLED
+        return NCCL_BY_2022_02 if training.deepspeed_release == DEEPSPEED_2022 else NCCL_MODELLED
     minor = torch_release(training)[:2]
     found = TORCH_NCCL[0][1]
     for first, nccl in TORCH_NCCL:

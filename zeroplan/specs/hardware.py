@@ -163,7 +163,9 @@ class ClusterSpec(Frozen):
     """Host CPUs, memory bandwidth and PCIe sharing per node, for offload's CPU step."""
     cuda_context_bytes: int = Field(default=512 * MiB, ge=0)
     """Device memory taken by the CUDA context and library workspaces before any tensor
-    (about 0.5 GiB with CUDA 12 lazy module loading); not usable by the allocator."""
+    (about 0.5 GiB with lazy module loading, torch's setting from 1.13 on a CUDA 11.7+ runtime;
+    more where modules load eagerly: docs/memory-model.md, "The CUDA context"); not usable by
+    the allocator."""
 
     @property
     def world_size(self) -> int:
