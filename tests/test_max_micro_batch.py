@@ -119,3 +119,20 @@ def test_max_mb_stops_below_a_wide_run_of_micro_batches_that_run_out() -> None:
     assert all(step_fits(request.with_micro_batch(b)) for b in range(1, largest + 1))
     assert not step_fits(request.with_micro_batch(largest + 1))
     assert any(step_fits(request.with_micro_batch(b)) for b in range(largest + 2, 2 * largest))
+
+
+@pytest.mark.slow
+def test_max_mb_walks_below_where_the_reserved_peak_falls_with_a_larger_micro_batch() -> None:
+    """What the allocator reserves without a limit need not grow with the micro-batch: here a
+    micro-batch below one whose step is never refused memory runs out, and max-mb stays below it."""
+    from pathlib import Path
+
+    from zeroplan.core.plan import step_fits
+
+    config = Path(__file__).resolve().parent / "fixtures" / "hf" / "qwen3-30b-a3b.json"
+    request = _fsdp_request(f"{config} --framework hf --gpu a100-80gb --gpus 16 --seq-len 1024 --grad-accum 2 "
+                            "--activation-checkpointing full")
+    largest = max_micro_batch_size(request)
+    assert all(step_fits(request.with_micro_batch(b)) for b in range(max(1, largest - 4), largest + 1))
+    assert not step_fits(request.with_micro_batch(largest + 1))
+    assert any(step_fits(request.with_micro_batch(b)) for b in range(largest + 2, largest + 6))
