@@ -11,12 +11,21 @@ Invariants (each checked only where it must hold):
   3 state-order    model-state bytes per GPU: ddp >= zero1 >= zero2 >= zero3, fsdp-shard-grad-op >=
                    fsdp-full-shard, and an offload variant holds no more than its strategy on the GPU
   4 checkpointing  full activation checkpointing saves no more activation bytes than any other mode
-  5 max-mb         the largest micro-batch (max-mb) fits and max-mb + 1 does not, by plan()'s verdict
+  5 max-mb         the largest micro-batch (max-mb) fits, so do smaller ones, and max-mb + 1 does not,
+                   by plan()'s verdict
   6 plan-vs-fit    plan()'s verdict and peak for a strategy equal fit()'s row for it
   7 determinism    the same request answers the same numbers again (after every other request of the
                    run, in reverse order: a cache keyed on too few fields shows here), and every
                    refused request is a one-line ZeroplanError (or pydantic's one-line error), never
                    another exception
+  8 scale-out      twice the GPUs (the same per-GPU batch and layout) never raise zero3's or
+                   fsdp-full-shard's model-state bytes per GPU: each rank's shard of every tensor
+                   is no larger over more ranks
+  9 precision      fp32 model states per GPU are no fewer than bf16-pure's (4 bytes an element
+                   against 2, the same optimizer; mixed precision is not compared: it keeps fp32
+                   master weights beside the 16-bit ones, more bytes than fp32 alone)
+ 10 step-time      a longer sequence or a larger micro-batch never lowers the step's time: more
+                   tokens through the same model on the same GPUs
 
     python benchmarks/verdict_invariants.py --requests 500 --seed 1
 """
@@ -32,6 +41,7 @@ import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -61,13 +71,15 @@ STATE_ORDER = (("ddp", "zero1"), ("zero1", "zero2"), ("zero2", "zero3"), ("ddp",
 """(more, no more) pairs of model-state bytes per GPU on the same layout."""
 
 INVARIANTS = ("1 bigger-gpu", "2 batch-growth", "3 state-order", "4 checkpointing", "5 max-mb", "6 plan-vs-fit",
-              "7 determinism")
+              "7 determinism", "8 scale-out", "9 precision", "10 step-time")
+SCALE_OUT_STRATEGIES = ("zero3", "fsdp-full-shard")
+"""Strategies whose every model state is sharded over the data-parallel ranks (8 scale-out)."""
 
 
 def random_argv(rng: random.Random) -> list[str]:
     """One random request as `zeroplan fit` flags; valid most of the time (the planner refuses the rest)."""
     framework = rng.choice(FRAMEWORKS)
-    if rng.random() < 0.04:
+    if rng.random() < 0.08:
         return moe_argv(rng)
     models, modes = framework_accepts(framework)
     while not models or not modes:
@@ -118,7 +130,8 @@ OPTIONS = (
     # (probability, frameworks (None: any), flags)
     (0.06, ("zeroplan", "hf"), ["--strategies", "zero3,zero3-hpz,zero3-zeropp,zero3-mics,zero3-nvme,zero3-param-nvme,"
                                 "zero3-offload,zero3-param-offload"]),
-    (0.05, ("zeroplan", "hf"), ["--hsdp-group", "2"]),
+    (0.05, ("zeroplan", "hf", "torchtitan", "torchtune", "litgpt"), ["--hsdp-group", "2"]),
+    (0.05, ("zeroplan", "hf"), ["--strategies", "zero1,zero2,zero2-offload,zero3,zero3-offload"]),
     (0.05, ("zeroplan",), ["--fsdp-version", "1"]),
     (0.05, None, ["--keep-unsharded-grads-on-accum"]),
     (0.05, ("torchtune",), ["--optimizer-in-backward", "--grad-accum", "1"]),
@@ -131,6 +144,8 @@ OPTIONS = (
     (0.05, ("hf", "zeroplan"), ["--checkpoint-reentrant"]),
     (0.05, ("torchtitan",), ["--unchunked-loss"]),
     (0.05, ("torchtitan",), ["--compile", "--float8", "--gpu", "h100-80gb"]),
+    (0.03, ("torchtitan",), ["--compile", "--float8", "--gpu", "b200"]),
+    (0.04, ("hf",), ["--compile"]),
     (0.05, None, ["--freeze-embeddings"]),
     (0.05, None, ["--frozen-blocks", "4"]),
     (0.04, None, ["--lora-rank", "16", "--dora"]),
@@ -155,13 +170,32 @@ def rare_options(rng: random.Random, framework: str, model: str) -> list[str]:
     return out
 
 
+ROOT = Path(__file__).resolve().parents[1]
+MOE_CONFIGS = ("tests/fixtures/hf/qwen3-30b-a3b.json", "tests/fixtures/hf/deepseek-v2-lite.json",
+               "tests/fixtures/hf/qwen1.5-moe-a2.7b.json")
+"""Mixture-of-experts models beside the Mixtral preset, from their Hugging Face configs (torchtitan
+builds Qwen3-MoE and DeepSeek's, not Mixtral's)."""
+
+
 def moe_argv(rng: random.Random) -> list[str]:
-    """Mixtral-8x7B under expert parallelism (zeroplan or torchtitan)."""
-    framework = rng.choice(("zeroplan", "torchtitan"))
-    ep = rng.choice((1, 2, 4, 8))
-    return ["mixtral-8x7b", "--framework", framework, "--gpu", rng.choice(("a100-80gb", "h100-80gb", "h200-141gb")),
-            "--gpus", str(rng.choice((8, 16))), "--ep", str(ep), "--micro-batch", str(rng.choice((1, 2))),
-            "--seq-len", str(rng.choice((1024, 4096))), "--activation-checkpointing", rng.choice(("none", "full"))]
+    """A mixture-of-experts model under expert parallelism (zeroplan or torchtitan) or Hugging
+    Face's data parallelism."""
+    framework = rng.choice(("zeroplan", "torchtitan", "torchtitan", "hf"))
+    models = ("mixtral-8x7b", *MOE_CONFIGS) if framework != "torchtitan" else MOE_CONFIGS[:2]
+    model = rng.choice(models)
+    gpus = rng.choice((8, 16, 32))
+    argv = [str(ROOT / model) if model.endswith(".json") else model, "--framework", framework,
+            "--gpu", rng.choice(("a100-80gb", "h100-80gb", "h200-141gb", "b200", "mi300x")), "--gpus", str(gpus),
+            "--micro-batch", str(rng.choice((1, 2, 4))), "--seq-len", str(rng.choice((1024, 2048, 4096))),
+            "--grad-accum", str(rng.choice((1, 2))),
+            "--activation-checkpointing", rng.choice(("none", "full", "selective"))]
+    if framework != "hf":
+        argv += ["--ep", str(rng.choice((1, 2, 4, 8)))]
+        if rng.random() < 0.2:
+            argv = with_flag(argv + ["--pp", "2"], "--grad-accum", str(rng.choice((2, 4))))
+    if framework == "torchtitan" and rng.random() < 0.2:
+        argv += ["--fsdp-cpu-offload"]
+    return argv
 
 
 @functools.cache
@@ -214,7 +248,9 @@ def flag_value(argv: list[str], flag: str) -> str | None:
 
 
 def command_line(argv: list[str], strategies: str | None = None) -> str:
-    return "zeroplan fit " + shlex.join(with_flag(argv, "--strategies", strategies) if strategies else argv)
+    """The command that reproduces ``argv`` from the repository's root."""
+    argv = with_flag(argv, "--strategies", strategies) if strategies else argv
+    return "zeroplan fit " + shlex.join(t.removeprefix(f"{ROOT}/") for t in argv)
 
 
 class Refused(Exception):
@@ -313,7 +349,8 @@ def check_request(argv: list[str], rng: random.Random, sweep: Sweep, search_shar
     _check_plan_vs_fit(argv, request, plans, sweep)
     _check_max_micro_batch(argv, request, plans, sweep)
     _check_state_order(argv, plans, sweep, request)
-    checks = [_check_bigger_gpu, _check_growth, _check_checkpointing, _check_offload_policy]
+    checks = [_check_bigger_gpu, _check_growth, _check_checkpointing, _check_offload_policy, _check_scale_out,
+              _check_precision, _check_step_time]
     if rng.random() < search_share:
         checks.append(_check_search)
     for check in checks:
@@ -351,17 +388,20 @@ def _check_max_micro_batch(argv, request, plans, sweep) -> None:
             fits = answer(lambda: plan(at.with_micro_batch(largest), False, False).fits, argv, sweep, name)
             sweep.check(INVARIANTS[4], fits, f"{name}: max-mb {largest} does not fit\n    "
                         f"{command_line(with_flag(argv, '--micro-batch', str(largest)), name)}")
-        # Below it, checked under the flat reserve only: there the peak is the allocated peak
-        # plus a share of it, which grows with the micro-batch. A replay of the caching allocator
-        # need not: when its device allocations fail it frees its cache and retries, and how
-        # tightly the step then packs depends on when in the step that first happens
-        # (tinyllama-1.1b, litgpt, rtx-4090 x 16, fsdp-full-shard, full checkpointing: micro-batch
-        # 20 to 23 run out, 24 completes; its OOM capacity 24.03 GiB at 20, 23.24 at 24).
-        if largest >= 2 and not p.memory.allocator_modelled:
-            below = random.Random(largest * 7919 + len(argv)).randint(1, largest - 1)
-            fits = answer(lambda: plan(at.with_micro_batch(below), False, False).fits, argv, sweep, name)
-            sweep.check(INVARIANTS[4], fits, f"{name}: max-mb {largest} but {below} does not fit\n    "
-                        f"{command_line(with_flag(argv, '--micro-batch', str(below)), name)}")
+        # Below it, every micro-batch fits too: under the flat reserve the peak is the allocated
+        # peak plus a share of it, which grows with the micro-batch; under the allocator model a
+        # replay need not complete below one that completes (when its device allocations fail it
+        # frees its cache and retries, and how tightly the step then packs moves with the
+        # micro-batch), and max-mb is the largest below which none runs out (a random one below,
+        # and the one just below, where a replay that retried is likeliest).
+        if largest >= 2:
+            below = {random.Random(largest * 7919 + len(argv)).randint(1, largest - 1)}
+            if p.memory.allocator_modelled:
+                below.add(largest - 1)
+            for smaller in sorted(below):
+                fits = answer(lambda: plan(at.with_micro_batch(smaller), False, False).fits, argv, sweep, name)
+                sweep.check(INVARIANTS[4], fits, f"{name}: max-mb {largest} but {smaller} does not fit\n    "
+                            f"{command_line(with_flag(argv, '--micro-batch', str(smaller)), name)}")
         if largest < 256:
             over = answer(lambda: plan(at.with_micro_batch(largest + 1), False, False).fits, argv, sweep, name)
             sweep.check(INVARIANTS[4], not over, f"{name}: max-mb {largest} but {largest + 1} fits\n    "
@@ -491,6 +531,66 @@ def _check_offload_policy(argv, names, plans, sweep) -> None:
             a, b = state_bytes(p), state_bytes(plain[name])
             sweep.check(INVARIANTS[2], a <= b, f"{name}: with --fsdp-cpu-offload {gib(a)} > {gib(b)} without\n    "
                         f"{command_line(argv, name)}")
+
+
+def _check_scale_out(argv, names, plans, sweep) -> None:
+    """Twice the GPUs: zero3's and fsdp-full-shard's model states per GPU do not grow (pipeline
+    rank by pipeline rank)."""
+    kinds = [name for name in SCALE_OUT_STRATEGIES if name in plans]
+    if not kinds:
+        return
+    variant = with_flag(argv, "--gpus", str(2 * int(flag_value(argv, "--gpus"))))
+    try:
+        request, more = build(argv, sweep), build(variant, sweep)
+    except Refused:
+        return
+    for name in kinds:
+        try:
+            after = answer(lambda: rank_state_bytes(more, name), variant, sweep, name)
+        except Refused:
+            continue
+        for rank, (a, b) in enumerate(zip(rank_state_bytes(request, name), after)):
+            sweep.check(INVARIANTS[7], b <= a, f"{name}: model states {gib(a)} per GPU -> {gib(b)} on twice the GPUs "
+                        f"(pipeline rank {rank})\n    {command_line(argv, name)}\n    {command_line(variant, name)}")
+
+
+def _check_precision(argv, names, plans, sweep) -> None:
+    """fp32 keeps no fewer model-state bytes per GPU than bf16-pure."""
+    try:
+        full = fit_plans(with_flag(argv, "--precision", "fp32"), sweep, tuple(plans))
+        half = fit_plans(with_flag(argv, "--precision", "bf16-pure"), sweep, tuple(plans))
+    except Refused:
+        return
+    for name, p in half.items():
+        if name in full:
+            a, b = state_bytes(full[name]), state_bytes(p)
+            sweep.check(INVARIANTS[8], a >= b, f"{name}: fp32 {gib(a)} < bf16-pure {gib(b)} of model states per GPU\n    "
+                        f"{command_line(with_flag(argv, '--precision', 'fp32'), name)}\n    "
+                        f"{command_line(with_flag(argv, '--precision', 'bf16-pure'), name)}")
+
+
+def _check_step_time(argv, names, plans, sweep) -> None:
+    """One more sample per micro-batch, or twice the sequence: the step takes no less time."""
+    timed = {name: p.time.step_with_overlap_s for name, p in plans.items() if p.time is not None}
+    if not timed:
+        return
+    micro = int(flag_value(argv, "--micro-batch"))
+    seq = int(flag_value(argv, "--seq-len"))
+    for flag, grown in (("--micro-batch", str(micro + 1)), ("--seq-len", str(seq * 2))):
+        variant = with_flag(argv, flag, grown)
+        try:
+            request = build(variant, sweep)
+            kinds = tuple(StrategyKind(name) for name in timed)
+            report = answer(lambda: fit(request, kinds, suggest=False, largest_micro_batch=False), variant, sweep)
+        except Refused:
+            continue  # e.g. a sequence past the model's positions
+        for p in report.plans:
+            before, after = timed[p.strategy.value], p.time.step_with_overlap_s if p.time else None
+            if after is not None:
+                # Equal where the step is bound by communication alone: summed in another order.
+                sweep.check(INVARIANTS[9], after >= before * (1 - 1e-12), f"{p.strategy.value}: step {before:.4f} s -> {after:.4f} s "
+                            f"with {flag} {grown}\n    {command_line(argv, p.strategy.value)}\n    "
+                            f"{command_line(variant, p.strategy.value)}")
 
 
 PLAN_VALUE_FLAGS = ("--framework", "--gpu", "--gpus", "--seq-len", "--precision", "--optimizer", "--lora-rank",

@@ -86,3 +86,53 @@ def test_under_the_allocator_model_the_solved_bound_is_checked_by_replays(flags:
     largest = max_micro_batch_size(request)
     assert bound is not None and largest <= bound
     assert largest == bisect_max_micro_batch_size(request)
+
+
+def _fsdp_request(flags: str):
+    return _request(flags, StrategyKind.fsdp_full_shard)
+
+
+def test_under_the_allocator_model_max_mb_runs_and_so_does_every_smaller_one() -> None:
+    """A replay of the caching allocator need not complete at every micro-batch below one that
+    completes (when its device allocations fail it frees its cache and retries, and how tightly
+    the step then packs moves with the micro-batch): here micro-batch 24 completes where some
+    below it run out. max-mb is the largest below which none runs out."""
+    from zeroplan.core.plan import step_fits
+
+    request = _fsdp_request("tinyllama-1.1b --framework litgpt --gpu rtx-4090 --gpus 16 --seq-len 2048 "
+                            "--activation-checkpointing full")
+    largest = max_micro_batch_size(request)
+    assert largest >= 1
+    assert all(step_fits(request.with_micro_batch(b)) for b in range(1, largest + 1))
+    assert not step_fits(request.with_micro_batch(largest + 1))
+    # The case the answer guards against: a larger micro-batch completes again.
+    assert any(step_fits(request.with_micro_batch(b)) for b in range(largest + 2, largest + 8))
+
+
+@pytest.mark.slow
+def test_max_mb_stops_below_a_wide_run_of_micro_batches_that_run_out() -> None:
+    from zeroplan.core.plan import step_fits
+
+    request = _fsdp_request("llama-2-7b --gpu mi300x --gpus 8 --seq-len 512 --activation-checkpointing full "
+                            "--lora-rank 16 --quantize nf4 --fsdp-version 1")
+    largest = max_micro_batch_size(request)
+    assert all(step_fits(request.with_micro_batch(b)) for b in range(1, largest + 1))
+    assert not step_fits(request.with_micro_batch(largest + 1))
+    assert any(step_fits(request.with_micro_batch(b)) for b in range(largest + 2, 2 * largest))
+
+
+@pytest.mark.slow
+def test_max_mb_walks_below_where_the_reserved_peak_falls_with_a_larger_micro_batch() -> None:
+    """What the allocator reserves without a limit need not grow with the micro-batch: here a
+    micro-batch below one whose step is never refused memory runs out, and max-mb stays below it."""
+    from pathlib import Path
+
+    from zeroplan.core.plan import step_fits
+
+    config = Path(__file__).resolve().parent / "fixtures" / "hf" / "qwen3-30b-a3b.json"
+    request = _fsdp_request(f"{config} --framework hf --gpu a100-80gb --gpus 16 --seq-len 1024 --grad-accum 2 "
+                            "--activation-checkpointing full")
+    largest = max_micro_batch_size(request)
+    assert all(step_fits(request.with_micro_batch(b)) for b in range(max(1, largest - 4), largest + 1))
+    assert not step_fits(request.with_micro_batch(largest + 1))
+    assert any(step_fits(request.with_micro_batch(b)) for b in range(largest + 2, largest + 6))

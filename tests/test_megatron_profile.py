@@ -244,3 +244,23 @@ def test_the_distributed_optimizer_holds_the_whole_grad_buffer_through_backward(
     assert zero1.gradient_bytes == ddp.gradient_bytes
     assert ddp.peak_moment == zero1.peak_moment == "loss-backward"
     assert ddp.allocated_peak_bytes - zero1.allocated_peak_bytes == ddp.optimizer_state_bytes - zero1.optimizer_state_bytes
+
+
+def test_the_distributed_optimizers_step_copies_each_gradient_shard_apart() -> None:
+    # megatron-core's distributed optimizer is not DeepSpeed's engine: under fp16 its step makes
+    # one fp32 gradient per main parameter shard (distrib_optimizer.py _copy_model_grads_to_main_grads),
+    # not DeepSpeed's one flat fp32 partition, so the replay makes the step's temporary in parts,
+    # as it does for megatron's DDP; Hugging Face's ZeRO-1 (DeepSpeed's engine) keeps it whole.
+    from zeroplan.allocator.replay import ALLOC_OP
+    from zeroplan.allocator.schedule import step_ops
+    from zeroplan.core.plan import checked_peak_terms, replayed
+
+    def step_allocations(framework: str, precision: str) -> tuple[int, list[int]]:
+        request = _request("llama-2-7b", "--framework", framework, "--gpus", "8", "--precision", precision)
+        states, terms = replayed(*checked_peak_terms(request))
+        return terms.step_temporary, [size for kind, _, size, _ in step_ops(request, states, terms) if kind == ALLOC_OP]
+
+    temporary, sizes = step_allocations("megatron", "fp16-mixed")
+    assert temporary > 0 and temporary not in sizes
+    temporary, sizes = step_allocations("hf", "bf16-mixed")
+    assert temporary > 0 and temporary in sizes

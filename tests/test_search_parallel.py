@@ -166,3 +166,35 @@ def test_a_model_parallel_candidate_is_what_plan_reports() -> None:
         assert c.tokens_per_s_per_gpu == pytest.approx(scalar.time.tokens_per_s_per_gpu, rel=1e-9)
         assert c.model_flops_utilization == pytest.approx(scalar.time.model_flops_utilization, rel=1e-9)
         assert (c.tp, c.pp, c.dp) == (2, 2, 4)
+
+
+@pytest.mark.parametrize("framework,schedule,runs", [
+    # torch's Schedule1F1B needs a micro-batch per stage; its interleaved schedule runs 1 to 2 pp - 1.
+    (Framework.zeroplan, PipelineSchedule.one_f_one_b, [False, True, True]),
+    (Framework.zeroplan, PipelineSchedule.interleaved_1f1b, [True, True, True]),
+    # megatron-core's 1F1B takes any count, its interleaved schedule a multiple of pp.
+    (Framework.megatron, PipelineSchedule.one_f_one_b, [True, True, True]),
+    (Framework.megatron, PipelineSchedule.interleaved_1f1b, [False, True, True]),
+])
+def test_the_search_splits_a_pipeline_as_the_frameworks_schedule_runs_it(framework, schedule, runs) -> None:
+    # The search ranks only what fit plans: each accumulation count it keeps is one the request's
+    # own check accepts (a megatron plan had ranked interleaved 1F1B at one micro-batch a step).
+    from types import SimpleNamespace
+
+    from zeroplan.core.search import _schedulable
+    from zeroplan.specs.parallel import ParallelSpec
+
+    base = _base("qwen3-8b", 32)
+    spec = ParallelSpec(pp=2, pp_schedule=schedule, virtual_stages=2 if schedule.interleaved else 1)
+    request = type(base)(**{**dict(base), "parallel": spec, "batch": base.batch.model_copy(update={"grad_accum_steps": 2}),
+                            "training": base.training.model_copy(update={"framework": framework})})
+    accum = np.array([1, 2, 4])
+    _, [(_, kept)] = _schedulable([SimpleNamespace(request=request)], [(8 // accum, accum)], 64)
+    assert kept.tolist() == accum[runs].tolist()
+    for count, ran in zip(accum.tolist(), runs):
+        at = request.model_copy(update={"batch": request.batch.model_copy(update={"grad_accum_steps": count})})
+        if ran:
+            check_parallel(at.parallel, at.model, at.cluster, at.batch, at.strategy.kind, framework)
+        else:
+            with pytest.raises(ZeroplanError, match="grad_accum_steps"):
+                check_parallel(at.parallel, at.model, at.cluster, at.batch, at.strategy.kind, framework)

@@ -289,6 +289,44 @@ def allocator_fits(request: PlanRequest, states: ModelStateBytes, terms: PeakTer
     return fits
 
 
+def allocator_fits_unrefused(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms,
+                             allocated_peak_bytes: int, usable_bytes: int) -> bool:
+    """Whether the step completes on ``usable_bytes`` without the allocator ever being refused a
+    device allocation: what it reserves without a device limit is within the usable memory (and,
+    under garbage collection, which acts against the capacity, its replay there completes). A
+    step that completes only by freeing its cache and retrying is not counted: how tightly it
+    then packs depends on when in the step the first refusal comes, which need not move one way
+    with the micro-batch."""
+    if allocated_peak_bytes > usable_bytes:
+        return False
+    with cyclic_gc_paused():
+        if request.assumptions.exact_allocator:
+            step = _step(request, states, terms, allocated_peak_bytes)
+            capacity = usable_bytes - step.shortfall_bytes
+            return step.on(None).reserved_peak_bytes <= capacity and step.on(capacity).completed
+        trace, shape, shortfall, config, recorded = _shape(request, states, terms, allocated_peak_bytes)
+        capacity = usable_bytes - shortfall
+        unrefused = capacity >= shape.floor_bytes and _outcome(trace, shape, config, None, recorded)[1] <= capacity
+        if unrefused and not shape.capacity_independent:
+            unrefused = _outcome(trace, shape, config, capacity, recorded)[0]
+        del recorded
+    return unrefused
+
+
+def allocator_unlimited_reserved_bytes(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms,
+                                       allocated_peak_bytes: int) -> int:
+    """What the step reserves without a device limit (the shortfall added): on at least this
+    much the allocator is never refused (garbage collection aside)."""
+    with cyclic_gc_paused():
+        if request.assumptions.exact_allocator:
+            step = _step(request, states, terms, allocated_peak_bytes)
+            return step.on(None).reserved_peak_bytes + step.shortfall_bytes
+        trace, shape, shortfall, config, recorded = _shape(request, states, terms, allocated_peak_bytes)
+        reserved = _outcome(trace, shape, config, None, recorded)[1]
+        del recorded
+    return reserved + shortfall
+
+
 def forget_replays() -> None:
     """Drop every kept trace and replay outcome (a benchmark timing cold answers, a test
     counting replays)."""

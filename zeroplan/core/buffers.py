@@ -637,16 +637,18 @@ def optimizer_in_backward_step_bytes(request: PlanRequest, eb) -> int:
 
 
 def _reduces_unit_by_unit(request: PlanRequest) -> bool:
-    """FSDP full sharding (or HSDP) without a pipeline over embedding, blocks and head, one
-    micro-batch a step: each unit's gradient becomes its shard as its backward ends. Data
-    parallelism alone: under tensor or context parallelism the pieces below over-count the
+    """FSDP full sharding (or HSDP) without a pipeline over embedding, blocks and head, without
+    no_sync accumulation: each unit's gradient becomes its shard as its backward ends (with
+    accumulation it is added into the carried shard, torch 2.13 _fully_shard/_fsdp_collectives.py
+    foreach_reduce: sharded_param.grad._local_tensor += new_sharded_grad, so every micro-batch's
+    backward ends at the first layer with the same buffers). Data parallelism alone: under tensor or context parallelism the pieces below over-count the
     schedule's moment (torchtitan 9dec370's Llama-3.1-70B at TP 8, 8,192 tokens: 8.55 GB against
     the replay's 7.68, tests/test_loss_parallel.py), so the moment is left to the replay there."""
     if request.strategy.kind not in (StrategyKind.fsdp_full_shard, StrategyKind.hsdp) or request.parallel.pp > 1:
         return False
     if request.parallel.tp > 1 or request.parallel.cp > 1:
         return False
-    if request.batch.grad_accum_steps > 1:
+    if request.batch.grad_accum_steps > 1 and request.strategy.keep_unsharded_grads_on_accum:
         return False
     units = rank_parameter_units(request)
     return len(units) >= 3 and units[0].name == "embedding" and units[-1].name == "head"
@@ -669,7 +671,9 @@ def first_layer_gradient_bytes(request: PlanRequest, gradient_bytes: int, before
     """PeakTerms.first_layer_gradients: the shards of the units reduced before block
     ``before_block``'s backward, the first's or (1) the second's (0 where that moment is not
     modelled)."""
-    if not _reduces_unit_by_unit(request):
+    if not _reduces_unit_by_unit(request) or request.batch.grad_accum_steps > 1:
+        # With accumulation every shard is there from the start (the carried gradients), and
+        # each reduce-scatter's output is added into it.
         return 0
     elements = padded_unit_elements_of(request, request.shard_group_size)
     # The units in forward order as FSDP wraps them: the root holds embedding and head together.

@@ -4,21 +4,28 @@ gradient partition it reads (deepspeed 0.19.8 runtime/zero/stage_1_and_2.py; doc
 
 from __future__ import annotations
 
+from zeroplan.core.deepspeed_accumulation import runs_deepspeed_engine
 from zeroplan.core.deepspeed_buckets import flat_group_elements
 from zeroplan.core.parallel.units import rank_trainable_units
 from zeroplan.specs.request import PlanRequest
-from zeroplan.specs.training import StateConvention
 
 NORM_COPY_BYTES = 8
 """runtime/zero/utils.py:59-63 get_norm_dtype: gradient norms in torch.double wherever the
 device has fp64 (every CUDA GPU)."""
 
 
+# megatron-core's distributed optimizer (its zero1) plans under the same state convention but
+# is not DeepSpeed's engine (runs_deepspeed_engine): megatron-core 0.16.1
+# optimizer/distrib_optimizer.py _copy_model_grads_to_main_grads gives each main parameter shard
+# its own gradient (shard_main_param.grad = shard_model_grad.float(), a new fp32 tensor per
+# parameter under fp16, a view of the fp32 grad buffer under bf16), as its DDP's
+# Float16OptimizerWithFloat16Params does for whole parameters (optimizer/optimizer.py
+# _copy_model_grads_to_main_grads); its norm is multi_tensor_l2norm's, no fp64 copy.
 def runs_flat_step(request: PlanRequest) -> bool:
     """Whether the step is DeepSpeed's ZeRO stage-1/2 optimizer's on the GPU: one flat fp32
     partition per parameter group for the master, its gradient and the states."""
     kind = request.strategy.kind
-    return (request.convention is StateConvention.deepspeed and kind.zero_stage in (1, 2) and not kind.is_fsdp
+    return (runs_deepspeed_engine(request) and kind.zero_stage in (1, 2) and not kind.is_fsdp
             and not kind.offloads_optimizer)
 
 

@@ -66,7 +66,8 @@ from zeroplan.errors import ZeroplanError
 from zeroplan.answers import PlanSearchResult
 from zeroplan.results import PeakMoment, PlanCandidate
 from zeroplan.specs.framework import Framework
-from zeroplan.specs.parallel import MODEL_PARALLEL_FRAMEWORKS, PIPELINE_STRATEGIES, ParallelSpec, PipelineSchedule
+from zeroplan.specs.parallel import (MODEL_PARALLEL_FRAMEWORKS, PIPELINE_STRATEGIES, ParallelSpec, PipelineSchedule,
+                                     pipeline_microbatch_rule)
 from zeroplan.specs.framework import launch_allocator_conf
 from zeroplan.specs.request import PlanRequest, revalidated
 from zeroplan.specs.strategy import StrategyKind
@@ -1107,13 +1108,16 @@ def _schedulable(
     all_groups: list[_Group], splits: list[tuple[np.ndarray, np.ndarray]], global_batch_size: int,
 ) -> tuple[list[_Group], list[tuple[np.ndarray, np.ndarray]]]:
     """The groups and splits less the accumulation counts a group's pipeline schedule refuses
-    (ParallelSpec.microbatch_rule: torch's 1F1B needs a micro-batch per stage, interleaved 1F1B
-    a count its rounds divide); a group left without a split is dropped."""
+    (pipeline_microbatch_rule: torch's 1F1B needs a micro-batch per stage, interleaved 1F1B a
+    count its rounds divide, megatron-core's interleaved schedule a multiple of pp); a group left
+    without a split is dropped."""
     kept_groups, kept_splits = [], []
     for group, (micro, accum) in zip(all_groups, splits):
         parallel = group.request.parallel
         if parallel.pp > 1:
-            runs = np.array([parallel.microbatch_rule(int(a)) is None for a in accum.tolist()], dtype=bool)
+            framework = group.request.training.framework.value
+            runs = np.array([pipeline_microbatch_rule(parallel, framework, int(a)) is None for a in accum.tolist()],
+                            dtype=bool)
             micro, accum = micro[runs], accum[runs]
         if len(micro):
             kept_groups.append(group)

@@ -240,11 +240,7 @@ def check_parallel(parallel: ParallelSpec, model, cluster, batch, strategy_kind,
             "(allowed: cp with 2 x cp dividing the sequence)",
         )
     if parallel.pp > 1:
-        # megatron-core's own schedules take any micro-batch count for 1F1B (its warm-up is
-        # capped at the count) and check_megatron_parallel states its interleaved rule.
-        # DeepSpeed's TrainSchedule (runtime/pipe/schedule.py) likewise takes any count.
-        refused = (None if framework.value in ("megatron", "megatron-deepspeed")
-                   else parallel.microbatch_rule(batch.grad_accum_steps))
+        refused = pipeline_microbatch_rule(parallel, framework.value, batch.grad_accum_steps)
         if refused:
             # The pipeline's micro-batches are the step's accumulation steps.
             raise ZeroplanError("batch.grad_accum_steps", refused)
@@ -278,12 +274,31 @@ def check_megatron_parallel(parallel: ParallelSpec, model, batch) -> None:
         # unless uneven first/last stages are configured (not modelled).
         raise ZeroplanError("parallel.pp", f"pp x virtual stages = {parallel.stages} does not divide {model.name}'s "
                             f"{model.num_layers} blocks (allowed: a divisor of {model.num_layers})")
-    if parallel.pp_schedule is PipelineSchedule.interleaved_1f1b and batch.grad_accum_steps % parallel.pp:
-        # pipeline_parallel/schedules.py forward_backward_pipelining_with_interleaving raises
-        # unless microbatch_group_size_per_vp_stage (pp by default, model_parallel_config.py)
-        # is at most m and the last group, m mod pp, is empty or at least pp: m a multiple of pp.
-        raise ZeroplanError("batch.grad_accum_steps", f"{batch.grad_accum_steps} micro-batches for megatron's interleaved "
-                            f"schedule over pp {parallel.pp} (allowed: a multiple of {parallel.pp})")
+    refused = pipeline_microbatch_rule(parallel, "megatron", batch.grad_accum_steps)
+    if refused:
+        raise ZeroplanError("batch.grad_accum_steps", refused)
+
+
+def pipeline_microbatch_rule(parallel: ParallelSpec, framework: str, microbatches: int) -> str | None:
+    """Why the framework's pipeline schedule refuses ``microbatches`` micro-batches per step
+    under this layout, None where it runs them: torch's schedules (ParallelSpec.microbatch_rule)
+    but under megatron-core's and DeepSpeed's own. The request's check and the plan search both
+    ask this, so the search ranks no accumulation count fit refuses."""
+    if parallel.pp == 1:
+        return None
+    if framework == "megatron":
+        # megatron-core 0.16.1 pipeline_parallel/schedules.py: 1F1B takes any count (its
+        # warm-up is capped at it); forward_backward_pipelining_with_interleaving raises unless
+        # microbatch_group_size_per_vp_stage (pp by default, model_parallel_config.py) is at
+        # most m and the last group, m mod pp, is empty or at least pp: m a multiple of pp.
+        if parallel.pp_schedule is PipelineSchedule.interleaved_1f1b and microbatches % parallel.pp:
+            return (f"{microbatches} micro-batches for megatron's interleaved schedule over pp {parallel.pp} "
+                    f"(allowed: a multiple of {parallel.pp})")
+        return None
+    if framework == "megatron-deepspeed":
+        # DeepSpeed's TrainSchedule (runtime/pipe/schedule.py) takes any count.
+        return None
+    return parallel.microbatch_rule(microbatches)
 
 
 # Megatron-DeepSpeed (microsoft f4157be) megatron/model/gpt_model.py GPTModelPipe is a DeepSpeed
