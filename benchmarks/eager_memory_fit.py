@@ -187,6 +187,12 @@ def run(variant: dict) -> dict:  # type: ignore[type-arg]
     """Every row's out-of-sample errors under ``variant``, and, per held-out source, the HFU
     calibrate step solves on every row (at the attention efficiencies fitted without it)."""
     patch(variant)
+    return scored()
+
+
+def scored() -> dict:  # type: ignore[type-arg]
+    """Every row's out-of-sample errors under the planner as patched now, and, per held-out
+    source, the HFU calibrate step solves on every row (step_overhead_fit reads it too)."""
     from zeroplan.validate.step_calibration import (
         DEFAULT_ATTENTION_RATE, calibration_study, held_out_fit, mode_implied_hfus, source_of,
     )

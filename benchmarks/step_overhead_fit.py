@@ -252,21 +252,10 @@ def patch(variant: dict) -> None:  # type: ignore[type-arg]
 
 
 def run(variant: dict) -> dict:  # type: ignore[type-arg]
-    """Every row's out-of-sample errors under ``variant``, and, per held-out source, the HFU
-    calibrate step solves on every row (at the attention efficiencies fitted without it)."""
+    """Every row's out-of-sample errors under ``variant`` (eager_memory_fit.scored)."""
     patch(variant)
-    from zeroplan.validate.step_calibration import (
-        DEFAULT_ATTENTION_RATE, calibration_study, held_out_fit, mode_implied_hfus, source_of,
-    )
-    from zeroplan.validate.step_time import load_published_throughput
-
-    table = load_published_throughput()
-    sources, errors = calibration_study(table)
-    implied = {source: held_out_fit(DEFAULT_ATTENTION_RATE, table, source)[1] for source in {source_of(r) for r in table.rows}}
-    implied[EVERY] = mode_implied_hfus(DEFAULT_ATTENTION_RATE, table)
-    return {"errors": [{"name": e.name, "source": e.source, "label": e.label, "calibrated": e.calibrated_error,
-                        "kernel": e.kernel_error} for e in errors],
-            "anchors": {s.source: s.calibration_row for s in sources}, "implied": implied}
+    from eager_memory_fit import scored
+    return scored()
 
 
 def in_process(variant: dict) -> dict:  # type: ignore[type-arg]

@@ -471,13 +471,7 @@ def step_fits_unrefused(request: PlanRequest) -> bool:
         return step_fits(request)
     from zeroplan.allocator.planner import allocator_fits_unrefused
 
-    usable = usable_memory_bytes(request)
-    for rank in pipeline_rank_requests(request):
-        states, terms = checked_peak_terms(rank)
-        allocated, _ = peak_allocated_bytes(states, terms, rank.batch.grad_accum_steps)
-        if not allocator_fits_unrefused(rank, *replayed(states, terms), allocated, usable):
-            return False
-    return True
+    return _every_rank_replay_fits(request, allocator_fits_unrefused)
 
 
 def _fits_under_allocator(request: PlanRequest) -> bool:
@@ -485,11 +479,17 @@ def _fits_under_allocator(request: PlanRequest) -> bool:
     what the breakdown's verdict says, without bisecting for the capacity itself."""
     from zeroplan.allocator.planner import allocator_fits
 
+    return _every_rank_replay_fits(request, allocator_fits)
+
+
+def _every_rank_replay_fits(request: PlanRequest, fits) -> bool:  # type: ignore[no-untyped-def]
+    """Whether ``fits`` (an allocator predicate of a rank's replayed step, its allocated peak and
+    the usable memory) holds for every pipeline rank."""
     usable = usable_memory_bytes(request)
     for rank in pipeline_rank_requests(request):
         states, terms = checked_peak_terms(rank)
         allocated, _ = peak_allocated_bytes(states, terms, rank.batch.grad_accum_steps)
-        if not allocator_fits(rank, *replayed(states, terms), allocated, usable):
+        if not fits(rank, *replayed(states, terms), allocated, usable):
             return False
     return True
 
