@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from zeroplan.core.default_efficiency import (
-    FLAT_HFU, GenerationCompute, default_hfu, default_table, effective_hfu, fit_mechanisms, resolve,
+    FLAT_HFU, SDPA_MEMORY_EFFICIENT, GenerationCompute, attention_class, default_hfu, default_table, effective_hfu,
+    fit_mechanisms, resolve,
 )
 from zeroplan.core.plan import plan
 from zeroplan.presets.gpus import get_gpu
@@ -98,6 +99,19 @@ def test_a_request_without_an_hfu_is_timed_at_its_mechanisms_fitted_hfu() -> Non
     assert plan(request).time.compute_s == pytest.approx(plan(_request("a100-80gb", fitted.hfu)).time.compute_s, rel=1e-12)
     assert effective_hfu(_request("a100-80gb", 0.3)) == 0.3  # a given HFU is used as given
     assert default_hfu(_request("b200")).level == "flat"
+
+
+def test_a_flash_request_on_a_v100_is_classed_sdpa_memory_efficient_not_flash_attn_2() -> None:
+    # FlashAttention-2 needs sm80+; SDPA runs its memory-efficient kernel on a V100. No row ran
+    # that kernel, so the request takes its generation's fit, fitted on V100 rows of two sources.
+    assert attention_class(TrainingSpec(), get_gpu("v100-32gb")) == SDPA_MEMORY_EFFICIENT
+    assert attention_class(TrainingSpec(), get_gpu("a100-80gb")) == "flash-attn-2"
+    assert attention_class(TrainingSpec(attention_kernel=AttentionKernel.eager), get_gpu("v100-32gb")) == "eager"
+    fitted = default_hfu(_request("v100-32gb"))
+    assert (fitted.level, fitted.mechanism) == ("generation", "v100")
+    assert "flash-attn-2" not in fitted.describe()
+    eager = default_hfu(_request("v100-32gb", attention_kernel=AttentionKernel.eager))
+    assert (eager.level, eager.mechanism) == ("kernel class", "v100, eager, not compiled")
 
 
 def test_the_shipped_table_says_where_it_comes_from() -> None:

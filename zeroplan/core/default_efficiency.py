@@ -31,9 +31,9 @@ from typing import Literal
 from pydantic import Field
 
 from zeroplan.specs.base import Frozen
-from zeroplan.specs.hardware import GpuSpec
+from zeroplan.specs.hardware import GpuArchitecture, GpuSpec
 from zeroplan.specs.request import PlanRequest
-from zeroplan.specs.training import AttentionKernel, TrainingSpec
+from zeroplan.specs.training import AttentionImplementation, AttentionKernel, TrainingSpec
 
 DEFAULT_EFFICIENCY_FILE = Path(__file__).resolve().parent / "data" / "default_efficiency.json"
 
@@ -140,10 +140,26 @@ def generation_of(gpu_name: str) -> str:
     return gpu_name.split("-")[0]
 
 
-def attention_class(training: TrainingSpec) -> str:
-    """The attention kernel a request runs: 'eager' (every score materialised) or its flash kernel."""
+SDPA_MEMORY_EFFICIENT = "sdpa-memory-efficient"
+"""The kernel class of a flash request on a GPU FlashAttention-2 does not run on: PyTorch SDPA's
+memory-efficient kernel (no published row ran it, so its HFU is its generation's)."""
+
+# FlashAttention-2 runs on sm80 and later only: PyTorch aten/src/ATen/native/transformers/cuda/
+# sdp_utils.cpp check_flash_attention_hardware_support (flash: [sm80, ...]) against
+# check_mem_efficient_hardware_support ([sm50, ...]), so on a V100 (sm70) SDPA dispatches a flash
+# request to its memory-efficient kernel (the flash-attn package refuses the GPU).
+PRE_FLASH_ATTENTION_2 = frozenset({GpuArchitecture.volta})
+"""GPU architectures FlashAttention-2's kernels do not run on."""
+
+
+def attention_class(training: TrainingSpec, gpu: GpuSpec | None = None) -> str:
+    """The attention kernel a request runs: 'eager' (every score materialised), its flash kernel,
+    or SDPA's memory-efficient kernel where ``gpu`` predates FlashAttention-2."""
     if training.attention_kernel is AttentionKernel.eager:
         return AttentionKernel.eager.value
+    if (gpu is not None and gpu.architecture in PRE_FLASH_ATTENTION_2
+            and training.attention_implementation is AttentionImplementation.flash_attn_2):
+        return SDPA_MEMORY_EFFICIENT
     return training.attention_implementation.value
 
 
@@ -260,7 +276,7 @@ def _default_hfu(gpu_name: str, architecture: str, peak_bf16_flops_per_s: float,
 def default_hfu(request: PlanRequest) -> DefaultHfu:
     """The fitted default HFU of ``request``'s mechanism under its attention-rate mode."""
     gpu = request.cluster.gpu
-    return _default_hfu(gpu.name, _architecture(gpu), gpu.peak_bf16_flops_per_s, attention_class(request.training),
+    return _default_hfu(gpu.name, _architecture(gpu), gpu.peak_bf16_flops_per_s, attention_class(request.training, gpu),
                         compiled_untimed(request),
                         request.performance.attention_rate, float8_class(request.training))
 
