@@ -166,10 +166,10 @@ class PerformanceAssumptions(Frozen):
     'published', that rate times the kernel's published rate relative to the GPU's achievable
     matmul rate; 'kernel' (the default), the kernel's published TFLOP/s itself times its fitted
     efficiency (attention_efficiency), whatever the HFU (both: the matmul rate on a GPU generation
-    or kernel without a published rate). On the 237 published throughput rows, with the fitted
-    default HFU on sources left out of the fit, 'kernel' is off by a median 6.3 % (max 27.8 %),
-    'published' 8.4 % (46.0 %), 'matmul' 10.8 % (121.0 %); calibrated from one row 7.9 %, 7.5 % and
-    13.4 % (docs/validation.md, "Attention at its own rate")."""
+    or kernel without a published rate). On the 250 published throughput rows, with the fitted
+    default HFU on sources left out of the fit, 'kernel' is off by a median 6.1 % (max 30.5 %),
+    'published' 8.9 % (46.0 %), 'matmul' 11.0 % (121.0 %); calibrated from one row 7.5 %, 7.6 % and
+    14.1 % (docs/validation.md, "Attention at its own rate")."""
     attention_efficiency: float | None = Field(default=None, gt=0, le=4)
     """Under --attention-rate kernel, attention's achieved rate over its kernel's published rate
     (zeroplan.core.attention_efficiency); None: the fitted default of the request's attention
