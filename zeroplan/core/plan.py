@@ -569,13 +569,7 @@ def _completing_prefix(request: PlanRequest, bound: int) -> int:
         return 0
     if step_fits_unrefused(request.with_micro_batch(bound)):
         return _verified_below(request, bound, bound)
-    low, high = _unrefused_bracket(request, bound)
-    while high - low > 1:
-        middle = (low + high) // 2
-        if step_fits_unrefused(request.with_micro_batch(middle)):
-            low = middle
-        else:
-            high = middle
+    low = _largest_fitting_between(request, *_unrefused_bracket(request, bound), step_fits_unrefused)
     largest = low
     while largest < bound and step_fits(request.with_micro_batch(largest + 1)):
         largest += 1
@@ -651,12 +645,13 @@ def _unlimited_reserved_bytes(request: PlanRequest) -> int:
     return reserved
 
 
-def _largest_fitting_between(request: PlanRequest, low: int, high: int) -> int:
-    """The largest micro-batch in [low, high) that fits, ``low`` fitting (or 0) and ``high``
-    not, by bisection (fitting assumed monotone in the micro-batch)."""
+def _largest_fitting_between(request: PlanRequest, low: int, high: int, fits=step_fits) -> int:  # type: ignore[no-untyped-def]
+    """The largest micro-batch in [low, high) that ``fits`` (step_fits, or another predicate of
+    the request at a micro-batch), ``low`` fitting (or 0) and ``high`` not, by bisection (fitting
+    assumed monotone in the micro-batch)."""
     while high - low > 1:
         middle = (low + high) // 2
-        if step_fits(request.with_micro_batch(middle)):
+        if fits(request.with_micro_batch(middle)):
             low = middle
         else:
             high = middle
