@@ -233,18 +233,27 @@ def fit(by_fraction: dict[float, dict], rows, mechanism_sources: dict[str, set[s
     """Each mechanism's fraction on GRID fitted on its sources but ``held_out`` (None: all); a
     fraction at which calibrate step refuses more of those rows than at the copy bandwidth is
     not taken (a refused row would leave the dispersion, not join it)."""
-    fractions = {}
+    return fitted_on_grid(by_fraction, rows, mechanism_sources, held_out, GRID, neutral=1.0)
+
+
+def fitted_on_grid(by_value: dict[float, dict], rows, mechanism_sources: dict[str, set[str]],  # type: ignore[no-untyped-def, type-arg]
+                   held_out: str | None, grid: tuple[float, ...], neutral: float) -> dict[str, float]:
+    """Each mechanism's value on ``grid`` fitted on its sources but ``held_out`` (None: all):
+    the least dispersion of the implied HFUs, ties to the value nearest ``neutral`` (the
+    planner as it is); a value at which calibrate step refuses more of those rows than at
+    ``neutral`` is not taken, and a mechanism with no source left keeps ``neutral``."""
+    values = {}
     for mechanism, sources in mechanism_sources.items():
         fitting = sources - {held_out}
         if not fitting:
-            fractions[mechanism] = 1.0
+            values[mechanism] = neutral
             continue
         # the implied HFUs at the attention efficiencies fitted without the held-out source
         key = held_out if held_out is not None else EVERY
-        scored = {fraction: dispersion(by_fraction[fraction]["implied"][key], rows, fitting) for fraction in GRID}
-        allowed = [f for f in GRID if scored[f][1] <= scored[1.0][1]]
-        fractions[mechanism] = min(allowed, key=lambda f: (scored[f][0], -f))
-    return fractions
+        scored = {value: dispersion(by_value[value]["implied"][key], rows, fitting) for value in grid}
+        allowed = [v for v in grid if scored[v][1] <= scored[neutral][1]]
+        values[mechanism] = min(allowed, key=lambda v: (scored[v][0], abs(v - neutral)))
+    return values
 
 
 def _figures(errors: list[dict]) -> tuple[str, str]:  # type: ignore[type-arg]

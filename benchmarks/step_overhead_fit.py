@@ -268,19 +268,9 @@ def fit(by_seconds: dict[float, dict], rows, stack_sources: dict[str, set[str]],
         grid: tuple[float, ...]) -> dict[str, float]:
     """Each mechanism's c on ``grid`` fitted on its sources but ``held_out`` (None: all); a c at
     which calibrate step refuses more of those rows than at 0 is not taken."""
-    from eager_memory_fit import dispersion
+    from eager_memory_fit import fitted_on_grid
 
-    seconds = {}
-    for stack, sources in stack_sources.items():
-        fitting = sources - {held_out}
-        if not fitting:
-            seconds[stack] = 0.0
-            continue
-        key = held_out if held_out is not None else EVERY
-        scored = {c: dispersion(by_seconds[c]["implied"][key], rows, fitting) for c in grid}
-        allowed = [c for c in grid if scored[c][1] <= scored[0.0][1]]
-        seconds[stack] = min(allowed, key=lambda c: (scored[c][0], c))
-    return seconds
+    return fitted_on_grid(by_seconds, rows, stack_sources, held_out, grid, neutral=0.0)
 
 
 def _figures(errors: list[dict]) -> tuple[str, str]:  # type: ignore[type-arg]
