@@ -144,6 +144,7 @@ def test_moe_runs_with_data_dependent_routing() -> None:
     assert record.mem_tracker_peak_bytes is None and "FSDPMemTracker skipped" in record.notes[0]
 
 
+@pytest.mark.slow  # a full-size 7B step on fake tensors: seconds; the small models above run quick
 def test_llama_2_7b_preset_runs_and_shards_fp32_parameters() -> None:
     world_size = 8
     spec = get_model("llama-2-7b")

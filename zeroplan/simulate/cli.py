@@ -74,7 +74,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args) -> int:
     from zeroplan.presets.models import get_model
-    from zeroplan.simulate.run import SUPPORTED_STRATEGIES, simulate
+
+    # The package imports torch only here, after the command line was checked, so a refused
+    # command line is answered at once and a missing torch in one line.
+    try:
+        from zeroplan.simulate.run import SUPPORTED_STRATEGIES, simulate
+    except ImportError as error:
+        raise ZeroplanError("simulate", f"needs torch (pip install 'zeroplan[harness]'): {error}") from None
 
     if args.out is not None:
         writable_directory(args.out, "--out", create=False)  # refused before the run, not after it
