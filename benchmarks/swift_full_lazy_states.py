@@ -22,6 +22,7 @@ on the usable memory with the states up front and created lazily, and whether it
 
     python benchmarks/swift_full_lazy_states.py [--seeds 3] [--rows ID ...]   # about two minutes
     python benchmarks/swift_full_lazy_states.py --seeds 1 --fixed 2          # every micro-batch at max_length
+    python benchmarks/swift_full_lazy_states.py --seeds 10 --lazy-only --rows swift-dec-qwen-7b-chat-full-4096 --max-length 7168
 
 With --fixed N, N accumulation windows of max_length micro-batches (the planner's one step, no
 epoch of lengths): up front / lazy 72.54 / 72.86 GiB at 2048, 72.22 / 79.07 at 4096, 73.70 /
@@ -33,6 +34,13 @@ The 1.8B rows (measured 19.81, 25.82, 36.65 GiB), seeds 0-2, up front / lazy: 17
 20.96-21.03 at 2048, 21.46-28.14 / 22.08-22.32 at 4096, 28.84-54.07 / 30.15-45.69 at 8192: the
 order of lengths moves the reserve more than when the states are made, and neither order is
 closer on every row; --fixed 2: 17.73 / 21.01, 21.44 / 22.09, 28.82 / 32.22.
+
+With --max-length, the 4096 row's run cut at other lengths, lazy order, seeds 0-9 (--lazy-only):
+every order completes at 4096 (77.44-79.43 GiB), 5120 (77.51-79.46), 6144 (73.98-79.41) and 7168
+(75.07-79.41); at 8192 7 of 10 complete (77.07-79.46) and seeds 2, 3 and 5 run out at a 4.64 GiB
+request. zeroplan.allocator.lazy_states calls a fit borderline where the room the planner's step
+leaves cannot hold one more segment of its largest request: at 7168 and 8192 (3.58 < 4.06 and
+4.34 < 4.64 GiB), not at 4096-6144 (5.86 >= 2.32, 5.12 >= 2.90, 4.44 >= 3.48).
 """
 
 from __future__ import annotations
@@ -174,23 +182,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", nargs="*", default=list(ROWS), choices=ROWS + SMALL_ROWS)
     parser.add_argument("--fixed", type=int, default=0, metavar="WINDOWS",
                         help="replay WINDOWS accumulation windows of max_length micro-batches instead of the epoch")
+    parser.add_argument("--max-length", type=int, metavar="TOKENS",
+                        help="cut the samples at TOKENS instead of the row's max_length (the same run at another length)")
+    parser.add_argument("--lazy-only", action="store_true", help="replay the lazy order alone (half the time)")
     options = parser.parse_args(argv)
     rows = {row["id"]: row for row in load_rows()}
     for rid in options.rows:
         # The one step at max_length: the epoch's lengths are replayed here, not taken as a term.
         row = {**rows[rid], "extra_flags": without_flag(rows[rid]["extra_flags"])}
-        seq_len = int(row["seq_len"])
+        seq_len = options.max_length or int(row["seq_len"])
+        at = "" if seq_len == int(row["seq_len"]) else f" at max_length {row['seq_len']}"
+        row["seq_len"] = str(seq_len)
         flags = argv_of(row)
         flags = [f for i, f in enumerate(flags) if f != "--seq-len" and (i == 0 or flags[i - 1] != "--seq-len")]
         request = request_from_args(build_parser().parse_args([*flags, "--seq-len", str(seq_len)]), StrategyKind.ddp)
         usable = usable_memory_bytes(request)
         measured = f"{float(row['measured_value']) * int(row['unit_bytes']) / GIB:.2f} GiB" if row["measured_value"] else "OOM"
-        print(f"{rid}: measured {measured}; planned step {predict(row)['predicted'] / GIB:.2f} GiB; usable {usable / GIB:.2f}")
+        print(f"{rid}: measured {measured}{at}; planned step {predict(row)['predicted'] / GIB:.2f} GiB; usable {usable / GIB:.2f}")
         steps = Steps(flags)
         for seed in range(options.seeds):
             lengths = [seq_len] * (options.fixed * int(row["grad_accum"])) if options.fixed else lengths_of(seq_len, seed)
             line = []
-            for lazy in (False, True):
+            for lazy in (True,) if options.lazy_only else (False, True):
                 result = replay(epoch_ops(steps, lengths, request.model, int(row["grad_accum"]), lazy), parse_alloc_conf(""), usable)
                 state = "completed" if result.completed else f"OOM ({result.oom_request_bytes / GIB:.2f} GiB request)"
                 line.append(f"{'lazy' if lazy else 'up front'} {result.reserved_peak_bytes / GIB:.2f} GiB {state}, "
