@@ -16,7 +16,9 @@ What the loops do (their source, read at the releases the profiles model):
 - torchtune recipes/full_finetune_single_device.py (01067f61) train():
   ``self._optimizer.step()`` then ``self._optimizer.zero_grad(set_to_none=True)``, the
   optimizer built in setup without a state; litgpt finetune/full.py (0077627) fit():
-  ``optimizer.step()`` then ``optimizer.zero_grad()`` (torch 2's default set_to_none).
+  ``optimizer.step()`` then ``optimizer.zero_grad()`` (torch 2's default set_to_none);
+  zeroplan's own harness (the zeroplan profile: harness/runner.py _one_step, then
+  harness/engine.py TorchOptimizerSteps: ``optimizer.step()``, ``zero_grad(set_to_none=True)``).
 
 c10/cuda/CUDACachingAllocator.cpp (source.ALLOCATOR_SOURCE): get_free_block serves each of those
 tensors from the smallest cached block at least as large (best fit), which in an epoch of varying
@@ -42,11 +44,11 @@ from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
 
-LAZY_STATE_FRAMEWORKS = frozenset({Framework.hf, Framework.torchtune, Framework.litgpt})
+LAZY_STATE_FRAMEWORKS = frozenset({Framework.hf, Framework.torchtune, Framework.litgpt, Framework.zeroplan})
 """The loops whose source makes the gradients in each window's first backward and the optimizer
 states at the first step (module docstring). Not here: DeepSpeed's engine (its flat partitions
 and buckets are made at initialisation), FSDP (its own schedule, zeroplan.allocator.fsdp_schedule),
-megatron's and fairseq's flat buffers, torchtitan, and the zeroplan harness."""
+megatron's and fairseq's flat buffers, and torchtitan (its loop not read for this)."""
 
 
 def makes_states_in_epoch(request: PlanRequest) -> bool:
