@@ -94,8 +94,8 @@ class MemoryBreakdown(Frozen):
     (zeroplan.allocator.varying_lengths); 0 where every micro-batch is seq_len tokens."""
     lazy_state_segment_bytes: int = 0
     """Where the step fits: the segment of its largest request that a run may need beyond it, in
-    the orders of an epoch's lengths where a gradient or optimizer state the loop makes inside the
-    epoch splits one, and that the usable memory cannot hold (zeroplan.allocator.lazy_states): the
+    the orders of an epoch's lengths where the gradients or optimizer states the loop makes inside
+    the epoch take (split or fill) one, and that the usable memory cannot hold (zeroplan.allocator.lazy_states): the
     verdict is then borderline. 0 where that cannot happen (not part of ``peak_bytes``)."""
 
     # A breakdown without varying lengths dumps as it did before the field existed.

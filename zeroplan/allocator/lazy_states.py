@@ -23,13 +23,16 @@ What the loops do (their source, read at the releases the profiles model):
 c10/cuda/CUDACachingAllocator.cpp (source.ALLOCATOR_SOURCE): get_free_block serves each of those
 tensors from the smallest cached block at least as large (best fit), which in an epoch of varying
 lengths may be a segment of the step's largest request (a loss tensor at seq_len) left free
-while a shorter batch ran; the tensor splits it, the remainder cannot serve that request again,
-and release_cached_blocks frees only unsplit segments. The next batch at seq_len then needs one
-more segment of that size beyond the step's own footprint. With every batch at seq_len the
-step's own loss tensors hold those segments whenever the states are made (the replay of
-benchmarks/swift_full_lazy_states.py --fixed completes); whether a split happens in an epoch
-depends on the order of its lengths (the same script's seeded orders), so the planner says where
-the room cannot hold that segment, not how likely the split is.
+while a shorter batch ran. A tensor that splits it leaves a remainder that cannot serve that
+request again, and release_cached_blocks frees only unsplit segments; states that fill it hold it
+for good. The next batch at seq_len then needs one more segment of that size beyond the step's
+own footprint. In the replays of benchmarks/swift_full_lazy_states.py --segments (ms-swift's
+Qwen-7B at 8192 tokens) the orders that run out show each way: AdamW states splitting two of
+the three 4.64 GiB loss segments (seed 2), states filling the shorter records' segments so that
+the long batch's own checkpoint splits one (seed 3), states filling all three (seed 5). With
+every batch at seq_len the step's own loss tensors hold those segments whenever the states are
+made (its --fixed replay completes); whether it happens in an epoch depends on the order of its
+lengths, so the planner says where the room cannot hold that segment, not how likely it is.
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ def makes_states_in_epoch(request: PlanRequest) -> bool:
 
 # c10/cuda/CUDACachingAllocator.cpp get_pool: a request of at most kSmallSize (1 MiB) is served
 # from the small pool's 2 MiB segments, never from a block of the large pool; only a larger
-# gradient can split a loss tensor's segment.
+# gradient (and its states) can take a loss tensor's segment.
 def largest_gradient_bytes(request: PlanRequest, states: ModelStateBytes) -> int:
     """The largest gradient tensor the step makes: the largest trainable parameter's elements at
     the gradients' bytes per element."""
@@ -75,8 +78,8 @@ def largest_gradient_bytes(request: PlanRequest, states: ModelStateBytes) -> int
 def lazy_state_segment_bytes(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms,
                              one_step_bytes: int, usable_bytes: int) -> int:
     """The segment of the step's largest request that a run may need beyond the step at seq_len
-    (``one_step_bytes`` reserved), where the room the usable memory leaves cannot hold it and a
-    tensor made inside the epoch can split it; 0 where it cannot happen."""
+    (``one_step_bytes`` reserved), where the room the usable memory leaves cannot hold it and
+    tensors made inside the epoch can take it; 0 where that cannot happen."""
     if request.batch.varying_lengths is None or not makes_states_in_epoch(request):
         return 0
     config = parse_alloc_conf(request.assumptions.allocator_conf or "")

@@ -46,8 +46,9 @@ def is_borderline(peak_bytes: int, usable_bytes: int, band: PeakErrorBand = PEAK
     reaches past the usable memory, or a predicted OOM whose range reaches below it. Where the
     band lies wholly above the prediction (low > 1), a fit just under the usable memory whose whole
     range is past it is borderline too, not a fit with room. A fit whose run may need one more
-    segment of ``split_segment_bytes`` than its step, in the orders of lengths where a tensor made
-    inside the epoch splits one (zeroplan.allocator.lazy_states), is borderline whatever the band."""
+    segment of ``split_segment_bytes`` than its step, in the orders of lengths where tensors made
+    inside the epoch take or split one (zeroplan.allocator.lazy_states), is borderline whatever
+    the band."""
     low, high = peak_range_bytes(peak_bytes, band)
     if peak_bytes <= usable_bytes:
         return usable_bytes <= high or split_segment_bytes > 0
@@ -60,7 +61,7 @@ def borderline_words(peak_bytes: int, usable_bytes: int, band: PeakErrorBand = P
     return f"borderline: {100 * low / usable_bytes:.0f}-{100 * high / usable_bytes:.0f} % of usable"
 
 
-SPLIT_SEGMENT_NOTE = ("the gradients and optimizer states the loop makes inside an epoch of varying lengths can split a "
+SPLIT_SEGMENT_NOTE = ("the gradients and optimizer states the loop makes inside an epoch of varying lengths can take a "
                       "segment of the step's largest request, with no room for one more: whether the run completes "
                       "depends on the order of its lengths (docs/memory-model.md, \"Gradients and optimizer states "
                       "made inside the epoch\")")
@@ -68,8 +69,8 @@ SPLIT_SEGMENT_NOTE = ("the gradients and optimizer states the loop makes inside 
 
 
 def split_segment_words(split_segment_bytes: int) -> str:
-    """Why a fit is borderline where tensors made inside the epoch may split one of the step's
+    """Why a fit is borderline where tensors made inside the epoch may take one of the step's
     largest segments (zeroplan.allocator.lazy_states), for a person."""
     return (f"borderline: may run out in some orders of lengths (gradients and optimizer states made inside "
-            f"the epoch can split a {split_segment_bytes / 2**30:.2f} GiB segment of the step's largest request, "
+            f"the epoch can take a {split_segment_bytes / 2**30:.2f} GiB segment of the step's largest request, "
             f"and the usable memory has no room for one more)")
