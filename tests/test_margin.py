@@ -92,7 +92,7 @@ def test_a_run_of_varying_lengths_is_judged_by_the_band_of_such_runs(monkeypatch
     from zeroplan.specs.strategy import StrategyKind
 
     bands = []
-    monkeypatch.setattr(planner, "is_borderline", lambda peak, usable, band: bands.append(band) or False)
+    monkeypatch.setattr(planner, "is_borderline", lambda peak, usable, band, split_segment=0: bands.append(band) or False)
     for extra in ((), ("--varying-lengths", "3234.4,2547.5,91,4959")):
         args = build_parser().parse_args(["fit", "qwen2.5-0.5b", "--gpus", "1", "--gpu", "a100-80gb", "--seq-len", "2048",
                                           "--precision", "bf16-pure", "--framework", "hf", *extra])

@@ -32,16 +32,28 @@ def test_lazy_epoch_makes_gradients_per_window_and_states_at_the_first_step() ->
     parameters = len(wte) + sum(map(len, blocks)) + len(tail)
     steps = LAZY.Steps(FLAGS)
     ops = LAZY.epoch_ops(steps, [48, 64, 48, 64], model, accum=2, lazy=True)
-    ids = [ident for kind, ident, _, _ in ops if kind == ALLOC_OP and ident >= 10**9]
+    ids = [ident for kind, ident, _, _ in ops if kind == ALLOC_OP and ident >= LAZY.MODEL_STATE_IDS]
     freed = {ident for kind, ident, _, _ in ops if kind == FREE_OP}
     # Parameters and both states live on; two windows' gradients and two steps' temporaries
     # are freed, as are the later backwards' accumulation temporaries.
     kept = [ident for ident in ids if ident not in freed]
     assert len(kept) == 3 * parameters
-    first_body = next(i for i, op in enumerate(ops) if op[1] < 10**9)
+    first_body = next(i for i, op in enumerate(ops) if op[1] < LAZY.MODEL_STATE_IDS)
     states = kept[parameters:]
     positions = {op[1]: i for i, op in enumerate(ops) if op[0] == ALLOC_OP}
     assert min(positions[ident] for ident in states) > first_body
     up_front = LAZY.epoch_ops(steps, [48, 64, 48, 64], model, accum=2, lazy=False)
-    first_body = next(i for i, op in enumerate(up_front) if op[1] < 10**9)
+    first_body = next(i for i, op in enumerate(up_front) if op[1] < LAZY.MODEL_STATE_IDS)
     assert sum(1 for op in up_front[:first_body] if op[0] == ALLOC_OP) == 4 * parameters
+
+
+def test_segments_at_oom_name_what_splits_the_segment_the_request_needed() -> None:
+    # A 1 GiB loss tensor's segment, freed, then split by a 0.75 GiB state made later: a second
+    # 1 GiB request on 1.5 GiB can neither use it nor have it released.
+    gib = 2**30
+    ops = [(ALLOC_OP, 1, gib, 0), (FREE_OP, 1, 0, 0), (ALLOC_OP, 2, 3 * gib // 4, 0), (ALLOC_OP, 3, gib, 0)]
+    lines = LAZY.segments_at_oom(ops, {1: "loss", 2: "state", 3: "loss"}, 3 * gib // 2)
+    assert lines == ["  at the failed 1.00 GiB request (1.00 GiB reserved), the segments of at least half its size:",
+                     "    segment 1.00 GiB: free 0.25 (largest 0.25); state 0.75"]
+    # With room for a second segment nothing runs out.
+    assert LAZY.segments_at_oom(ops, {}, 2 * gib) == []

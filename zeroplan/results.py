@@ -92,14 +92,20 @@ class MemoryBreakdown(Frozen):
     """Of ``allocator_reserve_bytes``: what an epoch of micro-batches of varying length
     (BatchSpec.varying_lengths) leaves cached beyond the one step at seq_len, in expectation
     (zeroplan.allocator.varying_lengths); 0 where every micro-batch is seq_len tokens."""
+    lazy_state_segment_bytes: int = 0
+    """Where the step fits: the segment of its largest request that a run may need beyond it, in
+    the orders of an epoch's lengths where the gradients or optimizer states the loop makes inside
+    the epoch take (split or fill) one, and that the usable memory cannot hold (zeroplan.allocator.lazy_states): the
+    verdict is then borderline. 0 where that cannot happen (not part of ``peak_bytes``)."""
 
     # A breakdown without varying lengths dumps as it did before the field existed.
     @model_serializer(mode="wrap")
     def _without_unset_varying(self, handler):
         dumped = handler(self)
         if isinstance(dumped, dict):
-            if not self.varying_length_reserve_bytes:
-                dumped.pop("varying_length_reserve_bytes", None)
+            for name in ("varying_length_reserve_bytes", "lazy_state_segment_bytes"):
+                if not getattr(self, name):
+                    dumped.pop(name, None)
             # Where the plain fields say what is alive at the peak, it dumps as it did before these existed.
             for name in ("peak_gradient_bytes", "peak_activation_bytes"):
                 if getattr(self, name) is None:
@@ -183,10 +189,17 @@ class StrategyPlan(Frozen):
     """Each pipeline rank's peak_bytes, rank 0 first (empty without pipeline parallelism)."""
     borderline: bool = False
     """The usable memory lies within the published runs' error band around the peak
-    (zeroplan.core.margin): the measured error alone could turn ``fits`` either way."""
+    (zeroplan.core.margin): the measured error alone could turn ``fits`` either way; or a fit
+    whose run may need one more segment than its step (MemoryBreakdown.lazy_state_segment_bytes)."""
     peak_rank_reason: str = ""
     """Why the planned rank peaks: its stages, blocks and micro-batches in flight (empty
     without pipeline parallelism)."""
+
+    @property
+    def borderline_by_split_segment(self) -> bool:
+        """A fit borderline because its run may need one more segment than its step
+        (MemoryBreakdown.lazy_state_segment_bytes), whatever the error band says."""
+        return self.borderline and self.fits and self.memory.lazy_state_segment_bytes > 0
 
 
 class PlanCandidate(Frozen):

@@ -40,14 +40,18 @@ def peak_range_bytes(peak_bytes: int, band: PeakErrorBand = PEAK_ERROR_BAND) -> 
     return int(peak_bytes * band.low), int(peak_bytes * band.high)
 
 
-def is_borderline(peak_bytes: int, usable_bytes: int, band: PeakErrorBand = PEAK_ERROR_BAND) -> bool:
+def is_borderline(peak_bytes: int, usable_bytes: int, band: PeakErrorBand = PEAK_ERROR_BAND,
+                  split_segment_bytes: int = 0) -> bool:
     """Whether the measured error alone could turn the verdict: a predicted fit whose range
     reaches past the usable memory, or a predicted OOM whose range reaches below it. Where the
     band lies wholly above the prediction (low > 1), a fit just under the usable memory whose whole
-    range is past it is borderline too, not a fit with room."""
+    range is past it is borderline too, not a fit with room. A fit whose run may need one more
+    segment of ``split_segment_bytes`` than its step, in the orders of lengths where tensors made
+    inside the epoch take or split one (zeroplan.allocator.lazy_states), is borderline whatever
+    the band."""
     low, high = peak_range_bytes(peak_bytes, band)
     if peak_bytes <= usable_bytes:
-        return usable_bytes <= high
+        return usable_bytes <= high or split_segment_bytes > 0
     return low <= usable_bytes
 
 
@@ -55,3 +59,18 @@ def borderline_words(peak_bytes: int, usable_bytes: int, band: PeakErrorBand = P
     """'borderline: 93-108 % of usable' for a person."""
     low, high = peak_range_bytes(peak_bytes, band)
     return f"borderline: {100 * low / usable_bytes:.0f}-{100 * high / usable_bytes:.0f} % of usable"
+
+
+SPLIT_SEGMENT_NOTE = ("the gradients and optimizer states the loop makes inside an epoch of varying lengths can take a "
+                      "segment of the step's largest request, with no room for one more: whether the run completes "
+                      "depends on the order of its lengths (docs/memory-model.md, \"Gradients and optimizer states "
+                      "made inside the epoch\")")
+"""What a table's * says of a fit borderline by split_segment_words."""
+
+
+def split_segment_words(split_segment_bytes: int) -> str:
+    """Why a fit is borderline where tensors made inside the epoch may take one of the step's
+    largest segments (zeroplan.allocator.lazy_states), for a person."""
+    return (f"borderline: may run out in some orders of lengths (gradients and optimizer states made inside "
+            f"the epoch can take a {split_segment_bytes / 2**30:.2f} GiB segment of the step's largest request, "
+            f"and the usable memory has no room for one more)")

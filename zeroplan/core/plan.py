@@ -36,7 +36,7 @@ from zeroplan.core.profiles import (
     check_framework_request, check_framework_strategies, check_fsdp_cpu_offload, check_optimizer_in_backward,
     framework_strategies, fsdp1_root_stays_gathered, fsdp_cpu_offload_strategies,
 )
-from zeroplan.core.margin import PeakErrorBand, borderline_words, error_band, is_borderline
+from zeroplan.core.margin import PeakErrorBand, borderline_words, error_band, is_borderline, split_segment_words
 from zeroplan.core.memo import KeptAnswers, batch_keyed
 from zeroplan.core.nvme import nvme_bytes
 from zeroplan.core.model_states import ModelStateBytes, model_state_bytes
@@ -369,15 +369,21 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
         verdict = allocator_verdict(request, *replayed(states, terms), allocated, usable_memory_bytes(request))
         reserved, oom_at = verdict.reserved_peak_bytes, verdict.oom_capacity_bytes
         reserve = 0 if reserved is None else max(reserved - allocated, 0)
-    varying = 0
+    varying = split_segment = 0
     if request.batch.varying_lengths is not None and (reserved is not None or request.assumptions.allocator_conf is None):
         # What an epoch's shorter record batches leave cached (zeroplan.allocator.varying_lengths).
+        from zeroplan.allocator.lazy_states import lazy_state_segment_bytes
         from zeroplan.allocator.varying_lengths import varying_length_reserve_bytes
 
         one_step = allocated + reserve if reserved is None else reserved
-        varying = varying_length_reserve_bytes(request, terms, one_step, usable_memory_bytes(request))
+        usable = usable_memory_bytes(request)
+        varying = varying_length_reserve_bytes(request, terms, one_step, usable)
         reserve += varying
         reserved = None if reserved is None else reserved + varying
+        if allocated + reserve <= usable:
+            # A fit the loop's gradients and states, made inside the epoch, may turn
+            # (zeroplan.allocator.lazy_states).
+            split_segment = lazy_state_segment_bytes(request, states, terms, one_step, usable)
     peak_gradients, peak_activations = _alive_at_peak(states, terms, moment, alive[moment])
     breakdown = MemoryBreakdown.trusted(
         parameter_bytes=states.parameter_bytes,
@@ -400,6 +406,7 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
         reserved_peak_bytes=reserved,
         oom_capacity_bytes=oom_at,
         varying_length_reserve_bytes=varying,
+        lazy_state_segment_bytes=split_segment,
     )
     return breakdown, states
 
@@ -767,7 +774,8 @@ def _plan_at_peak(memory: PeakRankMemory, largest_micro_batch: bool, timed: bool
         memory=breakdown,
         usable_memory_bytes=usable,
         fits=memory.fits,
-        borderline=is_borderline(breakdown.peak_bytes, usable, error_band(request.batch.varying_lengths is not None)),
+        borderline=is_borderline(breakdown.peak_bytes, usable, error_band(request.batch.varying_lengths is not None),
+                                 breakdown.lazy_state_segment_bytes),
         headroom_bytes=usable - breakdown.peak_bytes,
         max_micro_batch_size=max_micro_batch_size(request) if largest_micro_batch else None,
         host_bytes_per_rank=states.host_bytes,
@@ -879,6 +887,8 @@ def _margin(plan: StrategyPlan, band: PeakErrorBand) -> str:
     """'; borderline: the real peak of runs like it lies at 93-108 % of usable' where it does."""
     if not plan.borderline:
         return ""
+    if plan.borderline_by_split_segment:
+        return f"; {split_segment_words(plan.memory.lazy_state_segment_bytes)}"
     return f"; {borderline_words(plan.memory.peak_bytes, plan.usable_memory_bytes, band)} for the middle half of published runs"
 
 

@@ -11,7 +11,7 @@ import textwrap
 from collections.abc import Callable, Sequence
 
 from zeroplan.answers import FitReport, PlanSearchResult
-from zeroplan.core.margin import PeakErrorBand, borderline_words, error_band
+from zeroplan.core.margin import SPLIT_SEGMENT_NOTE, PeakErrorBand, borderline_words, error_band, split_segment_words
 from zeroplan.core.plan import recommendation_key
 from zeroplan.core.record import frozen
 from zeroplan.core.timing import nccl_algorithms
@@ -121,8 +121,11 @@ def fit_verdict(report: FitReport, unit: ByteUnit) -> list[str]:
         if chosen.borderline:
             safe = [p.strategy.value for p in report.plans if p.fits and p.host_fits is not False and not p.borderline]
             room = f"; {', '.join(safe)} fit{'s' if len(safe) == 1 else ''} with room" if safe else ""
-            said.append(f"But {borderline_words(chosen.memory.peak_bytes, chosen.usable_memory_bytes, _band(report))} for the middle "
-                        f"half of published runs: it may not{room}.")
+            if chosen.borderline_by_split_segment:
+                said.append(f"But {split_segment_words(chosen.memory.lazy_state_segment_bytes)}{room}.")
+            else:
+                said.append(f"But {borderline_words(chosen.memory.peak_bytes, chosen.usable_memory_bytes, _band(report))} for the middle "
+                            f"half of published runs: it may not{room}.")
         return said
     short_of_host = [p for p in report.plans if p.fits and p.host_fits is False]
     if short_of_host:
@@ -198,10 +201,13 @@ def fit_notes(report: FitReport, unit: ByteUnit) -> list[str]:
                      "memory, outside the peak; the driver pages them to host RAM when the GPU is full.")
     if any(p.fits and p.host_fits is False for p in report.plans):
         notes.append("fits = host: fits on the GPU, but its offloaded states exceed the node's host RAM.")
-    if any(p.borderline for p in report.plans):
+    split = [p for p in report.plans if p.borderline_by_split_segment]
+    if any(p.borderline for p in report.plans if p not in split):
         band = _band(report)
         notes.append(f"* = borderline: published runs peaked at {100 * band.low:.0f}-{100 * band.high:.0f} % of the "
                      "prediction (middle half), so the measured error alone could turn the verdict (docs/validation.md).")
+    if split:
+        notes.append(f"* = borderline: {SPLIT_SEGMENT_NOTE}.")
     if report.allocator_caution:
         notes.append(report.allocator_caution.strip())
     if not report.model.parameter_count_exact:

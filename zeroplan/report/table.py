@@ -5,7 +5,7 @@ from __future__ import annotations
 from zeroplan.core.deepspeed_coordinator import holds_recomputed_frozen
 from zeroplan.core.params import active_parameters, total_parameters
 from zeroplan.answers import FitReport
-from zeroplan.core.margin import error_band
+from zeroplan.core.margin import SPLIT_SEGMENT_NOTE, error_band
 from zeroplan.results import StrategyPlan
 from zeroplan.specs.finetune import Quantization
 from zeroplan.specs.framework import LAUNCH_ENVIRONMENT, Framework
@@ -344,10 +344,13 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
                      "`zeroplan simulate MODEL --framework F --whole-step --allocator-conf CONF` replays the framework's "
                      "own allocations.")
     notes += [f"{p.strategy.value}: peak on {p.peak_rank_reason}." for p in report.plans if p.peak_rank_reason]
-    if any(p.borderline for p in report.plans):
+    split = [p for p in report.plans if p.borderline_by_split_segment]
+    if any(p.borderline for p in report.plans if p not in split):
         band = error_band(report.batch.varying_lengths is not None)
         notes.append(f"* = borderline: the middle half of published runs peaked at {100 * band.low:.0f}-{100 * band.high:.0f} % of their "
                      "prediction, and the usable memory lies in that range (docs/validation.md, \"Published peaks\").")
+    if split:
+        notes.append(f"* = borderline: {SPLIT_SEGMENT_NOTE}.")
     if any(p.fits and p.host_fits is False for p in report.plans):
         notes.append("fits = host: fits on the GPU, but its offloaded states exceed the node's host RAM.")
     notes += parameter_count_caution(report.model)
