@@ -3,6 +3,7 @@ shapes, its collectives are the ones FSDP2 and DDP issue, and a real preset runs
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import subprocess
@@ -259,10 +260,15 @@ def test_cli_prints_a_summary_and_writes_the_record(tmp_path: Path, capsys) -> N
     assert record.model.name == "gpt2" and record.world_size == 2
 
 
-def test_zeroplan_command_dispatches_simulate(capsys) -> None:
+def test_zeroplan_command_dispatches_simulate(tmp_path, capsys) -> None:
     from zeroplan.cli.main import main as zeroplan_main
 
-    code = zeroplan_main(["simulate", "gpt2", "--strategy", "ddp", "--world-size", "2", "--seq-len", "8"])
+    # A two-block Llama config: what is checked is the dispatch, not a preset's size.
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+                                  "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+                                  "max_position_embeddings": 128, "tie_word_embeddings": False}))
+    code = zeroplan_main(["simulate", str(config), "--strategy", "ddp", "--world-size", "2", "--seq-len", "8"])
     assert code == 0
     assert "all_reduce" in capsys.readouterr().out
 
