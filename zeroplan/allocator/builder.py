@@ -34,8 +34,17 @@ def split_bytes(total: int, weights: list[int]) -> list[int]:
 
 
 def even_parts(total: int, count: int) -> list[int]:
-    """``total`` in ``count`` nearly equal parts (zero parts left out)."""
-    return split_bytes(total, [1] * max(count, 1))
+    """``total`` in ``count`` nearly equal parts (zero parts left out): split_bytes with equal
+    weights, whose remainder goes on the first part (the first of the largest weights), in
+    closed form (a trace build asks for several: the units' parameters, optimizer states,
+    gradients and step temporaries)."""
+    if total <= 0:
+        return []
+    count = max(count, 1)
+    part, remainder = divmod(total, count)
+    if part == 0:
+        return [remainder]
+    return [part + remainder] + [part] * (count - 1)
 
 
 class TraceBuilder:

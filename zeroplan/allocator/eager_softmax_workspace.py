@@ -173,6 +173,8 @@ def _backward_to_softmax(q: _Sequence, z: _Sizes, casts_output: bool, e: int, ou
 
 def record_workspace(b: TraceBuilder, steps: tuple[int, ...]) -> list[int]:
     """Record eager_softmax_workspace's steps in ``b``; the ids still alive at their end."""
+    if not steps:
+        return []  # most blocks make none: asked once a block, forward and backward
     ids: list[int] = []
     alive: set[int] = set()
     for step in steps:

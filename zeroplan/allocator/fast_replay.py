@@ -343,6 +343,7 @@ def _run(device: DeviceAllocator, ops: Ops, start: int, end: int, live: dict[int
             # get_free_block (no expandable segments: the first candidate is the block).
             at = search(keys, least)
             block = None
+            slot = -1  # where a block served from the cache still sits in its pool
             if at < len(keys):
                 key = keys[at]
                 if key < past:
@@ -365,8 +366,7 @@ def _run(device: DeviceAllocator, ops: Ops, start: int, end: int, live: dict[int
                             requested_peak = requested + size_bytes
                         continue
                     else:
-                        del keys[at]
-                        del pool[at]
+                        slot = at
             if block is None:
                 if reserved + alloc_size > capacity:
                     if split_limited:
@@ -420,12 +420,26 @@ def _run(device: DeviceAllocator, ops: Ops, start: int, end: int, live: dict[int
                 if stream_bits:
                     key |= stream_bits
                 block[KEY] = key
-                at = search(keys, key)
-                keys.insert(at, key)
-                pool.insert(at, block)
+                # A cached block's remainder keeps its place in the pool where the key before
+                # it is smaller still (its key only shrank): nothing moves in the lists.
+                if slot < 0:
+                    at = search(keys, key)
+                    keys.insert(at, key)
+                    pool.insert(at, block)
+                elif slot == 0 or keys[slot - 1] < key:
+                    keys[slot] = key
+                else:
+                    del keys[slot]
+                    del pool[slot]
+                    at = search(keys, key, 0, slot)
+                    keys.insert(at, key)
+                    pool.insert(at, block)
                 block = front
                 allocated += size
             else:
+                if slot >= 0:
+                    del keys[slot]
+                    del pool[slot]
                 block[ALLOCATED] = True
                 block[REQUESTED] = size_bytes
                 allocated += block[SIZE]
@@ -451,12 +465,13 @@ def _run(device: DeviceAllocator, ops: Ops, start: int, end: int, live: dict[int
                 keys, pool = keys_large, cached_large
             ptr = block[PTR]
             before = block[PREV]
+            # Where a merged neighbour's key still sits in the pool: the merged block, larger and
+            # so after it in the order, takes its place where the key after it is larger still.
+            slot = -1
             if before is not None and not before[ALLOCATED]:
                 before_size = before[SIZE]
                 ptr = before[PTR]
-                at = search(keys, before[KEY])
-                del keys[at]
-                del pool[at]
+                slot = search(keys, before[KEY])
                 block[PTR] = ptr
                 size += before_size
                 block[PREV] = preceding = before[PREV]
@@ -465,9 +480,10 @@ def _run(device: DeviceAllocator, ops: Ops, start: int, end: int, live: dict[int
             after = block[NEXT]
             if after is not None and not after[ALLOCATED]:
                 after_size = after[SIZE]
-                at = search(keys, after[KEY])
-                del keys[at]
-                del pool[at]
+                if slot >= 0:
+                    del keys[slot]
+                    del pool[slot]
+                slot = search(keys, after[KEY])
                 block[NEXT] = following = after[NEXT]
                 if following is not None:
                     following[PREV] = block
@@ -477,9 +493,19 @@ def _run(device: DeviceAllocator, ops: Ops, start: int, end: int, live: dict[int
             if block[STREAM]:
                 key |= block[STREAM] << stream_shift
             block[KEY] = key
-            at = search(keys, key)
-            keys.insert(at, key)
-            pool.insert(at, block)
+            if slot < 0:
+                at = search(keys, key)
+                keys.insert(at, key)
+                pool.insert(at, block)
+            elif slot + 1 == len(keys) or keys[slot + 1] > key:
+                keys[slot] = key
+                pool[slot] = block
+            else:
+                del keys[slot]
+                del pool[slot]
+                at = search(keys, key, slot)
+                keys.insert(at, key)
+                pool.insert(at, block)
         else:
             # A recorded stream, a synchronisation, an emptied cache: DeviceAllocator's.
             stop = index, True

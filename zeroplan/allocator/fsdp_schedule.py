@@ -76,6 +76,22 @@ def applies(request: PlanRequest) -> bool:
     return len(units) >= 3 and units[0].name == "embedding" and units[-1].name == "head"
 
 
+class _Units(tuple):
+    """A request's units (a tuple, equal to and hashing as the plain one), its hash computed
+    once: the planner's trace keys (schedule.StepInputs) hold them, and a plain tuple's hash
+    walks every unit and its parameters' sizes at each lookup (an 8B model's 33 units, three
+    times a trace key)."""
+
+    def __hash__(self) -> int:
+        return self.hashed
+
+
+def _kept_units(units: list[_Unit] | tuple[_Unit, ...]) -> _Units:
+    kept = _Units(units)
+    kept.hashed = tuple.__hash__(kept)
+    return kept
+
+
 # The same at every micro-batch and sequence length: fit() and the largest-micro-batch search
 # ask for it at each (core/memo.py enforces that no batch field is read).
 @batch_keyed(limit=256)
@@ -94,11 +110,11 @@ def _units(request: PlanRequest) -> tuple[_Unit, ...]:
         numels = _grouped_expert_numels(unit.tensors) if grouped else [t.numel for t in unit.tensors]
         units.append(_Unit(unit_bytes, tuple(split_bytes(unit_bytes, numels)), unit_elements))
     if fsdp_separates_embedding_and_head(request):
-        return tuple(units)
+        return _kept_units(units)
     embedding, head = units[0], units[-1]
     root = _Unit(embedding.gathered_bytes + head.gathered_bytes, embedding.tensor_bytes + head.tensor_bytes,
                  embedding.elements + head.elements, len(head.tensor_bytes))
-    return (root, *units[1:-1])
+    return _kept_units((root, *units[1:-1]))
 
 
 # torchtitan 0.3.0 models/common/moe.py GroupedExperts: a block's routed experts are three
