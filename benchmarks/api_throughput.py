@@ -7,7 +7,8 @@ caching-allocator model, answering from the replays of a trace already made wher
 it), with every verdict's trace replayed afresh (MemoryAssumptions.exact_allocator, the
 oracle), with the capacity bisected (MemoryAssumptions.exact_capacity) and on the flat reserve
 (no replay). With --breakdown, where a default plan()'s and fit()'s time goes instead: the
-allocator's replays (how many a request, how many events each, the time an event), the trace
+allocator's replays (how many a request, how many events each is handed, the time an event handed;
+a replay may stop early or apply a repeated period at once, so it runs fewer), the trace
 builds, the trace keys and the rest of the planner, each timed by wrapping
 zeroplan.allocator.planner's own calls.
 
@@ -91,7 +92,7 @@ def _timed_pass(name: str, function, batch: list[PlanRequest], planner, clock) -
     rest = total - allocator
     print(f"{name} at the defaults: {1e3 * total / n:.3f} ms a request ({n / total:,.1f} configs/s)")
     print(f"  allocator replays   {1e3 * spent['replay_ops'] / n:6.3f} ms ({replays / n:.2f} a request, {events / max(replays, 1):,.0f} "
-          f"events each, {1e6 * spent['replay_ops'] / max(events, 1):.2f} us an event)")
+          f"events handed to each, {1e6 * spent['replay_ops'] / max(events, 1):.2f} us an event handed)")
     print(f"  trace builds        {1e3 * spent['record_step'] / n:6.3f} ms ({calls['record_step'] / n:.2f} a request)")
     print(f"  trace keys          {1e3 * spent['step_inputs'] / n:6.3f} ms ({calls['step_inputs'] / n:.2f} a request)")
     print(f"  the rest            {1e3 * rest / n:6.3f} ms (the planner's terms, step times, collectives, specs)")
