@@ -137,7 +137,8 @@ def fit_verdict(report: FitReport, unit: ByteUnit) -> list[str]:
         least = "at least " if memory.peak_is_least else ""
         said = (f"Does not fit. Smallest footprint: {closest.strategy.value}, {least}"
                 f"{to_unit(memory.peak_bytes, unit):.1f} {u} per GPU of {to_unit(closest.usable_memory_bytes, unit):.1f} {u} usable"
-                + (f" ({borderline_words(memory.peak_bytes, closest.usable_memory_bytes, _band(report))}: it may)"
+                + (f" ({borderline_words(memory.peak_bytes, closest.usable_memory_bytes, _band(report), closest.borderline_capacity_bytes)}"
+                   ": it may)"
                    if closest.borderline else "")
                 + ".")
     if report.suggested_change:
