@@ -26,8 +26,11 @@ Invariants (each checked only where it must hold):
   9 precision      fp32 model states per GPU are no fewer than bf16-pure's (4 bytes an element
                    against 2, the same optimizer; mixed precision is not compared: it keeps fp32
                    master weights beside the 16-bit ones, more bytes than fp32 alone)
- 10 step-time      a longer sequence or a larger micro-batch never lowers the step's time: more
-                   tokens through the same model on the same GPUs
+ 10 step-time      a longer sequence, a larger micro-batch or more micro-batches a step never lowers
+                   the step's time: more tokens through the same model on the same GPUs
+ 11 adapter-rank   twice the LoRA rank never lowers the model-state bytes per GPU or the allocated
+                   peak: every adapter matrix, its gradient and its optimizer states grow, and so
+                   does the rank-wide input each adapter saves for backward
 
     python benchmarks/verdict_invariants.py --requests 500 --seed 1
 """
@@ -73,7 +76,7 @@ STATE_ORDER = (("ddp", "zero1"), ("zero1", "zero2"), ("zero2", "zero3"), ("ddp",
 """(more, no more) pairs of model-state bytes per GPU on the same layout."""
 
 INVARIANTS = ("1 bigger-gpu", "2 batch-growth", "3 state-order", "4 checkpointing", "5 max-mb", "6 plan-vs-fit",
-              "7 determinism", "8 scale-out", "9 precision", "10 step-time")
+              "7 determinism", "8 scale-out", "9 precision", "10 step-time", "11 adapter-rank")
 SCALE_OUT_STRATEGIES = ("zero3", "fsdp-full-shard")
 """Strategies whose every model state is sharded over the data-parallel ranks (8 scale-out)."""
 
@@ -352,7 +355,7 @@ def check_request(argv: list[str], rng: random.Random, sweep: Sweep, search_shar
     _check_max_micro_batch(argv, request, plans, sweep)
     _check_state_order(argv, plans, sweep, request)
     checks = [_check_bigger_gpu, _check_growth, _check_checkpointing, _check_offload_policy, _check_scale_out,
-              _check_precision, _check_step_time]
+              _check_precision, _check_step_time, _check_adapter_rank]
     if rng.random() < search_share:
         checks.append(_check_search)
     for check in checks:
@@ -582,13 +585,15 @@ def _check_precision(argv, names, plans, sweep) -> None:
 
 
 def _check_step_time(argv, names, plans, sweep) -> None:
-    """One more sample per micro-batch, or twice the sequence: the step takes no less time."""
+    """One more sample per micro-batch, twice the sequence or twice the micro-batches a step:
+    the step takes no less time."""
     timed = {name: p.time.step_with_overlap_s for name, p in plans.items() if p.time is not None}
     if not timed:
         return
     micro = int(flag_value(argv, "--micro-batch"))
     seq = int(flag_value(argv, "--seq-len"))
-    for flag, grown in (("--micro-batch", str(micro + 1)), ("--seq-len", str(seq * 2))):
+    accum = build(argv, sweep).batch.grad_accum_steps
+    for flag, grown in (("--micro-batch", str(micro + 1)), ("--seq-len", str(seq * 2)), ("--grad-accum", str(2 * accum))):
         variant = with_flag(argv, flag, grown)
         try:
             request = build(variant, sweep)
@@ -603,6 +608,41 @@ def _check_step_time(argv, names, plans, sweep) -> None:
                 sweep.check(INVARIANTS[9], after >= before * (1 - 1e-12), f"{p.strategy.value}: step {before:.4f} s -> {after:.4f} s "
                             f"with {flag} {grown}\n    {command_line(argv, p.strategy.value)}\n    "
                             f"{command_line(variant, p.strategy.value)}")
+
+
+def _check_adapter_rank(argv, names, plans, sweep) -> None:
+    """Twice the LoRA rank: model-state bytes per GPU and the allocated peak do not fall
+    (pipeline rank by pipeline rank)."""
+    rank = flag_value(argv, "--lora-rank")
+    if rank is None:
+        return
+    variant = with_flag(argv, "--lora-rank", str(2 * int(rank)))
+    try:
+        request, wider = build(argv, sweep), build(variant, sweep)
+    except Refused:
+        return
+    for name in plans:
+        kind = StrategyKind(name)
+        try:
+            after = answer(lambda: [(b.parameter_bytes + b.gradient_bytes + b.optimizer_state_bytes, b.allocated_peak_bytes)
+                                    for b, _ in pipeline_rank_breakdowns(_on_flat(wider, kind))], variant, sweep, name)
+        except Refused:
+            continue
+        before = [(b.parameter_bytes + b.gradient_bytes + b.optimizer_state_bytes, b.allocated_peak_bytes)
+                  for b, _ in pipeline_rank_breakdowns(_on_flat(request, kind))]
+        for stage, ((states_a, peak_a), (states_b, peak_b)) in enumerate(zip(before, after)):
+            sweep.check(INVARIANTS[10], states_b >= states_a and peak_b >= peak_a,
+                        f"{name}: model states {gib(states_a)} -> {gib(states_b)}, allocated peak {gib(peak_a)} -> "
+                        f"{gib(peak_b)} at twice the LoRA rank (pipeline rank {stage})\n    {command_line(argv, name)}\n    "
+                        f"{command_line(variant, name)}")
+
+
+def _on_flat(request, kind: StrategyKind):
+    """The request under ``kind`` on the flat reserve (the states and the allocated peak do not
+    depend on the allocator)."""
+    from zeroplan.core.search import on_flat_reserve
+
+    return on_flat_reserve(request.with_strategy(request.strategy.model_copy(update={"kind": kind})))
 
 
 PLAN_VALUE_FLAGS = ("--framework", "--gpu", "--gpus", "--seq-len", "--precision", "--optimizer", "--lora-rank",

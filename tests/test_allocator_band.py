@@ -45,12 +45,21 @@ def test_a_replay_knows_the_memories_it_goes_the_same_way_on(capacity_mib: int, 
 def test_band_scan_finds_the_least_memory_the_step_completes_on(low_mib: int, high_mib: int, expected_mib) -> None:
     scan = scan_band(OPS, CONFIG, low_mib * MiB, high_mib * MiB)
     assert scan.settled
-    assert scan.completes_on_bytes == (None if expected_mib is None else expected_mib * MiB)
+    assert scan.found_bytes == (None if expected_mib is None else expected_mib * MiB)
+
+
+@pytest.mark.parametrize(("low_mib", "high_mib", "expected_mib"), [
+    (100, 120, 110), (100, 109, None), (130, 400, None), (90, 120, 90),
+])
+def test_band_scan_finds_the_least_memory_the_step_runs_out_on(low_mib: int, high_mib: int, expected_mib) -> None:
+    scan = scan_band(OPS, CONFIG, low_mib * MiB, high_mib * MiB, completes=False)
+    assert scan.settled
+    assert scan.found_bytes == (None if expected_mib is None else expected_mib * MiB)
 
 
 def test_band_scan_stops_unsettled_after_its_replays() -> None:
     scan = scan_band(OPS, CONFIG, 50 * MiB, 99 * MiB, max_replays=1)
-    assert not scan.settled and scan.completes_on_bytes is None and scan.replays == 1
+    assert not scan.settled and scan.found_bytes is None and scan.replays == 1
 
 
 LLAMA_70B_QLORA = ["llama-3.1-70b", "--framework", "zeroplan", "--gpu", "a100-80gb", "--gpus", "8", "--micro-batch", "2",

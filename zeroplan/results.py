@@ -183,16 +183,16 @@ class StrategyPlan(Frozen):
     """Each pipeline rank's peak_bytes, rank 0 first (empty without pipeline parallelism)."""
     borderline: bool = False
     """The usable memory lies within the published runs' error band around the peak
-    (zeroplan.core.margin): the measured error alone could turn ``fits`` either way; or the
-    step runs out on the usable memory but completes on a memory within that band of it
-    (borderline_capacity_bytes)."""
+    (zeroplan.core.margin): the measured error alone could turn ``fits`` either way; or, under
+    the caching-allocator model, the step goes the other way on a memory within that band's
+    reach of the usable one (borderline_capacity_bytes)."""
     borderline_capacity_bytes: int | None = None
-    """Where the caching-allocator model finds the step running out on the usable memory but
-    completing on another memory that the measured error alone could make it meet (the usable
-    memory over the band's high to over its low): the least such memory. A refused cudaMalloc
-    frees the cache and the request is retried, and when in the step that comes decides how the
-    rest packs, so completion is not monotone in the memory (docs/memory-model.md, "The caching
-    allocator"). None otherwise."""
+    """Where the caching-allocator model finds the step going the other way than on the usable
+    memory (completing where it runs out there, running out where it completes) on a memory the
+    measured error alone could make it meet (the usable memory over the band's high to over its
+    low): the least such memory. A refused cudaMalloc frees the cache and the request is retried,
+    and when in the step that comes decides how the rest packs, so completion is not monotone in
+    the memory (docs/memory-model.md, "The caching allocator"). None otherwise."""
     peak_rank_reason: str = ""
     """Why the planned rank peaks: its stages, blocks and micro-batches in flight (empty
     without pipeline parallelism)."""

@@ -82,11 +82,11 @@ def _verdict_side(unlimited: ReplayResult, usable_steps: int, fits: bool) -> tup
 
 
 class BandScan(Frozen):
-    """Where, between two capacities, a step's replay first completes."""
+    """Where, between two capacities, a step's replay first goes a given way."""
 
-    completes_on_bytes: int | None
-    """The least capacity in the band on which the replay completes; None where it completes
-    on none (or the scan stopped first: ``settled`` False)."""
+    found_bytes: int | None
+    """The least capacity in the band on which the replay goes the way asked (completes, or
+    runs out); None where it does on none (or the scan stopped first: ``settled`` False)."""
     settled: bool
     """The scan covered the band (it stops after a bounded number of replays)."""
     replays: int
@@ -99,22 +99,25 @@ allocator grants and refuses the same device allocations; a band crossed by more
 reported unsettled."""
 
 
-def scan_band(ops: Ops, config: AllocatorConfig, low_bytes: int, high_bytes: int,
+def scan_band(ops: Ops, config: AllocatorConfig, low_bytes: int, high_bytes: int, completes: bool = True,
               max_replays: int = MAX_BAND_REPLAYS) -> BandScan:
-    """The least capacity in [low_bytes, high_bytes] on which the replay completes, found path by
-    path: a replay on a capacity goes the same way on every capacity from it up to the least
-    one that would grant an allocation it refused (DeviceAllocator.path_ceiling), so the next
-    replay is made there; none is skipped. Completion is not monotone in the capacity (a refusal
-    frees the cache, and when it comes decides how the rest of the step packs: docs/memory-model.md,
-    "The caching allocator"), so the least completing capacity can lie below one that runs out.
-    Garbage collection acts against the capacity itself and is not scanned (the caller's)."""
+    """The least capacity in [low_bytes, high_bytes] on which the replay completes (``completes``)
+    or runs out, found path by path: a replay on a capacity goes the same way on every capacity
+    from it up to the least one that would grant an allocation it refused
+    (DeviceAllocator.path_ceiling), so the next replay is made there; none is skipped.
+    Completion is not monotone in the capacity (a refusal frees the cache, and when it comes
+    decides how the rest of the step packs: docs/memory-model.md, "The caching allocator"), so a
+    completing capacity can lie below one that runs out, and the other way round. Garbage
+    collection acts against the capacity itself and is not scanned (the caller's)."""
     capacity, replays = low_bytes, 0
     while capacity <= high_bytes:
         if replays == max_replays:
-            return BandScan(completes_on_bytes=None, settled=False, replays=replays)
+            return BandScan(found_bytes=None, settled=False, replays=replays)
         device = DeviceAllocator(config, capacity)
         replays += 1
-        if run_ops(device, ops, 0, {}) is None:
-            return BandScan(completes_on_bytes=capacity, settled=True, replays=replays)
+        if (run_ops(device, ops, 0, {}) is None) is completes:
+            return BandScan(found_bytes=capacity, settled=True, replays=replays)
+        if device.refusals == 0:
+            break  # it went as on any larger capacity: so it goes on all of them
         capacity = device.path_ceiling
-    return BandScan(completes_on_bytes=None, settled=True, replays=replays)
+    return BandScan(found_bytes=None, settled=True, replays=replays)

@@ -60,11 +60,12 @@ def band_capacities_bytes(usable_bytes: int, band: PeakErrorBand = PEAK_ERROR_BA
 
 
 def borderline_words(peak_bytes: int, usable_bytes: int, band: PeakErrorBand = PEAK_ERROR_BAND,
-                     completes_on_bytes: int | None = None) -> str:
-    """'borderline: 93-108 % of usable' for a person; where the step runs out on the usable
-    memory but completes on ``completes_on_bytes`` within the band, that memory instead."""
-    if completes_on_bytes is not None:
-        return (f"borderline: the caching allocator completes the step on {100 * completes_on_bytes / usable_bytes:.1f} % "
-                "of usable, where a refused cudaMalloc frees its cache at another moment")
+                     turns_on_bytes: int | None = None, fits: bool = True) -> str:
+    """'borderline: 93-108 % of usable' for a person; where the caching-allocator model finds the
+    step going the other way on ``turns_on_bytes`` within the band, that memory instead."""
+    if turns_on_bytes is not None:
+        way = "runs out" if fits else "completes the step"
+        return (f"borderline: the caching allocator {way} on {100 * turns_on_bytes / usable_bytes:.1f} % of usable, "
+                "where a refused cudaMalloc frees its cache at another moment")
     low, high = peak_range_bytes(peak_bytes, band)
     return f"borderline: {100 * low / usable_bytes:.0f}-{100 * high / usable_bytes:.0f} % of usable"

@@ -759,7 +759,7 @@ def _plan_at_peak(memory: PeakRankMemory, largest_micro_batch: bool, timed: bool
     reason = peak_rank_reason(request) if request.parallel.pp > 1 else ""
     band = error_band(request.batch.varying_lengths is not None)
     borderline = is_borderline(breakdown.peak_bytes, usable, band)
-    completes_on = None if borderline or memory.fits else _completes_in_band(request, breakdown, usable, band)
+    turns_on = None if borderline else _turns_in_band(request, breakdown, memory.fits, usable, band)
     host_per_node = states.host_bytes * request.cluster.gpus_per_node
     step_collectives = tuple(collectives(request))
     return StrategyPlan.trusted(
@@ -770,8 +770,8 @@ def _plan_at_peak(memory: PeakRankMemory, largest_micro_batch: bool, timed: bool
         memory=breakdown,
         usable_memory_bytes=usable,
         fits=memory.fits,
-        borderline=borderline or completes_on is not None,
-        borderline_capacity_bytes=completes_on,
+        borderline=borderline or turns_on is not None,
+        borderline_capacity_bytes=turns_on,
         headroom_bytes=usable - breakdown.peak_bytes,
         max_micro_batch_size=max_micro_batch_size(request) if largest_micro_batch else None,
         host_bytes_per_rank=states.host_bytes,
@@ -789,23 +789,23 @@ def _plan_at_peak(memory: PeakRankMemory, largest_micro_batch: bool, timed: bool
     )
 
 
-def _completes_in_band(request: PlanRequest, breakdown: MemoryBreakdown, usable_bytes: int,
-                       band: PeakErrorBand) -> int | None:
-    """Where the caching-allocator model finds the step running out on the usable memory (the
-    allocated peak within it, the replay refused and retried, and not borderline by its
-    unlimited reserved peak): the least memory within the band's reach of the usable memory
-    (margin.band_capacities_bytes) on which the step completes, else None. A refusal frees the
-    cache, and when it comes decides how the rest of the step packs, so a step that runs out may
-    complete on a little less memory or a little more than the unlimited peak says; with the
-    measured error the run on the GPU may then go either way (borderline)."""
+def _turns_in_band(request: PlanRequest, breakdown: MemoryBreakdown, fits: bool, usable_bytes: int,
+                   band: PeakErrorBand) -> int | None:
+    """Under the caching-allocator model, for a verdict not borderline by its peak: the least
+    memory within the band's reach of the usable memory (margin.band_capacities_bytes) on which
+    the step goes the other way (completes where it runs out on the usable memory, runs out where
+    it completes), else None. A refused cudaMalloc frees the cache, and when it comes decides how
+    the rest of the step packs, so a step that runs out may complete on a little less memory, or
+    a little more than its unlimited peak says, and one that completed only after a refusal may
+    run out on a little more; with the measured error the run on the GPU may go either way."""
     if (breakdown.reserved_peak_bytes is None or not breakdown.allocator_modelled
             or breakdown.varying_length_reserve_bytes):
         return None
-    from zeroplan.allocator.planner import allocator_completes_in_band
+    from zeroplan.allocator.planner import allocator_turns_in_band
 
     low, high = band_capacities_bytes(usable_bytes, band)
-    return allocator_completes_in_band(request, *replayed(*checked_peak_terms(request)), breakdown.allocated_peak_bytes,
-                                       low, high)
+    return allocator_turns_in_band(request, *replayed(*checked_peak_terms(request)), breakdown.allocated_peak_bytes,
+                                   low, high, fits)
 
 
 # Simpler first: fewer model states sharded, no engine before an engine (docs/memory-model.md,
@@ -902,8 +902,9 @@ def _margin(plan: StrategyPlan, band: PeakErrorBand) -> str:
     """'; borderline: the real peak of runs like it lies at 93-108 % of usable' where it does."""
     if not plan.borderline:
         return ""
-    return (f"; {borderline_words(plan.memory.peak_bytes, plan.usable_memory_bytes, band, plan.borderline_capacity_bytes)} "
-            "for the middle half of published runs")
+    words = borderline_words(plan.memory.peak_bytes, plan.usable_memory_bytes, band, plan.borderline_capacity_bytes,
+                             plan.fits)
+    return f"; {words} for the middle half of published runs"
 
 
 # benchmarks/allocator_verdict_sweep.py: over 1,440 strategy plans the caching-allocator

@@ -121,7 +121,9 @@ def fit_verdict(report: FitReport, unit: ByteUnit) -> list[str]:
         if chosen.borderline:
             safe = [p.strategy.value for p in report.plans if p.fits and p.host_fits is not False and not p.borderline]
             room = f"; {', '.join(safe)} fit{'s' if len(safe) == 1 else ''} with room" if safe else ""
-            said.append(f"But {borderline_words(chosen.memory.peak_bytes, chosen.usable_memory_bytes, _band(report))} for the middle "
+            words = borderline_words(chosen.memory.peak_bytes, chosen.usable_memory_bytes, _band(report),
+                                     chosen.borderline_capacity_bytes, chosen.fits)
+            said.append(f"But {words} for the middle "
                         f"half of published runs: it may not{room}.")
         return said
     short_of_host = [p for p in report.plans if p.fits and p.host_fits is False]
@@ -137,7 +139,7 @@ def fit_verdict(report: FitReport, unit: ByteUnit) -> list[str]:
         least = "at least " if memory.peak_is_least else ""
         said = (f"Does not fit. Smallest footprint: {closest.strategy.value}, {least}"
                 f"{to_unit(memory.peak_bytes, unit):.1f} {u} per GPU of {to_unit(closest.usable_memory_bytes, unit):.1f} {u} usable"
-                + (f" ({borderline_words(memory.peak_bytes, closest.usable_memory_bytes, _band(report), closest.borderline_capacity_bytes)}"
+                + (f" ({borderline_words(memory.peak_bytes, closest.usable_memory_bytes, _band(report), closest.borderline_capacity_bytes, closest.fits)}"
                    ": it may)"
                    if closest.borderline else "")
                 + ".")
