@@ -904,7 +904,7 @@ def _margin(plan: StrategyPlan, band: PeakErrorBand) -> str:
         return ""
     words = borderline_words(plan.memory.peak_bytes, plan.usable_memory_bytes, band, plan.borderline_capacity_bytes,
                              plan.fits)
-    return f"; {words} for the middle half of published runs"
+    return f"; {words}" + ("" if plan.borderline_capacity_bytes is not None else " for the middle half of published runs")
 
 
 # benchmarks/allocator_verdict_sweep.py: over 1,440 strategy plans the caching-allocator

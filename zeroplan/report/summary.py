@@ -123,8 +123,8 @@ def fit_verdict(report: FitReport, unit: ByteUnit) -> list[str]:
             room = f"; {', '.join(safe)} fit{'s' if len(safe) == 1 else ''} with room" if safe else ""
             words = borderline_words(chosen.memory.peak_bytes, chosen.usable_memory_bytes, _band(report),
                                      chosen.borderline_capacity_bytes, chosen.fits)
-            said.append(f"But {words} for the middle "
-                        f"half of published runs: it may not{room}.")
+            middle = "" if chosen.borderline_capacity_bytes is not None else " for the middle half of published runs"
+            said.append(f"But {words}{middle}: it may not{room}.")
         return said
     short_of_host = [p for p in report.plans if p.fits and p.host_fits is False]
     if short_of_host:
@@ -203,8 +203,11 @@ def fit_notes(report: FitReport, unit: ByteUnit) -> list[str]:
         notes.append("fits = host: fits on the GPU, but its offloaded states exceed the node's host RAM.")
     if any(p.borderline for p in report.plans):
         band = _band(report)
+        retries = any(p.borderline_capacity_bytes is not None for p in report.plans)
         notes.append(f"* = borderline: published runs peaked at {100 * band.low:.0f}-{100 * band.high:.0f} % of the "
-                     "prediction (middle half), so the measured error alone could turn the verdict (docs/validation.md).")
+                     "prediction (middle half), so the measured error alone could turn the verdict (docs/validation.md)."
+                     + (" The caching allocator frees its cache when a cudaMalloc is refused and retries, so a step's "
+                        "outcome need not move one way with the memory (docs/memory-model.md)." if retries else ""))
     if report.allocator_caution:
         notes.append(report.allocator_caution.strip())
     if not report.model.parameter_count_exact:
