@@ -6,11 +6,15 @@ can give; none of this is a GPU measurement, only the planner against itself.
 
 Invariants (each checked only where it must hold):
   1 bigger-gpu     the same request on a GPU of the same family with more memory never turns fits into OOM
+                   (under the allocator model, never into an OOM that is not borderline: a refused
+                   cudaMalloc frees the cache, so completion is not monotone in the memory)
   2 batch-growth   the allocated peak never decreases when the micro-batch or the sequence grows;
                    the reserved peak is never below the allocated peak
   3 state-order    model-state bytes per GPU: ddp >= zero1 >= zero2 >= zero3, fsdp-shard-grad-op >=
                    fsdp-full-shard, and an offload variant holds no more than its strategy on the GPU
-  4 checkpointing  full activation checkpointing saves no more activation bytes than any other mode
+  4 checkpointing  full activation checkpointing saves no more activation bytes than any other mode,
+                   and moving saved activations to host memory (torchtune's activation offloading)
+                   never raises the allocated peak
   5 max-mb         the largest micro-batch (max-mb) fits, so do smaller ones, and max-mb + 1 does not,
                    by plan()'s verdict
   6 plan-vs-fit    plan()'s verdict and peak for a strategy equal fit()'s row for it
@@ -24,8 +28,14 @@ Invariants (each checked only where it must hold):
   9 precision      fp32 model states per GPU are no fewer than bf16-pure's (4 bytes an element
                    against 2, the same optimizer; mixed precision is not compared: it keeps fp32
                    master weights beside the 16-bit ones, more bytes than fp32 alone)
- 10 step-time      a longer sequence or a larger micro-batch never lowers the step's time: more
-                   tokens through the same model on the same GPUs
+ 10 step-time      a longer sequence, a larger micro-batch or more micro-batches a step never lowers
+                   the step's time: more tokens through the same model on the same GPUs
+ 11 adapter-rank   twice the LoRA rank never lowers the model-state bytes per GPU (every adapter
+                   matrix, its gradient and its optimizer states grow) or, outside DeepSpeed's
+                   ZeRO-3 gathers, the allocated peak (so does the rank-wide input each adapter
+                   saves for backward; DeepSpeed prefetches up to a count of elements, which
+                   larger adapters fill with fewer base weights); not asked of a paged optimizer,
+                   which moves a tensor's states off the GPU once it reaches 1e5 elements
 
     python benchmarks/verdict_invariants.py --requests 500 --seed 1
 """
@@ -71,7 +81,7 @@ STATE_ORDER = (("ddp", "zero1"), ("zero1", "zero2"), ("zero2", "zero3"), ("ddp",
 """(more, no more) pairs of model-state bytes per GPU on the same layout."""
 
 INVARIANTS = ("1 bigger-gpu", "2 batch-growth", "3 state-order", "4 checkpointing", "5 max-mb", "6 plan-vs-fit",
-              "7 determinism", "8 scale-out", "9 precision", "10 step-time")
+              "7 determinism", "8 scale-out", "9 precision", "10 step-time", "11 adapter-rank")
 SCALE_OUT_STRATEGIES = ("zero3", "fsdp-full-shard")
 """Strategies whose every model state is sharded over the data-parallel ranks (8 scale-out)."""
 
@@ -349,8 +359,8 @@ def check_request(argv: list[str], rng: random.Random, sweep: Sweep, search_shar
     _check_plan_vs_fit(argv, request, plans, sweep)
     _check_max_micro_batch(argv, request, plans, sweep)
     _check_state_order(argv, plans, sweep, request)
-    checks = [_check_bigger_gpu, _check_growth, _check_checkpointing, _check_offload_policy, _check_scale_out,
-              _check_precision, _check_step_time]
+    checks = [_check_bigger_gpu, _check_growth, _check_checkpointing, _check_activation_offloading,
+              _check_offload_policy, _check_scale_out, _check_precision, _check_step_time, _check_adapter_rank]
     if rng.random() < search_share:
         checks.append(_check_search)
     for check in checks:
@@ -444,6 +454,16 @@ def rank_state_bytes(request, kind: str) -> list[int]:
     return [b.parameter_bytes + b.gradient_bytes + b.optimizer_state_bytes for b, _ in pipeline_rank_breakdowns(at)]
 
 
+def holds_with_more_memory(larger) -> bool:
+    """What a plan on more memory must say where the same request fits on less: fits, or, under
+    the allocator model only, a borderline OOM. PyTorch's caching allocator frees its cache when a
+    cudaMalloc is refused and retries (c10/cuda/CUDACachingAllocator.cpp, malloc), and when that
+    comes decides how the rest of the step packs, so a step may complete on less memory and run
+    out on more; the planner must then not say OOM with confidence (StrategyPlan.borderline).
+    Under the flat reserve the peak does not depend on the memory: fits, always."""
+    return larger.fits or (larger.memory.allocator_modelled and larger.borderline)
+
+
 def _check_bigger_gpu(argv, names, plans, sweep) -> None:
     gpu = flag_value(argv, "--gpu")
     bigger = with_flag(argv, "--gpu", LARGER_SIBLING[gpu]) if gpu in LARGER_SIBLING else None
@@ -468,7 +488,7 @@ def _check_bigger_gpu(argv, names, plans, sweep) -> None:
             grown = with_flag(argv, "--gpu-memory-gib", f"{memory_gib + step_gib:.4f}")
             larger = fit_plans(grown, sweep, tuple(small))
             for name, p in small.items():
-                sweep.check(INVARIANTS[0], not p.fits or larger[name].fits,
+                sweep.check(INVARIANTS[0], not p.fits or holds_with_more_memory(larger[name]),
                             f"{name}: fits ({gib(p.memory.peak_bytes)} of {gib(p.usable_memory_bytes)}) but OOM with more "
                             f"memory ({gib(larger[name].memory.peak_bytes)} of {gib(larger[name].usable_memory_bytes)})\n"
                             f"    {command_line(near, name)}\n    {command_line(grown, name)}")
@@ -476,7 +496,7 @@ def _check_bigger_gpu(argv, names, plans, sweep) -> None:
         larger = fit_plans(variant, sweep, tuple(plans))
         for name, p in plans.items():
             if name in larger:
-                sweep.check(INVARIANTS[0], not p.fits or larger[name].fits,
+                sweep.check(INVARIANTS[0], not p.fits or holds_with_more_memory(larger[name]),
                             f"{name}: fits ({gib(p.memory.peak_bytes)} of {gib(p.usable_memory_bytes)}) but OOM with more "
                             f"memory ({gib(larger[name].memory.peak_bytes)} of {gib(larger[name].usable_memory_bytes)})\n"
                             f"    {command_line(argv, name)}\n    {command_line(variant, name)}")
@@ -518,6 +538,29 @@ def _check_checkpointing(argv, names, plans, sweep) -> None:
                 sweep.check(INVARIANTS[3], a <= b, f"{name}: full {gib(a)} > {mode} {gib(b)} of activations\n    "
                             f"{command_line(with_flag(argv, '--activation-checkpointing', 'full'), name)}\n    "
                             f"{command_line(variant, name)}")
+
+
+def _check_activation_offloading(argv, names, plans, sweep) -> None:
+    """torchtune's activation offloading holds no more on the GPU at the allocated peak than the
+    same request without it (pipeline rank by pipeline rank)."""
+    if "--activation-offloading" not in argv:
+        return
+    plain_argv = [t for t in argv if t != "--activation-offloading"]
+    try:
+        request, plain = build(argv, sweep), build(plain_argv, sweep)
+    except Refused:
+        return
+    for name in plans:
+        kind = StrategyKind(name)
+        try:
+            without = answer(lambda: [b.allocated_peak_bytes for b, _ in pipeline_rank_breakdowns(_on_flat(plain, kind))],
+                             plain_argv, sweep, name)
+        except Refused:
+            continue
+        offloaded = [b.allocated_peak_bytes for b, _ in pipeline_rank_breakdowns(_on_flat(request, kind))]
+        for stage, (a, b) in enumerate(zip(offloaded, without)):
+            sweep.check(INVARIANTS[3], a <= b, f"{name}: allocated peak {gib(a)} with --activation-offloading > "
+                        f"{gib(b)} without (pipeline rank {stage})\n    {command_line(argv, name)}")
 
 
 def _check_offload_policy(argv, names, plans, sweep) -> None:
@@ -570,13 +613,15 @@ def _check_precision(argv, names, plans, sweep) -> None:
 
 
 def _check_step_time(argv, names, plans, sweep) -> None:
-    """One more sample per micro-batch, or twice the sequence: the step takes no less time."""
+    """One more sample per micro-batch, twice the sequence or twice the micro-batches a step:
+    the step takes no less time."""
     timed = {name: p.time.step_with_overlap_s for name, p in plans.items() if p.time is not None}
     if not timed:
         return
     micro = int(flag_value(argv, "--micro-batch"))
     seq = int(flag_value(argv, "--seq-len"))
-    for flag, grown in (("--micro-batch", str(micro + 1)), ("--seq-len", str(seq * 2))):
+    accum = build(argv, sweep).batch.grad_accum_steps
+    for flag, grown in (("--micro-batch", str(micro + 1)), ("--seq-len", str(seq * 2)), ("--grad-accum", str(2 * accum))):
         variant = with_flag(argv, flag, grown)
         try:
             request = build(variant, sweep)
@@ -591,6 +636,54 @@ def _check_step_time(argv, names, plans, sweep) -> None:
                 sweep.check(INVARIANTS[9], after >= before * (1 - 1e-12), f"{p.strategy.value}: step {before:.4f} s -> {after:.4f} s "
                             f"with {flag} {grown}\n    {command_line(argv, p.strategy.value)}\n    "
                             f"{command_line(variant, p.strategy.value)}")
+
+
+def _check_adapter_rank(argv, names, plans, sweep) -> None:
+    """Twice the LoRA rank: model-state bytes per GPU do not fall, nor the allocated peak where
+    DeepSpeed's ZeRO-3 coordinator does not gather (pipeline rank by pipeline rank). Its
+    prefetch takes whole parameters until stage3_prefetch_bucket_size elements are in flight
+    (DeepSpeed 0.19.8 partitioned_param_coordinator.py fetch_sub_module; core.deepspeed_coordinator),
+    so larger adapters, more elements for their bytes, leave base weights out of the window:
+    Qwen2.5-3B LoRA under hf zero3-offload on 8 MI300X (micro-batch 1, s 512) gathers at most
+    2.637, 2.617, 2.602 and 2.622 GB at ranks 32 to 256, and 1.021 to 1.027 GB, rising, with
+    no prefetch."""
+    rank = flag_value(argv, "--lora-rank")
+    # bitsandbytes pages the states of a tensor of at least 1e5 elements (get_state_buffer):
+    # doubling the rank takes an adapter past it and its states off the GPU (Llama-2-13B LoRA
+    # under litgpt on one H200, --paged-optimizer: allocated peak 25.787 GiB at rank 16, 25.762
+    # at 32, each 5,120 x 16 adapter matrix's states paged only at 32).
+    if rank is None or "--paged-optimizer" in argv:
+        return
+    variant = with_flag(argv, "--lora-rank", str(2 * int(rank)))
+    try:
+        request, wider = build(argv, sweep), build(variant, sweep)
+    except Refused:
+        return
+    for name in plans:
+        kind = StrategyKind(name)
+        try:
+            after = answer(lambda: [(b.parameter_bytes + b.gradient_bytes + b.optimizer_state_bytes, b.allocated_peak_bytes)
+                                    for b, _ in pipeline_rank_breakdowns(_on_flat(wider, kind))], variant, sweep, name)
+        except Refused:
+            continue
+        before = [(b.parameter_bytes + b.gradient_bytes + b.optimizer_state_bytes, b.allocated_peak_bytes)
+                  for b, _ in pipeline_rank_breakdowns(_on_flat(request, kind))]
+        from zeroplan.core.deepspeed_coordinator import replays_gathers
+
+        prefetches = replays_gathers(request.with_strategy(request.strategy.model_copy(update={"kind": kind})))
+        for stage, ((states_a, peak_a), (states_b, peak_b)) in enumerate(zip(before, after)):
+            sweep.check(INVARIANTS[10], states_b >= states_a and (prefetches or peak_b >= peak_a),
+                        f"{name}: model states {gib(states_a)} -> {gib(states_b)}, allocated peak {gib(peak_a)} -> "
+                        f"{gib(peak_b)} at twice the LoRA rank (pipeline rank {stage})\n    {command_line(argv, name)}\n    "
+                        f"{command_line(variant, name)}")
+
+
+def _on_flat(request, kind: StrategyKind):
+    """The request under ``kind`` on the flat reserve (the states and the allocated peak do not
+    depend on the allocator)."""
+    from zeroplan.core.search import on_flat_reserve
+
+    return on_flat_reserve(request.with_strategy(request.strategy.model_copy(update={"kind": kind})))
 
 
 PLAN_VALUE_FLAGS = ("--framework", "--gpu", "--gpus", "--seq-len", "--precision", "--optimizer", "--lora-rank",

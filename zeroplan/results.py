@@ -189,8 +189,17 @@ class StrategyPlan(Frozen):
     """Each pipeline rank's peak_bytes, rank 0 first (empty without pipeline parallelism)."""
     borderline: bool = False
     """The usable memory lies within the published runs' error band around the peak
-    (zeroplan.core.margin): the measured error alone could turn ``fits`` either way; or a fit
-    whose run may need one more segment than its step (MemoryBreakdown.lazy_state_segment_bytes)."""
+    (zeroplan.core.margin): the measured error alone could turn ``fits`` either way; or, under
+    the caching-allocator model, the step goes the other way on a memory within that band's
+    reach of the usable one (borderline_capacity_bytes); or a fit whose run may need one more
+    segment than its step (MemoryBreakdown.lazy_state_segment_bytes)."""
+    borderline_capacity_bytes: int | None = None
+    """Where the caching-allocator model finds the step going the other way than on the usable
+    memory (completing where it runs out there, running out where it completes) on a memory the
+    measured error alone could make it meet (the usable memory over the band's high to over its
+    low): the least such memory. A refused cudaMalloc frees the cache and the request is retried,
+    and when in the step that comes decides how the rest packs, so completion is not monotone in
+    the memory (docs/memory-model.md, "The caching allocator"). None otherwise."""
     peak_rank_reason: str = ""
     """Why the planned rank peaks: its stages, blocks and micro-batches in flight (empty
     without pipeline parallelism)."""

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from pydantic import ConfigDict
 
 from zeroplan.allocator.config import AllocatorConfig
-from zeroplan.allocator.replay import Ops, ReplayResult, compile_trace, replay
+from zeroplan.allocator.device import DeviceAllocator
+from zeroplan.allocator.replay import Ops, ReplayResult, compile_trace, replay, run_ops
 from zeroplan.allocator.trace import AllocationTrace
 from zeroplan.specs.base import Frozen
 from zeroplan.units import MiB
@@ -78,3 +79,45 @@ def _verdict_side(unlimited: ReplayResult, usable_steps: int, fits: bool) -> tup
     """The bracket (low fails, high completes, in steps) on the verdict's side of the usable memory."""
     low, high = capacity_bracket(unlimited)
     return (low, min(high, usable_steps)) if fits else (max(low, usable_steps), high)
+
+
+class BandScan(Frozen):
+    """Where, between two capacities, a step's replay first goes a given way."""
+
+    found_bytes: int | None
+    """The least capacity in the band on which the replay goes the way asked (completes, or
+    runs out); None where it does on none (or the scan stopped first: ``settled`` False)."""
+    settled: bool
+    """The scan covered the band (it stops after a bounded number of replays)."""
+    replays: int
+    """Replays made."""
+
+
+MAX_BAND_REPLAYS = 24
+"""How many replays a band scan makes at most: each covers every capacity on which the
+allocator grants and refuses the same device allocations; a band crossed by more such paths is
+reported unsettled."""
+
+
+def scan_band(ops: Ops, config: AllocatorConfig, low_bytes: int, high_bytes: int, completes: bool = True,
+              max_replays: int = MAX_BAND_REPLAYS) -> BandScan:
+    """The least capacity in [low_bytes, high_bytes] on which the replay completes (``completes``)
+    or runs out, found path by path: a replay on a capacity goes the same way on every capacity
+    from it up to the least one that would grant an allocation it refused
+    (DeviceAllocator.path_ceiling), so the next replay is made there; none is skipped.
+    Completion is not monotone in the capacity (a refusal frees the cache, and when it comes
+    decides how the rest of the step packs: docs/memory-model.md, "The caching allocator"), so a
+    completing capacity can lie below one that runs out, and the other way round. Garbage
+    collection acts against the capacity itself and is not scanned (the caller's)."""
+    capacity, replays = low_bytes, 0
+    while capacity <= high_bytes:
+        if replays == max_replays:
+            return BandScan(found_bytes=None, settled=False, replays=replays)
+        device = DeviceAllocator(config, capacity)
+        replays += 1
+        if (run_ops(device, ops, 0, {}) is None) is completes:
+            return BandScan(found_bytes=capacity, settled=True, replays=replays)
+        if device.refusals == 0:
+            break  # it went as on any larger capacity: so it goes on all of them
+        capacity = device.path_ceiling
+    return BandScan(found_bytes=None, settled=True, replays=replays)

@@ -55,6 +55,14 @@ class DeviceAllocator:
         self.refusals = 0
         """Device allocations refused for want of capacity: with none, a replay went exactly as
         it would without a device limit (no cache was released to retry)."""
+        self.path_floor = 0
+        """The most the device held just after any device allocation it granted (reserved bytes
+        after the segment or pages): on any capacity from it up to path_ceiling (excluded) every
+        grant and refusal goes the same way, so the replay is the same (garbage collection,
+        which acts against the capacity itself, aside)."""
+        self.path_ceiling = UNLIMITED
+        """The least the device would have held after any allocation it refused: the least
+        capacity on which that one is granted and the replay takes another path."""
         self.stream_records = 0
         """record_stream calls so far: until one, no block has a recorded stream or an
         outstanding event (fast_replay's merges test being free alone)."""
@@ -180,17 +188,28 @@ class DeviceAllocator:
     def _alloc_block(self, pool: Pool, stream: int, size: int, alloc_size: int, retry: bool) -> Block | None:
         if retry:
             self.retries += 1
-        if (self.fraction_cap or self.gc_enabled) and self.reserved + alloc_size > self.capacity:
-            self.refusals += 1
+        if (self.fraction_cap or self.gc_enabled) and not self._grants(alloc_size):
             return None  # the set_fraction check, made before any mapping
         if self.config.expandable_segments:
             return self._try_allocate_expandable_block(pool, stream, size)
-        if self.reserved + alloc_size > self.capacity:
-            self.refusals += 1
+        if not self._grants(alloc_size):
             return None
         self._reserve(alloc_size)
         self.device_allocs += 1
         return Block(stream, alloc_size, self._address(alloc_size), pool.small)
+
+    # The capacity test of alloc_block (cudaMalloc, or the set_fraction check) and of
+    # ExpandableSegment::map (cuMemCreate): the device has room for ``size_bytes`` more.
+    def _grants(self, size_bytes: int) -> bool:
+        after = self.reserved + size_bytes
+        if after > self.capacity:
+            self.refusals += 1
+            if after < self.path_ceiling:
+                self.path_ceiling = after
+            return False
+        if after > self.path_floor:
+            self.path_floor = after
+        return True
 
     # --- free ------------------------------------------------------------------------------
     # DeviceCachingAllocator::free: a block used on other streams waits for their events
@@ -384,8 +403,7 @@ class DeviceAllocator:
         # request was the only one, and the pages map even where they pass the cap.
         if mapped == 0:
             return False
-        if not self.fraction_cap and self.reserved + mapped > self.capacity:
-            self.refusals += 1
+        if not self.fraction_cap and not self._grants(mapped):
             return False
         pool.remove_unmapped(block)
         block.mapped = True

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from zeroplan.allocator.capacity import CAPACITY_STEP_BYTES, bisect_capacity
+from zeroplan.allocator.capacity import CAPACITY_STEP_BYTES, BandScan, bisect_capacity, scan_band
 from zeroplan.allocator.config import AllocatorConfig, parse_alloc_conf
 from zeroplan.allocator.fast_replay import replay_ops
 from zeroplan.allocator.replay import ALLOC_OP, FREE_OP, Ops, ReplayResult, replay
@@ -83,6 +83,9 @@ class _Shape:
     unlimited_peak_bytes: int | None = None
     """The reserved peak without a device limit, once a replay has gone without a refusal."""
     outcomes: dict[int | None, tuple[bool, int]] = field(default_factory=dict)
+    band_scans: dict[tuple[int, int, bool], BandScan] = field(default_factory=dict)
+    """(low, high capacities, the verdict on the usable memory) -> the band scan between them
+    for the other outcome (allocator_turns_in_band)."""
 
 
 # A frozen spec of its string alone; parsing and validating it again cost ~35 us a verdict
@@ -325,6 +328,40 @@ def allocator_unlimited_reserved_bytes(request: PlanRequest, states: ModelStateB
         reserved = _outcome(trace, shape, config, None, recorded)[1]
         del recorded
     return reserved + shortfall
+
+
+def allocator_turns_in_band(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms,
+                            allocated_peak_bytes: int, low_bytes: int, high_bytes: int, fits: bool) -> int | None:
+    """The least memory in [low_bytes, high_bytes] on which the step goes the other way than on
+    the usable memory, whose verdict is ``fits`` (the shortfall added), by replaying its trace
+    path by path (capacity.scan_band, the oracle's replay); None where it goes the same way on
+    all of them, or where that is not settled: garbage collection (it acts against the capacity,
+    so no path holds over a range of them) or more paths than a scan makes
+    (capacity.MAX_BAND_REPLAYS). A step that fits without a refused device allocation goes the
+    same way on every larger memory, and from its unlimited reserved peak down to the band's
+    low end the margin (core.margin.is_borderline) has answered already: it is not scanned."""
+    config = _config(request.assumptions.allocator_conf or "")
+    if config.garbage_collection_threshold > 0.0:
+        return None
+    with cyclic_gc_paused():
+        trace, shape, shortfall, config, recorded = _shape(request, states, terms, allocated_peak_bytes)
+        low, high = low_bytes - shortfall, high_bytes - shortfall
+        if not fits:
+            # Below the rounded requested peak no replay completes (_Shape.floor_bytes).
+            low = max(low, shape.floor_bytes)
+        elif _outcome(trace, shape, config, None, recorded)[1] <= low:
+            low = high + 1  # completes unrefused on all of them
+        scan = None
+        if low <= high:
+            scan = shape.band_scans.get((low, high, fits))
+            if scan is None:
+                ops = recorded[0] if recorded is not None else record_step(trace[0]).ops
+                scan = shape.band_scans[low, high, fits] = scan_band(ops, config, low, high, completes=not fits)
+                del ops
+        del recorded
+    if scan is None or not scan.settled or scan.found_bytes is None:
+        return None
+    return scan.found_bytes + shortfall
 
 
 def forget_replays() -> None:

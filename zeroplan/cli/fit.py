@@ -517,7 +517,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
     """Build the PlanRequest the flags describe; bad values raise one-line ZeroplanErrors."""
     from zeroplan.core.compiled import check_compiled
     from zeroplan.core.profiles import (
-        accumulates_without_sync, check_framework_request, check_optimizer_in_backward, profile,
+        accumulates_without_sync, check_framework_request, check_optimizer_in_backward, default_precision,
     )
     from zeroplan.presets.models import get_model
 
@@ -535,7 +535,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
     if getattr(args, "nvme_capacity_gb", None) is not None:
         cluster = cluster.model_copy(update={"nvme_capacity_bytes_per_node": int(args.nvme_capacity_gb * GB)})
     framework = Framework(args.framework)
-    precision = Precision(args.precision) if args.precision else profile(framework).default_precision
+    precision = Precision(args.precision) if args.precision else default_precision(framework, cluster.gpu)
     training = TrainingSpec(
         precision=precision,
         framework=framework,

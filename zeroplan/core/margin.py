@@ -55,8 +55,22 @@ def is_borderline(peak_bytes: int, usable_bytes: int, band: PeakErrorBand = PEAK
     return low <= usable_bytes
 
 
-def borderline_words(peak_bytes: int, usable_bytes: int, band: PeakErrorBand = PEAK_ERROR_BAND) -> str:
-    """'borderline: 93-108 % of usable' for a person."""
+def band_capacities_bytes(usable_bytes: int, band: PeakErrorBand = PEAK_ERROR_BAND) -> tuple[int, int]:
+    """The memories on which the prediction's step stands as a real run on ``usable_bytes`` does,
+    where the real bytes are the predicted ones times the band's low to high: the usable memory
+    over high, to over low (every allocation scaled alike, what the device holds against its
+    memory scales alike)."""
+    return int(usable_bytes / band.high), int(usable_bytes / band.low)
+
+
+def borderline_words(peak_bytes: int, usable_bytes: int, band: PeakErrorBand = PEAK_ERROR_BAND,
+                     turns_on_bytes: int | None = None, fits: bool = True) -> str:
+    """'borderline: 93-108 % of usable' for a person; where the caching-allocator model finds the
+    step going the other way on ``turns_on_bytes`` within the band, that memory instead."""
+    if turns_on_bytes is not None:
+        way = "runs out" if fits else "completes the step"
+        return (f"borderline: the caching allocator {way} on {100 * turns_on_bytes / usable_bytes:.1f} % of usable, "
+                "where a refused cudaMalloc frees its cache at another moment")
     low, high = peak_range_bytes(peak_bytes, band)
     return f"borderline: {100 * low / usable_bytes:.0f}-{100 * high / usable_bytes:.0f} % of usable"
 

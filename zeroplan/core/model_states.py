@@ -343,10 +343,35 @@ BNB_STATE_DTYPE_BYTES = 4
 optimizer's states are get_state_buffer(p, dtype=torch.float32), whatever p's dtype."""
 
 
+def flat_stepped_elements(request: PlanRequest) -> list[int] | None:
+    """The element count of each flat tensor the optimizer steps on one rank where ZeRO hands
+    it flat partitions instead of the parameters: DeepSpeed's one partition per parameter group
+    (deepspeed_flat_partition_elements; stage_1_and_2.py line 584 sets each group's params to
+    [single_partition_of_fp32_groups[i]], stage3.py line 1260 to [fp32_param] of its sub-group),
+    the reference engine's flat shard of each unit (zeroplan/harness/zero.py FlatUnit; as
+    largest_optimizer_tensor_elements reads them); None where it steps the parameters (or their
+    shards) themselves."""
+    kind = request.strategy.kind
+    if not kind.zero_stage or kind.is_fsdp or request.strategy.zero_gradient_reduce is ZeroGradientReduce.ddp_buckets:
+        return None
+    if request.convention is StateConvention.deepspeed:
+        return [deepspeed_flat_partition_elements(request)]
+    if shard_layout(request) is ShardLayout.flat:
+        return [shard_elements(unit, request.shard_group_size, ShardLayout.flat) for unit in rank_trainable_units(request)]
+    return None
+
+
 def paged_state_bytes(request: PlanRequest, num_shards: int, state_dtype_bytes: int) -> int:
     """The optimizer-state bytes of the tensors (their shard on this rank) of at least
     PAGED_MIN_ELEMENTS elements, with element-wise states of ``state_dtype_bytes``: what a
-    paged optimizer puts in CUDA managed memory on one rank."""
+    paged optimizer puts in CUDA managed memory on one rank. bitsandbytes tests the size of the
+    tensor it steps, which under ZeRO's flat partitions is the partition
+    (flat_stepped_elements), not a parameter."""
+    optimizer = request.training.optimizer
+    flat = flat_stepped_elements(request) if is_elementwise(optimizer) else None
+    if flat is not None:
+        return sum(elements * elementwise_state_bytes(optimizer, state_dtype_bytes)
+                   for elements in flat if elements >= PAGED_MIN_ELEMENTS)
     layout = shard_layout(request)
     paged = 0
     for unit in rank_trainable_units(request):

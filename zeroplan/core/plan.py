@@ -36,7 +36,9 @@ from zeroplan.core.profiles import (
     check_framework_request, check_framework_strategies, check_fsdp_cpu_offload, check_optimizer_in_backward,
     framework_strategies, fsdp1_root_stays_gathered, fsdp_cpu_offload_strategies,
 )
-from zeroplan.core.margin import PeakErrorBand, borderline_words, error_band, is_borderline, split_segment_words
+from zeroplan.core.margin import (
+    PeakErrorBand, band_capacities_bytes, borderline_words, error_band, is_borderline, split_segment_words,
+)
 from zeroplan.core.memo import KeptAnswers, batch_keyed
 from zeroplan.core.nvme import nvme_bytes
 from zeroplan.core.model_states import ModelStateBytes, model_state_bytes
@@ -764,6 +766,9 @@ def _plan_at_peak(memory: PeakRankMemory, largest_micro_batch: bool, timed: bool
     """plan() from its memory half."""
     request, breakdown, states, usable = memory.request, memory.breakdown, memory.states, memory.usable_bytes
     reason = peak_rank_reason(request) if request.parallel.pp > 1 else ""
+    band = error_band(request.batch.varying_lengths is not None)
+    borderline = is_borderline(breakdown.peak_bytes, usable, band, breakdown.lazy_state_segment_bytes)
+    turns_on = None if borderline else _turns_in_band(request, breakdown, memory.fits, usable, band)
     host_per_node = states.host_bytes * request.cluster.gpus_per_node
     step_collectives = tuple(collectives(request))
     return StrategyPlan.trusted(
@@ -774,8 +779,8 @@ def _plan_at_peak(memory: PeakRankMemory, largest_micro_batch: bool, timed: bool
         memory=breakdown,
         usable_memory_bytes=usable,
         fits=memory.fits,
-        borderline=is_borderline(breakdown.peak_bytes, usable, error_band(request.batch.varying_lengths is not None),
-                                 breakdown.lazy_state_segment_bytes),
+        borderline=borderline or turns_on is not None,
+        borderline_capacity_bytes=turns_on,
         headroom_bytes=usable - breakdown.peak_bytes,
         max_micro_batch_size=max_micro_batch_size(request) if largest_micro_batch else None,
         host_bytes_per_rank=states.host_bytes,
@@ -791,6 +796,25 @@ def _plan_at_peak(memory: PeakRankMemory, largest_micro_batch: bool, timed: bool
         pipeline_rank_peak_bytes=memory.rank_peaks,
         peak_rank_reason=reason,
     )
+
+
+def _turns_in_band(request: PlanRequest, breakdown: MemoryBreakdown, fits: bool, usable_bytes: int,
+                   band: PeakErrorBand) -> int | None:
+    """Under the caching-allocator model, for a verdict not borderline by its peak: the least
+    memory within the band's reach of the usable memory (margin.band_capacities_bytes) on which
+    the step goes the other way (completes where it runs out on the usable memory, runs out where
+    it completes), else None. A refused cudaMalloc frees the cache, and when it comes decides how
+    the rest of the step packs, so a step that runs out may complete on a little less memory, or
+    a little more than its unlimited peak says, and one that completed only after a refusal may
+    run out on a little more; with the measured error the run on the GPU may go either way."""
+    if (breakdown.reserved_peak_bytes is None or not breakdown.allocator_modelled
+            or breakdown.varying_length_reserve_bytes):
+        return None
+    from zeroplan.allocator.planner import allocator_turns_in_band
+
+    low, high = band_capacities_bytes(usable_bytes, band)
+    return allocator_turns_in_band(request, *replayed(*checked_peak_terms(request)), breakdown.allocated_peak_bytes,
+                                   low, high, fits)
 
 
 # Simpler first: fewer model states sharded, no engine before an engine (docs/memory-model.md,
@@ -889,7 +913,9 @@ def _margin(plan: StrategyPlan, band: PeakErrorBand) -> str:
         return ""
     if plan.borderline_by_split_segment:
         return f"; {split_segment_words(plan.memory.lazy_state_segment_bytes)}"
-    return f"; {borderline_words(plan.memory.peak_bytes, plan.usable_memory_bytes, band)} for the middle half of published runs"
+    words = borderline_words(plan.memory.peak_bytes, plan.usable_memory_bytes, band, plan.borderline_capacity_bytes,
+                             plan.fits)
+    return f"; {words}" + ("" if plan.borderline_capacity_bytes is not None else " for the middle half of published runs")
 
 
 # benchmarks/allocator_verdict_sweep.py: over 1,440 strategy plans the caching-allocator

@@ -16,7 +16,10 @@ from zeroplan.specs.framework import DEEPSPEED_RELEASES, HF_DEEPSPEED_RELEASES, 
 from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
-from zeroplan.specs.training import ActivationCheckpointing, Optimizer, OptimizerLoop, Precision, TrainingSpec
+from zeroplan.specs.hardware import GpuSpec
+from zeroplan.specs.training import (
+    ActivationCheckpointing, Optimizer, OptimizerLoop, Precision, TrainingSpec, precision_without_bf16,
+)
 
 
 
@@ -443,6 +446,17 @@ PROFILES: dict[Framework, FrameworkProfile] = {
 
 def profile(framework: Framework) -> FrameworkProfile:
     return PROFILES[framework]
+
+
+def default_precision(framework: Framework, gpu: GpuSpec) -> Precision:
+    """The precision a request that names none is planned in: the framework's recipes' own, or
+    on a GPU without bf16 tensor cores (a V100) what the framework runs there instead
+    (specs.training.precision_without_bf16): torch would run the bf16 default emulated, at no
+    tensor-core rate (GpuSpec.has_bf16_tensor_cores)."""
+    own = profile(framework).default_precision
+    if gpu.has_bf16_tensor_cores or own not in (Precision.bf16_mixed, Precision.bf16_pure):
+        return own
+    return precision_without_bf16(framework)
 
 
 # Which checkpoint a framework's block runs under full recomputation: Hugging Face's

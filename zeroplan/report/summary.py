@@ -124,8 +124,10 @@ def fit_verdict(report: FitReport, unit: ByteUnit) -> list[str]:
             if chosen.borderline_by_split_segment:
                 said.append(f"But {split_segment_words(chosen.memory.lazy_state_segment_bytes)}{room}.")
             else:
-                said.append(f"But {borderline_words(chosen.memory.peak_bytes, chosen.usable_memory_bytes, _band(report))} for the middle "
-                            f"half of published runs: it may not{room}.")
+                words = borderline_words(chosen.memory.peak_bytes, chosen.usable_memory_bytes, _band(report),
+                                         chosen.borderline_capacity_bytes, chosen.fits)
+                middle = "" if chosen.borderline_capacity_bytes is not None else " for the middle half of published runs"
+                said.append(f"But {words}{middle}: it may not{room}.")
         return said
     short_of_host = [p for p in report.plans if p.fits and p.host_fits is False]
     if short_of_host:
@@ -140,7 +142,8 @@ def fit_verdict(report: FitReport, unit: ByteUnit) -> list[str]:
         least = "at least " if memory.peak_is_least else ""
         said = (f"Does not fit. Smallest footprint: {closest.strategy.value}, {least}"
                 f"{to_unit(memory.peak_bytes, unit):.1f} {u} per GPU of {to_unit(closest.usable_memory_bytes, unit):.1f} {u} usable"
-                + (f" ({borderline_words(memory.peak_bytes, closest.usable_memory_bytes, _band(report))}: it may)"
+                + (f" ({borderline_words(memory.peak_bytes, closest.usable_memory_bytes, _band(report), closest.borderline_capacity_bytes, closest.fits)}"
+                   ": it may)"
                    if closest.borderline else "")
                 + ".")
     if report.suggested_change:
@@ -204,8 +207,11 @@ def fit_notes(report: FitReport, unit: ByteUnit) -> list[str]:
     split = [p for p in report.plans if p.borderline_by_split_segment]
     if any(p.borderline for p in report.plans if p not in split):
         band = _band(report)
+        retries = any(p.borderline_capacity_bytes is not None for p in report.plans)
         notes.append(f"* = borderline: published runs peaked at {100 * band.low:.0f}-{100 * band.high:.0f} % of the "
-                     "prediction (middle half), so the measured error alone could turn the verdict (docs/validation.md).")
+                     "prediction (middle half), so the measured error alone could turn the verdict (docs/validation.md)."
+                     + (" The caching allocator frees its cache when a cudaMalloc is refused and retries, so a step's "
+                        "outcome need not move one way with the memory (docs/memory-model.md)." if retries else ""))
     if split:
         notes.append(f"* = borderline: {SPLIT_SEGMENT_NOTE}.")
     if report.allocator_caution:

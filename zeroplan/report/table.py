@@ -348,7 +348,9 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
     if any(p.borderline for p in report.plans if p not in split):
         band = error_band(report.batch.varying_lengths is not None)
         notes.append(f"* = borderline: the middle half of published runs peaked at {100 * band.low:.0f}-{100 * band.high:.0f} % of their "
-                     "prediction, and the usable memory lies in that range (docs/validation.md, \"Published peaks\").")
+                     "prediction, and the usable memory lies in that range, or the caching-allocator model's step goes the "
+                     "other way on a memory a run with that error stands on as on the usable one (docs/validation.md, "
+                     "\"Published peaks\"; docs/memory-model.md, \"The caching allocator\").")
     if split:
         notes.append(f"* = borderline: {SPLIT_SEGMENT_NOTE}.")
     if any(p.fits and p.host_fits is False for p in report.plans):

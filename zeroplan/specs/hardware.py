@@ -120,6 +120,16 @@ class GpuSpec(Frozen):
     """Published (or calibrated) nccl-tests bus bandwidths, each with its source; the planner
     uses them by default (PerformanceAssumptions.bandwidth) and the links keep the nominal figures."""
 
+    @property
+    def has_bf16_tensor_cores(self) -> bool:
+        """Whether its tensor cores multiply bf16: every catalog generation from Ampere on (and
+        CDNA3), not Volta (V100 tensor cores take fp16 only). torch still runs bf16 on a V100,
+        emulated (torch 2.13 cuda/__init__.py is_bf16_supported: compute capability >= 8, or
+        with its default including_emulation=True whether a bf16 tensor can be created, which
+        sm70 can), so this is a matter of which precision the GPU runs at its tensor rate, not of
+        what runs at all. An unknown generation (None) is taken to have them."""
+        return self.architecture is not GpuArchitecture.volta
+
 
 class HostSpec(Frozen):
     """The host CPUs and memory of one node, shared by its GPUs (used by offload's CPU step).

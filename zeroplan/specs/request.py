@@ -14,6 +14,7 @@ from zeroplan.specs.parallel import ParallelSpec, check_parallel
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.training import (
     ActivationCheckpointing, AttentionKernel, BatchSpec, Float8Recipe, Optimizer, StateConvention, TrainingSpec,
+    precision_without_bf16,
 )
 
 
@@ -335,6 +336,29 @@ class PlanRequest(Frozen):
             return {**data, "batch": batch.model_copy(update={"seq_len": min(batch.seq_len, positions)})}
         if isinstance(batch, dict) and "seq_len" not in batch:
             return {**data, "batch": {**batch, "seq_len": min(DEFAULT_SEQ_LEN, positions)}}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _precision_the_gpu_runs(cls, data: object) -> object:
+        """A training that names no precision, on a GPU without bf16 tensor cores (a V100), is
+        planned in what its framework runs there (precision_without_bf16), not the bf16 default
+        torch would run emulated, as the command line's default does; a named one is kept."""
+        if not isinstance(data, dict):
+            return data
+        cluster, training = data.get("cluster"), data.get("training")
+        if not isinstance(cluster, ClusterSpec) or cluster.gpu.has_bf16_tensor_cores:
+            return data
+        if training is None:
+            return {**data, "training": TrainingSpec(precision=precision_without_bf16(Framework.zeroplan))}
+        if isinstance(training, TrainingSpec) and "precision" not in training.model_fields_set:
+            return {**data, "training": training.model_copy(update={"precision": precision_without_bf16(training.framework)})}
+        if isinstance(training, dict) and "precision" not in training:
+            try:
+                framework = Framework(training.get("framework", Framework.zeroplan))
+            except ValueError:
+                return data  # the training's own validation answers
+            return {**data, "training": {**training, "precision": precision_without_bf16(framework).value}}
         return data
 
     @model_validator(mode="before")

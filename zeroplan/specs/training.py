@@ -34,6 +34,21 @@ class Precision(str, Enum):
         return 4 if self is Precision.fp32 else 2
 
 
+# torchtitan 0.3.0 config/configs.py TrainingConfig: dtype and mixed_precision_param "bfloat16" |
+# "float32", no fp16 and no loss scaler. torchtune 0.6.1 recipes/full_finetune_distributed.py
+# (and the LoRA recipes): "In GPUs which do not support bfloat16, we fall back to fp32", and a
+# dtype of fp16 is refused ("fp16 precision is not supported in this recipe").
+_FP32_WITHOUT_BF16 = (Framework.torchtitan, Framework.torchtune)
+
+
+def precision_without_bf16(framework: Framework) -> Precision:
+    """The precision a framework's users run on a GPU whose tensor cores take no bf16 (a V100):
+    fp16 with an fp32 master copy and a loss scaler where the stack has it (torch AMP's
+    GradScaler under zeroplan's and Hugging Face's --fp16, Lightning's "16-mixed", Megatron's
+    and DeepSpeed's --fp16, fairseq's --fp16), fp32 where it has no fp16 (torchtitan, torchtune)."""
+    return Precision.fp32 if framework in _FP32_WITHOUT_BF16 else Precision.fp16_mixed
+
+
 class Optimizer(str, Enum):
     """Optimizers whose state size zeroplan knows."""
 
