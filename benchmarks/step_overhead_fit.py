@@ -219,6 +219,7 @@ def patch(variant: dict) -> None:  # type: ignore[type-arg]
     {"by": ...}), once per step, per micro-batch or per block and micro-batch ({"per": ...})."""
     import zeroplan.core.timing as timing
     from eager_memory_fit import request_key
+    from step_time_mechanisms import slower_by
     from zeroplan.validate.step_calibration import default_request
     from zeroplan.validate.step_time import load_published_throughput
 
@@ -240,13 +241,7 @@ def patch(variant: dict) -> None:  # type: ignore[type-arg]
         time = step_time(request, collectives)
         # a pipeline stage runs its share of the blocks
         added = added_s(request_key(request), request.batch.grad_accum_steps, request.model.num_layers / request.parallel.pp)
-        if not added:
-            return time
-        step_s = time.step_with_overlap_s + added
-        return time.model_copy(update={
-            "step_with_overlap_s": step_s, "step_without_overlap_s": time.step_without_overlap_s + added,
-            "tokens_per_s_per_gpu": time.tokens_per_s_per_gpu * time.step_with_overlap_s / step_s,
-            "model_flops_utilization": time.model_flops_utilization * time.step_with_overlap_s / step_s})
+        return slower_by(time, added, "step_without_overlap_s") if added else time
 
     timing.step_time = patched
 

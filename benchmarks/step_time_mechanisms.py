@@ -241,6 +241,18 @@ def _patch_gemm_operand_traffic() -> None:
 # is waited on before the optimizer step. The planner hides each phase's collectives behind that
 # phase's compute as a whole (exposed_communication_s); this variant exposes at least one call
 # of the forward gather per micro-batch and one call of the backward reduce-scatter per step.
+def slower_by(time, added_s: float, *also: str):  # type: ignore[no-untyped-def]
+    """``time`` (the planner's StepTime) with ``added_s`` more on its step, and on each field
+    named in ``also``: the same tokens and FLOPs over a longer step, so tokens/s and MFU fall in
+    proportion (the variants here and benchmarks/step_overhead_fit.py add time this way)."""
+    step_s = time.step_with_overlap_s + added_s
+    return time.model_copy(update={
+        **{name: getattr(time, name) + added_s for name in also},
+        "step_with_overlap_s": step_s,
+        "tokens_per_s_per_gpu": time.tokens_per_s_per_gpu * time.step_with_overlap_s / step_s,
+        "model_flops_utilization": time.model_flops_utilization * time.step_with_overlap_s / step_s})
+
+
 def _patch_fsdp_edge() -> None:
     import zeroplan.core.timing as timing
     from zeroplan.core.collective import CollectiveOp, Phase
@@ -261,13 +273,7 @@ def _patch_fsdp_edge() -> None:
             elif collective.op is CollectiveOp.reduce_scatter and collective.phase is Phase.backward:
                 edge += per_call_s
         added = max(0.0, edge - time.exposed_communication_s)
-        if not added:
-            return time
-        step_s = time.step_with_overlap_s + added
-        return time.model_copy(update={
-            "step_with_overlap_s": step_s, "exposed_communication_s": time.exposed_communication_s + added,
-            "tokens_per_s_per_gpu": time.tokens_per_s_per_gpu * time.step_with_overlap_s / step_s,
-            "model_flops_utilization": time.model_flops_utilization * time.step_with_overlap_s / step_s})
+        return slower_by(time, added, "exposed_communication_s") if added else time
 
     timing.step_time = patched
 
@@ -314,12 +320,7 @@ def _patch_optimizer_loop() -> None:
         time = step_time(request, collectives)
         if not request.model.name.startswith("mpt-"):
             return time
-        added = rank_stepped_tensors(request) * per_tensor_s
-        step_s = time.step_with_overlap_s + added
-        return time.model_copy(update={
-            "step_with_overlap_s": step_s,
-            "tokens_per_s_per_gpu": time.tokens_per_s_per_gpu * time.step_with_overlap_s / step_s,
-            "model_flops_utilization": time.model_flops_utilization * time.step_with_overlap_s / step_s})
+        return slower_by(time, rank_stepped_tensors(request) * per_tensor_s)
 
     timing.step_time = patched
 
