@@ -546,18 +546,11 @@ def _check_activation_offloading(argv, names, plans, sweep) -> None:
     if "--activation-offloading" not in argv:
         return
     plain_argv = [t for t in argv if t != "--activation-offloading"]
-    try:
-        request, plain = build(argv, sweep), build(plain_argv, sweep)
-    except Refused:
-        return
-    for name in plans:
-        kind = StrategyKind(name)
-        try:
-            without = answer(lambda: [b.allocated_peak_bytes for b, _ in pipeline_rank_breakdowns(_on_flat(plain, kind))],
-                             plain_argv, sweep, name)
-        except Refused:
-            continue
-        offloaded = [b.allocated_peak_bytes for b, _ in pipeline_rank_breakdowns(_on_flat(request, kind))]
+
+    def allocated_peaks(request, name: str) -> list[int]:  # type: ignore[no-untyped-def]
+        return [b.allocated_peak_bytes for b, _ in pipeline_rank_breakdowns(_on_flat(request, StrategyKind(name)))]
+
+    for name, _, offloaded, without in _beside_variant(argv, plain_argv, plans, sweep, allocated_peaks):
         for stage, (a, b) in enumerate(zip(offloaded, without)):
             sweep.check(INVARIANTS[3], a <= b, f"{name}: allocated peak {gib(a)} with --activation-offloading > "
                         f"{gib(b)} without (pipeline rank {stage})\n    {command_line(argv, name)}")
@@ -583,16 +576,8 @@ def _check_scale_out(argv, names, plans, sweep) -> None:
     if not kinds:
         return
     variant = with_flag(argv, "--gpus", str(2 * int(flag_value(argv, "--gpus"))))
-    try:
-        request, more = build(argv, sweep), build(variant, sweep)
-    except Refused:
-        return
-    for name in kinds:
-        try:
-            after = answer(lambda: rank_state_bytes(more, name), variant, sweep, name)
-        except Refused:
-            continue
-        for rank, (a, b) in enumerate(zip(rank_state_bytes(request, name), after)):
+    for name, _, before, after in _beside_variant(argv, variant, kinds, sweep, rank_state_bytes):
+        for rank, (a, b) in enumerate(zip(before, after)):
             sweep.check(INVARIANTS[7], b <= a, f"{name}: model states {gib(a)} per GPU -> {gib(b)} on twice the GPUs "
                         f"(pipeline rank {rank})\n    {command_line(argv, name)}\n    {command_line(variant, name)}")
 
@@ -655,27 +640,37 @@ def _check_adapter_rank(argv, names, plans, sweep) -> None:
     if rank is None or "--paged-optimizer" in argv:
         return
     variant = with_flag(argv, "--lora-rank", str(2 * int(rank)))
-    try:
-        request, wider = build(argv, sweep), build(variant, sweep)
-    except Refused:
-        return
-    for name in plans:
-        kind = StrategyKind(name)
-        try:
-            after = answer(lambda: [(b.parameter_bytes + b.gradient_bytes + b.optimizer_state_bytes, b.allocated_peak_bytes)
-                                    for b, _ in pipeline_rank_breakdowns(_on_flat(wider, kind))], variant, sweep, name)
-        except Refused:
-            continue
-        before = [(b.parameter_bytes + b.gradient_bytes + b.optimizer_state_bytes, b.allocated_peak_bytes)
-                  for b, _ in pipeline_rank_breakdowns(_on_flat(request, kind))]
-        from zeroplan.core.deepspeed_coordinator import replays_gathers
 
+    def states_and_peaks(request, name: str) -> list[tuple[int, int]]:  # type: ignore[no-untyped-def]
+        return [(b.parameter_bytes + b.gradient_bytes + b.optimizer_state_bytes, b.allocated_peak_bytes)
+                for b, _ in pipeline_rank_breakdowns(_on_flat(request, StrategyKind(name)))]
+
+    from zeroplan.core.deepspeed_coordinator import replays_gathers
+
+    for name, request, before, after in _beside_variant(argv, variant, plans, sweep, states_and_peaks):
+        kind = StrategyKind(name)
         prefetches = replays_gathers(request.with_strategy(request.strategy.model_copy(update={"kind": kind})))
         for stage, ((states_a, peak_a), (states_b, peak_b)) in enumerate(zip(before, after)):
             sweep.check(INVARIANTS[10], states_b >= states_a and (prefetches or peak_b >= peak_a),
                         f"{name}: model states {gib(states_a)} -> {gib(states_b)}, allocated peak {gib(peak_a)} -> "
                         f"{gib(peak_b)} at twice the LoRA rank (pipeline rank {stage})\n    {command_line(argv, name)}\n    "
                         f"{command_line(variant, name)}")
+
+
+def _beside_variant(argv, variant, names, sweep, figures):  # type: ignore[no-untyped-def]
+    """For each strategy of ``names``: (name, the request, its figures, the variant's figures),
+    ``figures(request, name)`` being a list by pipeline rank; the variant's asked through answer()
+    (a refusal there passes the strategy over), nothing where either request is refused."""
+    try:
+        request, other = build(argv, sweep), build(variant, sweep)
+    except Refused:
+        return
+    for name in names:
+        try:
+            after = answer(lambda: figures(other, name), variant, sweep, name)
+        except Refused:
+            continue
+        yield name, request, figures(request, name), after
 
 
 def _on_flat(request, kind: StrategyKind):
