@@ -16,7 +16,7 @@ from zeroplan.allocator.rules import SMALL_SIZE_BYTES, allocation_size, round_si
 from zeroplan.allocator.varying_lengths import record_tensor_bytes
 from zeroplan.cli.fit import request_from_args
 from zeroplan.cli.main import build_parser
-from zeroplan.core.margin import borderline_words, is_borderline, split_segment_words
+from zeroplan.core.margin import PEAK_ERROR_BAND, borderline_words, is_borderline, margin_words, split_segment_words
 from zeroplan.core.plan import peak_terms, plan
 from zeroplan.specs.strategy import StrategyKind
 
@@ -95,6 +95,18 @@ def test_a_fit_that_may_need_one_more_segment_is_borderline_whatever_the_band() 
     assert not is_borderline(150 * GIB, 100 * GIB, split_segment_bytes=4 * GIB)
     assert "4.64 GiB segment" in split_segment_words(4_978_638_848)
     assert split_segment_words(GIB) != borderline_words(50 * GIB, 100 * GIB)
+
+
+def test_a_fit_borderline_for_both_reasons_names_both() -> None:
+    segment = margin_words(50 * GIB, 100 * GIB, PEAK_ERROR_BAND, None, True, 4 * GIB)
+    assert segment == split_segment_words(4 * GIB)
+    near = margin_words(99 * GIB, 100 * GIB, PEAK_ERROR_BAND, None, True, 0)
+    assert near.startswith(borderline_words(99 * GIB, 100 * GIB)) and "segment" not in near
+    both = margin_words(99 * GIB, 100 * GIB, PEAK_ERROR_BAND, None, True, 4 * GIB)
+    assert both.startswith(near) and "4.00 GiB segment" in both
+    # An OOM is judged by the band alone: no segment to name.
+    assert "segment" not in margin_words(101 * GIB, 100 * GIB, PEAK_ERROR_BAND, None, False, 4 * GIB)
+    assert margin_words(50 * GIB, 100 * GIB, PEAK_ERROR_BAND, None, True, 0) == ""
 
 
 def _row_plan(row_id: str):

@@ -85,6 +85,25 @@ SPLIT_SEGMENT_NOTE = ("the gradients and optimizer states the loop makes inside 
 def split_segment_words(split_segment_bytes: int) -> str:
     """Why a fit is borderline where tensors made inside the epoch may take one of the step's
     largest segments (zeroplan.allocator.lazy_states), for a person."""
-    return (f"borderline: may run out in some orders of lengths (gradients and optimizer states made inside "
+    return f"borderline: {_split_segment_reason(split_segment_bytes)}"
+
+
+def _split_segment_reason(split_segment_bytes: int) -> str:
+    return (f"may run out in some orders of lengths (gradients and optimizer states made inside "
             f"the epoch can take a {split_segment_bytes / 2**30:.2f} GiB segment of the step's largest request, "
             f"and the usable memory has no room for one more)")
+
+
+def margin_words(peak_bytes: int, usable_bytes: int, band: PeakErrorBand, turns_on_bytes: int | None,
+                 fits: bool, split_segment_bytes: int) -> str:
+    """Every reason a verdict is borderline, for a person: the error band's (or the caching
+    allocator's turn within it) and, for a fit, the segment tensors made inside the epoch may take;
+    both where both hold, so neither hides the other."""
+    by_band = turns_on_bytes is not None or is_borderline(peak_bytes, usable_bytes, band)
+    by_segment = fits and split_segment_bytes > 0
+    if not by_band:
+        return split_segment_words(split_segment_bytes) if by_segment else ""
+    words = borderline_words(peak_bytes, usable_bytes, band, turns_on_bytes, fits)
+    if turns_on_bytes is None:
+        words += " for the middle half of published runs"
+    return f"{words}, and {_split_segment_reason(split_segment_bytes)}" if by_segment else words

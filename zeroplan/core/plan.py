@@ -37,7 +37,7 @@ from zeroplan.core.profiles import (
     framework_strategies, fsdp1_root_stays_gathered, fsdp_cpu_offload_strategies,
 )
 from zeroplan.core.margin import (
-    PeakErrorBand, band_capacities_bytes, borderline_words, error_band, is_borderline, split_segment_words,
+    PeakErrorBand, band_capacities_bytes, error_band, is_borderline, margin_words,
 )
 from zeroplan.core.memo import KeptAnswers, batch_keyed
 from zeroplan.core.nvme import nvme_bytes
@@ -911,11 +911,8 @@ def _margin(plan: StrategyPlan, band: PeakErrorBand) -> str:
     """'; borderline: the real peak of runs like it lies at 93-108 % of usable' where it does."""
     if not plan.borderline:
         return ""
-    if plan.borderline_by_split_segment:
-        return f"; {split_segment_words(plan.memory.lazy_state_segment_bytes)}"
-    words = borderline_words(plan.memory.peak_bytes, plan.usable_memory_bytes, band, plan.borderline_capacity_bytes,
-                             plan.fits)
-    return f"; {words}" + ("" if plan.borderline_capacity_bytes is not None else " for the middle half of published runs")
+    return "; " + margin_words(plan.memory.peak_bytes, plan.usable_memory_bytes, band, plan.borderline_capacity_bytes,
+                               plan.fits, plan.memory.lazy_state_segment_bytes)
 
 
 # benchmarks/allocator_verdict_sweep.py: over 1,440 strategy plans the caching-allocator

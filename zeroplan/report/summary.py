@@ -11,7 +11,7 @@ import textwrap
 from collections.abc import Callable, Sequence
 
 from zeroplan.answers import FitReport, PlanSearchResult
-from zeroplan.core.margin import SPLIT_SEGMENT_NOTE, PeakErrorBand, borderline_words, error_band, split_segment_words
+from zeroplan.core.margin import SPLIT_SEGMENT_NOTE, PeakErrorBand, borderline_words, error_band, margin_words
 from zeroplan.core.plan import recommendation_key
 from zeroplan.core.record import frozen
 from zeroplan.core.timing import nccl_algorithms
@@ -121,13 +121,9 @@ def fit_verdict(report: FitReport, unit: ByteUnit) -> list[str]:
         if chosen.borderline:
             safe = [p.strategy.value for p in report.plans if p.fits and p.host_fits is not False and not p.borderline]
             room = f"; {', '.join(safe)} fit{'s' if len(safe) == 1 else ''} with room" if safe else ""
-            if chosen.borderline_by_split_segment:
-                said.append(f"But {split_segment_words(chosen.memory.lazy_state_segment_bytes)}{room}.")
-            else:
-                words = borderline_words(chosen.memory.peak_bytes, chosen.usable_memory_bytes, _band(report),
-                                         chosen.borderline_capacity_bytes, chosen.fits)
-                middle = "" if chosen.borderline_capacity_bytes is not None else " for the middle half of published runs"
-                said.append(f"But {words}{middle}: it may not{room}.")
+            words = margin_words(chosen.memory.peak_bytes, chosen.usable_memory_bytes, _band(report),
+                                 chosen.borderline_capacity_bytes, chosen.fits, chosen.memory.lazy_state_segment_bytes)
+            said.append(f"But {words}{room}." if chosen.borderline_by_split_segment else f"But {words}: it may not{room}.")
         return said
     short_of_host = [p for p in report.plans if p.fits and p.host_fits is False]
     if short_of_host:
