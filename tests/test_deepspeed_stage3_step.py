@@ -1,6 +1,7 @@
 """DeepSpeed ZeRO-3's optimizer step sub-group by sub-group (zeroplan.core.deepspeed_stage3_step):
 each sub-group's flat 16-bit gradient copy and its fp32 cast, made and freed in turn, at the step's
-peak in place of the whole fp32 gradient partition."""
+peak in place of the whole fp32 gradient partition; and --reduce-bucket-size, a config's
+reduce_bucket_size, setting the ipg bucket."""
 
 from __future__ import annotations
 
@@ -65,3 +66,10 @@ def test_the_step_moment_and_the_replay_count_the_sub_group_not_the_partition(tm
 def test_other_steps_keep_the_gradient_partition(tmp_path, kind: StrategyKind) -> None:
     assert deepspeed_stage3_step.step_gradient_bytes(_request(tmp_path, kind=kind)) is None
 
+
+def test_reduce_bucket_size_sets_the_ipg_bucket(tmp_path) -> None:
+    default, given = _request(tmp_path), _request(tmp_path, "--reduce-bucket-size", "50000000")
+    assert default.strategy.zero_bucket_elements == 500_000_000
+    assert given.strategy.zero_bucket_elements == 50_000_000
+    # The bucket is resident in the model dtype: 4.5e8 bf16 elements fewer.
+    assert peak_terms(default)[1].resident_buffers - peak_terms(given)[1].resident_buffers == 450_000_000 * 2

@@ -158,6 +158,7 @@ FLAG_OF_FIELD = {
     "state_convention": "--state-convention",
     "strategy.shard_group_size": "--hsdp-group",
     "strategy.hpz_partition_size": "--hpz-partition-size",
+    "strategy.zero_bucket_elements": "--reduce-bucket-size",
     "strategy.mics_shard_size": "--mics-shard-size",
     "finetune": "--lora-rank/--frozen-blocks",
     "finetune.lora_rank": "--lora-rank",
