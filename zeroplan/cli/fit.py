@@ -8,7 +8,7 @@ import sys
 
 from zeroplan.cli.finetune_args import add_finetune_arguments, finetune_from_args
 from zeroplan.cli.parser import (
-    add_seq_len_arguments, bounded_int, choices_of, option_groups, positive_float, positive_int, screen_width, seq_len_of,
+    add_seq_len_arguments, bucket_elements_int, choices_of, option_groups, positive_float, positive_int, screen_width, seq_len_of,
 )
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs import (
@@ -180,7 +180,7 @@ def add_sharding_arguments(group: argparse._ArgumentGroup) -> None:
         "--strategies", help=f"comma-separated subset of: {', '.join(choices_of(StrategyKind))} (default all)"
     )
     group.add_argument("--hsdp-group", type=positive_int, help="HSDP shard group size (default: GPUs per node)")
-    group.add_argument("--reduce-bucket-size", type=bounded_int(2**40, "2^40 elements"),
+    group.add_argument("--reduce-bucket-size", type=bucket_elements_int,
                        help="DeepSpeed's zero_optimization reduce_bucket_size, in elements, where a run's config "
                             "sets one (default DeepSpeed's 5e8; the ipg bucket ZeRO-1/2/3 allocate)")
     add_zero3_group_arguments(group)
