@@ -8,7 +8,12 @@ of grad_partitions_flat_buffer in the model dtype (:1424-1427), with _flatten_de
 torch.cat of two or more tensors, a view of one) and casts the flat copy to fp32, both alive while
 the cast runs; _release_sub_group (:2731-2736) drops the fp32 gradient before the next
 sub-group's is made. So the step holds the largest sub-group's flat copy and fp32 gradient, not
-the whole partition's fp32 gradient."""
+the whole partition's fp32 gradient.
+
+DeepSpeed cuts each optimizer parameter group into sub-groups on its own (stage3.py
+_create_fp16_sub_groups per param_group); the sub-groups here are cut from every trainable
+tensor in registration order, as one group: a Trainer's no-decay group (norms and biases, a few
+MiB) counts with the weights beside it."""
 
 from __future__ import annotations
 
