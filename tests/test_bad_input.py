@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from refusals import run_refused
 
-from zeroplan.cli.parser import MAX_COUNT, MAX_FLOAT, MAX_SEQ_LEN
+from zeroplan.cli.parser import MAX_BUCKET_ELEMENTS, MAX_COUNT, MAX_FLOAT, MAX_SEQ_LEN
 
 
 def _zeroplan(argv: list[str]) -> int:
@@ -85,6 +85,8 @@ BAD_NUMBERS = ["0", "-1", "abc", "", "inf", "-inf", "nan", "1e999", "0x10", str(
 def _just_too_big(flag: str, action: argparse.Action) -> str:
     if action.type.__name__ == "positive_float":
         return str(MAX_FLOAT * 2)
+    if flag == "--reduce-bucket-size":
+        return str(MAX_BUCKET_ELEMENTS + 1)
     return str(MAX_SEQ_LEN + 1 if flag == "--seq-len" else MAX_COUNT + 1)
 
 

@@ -8,7 +8,7 @@ import sys
 
 from zeroplan.cli.finetune_args import add_finetune_arguments, finetune_from_args
 from zeroplan.cli.parser import (
-    add_seq_len_arguments, choices_of, option_groups, positive_float, positive_int, screen_width, seq_len_of,
+    add_seq_len_arguments, bucket_elements_int, choices_of, option_groups, positive_float, positive_int, screen_width, seq_len_of,
 )
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs import (
@@ -168,12 +168,21 @@ def _fsdp1_from_args(args: argparse.Namespace, framework: Framework) -> bool:
     return version == 1
 
 
+def _bucket_from_args(args: argparse.Namespace) -> dict[str, int]:
+    """StrategySpec.zero_bucket_elements where --reduce-bucket-size gives it (else its default)."""
+    size = getattr(args, "reduce_bucket_size", None)
+    return {} if size is None else {"zero_bucket_elements": size}
+
+
 def add_sharding_arguments(group: argparse._ArgumentGroup) -> None:
     """The data-parallel strategies' own knobs (fit and compare)."""
     group.add_argument(
         "--strategies", help=f"comma-separated subset of: {', '.join(choices_of(StrategyKind))} (default all)"
     )
     group.add_argument("--hsdp-group", type=positive_int, help="HSDP shard group size (default: GPUs per node)")
+    group.add_argument("--reduce-bucket-size", type=bucket_elements_int,
+                       help="DeepSpeed's zero_optimization reduce_bucket_size, in elements, where a run's config "
+                            "sets one (default DeepSpeed's 5e8; the ipg bucket ZeRO-1/2/3 allocate)")
     add_zero3_group_arguments(group)
     group.add_argument(
         "--keep-unsharded-grads-on-accum", action="store_true",
@@ -592,7 +601,8 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
                             keep_unsharded_grads_on_accum=getattr(args, "keep_unsharded_grads_on_accum", False)
                             or accumulates_without_sync(framework, cluster.world_size // parallel.model_parallel_size),
                             deepspeed_grad_accum_fp32=getattr(args, "deepspeed_grad_accum_dtype", None) == "fp32",
-                            fsdp1_root_stays_gathered=_fsdp1_from_args(args, framework))
+                            fsdp1_root_stays_gathered=_fsdp1_from_args(args, framework),
+                            **_bucket_from_args(args))
     if args.mfu is not None:
         raise ZeroplanError(
             "mfu", "is no longer an input: give --hfu (executed FLOPs over peak; a published MFU converts as "

@@ -36,6 +36,8 @@ MAX_SEQ_LEN = 2**24
 """Tokens per sequence: 16,777,216, above the longest context any published model trains with."""
 MAX_FLOAT = 2.0**40
 """Bound of a positive number flag (memory in GiB/GB, seconds, MFU before its own check)."""
+MAX_BUCKET_ELEMENTS = 2**36
+"""--reduce-bucket-size: 2^36 elements (128 GiB of 16-bit gradients), a bucket no GPU holds."""
 
 
 def _as_int(text: str) -> int:
@@ -63,6 +65,7 @@ def bounded_int(maximum: int, what: str = "") -> Callable[[str], int]:
 
 
 positive_int = bounded_int(MAX_COUNT, "2^20")
+bucket_elements_int = bounded_int(MAX_BUCKET_ELEMENTS, "2^36 elements")
 seq_len_int = bounded_int(MAX_SEQ_LEN, "2^24 tokens")
 
 DEFAULT_SEQ_LEN = BatchSpec().seq_len
@@ -158,6 +161,7 @@ FLAG_OF_FIELD = {
     "state_convention": "--state-convention",
     "strategy.shard_group_size": "--hsdp-group",
     "strategy.hpz_partition_size": "--hpz-partition-size",
+    "strategy.zero_bucket_elements": "--reduce-bucket-size",
     "strategy.mics_shard_size": "--mics-shard-size",
     "finetune": "--lora-rank/--frozen-blocks",
     "finetune.lora_rank": "--lora-rank",

@@ -51,22 +51,30 @@ def io_aligned_elements(elements: int, element_bytes_: int) -> int:
 # deepspeed 0.19.8 runtime/zero/stage3.py _create_fp16_sub_groups: parameters in registration
 # order join a sub-group until its partition elements (param.partition_numel(), ceil(numel / N)
 # under ZeRO-3) reach sub_group_size or the last parameter; each sub-group is one flat fp32
-# partition the optimizer swaps in and out whole.
-def sub_group_partition_elements(request: PlanRequest) -> list[int]:
-    """Partition elements of each optimizer sub-group on one rank, in order."""
+# partition the optimizer steps (and the NVMe swapper swaps in and out) whole.
+def sub_group_tensor_elements(request: PlanRequest) -> list[list[int]]:
+    """Each optimizer sub-group on one rank, in order, as its tensors' partition elements."""
     shards = request.shard_group_size
-    groups, current = [], 0
+    groups: list[list[int]] = []
+    current: list[int] = []
+    filled = 0
     for unit in rank_trainable_units(request):
         for tensor in unit.tensors:
             if not tensor.trainable:
                 continue
-            current += ceil_div(tensor.numel, shards)
-            if current >= SUB_GROUP_SIZE:
+            current.append(ceil_div(tensor.numel, shards))
+            filled += current[-1]
+            if filled >= SUB_GROUP_SIZE:
                 groups.append(current)
-                current = 0
+                current, filled = [], 0
     if current:
         groups.append(current)
     return groups
+
+
+def sub_group_partition_elements(request: PlanRequest) -> list[int]:
+    """Partition elements of each optimizer sub-group on one rank, in order."""
+    return [sum(group) for group in sub_group_tensor_elements(request)]
 
 
 def optimizer_state_bytes_per_element(optimizer: Optimizer) -> int:

@@ -64,7 +64,9 @@ def _moment_pieces(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps
             block_pieces(moments, accumulated, resident, held),
             first_layer_pieces(moments, accumulated, resident, held),
             MomentBytes(resident, backward_end_gradients, held + backward_end_buffers),
-            MomentBytes(resident + moments.step_temporary, states.gradient_bytes, moments.resident_buffers))
+            MomentBytes(resident + moments.step_temporary,
+                        states.gradient_bytes if moments.step_gradients is None else moments.step_gradients,
+                        moments.resident_buffers))
 
 
 def backward_bases(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: int) -> tuple[int, int, int]:
@@ -192,6 +194,10 @@ class PeakTerms:
     """The buffers (beyond the resident and backward-held ones) alive at the last reduction of
     backward where it is modelled tensor by tensor (zeroplan.core.buffers.backward_end_buffer_bytes);
     None: ``transient_buffers``, the largest unit's."""
+    step_gradients: int | None = None
+    """The gradients alive at the optimizer step's peak where they are not the model states'
+    (DeepSpeed ZeRO-3 makes them one sub-group at a time: the largest sub-group's flat copy and
+    fp32 cast, zeroplan.core.deepspeed_stage3_step); None: the model states' gradients."""
     block_backward_gradients: int = 0
     """Gradients alive at the first block's backward beyond ``accumulated_gradients``: those a
     framework keeps unreduced from before the blocks (zeroplan.core.buffers.block_backward_gradient_bytes)."""

@@ -17,7 +17,7 @@ from zeroplan.core.buffers import (
 )
 from zeroplan.core.communication import collectives
 from zeroplan.core.compiled import check_compiled
-from zeroplan.core import deepspeed_2022, deepspeed_epilogue
+from zeroplan.core import deepspeed_2022, deepspeed_epilogue, deepspeed_stage3_step
 from zeroplan.core.deepspeed_accumulation import accumulated_bytes, runs_deepspeed_engine
 from zeroplan.core.encoder_decoder import check_encoder_decoder_request
 from zeroplan.core.feasibility import usable_memory_bytes
@@ -305,6 +305,7 @@ def _state_terms(request: PlanRequest) -> tuple[ModelStateBytes, tuple[tuple[str
         ("accumulated_gradients", _accumulated_gradient_bytes(request)),
         ("backward_end_buffers", backward_end_buffer_bytes(request)),
         ("backward_end_gradients", backward_end_gradient_bytes(request)),
+        ("step_gradients", deepspeed_stage3_step.step_gradient_bytes(request)),
         ("block_backward_gradients", block_backward_gradient_bytes(request)),
         ("draining_held_buffers", draining_held_buffer_bytes(request)),
         # A gradient buffer kept across steps (megatron-core's) or zeroed in place is counted

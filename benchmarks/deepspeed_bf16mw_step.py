@@ -1,0 +1,193 @@
+"""DeepSpeed ZeRO-3's own engine as DeepSpeedExamples' training/bf16_master_weight baseline runs
+it (the published rows dsx-bf16mw-6.86b-4gpu-baseline and -ckpt-baseline), on a model 1,024 times
+smaller on gloo (4 CPU ranks): where the run's peak of live bytes falls (building the engine, a
+step's forward, backward or optimizer step) and what is live there, scaled back by 1,024.
+
+    python benchmarks/deepspeed_bf16mw_step.py [--checkpoint] [--breakdown]
+
+The example's model (train.py's SimpleTransformerModel, written here from its description):
+token and learned position embeddings, post-norm blocks of nn.MultiheadAttention called with
+need_weights left True and a Linear-GELU-Linear FFN of 4h, an untied output Linear with bias and
+nn.CrossEntropyLoss on the logits; random token ids and labels. The 6.86B rows' shape (hidden
+4,096, 32 layers, 32 heads, vocabulary 50,000, batch 1 x 512) is scaled so that every weight and
+every activation is 1,024 times smaller: hidden 128, 32 heads of 4, vocabulary 1,563, batch 1 x 16
+(tokens x a width, heads x tokens^2 and tokens x vocabulary each shrink 1,024 times). The
+example's configs/baseline.json holds (AdamW, bf16, stage 3, overlap_comm, contiguous_gradients,
+stage3_param_persistence_threshold 0), with reduce_bucket_size 5e7 and DeepSpeed's defaults for
+the stage-3 prefetch bucket (5e7), stage3_max_live_parameters, stage3_max_reuse_distance and
+sub_group_size (1e9) over 1,024. As in train.py, the model is built in fp32 on the host and handed
+to deepspeed.initialize, the peak statistics reset before the model is built, and each step runs
+engine(input) -> loss -> loss.backward() -> engine.step().
+
+Live bytes come from the profiler's allocator events (zeroplan.harness.allocator_trace); the CPU's
+kernels are not CUDA's (the CPU's softmax, GELU and matmul keep no workspace the GPU would not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+# The published shapes, each scaled so that weights and activations shrink by the same factor:
+# (scale, hidden, layers, heads, vocabulary, micro-batch, tokens). 254m: hidden 1,024, 12 layers,
+# 16 heads, vocabulary 50,000, batch 4 x 512, over 16 (hidden 256, vocabulary 12,500, 128 tokens).
+SHAPES = {"6.86b": (1024, 128, 32, 32, 1563, 1, 16), "254m": (16, 256, 12, 16, 12500, 4, 128)}
+SCALE, HIDDEN, LAYERS, HEADS, VOCAB, MICRO_BATCH, SEQ = SHAPES["6.86b"]
+STEPS = 3
+WORLD = 4
+
+
+def stage3() -> dict:
+    """configs/baseline.json's zero_optimization, DeepSpeed's defaults for the rest, each size over SCALE."""
+    return {"stage": 3, "overlap_comm": True, "contiguous_gradients": True,
+            "reduce_bucket_size": 5 * 10**7 // SCALE, "stage3_param_persistence_threshold": 0,
+            "stage3_prefetch_bucket_size": 5 * 10**7 // SCALE, "stage3_max_live_parameters": 10**9 // SCALE,
+            "stage3_max_reuse_distance": 10**9 // SCALE, "sub_group_size": 10**9 // SCALE}
+
+
+def use_shape(name: str, world: int) -> None:
+    global SCALE, HIDDEN, LAYERS, HEADS, VOCAB, MICRO_BATCH, SEQ, WORLD
+    SCALE, HIDDEN, LAYERS, HEADS, VOCAB, MICRO_BATCH, SEQ = SHAPES[name]
+    WORLD = world
+PHASES = ("zeroplan::forward", "zeroplan::backward", "zeroplan::optimizer_step")
+
+
+def _model(checkpoint: bool):
+    import torch
+    from torch import nn
+    from torch.utils.checkpoint import checkpoint as run_checkpointed
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attention = nn.MultiheadAttention(HIDDEN, HEADS, batch_first=True)
+            self.norm1, self.norm2 = nn.LayerNorm(HIDDEN), nn.LayerNorm(HIDDEN)
+            self.ff = nn.Sequential(nn.Linear(HIDDEN, 4 * HIDDEN), nn.GELU(), nn.Linear(4 * HIDDEN, HIDDEN))
+
+        def forward(self, x):
+            x = self.norm1(x + self.attention(x, x, x)[0])
+            return self.norm2(x + self.ff(x))
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embedding = nn.Embedding(VOCAB, HIDDEN)
+            self.pos_embedding = nn.Embedding(SEQ, HIDDEN)
+            self.layers = nn.ModuleList(Block() for _ in range(LAYERS))
+            self.output_proj = nn.Linear(HIDDEN, VOCAB)
+
+        def forward(self, ids):
+            positions = torch.arange(ids.shape[1]).unsqueeze(0).expand(ids.shape[0], -1)
+            x = self.embedding(ids) + self.pos_embedding(positions)
+            for layer in self.layers:
+                x = run_checkpointed(layer, x, use_reentrant=False) if checkpoint else layer(x)
+            return self.output_proj(x)
+
+    return Model()
+
+
+def _rank(rank: int, options: argparse.Namespace, out: str) -> None:
+    use_shape(options.shape, options.gpus)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(options.port), RANK=str(rank),
+                      WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank), LOCAL_SIZE=str(WORLD), DS_ACCELERATOR="cpu")
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import record_function
+
+    from zeroplan.harness.allocator_trace import AllocatorTrace, _replay
+
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    with AllocatorTrace() as trace:
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend="gloo")
+        torch.manual_seed(0)
+        model = _model(options.checkpoint)
+        config = {"train_micro_batch_size_per_gpu": MICRO_BATCH, "gradient_accumulation_steps": 1,
+                  "steps_per_print": 2**31 - 1, "bf16": {"enabled": True}, "zero_optimization": stage3(),
+                  "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-8,
+                                                            "weight_decay": 0.01}},
+                  "torch_autocast": {"enabled": False}}
+        with record_function("zeroplan::initialize"):
+            engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config,
+                                                   dist_init_required=False)
+        loss_fn = torch.nn.CrossEntropyLoss()
+        generator = torch.Generator().manual_seed(rank)
+        for step in range(STEPS):
+            ids = torch.randint(0, VOCAB, (MICRO_BATCH, SEQ), generator=generator)
+            labels = torch.randint(0, VOCAB, (MICRO_BATCH, SEQ), generator=generator)
+            with trace.step(step):
+                with record_function(PHASES[0]):
+                    loss = loss_fn(engine(ids).view(-1, VOCAB), labels.view(-1))
+                with record_function(PHASES[1]):
+                    loss.backward()
+                with record_function(PHASES[2]):
+                    engine.step()
+    if rank == 0:
+        events = trace.events()
+        ranges = [(e.name, e.start_time_ns, e.end_time_ns)
+                  for e in trace._profile.profiler.kineto_results.experimental_event_tree()
+                  for e in _walk(e) if e.name.startswith("zeroplan::")]
+
+        def phase_of(time_ns: int) -> str:
+            inside = [(name, start) for name, start, end in ranges if start <= time_ns <= end]
+            return ",".join(name.split("::")[1] for name, _ in sorted(inside, key=lambda r: r[1])) or "between"
+
+        best, live, at = -1, [], 0
+        peaks: dict[str, int] = {}
+        for event, (alive, total) in zip(events, _replay(events)):
+            phase = phase_of(event.time_ns)
+            peaks[phase] = max(peaks.get(phase, 0), total)
+            if total > best:
+                best, live, at = total, [(a.size_bytes, a.operator, phase_of(a.time_ns)) for a in alive.values()], event.time_ns
+        Path(out).write_text(json.dumps({"deepspeed": deepspeed.__version__, "peaks": peaks, "peak": best,
+                                         "peak_phase": phase_of(at), "live_at_peak": live}))
+    dist.destroy_process_group()
+
+
+def _walk(event):
+    yield event
+    for child in event.children:
+        yield from _walk(child)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", action="store_true", help="checkpoint each block (use_reentrant=False), as "
+                                                                   "train.py's --activation_checkpointing")
+    parser.add_argument("--breakdown", action="store_true", help="the bytes live at the run's peak by the op that made them")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="6.86b")
+    parser.add_argument("--gpus", type=int, default=4, help="ranks (the row's GPUs)")
+    parser.add_argument("--port", type=int, default=29571)
+    options = parser.parse_args()
+    use_shape(options.shape, options.gpus)
+    import torch.multiprocessing as mp
+
+    out = str(Path(tempfile.mkdtemp()) / "result.json")
+    mp.spawn(_rank, args=(options, out), nprocs=WORLD)
+    result = json.loads(Path(out).read_text())
+    gib = 2**30
+    print(f"DeepSpeed {result['deepspeed']}, {WORLD} gloo ranks, activation checkpointing "
+          f"{'on' if options.checkpoint else 'off'}; live bytes x {SCALE} in GiB (the row's scale)")
+    for phase, peak in sorted(result["peaks"].items(), key=lambda kv: -kv[1])[:12]:
+        print(f"  {phase:48s} {peak * SCALE / gib:7.2f}")
+    print(f"  run's peak {result['peak'] * SCALE / gib:.2f} GiB, in {result['peak_phase']}")
+    if options.breakdown:
+        by_op: dict[tuple[str, str, int], int] = {}
+        for size, op, phase in result["live_at_peak"]:
+            by_op[(op, phase, size)] = by_op.get((op, phase, size), 0) + 1
+        for (op, phase, size), count in sorted(by_op.items(), key=lambda kv: -kv[0][2] * kv[1])[:30]:
+            print(f"    {op:28s} made in {phase:32s} {count:4d} x {size * SCALE / 2**20:9.2f} MiB = "
+                  f"{count * size * SCALE / gib:7.3f} GiB")
+
+
+if __name__ == "__main__":
+    main()

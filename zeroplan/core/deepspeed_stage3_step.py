@@ -1,0 +1,48 @@
+"""The gradients DeepSpeed ZeRO-3's optimizer step holds beside the resident states
+(deepspeed 0.19.8 runtime/zero/stage3.py). Nothing here imports torch.
+
+step() (stage3.py:2910-2927) updates one optimizer sub-group at a time (the partition cut at
+sub_group_size elements, zeroplan.core.nvme.sub_group_tensor_elements):
+_prepare_fp32_grad_for_sub_group (:2683-2697) flattens the sub-group's reduced gradients, views
+of grad_partitions_flat_buffer in the model dtype (:1424-1427), with _flatten_dense_tensors (a
+torch.cat of two or more tensors, a view of one) and casts the flat copy to fp32, both alive while
+the cast runs; _release_sub_group (:2731-2736) drops the fp32 gradient before the next
+sub-group's is made. So the step holds the largest sub-group's flat copy and fp32 gradient, not
+the whole partition's fp32 gradient.
+
+DeepSpeed cuts each optimizer parameter group into sub-groups on its own (stage3.py
+_create_fp16_sub_groups per param_group); the sub-groups here are cut from every trainable
+tensor in registration order, as one group: a Trainer's no-decay group (norms and biases, a few
+MiB) counts with the weights beside it."""
+
+from __future__ import annotations
+
+from zeroplan.core.deepspeed_accumulation import _model_dtype_bytes, runs_deepspeed_engine
+from zeroplan.core.nvme import sub_group_tensor_elements
+from zeroplan.specs.request import PlanRequest
+from zeroplan.units import FP32_BYTES
+
+
+def steps_by_sub_group(request: PlanRequest) -> bool:
+    """Whether the step is DeepSpeed ZeRO-3's on the GPU (its states on the device)."""
+    kind = request.strategy.kind
+    return (runs_deepspeed_engine(request) and kind.zero_stage == 3 and not kind.is_fsdp
+            and not kind.offloads_optimizer and not kind.optimizer_on_nvme)
+
+
+# stage3.py:2686-2687: self.flatten(self.averaged_gradients[i]).to(fp32): the flat copy in the
+# model dtype (none for one tensor), and the fp32 cast (none where the model dtype is fp32).
+def sub_group_step_bytes(elements: list[int], model_dtype_bytes: int) -> int:
+    """The bytes one sub-group's step makes: its flat gradient copy and the fp32 cast of it."""
+    flat = model_dtype_bytes if len(elements) > 1 else 0
+    cast = FP32_BYTES if model_dtype_bytes != FP32_BYTES else 0
+    return sum(elements) * (flat + cast)
+
+
+def step_gradient_bytes(request: PlanRequest) -> int | None:
+    """PeakTerms.step_gradients: the largest sub-group's flat copy and fp32 gradient, alive at
+    the step's peak; None where the step is not DeepSpeed ZeRO-3's on the GPU."""
+    if not steps_by_sub_group(request):
+        return None
+    e = _model_dtype_bytes(request)
+    return max((sub_group_step_bytes(group, e) for group in sub_group_tensor_elements(request)), default=0)
