@@ -18,6 +18,9 @@ order FSDP2 issues its allocations (torch 2.13 torch/distributed/fsdp/_fully_sha
   (_torchtitan_unchunked_loss), the unit holding the head gathered from its forward on.
 
 Two steps are traced, the optimizer states created inside the first (AdamW's lazy state).
+Under no_sync accumulation each step is two micro-batches: one before the last, which keeps
+every unit's unsharded gradients and makes no shard, and the last, whose reduce-scatters turn
+them into the shards unit by unit (_fsdp_param_group.py post_backward).
 
 The framework traces recorded on fake tensors (zeroplan.simulate.alloc_trace) show exactly
 these allocations; docs/memory-model.md, "The caching allocator", says what is still coarser
@@ -341,9 +344,15 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
     block_parts = [p * per_block // max(sum(block_tensor_parts), 1) for p in block_tensor_parts]
     block_parts[-1] += per_block - sum(block_parts)
     # With accumulation the shards are carried from the start; under no_sync (accumulated
-    # gradients 0) none is: they replace the unsharded gradients once backward is done.
+    # gradients 0) none is: the last micro-batch's reduce-scatters make them, unit by unit, in
+    # place of the unsharded gradients (buffers.no_sync_first_layer_gradient_bytes).
     carried = x.gradient_bytes if x.accumulated_gradients is None else x.accumulated_gradients
-    shares = [] if accumulating else proportional_bytes(x.gradient_bytes, weights)
+    no_sync = accumulating and x.draining_held_buffers > 0
+    shares = proportional_bytes(x.gradient_bytes, weights) if not accumulating or no_sync else []
+    # The micro-batch being recorded: the shards its reduce-scatters make (none where they are
+    # carried, or in a no_sync micro-batch before the last) and, in the last under no_sync, each
+    # unit's unsharded gradients, held until its reduce-scatter's copy-in.
+    making: list[list] = [shares, []]
     cache_parts = x.cache_parts
 
     # Two steps: AdamW creates its states lazily, inside the first step's optimizer step, among
@@ -355,10 +364,32 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
     def one_step(first_step: bool) -> None:
         gradients = b.alloc_parts(split_bytes(carried, weights)) if accumulating and carried else []
         held = b.alloc(x.backward_held_buffers - x.draining_held_buffers)
-        # FSDP's no_sync unsharded gradients: whole through a micro-batch's backward, they give
-        # way to the gradient shards the last one's reduce-scatters make.
-        draining = b.alloc(x.draining_held_buffers)
+        if not no_sync:
+            micro_batch(gradients)
+        else:
+            # FSDP's no_sync unsharded gradients, one allocation per unit: a micro-batch before the
+            # last keeps them all through its backward and makes no shard; the last micro-batch
+            # reduce-scatters each unit's as its backward ends, which drops them for its shard
+            # (torch 2.13 _fully_shard/_fsdp_param_group.py post_backward; FSDP1 _runtime_utils.py
+            # _post_backward_hook and _reduce_grad).
+            draining = [b.alloc(part) for part in proportional_bytes(x.draining_held_buffers, weights)]
+            making[:] = [[], []]
+            micro_batch(gradients)
+            making[:] = [shares, draining]
+            micro_batch(gradients)
+            b.free([ident for unit in draining for ident in unit])
+        b.free(held)
 
+        # Optimizer step: its temporaries per unit, then the gradients go (set_to_none).
+        if first_step:
+            b.alloc_parts(split_bytes(x.optimizer_state_bytes, weights))
+        b.free(b.alloc_parts(split_bytes(x.step_temporary, weights)))
+        b.free(gradients)
+
+    def micro_batch(gradients: list[int]) -> None:
+        """One micro-batch's forward and backward; the shards its reduce-scatters make join
+        ``gradients``."""
+        made, drains = making
         # Forward: the root (or the embedding) first; each block's parameters gathered, its
         # activations saved, its parameters freed (reshard_after_forward).
         root = gather(units[0])
@@ -430,6 +461,11 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
             b.free(parameters)
             if not unit.elements:
                 return
+            if drains:
+                # The last no_sync micro-batch: accumulate_unsharded_grad_if_needed adds the new
+                # gradients into the held unsharded ones, which are what foreach_reduce copies in.
+                b.free(unsharded or [])
+                unsharded, drains[index] = drains[index], []
             # The previous unit's flat input is held until this reduce-scatter starts
             # (_fsdp_param_group.py post_backward: comm_ctx.reduce_scatter_state). The input is
             # in the reduce dtype, the gradients copied into it by chunk_cat
@@ -439,12 +475,12 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
             pending_input[:] = b.alloc(unit.elements * wire)
             b.free(unsharded or [])
             output = b.alloc(unit.elements // f.shard * wire, Stream.reduce_scatter)
-            if shares and shares[index] and f.gradient_is_output:
+            if made and made[index] and f.gradient_is_output:
                 # The sharded gradient is a view of the output (reduce dtype = parameter dtype).
                 gradients.extend(output)
                 return
-            if shares:
-                gradients.extend(b.alloc(shares[index], Stream.reduce_scatter))
+            if made:
+                gradients.extend(b.alloc(made[index], Stream.reduce_scatter))
             b.free(output)
 
         # Backward, last unit first: the head (the root stays gathered), then each block with the
@@ -486,16 +522,6 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
         elif not separate:
             backward_gradients(0, root)
         b.free(pending_input)
-        b.free(held)
-        if draining:
-            b.free(draining)
-            gradients = b.alloc_parts(split_bytes(x.gradient_bytes, weights))
-
-        # Optimizer step: its temporaries per unit, then the gradients go (set_to_none).
-        if first_step:
-            b.alloc_parts(split_bytes(x.optimizer_state_bytes, weights))
-        b.free(b.alloc_parts(split_bytes(x.step_temporary, weights)))
-        b.free(gradients)
 
     one_step(True)
     one_step(False)

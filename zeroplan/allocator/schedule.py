@@ -73,16 +73,46 @@ def _recompute_only(request: PlanRequest) -> tuple[int, int]:
 
 def _workspace_parts(request: PlanRequest, workspace: int) -> tuple[int, ...]:
     """A block's backward workspace as the tensors it allocates: the rebuilt block's own (as the
-    planner's layer terms weigh them) and the rest in one; the whole in one elsewhere."""
+    planner's layer terms weigh them, a transformers MoE's experts apart) and the rest in one;
+    the whole in one elsewhere."""
     training = request.training
+    experts = _experts_run_one_by_one(request)
     if (training.activation_checkpointing is not ActivationCheckpointing.full
-            or training.framework not in (Framework.megatron_deepspeed, Framework.torchtitan, Framework.fairseq)):
+            or training.framework not in (Framework.megatron_deepspeed, Framework.torchtitan, Framework.fairseq)
+            and not experts):
         return (workspace,)
     recompute = min(rank_activation_bytes(request, _recompute_only)[1], workspace)
     model, batch = request.model, request.batch
     terms = layer_terms(model, training, batch.seq_len, batch.micro_batch_size, autocast=request.runs_under_autocast)
-    weights = [value for value in terms.values() if value > 0]
+    weights = []
+    for name, value in terms.items():
+        if value > 0:
+            apart = experts if experts and name in _EXPERT_TERMS else 1
+            weights += [value // apart] * apart
     return tuple(split_bytes(recompute, weights or [1]) + split_bytes(workspace - recompute, [1]))
+
+
+_EXPERT_TERMS = ("mlp_inner",)
+"""The layer terms of a MoE block that its routed experts' own tensors make up
+(zeroplan.core.activations.mlp_terms: each routed copy of a token's inner activations)."""
+
+
+# transformers 4.56.2 models/mixtral/modeling_mixtral.py MixtralSparseMoeBlock.forward (lines
+# 126-138; qwen2_moe's and qwen3_moe's blocks the same, deepseek_v2's DeepseekV2MoE.moe lines
+# 126-133 alike on its sorted tokens): the experts run one by one, each on the tokens routed to it,
+# so each expert's inner activations are tensors of their own, about 1/E of the layer's, where the
+# workspace as one allocation was one tensor larger than any the block makes (Mixtral-8x7B at
+# 53 x 2,048 tokens: 36 GiB). Under transformers' gradient checkpointing (modeling_utils.py
+# gradient_checkpointing_enable: use_reentrant=True, torch/utils/checkpoint.py
+# CheckpointFunction.backward) the backward reruns the block's forward under enable_grad, the
+# rerun DeepSpeed's CheckpointFunction makes: the rebuilt block's tensors are allocated one by one.
+def _experts_run_one_by_one(request: PlanRequest) -> int:
+    """The routed experts a transformers MoE block runs one after another (hf's MoE models),
+    whose tensors the workspace splits among; 0 elsewhere."""
+    model = request.model
+    if request.training.framework is not Framework.hf or not model.is_moe:
+        return 0
+    return max(model.num_experts // request.parallel.ep, 1)
 
 
 # A pipeline rank holds each in-flight micro-batch's saved tensors apart: every forward of a

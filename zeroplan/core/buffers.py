@@ -637,18 +637,20 @@ def optimizer_in_backward_step_bytes(request: PlanRequest, eb) -> int:
 
 
 def _reduces_unit_by_unit(request: PlanRequest) -> bool:
-    """FSDP full sharding (or HSDP) without a pipeline over embedding, blocks and head, without
-    no_sync accumulation: each unit's gradient becomes its shard as its backward ends (with
-    accumulation it is added into the carried shard, torch 2.13 _fully_shard/_fsdp_collectives.py
-    foreach_reduce: sharded_param.grad._local_tensor += new_sharded_grad, so every micro-batch's
-    backward ends at the first layer with the same buffers). Data parallelism alone: under tensor or context parallelism the pieces below over-count the
+    """FSDP full sharding (or HSDP) without a pipeline over embedding, blocks and head: each
+    unit's gradient becomes its shard as its backward ends (with accumulation it is added into
+    the carried shard, torch 2.13 _fully_shard/_fsdp_collectives.py foreach_reduce:
+    sharded_param.grad._local_tensor += new_sharded_grad, so every micro-batch's backward ends at
+    the first layer with the same buffers; under no_sync accumulation the last micro-batch's
+    backward does, no_sync_first_layer_gradient_bytes). Data parallelism alone: under tensor or context parallelism the pieces below over-count the
     schedule's moment (torchtitan 9dec370's Llama-3.1-70B at TP 8, 8,192 tokens: 8.55 GB against
     the replay's 7.68, tests/test_loss_parallel.py), so the moment is left to the replay there."""
     if request.strategy.kind not in (StrategyKind.fsdp_full_shard, StrategyKind.hsdp) or request.parallel.pp > 1:
         return False
     if request.parallel.tp > 1 or request.parallel.cp > 1:
         return False
-    if request.batch.grad_accum_steps > 1 and request.strategy.keep_unsharded_grads_on_accum:
+    if (request.batch.grad_accum_steps > 1 and request.strategy.keep_unsharded_grads_on_accum
+            and fsdp_no_sync_carried_gradient_bytes(request) != 0):
         return False
     units = rank_parameter_units(request)
     return len(units) >= 3 and units[0].name == "embedding" and units[-1].name == "head"
@@ -670,24 +672,58 @@ def first_layer_activation_blocks(request: PlanRequest) -> int:
 def first_layer_gradient_bytes(request: PlanRequest, gradient_bytes: int, before_block: int = 0) -> int:
     """PeakTerms.first_layer_gradients: the shards of the units reduced before block
     ``before_block``'s backward, the first's or (1) the second's (0 where that moment is not
-    modelled)."""
-    if not _reduces_unit_by_unit(request) or request.batch.grad_accum_steps > 1:
+    modelled; under no_sync accumulation what they add beyond the unsharded gradients they
+    replace, no_sync_first_layer_gradient_bytes)."""
+    if not _reduces_unit_by_unit(request):
+        return 0
+    no_sync = fsdp_no_sync_carried_gradient_bytes(request) == 0
+    if request.batch.grad_accum_steps > 1 and not no_sync:
         # With accumulation every shard is there from the start (the carried gradients), and
         # each reduce-scatter's output is added into it.
         return 0
+    shards = _reduced_before(request, gradient_bytes, before_block)
+    if no_sync:
+        return no_sync_first_layer_gradient_bytes(shards, _reduced_before(request, draining_held_buffer_bytes(request), before_block))
+    return shards
+
+
+def _reduced_before(request: PlanRequest, total_bytes: int, before_block: int) -> int:
+    """The part of ``total_bytes``, split among the units in proportion to their padded
+    trainable elements (the remainder on the largest), of the units reduced before block
+    ``before_block``'s backward (as the step's trace splits the gradient shards and the no_sync
+    unsharded gradients: allocator/fsdp_schedule.py record_fsdp_step)."""
     elements = padded_unit_elements_of(request, request.shard_group_size)
     # The units in forward order as FSDP wraps them: the root holds embedding and head together.
     weights = elements if fsdp_separates_embedding_and_head(request) else [elements[0] + elements[-1], *elements[1:-1]]
     total = sum(weights)
-    if gradient_bytes <= 0 or total <= 0:
+    if total_bytes <= 0 or total <= 0:
         return 0
     # weights[1 + before_block] is that block's: every unit after it is reduced before it.
     after = 2 + before_block
-    before = sum(gradient_bytes * w // total for w in weights[after:])
+    before = sum(total_bytes * w // total for w in weights[after:])
     largest = max(range(len(weights)), key=weights.__getitem__)
     if largest >= after:
-        before += gradient_bytes - sum(gradient_bytes * w // total for w in weights)
+        before += total_bytes - sum(total_bytes * w // total for w in weights)
     return before
+
+
+# torch 2.13 distributed/fsdp/_fully_shard/_fsdp_param_group.py post_backward (lines 603-627):
+# in the last micro-batch of no_sync accumulation (reduce_grads True) a unit's post-backward adds
+# the new gradient into its unsharded accumulated one (accumulate_unsharded_grad_if_needed), takes
+# it off the parameter (unsharded_accumulated_grad = None) and hands it to foreach_reduce, whose
+# copy-in drops it (_fsdp_collectives.py foreach_reduce, line 606: unsharded_grads.clear()) and
+# whose output becomes the unit's new gradient shard. FSDP1 the same (_runtime_utils.py
+# _reduce_grad, lines 846-847: the unsharded flat gradient taken off flat_param.grad and
+# reduce-scattered into a new shard). So
+# that micro-batch's first layer's backward holds the shards of the units reduced before it in
+# place of their unsharded gradients, the others' unsharded gradients still held; every earlier
+# micro-batch's holds every unsharded gradient and no shard. The moment is the larger of the two:
+# the held unsharded gradients (backward_held_buffer_bytes) and what the shards add beyond the
+# unsharded gradients they replace (on one rank fp32 shards are twice bf16 unsharded gradients).
+def no_sync_first_layer_gradient_bytes(reduced_shard_bytes: int, reduced_unsharded_bytes: int) -> int:
+    """What the last micro-batch's shards of the units reduced before the first layer's
+    backward add beyond the unsharded gradients they replace (0 where they are no larger)."""
+    return max(reduced_shard_bytes - reduced_unsharded_bytes, 0)
 
 
 def _first_layer_units(request: PlanRequest):

@@ -208,8 +208,9 @@ class PeakTerms:
     first_layer_gradients: int = 0
     """The gradient shards alive at the first layer's backward beyond ``accumulated_gradients``:
     those of every unit whose backward ran before the first block's, where each unit's gradient
-    is reduced to its shard as its backward ends and nothing accumulates
-    (zeroplan.core.buffers.first_layer_gradient_bytes)."""
+    is reduced to its shard as its backward ends and nothing accumulates; under no_sync
+    accumulation what the last micro-batch's shards add beyond the held unsharded gradients
+    they replace (zeroplan.core.buffers.first_layer_gradient_bytes)."""
     activation_blocks: int = 0
     """The blocks the activations are split among at the first layer's backward (one block's
     share left: first_layer_activation_bytes); 0 where that moment is not modelled."""
