@@ -16,6 +16,9 @@ write the records the planner's allocated peak is checked against.
         (the DoRA runs, DORA, into the same directory; about 2 minutes)
     python benchmarks/framework_step_records.py --long-context [OUT_DIR]
         (torchtitan at long sequences, LONG_CONTEXT; about 2 minutes)
+    python benchmarks/framework_step_records.py --shallow [OUT_DIR]
+        (SHALLOW: two of the matrix's runs at SHALLOW_BLOCKS blocks, what the live test reruns,
+        default benchmarks/framework-step-records-shallow; a few seconds each)
 
 Each run (zeroplan.frameworks.step.run_step) builds the framework's model at full depth on fake
 tensors, shards it over a fake process group of N ranks as the framework's recipe does, and
@@ -32,12 +35,13 @@ from pathlib import Path
 from zeroplan.atomic import write_text_atomic
 from zeroplan.frameworks.step import run_step, step_training
 from zeroplan.presets.models import get_model
-from zeroplan.specs import BatchSpec, StrategyKind
+from zeroplan.specs import BatchSpec, ModelSpec, StrategyKind
 from zeroplan.specs.finetune import FineTuneSpec
 from zeroplan.specs.framework import Framework
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "framework-step-records"
 FINETUNE_OUT = Path(__file__).resolve().parent / "framework-finetune-step-records"
+SHALLOW_OUT = Path(__file__).resolve().parent / "framework-step-records-shallow"
 
 # issue 8's sizes: 8B at 8 and 128 ranks, 70B at 64, seq 4096 and 8192, micro-batch 1-2.
 SHAPES = [
@@ -95,6 +99,19 @@ BATCH_SLOPE = [
     for micro_batch in (1, 2)
 ]
 """(framework, model, ranks, seq, micro-batch, policy, TrainingSpec.finetune) of each run."""
+SHALLOW_BLOCKS = 4
+SHALLOW = [("llama-3.1-8b", 128, 4096, 1, Framework.torchtune, "full"),
+           ("llama-3.1-8b", 128, 4096, 1, Framework.torchtitan, "selective-op")]
+"""(model, ranks, seq, micro-batch, framework, policy) of the runs tests/test_framework_step.py
+reruns live against their committed records, each at SHALLOW_BLOCKS blocks (shallow_model): the
+same framework code on the same architecture, every block alike, in 2-4 s a run where the full
+depth takes about 15 (the cost of a fake step grows with its operations, not their sizes)."""
+
+
+def shallow_model(model_name: str) -> ModelSpec:
+    """``model_name``'s architecture with SHALLOW_BLOCKS blocks, named apart from the full depth."""
+    model = get_model(model_name)
+    return model.model_copy(update={"name": f"{model.name}-{SHALLOW_BLOCKS}-blocks", "num_layers": SHALLOW_BLOCKS})
 
 
 def main(out: Path = DEFAULT_OUT, frameworks: set[str] | None = None) -> None:
@@ -113,6 +130,7 @@ def main(out: Path = DEFAULT_OUT, frameworks: set[str] | None = None) -> None:
     if not frameworks:
         main_finetune(FINETUNE_OUT if out == DEFAULT_OUT else out)
         main_finetune(FINETUNE_OUT if out == DEFAULT_OUT else out, DORA)
+        main_shallow(SHALLOW_OUT if out == DEFAULT_OUT else out)
 
 
 def main_finetune(out: Path = FINETUNE_OUT, runs: list = FINETUNE) -> None:
@@ -130,9 +148,17 @@ def main_batch_slope(out: Path = FINETUNE_OUT) -> None:
         _run(out, model_name, world_size, seq_len, micro_batch, training)
 
 
+def main_shallow(out: Path = SHALLOW_OUT) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for model_name, world_size, seq_len, micro_batch, framework, policy in SHALLOW:
+        _run(out, model_name, world_size, seq_len, micro_batch, step_training(framework, policy),
+             model=shallow_model(model_name))
+
+
 def _run(out: Path, model_name: str, world_size: int, seq_len: int, micro_batch: int, training,
-         strategy: StrategyKind = StrategyKind.fsdp_full_shard) -> None:
-    record = run_step(get_model(model_name), strategy, training,
+         strategy: StrategyKind = StrategyKind.fsdp_full_shard, model: ModelSpec | None = None) -> None:
+    """One step of ``model`` (default: the preset ``model_name``) written into ``out``."""
+    record = run_step(model or get_model(model_name), strategy, training,
                       BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch), world_size)
     write_text_atomic(out / record.file_name, record.model_dump_json(indent=2) + "\n")
     print(f"{record.name:72s} peak {record.peak_bytes / 2**30:8.2f} GiB at {record.peak_phase.value:9s} "
@@ -170,6 +196,8 @@ if __name__ == "__main__":
         main_torchtune_unchunked(Path(sys.argv[2]) if len(sys.argv) > 2 else DEFAULT_OUT)
     elif sys.argv[1:2] == ["--long-context"]:
         main_long_context(Path(sys.argv[2]) if len(sys.argv) > 2 else DEFAULT_OUT)
+    elif sys.argv[1:2] == ["--shallow"]:
+        main_shallow(Path(sys.argv[2]) if len(sys.argv) > 2 else SHALLOW_OUT)
     elif sys.argv[1:2] == ["--optimizer-in-backward"]:
         main_optimizer_in_backward(Path(sys.argv[2]) if len(sys.argv) > 2 else DEFAULT_OUT)
     else:

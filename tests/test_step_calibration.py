@@ -26,22 +26,32 @@ from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = load_published_throughput()
-SOURCES, ERRORS = calibration_study()
+
+
+def _study():
+    """Every source's calibration and every row's predictions: computed at the first test that
+    reads them, not at import (collecting the suite stays quick), and once (calibration_study
+    keeps them per table)."""
+    return calibration_study(TABLE)
 
 
 def _benchmark():
     return load_script(ROOT / "benchmarks" / "step_time_accuracy.py")
 
 
-PRINTED = _benchmark().calibrated_report(TABLE)
+@functools.lru_cache(maxsize=1)
+def _printed() -> tuple[str, ...]:
+    """The benchmark's calibrated report, once for the tests that read it."""
+    return tuple(_benchmark().calibrated_report(TABLE))
 
 
 def test_each_source_of_three_rows_is_calibrated_on_its_row_of_fewest_gpus_and_scored_on_the_others() -> None:
     by_source: dict[str, list] = {}
     for row in TABLE.rows:
         by_source.setdefault(source_of(row), []).append(row)
-    assert {s.source for s in SOURCES} == {source for source, rows in by_source.items() if len(rows) >= MIN_SOURCE_ROWS}
-    for calibration in SOURCES:
+    sources, errors = _study()
+    assert {s.source for s in sources} == {source for source, rows in by_source.items() if len(rows) >= MIN_SOURCE_ROWS}
+    for calibration in sources:
         efficiencies, implied = _held_out(calibration.source)
         # Rows calibrate step refuses (a published step shorter than the planner's at HFU 1)
         # are neither the anchor nor scored.
@@ -49,7 +59,7 @@ def test_each_source_of_three_rows_is_calibrated_on_its_row_of_fewest_gpus_and_s
         fewest = min(row.num_gpus for row in rows)
         anchor = next(row for row in rows if row.name == calibration.calibration_row)
         assert anchor.num_gpus == fewest and anchor == calibration_row(rows)
-        scored = [e for e in ERRORS if e.source == calibration.source and e.calibrated_error is not None]
+        scored = [e for e in errors if e.source == calibration.source and e.calibrated_error is not None]
         assert calibration.calibration_row not in {e.name for e in scored}
         assert len(scored) == len(rows) - 1
         anchor = next(row for row in rows if row.name == calibration.calibration_row)
@@ -79,7 +89,7 @@ def test_the_held_out_attention_efficiency_never_sees_the_source_it_scores() -> 
 
 
 def test_the_fitted_default_never_sees_the_source_it_predicts() -> None:
-    for row, error in zip(TABLE.rows, ERRORS):
+    for row, error in zip(TABLE.rows, _study()[1]):
         implied = _held_out(source_of(row))[1]
         mechanism = [other for other in TABLE.rows if source_of(other) != source_of(row)
                      and generation_of(other.gpu) == generation_of(row.gpu) and stack_of(other) == stack_of(row)
@@ -98,7 +108,7 @@ def test_the_kernel_class_fit_never_sees_the_source_it_predicts() -> None:
     # the median over the other sources' rows of that mechanism where they are of two sources or
     # more; coarser where they are not; a generation with no fitted rows takes those of another
     # generation on the same compute die (the H200 rows, the H100's).
-    for row, error in zip(TABLE.rows, ERRORS):
+    for row, error in zip(TABLE.rows, _study()[1]):
         implied = _held_out(source_of(row))[1]
 
         def fitted(rows: list) -> list[float]:
@@ -133,20 +143,20 @@ def test_the_kernel_class_fit_never_sees_the_source_it_predicts() -> None:
 def test_docs_quote_the_calibrated_figures_as_printed() -> None:
     docs = (ROOT / "docs" / "validation.md").read_text()
     section = docs[docs.index("### Calibrated from one measured step"):]
-    lines = [line for line in PRINTED if line.startswith("| ") or " rows" in line and "|error|" in line]
+    lines = [line for line in _printed() if line.startswith("| ") or " rows" in line and "|error|" in line]
     assert len(lines) >= 20
     for line in lines:
         assert line in section, line
 
 
 def test_the_bands_the_cli_quotes_are_the_printed_summaries() -> None:
-    calibrated = next(line for line in PRINTED if line.startswith("calibrated on one row:"))
-    default = next(line for line in PRINTED if line.startswith("uncalibrated,"))
+    calibrated = next(line for line in _printed() if line.startswith("calibrated on one row:"))
+    default = next(line for line in _printed() if line.startswith("uncalibrated,"))
     median, maximum = (float(x) / 100 for x in re.search(r"median (\d+\.\d)%, max (\d+\.\d)%", calibrated).groups())
     assert CALIBRATED_BAND == CALIBRATED_BANDS[DEFAULT_ATTENTION_RATE] == (pytest.approx(median), pytest.approx(maximum))
     median, maximum = (float(x) / 100 for x in re.search(r"flat HFU 0.4 \|error\| median (\d+\.\d)%, max (\d+\.\d)%", default).groups())
     assert FLAT_BAND == (pytest.approx(median), pytest.approx(maximum))
-    fitted = next(line for line in PRINTED if line.startswith("uncalibrated,") and "fitted default" in line)
+    fitted = next(line for line in _printed() if line.startswith("uncalibrated,") and "fitted default" in line)
     median, maximum = (float(x) / 100 for x in re.search(r"median (\d+\.\d)%, max (\d+\.\d)%", fitted).groups())
     assert DEFAULT_BAND == DEFAULT_BANDS[PerformanceAssumptions().attention_rate] == (pytest.approx(median), pytest.approx(maximum))
 
@@ -203,9 +213,10 @@ def test_the_anchor_floor_holds_the_rules_anchor_among_every_anchor_tried() -> N
     from zeroplan.validate.step_calibration import TARGET_MAX, TARGET_MEDIAN, anchor_floor
 
     # torchtitan's Llama 2 table: four rows, so twelve predictions.
-    calibration = next(s for s in SOURCES if "Llama 2" in s.label)
+    sources, errors = _study()
+    calibration = next(s for s in sources if "Llama 2" in s.label)
     floor = anchor_floor(TABLE, calibration.source)
-    scored = [abs(e.calibrated_error) for e in ERRORS if e.source == calibration.source and e.calibrated_error is not None]
+    scored = [abs(e.calibrated_error) for e in errors if e.source == calibration.source and e.calibrated_error is not None]
     assert (floor.rule_median, floor.rule_max) == pytest.approx((statistics.median(scored), max(scored)))
     assert floor.anchors == len(scored) + 1
     assert floor.best_median <= floor.rule_median and floor.best_max <= floor.rule_max
