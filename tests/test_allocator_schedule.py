@@ -8,7 +8,7 @@ import pytest
 from zeroplan.allocator.capacity import oom_capacity
 from zeroplan.allocator.config import parse_alloc_conf
 from zeroplan.allocator.schedule import split_bytes, step_trace
-from zeroplan.allocator.trace import AllocEvent, Stream
+from zeroplan.allocator.trace import AllocEvent, FreeEvent, Stream
 from zeroplan.cli.fit import request_from_args
 from zeroplan.cli.main import build_parser
 from zeroplan.core.plan import memory_breakdown, peak_terms
@@ -67,9 +67,9 @@ def test_fsdp_units_gather_every_parameter_into_a_storage_of_its_own() -> None:
     compute, gathered = _alloc_sizes(trace, Stream.compute), _alloc_sizes(trace, Stream.all_gather)
     mlp_weight = 14336 * 4096 * 2
     assert compute.count(mlp_weight) >= 3 * 32 * 2  # three per block, forward and backward
-    # The output projection's unit is the largest (the planner's head unit holds the final
-    # norm's 4096 weights as well).
-    assert max(gathered) == 128256 * 4096 * 2 + 4096 * 2
+    # The output projection's unit is the largest: torchtune shards it alone, the final norm
+    # staying in the root unit (FrameworkProfile.fsdp_head_unit_holds_final_norm).
+    assert max(gathered) == 128256 * 4096 * 2
     assert gathered.count(sum([4096 * 4096 * 2] * 2 + [1024 * 4096 * 2] * 2 + [mlp_weight] * 3 + [4096 * 2] * 2)) >= 32
 
 
@@ -77,8 +77,24 @@ def test_torchtunes_chunked_loss_gathers_the_head_for_every_chunk() -> None:
     # torchtune calls its output projection once per chunk; FSDP2 gathers the unit each time,
     # in forward and again in backward (zeroplan.core.framework_loss.fsdp_chunked_head_bytes).
     trace = _trace(_request(TUNE, StrategyKind.fsdp_full_shard))
-    head = 128256 * 4096 * 2 + 4096 * 2
-    assert _alloc_sizes(trace, Stream.all_gather).count(head) == 2 * (8 + 8)  # two steps
+    head = 128256 * 4096 * 2  # the embedding's size too, gathered once in forward, once in backward
+    assert _alloc_sizes(trace, Stream.all_gather).count(head) == 2 * (8 + 8 + 2)  # two steps
+
+
+def test_fsdp2_keeps_a_forward_all_gather_output_until_the_next_units_copy_out() -> None:
+    # torch 2.13 _fsdp_param_group.py wait_for_unshard: in forward the previous unit's all-gather
+    # output goes only once the next unit's has been copied out, so two are alive at once on the
+    # all-gather stream (the head's, chunk after chunk); in backward each goes at its copy-out.
+    trace = _trace(_request(TUNE, StrategyKind.fsdp_full_shard))
+    sizes, alive, most = {}, 0, 0
+    for event in trace.events:
+        if isinstance(event, AllocEvent) and event.stream == Stream.all_gather:
+            sizes[event.id] = event.size_bytes
+            alive += event.size_bytes
+            most = max(most, alive)
+        elif isinstance(event, FreeEvent) and event.id in sizes:
+            alive -= sizes.pop(event.id)
+    assert most == 2 * 128256 * 4096 * 2
 
 
 def test_fsdp_units_use_the_collective_streams() -> None:

@@ -129,7 +129,8 @@ def test_the_local_shard_of_a_dtensor_is_where_the_adapter_reads_it() -> None:
 
 
 @pytest.mark.slow
-def test_a_whole_step_replays_its_allocations_through_the_allocator_model(monkeypatch) -> None:
+@pytest.mark.parametrize("blocks", [8, 32])
+def test_a_whole_step_replays_its_allocations_through_the_allocator_model(monkeypatch, blocks) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("torchtune", reason="torchtune is not installed (scripts/install-frameworks installs it)")
     from zeroplan.frameworks.step import run_step, step_training
@@ -141,10 +142,15 @@ def test_a_whole_step_replays_its_allocations_through_the_allocator_model(monkey
     from zeroplan.frameworks import step as step_module
     from zeroplan.frameworks.step_record import AllocatorFigures
 
-    # At the full 32 blocks, unlike the live test above: at 4 and 8 blocks the planner's OOM capacity
-    # under the default conf is 8.0 % and 14.1 % below this replay's, so the 5 % below holds only
-    # for the full depth's step.
-    args = (get_model("llama-3.1-8b"), StrategyKind.fsdp_full_shard, step_training("torchtune", "full"),
+    # At 8 blocks and the full 32 (benchmarks/framework_depth_capacity.py prints 2-32): with FSDP2's
+    # all-gather outputs living as wait_for_unshard keeps them, and torchtune's head unit the output
+    # projection alone, the planner is 1.6-1.8 % below at 4, 8 and 32 blocks under either conf.
+    # At 2 blocks the default conf's bisection lands above a window of capacities on which the
+    # planner's trace fails again (it completes from about 4 % above the replay's), not checked here.
+    model = get_model("llama-3.1-8b")
+    if blocks != model.num_layers:
+        model = model.model_copy(update={"name": f"{model.name}-{blocks}-blocks", "num_layers": blocks})
+    args = (model, StrategyKind.fsdp_full_shard, step_training("torchtune", "full"),
             BatchSpec(seq_len=1024, micro_batch_size=1), 8)
     # One fake step: its recorded trace is replayed again under expandable segments (what a
     # second run_step with that conf would do, after recording the same trace again).
@@ -167,12 +173,15 @@ def test_a_whole_step_replays_its_allocations_through_the_allocator_model(monkey
     assert figures.requested_peak_bytes >= record.peak_bytes
     assert figures.requested_peak_bytes <= figures.oom_capacity_bytes <= figures.reserved_peak_bytes + 2 * 2**20
     assert expandable.allocator.requested_peak_bytes == figures.requested_peak_bytes
-    assert expandable.allocator.reserved_peak_bytes <= figures.reserved_peak_bytes
+    if blocks == 32:
+        # Not at 8 blocks: there the expandable replay reserves 10.06 GiB, the default one 9.71.
+        assert expandable.allocator.reserved_peak_bytes <= figures.reserved_peak_bytes
     # fit --allocator-conf on the same request: the planner's FSDP2 schedule finds the OOM
-    # capacity within 5 % of this step's (the coarse schedule before it was 10.9 % low here).
+    # capacity within 3 % of this step's (the coarse schedule before it was 10.9 % low at 32
+    # blocks; the unit-by-unit one 3.4 % there and 14.1 % at 8 before the all-gather lifetimes).
     accuracy = _accuracy()
     for record in (figures, expandable.allocator):
         request = accuracy.step_request(expandable)
         request = request.with_allocator_conf(record.alloc_conf).with_exact_capacity()
         planned = accuracy.memory_breakdown(request)[0].oom_capacity_bytes
-        assert abs(planned / record.oom_capacity_bytes - 1) <= 0.05, (record.alloc_conf, planned, record.oom_capacity_bytes)
+        assert abs(planned / record.oom_capacity_bytes - 1) <= 0.03, (record.alloc_conf, planned, record.oom_capacity_bytes)

@@ -36,8 +36,11 @@ from zeroplan.allocator.trace import Stream
 from zeroplan.core.buffers import head_weight_gradient_bytes
 from zeroplan.core.compiled import COMPILED_CROSS_ENTROPY_ROW_BYTES, compiles_loss
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes
-from zeroplan.core.model_states import padded_unit_elements_of, unit_gather_bytes
+from zeroplan.core.layout import padded_unit_elements
+from zeroplan.core.model_states import padded_unit_elements_of, shard_layout, unit_gather_bytes
 from zeroplan.core.parallel.expert import expert_index, expert_leaf
+from zeroplan.core.param_tensors import ParamUnit
+from zeroplan.core.params import FINAL_NORM_PREFIX
 from zeroplan.core.parallel.units import rank_parameter_units
 from zeroplan.core.framework_loss import (
     fsdp_chunked_head_bytes, fsdp_head_gathered_bytes, framework_logits_tensors, loss_parallel_applies,
@@ -49,7 +52,7 @@ from zeroplan.core.parallel.activations import rank_logits_pieces, rank_logits_t
 from zeroplan.core.parallel.sequence_parallel import (
     SUBLAYERS, SublayerCollectives, sequence_parallel_forward_collectives,
 )
-from zeroplan.core.profiles import fsdp1_root_stays_gathered, fsdp_separates_embedding_and_head, loss_chunks
+from zeroplan.core.profiles import fsdp1_root_stays_gathered, fsdp_separates_embedding_and_head, loss_chunks, profile
 from zeroplan.core.record import frozen
 from zeroplan.specs import StrategyKind
 from zeroplan.specs.framework import Framework
@@ -113,11 +116,33 @@ def _units(request: PlanRequest) -> tuple[_Unit, ...]:
         numels = _grouped_expert_numels(unit.tensors) if grouped else [t.numel for t in unit.tensors]
         units.append(_Unit(unit_bytes, tuple(split_bytes(unit_bytes, numels)), unit_elements))
     if fsdp_separates_embedding_and_head(request):
+        if not profile(request.training.framework).fsdp_head_unit_holds_final_norm:
+            units[-1] = _without_final_norm(request, rank_parameter_units(request)[-1], units[-1], compute)
         return _kept_units(units)
     embedding, head = units[0], units[-1]
     root = _Unit(embedding.gathered_bytes + head.gathered_bytes, embedding.tensor_bytes + head.tensor_bytes,
                  embedding.elements + head.elements, len(head.tensor_bytes))
     return _kept_units((root, *units[1:-1]))
+
+
+def _without_final_norm(request: PlanRequest, head: ParamUnit, unit: _Unit, compute: int) -> _Unit:
+    """The head unit of a wrapping that shards the output projection alone, the final norm left
+    to the root unit (FrameworkProfile.fsdp_head_unit_holds_final_norm): what its all-gathers
+    and unsharded gradients are, to the byte, which decides the caching allocator's blocks (a
+    head's requests a norm larger round to segments that requests of the projection alone,
+    such as its weight gradient, leave split). The root's norm, a hidden-size vector gathered
+    once, is not scheduled; its shard's bytes stay in the parameters' total."""
+    norm = tuple(t for t in head.tensors if t.name.startswith(FINAL_NORM_PREFIX))
+    kept = [t for t in head.tensors if not t.name.startswith(FINAL_NORM_PREFIX)]
+    if not norm or not kept:
+        return unit
+    shard = request.shard_group_size
+    norm_elements = padded_unit_elements(ParamUnit(name=head.name, tensors=norm), shard, shard_layout(request))
+    trainable = sum(padded_unit_elements(ParamUnit(name=head.name, tensors=(t,)), shard, shard_layout(request))
+                    for t in norm if t.trainable)
+    gathered = unit.gathered_bytes - norm_elements * compute
+    return _Unit(gathered, tuple(split_bytes(gathered, [t.numel for t in kept])), unit.elements - trainable,
+                 unit.head_tensors)
 
 
 # torchtitan 0.3.0 models/common/moe.py GroupedExperts: a block's routed experts are three
@@ -187,6 +212,11 @@ class FsdpStepInputs:
     """root_head_gradient_bytes: where the schedule runs the loss's moments, the head weight's
     unsharded gradient the root keeps from the loss's backward to its own post-backward."""
 
+    defers_all_gather_free: bool = False
+    """FSDP2's all-gather outputs (FrameworkProfile.fsdp_is_fully_shard; FSDP1 gathers into its
+    flat parameter): kept in forward until the next unit's copy-out, and a backward prefetch's
+    copied out only at its unit's pre-backward (record_fsdp_step's wait_for_unshard)."""
+
     @property
     def block_units(self) -> int:
         return len(self.units) - (2 if self.separate else 1)
@@ -238,7 +268,8 @@ def fsdp_step_inputs(request: PlanRequest, terms: PeakTerms) -> FsdpStepInputs:
                             request.shard_group_size, torchtitan_unchunked_loss_tensors(request, terms), chunked,
                             fsdp1_root_held(request), loss_parallel_applies(request),
                             forward_collectives(request, terms), reduce_output_is_sharded_gradient(request))
-    return replace(inputs, root_head_gradient=root_head_gradient_bytes(request, inputs))
+    fully_shard = profile(request.training.framework).fsdp_is_fully_shard and not fsdp1_root_stays_gathered(request)
+    return replace(inputs, root_head_gradient=root_head_gradient_bytes(request, inputs), defers_all_gather_free=fully_shard)
 
 
 # torch 2.13 distributed/fsdp/_fully_shard/_fsdp_state.py: a unit's post-backward (reshard, then
@@ -313,7 +344,15 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
     offload = f.offload
     stored = f.stored
 
-    def gather(unit: _Unit) -> list[int]:
+    deferred = f.defers_all_gather_free
+    # torch 2.13 _fully_shard/_fsdp_param_group.py wait_for_unshard (:417-489): in forward the
+    # unit's all-gather output is kept (comm_ctx.all_gather_state) until the next unit's
+    # copy-out has run, the local ``prev_all_gather_state`` holding it to that call's end; the
+    # root's post-forward frees the last (_fsdp_state.py _post_forward). In backward it goes as
+    # soon as its own copy-out has run.
+    forward_result: list[int] = []
+
+    def unshard(unit: _Unit) -> list[int]:
         # Under CPU offload the unit's host shard is first copied to the device on a stream of
         # its own (in the stored dtype, then cast to the compute dtype where they differ), and
         # that copy is freed once the all-gather has read it (offload_shard_copy_parts).
@@ -328,9 +367,29 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
                 copies = cast
         flat = b.alloc(unit.gathered_bytes, Stream.all_gather)
         b.free(copies)
+        return flat
+
+    def copy_out(unit: _Unit, flat: list[int], forward: bool = False) -> list[int]:
+        """The unit's parameters out of its all-gather output ``flat`` (wait_for_unshard)."""
         parameters = b.alloc_parts(unit.tensor_bytes)
-        b.free(flat)
+        if forward and deferred:
+            previous = forward_result[:]
+            forward_result[:] = flat
+            b.free(previous)
+        else:
+            b.free(flat)
         return parameters
+
+    def gather(unit: _Unit) -> list[int]:
+        return copy_out(unit, unshard(unit))
+
+    def gather_forward(unit: _Unit) -> list[int]:
+        return copy_out(unit, unshard(unit), forward=True)
+
+    def forward_ends() -> None:
+        # The root's post-forward (_fsdp_state.py _post_forward): the last all-gather output goes.
+        b.free(forward_result)
+        forward_result.clear()
 
     block_units = units[1:-1] if separate else units[1:]
     loss_tensors = f.loss_tensors
@@ -392,7 +451,7 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
         made, drains = making
         # Forward: the root (or the embedding) first; each block's parameters gathered, its
         # activations saved, its parameters freed (reshard_after_forward).
-        root = gather(units[0])
+        root = gather_forward(units[0])
         outside_ids = b.alloc(outside)
         if separate:
             b.free(root)
@@ -402,7 +461,7 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
         last_block: list[int] = []
         for position, unit in enumerate(block_units):
             b.mark()
-            parameters = gather(unit)
+            parameters = gather_forward(unit)
             saved.append(b.alloc_parts(block_parts))
             b.free(record_workspace(b, x.block_forward_steps))
             cache += b.alloc_parts(list(cache_parts[position]))
@@ -416,20 +475,29 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
         head_gradient: list[int] = []
         head_parameters: list[int] = []
         prefetched_first: list[int] = []
+
+        def prefetch_last_block() -> None:
+            # The head unit's pre-backward for the chunk it ran first in forward: the unit before
+            # it in post_forward_order is the last block, whose all-gather it issues
+            # (_fsdp_param_group.py _backward_prefetch); an earlier chunk's target is the head.
+            if block_units:
+                prefetched_first[:] = unshard(block_units[-1])
         if held_root or held_head:
             # The head's unit stays gathered; the loss's tensors one by one; the head's gradient
             # kept until its unit's post-backward (the root's, at the end of backward).
             head_unit = units[-1] if held_head else units[0]
-            head_parameters = gather(head_unit) if held_head else []
+            head_parameters = gather_forward(head_unit) if held_head else []
             head_parts = backward_gradient_parts(head_unit)[-head_unit.head_tensors:] if held_root else backward_gradient_parts(head_unit)
 
             def pre_backward() -> None:
                 # 0.3.0: the head unit's pre-backward prefetches the last block.
-                if held_head:
-                    prefetched_first[:] = gather(block_units[-1]) if block_units else []
+                if held_head and block_units:
+                    # FSDP2 issues the all-gather here; its copy-out waits for the block's own
+                    # pre-backward (wait_for_unshard).
+                    prefetched_first[:] = unshard(block_units[-1]) if deferred else gather(block_units[-1])
 
             run = run_torchtitan_loss_parallel if f.loss_parallel else _torchtitan_unchunked_loss
-            head_gradient = run(b, loss_tensors, head_parts, pre_backward)
+            head_gradient = run(b, loss_tensors, head_parts, pre_backward, post_forward=forward_ends)
         else:
             # The root's parameters are resharded after the forward and gathered again at the
             # loss's backward, which the planner's loss term counts (fsdp_head_gathered_bytes);
@@ -438,9 +506,11 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
             if not f.fsdp1_root:
                 b.free(root)
             if f.chunked_loss is not None:
-                head_gradient = _chunked_loss(f.chunked_loss, b, gather, units[-1])
+                head_gradient = _chunked_loss(f.chunked_loss, b, gather, units[-1], gather_forward, forward_ends,
+                                              prefetch_last_block if deferred else None)
             else:
-                b.free(gather(units[-1]) if separate else [])
+                b.free(gather_forward(units[-1]) if separate else [])
+                forward_ends()
                 run_loss(x.loss_moments, b, cache)
             if not f.fsdp1_root:
                 root = [] if separate else gather(units[0])
@@ -494,9 +564,18 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
             # already: its gradient goes, with the parameters the unit held.
             order.pop(0)
             backward_gradients(len(units) - 1, head_parameters, head_gradient)
-        current = last_block if held_root else prefetched_first if held_head else gather(units[order[0][0]])
+        if held_root:
+            current = last_block
+        elif deferred:
+            # Each unit's copy-out at its own pre-backward, from the all-gather a prefetch issued.
+            current = prefetched_first if prefetched_first else unshard(units[order[0][0]])
+        else:
+            current = prefetched_first if held_head else gather(units[order[0][0]])
         for step, (index, position) in enumerate(order):
-            prefetched = gather(units[order[step + 1][0]]) if step + 1 < len(order) else []
+            if deferred and not (held_root and step == 0):
+                current = copy_out(units[index], current)
+            prefetched = [] if step + 1 >= len(order) else \
+                unshard(units[order[step + 1][0]]) if deferred else gather(units[order[step + 1][0]])
             if position is not None:
                 run_sequence_parallel_recompute(b, f.sequence_parallel)
                 if x.workspace_steps:
@@ -616,17 +695,22 @@ def per_chunk_head(request: PlanRequest) -> bool:
         and fsdp_separates_embedding_and_head(request) and not request.training.fused_linear_cross_entropy
 
 
-def _chunked_loss(loss: _ChunkedLoss, b: "TraceBuilder", gather, head: _Unit) -> list[int]:
+def _chunked_loss(loss: _ChunkedLoss, b: "TraceBuilder", gather, head: _Unit, gather_forward=None,
+                  forward_ends=None, last_pre_backward=None) -> list[int]:
     """torchtune 0.6.1's chunked cross-entropy (zeroplan.core.framework_loss.chunked_logits_pieces
-    names its three moments) chunk by chunk: returns the head's accumulated weight gradient."""
+    names its three moments) chunk by chunk: returns the head's accumulated weight gradient.
+    ``gather_forward`` gathers in forward (default ``gather``), ``forward_ends`` runs at the
+    model's post-forward, ``last_pre_backward`` after the head's gather for its last chunk in backward."""
     chunks, e, sbv_chunk = loss.chunks, loss.compute_bytes, loss.sbv_chunk
     # Forward: each chunk's logits from the head gathered for it; then each chunk upcast and its
     # fp32 log-softmax saved; the bf16 logits go with the forward.
     logits = []
     for _ in range(chunks):
-        parameters = gather(head)
+        parameters = (gather_forward or gather)(head)
         logits += b.alloc(e * sbv_chunk)
         b.free(parameters)
+    if forward_ends is not None:
+        forward_ends()
     logit_gradients = []
     if loss.compiled:
         # Compiled (zeroplan.core.compiled.compiled_chunked_logits_pieces): each chunk's
@@ -655,8 +739,10 @@ def _chunked_loss(loss: _ChunkedLoss, b: "TraceBuilder", gather, head: _Unit) ->
     # The head's backward per chunk: gathered again, its weight gradient added out of place.
     weight_gradient_bytes = loss.weight_gradient_bytes
     accumulated: list[int] = []
-    for gradient in logit_gradients:
+    for position, gradient in enumerate(logit_gradients):
         parameters = gather(head)
+        if last_pre_backward is not None and position == len(logit_gradients) - 1:
+            last_pre_backward()
         product = b.alloc(weight_gradient_bytes)
         if accumulated:
             total = b.alloc(weight_gradient_bytes)
@@ -704,11 +790,14 @@ def torchtitan_unchunked_loss_tensors(request: PlanRequest, terms: PeakTerms) ->
 # and the saved log-softmax with it; the gradient cast to bf16 and the fp32 one freed; the head's
 # weight gradient (kept to the root's post-backward) before the bf16 logit gradient goes.
 def _torchtitan_unchunked_loss(b: "TraceBuilder", tensors: tuple[int, int], head_gradient_parts: list[int],
-                               pre_backward) -> list[int]:
+                               pre_backward, post_forward=None) -> list[int]:
     """The loss's allocations from the head's logits to the head's backward (``pre_backward``
-    called when the gradient reaches the head's unit); returns the head's unsharded gradients."""
+    called when the gradient reaches the head's unit, ``post_forward`` once the logits, the
+    model's output, are made); returns the head's unsharded gradients."""
     logits_bytes, fp32 = tensors
     logits = b.alloc(logits_bytes)
+    if post_forward is not None:
+        post_forward()
     upcast = b.alloc(fp32)
     log_softmax = b.alloc(fp32)
     b.free(upcast)
@@ -737,12 +826,14 @@ def _torchtitan_unchunked_loss(b: "TraceBuilder", tensors: tuple[int, int], head
 # gradient cast to bf16 (the .float()'s backward) and the fp32 one freed; the head's weight
 # gradient before the bf16 logit gradient goes.
 def run_torchtitan_loss_parallel(b: "TraceBuilder", tensors: tuple[int, int], head_gradient_parts: list[int],
-                                 pre_backward, logits_held: bool = False) -> list[int]:
+                                 pre_backward, logits_held: bool = False, post_forward=None) -> list[int]:
     """loss_parallel's allocations from the head's logits to the head's backward, as
     _torchtitan_unchunked_loss's for torch's plain cross-entropy (``logits_held``: the logits are
     a pipeline stage's output, allocated and kept elsewhere)."""
     logits_bytes, fp32 = tensors
     logits = [] if logits_held else b.alloc(logits_bytes)
+    if post_forward is not None:
+        post_forward()
     upcast = b.alloc(fp32)
     shifted = b.alloc(fp32)
     b.free(b.alloc(fp32))

@@ -13,6 +13,10 @@ from zeroplan.core.encoder_decoder_params import parameter_units as encoder_deco
 from zeroplan.core.param_tensors import ParamTensor, ParamUnit, linear_tensors, mlp_tensors, norm_tensors
 from zeroplan.specs.model import ModelSpec, PositionKind
 
+FINAL_NORM_PREFIX = "final_norm."
+"""How the final norm's tensors are named in the head unit (FSDP wrappings that leave it to the
+root unit take them out: zeroplan.allocator.fsdp_schedule)."""
+
 
 def expert_tensors(model: ModelSpec, expert: int) -> list[ParamTensor]:
     """One routed expert's tensors, named 'mlp.experts.<i>.<leaf>.weight'."""
@@ -137,7 +141,7 @@ def parameter_units(model: ModelSpec) -> tuple[ParamUnit, ...]:
     if model.embedding_norm:
         embedding += norm_tensors("embedding_norm", model)
     head = linear_tensors("head_transform", h, h, True) if model.head_transform else []
-    head += norm_tensors("final_norm", model)
+    head += norm_tensors(FINAL_NORM_PREFIX.rstrip("."), model)
     if not model.tied_embeddings:
         head.append(ParamTensor(name="lm_head.weight", shape=(model.vocab_size, h)))
     if model.head_bias:

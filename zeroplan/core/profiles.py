@@ -68,6 +68,14 @@ class FrameworkProfile:
     fsdp_separate_embedding_and_head: bool = False
     """Under FSDP the token embedding and the output projection are fully_shard units of their
     own (instead of part of the root unit with the final norm)."""
+    fsdp_is_fully_shard: bool = False
+    """Its FSDP is torch's FSDP2 (fully_shard) at every release the profile models, whose
+    all-gather outputs live as _fsdp_param_group.py wait_for_unshard keeps them
+    (zeroplan.allocator.fsdp_schedule); False where a release the profile covers runs FSDP1."""
+    fsdp_head_unit_holds_final_norm: bool = True
+    """With fsdp_separate_embedding_and_head, the head's unit holds the final norm beside the
+    output projection (torchtitan 0.3.0's [norm, lm_head]); False: the projection alone, the
+    norm staying in the root unit (torchtune's custom_sharded_layers ['tok_embeddings', 'output'])."""
     offers_fused_linear_cross_entropy: bool = False
     """liger-kernel's fused linear cross-entropy can replace the output projection and loss
     (TrainingSpec.fused_linear_cross_entropy)."""
@@ -152,7 +160,7 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         # policy (not the default), each block, then the root: the embedding and the head are
         # units of their own, and the head's stays gathered from its forward through the loss's
         # backward (the bytes fsdp_head_gathered_bytes counts; benchmarks/framework-step-records).
-        fsdp_separate_embedding_and_head=True, fsdp_loss_backward_gathers_head=True,
+        fsdp_separate_embedding_and_head=True, fsdp_loss_backward_gathers_head=True, fsdp_is_fully_shard=True,
         # torchtitan 0.3.0 models/llama3/__init__.py: every flavour builds fuse_qkv=True
         # (models/common/attention.py FusedQKVLinear: one wqkv weight).
         fuses_qkv=True,
@@ -251,8 +259,9 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         default_precision=Precision.bf16_pure, expands_kv_heads=True, bf16_module_norm_saves_bf16=False,
         loss_chunks=8, offers_activation_offloading=True,
         # torchtune 0.6.1 recipes/configs/llama3_1/*_full.yaml: custom_sharded_layers
-        # ['tok_embeddings', 'output'], which training.get_shard_conditions shards on their own.
-        fsdp_separate_embedding_and_head=True,
+        # ['tok_embeddings', 'output'], which training.get_shard_conditions shards on their own;
+        # training/_distributed.py shard_model then fully_shard(model): the final norm is the root's.
+        fsdp_separate_embedding_and_head=True, fsdp_head_unit_holds_final_norm=False, fsdp_is_fully_shard=True,
         # training.shard_model passes no mp_policy: the bf16 module's gradients are reduced in bf16.
         fsdp_reduces_in_compute_dtype=True, fsdp_loss_backward_gathers_head=True,
         # torchtune 0.6.1 recipes/full_finetune_distributed.py _setup_optimizer(optimizer_in_bwd):
