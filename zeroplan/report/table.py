@@ -49,7 +49,7 @@ def _row(plan: StrategyPlan, unit: ByteUnit) -> list[str]:
 # steps on fake tensors (benchmarks/framework_allocator_accuracy.py), OOM capacity, default
 # allocator and expandable segments.
 _SCHEDULE_CHECKS = {
-    StrategyKind.fsdp_full_shard: "fsdp-full-shard: -7.0 % to +4.2 % and -2.2 % to -0.5 %",
+    StrategyKind.fsdp_full_shard: "fsdp-full-shard: -7.0 % to +7.6 % and -2.2 % to -0.5 %",
     StrategyKind.fsdp_shard_grad_op: "fsdp-shard-grad-op: -3.2 % to +0.9 % and -1.9 % to +5.3 %",
 }
 
