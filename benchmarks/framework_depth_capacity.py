@@ -19,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from framework_accuracy import step_request  # noqa: E402
+from framework_step_records import shallow_model  # noqa: E402
 
 from zeroplan.allocator import planner  # noqa: E402
 from zeroplan.allocator.capacity import oom_capacity  # noqa: E402
@@ -27,7 +28,6 @@ from zeroplan.allocator.replay import compile_trace  # noqa: E402
 from zeroplan.core.plan import memory_breakdown  # noqa: E402
 from zeroplan.frameworks import step as step_module  # noqa: E402
 from zeroplan.frameworks.step import run_step, step_training  # noqa: E402
-from zeroplan.presets.models import get_model  # noqa: E402
 from zeroplan.specs import BatchSpec, StrategyKind  # noqa: E402
 
 GiB = 2**30
@@ -35,9 +35,7 @@ CONFS = ("", "expandable_segments:True")
 
 
 def depth(blocks: int, dump: Path | None = None) -> None:
-    model = get_model("llama-3.1-8b")
-    if blocks != model.num_layers:
-        model = model.model_copy(update={"name": f"{model.name}-{blocks}-blocks", "num_layers": blocks})
+    model = shallow_model("llama-3.1-8b", blocks)
     traces = []
 
     def recorded(trace, config):  # noqa: ANN001, ANN202

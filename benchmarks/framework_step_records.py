@@ -108,10 +108,13 @@ same framework code on the same architecture, every block alike, in 2-4 s a run 
 depth takes about 15 (the cost of a fake step grows with its operations, not their sizes)."""
 
 
-def shallow_model(model_name: str) -> ModelSpec:
-    """``model_name``'s architecture with SHALLOW_BLOCKS blocks, named apart from the full depth."""
+def shallow_model(model_name: str, blocks: int = SHALLOW_BLOCKS) -> ModelSpec:
+    """``model_name``'s architecture with ``blocks`` blocks, named apart from the full depth (the
+    model itself where that is its depth)."""
     model = get_model(model_name)
-    return model.model_copy(update={"name": f"{model.name}-{SHALLOW_BLOCKS}-blocks", "num_layers": SHALLOW_BLOCKS})
+    if blocks == model.num_layers:
+        return model
+    return model.model_copy(update={"name": f"{model.name}-{blocks}-blocks", "num_layers": blocks})
 
 
 def main(out: Path = DEFAULT_OUT, frameworks: set[str] | None = None) -> None:

@@ -134,7 +134,6 @@ def test_a_whole_step_replays_its_allocations_through_the_allocator_model(monkey
     pytest.importorskip("torch")
     pytest.importorskip("torchtune", reason="torchtune is not installed (scripts/install-frameworks installs it)")
     from zeroplan.frameworks.step import run_step, step_training
-    from zeroplan.presets.models import get_model
     from zeroplan.specs import BatchSpec, StrategyKind
 
     from zeroplan.allocator.capacity import oom_capacity
@@ -147,10 +146,10 @@ def test_a_whole_step_replays_its_allocations_through_the_allocator_model(monkey
     # projection alone, the planner is 1.6-1.8 % below at 4, 8 and 32 blocks under either conf.
     # At 2 blocks the default conf's bisection lands above a window of capacities on which the
     # planner's trace fails again (it completes from about 4 % above the replay's), not checked here.
-    model = get_model("llama-3.1-8b")
-    if blocks != model.num_layers:
-        model = model.model_copy(update={"name": f"{model.name}-{blocks}-blocks", "num_layers": blocks})
-    args = (model, StrategyKind.fsdp_full_shard, step_training("torchtune", "full"),
+    sys.path.insert(0, str(BENCHMARKS))
+    from framework_step_records import shallow_model
+
+    args = (shallow_model("llama-3.1-8b", blocks), StrategyKind.fsdp_full_shard, step_training("torchtune", "full"),
             BatchSpec(seq_len=1024, micro_batch_size=1), 8)
     # One fake step: its recorded trace is replayed again under expandable segments (what a
     # second run_step with that conf would do, after recording the same trace again).
