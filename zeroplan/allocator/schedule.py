@@ -23,7 +23,7 @@ from zeroplan.allocator.replay import Ops
 from zeroplan.allocator.trace import AllocationTrace, Stream
 from zeroplan.core import deepspeed_2022, deepspeed_stage3_step
 from zeroplan.core.activations import layer_terms
-from zeroplan.core.deepspeed_accumulation import _model_dtype_bytes, overlap_comm
+from zeroplan.core.deepspeed_accumulation import overlap_comm
 from zeroplan.core.deepspeed_epilogue import stage1_carries_bucket
 from zeroplan.core.deepspeed_step import NORM_COPY_BYTES, runs_flat_step
 from zeroplan.core.framework_loss import loss_parallel_applies
@@ -39,7 +39,6 @@ from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.training import ActivationCheckpointing, StateConvention
 from zeroplan.units import FP32_BYTES
 from zeroplan.core.model_states import ModelStateBytes
-from zeroplan.core.nvme import sub_group_tensor_elements
 from zeroplan.core.peak import PeakTerms, peak_allocated_bytes
 
 
@@ -245,10 +244,10 @@ class StepInputs:
     sequence_parallel: SublayerCollectives | None = None
     """fsdp_schedule.forward_collectives: each block's forward collectives, run in every
     micro-batch's forward (fsdp_schedule.run_sequence_parallel_forward)."""
-    sub_group_steps: tuple[int, ...] = ()
+    sub_group_steps: tuple[tuple[int, int], ...] = ()
     """DeepSpeed ZeRO-3's step, sub-group by sub-group (zeroplan.core.deepspeed_stage3_step):
     each sub-group's flat gradient copy and fp32 cast, made and freed in turn in place of the
-    whole gradient partition (empty: the gradients whole)."""
+    whole gradient partition (stage3.py step; empty: the gradients whole)."""
     gradients_kept: bool = False
     """ModelStateBytes.gradients_kept: the previous step's gradients, zeroed in place by a torch
     release before 2.0, are allocated before the forward and never freed."""
@@ -302,22 +301,7 @@ def _step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms
                       **_eager_steps(request, terms),
                       sequence_parallel=forward_collectives(request, terms),
                       stage1_2022=deepspeed_2022.step_allocations(request) if deepspeed_2022.models_2022(request) else None,
-                      sub_group_steps=_sub_group_steps(request))
-
-
-# zeroplan.core.deepspeed_stage3_step: stage3.py step() makes each sub-group's flat copy and
-# fp32 gradient (a flat copy of one tensor is a view: no allocation) and frees them before the next.
-def _sub_group_steps(request: PlanRequest) -> tuple[int, ...]:
-    """Per sub-group: the flat copy's bytes and the fp32 cast's, in order (empty where the step
-    is not DeepSpeed ZeRO-3's)."""
-    if not deepspeed_stage3_step.steps_by_sub_group(request):
-        return ()
-    e = _model_dtype_bytes(request)
-    out: list[int] = []
-    for group in sub_group_tensor_elements(request):
-        flat = sum(group) * e if len(group) > 1 else 0
-        out += [flat, deepspeed_stage3_step.sub_group_step_bytes(group, e) - flat]
-    return tuple(out)
+                      sub_group_steps=deepspeed_stage3_step.sub_group_steps(request))
 
 
 def _eager_steps(request: PlanRequest, terms: PeakTerms) -> dict[str, tuple[int, ...]]:
@@ -495,9 +479,9 @@ def record_step(x: StepInputs) -> TraceBuilder:
     parts = 1 if x.flat_step else blocks + 1
     if x.sub_group_steps:
         b.free(gradients + unit + held)
-        for index in range(0, len(x.sub_group_steps), 2):
-            flat = b.alloc(x.sub_group_steps[index])
-            cast = b.alloc(x.sub_group_steps[index + 1])
+        for flat_bytes, cast_bytes in x.sub_group_steps:
+            flat = b.alloc(flat_bytes)
+            cast = b.alloc(cast_bytes)
             b.free(flat)
             b.free(b.alloc(x.step_temporary))
             b.free(cast)

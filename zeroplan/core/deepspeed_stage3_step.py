@@ -31,12 +31,27 @@ def steps_by_sub_group(request: PlanRequest) -> bool:
 
 
 # stage3.py:2686-2687: self.flatten(self.averaged_gradients[i]).to(fp32): the flat copy in the
-# model dtype (none for one tensor), and the fp32 cast (none where the model dtype is fp32).
-def sub_group_step_bytes(elements: list[int], model_dtype_bytes: int) -> int:
-    """The bytes one sub-group's step makes: its flat gradient copy and the fp32 cast of it."""
+# model dtype (none for one tensor: a view), and the fp32 cast (none where the model dtype is fp32).
+def sub_group_step_parts(elements: list[int], model_dtype_bytes: int) -> tuple[int, int]:
+    """What one sub-group's step makes: its flat gradient copy's bytes and its fp32 cast's."""
     flat = model_dtype_bytes if len(elements) > 1 else 0
     cast = FP32_BYTES if model_dtype_bytes != FP32_BYTES else 0
-    return sum(elements) * (flat + cast)
+    return sum(elements) * flat, sum(elements) * cast
+
+
+def sub_group_step_bytes(elements: list[int], model_dtype_bytes: int) -> int:
+    """The bytes one sub-group's step makes: its flat gradient copy and the fp32 cast of it."""
+    return sum(sub_group_step_parts(elements, model_dtype_bytes))
+
+
+def sub_group_steps(request: PlanRequest) -> tuple[tuple[int, int], ...]:
+    """Each sub-group's (flat copy, fp32 cast) bytes, in the order the step makes and frees them
+    (what the caching-allocator model's trace allocates); empty where the step is not DeepSpeed
+    ZeRO-3's on the GPU."""
+    if not steps_by_sub_group(request):
+        return ()
+    e = _model_dtype_bytes(request)
+    return tuple(sub_group_step_parts(group, e) for group in sub_group_tensor_elements(request))
 
 
 def step_gradient_bytes(request: PlanRequest) -> int | None:
@@ -44,5 +59,4 @@ def step_gradient_bytes(request: PlanRequest) -> int | None:
     the step's peak; None where the step is not DeepSpeed ZeRO-3's on the GPU."""
     if not steps_by_sub_group(request):
         return None
-    e = _model_dtype_bytes(request)
-    return max((sub_group_step_bytes(group, e) for group in sub_group_tensor_elements(request)), default=0)
+    return max((flat + cast for flat, cast in sub_group_steps(request)), default=0)
