@@ -7,6 +7,7 @@ from enum import Enum
 from pydantic import ConfigDict, model_serializer
 
 from zeroplan.core.communication import Collective
+from zeroplan.core.margin import PeakErrorBand, borderline_by_band
 from zeroplan.core.timing import StepTime
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.parallel import ParallelSpec, PipelineSchedule
@@ -209,6 +210,12 @@ class StrategyPlan(Frozen):
         """A fit borderline because its run may need one more segment than its step
         (MemoryBreakdown.lazy_state_segment_bytes), whatever the error band says."""
         return self.borderline and self.fits and self.memory.lazy_state_segment_bytes > 0
+
+    def borderline_by_band(self, band: PeakErrorBand) -> bool:
+        """Borderline by ``band``, the published runs' error band (or the caching allocator's
+        turn within its reach), whether or not by the segment above too."""
+        return self.borderline and borderline_by_band(self.memory.peak_bytes, self.usable_memory_bytes, band,
+                                                      self.borderline_capacity_bytes)
 
 
 class PlanCandidate(Frozen):

@@ -94,12 +94,19 @@ def _split_segment_reason(split_segment_bytes: int) -> str:
             f"and the usable memory has no room for one more)")
 
 
+def borderline_by_band(peak_bytes: int, usable_bytes: int, band: PeakErrorBand, turns_on_bytes: int | None) -> bool:
+    """Whether the error band makes a verdict borderline: the usable memory within the band
+    around the peak, or the caching-allocator model's step turning on a memory within its reach
+    (``turns_on_bytes``), whatever the segment tensors made inside the epoch may take."""
+    return turns_on_bytes is not None or is_borderline(peak_bytes, usable_bytes, band)
+
+
 def margin_words(peak_bytes: int, usable_bytes: int, band: PeakErrorBand, turns_on_bytes: int | None,
                  fits: bool, split_segment_bytes: int) -> str:
     """Every reason a verdict is borderline, for a person: the error band's (or the caching
     allocator's turn within it) and, for a fit, the segment tensors made inside the epoch may take;
     both where both hold, so neither hides the other."""
-    by_band = turns_on_bytes is not None or is_borderline(peak_bytes, usable_bytes, band)
+    by_band = borderline_by_band(peak_bytes, usable_bytes, band, turns_on_bytes)
     by_segment = fits and split_segment_bytes > 0
     if not by_band:
         return split_segment_words(split_segment_bytes) if by_segment else ""

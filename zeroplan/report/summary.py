@@ -200,15 +200,14 @@ def fit_notes(report: FitReport, unit: ByteUnit) -> list[str]:
                      "memory, outside the peak; the driver pages them to host RAM when the GPU is full.")
     if any(p.fits and p.host_fits is False for p in report.plans):
         notes.append("fits = host: fits on the GPU, but its offloaded states exceed the node's host RAM.")
-    split = [p for p in report.plans if p.borderline_by_split_segment]
-    if any(p.borderline for p in report.plans if p not in split):
-        band = _band(report)
+    band = _band(report)
+    if any(p.borderline_by_band(band) for p in report.plans):
         retries = any(p.borderline_capacity_bytes is not None for p in report.plans)
         notes.append(f"* = borderline: published runs peaked at {100 * band.low:.0f}-{100 * band.high:.0f} % of the "
                      "prediction (middle half), so the measured error alone could turn the verdict (docs/validation.md)."
                      + (" The caching allocator frees its cache when a cudaMalloc is refused and retries, so a step's "
                         "outcome need not move one way with the memory (docs/memory-model.md)." if retries else ""))
-    if split:
+    if any(p.borderline_by_split_segment for p in report.plans):
         notes.append(f"* = borderline: {SPLIT_SEGMENT_NOTE}.")
     if report.allocator_caution:
         notes.append(report.allocator_caution.strip())

@@ -344,14 +344,13 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
                      "`zeroplan simulate MODEL --framework F --whole-step --allocator-conf CONF` replays the framework's "
                      "own allocations.")
     notes += [f"{p.strategy.value}: peak on {p.peak_rank_reason}." for p in report.plans if p.peak_rank_reason]
-    split = [p for p in report.plans if p.borderline_by_split_segment]
-    if any(p.borderline for p in report.plans if p not in split):
-        band = error_band(report.batch.varying_lengths is not None)
+    band = error_band(report.batch.varying_lengths is not None)
+    if any(p.borderline_by_band(band) for p in report.plans):
         notes.append(f"* = borderline: the middle half of published runs peaked at {100 * band.low:.0f}-{100 * band.high:.0f} % of their "
                      "prediction, and the usable memory lies in that range, or the caching-allocator model's step goes the "
                      "other way on a memory a run with that error stands on as on the usable one (docs/validation.md, "
                      "\"Published peaks\"; docs/memory-model.md, \"The caching allocator\").")
-    if split:
+    if any(p.borderline_by_split_segment for p in report.plans):
         notes.append(f"* = borderline: {SPLIT_SEGMENT_NOTE}.")
     if any(p.fits and p.host_fits is False for p in report.plans):
         notes.append("fits = host: fits on the GPU, but its offloaded states exceed the node's host RAM.")
