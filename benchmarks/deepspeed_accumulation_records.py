@@ -42,6 +42,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from zeroplan.atomic import write_text_atomic
+from zeroplan.harness.ports import free_local_port
 
 PRECISIONS = ("fp32", "bf16-mixed")
 ACCUMULATIONS = (1, 2, 4)
@@ -227,7 +228,7 @@ def main() -> None:
     grid = [(s, p, int(k), v) for s in stages for p in args.precisions.split(",")
             for k in args.accumulations.split(",") for v in args.variants.split(",")]
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    os.environ["MASTER_PORT"] = str(free_local_port())
     tmp = args.out / "tmp"
     tmp.mkdir(exist_ok=True)
     mp.spawn(_worker, args=(args.model, grid, str(tmp)), nprocs=NPROC, join=True)

@@ -35,6 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+from zeroplan.harness.ports import free_local_port, remove_deepspeed_shm_buffers
 
 # The published shapes, each scaled so that weights and activations shrink by the same factor:
 # (scale, hidden, layers, heads, vocabulary, micro-batch, tokens). 254m: hidden 1,024, 12 layers,
@@ -166,13 +167,17 @@ def main() -> None:
     parser.add_argument("--breakdown", action="store_true", help="the bytes live at the run's peak by the op that made them")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="6.86b")
     parser.add_argument("--gpus", type=int, default=4, help="ranks (the row's GPUs)")
-    parser.add_argument("--port", type=int, default=29571)
+    parser.add_argument("--port", type=int, default=None,
+                        help="the ranks' rendezvous port on 127.0.0.1 (default: a free one)")
     options = parser.parse_args()
     use_shape(options.shape, options.gpus)
     import torch.multiprocessing as mp
 
     out = str(Path(tempfile.mkdtemp()) / "result.json")
+    if options.port is None:
+        options.port = free_local_port()
     mp.spawn(_rank, args=(options, out), nprocs=WORLD)
+    remove_deepspeed_shm_buffers(options.port)
     result = json.loads(Path(out).read_text())
     gib = 2**30
     print(f"DeepSpeed {result['deepspeed']}, {WORLD} gloo ranks, activation checkpointing "

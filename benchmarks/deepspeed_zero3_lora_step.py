@@ -48,6 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+from zeroplan.harness.ports import free_local_port, remove_deepspeed_shm_buffers
 
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS, VOCAB, MICRO_BATCH, STEPS = 256, 896, 4, 8, 1, 512, 2, 3
 SCALE = 1024
@@ -228,14 +229,18 @@ def main() -> None:
     parser.add_argument("--breakdown", action="store_true", help="the bytes live at the run's peak by the op that made them")
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa")
-    parser.add_argument("--port", type=int, default=29561)
+    parser.add_argument("--port", type=int, default=None,
+                        help="the ranks' rendezvous port on 127.0.0.1 (default: a free one)")
     options = parser.parse_args()
     import tempfile
 
     import torch.multiprocessing as mp
 
     out = str(Path(tempfile.mkdtemp()) / "result.json")
+    if options.port is None:
+        options.port = free_local_port()
     mp.spawn(_rank, args=(2, options, out), nprocs=2)
+    remove_deepspeed_shm_buffers(options.port)
     result = json.loads(Path(out).read_text())
     mib = 2**20
     # DeepSpeed before 0.19.2 casts the adapters to bf16 with the module (engine.py

@@ -21,6 +21,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 
+from zeroplan.harness.ports import free_local_port
+
 DIM, HIDDEN, WORLD = 256, 512, 2
 
 
@@ -89,8 +91,8 @@ def _rank(rank: int, all_gather: bool, port: str, out: list) -> None:
 
 
 def main() -> None:
-    for all_gather, port in ((False, "29611"), (True, "29612")):
-        mp.spawn(_rank, args=(all_gather, port, []), nprocs=WORLD)
+    for all_gather in (False, True):
+        mp.spawn(_rank, args=(all_gather, str(free_local_port()), []), nprocs=WORLD)
 
 
 if __name__ == "__main__":

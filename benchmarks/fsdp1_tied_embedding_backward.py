@@ -21,6 +21,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from zeroplan.harness.ports import free_local_port
+
 VOCAB, HIDDEN, SEQ, BATCH = 65_536, 64, 8, 1
 TIED = "--untied" not in sys.argv
 MiB = 2**20
@@ -92,4 +94,4 @@ def run(rank: int, world: int, port: str) -> None:
 
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    mp.spawn(run, args=(2, "29517"), nprocs=2)
+    mp.spawn(run, args=(2, str(free_local_port())), nprocs=2)

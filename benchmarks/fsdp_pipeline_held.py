@@ -44,6 +44,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from zeroplan.harness.ports import free_local_port
+
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "pipeline-records" / "fsdp"
 BLOCKS = 2
@@ -135,8 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         print("set MALLOC_MMAP_THRESHOLD_=65536 (glibc must map each tensor apart)", file=sys.stderr)
         return 2
     Path(options.out).mkdir(parents=True, exist_ok=True)
-    for offset, (schedule, microbatches) in enumerate(RUNS):
-        mp.spawn(_rank, args=(options.pp, schedule, microbatches, options.hidden, 29541 + offset, options.out),
+    for schedule, microbatches in RUNS:
+        mp.spawn(_rank, args=(options.pp, schedule, microbatches, options.hidden, free_local_port(), options.out),
                  nprocs=options.pp)
     return 0
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from zeroplan.harness.ports import free_local_port
 
 HIDDEN = 64
 
@@ -118,7 +119,7 @@ def planned(model, stage: int, bucket_elements: int) -> int:
 
 def main() -> None:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": os.environ.get("MASTER_PORT", "29533"),
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_local_port()),
                        "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"})
     import torch.distributed as dist
 

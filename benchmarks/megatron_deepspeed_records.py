@@ -48,6 +48,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from zeroplan.atomic import write_text_atomic
+from zeroplan.harness.ports import free_local_port
 
 NPROC, MICRO_BATCH, SEQ, ACCUM, STEPS = 2, 2, 8, 2, 2
 VOCAB, HIDDEN, FFN = 67, 19, 45
@@ -285,7 +286,7 @@ def _run_ranks(out: Path, zero_optimizer: bool) -> list[dict]:
     tmp = out / "tmp"
     tmp.mkdir(exist_ok=True)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    os.environ["MASTER_PORT"] = str(free_local_port())
     mp.spawn(_worker, args=(str(tmp), zero_optimizer), nprocs=NPROC, join=True)
     ranks = [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(NPROC)]
     for f in tmp.iterdir():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,22 @@ def pytest_collection_modifyitems(config, items) -> None:
 # only at exit.
 def pytest_collection_finish(session) -> None:
     gc.freeze()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test that fails on a subprocess's exit status shows what the subprocess printed last: the
+    CalledProcessError alone names the command, and a run on another machine leaves nothing else
+    to find the cause by."""
+    outcome = yield
+    report = outcome.get_result()
+    error = call.excinfo.value if call.excinfo is not None else None
+    if isinstance(error, subprocess.CalledProcessError):
+        for name, text in (("stdout", error.stdout), ("stderr", error.stderr)):
+            if isinstance(text, bytes):
+                text = text.decode(errors="replace")
+            if text:
+                report.sections.append((f"failed subprocess {name} (last 4,000 characters)", text[-4000:]))
 
 
 @pytest.hookimpl(trylast=True)

@@ -6,7 +6,6 @@ No real SLURM: the variables are set for the subprocesses. Each launch is a real
 from __future__ import annotations
 
 import os
-import random
 import socket
 import subprocess
 import sys
@@ -14,32 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from zeroplan.harness.ports import free_local_port
 from zeroplan.harness.record import SCHEMA_VERSION, read_record
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ["micro-llama", "--strategy", "zero2", "--backend", "gloo", "--steps", "1", "--micro-batch", "1",
        "--seq-len", "16", "--timeout-s", "240"]
-
-
-def _free_port() -> int:
-    """A free port below the ephemeral range. Not bind(0): that hands out an ephemeral port, and a
-    node that starts first retries connecting to 127.0.0.1:PORT until node 0 listens; once one
-    retry's own source port is PORT, Linux connects the socket to itself (TCP simultaneous open)
-    and the rendezvous never happens."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(20000, max(20001, low))
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise AssertionError("no free port below the ephemeral range")
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
@@ -72,7 +51,7 @@ def _validate(*directories: Path) -> tuple[int, str, str]:
 
 @pytest.mark.slow  # two torchrun launches, 4 ranks in all
 def test_two_nodes_with_the_node_flags(tmp_path: Path) -> None:
-    endpoint = f"127.0.0.1:{_free_port()}"
+    endpoint = f"127.0.0.1:{free_local_port()}"
     outs = [tmp_path / "node0", tmp_path / "node1"]
     results = _start_nodes([
         ([*RUN, "--run-id", "two-nodes", "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "2",
@@ -112,7 +91,7 @@ def test_two_nodes_under_slurm_share_one_directory(tmp_path: Path) -> None:
     slurm = {"SLURM_JOB_ID": "777", "SLURM_STEP_ID": "0", "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "2",
              "SLURM_STEP_NUM_NODES": "2", "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2",
              "SLURM_JOB_NODELIST": "127.0.0.[1-2]", "SLURM_STEP_NODELIST": "127.0.0.[1-2]",
-             "SLURM_LOCALID": "0", "MASTER_PORT": str(_free_port())}
+             "SLURM_LOCALID": "0", "MASTER_PORT": str(free_local_port())}
     results = _start_nodes([
         ([*RUN, "--run-id", "slurm", "--slurm", "--nproc-per-node", "1", "--out", str(out)],
          _clean_env(**slurm, SLURM_NODEID=str(node), SLURM_PROCID=str(node)))
@@ -131,7 +110,7 @@ def test_two_nodes_under_slurm_share_one_directory(tmp_path: Path) -> None:
 
 @pytest.mark.slow  # one torchrun launch that waits for a node that never comes
 def test_a_node_left_waiting_stops_at_its_limit_and_says_why(tmp_path: Path) -> None:
-    endpoint = f"127.0.0.1:{_free_port()}"
+    endpoint = f"127.0.0.1:{free_local_port()}"
     (result,) = _start_nodes([
         ([*RUN[:-2], "--timeout-s", "5", "--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1",
           "--rdzv-endpoint", endpoint, "--out", str(tmp_path / "node0")], _clean_env())
