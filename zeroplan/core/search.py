@@ -155,6 +155,20 @@ class _Group:
     """Whether _compute_coefficients has run."""
     ruled_out: bool = False
     """The search found that nothing of the group fits without fitting it (cannot_fit)."""
+    rank_requests: dict = field(default_factory=dict, repr=False)
+    """The request at each pipeline rank asked of (_rank_request), one object each: the
+    planner's caches hash a request once per object (zeroplan.specs.base.Frozen)."""
+
+
+def _rank_request(group: _Group, rank: int) -> PlanRequest:
+    """The group's request at pipeline ``rank`` (its own without a pipeline), built once."""
+    request = group.request
+    if request.parallel.pp == 1:
+        return request
+    at = group.rank_requests.get(rank)
+    if at is None:
+        at = group.rank_requests[rank] = request.at_pipeline_rank(rank)
+    return at
 
 
 def _at(request: PlanRequest, micro: int, accum: int) -> PlanRequest:
@@ -588,8 +602,7 @@ def _fit_group(group: _Group) -> None:
         group.scalar_only = True
         return
     for rank in _rank_classes(request):
-        at = request.at_pipeline_rank(rank) if request.parallel.pp > 1 else request
-        cls = _fit_class(at, family, layout_cache)
+        cls = _fit_class(_rank_request(group, rank), family, layout_cache)
         if cls is None:
             group.scalar_only = True
             return
@@ -752,13 +765,14 @@ def memory_lower_bound(group: _Group, accum: np.ndarray) -> int | None:
     request = group.request
     if request.training.fused_linear_cross_entropy:
         return None
-    first = request.at_pipeline_rank(0) if request.parallel.pp > 1 else request
+    first = _rank_request(group, 0)
     fewest = int(accum.min())
     # The model states and buffers at accumulation 1 or 2 (those of every accumulation past 1,
     # as the fit takes them: its check at 3 confirms it), so the family shares them with the
     # fit; the activations at the fewest steps, shared by the layout's strategies.
-    states, state_terms = _terms(_at(first, 1, min(fewest, 2)), group.family, group.layout_cache)
-    at = _at(first, 1, fewest)
+    state_at = _at(first, 1, min(fewest, 2))
+    states, state_terms = _terms(state_at, group.family, group.layout_cache)
+    at = state_at if fewest <= 2 else _at(first, 1, fewest)
     key = _activation_key(at)
     if key not in group.layout_cache:
         group.layout_cache[key] = micro_batch_terms(at)
@@ -820,7 +834,7 @@ def _class_requests(group: _Group) -> list[PlanRequest]:
         return [request]
     if "rank classes" not in group.layout_cache:
         group.layout_cache["rank classes"] = _rank_classes(request)
-    return [request.at_pipeline_rank(rank) for rank in group.layout_cache["rank classes"]]
+    return [_rank_request(group, rank) for rank in group.layout_cache["rank classes"]]
 
 
 def peak_lower_bounds(group: _Group, micro: np.ndarray, accum: np.ndarray) -> np.ndarray | None:
@@ -833,7 +847,7 @@ def peak_lower_bounds(group: _Group, micro: np.ndarray, accum: np.ndarray) -> np
     request = group.request
     if request.training.fused_linear_cross_entropy:
         return None
-    first = request.at_pipeline_rank(0) if request.parallel.pp > 1 else request
+    first = _rank_request(group, 0)
     fraction = request.assumptions.allocator_reserve_fraction
     states = {}
     result = []
@@ -1112,12 +1126,18 @@ def _schedulable(
     count its rounds divide, megatron-core's interleaved schedule a multiple of pp); a group left
     without a split is dropped."""
     kept_groups, kept_splits = [], []
+    # The rule reads the layout, the framework and the count alone: asked once per layout and
+    # splits, not once per group (a layout's strategies and policies share both).
+    ruled: dict[tuple, np.ndarray] = {}
     for group, (micro, accum) in zip(all_groups, splits):
         parallel = group.request.parallel
         if parallel.pp > 1:
             framework = group.request.training.framework.value
-            runs = np.array([pipeline_microbatch_rule(parallel, framework, int(a)) is None for a in accum.tolist()],
-                            dtype=bool)
+            key = (parallel, framework, accum.tobytes())
+            runs = ruled.get(key)
+            if runs is None:
+                runs = ruled[key] = np.array([pipeline_microbatch_rule(parallel, framework, int(a)) is None
+                                              for a in accum.tolist()], dtype=bool)
             micro, accum = micro[runs], accum[runs]
         if len(micro):
             kept_groups.append(group)
@@ -1203,6 +1223,19 @@ class _Incumbents:
     def add(self, peaks: np.ndarray, seconds: np.ndarray) -> None:
         self.peaks = np.concatenate([self.peaks, peaks])
         self.seconds = np.concatenate([self.seconds, seconds])
+        self._bar = None
+
+    _bar: tuple | None = None
+    """(the top-th fastest time, the peaks sorted, the running fastest time by peak) of the
+    configurations found, from the last add to the next (most groups are tested between two)."""
+
+    def _bars(self) -> tuple:
+        if self._bar is None:
+            kth = np.partition(self.seconds, self.top - 1)[self.top - 1] if 0 < self.top <= self.seconds.size else None
+            by_peak = np.argsort(self.peaks, kind="stable")
+            running = np.concatenate([[np.inf], np.minimum.accumulate(self.seconds[by_peak])])
+            self._bar = kth, self.peaks[by_peak], running
+        return self._bar
 
     def excludes(self, peak_bound: int | np.ndarray | None, seconds_bound: np.ndarray) -> bool:
         """Whether no configuration of a group can enter the ranking (``top`` fastest, by time,
@@ -1213,14 +1246,10 @@ class _Incumbents:
         (so it comes before it in pareto_indices' order and is no slower: it is off the front). The
         configurations found are a subset of all, so the ranking's last time only falls and the
         front only moves towards them."""
-        if self.top <= 0:
-            ranks = np.zeros(seconds_bound.shape, dtype=bool)
-        elif self.seconds.size < self.top:
+        if 0 < self.top and self.seconds.size < self.top:
             return False
-        else:
-            kth = np.partition(self.seconds, self.top - 1)[self.top - 1]
-            ranks = seconds_bound <= kth
-        if ranks.any():
+        kth, sorted_peaks, running = self._bars()
+        if kth is not None and (seconds_bound <= kth).any():
             return False
         if seconds_bound.size == 0:
             return True
@@ -1229,9 +1258,6 @@ class _Incumbents:
         peaks = np.broadcast_to(np.asarray(0 if peak_bound is None else peak_bound, dtype=np.int64), seconds_bound.shape)
         # The fastest found at each peak or below, by peak: the fastest found below a bound p
         # is the running minimum up to the last peak < p, no higher up to the last <= p.
-        by_peak = np.argsort(self.peaks, kind="stable")
-        sorted_peaks, running = self.peaks[by_peak], np.minimum.accumulate(self.seconds[by_peak])
-        running = np.concatenate([[np.inf], running])
         fastest_lower = running[np.searchsorted(sorted_peaks, peaks, side="left")]
         fastest_no_higher = running[np.searchsorted(sorted_peaks, peaks, side="right")]
         return bool(np.all((fastest_lower <= seconds_bound) | (fastest_no_higher < seconds_bound)))
@@ -1285,8 +1311,16 @@ def _search(base: PlanRequest, global_batch_size: int, strategies: tuple[Strateg
     # Fastest first; among equal times the smaller peak.
     order = fitting[np.lexsort((peak_a[fitting], seconds_a[fitting]))]
 
+    checked: dict[int, PlanCandidate | None] = {}
+
     def verified(i: int) -> PlanCandidate | None:
-        """The scalar planner's answer, or None when it disagrees with the sweep."""
+        """The scalar planner's answer, or None when it disagrees with the sweep; once per
+        configuration (the fastest is on the Pareto front too)."""
+        if i not in checked:
+            checked[i] = verified_afresh(i)
+        return checked[i]
+
+    def verified_afresh(i: int) -> PlanCandidate | None:
         candidate = _verified(all_groups[int(index_a[i])], int(micro_a[i]), int(accum_a[i]))
         if candidate is None:
             return None
