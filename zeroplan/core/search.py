@@ -815,12 +815,13 @@ def step_time_lower_bound(group: _Group, micro: np.ndarray, accum: np.ndarray, c
     if not collectives:
         return compute * (1 + bubble) - TIME_BOUND_SLACK_S
     blocking, optimizer = None, None
+    distinct = None if parallel.is_trivial else _distinct(micro)
     for at in _class_requests(group):
         optimizer = min(_optimizer_seconds(at, group.family), optimizer if optimizer is not None else np.inf)
         if parallel.is_trivial:
             continue
         structure, call_seconds, per_size = _blocking_caches(at, group.layout_cache)
-        per_micro = _blocking_at(at, structure, call_seconds, per_size, _distinct(micro))
+        per_micro = _blocking_at(at, structure, call_seconds, per_size, distinct)
         blocking = accum_f * per_micro if blocking is None else np.minimum(blocking, accum_f * per_micro)
     blocking = 0.0 if blocking is None else blocking
     return (compute + blocking) * (1 + bubble) + optimizer - TIME_BOUND_SLACK_S
