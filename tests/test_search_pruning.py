@@ -167,3 +167,24 @@ def test_the_bounds_hold_for_zero2_offload_at_every_accumulation(framework) -> N
     pruned = search(base, 64, strategies, top=2, answer_pareto=False)
     _same_answer(pruned, search(base, 64, strategies, top=2, prune=False, answer_pareto=False))
     assert any(c.grad_accum_steps > 1 for c in pruned.ranked)
+
+
+def test_incumbents_answer_after_an_addition_as_if_built_afresh() -> None:
+    # excludes keeps the ranking time and the fastest-by-peak between additions: one asked
+    # before an addition must not answer from the configurations found before it.
+    rng = np.random.default_rng(2)
+    for _ in range(200):
+        top = int(rng.integers(0, 5))
+        kept = _Incumbents(top)
+        all_peaks, all_seconds = np.zeros(0, dtype=np.int64), np.zeros(0)
+        for _ in range(int(rng.integers(1, 5))):
+            found = int(rng.integers(1, 8))
+            peaks, seconds = rng.integers(0, 12, found), rng.integers(0, 12, found).astype(float)
+            kept.add(peaks, seconds)
+            all_peaks, all_seconds = np.concatenate([all_peaks, peaks]), np.concatenate([all_seconds, seconds])
+            fresh = _Incumbents(top)
+            fresh.add(all_peaks, all_seconds)
+            for _ in range(3):
+                size = int(rng.integers(1, 4))
+                peak_bounds, seconds_bounds = rng.integers(0, 12, size), rng.integers(0, 12, size).astype(float)
+                assert kept.excludes(peak_bounds, seconds_bounds) == fresh.excludes(peak_bounds, seconds_bounds)
