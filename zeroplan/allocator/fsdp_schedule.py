@@ -409,9 +409,10 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
     no_sync = accumulating and x.draining_held_buffers > 0
     shares = proportional_bytes(x.gradient_bytes, weights) if not accumulating or no_sync else []
     # The micro-batch being recorded: the shards its reduce-scatters make (none where they are
-    # carried, or in a no_sync micro-batch before the last) and, in the last under no_sync, each
-    # unit's unsharded gradients, held until its reduce-scatter's copy-in.
-    making: list[list] = [shares, []]
+    # carried, or in a no_sync micro-batch before the last), in the last under no_sync each
+    # unit's unsharded gradients, held until its reduce-scatter's copy-in, and whether it
+    # reduce-scatters at all (a no_sync micro-batch before the last does not).
+    making: list = [shares, [], True]
     cache_parts = x.cache_parts
 
     # Two steps: AdamW creates its states lazily, inside the first step's optimizer step, among
@@ -432,9 +433,9 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
             # (torch 2.13 _fully_shard/_fsdp_param_group.py post_backward; FSDP1 _runtime_utils.py
             # _post_backward_hook and _reduce_grad).
             draining = [b.alloc(part) for part in proportional_bytes(x.draining_held_buffers, weights)]
-            making[:] = [[], []]
+            making[:] = [[], [], False]
             micro_batch(gradients)
-            making[:] = [shares, draining]
+            making[:] = [shares, draining, True]
             micro_batch(gradients)
             b.free([ident for unit in draining for ident in unit])
         b.free(held)
@@ -448,7 +449,7 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
     def micro_batch(gradients: list[int]) -> None:
         """One micro-batch's forward and backward; the shards its reduce-scatters make join
         ``gradients``."""
-        made, drains = making
+        made, drains, reduces = making
         # Forward: the root (or the embedding) first; each block's parameters gathered, its
         # activations saved, its parameters freed (reshard_after_forward).
         root = gather_forward(units[0])
@@ -530,6 +531,14 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
                 unsharded = b.alloc_parts(backward_gradient_parts(unit))
             b.free(parameters)
             if not unit.elements:
+                return
+            if not reduces:
+                # Without gradient sync post_backward only accumulates the new unsharded
+                # gradients into the held ones and returns: no copy-in, no reduce-scatter
+                # (torch 2.13 _fully_shard/_fsdp_param_group.py post_backward, reduce_grads
+                # False: to_accumulated_grad_if_needed; FSDP1 _runtime_utils.py
+                # _post_backward_hook under no_sync).
+                b.free(unsharded or [])
                 return
             if drains:
                 # The last no_sync micro-batch: accumulate_unsharded_grad_if_needed adds the new
