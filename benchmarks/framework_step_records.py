@@ -188,20 +188,41 @@ def main_optimizer_in_backward(out: Path = DEFAULT_OUT) -> None:
         _run(out, model_name, world_size, seq_len, micro_batch, training)
 
 
+def _parse(argv: list[str]):  # type: ignore[no-untyped-def]
+    """The command line the docstring shows: at most one mode flag, then OUT_DIR, then (for the
+    default matrix alone) frameworks; anything else is refused before a step runs."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], usage=__doc__.split("\n\n")[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    modes = parser.add_mutually_exclusive_group()
+    for flag in MODES:
+        modes.add_argument(flag, action="store_true")
+    parser.add_argument("out", nargs="?", type=Path, help="where the records go")
+    parser.add_argument("frameworks", nargs="*", help="the default matrix's frameworks (every one when none)")
+    options = parser.parse_args(argv)
+    mode = next((flag for flag in MODES if getattr(options, flag[2:].replace("-", "_"))), None)
+    if mode is not None and options.frameworks:
+        parser.error(f"{mode} takes only OUT_DIR")
+    return mode, options.out, options.frameworks
+
+
+MODES = {
+    "--finetune": (main_finetune, FINETUNE_OUT),
+    "--batch-slope": (main_batch_slope, FINETUNE_OUT),
+    "--dora": (lambda out: main_finetune(out, DORA), FINETUNE_OUT),
+    "--torchtune-unchunked": (main_torchtune_unchunked, DEFAULT_OUT),
+    "--long-context": (main_long_context, DEFAULT_OUT),
+    "--shallow": (main_shallow, SHALLOW_OUT),
+    "--optimizer-in-backward": (main_optimizer_in_backward, DEFAULT_OUT),
+}
+"""Each mode flag: the function that runs it and its default OUT_DIR."""
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--finetune"]:
-        main_finetune(Path(sys.argv[2]) if len(sys.argv) > 2 else FINETUNE_OUT)
-    elif sys.argv[1:2] == ["--batch-slope"]:
-        main_batch_slope(Path(sys.argv[2]) if len(sys.argv) > 2 else FINETUNE_OUT)
-    elif sys.argv[1:2] == ["--dora"]:
-        main_finetune(Path(sys.argv[2]) if len(sys.argv) > 2 else FINETUNE_OUT, DORA)
-    elif sys.argv[1:2] == ["--torchtune-unchunked"]:
-        main_torchtune_unchunked(Path(sys.argv[2]) if len(sys.argv) > 2 else DEFAULT_OUT)
-    elif sys.argv[1:2] == ["--long-context"]:
-        main_long_context(Path(sys.argv[2]) if len(sys.argv) > 2 else DEFAULT_OUT)
-    elif sys.argv[1:2] == ["--shallow"]:
-        main_shallow(Path(sys.argv[2]) if len(sys.argv) > 2 else SHALLOW_OUT)
-    elif sys.argv[1:2] == ["--optimizer-in-backward"]:
-        main_optimizer_in_backward(Path(sys.argv[2]) if len(sys.argv) > 2 else DEFAULT_OUT)
+    mode, out, frameworks = _parse(sys.argv[1:])
+    if mode is None:
+        main(out or DEFAULT_OUT, set(frameworks) or None)
     else:
-        main(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT, set(sys.argv[2:]) or None)
+        run, default_out = MODES[mode]
+        run(out or default_out)
