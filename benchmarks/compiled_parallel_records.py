@@ -61,5 +61,8 @@ def main(out: Path = DEFAULT_OUT, offload_only: bool = False) -> None:
 
 
 if __name__ == "__main__":
+    from script_args import checked_argv
+
+    checked_argv(sys.argv[1:], __doc__, ("--offload",))
     args = [a for a in sys.argv[1:] if a != "--offload"]
     main(Path(args[0]) if args else DEFAULT_OUT, offload_only="--offload" in sys.argv[1:])

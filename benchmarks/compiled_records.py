@@ -125,6 +125,9 @@ def _report(record) -> None:
 
 
 if __name__ == "__main__":
+    from script_args import checked_argv
+
+    checked_argv(sys.argv[1:], __doc__, ("--finetune", "--loss"))
     if sys.argv[1:2] == ["--loss"]:
         main_loss(Path(sys.argv[2]) if len(sys.argv) > 2 else LOSS_OUT, set(sys.argv[3:]) or None)
         sys.exit(0)

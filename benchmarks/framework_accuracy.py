@@ -133,6 +133,9 @@ FINETUNE_STEP_RECORDS = Path(__file__).resolve().parent / "framework-finetune-st
 
 
 if __name__ == "__main__":
+    from script_args import checked_argv
+
+    checked_argv(sys.argv[1:], __doc__, ("--finetune",))
     if sys.argv[1:2] == ["--finetune"]:
         # LoRA and QLoRA (zeroplan/frameworks/lora.py's runs; docs/finetuning.md).
         print_framework_table(FINETUNE_RECORDS)

@@ -77,6 +77,9 @@ def depth(blocks: int, dump: Path | None = None) -> None:
 
 
 if __name__ == "__main__":
+    from script_args import checked_argv
+
+    checked_argv(sys.argv[1:], __doc__, ("--dump",))
     args = sys.argv[1:]
     dump = None
     if args[:1] == ["--dump"]:

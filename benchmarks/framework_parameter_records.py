@@ -70,4 +70,7 @@ def main(out: Path = DEFAULT_OUT, groups: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    from script_args import checked_argv
+
+    checked_argv(sys.argv[1:], __doc__)
     main(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT, sys.argv[2:] or None)

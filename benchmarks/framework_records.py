@@ -162,6 +162,9 @@ def _write(out: Path, record) -> None:
 
 
 if __name__ == "__main__":
+    from script_args import checked_argv
+
+    checked_argv(sys.argv[1:], __doc__, ("--finetune", "--one"))
     if sys.argv[1:2] == ["--one"]:
         measure_one(Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
     elif sys.argv[1:2] == ["--finetune"]:

@@ -67,4 +67,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    from script_args import checked_argv
+
+    checked_argv(sys.argv[1:], __doc__)
     sys.exit(main(sys.argv[1:]))

@@ -65,6 +65,9 @@ def _write(out: Path, record) -> None:
 
 
 if __name__ == "__main__":
+    from script_args import checked_argv
+
+    checked_argv(sys.argv[1:], __doc__)
     start = time.perf_counter()
     main(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT, "quick" in sys.argv[2:])
     print(f"{time.perf_counter() - start:.0f} s")

@@ -144,6 +144,9 @@ def main(out: Path = DEFAULT_OUT, kinds: set[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    from script_args import checked_argv
+
+    checked_argv(sys.argv[1:], __doc__, ("--tables",))
     if sys.argv[1:] == ["--tables"]:
         print(tables())
         sys.exit(0)

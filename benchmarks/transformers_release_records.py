@@ -41,4 +41,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    from script_args import checked_argv
+
+    checked_argv(sys.argv[1:], __doc__)
     raise SystemExit(main(sys.argv[1:]))
