@@ -681,7 +681,15 @@ def _largest_allocated_within(usable_bytes: int, reserve_fraction: float) -> int
 
 def _max_micro_batch_affine(request: PlanRequest) -> int | None:
     """max_micro_batch_size in closed form: each moment's bytes at micro-batch b are
-    m1 + (b - 1)(m2 - m1); None when a moment shrinks with it (bisection decides then)."""
+    m1 + (b - 1)(m2 - m1); None when a moment shrinks with it or is not affine in it (bisection
+    decides then)."""
+    # liger's fused linear cross-entropy forms its logits a chunk at a time, the chunk's rows a
+    # power of two of the tokens (framework_loss.fused_linear_cross_entropy_chunk_rows), so the
+    # loss's moments step with the micro-batch: no line through micro-batches 1 and 2 holds past
+    # them (Qwen2.5-32B LoRA under hf's zero1 on 8 H100s, s 1024: 64 rows at micro-batch 1, 128
+    # at 2 and 3, 256 at 4 to 7; the line said 9 where 10 fits).
+    if request.training.fused_linear_cross_entropy:
+        return None
     # The states and buffers do not change with the micro-batch: only its own terms are new
     # (the request's own terms are the ones its breakdown just computed).
     states, own_terms = checked_peak_terms(request)
