@@ -463,11 +463,12 @@ def pipeline_rank_requests(request: PlanRequest) -> list[PlanRequest]:
     return [request.at_pipeline_rank(rank) for rank in range(request.parallel.pp)]
 
 
-# Each pipeline rank has its own usable memory: the NCCL communicators it opens (a middle stage
-# one per neighbour, a first or last stage one; the tied embedding's ranks one more:
-# zeroplan.core.communicators) hold device memory outside the allocator. Llama-2-13B under
-# torchtitan on 8 H200s (pp 4, cp 2) leaves ranks 0 and 3 138.77 GiB and ranks 1 and 2 138.48:
-# a rank's peak judged against another's usable memory turns a verdict either way.
+# Each pipeline rank has its own usable memory: the NCCL communicators it opens hold device
+# memory outside the allocator, and a middle stage opens one per neighbour, a first or last stage
+# one where the schedule does not wrap its chunks round, the tied embedding's ranks one more
+# (zeroplan.core.communicators). Llama-2-13B under torchtitan on 8 H200s (pp 4, cp 2) leaves
+# ranks 0 and 3 138.77 GiB and ranks 1 and 2 138.48: a rank's peak judged against another's
+# usable memory turns a verdict either way.
 def nearest_rank(peaks_bytes: list[int], usables_bytes: list[int]) -> int:
     """The pipeline rank nearest to running out, each against its own usable memory: the least
     headroom, the first on a tie (the highest peak where every rank's usable memory is the same);
