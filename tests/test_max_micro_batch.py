@@ -52,6 +52,21 @@ def test_the_solved_largest_micro_batch_is_the_bisections(flags: str, kind: Stra
     assert max_micro_batch_size(request) == expected
 
 
+def test_a_loss_not_affine_in_the_micro_batch_is_bisected() -> None:
+    """liger's fused linear cross-entropy sizes its logits chunk by a power of two of the tokens
+    (64 rows at micro-batch 1, 128 at 2 and 3, 256 at 4 to 7 here), so no line through
+    micro-batches 1 and 2 gives the largest that fits: the line said 9 where 10 fits."""
+    from zeroplan.core.plan import step_fits
+
+    request = _request("qwen2.5-32b --framework hf --gpu h100-80gb --gpus 8 --seq-len 1024 --grad-accum 4 "
+                       "--activation-checkpointing full --lora-rank 64 --fused-linear-cross-entropy --flat-reserve",
+                       StrategyKind.zero1)
+    largest = max_micro_batch_size(request)
+    assert step_fits(request.with_micro_batch(largest))
+    assert not step_fits(request.with_micro_batch(largest + 1))
+    assert _max_micro_batch_affine(request) is None
+
+
 @pytest.mark.parametrize("strategy, conf", [("fsdp-full-shard", ""), ("zero3", "expandable_segments:True"), ("ddp", "")])
 def test_the_allocator_fit_check_agrees_with_the_bisected_capacity(strategy, conf) -> None:
     """Under --allocator-conf the largest-micro-batch search asks only whether the OOM capacity

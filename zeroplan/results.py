@@ -185,7 +185,7 @@ class StrategyPlan(Frozen):
     was made untimed (plan(timed=False): the verdicts fit() forms for a suggestion, not shown)."""
     parallel: ParallelSpec = ParallelSpec()
     """The tensor, context and pipeline layout; its pipeline_rank is the rank planned above,
-    the one whose peak is highest."""
+    the one nearest to running out, each on its own usable memory (core.plan.nearest_rank)."""
     pipeline_rank_peak_bytes: tuple[int, ...] = ()
     """Each pipeline rank's peak_bytes, rank 0 first (empty without pipeline parallelism)."""
     borderline: bool = False
@@ -236,9 +236,10 @@ class PlanCandidate(Frozen):
     grad_accum_steps: int
     """Micro-batches per optimizer step (under a pipeline: the micro-batches it flows)."""
     peak_bytes: int
-    """Predicted peak device memory (allocated + allocator reserve; the pipeline rank that peaks)."""
+    """Predicted peak device memory (allocated + allocator reserve; the pipeline rank nearest to
+    running out, as plan reports it)."""
     usable_memory_bytes: int
-    """GPU memory the allocator may use."""
+    """GPU memory the allocator may use (on that pipeline rank)."""
     step_time_s: float
     """Predicted optimizer-step time with overlap (StepTime.step_with_overlap_s)."""
     tokens_per_s_per_gpu: float

@@ -147,10 +147,12 @@ _TIME_ONLY_ASSUMPTIONS = ("hardware_flops_utilization", "attention_rate", "atten
 # of every rank.
 @functools.lru_cache(maxsize=1024)
 def _peak_memory_pipeline_rank(request: PlanRequest) -> int:
-    from zeroplan.core.plan import pipeline_rank_breakdowns
+    """The rank plan() reports: the one nearest to running out (zeroplan.core.plan.nearest_rank)."""
+    from zeroplan.core.feasibility import usable_memory_bytes
+    from zeroplan.core.plan import memory_breakdown, nearest_rank, pipeline_rank_requests
 
-    ranks = pipeline_rank_breakdowns(request)
-    return max(range(len(ranks)), key=lambda rank: ranks[rank][0].peak_bytes)
+    ranks = pipeline_rank_requests(request)
+    return nearest_rank([memory_breakdown(rank)[0].peak_bytes for rank in ranks], [usable_memory_bytes(rank) for rank in ranks])
 
 
 def solve_hfu(request: PlanRequest, measured_step_s: float) -> float:

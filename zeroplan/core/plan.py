@@ -463,14 +463,27 @@ def pipeline_rank_requests(request: PlanRequest) -> list[PlanRequest]:
     return [request.at_pipeline_rank(rank) for rank in range(request.parallel.pp)]
 
 
+# Each pipeline rank has its own usable memory: the NCCL communicators it opens hold device
+# memory outside the allocator, and a middle stage opens one per neighbour, a first or last stage
+# one where the schedule does not wrap its chunks round, the tied embedding's ranks one more
+# (zeroplan.core.communicators). Llama-2-13B under torchtitan on 8 H200s (pp 4, cp 2) leaves
+# ranks 0 and 3 138.77 GiB and ranks 1 and 2 138.48: a rank's peak judged against another's
+# usable memory turns a verdict either way.
+def nearest_rank(peaks_bytes: list[int], usables_bytes: list[int]) -> int:
+    """The pipeline rank nearest to running out, each against its own usable memory: the least
+    headroom, the first on a tie (the highest peak where every rank's usable memory is the same);
+    the plan reports it, and the step fits where it does."""
+    return min(range(len(peaks_bytes)), key=lambda rank: usables_bytes[rank] - peaks_bytes[rank])
+
+
 def step_fits(request: PlanRequest) -> bool:
-    """Whether the request's step fits its GPU (every pipeline rank), as plan(...).fits says,
-    without the rest of the plan: under the allocator model one or two replays per rank, no
-    bisection for the OOM capacity."""
+    """Whether the request's step fits its GPU (every pipeline rank, each on its own usable
+    memory), as plan(...).fits says, without the rest of the plan: under the allocator model one
+    or two replays per rank, no bisection for the OOM capacity."""
     if request.assumptions.allocator_conf is not None:
         return _fits_under_allocator(request)
-    peak = max(b.peak_bytes for b, _ in pipeline_rank_breakdowns(request))
-    return peak <= usable_memory_bytes(request)
+    return all(memory_breakdown(rank)[0].peak_bytes <= usable_memory_bytes(rank)
+               for rank in pipeline_rank_requests(request))
 
 
 def step_fits_unrefused(request: PlanRequest) -> bool:
@@ -494,12 +507,11 @@ def _fits_under_allocator(request: PlanRequest) -> bool:
 
 def _every_rank_replay_fits(request: PlanRequest, fits) -> bool:  # type: ignore[no-untyped-def]
     """Whether ``fits`` (an allocator predicate of a rank's replayed step, its allocated peak and
-    the usable memory) holds for every pipeline rank."""
-    usable = usable_memory_bytes(request)
+    the usable memory) holds for every pipeline rank, each on its own usable memory."""
     for rank in pipeline_rank_requests(request):
         states, terms = checked_peak_terms(rank)
         allocated, _ = peak_allocated_bytes(states, terms, rank.batch.grad_accum_steps)
-        if not fits(rank, *replayed(states, terms), allocated, usable):
+        if not fits(rank, *replayed(states, terms), allocated, usable_memory_bytes(rank)):
             return False
     return True
 
@@ -597,16 +609,15 @@ def _completing_prefix(request: PlanRequest, bound: int) -> int:
 def _verified_below(request: PlanRequest, unrefused: int, largest: int) -> int:
     """``largest``, or less where a micro-batch below ``unrefused`` (whose step is never refused)
     runs out: the largest below every one that does."""
-    usable = usable_memory_bytes(request)
-    lowest_above = _unlimited_reserved_bytes(request.with_micro_batch(unrefused))
+    lowest_above = _unlimited_excess_bytes(request.with_micro_batch(unrefused))
     rise = 0
     for micro in range(unrefused - 1, 0, -1):
-        reserved = _unlimited_reserved_bytes(request.with_micro_batch(micro))
-        rise = max(rise, reserved - lowest_above)
-        lowest_above = min(lowest_above, reserved)
+        excess = _unlimited_excess_bytes(request.with_micro_batch(micro))
+        rise = max(rise, excess - lowest_above)
+        lowest_above = min(lowest_above, excess)
         if not step_fits(request.with_micro_batch(micro)):
             largest = micro - 1
-        if reserved <= usable - rise:
+        if excess <= -rise:
             break
     return largest
 
@@ -633,14 +644,28 @@ def _unrefused_bracket(request: PlanRequest, bound: int) -> tuple[int, int]:
 def _unrefused_guess(request: PlanRequest, bound: int) -> int:
     """The largest micro-batch below ``bound`` whose reserved peak without a limit, taken as
     linear through micro-batch 1 and ``bound``, is within the usable memory (0 where even
-    micro-batch 1's is not)."""
-    usable = usable_memory_bytes(request)
-    at_one, at_bound = (_unlimited_reserved_bytes(request.with_micro_batch(b)) for b in (1, bound))
-    if at_one > usable:
+    micro-batch 1's is not), every pipeline rank on its own usable memory."""
+    at_one, at_bound = (_unlimited_excess_bytes(request.with_micro_batch(b)) for b in (1, bound))
+    if at_one > 0:
         return 0
     if at_bound <= at_one or bound == 1:
         return bound - 1
-    return min(bound - 1, 1 + (usable - at_one) * (bound - 1) // (at_bound - at_one))
+    return min(bound - 1, 1 + -at_one * (bound - 1) // (at_bound - at_one))
+
+
+def _unlimited_excess_bytes(request: PlanRequest) -> int:
+    """The most any pipeline rank's step reserves without a device limit beyond that rank's
+    usable memory (negative where every rank's is within its own)."""
+    from zeroplan.allocator.planner import allocator_unlimited_reserved_bytes
+
+    excess = None
+    for rank in pipeline_rank_requests(request):
+        states, terms = checked_peak_terms(rank)
+        allocated, _ = peak_allocated_bytes(states, terms, rank.batch.grad_accum_steps)
+        reserved = allocator_unlimited_reserved_bytes(rank, *replayed(states, terms), allocated)
+        rank_excess = reserved - usable_memory_bytes(rank)
+        excess = rank_excess if excess is None else max(excess, rank_excess)
+    return excess
 
 
 def _unlimited_reserved_bytes(request: PlanRequest) -> int:
@@ -681,7 +706,15 @@ def _largest_allocated_within(usable_bytes: int, reserve_fraction: float) -> int
 
 def _max_micro_batch_affine(request: PlanRequest) -> int | None:
     """max_micro_batch_size in closed form: each moment's bytes at micro-batch b are
-    m1 + (b - 1)(m2 - m1); None when a moment shrinks with it (bisection decides then)."""
+    m1 + (b - 1)(m2 - m1); None when a moment shrinks with it or is not affine in it (bisection
+    decides then)."""
+    # liger's fused linear cross-entropy forms its logits a chunk at a time, the chunk's rows a
+    # power of two of the tokens (framework_loss.fused_linear_cross_entropy_chunk_rows), so the
+    # loss's moments step with the micro-batch: no line through micro-batches 1 and 2 holds past
+    # them (Qwen2.5-32B LoRA under hf's zero1 on 8 H100s, s 1024: 64 rows at micro-batch 1, 128
+    # at 2 and 3, 256 at 4 to 7; the line said 9 where 10 fits).
+    if request.training.fused_linear_cross_entropy:
+        return None
     # The states and buffers do not change with the micro-batch: only its own terms are new
     # (the request's own terms are the ones its breakdown just computed).
     states, own_terms = checked_peak_terms(request)
@@ -721,7 +754,7 @@ def bisect_max_micro_batch_size(request: PlanRequest) -> int:
 
 def plan(request: PlanRequest, largest_micro_batch: bool = True, timed: bool = True) -> StrategyPlan:
     """Memory and communication of one strategy on one GPU: under pipeline parallelism the
-    pipeline rank whose peak is highest (every rank's peak is kept beside it). Without
+    pipeline rank nearest to running out (nearest_rank; every rank's peak is kept beside it). Without
     ``largest_micro_batch`` the largest micro-batch that fits is not searched (None); without
     ``timed`` the step is not timed (StrategyPlan.time None: fit's verdict for a suggestion reads
     neither)."""
@@ -729,8 +762,8 @@ def plan(request: PlanRequest, largest_micro_batch: bool = True, timed: bool = T
 
 
 class PeakRankMemory(NamedTuple):
-    """The memory half of a plan: the pipeline rank whose peak is highest (the request itself
-    without a pipeline), its breakdown and model states, and the verdict on them."""
+    """The memory half of a plan: the pipeline rank nearest to running out (nearest_rank; the
+    request itself without a pipeline), its breakdown and model states, and the verdict on them."""
 
     request: PlanRequest
     """The request at the peak rank."""
@@ -750,15 +783,17 @@ def peak_rank_memory(request: PlanRequest) -> PeakRankMemory:
     largest micro-batch (fit's suggestion asks every strategy this first: a candidate change
     where none fits needs nothing more)."""
     rank_peaks: tuple[int, ...] = ()
-    ranks = pipeline_rank_breakdowns(request)
-    peak_rank = max(range(len(ranks)), key=lambda rank: ranks[rank][0].peak_bytes)
+    requests = pipeline_rank_requests(request)
+    ranks = [memory_breakdown(rank) for rank in requests]
+    # Feasibility: allocated peak + allocator reserve against capacity less the CUDA context
+    # and NCCL buffers (docs/frameworks.md, "Feasibility"), each rank against its own.
+    usables = [usable_memory_bytes(rank) for rank in requests]
+    peak_rank = nearest_rank([b.peak_bytes for b, _ in ranks], usables)
     breakdown, states = ranks[peak_rank]
     if request.parallel.pp > 1:
         rank_peaks = tuple(b.peak_bytes for b, _ in ranks)
-        request = request.at_pipeline_rank(peak_rank)
-    # Feasibility: allocated peak + allocator reserve against capacity less the CUDA context
-    # and NCCL buffers (docs/frameworks.md, "Feasibility").
-    usable = usable_memory_bytes(request)
+        request = requests[peak_rank]
+    usable = usables[peak_rank]
     return PeakRankMemory(request, breakdown, states, rank_peaks, usable, breakdown.peak_bytes <= usable,
                           host_memory_fits(request, states.host_bytes))
 
@@ -935,22 +970,22 @@ def allocator_runs_out(request: PlanRequest) -> bool:
     without asking when every pipeline rank's allocated peak is below ALLOCATOR_CHECK_FRACTION
     of the usable memory."""
     numerator, denominator = ALLOCATOR_CHECK_FRACTION
-    usable = usable_memory_bytes(request)
-    allocated = max(peak_allocated_bytes(*checked_peak_terms(rank), rank.batch.grad_accum_steps)[0]
-                    for rank in pipeline_rank_requests(request))
-    if allocated * denominator < usable * numerator:
+    if all(peak_allocated_bytes(*checked_peak_terms(rank), rank.batch.grad_accum_steps)[0] * denominator
+           < usable_memory_bytes(rank) * numerator for rank in pipeline_rank_requests(request)):
         return False
     return not _fits_under_allocator(under_allocator_model(request))
 
 
 def allocator_answer(request: PlanRequest) -> tuple[bool, int]:
-    """(whether every pipeline rank's step completes, the highest peak) under the
-    caching-allocator model, with the request's PYTORCH_CUDA_ALLOC_CONF or, under the flat
-    reserve, PyTorch's defaults."""
+    """(whether every pipeline rank's step completes, each on its own usable memory, the peak
+    of the rank nearest to running out, as plan() reports it) under the caching-allocator model,
+    with the request's PYTORCH_CUDA_ALLOC_CONF or, under the flat reserve, PyTorch's defaults."""
     modelled = request if request.assumptions.allocator_conf is not None else under_allocator_model(request)
-    usable = usable_memory_bytes(modelled)
-    peaks = [b.peak_bytes for b, _ in pipeline_rank_breakdowns(modelled)]
-    return all(peak <= usable for peak in peaks), max(peaks)
+    requests = pipeline_rank_requests(modelled)
+    peaks = [memory_breakdown(rank)[0].peak_bytes for rank in requests]
+    usables = [usable_memory_bytes(rank) for rank in requests]
+    nearest = nearest_rank(peaks, usables)
+    return peaks[nearest] <= usables[nearest], peaks[nearest]
 
 
 def allocator_shortfall(request: PlanRequest) -> str:

@@ -13,7 +13,7 @@ for a = 1 and > 1 where one fit misses: ZeRO-2 offload copies gradients every mi
 when it accumulates); the blocking
 (model-parallel) collectives are a times their per-micro-batch seconds at that b; compute is
 a times an affine function of b (fitted from b in {1, 2}); the pipeline bubble follows step_time's rule. The sweep then runs over
-(b, a) with numpy and keeps, as ``plan`` does, the pipeline rank that peaks. Every group checks
+(b, a) with numpy and keeps, as ``plan`` does, the pipeline rank nearest to running out. Every group checks
 its coefficients against the scalar planner at a point it did not fit them on, and falls back
 to the scalar planner if they disagree; the winner and every Pareto row are planned again with
 the scalar planner (every pipeline rank) before they are shown. A branch and bound fits only the
@@ -42,7 +42,8 @@ from zeroplan.core.parallel.activations import pipeline_receive_buffer_bytes
 from zeroplan.core.parallel.units import accumulating_trainable_elements
 from zeroplan.core.peak import FIRST_LAYER_SHARES, TOTAL_MOMENTS, PeakTerms, moment_totals, with_terms
 from zeroplan.core.plan import (
-    allocator_answer, host_memory_fits, memory_breakdown, micro_batch_terms, peak_terms, reference_engine,
+    allocator_answer, host_memory_fits, memory_breakdown, micro_batch_terms, nearest_rank, peak_terms,
+    reference_engine,
 )
 from zeroplan.core.collector import cyclic_gc_paused
 from zeroplan.core.compiled import runs_checkpointing
@@ -89,6 +90,8 @@ class _RankClass:
     """The class's first pipeline rank."""
     request: PlanRequest
     """The group's request at that rank."""
+    usable_bytes: int = 0
+    """The class's usable memory (its ranks open the same NCCL communicators: _rank_classes)."""
     moment_intercepts: dict[bool, np.ndarray] = field(default_factory=dict)
     moment_slopes: dict[bool, np.ndarray] = field(default_factory=dict)
     """Each moment, less the in-flight chunks' k-dependent activations, affine in b."""
@@ -135,6 +138,11 @@ class _Group:
 
     request: PlanRequest
     usable_bytes: int
+    """Pipeline rank 0's usable memory (each rank has its own: plan.nearest_rank), against which
+    the bounds on rank 0's peak rule configurations out."""
+    usable_spread_bytes: int = 0
+    """The most one pipeline rank's usable memory exceeds another's: the peak reported (the rank
+    nearest to running out) is at least rank 0's peak less this."""
     classes: list[_RankClass] = field(default_factory=list)
     forward_s_per_micro: float = 0.0
     backward_s_per_micro: float = 0.0
@@ -145,7 +153,8 @@ class _Group:
     model_flops_per_micro: float = 0.0
     """Model FLOPs (PaLM's MFU count) of one micro-batch of one sequence, per model-parallel rank."""
     scalar_only: bool = False
-    cache: dict[tuple[int, int], tuple[int, bool, float]] = field(default_factory=dict)
+    cache: dict[tuple[int, int], tuple[int, bool, StepTime, int]] = field(default_factory=dict)
+    """The scalar planner's (peak, fits, step time, usable memory) by (micro-batch, accumulation)."""
     family: dict = field(default_factory=dict, repr=False)
     layout_cache: dict = field(default_factory=dict, repr=False)
     """What the group shares with its family and its layout (_build_group)."""
@@ -183,23 +192,26 @@ def _at(request: PlanRequest, micro: int, accum: int) -> PlanRequest:
 
 def scalar_evaluate(request: PlanRequest) -> tuple[int, bool, float]:
     """(peak bytes, fits on GPU and host, step time with overlap) from the scalar planner: as
-    ``plan`` reports it, the pipeline rank whose peak is highest (the first on a tie)."""
+    ``plan`` reports it, the pipeline rank nearest to running out (plan.nearest_rank)."""
     peak, fits, time = scalar_plan(request)
     return peak, fits, time.step_with_overlap_s
 
 
 def scalar_plan(request: PlanRequest) -> tuple[int, bool, StepTime]:
     """scalar_evaluate with the whole step time (compute, exposed communication, host)."""
-    ranks = range(request.parallel.pp) if request.parallel.pp > 1 else (None,)
-    best = None
-    for rank in ranks:
-        at = request if rank is None else request.at_pipeline_rank(rank)
-        breakdown, states = memory_breakdown(at)
-        if best is None or breakdown.peak_bytes > best[1].peak_bytes:
-            best = (at, breakdown, states)
-    at, breakdown, states = best
-    fits = breakdown.peak_bytes <= usable_memory_bytes(request) and host_memory_fits(at, states.host_bytes) is not False
-    return breakdown.peak_bytes, fits, step_time(at, tuple(collectives(at)))
+    peak, fits, time, _ = _scalar_plan_usable(request)
+    return peak, fits, time
+
+
+def _scalar_plan_usable(request: PlanRequest) -> tuple[int, bool, StepTime, int]:
+    """scalar_plan and the usable memory of the rank it reports."""
+    ranks = [request.at_pipeline_rank(rank) for rank in range(request.parallel.pp)] if request.parallel.pp > 1 else [request]
+    memories = [memory_breakdown(at) for at in ranks]
+    usables = [usable_memory_bytes(at) for at in ranks]
+    nearest = nearest_rank([breakdown.peak_bytes for breakdown, _ in memories], usables)
+    at, (breakdown, states), usable = ranks[nearest], memories[nearest], usables[nearest]
+    fits = breakdown.peak_bytes <= usable and host_memory_fits(at, states.host_bytes) is not False
+    return breakdown.peak_bytes, fits, step_time(at, tuple(collectives(at))), usable
 
 
 def _moments(states, terms: PeakTerms, grad_accum_steps: int) -> np.ndarray:
@@ -421,14 +433,16 @@ def _structured_blocking_table(structure: list, distinct: tuple[list[int], np.nd
 
 
 def _rank_classes(request: PlanRequest) -> list[int]:
-    """The first pipeline rank of each class of ranks holding the same kind of stages, by rank."""
+    """The first pipeline rank of each class of ranks holding the same kind of stages and the
+    same usable memory (the same NCCL communicators), by rank."""
     parallel = request.parallel
     if parallel.pp == 1:
         return [0]
     seen, firsts = set(), []
     for rank in range(parallel.pp):
         stages = rank_stages(parallel, request.model.num_layers, request.training.framework, rank)
-        signature = tuple((s.num_blocks, s.has_embedding, s.has_head) for s in stages)
+        signature = (tuple((s.num_blocks, s.has_embedding, s.has_head) for s in stages),
+                     usable_memory_bytes(request.at_pipeline_rank(rank)))
         if signature not in seen:
             seen.add(signature)
             firsts.append(rank)
@@ -442,7 +456,7 @@ def _fit_class(request: PlanRequest, family: dict, layout_cache: dict) -> _RankC
     it if they did); None when they are not exact."""
     parallel = request.parallel
     rank = parallel.pipeline_rank
-    cls = _RankClass(rank=rank, request=request)
+    cls = _RankClass(rank=rank, request=request, usable_bytes=usable_memory_bytes(request))
     k = {a: in_flight_chunks(parallel, rank, a) for a in (1, 2)}
     fitted = {}
     for a in (1, 2):
@@ -543,13 +557,23 @@ def _build_group(request: PlanRequest, family: dict | None = None, layout_cache:
     return group
 
 
+def _usable_bytes_and_spread(request: PlanRequest) -> tuple[int, int]:
+    """(pipeline rank 0's usable memory, the most one rank's exceeds another's)."""
+    if request.parallel.pp == 1:
+        return usable_memory_bytes(request), 0
+    usables = [usable_memory_bytes(request.at_pipeline_rank(rank)) for rank in range(request.parallel.pp)]
+    return usables[0], max(usables) - min(usables)
+
+
 def _start_group(request: PlanRequest, family: dict | None = None, layout_cache: dict | None = None) -> _Group:
     """The group, its coefficients left to _compute_coefficients (compute) and _fit_group (memory
     and communication): the search computes them only for the groups its bounds do not rule
     out (memory_lower_bound, step_time_lower_bound)."""
     family = {} if family is None else family
     layout_cache = {} if layout_cache is None else layout_cache
-    return _Group(request=request, usable_bytes=usable_memory_bytes(request), family=family, layout_cache=layout_cache)
+    usable, spread = _usable_bytes_and_spread(request)
+    return _Group(request=request, usable_bytes=usable, usable_spread_bytes=spread, family=family,
+                  layout_cache=layout_cache)
 
 
 def _compute_coefficients(group: _Group) -> None:
@@ -615,7 +639,7 @@ def _fit_group(group: _Group) -> None:
     peak, _, seconds = _peaking(group, *values)
     allocated = values[0]
     scalar = [memory_breakdown(_at(cls.request, 5, 3))[0] for cls in group.classes]
-    top = max(range(len(scalar)), key=lambda c: scalar[c].peak_bytes)
+    top = nearest_rank([b.peak_bytes for b in scalar], [cls.usable_bytes for cls in group.classes])
     at = _at(group.classes[top].request, 5, 3)
     scalar_s = step_time(at, tuple(collectives(at))).step_with_overlap_s
     agree = all(abs(int(allocated[c, 0]) - b.allocated_peak_bytes) <= BYTE_TOLERANCE for c, b in enumerate(scalar))
@@ -736,20 +760,19 @@ def _phase_rows(cls: _RankClass, accumulating: np.ndarray, accum_f: np.ndarray) 
 
 def _vectorised(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(peak bytes, fits, step seconds) for arrays of micro-batch and accumulation steps: the
-    pipeline rank class that peaks (the first on a tie, as ``plan``), its time."""
+    pipeline rank class nearest to running out (as ``plan``: plan.nearest_rank), its time."""
     return _peaking(group, *_class_values(group, micro, accum))
 
 
 def _peaking(group: _Group, allocated: np.ndarray, seconds: np.ndarray, host_ok: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """_vectorised from the rank classes' values (_class_values)."""
-    peaking = allocated.argmax(axis=0)
-    columns = np.arange(allocated.shape[1])
-    top = allocated[peaking, columns]
     # int(allocated * fraction) truncates toward zero, as astype does.
-    reserve = (top.astype(np.float64) * group.request.assumptions.allocator_reserve_fraction).astype(np.int64)
-    peak = top + reserve
-    fits = (peak <= group.usable_bytes) & host_ok[peaking, columns]
-    return peak, fits, seconds[peaking, columns]
+    peaks = allocated + (allocated.astype(np.float64) * group.request.assumptions.allocator_reserve_fraction).astype(np.int64)
+    headroom = np.array([cls.usable_bytes for cls in group.classes], dtype=np.int64)[:, None] - peaks
+    peaking = headroom.argmin(axis=0)
+    columns = np.arange(allocated.shape[1])
+    fits = (headroom[peaking, columns] >= 0) & host_ok[peaking, columns]
+    return peaks[peaking, columns], fits, seconds[peaking, columns]
 
 
 def memory_lower_bound(group: _Group, accum: np.ndarray) -> int | None:
@@ -872,13 +895,17 @@ def _bounded_out(group: _Group, micro: np.ndarray, accum: np.ndarray, peak_bound
     alone (``compute_seconds``: step_time_lower_bound without collectives, as the search ordered
     the groups by; None where no time bound is taken), then the step's collectives and optimizer step (step_time_lower_bound), then each
     configuration's own peak bound (peak_lower_bounds), which also sets aside the
-    configurations that cannot fit; where none can, those peak bounds (the group cannot fit)."""
+    configurations that cannot fit; where none can, those peak bounds (the group cannot fit).
+    The bounds are on pipeline rank 0's peak, judged against its own usable memory; the peak the
+    ranking and the front compare is the rank nearest to running out, at least rank 0's less
+    the spread of the ranks' usable memory."""
     if compute_seconds is None:
         return False
-    if incumbents.excludes(peak_bound, compute_seconds):
+    reported_bound = None if peak_bound is None else peak_bound - group.usable_spread_bytes
+    if incumbents.excludes(reported_bound, compute_seconds):
         return True
     seconds = step_time_lower_bound(group, micro, accum)
-    if incumbents.excludes(peak_bound, seconds):
+    if incumbents.excludes(reported_bound, seconds):
         return True
     peaks = peak_lower_bounds(group, micro, accum)
     if peaks is None:
@@ -886,7 +913,7 @@ def _bounded_out(group: _Group, micro: np.ndarray, accum: np.ndarray, peak_bound
     may_fit = peaks <= group.usable_bytes
     if not may_fit.any():
         return peaks
-    return incumbents.excludes(peaks[may_fit], seconds[may_fit])
+    return incumbents.excludes(peaks[may_fit] - group.usable_spread_bytes, seconds[may_fit])
 
 
 def cannot_fit(group: _Group, accum: np.ndarray) -> bool:
@@ -907,8 +934,8 @@ def evaluate(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[np.nd
     peaks, fits, seconds = [], [], []
     for b, a in zip(micro.tolist(), accum.tolist()):
         if (b, a) not in group.cache:
-            group.cache[(b, a)] = scalar_plan(_at(group.request, b, a))
-        peak, fit, time = group.cache[(b, a)]
+            group.cache[(b, a)] = _scalar_plan_usable(_at(group.request, b, a))
+        peak, fit, time, _ = group.cache[(b, a)]
         peaks.append(peak), fits.append(fit), seconds.append(time.step_with_overlap_s)
     return np.array(peaks, dtype=np.int64), np.array(fits, dtype=bool), np.array(seconds, dtype=np.float64)
 def divisors(n: int) -> list[int]:
@@ -1078,7 +1105,9 @@ def batch_splits(global_batch_size: int, data_parallel_size: int) -> tuple[np.nd
     return micro, per_rank // micro
 
 
-def _candidate(group: _Group, micro: int, accum: int, peak: int, seconds: float, time: StepTime | None = None) -> PlanCandidate:
+def _candidate(group: _Group, micro: int, accum: int, peak: int, seconds: float, time: StepTime | None = None,
+               usable_bytes: int | None = None) -> PlanCandidate:
+    """``usable_bytes``: that of the pipeline rank reported (rank 0's where not given)."""
     _compute_coefficients(group)
     r = group.request
     p = r.parallel
@@ -1091,7 +1120,8 @@ def _candidate(group: _Group, micro: int, accum: int, peak: int, seconds: float,
         **parts,
         strategy=r.strategy.kind, activation_checkpointing=r.training.activation_checkpointing,
         shard_group_size=r.shard_group_size, micro_batch_size=micro, grad_accum_steps=accum,
-        peak_bytes=peak, usable_memory_bytes=group.usable_bytes, step_time_s=seconds,
+        peak_bytes=peak, usable_memory_bytes=group.usable_bytes if usable_bytes is None else usable_bytes,
+        step_time_s=seconds,
         # step_time: a model-parallel group's ranks share its tokens.
         tokens_per_s_per_gpu=micro * accum * r.batch.seq_len / p.model_parallel_size / seconds,
         model_flops_utilization=model_flops_utilization(
@@ -1104,8 +1134,8 @@ def _candidate(group: _Group, micro: int, accum: int, peak: int, seconds: float,
 
 def _verified(group: _Group, micro: int, accum: int) -> PlanCandidate | None:
     """The scalar planner's answer for one configuration (None if it does not fit)."""
-    peak, fits, time = scalar_plan(_at(group.request, micro, accum))
-    return _candidate(group, micro, accum, peak, time.step_with_overlap_s, time) if fits else None
+    peak, fits, time, usable = _scalar_plan_usable(_at(group.request, micro, accum))
+    return _candidate(group, micro, accum, peak, time.step_with_overlap_s, time, usable) if fits else None
 
 
 def pareto_indices(peak: np.ndarray, seconds: np.ndarray) -> np.ndarray:
@@ -1367,7 +1397,7 @@ def search_with_groups(
         peak, fit, s = evaluate(group, micro, accum)
         rows += [(s[k], group, int(micro[k]), int(accum[k]), int(peak[k])) for k in range(len(micro)) if fit[k]]
     rows.sort(key=lambda r: (r[0], r[4]))
-    candidates = [_candidate(g, b, a, p, s, g.cache[(b, a)][2]) for s, g, b, a, p in rows]
+    candidates = [_candidate(g, b, a, p, s, *g.cache[(b, a)][2:]) for s, g, b, a, p in rows]
     asked: dict[PlanRequest, tuple[bool, int]] = {}
     ranked = _answered(tuple(candidates[:top]), [_at(g.request, b, a) for _, g, b, a, _ in rows[:top]], base, asked)
     if candidates:
