@@ -47,3 +47,19 @@ def test_max_mb_is_the_same_from_every_pipeline_rank() -> None:
     largest = answers.pop()
     assert all(_rank_fits(request.with_micro_batch(largest)))
     assert not all(_rank_fits(request.with_micro_batch(largest + 1)))
+
+
+def test_the_allocator_shortfall_quotes_the_rank_nearest_to_running_out() -> None:
+    """At micro-batch 6 rank 0 reserves most (26.93 GiB of 28.79) but rank 1 has less left
+    (26.65 of 28.50): the caution names rank 1's figures, not rank 0's memory beside the highest
+    peak of any rank."""
+    from zeroplan.core.plan import allocator_shortfall, nearest_rank, under_allocator_model
+
+    request = _request(LAYOUT + " --gpu-memory-gib 30.42 --flat-reserve --micro-batch 6")
+    ranks = pipeline_rank_requests(under_allocator_model(request))
+    peaks = [memory_breakdown(rank)[0].peak_bytes for rank in ranks]
+    usables = [usable_memory_bytes(rank) for rank in ranks]
+    nearest = nearest_rank(peaks, usables)
+    assert nearest == 1 and peaks.index(max(peaks)) == 0
+    message = allocator_shortfall(request)
+    assert f"runs out of the {usables[1] / 2**30:.1f} GiB usable (it would reserve {peaks[1] / 2**30:.1f} GiB" in message

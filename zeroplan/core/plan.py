@@ -989,10 +989,15 @@ def allocator_answer(request: PlanRequest) -> tuple[bool, int]:
 
 
 def allocator_shortfall(request: PlanRequest) -> str:
-    """What the caching-allocator model finds for the request's step, against the usable memory."""
-    reserved = max(b.peak_bytes for b, _ in pipeline_rank_breakdowns(under_allocator_model(request)))
+    """What the caching-allocator model finds for the request's step, against the usable memory
+    of the pipeline rank nearest to running out (each rank on its own)."""
+    ranks = pipeline_rank_requests(under_allocator_model(request))
+    peaks = [memory_breakdown(rank)[0].peak_bytes for rank in ranks]
+    usables = [usable_memory_bytes(rank) for rank in ranks]
+    nearest = nearest_rank(peaks, usables)
+    reserved, usable = peaks[nearest], usables[nearest]
     return (f"PyTorch's caching allocator (modelled, default settings) runs out of the "
-            f"{usable_memory_bytes(request) / 2**30:.1f} GiB usable (it would reserve {reserved / 2**30:.1f} GiB on a "
+            f"{usable / 2**30:.1f} GiB usable (it would reserve {reserved / 2**30:.1f} GiB on a "
             f"larger GPU; the flat {request.assumptions.allocator_reserve_fraction:.0%} reserve is too little here)")
 
 
