@@ -148,11 +148,9 @@ _TIME_ONLY_ASSUMPTIONS = ("hardware_flops_utilization", "attention_rate", "atten
 @functools.lru_cache(maxsize=1024)
 def _peak_memory_pipeline_rank(request: PlanRequest) -> int:
     """The rank plan() reports: the one nearest to running out (zeroplan.core.plan.nearest_rank)."""
-    from zeroplan.core.feasibility import usable_memory_bytes
-    from zeroplan.core.plan import memory_breakdown, nearest_rank, pipeline_rank_requests
+    from zeroplan.core.plan import nearest_rank_memory, rank_memories
 
-    ranks = pipeline_rank_requests(request)
-    return nearest_rank([memory_breakdown(rank)[0].peak_bytes for rank in ranks], [usable_memory_bytes(rank) for rank in ranks])
+    return nearest_rank_memory(rank_memories(request)).request.parallel.pipeline_rank
 
 
 def solve_hfu(request: PlanRequest, measured_step_s: float) -> float:

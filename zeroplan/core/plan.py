@@ -476,6 +476,25 @@ def nearest_rank(peaks_bytes: list[int], usables_bytes: list[int]) -> int:
     return min(range(len(peaks_bytes)), key=lambda rank: usables_bytes[rank] - peaks_bytes[rank])
 
 
+class RankMemory(NamedTuple):
+    """One pipeline rank's request, breakdown and model states, and its own usable memory."""
+
+    request: PlanRequest
+    breakdown: MemoryBreakdown
+    states: ModelStateBytes
+    usable_bytes: int
+
+
+def rank_memories(request: PlanRequest) -> list[RankMemory]:
+    """Every pipeline rank's RankMemory, rank 0 first (the request's own alone without a pipeline)."""
+    return [RankMemory(rank, *memory_breakdown(rank), usable_memory_bytes(rank)) for rank in pipeline_rank_requests(request)]
+
+
+def nearest_rank_memory(ranks: list[RankMemory]) -> RankMemory:
+    """The rank of ``ranks`` nearest to running out (nearest_rank)."""
+    return ranks[nearest_rank([r.breakdown.peak_bytes for r in ranks], [r.usable_bytes for r in ranks])]
+
+
 def step_fits(request: PlanRequest) -> bool:
     """Whether the request's step fits its GPU (every pipeline rank, each on its own usable
     memory), as plan(...).fits says, without the rest of the plan: under the allocator model one
@@ -782,18 +801,11 @@ def peak_rank_memory(request: PlanRequest) -> PeakRankMemory:
     """plan()'s memory and verdict for the request, without its collectives, step time and
     largest micro-batch (fit's suggestion asks every strategy this first: a candidate change
     where none fits needs nothing more)."""
-    rank_peaks: tuple[int, ...] = ()
-    requests = pipeline_rank_requests(request)
-    ranks = [memory_breakdown(rank) for rank in requests]
     # Feasibility: allocated peak + allocator reserve against capacity less the CUDA context
     # and NCCL buffers (docs/frameworks.md, "Feasibility"), each rank against its own.
-    usables = [usable_memory_bytes(rank) for rank in requests]
-    peak_rank = nearest_rank([b.peak_bytes for b, _ in ranks], usables)
-    breakdown, states = ranks[peak_rank]
-    if request.parallel.pp > 1:
-        rank_peaks = tuple(b.peak_bytes for b, _ in ranks)
-        request = requests[peak_rank]
-    usable = usables[peak_rank]
+    ranks = rank_memories(request)
+    request, breakdown, states, usable = nearest_rank_memory(ranks)
+    rank_peaks = tuple(r.breakdown.peak_bytes for r in ranks) if len(ranks) > 1 else ()
     return PeakRankMemory(request, breakdown, states, rank_peaks, usable, breakdown.peak_bytes <= usable,
                           host_memory_fits(request, states.host_bytes))
 
@@ -981,21 +993,15 @@ def allocator_answer(request: PlanRequest) -> tuple[bool, int]:
     of the rank nearest to running out, as plan() reports it) under the caching-allocator model,
     with the request's PYTORCH_CUDA_ALLOC_CONF or, under the flat reserve, PyTorch's defaults."""
     modelled = request if request.assumptions.allocator_conf is not None else under_allocator_model(request)
-    requests = pipeline_rank_requests(modelled)
-    peaks = [memory_breakdown(rank)[0].peak_bytes for rank in requests]
-    usables = [usable_memory_bytes(rank) for rank in requests]
-    nearest = nearest_rank(peaks, usables)
-    return peaks[nearest] <= usables[nearest], peaks[nearest]
+    nearest = nearest_rank_memory(rank_memories(modelled))
+    return nearest.breakdown.peak_bytes <= nearest.usable_bytes, nearest.breakdown.peak_bytes
 
 
 def allocator_shortfall(request: PlanRequest) -> str:
     """What the caching-allocator model finds for the request's step, against the usable memory
     of the pipeline rank nearest to running out (each rank on its own)."""
-    ranks = pipeline_rank_requests(under_allocator_model(request))
-    peaks = [memory_breakdown(rank)[0].peak_bytes for rank in ranks]
-    usables = [usable_memory_bytes(rank) for rank in ranks]
-    nearest = nearest_rank(peaks, usables)
-    reserved, usable = peaks[nearest], usables[nearest]
+    nearest = nearest_rank_memory(rank_memories(under_allocator_model(request)))
+    reserved, usable = nearest.breakdown.peak_bytes, nearest.usable_bytes
     return (f"PyTorch's caching allocator (modelled, default settings) runs out of the "
             f"{usable / 2**30:.1f} GiB usable (it would reserve {reserved / 2**30:.1f} GiB on a "
             f"larger GPU; the flat {request.assumptions.allocator_reserve_fraction:.0%} reserve is too little here)")

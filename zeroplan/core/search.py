@@ -42,8 +42,8 @@ from zeroplan.core.parallel.activations import pipeline_receive_buffer_bytes
 from zeroplan.core.parallel.units import accumulating_trainable_elements
 from zeroplan.core.peak import FIRST_LAYER_SHARES, TOTAL_MOMENTS, PeakTerms, moment_totals, with_terms
 from zeroplan.core.plan import (
-    allocator_answer, host_memory_fits, memory_breakdown, micro_batch_terms, nearest_rank, peak_terms,
-    reference_engine,
+    allocator_answer, host_memory_fits, memory_breakdown, micro_batch_terms, nearest_rank, nearest_rank_memory,
+    peak_terms, rank_memories, reference_engine,
 )
 from zeroplan.core.collector import cyclic_gc_paused
 from zeroplan.core.compiled import runs_checkpointing
@@ -205,11 +205,7 @@ def scalar_plan(request: PlanRequest) -> tuple[int, bool, StepTime]:
 
 def _scalar_plan_usable(request: PlanRequest) -> tuple[int, bool, StepTime, int]:
     """scalar_plan and the usable memory of the rank it reports."""
-    ranks = [request.at_pipeline_rank(rank) for rank in range(request.parallel.pp)] if request.parallel.pp > 1 else [request]
-    memories = [memory_breakdown(at) for at in ranks]
-    usables = [usable_memory_bytes(at) for at in ranks]
-    nearest = nearest_rank([breakdown.peak_bytes for breakdown, _ in memories], usables)
-    at, (breakdown, states), usable = ranks[nearest], memories[nearest], usables[nearest]
+    at, breakdown, states, usable = nearest_rank_memory(rank_memories(request))
     fits = breakdown.peak_bytes <= usable and host_memory_fits(at, states.host_bytes) is not False
     return breakdown.peak_bytes, fits, step_time(at, tuple(collectives(at))), usable
 
