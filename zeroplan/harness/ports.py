@@ -2,7 +2,8 @@
 
 Scripts that spawn their own gloo ranks used fixed ports (or one derived from the process id),
 which a port still held by another process on the machine turns into a failed run. Each spawn now
-asks for a port no socket holds at that moment."""
+asks for a port no socket holds at that moment; afterwards the shared-memory buffers DeepSpeed's
+CPU all-reduce named after that port are removed (remove_deepspeed_shm_buffers)."""
 
 from __future__ import annotations
 
