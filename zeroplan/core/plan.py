@@ -675,27 +675,23 @@ def _unrefused_guess(request: PlanRequest, bound: int) -> int:
 def _unlimited_excess_bytes(request: PlanRequest) -> int:
     """The most any pipeline rank's step reserves without a device limit beyond that rank's
     usable memory (negative where every rank's is within its own)."""
-    from zeroplan.allocator.planner import allocator_unlimited_reserved_bytes
-
-    excess = None
-    for rank in pipeline_rank_requests(request):
-        states, terms = checked_peak_terms(rank)
-        allocated, _ = peak_allocated_bytes(states, terms, rank.batch.grad_accum_steps)
-        reserved = allocator_unlimited_reserved_bytes(rank, *replayed(states, terms), allocated)
-        rank_excess = reserved - usable_memory_bytes(rank)
-        excess = rank_excess if excess is None else max(excess, rank_excess)
-    return excess
+    return max(reserved - usable_memory_bytes(rank) for rank, reserved in _unlimited_rank_reserved_bytes(request))
 
 
 def _unlimited_reserved_bytes(request: PlanRequest) -> int:
     """The most any pipeline rank's step reserves without a device limit."""
+    return max(reserved for _, reserved in _unlimited_rank_reserved_bytes(request))
+
+
+def _unlimited_rank_reserved_bytes(request: PlanRequest) -> list[tuple[PlanRequest, int]]:
+    """Each pipeline rank's request and what its step reserves without a device limit."""
     from zeroplan.allocator.planner import allocator_unlimited_reserved_bytes
 
-    reserved = 0
+    reserved = []
     for rank in pipeline_rank_requests(request):
         states, terms = checked_peak_terms(rank)
         allocated, _ = peak_allocated_bytes(states, terms, rank.batch.grad_accum_steps)
-        reserved = max(reserved, allocator_unlimited_reserved_bytes(rank, *replayed(states, terms), allocated))
+        reserved.append((rank, allocator_unlimited_reserved_bytes(rank, *replayed(states, terms), allocated)))
     return reserved
 
 
