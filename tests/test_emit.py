@@ -67,12 +67,23 @@ def test_deepspeed_json_round_trips(tmp_path: Path, strategy: str, precision: st
     if kind.offloads_optimizer:
         assert zero.offload_optimizer.device == "cpu"
     if kind.zero_stage == 3:
-        from zeroplan.core.largest_unit import largest_unit_elements
+        # --framework hf plans DeepSpeed's own stage-3 defaults (accelerate writes none), and the
+        # file says so: DeepSpeed's parser reads back the values planned.
+        assert (zero.prefetch_bucket_size, zero.param_persistence_threshold, zero.max_live_parameters,
+                zero.max_reuse_distance) == (5 * 10**7, 10**5, 10**9, 10**9)
 
-        assert zero.prefetch_bucket_size == largest_unit_elements(run.request)
-        assert zero.param_persistence_threshold == 0 and zero.max_reuse_distance == 0
-        # resident: the unit in use and the prefetched ones, as core/buffers.py gathered_unit_bytes counts
-        assert zero.max_live_parameters == (1 + run.request.strategy.prefetch_units) * largest_unit_elements(run.request)
+
+def test_deepspeed_json_carries_the_emit_bounds_under_zeroplan(tmp_path: Path) -> None:
+    """--framework zeroplan plans (and writes) the stage-3 bounds the buffer model counts."""
+    from zeroplan.core.largest_unit import largest_unit_elements
+
+    run = planned("llama-3.1-8b", "--gpus", "16", "--gpu", "h100-80gb", "--strategies", "zero3", "--flat-reserve")
+    emit(run, tmp_path)
+    zero = deepspeed_parsed(tmp_path / "deepspeed.json").zero_config
+    assert zero.prefetch_bucket_size == largest_unit_elements(run.request)
+    assert zero.param_persistence_threshold == 0 and zero.max_reuse_distance == 0
+    # resident: the unit in use and the prefetched ones, as core/buffers.py gathered_unit_bytes counts
+    assert zero.max_live_parameters == (1 + run.request.strategy.prefetch_units) * largest_unit_elements(run.request)
 
 
 @pytest.mark.parametrize("strategy, hpz", [("zero3-hpz", None), ("zero3-hpz", "4"), ("zero3-zeropp", None)])
@@ -110,7 +121,7 @@ def test_deepspeed_json_carries_nvme_offload_as_planned(tmp_path: Path, strategy
     assert optimizer.buffer_count == nvme.optimizer_swap_buffer_count(request) == (12 if pipeline == "both" else
                                                                                   8 if pipeline else 4)
     assert (optimizer.pipeline_read, optimizer.pipeline_write) == (pipeline in ("read", "both"), pipeline == "both")
-    assert zero.sub_group_size == nvme.SUB_GROUP_SIZE
+    assert zero.sub_group_size == request.strategy.deepspeed_sub_group_elements == 10**9
     assert config.aio_config == AIO_CONFIG
     if strategy == "zero3-param-nvme":
         param = zero.offload_param

@@ -23,6 +23,7 @@ TEXT_SAMPLES: dict[str, list[str]] = {
     "host": ["dgx-a100"],
     "nvme_bandwidth": ["4x-pm1743", "6.5,3.2"],
     "efficiency": ["efficiency.json"],
+    "deepspeed_config": ["ds_config.json", "configs/my ds.json"],
     "strategies": ["zero3", "zero2,fsdp-full-shard"],
     "bitsandbytes_version": ["0.43.1"],
     "transformers_version": ["4.38.2", "4.45"],

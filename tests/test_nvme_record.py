@@ -29,26 +29,26 @@ def record() -> dict:
     return json.loads(RECORD.read_text(encoding="utf-8"))
 
 
+(RECORD_SUB_GROUP_SIZE,) = {run["sub_group_size"] for run in json.loads(RECORD.read_text(encoding="utf-8"))["runs"]
+                            if "sub_group_size" in run}
+
+
 @pytest.fixture(scope="module")
 def optimizer_runs(record) -> list[dict]:
     return [run for run in record["runs"] if "param_buffer_size" not in run]
 
 
 def _request(run: dict, kind: StrategyKind = StrategyKind.zero3_nvme, precision: Precision = Precision.fp32) -> PlanRequest:
+    """The run's request at the record's sub_group_size (each run that names one names the same)."""
     pipeline = run["pipeline"]
     return PlanRequest(
         model=HARNESS_PRESETS["tiny-llama"], batch=BatchSpec(micro_batch_size=1, seq_len=16),
         training=TrainingSpec(precision=precision, state_convention=StateConvention.deepspeed),
         cluster=cluster_from_gpus(get_gpu("h100-80gb"), run["world"]),
         strategy=StrategySpec(kind=kind, nvme_pipeline_read=pipeline in ("read", "both"),
-                              nvme_pipeline_write=pipeline in ("write", "both")),
+                              nvme_pipeline_write=pipeline in ("write", "both"),
+                              deepspeed_sub_group_elements=RECORD_SUB_GROUP_SIZE),
     )
-
-
-@pytest.fixture
-def at_record_sub_group_size(record, monkeypatch) -> None:
-    (size,) = {run["sub_group_size"] for run in record["runs"] if "sub_group_size" in run}
-    monkeypatch.setattr(nvme, "SUB_GROUP_SIZE", size)
 
 
 def test_the_record_ran_each_swapper(optimizer_runs) -> None:
@@ -57,7 +57,6 @@ def test_the_record_ran_each_swapper(optimizer_runs) -> None:
     assert {swappers[p] for p in ("read", "write", "both")} == {"PipelinedOptimizerSwapper"}
 
 
-@pytest.mark.usefixtures("at_record_sub_group_size")
 def test_sub_groups_and_pool_equal_the_planner_to_the_byte(optimizer_runs) -> None:
     for run in optimizer_runs:
         request = _request(run)
@@ -70,7 +69,6 @@ def test_sub_groups_and_pool_equal_the_planner_to_the_byte(optimizer_runs) -> No
             assert run["pool_bytes"] == nvme.optimizer_swap_buffer_bytes(request)
 
 
-@pytest.mark.usefixtures("at_record_sub_group_size")
 def test_the_pipelined_swapper_holds_the_sub_groups_the_planner_counts(optimizer_runs) -> None:
     """4 buffers per sub-group for AdamW (master, exp_avg, exp_avg_sq, gradient), times the
     sub-groups in flight: 1, 2 with reads or writes pipelined, 3 with both."""
@@ -87,7 +85,6 @@ def test_a_pool_one_sub_group_short_fails_as_the_planner_says(optimizer_runs) ->
     assert "ran out of swap buffers" in short["error"]
 
 
-@pytest.mark.usefixtures("at_record_sub_group_size")
 def test_parameter_swapper_host_buffers_equal_the_planner(record, monkeypatch) -> None:
     """zero3-param-nvme at the record's max_in_cpu, with the planner's buffer_size rule (the
     largest partition, when DeepSpeed's 1e8 default is set aside): the 5-buffer pool and the

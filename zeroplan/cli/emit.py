@@ -90,8 +90,13 @@ def planned_from_fit_flags(flags: list[str], command: str):
 
     args = _fit_parser().parse_args(flags)
     kinds = parse_strategies(args.strategies)
+    if getattr(args, "deepspeed_config", None) is not None:
+        from zeroplan.cli.deepspeed_config import deepspeed_config_from_args, kinds_of_config
+
+        kinds = kinds_of_config(deepspeed_config_from_args(args), kinds)
     if kinds is None or len(kinds) != 1:
-        raise ZeroplanError("--emit", "writes the files of one strategy (allowed: with --strategies naming exactly one)")
+        raise ZeroplanError("--emit", "writes the files of one strategy (allowed: with --strategies naming exactly one, "
+                                      "or a --deepspeed-config file)")
     report = fit(request_from_args(args, kinds[0]), kinds)
     plan = report.plan_for(kinds[0])
     request = request_from_args(args, kinds[0])
@@ -167,7 +172,8 @@ def emitting(command: str, run):
         if command == "fit" and getattr(args, "emit", None):
             named = [part for part in (args.strategies or "").split(",") if part.strip()]
             if len(named) != 1:
-                raise ZeroplanError("--emit", "writes the files of one strategy (allowed: with --strategies naming exactly one)")
+                raise ZeroplanError("--emit", "writes the files of one strategy (allowed: with --strategies naming exactly one, "
+                                      "or a --deepspeed-config file)")
         status = run(args)
         if status or not getattr(args, "emit", None):
             return status

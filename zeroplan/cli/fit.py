@@ -183,6 +183,10 @@ def add_sharding_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--reduce-bucket-size", type=bucket_elements_int,
                        help="DeepSpeed's zero_optimization reduce_bucket_size, in elements, where a run's config "
                             "sets one (default DeepSpeed's 5e8; the ipg bucket ZeRO-1/2/3 allocate)")
+    group.add_argument("--deepspeed-config", metavar="FILE",
+                       help="a DeepSpeed config JSON (the run's own, or --emit's): plan the ZeRO stage, offload and "
+                            "bucket settings it sets, DeepSpeed's defaults for those it leaves out; its batch, "
+                            "precision and optimizer must agree with the flags")
     add_zero3_group_arguments(group)
     group.add_argument(
         "--keep-unsharded-grads-on-accum", action="store_true",
@@ -544,7 +548,13 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
     if getattr(args, "nvme_capacity_gb", None) is not None:
         cluster = cluster.model_copy(update={"nvme_capacity_bytes_per_node": int(args.nvme_capacity_gb * GB)})
     framework = Framework(args.framework)
-    precision = Precision(args.precision) if args.precision else default_precision(framework, cluster.gpu)
+    deepspeed_file = _deepspeed_file(args)
+    if args.precision:
+        precision = Precision(args.precision)
+    elif deepspeed_file is not None and deepspeed_file.precision is not None:
+        precision = deepspeed_file.precision  # the file's bf16 / fp16 blocks (neither: fp32)
+    else:
+        precision = default_precision(framework, cluster.gpu)
     training = TrainingSpec(
         precision=precision,
         framework=framework,
@@ -603,6 +613,9 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
                             deepspeed_grad_accum_fp32=getattr(args, "deepspeed_grad_accum_dtype", None) == "fp32",
                             fsdp1_root_stays_gathered=_fsdp1_from_args(args, framework),
                             **_bucket_from_args(args))
+    if deepspeed_file is not None and getattr(args, "reduce_bucket_size", None) is not None:
+        raise ZeroplanError("--reduce-bucket-size", "and --deepspeed-config both set the reduce bucket; give one "
+                                                    "(the file's reduce_bucket_size)")
     if args.mfu is not None:
         raise ZeroplanError(
             "mfu", "is no longer an input: give --hfu (executed FLOPs over peak; a published MFU converts as "
@@ -636,11 +649,25 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         model=model, training=training, batch=batch, cluster=cluster, strategy=strategy, performance=performance,
         parallel=parallel, assumptions=MemoryAssumptions(**_allocator_conf(args)),
     )
+    if deepspeed_file is not None:
+        from zeroplan.cli.deepspeed_config import apply_deepspeed_config
+
+        request = apply_deepspeed_config(deepspeed_file, request, kind)
     if getattr(args, "efficiency", None) is not None:
         from zeroplan.calibrate.step import check_calibrated_under, load_efficiency
 
         check_calibrated_under(load_efficiency(args.efficiency), args.efficiency, request)
     return request
+
+
+def _deepspeed_file(args: argparse.Namespace):
+    """--deepspeed-config's file as a zeroplan.specs.deepspeed_config.DeepSpeedConfig; None
+    without the flag (the module is imported only with it)."""
+    if getattr(args, "deepspeed_config", None) is None:
+        return None
+    from zeroplan.cli.deepspeed_config import deepspeed_config_from_args
+
+    return deepspeed_config_from_args(args)
 
 
 def _allocator_conf(args: argparse.Namespace) -> dict[str, str | bool | None]:
@@ -689,8 +716,14 @@ def _run(args: argparse.Namespace, compare: bool) -> int:
 
     check_options_apply(args)
     kinds = parse_strategies(args.strategies)
+    deepspeed_file = _deepspeed_file(args)
+    if deepspeed_file is not None:
+        from zeroplan.cli.deepspeed_config import kinds_of_config
+
+        kinds = kinds_of_config(deepspeed_file, kinds)
     if args.explain is not None and kinds is not None and StrategyKind(args.explain) not in kinds:
-        raise ZeroplanError("--explain", f"{args.explain!r} is not among --strategies {args.strategies}")
+        raise ZeroplanError("--explain", f"{args.explain!r} is not among the strategies planned "
+                                         f"({','.join(k.value for k in kinds)})")
     request = request_from_args(args)
     report = fit(request, kinds)
     if args.format == "json":

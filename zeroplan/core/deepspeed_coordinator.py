@@ -46,6 +46,7 @@ from zeroplan.core.largest_unit import largest_unit_elements
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes
 from zeroplan.core.parallel.units import rank_parameter_units
 from zeroplan.core.record import frozen
+from zeroplan.specs.deepspeed_config import DEEPSPEED_ZERO_DEFAULTS
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
@@ -97,7 +98,10 @@ def holds_recomputed_frozen(training: TrainingSpec) -> bool:
 # 5e7 (line 194), stage3_param_persistence_threshold 1e5 (200), stage3_max_live_parameters 1e9
 # (217), stage3_max_reuse_distance 1e9 (223): what a run whose config leaves them out (accelerate's
 # DeepSpeedPlugin without a config file, the PEFT docs' runs) gets.
-RELEASE_DEFAULTS = {"prefetch_bucket": 5 * 10**7, "persistence": 10**5, "max_live": 10**9, "reuse": 10**9}
+RELEASE_DEFAULTS = {"prefetch_bucket": DEEPSPEED_ZERO_DEFAULTS["stage3_prefetch_bucket_size"],
+                    "persistence": DEEPSPEED_ZERO_DEFAULTS["stage3_param_persistence_threshold"],
+                    "max_live": DEEPSPEED_ZERO_DEFAULTS["stage3_max_live_parameters"],
+                    "reuse": DEEPSPEED_ZERO_DEFAULTS["stage3_max_reuse_distance"]}
 
 
 def _release_defaults(request: PlanRequest) -> bool:
@@ -131,15 +135,19 @@ def max_live_parameters(request: PlanRequest) -> int:
 
 
 def max_reuse_distance(request: PlanRequest) -> int:
-    """stage3_max_reuse_distance: the strategy's (0 unset: what --emit writes), else the release's default."""
+    """stage3_max_reuse_distance: the strategy's, else the release's default, else what --emit writes (0)."""
     chosen = request.strategy.deepspeed_max_reuse_distance
-    return RELEASE_DEFAULTS["reuse"] if chosen == 0 and _release_defaults(request) else chosen
+    if chosen is not None:
+        return chosen
+    return RELEASE_DEFAULTS["reuse"] if _release_defaults(request) else 0
 
 
 def persistence_threshold(request: PlanRequest) -> int:
-    """stage3_param_persistence_threshold: the strategy's (0 unset: what --emit writes), else the release's default."""
+    """stage3_param_persistence_threshold: the strategy's, else the release's default, else what --emit writes (0)."""
     chosen = request.strategy.deepspeed_param_persistence_threshold
-    return RELEASE_DEFAULTS["persistence"] if chosen == 0 and _release_defaults(request) else chosen
+    if chosen is not None:
+        return chosen
+    return RELEASE_DEFAULTS["persistence"] if _release_defaults(request) else 0
 
 
 def _gathered_bytes(request: PlanRequest, tensor, bytes_per_element: int) -> int:

@@ -26,8 +26,6 @@ OFFLOAD_MASTER_BYTES = FP32_BYTES
 OFFLOAD_GRADIENT_BYTES = FP32_BYTES
 """Its fp32 gradient (stage3.py partition_grads: grad_buffer.to(master_weights_and_grads_dtype))."""
 
-# deepspeed 0.19.8 runtime/zero/config.py: sub_group_size: int = Field(pp_int(1e9)).
-SUB_GROUP_SIZE = 1_000_000_000
 # deepspeed 0.19.8 runtime/zero/offload_config.py DeepSpeedZeroOffloadOptimizerConfig.buffer_count = 4
 # ("at least the number of states maintained per parameter by the optimizer ... Adam has 4").
 OPTIMIZER_BUFFER_COUNT = 4
@@ -64,7 +62,7 @@ def sub_group_tensor_elements(request: PlanRequest) -> list[list[int]]:
                 continue
             current.append(ceil_div(tensor.numel, shards))
             filled += current[-1]
-            if filled >= SUB_GROUP_SIZE:
+            if filled >= request.strategy.deepspeed_sub_group_elements:
                 groups.append(current)
                 current, filled = [], 0
     if current:

@@ -16,7 +16,7 @@ from typing import Any
 from zeroplan.specs.finetune import LoraTarget, Quantization
 from zeroplan.specs.framework import Framework, launch_allocator_conf
 from zeroplan.specs.request import PlanRequest
-from zeroplan.specs.strategy import StrategyKind
+from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.training import ActivationCheckpointing, Precision
 
 
@@ -78,12 +78,12 @@ def nvme_offload_blocks(request: PlanRequest) -> dict[str, Any]:
     """zero_optimization's offload blocks for zero3-nvme / zero3-param-nvme, every buffer as
     zeroplan.core.nvme counts it: the optimizer swapper's buffer_count (4, or what the pipelined
     swapper holds at once) and pipeline flags, the parameter swapper's 5 buffers of 1e8 elements
-    (or the largest parameter partition, parameter_buffer_elements) and 1e9 elements kept on the host, and sub_group_size 1e9, which sets the swap buffers' size."""
+    (or the largest parameter partition, parameter_buffer_elements) and 1e9 elements kept on the host, and the strategy's sub_group_size (DeepSpeed's 1e9), which sets the swap buffers' size."""
     from zeroplan.core import nvme
 
     strategy = request.strategy
     blocks: dict[str, Any] = {
-        "sub_group_size": nvme.SUB_GROUP_SIZE,
+        "sub_group_size": strategy.deepspeed_sub_group_elements,
         "offload_optimizer": {
             "device": "nvme", "nvme_path": NVME_PATH, "pin_memory": True,
             "buffer_count": nvme.optimizer_swap_buffer_count(request),
@@ -121,6 +121,8 @@ def deepspeed_config(request: PlanRequest) -> dict[str, Any]:
       __params_to_release then keeps: unbounded, the scan runs into the backward's entries
       within the forward, and every parameter gathered in the forward stays gathered until its
       backward (measured on tiny-llama: nothing but the embedding released in the forward).
+      Where the strategy sets these four (a --deepspeed-config file), or under hf (DeepSpeed's
+      defaults: accelerate and the Trainer write none), the file carries the values planned.
     - offload: optimizer (and for zero3-param-offload parameters) on the CPU, unpinned
       (pin_memory false, set explicitly: DeepSpeed 0.19.8's default is true,
       runtime/zero/offload_config.py);
@@ -137,7 +139,6 @@ def deepspeed_config(request: PlanRequest) -> dict[str, Any]:
     precision = request.training.precision
     if precision is Precision.bf16_pure:
         raise NotApplicable("DeepSpeed keeps an fp32 master copy; bf16-pure (no fp32 copy) has no DeepSpeed config")
-    from zeroplan.core.largest_unit import largest_unit_elements
     from zeroplan.core.parallel.units import rank_trainable_elements
 
     trainable = rank_trainable_elements(request)
@@ -157,12 +158,18 @@ def deepspeed_config(request: PlanRequest) -> dict[str, Any]:
         "use_multi_rank_bucket_allreduce": True,
     }
     if kind.zero_stage == 3:
+        from zeroplan.core import deepspeed_coordinator as planned
+
+        # The values the step was planned with: the strategy's (a --deepspeed-config file's),
+        # else under hf DeepSpeed's defaults, else the bounds described above.
         zero.update({
-            "stage3_prefetch_bucket_size": request.strategy.prefetch_units * largest_unit_elements(request),
-            "stage3_param_persistence_threshold": 0,
-            "stage3_max_reuse_distance": 0,
-            "stage3_max_live_parameters": (1 + request.strategy.prefetch_units) * largest_unit_elements(request),
+            "stage3_prefetch_bucket_size": planned.prefetch_bucket_elements(request),
+            "stage3_param_persistence_threshold": planned.persistence_threshold(request),
+            "stage3_max_reuse_distance": planned.max_reuse_distance(request),
+            "stage3_max_live_parameters": planned.max_live_parameters(request),
         })
+        if request.strategy.deepspeed_sub_group_elements != StrategySpec.model_fields["deepspeed_sub_group_elements"].default:
+            zero["sub_group_size"] = request.strategy.deepspeed_sub_group_elements
     if kind.uses_hpz:
         zero["zero_hpz_partition_size"] = request.hpz_group_size
     if kind.quantizes_communication:

@@ -211,13 +211,19 @@ class StrategySpec(Frozen):
     deepspeed_max_live_parameters: int | None = Field(default=None, gt=0)
     """DeepSpeed zero_optimization.stage3_max_live_parameters (elements); None is what ``--emit``
     writes, (1 + prefetch_units) largest units."""
-    deepspeed_max_reuse_distance: int = Field(default=0, ge=0)
+    deepspeed_max_reuse_distance: int | None = Field(default=None, ge=0)
     """DeepSpeed zero_optimization.stage3_max_reuse_distance (elements): a module's parameters stay
-    gathered after its use when the trace uses them again within this many elements (``--emit``
-    writes 0; zeroplan.core.deepspeed_coordinator)."""
-    deepspeed_param_persistence_threshold: int = Field(default=0, ge=0)
+    gathered after its use when the trace uses them again within this many elements. None is
+    what ``--emit`` writes (0), or under hf or a named --deepspeed-release DeepSpeed's default
+    (zeroplan.core.deepspeed_coordinator)."""
+    deepspeed_param_persistence_threshold: int | None = Field(default=None, ge=0)
     """DeepSpeed zero_optimization.stage3_param_persistence_threshold (elements): parameters of at
-    most this many elements stay gathered from the engine's start (``--emit`` writes 0)."""
+    most this many elements stay gathered from the engine's start. None as the one above
+    (``--emit`` writes 0)."""
+    deepspeed_sub_group_elements: int = Field(default=1_000_000_000, gt=0)
+    """DeepSpeed zero_optimization.sub_group_size (elements; its default 1e9, runtime/zero/config.py):
+    ZeRO-3's optimizer steps, and the NVMe swapper swaps, one sub-group of this many partition
+    elements at a time (zeroplan.core.nvme.sub_group_tensor_elements)."""
     deepspeed_grad_accum_fp32: bool = False
     """DeepSpeed data_types.grad_accum_dtype "fp32" (its default is the model's dtype): under bf16
     at ZeRO stage 1 DeepSpeed then runs its BF16_Optimizer instead of the ZeRO optimizer

@@ -1,0 +1,166 @@
+"""fit/compare --deepspeed-config: a DeepSpeed config file read as the planner's inputs. Its
+defaults are DeepSpeed's own (read back by DeepSpeed's config parser where it is importable), a
+file --emit wrote plans exactly what was planned, the knobs it sets change the plan as they
+change the run, and every key it cannot plan is refused in one line naming the key."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from zeroplan.cli.emit import planned_from_fit_flags
+from zeroplan.cli.main import main
+from zeroplan.core import deepspeed_coordinator as coordinator
+from zeroplan.emit.formats import deepspeed_config
+from zeroplan.errors import ZeroplanError
+from zeroplan.specs.deepspeed_config import DEEPSPEED_ZERO_DEFAULTS, deepspeed_config_of
+from zeroplan.specs.strategy import StrategyKind
+
+BASE = ("llama-3.1-8b", "--gpus", "16", "--gpu", "h100-80gb", "--micro-batch", "2", "--grad-accum", "4",
+        "--flat-reserve")
+
+
+def planned(*flags: str):
+    return planned_from_fit_flags(list(flags), "zeroplan fit")
+
+
+def written(tmp_path: Path, config: dict, name: str = "ds.json") -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+HF_STRATEGIES = ("zero1", "zero2", "zero3", "zero2-offload", "zero3-offload", "zero3-param-offload")
+ZEROPLAN_ONLY = ("zero3-nvme", "zero3-param-nvme", "zero3-hpz", "zero3-zeropp")
+
+
+@pytest.mark.parametrize("framework, strategy", [("zeroplan", s) for s in HF_STRATEGIES + ZEROPLAN_ONLY]
+                         + [("hf", s) for s in HF_STRATEGIES])
+def test_an_emitted_file_plans_what_was_planned(tmp_path: Path, strategy: str, framework: str) -> None:
+    """Plan, write the DeepSpeed config --emit writes, plan again from that file: the same
+    strategy, the same knobs, the same bytes."""
+    flags = (*BASE, "--framework", framework)
+    run, plan = planned(*flags, "--strategies", strategy)
+    path = written(tmp_path, deepspeed_config(run.request))
+    again, plan_again = planned(*flags, "--deepspeed-config", path)
+    assert again.request.strategy.kind is StrategyKind(strategy)
+    for knob in (coordinator.prefetch_bucket_elements, coordinator.max_live_parameters,
+                 coordinator.max_reuse_distance, coordinator.persistence_threshold):
+        assert knob(again.request) == knob(run.request), knob.__name__
+    assert plan_again.memory == plan.memory
+    assert plan_again.time == plan.time
+
+
+def test_keys_left_out_take_deepspeeds_defaults_not_emits(tmp_path: Path) -> None:
+    """A stage-3 file with nothing else is DeepSpeed's engine at its defaults: parameters kept
+    gathered up to max_live_parameters 1e9 and reused within 1e9 elements, which the planner's
+    emitted bounds would not keep."""
+    run, plan = planned(*BASE, "--strategies", "zero3")
+    bare, bare_plan = planned(*BASE, "--deepspeed-config", written(tmp_path, {"zero_optimization": {"stage": 3}}))
+    request = bare.request
+    assert (coordinator.prefetch_bucket_elements(request), coordinator.persistence_threshold(request),
+            coordinator.max_live_parameters(request), coordinator.max_reuse_distance(request)) == (
+        5 * 10**7, 10**5, 10**9, 10**9)
+    assert request.strategy.zero_bucket_elements == 5 * 10**8
+    assert bare_plan.memory.allocated_peak_bytes > plan.memory.allocated_peak_bytes
+
+
+def test_the_defaults_are_deepspeeds_own(tmp_path: Path) -> None:
+    """DeepSpeed's own config parser reads the same defaults from a file that leaves them out."""
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("deepspeed is not importable")
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
+    zero = DeepSpeedConfig(written(tmp_path, config)).zero_config
+    theirs = {"reduce_bucket_size": zero.reduce_bucket_size, "sub_group_size": zero.sub_group_size,
+              "stage3_prefetch_bucket_size": zero.prefetch_bucket_size,
+              "stage3_param_persistence_threshold": zero.param_persistence_threshold,
+              "stage3_max_live_parameters": zero.max_live_parameters,
+              "stage3_max_reuse_distance": zero.max_reuse_distance}
+    assert theirs == DEEPSPEED_ZERO_DEFAULTS
+    ours = deepspeed_config_of(config, hf_auto=False)
+    assert (ours.contiguous_gradients, ours.overlap_comm) == (zero.contiguous_gradients, None)
+    assert zero.overlap_comm is True  # None resolves to stage 3's true, as zeroplan.core.deepspeed_accumulation does
+
+
+def test_an_explicit_zero_is_kept_under_hf(tmp_path: Path) -> None:
+    """Under hf the unset stage-3 knobs are DeepSpeed's defaults; a file's explicit 0 stays 0."""
+    config = {"zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 0, "stage3_param_persistence_threshold": 0}}
+    run, _ = planned(*BASE, "--framework", "hf", "--deepspeed-config", written(tmp_path, config))
+    assert coordinator.max_reuse_distance(run.request) == 0 == coordinator.persistence_threshold(run.request)
+
+
+def test_hf_auto_entries_are_filled_as_the_trainer_fills_them(tmp_path: Path) -> None:
+    config = {"train_micro_batch_size_per_gpu": "auto", "bf16": {"enabled": "auto"},
+              "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+                                    "stage3_param_persistence_threshold": "auto"}}
+    run, _ = planned(*BASE, "--framework", "hf", "--deepspeed-config", written(tmp_path, config))
+    hidden = run.request.model.hidden_size
+    strategy = run.request.strategy
+    assert (strategy.zero_bucket_elements, strategy.deepspeed_prefetch_bucket_elements,
+            strategy.deepspeed_param_persistence_threshold) == (hidden * hidden, int(0.9 * hidden * hidden), 10 * hidden)
+
+
+def test_a_larger_sub_group_steps_more_at_once(tmp_path: Path) -> None:
+    """sub_group_size sets how much of the partition ZeRO-3's step turns into fp32 gradients at
+    once: one sub-group of the whole 2 B-element partition holds more than 1e9-element ones."""
+    flags = ("llama-2-13b", "--gpus", "4", "--gpu", "h100-80gb", "--seq-len", "256", "--flat-reserve",
+             "--state-convention", "deepspeed",
+             "--precision", "bf16-mixed")
+    bf16 = {"bf16": {"enabled": True}}
+    small, small_plan = planned(*flags, "--deepspeed-config", written(tmp_path, {"zero_optimization": {"stage": 3}, **bf16}))
+    one, one_plan = planned(*flags, "--deepspeed-config",
+                            written(tmp_path, {"zero_optimization": {"stage": 3, "sub_group_size": 10**12}, **bf16}, "one.json"))
+    assert one.request.strategy.deepspeed_sub_group_elements == 10**12
+    assert one_plan.memory.allocated_peak_bytes > small_plan.memory.allocated_peak_bytes
+
+
+@pytest.mark.parametrize("config, flags, field, words", [
+    ({"zero_optimization": {"stage": 0}}, (), "zero_optimization.stage", "allowed: 1, 2, 3"),
+    ({}, (), "zero_optimization", "stage 1, 2 or 3"),
+    ({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}, (), "offload_param",
+     "stage 3, optimizer cpu, parameters cpu"),
+    ({"zero_optimization": {"stage": 2, "stage3_foo": 1}}, (), "zero_optimization.stage3_foo", "allowed: stage,"),
+    ({"zero_optimization": {"stage": 2}, "pipeline": {}}, (), "pipeline", "not a key zeroplan plans"),
+    ({"zero_optimization": {"stage": 2, "reduce_scatter": False}}, (), "reduce_scatter", "allowed: true"),
+    ({"zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}}, (), "reduce_bucket_size", "--framework hf"),
+    ({"zero_optimization": {"stage": 2, "reduce_bucket_size": -5}}, (), "reduce_bucket_size", "whole number"),
+    ({"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 4}, (), "--micro-batch",
+     "give --micro-batch 4"),
+    ({"zero_optimization": {"stage": 2}, "fp16": {"enabled": True}}, ("--precision", "bf16-mixed"), "--precision",
+     "give --precision fp16-mixed"),
+    ({"zero_optimization": {"stage": 2}, "optimizer": {"type": "Lamb"}}, (), "optimizer.type", "allowed: Adam"),
+    ({"zero_optimization": {"stage": 2}, "train_batch_size": 7}, (), "train_batch_size", "= 8"),
+    ({"zero_optimization": {"stage": 2}}, ("--strategies", "zero3"), "--strategies", "allowed: zero2"),
+    ({"zero_optimization": {"stage": 2}}, ("--reduce-bucket-size", "1000"), "--reduce-bucket-size", "give one"),
+    ({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "buffer_count": 3}}}, (),
+     "buffer_count", "allowed: 4"),
+    ({"zero_optimization": {"stage": 3}, "aio": {"block_size": 7}}, (), "aio.block_size", "allowed: 1048576"),
+])
+def test_what_cannot_be_planned_is_refused_in_one_line(tmp_path: Path, capsys, config, flags, field, words) -> None:
+    path = written(tmp_path, config)
+    assert main(["fit", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", "--deepspeed-config", path, *flags]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "Traceback" not in error
+    assert field in error and words in error, error
+
+
+def test_an_unreadable_file_is_one_line(tmp_path: Path, capsys) -> None:
+    for content in (None, "{not json", "[1, 2]"):
+        path = tmp_path / "ds.json"
+        if content is not None:
+            path.write_text(content)
+        assert main(["fit", "gpt2", "--deepspeed-config", str(path)]) == 2
+        error = capsys.readouterr().err.strip()
+        assert len(error.splitlines()) == 1 and "--deepspeed-config" in error, error
+
+
+def test_the_reader_refuses_qwz_without_hpz() -> None:
+    with pytest.raises(ZeroplanError, match="zero_quantized_weights"):
+        deepspeed_config_of({"zero_optimization": {"stage": 3, "zero_quantized_weights": True}}, hf_auto=False)

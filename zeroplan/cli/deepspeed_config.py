@@ -1,0 +1,112 @@
+"""``--deepspeed-config FILE`` on fit and compare: plan the ZeRO strategy and knobs a DeepSpeed
+config file sets (zeroplan.specs.deepspeed_config reads it), after checking it against the
+flags that say the same thing (micro-batch, accumulation, precision, optimizer, strategies) and
+against what the planner plans where the file sizes a buffer itself (the NVMe swappers, aio)."""
+
+from __future__ import annotations
+
+import argparse
+
+from zeroplan.errors import ZeroplanError
+from zeroplan.specs.deepspeed_config import FLAG, DeepSpeedConfig, read_deepspeed_config
+from zeroplan.specs.framework import Framework
+from zeroplan.specs.request import PlanRequest
+from zeroplan.specs.strategy import StrategyKind, StrategySpec
+from zeroplan.specs.training import Optimizer
+
+ADAM_STATES = (Optimizer.adam, Optimizer.adamw)
+
+
+def deepspeed_config_from_args(args: argparse.Namespace) -> DeepSpeedConfig | None:
+    """The file --deepspeed-config names, read; None without the flag."""
+    path = getattr(args, "deepspeed_config", None)
+    if path is None:
+        return None
+    return read_deepspeed_config(path, hf_auto=Framework(args.framework) is Framework.hf)
+
+
+def kinds_of_config(config: DeepSpeedConfig | None, kinds: tuple[StrategyKind, ...] | None,
+                    ) -> tuple[StrategyKind, ...] | None:
+    """The strategies fit plans: the file's one (--strategies may name only it)."""
+    if config is None:
+        return kinds
+    if kinds is not None and kinds != (config.kind,):
+        raise ZeroplanError("--strategies", f"{','.join(k.value for k in kinds)}: the {FLAG} file runs "
+                                            f"{config.kind.value} (allowed: {config.kind.value}, or leave --strategies out)")
+    return (config.kind,)
+
+
+def _check_flag(name: str, flag: str, from_file: object, from_flag: object) -> None:
+    if from_file is not None and from_file != from_flag:
+        raise ZeroplanError(flag, f"{from_flag} but the {FLAG} file sets {name} {from_file} (give {flag} {from_file})")
+
+
+def apply_deepspeed_config(config: DeepSpeedConfig, request: PlanRequest, kind: StrategyKind) -> PlanRequest:
+    """``request`` running the file's strategy and knobs; ``kind`` is the strategy the caller
+    asked for (ddp: none chosen), refused where it is not the file's."""
+    if kind is not StrategyKind.ddp and kind is not config.kind:
+        raise ZeroplanError("strategy", f"{kind.value}: the {FLAG} file runs {config.kind.value} (allowed: {config.kind.value})")
+    batch, training = request.batch, request.training
+    _check_flag("train_micro_batch_size_per_gpu", "--micro-batch", config.micro_batch_size, batch.micro_batch_size)
+    _check_flag("gradient_accumulation_steps", "--grad-accum", config.grad_accum_steps, batch.grad_accum_steps)
+    if config.precision is not None and config.precision is not training.precision:
+        raise ZeroplanError("--precision", f"{training.precision.value} but the {FLAG} file runs {config.precision.value} "
+                                           f"(give --precision {config.precision.value})")
+    if config.optimizer is not None and training.optimizer not in ADAM_STATES:
+        raise ZeroplanError("--optimizer", f"{training.optimizer.value} but the {FLAG} file's optimizer keeps Adam's "
+                                           "states (allowed: adamw, adam)")
+    if config.train_batch_size is not None:
+        per_step = batch.micro_batch_size * batch.grad_accum_steps * request.data_parallel_size
+        if config.train_batch_size != per_step:
+            raise ZeroplanError(f"{FLAG} train_batch_size",
+                                f"{config.train_batch_size} is not micro-batch x accumulation x data-parallel ranks "
+                                f"= {batch.micro_batch_size} x {batch.grad_accum_steps} x {request.data_parallel_size} "
+                                f"= {per_step}")
+    if config.partition_activations and request.parallel.tp > 1:
+        raise ZeroplanError(f"{FLAG} activation_checkpointing.partition_activations",
+                            "true splits each checkpoint over the tensor-parallel ranks, which is not planned (allowed: "
+                            "false, or true with --tp 1, where it partitions nothing)")
+    strategy = request.strategy.model_copy(update={"kind": config.kind, **config.strategy_updates()})
+    if training.framework is Framework.hf:
+        strategy = _hf_auto(config, strategy, request)
+    # Validated again: model_copy skips the spec's own checks of the values the file set.
+    planned = request.with_strategy(StrategySpec.model_validate(dict(strategy)))
+    _check_planned_sizes(config, planned)
+    return planned
+
+
+def _hf_auto(config: DeepSpeedConfig, strategy: StrategySpec, request: PlanRequest) -> StrategySpec:
+    """The "auto" bucket entries as Hugging Face fills them (zeroplan.core.hf_deepspeed)."""
+    from zeroplan.core.hf_deepspeed import hf_auto_strategy
+
+    filled = hf_auto_strategy(strategy, request.model)
+    update = {}
+    if config.zero_bucket_elements is None:
+        update["zero_bucket_elements"] = filled.zero_bucket_elements
+    if config.prefetch_bucket_elements is None and strategy.kind.zero_stage == 3:
+        update["deepspeed_prefetch_bucket_elements"] = filled.deepspeed_prefetch_bucket_elements
+    if config.persistence_threshold is None and strategy.kind.zero_stage == 3:
+        update["deepspeed_param_persistence_threshold"] = filled.deepspeed_param_persistence_threshold
+    return strategy.model_copy(update=update)
+
+
+def _check_planned_sizes(config: DeepSpeedConfig, request: PlanRequest) -> None:
+    """The NVMe swappers' sizes and the aio block the file sets must be what the planner counts
+    (zeroplan.emit.formats writes them the same way)."""
+    if not config.nvme_settings and not config.aio:
+        return
+    from zeroplan.emit.formats import AIO_CONFIG, nvme_offload_blocks
+
+    planned: dict[str, object] = {}
+    if request.strategy.kind.optimizer_on_nvme:
+        blocks = nvme_offload_blocks(request)
+        planned |= {f"offload_optimizer.{k}": v for k, v in blocks["offload_optimizer"].items()}
+        planned |= {f"offload_param.{k}": v for k, v in blocks.get("offload_param", {}).items()}
+    for key, value in config.nvme_settings:
+        if key in planned and planned[key] != value:
+            raise ZeroplanError(f"{FLAG} zero_optimization.{key}",
+                                f"{value} is not what zeroplan plans for this request (allowed: {planned[key]})")
+    for key, value in config.aio:
+        if AIO_CONFIG.get(key, object()) != value:
+            allowed = AIO_CONFIG.get(key, "not a key zeroplan plans")
+            raise ZeroplanError(f"{FLAG} aio.{key}", f"{value!r} is not planned (allowed: {allowed!r})")

@@ -1,0 +1,359 @@
+"""A DeepSpeed config file (the user's ds_config.json, or the one ``--emit`` writes) read as the
+planner's inputs: the ZeRO strategy it runs and the StrategySpec knobs it sets, each key left
+out taking DeepSpeed's own default (what the engine runs then, not what ``--emit`` would write).
+
+The file is read with ``json`` only. Every key is either mapped onto the request, checked
+against the command line's flags, known to leave a rank's memory and traffic as planned (named
+in IGNORED_TOP_LEVEL / IGNORED_ZERO with why), or refused in one line naming the key and what is
+allowed: a setting that changes the step in a way zeroplan does not plan would otherwise give a
+wrong answer silently. Nothing here imports torch or the core.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from zeroplan.errors import ZeroplanError
+from zeroplan.specs.base import Frozen
+from zeroplan.specs.strategy import StrategyKind
+from zeroplan.specs.training import Optimizer, Precision
+
+FLAG = "--deepspeed-config"
+
+# deepspeed 0.19.8 runtime/zero/config.py DeepSpeedZeroConfig: reduce_bucket_size 5e8 (line 113),
+# contiguous_gradients True (102), sub_group_size 1e9 (182), stage3_prefetch_bucket_size 5e7 (222),
+# stage3_param_persistence_threshold 1e5 (228), stage3_max_live_parameters 1e9 (245),
+# stage3_max_reuse_distance 1e9 (251). The four stage-3 values are the first ZeRO-3's too (0.3.13
+# runtime/zero/constants.py lines 86-99), whose sub_group_size default was 1e12 (line 83).
+DEEPSPEED_ZERO_DEFAULTS: dict[str, int] = {
+    "reduce_bucket_size": 500_000_000, "sub_group_size": 1_000_000_000,
+    "stage3_prefetch_bucket_size": 50_000_000, "stage3_param_persistence_threshold": 100_000,
+    "stage3_max_live_parameters": 1_000_000_000, "stage3_max_reuse_distance": 1_000_000_000,
+}
+
+# deepspeed 0.19.8 runtime/utils.py all_gather_dp_groups: with all_gather_into_tensor (NCCL's)
+# the stage 1-2 parameter all-gather writes into the flat buffers without a bucket, and
+# allgather_bucket_size is not read; stage 3 never reads it. The other keys here are read at a
+# checkpoint's save or load, or only log.
+IGNORED_ZERO = ("allgather_bucket_size", "load_from_fp32_weights", "elastic_checkpoint", "ignore_unused_parameters",
+                "round_robin_gradients", "stage3_gather_16bit_weights_on_model_save",
+                "stage3_gather_fp16_weights_on_model_save", "log_trace_cache_warnings", "enable_sanity_checks",
+                "gather_16bit_weights_on_model_save")
+
+# Keys that only schedule the learning rate, clip (in place, on the partitions the step holds
+# anyway), print or log.
+IGNORED_TOP_LEVEL = ("train_batch_size", "gradient_clipping", "scheduler", "steps_per_print", "wall_clock_breakdown",
+                     "zero_allow_untested_optimizer", "tensorboard", "wandb", "csv_monitor", "comet",
+                     "flops_profiler", "comms_logger", "memory_breakdown", "dump_state", "prescale_gradients",
+                     "gradient_predivide_factor")
+
+# A value DeepSpeed's engine takes as given that would change what the planner plans: the
+# default is the only value allowed.
+FIXED_ZERO = {"reduce_scatter": True, "use_multi_rank_bucket_allreduce": True, "allgather_partitions": True,
+              "memory_efficient_linear": True, "stage3_module_granularity_threshold": 0,
+              "stage3_use_all_reduce_for_fetch_params": False, "stage3_allgather_sequential": False,
+              "zero_quantized_nontrainable_weights": False, "mics_hierarchical_params_gather": False}
+
+MAPPED_ZERO = ("stage", "reduce_bucket_size", "contiguous_gradients", "overlap_comm", "sub_group_size",
+               "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold", "stage3_max_live_parameters",
+               "stage3_max_reuse_distance", "zero_hpz_partition_size", "zero_quantized_weights",
+               "zero_quantized_gradients", "mics_shard_size", "offload_optimizer", "offload_param")
+MAPPED_TOP_LEVEL = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "bf16", "fp16", "optimizer",
+                    "zero_optimization", "data_types", "aio", "activation_checkpointing")
+
+# Hugging Face's Trainer and accelerate fill these "auto" entries from their own arguments
+# (transformers 4.56.2 integrations/deepspeed.py trainer_config_process / trainer_config_finalize).
+HF_AUTO_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size",
+                "gradient_clipping", "bf16.enabled", "fp16.enabled", "zero_optimization.reduce_bucket_size",
+                "zero_optimization.stage3_prefetch_bucket_size", "zero_optimization.stage3_param_persistence_threshold")
+
+OPTIMIZER_TYPES = {"adam": Optimizer.adam, "adamw": Optimizer.adamw, "fusedadam": Optimizer.adam,
+                   "cpuadam": Optimizer.adam, "deepspeedcpuadam": Optimizer.adam}
+"""DeepSpeed optimizer types (runtime/config.py ADAM_OPTIMIZER, ADAMW_OPTIMIZER; case-insensitive)
+and the zeroplan optimizer with their states. Adam's config without adam_w_mode: DeepSpeed runs
+AdamW for "Adam" too (engine._configure_basic_optimizer: adam_w_mode defaults True); both keep
+two fp32 states, which is what the planner counts."""
+
+OFFLOAD_KEYS = {"offload_optimizer": ("device", "pin_memory", "nvme_path", "buffer_count", "pipeline_read",
+                                      "pipeline_write", "fast_init", "ratio", "pipeline"),
+                "offload_param": ("device", "pin_memory", "nvme_path", "buffer_count", "buffer_size", "max_in_cpu")}
+
+
+class DeepSpeedConfig(Frozen):
+    """What a DeepSpeed config file sets, as zeroplan's terms."""
+
+    kind: StrategyKind
+    """The strategy the stage and offload devices run."""
+    zero_bucket_elements: int | None
+    """reduce_bucket_size; None where the file says "auto" (Hugging Face fills it)."""
+    contiguous_gradients: bool
+    overlap_comm: bool | None
+    """None: DeepSpeed's default (true at stage 3, false below)."""
+    sub_group_elements: int
+    prefetch_bucket_elements: int | None
+    persistence_threshold: int | None
+    """None where the file says "auto"."""
+    max_live_parameters: int
+    max_reuse_distance: int
+    hpz_partition_size: int | None
+    mics_shard_size: int | None
+    nvme_pipeline_read: bool
+    nvme_pipeline_write: bool
+    grad_accum_fp32: bool
+    micro_batch_size: int | None
+    """None where the file leaves it out or says "auto"; as gradient_accumulation_steps."""
+    grad_accum_steps: int | None
+    train_batch_size: int | None
+    precision: Precision | None
+    """None: "auto" (the flags decide)."""
+    optimizer: Optimizer | None
+    """None: the file names no optimizer (the script builds its own)."""
+    nvme_settings: tuple[tuple[str, int], ...]
+    """The NVMe swappers' sizes the file sets (offload_optimizer.buffer_count, offload_param's
+    buffer_count, buffer_size and max_in_cpu): checked against what the planner plans."""
+    aio: tuple[tuple[str, Any], ...]
+    """The aio block's keys and values the file sets."""
+    partition_activations: bool
+
+    def strategy_updates(self) -> dict[str, Any]:
+        """StrategySpec fields (other than kind) this file sets; "auto" entries left out."""
+        updates: dict[str, Any] = {
+            "deepspeed_contiguous_gradients": self.contiguous_gradients, "deepspeed_overlap_comm": self.overlap_comm,
+            "nvme_pipeline_read": self.nvme_pipeline_read, "nvme_pipeline_write": self.nvme_pipeline_write,
+            "deepspeed_grad_accum_fp32": self.grad_accum_fp32,
+        }
+        if self.zero_bucket_elements is not None:
+            updates["zero_bucket_elements"] = self.zero_bucket_elements
+        if self.kind.zero_stage == 3:  # stages 1 and 2 read none of these
+            updates |= {"deepspeed_sub_group_elements": self.sub_group_elements,
+                        "deepspeed_max_live_parameters": self.max_live_parameters,
+                        "deepspeed_max_reuse_distance": self.max_reuse_distance}
+            if self.prefetch_bucket_elements is not None:
+                updates["deepspeed_prefetch_bucket_elements"] = self.prefetch_bucket_elements
+            if self.persistence_threshold is not None:
+                updates["deepspeed_param_persistence_threshold"] = self.persistence_threshold
+        if self.hpz_partition_size is not None:
+            updates["hpz_partition_size"] = self.hpz_partition_size
+        if self.mics_shard_size is not None:
+            updates["mics_shard_size"] = self.mics_shard_size
+        return updates
+
+
+def _refuse(key: str, message: str) -> ZeroplanError:
+    return ZeroplanError(f"{FLAG} {key}", message)
+
+
+def read_deepspeed_config(path: str | Path, hf_auto: bool) -> DeepSpeedConfig:
+    """The file at ``path`` as a DeepSpeedConfig; ``hf_auto``: whether "auto" entries are
+    allowed (a Hugging Face run fills them). One-line errors name the key."""
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise ZeroplanError(FLAG, f"cannot read {str(path)!r}: {error.strerror or error}") from None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ZeroplanError(FLAG, f"{str(path)!r} is not JSON: {error.msg} at line {error.lineno}") from None
+    if not isinstance(config, dict):
+        raise ZeroplanError(FLAG, f"{str(path)!r} holds a JSON {type(config).__name__}, not an object of DeepSpeed keys")
+    return deepspeed_config_of(config, hf_auto)
+
+
+def _auto(value: Any, key: str, hf_auto: bool) -> bool:
+    """Whether ``value`` is an "auto" entry (refused outside a Hugging Face run, or for a key
+    Hugging Face does not fill)."""
+    if value != "auto":
+        return False
+    if not hf_auto or key not in HF_AUTO_KEYS:
+        where = "only Hugging Face's Trainer and accelerate fill it (give --framework hf)" if key in HF_AUTO_KEYS \
+            else "Hugging Face fills no such entry"
+        raise _refuse(key, f'"auto": {where}; give a number')
+    return True
+
+
+def _int(block: dict[str, Any], name: str, key: str, hf_auto: bool, minimum: int) -> int | None:
+    """A whole number (JSON's 5e8 included) at least ``minimum``; None if absent or "auto"."""
+    if name not in block:
+        return None
+    value = block[name]
+    if _auto(value, key, hf_auto):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value) or value < minimum:
+        raise _refuse(key, f"{value!r} is not a whole number >= {minimum}")
+    return int(value)
+
+
+def _bool(block: dict[str, Any], name: str, key: str, default: bool | None) -> bool | None:
+    value = block.get(name, default)
+    if value is not None and not isinstance(value, bool):
+        raise _refuse(key, f"{value!r} is not true or false")
+    return value
+
+
+def _object(config: dict[str, Any], name: str, key: str) -> dict[str, Any]:
+    block = config.get(name, {})
+    if not isinstance(block, dict):
+        raise _refuse(key, f"{block!r} is not a JSON object")
+    return block
+
+
+def _check_keys(block: dict[str, Any], allowed: tuple[str, ...], prefix: str) -> None:
+    for name in block:
+        if name not in allowed:
+            raise _refuse(f"{prefix}{name}", f"not a key zeroplan plans (allowed: {', '.join(allowed)})")
+
+
+def _precision(config: dict[str, Any], hf_auto: bool) -> Precision | None:
+    """bf16.enabled / fp16.enabled: bf16-mixed, fp16-mixed, fp32 (neither); None if "auto"."""
+    enabled = {}
+    for name in ("bf16", "fp16"):
+        block = _object(config, name, name)
+        value = block.get("enabled", False)
+        if _auto(value, f"{name}.enabled", hf_auto):
+            return None
+        if not isinstance(value, bool):
+            raise _refuse(f"{name}.enabled", f"{value!r} is not true or false")
+        enabled[name] = value
+        if name == "bf16" and (block.get("bf16_master_weights_and_grads") or block.get("bf16_optimizer_states")):
+            raise _refuse(f"{name}.bf16_master_weights_and_grads",
+                          "16-bit master weights under DeepSpeed are not planned (allowed: false)")
+    if enabled["bf16"] and enabled["fp16"]:
+        raise _refuse("bf16.enabled", "and fp16.enabled are both true (allowed: at most one)")
+    return Precision.bf16_mixed if enabled["bf16"] else Precision.fp16_mixed if enabled["fp16"] else Precision.fp32
+
+
+def _optimizer(config: dict[str, Any]) -> Optimizer | None:
+    block = _object(config, "optimizer", "optimizer")
+    if not block:
+        return None
+    name = str(block.get("type", "")).lower()
+    if name not in OPTIMIZER_TYPES:
+        raise _refuse("optimizer.type", f"{block.get('type')!r} is not planned under DeepSpeed "
+                                        f"(allowed: Adam, AdamW, FusedAdam, CPUAdam)")
+    return OPTIMIZER_TYPES[name]
+
+
+def _offload_device(zero: dict[str, Any], name: str) -> str:
+    block = _object(zero, name, f"zero_optimization.{name}")
+    _check_keys(block, OFFLOAD_KEYS[name], f"zero_optimization.{name}.")
+    device = block.get("device", "none") if block else "none"
+    if device not in ("none", "cpu", "nvme"):
+        raise _refuse(f"zero_optimization.{name}.device", f"{device!r} (allowed: none, cpu, nvme)")
+    if name == "offload_optimizer" and block.get("ratio", 1.0) != 1.0:
+        raise _refuse("zero_optimization.offload_optimizer.ratio",
+                      f"{block['ratio']!r}: a partial offload (SuperOffload's ratio) is not planned (allowed: 1.0)")
+    return device
+
+
+# The stage and offload devices that name each strategy (deepspeed 0.19.8 runtime/zero/config.py
+# offload_optimizer / offload_param; offload_param needs stage 3 and offload_optimizer).
+_KINDS = {(1, "none", "none"): StrategyKind.zero1, (2, "none", "none"): StrategyKind.zero2,
+          (2, "cpu", "none"): StrategyKind.zero2_offload, (3, "none", "none"): StrategyKind.zero3,
+          (3, "cpu", "none"): StrategyKind.zero3_offload, (3, "cpu", "cpu"): StrategyKind.zero3_param_offload,
+          (3, "nvme", "none"): StrategyKind.zero3_nvme, (3, "nvme", "nvme"): StrategyKind.zero3_param_nvme}
+
+
+def _kind(zero: dict[str, Any]) -> StrategyKind:
+    stage = zero.get("stage", 0)
+    if stage not in (1, 2, 3):
+        raise _refuse("zero_optimization.stage", f"{stage!r}: stage 0 (DeepSpeed's unpartitioned optimizer) is not "
+                                                 "planned (allowed: 1, 2, 3; --strategies ddp plans DDP)")
+    devices = (stage, _offload_device(zero, "offload_optimizer"), _offload_device(zero, "offload_param"))
+    if devices not in _KINDS:
+        allowed = "; ".join(f"stage {s}, optimizer {o}, parameters {p}" for s, o, p in _KINDS)
+        raise _refuse("zero_optimization.offload_param" if devices[2] != "none" else "zero_optimization.offload_optimizer",
+                      f"stage {stage} with the optimizer on {devices[1]} and the parameters on {devices[2]} is not "
+                      f"planned (allowed: {allowed})")
+    kind = _KINDS[devices]
+    hpz = zero.get("zero_hpz_partition_size", 1)
+    quantized = (bool(zero.get("zero_quantized_weights", False)), bool(zero.get("zero_quantized_gradients", False)))
+    mics = zero.get("mics_shard_size", -1)
+    if kind is StrategyKind.zero3 and quantized == (True, True) and hpz not in (0, 1):
+        return StrategyKind.zero3_zeropp
+    if any(quantized):
+        raise _refuse("zero_optimization.zero_quantized_weights",
+                      "qwZ and qgZ are planned together with hpZ at stage 3 without offload (ZeRO++'s recipe: "
+                      "zero_hpz_partition_size > 1 and both true)")
+    if hpz not in (0, 1):
+        if kind is not StrategyKind.zero3:
+            raise _refuse("zero_optimization.zero_hpz_partition_size", "is planned at stage 3 without offload")
+        return StrategyKind.zero3_hpz
+    if mics not in (-1, 0):
+        if kind is not StrategyKind.zero3:
+            raise _refuse("zero_optimization.mics_shard_size", "is planned at stage 3 without offload")
+        return StrategyKind.zero3_mics
+    return kind
+
+
+def deepspeed_config_of(config: dict[str, Any], hf_auto: bool) -> DeepSpeedConfig:
+    """A parsed config's keys as zeroplan's terms (read_deepspeed_config without the file)."""
+    for name in config:
+        if name not in MAPPED_TOP_LEVEL + IGNORED_TOP_LEVEL:
+            raise _refuse(name, f"not a key zeroplan plans (allowed: {', '.join(MAPPED_TOP_LEVEL + IGNORED_TOP_LEVEL)})")
+    zero = _object(config, "zero_optimization", "zero_optimization")
+    if not zero:
+        raise _refuse("zero_optimization", "absent or empty: without ZeRO, DeepSpeed runs its unpartitioned optimizer "
+                                           "(allowed: a zero_optimization block with stage 1, 2 or 3)")
+    _check_keys(zero, MAPPED_ZERO + IGNORED_ZERO + tuple(FIXED_ZERO), "zero_optimization.")
+    for name, value in FIXED_ZERO.items():
+        if zero.get(name, value) != value:
+            raise _refuse(f"zero_optimization.{name}", f"{zero[name]!r} is not planned (allowed: {json.dumps(value)})")
+    kind = _kind(zero)
+
+    def number(name: str, minimum: int = 0) -> int | None:
+        return _int(zero, name, f"zero_optimization.{name}", hf_auto, minimum)
+
+    def default(name: str) -> int:
+        value = number(name)
+        return DEEPSPEED_ZERO_DEFAULTS[name] if value is None else value
+
+    def default_or_auto(name: str) -> int | None:
+        """The file's value, DeepSpeed's default where it has none, None where it says "auto"."""
+        value = default(name)  # refuses an "auto" outside a Hugging Face run
+        return None if zero.get(name) == "auto" else value
+    offload_optimizer = zero.get("offload_optimizer") or {}
+    offload_param = zero.get("offload_param") or {}
+    nvme = [(f"offload_optimizer.{k}", offload_optimizer[k]) for k in ("buffer_count",) if k in offload_optimizer]
+    nvme += [(f"offload_param.{k}", offload_param[k]) for k in ("buffer_count", "buffer_size", "max_in_cpu")
+             if k in offload_param]
+    for key, value in nvme:
+        _int({"v": value}, "v", f"zero_optimization.{key}", False, 1)
+    data_types = _object(config, "data_types", "data_types")
+    _check_keys(data_types, ("grad_accum_dtype",), "data_types.")
+    grad_accum_dtype = data_types.get("grad_accum_dtype")
+    if grad_accum_dtype not in (None, "fp32", "fp16", "bf16"):
+        raise _refuse("data_types.grad_accum_dtype", f"{grad_accum_dtype!r} (allowed: fp32, fp16, bf16)")
+    aio = _object(config, "aio", "aio")
+    checkpointing = _object(config, "activation_checkpointing", "activation_checkpointing")
+    for name in ("cpu_checkpointing", "contiguous_memory_optimization"):
+        if checkpointing.get(name):
+            raise _refuse(f"activation_checkpointing.{name}", "true is not planned (allowed: false)")
+    hpz = number("zero_hpz_partition_size")
+    mics = _int(zero, "mics_shard_size", "zero_optimization.mics_shard_size", False, -1)
+    return DeepSpeedConfig(
+        kind=kind,
+        zero_bucket_elements=default_or_auto("reduce_bucket_size"),
+        contiguous_gradients=_bool(zero, "contiguous_gradients", "zero_optimization.contiguous_gradients", True),
+        overlap_comm=_bool(zero, "overlap_comm", "zero_optimization.overlap_comm", None),
+        sub_group_elements=max(1, default("sub_group_size")),
+        prefetch_bucket_elements=default_or_auto("stage3_prefetch_bucket_size"),
+        persistence_threshold=default_or_auto("stage3_param_persistence_threshold"),
+        max_live_parameters=max(1, default("stage3_max_live_parameters")),
+        max_reuse_distance=default("stage3_max_reuse_distance"),
+        hpz_partition_size=hpz if kind in (StrategyKind.zero3_hpz, StrategyKind.zero3_zeropp) else None,
+        mics_shard_size=int(mics) if kind is StrategyKind.zero3_mics else None,
+        nvme_pipeline_read=bool(_bool(offload_optimizer, "pipeline_read", "zero_optimization.offload_optimizer.pipeline_read", False)),
+        nvme_pipeline_write=bool(_bool(offload_optimizer, "pipeline_write", "zero_optimization.offload_optimizer.pipeline_write", False)),
+        grad_accum_fp32=grad_accum_dtype == "fp32",
+        micro_batch_size=_int(config, "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_gpu", hf_auto, 1),
+        grad_accum_steps=_int(config, "gradient_accumulation_steps", "gradient_accumulation_steps", hf_auto, 1),
+        train_batch_size=_int(config, "train_batch_size", "train_batch_size", hf_auto, 1),
+        precision=_precision(config, hf_auto),
+        optimizer=_optimizer(config),
+        nvme_settings=tuple((key, int(value)) for key, value in nvme),
+        aio=tuple(sorted(aio.items())),
+        partition_activations=bool(_bool(checkpointing, "partition_activations",
+                                         "activation_checkpointing.partition_activations", False)),
+    )
