@@ -131,6 +131,9 @@ def test_a_larger_sub_group_steps_more_at_once(tmp_path: Path) -> None:
     ({"zero_optimization": {"stage": 2, "reduce_scatter": False}}, (), "reduce_scatter", "allowed: true"),
     ({"zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}}, (), "reduce_bucket_size", "--framework hf"),
     ({"zero_optimization": {"stage": 2, "reduce_bucket_size": -5}}, (), "reduce_bucket_size", "whole number"),
+    ({"zero_optimization": {"stage": 2, "reduce_bucket_size": 1e30}}, (), "reduce_bucket_size", "to 2^36"),
+    ({"zero_optimization": {"stage": "3"}}, (), "zero_optimization.stage", "allowed: 1, 2, 3"),
+    ({"zero_optimization": {"stage": 2, "overlap_comm": "yes"}}, (), "overlap_comm", "true or false"),
     ({"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 4}, (), "--micro-batch",
      "give --micro-batch 4"),
     ({"zero_optimization": {"stage": 2}, "fp16": {"enabled": True}}, ("--precision", "bf16-mixed"), "--precision",
@@ -164,3 +167,10 @@ def test_an_unreadable_file_is_one_line(tmp_path: Path, capsys) -> None:
 def test_the_reader_refuses_qwz_without_hpz() -> None:
     with pytest.raises(ZeroplanError, match="zero_quantized_weights"):
         deepspeed_config_of({"zero_optimization": {"stage": 3, "zero_quantized_weights": True}}, hf_auto=False)
+
+
+def test_a_null_block_is_an_unset_one() -> None:
+    """DeepSpeed reads "offload_optimizer": null as no offload; so does the reader."""
+    config = deepspeed_config_of({"zero_optimization": {"stage": 3, "offload_optimizer": None, "offload_param": None}},
+                                 hf_auto=False)
+    assert config.kind is StrategyKind.zero3

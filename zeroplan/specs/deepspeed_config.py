@@ -173,15 +173,30 @@ def _auto(value: Any, key: str, hf_auto: bool) -> bool:
     return True
 
 
+MAX_BUFFER_ELEMENTS = 2**36
+"""The largest buffer a file may size (reduce_bucket_size, the prefetch bucket, the NVMe buffers):
+the command line's --reduce-bucket-size bound (zeroplan.cli.parser.MAX_BUCKET_ELEMENTS; 2^36
+16-bit elements are 128 GiB, more than a GPU holds)."""
+MAX_COUNT_ELEMENTS = 2**62
+"""The largest bound or threshold (sub_group_size, live parameters, reuse distance, persistence):
+past any model's elements each means "everything" (DeepSpeed 0.3.13's sub_group_size was 1e12)."""
+
+BUFFER_KEYS = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "buffer_count", "buffer_size")
+
+
 def _int(block: dict[str, Any], name: str, key: str, hf_auto: bool, minimum: int) -> int | None:
-    """A whole number (JSON's 5e8 included) at least ``minimum``; None if absent or "auto"."""
+    """A whole number (JSON's 5e8 included) from ``minimum`` to its bound (MAX_BUFFER_ELEMENTS for
+    a buffer, else MAX_COUNT_ELEMENTS); None if absent or "auto"."""
     if name not in block:
         return None
     value = block[name]
     if _auto(value, key, hf_auto):
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value) or value < minimum:
-        raise _refuse(key, f"{value!r} is not a whole number >= {minimum}")
+    buffer = key.rsplit(".", 1)[-1] in BUFFER_KEYS
+    maximum, words = (MAX_BUFFER_ELEMENTS, "2^36") if buffer else (MAX_COUNT_ELEMENTS, "2^62")
+    if (isinstance(value, bool) or not isinstance(value, int | float) or value != value
+            or value in (float("inf"), float("-inf")) or value != int(value) or not minimum <= value <= maximum):
+        raise _refuse(key, f"{value!r} is not a whole number from {minimum} to {words} ({maximum:,})")
     return int(value)
 
 
@@ -193,7 +208,10 @@ def _bool(block: dict[str, Any], name: str, key: str, default: bool | None) -> b
 
 
 def _object(config: dict[str, Any], name: str, key: str) -> dict[str, Any]:
-    block = config.get(name, {})
+    """A nested block; absent or null (DeepSpeed reads null as unset) is an empty one."""
+    block = config.get(name)
+    if block is None:
+        return {}
     if not isinstance(block, dict):
         raise _refuse(key, f"{block!r} is not a JSON object")
     return block
@@ -257,9 +275,11 @@ _KINDS = {(1, "none", "none"): StrategyKind.zero1, (2, "none", "none"): Strategy
 
 def _kind(zero: dict[str, Any]) -> StrategyKind:
     stage = zero.get("stage", 0)
-    if stage not in (1, 2, 3):
-        raise _refuse("zero_optimization.stage", f"{stage!r}: stage 0 (DeepSpeed's unpartitioned optimizer) is not "
-                                                 "planned (allowed: 1, 2, 3; --strategies ddp plans DDP)")
+    if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
+        raise _refuse("zero_optimization.stage", f"{stage!r} (allowed: 1, 2, 3)")
+    if stage == 0:
+        raise _refuse("zero_optimization.stage", "0 (DeepSpeed's unpartitioned optimizer) is not planned "
+                                                 "(allowed: 1, 2, 3; --strategies ddp plans DDP)")
     devices = (stage, _offload_device(zero, "offload_optimizer"), _offload_device(zero, "offload_param"))
     if devices not in _KINDS:
         allowed = "; ".join(f"stage {s}, optimizer {o}, parameters {p}" for s, o, p in _KINDS)
