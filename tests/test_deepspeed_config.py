@@ -134,12 +134,17 @@ def test_a_larger_sub_group_steps_more_at_once(tmp_path: Path) -> None:
     ({"zero_optimization": {"stage": 2, "reduce_bucket_size": 1e30}}, (), "reduce_bucket_size", "to 2^36"),
     ({"zero_optimization": {"stage": "3"}}, (), "zero_optimization.stage", "allowed: 1, 2, 3"),
     ({"zero_optimization": {"stage": 2, "overlap_comm": "yes"}}, (), "overlap_comm", "true or false"),
-    ({"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 4}, (), "--micro-batch",
-     "give --micro-batch 4"),
+    ({"zero_optimization": {"stage": 2}, "gradient_accumulation_steps": 4}, ("--grad-accum", "2"), "--grad-accum",
+     "give --grad-accum 4"),
+    ({"zero_optimization": {"stage": 2}, "torch_autocast": {"enabled": True}}, (), "torch_autocast.enabled",
+     "allowed: false"),
     ({"zero_optimization": {"stage": 2}, "fp16": {"enabled": True}}, ("--precision", "bf16-mixed"), "--precision",
      "give --precision fp16-mixed"),
     ({"zero_optimization": {"stage": 2}, "optimizer": {"type": "Lamb"}}, (), "optimizer.type", "allowed: Adam"),
-    ({"zero_optimization": {"stage": 2}, "train_batch_size": 7}, (), "train_batch_size", "= 8"),
+    ({"zero_optimization": {"stage": 2}, "train_batch_size": 7, "train_micro_batch_size_per_gpu": 1,
+      "gradient_accumulation_steps": 1}, (), "train_batch_size", "= 8"),
+    ({"zero_optimization": {"stage": 2}, "train_batch_size": 12, "train_micro_batch_size_per_gpu": 1}, (),
+     "train_batch_size", "not a multiple"),
     ({"zero_optimization": {"stage": 2}}, ("--strategies", "zero3"), "--strategies", "allowed: zero2"),
     ({"zero_optimization": {"stage": 2}}, ("--reduce-bucket-size", "1000"), "--reduce-bucket-size", "give one"),
     ({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "buffer_count": 3}}}, (),
@@ -174,3 +179,19 @@ def test_a_null_block_is_an_unset_one() -> None:
     config = deepspeed_config_of({"zero_optimization": {"stage": 3, "offload_optimizer": None, "offload_param": None}},
                                  hf_auto=False)
     assert config.kind is StrategyKind.zero3
+
+
+@pytest.mark.parametrize("config, flags, planned_batch", [
+    ({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}, (), (4, 2)),
+    # the script's loader sets the batch: an explicit --micro-batch is planned
+    ({"train_micro_batch_size_per_gpu": 4}, ("--micro-batch", "1"), (1, 1)),
+    # DeepSpeed derives the accumulation from the other two (8 data-parallel ranks)
+    ({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2}, (), (2, 4)),
+    ({"train_batch_size": 64, "gradient_accumulation_steps": 2}, (), (4, 2)),
+    ({}, (), (1, 1)),
+])
+def test_the_batch_the_file_and_flags_plan(tmp_path: Path, config, flags, planned_batch) -> None:
+    path = written(tmp_path, {**config, "zero_optimization": {"stage": 2}, "bf16": {"enabled": True}})
+    run, _ = planned("llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", "--flat-reserve", "--deepspeed-config", path,
+                     *flags)
+    assert (run.request.batch.micro_batch_size, run.request.batch.grad_accum_steps) == planned_batch

@@ -1,6 +1,7 @@
 """``--deepspeed-config FILE`` on fit and compare: plan the ZeRO strategy and knobs a DeepSpeed
 config file sets (zeroplan.specs.deepspeed_config reads it), after checking it against the
-flags that say the same thing (micro-batch, accumulation, precision, optimizer, strategies) and
+flags that say the same thing (accumulation, precision, optimizer, strategies; the micro-batch
+where no --micro-batch is given) and
 against what the planner plans where the file sizes a buffer itself (the NVMe swappers, aio)."""
 
 from __future__ import annotations
@@ -36,9 +37,35 @@ def kinds_of_config(config: DeepSpeedConfig | None, kinds: tuple[StrategyKind, .
     return (config.kind,)
 
 
-def _check_flag(name: str, flag: str, from_file: object, from_flag: object) -> None:
-    if from_file is not None and from_file != from_flag:
-        raise ZeroplanError(flag, f"{from_flag} but the {FLAG} file sets {name} {from_file} (give {flag} {from_file})")
+# deepspeed 0.19.8 runtime/config.py _configure_train_batch_size / _batch_assertion: of
+# train_batch_size, train_micro_batch_size_per_gpu and gradient_accumulation_steps the engine
+# derives a missing one from the other two and asserts train = micro x accumulation x the
+# data-parallel ranks. The accumulation decides the engine's step boundary (what is planned); the
+# micro-batch only its throughput log and that assertion: the script's data loader sets the batch
+# the step runs (DeepSpeedExamples' bf16_master_weight train.py feeds --batch_size whatever the
+# config says), so an explicit --micro-batch is planned, the file's only where none is given.
+def batch_counts(config: DeepSpeedConfig, micro_flag: int | None, accum_flag: int | None,
+                 data_parallel: int) -> tuple[int, int]:
+    """The (micro-batch, accumulation) to plan from the flags and the file's batch keys."""
+    micro, accum, train = config.micro_batch_size, config.grad_accum_steps, config.train_batch_size
+    if train is not None and None not in (micro, accum) and train != micro * accum * data_parallel:
+        raise ZeroplanError(f"{FLAG} train_batch_size", f"{train} is not train_micro_batch_size_per_gpu x "
+                            f"gradient_accumulation_steps x data-parallel ranks = {micro} x {accum} x {data_parallel} "
+                            f"= {micro * accum * data_parallel} (DeepSpeed refuses the file)")
+    if train is not None and accum is None and micro is not None:
+        accum, rest = divmod(train, micro * data_parallel)
+        if rest or not accum:
+            raise ZeroplanError(f"{FLAG} train_batch_size", f"{train} is not a multiple of train_micro_batch_size_per_gpu "
+                                f"x data-parallel ranks = {micro} x {data_parallel} (DeepSpeed refuses the file)")
+    if train is not None and micro is None and accum is not None:
+        micro, rest = divmod(train, accum * data_parallel)
+        if rest or not micro:
+            raise ZeroplanError(f"{FLAG} train_batch_size", f"{train} is not a multiple of gradient_accumulation_steps "
+                                f"x data-parallel ranks = {accum} x {data_parallel} (DeepSpeed refuses the file)")
+    if accum_flag is not None and accum is not None and accum_flag != accum:
+        raise ZeroplanError("--grad-accum", f"{accum_flag} but the {FLAG} file's engine steps every {accum} micro-batches "
+                                            f"(gradient_accumulation_steps; give --grad-accum {accum})")
+    return micro_flag or micro or 1, accum_flag or accum or 1
 
 
 def apply_deepspeed_config(config: DeepSpeedConfig, request: PlanRequest, kind: StrategyKind) -> PlanRequest:
@@ -46,22 +73,13 @@ def apply_deepspeed_config(config: DeepSpeedConfig, request: PlanRequest, kind: 
     asked for (ddp: none chosen), refused where it is not the file's."""
     if kind is not StrategyKind.ddp and kind is not config.kind:
         raise ZeroplanError("strategy", f"{kind.value}: the {FLAG} file runs {config.kind.value} (allowed: {config.kind.value})")
-    batch, training = request.batch, request.training
-    _check_flag("train_micro_batch_size_per_gpu", "--micro-batch", config.micro_batch_size, batch.micro_batch_size)
-    _check_flag("gradient_accumulation_steps", "--grad-accum", config.grad_accum_steps, batch.grad_accum_steps)
+    training = request.training
     if config.precision is not None and config.precision is not training.precision:
         raise ZeroplanError("--precision", f"{training.precision.value} but the {FLAG} file runs {config.precision.value} "
                                            f"(give --precision {config.precision.value})")
     if config.optimizer is not None and training.optimizer not in ADAM_STATES:
         raise ZeroplanError("--optimizer", f"{training.optimizer.value} but the {FLAG} file's optimizer keeps Adam's "
                                            "states (allowed: adamw, adam)")
-    if config.train_batch_size is not None:
-        per_step = batch.micro_batch_size * batch.grad_accum_steps * request.data_parallel_size
-        if config.train_batch_size != per_step:
-            raise ZeroplanError(f"{FLAG} train_batch_size",
-                                f"{config.train_batch_size} is not micro-batch x accumulation x data-parallel ranks "
-                                f"= {batch.micro_batch_size} x {batch.grad_accum_steps} x {request.data_parallel_size} "
-                                f"= {per_step}")
     if config.partition_activations and request.parallel.tp > 1:
         raise ZeroplanError(f"{FLAG} activation_checkpointing.partition_activations",
                             "true splits each checkpoint over the tensor-parallel ranks, which is not planned (allowed: "

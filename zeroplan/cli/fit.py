@@ -93,9 +93,11 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> dict[str, argparse
 
 
 def add_batch_arguments(group: argparse._ArgumentGroup) -> None:
-    group.add_argument("--micro-batch", type=positive_int, default=1, help="sequences per GPU per pass (default 1)")
+    # No default on the two counts themselves: a --deepspeed-config file's values apply where they
+    # are not given (zeroplan.cli.deepspeed_config.batch_counts); 1 otherwise.
+    group.add_argument("--micro-batch", type=positive_int, help="sequences per GPU per pass (default 1)")
     add_seq_len_arguments(group, target=True)
-    group.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step (default 1)")
+    group.add_argument("--grad-accum", type=positive_int, help="micro-batches per optimizer step (default 1)")
     group.add_argument(
         "--varying-lengths", type=varying_lengths_arg, default=None, metavar="MEAN,SD,MIN,SAMPLES[,drop|truncate]",
         help="each micro-batch is padded to its own longest sample, up to --seq-len: the dataset's token lengths "
@@ -590,9 +592,16 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
     )
     check_framework_request(training, model)
     check_compiled(training, model, cluster.gpu)
+    micro_batch, grad_accum = args.micro_batch or 1, args.grad_accum or 1
+    if deepspeed_file is not None:
+        from zeroplan.cli.deepspeed_config import batch_counts
+
+        micro_batch, grad_accum = batch_counts(
+            deepspeed_file, args.micro_batch, args.grad_accum,
+            cluster.world_size // parallel_from_args(args).model_parallel_size)
     batch = BatchSpec(
-        micro_batch_size=args.micro_batch, seq_len=seq_len_of(args, model.max_positions),
-        grad_accum_steps=args.grad_accum, allow_longer_seq=args.allow_longer_seq,
+        micro_batch_size=micro_batch, seq_len=seq_len_of(args, model.max_positions),
+        grad_accum_steps=grad_accum, allow_longer_seq=args.allow_longer_seq,
         target_len=getattr(args, "target_len", None), varying_lengths=getattr(args, "varying_lengths", None),
     )
     check_optimizer_in_backward(training, batch.grad_accum_steps)

@@ -44,7 +44,7 @@ IGNORED_ZERO = ("allgather_bucket_size", "load_from_fp32_weights", "elastic_chec
 
 # Keys that only schedule the learning rate, clip (in place, on the partitions the step holds
 # anyway), print or log.
-IGNORED_TOP_LEVEL = ("train_batch_size", "gradient_clipping", "scheduler", "steps_per_print", "wall_clock_breakdown",
+IGNORED_TOP_LEVEL = ("gradient_clipping", "scheduler", "steps_per_print", "wall_clock_breakdown",
                      "zero_allow_untested_optimizer", "tensorboard", "wandb", "csv_monitor", "comet",
                      "flops_profiler", "comms_logger", "memory_breakdown", "dump_state", "prescale_gradients",
                      "gradient_predivide_factor")
@@ -60,8 +60,9 @@ MAPPED_ZERO = ("stage", "reduce_bucket_size", "contiguous_gradients", "overlap_c
                "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold", "stage3_max_live_parameters",
                "stage3_max_reuse_distance", "zero_hpz_partition_size", "zero_quantized_weights",
                "zero_quantized_gradients", "mics_shard_size", "offload_optimizer", "offload_param")
-MAPPED_TOP_LEVEL = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "bf16", "fp16", "optimizer",
-                    "zero_optimization", "data_types", "aio", "activation_checkpointing")
+MAPPED_TOP_LEVEL = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size", "bf16",
+                    "fp16", "optimizer", "zero_optimization", "data_types", "aio", "activation_checkpointing",
+                    "torch_autocast")
 
 # Hugging Face's Trainer and accelerate fill these "auto" entries from their own arguments
 # (transformers 4.56.2 integrations/deepspeed.py trainer_config_process / trainer_config_finalize).
@@ -345,6 +346,12 @@ def deepspeed_config_of(config: dict[str, Any], hf_auto: bool) -> DeepSpeedConfi
     grad_accum_dtype = data_types.get("grad_accum_dtype")
     if grad_accum_dtype not in (None, "fp32", "fp16", "bf16"):
         raise _refuse("data_types.grad_accum_dtype", f"{grad_accum_dtype!r} (allowed: fp32, fp16, bf16)")
+    autocast = _object(config, "torch_autocast", "torch_autocast")
+    if autocast.get("enabled", False) is not False:
+        # deepspeed 0.19.8 runtime/torch_autocast.py: the engine runs the forward under autocast
+        # over 16-bit states, a regime zeroplan's precisions do not have.
+        raise _refuse("torch_autocast.enabled", f"{autocast['enabled']!r}: DeepSpeed's autocast over its ZeRO engine is "
+                                                "not planned (allowed: false)")
     aio = _object(config, "aio", "aio")
     checkpointing = _object(config, "activation_checkpointing", "activation_checkpointing")
     for name in ("cpu_checkpointing", "contiguous_memory_optimization"):
