@@ -26,6 +26,7 @@ import contextlib
 import csv
 import functools
 import io
+import os
 import shlex
 import statistics
 import sys
@@ -163,7 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=Path, default=ROWS)
     parser.add_argument("--csv", type=Path, help="also write the per-row results here")
     options = parser.parse_args(argv)
-    rows = load_rows(options.rows)
+    rows = load_rows(options.rows.resolve())
+    if options.csv is not None:
+        options.csv = options.csv.resolve()
+    # The rows name their config files (models, DeepSpeed configs) relative to the repository.
+    os.chdir(ROOT)
     started = time.perf_counter()
     results = []
     for row in rows:
