@@ -1,8 +1,8 @@
 """``--deepspeed-config FILE`` on fit and compare: plan the ZeRO strategy and knobs a DeepSpeed
-config file sets (zeroplan.specs.deepspeed_config reads it), after checking it against the
-flags that say the same thing (accumulation, precision, optimizer, strategies; the micro-batch
-where no --micro-batch is given) and
-against what the planner plans where the file sizes a buffer itself (the NVMe swappers, aio)."""
+config file sets (zeroplan.specs.deepspeed_config reads it). The flags that say the same thing
+must agree with it (accumulation, precision, optimizer, strategies; its micro-batch is planned
+where no --micro-batch is given), and so must what the planner plans where the file sizes a
+buffer itself (the NVMe swappers, aio)."""
 
 from __future__ import annotations
 
