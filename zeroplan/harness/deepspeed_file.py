@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from zeroplan.errors import ZeroplanError
+from zeroplan.specs.deepspeed_config import read_deepspeed_json
 
 FLAG = "--deepspeed-config"
 
@@ -47,18 +48,9 @@ def _refuse(key: str, message: str) -> ZeroplanError:
 
 
 def read_deepspeed_file(path: str | Path) -> dict[str, Any]:
-    """The file's JSON object; a missing, unreadable or non-object file is refused in one line."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise ZeroplanError(FLAG, f"cannot read {str(path)!r} ({type(error).__name__}: {error})") from None
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ZeroplanError(FLAG, f"{str(path)!r} is not JSON ({error})") from None
-    if not isinstance(config, dict):
-        raise ZeroplanError(FLAG, f"{str(path)!r} holds a JSON {type(config).__name__}, not an object")
-    return config
+    """The file's JSON object; a missing, unreadable or non-object file is refused in one line
+    (the same reader the planner's --deepspeed-config uses: zeroplan.specs.deepspeed_config)."""
+    return read_deepspeed_json(path)
 
 
 def _enabled(config: dict[str, Any], key: str) -> bool:

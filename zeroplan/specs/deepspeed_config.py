@@ -146,20 +146,26 @@ def _refuse(key: str, message: str) -> ZeroplanError:
     return ZeroplanError(f"{FLAG} {key}", message)
 
 
-def read_deepspeed_config(path: str | Path, hf_auto: bool) -> DeepSpeedConfig:
-    """The file at ``path`` as a DeepSpeedConfig; ``hf_auto``: whether "auto" entries are
-    allowed (a Hugging Face run fills them). One-line errors name the key."""
+def read_deepspeed_json(path: str | Path) -> dict[str, Any]:
+    """A DeepSpeed config file's JSON object (what the planner's --deepspeed-config and the
+    harness's read); a missing, unreadable or non-object file is refused in one line."""
     try:
-        text = Path(path).read_text()
-    except OSError as error:
-        raise ZeroplanError(FLAG, f"cannot read {str(path)!r}: {error.strerror or error}") from None
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ZeroplanError(FLAG, f"cannot read {str(path)!r} ({type(error).__name__}: {error})") from None
     try:
         config = json.loads(text)
     except json.JSONDecodeError as error:
-        raise ZeroplanError(FLAG, f"{str(path)!r} is not JSON: {error.msg} at line {error.lineno}") from None
+        raise ZeroplanError(FLAG, f"{str(path)!r} is not JSON ({error})") from None
     if not isinstance(config, dict):
-        raise ZeroplanError(FLAG, f"{str(path)!r} holds a JSON {type(config).__name__}, not an object of DeepSpeed keys")
-    return deepspeed_config_of(config, hf_auto)
+        raise ZeroplanError(FLAG, f"{str(path)!r} holds a JSON {type(config).__name__}, not an object")
+    return config
+
+
+def read_deepspeed_config(path: str | Path, hf_auto: bool) -> DeepSpeedConfig:
+    """The file at ``path`` as a DeepSpeedConfig; ``hf_auto``: whether "auto" entries are
+    allowed (a Hugging Face run fills them). One-line errors name the key."""
+    return deepspeed_config_of(read_deepspeed_json(path), hf_auto)
 
 
 def _auto(value: Any, key: str, hf_auto: bool) -> bool:
