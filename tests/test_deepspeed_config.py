@@ -195,3 +195,20 @@ def test_the_batch_the_file_and_flags_plan(tmp_path: Path, config, flags, planne
     run, _ = planned("llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", "--flat-reserve", "--deepspeed-config", path,
                      *flags)
     assert (run.request.batch.micro_batch_size, run.request.batch.grad_accum_steps) == planned_batch
+
+
+def test_a_pipe_is_read_once_and_the_settings_are_printed(tmp_path: Path, capsys) -> None:
+    """A file given as a pipe (<(...), /dev/stdin) has its content once; fit prints the ZeRO
+    settings planned under its answer, DeepSpeed's defaults for the keys the file leaves out."""
+    read, write = os.pipe()
+    os.write(write, json.dumps({"zero_optimization": {"stage": 3}, "bf16": {"enabled": True}}).encode())
+    os.close(write)
+    try:
+        assert main(["fit", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", "--flat-reserve",
+                     "--deepspeed-config", f"/dev/fd/{read}"]) == 0
+    finally:
+        os.close(read)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "DeepSpeed config /dev/fd/" in out
+    assert "zero3, reduce bucket 5e8, overlap_comm on, prefetch 5e7, live parameters 1e9, reuse distance 1e9" in out
+    assert "persistence 1e5, sub-group 1e9" in out

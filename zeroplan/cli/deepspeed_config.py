@@ -18,12 +18,21 @@ from zeroplan.specs.training import Optimizer
 ADAM_STATES = (Optimizer.adam, Optimizer.adamw)
 
 
+READ_ATTRIBUTE = "_deepspeed_config_read"
+"""Where the namespace keeps the file once read: a command reads it once (a pipe such as
+<(...) or /dev/stdin gives its content only once), however many of its steps ask."""
+
+
 def deepspeed_config_from_args(args: argparse.Namespace) -> DeepSpeedConfig | None:
-    """The file --deepspeed-config names, read; None without the flag."""
+    """The file --deepspeed-config names, read (once per namespace); None without the flag."""
     path = getattr(args, "deepspeed_config", None)
     if path is None:
         return None
-    return read_deepspeed_config(path, hf_auto=Framework(args.framework) is Framework.hf)
+    read = getattr(args, READ_ATTRIBUTE, None)
+    if read is None:
+        read = read_deepspeed_config(path, hf_auto=Framework(args.framework) is Framework.hf)
+        setattr(args, READ_ATTRIBUTE, read)
+    return read
 
 
 def kinds_of_config(config: DeepSpeedConfig | None, kinds: tuple[StrategyKind, ...] | None,
@@ -128,3 +137,30 @@ def _check_planned_sizes(config: DeepSpeedConfig, request: PlanRequest) -> None:
         if AIO_CONFIG.get(key, object()) != value:
             allowed = AIO_CONFIG.get(key, "not a key zeroplan plans")
             raise ZeroplanError(f"{FLAG} aio.{key}", f"{value!r} is not planned (allowed: {allowed!r})")
+
+
+def _elements(count: int) -> str:
+    """A count of elements as a DeepSpeed config writes it: 5e8, 1e9, 200000."""
+    exponent = len(str(count)) - 1
+    mantissa, rest = divmod(count, 10**exponent)
+    return f"{mantissa}e{exponent}" if not rest and exponent >= 3 else f"{count:,}"
+
+
+def deepspeed_config_line(path: str, request: PlanRequest) -> str:
+    """The line fit and compare print under their answer: the strategy the file runs and the
+    ZeRO settings planned for it (the file's, or DeepSpeed's defaults for the keys it leaves
+    out), so that what was read is seen."""
+    from zeroplan.core import deepspeed_coordinator as planned
+    from zeroplan.core.deepspeed_accumulation import overlap_comm
+
+    strategy = request.strategy
+    parts = [f"reduce bucket {_elements(strategy.zero_bucket_elements)}",
+             f"overlap_comm {'on' if overlap_comm(request) else 'off'}"]
+    if strategy.kind.zero_stage == 3:
+        parts += [f"prefetch {_elements(planned.prefetch_bucket_elements(request))}",
+                  f"live parameters {_elements(planned.max_live_parameters(request))}",
+                  f"reuse distance {_elements(planned.max_reuse_distance(request))}",
+                  f"persistence {_elements(planned.persistence_threshold(request))}",
+                  f"sub-group {_elements(strategy.deepspeed_sub_group_elements)}"]
+    return (f"DeepSpeed config {path}: {strategy.kind.value}, {', '.join(parts)} "
+            "(elements; keys it leaves out at DeepSpeed's defaults)")

@@ -748,6 +748,14 @@ def _run(args: argparse.Namespace, compare: bool) -> int:
             from zeroplan.cli.efficiency import time_basis
 
             sys.stdout.write(time_basis(args, request) + "\n")
+        if deepspeed_file is not None:
+            import textwrap
+
+            from zeroplan.cli.deepspeed_config import deepspeed_config_line
+            from zeroplan.cli.parser import screen_width
+
+            line = deepspeed_config_line(args.deepspeed_config, request)
+            sys.stdout.write((line if args.detail else "\n".join(textwrap.wrap(line, screen_width()))) + "\n")
     return 0
 
 
