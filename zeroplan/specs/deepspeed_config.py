@@ -11,7 +11,6 @@ wrong answer silently. Nothing here imports torch or the core.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +148,8 @@ def _refuse(key: str, message: str) -> ZeroplanError:
 def read_deepspeed_json(path: str | Path) -> dict[str, Any]:
     """A DeepSpeed config file's JSON object (what the planner's --deepspeed-config and the
     harness's read); a missing, unreadable or non-object file is refused in one line."""
+    import json  # here: the planner imports this module's defaults on every command
+
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
@@ -326,7 +327,8 @@ def deepspeed_config_of(config: dict[str, Any], hf_auto: bool) -> DeepSpeedConfi
     _check_keys(zero, MAPPED_ZERO + IGNORED_ZERO + tuple(FIXED_ZERO), "zero_optimization.")
     for name, value in FIXED_ZERO.items():
         if zero.get(name, value) != value:
-            raise _refuse(f"zero_optimization.{name}", f"{zero[name]!r} is not planned (allowed: {json.dumps(value)})")
+            allowed = str(value).lower() if isinstance(value, bool) else value
+            raise _refuse(f"zero_optimization.{name}", f"{zero[name]!r} is not planned (allowed: {allowed})")
     kind = _kind(zero)
 
     def number(name: str, minimum: int = 0) -> int | None:
