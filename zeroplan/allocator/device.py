@@ -103,7 +103,7 @@ class DeviceAllocator:
         size = self._rounded.get(size_bytes)
         if size is None:
             size = self._rounded[size_bytes] = round_size(size_bytes, self.config)
-        small = size <= SMALL_SIZE_BYTES  # rules.is_small, inline on the hot path
+        small = size <= SMALL_SIZE_BYTES  # get_pool: sizes up to kSmallSize go to the small pool
         pool = self.small_pool if small else self.large_pool
 
         # get_free_block: the smallest cached block of the stream at least `size` large; with
@@ -138,9 +138,9 @@ class DeviceAllocator:
             if not block:
                 return None
 
-        # alloc_found_block: split off the front `size` bytes when should_split says so (inline:
-        # the small pool and expandable segments split whenever 512 bytes or more would remain;
-        # the large pool below max_split_size when more than 1 MiB would); the remainder goes
+        # alloc_found_block: split off the front `size` bytes where should_split says so (the
+        # small pool and expandable segments whenever 512 bytes or more would remain; the large
+        # pool below max_split_size when more than 1 MiB, kSmallSize, would); the remainder goes
         # back to the cache.
         remaining_bytes = block.size - size
         if small or self._expandable:

@@ -52,11 +52,6 @@ def round_size(size: int, config: AllocatorConfig) -> int:
     return -(-size // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES
 
 
-# get_pool: sizes up to kSmallSize go to the small pool.
-def is_small(size: int) -> bool:
-    return size <= SMALL_SIZE_BYTES
-
-
 # get_allocation_size: small -> 2 MiB segment; below 10 MiB -> 20 MiB; else rounded to 2 MiB.
 def allocation_size(size: int) -> int:
     if size <= SMALL_SIZE_BYTES:
@@ -64,15 +59,6 @@ def allocation_size(size: int) -> int:
     if size < MIN_LARGE_ALLOC_BYTES:
         return LARGE_BUFFER_BYTES
     return -(-size // ROUND_LARGE_BYTES) * ROUND_LARGE_BYTES
-
-
-# should_split: the small pool and expandable segments split whenever 512 bytes or more
-# remain; the large pool only below max_split_size and when more than 1 MiB (kSmallSize) remains.
-def should_split(block_size: int, size: int, small: bool, config: AllocatorConfig) -> bool:
-    remaining = block_size - size
-    if small or config.expandable_segments:
-        return remaining >= MIN_BLOCK_BYTES
-    return size < config.max_split_size_bytes and remaining > SMALL_SIZE_BYTES
 
 
 # get_free_block: a request below max_split_size never takes an oversize block; a request at
