@@ -212,3 +212,11 @@ def test_a_pipe_is_read_once_and_the_settings_are_printed(tmp_path: Path, capsys
     assert "DeepSpeed config /dev/fd/" in out
     assert "zero3, reduce bucket 5e8, overlap_comm on, prefetch 5e7, live parameters 1e9, reuse distance 1e9" in out
     assert "persistence 1e5, sub-group 1e9" in out
+
+
+def test_calibrate_step_names_its_own_strategy_flag(tmp_path: Path, capsys) -> None:
+    path = written(tmp_path, {"zero_optimization": {"stage": 3}, "bf16": {"enabled": True}})
+    assert main(["calibrate", "step", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", "--strategy", "zero2",
+                 "--tokens-per-s-per-gpu", "5000", "--out", str(tmp_path / "eff.json"), "--deepspeed-config", path]) == 2
+    assert capsys.readouterr().err.strip().endswith("--strategy: zero2: the --deepspeed-config file runs zero3 (allowed: zero3)")
+    assert not (tmp_path / "eff.json").exists()

@@ -81,7 +81,7 @@ def apply_deepspeed_config(config: DeepSpeedConfig, request: PlanRequest, kind: 
     """``request`` running the file's strategy and knobs; ``kind`` is the strategy the caller
     asked for (ddp: none chosen), refused where it is not the file's."""
     if kind is not StrategyKind.ddp and kind is not config.kind:
-        raise ZeroplanError("strategy", f"{kind.value}: the {FLAG} file runs {config.kind.value} (allowed: {config.kind.value})")
+        raise ZeroplanError("--strategy", f"{kind.value}: the {FLAG} file runs {config.kind.value} (allowed: {config.kind.value})")
     training = request.training
     if config.precision is not None and config.precision is not training.precision:
         raise ZeroplanError("--precision", f"{training.precision.value} but the {FLAG} file runs {config.precision.value} "
