@@ -71,6 +71,19 @@ def test_the_command_compares_each_figure_with_the_prediction(capsys) -> None:
     assert "--strategies: names the one strategy the run used" in capsys.readouterr().err
 
 
+
+def test_the_command_takes_the_runs_deepspeed_config(tmp_path: Path, capsys) -> None:
+    """With --deepspeed-config the file's strategy is the run's, and its settings are planned."""
+    config = tmp_path / "ds.json"
+    config.write_text('{"zero_optimization": {"stage": 3, "stage3_max_live_parameters": 1e9}, "bf16": {"enabled": true}}')
+    argv = ["validate", "--from-log", str(LOGS / "deepspeed.log"), "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb",
+            "--framework", "hf", "--flat-reserve", "--deepspeed-config", str(config)]
+    assert main(argv) == 0
+    assert "Prediction: zero3" in capsys.readouterr().out
+    assert main([*argv, "--strategies", "zero2"]) == 2
+    assert "--strategies: zero2: the --deepspeed-config file runs zero3" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------- published excerpts (published/README.md)
 
 PUBLISHED = LOGS / "published"

@@ -40,8 +40,13 @@ def run(args: argparse.Namespace) -> int:
     from zeroplan.validate.logs import read_log
 
     kinds = parse_strategies(args.strategies)
+    if getattr(args, "deepspeed_config", None) is not None:
+        from zeroplan.cli.deepspeed_config import deepspeed_config_from_args, kinds_of_config
+
+        kinds = kinds_of_config(deepspeed_config_from_args(args), kinds)  # the file's strategy
     if kinds is None or len(kinds) != 1:
-        raise ZeroplanError("--strategies", "names the one strategy the run used (allowed: exactly one)")
+        raise ZeroplanError("--strategies", "names the one strategy the run used (allowed: exactly one, or a "
+                                            "--deepspeed-config file)")
     log = read_log(args.from_log)  # refused before planning when it holds no peak
     report = fit(request_from_args(args, kinds[0]), kinds)
     plan = report.plan_for(kinds[0])
