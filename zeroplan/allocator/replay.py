@@ -45,15 +45,6 @@ class ReplayResult(Frozen):
     replay went exactly as it would on any larger device (garbage collection aside, which acts
     against the capacity itself)."""
 
-    @property
-    def fragmentation_bytes(self) -> int:
-        """Reserved beyond the allocated peak: what rounding, pools and splits cost."""
-        return self.reserved_peak_bytes - self.allocated_peak_bytes
-
-    @property
-    def fragmentation_fraction(self) -> float:
-        return self.fragmentation_bytes / self.reserved_peak_bytes if self.reserved_peak_bytes else 0.0
-
 
 def compile_trace(trace: AllocationTrace) -> Ops:
     """The trace as tuples; an id freed before it is allocated (or allocated twice) is refused."""
