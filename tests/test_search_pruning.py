@@ -1,4 +1,4 @@
-"""The plan search's branch and bound (zeroplan.core.search: memory_lower_bound, cannot_fit,
+"""The plan search's branch and bound (zeroplan.core.search: memory_lower_bound,
 step_time_lower_bound, peak_lower_bounds): the groups its bounds leave out change nothing the
 search answers, against the exhaustive search (prune=False)."""
 

@@ -163,7 +163,8 @@ class _Group:
     timed: bool = False
     """Whether _compute_coefficients has run."""
     ruled_out: bool = False
-    """The search found that nothing of the group fits without fitting it (cannot_fit)."""
+    """The search found that nothing of the group fits without fitting it (its memory lower
+    bound, or every peak bound, passes the usable memory)."""
     rank_requests: dict = field(default_factory=dict, repr=False)
     """The request at each pipeline rank asked of (_rank_request), one object each: the
     planner's caches hash a request once per object (zeroplan.specs.base.Frozen)."""
@@ -912,14 +913,6 @@ def _bounded_out(group: _Group, micro: np.ndarray, accum: np.ndarray, peak_bound
     return incumbents.excludes(peaks[may_fit] - group.usable_spread_bytes, seconds[may_fit])
 
 
-def cannot_fit(group: _Group, accum: np.ndarray) -> bool:
-    """True when memory_lower_bound already passes the usable memory: no configuration of the
-    group fits, so it can enter neither the ranking nor the Pareto front nor the count of those
-    that fit, and the search leaves it unfitted."""
-    bound = memory_lower_bound(group, accum)
-    return bound is not None and bound > group.usable_bytes
-
-
 def evaluate(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(peak bytes, fits, step seconds): vectorised, or the scalar planner where it must."""
     _compute_coefficients(group)
@@ -1301,8 +1294,10 @@ def _search(base: PlanRequest, global_batch_size: int, strategies: tuple[Strateg
         for g, (group, (micro, accum)) in enumerate(zip(all_groups, splits)):
             bound = memory_lower_bound(group, accum) if prune else None
             if bound is not None and bound > group.usable_bytes:
-                # Nothing of the group fits: its configurations are counted as searched, none as
-                # fitting, as the sweep would find (cannot_fit).
+                # The memory lower bound passes the usable memory, so nothing of the group fits:
+                # it can enter neither the ranking nor the Pareto front nor the count of those that
+                # fit; its configurations are counted as searched, none as fitting, as the sweep
+                # would find.
                 group.ruled_out = True
                 results[g] = np.full(micro.shape, bound), np.zeros(micro.shape, dtype=bool), np.full(micro.shape, np.inf)
                 bar.update(2)
@@ -1319,7 +1314,7 @@ def _search(base: PlanRequest, global_batch_size: int, strategies: tuple[Strateg
             left_out = prune and _bounded_out(all_groups[g], micro, accum, bound, incumbents, seconds)
             if isinstance(left_out, np.ndarray):
                 # No configuration fits (each peak bound passes the usable memory): searched,
-                # none fitting, as for cannot_fit.
+                # none fitting, as for the memory lower bound above.
                 all_groups[g].ruled_out = True
                 results[g] = left_out, np.zeros(micro.shape, dtype=bool), np.full(micro.shape, np.inf)
             elif left_out:
