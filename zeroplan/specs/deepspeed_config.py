@@ -77,7 +77,7 @@ AdamW for "Adam" too (engine._configure_basic_optimizer: adam_w_mode defaults Tr
 two fp32 states, which is what the planner counts."""
 
 OFFLOAD_KEYS = {"offload_optimizer": ("device", "pin_memory", "nvme_path", "buffer_count", "pipeline_read",
-                                      "pipeline_write", "fast_init", "ratio", "pipeline"),
+                                      "pipeline_write", "fast_init", "ratio"),
                 "offload_param": ("device", "pin_memory", "nvme_path", "buffer_count", "buffer_size", "max_in_cpu")}
 
 
