@@ -150,6 +150,13 @@ def test_a_larger_sub_group_steps_more_at_once(tmp_path: Path) -> None:
     ({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "buffer_count": 3}}}, (),
      "buffer_count", "allowed: 4"),
     ({"zero_optimization": {"stage": 3}, "aio": {"block_size": 7}}, (), "aio.block_size", "allowed: 1048576"),
+    ({"zero_optimization": {"stage": 3}, "fp16": {"enabled": True, "fp16_master_weights_and_grads": True}}, (),
+     "fp16.fp16_master_weights_and_grads", "allowed: false"),
+    ({"zero_optimization": {"stage": 3}, "bf16": {"enabled": True, "bf16_optimizer_states": True}}, (),
+     "bf16.bf16_optimizer_states", "allowed: false"),
+    ({"zero_optimization": {"stage": 3}, "bf16": {"enabled": True, "fast": 1}}, (), "bf16.fast", "allowed: enabled"),
+    ({"zero_optimization": {"stage": 3}, "activation_checkpointing": {"cpu_checkpointing": True}}, (),
+     "activation_checkpointing.cpu_checkpointing", "allowed: false"),
 ])
 def test_what_cannot_be_planned_is_refused_in_one_line(tmp_path: Path, capsys, config, flags, field, words) -> None:
     path = written(tmp_path, config)

@@ -231,20 +231,37 @@ def _check_keys(block: dict[str, Any], allowed: tuple[str, ...], prefix: str) ->
             raise _refuse(f"{prefix}{name}", f"not a key zeroplan plans (allowed: {', '.join(allowed)})")
 
 
+# deepspeed 0.19.8 runtime/precision_config.py DeepSpeedBF16Config and DeepSpeedFP16Config: their
+# keys; the loss scaler's only set numbers. The 16-bit master weight, gradient and state switches
+# change the model states, which zeroplan plans in fp32 under DeepSpeed: refused where set.
+PRECISION_KEYS = {"bf16": ("enabled", "immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
+                           "bf16_optimizer_states"),
+                  "fp16": ("enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window",
+                           "hysteresis", "consecutive_hysteresis", "min_loss_scale", "fp16_master_weights_and_grads")}
+SIXTEEN_BIT_STATES = ("bf16_master_weights_and_grads", "bf16_optimizer_states", "fp16_master_weights_and_grads")
+
+# deepspeed 0.19.8 runtime/activation_checkpointing/config.py: the block's keys (its settings
+# apply to models that call deepspeed.checkpointing; the two that would move memory are refused).
+CHECKPOINTING_KEYS = ("partition_activations", "contiguous_memory_optimization", "cpu_checkpointing",
+                      "number_checkpoints", "synchronize_checkpoint_boundary", "profile")
+
+
 def _precision(config: dict[str, Any], hf_auto: bool) -> Precision | None:
     """bf16.enabled / fp16.enabled: bf16-mixed, fp16-mixed, fp32 (neither); None if "auto"."""
     enabled = {}
     for name in ("bf16", "fp16"):
         block = _object(config, name, name)
+        _check_keys(block, PRECISION_KEYS[name], f"{name}.")
+        for key in SIXTEEN_BIT_STATES:
+            if block.get(key):
+                raise _refuse(f"{name}.{key}", "16-bit master weights, gradients or states under DeepSpeed are not "
+                                               "planned (allowed: false)")
         value = block.get("enabled", False)
         if _auto(value, f"{name}.enabled", hf_auto):
             return None
         if not isinstance(value, bool):
             raise _refuse(f"{name}.enabled", f"{value!r} is not true or false")
         enabled[name] = value
-        if name == "bf16" and (block.get("bf16_master_weights_and_grads") or block.get("bf16_optimizer_states")):
-            raise _refuse(f"{name}.bf16_master_weights_and_grads",
-                          "16-bit master weights under DeepSpeed are not planned (allowed: false)")
     if enabled["bf16"] and enabled["fp16"]:
         raise _refuse("bf16.enabled", "and fp16.enabled are both true (allowed: at most one)")
     return Precision.bf16_mixed if enabled["bf16"] else Precision.fp16_mixed if enabled["fp16"] else Precision.fp32
@@ -362,6 +379,7 @@ def deepspeed_config_of(config: dict[str, Any], hf_auto: bool) -> DeepSpeedConfi
                                                 "not planned (allowed: false)")
     aio = _object(config, "aio", "aio")
     checkpointing = _object(config, "activation_checkpointing", "activation_checkpointing")
+    _check_keys(checkpointing, CHECKPOINTING_KEYS, "activation_checkpointing.")
     for name in ("cpu_checkpointing", "contiguous_memory_optimization"):
         if checkpointing.get(name):
             raise _refuse(f"activation_checkpointing.{name}", "true is not planned (allowed: false)")
