@@ -227,3 +227,16 @@ def test_calibrate_step_names_its_own_strategy_flag(tmp_path: Path, capsys) -> N
                  "--tokens-per-s-per-gpu", "5000", "--out", str(tmp_path / "eff.json"), "--deepspeed-config", path]) == 2
     assert capsys.readouterr().err.strip().endswith("--strategy: zero2: the --deepspeed-config file runs zero3 (allowed: zero3)")
     assert not (tmp_path / "eff.json").exists()
+
+
+def test_emit_writes_the_files_of_the_configs_strategy(tmp_path: Path, capsys) -> None:
+    """fit --deepspeed-config FILE --emit DIR needs no --strategies: the file names the strategy,
+    and the deepspeed.json written carries the stage-3 settings planned from it."""
+    path = written(tmp_path, {"zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 0}, "bf16": {"enabled": True}})
+    out = tmp_path / "run"
+    assert main(["fit", "llama-3.1-8b", "--gpus", "16", "--gpu", "h100-80gb", "--flat-reserve",
+                 "--deepspeed-config", path, "--emit", str(out)]) == 0
+    zero = json.loads((out / "deepspeed.json").read_text())["zero_optimization"]
+    assert zero["stage"] == 3
+    assert (zero["stage3_max_reuse_distance"], zero["stage3_max_live_parameters"], zero["stage3_prefetch_bucket_size"],
+            zero["stage3_param_persistence_threshold"]) == (0, 10**9, 5 * 10**7, 10**5)

@@ -171,7 +171,7 @@ def emitting(command: str, run):
         check_emit_directory(args)
         if command == "fit" and getattr(args, "emit", None):
             named = [part for part in (args.strategies or "").split(",") if part.strip()]
-            if len(named) != 1:
+            if len(named) != 1 and not (not named and getattr(args, "deepspeed_config", None)):
                 raise ZeroplanError("--emit", "writes the files of one strategy (allowed: with --strategies naming exactly one, "
                                       "or a --deepspeed-config file)")
         status = run(args)
