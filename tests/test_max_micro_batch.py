@@ -151,3 +151,18 @@ def test_max_mb_walks_below_where_the_reserved_peak_falls_with_a_larger_micro_ba
     assert all(step_fits(request.with_micro_batch(b)) for b in range(max(1, largest - 4), largest + 1))
     assert not step_fits(request.with_micro_batch(largest + 1))
     assert any(step_fits(request.with_micro_batch(b)) for b in range(largest + 2, largest + 6))
+
+
+def test_max_mb_walks_below_a_rise_in_the_reserved_peak_not_seen_above_it() -> None:
+    """The reserved peak without a limit can rise toward smaller micro-batches where no
+    micro-batch above showed a rise: here 63 to 65 complete unrefused, but at 62 the second
+    micro-batch's logits miss the first's cached blocks and 59 to 62 run out. The walk below the
+    largest unrefused micro-batch goes down by at least one segment of the largest request."""
+    from zeroplan.core.plan import step_fits
+
+    request = _request("qwen2.5-1.5b --framework hf --gpu b200 --gpus 1 --seq-len 512 --grad-accum 2 "
+                       "--activation-checkpointing none", StrategyKind.fsdp_full_shard)
+    largest = max_micro_batch_size(request)
+    assert all(step_fits(request.with_micro_batch(b)) for b in range(max(1, largest - 4), largest + 1))
+    assert not step_fits(request.with_micro_batch(largest + 1))
+    assert any(step_fits(request.with_micro_batch(b)) for b in range(largest + 2, largest + 8))

@@ -24,7 +24,7 @@ from zeroplan.allocator.capacity import CAPACITY_STEP_BYTES, BandScan, bisect_ca
 from zeroplan.allocator.config import AllocatorConfig, parse_alloc_conf
 from zeroplan.allocator.fast_replay import replay_ops
 from zeroplan.allocator.replay import ALLOC_OP, FREE_OP, Ops, ReplayResult, replay
-from zeroplan.allocator.rules import round_size
+from zeroplan.allocator.rules import allocation_size, round_size
 from zeroplan.allocator.schedule import StepInputs, record_step, step_inputs, step_ops
 from zeroplan.core.collector import cyclic_gc_paused
 from zeroplan.core.model_states import ModelStateBytes
@@ -328,6 +328,19 @@ def allocator_unlimited_reserved_bytes(request: PlanRequest, states: ModelStateB
         reserved = _outcome(trace, shape, config, None, recorded)[1]
         del recorded
     return reserved + shortfall
+
+
+# DeviceCachingAllocator::malloc: a request no cached block of its stream serves gets a new
+# segment of its own allocation size (alloc_block); a request that a cached block served at one
+# micro-batch need not find one at a smaller (the cached blocks shrink with it and are split
+# differently), so each such miss reserves at most one segment of the largest request's size more.
+def allocator_largest_segment_bytes(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms) -> int:
+    """The largest segment a request of the step's trace would get of its own (alloc_block's
+    allocation_size of its rounded size)."""
+    config = _config(request.assumptions.allocator_conf or "")
+    with cyclic_gc_paused():
+        sizes = {size for kind, _, size, _ in step_ops(request, states, terms) if kind == ALLOC_OP}
+    return max((allocation_size(round_size(size, config)) for size in sizes), default=0)
 
 
 def allocator_turns_in_band(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms,
