@@ -35,11 +35,8 @@ def deepspeed_config_from_args(args: argparse.Namespace) -> DeepSpeedConfig | No
     return read
 
 
-def kinds_of_config(config: DeepSpeedConfig | None, kinds: tuple[StrategyKind, ...] | None,
-                    ) -> tuple[StrategyKind, ...] | None:
+def kinds_of_config(config: DeepSpeedConfig, kinds: tuple[StrategyKind, ...] | None) -> tuple[StrategyKind, ...]:
     """The strategies fit plans: the file's one (--strategies may name only it)."""
-    if config is None:
-        return kinds
     if kinds is not None and kinds != (config.kind,):
         raise ZeroplanError("--strategies", f"{','.join(k.value for k in kinds)}: the {FLAG} file runs "
                                             f"{config.kind.value} (allowed: {config.kind.value}, or leave --strategies out)")

@@ -10,6 +10,7 @@ import sys
 
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.lengths import VaryingLengths
+from zeroplan.specs.strategy import StrategyKind
 
 SKIPPED_DESTS = {"help", "format", "unit", "detail", "explain", "emit", "top", "run", "search_result"}
 """Flags that change how an answer is shown, not what is planned."""
@@ -82,21 +83,25 @@ def _fit_parser() -> argparse.ArgumentParser:
     return _parser(add_fit_arguments)
 
 
+def _one_strategy(args: argparse.Namespace) -> tuple[StrategyKind]:
+    """The one strategy fit --emit writes the files of (cli.fit.strategies_asked)."""
+    from zeroplan.cli.fit import strategies_asked
+
+    kinds = strategies_asked(args)
+    if kinds is None or len(kinds) != 1:
+        raise ZeroplanError("--emit", "writes the files of one strategy (allowed: with --strategies naming exactly one, "
+                                      "or a --deepspeed-config file)")
+    return kinds
+
+
 def planned_from_fit_flags(flags: list[str], command: str):
     """PlannedRun of the one strategy ``flags`` (fit's arguments) name, as fit predicts it."""
-    from zeroplan.cli.fit import parse_strategies, request_from_args
+    from zeroplan.cli.fit import request_from_args
     from zeroplan.core.plan import fit
     from zeroplan.emit import PlannedRun
 
     args = _fit_parser().parse_args(flags)
-    kinds = parse_strategies(args.strategies)
-    if getattr(args, "deepspeed_config", None) is not None:
-        from zeroplan.cli.deepspeed_config import deepspeed_config_from_args, kinds_of_config
-
-        kinds = kinds_of_config(deepspeed_config_from_args(args), kinds)
-    if kinds is None or len(kinds) != 1:
-        raise ZeroplanError("--emit", "writes the files of one strategy (allowed: with --strategies naming exactly one, "
-                                      "or a --deepspeed-config file)")
+    kinds = _one_strategy(args)
     report = fit(request_from_args(args, kinds[0]), kinds)
     plan = report.plan_for(kinds[0])
     request = request_from_args(args, kinds[0])
@@ -170,10 +175,7 @@ def emitting(command: str, run):
     def run_then_emit(args: argparse.Namespace) -> int:
         check_emit_directory(args)
         if command == "fit" and getattr(args, "emit", None):
-            named = [part for part in (args.strategies or "").split(",") if part.strip()]
-            if len(named) != 1 and not (not named and getattr(args, "deepspeed_config", None)):
-                raise ZeroplanError("--emit", "writes the files of one strategy (allowed: with --strategies naming exactly one, "
-                                      "or a --deepspeed-config file)")
+            _one_strategy(args)  # refused before planning
         status = run(args)
         if status or not getattr(args, "emit", None):
             return status

@@ -679,6 +679,18 @@ def _deepspeed_file(args: argparse.Namespace):
     return deepspeed_config_from_args(args)
 
 
+def strategies_asked(args: argparse.Namespace) -> tuple[StrategyKind, ...] | None:
+    """The strategies --strategies names, or a --deepspeed-config file's (which --strategies may
+    only name); None: every one the framework runs."""
+    kinds = parse_strategies(args.strategies)
+    deepspeed_file = _deepspeed_file(args)
+    if deepspeed_file is None:
+        return kinds
+    from zeroplan.cli.deepspeed_config import kinds_of_config
+
+    return kinds_of_config(deepspeed_file, kinds)
+
+
 def _allocator_conf(args: argparse.Namespace) -> dict[str, str | bool | None]:
     """MemoryAssumptions' allocator_conf from the flags: None (the flat reserve) under
     --flat-reserve or for a command without the allocator flags (the plan search judges
@@ -724,12 +736,7 @@ def _run(args: argparse.Namespace, compare: bool) -> int:
     from zeroplan.core.plan import fit
 
     check_options_apply(args)
-    kinds = parse_strategies(args.strategies)
-    deepspeed_file = _deepspeed_file(args)
-    if deepspeed_file is not None:
-        from zeroplan.cli.deepspeed_config import kinds_of_config
-
-        kinds = kinds_of_config(deepspeed_file, kinds)
+    kinds = strategies_asked(args)
     if args.explain is not None and kinds is not None and StrategyKind(args.explain) not in kinds:
         raise ZeroplanError("--explain", f"{args.explain!r} is not among the strategies planned "
                                          f"({','.join(k.value for k in kinds)})")
@@ -748,7 +755,7 @@ def _run(args: argparse.Namespace, compare: bool) -> int:
             from zeroplan.cli.efficiency import time_basis
 
             sys.stdout.write(time_basis(args, request) + "\n")
-        if deepspeed_file is not None:
+        if getattr(args, "deepspeed_config", None) is not None:
             import textwrap
 
             from zeroplan.cli.deepspeed_config import deepspeed_config_line

@@ -35,15 +35,11 @@ def _gib(n: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from zeroplan.cli.fit import parse_strategies, request_from_args
+    from zeroplan.cli.fit import request_from_args, strategies_asked
     from zeroplan.core.plan import fit
     from zeroplan.validate.logs import read_log
 
-    kinds = parse_strategies(args.strategies)
-    if getattr(args, "deepspeed_config", None) is not None:
-        from zeroplan.cli.deepspeed_config import deepspeed_config_from_args, kinds_of_config
-
-        kinds = kinds_of_config(deepspeed_config_from_args(args), kinds)  # the file's strategy
+    kinds = strategies_asked(args)
     if kinds is None or len(kinds) != 1:
         raise ZeroplanError("--strategies", "names the one strategy the run used (allowed: exactly one, or a "
                                             "--deepspeed-config file)")
