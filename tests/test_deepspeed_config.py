@@ -155,8 +155,10 @@ def test_a_larger_sub_group_steps_more_at_once(tmp_path: Path) -> None:
     ({"zero_optimization": {"stage": 3}, "bf16": {"enabled": True, "bf16_optimizer_states": True}}, (),
      "bf16.bf16_optimizer_states", "allowed: false"),
     ({"zero_optimization": {"stage": 3}, "bf16": {"enabled": True, "fast": 1}}, (), "bf16.fast", "allowed: enabled"),
+    ({"zero_optimization": {"stage": 3}, "activation_checkpointing": {"contiguous_memory_optimization": True}}, (),
+     "activation_checkpointing.contiguous_memory_optimization", "allowed: false, or with both"),
     ({"zero_optimization": {"stage": 3}, "activation_checkpointing": {"cpu_checkpointing": True}}, (),
-     "activation_checkpointing.cpu_checkpointing", "allowed: false"),
+     "cpu_checkpointing", "allowed with activation_checkpointing 'full'"),
 ])
 def test_what_cannot_be_planned_is_refused_in_one_line(tmp_path: Path, capsys, config, flags, field, words) -> None:
     path = written(tmp_path, config)

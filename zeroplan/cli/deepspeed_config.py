@@ -86,10 +86,6 @@ def apply_deepspeed_config(config: DeepSpeedConfig, request: PlanRequest, kind: 
     if config.optimizer is not None and training.optimizer not in ADAM_STATES:
         raise ZeroplanError("--optimizer", f"{training.optimizer.value} but the {FLAG} file's optimizer keeps Adam's "
                                            "states (allowed: adamw, adam)")
-    if config.partition_activations and request.parallel.tp > 1:
-        raise ZeroplanError(f"{FLAG} activation_checkpointing.partition_activations",
-                            "true splits each checkpoint over the tensor-parallel ranks, which is not planned (allowed: "
-                            "false, or true with --tp 1, where it partitions nothing)")
     strategy = request.strategy.model_copy(update={"kind": config.kind, **config.strategy_updates()})
     if training.framework is Framework.hf:
         strategy = _hf_auto(config, strategy, request)

@@ -260,6 +260,18 @@ def add_framework_arguments(group: argparse._ArgumentGroup) -> None:
         "--activation-offloading", action="store_true",
         help="move saved activations to host memory (torchtune's enable_activation_offloading)",
     )
+    group.add_argument(
+        "--partition-activations", action="store_true",
+        help="DeepSpeed's activation checkpointing splits each checkpointed block input over the tensor-parallel "
+             "ranks (Megatron-DeepSpeed's --partition-activations; a --deepspeed-config file's "
+             "activation_checkpointing.partition_activations; with --activation-checkpointing full)",
+    )
+    group.add_argument(
+        "--checkpoint-in-cpu", action="store_true",
+        help="DeepSpeed's activation checkpointing keeps each checkpointed block input in host memory "
+             "(Megatron-DeepSpeed's --checkpoint-in-cpu; a --deepspeed-config file's "
+             "activation_checkpointing.cpu_checkpointing; with --activation-checkpointing full)",
+    )
     add_fused_loss_argument(group)
     add_compile_arguments(group)
     add_attention_argument(group)
@@ -561,6 +573,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         precision=precision,
         framework=framework,
         activation_offloading=args.activation_offloading,
+        **_deepspeed_checkpointing(args, framework, deepspeed_file),
         fused_linear_cross_entropy=args.fused_linear_cross_entropy,
         fused_cross_entropy=args.fused_cross_entropy,
         # torchtitan 9dec370 train.py loss_fn: its only loss, unchunked.
@@ -667,6 +680,19 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
 
         check_calibrated_under(load_efficiency(args.efficiency), args.efficiency, request)
     return request
+
+
+def _deepspeed_checkpointing(args: argparse.Namespace, framework: Framework, deepspeed_file) -> dict[str, bool]:
+    """TrainingSpec's DeepSpeed checkpointing fields from the flags or a --deepspeed-config file's
+    activation_checkpointing block. The block acts only on models that call
+    deepspeed.checkpointing (Megatron-DeepSpeed, the Megatron-LM of DeepSpeed's examples, which
+    zeroplan's own model stands for); Hugging Face's Trainer checkpoints with torch's own, so
+    under another framework the file's block changes nothing."""
+    partition, on_host = getattr(args, "partition_activations", False), getattr(args, "checkpoint_in_cpu", False)
+    if deepspeed_file is not None and framework in (Framework.megatron_deepspeed, Framework.zeroplan):
+        partition = partition or deepspeed_file.partition_activations
+        on_host = on_host or deepspeed_file.cpu_checkpointing
+    return {"partition_activations": partition, "cpu_checkpointing": on_host}
 
 
 def _deepspeed_file(args: argparse.Namespace):

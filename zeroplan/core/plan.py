@@ -216,18 +216,18 @@ def _uncached_micro_batch_terms(request: PlanRequest) -> tuple[tuple[str, object
                  + dora_weight_norm_bytes(request) + ring_attention_backward_extra_bytes(request)
                  + fairseq_softmax_backward_bytes(request) + hf_softmax_backward_bytes(request))
     logits_pieces: tuple[int, ...] = ()
-    # One rank's terms without model parallelism are the request's own (rank_activation_bytes,
-    # rank_logits_pieces), asked directly.
+    # One rank's logits without model parallelism are the request's own (rank_logits_pieces),
+    # asked directly; its activations pass rank_activation_bytes, which places the checkpointed
+    # block inputs DeepSpeed's checkpointing moves (zeroplan.core.deepspeed_checkpointing).
     one_rank = request.parallel.is_trivial
     if training.framework is Framework.zeroplan:
         # The reference model's recomputed block stays with its activations at every moment.
-        activations = sum(reference_activations(request) if one_rank else rank_activation_bytes(request, reference_activations))
+        activations = sum(rank_activation_bytes(request, reference_activations))
         logits = max(reference_logits(request) if one_rank else rank_logits_pieces(request, reference_logits))
     else:
         # The block a recomputing backward rebuilds is alive only in a block's backward: it
         # joins that moment's workspace, not the loss's moment (framework_recompute_bytes).
-        activations, recompute = (framework_activations(request) if one_rank
-                                  else rank_activation_bytes(request, framework_activations))
+        activations, recompute = rank_activation_bytes(request, framework_activations)
         # A loop that holds the model's output object keeps it through backward (zeroplan.core.kv_cache).
         activations += kept_outputs_bytes(request)
         logits_pieces = framework_logits_pieces(request) if one_rank else rank_logits_pieces(request, framework_logits_pieces)

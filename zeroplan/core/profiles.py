@@ -626,6 +626,11 @@ def check_framework_strategies(framework: Framework, strategies: tuple[StrategyK
 
 FRAMEWORK_OPTIONS = {
     "activation_offloading": lambda prof: prof.offers_activation_offloading,
+    # DeepSpeed's deepspeed.checkpointing.checkpoint, which Megatron-DeepSpeed's
+    # --deepspeed-activation-checkpointing and the Megatron-LM of DeepSpeed's examples run;
+    # zeroplan's own model stands for the latter (zeroplan.core.deepspeed_checkpointing).
+    "partition_activations": lambda prof: prof.framework in (Framework.megatron_deepspeed, Framework.zeroplan),
+    "cpu_checkpointing": lambda prof: prof.framework in (Framework.megatron_deepspeed, Framework.zeroplan),
     "fused_linear_cross_entropy": lambda prof: prof.offers_fused_linear_cross_entropy,
     # The frameworks' own losses are modelled from their code (zeroplan.core.framework_loss);
     # flash-attn's fused cross-entropy replaces the reference model's.
@@ -933,6 +938,12 @@ def check_framework_request(training: TrainingSpec, model: ModelSpec | None = No
             f"{training.framework.value} {prof.version} offloads only with activation_checkpointing 'full' "
             f"(got {training.activation_checkpointing.value!r})",
         )
+    # deepspeed runtime/activation_checkpointing/checkpointing.py: partitioning and the host copy
+    # act on what deepspeed.checkpointing.checkpoint saves, the checkpointed block's input.
+    for field in ("partition_activations", "cpu_checkpointing"):
+        if getattr(training, field) and training.activation_checkpointing is not ActivationCheckpointing.full:
+            raise ZeroplanError(field, f"acts on DeepSpeed's checkpointed block inputs (allowed with activation_checkpointing "
+                                       f"'full', got {training.activation_checkpointing.value!r})")
     k = training.selective_layer_interval
     selective_layer = training.activation_checkpointing is ActivationCheckpointing.selective_layer
     if selective_layer and model is not None and k > model.num_layers:

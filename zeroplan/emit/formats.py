@@ -131,7 +131,9 @@ def deepspeed_config(request: PlanRequest) -> dict[str, Any]:
     - ZeRO++ (zero3-hpz, zero3-zeropp): zero_hpz_partition_size, the secondary partition's group
       as planned (PlanRequest.hpz_group_size, core/zero3_groups.py), and for zero3-zeropp
       zero_quantized_weights and zero_quantized_gradients (qwZ, qgZ: core/zeropp.py), the three
-      keys of DeepSpeed's ZeRO++ tutorial (runtime/zero/config.py DeepSpeedZeroConfig)."""
+      keys of DeepSpeed's ZeRO++ tutorial (runtime/zero/config.py DeepSpeedZeroConfig);
+    - activation_checkpointing: partition_activations and cpu_checkpointing where the plan placed
+      the checkpointed block inputs by them (core/deepspeed_checkpointing.py)."""
     kind = request.strategy.kind
     if kind not in DEEPSPEED_STRATEGIES:
         raise NotApplicable(f"{kind.value} is not a DeepSpeed ZeRO strategy")
@@ -190,6 +192,12 @@ def deepspeed_config(request: PlanRequest) -> dict[str, Any]:
     }
     if kind.optimizer_on_nvme:
         config["aio"] = dict(AIO_CONFIG)
+    training = request.training
+    if training.partition_activations or training.cpu_checkpointing:
+        # What the planner placed the checkpointed block inputs by (core/deepspeed_checkpointing.py);
+        # read by models that call deepspeed.checkpointing.configure with this file.
+        config["activation_checkpointing"] = {"partition_activations": training.partition_activations,
+                                              "cpu_checkpointing": training.cpu_checkpointing}
     if kind.offloads_optimizer:
         # ZeRO-Offload steps on the host with DeepSpeedCPUAdam, which DeepSpeed builds from
         # this block (runtime/engine.py _configure_basic_optimizer); lr etc. are the user's.

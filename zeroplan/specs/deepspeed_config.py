@@ -116,6 +116,9 @@ class DeepSpeedConfig(Frozen):
     aio: tuple[tuple[str, Any], ...]
     """The aio block's keys and values the file sets."""
     partition_activations: bool
+    """activation_checkpointing.partition_activations (TrainingSpec.partition_activations)."""
+    cpu_checkpointing: bool
+    """activation_checkpointing.cpu_checkpointing (TrainingSpec.cpu_checkpointing)."""
 
     def strategy_updates(self) -> dict[str, Any]:
         """StrategySpec fields (other than kind) this file sets; "auto" entries left out."""
@@ -241,7 +244,7 @@ PRECISION_KEYS = {"bf16": ("enabled", "immediate_grad_update", "check_grad_overf
 SIXTEEN_BIT_STATES = ("bf16_master_weights_and_grads", "bf16_optimizer_states", "fp16_master_weights_and_grads")
 
 # deepspeed 0.19.8 runtime/activation_checkpointing/config.py: the block's keys (its settings
-# apply to models that call deepspeed.checkpointing; the two that would move memory are refused).
+# apply to models that call deepspeed.checkpointing: zeroplan.core.deepspeed_checkpointing).
 CHECKPOINTING_KEYS = ("partition_activations", "contiguous_memory_optimization", "cpu_checkpointing",
                       "number_checkpoints", "synchronize_checkpoint_boundary", "profile")
 
@@ -380,9 +383,15 @@ def deepspeed_config_of(config: dict[str, Any], hf_auto: bool) -> DeepSpeedConfi
     aio = _object(config, "aio", "aio")
     checkpointing = _object(config, "activation_checkpointing", "activation_checkpointing")
     _check_keys(checkpointing, CHECKPOINTING_KEYS, "activation_checkpointing.")
-    for name in ("cpu_checkpointing", "contiguous_memory_optimization"):
-        if checkpointing.get(name):
-            raise _refuse(f"activation_checkpointing.{name}", "true is not planned (allowed: false)")
+    partition = bool(_bool(checkpointing, "partition_activations", "activation_checkpointing.partition_activations", False))
+    on_host = bool(_bool(checkpointing, "cpu_checkpointing", "activation_checkpointing.cpu_checkpointing", False))
+    if _bool(checkpointing, "contiguous_memory_optimization", "activation_checkpointing.contiguous_memory_optimization",
+             False) and not (partition and on_host):
+        # checkpointing.py partition_activations (lines 403-425): the contiguous buffers hold every
+        # block's partition, on the device unless cpu_checkpointing puts them on the host; configure
+        # (lines 1183-1184) asserts partitioning. Buffers on the device kept across steps are not planned.
+        raise _refuse("activation_checkpointing.contiguous_memory_optimization",
+                      "true is planned with partition_activations and cpu_checkpointing (allowed: false, or with both)")
     hpz = number("zero_hpz_partition_size")
     mics = _int(zero, "mics_shard_size", "zero_optimization.mics_shard_size", False, -1)
     return DeepSpeedConfig(
@@ -407,6 +416,6 @@ def deepspeed_config_of(config: dict[str, Any], hf_auto: bool) -> DeepSpeedConfi
         optimizer=_optimizer(config),
         nvme_settings=tuple((key, int(value)) for key, value in nvme),
         aio=tuple(sorted(aio.items())),
-        partition_activations=bool(_bool(checkpointing, "partition_activations",
-                                         "activation_checkpointing.partition_activations", False)),
+        partition_activations=partition,
+        cpu_checkpointing=on_host,
     )

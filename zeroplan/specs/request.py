@@ -261,13 +261,19 @@ MEGATRON_VOCAB_MULTIPLE = 128
 # torchtitan 9dec370 parallelisms/parallelize_llama.py parallelize_llama: "Async TP requires
 # --training.compile" (the fusion is an inductor pass, torch._inductor.config._micro_pipeline_tp).
 def check_compiled_layout(training: TrainingSpec, parallel: ParallelSpec) -> None:
-    """Refuse, in one line naming the field, a compiled layout no record covers."""
+    """Refuse, in one line naming the field, a compiled layout no record covers, or DeepSpeed's
+    checkpoint partitioning over a sequence-parallel shard."""
     if parallel.async_tp and (not training.compile or training.framework is not Framework.torchtitan):
         raise ZeroplanError("parallel.async_tp", "is torchtitan's inductor pass (allowed: with --compile under --framework torchtitan)")
     if training.float8 is Float8Recipe.te_delayed and (parallel.model_parallel_size > 1 or parallel.ep > 1):
         # llm-foundry's amp_fp8 rows ran FSDP alone; TransformerEngine's tensor-parallel float8
         # gathers (module/linear.py gather_along_first_dim of the float8 input) are not modelled.
         raise ZeroplanError("float8", "te-delayed is modelled under data parallelism alone (allowed: tp, cp, pp and ep 1)")
+    if training.partition_activations and parallel.sequence_parallel:
+        # Megatron's sequence parallelism already splits the kept block input over the tensor-
+        # parallel ranks; DeepSpeed's partitioning of that shard again is not modelled.
+        raise ZeroplanError("partition_activations", "is planned without sequence parallelism (allowed: "
+                                                     "--no-sequence-parallel, or no partitioning)")
     if not training.compile:
         return
     if parallel.ep > 1:

@@ -188,6 +188,16 @@ class TrainingSpec(Frozen):
     activation_offloading: bool = False
     """Move saved activations to host memory between forward and backward (torchtune's
     ``enable_activation_offloading``, which its recipe allows only with full checkpointing)."""
+    partition_activations: bool = False
+    """DeepSpeed's activation checkpointing splits each checkpointed block input over the
+    tensor-parallel ranks, each keeping 1/tp of it and gathering it whole for the block's
+    recompute (DeepSpeed config ``activation_checkpointing.partition_activations``,
+    Megatron-DeepSpeed's ``--partition-activations``; with full checkpointing)."""
+    cpu_checkpointing: bool = False
+    """DeepSpeed's activation checkpointing keeps each checkpointed block input (or its
+    partition) in host memory, copied back for the block's recompute (DeepSpeed config
+    ``activation_checkpointing.cpu_checkpointing``, Megatron-DeepSpeed's
+    ``--checkpoint-in-cpu``; with full checkpointing)."""
     fused_linear_cross_entropy: bool = False
     """Compute the output projection and the cross-entropy chunk by chunk with liger-kernel's
     fused linear cross-entropy, never materialising the logits (Hugging Face only: transformers'

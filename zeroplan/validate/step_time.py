@@ -49,6 +49,10 @@ class TrainingOptions(Frozen):
     optimizer: Optimizer = Optimizer.adamw
     optimizer_in_backward: bool = False
     activation_offloading: bool = False
+    partition_activations: bool = False
+    """TrainingSpec.partition_activations: the run's DeepSpeed activation_checkpointing block."""
+    cpu_checkpointing: bool = False
+    """TrainingSpec.cpu_checkpointing: the run's DeepSpeed activation_checkpointing block."""
     fsdp_cpu_offload: bool = False
     unchunked_loss: bool = False
     lora_rank: int = Field(default=0, ge=0)

@@ -14,6 +14,7 @@ from zeroplan.core.compiled import (
     compiled_selective_op_tensor_parallel_extra_bytes,
     compiled_sequence_sharded_bytes,
 )
+from zeroplan.core.deepspeed_checkpointing import checkpoint_terms, moves_checkpoints
 from zeroplan.core.framework_loss import (
     loss_parallel_applies,
     loss_parallel_logits_tensors,
@@ -101,7 +102,39 @@ def _chunk_bytes(one: PlanRequest, activations, tp: int, sequence_parallel: bool
         terms = MicroBatchBytes(per_block=terms.per_block + extra, recompute=terms.recompute, outside=terms.outside)
     if sequence_parallel:
         terms = sequence_parallel_bytes(one, terms, tp)
-    return gathered_kv_bytes(cp, one, terms)
+    return deepspeed_checkpoint_bytes(one, gathered_kv_bytes(cp, one, terms), tp)
+
+
+def checkpointed_input_bytes(chunk: PlanRequest) -> int:
+    """The block input full recomputation keeps for one block of ``chunk``: the framework's
+    residual stream (zeroplan.core.frameworks.block_input_bytes), the compute dtype's for the
+    reference model."""
+    s, b = chunk.batch.seq_len, chunk.batch.micro_batch_size
+    if chunk.training.framework is not Framework.zeroplan:
+        return block_input_bytes(chunk, s, b)
+    return chunk.training.precision.compute_bytes * s * b * chunk.model.hidden_size
+
+
+# DeepSpeed's activation checkpointing keeps each block's input partitioned over the model-
+# parallel ranks or on the host (zeroplan.core.deepspeed_checkpointing): the per-block term loses
+# what leaves the device, the recomputing block gets its whole input back.
+def deepspeed_checkpoint_bytes(chunk: PlanRequest, terms: MicroBatchBytes, tp: int) -> MicroBatchBytes:
+    """``terms`` of a chunk with its kept block input where DeepSpeed's checkpointing keeps it."""
+    if not moves_checkpoints(chunk.training):
+        return terms
+    moved, restored, newest = checkpoint_terms(checkpointed_input_bytes(chunk), tp, chunk.training)
+    return MicroBatchBytes(per_block=terms.per_block - moved, recompute=terms.recompute + restored,
+                           outside=terms.outside + newest)
+
+
+def one_rank_activations(request: PlanRequest, activations) -> tuple[int, int]:
+    """``activations(request)`` (kept, recompute) of a request without model parallelism, its
+    block inputs where DeepSpeed's checkpointing keeps them."""
+    kept, recompute = activations(request)
+    if not moves_checkpoints(request.training):
+        return kept, recompute
+    moved, restored, newest = checkpoint_terms(checkpointed_input_bytes(request), 1, request.training)
+    return kept - request.model.num_layers * moved + newest, recompute + restored
 
 
 # A stack whose context parallelism all-gathers K and V (FrameworkProfile.context_parallel_gathers_kv,
@@ -154,8 +187,7 @@ def sequence_parallel_bytes(chunk: PlanRequest, terms: MicroBatchBytes, tp: int)
         kept_sharded = block_input_bytes(chunk, s, b) + compiled_selective_op_tensor_parallel_extra_bytes(chunk)
     else:
         # The checkpoint keeps the block's input: the residual stream, sequence-sharded.
-        kept_sharded = block_input_bytes(chunk, s, b) if chunk.training.framework is not Framework.zeroplan \
-            else training.precision.compute_bytes * s * b * model.hidden_size
+        kept_sharded = checkpointed_input_bytes(chunk)
     recompute_sharded = sharded_layer if terms.recompute else 0
     # A compiled float8 block keeps the float8 casts of its all-gathered inputs instead.
     gathered = compiled_float8_gathered_inputs_bytes(chunk) if training.compile else 0
@@ -176,7 +208,7 @@ def rank_activation_bytes(request: PlanRequest, activations) -> tuple[int, int]:
     rebuilds in backward. ``activations`` as in micro_batch_bytes; what is kept outside the
     blocks (the final norm's and output projection's inputs) is held by the rank with the head."""
     if request.parallel.is_trivial:
-        return _of_sequences(request, activations)
+        return one_rank_activations(request, activations)
     terms = micro_batch_bytes(request, activations)
     parallel = request.parallel
     blocks = rank_block_count(request)
