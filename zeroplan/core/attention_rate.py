@@ -84,7 +84,12 @@ class AttentionRate(Frozen):
 
 # The Triton kernel has no published H100 figure. Like FlashAttention-2's CUDA kernels it issues
 # Ampere's mma.sync (neither uses Hopper's wgmma or TMA: FlashAttention-3 sec. 1), so it is taken
-# to gain from A100 to H100 what FlashAttention-2 gains, sequence by sequence.
+# to gain from A100 to H100 what FlashAttention-2 gains, sequence by sequence. The copy
+# llm-foundry's H100 rows ran is compiled by triton-pre-mlir from vchiley/triton's
+# triton_pre_mlir_sm90 branch (llm-foundry v0.3.0 setup.py), whose code generator takes its
+# sm >= 80 path on sm_90: mma16816, i.e. mma.sync (lib/codegen/selection/generator.cc, visit_dot)
+# and cp.async pipelining (lib/codegen/pass.cc, has_sm80); the branch's sm_90 changes set the PTX
+# target alone (lib/driver/llvm.cc max_nvvm_cc 75 -> 90, include/triton/external/CUDA/cuda.h).
 _FA2_A100 = (99.0, 133.0, 155.0, 173.0, 182.0, 189.0)
 _FA2_H100 = (163.0, 221.0, 265.0, 294.0, 308.0, 328.0)
 _TRITON_A100 = (50.0, 61.0, 68.0, 74.0, 78.0, 80.0)
