@@ -25,11 +25,11 @@ SEQ, MICRO = 1024, 2
 
 
 def request(framework: Framework = Framework.megatron_deepspeed, tp: int = 1, gpus: int = 8, kind: str = "zero1",
-            micro: int = MICRO, **training: object) -> PlanRequest:
+            micro: int = MICRO, accumulation: int = 1, **training: object) -> PlanRequest:
     return PlanRequest(
         model=get_model("gpt2-large"), cluster=cluster_from_gpus(get_gpu("a100-80gb"), gpus),
         strategy=StrategySpec(kind=kind), parallel=ParallelSpec(tp=tp, sequence_parallel=False),
-        batch=BatchSpec(seq_len=SEQ, micro_batch_size=micro),
+        batch=BatchSpec(seq_len=SEQ, micro_batch_size=micro, grad_accum_steps=accumulation),
         training=TrainingSpec(framework=framework, precision=Precision.bf16_mixed,
                               activation_checkpointing=ActivationCheckpointing.full, **training))
 
@@ -117,3 +117,18 @@ def test_the_emitted_config_carries_the_block() -> None:
     config = deepspeed_config(request(gpus=1, kind="zero2", cpu_checkpointing=True))
     assert config["activation_checkpointing"] == {"partition_activations": False, "cpu_checkpointing": True}
     assert "activation_checkpointing" not in deepspeed_config(request(gpus=1, kind="zero2"))
+
+
+def test_host_checkpoint_copies_are_exposed_in_the_step() -> None:
+    # partition.cpu() and the backward's .to(device) block the compute stream: 2 L x/t a micro-batch.
+    from zeroplan.core.timing import checkpoint_copy_seconds, host_link_share_bytes_per_s
+
+    parted = request(tp=2, accumulation=3, partition_activations=True, cpu_checkpointing=True)
+    crossing = 2 * 3 * parted.model.num_layers * block_input_bytes(parted) // 2
+    assert checkpoint_copy_seconds(parted) == crossing / host_link_share_bytes_per_s(parted)
+    engine = request(tp=2, cpu_checkpointing=True)
+    restored = (engine.model.num_layers - 2) * block_input_bytes(engine)
+    assert checkpoint_copy_seconds(engine) == restored / host_link_share_bytes_per_s(engine)
+    assert checkpoint_copy_seconds(request(tp=2, partition_activations=True)) == 0
+    slower, plain = (plan(r).time.step_with_overlap_s for r in (parted, request(tp=2, accumulation=3)))
+    assert slower > plain

@@ -12,6 +12,7 @@ This module does not import torch."""
 
 from __future__ import annotations
 
+from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.training import TrainingSpec
 
 
@@ -83,3 +84,22 @@ def checkpoint_terms(block_input_bytes: int, tp: int, training: TrainingSpec) ->
     return (block_input_bytes - device_checkpoint_bytes(block_input_bytes, tp, training),
             restored_input_bytes(block_input_bytes, tp, training),
             newest_device_input_bytes(block_input_bytes, training))
+
+
+# checkpointing.py: partition_activations' partition.cpu() (line 436) is a blocking device-to-host
+# copy on the compute stream, and CheckpointFunction.backward's t.saved_data.to(t.device) (line
+# 702) the blocking copy back: each block's partition crosses the host link once each way per
+# micro-batch, with nothing to overlap it. The offload engine (cpu_checkpointing alone) copies
+# to the host on its own stream, hidden behind the forward, but restores every block's input but
+# the two it keeps with the compute stream waiting on the copy (offload_activations.py
+# _restore_tensor, lines 262-275): one crossing a block, exposed.
+def exposed_host_copy_bytes(request: PlanRequest, block_input_bytes: int, blocks: int) -> int:
+    """Bytes of checkpoint copies over the host link that the compute waits for, per step
+    (``block_input_bytes``: one block's input on this rank; ``blocks``: the rank's blocks)."""
+    training = request.training
+    if not training.cpu_checkpointing:
+        return 0
+    accumulation = request.batch.grad_accum_steps
+    if training.partition_activations:
+        return 2 * accumulation * blocks * (block_input_bytes // request.parallel.tp)
+    return accumulation * max(0, blocks - ENGINE_DEVICE_INPUTS) * block_input_bytes

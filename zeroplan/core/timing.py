@@ -20,7 +20,9 @@ from zeroplan.core.memo import batch_keyed
 from zeroplan.core.model_states import held_elements, shard_layout
 from zeroplan.core.nvme import nvme_traffic
 from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise
-from zeroplan.core.parallel.units import rank_trainable_units
+from zeroplan.core.deepspeed_checkpointing import exposed_host_copy_bytes
+from zeroplan.core.parallel.activations import checkpointed_input_bytes, chunk_request
+from zeroplan.core.parallel.units import rank_block_count, rank_trainable_units
 from zeroplan.core.roofline.ceilings import times_memory_bound
 from zeroplan.core.roofline.optimizer import TORCH_ADAM_ACCESSES_PER_ELEMENT
 from zeroplan.specs.base import Frozen
@@ -226,6 +228,14 @@ def cpu_optimizer_time_s(request: PlanRequest) -> float:
 
 # GPUs behind one PCIe switch copy at the same time (every rank offloads in the same phase), so
 # each gets 1/gpus_per_host_link of the switch's uplink (documented assumption).
+def checkpoint_copy_seconds(request: PlanRequest) -> float:
+    """DeepSpeed's blocking checkpoint copies over this GPU's share of the host link, per step."""
+    if not request.training.cpu_checkpointing:
+        return 0.0
+    block_input = checkpointed_input_bytes(chunk_request(request, split_heads=True))
+    return exposed_host_copy_bytes(request, block_input, rank_block_count(request)) / host_link_share_bytes_per_s(request)
+
+
 def host_link_share_bytes_per_s(request: PlanRequest) -> float:
     """Host-link bandwidth one GPU gets while its neighbours copy too."""
     return request.cluster.gpu.host_link.bandwidth_bytes_per_s / request.cluster.host.gpus_per_host_link
@@ -586,6 +596,11 @@ def step_time(request: PlanRequest, collectives: tuple[Collective, ...]) -> Step
     # not modelled), so cpu_s adds to the step in full; the GPU's own optimizer step (roofline
     # model) likewise runs after the last gradient is reduced.
     exposed = exposed_communication_s(forward_s, backward_s, by_phase, host_by_phase, nvme_s=nvme_exposed)
+    # DeepSpeed's checkpoint copies to and from the host that the compute waits for
+    # (zeroplan.core.deepspeed_checkpointing): exposed, with the host transfers.
+    checkpoint_copy_s = checkpoint_copy_seconds(request)
+    exposed += checkpoint_copy_s
+    host_s += checkpoint_copy_s
     # The pipeline idles a fraction of its busy time: compute and the collectives compute waits on.
     bubble_s = bubble * (forward_s + backward_s + blocking_s)
     step_s = forward_s + backward_s + blocking_s + bubble_s + exposed + cpu_s + gpu_optimizer_s
