@@ -132,3 +132,15 @@ def test_host_checkpoint_copies_are_exposed_in_the_step() -> None:
     assert checkpoint_copy_seconds(request(tp=2, partition_activations=True)) == 0
     slower, plain = (plan(r).time.step_with_overlap_s for r in (parted, request(tp=2, accumulation=3)))
     assert slower > plain
+
+
+def test_every_pipeline_rank_holds_the_engines_two_inputs_once() -> None:
+    # One offload engine a process: two inputs on each rank's device, not one set a micro-batch.
+    def kept(**extra: object) -> list[int]:
+        return [rank_activation_bytes(request(gpus=4, kind="zero1", accumulation=4, cpu_checkpointing=True,
+                                              **extra).model_copy(update={"parallel": ParallelSpec(pp=2, pipeline_rank=rank)}),
+                                      framework_activations)[0] for rank in (0, 1)]
+
+    inputs = 2 * block_input_bytes(request())
+    with_engine, partitioned = kept(), kept(partition_activations=True)
+    assert [a - b for a, b in zip(with_engine, partitioned)] == [inputs, inputs]

@@ -76,14 +76,14 @@ def newest_device_input_bytes(block_input_bytes: int, training: TrainingSpec) ->
     return ENGINE_DEVICE_INPUTS * block_input_bytes if offload_engine_keeps_newest(training) else 0
 
 
-def checkpoint_terms(block_input_bytes: int, tp: int, training: TrainingSpec) -> tuple[int, int, int]:
-    """(bytes each block keeps no longer, bytes its recompute adds, bytes kept once outside the
-    blocks) of DeepSpeed's checkpointing against the planner's whole block input on the device."""
+def checkpoint_terms(block_input_bytes: int, tp: int, training: TrainingSpec) -> tuple[int, int]:
+    """(bytes each block keeps no longer, bytes its recompute adds) of DeepSpeed's checkpointing
+    against the planner's whole block input on the device (the offload engine's inputs, kept once
+    on the rank, are newest_device_input_bytes)."""
     if not moves_checkpoints(training):
-        return 0, 0, 0
+        return 0, 0
     return (block_input_bytes - device_checkpoint_bytes(block_input_bytes, tp, training),
-            restored_input_bytes(block_input_bytes, tp, training),
-            newest_device_input_bytes(block_input_bytes, training))
+            restored_input_bytes(block_input_bytes, tp, training))
 
 
 # checkpointing.py: partition_activations' partition.cpu() (line 436) is a blocking device-to-host

@@ -226,8 +226,6 @@ def cpu_optimizer_time_s(request: PlanRequest) -> float:
     return adam_s + passes
 
 
-# GPUs behind one PCIe switch copy at the same time (every rank offloads in the same phase), so
-# each gets 1/gpus_per_host_link of the switch's uplink (documented assumption).
 def checkpoint_copy_seconds(request: PlanRequest) -> float:
     """DeepSpeed's blocking checkpoint copies over this GPU's share of the host link, per step."""
     if not request.training.cpu_checkpointing:
@@ -236,6 +234,8 @@ def checkpoint_copy_seconds(request: PlanRequest) -> float:
     return exposed_host_copy_bytes(request, block_input, rank_block_count(request)) / host_link_share_bytes_per_s(request)
 
 
+# GPUs behind one PCIe switch copy at the same time (every rank offloads in the same phase), so
+# each gets 1/gpus_per_host_link of the switch's uplink (documented assumption).
 def host_link_share_bytes_per_s(request: PlanRequest) -> float:
     """Host-link bandwidth one GPU gets while its neighbours copy too."""
     return request.cluster.gpu.host_link.bandwidth_bytes_per_s / request.cluster.host.gpus_per_host_link

@@ -14,7 +14,7 @@ from zeroplan.core.compiled import (
     compiled_selective_op_tensor_parallel_extra_bytes,
     compiled_sequence_sharded_bytes,
 )
-from zeroplan.core.deepspeed_checkpointing import checkpoint_terms, moves_checkpoints
+from zeroplan.core.deepspeed_checkpointing import checkpoint_terms, moves_checkpoints, newest_device_input_bytes
 from zeroplan.core.framework_loss import (
     loss_parallel_applies,
     loss_parallel_logits_tensors,
@@ -117,14 +117,22 @@ def checkpointed_input_bytes(chunk: PlanRequest) -> int:
 
 # DeepSpeed's activation checkpointing keeps each block's input partitioned over the model-
 # parallel ranks or on the host (zeroplan.core.deepspeed_checkpointing): the per-block term loses
-# what leaves the device, the recomputing block gets its whole input back.
+# what leaves the device, the recomputing block gets its whole input back. The offload engine's
+# inputs on the device are the rank's, whatever its micro-batches in flight (engine_inputs_bytes).
 def deepspeed_checkpoint_bytes(chunk: PlanRequest, terms: MicroBatchBytes, tp: int) -> MicroBatchBytes:
     """``terms`` of a chunk with its kept block input where DeepSpeed's checkpointing keeps it."""
     if not moves_checkpoints(chunk.training):
         return terms
-    moved, restored, newest = checkpoint_terms(checkpointed_input_bytes(chunk), tp, chunk.training)
+    moved, restored = checkpoint_terms(checkpointed_input_bytes(chunk), tp, chunk.training)
     return MicroBatchBytes(per_block=terms.per_block - moved, recompute=terms.recompute + restored,
-                           outside=terms.outside + newest)
+                           outside=terms.outside)
+
+
+def engine_inputs_bytes(request: PlanRequest) -> int:
+    """The block inputs DeepSpeed's offload engine keeps on this rank's device (0 without it)."""
+    if not request.training.cpu_checkpointing:
+        return 0
+    return newest_device_input_bytes(checkpointed_input_bytes(chunk_request(request, split_heads=True)), request.training)
 
 
 def one_rank_activations(request: PlanRequest, activations) -> tuple[int, int]:
@@ -133,8 +141,8 @@ def one_rank_activations(request: PlanRequest, activations) -> tuple[int, int]:
     kept, recompute = activations(request)
     if not moves_checkpoints(request.training):
         return kept, recompute
-    moved, restored, newest = checkpoint_terms(checkpointed_input_bytes(request), 1, request.training)
-    return kept - request.model.num_layers * moved + newest, recompute + restored
+    moved, restored = checkpoint_terms(checkpointed_input_bytes(request), 1, request.training)
+    return kept - request.model.num_layers * moved + engine_inputs_bytes(request), recompute + restored
 
 
 # A stack whose context parallelism all-gathers K and V (FrameworkProfile.context_parallel_gathers_kv,
@@ -241,7 +249,7 @@ def rank_activation_bytes(request: PlanRequest, activations) -> tuple[int, int]:
         # resident buffers do not (plan._state_terms): counted with the activations, at the
         # moments they are part of.
         kept += pipeline_receive_buffer_bytes(request) - pipeline_received_input_bytes(request, chunks)
-    return kept, terms.recompute
+    return kept + engine_inputs_bytes(request), terms.recompute
 
 
 def megatron_pipeline_embedding_mask_bytes(request: PlanRequest) -> int:
