@@ -605,13 +605,13 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
     )
     check_framework_request(training, model)
     check_compiled(training, model, cluster.gpu)
+    parallel = parallel_from_args(args)
     micro_batch, grad_accum = args.micro_batch or 1, args.grad_accum or 1
     if deepspeed_file is not None:
         from zeroplan.cli.deepspeed_config import batch_counts
 
         micro_batch, grad_accum = batch_counts(
-            deepspeed_file, args.micro_batch, args.grad_accum,
-            cluster.world_size // parallel_from_args(args).model_parallel_size)
+            deepspeed_file, args.micro_batch, args.grad_accum, cluster.world_size // parallel.model_parallel_size)
     batch = BatchSpec(
         micro_batch_size=micro_batch, seq_len=seq_len_of(args, model.max_positions),
         grad_accum_steps=grad_accum, allow_longer_seq=args.allow_longer_seq,
@@ -620,7 +620,6 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
     check_optimizer_in_backward(training, batch.grad_accum_steps)
     if args.hsdp_group is not None and cluster.world_size % args.hsdp_group:
         raise ZeroplanError("hsdp-group", f"{args.hsdp_group} does not divide the {cluster.world_size} GPUs")
-    parallel = parallel_from_args(args)
     if parallel.ep > 1 and kind.value not in EXPERT_PARALLEL_STRATEGIES:
         # The base request only carries the knobs (fit plans each strategy); under expert
         # parallelism it must be one that runs there.
