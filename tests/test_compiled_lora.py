@@ -23,16 +23,19 @@ BLOCK_TARGET = 0.02
 
 
 def request_of(record: CompiledBlockRecord) -> PlanRequest:
-    training = TrainingSpec(framework=record.framework, precision="bf16-pure", compile=True, finetune=record.finetune,
-                            activation_checkpointing=record.activation_checkpointing)
+    # hf's block was measured under the bf16 autocast the Trainer runs on its DDP path.
+    training = TrainingSpec(framework=record.framework, precision="bf16-mixed" if record.autocast else "bf16-pure",
+                            compile=True, finetune=record.finetune, activation_checkpointing=record.activation_checkpointing)
+    strategy = "ddp" if record.framework.value == "hf" else "fsdp-full-shard"
     return PlanRequest(model=record.model, training=training, batch=record.batch,
-                       cluster=cluster_from_gpus(get_gpu("h100-80gb"), 8), strategy=StrategySpec(kind="fsdp-full-shard"))
+                       cluster=cluster_from_gpus(get_gpu("h100-80gb"), 8), strategy=StrategySpec(kind=strategy))
 
 
 def test_the_records_cover_lora_and_qlora_with_and_without_recomputation() -> None:
     records = load_compiled_records(RECORDS)
-    kinds = {(r.finetune.quantize.value, r.activation_checkpointing.value) for r in records}
-    assert kinds == {("none", "none"), ("none", "full"), ("nf4", "none"), ("nf4", "full")}
+    kinds = {(r.framework.value, r.finetune.quantize.value, r.activation_checkpointing.value, r.autocast) for r in records}
+    assert kinds == {("torchtune", "none", "none", False), ("torchtune", "none", "full", False),
+                     ("torchtune", "nf4", "none", False), ("torchtune", "nf4", "full", False), ("hf", "none", "none", True)}
 
 
 @pytest.mark.parametrize("path", sorted(RECORDS.glob("*.json")), ids=lambda p: p.stem)
@@ -52,12 +55,12 @@ def test_a_compiled_lora_block_keeps_what_the_partitioner_saved(path: Path) -> N
 
 def test_the_eager_figures_are_the_lora_block_records() -> None:
     # The same block measured eagerly here and by benchmarks/framework_records.py --finetune.
-    eager = {(r.training.finetune, r.training.activation_checkpointing): r.block_kept_bytes
+    eager = {(r.training.framework, r.training.finetune, r.training.activation_checkpointing): r.block_kept_bytes
              for r in load_framework_records(BENCHMARKS / "framework-finetune-records")
              if r.training.framework.value == "torchtune" and r.batch.seq_len == 4096}
     compared = 0
     for record in load_compiled_records(RECORDS):
-        key = (record.finetune, record.activation_checkpointing)
+        key = (record.framework, record.finetune, record.activation_checkpointing)
         if key in eager:
             assert record.eager_live_bytes == eager[key], record.name
             compared += 1
@@ -67,22 +70,66 @@ def test_the_eager_figures_are_the_lora_block_records() -> None:
 def test_a_qlora_block_compiled_keeps_its_dequantized_weights() -> None:
     records = {r.name: r for r in load_compiled_records(RECORDS)}
     lora = next(r for r in records.values() if r.finetune.quantize.value == "none" and r.activation_checkpointing.value == "none"
-                and len(r.finetune.targets(r.framework)) == 7 - 1)  # torchtune's 8B_lora targets
+                and r.framework.value == "torchtune" and len(r.finetune.targets(r.framework)) == 7 - 1)  # its 8B_lora targets
     qlora = next(r for r in records.values() if r.finetune.quantize.value == "nf4" and r.activation_checkpointing.value == "none")
     # All seven linears (QLoRA) against q, v, o and the MLP (LoRA): one more r-wide lora_a output
     # (k's), and the block's seven weights in bf16 (Llama-3.1-8B: 218,103,808 elements).
     assert qlora.compiled_runtime_saved_bytes - lora.compiled_runtime_saved_bytes == 2 * 4096 * 8 + 2 * 218_103_808
 
 
-@pytest.mark.parametrize("fields, framework", [
-    ({"lora_rank": 8}, "hf"),
-    ({"lora_rank": 8, "lora_dropout": 0.1}, "torchtune"),
-    ({"lora_rank": 8, "dora": True}, "torchtune"),
+def _hf_saved_views(record: CompiledBlockRecord, shape: list[int]) -> list[int]:
+    """The saved [tokens, width] matmul inputs (views of the linears' 3-d inputs)."""
+    return [v.bytes for v in record.compiled_saved_values if v.op == "aten::view" and v.shape == shape]
+
+
+def test_an_hf_compiled_lora_block_keeps_its_adapters_bf16_weights_and_a_copy_of_os_input() -> None:
+    # What hf_compiled_lora_extra_bytes counts beyond torchtune's rule, read from the records'
+    # saved values: autocast's bf16 copy of each fp32 adapter weight (lora_A's r x in and
+    # lora_B's out x r, transposed), and with an adapter on o its [tokens, h] input.
+    hf = [r for r in load_compiled_records(RECORDS) if r.framework.value == "hf"]
+    assert len(hf) >= 3
+    for record in hf:
+        model, rank = record.model, record.finetune.lora_rank
+        targets = record.finetune.targets(record.framework)
+        copies = [v for v in record.compiled_saved_values if v.op == "aten::permute" and v.dtype == "torch.bfloat16"
+                  and rank in v.shape and len(v.shape) == 2]
+        assert len(copies) == 2 * len(targets), record.name
+        tokens = record.batch.seq_len * record.batch.micro_batch_size
+        inputs = _hf_saved_views(record, [tokens, model.attention_output_size])
+        # The attention norm's and the MLP norm's outputs have the same shape in Llama ([tokens, h]).
+        named = {t.value for t in targets}
+        norms = sum(bool(named & set(group)) for group in (("q", "k", "v"), ("gate", "up")))
+        assert len(inputs) == norms + ("o" in named), record.name
+
+
+@pytest.mark.parametrize("fields, framework, precision", [
+    ({"lora_rank": 8, "lora_dropout": 0.1}, "torchtune", "bf16-pure"),
+    ({"lora_rank": 8, "dora": True}, "torchtune", "bf16-pure"),
+    ({"lora_rank": 8, "lora_dropout": 0.1}, "hf", "bf16-mixed"),
+    ({"lora_rank": 8, "dora": True}, "hf", "bf16-mixed"),
+    ({"lora_rank": 8, "base_dtype": "fp32"}, "hf", "bf16-mixed"),
+    ({"lora_rank": 8, "quantize": "nf4"}, "hf", "bf16-mixed"),
+    ({"lora_rank": 8}, "hf", "bf16-pure"),
 ])
-def test_compiled_fine_tunes_not_measured_are_refused_naming_the_field(fields, framework) -> None:
+def test_compiled_fine_tunes_not_measured_are_refused_naming_the_field(fields, framework, precision) -> None:
     with pytest.raises(ZeroplanError) as error:
-        check_compiled(TrainingSpec(framework=framework, compile=True, finetune=FineTuneSpec(**fields)), get_model("llama-3.1-8b"))
+        check_compiled(TrainingSpec(framework=framework, precision=precision, compile=True, finetune=FineTuneSpec(**fields)),
+                       get_model("llama-3.1-8b"))
     assert error.value.field == "finetune"
+
+
+def test_hf_compiled_lora_is_planned_under_ddp_only() -> None:
+    training = TrainingSpec(framework="hf", precision="bf16-mixed", compile=True, finetune=FineTuneSpec(lora_rank=8))
+    check_compiled(training, get_model("llama-3.1-8b"))
+
+    def request(kind: str) -> PlanRequest:
+        return PlanRequest(model=get_model("llama-3.1-8b"), training=training,
+                           cluster=cluster_from_gpus(get_gpu("a100-80gb"), 8), strategy=StrategySpec(kind=kind))
+
+    assert request("ddp").training.compile
+    with pytest.raises(ZeroplanError) as error:
+        request("fsdp-full-shard")
+    assert error.value.field == "strategy"
 
 
 @pytest.mark.slow
