@@ -164,3 +164,23 @@ def test_a_compiled_torchtune_qlora_plans_no_dequantization_beside_the_blocks_ba
     # Eager: torchao's get_original_weight, 7 bf16 copies of the MLP's 4096 x 14336 weight.
     assert dequantized_weight_bytes(request(False)) == 7 * 2 * 4096 * 14336
     assert dequantized_weight_bytes(request(True)) == 0
+
+
+def test_the_docs_table_of_hf_compiled_lora_blocks_is_the_records_and_the_rule() -> None:
+    # docs/finetuning.md "Compiled hf LoRA": each row from its record and the planner.
+    from zeroplan.core.compiled import compiled_layer_bytes, hf_compiled_lora_extra_bytes
+
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "finetuning.md").read_text(encoding="utf-8")
+    rows = 0
+    for record in load_compiled_records(RECORDS):
+        if record.framework.value != "hf":
+            continue
+        request = request_of(record)
+        targets = [t.value for t in record.finetune.targets(record.framework)]
+        label = "all seven" if len(targets) == 7 else ", ".join(targets)
+        rule = compiled_layer_bytes(request)
+        row = (f"| {label}, r {record.finetune.lora_rank} | {record.compiled_runtime_saved_bytes:,} | "
+               f"{rule - hf_compiled_lora_extra_bytes(request):,} | {rule:,} | {record.eager_live_bytes:,} |")
+        assert row in docs, row
+        rows += 1
+    assert rows == 3
