@@ -55,8 +55,9 @@ ALL_GATHER_MODELS = [("llama-3.1-8b", 8), ("llama-3.1-70b", 8)]
 # on its 8B_lora targets (q, v, o and the MLP), and QLoRA r 8 on every block linear
 # (8B_qlora_single_device.yaml), each without and with full recomputation. Then peft 0.17.1's LoRA
 # over transformers' LlamaDecoderLayer (bf16 base, fp32 adapters as get_peft_model leaves them),
-# r 8 on q, v (LoraConfig's default for Llama) and on all seven linears, and r 16 on the attention's
-# four (an adapter on o without the MLP's), compiled under the bf16
+# r 8 on q, v (LoraConfig's default for Llama) and on all seven linears, r 16 on the attention's
+# four (an adapter on o without the MLP's), and r 16 on q, v and on all seven (the eager blocks of
+# benchmarks/framework-finetune-records, hf ddp bf16-mixed), compiled under the bf16
 # autocast transformers' Trainer runs with bf16=True (hf compiles without recomputation only:
 # zeroplan.core.compiled.COMPILED_POLICIES). Each run: (framework, checkpointing, FineTuneSpec
 # fields, autocast).
@@ -69,7 +70,9 @@ FINETUNE_RUNS = [
     ("hf", "none", finetune, True)
     for finetune in ({"lora_rank": 8, "lora_targets": ["q", "v"]},
                      {"lora_rank": 8, "lora_targets": ["q", "k", "v", "o", "gate", "up", "down"]},
-                     {"lora_rank": 16, "lora_targets": ["q", "k", "v", "o"]})
+                     {"lora_rank": 16, "lora_targets": ["q", "k", "v", "o"]},
+                     {"lora_rank": 16, "lora_targets": ["q", "v"]},
+                     {"lora_rank": 16, "lora_targets": ["q", "k", "v", "o", "gate", "up", "down"]})
 ]
 FINETUNE_SHAPES = SHAPES[:1]
 FINETUNE_OUT = Path(__file__).resolve().parent / "compiled-finetune-records"
