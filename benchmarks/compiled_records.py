@@ -3,8 +3,8 @@ torch.compile (inductor's partitioner) and eagerly, and write the records.
 
     python benchmarks/compiled_records.py [OUT_DIR [FRAMEWORK ...]]
     python benchmarks/compiled_records.py --loss [OUT_DIR [FRAMEWORK ...]]   (the loss records only)
-    python benchmarks/compiled_records.py --finetune [OUT_DIR]   (torchtune's LoRA/QLoRA blocks,
-        FINETUNE_RUNS, default benchmarks/compiled-finetune-records; a few minutes)
+    python benchmarks/compiled_records.py --finetune [OUT_DIR [FRAMEWORK ...]]   (torchtune's LoRA/QLoRA blocks and
+        hf's peft LoRA blocks, FINETUNE_RUNS, default benchmarks/compiled-finetune-records; a few minutes)
         (default benchmarks/compiled-records, every framework; the all-gather records go to
         benchmarks/float8-all-gather-records, the compiled-loss records to
         benchmarks/compiled-loss-records)
@@ -53,12 +53,26 @@ ALL_GATHER_MODELS = [("llama-3.1-8b", 8), ("llama-3.1-70b", 8)]
 # torchtune's LoRA and QLoRA blocks (zeroplan.frameworks.lora, FineTuneSpec fields), compiled as
 # its recipes compile each layer with compile: True: r 8 on q, v (8B_lora_single_device.yaml) and
 # on its 8B_lora targets (q, v, o and the MLP), and QLoRA r 8 on every block linear
-# (8B_qlora_single_device.yaml), each without and with full recomputation.
+# (8B_qlora_single_device.yaml), each without and with full recomputation. Then peft 0.17.1's LoRA
+# over transformers' LlamaDecoderLayer (bf16 base, fp32 adapters as get_peft_model leaves them),
+# r 8 on q, v (LoraConfig's default for Llama) and on all seven linears, r 16 on the attention's
+# four (an adapter on o without the MLP's), and r 16 on q, v and on all seven (the eager blocks of
+# benchmarks/framework-finetune-records, hf ddp bf16-mixed), compiled under the bf16
+# autocast transformers' Trainer runs with bf16=True (hf compiles without recomputation only:
+# zeroplan.core.compiled.COMPILED_POLICIES). Each run: (framework, checkpointing, FineTuneSpec
+# fields, autocast).
 FINETUNE_RUNS = [
-    ("torchtune", policy, finetune)
+    ("torchtune", policy, finetune, False)
     for finetune in ({"lora_rank": 8, "lora_targets": ["q", "v"]}, {"lora_rank": 8},
                      {"lora_rank": 8, "quantize": "nf4", "lora_targets": ["q", "k", "v", "o", "gate", "up", "down"]})
     for policy in ("none", "full")
+] + [
+    ("hf", "none", finetune, True)
+    for finetune in ({"lora_rank": 8, "lora_targets": ["q", "v"]},
+                     {"lora_rank": 8, "lora_targets": ["q", "k", "v", "o", "gate", "up", "down"]},
+                     {"lora_rank": 16, "lora_targets": ["q", "k", "v", "o"]},
+                     {"lora_rank": 16, "lora_targets": ["q", "v"]},
+                     {"lora_rank": 16, "lora_targets": ["q", "k", "v", "o", "gate", "up", "down"]})
 ]
 FINETUNE_SHAPES = SHAPES[:1]
 FINETUNE_OUT = Path(__file__).resolve().parent / "compiled-finetune-records"
@@ -95,13 +109,15 @@ def main(out: Path = DEFAULT_OUT, frameworks: set[str] | None = None) -> None:
             print(f"{gather.name:60s} gathered {gather.gathered_bytes:>14,} bytes  ({gather.wall_time_s:.1f} s)")
 
 
-def main_finetune(out: Path = FINETUNE_OUT) -> None:
+def main_finetune(out: Path = FINETUNE_OUT, frameworks: set[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for model_name, seq_len, micro_batch in FINETUNE_SHAPES:
-        for framework, policy, finetune in FINETUNE_RUNS:
+        for framework, policy, finetune, autocast in FINETUNE_RUNS:
+            if frameworks and framework not in frameworks:
+                continue
             record = measure_compiled_block(Framework(framework), get_model(model_name), ActivationCheckpointing(policy),
                                             BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch),
-                                            finetune=FineTuneSpec(**finetune))
+                                            finetune=FineTuneSpec(**finetune), autocast=autocast)
             write_text_atomic(out / record.file_name, record.model_dump_json(indent=2) + "\n")
             _report(record)
 
@@ -132,6 +148,6 @@ if __name__ == "__main__":
         main_loss(Path(sys.argv[2]) if len(sys.argv) > 2 else LOSS_OUT, set(sys.argv[3:]) or None)
         sys.exit(0)
     if sys.argv[1:2] == ["--finetune"]:
-        main_finetune(Path(sys.argv[2]) if len(sys.argv) > 2 else FINETUNE_OUT)
+        main_finetune(Path(sys.argv[2]) if len(sys.argv) > 2 else FINETUNE_OUT, set(sys.argv[3:]) or None)
         sys.exit(0)
     main(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT, set(sys.argv[2:]) or None)

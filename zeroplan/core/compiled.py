@@ -20,7 +20,7 @@ from zeroplan.specs.hardware import GpuArchitecture, GpuSpec
 from zeroplan.specs.model import ModelSpec
 from zeroplan.specs.parallel import ParallelSpec
 from zeroplan.specs.request import PlanRequest, compiled_policy_measured
-from zeroplan.specs.training import ActivationCheckpointing, Float8Recipe, TrainingSpec
+from zeroplan.specs.training import ActivationCheckpointing, Float8Recipe, Precision, TrainingSpec
 from zeroplan.units import FP32_BYTES, even_split
 
 COMPILED_POLICIES = {
@@ -117,7 +117,8 @@ def check_compiled(training: TrainingSpec, model: ModelSpec, gpu: GpuSpec | None
     # the compiled one (compiled_layer_bytes, the LoRA block's delta included).
     if not compiled_finetune_measured(training):
         raise ZeroplanError("finetune", "is not modelled compiled: no compiled run of it was measured (allowed without "
-                                        "compile, or torchtune's LoRA/QLoRA without dropout or DoRA)")
+                                        "compile, torchtune's LoRA/QLoRA without dropout or DoRA, or hf's LoRA over a "
+                                        "bf16 base under bf16-mixed without dropout, DoRA or quantization)")
     if not model.is_dense_llama_layout:
         raise ZeroplanError("compile", f"{model.name!r}: compiled blocks were measured for dense Llama-layout models "
                             "(RoPE, RMSNorm, SwiGLU, no biases) only")
@@ -125,14 +126,21 @@ def check_compiled(training: TrainingSpec, model: ModelSpec, gpu: GpuSpec | None
 
 # benchmarks/compiled-finetune-records: torchtune 0.6.1's LoRA and QLoRA blocks compiled as its
 # recipes compile each layer (zeroplan/frameworks/compiled.py with a FineTuneSpec), lora_dropout 0
-# as its configs ship; peft's blocks, DoRA and dropout were not compiled.
+# as its configs ship; peft 0.17.1's LoRA over transformers' bf16 LlamaDecoderLayer under the
+# Trainer's bf16 autocast (bf16-mixed; the data-parallel layout it runs in:
+# zeroplan.specs.request.check_compiled_strategy). Not compiled: DoRA, dropout, peft's adapters
+# without autocast (fp32 matmuls) and bitsandbytes' quantized bases.
 def compiled_finetune_measured(training: TrainingSpec) -> bool:
     """Whether the training's fine-tune (or a full one) was measured compiled."""
     finetune = training.finetune
     if finetune.trains_everything:
         return True
-    return (finetune.is_lora and training.framework is Framework.torchtune and not finetune.dora
-            and finetune.lora_dropout == 0)
+    if not finetune.is_lora or finetune.dora or finetune.lora_dropout != 0:
+        return False
+    if training.framework is Framework.hf:
+        return (training.precision is Precision.bf16_mixed and finetune.loads_base_in_bf16
+                and not finetune.quantize.is_quantized)
+    return training.framework is Framework.torchtune
 
 
 def _kv_width(request: PlanRequest) -> int:
@@ -177,7 +185,8 @@ def compiled_layer_bytes(request: PlanRequest) -> int:
 # weight.to(input.dtype)) in forward, the same cast in backward) the partitioner saves each
 # dequantized bf16 weight for the backward instead of dequantizing it again: a block keeps its
 # linears' weights in bf16. Llama-3.1-8B at s 4096, b 1, r 8: q, v 470,450,176 bytes; all seven
-# 621,772,800; all seven over NF4 1,057,980,416.
+# 621,772,800; all seven over NF4 1,057,980,416. hf's peft block under autocast keeps two more
+# things (hf_compiled_lora_extra_bytes).
 def compiled_lora_delta_bytes(request: PlanRequest) -> int:
     """What a compiled LoRA block keeps less the compiled full block (0 without adapters)."""
     from zeroplan.core.finetune.activations import INPUT_GROUPS, input_width
@@ -192,7 +201,40 @@ def compiled_lora_delta_bytes(request: PlanRequest) -> int:
                  if not kept_anyway and not any(t in targets for t in group))
     adapters = sum(e * tokens * finetune.lora_rank for t in targets if t is not LoraTarget.output)
     dequantized = e * _block_linear_elements(request.model) if finetune.quantize is Quantization.nf4 else 0
-    return adapters + dequantized - unread
+    return adapters + dequantized - unread + hf_compiled_lora_extra_bytes(request)
+
+
+# peft 0.17.1's LoRA over transformers 4.56.2's LlamaDecoderLayer, compiled under the Trainer's
+# bf16 autocast (benchmarks/compiled-finetune-records hf+lora-*:autocast): get_peft_model leaves
+# the adapters in fp32 (tuners_utils.py _cast_adapter_dtype), tuners/lora/layer.py Linear.forward
+# casts each adapter's input to fp32 (_cast_input_dtype) and autocast casts input and weight back
+# to bf16 for lora_A's and lora_B's matmuls. Beyond torchtune's rule (compiled_lora_delta_bytes)
+# the partitioner saves (a) both bf16 weight copies of every adapter (lora_A's r x in for its
+# input's gradient, lora_B's out x r for lora_A output's: the permute_* values) and (b) with an
+# adapter on o, o's input, the attention output transposed to [tokens, heads x head_dim], as its
+# own copy beside the attention's saved output (view_24), which torchtune's block recomputes.
+# Llama-3.1-8B at s 4096, b 1, r 8: q, v +212,992 bytes (420,331,520 a block); all seven
+# +1,310,720 and +33,554,432 (606,306,304).
+def hf_compiled_lora_extra_bytes(request: PlanRequest) -> int:
+    """What hf's compiled LoRA block keeps beyond torchtune's rule (0 for other frameworks)."""
+    training = request.training
+    if training.framework is not Framework.hf or not training.finetune.is_lora:
+        return 0
+    e = training.precision.compute_bytes
+    tokens = request.batch.seq_len * request.batch.micro_batch_size
+    targets = [t for t in training.finetune.targets(training.framework) if t is not LoraTarget.output]
+    widths = _linear_widths(request.model)
+    weight_copies = sum(e * training.finetune.lora_rank * sum(widths[t]) for t in targets)
+    o_input = e * tokens * request.model.attention_output_size if LoraTarget.o in targets else 0
+    return weight_copies + o_input
+
+
+def _linear_widths(model: ModelSpec) -> dict[LoraTarget, tuple[int, int]]:
+    """(input, output) width of each block linear an adapter can wrap."""
+    h, f = model.hidden_size, model.ffn_hidden_size
+    return {LoraTarget.q: (h, model.q_size), LoraTarget.k: (h, model.kv_size), LoraTarget.v: (h, model.kv_size),
+            LoraTarget.o: (model.attention_output_size, h), LoraTarget.gate: (h, f), LoraTarget.up: (h, f),
+            LoraTarget.down: (f, h)}
 
 
 def _block_linear_elements(model: ModelSpec) -> int:

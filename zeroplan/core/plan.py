@@ -61,7 +61,7 @@ from zeroplan.core.parallel.expert import expert_dispatch_bytes
 from zeroplan.specs.parallel import EXPERT_PARALLEL_STRATEGIES, PIPELINE_STRATEGIES
 from zeroplan.specs.finetune import Quantization
 from zeroplan.specs.base import kept_copy
-from zeroplan.specs.request import INT8_STRATEGIES, PlanRequest, check_compiled_layout
+from zeroplan.specs.request import INT8_STRATEGIES, PlanRequest, check_compiled_layout, check_compiled_strategy
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.training import ActivationCheckpointing, BatchSpec, TrainingSpec
@@ -275,6 +275,7 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     check_compiled(training, request.model, request.cluster.gpu)
     # Requests varied by model_copy (the search's policies) skip the request's own validators.
     check_compiled_layout(training, request.parallel)
+    check_compiled_strategy(training, request.strategy.kind)
     if training.finetune.frozen_blocks and training.activation_checkpointing not in (ActivationCheckpointing.none, ActivationCheckpointing.full):
         raise ZeroplanError("finetune.frozen_blocks", f"is modelled with activation checkpointing none or full, not "
                             f"{training.activation_checkpointing.value!r}")

@@ -84,8 +84,11 @@ class BlockSaves:
     saved-tensor hooks saw (only without checkpointing: a checkpoint keeps its inputs itself)."""
 
 
-def check_compiled(framework: Framework, policy: ActivationCheckpointing, memory_budget: float | None) -> None:
+def check_compiled(framework: Framework, policy: ActivationCheckpointing, memory_budget: float | None,
+                   autocast: bool = False) -> None:
     """Refuse, in one line naming the field, a block measurement this module cannot make."""
+    if autocast and framework is not Framework.hf:
+        raise ZeroplanError("autocast", f"is transformers' Trainer's bf16 autocast, not {framework.value}'s (allowed only with hf)")
     if framework not in COMPILED_FRAMEWORKS:
         allowed = ", ".join(f.value for f in COMPILED_FRAMEWORKS)
         raise ZeroplanError("--framework", f"{framework.value!r} has no compiled-block measurement (allowed: {allowed})")
@@ -103,28 +106,34 @@ def check_compiled(framework: Framework, policy: ActivationCheckpointing, memory
 def measure_compiled_block(framework: Framework, model: ModelSpec, policy: ActivationCheckpointing, batch: BatchSpec,
                            dtype: torch.dtype = torch.bfloat16, memory_budget: float | None = None,
                            convert: Callable[[torch.nn.Module], str] | None = None,
-                           float8_recipe: str | None = None, finetune: FineTuneSpec = FineTuneSpec()) -> CompiledBlockRecord:
+                           float8_recipe: str | None = None, finetune: FineTuneSpec = FineTuneSpec(),
+                           autocast: bool = False) -> CompiledBlockRecord:
     """One block of ``framework``'s ``model`` under ``policy``, compiled and eager, on fake tensors.
 
     ``memory_budget``: torchtitan's MemoryBudgetAC (``torch._functorch.config.
     activation_memory_budget``), compiled only. ``convert``: applied to the built model on the
     meta device before it moves to fake tensors (float8's module swap, ``float8_recipe``); it
     returns a note. ``finetune``: the framework's LoRA/QLoRA block (zeroplan.frameworks.lora),
-    compiled the same way.
+    compiled the same way. ``autocast``: the model's forward (the block's inputs and the block)
+    runs under ``torch.autocast(bfloat16)``, as transformers' Trainer runs it with bf16=True
+    (accelerate wraps the model's forward in autocast before compiling it), both runs.
     """
-    check_compiled(framework, policy, memory_budget)
+    check_compiled(framework, policy, memory_budget, autocast)
     start_s = time.perf_counter()
     notes: list[str] = ["compiled: torch.compile(block, fullgraph=True) through inductor's compile_fx and "
                         "partition_fn (min_cut_rematerialization_partition) without code generation"]
     notes += FRAMEWORK_NOTES[framework]
+    if autocast:
+        notes.append("forward under torch.autocast('cpu', bfloat16): its cast lists put linear and mm in bf16 as "
+                     "CUDA's do; hf's RMSNorm computes in fp32 itself")
     version, eager = _run_block(framework, model, policy, batch, dtype, compiled=False, convert=convert, notes=notes,
-                                finetune=finetune)
+                                finetune=finetune, autocast=autocast)
     _, compiled = _run_block(framework, model, policy, batch, dtype, compiled=True, convert=convert,
-                             memory_budget=memory_budget, notes=notes, finetune=finetune)
+                             memory_budget=memory_budget, notes=notes, finetune=finetune, autocast=autocast)
     return CompiledBlockRecord(
         framework_version=version, torch_version=torch.__version__, model=model, framework=framework,
-        activation_checkpointing=policy, memory_budget=memory_budget, float8_recipe=float8_recipe, finetune=finetune, batch=batch,
-        module_dtype=str(dtype), compiled_saved_values=compiled.values, compiled_runtime_saved_bytes=compiled.bytes,
+        activation_checkpointing=policy, memory_budget=memory_budget, float8_recipe=float8_recipe, finetune=finetune, autocast=autocast,
+        batch=batch, module_dtype=str(dtype), compiled_saved_values=compiled.values, compiled_runtime_saved_bytes=compiled.bytes,
         eager_live_bytes=eager.bytes, eager_saved_values=eager.values,
         wall_time_s=time.perf_counter() - start_s, notes=list(dict.fromkeys(notes)),
     )
@@ -132,14 +141,15 @@ def measure_compiled_block(framework: Framework, model: ModelSpec, policy: Activ
 
 def _run_block(framework: Framework, model: ModelSpec, policy: ActivationCheckpointing, batch: BatchSpec,
                dtype: torch.dtype, *, compiled: bool, notes: list[str], convert: Callable | None = None,
-               memory_budget: float | None = None, finetune: FineTuneSpec = FineTuneSpec()) -> tuple[str, BlockSaves]:
+               memory_budget: float | None = None, finetune: FineTuneSpec = FineTuneSpec(),
+               autocast: bool = False) -> tuple[str, BlockSaves]:
     # A fresh dynamo per run: every measurement compiles its own block (no cache, no recompile limit).
     torch._dynamo.reset()
     built = build(framework, model, 1, policy, dtype, batch.seq_len, finetune=finetune)
     if convert is not None:
         notes.append(convert(built.module))
     built.materialize()
-    with private.fake_tensor_mode():
+    with private.fake_tensor_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         built.to_empty("cpu")
         block = built.blocks[0]
         hidden, rest, kwargs = _block_inputs(built, model, batch)

@@ -70,6 +70,9 @@ class CompiledBlockRecord(NamedRecord):
     'rowwise'); None: none."""
     finetune: FineTuneSpec = FineTuneSpec()
     """The LoRA/QLoRA block measured (zeroplan.frameworks.lora); the default: a full fine-tune."""
+    autocast: bool = False
+    """The forward ran under torch.autocast(bfloat16), as transformers' Trainer runs it with
+    bf16=True (peft's fp32 adapters then compute in bf16)."""
     batch: BatchSpec
     module_dtype: str
     compiled_saved_values: list[SavedValue]
@@ -99,7 +102,8 @@ class CompiledBlockRecord(NamedRecord):
             policy = f"memory-budget-{self.memory_budget:g}"
         fp8 = f":float8-{self.float8_recipe}" if self.float8_recipe else ""
         tune = finetune_tag(TrainingSpec(framework=self.framework, finetune=self.finetune))
-        return (f"{self.framework.value}{tune}:{self.model.name}:ac={policy}{fp8}:"
+        autocast = ":autocast" if self.autocast else ""
+        return (f"{self.framework.value}{tune}:{self.model.name}:ac={policy}{fp8}{autocast}:"
                 f"s{self.batch.seq_len}:b{self.batch.micro_batch_size}")
 
 

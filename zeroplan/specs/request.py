@@ -286,6 +286,20 @@ def check_compiled_layout(training: TrainingSpec, parallel: ParallelSpec) -> Non
                                       f"full, not {training.activation_checkpointing.value!r} (allowed: none, full, or tp 1)")
 
 
+# transformers 4.56.2's Trainer runs a bf16-mixed model under torch.autocast only on its DDP path
+# (accelerate's prepare_model wraps the forward in autocast, then compiles it); under FSDP2
+# (MixedPrecisionPolicy) and DeepSpeed (the engine's cast, no autocast) peft's adapters compute in
+# another dtype without it. hf's LoRA block was measured compiled under that autocast only
+# (benchmarks/compiled-finetune-records, zeroplan.core.compiled.compiled_finetune_measured).
+def check_compiled_strategy(training: TrainingSpec, strategy: StrategyKind) -> None:
+    """Refuse, in one line naming the field, hf's compiled LoRA under a strategy whose block was
+    not measured compiled."""
+    if (training.compile and training.framework is Framework.hf and training.finetune.is_lora
+            and strategy is not StrategyKind.ddp):
+        raise ZeroplanError("strategy", f"hf's compiled LoRA block was measured under the Trainer's DDP autocast, not "
+                                        f"{strategy.value} (allowed: ddp, or without compile)")
+
+
 def compiled_policy_measured(training: TrainingSpec, policy: ActivationCheckpointing, parallel: ParallelSpec) -> bool:
     """Whether ``policy`` was measured for a compiled float8 block under the layout's tensor
     parallelism (none and full were; everything else is as without float8)."""
@@ -489,6 +503,7 @@ class PlanRequest(Frozen):
                                             f"allowed: {', '.join(k.value for k in INT8_STRATEGIES)})")
         check_zero3_groups(self)
         check_compiled_layout(self.training, self.parallel)
+        check_compiled_strategy(self.training, self.strategy.kind)
         if self.strategy.kind is StrategyKind.hsdp:
             group = self.shard_group_size
             if self.state_group_size % group:
