@@ -144,3 +144,15 @@ def test_every_pipeline_rank_holds_the_engines_two_inputs_once() -> None:
     inputs = 2 * block_input_bytes(request())
     with_engine, partitioned = kept(), kept(partition_activations=True)
     assert [a - b for a, b in zip(with_engine, partitioned)] == [inputs, inputs]
+
+
+def test_host_kept_checkpoints_count_in_host_memory() -> None:
+    # The partitions (x/t each) or the engine's host copies (every input but the newest) are in
+    # the rank's host memory beside any offloaded states.
+    plain = plan(request(tp=2))
+    parted = plan(request(tp=2, partition_activations=True, cpu_checkpointing=True))
+    engine = plan(request(tp=2, cpu_checkpointing=True))
+    x, layers = block_input_bytes(request()), request().model.num_layers
+    assert parted.host_bytes_per_rank - plain.host_bytes_per_rank == layers * x // 2
+    assert engine.host_bytes_per_rank - plain.host_bytes_per_rank == (layers - 1) * x
+    assert parted.host_bytes_per_node == parted.host_bytes_per_rank * 8

@@ -164,9 +164,10 @@ class StrategyPlan(Frozen):
     """Largest micro-batch that fits (0: not even 1); None where it was not searched (the fits
     fit's suggestions try, whose tables are not shown)."""
     host_bytes_per_rank: int
-    """Model states offloaded to host memory, per GPU."""
+    """Model states offloaded to host memory, per GPU, and the checkpointed block inputs
+    DeepSpeed's cpu_checkpointing keeps there."""
     host_bytes_per_node: int
-    """Host memory the offloaded states need on each node."""
+    """Host memory the offloaded states (and host-kept checkpoints) need on each node."""
     host_fits: bool | None
     """Whether that fits the node's host memory (and, under the NVMe strategies, the swap files
     the node's NVMe capacity); None when neither is given."""

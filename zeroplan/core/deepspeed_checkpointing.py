@@ -86,6 +86,16 @@ def checkpoint_terms(block_input_bytes: int, tp: int, training: TrainingSpec) ->
             restored_input_bytes(block_input_bytes, tp, training))
 
 
+# checkpointing.py partition_activations (line 436): each block's partition on the host; the
+# offload engine's pinned host copy of every input but the newest (offload_activations.py
+# _start_offload, 183-210: the copy starts when a newer input is registered).
+def host_checkpoint_bytes_per_block(block_input_bytes: int, tp: int, training: TrainingSpec) -> int:
+    """What host memory holds of one block's checkpointed input under cpu_checkpointing."""
+    if not training.cpu_checkpointing:
+        return 0
+    return block_input_bytes // tp if training.partition_activations else block_input_bytes
+
+
 # checkpointing.py: partition_activations' partition.cpu() (line 436) is a blocking device-to-host
 # copy on the compute stream, and CheckpointFunction.backward's t.saved_data.to(t.device) (line
 # 702) the blocking copy back: each block's partition crosses the host link once each way per

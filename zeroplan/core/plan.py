@@ -49,7 +49,12 @@ from zeroplan.core.peak import (
     peak_terms_of, with_terms,
 )
 from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
-from zeroplan.core.parallel.activations import rank_activation_bytes, rank_logits_pieces, rank_workspace_bytes
+from zeroplan.core.parallel.activations import (
+    host_checkpoint_bytes,
+    rank_activation_bytes,
+    rank_logits_pieces,
+    rank_workspace_bytes,
+)
 from zeroplan.core.parallel.ring_attention import ring_attention_backward_extra_bytes
 from zeroplan.core.params import total_parameters
 from zeroplan.core.suggest import smallest_change
@@ -831,7 +836,13 @@ def peak_rank_memory(request: PlanRequest) -> PeakRankMemory:
     request, breakdown, states, usable = nearest_rank_memory(ranks)
     rank_peaks = tuple(r.breakdown.peak_bytes for r in ranks) if len(ranks) > 1 else ()
     return PeakRankMemory(request, breakdown, states, rank_peaks, usable, breakdown.peak_bytes <= usable,
-                          host_memory_fits(request, states.host_bytes))
+                          host_memory_fits(request, rank_host_bytes(request, states)))
+
+
+def rank_host_bytes(request: PlanRequest, states: ModelStateBytes) -> int:
+    """What the rank keeps in host memory: its offloaded model states and the block inputs
+    DeepSpeed's cpu_checkpointing keeps there (zeroplan.core.parallel.activations.host_checkpoint_bytes)."""
+    return states.host_bytes + host_checkpoint_bytes(request)
 
 
 def _plan_at_peak(memory: PeakRankMemory, largest_micro_batch: bool, timed: bool) -> StrategyPlan:
@@ -841,7 +852,8 @@ def _plan_at_peak(memory: PeakRankMemory, largest_micro_batch: bool, timed: bool
     band = error_band(request.batch.varying_lengths is not None)
     borderline = is_borderline(breakdown.peak_bytes, usable, band, breakdown.lazy_state_segment_bytes)
     turns_on = None if borderline else _turns_in_band(request, breakdown, memory.fits, usable, band)
-    host_per_node = states.host_bytes * request.cluster.gpus_per_node
+    host_per_rank = rank_host_bytes(request, states)
+    host_per_node = host_per_rank * request.cluster.gpus_per_node
     step_collectives = tuple(collectives(request))
     return StrategyPlan.trusted(
         strategy=request.strategy.kind,
@@ -855,7 +867,7 @@ def _plan_at_peak(memory: PeakRankMemory, largest_micro_batch: bool, timed: bool
         borderline_capacity_bytes=turns_on,
         headroom_bytes=usable - breakdown.peak_bytes,
         max_micro_batch_size=max_micro_batch_size(request) if largest_micro_batch else None,
-        host_bytes_per_rank=states.host_bytes,
+        host_bytes_per_rank=host_per_rank,
         host_bytes_per_node=host_per_node,
         host_fits=memory.host_fits,
         nvme_bytes_per_rank=nvme_bytes(request),

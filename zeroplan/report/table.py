@@ -279,6 +279,12 @@ def launch_lines(report: FitReport) -> list[str]:
     return [f"launch: {launch} ({report.training.framework.value}'s launch scripts; no allocator setting)"]
 
 
+def host_extra(report: FitReport) -> str:
+    """The legend's words for the host column's checkpointed block inputs, where DeepSpeed's
+    cpu_checkpointing keeps them there (zeroplan.core.deepspeed_checkpointing)."""
+    return "and host-kept checkpoints " if report.training.cpu_checkpointing else ""
+
+
 def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
     c = report.cluster
     t, b = report.training, report.batch
@@ -313,7 +319,7 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
         *finetune_lines(report),
         *moe_lines(report),
         *parallel_lines(report),
-        f"Per-GPU memory in {unit.value}; host = offloaded states per node ({unit.value}); "
+        f"Per-GPU memory in {unit.value}; host = offloaded states {host_extra(report)}per node ({unit.value}); "
         f"sent = GB each GPU sends per step (ring).",
         "",
     ]

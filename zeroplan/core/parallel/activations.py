@@ -14,7 +14,13 @@ from zeroplan.core.compiled import (
     compiled_selective_op_tensor_parallel_extra_bytes,
     compiled_sequence_sharded_bytes,
 )
-from zeroplan.core.deepspeed_checkpointing import checkpoint_terms, moves_checkpoints, newest_device_input_bytes
+from zeroplan.core.deepspeed_checkpointing import (
+    checkpoint_terms,
+    host_checkpoint_bytes_per_block,
+    moves_checkpoints,
+    newest_device_input_bytes,
+    offload_engine_keeps_newest,
+)
 from zeroplan.core.framework_loss import (
     loss_parallel_applies,
     loss_parallel_logits_tensors,
@@ -133,6 +139,20 @@ def engine_inputs_bytes(request: PlanRequest) -> int:
     if not request.training.cpu_checkpointing:
         return 0
     return newest_device_input_bytes(checkpointed_input_bytes(chunk_request(request, split_heads=True)), request.training)
+
+
+def host_checkpoint_bytes(request: PlanRequest) -> int:
+    """What DeepSpeed's cpu_checkpointing keeps of this rank's block inputs in host memory, at
+    the peak of its micro-batches in flight (the offload engine's newest input is on the device)."""
+    training = request.training
+    if not training.cpu_checkpointing:
+        return 0
+    x = checkpointed_input_bytes(chunk_request(request, split_heads=True))
+    parallel = request.parallel
+    per_block = host_checkpoint_bytes_per_block(x, parallel.tp, training)
+    chunks = in_flight_chunks(parallel, parallel.pipeline_rank, request.batch.grad_accum_steps) if parallel.pp > 1 else 1
+    newest = x if offload_engine_keeps_newest(training) else 0
+    return chunks * rank_block_count(request) * per_block // parallel.virtual_stages - newest
 
 
 def one_rank_activations(request: PlanRequest, activations) -> tuple[int, int]:
