@@ -66,3 +66,28 @@ def test_a_partitioned_blocks_backward_holds_the_gathered_input(ranks: list[dict
         for (start_a, peak_a), (start_b, peak_b) in zip(whole["live"]["block_backward"],
                                                         partitioned["live"]["block_backward"], strict=True):
             assert (peak_b - start_b) - (peak_a - start_a) == input_bytes - input_bytes // MP - PLACEHOLDER_BYTES
+
+
+def test_the_planners_rules_are_what_deepspeed_keeps(ranks: list[dict]) -> None:
+    """zeroplan.core.deepspeed_checkpointing against the run: the device's kept part of each
+    block input under partitioning (the partition; the host's with cpu_checkpointing, which the
+    CPU cannot tell apart from the device) and what the recompute gathers beyond it."""
+    from zeroplan.core.deepspeed_checkpointing import (
+        device_checkpoint_bytes,
+        host_checkpoint_bytes_per_block,
+        restored_input_bytes,
+    )
+    from zeroplan.specs.training import TrainingSpec
+
+    partitioned = TrainingSpec(partition_activations=True)
+    on_host = TrainingSpec(partition_activations=True, cpu_checkpointing=True)
+    for result in ranks:
+        settings = result["settings"]
+        for block in settings["b"]["blocks"]:
+            x = block["input_bytes"]
+            assert device_checkpoint_bytes(x, MP, partitioned) == block["kept_bytes"]
+            assert restored_input_bytes(x, MP, partitioned) == x - block["kept_bytes"]
+        for block in settings["c"]["blocks"]:
+            x = block["input_bytes"]
+            assert host_checkpoint_bytes_per_block(x, MP, on_host) == block["kept_bytes"]
+            assert device_checkpoint_bytes(x, MP, on_host) == 0 and restored_input_bytes(x, MP, on_host) == x
