@@ -121,6 +121,10 @@ class TraceBuilder:
             rounded -= (size + _ROUND) & ~_ROUND
         self._alive, self._alive_rounded = alive, rounded
 
+    def largest_request_bytes(self) -> int:
+        """The largest request recorded (0 where there is none)."""
+        return max(self._sizes, default=0)
+
     def trace(self, source: str) -> AllocationTrace:
         """The recorded step as a typed trace."""
         events = [AllocEvent(id=ident, size_bytes=size, stream=stream) if kind == ALLOC_OP else FreeEvent(id=ident)
