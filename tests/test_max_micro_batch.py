@@ -166,3 +166,45 @@ def test_max_mb_walks_below_a_rise_in_the_reserved_peak_not_seen_above_it() -> N
     assert all(step_fits(request.with_micro_batch(b)) for b in range(max(1, largest - 4), largest + 1))
     assert not step_fits(request.with_micro_batch(largest + 1))
     assert any(step_fits(request.with_micro_batch(b)) for b in range(largest + 2, largest + 8))
+
+
+@pytest.mark.parametrize("flags, kind", [
+    ("qwen2.5-1.5b --framework hf --gpu b200 --gpus 1 --seq-len 512 --grad-accum 2 --activation-checkpointing none",
+     StrategyKind.fsdp_full_shard),
+    ("llama-2-7b --gpus 8", StrategyKind.zero3),
+    ("gpt2 --gpus 2 --seq-len 64", StrategyKind.zero2),
+    ("gpt2 --gpus 2 --seq-len 64 micro-llama", StrategyKind.zero2),
+    ("llama-2-7b --gpus 8 --framework megatron --tp 2", StrategyKind.ddp),
+    ("llama-2-7b --gpus 8 --allocator-conf roundup_power2_divisions:4", StrategyKind.ddp),
+])
+def test_the_largest_segment_is_the_largest_over_every_request_of_the_trace(flags: str, kind: StrategyKind) -> None:
+    """The max-mb walk's segment (plan._largest_segment_bytes), read from what is known of the
+    trace (its largest request) where the verdicts replay the same terms, is the largest
+    allocation_size of any request's rounded size in the planned terms' trace built afresh
+    (step_ops), whether or not the trace was replayed before (a kept shape); asking it first
+    leaves the verdicts' kept shapes as they would be (megatron's resident gradient buffer
+    replays other terms); the harness's micro-llama (a flag's last word: the model instead),
+    whose requests all get the small pool's segment."""
+    from zeroplan.allocator.planner import _config, forget_replays
+    from zeroplan.allocator.replay import ALLOC_OP
+    from zeroplan.allocator.rules import allocation_size, round_size
+    from zeroplan.allocator.schedule import step_ops
+    from zeroplan.core.plan import _largest_segment_bytes, _unlimited_reserved_bytes, checked_peak_terms, step_fits_unrefused
+    from zeroplan.harness.presets import harness_model
+    from zeroplan.specs.request import revalidated
+
+    *flags_, last = flags.split()
+    request = _request(" ".join(flags_) if last == "micro-llama" else flags, kind).with_micro_batch(2)
+    if last == "micro-llama":
+        request = revalidated(request, model=harness_model(last))
+    states, terms = checked_peak_terms(request)
+    config = _config(request.assumptions.allocator_conf or "")
+    expected = max((allocation_size(round_size(size, config))
+                    for kind_, _, size, _ in step_ops(request, states, terms) if kind_ == ALLOC_OP), default=0)
+    forget_replays()
+    reserved = _unlimited_reserved_bytes(request)
+    forget_replays()
+    assert _largest_segment_bytes(request) == expected
+    assert _unlimited_reserved_bytes(request) == reserved
+    step_fits_unrefused(request)
+    assert _largest_segment_bytes(request) == expected

@@ -9,7 +9,9 @@ from zeroplan.allocator.trace import AllocationTrace, AllocEvent, FreeEvent, Str
 
 
 _ROUND = MIN_BLOCK_BYTES - 1
-"""(size + _ROUND) & ~_ROUND: size rounded up to a multiple of 512 (a power of two)."""
+_MASK = ~_ROUND
+"""(size + _ROUND) & _MASK: size rounded up to a multiple of 512 (a power of two); the mask kept,
+not inverted again for every allocation and free."""
 
 
 def proportional_bytes(total: int, weights: list[int]) -> list[int]:
@@ -76,7 +78,7 @@ class TraceBuilder:
         self.ops.append((ALLOC_OP, ident, size, int(stream)))
         self._sizes.append(size)
         alive = self._alive = self._alive + size
-        rounded = self._alive_rounded = self._alive_rounded + ((size + _ROUND) & ~_ROUND)
+        rounded = self._alive_rounded = self._alive_rounded + ((size + _ROUND) & _MASK)
         if alive > self.requested_peak_bytes:
             self.requested_peak_bytes = alive
         if rounded > self.rounded_peak_bytes:
@@ -98,7 +100,7 @@ class TraceBuilder:
             out.append(ident)
             ident += 1
             alive += size
-            rounded += (size + _ROUND) & ~_ROUND
+            rounded += (size + _ROUND) & _MASK
         self.next_id = ident
         self._alive, self._alive_rounded = alive, rounded
         if alive > self.requested_peak_bytes:
@@ -118,8 +120,12 @@ class TraceBuilder:
             ops.append((FREE_OP, ident, 0, 0))
             size = sizes[ident]
             alive -= size
-            rounded -= (size + _ROUND) & ~_ROUND
+            rounded -= (size + _ROUND) & _MASK
         self._alive, self._alive_rounded = alive, rounded
+
+    def largest_request_bytes(self) -> int:
+        """The largest request recorded (0 where there is none)."""
+        return max(self._sizes, default=0)
 
     def trace(self, source: str) -> AllocationTrace:
         """The recorded step as a typed trace."""

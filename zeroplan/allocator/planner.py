@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from zeroplan.allocator.capacity import CAPACITY_STEP_BYTES, BandScan, bisect_capacity, scan_band
-from zeroplan.allocator.config import AllocatorConfig, parse_alloc_conf
+from zeroplan.allocator.config import LARGE_BUFFER_BYTES, AllocatorConfig, parse_alloc_conf
 from zeroplan.allocator.fast_replay import replay_ops
 from zeroplan.allocator.replay import ALLOC_OP, FREE_OP, Ops, ReplayResult, replay
 from zeroplan.allocator.rules import allocation_size, round_size
@@ -80,6 +80,9 @@ class _Shape:
     """The most requested bytes alive at once over the trace."""
     capacity_independent: bool
     """No garbage collection (it acts against the capacity even where nothing is refused)."""
+    largest_request_bytes: int
+    """The largest request of the trace (0 where it has none): allocator_largest_segment_bytes
+    reads it instead of building the trace again."""
     unlimited_peak_bytes: int | None = None
     """The reserved peak without a device limit, once a replay has gone without a refusal."""
     outcomes: dict[int | None, tuple[bool, int]] = field(default_factory=dict)
@@ -143,7 +146,8 @@ def _shape(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms,
         # Without roundup_power2_divisions round_size is the builder's rounding to 512 bytes.
         plain = max(config.roundup_power2_divisions) <= 1
         floor = builder.rounded_peak_bytes if plain else _peaks(ops, config)[1]
-        shape = _Shape(floor, builder.requested_peak_bytes, config.garbage_collection_threshold == 0.0)
+        shape = _Shape(floor, builder.requested_peak_bytes, config.garbage_collection_threshold == 0.0,
+                       builder.largest_request_bytes())
         _remember(_SHAPES, trace, shape, _SHAPE_LIMIT)
         recorded = ops, builder.marks
     else:
@@ -334,12 +338,33 @@ def allocator_unlimited_reserved_bytes(request: PlanRequest, states: ModelStateB
 # segment of its own allocation size (alloc_block); a request that a cached block served at one
 # micro-batch need not find one at a smaller (the cached blocks shrink with it and are split
 # differently), so each such miss reserves at most one segment of the largest request's size more.
-def allocator_largest_segment_bytes(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms) -> int:
+def allocator_largest_segment_bytes(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms,
+                                    allocated_peak_bytes: int | None = None) -> int:
     """The largest segment a request of the step's trace would get of its own (alloc_block's
-    allocation_size of its rounded size)."""
+    allocation_size of its rounded size). ``allocated_peak_bytes``: where ``states`` and
+    ``terms`` are the ones the verdicts replay, the planner's allocated peak, so what is known
+    of the trace (_Shape) is read where that decides it (the trace the max-mb walk has just
+    replayed at this micro-batch is not built again); None: the trace is built afresh (other
+    terms must not take the verdicts' place in the kept shapes, which the request names)."""
     config = _config(request.assumptions.allocator_conf or "")
     with cyclic_gc_paused():
-        sizes = {size for kind, _, size, _ in step_ops(request, states, terms) if kind == ALLOC_OP}
+        if allocated_peak_bytes is None:
+            return _largest_segment_of(step_ops(request, states, terms), config)
+        trace, shape, _, config, recorded = _shape(request, states, terms, allocated_peak_bytes)
+        # round_size never falls as the size grows (its divisions are powers of two:
+        # AllocatorConfig), and allocation_size gives a request of at most 10 MiB a segment of
+        # at most 20 MiB and a larger one its size rounded up to 2 MiB: where the largest
+        # request's segment is at least 20 MiB, no other request's is larger.
+        largest = allocation_size(round_size(max(shape.largest_request_bytes, 1), config))
+        if largest < LARGE_BUFFER_BYTES:
+            largest = _largest_segment_of(recorded[0] if recorded is not None else record_step(trace[0]).ops, config)
+        del recorded
+    return largest
+
+
+def _largest_segment_of(ops: Ops, config: AllocatorConfig) -> int:
+    """The largest allocation_size of any request's rounded size in ``ops``."""
+    sizes = {size for kind, _, size, _ in ops if kind == ALLOC_OP}
     return max((allocation_size(round_size(size, config)) for size in sizes), default=0)
 
 

@@ -671,7 +671,18 @@ def _largest_segment_bytes(request: PlanRequest) -> int:
     (allocator_largest_segment_bytes): at a smaller micro-batch the requests are no larger."""
     from zeroplan.allocator.planner import allocator_largest_segment_bytes
 
-    return max(allocator_largest_segment_bytes(rank, *checked_peak_terms(rank)) for rank in pipeline_rank_requests(request))
+    largest = 0
+    for rank in pipeline_rank_requests(request):
+        # The terms as planned, not as replayed (replayed): a resident gradient buffer's parts
+        # are its requests here, read from a trace built for them. Where the two are the same,
+        # the trace is the one step_fits_unrefused has just replayed at this micro-batch (the
+        # same allocated peak), whose kept shape answers.
+        states, terms = checked_peak_terms(rank)
+        allocated = None
+        if replayed(states, terms) == (states, terms):
+            allocated, _ = peak_allocated_bytes(states, terms, rank.batch.grad_accum_steps)
+        largest = max(largest, allocator_largest_segment_bytes(rank, states, terms, allocated))
+    return largest
 
 
 def _unrefused_bracket(request: PlanRequest, bound: int) -> tuple[int, int]:
