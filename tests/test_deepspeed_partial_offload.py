@@ -162,3 +162,17 @@ def test_the_spec_field_refuses_in_one_line(update: dict, words: str) -> None:
         StrategySpec(**update)
     assert "strategy.offload_optimizer_ratio" in str(error.value) and words in str(error.value)
     assert "\n" not in str(error.value)
+
+
+def test_a_ratio_copied_to_another_strategy_is_not_read(tmp_path: Path) -> None:
+    """A spec copied to another kind without its validation (model_copy, as the plan search copies
+    a layout's knobs) that carries a ratio to zero3-nvme, zero2-offload or zero3 plans those as
+    they are planned without it."""
+    run, _ = planned(tmp_path, offload_config(0.5))
+    for kind in (StrategyKind.zero3_nvme, StrategyKind.zero2_offload, StrategyKind.zero3):
+        carried = run.request.model_copy(update={"strategy": run.request.strategy.model_copy(update={"kind": kind})})
+        bare = run.request.with_strategy(run.request.strategy.model_copy(update={"kind": kind,
+                                                                              "offload_optimizer_ratio": None}))
+        assert partial.device_partition_elements(carried) == 0
+        assert model_state_bytes(carried) == model_state_bytes(bare)
+        assert cpu_optimizer_time_s(carried) == cpu_optimizer_time_s(bare)

@@ -25,6 +25,7 @@ from __future__ import annotations
 from zeroplan.core.nvme import sub_group_partition_elements
 from zeroplan.core.optimizer_states import elementwise_state_bytes
 from zeroplan.specs.request import PlanRequest
+from zeroplan.specs.strategy import StrategyKind
 from zeroplan.units import FP32_BYTES
 
 
@@ -35,10 +36,15 @@ def first_host_sub_group(sub_groups: int, ratio: float) -> int:
     return int((1 - ratio) * sub_groups)
 
 
+# The strategies a ratio applies to (StrategySpec refuses it elsewhere; a spec copied to another
+# kind, as fit and the plan search copy the base request's knobs, keeps it unread there).
+PARTIAL_OFFLOAD_KINDS = (StrategyKind.zero3_offload, StrategyKind.zero3_param_offload)
+
+
 def device_sub_group_elements(request: PlanRequest) -> list[int]:
     """Partition elements of each sub-group kept on the GPU, in order (none without a ratio)."""
     ratio = request.strategy.offload_optimizer_ratio
-    if ratio is None or not request.strategy.kind.offloads_optimizer:
+    if ratio is None or request.strategy.kind not in PARTIAL_OFFLOAD_KINDS:
         return []
     groups = sub_group_partition_elements(request)
     return groups[:first_host_sub_group(len(groups), ratio)]
