@@ -176,3 +176,45 @@ def test_a_ratio_copied_to_another_strategy_is_not_read(tmp_path: Path) -> None:
         assert partial.device_partition_elements(carried) == 0
         assert model_state_bytes(carried) == model_state_bytes(bare)
         assert cpu_optimizer_time_s(carried) == cpu_optimizer_time_s(bare)
+
+
+def test_the_flag_plans_what_the_file_plans(tmp_path: Path) -> None:
+    """--offload-ratio sets the same field as the file's key: Llama-3.1-70B on 8 GPUs holds 8.8B
+    partition elements a rank, 9 sub-groups of DeepSpeed's 1e9, of which ratio 0.5 keeps int(4.5)
+    = 4 on the GPU; the model states are the file's."""
+    flags = ("llama-3.1-70b", "--gpus", "8", "--gpu", "h100-80gb", "--precision", "bf16-mixed", "--flat-reserve")
+    by_flag, _ = planned_from_fit_flags([*flags, "--strategies", "zero3-offload", "--offload-ratio", "0.5"], "zeroplan fit")
+    config = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5}},
+              "bf16": {"enabled": True}}
+    by_file, _ = planned_from_fit_flags([*flags, "--deepspeed-config", written(tmp_path, config)], "zeroplan fit")
+    assert by_flag.request.strategy.offload_optimizer_ratio == 0.5
+    assert len(sub_group_partition_elements(by_flag.request)) == 9
+    assert len(partial.device_sub_group_elements(by_flag.request)) == 4
+    assert model_state_bytes(by_flag.request) == model_state_bytes(by_file.request)
+    assert emitted_ratio(by_flag.request) == 0.5
+
+
+def emitted_ratio(request) -> float | None:
+    return deepspeed_config(request)["zero_optimization"]["offload_optimizer"].get("ratio")
+
+
+@pytest.mark.parametrize("flags, words", [
+    (("--offload-ratio", "0.5"), "allowed: --strategies naming only those"),
+    (("--strategies", "zero3-offload,zero3", "--offload-ratio", "0.5"), "applies to zero3-offload,zero3-param-offload"),
+    (("--strategies", "zero3-offload", "--offload-ratio", "1.5"), "above 0, at most 1"),
+])
+def test_the_flag_refuses_in_one_line(capsys, flags, words) -> None:
+    try:
+        code = main(["fit", *GPT2, *flags])
+    except SystemExit as exit_:  # argparse's own refusal of the value
+        code = exit_.code
+    assert code == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "--offload-ratio" in error and words in error, error
+
+
+def test_the_flag_and_a_file_do_not_both_set_it(tmp_path: Path, capsys) -> None:
+    assert main(["fit", *GPT2, "--strategies", "zero3-offload", "--offload-ratio", "0.5",
+                 "--deepspeed-config", written(tmp_path, offload_config(0.5))]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "give one" in error, error
