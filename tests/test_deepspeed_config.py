@@ -89,6 +89,40 @@ def test_the_defaults_are_deepspeeds_own(tmp_path: Path) -> None:
     assert zero.overlap_comm is True  # None resolves to stage 3's true, as zeroplan.core.deepspeed_accumulation does
 
 
+def test_the_offload_ratio_is_read_at_stage_3() -> None:
+    """offload_optimizer.ratio (ZeRO-Offload++'s Twin-Flow) becomes StrategySpec.offload_optimizer_ratio;
+    1.0, DeepSpeed's default, is no ratio."""
+    def read(ratio: float, param: str = "none"):
+        zero = {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": ratio}, "offload_param": {"device": param}}
+        return deepspeed_config_of({"zero_optimization": zero}, hf_auto=False)
+
+    assert read(0.25).offload_optimizer_ratio == 0.25
+    assert read(0.25).strategy_updates()["offload_optimizer_ratio"] == 0.25
+    assert read(0.5, "cpu").kind is StrategyKind.zero3_param_offload
+    assert read(1.0).offload_optimizer_ratio is None and "offload_optimizer_ratio" not in read(1.0).strategy_updates()
+
+
+def test_deepspeeds_parser_takes_the_ratio_at_stage_3_only(tmp_path: Path) -> None:
+    """DeepSpeed's own config reads the ratio at stage 3 and asserts below stage 3
+    (runtime/zero/config.py offload_ratio_check); the reader agrees on both."""
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("deepspeed is not importable")
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    for stage in (3, 2):
+        config = {"train_micro_batch_size_per_gpu": 1,
+                  "zero_optimization": {"stage": stage, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}}
+        if stage == 3:
+            assert DeepSpeedConfig(written(tmp_path, config)).zero_config.offload_optimizer.ratio == 0.5
+            assert deepspeed_config_of(config, hf_auto=False).offload_optimizer_ratio == 0.5
+            continue
+        with pytest.raises(Exception, match="Partial offloading only supported for ZeRO Stage 3"):
+            DeepSpeedConfig(written(tmp_path, config))
+        with pytest.raises(ZeroplanError, match="offload_optimizer.ratio"):
+            deepspeed_config_of(config, hf_auto=False)
+
+
 def test_an_explicit_zero_is_kept_under_hf(tmp_path: Path) -> None:
     """Under hf the unset stage-3 knobs are DeepSpeed's defaults; a file's explicit 0 stays 0."""
     config = {"zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 0, "stage3_param_persistence_threshold": 0}}
@@ -150,6 +184,10 @@ def test_a_larger_sub_group_steps_more_at_once(tmp_path: Path) -> None:
     ({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "buffer_count": 3}}}, (),
      "buffer_count", "allowed: 4"),
     ({"zero_optimization": {"stage": 3}, "aio": {"block_size": 7}}, (), "aio.block_size", "allowed: 1048576"),
+    ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}}, (),
+     "zero_optimization.offload_optimizer.ratio", "allowed: 1.0, or stage 3"),
+    ({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0}}}, (),
+     "zero_optimization.offload_optimizer.ratio", "greater than 0, at most 1"),
     ({"zero_optimization": {"stage": 3}, "fp16": {"enabled": True, "fp16_master_weights_and_grads": True}}, (),
      "fp16.fp16_master_weights_and_grads", "allowed: false"),
     ({"zero_optimization": {"stage": 3}, "bf16": {"enabled": True, "bf16_optimizer_states": True}}, (),

@@ -33,6 +33,7 @@ TEXT_SAMPLES: dict[str, list[str]] = {
     "lora_dropout": ["0.05", "0.1234567890123"],
     "seq_len": ["128", "131072"],
     "varying_lengths": ["600,400,91,20000", "812.5,1021.25,16,51760,truncate"],
+    "offload_ratio": ["0.5", "0.3333333333333333"],
 }
 """Flags whose accepted text the parser's metadata does not give."""
 

@@ -155,5 +155,11 @@ def deepspeed_config_line(path: str, request: PlanRequest) -> str:
                   f"reuse distance {_elements(planned.max_reuse_distance(request))}",
                   f"persistence {_elements(planned.persistence_threshold(request))}",
                   f"sub-group {_elements(strategy.deepspeed_sub_group_elements)}"]
+    if strategy.offload_optimizer_ratio is not None:
+        from zeroplan.core.deepspeed_partial_offload import device_sub_group_elements
+        from zeroplan.core.nvme import sub_group_partition_elements
+
+        parts.append(f"offload ratio {strategy.offload_optimizer_ratio:g} ({len(device_sub_group_elements(request))} "
+                     f"of {len(sub_group_partition_elements(request))} sub-groups on the GPU)")
     return (f"DeepSpeed config {path}: {strategy.kind.value}, {', '.join(parts)} "
             "(elements; keys it leaves out at DeepSpeed's defaults)")

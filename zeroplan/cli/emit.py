@@ -96,12 +96,13 @@ def _one_strategy(args: argparse.Namespace) -> tuple[StrategyKind]:
 
 def planned_from_fit_flags(flags: list[str], command: str):
     """PlannedRun of the one strategy ``flags`` (fit's arguments) name, as fit predicts it."""
-    from zeroplan.cli.fit import request_from_args
+    from zeroplan.cli.fit import check_offload_ratio, request_from_args
     from zeroplan.core.plan import fit
     from zeroplan.emit import PlannedRun
 
     args = _fit_parser().parse_args(flags)
     kinds = _one_strategy(args)
+    check_offload_ratio(args, kinds)
     report = fit(request_from_args(args, kinds[0]), kinds)
     plan = report.plan_for(kinds[0])
     request = request_from_args(args, kinds[0])

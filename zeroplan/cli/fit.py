@@ -176,6 +176,33 @@ def _bucket_from_args(args: argparse.Namespace) -> dict[str, int]:
     return {} if size is None else {"zero_bucket_elements": size}
 
 
+def offload_ratio(text: str) -> float:
+    """--offload-ratio: a number above 0, at most 1 (StrategySpec.offload_optimizer_ratio)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number above 0, at most 1, got {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be above 0, at most 1, got {text}")
+    return value
+
+
+PARTIAL_OFFLOAD_STRATEGIES = (StrategyKind.zero3_offload, StrategyKind.zero3_param_offload)
+
+
+def check_offload_ratio(args: argparse.Namespace, kinds: tuple[StrategyKind, ...] | None) -> None:
+    """--offload-ratio plans DeepSpeed's ZeRO-3 CPU offloads only, and a --deepspeed-config file
+    sets its own (offload_optimizer.ratio)."""
+    if getattr(args, "offload_ratio", None) is None:
+        return
+    if getattr(args, "deepspeed_config", None) is not None:
+        raise ZeroplanError("--offload-ratio", "and --deepspeed-config both set the ratio; give one (the file's "
+                                               "offload_optimizer.ratio)")
+    allowed = ",".join(kind.value for kind in PARTIAL_OFFLOAD_STRATEGIES)
+    if kinds is None or any(kind not in PARTIAL_OFFLOAD_STRATEGIES for kind in kinds):
+        raise ZeroplanError("--offload-ratio", f"applies to {allowed} only (allowed: --strategies naming only those)")
+
+
 def add_sharding_arguments(group: argparse._ArgumentGroup) -> None:
     """The data-parallel strategies' own knobs (fit and compare)."""
     group.add_argument(
@@ -190,6 +217,10 @@ def add_sharding_arguments(group: argparse._ArgumentGroup) -> None:
                             "bucket settings it sets, DeepSpeed's defaults for those it leaves out; its batch, "
                             "precision and optimizer must agree with the flags")
     add_zero3_group_arguments(group)
+    group.add_argument("--offload-ratio", type=offload_ratio,
+                       help="zero3-offload, zero3-param-offload: ZeRO-Offload++'s share of the optimizer sub-groups "
+                            "stepped on the host (DeepSpeed offload_optimizer.ratio, above 0, at most 1; default 1: "
+                            "all), the first of the others kept and stepped on the GPU")
     group.add_argument(
         "--keep-unsharded-grads-on-accum", action="store_true",
         help="accumulate unsharded gradients over --grad-accum micro-batches and reduce once (FSDP no_sync, "
@@ -633,6 +664,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
                             or accumulates_without_sync(framework, cluster.world_size // parallel.model_parallel_size),
                             deepspeed_grad_accum_fp32=getattr(args, "deepspeed_grad_accum_dtype", None) == "fp32",
                             fsdp1_root_stays_gathered=_fsdp1_from_args(args, framework),
+                            offload_optimizer_ratio=getattr(args, "offload_ratio", None),
                             **_bucket_from_args(args))
     if deepspeed_file is not None and getattr(args, "reduce_bucket_size", None) is not None:
         raise ZeroplanError("--reduce-bucket-size", "and --deepspeed-config both set the reduce bucket; give one "
@@ -762,10 +794,12 @@ def _run(args: argparse.Namespace, compare: bool) -> int:
 
     check_options_apply(args)
     kinds = strategies_asked(args)
+    check_offload_ratio(args, kinds)
     if args.explain is not None and kinds is not None and StrategyKind(args.explain) not in kinds:
         raise ZeroplanError("--explain", f"{args.explain!r} is not among the strategies planned "
                                          f"({','.join(k.value for k in kinds)})")
-    request = request_from_args(args)
+    # The base request's strategy carries the knobs; a ratio is valid on the strategies it applies to.
+    request = request_from_args(args, kinds[0]) if getattr(args, "offload_ratio", None) is not None else request_from_args(args)
     report = fit(request, kinds)
     if args.format == "json":
         from zeroplan.cli.efficiency import time_basis_text

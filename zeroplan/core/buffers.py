@@ -607,8 +607,14 @@ def optimizer_step_temporary_bytes(request: PlanRequest, optimizer_elements: int
         # runtime/bf16_optimizer.py step hands the fp32 gradient partition itself to the fused
         # Adam (param_partition.grad = grad_partition; a copy only under bf16 accumulation).
         return 0
-    # With FSDP2's CPUOffloadPolicy the step runs on the host's states (model_state_bytes).
-    if request.strategy.kind.offloads_optimizer or request.training.fsdp_cpu_offload:
+    # With FSDP2's CPUOffloadPolicy the step runs on the host's states (model_state_bytes), and
+    # so does DeepSpeed's offload but for the sub-groups a ratio keeps on the GPU, whose AdamW
+    # makes its temporary there (zeroplan.core.deepspeed_partial_offload).
+    if request.strategy.kind.offloads_optimizer and not request.training.fsdp_cpu_offload:
+        from zeroplan.core.deepspeed_partial_offload import device_step_temporary_bytes
+
+        return device_step_temporary_bytes(request)
+    if request.training.fsdp_cpu_offload:
         return 0
     eb = element_bytes(request.training.precision, request.convention)
     if request.training.optimizer_in_backward:

@@ -14,6 +14,7 @@ states otherwise (zeroplan.core.nvme) and keep the older rule of zeroplan.core.t
 
 from __future__ import annotations
 
+from zeroplan.core import deepspeed_partial_offload as partial
 from zeroplan.core.communication import Phase, overlaps_grad_reduce
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
@@ -123,7 +124,12 @@ def deepspeed_offload_transfer_bytes(request: PlanRequest, elements: int) -> dic
     m, f, accum = _model_bytes(request), _master_bytes(request), request.batch.grad_accum_steps
     gradient_bytes = (stage2_gradient_bytes if request.strategy.kind.zero_stage == 2 else stage3_gradient_bytes)(
         elements, accum, m, f)
+    # ZeRO-Offload++'s GPU sub-groups (zeroplan.core.deepspeed_partial_offload): their gradients
+    # still pass through the host buffer, but their fp32 copy and the step's cast stay on the GPU.
+    gradient_bytes -= partial.device_fp32_gradient_bytes(request, f)
     moved = parameter_bytes_by_phase(request, elements)
+    up_not_made, down_made = partial.device_parameter_step_bytes(request, m, f)
+    moved[Phase.step] += down_made - up_not_made
     moved[Phase.backward if gradient_copies_hidden(request) else Phase.step] += gradient_bytes
     return moved
 
@@ -144,6 +150,22 @@ def host_pass_bytes_per_element(request: PlanRequest) -> int:
     stage3 = request.strategy.kind.zero_stage == 3
     fp16 = request.training.precision is Precision.fp16_mixed
     unscales = stage3 or fp16 or request.training.framework is Framework.hf
-    overflow_reads = 2 * m if stage3 and fp16 else 0
     cast = 0 if step_copy_in_cpu_step(request) else f + m
-    return (2 * f if unscales else 0) + cast + overflow_reads
+    return (2 * f if unscales else 0) + cast + overflow_read_bytes_per_element(request)
+
+
+# stage3.py:3013-3018 has_overflow (fp16): torch.isinf / torch.isnan of grad_partitions_flat_buffer, the host
+# buffer every parameter's gradient passes through, whatever device its sub-group steps on.
+def overflow_read_bytes_per_element(request: PlanRequest) -> int:
+    """Host-memory bytes per partition element of the fp16 overflow check at stage 3."""
+    stage3 = request.strategy.kind.zero_stage == 3
+    return 2 * _model_bytes(request) if stage3 and request.training.precision is Precision.fp16_mixed else 0
+
+
+# ZeRO-Offload++'s GPU sub-groups (zeroplan.core.deepspeed_partial_offload) step on the GPU, but the
+# host still reads their gradients in the overflow check, and under offload_param casts their
+# updated fp32 master into the host's model-dtype partition (stage3.py:2857, read f, write m).
+def device_sub_group_host_pass_bytes_per_element(request: PlanRequest) -> int:
+    """Host-memory bytes per element of a GPU sub-group's step."""
+    cast = _master_bytes(request) + _model_bytes(request) if request.strategy.kind.offloads_parameters else 0
+    return overflow_read_bytes_per_element(request) + cast

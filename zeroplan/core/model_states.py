@@ -1,7 +1,7 @@
 """Per-rank bytes of parameters, gradients and optimizer states (the ZeRO paper's "model
 states", sec. 3.1), exact for a padded sharded layout, with offload to host memory."""
 
-from zeroplan.core import deepspeed_offload
+from zeroplan.core import deepspeed_offload, deepspeed_partial_offload
 from zeroplan.core.finetune.offload import offloaded_quant_constant_bytes
 from zeroplan.core.finetune.storage import frozen_held_bytes, frozen_tensor_bytes
 from zeroplan.core.finetune.units import trainable_view
@@ -288,12 +288,17 @@ def model_state_bytes(request: PlanRequest) -> ModelStateBytes:
         # ZeRO-Offload (Ren et al. 2021, sec. 4.1): the host holds fp32 master weights, optimizer
         # states and fp32 gradients, and runs the optimizer step. The gradient partition streams
         # to the host as it is reduced; nothing stays on the GPU.
-        host = optimizer_elements * (OFFLOAD_MASTER_BYTES + OFFLOAD_GRADIENT_BYTES)
-        host += optimizer_bytes(request, optimizer_elements, optimizer_shards, eb) + counters
+        # Under ZeRO-Offload++'s ratio the GPU sub-groups keep their fp32 master, gradient and
+        # AdamW states on the GPU (zeroplan.core.deepspeed_partial_offload), the gradient made
+        # once before the first step and kept, so counted with the resident states.
+        on_device = deepspeed_partial_offload.device_partition_elements(request)
+        on_host = optimizer_elements - on_device
+        host = on_host * (OFFLOAD_MASTER_BYTES + OFFLOAD_GRADIENT_BYTES)
+        host += optimizer_bytes(request, on_host, optimizer_shards, eb) + counters
         # DeepSpeed's host staging buffers (zeroplan.core.deepspeed_offload).
         host += deepspeed_offload.host_staging_bytes(request)
         gradient = 0
-        optimizer = 0
+        optimizer = deepspeed_partial_offload.device_state_bytes(request)
         counters = 0
     if kind.offloads_parameters:
         host += parameter

@@ -13,7 +13,8 @@ from zeroplan.core.compiled_time import compile_saved_seconds
 from zeroplan.core.float8_time import float8_cast_seconds, float8_gemm_saved_seconds
 from zeroplan.core.flops import StepFlops, step_flops
 from zeroplan.core.deepspeed_offload_time import (
-    deepspeed_offload_transfer_bytes, host_pass_bytes_per_element, models_offload_time, parameter_copy_in_cpu_step_bytes,
+    deepspeed_offload_transfer_bytes, device_sub_group_host_pass_bytes_per_element, host_pass_bytes_per_element,
+    models_offload_time, parameter_copy_in_cpu_step_bytes,
 )
 from zeroplan.core.layout import element_bytes
 from zeroplan.core.memo import batch_keyed
@@ -21,6 +22,7 @@ from zeroplan.core.model_states import held_elements, shard_layout
 from zeroplan.core.nvme import nvme_traffic
 from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise
 from zeroplan.core.deepspeed_checkpointing import exposed_host_copy_bytes
+from zeroplan.core.deepspeed_partial_offload import device_partition_elements
 from zeroplan.core.parallel.activations import checkpointed_input_bytes, chunk_request
 from zeroplan.core.parallel.units import rank_block_count, rank_trainable_units
 from zeroplan.core.roofline.ceilings import times_memory_bound
@@ -206,7 +208,10 @@ def cpu_optimizer_time_s(request: PlanRequest) -> float:
         return host_memory_bound_s(traffic, request.cluster.host, request.cluster.gpus_per_node)
     if not request.strategy.kind.offloads_optimizer:
         return 0.0
-    elements = offloaded_optimizer_elements(request)
+    # ZeRO-Offload++'s ratio keeps some sub-groups' step on the GPU (gpu_optimizer_time_s):
+    # the CPU Adam runs over the others (zeroplan.core.deepspeed_partial_offload).
+    on_device = device_partition_elements(request)
+    elements = offloaded_optimizer_elements(request) - on_device
     adam_s = cpu_step_time_s(
         elements,
         cpu_optimizer_bytes_per_element(request.training.optimizer),
@@ -221,8 +226,9 @@ def cpu_optimizer_time_s(request: PlanRequest) -> float:
     # after another (host_pass_bytes_per_element).
     in_kernel_copy_s = parameter_copy_in_cpu_step_bytes(request, elements) / host_link_share_bytes_per_s(request)
     adam_s = max(adam_s, in_kernel_copy_s)
-    passes = host_memory_bound_s(elements * host_pass_bytes_per_element(request), request.cluster.host,
-                                 request.cluster.gpus_per_node)
+    pass_bytes = elements * host_pass_bytes_per_element(request)
+    pass_bytes += on_device * device_sub_group_host_pass_bytes_per_element(request)
+    passes = host_memory_bound_s(pass_bytes, request.cluster.host, request.cluster.gpus_per_node)
     return adam_s + passes
 
 

@@ -181,6 +181,10 @@ def deepspeed_config(request: PlanRequest) -> dict[str, Any]:
     else:
         if kind.offloads_optimizer:
             zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+            if request.strategy.offload_optimizer_ratio is not None:
+                # ZeRO-Offload++'s share of the sub-groups on the host, as planned
+                # (zeroplan.core.deepspeed_partial_offload).
+                zero["offload_optimizer"]["ratio"] = request.strategy.offload_optimizer_ratio
         if kind.offloads_parameters:
             zero["offload_param"] = {"device": "cpu", "pin_memory": False}
     config: dict[str, Any] = {

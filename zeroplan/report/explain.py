@@ -59,6 +59,10 @@ def _state_terms(report: FitReport, plan: StrategyPlan, unit: ByteUnit) -> list[
                  else _per_parameter(m.gradient_bytes, report, gradient_shards))
     optimizer = ("offloaded to host RAM (0 on the GPU)" if kind.offloads_optimizer and not m.optimizer_state_bytes
                  else _per_parameter(m.optimizer_state_bytes, report, n if kind.zero_stage >= 1 else 1))
+    if kind.offloads_optimizer and m.optimizer_state_bytes:
+        # ZeRO-Offload++'s ratio (zeroplan.core.deepspeed_partial_offload).
+        optimizer = ("fp32 master, fp32 gradient and AdamW states of the sub-groups the offload ratio keeps on the "
+                     "GPU; the rest offloaded to host RAM")
     parameters = ("offloaded to host RAM" if kind.offloads_parameters and not m.parameter_bytes
                   else _per_parameter(m.parameter_bytes, report, parameter_shards))
     return [

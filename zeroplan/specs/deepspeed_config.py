@@ -99,6 +99,8 @@ class DeepSpeedConfig(Frozen):
     max_reuse_distance: int
     hpz_partition_size: int | None
     mics_shard_size: int | None
+    offload_optimizer_ratio: float | None
+    """offload_optimizer.ratio below 1.0 (StrategySpec.offload_optimizer_ratio); None at 1.0."""
     nvme_pipeline_read: bool
     nvme_pipeline_write: bool
     grad_accum_fp32: bool
@@ -141,6 +143,8 @@ class DeepSpeedConfig(Frozen):
             updates["hpz_partition_size"] = self.hpz_partition_size
         if self.mics_shard_size is not None:
             updates["mics_shard_size"] = self.mics_shard_size
+        if self.offload_optimizer_ratio is not None:
+            updates["offload_optimizer_ratio"] = self.offload_optimizer_ratio
         return updates
 
 
@@ -287,10 +291,30 @@ def _offload_device(zero: dict[str, Any], name: str) -> str:
     device = block.get("device", "none") if block else "none"
     if device not in ("none", "cpu", "nvme"):
         raise _refuse(f"zero_optimization.{name}.device", f"{device!r} (allowed: none, cpu, nvme)")
-    if name == "offload_optimizer" and block.get("ratio", 1.0) != 1.0:
-        raise _refuse("zero_optimization.offload_optimizer.ratio",
-                      f"{block['ratio']!r}: a partial offload (SuperOffload's ratio) is not planned (allowed: 1.0)")
     return device
+
+
+RATIO_KEY = "zero_optimization.offload_optimizer.ratio"
+
+
+# deepspeed 0.19.8 runtime/zero/offload_config.py:99 ratio = Field(1.0, ge=0.0, le=1.0), ZeRO-Offload++'s
+# Twin-Flow: the share of stage 3's sub-groups the CPU Adam steps (stage3.py:1100-1108); config.py:396-400
+# offload_ratio_check asserts stage 3 below 1.0. A ratio of 0 (nothing on the host, yet a CPU Adam
+# built) is not planned.
+def _offload_ratio(zero: dict[str, Any], kind: StrategyKind) -> float | None:
+    """offload_optimizer.ratio; None where absent or 1.0 (DeepSpeed's default: everything offloaded)."""
+    block = zero.get("offload_optimizer") or {}
+    if not isinstance(block, dict) or "ratio" not in block:
+        return None
+    ratio = block["ratio"]
+    if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 < ratio <= 1:
+        raise _refuse(RATIO_KEY, f"{ratio!r} (allowed: a number greater than 0, at most 1)")
+    if ratio == 1:
+        return None
+    if kind not in (StrategyKind.zero3_offload, StrategyKind.zero3_param_offload):
+        raise _refuse(RATIO_KEY, f"{ratio!r} below 1 is ZeRO-3's offload to the CPU (DeepSpeed asserts stage 3; "
+                                 f"allowed: 1.0, or stage 3 with offload_optimizer.device cpu)")
+    return float(ratio)
 
 
 # The stage and offload devices that name each strategy (deepspeed 0.19.8 runtime/zero/config.py
@@ -406,6 +430,7 @@ def deepspeed_config_of(config: dict[str, Any], hf_auto: bool) -> DeepSpeedConfi
         max_reuse_distance=default("stage3_max_reuse_distance"),
         hpz_partition_size=hpz if kind in (StrategyKind.zero3_hpz, StrategyKind.zero3_zeropp) else None,
         mics_shard_size=int(mics) if kind is StrategyKind.zero3_mics else None,
+        offload_optimizer_ratio=_offload_ratio(zero, kind),
         nvme_pipeline_read=bool(_bool(offload_optimizer, "pipeline_read", "zero_optimization.offload_optimizer.pipeline_read", False)),
         nvme_pipeline_write=bool(_bool(offload_optimizer, "pipeline_write", "zero_optimization.offload_optimizer.pipeline_write", False)),
         grad_accum_fp32=grad_accum_dtype == "fp32",

@@ -55,6 +55,17 @@ def check_paged_optimizer(training: TrainingSpec, kind: StrategyKind) -> None:
                             "steps them on the host already (allowed: a strategy that keeps the optimizer on the GPU)")
 
 
+def check_partial_offload(request: "PlanRequest") -> None:
+    """ZeRO-Offload++'s ratio steps a GPU AdamW beside a CPU Adam: deepspeed 0.19.8
+    runtime/zero/stage3.py:313-316 asserts DeepSpeedCPUAdam ("Hybrid Optimizer Only Supports
+    DeepSpeedCPUAdam"), which steps Adam or AdamW."""
+    if request.strategy.offload_optimizer_ratio is None:
+        return
+    if request.training.optimizer not in (Optimizer.adam, Optimizer.adamw):
+        raise ZeroplanError("strategy.offload_optimizer_ratio", f"needs DeepSpeedCPUAdam, not "
+                                                                f"{request.training.optimizer.value} (allowed: adam, adamw)")
+
+
 def default_attention_kernel(model: ModelSpec, framework: Framework | None = None) -> AttentionKernel:
     """The attention a request takes when none is given: eager for ALiBi models, whose
     transformers attention has no fused path (BloomAttention: baddbmm, then an fp32 softmax),
@@ -502,6 +513,7 @@ class PlanRequest(Frozen):
             raise ZeroplanError("strategy", f"{self.strategy.kind.value!r} cannot hold an int8 base (bitsandbytes Int8Params; "
                                             f"allowed: {', '.join(k.value for k in INT8_STRATEGIES)})")
         check_zero3_groups(self)
+        check_partial_offload(self)
         check_compiled_layout(self.training, self.parallel)
         check_compiled_strategy(self.training, self.strategy.kind)
         if self.strategy.kind is StrategyKind.hsdp:

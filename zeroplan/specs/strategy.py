@@ -132,6 +132,11 @@ _ZERO_STAGE = {
 _USES_HPZ = frozenset({StrategyKind.zero3_hpz, StrategyKind.zero3_zeropp})
 _OFFLOADS_OPTIMIZER = frozenset({StrategyKind.zero2_offload, StrategyKind.zero3_offload, StrategyKind.zero3_param_offload,
                                  StrategyKind.zero3_nvme, StrategyKind.zero3_param_nvme})
+# deepspeed 0.19.8 runtime/zero/config.py:396-400 offload_ratio_check asserts stage 3 for a
+# ratio below 1; stage3.py:1100-1108 splits the sub-groups only under offload_optimizer, and the
+# NVMe swapper (_swappable_optimizer_subgroup, :1114) takes the offloaded ones otherwise: the CPU
+# offloads of stage 3 are planned.
+_PARTIAL_OFFLOAD_KINDS = (StrategyKind.zero3_offload, StrategyKind.zero3_param_offload)
 _OFFLOADS_PARAMETERS = frozenset({StrategyKind.zero3_param_offload, StrategyKind.zero3_param_nvme})
 _OPTIMIZER_ON_NVME = frozenset({StrategyKind.zero3_nvme, StrategyKind.zero3_param_nvme})
 _DEFAULT_CONVENTION = {kind: StateConvention.fsdp2 if kind in _FSDP or kind is StrategyKind.ddp else StateConvention.zero
@@ -224,6 +229,12 @@ class StrategySpec(Frozen):
     """DeepSpeed zero_optimization.sub_group_size (elements; its default 1e9, runtime/zero/config.py):
     ZeRO-3's optimizer steps, and the NVMe swapper swaps, one sub-group of this many partition
     elements at a time (zeroplan.core.nvme.sub_group_tensor_elements)."""
+    offload_optimizer_ratio: float | None = None
+    """DeepSpeed zero_optimization.offload_optimizer.ratio (ZeRO-Offload++'s Twin-Flow), from 0
+    exclusive to 1: the share of ZeRO-3's optimizer sub-groups stepped on the host by CPU Adam,
+    the rest kept on the GPU and stepped there by a torch AdamW (zeroplan.core.
+    deepspeed_partial_offload). None is DeepSpeed's default 1.0, everything offloaded.
+    zero3-offload and zero3-param-offload only (runtime/zero/config.py offload_ratio_check)."""
     deepspeed_grad_accum_fp32: bool = False
     """DeepSpeed data_types.grad_accum_dtype "fp32" (its default is the model's dtype): under bf16
     at ZeRO stage 1 DeepSpeed then runs its BF16_Optimizer instead of the ZeRO optimizer
@@ -233,6 +244,19 @@ class StrategySpec(Frozen):
     """DeepSpeed zero_optimization.overlap_comm; None is DeepSpeed's default (true at stage 3,
     false below: deepspeed/runtime/zero/config.py overlap_comm_valid). At stages 1-2 with
     contiguous gradients it doubles the reduce bucket (stage_1_and_2.py setup_buckets)."""
+
+    @model_validator(mode="after")
+    def _offload_ratio_fits_the_strategy(self) -> "StrategySpec":
+        ratio = self.offload_optimizer_ratio
+        if ratio is None:
+            return self
+        if not 0 < ratio <= 1:
+            raise ZeroplanError("strategy.offload_optimizer_ratio", f"{ratio!r} (allowed: greater than 0, at most 1)")
+        if self.kind not in _PARTIAL_OFFLOAD_KINDS:
+            raise ZeroplanError("strategy.offload_optimizer_ratio",
+                                f"applies to ZeRO-3's optimizer offload to the CPU, not {self.kind.value!r} "
+                                f"(allowed: {', '.join(k.value for k in _PARTIAL_OFFLOAD_KINDS)})")
+        return self
 
     @model_validator(mode="after")
     def _reduce_mode_fits_the_stage(self) -> "StrategySpec":

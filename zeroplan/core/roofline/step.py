@@ -133,13 +133,33 @@ def autocast_cast_operations(request: PlanRequest, micro_batches: int) -> list[O
 
 
 def optimizer_operation(request: PlanRequest) -> list[Operation]:
-    """The GPU's optimizer step over the elements this rank steps (none when it runs on the host)."""
-    if request.strategy.kind.offloads_optimizer or request.training.fsdp_cpu_offload:
+    """The GPU's optimizer step over the elements this rank steps (none when it runs on the host,
+    but for the sub-groups ZeRO-Offload++'s ratio keeps on the GPU: device_sub_group_step)."""
+    if request.training.fsdp_cpu_offload:
         return []
+    if request.strategy.kind.offloads_optimizer:
+        return device_sub_group_step(request)
     eb = element_bytes(request.training.precision, request.convention)
     elements = held_elements(rank_trainable_units(request), request.shard_group_size, shard_layout(request))
     per_element = optimizer_bytes_per_element(request.training.optimizer, optimizer_loop(request), eb.optimizer_dtype,
                                               eb.master > 0 and eb.compute_parameter < eb.master)
+    return [memory_pass("optimizer step", OpPass.optimizer, elements * per_element, 1)]
+
+
+# deepspeed 0.19.8 runtime/zero/stage3.py:1249-1258: a GPU sub-group's step is the backup
+# torch.optim.AdamW's on its fp32 master (foreach, unfused: TORCH_ADAM_ACCESSES_PER_ELEMENT in
+# fp32), with the unscale and the cast back around it (zeroplan.core.deepspeed_partial_offload).
+def device_sub_group_step(request: PlanRequest) -> list[Operation]:
+    """The GPU's share of a partial offload's step (none without a ratio)."""
+    from zeroplan.core import deepspeed_partial_offload as partial
+    from zeroplan.specs.training import OptimizerLoop
+
+    elements = partial.device_partition_elements(request)
+    if not elements:
+        return []
+    model_bytes = request.training.precision.compute_bytes
+    per_element = (optimizer_bytes_per_element(request.training.optimizer, OptimizerLoop.foreach, FP32_BYTES, False)
+                   + partial.device_step_extra_bytes_per_element(request, model_bytes, FP32_BYTES))
     return [memory_pass("optimizer step", OpPass.optimizer, elements * per_element, 1)]
 
 
