@@ -902,7 +902,7 @@ def check_determinism(sweep: Sweep, sample: int, rng: random.Random) -> None:
     """Each of ``sample`` answered requests asked again, in reverse order, after every other."""
     answered = sweep.answered[-sample:][::-1] if sample else []
     for argv, first in answered:
-        again = fit(request_from_args(PARSER.parse_args(argv)), parse_strategies(flag_value(argv, "--strategies")),
+        again = fit(build(argv, sweep), parse_strategies(flag_value(argv, "--strategies")),
                     suggest=False)
         sweep.check(INVARIANTS[6], again.model_dump() == first.model_dump(), f"a second answer differs\n    {command_line(argv)}")
 
