@@ -218,3 +218,14 @@ def test_the_flag_and_a_file_do_not_both_set_it(tmp_path: Path, capsys) -> None:
                  "--deepspeed-config", written(tmp_path, offload_config(0.5))]) == 2
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and "give one" in error, error
+
+
+@pytest.mark.parametrize("optimizer", ["adafactor", "adam-8bit"])
+def test_an_optimizer_without_fixed_bytes_an_element_plans_the_offloads(capsys, optimizer) -> None:
+    """Without a ratio no element stays on the GPU, so the GPU sub-groups' AdamW bytes (the
+    backup AdamW's, stage3.py:313-325, whatever the run's optimizer) are never asked of an
+    optimizer with no fixed bytes an element: adafactor's factored moments and bitsandbytes'
+    blockwise 8-bit states under zero3-offload raised a KeyError (a traceback for every
+    `zeroplan fit --optimizer adafactor` that plans the offloads)."""
+    assert main(["fit", *GPT2, "--optimizer", optimizer, "--strategies", "zero3-offload,zero3-param-offload"]) == 0
+    assert "zero3-param-offload" in capsys.readouterr().out

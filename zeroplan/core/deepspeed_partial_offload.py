@@ -26,6 +26,7 @@ from zeroplan.core.nvme import sub_group_partition_elements
 from zeroplan.core.optimizer_states import elementwise_state_bytes
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
+from zeroplan.specs.training import Optimizer
 from zeroplan.units import FP32_BYTES
 
 
@@ -57,12 +58,15 @@ def device_partition_elements(request: PlanRequest) -> int:
 
 # stage3.py:1156-1159 converted = fp16 flat .to(subgroup_to_device[i], dtype=master_weights_and_grads_dtype)
 # and its clone (the master); :1342 grad = the zeroed buffer .to(subgroup_to_device[i]) (the fp32
-# gradient); torch 2.13 torch/optim/adamw.py (adam.py _init_group): exp_avg and exp_avg_sq
-# zeros_like(param), fp32 beside the fp32 master; its step counter a host scalar (capturable and
-# fused are off), nothing on the GPU.
+# gradient); :313-325 the GPU sub-groups' optimizer is always torch.optim.AdamW (backup_optimizer,
+# whatever the run's own: it must be DeepSpeedCPUAdam, :316); torch 2.13 torch/optim/adamw.py
+# (adam.py _init_group): exp_avg and exp_avg_sq zeros_like(param), fp32 beside the fp32 master;
+# its step counter a host scalar (capturable and fused are off), nothing on the GPU.
 def device_state_bytes_per_element(request: PlanRequest) -> int:
-    """GPU bytes per element of a GPU sub-group: fp32 master, fp32 gradient, the AdamW's states."""
-    return FP32_BYTES + FP32_BYTES + elementwise_state_bytes(request.training.optimizer, FP32_BYTES)
+    """GPU bytes per element of a GPU sub-group: fp32 master, fp32 gradient, the AdamW's states
+    (the backup AdamW's, not the run's optimizer: without a ratio, where an optimizer DeepSpeed
+    cannot pair with a GPU AdamW is planned, no element is on the GPU)."""
+    return FP32_BYTES + FP32_BYTES + elementwise_state_bytes(Optimizer.adamw, FP32_BYTES)
 
 
 def device_state_bytes(request: PlanRequest) -> int:
