@@ -205,8 +205,8 @@ def rare_options(rng: random.Random, framework: str, model: str) -> list[str]:
 
 def deepspeed_options(argv: list[str], framework: str) -> list[str]:
     """DeepSpeed's checkpointing options, ZeRO-Offload++'s ratio and hf's compiled LoRA, now and
-    then, drawn from the request's own flags (a generator of their own: the seeds' other draws,
-    and so every request without these, stay those of the sweeps before they were drawn)."""
+    then, drawn from a generator seeded by the request's own flags, which takes no draw from the
+    seed's generator."""
     rng = random.Random(shlex.join(argv))
     out = []
     if framework in DEEPSPEED_CHECKPOINTING_FRAMEWORKS and rng.random() < 0.1:
