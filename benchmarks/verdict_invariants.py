@@ -36,6 +36,17 @@ Invariants (each checked only where it must hold):
                    saves for backward; DeepSpeed prefetches up to a count of elements, which
                    larger adapters fill with fewer base weights); not asked of a paged optimizer,
                    which moves a tensor's states off the GPU once it reaches 1e5 elements
+ 12 ds-checkpoint  DeepSpeed's activation checkpointing (Megatron-DeepSpeed, zeroplan's model): keeping
+                   each checkpointed block input on the host (--checkpoint-in-cpu) or split over the
+                   tensor-parallel ranks (--partition-activations) never raises the allocated peak nor
+                   lowers the step time (host copies and all-gathers only add), each against the same
+                   request without it (pipeline rank by pipeline rank); the host bytes per rank never
+                   fall when the checkpoints go to the host
+ 13 offload-ratio  ZeRO-Offload++'s ratio (zero3-offload, zero3-param-offload) moves whole optimizer
+                   sub-groups: a smaller ratio (more sub-groups on the GPU) never lowers the GPU's
+                   model-state bytes nor raises the host bytes per rank, at DeepSpeed's default
+                   sub_group_size and at sizes that split the rank's partition into 3 and 8; ratio
+                   1.0 answers exactly as no ratio
 
     python benchmarks/verdict_invariants.py --requests 500 --seed 1
 """
@@ -55,7 +66,9 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from zeroplan.cli.fit import add_fit_arguments, check_options_apply, parse_strategies, request_from_args
+from zeroplan.cli.fit import (
+    add_fit_arguments, check_offload_ratio, check_options_apply, parse_strategies, request_from_args, strategies_asked,
+)
 from zeroplan.cli.parser import OneLineParser
 from zeroplan.core.plan import fit, pipeline_rank_breakdowns, plan
 from zeroplan.errors import ZeroplanError
@@ -81,7 +94,8 @@ STATE_ORDER = (("ddp", "zero1"), ("zero1", "zero2"), ("zero2", "zero3"), ("ddp",
 """(more, no more) pairs of model-state bytes per GPU on the same layout."""
 
 INVARIANTS = ("1 bigger-gpu", "2 batch-growth", "3 state-order", "4 checkpointing", "5 max-mb", "6 plan-vs-fit",
-              "7 determinism", "8 scale-out", "9 precision", "10 step-time", "11 adapter-rank")
+              "7 determinism", "8 scale-out", "9 precision", "10 step-time", "11 adapter-rank", "12 ds-checkpoint",
+              "13 offload-ratio")
 SCALE_OUT_STRATEGIES = ("zero3", "fsdp-full-shard")
 """Strategies whose every model state is sharded over the data-parallel ranks (8 scale-out)."""
 
@@ -129,6 +143,7 @@ def random_argv(rng: random.Random) -> list[str]:
     if framework in ("torchtune", "torchtitan") and rng.random() < 0.1:
         argv += ["--compile"]
     argv += rare_options(rng, framework, model)
+    argv += deepspeed_options(argv, framework)
     if rng.random() < 0.3:
         argv += ["--flat-reserve"]
     elif rng.random() < 0.15:
@@ -172,11 +187,39 @@ PIPELINE_OPTIONS = (["--pp-schedule", "gpipe"], ["--pp-schedule", "interleaved-1
                     ["--pp-schedule", "zero-bubble"], ["--pp-schedule", "looped-bfs", "--virtual-stages", "2"])
 
 
+DEEPSPEED_CHECKPOINTING = ("--partition-activations", "--checkpoint-in-cpu")
+"""DeepSpeed's activation-checkpointing options (TrainingSpec.partition_activations, cpu_checkpointing)."""
+DEEPSPEED_CHECKPOINTING_FRAMEWORKS = ("megatron-deepspeed", "zeroplan")
+"""The profiles whose model calls deepspeed.checkpointing (the planner refuses the options elsewhere)."""
+OFFLOAD_RATIOS = (0.1, 0.25, 0.5, 0.75, 0.9)
+"""ZeRO-Offload++ ratios the sweep draws (and steps through in 13 offload-ratio, with 1.0)."""
+
+
 def rare_options(rng: random.Random, framework: str, model: str) -> list[str]:
     out = []
     for probability, frameworks, flags in OPTIONS:
         if (frameworks is None or framework in frameworks) and rng.random() < probability:
             out += flags
+    return out
+
+
+def deepspeed_options(argv: list[str], framework: str) -> list[str]:
+    """DeepSpeed's checkpointing options, ZeRO-Offload++'s ratio and hf's compiled LoRA, now and
+    then, drawn from a generator seeded by the request's own flags, which takes no draw from the
+    seed's generator."""
+    rng = random.Random(shlex.join(argv))
+    out = []
+    if framework in DEEPSPEED_CHECKPOINTING_FRAMEWORKS and rng.random() < 0.1:
+        out += ["--activation-checkpointing", "full",
+                *rng.choice(([DEEPSPEED_CHECKPOINTING[0]], [DEEPSPEED_CHECKPOINTING[1]], list(DEEPSPEED_CHECKPOINTING)))]
+    if framework in ("zeroplan", "hf") and rng.random() < 0.06:
+        out += ["--strategies", rng.choice(("zero3-offload", "zero3-param-offload", "zero3-offload,zero3-param-offload")),
+                "--offload-ratio", str(rng.choice(OFFLOAD_RATIOS))]
+    if framework == "hf" and rng.random() < 0.05:
+        # compiled_finetune_measured: hf's LoRA under torch.compile (ddp, bf16-mixed, no dropout),
+        # measured without checkpointing only.
+        out += ["--compile", "--lora-rank", str(rng.choice((8, 16, 64))), "--strategies", "ddp",
+                "--precision", "bf16-mixed", "--activation-checkpointing", "none"]
     return out
 
 
@@ -246,7 +289,7 @@ def with_flag(argv: list[str], flag: str, value: str | None) -> list[str]:
     return out + ([flag] if value == "" else [flag, value] if value is not None else [])
 
 
-SWITCHES = ("--flat-reserve", "--fsdp-cpu-offload", "--compile")
+SWITCHES = ("--flat-reserve", "--fsdp-cpu-offload", "--compile", *DEEPSPEED_CHECKPOINTING)
 
 
 def flag_value(argv: list[str], flag: str) -> str | None:
@@ -287,7 +330,10 @@ def build(argv: list[str], sweep: Sweep):
     try:
         args = PARSER.parse_args(argv)
         check_options_apply(args)
-        return request_from_args(args)
+        kinds = strategies_asked(args)
+        check_offload_ratio(args, kinds)
+        # As the command builds it: a ratio's base request is a strategy it applies to.
+        return request_from_args(args, kinds[0]) if args.offload_ratio is not None else request_from_args(args)
     except SystemExit:
         raise Refused("argparse") from None
     except (ZeroplanError, ValidationError) as error:
@@ -360,7 +406,8 @@ def check_request(argv: list[str], rng: random.Random, sweep: Sweep, search_shar
     _check_max_micro_batch(argv, request, plans, sweep)
     _check_state_order(argv, plans, sweep, request)
     checks = [_check_bigger_gpu, _check_growth, _check_checkpointing, _check_activation_offloading,
-              _check_offload_policy, _check_scale_out, _check_precision, _check_step_time, _check_adapter_rank]
+              _check_offload_policy, _check_scale_out, _check_precision, _check_step_time, _check_adapter_rank,
+              _check_deepspeed_checkpointing, _check_offload_ratio]
     if rng.random() < search_share:
         checks.append(_check_search)
     for check in checks:
@@ -657,6 +704,84 @@ def _check_adapter_rank(argv, names, plans, sweep) -> None:
                         f"{command_line(variant, name)}")
 
 
+def _check_deepspeed_checkpointing(argv, names, plans, sweep) -> None:
+    """Each of DeepSpeed's checkpointing options the request names against the same request
+    without it (the other option as it is): the allocated peak no higher on any pipeline rank,
+    the step no shorter, and, with the checkpoints on the host, no fewer host bytes per rank."""
+    for flag in DEEPSPEED_CHECKPOINTING:
+        if flag not in argv:
+            continue
+        without = [t for t in argv if t != flag]
+        try:
+            request = build(without, sweep)
+            kinds = tuple(StrategyKind(name) for name in plans)
+            report = answer(lambda: fit(request, kinds, suggest=False, largest_micro_batch=False), without, sweep)
+        except Refused:
+            continue
+        plain = {p.strategy.value: p for p in report.plans}
+
+        def allocated_peaks(request, name: str) -> list[int]:  # type: ignore[no-untyped-def]
+            return [b.allocated_peak_bytes for b, _ in pipeline_rank_breakdowns(_on_flat(request, StrategyKind(name)))]
+
+        for name, _, with_it, without_it in _beside_variant(argv, without, [n for n in plans if n in plain], sweep,
+                                                              allocated_peaks):
+            lines = f"    {command_line(argv, name)}\n    {command_line(without, name)}"
+            for stage, (a, b) in enumerate(zip(with_it, without_it)):
+                sweep.check(INVARIANTS[11], a <= b, f"{name}: allocated peak {gib(a)} with {flag} > {gib(b)} without "
+                            f"(pipeline rank {stage})\n{lines}")
+            p, q = plans[name], plain[name]
+            if p.time is not None and q.time is not None:
+                a_s, b_s = p.time.step_with_overlap_s, q.time.step_with_overlap_s
+                sweep.check(INVARIANTS[11], a_s >= b_s * (1 - 1e-12), f"{name}: step {a_s:.4f} s with {flag} < "
+                            f"{b_s:.4f} s without\n{lines}")
+            if flag == "--checkpoint-in-cpu":
+                a, b = p.host_bytes_per_rank, q.host_bytes_per_rank
+                sweep.check(INVARIANTS[11], a >= b, f"{name}: host {gib(a)} per rank with {flag} < {gib(b)} without\n"
+                            f"{lines}")
+
+
+def _check_offload_ratio(argv, names, plans, sweep) -> None:
+    """ZeRO-Offload++'s ratio: 1.0 answers as no ratio (fit's every figure); and, strategy by
+    strategy, at DeepSpeed's default sub_group_size and at sizes that cut the rank's partition
+    into 3 and 8 sub-groups (a --deepspeed-config file's zero_optimization.sub_group_size), each
+    smaller ratio of OFFLOAD_RATIOS keeps no fewer model-state bytes on the GPU and no more on the
+    host (on the flat reserve: the states do not depend on the allocator)."""
+    ratio = flag_value(argv, "--offload-ratio")
+    if ratio is None:
+        return
+    one, none = with_flag(argv, "--offload-ratio", "1"), with_flag(argv, "--offload-ratio", None)
+    kinds = tuple(StrategyKind(name) for name in plans)
+    try:
+        at_one = answer(lambda: fit(build(one, sweep), kinds, suggest=False), one, sweep)
+        at_none = answer(lambda: fit(build(none, sweep), kinds, suggest=False), none, sweep)
+    except Refused:
+        at_one = at_none = None
+    if at_one is not None:
+        for p, q in zip(at_one.plans, at_none.plans):
+            sweep.check(INVARIANTS[12], p.model_dump() == q.model_dump(), f"{p.strategy.value}: --offload-ratio 1 "
+                        f"answers otherwise than no ratio\n    {command_line(one, p.strategy.value)}\n    "
+                        f"{command_line(none, p.strategy.value)}")
+    from zeroplan.core.nvme import sub_group_partition_elements
+
+    request = build(argv, sweep)
+    for name in plans:
+        base = _on_flat(request, StrategyKind(name))
+        total = sum(sub_group_partition_elements(base))
+        sizes = sorted({base.strategy.deepspeed_sub_group_elements, max(1, -(-total // 3)), max(1, -(-total // 8))})
+        for size in sizes:
+            figures = []
+            for r in sorted({float(ratio), *OFFLOAD_RATIOS, 1.0}):
+                at = base.with_strategy(base.strategy.model_copy(
+                    update={"offload_optimizer_ratio": r, "deepspeed_sub_group_elements": size}))
+                p = answer(lambda: plan(at, False, False), argv, sweep, name)
+                figures.append((r, state_bytes(p), p.host_bytes_per_rank))
+            for (r_a, gpu_a, host_a), (r_b, gpu_b, host_b) in zip(figures, figures[1:]):
+                sweep.check(INVARIANTS[12], gpu_a >= gpu_b and host_a <= host_b,
+                            f"{name}: ratio {r_a:g}: {gib(gpu_a)} model states on the GPU, {gib(host_a)} host per rank; "
+                            f"ratio {r_b:g}: {gib(gpu_b)}, {gib(host_b)} (sub_group_size {size})\n    "
+                            f"{command_line(with_flag(argv, '--offload-ratio', f'{r_a:g}'), name)}")
+
+
 def _beside_variant(argv, variant, names, sweep, figures):  # type: ignore[no-untyped-def]
     """For each strategy of ``names``: (name, the request, its figures, the variant's figures),
     ``figures(request, name)`` being a list by pipeline rank; the variant's asked through answer()
@@ -778,7 +903,7 @@ def check_determinism(sweep: Sweep, sample: int, rng: random.Random) -> None:
     """Each of ``sample`` answered requests asked again, in reverse order, after every other."""
     answered = sweep.answered[-sample:][::-1] if sample else []
     for argv, first in answered:
-        again = fit(request_from_args(PARSER.parse_args(argv)), parse_strategies(flag_value(argv, "--strategies")),
+        again = fit(build(argv, sweep), parse_strategies(flag_value(argv, "--strategies")),
                     suggest=False)
         sweep.check(INVARIANTS[6], again.model_dump() == first.model_dump(), f"a second answer differs\n    {command_line(argv)}")
 

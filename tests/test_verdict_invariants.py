@@ -7,6 +7,7 @@ and the sweep's own checks record a violation where one is fed to them."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,9 +26,23 @@ def _assert_holds(sweep) -> None:
     assert not violations, "\n".join(violations)
 
 
+DRAWN_NOW_AND_THEN = (
+    ["qwen2.5-0.5b", "--framework", "zeroplan", "--gpu", "a100-80gb", "--gpus", "4", "--tp", "2", "--no-sequence-parallel",
+     "--micro-batch", "2", "--seq-len", "1024", "--grad-accum", "1", "--activation-checkpointing", "full",
+     "--partition-activations", "--checkpoint-in-cpu", "--strategies", "zero1,zero3"],
+    ["qwen2.5-1.5b", "--framework", "hf", "--gpu", "a100-40gb", "--gpus", "8", "--micro-batch", "1", "--seq-len", "1024",
+     "--grad-accum", "1", "--activation-checkpointing", "full", "--strategies", "zero3-offload,zero3-param-offload",
+     "--offload-ratio", "0.5"],
+)
+"""Requests of the two invariants the sweep draws too rarely for a few requests to reach: DeepSpeed's
+checkpointing options under tensor parallelism, and ZeRO-Offload++'s ratio."""
+
+
 def test_a_few_random_requests_hold_every_invariant():
     sweep = sweep_script.run(6, seed=6, determinism_sample=3, search_share=0.3)
     assert len(sweep.answered) >= 4
+    for argv in DRAWN_NOW_AND_THEN:
+        sweep_script.check_request(argv, random.Random(0), sweep, search_share=0)
     _assert_holds(sweep)
 
 
