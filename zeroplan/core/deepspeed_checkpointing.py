@@ -110,6 +110,7 @@ def exposed_host_copy_bytes(request: PlanRequest, block_input_bytes: int, blocks
     if not training.cpu_checkpointing:
         return 0
     accumulation = request.batch.grad_accum_steps
+    on_host = host_checkpoint_bytes_per_block(block_input_bytes, request.parallel.tp, training)
     if training.partition_activations:
-        return 2 * accumulation * blocks * (block_input_bytes // request.parallel.tp)
-    return accumulation * max(0, blocks - ENGINE_DEVICE_INPUTS) * block_input_bytes
+        return 2 * accumulation * blocks * on_host
+    return accumulation * max(0, blocks - ENGINE_DEVICE_INPUTS) * on_host

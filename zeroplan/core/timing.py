@@ -23,7 +23,7 @@ from zeroplan.core.nvme import nvme_traffic
 from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise
 from zeroplan.core.deepspeed_checkpointing import exposed_host_copy_bytes
 from zeroplan.core.deepspeed_partial_offload import device_partition_elements
-from zeroplan.core.parallel.activations import checkpointed_input_bytes, chunk_request
+from zeroplan.core.parallel.activations import rank_checkpointed_input_bytes
 from zeroplan.core.parallel.units import rank_block_count, rank_trainable_units
 from zeroplan.core.roofline.ceilings import times_memory_bound
 from zeroplan.core.roofline.optimizer import TORCH_ADAM_ACCESSES_PER_ELEMENT
@@ -236,7 +236,7 @@ def checkpoint_copy_seconds(request: PlanRequest) -> float:
     """DeepSpeed's blocking checkpoint copies over this GPU's share of the host link, per step."""
     if not request.training.cpu_checkpointing:
         return 0.0
-    block_input = checkpointed_input_bytes(chunk_request(request, split_heads=True))
+    block_input = rank_checkpointed_input_bytes(request)
     return exposed_host_copy_bytes(request, block_input, rank_block_count(request)) / host_link_share_bytes_per_s(request)
 
 

@@ -134,11 +134,17 @@ def deepspeed_checkpoint_bytes(chunk: PlanRequest, terms: MicroBatchBytes, tp: i
                            outside=terms.outside)
 
 
+def rank_checkpointed_input_bytes(request: PlanRequest) -> int:
+    """checkpointed_input_bytes of one block of the request's rank (its tensor-parallel block, its
+    1/cp of the sequence)."""
+    return checkpointed_input_bytes(chunk_request(request, split_heads=True))
+
+
 def engine_inputs_bytes(request: PlanRequest) -> int:
     """The block inputs DeepSpeed's offload engine keeps on this rank's device (0 without it)."""
     if not request.training.cpu_checkpointing:
         return 0
-    return newest_device_input_bytes(checkpointed_input_bytes(chunk_request(request, split_heads=True)), request.training)
+    return newest_device_input_bytes(rank_checkpointed_input_bytes(request), request.training)
 
 
 def host_checkpoint_bytes(request: PlanRequest) -> int:
@@ -147,12 +153,23 @@ def host_checkpoint_bytes(request: PlanRequest) -> int:
     training = request.training
     if not training.cpu_checkpointing:
         return 0
-    x = checkpointed_input_bytes(chunk_request(request, split_heads=True))
-    parallel = request.parallel
-    per_block = host_checkpoint_bytes_per_block(x, parallel.tp, training)
-    chunks = in_flight_chunks(parallel, parallel.pipeline_rank, request.batch.grad_accum_steps) if parallel.pp > 1 else 1
+    x = rank_checkpointed_input_bytes(request)
     newest = x if offload_engine_keeps_newest(training) else 0
-    return chunks * rank_block_count(request) * per_block // parallel.virtual_stages - newest
+    per_block = host_checkpoint_bytes_per_block(x, request.parallel.tp, training)
+    return in_flight_blocks_bytes(request, rank_chunks_in_flight(request), per_block) - newest
+
+
+def rank_chunks_in_flight(request: PlanRequest) -> int:
+    """The micro-batch chunks the rank's pipeline schedule keeps in flight at its peak (1 without
+    a pipeline)."""
+    parallel = request.parallel
+    return in_flight_chunks(parallel, parallel.pipeline_rank, request.batch.grad_accum_steps)
+
+
+def in_flight_blocks_bytes(request: PlanRequest, chunks: int, per_block: int) -> int:
+    """``per_block`` bytes kept by each of the rank's blocks for each of ``chunks`` in flight
+    (each in-flight chunk is one micro-batch through one of the rank's v stages)."""
+    return chunks * rank_block_count(request) * per_block // request.parallel.virtual_stages
 
 
 def one_rank_activations(request: PlanRequest, activations) -> tuple[int, int]:
@@ -239,11 +256,8 @@ def rank_activation_bytes(request: PlanRequest, activations) -> tuple[int, int]:
         return one_rank_activations(request, activations)
     terms = micro_batch_bytes(request, activations)
     parallel = request.parallel
-    blocks = rank_block_count(request)
-    microbatches = request.batch.grad_accum_steps
-    chunks = in_flight_chunks(parallel, parallel.pipeline_rank, microbatches)
-    # Each in-flight chunk is one micro-batch through one of the rank's v stages.
-    kept = chunks * blocks * terms.per_block // parallel.virtual_stages
+    chunks = rank_chunks_in_flight(request)
+    kept = in_flight_blocks_bytes(request, chunks, terms.per_block)
     if holds_head(request):
         kept += last_stage_in_flight(request) * terms.outside
     if request.training.framework is Framework.megatron and parallel.pp > 1:
