@@ -37,6 +37,7 @@ from zeroplan.specs.framework import DEEPSPEED_RELEASES, HF_DEEPSPEED_RELEASES, 
 from zeroplan.specs.lengths import LongSamples, VaryingLengths
 from zeroplan.specs.request import ATTENTION_RATES, DEFAULT_ATTENTION_RATE, default_attention_kernel
 from zeroplan.specs.parallel import EXPERT_PARALLEL_STRATEGIES, ParallelSpec, PipelineSchedule
+from zeroplan.specs.strategy import PARTIAL_OFFLOAD_KINDS
 from zeroplan.units import GB, GiB, MiB, ByteUnit
 
 
@@ -187,9 +188,6 @@ def offload_ratio(text: str) -> float:
     return value
 
 
-PARTIAL_OFFLOAD_STRATEGIES = (StrategyKind.zero3_offload, StrategyKind.zero3_param_offload)
-
-
 def check_offload_ratio(args: argparse.Namespace, kinds: tuple[StrategyKind, ...] | None) -> None:
     """--offload-ratio plans DeepSpeed's ZeRO-3 CPU offloads only, and a --deepspeed-config file
     sets its own (offload_optimizer.ratio)."""
@@ -198,8 +196,8 @@ def check_offload_ratio(args: argparse.Namespace, kinds: tuple[StrategyKind, ...
     if getattr(args, "deepspeed_config", None) is not None:
         raise ZeroplanError("--offload-ratio", "and --deepspeed-config both set the ratio; give one (the file's "
                                                "offload_optimizer.ratio)")
-    allowed = ",".join(kind.value for kind in PARTIAL_OFFLOAD_STRATEGIES)
-    if kinds is None or any(kind not in PARTIAL_OFFLOAD_STRATEGIES for kind in kinds):
+    allowed = ",".join(kind.value for kind in PARTIAL_OFFLOAD_KINDS)
+    if kinds is None or any(kind not in PARTIAL_OFFLOAD_KINDS for kind in kinds):
         raise ZeroplanError("--offload-ratio", f"applies to {allowed} only (allowed: --strategies naming only those)")
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 from zeroplan.core.nvme import sub_group_partition_elements
 from zeroplan.core.optimizer_states import elementwise_state_bytes
 from zeroplan.specs.request import PlanRequest
-from zeroplan.specs.strategy import StrategyKind
+from zeroplan.specs.strategy import PARTIAL_OFFLOAD_KINDS
 from zeroplan.specs.training import Optimizer
 from zeroplan.units import FP32_BYTES
 
@@ -37,11 +37,9 @@ def first_host_sub_group(sub_groups: int, ratio: float) -> int:
     return int((1 - ratio) * sub_groups)
 
 
-# The strategies a ratio applies to (StrategySpec refuses it elsewhere; a spec copied to another
-# kind, as fit and the plan search copy the base request's knobs, keeps it unread there).
-PARTIAL_OFFLOAD_KINDS = (StrategyKind.zero3_offload, StrategyKind.zero3_param_offload)
-
-
+# The ratio is read only under PARTIAL_OFFLOAD_KINDS (StrategySpec refuses it elsewhere; a spec
+# copied to another kind, as fit and the plan search copy the base request's knobs, keeps it
+# unread there).
 def device_sub_group_elements(request: PlanRequest) -> list[int]:
     """Partition elements of each sub-group kept on the GPU, in order (none without a ratio)."""
     ratio = request.strategy.offload_optimizer_ratio

@@ -16,7 +16,7 @@ from typing import Any
 
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import Frozen
-from zeroplan.specs.strategy import StrategyKind
+from zeroplan.specs.strategy import PARTIAL_OFFLOAD_KINDS, StrategyKind
 from zeroplan.specs.training import Optimizer, Precision
 
 FLAG = "--deepspeed-config"
@@ -311,7 +311,7 @@ def _offload_ratio(zero: dict[str, Any], kind: StrategyKind) -> float | None:
         raise _refuse(RATIO_KEY, f"{ratio!r} (allowed: a number greater than 0, at most 1)")
     if ratio == 1:
         return None
-    if kind not in (StrategyKind.zero3_offload, StrategyKind.zero3_param_offload):
+    if kind not in PARTIAL_OFFLOAD_KINDS:
         raise _refuse(RATIO_KEY, f"{ratio!r} below 1 is ZeRO-3's offload to the CPU (DeepSpeed asserts stage 3; "
                                  f"allowed: 1.0, or stage 3 with offload_optimizer.device cpu)")
     return float(ratio)
@@ -413,7 +413,7 @@ def deepspeed_config_of(config: dict[str, Any], hf_auto: bool) -> DeepSpeedConfi
              False) and not (partition and on_host):
         # checkpointing.py partition_activations (lines 403-425): the contiguous buffers hold every
         # block's partition, on the device unless cpu_checkpointing puts them on the host; configure
-        # (lines 1183-1184) asserts partitioning. Buffers on the device kept across steps are not planned.
+        # (line 1229) asserts partitioning. Buffers on the device kept across steps are not planned.
         raise _refuse("activation_checkpointing.contiguous_memory_optimization",
                       "true is planned with partition_activations and cpu_checkpointing (allowed: false, or with both)")
     hpz = number("zero_hpz_partition_size")

@@ -136,7 +136,8 @@ _OFFLOADS_OPTIMIZER = frozenset({StrategyKind.zero2_offload, StrategyKind.zero3_
 # ratio below 1; stage3.py:1100-1108 splits the sub-groups only under offload_optimizer, and the
 # NVMe swapper (_swappable_optimizer_subgroup, :1114) takes the offloaded ones otherwise: the CPU
 # offloads of stage 3 are planned.
-_PARTIAL_OFFLOAD_KINDS = (StrategyKind.zero3_offload, StrategyKind.zero3_param_offload)
+PARTIAL_OFFLOAD_KINDS = (StrategyKind.zero3_offload, StrategyKind.zero3_param_offload)
+"""The strategies offload_optimizer_ratio (ZeRO-Offload++'s Twin-Flow) applies to."""
 _OFFLOADS_PARAMETERS = frozenset({StrategyKind.zero3_param_offload, StrategyKind.zero3_param_nvme})
 _OPTIMIZER_ON_NVME = frozenset({StrategyKind.zero3_nvme, StrategyKind.zero3_param_nvme})
 _DEFAULT_CONVENTION = {kind: StateConvention.fsdp2 if kind in _FSDP or kind is StrategyKind.ddp else StateConvention.zero
@@ -252,10 +253,10 @@ class StrategySpec(Frozen):
             return self
         if not 0 < ratio <= 1:
             raise ZeroplanError("strategy.offload_optimizer_ratio", f"{ratio!r} (allowed: greater than 0, at most 1)")
-        if self.kind not in _PARTIAL_OFFLOAD_KINDS:
+        if self.kind not in PARTIAL_OFFLOAD_KINDS:
             raise ZeroplanError("strategy.offload_optimizer_ratio",
                                 f"applies to ZeRO-3's optimizer offload to the CPU, not {self.kind.value!r} "
-                                f"(allowed: {', '.join(k.value for k in _PARTIAL_OFFLOAD_KINDS)})")
+                                f"(allowed: {', '.join(k.value for k in PARTIAL_OFFLOAD_KINDS)})")
         return self
 
     @model_validator(mode="after")
