@@ -347,18 +347,17 @@ def _table(results: list[dict]) -> list[str]:
              "  the input tensor itself still owns (4: emptied by arg.data = torch.empty([])); same: kept IS that storage",
              f"{'setting':26s} {'rank':>4s} {'kept':>10s} {'kept/input':>10s} {'device':>6s} {'same':>5s} "
              f"{'input storage':>13s} {'size vec':>8s} {'rng state':>9s}"]
-    for label, (_, name) in SETTINGS.items():
-        for rank, result in enumerate(results):
-            blocks = result["settings"][label].get("blocks", [])
-            if not blocks:
-                continue
-            ratios = _per_block([f"{b['kept_bytes'] / input_bytes:.3f}" for b in blocks])
-            lines.append(f"{label + ' ' + name:26s} {rank:4d} {_figures(blocks, 'kept_bytes'):>10s} "
-                         f"{ratios:>10s} "
-                         f"{','.join(sorted({b['kept_device'] for b in blocks})):>6s} "
-                         f"{'yes' if all(b['kept_is_input_storage'] for b in blocks) else 'no':>5s} "
-                         f"{_figures(blocks, 'input_storage_bytes'):>13s} {_figures(blocks, 'size_vector_bytes'):>8s} "
-                         f"{_figures(blocks, 'rng_state_bytes'):>9s}")
+    for row, record in _setting_rows(results):
+        blocks = record.get("blocks", [])
+        if not blocks:
+            continue
+        ratios = _per_block([f"{b['kept_bytes'] / input_bytes:.3f}" for b in blocks])
+        lines.append(f"{row} {_figures(blocks, 'kept_bytes'):>10s} "
+                     f"{ratios:>10s} "
+                     f"{','.join(sorted({b['kept_device'] for b in blocks})):>6s} "
+                     f"{'yes' if all(b['kept_is_input_storage'] for b in blocks) else 'no':>5s} "
+                     f"{_figures(blocks, 'input_storage_bytes'):>13s} {_figures(blocks, 'size_vector_bytes'):>8s} "
+                     f"{_figures(blocks, 'rng_state_bytes'):>9s}")
     lines += ["",
               "Live bytes above those live before the forward (allocator events; the forward makes the first block's",
               "input and the last block's output is held through the backward); gathered: what each block's",
@@ -366,33 +365,36 @@ def _table(results: list[dict]) -> list[str]:
               "ctxs+out: the distinct storages the blocks' contexts hold plus the last block's output",
               f"{'setting':26s} {'rank':>4s} {'ctxs+out':>11s} {'end of fwd':>11s} {'bwd peak':>11s} {'peak-fwd':>10s} "
               f"{'end of bwd':>11s} {'gathered per block':>22s}  grad / error"]
-    for label, (_, name) in SETTINGS.items():
-        for rank, result in enumerate(results):
-            record = result["settings"][label]
-            live = record["live"] or {}
-            gathered = sorted({(g["bytes"], g["device"]) for g in record["gathered"]})
-            gathered_text = (f"{len(record['gathered'])} x " + ",".join(f"{b:,d} {d}" for b, d in gathered)
-                             if gathered else "-")
-            outcome = record["error"] or f"{record['grad_max_abs_diff']:.3g}"
-            held = record.get("held_by_contexts_bytes")
-            held_text = f"{held + record['output_bytes']:11,d}" if held is not None else f"{'-':>11s}"
-            if live:
-                figures = (f"{held_text} {live['end_of_forward']:11,d} {live['backward_peak']:11,d} "
-                           f"{live['backward_peak'] - live['end_of_forward']:10,d} {live['end_of_backward']:11,d}")
-            else:
-                figures = f"{held_text} {'-':>11s} {'-':>11s} {'-':>10s} {'-':>11s}"
-            lines.append(f"{label + ' ' + name:26s} {rank:4d} {figures} {gathered_text:>22s}  {outcome}")
+    for row, record in _setting_rows(results):
+        live = record["live"] or {}
+        gathered = sorted({(g["bytes"], g["device"]) for g in record["gathered"]})
+        gathered_text = (f"{len(record['gathered'])} x " + ",".join(f"{b:,d} {d}" for b, d in gathered)
+                         if gathered else "-")
+        outcome = record["error"] or f"{record['grad_max_abs_diff']:.3g}"
+        held = record.get("held_by_contexts_bytes")
+        held_text = f"{held + record['output_bytes']:11,d}" if held is not None else f"{'-':>11s}"
+        if live:
+            figures = (f"{held_text} {live['end_of_forward']:11,d} {live['backward_peak']:11,d} "
+                       f"{live['backward_peak'] - live['end_of_forward']:10,d} {live['end_of_backward']:11,d}")
+        else:
+            figures = f"{held_text} {'-':>11s} {'-':>11s} {'-':>10s} {'-':>11s}"
+        lines.append(f"{row} {figures} {gathered_text:>22s}  {outcome}")
     lines += ["",
               "Each block's backward (recomputation and its backward; last block first): live bytes as it starts ->",
               "its peak, above those live before the forward",
               f"{'setting':26s} {'rank':>4s}  per block"]
+    for row, record in _setting_rows(results):
+        steps = (record["live"] or {}).get("block_backward", [])
+        lines.append(f"{row}  " + ("   ".join(f"{start:,d} -> {peak:,d}" for start, peak in steps) or "-"))
+    return lines
+
+
+def _setting_rows(results: list[dict]):
+    """(the row's setting and rank columns, that rank's record of the setting), setting by
+    setting, each rank in turn: the order every table prints."""
     for label, (_, name) in SETTINGS.items():
         for rank, result in enumerate(results):
-            live = result["settings"][label]["live"] or {}
-            steps = live.get("block_backward", [])
-            lines.append(f"{label + ' ' + name:26s} {rank:4d}  "
-                         + ("   ".join(f"{start:,d} -> {peak:,d}" for start, peak in steps) or "-"))
-    return lines
+            yield f"{label + ' ' + name:26s} {rank:4d}", result["settings"][label]
 
 
 def main() -> None:
