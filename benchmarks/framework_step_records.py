@@ -16,6 +16,10 @@ write the records the planner's allocated peak is checked against.
         (the DoRA runs, DORA, into the same directory; about 2 minutes)
     python benchmarks/framework_step_records.py --long-context [OUT_DIR]
         (torchtitan at long sequences, LONG_CONTEXT; about 2 minutes)
+    python benchmarks/framework_step_records.py --hf-fsdp1 [OUT_DIR]
+        (hf under accelerate's FSDP1, HF_FSDP1, default benchmarks/framework-fsdp1-step-records;
+        about 5 minutes; zeroplan.frameworks.hf_fsdp1_step counts its storages instead of
+        FSDPMemTracker)
     python benchmarks/framework_step_records.py --shallow [OUT_DIR]
         (SHALLOW: two of the matrix's runs at SHALLOW_BLOCKS blocks, what the live test reruns,
         default benchmarks/framework-step-records-shallow; a few seconds each)
@@ -42,6 +46,7 @@ from zeroplan.specs.framework import Framework
 DEFAULT_OUT = Path(__file__).resolve().parent / "framework-step-records"
 FINETUNE_OUT = Path(__file__).resolve().parent / "framework-finetune-step-records"
 SHALLOW_OUT = Path(__file__).resolve().parent / "framework-step-records-shallow"
+HF_FSDP1_OUT = Path(__file__).resolve().parent / "framework-fsdp1-step-records"
 
 # issue 8's sizes: 8B at 8 and 128 ranks, 70B at 64, seq 4096 and 8192, micro-batch 1-2.
 SHAPES = [
@@ -108,6 +113,18 @@ same framework code on the same architecture, every block alike, in 2-4 s a run 
 depth takes about 15 (the cost of a fake step grows with its operations, not their sizes)."""
 
 
+HF_FSDP1 = [
+    # The default matrix's hf runs under FULL_SHARD, then SHARD_GRAD_OP at the first shape, and
+    # the 8B at SHALLOW_BLOCKS blocks that tests/test_framework_step.py reruns live.
+    *[(model_name, world_size, seq_len, micro_batch, policy, StrategyKind.fsdp_full_shard, None)
+      for model_name, world_size, seq_len, micro_batch in SHAPES for policy in POLICIES],
+    *[("llama-3.1-8b", 8, 4096, 1, policy, StrategyKind.fsdp_shard_grad_op, None) for policy in POLICIES],
+    ("llama-3.1-8b", 8, 4096, 1, "full", StrategyKind.fsdp_full_shard, SHALLOW_BLOCKS),
+]
+"""hf under accelerate's fsdp_version 1: (model, ranks, seq, micro-batch, policy, strategy, blocks
+or None for the full depth)."""
+
+
 def shallow_model(model_name: str, blocks: int = SHALLOW_BLOCKS) -> ModelSpec:
     """``model_name``'s architecture with ``blocks`` blocks, named apart from the full depth (the
     model itself where that is its depth)."""
@@ -163,9 +180,24 @@ def _run(out: Path, model_name: str, world_size: int, seq_len: int, micro_batch:
     """One step of ``model`` (default: the preset ``model_name``) written into ``out``."""
     record = run_step(model or get_model(model_name), strategy, training,
                       BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch), world_size)
+    _write(out, record)
+
+
+def _write(out: Path, record) -> None:  # type: ignore[no-untyped-def]
     write_text_atomic(out / record.file_name, record.model_dump_json(indent=2) + "\n")
     print(f"{record.name:72s} peak {record.peak_bytes / 2**30:8.2f} GiB at {record.peak_phase.value:9s} "
           f"({record.wall_time_s:.1f} s)", flush=True)
+
+
+def main_hf_fsdp1(out: Path = HF_FSDP1_OUT) -> None:
+    from zeroplan.frameworks.hf_fsdp1_step import run_hf_fsdp1_step
+
+    out.mkdir(parents=True, exist_ok=True)
+    for model_name, world_size, seq_len, micro_batch, policy, strategy, blocks in HF_FSDP1:
+        model = get_model(model_name) if blocks is None else shallow_model(model_name, blocks)
+        record = run_hf_fsdp1_step(model, strategy, step_training(Framework.hf, policy),
+                                   BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch), world_size)
+        _write(out, record)
 
 
 def main_long_context(out: Path = DEFAULT_OUT) -> None:
@@ -214,6 +246,7 @@ MODES = {
     "--torchtune-unchunked": (main_torchtune_unchunked, DEFAULT_OUT),
     "--long-context": (main_long_context, DEFAULT_OUT),
     "--shallow": (main_shallow, SHALLOW_OUT),
+    "--hf-fsdp1": (main_hf_fsdp1, HF_FSDP1_OUT),
     "--optimizer-in-backward": (main_optimizer_in_backward, DEFAULT_OUT),
 }
 """Each mode flag: the function that runs it and its default OUT_DIR."""

@@ -338,6 +338,11 @@ def test_private_torch_apis_are_where_we_expect() -> None:
     from torch._dynamo.variables.builder import GraphArg
 
     assert hasattr(GraphArg, "example"), "dynamo's GraphArg.example moved"
+    from torch.distributed.fsdp import _flat_param
+
+    # private.fsdp1_on_fake_tensors swaps the one for the other.
+    assert callable(getattr(_flat_param, "_data_ptr_allocated", None)), "FSDP1's _flat_param._data_ptr_allocated moved"
+    assert callable(getattr(_flat_param, "_storage_size_allocated", None)), "FSDP1's _flat_param._storage_size_allocated moved"
 
 
 def test_simulator_never_imports_the_planner_nor_private_torch_outside_the_adapter() -> None:

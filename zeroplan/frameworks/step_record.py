@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 
@@ -68,11 +69,15 @@ class FrameworkStepRecord(NamedRecord):
     """Micro-batch size and sequence length of the step."""
     sharding: str
     """How the framework's own code wrapped the model (fully_shard units, mixed-precision policy)."""
+    fsdp_version: Literal[1, 2] = 2
+    """Which torch FSDP wrapped it: 2, fully_shard (every framework's recipe); 1,
+    FullyShardedDataParallel (accelerate's fsdp_version 1, zeroplan.frameworks.hf_fsdp1_step)."""
     optimizer: str
     """The optimizer as constructed (class, dtype of the parameters it updates, fused or not)."""
     peak_bytes: int = Field(gt=0)
-    """FSDP2's FSDPMemTracker total at the step's peak: every tensor this rank holds at once
-    (allocated bytes, before the caching allocator's rounding and reserve)."""
+    """FSDP2's FSDPMemTracker total at the step's peak (under FSDP1, the most bytes of live
+    storages): every tensor this rank holds at once (allocated bytes, before the caching
+    allocator's rounding and reserve)."""
     peak_by_category: dict[str, int]
     """The tracker's categories at that peak ('sharded_param', 'act', 'optstate', ...)."""
     peak_phase: StepPhase
@@ -103,7 +108,7 @@ class FrameworkStepRecord(NamedRecord):
         return (f"{t.framework.value}:{self.model.name}:{self.strategy.value}:n{self.world_size}:{t.precision.value}{finetune_tag(t)}:"
                 f"ac={t.activation_checkpointing.value}{'+optim-in-bwd' if t.optimizer_in_backward else ''}"
                 f"{'+unchunked-loss' if t.unchunked_loss else ''}:"
-                f"s{b.seq_len}:b{b.micro_batch_size}")
+                f"s{b.seq_len}:b{b.micro_batch_size}{'' if self.fsdp_version == 2 else ':fsdp1'}")
 
 
 def load_step_records(directory: Path) -> list[FrameworkStepRecord]:

@@ -431,3 +431,24 @@ def inner_tensors(tensor: torch.Tensor) -> dict[str, torch.Tensor] | None:
 def in_backward() -> bool:
     """Whether autograd's engine is running a backward node on this thread now."""
     return torch._C._current_autograd_node() is not None
+
+
+@contextlib.contextmanager
+def fsdp1_on_fake_tensors() -> Iterator[None]:
+    """Let torch's FSDP1 (FullyShardedDataParallel) tell a gathered flat parameter from a freed
+    one on fake tensors.
+
+    torch 2.13 distributed/fsdp/_flat_param.py ``_writeback_orig_params`` (SHARD_GRAD_OP with
+    use_orig_params, which skips the sharded views after the forward) asserts that the gathered
+    flat parameter is allocated through its storage's data pointer (the private
+    ``_data_ptr_allocated``); a fake tensor's storage has none (0). While entered, that check reads
+    the storage's size instead, as FSDP1 itself does for the same question elsewhere
+    (``_storage_size_allocated``, private)."""
+    from torch.distributed.fsdp import _flat_param
+
+    original = _flat_param._data_ptr_allocated
+    _flat_param._data_ptr_allocated = _flat_param._storage_size_allocated
+    try:
+        yield
+    finally:
+        _flat_param._data_ptr_allocated = original

@@ -1,0 +1,218 @@
+"""One whole training step of Hugging Face's Llama under accelerate's FSDP1 path (fsdp_version 1,
+accelerate's default), on one simulated rank of N, at full size on fake tensors.
+
+The model is transformers' own (zeroplan.frameworks.build.hf_llama_config), wrapped by torch's
+FullyShardedDataParallel with the arguments accelerate 1.10.1's Accelerator.prepare_model hands
+it for the Trainer's ``fsdp="full_shard auto_wrap"`` (or ``shard_grad_op``) with ``bf16=True``,
+its forward wrapped as prepare_model wraps it (autocast, outputs converted to fp32), and driven
+as transformers 4.56.2's Trainer drives it: ``model(**inputs)`` with labels, ``.loss``,
+backward, the fused AdamW built after the wrapping over ``model.parameters()``, then
+``model.zero_grad()``.
+
+FSDP2's FSDPMemTracker follows fully_shard only, and torch's MemTracker cannot hook FSDP1's
+unsharded parameter views (non-leaf tensors during the forward), so what the rank holds is
+counted from every storage made and freed (zeroplan.simulate.alloc_trace.StorageTrace, which
+also follows FSDP1's ``UntypedStorage.resize_`` frees and re-allocations of its gathered flat
+parameters), from the sharded model on, without cuBLAS workspaces. The peak of the second
+step is the record. Nothing here knows the planner's formulas.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import torch
+
+from zeroplan.allocator.trace import AllocEvent
+from zeroplan.errors import ZeroplanError
+from zeroplan.frameworks.build import build
+from zeroplan.frameworks.step import ADAMW_LR, check_step
+from zeroplan.frameworks.step_record import FrameworkStepRecord, StepPhase
+from zeroplan.simulate import _torch_private as private
+from zeroplan.simulate.alloc_trace import recording_storages
+from zeroplan.simulate.fake_world import DEVICE, fake_process_group, storage_bytes
+from zeroplan.specs import BatchSpec, ModelSpec, StrategyKind, TrainingSpec, check_seq_len
+from zeroplan.specs.framework import Framework
+from zeroplan.specs.training import measured_on
+
+FSDP1_STRATEGIES = {
+    # accelerate 1.10.1 utils/constants.py FSDP_SHARDING_STRATEGY: FULL_SHARD, SHARD_GRAD_OP, ...;
+    # transformers 4.56.2 training_args.py maps fsdp="full_shard" / "shard_grad_op" onto them.
+    StrategyKind.fsdp_full_shard: "FULL_SHARD",
+    StrategyKind.fsdp_shard_grad_op: "SHARD_GRAD_OP",
+}
+"""Strategies the FSDP1 step runs -> torch's ShardingStrategy name."""
+
+FSDP1_PARAM_DTYPE = torch.bfloat16
+"""accelerate 1.10.1 utils/dataclasses.py FullyShardedDataParallelPlugin.set_mixed_precision("bf16")
+under fsdp_version 1: MixedPrecision(param_dtype=bf16, reduce_dtype=bf16, buffer_dtype=bf16)
+(buffer_autocast False)."""
+
+STORAGE_TRACE_NOTE = (
+    "peak counted from every storage made and freed (StorageTrace, FSDP1's storage resizes "
+    "included), not by FSDPMemTracker, which follows fully_shard only: no categories at the peak"
+)
+
+SYNC_MODULE_STATES_NOTE = (
+    "sync_module_states=False: torch's FSDP1 accepts True only on a GPU; it broadcasts rank 0's "
+    "values into the flat parameters in place at construction (_init_utils.py "
+    "_sync_module_params_and_buffers) and leaves nothing behind"
+)
+
+
+def check_hf_fsdp1_step(strategy: StrategyKind, training: TrainingSpec, world_size: int, rank: int) -> None:
+    """Refuse, in one line naming the field, what the FSDP1 step does not run."""
+    if training.framework is not Framework.hf:
+        raise ZeroplanError("--framework", f"{training.framework.value!r}: accelerate's FSDP1 step is hf's (allowed: hf)")
+    if strategy not in FSDP1_STRATEGIES:
+        allowed = ", ".join(k.value for k in FSDP1_STRATEGIES)
+        raise ZeroplanError("--strategy", f"{strategy.value!r} is not a sharding strategy the FSDP1 step runs (allowed: {allowed})")
+    if not training.finetune.trains_everything:
+        raise ZeroplanError("finetune", "accelerate's FSDP1 step runs full fine-tuning only (allowed: no LoRA/QLoRA)")
+    if training.fsdp_cpu_offload:
+        raise ZeroplanError("--fsdp-cpu-offload", "not run by the FSDP1 step (allowed: without it)")
+    check_step(Framework.hf, strategy, training, world_size, rank)
+
+
+def hf_fsdp1_wrap(module: torch.nn.Module, strategy: StrategyKind) -> tuple[torch.nn.Module, str]:
+    """accelerate 1.10.1 accelerator.py Accelerator.prepare_model for a model under
+    DistributedType.FSDP with fsdp_version 1, as the calls it makes (accelerate itself needs an
+    Accelerator and a launched process group); returns the FSDP root and a one-line description.
+
+    Lines 1744-1755: with native amp (bf16) the model's forward becomes
+    convert_outputs_to_fp32(autocast(forward)); the context is
+    utils/modeling.py get_mixed_precision_context_manager's torch.autocast(device_type, bf16).
+    Lines 1863-1889: FSDP(model, sharding_strategy, cpu_offload, auto_wrap_policy,
+    mixed_precision, sync_module_states, backward_prefetch, forward_prefetch, use_orig_params,
+    param_init_fn, ignored_modules, limit_all_gathers, device_id) with the plugin the Trainer
+    set up: transformers 4.56.2 training_args.py (lines 2003-2035) sets FSDP_SHARDING_STRATEGY
+    from ``fsdp``, the transformer-based auto wrap (``auto_wrap``; utils/dataclasses.py
+    set_auto_wrap_policy: the classes in ``model._no_split_modules``), BACKWARD_PREFETCH
+    "NO_PREFETCH" (None), FORWARD_PREFETCH false, SYNC_MODULE_STATES true, USE_ORIG_PARAMS true;
+    limit_all_gathers is the plugin's default True (trainer.py line 5505 keeps it unless
+    fsdp_config names it); no CPU offload. Lines 1916-1956: with mixed precision on, a flat
+    parameter that is not fp32 is upcast to fp32 (here the module is built in fp32 already)."""
+    from accelerate.utils.operations import convert_outputs_to_fp32
+    from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+    dtype = FSDP1_PARAM_DTYPE
+    autocast = torch.autocast(device_type=torch.device(DEVICE).type, dtype=dtype)
+    module.forward = convert_outputs_to_fp32(autocast(module.forward))
+    wrap = {type(m) for m in module.modules() if type(m).__name__ in module._no_split_modules}
+    sharding = FSDP1_STRATEGIES[strategy]
+    root = FullyShardedDataParallel(
+        module, sharding_strategy=ShardingStrategy[sharding], cpu_offload=None,
+        auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=wrap),
+        mixed_precision=MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype),
+        sync_module_states=False, backward_prefetch=None, forward_prefetch=False, use_orig_params=True,
+        limit_all_gathers=True, device_id=torch.device(DEVICE),
+    )
+    return root, (f"accelerate prepare_model (fsdp_version 1): FullyShardedDataParallel({sharding}, "
+                  f"transformer_auto_wrap_policy({', '.join(sorted(module._no_split_modules))}), "
+                  f"MixedPrecision(param_dtype={dtype}, reduce_dtype={dtype}, buffer_dtype={dtype}), "
+                  "use_orig_params=True, limit_all_gathers=True, no backward prefetch), forward under "
+                  "autocast(bf16) with outputs converted to fp32, fp32 flat parameters")
+
+
+def run_hf_fsdp1_step(model: ModelSpec, strategy: StrategyKind, training: TrainingSpec, batch: BatchSpec,
+                      world_size: int, rank: int = 0) -> FrameworkStepRecord:
+    """Forward (with the loss), backward and AdamW step of hf's Llama under accelerate's FSDP1 on
+    ``rank``: the second step of training (the first, counted only for its end state, creates
+    AdamW's states)."""
+    strategy = StrategyKind(strategy)
+    check_hf_fsdp1_step(strategy, training, world_size, rank)
+    check_seq_len(model, batch)
+    start_s = time.perf_counter()
+    built = build(Framework.hf, model, model.num_layers, training.activation_checkpointing, torch.float32, batch.seq_len)
+    marks: dict[str, int] = {}
+    with (fake_process_group(world_size, rank), private.fsdp1_on_fake_tensors(), private.fake_tensor_mode(),
+          recording_storages() as recorder):
+        built.to_empty(DEVICE)
+        root, sharding = hf_fsdp1_wrap(built.module, strategy)
+        # transformers 4.56.2 trainer.py _inner_training_loop: under FSDP the optimizer is
+        # created after the model is wrapped (delay_optimizer_creation), over model.parameters():
+        # with use_orig_params the original parameters, views into this rank's flat shards.
+        # training_args.py default optim adamw_torch_fused: torch.optim.AdamW(fused=True).
+        params = list(root.parameters())
+        optimizer = torch.optim.AdamW(params, lr=ADAMW_LR, fused=True)
+        tokens = torch.randint(0, model.vocab_size, (batch.micro_batch_size, batch.seq_len))
+        # A first step: AdamW creates its states lazily in it, and a run that fits must fit
+        # from the second step on, with the states alive throughout.
+        _trainer_step(root, optimizer, tokens, recorder, marks, "first")
+        _trainer_step(root, optimizer, tokens, recorder, marks, "")
+        flat = [handle.flat_param for handle in _handles(root)]
+        parameter_bytes = storage_bytes(flat)
+        states = [t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
+        optimizer_state_bytes = storage_bytes(states)
+    running = _running_peaks(recorder.events, marks)
+    peak = max(running.values())
+    phase = next(p for p, nbytes in running.items() if nbytes == peak)
+    return FrameworkStepRecord(
+        framework_version=built.version, torch_version=torch.__version__, model=model, strategy=strategy,
+        world_size=world_size, rank=rank, training=measured_on(training, DEVICE), batch=batch, sharding=sharding,
+        fsdp_version=1, optimizer="torch.optim.AdamW(fused=True), torch.float32 parameters", peak_bytes=peak,
+        peak_by_category={}, peak_phase=phase, running_peak_bytes=running, parameter_bytes=parameter_bytes,
+        gradient_bytes=marks["gradient_bytes"], optimizer_state_bytes=optimizer_state_bytes,
+        wall_time_s=time.perf_counter() - start_s,
+        notes=[STORAGE_TRACE_NOTE, SYNC_MODULE_STATES_NOTE],
+    )
+
+
+def _handles(root: torch.nn.Module) -> list:
+    """Every FSDP unit's FlatParamHandle (a unit without parameters has none)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return [unit._handle for unit in FullyShardedDataParallel.fsdp_modules(root) if unit._handle is not None]
+
+
+def _trainer_step(root: torch.nn.Module, optimizer: torch.optim.Optimizer, tokens: torch.Tensor,
+                  recorder: object, marks: dict[str, int], prefix: str) -> None:
+    """transformers 4.56.2 trainer.py training_step -> compute_loss: outputs = model(**inputs)
+    with labels in the inputs (the loss is computed in the forward, ForCausalLMLoss), only
+    outputs.loss leaves compute_loss; accelerator.backward(loss); then optimizer.step() and
+    model.zero_grad() (set_to_none). ``marks`` gets the trace's length at each phase's end."""
+    def events() -> int:
+        return len(recorder.events)
+
+    marks[f"{prefix}start"] = events()
+    loss = root(input_ids=tokens, labels=tokens).loss
+    marks[f"{prefix}forward"] = events()
+    loss.backward()
+    del loss
+    marks[f"{prefix}backward"] = events()
+    if not prefix:
+        marks["gradient_bytes"] = storage_bytes(h.flat_param.grad for h in _handles(root) if h.flat_param.grad is not None)
+    optimizer.step()
+    root.zero_grad(set_to_none=True)
+    marks[f"{prefix}optimizer"] = events()
+
+
+def _running_peaks(events: list, marks: dict[str, int]) -> dict[StepPhase, int]:
+    """The most bytes live at once in the second step up to the end of each phase (the live bytes
+    when it begins included), from the trace's allocations and frees."""
+    bounds = [(StepPhase.forward, marks["start"], marks["forward"]),
+              (StepPhase.backward, marks["forward"], marks["backward"]),
+              (StepPhase.optimizer, marks["backward"], marks["optimizer"])]
+    sizes: dict[int, int] = {}
+    live, peak, peaks = 0, 0, {}
+    index = 0
+    for phase, begin, end in bounds:
+        while index < begin:
+            live = _apply(events[index], sizes, live)
+            index += 1
+        peak = max(peak, live)
+        while index < end:
+            live = _apply(events[index], sizes, live)
+            peak = max(peak, live)
+            index += 1
+        peaks[phase] = peak
+    return peaks
+
+
+def _apply(event: object, sizes: dict[int, int], live: int) -> int:
+    if isinstance(event, AllocEvent):
+        sizes[event.id] = event.size_bytes
+        return live + event.size_bytes
+    return live - sizes.pop(event.id)
