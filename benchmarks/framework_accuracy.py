@@ -101,8 +101,12 @@ class StepRow:
 
 
 def step_request(record: FrameworkStepRecord):
-    """The planner request a whole-step record answers (its world size, no CUDA context)."""
-    return planner_request(record.model, record.training, record.batch, record.strategy, record.world_size)
+    """The planner request a whole-step record answers (its world size, no CUDA context); a
+    record of accelerate's FSDP1 is asked as ``--fsdp-version 1`` asks it."""
+    request = planner_request(record.model, record.training, record.batch, record.strategy, record.world_size)
+    if record.fsdp_version == 1:
+        request = request.with_strategy(request.strategy.model_copy(update={"fsdp1_root_stays_gathered": True}))
+    return request
 
 
 def step_rows(directory: Path = DEFAULT_STEP_RECORDS) -> list[StepRow]:

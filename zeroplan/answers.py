@@ -47,6 +47,11 @@ class FitReport(Frozen):
     '' otherwise."""
     compute_model: str = "hfu"
     """How the plans' compute was timed (PerformanceAssumptions.compute_model)."""
+    fsdp_version: int = Field(2, exclude=True)
+    """The torch FSDP the FSDP strategies were planned under: 2 (fully_shard) unless the request
+    asked for FSDP1 (StrategySpec.fsdp1_root_stays_gathered, --fsdp-version 1). Excluded from
+    JSON, which keeps the fields it always had; the text views name it under hf, whose
+    accelerate runs either."""
     left_out: tuple[str, ...] = ()
     """Strategies of the default list that cannot apply to this request, each with the reason
     (a strategy the user named is refused instead)."""

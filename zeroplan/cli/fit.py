@@ -163,11 +163,19 @@ def add_zero3_group_arguments(group: argparse._ArgumentGroup) -> None:
 
 # torch 2.13 distributed/fsdp/_runtime_utils.py _post_forward_reshard: FSDP1 keeps its root gathered
 # (StrategySpec.fsdp1_root_stays_gathered, what `validate` plans the harness's torch-fsdp1 engine with).
+# accelerate 1.10.1 utils/dataclasses.py FullyShardedDataParallelPlugin.__post_init__: fsdp_version
+# from FSDP_VERSION, default 1 (Accelerator.prepare_model's FullyShardedDataParallel); 2 is
+# _prepare_fsdp2's fully_shard, which hf is planned with unless --fsdp-version 1 is given.
+FSDP_VERSION_FRAMEWORKS = (Framework.zeroplan, Framework.hf)
+"""Frameworks whose FSDP version is a choice of the run's, not of the framework's own code."""
+
+
 def _fsdp1_from_args(args: argparse.Namespace, framework: Framework) -> bool:
     """Whether --fsdp-version 1 asks for FSDP1 (refused for a framework that runs its own FSDP)."""
     version = getattr(args, "fsdp_version", None)
-    if version is not None and framework is not Framework.zeroplan:
-        raise ZeroplanError("fsdp-version", f"applies to --framework zeroplan only ({framework.value} runs its own FSDP)")
+    if version is not None and framework not in FSDP_VERSION_FRAMEWORKS:
+        allowed = ", ".join(f.value for f in FSDP_VERSION_FRAMEWORKS)
+        raise ZeroplanError("fsdp-version", f"applies to --framework {allowed} only ({framework.value} runs its own FSDP)")
     return version == 1
 
 
@@ -229,7 +237,9 @@ def add_sharding_arguments(group: argparse._ArgumentGroup) -> None:
         "--fsdp-version", type=int, choices=(1, 2),
         help="--framework zeroplan: the torch FSDP that runs fsdp-full-shard and hsdp, 1 "
              "(FullyShardedDataParallel: its root unit stays gathered from the forward through backward) or 2 "
-             "(fully_shard; default); the other frameworks run their own (litgpt FSDP1, fairseq fairscale's, the others FSDP2)",
+             "(fully_shard; default); --framework hf: accelerate's fsdp_version, 1 (FullyShardedDataParallel, "
+             "accelerate's own default; measured for fsdp-full-shard and fsdp-shard-grad-op) or 2 (fully_shard; "
+             "the default planned); the other frameworks run their own (litgpt FSDP1, fairseq fairscale's, the others FSDP2)",
     )
     group.add_argument(
         "--fsdp-cpu-offload", action="store_true",

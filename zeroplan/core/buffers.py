@@ -309,9 +309,18 @@ def _fsdp_backward_end_bytes(request: PlanRequest, last: int, head: int) -> int:
     beside it at the copy-in (the unit's unsharded gradients, its sharded one not made yet unless
     an earlier micro-batch made it) and at the reduce-scatter (the head gradient the root holds)."""
     eb = element_bytes(request.training.precision, request.convention)
-    not_yet = 0 if request.batch.grad_accum_steps > 1 else last // request.shard_group_size * eb.gradient
-    copy_in = last * eb.compute_parameter - not_yet
+    copy_in = last * eb.compute_parameter - _last_shard_not_yet_bytes(request, last)
     return last * gradient_wire_bytes(request) + max(copy_in, head)
+
+
+# The model states count every sharded gradient; the last unit's is made only by its
+# reduce-scatter, after backward's last moment, unless an earlier micro-batch made it.
+def _last_shard_not_yet_bytes(request: PlanRequest, last: int) -> int:
+    """The last unit's sharded gradient, counted in the model states but not allocated yet at
+    the end of backward (0 under gradient accumulation, where an earlier micro-batch made it)."""
+    if request.batch.grad_accum_steps > 1:
+        return 0
+    return last // request.shard_group_size * element_bytes(request.training.precision, request.convention).gradient
 
 
 def last_reduce_scatter_input_bytes(request: PlanRequest) -> int:
@@ -341,9 +350,26 @@ def last_reduce_scatter_input_bytes(request: PlanRequest) -> int:
 # 16 MiB gradients and their 16 MiB sum).
 def _fsdp1_root_backward_end_bytes(request: PlanRequest, root_elements: int) -> int:
     """The gathered root, its parameters' gradients and their flat concatenation (with a tied
-    embedding: the two gradients of the one weight and their sum)."""
+    embedding: the two gradients of the one weight and their sum), beyond every sharded gradient
+    but the root's own, not made yet without accumulation."""
     copies = 4 if request.model.tied_embeddings else 3
-    return copies * root_elements * element_bytes(request.training.precision, request.convention).compute_parameter
+    compute = element_bytes(request.training.precision, request.convention).compute_parameter
+    return copies * root_elements * compute - _last_shard_not_yet_bytes(request, root_elements)
+
+
+# accelerate 1.10.1 Accelerator.prepare_model under fsdp_version 1 wraps hf's model in FSDP1 with
+# use_orig_params=True: the same views of the root's gathered FlatParameter (_flat_param.py
+# _use_unsharded_views), so every backward ends in that cat before the root's post-backward
+# reduce-scatters it (_runtime_utils.py _post_backward_hook -> _reduce_grad), not only a no_sync
+# one. Measured at full size (benchmarks/framework-fsdp1-step-records, zeroplan.frameworks.
+# hf_fsdp1_step): Llama-3.1-8B on 8 ranks, s 4096, b 1, full recomputation peaks there, with the
+# root gathered (2.10 GB), the embedding's and the head's bf16 gradients (1.05 GB each) and their
+# 2.10 GB cat alive at once.
+def _fsdp1_root_cats_gradients(request: PlanRequest) -> bool:
+    """Whether backward ends in FSDP1's flat concatenation of the gathered root's gradients:
+    FSDP1 under no_sync, or hf under accelerate's FSDP1 at every step."""
+    hf_fsdp1 = request.training.framework is Framework.hf and fsdp1_root_stays_gathered(request)
+    return hf_fsdp1 or _runs_fsdp1_no_sync(request)
 
 
 def _runs_fsdp1_no_sync(request: PlanRequest) -> bool:
@@ -362,7 +388,7 @@ def backward_end_buffer_bytes(request: PlanRequest) -> int | None:
     fsdp = _fsdp_last_unit(request)
     if fsdp is not None:
         last, head = fsdp
-        if head and _runs_fsdp1_no_sync(request):
+        if head and _fsdp1_root_cats_gradients(request):
             return _fsdp1_root_backward_end_bytes(request, last)
         return _fsdp_backward_end_bytes(request, last, head)
     if deepspeed_epilogue.models_epilogue(request):

@@ -1230,6 +1230,7 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | N
         suggested_recommendation=suggested_recommendation,
         allocator_caution=caution,
         compute_model=base.performance.compute_model,
+        fsdp_version=1 if base.strategy.fsdp1_root_stays_gathered else 2,
         left_out=tuple(f"{kind}: {error.detail}" for kind, error in left_out),
         allocator_conf=base.assumptions.allocator_conf,
         allocator_conf_is_launch_default=base.allocator_conf_is_launch_default,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from zeroplan.core.network import node_nics
 from zeroplan.core.timing import nccl_algorithms
 from zeroplan.answers import FitReport
-from zeroplan.report.table import framework_layout_caution, left_out_lines, parameter_count_caution
+from zeroplan.report.table import framework_layout_caution, fsdp_version_lines, left_out_lines, parameter_count_caution
 from zeroplan.results import StrategyPlan
 
 
@@ -102,5 +102,6 @@ def render_compare_table(report: FitReport) -> str:
     lines += [line(names), line(["-" * w for w in widths]), *(line(r) for r in rows)]
     lines += parameter_count_caution(report.model)
     lines += framework_layout_caution(report)
+    lines += fsdp_version_lines(report)
     lines += left_out_lines(report)
     return "\n".join(lines)

@@ -18,6 +18,7 @@ from zeroplan.core.timing import nccl_algorithms
 from zeroplan.report.table import (
     finetune_lines,
     framework_layout_caution,
+    fsdp_version_lines,
     left_out_lines,
     moe_lines,
     parallel_lines,
@@ -214,6 +215,7 @@ def fit_notes(report: FitReport, unit: ByteUnit) -> list[str]:
     if not report.model.parameter_count_exact:
         notes.append(f"The parameter count may not be exact ({report.model.parameter_count_caveat}).")
     notes += framework_layout_caution(report)
+    notes += fsdp_version_lines(report)
     notes += left_out_lines(report)
     return notes
 

@@ -117,6 +117,20 @@ def framework_layout_caution(report: FitReport) -> list[str]:
             f"{report.model.name} has {reason}, planned with them unmeasured."]
 
 
+# accelerate 1.10.1 utils/dataclasses.py FullyShardedDataParallelPlugin: fsdp_version defaults
+# to 1 (FSDP_VERSION unset), which Accelerator.prepare_model wraps in FullyShardedDataParallel;
+# fsdp_version 2 is _prepare_fsdp2's fully_shard. hf is planned under the one the request names.
+def fsdp_version_lines(report: FitReport) -> list[str]:
+    """Under hf with an FSDP strategy planned: which of accelerate's FSDP versions it was."""
+    if report.training.framework is not Framework.hf or not any(p.strategy.is_fsdp for p in report.plans):
+        return []
+    if report.fsdp_version == 1:
+        return ["FSDP: accelerate's fsdp_version 1 (FullyShardedDataParallel, accelerate's default), as "
+                "--fsdp-version 1 asks (docs/frameworks.md, \"Under FSDP\")."]
+    return ["FSDP: accelerate's fsdp_version 2 (fully_shard); accelerate's own default is fsdp_version 1, "
+            "planned with --fsdp-version 1 (docs/frameworks.md, \"Under FSDP\")."]
+
+
 def moe_lines(report: FitReport) -> list[str]:
     """For a mixture of experts: its experts and the parameters a token passes through."""
     model = report.model
@@ -362,6 +376,7 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
         notes.append("fits = host: fits on the GPU, but its offloaded states exceed the node's host RAM.")
     notes += parameter_count_caution(report.model)
     notes += framework_layout_caution(report)
+    notes += fsdp_version_lines(report)
     notes += left_out_lines(report)
     notes.append(f"Verdict: {report.verdict}")
     return "\n".join(header_lines + body + notes)

@@ -13,7 +13,7 @@ from zeroplan.specs.model import ModelSpec, PositionKind
 from zeroplan.specs.parallel import ParallelSpec, check_parallel
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.training import (
-    ActivationCheckpointing, AttentionKernel, BatchSpec, Float8Recipe, Optimizer, StateConvention, TrainingSpec,
+    ActivationCheckpointing, AttentionKernel, BatchSpec, Float8Recipe, Optimizer, Precision, StateConvention, TrainingSpec,
     precision_without_bf16,
 )
 
@@ -311,6 +311,39 @@ def check_compiled_strategy(training: TrainingSpec, strategy: StrategyKind) -> N
                                         f"{strategy.value} (allowed: ddp, or without compile)")
 
 
+# accelerate 1.10.1's FSDP1 path (Accelerator.prepare_model: FullyShardedDataParallel under
+# fsdp_version 1) was measured at full size for transformers' Llama in bf16-mixed, full
+# fine-tuning, one micro-batch, FULL_SHARD and SHARD_GRAD_OP (benchmarks/framework-fsdp1-step-records,
+# zeroplan.frameworks.hf_fsdp1_step); the rest of what an hf request can ask is refused under it
+# rather than planned unmeasured (tp, cp and pp are refused for hf whatever its FSDP).
+HF_FSDP1_STRATEGIES = (StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op)
+"""The FSDP strategies hf's FSDP1 (StrategySpec.fsdp1_root_stays_gathered) was measured under."""
+
+
+def check_hf_fsdp1(request: "PlanRequest") -> None:
+    """Refuse, in one line naming the field, an hf FSDP request under FSDP1 (fit --fsdp-version 1)
+    that its measured step does not cover."""
+    training, kind = request.training, request.strategy.kind
+    if training.framework is not Framework.hf or not request.strategy.fsdp1_root_stays_gathered or not kind.is_fsdp:
+        return
+    allowed = ", ".join(k.value for k in HF_FSDP1_STRATEGIES)
+    refusals = (
+        ("strategy", kind not in HF_FSDP1_STRATEGIES, f"{kind.value!r} (allowed: {allowed})"),
+        ("precision", training.precision is not Precision.bf16_mixed, f"{training.precision.value!r} (allowed: bf16-mixed)"),
+        ("finetune", not training.finetune.trains_everything, "LoRA/QLoRA or frozen blocks (allowed: full fine-tuning)"),
+        ("fsdp_cpu_offload", training.fsdp_cpu_offload, "CPUOffload (allowed: without it)"),
+        ("batch.grad_accum_steps", request.batch.grad_accum_steps > 1,
+         f"{request.batch.grad_accum_steps} (accelerate's no_sync accumulation; allowed: 1)"),
+        ("compile", training.compile, "torch.compile (allowed: without it)"),
+        ("float8", training.float8 is not None, f"{training.float8} (allowed: none)"),
+        ("fused_linear_cross_entropy", training.fused_linear_cross_entropy, "liger-kernel's loss (allowed: HF's own)"),
+        ("model", not request.model.is_dense_llama_layout, f"{request.model.name!r} (allowed: a dense Llama-layout model)"),
+    )
+    for field, refused, detail in refusals:
+        if refused:
+            raise ZeroplanError(field, f"hf under FSDP1 (fsdp_version 1) was not measured with {detail}")
+
+
 def compiled_policy_measured(training: TrainingSpec, policy: ActivationCheckpointing, parallel: ParallelSpec) -> bool:
     """Whether ``policy`` was measured for a compiled float8 block under the layout's tensor
     parallelism (none and full were; everything else is as without float8)."""
@@ -437,6 +470,29 @@ class PlanRequest(Frozen):
 
     @model_validator(mode="before")
     @classmethod
+    def _accelerate_fsdp1_prefetches_nothing(cls, data: object) -> object:
+        """transformers 4.56.2 training_args.py (lines 2020-2022) sets FSDP_BACKWARD_PREFETCH to
+        fsdp_config's backward_prefetch, default "NO_PREFETCH", and FSDP_FORWARD_PREFETCH false;
+        accelerate 1.10.1 utils/dataclasses.py (lines 1832-1833) turns NO_PREFETCH into None and
+        Accelerator.prepare_model passes both to FullyShardedDataParallel: under FSDP1 (hf with
+        StrategySpec.fsdp1_root_stays_gathered) no unit is gathered ahead, unless the strategy
+        names prefetch_units."""
+        if not isinstance(data, dict):
+            return data
+        training, strategy = data.get("training"), data.get("strategy")
+        framework = (training.framework if isinstance(training, TrainingSpec)
+                     else training.get("framework") if isinstance(training, dict) else None)
+        if framework not in (Framework.hf, Framework.hf.value):
+            return data
+        if (isinstance(strategy, StrategySpec) and strategy.fsdp1_root_stays_gathered
+                and "prefetch_units" not in strategy.model_fields_set):
+            return {**data, "strategy": strategy.model_copy(update={"prefetch_units": 0})}
+        if isinstance(strategy, dict) and strategy.get("fsdp1_root_stays_gathered") and "prefetch_units" not in strategy:
+            return {**data, "strategy": {**strategy, "prefetch_units": 0}}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
     def _fairscale_gathers_no_unit_ahead(cls, data: object) -> object:
         """fairscale 05ce7971 fully_sharded_data_parallel.py: forward() and _pre_backward_hook
         gather the unit's own parameters only (_rebuild_full_params), no unit ahead: a fairseq
@@ -516,6 +572,7 @@ class PlanRequest(Frozen):
         check_partial_offload(self)
         check_compiled_layout(self.training, self.parallel)
         check_compiled_strategy(self.training, self.strategy.kind)
+        check_hf_fsdp1(self)
         if self.strategy.kind is StrategyKind.hsdp:
             group = self.shard_group_size
             if self.state_group_size % group:

@@ -1,0 +1,155 @@
+"""hf under accelerate's FSDP1 (fsdp_version 1: `fit --framework hf --fsdp-version 1`,
+StrategySpec.fsdp1_root_stays_gathered) against whole steps of transformers' Llama wrapped by
+accelerate's own FSDP1 arguments at full size (benchmarks/framework-fsdp1-step-records, written by
+`benchmarks/framework_step_records.py --hf-fsdp1`): torch-free, except the live reproduction."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from zeroplan.core.model_states import model_state_bytes
+from zeroplan.errors import ZeroplanError
+from zeroplan.frameworks.step_record import FrameworkStepRecord, load_step_records
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+RECORDS = BENCHMARKS / "framework-fsdp1-step-records"
+
+
+def _accuracy():
+    sys.path.insert(0, str(BENCHMARKS))
+    import framework_accuracy
+
+    return framework_accuracy
+
+
+def _record(path: Path) -> FrameworkStepRecord:
+    return FrameworkStepRecord.model_validate_json(path.read_text(encoding="utf-8"))
+
+
+def test_records_cover_the_fsdp2_records_sizes_under_both_sharding_strategies() -> None:
+    records = load_step_records(RECORDS)
+    assert all(r.fsdp_version == 1 and r.training.framework.value == "hf" for r in records)
+    fsdp2 = {(r.model.name, r.world_size, r.batch.seq_len, r.training.activation_checkpointing)
+             for r in load_step_records(BENCHMARKS / "framework-step-records") if r.training.framework.value == "hf"}
+    full_shard = {(r.model.name, r.world_size, r.batch.seq_len, r.training.activation_checkpointing)
+                  for r in records if r.strategy.value == "fsdp-full-shard"}
+    assert fsdp2 <= full_shard
+    assert {r.training.activation_checkpointing.value for r in records if r.strategy.value == "fsdp-shard-grad-op"} == {"none", "full"}
+
+
+@pytest.mark.parametrize("path", sorted(RECORDS.glob("*.json")), ids=lambda p: p.stem)
+def test_the_planner_allocated_peak_is_within_target_of_accelerates_fsdp1_step(path: Path) -> None:
+    accuracy = _accuracy()
+    record = _record(path)
+    request = accuracy.step_request(record)
+    assert request.strategy.fsdp1_root_stays_gathered
+    breakdown = accuracy.memory_breakdown(request)[0]
+    assert abs(breakdown.allocated_peak_bytes - record.peak_bytes) <= accuracy.STEP_TARGET * record.peak_bytes
+
+
+def test_the_fsdp1_plan_is_nearer_each_fsdp1_step_than_the_fsdp2_plan() -> None:
+    """What --fsdp-version 1 changes is what the FSDP1 step does: planned as FSDP2, each record
+    is missed by at least as much (the root kept gathered, the cat that ends the backward, no
+    unit prefetched)."""
+    from zeroplan.specs import StrategySpec
+
+    accuracy = _accuracy()
+    for record in load_step_records(RECORDS):
+        fsdp1 = accuracy.step_request(record)
+        fsdp2 = fsdp1.with_strategy(StrategySpec(kind=record.strategy))
+        assert (fsdp1.strategy.prefetch_units, fsdp2.strategy.prefetch_units) == (0, 1)
+        errors = [abs(accuracy.memory_breakdown(r)[0].allocated_peak_bytes - record.peak_bytes) for r in (fsdp1, fsdp2)]
+        assert errors[0] <= errors[1], record.name
+
+
+@pytest.mark.parametrize("path", sorted(RECORDS.glob("*.json")), ids=lambda p: p.stem)
+def test_model_states_equal_the_planners(path: Path) -> None:
+    record = _record(path)
+    states = model_state_bytes(_accuracy().step_request(record))
+    # One flat parameter per unit, padded to a multiple of the ranks: the planner's padding.
+    assert record.parameter_bytes == states.parameter_bytes
+    assert record.gradient_bytes == states.gradient_bytes
+    # use_orig_params hands AdamW every original parameter; one with no element on this rank
+    # has no gradient, so AdamW makes it no state, not even its 4-byte step counter.
+    tensors = 2 + 9 * record.model.num_layers + 1
+    assert 0 <= states.optimizer_state_bytes - record.optimizer_state_bytes <= 4 * tensors
+
+
+def test_each_record_peaks_in_backward_with_the_states_alive() -> None:
+    for record in load_step_records(RECORDS):
+        assert record.running_peak_bytes[record.peak_phase] == record.peak_bytes
+        assert record.peak_bytes > record.model_state_bytes
+
+
+def _fit(zeroplan_cli, *flags: str):
+    return zeroplan_cli("fit", "llama-3.1-8b", "--framework", "hf", "--gpus", "8", "--seq-len", "4096", *flags)
+
+
+def test_fsdp_version_1_is_accepted_under_hf_and_named_in_the_header(zeroplan_cli) -> None:
+    code, out, _ = _fit(zeroplan_cli, "--strategies", "fsdp-full-shard", "--fsdp-version", "1")
+    assert code == 0 and "fsdp_version 1 (FullyShardedDataParallel" in out
+    code, out, _ = _fit(zeroplan_cli, "--strategies", "fsdp-full-shard")
+    assert code == 0 and "fsdp_version 2 (fully_shard)" in out
+    # The default list leaves out what FSDP1 was not measured under, with the reason.
+    code, out, _ = _fit(zeroplan_cli, "--fsdp-version", "1")
+    assert code == 0 and "Left out: hsdp: hf under FSDP1" in " ".join(out.split())
+
+
+@pytest.mark.parametrize("flags, field", [
+    (("--strategies", "hsdp"), "--strategies"),
+    (("--strategies", "fsdp-full-shard", "--grad-accum", "2"), "--grad-accum"),
+    (("--strategies", "fsdp-full-shard", "--lora-rank", "16"), "--lora-rank"),
+    (("--strategies", "fsdp-full-shard", "--fsdp-cpu-offload"), "fsdp"),
+    (("--strategies", "fsdp-full-shard", "--precision", "fp32"), "--precision"),
+    (("--strategies", "fsdp-full-shard", "--compile"), "compile"),
+])
+def test_what_hf_fsdp1_was_not_measured_under_is_one_line(zeroplan_cli, flags, field) -> None:
+    code, out, err = _fit(zeroplan_cli, "--fsdp-version", "1", *flags)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and field in err and "FSDP1" in err, err
+
+
+def test_frameworks_that_run_their_own_fsdp_still_refuse_the_version(zeroplan_cli) -> None:
+    code, _, err = zeroplan_cli("fit", "llama-3.1-8b", "--framework", "torchtune", "--gpus", "8", "--fsdp-version", "1")
+    assert code == 2 and "fsdp-version" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_api_refuses_an_unmeasured_hf_fsdp1_request() -> None:
+    from zeroplan.presets.gpus import get_gpu
+    from zeroplan.presets.models import get_model
+    from zeroplan.specs import BatchSpec, PlanRequest, StrategySpec, TrainingSpec, cluster_from_gpus
+    from zeroplan.specs.framework import Framework
+
+    def request(kind: str, **strategy):
+        return PlanRequest(model=get_model("llama-3.1-8b"), cluster=cluster_from_gpus(get_gpu("a100-80gb"), 8),
+                           strategy=StrategySpec(kind=kind, **strategy), batch=BatchSpec(seq_len=4096, micro_batch_size=1),
+                           training=TrainingSpec(framework=Framework.hf))
+
+    assert request("fsdp-full-shard", fsdp1_root_stays_gathered=True).strategy.fsdp1_root_stays_gathered
+    with pytest.raises(ZeroplanError, match="strategy"):
+        request("hsdp", fsdp1_root_stays_gathered=True)
+    request("hsdp")  # FSDP2 as before
+
+
+@pytest.mark.slow
+def test_a_live_fsdp1_step_reproduces_its_committed_record() -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from zeroplan.frameworks.hf_fsdp1_step import run_hf_fsdp1_step
+    from zeroplan.frameworks.step import step_training
+    from zeroplan.specs import BatchSpec, StrategyKind
+    from zeroplan.specs.framework import Framework
+
+    sys.path.insert(0, str(BENCHMARKS))
+    from framework_step_records import shallow_model
+
+    record = run_hf_fsdp1_step(shallow_model("llama-3.1-8b"), StrategyKind.fsdp_full_shard,
+                               step_training(Framework.hf, "full"), BatchSpec(seq_len=4096, micro_batch_size=1), 8)
+    committed = _record(RECORDS / record.file_name)
+    assert record.framework_version == committed.framework_version
+    assert record.peak_bytes == committed.peak_bytes
+    assert record.running_peak_bytes == committed.running_peak_bytes
+    assert record.model_state_bytes == committed.model_state_bytes
