@@ -3,6 +3,8 @@
 `zeroplan simulate --framework`): what one block keeps for backward, predicted, measured, error.
 
     python benchmarks/framework_accuracy.py --finetune   (the LoRA/QLoRA records)
+    python benchmarks/framework_accuracy.py --hf-fsdp1   (hf under accelerate's FSDP1,
+        benchmarks/framework-fsdp1-step-records, planned as --fsdp-version 1 plans it)
     python benchmarks/framework_accuracy.py [DIR [STEP_DIR]]
 
 Targets (docs/validation.md, "Framework profiles"): per block within 2 %; the whole-step
@@ -25,6 +27,7 @@ from zeroplan.validate.rows import planner_request
 
 DEFAULT_RECORDS = Path(__file__).resolve().parent / "framework-records"
 DEFAULT_STEP_RECORDS = Path(__file__).resolve().parent / "framework-step-records"
+HF_FSDP1_STEP_RECORDS = Path(__file__).resolve().parent / "framework-fsdp1-step-records"
 BLOCK_TARGET = 0.02
 STEP_TARGET = 0.05
 PLANNED_WORLD_SIZE = 8
@@ -132,6 +135,26 @@ def print_step_table(directory: Path = DEFAULT_STEP_RECORDS) -> None:
                  f"{'record':76s} {'predicted':>9s} {'moment':>15s} {'measured':>9s} {'phase':>9s} {'err %':>7s}", lines)
 
 
+def print_hf_fsdp1_table(directory: Path | None = None) -> None:
+    """hf's whole steps under accelerate's FSDP1 beside the planner's allocated peak as
+    --fsdp-version 1 plans them, and as the FSDP2 default would (what planning FSDP1 changes)."""
+    from zeroplan.specs import StrategySpec
+
+    def lines(directory: Path):
+        for record in load_step_records(directory):
+            fsdp1 = step_request(record)
+            fsdp2 = fsdp1.with_strategy(StrategySpec(kind=record.strategy))
+            planned = [memory_breakdown(request)[0] for request in (fsdp1, fsdp2)]
+            errors = [b.allocated_peak_bytes / record.peak_bytes - 1 for b in planned]
+            yield (f"{record.name:84s} {record.peak_bytes / 2**30:9.2f} {planned[0].allocated_peak_bytes / 2**30:9.2f} "
+                   f"{100 * errors[0]:7.2f} {planned[0].peak_moment.value:>20s} {100 * errors[1]:9.2f}", errors[0], STEP_TARGET)
+
+    _print_table(directory or HF_FSDP1_STEP_RECORDS, "Whole step under FSDP1",
+                 "Whole-step allocated peak, planner vs hf under accelerate's FSDP1 (GiB; target 5 %); "
+                 "fsdp2 % = the same record planned as FSDP2",
+                 f"{'record':84s} {'measured':>9s} {'planned':>9s} {'err %':>7s} {'moment':>20s} {'fsdp2 %':>9s}", lines)
+
+
 FINETUNE_RECORDS = Path(__file__).resolve().parent / "framework-finetune-records"
 FINETUNE_STEP_RECORDS = Path(__file__).resolve().parent / "framework-finetune-step-records"
 
@@ -139,8 +162,10 @@ FINETUNE_STEP_RECORDS = Path(__file__).resolve().parent / "framework-finetune-st
 if __name__ == "__main__":
     from script_args import checked_argv
 
-    checked_argv(sys.argv[1:], __doc__, ("--finetune",))
-    if sys.argv[1:2] == ["--finetune"]:
+    checked_argv(sys.argv[1:], __doc__, ("--finetune", "--hf-fsdp1"))
+    if sys.argv[1:2] == ["--hf-fsdp1"]:
+        print_hf_fsdp1_table()
+    elif sys.argv[1:2] == ["--finetune"]:
         # LoRA and QLoRA (zeroplan/frameworks/lora.py's runs; docs/finetuning.md).
         print_framework_table(FINETUNE_RECORDS)
         print_step_table(FINETUNE_STEP_RECORDS)
