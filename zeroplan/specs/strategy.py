@@ -201,7 +201,10 @@ class StrategySpec(Frozen):
     """FSDP full shard run by torch's FSDP1 (FullyShardedDataParallel) with a root unit: its
     post-forward does not reshard the root (torch 2.13 distributed/fsdp/_runtime_utils.py
     _post_forward_reshard), so the root's parameters stay gathered from the forward through the
-    loss and the backward, and its backward gathers nothing."""
+    loss and the backward, and its backward gathers nothing. What ``--fsdp-version 1`` sets: for
+    framework zeroplan the harness's torch-fsdp1 engine, for hf accelerate's fsdp_version 1
+    (Accelerator.prepare_model's FullyShardedDataParallel; zeroplan.specs.request.check_hf_fsdp1
+    names what it was measured under)."""
     keep_unsharded_grads_on_accum: bool = False
     """FSDP no_sync / ZeRO-1: accumulate unsharded gradients locally and reduce once per step
     instead of every micro-batch (costs a full gradient buffer)."""
