@@ -96,6 +96,8 @@ def test_fsdp_version_1_is_accepted_under_hf_and_named_in_the_header(zeroplan_cl
     # The default list leaves out what FSDP1 was not measured under, with the reason.
     code, out, _ = _fit(zeroplan_cli, "--fsdp-version", "1")
     assert code == 0 and "Left out: hsdp: hf under FSDP1" in " ".join(out.split())
+    code, out, _ = zeroplan_cli("compare", "llama-3.1-8b", "--framework", "hf", "--gpus", "8", "--fsdp-version", "1")
+    assert code == 0 and "fsdp_version 1 (FullyShardedDataParallel" in " ".join(out.split())
 
 
 @pytest.mark.parametrize("flags, field", [

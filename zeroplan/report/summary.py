@@ -277,6 +277,7 @@ def compare_notes(report: FitReport) -> list[str]:
                  "RS reduce-scatter); * = at a published nccl-tests bandwidth (docs/gpus.md).")
     if not report.model.parameter_count_exact:
         notes.append(f"The parameter count may not be exact ({report.model.parameter_count_caveat}).")
+    notes += fsdp_version_lines(report)
     notes += left_out_lines(report)
     return notes
 
