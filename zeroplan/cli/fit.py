@@ -431,6 +431,12 @@ def add_fused_loss_argument(parser: argparse.ArgumentParser) -> None:
              "(llm-foundry's default loss_fn; framework zeroplan only)",
     )
     parser.add_argument(
+        "--torch-multihead-attention", action="store_true",
+        help="framework zeroplan: each block's attention is torch's nn.MultiheadAttention called as self-attention "
+             "(packed in_proj_weight; DeepSpeedExamples' bf16_master_weight model): under DeepSpeed's ZeRO-3 engine "
+             "its gathered in-projection stays alive from the block's forward to its backward",
+    )
+    parser.add_argument(
         "--use-cache", action="store_true",
         help="hf: the model keeps transformers' KV cache (config use_cache=True, its default, which only its own "
              "gradient_checkpointing turns off): under checkpointing applied from outside transformers (torch's "
@@ -615,6 +621,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         **_deepspeed_checkpointing(args, framework, deepspeed_file),
         fused_linear_cross_entropy=args.fused_linear_cross_entropy,
         fused_cross_entropy=args.fused_cross_entropy,
+        torch_multihead_attention=getattr(args, "torch_multihead_attention", False),
         # torchtitan 9dec370 train.py loss_fn: its only loss, unchunked.
         unchunked_loss=args.unchunked_loss or (framework is Framework.torchtitan and getattr(args, "torchtitan_release", None) == "9dec370"),
         torchtitan_release=getattr(args, "torchtitan_release", None),

@@ -183,6 +183,7 @@ FLAG_OF_FIELD = {
     "deepspeed_release": "--deepspeed-release",
     "use_cache": "--use-cache",
     "keep_outputs": "--keep-outputs",
+    "torch_multihead_attention": "--torch-multihead-attention",
     "checkpoint_reentrant": "--checkpoint-reentrant",
     "transformers_version": "--transformers-version",
     "torch_release": "--torch-release",

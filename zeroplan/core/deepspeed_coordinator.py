@@ -193,11 +193,37 @@ def _fuses_qkv(request: PlanRequest) -> bool:
     return request.training.framework is Framework.megatron_deepspeed
 
 
+# torch's nn.MultiheadAttention holds q, k and v in one in_proj_weight and in_proj_bias of its
+# own and calls its out_proj's weight and bias from its forward (out_proj's forward never runs):
+# DeepSpeed's ZeROOrderedDict getter registers those as the attention module's external
+# parameters (0.19.8 parameter_offload.py lines 80-89), so one fetch gathers all four.
+_TORCH_ATTENTION = ("attention.q", "attention.k", "attention.v", "attention.o")
+
+
+_IN_PROJECTION = ("attention.q", "attention.k", "attention.v")
+
+
+def _packed_in_projection(request: PlanRequest, unit) -> dict[str, int]:
+    """Under torch's nn.MultiheadAttention, the elements of the unit's packed in_proj_weight and
+    in_proj_bias ('weight', 'bias': its q, k and v tensors' together; one parameter each to
+    DeepSpeed); empty elsewhere."""
+    if not request.training.torch_multihead_attention:
+        return {}
+    packed: dict[str, int] = {}
+    for tensor in unit.tensors:
+        prefix, _, kind = tensor.name.rpartition(".")
+        if prefix in _IN_PROJECTION:
+            packed[kind] = packed.get(kind, 0) + tensor.numel
+    return packed
+
+
 def _module_name(request: PlanRequest, tensor_name: str) -> str:
     """The module a tensor belongs to: its dotted prefix ('attention.q' of 'attention.q.weight'
     and '.bias'; 'attention.q.lora_a' is LoRA's lora_A module), q, k and v one module where the
-    stack fuses them."""
+    stack fuses them, q, k, v and o one under torch's nn.MultiheadAttention."""
     prefix = tensor_name.rsplit(".", 1)[0]
+    if request.training.torch_multihead_attention and prefix in _TORCH_ATTENTION:
+        return "attention"
     if _fuses_qkv(request) and prefix in ("attention.q", "attention.k", "attention.v"):
         return "attention.qkv"
     return prefix
@@ -224,6 +250,10 @@ class Replay:
     """(trace step, '<unit name>.<tensor name>') of each parameter gathered, in order."""
     held_bytes: tuple[int, ...]
     """Per trace step, what is held after its fetch and prefetch (as peak_bytes)."""
+    forward_steps: int
+    """The forward's trace steps: gathers at a later step are the backward's (and its recomputation's)."""
+    gathered_bytes: tuple[tuple[str, int], ...]
+    """('<unit name>.<tensor name>', bytes one gather of it brings in) of each parameter fetched."""
 
 
 def _modules(request: PlanRequest) -> tuple[list[tuple[int, list[int]]], list[_Param], list[bool]]:
@@ -241,16 +271,24 @@ def _modules(request: PlanRequest) -> tuple[list[tuple[int, list[int]]], list[_P
     word_embeddings = None
     for index, unit in enumerate(units):
         by_module: dict[str, list[int]] = {}
+        packed = _packed_in_projection(request, unit)
         for tensor in unit.tensors:
-            own = by_module.setdefault(_module_name(request, tensor.name), [])
-            numel = ds_numel(request, tensor)
+            name, numel = tensor.name, ds_numel(request, tensor)
+            prefix, _, kind = name.rpartition(".")
+            if packed and prefix in _IN_PROJECTION:
+                if prefix != _IN_PROJECTION[0]:
+                    continue  # packed into q's place
+                name, numel = f"attention.in_proj_{kind}", packed[kind]
+            own = by_module.setdefault(_module_name(request, name), [])
             if numel <= threshold:
                 continue  # persistent: gathered at the engine's start, never fetched
             own.append(len(params))
-            if tensor.name == "token.weight":
+            if name == "token.weight":
                 word_embeddings = len(params)
-            params.append(_Param(index, f"{unit.name}.{tensor.name}", numel, _gathered_bytes(request, tensor, eb.compute_parameter),
-                                 tensor.numel * wire if tensor.trainable else 0))
+            gathered = (ceil_div(numel, request.shard_group_size) * request.shard_group_size * eb.compute_parameter
+                        if name != tensor.name else _gathered_bytes(request, tensor, eb.compute_parameter))
+            params.append(_Param(index, f"{unit.name}.{name}", numel, gathered,
+                                 numel * wire if tensor.trainable else 0))
         modules += [(index, ids) for ids in by_module.values()]
     if request.model.tied_embeddings and word_embeddings is not None:
         modules.append((len(units) - 1, [word_embeddings]))
@@ -312,14 +350,14 @@ def _quantizes(units: tuple) -> bool:
 
 def _replay_key(request: PlanRequest) -> tuple:
     """Everything replay reads of the request, as values: _modules (the rank's units, q/k/v
-    fused or not, tied embeddings, the gathered and gradient element bytes, the persistence
+    fused or not, one module under torch's nn.MultiheadAttention, tied embeddings, the gathered and gradient element bytes, the persistence
     threshold, the shard group, and where a tensor is quantized the request itself), _trace
     (whether every block is recomputed), whether a recompute's frozen weights stay gathered
     (holds_recomputed_frozen) and the three stage-3 settings. Requests that differ in
     nothing else (fit's ZeRO-3 strategies with and without offload under one framework) have one
     replay."""
     units = rank_parameter_units(request)
-    return (units, _fuses_qkv(request), request.model.tied_embeddings,
+    return (units, _fuses_qkv(request), request.training.torch_multihead_attention, request.model.tied_embeddings,
             element_bytes(request.training.precision, request.convention).compute_parameter,
             gradient_wire_bytes(request), persistence_threshold(request), request.shard_group_size,
             request if _quantizes(units) else None,
@@ -421,7 +459,17 @@ def _replay(request: PlanRequest, counter_start: int | None) -> Replay:
             available.discard(p)
             held_gathered -= params[p].gathered_bytes
             n_available -= params[p].numel
-    return Replay(peak, tuple(gathered[0]), tuple(gathered[1]), tuple(order), tuple(series))
+    return Replay(peak, tuple(gathered[0]), tuple(gathered[1]), tuple(order), tuple(series), forward_steps,
+                  tuple((p.name, p.gathered_bytes) for p in params))
+
+
+def released_after_forward(request: PlanRequest) -> dict[str, int]:
+    """'<unit name>.<tensor name>' -> gathered bytes of each parameter the forward gathered and
+    the coordinator released after it: the backward (or a recomputation) gathers it again."""
+    found = replay(request)
+    forward = {name for step, name in found.gathers if step < found.forward_steps}
+    again = {name for step, name in found.gathers if step >= found.forward_steps}
+    return {name: size for name, size in found.gathered_bytes if name in forward and name in again}
 
 
 def peak_gathered_bytes(request: PlanRequest) -> int:

@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import NamedTuple, TypeVar
 
 from zeroplan.core.activations import activation_bytes, backward_workspace_bytes, layer_bytes, logits_bytes
+from zeroplan.core.deepspeed_mha_views import check_torch_multihead_attention, pinned_in_projection_bytes
 from zeroplan.core.buffers import (
     backward_end_buffer_bytes, backward_end_gradient_bytes, backward_held_buffer_bytes, block_backward_gradient_bytes,
     block_backward_transient_bytes, block_copy_buffer_bytes, draining_held_buffer_bytes, first_layer_activation_blocks,
@@ -228,6 +229,10 @@ def _uncached_micro_batch_terms(request: PlanRequest) -> tuple[tuple[str, object
     if training.framework is Framework.zeroplan:
         # The reference model's recomputed block stays with its activations at every moment.
         activations = sum(rank_activation_bytes(request, reference_activations))
+        if training.torch_multihead_attention:
+            # Saved for backward block by block, as activations are: under DeepSpeed's ZeRO-3 each
+            # block's released in-projection (zeroplan.core.deepspeed_mha_views).
+            activations += pinned_in_projection_bytes(request)
         logits = max(reference_logits(request) if one_rank else rank_logits_pieces(request, reference_logits))
     else:
         # The block a recomputing backward rebuilds is alive only in a block's backward: it
@@ -281,6 +286,7 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     # Requests varied by model_copy (the search's policies) skip the request's own validators.
     check_compiled_layout(training, request.parallel)
     check_compiled_strategy(training, request.strategy.kind)
+    check_torch_multihead_attention(request)
     if training.finetune.frozen_blocks and training.activation_checkpointing not in (ActivationCheckpointing.none, ActivationCheckpointing.full):
         raise ZeroplanError("finetune.frozen_blocks", f"is modelled with activation checkpointing none or full, not "
                             f"{training.activation_checkpointing.value!r}")

@@ -635,6 +635,8 @@ FRAMEWORK_OPTIONS = {
     # The frameworks' own losses are modelled from their code (zeroplan.core.framework_loss);
     # flash-attn's fused cross-entropy replaces the reference model's.
     "fused_cross_entropy": lambda prof: prof.framework is Framework.zeroplan,
+    # The reference model's attention as torch's nn.MultiheadAttention (zeroplan.core.deepspeed_mha_views).
+    "torch_multihead_attention": lambda prof: prof.framework is Framework.zeroplan,
     # torchtitan 0.3.0 models/llama3/config_registry.py: llama3_debugmodel_ce_loss builds the
     # unchunked CrossEntropyLoss beside the ChunkedLossWrapper of every other Llama-3 config.
     # torchtune 0.6.1 recipes instantiate whatever `loss:` the config names; with a plain

@@ -209,6 +209,13 @@ class TrainingSpec(Frozen):
     fused_crossentropy``): it saves the logits and a fp32 log-sum-exp per row, and its backward
     writes one logits-sized gradient (framework zeroplan only; docs/memory-model.md section 3,
     "Logits and loss")."""
+    torch_multihead_attention: bool = False
+    """Framework zeroplan only: every block's attention is torch's ``nn.MultiheadAttention``
+    called as self-attention (``attention(x, x, x)``, one packed ``in_proj_weight`` and
+    ``in_proj_bias`` for q, k and v, and its ``out_proj``), as DeepSpeedExamples'
+    bf16_master_weight model builds it. Under DeepSpeed's ZeRO-3 engine (the deepspeed state
+    convention) each block's gathered in-projection then outlives its release until the block's
+    backward (zeroplan.core.deepspeed_mha_views)."""
     checkpoint_early_stop: bool | None = None
     """Whether the block checkpoint stops recomputing once every tensor the backward saved is back
     (torch's non-reentrant checkpoint as rewritten after 2.0, set_checkpoint_early_stop); None: the
