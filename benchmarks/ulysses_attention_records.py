@@ -16,8 +16,8 @@ tests/live_storages.py):
   all-to-alls' and the core attention's, beside local_saved_bytes, the same math attention called
   alone on fresh [b, s, h/P, d] q, k, v (what it would save with no all-to-all around it);
 - per all-to-all call (deepspeed.sequence.layer.single_all_to_all, wrapped): the phase, the
-  scatter index, whether its input is contiguous, the most bytes alive during the call beyond
-  those alive at its entry (peak_beyond_entry_bytes) and its result's bytes.
+  scatter index, whether its input is contiguous, the most bytes of the storages the call made
+  alive at once (peak_own_bytes: its buffers and its result) and its result's bytes.
 
 The output is rearranged to [s/P, b, h d] as the fork does (transformer.py:846) before backward,
 so the output all-to-all's backward receives the permuted gradient the fork's does.
@@ -26,7 +26,7 @@ X is one local q's bytes, b (s/P) h d e. The process count is small (2 and 4 ran
 
 Measured (torch 2.13 CPU, deepspeed 0.19.8, bf16; every rank alike): the forward saves exactly what
 the math attention alone saves on [b, s, h/P, d] (7.25 X at P 2, 23 X at P 4): the all-to-alls save
-nothing. Each call holds, beyond what is alive at its entry, its output and the pre-exchange
+nothing. Each call holds, of its own storages, its output and the pre-exchange
 permute's copy (2 X), plus the post-exchange permute's copy when the batch is above 1 (a permute
 of a batch of 1 is a view): 3 X at b 2, 2 X at b 1; a non-contiguous input's extra copy
 (pre_all2all_fun's reshape().contiguous()) is freed once the permute's copy is made, so it adds
@@ -101,23 +101,27 @@ def measure_rank(rank: int, case: dict, port: int) -> dict:
     attention = layer.DistributedAttention(math_attention, group, scatter_idx=2, gather_idx=1)
 
     tracker = live_storage_tracker(set())
-    state = {"phase": "forward", "peak": 0}
+    state: dict = {"phase": "forward", "peak": 0, "before": None}
     calls: list[dict] = []
 
     def probe() -> None:
-        state["peak"] = max(state["peak"], sum(tracker.live.values()))
+        # Only the storages the running call made: gloo's worker threads drop an earlier call's
+        # buffers whenever they finish with them, which a sum of everything alive would mix in.
+        if state["before"] is not None:
+            own = sum(size for key, size in tracker.live.items() if key not in state["before"])
+            state["peak"] = max(state["peak"], own)
 
     tracker.probe = probe
     plain = layer.single_all_to_all
 
     def recorded(input, scatter_idx, gather_idx, batch_dim_idx, group, *args, **kwargs):  # type: ignore[no-untyped-def]
-        entry = sum(tracker.live.values())
-        state["peak"] = entry
+        state["before"], state["peak"] = set(tracker.live), 0
         result = plain(input, scatter_idx, gather_idx, batch_dim_idx, group, *args, **kwargs)
+        state["before"] = None
         calls.append({"phase": state["phase"], "scatter_idx": scatter_idx, "input_shape": list(input.shape),
                       "input_contiguous": input.is_contiguous(),
                       "result_shape": list(result.shape),
-                      "peak_beyond_entry_bytes": state["peak"] - entry,
+                      "peak_own_bytes": state["peak"],
                       "result_bytes": result.untyped_storage().nbytes()})
         return result
 
