@@ -109,3 +109,18 @@ def test_refusals_name_the_field(flags: tuple[str, ...], field: str) -> None:
         memory_breakdown(_request(model, *MDS, *gpus, *rest))
     assert error.value.field == field
     assert "\n" not in str(error.value)
+
+
+def test_search_and_communicators_follow_ulysses() -> None:
+    from zeroplan.core.communicators import communicators
+    from zeroplan.core.compiled import runs_checkpointing
+    from zeroplan.specs.training import ActivationCheckpointing
+
+    request = _request("llama-2-7b", *MDS, "--gpus", "8", "--cp", "2")
+    # The plan search does not offer the selective recomputation the fork skips under Ulysses.
+    assert not runs_checkpointing(request.training, ActivationCheckpointing.selective, request.parallel)
+    assert runs_checkpointing(request.training, ActivationCheckpointing.full, request.parallel)
+    # The all-to-alls open send/recv connections on the sequence-parallel group, not a ring.
+    found = {c.name: c for c in communicators(request)}
+    assert "context parallel" not in found
+    assert found["sequence parallel (Ulysses all-to-all)"].group_size == 2

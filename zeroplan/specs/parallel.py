@@ -346,6 +346,12 @@ def check_ulysses(parallel: ParallelSpec, model, batch) -> None:
 # sets the selective recomputation of the core attention only without Ulysses. The Ulysses path
 # DeepSpeed's sequence/layer.py is not in the 2022 release (megatron/arguments.py:98-99 asks for
 # 0.10.2 or later).
+def ulysses_runs_checkpointing(parallel: ParallelSpec, framework, policy) -> bool:
+    """Whether the checkpointing ``policy`` runs as planned under the layout: every policy but
+    selective recomputation under Megatron-DeepSpeed's Ulysses (the plan search asks this too)."""
+    return parallel.cp == 1 or framework.value != "megatron-deepspeed" or policy.value != "selective"
+
+
 def check_ulysses_training(parallel: ParallelSpec, framework, training) -> None:
     """The fork's Ulysses path's attention, recomputation and DeepSpeed release, the rest refused."""
     if parallel.cp == 1 or framework.value != "megatron-deepspeed":
@@ -353,7 +359,7 @@ def check_ulysses_training(parallel: ParallelSpec, framework, training) -> None:
     if training.attention_kernel.value != "flash":
         raise ZeroplanError("training.attention_kernel", "DeepSpeed-Ulysses runs in Megatron-DeepSpeed with flash attention "
                             f"only, not {training.attention_kernel.value} (allowed: flash with cp > 1)")
-    if training.activation_checkpointing.value == "selective":
+    if not ulysses_runs_checkpointing(parallel, framework, training.activation_checkpointing):
         raise ZeroplanError("training.activation_checkpointing", "Megatron-DeepSpeed's selective recomputation does not "
                             "reach DistributedAttention (allowed: none or full with cp > 1)")
     if training.deepspeed_release == "2022-bigscience":
