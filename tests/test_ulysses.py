@@ -100,6 +100,7 @@ def test_all_to_alls_per_block(checkpointing: str) -> None:
     (("llama-2-7b", "--cp", "4", "--seq-len", "4094"), "parallel.cp"),
     (("llama-2-7b", "--cp", "2", "--attention", "eager"), "training.attention_kernel"),
     (("llama-2-7b", "--cp", "2", "--activation-checkpointing", "selective"), "training.activation_checkpointing"),
+    (("llama-2-7b", "--cp", "2", "--attention-impl", "flash-attn-triton"), "training.attention_implementation"),
     (("llama-2-7b", "--cp", "2", "--deepspeed-release", "2022-bigscience"), "parallel.cp"),
 ])
 def test_refusals_name_the_field(flags: tuple[str, ...], field: str) -> None:

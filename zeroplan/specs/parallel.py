@@ -340,18 +340,20 @@ def check_ulysses(parallel: ParallelSpec, model, batch) -> None:
         raise ZeroplanError("parallel.cp", "DeepSpeed-Ulysses with mixture-of-experts blocks is not modelled (allowed: cp 1)")
 
 
-# Megatron-DeepSpeed f4157be megatron/model/transformer.py:846-848 calls DistributedAttention
-# without flash attention as dist_attn(q, k, v, attention_mask): the mask lands on batch_dim_idx
-# and CoreAttention runs without one, which deepspeed 0.19.8's layer.py cannot run; and :616-628
-# sets the selective recomputation of the core attention only without Ulysses. The Ulysses path
-# DeepSpeed's sequence/layer.py is not in the 2022 release (megatron/arguments.py:98-99 asks for
-# 0.10.2 or later).
+# Megatron-DeepSpeed f4157be megatron/model/transformer.py:616-628 sets the selective
+# recomputation of the core attention (checkpoint_core_attention) only without Ulysses, and the
+# Ulysses forward (:835-848) never reads it.
 def ulysses_runs_checkpointing(parallel: ParallelSpec, framework, policy) -> bool:
     """Whether the checkpointing ``policy`` runs as planned under the layout: every policy but
     selective recomputation under Megatron-DeepSpeed's Ulysses (the plan search asks this too)."""
     return parallel.cp == 1 or framework.value != "megatron-deepspeed" or policy.value != "selective"
 
 
+# Megatron-DeepSpeed f4157be megatron/model/transformer.py:846-848 calls DistributedAttention
+# without flash attention as dist_attn(q, k, v, attention_mask): the mask lands on batch_dim_idx
+# and CoreAttention runs without one, which deepspeed 0.19.8's layer.py cannot run. DeepSpeed's
+# sequence/layer.py is not in the 2022 release (megatron/arguments.py:98-99 asks for 0.10.2 or
+# later).
 def check_ulysses_training(parallel: ParallelSpec, framework, training) -> None:
     """The fork's Ulysses path's attention, recomputation and DeepSpeed release, the rest refused."""
     if parallel.cp == 1 or framework.value != "megatron-deepspeed":
@@ -359,6 +361,12 @@ def check_ulysses_training(parallel: ParallelSpec, framework, training) -> None:
     if training.attention_kernel.value != "flash":
         raise ZeroplanError("training.attention_kernel", "DeepSpeed-Ulysses runs in Megatron-DeepSpeed with flash attention "
                             f"only, not {training.attention_kernel.value} (allowed: flash with cp > 1)")
+    if training.attention_implementation.value != "flash-attn-2":
+        # transformer.py:839-843: --use-flash-attn-triton keeps q, k, v seq-first (batch_dim_idx 1),
+        # a layout whose all-to-alls were not measured (benchmarks/ulysses_attention_records.py).
+        raise ZeroplanError("training.attention_implementation", "DeepSpeed-Ulysses is planned on the fork's "
+                            "--use-flash-attn-v2 path, not flash-attn-triton's seq-first one (allowed: flash-attn-2 "
+                            "with cp > 1)")
     if not ulysses_runs_checkpointing(parallel, framework, training.activation_checkpointing):
         raise ZeroplanError("training.activation_checkpointing", "Megatron-DeepSpeed's selective recomputation does not "
                             "reach DistributedAttention (allowed: none or full with cp > 1)")
