@@ -57,6 +57,22 @@ def test_all_to_alls_save_nothing(record: dict) -> None:
         assert rank["saved_bytes"] == rank["local_saved_bytes"] > 0
 
 
+@pytest.mark.parametrize("cp", [2, 4, 8])
+def test_core_attention_at_s_with_h_over_p_is_the_blocks_at_s_over_p(cp: int) -> None:
+    # Under Ulysses the flash kernel saves q, k, v and its log-sum-exp on [b, s, h/P, d]; the
+    # planner counts a rank's block at s/P tokens with every head: the same bytes.
+    from zeroplan.core.activations import layer_terms
+    from zeroplan.core.parallel.tensor import tensor_parallel_model
+
+    request = _request("llama-2-7b", *MDS)
+    model, training = request.model, request.training
+    core = ("q_k_v", "logsumexp", "softmax_output", "attention_dropout")
+    at_s = layer_terms(tensor_parallel_model(model, cp), training, 4096, 2, autocast=request.runs_under_autocast)
+    at_s_over_p = layer_terms(model, training, 4096 // cp, 2, autocast=request.runs_under_autocast)
+    assert [at_s[k] for k in core] == [at_s_over_p[k] for k in core]
+    assert at_s["q_k_v"] > 0
+
+
 def test_blocks_are_the_models_at_s_over_p() -> None:
     base = ("llama-2-7b", *MDS, "--gpu", "a100-80gb", "--micro-batch", "2")
     ulysses = _request(*base, "--gpus", "8", "--cp", "2", "--seq-len", "4096")
