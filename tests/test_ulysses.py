@@ -49,6 +49,18 @@ def test_all_to_all_buffers_are_measured(record: dict) -> None:
             assert call["result_bytes"] == x
 
 
+@pytest.mark.slow
+def test_measured_again(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    out = tmp_path / "records.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ulysses_attention_records.py"), str(out)],
+                   check=True, cwd=ROOT, capture_output=True, timeout=600)
+    again = json.loads(out.read_text())["records"]
+    assert [r["ranks"] for r in again] == [r["ranks"] for r in RECORDS]
+
+
 @pytest.mark.parametrize("record", RECORDS, ids=lambda r: f"sp{r['sp']}-b{r['batch']}")
 def test_all_to_alls_save_nothing(record: dict) -> None:
     # What the forward saves is the core attention's own on [b, s, h/P, d]: the rule that lets a
