@@ -133,7 +133,7 @@ def test_loss_holds_the_fp32_stage_output() -> None:
 
 @pytest.mark.parametrize(("flags", "field"), [
     (("--precision", "fp16-mixed", "--deepspeed-grad-accum-dtype", "fp32"), "strategy.deepspeed_grad_accum_fp32"),
-    (("--cp", "2"), "parallel.cp"),
+    (("--cp", "2", "--tp", "2"), "parallel.cp"),
     (("--pp", "2", "--pp-schedule", "interleaved-1f1b", "--virtual-stages", "2"), "parallel.pp_schedule"),
     (("--precision", "fp32"), "precision"),
     (("--lora-rank", "8"), "finetune"),

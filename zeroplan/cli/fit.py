@@ -379,7 +379,7 @@ def add_parallel_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--async-tp", action="store_true",
                        help="torchtitan's asynchronous tensor parallelism (enable_async_tensor_parallel; needs --compile "
                             "and sequence parallelism): each all-gather and reduce-scatter fused with its matmuls")
-    group.add_argument("--cp", type=positive_int, default=1, help="context-parallel degree (ring attention; default 1)")
+    group.add_argument("--cp", type=positive_int, default=1, help="context-parallel degree (ring attention; DeepSpeed-Ulysses, --ds-sequence-parallel-size, under --framework megatron-deepspeed; default 1)")
     group.add_argument("--pp", type=positive_int, default=1, help="pipeline-parallel degree (default 1); --grad-accum micro-batches flow through it")
     group.add_argument("--pp-schedule", choices=choices_of(PipelineSchedule),
                        help="pipeline schedule, with --pp 2 or more (default 1f1b)")

@@ -167,7 +167,14 @@ def _communicators(request: PlanRequest) -> list[Communicator]:
     found.append(_ring(request, "tensor parallel", sizes, (3,), tp_op))
     # cp is the innermost part of the data-parallel ranks (torchtitan's dp_shard x cp).
     cp_mesh = (parallel.pp, data // parallel.cp, parallel.cp, parallel.tp)
-    found.append(_ring(request, "context parallel", cp_mesh, (2,), CollectiveOp.all_gather))
+    if request.training.framework is Framework.megatron_deepspeed and parallel.cp > 1:
+        # DeepSpeed-Ulysses' all-to-alls (deepspeed/sequence/layer.py all_to_all_single) over P
+        # consecutive ranks (Megatron-DeepSpeed parallel_state.py:200-206): a send and a receive
+        # to every other rank of the group, as expert parallelism's dispatch.
+        local = min(parallel.cp, request.cluster.gpus_per_node)
+        found.append(_send_recv(request, "sequence parallel (Ulysses all-to-all)", parallel.cp, local - 1, parallel.cp - local))
+    else:
+        found.append(_ring(request, "context parallel", cp_mesh, (2,), CollectiveOp.all_gather))
     found.extend(_expert_parallel(request))
     found.extend(_pipeline(request))
     if request.training.framework in MEGATRON_PROFILES:

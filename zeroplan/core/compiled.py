@@ -18,7 +18,7 @@ from zeroplan.specs.finetune import LoraTarget, Quantization
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.hardware import GpuArchitecture, GpuSpec
 from zeroplan.specs.model import ModelSpec
-from zeroplan.specs.parallel import ParallelSpec
+from zeroplan.specs.parallel import ParallelSpec, ulysses_runs_checkpointing
 from zeroplan.specs.request import PlanRequest, compiled_policy_measured
 from zeroplan.specs.training import ActivationCheckpointing, Float8Recipe, Precision, TrainingSpec
 from zeroplan.units import FP32_BYTES, even_split
@@ -44,6 +44,8 @@ def runs_checkpointing(training: TrainingSpec, policy: ActivationCheckpointing, 
     """Whether ``policy`` is modelled for the training's compile setting (every policy eager),
     under ``parallel``'s layout when given."""
     if parallel is not None and not compiled_policy_measured(training, policy, parallel):
+        return False
+    if parallel is not None and not ulysses_runs_checkpointing(parallel, training.framework, policy):
         return False
     return not training.compile or policy in COMPILED_POLICIES.get(training.framework, ())
 

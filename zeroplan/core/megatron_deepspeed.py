@@ -98,8 +98,8 @@ def param_group_elements(request: PlanRequest) -> tuple[int, ...]:
 
 
 def data_parallel_size(request: PlanRequest) -> int:
-    """The ranks BF16_Optimizer partitions over: the engine's seq_data_parallel_group, the data
-    parallel group (DeepSpeed-Ulysses sequence parallelism is not planned)."""
+    """The ranks BF16_Optimizer partitions over: the engine's seq_data_parallel_group, dp x cp
+    (cp is DeepSpeed-Ulysses' sequence-parallel degree: zeroplan.core.parallel.ulysses)."""
     return request.state_group_size
 
 

@@ -57,6 +57,7 @@ from zeroplan.core.parallel.activations import (
     rank_workspace_bytes,
 )
 from zeroplan.core.parallel.ring_attention import ring_attention_backward_extra_bytes
+from zeroplan.core.parallel.ulysses import ulysses_all_to_all_bytes
 from zeroplan.core.params import total_parameters
 from zeroplan.core.suggest import smallest_change
 from zeroplan.core.timing import step_time
@@ -217,9 +218,11 @@ def _uncached_micro_batch_terms(request: PlanRequest) -> tuple[tuple[str, object
     # what this rank computes and keeps in flight.
     # DoRA's weight-norm temporaries arise in a block's forward and in a recomputing backward's
     # rerun; the block-backward moment, which holds every block's activations, bounds both.
-    # A block's backward under torch's ring attention also holds the ring's buffers.
+    # A block's backward under torch's ring attention also holds the ring's buffers, and under
+    # DeepSpeed-Ulysses the largest all-to-all's.
     workspace = (rank_workspace_bytes(request, _workspace) + expert_dispatch_bytes(request) + dequantized_weight_bytes(request)
                  + dora_weight_norm_bytes(request) + ring_attention_backward_extra_bytes(request)
+                 + ulysses_all_to_all_bytes(request)
                  + fairseq_softmax_backward_bytes(request) + hf_softmax_backward_bytes(request))
     logits_pieces: tuple[int, ...] = ()
     # One rank's logits without model parallelism are the request's own (rank_logits_pieces),

@@ -171,7 +171,8 @@ MODEL_PARALLEL_FRAMEWORKS = ("zeroplan", "torchtitan", "megatron", "megatron-dee
 """Profiles whose tensor, context, pipeline and expert parallelism are modelled: the reference
 model (Megatron-LM's layout, Korthikanti et al. 2022), torchtitan 0.3.0's own, megatron-core's
 (tensor, sequence and pipeline parallelism only: check_megatron_parallel) and the
-Megatron-DeepSpeed fork's (the same, under DeepSpeed's pipeline engine)."""
+Megatron-DeepSpeed fork's (the same, under DeepSpeed's pipeline engine, and its cp as
+DeepSpeed-Ulysses: check_ulysses)."""
 
 MEGATRON_SCHEDULES = (PipelineSchedule.one_f_one_b, PipelineSchedule.interleaved_1f1b)
 """megatron-core 0.16.1 pipeline_parallel/schedules.py get_forward_backward_func: without a
@@ -203,7 +204,7 @@ def check_parallel(parallel: ParallelSpec, model, cluster, batch, strategy_kind,
     if framework.value == "megatron":
         check_megatron_parallel(parallel, model, batch)
     if framework.value == "megatron-deepspeed":
-        check_megatron_deepspeed_parallel(parallel)
+        check_megatron_deepspeed_parallel(parallel, model, batch)
     if framework.value not in MODEL_PARALLEL_FRAMEWORKS:
         raise ZeroplanError(
             "parallel", f"tensor, context and pipeline parallelism are not modelled for {framework.value} "
@@ -232,7 +233,7 @@ def check_parallel(parallel: ParallelSpec, model, cluster, batch, strategy_kind,
             )
     if parallel.sequence_parallel and batch.seq_len % tp:
         raise ZeroplanError("parallel.sequence_parallel", f"--seq-len {batch.seq_len} is not a multiple of tp {tp}")
-    if parallel.cp > 1 and batch.seq_len % (2 * parallel.cp):
+    if parallel.cp > 1 and framework.value != "megatron-deepspeed" and batch.seq_len % (2 * parallel.cp):
         # torch 2.13 distributed/tensor/experimental/_context_parallel/_load_balancer.py
         # (_HeadTailLoadBalancer): the sequence is cut into 2 x cp chunks, two per rank.
         raise ZeroplanError(
@@ -305,15 +306,73 @@ def pipeline_microbatch_rule(parallel: ParallelSpec, framework: str, microbatche
 # PipelineModule (partition_method 'type:transformer': the blocks spread over the stages), run by
 # deepspeed 0.19.8 runtime/pipe/engine.py PipelineEngine under runtime/pipe/schedule.py
 # TrainSchedule, a 1F1B schedule without interleaving; the fork's context parallelism is
-# DeepSpeed-Ulysses' sequence parallelism, which is not planned.
-def check_megatron_deepspeed_parallel(parallel: ParallelSpec) -> None:
+# DeepSpeed-Ulysses' sequence parallelism (--ds-sequence-parallel-size, planned as cp:
+# zeroplan.core.parallel.ulysses).
+def check_megatron_deepspeed_parallel(parallel: ParallelSpec, model, batch) -> None:
     """The layouts the megatron-deepspeed profile plans, the rest refused in one line."""
     if parallel.cp > 1:
-        raise ZeroplanError("parallel.cp", "DeepSpeed-Ulysses sequence parallelism is not modelled for megatron-deepspeed "
-                            "(allowed: cp 1)")
+        check_ulysses(parallel, model, batch)
     if parallel.pp > 1 and (parallel.pp_schedule is not PipelineSchedule.one_f_one_b or parallel.virtual_stages > 1):
         raise ZeroplanError("parallel.pp_schedule", f"{parallel.pp_schedule.value!r} is not DeepSpeed's pipeline schedule "
                             "(allowed: 1f1b, TrainSchedule, without virtual stages)")
+
+
+# Megatron-DeepSpeed f4157be under DeepSpeed-Ulysses (--ds-sequence-parallel-size P, cp here):
+# megatron/core/parallel_state.py:145-147 asserts tp 1 and pp 1; megatron/model/transformer.py:618
+# that P divides the attention heads and :729 that the key-value projection is the query's (no
+# grouped K and V); pretrain_gpt.py:138 that P divides the sequence.
+def check_ulysses(parallel: ParallelSpec, model, batch) -> None:
+    """The fork's asserts on DeepSpeed-Ulysses, each refused in one line."""
+    cp = parallel.cp
+    if parallel.tp > 1 or parallel.pp > 1:
+        raise ZeroplanError("parallel.cp", f"DeepSpeed-Ulysses (cp {cp}) runs without tensor or pipeline parallelism in "
+                            "Megatron-DeepSpeed (allowed: tp 1 and pp 1 with cp > 1)")
+    if model.kv_heads != model.num_heads:
+        raise ZeroplanError("parallel.cp", f"DeepSpeed-Ulysses (cp {cp}) needs multi-head attention in Megatron-DeepSpeed; "
+                            f"{model.name} has {model.kv_heads} key/value heads for {model.num_heads} (allowed: cp 1)")
+    if model.num_heads % cp:
+        raise ZeroplanError("parallel.cp", f"{cp} does not divide the {model.num_heads} attention heads "
+                            f"(allowed: a divisor of {model.num_heads})")
+    if batch.seq_len % cp:
+        raise ZeroplanError("parallel.cp", f"--seq-len {batch.seq_len} is not a multiple of cp {cp} "
+                            "(allowed: cp dividing the sequence)")
+    if model.is_moe:
+        raise ZeroplanError("parallel.cp", "DeepSpeed-Ulysses with mixture-of-experts blocks is not modelled (allowed: cp 1)")
+
+
+# Megatron-DeepSpeed f4157be megatron/model/transformer.py:616-628 sets the selective
+# recomputation of the core attention (checkpoint_core_attention) only without Ulysses, and the
+# Ulysses forward (:835-848) never reads it.
+def ulysses_runs_checkpointing(parallel: ParallelSpec, framework, policy) -> bool:
+    """Whether the checkpointing ``policy`` runs as planned under the layout: every policy but
+    selective recomputation under Megatron-DeepSpeed's Ulysses (the plan search asks this too)."""
+    return parallel.cp == 1 or framework.value != "megatron-deepspeed" or policy.value != "selective"
+
+
+# Megatron-DeepSpeed f4157be megatron/model/transformer.py:846-848 calls DistributedAttention
+# without flash attention as dist_attn(q, k, v, attention_mask): the mask lands on batch_dim_idx
+# and CoreAttention runs without one, which deepspeed 0.19.8's layer.py cannot run. DeepSpeed's
+# sequence/layer.py is not in the 2022 release (megatron/arguments.py:98-99 asks for 0.10.2 or
+# later).
+def check_ulysses_training(parallel: ParallelSpec, framework, training) -> None:
+    """The fork's Ulysses path's attention, recomputation and DeepSpeed release, the rest refused."""
+    if parallel.cp == 1 or framework.value != "megatron-deepspeed":
+        return
+    if training.attention_kernel.value != "flash":
+        raise ZeroplanError("training.attention_kernel", "DeepSpeed-Ulysses runs in Megatron-DeepSpeed with flash attention "
+                            f"only, not {training.attention_kernel.value} (allowed: flash with cp > 1)")
+    if training.attention_implementation.value != "flash-attn-2":
+        # transformer.py:839-843: --use-flash-attn-triton keeps q, k, v seq-first (batch_dim_idx 1),
+        # a layout whose all-to-alls were not measured (benchmarks/ulysses_attention_records.py).
+        raise ZeroplanError("training.attention_implementation", "DeepSpeed-Ulysses is planned on the fork's "
+                            "--use-flash-attn-v2 path, not flash-attn-triton's seq-first one (allowed: flash-attn-2 "
+                            "with cp > 1)")
+    if not ulysses_runs_checkpointing(parallel, framework, training.activation_checkpointing):
+        raise ZeroplanError("training.activation_checkpointing", "Megatron-DeepSpeed's selective recomputation does not "
+                            "reach DistributedAttention (allowed: none or full with cp > 1)")
+    if training.deepspeed_release == "2022-bigscience":
+        raise ZeroplanError("parallel.cp", "DeepSpeed-Ulysses is not in deepspeed 2022-bigscience (allowed: cp 1, or "
+                            "deepspeed_release 0.19.8)")
 
 
 def check_expert_parallel(parallel: ParallelSpec, model, cluster, strategy_kind, framework) -> None:

@@ -10,7 +10,7 @@ from zeroplan.specs.finetune import Quantization, check_finetune
 from zeroplan.specs.framework import UNTIES_EMBEDDINGS, Framework, launch_allocator_conf
 from zeroplan.specs.hardware import ClusterSpec
 from zeroplan.specs.model import ModelSpec, PositionKind
-from zeroplan.specs.parallel import ParallelSpec, check_parallel
+from zeroplan.specs.parallel import ParallelSpec, check_parallel, check_ulysses_training
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.training import (
     ActivationCheckpointing, AttentionKernel, BatchSpec, Float8Recipe, Optimizer, Precision, StateConvention, TrainingSpec,
@@ -557,6 +557,7 @@ class PlanRequest(Frozen):
             raise ZeroplanError("model.moe_capacity_factor", "torchtitan's MoE routes dropless, without a capacity "
                                                              "(allowed: leave it out with framework torchtitan)")
         check_parallel(self.parallel, self.model, self.cluster, self.batch, self.strategy.kind, self.training.framework)
+        check_ulysses_training(self.parallel, self.training.framework, self.training)
         check_finetune(self.training.finetune, self.model, self.training.framework, self.parallel.model_parallel_size * self.parallel.ep,
                        checkpointing=self.training.activation_checkpointing is not ActivationCheckpointing.none)
         if (self.training.framework is Framework.litgpt and self.training.finetune.quantize.is_quantized

@@ -30,6 +30,7 @@ from zeroplan.core.memo import batch_keyed
 from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stage_indices
 from zeroplan.core.parallel.ring_attention import torchtitan_sdpa_ring
 from zeroplan.core.parallel.tensor import tensor_parallel_model
+from zeroplan.core.parallel.ulysses import runs_ulysses, ulysses_logits_tensors
 from zeroplan.core.parallel.units import holds_embedding, holds_head, rank_block_count
 from zeroplan.core.profiles import (
     profile,
@@ -422,6 +423,9 @@ def rank_logits_pieces(request: PlanRequest, pieces) -> tuple[int, ...]:
     if loss_parallel_applies(request):
         # torchtitan 9dec370's loss_parallel (zeroplan.core.framework_loss): its own moment.
         return tuple(scale * sum(moment) for moment in _of_sequences(chunk, loss_parallel_logits_tensors))
+    if runs_ulysses(request):
+        # Megatron-DeepSpeed's GPTModel loss under Ulysses (zeroplan.core.parallel.ulysses).
+        return tuple(scale * sum(moment) for moment in _of_sequences(chunk, ulysses_logits_tensors))
     return tuple(scale * piece for piece in _of_sequences(chunk, pieces))
 
 
@@ -446,6 +450,8 @@ def rank_logits_tensors(request: PlanRequest, tensors) -> tuple[tuple[int, ...],
     scale = last_stage_in_flight(request)
     if loss_parallel_applies(request):
         return tuple(scale * tuple(moment) for moment in loss_parallel_logits_tensors(chunk))
+    if runs_ulysses(request):
+        return tuple(scale * tuple(moment) for moment in ulysses_logits_tensors(chunk))
     return tuple(scale * tuple(moment) for moment in tensors(chunk))
 
 

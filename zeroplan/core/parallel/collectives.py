@@ -11,6 +11,7 @@ from zeroplan.core.parallel.pipeline import rank_stages
 from zeroplan.core.parallel.tensor import tensor_parallel_model
 from zeroplan.core.parallel.expert import expert_parallel_collectives, moe_block_count
 from zeroplan.core.params import ParamUnit
+from zeroplan.core.parallel.ulysses import runs_ulysses, ulysses_collectives
 from zeroplan.core.parallel.units import holds_embedding, holds_head, rank_block_count, rank_parameter_units
 from zeroplan.core.profiles import profile
 from zeroplan.specs.framework import Framework
@@ -140,6 +141,9 @@ def context_parallel_collectives(request: PlanRequest) -> list[Collective]:
     cp = parallel.cp
     if cp == 1:
         return []
+    if runs_ulysses(request):
+        # Megatron-DeepSpeed's cp is DeepSpeed-Ulysses: all-to-alls, not a ring.
+        return ulysses_collectives(request)
     e = _activation_element_bytes(request)
     model = tensor_parallel_model(request.model, parallel.tp)
     tokens = request.batch.seq_len // cp * request.batch.micro_batch_size
