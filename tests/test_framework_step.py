@@ -129,8 +129,7 @@ def test_the_local_shard_of_a_dtensor_is_where_the_adapter_reads_it() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("blocks", [8, 32])
-def test_a_whole_step_replays_its_allocations_through_the_allocator_model(monkeypatch, blocks) -> None:
+def test_a_whole_step_replays_its_allocations_through_the_allocator_model(monkeypatch) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("torchtune", reason="torchtune is not installed (scripts/install-frameworks installs it)")
     from zeroplan.frameworks.step import run_step, step_training
@@ -141,11 +140,13 @@ def test_a_whole_step_replays_its_allocations_through_the_allocator_model(monkey
     from zeroplan.frameworks import step as step_module
     from zeroplan.frameworks.step_record import AllocatorFigures
 
-    # At 8 blocks and the full 32 (benchmarks/framework_depth_capacity.py prints 2-32): with FSDP2's
-    # all-gather outputs living as wait_for_unshard keeps them, and torchtune's head unit the output
-    # projection alone, the planner is 1.6-1.8 % below at 4, 8 and 32 blocks under either conf.
-    # At 2 blocks the default conf's bisection lands above a window of capacities on which the
-    # planner's trace fails again (it completes from about 4 % above the replay's), not checked here.
+    # At 8 blocks: with FSDP2's all-gather outputs living as wait_for_unshard keeps them, and
+    # torchtune's head unit the output projection alone, the planner is 1.6-1.8 % below at 4, 8
+    # and 32 blocks under either conf (benchmarks/framework_depth_capacity.py prints 2-32; the full
+    # 32 blocks, about 45 s a run here, are left to it). At 2 blocks the default conf's bisection
+    # lands above a window of capacities on which the planner's trace fails again (it completes
+    # from about 4 % above the replay's), not checked here.
+    blocks = 8
     sys.path.insert(0, str(BENCHMARKS))
     from framework_step_records import shallow_model
 
@@ -172,9 +173,6 @@ def test_a_whole_step_replays_its_allocations_through_the_allocator_model(monkey
     assert figures.requested_peak_bytes >= record.peak_bytes
     assert figures.requested_peak_bytes <= figures.oom_capacity_bytes <= figures.reserved_peak_bytes + 2 * 2**20
     assert expandable.allocator.requested_peak_bytes == figures.requested_peak_bytes
-    if blocks == 32:
-        # Not at 8 blocks: there the expandable replay reserves 10.06 GiB, the default one 9.71.
-        assert expandable.allocator.reserved_peak_bytes <= figures.reserved_peak_bytes
     # fit --allocator-conf on the same request: the planner's FSDP2 schedule finds the OOM
     # capacity within 3 % of this step's (the coarse schedule before it was 10.9 % low at 32
     # blocks; the unit-by-unit one 3.4 % there and 14.1 % at 8 before the all-gather lifetimes).
