@@ -5,7 +5,8 @@ benchmarks/deepspeed-accumulation-records/ (its README lists the commands that w
     python benchmarks/deepspeed_accumulation_records.py [--stages 1,2,3] [--precisions fp32,bf16-mixed]
         [--accumulations 1,2,4] [--variants default,no-contiguous,overlap,quarter-bucket] [--name FILE]
 
-For every ZeRO stage (1, 2, 3), precision (fp32, bf16-mixed), accumulation (1, 2, 4) and ZeRO
+For every ZeRO stage (0, DeepSpeed's unpartitioned optimizer; 1, 2, 3), precision (fp32,
+bf16-mixed; fp16-mixed, planned at stage 0), accumulation (1, 2, 4) and ZeRO
 setting (DeepSpeed's defaults as the harness sets them: contiguous_gradients on, overlap_comm
 off, one reduce bucket of the whole model; contiguous_gradients off; overlap_comm on; a reduce
 bucket of a quarter of the model) it builds the harness's DeepSpeed engine
@@ -22,6 +23,11 @@ Moments recorded per step: ``micro<m>`` after micro-step m < K-1 (what persists 
 micro-step), ``at_step`` when DeepSpeed's inner optimizer starts stepping (step pre-hook: what
 the step sees), ``after_step`` after the boundary step and zero_grad (what persists into the
 next step).
+
+At stage 0 the engine all-reduces the gradients at the boundary's backward through buckets it
+flattens and frees at once (runtime/engine.py allreduce_gradients -> allreduce_bucket): held at
+no recorded moment, so each call's flat bucket is recorded (``allreduce_buckets``: its elements
+and bytes, per step).
 
 On the CPU, DeepSpeed's streams are the current stream, so overlap_comm changes which buffers
 are allocated (the Python code decides that) but not when a side stream would let them go.
@@ -45,6 +51,7 @@ from zeroplan.atomic import write_text_atomic
 from zeroplan.harness.ports import free_local_port
 
 PRECISIONS = ("fp32", "bf16-mixed")
+DTYPES = {"fp32": torch.float32, "bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
 ACCUMULATIONS = (1, 2, 4)
 VARIANTS = ("default", "no-contiguous", "overlap", "quarter-bucket")
 MICRO_BATCH, SEQ_LEN, STEPS, NPROC = 2, 64, 2, 2
@@ -150,7 +157,7 @@ def _run_one(rank: int, model_name: str, stage: int, precision: str, accumulatio
     from zeroplan.harness.presets import HARNESS_PRESETS
 
     spec = HARNESS_PRESETS[model_name]
-    dtype = torch.bfloat16 if precision == "bf16-mixed" else torch.float32
+    dtype = DTYPES[precision]
     gc.collect()
     baseline = _live_storages()  # what earlier runs in this process left (not this engine's)
     model = build_model(spec)
@@ -163,7 +170,8 @@ def _run_one(rank: int, model_name: str, stage: int, precision: str, accumulatio
 
     def config(*args, **kwargs):
         built = original(*args, **kwargs)
-        built["zero_optimization"].update(_zero_overrides(variant, total))
+        if stage or variant != "default":  # stage 0 reads none of the overrides' keys
+            built["zero_optimization"].update(_zero_overrides(variant, total))
         return built
 
     dse.deepspeed_config = config
@@ -173,9 +181,19 @@ def _run_one(rank: int, model_name: str, stage: int, precision: str, accumulatio
         dse.deepspeed_config = original
     at_step: list[dict] = []
     engine.optimizer.register_step_pre_hook(lambda *_: at_step.append(_snapshot(engine, baseline)))
+    buckets: list[dict] = []
+    reduce = engine.ds.allreduce_bucket
+
+    def allreduce_bucket(bucket, *args, **kwargs):
+        flat = reduce(bucket, *args, **kwargs)
+        buckets.append({"elements": flat.numel(), "bytes": flat.numel() * flat.element_size()})
+        return flat
+
+    engine.ds.allreduce_bucket = allreduce_bucket
     steps = []
     for step in range(STEPS):
         moments = {}
+        buckets.clear()
         for m in range(accumulation):
             tokens, targets = rank_batch(spec, step, NPROC, rank, MICRO_BATCH, SEQ_LEN, micro_batch=m,
                                          grad_accum_steps=accumulation)
@@ -188,12 +206,16 @@ def _run_one(rank: int, model_name: str, stage: int, precision: str, accumulatio
         gc.collect()
         moments["at_step"] = at_step.pop()
         moments["after_step"] = _snapshot(engine, baseline)
+        if stage == 0:
+            moments["allreduce_buckets"] = list(buckets)
         steps.append(moments)
     zero = engine.config["zero_optimization"]
     return {
         "model": model_name, "stage": stage, "precision": precision, "grad_accum": accumulation, "variant": variant,
         "world_size": NPROC, "micro_batch": MICRO_BATCH, "seq_len": SEQ_LEN, "parameters": total,
-        "zero_optimization": {k: zero[k] for k in ("reduce_bucket_size", "contiguous_gradients", "overlap_comm")},
+        "zero_optimization": {k: zero[k] for k in ("reduce_bucket_size", "contiguous_gradients", "overlap_comm")}
+        if stage else {"stage": 0},
+        "optimizer_class": type(engine.zero_optimizer).__name__,
         "steps": steps,
     }
 

@@ -156,8 +156,16 @@ def test_a_larger_sub_group_steps_more_at_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("config, flags, field, words", [
-    ({"zero_optimization": {"stage": 0}}, (), "zero_optimization.stage", "allowed: 1, 2, 3"),
-    ({}, (), "zero_optimization", "stage 1, 2 or 3"),
+    ({"zero_optimization": {"stage": 4}}, (), "zero_optimization.stage", "allowed: 0, 1, 2, 3"),
+    ({"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}}, (),
+     "zero_optimization.offload_optimizer", "stage 0 offloads nothing"),
+    ({"zero_optimization": {"stage": 0}, "bf16": {"enabled": True}, "optimizer": {"type": "AdamW"}}, (),
+     "optimizer.params.torch_adam", "FP16_Optimizer"),
+    ({"zero_optimization": {"stage": 0}, "optimizer": {"type": "CPUAdam"}}, (), "optimizer.type", "offload_optimizer"),
+    ({"zero_optimization": {"stage": 0}, "bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}}, (),
+     "data_types.grad_accum_dtype", "leave it out"),
+    ({"zero_optimization": {"stage": 0}}, ("--state-convention", "zero"), "--state-convention",
+     "give --state-convention deepspeed"),
     ({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}, (), "offload_param",
      "stage 3, optimizer cpu, parameters cpu"),
     ({"zero_optimization": {"stage": 2, "stage3_foo": 1}}, (), "zero_optimization.stage3_foo", "allowed: stage,"),
@@ -166,7 +174,7 @@ def test_a_larger_sub_group_steps_more_at_once(tmp_path: Path) -> None:
     ({"zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}}, (), "reduce_bucket_size", "--framework hf"),
     ({"zero_optimization": {"stage": 2, "reduce_bucket_size": -5}}, (), "reduce_bucket_size", "whole number"),
     ({"zero_optimization": {"stage": 2, "reduce_bucket_size": 1e30}}, (), "reduce_bucket_size", "to 2^36"),
-    ({"zero_optimization": {"stage": "3"}}, (), "zero_optimization.stage", "allowed: 1, 2, 3"),
+    ({"zero_optimization": {"stage": "3"}}, (), "zero_optimization.stage", "allowed: 0, 1, 2, 3"),
     ({"zero_optimization": {"stage": 2, "overlap_comm": "yes"}}, (), "overlap_comm", "true or false"),
     ({"zero_optimization": {"stage": 2}, "gradient_accumulation_steps": 4}, ("--grad-accum", "2"), "--grad-accum",
      "give --grad-accum 4"),
@@ -280,3 +288,34 @@ def test_emit_writes_the_files_of_the_configs_strategy(tmp_path: Path, capsys) -
     assert zero["stage"] == 3
     assert (zero["stage3_max_reuse_distance"], zero["stage3_max_live_parameters"], zero["stage3_prefetch_bucket_size"],
             zero["stage3_param_persistence_threshold"]) == (0, 10**9, 5 * 10**7, 10**5)
+
+
+@pytest.mark.parametrize("config", [{"zero_optimization": {"stage": 0}}, {}, {"zero_optimization": {}},
+                                    {"zero_optimization": {"stage": 0}, "bf16": {"enabled": True},
+                                     "optimizer": {"type": "AdamW", "params": {"torch_adam": True}}}])
+def test_stage_0_is_ddp_under_deepspeeds_convention(config) -> None:
+    """Stage 0, or no zero_optimization block (DeepSpeed's default stage), is DeepSpeed's
+    unpartitioned optimizer: the ddp strategy, no ZeRO knob set."""
+    read = deepspeed_config_of(config, hf_auto=False)
+    assert read.kind is StrategyKind.ddp and read.strategy_updates() == {}
+
+
+@pytest.mark.parametrize("framework", ["zeroplan", "hf"])
+@pytest.mark.parametrize("precision", ["bf16-mixed", "fp16-mixed", "fp32"])
+def test_a_stage_0_file_plans_deepspeeds_stage_0_and_emits_it(tmp_path: Path, framework: str, precision: str) -> None:
+    """A stage-0 file plans ddp under DeepSpeed's state convention (not torch's DDP), the file
+    --emit writes from that plan is stage 0 again, and it plans the same bytes and time."""
+    from zeroplan.core.deepspeed_stage0 import runs_deepspeed_stage0
+
+    config = {"zero_optimization": {"stage": 0}, "bf16": {"enabled": precision == "bf16-mixed"},
+              "fp16": {"enabled": precision == "fp16-mixed"}}
+    flags = (*BASE, "--framework", framework, "--precision", precision)
+    run, plan = planned(*flags, "--deepspeed-config", written(tmp_path, config))
+    assert run.request.strategy.kind is StrategyKind.ddp and runs_deepspeed_stage0(run.request)
+    emitted = deepspeed_config(run.request)
+    assert emitted["zero_optimization"] == {"stage": 0}
+    again, plan_again = planned(*flags, "--deepspeed-config", written(tmp_path, emitted, "again.json"))
+    assert (plan_again.memory, plan_again.time) == (plan.memory, plan.time)
+    torch_ddp, torch_plan = planned(*flags, "--strategies", "ddp")
+    assert not runs_deepspeed_stage0(torch_ddp.request)
+    assert torch_plan.memory != plan.memory

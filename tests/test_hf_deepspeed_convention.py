@@ -64,8 +64,11 @@ def test_hf_zero_states_and_buffers_are_deepspeeds(gpu_80gib, kind) -> None:
 
 
 def test_hf_refuses_a_state_convention_in_one_line(gpu_80gib) -> None:
+    """hf's engines decide the layout; deepspeed names DeepSpeed's stage 0 (ddp) and no FSDP."""
     with pytest.raises(ZeroplanError, match="hf's own engines \\(DeepSpeed's under its ZeRO strategies\\)"):
-        peak_terms(_request(gpu_80gib, StrategyKind.zero3, state_convention=StateConvention.deepspeed))
+        peak_terms(_request(gpu_80gib, StrategyKind.zero3, state_convention=StateConvention.zero))
+    with pytest.raises(ZeroplanError, match="DeepSpeed's stage 0"):
+        _request(gpu_80gib, StrategyKind.fsdp_full_shard, state_convention=StateConvention.deepspeed)
 
 
 def test_hf_reduce_bucket_is_the_configured_size_not_the_adapters(gpu_80gib) -> None:

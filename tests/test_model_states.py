@@ -74,10 +74,13 @@ def test_stages_never_grow_and_stage3_covers_ddp(gpu_80gib, gpus, model_name, pr
         for kind in ZERO_KINDS
     ]
     assert sizes == sorted(sizes, reverse=True)
-    # Stage 3 splits everything, so N shards hold at least DDP's one copy.
-    assert sizes[3] * gpus >= sizes[0]
+    # Stage 3 splits everything, so N shards hold at least DDP's one copy. Under DeepSpeed in
+    # fp32 its ZeRO stages clone an fp32 master that its stage 0 (ddp) does not (measured:
+    # benchmarks/deepspeed-accumulation-records records-zero0-fp32.json): 4 bytes an element more.
+    clone = 4 * total_parameters(model) if (convention, precision) == (StateConvention.deepspeed, Precision.fp32) else 0
+    assert sizes[3] * gpus >= sizes[0] + clone
     # Padding adds fewer than N elements per unit, at most 18 bytes each.
-    assert sizes[3] * gpus - sizes[0] < (model.num_layers + 2) * gpus * 18
+    assert sizes[3] * gpus - sizes[0] - clone < (model.num_layers + 2) * gpus * 18
 
 
 def test_70b_zero3_model_states_about_128_gib(gpu_80gib) -> None:

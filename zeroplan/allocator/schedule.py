@@ -21,7 +21,7 @@ from zeroplan.allocator.fsdp_schedule import (FsdpStepInputs, forward_cache_part
 from zeroplan.core.parallel.sequence_parallel import SublayerCollectives
 from zeroplan.allocator.replay import Ops
 from zeroplan.allocator.trace import AllocationTrace, Stream
-from zeroplan.core import deepspeed_2022, deepspeed_stage3_step
+from zeroplan.core import deepspeed_2022, deepspeed_stage0, deepspeed_stage3_step
 from zeroplan.core.activations import layer_terms
 from zeroplan.core.deepspeed_accumulation import overlap_comm
 from zeroplan.core.deepspeed_epilogue import stage1_carries_bucket
@@ -251,6 +251,10 @@ class StepInputs:
     gradients_kept: bool = False
     """ModelStateBytes.gradients_kept: the previous step's gradients, zeroed in place by a torch
     release before 2.0, are allocated before the forward and never freed."""
+    step_keeps_backward_gradients: bool = False
+    """DeepSpeed's stage 0 under 16 bits (zeroplan.core.deepspeed_stage0): the gradients backward
+    ends with (backward_end_gradients) stay through the step beside the fp32 copies it reads
+    (PeakTerms.step_gradients), freed by the zero_grad after it."""
 
 
 def step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms) -> StepInputs:
@@ -294,6 +298,7 @@ def _step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms
                       block_backward_gradients=terms.block_backward_gradients,
                       backward_end_buffers=terms.backward_end_buffers,
                       backward_end_gradients=terms.backward_end_gradients,
+                      step_keeps_backward_gradients=deepspeed_stage0.runs_deepspeed_stage0(request),
                       gather_stream=_gather_stream(request),
                       flat_step=runs_flat_step(request), in_flight=_in_flight_micro_batches(request),
                       chunk_blocks=_in_flight_chunk_blocks(request, blocks),
@@ -466,11 +471,16 @@ def record_step(x: StepInputs) -> TraceBuilder:
         b.free(gradients)
         gradients = []
     ending = x.backward_end_gradients
+    ended: list[int] = []
     if ending is not None and ending != x.gradient_bytes:
         # DeepSpeed's: what backward ends with is not the gradient the step takes.
         b.free(gradients)
         gradients = []
-        b.free(b.alloc_parts(even_parts(ending, blocks + 1)) + unit)
+        ended = b.alloc_parts(even_parts(ending, blocks + 1))
+        if not x.step_keeps_backward_gradients:
+            b.free(ended)
+            ended = []
+        b.free(unit)
         unit = []
     b.free(draining)
     # DeepSpeed's ZeRO-1/2 step reads one flat fp32 gradient partition and makes its temporaries
@@ -496,6 +506,7 @@ def record_step(x: StepInputs) -> TraceBuilder:
     b.free(b.alloc_parts(even_parts(x.step_temporary, parts)))
     if not x.gradients_kept:
         b.free(gradients)
+    b.free(ended)
     return b
 
 

@@ -13,7 +13,7 @@ from zeroplan.specs.deepspeed_config import FLAG, DeepSpeedConfig, read_deepspee
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
-from zeroplan.specs.training import Optimizer
+from zeroplan.specs.training import Optimizer, StateConvention
 
 ADAM_STATES = (Optimizer.adam, Optimizer.adamw)
 
@@ -86,8 +86,15 @@ def apply_deepspeed_config(config: DeepSpeedConfig, request: PlanRequest, kind: 
     if config.optimizer is not None and training.optimizer not in ADAM_STATES:
         raise ZeroplanError("--optimizer", f"{training.optimizer.value} but the {FLAG} file's optimizer keeps Adam's "
                                            "states (allowed: adamw, adam)")
+    if config.kind is StrategyKind.ddp:
+        # Stage 0 is DeepSpeed's unpartitioned optimizer: the ddp strategy under DeepSpeed's state
+        # convention (zeroplan.core.deepspeed_stage0), not torch's DDP.
+        if training.state_convention not in (None, StateConvention.deepspeed):
+            raise ZeroplanError("--state-convention", f"{training.state_convention.value} but the {FLAG} file runs "
+                                                      "DeepSpeed's stage 0 (give --state-convention deepspeed, or leave it out)")
+        request = request.model_copy(update={"training": training.model_copy(update={"state_convention": StateConvention.deepspeed})})
     strategy = request.strategy.model_copy(update={"kind": config.kind, **config.strategy_updates()})
-    if training.framework is Framework.hf:
+    if training.framework is Framework.hf and config.kind is not StrategyKind.ddp:
         strategy = _hf_auto(config, strategy, request)
     # Validated again: model_copy skips the spec's own checks of the values the file set.
     planned = request.with_strategy(StrategySpec.model_validate(dict(strategy)))
@@ -147,6 +154,11 @@ def deepspeed_config_line(path: str, request: PlanRequest) -> str:
     from zeroplan.core.deepspeed_accumulation import overlap_comm
 
     strategy = request.strategy
+    if strategy.kind is StrategyKind.ddp:
+        from zeroplan.core.deepspeed_stage0 import ALLREDUCE_BUCKET_ELEMENTS
+
+        return (f"DeepSpeed config {path}: stage 0 (ddp under DeepSpeed's state convention), gradients all-reduced "
+                f"in buckets of {_elements(ALLREDUCE_BUCKET_ELEMENTS)} elements (no ZeRO key is read at stage 0)")
     parts = [f"reduce bucket {_elements(strategy.zero_bucket_elements)}",
              f"overlap_comm {'on' if overlap_comm(request) else 'off'}"]
     if strategy.kind.zero_stage == 3:

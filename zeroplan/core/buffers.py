@@ -4,7 +4,7 @@ temporaries. Each term names the library behaviour it models."""
 from __future__ import annotations
 
 from zeroplan.core import deepspeed_2022, deepspeed_epilogue, deepspeed_offload, deepspeed_step
-from zeroplan.core import deepspeed_coordinator, tinyllama
+from zeroplan.core import deepspeed_coordinator, deepspeed_stage0, tinyllama
 from zeroplan.core.deepspeed_accumulation import resident_bytes as deepspeed_resident_bytes
 from zeroplan.core.deepspeed_accumulation import stage12_bucket_bytes
 from zeroplan.core.largest_unit import largest_gathered_unit_bytes, largest_unit_elements
@@ -94,6 +94,9 @@ def resident_buffer_bytes(request: PlanRequest) -> int:
         return 0
     if _bf16_optimizer_buffers(request):
         return bf16_optimizer_states(request).gradient_buffer_bytes
+    if deepspeed_stage0.runs_deepspeed_stage0(request):
+        # Nothing kept across steps: no DDP reducer, no scalar (its gradient norm is a float).
+        return 0
     kind = request.strategy.kind
     eb = element_bytes(request.training.precision, request.convention)
     if _reduces_through_ddp_buckets(request):
@@ -385,6 +388,8 @@ def backward_end_buffer_bytes(request: PlanRequest) -> int | None:
     holds; FSDP1's gathered root with its gradients and their flat concatenation under no_sync;
     DeepSpeed ZeRO-3's flat copy of its last bucket and its first module, still gathered.
     None where the largest unit's transient buffers stand for them."""
+    if deepspeed_stage0.runs_deepspeed_stage0(request):
+        return deepspeed_stage0.backward_end_buffer_bytes(request)
     fsdp = _fsdp_last_unit(request)
     if fsdp is not None:
         last, head = fsdp
@@ -407,6 +412,9 @@ def backward_end_gradient_bytes(request: PlanRequest) -> int | None:
     (the model states' gradients) elsewhere."""
     if deepspeed_epilogue.models_epilogue(request):
         return 0
+    if deepspeed_stage0.runs_deepspeed_stage0(request):
+        # The model-dtype gradients in autograd; the fp32 copies are made at the step.
+        return deepspeed_stage0.between_micro_steps_bytes(request)
     if fsdp_no_sync_carried_gradient_bytes(request) == 0:
         return no_sync_backward_end_gradient_bytes(request)
     if deepspeed_epilogue.stage1_keeps_gradients(request):

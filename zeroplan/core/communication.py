@@ -11,6 +11,7 @@ NCCL's docs/performance "algorithm bandwidth vs bus bandwidth"). Both are kept a
 from __future__ import annotations
 
 from zeroplan.core import deepspeed_buckets
+from zeroplan.core.deepspeed_stage0 import allreduce_bucket_bytes, runs_deepspeed_stage0
 from zeroplan.core.deepspeed_coordinator import backward_gather_bytes, forward_gather_bytes, models_deepspeed_gathers, replays_gathers
 from zeroplan.core.collective import Collective, CollectiveOp, Phase, make_collective, ring_sent_bytes
 from zeroplan.core.layout import ElementBytes, element_bytes, gradient_wire_bytes
@@ -230,6 +231,12 @@ def _uncached_data_parallel_collectives(request: PlanRequest) -> list[Collective
         return []
     if request.training.framework is Framework.megatron:
         return megatron_collectives(request, world, multi_node, per_node)
+    if runs_deepspeed_stage0(request):
+        # DeepSpeed's stage 0: at the boundary's backward end, one all-reduce per flat bucket
+        # of the model-dtype gradients (zeroplan.core.deepspeed_stage0.allreduce_bucket_bytes).
+        e = element_bytes(request.training.precision, request.convention).compute_parameter
+        return [make_collective(CollectiveOp.all_reduce, Phase.backward, "gradients", allreduce_bucket_bytes(request),
+                                world, 1, multi_node, e, per_node)]
     if kind is StrategyKind.ddp or request.strategy.zero_gradient_reduce is ZeroGradientReduce.ddp_buckets:
         total = sum(u.numel for u in rank_trainable_units(request)) * eb.gradient
         buckets = ddp_bucket_sizes(total, request.strategy.ddp_bucket_cap_bytes)

@@ -139,10 +139,12 @@ def early_gradient_bytes(request: PlanRequest) -> int:
     stage that reduces in its hooks holds the largest of them while copying it into the bucket;
     0 elsewhere (ZeRO-1 accumulating carries its full gradients already)."""
     kind = request.strategy.kind
-    if not runs_deepspeed_engine(request) or kind not in (StrategyKind.zero1, StrategyKind.zero2, StrategyKind.zero2_offload):
+    if not runs_deepspeed_engine(request) or kind not in (StrategyKind.ddp, StrategyKind.zero1, StrategyKind.zero2,
+                                                           StrategyKind.zero2_offload):
         return 0
     numels = _after_block_numels(request)
-    if stage1_keeps_gradients(request):
+    # Stage 0 (kind ddp under the convention) reduces only once backward ends, as ZeRO-1 does.
+    if stage1_keeps_gradients(request) or kind is StrategyKind.ddp:
         return sum(numels) * _model_dtype_bytes(request) if request.batch.grad_accum_steps == 1 else 0
     if not request.strategy.deepspeed_contiguous_gradients:
         return 0

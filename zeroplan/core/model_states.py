@@ -1,7 +1,7 @@
 """Per-rank bytes of parameters, gradients and optimizer states (the ZeRO paper's "model
 states", sec. 3.1), exact for a padded sharded layout, with offload to host memory."""
 
-from zeroplan.core import deepspeed_offload, deepspeed_partial_offload
+from zeroplan.core import deepspeed_offload, deepspeed_partial_offload, deepspeed_stage0
 from zeroplan.core.finetune.offload import offloaded_quant_constant_bytes
 from zeroplan.core.finetune.storage import frozen_held_bytes, frozen_tensor_bytes
 from zeroplan.core.finetune.units import trainable_view
@@ -18,7 +18,7 @@ from zeroplan.specs.base import Frozen
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import ZeroGradientReduce
-from zeroplan.specs.training import StateConvention
+from zeroplan.specs.training import Precision, StateConvention
 from zeroplan.core.torch_release import keeps_zeroed_gradients
 from zeroplan.units import ceil_div
 
@@ -270,7 +270,9 @@ def model_state_bytes(request: PlanRequest) -> ModelStateBytes:
     parameter = parameter_elements * eb.parameter + frozen
     gradient = gradient_elements * eb.gradient
     counters = step_counter_bytes(request.training.optimizer, stepped_tensors(request, sharded=stage >= 1))
-    optimizer = optimizer_elements * eb.master + optimizer_bytes(request, optimizer_elements, optimizer_shards, eb) + counters
+    # DeepSpeed's stage 0 clones an fp32 master only under fp16 and bf16 (zeroplan.core.deepspeed_stage0).
+    master = 0 if deepspeed_stage0.runs_deepspeed_stage0(request) and request.training.precision is Precision.fp32 else eb.master
+    optimizer = optimizer_elements * master + optimizer_bytes(request, optimizer_elements, optimizer_shards, eb) + counters
     if request.training.optimizer_in_backward:
         # torchtune 0.6.1 training/memory.py register_optim_in_bwd_hooks: each parameter's hook
         # steps its optimizer and zero_grad()s it (set_to_none) as soon as FSDP2 assigns the

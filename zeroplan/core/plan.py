@@ -18,7 +18,7 @@ from zeroplan.core.buffers import (
 )
 from zeroplan.core.communication import collectives
 from zeroplan.core.compiled import check_compiled
-from zeroplan.core import deepspeed_2022, deepspeed_epilogue, deepspeed_stage3_step
+from zeroplan.core import deepspeed_2022, deepspeed_epilogue, deepspeed_stage0, deepspeed_stage3_step
 from zeroplan.core.deepspeed_accumulation import accumulated_bytes, runs_deepspeed_engine
 from zeroplan.core.encoder_decoder import check_encoder_decoder_request
 from zeroplan.core.feasibility import usable_memory_bytes
@@ -257,11 +257,22 @@ def _accumulated_gradient_bytes(request: PlanRequest) -> int | None:
     return fsdp_no_sync_carried_gradient_bytes(request) if carried is None else carried
 
 
+def _step_gradient_bytes(request: PlanRequest) -> int | None:
+    """PeakTerms.step_gradients: DeepSpeed stage 0's 16-bit gradients beside the fp32 copies its
+    step reads, ZeRO-3's sub-group at a time; None (the model states' gradients) elsewhere."""
+    if deepspeed_stage0.runs_deepspeed_stage0(request):
+        return deepspeed_stage0.step_gradient_bytes(request)
+    return deepspeed_stage3_step.step_gradient_bytes(request)
+
+
 def deepspeed_accumulated_gradient_bytes(request: PlanRequest) -> int | None:
     """What DeepSpeed's ZeRO-1/2/3 keep between micro-steps beyond their resident buffers, run
-    by its engine (runs_deepspeed_engine) without offload or a step in backward; None elsewhere
-    (the peak then carries the model states' gradients)."""
+    by its engine (runs_deepspeed_engine) without offload or a step in backward, and its stage 0
+    (every gradient in the model dtype, nothing resident); None elsewhere (the peak then carries
+    the model states' gradients)."""
     kind = request.strategy.kind
+    if deepspeed_stage0.runs_deepspeed_stage0(request):
+        return deepspeed_stage0.between_micro_steps_bytes(request)
     if (not runs_deepspeed_engine(request) or kind.zero_stage not in (1, 2, 3)
             or kind.offloads_optimizer or kind.offloads_parameters or request.training.optimizer_in_backward):
         return None
@@ -290,6 +301,7 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     check_compiled_layout(training, request.parallel)
     check_compiled_strategy(training, request.strategy.kind)
     check_torch_multihead_attention(request)
+    deepspeed_stage0.check_deepspeed_stage0(request)
     if training.finetune.frozen_blocks and training.activation_checkpointing not in (ActivationCheckpointing.none, ActivationCheckpointing.full):
         raise ZeroplanError("finetune.frozen_blocks", f"is modelled with activation checkpointing none or full, not "
                             f"{training.activation_checkpointing.value!r}")
@@ -320,7 +332,7 @@ def _state_terms(request: PlanRequest) -> tuple[ModelStateBytes, tuple[tuple[str
         ("accumulated_gradients", _accumulated_gradient_bytes(request)),
         ("backward_end_buffers", backward_end_buffer_bytes(request)),
         ("backward_end_gradients", backward_end_gradient_bytes(request)),
-        ("step_gradients", deepspeed_stage3_step.step_gradient_bytes(request)),
+        ("step_gradients", _step_gradient_bytes(request)),
         ("block_backward_gradients", block_backward_gradient_bytes(request)),
         ("draining_held_buffers", draining_held_buffer_bytes(request)),
         # A gradient buffer kept across steps (megatron-core's) or zeroed in place is counted

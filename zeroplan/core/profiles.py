@@ -18,7 +18,7 @@ from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.hardware import GpuSpec
 from zeroplan.specs.training import (
-    ActivationCheckpointing, Optimizer, OptimizerLoop, Precision, TrainingSpec, precision_without_bf16,
+    ActivationCheckpointing, Optimizer, OptimizerLoop, Precision, StateConvention, TrainingSpec, precision_without_bf16,
 )
 
 
@@ -892,13 +892,15 @@ def check_framework_request(training: TrainingSpec, model: ModelSpec | None = No
         raise ZeroplanError(
             "precision", f"{training.precision.value!r} is not offered by {training.framework.value} {prof.version} (allowed: {allowed})",
         )
-    if training.state_convention is not None and training.framework is not Framework.zeroplan:
+    hf_stage0 = training.framework is Framework.hf and training.state_convention is StateConvention.deepspeed
+    if training.state_convention is not None and training.framework is not Framework.zeroplan and not hf_stage0:
         # The framework's own engines decide where the bytes live (its profile and strategy;
-        # hf's ZeRO strategies run DeepSpeed's engine: PlanRequest.convention).
+        # hf's ZeRO strategies run DeepSpeed's engine: PlanRequest.convention). Under hf,
+        # deepspeed says that ddp is DeepSpeed's stage 0 (zeroplan.core.deepspeed_stage0).
         engines = " (DeepSpeed's under its ZeRO strategies)" if training.framework is Framework.hf else ""
         raise ZeroplanError(
             "state_convention", f"{training.framework.value}'s own engines{engines} decide the state layout "
-                                "(allowed only with framework zeroplan)",
+                                "(allowed only with framework zeroplan, or deepspeed under hf: DeepSpeed's stage 0)",
         )
     if training.activation_checkpointing not in prof.checkpointing:
         raise ZeroplanError(

@@ -62,6 +62,22 @@ DEEPSPEED_STRATEGIES = (StrategyKind.zero1, StrategyKind.zero2, StrategyKind.zer
                         StrategyKind.zero3_offload, StrategyKind.zero3_param_offload, StrategyKind.zero3_nvme,
                         StrategyKind.zero3_param_nvme, StrategyKind.zero3_hpz, StrategyKind.zero3_zeropp)
 
+
+
+def runs_deepspeed(request: PlanRequest) -> bool:
+    """Whether DeepSpeed's engine runs the plan: a ZeRO strategy, or ddp under DeepSpeed's state
+    convention (its stage 0, zeroplan.core.deepspeed_stage0)."""
+    from zeroplan.core.deepspeed_stage0 import runs_deepspeed_stage0
+
+    return request.strategy.kind in DEEPSPEED_STRATEGIES or runs_deepspeed_stage0(request)
+
+
+def _refuse_deepspeed_stage0(request: PlanRequest, what: str) -> None:
+    """A file that would run torch's DDP where the plan is DeepSpeed's stage 0."""
+    if request.strategy.kind is StrategyKind.ddp and runs_deepspeed(request):
+        raise NotApplicable(f"{what} would run torch's DDP; the plan is DeepSpeed's stage 0 (deepspeed.json)")
+
+
 NVME_PATH = "/local_nvme"
 """The swap directory written into deepspeed.json (DeepSpeed's ZeRO-Infinity tutorial's); the
 emitted README says to point it at the node's drive."""
@@ -135,12 +151,22 @@ def deepspeed_config(request: PlanRequest) -> dict[str, Any]:
     - activation_checkpointing: partition_activations and cpu_checkpointing where the plan placed
       the checkpointed block inputs by them (core/deepspeed_checkpointing.py)."""
     kind = request.strategy.kind
-    if kind not in DEEPSPEED_STRATEGIES:
+    if not runs_deepspeed(request):
+        if kind is StrategyKind.ddp:
+            raise NotApplicable("ddp is planned as torch's DDP; DeepSpeed's stage 0 is ddp under --state-convention deepspeed")
         raise NotApplicable(f"{kind.value} is not a DeepSpeed ZeRO strategy")
     _refuse_model_parallel(request, "DeepSpeed's ZeRO config")
     precision = request.training.precision
     if precision is Precision.bf16_pure:
         raise NotApplicable("DeepSpeed keeps an fp32 master copy; bf16-pure (no fp32 copy) has no DeepSpeed config")
+    if kind is StrategyKind.ddp:
+        # Stage 0 reads no ZeRO key; no optimizer block, so the script's torch optimizer runs
+        # under FP16_UnfusedOptimizer as planned (zeroplan.specs.deepspeed_config _check_stage0).
+        return {"train_micro_batch_size_per_gpu": request.batch.micro_batch_size,
+                "gradient_accumulation_steps": request.batch.grad_accum_steps,
+                "bf16": {"enabled": precision is Precision.bf16_mixed},
+                "fp16": {"enabled": precision is Precision.fp16_mixed},
+                "zero_optimization": {"stage": 0}}
     from zeroplan.core.parallel.units import rank_trainable_elements
 
     trainable = rank_trainable_elements(request)
@@ -283,7 +309,7 @@ def accelerate_config(request: PlanRequest, deepspeed_file: str = "deepspeed.jso
                 "parallelism_config_dp_replicate_size": request.state_group_size // shard,
                 "parallelism_config_dp_shard_size": shard,
             }
-    elif kind in DEEPSPEED_STRATEGIES:
+    elif runs_deepspeed(request):
         deepspeed_config(request)  # the same refusals as the JSON it points at
         config.update(distributed_type="DEEPSPEED", deepspeed_config={
             "deepspeed_config_file": deepspeed_file,
@@ -310,7 +336,7 @@ def hf_training_arguments(request: PlanRequest) -> list[str]:
         args.append("--fp16")
     if training.activation_checkpointing is ActivationCheckpointing.full and not request.strategy.kind.is_fsdp:
         args.append("--gradient_checkpointing")  # under FSDP, fsdp_activation_checkpointing does it
-    if request.strategy.kind in DEEPSPEED_STRATEGIES:
+    if runs_deepspeed(request):
         args.append("--deepspeed deepspeed.json")
     if training.fused_linear_cross_entropy:
         args.append("--use_liger_kernel")
@@ -328,6 +354,7 @@ def hf_training_arguments(request: PlanRequest) -> list[str]:
 def fairseq_train_arguments(request: PlanRequest) -> list[str]:
     """fairseq-train flags of the planned run (DATA_BIN and --arch are the user's)."""
     training, batch, kind = request.training, request.batch, request.strategy.kind
+    _refuse_deepspeed_stage0(request, "fairseq")
     args = ["DATA_BIN", "--task language_modeling", f"--tokens-per-sample {batch.seq_len}",
             f"--batch-size {batch.micro_batch_size}", f"--update-freq {batch.grad_accum_steps}",
             "--ddp-backend " + ("c10d" if kind is StrategyKind.ddp else "fully_sharded")]
@@ -377,6 +404,7 @@ def torchtitan_overrides(request: PlanRequest) -> list[str]:
     if kind not in TORCHTITAN_STRATEGIES:
         raise NotApplicable(f"torchtitan runs no {kind.value} (it runs FSDP2, HSDP and DDP)")
     _refuse_fsdp1(request, "torchtitan")
+    _refuse_deepspeed_stage0(request, "torchtitan")
     training, batch, p = request.training, request.batch, request.parallel
     checkpointing = TORCHTITAN_CHECKPOINTING.get(training.activation_checkpointing)
     if checkpointing is None:
@@ -539,6 +567,7 @@ def litgpt_command(request: PlanRequest) -> str:
     """The litgpt command line of the planned run (the checkpoint directory left to fill in)."""
     training, batch, cluster = request.training, request.batch, request.cluster
     finetune = training.finetune
+    _refuse_deepspeed_stage0(request, "litgpt")
     if finetune.frozen_blocks or finetune.freeze_embeddings or finetune.dora:
         raise NotApplicable("litgpt's finetune scripts freeze no blocks or embeddings alone and train no DoRA")
     # finetune/*.py setup: FSDPStrategy(activation_checkpointing_policy={Block}) on more than one

@@ -1,4 +1,4 @@
-"""DeepSpeed's ZeRO stages 1, 2 and 3 behind the :class:`~zeroplan.harness.engine.Engine` interface.
+"""DeepSpeed's ZeRO stages 0 (its unpartitioned optimizer), 1, 2 and 3 behind the :class:`~zeroplan.harness.engine.Engine` interface.
 
 DeepSpeed is optional: it is imported when this engine is built, never by the rest of the
 harness. Configuration (:func:`deepspeed_config`), chosen so that every recorded byte can be
@@ -20,6 +20,11 @@ explained:
   elements capped at the model's parameter count (rounded up to even, which DeepSpeed
   requires): one bucket for a small model, as zeroplan's buffer model assumes
   (zeroplan/core/buffers.py). ``overlap_comm`` off, ``contiguous_gradients`` on (defaults).
+* Stage 0: the ``zero_optimization`` block names the stage alone (deepspeed 0.19.8
+  runtime/engine.py reads no bucket of it: allreduce_gradients flattens the gradients into
+  buckets of MEMORY_OPT_ALLREDUCE_SIZE, 5e8 elements). Under fp16 or bf16 the engine wraps the
+  torch AdamW in FP16_UnfusedOptimizer (_do_optimizer_sanity_check: FP16 or DDP_BFLOAT16;
+  _configure_fp16_optimizer: not a FusedAdam); under fp32 it steps the torch AdamW itself.
 * Stage 3: ``stage3_param_persistence_threshold`` 0 (DeepSpeed's 1e5 default would keep every
   tensor of a small model replicated), ``stage3_max_reuse_distance`` 0 and
   ``stage3_prefetch_bucket_size`` 0 (release each parameter after use, no prefetch), so the
@@ -81,6 +86,8 @@ def deepspeed_config(stage: int, dtype: torch.dtype, micro_batch_size: int, buck
     ``hpz_partition_size`` > 1 turns on ZeRO++'s hpZ at stage 3 (zero_hpz_partition_size);
     ``mics_shard_size`` > 0 MiCS (a DeepSpeed release that still has runtime/zero/mics.py:
     0.19 refuses the key)."""
+    if stage == 0:
+        return _engine_config(stage, {"stage": 0}, dtype, micro_batch_size, grad_accum_steps)
     zero: dict[str, Any] = {
         "stage": stage,
         "reduce_bucket_size": buckets,
@@ -107,7 +114,12 @@ def deepspeed_config(stage: int, dtype: torch.dtype, micro_batch_size: int, buck
         zero["mics_shard_size"] = mics_shard_size
     if offload:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
-    return {
+    return _engine_config(stage, zero, dtype, micro_batch_size, grad_accum_steps)
+
+
+def _engine_config(stage: int, zero: dict[str, Any], dtype: torch.dtype, micro_batch_size: int,
+                   grad_accum_steps: int) -> dict:
+    config = {
         "train_micro_batch_size_per_gpu": micro_batch_size,
         "gradient_accumulation_steps": grad_accum_steps,
         "gradient_clipping": 0.0,
@@ -120,6 +132,9 @@ def deepspeed_config(stage: int, dtype: torch.dtype, micro_batch_size: int, buck
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
     }
+    if dtype == torch.float16:
+        config["fp16"] = {"enabled": True}
+    return config
 
 
 class DeepSpeedZero:
@@ -131,7 +146,7 @@ class DeepSpeedZero:
         """``file_config``: a DeepSpeed config JSON (``--deepspeed-config``, checked against the
         run's flags by zeroplan.harness.deepspeed_file) whose settings replace the harness's;
         :attr:`notes` then says which came from the file and which were kept."""
-        assert stage in (1, 2, 3)
+        assert stage in (0, 1, 2, 3)
         deepspeed = import_deepspeed()
         self.stage, self.offload, self.grad_accum_steps = stage, offload, grad_accum_steps
         config = deepspeed_config(stage, dtype, micro_batch_size, bucket_elements(model), offload, grad_accum_steps,
@@ -147,9 +162,9 @@ class DeepSpeedZero:
             model=model, model_parameters=model.parameters(), config=config, dist_init_required=False,
         )
         self.module: nn.Module = self.ds.module
-        # The torch AdamW that steps the flat fp32 partitions: what MemTracker and the
-        # optimizer-state count read.
-        self.optimizer: torch.optim.Optimizer = self.zero_optimizer.optimizer
+        # The torch AdamW that steps the flat fp32 partitions (stage 0: the fp32 masters, or the
+        # parameters themselves under fp32): what MemTracker and the optimizer-state count read.
+        self.optimizer: torch.optim.Optimizer = getattr(self.zero_optimizer, "optimizer", self.zero_optimizer)
         self._step_gradients: list[torch.Tensor] = []
         self._step_buffers: list[torch.Tensor] = []
         self.optimizer.register_step_pre_hook(lambda _opt, _args, _kwargs: self._capture_gradients())
@@ -213,6 +228,9 @@ class DeepSpeedZero:
         for p in self.module.parameters():  # low-precision gradients not yet reduced or freed
             add(p.grad)
             add(getattr(p, "grad_accum", None))
+        if self.stage == 0:
+            return [t for t in found + [m.grad for m in self._masters() if m.grad is not None]
+                    if t.untyped_storage().nbytes() > 0]
         add(getattr(opt, "averaged_gradients", None))
         add(getattr(opt, "grads_in_partition", None))
         if self.stage == 3:
@@ -242,10 +260,16 @@ class DeepSpeedZero:
 
     def _masters(self) -> list[torch.Tensor]:
         opt = self.zero_optimizer
+        if self.stage == 0:
+            # FP16_UnfusedOptimizer's per-parameter fp32 copies (unfused_optimizer.py __init__:
+            # fp32_groups); none under fp32, where AdamW steps the parameters.
+            return [m for group in getattr(opt, "fp32_groups", []) for m in group]
         return list(opt.fp32_partitioned_groups_flat if self.stage == 3 else opt.single_partition_of_fp32_groups)
 
     def _parameters(self) -> list[torch.Tensor]:
         opt = self.zero_optimizer
+        if self.stage == 0:
+            return [p.data for p in self.module.parameters()]
         if self.stage == 3:
             # The partitioned working parameters (views of DeepSpeed's flat lp buffer), then any
             # parameter that is gathered right now.

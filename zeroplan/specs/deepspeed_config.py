@@ -123,7 +123,10 @@ class DeepSpeedConfig(Frozen):
     """activation_checkpointing.cpu_checkpointing (TrainingSpec.cpu_checkpointing)."""
 
     def strategy_updates(self) -> dict[str, Any]:
-        """StrategySpec fields (other than kind) this file sets; "auto" entries left out."""
+        """StrategySpec fields (other than kind) this file sets; "auto" entries left out. Stage 0
+        (ddp) reads none of them (zeroplan.core.deepspeed_stage0)."""
+        if self.kind is StrategyKind.ddp:
+            return {}
         updates: dict[str, Any] = {
             "deepspeed_contiguous_gradients": self.contiguous_gradients, "deepspeed_overlap_comm": self.overlap_comm,
             "nvme_pipeline_read": self.nvme_pipeline_read, "nvme_pipeline_write": self.nvme_pipeline_write,
@@ -328,11 +331,17 @@ _KINDS = {(1, "none", "none"): StrategyKind.zero1, (2, "none", "none"): Strategy
 def _kind(zero: dict[str, Any]) -> StrategyKind:
     stage = zero.get("stage", 0)
     if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
-        raise _refuse("zero_optimization.stage", f"{stage!r} (allowed: 1, 2, 3)")
-    if stage == 0:
-        raise _refuse("zero_optimization.stage", "0 (DeepSpeed's unpartitioned optimizer) is not planned "
-                                                 "(allowed: 1, 2, 3; --strategies ddp plans DDP)")
+        raise _refuse("zero_optimization.stage", f"{stage!r} (allowed: 0, 1, 2, 3)")
     devices = (stage, _offload_device(zero, "offload_optimizer"), _offload_device(zero, "offload_param"))
+    if stage == 0:
+        if devices != (0, "none", "none"):
+            # runtime/engine.py _configure_optimizer wraps no ZeRO optimizer at stage 0 (zero_enabled
+            # is stage > 0, runtime/config.py), so nothing is offloaded; zero_use_cpu_optimizer
+            # would still build DeepSpeedCPUAdam over the GPU's parameters.
+            name = "offload_param" if devices[2] != "none" else "offload_optimizer"
+            raise _refuse(f"zero_optimization.{name}", f"device {devices[1] if name == 'offload_optimizer' else devices[2]} "
+                                                       "at stage 0 is not planned: stage 0 offloads nothing (allowed: none)")
+        return StrategyKind.ddp
     if devices not in _KINDS:
         allowed = "; ".join(f"stage {s}, optimizer {o}, parameters {p}" for s, o, p in _KINDS)
         raise _refuse("zero_optimization.offload_param" if devices[2] != "none" else "zero_optimization.offload_optimizer",
@@ -359,15 +368,39 @@ def _kind(zero: dict[str, Any]) -> StrategyKind:
     return kind
 
 
+# deepspeed 0.19.8 runtime/engine.py at stage 0: _do_optimizer_sanity_check raises
+# NotImplementedError where grad_accum_dtype is not the model dtype (BF16_Optimizer only under the
+# pipeline engine); _configure_fp16_optimizer wraps a FusedAdam (the "Adam"/"AdamW" types without
+# torch_adam: get_optimizer_configuration) in FP16_Optimizer, whose flat fp32 gradient copy is
+# not measured, and a torch optimizer in FP16_UnfusedOptimizer, measured
+# (benchmarks/deepspeed-accumulation-records records-zero0-*.json); CPU Adam needs offload.
+def _check_stage0(config: dict[str, Any], grad_accum_dtype: str | None, hf_auto: bool) -> None:
+    precision = _precision(config, hf_auto)
+    model_dtype = {Precision.fp32: "fp32", Precision.bf16_mixed: "bf16", Precision.fp16_mixed: "fp16"}.get(precision)
+    if grad_accum_dtype is not None and grad_accum_dtype != model_dtype:
+        raise _refuse("data_types.grad_accum_dtype", f"{grad_accum_dtype!r} at stage 0: DeepSpeed accumulates in the "
+                                                     f"model dtype there (allowed: leave it out)")
+    block = _object(config, "optimizer", "optimizer")
+    if str(block.get("type", "")).lower() in ("cpuadam", "deepspeedcpuadam"):
+        raise _refuse("optimizer.type", f"{block['type']!r} at stage 0 is not planned (it needs offload_optimizer; "
+                                        "allowed: Adam, AdamW)")
+    if not block or precision is Precision.fp32:
+        return
+    params = block.get("params") or {}
+    if not (isinstance(params, dict) and params.get("torch_adam") is True):
+        raise _refuse("optimizer.params.torch_adam", "unset at stage 0 under fp16 or bf16: DeepSpeed then wraps FusedAdam "
+                                                     "in FP16_Optimizer, not planned (allowed: true, which runs "
+                                                     "FP16_UnfusedOptimizer, or no optimizer block)")
+
+
 def deepspeed_config_of(config: dict[str, Any], hf_auto: bool) -> DeepSpeedConfig:
     """A parsed config's keys as zeroplan's terms (read_deepspeed_config without the file)."""
     for name in config:
         if name not in MAPPED_TOP_LEVEL + IGNORED_TOP_LEVEL:
             raise _refuse(name, f"not a key zeroplan plans (allowed: {', '.join(MAPPED_TOP_LEVEL + IGNORED_TOP_LEVEL)})")
+    # Absent or empty, the block is stage 0 (runtime/zero/config.py DeepSpeedZeroConfig stage
+    # defaults to 0): DeepSpeed's unpartitioned optimizer.
     zero = _object(config, "zero_optimization", "zero_optimization")
-    if not zero:
-        raise _refuse("zero_optimization", "absent or empty: without ZeRO, DeepSpeed runs its unpartitioned optimizer "
-                                           "(allowed: a zero_optimization block with stage 1, 2 or 3)")
     _check_keys(zero, MAPPED_ZERO + IGNORED_ZERO + tuple(FIXED_ZERO), "zero_optimization.")
     for name, value in FIXED_ZERO.items():
         if zero.get(name, value) != value:
@@ -398,6 +431,8 @@ def deepspeed_config_of(config: dict[str, Any], hf_auto: bool) -> DeepSpeedConfi
     grad_accum_dtype = data_types.get("grad_accum_dtype")
     if grad_accum_dtype not in (None, "fp32", "fp16", "bf16"):
         raise _refuse("data_types.grad_accum_dtype", f"{grad_accum_dtype!r} (allowed: fp32, fp16, bf16)")
+    if kind is StrategyKind.ddp:
+        _check_stage0(config, grad_accum_dtype, hf_auto)
     autocast = _object(config, "torch_autocast", "torch_autocast")
     if autocast.get("enabled", False) is not False:
         # deepspeed 0.19.8 runtime/torch_autocast.py: the engine runs the forward under autocast

@@ -320,6 +320,16 @@ HF_FSDP1_STRATEGIES = (StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_gra
 """The FSDP strategies hf's FSDP1 (StrategySpec.fsdp1_root_stays_gathered) was measured under."""
 
 
+def check_hf_deepspeed_convention(request: "PlanRequest") -> None:
+    """Under hf the deepspeed state convention names DeepSpeed's stage 0 (ddp); its ZeRO
+    strategies run DeepSpeed's engine anyway, and FSDP is accelerate's torch FSDP."""
+    kind = request.strategy.kind
+    if (request.training.framework is Framework.hf and request.training.state_convention is StateConvention.deepspeed
+            and kind.is_fsdp):
+        raise ZeroplanError("state_convention", f"deepspeed under hf plans DeepSpeed's stage 0 (ddp), not "
+                                                f"{kind.value} (allowed: ddp or a ZeRO strategy)")
+
+
 def check_hf_fsdp1(request: "PlanRequest") -> None:
     """Refuse, in one line naming the field, an hf FSDP request under FSDP1 (fit --fsdp-version 1)
     that its measured step does not cover."""
@@ -574,6 +584,7 @@ class PlanRequest(Frozen):
         check_compiled_layout(self.training, self.parallel)
         check_compiled_strategy(self.training, self.strategy.kind)
         check_hf_fsdp1(self)
+        check_hf_deepspeed_convention(self)
         if self.strategy.kind is StrategyKind.hsdp:
             group = self.shard_group_size
             if self.state_group_size % group:
