@@ -20,6 +20,9 @@ write the records the planner's allocated peak is checked against.
         (hf under accelerate's FSDP1, HF_FSDP1, default benchmarks/framework-fsdp1-step-records;
         about 5 minutes; zeroplan.frameworks.hf_fsdp1_step counts its storages instead of
         FSDPMemTracker)
+    python benchmarks/framework_step_records.py --hf-fsdp1-lora [OUT_DIR]
+        (PEFT LoRA and gradient accumulation under accelerate's FSDP1, HF_FSDP1_LORA, into the
+        same directory)
     python benchmarks/framework_step_records.py --shallow [OUT_DIR]
         (SHALLOW: two of the matrix's runs at SHALLOW_BLOCKS blocks, what the live test reruns,
         default benchmarks/framework-step-records-shallow; a few seconds each)
@@ -124,6 +127,24 @@ HF_FSDP1 = [
 """hf under accelerate's fsdp_version 1: (model, ranks, seq, micro-batch, policy, strategy, blocks
 or None for the full depth)."""
 
+ALL_LINEAR = ["q", "k", "v", "o", "gate", "up", "down"]
+"""PEFT's target_modules="all-linear" on Llama (every nn.Linear of the blocks; lm_head is left out)."""
+HF_FSDP1_LORA = [
+    # PEFT LoRA r 16 under the Trainer's accelerate FSDP1 (PEFT's fsdp_auto_wrap_policy), q,v
+    # (LoraConfig's Llama default) and all-linear, none and full recomputation, FULL_SHARD.
+    *[("llama-3.1-8b", 8, 4096, 1, 1, policy, {"lora_rank": 16, "lora_targets": targets}, None)
+      for targets in (["q", "v"], ALL_LINEAR) for policy in POLICIES],
+    ("llama-3.1-8b", 8, 4096, 2, 1, "full", {"lora_rank": 16, "lora_targets": ALL_LINEAR}, None),
+    # Gradient accumulation: 2 micro-batches a step, the first under FSDP1's no_sync.
+    *[("llama-3.1-8b", 8, 4096, 1, 2, policy, {}, None) for policy in POLICIES],
+    ("llama-3.1-8b", 8, 4096, 1, 2, "full", {"lora_rank": 16, "lora_targets": ALL_LINEAR}, None),
+    # What tests/test_hf_fsdp1.py reruns live: both at SHALLOW_BLOCKS blocks.
+    ("llama-3.1-8b", 8, 4096, 1, 2, "full", {"lora_rank": 16, "lora_targets": ["q", "v"]}, SHALLOW_BLOCKS),
+]
+"""LoRA and gradient accumulation under accelerate's fsdp_version 1, FULL_SHARD: (model, ranks,
+seq, micro-batch, accumulation steps, policy, TrainingSpec.finetune ({}: full fine-tuning),
+blocks or None for the full depth)."""
+
 
 def shallow_model(model_name: str, blocks: int = SHALLOW_BLOCKS) -> ModelSpec:
     """``model_name``'s architecture with ``blocks`` blocks, named apart from the full depth (the
@@ -200,6 +221,17 @@ def main_hf_fsdp1(out: Path = HF_FSDP1_OUT) -> None:
         _write(out, record)
 
 
+def main_hf_fsdp1_lora(out: Path = HF_FSDP1_OUT) -> None:
+    from zeroplan.frameworks.hf_fsdp1_step import run_hf_fsdp1_step
+
+    out.mkdir(parents=True, exist_ok=True)
+    for model_name, world_size, seq_len, micro_batch, accumulation, policy, finetune, blocks in HF_FSDP1_LORA:
+        model = get_model(model_name) if blocks is None else shallow_model(model_name, blocks)
+        training = step_training(Framework.hf, policy).model_copy(update={"finetune": FineTuneSpec(**finetune)})
+        batch = BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch, grad_accum_steps=accumulation)
+        _write(out, run_hf_fsdp1_step(model, StrategyKind.fsdp_full_shard, training, batch, world_size))
+
+
 def main_long_context(out: Path = DEFAULT_OUT) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for model_name, world_size, seq_len, micro_batch, policy in LONG_CONTEXT:
@@ -247,6 +279,7 @@ MODES = {
     "--long-context": (main_long_context, DEFAULT_OUT),
     "--shallow": (main_shallow, SHALLOW_OUT),
     "--hf-fsdp1": (main_hf_fsdp1, HF_FSDP1_OUT),
+    "--hf-fsdp1-lora": (main_hf_fsdp1_lora, HF_FSDP1_OUT),
     "--optimizer-in-backward": (main_optimizer_in_backward, DEFAULT_OUT),
 }
 """Each mode flag: the function that runs it and its default OUT_DIR."""

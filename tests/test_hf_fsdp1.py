@@ -72,9 +72,11 @@ def test_model_states_equal_the_planners(path: Path) -> None:
     # One flat parameter per unit, padded to a multiple of the ranks: the planner's padding.
     assert record.parameter_bytes == states.parameter_bytes
     assert record.gradient_bytes == states.gradient_bytes
-    # use_orig_params hands AdamW every original parameter; one with no element on this rank
-    # has no gradient, so AdamW makes it no state, not even its 4-byte step counter.
-    tensors = 2 + 9 * record.model.num_layers + 1
+    # use_orig_params hands AdamW every trainable original parameter; one with no element on
+    # this rank has no gradient, so AdamW makes it no state, not even its 4-byte step counter.
+    finetune = record.training.finetune
+    tensors = (2 + 9 * record.model.num_layers + 1 if finetune.trains_everything
+               else 2 * len(finetune.targets(record.training.framework)) * record.model.num_layers)
     assert 0 <= states.optimizer_state_bytes - record.optimizer_state_bytes <= 4 * tensors
 
 
@@ -100,10 +102,52 @@ def test_fsdp_version_1_is_accepted_under_hf_and_named_in_the_header(zeroplan_cl
     assert code == 0 and "fsdp_version 1 (FullyShardedDataParallel" in " ".join(out.split())
 
 
+def _full_fine_tune_one_micro_batch(record: FrameworkStepRecord) -> bool:
+    return record.training.finetune.trains_everything and record.batch.grad_accum_steps == 1
+
+
+def _error(record: FrameworkStepRecord) -> float:
+    accuracy = _accuracy()
+    return accuracy.memory_breakdown(accuracy.step_request(record))[0].allocated_peak_bytes / record.peak_bytes - 1
+
+
+def test_lora_and_accumulation_records_are_met_as_closely_as_the_full_fine_tunes() -> None:
+    """PEFT LoRA and no_sync accumulation under accelerate's FSDP1: each record within the range
+    of errors the one-micro-batch full fine-tunes' records meet."""
+    records = load_step_records(RECORDS)
+    base = [_error(r) for r in records if _full_fine_tune_one_micro_batch(r)]
+    new = {r.name: _error(r) for r in records if not _full_fine_tune_one_micro_batch(r)}
+    assert {"lora", "accumulation"} <= {"lora" if "+lora" in name else "accumulation" for name in new}
+    assert all(min(base) <= error <= max(base) for error in new.values()), (min(base), max(base), new)
+
+
+def test_lora_states_are_peft_adapters_over_a_frozen_bf16_base() -> None:
+    """accelerate upcasts only the flat parameters that require grad: the frozen base's shards
+    stay bf16 (2 bytes an element), the adapters' fp32 with fp32 gradients and AdamW states."""
+    records = load_step_records(RECORDS)
+    full = {(r.model.name, r.world_size): r.parameter_bytes for r in records
+            if r.training.finetune.trains_everything and r.strategy.value == "fsdp-full-shard"}
+    lora = [r for r in records if r.training.finetune.is_lora]
+    assert lora
+    for record in lora:
+        assert "frozen torch.bfloat16" in record.sharding and "peft fsdp_auto_wrap_policy" in record.sharding
+        adapters = record.gradient_bytes // 4
+        # exp_avg and exp_avg_sq of every adapter element, and a 4-byte step counter for each
+        # adapter weight with elements on this rank.
+        tensors = 2 * len(record.training.finetune.targets(record.training.framework)) * record.model.num_layers
+        assert 0 < record.optimizer_state_bytes - 2 * 4 * adapters <= 4 * tensors
+        # Half the full fine-tune's fp32 shards, but for each unit's padding to the ranks.
+        frozen = record.parameter_bytes - 4 * adapters
+        assert abs(2 * frozen - full[record.model.name, record.world_size]) <= 4 * record.world_size * (record.model.num_layers + 1)
+
+
 @pytest.mark.parametrize("flags, field", [
     (("--strategies", "hsdp"), "--strategies"),
-    (("--strategies", "fsdp-full-shard", "--grad-accum", "2"), "--grad-accum"),
-    (("--strategies", "fsdp-full-shard", "--lora-rank", "16"), "--lora-rank"),
+    (("--strategies", "fsdp-shard-grad-op", "--grad-accum", "2"), "--grad-accum"),
+    (("--strategies", "fsdp-shard-grad-op", "--lora-rank", "16"), "--strategies"),
+    (("--strategies", "fsdp-full-shard", "--lora-rank", "16", "--quantize", "nf4"), "--quantize"),
+    (("--strategies", "fsdp-full-shard", "--lora-rank", "16", "--dora"), "--dora"),
+    (("--strategies", "fsdp-full-shard", "--lora-rank", "16", "--base-dtype", "fp32"), "--base-dtype"),
     (("--strategies", "fsdp-full-shard", "--fsdp-cpu-offload"), "fsdp"),
     (("--strategies", "fsdp-full-shard", "--precision", "fp32"), "--precision"),
     (("--strategies", "fsdp-full-shard", "--compile"), "compile"),
@@ -133,6 +177,56 @@ def test_the_api_refuses_an_unmeasured_hf_fsdp1_request() -> None:
     with pytest.raises(ZeroplanError, match="strategy"):
         request("hsdp", fsdp1_root_stays_gathered=True)
     request("hsdp")  # FSDP2 as before
+
+
+def test_lora_and_accumulation_are_planned_under_fsdp_version_1(zeroplan_cli) -> None:
+    for flags in (("--lora-rank", "16", "--lora-targets", "q,v"), ("--grad-accum", "2")):
+        code, out, err = _fit(zeroplan_cli, "--strategies", "fsdp-full-shard", "--fsdp-version", "1", *flags)
+        assert code == 0 and "fsdp_version 1 (FullyShardedDataParallel" in out, err
+
+
+def test_accumulation_under_hf_fsdp1_keeps_unsharded_gradients() -> None:
+    from zeroplan.presets.gpus import get_gpu
+    from zeroplan.presets.models import get_model
+    from zeroplan.specs import BatchSpec, PlanRequest, StrategySpec, TrainingSpec, cluster_from_gpus
+    from zeroplan.specs.framework import Framework
+
+    def strategy(accumulation: int, fsdp1: bool = True, **named) -> StrategySpec:
+        return PlanRequest(model=get_model("llama-3.1-8b"), cluster=cluster_from_gpus(get_gpu("a100-80gb"), 8),
+                           strategy=StrategySpec(kind="fsdp-full-shard", fsdp1_root_stays_gathered=fsdp1, **named),
+                           batch=BatchSpec(seq_len=4096, micro_batch_size=1, grad_accum_steps=accumulation),
+                           training=TrainingSpec(framework=Framework.hf)).strategy
+
+    assert strategy(2).keep_unsharded_grads_on_accum and not strategy(1).keep_unsharded_grads_on_accum
+    # The Trainer enters no_sync itself (trainer.py lines 2665-2671): no setting turns it off.
+    assert strategy(2, keep_unsharded_grads_on_accum=False).keep_unsharded_grads_on_accum
+    # FSDP2's fully_shard has no no_sync: accelerate's no_sync leaves it reducing every micro-batch.
+    assert not strategy(2, fsdp1=False).keep_unsharded_grads_on_accum
+
+
+@pytest.mark.slow
+def test_a_live_lora_accumulation_step_reproduces_its_committed_record() -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    pytest.importorskip("accelerate")
+    from zeroplan.frameworks.hf_fsdp1_step import run_hf_fsdp1_step
+    from zeroplan.frameworks.step import step_training
+    from zeroplan.specs import BatchSpec, StrategyKind
+    from zeroplan.specs.finetune import FineTuneSpec
+    from zeroplan.specs.framework import Framework
+
+    sys.path.insert(0, str(BENCHMARKS))
+    from framework_step_records import shallow_model
+
+    training = step_training(Framework.hf, "full").model_copy(
+        update={"finetune": FineTuneSpec(lora_rank=16, lora_targets=["q", "v"])})
+    record = run_hf_fsdp1_step(shallow_model("llama-3.1-8b"), StrategyKind.fsdp_full_shard, training,
+                               BatchSpec(seq_len=4096, micro_batch_size=1, grad_accum_steps=2), 8)
+    committed = _record(RECORDS / record.file_name)
+    assert record.framework_version == committed.framework_version
+    assert record.peak_bytes == committed.peak_bytes
+    assert record.running_peak_bytes == committed.running_peak_bytes
+    assert record.model_state_bytes == committed.model_state_bytes
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ step is the record. Nothing here knows the planner's formulas.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 
@@ -68,14 +69,20 @@ def check_hf_fsdp1_step(strategy: StrategyKind, training: TrainingSpec, world_si
     if strategy not in FSDP1_STRATEGIES:
         allowed = ", ".join(k.value for k in FSDP1_STRATEGIES)
         raise ZeroplanError("--strategy", f"{strategy.value!r} is not a sharding strategy the FSDP1 step runs (allowed: {allowed})")
-    if not training.finetune.trains_everything:
-        raise ZeroplanError("finetune", "accelerate's FSDP1 step runs full fine-tuning only (allowed: no LoRA/QLoRA)")
+    finetune = training.finetune
+    if not finetune.trains_everything and not finetune.is_lora:
+        raise ZeroplanError("finetune", "accelerate's FSDP1 step runs full fine-tuning or PEFT LoRA (allowed: no frozen blocks)")
+    if finetune.quantize.is_quantized or finetune.dora:
+        # bitsandbytes quantizes on a real device (zeroplan.frameworks.lora.hf_bnb_qlora_llama
+        # builds QLoRA on real CPU tensors), which FSDP1's fake-tensor step cannot wrap.
+        raise ZeroplanError("finetune", "accelerate's FSDP1 step runs PEFT LoRA unquantized, without DoRA "
+                                        "(allowed: lora_rank with quantize none, dora false)")
     if training.fsdp_cpu_offload:
         raise ZeroplanError("--fsdp-cpu-offload", "not run by the FSDP1 step (allowed: without it)")
     check_step(Framework.hf, strategy, training, world_size, rank)
 
 
-def hf_fsdp1_wrap(module: torch.nn.Module, strategy: StrategyKind) -> tuple[torch.nn.Module, str]:
+def hf_fsdp1_wrap(module: torch.nn.Module, strategy: StrategyKind, peft: bool = False) -> tuple[torch.nn.Module, str]:
     """accelerate 1.10.1 accelerator.py Accelerator.prepare_model for a model under
     DistributedType.FSDP with fsdp_version 1, as the calls it makes (accelerate itself needs an
     Accelerator and a launched process group); returns the FSDP root and a one-line description.
@@ -92,7 +99,15 @@ def hf_fsdp1_wrap(module: torch.nn.Module, strategy: StrategyKind) -> tuple[torc
     "NO_PREFETCH" (None), FORWARD_PREFETCH false, SYNC_MODULE_STATES true, USE_ORIG_PARAMS true;
     limit_all_gathers is the plugin's default True (trainer.py line 5505 keeps it unless
     fsdp_config names it); no CPU offload. Lines 1916-1956: with mixed precision on, a flat
-    parameter that is not fp32 is upcast to fp32 (here the module is built in fp32 already)."""
+    parameter that is not fp32 and requires a gradient is upcast to fp32 (a full fine-tune is
+    built in fp32 already; a LoRA's frozen base keeps the dtype it was loaded in).
+
+    ``peft``: transformers 4.56.2 trainer.py _fsdp_qlora_plugin_updates (called before
+    accelerator.prepare for a PeftModel) sets the plugin's auto_wrap_policy to peft 0.17.1
+    utils/other.py fsdp_auto_wrap_policy(model): _or_policy of a lambda policy (every leaf module
+    whose weight requires grad: each lora_A and lora_B nn.Linear its own unit) and the transformer
+    policy over _no_split_modules; accelerate's set_auto_wrap_policy leaves a policy that is not
+    transformer_auto_wrap_policy itself as it is."""
     from accelerate.utils.operations import convert_outputs_to_fp32
     from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
@@ -101,47 +116,84 @@ def hf_fsdp1_wrap(module: torch.nn.Module, strategy: StrategyKind) -> tuple[torc
     autocast = torch.autocast(device_type=torch.device(DEVICE).type, dtype=dtype)
     module.forward = convert_outputs_to_fp32(autocast(module.forward))
     wrap = {type(m) for m in module.modules() if type(m).__name__ in module._no_split_modules}
+    if peft:
+        from peft.utils.other import fsdp_auto_wrap_policy
+
+        policy, policy_name = fsdp_auto_wrap_policy(module), "peft fsdp_auto_wrap_policy(lora leaves, "
+    else:
+        policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=wrap)
+        policy_name = "transformer_auto_wrap_policy("
     sharding = FSDP1_STRATEGIES[strategy]
     root = FullyShardedDataParallel(
         module, sharding_strategy=ShardingStrategy[sharding], cpu_offload=None,
-        auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=wrap),
+        auto_wrap_policy=policy,
         mixed_precision=MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype),
         sync_module_states=False, backward_prefetch=None, forward_prefetch=False, use_orig_params=True,
         limit_all_gathers=True, device_id=torch.device(DEVICE),
     )
+    upcast = _upcast_trainable_flat_parameters(root)
     return root, (f"accelerate prepare_model (fsdp_version 1): FullyShardedDataParallel({sharding}, "
-                  f"transformer_auto_wrap_policy({', '.join(sorted(module._no_split_modules))}), "
+                  f"{policy_name}{', '.join(sorted(module._no_split_modules))}), "
                   f"MixedPrecision(param_dtype={dtype}, reduce_dtype={dtype}, buffer_dtype={dtype}), "
                   "use_orig_params=True, limit_all_gathers=True, no backward prefetch), forward under "
-                  "autocast(bf16) with outputs converted to fp32, fp32 flat parameters")
+                  f"autocast(bf16) with outputs converted to fp32, {upcast}")
+
+
+def _upcast_trainable_flat_parameters(root: torch.nn.Module) -> str:
+    """accelerate 1.10.1 accelerator.py lines 1916-1956 (mixed precision on): every FSDP unit's
+    flat parameter that is not fp32, not on meta and requires grad becomes fp32 (``param.data =
+    param.data.to(torch.float32)``, ``_handle._orig_param_dtype = torch.float32``); a frozen one
+    (use_orig_params: a FlatParameter requires grad only if one of its parameters does) keeps its
+    dtype. Returns the flat parameters' dtypes, trainable and frozen."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    for unit in FullyShardedDataParallel.fsdp_modules(root):
+        if not unit._has_params:
+            continue
+        param = unit._flat_param
+        if param.dtype != torch.float32 and param.device != torch.device("meta") and param.requires_grad:
+            param.data = param.data.to(torch.float32)
+            unit._handle._orig_param_dtype = torch.float32
+    dtypes = {grad: sorted({str(h.flat_param.dtype) for h in _handles(root) if h.flat_param.requires_grad is grad})
+              for grad in (True, False)}
+    frozen = f", frozen {'/'.join(dtypes[False])}" if dtypes[False] else ""
+    return f"trainable flat parameters {'/'.join(dtypes[True])}{frozen}"
 
 
 def run_hf_fsdp1_step(model: ModelSpec, strategy: StrategyKind, training: TrainingSpec, batch: BatchSpec,
                       world_size: int, rank: int = 0) -> FrameworkStepRecord:
-    """Forward (with the loss), backward and AdamW step of hf's Llama under accelerate's FSDP1 on
-    ``rank``: the second step of training (the first, counted only for its end state, creates
-    AdamW's states)."""
+    """Forward (with the loss), backward and AdamW step of hf's Llama (or PEFT's LoRA over it)
+    under accelerate's FSDP1 on ``rank``: the second step of training (the first, counted only
+    for its end state, creates AdamW's states), each step of ``batch.grad_accum_steps``
+    micro-batches, all but the last under FSDP1's no_sync as the Trainer runs them."""
     strategy = StrategyKind(strategy)
     check_hf_fsdp1_step(strategy, training, world_size, rank)
     check_seq_len(model, batch)
     start_s = time.perf_counter()
-    built = build(Framework.hf, model, model.num_layers, training.activation_checkpointing, torch.float32, batch.seq_len)
+    finetune = training.finetune
+    # A full fine-tune is built in fp32 (accelerate upcasts every trainable flat parameter to it
+    # anyway); a LoRA's base is loaded in its base_dtype (from_pretrained(dtype=...)), PEFT's
+    # adapters made fp32 (zeroplan.frameworks.lora.hf_peft_llama).
+    dtype = torch.bfloat16 if finetune.loads_base_in_bf16 else torch.float32
+    built = build(Framework.hf, model, model.num_layers, training.activation_checkpointing, dtype, batch.seq_len,
+                  finetune=finetune)
     marks: dict[str, int] = {}
     with (fake_process_group(world_size, rank), private.fsdp1_on_fake_tensors(), private.fake_tensor_mode(),
           recording_storages() as recorder):
         built.to_empty(DEVICE)
-        root, sharding = hf_fsdp1_wrap(built.module, strategy)
+        root, sharding = hf_fsdp1_wrap(built.module, strategy, peft=finetune.is_lora)
         # transformers 4.56.2 trainer.py _inner_training_loop: under FSDP the optimizer is
         # created after the model is wrapped (delay_optimizer_creation), over model.parameters():
-        # with use_orig_params the original parameters, views into this rank's flat shards.
+        # with use_orig_params the original parameters, views into this rank's flat shards;
+        # create_optimizer keeps those that require grad (its two weight-decay groups).
         # training_args.py default optim adamw_torch_fused: torch.optim.AdamW(fused=True).
-        params = list(root.parameters())
+        params = [p for p in root.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=ADAMW_LR, fused=True)
         tokens = torch.randint(0, model.vocab_size, (batch.micro_batch_size, batch.seq_len))
         # A first step: AdamW creates its states lazily in it, and a run that fits must fit
         # from the second step on, with the states alive throughout.
-        _trainer_step(root, optimizer, tokens, recorder, marks, "first")
-        _trainer_step(root, optimizer, tokens, recorder, marks, "")
+        _trainer_step(root, optimizer, tokens, batch.grad_accum_steps, recorder, marks, "first")
+        _trainer_step(root, optimizer, tokens, batch.grad_accum_steps, recorder, marks, "")
         flat = [handle.flat_param for handle in _handles(root)]
         parameter_bytes = storage_bytes(flat)
         states = [t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
@@ -167,21 +219,31 @@ def _handles(root: torch.nn.Module) -> list:
     return [unit._handle for unit in FullyShardedDataParallel.fsdp_modules(root) if unit._handle is not None]
 
 
-def _trainer_step(root: torch.nn.Module, optimizer: torch.optim.Optimizer, tokens: torch.Tensor,
+def _trainer_step(root: torch.nn.Module, optimizer: torch.optim.Optimizer, tokens: torch.Tensor, micro_batches: int,
                   recorder: object, marks: dict[str, int], prefix: str) -> None:
     """transformers 4.56.2 trainer.py training_step -> compute_loss: outputs = model(**inputs)
     with labels in the inputs (the loss is computed in the forward, ForCausalLMLoss), only
-    outputs.loss leaves compute_loss; accelerator.backward(loss); then optimizer.step() and
-    model.zero_grad() (set_to_none). ``marks`` gets the trace's length at each phase's end."""
+    outputs.loss leaves compute_loss; accelerator.backward(loss) (divided by the accumulation
+    steps); then optimizer.step() and model.zero_grad() (set_to_none). Each of
+    ``micro_batches`` but the last runs under accelerate's no_sync (trainer.py lines 2665-2671:
+    functools.partial(accelerator.no_sync, model=model) unless it is the last; accelerator.py
+    no_sync enters the model's own no_sync, FSDP1's FullyShardedDataParallel.no_sync).
+    ``marks`` gets the trace's length at each phase's end, per micro-batch."""
     def events() -> int:
         return len(recorder.events)
 
     marks[f"{prefix}start"] = events()
-    loss = root(input_ids=tokens, labels=tokens).loss
-    marks[f"{prefix}forward"] = events()
-    loss.backward()
-    del loss
-    marks[f"{prefix}backward"] = events()
+    for index in range(micro_batches):
+        last = index == micro_batches - 1
+        with contextlib.nullcontext() if last else root.no_sync():
+            loss = root(input_ids=tokens, labels=tokens).loss
+            marks[f"{prefix}forward{index}"] = events()
+            # accelerator.py backward: loss / gradient_accumulation_steps (a scalar; at one
+            # micro-batch, the division by 1 the one-micro-batch records leave out: 4 bytes).
+            (loss / micro_batches if micro_batches > 1 else loss).backward()
+            del loss
+            marks[f"{prefix}backward{index}"] = events()
+    marks["micro_batches"] = micro_batches
     if not prefix:
         marks["gradient_bytes"] = storage_bytes(h.flat_param.grad for h in _handles(root) if h.flat_param.grad is not None)
     optimizer.step()
@@ -192,9 +254,14 @@ def _trainer_step(root: torch.nn.Module, optimizer: torch.optim.Optimizer, token
 def _running_peaks(events: list, marks: dict[str, int]) -> dict[StepPhase, int]:
     """The most bytes live at once in the second step up to the end of each phase (the live bytes
     when it begins included), from the trace's allocations and frees."""
-    bounds = [(StepPhase.forward, marks["start"], marks["forward"]),
-              (StepPhase.backward, marks["forward"], marks["backward"]),
-              (StepPhase.optimizer, marks["backward"], marks["optimizer"])]
+    last = marks["micro_batches"] - 1
+    bounds = []
+    begin = marks["start"]
+    for index in range(marks["micro_batches"]):
+        bounds += [(StepPhase.forward, begin, marks[f"forward{index}"]),
+                   (StepPhase.backward, marks[f"forward{index}"], marks[f"backward{index}"])]
+        begin = marks[f"backward{index}"]
+    bounds.append((StepPhase.optimizer, marks[f"backward{last}"], marks["optimizer"]))
     sizes: dict[int, int] = {}
     live, peak, peaks = 0, 0, {}
     index = 0

@@ -108,7 +108,8 @@ class FrameworkStepRecord(NamedRecord):
         return (f"{t.framework.value}:{self.model.name}:{self.strategy.value}:n{self.world_size}:{t.precision.value}{finetune_tag(t)}:"
                 f"ac={t.activation_checkpointing.value}{'+optim-in-bwd' if t.optimizer_in_backward else ''}"
                 f"{'+unchunked-loss' if t.unchunked_loss else ''}:"
-                f"s{b.seq_len}:b{b.micro_batch_size}{'' if self.fsdp_version == 2 else ':fsdp1'}")
+                f"s{b.seq_len}:b{b.micro_batch_size}{f'x{b.grad_accum_steps}' if b.grad_accum_steps > 1 else ''}"
+                f"{'' if self.fsdp_version == 2 else ':fsdp1'}")
 
 
 def load_step_records(directory: Path) -> list[FrameworkStepRecord]:

@@ -234,7 +234,9 @@ def finetune_lines(report: FitReport) -> list[str]:
     else:
         base = f"base frozen as loaded, in {loaded}"
         if t.framework.value == "hf":
-            base += " (DeepSpeed holds it in bf16, accelerate's FSDP2 in fp32, whatever it was loaded in)"
+            base += (" (DeepSpeed holds it in bf16, accelerate's FSDP2 in fp32, whatever it was loaded in)"
+                     if report.fsdp_version == 2 else " (accelerate's FSDP1 keeps it so: it upcasts only trainable "
+                     "flat parameters; DeepSpeed holds it in bf16)")
     dropout = f", dropout {finetune.lora_dropout:g}" if finetune.lora_dropout else ""
     kind = "DoRA (magnitudes included)" if finetune.dora else "LoRA"
     lines = [f"{kind} rank {finetune.lora_rank} on {targets}{dropout}: {share}; {base}."]

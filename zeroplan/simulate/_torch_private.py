@@ -443,12 +443,33 @@ def fsdp1_on_fake_tensors() -> Iterator[None]:
     flat parameter is allocated through its storage's data pointer (the private
     ``_data_ptr_allocated``); a fake tensor's storage has none (0). While entered, that check reads
     the storage's size instead, as FSDP1 itself does for the same question elsewhere
-    (``_storage_size_allocated``, private)."""
-    from torch.distributed.fsdp import _flat_param
+    (``_storage_size_allocated``, private). Its post-backward catch-all reshard asks the same
+    question through data pointers too: _catch_all_reshard_on_fake_tensors."""
+    from torch.distributed.fsdp import _flat_param, _runtime_utils
 
-    original = _flat_param._data_ptr_allocated
+    original = _flat_param._data_ptr_allocated, _runtime_utils._catch_all_reshard
     _flat_param._data_ptr_allocated = _flat_param._storage_size_allocated
+    _runtime_utils._catch_all_reshard = _catch_all_reshard_on_fake_tensors
     try:
         yield
     finally:
-        _flat_param._data_ptr_allocated = original
+        _flat_param._data_ptr_allocated, _runtime_utils._catch_all_reshard = original
+
+
+def _catch_all_reshard_on_fake_tensors(state: object) -> None:
+    """torch 2.13 distributed/fsdp/_runtime_utils.py ``_catch_all_reshard`` (private), run from
+    the root's post-backward final callback: it reshards a unit its post-backward hook did not
+    (a frozen flat parameter whose module's inputs need no gradient: no AccumulateGrad, no
+    reshard-only hook), unless ``flat_param.data_ptr() == flat_param._local_shard.data_ptr()``
+    says it is resharded already. Every fake tensor's data pointer is 0, so that test always
+    holds; here the flat parameter is resharded when it holds its shard's elements (a gathered
+    one holds the unsharded elements: more, from two ranks on), the rest as torch's."""
+    from torch.distributed.fsdp import _runtime_utils
+
+    handle = state._handle
+    if not handle:
+        return
+    flat_param = handle.flat_param
+    if flat_param.numel() == flat_param._local_shard.numel() and not handle._skipped_use_sharded_views:
+        return
+    _runtime_utils._reshard(state, handle, _runtime_utils._should_free_in_backward(state, handle))

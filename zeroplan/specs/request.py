@@ -313,7 +313,8 @@ def check_compiled_strategy(training: TrainingSpec, strategy: StrategyKind) -> N
 
 # accelerate 1.10.1's FSDP1 path (Accelerator.prepare_model: FullyShardedDataParallel under
 # fsdp_version 1) was measured at full size for transformers' Llama in bf16-mixed, full
-# fine-tuning, one micro-batch, FULL_SHARD and SHARD_GRAD_OP (benchmarks/framework-fsdp1-step-records,
+# fine-tuning, one micro-batch, FULL_SHARD and SHARD_GRAD_OP, and under FULL_SHARD PEFT LoRA
+# (bf16 base, no DoRA) and accumulation over 2 micro-batches (benchmarks/framework-fsdp1-step-records,
 # zeroplan.frameworks.hf_fsdp1_step); the rest of what an hf request can ask is refused under it
 # rather than planned unmeasured (tp, cp and pp are refused for hf whatever its FSDP).
 HF_FSDP1_STRATEGIES = (StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op)
@@ -340,10 +341,19 @@ def check_hf_fsdp1(request: "PlanRequest") -> None:
     refusals = (
         ("strategy", kind not in HF_FSDP1_STRATEGIES, f"{kind.value!r} (allowed: {allowed})"),
         ("precision", training.precision is not Precision.bf16_mixed, f"{training.precision.value!r} (allowed: bf16-mixed)"),
-        ("finetune", not training.finetune.trains_everything, "LoRA/QLoRA or frozen blocks (allowed: full fine-tuning)"),
+        ("finetune", not training.finetune.trains_everything and not training.finetune.is_lora,
+         "frozen blocks or embeddings (allowed: full fine-tuning, PEFT LoRA)"),
+        ("finetune.quantize", training.finetune.quantize.is_quantized,
+         f"{training.finetune.quantize.value!r} (QLoRA; allowed: none)"),
+        ("finetune.dora", training.finetune.dora, "DoRA (allowed: false)"),
+        ("strategy", kind is not StrategyKind.fsdp_full_shard and training.finetune.is_lora,
+         f"LoRA under {kind.value!r} (allowed: fsdp-full-shard)"),
+        ("batch.grad_accum_steps", kind is not StrategyKind.fsdp_full_shard and request.batch.grad_accum_steps > 1,
+         f"{request.batch.grad_accum_steps} under {kind.value!r} (accelerate's no_sync accumulation; allowed: 1, "
+         "or fsdp-full-shard)"),
+        ("finetune.base_dtype", training.finetune.is_lora and not training.finetune.loads_base_in_bf16,
+         f"{training.finetune.base_dtype.value!r} (allowed: bf16)"),
         ("fsdp_cpu_offload", training.fsdp_cpu_offload, "CPUOffload (allowed: without it)"),
-        ("batch.grad_accum_steps", request.batch.grad_accum_steps > 1,
-         f"{request.batch.grad_accum_steps} (accelerate's no_sync accumulation; allowed: 1)"),
         ("compile", training.compile, "torch.compile (allowed: without it)"),
         ("float8", training.float8 is not None, f"{training.float8} (allowed: none)"),
         ("fused_linear_cross_entropy", training.fused_linear_cross_entropy, "liger-kernel's loss (allowed: HF's own)"),
@@ -480,26 +490,43 @@ class PlanRequest(Frozen):
 
     @model_validator(mode="before")
     @classmethod
-    def _accelerate_fsdp1_prefetches_nothing(cls, data: object) -> object:
+    def _accelerate_fsdp1_settings(cls, data: object) -> object:
         """transformers 4.56.2 training_args.py (lines 2020-2022) sets FSDP_BACKWARD_PREFETCH to
         fsdp_config's backward_prefetch, default "NO_PREFETCH", and FSDP_FORWARD_PREFETCH false;
         accelerate 1.10.1 utils/dataclasses.py (lines 1832-1833) turns NO_PREFETCH into None and
         Accelerator.prepare_model passes both to FullyShardedDataParallel: under FSDP1 (hf with
         StrategySpec.fsdp1_root_stays_gathered) no unit is gathered ahead, unless the strategy
-        names prefetch_units."""
+        names prefetch_units.
+
+        With gradient accumulation the Trainer runs every micro-batch but the last under
+        accelerator.no_sync (trainer.py lines 2665-2671), which enters FSDP1's own no_sync
+        (accelerator.py no_sync: getattr(model, "no_sync")), whatever accelerate's
+        GradientAccumulationPlugin says: the unsharded gradients are kept to the last
+        micro-batch (StrategySpec.keep_unsharded_grads_on_accum set)."""
         if not isinstance(data, dict):
             return data
-        training, strategy = data.get("training"), data.get("strategy")
+        training, strategy, batch = data.get("training"), data.get("strategy"), data.get("batch")
         framework = (training.framework if isinstance(training, TrainingSpec)
                      else training.get("framework") if isinstance(training, dict) else None)
         if framework not in (Framework.hf, Framework.hf.value):
             return data
-        if (isinstance(strategy, StrategySpec) and strategy.fsdp1_root_stays_gathered
-                and "prefetch_units" not in strategy.model_fields_set):
-            return {**data, "strategy": strategy.model_copy(update={"prefetch_units": 0})}
-        if isinstance(strategy, dict) and strategy.get("fsdp1_root_stays_gathered") and "prefetch_units" not in strategy:
-            return {**data, "strategy": {**strategy, "prefetch_units": 0}}
-        return data
+        accumulation = (batch.grad_accum_steps if isinstance(batch, BatchSpec)
+                        else batch.get("grad_accum_steps", 1) if isinstance(batch, dict) else 1)
+        if isinstance(strategy, StrategySpec) and strategy.fsdp1_root_stays_gathered:
+            named = strategy.model_fields_set
+        elif isinstance(strategy, dict) and strategy.get("fsdp1_root_stays_gathered"):
+            named = set(strategy)
+        else:
+            return data
+        update = {} if "prefetch_units" in named else {"prefetch_units": 0}
+        if accumulation > 1 and not (strategy.keep_unsharded_grads_on_accum if isinstance(strategy, StrategySpec)
+                                     else strategy.get("keep_unsharded_grads_on_accum", False)):
+            update["keep_unsharded_grads_on_accum"] = True
+        if not update:
+            return data
+        if isinstance(strategy, StrategySpec):
+            return {**data, "strategy": strategy.model_copy(update=update)}
+        return {**data, "strategy": {**strategy, **update}}
 
     @model_validator(mode="before")
     @classmethod

@@ -12,6 +12,7 @@ fine-tune's terms are those of zeroplan.core.activations.layer_terms.
 from __future__ import annotations
 
 from zeroplan.core.activations import norm_bytes, rms_norm_is_composite
+from zeroplan.core.finetune.storage import hf_runs_fsdp1
 from zeroplan.specs.finetune import BaseDtype, LoraTarget, Quantization
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import NormKind
@@ -84,10 +85,16 @@ def adapters_stay_fp32(request: PlanRequest) -> bool:
 # lora_A's matmul, and that bf16 copy is what lora_A saves) and DeepSpeed ZeRO-3 from 0.19.2
 # (adapters_stay_fp32: no autocast, lora_A saves the fp32 copy). FSDP2's MixedPrecisionPolicy
 # (param_dtype bf16) and DeepSpeed's module cast (ZeRO-1/2; ZeRO-3 before 0.19.2) hand the
-# adapters bf16 weights, so the input passes uncast and is kept once.
+# adapters bf16 weights, so the input passes uncast and is kept once. accelerate's FSDP1 (hf with
+# fsdp_version 1) does not: PEFT's fsdp_auto_wrap_policy makes each lora_A its own FSDP unit, so
+# Linear.forward reads lora_A.weight before that unit's pre-forward gathers it, when use_orig_params
+# points it at its fp32 shard (torch 2.13 distributed/fsdp/_flat_param.py _use_sharded_views);
+# the input is cast to fp32 and autocast, which accelerate wraps the forward in, casts it to bf16
+# again for the matmul, as under DDP (measured: benchmarks/framework-fsdp1-step-records, hf LoRA
+# at ac none).
 def adapters_copy_their_input(request: PlanRequest) -> bool:
     return (request.training.framework is Framework.hf and request.strategy.kind is StrategyKind.ddp) or \
-        adapters_stay_fp32(request)
+        adapters_stay_fp32(request) or (request.strategy.kind.is_fsdp and hf_runs_fsdp1(request))
 
 
 # What lora_A multiplies, and so saves for its weight's gradient, and what it returns, which

@@ -77,6 +77,11 @@ def nf4_layout(request: PlanRequest, tensor: ParamTensor) -> tuple[int, int]:
     return codes, scales + BNB_CONSTANT_BYTES[finetune.double_quant]
 
 
+def hf_runs_fsdp1(request: PlanRequest) -> bool:
+    """hf under accelerate's FSDP1 (fsdp_version 1: StrategySpec.fsdp1_root_stays_gathered)."""
+    return request.training.framework is Framework.hf and request.strategy.fsdp1_root_stays_gathered
+
+
 def frozen_element_bytes(request: PlanRequest) -> int:
     """Bytes per element of a frozen, unquantized parameter. A LoRA base keeps the dtype it was
     loaded in (FineTuneSpec.base_dtype; fp32 under fp32 training) unless the engine casts the
@@ -93,11 +98,16 @@ def frozen_element_bytes(request: PlanRequest) -> int:
         # recipe calls, casts every parameter that is not 4- or 8-bit (embeddings, head, norms) to
         # fp32 (measured: benchmarks/framework-parameter-records, hf QLoRA).
         return 4
-    if request.training.framework is Framework.hf and request.strategy.kind.is_fsdp and request.training.precision.is_mixed:
+    if (request.training.framework is Framework.hf and request.strategy.kind.is_fsdp and request.training.precision.is_mixed
+            and not hf_runs_fsdp1(request)):
         # accelerate 1.10.1 fsdp2_prepare_model (zeroplan/frameworks/build.py _hf_fsdp2): with
         # mixed precision it calls model.to(torch.float32) after fully_shard, frozen base
         # included (measured: benchmarks/framework-step-records, hf LoRA, 4 bytes per element).
         return 4
+    # accelerate 1.10.1 accelerator.py lines 1916-1956 (fsdp_version 1) upcasts to fp32 only a
+    # flat parameter that requires grad: with use_orig_params a unit of frozen weights keeps the
+    # dtype they were loaded in (measured: benchmarks/framework-fsdp1-step-records, hf LoRA, the
+    # sharded base 2 bytes per element).
     return 4 if finetune.base_dtype is BaseDtype.fp32 else eb.compute_parameter
 
 
