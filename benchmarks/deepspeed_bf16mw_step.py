@@ -61,7 +61,11 @@ def use_shape(name: str, world: int) -> None:
 PHASES = ("zeroplan::forward", "zeroplan::backward", "zeroplan::optimizer_step")
 
 
-def _model(checkpoint: bool):
+def simple_transformer(hidden: int, heads: int, layers: int, vocab: int, seq: int, checkpoint: bool):
+    """train.py's SimpleTransformerModel at the given shape; each block's ``probe`` attribute, None
+    here, may be set to a function that its backward then calls with a moment's name
+    (benchmarks/deepspeed_mha_pinned_records.py: once the attention's output gradient is made,
+    "attention_backward", and once the block's input gradient is, "block_backward_end")."""
     import torch
     from torch import nn
     from torch.utils.checkpoint import checkpoint as run_checkpointed
@@ -69,21 +73,27 @@ def _model(checkpoint: bool):
     class Block(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.attention = nn.MultiheadAttention(HIDDEN, HEADS, batch_first=True)
-            self.norm1, self.norm2 = nn.LayerNorm(HIDDEN), nn.LayerNorm(HIDDEN)
-            self.ff = nn.Sequential(nn.Linear(HIDDEN, 4 * HIDDEN), nn.GELU(), nn.Linear(4 * HIDDEN, HIDDEN))
+            self.attention = nn.MultiheadAttention(hidden, heads, batch_first=True)
+            self.norm1, self.norm2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+            self.ff = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
+            self.probe = None
 
         def forward(self, x):
-            x = self.norm1(x + self.attention(x, x, x)[0])
+            if x.requires_grad and self.probe is not None:
+                x.register_hook(lambda grad: self.probe("block_backward_end"))
+            attended = self.attention(x, x, x)[0]
+            if attended.requires_grad and self.probe is not None:
+                attended.register_hook(lambda grad: self.probe("attention_backward"))
+            x = self.norm1(x + attended)
             return self.norm2(x + self.ff(x))
 
     class Model(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.embedding = nn.Embedding(VOCAB, HIDDEN)
-            self.pos_embedding = nn.Embedding(SEQ, HIDDEN)
-            self.layers = nn.ModuleList(Block() for _ in range(LAYERS))
-            self.output_proj = nn.Linear(HIDDEN, VOCAB)
+            self.embedding = nn.Embedding(vocab, hidden)
+            self.pos_embedding = nn.Embedding(seq, hidden)
+            self.layers = nn.ModuleList(Block() for _ in range(layers))
+            self.output_proj = nn.Linear(hidden, vocab)
 
         def forward(self, ids):
             positions = torch.arange(ids.shape[1]).unsqueeze(0).expand(ids.shape[0], -1)
@@ -93,6 +103,10 @@ def _model(checkpoint: bool):
             return self.output_proj(x)
 
     return Model()
+
+
+def _model(checkpoint: bool):
+    return simple_transformer(HIDDEN, HEADS, LAYERS, VOCAB, SEQ, checkpoint)
 
 
 def _rank(rank: int, options: argparse.Namespace, out: str) -> None:

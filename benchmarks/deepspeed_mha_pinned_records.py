@@ -40,6 +40,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 from zeroplan.harness.ports import free_local_port, remove_deepspeed_shm_buffers  # noqa: E402
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from deepspeed_bf16mw_step import simple_transformer  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "deepspeed-mha-records" / "records.json"
 SHAPES = {
@@ -57,45 +59,7 @@ SETTINGS = (("small", "none", 1_000_000), ("small", "full", 1_000_000), ("small"
 
 
 def _model(shape: dict, checkpoint: bool):
-    import torch
-    from torch import nn
-    from torch.utils.checkpoint import checkpoint as run_checkpointed
-
-    h, heads = shape["hidden"], shape["heads"]
-
-    class Block(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.attention = nn.MultiheadAttention(h, heads, batch_first=True)
-            self.norm1, self.norm2 = nn.LayerNorm(h), nn.LayerNorm(h)
-            self.ff = nn.Sequential(nn.Linear(h, 4 * h), nn.GELU(), nn.Linear(4 * h, h))
-            self.probe = None  # set by the run: called with a moment's name
-
-        def forward(self, x):
-            if x.requires_grad and self.probe is not None:
-                x.register_hook(lambda grad: self.probe("block_backward_end"))
-            attended = self.attention(x, x, x)[0]
-            if attended.requires_grad and self.probe is not None:
-                attended.register_hook(lambda grad: self.probe("attention_backward"))
-            x = self.norm1(x + attended)
-            return self.norm2(x + self.ff(x))
-
-    class Model(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.embedding = nn.Embedding(shape["vocab"], h)
-            self.pos_embedding = nn.Embedding(shape["seq"], h)
-            self.layers = nn.ModuleList(Block() for _ in range(shape["layers"]))
-            self.output_proj = nn.Linear(h, shape["vocab"])
-
-        def forward(self, ids):
-            positions = torch.arange(ids.shape[1]).unsqueeze(0).expand(ids.shape[0], -1)
-            x = self.embedding(ids) + self.pos_embedding(positions)
-            for layer in self.layers:
-                x = run_checkpointed(layer, x, use_reentrant=False) if checkpoint else layer(x)
-            return self.output_proj(x)
-
-    return Model()
+    return simple_transformer(shape["hidden"], shape["heads"], shape["layers"], shape["vocab"], shape["seq"], checkpoint)
 
 
 def config(shape: dict, reuse: int) -> dict:
