@@ -33,9 +33,18 @@ DRAWN_NOW_AND_THEN = (
     ["qwen2.5-1.5b", "--framework", "hf", "--gpu", "a100-40gb", "--gpus", "8", "--micro-batch", "1", "--seq-len", "1024",
      "--grad-accum", "1", "--activation-checkpointing", "full", "--strategies", "zero3-offload,zero3-param-offload",
      "--offload-ratio", "0.5"],
+    ["llama-2-7b", "--framework", "hf", "--gpu", "a100-80gb", "--gpus", "8", "--micro-batch", "1", "--seq-len", "1024",
+     "--grad-accum", "1", "--activation-checkpointing", "full", "--strategies", "fsdp-full-shard,fsdp-shard-grad-op",
+     "--fsdp-version", "1"],
+    ["gpt2-medium", "--framework", "megatron-deepspeed", "--gpu", "a100-40gb", "--gpus", "8", "--micro-batch", "2",
+     "--seq-len", "1024", "--grad-accum", "1", "--activation-checkpointing", "none", "--cp", "4"],
+    ["gpt2", "--framework", "zeroplan", "--gpu", "a10g", "--gpus", "4", "--micro-batch", "2", "--seq-len", "1024",
+     "--grad-accum", "1", "--activation-checkpointing", "none", "--strategies", "zero2,zero3", "--state-convention",
+     "deepspeed", "--torch-multihead-attention"],
 )
-"""Requests of the two invariants the sweep draws too rarely for a few requests to reach: DeepSpeed's
-checkpointing options under tensor parallelism, and ZeRO-Offload++'s ratio."""
+"""Requests of the invariants the sweep draws too rarely for a few requests to reach: DeepSpeed's
+checkpointing options under tensor parallelism, ZeRO-Offload++'s ratio, hf under accelerate's
+FSDP1, DeepSpeed-Ulysses and torch's nn.MultiheadAttention under ZeRO-3."""
 
 
 def test_a_few_random_requests_hold_every_invariant():
@@ -87,3 +96,40 @@ def test_with_flag_sets_replaces_and_removes():
                                                                   "--gpu", "a100-80gb"]
     assert sweep_script.with_flag(argv, "--flat-reserve", None) == ["m", "--gpu", "a100-40gb", "--micro-batch", "2"]
     assert sweep_script.flag_value(argv, "--micro-batch") == "2"
+
+
+def test_the_new_inputs_are_drawn_where_they_apply():
+    """hf's FSDP1, DeepSpeed-Ulysses and torch's nn.MultiheadAttention are each drawn, and only on
+    requests they can apply to (so most are answered, not refused)."""
+    rng = random.Random(505)
+    drawn = {"fsdp1": 0, "ulysses": 0, "mha": 0}
+    for _ in range(400):
+        argv = sweep_script.random_argv(rng)
+        framework = sweep_script.flag_value(argv, "--framework")
+        if sweep_script.flag_value(argv, "--fsdp-version") == "1" and framework == "hf":
+            drawn["fsdp1"] += 1
+            assert argv[0] in sweep_script.HF_FSDP1_MODELS and sweep_script.flag_value(argv, "--grad-accum") == "1"
+            assert not any(f in argv for f in sweep_script.HF_FSDP1_REFUSED), argv
+        if framework == "megatron-deepspeed" and int(sweep_script.flag_value(argv, "--cp") or 1) > 1:
+            drawn["ulysses"] += 1
+            assert argv[0] in sweep_script.MULTI_HEAD_MODELS and "--tp" not in argv and "--pp" not in argv
+            assert sweep_script.flag_value(argv, "--activation-checkpointing") in ("none", "full")
+        if "--torch-multihead-attention" in argv:
+            drawn["mha"] += 1
+            assert framework == "zeroplan" and argv[0] in sweep_script.MULTI_HEAD_MODELS
+            assert not any(f in argv for f in (*sweep_script.FULL_TRAINING_REFUSED, *sweep_script.MODEL_PARALLEL_FLAGS))
+    assert all(drawn.values()), drawn
+
+
+def test_the_ulysses_check_counts_what_the_whole_group_sends():
+    """Each of the cp ranks sends its all-to-alls' bytes: the group's total is one rank's times cp
+    (all-to-alls only, every occurrence a step)."""
+    from zeroplan.core.collective import CollectiveOp
+
+    def collective(op, sent, occurrences):
+        return SimpleNamespace(op=op, sent_bytes_per_call_sum=sent, occurrences_per_step=occurrences)
+
+    plan = SimpleNamespace(parallel=SimpleNamespace(cp=4), collectives=(
+        collective(CollectiveOp.all_to_all, 10, 2), collective(CollectiveOp.all_gather, 1000, 1),
+        collective(CollectiveOp.all_to_all, 3, 1)))
+    assert sweep_script.group_all_to_all_sent_bytes(plan) == 4 * (10 * 2 + 3)
