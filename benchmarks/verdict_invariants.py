@@ -245,45 +245,59 @@ HF_FSDP1_REFUSED = ("--lora-rank", "--quantize", "--dora", "--frozen-blocks", "-
 HF_FSDP1_MODELS = ("tinyllama-1.1b", "llama-2-7b", "llama-3.1-8b", "mistral-7b", "llama-2-13b", "llama-2-70b",
                    "llama-3.1-70b")
 """The sweep's dense Llama-layout models (ModelSpec.is_dense_llama_layout), which hf's FSDP1 plans."""
-MULTI_HEAD_MODELS = ("gpt2", "gpt2-medium", "llama-2-7b", "llama-2-13b")
-"""The sweep's decoders with as many key/value heads as query heads, each hidden / heads wide: the
-shape of nn.MultiheadAttention and of Megatron-DeepSpeed's Ulysses attention."""
+MULTI_HEAD_MODELS = {"gpt2": (12, 1024), "gpt2-medium": (16, 1024), "llama-2-7b": (32, 4096), "llama-2-13b": (40, 4096)}
+"""The sweep's decoders with as many key/value heads as query heads, each hidden / heads wide (the
+shape of nn.MultiheadAttention and of Megatron-DeepSpeed's Ulysses attention): (heads, positions)."""
 FULL_TRAINING_REFUSED = ("--lora-rank", "--quantize", "--dora", "--frozen-blocks", "--freeze-embeddings")
 MODEL_PARALLEL_FLAGS = ("--tp", "--pp", "--cp")
+
+
+def multi_head_argv(argv: list[str], rng: random.Random) -> list[str] | None:
+    """argv on a multi-head model whose positions hold its sequence: its own model where it is
+    one, else one drawn (None where none holds the sequence)."""
+    seq = int(flag_value(argv, "--seq-len"))
+    if argv[0] in MULTI_HEAD_MODELS:
+        return argv if seq <= MULTI_HEAD_MODELS[argv[0]][1] else None
+    fitting = [m for m, (_, positions) in MULTI_HEAD_MODELS.items() if seq <= positions]
+    return [rng.choice(fitting), *argv[1:]] if fitting else None
 
 
 def new_input_options(argv: list[str], framework: str) -> list[str]:
     """hf under accelerate's FSDP1, DeepSpeed-Ulysses and torch's nn.MultiheadAttention under
     ZeRO-3, each where it can apply (what each was measured for; otherwise refused), drawn from a
-    generator seeded by the request's own flags (no draw from the seed's generator)."""
+    generator seeded by the request's own flags (no draw from the seed's generator). Ulysses and
+    the MHA flag take a multi-head model in place of the drawn one where it is not one."""
     rng = random.Random("new inputs " + shlex.join(argv))
-    model = argv[0]
-    if (framework == "hf" and model in HF_FSDP1_MODELS and not any(f in argv for f in HF_FSDP1_REFUSED)
-            and rng.random() < 0.5):
-        # check_hf_fsdp1: bf16-mixed full fine-tuning, one micro-batch a step, FULL_SHARD or SHARD_GRAD_OP.
+    if (framework == "hf" and argv[0] in HF_FSDP1_MODELS and not any(f in argv for f in HF_FSDP1_REFUSED)
+            and not flag_value(argv, "--gpu").startswith("v100") and rng.random() < 0.5):
+        # check_hf_fsdp1: bf16-mixed (a V100 has no bf16) full fine-tuning, one micro-batch a step,
+        # FULL_SHARD or SHARD_GRAD_OP.
         argv = with_flag(with_flag(argv, "--grad-accum", "1"), "--precision", None)
         argv = with_flag(argv, "--strategies", rng.choice(("fsdp-full-shard,fsdp-shard-grad-op", "fsdp-full-shard",
                                                            "fsdp-shard-grad-op")))
         return [*argv, "--fsdp-version", "1"]
-    if framework == "megatron-deepspeed" and model in MULTI_HEAD_MODELS and rng.random() < 0.6:
+    full_training = not any(f in argv for f in FULL_TRAINING_REFUSED)
+    if framework == "megatron-deepspeed" and full_training and rng.random() < 0.6:
         # check_ulysses: tp = pp = 1, P dividing the heads, the sequence and the GPUs; none or full
         # recomputation (check_ulysses_training).
-        heads = {"gpt2": 12, "gpt2-medium": 16, "llama-2-7b": 32, "llama-2-13b": 40}[model]
+        mha = multi_head_argv(argv, rng)
         gpus = int(flag_value(argv, "--gpus"))
-        degrees = [p for p in (2, 4, 8) if heads % p == 0 and gpus % p == 0]
+        degrees = [p for p in (2, 4, 8) if mha and MULTI_HEAD_MODELS[mha[0]][0] % p == 0 and gpus % p == 0]
         if degrees:
-            if flag_value(argv, "--activation-checkpointing") == "selective":
-                argv = with_flag(argv, "--activation-checkpointing", rng.choice(("none", "full")))
-            return [*argv, "--cp", str(rng.choice(degrees))]
-    if (framework == "zeroplan" and model in MULTI_HEAD_MODELS and not any(f in argv for f in FULL_TRAINING_REFUSED)
-            and not any(f in argv for f in MODEL_PARALLEL_FLAGS) and rng.random() < 0.6):
+            if flag_value(mha, "--activation-checkpointing") == "selective":
+                mha = with_flag(mha, "--activation-checkpointing", rng.choice(("none", "full")))
+            return [*mha, "--cp", str(rng.choice(degrees))]
+    if (framework == "zeroplan" and full_training and not any(f in argv for f in MODEL_PARALLEL_FLAGS)
+            and (argv[0] in MULTI_HEAD_MODELS or rng.random() < 0.3) and rng.random() < 0.6):
         # check_torch_multihead_attention: full training without tp, cp or pp; pinned only under
         # DeepSpeed's plain ZeRO-3 gathers (the deepspeed state convention), asked mostly there.
-        argv = with_flag(argv, "--strategies", rng.choice(("zero3", "zero3,zero3-offload,zero3-param-offload",
-                                                           "zero3,zero3-hpz,zero3-mics", "zero2,zero3")))
-        if rng.random() < 0.75:
-            argv = with_flag(argv, "--state-convention", "deepspeed")
-        return [*argv, "--torch-multihead-attention"]
+        mha = multi_head_argv(argv, rng)
+        if mha:
+            mha = with_flag(mha, "--strategies", rng.choice(("zero3", "zero3,zero3-offload,zero3-param-offload",
+                                                             "zero3,zero3-hpz,zero3-mics", "zero2,zero3")))
+            if rng.random() < 0.75:
+                mha = with_flag(mha, "--state-convention", "deepspeed")
+            return [*mha, "--torch-multihead-attention"]
     return argv
 
 
