@@ -133,3 +133,36 @@ def test_the_ulysses_check_counts_what_the_whole_group_sends():
         collective(CollectiveOp.all_to_all, 10, 2), collective(CollectiveOp.all_gather, 1000, 1),
         collective(CollectiveOp.all_to_all, 3, 1)))
     assert sweep_script.group_all_to_all_sent_bytes(plan) == 4 * (10 * 2 + 3)
+
+
+MUTATED_PLANNER = """
+import random, sys
+from pathlib import Path
+from tests.scripts import load_script
+from tests.test_verdict_invariants import DRAWN_NOW_AND_THEN
+import zeroplan.core.parallel.ulysses as ulysses
+import zeroplan.core.plan as planner
+
+sweep_script = load_script(Path(sys.argv[1]))
+pinned, local_q = planner.pinned_in_projection_bytes, ulysses.local_q_bytes
+planner.pinned_in_projection_bytes = lambda request: -pinned(request)
+ulysses.local_q_bytes = lambda request: local_q(request) // request.parallel.cp
+sweep = sweep_script.Sweep()
+for argv in DRAWN_NOW_AND_THEN[3:5]:
+    sweep_script.check_request(argv, random.Random(0), sweep, search_share=0)
+print(len(sweep.violations["15 ulysses"]), len(sweep.violations["16 mha-views"]))
+"""
+
+
+@pytest.mark.slow
+def test_the_new_checks_record_a_wrong_mechanism():
+    """Fed a planner whose pinned in-projections are taken away instead of added, and whose
+    Ulysses all-to-alls move s/P^2 tokens' q instead of s/P, invariants 16 and 15 record each (in
+    a process of its own: the planner's caches would keep the wrong answers)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", MUTATED_PLANNER, str(ROOT / "benchmarks" / "verdict_invariants.py")],
+                          cwd=ROOT, capture_output=True, text=True, check=True)
+    ulysses, mha = map(int, done.stdout.split())
+    assert ulysses >= 1 and mha >= 1
