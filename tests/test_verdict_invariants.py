@@ -166,3 +166,28 @@ def test_the_new_checks_record_a_wrong_mechanism():
                           cwd=ROOT, capture_output=True, text=True, check=True)
     ulysses, mha = map(int, done.stdout.split())
     assert ulysses >= 1 and mha >= 1
+
+
+def test_partitioned_host_checkpoints_may_shorten_the_step():
+    """Seed 510: with --checkpoint-in-cpu, --partition-activations at tp 4 sends each block's
+    quarter to the host and back (2/4 of an input a block) where the offload engine alone sends
+    it whole and waits for it coming back (26 of 28 blocks): the planner's step is shorter with
+    both, as DeepSpeed's copies are, and invariant 12 compares its peak and host bytes there but
+    not its time."""
+    argv = ["qwen3-0.6b", "--framework", "zeroplan", "--gpu", "a100-80gb", "--gpus", "8", "--micro-batch", "1",
+            "--seq-len", "512", "--grad-accum", "2", "--tp", "4", "--no-sequence-parallel", "--activation-checkpointing",
+            "full", "--partition-activations", "--checkpoint-in-cpu", "--strategies", "zero1"]
+    from zeroplan.core.plan import plan
+    from zeroplan.specs.strategy import StrategyKind
+
+    def zero1(flags):
+        request = sweep_script.build(flags, sweep_script.Sweep())
+        return plan(request.with_strategy(request.strategy.model_copy(update={"kind": StrategyKind.zero1})))
+
+    both, host = zero1(argv), zero1([t for t in argv if t != "--partition-activations"])
+    assert both.time.step_with_overlap_s < host.time.step_with_overlap_s
+    assert sweep_script.partitions_host_copies("--partition-activations", argv)
+    assert not sweep_script.partitions_host_copies("--checkpoint-in-cpu", argv)
+    sweep = sweep_script.Sweep()
+    sweep_script._check_deepspeed_checkpointing(argv, "zero1", {"zero1": both}, sweep)
+    assert sweep.checked["12 ds-checkpoint"] >= 3 and not sweep.violations["12 ds-checkpoint"]
