@@ -41,12 +41,29 @@ Invariants (each checked only where it must hold):
                    tensor-parallel ranks (--partition-activations) never raises the allocated peak nor
                    lowers the step time (host copies and all-gathers only add), each against the same
                    request without it (pipeline rank by pipeline rank); the host bytes per rank never
-                   fall when the checkpoints go to the host
+                   fall when the checkpoints go to the host. The step time of both options is not
+                   compared with the host's alone: the partition changes which copies cross the
+                   host link (partitions_host_copies)
  13 offload-ratio  ZeRO-Offload++'s ratio (zero3-offload, zero3-param-offload) moves whole optimizer
                    sub-groups: a smaller ratio (more sub-groups on the GPU) never lowers the GPU's
                    model-state bytes nor raises the host bytes per rank, at DeepSpeed's default
                    sub_group_size and at sizes that split the rank's partition into 3 and 8; ratio
                    1.0 answers exactly as no ratio
+ 14 hf-fsdp1       hf under accelerate's FSDP1 (--fsdp-version 1) against the same request under FSDP2:
+                   the FSDP1 module changes when units are gathered (the root kept gathered, the cat
+                   that ends backward, no unit prefetched), not what is stored, so the parameter,
+                   gradient and optimizer-state bytes, the activation bytes and the host bytes per
+                   rank are identical, and no more bytes are sent (the kept root is not gathered
+                   again in backward)
+ 15 ulysses        DeepSpeed-Ulysses (--cp P under megatron-deepspeed) against cp 1 and 2P on the same
+                   GPUs: a larger degree never raises the rank's activation bytes (its blocks run
+                   s/P tokens) nor lowers the all-to-all bytes its sequence group sends (P ranks
+                   each sending (P - 1)/P of s/P tokens' q, k, v and context), and leaves the
+                   model-state bytes unchanged (ZeRO shards over the dp x P ranks, the world)
+ 16 mha-views      --torch-multihead-attention (DeepSpeed ZeRO-3's pinned in_proj views) never lowers
+                   the allocated peak, and where no in-projection is pinned (a full block checkpoint,
+                   or gathers that are not DeepSpeed's plain ZeRO-3) answers every memory figure
+                   as without it
 
     python benchmarks/verdict_invariants.py --requests 500 --seed 1
 """
@@ -95,7 +112,7 @@ STATE_ORDER = (("ddp", "zero1"), ("zero1", "zero2"), ("zero2", "zero3"), ("ddp",
 
 INVARIANTS = ("1 bigger-gpu", "2 batch-growth", "3 state-order", "4 checkpointing", "5 max-mb", "6 plan-vs-fit",
               "7 determinism", "8 scale-out", "9 precision", "10 step-time", "11 adapter-rank", "12 ds-checkpoint",
-              "13 offload-ratio")
+              "13 offload-ratio", "14 hf-fsdp1", "15 ulysses", "16 mha-views")
 SCALE_OUT_STRATEGIES = ("zero3", "fsdp-full-shard")
 """Strategies whose every model state is sharded over the data-parallel ranks (8 scale-out)."""
 
@@ -144,6 +161,7 @@ def random_argv(rng: random.Random) -> list[str]:
         argv += ["--compile"]
     argv += rare_options(rng, framework, model)
     argv += deepspeed_options(argv, framework)
+    argv = new_input_options(argv, framework)
     if rng.random() < 0.3:
         argv += ["--flat-reserve"]
     elif rng.random() < 0.15:
@@ -223,6 +241,68 @@ def deepspeed_options(argv: list[str], framework: str) -> list[str]:
     return out
 
 
+HF_FSDP1_REFUSED = ("--lora-rank", "--quantize", "--dora", "--frozen-blocks", "--freeze-embeddings", "--compile",
+                    "--float8", "--fused-linear-cross-entropy", "--fsdp-cpu-offload", "--hsdp-group", "--paged-optimizer")
+"""Flags of what hf's FSDP1 was not measured with (specs.request.check_hf_fsdp1 refuses them)."""
+HF_FSDP1_MODELS = ("tinyllama-1.1b", "llama-2-7b", "llama-3.1-8b", "mistral-7b", "llama-2-13b", "llama-2-70b",
+                   "llama-3.1-70b")
+"""The sweep's dense Llama-layout models (ModelSpec.is_dense_llama_layout), which hf's FSDP1 plans."""
+MULTI_HEAD_MODELS = {"gpt2": (12, 1024), "gpt2-medium": (16, 1024), "llama-2-7b": (32, 4096), "llama-2-13b": (40, 4096)}
+"""The sweep's decoders with as many key/value heads as query heads, each hidden / heads wide (the
+shape of nn.MultiheadAttention and of Megatron-DeepSpeed's Ulysses attention): (heads, positions)."""
+FULL_TRAINING_REFUSED = ("--lora-rank", "--quantize", "--dora", "--frozen-blocks", "--freeze-embeddings")
+MODEL_PARALLEL_FLAGS = ("--tp", "--pp", "--cp")
+
+
+def multi_head_argv(argv: list[str], rng: random.Random) -> list[str] | None:
+    """argv on a multi-head model whose positions hold its sequence: its own model where it is
+    one, else one drawn (None where none holds the sequence)."""
+    seq = int(flag_value(argv, "--seq-len"))
+    if argv[0] in MULTI_HEAD_MODELS:
+        return argv if seq <= MULTI_HEAD_MODELS[argv[0]][1] else None
+    fitting = [m for m, (_, positions) in MULTI_HEAD_MODELS.items() if seq <= positions]
+    return [rng.choice(fitting), *argv[1:]] if fitting else None
+
+
+def new_input_options(argv: list[str], framework: str) -> list[str]:
+    """hf under accelerate's FSDP1, DeepSpeed-Ulysses and torch's nn.MultiheadAttention under
+    ZeRO-3, each where it can apply (what each was measured for; otherwise refused), drawn from a
+    generator seeded by the request's own flags (no draw from the seed's generator). Ulysses and
+    the MHA flag take a multi-head model in place of the drawn one where it is not one."""
+    rng = random.Random("new inputs " + shlex.join(argv))
+    if (framework == "hf" and argv[0] in HF_FSDP1_MODELS and not any(f in argv for f in HF_FSDP1_REFUSED)
+            and not flag_value(argv, "--gpu").startswith("v100") and rng.random() < 0.5):
+        # check_hf_fsdp1: bf16-mixed (a V100 has no bf16) full fine-tuning, one micro-batch a step,
+        # FULL_SHARD or SHARD_GRAD_OP.
+        argv = with_flag(with_flag(argv, "--grad-accum", "1"), "--precision", None)
+        argv = with_flag(argv, "--strategies", rng.choice(("fsdp-full-shard,fsdp-shard-grad-op", "fsdp-full-shard",
+                                                           "fsdp-shard-grad-op")))
+        return [*argv, "--fsdp-version", "1"]
+    full_training = not any(f in argv for f in FULL_TRAINING_REFUSED)
+    if framework == "megatron-deepspeed" and full_training and rng.random() < 0.6:
+        # check_ulysses: tp = pp = 1, P dividing the heads, the sequence and the GPUs; none or full
+        # recomputation (check_ulysses_training).
+        mha = multi_head_argv(argv, rng)
+        gpus = int(flag_value(argv, "--gpus"))
+        degrees = [p for p in (2, 4, 8) if mha and MULTI_HEAD_MODELS[mha[0]][0] % p == 0 and gpus % p == 0]
+        if degrees:
+            if flag_value(mha, "--activation-checkpointing") == "selective":
+                mha = with_flag(mha, "--activation-checkpointing", rng.choice(("none", "full")))
+            return [*mha, "--cp", str(rng.choice(degrees))]
+    if (framework == "zeroplan" and full_training and not any(f in argv for f in MODEL_PARALLEL_FLAGS)
+            and (argv[0] in MULTI_HEAD_MODELS or rng.random() < 0.3) and rng.random() < 0.6):
+        # check_torch_multihead_attention: full training without tp, cp or pp; pinned only under
+        # DeepSpeed's plain ZeRO-3 gathers (the deepspeed state convention), asked mostly there.
+        mha = multi_head_argv(argv, rng)
+        if mha:
+            mha = with_flag(mha, "--strategies", rng.choice(("zero3", "zero3,zero3-offload,zero3-param-offload",
+                                                             "zero3,zero3-hpz,zero3-mics", "zero2,zero3")))
+            if rng.random() < 0.75:
+                mha = with_flag(mha, "--state-convention", "deepspeed")
+            return [*mha, "--torch-multihead-attention"]
+    return argv
+
+
 ROOT = Path(__file__).resolve().parents[1]
 MOE_CONFIGS = ("tests/fixtures/hf/qwen3-30b-a3b.json", "tests/fixtures/hf/deepseek-v2-lite.json",
                "tests/fixtures/hf/qwen1.5-moe-a2.7b.json")
@@ -289,7 +369,7 @@ def with_flag(argv: list[str], flag: str, value: str | None) -> list[str]:
     return out + ([flag] if value == "" else [flag, value] if value is not None else [])
 
 
-SWITCHES = ("--flat-reserve", "--fsdp-cpu-offload", "--compile", *DEEPSPEED_CHECKPOINTING)
+SWITCHES = ("--flat-reserve", "--fsdp-cpu-offload", "--compile", "--torch-multihead-attention", *DEEPSPEED_CHECKPOINTING)
 
 
 def flag_value(argv: list[str], flag: str) -> str | None:
@@ -407,7 +487,8 @@ def check_request(argv: list[str], rng: random.Random, sweep: Sweep, search_shar
     _check_state_order(argv, plans, sweep, request)
     checks = [_check_bigger_gpu, _check_growth, _check_checkpointing, _check_activation_offloading,
               _check_offload_policy, _check_scale_out, _check_precision, _check_step_time, _check_adapter_rank,
-              _check_deepspeed_checkpointing, _check_offload_ratio]
+              _check_deepspeed_checkpointing, _check_offload_ratio, _check_hf_fsdp1, _check_ulysses,
+              _check_multihead_attention_views]
     if rng.random() < search_share:
         checks.append(_check_search)
     for check in checks:
@@ -730,7 +811,7 @@ def _check_deepspeed_checkpointing(argv, names, plans, sweep) -> None:
                 sweep.check(INVARIANTS[11], a <= b, f"{name}: allocated peak {gib(a)} with {flag} > {gib(b)} without "
                             f"(pipeline rank {stage})\n{lines}")
             p, q = plans[name], plain[name]
-            if p.time is not None and q.time is not None:
+            if p.time is not None and q.time is not None and not partitions_host_copies(flag, argv):
                 a_s, b_s = p.time.step_with_overlap_s, q.time.step_with_overlap_s
                 sweep.check(INVARIANTS[11], a_s >= b_s * (1 - 1e-12), f"{name}: step {a_s:.4f} s with {flag} < "
                             f"{b_s:.4f} s without\n{lines}")
@@ -738,6 +819,18 @@ def _check_deepspeed_checkpointing(argv, names, plans, sweep) -> None:
                 a, b = p.host_bytes_per_rank, q.host_bytes_per_rank
                 sweep.check(INVARIANTS[11], a >= b, f"{name}: host {gib(a)} per rank with {flag} < {gib(b)} without\n"
                             f"{lines}")
+
+
+def partitions_host_copies(flag: str, argv: list[str]) -> bool:
+    """Whether taking ``flag`` away changes how the checkpoints cross the host link: with
+    --checkpoint-in-cpu, --partition-activations sends each block's 1/tp partition to the host
+    and back, blocking (DeepSpeed 0.19.8 checkpointing.py lines 436 and 702), where without it the
+    offload engine sends the whole input, hidden going out and exposed coming back for all but
+    two blocks (offload_activations.py lines 183-210, 262-275;
+    core.deepspeed_checkpointing.exposed_host_copy_bytes): 2/tp of a block's input against (blocks
+    - 2)/blocks, fewer above tp 2, so the step may be shorter with both options than with the host
+    alone: its time is not compared there (its allocated peak and host bytes still are)."""
+    return flag == "--partition-activations" and "--checkpoint-in-cpu" in argv
 
 
 def _check_offload_ratio(argv, names, plans, sweep) -> None:
@@ -780,6 +873,96 @@ def _check_offload_ratio(argv, names, plans, sweep) -> None:
                             f"{name}: ratio {r_a:g}: {gib(gpu_a)} model states on the GPU, {gib(host_a)} host per rank; "
                             f"ratio {r_b:g}: {gib(gpu_b)}, {gib(host_b)} (sub_group_size {size})\n    "
                             f"{command_line(with_flag(argv, '--offload-ratio', f'{r_a:g}'), name)}")
+
+
+def _check_hf_fsdp1(argv, names, plans, sweep) -> None:
+    """hf under accelerate's FSDP1 against FSDP2 (the request without --fsdp-version): what the
+    FSDP1 module adds (its root kept gathered, the cat of the root's gradients at backward's end,
+    no unit prefetched: buffers._fsdp1_root_cats_gradients, PlanRequest._accelerate_fsdp1_prefetches_nothing)
+    moves when bytes are gathered, never what is stored; the kept root is not gathered again in
+    backward (communication: fsdp1_root_stays_gathered), so no more is sent."""
+    if flag_value(argv, "--framework") != "hf" or flag_value(argv, "--fsdp-version") != "1":
+        return
+    fsdp2 = with_flag(argv, "--fsdp-version", None)
+    other = fit_plans(fsdp2, sweep, tuple(plans))
+    for name, p in plans.items():
+        if name not in other:
+            continue
+        q = other[name]
+        stored = ("parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "activation_bytes")
+        differ = [f"{f} {getattr(p.memory, f)} (FSDP1) vs {getattr(q.memory, f)} (FSDP2)" for f in stored
+                  if getattr(p.memory, f) != getattr(q.memory, f)]
+        if p.host_bytes_per_rank != q.host_bytes_per_rank:
+            differ.append(f"host {p.host_bytes_per_rank} vs {q.host_bytes_per_rank}")
+        if p.sent_bytes_per_step > q.sent_bytes_per_step:
+            differ.append(f"sent {p.sent_bytes_per_step} > {q.sent_bytes_per_step} bytes a step")
+        sweep.check(INVARIANTS[13], not differ, f"{name}: " + "; ".join(differ) + f"\n    {command_line(argv, name)}\n"
+                    f"    {command_line(fsdp2, name)}")
+
+
+def group_all_to_all_sent_bytes(p) -> int:
+    """The bytes a step's all-to-alls send over the whole sequence-parallel group (each of its
+    cp ranks sends the same)."""
+    from zeroplan.core.collective import CollectiveOp
+
+    sent = sum(c.sent_bytes_per_call_sum * c.occurrences_per_step for c in p.collectives if c.op is CollectiveOp.all_to_all)
+    return sent * p.parallel.cp
+
+
+def _check_ulysses(argv, names, plans, sweep) -> None:
+    """DeepSpeed-Ulysses at cp 1, P and 2P (those answered), strategy by strategy: the rank's
+    activation bytes never rise with the degree, the all-to-all bytes the sequence group sends
+    never fall, and the model-state bytes stay as they are (DeepSpeed's optimizer shards over the
+    dp x P sequence-data-parallel ranks: the same world at every P)."""
+    cp = flag_value(argv, "--cp")
+    if flag_value(argv, "--framework") != "megatron-deepspeed" or cp is None or int(cp) < 2:
+        return
+    answered = []
+    for degree in (1, int(cp), 2 * int(cp)):
+        variant = with_flag(argv, "--cp", str(degree))
+        try:
+            answered.append((variant, plans if degree == int(cp) else fit_plans(variant, sweep, tuple(plans))))
+        except Refused:
+            continue  # e.g. 2P not dividing the heads or the GPUs
+    for (small_argv, small), (large_argv, large) in zip(answered, answered[1:]):
+        for name, p in small.items():
+            if name not in large:
+                continue
+            q = large[name]
+            a, b = p.memory.activation_bytes, q.memory.activation_bytes
+            sent_a, sent_b = group_all_to_all_sent_bytes(p), group_all_to_all_sent_bytes(q)
+            sweep.check(INVARIANTS[14], b <= a and sent_b >= sent_a and state_bytes(p) == state_bytes(q),
+                        f"{name}: cp {p.parallel.cp} -> {q.parallel.cp}: activations {gib(a)} -> {gib(b)}, all-to-all "
+                        f"sent by the group {sent_a} -> {sent_b} bytes, model states {gib(state_bytes(p))} -> "
+                        f"{gib(state_bytes(q))}\n    {command_line(small_argv, name)}\n    {command_line(large_argv, name)}")
+
+
+def _check_multihead_attention_views(argv, names, plans, sweep) -> None:
+    """--torch-multihead-attention against the same request without it: the allocated peak no
+    lower (the pinned in-projections only add; on the flat reserve), and where nothing is pinned
+    (deepspeed_mha_views.pins_in_projection) every memory figure the same."""
+    if "--torch-multihead-attention" not in argv:
+        return
+    from zeroplan.core.deepspeed_mha_views import pins_in_projection
+
+    without = with_flag(argv, "--torch-multihead-attention", None)
+    other = fit_plans(without, sweep, tuple(plans))
+    request = build(argv, sweep)
+    base = build(without, sweep)
+    for name, p in plans.items():
+        if name not in other:
+            continue
+        kind = StrategyKind(name)
+        a = answer(lambda: allocated_peak(_on_flat(request, kind)), argv, sweep, name)
+        b = answer(lambda: allocated_peak(_on_flat(base, kind)), without, sweep, name)
+        lines = f"\n    {command_line(argv, name)}\n    {command_line(without, name)}"
+        sweep.check(INVARIANTS[15], a >= b, f"{name}: allocated peak {gib(a)} with --torch-multihead-attention < "
+                    f"{gib(b)} without{lines}")
+        if not pins_in_projection(request.with_strategy(request.strategy.model_copy(update={"kind": kind}))):
+            same = p.memory.model_dump() == other[name].memory.model_dump()
+            sweep.check(INVARIANTS[15], same, f"{name}: nothing pinned, yet the memory figures differ with "
+                        f"--torch-multihead-attention (allocated peak {gib(p.memory.allocated_peak_bytes)} against "
+                        f"{gib(other[name].memory.allocated_peak_bytes)}){lines}")
 
 
 def _beside_variant(argv, variant, names, sweep, figures):  # type: ignore[no-untyped-def]

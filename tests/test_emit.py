@@ -193,6 +193,111 @@ def test_accelerate_yaml_round_trips(tmp_path: Path, strategy: str, checkpointin
         assert distributed == "MULTI_GPU"
 
 
+HF_FSDP1 = ("llama-3.1-8b", "--gpus", "16", "--gpu", "h100-80gb", "--framework", "hf", "--fsdp-version", "1",
+            "--flat-reserve")
+
+
+@pytest.mark.parametrize("strategy, checkpointing", [("fsdp-full-shard", "full"), ("fsdp-shard-grad-op", "none")])
+def test_accelerate_yaml_of_an_hf_fsdp1_plan_is_fsdp1(tmp_path: Path, strategy: str, checkpointing: str) -> None:
+    """hf under accelerate's FSDP1 (--fsdp-version 1): the file accelerate's ClusterConfig reads
+    says fsdp_version 1 with the planned sharding strategy, no prefetch, use_orig_params and the
+    planned checkpointing."""
+    run = planned(*HF_FSDP1, "--strategies", strategy, "--activation-checkpointing", checkpointing)
+    emit(run, tmp_path)
+    config = accelerate_parsed(tmp_path / "accelerate.yaml")
+    assert getattr(config.distributed_type, "value", config.distributed_type) == "FSDP"
+    assert config.mixed_precision == "bf16"
+    sharding = {"fsdp-full-shard": "FULL_SHARD", "fsdp-shard-grad-op": "SHARD_GRAD_OP"}[strategy]
+    fsdp = config.fsdp_config
+    assert fsdp["fsdp_version"] == 1
+    assert fsdp["fsdp_sharding_strategy"] == fsdp["fsdp_reshard_after_forward"] == sharding
+    assert (fsdp["fsdp_backward_prefetch"], fsdp["fsdp_forward_prefetch"]) == ("NO_PREFETCH", False)
+    assert fsdp["fsdp_use_orig_params"] is True and fsdp["fsdp_offload_params"] is False
+    assert fsdp["fsdp_activation_checkpointing"] is (checkpointing == "full")
+    assert "fsdp_transformer_layer_cls_to_wrap" not in fsdp  # the model's _no_split_modules
+
+
+def test_accelerate_yaml_refuses_an_fsdp1_plan_it_cannot_express() -> None:
+    """Prefetching named in the API (accelerate's FSDP1 was planned with NO_PREFETCH) and the
+    reference model's FSDP1 (the harness's engine) are skipped with the reason."""
+    from zeroplan.specs import StrategySpec
+
+    request = planned(*HF_FSDP1, "--strategies", "fsdp-full-shard").request
+    prefetching = request.with_strategy(StrategySpec(kind="fsdp-full-shard", fsdp1_root_stays_gathered=True,
+                                                     prefetch_units=1))
+    with pytest.raises(NotApplicable, match="NO_PREFETCH"):
+        accelerate_config(prefetching)
+    reference = planned("llama-3.1-8b", "--gpus", "8", "--strategies", "fsdp-full-shard", "--fsdp-version", "1",
+                        "--flat-reserve").request
+    with pytest.raises(NotApplicable, match="--framework hf"):
+        accelerate_config(reference)
+
+
+def _launched_plugin(path: Path, monkeypatch):
+    """The FullyShardedDataParallelPlugin a process of `accelerate launch --config_file PATH` builds:
+    accelerate's own launch parser and merge of the file (_validate_launch_command), the variables
+    it sets for the processes (prepare_multi_gpu_env), and the plugin reading them. Its
+    sync_module_states path asks for the current accelerator; the CPU has none, so that one
+    call answers device 0 (nothing is placed there: param_init_fn is only defined)."""
+    needs("accelerate")
+    needs("torch")
+    import accelerate.utils.dataclasses as accelerate_dataclasses
+    import torch
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    args = launch_command_parser().parse_args(["--config_file", str(path), "train.py"])
+    args, _, _ = _validate_launch_command(args)
+    env = prepare_multi_gpu_env(args)
+    for key in [k for k in os.environ if k.startswith("FSDP_")]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        if key.startswith("FSDP_"):
+            monkeypatch.setenv(key, value)
+    monkeypatch.setattr(accelerate_dataclasses, "is_cuda_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    return accelerate_dataclasses.FullyShardedDataParallelPlugin()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy, checkpointing", [("fsdp-full-shard", "full"), ("fsdp-shard-grad-op", "none")])
+def test_accelerate_launch_runs_the_fsdp1_plugin_the_plan_assumed(tmp_path: Path, monkeypatch, strategy: str,
+                                                                  checkpointing: str) -> None:
+    """The emitted hf FSDP1 file through accelerate 1.10.1's launch into its plugin gives what
+    Accelerator.prepare_model hands FullyShardedDataParallel as the planner assumed it
+    (zeroplan.frameworks.hf_fsdp1_step.hf_fsdp1_wrap, the measured step): the strategy, no
+    backward or forward prefetch, use_orig_params, one unit per decoder layer of the model's own
+    class; and without fsdp_sharding_strategy, launch's FULL_SHARD default would win over a
+    SHARD_GRAD_OP fsdp_reshard_after_forward (why the file names it)."""
+    needs("transformers")
+    from torch.distributed.fsdp import ShardingStrategy
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    emit(planned(*HF_FSDP1, "--strategies", strategy, "--activation-checkpointing", checkpointing), tmp_path)
+    path = tmp_path / "accelerate.yaml"
+    plugin = _launched_plugin(path, monkeypatch)
+    sharding = {"fsdp-full-shard": ShardingStrategy.FULL_SHARD, "fsdp-shard-grad-op": ShardingStrategy.SHARD_GRAD_OP}
+    assert plugin.fsdp_version == 1
+    assert (plugin.sharding_strategy or plugin.reshard_after_forward) is sharding[strategy]  # accelerator.py line 1865
+    assert plugin.backward_prefetch is None and plugin.forward_prefetch is False
+    assert plugin.use_orig_params is True and plugin.cpu_offload.offload_params is False
+    assert plugin.activation_checkpointing is (checkpointing == "full")
+    assert plugin.cpu_ram_efficient_loading is True and plugin.sync_module_states is True
+    assert plugin.state_dict_type.name == "SHARDED_STATE_DICT"
+    tiny = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                        num_attention_heads=2, num_key_value_heads=2))
+    assert plugin.auto_wrap_policy is transformer_auto_wrap_policy
+    plugin.set_auto_wrap_policy(tiny)
+    assert plugin.auto_wrap_policy.keywords["transformer_layer_cls"] == {LlamaDecoderLayer}
+    if strategy == "fsdp-shard-grad-op":
+        text = "".join(line for line in path.read_text().splitlines(keepends=True) if "fsdp_sharding_strategy" not in line)
+        path.write_text(text)
+        plugin = _launched_plugin(path, monkeypatch)
+        assert (plugin.sharding_strategy or plugin.reshard_after_forward) is ShardingStrategy.FULL_SHARD
+
+
 @pytest.mark.parametrize("extra", [(), ("--use-cache",)])
 def test_hf_fsdp_checkpointing_readme_says_what_the_plan_assumed_of_the_kv_cache(tmp_path: Path, extra) -> None:
     """accelerate's fsdp_activation_checkpointing leaves transformers' use_cache=True on: the README

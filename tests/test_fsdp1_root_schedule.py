@@ -69,7 +69,8 @@ def test_fsdp_version_1_plans_the_reference_model_with_fsdp1s_root() -> None:
 
 
 def test_the_emitted_fsdp_configs_refuse_an_fsdp1_plan() -> None:
-    """accelerate.yaml, torchtitan's and torchtune's overrides all run FSDP2."""
+    """accelerate.yaml runs the reference model's FSDP2, and not its FSDP1 (the harness's
+    torch-fsdp1 engine: accelerate's FSDP1 is written for hf's plans only)."""
     from zeroplan.emit.formats import NotApplicable, accelerate_config
 
     assert accelerate_config(_fit_request())["fsdp_config"]["fsdp_version"] == 2

@@ -33,9 +33,18 @@ DRAWN_NOW_AND_THEN = (
     ["qwen2.5-1.5b", "--framework", "hf", "--gpu", "a100-40gb", "--gpus", "8", "--micro-batch", "1", "--seq-len", "1024",
      "--grad-accum", "1", "--activation-checkpointing", "full", "--strategies", "zero3-offload,zero3-param-offload",
      "--offload-ratio", "0.5"],
+    ["llama-2-7b", "--framework", "hf", "--gpu", "a100-80gb", "--gpus", "8", "--micro-batch", "1", "--seq-len", "1024",
+     "--grad-accum", "1", "--activation-checkpointing", "full", "--strategies", "fsdp-full-shard,fsdp-shard-grad-op",
+     "--fsdp-version", "1"],
+    ["gpt2-medium", "--framework", "megatron-deepspeed", "--gpu", "a100-40gb", "--gpus", "8", "--micro-batch", "2",
+     "--seq-len", "1024", "--grad-accum", "1", "--activation-checkpointing", "none", "--cp", "4"],
+    ["gpt2", "--framework", "zeroplan", "--gpu", "a10g", "--gpus", "4", "--micro-batch", "2", "--seq-len", "1024",
+     "--grad-accum", "1", "--activation-checkpointing", "none", "--strategies", "zero2,zero3", "--state-convention",
+     "deepspeed", "--torch-multihead-attention"],
 )
-"""Requests of the two invariants the sweep draws too rarely for a few requests to reach: DeepSpeed's
-checkpointing options under tensor parallelism, and ZeRO-Offload++'s ratio."""
+"""Requests of the invariants the sweep draws too rarely for a few requests to reach: DeepSpeed's
+checkpointing options under tensor parallelism, ZeRO-Offload++'s ratio, hf under accelerate's
+FSDP1, DeepSpeed-Ulysses and torch's nn.MultiheadAttention under ZeRO-3."""
 
 
 def test_a_few_random_requests_hold_every_invariant():
@@ -48,7 +57,11 @@ def test_a_few_random_requests_hold_every_invariant():
 
 @pytest.mark.slow
 def test_a_larger_sweep_holds_every_invariant():
+    """Sixty random requests, and the rarely drawn ones of DRAWN_NOW_AND_THEN (sixty reach none of
+    some invariants: seed 20260 draws no --torch-multihead-attention)."""
     sweep = sweep_script.run(60, seed=20260, determinism_sample=20)
+    for argv in DRAWN_NOW_AND_THEN:
+        sweep_script.check_request(argv, random.Random(0), sweep, search_share=0)
     _assert_holds(sweep)
 
 
@@ -87,3 +100,98 @@ def test_with_flag_sets_replaces_and_removes():
                                                                   "--gpu", "a100-80gb"]
     assert sweep_script.with_flag(argv, "--flat-reserve", None) == ["m", "--gpu", "a100-40gb", "--micro-batch", "2"]
     assert sweep_script.flag_value(argv, "--micro-batch") == "2"
+
+
+def test_the_new_inputs_are_drawn_where_they_apply():
+    """hf's FSDP1, DeepSpeed-Ulysses and torch's nn.MultiheadAttention are each drawn, and only on
+    requests they can apply to (so most are answered, not refused)."""
+    rng = random.Random(505)
+    drawn = {"fsdp1": 0, "ulysses": 0, "mha": 0}
+    for _ in range(400):
+        argv = sweep_script.random_argv(rng)
+        framework = sweep_script.flag_value(argv, "--framework")
+        if sweep_script.flag_value(argv, "--fsdp-version") == "1" and framework == "hf":
+            drawn["fsdp1"] += 1
+            assert argv[0] in sweep_script.HF_FSDP1_MODELS and sweep_script.flag_value(argv, "--grad-accum") == "1"
+            assert not any(f in argv for f in sweep_script.HF_FSDP1_REFUSED), argv
+        if framework == "megatron-deepspeed" and int(sweep_script.flag_value(argv, "--cp") or 1) > 1:
+            drawn["ulysses"] += 1
+            assert argv[0] in sweep_script.MULTI_HEAD_MODELS and "--tp" not in argv and "--pp" not in argv
+            assert sweep_script.flag_value(argv, "--activation-checkpointing") in ("none", "full")
+        if "--torch-multihead-attention" in argv:
+            drawn["mha"] += 1
+            assert framework == "zeroplan" and argv[0] in sweep_script.MULTI_HEAD_MODELS
+            assert not any(f in argv for f in (*sweep_script.FULL_TRAINING_REFUSED, *sweep_script.MODEL_PARALLEL_FLAGS))
+    assert all(drawn.values()), drawn
+
+
+def test_the_ulysses_check_counts_what_the_whole_group_sends():
+    """Each of the cp ranks sends its all-to-alls' bytes: the group's total is one rank's times cp
+    (all-to-alls only, every occurrence a step)."""
+    from zeroplan.core.collective import CollectiveOp
+
+    def collective(op, sent, occurrences):
+        return SimpleNamespace(op=op, sent_bytes_per_call_sum=sent, occurrences_per_step=occurrences)
+
+    plan = SimpleNamespace(parallel=SimpleNamespace(cp=4), collectives=(
+        collective(CollectiveOp.all_to_all, 10, 2), collective(CollectiveOp.all_gather, 1000, 1),
+        collective(CollectiveOp.all_to_all, 3, 1)))
+    assert sweep_script.group_all_to_all_sent_bytes(plan) == 4 * (10 * 2 + 3)
+
+
+MUTATED_PLANNER = """
+import random, sys
+from pathlib import Path
+from tests.scripts import load_script
+from tests.test_verdict_invariants import DRAWN_NOW_AND_THEN
+import zeroplan.core.parallel.ulysses as ulysses
+import zeroplan.core.plan as planner
+
+sweep_script = load_script(Path(sys.argv[1]))
+pinned, local_q = planner.pinned_in_projection_bytes, ulysses.local_q_bytes
+planner.pinned_in_projection_bytes = lambda request: -pinned(request)
+ulysses.local_q_bytes = lambda request: local_q(request) // request.parallel.cp
+sweep = sweep_script.Sweep()
+for argv in DRAWN_NOW_AND_THEN[3:5]:
+    sweep_script.check_request(argv, random.Random(0), sweep, search_share=0)
+print(len(sweep.violations["15 ulysses"]), len(sweep.violations["16 mha-views"]))
+"""
+
+
+@pytest.mark.slow
+def test_the_new_checks_record_a_wrong_mechanism():
+    """Fed a planner whose pinned in-projections are taken away instead of added, and whose
+    Ulysses all-to-alls move s/P^2 tokens' q instead of s/P, invariants 16 and 15 record each (in
+    a process of its own: the planner's caches would keep the wrong answers)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", MUTATED_PLANNER, str(ROOT / "benchmarks" / "verdict_invariants.py")],
+                          cwd=ROOT, capture_output=True, text=True, check=True)
+    ulysses, mha = map(int, done.stdout.split())
+    assert ulysses >= 1 and mha >= 1
+
+
+def test_partitioned_host_checkpoints_may_shorten_the_step():
+    """Seed 510: with --checkpoint-in-cpu, --partition-activations at tp 4 sends each block's
+    quarter to the host and back (2/4 of an input a block) where the offload engine alone sends
+    it whole and waits for it coming back (26 of 28 blocks): the planner's step is shorter with
+    both, as DeepSpeed's copies are, and invariant 12 compares its peak and host bytes there but
+    not its time."""
+    argv = ["qwen3-0.6b", "--framework", "zeroplan", "--gpu", "a100-80gb", "--gpus", "8", "--micro-batch", "1",
+            "--seq-len", "512", "--grad-accum", "2", "--tp", "4", "--no-sequence-parallel", "--activation-checkpointing",
+            "full", "--partition-activations", "--checkpoint-in-cpu", "--strategies", "zero1"]
+    from zeroplan.core.plan import plan
+    from zeroplan.specs.strategy import StrategyKind
+
+    def zero1(flags):
+        request = sweep_script.build(flags, sweep_script.Sweep())
+        return plan(request.with_strategy(request.strategy.model_copy(update={"kind": StrategyKind.zero1})))
+
+    both, host = zero1(argv), zero1([t for t in argv if t != "--partition-activations"])
+    assert both.time.step_with_overlap_s < host.time.step_with_overlap_s
+    assert sweep_script.partitions_host_copies("--partition-activations", argv)
+    assert not sweep_script.partitions_host_copies("--checkpoint-in-cpu", argv)
+    sweep = sweep_script.Sweep()
+    sweep_script._check_deepspeed_checkpointing(argv, "zero1", {"zero1": both}, sweep)
+    assert sweep.checked["12 ds-checkpoint"] >= 3 and not sweep.violations["12 ds-checkpoint"]

@@ -49,8 +49,8 @@ def _refuse_model_parallel(request: PlanRequest, what: str) -> None:
         raise NotApplicable(f"{what} carries no {layout}; the planned layout runs in torchtitan (--framework torchtitan)")
 
 
-# Each FSDP file written here runs FSDP2 (accelerate's fsdp_version 2, torchtitan's and torchtune's
-# fully_shard): none runs the FSDP1 plan that --fsdp-version 1 asks for.
+# torchtitan's and torchtune's files run FSDP2 (fully_shard), as accelerate's does unless the plan
+# is hf's FSDP1 (accelerate_fsdp1_config): none of them runs another FSDP1 plan.
 def _refuse_fsdp1(request: PlanRequest, what: str) -> None:
     if request.strategy.kind.is_fsdp and request.strategy.fsdp1_root_stays_gathered:
         raise NotApplicable(f"{what} would run FSDP2; the plan is FSDP1's (--fsdp-version 1)")
@@ -265,8 +265,8 @@ ACCELERATE_MIXED_PRECISION = {Precision.fp32: "no", Precision.bf16_mixed: "bf16"
 def accelerate_config(request: PlanRequest, deepspeed_file: str = "deepspeed.json") -> dict[str, Any]:
     """accelerate 1.10.1's config file (commands/config/config_args.py ClusterConfig): FSDP2
     (fsdp_version 2, reshard_after_forward for full shard vs shard-grad-op, HSDP through
-    parallelism_config's dp_replicate/dp_shard sizes), DeepSpeed through the JSON beside it, or
-    DDP (MULTI_GPU)."""
+    parallelism_config's dp_replicate/dp_shard sizes), hf's FSDP1 where the plan is
+    (accelerate_fsdp1_config), DeepSpeed through the JSON beside it, or DDP (MULTI_GPU)."""
     framework = request.training.framework
     if framework not in (Framework.hf, Framework.zeroplan):
         raise NotApplicable(f"framework {framework.value} is not launched through accelerate")
@@ -291,8 +291,9 @@ def accelerate_config(request: PlanRequest, deepspeed_file: str = "deepspeed.jso
     checkpointing = request.training.activation_checkpointing
     if checkpointing not in (ActivationCheckpointing.none, ActivationCheckpointing.full):
         raise NotApplicable(f"accelerate checkpoints whole blocks (full) or none, not {checkpointing.value}")
-    _refuse_fsdp1(request, "the accelerate config")
-    if kind.is_fsdp:
+    if kind.is_fsdp and request.strategy.fsdp1_root_stays_gathered:
+        config.update(distributed_type="FSDP", fsdp_config=accelerate_fsdp1_config(request))
+    elif kind.is_fsdp:
         fsdp: dict[str, Any] = {
             "fsdp_version": 2,
             "fsdp_reshard_after_forward": kind is not StrategyKind.fsdp_shard_grad_op,
@@ -320,6 +321,72 @@ def accelerate_config(request: PlanRequest, deepspeed_file: str = "deepspeed.jso
     elif cluster.world_size == 1:
         config.update(distributed_type="NO", num_processes=1)
     return config
+
+
+ACCELERATE_FSDP1_SHARDING = {StrategyKind.fsdp_full_shard: "FULL_SHARD", StrategyKind.fsdp_shard_grad_op: "SHARD_GRAD_OP"}
+"""The planned strategies under hf's FSDP1 (specs.request.HF_FSDP1_STRATEGIES) -> accelerate 1.10.1's
+FSDP_SHARDING_STRATEGY name (utils/constants.py line 38)."""
+
+
+# accelerate 1.10.1, fsdp_version 1. `accelerate launch` turns each fsdp_config key into an FSDP_*
+# variable (commands/launch.py lines 1087-1098 copy fsdp_config.x to args.fsdp_x; utils/launch.py
+# lines 304-330 prepare_multi_gpu_env) that FullyShardedDataParallelPlugin.__post_init__ reads
+# (utils/dataclasses.py lines 1761-1954), and Accelerator.prepare_model hands the plugin to
+# FullyShardedDataParallel (accelerator.py lines 1850-1889). What each key must say for the plan:
+# - fsdp_sharding_strategy: launch always sets FSDP_SHARDING_STRATEGY (utils/launch.py line 313, default
+#   FULL_SHARD, commands/launch.py line 541), __post_init__ reads it whenever fsdp_version is 1
+#   (dataclasses.py lines 1782-1791) and prepare_model prefers it to reshard_after_forward
+#   (accelerator.py line 1865): the strategy is named here, not only in fsdp_reshard_after_forward,
+#   which `accelerate config` writes for FSDP1 (commands/config/cluster.py lines 405-411) and which
+#   is written beside it with the same value.
+# - fsdp_backward_prefetch NO_PREFETCH (None, dataclasses.py lines 1832-1833) and
+#   fsdp_forward_prefetch false: no unit gathered ahead, the Trainer's defaults the planner assumes
+#   (PlanRequest._accelerate_fsdp1_prefetches_nothing; transformers 4.56.2 training_args.py lines
+#   2020-2022). Absent, launch sets no FSDP_BACKWARD_PREFETCH and the plugin's None is the same; the
+#   file says it rather than rely on that.
+# - fsdp_use_orig_params true (dataclasses.py lines 1876-1877; False where absent): the
+#   use_orig_params views of the gathered root whose gradients backward concatenates
+#   (core.buffers._fsdp1_root_cats_gradients).
+# - fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP without fsdp_transformer_layer_cls_to_wrap: one
+#   unit per decoder layer of the model's own class, read from model._no_split_modules
+#   (set_auto_wrap_policy, dataclasses.py lines 2011-2016), as the measured step wraps it
+#   (zeroplan.frameworks.hf_fsdp1_step.hf_fsdp1_wrap) and whatever the Llama-layout model's class
+#   is called (LlamaDecoderLayer, MistralDecoderLayer).
+# - fsdp_cpu_ram_efficient_loading true needs fsdp_sync_module_states true (launch.py lines 306-307
+#   refuse it otherwise); the broadcast at wrapping leaves nothing behind
+#   (hf_fsdp1_step.SYNC_MODULE_STATES_NOTE).
+# - fsdp_offload_params false (check_hf_fsdp1 refuses CPUOffload), fsdp_activation_checkpointing
+#   for full recomputation, mixed_precision bf16 at the top level (set_mixed_precision: param,
+#   reduce and buffer dtype bf16, as measured).
+def accelerate_fsdp1_config(request: PlanRequest) -> dict[str, Any]:
+    """accelerate's fsdp_config for hf under FSDP1 (StrategySpec.fsdp1_root_stays_gathered)."""
+    kind = request.strategy.kind
+    if request.training.framework is not Framework.hf:
+        # The reference model's FSDP1 is the harness's torch-fsdp1 engine (its prefetch and
+        # wrapping are not accelerate's): planned under --framework hf, accelerate's is written.
+        raise NotApplicable(f"accelerate's FSDP1 is planned under --framework hf; this FSDP1 plan is "
+                            f"{request.training.framework.value}'s (--fsdp-version 1)")
+    if kind not in ACCELERATE_FSDP1_SHARDING:
+        raise NotApplicable(f"hf's FSDP1 was planned for {', '.join(k.value for k in ACCELERATE_FSDP1_SHARDING)}, "
+                            f"not {kind.value}")
+    if request.strategy.prefetch_units:
+        raise NotApplicable(f"the plan prefetches {request.strategy.prefetch_units} FSDP1 unit(s); accelerate's FSDP1 "
+                            "was planned with the Trainer's NO_PREFETCH (allowed: prefetch_units 0)")
+    sharding = ACCELERATE_FSDP1_SHARDING[kind]
+    return {
+        "fsdp_version": 1,
+        "fsdp_sharding_strategy": sharding,
+        "fsdp_reshard_after_forward": sharding,
+        "fsdp_offload_params": False,
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "fsdp_backward_prefetch": "NO_PREFETCH",
+        "fsdp_forward_prefetch": False,
+        "fsdp_use_orig_params": True,
+        "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+        "fsdp_cpu_ram_efficient_loading": True,
+        "fsdp_sync_module_states": True,
+        "fsdp_activation_checkpointing": request.training.activation_checkpointing is ActivationCheckpointing.full,
+    }
 
 
 def accelerate_yaml(request: PlanRequest) -> str:
