@@ -6,9 +6,9 @@ DDP_BFLOAT16 (grad_accum_dtype unset, so the model dtype), both _configure_fp16_
 wraps a torch optimizer (not a FusedAdam) in runtime/fp16/unfused_optimizer.py
 FP16_UnfusedOptimizer; under fp32 the torch optimizer steps the parameters itself. The engine
 casts the module to 16 bits (no autocast); the wrapper's fp32 master is one clone per parameter
-(unfused_optimizer.py __init__), none under fp32 (zeroplan.core.model_states). Measured on gloo, 2 ranks, accumulation 1 and 2
-(benchmarks/deepspeed-accumulation-records records-zero0-*.json, tests/test_deepspeed_stage0.py),
-per rank with Psi trainable elements and e the model dtype's bytes:
+(unfused_optimizer.py __init__), none under fp32 (zeroplan.core.model_states). Measured on gloo,
+2 ranks, accumulation 1 and 2 (benchmarks/deepspeed-accumulation-records records-zero0-*.json,
+tests/test_deepspeed_stage0.py), per rank with Psi trainable elements and e the model dtype's bytes:
 
 | precision | parameters | master + AdamW | between micro-steps | at the step | after it |
 | --- | --- | --- | --- | --- | --- |
@@ -36,7 +36,6 @@ ALLREDUCE_BUCKET_ELEMENTS = 500_000_000
 PLANNED_PRECISIONS = (Precision.fp32, Precision.bf16_mixed, Precision.fp16_mixed)
 """The precisions measured at stage 0 (DeepSpeed runs no other: bf16 parameters with bf16
 states are not a DeepSpeed precision)."""
-
 
 
 def runs_deepspeed_stage0(request: PlanRequest) -> bool:
