@@ -191,13 +191,24 @@ def test_accumulation_under_hf_fsdp1_keeps_unsharded_gradients() -> None:
     from zeroplan.specs import BatchSpec, PlanRequest, StrategySpec, TrainingSpec, cluster_from_gpus
     from zeroplan.specs.framework import Framework
 
-    def strategy(accumulation: int, fsdp1: bool = True, **named) -> StrategySpec:
+    def request(accumulation: int, fsdp1: bool = True, **named) -> PlanRequest:
         return PlanRequest(model=get_model("llama-3.1-8b"), cluster=cluster_from_gpus(get_gpu("a100-80gb"), 8),
                            strategy=StrategySpec(kind="fsdp-full-shard", fsdp1_root_stays_gathered=fsdp1, **named),
                            batch=BatchSpec(seq_len=4096, micro_batch_size=1, grad_accum_steps=accumulation),
-                           training=TrainingSpec(framework=Framework.hf)).strategy
+                           training=TrainingSpec(framework=Framework.hf))
 
-    assert strategy(2).keep_unsharded_grads_on_accum and not strategy(1).keep_unsharded_grads_on_accum
+    def strategy(accumulation: int, fsdp1: bool = True, **named) -> StrategySpec:
+        return request(accumulation, fsdp1, **named).strategy
+
+    assert strategy(2).keep_unsharded_grads_on_accum and strategy(1).keep_unsharded_grads_on_accum
+    # Set at one micro-batch too, so a copy at two made without validation (the plan search's
+    # core.search._at) plans the kept gradients as the request built at two does.
+    from zeroplan.core.plan import memory_breakdown
+
+    one = request(1)
+    copied = one.model_copy(update={"batch": one.batch.model_copy(update={"grad_accum_steps": 2})})
+    assert memory_breakdown(copied) == memory_breakdown(request(2))
+    assert memory_breakdown(request(2)) != memory_breakdown(request(2, fsdp1=False))
     # The Trainer enters no_sync itself (trainer.py lines 2665-2671): no setting turns it off.
     assert strategy(2, keep_unsharded_grads_on_accum=False).keep_unsharded_grads_on_accum
     # FSDP2's fully_shard has no no_sync: accelerate's no_sync leaves it reducing every micro-batch.

@@ -502,16 +502,17 @@ class PlanRequest(Frozen):
         accelerator.no_sync (trainer.py lines 2665-2671), which enters FSDP1's own no_sync
         (accelerator.py no_sync: getattr(model, "no_sync")), whatever accelerate's
         GradientAccumulationPlugin says: the unsharded gradients are kept to the last
-        micro-batch (StrategySpec.keep_unsharded_grads_on_accum set)."""
+        micro-batch (StrategySpec.keep_unsharded_grads_on_accum set). It is set whatever the
+        request's accumulation (the planner reads it only where a step accumulates), so a copy
+        of the request at another accumulation (the plan search's, made without validation)
+        keeps it."""
         if not isinstance(data, dict):
             return data
-        training, strategy, batch = data.get("training"), data.get("strategy"), data.get("batch")
+        training, strategy = data.get("training"), data.get("strategy")
         framework = (training.framework if isinstance(training, TrainingSpec)
                      else training.get("framework") if isinstance(training, dict) else None)
         if framework not in (Framework.hf, Framework.hf.value):
             return data
-        accumulation = (batch.grad_accum_steps if isinstance(batch, BatchSpec)
-                        else batch.get("grad_accum_steps", 1) if isinstance(batch, dict) else 1)
         if isinstance(strategy, StrategySpec) and strategy.fsdp1_root_stays_gathered:
             named = strategy.model_fields_set
         elif isinstance(strategy, dict) and strategy.get("fsdp1_root_stays_gathered"):
@@ -519,8 +520,8 @@ class PlanRequest(Frozen):
         else:
             return data
         update = {} if "prefetch_units" in named else {"prefetch_units": 0}
-        if accumulation > 1 and not (strategy.keep_unsharded_grads_on_accum if isinstance(strategy, StrategySpec)
-                                     else strategy.get("keep_unsharded_grads_on_accum", False)):
+        if not (strategy.keep_unsharded_grads_on_accum if isinstance(strategy, StrategySpec)
+                else strategy.get("keep_unsharded_grads_on_accum", False)):
             update["keep_unsharded_grads_on_accum"] = True
         if not update:
             return data
