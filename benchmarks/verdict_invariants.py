@@ -878,7 +878,7 @@ def _check_offload_ratio(argv, names, plans, sweep) -> None:
 def _check_hf_fsdp1(argv, names, plans, sweep) -> None:
     """hf under accelerate's FSDP1 against FSDP2 (the request without --fsdp-version): what the
     FSDP1 module adds (its root kept gathered, the cat of the root's gradients at backward's end,
-    no unit prefetched: buffers._fsdp1_root_cats_gradients, PlanRequest._accelerate_fsdp1_prefetches_nothing)
+    no unit prefetched: buffers._fsdp1_root_cats_gradients, PlanRequest._accelerate_fsdp1_settings)
     moves when bytes are gathered, never what is stored; the kept root is not gathered again in
     backward (communication: fsdp1_root_stays_gathered), so no more is sent."""
     if flag_value(argv, "--framework") != "hf" or flag_value(argv, "--fsdp-version") != "1":

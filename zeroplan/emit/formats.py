@@ -341,7 +341,7 @@ FSDP_SHARDING_STRATEGY name (utils/constants.py line 38)."""
 #   is written beside it with the same value.
 # - fsdp_backward_prefetch NO_PREFETCH (None, dataclasses.py lines 1832-1833) and
 #   fsdp_forward_prefetch false: no unit gathered ahead, the Trainer's defaults the planner assumes
-#   (PlanRequest._accelerate_fsdp1_prefetches_nothing; transformers 4.56.2 training_args.py lines
+#   (PlanRequest._accelerate_fsdp1_settings; transformers 4.56.2 training_args.py lines
 #   2020-2022). Absent, launch sets no FSDP_BACKWARD_PREFETCH and the plugin's None is the same; the
 #   file says it rather than rely on that.
 # - fsdp_use_orig_params true (dataclasses.py lines 1876-1877; False where absent): the
