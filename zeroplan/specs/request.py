@@ -311,6 +311,14 @@ def check_compiled_strategy(training: TrainingSpec, strategy: StrategyKind) -> N
                                         f"{strategy.value} (allowed: ddp, or without compile)")
 
 
+def _raw_framework(training: object) -> object:
+    """The framework of a request's ``training`` as a before-validator meets it: a TrainingSpec's,
+    a dict's entry (a Framework or its name), else None."""
+    if isinstance(training, TrainingSpec):
+        return training.framework
+    return training.get("framework") if isinstance(training, dict) else None
+
+
 # accelerate 1.10.1's FSDP1 path (Accelerator.prepare_model: FullyShardedDataParallel under
 # fsdp_version 1) was measured at full size for transformers' Llama in bf16-mixed, full
 # fine-tuning, one micro-batch, FULL_SHARD and SHARD_GRAD_OP, and under FULL_SHARD PEFT LoRA
@@ -406,8 +414,7 @@ class PlanRequest(Frozen):
         else:
             return data  # the model's own validation answers
         training = data.get("training")
-        framework = (training.framework if isinstance(training, TrainingSpec)
-                     else training.get("framework") if isinstance(training, dict) else None)
+        framework = _raw_framework(training)
         fairseq = framework in (Framework.fairseq, Framework.fairseq.value)
         if isinstance(model, ModelSpec) and (model.position is PositionKind.alibi or fairseq):
             data = _default_attention(data, default_attention_kernel(model, Framework.fairseq if fairseq else None))
@@ -453,8 +460,7 @@ class PlanRequest(Frozen):
         if not isinstance(data, dict):
             return data
         training, model = data.get("training"), data.get("model")
-        framework = (training.framework if isinstance(training, TrainingSpec)
-                     else training.get("framework") if isinstance(training, dict) else None)
+        framework = _raw_framework(training)
         if framework is None or framework not in {f.value for f in UNTIES_EMBEDDINGS}:
             return data
         if isinstance(model, ModelSpec) and model.tied_embeddings:
@@ -473,8 +479,7 @@ class PlanRequest(Frozen):
         if not isinstance(data, dict):
             return data
         training, model, parallel = data.get("training"), data.get("model"), data.get("parallel")
-        framework = (training.framework if isinstance(training, TrainingSpec)
-                     else training.get("framework") if isinstance(training, dict) else None)
+        framework = _raw_framework(training)
         # The Megatron-DeepSpeed fork pads alike (megatron/tokenizer/tokenizer.py
         # _vocab_size_with_padding, megatron/arguments.py --make-vocab-size-divisible-by 128).
         megatrons = (Framework.megatron, Framework.megatron.value, Framework.megatron_deepspeed,
@@ -509,8 +514,7 @@ class PlanRequest(Frozen):
         if not isinstance(data, dict):
             return data
         training, strategy = data.get("training"), data.get("strategy")
-        framework = (training.framework if isinstance(training, TrainingSpec)
-                     else training.get("framework") if isinstance(training, dict) else None)
+        framework = _raw_framework(training)
         if framework not in (Framework.hf, Framework.hf.value):
             return data
         if isinstance(strategy, StrategySpec) and strategy.fsdp1_root_stays_gathered:
@@ -538,8 +542,7 @@ class PlanRequest(Frozen):
         if not isinstance(data, dict):
             return data
         training, strategy = data.get("training"), data.get("strategy")
-        framework = (training.framework if isinstance(training, TrainingSpec)
-                     else training.get("framework") if isinstance(training, dict) else None)
+        framework = _raw_framework(training)
         if framework not in (Framework.fairseq, Framework.fairseq.value):
             return data
         if isinstance(strategy, StrategySpec) and "prefetch_units" not in strategy.model_fields_set:
@@ -558,8 +561,7 @@ class PlanRequest(Frozen):
         if not isinstance(data, dict):
             return data
         training = data.get("training")
-        framework = (training.framework if isinstance(training, TrainingSpec)
-                     else training.get("framework") if isinstance(training, dict) else None)
+        framework = _raw_framework(training)
         cluster = data.get("cluster")
         nodes = (cluster.num_nodes if isinstance(cluster, ClusterSpec)
                  else cluster.get("num_nodes", 1) if isinstance(cluster, dict) else 1)
