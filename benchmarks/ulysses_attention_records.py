@@ -17,7 +17,10 @@ tests/live_storages.py):
   alone on fresh [b, s, h/P, d] q, k, v (what it would save with no all-to-all around it);
 - per all-to-all call (deepspeed.sequence.layer.single_all_to_all, wrapped): the phase, the
   scatter index, whether its input is contiguous, the most bytes of the storages the call made
-  alive at once (peak_own_bytes: its buffers and its result) and its result's bytes.
+  alive at once (peak_own_bytes: its buffers and its result) and its result's bytes. That peak
+  moves with when gloo's worker threads make and drop their own buffers (reruns have read it
+  above and below the committed one); the committed records are one run's, every other field
+  the same on every run (tests/test_ulysses.py).
 
 The output is rearranged to [s/P, b, h d] as the fork does (transformer.py:846) before backward,
 so the output all-to-all's backward receives the permuted gradient the fork's does.

@@ -58,7 +58,21 @@ def test_measured_again(tmp_path: Path) -> None:
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ulysses_attention_records.py"), str(out)],
                    check=True, cwd=ROOT, capture_output=True, timeout=600)
     again = json.loads(out.read_text())["records"]
-    assert [r["ranks"] for r in again] == [r["ranks"] for r in RECORDS]
+    # Every field again but each call's peak, which depends on when gloo's worker threads make
+    # and drop their own buffers: reruns read it above or below the committed one (49,152 bytes
+    # once read 32,768 on a quiet machine; a whole-suite run read more). The committed peaks are
+    # one run's, equal to the planner's rule (test_all_to_all_buffers_are_measured); a rerun's
+    # holds at least each call's own result.
+    def without_peaks(records: list[dict]) -> list:
+        return [[{**rank, "all_to_all_calls": [{k: v for k, v in call.items() if k != "peak_own_bytes"}
+                                               for call in rank["all_to_all_calls"]]}
+                 for rank in record["ranks"]] for record in records]
+
+    assert without_peaks(again) == without_peaks(RECORDS)
+    for record in again:
+        for rank in record["ranks"]:
+            for call in rank["all_to_all_calls"]:
+                assert call["peak_own_bytes"] >= call["result_bytes"]
 
 
 @pytest.mark.parametrize("record", RECORDS, ids=lambda r: f"sp{r['sp']}-b{r['batch']}")
