@@ -150,13 +150,18 @@ def persistence_threshold(request: PlanRequest) -> int:
     return RELEASE_DEFAULTS["persistence"] if _release_defaults(request) else 0
 
 
+# partition_parameters.py pads each parameter to a multiple of the group (ceil(ds_numel / N) per rank).
+def _padded_gathered_bytes(numel: int, group: int, bytes_per_element: int) -> int:
+    """Bytes an all-gather brings in for one trainable parameter of ``numel`` elements."""
+    return ceil_div(numel, group) * group * bytes_per_element
+
+
 def _gathered_bytes(request: PlanRequest, tensor, bytes_per_element: int) -> int:
-    """Bytes an all-gather brings in for one tensor: partition_parameters.py pads each
-    parameter to a multiple of the group (ceil(ds_numel / N) per rank); a frozen tensor in its
-    own storage (zeroplan.core.finetune.storage)."""
+    """Bytes an all-gather brings in for one tensor: a trainable one padded to the group
+    (_padded_gathered_bytes); a frozen tensor in its own storage (zeroplan.core.finetune.storage)."""
     group = request.shard_group_size
     if tensor.trainable:
-        return ceil_div(tensor.numel, group) * group * bytes_per_element
+        return _padded_gathered_bytes(tensor.numel, group, bytes_per_element)
     from zeroplan.core.finetune.storage import frozen_tensor_bytes
 
     return group * ceil_div(frozen_tensor_bytes(request, tensor, gathered=True), group)
@@ -285,7 +290,9 @@ def _modules(request: PlanRequest) -> tuple[list[tuple[int, list[int]]], list[_P
             own.append(len(params))
             if name == "token.weight":
                 word_embeddings = len(params)
-            gathered = (ceil_div(numel, request.shard_group_size) * request.shard_group_size * eb.compute_parameter
+            # The packed in-projection is one trainable parameter (torch_multihead_attention is
+            # refused beside frozen or quantized tensors).
+            gathered = (_padded_gathered_bytes(numel, request.shard_group_size, eb.compute_parameter)
                         if name != tensor.name else _gathered_bytes(request, tensor, eb.compute_parameter))
             params.append(_Param(index, f"{unit.name}.{name}", numel, gathered,
                                  numel * wire if tensor.trainable else 0))
