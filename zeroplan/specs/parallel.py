@@ -233,7 +233,7 @@ def check_parallel(parallel: ParallelSpec, model, cluster, batch, strategy_kind,
             )
     if parallel.sequence_parallel and batch.seq_len % tp:
         raise ZeroplanError("parallel.sequence_parallel", f"--seq-len {batch.seq_len} is not a multiple of tp {tp}")
-    if parallel.cp > 1 and framework.value != "megatron-deepspeed" and batch.seq_len % (2 * parallel.cp):
+    if parallel.cp > 1 and not is_ulysses(parallel, framework) and batch.seq_len % (2 * parallel.cp):
         # torch 2.13 distributed/tensor/experimental/_context_parallel/_load_balancer.py
         # (_HeadTailLoadBalancer): the sequence is cut into 2 x cp chunks, two per rank.
         raise ZeroplanError(
@@ -340,13 +340,21 @@ def check_ulysses(parallel: ParallelSpec, model, batch) -> None:
         raise ZeroplanError("parallel.cp", "DeepSpeed-Ulysses with mixture-of-experts blocks is not modelled (allowed: cp 1)")
 
 
+# Megatron-DeepSpeed f4157be megatron/model/transformer.py:614-622 wraps the core attention in
+# DeepSpeed's DistributedAttention when the sequence-parallel world is above 1; the fork has no
+# other context parallelism.
+def is_ulysses(parallel: ParallelSpec, framework) -> bool:
+    """Whether the layout's cp is DeepSpeed-Ulysses: Megatron-DeepSpeed with cp > 1."""
+    return parallel.cp > 1 and framework.value == "megatron-deepspeed"
+
+
 # Megatron-DeepSpeed f4157be megatron/model/transformer.py:616-628 sets the selective
 # recomputation of the core attention (checkpoint_core_attention) only without Ulysses, and the
 # Ulysses forward (:835-848) never reads it.
 def ulysses_runs_checkpointing(parallel: ParallelSpec, framework, policy) -> bool:
     """Whether the checkpointing ``policy`` runs as planned under the layout: every policy but
     selective recomputation under Megatron-DeepSpeed's Ulysses (the plan search asks this too)."""
-    return parallel.cp == 1 or framework.value != "megatron-deepspeed" or policy.value != "selective"
+    return not is_ulysses(parallel, framework) or policy.value != "selective"
 
 
 # Megatron-DeepSpeed f4157be megatron/model/transformer.py:846-848 calls DistributedAttention
@@ -356,7 +364,7 @@ def ulysses_runs_checkpointing(parallel: ParallelSpec, framework, policy) -> boo
 # later).
 def check_ulysses_training(parallel: ParallelSpec, framework, training) -> None:
     """The fork's Ulysses path's attention, recomputation and DeepSpeed release, the rest refused."""
-    if parallel.cp == 1 or framework.value != "megatron-deepspeed":
+    if not is_ulysses(parallel, framework):
         return
     if training.attention_kernel.value != "flash":
         raise ZeroplanError("training.attention_kernel", "DeepSpeed-Ulysses runs in Megatron-DeepSpeed with flash attention "

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from zeroplan.core.collective import Collective, CollectiveOp, Phase, make_collective
 from zeroplan.core.parallel.units import rank_block_count
-from zeroplan.specs.framework import Framework
+from zeroplan.specs.parallel import is_ulysses
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.training import ActivationCheckpointing
 from zeroplan.units import FP32_BYTES
@@ -30,10 +30,8 @@ backward of each runs the opposite all-to-all (:457-462)."""
 
 
 def runs_ulysses(request: PlanRequest) -> bool:
-    """Whether the request's cp is DeepSpeed-Ulysses: megatron-deepspeed with cp > 1
-    (megatron/model/transformer.py:614-622 wraps the core attention in DistributedAttention when
-    the sequence-parallel world is above 1)."""
-    return request.training.framework is Framework.megatron_deepspeed and request.parallel.cp > 1
+    """Whether the request's cp is DeepSpeed-Ulysses (zeroplan.specs.parallel.is_ulysses)."""
+    return is_ulysses(request.parallel, request.training.framework)
 
 
 def local_q_bytes(request: PlanRequest) -> int:
