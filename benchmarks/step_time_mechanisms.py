@@ -59,6 +59,10 @@ Variants whose constant comes from a publication or a measurement (not from thes
   (one call each, the phase's collective time over its calls), where the planner hides a phase's
   collectives behind its compute as a whole; no constant.
 
+A fraction of the hidden communication fitted per GPU generation x stack (and the contention
+above beside it) is benchmarks/step_time_hidden_communication.py: its f is fitted without the
+scored source, which one patched planner function cannot know.
+
 Exploratory, constants picked by hand and so in sample (labelled so; never a shipped figure):
 
 - gemm-k: a matrix product of inner dimension K runs at K / (K + K0) of the HFU (a fixed
