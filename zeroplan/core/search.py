@@ -37,7 +37,7 @@ from zeroplan.core.parallel.collectives import (
     collective_recomputation, model_parallel_collectives, overlapped_model_parallel_collectives,
 )
 from zeroplan.core.layout import gradient_wire_bytes
-from zeroplan.core.parallel.pipeline import in_flight_chunks, pipeline_defers_fsdp_reduction, rank_stages
+from zeroplan.core.parallel.pipeline import in_flight_chunks, pipeline_defers_fsdp_reduction, request_rank_stages
 from zeroplan.core.parallel.activations import pipeline_receive_buffer_bytes
 from zeroplan.core.parallel.units import accumulating_trainable_elements
 from zeroplan.core.peak import FIRST_LAYER_SHARES, TOTAL_MOMENTS, PeakTerms, moment_totals, with_terms
@@ -437,7 +437,7 @@ def _rank_classes(request: PlanRequest) -> list[int]:
         return [0]
     seen, firsts = set(), []
     for rank in range(parallel.pp):
-        stages = rank_stages(parallel, request.model.num_layers, request.training.framework, rank)
+        stages = request_rank_stages(request, rank)
         signature = (tuple((s.num_blocks, s.has_embedding, s.has_head) for s in stages),
                      usable_memory_bytes(request.at_pipeline_rank(rank)))
         if signature not in seen:
