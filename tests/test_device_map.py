@@ -133,3 +133,50 @@ def test_command_line(capsys) -> None:
     out = capsys.readouterr().out
     assert code == 0
     assert "peak on GPU" in out and "under device_map 'balanced'" in out
+
+
+def test_a_tied_head_puts_the_loss_on_the_embeddings_gpu() -> None:
+    """Llama-3.2-1B ties its output projection: accelerate keeps it with the embedding on GPU 0
+    (the records' norm_gpu is 1), so GPU 0 holds the logits and GPU 1 none."""
+    request = _request(_model("llama-3.2-1b"), 2, 24)
+    shares = device_shares(request)
+    assert shares[0].has_embedding and shares[0].has_head and not shares[1].has_head
+    (first, _), (second, _) = pipeline_rank_breakdowns(request)
+    assert first.logits_bytes > 0 and second.logits_bytes == 0
+
+
+def test_sequential_fills_the_first_gpu_first() -> None:
+    balanced = device_shares(_request(get_model("qwen-72b"), 2, 80))
+    sequential = device_shares(_request(get_model("qwen-72b"), 2, 80, mode=DeviceMap.sequential))
+    assert sequential[0].num_blocks > balanced[0].num_blocks
+    assert sum(s.num_blocks for s in sequential) == sum(s.num_blocks for s in balanced) == 80
+
+
+@pytest.mark.parametrize(("extra", "flag"), [
+    (["--strategies", "zero3"], "--strategies"),
+    (["--tp", "2"], "--device-map"),
+    (["--pp", "3"], "--pp"),
+    (["--framework", "torchtune"], "--device-map"),
+])
+def test_command_line_refusals_are_one_line(capsys, extra: list[str], flag: str) -> None:
+    from refusals import run_refused
+
+    argv = ["fit", "qwen2.5-7b", "--gpus", "2", "--gpu", "a100-80gb", "--framework", "hf", "--lora-rank", "8",
+            "--device-map", "auto", *extra]
+    err = run_refused(main, argv, capsys)
+    assert f"error: {flag}:" in err and "allowed" in err
+
+
+# Reruns accelerate itself (transformers' _get_device_map on meta-device models, about 3 s): the
+# committed records are what today's accelerate answers.
+@pytest.mark.slow
+def test_records_are_what_accelerate_answers_today() -> None:
+    pytest.importorskip("accelerate")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("device_map_records", ROOT / "benchmarks" / "device_map_records.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for case, recorded in zip(module.CASES, RECORDS["records"]):
+        if case[0] in ("llama-3.2-1b", "qwen2.5-7b"):
+            assert module.record(*case) == recorded
