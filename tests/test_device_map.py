@@ -180,3 +180,10 @@ def test_records_are_what_accelerate_answers_today() -> None:
     for case, recorded in zip(module.CASES, RECORDS["records"]):
         if case[0] in ("llama-3.2-1b", "qwen2.5-7b"):
             assert module.record(*case) == recorded
+
+
+def test_the_plan_search_refuses_a_device_map() -> None:
+    from zeroplan.core.search import search
+
+    with pytest.raises(ZeroplanError, match="parallel.device_map: .*allowed"):
+        search(_request(get_model("qwen2.5-7b"), 2, 24), global_batch_size=8)

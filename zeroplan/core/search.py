@@ -1227,6 +1227,11 @@ def search(
     the caching-allocator model's answer (allocator_fits None), for a caller that shows the
     ranked rows alone (zeroplan plan's first screen); each answer is a replay of every pipeline
     rank's step."""
+    if base.parallel.device_map is not None:
+        # The search's vectorised step time and bounds read pipeline bubbles and in-flight
+        # micro-batches of torch's schedules, not a device map's one-GPU-at-a-time step.
+        raise ZeroplanError("parallel.device_map", "is planned by fit and compare, not searched "
+                            "(allowed: no device map in a plan search)")
     with cyclic_gc_paused():
         return _search(base, global_batch_size, strategies, top, space, show_progress, prune, answer_pareto)
 
