@@ -53,7 +53,8 @@ class _Module:
 
 # transformers 4.56.2 modeling_utils.py _get_device_map: target_dtype is the load dtype, which
 # hf_quantizer.adjust_target_dtype replaces (quantizers/quantizer_bnb_4bit.py:126, CustomDtype.INT4,
-# half a byte, accelerate utils/modeling.py:168; bnb 8-bit torch.int8, a byte); special_dtypes
+# half a byte, accelerate utils/modeling.py:168; quantizer_bnb_8bit.py:162 torch.int8, a byte, which
+# the records do not cover); special_dtypes
 # (get_special_dtypes_update) keeps modules_to_not_convert, the output projection, in the load
 # dtype. compute_module_sizes (:668) counts numel x min(target bytes, the tensor's own bytes).
 def _element_bytes(request: PlanRequest) -> tuple[Fraction, Fraction]:
