@@ -128,6 +128,9 @@ def parallelism_of(row: dict[str, str]) -> str:
     parts = []
     if int(row["num_gpus"]) == 1:
         parts.append("1-gpu")
+    elif "--device-map" in row["extra_flags"]:
+        # One process over the GPUs, no data parallelism (zeroplan.core.parallel.device_map).
+        parts.append("device-map")
     else:
         parts.append(row["strategy"])
     for axis in ("tp", "pp", "cp"):

@@ -36,7 +36,7 @@ from zeroplan.specs import (
 from zeroplan.specs.framework import DEEPSPEED_RELEASES, HF_DEEPSPEED_RELEASES, LITGPT_FORKS, TORCHTITAN_RELEASES
 from zeroplan.specs.lengths import LongSamples, VaryingLengths
 from zeroplan.specs.request import ATTENTION_RATES, DEFAULT_ATTENTION_RATE, default_attention_kernel
-from zeroplan.specs.parallel import EXPERT_PARALLEL_STRATEGIES, ParallelSpec, PipelineSchedule
+from zeroplan.specs.parallel import EXPERT_PARALLEL_STRATEGIES, DeviceMap, ParallelSpec, PipelineSchedule
 from zeroplan.specs.strategy import PARTIAL_OFFLOAD_KINDS
 from zeroplan.units import GB, GiB, MiB, ByteUnit
 
@@ -385,6 +385,10 @@ def add_parallel_arguments(group: argparse._ArgumentGroup) -> None:
                        help="pipeline schedule, with --pp 2 or more (default 1f1b)")
     group.add_argument("--virtual-stages", type=positive_int,
                        help="stages per pipeline rank (default 1; 2 for interleaved-1f1b and zero-bubble)")
+    group.add_argument("--device-map", choices=["auto", *choices_of(DeviceMap)],
+                       help="framework hf: transformers' from_pretrained(device_map=...) over the --gpus GPUs of one "
+                            "process, the layers split by accelerate's rule and one micro-batch at a time through them "
+                            "('auto' is 'balanced'; LoRA/QLoRA only; docs/parallelism.md)")
     group.add_argument("--ep", type=positive_int, default=1,
                        help="expert-parallel degree for a mixture of experts (default 1): each MoE block's experts split "
                             "ep ways, borrowed from the data-parallel ranks as torchtitan does (docs/moe.md)")
@@ -408,8 +412,13 @@ def parallel_from_args(args: argparse.Namespace) -> ParallelSpec:
         # torchtitan 0.3.0 config/configs.py ParallelismConfig.enable_sequence_parallel = True.
         sequence_parallel = args.tp > 1 and args.framework == Framework.torchtitan.value
     virtual = args.virtual_stages or (2 if schedule.interleaved and args.pp > 1 else 1)
+    device_map = getattr(args, "device_map", None)
+    # transformers' _get_device_map treats every string but "sequential" as balanced.
+    device_map = None if device_map is None else DeviceMap.sequential if device_map == "sequential" else DeviceMap.balanced
+    # A device map's pipeline ranks are the GPUs (--pp left out takes --gpus).
+    pp = args.gpus if device_map is not None and args.pp == 1 else args.pp
     return ParallelSpec(tp=args.tp, sequence_parallel=sequence_parallel, async_tp=bool(getattr(args, "async_tp", False)),
-                        cp=args.cp, pp=args.pp, pp_schedule=schedule, virtual_stages=virtual, ep=args.ep)
+                        cp=args.cp, pp=pp, pp_schedule=schedule, virtual_stages=virtual, ep=args.ep, device_map=device_map)
 
 
 def add_optimizer_loop_argument(parser: argparse.ArgumentParser) -> None:

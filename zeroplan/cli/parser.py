@@ -155,6 +155,7 @@ FLAG_OF_FIELD = {
     "parallel.virtual_stages": "--virtual-stages",
     "parallel.pp_schedule": "--pp-schedule",
     "parallel.ep": "--ep",
+    "parallel.device_map": "--device-map",
     "model.moe_capacity_factor": "--moe-capacity-factor",
     "strategy": "--strategies",
     "precision": "--precision",

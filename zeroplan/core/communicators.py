@@ -138,7 +138,10 @@ def _nvlink(request: PlanRequest) -> bool:
 def communicators(request: PlanRequest) -> list[Communicator]:
     """The NCCL communicators ``request``'s rank opens during training (none for the reference
     harness, whose measured runs are the baseline of its verdicts, or for one GPU)."""
-    if request.training.framework is Framework.zeroplan or request.cluster.world_size == 1:
+    if (request.training.framework is Framework.zeroplan or request.cluster.world_size == 1
+            or request.parallel.device_map is not None):
+        # A device map is one process: its hooks copy activations between GPUs with .to(),
+        # without a process group.
         return []
     return _communicators(request)
 

@@ -49,7 +49,7 @@ from zeroplan.core.peak import (
     MomentBytes, PeakTerms, largest_moment, moment_totals, peak_allocated_bytes, peak_moments_and_block_pieces,
     peak_terms_of, with_terms,
 )
-from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
+from zeroplan.core.parallel.pipeline import in_flight_chunks, request_rank_stages
 from zeroplan.core.parallel.activations import (
     host_checkpoint_bytes,
     rank_activation_bytes,
@@ -567,10 +567,13 @@ def peak_rank_reason(request: PlanRequest) -> str:
     head, and the micro-batches it keeps in flight."""
     parallel = request.parallel
     rank = parallel.pipeline_rank
-    stages = rank_stages(parallel, request.model.num_layers, request.training.framework, rank)
+    stages = request_rank_stages(request, rank)
     blocks = ", ".join(f"{s.first_block}-{s.first_block + s.num_blocks - 1}" if s.num_blocks else "none" for s in stages)
     extra = "".join([" + embedding" if any(s.has_embedding for s in stages) else "",
                      " + head" if any(s.has_head for s in stages) else ""])
+    if parallel.device_map is not None:
+        return (f"GPU {rank} of {parallel.pp} under device_map {parallel.device_map.value!r} (blocks {blocks}{extra}), "
+                f"one micro-batch in flight")
     chunks = in_flight_chunks(parallel, rank, request.batch.grad_accum_steps)
     return (f"pipeline rank {rank} of {parallel.pp}: stage{'s' if len(stages) > 1 else ''} "
             f"{', '.join(str(s.index) for s in stages)} (blocks {blocks}{extra}), {chunks} micro-batch chunk(s) "

@@ -37,7 +37,7 @@ from zeroplan.core.parallel.collectives import (
     collective_recomputation, model_parallel_collectives, overlapped_model_parallel_collectives,
 )
 from zeroplan.core.layout import gradient_wire_bytes
-from zeroplan.core.parallel.pipeline import in_flight_chunks, pipeline_defers_fsdp_reduction, rank_stages
+from zeroplan.core.parallel.pipeline import in_flight_chunks, pipeline_defers_fsdp_reduction, request_rank_stages
 from zeroplan.core.parallel.activations import pipeline_receive_buffer_bytes
 from zeroplan.core.parallel.units import accumulating_trainable_elements
 from zeroplan.core.peak import FIRST_LAYER_SHARES, TOTAL_MOMENTS, PeakTerms, moment_totals, with_terms
@@ -437,7 +437,7 @@ def _rank_classes(request: PlanRequest) -> list[int]:
         return [0]
     seen, firsts = set(), []
     for rank in range(parallel.pp):
-        stages = rank_stages(parallel, request.model.num_layers, request.training.framework, rank)
+        stages = request_rank_stages(request, rank)
         signature = (tuple((s.num_blocks, s.has_embedding, s.has_head) for s in stages),
                      usable_memory_bytes(request.at_pipeline_rank(rank)))
         if signature not in seen:
@@ -1227,6 +1227,11 @@ def search(
     the caching-allocator model's answer (allocator_fits None), for a caller that shows the
     ranked rows alone (zeroplan plan's first screen); each answer is a replay of every pipeline
     rank's step."""
+    if base.parallel.device_map is not None:
+        # The search's vectorised step time and bounds read pipeline bubbles and in-flight
+        # micro-batches of torch's schedules, not a device map's one-GPU-at-a-time step.
+        raise ZeroplanError("parallel.device_map", "is planned by fit and compare, not searched "
+                            "(allowed: no device map in a plan search)")
     with cyclic_gc_paused():
         return _search(base, global_batch_size, strategies, top, space, show_progress, prune, answer_pareto)
 

@@ -179,6 +179,11 @@ def parallel_lines(report: FitReport) -> list[str]:
     dp = report.cluster.world_size // parallel.model_parallel_size
     if parallel.is_trivial:
         return [expert_parallel_line(report, dp)]
+    if parallel.device_map is not None:
+        return [f"Device map: from_pretrained(device_map={parallel.device_map.value!r}) over {parallel.pp} GPUs of one "
+                f"process, the layers split by accelerate's rule, one micro-batch at a time through them "
+                f"({report.batch.grad_accum_steps} per step, no data parallelism); figures are the GPU nearest to "
+                "running out"]
     parts = [f"tp {parallel.tp}" + (" + sequence parallel" if parallel.sequence_parallel else ""), f"cp {parallel.cp}"]
     if parallel.pp > 1:
         parts.append(f"pp {parallel.pp} ({parallel.pp_schedule.value}, {parallel.virtual_stages} stage(s) per rank, "

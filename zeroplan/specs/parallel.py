@@ -12,7 +12,7 @@ parallel ranks hold the same parameters (torchtitan's "fsdp" mesh is dp_shard x 
 
 from enum import Enum
 
-from pydantic import Field, model_validator
+from pydantic import Field, model_serializer, model_validator
 
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import Frozen
@@ -62,6 +62,16 @@ class PipelineSchedule(str, Enum):
         }[self]
 
 
+class DeviceMap(str, Enum):
+    """transformers' ``from_pretrained(device_map=...)`` over the process's GPUs (one process, one
+    micro-batch at a time through them in turn: zeroplan.core.parallel.device_map)."""
+
+    balanced = "balanced"
+    """accelerate's get_balanced_memory caps: the layers spread about evenly ("auto" is this)."""
+    sequential = "sequential"
+    """Each GPU filled to its free memory before the next."""
+
+
 class ParallelSpec(Frozen):
     """Degrees of tensor, context and pipeline parallelism (1 = not used) and the pipeline
     schedule; the data-parallel degree is what is left of the world."""
@@ -94,6 +104,19 @@ class ParallelSpec(Frozen):
     pipeline_rank: int = Field(default=0, ge=0)
     """Which pipeline rank this request describes (0 = the first stage). ``fit`` plans every
     rank and reports the one that peaks."""
+    device_map: DeviceMap | None = None
+    """Hugging Face's naive model parallelism: the model's modules split over every GPU of the
+    request by accelerate's rule (pp is the GPU count, each GPU one pipeline rank), one
+    micro-batch in flight. None: not used."""
+
+    # A layout without a device map dumps as it did before the field existed (the answers' JSON,
+    # and every digest of it, stay as they were).
+    @model_serializer(mode="wrap")
+    def _without_unset_device_map(self, handler):
+        dumped = handler(self)
+        if self.device_map is None and isinstance(dumped, dict):
+            dumped.pop("device_map", None)
+        return dumped
 
     @model_validator(mode="after")
     def _check(self) -> "ParallelSpec":
@@ -119,6 +142,14 @@ class ParallelSpec(Frozen):
             )
         if self.pipeline_rank >= self.pp:
             raise ZeroplanError("parallel.pipeline_rank", f"{self.pipeline_rank} (allowed: 0 to {self.pp - 1})")
+        if self.device_map is not None:
+            others = [name for name, value in (("tp", self.tp), ("cp", self.cp), ("ep", self.ep),
+                                               ("virtual_stages", self.virtual_stages)) if value != 1]
+            if others or self.sequence_parallel or self.pp_schedule is not PipelineSchedule.one_f_one_b:
+                named = others[0] if others else ("sequence_parallel" if self.sequence_parallel else "pp_schedule")
+                raise ZeroplanError("parallel.device_map", f"accelerate's device map runs one micro-batch through the "
+                                    f"GPUs in turn and combines with no {named} (allowed: tp, cp, ep 1, no sequence "
+                                    "parallelism, the default schedule)")
         return self
 
     @property
@@ -199,7 +230,8 @@ def check_parallel(parallel: ParallelSpec, model, cluster, batch, strategy_kind,
     if parallel.tp > 1 and (model.moe_ffn_hidden_size is not None or model.shared_expert_ffn_hidden_size or model.first_dense_layers):
         raise ZeroplanError("parallel.tp", "tensor parallelism of expert widths, shared experts or dense first blocks is "
                             "not modelled (allowed: tp 1; use --ep for the experts)")
-    if parallel.is_trivial:
+    if parallel.is_trivial or parallel.device_map is not None:
+        # A device map's own rules: zeroplan.specs.device_map.check_device_map.
         return
     if framework.value == "megatron":
         check_megatron_parallel(parallel, model, batch)

@@ -10,6 +10,7 @@ from zeroplan.specs.finetune import Quantization, check_finetune
 from zeroplan.specs.framework import UNTIES_EMBEDDINGS, Framework, launch_allocator_conf
 from zeroplan.specs.hardware import ClusterSpec
 from zeroplan.specs.model import ModelSpec, PositionKind
+from zeroplan.specs.device_map import check_device_map
 from zeroplan.specs.parallel import ParallelSpec, check_parallel, check_ulysses_training
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.training import (
@@ -596,9 +597,12 @@ class PlanRequest(Frozen):
             # no capacity); a capacity factor would change an answer about a run that has none.
             raise ZeroplanError("model.moe_capacity_factor", "torchtitan's MoE routes dropless, without a capacity "
                                                              "(allowed: leave it out with framework torchtitan)")
+        check_device_map(self.parallel, self.model, self.cluster, self.strategy.kind, self.training)
         check_parallel(self.parallel, self.model, self.cluster, self.batch, self.strategy.kind, self.training.framework)
         check_ulysses_training(self.parallel, self.training.framework, self.training)
-        check_finetune(self.training.finetune, self.model, self.training.framework, self.parallel.model_parallel_size * self.parallel.ep,
+        # A device map's pipeline ranks each hold their layers' adapters whole (no sharding).
+        model_parallel = 1 if self.parallel.device_map is not None else self.parallel.model_parallel_size * self.parallel.ep
+        check_finetune(self.training.finetune, self.model, self.training.framework, model_parallel,
                        checkpointing=self.training.activation_checkpointing is not ActivationCheckpointing.none)
         if (self.training.framework is Framework.litgpt and self.training.finetune.quantize.is_quantized
                 and self.cluster.world_size > 1):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from zeroplan.core.collective import Collective, CollectiveOp, Phase, make_collective
 from zeroplan.core.layout import element_bytes
 from zeroplan.core.memo import request_keyed
-from zeroplan.core.parallel.pipeline import rank_stages
+from zeroplan.core.parallel.pipeline import request_rank_stages
 from zeroplan.core.parallel.tensor import tensor_parallel_model
 from zeroplan.core.parallel.expert import expert_parallel_collectives, moe_block_count
 from zeroplan.core.params import ParamUnit
@@ -189,7 +189,7 @@ def pipeline_collectives(request: PlanRequest) -> list[Collective]:
     activation = tokens * request.model.hidden_size * e
     if parallel.sequence_parallel:
         activation //= parallel.tp
-    stages = rank_stages(parallel, request.model.num_layers, request.training.framework, parallel.pipeline_rank)
+    stages = request_rank_stages(request, parallel.pipeline_rank)
     sends_forward = sum(1 for stage in stages if not stage.has_head)
     sends_backward = sum(1 for stage in stages if not stage.has_embedding)
     accum = request.batch.grad_accum_steps

@@ -12,9 +12,11 @@ from __future__ import annotations
 from fractions import Fraction
 from functools import lru_cache
 
+from zeroplan.core.parallel.device_map import device_shares
 from zeroplan.core.record import frozen
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.parallel import ParallelSpec, PipelineSchedule
+from zeroplan.specs.request import PlanRequest
 
 
 @frozen
@@ -92,6 +94,17 @@ def rank_stages(parallel: ParallelSpec, num_layers: int, framework: Framework, r
     return tuple(stages[i] for i in rank_stage_indices(parallel, rank))
 
 
+def request_rank_stages(request: PlanRequest, rank: int) -> tuple[Stage, ...]:
+    """rank_stages of the request's layout; under a device map, the one stage accelerate's split
+    gives GPU ``rank`` (zeroplan.core.parallel.device_map), the head where the loss runs."""
+    parallel = request.parallel
+    if parallel.device_map is None:
+        return rank_stages(parallel, request.model.num_layers, request.training.framework, rank)
+    share = device_shares(request)[rank]
+    return (Stage(index=rank, first_block=share.first_block, num_blocks=share.num_blocks,
+                  has_embedding=share.has_embedding, has_head=share.has_head),)
+
+
 # Micro-batch chunks (one micro-batch through one of the rank's stages) whose saved activations
 # are alive at the rank's peak, as torch 2.13's schedules (distributed/pipelining/schedules.py)
 # run them: each rule is the one the schedule records of benchmarks/pipeline-records/schedule
@@ -112,7 +125,9 @@ def rank_stages(parallel: ParallelSpec, num_layers: int, framework: Framework, r
 def in_flight_chunks(parallel: ParallelSpec, rank: int, microbatches: int, minimum=min, maximum=max) -> int:
     p, v, m = parallel.pp, parallel.virtual_stages, microbatches
     schedule = parallel.pp_schedule
-    if p == 1:
+    if p == 1 or parallel.device_map is not None:
+        # A device map runs each micro-batch's forward and backward through every GPU before
+        # the next one starts (transformers' Trainer accumulates in a plain loop).
         return 1
     if schedule is PipelineSchedule.gpipe:
         return m
@@ -140,6 +155,9 @@ def bubble_fraction(parallel: ParallelSpec, microbatches: int) -> Fraction:
     p, v, m = parallel.pp, parallel.virtual_stages, microbatches
     if p == 1:
         return Fraction(0)
+    if parallel.device_map is not None:
+        # One GPU computes at a time: each is busy for 1/p of the step, idle the rest.
+        return Fraction(p - 1)
     bubble = Fraction(p - 1, m * v)
     if parallel.pp_schedule in (PipelineSchedule.zero_bubble, PipelineSchedule.zbv):
         bubble /= 3

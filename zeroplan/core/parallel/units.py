@@ -10,7 +10,7 @@ from functools import lru_cache
 from zeroplan.core.finetune.units import finetune_units, trainable_view
 from zeroplan.core.params import ParamTensor, ParamUnit, parameter_units
 from zeroplan.core.parallel.expert import expert_parallel_units
-from zeroplan.core.parallel.pipeline import rank_stages
+from zeroplan.core.parallel.pipeline import Stage, rank_stages, request_rank_stages
 from zeroplan.core.parallel.tensor import tensor_parallel_units
 from zeroplan.specs.finetune import FineTuneSpec
 from zeroplan.specs.framework import Framework
@@ -21,14 +21,16 @@ from zeroplan.specs.request import PlanRequest
 
 @lru_cache(maxsize=256)
 def _rank_units(model: ModelSpec, tp: int, pp: int, schedule: PipelineSchedule, virtual_stages: int, pipeline_rank: int,
-                ep: int, framework: Framework, efsdp: int, finetune: FineTuneSpec) -> tuple[ParamUnit, ...]:
+                ep: int, framework: Framework, efsdp: int, finetune: FineTuneSpec,
+                given_stages: tuple[Stage, ...] | None = None) -> tuple[ParamUnit, ...]:
     # Only what decides the units keys the cache (not sequence or context parallelism); the
     # spec is built on a miss only, since the planner asks for a rank's units many times a plan.
     parallel = ParallelSpec(tp=tp, pp=pp, pp_schedule=schedule, virtual_stages=virtual_stages,
                             pipeline_rank=pipeline_rank, ep=ep)
     units = parameter_units(model)
     if parallel.pp > 1:
-        stages = rank_stages(parallel, model.num_layers, framework, parallel.pipeline_rank)
+        # A device map's stage is accelerate's split (given: it reads more than the layout).
+        stages = given_stages or rank_stages(parallel, model.num_layers, framework, parallel.pipeline_rank)
         blocks = {i for stage in stages for i in range(stage.first_block, stage.first_block + stage.num_blocks)}
         keep = []
         for unit in units:
@@ -95,7 +97,8 @@ def _request_units(request: PlanRequest) -> tuple[ParamUnit, ...]:
     # Under expert parallelism the experts' FSDP group (efsdp) decides their grouped shape too.
     return _rank_units(request.model, parallel.tp, parallel.pp, parallel.pp_schedule, parallel.virtual_stages,
                        parallel.pipeline_rank, parallel.ep, request.training.framework,
-                       max(1, request.state_group_size // parallel.ep), finetune)
+                       max(1, request.state_group_size // parallel.ep), finetune,
+                       request_rank_stages(request, parallel.pipeline_rank) if parallel.device_map is not None else None)
 
 
 def rank_trainable_units(request: PlanRequest) -> tuple[ParamUnit, ...]:
