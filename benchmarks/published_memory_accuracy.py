@@ -41,6 +41,7 @@ if str(ROOT) not in sys.path:
 from zeroplan.cli.fit import check_options_apply, request_from_args  # noqa: E402
 from zeroplan.cli.main import build_parser  # noqa: E402
 from zeroplan.core.feasibility import usable_memory_bytes  # noqa: E402
+from zeroplan.core.margin import error_band as error_band_of, is_borderline, margin_words  # noqa: E402
 from zeroplan.core.plan import pipeline_rank_breakdowns  # noqa: E402
 from zeroplan.errors import ZeroplanError  # noqa: E402
 from zeroplan.specs.strategy import StrategyKind  # noqa: E402
@@ -113,7 +114,26 @@ def predict(row: dict[str, str]) -> dict[str, object]:
         # A fit the loop's gradients and states, made inside an epoch of varying lengths, may
         # turn (zeroplan.allocator.lazy_states): borderline in the verdict.
         "split_segment": breakdown.lazy_state_segment_bytes,
+        # What fit's verdict says beside it where the measured error could turn it (core.margin;
+        # the caching allocator's turn within the band is not scanned here).
+        "margin": _margin(breakdown, usable, request.batch.varying_lengths is not None),
     }
+
+
+def _margin(breakdown, usable: int, varying_lengths: bool) -> str:
+    """core.margin's words for the verdict where it is borderline, else ''."""
+    band = error_band_of(varying_lengths)
+    fits = breakdown.peak_bytes <= usable
+    if not is_borderline(breakdown.peak_bytes, usable, band, breakdown.lazy_state_segment_bytes,
+                         breakdown.allocated_peak_bytes):
+        return ""
+    return margin_words(breakdown.peak_bytes, usable, band, None, fits, breakdown.lazy_state_segment_bytes,
+                        breakdown.allocated_peak_bytes)
+
+
+def _short(words: str) -> str:
+    """The margin's words up to their first reason's detail."""
+    return words.split(" (")[0].split(",")[0]
 
 
 def feature_of(row: dict[str, str]) -> str:
@@ -152,12 +172,13 @@ def summary(title: str, groups: dict[str, list[float]]) -> None:
         print(f"  {key:32s} {len(errors):3d} {abs_median:>15s} {median(errors):>13s}")
 
 
-def error_band(out_rows: list[dict], varying_lengths: bool) -> tuple[float, float, int]:
-    """The quartiles of measured / predicted over the compared rows whose metric is the reserved
-    peak (what the allocator model's verdict rests on), of runs planned with --varying-lengths or
-    of runs without, and how many rows they are over."""
+def error_band(out_rows: list[dict], varying_lengths: bool | None, metric: str = "reserved") -> tuple[float, float, int]:
+    """The quartiles of measured / predicted over the compared rows whose metric is ``metric``
+    (the reserved peak: what the allocator model's verdict rests on), of runs planned with
+    --varying-lengths or of runs without (None: both), and how many rows they are over."""
     ratios = [row["measured_gib"] / row["predicted_gib"] for row in out_rows
-              if row["metric"] == "reserved" and row["error_pct"] != "" and row["varying_lengths"] == varying_lengths]
+              if row["metric"] == metric and row["error_pct"] != ""
+              and (varying_lengths is None or row["varying_lengths"] == varying_lengths)]
     quartiles = statistics.quantiles(ratios, n=4)
     return round(quartiles[0], 3), round(quartiles[2], 3), len(ratios)
 
@@ -202,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{(measured / GIB if measured is not None else float('nan')):9.2f} {result['predicted'] / GIB:9.2f} "
               f"{(f'{error:+.1f}' if error is not None else '-'):>7s} {row['outcome']:>9s} {('yes' if result['fits'] else 'no'):>5s}"
               f"{'' if predicted_ok else '  <- outcome disagrees'}"
-              f"{'  (borderline: may run out in some orders of lengths)' if result['split_segment'] else ''}")
+              f"{'  (' + _short(result['margin']) + ')' if result['margin'] else ''}")
         out_rows.append({"id": row["id"], "stack": row["stack"], "metric": row["metric"],
                          "measured_gib": measured / GIB if measured is not None else "",
                          "predicted_gib": result["predicted"] / GIB, "allocated_gib": result["allocated"] / GIB,
@@ -222,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     low, high, count = error_band(out_rows, varying_lengths=True)
     print(f"error band (quartiles of measured / predicted over the {count} rows reporting the reserved peak, "
           f"planned with --varying-lengths, zeroplan.core.margin.VARYING_LENGTHS_PEAK_ERROR_BAND): {low:.3f} to {high:.3f}")
+    low, high, count = error_band(out_rows, varying_lengths=None, metric="allocated")
+    print(f"error band (quartiles of measured / predicted over the {count} rows reporting the allocated peak, "
+          f"zeroplan.core.margin.ALLOCATED_PEAK_ERROR_BAND): {low:.3f} to {high:.3f}")
     summary("by stack", by["stack"])
     summary("by metric (allocated and tool-peak against the allocated peak; reserved against the allocator model's reserved peak)", by["metric"])
     summary("by feature", by["feature"])
@@ -229,6 +253,10 @@ def main(argv: list[str] | None = None) -> int:
     summary("by grade", by["grade"])
     print(f"\nfits/OOM outcome agreement: {agree} of {agree + disagree} planned rows"
           f" (OOM rows: {sum(1 for r, res in results if 'error' not in res and r['outcome'] == 'oom')})")
+    borderline = [(r["id"], res["fits"] == (r["outcome"] == "completed")) for r, res in results
+                  if "error" not in res and res["margin"]]
+    print(f"borderline verdicts (core.margin): {len(borderline)}, of which the published outcome disagrees: "
+          f"{sum(not ok for _, ok in borderline)}")
     split = [r["id"] for r, res in results if "error" not in res and res["split_segment"]]
     print(f"fits borderline by the gradients and optimizer states made inside the epoch (zeroplan.allocator.lazy_states): "
           f"{len(split)}{' (' + ', '.join(split) + ')' if split else ''}")

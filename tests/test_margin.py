@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from zeroplan.core.margin import (
-    PEAK_ERROR_BAND, VARYING_LENGTHS_PEAK_ERROR_BAND, PeakErrorBand, borderline_words, error_band, is_borderline,
+    ALLOCATED_PEAK_ERROR_BAND, PEAK_ERROR_BAND, VARYING_LENGTHS_PEAK_ERROR_BAND, PeakErrorBand, borderline_words, error_band, is_borderline,
     peak_range_bytes,
 )
 
@@ -25,7 +25,8 @@ def test_the_band_is_what_the_published_runs_give_today() -> None:
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         published_memory_accuracy.main([])
-    for name, band in (("PEAK_ERROR_BAND", PEAK_ERROR_BAND), ("VARYING_LENGTHS_PEAK_ERROR_BAND", VARYING_LENGTHS_PEAK_ERROR_BAND)):
+    for name, band in (("PEAK_ERROR_BAND", PEAK_ERROR_BAND), ("VARYING_LENGTHS_PEAK_ERROR_BAND", VARYING_LENGTHS_PEAK_ERROR_BAND),
+                       ("ALLOCATED_PEAK_ERROR_BAND", ALLOCATED_PEAK_ERROR_BAND)):
         found = re.search(r"error band \(quartiles of measured / predicted over the (\d+) rows [^\n]*zeroplan\.core\.margin\."
                           + name + r"\): ([\d.]+) to ([\d.]+)", printed.getvalue())
         assert found, f"the accuracy script no longer prints its error band {name}"
@@ -92,7 +93,7 @@ def test_a_run_of_varying_lengths_is_judged_by_the_band_of_such_runs(monkeypatch
     from zeroplan.specs.strategy import StrategyKind
 
     bands = []
-    monkeypatch.setattr(planner, "is_borderline", lambda peak, usable, band, split_segment=0: bands.append(band) or False)
+    monkeypatch.setattr(planner, "is_borderline", lambda peak, usable, band, *rest: bands.append(band) or False)
     for extra in ((), ("--varying-lengths", "3234.4,2547.5,91,4959")):
         args = build_parser().parse_args(["fit", "qwen2.5-0.5b", "--gpus", "1", "--gpu", "a100-80gb", "--seq-len", "2048",
                                           "--precision", "bf16-pure", "--framework", "hf", *extra])
@@ -102,3 +103,21 @@ def test_a_run_of_varying_lengths_is_judged_by_the_band_of_such_runs(monkeypatch
     # 3 % over the usable memory: within reach of the varying-length band only.
     gib = 2**30
     assert is_borderline(103 * gib, 100 * gib, error_band(True)) and not is_borderline(103 * gib, 100 * gib, error_band(False))
+
+
+def test_a_fit_whose_allocated_peak_alone_may_reach_the_usable_memory_is_borderline() -> None:
+    # A run of varying lengths whose reserve the planner over-predicts (its band lies below 1) is
+    # not safe where its allocated step alone, at the allocated peaks' measured error, reaches the
+    # usable memory (ms-swift's Qwen-72B over two GPUs at 4096 tokens ran out at 99 % allocated).
+    gib = 2**30
+    band = VARYING_LENGTHS_PEAK_ERROR_BAND
+    usable = 100 * gib
+    reaches = int(usable / ALLOCATED_PEAK_ERROR_BAND.high) + 1
+    assert not is_borderline(usable, usable, band)
+    assert is_borderline(usable, usable, band, allocated_peak_bytes=reaches)
+    assert not is_borderline(usable, usable, band, allocated_peak_bytes=reaches - 2)
+    # Over the usable memory the verdict is a predicted OOM: the allocated peak's reach adds nothing.
+    assert is_borderline(101 * gib, usable, band, allocated_peak_bytes=reaches) == is_borderline(101 * gib, usable, band)
+    low = int(reaches * ALLOCATED_PEAK_ERROR_BAND.low)
+    assert borderline_words(usable, usable, band, allocated_peak_bytes=reaches) == (
+        f"borderline: the allocated peak alone at {100 * low / usable:.0f}-100 % of usable")

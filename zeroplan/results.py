@@ -216,7 +216,7 @@ class StrategyPlan(Frozen):
         """Borderline by ``band``, the published runs' error band (or the caching allocator's
         turn within its reach), whether or not by the segment above too."""
         return self.borderline and borderline_by_band(self.memory.peak_bytes, self.usable_memory_bytes, band,
-                                                      self.borderline_capacity_bytes)
+                                                      self.borderline_capacity_bytes, self.memory.allocated_peak_bytes)
 
 
 class PlanCandidate(Frozen):

@@ -27,6 +27,11 @@ class PeakErrorBand:
 # test recomputes them from the rows, so they move with the model and the data.
 PEAK_ERROR_BAND = PeakErrorBand(low=0.988, high=1.066, rows=55)
 VARYING_LENGTHS_PEAK_ERROR_BAND = PeakErrorBand(low=0.812, high=0.998, rows=87)
+# The same quartiles over the published runs that report max_memory_allocated: the allocated peak
+# is the floor under any reserve, so a fit whose allocated peak alone may reach the usable memory
+# is borderline whatever its reserve's band says (the varying-length band lies below 1: its reserve
+# is over-predicted, its allocated step is not).
+ALLOCATED_PEAK_ERROR_BAND = PeakErrorBand(low=0.992, high=1.032, rows=86)
 
 
 def error_band(varying_lengths: bool) -> PeakErrorBand:
@@ -40,18 +45,26 @@ def peak_range_bytes(peak_bytes: int, band: PeakErrorBand = PEAK_ERROR_BAND) -> 
     return int(peak_bytes * band.low), int(peak_bytes * band.high)
 
 
+def allocated_reaches_usable(allocated_peak_bytes: int, usable_bytes: int) -> bool:
+    """Whether the allocated peak alone, at the high end of ALLOCATED_PEAK_ERROR_BAND, reaches
+    the usable memory."""
+    return usable_bytes <= int(allocated_peak_bytes * ALLOCATED_PEAK_ERROR_BAND.high)
+
+
 def is_borderline(peak_bytes: int, usable_bytes: int, band: PeakErrorBand = PEAK_ERROR_BAND,
-                  split_segment_bytes: int = 0) -> bool:
+                  split_segment_bytes: int = 0, allocated_peak_bytes: int = 0) -> bool:
     """Whether the measured error alone could turn the verdict: a predicted fit whose range
     reaches past the usable memory, or a predicted OOM whose range reaches below it. Where the
     band lies wholly above the prediction (low > 1), a fit just under the usable memory whose whole
     range is past it is borderline too, not a fit with room. A fit whose run may need one more
     segment of ``split_segment_bytes`` than its step, in the orders of lengths where tensors made
     inside the epoch take or split one (zeroplan.allocator.lazy_states), is borderline whatever
-    the band."""
+    the band; so is a fit whose allocated peak alone may reach the usable memory
+    (allocated_reaches_usable)."""
     low, high = peak_range_bytes(peak_bytes, band)
     if peak_bytes <= usable_bytes:
-        return usable_bytes <= high or split_segment_bytes > 0
+        return (usable_bytes <= high or split_segment_bytes > 0
+                or allocated_reaches_usable(allocated_peak_bytes, usable_bytes))
     return low <= usable_bytes
 
 
@@ -64,14 +77,19 @@ def band_capacities_bytes(usable_bytes: int, band: PeakErrorBand = PEAK_ERROR_BA
 
 
 def borderline_words(peak_bytes: int, usable_bytes: int, band: PeakErrorBand = PEAK_ERROR_BAND,
-                     turns_on_bytes: int | None = None, fits: bool = True) -> str:
+                     turns_on_bytes: int | None = None, fits: bool = True, allocated_peak_bytes: int = 0) -> str:
     """'borderline: 93-108 % of usable' for a person; where the caching-allocator model finds the
-    step going the other way on ``turns_on_bytes`` within the band, that memory instead."""
+    step going the other way on ``turns_on_bytes`` within the band, that memory instead; where only
+    the allocated peak reaches the usable memory (a fit whose band lies below it), the allocated
+    peak's range."""
     if turns_on_bytes is not None:
         way = "runs out" if fits else "completes the step"
         return (f"borderline: the caching allocator {way} on {100 * turns_on_bytes / usable_bytes:.1f} % of usable, "
                 "where a refused cudaMalloc frees its cache at another moment")
     low, high = peak_range_bytes(peak_bytes, band)
+    if fits and high < usable_bytes and allocated_reaches_usable(allocated_peak_bytes, usable_bytes):
+        low, high = peak_range_bytes(allocated_peak_bytes, ALLOCATED_PEAK_ERROR_BAND)
+        return f"borderline: the allocated peak alone at {100 * low / usable_bytes:.0f}-{100 * high / usable_bytes:.0f} % of usable"
     return f"borderline: {100 * low / usable_bytes:.0f}-{100 * high / usable_bytes:.0f} % of usable"
 
 
@@ -94,23 +112,26 @@ def _split_segment_reason(split_segment_bytes: int) -> str:
             f"and the usable memory has no room for one more)")
 
 
-def borderline_by_band(peak_bytes: int, usable_bytes: int, band: PeakErrorBand, turns_on_bytes: int | None) -> bool:
+def borderline_by_band(peak_bytes: int, usable_bytes: int, band: PeakErrorBand, turns_on_bytes: int | None,
+                       allocated_peak_bytes: int = 0) -> bool:
     """Whether the error band makes a verdict borderline: the usable memory within the band
-    around the peak, or the caching-allocator model's step turning on a memory within its reach
-    (``turns_on_bytes``), whatever the segment tensors made inside the epoch may take."""
-    return turns_on_bytes is not None or is_borderline(peak_bytes, usable_bytes, band)
+    around the peak (or the allocated peak's), or the caching-allocator model's step turning on a
+    memory within its reach (``turns_on_bytes``), whatever the segment tensors made inside the
+    epoch may take."""
+    return turns_on_bytes is not None or is_borderline(peak_bytes, usable_bytes, band,
+                                                       allocated_peak_bytes=allocated_peak_bytes)
 
 
 def margin_words(peak_bytes: int, usable_bytes: int, band: PeakErrorBand, turns_on_bytes: int | None,
-                 fits: bool, split_segment_bytes: int) -> str:
+                 fits: bool, split_segment_bytes: int, allocated_peak_bytes: int = 0) -> str:
     """Every reason a verdict is borderline, for a person: the error band's (or the caching
     allocator's turn within it) and, for a fit, the segment tensors made inside the epoch may take;
     both where both hold, so neither hides the other."""
-    by_band = borderline_by_band(peak_bytes, usable_bytes, band, turns_on_bytes)
+    by_band = borderline_by_band(peak_bytes, usable_bytes, band, turns_on_bytes, allocated_peak_bytes)
     by_segment = fits and split_segment_bytes > 0
     if not by_band:
         return split_segment_words(split_segment_bytes) if by_segment else ""
-    words = borderline_words(peak_bytes, usable_bytes, band, turns_on_bytes, fits)
+    words = borderline_words(peak_bytes, usable_bytes, band, turns_on_bytes, fits, allocated_peak_bytes)
     if turns_on_bytes is None:
         words += " for the middle half of published runs"
     return f"{words}, and {_split_segment_reason(split_segment_bytes)}" if by_segment else words

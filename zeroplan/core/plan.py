@@ -885,7 +885,8 @@ def _plan_at_peak(memory: PeakRankMemory, largest_micro_batch: bool, timed: bool
     request, breakdown, states, usable = memory.request, memory.breakdown, memory.states, memory.usable_bytes
     reason = peak_rank_reason(request) if request.parallel.pp > 1 else ""
     band = error_band(request.batch.varying_lengths is not None)
-    borderline = is_borderline(breakdown.peak_bytes, usable, band, breakdown.lazy_state_segment_bytes)
+    borderline = is_borderline(breakdown.peak_bytes, usable, band, breakdown.lazy_state_segment_bytes,
+                              breakdown.allocated_peak_bytes)
     turns_on = None if borderline else _turns_in_band(request, breakdown, memory.fits, usable, band)
     host_per_rank = rank_host_bytes(request, states)
     host_per_node = host_per_rank * request.cluster.gpus_per_node
@@ -1031,7 +1032,7 @@ def _margin(plan: StrategyPlan, band: PeakErrorBand) -> str:
     if not plan.borderline:
         return ""
     return "; " + margin_words(plan.memory.peak_bytes, plan.usable_memory_bytes, band, plan.borderline_capacity_bytes,
-                               plan.fits, plan.memory.lazy_state_segment_bytes)
+                               plan.fits, plan.memory.lazy_state_segment_bytes, plan.memory.allocated_peak_bytes)
 
 
 # benchmarks/allocator_verdict_sweep.py: over 1,440 strategy plans the caching-allocator

@@ -123,7 +123,8 @@ def fit_verdict(report: FitReport, unit: ByteUnit) -> list[str]:
             safe = [p.strategy.value for p in report.plans if p.fits and p.host_fits is not False and not p.borderline]
             room = f"; {', '.join(safe)} fit{'s' if len(safe) == 1 else ''} with room" if safe else ""
             words = margin_words(chosen.memory.peak_bytes, chosen.usable_memory_bytes, _band(report),
-                                 chosen.borderline_capacity_bytes, chosen.fits, chosen.memory.lazy_state_segment_bytes)
+                                 chosen.borderline_capacity_bytes, chosen.fits, chosen.memory.lazy_state_segment_bytes,
+                                 chosen.memory.allocated_peak_bytes)
             said.append(f"But {words}{room}." if chosen.borderline_by_split_segment else f"But {words}: it may not{room}.")
         return said
     short_of_host = [p for p in report.plans if p.fits and p.host_fits is False]
