@@ -116,9 +116,13 @@ def fit_verdict(report: FitReport, unit: ByteUnit) -> list[str]:
     """Fits or not and the recommendation and why; else what fails and what would make it fit."""
     u = unit.value
     if report.recommended is not None:
-        plain = " = plain training" if report.recommended is StrategyKind.ddp and report.cluster.world_size == 1 else ""
-        said = [f"Fits. Recommended: {report.recommended.value}{plain} ({recommendation_reason(report)})."]
         chosen = report.plan_for(report.recommended)
+        plain = ""
+        if report.recommended is StrategyKind.ddp and chosen.parallel.device_map is not None:
+            plain = f" = one process, device_map '{chosen.parallel.device_map.value}'"
+        elif report.recommended is StrategyKind.ddp and report.cluster.world_size == 1:
+            plain = " = plain training"
+        said = [f"Fits. Recommended: {report.recommended.value}{plain} ({recommendation_reason(report)})."]
         if chosen.borderline:
             safe = [p.strategy.value for p in report.plans if p.fits and p.host_fits is not False and not p.borderline]
             room = f"; {', '.join(safe)} fit{'s' if len(safe) == 1 else ''} with room" if safe else ""
