@@ -83,7 +83,9 @@ def apply_deepspeed_config(config: DeepSpeedConfig, request: PlanRequest, kind: 
     if config.precision is not None and config.precision is not training.precision:
         raise ZeroplanError("--precision", f"{training.precision.value} but the {FLAG} file runs {config.precision.value} "
                                            f"(give --precision {config.precision.value})")
-    if config.optimizer is not None and training.optimizer not in ADAM_STATES:
+    if config.optimizer is Optimizer.muon and training.optimizer is not Optimizer.muon:
+        raise ZeroplanError("--optimizer", f"{training.optimizer.value} but the {FLAG} file's optimizer is Muon (give --optimizer muon)")
+    if config.optimizer in ADAM_STATES and training.optimizer not in ADAM_STATES:
         raise ZeroplanError("--optimizer", f"{training.optimizer.value} but the {FLAG} file's optimizer keeps Adam's "
                                            "states (allowed: adamw, adam)")
     if config.kind is StrategyKind.ddp:

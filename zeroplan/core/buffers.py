@@ -4,7 +4,7 @@ temporaries. Each term names the library behaviour it models."""
 from __future__ import annotations
 
 from zeroplan.core import deepspeed_2022, deepspeed_epilogue, deepspeed_offload, deepspeed_step
-from zeroplan.core import deepspeed_coordinator, deepspeed_stage0, tinyllama
+from zeroplan.core import deepspeed_coordinator, deepspeed_stage0, muon, tinyllama
 from zeroplan.core.deepspeed_accumulation import resident_bytes as deepspeed_resident_bytes
 from zeroplan.core.deepspeed_accumulation import stage12_bucket_bytes
 from zeroplan.core.largest_unit import largest_gathered_unit_bytes, largest_unit_elements
@@ -653,16 +653,40 @@ def optimizer_step_temporary_bytes(request: PlanRequest, optimizer_elements: int
     eb = element_bytes(request.training.precision, request.convention)
     if request.training.optimizer_in_backward:
         return optimizer_in_backward_step_bytes(request, eb)
-    if deepspeed_2022.models_2022(request):
-        return deepspeed_2022.step_temporary_bytes(request)
     # DeepSpeed's ZeRO-1/2 step takes the gradient norm (one fp64 copy at a time) before the
     # optimizer updates: the larger of the two is the step's temporary.
+    if request.training.optimizer is Optimizer.muon:
+        step = max(deepspeed_step.norm_copy_bytes(request), muon_step_temporary_bytes(request, eb))
+        if request.convention is StateConvention.deepspeed:
+            # The Muon updates DeepSpeed holds from the backward's end to the step (zeroplan.core.muon).
+            step += muon.deepspeed_held_update_bytes(request, eb.compute_parameter)
+        return step
+    if deepspeed_2022.models_2022(request):
+        return deepspeed_2022.step_temporary_bytes(request)
     norm = deepspeed_step.norm_copy_bytes(request)
     if not step_makes_temporary(request):
         return norm
     if optimizer_loop(request) is OptimizerLoop.for_loop:
         return max(norm, for_loop_step_temporary_bytes(request, eb))
     return max(norm, optimizer_elements * eb.optimizer_dtype)
+
+
+# Muon orthogonalises one matrix after another (torch 2.13 optim/_muon.py _single_tensor_muon;
+# deepspeed 0.19.8 runtime/zero/stage_1_and_2.py get_flat_partition calls muon_update per matrix
+# of the partition, on the model-dtype gradients, when the backward ends) and its AdamW steps the
+# rest apart: the step's temporary is the larger of the largest matrix's Newton-Schulz peak
+# (zeroplan.core.muon) and AdamW's own. DeepSpeed's AdamW is FusedAdam (runtime/engine.py
+# get_optimizer_configuration), in place; torch.optim.AdamW's is optimizer_loop's (foreach: one
+# state-sized sqrt over its tensors; for-loop: two of its largest tensor). DeepSpeed's muon_update
+# is torch.compile'd with its Gram iteration in fp16 on a GPU; the eager torch.optim.Muon figure
+# stands for it (not measured on a GPU).
+def muon_step_temporary_bytes(request: PlanRequest, eb) -> int:
+    deepspeed = request.convention is StateConvention.deepspeed
+    newton_schulz = muon.largest_newton_schulz_bytes(request, eb.compute_parameter if deepspeed else eb.optimizer_dtype)
+    elements, largest = muon.adamw_elements(request)
+    loop = OptimizerLoop.fused if deepspeed else (request.training.optimizer_loop or OptimizerLoop.foreach)
+    adamw = {OptimizerLoop.fused: 0, OptimizerLoop.foreach: elements, OptimizerLoop.for_loop: 2 * largest}[loop]
+    return max(newton_schulz, adamw * eb.optimizer_dtype)
 
 
 # torchtune 0.6.1 recipes/full_finetune_distributed.py _setup_optimizer: with optimizer_in_bwd

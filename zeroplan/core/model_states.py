@@ -9,7 +9,10 @@ from zeroplan.core.megatron_deepspeed import bf16_optimizer_runs, bf16_optimizer
 from zeroplan.core.layout import (
     ElementBytes, ShardLayout, distinct_units, element_bytes, padded_unit_elements, shard_elements, tensor_shard_elements,
 )
-from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise, step_counter_bytes, tensor_state_bytes
+from zeroplan.core import muon
+from zeroplan.core.optimizer_states import (
+    ADAM_STEP_COUNTER_BYTES, elementwise_state_bytes, is_elementwise, step_counter_bytes, tensor_state_bytes,
+)
 from zeroplan.core.nvme import OFFLOAD_GRADIENT_BYTES, OFFLOAD_MASTER_BYTES, host_pinned_bytes
 from zeroplan.core.params import ParamUnit
 from zeroplan.core.parallel.units import rank_block_count, rank_parameter_units, rank_trainable_units
@@ -18,7 +21,7 @@ from zeroplan.specs.base import Frozen
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import ZeroGradientReduce
-from zeroplan.specs.training import Precision, StateConvention
+from zeroplan.specs.training import Optimizer, Precision, StateConvention
 from zeroplan.core.torch_release import keeps_zeroed_gradients
 from zeroplan.units import ceil_div
 
@@ -206,6 +209,11 @@ def optimizer_bytes(request: PlanRequest, elements: int, num_shards: int, eb: El
     optimizer = request.training.optimizer
     if is_elementwise(optimizer):
         return elements * elementwise_state_bytes(optimizer, eb.optimizer_dtype)
+    if optimizer is Optimizer.muon:
+        # Muon's momentum beside AdamW's two states, where check_muon allows them (zeroplan.core.muon).
+        if request.convention is StateConvention.deepspeed:
+            return muon.deepspeed_state_bytes(request, eb.compute_parameter)
+        return muon.torch_state_bytes(request, eb.optimizer_dtype)
     # Factored and block-quantised states do not split element by element; a rank holds 1/N
     # of the whole (rounded up). Documented in docs/memory-model.md as an approximation.
     units = rank_trainable_units(request)
@@ -270,6 +278,10 @@ def model_state_bytes(request: PlanRequest) -> ModelStateBytes:
     parameter = parameter_elements * eb.parameter + frozen
     gradient = gradient_elements * eb.gradient
     counters = step_counter_bytes(request.training.optimizer, stepped_tensors(request, sharded=stage >= 1))
+    if request.training.optimizer is Optimizer.muon and request.convention is not StateConvention.deepspeed:
+        # torch.optim.AdamW's 0-dim step per tensor it steps; Muon keeps none, and DeepSpeed's
+        # FusedAdam counts in a Python int (ops/adam/fused_adam.py state['step']).
+        counters = ADAM_STEP_COUNTER_BYTES * muon.adamw_stepped_tensors(request)
     # DeepSpeed's stage 0 clones an fp32 master only under fp16 and bf16 (zeroplan.core.deepspeed_stage0).
     master = 0 if deepspeed_stage0.runs_deepspeed_stage0(request) and request.training.precision is Precision.fp32 else eb.master
     optimizer = optimizer_elements * master + optimizer_bytes(request, optimizer_elements, optimizer_shards, eb) + counters

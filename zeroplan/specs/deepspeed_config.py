@@ -70,11 +70,12 @@ HF_AUTO_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                 "zero_optimization.stage3_prefetch_bucket_size", "zero_optimization.stage3_param_persistence_threshold")
 
 OPTIMIZER_TYPES = {"adam": Optimizer.adam, "adamw": Optimizer.adamw, "fusedadam": Optimizer.adam,
-                   "cpuadam": Optimizer.adam, "deepspeedcpuadam": Optimizer.adam}
-"""DeepSpeed optimizer types (runtime/config.py ADAM_OPTIMIZER, ADAMW_OPTIMIZER; case-insensitive)
-and the zeroplan optimizer with their states. Adam's config without adam_w_mode: DeepSpeed runs
-AdamW for "Adam" too (engine._configure_basic_optimizer: adam_w_mode defaults True); both keep
-two fp32 states, which is what the planner counts."""
+                   "cpuadam": Optimizer.adam, "deepspeedcpuadam": Optimizer.adam, "muon": Optimizer.muon}
+"""DeepSpeed optimizer types (runtime/config.py ADAM_OPTIMIZER, ADAMW_OPTIMIZER, MUON_OPTIMIZER;
+case-insensitive) and the zeroplan optimizer with their states. Adam's config without adam_w_mode:
+DeepSpeed runs AdamW for "Adam" too (engine._configure_basic_optimizer: adam_w_mode defaults True);
+both keep two fp32 states, which is what the planner counts. "Muon" is MuonWithAuxAdam
+(zeroplan.core.muon)."""
 
 OFFLOAD_KEYS = {"offload_optimizer": ("device", "pin_memory", "nvme_path", "buffer_count", "pipeline_read",
                                       "pipeline_write", "fast_init", "ratio"),
@@ -284,7 +285,11 @@ def _optimizer(config: dict[str, Any]) -> Optimizer | None:
     name = str(block.get("type", "")).lower()
     if name not in OPTIMIZER_TYPES:
         raise _refuse("optimizer.type", f"{block.get('type')!r} is not planned under DeepSpeed "
-                                        f"(allowed: Adam, AdamW, FusedAdam, CPUAdam)")
+                                        f"(allowed: Adam, AdamW, FusedAdam, CPUAdam, Muon)")
+    params = block.get("params") or {}
+    if OPTIMIZER_TYPES[name] is Optimizer.muon and isinstance(params, dict) and params.get("per_head_muon"):
+        # deepspeed 0.19.8 original_muon.py _per_head_orthogonalize: one Newton-Schulz per head, batched.
+        raise _refuse("optimizer.params.per_head_muon", "per-head Newton-Schulz is not modelled (allowed: false)")
     return OPTIMIZER_TYPES[name]
 
 

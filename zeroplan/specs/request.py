@@ -67,6 +67,47 @@ def check_partial_offload(request: "PlanRequest") -> None:
                                                                 f"{request.training.optimizer.value} (allowed: adam, adamw)")
 
 
+MUON_FRAMEWORKS = (Framework.zeroplan, Framework.hf)
+"""The stacks whose Muon zeroplan models: torch.optim.Muon beside AdamW under DDP, DeepSpeed's engine
+(MuonWithAuxAdam) under ZeRO-1/2; the others build their own optimizers."""
+
+
+def check_muon(request: "PlanRequest") -> None:
+    """Muon is modelled (zeroplan.core.muon) where it was measured (benchmarks/muon_records.py):
+    torch.optim.Muon with AdamW on unsharded states (DDP), DeepSpeed 0.19.8's MuonWithAuxAdam under
+    its ZeRO stages 1 and 2 with the optimizer on the GPU. Not modelled: DeepSpeed's ZeRO-3 path
+    (stage3.py _muon_update_sub_group gathers whole gradients through its own buffers), its CPU
+    offload (stage_1_and_2.py _apply_muon_updates_cpu_offload and _muon_allgather_buffers), its
+    stage 0 (BF16_Optimizer's Muon exchange), Muon on FSDP's or the reference engine's shards,
+    tensor or pipeline parallel matrices, MoE's batched experts, paged or 8-bit forms."""
+    training = request.training
+    if training.optimizer is not Optimizer.muon:
+        return
+    kind = request.strategy.kind
+    deepspeed = request.convention is StateConvention.deepspeed
+    if training.framework not in MUON_FRAMEWORKS:
+        raise ZeroplanError("training.optimizer", f"muon is modelled for the stacks {', '.join(f.value for f in MUON_FRAMEWORKS)}, "
+                                                  f"not {training.framework.value} (allowed optimizers there: any but muon)")
+    allowed = (kind is StrategyKind.ddp and not deepspeed) or (kind in (StrategyKind.zero1, StrategyKind.zero2) and deepspeed)
+    if not allowed:
+        raise ZeroplanError("training.optimizer", f"muon is not modelled under {kind.value} with the {request.convention.value} "
+                                                  "state convention (allowed: ddp, or zero1/zero2 under DeepSpeed's convention)")
+    if deepspeed and training.deepspeed_release not in (None, "0.19.8"):
+        # 0.13.3 has no Muon (runtime/config.py MUON_OPTIMIZER came later).
+        raise ZeroplanError("training.deepspeed_release", f"{training.deepspeed_release}: muon is modelled from "
+                                                          "DeepSpeed 0.19.8's engine (allowed: 0.19.8)")
+    if training.optimizer_in_backward or training.fsdp_cpu_offload:
+        raise ZeroplanError("training.optimizer", "muon steps on the GPU after the backward here (allowed: "
+                                                  "optimizer_in_backward and fsdp_cpu_offload off)")
+    if request.strategy.offload_optimizer_ratio is not None:
+        raise ZeroplanError("strategy.offload_optimizer_ratio", "muon's CPU offload is not modelled (allowed: leave it out)")
+    if request.parallel.tp > 1 or request.parallel.pp > 1 or request.parallel.ep > 1:
+        raise ZeroplanError("parallel", "muon orthogonalises whole matrices; sharded by tensor, pipeline or expert "
+                                        "parallelism it is not modelled (allowed: tp = pp = ep = 1)")
+    if request.model.is_moe:
+        raise ZeroplanError("training.optimizer", "muon on MoE's batched expert weights is not modelled (allowed: a dense model)")
+
+
 def default_attention_kernel(model: ModelSpec, framework: Framework | None = None) -> AttentionKernel:
     """The attention a request takes when none is given: eager for ALiBi models, whose
     transformers attention has no fused path (BloomAttention: baddbmm, then an fp32 softmax),
@@ -615,6 +656,7 @@ class PlanRequest(Frozen):
                                             f"allowed: {', '.join(k.value for k in INT8_STRATEGIES)})")
         check_zero3_groups(self)
         check_partial_offload(self)
+        check_muon(self)
         check_compiled_layout(self.training, self.parallel)
         check_compiled_strategy(self.training, self.strategy.kind)
         check_hf_fsdp1(self)

@@ -59,6 +59,9 @@ class Optimizer(str, Enum):
     adafactor = "adafactor"
     adam_8bit = "adam-8bit"
     lion = "lion"
+    muon = "muon"
+    """Muon on the blocks' matrices, AdamW on the rest (zeroplan.core.muon): torch.optim.Muon
+    beside AdamW under DDP, DeepSpeed's MuonWithAuxAdam (its "Muon" optimizer type) under ZeRO-1/2."""
 
 
 class OptimizerLoop(str, Enum):
