@@ -3,7 +3,11 @@ it (the published rows dsx-bf16mw-6.86b-4gpu-baseline and -ckpt-baseline), on a 
 smaller on gloo (4 CPU ranks): where the run's peak of live bytes falls (building the engine, a
 step's forward, backward or optimizer step) and what is live there, scaled back by 1,024.
 
-    python benchmarks/deepspeed_bf16mw_step.py [--checkpoint] [--breakdown]
+    python benchmarks/deepspeed_bf16mw_step.py [--checkpoint] [--breakdown] [--torch-linear]
+
+--torch-linear puts torch's own F.linear back after deepspeed.initialize, as the row's DeepSpeed
+(master of December 2025, before 0.19.4's PR 8189) left it for a model built outside zero.Init
+(zeroplan.core.deepspeed_torch_linear).
 
 The example's model (train.py's SimpleTransformerModel, written here from its description):
 token and learned position embeddings, post-norm blocks of nn.MultiheadAttention called with
@@ -109,6 +113,16 @@ def _model(checkpoint: bool):
     return simple_transformer(HIDDEN, HEADS, LAYERS, VOCAB, SEQ, checkpoint)
 
 
+# DeepSpeed 0.19.8 runtime/zero/partition_parameters.py lines 412-419 and 1090-1091: Init(module=...)
+# swaps F.linear for zero3_linear_wrap, keeping torch's in linear_bk. Releases before 0.19.4 (PR 8189,
+# 2026-07-31) made that swap only inside a zero.Init context, never for a model built outside one.
+def restore_torch_linear() -> None:
+    import torch
+    from deepspeed.runtime.zero.partition_parameters import InsertPostInitMethodToModuleSubClasses
+
+    torch.nn.functional.linear = InsertPostInitMethodToModuleSubClasses.linear_bk
+
+
 def _rank(rank: int, options: argparse.Namespace, out: str) -> None:
     use_shape(options.shape, options.gpus)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(options.port), RANK=str(rank),
@@ -134,6 +148,8 @@ def _rank(rank: int, options: argparse.Namespace, out: str) -> None:
         with record_function("zeroplan::initialize"):
             engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config,
                                                    dist_init_required=False)
+        if options.torch_linear:
+            restore_torch_linear()
         loss_fn = torch.nn.CrossEntropyLoss()
         generator = torch.Generator().manual_seed(rank)
         for step in range(STEPS):
@@ -179,6 +195,9 @@ def main() -> None:
     parser.add_argument("--checkpoint", action="store_true", help="checkpoint each block (use_reentrant=False), as "
                                                                    "train.py's --activation_checkpointing")
     parser.add_argument("--breakdown", action="store_true", help="the bytes live at the run's peak by the op that made them")
+    parser.add_argument("--torch-linear", action="store_true",
+                        help="leave torch's own F.linear in place, as every release before 0.19.4 did for a model "
+                             "handed to deepspeed.initialize (DeepSpeed PR 8189)")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="6.86b")
     parser.add_argument("--gpus", type=int, default=4, help="ranks (the row's GPUs)")
     parser.add_argument("--port", type=int, default=None,

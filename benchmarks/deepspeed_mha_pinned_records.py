@@ -21,9 +21,16 @@ block's input) and after the backward, per module kind (the attention's in_proj_
 in_proj_bias; the FFN's nn.Linear weights and biases); per block what became of the
 in_proj_weight its forward gathered; and the parameters gathered once the loss is computed.
 zeroplan.core.deepspeed_mha_views plans them; tests/test_deepspeed_mha_views.py checks the
-planner against the committed records. Usage:
+planner against the committed records.
+
+With --torch-linear, torch's own F.linear is put back after deepspeed.initialize, as every DeepSpeed
+release before 0.19.4 left it for a model built outside zero.Init (benchmarks/deepspeed_bf16mw_step.py
+restore_torch_linear): the attention's out_proj weight is recorded too, and the records go to
+benchmarks/deepspeed-mha-records/torch-linear.json, which zeroplan.core.deepspeed_torch_linear plans and
+tests/test_deepspeed_torch_linear.py checks. Usage:
 
     python benchmarks/deepspeed_mha_pinned_records.py   # writes benchmarks/deepspeed-mha-records/records.json
+    python benchmarks/deepspeed_mha_pinned_records.py --torch-linear   # writes .../torch-linear.json
     python benchmarks/deepspeed_mha_pinned_records.py --setting small-none-reuse-0 --out OUT.json
 """
 
@@ -41,9 +48,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 from zeroplan.harness.ports import free_local_port, remove_deepspeed_shm_buffers  # noqa: E402
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from deepspeed_bf16mw_step import simple_transformer  # noqa: E402
+from deepspeed_bf16mw_step import restore_torch_linear, simple_transformer  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "deepspeed-mha-records" / "records.json"
+TORCH_LINEAR_OUT = ROOT / "benchmarks" / "deepspeed-mha-records" / "torch-linear.json"
 SHAPES = {
     "small": {"hidden": 128, "heads": 4, "layers": 8, "vocab": 256, "micro_batch": 1, "seq": 16,
               "bucket": 50_000, "max_live": 1_000_000, "sub_group": 10**9},
@@ -78,12 +86,23 @@ def _kind(module_name: str, param_name: str) -> str | None:
     """The module kind a gathered parameter is recorded under (None: not recorded)."""
     if module_name.endswith(".attention") and param_name.startswith("in_proj"):
         return "attention_in_proj"
+    if module_name.endswith(".attention") and param_name == "out_proj.weight":
+        return "attention_out_proj"
     if ".ff." in module_name:
         return "ffn_linear"
     return None
 
 
-def _rank(rank: int, port: int, shape_name: str, checkpoint: bool, reuse: int, out: str) -> None:
+def _own_parameters(module_name: str, module):
+    """(name, parameter) of what the module's forward uses: its own, and under torch's
+    nn.MultiheadAttention its out_proj's, whose forward never runs (the attention passes
+    out_proj.weight and out_proj.bias to F.multi_head_attention_forward)."""
+    yield from module.named_parameters(recurse=False)
+    if module_name.endswith(".attention"):
+        yield from module.out_proj.named_parameters(prefix="out_proj")
+
+
+def _rank(rank: int, port: int, shape_name: str, checkpoint: bool, reuse: int, torch_linear: bool, out: str) -> None:
     shape = SHAPES[shape_name]
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
                       LOCAL_RANK=str(rank), LOCAL_SIZE=str(WORLD), DS_ACCELERATOR="cpu")
@@ -99,12 +118,14 @@ def _rank(rank: int, port: int, shape_name: str, checkpoint: bool, reuse: int, o
     model = _model(shape, checkpoint)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config(shape, reuse),
                                            dist_init_required=False)
+    if torch_linear:
+        restore_torch_linear()
     # (kind, parameter, weak reference to the storage it had at its module's forward, bytes)
     gathered: dict[int, tuple[str, torch.nn.Parameter, StorageWeakRef, int]] = {}
 
     def remember(module_name: str):
         def hook(module, args):
-            for name, param in module.named_parameters(recurse=False):
+            for name, param in _own_parameters(module_name, module):
                 kind = _kind(module_name, name)
                 storage = param.data.untyped_storage()
                 if kind is not None and param.data.numel():
@@ -170,19 +191,20 @@ def _rank(rank: int, port: int, shape_name: str, checkpoint: bool, reuse: int, o
                       "in_proj_after_forward": states_after_forward, "gathered_after_forward": gathered_names}
     if rank == 0:
         record.update(deepspeed=deepspeed.__version__, torch=torch.__version__, world=WORLD, shape_name=shape_name,
-                      shape=shape, checkpointing="full" if checkpoint else "none", config=config(shape, reuse))
+                      shape=shape, checkpointing="full" if checkpoint else "none", config=config(shape, reuse),
+                      torch_linear=torch_linear)
         Path(out).write_text(json.dumps(record))
     dist.destroy_process_group()
 
 
-def run(shape_name: str, checkpointing: str, reuse: int) -> dict:
+def run(shape_name: str, checkpointing: str, reuse: int, torch_linear: bool = False) -> dict:
     """One setting's record (rank 0's; every rank holds the same shapes)."""
     import torch.multiprocessing as mp
 
     out = str(Path(tempfile.mkdtemp()) / "record.json")
     port = free_local_port()
     try:
-        mp.spawn(_rank, args=(port, shape_name, checkpointing == "full", reuse, out), nprocs=WORLD)
+        mp.spawn(_rank, args=(port, shape_name, checkpointing == "full", reuse, torch_linear, out), nprocs=WORLD)
     finally:
         remove_deepspeed_shm_buffers(port)
     return json.loads(Path(out).read_text())
@@ -194,12 +216,16 @@ def setting_name(shape_name: str, checkpointing: str, reuse: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=Path, default=None, help=f"default {OUT.name}, {TORCH_LINEAR_OUT.name} with --torch-linear")
+    parser.add_argument("--torch-linear", action="store_true",
+                        help="put torch's own F.linear back after deepspeed.initialize (DeepSpeed before 0.19.4, a "
+                             "model built outside zero.Init)")
     parser.add_argument("--setting", choices=[setting_name(*setting) for setting in SETTINGS], action="append",
                         help="run only this setting (repeatable; default: every one)")
     options = parser.parse_args()
     chosen = [setting for setting in SETTINGS if options.setting is None or setting_name(*setting) in options.setting]
-    records = {setting_name(*setting): run(*setting) for setting in chosen}
+    records = {setting_name(*setting): run(*setting, torch_linear=options.torch_linear) for setting in chosen}
+    options.out = options.out or (TORCH_LINEAR_OUT if options.torch_linear else OUT)
     options.out.parent.mkdir(parents=True, exist_ok=True)
     options.out.write_text(json.dumps(records, indent=1, sort_keys=True) + "\n")
     for setting, record in records.items():

@@ -446,6 +446,12 @@ def add_fused_loss_argument(parser: argparse.ArgumentParser) -> None:
              "its gathered in-projection stays alive from the block's forward to its backward",
     )
     parser.add_argument(
+        "--deepspeed-torch-linear", action="store_true",
+        help="framework zeroplan: under DeepSpeed's ZeRO-3 engine the linears run torch's own F.linear (DeepSpeed "
+             "0.3.12-0.3.13; 0.3.14 to 0.19.3 for a model built outside zero.Init), which keeps each released "
+             "linear's gathered weight alive until its backward",
+    )
+    parser.add_argument(
         "--use-cache", action="store_true",
         help="hf: the model keeps transformers' KV cache (config use_cache=True, its default, which only its own "
              "gradient_checkpointing turns off): under checkpointing applied from outside transformers (torch's "
@@ -631,6 +637,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         fused_linear_cross_entropy=args.fused_linear_cross_entropy,
         fused_cross_entropy=args.fused_cross_entropy,
         torch_multihead_attention=getattr(args, "torch_multihead_attention", False),
+        deepspeed_torch_linear=getattr(args, "deepspeed_torch_linear", False),
         # torchtitan 9dec370 train.py loss_fn: its only loss, unchunked.
         unchunked_loss=args.unchunked_loss or (framework is Framework.torchtitan and getattr(args, "torchtitan_release", None) == "9dec370"),
         torchtitan_release=getattr(args, "torchtitan_release", None),

@@ -185,6 +185,7 @@ FLAG_OF_FIELD = {
     "use_cache": "--use-cache",
     "keep_outputs": "--keep-outputs",
     "torch_multihead_attention": "--torch-multihead-attention",
+    "deepspeed_torch_linear": "--deepspeed-torch-linear",
     "checkpoint_reentrant": "--checkpoint-reentrant",
     "transformers_version": "--transformers-version",
     "torch_release": "--torch-release",

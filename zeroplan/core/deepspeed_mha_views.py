@@ -45,9 +45,12 @@ planner's q, k and v tensors together: zeroplan.core.deepspeed_coordinator._pack
 
 def pins_in_projection(request: PlanRequest) -> bool:
     """Whether the request's blocks keep their released in-projections to their backward: torch's
-    nn.MultiheadAttention under DeepSpeed's plain ZeRO-3 gathers, without a full block checkpoint."""
+    nn.MultiheadAttention under DeepSpeed's plain ZeRO-3 gathers and its zero3_linear_wrap (under
+    torch's own F.linear zeroplan.core.deepspeed_torch_linear counts the in-projection weight
+    with the other linears'), without a full block checkpoint."""
     return (request.training.torch_multihead_attention and replays_gathers(request)
-            and request.training.activation_checkpointing is not ActivationCheckpointing.full)
+            and request.training.activation_checkpointing is not ActivationCheckpointing.full
+            and not request.training.deepspeed_torch_linear)
 
 
 def _is_in_projection(name: str) -> bool:

@@ -9,6 +9,7 @@ from typing import NamedTuple, TypeVar
 
 from zeroplan.core.activations import activation_bytes, backward_workspace_bytes, layer_bytes, logits_bytes
 from zeroplan.core.deepspeed_mha_views import check_torch_multihead_attention, pinned_in_projection_bytes
+from zeroplan.core.deepspeed_torch_linear import pinned_linear_weight_bytes
 from zeroplan.core.buffers import (
     backward_end_buffer_bytes, backward_end_gradient_bytes, backward_held_buffer_bytes, block_backward_gradient_bytes,
     block_backward_transient_bytes, block_copy_buffer_bytes, draining_held_buffer_bytes, first_layer_activation_blocks,
@@ -232,10 +233,10 @@ def _uncached_micro_batch_terms(request: PlanRequest) -> tuple[tuple[str, object
     if training.framework is Framework.zeroplan:
         # The reference model's recomputed block stays with its activations at every moment.
         activations = sum(rank_activation_bytes(request, reference_activations))
-        if training.torch_multihead_attention:
-            # Saved for backward block by block, as activations are: under DeepSpeed's ZeRO-3 each
-            # block's released in-projection (zeroplan.core.deepspeed_mha_views).
-            activations += pinned_in_projection_bytes(request)
+        # Saved for backward block by block, as activations are: under DeepSpeed's ZeRO-3 each
+        # block's released in-projection (zeroplan.core.deepspeed_mha_views), or under torch's own
+        # F.linear every released linear weight (zeroplan.core.deepspeed_torch_linear).
+        activations += pinned_in_projection_bytes(request) + pinned_linear_weight_bytes(request)
         logits = max(reference_logits(request) if one_rank else rank_logits_pieces(request, reference_logits))
     else:
         # The block a recomputing backward rebuilds is alive only in a block's backward: it

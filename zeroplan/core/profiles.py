@@ -637,6 +637,9 @@ FRAMEWORK_OPTIONS = {
     "fused_cross_entropy": lambda prof: prof.framework is Framework.zeroplan,
     # The reference model's attention as torch's nn.MultiheadAttention (zeroplan.core.deepspeed_mha_views).
     "torch_multihead_attention": lambda prof: prof.framework is Framework.zeroplan,
+    # The reference model's linears as torch's own F.linear under DeepSpeed's ZeRO-3
+    # (zeroplan.core.deepspeed_torch_linear); the hf profile's model is built inside zero.Init.
+    "deepspeed_torch_linear": lambda prof: prof.framework is Framework.zeroplan,
     # torchtitan 0.3.0 models/llama3/config_registry.py: llama3_debugmodel_ce_loss builds the
     # unchunked CrossEntropyLoss beside the ChunkedLossWrapper of every other Llama-3 config.
     # torchtune 0.6.1 recipes instantiate whatever `loss:` the config names; with a plain

@@ -320,6 +320,7 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
         + (", fused linear cross-entropy (liger)" if t.fused_linear_cross_entropy else "")
         + (", fused cross-entropy (flash-attn)" if t.fused_cross_entropy else "")
         + (", torch's nn.MultiheadAttention" if t.torch_multihead_attention else "")
+        + (", torch's own F.linear under DeepSpeed's ZeRO-3" if t.deepspeed_torch_linear else "")
         + (", unchunked loss" if t.unchunked_loss else "")
         + (f", torchtitan {t.torchtitan_release}" if t.torchtitan_release else "")
         + (f", deepspeed {t.deepspeed_release}" if t.deepspeed_release else "")

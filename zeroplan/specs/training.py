@@ -219,6 +219,12 @@ class TrainingSpec(Frozen):
     bf16_master_weight model builds it. Under DeepSpeed's ZeRO-3 engine (the deepspeed state
     convention) each block's gathered in-projection then outlives its release until the block's
     backward (zeroplan.core.deepspeed_mha_views)."""
+    deepspeed_torch_linear: bool = False
+    """Framework zeroplan only: under DeepSpeed's ZeRO-3 engine (the deepspeed state convention)
+    the model's linears run torch's own F.linear, not DeepSpeed's zero3_linear_wrap, so each
+    released linear's gathered weight stays alive until that linear's backward
+    (zeroplan.core.deepspeed_torch_linear): every ZeRO-3 run of DeepSpeed 0.3.12 or 0.3.13, and a model
+    built outside a zero.Init context and handed to deepspeed.initialize under 0.3.14 to 0.19.3."""
     checkpoint_early_stop: bool | None = None
     """Whether the block checkpoint stops recomputing once every tensor the backward saved is back
     (torch's non-reentrant checkpoint as rewritten after 2.0, set_checkpoint_early_stop); None: the
