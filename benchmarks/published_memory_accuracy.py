@@ -42,7 +42,8 @@ from zeroplan.cli.fit import check_options_apply, request_from_args  # noqa: E40
 from zeroplan.cli.main import build_parser  # noqa: E402
 from zeroplan.core.feasibility import usable_memory_bytes  # noqa: E402
 from zeroplan.core.margin import error_band as error_band_of, is_borderline, margin_words  # noqa: E402
-from zeroplan.core.plan import pipeline_rank_breakdowns  # noqa: E402
+from zeroplan.core.model_load import load_fits_gpu  # noqa: E402
+from zeroplan.core.plan import host_memory_fits, pipeline_rank_breakdowns, rank_host_bytes  # noqa: E402
 from zeroplan.errors import ZeroplanError  # noqa: E402
 from zeroplan.specs.strategy import StrategyKind  # noqa: E402
 
@@ -97,7 +98,7 @@ def predict(row: dict[str, str]) -> dict[str, object]:
         return {"error": str(error)}
     except SystemExit:
         return {"error": stderr.getvalue().strip().splitlines()[-1] if stderr.getvalue().strip() else "argument error"}
-    breakdown = max((b for b, _ in ranks), key=lambda b: b.peak_bytes)
+    breakdown, states = max(ranks, key=lambda rank: rank[0].peak_bytes)
     reserved = breakdown.reserved_peak_bytes if breakdown.reserved_peak_bytes is not None else breakdown.peak_bytes
     usable = usable_memory_bytes(request)
     context = request.cluster.gpu.memory_bytes - usable  # CUDA context, and NCCL buffers where modelled
@@ -110,7 +111,10 @@ def predict(row: dict[str, str]) -> dict[str, object]:
     }[metric]
     return {
         "allocated": breakdown.allocated_peak_bytes, "reserved": reserved, "predicted": figure,
-        "fits": breakdown.peak_bytes <= usable,
+        # fit's verdict: the step on the GPU, the whole module moved there at load where the row's
+        # load does that (zeroplan.core.model_load), and the node's host RAM where the row gives it.
+        "fits": (breakdown.peak_bytes <= usable and load_fits_gpu(request, usable)
+                 and host_memory_fits(request, rank_host_bytes(request, states)) is not False),
         # A fit the loop's gradients and states, made inside an epoch of varying lengths, may
         # turn (zeroplan.allocator.lazy_states): borderline in the verdict.
         "split_segment": breakdown.lazy_state_segment_bytes,

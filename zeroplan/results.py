@@ -4,7 +4,7 @@
 
 from enum import Enum
 
-from pydantic import ConfigDict, model_serializer
+from pydantic import ConfigDict, Field, model_serializer
 
 from zeroplan.core.communication import Collective
 from zeroplan.core.margin import PeakErrorBand, borderline_by_band
@@ -157,7 +157,7 @@ class StrategyPlan(Frozen):
     usable_memory_bytes: int
     """GPU memory left for the allocator (memory minus CUDA context)."""
     fits: bool
-    """Whether peak_bytes <= usable_memory_bytes."""
+    """Whether peak_bytes <= usable_memory_bytes (and load_gpu_bytes, where planned)."""
     headroom_bytes: int
     """usable_memory_bytes - peak_bytes (negative when it does not fit)."""
     max_micro_batch_size: int | None
@@ -165,12 +165,23 @@ class StrategyPlan(Frozen):
     fit's suggestions try, whose tables are not shown)."""
     host_bytes_per_rank: int
     """Model states offloaded to host memory, per GPU, and the checkpointed block inputs
-    DeepSpeed's cpu_checkpointing keeps there."""
+    DeepSpeed's cpu_checkpointing keeps there; or, where more, what the rank holds at load
+    (load_host_bytes_per_node)."""
     host_bytes_per_node: int
-    """Host memory the offloaded states (and host-kept checkpoints) need on each node."""
+    """Host memory the offloaded states (and host-kept checkpoints) need on each node, or the
+    load's where more."""
     host_fits: bool | None
     """Whether that fits the node's host memory (and, under the NVMe strategies, the swap files
     the node's NVMe capacity); None when neither is given."""
+    # The two load fields are left out of the JSON where the load is not planned, so the answers
+    # of every request that does not name a whole-model load dump as before they existed.
+    load_gpu_bytes: int | None = Field(default=None, exclude_if=lambda value: value is None)
+    """The whole module DeepSpeed's engine moves onto each GPU at load before ZeRO-3 partitions
+    it (TrainingSpec.model_load full-per-rank; zeroplan.core.model_load); ``fits`` requires it
+    within usable_memory_bytes as well. None where the load holds nothing whole."""
+    load_host_bytes_per_node: int | None = Field(default=None, exclude_if=lambda value: value is None)
+    """What a node's ranks hold in host memory at load, each the whole model from_pretrained
+    built; host_bytes_per_node is the larger of it and the step's. None as load_gpu_bytes."""
     nvme_bytes_per_rank: int = 0
     """zero3-nvme / zero3-param-nvme: the states one GPU's rank keeps on NVMe (zeroplan.core.nvme)."""
     collectives: tuple[Collective, ...]
@@ -205,6 +216,17 @@ class StrategyPlan(Frozen):
     peak_rank_reason: str = ""
     """Why the planned rank peaks: its stages, blocks and micro-batches in flight (empty
     without pipeline parallelism)."""
+
+    @property
+    def runs_out_at_load(self) -> bool:
+        """The whole module DeepSpeed's engine moves onto the GPU at load does not fit it
+        (load_gpu_bytes), whatever the step needs."""
+        return self.load_gpu_bytes is not None and self.load_gpu_bytes > self.usable_memory_bytes
+
+    @property
+    def load_sets_host_peak(self) -> bool:
+        """The node's host-memory peak is the load's (load_host_bytes_per_node), not the step's."""
+        return self.load_host_bytes_per_node is not None and self.load_host_bytes_per_node == self.host_bytes_per_node
 
     @property
     def borderline_by_split_segment(self) -> bool:

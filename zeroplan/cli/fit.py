@@ -38,6 +38,7 @@ from zeroplan.specs.lengths import LongSamples, VaryingLengths
 from zeroplan.specs.request import ATTENTION_RATES, DEFAULT_ATTENTION_RATE, default_attention_kernel
 from zeroplan.specs.parallel import EXPERT_PARALLEL_STRATEGIES, DeviceMap, ParallelSpec, PipelineSchedule
 from zeroplan.specs.strategy import PARTIAL_OFFLOAD_KINDS
+from zeroplan.specs.training import ModelLoad
 from zeroplan.units import GB, GiB, MiB, ByteUnit
 
 
@@ -209,6 +210,16 @@ def check_offload_ratio(args: argparse.Namespace, kinds: tuple[StrategyKind, ...
         raise ZeroplanError("--offload-ratio", f"applies to {allowed} only (allowed: --strategies naming only those)")
 
 
+def check_model_load_strategies(args: argparse.Namespace, kinds: tuple[StrategyKind, ...] | None) -> None:
+    """--model-load is planned under DeepSpeed's ZeRO-3 strategies only (zeroplan.core.model_load):
+    refused where --strategies names none of them."""
+    if getattr(args, "model_load", None) is None or kinds is None:
+        return
+    if not any(kind.zero_stage == 3 and not kind.is_fsdp for kind in kinds):
+        allowed = ",".join(kind.value for kind in StrategyKind if kind.zero_stage == 3 and not kind.is_fsdp)
+        raise ZeroplanError("--model-load", f"is planned under DeepSpeed ZeRO-3 only (allowed: --strategies naming one of {allowed})")
+
+
 def add_sharding_arguments(group: argparse._ArgumentGroup) -> None:
     """The data-parallel strategies' own knobs (fit and compare)."""
     group.add_argument(
@@ -281,6 +292,13 @@ def add_framework_arguments(group: argparse._ArgumentGroup) -> None:
              "zero_grad() zeroes the gradients in place, so under ddp they stay allocated through the next forward, "
              "and torch's Adam/AdamW step tensor by tensor by default; before 2.7 its wheels load an NCCL that sets up "
              "NVLS's buffers on every communicator at initialisation, larger (2.2: NCCL 2.19.3, 1.5 GiB each on 8 H100s)",
+    )
+    group.add_argument(
+        "--model-load", choices=choices_of(ModelLoad),
+        help="with --framework hf under DeepSpeed ZeRO-3: how from_pretrained builds the model. sharded (default: "
+             "TrainingArguments built first, so the load runs inside zero.Init) or full-per-rank (the model loaded "
+             "before TrainingArguments: every rank holds the whole model in host RAM, fp32 unless loaded in bf16, "
+             "and DeepSpeed's engine moves it whole onto each GPU before partitioning it)",
     )
     group.add_argument(
         "--litgpt-fork", choices=LITGPT_FORKS,
@@ -647,6 +665,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         checkpoint_reentrant=getattr(args, "checkpoint_reentrant", None),
         transformers_version=getattr(args, "transformers_version", None),
         torch_release=getattr(args, "torch_release", None),
+        model_load=ModelLoad(args.model_load) if getattr(args, "model_load", None) else None,
         litgpt_fork=getattr(args, "litgpt_fork", None),
         optimizer_in_backward=args.optimizer_in_backward,
         paged_optimizer=args.paged_optimizer,
@@ -826,6 +845,7 @@ def _run(args: argparse.Namespace, compare: bool) -> int:
     check_options_apply(args)
     kinds = strategies_asked(args)
     check_offload_ratio(args, kinds)
+    check_model_load_strategies(args, kinds)
     if args.explain is not None and kinds is not None and StrategyKind(args.explain) not in kinds:
         raise ZeroplanError("--explain", f"{args.explain!r} is not among the strategies planned "
                                          f"({','.join(k.value for k in kinds)})")

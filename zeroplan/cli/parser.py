@@ -189,6 +189,7 @@ FLAG_OF_FIELD = {
     "checkpoint_reentrant": "--checkpoint-reentrant",
     "transformers_version": "--transformers-version",
     "torch_release": "--torch-release",
+    "model_load": "--model-load",
     "litgpt_fork": "--litgpt-fork",
     "training.paged_optimizer": "--paged-optimizer",
     "float8": "--float8",

@@ -42,6 +42,7 @@ from zeroplan.core.margin import (
     PeakErrorBand, band_capacities_bytes, error_band, is_borderline, margin_words,
 )
 from zeroplan.core.memo import KeptAnswers, batch_keyed
+from zeroplan.core.model_load import load_fits_gpu, load_gpu_bytes, load_host_bytes
 from zeroplan.core.nvme import nvme_bytes
 from zeroplan.core.model_states import ModelStateBytes, model_state_bytes
 from zeroplan.core.bf16_accumulation_time import check_fp32_accumulation
@@ -459,9 +460,11 @@ def _alive_at_peak(states: ModelStateBytes, terms: PeakTerms, moment: PeakMoment
 
 
 def host_memory_fits(request: PlanRequest, host_bytes_per_rank: int) -> bool | None:
-    """Whether the offloaded bytes of a node's ranks fit its host RAM (and, under the NVMe
-    strategies, their swap files the node's NVMe capacity); None when neither is given."""
+    """Whether the offloaded bytes of a node's ranks fit its host RAM, or what each holds at
+    load where that is more (zeroplan.core.model_load), and, under the NVMe strategies, their
+    swap files the node's NVMe capacity; None when neither is given."""
     limit = request.cluster.host_memory_bytes_per_node
+    host_bytes_per_rank = max(host_bytes_per_rank, load_host_bytes(request))
     host = None if limit is None else host_bytes_per_rank * request.cluster.gpus_per_node <= limit
     nvme = nvme_capacity_fits(request)
     if host is None or nvme is None:
@@ -527,6 +530,8 @@ def step_fits(request: PlanRequest) -> bool:
     """Whether the request's step fits its GPU (every pipeline rank, each on its own usable
     memory), as plan(...).fits says, without the rest of the plan: under the allocator model one
     or two replays per rank, no bisection for the OOM capacity."""
+    if not load_fits_gpu(request, usable_memory_bytes(request)):
+        return False
     if request.assumptions.allocator_conf is not None:
         return _fits_under_allocator(request)
     return all(memory_breakdown(rank)[0].peak_bytes <= usable_memory_bytes(rank)
@@ -539,6 +544,8 @@ def step_fits_unrefused(request: PlanRequest) -> bool:
     reserve, step_fits."""
     if request.assumptions.allocator_conf is None:
         return step_fits(request)
+    if not load_fits_gpu(request, usable_memory_bytes(request)):
+        return False
     from zeroplan.allocator.planner import allocator_fits_unrefused
 
     return _every_rank_replay_fits(request, allocator_fits_unrefused)
@@ -609,6 +616,8 @@ _MAX_MICRO_BATCHES = KeptAnswers()
 
 def _max_micro_batch_size(request: PlanRequest) -> int:
     """max_micro_batch_size of a request at micro-batch 1."""
+    if not load_fits_gpu(request, usable_memory_bytes(request)):
+        return 0  # no micro-batch runs where the load already runs out (zeroplan.core.model_load)
     bound = None
     if request.parallel.pp == 1 and not request.model.is_moe:
         bound = _max_micro_batch_affine(request)
@@ -871,14 +880,18 @@ def peak_rank_memory(request: PlanRequest) -> PeakRankMemory:
     ranks = rank_memories(request)
     request, breakdown, states, usable = nearest_rank_memory(ranks)
     rank_peaks = tuple(r.breakdown.peak_bytes for r in ranks) if len(ranks) > 1 else ()
-    return PeakRankMemory(request, breakdown, states, rank_peaks, usable, breakdown.peak_bytes <= usable,
+    # The whole module DeepSpeed's engine moves onto the GPU at load (zeroplan.core.model_load)
+    # must fit before any step runs.
+    fits = breakdown.peak_bytes <= usable and load_fits_gpu(request, usable)
+    return PeakRankMemory(request, breakdown, states, rank_peaks, usable, fits,
                           host_memory_fits(request, rank_host_bytes(request, states)))
 
 
 def rank_host_bytes(request: PlanRequest, states: ModelStateBytes) -> int:
-    """What the rank keeps in host memory: its offloaded model states and the block inputs
-    DeepSpeed's cpu_checkpointing keeps there (zeroplan.core.parallel.activations.host_checkpoint_bytes)."""
-    return states.host_bytes + host_checkpoint_bytes(request)
+    """The rank's host-memory peak: at the step, its offloaded model states and the block inputs
+    DeepSpeed's cpu_checkpointing keeps there (zeroplan.core.parallel.activations.host_checkpoint_bytes);
+    at load, the model from_pretrained builds (zeroplan.core.model_load); the larger."""
+    return max(states.host_bytes + host_checkpoint_bytes(request), load_host_bytes(request))
 
 
 def _plan_at_peak(memory: PeakRankMemory, largest_micro_batch: bool, timed: bool) -> StrategyPlan:
@@ -889,6 +902,8 @@ def _plan_at_peak(memory: PeakRankMemory, largest_micro_batch: bool, timed: bool
     borderline = is_borderline(breakdown.peak_bytes, usable, band, breakdown.lazy_state_segment_bytes,
                               breakdown.allocated_peak_bytes)
     turns_on = None if borderline else _turns_in_band(request, breakdown, memory.fits, usable, band)
+    if not load_fits_gpu(request, usable):
+        borderline, turns_on = False, None  # the load runs out, by exact bytes, before any step
     host_per_rank = rank_host_bytes(request, states)
     host_per_node = host_per_rank * request.cluster.gpus_per_node
     step_collectives = tuple(collectives(request))
@@ -907,6 +922,8 @@ def _plan_at_peak(memory: PeakRankMemory, largest_micro_batch: bool, timed: bool
         host_bytes_per_rank=host_per_rank,
         host_bytes_per_node=host_per_node,
         host_fits=memory.host_fits,
+        load_gpu_bytes=load_gpu_bytes(request) or None,
+        load_host_bytes_per_node=load_host_bytes(request) * request.cluster.gpus_per_node or None,
         nvme_bytes_per_rank=nvme_bytes(request),
         collectives=step_collectives,
         sent_bytes_per_step=sum(c.sent_bytes_per_step for c in step_collectives),
@@ -994,6 +1011,16 @@ def _verdict(
 ) -> str:
     fitting = [p.strategy.value for p in plans if p.fits and p.host_fits is not False]
     short_of_host = [p for p in plans if p.fits and p.host_fits is False]
+    out_at_load = [p for p in plans if p.runs_out_at_load and p.memory.peak_bytes <= p.usable_memory_bytes]
+    if not fitting and out_at_load:
+        # The step would fit: the load is what fails, so say so.
+        least = min(out_at_load, key=lambda p: p.memory.peak_bytes)
+        return (
+            f"Nothing fits at load: {least.strategy.value}'s step fits on the GPU "
+            f"({least.memory.peak_bytes / 2**30:.1f} GiB of {least.usable_memory_bytes / 2**30:.1f} GiB usable) but "
+            f"DeepSpeed's engine first moves the whole model, {least.load_gpu_bytes / 2**30:.1f} GiB, onto each GPU "
+            f"(--model-load full-per-rank: the model loaded before TrainingArguments)."
+        )
     if not fitting and short_of_host and host_limit_bytes is None:
         least = min(short_of_host, key=lambda p: p.nvme_bytes_per_rank)
         return (f"Nothing fits in NVMe: {least.strategy.value} fits on the GPU but its swap files need "
@@ -1004,7 +1031,8 @@ def _verdict(
         return (
             f"Nothing fits in host RAM: {least.strategy.value} fits on the GPU "
             f"({least.memory.peak_bytes / 2**30:.1f} GiB of {least.usable_memory_bytes / 2**30:.1f} GiB usable) "
-            f"but needs {least.host_bytes_per_node / 2**30:.1f} GiB of host RAM per node, "
+            f"but needs {least.host_bytes_per_node / 2**30:.1f} GiB of host RAM per node"
+            f"{' at load (each rank the whole model)' if least.load_sets_host_peak else ''}, "
             f"{host_limit_bytes / 2**30:.1f} GiB available (--host-memory-gib)."
         )
     if not fitting:

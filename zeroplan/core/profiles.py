@@ -663,6 +663,8 @@ FRAMEWORK_OPTIONS = {
     # loops that call torch's own; torchtune, torchtitan and litgpt need torch 2.x, and megatron
     # and megatron-deepspeed keep their gradients in their own buffers.
     "torch_release": lambda prof: prof.framework in (Framework.hf, Framework.zeroplan),
+    # How transformers' from_pretrained builds the model beside DeepSpeed's engine (zeroplan.core.model_load).
+    "model_load": lambda prof: prof.framework is Framework.hf,
 }
 """TrainingSpec fields only some frameworks offer -> whether a profile offers the option."""
 
@@ -928,6 +930,7 @@ def check_framework_request(training: TrainingSpec, model: ModelSpec | None = No
     check_fork_training(training)
     check_transformers_version(training)
     check_torch_release(training)
+    check_model_load(training)
     check_checkpoint_reentrant(training)
     if model is not None:
         check_transformers_version_model(training, model)
@@ -958,6 +961,16 @@ def check_framework_request(training: TrainingSpec, model: ModelSpec | None = No
             "selective_layer_interval",
             f"{k} checkpoints none of {model.name}'s {model.num_layers} blocks (allowed: 1 to {model.num_layers})",
         )
+
+
+# transformers 4.26.0 modeling_utils.py from_pretrained (lines 2351-2358): a quantized model
+# (load_in_8bit) is built under init_empty_weights and its weights placed on the GPU by
+# accelerate, never whole on the host nor through zero.Init: neither load describes it.
+def check_model_load(training: TrainingSpec) -> None:
+    """Refuse a model load for a quantized base, which from_pretrained loads its own way."""
+    if training.model_load is not None and training.finetune.quantize.is_quantized:
+        raise ZeroplanError("model_load", f"a {training.finetune.quantize.value} base is loaded by bitsandbytes onto the "
+                                          "GPU, neither sharded nor whole per rank (allowed: no --quantize)")
 
 
 # torchtune 0.6.1 recipes/full_finetune_distributed.py __init__: optimizer_in_bwd raises a

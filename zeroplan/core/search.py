@@ -33,6 +33,7 @@ from zeroplan.core import deepspeed_coordinator
 from zeroplan.core.algorithms import _call_sizes, call_pricing
 from zeroplan.core.communication import Phase, collectives, data_parallel_collectives, scheduled
 from zeroplan.core.feasibility import usable_memory_bytes
+from zeroplan.core.model_load import load_fits_gpu
 from zeroplan.core.parallel.collectives import (
     collective_recomputation, model_parallel_collectives, overlapped_model_parallel_collectives,
 )
@@ -108,6 +109,7 @@ class _RankClass:
     chunk_slope: int = 0
     """Bytes one in-flight chunk keeps, affine in b (0 when the count never changes)."""
     host_fits: dict[bool, bool] = field(default_factory=dict)
+    """Whether the host memory holds the rank and the GPU its load, per accumulation (neither moves with b)."""
     accumulators_fitted: dict[bool, int] = field(default_factory=dict)
     """The deferred FSDP gradient accumulators (_accumulator_bytes) at the accumulations fitted."""
     accumulators_by_rounds: dict[bool, int] = field(default_factory=dict)
@@ -207,7 +209,8 @@ def scalar_plan(request: PlanRequest) -> tuple[int, bool, StepTime]:
 def _scalar_plan_usable(request: PlanRequest) -> tuple[int, bool, StepTime, int]:
     """scalar_plan and the usable memory of the rank it reports."""
     at, breakdown, states, usable = nearest_rank_memory(rank_memories(request))
-    fits = breakdown.peak_bytes <= usable and host_memory_fits(at, states.host_bytes) is not False
+    fits = (breakdown.peak_bytes <= usable and load_fits_gpu(at, usable)
+            and host_memory_fits(at, states.host_bytes) is not False)
     return breakdown.peak_bytes, fits, step_time(at, tuple(collectives(at))), usable
 
 
@@ -495,7 +498,10 @@ def _fit_class(request: PlanRequest, family: dict, layout_cache: dict) -> _RankC
         activations_one, activations_two = fitted[a, 1][2], fitted[a, 2][2]
         cls.activation_slope[accumulating] = activations_two - activations_one
         cls.activation_intercept[accumulating] = activations_one - (activations_two - activations_one)
-        cls.host_fits[accumulating] = host_memory_fits(request, host_bytes) is not False
+        # A load that runs out on the GPU (zeroplan.core.model_load) rules out every micro-batch
+        # as the host does: neither moves with it.
+        cls.host_fits[accumulating] = (host_memory_fits(request, host_bytes) is not False
+                                       and load_fits_gpu(request, cls.usable_bytes))
     if ("phases", rank) not in family:
         family["phases", rank] = _phase_coefficients(request)
     cls.phase_intercepts_s, cls.phase_slopes_s = family["phases", rank]

@@ -15,6 +15,7 @@ from zeroplan.core.margin import SPLIT_SEGMENT_NOTE, PeakErrorBand, borderline_w
 from zeroplan.core.plan import recommendation_key
 from zeroplan.core.record import frozen
 from zeroplan.core.timing import nccl_algorithms
+from zeroplan.report.fits_cell import fits_cell, fits_cell_notes
 from zeroplan.report.table import (
     finetune_lines,
     framework_layout_caution,
@@ -132,10 +133,19 @@ def fit_verdict(report: FitReport, unit: ByteUnit) -> list[str]:
             said.append(f"But {words}{room}." if chosen.borderline_by_split_segment else f"But {words}: it may not{room}.")
         return said
     short_of_host = [p for p in report.plans if p.fits and p.host_fits is False]
+    out_at_load = [p for p in report.plans if p.runs_out_at_load and p.memory.peak_bytes <= p.usable_memory_bytes]
+    if out_at_load:
+        least = min(out_at_load, key=lambda p: p.memory.peak_bytes)
+        said = (f"Does not fit at load: {least.strategy.value}'s step fits on the GPU, but DeepSpeed's engine first "
+                f"moves the whole model, {to_unit(least.load_gpu_bytes, unit):.1f} {u}, onto each GPU of "
+                f"{to_unit(least.usable_memory_bytes, unit):.1f} {u} usable.")
+        return [said, "To fit: build TrainingArguments before from_pretrained, so the model loads sharded inside "
+                      "zero.Init (--model-load sharded)."]
     if short_of_host:
         least = min(short_of_host, key=lambda p: p.host_bytes_per_node)
         said = (f"Does not fit in host RAM: {least.strategy.value} fits on the GPU but needs "
-                f"{to_unit(least.host_bytes_per_node, unit):.0f} {u} of host RAM per node.")
+                f"{to_unit(least.host_bytes_per_node, unit):.0f} {u} of host RAM per node"
+                f"{' at load (each rank the whole model)' if least.load_sets_host_peak else ''}.")
     else:
         closest = min(report.plans, key=lambda p: p.memory.peak_bytes)
         memory = closest.memory
@@ -166,9 +176,9 @@ def fit_context(report: FitReport, unit: ByteUnit) -> str:
 
 
 def _fits_cell(plan: StrategyPlan) -> str:
-    # "host": fits on the GPU, but the offloaded states do not fit the node's host RAM; "*":
-    # borderline (zeroplan.core.margin).
-    return (("host" if plan.host_fits is False else "yes") if plan.fits else "no") + ("*" if plan.borderline else "")
+    # "host": fits on the GPU, but the offloaded states do not fit the node's host RAM; "load": the
+    # step fits, the whole module moved onto the GPU at load does not; "*": borderline (zeroplan.core.margin).
+    return fits_cell(plan)
 
 
 def _fit_columns(unit: ByteUnit) -> list[Column]:
@@ -204,8 +214,7 @@ def fit_notes(report: FitReport, unit: ByteUnit) -> list[str]:
         largest = max((p.memory.paged_optimizer_bytes for p in report.plans), default=0)
         notes.append(f"Paged optimizer: {to_unit(largest, unit):.1f} {unit.value} of states per GPU in CUDA managed "
                      "memory, outside the peak; the driver pages them to host RAM when the GPU is full.")
-    if any(p.fits and p.host_fits is False for p in report.plans):
-        notes.append("fits = host: fits on the GPU, but its offloaded states exceed the node's host RAM.")
+    notes += fits_cell_notes(report)
     band = _band(report)
     if any(p.borderline_by_band(band) for p in report.plans):
         retries = any(p.borderline_capacity_bytes is not None for p in report.plans)

@@ -6,6 +6,7 @@ from zeroplan.core.deepspeed_coordinator import holds_recomputed_frozen
 from zeroplan.core.params import active_parameters, total_parameters
 from zeroplan.answers import FitReport
 from zeroplan.core.margin import SPLIT_SEGMENT_NOTE, error_band
+from zeroplan.report.fits_cell import fits_cell, fits_cell_notes
 from zeroplan.results import StrategyPlan
 from zeroplan.specs.finetune import Quantization
 from zeroplan.specs.framework import LAUNCH_ENVIRONMENT, Framework
@@ -37,8 +38,7 @@ def _row(plan: StrategyPlan, unit: ByteUnit) -> list[str]:
         # A field alive at the peak shows what of it is alive then (peak_terms), so the cells add up.
         cell = f"{to_unit(alive[field] if field in alive else get(plan), unit):.1f}"
         cells.append(cell if field is None or field in alive else f"({cell})")
-    # "host": fits on the GPU, but the offloaded states do not fit the node's host RAM.
-    cells.append((("host" if plan.host_fits is False else "yes") if plan.fits else "no") + ("*" if plan.borderline else ""))
+    cells.append(fits_cell(plan))
     cells.append(str(plan.max_micro_batch_size))
     cells.append(f"{to_unit(plan.host_bytes_per_node, unit):.0f}" if plan.host_bytes_per_node else "-")
     cells.append(f"{plan.sent_bytes_per_step / 1e9:.1f}")
@@ -302,8 +302,12 @@ def launch_lines(report: FitReport) -> list[str]:
 
 def host_extra(report: FitReport) -> str:
     """The legend's words for the host column's checkpointed block inputs, where DeepSpeed's
-    cpu_checkpointing keeps them there (zeroplan.core.deepspeed_checkpointing)."""
-    return "and host-kept checkpoints " if report.training.cpu_checkpointing else ""
+    cpu_checkpointing keeps them there (zeroplan.core.deepspeed_checkpointing), and for the
+    whole models the ranks hold at load where that is the larger (zeroplan.core.model_load)."""
+    words = "and host-kept checkpoints " if report.training.cpu_checkpointing else ""
+    if any(p.load_sets_host_peak for p in report.plans):
+        words += "or, where more, the whole model each rank holds at load "
+    return words
 
 
 def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
@@ -381,8 +385,7 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
                      "\"Published peaks\"; docs/memory-model.md, \"The caching allocator\").")
     if any(p.borderline_by_split_segment for p in report.plans):
         notes.append(f"* = borderline: {SPLIT_SEGMENT_NOTE}.")
-    if any(p.fits and p.host_fits is False for p in report.plans):
-        notes.append("fits = host: fits on the GPU, but its offloaded states exceed the node's host RAM.")
+    notes += fits_cell_notes(report)
     notes += parameter_count_caution(report.model)
     notes += framework_layout_caution(report)
     notes += fsdp_version_lines(report)

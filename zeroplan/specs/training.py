@@ -75,6 +75,20 @@ class OptimizerLoop(str, Enum):
     """_fused_adam (``fused=True``): torch._fused_adamw_, in place."""
 
 
+class ModelLoad(str, Enum):
+    """How each rank builds the model before the engine partitions it (zeroplan.core.model_load)."""
+
+    sharded = "sharded"
+    """Each parameter is partitioned as it is made: transformers' from_pretrained inside
+    DeepSpeed's zero.Init, which it enters under ZeRO-3 when TrainingArguments (whose
+    __post_init__ makes the HfTrainerDeepSpeedConfig that is_deepspeed_zero3_enabled reads)
+    exists before the model is loaded. Nothing whole is held at load."""
+    full_per_rank = "full-per-rank"
+    """Every rank materialises the whole model in host memory in its load dtype (from_pretrained
+    without zero.Init: the model loaded before TrainingArguments is built), and DeepSpeed's engine
+    then moves that whole module onto the rank's GPU before ZeRO-3 partitions it."""
+
+
 class ActivationCheckpointing(str, Enum):
     """What the backward pass recomputes (Korthikanti et al. 2022, sec. 4 and 5)."""
 
@@ -327,6 +341,11 @@ class TrainingSpec(Frozen):
     float8_skips_output: bool = False
     """The output projection stays bf16 (torchtitan's ``float8.filter_fqns = ["output"]``, as its
     Llama 3 configs set before 0.3.0); False: converted too (0.3.0's default, filter_fqns empty)."""
+    # Left out of the JSON when unset, so a request that does not name its load dumps (and every
+    # answer's digest reads) as before the field existed.
+    model_load: ModelLoad | None = Field(default=None, exclude_if=lambda load: load is None)
+    """hf only: how from_pretrained builds the model (zeroplan.core.model_load); None takes the
+    profile's, sharded: what a Trainer user who builds TrainingArguments first gets under ZeRO-3."""
     finetune: FineTuneSpec = FineTuneSpec()
     """Which parameters train (LoRA adapters over a frozen, optionally quantized base; frozen
     embeddings or blocks): every one by default (zeroplan.specs.finetune)."""

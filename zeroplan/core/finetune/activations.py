@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from zeroplan.core.activations import norm_bytes, rms_norm_is_composite
 from zeroplan.core.finetune.storage import hf_runs_fsdp1
+from zeroplan.core.model_load import model_load
 from zeroplan.specs.finetune import BaseDtype, LoraTarget, Quantization
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import NormKind
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
-from zeroplan.specs.training import ActivationCheckpointing, Kernels, Precision, StateConvention
+from zeroplan.specs.training import ActivationCheckpointing, Kernels, ModelLoad, Precision, StateConvention
 from zeroplan.units import FP32_BYTES
 
 
@@ -236,14 +237,20 @@ def previous_step_matmul_inputs_parts(request: PlanRequest) -> tuple[int, ...]:
 # the config being stage 3), but not for a quantized model (the same lines: init_empty_weights
 # instead), whose base linears call bitsandbytes' matmul_4bit / matmul, not F.linear, anyway.
 # Measured: tests/test_zero3_linear_inputs.py (DeepSpeed 0.19.8's own zero3_linear_wrap on
-# transformers' Llama block under peft's LoRA).
+# transformers' Llama block under peft's LoRA). A model loaded before zero.Init is entered
+# (TrainingSpec.model_load full-per-rank) never passes __enter__: the engine partitions it with
+# Init(module=...) (zero/parameter_offload.py _convert_to_zero_parameters), whose constructor
+# converts the parameters without patching anything (v0.8.0 partition_parameters.py:701-703,
+# v0.13.3 :995-997), so F.linear stays torch's.
 def zero3_linear_keeps_input(request: PlanRequest) -> bool:
     """Whether every base linear keeps its input under DeepSpeed ZeRO-3's replaced F.linear (hf
-    at stage 3 under DeepSpeed's own state convention, the base not quantized)."""
+    at stage 3 under DeepSpeed's own state convention, the base not quantized, loaded inside
+    zero.Init)."""
     kind = request.strategy.kind
     return (request.training.framework is Framework.hf and kind.zero_stage == 3 and not kind.is_fsdp
             and request.convention is StateConvention.deepspeed
-            and not request.training.finetune.quantize.is_quantized)
+            and not request.training.finetune.quantize.is_quantized
+            and model_load(request) is ModelLoad.sharded)
 
 
 def quantized_base_outputs_fp32(request: PlanRequest) -> bool:
