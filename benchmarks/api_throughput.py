@@ -10,7 +10,8 @@ oracle), with the capacity bisected (MemoryAssumptions.exact_capacity) and on th
 allocator's replays (how many a request, how many events each is handed, the time an event handed;
 a replay may stop early or apply a repeated period at once, so it runs fewer), the trace
 builds, the trace keys and the rest of the planner, each timed by wrapping
-zeroplan.allocator.planner's own calls.
+zeroplan.allocator.planner's own calls, and the requests that replay a trace against the others
+(how many of each, the time each takes).
 
     python benchmarks/api_throughput.py [--cpu-time] [--breakdown]
 """
@@ -78,10 +79,19 @@ def _timed_pass(name: str, function, batch: list[PlanRequest], planner, clock) -
     originals = {call_name: getattr(planner, call_name) for call_name in names}
     for call_name in names:
         setattr(planner, call_name, timed(call_name, originals[call_name]))
+    # Each request's time, by whether it replayed a trace (the replays' share of the pass is
+    # those requests', whose other work is the same as the rest's).
+    by_kind: Counter[bool] = Counter()
+    requests_of: Counter[bool] = Counter()
     try:
         start = clock()
         for request in batch:
+            replays_before = calls["replay_ops"]
+            began = clock()
             function(request)
+            replaying = calls["replay_ops"] > replays_before
+            by_kind[replaying] += clock() - began
+            requests_of[replaying] += 1
         total = clock() - start
     finally:
         for call_name, call in originals.items():
@@ -96,6 +106,9 @@ def _timed_pass(name: str, function, batch: list[PlanRequest], planner, clock) -
     print(f"  trace builds        {1e3 * spent['record_step'] / n:6.3f} ms ({calls['record_step'] / n:.2f} a request)")
     print(f"  trace keys          {1e3 * spent['step_inputs'] / n:6.3f} ms ({calls['step_inputs'] / n:.2f} a request)")
     print(f"  the rest            {1e3 * rest / n:6.3f} ms (the planner's terms, step times, collectives, specs)")
+    print(f"  {requests_of[True]} requests replay a trace, {1e3 * by_kind[True] / max(requests_of[True], 1):.3f} ms each "
+          f"({100 * by_kind[True] / total:.0f} % of the pass); the other {requests_of[False]}, "
+          f"{1e3 * by_kind[False] / max(requests_of[False], 1):.3f} ms each")
     print(f"  at most {n / max(allocator, 1e-9):,.0f} configs/s with nothing but the replays, builds and keys; "
           f"{n / rest:,.0f}/s with nothing but the rest")
 
