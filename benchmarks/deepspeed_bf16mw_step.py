@@ -3,7 +3,16 @@ it (the published rows dsx-bf16mw-6.86b-4gpu-baseline and -ckpt-baseline), on a 
 smaller on gloo (4 CPU ranks): where the run's peak of live bytes falls (building the engine, a
 step's forward, backward or optimizer step) and what is live there, scaled back by 1,024.
 
-    python benchmarks/deepspeed_bf16mw_step.py [--checkpoint] [--breakdown] [--torch-linear]
+    python benchmarks/deepspeed_bf16mw_step.py [--checkpoint] [--breakdown] [--torch-linear] [--bf16full]
+
+--bf16full runs the example's configs/bf16_full.json instead of baseline.json: bf16
+bf16_master_weights_and_grads and bf16_optimizer_states (DeepSpeed PR 7700) and torch_autocast in
+bf16, the forward and the loss inside torch.autocast as train.py runs them (here on the CPU: the
+CPU's autocast op lists, not CUDA's, which run softmax, layer_norm and the loss in fp32). It also
+prints the dtypes the engine keeps: the module's parameters, ZeRO-3's master partitions (and
+whether they are the 16-bit partitions themselves), its gradient partitions, the optimizer's
+states and the reduce bucket (docs/memory-model.md, "DeepSpeed's bf16 master weights under
+torch_autocast").
 
 --torch-linear puts torch's own F.linear back after deepspeed.initialize, as the row's DeepSpeed
 (master of December 2025, before 0.19.4's PR 8189) left it for a model built outside zero.Init
@@ -145,6 +154,10 @@ def _rank(rank: int, options: argparse.Namespace, out: str) -> None:
                   "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-8,
                                                             "weight_decay": 0.01}},
                   "torch_autocast": {"enabled": False}}
+        if options.bf16full:
+            # configs/bf16_full.json: baseline.json plus these three switches.
+            config["bf16"] |= {"bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
+            config["torch_autocast"] = {"enabled": True, "dtype": "torch.bfloat16"}
         with record_function("zeroplan::initialize"):
             engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config,
                                                    dist_init_required=False)
@@ -156,12 +169,13 @@ def _rank(rank: int, options: argparse.Namespace, out: str) -> None:
             ids = torch.randint(0, VOCAB, (MICRO_BATCH, SEQ), generator=generator)
             labels = torch.randint(0, VOCAB, (MICRO_BATCH, SEQ), generator=generator)
             with trace.step(step):
-                with record_function(PHASES[0]):
+                with record_function(PHASES[0]), torch.autocast("cpu", torch.bfloat16, enabled=options.bf16full):
                     loss = loss_fn(engine(ids).view(-1, VOCAB), labels.view(-1))
                 with record_function(PHASES[1]):
                     loss.backward()
                 with record_function(PHASES[2]):
                     engine.step()
+    dtypes = engine_dtypes(engine) if rank == 0 else {}
     if rank == 0:
         events = trace.events()
         ranges = [(e.name, e.start_time_ns, e.end_time_ns)
@@ -179,9 +193,23 @@ def _rank(rank: int, options: argparse.Namespace, out: str) -> None:
             peaks[phase] = max(peaks.get(phase, 0), total)
             if total > best:
                 best, live, at = total, [(a.size_bytes, a.operator, phase_of(a.time_ns)) for a in alive.values()], event.time_ns
-        Path(out).write_text(json.dumps({"deepspeed": deepspeed.__version__, "peaks": peaks, "peak": best,
+        Path(out).write_text(json.dumps({"deepspeed": deepspeed.__version__, "dtypes": dtypes, "peaks": peaks, "peak": best,
                                          "peak_phase": phase_of(at), "live_at_peak": live}))
     dist.destroy_process_group()
+
+
+def engine_dtypes(engine) -> dict[str, str]:
+    """The dtypes DeepSpeed's ZeRO-3 optimizer keeps (runtime/zero/stage3.py), after the last step."""
+    optimizer = engine.optimizer
+    masters = optimizer.fp32_partitioned_groups_flat
+    states = {str(value.dtype) for state in optimizer.optimizer.state.values() for value in state.values()
+              if hasattr(value, "dtype") and value.numel() > 1}
+    return {"module_parameters": sorted({str(p.ds_tensor.dtype) for p in engine.module.parameters()}),
+            "master_partitions": sorted({str(m.dtype) for m in masters}),
+            "master_is_16bit_partition": all(m is f for m, f in zip(masters, optimizer.fp16_partitioned_groups_flat)),
+            "gradient_partitions": str(optimizer.grad_partitions_flat_buffer.dtype),
+            "optimizer_states": sorted(states),
+            "reduce_bucket": sorted(str(dtype) for dtype in getattr(optimizer, "ipg_buckets", {}))}
 
 
 def _walk(event):
@@ -198,6 +226,9 @@ def main() -> None:
     parser.add_argument("--torch-linear", action="store_true",
                         help="leave torch's own F.linear in place, as every release before 0.19.4 did for a model "
                              "handed to deepspeed.initialize (DeepSpeed PR 8189)")
+    parser.add_argument("--bf16full", action="store_true",
+                        help="the example's configs/bf16_full.json: bf16 master weights, gradients and Adam states "
+                             "under torch_autocast (DeepSpeed PR 7700)")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="6.86b")
     parser.add_argument("--gpus", type=int, default=4, help="ranks (the row's GPUs)")
     parser.add_argument("--port", type=int, default=None,
@@ -218,6 +249,8 @@ def main() -> None:
     for phase, peak in sorted(result["peaks"].items(), key=lambda kv: -kv[1])[:12]:
         print(f"  {phase:48s} {peak * SCALE / gib:7.2f}")
     print(f"  run's peak {result['peak'] * SCALE / gib:.2f} GiB, in {result['peak_phase']}")
+    if options.bf16full:
+        print("  engine dtypes: " + ", ".join(f"{k} {v}" for k, v in result["dtypes"].items()))
     if options.breakdown:
         by_op: dict[tuple[str, str, int], int] = {}
         for size, op, phase in result["live_at_peak"]:
