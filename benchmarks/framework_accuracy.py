@@ -5,9 +5,10 @@
     python benchmarks/framework_accuracy.py --finetune   (the LoRA/QLoRA records)
     python benchmarks/framework_accuracy.py --hf-fsdp1   (hf under accelerate's FSDP1,
         benchmarks/framework-fsdp1-step-records, planned as --fsdp-version 1 plans it)
-    python benchmarks/framework_accuracy.py --hf-fsdp1-qlora   (PEFT QLoRA, with and without CPU
-        offload, under accelerate's FSDP1, benchmarks/framework-fsdp1-qlora-step-records: the
-        --fsdp-version 1 plan where it is not refused, and the FSDP2 plan that stands in for it)
+    python benchmarks/framework_accuracy.py --hf-fsdp1-qlora-offload   (PEFT QLoRA, and LoRA
+        and QLoRA with CPU offload, under accelerate's FSDP1,
+        benchmarks/framework-fsdp1-qlora-offload-step-records: the --fsdp-version 1 plan where it
+        is not refused, and the FSDP2 plan that stands in for it)
     python benchmarks/framework_accuracy.py [DIR [STEP_DIR]]
 
 Targets (docs/validation.md, "Framework profiles"): per block within 2 %; the whole-step
@@ -165,7 +166,7 @@ def print_hf_fsdp1_table(directory: Path | None = None) -> None:
                  f"{'record':84s} {'measured':>9s} {'planned':>9s} {'err %':>7s} {'moment':>20s} {'fsdp2 %':>9s}", lines)
 
 
-HF_FSDP1_QLORA_STEP_RECORDS = Path(__file__).resolve().parent / "framework-fsdp1-qlora-step-records"
+HF_FSDP1_QLORA_STEP_RECORDS = Path(__file__).resolve().parent / "framework-fsdp1-qlora-offload-step-records"
 FINETUNE_RECORDS = Path(__file__).resolve().parent / "framework-finetune-records"
 FINETUNE_STEP_RECORDS = Path(__file__).resolve().parent / "framework-finetune-step-records"
 
@@ -173,10 +174,10 @@ FINETUNE_STEP_RECORDS = Path(__file__).resolve().parent / "framework-finetune-st
 if __name__ == "__main__":
     from script_args import checked_argv
 
-    checked_argv(sys.argv[1:], __doc__, ("--finetune", "--hf-fsdp1", "--hf-fsdp1-qlora"))
+    checked_argv(sys.argv[1:], __doc__, ("--finetune", "--hf-fsdp1", "--hf-fsdp1-qlora-offload"))
     if sys.argv[1:2] == ["--hf-fsdp1"]:
         print_hf_fsdp1_table()
-    elif sys.argv[1:2] == ["--hf-fsdp1-qlora"]:
+    elif sys.argv[1:2] == ["--hf-fsdp1-qlora-offload"]:
         print_hf_fsdp1_table(HF_FSDP1_QLORA_STEP_RECORDS)
     elif sys.argv[1:2] == ["--finetune"]:
         # LoRA and QLoRA (zeroplan/frameworks/lora.py's runs; docs/finetuning.md).
