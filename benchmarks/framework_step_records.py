@@ -23,6 +23,10 @@ write the records the planner's allocated peak is checked against.
     python benchmarks/framework_step_records.py --hf-fsdp1-lora [OUT_DIR]
         (PEFT LoRA and gradient accumulation under accelerate's FSDP1, HF_FSDP1_LORA, into the
         same directory)
+    python benchmarks/framework_step_records.py --hf-fsdp1-qlora-offload [OUT_DIR]
+        (PEFT QLoRA, bitsandbytes nf4 stored in bf16, and a bf16 LoRA under accelerate's FSDP1
+        with and without CPUOffload(offload_params=True), HF_FSDP1_QLORA, default
+        benchmarks/framework-fsdp1-qlora-offload-step-records; about 6 minutes)
     python benchmarks/framework_step_records.py --shallow [OUT_DIR]
         (SHALLOW: two of the matrix's runs at SHALLOW_BLOCKS blocks, what the live test reruns,
         default benchmarks/framework-step-records-shallow; a few seconds each)
@@ -145,6 +149,32 @@ HF_FSDP1_LORA = [
 seq, micro-batch, accumulation steps, policy, TrainingSpec.finetune ({}: full fine-tuning),
 blocks or None for the full depth)."""
 
+HF_FSDP1_QLORA_OUT = Path(__file__).resolve().parent / "framework-fsdp1-qlora-offload-step-records"
+
+PEFT_FSDP_QLORA = {"lora_rank": 8, "lora_alpha": 16, "lora_dropout": 0.1, "lora_targets": ALL_LINEAR,
+                   "quantize": "nf4", "kbit_fp32_cast": False}
+NOTEBOOK_FSDP_QLORA = {"lora_rank": 16, "lora_alpha": 8, "lora_dropout": 0.05, "lora_targets": ALL_LINEAR,
+                       "quantize": "nf4", "kbit_fp32_cast": False}
+
+HF_FSDP1_QLORA = [
+    # PEFT's FSDP QLoRA guide (docs/source/accelerate/fsdp.md at 6008f27, fsdp_config_qlora.yaml:
+    # use_orig_params false): Llama-2-70B, nf4 with double quantization stored in bf16, r 8 alpha
+    # 16 dropout 0.1 on all linears, 2 ranks, micro-batch 2 of 2048 tokens, 2 micro-batches a
+    # step, reentrant recomputation, without and with fsdp_offload_params.
+    ("llama-2-70b", 2, 2048, 2, 2, "full", PEFT_FSDP_QLORA, False, False),
+    ("llama-2-70b", 2, 2048, 2, 2, "full", PEFT_FSDP_QLORA, True, False),
+    # The Llama-3-70B FSDP QLoRA notebook's yaml (fsdp "full_shard auto_wrap offload",
+    # use_orig_params false): r 16 alpha 8 dropout 0.05, 4 ranks, micro-batch 1 of 3072.
+    ("llama-3-70b", 4, 3072, 1, 2, "full", NOTEBOOK_FSDP_QLORA, True, False),
+    # A bf16 LoRA offloaded under the Trainer's own FSDP1 settings (use_orig_params true), the
+    # LoRA records' run (framework-fsdp1-step-records) with fsdp_offload_params.
+    *[("llama-3.1-8b", 8, 4096, 1, 1, policy, {"lora_rank": 16, "lora_targets": ALL_LINEAR}, True, True)
+      for policy in POLICIES],
+]
+"""PEFT QLoRA and CPU offload under accelerate's fsdp_version 1, FULL_SHARD, full depth: (model,
+ranks, seq, micro-batch, accumulation steps, policy, TrainingSpec.finetune, CPU offload,
+use_orig_params)."""
+
 
 def shallow_model(model_name: str, blocks: int = SHALLOW_BLOCKS) -> ModelSpec:
     """``model_name``'s architecture with ``blocks`` blocks, named apart from the full depth (the
@@ -232,6 +262,18 @@ def main_hf_fsdp1_lora(out: Path = HF_FSDP1_OUT) -> None:
         _write(out, run_hf_fsdp1_step(model, StrategyKind.fsdp_full_shard, training, batch, world_size))
 
 
+def main_hf_fsdp1_qlora_offload(out: Path = HF_FSDP1_QLORA_OUT) -> None:
+    from zeroplan.frameworks.hf_fsdp1_step import run_hf_fsdp1_step
+
+    out.mkdir(parents=True, exist_ok=True)
+    for model_name, world_size, seq_len, micro_batch, accumulation, policy, lora, offload, orig in HF_FSDP1_QLORA:
+        training = step_training(Framework.hf, policy).model_copy(
+            update={"finetune": FineTuneSpec(**lora), "fsdp_cpu_offload": offload})
+        batch = BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch, grad_accum_steps=accumulation)
+        _write(out, run_hf_fsdp1_step(get_model(model_name), StrategyKind.fsdp_full_shard, training, batch, world_size,
+                                      use_orig_params=orig))
+
+
 def main_long_context(out: Path = DEFAULT_OUT) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for model_name, world_size, seq_len, micro_batch, policy in LONG_CONTEXT:
@@ -280,6 +322,7 @@ MODES = {
     "--shallow": (main_shallow, SHALLOW_OUT),
     "--hf-fsdp1": (main_hf_fsdp1, HF_FSDP1_OUT),
     "--hf-fsdp1-lora": (main_hf_fsdp1_lora, HF_FSDP1_OUT),
+    "--hf-fsdp1-qlora-offload": (main_hf_fsdp1_qlora_offload, HF_FSDP1_QLORA_OUT),
     "--optimizer-in-backward": (main_optimizer_in_backward, DEFAULT_OUT),
 }
 """Each mode flag: the function that runs it and its default OUT_DIR."""

@@ -145,7 +145,7 @@ def test_lora_states_are_peft_adapters_over_a_frozen_bf16_base() -> None:
     (("--strategies", "hsdp"), "--strategies"),
     (("--strategies", "fsdp-shard-grad-op", "--grad-accum", "2"), "--grad-accum"),
     (("--strategies", "fsdp-shard-grad-op", "--lora-rank", "16"), "--strategies"),
-    (("--strategies", "fsdp-full-shard", "--lora-rank", "16", "--quantize", "nf4"), "--quantize"),
+    (("--strategies", "fsdp-full-shard", "--lora-rank", "16", "--quantize", "nf4"), "--kbit-fp32-cast"),
     (("--strategies", "fsdp-full-shard", "--lora-rank", "16", "--dora"), "--dora"),
     (("--strategies", "fsdp-full-shard", "--lora-rank", "16", "--base-dtype", "fp32"), "--base-dtype"),
     (("--strategies", "fsdp-full-shard", "--fsdp-cpu-offload"), "fsdp"),
@@ -180,7 +180,8 @@ def test_the_api_refuses_an_unmeasured_hf_fsdp1_request() -> None:
 
 
 def test_lora_and_accumulation_are_planned_under_fsdp_version_1(zeroplan_cli) -> None:
-    for flags in (("--lora-rank", "16", "--lora-targets", "q,v"), ("--grad-accum", "2")):
+    for flags in (("--lora-rank", "16", "--lora-targets", "q,v"), ("--grad-accum", "2"),
+                  ("--lora-rank", "8", "--quantize", "nf4", "--no-kbit-fp32-cast", "--fsdp-cpu-offload")):
         code, out, err = _fit(zeroplan_cli, "--strategies", "fsdp-full-shard", "--fsdp-version", "1", *flags)
         assert code == 0 and "fsdp_version 1 (FullyShardedDataParallel" in out, err
 
@@ -260,3 +261,56 @@ def test_a_live_fsdp1_step_reproduces_its_committed_record() -> None:
     assert record.peak_bytes == committed.peak_bytes
     assert record.running_peak_bytes == committed.running_peak_bytes
     assert record.model_state_bytes == committed.model_state_bytes
+
+
+QLORA_RECORDS = BENCHMARKS / "framework-fsdp1-qlora-offload-step-records"
+
+
+@pytest.mark.parametrize("path", sorted(QLORA_RECORDS.glob("*.json")), ids=lambda p: p.stem)
+def test_the_fsdp1_plan_meets_each_qlora_and_offload_step(path: Path) -> None:
+    """PEFT QLoRA (bf16-stored nf4) under accelerate's FSDP1, with and without CPUOffload, at
+    the published runs' configurations (use_orig_params false), and a bf16 LoRA offloaded under
+    the Trainer's own settings: the --fsdp-version 1 plan within the step target."""
+    accuracy = _accuracy()
+    record = _record(path)
+    quantized = record.training.finetune.quantize.value == "nf4"
+    assert quantized or record.training.fsdp_cpu_offload
+    assert f"use_orig_params={not quantized}" in record.sharding
+    breakdown = accuracy.memory_breakdown(accuracy.step_request(record))[0]
+    assert abs(breakdown.allocated_peak_bytes - record.peak_bytes) <= accuracy.STEP_TARGET * record.peak_bytes
+
+
+def test_qlora_records_cover_offload_and_keep_host_states_off_the_device() -> None:
+    records = load_step_records(QLORA_RECORDS)
+    assert {(r.training.fsdp_cpu_offload, r.training.finetune.quantize.value) for r in records} == {
+        (False, "nf4"), (True, "nf4"), (True, "none")}
+    for record in records:
+        assert "frozen torch.bfloat16" in record.sharding
+        if record.training.fsdp_cpu_offload:
+            assert "CPUOffload(offload_params=True)" in record.sharding
+            assert record.parameter_bytes == record.gradient_bytes == record.optimizer_state_bytes == 0
+    by_offload = {r.training.fsdp_cpu_offload: r for r in records if r.model.name == "llama-2-70b"}
+    # Offloading moves the sharded 4-bit base (16 GiB a rank for Llama-2-70B on 2) off the device.
+    assert by_offload[False].peak_bytes - by_offload[True].peak_bytes > 15 * 2**30
+
+
+def test_host_storages_are_left_out_of_the_running_peak() -> None:
+    from zeroplan.allocator.trace import AllocEvent, FreeEvent
+    from zeroplan.frameworks.hf_fsdp1_step import _running_peaks
+
+    events = [AllocEvent(id=0, size_bytes=100, stream=0), AllocEvent(id=1, size_bytes=40, stream=0),
+              AllocEvent(id=2, size_bytes=7, stream=0), FreeEvent(id=2), FreeEvent(id=1)]
+    marks = {"start": 1, "forward0": 3, "backward0": 4, "optimizer": 5, "micro_batches": 1}
+    assert max(_running_peaks(events, marks).values()) == 147
+    assert max(_running_peaks(events, marks, frozenset({0})).values()) == 47
+
+
+def test_a_quantized_fsdp1_step_refuses_peft_fp32_cast() -> None:
+    from zeroplan.frameworks.hf_fsdp1_step import check_hf_fsdp1_step
+    from zeroplan.specs import StrategyKind, TrainingSpec
+    from zeroplan.specs.finetune import FineTuneSpec
+    from zeroplan.specs.framework import Framework
+
+    training = TrainingSpec(framework=Framework.hf, finetune=FineTuneSpec(lora_rank=8, quantize="nf4"))
+    with pytest.raises(ZeroplanError, match="kbit_fp32_cast"):
+        check_hf_fsdp1_step(StrategyKind.fsdp_full_shard, training, 2, 0)

@@ -15,6 +15,11 @@ counted from every storage made and freed (zeroplan.simulate.alloc_trace.Storage
 also follows FSDP1's ``UntypedStorage.resize_`` frees and re-allocations of its gathered flat
 parameters), from the sharded model on, without cuBLAS workspaces. The peak of the second
 step is the record. Nothing here knows the planner's formulas.
+
+A QLoRA is PEFT's over bitsandbytes' own Linear4bit, quantized on the fake device through its
+registered fake kernels (zeroplan.frameworks.lora.hf_sharded_qlora_llama). Under CPU offload
+the run still has one device, so what FSDP1 keeps on the host is named and left out of the count
+(_host_storage_ids).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from zeroplan.simulate import _torch_private as private
 from zeroplan.simulate.alloc_trace import recording_storages
 from zeroplan.simulate.fake_world import DEVICE, fake_process_group, storage_bytes
 from zeroplan.specs import BatchSpec, ModelSpec, StrategyKind, TrainingSpec, check_seq_len
+from zeroplan.specs.finetune import Quantization
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.training import measured_on
 
@@ -72,17 +78,21 @@ def check_hf_fsdp1_step(strategy: StrategyKind, training: TrainingSpec, world_si
     finetune = training.finetune
     if not finetune.trains_everything and not finetune.is_lora:
         raise ZeroplanError("finetune", "accelerate's FSDP1 step runs full fine-tuning or PEFT LoRA (allowed: no frozen blocks)")
-    if finetune.quantize.is_quantized or finetune.dora:
-        # bitsandbytes quantizes on a real device (zeroplan.frameworks.lora.hf_bnb_qlora_llama
-        # builds QLoRA on real CPU tensors), which FSDP1's fake-tensor step cannot wrap.
-        raise ZeroplanError("finetune", "accelerate's FSDP1 step runs PEFT LoRA unquantized, without DoRA "
-                                        "(allowed: lora_rank with quantize none, dora false)")
-    if training.fsdp_cpu_offload:
-        raise ZeroplanError("--fsdp-cpu-offload", "not run by the FSDP1 step (allowed: without it)")
+    if finetune.dora or finetune.quantize not in (Quantization.none, Quantization.nf4):
+        raise ZeroplanError("finetune", "accelerate's FSDP1 step runs PEFT LoRA over a bf16 or nf4 base, without DoRA "
+                                        "(allowed: quantize none or nf4, dora false)")
+    if finetune.quantize.is_quantized and finetune.kbit_fp32_cast:
+        # FSDP1 flattens a unit's parameters into one FlatParameter of one dtype
+        # (_flat_param.py _validate_tensors_to_flatten); trl's SFTTrainer skips the cast for it.
+        raise ZeroplanError("finetune.kbit_fp32_cast", "FSDP1 flattens one dtype a unit: a sharded QLoRA keeps its "
+                                                       "norms bf16 (allowed: false)")
+    if training.fsdp_cpu_offload and not finetune.is_lora:
+        raise ZeroplanError("--fsdp-cpu-offload", "the FSDP1 step offloads a PEFT LoRA's parameters (allowed: with lora_rank)")
     check_step(Framework.hf, strategy, training, world_size, rank)
 
 
-def hf_fsdp1_wrap(module: torch.nn.Module, strategy: StrategyKind, peft: bool = False) -> tuple[torch.nn.Module, str]:
+def hf_fsdp1_wrap(module: torch.nn.Module, strategy: StrategyKind, peft: bool = False, offload: bool = False,
+                  use_orig_params: bool = True) -> tuple[torch.nn.Module, str]:
     """accelerate 1.10.1 accelerator.py Accelerator.prepare_model for a model under
     DistributedType.FSDP with fsdp_version 1, as the calls it makes (accelerate itself needs an
     Accelerator and a launched process group); returns the FSDP root and a one-line description.
@@ -107,9 +117,16 @@ def hf_fsdp1_wrap(module: torch.nn.Module, strategy: StrategyKind, peft: bool = 
     utils/other.py fsdp_auto_wrap_policy(model): _or_policy of a lambda policy (every leaf module
     whose weight requires grad: each lora_A and lora_B nn.Linear its own unit) and the transformer
     policy over _no_split_modules; accelerate's set_auto_wrap_policy leaves a policy that is not
-    transformer_auto_wrap_policy itself as it is."""
+    transformer_auto_wrap_policy itself as it is.
+
+    ``offload``: fsdp_offload_params true (the Trainer's fsdp "offload"): accelerate 1.10.1
+    utils/dataclasses.py set_cpu_offload makes it CPUOffload(offload_params=True).
+    ``use_orig_params``: the plugin's fsdp_use_orig_params; the Trainer's default is true, PEFT's
+    and the notebooks' QLoRA configs (fsdp_config_qlora.yaml) set false. For a QLoRA,
+    _fsdp_qlora_plugin_updates also sets the mixed precision to bnb_4bit_quant_storage (bf16: the
+    same policy)."""
     from accelerate.utils.operations import convert_outputs_to_fp32
-    from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp import CPUOffload, FullyShardedDataParallel, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
     dtype = FSDP1_PARAM_DTYPE
@@ -125,17 +142,18 @@ def hf_fsdp1_wrap(module: torch.nn.Module, strategy: StrategyKind, peft: bool = 
         policy_name = "transformer_auto_wrap_policy("
     sharding = FSDP1_STRATEGIES[strategy]
     root = FullyShardedDataParallel(
-        module, sharding_strategy=ShardingStrategy[sharding], cpu_offload=None,
+        module, sharding_strategy=ShardingStrategy[sharding], cpu_offload=CPUOffload(offload_params=True) if offload else None,
         auto_wrap_policy=policy,
         mixed_precision=MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype),
-        sync_module_states=False, backward_prefetch=None, forward_prefetch=False, use_orig_params=True,
+        sync_module_states=False, backward_prefetch=None, forward_prefetch=False, use_orig_params=use_orig_params,
         limit_all_gathers=True, device_id=torch.device(DEVICE),
     )
     upcast = _upcast_trainable_flat_parameters(root)
     return root, (f"accelerate prepare_model (fsdp_version 1): FullyShardedDataParallel({sharding}, "
                   f"{policy_name}{', '.join(sorted(module._no_split_modules))}), "
                   f"MixedPrecision(param_dtype={dtype}, reduce_dtype={dtype}, buffer_dtype={dtype}), "
-                  "use_orig_params=True, limit_all_gathers=True, no backward prefetch), forward under "
+                  f"use_orig_params={use_orig_params}, limit_all_gathers=True, no backward prefetch"
+                  f"{', CPUOffload(offload_params=True)' if offload else ''}), forward under "
                   f"autocast(bf16) with outputs converted to fp32, {upcast}")
 
 
@@ -161,11 +179,13 @@ def _upcast_trainable_flat_parameters(root: torch.nn.Module) -> str:
 
 
 def run_hf_fsdp1_step(model: ModelSpec, strategy: StrategyKind, training: TrainingSpec, batch: BatchSpec,
-                      world_size: int, rank: int = 0) -> FrameworkStepRecord:
-    """Forward (with the loss), backward and AdamW step of hf's Llama (or PEFT's LoRA over it)
-    under accelerate's FSDP1 on ``rank``: the second step of training (the first, counted only
-    for its end state, creates AdamW's states), each step of ``batch.grad_accum_steps``
-    micro-batches, all but the last under FSDP1's no_sync as the Trainer runs them."""
+                      world_size: int, rank: int = 0, use_orig_params: bool = True) -> FrameworkStepRecord:
+    """Forward (with the loss), backward and AdamW step of hf's Llama (or PEFT's LoRA or QLoRA
+    over it) under accelerate's FSDP1 on ``rank``: the second step of training (the first,
+    counted only for its end state, creates AdamW's states), each step of
+    ``batch.grad_accum_steps`` micro-batches, all but the last under FSDP1's no_sync as the
+    Trainer runs them. With ``training.fsdp_cpu_offload`` the storages FSDP1 keeps on the host
+    are left out of the device's count (_host_storage_ids)."""
     strategy = StrategyKind(strategy)
     check_hf_fsdp1_step(strategy, training, world_size, rank)
     check_seq_len(model, batch)
@@ -173,20 +193,30 @@ def run_hf_fsdp1_step(model: ModelSpec, strategy: StrategyKind, training: Traini
     finetune = training.finetune
     # A full fine-tune is built in fp32 (accelerate upcasts every trainable flat parameter to it
     # anyway); a LoRA's base is loaded in its base_dtype (from_pretrained(dtype=...)), PEFT's
-    # adapters made fp32 (zeroplan.frameworks.lora.hf_peft_llama).
+    # adapters made fp32 (zeroplan.frameworks.lora.hf_peft_llama); a QLoRA's as PEFT's FSDP
+    # guide loads it (zeroplan.frameworks.lora.hf_sharded_qlora_llama).
     dtype = torch.bfloat16 if finetune.loads_base_in_bf16 else torch.float32
-    built = build(Framework.hf, model, model.num_layers, training.activation_checkpointing, dtype, batch.seq_len,
-                  finetune=finetune)
+    if finetune.quantize.is_quantized:
+        from zeroplan.frameworks.build import _hf_llama
+        from zeroplan.frameworks.lora import hf_sharded_qlora_llama
+
+        built = hf_sharded_qlora_llama(model, model.num_layers, training.activation_checkpointing, finetune, _hf_llama)
+    else:
+        built = build(Framework.hf, model, model.num_layers, training.activation_checkpointing, dtype, batch.seq_len,
+                      finetune=finetune)
+    offload = training.fsdp_cpu_offload
     marks: dict[str, int] = {}
     with (fake_process_group(world_size, rank), private.fsdp1_on_fake_tensors(), private.fake_tensor_mode(),
-          recording_storages() as recorder):
+          _bnb_quant_state_on_views(), _offload_on_one_device(offload), recording_storages() as recorder):
         built.to_empty(DEVICE)
-        root, sharding = hf_fsdp1_wrap(built.module, strategy, peft=finetune.is_lora)
+        root, sharding = hf_fsdp1_wrap(built.module, strategy, peft=finetune.is_lora, offload=offload,
+                                       use_orig_params=use_orig_params)
         # transformers 4.56.2 trainer.py _inner_training_loop: under FSDP the optimizer is
         # created after the model is wrapped (delay_optimizer_creation), over model.parameters():
-        # with use_orig_params the original parameters, views into this rank's flat shards;
-        # create_optimizer keeps those that require grad (its two weight-decay groups).
-        # training_args.py default optim adamw_torch_fused: torch.optim.AdamW(fused=True).
+        # with use_orig_params the original parameters, views into this rank's flat shards
+        # (without it, the flat parameters); create_optimizer keeps those that require grad (its
+        # two weight-decay groups). training_args.py default optim adamw_torch_fused:
+        # torch.optim.AdamW(fused=True).
         params = [p for p in root.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=ADAMW_LR, fused=True)
         tokens = torch.randint(0, model.vocab_size, (batch.micro_batch_size, batch.seq_len))
@@ -198,18 +228,102 @@ def run_hf_fsdp1_step(model: ModelSpec, strategy: StrategyKind, training: Traini
         parameter_bytes = storage_bytes(flat)
         states = [t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
         optimizer_state_bytes = storage_bytes(states)
-    running = _running_peaks(recorder.events, marks)
+        host = _host_storage_ids(root, states, recorder) if offload else frozenset()
+    running = _running_peaks(recorder.events, marks, host)
     peak = max(running.values())
     phase = next(p for p, nbytes in running.items() if nbytes == peak)
+    notes = [STORAGE_TRACE_NOTE, SYNC_MODULE_STATES_NOTE]
+    if finetune.quantize.is_quantized:
+        notes.append(QUANT_STATE_NOTE)
+    if offload:
+        notes.append(OFFLOAD_NOTE)
     return FrameworkStepRecord(
         framework_version=built.version, torch_version=torch.__version__, model=model, strategy=strategy,
         world_size=world_size, rank=rank, training=measured_on(training, DEVICE), batch=batch, sharding=sharding,
         fsdp_version=1, optimizer="torch.optim.AdamW(fused=True), torch.float32 parameters", peak_bytes=peak,
-        peak_by_category={}, peak_phase=phase, running_peak_bytes=running, parameter_bytes=parameter_bytes,
-        gradient_bytes=marks["gradient_bytes"], optimizer_state_bytes=optimizer_state_bytes,
-        wall_time_s=time.perf_counter() - start_s,
-        notes=[STORAGE_TRACE_NOTE, SYNC_MODULE_STATES_NOTE],
+        peak_by_category={}, peak_phase=phase, running_peak_bytes=running,
+        parameter_bytes=0 if offload else parameter_bytes,
+        gradient_bytes=0 if offload else marks["gradient_bytes"],
+        optimizer_state_bytes=0 if offload else optimizer_state_bytes,
+        wall_time_s=time.perf_counter() - start_s, notes=notes,
     )
+
+
+QUANT_STATE_NOTE = (
+    "each Linear4bit's QuantState (absmax, its double-quantized scales) lives beside the FSDP unit "
+    "as an attribute of the module, on the device, whole on every rank; on fake tensors "
+    "fix_4bit_weight_quant_state_from_module attaches it to FSDP1's view of the weight instead of "
+    "re-wrapping the view in a Params4bit, which allocates nothing on a GPU either"
+)
+
+OFFLOAD_NOTE = (
+    "CPUOffload(offload_params=True): the fake run has one device, so the storages FSDP1 puts on the "
+    "host (each flat parameter's _local_shard, its pinned _cpu_grad, and AdamW's states over them) are "
+    "left out of the count; the host shard's device copy before each all-gather (pre_unshard) is not "
+    "made when both are one device, and is not counted"
+)
+
+
+def _host_storage_ids(root: torch.nn.Module, states: list[torch.Tensor], recorder: object) -> frozenset[int]:
+    """Trace ids of the storages CPUOffload(offload_params=True) keeps on the host: torch's FSDP1
+    _init_utils.py / _flat_param.py put each sharded flat parameter (_local_shard) on the CPU and
+    make its gradient's host copy _cpu_grad there (_flat_param.py _init_param_attributes; the
+    post-backward _offload_grad copies the reduced shard into it); the optimizer is built over
+    those host flat parameters, so its states are on the host too."""
+    tensors = list(states)
+    for handle in _handles(root):
+        param = handle.flat_param
+        tensors.append(param._local_shard)
+        if getattr(param, "_cpu_grad", None) is not None:
+            tensors.append(param._cpu_grad)
+    return frozenset(recorder.trace_id(t.untyped_storage()) for t in tensors)
+
+
+@contextlib.contextmanager
+def _offload_on_one_device(offload: bool):
+    """Two calls FSDP1 makes only under offload, which the CPU-only fake run cannot take: torch's
+    _flat_param.py _init_param_attributes pins each trainable flat parameter's host gradient
+    (``torch.zeros_like(...).pin_memory()``; fake tensors have no pin_memory kernel, and the
+    buffer is the host's, _host_storage_ids), so it stays unpinned; _runtime_utils.py
+    _post_backward_final_callback waits for the gradients' device-to-host copies with
+    ``current_stream().synchronize()``, which torch.cpu's Stream lacks: a no-op here (nothing
+    is in flight)."""
+    if not offload:
+        yield
+        return
+    pin, stream = torch.Tensor.pin_memory, torch.cpu.Stream
+    torch.Tensor.pin_memory = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
+    had = hasattr(stream, "synchronize")
+    if not had:
+        stream.synchronize = lambda self: None  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        torch.Tensor.pin_memory = pin  # type: ignore[method-assign]
+        if not had:
+            del stream.synchronize
+
+
+@contextlib.contextmanager
+def _bnb_quant_state_on_views():
+    """bitsandbytes 0.50.2 nn/modules.py fix_4bit_weight_quant_state_from_module, which
+    Linear4bit.forward calls first: once FSDP1 has replaced the Params4bit by a plain view of its
+    gathered flat parameter, it wraps the view in Params4bit (``_make_subclass``, sharing the
+    view's storage) and attaches the module's QuantState. A fake tensor cannot be re-wrapped, so
+    the state is attached to the view itself: the same tensors, nothing allocated either way."""
+    from bitsandbytes.nn import modules
+
+    original = modules.fix_4bit_weight_quant_state_from_module
+
+    def attach(module: torch.nn.Module) -> None:
+        if getattr(module.weight, "quant_state", None) is None:
+            module.weight.quant_state = module.quant_state
+
+    modules.fix_4bit_weight_quant_state_from_module = attach
+    try:
+        yield
+    finally:
+        modules.fix_4bit_weight_quant_state_from_module = original
 
 
 def _handles(root: torch.nn.Module) -> list:
@@ -251,9 +365,10 @@ def _trainer_step(root: torch.nn.Module, optimizer: torch.optim.Optimizer, token
     marks[f"{prefix}optimizer"] = events()
 
 
-def _running_peaks(events: list, marks: dict[str, int]) -> dict[StepPhase, int]:
+def _running_peaks(events: list, marks: dict[str, int], host: frozenset[int] = frozenset()) -> dict[StepPhase, int]:
     """The most bytes live at once in the second step up to the end of each phase (the live bytes
-    when it begins included), from the trace's allocations and frees."""
+    when it begins included), from the trace's allocations and frees; the storages in ``host``
+    (trace ids) are not the device's."""
     last = marks["micro_batches"] - 1
     bounds = []
     begin = marks["start"]
@@ -267,19 +382,19 @@ def _running_peaks(events: list, marks: dict[str, int]) -> dict[StepPhase, int]:
     index = 0
     for phase, begin, end in bounds:
         while index < begin:
-            live = _apply(events[index], sizes, live)
+            live = _apply(events[index], sizes, live, host)
             index += 1
         peak = max(peak, live)
         while index < end:
-            live = _apply(events[index], sizes, live)
+            live = _apply(events[index], sizes, live, host)
             peak = max(peak, live)
             index += 1
         peaks[phase] = peak
     return peaks
 
 
-def _apply(event: object, sizes: dict[int, int], live: int) -> int:
+def _apply(event: object, sizes: dict[int, int], live: int, host: frozenset[int]) -> int:
     if isinstance(event, AllocEvent):
-        sizes[event.id] = event.size_bytes
-        return live + event.size_bytes
+        sizes[event.id] = 0 if event.id in host else event.size_bytes
+        return live + sizes[event.id]
     return live - sizes.pop(event.id)

@@ -287,6 +287,84 @@ def hf_bnb_qlora_llama(model: ModelSpec, layers: int, policy: ActivationCheckpoi
     return dataclasses.replace(meta, module=module, blocks=blocks, forward=forward, shard=None, version=versions, real=True)
 
 
+def hf_sharded_qlora_llama(model: ModelSpec, layers: int, policy: ActivationCheckpointing, finetune: FineTuneSpec,
+                           hf_base: Callable):
+    """PEFT QLoRA as its FSDP guide loads it for sharding, on the meta device, quantized on the
+    fake device by ``empty_with_bnb_nf4``: every block linear a bnb.nn.Linear4bit whose packed
+    weight is stored in bnb_4bit_quant_storage bf16 (so FSDP can flatten it with the bf16 rest),
+    nothing cast to fp32, then ``get_peft_model``.
+
+    transformers 4.56.2 quantizers/quantizer_bnb_4bit.py _process_model_before_weight_loading
+    calls integrations/bitsandbytes.py replace_with_bnb_linear (every nn.Linear but lm_head).
+    trl's SFTTrainer (and transformers' Trainer) skip peft's prepare_model_for_kbit_training for a
+    Params4bit stored in a float dtype (trl sft_trainer.py is_sharded_qlora): the embedding, norms
+    and head stay bf16, which FSDP1 needs (a flat parameter holds one dtype). Gradient
+    checkpointing (reentrant) is enabled before PEFT wraps, as in hf_peft_llama."""
+    from importlib.metadata import version
+
+    from peft import LoraConfig, get_peft_model
+    from transformers.integrations.bitsandbytes import replace_with_bnb_linear
+
+    if finetune.quantize is not Quantization.nf4 or finetune.kbit_fp32_cast or finetune.dora:
+        raise ZeroplanError("finetune", "a sharded hf QLoRA is nf4 without prepare_model_for_kbit_training's fp32 cast, "
+                                        "without DoRA (allowed: quantize nf4, kbit_fp32_cast false, dora false)")
+    base = hf_base(model, layers, policy, torch.bfloat16)
+    module = replace_with_bnb_linear(base.module, modules_to_not_convert=["lm_head"], quantization_config=bnb_config(finetune))
+    # peft 0.17.1 tuners/lora/model.py _create_and_replace reads the model's is_loaded_in_4bit
+    # (from_pretrained sets it) to dispatch tuners/lora/bnb.py Linear4bit.
+    module.is_loaded_in_4bit = True
+    config = LoraConfig(
+        r=finetune.lora_rank, lora_alpha=lora_alpha(finetune),
+        target_modules=[PEFT_MODULES[t] for t in finetune.targets(Framework.hf)],
+        lora_dropout=finetune.lora_dropout, task_type="CAUSAL_LM",
+    )
+    # peft 0.17.1 peft_model.py _prepare_model_for_gradient_checkpointing leaves a 4-bit model's
+    # input gradients to prepare_model_for_kbit_training, which is skipped here; trl's SFTTrainer
+    # (sft_trainer.py at 58c0888, lines 189-226, for a sharded QLoRA) calls
+    # enable_input_require_grads itself, which the reentrant checkpoint needs.
+    module.enable_input_require_grads()
+    with torch.device("meta"):
+        module = get_peft_model(module, config)
+    module.train()
+    double = finetune.double_quant
+    # functional.py create_dynamic_map builds the 256-entry map the double quantization reads from
+    # Python floats, which a fake tensor cannot take: made here on the real CPU, where
+    # quantize_blockwise caches it (name2qmap) as it does on its first call.
+    from bitsandbytes import functional
+
+    if "dynamic" not in functional.name2qmap:
+        functional.name2qmap["dynamic"] = functional.create_dynamic_map()
+
+    def empty(module: nn.Module, device: object) -> None:
+        empty_with_bnb_nf4(module, device, double)
+
+    versions = f"transformers {version('transformers')}, peft {version('peft')}, bitsandbytes {version('bitsandbytes')}"
+    return dataclasses.replace(base, module=module, blocks=list(module.base_model.model.model.layers), shard=None,
+                               empty=empty, version=versions)
+
+
+def empty_with_bnb_nf4(module: nn.Module, device: object, double_quant: bool) -> None:
+    """``module.to_empty(device)``, then each bnb.nn.Linear4bit's weight quantized as
+    Params4bit._quantize does it on its move to the device (bitsandbytes 0.50.2 nn/modules.py:
+    functional.quantize_4bit(blocksize 64, nf4, quant_storage bf16), the packed data as the
+    weight, the QuantState on the parameter and on its module, which is where
+    fix_4bit_weight_quant_state_from_module finds it again once FSDP has replaced the
+    parameter by a view of its flat parameter). Under fake-tensor mode the quantize operators run
+    their registered fake kernels (the double quantization's dynamic map made before,
+    hf_sharded_qlora_llama)."""
+    import bitsandbytes as bnb
+    from bitsandbytes import functional
+
+    module.to_empty(device=device)
+    for layer in module.modules():
+        if isinstance(layer, bnb.nn.Linear4bit):
+            packed, state = functional.quantize_4bit(layer.weight, blocksize=BNB_NF4_BLOCK, compress_statistics=double_quant,
+                                                     quant_type="nf4", quant_storage=BNB_QUANT_STORAGE)
+            layer.weight = nn.Parameter(packed, requires_grad=False)
+            layer.weight.quant_state = state
+            layer.quant_state = state
+
+
 @contextlib.contextmanager
 def matmul_4bit_keeps_input():
     """Run bitsandbytes' MatMul4Bit as releases before 0.43.2 did.

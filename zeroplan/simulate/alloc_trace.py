@@ -127,6 +127,13 @@ class StorageTrace(TorchDispatchMode):
             self.events.append(FreeEvent(id=entry[0]))
         self._track(storage, key)
 
+    def trace_id(self, storage: torch.UntypedStorage) -> int:
+        """The trace id of a live storage's current block."""
+        entry = self._live[id(storage)]
+        if entry[2]() is not storage:
+            raise KeyError("storage not recorded")
+        return entry[0]
+
     def trace(self, source: str) -> AllocationTrace:
         """The events so far, each free matched to a live allocation."""
         return AllocationTrace(events=tuple(self.events), source=source)

@@ -365,7 +365,9 @@ def _raw_framework(training: object) -> object:
 # fsdp_version 1) was measured at full size for transformers' Llama in bf16-mixed, full
 # fine-tuning, one micro-batch, FULL_SHARD and SHARD_GRAD_OP, and under FULL_SHARD PEFT LoRA
 # (bf16 base, no DoRA) and accumulation over 2 micro-batches (benchmarks/framework-fsdp1-step-records,
-# zeroplan.frameworks.hf_fsdp1_step); the rest of what an hf request can ask is refused under it
+# zeroplan.frameworks.hf_fsdp1_step), and PEFT QLoRA over a bitsandbytes nf4 base stored in bf16
+# with and without CPUOffload(offload_params=True) (benchmarks/framework-fsdp1-qlora-step-records);
+# the rest of what an hf request can ask is refused under it
 # rather than planned unmeasured (tp, cp and pp are refused for hf whatever its FSDP).
 HF_FSDP1_STRATEGIES = (StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op)
 """The FSDP strategies hf's FSDP1 (StrategySpec.fsdp1_root_stays_gathered) was measured under."""
@@ -393,8 +395,9 @@ def check_hf_fsdp1(request: "PlanRequest") -> None:
         ("precision", training.precision is not Precision.bf16_mixed, f"{training.precision.value!r} (allowed: bf16-mixed)"),
         ("finetune", not training.finetune.trains_everything and not training.finetune.is_lora,
          "frozen blocks or embeddings (allowed: full fine-tuning, PEFT LoRA)"),
-        ("finetune.quantize", training.finetune.quantize.is_quantized,
-         f"{training.finetune.quantize.value!r} (QLoRA; allowed: none)"),
+        ("finetune.kbit_fp32_cast", training.finetune.quantize.is_quantized and training.finetune.kbit_fp32_cast,
+         "peft's fp32 cast of the norms (a FlatParameter holds one dtype, and trl skips the cast for a sharded "
+         "QLoRA; allowed: --no-kbit-fp32-cast)"),
         ("finetune.dora", training.finetune.dora, "DoRA (allowed: false)"),
         ("strategy", kind is not StrategyKind.fsdp_full_shard and training.finetune.is_lora,
          f"LoRA under {kind.value!r} (allowed: fsdp-full-shard)"),
@@ -403,7 +406,8 @@ def check_hf_fsdp1(request: "PlanRequest") -> None:
          "or fsdp-full-shard)"),
         ("finetune.base_dtype", training.finetune.is_lora and not training.finetune.loads_base_in_bf16,
          f"{training.finetune.base_dtype.value!r} (allowed: bf16)"),
-        ("fsdp_cpu_offload", training.fsdp_cpu_offload, "CPUOffload (allowed: without it)"),
+        ("fsdp_cpu_offload", training.fsdp_cpu_offload and not training.finetune.is_lora,
+         "CPUOffload of a full fine-tune (allowed: with PEFT LoRA or QLoRA)"),
         ("compile", training.compile, "torch.compile (allowed: without it)"),
         ("float8", training.float8 is not None, f"{training.float8} (allowed: none)"),
         ("fused_linear_cross_entropy", training.fused_linear_cross_entropy, "liger-kernel's loss (allowed: HF's own)"),
