@@ -179,5 +179,7 @@ def deepspeed_config_line(path: str, request: PlanRequest) -> str:
 
         parts.append(f"offload ratio {strategy.offload_optimizer_ratio:g} ({len(device_sub_group_elements(request))} "
                      f"of {len(sub_group_partition_elements(request))} sub-groups on the GPU)")
+    if request.training.deepspeed_bf16_autocast:
+        parts.append("bf16 master weights, gradients and Adam states under torch_autocast")
     return (f"DeepSpeed config {path}: {strategy.kind.value}, {', '.join(parts)} "
             "(elements; keys it leaves out at DeepSpeed's defaults)")
