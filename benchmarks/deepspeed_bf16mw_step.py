@@ -3,7 +3,7 @@ it (the published rows dsx-bf16mw-6.86b-4gpu-baseline and -ckpt-baseline), on a 
 smaller on gloo (4 CPU ranks): where the run's peak of live bytes falls (building the engine, a
 step's forward, backward or optimizer step) and what is live there, scaled back by 1,024.
 
-    python benchmarks/deepspeed_bf16mw_step.py [--checkpoint] [--breakdown] [--torch-linear] [--bf16full]
+    python benchmarks/deepspeed_bf16mw_step.py [--checkpoint] [--breakdown] [--torch-linear] [--bf16full] [--record PATH]
 
 --bf16full runs the example's configs/bf16_full.json instead of baseline.json: bf16
 bf16_master_weights_and_grads and bf16_optimizer_states (DeepSpeed PR 7700) and torch_autocast in
@@ -229,6 +229,9 @@ def main() -> None:
     parser.add_argument("--bf16full", action="store_true",
                         help="the example's configs/bf16_full.json: bf16 master weights, gradients and Adam states "
                              "under torch_autocast (DeepSpeed PR 7700)")
+    parser.add_argument("--record", type=Path, default=None,
+                        help="also write rank 0's result (dtypes, peaks by phase, the run's peak, unscaled bytes) "
+                             "as JSON here (benchmarks/deepspeed-bf16mw-records)")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="6.86b")
     parser.add_argument("--gpus", type=int, default=4, help="ranks (the row's GPUs)")
     parser.add_argument("--port", type=int, default=None,
@@ -243,6 +246,13 @@ def main() -> None:
     mp.spawn(_rank, args=(options, out), nprocs=WORLD)
     remove_deepspeed_shm_buffers(options.port)
     result = json.loads(Path(out).read_text())
+    if options.record is not None:
+        kept = {key: result[key] for key in ("deepspeed", "dtypes", "peaks", "peak", "peak_phase")}
+        kept["shape"] = dict(zip(("scale", "hidden", "layers", "heads", "vocab", "micro_batch", "seq"), SHAPES[options.shape]))
+        kept |= {"ranks": WORLD, "checkpoint": options.checkpoint, "torch_linear": options.torch_linear,
+                 "bf16full": options.bf16full}
+        options.record.parent.mkdir(parents=True, exist_ok=True)
+        options.record.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
     gib = 2**30
     print(f"DeepSpeed {result['deepspeed']}, {WORLD} gloo ranks, activation checkpointing "
           f"{'on' if options.checkpoint else 'off'}; live bytes x {SCALE} in GiB (the row's scale)")

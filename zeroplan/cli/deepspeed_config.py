@@ -88,6 +88,10 @@ def apply_deepspeed_config(config: DeepSpeedConfig, request: PlanRequest, kind: 
     if config.optimizer in ADAM_STATES and training.optimizer not in ADAM_STATES:
         raise ZeroplanError("--optimizer", f"{training.optimizer.value} but the {FLAG} file's optimizer keeps Adam's "
                                            "states (allowed: adamw, adam)")
+    if config.bf16_autocast:
+        # DeepSpeed's bf16 master weights under torch_autocast (zeroplan.core.deepspeed_bf16_autocast).
+        training = training.model_copy(update={"deepspeed_bf16_autocast": True})
+        request = request.model_copy(update={"training": training})
     if config.kind is StrategyKind.ddp:
         # Stage 0 is DeepSpeed's unpartitioned optimizer: the ddp strategy under DeepSpeed's state
         # convention (zeroplan.core.deepspeed_stage0), not torch's DDP.
@@ -175,5 +179,7 @@ def deepspeed_config_line(path: str, request: PlanRequest) -> str:
 
         parts.append(f"offload ratio {strategy.offload_optimizer_ratio:g} ({len(device_sub_group_elements(request))} "
                      f"of {len(sub_group_partition_elements(request))} sub-groups on the GPU)")
+    if request.training.deepspeed_bf16_autocast:
+        parts.append("bf16 master weights, gradients and Adam states under torch_autocast")
     return (f"DeepSpeed config {path}: {strategy.kind.value}, {', '.join(parts)} "
             "(elements; keys it leaves out at DeepSpeed's defaults)")

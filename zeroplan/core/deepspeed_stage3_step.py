@@ -17,6 +17,7 @@ MiB) counts with the weights beside it."""
 
 from __future__ import annotations
 
+from zeroplan.core.deepspeed_bf16_autocast import step_cast_element_bytes
 from zeroplan.core.deepspeed_accumulation import _model_dtype_bytes, runs_deepspeed_engine
 from zeroplan.core.nvme import sub_group_tensor_elements
 from zeroplan.specs.request import PlanRequest
@@ -32,10 +33,11 @@ def steps_by_sub_group(request: PlanRequest) -> bool:
 
 # stage3.py:2686-2687: self.flatten(self.averaged_gradients[i]).to(fp32): the flat copy in the
 # model dtype (none for one tensor: a view), and the fp32 cast (none where the model dtype is fp32).
-def sub_group_step_parts(elements: list[int], model_dtype_bytes: int) -> tuple[int, int]:
-    """What one sub-group's step makes: its flat gradient copy's bytes and its fp32 cast's."""
+def sub_group_step_parts(elements: list[int], model_dtype_bytes: int, cast_bytes: int | None = None) -> tuple[int, int]:
+    """What one sub-group's step makes: its flat gradient copy's bytes and its cast's to the
+    master's dtype (``cast_bytes`` a element; None: fp32's, none where the model dtype is fp32)."""
     flat = model_dtype_bytes if len(elements) > 1 else 0
-    cast = FP32_BYTES if model_dtype_bytes != FP32_BYTES else 0
+    cast = (FP32_BYTES if model_dtype_bytes != FP32_BYTES else 0) if cast_bytes is None else cast_bytes
     return sum(elements) * flat, sum(elements) * cast
 
 
@@ -51,7 +53,8 @@ def sub_group_steps(request: PlanRequest) -> tuple[tuple[int, int], ...]:
     if not steps_by_sub_group(request):
         return ()
     e = _model_dtype_bytes(request)
-    return tuple(sub_group_step_parts(group, e) for group in sub_group_tensor_elements(request))
+    cast = step_cast_element_bytes(request, e)
+    return tuple(sub_group_step_parts(group, e, cast) for group in sub_group_tensor_elements(request))
 
 
 def step_gradient_bytes(request: PlanRequest) -> int | None:

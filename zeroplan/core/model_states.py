@@ -2,6 +2,7 @@
 states", sec. 3.1), exact for a padded sharded layout, with offload to host memory."""
 
 from zeroplan.core import deepspeed_offload, deepspeed_partial_offload, deepspeed_stage0
+from zeroplan.core.deepspeed_bf16_autocast import master_copy_element_bytes
 from zeroplan.core.finetune.offload import offloaded_quant_constant_bytes
 from zeroplan.core.finetune.storage import frozen_held_bytes, frozen_tensor_bytes
 from zeroplan.core.finetune.units import trainable_view
@@ -284,6 +285,8 @@ def model_state_bytes(request: PlanRequest) -> ModelStateBytes:
         counters = ADAM_STEP_COUNTER_BYTES * muon.adamw_stepped_tensors(request)
     # DeepSpeed's stage 0 clones an fp32 master only under fp16 and bf16 (zeroplan.core.deepspeed_stage0).
     master = 0 if deepspeed_stage0.runs_deepspeed_stage0(request) and request.training.precision is Precision.fp32 else eb.master
+    # DeepSpeed's bf16 master-weights mode keeps a separate bf16 master (zeroplan.core.deepspeed_bf16_autocast).
+    master += master_copy_element_bytes(request)
     optimizer = optimizer_elements * master + optimizer_bytes(request, optimizer_elements, optimizer_shards, eb) + counters
     if request.training.optimizer_in_backward:
         # torchtune 0.6.1 training/memory.py register_optim_in_bwd_hooks: each parameter's hook

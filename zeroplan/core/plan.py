@@ -10,6 +10,7 @@ from typing import NamedTuple, TypeVar
 from zeroplan.core.activations import activation_bytes, backward_workspace_bytes, layer_bytes, logits_bytes
 from zeroplan.core.deepspeed_mha_views import check_torch_multihead_attention, pinned_in_projection_bytes
 from zeroplan.core.deepspeed_torch_linear import pinned_linear_weight_bytes
+from zeroplan.core.deepspeed_bf16_autocast import activation_extra_bytes as bf16_autocast_activation_bytes, check_bf16_autocast
 from zeroplan.core.buffers import (
     backward_end_buffer_bytes, backward_end_gradient_bytes, backward_held_buffer_bytes, block_backward_gradient_bytes,
     block_backward_transient_bytes, block_copy_buffer_bytes, draining_held_buffer_bytes, first_layer_activation_blocks,
@@ -238,6 +239,9 @@ def _uncached_micro_batch_terms(request: PlanRequest) -> tuple[tuple[str, object
         # block's released in-projection (zeroplan.core.deepspeed_mha_views), or under torch's own
         # F.linear every released linear weight (zeroplan.core.deepspeed_torch_linear).
         activations += pinned_in_projection_bytes(request) + pinned_linear_weight_bytes(request)
+        # CUDA autocast's fp32 softmax and layer_norm over DeepSpeed's bf16 module
+        # (zeroplan.core.deepspeed_bf16_autocast).
+        activations += bf16_autocast_activation_bytes(request)
         logits = max(reference_logits(request) if one_rank else rank_logits_pieces(request, reference_logits))
     else:
         # The block a recomputing backward rebuilds is alive only in a block's backward: it
@@ -303,6 +307,7 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     check_compiled_layout(training, request.parallel)
     check_compiled_strategy(training, request.strategy.kind)
     check_torch_multihead_attention(request)
+    check_bf16_autocast(request)
     deepspeed_stage0.check_deepspeed_stage0(request)
     if training.finetune.frozen_blocks and training.activation_checkpointing not in (ActivationCheckpointing.none, ActivationCheckpointing.full):
         raise ZeroplanError("finetune.frozen_blocks", f"is modelled with activation checkpointing none or full, not "

@@ -325,6 +325,7 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
         + (", fused cross-entropy (flash-attn)" if t.fused_cross_entropy else "")
         + (", torch's nn.MultiheadAttention" if t.torch_multihead_attention else "")
         + (", torch's own F.linear under DeepSpeed's ZeRO-3" if t.deepspeed_torch_linear else "")
+        + (", DeepSpeed's bf16 master weights under torch_autocast" if t.deepspeed_bf16_autocast else "")
         + (", unchunked loss" if t.unchunked_loss else "")
         + (f", torchtitan {t.torchtitan_release}" if t.torchtitan_release else "")
         + (f", deepspeed {t.deepspeed_release}" if t.deepspeed_release else "")

@@ -122,6 +122,9 @@ class DeepSpeedConfig(Frozen):
     """activation_checkpointing.partition_activations (TrainingSpec.partition_activations)."""
     cpu_checkpointing: bool
     """activation_checkpointing.cpu_checkpointing (TrainingSpec.cpu_checkpointing)."""
+    bf16_autocast: bool = False
+    """bf16_master_weights_and_grads and bf16_optimizer_states under torch_autocast in bf16
+    (TrainingSpec.deepspeed_bf16_autocast; precision then bf16-pure)."""
 
     def strategy_updates(self) -> dict[str, Any]:
         """StrategySpec fields (other than kind) this file sets; "auto" entries left out. Stage 0
@@ -244,12 +247,24 @@ def _check_keys(block: dict[str, Any], allowed: tuple[str, ...], prefix: str) ->
 
 # deepspeed 0.19.8 runtime/precision_config.py DeepSpeedBF16Config and DeepSpeedFP16Config: their
 # keys; the loss scaler's only set numbers. The 16-bit master weight, gradient and state switches
-# change the model states, which zeroplan plans in fp32 under DeepSpeed: refused where set.
+# change the model states, which zeroplan plans in fp32 under DeepSpeed: refused where set, but
+# for bf16's two together with torch_autocast in bf16 (BF16_AUTOCAST_KEYS).
 PRECISION_KEYS = {"bf16": ("enabled", "immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
                            "bf16_optimizer_states"),
                   "fp16": ("enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window",
                            "hysteresis", "consecutive_hysteresis", "min_loss_scale", "fp16_master_weights_and_grads")}
 SIXTEEN_BIT_STATES = ("bf16_master_weights_and_grads", "bf16_optimizer_states", "fp16_master_weights_and_grads")
+BF16_AUTOCAST_KEYS = ("bf16_master_weights_and_grads", "bf16_optimizer_states")
+"""bf16's switches of DeepSpeed PR 7700 (first in 0.18.3), planned together and with torch_autocast in
+bf16 (zeroplan.core.deepspeed_bf16_autocast; DeepSpeedExamples' training/bf16_master_weight
+configs/bf16_full.json)."""
+
+# deepspeed 0.19.8 runtime/config.py get_torch_autocast_dtype (DtypeEnum.bf16's names) and
+# constants.py TORCH_AUTOCAST_*: the block's keys. A missing dtype leaves torch.autocast's own
+# default on CUDA, fp16 (runtime/torch_autocast.py autocast_if_enabled passes None); the safe
+# modules list changes which parameters are communicated in 16 bits (init_autocast_params).
+TORCH_AUTOCAST_KEYS = ("enabled", "dtype")
+BF16_DTYPE_NAMES = ("torch.bfloat16", "bf16", "bfloat16")
 
 # deepspeed 0.19.8 runtime/activation_checkpointing/config.py: the block's keys (its settings
 # apply to models that call deepspeed.checkpointing: zeroplan.core.deepspeed_checkpointing).
@@ -264,7 +279,7 @@ def _precision(config: dict[str, Any], hf_auto: bool) -> Precision | None:
         block = _object(config, name, name)
         _check_keys(block, PRECISION_KEYS[name], f"{name}.")
         for key in SIXTEEN_BIT_STATES:
-            if block.get(key):
+            if block.get(key) and not (name == "bf16" and key in BF16_AUTOCAST_KEYS):
                 raise _refuse(f"{name}.{key}", "16-bit master weights, gradients or states under DeepSpeed are not "
                                                "planned (allowed: false)")
         value = block.get("enabled", False)
@@ -275,7 +290,45 @@ def _precision(config: dict[str, Any], hf_auto: bool) -> Precision | None:
         enabled[name] = value
     if enabled["bf16"] and enabled["fp16"]:
         raise _refuse("bf16.enabled", "and fp16.enabled are both true (allowed: at most one)")
+    if enabled["bf16"] and bf16_autocast(config):
+        return Precision.bf16_pure
     return Precision.bf16_mixed if enabled["bf16"] else Precision.fp16_mixed if enabled["fp16"] else Precision.fp32
+
+
+def bf16_autocast(config: dict[str, Any]) -> bool:
+    """Whether the file runs DeepSpeed's bf16 master weights, gradients and Adam states under
+    torch_autocast in bf16 (PR 7700); one of the switches without the others is refused in one
+    line (deepspeed 0.19.8 runtime/config.py _do_error_check asserts bf16_optimizer_states needs
+    bf16_master_weights_and_grads; bf16 masters under fp32 Adam states, or the states without
+    autocast, are not planned)."""
+    bf16 = _object(config, "bf16", "bf16")
+    autocast = _object(config, "torch_autocast", "torch_autocast")
+    switches = {key: _bool(bf16, key, f"bf16.{key}", False) for key in BF16_AUTOCAST_KEYS}
+    enabled = _bool(autocast, "enabled", "torch_autocast.enabled", False)
+    if not any(switches.values()) and not enabled:
+        return False
+    _check_keys(autocast, TORCH_AUTOCAST_KEYS, "torch_autocast.")
+    master, states = (switches[key] for key in BF16_AUTOCAST_KEYS)
+    together = "with bf16_master_weights_and_grads, bf16_optimizer_states and torch_autocast.enabled all true"
+    if states and not master:
+        raise _refuse("bf16.bf16_optimizer_states", f"true without bf16_master_weights_and_grads, which DeepSpeed "
+                                                    f"asserts (allowed: false, or {together})")
+    if enabled and not master:
+        # deepspeed 0.19.8 runtime/torch_autocast.py: the engine runs the forward under autocast
+        # over fp32 master states, a regime zeroplan's precisions do not have.
+        raise _refuse("torch_autocast.enabled", f"true over fp32 master weights is not planned (allowed: false, or {together})")
+    if not states:
+        raise _refuse("bf16.bf16_master_weights_and_grads", f"true beside fp32 Adam states is not planned (allowed: false, "
+                                                            f"or {together})")
+    if not enabled:
+        raise _refuse("torch_autocast.enabled", "false beside bf16 master weights and optimizer states: planned under "
+                                                "torch_autocast only (allowed: true)")
+    if not bf16.get("enabled", False):
+        raise _refuse("bf16.enabled", "false beside torch_autocast: planned over DeepSpeed's bf16 module (allowed: true)")
+    if autocast.get("dtype") not in BF16_DTYPE_NAMES:
+        raise _refuse("torch_autocast.dtype", f"{autocast.get('dtype')!r} is not planned (allowed: "
+                                              f"{', '.join(BF16_DTYPE_NAMES)})")
+    return True
 
 
 def _optimizer(config: dict[str, Any]) -> Optimizer | None:
@@ -438,12 +491,11 @@ def deepspeed_config_of(config: dict[str, Any], hf_auto: bool) -> DeepSpeedConfi
         raise _refuse("data_types.grad_accum_dtype", f"{grad_accum_dtype!r} (allowed: fp32, fp16, bf16)")
     if kind is StrategyKind.ddp:
         _check_stage0(config, grad_accum_dtype, hf_auto)
-    autocast = _object(config, "torch_autocast", "torch_autocast")
-    if autocast.get("enabled", False) is not False:
-        # deepspeed 0.19.8 runtime/torch_autocast.py: the engine runs the forward under autocast
-        # over 16-bit states, a regime zeroplan's precisions do not have.
-        raise _refuse("torch_autocast.enabled", f"{autocast['enabled']!r}: DeepSpeed's autocast over its ZeRO engine is "
-                                                "not planned (allowed: false)")
+    autocast = bf16_autocast(config)
+    if autocast and kind is not StrategyKind.zero3:
+        # Measured on DeepSpeed's ZeRO-3 engine only (benchmarks/deepspeed_bf16mw_step.py --bf16full).
+        raise _refuse("zero_optimization.stage", f"{kind.value} with bf16 master weights under torch_autocast is not "
+                                                 "planned (allowed: stage 3 without offload)")
     aio = _object(config, "aio", "aio")
     checkpointing = _object(config, "activation_checkpointing", "activation_checkpointing")
     _check_keys(checkpointing, CHECKPOINTING_KEYS, "activation_checkpointing.")
@@ -483,4 +535,5 @@ def deepspeed_config_of(config: dict[str, Any], hf_auto: bool) -> DeepSpeedConfi
         aio=tuple(sorted(aio.items())),
         partition_activations=partition,
         cpu_checkpointing=on_host,
+        bf16_autocast=autocast,
     )

@@ -239,6 +239,13 @@ class TrainingSpec(Frozen):
     released linear's gathered weight stays alive until that linear's backward
     (zeroplan.core.deepspeed_torch_linear): every ZeRO-3 run of DeepSpeed 0.3.12 or 0.3.13, and a model
     built outside a zero.Init context and handed to deepspeed.initialize under 0.3.14 to 0.19.3."""
+    deepspeed_bf16_autocast: bool = False
+    """Framework zeroplan under DeepSpeed's ZeRO-3 engine, bf16-pure precision: DeepSpeed's
+    bf16 ``bf16_master_weights_and_grads`` and ``bf16_optimizer_states`` with ``torch_autocast``
+    in bf16 (DeepSpeed PR 7700, since 0.18.3): a separate bf16 master partition beside the bf16
+    parameters, and CUDA autocast's fp32 softmax and layer_norm over the bf16 module
+    (zeroplan.core.deepspeed_bf16_autocast). Set by a --deepspeed-config file that holds the
+    three switches."""
     checkpoint_early_stop: bool | None = None
     """Whether the block checkpoint stops recomputing once every tensor the backward saved is back
     (torch's non-reentrant checkpoint as rewritten after 2.0, set_checkpoint_early_stop); None: the
