@@ -99,7 +99,7 @@ def predict(row: dict[str, str]) -> dict[str, object]:
     except SystemExit:
         return {"error": stderr.getvalue().strip().splitlines()[-1] if stderr.getvalue().strip() else "argument error"}
     breakdown, states = max(ranks, key=lambda rank: rank[0].peak_bytes)
-    reserved = breakdown.reserved_peak_bytes if breakdown.reserved_peak_bytes is not None else breakdown.peak_bytes
+    reserved = _reserved(breakdown)
     usable = usable_memory_bytes(request)
     context = request.cluster.gpu.memory_bytes - usable  # CUDA context, and NCCL buffers where modelled
     metric = row["metric"]
@@ -111,6 +111,9 @@ def predict(row: dict[str, str]) -> dict[str, object]:
     }[metric]
     return {
         "allocated": breakdown.allocated_peak_bytes, "reserved": reserved, "predicted": figure,
+        # Each GPU's figure of the row's metric (a pipeline's or a device map's ranks, rank 0 first).
+        "per_gpu": [_reserved(b) + (context if metric == "nvidia-smi" else 0) if metric in ("reserved", "nvidia-smi")
+                    else b.allocated_peak_bytes for b, _ in ranks],
         # fit's verdict: the step on the GPU, the whole module moved there at load where the row's
         # load does that (zeroplan.core.model_load), and the node's host RAM where the row gives it.
         "fits": (breakdown.peak_bytes <= usable and load_fits_gpu(request, usable)
@@ -122,6 +125,19 @@ def predict(row: dict[str, str]) -> dict[str, object]:
         # the caching allocator's turn within the band is not scanned here).
         "margin": _margin(breakdown, usable, request.batch.varying_lengths is not None),
     }
+
+
+def _reserved(breakdown) -> int:
+    """The reserved peak: the allocator model's, or the flat reserve's peak where it gives none."""
+    return breakdown.reserved_peak_bytes if breakdown.reserved_peak_bytes is not None else breakdown.peak_bytes
+
+
+def published_per_gpu(row: dict[str, str]) -> list[float]:
+    """Each GPU's published figure in GiB where the row's notes quote them ('published per GPU
+    a+b GiB'; the row's own figure is the larger); empty elsewhere."""
+    if "published per GPU " not in row["notes"]:
+        return []
+    return [float(x) for x in row["notes"].split("published per GPU ")[1].split(" GiB")[0].split("+")]
 
 
 def _margin(breakdown, usable: int, varying_lengths: bool) -> str:
@@ -264,6 +280,14 @@ def main(argv: list[str] | None = None) -> int:
     split = [r["id"] for r, res in results if "error" not in res and res["split_segment"]]
     print(f"fits borderline by the gradients and optimizer states made inside the epoch (zeroplan.allocator.lazy_states): "
           f"{len(split)}{' (' + ', '.join(split) + ')' if split else ''}")
+    print("\nper GPU, where a row's notes quote each GPU's published figure (the row scores the larger):")
+    for row, result in results:
+        published = published_per_gpu(row)
+        if "error" in result or not published:
+            continue
+        print(f"  {row['id']:40s} " + "; ".join(
+            f"GPU {rank} {measured:.2f} vs {predicted / GIB:.2f} ({100 * (predicted / GIB - measured) / measured:+.1f} %)"
+            for rank, (measured, predicted) in enumerate(zip(published, result["per_gpu"]))))
     print(f"\nnot expressible ({len(unexpressed)}):")
     reasons = defaultdict(list)
     for row_id, reason in unexpressed:

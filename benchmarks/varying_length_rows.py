@@ -13,7 +13,7 @@ its sampler alike (RandomState(42)), so rows of one max_length share one data or
 measured figure is one draw of the epoch's records, the model gives their expectation.
 Usage:
 
-    python benchmarks/varying_length_rows.py [--replays 0]
+    python benchmarks/varying_length_rows.py [--replays 0] [--device-map-replays 0]
 """
 
 from __future__ import annotations
@@ -28,13 +28,14 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.published_memory_accuracy import load_rows, predict  # noqa: E402
+from benchmarks.published_memory_accuracy import argv_of, load_rows, predict  # noqa: E402
 from zeroplan.allocator.config import parse_alloc_conf  # noqa: E402
 from zeroplan.allocator.replay import ALLOC_OP, FREE_OP, replay  # noqa: E402
 from zeroplan.allocator.schedule import step_ops  # noqa: E402
 from zeroplan.cli.fit import request_from_args  # noqa: E402
 from zeroplan.cli.main import build_parser  # noqa: E402
 from zeroplan.core.length_records import sample_length_cdf  # noqa: E402
+from zeroplan.allocator.varying_lengths import varying_length_reserve_bytes  # noqa: E402
 from zeroplan.core.plan import memory_breakdown, peak_terms  # noqa: E402
 from zeroplan.specs.lengths import VaryingLengths  # noqa: E402
 from zeroplan.specs.strategy import StrategyKind  # noqa: E402
@@ -63,11 +64,12 @@ def with_flag(row: dict[str, str]) -> dict[str, str]:
     return row if "--varying-lengths" in row["extra_flags"] else {**row, "extra_flags": row["extra_flags"] + flag_of(row)}
 
 
-def chained_reserved(flags: list[str], seq_len: int, lengths: list[int]) -> float:
-    """The planner's step traces at ``lengths`` one after another (the model states once), replayed."""
+def chained_reserved(flags: list[str], seq_len: int, lengths: list[int], rank: int = 0) -> float:
+    """The planner's step traces at ``lengths`` one after another (the model states once), replayed,
+    on pipeline rank (a device map's GPU) ``rank``."""
     def ops_at(tokens: int):
         args = build_parser().parse_args([*flags, "--seq-len", str(tokens)])
-        request = request_from_args(args, StrategyKind.ddp)
+        request = request_from_args(args, StrategyKind.ddp).at_pipeline_rank(rank)
         return step_ops(request, *peak_terms(request))
 
     cache: dict[int, list] = {}
@@ -81,9 +83,40 @@ def chained_reserved(flags: list[str], seq_len: int, lengths: list[int]) -> floa
     return replay(ops, parse_alloc_conf("")).reserved_peak_bytes / GIB
 
 
+def dropped_set_lengths(seq_len: int, seed: int) -> list[int]:
+    """One epoch's lengths in the January script's order: the whole set's samples up to seq_len
+    (longer ones dropped), drawn from the gamma of the page's statistics."""
+    spec = VaryingLengths(mean_tokens=MEAN, sd_tokens=SD, min_tokens=MIN, samples=SAMPLES)
+    kept = round(SAMPLES * sample_length_cdf(spec)(seq_len))
+    shape, scale = ((MEAN - MIN) / SD) ** 2, SD**2 / (MEAN - MIN)
+    rng = random.Random(seed)
+    lengths: list[int] = []
+    while len(lengths) < kept:
+        tokens = int(MIN + rng.gammavariate(shape, scale))
+        if tokens <= seq_len:
+            lengths.append(tokens)
+    return lengths
+
+
+def replayed_growth(row: dict[str, str], rank: int, replays: int) -> tuple[list[float], float, float, int]:
+    """(chained replays' reserved peaks, the one step's replayed alone, the model's expected growth
+    with --varying-lengths, not capped at the usable memory as the plan's is, the epoch's
+    batches) for ``row`` on pipeline rank ``rank``, all GiB but the batches."""
+    seq_len = int(row["seq_len"])
+    flags = argv_of({**row, "extra_flags": without_flag(row["extra_flags"])})
+    flags = [flag for i, flag in enumerate(flags) if flag != "--seq-len" and (i == 0 or flags[i - 1] != "--seq-len")]
+    figures = [chained_reserved(flags, seq_len, dropped_set_lengths(seq_len, seed), rank) for seed in range(replays)]
+    one_step = chained_reserved(flags, seq_len, [seq_len], rank)
+    request = request_from_args(build_parser().parse_args(argv_of(with_flag(row))), StrategyKind.ddp).at_pipeline_rank(rank)
+    growth = varying_length_reserve_bytes(request, peak_terms(request)[1], 0, 2**62, lambda other: peak_terms(other)[1])
+    return figures, one_step, growth / GIB, len(dropped_set_lengths(seq_len, 0))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--replays", type=int, default=0, help="chained replays of swift-bm-qwen-7b-chat-lora-2048")
+    parser.add_argument("--device-map-replays", type=int, default=0,
+                        help="chained replays of GPU 0 (no loss) of the Qwen-72B device-map rows at 512-2048 tokens")
     options = parser.parse_args(argv)
     rows = [row for row in load_rows() if row["id"].startswith(("swift-bm", "swift-dec"))
             and not row["expressible"].startswith("no") and row["measured_value"]]
@@ -110,28 +143,27 @@ def main(argv: list[str] | None = None) -> int:
               f"signed {statistics.median(errors):+.1f} %, within 10 %: {sum(abs(e) <= 10 for e in errors)}")
     if options.replays:
         row = next(r for r in rows if r["id"] == "swift-bm-qwen-7b-chat-lora-2048")
-        from benchmarks.published_memory_accuracy import argv_of
-
-        flags = argv_of({**row, "extra_flags": without_flag(row["extra_flags"])})
-        flags = [flag for i, flag in enumerate(flags) if flag != "--seq-len" and (i == 0 or flags[i - 1] != "--seq-len")]
-        lengths_spec = VaryingLengths(mean_tokens=MEAN, sd_tokens=SD, min_tokens=MIN, samples=SAMPLES)
-        cdf = sample_length_cdf(lengths_spec)
-        kept = round(SAMPLES * cdf(2048))
-        shape, scale = ((MEAN - MIN) / SD) ** 2, SD**2 / (MEAN - MIN)
-        figures = []
-        for seed in range(options.replays):
-            rng = random.Random(seed)
-            lengths = []
-            while len(lengths) < kept:
-                tokens = int(MIN + rng.gammavariate(shape, scale))
-                if tokens <= 2048:
-                    lengths.append(tokens)
-            figures.append(chained_reserved(flags, 2048, lengths))
-        args = build_parser().parse_args(argv_of(with_flag(row)))
-        model = memory_breakdown(request_from_args(args, StrategyKind.ddp))[0].peak_bytes / GIB
+        figures, _, _, kept = replayed_growth(row, 0, options.replays)
+        model = memory_breakdown(request_from_args(build_parser().parse_args(argv_of(with_flag(row))), StrategyKind.ddp))[0]
         print(f"swift-bm-qwen-7b-chat-lora-2048: chained replays of {kept} lengths: "
               + ", ".join(f"{f:.2f}" for f in sorted(figures))
-              + f" GiB (mean {statistics.mean(figures):.2f}); the model's expectation {model:.2f}; measured 27.74")
+              + f" GiB (mean {statistics.mean(figures):.2f}); the model's expectation {model.peak_bytes / GIB:.2f}; measured 27.74")
+    if options.device_map_replays:
+        # One process over two GPUs: GPU 0 holds the embedding and blocks 0-38 and no loss, so its
+        # term is its backward workspace's (zeroplan.allocator.varying_lengths.workspace_record_sizes);
+        # GPU 1 the rest and the loss. Growth: over the one step at max_length, replayed alone.
+        print(f"{'device map':44s} {'measured':>8s} {'one step':>8s} {'growth: measured':>16s} {'model':>6s} "
+              f"{'replays (min-max)':>20s}  GiB")
+        for row in rows:
+            if not row["id"].startswith("swift-bm-qwen-72b-chat-lora-") or not row["id"].endswith("-2gpu"):
+                continue
+            published = row["notes"].split("published per GPU ")[1].split(" GiB")[0].split("+")
+            for rank in (0, 1):
+                figures, one_step, growth, _ = replayed_growth(row, rank, options.device_map_replays)
+                measured = float(published[rank])
+                mean = statistics.mean(figures)
+                print(f"{row['id'] + f' GPU {rank}':44s} {measured:8.2f} {one_step:8.2f} {measured - one_step:16.2f} "
+                      f"{growth:6.2f} {mean - one_step:8.2f} ({min(figures) - one_step:.2f}-{max(figures) - one_step:.2f})")
     return 0
 
 

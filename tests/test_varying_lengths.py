@@ -11,16 +11,23 @@ import math
 import pytest
 
 from zeroplan.allocator.rules import allocation_size
-from zeroplan.allocator.varying_lengths import record_tensor_bytes, segment_size_cdf, varying_length_reserve_bytes
+from zeroplan.allocator.eager_softmax_workspace import peak_tensors
+from zeroplan.allocator.varying_lengths import (
+    at_length, record_sizes, record_tensor_bytes, segment_size_cdf, varying_length_reserve_bytes,
+)
 from zeroplan.cli.fit import request_from_args
 from zeroplan.cli.main import build_parser
 from zeroplan.core.length_records import (
     batch_length_cdf, batches_per_rank, expected_record_sum, regularized_gamma_p, sample_length_cdf,
 )
-from zeroplan.core.plan import memory_breakdown, peak_terms
+from zeroplan.core.plan import memory_breakdown, peak_terms, pipeline_rank_breakdowns
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.lengths import LongSamples, VaryingLengths
 from zeroplan.specs.strategy import StrategyKind
+
+def terms_of(request):
+    return peak_terms(request)[1]
+
 
 PAGE = VaryingLengths(mean_tokens=3234.4, sd_tokens=2547.5, min_tokens=91, samples=4959)
 """ms-swift's benchmark dataset (cls-fudan-news-zh, docs/source/LLM/Benchmark.md)."""
@@ -87,7 +94,7 @@ def test_reserve_is_a_segment_per_record_of_each_largest_loss_tensor() -> None:
         return allocation_size(-(-tensors[0] * t // 2048 // 512) * 512)
 
     records, longest = expected_record_sum(segment_size_cdf(cdf, segment), batches, segment)
-    extra = varying_length_reserve_bytes(request, terms, 0, 2**50)
+    extra = varying_length_reserve_bytes(request, terms, 0, 2**50, terms_of)
     assert extra == pytest.approx(3 * (records - longest), rel=1e-9)
     assert records > longest
     # A record whose request still fits its predecessor's segment (2 MiB steps: 3.4 tokens of a
@@ -95,10 +102,62 @@ def test_reserve_is_a_segment_per_record_of_each_largest_loss_tensor() -> None:
     per_token, _ = expected_record_sum(cdf, batches, segment)
     assert records < 0.95 * per_token
     # Never past the usable memory: where the cache would outgrow it, a failing cudaMalloc frees it.
-    assert varying_length_reserve_bytes(request, terms, 10, 10 + extra // 2) == extra // 2
+    assert varying_length_reserve_bytes(request, terms, 10, 10 + extra // 2, terms_of) == extra // 2
     # Expandable segments map a longer batch's pages into the same segment: nothing left behind.
     expandable = _request("--varying-lengths", "3234.4,2547.5,91,4959", "--allocator-conf", "expandable_segments:True")
-    assert varying_length_reserve_bytes(expandable, peak_terms(expandable)[1], 0, 2**50) == 0
+    assert varying_length_reserve_bytes(expandable, terms_of(expandable), 0, 2**50, terms_of) == 0
+
+
+@functools.lru_cache(maxsize=None)
+def _device_map_request(*extra: str):
+    """Qwen2.5-7B LoRA over two GPUs in one process (device_map 'auto'): GPU 0 holds the
+    embedding and the first blocks, GPU 1 the rest and the loss."""
+    args = build_parser().parse_args(["fit", "qwen2.5-7b", "--gpus", "2", "--gpu", "a100-80gb", "--seq-len", "2048",
+                                      "--precision", "bf16-pure", "--framework", "hf", "--lora-rank", "8",
+                                      "--device-map", "auto", "--varying-lengths", "3234.4,2547.5,91,4959", *extra])
+    return request_from_args(args, StrategyKind.ddp)
+
+
+def test_a_rank_without_the_loss_counts_its_backward_workspace_per_record() -> None:
+    request = _device_map_request("--activation-checkpointing", "full")
+    gpu0, gpu1 = request.at_pipeline_rank(0), request.at_pipeline_rank(1)
+    terms = terms_of(gpu0)
+    assert record_tensor_bytes(gpu0, terms) == []
+    (size_at,) = record_sizes(gpu0, terms, terms_of)
+    # Under transformers' profile the schedule allocates the workspace as one tensor.
+    assert size_at(2048) == terms.workspace
+    cdf, batches = batch_length_cdf(PAGE, 2048, 1), batches_per_rank(PAGE, 2048, 1, 1)
+
+    def segment(t: int) -> int:
+        return allocation_size(-(-terms.workspace * t // 2048 // 512) * 512)
+
+    records, longest = expected_record_sum(segment_size_cdf(cdf, segment), batches, segment)
+    assert varying_length_reserve_bytes(gpu0, terms, 0, 2**50, terms_of) == pytest.approx(records - longest, rel=1e-9)
+    # The loss's GPU counts the loss's three tensors, as a single GPU does.
+    assert len(record_sizes(gpu1, terms_of(gpu1), terms_of)) == 3
+    # In the plan: GPU 0's reserve grows by it.
+    zero, one = (breakdown for breakdown, _ in pipeline_rank_breakdowns(request))
+    assert 0 < zero.varying_length_reserve_bytes < one.varying_length_reserve_bytes
+
+
+def test_a_workspace_part_that_does_not_grow_with_the_length_is_kept_at_shorter_lengths() -> None:
+    # QLoRA's dequantized weight is in the workspace at every length: the size at 512 tokens is
+    # the planner's own there, not a quarter of the one at 2048.
+    gpu0 = _device_map_request("--activation-checkpointing", "full", "--quantize", "nf4").at_pipeline_rank(0)
+    terms = terms_of(gpu0)
+    (size_at,) = record_sizes(gpu0, terms, terms_of)
+    shorter = at_length(gpu0, 512)
+    assert size_at(512) == terms_of(shorter).workspace > terms.workspace // 4
+
+
+def test_without_full_recomputation_a_rank_without_the_loss_counts_nothing() -> None:
+    gpu0 = _device_map_request("--activation-checkpointing", "none").at_pipeline_rank(0)
+    assert record_sizes(gpu0, terms_of(gpu0), terms_of) == []
+
+
+def test_peak_tensors_are_those_alive_at_the_most_bytes() -> None:
+    # 10, 20 made; the 10 freed; 30 made (50 alive: the peak); the 20 freed; 5 made.
+    assert peak_tensors((10, 20, ~0, 30, ~1, 5)) == (20, 30)
 
 
 def test_segment_size_cdf_keeps_the_last_length_of_each_segment_size() -> None:

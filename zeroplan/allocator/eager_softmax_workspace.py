@@ -171,6 +171,23 @@ def _backward_to_softmax(q: _Sequence, z: _Sizes, casts_output: bool, e: int, ou
     q.free(grad_input, scaled)
 
 
+def peak_tensors(steps: tuple[int, ...]) -> tuple[int, ...]:
+    """The sizes of the allocations eager_softmax_workspace's ``steps`` hold at their most bytes
+    alive at once (the first such moment), in allocation order."""
+    sizes: list[int] = []
+    alive: dict[int, int] = {}
+    peak_bytes, at_peak = 0, ()
+    for step in steps:
+        if step > 0:
+            alive[len(sizes)] = step
+            sizes.append(step)
+        else:
+            del alive[~step]
+        if sum(alive.values()) > peak_bytes:
+            peak_bytes, at_peak = sum(alive.values()), tuple(alive.values())
+    return at_peak
+
+
 def record_workspace(b: TraceBuilder, steps: tuple[int, ...]) -> list[int]:
     """Record eager_softmax_workspace's steps in ``b``; the ids still alive at their end."""
     if not steps:

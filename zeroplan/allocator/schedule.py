@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from zeroplan.allocator.builder import TraceBuilder, even_parts, split_bytes
-from zeroplan.allocator.eager_softmax_workspace import eager_softmax_workspace, record_workspace
+from zeroplan.allocator.eager_softmax_workspace import eager_softmax_workspace, peak_tensors, record_workspace
 from zeroplan.allocator.fsdp_schedule import applies as fsdp_applies
 from zeroplan.allocator.fsdp_schedule import (FsdpStepInputs, forward_cache_parts, forward_collectives, fsdp_loss_allocations,
                                               fsdp_step_inputs, loss_allocations, record_fsdp_step, run_loss,
@@ -92,6 +92,14 @@ def _workspace_parts(request: PlanRequest, workspace: int) -> tuple[int, ...]:
             apart = experts if experts and name in _EXPERT_TERMS else 1
             weights += [value // apart] * apart
     return tuple(split_bytes(recompute, weights or [1]) + split_bytes(workspace - recompute, [1]))
+
+
+def workspace_peak_tensors(request: PlanRequest, terms: PeakTerms) -> tuple[int, ...]:
+    """The tensors one block's backward workspace holds at its most bytes, as both schedules
+    allocate it (record_step, fsdp_schedule.record_fsdp_step): transformers' eager attention
+    core's steps at their peak, else _workspace_parts, allocated together."""
+    steps = eager_softmax_workspace(request, terms.workspace)[1]
+    return peak_tensors(steps) if steps else _workspace_parts(request, terms.workspace)
 
 
 _EXPERT_TERMS = ("mlp_inner",)

@@ -414,7 +414,7 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
 
         one_step = allocated + reserve if reserved is None else reserved
         usable = usable_memory_bytes(request)
-        varying = varying_length_reserve_bytes(request, terms, one_step, usable)
+        varying = varying_length_reserve_bytes(request, terms, one_step, usable, lambda other: peak_terms(other)[1])
         reserve += varying
         reserved = None if reserved is None else reserved + varying
         if allocated + reserve <= usable:
