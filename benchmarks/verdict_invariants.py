@@ -64,6 +64,25 @@ Invariants (each checked only where it must hold):
                    the allocated peak, and where no in-projection is pinned (a full block checkpoint,
                    or gathers that are not DeepSpeed's plain ZeRO-3) answers every memory figure
                    as without it
+ 17 device-map     hf's --device-map (accelerate's split of the layers over one process's GPUs):
+                   the plan's peak and verdict are the worst GPU's, 'auto' answers as 'balanced',
+                   and twice the GPUs (half, where twice leaves the node) never raise the worst
+                   GPU's parameter bytes, sequential, or balanced where accelerate's per-GPU
+                   budget holds the largest unsplit module (else its walk may skip to the last GPU)
+ 18 muon           --optimizer muon keeps no more optimizer-state (nor model-state) bytes per GPU
+                   than AdamW on the same request: one momentum for each block matrix's element
+                   where AdamW keeps two states, AdamW's own on the rest
+ 19 torch-linear   --deepspeed-torch-linear (torch's F.linear under DeepSpeed's ZeRO-3) never
+                   lowers the allocated peak or the flat reserve's peak, and where no linear weight
+                   is pinned (gathers that are not DeepSpeed's plain ZeRO-3) answers every memory
+                   figure as without it
+ 20 model-load     hf's --model-load: 'sharded' answers as no flag (the profile's default); a
+                   full-per-rank load never turns an OOM into a fit, never lowers the allocated
+                   peak, the host bytes per rank or raises max-mb, against the sharded load
+ 21 margin         the allocated peak's error band (margin.ALLOCATED_PEAK_ERROR_BAND) marks fits
+                   only: a predicted OOM is borderline by the reserve's band or the allocator's
+                   turn within it alone, and a fit whose allocated peak alone may reach the usable
+                   memory is borderline (every plan of a request, and those near its tightest fit)
 
     python benchmarks/verdict_invariants.py --requests 500 --seed 1
 """
@@ -112,7 +131,8 @@ STATE_ORDER = (("ddp", "zero1"), ("zero1", "zero2"), ("zero2", "zero3"), ("ddp",
 
 INVARIANTS = ("1 bigger-gpu", "2 batch-growth", "3 state-order", "4 checkpointing", "5 max-mb", "6 plan-vs-fit",
               "7 determinism", "8 scale-out", "9 precision", "10 step-time", "11 adapter-rank", "12 ds-checkpoint",
-              "13 offload-ratio", "14 hf-fsdp1", "15 ulysses", "16 mha-views")
+              "13 offload-ratio", "14 hf-fsdp1", "15 ulysses", "16 mha-views", "17 device-map", "18 muon",
+              "19 torch-linear", "20 model-load", "21 margin")
 SCALE_OUT_STRATEGIES = ("zero3", "fsdp-full-shard")
 """Strategies whose every model state is sharded over the data-parallel ranks (8 scale-out)."""
 
@@ -162,6 +182,7 @@ def random_argv(rng: random.Random) -> list[str]:
     argv += rare_options(rng, framework, model)
     argv += deepspeed_options(argv, framework)
     argv = new_input_options(argv, framework)
+    argv = newest_input_options(argv, framework)
     if rng.random() < 0.3:
         argv += ["--flat-reserve"]
     elif rng.random() < 0.15:
@@ -307,6 +328,78 @@ def new_input_options(argv: list[str], framework: str) -> list[str]:
     return argv
 
 
+DEVICE_MAPS = ("auto", "balanced", "sequential")
+DEVICE_MAP_REFUSED_SWITCHES = ("--compile", "--fsdp-cpu-offload", "--keep-unsharded-grads-on-accum")
+"""What check_device_map refuses beside a device map (the sweep draws none of it there, mostly)."""
+MUON_STRATEGIES = {"zeroplan": (("ddp",), ("zero1,zero2", "deepspeed")), "hf": (("ddp",), ("zero1,zero2",), ("ddp,zero1,zero2",))}
+"""Where check_muon plans Muon: torch's beside AdamW under DDP, DeepSpeed's MuonWithAuxAdam under
+ZeRO-1/2 (the deepspeed state convention): (strategies, state convention) by framework."""
+MODEL_PARALLEL_SWITCHES = ("--no-sequence-parallel", "--async-tp", "--sequence-parallel")
+ZERO3_STRATEGIES = ("zero3", "zero3,zero3-offload,zero3-param-offload", "zero3,zero3-hpz,zero3-mics", "zero2,zero3")
+
+
+def without(argv: list[str], switches: tuple[str, ...] = (), flags: tuple[str, ...] = ()) -> list[str]:
+    """argv without the ``switches`` and the value ``flags`` (each with its value)."""
+    argv = [t for t in argv if t not in switches]
+    for flag in flags:
+        argv = with_flag(argv, flag, None)
+    return argv
+
+
+def newest_input_options(argv: list[str], framework: str) -> list[str]:
+    """hf's --device-map and --model-load, --optimizer muon (zeroplan, hf) and
+    --deepspeed-torch-linear (zeroplan), drawn from a generator seeded by the request's own flags
+    (no draw from the seed's generator), at most one a request and none beside hf's FSDP1 or the
+    MHA flag. Four in five are fitted to where the planner models them (its refusals are drawn too,
+    and must be one line naming the field)."""
+    if "--fsdp-version" in argv or "--torch-multihead-attention" in argv:
+        return argv
+    rng = random.Random("newest inputs " + shlex.join(argv))
+    draw, fitted = rng.random(), rng.random() < 0.8
+    if framework == "hf" and draw < 0.2:
+        # check_device_map: LoRA/QLoRA (none, nf4 or int8), one replica ('ddp') of one process
+        # driving the GPUs of one node; no compile, offload or optimizer in backward.
+        if fitted:
+            argv = without(argv, DEVICE_MAP_REFUSED_SWITCHES, ("--hsdp-group", "--offload-ratio", "--strategies"))
+            if "--lora-rank" not in argv:
+                argv += ["--lora-rank", str(rng.choice((8, 16)))]
+            if int(flag_value(argv, "--gpus")) > 8:
+                argv = with_flag(argv, "--gpus", str(rng.choice((2, 4, 8))))
+            argv += ["--strategies", "ddp"]
+        return [*argv, "--device-map", rng.choice(DEVICE_MAPS)]
+    if framework == "hf" and draw < 0.4:
+        # check_model_load: no quantized base; --strategies naming a DeepSpeed ZeRO-3 strategy.
+        if fitted:
+            argv = without(argv, flags=("--quantize",))
+            if rng.random() < 0.5:
+                argv = with_flag(argv, "--strategies", rng.choice(ZERO3_STRATEGIES[:2] + ZERO3_STRATEGIES[3:]))
+            if rng.random() < 0.3:
+                # fp32 keeps peft's adapters fp32 under either load: the loads' steps then compare.
+                argv = with_flag(argv, "--precision", "fp32")
+        return [*argv, "--model-load", rng.choice(("sharded", "full-per-rank", "full-per-rank"))]
+    if framework in MUON_STRATEGIES and (draw < 0.5 if framework == "hf" else draw < 0.1):
+        # check_muon: DDP, or ZeRO-1/2 under DeepSpeed's convention; whole matrices (no tp, pp
+        # or ep); the optimizer on the GPU after the backward.
+        if fitted:
+            argv = without(argv, ("--paged-optimizer", "--fsdp-cpu-offload", *MODEL_PARALLEL_SWITCHES),
+                           ("--tp", "--pp", "--cp", "--ep", "--pp-schedule", "--virtual-stages", "--offload-ratio",
+                            "--hsdp-group"))
+            strategies, *convention = rng.choice(MUON_STRATEGIES[framework])
+            argv = with_flag(argv, "--strategies", strategies)
+            if convention:
+                argv = with_flag(argv, "--state-convention", convention[0])
+        return with_flag(argv, "--optimizer", "muon")
+    if framework == "zeroplan" and draw < 0.3:
+        # Pinned only under DeepSpeed's plain ZeRO-3 gathers (the deepspeed state convention),
+        # asked mostly there.
+        if fitted:
+            argv = with_flag(argv, "--strategies", rng.choice(ZERO3_STRATEGIES))
+            if rng.random() < 0.75:
+                argv = with_flag(argv, "--state-convention", "deepspeed")
+        return [*argv, "--deepspeed-torch-linear"]
+    return argv
+
+
 ROOT = Path(__file__).resolve().parents[1]
 MOE_CONFIGS = ("tests/fixtures/hf/qwen3-30b-a3b.json", "tests/fixtures/hf/deepseek-v2-lite.json",
                "tests/fixtures/hf/qwen1.5-moe-a2.7b.json")
@@ -373,7 +466,8 @@ def with_flag(argv: list[str], flag: str, value: str | None) -> list[str]:
     return out + ([flag] if value == "" else [flag, value] if value is not None else [])
 
 
-SWITCHES = ("--flat-reserve", "--fsdp-cpu-offload", "--compile", "--torch-multihead-attention", *DEEPSPEED_CHECKPOINTING)
+SWITCHES = ("--flat-reserve", "--fsdp-cpu-offload", "--compile", "--torch-multihead-attention", "--deepspeed-torch-linear",
+            "--paged-optimizer", "--keep-unsharded-grads-on-accum", *MODEL_PARALLEL_SWITCHES, *DEEPSPEED_CHECKPOINTING)
 
 
 def flag_value(argv: list[str], flag: str) -> str | None:
@@ -489,10 +583,12 @@ def check_request(argv: list[str], rng: random.Random, sweep: Sweep, search_shar
     _check_plan_vs_fit(argv, request, plans, sweep)
     _check_max_micro_batch(argv, request, plans, sweep)
     _check_state_order(argv, plans, sweep, request)
+    _check_margin(argv, plans, sweep)
     checks = [_check_bigger_gpu, _check_growth, _check_checkpointing, _check_activation_offloading,
               _check_offload_policy, _check_scale_out, _check_precision, _check_step_time, _check_adapter_rank,
               _check_deepspeed_checkpointing, _check_offload_ratio, _check_hf_fsdp1, _check_ulysses,
-              _check_multihead_attention_views]
+              _check_multihead_attention_views, _check_device_map, _check_muon, _check_torch_linear,
+              _check_model_load]
     if rng.random() < search_share:
         checks.append(_check_search)
     for check in checks:
@@ -616,9 +712,11 @@ def _check_bigger_gpu(argv, names, plans, sweep) -> None:
             small = fit_plans(near, sweep, tuple(plans))
         except Refused:
             small = {}
+        _check_margin(near, small, sweep)
         for step_gib in (0.02, 0.1, 0.5):
             grown = with_flag(argv, "--gpu-memory-gib", f"{memory_gib + step_gib:.4f}")
             larger = fit_plans(grown, sweep, tuple(small))
+            _check_margin(grown, larger, sweep)
             for name, p in small.items():
                 sweep.check(INVARIANTS[0], not p.fits or holds_with_more_memory(larger[name]),
                             f"{name}: fits ({gib(p.memory.peak_bytes)} of {gib(p.usable_memory_bytes)}) but OOM with more "
@@ -967,6 +1065,181 @@ def _check_multihead_attention_views(argv, names, plans, sweep) -> None:
             sweep.check(INVARIANTS[15], same, f"{name}: nothing pinned, yet the memory figures differ with "
                         f"--torch-multihead-attention (allocated peak {gib(p.memory.allocated_peak_bytes)} against "
                         f"{gib(other[name].memory.allocated_peak_bytes)}){lines}")
+
+
+def _check_margin(argv, plans, sweep) -> None:
+    """The allocated peak's band marks fits only: a predicted OOM is borderline by the reserve's
+    band (or the caching allocator's turn within its reach) alone, never by the allocated peak's;
+    and a fit whose allocated peak alone, at that band's high end, reaches the usable memory is
+    borderline (margin.is_borderline)."""
+    from zeroplan.core.margin import allocated_reaches_usable, error_band, is_borderline
+
+    for name, p in plans.items():
+        m, usable = p.memory, p.usable_memory_bytes
+        band = error_band(flag_value(argv, "--varying-lengths") is not None)
+        if not p.fits and p.borderline:
+            by_reserve = p.borderline_capacity_bytes is not None or is_borderline(m.peak_bytes, usable, band)
+            sweep.check(INVARIANTS[20], by_reserve and m.peak_bytes > usable,
+                        f"{name}: OOM ({gib(m.peak_bytes)} of {gib(usable)}) marked borderline by the allocated peak's "
+                        f"band ({gib(m.allocated_peak_bytes)} allocated)\n    {command_line(argv, name)}")
+        if p.fits:
+            reaches = allocated_reaches_usable(m.allocated_peak_bytes, usable)
+            sweep.check(INVARIANTS[20], p.borderline or not reaches,
+                        f"{name}: fits, allocated peak {gib(m.allocated_peak_bytes)} within its band of {gib(usable)} "
+                        f"usable, but not borderline\n    {command_line(argv, name)}")
+
+
+def _worst_gpu(request, kind: StrategyKind) -> tuple[int, int]:
+    """(the highest peak, the most parameter bytes) over the GPUs of a device map, on the flat reserve."""
+    ranks = [b for b, _ in pipeline_rank_breakdowns(_on_flat(request, kind))]
+    return max(b.peak_bytes for b in ranks), max(b.parameter_bytes for b in ranks)
+
+
+def balanced_budget_holds_largest_module(request) -> bool:
+    """Whether accelerate's balanced budget for every GPU (get_balanced_memory: the model's bytes
+    over the GPUs plus 1.25 x the larger of its first block and its mean leaf module, the last GPU
+    uncapped) holds the largest module it cannot split. Where it does not, infer_auto_device_map
+    skips every capped GPU the module does not fit and may put the whole model on the last one, so
+    more GPUs can load one GPU with more: Qwen2.5-0.5B LoRA (a 272 MB tied embedding) balanced over
+    4 A100-80GB holds 0, 1 (the embedding), 9 and 15 blocks a GPU and over 8 holds all 24 on GPU 7,
+    as accelerate 1.10.1's own _get_device_map on the meta-device model does (0.418 GiB of
+    parameters on the worst GPU against 0.922)."""
+    from fractions import Fraction
+
+    from zeroplan.core.parallel.device_map import _element_bytes, _max_layer, _module_tree, balanced_max_memory
+
+    element, head_element = _element_bytes(request)
+    tree = _module_tree(request.model, element, head_element)
+    budgets = balanced_max_memory(tree, request.cluster.world_size, request.cluster.usable_memory_bytes)
+    if request.training.finetune.quantize.is_quantized:
+        budgets = [b * Fraction(9, 10) for b in budgets]
+    return min(budgets) >= _max_layer(list(tree.children))[0]
+
+
+def _check_device_map(argv, names, plans, sweep) -> None:
+    """hf's --device-map: the plan's peak and verdict are its worst GPU's; 'auto' answers as
+    'balanced' (transformers' _get_device_map treats every string but 'sequential' alike); twice
+    the GPUs (half, where twice would leave the node) never raise the worst GPU's parameter
+    bytes where the split is sequential (each GPU filled to its free memory in turn: GPU 0's fill does
+    not depend on the count) or balanced with every GPU's budget holding the largest module
+    (balanced_budget_holds_largest_module)."""
+    mode = flag_value(argv, "--device-map")
+    if mode is None:
+        return
+    for name, p in plans.items():
+        peaks = p.pipeline_rank_peak_bytes or (p.memory.peak_bytes,)
+        worst = max(peaks)
+        sweep.check(INVARIANTS[16], p.memory.peak_bytes == worst and p.fits == (worst <= p.usable_memory_bytes),
+                    f"{name}: peak {gib(p.memory.peak_bytes)} (fits {p.fits}) where the GPUs peak at "
+                    f"{', '.join(gib(b) for b in peaks)} of {gib(p.usable_memory_bytes)}\n    {command_line(argv, name)}")
+    if mode != "sequential":
+        twin = with_flag(argv, "--device-map", "balanced" if mode == "auto" else "auto")
+        other = fit_plans(twin, sweep, tuple(plans))
+        for name, p in plans.items():
+            same = name in other and p.memory.model_dump() == other[name].memory.model_dump() and p.fits == other[name].fits
+            sweep.check(INVARIANTS[16], same, f"{name}: --device-map {mode} answers otherwise than its twin\n    "
+                        f"{command_line(argv, name)}\n    {command_line(twin, name)}")
+    gpus = int(flag_value(argv, "--gpus"))
+    fewer, more = (gpus, 2 * gpus) if 2 * gpus <= 8 else (gpus // 2, gpus)
+    if fewer < 1 or fewer == more:
+        return
+    small, large = with_flag(argv, "--gpus", str(fewer)), with_flag(argv, "--gpus", str(more))
+    try:
+        requests = build(small, sweep), build(large, sweep)
+    except Refused:
+        return
+    if mode != "sequential" and not balanced_budget_holds_largest_module(requests[1]):
+        return
+    for name in plans:
+        try:
+            before, after = (answer(lambda: _worst_gpu(r, StrategyKind(name)), flags, sweep, name)
+                             for r, flags in zip(requests, (small, large)))
+        except Refused:
+            continue  # e.g. the weights not fitting the fewer GPUs under accelerate's split
+        sweep.check(INVARIANTS[16], after[1] <= before[1], f"{name}: the worst GPU holds {gib(before[1])} of parameters "
+                    f"on {fewer} GPUs, {gib(after[1])} on {more}\n    {command_line(small, name)}\n    {command_line(large, name)}")
+
+
+def _check_muon(argv, names, plans, sweep) -> None:
+    """--optimizer muon against AdamW on the same request: no more optimizer-state bytes per GPU
+    (torch.optim.Muon and DeepSpeed's MuonWithAuxAdam keep one momentum for a block matrix's
+    element where AdamW keeps two, and AdamW's own states on the rest), nor model-state bytes."""
+    if flag_value(argv, "--optimizer") != "muon":
+        return
+    adamw = with_flag(argv, "--optimizer", "adamw")
+    other = fit_plans(adamw, sweep, tuple(plans))
+    for name, p in plans.items():
+        if name not in other:
+            continue
+        q = other[name]
+        a, b = p.memory.optimizer_state_bytes, q.memory.optimizer_state_bytes
+        sweep.check(INVARIANTS[17], a <= b and state_bytes(p) <= state_bytes(q),
+                    f"{name}: optimizer states {gib(a)} with muon > {gib(b)} with adamw (model states {gib(state_bytes(p))} "
+                    f"against {gib(state_bytes(q))})\n    {command_line(argv, name)}\n    {command_line(adamw, name)}")
+
+
+def _check_torch_linear(argv, names, plans, sweep) -> None:
+    """--deepspeed-torch-linear against the same request without it: the allocated peak and the
+    flat reserve's peak no lower on any pipeline rank (the pinned weights only add), and where no
+    weight is pinned (deepspeed_torch_linear.keeps_torch_linear) every memory figure the same."""
+    if "--deepspeed-torch-linear" not in argv:
+        return
+    from zeroplan.core.deepspeed_torch_linear import keeps_torch_linear
+
+    plain = with_flag(argv, "--deepspeed-torch-linear", None)
+    other = fit_plans(plain, sweep, tuple(plans))
+
+    def peaks(request, name: str) -> list[tuple[int, int]]:  # type: ignore[no-untyped-def]
+        return [(b.allocated_peak_bytes, b.peak_bytes) for b, _ in pipeline_rank_breakdowns(_on_flat(request, StrategyKind(name)))]
+
+    for name, request, with_it, without_it in _beside_variant(argv, plain, [n for n in plans if n in other], sweep, peaks):
+        lines = f"\n    {command_line(argv, name)}\n    {command_line(plain, name)}"
+        for stage, ((a, peak_a), (b, peak_b)) in enumerate(zip(with_it, without_it)):
+            sweep.check(INVARIANTS[18], a >= b and peak_a >= peak_b, f"{name}: allocated peak {gib(a)}, peak {gib(peak_a)} "
+                        f"with --deepspeed-torch-linear < {gib(b)}, {gib(peak_b)} without (pipeline rank {stage}){lines}")
+        kind = StrategyKind(name)
+        if not keeps_torch_linear(request.with_strategy(request.strategy.model_copy(update={"kind": kind}))):
+            same = plans[name].memory.model_dump() == other[name].memory.model_dump()
+            sweep.check(INVARIANTS[18], same, f"{name}: nothing pinned, yet the memory figures differ with "
+                        f"--deepspeed-torch-linear{lines}")
+
+
+def _check_model_load(argv, names, plans, sweep) -> None:
+    """hf's --model-load: 'sharded' answers every figure as no flag (the profile's default); a
+    full-per-rank load against the sharded one, strategy by strategy, only adds (the whole model
+    on the host and, under DeepSpeed's ZeRO-3, on the GPU before the step): never a fit where the
+    sharded load runs out, no lower allocated peak, no fewer host bytes per rank, no larger
+    max-mb. Compared where peft's adapters keep one dtype under both loads: DeepSpeed 0.19.8's
+    engine casts a module that did not come from zero.Init (adapters_stay_fp32), which the
+    full-per-rank load's LoRA adapters then are in 16 bits where the sharded load's stay fp32."""
+    if flag_value(argv, "--model-load") is None:
+        return
+    from zeroplan.core.finetune.activations import adapters_stay_fp32
+
+    kinds = tuple(StrategyKind(name) for name in plans)
+
+    def report(flags):  # type: ignore[no-untyped-def]
+        return {p.strategy.value: p for p in answer(lambda: fit(build(flags, sweep), kinds, suggest=False, timed=False),
+                                                    flags, sweep).plans}
+
+    none, sharded_argv, full_argv = (with_flag(argv, "--model-load", load) for load in (None, "sharded", "full-per-rank"))
+    unset, sharded, full = report(none), report(sharded_argv), report(full_argv)
+    for name, p in sharded.items():
+        sweep.check(INVARIANTS[19], name in unset and p.model_dump() == unset[name].model_dump(),
+                    f"{name}: --model-load sharded answers otherwise than no --model-load\n    "
+                    f"{command_line(sharded_argv, name)}\n    {command_line(none, name)}")
+    request = build(sharded_argv, sweep)
+    for name, p in sharded.items():
+        q = full.get(name)
+        at = request.with_strategy(request.strategy.model_copy(update={"kind": StrategyKind(name)}))
+        if q is None or adapters_stay_fp32(at):
+            continue
+        sweep.check(INVARIANTS[19], (p.fits or not q.fits) and q.memory.allocated_peak_bytes >= p.memory.allocated_peak_bytes
+                    and q.host_bytes_per_rank >= p.host_bytes_per_rank and q.max_micro_batch_size <= p.max_micro_batch_size,
+                    f"{name}: full-per-rank fits {q.fits}, allocated {gib(q.memory.allocated_peak_bytes)}, host "
+                    f"{gib(q.host_bytes_per_rank)}, max-mb {q.max_micro_batch_size}; sharded fits {p.fits}, allocated "
+                    f"{gib(p.memory.allocated_peak_bytes)}, host {gib(p.host_bytes_per_rank)}, max-mb {p.max_micro_batch_size}"
+                    f"\n    {command_line(full_argv, name)}\n    {command_line(sharded_argv, name)}")
 
 
 def _beside_variant(argv, variant, names, sweep, figures):  # type: ignore[no-untyped-def]

@@ -122,6 +122,16 @@ def test_refuses_other_frameworks_and_full_training() -> None:
         PlanRequest(**{**dict(request), "training": TrainingSpec(framework=Framework.hf)})
 
 
+def test_refuses_the_gpus_of_more_than_one_node() -> None:
+    """One process sees its own node's GPUs: a device map over 16 GPUs of two nodes is refused
+    (it was planned as one process driving all 16)."""
+    request = _request(get_model("qwen2.5-7b"), 8, 24)
+    two_nodes = ClusterSpec(gpu=request.cluster.gpu, gpus_per_node=8, num_nodes=2)
+    with pytest.raises(ZeroplanError) as error:
+        PlanRequest(**{**dict(request), "cluster": two_nodes, "parallel": request.parallel.model_copy(update={"pp": 16})})
+    assert error.value.field == "parallel.device_map" and "allowed: nodes 1" in str(error.value)
+
+
 def test_refuses_a_model_the_gpus_cannot_hold() -> None:
     with pytest.raises(ZeroplanError, match="parallel.device_map: .*offload"):
         device_shares(_request(get_model("qwen-72b"), 2, 40))

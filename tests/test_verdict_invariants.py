@@ -41,10 +41,22 @@ DRAWN_NOW_AND_THEN = (
     ["gpt2", "--framework", "zeroplan", "--gpu", "a10g", "--gpus", "4", "--micro-batch", "2", "--seq-len", "1024",
      "--grad-accum", "1", "--activation-checkpointing", "none", "--strategies", "zero2,zero3", "--state-convention",
      "deepspeed", "--torch-multihead-attention"],
+    ["qwen2.5-0.5b", "--framework", "hf", "--gpu", "a10g", "--gpus", "2", "--micro-batch", "1", "--seq-len", "512",
+     "--grad-accum", "1", "--activation-checkpointing", "full", "--lora-rank", "8", "--strategies", "ddp",
+     "--device-map", "auto"],
+    ["qwen2.5-0.5b", "--framework", "hf", "--gpu", "a100-40gb", "--gpus", "4", "--micro-batch", "1", "--seq-len", "1024",
+     "--grad-accum", "1", "--activation-checkpointing", "full", "--strategies", "ddp,zero1,zero2", "--optimizer", "muon"],
+    ["gpt2", "--framework", "zeroplan", "--gpu", "a10g", "--gpus", "4", "--micro-batch", "2", "--seq-len", "1024",
+     "--grad-accum", "1", "--activation-checkpointing", "none", "--strategies", "zero2,zero3", "--state-convention",
+     "deepspeed", "--deepspeed-torch-linear"],
+    ["qwen2.5-0.5b", "--framework", "hf", "--gpu", "a10g", "--gpus", "4", "--micro-batch", "1", "--seq-len", "1024",
+     "--grad-accum", "1", "--activation-checkpointing", "full", "--lora-rank", "8", "--precision", "fp32",
+     "--strategies", "zero3", "--model-load", "full-per-rank"],
 )
 """Requests of the invariants the sweep draws too rarely for a few requests to reach: DeepSpeed's
 checkpointing options under tensor parallelism, ZeRO-Offload++'s ratio, hf under accelerate's
-FSDP1, DeepSpeed-Ulysses and torch's nn.MultiheadAttention under ZeRO-3."""
+FSDP1, DeepSpeed-Ulysses, torch's nn.MultiheadAttention under ZeRO-3, hf's device map, Muon,
+torch's F.linear under ZeRO-3 and hf's full-per-rank load."""
 
 
 def test_a_few_random_requests_hold_every_invariant():
@@ -123,6 +135,63 @@ def test_the_new_inputs_are_drawn_where_they_apply():
             assert framework == "zeroplan" and argv[0] in sweep_script.MULTI_HEAD_MODELS
             assert not any(f in argv for f in (*sweep_script.FULL_TRAINING_REFUSED, *sweep_script.MODEL_PARALLEL_FLAGS))
     assert all(drawn.values()), drawn
+
+
+def test_the_newest_inputs_are_drawn_mostly_where_they_apply():
+    """hf's device map and model load, Muon and torch's F.linear under ZeRO-3 are each drawn, one
+    at most a request, and most of them fitted to where the planner models them."""
+    rng = random.Random(512)
+    drawn = {"device-map": 0, "model-load": 0, "muon": 0, "torch-linear": 0}
+    for _ in range(300):
+        argv = sweep_script.random_argv(rng)
+        framework = sweep_script.flag_value(argv, "--framework")
+        names = [name for name, there in (("device-map", "--device-map" in argv), ("model-load", "--model-load" in argv),
+                                          ("muon", sweep_script.flag_value(argv, "--optimizer") == "muon"),
+                                          ("torch-linear", "--deepspeed-torch-linear" in argv)) if there]
+        assert len(names) <= 1, argv
+        for name in names:
+            drawn[name] += 1
+        if "--device-map" in argv or "--model-load" in argv:
+            assert framework == "hf"
+        if "--deepspeed-torch-linear" in argv:
+            assert framework == "zeroplan"
+    assert all(count >= 5 for count in drawn.values()), drawn
+
+
+def test_more_gpus_are_compared_where_the_balanced_budget_holds_the_largest_module():
+    """Seed 513: accelerate's balanced budget over 8 A100-80GB falls below Qwen2.5-0.5B's tied
+    embedding, and its walk puts the whole model on GPU 7 (as its own _get_device_map does); over 4
+    it holds it. Invariant 17 compares the worst GPU's parameters only where it holds."""
+    argv = ["qwen2.5-0.5b", "--framework", "hf", "--gpu", "a100-80gb", "--lora-rank", "8", "--device-map", "auto",
+            "--strategies", "ddp", "--gpus"]
+    four, eight = (sweep_script.build([*argv, gpus], sweep_script.Sweep()) for gpus in ("4", "8"))
+    assert sweep_script.balanced_budget_holds_largest_module(four)
+    assert not sweep_script.balanced_budget_holds_largest_module(eight)
+    from zeroplan.core.parallel.device_map import device_shares
+
+    assert [s.num_blocks for s in device_shares(eight)] == [0] * 7 + [24]
+
+
+def _margin_plan(fits: bool, peak: int, allocated: int, usable: int, borderline: bool):
+    memory = SimpleNamespace(peak_bytes=peak, allocated_peak_bytes=allocated)
+    return SimpleNamespace(fits=fits, borderline=borderline, borderline_capacity_bytes=None, memory=memory,
+                           usable_memory_bytes=usable)
+
+
+def test_the_margin_check_records_what_breaks_it():
+    """A predicted OOM marked borderline where only the allocated peak's band could reach the
+    usable memory, and a fit whose allocated peak alone reaches it left unmarked, are each
+    recorded; a fit so marked and an OOM within the reserve's band are not."""
+    sweep = sweep_script.Sweep()
+    argv = ["llama-2-7b"]
+    usable = 100 * 2**30
+    sweep_script._check_margin(argv, {"zero3": _margin_plan(False, 120 * 2**30, 99 * 2**30, usable, True),
+                                      "zero2": _margin_plan(True, 90 * 2**30, 99 * 2**30, usable, False)}, sweep)
+    assert len(sweep.violations["21 margin"]) == 2
+    sweep = sweep_script.Sweep()
+    sweep_script._check_margin(argv, {"zero3": _margin_plan(False, 101 * 2**30, 99 * 2**30, usable, True),
+                                      "zero2": _margin_plan(True, 90 * 2**30, 99 * 2**30, usable, True)}, sweep)
+    assert sweep.checked["21 margin"] == 2 and not sweep.violations["21 margin"]
 
 
 def test_the_ulysses_check_counts_what_the_whole_group_sends():

@@ -18,6 +18,11 @@ def check_device_map(parallel: ParallelSpec, model, cluster, strategy_kind, trai
     if training.framework is not Framework.hf:
         raise ZeroplanError("parallel.device_map", f"is transformers' from_pretrained device map, not "
                             f"{training.framework.value}'s (allowed: framework hf)")
+    # accelerate 1.10.1 utils/modeling.py:761 get_max_memory lists the devices torch.cuda.device_count()
+    # sees, the GPUs of the process's own node: a split cannot reach another node's.
+    if cluster.num_nodes > 1:
+        raise ZeroplanError("parallel.device_map", f"splits the layers over the GPUs one process sees, on one node, not "
+                            f"{cluster.num_nodes} nodes (allowed: nodes 1, at most {cluster.gpus_per_node} GPUs)")
     if parallel.pp != cluster.world_size:
         raise ZeroplanError("parallel.pp", f"{parallel.pp}: a device map splits the layers over all "
                             f"{cluster.world_size} GPUs, one pipeline rank each (allowed: pp {cluster.world_size})")

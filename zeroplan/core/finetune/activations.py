@@ -58,8 +58,8 @@ def _output_width(request: PlanRequest, target: LoraTarget) -> int:
 # _cast_module_mixed_precision (1851-1862): "ZeRO-Init params are already at the configured dtype
 # and partitioned, so the per-parameter cast applies only in the non-zero-init path"; a model
 # with any ds_id parameter (zero.Init, entered by transformers for a non-quantized model under
-# ZeRO-3: zero3_linear_keeps_input) is not cast at all. peft's adapters are made after zero.Init
-# has returned and upcast to fp32 by get_peft_model (peft 0.17.1 tuners_utils.py
+# ZeRO-3 with the sharded load: loaded_inside_zero_init) is not cast at all. peft's adapters are
+# made after zero.Init has returned and upcast to fp32 by get_peft_model (peft 0.17.1 tuners_utils.py
 # _cast_adapter_dtype), and ZeRO-3 partitions them as they are (zero/parameter_offload.py:258-264
 # -> partition_parameters.py:1209-1215 _convert_to_zero_parameters: no dtype cast), so they stay
 # fp32: their weights, their autograd gradients and the optimizer's "fp16" flat partition
@@ -73,7 +73,7 @@ def _output_width(request: PlanRequest, target: LoraTarget) -> int:
 def adapters_stay_fp32(request: PlanRequest) -> bool:
     """Whether DeepSpeed's ZeRO-3 engine leaves peft's fp32 adapters in fp32 under a 16-bit
     precision (hf, zero.Init entered, DeepSpeed 0.19.2 or later: deepspeed_release 0.19.8)."""
-    return (zero3_linear_keeps_input(request) and request.training.finetune.is_lora
+    return (loaded_inside_zero_init(request) and request.training.finetune.is_lora
             and request.training.precision.compute_bytes < FP32_BYTES
             and request.training.deepspeed_release in (None, "0.19.8"))
 
@@ -239,18 +239,28 @@ def previous_step_matmul_inputs_parts(request: PlanRequest) -> tuple[int, ...]:
 # Measured: tests/test_zero3_linear_inputs.py (DeepSpeed 0.19.8's own zero3_linear_wrap on
 # transformers' Llama block under peft's LoRA). A model loaded before zero.Init is entered
 # (TrainingSpec.model_load full-per-rank) never passes __enter__: the engine partitions it with
-# Init(module=...) (zero/parameter_offload.py _convert_to_zero_parameters), whose constructor
-# converts the parameters without patching anything (v0.8.0 partition_parameters.py:701-703,
-# v0.13.3 :995-997), so F.linear stays torch's.
+# Init(module=...) (zero/parameter_offload.py _convert_to_zero_parameters). Before 0.19.4 that
+# constructor converts the parameters without patching anything (v0.8.0
+# partition_parameters.py:701-703, v0.13.3 :995-997, v0.19.3 :1100), so F.linear stays torch's;
+# from 0.19.4 (DeepSpeed #8189) it calls _enable_mem_efficient_linear itself for a module
+# (v0.19.4 partition_parameters.py:1060-1061), so the 0.19.8 the hf profile plans by default
+# replaces F.linear under either load.
 def zero3_linear_keeps_input(request: PlanRequest) -> bool:
     """Whether every base linear keeps its input under DeepSpeed ZeRO-3's replaced F.linear (hf
     at stage 3 under DeepSpeed's own state convention, the base not quantized, loaded inside
-    zero.Init)."""
+    zero.Init or partitioned by a release whose Init(module=...) replaces F.linear too)."""
     kind = request.strategy.kind
     return (request.training.framework is Framework.hf and kind.zero_stage == 3 and not kind.is_fsdp
             and request.convention is StateConvention.deepspeed
             and not request.training.finetune.quantize.is_quantized
-            and model_load(request) is ModelLoad.sharded)
+            and (model_load(request) is ModelLoad.sharded or request.training.deepspeed_release in (None, "0.19.8")))
+
+
+def loaded_inside_zero_init(request: PlanRequest) -> bool:
+    """Whether the model's parameters come from zero.Init (hf at DeepSpeed's stage 3 under its own
+    state convention, the base not quantized, the sharded load): the engine then finds them
+    partitioned, with a ds_id."""
+    return zero3_linear_keeps_input(request) and model_load(request) is ModelLoad.sharded
 
 
 def quantized_base_outputs_fp32(request: PlanRequest) -> bool:
