@@ -134,3 +134,31 @@ def test_a_full_per_rank_load_keeps_the_step_of_the_sharded_one() -> None:
 ])
 def test_a_load_that_does_not_apply_is_refused_in_one_line(extra: list[str], words: str, capsys) -> None:
     assert words in run_refused(main, ["fit", *GPT2, "--model-load", "full-per-rank", *extra], capsys)
+
+
+def _request(release: str, load: str):
+    from zeroplan.cli.fit import request_from_args
+    from zeroplan.cli.main import build_parser
+    from zeroplan.specs.strategy import StrategyKind
+
+    args = build_parser().parse_args(["fit", "llama-2-7b", "--framework", "hf", "--gpu", "a100-40gb", "--gpus", "8",
+                                      "--micro-batch", "2", "--seq-len", "4096", "--activation-checkpointing", "none",
+                                      "--lora-rank", "8", "--model-load", load, "--deepspeed-release", release])
+    return request_from_args(args, StrategyKind.zero3)
+
+
+def test_a_model_loaded_whole_under_0_13_3_trains_on_torchs_linear_and_pins_its_released_weights() -> None:
+    # Before DeepSpeed 0.19.4 the engine's Init(module=...) does not replace F.linear, so each
+    # released base weight stays alive through the view torch's linear saves, to its backward
+    # (zeroplan.core.deepspeed_torch_linear); loaded inside zero.Init, or under 0.19.8, it does not.
+    from zeroplan.core.deepspeed_coordinator import released_after_forward
+    from zeroplan.core.deepspeed_torch_linear import pinned_linear_weight_bytes
+
+    old_full = _request("0.13.3", "full-per-rank")
+    pinned = pinned_linear_weight_bytes(old_full)
+    released = released_after_forward(old_full)
+    # Every released 2-D block weight (q, k, v, o, gate, up, down), none of the norms.
+    assert pinned == sum(size for name, size in released.items() if name.startswith("block.") and "norm" not in name)
+    assert pinned > 0
+    for release, load in (("0.13.3", "sharded"), ("0.19.8", "full-per-rank"), ("0.19.8", "sharded")):
+        assert pinned_linear_weight_bytes(_request(release, load)) == 0

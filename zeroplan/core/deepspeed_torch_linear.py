@@ -36,8 +36,9 @@ from __future__ import annotations
 
 from zeroplan.core.deepspeed_coordinator import released_after_forward, replays_gathers
 from zeroplan.core.parallel.units import rank_parameter_units
+from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
-from zeroplan.specs.training import ActivationCheckpointing
+from zeroplan.specs.training import ActivationCheckpointing, ModelLoad
 
 PACKED_IN_PROJECTION_WEIGHT = "attention.in_proj_weight"
 """nn.MultiheadAttention's packed in-projection weight, as the coordinator's replay names it."""
@@ -45,8 +46,25 @@ PACKED_IN_PROJECTION_WEIGHT = "attention.in_proj_weight"
 
 def keeps_torch_linear(request: PlanRequest) -> bool:
     """Whether the request's linears save their gathered weights: torch's F.linear
-    (deepspeed_torch_linear) under DeepSpeed's plain ZeRO-3 gathers."""
-    return request.training.deepspeed_torch_linear and replays_gathers(request)
+    (deepspeed_torch_linear, or hf's model loaded whole per rank under a release before 0.19.4)
+    under DeepSpeed's plain ZeRO-3 gathers."""
+    return (request.training.deepspeed_torch_linear or hf_loaded_outside_zero_init_before_0_19_4(request)) \
+        and replays_gathers(request)
+
+
+# transformers from_pretrained enters zero.Init only where TrainingArguments built the DeepSpeed
+# config first (zeroplan.core.model_load); a model loaded before is handed to the engine, whose
+# Init(module=...) converts it without replacing F.linear before DeepSpeed 0.19.4 (v0.8.0
+# partition_parameters.py:701-703, v0.13.3 :995-997, v0.19.3 :1100) and replaces it from 0.19.4
+# (DeepSpeed #8189, v0.19.4 :1060-1061): the hf profile's 0.13.3 keeps torch's, its 0.19.8 not.
+# bitsandbytes' 4-bit and 8-bit linears call their own matmuls, not F.linear.
+def hf_loaded_outside_zero_init_before_0_19_4(request: PlanRequest) -> bool:
+    """Whether an hf run trains on torch's F.linear under ZeRO-3: its model loaded whole per rank
+    (TrainingSpec.model_load full-per-rank) under DeepSpeed 0.13.3, the base not quantized."""
+    training = request.training
+    return (training.framework is Framework.hf and training.model_load is ModelLoad.full_per_rank
+            and training.deepspeed_release not in (None, "0.19.8")
+            and not training.finetune.quantize.is_quantized)
 
 
 # aten::linear saves the weight's transpose, never the bias; a 2-D tensor outside the embedding

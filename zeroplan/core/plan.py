@@ -247,6 +247,9 @@ def _uncached_micro_batch_terms(request: PlanRequest) -> tuple[tuple[str, object
         # The block a recomputing backward rebuilds is alive only in a block's backward: it
         # joins that moment's workspace, not the loss's moment (framework_recompute_bytes).
         activations, recompute = rank_activation_bytes(request, framework_activations)
+        # An hf model loaded outside zero.Init under DeepSpeed 0.13.3 trains on torch's F.linear,
+        # which keeps each released linear weight to its backward (zeroplan.core.deepspeed_torch_linear).
+        activations += pinned_linear_weight_bytes(request)
         # A loop that holds the model's output object keeps it through backward (zeroplan.core.kv_cache).
         activations += kept_outputs_bytes(request)
         logits_pieces = framework_logits_pieces(request) if one_rank else rank_logits_pieces(request, framework_logits_pieces)
