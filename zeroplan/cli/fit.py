@@ -106,6 +106,15 @@ def add_batch_arguments(group: argparse._ArgumentGroup) -> None:
              "(mean, standard deviation, shortest), its sample count, and whether longer samples are dropped "
              "(default, ms-swift's) or cut; adds what the epoch's record-long batches leave cached",
     )
+    group.add_argument(
+        "--padded-batches", choices=("yes", "no"), default=None,
+        help="whether a micro-batch carries padding tokens (a padding mask with zeros), which under --framework hf "
+             "keeps the mask for SDPA (default: yes with --varying-lengths and --micro-batch above 1, else no)",
+    )
+
+
+def _yes_no(answer: str | None) -> bool | None:
+    return None if answer is None else answer == "yes"
 
 
 def varying_lengths_arg(text: str) -> VaryingLengths:
@@ -697,6 +706,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         micro_batch_size=micro_batch, seq_len=seq_len_of(args, model.max_positions),
         grad_accum_steps=grad_accum, allow_longer_seq=args.allow_longer_seq,
         target_len=getattr(args, "target_len", None), varying_lengths=getattr(args, "varying_lengths", None),
+        padded_batches=_yes_no(getattr(args, "padded_batches", None)),
     )
     check_optimizer_in_backward(training, batch.grad_accum_steps)
     if args.hsdp_group is not None and cluster.world_size % args.hsdp_group:

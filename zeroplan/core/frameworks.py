@@ -12,6 +12,7 @@ zeroplan.core.framework_loss'. Nothing here imports torch.
 from __future__ import annotations
 
 from zeroplan.core import tinyllama
+from zeroplan.core.hf_padding_mask import padding_mask_extra_bytes
 from zeroplan.core.profiles import profile
 from zeroplan.core.transformers_release import opt_clamp_score_bytes, upcasts_softmax
 from zeroplan.specs.framework import Framework
@@ -280,7 +281,8 @@ def framework_layer_bytes(request: PlanRequest) -> int:
     norms = model.norms_per_block * norm_savings
     return (layer_bytes(model, training, s, b, autocast=request.runs_under_autocast) - norms + expanded_kv_extra_bytes(model, training, s, b)
             + autocast_copies_bytes(request) + torchtitan_rope_cache_bytes(request) + eager_attention_extra_bytes(request)
-            + torchtitan_moe_block_extra_bytes(request) + lora_layer_delta_bytes(request, norm_savings))
+            + torchtitan_moe_block_extra_bytes(request) + lora_layer_delta_bytes(request, norm_savings)
+            + padding_mask_extra_bytes(request))
 
 
 # torchtune 0.6.1 training/activations.py checkpoint_wrapper: with ac_mode "selective" a

@@ -48,6 +48,9 @@ class FrameworkProfile:
     """Whether saved activations can be moved to host memory between forward and backward."""
     strategies: tuple[StrategyKind, ...]
     """The data-parallel strategies the framework itself runs (its own sharding options)."""
+    sdpa_keeps_padding_mask: bool = False
+    """A batch with padding passes its mask to SDPA, which then runs on K and V copied to the
+    query heads and saves them with the mask (zeroplan.core.hf_padding_mask)."""
     fsdp_reduces_in_compute_dtype: bool = False
     """Its FSDP2 wrapping reduce-scatters gradients in the compute dtype (bf16), whatever
     StrategySpec.fsdp_reduce_in_fp32 says."""
@@ -201,7 +204,7 @@ PROFILES: dict[Framework, FrameworkProfile] = {
                     "default 0.50.2)",
         checkpointing=_NONE_FULL, checkpointing_names="none, full (gradient_checkpointing)",
         default_precision=Precision.bf16_mixed, expands_kv_heads=False, bf16_module_norm_saves_bf16=True,
-        loss_chunks=1, offers_activation_offloading=False,
+        loss_chunks=1, offers_activation_offloading=False, sdpa_keeps_padding_mask=True,
         # transformers 4.56.2 trainer.py / accelerate: DDP, FSDP (FULL_SHARD, SHARD_GRAD_OP,
         # HYBRID_SHARD) and the DeepSpeed integration (ZeRO 1-3 and its offloads).
         strategies=tuple(StrategyKind),

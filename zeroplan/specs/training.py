@@ -379,6 +379,18 @@ class BatchSpec(Frozen):
     length statistics, up to seq_len (zeroplan.allocator.varying_lengths adds what the caching
     allocator keeps cached from the epoch's record-long batches); None: every micro-batch is
     seq_len tokens."""
+    padded_batches: bool | None = Field(default=None, exclude_if=lambda padded: padded is None)
+    """Whether a micro-batch carries padding tokens (a padding mask with zeros in it); None: as
+    the lengths imply (pads_batches). Left out of the JSON when unset, so requests dump as before."""
+
+    @property
+    def pads_batches(self) -> bool:
+        """Whether a micro-batch carries padding: as padded_batches says, else only where samples
+        of varying length share a micro-batch (one sample, or every sample at seq_len or packed
+        to it, leaves no padding)."""
+        if self.padded_batches is not None:
+            return self.padded_batches
+        return self.varying_lengths is not None and self.micro_batch_size > 1
 
     # A request without varying lengths dumps as it did before the field existed (the answers'
     # JSON, and every digest of it, stay as they were).

@@ -1,0 +1,29 @@
+"""What a transformers block's SDPA attention saves beyond the unmasked kernel when the batch
+carries padding (docs/memory-model.md, "Padded batches under SDPA"). Nothing here imports torch."""
+
+from __future__ import annotations
+
+from zeroplan.core.profiles import profile
+from zeroplan.specs.request import PlanRequest
+from zeroplan.specs.training import AttentionKernel
+
+
+# transformers 4.56.2 masking_utils.py sdpa_mask_recent_torch: _ignore_causal_mask_sdpa returns
+# None (SDPA's is_causal instead) only when the 2-D padding mask is all ones, so a padded batch
+# builds one b x 1 x s x s bool mask that every block receives. integrations/sdpa_attention.py:
+# use_gqa_in_sdpa is false once a mask is passed, so repeat_kv expands K and V to the query heads
+# and reshapes them, a copy unless one K/V head makes the reshape a view (multi-query); SDPA
+# saves the copies in place of the grouped K and V. torch 2.13 attention.cpp
+# scaled_dot_product_attention converts the bool mask to an additive one in the query's dtype
+# (convert_boolean_attn_mask) at every call, and the kernel that takes a mask (memory-efficient
+# on CUDA, flash on the CPU) saves it for backward: e bytes per mask element, per block.
+# Measured with saved-tensor hooks on transformers' LlamaModel (tests/test_hf_padding_mask.py).
+def padding_mask_extra_bytes(request: PlanRequest) -> int:
+    """Bytes one block saves beyond the unmasked SDPA block because the batch carries padding."""
+    training, model, batch = request.training, request.model, request.batch
+    if (not profile(training.framework).sdpa_keeps_padding_mask or training.attention_kernel is not AttentionKernel.flash
+            or not batch.pads_batches):
+        return 0
+    e, s, b = training.precision.compute_bytes, batch.seq_len, batch.micro_batch_size
+    copies = 2 * e * s * b * (model.q_size - model.kv_size) if 1 < model.kv_heads < model.num_heads else 0
+    return copies + e * b * s * s
