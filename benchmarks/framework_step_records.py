@@ -26,7 +26,10 @@ write the records the planner's allocated peak is checked against.
     python benchmarks/framework_step_records.py --hf-fsdp1-qlora-offload [OUT_DIR]
         (PEFT QLoRA, bitsandbytes nf4 stored in bf16, and a bf16 LoRA under accelerate's FSDP1
         with and without CPUOffload(offload_params=True), HF_FSDP1_QLORA, default
-        benchmarks/framework-fsdp1-qlora-offload-step-records; about 6 minutes)
+        benchmarks/framework-fsdp1-qlora-offload-step-records; about 7 minutes)
+    python benchmarks/framework_step_records.py --hf-fsdp1-orig-params [OUT_DIR]
+        (the first of those QLoRA runs under use_orig_params=True, HF_FSDP1_ORIG_PARAMS, default
+        benchmarks/framework-fsdp1-orig-params-step-records; about 2 minutes)
     python benchmarks/framework_step_records.py --shallow [OUT_DIR]
         (SHALLOW: two of the matrix's runs at SHALLOW_BLOCKS blocks, what the live test reruns,
         default benchmarks/framework-step-records-shallow; a few seconds each)
@@ -163,6 +166,8 @@ HF_FSDP1_QLORA = [
     # step, reentrant recomputation, without and with fsdp_offload_params.
     ("llama-2-70b", 2, 2048, 2, 2, "full", PEFT_FSDP_QLORA, False, False),
     ("llama-2-70b", 2, 2048, 2, 2, "full", PEFT_FSDP_QLORA, True, False),
+    # The same without LoRA dropout (nn.Identity: each lora_A keeps the input it shares).
+    ("llama-2-70b", 2, 2048, 2, 2, "full", {**PEFT_FSDP_QLORA, "lora_dropout": 0.0}, False, False),
     # The Llama-3-70B FSDP QLoRA notebook's yaml (fsdp "full_shard auto_wrap offload",
     # use_orig_params false): r 16 alpha 8 dropout 0.05, 4 ranks, micro-batch 1 of 3072.
     ("llama-3-70b", 4, 3072, 1, 2, "full", NOTEBOOK_FSDP_QLORA, True, False),
@@ -174,6 +179,15 @@ HF_FSDP1_QLORA = [
 """PEFT QLoRA and CPU offload under accelerate's fsdp_version 1, FULL_SHARD, full depth: (model,
 ranks, seq, micro-batch, accumulation steps, policy, TrainingSpec.finetune, CPU offload,
 use_orig_params)."""
+
+
+HF_FSDP1_ORIG_PARAMS_OUT = Path(__file__).resolve().parent / "framework-fsdp1-orig-params-step-records"
+HF_FSDP1_ORIG_PARAMS = [
+    # PEFT's FSDP QLoRA guide's first run under the Trainer's own use_orig_params=True (its record
+    # name is the use_orig_params=False run's, hence a directory of its own).
+    ("llama-2-70b", 2, 2048, 2, 2, "full", PEFT_FSDP_QLORA, False, True),
+]
+"""HF_FSDP1_QLORA's fields, use_orig_params true."""
 
 
 def shallow_model(model_name: str, blocks: int = SHALLOW_BLOCKS) -> ModelSpec:
@@ -262,11 +276,11 @@ def main_hf_fsdp1_lora(out: Path = HF_FSDP1_OUT) -> None:
         _write(out, run_hf_fsdp1_step(model, StrategyKind.fsdp_full_shard, training, batch, world_size))
 
 
-def main_hf_fsdp1_qlora_offload(out: Path = HF_FSDP1_QLORA_OUT) -> None:
+def main_hf_fsdp1_qlora_offload(out: Path = HF_FSDP1_QLORA_OUT, runs: list | None = None) -> None:
     from zeroplan.frameworks.hf_fsdp1_step import run_hf_fsdp1_step
 
     out.mkdir(parents=True, exist_ok=True)
-    for model_name, world_size, seq_len, micro_batch, accumulation, policy, lora, offload, orig in HF_FSDP1_QLORA:
+    for model_name, world_size, seq_len, micro_batch, accumulation, policy, lora, offload, orig in runs or HF_FSDP1_QLORA:
         training = step_training(Framework.hf, policy).model_copy(
             update={"finetune": FineTuneSpec(**lora), "fsdp_cpu_offload": offload})
         batch = BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch, grad_accum_steps=accumulation)
@@ -323,6 +337,7 @@ MODES = {
     "--hf-fsdp1": (main_hf_fsdp1, HF_FSDP1_OUT),
     "--hf-fsdp1-lora": (main_hf_fsdp1_lora, HF_FSDP1_OUT),
     "--hf-fsdp1-qlora-offload": (main_hf_fsdp1_qlora_offload, HF_FSDP1_QLORA_OUT),
+    "--hf-fsdp1-orig-params": (lambda out: main_hf_fsdp1_qlora_offload(out, HF_FSDP1_ORIG_PARAMS), HF_FSDP1_ORIG_PARAMS_OUT),
     "--optimizer-in-backward": (main_optimizer_in_backward, DEFAULT_OUT),
 }
 """Each mode flag: the function that runs it and its default OUT_DIR."""

@@ -314,3 +314,38 @@ def test_a_quantized_fsdp1_step_refuses_peft_fp32_cast() -> None:
     training = TrainingSpec(framework=Framework.hf, finetune=FineTuneSpec(lora_rank=8, quantize="nf4"))
     with pytest.raises(ZeroplanError, match="kbit_fp32_cast"):
         check_hf_fsdp1_step(StrategyKind.fsdp_full_shard, training, 2, 0)
+
+
+ORIG_PARAMS_RECORDS = BENCHMARKS / "framework-fsdp1-orig-params-step-records"
+
+
+def test_peft_bnb_autocast_question_is_answered_for_the_fake_device() -> None:
+    """peft's Linear4bit.forward asks torch.is_autocast_enabled() with no device (CUDA's on a
+    GPU); on the fake CPU device the step answers it for the CPU's autocast, and only there."""
+    import torch
+
+    from zeroplan.frameworks.hf_fsdp1_step import _autocast_query_on_device
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.is_autocast_enabled() is False
+        with _autocast_query_on_device():
+            assert torch.is_autocast_enabled() is True
+            assert torch.is_autocast_enabled("cuda") is False
+    with _autocast_query_on_device():
+        assert torch.is_autocast_enabled() is False
+    assert torch.is_autocast_enabled() is False
+
+
+def test_use_orig_params_changes_nothing_of_a_qlora_step() -> None:
+    """Under autocast peft casts no QLoRA adapter input, so the fp32 sharded views
+    use_orig_params leaves as lora_A.weight are never read for a cast: the step under the
+    Trainer's use_orig_params=True keeps what PEFT's use_orig_params=False config keeps, to the
+    byte, and the plan (which has no use_orig_params input) meets both."""
+    accuracy = _accuracy()
+    (orig,) = load_step_records(ORIG_PARAMS_RECORDS)
+    flat = _record(QLORA_RECORDS / orig.file_name)
+    assert "use_orig_params=True" in orig.sharding and "use_orig_params=False" in flat.sharding
+    assert orig.peak_bytes == flat.peak_bytes
+    assert orig.running_peak_bytes == flat.running_peak_bytes
+    breakdown = accuracy.memory_breakdown(accuracy.step_request(orig))[0]
+    assert abs(breakdown.allocated_peak_bytes - orig.peak_bytes) <= accuracy.STEP_TARGET * orig.peak_bytes

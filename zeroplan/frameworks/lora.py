@@ -358,7 +358,12 @@ def empty_with_bnb_nf4(module: nn.Module, device: object, double_quant: bool) ->
     module.to_empty(device=device)
     for layer in module.modules():
         if isinstance(layer, bnb.nn.Linear4bit):
-            packed, state = functional.quantize_4bit(layer.weight, blocksize=BNB_NF4_BLOCK, compress_statistics=double_quant,
+            # transformers 4.56.2 from_pretrained(dtype=torch.bfloat16) hands create_quantized_param
+            # the bf16 checkpoint tensor, and quantize_4bit records its dtype in the QuantState
+            # (functional.py QuantState(dtype=A.dtype)), which dequantize_4bit returns in
+            # MatMul4Bit's backward; replace_with_bnb_linear made these weights in torch's default fp32.
+            weight = layer.weight.to(torch.bfloat16)
+            packed, state = functional.quantize_4bit(weight, blocksize=BNB_NF4_BLOCK, compress_statistics=double_quant,
                                                      quant_type="nf4", quant_storage=BNB_QUANT_STORAGE)
             layer.weight = nn.Parameter(packed, requires_grad=False)
             layer.weight.quant_state = state

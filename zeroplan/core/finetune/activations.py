@@ -92,10 +92,14 @@ def adapters_stay_fp32(request: PlanRequest) -> bool:
 # points it at its fp32 shard (torch 2.13 distributed/fsdp/_flat_param.py _use_sharded_views);
 # the input is cast to fp32 and autocast, which accelerate wraps the forward in, casts it to bf16
 # again for the matmul, as under DDP (measured: benchmarks/framework-fsdp1-step-records, hf LoRA
-# at ac none).
+# at ac none). A QLoRA's adapters are peft's tuners/lora/bnb.py Linear4bit, whose forward casts
+# only where torch.is_autocast_enabled() is false: under accelerate's autocast they read the bf16
+# input uncast, whatever use_orig_params leaves as lora_A.weight (measured:
+# benchmarks/framework-fsdp1-orig-params-step-records).
 def adapters_copy_their_input(request: PlanRequest) -> bool:
+    fsdp1_copies = hf_runs_fsdp1(request) and not request.training.finetune.quantize.is_quantized
     return (request.training.framework is Framework.hf and request.strategy.kind is StrategyKind.ddp) or \
-        adapters_stay_fp32(request) or (request.strategy.kind.is_fsdp and hf_runs_fsdp1(request))
+        adapters_stay_fp32(request) or (request.strategy.kind.is_fsdp and fsdp1_copies)
 
 
 # What lora_A multiplies, and so saves for its weight's gradient, and what it returns, which
