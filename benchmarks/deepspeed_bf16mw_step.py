@@ -14,6 +14,12 @@ whether they are the 16-bit partitions themselves), its gradient partitions, the
 states and the reduce bucket (docs/memory-model.md, "DeepSpeed's bf16 master weights under
 torch_autocast").
 
+The loop binds the model's output to ``logits`` before the loss, as train.py does, so the loop
+holds the logits through the backward and the step. --record also writes what is alive at the
+peak, counted by (bytes, op, phase), and the bytes of the parameters ZeRO-3 holds gathered once
+the loss is formed, per step (zeroplan.core.deepspeed_coordinator.loss_gathered_bytes,
+zeroplan.core.uncast_loss).
+
 --torch-linear puts torch's own F.linear back after deepspeed.initialize, as the row's DeepSpeed
 (master of December 2025, before 0.19.4's PR 8189) left it for a model built outside zero.Init
 (zeroplan.core.deepspeed_torch_linear).
@@ -165,12 +171,17 @@ def _rank(rank: int, options: argparse.Namespace, out: str) -> None:
             restore_torch_linear()
         loss_fn = torch.nn.CrossEntropyLoss()
         generator = torch.Generator().manual_seed(rank)
+        gathered_at_loss: list[int] = []
         for step in range(STEPS):
             ids = torch.randint(0, VOCAB, (MICRO_BATCH, SEQ), generator=generator)
             labels = torch.randint(0, VOCAB, (MICRO_BATCH, SEQ), generator=generator)
             with trace.step(step):
+                # train.py binds the model's output to ``logits`` before the loss, so the loop
+                # holds the logits through loss.backward() and the step, to the next forward.
                 with record_function(PHASES[0]), torch.autocast("cpu", torch.bfloat16, enabled=options.bf16full):
-                    loss = loss_fn(engine(ids).view(-1, VOCAB), labels.view(-1))
+                    logits = engine(ids)
+                    loss = loss_fn(logits.view(-1, VOCAB), labels.view(-1))
+                gathered_at_loss.append(gathered_bytes(engine))
                 with record_function(PHASES[1]):
                     loss.backward()
                 with record_function(PHASES[2]):
@@ -194,8 +205,20 @@ def _rank(rank: int, options: argparse.Namespace, out: str) -> None:
             if total > best:
                 best, live, at = total, [(a.size_bytes, a.operator, phase_of(a.time_ns)) for a in alive.values()], event.time_ns
         Path(out).write_text(json.dumps({"deepspeed": deepspeed.__version__, "dtypes": dtypes, "peaks": peaks, "peak": best,
-                                         "peak_phase": phase_of(at), "live_at_peak": live}))
+                                         "peak_phase": phase_of(at), "live_at_peak": live,
+                                         "gathered_at_loss": gathered_at_loss}))
     dist.destroy_process_group()
+
+
+def gathered_bytes(engine) -> int:
+    """The storage of every parameter ZeRO-3 holds gathered now (ds_status AVAILABLE), each
+    all-gather buffer once (a coalesced gather's parameters share one): what the loss and its
+    backward run beside, taken once the forward and the loss are formed."""
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+    storages = {p.data.untyped_storage().data_ptr(): p.data.untyped_storage().nbytes()
+                for p in engine.module.parameters() if p.ds_status == ZeroParamStatus.AVAILABLE}
+    return sum(storages.values())
 
 
 def engine_dtypes(engine) -> dict[str, str]:
@@ -210,6 +233,14 @@ def engine_dtypes(engine) -> dict[str, str]:
             "gradient_partitions": str(optimizer.grad_partitions_flat_buffer.dtype),
             "optimizer_states": sorted(states),
             "reduce_bucket": sorted(str(dtype) for dtype in getattr(optimizer, "ipg_buckets", {}))}
+
+
+def _count_live(live: list) -> dict[tuple[int, str, str], int]:
+    """The tensors alive at the peak, counted by (bytes, the op that made it, its phase)."""
+    counts: dict[tuple[int, str, str], int] = {}
+    for size, op, phase in live:
+        counts[(size, op, phase)] = counts.get((size, op, phase), 0) + 1
+    return counts
 
 
 def _walk(event):
@@ -247,7 +278,10 @@ def main() -> None:
     remove_deepspeed_shm_buffers(options.port)
     result = json.loads(Path(out).read_text())
     if options.record is not None:
-        kept = {key: result[key] for key in ("deepspeed", "dtypes", "peaks", "peak", "peak_phase")}
+        kept = {key: result[key] for key in ("deepspeed", "dtypes", "peaks", "peak", "peak_phase", "gathered_at_loss")}
+        # What is alive at the peak, unscaled: [bytes, the op that made it, its phase, how many].
+        kept["live_at_peak"] = [[size, op, phase, count] for (size, op, phase), count in sorted(
+            _count_live(result["live_at_peak"]).items(), key=lambda kv: (-kv[0][0] * kv[1], kv[0]))]
         kept["shape"] = dict(zip(("scale", "hidden", "layers", "heads", "vocab", "micro_batch", "seq"), SHAPES[options.shape]))
         kept |= {"ranks": WORLD, "checkpoint": options.checkpoint, "torch_linear": options.torch_linear,
                  "bf16full": options.bf16full}
@@ -259,6 +293,7 @@ def main() -> None:
     for phase, peak in sorted(result["peaks"].items(), key=lambda kv: -kv[1])[:12]:
         print(f"  {phase:48s} {peak * SCALE / gib:7.2f}")
     print(f"  run's peak {result['peak'] * SCALE / gib:.2f} GiB, in {result['peak_phase']}")
+    print("  gathered at the loss, each step: " + ", ".join(f"{b * SCALE / gib:.3f}" for b in result["gathered_at_loss"]) + " GiB")
     if options.bf16full:
         print("  engine dtypes: " + ", ".join(f"{k} {v}" for k, v in result["dtypes"].items()))
     if options.breakdown:

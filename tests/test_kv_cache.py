@@ -100,8 +100,8 @@ def test_the_schedule_makes_the_cache_in_the_forward_and_peaks_at_the_planners_p
 def test_the_options_are_refused_outside_hf() -> None:
     with pytest.raises(ZeroplanError, match="^use_cache: not offered by torchtune"):
         _request("llama-3.1-8b --framework torchtune --gpus 8 --use-cache")
-    with pytest.raises(ZeroplanError, match="^keep_outputs: not offered by zeroplan"):
-        _request("llama-2-7b --gpus 8 --keep-outputs")
+    with pytest.raises(ZeroplanError, match="^keep_outputs: not offered by torchtitan"):
+        _request("llama-3.1-8b --framework torchtitan --gpus 8 --keep-outputs")
 
 
 @pytest.mark.slow

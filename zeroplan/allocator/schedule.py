@@ -204,6 +204,8 @@ class StepInputs:
     accumulated_gradients: int | None
     backward_held_buffers: int
     draining_held_buffers: int
+    loss_held_buffers: int
+    """PeakTerms.loss_held_buffers: allocated before the loss, freed once its moments are done."""
     activations: int
     workspace: int
     step_temporary: int
@@ -288,7 +290,8 @@ def _step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms
                   gradient_bytes=states.gradient_bytes, resident_buffers=terms.resident_buffers,
                   accumulated_gradients=terms.accumulated_gradients,
                   backward_held_buffers=terms.backward_held_buffers,
-                  draining_held_buffers=terms.draining_held_buffers, activations=terms.activations,
+                  draining_held_buffers=terms.draining_held_buffers, loss_held_buffers=terms.loss_held_buffers,
+                  activations=terms.activations,
                   workspace=terms.workspace, step_temporary=terms.step_temporary,
                   block_weights=tuple(_block_tensor_weights(request)), gradients_kept=states.gradients_kept)
     if fsdp_applies(request):
@@ -437,7 +440,11 @@ def record_step(x: StepInputs) -> TraceBuilder:
                                             logits_held=x.loss_logits_held))
         b.free(around)
     else:
+        # DeepSpeed ZeRO-3's parameters still gathered from the forward (PeakTerms.loss_held_buffers),
+        # released in the backward: freed with the loss here, before the blocks' gathers.
+        around = b.alloc(x.loss_held_buffers, x.gather_stream)
         run_loss(x.loss_moments, b, cache)
+        b.free(around)
 
     # Backward, last block first: unit gathered and reduce buffer, the workspace (and the
     # recomputed block) while the block's gradients are computed, then its activations freed.

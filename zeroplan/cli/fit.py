@@ -488,7 +488,13 @@ def add_fused_loss_argument(parser: argparse.ArgumentParser) -> None:
         "--keep-outputs", action="store_true",
         help="hf: the training loop holds the model's output object (logits, cache) through backward "
              "(outputs = model(**batch); loss = outputs.loss) instead of only the loss; torchtune: its recipes "
-             "before August 2024 hold the fp32 copy of the shifted logits through backward",
+             "before August 2024 hold the fp32 copy of the shifted logits through backward; zeroplan: the loop "
+             "holds the logits the model returns through backward (logits = model(ids); loss = loss_fn(logits, ...))",
+    )
+    parser.add_argument(
+        "--uncast-loss", action="store_true",
+        help="framework zeroplan: the loop's torch nn.CrossEntropyLoss on the logits as the model returns them, "
+             "without an fp32 upcast (outside autocast its log-softmax and gradients in the logits' dtype)",
     )
     parser.add_argument(
         "--checkpoint-reentrant", action=argparse.BooleanOptionalAction, default=None,
@@ -671,6 +677,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         deepspeed_release=getattr(args, "deepspeed_release", None),
         use_cache=getattr(args, "use_cache", False),
         keep_outputs=getattr(args, "keep_outputs", False),
+        uncast_loss=getattr(args, "uncast_loss", False),
         checkpoint_reentrant=getattr(args, "checkpoint_reentrant", None),
         transformers_version=getattr(args, "transformers_version", None),
         torch_release=getattr(args, "torch_release", None),

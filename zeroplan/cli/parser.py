@@ -184,6 +184,7 @@ FLAG_OF_FIELD = {
     "deepspeed_release": "--deepspeed-release",
     "use_cache": "--use-cache",
     "keep_outputs": "--keep-outputs",
+    "uncast_loss": "--uncast-loss",
     "torch_multihead_attention": "--torch-multihead-attention",
     "deepspeed_torch_linear": "--deepspeed-torch-linear",
     "checkpoint_reentrant": "--checkpoint-reentrant",

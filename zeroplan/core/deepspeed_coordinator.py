@@ -259,6 +259,9 @@ class Replay:
     """The forward's trace steps: gathers at a later step are the backward's (and its recomputation's)."""
     gathered_bytes: tuple[tuple[str, int], ...]
     """('<unit name>.<tensor name>', bytes one gather of it brings in) of each parameter fetched."""
+    after_forward_bytes: int = 0
+    """What stays gathered once the forward's last module is released: what the loss and its
+    backward run beside, before the model's pre-backward fetch."""
 
 
 def _modules(request: PlanRequest) -> tuple[list[tuple[int, list[int]]], list[_Param], list[bool]]:
@@ -403,7 +406,7 @@ def _replay(request: PlanRequest, counter_start: int | None) -> Replay:
     most_recent = [-1] * len(params)
     gathered = [[0] * len(blocks), [0] * len(blocks)]
     n_available = -persistent_elements(request) if counter_start is None else counter_start
-    peak = held_gathered = 0
+    peak = held_gathered = after_forward = 0
     # The reuse scan (lines 506-516) walks the trace from the next step, counting every module's
     # elements before it looks at the module: a parameter stays when its next use j satisfies
     # elements[j] - elements[step + 1] < stage3_max_reuse_distance (elements[k]: the trace's
@@ -466,8 +469,10 @@ def _replay(request: PlanRequest, counter_start: int | None) -> Replay:
             available.discard(p)
             held_gathered -= params[p].gathered_bytes
             n_available -= params[p].numel
+        if step == forward_steps - 1:
+            after_forward = held_gathered
     return Replay(peak, tuple(gathered[0]), tuple(gathered[1]), tuple(order), tuple(series), forward_steps,
-                  tuple((p.name, p.gathered_bytes) for p in params))
+                  tuple((p.name, p.gathered_bytes) for p in params), after_forward)
 
 
 def released_after_forward(request: PlanRequest) -> dict[str, int]:
@@ -477,6 +482,22 @@ def released_after_forward(request: PlanRequest) -> dict[str, int]:
     forward = {name for step, name in found.gathers if step < found.forward_steps}
     again = {name for step, name in found.gathers if step >= found.forward_steps}
     return {name: size for name, size in found.gathered_bytes if name in forward and name in again}
+
+
+# DeepSpeed 0.19.8 runtime/zero/parameter_offload.py lines 410-487: the model's own pre-backward
+# fetch (PreBackwardFunctionForModule, applied to the model's outputs by its forward hook) runs
+# only once the gradient reaches the model's output, after the loss's backward; the last forward
+# module's release (partitioned_param_coordinator.py release_sub_module, lines 494-535) is the last
+# change before it. So the loss's forward and backward run beside what the forward left gathered. One
+# rank gathers nothing: partition_parameters.py all_gather_coalesced (lines 1559-1560) hands a
+# partition world of 1 to _no_gather_coalesced, whose NoGatherHandle points param.data at the
+# partition itself (lines 61-76).
+def loss_gathered_bytes(request: PlanRequest) -> int:
+    """The gathered parameters alive at the loss's backward: what the coordinator keeps after the
+    forward (0 on one rank, or where the replay does not give the request's gathers)."""
+    if not replays_gathers(request) or request.shard_group_size == 1:
+        return 0
+    return replay(request).after_forward_bytes
 
 
 def peak_gathered_bytes(request: PlanRequest) -> int:

@@ -14,7 +14,7 @@ from zeroplan.results import PeakMoment
 
 # docs/memory-model.md, "Peak": five moments of a step, each what is alive at once.
 # Loss backward: all activations, the loss's three fp32 sbV tensors and the buffers kept
-# through backward. A block's backward: activations (at the first block, nearly all), the
+# through backward, with what DeepSpeed's ZeRO-3 keeps gathered from the forward (loss_held_buffers). A block's backward: activations (at the first block, nearly all), the
 # unit being gathered or reduced and the residual-stream workspace. End of backward: every
 # gradient and the last unit's buffers. Optimizer step: gradients and step temporaries. With
 # accumulation the earlier micro-batches' gradients are there from the start (what DeepSpeed keeps
@@ -60,7 +60,7 @@ def _moment_pieces(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps
     accumulated, resident, held = backward_bases(states, moments, grad_accum_steps)
     backward_end_buffers = moments.transient_buffers if moments.backward_end_buffers is None else moments.backward_end_buffers
     backward_end_gradients = states.gradient_bytes if moments.backward_end_gradients is None else moments.backward_end_gradients
-    return (MomentBytes(resident + moments.activations + moments.logits, accumulated, held),
+    return (MomentBytes(resident + moments.activations + moments.logits, accumulated, held + moments.loss_held_buffers),
             block_pieces(moments, accumulated, resident, held),
             first_layer_pieces(moments, accumulated, resident, held),
             MomentBytes(resident, backward_end_gradients, held + backward_end_buffers),
@@ -230,6 +230,10 @@ class PeakTerms:
     first_layer_gather_gradients: int = 0
     """The gradient shards alive then: those of the units whose backward ran before the second
     layer's (zeroplan.core.buffers.first_layer_gradient_bytes, before_block 1)."""
+    loss_held_buffers: int = 0
+    """Buffers alive at the loss's backward beyond the resident and backward-held ones: the
+    parameters DeepSpeed's ZeRO-3 coordinator keeps gathered after the forward
+    (zeroplan.core.deepspeed_coordinator.loss_gathered_bytes); 0 elsewhere."""
     draining_held_buffers: int = 0
     """The part of ``backward_held_buffers`` the gradient shards replace once the step's backward
     is done: FSDP's unsharded gradients under no_sync accumulation, reduce-scattered by the last

@@ -9,7 +9,9 @@ from typing import NamedTuple, TypeVar
 
 from zeroplan.core.activations import activation_bytes, backward_workspace_bytes, layer_bytes, logits_bytes
 from zeroplan.core.deepspeed_mha_views import check_torch_multihead_attention, pinned_in_projection_bytes
+from zeroplan.core.deepspeed_coordinator import loss_gathered_bytes
 from zeroplan.core.deepspeed_torch_linear import pinned_linear_weight_bytes
+from zeroplan.core.uncast_loss import check_uncast_loss, uncast_logits_parts
 from zeroplan.core.deepspeed_bf16_autocast import activation_extra_bytes as bf16_autocast_activation_bytes, check_bf16_autocast
 from zeroplan.core.buffers import (
     backward_end_buffer_bytes, backward_end_gradient_bytes, backward_held_buffer_bytes, block_backward_gradient_bytes,
@@ -131,6 +133,9 @@ def reference_logits(request: PlanRequest) -> tuple[int, ...]:
     root = fsdp_head_gathered_bytes(request)
     if request.training.fused_cross_entropy:
         return (fused_cross_entropy_bytes(request) + root,)
+    if request.training.uncast_loss:
+        # The loop's own loss on the logits as returned (zeroplan.core.uncast_loss).
+        return (sum(uncast_logits_parts(request)) + root,)
     return (logits_bytes(request.model, request.training, request.batch.seq_len, request.batch.micro_batch_size) + root,)
 
 
@@ -242,6 +247,8 @@ def _uncached_micro_batch_terms(request: PlanRequest) -> tuple[tuple[str, object
         # CUDA autocast's fp32 softmax and layer_norm over DeepSpeed's bf16 module
         # (zeroplan.core.deepspeed_bf16_autocast).
         activations += bf16_autocast_activation_bytes(request)
+        # A loop that binds the logits before the loss holds them through backward (zeroplan.core.kv_cache).
+        activations += kept_outputs_bytes(request)
         logits = max(reference_logits(request) if one_rank else rank_logits_pieces(request, reference_logits))
     else:
         # The block a recomputing backward rebuilds is alive only in a block's backward: it
@@ -311,6 +318,7 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     check_compiled_strategy(training, request.strategy.kind)
     check_torch_multihead_attention(request)
     check_bf16_autocast(request)
+    check_uncast_loss(request)
     deepspeed_stage0.check_deepspeed_stage0(request)
     if training.finetune.frozen_blocks and training.activation_checkpointing not in (ActivationCheckpointing.none, ActivationCheckpointing.full):
         raise ZeroplanError("finetune.frozen_blocks", f"is modelled with activation checkpointing none or full, not "
@@ -345,6 +353,8 @@ def _state_terms(request: PlanRequest) -> tuple[ModelStateBytes, tuple[tuple[str
         ("step_gradients", _step_gradient_bytes(request)),
         ("block_backward_gradients", block_backward_gradient_bytes(request)),
         ("draining_held_buffers", draining_held_buffer_bytes(request)),
+        # What DeepSpeed's ZeRO-3 keeps gathered from the forward into the loss's backward.
+        ("loss_held_buffers", loss_gathered_bytes(request)),
         # A gradient buffer kept across steps (megatron-core's) or zeroed in place is counted
         # whole at every moment already (peak.peak_moments).
         ("first_layer_gradients", 0 if states.gradients_resident or states.gradients_kept

@@ -659,7 +659,11 @@ FRAMEWORK_OPTIONS = {
     "use_cache": lambda prof: prof.framework is Framework.hf,
     # torchtune's single-device recipes before August 2024 hold the shifted fp32 logits through
     # backward (zeroplan.core.kv_cache.torchtune_kept_logits_bytes).
-    "keep_outputs": lambda prof: prof.framework in (Framework.hf, Framework.torchtune),
+    # A loop over the reference model that binds its logits before the loss (DeepSpeedExamples'
+    # training/bf16_master_weight train.py) holds them the same way.
+    "keep_outputs": lambda prof: prof.framework in (Framework.hf, Framework.torchtune, Framework.zeroplan),
+    # torch's nn.CrossEntropyLoss on the reference model's logits without its upcast (zeroplan.core.uncast_loss).
+    "uncast_loss": lambda prof: prof.framework is Framework.zeroplan,
     # The causal-LM forward and loss of an older transformers release (zeroplan.core.transformers_release).
     "transformers_version": lambda prof: prof.framework is Framework.hf,
     # zero_grad's and the optimizers' defaults before torch 2.0 (zeroplan.core.torch_release): the

@@ -246,6 +246,12 @@ class TrainingSpec(Frozen):
     parameters, and CUDA autocast's fp32 softmax and layer_norm over the bf16 module
     (zeroplan.core.deepspeed_bf16_autocast). Set by a --deepspeed-config file that holds the
     three switches."""
+    uncast_loss: bool = Field(default=False, exclude_if=lambda uncast: not uncast)
+    """Framework zeroplan only: the loop computes torch's nn.CrossEntropyLoss on the logits as the
+    model returns them, without the reference model's fp32 upcast (DeepSpeedExamples'
+    training/bf16_master_weight train.py): on a 16-bit module outside autocast its log-softmax
+    and both gradients are in the logits' dtype; under autocast CUDA's fp32 list makes them fp32
+    as the upcast does (zeroplan.core.uncast_loss)."""
     checkpoint_early_stop: bool | None = None
     """Whether the block checkpoint stops recomputing once every tensor the backward saved is back
     (torch's non-reentrant checkpoint as rewritten after 2.0, set_checkpoint_early_stop); None: the
@@ -279,7 +285,9 @@ class TrainingSpec(Frozen):
     """Hugging Face: the training loop holds the model's output object (its logits and,
     with use_cache, its cache) through backward (``outputs = model(**batch); loss =
     outputs.loss``) instead of keeping only the loss (``loss = model(**batch).loss``, the
-    Trainer's compute_loss). torchtune: its recipes' loop before August 2024 holds the fp32
+    Trainer's compute_loss). zeroplan: the loop holds the logits the model returns through
+    backward (``logits = model(ids); loss = loss_fn(logits, ...)``, DeepSpeedExamples'
+    training/bf16_master_weight train.py). torchtune: its recipes' loop before August 2024 holds the fp32
     copy of the shifted logits through backward (``logits = logits[..., :-1, :].contiguous()``)."""
     transformers_version: str | None = None
     """Hugging Face only: the transformers release the model code is planned at (MAJOR.MINOR[.PATCH],
