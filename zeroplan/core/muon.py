@@ -61,6 +61,12 @@ def deepspeed_muon_order(tensors: list[ParamTensor]) -> list[ParamTensor]:
 def deepspeed_muon_whole_elements_by_rank(numels: list[int], group_size: int) -> list[int]:
     """Per rank, the elements of the whole parameters meeting its partition of a flat group of
     parameters of ``numels`` (in the group's order)."""
+    return deepspeed_whole_sum_by_rank(numels, numels, group_size)
+
+
+def deepspeed_whole_sum_by_rank(numels: list[int], values: list[int], group_size: int) -> list[int]:
+    """Per rank, the sum of ``values`` (one per parameter, in the group's order) over the whole
+    parameters meeting its partition of a flat group of parameters of ``numels``."""
     from zeroplan.core.deepspeed_buckets import flat_group_elements
 
     whole = [0] * group_size
@@ -68,10 +74,10 @@ def deepspeed_muon_whole_elements_by_rank(numels: list[int], group_size: int) ->
         return whole
     partition = flat_group_elements(sum(numels), group_size) // group_size
     start = 0
-    for numel in numels:
+    for numel, value in zip(numels, values):
         end = start + numel
         for rank in range(start // partition, min(group_size, ceil_div(end, partition))):
-            whole[rank] += numel
+            whole[rank] += value
         start = end
     return whole
 

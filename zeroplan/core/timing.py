@@ -56,8 +56,9 @@ class StepTime(Frozen):
     (zeroplan.core.deepspeed_offload_time)."""
     optimizer_step_s: float = 0.0
     """The optimizer step on the GPU, after the backward: a memory-bound pass at the GPU's copy
-    bandwidth (zeroplan.core.roofline.optimizer) under either compute model; 0 on a GPU without a
-    measured bandwidth, whose flat HFU covers it."""
+    bandwidth (zeroplan.core.roofline.optimizer) under either compute model (0 on a GPU without a
+    measured bandwidth, whose flat HFU covers it), plus Muon's Newton-Schulz products
+    (zeroplan.core.muon_time)."""
     memory_bound_s: float = 0.0
     """Of forward + backward compute under the flat-HFU model: the memory-bound kernels' single
     pass over their tensors at the GPU's copy bandwidth (memory_bound_time_s); 0 under the
@@ -397,15 +398,37 @@ def _flat_compute_time_s(flops: StepFlops, request: PlanRequest, rate: float) ->
 
 def gpu_optimizer_time_s(request: PlanRequest) -> float:
     """The GPU's optimizer step: a memory-bound pass (zeroplan.core.roofline.optimizer) at the
-    copy bandwidth under either compute model; 0 where the GPU has no measured bandwidth (the
-    flat HFU then covers it) or the optimizer steps on the host."""
+    copy bandwidth under either compute model (none where the GPU has no measured bandwidth: the
+    flat HFU then covers it; none where the optimizer steps on the host), plus Muon's
+    Newton-Schulz products at the request's matrix-product rate."""
+    # Muon's Newton-Schulz products (zeroplan.core.muon_time) add to the step's memory traffic
+    # under either model: they are not among the executed FLOPs the HFU covers.
     if request.performance.compute_model == "roofline":
         from zeroplan.core.roofline.step import roofline_step
 
-        return roofline_step(request).optimizer_s
+        return roofline_step(request).optimizer_s + newton_schulz_seconds(request)
     if not times_memory_bound(request):
+        return newton_schulz_seconds(request)
+    return _memory_bound_seconds(request)[2] + newton_schulz_seconds(request)
+
+
+# Muon's Newton-Schulz products (zeroplan.core.muon_time) run at the rate the request gives every
+# matrix product: under the roofline the GPU's achievable matmul ceiling (the same MAMF its
+# forward and backward products take, zeroplan.core.roofline.ceilings), else peak x the request's
+# HFU (executed_flops_per_s). DeepSpeed's Gram iteration runs in fp16, whose dense peak is bf16's
+# on A100, H100 and H200.
+def newton_schulz_seconds(request: PlanRequest) -> float:
+    """Seconds of one step's Newton-Schulz products on the busiest rank (0 without Muon)."""
+    from zeroplan.core.muon_time import rank_newton_schulz_flops
+
+    flops = rank_newton_schulz_flops(request)
+    if not flops:
         return 0.0
-    return _memory_bound_seconds(request)[2]
+    if request.performance.compute_model == "roofline":
+        from zeroplan.core.roofline.ceilings import gpu_ceilings
+
+        return flops / gpu_ceilings(request.cluster.gpu).matmul_flops_per_s
+    return flops / executed_flops_per_s(request)
 
 
 def _memory_bound_seconds(request: PlanRequest) -> tuple[float, float, float]:
