@@ -1,6 +1,6 @@
 """Muon's Newton-Schulz products in the planned step (zeroplan.core.muon_time): for a few requests,
-the step without them (what the planner timed before: Muon charged as Adam's memory traffic),
-with them, and their share of the step, under the fitted default HFU and the roofline.
+the step without them, with them, and their share of the step, under the fitted default HFU and
+the roofline.
 
     python benchmarks/muon_step_time.py
 """
@@ -22,7 +22,7 @@ REQUESTS = (
 
 
 def main() -> None:
-    print(f"{'request':<46} {'model':<8} {'NS TFLOP/rank':>13} {'before s':>9} {'after s':>9} {'NS s':>7} {'share':>6}")
+    print(f"{'request':<46} {'model':<8} {'NS TFLOP/rank':>13} {'w/o NS s':>9} {'after s':>9} {'NS s':>7} {'share':>6}")
     for flags, kind, framework in REQUESTS:
         for model in ("hfu", "roofline"):
             args = f"{flags} {BATCH} --framework {framework} --compute-model {model}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from zeroplan.core.optimizer_states import elementwise_state_bytes, is_elementwise
 from zeroplan.specs.training import Optimizer, OptimizerLoop
+from zeroplan.units import BF16_BYTES
 
 TORCH_ADAM_ACCESSES_PER_ELEMENT = 20
 """torch 2.13 torch/optim/adam.py, _single_tensor_adam and _multi_tensor_adam run the same ops,
@@ -32,3 +33,15 @@ def optimizer_bytes_per_element(optimizer: Optimizer, loop: OptimizerLoop, state
         states = elementwise_state_bytes(optimizer, state_dtype_bytes)
         moved = 2 * state_dtype_bytes + states + state_dtype_bytes + states
     return moved + (MASTER_TO_PARAMETER_BYTES if separate_master else 0)
+
+
+# torch 2.13 torch/optim/_muon.py _single_tensor_muon (no foreach or fused form: muon() refuses
+# foreach), per element of a matrix in the gradient's dtype g beside a parameter of p bytes:
+# buf.lerp_(grad) reads two and writes one (3g), the Nesterov grad.lerp(buf) likewise (3g);
+# _zeropower_via_newtonschulz's .bfloat16() copy (g + 2, none for a bf16 gradient), its norm
+# (read 2) and div_ (2 + 2); after the products, param.mul_ (2p) and param.add_ of the bf16
+# update (p + 2 + p). The products' own traffic is theirs (zeroplan.core.muon_time).
+def torch_muon_bytes_per_element(gradient_bytes: int, parameter_bytes: int) -> int:
+    """Device-memory bytes read plus written per Muon element by torch.optim.Muon's element-wise ops."""
+    cast = 0 if gradient_bytes == BF16_BYTES else gradient_bytes + BF16_BYTES
+    return 6 * gradient_bytes + cast + 3 * BF16_BYTES + 4 * parameter_bytes + BF16_BYTES

@@ -23,12 +23,12 @@ from zeroplan.core.roofline.operations import (
     memory_pass,
     step_operations,
 )
-from zeroplan.core.roofline.optimizer import optimizer_bytes_per_element
+from zeroplan.core.roofline.optimizer import optimizer_bytes_per_element, torch_muon_bytes_per_element
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
-from zeroplan.specs.training import ActivationCheckpointing
+from zeroplan.specs.training import ActivationCheckpointing, Optimizer, StateConvention
 
 
 class RooflineTerm(Frozen):
@@ -143,6 +143,15 @@ def optimizer_operation(request: PlanRequest) -> list[Operation]:
     elements = held_elements(rank_trainable_units(request), request.shard_group_size, shard_layout(request))
     per_element = optimizer_bytes_per_element(request.training.optimizer, optimizer_loop(request), eb.optimizer_dtype,
                                               eb.master > 0 and eb.compute_parameter < eb.master)
+    if request.training.optimizer is Optimizer.muon and request.convention is not StateConvention.deepspeed:
+        # torch.optim.Muon's own passes over its matrices, AdamW's over the rest (DDP: unsharded).
+        from zeroplan.core import muon
+
+        matrices, _ = muon.split_tensors(request)
+        muon_elements = sum(t.numel for t in matrices)
+        moved = (muon_elements * torch_muon_bytes_per_element(eb.optimizer_dtype, eb.optimizer_dtype)
+                 + (elements - muon_elements) * per_element)
+        return [memory_pass("optimizer step", OpPass.optimizer, moved, 1)]
     return [memory_pass("optimizer step", OpPass.optimizer, elements * per_element, 1)]
 
 
