@@ -175,6 +175,13 @@ HF_FSDP1_QLORA = [
     # LoRA records' run (framework-fsdp1-step-records) with fsdp_offload_params.
     *[("llama-3.1-8b", 8, 4096, 1, 1, policy, {"lora_rank": 16, "lora_targets": ALL_LINEAR}, True, True)
       for policy in POLICIES],
+    # A full fine-tune offloaded (accelerate's fsdp_offload_params true under the Trainer's own
+    # settings), the FSDP1 records' 8B shape, with and without recomputation, then 2 micro-batches
+    # a step: torch 2.13's FSDP1 no_sync keeps the unsharded gradients on the device until the
+    # syncing micro-batch (fully_sharded_data_parallel.py no_sync's note; _runtime_utils.py
+    # _post_backward_hook returns before the reduce-scatter and _offload_grad).
+    *[("llama-3.1-8b", 8, 4096, 1, accumulation, policy, {}, True, True)
+      for accumulation, policy in ((1, "none"), (1, "full"), (2, "full"))],
 ]
 """PEFT QLoRA and CPU offload under accelerate's fsdp_version 1, FULL_SHARD, full depth: (model,
 ranks, seq, micro-batch, accumulation steps, policy, TrainingSpec.finetune, CPU offload,

@@ -148,7 +148,7 @@ def test_lora_states_are_peft_adapters_over_a_frozen_bf16_base() -> None:
     (("--strategies", "fsdp-full-shard", "--lora-rank", "16", "--quantize", "nf4"), "--kbit-fp32-cast"),
     (("--strategies", "fsdp-full-shard", "--lora-rank", "16", "--dora"), "--dora"),
     (("--strategies", "fsdp-full-shard", "--lora-rank", "16", "--base-dtype", "fp32"), "--base-dtype"),
-    (("--strategies", "fsdp-full-shard", "--fsdp-cpu-offload"), "fsdp"),
+    (("--strategies", "fsdp-shard-grad-op", "--fsdp-cpu-offload"), "fsdp_cpu_offload"),
     (("--strategies", "fsdp-full-shard", "--precision", "fp32"), "--precision"),
     (("--strategies", "fsdp-full-shard", "--compile"), "compile"),
 ])
@@ -181,7 +181,8 @@ def test_the_api_refuses_an_unmeasured_hf_fsdp1_request() -> None:
 
 def test_lora_and_accumulation_are_planned_under_fsdp_version_1(zeroplan_cli) -> None:
     for flags in (("--lora-rank", "16", "--lora-targets", "q,v"), ("--grad-accum", "2"),
-                  ("--lora-rank", "8", "--quantize", "nf4", "--no-kbit-fp32-cast", "--fsdp-cpu-offload")):
+                  ("--lora-rank", "8", "--quantize", "nf4", "--no-kbit-fp32-cast", "--fsdp-cpu-offload"),
+                  ("--fsdp-cpu-offload",), ("--fsdp-cpu-offload", "--grad-accum", "2")):
         code, out, err = _fit(zeroplan_cli, "--strategies", "fsdp-full-shard", "--fsdp-version", "1", *flags)
         assert code == 0 and "fsdp_version 1 (FullyShardedDataParallel" in out, err
 
@@ -214,6 +215,28 @@ def test_accumulation_under_hf_fsdp1_keeps_unsharded_gradients() -> None:
     assert strategy(2, keep_unsharded_grads_on_accum=False).keep_unsharded_grads_on_accum
     # FSDP2's fully_shard has no no_sync: accelerate's no_sync leaves it reducing every micro-batch.
     assert not strategy(2, fsdp1=False).keep_unsharded_grads_on_accum
+
+
+def test_fsdp1_offload_keeps_the_reduced_shards_on_the_device_until_backward_ends() -> None:
+    from zeroplan.core.buffers import backward_end_gradient_bytes
+    from zeroplan.core.model_states import model_state_bytes
+    from zeroplan.presets.gpus import get_gpu
+    from zeroplan.presets.models import get_model
+    from zeroplan.specs import BatchSpec, PlanRequest, StrategySpec, TrainingSpec, cluster_from_gpus
+    from zeroplan.specs.framework import Framework
+
+    def request(offload: bool, fsdp1: bool) -> PlanRequest:
+        return PlanRequest(model=get_model("llama-3.1-8b"), cluster=cluster_from_gpus(get_gpu("a100-80gb"), 8),
+                           strategy=StrategySpec(kind="fsdp-full-shard", fsdp1_root_stays_gathered=fsdp1),
+                           batch=BatchSpec(seq_len=4096, micro_batch_size=1),
+                           training=TrainingSpec(framework=Framework.hf, fsdp_cpu_offload=offload))
+
+    shards = model_state_bytes(request(False, True)).gradient_bytes
+    assert shards > 0 and model_state_bytes(request(True, True)).gradient_bytes == 0
+    # FSDP1's _saved_grad_shard outlives the copy into _cpu_grad until backward ends ...
+    assert backward_end_gradient_bytes(request(True, True)) == shards
+    # ... where FSDP2's CPUOffloadPolicy moves each shard to the host as it is reduced.
+    assert not backward_end_gradient_bytes(request(True, False))
 
 
 @pytest.mark.slow
@@ -285,7 +308,7 @@ def test_qlora_records_cover_offload_and_keep_host_states_off_the_device() -> No
     assert {(r.training.fsdp_cpu_offload, r.training.finetune.quantize.value) for r in records} == {
         (False, "nf4"), (True, "nf4"), (True, "none")}
     for record in records:
-        assert "frozen torch.bfloat16" in record.sharding
+        assert ("frozen torch.bfloat16" in record.sharding) is record.training.finetune.is_lora
         if record.training.fsdp_cpu_offload:
             assert "CPUOffload(offload_params=True)" in record.sharding
             assert record.parameter_bytes == record.gradient_bytes == record.optimizer_state_bytes == 0

@@ -417,6 +417,8 @@ def backward_end_gradient_bytes(request: PlanRequest) -> int | None:
         return deepspeed_stage0.between_micro_steps_bytes(request)
     if fsdp_no_sync_carried_gradient_bytes(request) == 0:
         return no_sync_backward_end_gradient_bytes(request)
+    if fsdp1_offload_saved_gradient_bytes(request):
+        return fsdp1_offload_saved_gradient_bytes(request)
     if deepspeed_epilogue.stage1_keeps_gradients(request):
         return deepspeed_epilogue.stage1_gradient_bytes(request)
     return None
@@ -430,7 +432,24 @@ def backward_end_gradient_bytes(request: PlanRequest) -> int | None:
 def no_sync_backward_end_gradient_bytes(request: PlanRequest) -> int:
     """The gradients alive at the end of backward under FSDP's no_sync accumulation beyond the
     held unsharded gradients: what the last micro-batch's shards add to the larger end."""
-    return max(model_state_bytes(request).gradient_bytes - draining_held_buffer_bytes(request), 0)
+    shards = fsdp1_offload_saved_gradient_bytes(request) or model_state_bytes(request).gradient_bytes
+    return max(shards - draining_held_buffer_bytes(request), 0)
+
+
+# torch 2.13 distributed/fsdp/_runtime_utils.py _accumulate_sharded_grad: under FSDP1's CPUOffload
+# each unit's reduced fp32 shard is kept on the device as _saved_grad_shard (_offload_grad copies
+# it into the host's _cpu_grad without freeing it) until the post-backward final callback's
+# _flat_param.py prepare_gradient_for_optim deletes it: the shards are alive on the device at the
+# end of backward, though the step runs on the host. FSDP2's CPUOffloadPolicy moves each shard to
+# the host as it is reduced (_fsdp_collectives.py foreach_reduce). Measured at full size
+# (benchmarks/framework-fsdp1-qlora-offload-step-records, zeroplan.frameworks.hf_fsdp1_step).
+def fsdp1_offload_saved_gradient_bytes(request: PlanRequest) -> int:
+    """The reduced gradient shards FSDP1 under CPUOffload holds on the device at the end of
+    backward: the sharded gradients the states would have without the offload; 0 elsewhere."""
+    if not (request.training.fsdp_cpu_offload and fsdp1_root_stays_gathered(request)):
+        return 0
+    kept = request.training.model_copy(update={"fsdp_cpu_offload": False})
+    return model_state_bytes(request.model_copy(update={"training": kept})).gradient_bytes
 
 
 def block_backward_gradient_bytes(request: PlanRequest) -> int:

@@ -19,7 +19,8 @@ step is the record. Nothing here knows the planner's formulas.
 A QLoRA is PEFT's over bitsandbytes' own Linear4bit, quantized on the fake device through its
 registered fake kernels (zeroplan.frameworks.lora.hf_sharded_qlora_llama). Under CPU offload
 the run still has one device, so what FSDP1 keeps on the host is named and left out of the count
-(_host_storage_ids).
+(_host_storage_ids), and where FSDP1 tells the host from the device by comparing the two, the
+comparison is made to answer as on a GPU (_offloaded_gradients_on_one_device).
 """
 
 from __future__ import annotations
@@ -86,8 +87,6 @@ def check_hf_fsdp1_step(strategy: StrategyKind, training: TrainingSpec, world_si
         # (_flat_param.py _validate_tensors_to_flatten); trl's SFTTrainer skips the cast for it.
         raise ZeroplanError("finetune.kbit_fp32_cast", "FSDP1 flattens one dtype a unit: a sharded QLoRA keeps its "
                                                        "norms bf16 (allowed: false)")
-    if training.fsdp_cpu_offload and not finetune.is_lora:
-        raise ZeroplanError("--fsdp-cpu-offload", "the FSDP1 step offloads a PEFT LoRA's parameters (allowed: with lora_rank)")
     check_step(Framework.hf, strategy, training, world_size, rank)
 
 
@@ -208,7 +207,7 @@ def run_hf_fsdp1_step(model: ModelSpec, strategy: StrategyKind, training: Traini
     marks: dict[str, int] = {}
     with (fake_process_group(world_size, rank), private.fsdp1_on_fake_tensors(), private.fake_tensor_mode(),
           _bnb_quant_state_on_views(), _offload_on_one_device(offload), _autocast_query_on_device(),
-          recording_storages() as recorder):
+          recording_storages() as recorder, _offloaded_gradients_on_one_device(offload, recorder) as host_made):
         built.to_empty(DEVICE)
         root, sharding = hf_fsdp1_wrap(built.module, strategy, peft=finetune.is_lora, offload=offload,
                                        use_orig_params=use_orig_params)
@@ -229,7 +228,7 @@ def run_hf_fsdp1_step(model: ModelSpec, strategy: StrategyKind, training: Traini
         parameter_bytes = storage_bytes(flat)
         states = [t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
         optimizer_state_bytes = storage_bytes(states)
-        host = _host_storage_ids(root, states, recorder) if offload else frozenset()
+        host = _host_storage_ids(root, states, recorder) | host_made if offload else frozenset()
     running = _running_peaks(recorder.events, marks, host)
     peak = max(running.values())
     phase = next(p for p, nbytes in running.items() if nbytes == peak)
@@ -278,6 +277,55 @@ def _host_storage_ids(root: torch.nn.Module, states: list[torch.Tensor], recorde
         if getattr(param, "_cpu_grad", None) is not None:
             tensors.append(param._cpu_grad)
     return frozenset(recorder.trace_id(t.untyped_storage()) for t in tensors)
+
+
+@contextlib.contextmanager
+def _offloaded_gradients_on_one_device(offload: bool, recorder: object):
+    """Two places where FSDP1 under CPUOffload compares a gradient's device with the flat
+    parameter's, which agree when the run has one device; yields the trace ids of the host
+    storages made meanwhile.
+
+    torch 2.13 _flat_param.py prepare_gradient_for_backward (each unit's pre-backward hook): a
+    sharded gradient left from the last step is the host's _cpu_grad (grad_offloaded), so FSDP1
+    drops it (``flat_param.grad = None``) and keeps no _saved_grad_shard; the post-backward
+    _accumulate_sharded_grad then keeps the unit's new reduced fp32 shard itself as
+    _saved_grad_shard on the device until the post-backward final callback's
+    prepare_gradient_for_optim deletes it (_offload_grad has copied it into _cpu_grad). On one
+    device the comparison finds no offload and would keep the old gradient on the device to
+    accumulate into: here the offloaded branch is taken, as on a GPU.
+    _writeback_orig_params (pre_unshard, before the all-gather, while the flat parameter is its
+    host _local_shard): an original parameter whose .grad outlived the flat parameter's gets
+    ``torch.zeros_like(flat_param)``, a host buffer; its trace id is collected."""
+    made: set[int] = set()
+    if not offload:
+        yield made
+        return
+    from torch.distributed.fsdp._flat_param import FlatParamHandle
+
+    prepare, writeback = FlatParamHandle.prepare_gradient_for_backward, FlatParamHandle._writeback_orig_params
+
+    def prepare_offloaded(self: FlatParamHandle) -> None:
+        flat = self.flat_param
+        if self._offload_params and flat.grad is not None and flat.grad.size() == flat._local_shard.size():
+            flat.grad = None
+            return
+        prepare(self)
+
+    def writeback_on_host(self: FlatParamHandle) -> bool:
+        before = self.flat_param.grad
+        wrote = writeback(self)
+        grad = self.flat_param.grad
+        if self._offload_params and grad is not None and grad is not before:
+            made.add(recorder.trace_id(grad.untyped_storage()))
+        return wrote
+
+    FlatParamHandle.prepare_gradient_for_backward = prepare_offloaded  # type: ignore[method-assign]
+    FlatParamHandle._writeback_orig_params = writeback_on_host  # type: ignore[method-assign]
+    try:
+        yield made
+    finally:
+        FlatParamHandle.prepare_gradient_for_backward = prepare  # type: ignore[method-assign]
+        FlatParamHandle._writeback_orig_params = writeback  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager

@@ -404,10 +404,10 @@ def check_hf_fsdp1(request: "PlanRequest") -> None:
         ("batch.grad_accum_steps", kind is not StrategyKind.fsdp_full_shard and request.batch.grad_accum_steps > 1,
          f"{request.batch.grad_accum_steps} under {kind.value!r} (accelerate's no_sync accumulation; allowed: 1, "
          "or fsdp-full-shard)"),
+        ("fsdp_cpu_offload", kind is not StrategyKind.fsdp_full_shard and training.fsdp_cpu_offload,
+         f"CPUOffload under {kind.value!r} (allowed: fsdp-full-shard)"),
         ("finetune.base_dtype", training.finetune.is_lora and not training.finetune.loads_base_in_bf16,
          f"{training.finetune.base_dtype.value!r} (allowed: bf16)"),
-        ("fsdp_cpu_offload", training.fsdp_cpu_offload and not training.finetune.is_lora,
-         "CPUOffload of a full fine-tune (allowed: with PEFT LoRA or QLoRA)"),
         ("compile", training.compile, "torch.compile (allowed: without it)"),
         ("float8", training.float8 is not None, f"{training.float8} (allowed: none)"),
         ("fused_linear_cross_entropy", training.fused_linear_cross_entropy, "liger-kernel's loss (allowed: HF's own)"),
