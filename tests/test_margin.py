@@ -121,3 +121,19 @@ def test_a_fit_whose_allocated_peak_alone_may_reach_the_usable_memory_is_borderl
     low = int(reaches * ALLOCATED_PEAK_ERROR_BAND.low)
     assert borderline_words(usable, usable, band, allocated_peak_bytes=reaches) == (
         f"borderline: the allocated peak alone at {100 * low / usable:.0f}-100 % of usable")
+
+
+def test_no_published_run_that_completed_is_called_out_of_memory(monkeypatch) -> None:
+    # The worst answer the planner can give (issue: "never call a completed run OOM"): every
+    # development-set row whose run completed is planned to fit, by fit's whole verdict (the step,
+    # the load, host RAM). A fit of a run that ran out is marked borderline instead (the script's
+    # summary counts those).
+    monkeypatch.chdir(published_memory_accuracy.ROOT)
+    refused = []
+    for row in published_memory_accuracy.load_rows():
+        if row["outcome"] != "completed":
+            continue
+        result = published_memory_accuracy.predict(row)
+        if "error" not in result and not result["fits"]:
+            refused.append(row["id"])
+    assert refused == [], f"completed runs predicted not to fit: {refused}"
