@@ -153,6 +153,21 @@ def test_peft_adapters_copy_their_input_under_ddp_but_not_under_fsdp() -> None:
     assert ddp.memory.activation_bytes - one.memory.activation_bytes == 32 * (2 * 2 * 4096 * 4096 + 2 * 2 * 4096 * 8)
 
 
+def test_a_quantized_bases_adapters_copy_only_the_fp32_inputs_autocast_casts() -> None:
+    """peft's bnb Linear4bit casts nothing under the Trainer's autocast: q's adapter keeps
+    autocast's bf16 copy of the fp32 normed input, o's the attention's bf16 output itself."""
+    from zeroplan.core.finetune.activations import lora_layer_delta_bytes
+
+    def block(*targets: LoraTarget) -> int:
+        finetune = FineTuneSpec(lora_rank=8, quantize="nf4", lora_targets=targets)
+        return lora_layer_delta_bytes(request(finetune, kind="ddp", gpus=1, framework="hf", precision="bf16-mixed"))
+
+    q = block(LoraTarget.q)
+    rank_output = 2 * 4096 * 8  # A's bf16 r-wide output, which B keeps
+    assert block(LoraTarget.q, LoraTarget.o) - q == rank_output
+    assert block(LoraTarget.q, LoraTarget.k) - q == 2 * 4096 * 4096 + rank_output
+
+
 def test_frozen_weights_skip_their_gradient_matmuls() -> None:
     full = plan(request(kind="ddp", gpus=1)).time
     lora = plan(request(FineTuneSpec(lora_rank=8), kind="ddp", gpus=1)).time

@@ -347,14 +347,14 @@ def test_peft_bnb_autocast_question_is_answered_for_the_fake_device() -> None:
     GPU); on the fake CPU device the step answers it for the CPU's autocast, and only there."""
     import torch
 
-    from zeroplan.frameworks.hf_fsdp1_step import _autocast_query_on_device
+    from zeroplan.frameworks.autocast_query import autocast_query_on_device
 
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert torch.is_autocast_enabled() is False
-        with _autocast_query_on_device():
+        with autocast_query_on_device("cpu"):
             assert torch.is_autocast_enabled() is True
             assert torch.is_autocast_enabled("cuda") is False
-    with _autocast_query_on_device():
+    with autocast_query_on_device("cpu"):
         assert torch.is_autocast_enabled() is False
     assert torch.is_autocast_enabled() is False
 

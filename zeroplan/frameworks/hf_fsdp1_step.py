@@ -33,6 +33,7 @@ import torch
 
 from zeroplan.allocator.trace import AllocEvent
 from zeroplan.errors import ZeroplanError
+from zeroplan.frameworks.autocast_query import autocast_query_on_device
 from zeroplan.frameworks.build import build
 from zeroplan.frameworks.step import ADAMW_LR, check_step
 from zeroplan.frameworks.step_record import FrameworkStepRecord, StepPhase
@@ -206,8 +207,9 @@ def run_hf_fsdp1_step(model: ModelSpec, strategy: StrategyKind, training: Traini
     offload = training.fsdp_cpu_offload
     marks: dict[str, int] = {}
     with (fake_process_group(world_size, rank), private.fsdp1_on_fake_tensors(), private.fake_tensor_mode(),
-          _bnb_quant_state_on_views(), _offload_on_one_device(offload), _autocast_query_on_device(),
-          recording_storages() as recorder, _offloaded_gradients_on_one_device(offload, recorder) as host_made):
+          _bnb_quant_state_on_views(), _offload_on_one_device(offload),
+          autocast_query_on_device(torch.device(DEVICE).type), recording_storages() as recorder,
+          _offloaded_gradients_on_one_device(offload, recorder) as host_made):
         built.to_empty(DEVICE)
         root, sharding = hf_fsdp1_wrap(built.module, strategy, peft=finetune.is_lora, offload=offload,
                                        use_orig_params=use_orig_params)
@@ -351,29 +353,6 @@ def _offload_on_one_device(offload: bool):
         torch.Tensor.pin_memory = pin  # type: ignore[method-assign]
         if not had:
             del stream.synchronize
-
-
-# torch 2.13 torch/_C/__init__.pyi: is_autocast_enabled() with no device type reads CUDA's autocast
-# (measured: under torch.autocast("cpu") it answers False, is_autocast_enabled("cpu") True).
-@contextlib.contextmanager
-def _autocast_query_on_device():
-    """peft 0.17.1 tuners/lora/bnb.py Linear4bit.forward asks ``torch.is_autocast_enabled()`` with
-    no device type and, only where that is False, casts the input to ``lora_A.weight.dtype``
-    before the adapter. On a GPU under accelerate's autocast(cuda) it is True and nothing is
-    cast; on the fake device the autocast is the CPU's, so the question is answered for it, as
-    the GPU run answers it for CUDA. Without this the fake run casts each adapter's input to the
-    fp32 sharded view use_orig_params leaves as lora_A.weight (_flat_param.py _use_sharded_views),
-    a copy a GPU never makes."""
-    original = torch.is_autocast_enabled
-
-    def on_device(*args: object) -> bool:
-        return original(*args) if args else original(torch.device(DEVICE).type)
-
-    torch.is_autocast_enabled = on_device  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        torch.is_autocast_enabled = original  # type: ignore[assignment]
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ import weakref
 
 import torch
 
+from zeroplan.frameworks.autocast_query import autocast_query_on_device
 from zeroplan.frameworks.build import build
 from zeroplan.frameworks.record import FrameworkRecord
 from zeroplan.simulate import _torch_private as private
@@ -169,7 +170,9 @@ def _forward_unfrozen(model: ModelSpec, training: TrainingSpec, batch: BatchSpec
         saved, hooks, settle = _saved_by_last_block(built, side)
         with tracker, hooks, _collecting(built.module):
             before = device_bytes()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=_autocast(training, dtype)):
+            # peft's bitsandbytes adapters ask CUDA's autocast on a GPU, the CPU's here.
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=_autocast(training, dtype)), \
+                    autocast_query_on_device("cpu"):
                 output = built.forward(tokens)
             retained = device_bytes() - before
             settle()

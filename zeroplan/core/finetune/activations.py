@@ -92,14 +92,37 @@ def adapters_stay_fp32(request: PlanRequest) -> bool:
 # points it at its fp32 shard (torch 2.13 distributed/fsdp/_flat_param.py _use_sharded_views);
 # the input is cast to fp32 and autocast, which accelerate wraps the forward in, casts it to bf16
 # again for the matmul, as under DDP (measured: benchmarks/framework-fsdp1-step-records, hf LoRA
-# at ac none). A QLoRA's adapters are peft's tuners/lora/bnb.py Linear4bit, whose forward casts
-# only where torch.is_autocast_enabled() is false: under accelerate's autocast they read the bf16
-# input uncast, whatever use_orig_params leaves as lora_A.weight (measured:
-# benchmarks/framework-fsdp1-orig-params-step-records).
+# at ac none). Over a quantized base (hf) see quantized_adapters_copy_their_input.
 def adapters_copy_their_input(request: PlanRequest) -> bool:
-    fsdp1_copies = hf_runs_fsdp1(request) and not request.training.finetune.quantize.is_quantized
+    """Whether each adapter makes its own copy of the input its widest linears read (the fp32
+    input, then autocast's bf16 copy of it where autocast runs)."""
+    if request.training.framework is Framework.hf and request.training.finetune.quantize.is_quantized:
+        return quantized_adapters_copy_their_input(request, "hidden")
     return (request.training.framework is Framework.hf and request.strategy.kind is StrategyKind.ddp) or \
-        adapters_stay_fp32(request) or (request.strategy.kind.is_fsdp and fsdp1_copies)
+        adapters_stay_fp32(request) or (request.strategy.kind.is_fsdp and hf_runs_fsdp1(request))
+
+
+# peft tuners/lora/bnb.py Linear4bit.forward and Linear8bitLt.forward (the same test in every
+# release from 0.5.0, tuners/lora.py, to 0.20.0) cast the input to lora_A.weight.dtype only where
+# torch.is_autocast_enabled() is false, which on a GPU reads CUDA's autocast. Under the Trainer's
+# or accelerate's autocast nothing is cast: an adapter copies its input only where autocast casts
+# it for lora_A's matmul, that is where the input is fp32 (quantized_base_outputs_fp32: the
+# residual stream and MLP under prepare_model_for_kbit_training), never for o, which reads the
+# attention's bf16 output. Without autocast (bf16-pure, DeepSpeed's engine, FSDP2's bf16 gather)
+# the input and the adapters are in the compute dtype: the cast is a no-op. Measured:
+# benchmarks/framework-finetune-records (hf QLoRA and int8: o's adapter keeps the attention
+# output itself) and benchmarks/framework-fsdp1-orig-params-step-records.
+def quantized_adapters_copy_their_input(request: PlanRequest, kind: str) -> bool:
+    """Whether each bitsandbytes-wrapped adapter (hf) of the linears reading input ``kind``
+    (INPUT_GROUPS) makes its own copy of it."""
+    return quantized_base_outputs_fp32(request) and kind != "attention"
+
+
+def group_adapters_copy_input(request: PlanRequest, kind: str) -> bool:
+    """adapters_copy_their_input for the linears reading input ``kind`` (INPUT_GROUPS)."""
+    if request.training.framework is Framework.hf and request.training.finetune.quantize.is_quantized:
+        return quantized_adapters_copy_their_input(request, kind)
+    return adapters_copy_their_input(request)
 
 
 # What lora_A multiplies, and so saves for its weight's gradient, and what it returns, which
@@ -275,12 +298,13 @@ def quantized_base_outputs_fp32(request: PlanRequest) -> bool:
             and request.runs_under_autocast)
 
 
-def _group_input_bytes(request: PlanRequest, targets: tuple[LoraTarget, ...], width: int, kept_anyway: bool) -> int:
+def _group_input_bytes(request: PlanRequest, targets: tuple[LoraTarget, ...], kind: str, kept_anyway: bool) -> int:
     """What is kept of one input the group's linears read, given which of them an adapter wraps
     (and whether another op keeps the input itself regardless)."""
     finetune = request.training.finetune
     e = request.training.precision.compute_bytes
     tokens = request.batch.seq_len * request.batch.micro_batch_size
+    width = input_width(request, kind)
     wrapped = [t for t in targets if t in finetune.targets(request.training.framework)]
     # The attention output o reads is the fused attention's own kept output (INPUT_GROUPS), so
     # an int8 o keeps no second copy of it, nor a 4-bit o (the input arrives in bf16: no cast).
@@ -300,7 +324,7 @@ def _group_input_bytes(request: PlanRequest, targets: tuple[LoraTarget, ...], wi
         shared = max(shared, e * tokens * width)
     if not wrapped:
         return shared + own
-    copies = adapters_copy_their_input(request)
+    copies = group_adapters_copy_input(request, kind)
     a = adapter_matmul_bytes(request)
     if finetune.lora_dropout > 0:
         # peft lora_dropout[adapter] and torchtune LoRALinear.dropout are one nn.Dropout per
@@ -358,7 +382,7 @@ def _lora_delta_bytes(request: PlanRequest, norm_savings_bytes: int, within: fro
         if not within.issuperset(group):
             continue
         width = input_width(request, kind)
-        delta += _group_input_bytes(request, group, width, kept_anyway) - e * tokens * width
+        delta += _group_input_bytes(request, group, kind, kept_anyway) - e * tokens * width
     # bitsandbytes 0.50.2 nn/modules.py Linear4bit.forward casts its output back to its input's
     # dtype, and MatMul8bitLt returns its product in its input's dtype: under hf's QLoRA the
     # residual stream is fp32 (FineTuneSpec.module_in_bf16), so the gate and up outputs and
