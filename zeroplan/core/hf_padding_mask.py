@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from zeroplan.core.profiles import profile
 from zeroplan.specs.request import PlanRequest
-from zeroplan.specs.training import AttentionKernel
+from zeroplan.specs.training import AttentionKernel, batch_pads
 
 
 # transformers 4.56.2 masking_utils.py sdpa_mask_recent_torch: _ignore_causal_mask_sdpa returns
@@ -22,7 +22,7 @@ def padding_mask_extra_bytes(request: PlanRequest) -> int:
     """Bytes one block saves beyond the unmasked SDPA block because the batch carries padding."""
     training, model, batch = request.training, request.model, request.batch
     if (not profile(training.framework).sdpa_keeps_padding_mask or training.attention_kernel is not AttentionKernel.flash
-            or not batch.pads_batches):
+            or not batch_pads(batch)):
         return 0
     e, s, b = training.precision.compute_bytes, batch.seq_len, batch.micro_batch_size
     copies = 2 * e * s * b * (model.q_size - model.kv_size) if 1 < model.kv_heads < model.num_heads else 0

@@ -826,6 +826,13 @@ def _max_micro_batch_affine(request: PlanRequest) -> int | None:
     # at 2 and 3, 256 at 4 to 7; the line said 9 where 10 fits).
     if request.training.fused_linear_cross_entropy:
         return None
+    # A batch of varying lengths carries padding from its second sample on (BatchSpec.pads_batches),
+    # and with it hf SDPA's mask and repeated K/V (zeroplan.core.hf_padding_mask): the terms switch
+    # on at micro-batch 2, so the line through 1 and 2 over-counts every further sample (Mistral-7B
+    # LoRA under hf's zero3 on 32 H200s, s 1024: the line said 19 where 20 and 21 fit).
+    batch = request.batch
+    if batch.padded_batches is None and batch.varying_lengths is not None:
+        return None
     # The states and buffers do not change with the micro-batch: only its own terms are new
     # (the request's own terms are the ones its breakdown just computed).
     states, own_terms = checked_peak_terms(request)

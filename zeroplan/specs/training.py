@@ -393,12 +393,8 @@ class BatchSpec(Frozen):
 
     @property
     def pads_batches(self) -> bool:
-        """Whether a micro-batch carries padding: as padded_batches says, else only where samples
-        of varying length share a micro-batch (one sample, or every sample at seq_len or packed
-        to it, leaves no padding)."""
-        if self.padded_batches is not None:
-            return self.padded_batches
-        return self.varying_lengths is not None and self.micro_batch_size > 1
+        """Whether a micro-batch carries padding (batch_pads)."""
+        return batch_pads(self)
 
     # A request without varying lengths dumps as it did before the field existed (the answers'
     # JSON, and every digest of it, stay as they were).
@@ -423,3 +419,13 @@ def recorded_before_kernels(training: object) -> object:
     if isinstance(training, dict) and "kernels" not in training:
         return {**training, "kernels": Kernels.cpu.value}
     return training
+
+
+def batch_pads(batch) -> bool:
+    """Whether a micro-batch carries padding: as padded_batches says, else only where samples of
+    varying length share a micro-batch (one sample, or every sample at seq_len or packed to it,
+    leaves no padding). Reads the three fields alone, so a planner cache's view of the batch that
+    keeps them answers it (BatchSpec.pads_batches, a property, is not on the view)."""
+    if batch.padded_batches is not None:
+        return batch.padded_batches
+    return batch.varying_lengths is not None and batch.micro_batch_size > 1
