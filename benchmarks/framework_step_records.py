@@ -10,6 +10,8 @@ write the records the planner's allocated peak is checked against.
         about 8 minutes, most of it the single-device and 70B runs)
     python benchmarks/framework_step_records.py --torchtune-unchunked [OUT_DIR]
         (torchtune with a plain CrossEntropyLoss, TORCHTUNE_UNCHUNKED; about a minute)
+    python benchmarks/framework_step_records.py --dpo [OUT_DIR]
+        (torchtune's lora_dpo_single_device step, DPO, into the fine-tune directory)
     python benchmarks/framework_step_records.py --batch-slope [OUT_DIR]
         (hf LoRA at micro-batch 1 and 2, BATCH_SLOPE, into the fine-tune directory; about 2 minutes)
     python benchmarks/framework_step_records.py --dora [OUT_DIR]
@@ -52,6 +54,7 @@ from zeroplan.presets.models import get_model
 from zeroplan.specs import BatchSpec, ModelSpec, StrategyKind
 from zeroplan.specs.finetune import FineTuneSpec
 from zeroplan.specs.framework import Framework
+from zeroplan.specs.training import Objective
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "framework-step-records"
 FINETUNE_OUT = Path(__file__).resolve().parent / "framework-finetune-step-records"
@@ -105,6 +108,13 @@ DORA = [
                                                "dora": True}),
 ]
 """The DoRA runs, as FINETUNE's."""
+DPO = [
+    # torchtune 0.6.1 recipes/lora_dpo_single_device.py with configs/llama3_1/8B_lora_dpo_single_device.yaml:
+    # r 8 on q v o + MLP, max_seq_len 1024, batch_size 4 pairs (8 rows), activation checkpointing
+    # on, bf16; and one pair (2 rows).
+    ("llama-3.1-8b", 1024, 8, {"lora_rank": 8}), ("llama-3.1-8b", 1024, 2, {"lora_rank": 8}),
+]
+"""(model, seq, rows, TrainingSpec.finetune) of each single-device LoRA DPO run (objective dpo)."""
 BATCH_SLOPE = [
     # The memory each extra sample adds in a LoRA step (published fsdp_qlora tables vary only the
     # batch: Llama-2-7B, r 64 on all seven linears, dropout 0.1, 2 GPUs, 2048 tokens, gradient
@@ -233,6 +243,14 @@ def main_finetune(out: Path = FINETUNE_OUT, runs: list = FINETUNE) -> None:
         _run(out, model_name, world_size, 4096, 1, training, strategy)
 
 
+def main_dpo(out: Path = FINETUNE_OUT) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for model_name, seq_len, rows, finetune in DPO:
+        training = step_training(Framework.torchtune, "full").model_copy(
+            update={"finetune": FineTuneSpec(**finetune), "objective": Objective.dpo})
+        _run(out, model_name, 1, seq_len, rows, training, StrategyKind.ddp)
+
+
 def main_batch_slope(out: Path = FINETUNE_OUT) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for framework, model_name, world_size, seq_len, micro_batch, policy, finetune in BATCH_SLOPE:
@@ -338,6 +356,7 @@ MODES = {
     "--finetune": (main_finetune, FINETUNE_OUT),
     "--batch-slope": (main_batch_slope, FINETUNE_OUT),
     "--dora": (lambda out: main_finetune(out, DORA), FINETUNE_OUT),
+    "--dpo": (main_dpo, FINETUNE_OUT),
     "--torchtune-unchunked": (main_torchtune_unchunked, DEFAULT_OUT),
     "--long-context": (main_long_context, DEFAULT_OUT),
     "--shallow": (main_shallow, SHALLOW_OUT),

@@ -38,7 +38,7 @@ from zeroplan.specs.lengths import LongSamples, VaryingLengths
 from zeroplan.specs.request import ATTENTION_RATES, DEFAULT_ATTENTION_RATE, default_attention_kernel
 from zeroplan.specs.parallel import EXPERT_PARALLEL_STRATEGIES, DeviceMap, ParallelSpec, PipelineSchedule
 from zeroplan.specs.strategy import PARTIAL_OFFLOAD_KINDS
-from zeroplan.specs.training import ModelLoad
+from zeroplan.specs.training import ModelLoad, Objective
 from zeroplan.units import GB, GiB, MiB, ByteUnit
 
 
@@ -504,6 +504,11 @@ def add_fused_loss_argument(parser: argparse.ArgumentParser) -> None:
              "under which bitsandbytes before 0.43.2 keeps every block's 4-bit matmul inputs through backward",
     )
     parser.add_argument(
+        "--objective", choices=[o.value for o in Objective], default=Objective.sft.value,
+        help="sft: a causal-LM step; dpo: torchtune's LoRA DPO recipes (chosen and rejected in one forward, a "
+             "no-grad reference forward with the adapters disabled); --micro-batch then counts rows, 2 x pairs",
+    )
+    parser.add_argument(
         "--unchunked-loss", action="store_true",
         help="torchtitan: its unchunked CrossEntropyLoss instead of the ChunkedLossWrapper its Llama-3 configs use; "
              "torchtune: a plain torch.nn.CrossEntropyLoss as the recipe's loss instead of CEWithChunkedOutputLoss",
@@ -662,6 +667,11 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         precision = deepspeed_file.precision  # the file's bf16 / fp16 blocks (neither: fp32)
     else:
         precision = default_precision(framework, cluster.gpu)
+    # torchtune 0.6.1 data/_collate.py padded_collate_dpo: each pair gives a chosen and a
+    # rejected row, so a DPO forward has an even number of rows.
+    if getattr(args, "objective", "sft") == Objective.dpo.value and (args.micro_batch or 1) % 2:
+        raise ZeroplanError("--micro-batch", f"{(args.micro_batch or 1)}: under --objective dpo it counts chosen and rejected "
+                            "rows (allowed: even, 2 x the recipe's batch_size)")
     training = TrainingSpec(
         precision=precision,
         framework=framework,
@@ -672,6 +682,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         torch_multihead_attention=getattr(args, "torch_multihead_attention", False),
         deepspeed_torch_linear=getattr(args, "deepspeed_torch_linear", False),
         # torchtitan 9dec370 train.py loss_fn: its only loss, unchunked.
+        objective=Objective(getattr(args, "objective", Objective.sft.value)),
         unchunked_loss=args.unchunked_loss or (framework is Framework.torchtitan and getattr(args, "torchtitan_release", None) == "9dec370"),
         torchtitan_release=getattr(args, "torchtitan_release", None),
         deepspeed_release=getattr(args, "deepspeed_release", None),

@@ -13,7 +13,7 @@ from zeroplan.core.profiles import checkpoint_stops_early
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.model import ModelSpec
 from zeroplan.specs.request import PlanRequest
-from zeroplan.specs.training import ActivationCheckpointing, AttentionKernel, BatchSpec, TrainingSpec
+from zeroplan.specs.training import ActivationCheckpointing, AttentionKernel, BatchSpec, Objective, TrainingSpec
 
 MATMUL_FLOPS_PER_MULTIPLY_ADD = 2
 """A multiply-add is two FLOPs (Kaplan et al. 2020, sec. 2.1)."""
@@ -255,7 +255,11 @@ def _flops_per_token(model: ModelSpec, training: TrainingSpec, seq_len: int, ada
     if adapter_flops_per_token or frozen_gradient_flops_per_token:
         linear += adapter_flops_per_token
         backward += BACKWARD_MATMULS_PER_FORWARD_MATMUL * adapter_flops_per_token - frozen_gradient_flops_per_token
-    return (("forward_flops", linear + attention), ("backward_flops", backward + recompute), ("recompute_flops", recompute),
+    # torchtune 0.6.1 recipes/lora_dpo_single_device.py train(): the reference's
+    # concatenated_forward, under no_grad and disable_adapter, runs the base model's forward
+    # again over the same rows (zeroplan.core.dpo).
+    reference = linear - adapter_flops_per_token + attention if training.objective is Objective.dpo else 0.0
+    return (("forward_flops", linear + attention + reference), ("backward_flops", backward + recompute), ("recompute_flops", recompute),
             ("model_flops", model_flops_per_token(model, seq_len)), ("attention_forward_flops", attention),
             ("attention_backward_flops", attention_backward_over_forward(kernel) * attention
              + recompute_attention_flops_per_token(model, training, seq_len)))

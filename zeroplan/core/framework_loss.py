@@ -10,6 +10,7 @@ from __future__ import annotations
 from zeroplan.core.compiled import COMPILED_CROSS_ENTROPY_ROW_BYTES, compiled_chunked_logits_tensors, compiles_loss
 from zeroplan.core.frameworks import hf_under_autocast
 from zeroplan.core import tinyllama
+from zeroplan.core.dpo import dpo_logits_tensors
 from zeroplan.core.kv_cache import kv_cache_tensors, loss_forward_tensors
 from zeroplan.core.transformers_release import opt_loss_tensors, runs_opt_own_forward
 from zeroplan.core.profiles import fsdp1_root_stays_gathered, fsdp_separates_embedding_and_head, loss_chunks, profile
@@ -18,7 +19,7 @@ from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import ModelSpec
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
-from zeroplan.specs.training import TrainingSpec
+from zeroplan.specs.training import Objective, TrainingSpec
 from zeroplan.units import FP32_BYTES, even_split
 
 
@@ -388,6 +389,10 @@ def framework_logits_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...
         return torchtitan_chunked_loss_parts(request), tuple(torchtitan_chunk_cross_entropy_parts(request))
     if training.fused_linear_cross_entropy:
         return fused_linear_cross_entropy_tensors(request)
+    if training.objective is Objective.dpo:
+        # torchtune's DPO recipes (zeroplan.core.dpo): unchunked logits, the reference's head
+        # moment before torchtune's unchunked cross-entropy's backward moments.
+        return dpo_logits_tensors(request, torchtune_unchunked_logits_tensors(request))
     if chunks > 1:
         moments = (compiled_chunked_logits_tensors if compiles_loss(training) else chunked_logits_tensors)(
             model, training, s, b, chunks, fsdp_chunked_head_parts(request))

@@ -12,6 +12,7 @@ from zeroplan.core.deepspeed_mha_views import check_torch_multihead_attention, p
 from zeroplan.core.deepspeed_coordinator import loss_gathered_bytes
 from zeroplan.core.deepspeed_torch_linear import pinned_linear_weight_bytes
 from zeroplan.core.uncast_loss import check_uncast_loss, uncast_logits_parts
+from zeroplan.core.dpo import check_dpo_request
 from zeroplan.core.deepspeed_bf16_autocast import activation_extra_bytes as bf16_autocast_activation_bytes, check_bf16_autocast
 from zeroplan.core.buffers import (
     backward_end_buffer_bytes, backward_end_gradient_bytes, backward_held_buffer_bytes, block_backward_gradient_bytes,
@@ -319,6 +320,7 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     check_torch_multihead_attention(request)
     check_bf16_autocast(request)
     check_uncast_loss(request)
+    check_dpo_request(request)
     deepspeed_stage0.check_deepspeed_stage0(request)
     if training.finetune.frozen_blocks and training.activation_checkpointing not in (ActivationCheckpointing.none, ActivationCheckpointing.full):
         raise ZeroplanError("finetune.frozen_blocks", f"is modelled with activation checkpointing none or full, not "

@@ -18,7 +18,8 @@ from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.hardware import GpuSpec
 from zeroplan.specs.training import (
-    ActivationCheckpointing, Optimizer, OptimizerLoop, Precision, StateConvention, TrainingSpec, precision_without_bf16,
+    ActivationCheckpointing, Objective, Optimizer, OptimizerLoop, Precision, StateConvention, TrainingSpec,
+    precision_without_bf16,
 )
 
 
@@ -1008,5 +1009,6 @@ def check_fsdp_cpu_offload(training: TrainingSpec, kind: StrategyKind) -> None:
 
 def loss_chunks(training: TrainingSpec) -> int:
     """How many pieces the framework's loss computes the logits in: its profile's, or 1 with
-    TrainingSpec.unchunked_loss (torchtitan's ChunkedLossWrapper is modelled apart and counts 1)."""
-    return 1 if training.unchunked_loss else profile(training.framework).loss_chunks
+    TrainingSpec.unchunked_loss (torchtitan's ChunkedLossWrapper is modelled apart and counts 1).
+    torchtune 0.6.1's DPO recipes never call set_num_output_chunks: one piece under dpo."""
+    return 1 if training.unchunked_loss or training.objective is Objective.dpo else profile(training.framework).loss_chunks

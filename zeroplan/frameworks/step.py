@@ -29,6 +29,7 @@ from zeroplan.simulate.fake_world import (
     DEVICE, check_rank_of_world, device_mesh, fake_process_group, storage_bytes,
 )
 from zeroplan.specs import BatchSpec, ModelSpec, Optimizer, Precision, StrategyKind, TrainingSpec, check_seq_len
+from zeroplan.specs.training import Objective
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.training import measured_on
 
@@ -79,6 +80,12 @@ def check_step(framework: Framework, strategy: StrategyKind, training: TrainingS
     if training.fused_linear_cross_entropy:
         # liger-kernel's kernels are Triton (CUDA only): the step would run HF's own loss instead.
         raise ZeroplanError("fused_linear_cross_entropy", "cannot be simulated: liger-kernel runs only on CUDA (allowed: false)")
+    # torchtune 0.6.1 recipes/lora_dpo_single_device.py is the DPO step simulated: one device,
+    # LoRA (disable_adapter gives the reference), a forward of chosen and rejected rows.
+    if training.objective is Objective.dpo and not (framework is Framework.torchtune and training.finetune.is_lora
+                                                    and strategy is StrategyKind.ddp and world_size == 1):
+        raise ZeroplanError("objective", "a DPO step is simulated only as torchtune's lora_dpo_single_device runs it "
+                                         "(allowed: --framework torchtune with LoRA, ddp at 1 rank)")
     check_rank_of_world(world_size, rank, "--world-size", "--rank")
 
 
@@ -133,7 +140,8 @@ def run_step(model: ModelSpec, strategy: StrategyKind, training: TrainingSpec, b
             # A first, untracked step: AdamW creates its states lazily in the first step, and a
             # run that fits must fit from the second step on, with the states alive throughout.
             unchunked = training.unchunked_loss
-            _backward(_forward_and_loss(framework, built, tokens, None, {}, unchunked), in_backward, world_size, tokens)
+            dpo = training.objective is Objective.dpo
+            _backward(_forward_and_loss(framework, built, tokens, None, {}, unchunked, dpo), in_backward, world_size, tokens)
             if not in_backward:
                 _step_on_shards(optimizer, params, shards)
                 # Both trainers clear the gradients after the step: torchtune's recipe calls
@@ -150,7 +158,7 @@ def run_step(model: ModelSpec, strategy: StrategyKind, training: TrainingSpec, b
             private.frozen_parameters_unhooked(tracker, built.module)
             running: dict[StepPhase, int] = {}
             with tracker:
-                loss = _forward_and_loss(framework, built, tokens, tracker, running, unchunked)
+                loss = _forward_and_loss(framework, built, tokens, tracker, running, unchunked, dpo)
                 _backward(loss, in_backward, world_size, tokens)
                 del loss
                 running[StepPhase.backward] = _peak(tracker)
@@ -257,9 +265,11 @@ def _peak(tracker: object | None) -> int:
 
 
 def _forward_and_loss(framework: Framework, built, tokens: torch.Tensor, tracker: object | None,
-                      running: dict[StepPhase, int], unchunked: bool = False) -> torch.Tensor:
+                      running: dict[StepPhase, int], unchunked: bool = False, dpo: bool = False) -> torch.Tensor:
     """The framework's forward and loss, as its trainer calls them; the logits are dropped
     before backward as the trainer drops them."""
+    if dpo:
+        return _torchtune_dpo_loss(built, tokens, tracker, running)
     if framework is Framework.hf:
         # transformers 4.56.2 trainer.py compute_loss: outputs = model(**inputs) with labels in
         # the inputs; the model shifts them and computes ForCausalLMLoss (loss/loss_utils.py:
@@ -297,6 +307,39 @@ def _forward_and_loss(framework: Framework, built, tokens: torch.Tensor, tracker
 TORCHTITAN_LOSS_CHUNKS = 8
 """torchtitan 0.3.0 components/loss.py ChunkedLossWrapper.Config.num_chunks default, which its
 models/llama3/config_registry.py llama3_8b, llama3_70b and llama3_405b leave as it is."""
+
+
+def _torchtune_dpo_loss(built, tokens: torch.Tensor, tracker: object | None, running: dict[StepPhase, int]) -> torch.Tensor:
+    """torchtune 0.6.1 recipes/lora_dpo_single_device.py train() lines 535-568: the policy's
+    concatenated_forward over the rows (``tokens``: chosen and rejected stacked, as
+    data/_collate.py padded_collate_dpo makes them; the labels are the tokens, which only the
+    values of the log-probs depend on), the logits' detached means, ``del`` of the logits, the
+    reference's concatenated_forward under no_grad and disable_adapter, DPOLoss and its mean."""
+    from torchtune import rlhf
+    from torchtune.modules.peft import disable_adapter
+    from torchtune.rlhf.loss import DPOLoss
+
+    # The DPO recipes never call set_num_output_chunks: the model returns its logits whole.
+    built.module.set_num_output_chunks(0)
+    half = tokens.shape[0] // 2
+
+    def concatenated_forward() -> tuple[torch.Tensor, ...]:
+        logits = built.forward(tokens)
+        log_probs = rlhf.get_batch_log_probs(logits, tokens)
+        return log_probs[:half], log_probs[half:], logits[:half], logits[half:]
+
+    policy_chosen, policy_rejected, chosen_logits, rejected_logits = concatenated_forward()
+    means = chosen_logits.detach().mean(), rejected_logits.detach().mean()
+    del chosen_logits, rejected_logits
+    running[StepPhase.forward] = _peak(tracker)
+    # The reference forward calls the same modules again (MemTracker's per-module stats set aside).
+    aside = contextlib.nullcontext() if tracker is None else private.tracker_module_stats_set_aside(tracker)
+    with aside, torch.no_grad(), disable_adapter(built.module):
+        reference_chosen, reference_rejected, _, _ = concatenated_forward()
+    loss, _, _ = DPOLoss()(policy_chosen, policy_rejected, reference_chosen, reference_rejected)
+    del means
+    running[StepPhase.loss] = _peak(tracker)
+    return loss.mean()
 
 
 def _torchtitan_loss(built, tokens: torch.Tensor, unchunked: bool, tracker: object | None,

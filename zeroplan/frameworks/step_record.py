@@ -107,7 +107,8 @@ class FrameworkStepRecord(NamedRecord):
         t, b = self.training, self.batch
         return (f"{t.framework.value}:{self.model.name}:{self.strategy.value}:n{self.world_size}:{t.precision.value}{finetune_tag(t)}:"
                 f"ac={t.activation_checkpointing.value}{'+optim-in-bwd' if t.optimizer_in_backward else ''}"
-                f"{'+unchunked-loss' if t.unchunked_loss else ''}{'+cpu-offload' if t.fsdp_cpu_offload else ''}:"
+                f"{'+unchunked-loss' if t.unchunked_loss else ''}{'+cpu-offload' if t.fsdp_cpu_offload else ''}"
+                f"{'+dpo' if t.objective.value == 'dpo' else ''}:"
                 f"s{b.seq_len}:b{b.micro_batch_size}{f'x{b.grad_accum_steps}' if b.grad_accum_steps > 1 else ''}"
                 f"{'' if self.fsdp_version == 2 else ':fsdp1'}")
 

@@ -148,6 +148,22 @@ def fsdp_tracker_forgets_each_call(tracker: object, module: object) -> object:
     return module.register_forward_pre_hook(forget, prepend=True)
 
 
+@contextlib.contextmanager
+def tracker_module_stats_set_aside(tracker: object) -> Iterator[None]:
+    """While the block runs a second forward of modules the tracker (MemTracker) has seen, its
+    private per-module ``memory_tracking`` stats are set aside (it refuses a module's second
+    forward otherwise) and restored after, for the first forward's backward hooks to read. The
+    tracker's live and peak bytes, what is read back, are untouched."""
+    saved = [(module, tracker.memory_tracking[module]) for module in list(tracker.memory_tracking.keys())]
+    tracker.memory_tracking.clear()
+    try:
+        yield
+    finally:
+        tracker.memory_tracking.clear()
+        for module, stats in saved:
+            tracker.memory_tracking[module] = stats
+
+
 def track_existing(tracker: object, module: object) -> None:
     """Count ``module``'s parameters and buffers as live from now on (they exist before the
     forward; untracked, they would be counted when first used)."""

@@ -156,6 +156,19 @@ class StateConvention(str, Enum):
     are cast to bf16 only for compute; the fp32 parameter is the master copy."""
 
 
+class Objective(str, Enum):
+    """What the step trains for."""
+
+    sft = "sft"
+    """A causal-LM step: one forward of the micro-batch, cross-entropy on its next tokens."""
+    dpo = "dpo"
+    """Direct preference optimization as torchtune 0.6.1's LoRA DPO recipes run it
+    (recipes/lora_dpo_single_device.py, lora_dpo_distributed.py): chosen and rejected sequences in
+    one forward, the reference forward under no_grad with the adapters disabled, DPOLoss
+    (zeroplan.core.dpo). BatchSpec.micro_batch_size counts the forward's rows, chosen and rejected
+    both: twice the recipe's ``batch_size`` of pairs."""
+
+
 class Float8Recipe(str, Enum):
     """torchao's float8 training recipes (torchao 0.14.1 float8/config.py Float8LinearRecipeName),
     as torchtitan's float8 converter applies them (components/quantization/float8.py)."""
@@ -361,6 +374,9 @@ class TrainingSpec(Frozen):
     model_load: ModelLoad | None = Field(default=None, exclude_if=lambda load: load is None)
     """hf only: how from_pretrained builds the model (zeroplan.core.model_load); None takes the
     profile's, sharded: what a Trainer user who builds TrainingArguments first gets under ZeRO-3."""
+    # Left out of the JSON when sft, so a causal-LM request dumps as before the field existed.
+    objective: Objective = Field(default=Objective.sft, exclude_if=lambda objective: objective is Objective.sft)
+    """sft (a causal-LM step) or dpo (zeroplan.core.dpo: torchtune's LoRA DPO recipes)."""
     finetune: FineTuneSpec = FineTuneSpec()
     """Which parameters train (LoRA adapters over a frozen, optionally quantized base; frozen
     embeddings or blocks): every one by default (zeroplan.specs.finetune)."""
