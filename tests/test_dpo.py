@@ -69,3 +69,20 @@ def test_dpo_adds_the_reference_forward_to_the_step():
 def test_unmeasured_dpo_is_refused_in_one_line(named, field):
     with pytest.raises(ZeroplanError, match=field):
         peak_terms(_request(**named))
+
+
+def test_the_largest_micro_batch_under_dpo_is_an_even_count_of_rows() -> None:
+    # A DPO micro-batch is chosen and rejected rows of each pair: the CLI refuses an odd one, so
+    # the largest one fit reports is even (and every smaller one fits, as for any request).
+    from zeroplan.cli.fit import request_from_args
+    from zeroplan.cli.main import build_parser
+    from zeroplan.core.plan import plan
+    from zeroplan.specs.strategy import StrategyKind
+
+    for seq_len in ("1024", "2048", "3072"):
+        args = build_parser().parse_args(["fit", "llama-3.1-8b", "--framework", "torchtune", "--lora-rank", "8",
+                                          "--gpus", "1", "--gpu", "h100-80gb", "--activation-checkpointing", "full",
+                                          "--seq-len", seq_len, "--micro-batch", "2", "--objective", "dpo",
+                                          "--flat-reserve"])
+        largest = plan(request_from_args(args, StrategyKind.ddp), timed=False).max_micro_batch_size
+        assert largest % 2 == 0 and largest > 0

@@ -77,7 +77,7 @@ from zeroplan.specs.base import kept_copy
 from zeroplan.specs.request import INT8_STRATEGIES, PlanRequest, check_compiled_layout, check_compiled_strategy
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.framework import Framework
-from zeroplan.specs.training import ActivationCheckpointing, BatchSpec, TrainingSpec
+from zeroplan.specs.training import ActivationCheckpointing, BatchSpec, Objective, TrainingSpec
 
 MAX_MICRO_BATCH_SEARCH = 1 << 20
 """The largest micro-batch the search tries."""
@@ -625,7 +625,9 @@ def max_micro_batch_size(request: PlanRequest) -> int:
     if answer is None:
         answer = _max_micro_batch_size(request.with_micro_batch(1))
         _MAX_MICRO_BATCHES.put(key, answer)
-    return answer
+    # Under DPO a micro-batch is rows of chosen and rejected pairs (TrainingSpec.objective): an
+    # even count, and every smaller one fits too.
+    return answer - answer % 2 if request.training.objective is Objective.dpo else answer
 
 
 _FIELDS_BUT_BATCH = operator.attrgetter(*(name for name in PlanRequest.model_fields if name != "batch"))
