@@ -417,8 +417,9 @@ def backward_end_gradient_bytes(request: PlanRequest) -> int | None:
         return deepspeed_stage0.between_micro_steps_bytes(request)
     if fsdp_no_sync_carried_gradient_bytes(request) == 0:
         return no_sync_backward_end_gradient_bytes(request)
-    if fsdp1_offload_saved_gradient_bytes(request):
-        return fsdp1_offload_saved_gradient_bytes(request)
+    saved_shards = fsdp1_offload_saved_gradient_bytes(request)
+    if saved_shards:
+        return saved_shards
     if deepspeed_epilogue.stage1_keeps_gradients(request):
         return deepspeed_epilogue.stage1_gradient_bytes(request)
     return None

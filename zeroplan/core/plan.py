@@ -928,11 +928,12 @@ def _plan_at_peak(memory: PeakRankMemory, largest_micro_batch: bool, timed: bool
     request, breakdown, states, usable = memory.request, memory.breakdown, memory.states, memory.usable_bytes
     reason = peak_rank_reason(request) if request.parallel.pp > 1 else ""
     band = error_band(request.batch.varying_lengths is not None)
-    borderline = is_borderline(breakdown.peak_bytes, usable, band, breakdown.lazy_state_segment_bytes,
-                              breakdown.allocated_peak_bytes)
-    turns_on = None if borderline else _turns_in_band(request, breakdown, memory.fits, usable, band)
     if not load_fits_gpu(request, usable):
         borderline, turns_on = False, None  # the load runs out, by exact bytes, before any step
+    else:
+        borderline = is_borderline(breakdown.peak_bytes, usable, band, breakdown.lazy_state_segment_bytes,
+                                   breakdown.allocated_peak_bytes)
+        turns_on = None if borderline else _turns_in_band(request, breakdown, memory.fits, usable, band)
     host_per_rank = rank_host_bytes(request, states)
     host_per_node = host_per_rank * request.cluster.gpus_per_node
     step_collectives = tuple(collectives(request))

@@ -175,17 +175,11 @@ def fit_context(report: FitReport, unit: ByteUnit) -> str:
             f"{t.optimizer.value}, activation checkpointing {t.activation_checkpointing.value}.")
 
 
-def _fits_cell(plan: StrategyPlan) -> str:
-    # "host": fits on the GPU, but the offloaded states do not fit the node's host RAM; "load": the
-    # step fits, the whole module moved onto the GPU at load does not; "*": borderline (zeroplan.core.margin).
-    return fits_cell(plan)
-
-
 def _fit_columns(unit: ByteUnit) -> list[Column]:
     u = unit.value
     return [
         Column("strategy", lambda p: p.strategy.value, left=True),
-        Column("fits", _fits_cell),
+        Column("fits", fits_cell),
         Column(f"peak {u}", lambda p: f"{to_unit(p.memory.peak_bytes, unit):.1f}"),
         Column(f"headroom {u}", lambda p: f"{to_unit(p.headroom_bytes, unit):.1f}", drop_order=2),
         Column("max-mb", lambda p: str(p.max_micro_batch_size), drop_order=3),
@@ -248,7 +242,7 @@ def render_fit_summary(report: FitReport, unit: ByteUnit = ByteUnit.GiB, width: 
 def _compare_columns() -> list[Column]:
     return [
         Column("strategy", lambda p: p.strategy.value, left=True),
-        Column("fits", _fits_cell),
+        Column("fits", fits_cell),
         # The memory side of a trade-off (ZeRO++ and hpZ send less for a larger peak; NVMe
         # offload the reverse): kept until only the step's own columns are left.
         Column("peak GiB", lambda p: f"{to_unit(p.memory.peak_bytes, ByteUnit.GiB):.1f}", drop_order=1),
