@@ -403,13 +403,17 @@ def gpu_optimizer_time_s(request: PlanRequest) -> float:
     Newton-Schulz products at the request's matrix-product rate."""
     # Muon's Newton-Schulz products (zeroplan.core.muon_time) add to the step's memory traffic
     # under either model: they are not among the executed FLOPs the HFU covers.
+    return _optimizer_traffic_s(request) + newton_schulz_seconds(request)
+
+
+def _optimizer_traffic_s(request: PlanRequest) -> float:
+    """The optimizer step's memory-bound pass: the roofline's, or at the copy bandwidth where the
+    GPU has a measured one (else 0: the flat HFU covers it)."""
     if request.performance.compute_model == "roofline":
         from zeroplan.core.roofline.step import roofline_step
 
-        return roofline_step(request).optimizer_s + newton_schulz_seconds(request)
-    if not times_memory_bound(request):
-        return newton_schulz_seconds(request)
-    return _memory_bound_seconds(request)[2] + newton_schulz_seconds(request)
+        return roofline_step(request).optimizer_s
+    return _memory_bound_seconds(request)[2] if times_memory_bound(request) else 0.0
 
 
 # Muon's Newton-Schulz products (zeroplan.core.muon_time) run at the rate the request gives every
