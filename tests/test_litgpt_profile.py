@@ -182,9 +182,19 @@ def test_bf16_mixed_runs_an_fp32_module_under_autocast_with_an_fp32_cross_entrop
     )
     assert request.runs_under_autocast and autocast_caches_weights(request)
     sbv, rows = S * 32000, LITGPT_LOSS_CHUNK_TOKENS * 32000
+    # The frozen fp32 head cast to bf16 afresh for each of the 512 / 128 = 4 slices, each copy
+    # saved until its slice's head backward (framework_loss.litgpt_autocast_head_copies).
+    copies = 4 * 2 * 32000 * 4096
     # autocast's bf16 logits and lightning's fp32 copies (and the previous step's); fp32 logits,
     # log-softmax, the last chunk's reshape copy and two gradients.
-    assert framework_logits_pieces(request) == (2 * sbv + 4 * sbv + 4 * sbv, 2 * 4 * sbv + 4 * rows, 2 * 4 * sbv + 2 * 4 * rows)
+    assert framework_logits_pieces(request) == (2 * sbv + 4 * sbv + 4 * sbv + copies, 2 * 4 * sbv + 4 * rows + copies,
+                                                2 * 4 * sbv + 2 * 4 * rows + copies)
+
+
+def test_a_bf16_head_is_not_copied_per_slice() -> None:
+    from zeroplan.core.framework_loss import litgpt_autocast_head_copies
+
+    assert litgpt_autocast_head_copies(_request(lora_rank=8)) == ()
 
 
 def test_a_quantized_base_on_several_gpus_is_refused_as_litgpt_refuses_it() -> None:

@@ -20,7 +20,7 @@ from zeroplan.specs.model import ModelSpec
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.training import Objective, TrainingSpec
-from zeroplan.units import FP32_BYTES, even_split
+from zeroplan.units import BF16_BYTES, FP32_BYTES, even_split
 
 
 # torchtune 0.6.1 modules/loss/ce_chunked_output_loss.py: the output projection returns
@@ -279,6 +279,26 @@ BitsandbytesPrecision (bitsandbytes.py lines 155-156, --quantize bnb.*) and Mixe
 (plugins/precision/utils.py _convert_fp_tensor): litgpt's logits reach its loss in fp32."""
 
 
+# lit-gpt 8641822 lit_gpt/lora.py:500-502 and litgpt 0.4.13.dev1 litgpt/lora.py:551-553: LoRA's
+# fit() runs the head once per 128-token slice. Under lightning's MixedPrecision (bf16-mixed: the
+# module stays fp32 and runs under torch.autocast) each slice's F.linear casts the head's fp32
+# weight to bf16, and autocast caches a cast only for a leaf that requires grad (torch
+# aten/src/ATen/autocast_mode.cpp cached_cast): the frozen head gets a fresh bf16 copy per
+# slice, which the matmul saves for its input's gradient until that slice's head backward, after
+# every slice's loss backward. Measured on the CPU with lit-gpt 8641822's own GPT under
+# torch.autocast(bf16): 3 slices of 300 tokens save 3 distinct 2 V h byte copies of the head.
+def litgpt_autocast_head_copies(request: PlanRequest) -> tuple[int, ...]:
+    """The bf16 copies of the fp32 frozen head that litgpt's LoRA forward saves under autocast,
+    one per 128-token slice (none otherwise: a 16-bit head is used as it is, a 4-bit one is
+    dequantized per slice and not saved, litgpt_logits_tensors)."""
+    training = request.training
+    if not (training.finetune.is_lora and request.runs_under_autocast and not training.finetune.quantize.is_quantized):
+        return ()
+    # The slices cut the sequence, whatever the micro-batch: the copies do not grow with it.
+    slices = len(_chunk_lengths(request.batch.seq_len, LITGPT_LOSS_CHUNK_TOKENS))
+    return (BF16_BYTES * request.model.vocab_size * request.model.hidden_size,) * slices
+
+
 def _chunk_lengths(total: int, size: int) -> list[int]:
     """torch.split(x, size): the lengths of its pieces (the last what is left)."""
     return [min(size, total - start) for start in range(0, total, size)]
@@ -331,9 +351,10 @@ def litgpt_logits_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...]:
     from zeroplan.core.finetune.activations import previous_step_matmul_inputs_parts
 
     previous = (*(f * c for c in chunks), *previous_step_matmul_inputs_parts(request))
-    model_end = (*head, *previous, *gathered)
+    copies = litgpt_autocast_head_copies(request)
+    model_end = (*head, *previous, *copies, *gathered)
     if training.finetune.is_lora:
-        held = (*(f * c for c in chunks), *(f * c for c in chunks))
+        held = (*(f * c for c in chunks), *(f * c for c in chunks), *copies)
         loss = (*held, f * rows, *gathered), (*held, f * rows, f * rows, *gathered)
         if not training.finetune.quantize.is_quantized:
             return model_end, *loss
