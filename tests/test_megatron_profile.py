@@ -264,3 +264,31 @@ def test_the_distributed_optimizers_step_copies_each_gradient_shard_apart() -> N
     assert temporary > 0 and temporary not in sizes
     temporary, sizes = step_allocations("hf", "bf16-mixed")
     assert temporary > 0 and temporary in sizes
+
+
+def test_ddp_steps_copy_each_parameters_gradient_on_its_own() -> None:
+    # Megatron-LM 992da75 optimizer.py:605-611: main_param.grad = model_param.main_grad.float(),
+    # one parameter at a time: the replay allocates each tensor's fp32 copy (q, k and v one
+    # fused query_key_value), the word embedding's the largest, and sums to the step's temporary.
+    from zeroplan.allocator.replay import ALLOC_OP
+    from zeroplan.allocator.schedule import step_ops
+    from zeroplan.core.megatron import megatron_step_temporary_parts
+    from zeroplan.core.plan import checked_peak_terms, replayed
+
+    request = _request("gpt2-medium", "--framework", "megatron", "--gpus", "4", "--seq-len", "1024", "--precision",
+                       "fp16-mixed", "--optimizer", "adam", "--attention", "eager", strategy=StrategyKind.ddp)
+    parts = megatron_step_temporary_parts(request)
+    states, terms = replayed(*checked_peak_terms(request))
+    assert sum(parts) == terms.step_temporary
+    h = request.model.hidden_size
+    assert max(parts) == 4 * request.model.vocab_size * h
+    assert parts.count(4 * 3 * h * h) == request.model.num_layers and 4 * h * h in parts
+    allocated = [size for kind, _, size, _ in step_ops(request, states, terms) if kind == ALLOC_OP]
+    assert allocated[-len(parts):] == list(parts)
+    # The distributed optimizer's copies are slices of the rank's shard: not these.
+    assert megatron_step_temporary_parts(request.model_copy(update={"strategy": request.strategy.model_copy(
+        update={"kind": StrategyKind.zero1})})) == ()
+    # bf16 trains on fp32 gradients: no copies.
+    bf16 = _request("gpt2-medium", "--framework", "megatron", "--gpus", "4", "--precision", "bf16-mixed",
+                    strategy=StrategyKind.ddp)
+    assert megatron_step_temporary_parts(bf16) == ()

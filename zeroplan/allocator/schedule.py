@@ -258,6 +258,9 @@ class StepInputs:
     """DeepSpeed ZeRO-3's step, sub-group by sub-group (zeroplan.core.deepspeed_stage3_step):
     each sub-group's flat gradient copy and fp32 cast, made and freed in turn in place of the
     whole gradient partition (stage3.py step; empty: the gradients whole)."""
+    step_temporary_parts: tuple[int, ...] = ()
+    """The step's temporaries tensor by tensor where the framework makes them one per parameter
+    (megatron.megatron_step_temporary_parts); empty: step_temporary in even parts per unit."""
     gradients_kept: bool = False
     """ModelStateBytes.gradients_kept: the previous step's gradients, zeroed in place by a torch
     release before 2.0, are allocated before the forward and never freed."""
@@ -317,7 +320,17 @@ def _step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms
                       **_eager_steps(request, terms),
                       sequence_parallel=forward_collectives(request, terms),
                       stage1_2022=deepspeed_2022.step_allocations(request) if deepspeed_2022.models_2022(request) else None,
-                      sub_group_steps=deepspeed_stage3_step.sub_group_steps(request))
+                      sub_group_steps=deepspeed_stage3_step.sub_group_steps(request),
+                      step_temporary_parts=_step_temporary_parts(request))
+
+
+def _step_temporary_parts(request: PlanRequest) -> tuple[int, ...]:
+    """StepInputs.step_temporary_parts: Megatron-LM's per-parameter fp32 gradient copies."""
+    if request.training.framework is not Framework.megatron:
+        return ()
+    from zeroplan.core.megatron import megatron_step_temporary_parts  # megatron's requests alone load it
+
+    return megatron_step_temporary_parts(request)
 
 
 def _eager_steps(request: PlanRequest, terms: PeakTerms) -> dict[str, tuple[int, ...]]:
@@ -518,7 +531,7 @@ def record_step(x: StepInputs) -> TraceBuilder:
 
     # Optimizer step: its temporaries per unit, then the gradients go (set_to_none), or stay
     # for the next step where zero_grad() zeroes them.
-    b.free(b.alloc_parts(even_parts(x.step_temporary, parts)))
+    b.free(b.alloc_parts(list(x.step_temporary_parts) or even_parts(x.step_temporary, parts)))
     if not x.gradients_kept:
         b.free(gradients)
     b.free(ended)

@@ -126,6 +126,34 @@ def megatron_step_temporary_bytes(request: PlanRequest, optimizer_elements: int)
     return FP32_BYTES * optimizer_elements if request.training.precision is Precision.fp16_mixed else 0
 
 
+FUSED_QKV = ("attention.q.", "attention.k.", "attention.v.")
+"""Megatron's attention holds q, k and v as one linear (legacy model/transformer.py
+ParallelAttention.query_key_value at 992da75, megatron-core's linear_qkv): one weight, one bias."""
+
+
+# The same copies tensor by tensor, as the caching allocator sees them: optimizer.py:605-611 at
+# Megatron-LM 992da75 (MixedPrecisionOptimizer._copy_model_grads_to_main_grads in megatron-core)
+# loops over the parameters and makes each main_param.grad = model_param.main_grad.float() on its
+# own, all alive until the next zero_grad; a rank's largest are its word embedding's and its
+# blocks' MLP weights'. Without the distributed optimizer only (whose copies are slices of the
+# rank's shard of the buffer: () here, the schedule's even parts).
+def megatron_step_temporary_parts(request: PlanRequest) -> tuple[int, ...]:
+    """The step's fp32 gradient copies, one per 16-bit parameter tensor in the model's order
+    (q, k and v fused), where Float16OptimizerWithFloat16Params makes them; () elsewhere."""
+    if request.training.precision is not Precision.fp16_mixed or request.strategy.kind.zero_stage:
+        return ()
+    parts: list[int] = []
+    for unit in rank_trainable_units(request):
+        fused = {"weight": 0, "bias": 0}
+        for tensor in unit.tensors:
+            if tensor.name.startswith(FUSED_QKV):
+                fused[tensor.name.rsplit(".", 1)[1]] += tensor.numel
+                continue
+            parts.append(FP32_BYTES * tensor.numel)
+        parts += [FP32_BYTES * numel for numel in fused.values() if numel]
+    return tuple(parts)
+
+
 # transformer/mlp.py MLP.forward with bias_activation_fusion (Megatron-LM's --swiglu with its
 # default bias_swiglu_fusion, training/arguments.py): fusions/fused_bias_swiglu.py
 # SwiGLUFunction saves only its input, linear_fc1's [s, b, 2f] output, and recomputes silu in
