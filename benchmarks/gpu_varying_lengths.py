@@ -1,5 +1,5 @@
 """How much a real CUDA caching allocator reserves after micro-batches of varying length, and
-whether each record-long batch adds one segment per fp32 logit-sized loss tensor as
+whether each record-long batch adds one segment per fp32 logit-sized loss tensor alive at once as
 zeroplan.allocator.varying_lengths assumes. Not yet run: no GPU was lent when it was written.
 
 The step is the loss path of Qwen-1's modeling_qwen.py (QWenLMHeadModel.forward: lm_head,
@@ -10,8 +10,9 @@ blocks). The vocabulary is Qwen's 151,936, so the loss's tensors dominate as on 
 rows. Lengths are drawn from ms-swift's page statistics (shifted gamma, samples above
 --seq-len dropped, 1,971 batches at 2048 tokens) with a fixed seed. The script reports:
 max_memory_reserved after one batch at seq_len and after the whole sequence; the sequence's
-record lengths; and the growth the model's rule gives for those same records (3 segments per
-record below the longest). That last figure compares with no distribution involved.
+record lengths; and the growth the model's rule gives for those same records (2 segments per
+record below the longest: the two fp32 tensors zeroplan.core.own_loss reads from torch 2.1's
+autocast lists). That last figure compares with no distribution involved.
 
     python3 benchmarks/gpu_varying_lengths.py --out "$OUT"   # on a GPU machine, about 2 minutes
 """
@@ -92,7 +93,9 @@ def run(seq_len: int, batches: int, hidden: int, blocks: int, seed: int, device_
             longest = tokens
         step(tokens)
     varying = reserved()
-    rule = 3 * sum(_segment_bytes(4 * VOCAB * (t - 1)) for t in records[:-1])
+    # zeroplan.core.own_loss: two fp32 tensors of the loss alive at once (nll_loss's fp32 input with
+    # accelerate's fp32 outputs, then with nll_loss's gradient), one segment each per record.
+    rule = 2 * sum(_segment_bytes(4 * VOCAB * (t - 1)) for t in records[:-1])
     return {
         "seq_len": seq_len, "batches": len(lengths), "seed": seed,
         "one_length_reserved_gib": one / GIB, "varying_reserved_gib": varying / GIB,

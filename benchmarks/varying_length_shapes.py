@@ -8,8 +8,10 @@ set (4,959 samples) at max_length 512, 1024 and 2048, dropping longer samples, i
 (transformers 4.36 Trainer's RandomSampler: SwiftMixin._get_train_sampler with
 train_sampler_random True), batch 1, eager tokenization (lazy_tokenize False), no sorting
 (test_oom_error False) and no empty_cache in the loop. Its growth over the one step at max_length,
-per logit-sized tensor, is (measured - planned step) / (3 segments of an fp32 max_length x
-151,936 tensor): 1.8B, 7B and 14B alike within 0.3. Each record is counted once per segment size
+per logit-sized tensor, is (measured - planned step) / (n segments of an fp32 max_length x
+151,936 tensor), n the loss tensors the planner keeps a segment of at each record (two for
+Qwen-1's own loss under HF's Trainer, zeroplan.core.own_loss; three for the reference's upcast
+loss): 1.8B, 7B and 14B alike within 0.3. Each record is counted once per segment size
 (zeroplan.allocator.varying_lengths.segment_size_cdf).
 
     python benchmarks/varying_length_shapes.py
@@ -25,11 +27,15 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.published_memory_accuracy import load_rows, predict  # noqa: E402
+from benchmarks.published_memory_accuracy import argv_of, load_rows, predict  # noqa: E402
 from benchmarks.varying_length_rows import without_flag  # noqa: E402
 from zeroplan.allocator.config import parse_alloc_conf  # noqa: E402
 from zeroplan.allocator.rules import allocation_size, round_size  # noqa: E402
-from zeroplan.allocator.varying_lengths import segment_size_cdf  # noqa: E402
+from zeroplan.allocator.varying_lengths import record_tensor_bytes, segment_size_cdf  # noqa: E402
+from zeroplan.cli.fit import request_from_args  # noqa: E402
+from zeroplan.cli.main import build_parser  # noqa: E402
+from zeroplan.core.plan import peak_terms  # noqa: E402
+from zeroplan.specs.strategy import StrategyKind  # noqa: E402
 from zeroplan.core.length_records import expected_record_sum, regularized_gamma_p  # noqa: E402
 
 GIB = 2**30
@@ -73,7 +79,9 @@ def measured_growth(seq_len: int) -> list[float]:
         if row["id"].startswith("swift-bm-qwen-") and row["id"].endswith(f"-chat-lora-{seq_len}") and row["measured_value"]:
             measured = float(row["measured_value"]) * int(row["unit_bytes"])
             step = predict({**row, "extra_flags": without_flag(row["extra_flags"])})["predicted"]
-            out.append((measured - step) / (3 * segment_bytes(seq_len)))
+            request = request_from_args(build_parser().parse_args(argv_of(row)), StrategyKind.ddp)
+            tensors = len(record_tensor_bytes(request, peak_terms(request)[1]))
+            out.append((measured - step) / (tensors * segment_bytes(seq_len)))
     return out
 
 

@@ -12,6 +12,7 @@ from zeroplan.core.frameworks import hf_under_autocast
 from zeroplan.core import tinyllama
 from zeroplan.core.dpo import dpo_logits_tensors
 from zeroplan.core.kv_cache import kv_cache_tensors, loss_forward_tensors
+from zeroplan.core.own_loss import own_loss_tensors, runs_own_loss
 from zeroplan.core.transformers_release import opt_loss_tensors, runs_opt_own_forward
 from zeroplan.core.profiles import fsdp1_root_stays_gathered, fsdp_separates_embedding_and_head, loss_chunks, profile
 from zeroplan.errors import ZeroplanError
@@ -420,6 +421,13 @@ def framework_logits_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...
         return (*moments, *chunked_head_accumulation_tensors(request))
     if training.unchunked_loss and training.framework is Framework.torchtune:
         return torchtune_unchunked_logits_tensors(request)
+    if runs_own_loss(model, training):
+        # The model's own compute-dtype loss under the Trainer's autocast (zeroplan.core.own_loss):
+        # its forward moments beside the KV cache, if kept, and the head's unit gathered for the
+        # forward; its backward's beside the head's unit gathered again.
+        *forward, loss = own_loss_tensors(model, training, s, b)
+        ahead = (*kv_cache_tensors(request), *fsdp_head_gathered_parts(request, prefetched=False))
+        return (*((*ahead, *moment) for moment in forward), (*loss, *fsdp_head_gathered_parts(request)))
     # The loss's fp32 tensors are alive at the start of its backward, beside the head's unit
     # that FSDP2 gathers then (fsdp_head_gathered_bytes; 0 outside a framework's FSDP2).
     loss = opt_loss_tensors(model, training, s, b)[1] if runs_opt_own_forward(model, training) else logits_parts(model, s, b)

@@ -139,11 +139,17 @@ _READ_PRESETS: dict[str, dict] = {"stablelm-base-alpha-3b": _STABLELM_ALPHA_3B, 
                                   **_QWEN_CONFIGS}
 
 
+# Qwen-1 runs its own modeling_qwen.py (trust_remote_code), whose QWenLMHeadModel.forward computes
+# its loss on lm_head's compute-dtype output with no fp32 upcast (zeroplan.core.own_loss).
+_OWN_LOSS_PRESETS = frozenset({"qwen-1.8b", "qwen-7b", "qwen-14b", "qwen-72b"})
+
+
 @functools.cache
 def _read_preset(name: str) -> ModelSpec:
     from zeroplan.presets.hf_config import parse_hf_config
 
-    return parse_hf_config(_READ_PRESETS[name], name)
+    spec = parse_hf_config(_READ_PRESETS[name], name)
+    return spec.model_copy(update={"own_loss_in_compute_dtype": True}) if name in _OWN_LOSS_PRESETS else spec
 
 
 # Each preset is built (validated) the first time it is asked for by name: a command plans one

@@ -159,6 +159,11 @@ class ModelSpec(Frozen):
     encoder_decoder: EncoderDecoderSpec | None = None
     """Set for an encoder-decoder (T5, BART): num_layers then counts the encoder's blocks and the
     decoder's (zeroplan.specs.encoder_decoder); None: one stack of blocks."""
+    own_loss_in_compute_dtype: bool = Field(default=False, exclude_if=lambda own: not own)
+    """Its own modeling code (trust_remote_code) computes nn.CrossEntropyLoss on lm_head's output
+    in the compute dtype, with no fp32 upcast: Qwen-1's modeling_qwen.py
+    (QWenLMHeadModel.forward). Read where the model's own forward runs, framework hf
+    (zeroplan.core.own_loss)."""
     parameter_count_exact: bool = True
     """Whether the parameter count is known to equal the checkpoint's; False when a config.json carried
     keys the reader does not model (parameter_count_caveat names them)."""
