@@ -19,6 +19,8 @@ The run's save, read at the guide's releases:
   local shard is ``chunks[rank].clone()`` (_shard_utils.py _create_chunk_sharded_tensor) of the
   gathered tensor, on the device: the whole state dict's local chunks (a rank's share of every
   parameter, offloaded or not) are alive together until the dict is dropped.
+  The hooks measured are torch 2.13's; an FSDP1 older than the rows' torch 2.2
+  (pytorch/pytorch@00c0db4e, still on _module_handles) has the same unshard and the same clone.
 
 Here: the model, wrapping and one Trainer step of zeroplan.frameworks.hf_fsdp1_step (bitsandbytes'
 Linear4bit under PEFT, accelerate's FSDP1 arguments with use_orig_params=False as the yaml
