@@ -41,9 +41,11 @@ def test_opt_eager_attention_keeps_the_clamp_input_before_4_49(flags: str, per_s
 def test_opt_loss_before_4_49_runs_in_the_compute_dtype() -> None:
     old = _request(f"{OPT} --precision fp16-mixed --transformers-version 4.31.0 --keep-outputs")
     shifted = 2 * B * (S - 1) * V
-    forward, backward = framework_logits_tensors(old)
+    forward, backward, slice_backward = framework_logits_tensors(old)
     assert forward == (2 * S * B * V, shifted, shifted)
     assert backward == (shifted, shifted, shifted)
+    # The slice's backward: the shifted rows' gradient beside the zeroed one of all rows.
+    assert slice_backward == (shifted, 2 * S * B * V)
     assert kept_outputs_bytes(old) == 2 * S * B * V  # lm_head's fp16 logits, not fp32 as Llama's before 4.46
     new = _request(f"{OPT} --precision fp16-mixed --transformers-version 4.49.0")
     assert framework_logits_tensors(new)[-1] == (4 * S * B * V,) * 3
