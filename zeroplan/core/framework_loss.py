@@ -373,6 +373,19 @@ def litgpt_logits_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...]:
     return model_end, (f * sbv, f * sbv, *saved, *gathered), (f * sbv, f * sbv, f * sbv, *gathered)
 
 
+# transformers 4.31.0-4.48.0 OPTForCausalLM.forward (zeroplan.core.transformers_release
+# OPT_OWN_FORWARD_UNTIL) runs the ops Qwen-1's modeling_qwen.py runs: lm_head's output in the
+# compute dtype, ``logits[..., :-1, :].contiguous()`` and CrossEntropyLoss with no ``.float()``.
+# Under HF's Trainer on an fp32 module in bf16 (hf_under_autocast) the forward and that loss run
+# inside accelerate's torch.autocast, so CUDA's autocast keeps the log-softmax in bf16 and
+# nll_loss works on an fp32 copy of it (zeroplan.core.own_loss, zeroplan.core.uncast_loss), and
+# accelerate copies the returned logits to fp32: own_loss_tensors' moments, not the three
+# compute-dtype tensors of a 16-bit module outside autocast (opt_loss_tensors).
+def opt_loss_under_autocast(request: PlanRequest) -> bool:
+    """Whether OPT's own compute-dtype loss runs under HF's Trainer autocast."""
+    return runs_opt_own_forward(request.model, request.training) and hf_under_autocast(request)
+
+
 def framework_logits_pieces(request: PlanRequest) -> tuple[int, ...]:
     """The loss's bytes at each moment that can be its largest (each affine in the micro-batch)."""
     return tuple(sum(moment) for moment in framework_logits_tensors(request))
@@ -423,7 +436,7 @@ def framework_logits_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...
         return (*moments, *chunked_head_accumulation_tensors(request))
     if training.unchunked_loss and training.framework is Framework.torchtune:
         return torchtune_unchunked_logits_tensors(request)
-    if runs_own_loss(model, training):
+    if runs_own_loss(model, training) or opt_loss_under_autocast(request):
         # The model's own compute-dtype loss under the Trainer's autocast (zeroplan.core.own_loss):
         # its forward moments beside the KV cache, if kept, and the head's unit gathered for the
         # forward; its backward's beside the head's unit gathered again.
