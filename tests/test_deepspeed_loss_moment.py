@@ -3,7 +3,8 @@ train.py runs it, against DeepSpeed 0.19.8's own engine on gloo at the 254M rows
 (benchmarks/deepspeed_bf16mw_step.py --torch-linear [--bf16full] --shape 254m --gpus 4 --record,
 benchmarks/deepspeed-bf16mw-records): the parameters the coordinator keeps gathered from the
 forward (zeroplan.core.deepspeed_coordinator.loss_gathered_bytes), the loss's tensors in the
-logits' dtype outside autocast (zeroplan.core.uncast_loss) and the logits the loop holds
+logits' dtype outside autocast and, under autocast, in CUDA's order rather than the gloo
+record's CPU autocast order (zeroplan.core.uncast_loss), and the logits the loop holds
 (TrainingSpec.keep_outputs)."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.scripts import load_script
 from tests.test_deepspeed_bf16_autocast import _autocast_lists
 from zeroplan.cli.fit import check_options_apply, request_from_args
 from zeroplan.cli.main import build_parser
@@ -90,21 +92,56 @@ def test_the_loss_moment_holds_them(mode: str) -> None:
     assert loss.buffers == terms.resident_buffers + terms.backward_held_buffers + terms.loss_held_buffers
 
 
-@pytest.mark.parametrize("mode, element_bytes", [("baseline", 2), ("bf16full", 4)])
-def test_the_loss_tensors_are_the_engines(mode: str, element_bytes: int) -> None:
+def test_the_loss_tensors_are_the_engines_without_autocast() -> None:
     """The log-softmax and its two gradients alive at the engine's peak, one tensor each, scaled
-    back: bf16 on the bf16 module without autocast; fp32 under torch_autocast (on gloo the CPU's
-    autocast list upcasts them, on CUDA log_softmax's and nll_loss's: test_cuda_autocast_upcasts_the_loss)."""
-    record = _record(mode)
-    planned = uncast_logits_parts(_row(mode))
-    assert loss_element_bytes(_row(mode)) == element_bytes
+    back: bf16 on the bf16 module without autocast."""
+    record = _record("baseline")
+    planned = uncast_logits_parts(_row("baseline"))
+    assert loss_element_bytes(_row("baseline")) == 2
     for op, part in zip(LOSS_OPS, planned):
         assert [record["shape"]["scale"] * size for size in _live(record, op)] == [part]
 
 
-def test_cuda_autocast_upcasts_the_loss() -> None:
+def test_under_torch_autocast_the_plan_is_cudas_order_not_the_gloo_records() -> None:
+    """The bf16full record's three loss tensors are fp32: CPU autocast casts cross_entropy_loss
+    whole. CUDA's autocast keeps the log-softmax in bf16 and casts only nll_loss's input
+    (zeroplan.core.uncast_loss): the plan holds the bf16 log-softmax, nll_loss's fp32 copy and
+    nll_loss_backward's fp32 gradient, 10 bytes a logit where the record holds 12."""
+    record = _record("bf16full")
+    scale = record["shape"]["scale"]
+    fp32 = [scale * size for size in _live(record, "aten::nll_loss_backward")]
+    assert all([scale * size for size in _live(record, op)] == fp32 for op in LOSS_OPS)
+    assert uncast_logits_parts(_row("bf16full")) == (fp32[0] // 2, fp32[0], fp32[0])
+    assert loss_element_bytes(_row("bf16full")) == 2
+
+
+def test_cuda_autocast_keeps_the_explicit_dtype_of_cross_entropys_log_softmax() -> None:
+    """The plan's premise in the installed torch: cross_entropy_loss has an AutocastCPU kernel and
+    no AutocastCUDA one; on CUDA its composite's log_softmax is on the set-opt-dtype list (an
+    explicit dtype kept) and nll_loss on the fp32 list."""
+    torch = pytest.importorskip("torch")
     lists = _autocast_lists()
     assert "log_softmax" in lists["AT_FORALL_FP32_SET_OPT_DTYPE"] and "nll_loss" in lists["AT_FORALL_FP32"]
+    assert "cross_entropy_loss" not in set().union(*lists.values())
+    dump = torch._C._dispatch_dump("aten::cross_entropy_loss")
+    assert "AutocastCPU" in dump and "AutocastCUDA" not in dump
+    assert "AutocastCUDA" in torch._C._dispatch_dump("aten::log_softmax.int")
+    assert "AutocastCUDA" in torch._C._dispatch_dump("aten::nll_loss")
+
+
+def test_the_cuda_order_reproduced_on_the_cpu_holds_the_planned_tensors() -> None:
+    """benchmarks/cuda_autocast_loss_tensors.py runs the ops CUDA's autocast makes of the uncast
+    loss on CPU tensors: what autograd saves, and what is alive at the backward's peak in fp32
+    logit blocks, are the planned parts over the row's logits."""
+    pytest.importorskip("torch")
+    script = load_script(ROOT / "benchmarks/cuda_autocast_loss_tensors.py")
+    result = script.run("uncast, CUDA autocast order, bf16", 2)
+    assert sorted(dtype for dtype, _ in result["saved"]) == ["bfloat16", "float32"]
+    request = _row("bf16full")
+    block = 4 * request.batch.micro_batch_size * request.batch.seq_len * request.model.vocab_size
+    planned = sorted(part / block for part in uncast_logits_parts(request))
+    # By allocating op, to the 1e-3 block: nll_loss also makes a scalar or two.
+    assert sorted(round(size, 3) for size, _ in result["live"]) == planned == [0.5, 1.0, 1.0]
 
 
 @pytest.mark.parametrize("mode", ["baseline", "bf16full"])
@@ -119,9 +156,10 @@ def test_the_loop_holds_the_bf16_logits(mode: str) -> None:
 
 
 def test_the_uncast_loss_without_the_flag_is_fp32() -> None:
-    request = _row("baseline")
-    plain = request.model_copy(update={"training": request.training.model_copy(update={"uncast_loss": False})})
-    assert loss_element_bytes(plain) == 4 and loss_element_bytes(request) == 2
+    for mode in ("baseline", "bf16full"):
+        request = _row(mode)
+        plain = request.model_copy(update={"training": request.training.model_copy(update={"uncast_loss": False})})
+        assert loss_element_bytes(plain) == 4 and loss_element_bytes(request) == 2
 
 
 def test_refused_beside_the_fused_loss() -> None:

@@ -41,12 +41,30 @@ def test_opt_eager_attention_keeps_the_clamp_input_before_4_49(flags: str, per_s
 def test_opt_loss_before_4_49_runs_in_the_compute_dtype() -> None:
     old = _request(f"{OPT} --precision fp16-mixed --transformers-version 4.31.0 --keep-outputs")
     shifted = 2 * B * (S - 1) * V
-    forward, backward = framework_logits_tensors(old)
+    forward, backward, slice_backward = framework_logits_tensors(old)
     assert forward == (2 * S * B * V, shifted, shifted)
     assert backward == (shifted, shifted, shifted)
+    # The slice's backward: the shifted rows' gradient beside the zeroed one of all rows.
+    assert slice_backward == (shifted, 2 * S * B * V)
     assert kept_outputs_bytes(old) == 2 * S * B * V  # lm_head's fp16 logits, not fp32 as Llama's before 4.46
     new = _request(f"{OPT} --precision fp16-mixed --transformers-version 4.49.0")
     assert framework_logits_tensors(new)[-1] == (4 * S * B * V,) * 3
+
+
+def test_opt_loss_under_the_trainers_bf16_autocast_is_cudas_order() -> None:
+    """An fp32 OPT under HF's Trainer in bf16 runs its own loss inside accelerate's autocast: on
+    CUDA the log-softmax stays bf16 and nll_loss keeps an fp32 copy (zeroplan.core.own_loss), and
+    accelerate returns an fp32 copy of the logits, not the three bf16 tensors of a bf16 module."""
+    shifted = B * (S - 1) * V
+    under = _request(f"{OPT} --precision bf16-mixed --transformers-version 4.31.0", StrategyKind.ddp)
+    assert framework_logits_tensors(under) == (
+        (2 * S * B * V, 2 * shifted, 2 * shifted, 4 * shifted),
+        (2 * S * B * V, 2 * shifted, 4 * shifted, 4 * S * B * V),
+        (2 * shifted, 4 * shifted, 4 * shifted),
+    )
+    # A bf16 module (no fp32 parameters to autocast) keeps the compute-dtype order.
+    pure = _request(f"{OPT} --precision bf16-pure --transformers-version 4.31.0", StrategyKind.ddp)
+    assert framework_logits_tensors(pure)[1] == (2 * shifted,) * 3
 
 
 def test_other_non_llama_models_stay_refused_before_4_46() -> None:

@@ -57,12 +57,59 @@ def test_a_loop_holding_the_output_keeps_fp32_logits_before_4_46() -> None:
 
 def test_an_older_release_makes_the_loss_forward_a_moment_and_the_schedule_stays_under_the_peak() -> None:
     request = _request(FQ + " --keep-outputs --transformers-version 4.47")
-    forward, backward = framework_logits_tensors(request)
-    assert sum(forward) > sum(backward)
+    forward, backward, slice_backward = framework_logits_tensors(request)
+    assert sum(forward) > sum(backward) > sum(slice_backward)
     assert len(framework_logits_tensors(_request(FQ))) == 1
     trace = step_trace(request, *peak_terms(request))
     allocated = memory_breakdown(request)[0].allocated_peak_bytes
     assert 0.9 * allocated <= trace.requested_peak_bytes() <= allocated
+
+
+def test_before_4_49_the_loss_backward_covers_the_shifted_rows() -> None:
+    """The loss runs on b x (s - 1) rows, so its saved log-softmax and both fp32 gradients are of
+    those rows; the slice's backward then makes the zeroed gradient of all b x s rows
+    (zeroplan.core.transformers_release.slice_backward_tensors). 4.49 on: all rows, no slice."""
+    sbv, shifted = S * B * V, (S - 1) * B * V
+    for release in ("4.38.2", "4.48"):
+        _, backward, slice_backward = framework_logits_tensors(_request(FQ + f" --transformers-version {release}"))
+        assert backward[:3] == (4 * shifted,) * 3 and slice_backward[:2] == (4 * shifted, 4 * sbv)
+    moments = framework_logits_tensors(_request(FQ + " --transformers-version 4.49.0"))
+    assert len(moments) == 2 and moments[1][:3] == (4 * sbv,) * 3
+
+
+@pytest.mark.parametrize("release", ["4.45", "4.48"])
+def test_the_shifted_backward_takes_no_segment_beside_the_forwards(release: str) -> None:
+    """Llama-3-8B at 8 x 2048: a 4 x b x V fp32 row per batch is 3.9 MiB, past the allocator's
+    2 MiB rounding, so backward tensors of all b x s rows (as planned before) did not fit the
+    forward's freed b x (s - 1)-row blocks and the replay took new segments for them (58.70 GiB
+    reserved for 4.48, 11.8 above the allocated peak). Of the shifted rows, they do: the replay
+    reserves less than one loss tensor beyond the allocated peak."""
+    flags = (f"llama-3-8b --framework hf --transformers-version {release} --gpus 8 --gpu h100-80gb --micro-batch 8 "
+             "--seq-len 2048 --precision bf16-pure --activation-checkpointing full --lora-rank 8 --allocator-conf ")
+    request = request_from_args(build_parser().parse_args(["fit", *flags.split(), ""]), StrategyKind.ddp)
+    breakdown = memory_breakdown(request)[0]
+    loss_tensor = 4 * 8 * 2047 * request.model.vocab_size
+    assert breakdown.reserved_peak_bytes - breakdown.allocated_peak_bytes < loss_tensor
+
+
+def test_the_shifted_backward_is_what_torch_allocates_on_the_cpu() -> None:
+    """benchmarks/cuda_autocast_loss_tensors.py runs 4.46-4.48's ForCausalLMLoss ops (upcast,
+    shifted .contiguous(), view, cross-entropy) and its backward: nll_loss_backward's and
+    _log_softmax_backward_data's gradients of the shifted rows, then the slice's zeroed gradient of
+    all rows, then the upcast's bf16 cast; at b 1 (where the slice is contiguous, no copy) as at 2.
+    The planned tensors made in backward, in fp32 b x s x V blocks, are the first three."""
+    pytest.importorskip("torch")
+    from tests.scripts import load_script
+
+    script = load_script(BENCHMARKS / "cuda_autocast_loss_tensors.py")
+    for b in (1, 2):
+        made = [round(size, 3) for size, _ in script.run("transformers < 4.49, b x s x V", b)["made"]]
+        request = _request(FQ.replace("--micro-batch 12 --seq-len 2048", f"--micro-batch {b} --seq-len {script.S}")
+                           + " --transformers-version 4.48")
+        _, backward, slice_backward = framework_logits_tensors(request)
+        block = 4 * b * script.S * request.model.vocab_size
+        assert made[:3] == [round(size / block, 3) for size in (*backward[1:3], slice_backward[1])] == [0.984, 0.984, 1.0]
+        assert made[3] == 0.5
 
 
 @pytest.mark.parametrize(("value", "message"), [

@@ -47,6 +47,7 @@ from zeroplan.core.framework_loss import (
 )
 from zeroplan.core.memo import batch_keyed
 from zeroplan.core.fused_cross_entropy import fused_cross_entropy_parts
+from zeroplan.core.uncast_loss import uncast_logits_parts
 from zeroplan.core.kv_cache import kv_cache_tensors
 from zeroplan.core.parallel.activations import rank_logits_pieces, rank_logits_tensors
 from zeroplan.core.parallel.sequence_parallel import (
@@ -642,13 +643,19 @@ def loss_allocations(request: PlanRequest, terms: PeakTerms, held_root_bytes: in
     it is made of (zeroplan.core.framework_loss.framework_logits_tensors, on this rank as
     rank_logits_pieces sizes the moments themselves: each moment's tensors sum to its piece of
     PeakTerms.logits_pieces); the reference model's loss, which has no pieces, as its three fp32
-    sbV tensors, or flash-attn's fused one as the tensors of its backward
-    (zeroplan.core.fused_cross_entropy.fused_cross_entropy_parts). Less ``held_root_bytes``:
+    sbV tensors, flash-attn's fused one as the tensors of its backward
+    (zeroplan.core.fused_cross_entropy.fused_cross_entropy_parts), the uncast one as its three
+    (zeroplan.core.uncast_loss.uncast_logits_parts: under CUDA autocast a 16-bit log-softmax
+    and two fp32 tensors) and what the loss's term holds beyond them. Less ``held_root_bytes``:
     FSDP1's root, which the planner's loss terms count beside the loss's tensors and the FSDP
     schedule holds gathered itself (fsdp_loss_allocations)."""
     if not terms.logits_pieces:
         if request.training.fused_cross_entropy:
             return [list(rank_logits_pieces(request, fused_cross_entropy_parts))]
+        if request.training.uncast_loss:
+            parts = [part for part in rank_logits_pieces(request, uncast_logits_parts) if part > 0]
+            rest = terms.logits - held_root_bytes - sum(parts)
+            return [parts + [rest] if rest > 0 else parts]
         return [split_bytes(terms.logits - held_root_bytes, [1, 1, 1])]
     moments = [list(moment) for moment in rank_logits_tensors(request, framework_logits_tensors)]
     if [sum(moment) for moment in moments] != list(terms.logits_pieces):

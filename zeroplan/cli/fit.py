@@ -494,7 +494,8 @@ def add_fused_loss_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--uncast-loss", action="store_true",
         help="framework zeroplan: the loop's torch nn.CrossEntropyLoss on the logits as the model returns them, "
-             "without an fp32 upcast (outside autocast its log-softmax and gradients in the logits' dtype)",
+             "without an fp32 upcast (outside autocast its log-softmax and gradients in the logits' dtype; under "
+             "CUDA autocast the log-softmax in that dtype, nll_loss's copy and gradient in fp32)",
     )
     parser.add_argument(
         "--checkpoint-reentrant", action=argparse.BooleanOptionalAction, default=None,

@@ -13,7 +13,9 @@ from zeroplan.core import tinyllama
 from zeroplan.core.dpo import dpo_logits_tensors
 from zeroplan.core.kv_cache import kv_cache_tensors, loss_forward_tensors
 from zeroplan.core.own_loss import own_loss_tensors, runs_own_loss
-from zeroplan.core.transformers_release import opt_loss_tensors, runs_opt_own_forward
+from zeroplan.core.transformers_release import (
+    opt_loss_tensors, runs_opt_own_forward, shifted_rows, slice_backward_tensors,
+)
 from zeroplan.core.profiles import fsdp1_root_stays_gathered, fsdp_separates_embedding_and_head, loss_chunks, profile
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.framework import Framework
@@ -371,6 +373,19 @@ def litgpt_logits_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...]:
     return model_end, (f * sbv, f * sbv, *saved, *gathered), (f * sbv, f * sbv, f * sbv, *gathered)
 
 
+# transformers 4.31.0-4.48.0 OPTForCausalLM.forward (zeroplan.core.transformers_release
+# OPT_OWN_FORWARD_UNTIL) runs the ops Qwen-1's modeling_qwen.py runs: lm_head's output in the
+# compute dtype, ``logits[..., :-1, :].contiguous()`` and CrossEntropyLoss with no ``.float()``.
+# Under HF's Trainer on an fp32 module in bf16 (hf_under_autocast) the forward and that loss run
+# inside accelerate's torch.autocast, so CUDA's autocast keeps the log-softmax in bf16 and
+# nll_loss works on an fp32 copy of it (zeroplan.core.own_loss, zeroplan.core.uncast_loss), and
+# accelerate copies the returned logits to fp32: own_loss_tensors' moments, not the three
+# compute-dtype tensors of a 16-bit module outside autocast (opt_loss_tensors).
+def opt_loss_under_autocast(request: PlanRequest) -> bool:
+    """Whether OPT's own compute-dtype loss runs under HF's Trainer autocast."""
+    return runs_opt_own_forward(request.model, request.training) and hf_under_autocast(request)
+
+
 def framework_logits_pieces(request: PlanRequest) -> tuple[int, ...]:
     """The loss's bytes at each moment that can be its largest (each affine in the micro-batch)."""
     return tuple(sum(moment) for moment in framework_logits_tensors(request))
@@ -421,7 +436,7 @@ def framework_logits_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...
         return (*moments, *chunked_head_accumulation_tensors(request))
     if training.unchunked_loss and training.framework is Framework.torchtune:
         return torchtune_unchunked_logits_tensors(request)
-    if runs_own_loss(model, training):
+    if runs_own_loss(model, training) or opt_loss_under_autocast(request):
         # The model's own compute-dtype loss under the Trainer's autocast (zeroplan.core.own_loss):
         # its forward moments beside the KV cache, if kept, and the head's unit gathered for the
         # forward; its backward's beside the head's unit gathered again.
@@ -430,18 +445,24 @@ def framework_logits_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...
         return (*((*ahead, *moment) for moment in forward), (*loss, *fsdp_head_gathered_parts(request)))
     # The loss's fp32 tensors are alive at the start of its backward, beside the head's unit
     # that FSDP2 gathers then (fsdp_head_gathered_bytes; 0 outside a framework's FSDP2).
-    loss = opt_loss_tensors(model, training, s, b)[1] if runs_opt_own_forward(model, training) else logits_parts(model, s, b)
+    # A release that shifts the logits (before 4.49) runs the loss on b x (s - 1) rows, then the
+    # slice's backward makes the b x s-row gradient (zeroplan.core.transformers_release).
+    opt = runs_opt_own_forward(model, training)
+    loss = opt_loss_tensors(model, training, s, b)[1] if opt else logits_parts(model, shifted_rows(training, s), b)
     backward = (*loss, *fsdp_head_gathered_parts(request))
     cache = kv_cache_tensors(request)
     if not cache and training.transformers_version is None:
         return (backward,)
+    gradient_bytes = training.precision.compute_bytes if opt else FP32_BYTES
+    slice_backward = slice_backward_tensors(model, training, s, b, gradient_bytes)
+    after = ((*slice_backward, *fsdp_head_gathered_parts(request)),) if slice_backward else ()
     # With transformers' KV cache kept (zeroplan.core.kv_cache) the loss's forward, formed inside
     # the model's forward beside the head's gathered unit, is a moment of its own: every layer's
     # K and V are alive until the output object goes. So it is for an older release, whose loss
     # forward holds more than 4.56.2's (zeroplan.core.transformers_release: 4.46-4.48 an fp32 copy
     # of the shifted logits beside the upcast, 16 bytes a logit with bf16 logits, more than the
     # backward's 12).
-    return (*cache, *loss_forward_tensors(request), *fsdp_head_gathered_parts(request, prefetched=False)), backward
+    return (*cache, *loss_forward_tensors(request), *fsdp_head_gathered_parts(request, prefetched=False)), backward, *after
 
 
 # torchtune 0.6.1 with a plain torch.nn.CrossEntropyLoss as its recipe's loss (TrainingSpec.

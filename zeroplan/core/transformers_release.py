@@ -81,6 +81,31 @@ def shifts_logits_copy(training: TrainingSpec) -> bool:
     return transformers_release(training) < SHIFTED_COPY_UNTIL
 
 
+# SHIFTED_COPY_UNTIL: the loss runs on b x (s - 1) rows, so its saved log-softmax and both
+# gradients (nll_loss_backward's, _log_softmax_backward_data's) are of those rows. Backward then
+# passes the rows' gradient through view's and contiguous()'s nodes (ViewBackward0 reshapes it,
+# CloneBackward0 returns it as it is) to the slice's: SliceBackward0 (torch derivatives.yaml
+# slice.Tensor: slice_backward_symint; TensorShape.cpp slice_backward: ``at::zeros(input_sizes,
+# grad.options())`` and a copy into its slice) makes a zeroed gradient of all b x s rows beside
+# the rows' one, in the loss's dtype, before the upcast's backward casts it (Llama) or lm_head's
+# backward reads it (OPT's own forward). Run on the CPU (benchmarks/cuda_autocast_loss_tensors.py,
+# "transformers < 4.49"): the backward allocates two b x (s - 1)-row fp32 tensors, then one of
+# b x s rows, then the bf16 cast of it; at b = 1 as at b = 2 (there .contiguous() of the slice is
+# the slice itself, a view: the forward makes no copy, the backward the same tensors).
+def shifted_rows(training: TrainingSpec, s: int) -> int:
+    """Rows per sequence the loss's tensors cover: s - 1 where the release shifts the logits
+    (before 4.49, or OPT's own forward), else s."""
+    return s - 1 if shifts_logits_copy(training) else s
+
+
+def slice_backward_tensors(model: ModelSpec, training: TrainingSpec, s: int, b: int, element_bytes: int) -> tuple[int, ...]:
+    """The slice's backward moment (above), where the release shifts the logits: the rows'
+    gradient and the zeroed b x s-row gradient, of ``element_bytes``; () otherwise."""
+    if not shifts_logits_copy(training):
+        return ()
+    return element_bytes * b * (s - 1) * model.vocab_size, element_bytes * b * s * model.vocab_size
+
+
 def returned_logit_bytes(training: TrainingSpec, model: ModelSpec | None = None) -> int:
     """Bytes of one logit in the output object: fp32 before 4.46 (the Llama family's forward;
     OPT's own before 4.49 returns lm_head's compute-dtype output), else the compute dtype."""

@@ -263,8 +263,9 @@ class TrainingSpec(Frozen):
     """Framework zeroplan only: the loop computes torch's nn.CrossEntropyLoss on the logits as the
     model returns them, without the reference model's fp32 upcast (DeepSpeedExamples'
     training/bf16_master_weight train.py): on a 16-bit module outside autocast its log-softmax
-    and both gradients are in the logits' dtype; under autocast CUDA's fp32 list makes them fp32
-    as the upcast does (zeroplan.core.uncast_loss)."""
+    and both gradients are in the logits' dtype; under CUDA autocast the log-softmax keeps that
+    dtype and nll_loss works on an fp32 copy of it, with an fp32 gradient
+    (zeroplan.core.uncast_loss)."""
     checkpoint_early_stop: bool | None = None
     """Whether the block checkpoint stops recomputing once every tensor the backward saved is back
     (torch's non-reentrant checkpoint as rewritten after 2.0, set_checkpoint_early_stop); None: the
