@@ -12,7 +12,7 @@ written as the shapes they have; nothing here imports torch.
 
 from __future__ import annotations
 
-from zeroplan.core.profiles import profile
+from zeroplan.core.profiles import profile, torchtitan_compiles_loss
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.finetune import LoraTarget, Quantization
 from zeroplan.specs.framework import Framework
@@ -276,6 +276,23 @@ def compiles_loss(training: TrainingSpec) -> bool:
     head reduce-scatter, zeroplan.core.framework_loss.torchtitan_chunked_loss_bytes) holds no
     cross-entropy tensor, so only torchtune's pieces change."""
     return training.compile and training.framework is Framework.torchtune and not training.unchunked_loss
+
+
+# torchtitan's unchunked cross-entropy under compile at the releases that compile their loss
+# (zeroplan.core.profiles.torchtitan_compiles_loss: 2c8b594 components/loss.py:25-30, 0.3.0
+# BaseLoss._maybe_compile): the whole [b, s, V] is one compiled call, whose partition saves its
+# bf16 logits, the labels and two fp32 values a row and whose backward returns the logits' bf16
+# gradient (benchmarks/compiled-loss-records chunks1, torchtitan 0.3.0's CrossEntropyLoss
+# unchunked), where eager keeps the fp32 log-softmax and makes two fp32 gradients. Measured on
+# the data-parallel layout: under tensor parallelism 0.3.0 runs its _LossParallelCrossEntropy
+# (components/loss.py:68), and pipeline and context parallelism were not measured compiled, so
+# those keep the eager loss (more memory, never less).
+def compiles_unchunked_loss(request: PlanRequest) -> bool:
+    """Whether torchtitan's unchunked loss runs compiled (torchtitan_compiled_unchunked_loss_parts)."""
+    training = request.training
+    return (training.compile and training.framework is Framework.torchtitan and training.unchunked_loss
+            and not training.fused_linear_cross_entropy and torchtitan_compiles_loss(training)
+            and request.parallel.model_parallel_size == 1)
 
 
 # torchtune's chunked loss, compiled (compare zeroplan.core.framework_loss.chunked_logits_pieces, its
