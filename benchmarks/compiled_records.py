@@ -11,7 +11,8 @@ torch.compile (inductor's partitioner) and eagerly, and write the records.
 
 Each run builds one block at full width on fake tensors (zeroplan.frameworks.compiled) and
 compiles it as torchtitan's apply_compile does, through inductor's compile_fx up to code
-generation; torchtitan's block is also measured with torchao's Float8Linear (tensorwise, rowwise),
+generation; torchtitan's block is also measured with torchao's Float8Linear (tensorwise, rowwise,
+rowwise_with_gw_hp),
 and one block's FSDP2 all-gather with torchao's float8 all-gather and in bf16 on a fake process
 group (zeroplan.frameworks.float8); and one chunk of torchtune's and torchtitan's cross-entropy,
 compiled as each framework compiles its loss, and torchtitan's unchunked loss whole
@@ -47,9 +48,11 @@ RUNS = [
 ]
 SHAPES = [("llama-3.1-8b", 4096, 1), ("llama-3.1-8b", 8192, 2), ("llama-3.1-70b", 4096, 1)]
 # torchao Float8Linear on torchtitan's block (zeroplan.frameworks.float8): tensorwise (what the
-# float8 all-gather needs) and rowwise (torchtitan 0.3.0's default recipe).
+# float8 all-gather needs), rowwise (torchtitan 0.3.0's default recipe) and rowwise_with_gw_hp
+# (its other recipe_name: the weight's gradient in bf16 from the saved high-precision operands).
 FLOAT8_RUNS = [("tensorwise", "none"), ("rowwise", "none"), ("tensorwise", "full"), ("rowwise", "full"),
-               ("rowwise", "selective-op")]
+               ("rowwise", "selective-op"), ("rowwise_with_gw_hp", "none"), ("rowwise_with_gw_hp", "full"),
+               ("rowwise_with_gw_hp", "selective-op")]
 ALL_GATHER_MODELS = [("llama-3.1-8b", 8), ("llama-3.1-70b", 8)]
 # torchtune's LoRA and QLoRA blocks (zeroplan.frameworks.lora, FineTuneSpec fields), compiled as
 # its recipes compile each layer with compile: True: r 8 on q, v (8B_lora_single_device.yaml) and

@@ -166,15 +166,27 @@ def compiled_layer_bytes(request: PlanRequest) -> int:
     e = request.training.precision.compute_bytes
     tokens = request.batch.seq_len * request.batch.micro_batch_size
     h, q, kv, f = model.hidden_size, model.q_size, _kv_width(request), model.ffn_hidden_size
-    if request.training.float8 is not None:
+    if request.training.float8 is not None and not float8_keeps_matmul_inputs(request.training):
         # torchao 0.14.1 Float8Linear under compile: the partitioner keeps the matmul outputs but
         # recomputes every float8 matmul input (both norms' outputs and the gated product) from
-        # the values above, so those three are not kept (both recipes; records with float8).
+        # the values above, so those three are not kept (tensorwise and rowwise; records with float8).
         widths = 2 * h + 2 * q + 2 * kv + 2 * f
     else:
         widths = 4 * h + 2 * q + 2 * kv + 3 * f
     statistics = FP32_BYTES * tokens * model.num_heads + 2 * FP32_BYTES * tokens
     return e * tokens * widths + statistics + compiled_lora_delta_bytes(request)
+
+
+# torchao's rowwise_with_gw_hp (Float8Recipe.rowwise_with_gw_hp) computes each weight's gradient in
+# bf16 from the saved high-precision input (float8_linear.py matmul_with_hp_or_float8_args.backward:
+# cast_config_input_for_grad_weight DISABLED), so under compile without recomputation the
+# partitioner keeps the three bf16 matmul inputs (both norms' outputs and the gated product) as the
+# bf16 block does (benchmarks/compiled-records float8-rowwise_with_gw_hp, ac=none: Llama-3.1-8B s 4096
+# b 1, 573,079,552 bytes against rowwise's 388,530,176 and bf16's 573,079,552). Under selective-op
+# and full recomputation it keeps what rowwise keeps (the same records, to the byte).
+def float8_keeps_matmul_inputs(training: TrainingSpec) -> bool:
+    """Whether the float8 recipe's compiled block keeps its bf16 matmul inputs, as bf16's does."""
+    return training.float8 is Float8Recipe.rowwise_with_gw_hp
 
 
 # torchtune's compiled LoRA block (benchmarks/compiled-finetune-records): the partitioner saves
