@@ -11,10 +11,12 @@ torch.compile (inductor's partitioner) and eagerly, and write the records.
 
 Each run builds one block at full width on fake tensors (zeroplan.frameworks.compiled) and
 compiles it as torchtitan's apply_compile does, through inductor's compile_fx up to code
-generation; torchtitan's block is also measured with torchao's Float8Linear (tensorwise, rowwise),
+generation; torchtitan's block is also measured with torchao's Float8Linear (tensorwise, rowwise,
+rowwise_with_gw_hp),
 and one block's FSDP2 all-gather with torchao's float8 all-gather and in bf16 on a fake process
 group (zeroplan.frameworks.float8); and one chunk of torchtune's and torchtitan's cross-entropy,
-compiled as each framework compiles its loss (zeroplan.frameworks.compiled_loss). Needs torch and the frameworks (scripts/install-frameworks); about a minute on 2 cores.
+compiled as each framework compiles its loss, and torchtitan's unchunked loss whole
+(zeroplan.frameworks.compiled_loss). Needs torch and the frameworks (scripts/install-frameworks); about a minute on 2 cores.
 """
 
 from __future__ import annotations
@@ -46,9 +48,11 @@ RUNS = [
 ]
 SHAPES = [("llama-3.1-8b", 4096, 1), ("llama-3.1-8b", 8192, 2), ("llama-3.1-70b", 4096, 1)]
 # torchao Float8Linear on torchtitan's block (zeroplan.frameworks.float8): tensorwise (what the
-# float8 all-gather needs) and rowwise (torchtitan 0.3.0's default recipe).
+# float8 all-gather needs), rowwise (torchtitan 0.3.0's default recipe) and rowwise_with_gw_hp
+# (its other recipe_name: the weight's gradient in bf16 from the saved high-precision operands).
 FLOAT8_RUNS = [("tensorwise", "none"), ("rowwise", "none"), ("tensorwise", "full"), ("rowwise", "full"),
-               ("rowwise", "selective-op")]
+               ("rowwise", "selective-op"), ("rowwise_with_gw_hp", "none"), ("rowwise_with_gw_hp", "full"),
+               ("rowwise_with_gw_hp", "selective-op")]
 ALL_GATHER_MODELS = [("llama-3.1-8b", 8), ("llama-3.1-70b", 8)]
 # torchtune's LoRA and QLoRA blocks (zeroplan.frameworks.lora, FineTuneSpec fields), compiled as
 # its recipes compile each layer with compile: True: r 8 on q, v (8B_lora_single_device.yaml) and
@@ -79,6 +83,10 @@ FINETUNE_OUT = Path(__file__).resolve().parent / "compiled-finetune-records"
 # The loss each framework compiles with its model (torchtune compile: True, torchtitan's default
 # CompileConfig.components), one chunk at each block shape.
 LOSS_FRAMEWORKS = ("torchtune", "torchtitan")
+# torchtitan's unchunked loss compiled whole (0.3.0's CrossEntropyLoss over [b, s, V]; 2c8b594's
+# build_cross_entropy_loss compiles the same cross-entropy): the published MI300X float8 rows'
+# shape (Llama-3-8B, 1 x 8192) and two of the block shapes.
+UNCHUNKED_LOSS_SHAPES = [("llama-3-8b", 8192, 1), ("llama-3.1-8b", 4096, 1), ("llama-3.1-8b", 8192, 2)]
 
 
 def main(out: Path = DEFAULT_OUT, frameworks: set[str] | None = None) -> None:
@@ -130,9 +138,18 @@ def main_loss(out: Path = LOSS_OUT, frameworks: set[str] | None = None) -> None:
                 continue
             record = measure_compiled_loss(Framework(framework), get_model(model_name),
                                            BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch))
-            write_text_atomic(out / record.file_name, record.model_dump_json(indent=2) + "\n")
-            print(f"{record.name:60s} compiled {record.saved_bytes(True):>14,}  eager {record.saved_bytes(False):>14,}"
-                  f"  ({record.wall_time_s:.1f} s)")
+            _write_loss(out, record)
+    if frameworks and "torchtitan" not in frameworks:
+        return
+    for model_name, seq_len, micro_batch in UNCHUNKED_LOSS_SHAPES:
+        _write_loss(out, measure_compiled_loss(Framework.torchtitan, get_model(model_name),
+                                               BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch), chunks=1))
+
+
+def _write_loss(out: Path, record) -> None:
+    write_text_atomic(out / record.file_name, record.model_dump_json(indent=2) + "\n")
+    print(f"{record.name:60s} compiled {record.saved_bytes(True):>14,}  eager {record.saved_bytes(False):>14,}"
+          f"  ({record.wall_time_s:.1f} s)")
 
 
 def _report(record) -> None:

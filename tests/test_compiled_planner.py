@@ -43,7 +43,7 @@ def test_records_cover_every_modelled_policy_and_the_planner_claims_no_more() ->
     records = [CompiledBlockRecord.model_validate_json(p.read_text(encoding="utf-8")) for p in _records()]
     covered = {(r.framework, r.activation_checkpointing) for r in records}
     assert covered == {(f, p) for f, policies in COMPILED_POLICIES.items() for p in policies}
-    assert {r.float8_recipe for r in records if r.float8_recipe} == {"rowwise", "tensorwise"}
+    assert {r.float8_recipe for r in records if r.float8_recipe} == {"rowwise", "tensorwise", "rowwise_with_gw_hp"}
 
 
 @pytest.mark.parametrize("path", _records(), ids=lambda p: p.stem)

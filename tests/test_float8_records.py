@@ -20,7 +20,7 @@ def test_float8_blocks_save_no_more_than_bf16_and_nothing_in_float8() -> None:
     plain = {(r.model.name, r.activation_checkpointing, r.batch.seq_len): r for r in records
              if r.framework.value == "torchtitan" and not r.float8_recipe and r.memory_budget is None}
     float8 = [r for r in records if r.float8_recipe]
-    assert {r.float8_recipe for r in float8} == {"tensorwise", "rowwise"}
+    assert {r.float8_recipe for r in float8} == {"tensorwise", "rowwise", "rowwise_with_gw_hp"}
     for record in float8:
         bf16 = plain[(record.model.name, record.activation_checkpointing, record.batch.seq_len)]
         # Eager Float8Linear saves its high-precision input and weight, as nn.Linear does.
@@ -29,6 +29,22 @@ def test_float8_blocks_save_no_more_than_bf16_and_nothing_in_float8() -> None:
         assert record.compiled_saved_bytes <= bf16.compiled_saved_bytes + 2 ** 16, record.name
         assert not any("float8" in v.dtype for v in record.compiled_saved_values), record.name
         assert record.compiled_runtime_saved_bytes == record.compiled_saved_bytes, record.name
+
+
+def test_rowwise_with_gw_hp_keeps_bf16s_matmul_inputs_without_recomputation_and_rowwises_otherwise() -> None:
+    records = load_compiled_records(BENCHMARKS / "compiled-records")
+    by_key = {(r.model.name, r.activation_checkpointing.value, r.batch.seq_len, r.float8_recipe): r for r in records
+              if r.framework.value == "torchtitan" and r.memory_budget is None}
+    gw_hp = [key for key in by_key if key[3] == "rowwise_with_gw_hp"]
+    assert len(gw_hp) == 9
+    for model, policy, seq_len, _ in gw_hp:
+        record = by_key[(model, policy, seq_len, "rowwise_with_gw_hp")]
+        # The bf16 grad-weight product reads the high-precision input: without recomputation the
+        # partitioner keeps it, as the bf16 block does; with it, what rowwise keeps.
+        like = by_key[(model, policy, seq_len, None if policy == "none" else "rowwise")]
+        assert record.compiled_saved_bytes == like.compiled_saved_bytes, record.name
+        if policy == "none":
+            assert record.compiled_saved_bytes > by_key[(model, policy, seq_len, "rowwise")].compiled_saved_bytes
 
 
 def test_the_float8_all_gather_moves_one_byte_per_linear_weight_element() -> None:

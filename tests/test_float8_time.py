@@ -63,6 +63,21 @@ def test_every_linear_product_runs_in_float8_forward_and_both_backward_ones() ->
     assert float8_gemm_flops(_request(None)) == (0.0, 0.0)
 
 
+def test_rowwise_with_gw_hp_runs_the_weight_gradient_in_bf16_without_its_casts() -> None:
+    # torchao float8/config.py:312-337: grad_weight = input_t_hp @ grad_output_hp.
+    request, rowwise = _request(Float8Recipe.rowwise_with_gw_hp), _request(Float8Recipe.rowwise)
+    model, tokens = request.model, 4096
+    with_head = layers_linear_forward_flops_per_token(model) + head_forward_flops_per_token(model)
+    assert float8_gemm_flops(request) == (tokens * with_head, tokens * with_head)
+    # Forward casts are rowwise's; backward drops the saved input's recast and the output
+    # gradient's second cast (amax 2 + cast 3 bytes an element each).
+    gw_hp, row = float8_cast_bytes(request), float8_cast_bytes(rowwise)
+    inputs = 2 * model.hidden_size + model.attention_output_size + model.ffn_hidden_size
+    outputs = model.q_size + 2 * model.kv_size + 2 * model.hidden_size + 2 * model.ffn_hidden_size
+    assert gw_hp[0] == row[0]
+    assert row[1] - gw_hp[1] == tokens * 5 * (model.num_layers * (inputs + outputs) + model.hidden_size + model.vocab_size)
+
+
 def test_at_twice_the_bf16_peak_the_float8_products_take_half_the_time() -> None:
     request = _request()
     rate = request.cluster.gpu.peak_bf16_flops_per_s * 0.4

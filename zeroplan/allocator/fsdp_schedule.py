@@ -15,7 +15,8 @@ order FSDP2 issues its allocations (torch 2.13 torch/distributed/fsdp/_fully_sha
   again for the loss's backward and resharded last; under torchtitan 9dec370 it is never
   resharded and the last block stays gathered from its forward to its backward;
 - torchtitan's unchunked loss runs tensor by tensor as torch's cross-entropy allocates it
-  (_torchtitan_unchunked_loss), the unit holding the head gathered from its forward on.
+  (_torchtitan_unchunked_loss; compiled, _torchtitan_compiled_unchunked_loss), the unit holding
+  the head gathered from its forward on.
 
 Two steps are traced, the optimizer states created inside the first (AdamW's lazy state).
 Under no_sync accumulation each step is two micro-batches: one before the last, which keeps
@@ -34,7 +35,7 @@ from zeroplan.allocator.builder import TraceBuilder, proportional_bytes, split_b
 from zeroplan.allocator.eager_softmax_workspace import record_workspace
 from zeroplan.allocator.trace import Stream
 from zeroplan.core.buffers import head_weight_gradient_bytes
-from zeroplan.core.compiled import COMPILED_CROSS_ENTROPY_ROW_BYTES, compiles_loss
+from zeroplan.core.compiled import COMPILED_CROSS_ENTROPY_ROW_BYTES, compiles_loss, compiles_unchunked_loss
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes
 from zeroplan.core.layout import padded_unit_elements
 from zeroplan.core.model_states import padded_unit_elements_of, shard_layout, unit_gather_bytes
@@ -213,6 +214,9 @@ class FsdpStepInputs:
     """root_head_gradient_bytes: where the schedule runs the loss's moments, the head weight's
     unsharded gradient the root keeps from the loss's backward to its own post-backward."""
 
+    compiled_loss: bool = False
+    """loss_tensors are the compiled unchunked loss's (the bf16 logits, the row statistics), run
+    as _torchtitan_compiled_unchunked_loss (zeroplan.core.compiled.compiles_unchunked_loss)."""
     defers_all_gather_free: bool = False
     """FSDP2's all-gather outputs (FrameworkProfile.fsdp_is_fully_shard; FSDP1 gathers into its
     flat parameter): kept in forward until the next unit's copy-out, and a backward prefetch's
@@ -270,7 +274,8 @@ def fsdp_step_inputs(request: PlanRequest, terms: PeakTerms) -> FsdpStepInputs:
                             fsdp1_root_held(request), loss_parallel_applies(request),
                             forward_collectives(request, terms), reduce_output_is_sharded_gradient(request))
     fully_shard = profile(request.training.framework).fsdp_is_fully_shard and not fsdp1_root_stays_gathered(request)
-    return replace(inputs, root_head_gradient=root_head_gradient_bytes(request, inputs), defers_all_gather_free=fully_shard)
+    return replace(inputs, root_head_gradient=root_head_gradient_bytes(request, inputs), defers_all_gather_free=fully_shard,
+                   compiled_loss=inputs.loss_tensors is not None and compiles_unchunked_loss(request))
 
 
 # torch 2.13 distributed/fsdp/_fully_shard/_fsdp_state.py: a unit's post-backward (reshard, then
@@ -498,7 +503,8 @@ def record_fsdp_step(x, f: FsdpStepInputs, b: "TraceBuilder") -> None:
                     # pre-backward (wait_for_unshard).
                     prefetched_first[:] = unshard(block_units[-1]) if deferred else gather(block_units[-1])
 
-            run = run_torchtitan_loss_parallel if f.loss_parallel else _torchtitan_unchunked_loss
+            run = run_torchtitan_loss_parallel if f.loss_parallel else \
+                _torchtitan_compiled_unchunked_loss if f.compiled_loss else _torchtitan_unchunked_loss
             head_gradient = run(b, loss_tensors, head_parts, pre_backward, post_forward=forward_ends)
         else:
             # The root's parameters are resharded after the forward and gathered again at the
@@ -774,9 +780,9 @@ def _chunked_loss(loss: _ChunkedLoss, b: "TraceBuilder", gather, head: _Unit, ga
 def torchtitan_unchunked_loss_tensors(request: PlanRequest, terms: PeakTerms) -> tuple[int, int] | None:
     """(the bf16 logits, one fp32 logit-sized tensor) on this rank, for torchtitan's unchunked
     cross-entropy (9dec370's, or 0.3.0's with unchunked_loss; under tensor parallelism 9dec370's
-    loss_parallel on the rank's vocabulary shard); None where the schedule keeps to the loss's
-    moments (the chunked loss, tensor parallelism without loss_parallel, terms that are not the
-    request's own)."""
+    loss_parallel on the rank's vocabulary shard), or compiled (compiles_unchunked_loss) the bf16
+    logits and their row statistics; None where the schedule keeps to the loss's moments (the
+    chunked loss, tensor parallelism without loss_parallel, terms that are not the request's own)."""
     training = request.training
     if training.framework is not Framework.torchtitan or not training.unchunked_loss:
         return None
@@ -785,6 +791,11 @@ def torchtitan_unchunked_loss_tensors(request: PlanRequest, terms: PeakTerms) ->
     moments = loss_allocations(request, terms)
     if len(moments) != 1 or len(moments[0]) < 3:
         return None
+    if compiles_unchunked_loss(request):
+        # framework_loss.torchtitan_compiled_unchunked_loss_parts: the logits, the row
+        # statistics, the logits' gradient, then the gathered units.
+        logits, rows, gradient = moments[0][:3]
+        return (logits, rows) if logits == gradient else None
     # The moment is the three fp32 tensors of logits_parts (the saved log-softmax and the two
     # gradients; loss_parallel's four: loss_parallel_logits_tensors), then the units gathered
     # beside them (fsdp_head_gathered_parts), which this schedule holds from the forward on.
@@ -824,6 +835,31 @@ def _torchtitan_unchunked_loss(b: "TraceBuilder", tensors: tuple[int, int], head
     b.free(log_softmax)
     logits_gradient = b.alloc(logits_bytes)
     b.free(log_softmax_gradient)
+    pre_backward()
+    head_gradient = b.alloc_parts(head_gradient_parts)
+    b.free(logits_gradient)
+    return head_gradient
+
+
+# torchtitan's unchunked loss compiled (2c8b594 components/loss.py:25-30; 0.3.0
+# BaseLoss._maybe_compile), measured on fake tensors (benchmarks/compiled-loss-records chunks1):
+# the head's bf16 logits, which the compiled forward saves with two fp32 values a row (max and
+# log-sum-exp), so `del pred` frees nothing; the compiled backward returns the logits' bf16
+# gradient while the saved values are held, and autograd frees them once it has run; the head's
+# weight gradient before the bf16 logit gradient goes. The upcast, the softmax and its gradient
+# stay inside inductor's fused kernels.
+def _torchtitan_compiled_unchunked_loss(b: "TraceBuilder", tensors: tuple[int, int], head_gradient_parts: list[int],
+                                        pre_backward, post_forward=None) -> list[int]:
+    """_torchtitan_unchunked_loss's allocations for the compiled loss; ``tensors`` the bf16
+    logits and the row statistics."""
+    logits_bytes, row_bytes = tensors
+    logits = b.alloc(logits_bytes)
+    if post_forward is not None:
+        post_forward()
+    rows = b.alloc(row_bytes)
+    logits_gradient = b.alloc(logits_bytes)
+    b.free(rows)
+    b.free(logits)
     pre_backward()
     head_gradient = b.alloc_parts(head_gradient_parts)
     b.free(logits_gradient)

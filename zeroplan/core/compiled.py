@@ -12,7 +12,7 @@ written as the shapes they have; nothing here imports torch.
 
 from __future__ import annotations
 
-from zeroplan.core.profiles import profile
+from zeroplan.core.profiles import profile, torchtitan_compiles_loss
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.finetune import LoraTarget, Quantization
 from zeroplan.specs.framework import Framework
@@ -166,15 +166,27 @@ def compiled_layer_bytes(request: PlanRequest) -> int:
     e = request.training.precision.compute_bytes
     tokens = request.batch.seq_len * request.batch.micro_batch_size
     h, q, kv, f = model.hidden_size, model.q_size, _kv_width(request), model.ffn_hidden_size
-    if request.training.float8 is not None:
+    if request.training.float8 is not None and not float8_keeps_matmul_inputs(request.training):
         # torchao 0.14.1 Float8Linear under compile: the partitioner keeps the matmul outputs but
         # recomputes every float8 matmul input (both norms' outputs and the gated product) from
-        # the values above, so those three are not kept (both recipes; records with float8).
+        # the values above, so those three are not kept (tensorwise and rowwise; records with float8).
         widths = 2 * h + 2 * q + 2 * kv + 2 * f
     else:
         widths = 4 * h + 2 * q + 2 * kv + 3 * f
     statistics = FP32_BYTES * tokens * model.num_heads + 2 * FP32_BYTES * tokens
     return e * tokens * widths + statistics + compiled_lora_delta_bytes(request)
+
+
+# torchao's rowwise_with_gw_hp (Float8Recipe.rowwise_with_gw_hp) computes each weight's gradient in
+# bf16 from the saved high-precision input (float8_linear.py matmul_with_hp_or_float8_args.backward:
+# cast_config_input_for_grad_weight DISABLED), so under compile without recomputation the
+# partitioner keeps the three bf16 matmul inputs (both norms' outputs and the gated product) as the
+# bf16 block does (benchmarks/compiled-records float8-rowwise_with_gw_hp, ac=none: Llama-3.1-8B s 4096
+# b 1, 573,079,552 bytes against rowwise's 388,530,176 and bf16's 573,079,552). Under selective-op
+# and full recomputation it keeps what rowwise keeps (the same records, to the byte).
+def float8_keeps_matmul_inputs(training: TrainingSpec) -> bool:
+    """Whether the float8 recipe's compiled block keeps its bf16 matmul inputs, as bf16's does."""
+    return training.float8 is Float8Recipe.rowwise_with_gw_hp
 
 
 # torchtune's compiled LoRA block (benchmarks/compiled-finetune-records): the partitioner saves
@@ -276,6 +288,23 @@ def compiles_loss(training: TrainingSpec) -> bool:
     head reduce-scatter, zeroplan.core.framework_loss.torchtitan_chunked_loss_bytes) holds no
     cross-entropy tensor, so only torchtune's pieces change."""
     return training.compile and training.framework is Framework.torchtune and not training.unchunked_loss
+
+
+# torchtitan's unchunked cross-entropy under compile at the releases that compile their loss
+# (zeroplan.core.profiles.torchtitan_compiles_loss: 2c8b594 components/loss.py:25-30, 0.3.0
+# BaseLoss._maybe_compile): the whole [b, s, V] is one compiled call, whose partition saves its
+# bf16 logits, the labels and two fp32 values a row and whose backward returns the logits' bf16
+# gradient (benchmarks/compiled-loss-records chunks1, torchtitan 0.3.0's CrossEntropyLoss
+# unchunked), where eager keeps the fp32 log-softmax and makes two fp32 gradients. Measured on
+# the data-parallel layout: under tensor parallelism 0.3.0 runs its _LossParallelCrossEntropy
+# (components/loss.py:68), and pipeline and context parallelism were not measured compiled, so
+# those keep the eager loss (more memory, never less).
+def compiles_unchunked_loss(request: PlanRequest) -> bool:
+    """Whether torchtitan's unchunked loss runs compiled (torchtitan_compiled_unchunked_loss_parts)."""
+    training = request.training
+    return (training.compile and training.framework is Framework.torchtitan and training.unchunked_loss
+            and not training.fused_linear_cross_entropy and torchtitan_compiles_loss(training)
+            and request.parallel.model_parallel_size == 1)
 
 
 # torchtune's chunked loss, compiled (compare zeroplan.core.framework_loss.chunked_logits_pieces, its

@@ -61,6 +61,12 @@ def is_transformer_engine(request: PlanRequest) -> bool:
     return request.training.float8 is Float8Recipe.te_delayed
 
 
+def bf16_weight_gradient(request: PlanRequest) -> bool:
+    """Whether the recipe computes each weight's gradient in bf16 from the high-precision operands
+    (Float8Recipe.rowwise_with_gw_hp: no float8 product, no cast for it)."""
+    return request.training.float8 is Float8Recipe.rowwise_with_gw_hp
+
+
 def converts_head(request: PlanRequest) -> bool:
     """Whether the output projection is a Float8Linear (torchtitan 0.3.0 converts it unless
     filter_fqns names it; its earlier Llama 3 configs did: TrainingSpec.float8_skips_output).
@@ -79,13 +85,16 @@ def float8_gemm_flops(request: PlanRequest) -> tuple[float, float]:
     """(forward, backward with recomputation) FLOPs of one rank's step that run in float8."""
     if not times_float8(request):
         return 0.0, 0.0
+    # rowwise_with_gw_hp (torchao float8/config.py:312-337): grad_weight = input_t_hp @
+    # grad_output_hp in bf16, so of the backward's two products only grad_input's is float8.
+    backward_products = 1 if bf16_weight_gradient(request) else 2
     model, training, batch = request.model, request.training, request.batch
     tokens = batch.micro_batch_size * batch.seq_len * batch.grad_accum_steps
     linear = layers_linear_forward_flops_per_token(model) + (head_forward_flops_per_token(model) if converts_head(request) else 0)
     recomputed = (recompute_flops_per_token(model, training, batch.seq_len)
                   - recompute_attention_flops_per_token(model, training, batch.seq_len))
     ranks = request.parallel.model_parallel_size
-    return tokens * linear / ranks, tokens * (2 * linear + recomputed) / ranks
+    return tokens * linear / ranks, tokens * (backward_products * linear + recomputed) / ranks
 
 
 def float8_gemm_saved_seconds(request: PlanRequest, bf16_flops_per_s: float) -> tuple[float, float]:
@@ -125,10 +134,15 @@ def float8_cast_bytes(request: PlanRequest) -> tuple[float, float]:
     # grad_weight) each cast has its own amax.
     gradient_bytes = pass_bytes + (CAST_BYTES_PER_ELEMENT if request.training.float8 is Float8Recipe.tensorwise
                                    else pass_bytes)
+    # rowwise_with_gw_hp: the output gradient's one cast (grad_input's) and no recast of the saved
+    # input (cast_config_*_for_grad_weight DISABLED).
+    input_recasts = 0 if bf16_weight_gradient(request) else 1
+    if bf16_weight_gradient(request):
+        gradient_bytes = pass_bytes
     head = converts_head(request)
     forward_per_token = model.num_layers * inputs * pass_bytes + (h * pass_bytes if head else 0)
-    backward_per_token = (model.num_layers * (inputs * pass_bytes + outputs * gradient_bytes)
-                          + ((h * pass_bytes + model.vocab_size * gradient_bytes) if head else 0))
+    backward_per_token = (model.num_layers * (input_recasts * inputs * pass_bytes + outputs * gradient_bytes)
+                          + ((input_recasts * h * pass_bytes + model.vocab_size * gradient_bytes) if head else 0))
     policy = request.training.activation_checkpointing
     if policy is ActivationCheckpointing.full:
         backward_per_token += model.num_layers * inputs * pass_bytes

@@ -7,7 +7,8 @@ The blocks' bytes are zeroplan.core.frameworks'; nothing here imports torch.
 
 from __future__ import annotations
 
-from zeroplan.core.compiled import COMPILED_CROSS_ENTROPY_ROW_BYTES, compiled_chunked_logits_tensors, compiles_loss
+from zeroplan.core.compiled import (COMPILED_CROSS_ENTROPY_ROW_BYTES, compiled_chunked_logits_tensors, compiles_loss,
+                                    compiles_unchunked_loss)
 from zeroplan.core.frameworks import hf_under_autocast
 from zeroplan.core import tinyllama
 from zeroplan.core.dpo import dpo_logits_tensors
@@ -436,6 +437,8 @@ def framework_logits_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...
         return (*moments, *chunked_head_accumulation_tensors(request))
     if training.unchunked_loss and training.framework is Framework.torchtune:
         return torchtune_unchunked_logits_tensors(request)
+    if compiles_unchunked_loss(request):
+        return (torchtitan_compiled_unchunked_loss_parts(request),)
     if runs_own_loss(model, training) or opt_loss_under_autocast(request):
         # The model's own compute-dtype loss under the Trainer's autocast (zeroplan.core.own_loss):
         # its forward moments beside the KV cache, if kept, and the head's unit gathered for the
@@ -483,6 +486,20 @@ def torchtune_unchunked_logits_tensors(request: PlanRequest) -> tuple[tuple[int,
     sbv = s * b * model.vocab_size
     head = (FP32_BYTES * sbv, training.precision.compute_bytes * sbv, *(2 * fsdp_head_gathered_parts(request, prefetched=False)))
     return logits_parts(model, s, b), head
+
+
+# torchtitan's unchunked loss compiled (zeroplan.core.compiled.compiles_unchunked_loss): trainer's
+# `del pred` frees nothing, the compiled forward having saved the bf16 logits (with two fp32
+# values a row); its backward writes the logits' bf16 gradient while they are saved, the largest
+# moment, beside the head's unit FSDP2 holds gathered. No fp32 logit-sized tensor is made outside
+# inductor's fused kernels (benchmarks/compiled-loss-records chunks1: 2 bytes a logit saved,
+# against eager's 4-byte log-softmax and its two 4-byte gradients).
+def torchtitan_compiled_unchunked_loss_parts(request: PlanRequest) -> tuple[int, ...]:
+    """The compiled unchunked loss's backward moment, in allocation order: the bf16 logits, the
+    row statistics, the bf16 logit gradient, then the gathered units."""
+    s, b = request.batch.seq_len, request.batch.micro_batch_size
+    logits = request.training.precision.compute_bytes * s * b * request.model.vocab_size
+    return (logits, COMPILED_CROSS_ENTROPY_ROW_BYTES * s * b, logits, *fsdp_head_gathered_parts(request))
 
 
 # liger-kernel 0.6.2 ops/fused_linear_cross_entropy.py fused_linear_cross_entropy_forward:

@@ -557,6 +557,19 @@ def torchtitan_root_holds_head(training: TrainingSpec) -> bool:
     return training.torchtitan_release == "9dec370"
 
 
+# torchtitan compiles its loss with the model from bbb1b616 (2025-04-02, PR 1033) on: 2c8b594
+# components/loss.py:25-30 build_cross_entropy_loss wraps cross_entropy_loss in torch.compile
+# under training.compile; 0.3.0 components/loss.py:309-316 BaseLoss._maybe_compile under
+# CompileConfig.enable with "loss" in its components (config/configs.py:298, the default). Before
+# it the call is commented out ("compiling loss function causes CUDA errors"): 9dec370 train.py:136-138,
+# 0da8901 components/loss.py:17-18. 9dec370 stands for the commits before bbb1b616, 0.3.0 for
+# those after it.
+def torchtitan_compiles_loss(training: TrainingSpec) -> bool:
+    """Whether the torchtitan release planned compiles its loss under compile (0.3.0, and the
+    commits from April 2025 it stands for) rather than leaving it eager (9dec370)."""
+    return training.torchtitan_release != "9dec370"
+
+
 # torchtitan 9dec370's train.py calls pp_schedule.step() with no return_outputs (the published
 # runs' torch 1963fc8 had none; torch 2.6.0, the nearest release, appends every stage's output to
 # output_chunks: distributed/pipelining/stage.py:703); torchtitan 0.3.0's trainer.py:862 passes

@@ -6,7 +6,9 @@ torchtune 0.6.1 (``compile: True`` in a recipe) calls ``training.compile_loss``,
 chunk) with the backend named by ``TORCH_COMPILE_BACKEND``; torchtitan 0.3.0 compiles the loss
 whenever ``CompileConfig.components`` holds "loss" (its default) through
 ``BaseLoss._maybe_compile``: ``torch.compile(cross_entropy_loss, backend=CompileConfig.backend)``,
-which its ChunkedLossWrapper calls once per chunk. Both calls run here as the frameworks make
+which its ChunkedLossWrapper calls once per chunk, and its unchunked loss (``chunks`` 1,
+llama3_debugmodel_ce_loss; 2c8b594's build_cross_entropy_loss, components/loss.py:25-30, compiles
+the same F.cross_entropy over ``pred.flatten(0, 1).float()``) once over the whole logits. Both calls run here as the frameworks make
 them; the backend they are handed, by name, is inductor's own compile_fx up to code generation
 (zeroplan.simulate._torch_private.inductor_without_codegen), whose partition is recorded, as for
 the compiled blocks (zeroplan.frameworks.compiled).
@@ -78,10 +80,14 @@ def _torchtitan_loss(compiled: bool) -> tuple[Callable, str]:
     return (lambda pred, labels: loss(pred, labels)[0]), f"torchtitan {version('torchtitan')}"
 
 
-def _logits_shape(framework: Framework, model: ModelSpec, batch: BatchSpec) -> list[int]:
+def _logits_shape(framework: Framework, model: ModelSpec, batch: BatchSpec, chunks: int) -> list[int]:
     """One chunk's logits as the loss receives them: torchtune reshapes each chunk to
     (-1, V) before compute_cross_entropy; torchtitan hands CrossEntropyLoss [b, s/n, V]."""
-    chunks = LOSS_CHUNKS[framework]
+    if framework is Framework.torchtune and chunks != LOSS_CHUNKS[framework]:
+        # A torchtune config without the chunked loss names torch's own nn.CrossEntropyLoss, not compiled.
+        raise ZeroplanError("chunks", f"{chunks}: torchtune compiles only its chunked loss (allowed: {LOSS_CHUNKS[framework]})")
+    if chunks < 1:
+        raise ZeroplanError("chunks", f"{chunks}: a loss has at least one chunk (allowed: 1 or more)")
     if batch.seq_len % chunks:
         raise ZeroplanError("batch.seq_len", f"{batch.seq_len}: the chunked loss needs a multiple of {chunks}")
     if framework is Framework.torchtune:
@@ -90,14 +96,16 @@ def _logits_shape(framework: Framework, model: ModelSpec, batch: BatchSpec) -> l
 
 
 def measure_compiled_loss(framework: Framework, model: ModelSpec, batch: BatchSpec,
-                          dtype: torch.dtype = torch.bfloat16) -> CompiledLossRecord:
-    """One chunk of ``framework``'s loss over ``model``'s vocabulary, compiled and eager."""
+                          dtype: torch.dtype = torch.bfloat16, chunks: int | None = None) -> CompiledLossRecord:
+    """One chunk of ``framework``'s loss over ``model``'s vocabulary, compiled and eager
+    (``chunks``: the framework's LOSS_CHUNKS, or torchtitan's unchunked loss with 1)."""
+    chunks = LOSS_CHUNKS[framework] if chunks is None else chunks
     builders = {Framework.torchtune: _torchtune_loss, Framework.torchtitan: _torchtitan_loss}
     if framework not in builders:
         allowed = ", ".join(f.value for f in builders)
         raise ZeroplanError("--framework", f"{framework.value!r} has no compiled-loss measurement (allowed: {allowed})")
     start_s = time.perf_counter()
-    shape = _logits_shape(framework, model, batch)
+    shape = _logits_shape(framework, model, batch, chunks)
     torch._dynamo.reset()
     _graph_inputs.clear()
     compiled_fn, version = builders[framework](True)
@@ -119,7 +127,7 @@ def measure_compiled_loss(framework: Framework, model: ModelSpec, batch: BatchSp
         eager = _eager_saved(eager_fn, logits, labels)
     return CompiledLossRecord(
         framework_version=version, torch_version=torch.__version__, model=model, framework=framework, batch=batch,
-        chunks=LOSS_CHUNKS[framework], logits_shape=shape, logits_dtype=str(dtype), compiled_saved_values=saved,
+        chunks=chunks, logits_shape=shape, logits_dtype=str(dtype), compiled_saved_values=saved,
         compiled_runtime_saved_bytes=runtime, compiled_gradient_dtype=str(gradient.dtype), eager_saved_values=eager,
         wall_time_s=time.perf_counter() - start_s,
         notes=["compiled: the framework's own compile call, its backend inductor's compile_fx and partition_fn "

@@ -322,6 +322,11 @@ def check_compiled_layout(training: TrainingSpec, parallel: ParallelSpec) -> Non
         # llm-foundry's amp_fp8 rows ran FSDP alone; TransformerEngine's tensor-parallel float8
         # gathers (module/linear.py gather_along_first_dim of the float8 input) are not modelled.
         raise ZeroplanError("float8", "te-delayed is modelled under data parallelism alone (allowed: tp, cp, pp and ep 1)")
+    if training.float8 is Float8Recipe.rowwise_with_gw_hp and parallel.tp > 1:
+        # Its compiled block was measured without tensor parallelism (benchmarks/compiled-records);
+        # the float8 tensor-parallel records are tensorwise's (benchmarks/compiled-parallel-records).
+        raise ZeroplanError("float8", "rowwise_with_gw_hp is modelled without tensor parallelism (allowed: tp 1, or "
+                                      "recipe rowwise or tensorwise)")
     if training.partition_activations and parallel.sequence_parallel:
         # Megatron's sequence parallelism already splits the kept block input over the tensor-
         # parallel ranks; DeepSpeed's partitioning of that shard again is not modelled.

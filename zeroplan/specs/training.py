@@ -176,6 +176,15 @@ class Float8Recipe(str, Enum):
     rowwise = "rowwise"
     """One scale per row (Float8LinearConfig.from_recipe_name("rowwise")): torchtitan 0.3.0's
     default recipe_name."""
+    rowwise_with_gw_hp = "rowwise_with_gw_hp"
+    """Rowwise float8 for the output and the input's gradient, the weight's gradient in bf16
+    (torchao float8/config.py:312-337 Float8LinearConfig.from_recipe_name("rowwise_with_gw_hp"):
+    cast_config_input_for_grad_weight and cast_config_grad_output_for_grad_weight
+    ScalingType.DISABLED; torchao 0.13.0+git4fc4068d6 and 0.14.1 alike), torchtitan's other
+    recipe_name (--float8.recipe_name). Float8Linear saves the high-precision input and weight
+    either way (float8_linear.py:45 matmul_with_hp_or_float8_args.forward); compiled, the
+    partitioner keeps the bf16 matmul inputs the grad-weight product reads where rowwise
+    recomputes them (zeroplan.core.compiled.compiled_layer_bytes)."""
     tensorwise = "tensorwise"
     """One scale per tensor for inputs, weights and gradients (torchao's Float8LinearConfig()
     default; torchtitan 0.3.0's converter no longer names it)."""
