@@ -124,11 +124,15 @@ def resident_buffer_bytes(request: PlanRequest) -> int:
 # after backward (_release_ipg_buffers). So it is alive at the loss's backward too, where 0.18.0's
 # setup_buckets, called from process_gradients at the first gradient hook, allocates it only once
 # the loss's backward has produced a gradient (0.19.8 :2287, :3256-3276). The hf profile's
-# deepspeed_release "0.13.3" stands for those releases.
+# deepspeed_release "0.13.3" stands for those releases. Under offload_optimizer the same backward
+# allocates it: contiguous_gradients is forced on by the offload (v0.13.3 :206 and v0.14.2 :205,
+# contiguous_gradients or self.cpu_offload; v0.14.2 backward :2037-2050).
 def deepspeed_bucket_from_backward_start(request: PlanRequest) -> bool:
-    """Whether ZeRO-2's ipg bucket is held from the start of backward (hf, DeepSpeed 0.13.3)."""
+    """Whether ZeRO-2's ipg bucket is held from the start of backward (hf, DeepSpeed 0.13.3),
+    with or without the optimizer offloaded."""
     return (request.training.framework is Framework.hf and request.training.deepspeed_release == "0.13.3"
-            and request.strategy.kind is StrategyKind.zero2 and request.convention is StateConvention.deepspeed
+            and request.strategy.kind in (StrategyKind.zero2, StrategyKind.zero2_offload)
+            and request.convention is StateConvention.deepspeed
             and request.strategy.zero_gradient_reduce is ZeroGradientReduce.bucket)
 
 
@@ -400,6 +404,9 @@ def backward_end_buffer_bytes(request: PlanRequest) -> int | None:
         return deepspeed_epilogue.epilogue_buffer_bytes(request)
     if deepspeed_2022.models_2022(request):
         return deepspeed_2022.reduce_copy_bytes(request)
+    if deepspeed_offload.models_gradient_path(request):
+        # The bucket is held through backward (deepspeed_bucket_from_backward_start).
+        return deepspeed_offload.gradient_path_bytes(request)
     return None
 
 
