@@ -82,3 +82,20 @@ def test_the_offload_gradient_path_of_earlier_releases_holds_the_largest_gradien
     new = _gpjt_request("0.19.8")
     assert gradient_path_bytes(new) == 0 and backward_end_buffer_bytes(new) is None
     assert backward_held_buffer_bytes(new) == 0
+
+
+def test_the_step_of_0_14_copies_the_fp32_partition_onto_the_gpu() -> None:
+    """v0.14.1-v0.16.x (deepspeed_release 0.14.2) copy the rank's whole fp32 partition to the GPU
+    before casting it (stage_1_and_2.py:1868-1871); 0.13.3's and 0.19.8's steps do not. 0.14.2 keeps
+    0.13.3's bucket and gradient path."""
+    from zeroplan.core.buffers import backward_held_buffer_bytes, optimizer_step_temporary_bytes
+    from zeroplan.core.deepspeed_offload import gradient_path_bytes, step_upcopy_bytes
+    from zeroplan.core.model_states import model_state_bytes
+
+    psi = 8_030_261_248  # Llama-3-8B, divisible by 8 x 2 (the flat group's alignment)
+    request = _gpjt_request("0.14.2")
+    states = model_state_bytes(request)
+    assert step_upcopy_bytes(request) == optimizer_step_temporary_bytes(request, states.optimizer_elements) == psi // 8 * 4
+    assert gradient_path_bytes(request) == gradient_path_bytes(_gpjt_request("0.13.3"))
+    assert backward_held_buffer_bytes(request) == 500_000_000 * 2
+    assert step_upcopy_bytes(_gpjt_request("0.13.3")) == step_upcopy_bytes(_gpjt_request("0.19.8")) == 0

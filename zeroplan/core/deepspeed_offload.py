@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from zeroplan.core.deepspeed_accumulation import _bucket_elements, _model_dtype_bytes, _tensor_numels
 from zeroplan.core.deepspeed_buckets import flat_group_elements
+from zeroplan.specs.framework import EARLIER_HF_DEEPSPEED_RELEASES, Framework
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.training import StateConvention
-from zeroplan.units import ceil_div
+from zeroplan.units import FP32_BYTES, ceil_div
 
 
 # stage3.py:333 puts the optimizer's own buffers on the host under offload_optimizer, and
@@ -72,13 +73,15 @@ NORM_COPY_BYTES = 8
 """set_norm_for_param_grad_in_gpu's .double() of the gradient's slice in the partition."""
 
 
+def _zero2_offload_under_hf(request: PlanRequest, releases: tuple[str, ...]) -> bool:
+    return (request.strategy.kind is StrategyKind.zero2_offload and request.convention is StateConvention.deepspeed
+            and request.training.framework is Framework.hf and request.training.deepspeed_release in releases)
+
+
 def models_gradient_path(request: PlanRequest) -> bool:
     """Whether the backward's end is ZeRO-2's offload gradient path of DeepSpeed before 0.18.0
-    (hf, deepspeed_release 0.13.3), tensor by tensor."""
-    from zeroplan.specs.framework import Framework
-
-    return (request.strategy.kind is StrategyKind.zero2_offload and request.convention is StateConvention.deepspeed
-            and request.training.framework is Framework.hf and request.training.deepspeed_release == "0.13.3")
+    (hf, deepspeed_release 0.13.3 or 0.14.2), tensor by tensor."""
+    return _zero2_offload_under_hf(request, EARLIER_HF_DEEPSPEED_RELEASES)
 
 
 # v0.14.2 runtime/zero/stage_1_and_2.py:1320-1329 copy_grads_in_partition: under offload_optimizer,
@@ -108,3 +111,17 @@ def gradient_path_bytes(request: PlanRequest) -> int:
     overflow = OVERFLOW_CHECK_BYTES_FP32 if e == 4 else OVERFLOW_CHECK_BYTES_16BIT
     piece = largest_partition_piece_elements(numels, request.shard_group_size)
     return largest * e + max(overflow * largest, NORM_COPY_BYTES * piece)
+
+
+# v0.14.2 runtime/zero/stage_1_and_2.py:1868-1871 step: under offload_optimizer, after the host's
+# AdamW, bit16_partitions[partition_id].data.copy_(fp32_partition.to(current_device_name()).data):
+# the rank's whole fp32 master partition is copied onto the GPU, then cast into the 16-bit one
+# (commit ec16120, "fix pagable h2d memcpy", first in v0.14.1). v0.17.0 copies it through a 16-bit
+# pinned host buffer instead (commit 17c8be0, "Fix the GPU memory usage of ZeRO-Offload": "the
+# memory usage is about 3x that of params_FP16"); v0.13.3's step has no such copy.
+def step_upcopy_bytes(request: PlanRequest) -> int:
+    """The fp32 partition the step copies onto the GPU (hf, deepspeed_release 0.14.2; else 0)."""
+    if not _zero2_offload_under_hf(request, ("0.14.2",)):
+        return 0
+    group = request.shard_group_size
+    return flat_group_elements(sum(_tensor_numels(request)), group) // group * FP32_BYTES
