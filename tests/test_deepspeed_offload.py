@@ -51,3 +51,51 @@ def test_the_parameter_offload_keeps_stage_3s_staging_buffers() -> None:
     both = request.model_copy(update={"strategy": strategy})
     assert device_staging_bytes(both) == resident_buffer_bytes(both) == 4 * PSI
     assert host_staging_bytes(both) == 4 * (PSI // 2)
+
+
+def _gpjt_request(release: str):
+    """Llama-3-8B under ZeRO-2 with the optimizer offloaded, HF Trainer, fp16, 8 GPUs."""
+    from zeroplan.cli.fit import request_from_args
+    from zeroplan.cli.main import build_parser
+
+    argv = ["fit", "llama-3-8b", "--gpus", "8", "--gpu", "a100-80gb", "--micro-batch", "1", "--seq-len", "2001",
+            "--activation-checkpointing", "full", "--precision", "fp16-mixed", "--framework", "hf",
+            "--transformers-version", "4.40.0", "--torch-release", "2.2", "--deepspeed-release", release]
+    from zeroplan.specs import StrategyKind
+
+    request = request_from_args(build_parser().parse_args(argv))
+    return request.model_copy(update={"strategy": request.strategy.model_copy(
+        update={"kind": StrategyKind.zero2_offload})})
+
+
+def test_the_offload_gradient_path_of_earlier_releases_holds_the_largest_gradients_temporaries() -> None:
+    """DeepSpeed before 0.18.0 (deepspeed_release 0.13.3) checks the largest gradient (Llama-3-8B's
+    128256 x 4096 embedding) for overflow on the GPU at the backward's end, 11 bytes an element
+    beside its fp16 self, with the bucket held from the backward's start; 0.19.8 is not this path."""
+    from zeroplan.core.buffers import backward_end_buffer_bytes, backward_held_buffer_bytes
+    from zeroplan.core.deepspeed_offload import gradient_path_bytes
+
+    embedding = 128256 * 4096
+    old = _gpjt_request("0.13.3")
+    assert gradient_path_bytes(old) == backward_end_buffer_bytes(old) == embedding * (2 + 11)
+    assert backward_held_buffer_bytes(old) == 500_000_000 * 2
+    new = _gpjt_request("0.19.8")
+    assert gradient_path_bytes(new) == 0 and backward_end_buffer_bytes(new) is None
+    assert backward_held_buffer_bytes(new) == 0
+
+
+def test_the_step_of_0_14_copies_the_fp32_partition_onto_the_gpu() -> None:
+    """v0.14.1-v0.16.x (deepspeed_release 0.14.2) copy the rank's whole fp32 partition to the GPU
+    before casting it (stage_1_and_2.py:1868-1871); 0.13.3's and 0.19.8's steps do not. 0.14.2 keeps
+    0.13.3's bucket and gradient path."""
+    from zeroplan.core.buffers import backward_held_buffer_bytes, optimizer_step_temporary_bytes
+    from zeroplan.core.deepspeed_offload import gradient_path_bytes, step_upcopy_bytes
+    from zeroplan.core.model_states import model_state_bytes
+
+    psi = 8_030_261_248  # Llama-3-8B, divisible by 8 x 2 (the flat group's alignment)
+    request = _gpjt_request("0.14.2")
+    states = model_state_bytes(request)
+    assert step_upcopy_bytes(request) == optimizer_step_temporary_bytes(request, states.optimizer_elements) == psi // 8 * 4
+    assert gradient_path_bytes(request) == gradient_path_bytes(_gpjt_request("0.13.3"))
+    assert backward_held_buffer_bytes(request) == 500_000_000 * 2
+    assert step_upcopy_bytes(_gpjt_request("0.13.3")) == step_upcopy_bytes(_gpjt_request("0.19.8")) == 0

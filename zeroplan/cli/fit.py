@@ -285,9 +285,10 @@ def add_framework_arguments(group: argparse._ArgumentGroup) -> None:
         "--deepspeed-release", choices=tuple(dict.fromkeys(DEEPSPEED_RELEASES + HF_DEEPSPEED_RELEASES)), metavar="R",
         help="with --framework megatron-deepspeed: the DeepSpeed release planned, 0.19.8 (default) or 2022-bigscience "
              "(the February 2022 source BigScience's tr11 runs used: ZeRO-1 without a reduce bucket, a flat 16-bit "
-             "gradient copy at the step); with --framework hf under ZeRO: 0.19.8 (default) or 0.13.3 (any release "
+             "gradient copy at the step); with --framework hf under ZeRO: 0.19.8 (default), 0.13.3 (any release "
              "before 0.19.2, whose engine casts peft's fp32 adapters to 16 bits under zero.Init, and before 0.18.0, whose "
-             "ZeRO-2 allocates its reduce bucket before the loss's backward)",
+             "ZeRO-2 allocates its reduce bucket before the loss's backward) or 0.14.2 (0.13.3, and the ZeRO-2 "
+             "offload's step copies the fp32 partition onto the GPU, 0.14.1 to 0.16.x)",
     )
     group.add_argument(
         "--transformers-version", metavar="V",

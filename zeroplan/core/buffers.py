@@ -20,7 +20,7 @@ from zeroplan.core.torch_release import default_loop_is_for_loop
 from zeroplan.core.transformers_release import trainer_fuses_adamw
 from zeroplan.core.zero3_groups import hpz_secondary_partition_bytes
 from zeroplan.core.zeropp import qgz_buffer_bytes, qwz_buffer_bytes
-from zeroplan.specs.framework import Framework
+from zeroplan.specs.framework import EARLIER_HF_DEEPSPEED_RELEASES, Framework
 from zeroplan.core.megatron_deepspeed import bf16_allreduce_buffer_bytes, bf16_optimizer_runs, bf16_optimizer_states
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, ZeroGradientReduce
@@ -124,11 +124,16 @@ def resident_buffer_bytes(request: PlanRequest) -> int:
 # after backward (_release_ipg_buffers). So it is alive at the loss's backward too, where 0.18.0's
 # setup_buckets, called from process_gradients at the first gradient hook, allocates it only once
 # the loss's backward has produced a gradient (0.19.8 :2287, :3256-3276). The hf profile's
-# deepspeed_release "0.13.3" stands for those releases.
+# deepspeed_release "0.13.3" stands for those releases. Under offload_optimizer the same backward
+# allocates it: contiguous_gradients is forced on by the offload (v0.13.3 :206 and v0.14.2 :205,
+# contiguous_gradients or self.cpu_offload; v0.14.2 backward :2037-2050).
 def deepspeed_bucket_from_backward_start(request: PlanRequest) -> bool:
-    """Whether ZeRO-2's ipg bucket is held from the start of backward (hf, DeepSpeed 0.13.3)."""
-    return (request.training.framework is Framework.hf and request.training.deepspeed_release == "0.13.3"
-            and request.strategy.kind is StrategyKind.zero2 and request.convention is StateConvention.deepspeed
+    """Whether ZeRO-2's ipg bucket is held from the start of backward (hf, DeepSpeed 0.13.3),
+    with or without the optimizer offloaded."""
+    return (request.training.framework is Framework.hf
+            and request.training.deepspeed_release in EARLIER_HF_DEEPSPEED_RELEASES
+            and request.strategy.kind in (StrategyKind.zero2, StrategyKind.zero2_offload)
+            and request.convention is StateConvention.deepspeed
             and request.strategy.zero_gradient_reduce is ZeroGradientReduce.bucket)
 
 
@@ -400,6 +405,9 @@ def backward_end_buffer_bytes(request: PlanRequest) -> int | None:
         return deepspeed_epilogue.epilogue_buffer_bytes(request)
     if deepspeed_2022.models_2022(request):
         return deepspeed_2022.reduce_copy_bytes(request)
+    if deepspeed_offload.models_gradient_path(request):
+        # The bucket is held through backward (deepspeed_bucket_from_backward_start).
+        return deepspeed_offload.gradient_path_bytes(request)
     return None
 
 
@@ -671,7 +679,9 @@ def optimizer_step_temporary_bytes(request: PlanRequest, optimizer_elements: int
     if request.strategy.kind.offloads_optimizer and not request.training.fsdp_cpu_offload:
         from zeroplan.core.deepspeed_partial_offload import device_step_temporary_bytes
 
-        return device_step_temporary_bytes(request)
+        # DeepSpeed 0.14.1-0.16.x's ZeRO-2 offload copies its fp32 partition onto the GPU at the
+        # step (zeroplan.core.deepspeed_offload.step_upcopy_bytes); the partial offload is stage 3's.
+        return device_step_temporary_bytes(request) + deepspeed_offload.step_upcopy_bytes(request)
     if request.training.fsdp_cpu_offload:
         return 0
     eb = element_bytes(request.training.precision, request.convention)

@@ -25,7 +25,7 @@ from zeroplan.core.nccl_buffers import (
     tree_network_bytes,
 )
 from zeroplan.specs.base import Frozen
-from zeroplan.specs.framework import Framework
+from zeroplan.specs.framework import EARLIER_HF_DEEPSPEED_RELEASES, Framework
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.training import StateConvention
@@ -314,7 +314,8 @@ def _deepspeed_gathers_on_world(request: PlanRequest) -> bool:
     """Whether the parameters' all-gathers open a communicator of their own (the default group)
     beside the data-parallel clone the gradients are reduced on: DeepSpeed 0.13.3's ZeRO-3 under hf."""
     kind = request.strategy.kind
-    return (request.training.framework is Framework.hf and request.training.deepspeed_release == "0.13.3"
+    return (request.training.framework is Framework.hf
+            and request.training.deepspeed_release in EARLIER_HF_DEEPSPEED_RELEASES
             and kind.zero_stage == 3 and not kind.is_fsdp and kind is not StrategyKind.zero3_mics
             and request.convention is StateConvention.deepspeed)
 

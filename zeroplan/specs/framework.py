@@ -50,14 +50,20 @@ TORCHTITAN_RELEASES: tuple[str, ...] = ("0.3.0", "9dec370")
 DEEPSPEED_RELEASES: tuple[str, ...] = ("0.19.8", "2022-bigscience")
 """The DeepSpeed releases the megatron-deepspeed profile models (TrainingSpec.deepspeed_release):
 PyPI 0.19.8 (the default) and the early-2022 source BigScience trained with (zeroplan.core.deepspeed_2022)."""
-HF_DEEPSPEED_RELEASES: tuple[str, ...] = ("0.19.8", "0.13.3")
+HF_DEEPSPEED_RELEASES: tuple[str, ...] = ("0.19.8", "0.13.3", "0.14.2")
 """The DeepSpeed releases the hf profile models under ZeRO (TrainingSpec.deepspeed_release): PyPI
 0.19.8 (the default) and 0.13.3, which stands for the earlier releases in the two respects that
 differ: its engine casts the whole module to 16 bits, peft's fp32 adapters included (every release
 before 0.19.2: zeroplan.core.finetune.activations.adapters_stay_fp32), and ZeRO-2 allocates its ipg
 bucket before the loss's backward (before 0.18.0: zeroplan.core.buffers.deepspeed_bucket_from_backward_start).
 Its ZeRO-3 also reduces the gradients on the engine's clone of the world group while the parameters
-gather on the default group, two NCCL communicators (zeroplan.core.communicators)."""
+gather on the default group, two NCCL communicators (zeroplan.core.communicators), and its ZeRO-2
+offload checks each gradient for overflow on the GPU (before 0.18.0:
+zeroplan.core.deepspeed_offload.gradient_path_bytes). 0.14.2 is 0.13.3 but for one respect: from
+0.14.1 to 0.16.x the ZeRO-2 offload's step copies the whole fp32 partition onto the GPU before
+casting it (zeroplan.core.deepspeed_offload.step_upcopy_bytes)."""
+EARLIER_HF_DEEPSPEED_RELEASES: tuple[str, ...] = ("0.13.3", "0.14.2")
+"""The hf releases that differ from 0.19.8 in the respects 0.13.3 stands for."""
 """The torchtitan releases the profile models (TrainingSpec.torchtitan_release; None is the
 first, the profile's own)."""
 

@@ -326,7 +326,9 @@ class TrainingSpec(Frozen):
     HF_DEEPSPEED_RELEASES: "0.13.3", a release whose engine casts peft's fp32 adapters to 16 bits
     under ZeRO-3's zero.Init (every release before 0.19.2; zeroplan.core.finetune.activations
     adapters_stay_fp32) and whose ZeRO-2 allocates its ipg bucket before the loss's backward
-    (before 0.18.0; zeroplan.core.buffers.deepspeed_bucket_from_backward_start)."""
+    (before 0.18.0; zeroplan.core.buffers.deepspeed_bucket_from_backward_start); "0.14.2", the same
+    but for the ZeRO-2 offload's step, which copies the fp32 partition onto the GPU (0.14.1 to
+    0.16.x; zeroplan.core.deepspeed_offload.step_upcopy_bytes)."""
     torch_release: str | None = None
     """hf and zeroplan: the torch release the loop runs (MAJOR.MINOR[.PATCH], 1.7 to 2.13); None plans
     2.13. Before 2.0 zero_grad() zeroes the gradients in place instead of dropping them, so under
