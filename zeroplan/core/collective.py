@@ -6,6 +6,8 @@ parallelism, zeroplan.core.parallel.collectives for tensor, context and pipeline
 from collections import Counter
 from enum import Enum
 
+from pydantic import ConfigDict
+
 from zeroplan.specs.base import Frozen
 from zeroplan.units import ceil_div
 
@@ -33,6 +35,10 @@ class Phase(str, Enum):
 
 class Collective(Frozen):
     """One kind of collective in a step, summed over the units or buckets it runs on."""
+
+    # The planner builds it unvalidated (Frozen.trusted), so its validator is built on first use
+    # (a caller's validation, a JSON dump), not at each command's start.
+    model_config = ConfigDict(defer_build=True)
 
     op: CollectiveOp
     """The collective."""
