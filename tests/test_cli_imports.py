@@ -23,7 +23,11 @@ LAZY = ("json", "difflib", "statistics", "shlex", "zeroplan.core.megatron", "zer
 # Models these commands never validate: their validators are built on first use (defer_build).
 DEFERRED = ("zeroplan.calibrate.step:StepEfficiency", "zeroplan.answers:PlanSearchResult",
             "zeroplan.results:PlanCandidate", "zeroplan.core.roofline.step:RooflineStep",
-            "zeroplan.allocator.capacity:AllocatorVerdict")
+            "zeroplan.allocator.capacity:AllocatorVerdict", "zeroplan.answers:FitReport",
+            "zeroplan.results:StrategyPlan", "zeroplan.results:MemoryBreakdown", "zeroplan.core.timing:StepTime",
+            "zeroplan.core.algorithms:CollectiveTime", "zeroplan.core.collective:Collective",
+            "zeroplan.core.roofline.operations:Operation", "zeroplan.allocator.capacity:BandScan",
+            "zeroplan.allocator.planner:PlannedVerdict", "zeroplan.allocator.replay:ReplayResult")
 
 
 @pytest.mark.slow  # one interpreter per command

@@ -163,3 +163,31 @@ def test_deepspeed_zero_1_2_reduce_gradients_outside_the_backward_unless_overlap
         assert gradient_phases(zero_gradient_reduce=ZeroGradientReduce.per_unit) == {Phase.backward}
     # stage 3 overlaps by DeepSpeed's default
     assert {c.phase for c in collectives(_request(gpu_80gib, StrategyKind.zero3)) if c.what == "gradients"} == {Phase.backward}
+
+
+def test_ring_sent_bytes_sum_is_the_per_call_sum() -> None:
+    """collective_of_sizes sums the ring's sent bytes per size in closed form: the same integers
+    as ring_sent_bytes call by call, for every op, one rank or many, sizes not dividing the group."""
+    from collections import Counter
+
+    from zeroplan.core.collective import ring_sent_bytes_sum
+
+    calls = [0, 1, 7, 1023, 2**20, 2**20 + 3, 25 * 2**20, 10**11 + 1, 7, 7, 1023]
+    for op in CollectiveOp:
+        for group in (1, 2, 3, 8, 65536):
+            sizes = Counter(calls)
+            assert ring_sent_bytes_sum(op, sizes, group) == sum(ring_sent_bytes(op, s, group) for s in calls)
+
+
+def test_ddp_bucket_counts_count_ddp_bucket_sizes() -> None:
+    """The DDP collective counts its buckets without listing them: the same sizes, counts and
+    first-met order as counting the list (a cap equal to the first bucket, or to the last, merges)."""
+    from collections import Counter
+
+    from zeroplan.core.communication import ddp_bucket_counts
+
+    mib = 2**20
+    for total in (0, 1, mib - 1, mib, mib + 1, 2 * mib, 26 * mib, 27 * mib + 5, 3 * mib + mib // 2):
+        for cap in (mib, mib // 2, 25 * mib, 3, mib + mib // 2):
+            counted = ddp_bucket_counts(total, cap)
+            assert list(counted.items()) == list(Counter(ddp_bucket_sizes(total, cap)).items())

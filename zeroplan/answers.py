@@ -18,6 +18,10 @@ from zeroplan.specs.training import BatchSpec, TrainingSpec
 class FitReport(Frozen):
     """The answer to "will it fit?" for a set of strategies."""
 
+    # The planner builds it unvalidated (Frozen.trusted), so its validator is built on first use
+    # (a caller's validation, a JSON dump), not at each command's start.
+    model_config = ConfigDict(defer_build=True)
+
     model: ModelSpec
     """Model asked about."""
     num_parameters: int

@@ -35,6 +35,10 @@ class MemoryBreakdown(Frozen):
     """Device memory of one GPU. ``peak_bytes`` is not the plain sum: see docs/memory-model.md
     ("Peak"): gradients fill while activations free, and the optimizer step runs after both."""
 
+    # The planner builds it unvalidated (Frozen.trusted), so its validator is built on first use
+    # (a caller's validation, a JSON dump), not at each command's start.
+    model_config = ConfigDict(defer_build=True)
+
     parameter_bytes: int
     """Parameters resident between steps (sharded at ZeRO-3/FSDP)."""
     gradient_bytes: int
@@ -143,6 +147,10 @@ class MemoryBreakdown(Frozen):
 
 class StrategyPlan(Frozen):
     """The answer for one strategy."""
+
+    # The planner builds it unvalidated (Frozen.trusted), so its validator is built on first use
+    # (a caller's validation, a JSON dump), not at each command's start.
+    model_config = ConfigDict(defer_build=True)
 
     strategy: StrategyKind
     """Strategy planned."""

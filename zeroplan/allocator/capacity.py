@@ -84,6 +84,10 @@ def _verdict_side(unlimited: ReplayResult, usable_steps: int, fits: bool) -> tup
 class BandScan(Frozen):
     """Where, between two capacities, a step's replay first goes a given way."""
 
+    # The planner builds it unvalidated (Frozen.trusted), so its validator is built on first use
+    # (a caller's validation, a JSON dump), not at each command's start.
+    model_config = ConfigDict(defer_build=True)
+
     found_bytes: int | None
     """The least capacity in the band on which the replay goes the way asked (completes, or
     runs out); None where it does on none (or the scan stopped first: ``settled`` False)."""

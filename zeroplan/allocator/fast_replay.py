@@ -112,7 +112,7 @@ def replay_ops(ops: Ops, config: AllocatorConfig, capacity_bytes: int | None = N
                 continue
             misses += 1
         start, before = end, after
-    result = ReplayResult(
+    result = ReplayResult.trusted(
         completed=oom is None, oom_event_index=oom, oom_request_bytes=None if oom is None else ops[oom][2],
         requested_peak_bytes=device.requested_peak, allocated_peak_bytes=device.allocated_peak,
         reserved_peak_bytes=device.reserved_peak, device_alloc_calls=device.device_allocs,

@@ -20,6 +20,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from pydantic import ConfigDict
+
 from zeroplan.allocator.capacity import CAPACITY_STEP_BYTES, BandScan, bisect_capacity, scan_band
 from zeroplan.allocator.config import LARGE_BUFFER_BYTES, AllocatorConfig, parse_alloc_conf
 from zeroplan.allocator.fast_replay import replay_ops
@@ -35,6 +37,10 @@ from zeroplan.specs.request import PlanRequest
 
 class PlannedVerdict(Frozen):
     """The allocator's answer for a planned step on a GPU's usable memory."""
+
+    # The planner builds it unvalidated (Frozen.trusted), so its validator is built on first use
+    # (a caller's validation, a JSON dump), not at each command's start.
+    model_config = ConfigDict(defer_build=True)
 
     fits: bool
     """The replay on the usable memory completes."""

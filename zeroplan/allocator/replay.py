@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pydantic import ConfigDict
+
 from zeroplan.allocator.config import AllocatorConfig
 from zeroplan.allocator.device import DeviceAllocator
 from zeroplan.allocator.trace import AllocationTrace, AllocEvent, EmptyCacheEvent, FreeEvent, RecordStreamEvent
@@ -19,6 +21,10 @@ Ops = list[tuple[int, int, int, int]]
 
 class ReplayResult(Frozen):
     """What the allocator did over one step."""
+
+    # The planner builds it unvalidated (Frozen.trusted), so its validator is built on first use
+    # (a caller's validation, a JSON dump), not at each command's start.
+    model_config = ConfigDict(defer_build=True)
 
     completed: bool
     """Every request was served (no out-of-memory)."""
@@ -101,7 +107,7 @@ def replay(trace: AllocationTrace | Ops, config: AllocatorConfig, capacity_bytes
     ops = compile_trace(trace) if isinstance(trace, AllocationTrace) else trace
     device = DeviceAllocator(config, capacity_bytes, segment_addresses, fraction_cap)
     oom_index = run_ops(device, ops, 0, {})
-    return ReplayResult(
+    return ReplayResult.trusted(
         completed=oom_index is None, oom_event_index=oom_index,
         oom_request_bytes=None if oom_index is None else ops[oom_index][2],
         requested_peak_bytes=device.requested_peak, allocated_peak_bytes=device.allocated_peak,

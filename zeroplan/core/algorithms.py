@@ -22,6 +22,8 @@ from dataclasses import field
 from enum import Enum
 from math import floor, log2
 
+from pydantic import ConfigDict
+
 from zeroplan.core.communication import Collective, CollectiveOp, Phase, ring_sent_bytes
 from zeroplan.core.memo import batch_keyed
 from zeroplan.core.network import (
@@ -92,6 +94,10 @@ class Layout(Frozen):
 
 class CollectiveTime(Frozen):
     """Seconds and NCCL algorithm of one kind of collective of a step."""
+
+    # The planner builds it unvalidated (Frozen.trusted), so its validator is built on first use
+    # (a caller's validation, a JSON dump), not at each command's start.
+    model_config = ConfigDict(defer_build=True)
 
     op: CollectiveOp
     """The collective."""

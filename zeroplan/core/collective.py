@@ -6,6 +6,8 @@ parallelism, zeroplan.core.parallel.collectives for tensor, context and pipeline
 from collections import Counter
 from enum import Enum
 
+from pydantic import ConfigDict
+
 from zeroplan.specs.base import Frozen
 from zeroplan.units import ceil_div
 
@@ -33,6 +35,10 @@ class Phase(str, Enum):
 
 class Collective(Frozen):
     """One kind of collective in a step, summed over the units or buckets it runs on."""
+
+    # The planner builds it unvalidated (Frozen.trusted), so its validator is built on first use
+    # (a caller's validation, a JSON dump), not at each command's start.
+    model_config = ConfigDict(defer_build=True)
 
     op: CollectiveOp
     """The collective."""
@@ -105,19 +111,41 @@ def ring_sent_bytes(op: CollectiveOp, buffer_bytes: int, group_size: int) -> int
     return rounds * chunk
 
 
+def ring_sent_bytes_sum(op: CollectiveOp, sizes: dict[int, int], group_size: int) -> int:
+    """ring_sent_bytes summed over calls of the sizes ``sizes`` counts (size: calls), the same
+    integers: one rank's chunk per round is the only term that changes with the size, so the
+    rounds multiply the chunks' sum (a collective of a DeepSpeed bucket per ~500 M elements has
+    hundreds of distinct sizes)."""
+    if op in (CollectiveOp.broadcast, CollectiveOp.send):
+        return sum(size * calls for size, calls in sizes.items()) if group_size > 1 else 0
+    rounds = group_size - 1
+    chunks = sum(calls * -(-size // group_size) for size, calls in sizes.items())
+    return 2 * rounds * chunks if op is CollectiveOp.all_reduce else rounds * chunks
+
+
 def make_collective(
     op: CollectiveOp, phase: Phase, what: str, buffers: list[int], group_size: int,
     occurrences: int, spans_nodes: bool, element_bytes: int, ranks_per_node: int | None = None, blocking: bool = False,
 ) -> Collective:
     # Many calls share a size (one per block): each distinct size is computed once.
-    sizes = Counter(buffers)
+    return collective_of_sizes(op, phase, what, Counter(buffers), group_size, occurrences, spans_nodes,
+                               element_bytes, ranks_per_node, blocking)
+
+
+def collective_of_sizes(
+    op: CollectiveOp, phase: Phase, what: str, sizes: dict[int, int], group_size: int,
+    occurrences: int, spans_nodes: bool, element_bytes: int, ranks_per_node: int | None = None, blocking: bool = False,
+) -> Collective:
+    """make_collective of the calls ``sizes`` counts (each distinct size and its calls, in the
+    order the calls first meet it: Counter's of the calls), for a caller that knows the counts
+    without listing every call (DDP's tens of thousands of equal buckets)."""
     # Built unvalidated (Frozen.trusted): every value is already of its field's type (ints,
     # bools, the enums, a tuple of int pairs), as validating it gives; the plan search builds
     # thousands of collectives, ~4 us of pydantic's validation each.
     return Collective.trusted(
         op=op, phase=phase, what=what, group_size=group_size, element_bytes=element_bytes,
-        buffer_bytes=sum(buffers),
-        calls=len(buffers), occurrences_per_step=occurrences, spans_nodes=spans_nodes,
-        sent_bytes_per_call_sum=sum(n * ring_sent_bytes(op, s, group_size) for s, n in sizes.items()),
+        buffer_bytes=sum(size * calls for size, calls in sizes.items()),
+        calls=sum(sizes.values()), occurrences_per_step=occurrences, spans_nodes=spans_nodes,
+        sent_bytes_per_call_sum=ring_sent_bytes_sum(op, sizes, group_size),
         ranks_per_node=ranks_per_node, call_sizes=tuple(sizes.items()), blocking=blocking,
     )

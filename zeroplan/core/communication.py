@@ -10,10 +10,12 @@ NCCL's docs/performance "algorithm bandwidth vs bus bandwidth"). Both are kept a
 
 from __future__ import annotations
 
+from collections import Counter
+
 from zeroplan.core import deepspeed_buckets
 from zeroplan.core.deepspeed_stage0 import allreduce_bucket_bytes, runs_deepspeed_stage0
 from zeroplan.core.deepspeed_coordinator import backward_gather_bytes, forward_gather_bytes, models_deepspeed_gathers, replays_gathers
-from zeroplan.core.collective import Collective, CollectiveOp, Phase, make_collective, ring_sent_bytes
+from zeroplan.core.collective import Collective, CollectiveOp, Phase, collective_of_sizes, make_collective, ring_sent_bytes
 from zeroplan.core.layout import ElementBytes, element_bytes, gradient_wire_bytes
 from zeroplan.core.memo import batch_keyed
 from zeroplan.core.model_states import padded_unit_elements_of, unit_gather_bytes
@@ -48,6 +50,18 @@ def ddp_bucket_sizes(total_bytes: int, cap_bytes: int) -> list[int]:
     # Full buckets of the cap, then what is left (a 70B model's gradients fill ~11,000).
     full, left = divmod(total_bytes - first, cap_bytes)
     return [first] + [cap_bytes] * full + ([left] if left else [])
+
+
+def ddp_bucket_counts(total_bytes: int, cap_bytes: int) -> Counter[int]:
+    """ddp_bucket_sizes counted (size: buckets, in the order the buckets first meet each size),
+    without listing the buckets (a 405B model's fp32 gradients fill ~62,000)."""
+    first = min(total_bytes, DDP_FIRST_BUCKET_BYTES)
+    full, left = divmod(total_bytes - first, cap_bytes)
+    counts: Counter[int] = Counter()
+    for size, buckets in ((first, 1), (cap_bytes, full), (left, 1 if left else 0)):
+        if buckets:
+            counts[size] += buckets
+    return counts
 
 
 def _gradient_buffers(request: PlanRequest, num_shards: int, bytes_per_element: int) -> list[int]:
@@ -239,9 +253,10 @@ def _uncached_data_parallel_collectives(request: PlanRequest) -> list[Collective
                                 world, 1, multi_node, e, per_node)]
     if kind is StrategyKind.ddp or request.strategy.zero_gradient_reduce is ZeroGradientReduce.ddp_buckets:
         total = sum(u.numel for u in rank_trainable_units(request)) * eb.gradient
-        buckets = ddp_bucket_sizes(total, request.strategy.ddp_bucket_cap_bytes)
+        buckets = ddp_bucket_counts(total, request.strategy.ddp_bucket_cap_bytes)
         # Accumulation runs under no_sync(): one all-reduce per optimizer step.
-        result = [make_collective(CollectiveOp.all_reduce, Phase.backward, "gradients", buckets, world, 1, multi_node, eb.gradient, per_node)]
+        result = [collective_of_sizes(CollectiveOp.all_reduce, Phase.backward, "gradients", buckets, world, 1, multi_node,
+                                      eb.gradient, per_node)]
         if kind is StrategyKind.zero1:
             # torch/distributed/optim/zero_redundancy_optimizer.py, step -> _sync_params ->
             # _broadcast_params_from_rank: each rank broadcasts the parameters it owns, one

@@ -1301,7 +1301,7 @@ def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | N
             suggested_change, suggested = found
             suggested_recommendation = suggested.recommended
             verdict += f" With {suggested_change}: {suggested.verdict}"
-    return FitReport(
+    return FitReport.trusted(
         model=base.model,
         num_parameters=total_parameters(base.model),
         training=base.training,

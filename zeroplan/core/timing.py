@@ -4,6 +4,8 @@ offload, and how much communication the compute hides. docs/communication-time.m
 import functools
 from typing import NamedTuple
 
+from pydantic import ConfigDict
+
 from zeroplan.errors import ZeroplanError
 
 from zeroplan.core.algorithms import CollectiveTime, collective_cost
@@ -38,6 +40,10 @@ from zeroplan.units import FP32_BYTES
 
 class StepTime(Frozen):
     """Seconds of one optimizer step on one GPU."""
+
+    # The planner builds it unvalidated (Frozen.trusted), so its validator is built on first use
+    # (a caller's validation, a JSON dump), not at each command's start.
+    model_config = ConfigDict(defer_build=True)
 
     forward_compute_s: float
     """Forward passes of all micro-batches (recomputation excluded)."""

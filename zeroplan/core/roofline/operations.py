@@ -13,7 +13,7 @@ a bytes per activation element, s sequence length.
 from enum import Enum
 from functools import lru_cache
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from zeroplan.core.flops import (
     MATMUL_FLOPS_PER_MULTIPLY_ADD, attention_backward_over_forward, attention_forward_flops_per_token,
@@ -46,6 +46,10 @@ class OpPass(str, Enum):
 
 class Operation(Frozen):
     """One kind of kernel of the step, its work summed over every call (layers, micro-batches)."""
+
+    # The planner builds it unvalidated (Frozen.trusted), so its validator is built on first use
+    # (a caller's validation, a JSON dump), not at each command's start.
+    model_config = ConfigDict(defer_build=True)
 
     name: str
     kind: OpKind
