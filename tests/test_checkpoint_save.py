@@ -125,3 +125,13 @@ def test_an_accelerate_release_outside_the_modelled_range_is_refused() -> None:
                                              "--accelerate-version", "0.27.2"])
     with pytest.raises(ZeroplanError, match="accelerate_version"):
         memory_breakdown(request_from_args(args, StrategyKind.fsdp_full_shard))
+
+
+def test_fits_default_list_keeps_the_strategies_the_save_applies_to() -> None:
+    from zeroplan.core.plan import fit
+
+    accuracy = _accuracy()
+    args = accuracy.fit_parser().parse_args(["fit", "llama-2-7b", "--gpus", "8", "--gpu", "a100-80gb", "--framework", "hf",
+                                             "--fsdp-version", "1", "--fsdp-state-dict", "sharded"])
+    report = fit(request_from_args(args), None)
+    assert [p.strategy for p in report.plans] == [StrategyKind.fsdp_full_shard, StrategyKind.fsdp_shard_grad_op]

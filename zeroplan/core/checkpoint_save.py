@@ -84,8 +84,9 @@ def check_fsdp_state_dict(request: PlanRequest) -> None:
     if request.training.fsdp_state_dict is None or applies(request):
         return
     allowed = ", ".join(k.value for k in HF_FSDP1_STRATEGIES)
+    fsdp2 = " under FSDP2" if request.strategy.kind.is_fsdp and not request.strategy.fsdp1_root_stays_gathered else ""
     raise ZeroplanError("fsdp_state_dict", f"applies to framework hf under FSDP1 (--fsdp-version 1) with {allowed} "
-                        f"only, not {request.training.framework.value} {request.strategy.kind.value}")
+                        f"only, not {request.training.framework.value} {request.strategy.kind.value}{fsdp2}")
 
 
 def state_dict_type(request: PlanRequest) -> FsdpStateDict | None:
