@@ -285,7 +285,7 @@ def test_accelerate_launch_runs_the_fsdp1_plugin_the_plan_assumed(tmp_path: Path
     assert plugin.use_orig_params is True and plugin.cpu_offload.offload_params is False
     assert plugin.activation_checkpointing is (checkpointing == "full")
     assert plugin.cpu_ram_efficient_loading is True and plugin.sync_module_states is True
-    assert plugin.state_dict_type.name == "SHARDED_STATE_DICT"
+    assert plugin.state_dict_type.name == "FULL_STATE_DICT"  # accelerate's default under FSDP1, the save planned
     tiny = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                                         num_attention_heads=2, num_key_value_heads=2))
     assert plugin.auto_wrap_policy is transformer_auto_wrap_policy

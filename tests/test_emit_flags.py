@@ -27,6 +27,7 @@ TEXT_SAMPLES: dict[str, list[str]] = {
     "strategies": ["zero3", "zero2,fsdp-full-shard"],
     "bitsandbytes_version": ["0.43.1"],
     "transformers_version": ["4.38.2", "4.45"],
+    "accelerate_version": ["0.28.0", "1.10"],
     "torch_release": ["1.13", "2.0.1"],
     "allocator_conf": ["expandable_segments:True,max_split_size_mb:128"],
     "lora_targets": ["q,v", "q,k,v,o,gate,up,down,output", "output"],

@@ -29,6 +29,9 @@ class PeakMoment(str, Enum):
     """End of backward: every gradient and the last unit's buffers."""
     optimizer_step = "optimizer-step"
     """The optimizer step: gradients and the step's temporaries, activations freed."""
+    checkpoint_save = "save"
+    """A checkpoint save after the step (zeroplan.core.checkpoint_save): the model states the step
+    leaves, the units the save gathers and the chunks it keeps on the device."""
 
 
 class MemoryBreakdown(Frozen):

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from zeroplan.allocator.builder import TraceBuilder, even_parts, split_bytes
+from zeroplan.allocator.checkpoint_save import record_checkpoint_save
 from zeroplan.allocator.eager_softmax_workspace import eager_softmax_workspace, peak_tensors, record_workspace
 from zeroplan.allocator.fsdp_schedule import applies as fsdp_applies
 from zeroplan.allocator.fsdp_schedule import (FsdpStepInputs, forward_cache_parts, forward_collectives, fsdp_loss_allocations,
@@ -23,6 +24,7 @@ from zeroplan.allocator.replay import Ops
 from zeroplan.allocator.trace import AllocationTrace, Stream
 from zeroplan.core import deepspeed_2022, deepspeed_stage0, deepspeed_stage3_step
 from zeroplan.core.activations import layer_terms
+from zeroplan.core.checkpoint_save import SaveUnits, save_units
 from zeroplan.core.deepspeed_accumulation import overlap_comm
 from zeroplan.core.deepspeed_epilogue import stage1_carries_bucket
 from zeroplan.core.deepspeed_step import NORM_COPY_BYTES, runs_flat_step
@@ -268,6 +270,9 @@ class StepInputs:
     """DeepSpeed's stage 0 under 16 bits (zeroplan.core.deepspeed_stage0): the gradients backward
     ends with (backward_end_gradients) stay through the step beside the fp32 copies it reads
     (PeakTerms.step_gradients), freed by the zero_grad after it."""
+    checkpoint_save: SaveUnits | None = None
+    """zeroplan.core.checkpoint_save.save_units: the checkpoint save after the step (hf under
+    FSDP1), recorded after it (record_checkpoint_save); None where none is planned."""
 
 
 def step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms) -> StepInputs:
@@ -296,7 +301,8 @@ def _step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms
                   draining_held_buffers=terms.draining_held_buffers, loss_held_buffers=terms.loss_held_buffers,
                   activations=terms.activations,
                   workspace=terms.workspace, step_temporary=terms.step_temporary,
-                  block_weights=tuple(_block_tensor_weights(request)), gradients_kept=states.gradients_kept)
+                  block_weights=tuple(_block_tensor_weights(request)), gradients_kept=states.gradients_kept,
+                  checkpoint_save=save_units(request))
     if fsdp_applies(request):
         fsdp = fsdp_step_inputs(request, terms)
         moments = () if fsdp.runs_own_loss else tuple(map(tuple, fsdp_loss_allocations(request, terms)))
@@ -387,11 +393,18 @@ def step_ops(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms) ->
 
 def record_step(x: StepInputs) -> TraceBuilder:
     """The builder holding the step's allocations and frees (with the peaks it counted while
-    recording them), from its inputs alone."""
+    recording them), from its inputs alone; a checkpoint save after it where one is planned."""
     b = TraceBuilder()
     if x.fsdp is not None:
         record_fsdp_step(x, x.fsdp, b)
-        return b
+    else:
+        _record_step(x, b)
+    record_checkpoint_save(b, x.checkpoint_save)
+    return b
+
+
+def _record_step(x: StepInputs, b: TraceBuilder) -> None:
+    """record_step's schedule outside FSDP2 full sharding."""
     blocks, accumulating = x.blocks, x.accumulating
     gathered, reduce = x.gathered, x.reduce
     gather_stream = x.gather_stream
@@ -484,7 +497,7 @@ def record_step(x: StepInputs) -> TraceBuilder:
 
     if x.stage1_2022 is not None:
         _record_2022_step(x, b, gradients, held + draining)
-        return b
+        return
 
     # End of backward: the planner's gradients arrive once the activations are gone, beside the
     # last unit's buffers, or the last reduction's own buffers and gradients where it is modelled
@@ -523,7 +536,7 @@ def record_step(x: StepInputs) -> TraceBuilder:
             b.free(flat)
             b.free(b.alloc(x.step_temporary))
             b.free(cast)
-        return b
+        return
     if not gradients:
         gradients = b.alloc_parts(even_parts(x.gradient_bytes, parts))
     b.free(unit)
@@ -535,7 +548,6 @@ def record_step(x: StepInputs) -> TraceBuilder:
     if not x.gradients_kept:
         b.free(gradients)
     b.free(ended)
-    return b
 
 
 # zeroplan.core.deepspeed_2022.step_allocations: the reduction's flat bucket copy after backward

@@ -38,7 +38,7 @@ from zeroplan.specs.lengths import LongSamples, VaryingLengths
 from zeroplan.specs.request import ATTENTION_RATES, DEFAULT_ATTENTION_RATE, default_attention_kernel
 from zeroplan.specs.parallel import EXPERT_PARALLEL_STRATEGIES, DeviceMap, ParallelSpec, PipelineSchedule
 from zeroplan.specs.strategy import PARTIAL_OFFLOAD_KINDS
-from zeroplan.specs.training import ModelLoad, Objective
+from zeroplan.specs.training import FsdpStateDict, ModelLoad, Objective
 from zeroplan.units import GB, GiB, MiB, ByteUnit
 
 
@@ -262,6 +262,14 @@ def add_sharding_arguments(group: argparse._ArgumentGroup) -> None:
              "the default planned); the other frameworks run their own (litgpt FSDP1, fairseq fairscale's, the others FSDP2)",
     )
     group.add_argument(
+        "--fsdp-state-dict", choices=choices_of(FsdpStateDict),
+        help="--framework hf with --fsdp-version 1: the state-dict type the Trainer's checkpoint saves use "
+             "(accelerate's fsdp_state_dict_type), planned as a moment after the step: full (FULL_STATE_DICT, "
+             "accelerate's default under FSDP1: one unit gathered at a time, copies on the host), sharded "
+             "(SHARDED_STATE_DICT: every parameter's local chunk cloned, kept on the GPU before accelerate 0.31.0), "
+             "none (no save); default full",
+    )
+    group.add_argument(
         "--fsdp-cpu-offload", action="store_true",
         help="FSDP2 CPUOffloadPolicy: sharded parameters, gradients and optimizer states in host RAM "
              "(torchtune's fsdp_cpu_offload, torchtitan's enable_cpu_offload, accelerate's fsdp_offload_params; "
@@ -295,6 +303,11 @@ def add_framework_arguments(group: argparse._ArgumentGroup) -> None:
         help="with --framework hf: the transformers release planned (4.31 to 4.56.2; default 4.56.2): before 4.46 the "
              "causal-LM forward returns fp32 logits, before 4.49 its loss copies the shifted fp32 logits (OPT: its "
              "attention keeps the clamped scores and its loss runs in the compute dtype)",
+    )
+    group.add_argument(
+        "--accelerate-version", metavar="V",
+        help="with --framework hf: the accelerate release that wraps the model (0.28 to 1.10.1; default 1.10.1): "
+             "before 0.31.0 an FSDP1 SHARDED_STATE_DICT save keeps every parameter's chunk on the GPU",
     )
     group.add_argument(
         "--torch-release", metavar="V",
@@ -699,6 +712,8 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         optimizer_in_backward=args.optimizer_in_backward,
         paged_optimizer=args.paged_optimizer,
         fsdp_cpu_offload=args.fsdp_cpu_offload,
+        fsdp_state_dict=FsdpStateDict(args.fsdp_state_dict) if getattr(args, "fsdp_state_dict", None) else None,
+        accelerate_version=getattr(args, "accelerate_version", None),
         optimizer=Optimizer(args.optimizer),
         optimizer_loop=OptimizerLoop(args.optimizer_loop) if getattr(args, "optimizer_loop", None) else None,
         activation_checkpointing=ActivationCheckpointing(args.activation_checkpointing),

@@ -189,6 +189,8 @@ FLAG_OF_FIELD = {
     "deepspeed_torch_linear": "--deepspeed-torch-linear",
     "checkpoint_reentrant": "--checkpoint-reentrant",
     "transformers_version": "--transformers-version",
+    "accelerate_version": "--accelerate-version",
+    "fsdp_state_dict": "--fsdp-state-dict",
     "torch_release": "--torch-release",
     "model_load": "--model-load",
     "litgpt_fork": "--litgpt-fork",

@@ -42,15 +42,32 @@ def peak_moments(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: 
 
 def peak_moments_and_block_pieces(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: int) -> tuple[
         dict[PeakMoment, MomentBytes], tuple[MomentBytes, ...]]:
-    """peak_moments, and the block's backward in its pieces (block_pieces) it chose from."""
+    """peak_moments, and the block's backward in its pieces (block_pieces) it chose from; the
+    checkpoint save among them only where one is planned (PeakTerms.checkpoint_save)."""
     loss, blocks, first_layer, backward_end, step = _moment_pieces(states, moments, grad_accum_steps)
-    return {
+    alive = {
         PeakMoment.loss_backward: loss,
         PeakMoment.block_backward: max(blocks, key=_TOTAL),
         PeakMoment.first_layer_backward: max(first_layer, key=_TOTAL),
         PeakMoment.backward_end: backward_end,
         PeakMoment.optimizer_step: step,
-    }, blocks
+    }
+    if moments.checkpoint_save:
+        alive[PeakMoment.checkpoint_save] = save_moment(states, moments)
+    return alive, blocks
+
+
+# zeroplan.core.checkpoint_save: the save runs after the step, whose zero_grad (set_to_none) has
+# dropped the gradients (kept only where they are never freed: a resident buffer, or a torch
+# before 2.0 zeroing them in place), its activations and temporaries freed; the resident buffers
+# stay, and the save's units and chunks join them.
+def save_moment(states: ModelStateBytes, moments: PeakTerms) -> MomentBytes:
+    """The checkpoint save's live bytes (0 where none is planned)."""
+    if not moments.checkpoint_save:
+        return MomentBytes(0, 0, 0)
+    gradients = states.gradient_bytes if states.gradients_resident or states.gradients_kept else 0
+    return MomentBytes(states.parameter_bytes + states.optimizer_state_bytes, gradients,
+                       moments.resident_buffers + moments.checkpoint_save)
 
 
 def _moment_pieces(states: ModelStateBytes, moments: PeakTerms, grad_accum_steps: int) -> tuple[
@@ -234,6 +251,9 @@ class PeakTerms:
     """Buffers alive at the loss's backward beyond the resident and backward-held ones: the
     parameters DeepSpeed's ZeRO-3 coordinator keeps gathered after the forward
     (zeroplan.core.deepspeed_coordinator.loss_gathered_bytes); 0 elsewhere."""
+    checkpoint_save: int = 0
+    """The most a checkpoint save after the step holds at once beyond the model states and resident
+    buffers (zeroplan.core.checkpoint_save.save_peak_bytes); 0 where no save is planned."""
     draining_held_buffers: int = 0
     """The part of ``backward_held_buffers`` the gradient shards replace once the step's backward
     is done: FSDP's unsharded gradients under no_sync accumulation, reduce-scattered by the last
@@ -279,7 +299,7 @@ BLOCK_PIECES = 3
 
 TOTAL_MOMENTS: tuple[PeakMoment, ...] = (
     *(PeakMoment.block_backward for _ in range(BLOCK_PIECES)), *(PeakMoment.first_layer_backward for _ in FIRST_LAYER_SHARES),
-    PeakMoment.backward_end, PeakMoment.optimizer_step,
+    PeakMoment.backward_end, PeakMoment.optimizer_step, PeakMoment.checkpoint_save,
 )
 """The moment of each of moment_totals' entries before the loss's pieces."""
 
@@ -289,5 +309,5 @@ def moment_totals(states: ModelStateBytes, terms: PeakTerms, grad_accum_steps: i
     (first_layer_pieces), the loss's once per piece of the loss (each affine in the micro-batch,
     as PeakTerms.logits_pieces says; their maximum is not)."""
     loss, blocks, first_layer, backward_end, step = _moment_pieces(states, terms, grad_accum_steps)
-    totals = [piece.total for piece in (*blocks, *first_layer, backward_end, step)]
+    totals = [piece.total for piece in (*blocks, *first_layer, backward_end, step, save_moment(states, terms))]
     return totals + [loss.total - terms.logits + piece for piece in terms.logits_pieces or (terms.logits,)]

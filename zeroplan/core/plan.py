@@ -51,6 +51,7 @@ from zeroplan.core.nvme import nvme_bytes
 from zeroplan.core.model_states import ModelStateBytes, model_state_bytes
 from zeroplan.core.bf16_accumulation_time import check_fp32_accumulation
 from zeroplan.core.megatron_deepspeed import bf16_optimizer_runs, check_grad_accum_dtype
+from zeroplan.core.checkpoint_save import check_fsdp_state_dict, save_peak_bytes, save_units
 from zeroplan.core.peak import (
     MomentBytes, PeakTerms, largest_moment, moment_totals, peak_allocated_bytes, peak_moments_and_block_pieces,
     peak_terms_of, with_terms,
@@ -74,7 +75,7 @@ from zeroplan.core.parallel.expert import expert_dispatch_bytes
 from zeroplan.specs.parallel import EXPERT_PARALLEL_STRATEGIES, PIPELINE_STRATEGIES
 from zeroplan.specs.finetune import Quantization
 from zeroplan.specs.base import kept_copy
-from zeroplan.specs.request import INT8_STRATEGIES, PlanRequest, check_compiled_layout, check_compiled_strategy
+from zeroplan.specs.request import HF_FSDP1_STRATEGIES, INT8_STRATEGIES, PlanRequest, check_compiled_layout, check_compiled_strategy
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.training import ActivationCheckpointing, BatchSpec, Objective, TrainingSpec
@@ -368,6 +369,8 @@ def _state_terms(request: PlanRequest) -> tuple[ModelStateBytes, tuple[tuple[str
         ("activation_blocks", first_layer_activation_blocks(request)),
         ("first_layer_buffers", first_layer_buffer_bytes(request)),
         ("first_layer_copy_buffers", first_layer_copy_buffer_bytes(request)),
+        # A checkpoint save after the step, where one is planned (hf under FSDP1).
+        ("checkpoint_save", save_peak_bytes(save_units(request))),
     )
 
 
@@ -393,6 +396,7 @@ def checked_peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms
 def _recent_peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     check_optimizer_in_backward(request.training, request.batch.grad_accum_steps)
     check_fsdp_cpu_offload(request.training, request.strategy.kind)
+    check_fsdp_state_dict(request)
     check_torch_release_strategy(request.training, request.strategy.kind)
     return peak_terms(request)
 
@@ -1201,6 +1205,9 @@ def _fit_strategies(base: PlanRequest, strategies: Iterable[StrategyKind | Strat
             strategies = tuple(k for k in strategies if k.value in EXPERT_PARALLEL_STRATEGIES)
         if base.training.finetune.quantize is Quantization.int8:
             strategies = tuple(k for k in strategies if k in INT8_STRATEGIES)
+        # A named checkpoint save applies to hf's FSDP1 strategies alone (core.checkpoint_save).
+        if base.training.fsdp_state_dict is not None and framework is Framework.hf:
+            strategies = tuple(k for k in strategies if k in HF_FSDP1_STRATEGIES) or strategies
         # torch 1.x has no FSDP2 (zeroplan.core.torch_release.check_torch_release_strategy).
         if base.training.torch_release is not None:
             check_torch_release(base.training)

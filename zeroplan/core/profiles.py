@@ -12,7 +12,7 @@ from zeroplan.core.torch_release import check_torch_release, torch_release
 from zeroplan.core.transformers_release import is_opt, returns_fp32_logits
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.finetune import check_release_range
-from zeroplan.specs.framework import DEEPSPEED_RELEASES, HF_DEEPSPEED_RELEASES, TORCHTITAN_RELEASES, TRANSFORMERS_NEWEST, TRANSFORMERS_OLDEST, TRANSFORMERS_VERSION, Framework
+from zeroplan.specs.framework import ACCELERATE_NEWEST, ACCELERATE_OLDEST, ACCELERATE_VERSION, DEEPSPEED_RELEASES, HF_DEEPSPEED_RELEASES, TORCHTITAN_RELEASES, TRANSFORMERS_NEWEST, TRANSFORMERS_OLDEST, TRANSFORMERS_VERSION, Framework
 from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
@@ -680,6 +680,8 @@ FRAMEWORK_OPTIONS = {
     "uncast_loss": lambda prof: prof.framework is Framework.zeroplan,
     # The causal-LM forward and loss of an older transformers release (zeroplan.core.transformers_release).
     "transformers_version": lambda prof: prof.framework is Framework.hf,
+    # The accelerate release under the Trainer (zeroplan.core.checkpoint_save).
+    "accelerate_version": lambda prof: prof.framework is Framework.hf,
     # zero_grad's and the optimizers' defaults before torch 2.0 (zeroplan.core.torch_release): the
     # loops that call torch's own; torchtune, torchtitan and litgpt need torch 2.x, and megatron
     # and megatron-deepspeed keep their gradients in their own buffers.
@@ -880,6 +882,8 @@ def check_transformers_version(training: TrainingSpec) -> None:
     """Refuse a transformers version that is not a release number or lies outside what is modelled."""
     check_release_range("transformers_version", training.transformers_version, TRANSFORMERS_OLDEST,
                         TRANSFORMERS_NEWEST, TRANSFORMERS_VERSION)
+    check_release_range("accelerate_version", training.accelerate_version, ACCELERATE_OLDEST,
+                        ACCELERATE_NEWEST, ACCELERATE_VERSION)
 
 
 # Before 4.46 each model's forward computed its own loss: the Llama family's (Llama, Mistral,

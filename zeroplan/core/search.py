@@ -278,9 +278,9 @@ def _first_layer_mask(count: int) -> np.ndarray:
 
 def _held_mask(count: int) -> np.ndarray:
     # peak_moments: the backward-held buffers are alive at a block's backward (the first layer's
-    # too), at the end of backward and at the loss's moments, not in the optimizer step (the
-    # order of _moments).
-    mask = [0 if m is PeakMoment.optimizer_step else 1 for m in TOTAL_MOMENTS]
+    # too), at the end of backward and at the loss's moments, not in the optimizer step nor at
+    # the checkpoint save after it (the order of _moments).
+    mask = [0 if m in (PeakMoment.optimizer_step, PeakMoment.checkpoint_save) else 1 for m in TOTAL_MOMENTS]
     return np.array(mask + [1] * (count - len(mask)), dtype=np.int64)
 
 

@@ -13,11 +13,12 @@ import json
 import shlex
 from typing import Any
 
+from zeroplan.core.checkpoint_save import state_dict_type
 from zeroplan.specs.finetune import LoraTarget, Quantization
 from zeroplan.specs.framework import Framework, launch_allocator_conf
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
-from zeroplan.specs.training import ActivationCheckpointing, Precision
+from zeroplan.specs.training import ActivationCheckpointing, FsdpStateDict, Precision
 
 
 class NotApplicable(Exception):
@@ -358,6 +359,12 @@ FSDP_SHARDING_STRATEGY name (utils/constants.py line 38)."""
 # - fsdp_offload_params false (check_hf_fsdp1 refuses CPUOffload), fsdp_activation_checkpointing
 #   for full recomputation, mixed_precision bf16 at the top level (set_mixed_precision: param,
 #   reduce and buffer dtype bf16, as measured).
+ACCELERATE_STATE_DICT_TYPES = {FsdpStateDict.full: "FULL_STATE_DICT", FsdpStateDict.sharded: "SHARDED_STATE_DICT",
+                               FsdpStateDict.none: "FULL_STATE_DICT"}
+"""accelerate's fsdp_state_dict_type of each planned save (none: the run saves nothing, and
+accelerate's own default stands)."""
+
+
 def accelerate_fsdp1_config(request: PlanRequest) -> dict[str, Any]:
     """accelerate's fsdp_config for hf under FSDP1 (StrategySpec.fsdp1_root_stays_gathered)."""
     kind = request.strategy.kind
@@ -382,7 +389,9 @@ def accelerate_fsdp1_config(request: PlanRequest) -> dict[str, Any]:
         "fsdp_backward_prefetch": "NO_PREFETCH",
         "fsdp_forward_prefetch": False,
         "fsdp_use_orig_params": True,
-        "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+        # The checkpoint save planned (zeroplan.core.checkpoint_save: accelerate's FULL_STATE_DICT
+        # unless the request names another).
+        "fsdp_state_dict_type": ACCELERATE_STATE_DICT_TYPES[state_dict_type(request)],
         "fsdp_cpu_ram_efficient_loading": True,
         "fsdp_sync_module_states": True,
         "fsdp_activation_checkpointing": request.training.activation_checkpointing is ActivationCheckpointing.full,

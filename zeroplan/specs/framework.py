@@ -122,6 +122,13 @@ LAUNCH_ENVIRONMENT: dict[Framework, str] = {
 shown in the report's header so a user's launch can be compared with it."""
 
 
+ACCELERATE_VERSION = "1.10.1"
+"""The accelerate release the hf profile reads (TrainingSpec.accelerate_version None)."""
+ACCELERATE_OLDEST = (0, 28)
+"""The oldest accelerate release whose FSDP1 checkpoint save is modelled (0.28.0
+utils/fsdp_utils.py save_fsdp_model, read with transformers 4.39.0's Trainer)."""
+ACCELERATE_NEWEST = (1, 10, 1)
+
 TRANSFORMERS_VERSION = "4.56.2"
 """The transformers release the hf profile measures (TrainingSpec.transformers_version None)."""
 TRANSFORMERS_OLDEST = (4, 31, 0)

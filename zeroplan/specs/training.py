@@ -198,6 +198,21 @@ class Float8Recipe(str, Enum):
     transposes for backward instead of the bf16 inputs. Framework zeroplan only, eager, tp 1."""
 
 
+class FsdpStateDict(str, Enum):
+    """The state-dict type a Hugging Face run under accelerate's FSDP1 saves its checkpoints with
+    (accelerate's ``fsdp_state_dict_type``; zeroplan.core.checkpoint_save plans the save)."""
+
+    full = "full"
+    """FULL_STATE_DICT: accelerate's default under FSDP1 (0.28.0 utils/dataclasses.py:1101-1103,
+    1.10.1 :1973-1977), with FullStateDictConfig(offload_to_cpu=True, rank0_only=True) on several
+    processes (utils/fsdp_utils.py save_fsdp_model): one unit gathered at a time, the copies on the host."""
+    sharded = "sharded"
+    """SHARDED_STATE_DICT: every parameter's local chunk cloned; on the GPU until accelerate 0.31.0
+    gave it ShardedStateDictConfig(offload_to_cpu=True) (accelerate 67308ca, #2762)."""
+    none = "none"
+    """The run saves no checkpoint (the Trainer's save_strategy "no")."""
+
+
 class TrainingSpec(Frozen):
     """Numerics and optimizer."""
 
@@ -335,6 +350,17 @@ class TrainingSpec(Frozen):
     DDP or one GPU they stay allocated through the next forward, and torch's Adam/AdamW step
     tensor by tensor unless optimizer_loop says otherwise (zeroplan.core.torch_release). The NCCL its
     wheels load decides NVLS's buffers outside the allocator (zeroplan.core.nccl_release)."""
+    # The two checkpoint-save inputs are left out of the JSON when unset, so a request that does
+    # not name them dumps (and every answer's digest reads) as before the fields existed.
+    accelerate_version: str | None = Field(default=None, exclude_if=lambda version: version is None)
+    """hf only: the accelerate release that wraps the model (MAJOR.MINOR[.PATCH], 0.28 to 1.10.1); None
+    plans the profile's 1.10.1. It decides where an FSDP1 SHARDED_STATE_DICT save puts its chunks
+    (zeroplan.core.checkpoint_save): on the GPU before 0.31.0, on the host from it."""
+    fsdp_state_dict: FsdpStateDict | None = Field(default=None, exclude_if=lambda kind: kind is None)
+    """hf under FSDP1 only (StrategySpec.fsdp1_root_stays_gathered, fsdp-full-shard or
+    fsdp-shard-grad-op): the state-dict type the Trainer's checkpoint saves use (accelerate's
+    ``fsdp_state_dict_type``); the save is a moment of its own (zeroplan.core.checkpoint_save).
+    None plans accelerate's default under FSDP1, full."""
     torchtitan_release: str | None = None
     """torchtitan only: the release whose FSDP2 wrapping and loss are planned, one of
     zeroplan.specs.framework.TORCHTITAN_RELEASES; None plans the profile's 0.3.0. "9dec370"
