@@ -32,7 +32,7 @@ from pydantic import ValidationError
 from zeroplan.core import deepspeed_coordinator
 from zeroplan.core.algorithms import _call_sizes, call_pricing
 from zeroplan.core.communication import Phase, collectives, data_parallel_collectives, scheduled
-from zeroplan.core.feasibility import usable_memory_bytes
+from zeroplan.core.feasibility import pipeline_usable_bytes, usable_memory_bytes
 from zeroplan.core.model_load import load_fits_gpu
 from zeroplan.core.parallel.collectives import (
     collective_recomputation, model_parallel_collectives, overlapped_model_parallel_collectives,
@@ -439,10 +439,10 @@ def _rank_classes(request: PlanRequest) -> list[int]:
     if parallel.pp == 1:
         return [0]
     seen, firsts = set(), []
+    usables = pipeline_usable_bytes(request)
     for rank in range(parallel.pp):
         stages = request_rank_stages(request, rank)
-        signature = (tuple((s.num_blocks, s.has_embedding, s.has_head) for s in stages),
-                     usable_memory_bytes(request.at_pipeline_rank(rank)))
+        signature = (tuple((s.num_blocks, s.has_embedding, s.has_head) for s in stages), usables[rank])
         if signature not in seen:
             seen.add(signature)
             firsts.append(rank)
@@ -562,9 +562,7 @@ def _build_group(request: PlanRequest, family: dict | None = None, layout_cache:
 
 def _usable_bytes_and_spread(request: PlanRequest) -> tuple[int, int]:
     """(pipeline rank 0's usable memory, the most one rank's exceeds another's)."""
-    if request.parallel.pp == 1:
-        return usable_memory_bytes(request), 0
-    usables = [usable_memory_bytes(request.at_pipeline_rank(rank)) for rank in range(request.parallel.pp)]
+    usables = pipeline_usable_bytes(request)
     return usables[0], max(usables) - min(usables)
 
 
