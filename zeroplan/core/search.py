@@ -33,6 +33,7 @@ from zeroplan.core import deepspeed_coordinator
 from zeroplan.core.algorithms import _call_sizes, call_pricing
 from zeroplan.core.communication import Phase, collectives, data_parallel_collectives, scheduled
 from zeroplan.core.feasibility import pipeline_usable_bytes, usable_memory_bytes
+from zeroplan.core.memo import KeptAnswers
 from zeroplan.core.model_load import load_fits_gpu
 from zeroplan.core.parallel.collectives import (
     collective_recomputation, model_parallel_collectives, overlapped_model_parallel_collectives,
@@ -175,8 +176,8 @@ class _Group:
 def _rank_request(group: _Group, rank: int) -> PlanRequest:
     """The group's request at pipeline ``rank`` (its own without a pipeline), built once."""
     request = group.request
-    if request.parallel.pp == 1:
-        return request
+    if request.parallel.pipeline_rank == rank:
+        return request  # its own rank (every group's request is rank 0's, as its layout was built)
     at = group.rank_requests.get(rank)
     if at is None:
         at = group.rank_requests[rank] = request.at_pipeline_rank(rank)
@@ -189,8 +190,20 @@ def _at(request: PlanRequest, micro: int, accum: int) -> PlanRequest:
     # and meets itself in the planner's caches.
     if request.batch.micro_batch_size == micro and request.batch.grad_accum_steps == accum:
         return request
-    batch = request.batch.model_copy(update={"micro_batch_size": micro, "grad_accum_steps": accum})
-    return request.model_copy(update={"batch": batch})
+    # The bounds, the fit and its check ask for the same request at the same point several times
+    # each: built once, it is the same object every time, which the planner's caches meet by
+    # identity (zeroplan.core.parallel.units.rank_parameter_units keeps its last request's).
+    key = (request, micro, accum)
+    at = _AT_POINT.entries.get(key)
+    if at is None:
+        batch = request.batch.model_copy(update={"micro_batch_size": micro, "grad_accum_steps": accum})
+        at = request.model_copy(update={"batch": batch})
+        _AT_POINT.put(key, at)
+    return at
+
+
+_AT_POINT = KeptAnswers(4096)
+"""_at's requests by (request, micro-batch, accumulation)."""
 
 
 def scalar_evaluate(request: PlanRequest) -> tuple[int, bool, float]:
