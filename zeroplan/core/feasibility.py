@@ -5,7 +5,7 @@ outside the allocator"). Nothing here imports torch."""
 
 from __future__ import annotations
 
-from zeroplan.core.communicators import communicators
+from zeroplan.core.communicators import communicators, opens_communicators
 from zeroplan.core.memo import batch_keyed
 from zeroplan.specs.request import PlanRequest
 
@@ -34,4 +34,6 @@ def pipeline_usable_bytes(request: PlanRequest) -> tuple[int, ...]:
     without a pipeline)."""
     if request.parallel.pp == 1:
         return (usable_memory_bytes(request),)
+    if not opens_communicators(request):
+        return (request.cluster.usable_memory_bytes,) * request.parallel.pp  # no rank holds NCCL buffers
     return tuple(usable_memory_bytes(request.at_pipeline_rank(rank)) for rank in range(request.parallel.pp))
