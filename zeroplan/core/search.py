@@ -68,6 +68,7 @@ from zeroplan.core.search_space import CONTEXT_PARALLEL_DEGREES, INTERLEAVED_VIR
 from zeroplan.errors import ZeroplanError
 from zeroplan.answers import PlanSearchResult
 from zeroplan.results import PeakMoment, PlanCandidate
+from zeroplan.specs.base import kept_copy
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.parallel import (MODEL_PARALLEL_FRAMEWORKS, PIPELINE_STRATEGIES, ParallelSpec, PipelineSchedule,
                                      pipeline_microbatch_rule)
@@ -196,7 +197,7 @@ def _at(request: PlanRequest, micro: int, accum: int) -> PlanRequest:
     key = (request, micro, accum)
     at = _AT_POINT.entries.get(key)
     if at is None:
-        batch = request.batch.model_copy(update={"micro_batch_size": micro, "grad_accum_steps": accum})
+        batch = kept_copy(request.batch, micro_batch_size=micro, grad_accum_steps=accum)
         at = request.model_copy(update={"batch": batch})
         _AT_POINT.put(key, at)
     return at
@@ -1025,7 +1026,7 @@ def _layouts(base: PlanRequest, space: LayoutSpace) -> list[PlanRequest]:
                         # Built at pp micro-batches, which every schedule runs: the search moves
                         # each layout to its own (micro-batch, accumulation) splits, and drops
                         # those the schedule refuses (_schedulable).
-                        batch = base.batch.model_copy(update={"grad_accum_steps": pp})
+                        batch = kept_copy(base.batch, grad_accum_steps=pp)
                         result.append(revalidated(base, parallel=spec, batch=batch))
                     except (ZeroplanError, ValidationError):
                         continue  # a layout the rules refuse: not searched
@@ -1052,7 +1053,9 @@ def _layout_groups(layout: PlanRequest, kinds: tuple[StrategyKind, ...], prices:
         if layout.parallel.pp > 1 and kind.value not in PIPELINE_STRATEGIES:
             continue  # zeroplan.specs.parallel.check_parallel refuses it under a pipeline
         for shard in _shard_groups(kind, layout.state_group_size):
-            strategy = layout.strategy.model_copy(update={"kind": kind, "shard_group_size": shard})
+            # The same strategy and training objects for every layout (kept_copy): the planner's
+            # caches key on them and meet one object by identity, not an equal copy field by field.
+            strategy = kept_copy(layout.strategy, kind=kind, shard_group_size=shard)
             try:
                 strategic = layout.with_strategy(strategy)
             except (ZeroplanError, ValidationError):
@@ -1063,7 +1066,7 @@ def _layout_groups(layout: PlanRequest, kinds: tuple[StrategyKind, ...], prices:
                     continue  # it would checkpoint no block: the same as none
                 if not runs_checkpointing(layout.training, policy, layout.parallel):
                     continue  # compiled under a policy that was not measured (zeroplan.core.compiled)
-                training = strategic.training.model_copy(update={"activation_checkpointing": policy})
+                training = kept_copy(strategic.training, activation_checkpointing=policy)
                 result.append(_start_group(strategic.model_copy(update={"training": training}), family, layout_cache))
     return result
 
