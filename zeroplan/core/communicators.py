@@ -138,12 +138,18 @@ def _nvlink(request: PlanRequest) -> bool:
 def communicators(request: PlanRequest) -> list[Communicator]:
     """The NCCL communicators ``request``'s rank opens during training (none for the reference
     harness, whose measured runs are the baseline of its verdicts, or for one GPU)."""
-    if (request.training.framework is Framework.zeroplan or request.cluster.world_size == 1
-            or request.parallel.device_map is not None):
-        # A device map is one process: its hooks copy activations between GPUs with .to(),
-        # without a process group.
+    if not opens_communicators(request):
         return []
     return _communicators(request)
+
+
+def opens_communicators(request: PlanRequest) -> bool:
+    """Whether the request's ranks open NCCL communicators at all (whichever pipeline rank):
+    not the reference harness, one GPU or a device map."""
+    # A device map is one process: its hooks copy activations between GPUs with .to(), without
+    # a process group.
+    return not (request.training.framework is Framework.zeroplan or request.cluster.world_size == 1
+                or request.parallel.device_map is not None)
 
 
 def _communicators(request: PlanRequest) -> list[Communicator]:

@@ -32,7 +32,8 @@ from pydantic import ValidationError
 from zeroplan.core import deepspeed_coordinator
 from zeroplan.core.algorithms import _call_sizes, call_pricing
 from zeroplan.core.communication import Phase, collectives, data_parallel_collectives, scheduled
-from zeroplan.core.feasibility import usable_memory_bytes
+from zeroplan.core.feasibility import pipeline_usable_bytes, usable_memory_bytes
+from zeroplan.core.memo import KeptAnswers
 from zeroplan.core.model_load import load_fits_gpu
 from zeroplan.core.parallel.collectives import (
     collective_recomputation, model_parallel_collectives, overlapped_model_parallel_collectives,
@@ -67,6 +68,7 @@ from zeroplan.core.search_space import CONTEXT_PARALLEL_DEGREES, INTERLEAVED_VIR
 from zeroplan.errors import ZeroplanError
 from zeroplan.answers import PlanSearchResult
 from zeroplan.results import PeakMoment, PlanCandidate
+from zeroplan.specs.base import kept_copy
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.parallel import (MODEL_PARALLEL_FRAMEWORKS, PIPELINE_STRATEGIES, ParallelSpec, PipelineSchedule,
                                      pipeline_microbatch_rule)
@@ -175,8 +177,8 @@ class _Group:
 def _rank_request(group: _Group, rank: int) -> PlanRequest:
     """The group's request at pipeline ``rank`` (its own without a pipeline), built once."""
     request = group.request
-    if request.parallel.pp == 1:
-        return request
+    if request.parallel.pipeline_rank == rank:
+        return request  # its own rank (every group's request is rank 0's, as its layout was built)
     at = group.rank_requests.get(rank)
     if at is None:
         at = group.rank_requests[rank] = request.at_pipeline_rank(rank)
@@ -189,8 +191,20 @@ def _at(request: PlanRequest, micro: int, accum: int) -> PlanRequest:
     # and meets itself in the planner's caches.
     if request.batch.micro_batch_size == micro and request.batch.grad_accum_steps == accum:
         return request
-    batch = request.batch.model_copy(update={"micro_batch_size": micro, "grad_accum_steps": accum})
-    return request.model_copy(update={"batch": batch})
+    # The bounds, the fit and its check ask for the same request at the same point several times
+    # each: built once, it is the same object every time, which the planner's caches meet by
+    # identity (zeroplan.core.parallel.units.rank_parameter_units keeps its last request's).
+    key = (request, micro, accum)
+    at = _AT_POINT.entries.get(key)
+    if at is None:
+        batch = kept_copy(request.batch, micro_batch_size=micro, grad_accum_steps=accum)
+        at = request.model_copy(update={"batch": batch})
+        _AT_POINT.put(key, at)
+    return at
+
+
+_AT_POINT = KeptAnswers(4096)
+"""_at's requests by (request, micro-batch, accumulation)."""
 
 
 def scalar_evaluate(request: PlanRequest) -> tuple[int, bool, float]:
@@ -439,10 +453,10 @@ def _rank_classes(request: PlanRequest) -> list[int]:
     if parallel.pp == 1:
         return [0]
     seen, firsts = set(), []
+    usables = pipeline_usable_bytes(request)
     for rank in range(parallel.pp):
         stages = request_rank_stages(request, rank)
-        signature = (tuple((s.num_blocks, s.has_embedding, s.has_head) for s in stages),
-                     usable_memory_bytes(request.at_pipeline_rank(rank)))
+        signature = (tuple((s.num_blocks, s.has_embedding, s.has_head) for s in stages), usables[rank])
         if signature not in seen:
             seen.add(signature)
             firsts.append(rank)
@@ -562,9 +576,7 @@ def _build_group(request: PlanRequest, family: dict | None = None, layout_cache:
 
 def _usable_bytes_and_spread(request: PlanRequest) -> tuple[int, int]:
     """(pipeline rank 0's usable memory, the most one rank's exceeds another's)."""
-    if request.parallel.pp == 1:
-        return usable_memory_bytes(request), 0
-    usables = [usable_memory_bytes(request.at_pipeline_rank(rank)) for rank in range(request.parallel.pp)]
+    usables = pipeline_usable_bytes(request)
     return usables[0], max(usables) - min(usables)
 
 
@@ -1014,7 +1026,7 @@ def _layouts(base: PlanRequest, space: LayoutSpace) -> list[PlanRequest]:
                         # Built at pp micro-batches, which every schedule runs: the search moves
                         # each layout to its own (micro-batch, accumulation) splits, and drops
                         # those the schedule refuses (_schedulable).
-                        batch = base.batch.model_copy(update={"grad_accum_steps": pp})
+                        batch = kept_copy(base.batch, grad_accum_steps=pp)
                         result.append(revalidated(base, parallel=spec, batch=batch))
                     except (ZeroplanError, ValidationError):
                         continue  # a layout the rules refuse: not searched
@@ -1041,7 +1053,9 @@ def _layout_groups(layout: PlanRequest, kinds: tuple[StrategyKind, ...], prices:
         if layout.parallel.pp > 1 and kind.value not in PIPELINE_STRATEGIES:
             continue  # zeroplan.specs.parallel.check_parallel refuses it under a pipeline
         for shard in _shard_groups(kind, layout.state_group_size):
-            strategy = layout.strategy.model_copy(update={"kind": kind, "shard_group_size": shard})
+            # The same strategy and training objects for every layout (kept_copy): the planner's
+            # caches key on them and meet one object by identity, not an equal copy field by field.
+            strategy = kept_copy(layout.strategy, kind=kind, shard_group_size=shard)
             try:
                 strategic = layout.with_strategy(strategy)
             except (ZeroplanError, ValidationError):
@@ -1052,7 +1066,7 @@ def _layout_groups(layout: PlanRequest, kinds: tuple[StrategyKind, ...], prices:
                     continue  # it would checkpoint no block: the same as none
                 if not runs_checkpointing(layout.training, policy, layout.parallel):
                     continue  # compiled under a policy that was not measured (zeroplan.core.compiled)
-                training = strategic.training.model_copy(update={"activation_checkpointing": policy})
+                training = kept_copy(strategic.training, activation_checkpointing=policy)
                 result.append(_start_group(strategic.model_copy(update={"training": training}), family, layout_cache))
     return result
 
