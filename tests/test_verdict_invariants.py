@@ -264,3 +264,22 @@ def test_partitioned_host_checkpoints_may_shorten_the_step():
     sweep = sweep_script.Sweep()
     sweep_script._check_deepspeed_checkpointing(argv, "zero1", {"zero1": both}, sweep)
     assert sweep.checked["12 ds-checkpoint"] >= 3 and not sweep.violations["12 ds-checkpoint"]
+
+
+def test_muon_is_compared_with_adamw_plus_deepspeeds_whole_matrices():
+    """Seed 518: gpt2 under hf's zero1 on 8 GPUs, bf16-pure. DeepSpeed's Muon keeps its momentum and
+    the staged copy of it over the whole matrices meeting the partition (11.8 M elements of a 10.6 M
+    partition), 4 bytes an element as AdamW's two bf16 states: more than AdamW by exactly those
+    past the partition. Invariant 18 allows that, and nothing under torch's Muon (DDP)."""
+    from zeroplan.core.model_states import model_state_bytes
+    from zeroplan.specs import StrategyKind
+
+    argv = ["gpt2", "--framework", "hf", "--gpu", "l40s", "--gpus", "8", "--precision", "bf16-pure", "--strategies", "zero1"]
+    muon, adamw = (sweep_script.build([*argv, "--optimizer", name], sweep_script.Sweep()) for name in ("muon", "adamw"))
+    muon, adamw = (r.with_strategy(r.strategy.model_copy(update={"kind": StrategyKind.zero1})) for r in (muon, adamw))
+    extra = sweep_script.muon_whole_matrix_bytes(muon)
+    assert extra == 2 * 2 * (11_796_480 - 10_616_832)
+    with_muon, with_adamw = (model_state_bytes(r).optimizer_state_bytes for r in (muon, adamw))
+    assert with_adamw < with_muon <= with_adamw + extra
+    ddp = muon.with_strategy(muon.strategy.model_copy(update={"kind": StrategyKind.ddp}))
+    assert sweep_script.muon_whole_matrix_bytes(ddp) == 0
