@@ -15,9 +15,13 @@ elements, the whole elements of the parameters in the partition, and the numel a
 of each state tensor the step left (optimizer.state) and of the staged momentum
 (_muon_pending_momentum), and the bytes of each storage its averaged_gradients hold between the
 backward and the step. torch.compile is disabled (TORCHDYNAMO_DISABLE) so the CPU run does
-not compile muon_update; the states it leaves do not depend on that. Usage:
+not compile muon_update; the states it leaves do not depend on that. With --bf16-pure the engine
+runs DeepSpeed's bf16 master weights, gradients and optimizer states under torch_autocast (what
+zeroplan's bf16-pure precision stands for under DeepSpeed: specs.deepspeed_config.bf16_autocast),
+and the records go to bf16-pure-records.json. Usage:
 
-    python benchmarks/muon_records.py   # writes benchmarks/muon-records/records.json
+    python benchmarks/muon_records.py               # writes benchmarks/muon-records/records.json
+    python benchmarks/muon_records.py --bf16-pure   # writes benchmarks/muon-records/bf16-pure-records.json
 """
 
 from __future__ import annotations
@@ -30,6 +34,12 @@ import weakref
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parent / "muon-records" / "records.json"
+BF16_PURE_OUT = OUT.with_name("bf16-pure-records.json")
+BF16_PURE = {"bf16": {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True},
+             "torch_autocast": {"enabled": True, "dtype": "bfloat16"}}
+"""DeepSpeed's low-precision master partition and Adam states (runtime/base_optimizer.py
+_configure_master_weights: bf16_optimizer_states needs bf16_master_weights_and_grads; on the GPU
+without offload), under the torch_autocast zeroplan plans them with."""
 SHAPES = [(64, 256), (256, 64), (128, 128), (48, 80)]
 STAGES = [1, 2]
 
@@ -94,7 +104,7 @@ def torch_records() -> list[dict]:
     return records
 
 
-def rank_main(stage: int, out: Path) -> None:
+def rank_main(stage: int, out: Path, bf16_pure: bool = False) -> None:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import deepspeed
     import torch
@@ -136,7 +146,7 @@ def rank_main(stage: int, out: Path) -> None:
     config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
               "zero_optimization": {"stage": stage}, "zero_allow_untested_optimizer": True,
               "optimizer": {"type": "Muon", "params": {"lr": 1e-3}},
-              "bf16": {"enabled": True}, "steps_per_print": 2**31 - 1}
+              "bf16": {"enabled": True}, "steps_per_print": 2**31 - 1, **(BF16_PURE if bf16_pure else {})}
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config,
                                            dist_init_required=False)
     tokens = torch.randint(0, 100, (2, 5))
@@ -167,28 +177,33 @@ def rank_main(stage: int, out: Path) -> None:
     dist.destroy_process_group()
 
 
-def main() -> int:
+def main(bf16_pure: bool = False) -> int:
     import deepspeed
     import torch
 
-    OUT.parent.mkdir(parents=True, exist_ok=True)
+    out = BF16_PURE_OUT if bf16_pure else OUT
+    out.parent.mkdir(parents=True, exist_ok=True)
     runs = []
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "TORCHDYNAMO_DISABLE": "1"}
     for stage in STAGES:
         subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29533",
-                        __file__, "--rank-worker", str(stage)], check=True, env=env)
+                        __file__, "--rank-worker", str(stage), *(["--bf16-pure"] if bf16_pure else [])],
+                       check=True, env=env)
         for rank in range(2):
-            part = OUT.with_name(f"{OUT.stem}-{stage}-{rank}.json")
+            part = out.with_name(f"{out.stem}-{stage}-{rank}.json")
             runs.append(json.loads(part.read_text()))
             part.unlink()
-    OUT.write_text(json.dumps({"torch": torch.__version__, "deepspeed": deepspeed.__version__,
-                               "torch_muon": torch_records(), "deepspeed_runs": runs}, indent=1) + "\n")
-    print(f"wrote {OUT}")
+    records = {"torch": torch.__version__, "deepspeed": deepspeed.__version__}
+    if not bf16_pure:
+        records["torch_muon"] = torch_records()
+    out.write_text(json.dumps({**records, "deepspeed_runs": runs}, indent=1) + "\n")
+    print(f"wrote {out}")
     return 0
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--rank-worker":
-        rank_main(int(sys.argv[2]), OUT)
+        pure = "--bf16-pure" in sys.argv
+        rank_main(int(sys.argv[2]), BF16_PURE_OUT if pure else OUT, pure)
     else:
-        raise SystemExit(main())
+        raise SystemExit(main("--bf16-pure" in sys.argv))

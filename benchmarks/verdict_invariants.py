@@ -71,7 +71,10 @@ Invariants (each checked only where it must hold):
                    budget holds the largest unsplit module (else its walk may skip to the last GPU)
  18 muon           --optimizer muon keeps no more optimizer-state (nor model-state) bytes per GPU
                    than AdamW on the same request: one momentum for each block matrix's element
-                   where AdamW keeps two states, AdamW's own on the rest
+                   where AdamW keeps two states, AdamW's own on the rest; under DeepSpeed's ZeRO-1/2
+                   beyond that only its momentum and staged copy, in the model's dtype, of the
+                   matrix elements past the Muon group's partition (a rank keeps every matrix its
+                   partition meets whole) and the two groups' separate alignment padding
  19 torch-linear   --deepspeed-torch-linear (torch's F.linear under DeepSpeed's ZeRO-3) never
                    lowers the allocated peak or the flat reserve's peak, and where no linear weight
                    is pinned (gathers that are not DeepSpeed's plain ZeRO-3) answers every memory
@@ -83,6 +86,23 @@ Invariants (each checked only where it must hold):
                    only: a predicted OOM is borderline by the reserve's band or the allocator's
                    turn within it alone, and a fit whose allocated peak alone may reach the usable
                    memory is borderline (every plan of a request, and those near its tightest fit)
+ 22 dpo            --objective dpo (torchtune's LoRA DPO recipes) against the same rows as a causal-LM
+                   step: the same model-state bytes (the reference is the policy with its adapters
+                   disabled, no second copy of the weights) and no lower allocated peak (the same
+                   forward and backward, with the whole fp32 log-softmax that SFT's chunked loss
+                   saves chunk by chunk, plus the reference's head beside it); max-mb counts rows of
+                   pairs, so it is even and max-mb + 2 does not fit (2, 4 and 10 step by two rows)
+ 23 padded         --padded-batches yes against no: the same model-state bytes and no lower allocated
+                   peak (a padding mask and, under hf's SDPA, repeated K/V only add); without
+                   --varying-lengths, 'no' answers every figure as no flag (nothing pads then)
+ 24 loss-options   --uncast-loss never raises the allocated peak (the loss's three logits-sized
+                   tensors in the logits' dtype, never wider than the fp32 of the upcast) and
+                   --keep-outputs never lowers it (the output object held through backward only
+                   adds); neither changes the model-state bytes
+ 25 exact-allocator --exact-allocator (every verdict's whole trace replayed afresh, the oracle)
+                   answers the same verdict, reserved peak, borderline mark and max-mb as the
+                   replays reused where they decide it exactly (allocator.planner._outcome), on a
+                   share of the requests the allocator model judges
 
     python benchmarks/verdict_invariants.py --requests 500 --seed 1
 """
@@ -132,7 +152,8 @@ STATE_ORDER = (("ddp", "zero1"), ("zero1", "zero2"), ("zero2", "zero3"), ("ddp",
 INVARIANTS = ("1 bigger-gpu", "2 batch-growth", "3 state-order", "4 checkpointing", "5 max-mb", "6 plan-vs-fit",
               "7 determinism", "8 scale-out", "9 precision", "10 step-time", "11 adapter-rank", "12 ds-checkpoint",
               "13 offload-ratio", "14 hf-fsdp1", "15 ulysses", "16 mha-views", "17 device-map", "18 muon",
-              "19 torch-linear", "20 model-load", "21 margin")
+              "19 torch-linear", "20 model-load", "21 margin", "22 dpo", "23 padded", "24 loss-options",
+              "25 exact-allocator")
 SCALE_OUT_STRATEGIES = ("zero3", "fsdp-full-shard")
 """Strategies whose every model state is sharded over the data-parallel ranks (8 scale-out)."""
 
@@ -183,6 +204,7 @@ def random_argv(rng: random.Random) -> list[str]:
     argv += deepspeed_options(argv, framework)
     argv = new_input_options(argv, framework)
     argv = newest_input_options(argv, framework)
+    argv = objective_and_loss_options(argv, framework)
     if rng.random() < 0.3:
         argv += ["--flat-reserve"]
     elif rng.random() < 0.15:
@@ -400,6 +422,35 @@ def newest_input_options(argv: list[str], framework: str) -> list[str]:
     return argv
 
 
+DPO_REFUSED_SWITCHES = ("--keep-outputs", "--compile", "--activation-offloading", "--optimizer-in-backward",
+                        "--fused-linear-cross-entropy", "--unchunked-loss", "--float8", "--checkpoint-reentrant",
+                        *MODEL_PARALLEL_SWITCHES)
+"""What check_dpo_request refuses beside --objective dpo (with tp, cp, pp and ep above 1), and the
+reentrant checkpoint, which torchtune's recipes do not take."""
+
+
+def objective_and_loss_options(argv: list[str], framework: str) -> list[str]:
+    """torchtune's LoRA DPO (--objective dpo), --padded-batches and zeroplan's --uncast-loss, drawn
+    from a generator seeded by the request's own flags (no draw from the seed's generator). Four
+    in five DPO requests are fitted to what check_dpo_request plans (LoRA, no model parallelism,
+    none of its refused switches, an even micro-batch: rows of chosen and rejected pairs); the
+    rest are drawn as they come, so its refusals are asked too."""
+    rng = random.Random("objective and loss " + shlex.join(argv))
+    if framework == "torchtune" and rng.random() < 0.5:
+        if rng.random() < 0.8:
+            argv = without(argv, DPO_REFUSED_SWITCHES, ("--tp", "--pp", "--cp", "--ep", "--pp-schedule", "--virtual-stages"))
+            if "--lora-rank" not in argv:
+                argv += ["--lora-rank", str(rng.choice((8, 16)))]
+            micro = int(flag_value(argv, "--micro-batch"))
+            argv = with_flag(argv, "--micro-batch", str(micro + micro % 2))
+        argv += ["--objective", "dpo"]
+    if rng.random() < (0.25 if framework == "hf" else 0.08):
+        argv += ["--padded-batches", rng.choice(("yes", "no"))]
+    if framework == "zeroplan" and rng.random() < 0.15:
+        argv = [t for t in argv if t != "--fused-cross-entropy"] + ["--uncast-loss"]
+    return argv
+
+
 ROOT = Path(__file__).resolve().parents[1]
 MOE_CONFIGS = ("tests/fixtures/hf/qwen3-30b-a3b.json", "tests/fixtures/hf/deepseek-v2-lite.json",
                "tests/fixtures/hf/qwen1.5-moe-a2.7b.json")
@@ -467,7 +518,8 @@ def with_flag(argv: list[str], flag: str, value: str | None) -> list[str]:
 
 
 SWITCHES = ("--flat-reserve", "--fsdp-cpu-offload", "--compile", "--torch-multihead-attention", "--deepspeed-torch-linear",
-            "--paged-optimizer", "--keep-unsharded-grads-on-accum", *MODEL_PARALLEL_SWITCHES, *DEEPSPEED_CHECKPOINTING)
+            "--paged-optimizer", "--keep-unsharded-grads-on-accum", "--uncast-loss", "--keep-outputs", "--exact-allocator",
+            *MODEL_PARALLEL_SWITCHES, *DEEPSPEED_CHECKPOINTING)
 
 
 def flag_value(argv: list[str], flag: str) -> str | None:
@@ -588,7 +640,7 @@ def check_request(argv: list[str], rng: random.Random, sweep: Sweep, search_shar
               _check_offload_policy, _check_scale_out, _check_precision, _check_step_time, _check_adapter_rank,
               _check_deepspeed_checkpointing, _check_offload_ratio, _check_hf_fsdp1, _check_ulysses,
               _check_multihead_attention_views, _check_device_map, _check_muon, _check_torch_linear,
-              _check_model_load]
+              _check_model_load, _check_dpo, _check_padded_batches, _check_loss_options, _check_exact_allocator]
     if rng.random() < search_share:
         checks.append(_check_search)
     for check in checks:
@@ -640,10 +692,16 @@ def _check_max_micro_batch(argv, request, plans, sweep) -> None:
                 fits = answer(lambda: plan(at.with_micro_batch(smaller), False, False).fits, argv, sweep, name)
                 sweep.check(INVARIANTS[4], fits, f"{name}: max-mb {largest} but {smaller} does not fit\n    "
                             f"{command_line(with_flag(argv, '--micro-batch', str(smaller)), name)}")
+        # Under DPO max-mb counts rows of whole pairs (plan.max_micro_batch_size rounds down to
+        # even): the next is two rows on, and it is even itself (22 dpo).
+        step = micro_batch_step(argv)
+        if step == 2:
+            sweep.check(INVARIANTS[21], largest % 2 == 0, f"{name}: max-mb {largest} under --objective dpo is odd\n    "
+                        f"{command_line(argv, name)}")
         if largest < 256:
-            over = answer(lambda: plan(at.with_micro_batch(largest + 1), False, False).fits, argv, sweep, name)
-            sweep.check(INVARIANTS[4], not over, f"{name}: max-mb {largest} but {largest + 1} fits\n    "
-                        f"{command_line(with_flag(argv, '--micro-batch', str(largest + 1)), name)}")
+            over = answer(lambda: plan(at.with_micro_batch(largest + step), False, False).fits, argv, sweep, name)
+            sweep.check(INVARIANTS[4], not over, f"{name}: max-mb {largest} but {largest + step} fits\n    "
+                        f"{command_line(with_flag(argv, '--micro-batch', str(largest + step)), name)}")
 
 
 CROSS_ENGINE = {("ddp", "zero1"), ("ddp", "fsdp-shard-grad-op")}
@@ -732,11 +790,17 @@ def _check_bigger_gpu(argv, names, plans, sweep) -> None:
                             f"    {command_line(argv, name)}\n    {command_line(variant, name)}")
 
 
+def micro_batch_step(argv: list[str]) -> int:
+    """The next micro-batch's step: one sample, or one pair of rows under DPO (the command
+    refuses an odd row count there)."""
+    return 2 if flag_value(argv, "--objective") == "dpo" else 1
+
+
 def _check_growth(argv, names, plans, sweep) -> None:
     micro = int(flag_value(argv, "--micro-batch"))
     seq = int(flag_value(argv, "--seq-len"))
     accum = build(argv, sweep).batch.grad_accum_steps
-    for flag, grown in (("--micro-batch", str(micro + 1)), ("--seq-len", str(seq * 2)), ("--grad-accum", str(accum * 2))):
+    for flag, grown in (("--micro-batch", str(micro + micro_batch_step(argv))), ("--seq-len", str(seq * 2)), ("--grad-accum", str(accum * 2))):
         variant = with_flag(argv, flag, grown)
         try:
             request = build(variant, sweep)
@@ -836,7 +900,8 @@ def _check_step_time(argv, names, plans, sweep) -> None:
     micro = int(flag_value(argv, "--micro-batch"))
     seq = int(flag_value(argv, "--seq-len"))
     accum = build(argv, sweep).batch.grad_accum_steps
-    for flag, grown in (("--micro-batch", str(micro + 1)), ("--seq-len", str(seq * 2)), ("--grad-accum", str(2 * accum))):
+    for flag, grown in (("--micro-batch", str(micro + micro_batch_step(argv))), ("--seq-len", str(seq * 2)),
+                        ("--grad-accum", str(2 * accum))):
         variant = with_flag(argv, flag, grown)
         try:
             request = build(variant, sweep)
@@ -1163,19 +1228,52 @@ def _check_device_map(argv, names, plans, sweep) -> None:
 def _check_muon(argv, names, plans, sweep) -> None:
     """--optimizer muon against AdamW on the same request: no more optimizer-state bytes per GPU
     (torch.optim.Muon and DeepSpeed's MuonWithAuxAdam keep one momentum for a block matrix's
-    element where AdamW keeps two, and AdamW's own states on the rest), nor model-state bytes."""
+    element where AdamW keeps two, and AdamW's own states on the rest), nor model-state bytes,
+    beyond what DeepSpeed's whole matrices add (muon_whole_matrix_bytes)."""
     if flag_value(argv, "--optimizer") != "muon":
         return
     adamw = with_flag(argv, "--optimizer", "adamw")
     other = fit_plans(adamw, sweep, tuple(plans))
+    request = build(argv, sweep)
     for name, p in plans.items():
         if name not in other:
             continue
         q = other[name]
+        extra = muon_whole_matrix_bytes(request.with_strategy(request.strategy.model_copy(update={"kind": StrategyKind(name)})))
         a, b = p.memory.optimizer_state_bytes, q.memory.optimizer_state_bytes
-        sweep.check(INVARIANTS[17], a <= b and state_bytes(p) <= state_bytes(q),
-                    f"{name}: optimizer states {gib(a)} with muon > {gib(b)} with adamw (model states {gib(state_bytes(p))} "
-                    f"against {gib(state_bytes(q))})\n    {command_line(argv, name)}\n    {command_line(adamw, name)}")
+        sweep.check(INVARIANTS[17], a <= b + extra and state_bytes(p) <= state_bytes(q) + extra,
+                    f"{name}: optimizer states {gib(a)} with muon > {gib(b)} with adamw + {gib(extra)} of whole "
+                    f"matrices (model states {gib(state_bytes(p))} against {gib(state_bytes(q))})\n    "
+                    f"{command_line(argv, name)}\n    {command_line(adamw, name)}")
+
+
+def muon_whole_matrix_bytes(request) -> int:
+    """What DeepSpeed's MuonWithAuxAdam under ZeRO-1/2 may keep beyond AdamW on a rank (0 under
+    torch's Muon, whose states are unsharded). Its momentum and the staged copy of it
+    (deepspeed 0.19.8 stage_1_and_2.py _muon_momentum_buffer, _muon_staging_momentum) span the
+    whole matrices meeting the rank's partition of the Muon group (params_in_partition; Newton-
+    Schulz needs whole matrices), each element in the gradients' dtype: two model-dtype bytes for
+    every element past the partition. Under bf16-pure (bf16 master and Adam states) that is as
+    many bytes an element as AdamW's two bf16 states, so Muon keeps more wherever a partition bound
+    cuts a matrix (gpt2 under hf's zero1 on 8 GPUs: 11.8 M whole elements on the fullest rank of a
+    10.6 M partition). And the Muon and auxiliary groups are flattened and aligned each on its own
+    (_muon_param_groups; flat_group_elements), where AdamW's one group is aligned once: up to an
+    alignment's elements more of master and states."""
+    from zeroplan.core import muon
+    from zeroplan.core.deepspeed_buckets import flat_group_elements
+    from zeroplan.core.layout import element_bytes
+    from zeroplan.specs.training import StateConvention
+
+    if request.convention is not StateConvention.deepspeed:
+        return 0
+    eb = element_bytes(request.training.precision, request.convention)
+    group = request.shard_group_size
+    matrices, auxiliary = muon.split_tensors(request)
+    muon_partition = flat_group_elements(sum(t.numel for t in matrices), group) // group
+    one_group = flat_group_elements(sum(t.numel for t in matrices + auxiliary), group) // group
+    past_partition = max(0, muon.deepspeed_whole_elements(request) - muon_partition)
+    padding = max(0, muon_partition + muon.deepspeed_adamw_partition_elements(request) - one_group)
+    return 2 * eb.compute_parameter * past_partition + (eb.master + 2 * eb.optimizer_dtype) * padding
 
 
 def _check_torch_linear(argv, names, plans, sweep) -> None:
@@ -1240,6 +1338,93 @@ def _check_model_load(argv, names, plans, sweep) -> None:
                     f"{gib(q.host_bytes_per_rank)}, max-mb {q.max_micro_batch_size}; sharded fits {p.fits}, allocated "
                     f"{gib(p.memory.allocated_peak_bytes)}, host {gib(p.host_bytes_per_rank)}, max-mb {p.max_micro_batch_size}"
                     f"\n    {command_line(full_argv, name)}\n    {command_line(sharded_argv, name)}")
+
+
+def _states_and_allocated_peaks(request, name: str) -> list[tuple[int, int]]:
+    """(model-state bytes, allocated peak) on every pipeline rank of ``request`` under ``name``
+    (on the flat reserve: neither depends on the allocator)."""
+    return [(b.parameter_bytes + b.gradient_bytes + b.optimizer_state_bytes, b.allocated_peak_bytes)
+            for b, _ in pipeline_rank_breakdowns(_on_flat(request, StrategyKind(name)))]
+
+
+def _compare_states_and_peaks(invariant: str, argv, variant, plans, sweep, peak_holds, what: str) -> None:
+    """Rank by rank: the same model-state bytes as ``variant``'s, and ``peak_holds(allocated
+    peak, the variant's)``."""
+    for name, _, mine, theirs in _beside_variant(argv, variant, plans, sweep, _states_and_allocated_peaks):
+        for stage, ((states_a, peak_a), (states_b, peak_b)) in enumerate(zip(mine, theirs)):
+            sweep.check(invariant, states_a == states_b and peak_holds(peak_a, peak_b),
+                        f"{name}: model states {gib(states_a)}, allocated peak {gib(peak_a)} {what}; {gib(states_b)}, "
+                        f"{gib(peak_b)} (pipeline rank {stage})\n    {command_line(argv, name)}\n    "
+                        f"{command_line(variant, name)}")
+
+
+def _check_dpo(argv, names, plans, sweep) -> None:
+    """--objective dpo against the same rows as a causal-LM step of the recipe (22 dpo): the same
+    model states, an allocated peak no lower."""
+    if flag_value(argv, "--objective") != "dpo":
+        return
+    _compare_states_and_peaks(INVARIANTS[21], argv, with_flag(argv, "--objective", None), plans, sweep,
+                              lambda dpo, sft: dpo >= sft, "under DPO against SFT's at the same rows")
+
+
+def _check_padded_batches(argv, names, plans, sweep) -> None:
+    """--padded-batches yes against no (23 padded), and 'no' against no flag where nothing varies."""
+    padded = flag_value(argv, "--padded-batches")
+    if padded is None:
+        return
+    yes, no = with_flag(argv, "--padded-batches", "yes"), with_flag(argv, "--padded-batches", "no")
+    _compare_states_and_peaks(INVARIANTS[22], yes, no, plans, sweep, lambda a, b: a >= b,
+                              "with padded batches against unpadded")
+    if "--varying-lengths" in argv:
+        return
+    kinds = tuple(StrategyKind(name) for name in plans)
+    try:
+        said, unset = (answer(lambda: fit(build(flags, sweep), kinds, suggest=False, timed=False), flags, sweep)
+                       for flags in (no, with_flag(argv, "--padded-batches", None)))
+    except Refused:
+        return
+    for p, q in zip(said.plans, unset.plans):
+        sweep.check(INVARIANTS[22], p.model_dump() == q.model_dump(), f"{p.strategy.value}: --padded-batches no "
+                    f"answers otherwise than no flag without --varying-lengths\n    {command_line(no, p.strategy.value)}")
+
+
+def _check_loss_options(argv, names, plans, sweep) -> None:
+    """--uncast-loss and --keep-outputs against the same request without each (24 loss-options)."""
+    if "--uncast-loss" in argv:
+        _compare_states_and_peaks(INVARIANTS[23], argv, [t for t in argv if t != "--uncast-loss"], plans, sweep,
+                                  lambda a, b: a <= b, "with --uncast-loss against without")
+    if "--keep-outputs" in argv:
+        _compare_states_and_peaks(INVARIANTS[23], argv, [t for t in argv if t != "--keep-outputs"], plans, sweep,
+                                  lambda a, b: a >= b, "with --keep-outputs against without")
+
+
+EXACT_ALLOCATOR_SHARE = 0.3
+"""Share of the allocator-modelled requests asked again with --exact-allocator (a second fit
+with its max-mb search, replays of whole traces: about as long as the rest of a request)."""
+
+
+def _check_exact_allocator(argv, names, plans, sweep) -> None:
+    """The oracle's answers against the reused replays' (25 exact-allocator), fit against fit:
+    verdict, reserved peak, borderline mark and max-mb, strategy by strategy."""
+    if "--flat-reserve" in argv or not any(p.memory.allocator_modelled for p in plans.values()):
+        return
+    # A request that names the oracle itself is asked again without it.
+    asked = "--exact-allocator" in argv
+    if not asked and random.Random("exact " + shlex.join(argv)).random() >= EXACT_ALLOCATOR_SHARE:
+        return
+    other = [t for t in argv if t != "--exact-allocator"] if asked else [*argv, "--exact-allocator"]
+    exact = argv if asked else other
+    kinds = tuple(StrategyKind(name) for name in plans)
+    report = answer(lambda: fit(build(other, sweep), kinds, suggest=False, timed=False), other, sweep)
+    for q in report.plans:
+        name = q.strategy.value
+        p = plans[name]
+        if asked:
+            p, q = q, p
+        mine = (p.fits, p.memory.reserved_peak_bytes, p.borderline, p.max_micro_batch_size)
+        oracle = (q.fits, q.memory.reserved_peak_bytes, q.borderline, q.max_micro_batch_size)
+        sweep.check(INVARIANTS[24], mine == oracle, f"{name}: (fits, reserved, borderline, max-mb) {mine}; "
+                    f"with --exact-allocator {oracle}\n    {command_line(exact, name)}")
 
 
 def _beside_variant(argv, variant, names, sweep, figures):  # type: ignore[no-untyped-def]

@@ -24,6 +24,8 @@ from zeroplan.specs import StrategyKind
 from zeroplan.specs.deepspeed_config import deepspeed_config_of
 
 RECORDS = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "muon-records" / "records.json").read_text())
+BF16_PURE_RECORDS = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "muon-records"
+                                / "bf16-pure-records.json").read_text())
 
 
 @pytest.mark.parametrize("record", RECORDS["torch_muon"], ids=lambda r: f"{r['shape'][0]}x{r['shape'][1]}-{r['grad_bytes']}B")
@@ -103,7 +105,7 @@ def test_deepspeed_zero2_states_are_muon_momenta_beside_adamw() -> None:
     assert len(adamw_tensors) == 1 + 36 * (2 + 3) + 1
     assert all(len(t.shape) == 2 for t in muon_tensors)
     master = states.optimizer_elements * 4
-    assert states.optimizer_state_bytes == master + muon.deepspeed_state_bytes(request, 2)
+    assert states.optimizer_state_bytes == master + muon.deepspeed_state_bytes(request, 2, 4)
     assert states.optimizer_state_bytes < adamw.optimizer_state_bytes
     # Parameters and gradients are untouched.
     assert (states.parameter_bytes, states.gradient_bytes) == (adamw.parameter_bytes, adamw.gradient_bytes)
@@ -112,6 +114,39 @@ def test_deepspeed_zero2_states_are_muon_momenta_beside_adamw() -> None:
     _, terms = peak_terms(request)
     newton_schulz = max(muon.newton_schulz_peak_bytes(t.shape, 2) for t in muon_tensors)
     assert terms.step_temporary == muon.deepspeed_whole_elements(request) * 2 + max(norm_copy_bytes(request), newton_schulz)
+
+
+@pytest.mark.parametrize("run", BF16_PURE_RECORDS["deepspeed_runs"], ids=lambda r: f"zero{r['stage']}-rank{r['rank']}")
+def test_bf16_pure_auxiliary_adamw_states_are_the_partitions_dtype(run: dict) -> None:
+    """Under DeepSpeed's bf16 master weights and optimizer states (what bf16-pure stands for there)
+    MuonWithAuxAdam's exp_avg and exp_avg_sq are zeros_like of the bf16 partition: 2 bytes an
+    element, as the planner's bf16-pure AdamW states, not fp32 (the planner kept 4: gpt2 under hf's
+    zero1 on 8 GPUs, bf16-pure, planned Muon's states 86.7 MB against AdamW's 62.2 MB)."""
+    from zeroplan.core.layout import element_bytes
+    from zeroplan.specs.training import Precision, StateConvention
+
+    eb = element_bytes(Precision.bf16_pure, StateConvention.deepspeed)
+    muon_tensors, adamw_tensors = _recorded_tensors(run)
+    muon_group, adamw_group = (next(g for g in run["groups"] if g["use_muon"] is flag) for flag in (True, False))
+    world = run["world_size"]
+    adamw_partition = flat_group_elements(sum(t.numel for t in adamw_tensors), world) // world
+    assert adamw_group["state"] == {"exp_avg": [adamw_partition, eb.optimizer_dtype],
+                                    "exp_avg_sq": [adamw_partition, eb.optimizer_dtype]}
+    whole = muon.deepspeed_muon_whole_elements_by_rank([t.numel for t in muon.deepspeed_muon_order(muon_tensors)],
+                                                       world)[run["rank"]]
+    assert muon_group["state"] == {"momentum_buffer": [whole, eb.compute_parameter]}
+    assert muon_group["staged_momentum"] == [whole, eb.compute_parameter]
+
+
+def test_bf16_pure_plans_the_auxiliary_adamw_in_bf16() -> None:
+    flags = "gpt2 --framework hf --gpu l40s --gpus 8 --micro-batch 2 --seq-len 1024 --precision bf16-pure"
+    request = _request(f"{flags} --optimizer muon", StrategyKind.zero1)
+    states = model_state_bytes(request)
+    # No fp32 master under bf16-pure: the momentum and its staged copy of the whole matrices, and
+    # AdamW's two bf16 states on its own group's partition.
+    assert states.optimizer_state_bytes == (2 * 2 * muon.deepspeed_whole_elements(request)
+                                            + 2 * 2 * muon.deepspeed_adamw_partition_elements(request))
+    assert states.optimizer_state_bytes == 66_938_496
 
 
 def test_ddp_states_step_counters_and_temporary() -> None:

@@ -53,11 +53,19 @@ DRAWN_NOW_AND_THEN = (
     ["qwen2.5-0.5b", "--framework", "hf", "--gpu", "a10g", "--gpus", "4", "--micro-batch", "1", "--seq-len", "1024",
      "--grad-accum", "1", "--activation-checkpointing", "full", "--lora-rank", "8", "--precision", "fp32",
      "--strategies", "zero3", "--model-load", "full-per-rank"],
+    ["qwen2.5-0.5b", "--framework", "torchtune", "--gpu", "a10g", "--gpus", "2", "--micro-batch", "2", "--seq-len", "512",
+     "--grad-accum", "1", "--activation-checkpointing", "full", "--lora-rank", "8", "--objective", "dpo"],
+    ["qwen2.5-0.5b", "--framework", "hf", "--gpu", "a10g", "--gpus", "2", "--micro-batch", "2", "--seq-len", "512",
+     "--grad-accum", "1", "--activation-checkpointing", "full", "--strategies", "ddp,zero3", "--padded-batches", "yes"],
+    ["gpt2", "--framework", "zeroplan", "--gpu", "a10g", "--gpus", "4", "--micro-batch", "2", "--seq-len", "1024",
+     "--grad-accum", "1", "--activation-checkpointing", "none", "--strategies", "zero2,zero3", "--uncast-loss",
+     "--keep-outputs", "--exact-allocator"],
 )
 """Requests of the invariants the sweep draws too rarely for a few requests to reach: DeepSpeed's
 checkpointing options under tensor parallelism, ZeRO-Offload++'s ratio, hf under accelerate's
 FSDP1, DeepSpeed-Ulysses, torch's nn.MultiheadAttention under ZeRO-3, hf's device map, Muon,
-torch's F.linear under ZeRO-3 and hf's full-per-rank load."""
+torch's F.linear under ZeRO-3, hf's full-per-rank load, torchtune's DPO, padded batches, the
+uncast loss with the outputs kept, and the oracle allocator."""
 
 
 def test_a_few_random_requests_hold_every_invariant():
@@ -157,6 +165,27 @@ def test_the_newest_inputs_are_drawn_mostly_where_they_apply():
         if "--deepspeed-torch-linear" in argv:
             assert framework == "zeroplan"
     assert all(count >= 5 for count in drawn.values()), drawn
+
+
+def test_the_objective_and_loss_inputs_are_drawn_mostly_where_they_apply():
+    """torchtune's DPO (even rows, LoRA, no model parallelism, four in five), --padded-batches and
+    zeroplan's --uncast-loss are each drawn, from the request's own flags."""
+    rng = random.Random(518)
+    drawn = {"dpo": 0, "fitted dpo": 0, "padded": 0, "uncast": 0}
+    for _ in range(400):
+        argv = sweep_script.random_argv(rng)
+        framework = sweep_script.flag_value(argv, "--framework")
+        if sweep_script.flag_value(argv, "--objective") == "dpo":
+            drawn["dpo"] += 1
+            assert framework == "torchtune"
+            if "--lora-rank" in argv and int(sweep_script.flag_value(argv, "--micro-batch")) % 2 == 0 and not any(
+                    f in argv for f in (*sweep_script.DPO_REFUSED_SWITCHES, *sweep_script.MODEL_PARALLEL_FLAGS)):
+                drawn["fitted dpo"] += 1
+        drawn["padded"] += "--padded-batches" in argv
+        if "--uncast-loss" in argv:
+            drawn["uncast"] += 1
+            assert framework == "zeroplan" and "--fused-cross-entropy" not in argv
+    assert drawn["fitted dpo"] >= drawn["dpo"] // 2 and all(count >= 5 for count in drawn.values()), drawn
 
 
 def test_more_gpus_are_compared_where_the_balanced_budget_holds_the_largest_module():
@@ -269,3 +298,42 @@ def test_partitioned_host_checkpoints_may_shorten_the_step():
     sweep = sweep_script.Sweep()
     sweep_script._check_deepspeed_checkpointing(argv, "zero1", {"zero1": both}, sweep)
     assert sweep.checked["12 ds-checkpoint"] >= 3 and not sweep.violations["12 ds-checkpoint"]
+
+
+def test_muon_is_compared_with_adamw_plus_deepspeeds_whole_matrices():
+    """Seed 518: gpt2 under hf's zero1 on 8 GPUs, bf16-pure. DeepSpeed's Muon keeps its momentum and
+    the staged copy of it over the whole matrices meeting the partition (11.8 M elements of a 10.6 M
+    partition), 4 bytes an element as AdamW's two bf16 states: more than AdamW by exactly those
+    past the partition. Invariant 18 allows that, and nothing under torch's Muon (DDP)."""
+    from zeroplan.core.model_states import model_state_bytes
+    from zeroplan.specs import StrategyKind
+
+    argv = ["gpt2", "--framework", "hf", "--gpu", "l40s", "--gpus", "8", "--precision", "bf16-pure", "--strategies", "zero1"]
+    muon, adamw = (sweep_script.build([*argv, "--optimizer", name], sweep_script.Sweep()) for name in ("muon", "adamw"))
+    muon, adamw = (r.with_strategy(r.strategy.model_copy(update={"kind": StrategyKind.zero1})) for r in (muon, adamw))
+    extra = sweep_script.muon_whole_matrix_bytes(muon)
+    assert extra == 2 * 2 * (11_796_480 - 10_616_832)
+    with_muon, with_adamw = (model_state_bytes(r).optimizer_state_bytes for r in (muon, adamw))
+    assert with_adamw < with_muon <= with_adamw + extra
+    ddp = muon.with_strategy(muon.strategy.model_copy(update={"kind": StrategyKind.ddp}))
+    assert sweep_script.muon_whole_matrix_bytes(ddp) == 0
+
+
+def test_the_exact_allocator_check_records_a_reused_replay_that_differs():
+    """Fed a plan whose reserved peak is not the oracle's, invariant 25 records it; the planner's
+    own plan of the same request holds."""
+    argv = ["gpt2", "--framework", "zeroplan", "--gpu", "a10g", "--gpus", "4", "--micro-batch", "2", "--seq-len", "1024",
+            "--strategies", "zero2", "--exact-allocator"]
+    sweep = sweep_script.Sweep()
+    from zeroplan.core.plan import fit
+    from zeroplan.specs import StrategyKind
+
+    plans = {p.strategy.value: p for p in fit(sweep_script.build(argv, sweep), (StrategyKind.zero2,), suggest=False).plans}
+    sweep_script._check_exact_allocator(argv, "zero2", plans, sweep)
+    assert sweep.checked["25 exact-allocator"] == 1 and not sweep.violations["25 exact-allocator"]
+    real = plans["zero2"]
+    moved = SimpleNamespace(fits=real.fits, borderline=real.borderline, max_micro_batch_size=real.max_micro_batch_size,
+                            memory=SimpleNamespace(allocator_modelled=True,
+                                                   reserved_peak_bytes=real.memory.reserved_peak_bytes + 2**21))
+    sweep_script._check_exact_allocator(argv, "zero2", {"zero2": moved}, sweep)
+    assert len(sweep.violations["25 exact-allocator"]) == 1

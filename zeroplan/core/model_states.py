@@ -213,7 +213,7 @@ def optimizer_bytes(request: PlanRequest, elements: int, num_shards: int, eb: El
     if optimizer is Optimizer.muon:
         # Muon's momentum beside AdamW's two states, where check_muon allows them (zeroplan.core.muon).
         if request.convention is StateConvention.deepspeed:
-            return muon.deepspeed_state_bytes(request, eb.compute_parameter)
+            return muon.deepspeed_state_bytes(request, eb.compute_parameter, eb.optimizer_dtype)
         return muon.torch_state_bytes(request, eb.optimizer_dtype)
     # Factored and block-quantised states do not split element by element; a rank holds 1/N
     # of the whole (rounded up). Documented in docs/memory-model.md as an approximation.

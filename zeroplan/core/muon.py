@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from zeroplan.core.param_tensors import ParamTensor, ParamUnit
 from zeroplan.core.parallel.units import rank_trainable_units
-from zeroplan.units import BF16_BYTES, FP32_BYTES, ceil_div
+from zeroplan.units import BF16_BYTES, ceil_div
 
 if TYPE_CHECKING:
     from zeroplan.specs.request import PlanRequest
@@ -101,18 +101,27 @@ def deepspeed_held_update_bytes(request: PlanRequest, gradient_bytes: int) -> in
 # deepspeed 0.19.8 runtime/zero/stage_1_and_2.py _muon_momentum_buffer (the dtype of the gradients
 # it folds in: the model's, DeepSpeed's default grad_accum_dtype, engine.py get_data_types) and
 # _muon_staging_momentum (an empty_like of it, kept across steps so a skipped step leaves the
-# committed momentum as it was): two buffers of the whole matrices. The auxiliary AdamW's two fp32
-# states on its own group's partition (the engine makes it a group of its own, _muon_param_groups).
-def deepspeed_state_bytes(request: PlanRequest, gradient_bytes: int) -> int:
+# committed momentum as it was): two buffers of the whole matrices. The auxiliary AdamW's two
+# states on its own group's partition (the engine makes it a group of its own, _muon_param_groups),
+# each torch.zeros_like of the partition it steps (original_muon.py MuonWithAuxAdam.step:
+# exp_avg, exp_avg_sq): in the partition's master_weights_and_grads_dtype (stage_1_and_2.py
+# weights_partition ... .to(dtype=self.master_weights_and_grads_dtype)), fp32 unless
+# bf16_master_weights_and_grads with bf16_optimizer_states make it bf16
+# (runtime/base_optimizer.py _configure_master_weights), which bf16-pure stands for here.
+def deepspeed_state_bytes(request: PlanRequest, gradient_bytes: int, adamw_state_bytes: int) -> int:
     """Muon's momentum and staged momentum (on the fullest rank) plus AdamW's states on one rank
-    under ZeRO-1/2."""
+    under ZeRO-1/2, each AdamW state element of ``adamw_state_bytes`` (the master partition's)."""
+    momentum = deepspeed_whole_elements(request)
+    return 2 * momentum * gradient_bytes + _ADAMW_STATES * adamw_state_bytes * deepspeed_adamw_partition_elements(request)
+
+
+def deepspeed_adamw_partition_elements(request: PlanRequest) -> int:
+    """Elements of the auxiliary AdamW group's partition on one rank (its flat group cut N ways)."""
     from zeroplan.core.deepspeed_buckets import flat_group_elements
 
     _, adamw = split_tensors(request)
     group = request.shard_group_size
-    momentum = deepspeed_whole_elements(request)
-    adamw_partition = flat_group_elements(sum(t.numel for t in adamw), group) // group if adamw else 0
-    return 2 * momentum * gradient_bytes + _ADAMW_STATES * FP32_BYTES * adamw_partition
+    return flat_group_elements(sum(t.numel for t in adamw), group) // group if adamw else 0
 
 
 # torch 2.13 torch/optim/_muon.py Muon._init_group: one momentum_buffer, zeros_like(p.grad), per
