@@ -86,3 +86,24 @@ def test_the_largest_micro_batch_under_dpo_is_an_even_count_of_rows() -> None:
                                           "--flat-reserve"])
         largest = plan(request_from_args(args, StrategyKind.ddp), timed=False).max_micro_batch_size
         assert largest % 2 == 0 and largest > 0
+
+
+def test_an_odd_row_count_that_runs_out_does_not_stop_the_largest_micro_batch() -> None:
+    # Under the allocator model a step need not complete at every micro-batch below one that
+    # completes; under DPO the odd row counts never run, so one of them running out in the replay
+    # must not hold max-mb below the next even count that completes (verdict invariants seed 531:
+    # max-mb 22 where 24 completed). max-mb completes and max-mb + 2, the next that can run, does not.
+    from zeroplan.cli.fit import request_from_args
+    from zeroplan.cli.main import build_parser
+    from zeroplan.core.plan import plan
+    from zeroplan.specs.strategy import StrategyKind
+
+    args = build_parser().parse_args(["fit", "mistral-7b", "--framework", "torchtune", "--gpu", "v100-16gb",
+                                      "--gpus", "8", "--seq-len", "512", "--grad-accum", "1",
+                                      "--activation-checkpointing", "full", "--fsdp-cpu-offload", "--lora-rank", "16",
+                                      "--objective", "dpo", "--micro-batch", "2"])
+    request = request_from_args(args, StrategyKind.fsdp_full_shard)
+    largest = plan(request, timed=False).max_micro_batch_size
+    assert largest % 2 == 0 and largest > 0
+    assert plan(request.with_micro_batch(largest), False, False).fits
+    assert not plan(request.with_micro_batch(largest + 2), False, False).fits

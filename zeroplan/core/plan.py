@@ -678,9 +678,23 @@ def _completing_prefix(request: PlanRequest, bound: int) -> int:
         return _verified_below(request, bound, bound)
     low = _largest_fitting_between(request, *_unrefused_bracket(request, bound), step_fits_unrefused)
     largest = low
-    while largest < bound and step_fits(request.with_micro_batch(largest + 1)):
-        largest += 1
+    while (following := _next_run_micro_batch(request, largest)) <= bound \
+            and step_fits(request.with_micro_batch(following)):
+        largest = following
     return _verified_below(request, low, largest) if low else largest
+
+
+# Under DPO a micro-batch counts chosen and rejected rows (TrainingSpec.objective, check_dpo_request):
+# an odd count never runs, so its replay neither stops the walk up nor lowers the answer below.
+def _runs(request: PlanRequest, micro_batch: int) -> bool:
+    """Whether a step of ``micro_batch`` rows can run at all (every count; under DPO even ones)."""
+    return request.training.objective is not Objective.dpo or micro_batch % 2 == 0
+
+
+def _next_run_micro_batch(request: PlanRequest, micro_batch: int) -> int:
+    """The next micro-batch above ``micro_batch`` that can run (_runs)."""
+    following = micro_batch + 1
+    return following if _runs(request, following) else following + 1
 
 
 SEGMENT_MARGIN_WALK = 16
@@ -713,7 +727,7 @@ def _verified_below(request: PlanRequest, unrefused: int, largest: int) -> int:
     lowest_above = _unlimited_excess_bytes(top)
     segment = _largest_segment_bytes(top)
     rise = 0
-    for walked, micro in enumerate(range(unrefused - 1, 0, -1)):
+    for walked, micro in enumerate(m for m in range(unrefused - 1, 0, -1) if _runs(request, m)):
         excess = _unlimited_excess_bytes(request.with_micro_batch(micro))
         rise = max(rise, excess - lowest_above)
         lowest_above = min(lowest_above, excess)
