@@ -684,17 +684,18 @@ def _check_max_micro_batch(argv, request, plans, sweep) -> None:
         # frees its cache and retries, and how tightly the step then packs moves with the
         # micro-batch), and max-mb is the largest below which none runs out (a random one below,
         # and the one just below, where a replay that retried is likeliest).
-        if largest >= 2:
-            below = {random.Random(largest * 7919 + len(argv)).randint(1, largest - 1)}
+        # Under DPO only even row counts run (22 dpo): those below are the ones checked.
+        step = micro_batch_step(argv)
+        if largest >= 2 * step:
+            below = {step * random.Random(largest * 7919 + len(argv)).randint(1, largest // step - 1)}
             if p.memory.allocator_modelled:
-                below.add(largest - 1)
+                below.add(largest - step)
             for smaller in sorted(below):
                 fits = answer(lambda: plan(at.with_micro_batch(smaller), False, False).fits, argv, sweep, name)
                 sweep.check(INVARIANTS[4], fits, f"{name}: max-mb {largest} but {smaller} does not fit\n    "
                             f"{command_line(with_flag(argv, '--micro-batch', str(smaller)), name)}")
         # Under DPO max-mb counts rows of whole pairs (plan.max_micro_batch_size rounds down to
         # even): the next is two rows on, and it is even itself (22 dpo).
-        step = micro_batch_step(argv)
         if step == 2:
             sweep.check(INVARIANTS[21], largest % 2 == 0, f"{name}: max-mb {largest} under --objective dpo is odd\n    "
                         f"{command_line(argv, name)}")
