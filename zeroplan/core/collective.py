@@ -104,11 +104,14 @@ def ring_sent_bytes(op: CollectiveOp, buffer_bytes: int, group_size: int) -> int
     """Bytes one rank sends for one collective of an S-byte buffer over a ring of N ranks."""
     if op in (CollectiveOp.broadcast, CollectiveOp.send):
         return buffer_bytes if group_size > 1 else 0
-    chunk = ceil_div(buffer_bytes, group_size)
+    return _chunks_sent(op, group_size) * ceil_div(buffer_bytes, group_size)
+
+
+def _chunks_sent(op: CollectiveOp, group_size: int) -> int:
+    """Chunks of 1/N of the buffer one rank sends in a ring collective: a round each, twice over
+    for an all-reduce (a reduce-scatter then an all-gather)."""
     rounds = group_size - 1
-    if op is CollectiveOp.all_reduce:
-        return 2 * rounds * chunk
-    return rounds * chunk
+    return 2 * rounds if op is CollectiveOp.all_reduce else rounds
 
 
 def ring_sent_bytes_sum(op: CollectiveOp, sizes: dict[int, int], group_size: int) -> int:
@@ -118,9 +121,7 @@ def ring_sent_bytes_sum(op: CollectiveOp, sizes: dict[int, int], group_size: int
     hundreds of distinct sizes)."""
     if op in (CollectiveOp.broadcast, CollectiveOp.send):
         return sum(size * calls for size, calls in sizes.items()) if group_size > 1 else 0
-    rounds = group_size - 1
-    chunks = sum(calls * -(-size // group_size) for size, calls in sizes.items())
-    return 2 * rounds * chunks if op is CollectiveOp.all_reduce else rounds * chunks
+    return _chunks_sent(op, group_size) * sum(calls * ceil_div(size, group_size) for size, calls in sizes.items())
 
 
 def make_collective(
