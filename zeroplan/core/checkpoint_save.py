@@ -113,8 +113,8 @@ def save_units(request: PlanRequest) -> SaveUnits | None:
     # Full precision: the trainable flat parameters in their stored dtype, frozen ones in their
     # storage. One process runs NO_SHARD (torch FSDP1 _init_utils.py: FULL_SHARD on a world of
     # one is switched to it), whose parameters are whole already: nothing is gathered.
-    gathered = unit_gather_bytes(request, shards, eb.parameter) if shards > 1 else [0] * len(rank_parameter_units(request))
     units = rank_parameter_units(request)
+    gathered = unit_gather_bytes(request, shards, eb.parameter) if shards > 1 else [0] * len(units)
     blocks = block_positions(units)
     root = [i for i in range(len(units)) if i not in blocks]
     if kind is FsdpStateDict.full and shards > 1:
@@ -127,7 +127,6 @@ def save_units(request: PlanRequest) -> SaveUnits | None:
     # One process: save_fsdp_model sets neither offload_to_cpu nor rank0_only, and the full
     # state dict's clones stay on the device, as a sharded one's chunks do before 0.31.0.
     keeps = kind is FsdpStateDict.full or sharded_chunks_stay(request)
-    moves = not keeps
 
     def chunks(indices: list[int]) -> tuple[int, ...]:
         # torch.chunk(world_size) of each parameter: the first rank's chunk, the largest, is its ceiling share.
@@ -135,8 +134,9 @@ def save_units(request: PlanRequest) -> SaveUnits | None:
                               shards) for i in indices for t in units[i].tensors)
 
     def step(gathered_bytes: int, indices: list[int]) -> tuple[int, tuple[int, ...], int]:
-        made = chunks(indices) if keeps or moves else ()
-        return gathered_bytes, made if keeps else (), max(made, default=0) if moves else 0
+        # The chunks are kept on the device, or each moved to the host as it is made.
+        made = chunks(indices)
+        return (gathered_bytes, made, 0) if keeps else (gathered_bytes, (), max(made, default=0))
 
     steps = tuple(step(gathered[i], [i]) for i in blocks) + (step(0, root),)
     return SaveUnits(held_bytes=sum(gathered[i] for i in root), steps=steps)
