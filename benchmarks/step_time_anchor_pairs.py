@@ -15,6 +15,8 @@ and bubble time). A candidate mechanism adds one term of its own shape with one 
 - per step: a fixed cost c each step: a / h + b + c;
 - per micro-batch: c for each of the rank's micro-batches n: a / h + b + n c;
 - per block: c for each block of the rank and micro-batch (n x L): a / h + b + n L c;
+- per block and step: c for each block of the rank, once a step (a per-tensor optimizer loop's
+  shape): a / h + b + L c;
 - model-parallel communication x k: the tensor-parallel collectives and pipeline sends the compute
   waits for (P, StepTime.model_parallel_communication_s, with the bubble's share of them) take k
   times the planner's time: a / h + b + (k - 1) P (1 + bubble); only rows with P > 0 solve it.
@@ -51,9 +53,10 @@ HFU_LOW, HFU_HIGH, HFU_CHECK = 0.4, 0.8, 0.55
 LINEAR_TOLERANCE = 1e-3
 """Relative departure from the line at HFU_CHECK past which a row is left out."""
 
-MECHANISMS = ("memory-bound x k", "per step (s)", "per micro-batch (s)", "per block (ms)", "model-parallel communication x k")
+MECHANISMS = ("memory-bound x k", "per step (s)", "per micro-batch (s)", "per block (ms)", "per block and step (ms)",
+              "model-parallel communication x k")
 NEUTRAL = {"memory-bound x k": 1.0, "per step (s)": 0.0, "per micro-batch (s)": 0.0, "per block (ms)": 0.0,
-           "model-parallel communication x k": 1.0}
+           "per block and step (ms)": 0.0, "model-parallel communication x k": 1.0}
 
 
 class Terms:
@@ -89,6 +92,8 @@ class Terms:
             return 1.0, self.published_s - self.b
         if mechanism == "per micro-batch (s)":
             return float(self.micro_batches), self.published_s - self.b
+        if mechanism == "per block and step (ms)":
+            return self.blocks / 1e3, self.published_s - self.b
         return self.micro_batches * self.blocks / 1e3, self.published_s - self.b  # per block, in ms
 
 

@@ -26,6 +26,7 @@ def synthetic(a: float, b: float, memory_s: float, micro_batches: int, blocks: i
         "per step (s)": x,
         "per micro-batch (s)": micro_batches * x,
         "per block (ms)": micro_batches * blocks * x / 1e3,
+        "per block and step (ms)": blocks * x / 1e3,
         "model-parallel communication x k": (x - 1) * model_parallel_s,
     }[mechanism]
     terms.published_s = a / hfu + b + added
@@ -34,9 +35,11 @@ def synthetic(a: float, b: float, memory_s: float, micro_batches: int, blocks: i
 
 @pytest.mark.parametrize("mechanism, x", [
     ("memory-bound x k", 3.5), ("per step (s)", 0.07), ("per micro-batch (s)", 0.02), ("per block (ms)", 4.0),
+    ("per block and step (ms)", 4.4),
     ("model-parallel communication x k", 2.5),
 ])
 def test_a_pair_solves_the_hfu_and_the_unknown_it_was_built_with(mechanism: str, x: float) -> None:
+    assert mechanism in SCRIPT.MECHANISMS
     anchor = synthetic(1.0, 0.5, 0.15, 2, 24, 0.10, 0.45, mechanism, x)
     row = synthetic(40.0, 3.0, 1.2, 21, 48, 0.60, 0.45, mechanism, x)
     hfu, solved = SCRIPT.pair_solution(anchor, row, mechanism)
