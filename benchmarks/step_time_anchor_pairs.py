@@ -30,7 +30,7 @@ h outside (0, 1] or an x below its neutral value (k < 1, c < 0: the mechanism wo
 backwards). A spread of x as wide as its median says no single value of that mechanism carries the
 anchor to the source's rows, whatever it is fitted to.
 
-    python benchmarks/step_time_anchor_pairs.py          # ~1 min on 2 cores
+    python benchmarks/step_time_anchor_pairs.py          # a few seconds
     python benchmarks/step_time_anchor_pairs.py --rows   # each row's solutions too
 
 Rows at whose steps the planner exposes communication between HFU 0.4 and 0.8 (T not linear in
