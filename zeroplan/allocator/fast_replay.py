@@ -12,34 +12,29 @@ segments, no garbage collection), with the same result:
 - an allocation served from the cache and freed by the next op changes only the peaks: the
   block (or the front split off it) merges back into the cached block it came from, whose
   neighbours are never available (they would have merged with it);
-- a loop iteration of the schedule (TraceBuilder.marks), or two taken together, that repeats
-  the one before it is applied in one step where the allocator's state proves it would act
-  the same (_apply_repeats);
+- a loop iteration of the schedule (TraceBuilder.marks) that repeats the one before it is
+  applied in one step where the allocator's state proves it would act the same
+  (_apply_repeats);
 - the frees after the trace's last allocation are not replayed: they change nothing a replay
   reports (_last_allocation_end).
 
 Every other setting goes through replay.replay, which stays the oracle
 (MemoryAssumptions.exact_allocator); benchmarks/allocator_fast_sweep.py compares the two.
 
-Why a repeated period may be applied in one step. Let a period (the ops between two marks, or
-between a mark and the one after the next) free only what it allocates itself and record no
-stream, with no device allocation refused and nothing released, and let every block cached at
-its start (every pool's keys: stream, size, address) be cached at its end under the same key;
-the blocks it leaves cached besides lie in segments it created, each smaller than every
-request the period makes on its pool and stream (the remainder of a segment a saved tensor
-did not fill). Then every block it leaves allocated lies in a segment it created (a block
-carved from an older cached block would have changed that block's key), those segments hold
-nothing else but those small cached blocks, and no later allocation or free in a period like
-it touches them: get_free_block finds the first cached block of the request's stream at least
-its rounded size, never one of them, and a free merges only with its own neighbours. The next
-period, with the same ops (ids shifted), therefore meets the cached blocks its requests can
-use as this one did; it differs from this one only in where its new segments land, past every
+Why a repeated period may be applied in one step. Let a period (the ops between two marks)
+free only what it allocates itself and record no stream, and let the cached blocks (every
+pool's keys: stream, size, address) be the same at its end as at its start, with no device
+allocation refused and nothing released. Then every block it leaves allocated lies in a
+segment it created (a block carved from an older cached block would have changed that block's
+key), those segments hold nothing else, and no later allocation or free in a period like it
+touches them. The next period, with the same ops (ids shifted), therefore meets the same
+cached blocks; it differs from this one only in where its new segments land, past every
 earlier one by the same shift, which keeps every comparison of cached blocks (size, then
-address) as it was. So it allocates the same, leaves the same cached blocks (the small ones
-moved by the shift), and its segments are this one's moved by the shift; its device
-allocations are refused (and then act differently) only once the reserved bytes at its peak
-pass the capacity, which is checked before a period is applied.
-benchmarks/allocator_fast_sweep.py compares the results with the oracle's."""
+address) as it was. So it allocates the same, leaves the same cached blocks, and its segments
+are this one's moved by the shift; its device allocations are refused (and then act
+differently) only once the reserved bytes at its peak pass the capacity, which is checked
+before a period is applied. benchmarks/allocator_fast_sweep.py compares the results with the
+oracle's."""
 
 from __future__ import annotations
 
@@ -53,12 +48,9 @@ from zeroplan.allocator.rules import MIN_BLOCK_BYTES, SMALL_SIZE_BYTES, allocati
 from zeroplan.allocator.state import SIZE_SHIFT, STREAM_SHIFT, Block
 
 
-MAX_MISSES = 4
-"""Marks checked in vain in a row before a replay stops checking (each check copies the cached
-blocks' keys): a schedule whose loop changes its cached blocks every iteration never repeats."""
-
-MAX_ITERATIONS = 2
-"""The most loop iterations (periods between marks) taken together as one period that repeats."""
+MAX_MISSES = 2
+"""Periods checked in vain before a replay stops checking (each check copies the cached blocks'
+keys): a schedule whose loop leaves cached blocks behind every iteration never repeats."""
 
 _BLOCK_FIELDS = ("size", "ptr", "prev", "next", "allocated", "requested", "small", "stream", "key")
 _FIELD_INDICES = tuple(range(len(_BLOCK_FIELDS)))
@@ -90,8 +82,7 @@ def replay_ops(ops: Ops, config: AllocatorConfig, capacity_bytes: int | None = N
     oom = None
     handed_over = False
     start = 0
-    recent: list[_Snapshot] = []
-    """The snapshots at the last marks, the latest last (at most MAX_ITERATIONS + 1 of them)."""
+    before: _Snapshot | None = None
     misses = 0
     last = _last_allocation_end(ops)
     for end in (*marks, last):
@@ -113,27 +104,14 @@ def replay_ops(ops: Ops, config: AllocatorConfig, capacity_bytes: int | None = N
         device.allocated_peak, device.requested_peak, device.reserved_peak = map(max, peaks, period_peaks)
         if stop is not None or end == last:
             break
-        after = _Snapshot(device, end, period_peaks)
-        resumed = end
-        # The period since the last mark, then the last two iterations together (a loop whose
-        # cached blocks come back every other iteration: two tensors that take turns in one
-        # segment, a segment's room for two of a tensor).
-        for back in range(1, min(len(recent), MAX_ITERATIONS) + 1):
-            before = recent[-back]
-            spanned = period_peaks
-            for between in recent[len(recent) - back + 1:]:
-                spanned = tuple(map(max, spanned, between.period_peaks))
-            resumed = _apply_repeats(device, ops, before, after, spanned, live, cached, sizes)
+        after = _Snapshot(device, end)
+        if before is not None:
+            resumed = _apply_repeats(device, ops, before, after, period_peaks, live)
             if resumed != end:
-                break
-        if resumed != end:
-            start, recent, misses = resumed, [], 0
-            continue
-        if recent:
+                start, before = resumed, None
+                continue
             misses += 1
-        recent.append(after)
-        del recent[:-(MAX_ITERATIONS + 1)]
-        start = end
+        start, before = end, after
     result = ReplayResult.trusted(
         completed=oom is None, oom_event_index=oom, oom_request_bytes=None if oom is None else ops[oom][2],
         requested_peak_bytes=device.requested_peak, allocated_peak_bytes=device.allocated_peak,
@@ -204,13 +182,12 @@ def _as_blocks(device: DeviceAllocator, live: dict[int, FastBlock],
 
 
 class _Snapshot:
-    """What a period's check compares: the allocator's cached blocks and counters at an op, and
-    the peaks of the period that ended there."""
+    """What a period's check compares: the allocator's cached blocks and counters at an op."""
 
     __slots__ = ("index", "small_keys", "large_keys", "reserved", "allocated", "requested", "next_address",
-                 "device_allocs", "untouched", "period_peaks")
+                 "device_allocs", "untouched")
 
-    def __init__(self, device: DeviceAllocator, index: int, period_peaks: tuple[int, int, int]) -> None:
+    def __init__(self, device: DeviceAllocator, index: int) -> None:
         self.index = index
         self.small_keys = list(device.small_pool.keys)
         self.large_keys = list(device.large_pool.keys)
@@ -220,25 +197,20 @@ class _Snapshot:
         self.untouched = (device.refusals, device.retries, device.device_frees)
         """What a period that may be repeated in one step leaves as it was (no refusal, no
         retry, nothing released)."""
-        self.period_peaks = period_peaks
-        """(allocated, requested, reserved) peaks of the period that ended at ``index``."""
 
 
 def _apply_repeats(device: DeviceAllocator, ops: Ops, before: _Snapshot, after: _Snapshot,
-                   period_peaks: tuple[int, int, int], live: dict[int, FastBlock],
-                   cached: tuple[list[FastBlock], list[FastBlock]], sizes: dict) -> int:
+                   period_peaks: tuple[int, int, int], live: dict[int, FastBlock]) -> int:
     """Where the replay resumes after the period ops[before.index:after.index]: past every
     repeat of it that follows and that the state proves acts as it did (the module's
     docstring), applied here; else at its end."""
     start, end = before.index, after.index
     length = end - start
-    if after.untouched != before.untouched or device.pending:
+    if (after.untouched != before.untouched or device.pending or after.large_keys != before.large_keys
+            or after.small_keys != before.small_keys):
         return end
     survivors = _survivors(ops, start, end)
     if survivors is None:
-        return end
-    left = _left_cached(ops, start, end, before, after, cached, sizes)
-    if left is None:
         return end
     first_alloc = next(i for i in range(start, end) if ops[i][0] == ALLOC_OP)
     if first_alloc + length >= len(ops):
@@ -246,10 +218,9 @@ def _apply_repeats(device: DeviceAllocator, ops: Ops, before: _Snapshot, after: 
     id_shift = ops[first_alloc + length][1] - ops[first_alloc][1]
     blocks = [live[ident] for ident in survivors]
     kept = set(map(id, blocks))
-    kept.update(map(id, left))
-    for block in (*blocks, *left):
-        # What the docstring proves, checked: every block the period leaves allocated, or
-        # cached and new, lies in a segment it created, among blocks it left so.
+    for block in blocks:
+        # What the docstring proves, checked: every block the period leaves allocated lies in a
+        # segment it created, among blocks it left allocated.
         if block[PTR] < before.next_address or (block[PREV] is not None and id(block[PREV]) not in kept) \
                 or (block[NEXT] is not None and id(block[NEXT]) not in kept):
             return end
@@ -265,8 +236,7 @@ def _apply_repeats(device: DeviceAllocator, ops: Ops, before: _Snapshot, after: 
         at += length
     if repeats == 0:
         return end
-    # The repeated periods' allocated blocks and new cached ones, each period's moved by the
-    # address shift.
+    # The repeated periods' allocated blocks, each period's moved by the address shift.
     for repeat in range(1, repeats + 1):
         moved: dict[int, FastBlock] = {}
         shift = repeat * address_shift
@@ -274,17 +244,7 @@ def _apply_repeats(device: DeviceAllocator, ops: Ops, before: _Snapshot, after: 
             copy = [block[SIZE], block[PTR] + shift, None, None, True, block[REQUESTED], block[SMALL], block[STREAM], 0]
             moved[id(block)] = copy
             live[ident + repeat * id_shift] = copy
-        for block in left:
-            ptr = block[PTR] + shift
-            key = (block[STREAM] << STREAM_SHIFT) | (block[SIZE] << SIZE_SHIFT) | ptr
-            copy = [block[SIZE], ptr, None, None, False, block[REQUESTED], block[SMALL], block[STREAM], key]
-            moved[id(block)] = copy
-            keys = device.small_pool.keys if block[SMALL] else device.large_pool.keys
-            pool = cached[1] if block[SMALL] else cached[0]
-            slot = bisect_left(keys, key)
-            keys.insert(slot, key)
-            pool.insert(slot, copy)
-        for block in (*blocks, *left):
+        for block in blocks:
             copy = moved[id(block)]
             if block[PREV] is not None:
                 copy[PREV] = moved[id(block[PREV])]
@@ -302,47 +262,6 @@ def _apply_repeats(device: DeviceAllocator, ops: Ops, before: _Snapshot, after: 
         device.requested_peak = max(device.requested_peak, period_peaks[1] + repeat * requested_step)
         device.reserved_peak = max(device.reserved_peak, period_peaks[2] + repeat * reserved_step)
     return at
-
-
-def _left_cached(ops: Ops, start: int, end: int, before: _Snapshot, after: _Snapshot,
-                 cached: tuple[list[FastBlock], list[FastBlock]], sizes: dict) -> list[FastBlock] | None:
-    """The cached blocks the period ops[start:end] leaves that were not cached at its start
-    (every block cached then is cached at its end, under the same key), each smaller than every
-    request the period makes on its pool and stream: no later request like them is served from
-    one (get_free_block finds the first cached block of the stream at least the rounded size),
-    so the periods that repeat it meet the cached blocks it met. None where one was cached at
-    its start and is not at its end, or a new one is as large as one of its requests."""
-    new: list[FastBlock] = []
-    for pool_keys, after_keys, blocks in ((before.large_keys, after.large_keys, cached[0]),
-                                          (before.small_keys, after.small_keys, cached[1])):
-        if after_keys == pool_keys:
-            continue
-        if len(after_keys) < len(pool_keys):
-            return None
-        was = set(pool_keys)
-        found = 0
-        for key, block in zip(after_keys, blocks):
-            if key in was:
-                found += 1
-            else:
-                new.append(block)
-        if found != len(pool_keys):
-            return None
-    if not new:
-        return new
-    # The least rounded request (sizes: _size_facts) by pool and stream.
-    least: dict[tuple[bool, int], int] = {}
-    for kind, _, size_bytes, stream in ops[start:end]:
-        if kind == ALLOC_OP:
-            facts = sizes[(size_bytes, stream) if stream else size_bytes]
-            place = (facts[1], stream)
-            if facts[0] < least.get(place, facts[0] + 1):
-                least[place] = facts[0]
-    for block in new:
-        bound = least.get((block[SMALL], block[STREAM]))
-        if bound is not None and block[SIZE] >= bound:
-            return None
-    return new
 
 
 def _survivors(ops: Ops, start: int, end: int) -> list[int] | None:
