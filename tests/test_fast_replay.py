@@ -17,18 +17,18 @@ from zeroplan.units import MiB
 CONFS = ("", "max_split_size_mb:128", "roundup_power2_divisions:4")
 
 
-def _loop(saved_bytes: int, blocks: int = 12, crumbs: bool = False) -> TraceBuilder:
+def _loop(saved_bytes: int, blocks: int = 12, crumbs: bool = False, saved_parts: tuple[int, ...] = ()) -> TraceBuilder:
     """A forward and backward like the planner's schedules: per block a gathered unit, a saved
     tensor (whole 2 MiB pages, or leaving a cached remainder in its segment with ``crumbs``), the
     unit freed; then the blocks in reverse, each saved tensor freed beside a workspace (allocated
-    and freed at once)."""
+    and freed at once). ``saved_parts``: the saved tensors instead."""
     b = TraceBuilder()
     b.alloc_parts([300 * MiB] * 4)
     saved = []
     for _ in range(blocks):
         b.mark()
         unit = b.alloc(64 * MiB, Stream.all_gather)
-        saved.append(b.alloc_parts([saved_bytes + (MiB // 2 if crumbs else 0), 12 * MiB]))
+        saved.append(b.alloc_parts(list(saved_parts) or [saved_bytes + (MiB // 2 if crumbs else 0), 12 * MiB]))
         b.free(unit)
     # An allocation freed at once, across a mark (the two replayed apart).
     probe = b.alloc(8 * MiB)
@@ -71,6 +71,21 @@ def test_repeated_iterations_are_applied_in_one_step_where_the_state_repeats(mon
         b = _loop(40 * MiB, blocks=24, crumbs=crumbs)
         assert replay_ops(b.ops, config, None, b.marks) == replay(b.ops, config)
         assert (sum(replayed) < fast_replay._last_allocation_end(b.ops)) is fewer
+
+
+# Loops whose cached blocks come back every iteration (whole pages), never (a remainder cached
+# in every saved tensor's segment), every other iteration (a 7 MiB tensor, two to a 20 MiB
+# segment) and every sixth (3 MiB): wherever the replay applies iterations at once or replays
+# them, on capacities from well below the allocated peak to past the reserved peak.
+@pytest.mark.parametrize(("saved_parts", "crumbs"), [((), False), ((), True), ((7 * MiB,), False), ((3 * MiB,), False)])
+@pytest.mark.parametrize("conf", CONFS)
+def test_looped_traces_give_the_oracles_result_on_every_capacity(saved_parts, crumbs, conf) -> None:
+    b = _loop(40 * MiB, blocks=24, crumbs=crumbs, saved_parts=saved_parts)
+    config = parse_alloc_conf(conf)
+    unlimited = replay(b.ops, config)
+    low, high = unlimited.allocated_peak_bytes - 600 * MiB, unlimited.reserved_peak_bytes + 2 * MiB
+    for capacity in (None, *range(low, high, (high - low) // 37)):
+        assert replay_ops(b.ops, config, capacity, b.marks) == replay(b.ops, config, capacity)
 
 
 def test_a_repeat_that_would_pass_the_capacity_is_replayed() -> None:
