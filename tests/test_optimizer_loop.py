@@ -15,11 +15,12 @@ from zeroplan.presets.gpus import get_gpu
 
 
 def _request(kind: StrategyKind, loop: OptimizerLoop | None, framework: Framework = Framework.zeroplan,
-             optimizer: Optimizer = Optimizer.adamw) -> PlanRequest:
+             optimizer: Optimizer = Optimizer.adamw, torch_release: str | None = None) -> PlanRequest:
     return PlanRequest(
         model=get_model("llama-3.1-8b"), cluster=cluster_from_gpus(get_gpu("h100-80gb"), 8),
         strategy=StrategySpec(kind=kind), batch=BatchSpec(micro_batch_size=1, seq_len=4096),
-        training=TrainingSpec(framework=framework, optimizer=optimizer, optimizer_loop=loop),
+        training=TrainingSpec(framework=framework, optimizer=optimizer, optimizer_loop=loop,
+                              torch_release=torch_release),
     )
 
 
@@ -30,6 +31,44 @@ def _temporary(request: PlanRequest) -> int:
 def test_foreach_materialises_one_state_sized_temporary() -> None:
     request = _request(StrategyKind.ddp, OptimizerLoop.foreach)
     assert _temporary(request) == 4 * model_state_bytes(request).optimizer_elements
+
+
+def _measured_foreach_step_temporaries() -> float:
+    """The installed torch's own foreach AdamW step (torch/optim/adam.py _multi_tensor_adam,
+    decoupled weight decay) on CPU fp32 tensors: its largest live temporaries over the state size."""
+    import torch
+    from torch.optim.adam import _multi_tensor_adam
+
+    from tests.live_storages import live_storage_tracker
+
+    sizes = [1 << 16, 3 << 14, 1 << 15]
+    params, grads = [torch.randn(n) for n in sizes], [torch.randn(n) for n in sizes]
+    exp_avgs, exp_avg_sqs = [torch.zeros(n) for n in sizes], [torch.rand(n) for n in sizes]
+    steps = [torch.tensor(0.0) for _ in sizes]
+    tracker = live_storage_tracker({t.untyped_storage().data_ptr() for t in params + grads + exp_avgs + exp_avg_sqs + steps})
+    peak = [0]
+    tracker.probe = lambda: peak.__setitem__(0, max(peak[0], sum(tracker.live.values())))
+    with tracker:
+        _multi_tensor_adam(params, grads, exp_avgs, exp_avg_sqs, [], steps, None, None, amsgrad=False, has_complex=False,
+                           beta1=0.9, beta2=0.95, lr=1e-4, weight_decay=0.1, eps=1e-8, maximize=False, capturable=False,
+                           differentiable=False, decoupled_weight_decay=True)
+    return peak[0] / (4 * sum(sizes))
+
+
+def test_the_foreach_step_holds_one_temporary_from_torch_2_1_and_two_before() -> None:
+    # torch 2.0.1's _multi_tensor_adamw (torch/optim/adamw.py:564-568) makes the square root and
+    # an out-of-place eps-shifted copy (denom) and holds both through addcdiv_; from 2.1.0 the
+    # shift is in place. Its own function, run on these tensors on the CPU under the live-storage
+    # tracker (source from the 2.0.1 wheel, the 2.13 grouping helper passed in), peaked at 2.0 x
+    # the state size, 2.1.0's at 1.0 x; the installed release's is measured here.
+    assert _measured_foreach_step_temporaries() == 1.0
+    elements = model_state_bytes(_request(StrategyKind.ddp, None)).optimizer_elements
+    assert _temporary(_request(StrategyKind.ddp, None)) == 4 * elements
+    assert _temporary(_request(StrategyKind.ddp, None, torch_release="2.1")) == 4 * elements
+    assert _temporary(_request(StrategyKind.ddp, None, torch_release="2.0")) == 2 * 4 * elements
+    # Lion is not torch's in 2.0: its one interpolation stays; fused has none.
+    assert _temporary(_request(StrategyKind.ddp, None, optimizer=Optimizer.lion, torch_release="2.0")) == 4 * elements
+    assert _temporary(_request(StrategyKind.ddp, OptimizerLoop.fused, torch_release="2.0")) == 0
 
 
 def test_for_loop_holds_two_copies_of_the_largest_tensor() -> None:

@@ -36,9 +36,12 @@ from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
 from zeroplan.core.record import frozen
 from zeroplan.specs.parallel import PipelineSchedule
 from zeroplan.specs.framework import Framework
-from zeroplan.core.layout import gradient_wire_bytes
+from zeroplan.core.buffers import foreach_step_copies, optimizer_loop
+from zeroplan.core.layout import element_bytes, gradient_wire_bytes
+from zeroplan.core.parallel.units import rank_trainable_units
 from zeroplan.specs.request import PlanRequest
-from zeroplan.specs.training import ActivationCheckpointing, StateConvention
+from zeroplan.specs.strategy import StrategyKind
+from zeroplan.specs.training import ActivationCheckpointing, Optimizer, OptimizerLoop, StateConvention
 from zeroplan.units import FP32_BYTES
 from zeroplan.core.model_states import ModelStateBytes
 from zeroplan.core.peak import PeakTerms, peak_allocated_bytes
@@ -262,7 +265,11 @@ class StepInputs:
     whole gradient partition (stage3.py step; empty: the gradients whole)."""
     step_temporary_parts: tuple[int, ...] = ()
     """The step's temporaries tensor by tensor where the framework makes them one per parameter
-    (megatron.megatron_step_temporary_parts); empty: step_temporary in even parts per unit."""
+    (megatron.megatron_step_temporary_parts; torch's foreach Adam/AdamW under per_parameter_tensors);
+    empty: step_temporary in even parts per unit."""
+    gradient_parts: tuple[int, ...] = ()
+    """The gradients tensor by tensor where each parameter's is its own tensor
+    (per_parameter_tensors); empty: gradient_bytes in even parts per unit."""
     gradients_kept: bool = False
     """ModelStateBytes.gradients_kept: the previous step's gradients, zeroed in place by a torch
     release before 2.0, are allocated before the forward and never freed."""
@@ -327,16 +334,59 @@ def _step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms
                       sequence_parallel=forward_collectives(request, terms),
                       stage1_2022=deepspeed_2022.step_allocations(request) if deepspeed_2022.models_2022(request) else None,
                       sub_group_steps=deepspeed_stage3_step.sub_group_steps(request),
-                      step_temporary_parts=_step_temporary_parts(request))
+                      step_temporary_parts=_step_temporary_parts(request, states, terms),
+                      gradient_parts=_gradient_parts(request, states))
 
 
-def _step_temporary_parts(request: PlanRequest) -> tuple[int, ...]:
-    """StepInputs.step_temporary_parts: Megatron-LM's per-parameter fp32 gradient copies."""
-    if request.training.framework is not Framework.megatron:
+def _step_temporary_parts(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms) -> tuple[int, ...]:
+    """StepInputs.step_temporary_parts: Megatron-LM's per-parameter fp32 gradient copies; torch's
+    foreach Adam/AdamW's lists, one output per stepped tensor (per_parameter_tensors)."""
+    if request.training.framework is Framework.megatron:
+        from zeroplan.core.megatron import megatron_step_temporary_parts  # megatron's requests alone load it
+
+        return megatron_step_temporary_parts(request)
+    weights = _per_parameter_weights(request)
+    if not weights or request.training.optimizer not in (Optimizer.adam, Optimizer.adamw):
         return ()
-    from zeroplan.core.megatron import megatron_step_temporary_parts  # megatron's requests alone load it
+    if optimizer_loop(request) is not OptimizerLoop.foreach:
+        return ()
+    copies = foreach_step_copies(request)
+    eb = element_bytes(request.training.precision, request.convention)
+    if terms.step_temporary != copies * states.optimizer_elements * eb.optimizer_dtype:
+        return ()
+    return tuple(split_bytes(terms.step_temporary, weights * copies))
 
-    return megatron_step_temporary_parts(request)
+
+def _gradient_parts(request: PlanRequest, states: ModelStateBytes) -> tuple[int, ...]:
+    """StepInputs.gradient_parts: one gradient per trainable tensor (per_parameter_tensors)."""
+    weights = _per_parameter_weights(request)
+    return tuple(split_bytes(states.gradient_bytes, weights)) if weights else ()
+
+
+# torch gives every parameter its own gradient tensor (autograd's AccumulateGrad, where the leaf
+# has no .grad, steals the gradient it is handed or clones it: torch 2.13
+# torch/csrc/autograd/functions/accumulate_grad.h:81-83 and 188-200), and a foreach op returns one
+# output per input (torch 2.13 torch/optim/adam.py:790 exp_avg_sq_sqrt = torch._foreach_sqrt(...),
+# a list): each is its own allocation, which a cached block the size of one of the backward's
+# activations can hold, where one allocation per unit (a whole layer's gradient) cannot
+# (tests/test_allocator_per_parameter.py measures both on the CPU). Under plain DDP or one GPU
+# outside DeepSpeed's and Megatron's flat buffers, without tensor or pipeline parallelism and
+# with the optimizer stepping after the backward.
+def per_parameter_tensors(request: PlanRequest) -> bool:
+    """Whether the step's gradients and foreach temporaries are made tensor by tensor."""
+    training = request.training
+    return (request.strategy.kind is StrategyKind.ddp and request.convention is not StateConvention.deepspeed
+            and training.framework not in (Framework.megatron, Framework.megatron_deepspeed, Framework.fairseq)
+            and not training.optimizer_in_backward and request.parallel.tp == 1 and request.parallel.pp == 1
+            and not deepspeed_2022.models_2022(request))
+
+
+def _per_parameter_weights(request: PlanRequest) -> list[int]:
+    """The trainable tensors' elements in the rank's units' order (empty: per_parameter_tensors
+    does not hold)."""
+    if not per_parameter_tensors(request):
+        return []
+    return [tensor.numel for unit in rank_trainable_units(request) for tensor in unit.tensors if tensor.trainable]
 
 
 def _eager_steps(request: PlanRequest, terms: PeakTerms) -> dict[str, tuple[int, ...]]:
@@ -418,7 +468,8 @@ def _record_step(x: StepInputs, b: TraceBuilder) -> None:
     carried = x.gradient_bytes if x.accumulated_gradients is None else x.accumulated_gradients
     grads_2022 = x.stage1_2022[0] if x.stage1_2022 is not None else None
     # The 2022 ZeRO stage 1 keeps every 16-bit .grad as its own tensor (deepspeed_2022.step_allocations).
-    carried_parts = list(grads_2022) if grads_2022 is not None else even_parts(carried, blocks + 1)
+    carried_parts = list(grads_2022) if grads_2022 is not None else (
+        list(x.gradient_parts) if x.gradient_parts and carried == x.gradient_bytes else even_parts(carried, blocks + 1))
     # Before torch 2.0 zero_grad() zeroes them in place: the first step's backward made them, one
     # tensor per parameter, and each later step finds them allocated (StepInputs.gradients_kept).
     gradients = b.alloc_parts(carried_parts) if accumulating or x.gradients_kept else []
@@ -538,7 +589,7 @@ def _record_step(x: StepInputs, b: TraceBuilder) -> None:
             b.free(cast)
         return
     if not gradients:
-        gradients = b.alloc_parts(even_parts(x.gradient_bytes, parts))
+        gradients = b.alloc_parts(list(x.gradient_parts) or even_parts(x.gradient_bytes, parts))
     b.free(unit)
     b.free(held)
 

@@ -16,7 +16,7 @@ from zeroplan.core.model_states import (
 from zeroplan.core.parallel.pipeline import pipeline_defers_fsdp_reduction
 from zeroplan.core.parallel.units import accumulating_trainable_elements, rank_parameter_units, rank_trainable_elements
 from zeroplan.core.profiles import fsdp1_root_stays_gathered, fsdp_separates_embedding_and_head, profile
-from zeroplan.core.torch_release import default_loop_is_for_loop
+from zeroplan.core.torch_release import default_loop_is_for_loop, foreach_adam_temporaries
 from zeroplan.core.transformers_release import trainer_fuses_adamw
 from zeroplan.core.zero3_groups import hpz_secondary_partition_bytes
 from zeroplan.core.zeropp import qgz_buffer_bytes, qwz_buffer_bytes
@@ -702,7 +702,18 @@ def optimizer_step_temporary_bytes(request: PlanRequest, optimizer_elements: int
         return norm
     if optimizer_loop(request) is OptimizerLoop.for_loop:
         return max(norm, for_loop_step_temporary_bytes(request, eb))
-    return max(norm, optimizer_elements * eb.optimizer_dtype)
+    return max(norm, foreach_step_copies(request) * optimizer_elements * eb.optimizer_dtype)
+
+
+# torch 2.0.1 torch/optim/adamw.py:564-568 (adam.py:505-507): the foreach step's square root and
+# its eps-shifted copy (denom = torch._foreach_add(exp_avg_sq_sqrt, eps)) are alive together;
+# torch 2.1.0 adamw.py:579 shifts in place (zeroplan.core.torch_release.FOREACH_ADAM_IN_PLACE_FROM).
+# Lion is not torch's in those releases: its one interpolation stays.
+def foreach_step_copies(request: PlanRequest) -> int:
+    """State-sized temporaries the foreach step holds at once."""
+    if request.training.optimizer in (Optimizer.adam, Optimizer.adamw):
+        return foreach_adam_temporaries(request.training)
+    return 1
 
 
 # Muon orthogonalises one matrix after another (torch 2.13 optim/_muon.py _single_tensor_muon;

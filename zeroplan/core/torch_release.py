@@ -1,7 +1,8 @@
 """What a torch release before 2.0 changes in a training step (TrainingSpec.torch_release;
 docs/memory-model.md, "torch releases"). zeroplan plans torch 2.13 otherwise; two defaults that
-changed in 2.0 decide the allocated peak of a loop that leaves them at their default, and only
-those are modelled here. Nothing here imports torch.
+changed in 2.0 decide the allocated peak of a loop that leaves them at their default, and the
+foreach Adam/AdamW step of releases before 2.1 holds one more temporary; only those are
+modelled here. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -36,6 +37,16 @@ per-tensor loop unless the caller asks. torch 2.0 (torch/optim/optimizer.py
 _default_to_fused_or_foreach) picks foreach for CUDA tensors."""
 
 
+FOREACH_ADAM_IN_PLACE_FROM = (2, 1, 0)
+"""torch 2.0.1 torch/optim/adamw.py:564-568 (_multi_tensor_adamw, capturable False; adam.py:505-507
+_multi_tensor_adam alike): ``exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)``, then
+``denom = torch._foreach_add(exp_avg_sq_sqrt, eps)``, out of place, and
+``torch._foreach_addcdiv_(device_params, device_exp_avgs, denom, step_size)`` with
+``exp_avg_sq_sqrt`` still bound: two state-sized temporaries alive at once. torch 2.1.0
+adamw.py:576-580 (adam.py:568) adds eps in place (``torch._foreach_add_(exp_avg_sq_sqrt, eps)``)
+and divides by the step size into the same list: one."""
+
+
 def torch_release(training: TrainingSpec) -> tuple[int, int, int]:
     """The release planned: TrainingSpec.torch_release, else 2.13."""
     return version_tuple(training.torch_release or TORCH_VERSION)
@@ -62,6 +73,12 @@ def keeps_zeroed_gradients(request: PlanRequest) -> bool:
     forward: a torch release before 2.0 under DDP or one GPU, the gradients stepped at the end."""
     return (zero_grad_zeroes(request.training) and request.strategy.kind is StrategyKind.ddp
             and not request.training.optimizer_in_backward)
+
+
+def foreach_adam_temporaries(training: TrainingSpec) -> int:
+    """How many state-sized temporaries torch's foreach Adam/AdamW step holds at once: two
+    before torch 2.1, one from it on (FOREACH_ADAM_IN_PLACE_FROM)."""
+    return 2 if torch_release(training) < FOREACH_ADAM_IN_PLACE_FROM else 1
 
 
 def check_torch_release(training: TrainingSpec) -> None:
