@@ -103,8 +103,9 @@ def copy_bucket_bytes(request: PlanRequest) -> int:
     return copy_gradient_bytes(request)
 
 
-# torch 2.13 optim/adam.py:636-770 _multi_tensor_adam: the tensors are grouped by device and
-# dtype (_group_tensors_by_device_and_dtype) and each group's ``exp_avg_sq_sqrt =
+# torch 2.13 optim/adam.py:553 _multi_tensor_adam (its group loop from :638, the sqrt at :762 and
+# :790): the tensors are grouped by device and dtype (optimizer.py:545
+# _group_tensors_by_device_and_dtype) and each group's ``exp_avg_sq_sqrt =
 # torch._foreach_sqrt(device_exp_avg_sqs)`` is a new list of the group's size, bound to the same
 # name in the next group's turn only after that group's list is made: the copy's group (16-bit)
 # and the adapters' (fp32) temporaries are alive together. _single_tensor_adam (for-loop) makes
