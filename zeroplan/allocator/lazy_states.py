@@ -40,6 +40,7 @@ from __future__ import annotations
 from zeroplan.allocator.config import parse_alloc_conf
 from zeroplan.allocator.rules import SMALL_SIZE_BYTES, allocation_size, round_size
 from zeroplan.allocator.varying_lengths import record_tensor_bytes
+from zeroplan.core.finetune import modules_to_save
 from zeroplan.core.model_states import ModelStateBytes
 from zeroplan.core.parallel.units import rank_parameter_units
 from zeroplan.core.peak import PeakTerms
@@ -70,9 +71,11 @@ def largest_gradient_bytes(request: PlanRequest, states: ModelStateBytes) -> int
     the gradients' bytes per element."""
     trainable = [t.numel for unit in rank_parameter_units(request) for t in unit.tensors if t.trainable]
     elements = sum(trainable)
+    # PEFT's trainable copies, in their own dtype (zeroplan.core.finetune.modules_to_save).
+    copy = modules_to_save.largest_copy_tensor_bytes(request)
     if not elements:
-        return 0
-    return max(trainable) * states.gradient_bytes // elements
+        return copy
+    return max(max(trainable) * (states.gradient_bytes - modules_to_save.copy_gradient_bytes(request)) // elements, copy)
 
 
 def lazy_state_segment_bytes(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms,

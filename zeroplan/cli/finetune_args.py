@@ -8,7 +8,7 @@ from pathlib import Path
 
 from zeroplan.cli.parser import choices_of, positive_float, positive_int
 from zeroplan.errors import ZeroplanError
-from zeroplan.specs.finetune import BaseDtype, FineTuneSpec, LoraTarget, Quantization
+from zeroplan.specs.finetune import BaseDtype, FineTuneSpec, LoraTarget, Quantization, SavedModule
 
 
 def _fraction(text: str) -> float:
@@ -30,6 +30,17 @@ def _targets(text: str) -> tuple[LoraTarget, ...]:
     return tuple(LoraTarget(name) for name in names)
 
 
+def _saved_modules(text: str) -> tuple[SavedModule, ...]:
+    allowed = choices_of(SavedModule)
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"names no module (allowed: {', '.join(allowed)})")
+    for name in names:
+        if name not in allowed:
+            raise argparse.ArgumentTypeError(f"unknown module {name!r} (allowed: {', '.join(allowed)})")
+    return tuple(SavedModule(name) for name in names)
+
+
 def add_finetune_arguments(group: argparse._ArgumentGroup) -> None:
     """The fine-tuning flags, into --help's "fine-tuning" group."""
     group.add_argument("--lora-rank", type=positive_int, metavar="R",
@@ -40,6 +51,9 @@ def add_finetune_arguments(group: argparse._ArgumentGroup) -> None:
                             "(default: the framework's; torchtune q,v,o,gate,up,down; hf (PEFT) and litgpt q,v; zeroplan all seven of a block)")
     group.add_argument("--lora-dropout", type=_fraction, default=0.0, metavar="P",
                        help="dropout on each adapter's input (default 0: no mask or copy is kept)")
+    group.add_argument("--lora-modules-to-save", type=_saved_modules, metavar="MODULES",
+                       help="comma-separated modules of embed,head that PEFT (hf) trains whole beside the adapters "
+                            "(LoraConfig modules_to_save: a trainable copy beside each frozen original; default none)")
     group.add_argument("--dora", action="store_true",
                        help="weight-decomposed LoRA (DoRA: peft use_dora, torchtune use_dora): a trainable magnitude per "
                             "output row, and the weight norm recomputed in every forward")
@@ -81,7 +95,8 @@ def finetune_from_args(args: argparse.Namespace) -> FineTuneSpec:
         fields["lora_rank"] = args.lora_rank
     optional = {"lora_alpha": "lora_alpha", "lora_targets": "lora_targets", "quant_block_size": "quant_block_size",
                 "double_quant": "double_quant", "base_dtype": "base_dtype",
-                "bitsandbytes_version": "bitsandbytes_version", "kbit_fp32_cast": "kbit_fp32_cast"}
+                "bitsandbytes_version": "bitsandbytes_version", "kbit_fp32_cast": "kbit_fp32_cast",
+                "modules_to_save": "lora_modules_to_save"}
     for field, flag in optional.items():
         value = getattr(args, flag, None)
         if value is not None:

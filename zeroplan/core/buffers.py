@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from zeroplan.core import deepspeed_2022, deepspeed_epilogue, deepspeed_offload, deepspeed_step
 from zeroplan.core import deepspeed_coordinator, deepspeed_stage0, muon, tinyllama
+from zeroplan.core.finetune import modules_to_save
 from zeroplan.core.deepspeed_accumulation import resident_bytes as deepspeed_resident_bytes
 from zeroplan.core.deepspeed_accumulation import stage12_bucket_bytes
 from zeroplan.core.largest_unit import largest_gathered_unit_bytes, largest_unit_elements
@@ -104,7 +105,9 @@ def resident_buffer_bytes(request: PlanRequest) -> int:
         # copies of its gradients (fairseq's c10d wrapper sets no gradient_as_bucket_view), too.
         from zeroplan.core.fairseq import runs_fp16_optimizer
 
-        return ddp_bucket_bytes(request, 2 if runs_fp16_optimizer(request) else eb.gradient)
+        # PEFT's trainable copies have buckets of their own dtype (zeroplan.core.finetune.modules_to_save).
+        return (ddp_bucket_bytes(request, 2 if runs_fp16_optimizer(request) else eb.gradient)
+                + modules_to_save.copy_bucket_bytes(request))
     # zero3-hpz's secondary parameter partition lives from the forward through the step
     # (zeroplan.core.zero3_groups): alive at every moment the peak is taken at.
     secondary = hpz_secondary_partition_bytes(request)
@@ -700,9 +703,16 @@ def optimizer_step_temporary_bytes(request: PlanRequest, optimizer_elements: int
     norm = deepspeed_step.norm_copy_bytes(request)
     if not step_makes_temporary(request):
         return norm
+    # PEFT's trainable copies, a dtype group of their own (zeroplan.core.finetune.modules_to_save).
+    beside, copy_for_loop = modules_to_save.copy_step_temporary_bytes(request, optimizer_loop(request))
     if optimizer_loop(request) is OptimizerLoop.for_loop:
-        return max(norm, for_loop_step_temporary_bytes(request, eb))
-    return max(norm, foreach_step_copies(request) * optimizer_elements * eb.optimizer_dtype)
+        return max(norm, for_loop_step_temporary_bytes(request, eb), copy_for_loop)
+    group_bytes = optimizer_elements * eb.optimizer_dtype
+    # Each dtype group's temporaries are made while the group before it still holds its own (the
+    # names are rebound, not deleted): with c copies a group, the larger group's c beside the
+    # smaller's one, whichever runs first.
+    extra_copies = foreach_step_copies(request) - 1
+    return max(norm, group_bytes + beside + extra_copies * max(group_bytes, beside))
 
 
 # torch 2.0.1 torch/optim/adamw.py:564-568 (adam.py:505-507): the foreach step's square root and

@@ -3,6 +3,7 @@ states", sec. 3.1), exact for a padded sharded layout, with offload to host memo
 
 from zeroplan.core import deepspeed_offload, deepspeed_partial_offload, deepspeed_stage0
 from zeroplan.core.deepspeed_bf16_autocast import master_copy_element_bytes
+from zeroplan.core.finetune import modules_to_save
 from zeroplan.core.finetune.offload import offloaded_quant_constant_bytes
 from zeroplan.core.finetune.storage import frozen_held_bytes, frozen_tensor_bytes
 from zeroplan.core.finetune.units import trainable_view
@@ -288,6 +289,14 @@ def model_state_bytes(request: PlanRequest) -> ModelStateBytes:
     # DeepSpeed's bf16 master-weights mode keeps a separate bf16 master (zeroplan.core.deepspeed_bf16_autocast).
     master += master_copy_element_bytes(request)
     optimizer = optimizer_elements * master + optimizer_bytes(request, optimizer_elements, optimizer_shards, eb) + counters
+    if request.training.finetune.modules_to_save:
+        # PEFT's trainable copies beside the adapters, in the dtype of the module each copies
+        # (zeroplan.core.finetune.modules_to_save; DDP only: check_saved_module_training).
+        copy_counters = modules_to_save.copy_step_counter_bytes(request)
+        parameter += modules_to_save.copy_parameter_bytes(request)
+        gradient += modules_to_save.copy_gradient_bytes(request)
+        optimizer += modules_to_save.copy_optimizer_state_bytes(request) + copy_counters
+        counters += copy_counters
     if request.training.optimizer_in_backward:
         # torchtune 0.6.1 training/memory.py register_optim_in_bwd_hooks: each parameter's hook
         # steps its optimizer and zero_grad()s it (set_to_none) as soon as FSDP2 assigns the

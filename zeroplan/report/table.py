@@ -214,6 +214,10 @@ def finetune_lines(report: FitReport) -> list[str]:
         return []
     total = total_parameters(report.model)
     trainable = trainable_parameters(parameter_units(report.model), finetune, t.framework)
+    if finetune.modules_to_save:
+        from zeroplan.core.finetune.modules_to_save import saved_tensors_of
+
+        trainable += sum(x.numel for x in saved_tensors_of(report.model, finetune.modules_to_save))
     share = f"{trainable:,} trainable ({100 * trainable / total:.2f} % of the base)"
     if not finetune.is_lora:
         frozen = ([f"the first {finetune.frozen_blocks} block(s)"] if finetune.frozen_blocks else []) + (
@@ -245,6 +249,14 @@ def finetune_lines(report: FitReport) -> list[str]:
     dropout = f", dropout {finetune.lora_dropout:g}" if finetune.lora_dropout else ""
     kind = "DoRA (magnitudes included)" if finetune.dora else "LoRA"
     lines = [f"{kind} rank {finetune.lora_rank} on {targets}{dropout}: {share}; {base}."]
+    if finetune.modules_to_save:
+        from zeroplan.core.finetune.modules_to_save import copy_element_bytes_of, saved_tensors_of
+
+        copied = sum(t.numel for t in saved_tensors_of(report.model, finetune.modules_to_save))
+        dtype = "fp32" if copy_element_bytes_of(t) == 4 else "bf16"
+        names = ",".join(m.value for m in finetune.modules_to_save)
+        lines.append(f"PEFT modules_to_save {names}: a trainable copy beside each frozen original, {copied:,} elements "
+                     f"in {dtype}, with gradients and {t.optimizer.value} states in {dtype} (in params, grads, optim).")
     if holds_recomputed_frozen(t) and any(p.strategy.zero_stage == 3 and not p.strategy.is_fsdp for p in report.plans):
         lines.append("DeepSpeed ZeRO-3 from 0.19.3 (the release planned): under transformers' reentrant checkpoint each "
                      "recomputed block's frozen weights stay gathered to the end of the backward (--no-checkpoint-reentrant "

@@ -57,6 +57,15 @@ class LoraTarget(str, Enum):
     output = "output"
 
 
+class SavedModule(str, Enum):
+    """A module PEFT trains whole beside the adapters (LoraConfig ``modules_to_save``)."""
+
+    embed = "embed"
+    """The token embedding (Llama's ``embed_tokens``, Qwen-1's ``wte``)."""
+    head = "head"
+    """The untied LM head (``lm_head``)."""
+
+
 # torchtune 0.6.1 recipes/configs/llama3_1/8B_lora.yaml (and 70B_lora, 8B_qlora_single_device):
 # lora_attn_modules ['q_proj', 'v_proj', 'output_proj'], apply_lora_to_mlp True.
 # peft 0.17.1 utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING["llama"]:
@@ -154,6 +163,10 @@ class FineTuneSpec(Frozen):
     (embeddings, head, norms) to fp32 (transformers' and peft's QLoRA recipes); False: they stay
     in the dtype the base was loaded in, as ms-swift 1.x's sft (swift/llm/sft.py at cfcb672:
     from_pretrained with torch_dtype and a BitsAndBytesConfig, then its own LoRA, nothing cast)."""
+    modules_to_save: tuple[SavedModule, ...] = ()
+    """Modules PEFT trains whole beside the adapters (LoraConfig ``modules_to_save``): each is
+    wrapped in a ModulesToSaveWrapper that keeps the original frozen and trains a deep copy
+    (zeroplan.core.finetune.modules_to_save). Empty: none (PEFT's default)."""
     freeze_embeddings: bool = False
     """Freeze the token embedding (and an untied LM head) in a full fine-tune."""
     frozen_blocks: int = Field(default=0, ge=0)
@@ -163,7 +176,8 @@ class FineTuneSpec(Frozen):
     def _check(self) -> "FineTuneSpec":
         lora_only = {"lora_alpha": self.lora_alpha is not None, "lora_targets": self.lora_targets is not None,
                      "lora_dropout": self.lora_dropout > 0, "dora": self.dora,
-                     "quantize": self.quantize.is_quantized, "base_dtype": self.base_dtype is not BaseDtype.bf16}
+                     "quantize": self.quantize.is_quantized, "base_dtype": self.base_dtype is not BaseDtype.bf16,
+                     "modules_to_save": bool(self.modules_to_save)}
         if not self.lora_rank:
             given = [name for name, set_ in lora_only.items() if set_]
             if given:
@@ -172,6 +186,8 @@ class FineTuneSpec(Frozen):
             raise ZeroplanError("finetune.lora_targets", f"must name at least one layer (allowed: {', '.join(t.value for t in LoraTarget)})")
         if self.lora_targets is not None and len(set(self.lora_targets)) != len(self.lora_targets):
             raise ZeroplanError("finetune.lora_targets", "names a layer twice")
+        if len(set(self.modules_to_save)) != len(self.modules_to_save):
+            raise ZeroplanError("finetune.modules_to_save", "names a module twice (allowed: embed, head, each once)")
         nf4_only = {"quant_block_size": self.quant_block_size != 64, "double_quant": not self.double_quant,
                     "bitsandbytes_version": self.bitsandbytes_version != BITSANDBYTES_VERSION}
         given = [name for name, set_ in nf4_only.items() if set_]
@@ -298,6 +314,8 @@ def check_finetune(finetune: FineTuneSpec, model: ModelSpec, framework: Framewor
     if finetune.quantize is Quantization.int8:
         check_int8_base(finetune, framework)
     check_lora_rank(finetune, model, framework)
+    if finetune.modules_to_save:
+        check_saved_module_model(finetune, model, framework)
     present = {LoraTarget.q, LoraTarget.k, LoraTarget.v, LoraTarget.o}
     if model.mlp.gated:
         present |= {LoraTarget.gate, LoraTarget.up, LoraTarget.down}
@@ -345,3 +363,45 @@ def check_lora_rank(finetune: FineTuneSpec, model: ModelSpec, framework: Framewo
     if finetune.lora_rank > bound:
         raise ZeroplanError("finetune.lora_rank", f"{finetune.lora_rank} exceeds {bound}, the smallest width of the adapted "
                             f"layers ({target.value}: {d_in} x {d_out} in {model.name}) (allowed: 1 to {bound})")
+
+
+def check_saved_module_model(finetune: FineTuneSpec, model: ModelSpec, framework: Framework) -> None:
+    """Refuse, in one line, modules_to_save outside PEFT or on a model whose embedding and head
+    are one tensor."""
+    if framework is not Framework.hf:
+        # PEFT's LoraConfig(modules_to_save=...) (peft 0.17.1 utils/other.py ModulesToSaveWrapper);
+        # torchtune 0.6.1 and litgpt 0.4.13.dev1 train a module whole only by leaving it unfrozen
+        # in a full fine-tune.
+        raise ZeroplanError("finetune.modules_to_save", "is PEFT's LoraConfig(modules_to_save=...) (allowed only with "
+                            "framework hf)")
+    if model.tied_embeddings:
+        # peft 0.17.1 ModulesToSaveWrapper.update deep-copies each wrapped module on its own, which
+        # unties a tied head from its embedding; no record measures that.
+        raise ZeroplanError("finetune.modules_to_save", f"{model.name} ties its head to its embedding; modelled for "
+                            "untied models only (allowed: a model with tie_word_embeddings false)")
+    if SavedModule.head in finetune.modules_to_save and LoraTarget.output in finetune.targets(framework):
+        raise ZeroplanError("finetune.modules_to_save", "'head' is also an adapter target (output); PEFT wraps a "
+                            "module one way (allowed: drop output from --lora-targets, or head from modules_to_save)")
+
+
+def check_saved_module_training(finetune: FineTuneSpec, strategy_is_plain_ddp: bool, on_device_map: bool,
+                                optimizer_elementwise: bool, paged_optimizer: bool, fp16_mixed: bool) -> None:
+    """Refuse, in one line, modules_to_save under what its trainable copy is not modelled with:
+    DDP (one GPU or several) without a device map, an element-wise optimizer, not paged."""
+    if not finetune.modules_to_save:
+        return
+    if not strategy_is_plain_ddp or on_device_map:
+        # ZeRO's and FSDP's engines cast and shard the copy with the rest; not read yet.
+        raise ZeroplanError("finetune.modules_to_save", "is modelled under DDP only (allowed: --strategies ddp, one GPU "
+                            "or several, no device map)")
+    if not optimizer_elementwise:
+        raise ZeroplanError("finetune.modules_to_save", "is modelled with element-wise optimizers only (allowed: "
+                            "adamw, adam, sgd, sgd-momentum, lion)")
+    if paged_optimizer:
+        raise ZeroplanError("finetune.modules_to_save", "with a paged optimizer is not modelled (allowed: "
+                            "without --paged-optimizer)")
+    if fp16_mixed and finetune.base_dtype is not BaseDtype.fp32:
+        # torch 2.13 amp/grad_scaler.py _unscale_grads_ (allow_fp16=False) raises "Attempting to
+        # unscale FP16 gradients" for the 16-bit copy's gradients under the Trainer's fp16.
+        raise ZeroplanError("finetune.modules_to_save", "under fp16-mixed the Trainer's GradScaler refuses a 16-bit "
+                            "copy's gradients (allowed: bf16-mixed, bf16-pure or fp32, or --base-dtype fp32)")

@@ -6,7 +6,7 @@ from pydantic import Field, model_validator
 
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import Frozen, _instance
-from zeroplan.specs.finetune import Quantization, check_finetune
+from zeroplan.specs.finetune import Quantization, check_finetune, check_saved_module_training
 from zeroplan.specs.framework import UNTIES_EMBEDDINGS, Framework, launch_allocator_conf
 from zeroplan.specs.hardware import ClusterSpec
 from zeroplan.specs.model import ModelSpec, PositionKind
@@ -654,6 +654,12 @@ class PlanRequest(Frozen):
         model_parallel = 1 if self.parallel.device_map is not None else self.parallel.model_parallel_size * self.parallel.ep
         check_finetune(self.training.finetune, self.model, self.training.framework, model_parallel,
                        checkpointing=self.training.activation_checkpointing is not ActivationCheckpointing.none)
+        check_saved_module_training(
+            self.training.finetune, strategy_is_plain_ddp=self.strategy.kind is StrategyKind.ddp,
+            on_device_map=self.parallel.device_map is not None,
+            optimizer_elementwise=self.training.optimizer in (Optimizer.adamw, Optimizer.adam, Optimizer.sgd,
+                                                              Optimizer.sgd_momentum, Optimizer.lion),
+            paged_optimizer=self.training.paged_optimizer, fp16_mixed=self.training.precision is Precision.fp16_mixed)
         if (self.training.framework is Framework.litgpt and self.training.finetune.quantize.is_quantized
                 and self.cluster.world_size > 1):
             # litgpt 0.4.13.dev1 finetune/lora.py setup raises NotImplementedError("Quantization is
