@@ -29,6 +29,7 @@ CONDITIONS = {
     "cpu kernels": lambda m, t: t.kernels is Kernels.cpu,
     "eager attention": lambda m, t: t.attention_kernel is AttentionKernel.eager,
     "flash attention": lambda m, t: t.attention_kernel is AttentionKernel.flash,
+    "sdpa-masked attention": lambda m, t: t.attention_kernel is AttentionKernel.sdpa_masked,
     "attention dropout > 0": lambda m, t: m.attention_dropout > 0,
     "hidden dropout > 0": lambda m, t: m.hidden_dropout > 0,
     "GeLU MLP": lambda m, t: not m.mlp.gated,

@@ -360,7 +360,8 @@ def add_framework_arguments(group: argparse._ArgumentGroup) -> None:
 def add_attention_argument(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--attention", choices=choices_of(AttentionKernel),
                        help="how attention keeps its intermediates (default flash; eager for ALiBi models, whose "
-                            "transformers attention has no fused path)")
+                            "transformers attention has no fused path; sdpa-masked: torch 2.1's SDPA given an "
+                            "additive mask, which it materialises per head, --framework hf --torch-release 2.1)")
     group.add_argument("--attention-impl", choices=choices_of(AttentionImplementation),
                        default=AttentionImplementation.flash_attn_2.value,
                        help="which flash kernel runs attention (default flash-attn-2, also PyTorch SDPA's flash "

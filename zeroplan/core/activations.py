@@ -28,7 +28,7 @@ def korthikanti_layer_bytes(s: int, b: int, h: int, a: int) -> float:
 
 
 LAYER_TERMS = (
-    "norm_inputs", "qkv_input", "q_k_v", "softmax_output", "attention_dropout", "logsumexp",
+    "norm_inputs", "qkv_input", "q_k_v", "softmax_output", "attention_dropout", "logsumexp", "attention_bias",
     "output_projection_input", "mlp_input", "mlp_inner", "router_input", "router_scores", "hidden_dropout_masks",
     "q_latent", "kv_latent", "shared_expert", "shared_expert_gate", "qk_norm_inputs",
 )
@@ -47,6 +47,8 @@ def attention_core_terms(model: ModelSpec, training: TrainingSpec, s: int, b: in
     terms = {"q_k_v": e * s * b * (model.q_size + model.kv_size + model.v_size)}
     if training.attention_kernel is AttentionKernel.flash:
         return {**terms, "logsumexp": FP32_BYTES * model.num_heads * s * b}
+    if training.attention_kernel is AttentionKernel.sdpa_masked:
+        return {**terms, **sdpa_masked_terms(model, training, s, b)}
     scores = model.num_heads * s * s * b
     terms["softmax_output"] = e * scores
     if model.position is PositionKind.alibi and not training.framework.megatron_layout:
@@ -60,6 +62,32 @@ def attention_core_terms(model: ModelSpec, training: TrainingSpec, s: int, b: in
     if model.attention_dropout > 0:
         terms["attention_dropout"] = DROPOUT_MASK_BYTES * scores + e * scores
     return terms
+
+
+# torch 2.1.1 (the cu121 wheel, git 4c55dc50), F.scaled_dot_product_attention with an additive mask
+# on CUDA. Backend: sdp::select_sdp_backend tries flash, then memory-efficient, then math
+# (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp); libtorch_cuda.so's use_flash_attention
+# lists check_for_attn_mask among its constraints and use_mem_efficient_attention does not (its
+# constraints: runtime-disabled, sm50-sm90, nested/grad, 4-d shapes, batch and heads, head_dim a
+# multiple of 8 for 16 bits on sm80, no zero lengths, last-dim stride 1), so a 16-bit mask-carrying
+# call with head_dim 128 on an A100 or H100 runs the memory-efficient kernel, not the math fallback.
+# Mask: at::native::scaled_dot_product_attention (attention.cpp; libtorch_cpu.so) calls
+# preprocess_mask, which expands the mask to b x a x s x s and then either pads it (pad_bias:
+# at::pad to a multiple of 16 columns, then a slice) when s % 16 != 0, or returns
+# attn_mask.contiguous() when any stride is 0 or not a multiple of 16 (its lambda
+# `stride % 16 != 0 || stride == 0`): an expanded b x 1 x s x s mask has stride 0 over the heads,
+# so either branch materialises b*a*s*ceil16(s) elements in the mask's (the query's) dtype.
+# Saved: derivatives.yaml (torchgen/packaged/autograd, line 2763-2765 of 2.1.1)
+# _scaled_dot_product_efficient_attention's backward reads query, key, value, attn_bias, output,
+# log_sumexp and the philox seed and offset; _meta_registrations.py meta__scaled_dot_product_efficient
+# gives log_sumexp fp32 b x a x ceil32(s). The backward allocates grad_q/k/v (the residual-stream
+# workspace's counterpart of a fused kernel's) and no grad_bias (the mask does not require grad).
+# Measured on the CPU with saved-tensor hooks (meta tensors, tests/test_sdpa_masked.py).
+def sdpa_masked_terms(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> dict[str, int]:
+    """torch 2.1's memory-efficient SDPA with a materialised mask: the log-sum-exp and the mask."""
+    e = training.precision.compute_bytes
+    return {"logsumexp": FP32_BYTES * model.num_heads * b * 32 * ceil(s / 32),
+            "attention_bias": e * b * model.num_heads * s * 16 * ceil(s / 16)}
 
 
 def attention_core_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> int:

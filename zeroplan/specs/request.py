@@ -124,6 +124,14 @@ def check_attention_kernel(model: ModelSpec, training: TrainingSpec) -> None:
     if model.position is PositionKind.alibi and training.attention_kernel is AttentionKernel.flash:
         raise ZeroplanError("training.attention_kernel", f"'flash' for {model.name!r}: its ALiBi attention runs eager in "
                             "transformers (BloomAttention has no fused path; allowed: eager, --attention eager)")
+    if training.attention_kernel is AttentionKernel.sdpa_masked:
+        # Only torch 2.1's backend choice and mask handling were read (the 2.1.1 wheel's
+        # libtorch_cuda.so and libtorch_cpu.so; docs/memory-model.md, "torch 2.1's SDPA with a
+        # mask"), and only the hf profile runs a model's own attention code with such a mask.
+        release = training.torch_release
+        if training.framework is not Framework.hf or release is None or release.strip().split(".")[:2] != ["2", "1"]:
+            raise ZeroplanError("training.attention_kernel", "'sdpa-masked' is torch 2.1's SDPA with a materialised mask under "
+                                "the hf profile (allowed: --framework hf with --torch-release 2.1)")
 
 
 DEFAULT_SEQ_LEN = BatchSpec.model_fields["seq_len"].default

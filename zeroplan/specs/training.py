@@ -115,6 +115,12 @@ class AttentionKernel(str, Enum):
     flash = "flash"
     """Fused kernel (FlashAttention, PyTorch SDPA): keeps only Q, K, V, the output and the
     per-row log-sum-exp (Dao et al. 2022, sec. 3.1)."""
+    sdpa_masked = "sdpa-masked"
+    """torch 2.1's F.scaled_dot_product_attention given an additive b x 1 x s x s mask (Qwen-1's
+    modeling_qwen.py without use_flash_attn): on CUDA the memory-efficient kernel, which keeps
+    Q, K, V, the output, a per-row fp32 log-sum-exp and the mask as the b x a x s x s tensor
+    torch 2.1 materialises for it (zeroplan.core.activations.attention_core_terms). Framework
+    hf, torch release 2.1 only."""
 
 
 class AttentionImplementation(str, Enum):
