@@ -916,6 +916,10 @@ class PeakRankMemory(NamedTuple):
     """StrategyPlan.fits."""
     host_fits: bool | None
     """StrategyPlan.host_fits."""
+    host_bytes_per_rank: int
+    """StrategyPlan.host_bytes_per_rank (rank_host_bytes), which host_fits judges."""
+    load_fits: bool
+    """Whether the module moved onto the GPU at load fits the usable memory (load_fits_gpu)."""
 
 
 def peak_rank_memory(request: PlanRequest) -> PeakRankMemory:
@@ -929,9 +933,11 @@ def peak_rank_memory(request: PlanRequest) -> PeakRankMemory:
     rank_peaks = tuple(r.breakdown.peak_bytes for r in ranks) if len(ranks) > 1 else ()
     # The whole module DeepSpeed's engine moves onto the GPU at load (zeroplan.core.model_load)
     # must fit before any step runs.
-    fits = breakdown.peak_bytes <= usable and load_fits_gpu(request, usable)
-    return PeakRankMemory(request, breakdown, states, rank_peaks, usable, fits,
-                          host_memory_fits(request, rank_host_bytes(request, states)))
+    load_fits = load_fits_gpu(request, usable)
+    fits = breakdown.peak_bytes <= usable and load_fits
+    host_bytes = rank_host_bytes(request, states)
+    return PeakRankMemory(request, breakdown, states, rank_peaks, usable, fits, host_memory_fits(request, host_bytes),
+                          host_bytes, load_fits)
 
 
 def rank_host_bytes(request: PlanRequest, states: ModelStateBytes) -> int:
@@ -943,16 +949,16 @@ def rank_host_bytes(request: PlanRequest, states: ModelStateBytes) -> int:
 
 def _plan_at_peak(memory: PeakRankMemory, largest_micro_batch: bool, timed: bool) -> StrategyPlan:
     """plan() from its memory half."""
-    request, breakdown, states, usable = memory.request, memory.breakdown, memory.states, memory.usable_bytes
+    request, breakdown, usable = memory.request, memory.breakdown, memory.usable_bytes
     reason = peak_rank_reason(request) if request.parallel.pp > 1 else ""
     band = error_band(request.batch.varying_lengths is not None)
-    if not load_fits_gpu(request, usable):
+    if not memory.load_fits:
         borderline, turns_on = False, None  # the load runs out, by exact bytes, before any step
     else:
         borderline = is_borderline(breakdown.peak_bytes, usable, band, breakdown.lazy_state_segment_bytes,
                                    breakdown.allocated_peak_bytes)
         turns_on = None if borderline else _turns_in_band(request, breakdown, memory.fits, usable, band)
-    host_per_rank = rank_host_bytes(request, states)
+    host_per_rank = memory.host_bytes_per_rank
     host_per_node = host_per_rank * request.cluster.gpus_per_node
     step_collectives = tuple(collectives(request))
     return StrategyPlan.trusted(
@@ -1229,9 +1235,15 @@ def _fit_strategies(base: PlanRequest, strategies: Iterable[StrategyKind | Strat
                 strategies = tuple(k for k in strategies if not k.is_fsdp)
     strategies = tuple(strategies)
     check_framework_strategies(
-        framework, tuple(s.kind if isinstance(s, StrategySpec) else StrategyKind(s) for s in strategies), base.cluster.world_size,
+        framework, tuple(s.kind if isinstance(s, StrategySpec) else _kind(s) for s in strategies), base.cluster.world_size,
     )
     return strategies, given
+
+
+def _kind(strategy: StrategyKind | str) -> StrategyKind:
+    """StrategyKind(strategy): a kind itself without the enum's call (two Python calls, twice
+    for each of fit's strategies), a name through it."""
+    return strategy if type(strategy) is StrategyKind else StrategyKind(strategy)
 
 
 def _each_strategy(base: PlanRequest, strategies: tuple[StrategyKind | StrategySpec, ...], given: bool,
@@ -1244,7 +1256,7 @@ def _each_strategy(base: PlanRequest, strategies: tuple[StrategyKind | StrategyS
     first refusal left out when none applies."""
     answers, requests, left_out = [], {}, []
     for strategy in strategies:
-        spec = strategy if isinstance(strategy, StrategySpec) else kept_copy(base.strategy, kind=StrategyKind(strategy))
+        spec = strategy if isinstance(strategy, StrategySpec) else kept_copy(base.strategy, kind=_kind(strategy))
         try:
             requests[spec.kind] = base.with_strategy(spec)
         except ZeroplanError as error:

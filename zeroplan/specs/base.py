@@ -142,16 +142,25 @@ _KEPT_COPIES: dict[tuple, Any] = {}
 """kept_copy's copies by what makes them."""
 
 
+# The slots every model of this class stores, set through their own descriptors (the member
+# descriptors of BaseModel's and Frozen's __slots__): what object.__setattr__ finds for each after
+# a lookup through the class's MRO, which a plan's dozen results each paid five times.
+_SET_FROZEN_HASH = Frozen.__dict__["_frozen_hash"].__set__
+_SET_FIELDS_SET = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_SET_EXTRA = BaseModel.__dict__["__pydantic_extra__"].__set__
+_SET_PRIVATE = BaseModel.__dict__["__pydantic_private__"].__set__
+
+
 def _instance(cls: type[Frozen], data: dict[str, Any], fields_set: set[str]) -> Any:
     """A model of ``cls`` whose fields are ``data``, as pydantic stores one of this class's (no
     extra fields, no private attributes), built without its generic steps: model_copy's and
     trusted's one construction."""
     built = object.__new__(cls)
-    _set(built, "_frozen_hash", None)
+    _SET_FROZEN_HASH(built, None)
     _set(built, "__dict__", data)
-    _set(built, "__pydantic_fields_set__", fields_set)
-    _set(built, "__pydantic_extra__", None)
-    _set(built, "__pydantic_private__", None)
+    _SET_FIELDS_SET(built, fields_set)
+    _SET_EXTRA(built, None)
+    _SET_PRIVATE(built, None)
     return built
 
 
