@@ -418,8 +418,9 @@ _ALLOCATOR_PLANNER: list = [None]
 """zeroplan.allocator.planner once imported (_allocator_planner)."""
 
 
-def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateBytes]:
-    """The request's memory at its peak."""
+def memory_breakdown(request: PlanRequest, usable_bytes: int | None = None) -> tuple[MemoryBreakdown, ModelStateBytes]:
+    """The request's memory at its peak; ``usable_bytes``: its usable_memory_bytes where the
+    caller has it (rank_memories), else found here where needed."""
     batch = request.batch
     states, terms = checked_peak_terms(request)
     activations, logits, workspace, step_temporary = terms.activations, terms.logits, terms.workspace, terms.step_temporary
@@ -437,8 +438,8 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
         # "The caching allocator"): the peak is what it reserves there, or, where it runs out,
         # what it reserves without a limit; where the allocated peak alone passes the usable
         # memory nothing is replayed and the peak is the allocated peak, the least it needs.
-        verdict = _allocator_planner().allocator_verdict(request, *replayed(states, terms), allocated,
-                                                         usable_memory_bytes(request))
+        usable = usable_memory_bytes(request) if usable_bytes is None else usable_bytes
+        verdict = _allocator_planner().allocator_verdict(request, *replayed(states, terms), allocated, usable)
         reserved, oom_at = verdict.reserved_peak_bytes, verdict.oom_capacity_bytes
         reserve = 0 if reserved is None else max(reserved - allocated, 0)
     varying = split_segment = 0
@@ -448,7 +449,7 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
         from zeroplan.allocator.varying_lengths import varying_length_reserve_bytes
 
         one_step = allocated + reserve if reserved is None else reserved
-        usable = usable_memory_bytes(request)
+        usable = usable_memory_bytes(request) if usable_bytes is None else usable_bytes
         varying = varying_length_reserve_bytes(request, terms, one_step, usable, lambda other: peak_terms(other)[1])
         reserve += varying
         reserved = None if reserved is None else reserved + varying
@@ -558,7 +559,13 @@ class RankMemory(NamedTuple):
 
 def rank_memories(request: PlanRequest) -> list[RankMemory]:
     """Every pipeline rank's RankMemory, rank 0 first (the request's own alone without a pipeline)."""
-    return [RankMemory(rank, *memory_breakdown(rank), usable_memory_bytes(rank)) for rank in pipeline_rank_requests(request)]
+    return [_rank_memory(rank, usable_memory_bytes(rank)) for rank in pipeline_rank_requests(request)]
+
+
+def _rank_memory(rank: PlanRequest, usable_bytes: int) -> RankMemory:
+    """The rank's RankMemory, its usable memory found once (usable_memory_bytes reads the
+    rank's communicators: a pure function of the request, which refuses nothing)."""
+    return RankMemory(rank, *memory_breakdown(rank, usable_bytes), usable_bytes)
 
 
 def nearest_rank_memory(ranks: list[RankMemory]) -> RankMemory:
@@ -963,12 +970,13 @@ def rank_host_bytes(request: PlanRequest, states: ModelStateBytes) -> int:
     return max(states.host_bytes + host_checkpoint_bytes(request), load_host_bytes(request))
 
 
-def _plan_at_peak(memory: PeakRankMemory, largest_micro_batch: bool, timed: bool) -> StrategyPlan:
-    """plan() from its memory half."""
+def _plan_at_peak(memory: PeakRankMemory, largest_micro_batch: bool, timed: bool, banded: bool = True) -> StrategyPlan:
+    """plan() from its memory half; without ``banded`` not borderline whatever its peak (for
+    suggestion_fit's plans, whose verdict reads the band of the recommended plan alone)."""
     request, breakdown, usable = memory.request, memory.breakdown, memory.usable_bytes
     reason = peak_rank_reason(request) if request.parallel.pp > 1 else ""
     band = error_band(request.batch.varying_lengths is not None)
-    if not memory.load_fits:
+    if not memory.load_fits or not banded:
         borderline, turns_on = False, None  # the load runs out, by exact bytes, before any step
     else:
         borderline = is_borderline(breakdown.peak_bytes, usable, band, breakdown.lazy_state_segment_bytes,
@@ -1321,7 +1329,13 @@ def suggestion_fit(request: PlanRequest, strategies: tuple[StrategyKind | Strate
     memories, requests, _ = _each_strategy(request, strategies, given, peak_rank_memory)
     if not any(memory.fits and memory.host_fits is not False for memory in memories):
         return SuggestionFit(None, "", "")
-    plans = tuple(_plan_at_peak(memory, False, False) for memory in memories)
+    # Where one fits, _verdict reads the band (StrategyPlan.borderline, borderline_capacity_bytes)
+    # of the recommended plan alone (_margin), and recommend reads no band: the others are
+    # completed without it (_turns_in_band asks the allocator model), the recommended with it.
+    plans = tuple(_plan_at_peak(memory, False, False, banded=False) for memory in memories)
+    recommended = recommend(plans)
+    plans = tuple(_plan_at_peak(memory, False, False) if plan.strategy is recommended else plan
+                  for memory, plan in zip(memories, plans, strict=True))
     return SuggestionFit(*_fit_verdict(request, plans, requests))
 
 
