@@ -817,8 +817,11 @@ def revalidated(request: PlanRequest, **update: Frozen) -> PlanRequest:
     a before-validator would change the data, or a field is no spec of its own type, it is the
     full validation itself."""
     data = {**request.__dict__, **update}
-    if type(request) is not PlanRequest or len(data) != len(_FIELD_TYPES) or any(before(data) is not data for before in _BEFORE):
+    if type(request) is not PlanRequest or len(data) != len(_FIELD_TYPES):
         return type(request)(**{**dict(request), **update})
+    for before in _BEFORE:  # a loop, not any() over a generator: fit makes a dozen requests per strategy list
+        if before(data) is not data:
+            return type(request)(**{**dict(request), **update})
     for name, field_type in _FIELD_TYPES.items():
         value = data[name]
         if type(value) is not field_type:
