@@ -977,7 +977,8 @@ def _plan_at_peak(memory: PeakRankMemory, largest_micro_batch: bool, timed: bool
     reason = peak_rank_reason(request) if request.parallel.pp > 1 else ""
     band = error_band(request.batch.varying_lengths is not None)
     if not memory.load_fits or not banded:
-        borderline, turns_on = False, None  # the load runs out, by exact bytes, before any step
+        # The load runs out, by exact bytes, before any step (or the band is not asked for).
+        borderline, turns_on = False, None
     else:
         borderline = is_borderline(breakdown.peak_bytes, usable, band, breakdown.lazy_state_segment_bytes,
                                    breakdown.allocated_peak_bytes)
@@ -1027,8 +1028,8 @@ def _turns_in_band(request: PlanRequest, breakdown: MemoryBreakdown, fits: bool,
             or breakdown.varying_length_reserve_bytes):
         return None
     low, high = band_capacities_bytes(usable_bytes, band)
-    return _allocator_planner().allocator_turns_in_band(request, *replayed(*checked_peak_terms(request)), breakdown.allocated_peak_bytes,
-                                   low, high, fits)
+    return _allocator_planner().allocator_turns_in_band(request, *replayed(*checked_peak_terms(request)),
+                                                        breakdown.allocated_peak_bytes, low, high, fits)
 
 
 # Simpler first: fewer model states sharded, no engine before an engine (docs/memory-model.md,
