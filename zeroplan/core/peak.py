@@ -160,9 +160,17 @@ def peak_allocated_bytes(states: ModelStateBytes, moments: PeakTerms, grad_accum
 
 
 def largest_moment(alive: dict[PeakMoment, MomentBytes]) -> tuple[int, PeakMoment]:
-    """peak_allocated_bytes of moments already computed (peak_moments)."""
-    moment = max(alive, key=lambda m: alive[m].total)
-    return alive[moment].total, moment
+    """peak_allocated_bytes of moments already computed (peak_moments): the first largest, as
+    max(alive, key=...) picks it, read in one pass over the items (no moment's enum hashed to
+    look it up again: a Python call each, at every plan's breakdown)."""
+    largest = moment = None
+    for at, moment_bytes in alive.items():
+        total = moment_bytes.total
+        if largest is None or total > largest:
+            largest, moment = total, at
+    if moment is None:
+        raise ValueError("largest_moment() of no moments")
+    return largest, moment
 
 
 @frozen

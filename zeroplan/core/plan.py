@@ -401,8 +401,26 @@ def _recent_peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms
     return peak_terms(request)
 
 
-def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateBytes]:
-    """The request's memory at its peak."""
+def _allocator_planner():  # type: ignore[no-untyped-def]
+    """zeroplan.allocator.planner, imported when first asked for (a request under the flat
+    reserve never needs it) and kept: an import statement costs about 0.7 us, and memory_breakdown
+    and _turns_in_band ask for it at every strategy of a fit. Its functions are read from the
+    module at each call, as the import statement read them."""
+    module = _ALLOCATOR_PLANNER[0]
+    if module is None:
+        from zeroplan.allocator import planner as module
+
+        _ALLOCATOR_PLANNER[0] = module
+    return module
+
+
+_ALLOCATOR_PLANNER: list = [None]
+"""zeroplan.allocator.planner once imported (_allocator_planner)."""
+
+
+def memory_breakdown(request: PlanRequest, usable_bytes: int | None = None) -> tuple[MemoryBreakdown, ModelStateBytes]:
+    """The request's memory at its peak; ``usable_bytes``: its usable_memory_bytes where the
+    caller has it (rank_memories), else found here where needed."""
     batch = request.batch
     states, terms = checked_peak_terms(request)
     activations, logits, workspace, step_temporary = terms.activations, terms.logits, terms.workspace, terms.step_temporary
@@ -420,9 +438,8 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
         # "The caching allocator"): the peak is what it reserves there, or, where it runs out,
         # what it reserves without a limit; where the allocated peak alone passes the usable
         # memory nothing is replayed and the peak is the allocated peak, the least it needs.
-        from zeroplan.allocator.planner import allocator_verdict
-
-        verdict = allocator_verdict(request, *replayed(states, terms), allocated, usable_memory_bytes(request))
+        usable = usable_memory_bytes(request) if usable_bytes is None else usable_bytes
+        verdict = _allocator_planner().allocator_verdict(request, *replayed(states, terms), allocated, usable)
         reserved, oom_at = verdict.reserved_peak_bytes, verdict.oom_capacity_bytes
         reserve = 0 if reserved is None else max(reserved - allocated, 0)
     varying = split_segment = 0
@@ -432,7 +449,7 @@ def memory_breakdown(request: PlanRequest) -> tuple[MemoryBreakdown, ModelStateB
         from zeroplan.allocator.varying_lengths import varying_length_reserve_bytes
 
         one_step = allocated + reserve if reserved is None else reserved
-        usable = usable_memory_bytes(request)
+        usable = usable_memory_bytes(request) if usable_bytes is None else usable_bytes
         varying = varying_length_reserve_bytes(request, terms, one_step, usable, lambda other: peak_terms(other)[1])
         reserve += varying
         reserved = None if reserved is None else reserved + varying
@@ -542,7 +559,13 @@ class RankMemory(NamedTuple):
 
 def rank_memories(request: PlanRequest) -> list[RankMemory]:
     """Every pipeline rank's RankMemory, rank 0 first (the request's own alone without a pipeline)."""
-    return [RankMemory(rank, *memory_breakdown(rank), usable_memory_bytes(rank)) for rank in pipeline_rank_requests(request)]
+    return [_rank_memory(rank, usable_memory_bytes(rank)) for rank in pipeline_rank_requests(request)]
+
+
+def _rank_memory(rank: PlanRequest, usable_bytes: int) -> RankMemory:
+    """The rank's RankMemory, its usable memory found once (usable_memory_bytes reads the
+    rank's communicators: a pure function of the request, which refuses nothing)."""
+    return RankMemory(rank, *memory_breakdown(rank, usable_bytes), usable_bytes)
 
 
 def nearest_rank_memory(ranks: list[RankMemory]) -> RankMemory:
@@ -916,6 +939,10 @@ class PeakRankMemory(NamedTuple):
     """StrategyPlan.fits."""
     host_fits: bool | None
     """StrategyPlan.host_fits."""
+    host_bytes_per_rank: int
+    """StrategyPlan.host_bytes_per_rank (rank_host_bytes), which host_fits judges."""
+    load_fits: bool
+    """Whether the module moved onto the GPU at load fits the usable memory (load_fits_gpu)."""
 
 
 def peak_rank_memory(request: PlanRequest) -> PeakRankMemory:
@@ -929,9 +956,11 @@ def peak_rank_memory(request: PlanRequest) -> PeakRankMemory:
     rank_peaks = tuple(r.breakdown.peak_bytes for r in ranks) if len(ranks) > 1 else ()
     # The whole module DeepSpeed's engine moves onto the GPU at load (zeroplan.core.model_load)
     # must fit before any step runs.
-    fits = breakdown.peak_bytes <= usable and load_fits_gpu(request, usable)
-    return PeakRankMemory(request, breakdown, states, rank_peaks, usable, fits,
-                          host_memory_fits(request, rank_host_bytes(request, states)))
+    load_fits = load_fits_gpu(request, usable)
+    fits = breakdown.peak_bytes <= usable and load_fits
+    host_bytes = rank_host_bytes(request, states)
+    return PeakRankMemory(request, breakdown, states, rank_peaks, usable, fits, host_memory_fits(request, host_bytes),
+                          host_bytes, load_fits)
 
 
 def rank_host_bytes(request: PlanRequest, states: ModelStateBytes) -> int:
@@ -941,18 +970,20 @@ def rank_host_bytes(request: PlanRequest, states: ModelStateBytes) -> int:
     return max(states.host_bytes + host_checkpoint_bytes(request), load_host_bytes(request))
 
 
-def _plan_at_peak(memory: PeakRankMemory, largest_micro_batch: bool, timed: bool) -> StrategyPlan:
-    """plan() from its memory half."""
-    request, breakdown, states, usable = memory.request, memory.breakdown, memory.states, memory.usable_bytes
+def _plan_at_peak(memory: PeakRankMemory, largest_micro_batch: bool, timed: bool, banded: bool = True) -> StrategyPlan:
+    """plan() from its memory half; without ``banded`` not borderline whatever its peak (for
+    suggestion_fit's plans, whose verdict reads the band of the recommended plan alone)."""
+    request, breakdown, usable = memory.request, memory.breakdown, memory.usable_bytes
     reason = peak_rank_reason(request) if request.parallel.pp > 1 else ""
     band = error_band(request.batch.varying_lengths is not None)
-    if not load_fits_gpu(request, usable):
-        borderline, turns_on = False, None  # the load runs out, by exact bytes, before any step
+    if not memory.load_fits or not banded:
+        # The load runs out, by exact bytes, before any step (or the band is not asked for).
+        borderline, turns_on = False, None
     else:
         borderline = is_borderline(breakdown.peak_bytes, usable, band, breakdown.lazy_state_segment_bytes,
                                    breakdown.allocated_peak_bytes)
         turns_on = None if borderline else _turns_in_band(request, breakdown, memory.fits, usable, band)
-    host_per_rank = rank_host_bytes(request, states)
+    host_per_rank = memory.host_bytes_per_rank
     host_per_node = host_per_rank * request.cluster.gpus_per_node
     step_collectives = tuple(collectives(request))
     return StrategyPlan.trusted(
@@ -996,11 +1027,9 @@ def _turns_in_band(request: PlanRequest, breakdown: MemoryBreakdown, fits: bool,
     if (breakdown.reserved_peak_bytes is None or not breakdown.allocator_modelled
             or breakdown.varying_length_reserve_bytes):
         return None
-    from zeroplan.allocator.planner import allocator_turns_in_band
-
     low, high = band_capacities_bytes(usable_bytes, band)
-    return allocator_turns_in_band(request, *replayed(*checked_peak_terms(request)), breakdown.allocated_peak_bytes,
-                                   low, high, fits)
+    return _allocator_planner().allocator_turns_in_band(request, *replayed(*checked_peak_terms(request)),
+                                                        breakdown.allocated_peak_bytes, low, high, fits)
 
 
 # Simpler first: fewer model states sharded, no engine before an engine (docs/memory-model.md,
@@ -1229,9 +1258,15 @@ def _fit_strategies(base: PlanRequest, strategies: Iterable[StrategyKind | Strat
                 strategies = tuple(k for k in strategies if not k.is_fsdp)
     strategies = tuple(strategies)
     check_framework_strategies(
-        framework, tuple(s.kind if isinstance(s, StrategySpec) else StrategyKind(s) for s in strategies), base.cluster.world_size,
+        framework, tuple(s.kind if isinstance(s, StrategySpec) else _kind(s) for s in strategies), base.cluster.world_size,
     )
     return strategies, given
+
+
+def _kind(strategy: StrategyKind | str) -> StrategyKind:
+    """StrategyKind(strategy): a kind itself without the enum's call (two Python calls, twice
+    for each of fit's strategies), a name through it."""
+    return strategy if type(strategy) is StrategyKind else StrategyKind(strategy)
 
 
 def _each_strategy(base: PlanRequest, strategies: tuple[StrategyKind | StrategySpec, ...], given: bool,
@@ -1244,7 +1279,7 @@ def _each_strategy(base: PlanRequest, strategies: tuple[StrategyKind | StrategyS
     first refusal left out when none applies."""
     answers, requests, left_out = [], {}, []
     for strategy in strategies:
-        spec = strategy if isinstance(strategy, StrategySpec) else kept_copy(base.strategy, kind=StrategyKind(strategy))
+        spec = strategy if isinstance(strategy, StrategySpec) else kept_copy(base.strategy, kind=_kind(strategy))
         try:
             requests[spec.kind] = base.with_strategy(spec)
         except ZeroplanError as error:
@@ -1295,7 +1330,13 @@ def suggestion_fit(request: PlanRequest, strategies: tuple[StrategyKind | Strate
     memories, requests, _ = _each_strategy(request, strategies, given, peak_rank_memory)
     if not any(memory.fits and memory.host_fits is not False for memory in memories):
         return SuggestionFit(None, "", "")
-    plans = tuple(_plan_at_peak(memory, False, False) for memory in memories)
+    # Where one fits, _verdict reads the band (StrategyPlan.borderline, borderline_capacity_bytes)
+    # of the recommended plan alone (_margin), and recommend reads no band: the others are
+    # completed without it (_turns_in_band asks the allocator model), the recommended with it.
+    plans = tuple(_plan_at_peak(memory, False, False, banded=False) for memory in memories)
+    recommended = recommend(plans)
+    plans = tuple(_plan_at_peak(memory, False, False) if plan.strategy is recommended else plan
+                  for memory, plan in zip(memories, plans, strict=True))
     return SuggestionFit(*_fit_verdict(request, plans, requests))
 
 

@@ -65,10 +65,13 @@ arguments here costs about 1 us a call more than a compiled __init__ (a frozen r
 fields: 1.8 against 0.7 us), compiling one about 1 M instructions, once."""
 
 
-def _compiled_init(every: tuple[Field, ...], qualname: str) -> Callable[..., None]:
+def _compiled_init(every: tuple[Field, ...], qualname: str, slotted: bool = True) -> Callable[..., None]:
     """The __init__ dataclasses writes for a frozen class of these fields (CPython 3.11
     dataclasses._init_fn: each field a parameter, its default or a sentinel for its factory,
-    each value set past the frozen __setattr__), compiled from its source."""
+    each value set past the frozen __setattr__), compiled from its source. A class without
+    slots has its instance's __dict__ set at once, the fields in order (what setting them one by
+    one leaves in a new instance's __dict__, one object.__setattr__ where there were one per
+    field: the planner builds a dozen peak moments a plan)."""
     namespace: dict[str, Any] = {"_set": _set, "_FACTORY": _FACTORY}
     parameters, lines = ["self"], []
     for f in every:
@@ -81,7 +84,10 @@ def _compiled_init(every: tuple[Field, ...], qualname: str) -> Callable[..., Non
             lines.append(f"    {f.name} = _factory_{f.name}() if {f.name} is _FACTORY else {f.name}")
         else:
             parameters.append(f.name)
-        lines.append(f"    _set(self, {f.name!r}, {f.name})")
+        if slotted:
+            lines.append(f"    _set(self, {f.name!r}, {f.name})")
+    if not slotted:
+        lines.append(f"    _set(self, '__dict__', {{{', '.join(f'{f.name!r}: {f.name}' for f in every)}}})")
     exec(f"def __init__({', '.join(parameters)}):\n" + "\n".join(lines or ["    pass"]), namespace)
     init = namespace["__init__"]
     init.__qualname__ = qualname
@@ -143,7 +149,7 @@ def _give_methods(cls: T) -> T:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         built[0] += 1
         if built[0] > COMPILE_AFTER:
-            compiled = _compiled_init(every, f"{cls.__qualname__}.__init__")
+            compiled = _compiled_init(every, f"{cls.__qualname__}.__init__", slotted)
             type.__setattr__(cls, "__init__", compiled)
             compiled(self, *args, **kwargs)
             return

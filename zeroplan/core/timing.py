@@ -429,6 +429,8 @@ def _optimizer_traffic_s(request: PlanRequest) -> float:
 # on A100, H100 and H200.
 def newton_schulz_seconds(request: PlanRequest) -> float:
     """Seconds of one step's Newton-Schulz products on the busiest rank (0 without Muon)."""
+    if request.training.optimizer is not Optimizer.muon:
+        return 0.0  # rank_newton_schulz_flops' 0, without importing it at every plan's step time
     from zeroplan.core.muon_time import rank_newton_schulz_flops
 
     flops = rank_newton_schulz_flops(request)

@@ -366,6 +366,16 @@ def check_compiled_strategy(training: TrainingSpec, strategy: StrategyKind) -> N
                                         f"{strategy.value} (allowed: ddp, or without compile)")
 
 
+# The frameworks the before-validators below look for, each as the enum member and its name (a
+# dict's training may give either), built once: the validators run at every request fit() makes
+# for a strategy, and an enum member's .value is a Python-level property read.
+_FAIRSEQ = (Framework.fairseq, Framework.fairseq.value)
+_HF = (Framework.hf, Framework.hf.value)
+# The Megatron-DeepSpeed fork pads the vocabulary as Megatron-LM does (_megatron_vocab_padding).
+_MEGATRONS = (Framework.megatron, Framework.megatron.value, Framework.megatron_deepspeed, Framework.megatron_deepspeed.value)
+_UNTIES_EMBEDDINGS_NAMES = frozenset(f.value for f in UNTIES_EMBEDDINGS)
+
+
 def _raw_framework(training: object) -> object:
     """The framework of a request's ``training`` as a before-validator meets it: a TrainingSpec's,
     a dict's entry (a Framework or its name), else None."""
@@ -474,7 +484,7 @@ class PlanRequest(Frozen):
             return data  # the model's own validation answers
         training = data.get("training")
         framework = _raw_framework(training)
-        fairseq = framework in (Framework.fairseq, Framework.fairseq.value)
+        fairseq = framework in _FAIRSEQ
         if isinstance(model, ModelSpec) and (model.position is PositionKind.alibi or fairseq):
             data = _default_attention(data, default_attention_kernel(model, Framework.fairseq if fairseq else None))
         if not isinstance(positions, int) or positions < 1:
@@ -520,7 +530,7 @@ class PlanRequest(Frozen):
             return data
         training, model = data.get("training"), data.get("model")
         framework = _raw_framework(training)
-        if framework is None or framework not in {f.value for f in UNTIES_EMBEDDINGS}:
+        if framework is None or framework not in _UNTIES_EMBEDDINGS_NAMES:
             return data
         if isinstance(model, ModelSpec) and model.tied_embeddings:
             return {**data, "model": model.model_copy(update={"tied_embeddings": False})}
@@ -541,9 +551,7 @@ class PlanRequest(Frozen):
         framework = _raw_framework(training)
         # The Megatron-DeepSpeed fork pads alike (megatron/tokenizer/tokenizer.py
         # _vocab_size_with_padding, megatron/arguments.py --make-vocab-size-divisible-by 128).
-        megatrons = (Framework.megatron, Framework.megatron.value, Framework.megatron_deepspeed,
-                     Framework.megatron_deepspeed.value)
-        if framework not in megatrons or not isinstance(model, ModelSpec):
+        if framework not in _MEGATRONS or not isinstance(model, ModelSpec):
             return data
         tp = parallel.tp if isinstance(parallel, ParallelSpec) else (parallel or {}).get("tp", 1)
         multiple = MEGATRON_VOCAB_MULTIPLE * tp
@@ -574,7 +582,7 @@ class PlanRequest(Frozen):
             return data
         training, strategy = data.get("training"), data.get("strategy")
         framework = _raw_framework(training)
-        if framework not in (Framework.hf, Framework.hf.value):
+        if framework not in _HF:
             return data
         if isinstance(strategy, StrategySpec) and strategy.fsdp1_root_stays_gathered:
             named = strategy.model_fields_set
@@ -602,7 +610,7 @@ class PlanRequest(Frozen):
             return data
         training, strategy = data.get("training"), data.get("strategy")
         framework = _raw_framework(training)
-        if framework not in (Framework.fairseq, Framework.fairseq.value):
+        if framework not in _FAIRSEQ:
             return data
         if isinstance(strategy, StrategySpec) and "prefetch_units" not in strategy.model_fields_set:
             return {**data, "strategy": strategy.model_copy(update={"prefetch_units": 0})}
@@ -823,8 +831,11 @@ def revalidated(request: PlanRequest, **update: Frozen) -> PlanRequest:
     a before-validator would change the data, or a field is no spec of its own type, it is the
     full validation itself."""
     data = {**request.__dict__, **update}
-    if type(request) is not PlanRequest or len(data) != len(_FIELD_TYPES) or any(before(data) is not data for before in _BEFORE):
+    if type(request) is not PlanRequest or len(data) != len(_FIELD_TYPES):
         return type(request)(**{**dict(request), **update})
+    for before in _BEFORE:  # a loop, not any() over a generator: fit makes a dozen requests per strategy list
+        if before(data) is not data:
+            return type(request)(**{**dict(request), **update})
     for name, field_type in _FIELD_TYPES.items():
         value = data[name]
         if type(value) is not field_type:
