@@ -96,17 +96,7 @@ class Frozen(BaseModel):
         int for an int, a tuple for a tuple, never one pydantic would convert), what validating
         them builds (tests/test_trusted_results.py compares the two over fit's results), the
         fields left out at their defaults. A name that is no field, or a field without a
-        default left out, is refused as validation refuses it. The class's first call gives it
-        its own trusted (_compiled_trusted), which builds the same model."""
-        if "trusted" not in cls.__dict__:
-            compiled = _compiled_trusted(cls)
-            type.__setattr__(cls, "trusted", classmethod(compiled))
-            return compiled(cls, **values)
-        return _generic_trusted(cls, **values)
-
-    @classmethod
-    def _generic_trusted(cls, **values: Any) -> Self:
-        """trusted for any class: its fields' template with ``values`` over it."""
+        default left out, is refused as validation refuses it."""
         cached = cls.__dict__.get("_trusted_template")
         if cached is None:
             template = {name: _REQUIRED if info.is_required() else info.get_default(call_default_factory=True)
@@ -159,50 +149,6 @@ _SET_FROZEN_HASH = Frozen.__dict__["_frozen_hash"].__set__
 _SET_FIELDS_SET = BaseModel.__dict__["__pydantic_fields_set__"].__set__
 _SET_EXTRA = BaseModel.__dict__["__pydantic_extra__"].__set__
 _SET_PRIVATE = BaseModel.__dict__["__pydantic_private__"].__set__
-
-
-_UNSET = object()
-"""A field not passed to a compiled trusted (_compiled_trusted)."""
-
-
-def _generic_trusted(cls: type[Frozen], **values: Any) -> Any:
-    return Frozen.__dict__["_generic_trusted"].__func__(cls, **values)
-
-
-# trusted builds each plan's results (its breakdown, the plan, its step time, the allocator's
-# verdict: ~60 a fit), and its generic steps (the template's merge with the values, the set of
-# the names passed, the test of the required ones) cost more than the model's construction. As
-# core/record.py compiles a frozen record's __init__, a class's trusted is compiled for its own
-# fields on its first call: each field a keyword-only parameter, the data in the fields' order,
-# a field left out at its template's default (the same object), the names passed its fields set.
-# Any other call (a name that is no field, a required field left out, a subclass's call) takes
-# the generic path, which refuses it as validation does.
-def _compiled_trusted(cls: type[Frozen]) -> Any:
-    """Frozen.trusted for ``cls`` alone, compiled from its fields (the template's defaults)."""
-    template = {name: _REQUIRED if info.is_required() else info.get_default(call_default_factory=True)
-                for name, info in cls.__pydantic_fields__.items()}
-    # Any other call goes to Frozen.trusted: the generic path for ``cls``, a subclass's own.
-    namespace: dict[str, Any] = {"_UNSET": _UNSET, "_instance": _instance, "_owner": cls,
-                                 "_generic": Frozen.__dict__["trusted"].__func__}
-    names = list(template)
-    required = [name for name in names if template[name] is _REQUIRED]
-    passed = ", ".join(f"({name!r}, {name})" for name in names)
-    lines = [f"    if _cls is not _owner or _extra{''.join(f' or {name} is _UNSET' for name in required)}:",
-             f"        return _generic(_cls, **{{_n: _v for _n, _v in ({passed}{',' if len(names) == 1 else ''}) "
-             f"if _v is not _UNSET}}, **_extra)",
-             f"    _fields_set = {{{', '.join(repr(name) for name in required)}}}" if required else "    _fields_set = set()"]
-    for name in names:
-        if template[name] is not _REQUIRED:
-            namespace[f"_default_{name}"] = template[name]
-            lines += [f"    if {name} is _UNSET:", f"        {name} = _default_{name}", "    else:",
-                      f"        _fields_set.add({name!r})"]
-    lines.append(f"    return _instance(_cls, {{{', '.join(f'{name!r}: {name}' for name in names)}}}, _fields_set)")
-    parameters = f"*, {''.join(f'{name}=_UNSET, ' for name in names)}" if names else ""
-    exec(f"def trusted(_cls, /, {parameters}**_extra):\n" + "\n".join(lines), namespace)
-    compiled = namespace["trusted"]
-    compiled.__qualname__ = f"{cls.__qualname__}.trusted"
-    compiled.__doc__ = Frozen.trusted.__doc__
-    return compiled
 
 
 def _instance(cls: type[Frozen], data: dict[str, Any], fields_set: set[str]) -> Any:
