@@ -92,10 +92,10 @@ FUSED_GATE_UP = (LoraTarget.gate, LoraTarget.up)
 """The projections a fused gated-MLP input linear computes (ModelSpec.fused_gate_up)."""
 
 
-# peft 0.17.1 tuners/tuners_utils.py BaseTuner.inject_adapter matches target_modules against
+# peft 0.17.1 tuners/tuners_utils.py:443 BaseTuner.inject_adapter matches target_modules against
 # module names and replaces each matching nn.Linear (or transformers' Conv1D) whole:
-# tuners/lora/layer.py LoraLayer.update_layer builds one lora_A Linear(in_features, r) and one
-# lora_B Linear(r, out_features) over the module's full in and out widths, so a fused q/k/v
+# tuners/lora/layer.py:217-218 (LoraLayer.update_layer) builds one lora_A Linear(in_features, r)
+# and one lora_B Linear(r, out_features) over the module's full in and out widths, so a fused q/k/v
 # module (c_attn, query_key_value, Wqkv, qkv_proj) gets one adapter of r x h and (q + 2 kv) x r,
 # and nothing can wrap part of it (the early MergedLinear with enable_lora did: pet at 73d7224b5,
 # src/pet/tuners/lora.py; 0.17.1 has no such layer). Only hf runs the models' Hugging Face modules: torchtune's builders, litgpt's GPT
