@@ -184,3 +184,12 @@ def test_part_of_a_fused_gate_up_is_refused() -> None:
     whole = FineTuneSpec(lora_rank=4, lora_targets=(Q, K, V, O, GATE, UP, DOWN))
     check_finetune(whole, phi3, Framework.hf, 1)
     assert lora_adapters(whole, phi3, Framework.hf) == (FUSED_QKV, (O,), FUSED_GATE_UP, (DOWN,))
+
+
+def test_fused_gate_up_needs_a_gated_mlp() -> None:
+    from zeroplan.specs.model import MlpKind, ModelSpec
+
+    with pytest.raises(ZeroplanError) as error:
+        ModelSpec(name="m", vocab_size=128, hidden_size=64, num_layers=2, num_heads=4, ffn_hidden_size=256,
+                  mlp=MlpKind.gelu, fused_gate_up=True)
+    assert error.value.field == "model.fused_gate_up"
