@@ -44,8 +44,8 @@ def test_lora_trains_only_its_adapters_with_each_framework_default_targets() -> 
     torchtune = FineTuneSpec(lora_rank=8)
     assert torchtune.targets(Framework.torchtune) == (LoraTarget.q, LoraTarget.v, LoraTarget.o, LoraTarget.gate,
                                                       LoraTarget.up, LoraTarget.down)
-    assert trainable_parameters(units, torchtune, Framework.torchtune) == lora_elements(8, torchtune.targets(Framework.torchtune))
-    assert trainable_parameters(units, FineTuneSpec(lora_rank=16), Framework.hf) == lora_elements(16, (LoraTarget.q, LoraTarget.v))
+    assert trainable_parameters(units, torchtune, Framework.torchtune, LLAMA_8B) == lora_elements(8, torchtune.targets(Framework.torchtune))
+    assert trainable_parameters(units, FineTuneSpec(lora_rank=16), Framework.hf, LLAMA_8B) == lora_elements(16, (LoraTarget.q, LoraTarget.v))
 
 
 def test_lora_model_states_are_the_frozen_base_plus_the_adapters_states() -> None:

@@ -228,7 +228,7 @@ def test_lora_mlp_on_a_gpt_mlp_wraps_fc_and_proj_as_up_and_down() -> None:
     # (r x h, h x r), GptNeoxMLP fc's (r x h, f x r) and proj's (r x f, h x r); the head's (r x h, V x r).
     h, f, r, v = 2560, 10240, 8, 51200
     per_block = 2 * 3 * r * h + 2 * r * h + (r * h + f * r) + (r * f + h * r)
-    assert trainable_parameters(parameter_units(phi2), finetune, Framework.litgpt) == 32 * per_block + r * h + v * r
+    assert trainable_parameters(parameter_units(phi2), finetune, Framework.litgpt, phi2) == 32 * per_block + r * h + v * r
     request = PlanRequest(model=phi2, batch=BatchSpec(seq_len=S, micro_batch_size=B),
                           training=TrainingSpec(framework=Framework.litgpt, precision=Precision.bf16_pure, finetune=finetune),
                           cluster=cluster_from_gpus(get_gpu("a10g"), 1), strategy=StrategySpec(kind=StrategyKind.ddp))

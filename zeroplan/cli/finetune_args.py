@@ -48,7 +48,9 @@ def add_finetune_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--lora-alpha", type=positive_float, metavar="A", help="LoRA alpha (changes no byte; default 2R)")
     group.add_argument("--lora-targets", type=_targets, metavar="LAYERS",
                        help="comma-separated layers the adapters wrap, of q,k,v,o,gate,up,down,output "
-                            "(default: the framework's; torchtune q,v,o,gate,up,down; hf (PEFT) and litgpt q,v; zeroplan all seven of a block)")
+                            "(default: the framework's; torchtune q,v,o,gate,up,down; hf (PEFT) and litgpt q,v; zeroplan all seven of a block); "
+                            "under hf a model's fused module (Qwen-1, GPT-2, BLOOM, Falcon c_attn or query_key_value; Phi-3 "
+                            "qkv_proj, gate_up_proj) takes one adapter: name all its layers (q,k,v; gate,up) or none")
     group.add_argument("--lora-dropout", type=_fraction, default=0.0, metavar="P",
                        help="dropout on each adapter's input (default 0: no mask or copy is kept)")
     group.add_argument("--lora-modules-to-save", type=_saved_modules, metavar="MODULES",

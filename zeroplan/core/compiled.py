@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from zeroplan.core.profiles import profile, torchtitan_compiles_loss
 from zeroplan.errors import ZeroplanError
-from zeroplan.specs.finetune import LoraTarget, Quantization
+from zeroplan.specs.finetune import LoraTarget, Quantization, lora_adapters
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.hardware import GpuArchitecture, GpuSpec
 from zeroplan.specs.model import ModelSpec
@@ -213,7 +213,9 @@ def compiled_lora_delta_bytes(request: PlanRequest) -> int:
     targets = finetune.targets(request.training.framework)
     unread = sum(e * tokens * input_width(request, kind) for group, kind, kept_anyway in INPUT_GROUPS
                  if not kept_anyway and not any(t in targets for t in group))
-    adapters = sum(e * tokens * finetune.lora_rank for t in targets if t is not LoraTarget.output)
+    adapters = sum(e * tokens * finetune.lora_rank
+                   for module in lora_adapters(finetune, request.model, request.training.framework)
+                   if module != (LoraTarget.output,))
     dequantized = e * _block_linear_elements(request.model) if finetune.quantize is Quantization.nf4 else 0
     return adapters + dequantized - unread + hf_compiled_lora_extra_bytes(request)
 
@@ -238,7 +240,10 @@ def hf_compiled_lora_extra_bytes(request: PlanRequest) -> int:
     tokens = request.batch.seq_len * request.batch.micro_batch_size
     targets = [t for t in training.finetune.targets(training.framework) if t is not LoraTarget.output]
     widths = _linear_widths(request.model)
-    weight_copies = sum(e * training.finetune.lora_rank * sum(widths[t]) for t in targets)
+    # One adapter per module: a fused module's (zeroplan.specs.finetune.lora_adapters) reads the
+    # shared input once and writes its projections' outputs together.
+    modules = [m for m in lora_adapters(training.finetune, request.model, training.framework) if m != (LoraTarget.output,)]
+    weight_copies = sum(e * training.finetune.lora_rank * (widths[m[0]][0] + sum(widths[t][1] for t in m)) for m in modules)
     o_input = e * tokens * request.model.attention_output_size if LoraTarget.o in targets else 0
     return weight_copies + o_input
 

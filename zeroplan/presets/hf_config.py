@@ -246,10 +246,13 @@ def _megatron_shape_fields(name: str, config: dict[str, Any], *hidden_keys: str)
                 num_heads=require_key(config, "n_head", "num_attention_heads"))
 
 
+# transformers 4.56.2 models/gpt2/modeling_gpt2.py:193 (GPT2Attention.__init__): c_attn =
+# Conv1D(3 * embed_dim, embed_dim), q, k and v in one module (fused_qkv).
 def _gpt2_spec(name: str, config: dict[str, Any]) -> ModelSpec:
     shape = _megatron_shape_fields(name, config, "n_embd", "hidden_size")
     return strict_model_spec(
         **shape,
+        fused_qkv=True,
         ffn_hidden_size=config.get("n_inner") or 4 * shape["hidden_size"],
         mlp=MlpKind.gelu,
         norm=NormKind.layernorm,
@@ -269,6 +272,8 @@ def _gpt2_spec(name: str, config: dict[str, Any]) -> ModelSpec:
 # parameters). With use_parallel_residual (the default) attention and MLP both read the block
 # input, so the second norm's input is the tensor the first saved: the planner's sequential block
 # counts it again, one s x b x h tensor a block more than the model saves (docs/memory-model.md).
+# modeling_gpt_neox.py:140 (GPTNeoXAttention.__init__): query_key_value = nn.Linear(hidden_size,
+# 3 * hidden_size), one module (fused_qkv).
 def _shape_fields(name: str, config: dict[str, Any]) -> dict[str, Any]:
     """The fields every config but GPT-2's names alike (vocab_size, hidden_size, ...)."""
     return dict(name=name, vocab_size=require_key(config, "vocab_size"), hidden_size=require_key(config, "hidden_size"),
@@ -290,6 +295,7 @@ def _gpt_neox_spec(name: str, config: dict[str, Any]) -> ModelSpec:
         **_shape_fields(name, config),
         **_biased_layernorm_gelu(config),
         position=PositionKind.rope,
+        fused_qkv=True,
         tied_embeddings=config.get("tie_word_embeddings", False),
         attention_dropout=config.get("attention_dropout", 0.0),
         hidden_dropout=config.get("hidden_dropout", 0.0),
@@ -363,6 +369,8 @@ has no position table, so longer sequences run with --allow-longer-seq."""
 # query_key_value (h -> 3h) and dense (h -> h) with biases, post_attention_layernorm, mlp.
 # dense_h_to_4h and dense_4h_to_h with biases (BloomGelu); ln_f; lm_head tied to the embedding;
 # ALiBi positions (no parameters) through an eager attention with an fp32 softmax.
+# modeling_bloom.py:211 (BloomAttention.__init__): query_key_value = nn.Linear(hidden_size,
+# 3 * hidden_size, bias=True), one module (fused_qkv).
 def _bloom_spec(name: str, config: dict[str, Any]) -> ModelSpec:
     if config.get("apply_residual_connection_post_layernorm"):
         raise ZeroplanError("config.apply_residual_connection_post_layernorm",
@@ -376,6 +384,7 @@ def _bloom_spec(name: str, config: dict[str, Any]) -> ModelSpec:
         position=PositionKind.alibi,
         max_positions=config.get("seq_length") or BLOOM_TRAINED_POSITIONS,
         bias=True,
+        fused_qkv=True,
         embedding_norm=True,
         tied_embeddings=config.get("tie_word_embeddings", True),
         attention_dropout=config.get("attention_dropout", 0.0),
@@ -383,6 +392,9 @@ def _bloom_spec(name: str, config: dict[str, Any]) -> ModelSpec:
     )
 
 
+# transformers 4.56.2 models/phi3/modeling_phi3.py:161 (Phi3Attention.__init__): qkv_proj =
+# nn.Linear(hidden_size, op_size), q, k and v in one module; :55 (Phi3MLP.__init__): gate_up_proj =
+# nn.Linear(hidden_size, 2 * intermediate_size), gate and up in one (fused_qkv, fused_gate_up).
 def _llama_spec(name: str, config: dict[str, Any]) -> ModelSpec:
     model_type = config["model_type"]
     gemma = model_type in _GEMMA_LIKE
@@ -405,6 +417,8 @@ def _llama_spec(name: str, config: dict[str, Any]) -> ModelSpec:
         qkv_bias=model_type == "qwen2",
         qk_norm=model_type == "qwen3",
         post_norms=model_type == "gemma2",
+        fused_qkv=model_type == "phi3",
+        fused_gate_up=model_type == "phi3",
         tied_embeddings=config.get("tie_word_embeddings", gemma),
         num_experts=config.get("num_local_experts", moe_defaults[0]) if model_type == "mixtral" else 1,
         experts_per_token=config.get("num_experts_per_tok", moe_defaults[1]) if model_type == "mixtral" else 1,

@@ -75,6 +75,8 @@ def opt_spec(name: str, config: dict[str, Any]) -> ModelSpec:
 # the same block input), else input_layernorm and post_attention_layernorm in sequence; ln_f;
 # lm_head (no bias) tied to word_embeddings by default. Rotary positions unless alibi; the rotary
 # path applies no attention dropout ("neither dropout nor head_mask is applied here").
+# modeling_falcon.py:224 (FalconAttention.__init__): query_key_value = FalconLinear(hidden_size,
+# qkv_out_dim), one module (fused_qkv).
 def falcon_spec(name: str, config: dict[str, Any]) -> ModelSpec:
     _allowed(config, "alibi", False, (False,), "(Falcon-RW's ALiBi attention, its softmax in the input dtype) is not modelled")
     _allowed(config, "activation", "gelu", ("gelu",), "is not modelled for falcon")
@@ -100,6 +102,7 @@ def falcon_spec(name: str, config: dict[str, Any]) -> ModelSpec:
         mlp=MlpKind.gelu, norm=NormKind.layernorm, position=PositionKind.rope,
         max_positions=config.get("max_position_embeddings", 2048),
         bias=config.get("bias", False),
+        fused_qkv=True,
         # Two norms over one block input (Falcon-40B/180B) are planned as a sequential block,
         # as GPT-NeoX's parallel residual is: the second norm's input, the first's, counted again.
         parallel_block=parallel and norms == 1,
@@ -138,7 +141,8 @@ MPT_TRAINED_POSITIONS = 2048
 # 3h) and out_proj without bias, up_proj (h -> 4h: MptMLP ignores expansion_ratio) and down_proj
 # without bias, GELU; norm_f (no bias); lm_head tied to wte. The eager attention softmaxes the
 # scores in fp32 and casts them back (softmax(scores.float()).to(value dtype)), Bloom's 6 bytes a
-# score; attn_pdrop drops the probabilities and both sub-blocks' outputs.
+# score; attn_pdrop drops the probabilities and both sub-blocks' outputs. modeling_mpt.py:86
+# (MptAttention.__init__): Wqkv = nn.Linear(hidden_size, 3 * hidden_size), one module (fused_qkv).
 def mpt_spec(name: str, config: dict[str, Any]) -> ModelSpec:
     hidden = require_key(config, "d_model")
     _allowed(config, "expansion_ratio", 4, (4,), "builds no other MLP width in transformers' MptMLP (4 x d_model)")
@@ -155,14 +159,15 @@ def mpt_spec(name: str, config: dict[str, Any]) -> ModelSpec:
         num_layers=require_key(config, "n_layers"), num_heads=require_key(config, "n_heads"),
         ffn_hidden_size=4 * hidden, mlp=MlpKind.gelu, norm=NormKind.layernorm, norm_bias=False,
         position=PositionKind.alibi, max_positions=config.get("max_seq_len", MPT_TRAINED_POSITIONS),
-        bias=False, tied_embeddings=config.get("tie_word_embeddings", True),
+        bias=False, fused_qkv=True, tied_embeddings=config.get("tie_word_embeddings", True),
         attention_dropout=dropout, hidden_dropout=dropout,
     )
 
 
 # transformers 4.56.2 models/gpt_bigcode/modeling_gpt_bigcode.py (SantaCoder, StarCoder): GPT-2's
 # layout (wte, wpe, ln_1, c_attn, c_proj, ln_2, c_fc and c_proj with biases, ln_f, tied lm_head)
-# whose c_attn projects h -> h + 2 d under multi_query (one key/value head, the default).
+# whose c_attn projects h -> h + 2 d under multi_query (one key/value head, the default):
+# modeling_gpt_bigcode.py:161-164 (GPTBigCodeAttention.__init__), one module (fused_qkv).
 def gpt_bigcode_spec(name: str, config: dict[str, Any]) -> ModelSpec:
     _allowed(config, "activation_function", "gelu_pytorch_tanh", GELU_ACTIVATIONS, "is not modelled for gpt_bigcode")
     hidden = require_key(config, "n_embd", "hidden_size")
@@ -174,7 +179,7 @@ def gpt_bigcode_spec(name: str, config: dict[str, Any]) -> ModelSpec:
         ffn_hidden_size=config.get("n_inner") or 4 * hidden,
         mlp=MlpKind.gelu, norm=NormKind.layernorm, position=PositionKind.learned,
         max_positions=require_key(config, "n_positions", "max_position_embeddings"),
-        bias=True, tied_embeddings=config.get("tie_word_embeddings", True),
+        bias=True, fused_qkv=True, tied_embeddings=config.get("tie_word_embeddings", True),
         # GPTBigCodeConfig drops out at 0.1 unless told otherwise.
         attention_dropout=config.get("attn_pdrop", 0.1), hidden_dropout=config.get("resid_pdrop", 0.1),
     )

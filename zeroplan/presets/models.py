@@ -17,7 +17,7 @@ def _gpt2(name: str, hidden: int, layers: int, heads: int, positions: int = 1024
     return ModelSpec(
         name=name, vocab_size=50257, hidden_size=hidden, num_layers=layers, num_heads=heads,
         ffn_hidden_size=4 * hidden, mlp=MlpKind.gelu, norm=NormKind.layernorm,
-        position=PositionKind.learned, max_positions=positions, bias=True,
+        position=PositionKind.learned, max_positions=positions, bias=True, fused_qkv=True,
         tied_embeddings=True, attention_dropout=0.1, hidden_dropout=0.1,
     )
 
@@ -45,7 +45,7 @@ def _falcon_7b() -> ModelSpec:
     return ModelSpec(
         name="falcon-7b", vocab_size=65024, hidden_size=4544, num_layers=32, num_heads=71, num_kv_heads=1,
         ffn_hidden_size=4 * 4544, mlp=MlpKind.gelu, norm=NormKind.layernorm, position=PositionKind.rope,
-        max_positions=2048, bias=False, parallel_block=True, tied_embeddings=True,
+        max_positions=2048, bias=False, parallel_block=True, tied_embeddings=True, fused_qkv=True,
     )
 
 
@@ -140,8 +140,10 @@ _READ_PRESETS: dict[str, dict] = {"stablelm-base-alpha-3b": _STABLELM_ALPHA_3B, 
 
 
 # Qwen-1 runs its own modeling_qwen.py (trust_remote_code), whose QWenLMHeadModel.forward computes
-# its loss on lm_head's compute-dtype output with no fp32 upcast (zeroplan.core.own_loss).
-_OWN_LOSS_PRESETS = frozenset({"qwen-1.8b", "qwen-7b", "qwen-14b", "qwen-72b"})
+# its loss on lm_head's compute-dtype output with no fp32 upcast (zeroplan.core.own_loss), and whose
+# QWenAttention.__init__ builds c_attn = nn.Linear(hidden_size, 3 * projection_size): q, k and v in
+# one module (Qwen/Qwen-7B modeling_qwen.py:269, mirrored at zhangningboo/Qwen-7B@d4efd21; fused_qkv).
+_QWEN1_PRESETS = frozenset({"qwen-1.8b", "qwen-7b", "qwen-14b", "qwen-72b"})
 
 
 @functools.cache
@@ -149,7 +151,9 @@ def _read_preset(name: str) -> ModelSpec:
     from zeroplan.presets.hf_config import parse_hf_config
 
     spec = parse_hf_config(_READ_PRESETS[name], name)
-    return spec.model_copy(update={"own_loss_in_compute_dtype": True}) if name in _OWN_LOSS_PRESETS else spec
+    if name in _QWEN1_PRESETS:
+        return spec.model_copy(update={"own_loss_in_compute_dtype": True, "fused_qkv": True})
+    return spec
 
 
 # Each preset is built (validated) the first time it is asked for by name: a command plans one

@@ -8,7 +8,7 @@ from zeroplan.answers import FitReport
 from zeroplan.core.margin import SPLIT_SEGMENT_NOTE, error_band
 from zeroplan.report.fits_cell import fits_cell, fits_cell_notes
 from zeroplan.results import StrategyPlan
-from zeroplan.specs.finetune import Quantization
+from zeroplan.specs.finetune import Quantization, lora_adapters
 from zeroplan.specs.framework import LAUNCH_ENVIRONMENT, Framework
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.model import ModelSpec
@@ -213,7 +213,7 @@ def finetune_lines(report: FitReport) -> list[str]:
     if finetune.trains_everything:
         return []
     total = total_parameters(report.model)
-    trainable = trainable_parameters(parameter_units(report.model), finetune, t.framework)
+    trainable = trainable_parameters(parameter_units(report.model), finetune, t.framework, report.model)
     if finetune.modules_to_save:
         from zeroplan.core.finetune.modules_to_save import saved_tensors_of
 
@@ -223,7 +223,8 @@ def finetune_lines(report: FitReport) -> list[str]:
         frozen = ([f"the first {finetune.frozen_blocks} block(s)"] if finetune.frozen_blocks else []) + (
             ["the embeddings"] if finetune.freeze_embeddings else [])
         return [f"Full fine-tune with {' and '.join(frozen)} frozen: {share}."]
-    targets = ",".join(target.value for target in finetune.targets(t.framework))
+    # A fused module's adapter (zeroplan.specs.finetune.fused_modules) shows as its projections joined by +.
+    targets = ",".join("+".join(p.value for p in module) for module in lora_adapters(finetune, report.model, t.framework))
     loaded = finetune.base_dtype.value
     if finetune.quantize.is_quantized:
         # peft's prepare_model_for_kbit_training (hf's QLoRA recipe) casts the rest to fp32.

@@ -86,6 +86,40 @@ def default_lora_targets(framework: Framework) -> tuple[LoraTarget, ...]:
     return DEFAULT_LORA_TARGETS.get(framework, ALL_BLOCK_TARGETS)
 
 
+FUSED_QKV = (LoraTarget.q, LoraTarget.k, LoraTarget.v)
+"""The projections a fused attention input linear computes (ModelSpec.fused_qkv)."""
+FUSED_GATE_UP = (LoraTarget.gate, LoraTarget.up)
+"""The projections a fused gated-MLP input linear computes (ModelSpec.fused_gate_up)."""
+
+
+# peft 0.17.1 tuners/tuners_utils.py:443 BaseTuner.inject_adapter matches target_modules against
+# module names and replaces each matching nn.Linear (or transformers' Conv1D) whole:
+# tuners/lora/layer.py:217-218 (LoraLayer.update_layer) builds one lora_A Linear(in_features, r)
+# and one lora_B Linear(r, out_features) over the module's full in and out widths, so a fused q/k/v
+# module (c_attn, query_key_value, Wqkv, qkv_proj) gets one adapter of r x h and (q + 2 kv) x r,
+# and nothing can wrap part of it (the early MergedLinear with enable_lora did: pet at 73d7224b5,
+# src/pet/tuners/lora.py; 0.17.1 has no such layer). Only hf runs the models' Hugging Face modules: torchtune's builders, litgpt's GPT
+# (its LoRAQKVLinear adapts q, k and v apart) and zeroplan's reference model have q, k and v apart.
+def fused_modules(model: ModelSpec, framework: Framework) -> tuple[tuple[LoraTarget, ...], ...]:
+    """The groups of projections that are one linear module where an adapter wraps the model."""
+    if framework is not Framework.hf:
+        return ()
+    return ((FUSED_QKV,) if model.fused_qkv else ()) + ((FUSED_GATE_UP,) if model.fused_gate_up else ())
+
+
+def lora_adapters(finetune: "FineTuneSpec", model: ModelSpec, framework: Framework) -> tuple[tuple[LoraTarget, ...], ...]:
+    """One entry per adapter of a block (and the head's), in target order: the projections the
+    linear it wraps computes, one, or every projection of a fused module any target names (the
+    framework's default q, v over a fused q/k/v module is peft's default, the fused module)."""
+    fused = fused_modules(model, framework)
+    adapters: list[tuple[LoraTarget, ...]] = []
+    for target in finetune.targets(framework):
+        module = next((group for group in fused if target in group), (target,))
+        if module not in adapters:
+            adapters.append(module)
+    return tuple(adapters)
+
+
 # bitsandbytes 0.50.2 functional.quantize_4bit raises "invalid blocksize" for any other.
 NF4_BLOCK_SIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 """Elements per nf4 scale block that bitsandbytes quantizes in: the powers of two 32 to 4096."""
@@ -329,6 +363,21 @@ def check_finetune(finetune: FineTuneSpec, model: ModelSpec, framework: Framewor
             allowed = ", ".join(t.value for t in LoraTarget if t in present)
             raise ZeroplanError("finetune.lora_targets", f"{target.value!r}: {model.name} has no such layer "
                                 f"(allowed: {allowed})")
+    check_fused_targets(finetune, model, framework)
+
+
+def check_fused_targets(finetune: FineTuneSpec, model: ModelSpec, framework: Framework) -> None:
+    """Refuse, in one line, named targets that cover part of a fused module (peft wraps the
+    module whole: fused_modules); the framework's default names none."""
+    if finetune.lora_targets is None:
+        return
+    for group in fused_modules(model, framework):
+        named = [t for t in group if t in finetune.lora_targets]
+        if named and len(named) < len(group):
+            whole = ",".join(t.value for t in group)
+            raise ZeroplanError("finetune.lora_targets", f"{','.join(t.value for t in named)!r} is part of one linear "
+                                f"module in {model.name} ({whole}), which peft wraps whole (allowed: {whole} together, "
+                                "or none of them)")
 
 
 def check_int8_base(finetune: FineTuneSpec, framework: Framework) -> None:

@@ -159,6 +159,14 @@ class ModelSpec(Frozen):
     encoder_decoder: EncoderDecoderSpec | None = None
     """Set for an encoder-decoder (T5, BART): num_layers then counts the encoder's blocks and the
     decoder's (zeroplan.specs.encoder_decoder); None: one stack of blocks."""
+    fused_qkv: bool = Field(default=False, exclude_if=lambda fused: not fused)
+    """Whether the model's Hugging Face implementation computes q, k and v with one linear module
+    (GPT-2's and GPTBigCode's c_attn, GPT-NeoX's, BLOOM's and Falcon's query_key_value, MPT's Wqkv,
+    Phi-3's qkv_proj, Qwen-1's c_attn): the parameters are the same, but peft wraps that module
+    with one LoRA adapter (zeroplan.specs.finetune.lora_adapters)."""
+    fused_gate_up: bool = Field(default=False, exclude_if=lambda fused: not fused)
+    """Whether the gated MLP's gate and up projections are one linear module in the model's
+    Hugging Face implementation (Phi-3's gate_up_proj): one LoRA adapter under peft."""
     own_loss_in_compute_dtype: bool = Field(default=False, exclude_if=lambda own: not own)
     """Its own modeling code (trust_remote_code) computes nn.CrossEntropyLoss on lm_head's output
     in the compute dtype, with no fp32 upcast: Qwen-1's modeling_qwen.py
@@ -195,6 +203,8 @@ class ModelSpec(Frozen):
         if self.parallel_block and (self.post_norms or self.is_moe or self.is_mla):
             raise ZeroplanError("model.parallel_block", "is modelled for dense blocks without post-norms or latent attention (allowed: false "
                                 "with post_norms, experts or latent attention)")
+        if self.fused_gate_up and not self.mlp.gated:
+            raise ZeroplanError("model.fused_gate_up", "applies to a gated MLP (allowed: false with mlp gelu or relu)")
         if not self.norm_bias and self.norm is not NormKind.layernorm:
             raise ZeroplanError("model.norm_bias", "applies to LayerNorm only (allowed: true with rmsnorm)")
         if self.position_offset and self.position is not PositionKind.learned:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from zeroplan.core.activations import norm_bytes, rms_norm_is_composite
 from zeroplan.core.finetune.storage import hf_runs_fsdp1
 from zeroplan.core.model_load import model_load
-from zeroplan.specs.finetune import BaseDtype, LoraTarget, Quantization
+from zeroplan.specs.finetune import BaseDtype, LoraTarget, Quantization, fused_modules, lora_adapters
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import NormKind
 from zeroplan.specs.request import PlanRequest
@@ -40,6 +40,26 @@ INPUT_GROUPS = (
     ((LoraTarget.gate, LoraTarget.up), "hidden", False),
     ((LoraTarget.down,), "ffn", False),
 )
+
+
+def base_modules(request: PlanRequest, group: tuple[LoraTarget, ...]) -> list[tuple[LoraTarget, ...]]:
+    """The linear modules that compute ``group``'s projections in the framework's model: one per
+    projection, or one for the projections of a fused module (zeroplan.specs.finetune.fused_modules)."""
+    fused = fused_modules(request.model, request.training.framework)
+    modules: list[tuple[LoraTarget, ...]] = []
+    for target in group:
+        module = next((m for m in fused if target in m), (target,))
+        if module not in modules:
+            modules.append(module)
+    return modules
+
+
+def group_adapters(request: PlanRequest, group: tuple[LoraTarget, ...]) -> int:
+    """How many adapters read ``group``'s input: one per wrapped module (a fused module's one
+    adapter reads it once, zeroplan.specs.finetune.lora_adapters)."""
+    finetune = request.training.finetune
+    return sum(1 for module in lora_adapters(finetune, request.model, request.training.framework)
+               if any(t in group for t in module))
 
 
 def input_width(request: PlanRequest, kind: str) -> int:
@@ -205,7 +225,10 @@ def checkpoint_escaping_inputs_bytes(request: PlanRequest) -> int:
         mlp_input = [hidden] if model.norms_per_block > 1 else []
         return tokens * (x * (hidden + ffn + sum(mlp_input)) + e * attention)
     if quantized_base_outputs_fp32(request):
-        reads = [hidden] * 3 + [attention] + [hidden] * (2 if model.mlp.gated else 1) + [ffn]
+        # One copy per base module (base_modules: a fused q/k/v or gate/up module is one Linear4bit).
+        qkv = len(base_modules(request, (LoraTarget.q, LoraTarget.k, LoraTarget.v)))
+        gate_up = len(base_modules(request, (LoraTarget.gate, LoraTarget.up))) if model.mlp.gated else 1
+        reads = [hidden] * qkv + [attention] + [hidden] * gate_up + [ffn]
     else:
         reads = [hidden, attention, ffn] + ([hidden] if model.norms_per_block > 1 else [])
     return sum(e * tokens * width for width in reads)
@@ -305,7 +328,7 @@ def _group_input_bytes(request: PlanRequest, targets: tuple[LoraTarget, ...], ki
     e = request.training.precision.compute_bytes
     tokens = request.batch.seq_len * request.batch.micro_batch_size
     width = input_width(request, kind)
-    wrapped = [t for t in targets if t in finetune.targets(request.training.framework)]
+    wrapped = group_adapters(request, targets)
     # The attention output o reads is the fused attention's own kept output (INPUT_GROUPS), so
     # an int8 o keeps no second copy of it, nor a 4-bit o (the input arrives in bf16: no cast).
     # Under the non-reentrant checkpoint a recomputed block's MatMul4Bit and MatMul8bitLt nodes
@@ -317,7 +340,7 @@ def _group_input_bytes(request: PlanRequest, targets: tuple[LoraTarget, ...], ki
     own = 0  # bytes of the copies each base linear makes of the input and keeps
     if bnb_4bit_keeps_input(request) and not kept_anyway and not escapes:
         if quantized_base_outputs_fp32(request):
-            own = len(targets) * e * tokens * width
+            own = len(base_modules(request, targets)) * e * tokens * width
         else:
             shared = e * tokens * width
     if zero3_linear_keeps_input(request):
@@ -331,9 +354,9 @@ def _group_input_bytes(request: PlanRequest, targets: tuple[LoraTarget, ...], ki
         # adapter: each keeps its mask, and lora_a its dropped input (adapter_matmul_bytes: under
         # hf's DDP autocast's bf16 copy of the dropped fp32 input, fp32 where adapters_stay_fp32).
         mask = dropout_mask_bytes(request, FP32_BYTES if copies else e)
-        return shared + own + len(wrapped) * (a + mask) * tokens * width
+        return shared + own + wrapped * (a + mask) * tokens * width
     if copies:
-        return shared + own + len(wrapped) * a * tokens * width
+        return shared + own + wrapped * a * tokens * width
     return own + max(shared, e * tokens * width)
 
 
@@ -374,7 +397,7 @@ def _lora_delta_bytes(request: PlanRequest, norm_savings_bytes: int, within: fro
     e = training.precision.compute_bytes
     s, b = request.batch.seq_len, request.batch.micro_batch_size
     tokens = s * b
-    targets = finetune.targets(training.framework)
+    adapters = lora_adapters(finetune, request.model, training.framework)
     delta = 0
     # Full fine-tune: one copy of each input, kept by the linears that read it (layer_terms'
     # qkv_input, output_projection_input, mlp_input, and the product inside mlp_inner).
@@ -390,22 +413,24 @@ def _lora_delta_bytes(request: PlanRequest, norm_savings_bytes: int, within: fro
     # three [b, s, f] fp32 saved tensors).
     if quantized_base_outputs_fp32(request) and LoraTarget.gate in within:
         delta += 3 * (FP32_BYTES - e) * tokens * request.model.ffn_hidden_size
-    # Each adapter's B keeps A's r-wide output (adapter_matmul_bytes).
-    delta += sum(adapter_matmul_bytes(request) * tokens * finetune.lora_rank for t in targets if t in within)
+    # Each adapter's B keeps A's r-wide output (adapter_matmul_bytes): one for a fused module.
+    delta += sum(adapter_matmul_bytes(request) * tokens * finetune.lora_rank for module in adapters
+                 if all(t in within for t in module))
     dora = dora_kept_bytes(request, within)
     whole_norms = frozen_norms_delta(request, norm_savings_bytes)
     return delta + dora + whole_norms * norms // max(1, request.model.norms_per_block)
 
 
 def _dora_linears(request: PlanRequest) -> list[tuple[LoraTarget, int, int]]:
-    """(target, in, out) of the block linears DoRA wraps (none without DoRA)."""
+    """(first target, in, out) of the block linears DoRA wraps (none without DoRA); a fused
+    module is one linear whose output is its projections' together."""
     finetune = request.training.finetune
     if not finetune.dora:
         return []
     widths = {LoraTarget.q: "hidden", LoraTarget.k: "hidden", LoraTarget.v: "hidden", LoraTarget.o: "attention",
               LoraTarget.gate: "hidden", LoraTarget.up: "hidden", LoraTarget.down: "ffn"}
-    return [(t, input_width(request, widths[t]), _output_width(request, t))
-            for t in finetune.targets(request.training.framework) if t in widths]
+    return [(module[0], input_width(request, widths[module[0]]), sum(_output_width(request, t) for t in module))
+            for module in lora_adapters(finetune, request.model, request.training.framework) if module[0] in widths]
 
 
 def _adapter_bytes(request: PlanRequest) -> int:

@@ -4,8 +4,9 @@ quantized where the base is), with each LoRA adapter's tensors after the weight 
 from __future__ import annotations
 
 from zeroplan.core.params import ParamTensor, ParamUnit
-from zeroplan.specs.finetune import FineTuneSpec, LoraTarget
+from zeroplan.specs.finetune import FineTuneSpec, LoraTarget, lora_adapters
 from zeroplan.specs.framework import Framework
+from zeroplan.specs.model import ModelSpec
 
 # The weight each target names in zeroplan.core.params' unit layout.
 TARGET_WEIGHT = {
@@ -59,22 +60,43 @@ def _frozen(tensor: ParamTensor, quantized: bool) -> ParamTensor:
     return tensor.model_copy(update={"trainable": False, "quantized": quantized})
 
 
-def finetune_units(units: tuple[ParamUnit, ...], finetune: FineTuneSpec, framework: Framework) -> tuple[ParamUnit, ...]:
-    """``units`` as the fine-tune trains them: frozen tensors marked, adapters added."""
+FUSED_MODULE_PREFIX = {(LoraTarget.q, LoraTarget.k, LoraTarget.v): "attention.qkv",
+                       (LoraTarget.gate, LoraTarget.up): "mlp.gate_up"}
+"""The name an adapter over a fused module (zeroplan.specs.finetune.fused_modules) takes."""
+
+
+# A fused module (peft wraps it whole: zeroplan.specs.finetune.fused_modules) computes its
+# projections' outputs side by side from one input: its adapter is A (r x in) and B (sum of the
+# outputs x r), placed after the module's last projection weight.
+def _fused_adapter_tensors(unit: ParamUnit, module: tuple[LoraTarget, ...], rank: int, dora: bool) -> list[ParamTensor]:
+    weights = [t for t in unit.tensors if t.name in {TARGET_WEIGHT[p] for p in module}]
+    fused = ParamTensor(name=f"{FUSED_MODULE_PREFIX[module]}.weight",
+                        shape=(sum(w.shape[0] for w in weights), weights[0].shape[1]))
+    return adapter_tensors(fused, rank, dora)
+
+
+def finetune_units(units: tuple[ParamUnit, ...], finetune: FineTuneSpec, framework: Framework,
+                   model: ModelSpec) -> tuple[ParamUnit, ...]:
+    """``units`` as the fine-tune trains them: frozen tensors marked, adapters added (one per
+    module the framework's model wraps: zeroplan.specs.finetune.lora_adapters)."""
     if finetune.trains_everything:
         return units
     if not finetune.is_lora:
         return tuple(_freeze_full_finetune(unit, finetune) for unit in units)
-    targets = {TARGET_WEIGHT[t] for t in finetune.targets(framework)}
-    targets |= {GPT_MLP_TARGET_WEIGHT[t] for t in finetune.targets(framework) if t in GPT_MLP_TARGET_WEIGHT}
+    adapters = lora_adapters(finetune, model, framework)
+    single = {TARGET_WEIGHT[m[0]] for m in adapters if len(m) == 1}
+    single |= {GPT_MLP_TARGET_WEIGHT[m[0]] for m in adapters if len(m) == 1 and m[0] in GPT_MLP_TARGET_WEIGHT}
+    fused_after = {TARGET_WEIGHT[m[-1]]: m for m in adapters if len(m) > 1}
     quantize = finetune.quantize.is_quantized
     result = []
     for unit in units:
         tensors: list[ParamTensor] = []
         for tensor in unit.tensors:
             tensors.append(_frozen(tensor, quantize and _is_quantized_weight(tensor, unit, framework)))
-            if tensor.name in targets:
+            if tensor.name in single:
                 tensors.extend(adapter_tensors(tensor, finetune.lora_rank, finetune.dora))
+            elif tensor.name in fused_after:
+                tensors.extend(_fused_adapter_tensors(unit, fused_after[tensor.name], finetune.lora_rank, finetune.dora))
         result.append(ParamUnit(name=unit.name, tensors=tuple(tensors)))
     return tuple(result)
 
@@ -117,9 +139,10 @@ def trainable_view(units: tuple[ParamUnit, ...]) -> tuple[ParamUnit, ...]:
 _TRAINABLE: dict[int, tuple[tuple[ParamUnit, ...], tuple[ParamUnit, ...]]] = {}
 
 
-def trainable_parameters(units: tuple[ParamUnit, ...], finetune: FineTuneSpec, framework: Framework) -> int:
+def trainable_parameters(units: tuple[ParamUnit, ...], finetune: FineTuneSpec, framework: Framework,
+                         model: ModelSpec) -> int:
     """Elements the optimizer steps under ``finetune`` (adapters, or the unfrozen part)."""
-    return sum(t.numel for unit in finetune_units(units, finetune, framework) for t in unit.tensors if t.trainable)
+    return sum(t.numel for unit in finetune_units(units, finetune, framework, model) for t in unit.tensors if t.trainable)
 
 
 # A linear's forward is 2 x its weight's elements in FLOPs per token, and its backward two such

@@ -49,7 +49,7 @@ def _rank_units(model: ModelSpec, tp: int, pp: int, schedule: PipelineSchedule, 
         if framework.megatron_layout and model.tied_embeddings:
             units = _megatron_shared_embedding(units, model)
     units = expert_parallel_units(tensor_parallel_units(units, parallel.tp), model, parallel.ep, framework, efsdp)
-    return finetune_units(units, finetune, framework)
+    return finetune_units(units, finetune, framework, model)
 
 
 MEGATRON_SHARED_EMBEDDING = "shared_embedding.weight"
@@ -68,7 +68,7 @@ def _megatron_shared_embedding(units: tuple[ParamUnit, ...], model: ModelSpec) -
 
 @lru_cache(maxsize=64)
 def _finetuned_units(model: ModelSpec, finetune: FineTuneSpec, framework: Framework) -> tuple[ParamUnit, ...]:
-    return finetune_units(parameter_units(model), finetune, framework)
+    return finetune_units(parameter_units(model), finetune, framework, model)
 
 
 def rank_parameter_units(request: PlanRequest) -> tuple[ParamUnit, ...]:
