@@ -58,7 +58,7 @@ def test_unmodelled_values_are_refused_in_one_line(zeroplan_cli, flags, words) -
 
 
 def test_the_copies_add_a_bf16_embedding_and_head_with_their_gradients_and_adamw_states() -> None:
-    flags = ["qwen-7b", *LORA, "--precision", "bf16-mixed", "--lora-targets", "q,v"]
+    flags = ["qwen-7b", *LORA, "--precision", "bf16-mixed", "--lora-targets", "q,k,v"]
     base = _request(*flags)
     saved = _request(*flags, "--lora-modules-to-save", "embed,head")
     copied = 2 * 151_936 * 4_096  # Qwen-7B's wte and lm_head, untied
@@ -73,7 +73,7 @@ def test_the_copies_add_a_bf16_embedding_and_head_with_their_gradients_and_adamw
 
 
 def test_ddp_buckets_hold_the_copys_gradient_too() -> None:
-    flags = ["qwen-7b", *LORA, "--gpus", "2", "--lora-targets", "q,v"]
+    flags = ["qwen-7b", *LORA, "--gpus", "2", "--lora-targets", "q,k,v"]
     extra = resident_buffer_bytes(_request(*flags, "--lora-modules-to-save", "head")) - resident_buffer_bytes(_request(*flags))
     assert extra == 2 * 151_936 * 4_096
 
