@@ -17,7 +17,6 @@ loss, 2 for Qwen-1's own). About 20 s:
 
 from __future__ import annotations
 
-import random
 import statistics
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.gpu_varying_lengths import lengths_of  # noqa: E402
 from zeroplan.allocator.config import parse_alloc_conf  # noqa: E402
 from zeroplan.allocator.replay import ALLOC_OP, FREE_OP, replay  # noqa: E402
 
@@ -34,8 +34,6 @@ VOCAB, HIDDEN, FFN, BLOCKS = 151_936, 4096, 11_008, 32
 """Qwen-7B's shapes."""
 STATES_BYTES = int(14.4 * GIB)
 """The model states, allocated once."""
-MEAN, SD, MIN = 3234.4, 2547.5, 91
-"""ms-swift's page statistics (benchmarks/varying_length_rows.py)."""
 
 
 class Trace:
@@ -115,20 +113,14 @@ def records_of(lengths: list[int]) -> list[int]:
 
 
 def main() -> int:
-    shape, scale = ((MEAN - MIN) / SD) ** 2, SD**2 / (MEAN - MIN)
     for longest, batches in ((512, 289), (2048, 1971), (8192, 949)):
         row_gib = 4 * VOCAB * longest / GIB
         for in_source_order in (False, True):
             one = reserved_after([longest], in_source_order)
             figures, rules = [], []
             for seed in range(6):
-                rng = random.Random(seed)
-                lengths: list[int] = []
-                while len(lengths) < batches:
-                    tokens = int(MIN + rng.gammavariate(shape, scale))
-                    if tokens <= longest:
-                        lengths.append(tokens)
-                lengths.append(longest)
+                # ms-swift's page statistics (benchmarks/gpu_varying_lengths.py), then the longest.
+                lengths = lengths_of(longest, batches, seed) + [longest]
                 figures.append(reserved_after(lengths, in_source_order))
                 # zeroplan.allocator.varying_lengths: each record below the longest keeps one
                 # segment per largest loss tensor.

@@ -39,6 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from zeroplan.allocator.measured import TRACE_FORMAT  # noqa: E402
 from zeroplan.atomic import write_atomic, write_text_atomic  # noqa: E402
 
 MAIN_CASES = ("ddp:torch", "zero3:zeroplan", "fsdp-full-shard:torch")
@@ -48,14 +49,18 @@ STEP = 2 * 2**20
 """The capacity search's resolution: segments and pages are multiples of 2 MiB."""
 OOM_EXIT = 3
 STARTED = time.perf_counter()
-TRACE_FORMAT = "zeroplan-allocator-trace/1"
 
 
+def write_gzip_json(path: Path, document: object) -> None:
+    """``document`` as compact JSON in a gzip file (the trace format's container), its folder made.
+    Shared with gpu_step_profile.py."""
+    def dump(tmp: Path) -> None:
+        with gzip.open(tmp, "wt") as handle:
+            json.dump(document, handle, separators=(",", ":"))
 
-def _dump_gzip(path: Path, document: object) -> None:
-    """``document`` as compact JSON in a gzip file (the trace format's container)."""
-    with gzip.open(path, "wt") as handle:
-        json.dump(document, handle, separators=(",", ":"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, dump)
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -164,8 +169,7 @@ def _history(args: argparse.Namespace, case: str, conf: str, out: Path) -> None:
         "step_starts_us": starts, "memory_stats": dict(torch.cuda.memory_stats()),
         "columns": ["action", "addr", "size", "stream", "time_us"], "events": events,
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(out, lambda tmp: _dump_gzip(tmp, document))
+    write_gzip_json(out, document)
     stats = document["memory_stats"]
     print(f"{case} {conf}: {len(events)} events, allocated peak {stats['allocated_bytes.all.peak'] / 2**20:.1f} MiB, "
           f"reserved peak {stats['reserved_bytes.all.peak'] / 2**20:.1f} MiB, retries {stats['num_alloc_retries']}")
@@ -257,10 +261,9 @@ def phase_summary(document: dict) -> str:
 def _profile(args: argparse.Namespace, case: str, out: Path) -> None:
     spec, device, engine = _setup(args, case)
     steps = profile_steps(args, spec, device, engine)
-    out.parent.mkdir(parents=True, exist_ok=True)
     document = {"case": case, "world_size": args.world_size, "micro_batch": args.micro_batch, "seq_len": args.seq_len,
                 "precision": "bf16-mixed", "model": spec.model_dump(mode="json"), **steps}
-    write_atomic(out, lambda tmp: _dump_gzip(tmp, document))
+    write_gzip_json(out, document)
     print(f"{case}: {phase_summary(steps)}")
 
 
@@ -299,18 +302,28 @@ def narrow(low: int, high: int, outcomes: dict[int, bool]) -> tuple[int, int, li
 
 # --- orchestration -----------------------------------------------------------------------------
 
-def _child(args: argparse.Namespace, single: str, env_extra: dict[str, str], timeout_s: float = 240) -> tuple[int, str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-               PYTHONWARNINGS="ignore", **env_extra)
-    command = [sys.executable, __file__, "--world-size", str(args.world_size), "--micro-batch", str(args.micro_batch),
-               "--seq-len", str(args.seq_len), "--steps", str(args.steps), "--model", args.model, "--single", single]
+def child_env(**extra: str) -> dict[str, str]:
+    """A child process's environment: the repository importable, warnings off."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+                PYTHONWARNINGS="ignore", **extra)
+
+
+def run_child(command: list[str], timeout_s: float, ok: tuple[int, ...] = (0,), **env: str) -> tuple[int, str]:
+    """Run one child process: its exit status and, for a status in ``ok``, its stdout (whose last
+    line is its summary), else stdout and stderr (which say why); -1 past ``timeout_s``. Shared
+    with gpu_step_profile.py."""
     try:
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
+        done = subprocess.run(command, env=child_env(**env), capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return -1, "timed out"
-    # On success the child's last stdout line is its summary; on failure stderr says why.
-    text = done.stdout.strip() if done.returncode in (0, OOM_EXIT) else (done.stdout + "\n" + done.stderr).strip()
+    text = done.stdout.strip() if done.returncode in ok else (done.stdout + "\n" + done.stderr).strip()
     return done.returncode, text or "no output"
+
+
+def _child(args: argparse.Namespace, single: str, env_extra: dict[str, str], timeout_s: float = 240) -> tuple[int, str]:
+    command = [sys.executable, __file__, "--world-size", str(args.world_size), "--micro-batch", str(args.micro_batch),
+               "--seq-len", str(args.seq_len), "--steps", str(args.steps), "--model", args.model, "--single", single]
+    return run_child(command, timeout_s, (0, OOM_EXIT), **env_extra)
 
 
 def _tar(source: Path, target: Path) -> None:
@@ -361,8 +374,7 @@ def _phase_history(args: argparse.Namespace, work: Path) -> None:
 def _phase_records(args: argparse.Namespace, work: Path) -> None:
     """gpu_measure.py's harness records (run_rank: the memory tracker and cuda peaks), one
     process per case, four side by side."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-               PYTHONWARNINGS="ignore")
+    env = child_env()
 
     def run(case: str) -> str:
         command = [sys.executable, str(REPO / "benchmarks" / "gpu_measure.py"), "--world-size", str(args.world_size),

@@ -24,11 +24,9 @@ independent record.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from zeroplan.atomic import write_atomic, write_text_atomic  # noqa: E402
+from zeroplan.atomic import write_text_atomic  # noqa: E402
 
 CASES = (
     "fsdp-full-shard:torch:2:4096:none",
@@ -48,12 +46,6 @@ CASES = (
 """strategy:engine:micro-batch:sequence:checkpointing. FSDP2 computes in bf16 parameters
 (MixedPrecisionPolicy), DDP under autocast over fp32 parameters: both ways users train."""
 
-
-
-def _dump_gzip(path: Path, document: object) -> None:
-    """``document`` as compact JSON in a gzip file (the trace format's container)."""
-    with gzip.open(path, "wt") as handle:
-        json.dump(document, handle, separators=(",", ":"))
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -74,7 +66,7 @@ def _case_args(args: argparse.Namespace, case: str) -> argparse.Namespace:
 
 
 def _profile_case(args: argparse.Namespace, case: str, out: Path) -> None:
-    from gpu_allocator import _setup, phase_summary, profile_steps
+    from gpu_allocator import _setup, phase_summary, profile_steps, write_gzip_json
 
     run = _case_args(args, case)
     spec, device, engine = _setup(run, run.case, checkpointing=run.checkpointing == "full")
@@ -82,8 +74,7 @@ def _profile_case(args: argparse.Namespace, case: str, out: Path) -> None:
     document = {"case": case, "strategy_engine": run.case, "world_size": run.world_size, "micro_batch": run.micro_batch,
                 "seq_len": run.seq_len, "activation_checkpointing": run.checkpointing, "precision": "bf16-mixed",
                 "model": spec.model_dump(mode="json"), **steps}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(out, lambda tmp: _dump_gzip(tmp, document))
+    write_gzip_json(out, document)
     print(f"{case}: {phase_summary(steps)}", flush=True)
 
 
@@ -180,17 +171,10 @@ def _kernels(args: argparse.Namespace, out: Path) -> None:
 
 
 def _child(args: argparse.Namespace, single: str, timeout_s: float = 200) -> tuple[int, str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-               PYTHONWARNINGS="ignore")
+    from gpu_allocator import run_child
+
     command = [sys.executable, __file__, "--world-size", str(args.world_size), "--single", single]
-    if args.smoke:
-        command.append("--smoke")
-    try:
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return -1, "timed out"
-    text = done.stdout.strip() if done.returncode == 0 else (done.stdout + "\n" + done.stderr).strip()
-    return done.returncode, text or "no output"
+    return run_child(command + ["--smoke"] if args.smoke else command, timeout_s)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,6 +29,8 @@ from pathlib import Path
 GIB = 2**30
 VOCAB = 151_936
 ROUND_LARGE_BYTES = 2 * 2**20
+MEAN, SD, MIN = 3234.4, 2547.5, 91
+"""ms-swift's page statistics of its samples' lengths in tokens (benchmarks/varying_length_rows.py)."""
 
 
 def _segment_bytes(size: int) -> int:
@@ -37,12 +39,13 @@ def _segment_bytes(size: int) -> int:
 
 
 def lengths_of(seq_len: int, batches: int, seed: int) -> list[int]:
-    mean, sd, low = 3234.4, 2547.5, 91
-    shape, scale = ((mean - low) / sd) ** 2, sd**2 / (mean - low)
+    """``batches`` lengths drawn with ``seed`` from the page statistics' shifted gamma, those above
+    ``seq_len`` dropped (shared with benchmarks/varying_length_rows.py and allocator_varying_loss_order.py)."""
+    shape, scale = ((MEAN - MIN) / SD) ** 2, SD**2 / (MEAN - MIN)
     rng = random.Random(seed)
     out: list[int] = []
     while len(out) < batches:
-        tokens = int(low + rng.gammavariate(shape, scale))
+        tokens = int(MIN + rng.gammavariate(shape, scale))
         if tokens <= seq_len:
             out.append(tokens)
     return out

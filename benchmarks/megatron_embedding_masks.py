@@ -20,12 +20,9 @@ with the first few tensors the embedding saved.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-from zeroplan.atomic import write_text_atomic
+from megatron_state_records import cuda_factories_to, run_cases
 
 RECORDS = Path(__file__).resolve().parent / "megatron-embedding-mask-records" / "records.json"
 
@@ -44,7 +41,6 @@ SEQ, MICRO_BATCH, HIDDEN, VOCAB = 32, 2, 64, 256
 def measure(name: str, tp: int, pp: int, v: int, m: int, sp: bool) -> dict:
     import contextlib
     import dataclasses
-    import functools
 
     import torch
     import torch.distributed as dist
@@ -56,16 +52,7 @@ def measure(name: str, tp: int, pp: int, v: int, m: int, sp: bool) -> dict:
     torch.cuda.synchronize = lambda *a, **k: None
     torch.Tensor.cuda = lambda self, *a, **k: self
 
-    def on_cpu(fn):
-        @functools.wraps(fn)
-        def wrapped(*args, **kwargs):
-            if str(kwargs.get("device", "")).startswith("cuda"):
-                kwargs["device"] = "cpu"
-            return fn(*args, **kwargs)
-        return wrapped
-
-    for factory in ("tensor", "zeros", "empty", "ones", "full", "arange"):
-        setattr(torch, factory, on_cpu(getattr(torch, factory)))
+    cuda_factories_to(torch, "cpu")
     from megatron.core import package_info, parallel_state
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
@@ -159,18 +146,7 @@ def measure(name: str, tp: int, pp: int, v: int, m: int, sp: bool) -> dict:
 
 
 def main() -> None:
-    if len(sys.argv) > 1:
-        print(json.dumps(measure(*json.loads(sys.argv[1]))))
-        return
-    records = []
-    for case in CASES:
-        out = subprocess.run([sys.executable, __file__, json.dumps(case)], capture_output=True, text=True, check=False)
-        if out.returncode:
-            sys.exit(f"{case[0]}: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}")
-        records.append(json.loads(out.stdout.strip().splitlines()[-1]))
-        print(records[-1])
-    write_text_atomic(RECORDS, json.dumps({"how": __doc__.strip().splitlines()[0] + " (benchmarks/megatron_embedding_masks.py)",
-                                           "records": records}, indent=1) + "\n")
+    run_cases(__file__, measure, CASES, RECORDS, __doc__)
 
 
 if __name__ == "__main__":

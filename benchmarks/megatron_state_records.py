@@ -21,6 +21,7 @@ keep the step per parameter group).
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -60,9 +61,41 @@ ARCHITECTURES = {
 }
 
 
-def measure(name: str, preset: str, world: int, tp: int, pp: int, rank: int, distopt: bool, precision: str) -> dict:
-    import functools
+def cuda_factories_to(torch, device: str) -> None:
+    """Make torch's tensor factories called with an explicit device="cuda..." make ``device``
+    tensors (megatron's GPU-only calls). Shared with megatron_embedding_masks.py."""
+    def redirected(fn):
+        @functools.wraps(fn)
+        def wrapped(*args, **kwargs):
+            if str(kwargs.get("device", "")).startswith("cuda"):
+                kwargs["device"] = device
+            return fn(*args, **kwargs)
+        return wrapped
 
+    for factory in ("tensor", "zeros", "empty", "ones", "full", "arange"):
+        setattr(torch, factory, redirected(getattr(torch, factory)))
+
+
+def run_cases(script: str, measure, cases: list[tuple], records: Path, doc: str) -> None:
+    """``script``'s command line: with a case (JSON) as its argument, that case measured and
+    printed as JSON; without, every case in a subprocess of its own (parallel_state is
+    process-global), each record printed, then all written to ``records``. Shared with
+    megatron_embedding_masks.py."""
+    if len(sys.argv) > 1:
+        print(json.dumps(measure(*json.loads(sys.argv[1]))))
+        return
+    results = []
+    for case in cases:
+        out = subprocess.run([sys.executable, script, json.dumps(case)], capture_output=True, text=True, check=False)
+        if out.returncode:
+            sys.exit(f"{case[0]}: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}")
+        results.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        print(results[-1])
+    how = f"{doc.strip().splitlines()[0]} (benchmarks/{Path(script).name})"
+    write_text_atomic(records, json.dumps({"how": how, "records": results}, indent=1) + "\n")
+
+
+def measure(name: str, preset: str, world: int, tp: int, pp: int, rank: int, distopt: bool, precision: str) -> dict:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -102,16 +135,7 @@ def measure(name: str, preset: str, world: int, tp: int, pp: int, rank: int, dis
             model = Float16Module(cfg, model)
     parameter_elements = sum(p.numel() for p in model.parameters())
 
-    def on_meta(fn):
-        @functools.wraps(fn)
-        def wrapped(*args, **kwargs):
-            if str(kwargs.get("device", "")).startswith("cuda"):
-                kwargs["device"] = "meta"
-            return fn(*args, **kwargs)
-        return wrapped
-
-    for factory in ("tensor", "zeros", "empty", "ones", "full", "arange"):
-        setattr(torch, factory, on_meta(getattr(torch, factory)))
+    cuda_factories_to(torch, "meta")
     tensor_type = torch.Tensor.type
     torch.Tensor.type = lambda self, *a, **k: (tensor_type(self, *a, **k).replace("torch.meta.", "torch.cuda.")
                                                if not a and not k else tensor_type(self, *a, **k))
@@ -147,17 +171,7 @@ def measure(name: str, preset: str, world: int, tp: int, pp: int, rank: int, dis
 
 
 def main() -> None:
-    if len(sys.argv) > 1:
-        case = json.loads(sys.argv[1])
-        print(json.dumps(measure(*case)))
-        return
-    records = []
-    for case in CASES:
-        out = subprocess.run([sys.executable, __file__, json.dumps(case)], capture_output=True, text=True, check=True)
-        records.append(json.loads(out.stdout.strip().splitlines()[-1]))
-        print(records[-1])
-    write_text_atomic(RECORDS, json.dumps({"how": __doc__.strip().splitlines()[0] + " (benchmarks/megatron_state_records.py)",
-                                           "records": records}, indent=1) + "\n")
+    run_cases(__file__, measure, CASES, RECORDS, __doc__)
 
 
 if __name__ == "__main__":

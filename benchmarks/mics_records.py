@@ -25,14 +25,10 @@ The record keeps, per rank, the model-state bytes and each step's collectives su
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from zeroplan.atomic import write_text_atomic
+from nvme_records import run_worker, write_record
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "benchmarks" / "mics-records" / "micro-llama-mics2-n4.json"
@@ -57,14 +53,7 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     python, out = argv[0], Path(argv[1]) if len(argv) > 1 else DEFAULT_OUT
-    command = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(RANKS), str(WORKER), "OUT", str(SHARD)]
-    with tempfile.TemporaryDirectory() as tmp:
-        env = dict(os.environ, NDEV_PER_NODE=str(RANKS_PER_NODE), DS_ACCELERATOR="cpu", PYTHONPATH=str(ROOT))
-        run = subprocess.run([tmp if a == "OUT" else a for a in command], env=env, capture_output=True, text=True)
-        if run.returncode != 0:
-            print(run.stdout[-3000:] + run.stderr[-3000:], file=sys.stderr)
-            return run.returncode
-        ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(RANKS)]
+    ranks = run_worker(python, WORKER, [str(SHARD)], RANKS, NDEV_PER_NODE=str(RANKS_PER_NODE))
     first = ranks[0]
     record = {
         "what": "MiCS under DeepSpeed's own engine: micro-llama, fp32, AdamW, micro-batch 2, seq 16, two steps",
@@ -82,9 +71,7 @@ def main(argv: list[str]) -> int:
                       for s in r["steps"]],
         } for r in ranks],
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out, json.dumps(record, indent=1) + "\n")
-    print(f"wrote {out}")
+    write_record(out, record)
     return 0
 
 

@@ -37,20 +37,33 @@ embedding's, on one rank), then one element short; max_in_cpu 3.2e6 keeps the fi
 on the host and sends the other three to NVMe."""
 
 
+def run_worker(python: str, worker: Path, args: list[str], ranks: int = 1, **env: str) -> list[dict]:
+    """``worker`` on ``ranks`` gloo ranks under torch.distributed.run (DeepSpeed's CPU accelerator),
+    a scratch folder its first argument: the rank<N>.json each rank wrote there. A failed run's
+    output tails go to stderr and the script exits with its status. Shared with mics_records.py."""
+    with tempfile.TemporaryDirectory() as tmp:
+        command = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), str(worker), tmp, *args]
+        run = subprocess.run(command, env=dict(os.environ, **env, DS_ACCELERATOR="cpu", PYTHONPATH=str(ROOT)),
+                             capture_output=True, text=True)
+        if run.returncode != 0:
+            print(run.stdout[-3000:] + run.stderr[-3000:], file=sys.stderr)
+            raise SystemExit(run.returncode)
+        return [json.loads(Path(tmp, f"rank{rank}.json").read_text()) for rank in range(ranks)]
+
+
+def write_record(out: Path, record: dict) -> None:
+    """``record`` as indented JSON at ``out``, its folder made. Shared with mics_records.py."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out, json.dumps(record, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
 def main(argv: list[str]) -> int:
     out = Path(argv[0]) if argv else DEFAULT_OUT
     runs = []
     for pipeline, buffers, extra in [(p, b, []) for p, b in RUNS] + [("none", 4, [str(size), str(MAX_IN_CPU)])
                                                                      for size in PARAM_RUNS]:
-        with tempfile.TemporaryDirectory() as tmp:
-            command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", str(WORKER), tmp,
-                       str(SUB_GROUP_SIZE), pipeline, str(buffers), *extra]
-            env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH=str(ROOT))
-            run = subprocess.run(command, env=env, capture_output=True, text=True)
-            if run.returncode != 0:
-                print(run.stdout[-3000:] + run.stderr[-3000:], file=sys.stderr)
-                return run.returncode
-            runs.append(json.loads(Path(tmp, "rank0.json").read_text()))
+        runs += run_worker(sys.executable, WORKER, [str(SUB_GROUP_SIZE), pipeline, str(buffers), *extra])
         print(f"{pipeline} x {buffers} {' '.join(extra)}: {runs[-1].get('most_buffers_held_in_step')} buffers at most, "
               f"{runs[-1]['error']}")
     record = {
@@ -60,9 +73,7 @@ def main(argv: list[str]) -> int:
         "deepspeed": runs[0]["deepspeed"], "torch": runs[0]["torch"], "backend": "gloo",
         "runs": runs,
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out, json.dumps(record, indent=1) + "\n")
-    print(f"wrote {out}")
+    write_record(out, record)
     return 0
 
 

@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.gpu_varying_lengths import MEAN, MIN, SD, lengths_of  # noqa: E402
 from benchmarks.published_memory_accuracy import argv_of, load_rows, predict  # noqa: E402
 from zeroplan.allocator.config import parse_alloc_conf  # noqa: E402
 from zeroplan.allocator.replay import ALLOC_OP, FREE_OP, replay  # noqa: E402
@@ -51,7 +52,7 @@ from zeroplan.specs.lengths import LongSamples, VaryingLengths  # noqa: E402
 from zeroplan.specs.strategy import StrategyKind  # noqa: E402
 
 GIB = 2**30
-MEAN, SD, MIN, SAMPLES, SAMPLED_ABOVE_2048 = 3234.4, 2547.5, 91, 4959, 1000
+SAMPLES, SAMPLED_ABOVE_2048 = 4959, 1000
 
 
 def flag_of(row: dict[str, str]) -> str:
@@ -97,15 +98,7 @@ def dropped_set_lengths(seq_len: int, seed: int) -> list[int]:
     """One epoch's lengths in the January script's order: the whole set's samples up to seq_len
     (longer ones dropped), drawn from the gamma of the page's statistics."""
     spec = VaryingLengths(mean_tokens=MEAN, sd_tokens=SD, min_tokens=MIN, samples=SAMPLES)
-    kept = round(SAMPLES * sample_length_cdf(spec)(seq_len))
-    shape, scale = ((MEAN - MIN) / SD) ** 2, SD**2 / (MEAN - MIN)
-    rng = random.Random(seed)
-    lengths: list[int] = []
-    while len(lengths) < kept:
-        tokens = int(MIN + rng.gammavariate(shape, scale))
-        if tokens <= seq_len:
-            lengths.append(tokens)
-    return lengths
+    return lengths_of(seq_len, round(SAMPLES * sample_length_cdf(spec)(seq_len)), seed)
 
 
 def replayed_growth(row: dict[str, str], rank: int, replays: int) -> tuple[list[float], float, float, int]:

@@ -7,6 +7,22 @@ measurement harness does) never loads the planner's formulas. Nothing here impor
 from __future__ import annotations
 
 import importlib
+import sys
+
+
+def lazy_exports(package: str, where: dict[str, str]):
+    """A package's PEP 562 ``__getattr__`` and ``__dir__``: each name of ``where`` imported from its module when first used."""
+
+    def __getattr__(name: str):
+        if name not in where:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(where[name]), name)
+
+    def __dir__() -> list[str]:
+        return sorted(set(vars(sys.modules[package])) | set(where))
+
+    return __getattr__, __dir__
+
 
 _EXPORTS = {
     "fit": "zeroplan.core.plan",
@@ -19,9 +35,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'zeroplan' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

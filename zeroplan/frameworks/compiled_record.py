@@ -46,9 +46,9 @@ class SavedValue(Frozen):
         return self
 
 
-def counted_saved_bytes(values: list[SavedValue]) -> int:
-    """The bytes of ``values`` that are the block's own (COUNTED_KINDS)."""
-    return sum(v.bytes for v in values if v.kind in COUNTED_KINDS)
+def counted_saved_bytes(values: list[SavedValue], kinds: tuple[str, ...] = COUNTED_KINDS) -> int:
+    """The bytes of ``values`` of ``kinds`` (by default the block's own, COUNTED_KINDS)."""
+    return sum(v.bytes for v in values if v.kind in kinds)
 
 
 class CompiledBlockRecord(NamedRecord):
@@ -148,8 +148,7 @@ class CompiledLossRecord(NamedRecord):
 
     def saved_bytes(self, compiled: bool, kinds: tuple[str, ...] = ("intermediate",)) -> int:
         """Bytes of the saved values of ``kinds`` (intermediates: what the loss itself makes)."""
-        values = self.compiled_saved_values if compiled else self.eager_saved_values
-        return sum(v.bytes for v in values if v.kind in kinds)
+        return counted_saved_bytes(self.compiled_saved_values if compiled else self.eager_saved_values, kinds)
 
     @property
     def name(self) -> str:

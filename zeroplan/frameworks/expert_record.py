@@ -86,9 +86,7 @@ class ExpertParallelRecord(RankParameters, Frozen):
 
     @property
     def name(self) -> str:
-        backend = {"spmd_types": "spmd", "partial_dtensor": "dtensor"}.get(self.spmd_backend, self.spmd_backend)
-        return "_".join([f"torchtitan-{self.family}-{self.flavor}", backend, f"ep{self.ep}", f"dp{self.dp_shard}",
-                         *self.run_name_parts()])
+        return "_".join(self.name_parts(f"torchtitan-{self.family}-{self.flavor}", f"ep{self.ep}", f"dp{self.dp_shard}"))
 
 
 def load_expert_records(directory: Path) -> list[ExpertParallelRecord]:

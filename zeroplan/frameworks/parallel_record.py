@@ -133,12 +133,13 @@ class RankParameters:
         """Local bytes of the embedding, the final norm and the output projection."""
         return self.part_bytes("embedding") + self.part_bytes("norm") + self.part_bytes("output")
 
-    def run_name_parts(self) -> list[str]:
-        """The name's last parts: 'states', or the activation run's checkpointing and shape."""
+    def name_parts(self, head: str, *layout: str) -> list[str]:
+        """The name's parts: ``head``, the SPMD backend, the ``layout``'s degrees, then 'states' or
+        the activation run's checkpointing and shape."""
+        backend = {"spmd_types": "spmd", "partial_dtensor": "dtensor"}.get(self.spmd_backend, self.spmd_backend)
         a = self.activations
-        if a is None:
-            return ["states"]
-        return [f"ac-{a.activation_checkpointing}", f"s{a.seq_len}", f"b{a.micro_batch_size}"]
+        run = ["states"] if a is None else [f"ac-{a.activation_checkpointing}", f"s{a.seq_len}", f"b{a.micro_batch_size}"]
+        return [head, backend, *layout, *run]
 
     @property
     def file_name(self) -> str:
@@ -195,9 +196,8 @@ class ParallelRecord(RankParameters, Frozen):
 
     @property
     def name(self) -> str:
-        backend = {"spmd_types": "spmd", "partial_dtensor": "dtensor"}.get(self.spmd_backend, self.spmd_backend)
-        parts = [f"torchtitan-llama3-{self.flavor}", backend, f"tp{self.tp}", f"dp{self.dp_shard}", f"cp{self.cp}",
-                 "sp" if self.sequence_parallel else "nosp", *self.run_name_parts()]
+        parts = self.name_parts(f"torchtitan-llama3-{self.flavor}", f"tp{self.tp}", f"dp{self.dp_shard}", f"cp{self.cp}",
+                                "sp" if self.sequence_parallel else "nosp")
         if self.activations is not None and self.activations.norm_formula != "cpu":
             parts.append(f"{self.activations.norm_formula}norm")
         return "_".join(parts)

@@ -11,7 +11,7 @@ runs, and a command line the parser refuses is answered without loading torch (a
 
 from __future__ import annotations
 
-from importlib import import_module
+from zeroplan import lazy_exports
 
 _WHERE = {
     "CollectiveKind": "zeroplan.simulate.record",
@@ -24,13 +24,4 @@ _WHERE = {
 }
 
 __all__ = sorted(_WHERE)
-
-
-def __getattr__(name: str):
-    if name not in _WHERE:
-        raise AttributeError(f"module 'zeroplan.simulate' has no attribute {name!r}")
-    return getattr(import_module(_WHERE[name]), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_WHERE))
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)
