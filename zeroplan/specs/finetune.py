@@ -197,10 +197,13 @@ class FineTuneSpec(Frozen):
     (embeddings, head, norms) to fp32 (transformers' and peft's QLoRA recipes); False: they stay
     in the dtype the base was loaded in, as ms-swift 1.x's sft (swift/llm/sft.py at cfcb672:
     from_pretrained with torch_dtype and a BitsAndBytesConfig, then its own LoRA, nothing cast)."""
-    modules_to_save: tuple[SavedModule, ...] = ()
+    modules_to_save: tuple[SavedModule, ...] = Field(default=(), exclude_if=lambda saved: not saved)
     """Modules PEFT trains whole beside the adapters (LoraConfig ``modules_to_save``): each is
     wrapped in a ModulesToSaveWrapper that keeps the original frozen and trains a deep copy
-    (zeroplan.core.finetune.modules_to_save). Empty: none (PEFT's default)."""
+    (zeroplan.core.finetune.modules_to_save). Empty: none (PEFT's default), left out of the JSON,
+    so requests and records dump as before the field existed (a record's description is read
+    back strictly, and through PlanRequest's before-validators a JSON array reaches a tuple field
+    as a list, which strict validation refuses)."""
     freeze_embeddings: bool = False
     """Freeze the token embedding (and an untied LM head) in a full fine-tune."""
     frozen_blocks: int = Field(default=0, ge=0)
