@@ -32,6 +32,7 @@ TEXT_SAMPLES: dict[str, list[str]] = {
     "allocator_conf": ["expandable_segments:True,max_split_size_mb:128"],
     "lora_targets": ["q,v", "q,k,v,o,gate,up,down,output", "output"],
     "lora_dropout": ["0.05", "0.1234567890123"],
+    "lora_modules_to_save": ["embed,head", "head"],
     "seq_len": ["128", "131072"],
     "varying_lengths": ["600,400,91,20000", "812.5,1021.25,16,51760,truncate"],
     "offload_ratio": ["0.5", "0.3333333333333333"],

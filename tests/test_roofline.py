@@ -28,12 +28,16 @@ from zeroplan.specs import (
     StrategySpec, TrainingSpec, cluster_from_gpus,
 )
 from zeroplan.specs.training import FineTuneSpec, Optimizer, OptimizerLoop
+from zeroplan.specs.framework import Framework
 
 ROOFLINE = PerformanceAssumptions(compute_model="roofline")
 
 
 def _request(model="llama-3.1-8b", strategy=StrategyKind.fsdp_full_shard, checkpointing=ActivationCheckpointing.none,
              kernel=AttentionKernel.flash, micro=2, seq=512, accum=3, gpu="h100-80gb", gpus=8, **training):
+    if kernel is AttentionKernel.sdpa_masked:
+        # torch 2.1's masked SDPA is planned only under the hf profile at that release.
+        training = {"framework": Framework.hf, "torch_release": "2.1", **training}
     return PlanRequest(
         model=get_model(model),
         training=TrainingSpec(activation_checkpointing=checkpointing, attention_kernel=kernel, **training),
