@@ -68,3 +68,20 @@ def test_the_megatron_deepspeed_profile_runs_it_where_it_runs_bf16_optimizer() -
     assert fp32_accumulation_runs(request)
     off = request.model_copy(update={"performance": request.performance.model_copy(update={"fp32_grad_accumulation": False})})
     assert not fp32_accumulation_runs(off)
+
+
+def test_the_2022_bigscience_release_drops_the_bf16_gradients_instead_of_zeroing_them() -> None:
+    # microsoft/DeepSpeed@15293139f runtime/bf16_optimizer.py:275-278: clear_lp_grads sets each
+    # .grad to None, so neither the zeroing nor AccumulateGrad's in-place add runs.
+    from zeroplan.specs.framework import Framework
+
+    assert bf16_accumulation_bytes(10, 4, drops_lp_grads=True) == 10 * (4 * 18 + 4)
+    base = _request(True)
+    current = base.model_copy(update={"training": base.training.model_copy(update={"framework": Framework.megatron_deepspeed})})
+    current = PlanRequest.model_validate(current.model_dump())
+    bigscience = PlanRequest.model_validate(current.model_copy(update={
+        "training": current.training.model_copy(update={"deepspeed_release": "2022-bigscience"})}).model_dump())
+    saved_s = sum(memory_bound_time_s(current)) - sum(memory_bound_time_s(bigscience))
+    expected_s = (rank_trainable_elements(current) * 3 * ZEROED_GRAD_BYTES
+                  / gpu_ceilings(get_gpu("a100-80gb")).memory_bytes_per_s)
+    assert saved_s == pytest.approx(expected_s, rel=1e-9)

@@ -32,6 +32,15 @@ UPDATE_HP_GRAD_BYTES = BF16_BYTES + FP32_BYTES + 3 * FP32_BYTES
 # accumulate_grad.h: variable_grad += new_grad: read 2 + 2, write 2) instead of taking it as is.
 ZEROED_GRAD_BYTES = BF16_BYTES + 3 * BF16_BYTES
 
+# The BF16_Optimizer BigScience's 2022 runs used (deepspeed_release 2022-bigscience: the
+# 'Rebalancing layers' runs' optimizer, 'just written', is microsoft/DeepSpeed@15293139f on
+# branch olruwase/bf16-updates-2, 2022-02-28) clears the bf16 gradients by dropping them:
+# runtime/bf16_optimizer.py:275-278 clear_lp_grads sets each param.grad = None, called before
+# every backward (runtime/pipe/engine.py:749-751; the last stage through BF16_Optimizer.backward,
+# :204-215), so nothing is zeroed and AccumulateGrad takes each new gradient as it is (no in-place
+# add): ZEROED_GRAD_BYTES is not moved. 0.19.8's clear_lp_grads(set_to_none=False) zeroes them.
+DROPS_LP_GRADS_RELEASES = ("2022-bigscience",)
+
 # runtime/bf16_optimizer.py step ends with clear_hp_grads(): the unpartitioned fp32 gradient
 # buffer zeroed (flat_gradients.zero_(), 4), once per step; the engine's zero_grad
 # (set_to_none=True, runtime/engine.py _take_model_step) then drops the bf16 .grad.
@@ -59,15 +68,22 @@ def check_fp32_accumulation(request: PlanRequest) -> None:
                             f"zero1, not {request.strategy.kind.value} (allowed: false)")
 
 
-def bf16_accumulation_bytes(elements: int, micro_batches: int) -> int:
-    """Bytes BF16_Optimizer moves over ``elements`` parameters in a step of ``micro_batches``."""
-    return elements * (micro_batches * UPDATE_HP_GRAD_BYTES + (micro_batches - 1) * ZEROED_GRAD_BYTES
-                       + CLEARED_HP_GRAD_BYTES)
+def bf16_accumulation_bytes(elements: int, micro_batches: int, drops_lp_grads: bool = False) -> int:
+    """Bytes BF16_Optimizer moves over ``elements`` parameters in a step of ``micro_batches``
+    (``drops_lp_grads``: a release whose clear_lp_grads sets the bf16 gradients to None)."""
+    zeroed = 0 if drops_lp_grads else (micro_batches - 1) * ZEROED_GRAD_BYTES
+    return elements * (micro_batches * UPDATE_HP_GRAD_BYTES + zeroed + CLEARED_HP_GRAD_BYTES)
+
+
+def drops_lp_grads(request: PlanRequest) -> bool:
+    """Whether the request's BF16_Optimizer drops the bf16 gradients before each backward
+    instead of zeroing them (DROPS_LP_GRADS_RELEASES)."""
+    return request.training.deepspeed_release in DROPS_LP_GRADS_RELEASES
 
 
 def bf16_accumulation_operations(request: PlanRequest, micro_batches: int) -> list[Operation]:
     """The rank's BF16_Optimizer accumulation passes in a step (none where it does not run)."""
     if not fp32_accumulation_runs(request):
         return []
-    moved = bf16_accumulation_bytes(rank_trainable_elements(request), micro_batches)
+    moved = bf16_accumulation_bytes(rank_trainable_elements(request), micro_batches, drops_lp_grads(request))
     return [memory_pass("bf16 optimizer fp32 gradient accumulation", OpPass.backward, moved, 1)]

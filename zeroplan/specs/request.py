@@ -257,8 +257,10 @@ class PerformanceAssumptions(Frozen):
     fp32_grad_accumulation: bool | None = None
     """DeepSpeed BF16_Optimizer's fp32 gradient accumulation, its per-micro-batch copies timed as
     memory-bound passes (zeroplan.core.bf16_accumulation_time). None: where the
-    megatron-deepspeed profile runs BF16_Optimizer; True: a run that used it under the reference
-    transformer (bf16-mixed, zero1; BLOOM's Megatron-DeepSpeed rows)."""
+    megatron-deepspeed profile runs BF16_Optimizer; True: a run that used it where the profile does
+    not plan it (bf16-mixed, zero1): under the reference transformer, or megatron-deepspeed's
+    deepspeed_release 2022-bigscience, whose BF16_Optimizer (BLOOM's Megatron-DeepSpeed rows) drops
+    the bf16 gradients before each backward instead of zeroing them."""
     cpu_adam_copies_parameters: bool = False
     """DeepSpeed before 0.9.0 under ZeRO-2 offload (stage2.py at v0.3.0: self.optimizer.step(
     fp16_param_groups=...)): DeepSpeedCPUAdam writes each updated tile in half precision straight

@@ -68,6 +68,9 @@ class TrainingOptions(Frozen):
     """TrainingSpec.float8_all_gather: enable_fsdp_float8_all_gather with the scale precomputed."""
     float8_skips_output: bool = False
     """TrainingSpec.float8_skips_output: the run's float8.filter_fqns named the output projection."""
+    deepspeed_release: str | None = None
+    """TrainingSpec.deepspeed_release: the DeepSpeed release the run's framework profile plans
+    (BLOOM's Megatron-DeepSpeed rows: 2022-bigscience, whose fork builds ALiBi and the embedding norm)."""
 
     def training_fields(self) -> dict:  # type: ignore[type-arg]
         """The TrainingSpec keyword arguments these options set."""
