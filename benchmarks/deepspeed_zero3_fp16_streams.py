@@ -33,14 +33,20 @@ Measured with --checkpointing --layers 8 (steps 1-2 of 0-2, no device limit), be
 own schedule for the same request (Llama-3-8B's widths with 8 blocks, 8 GPUs, zero3, micro-batch
 12 x 2,048, full checkpointing, fp16, hf 4.40, DeepSpeed 0.14.2, full-per-rank):
   default allocator: engine requested 46.52 GiB, reserved 70.47 (compute stream 43.62 / 63.49,
-    allgather 3.93 / 5.08, reduce 1.84 / 1.90); planner requested 45.47, reserved 46.54 (compute
-    43.60, allgather 2.90, nothing on the reduce stream).
-  expandable segments: engine reserved 56.02 (+9.50 over requested); planner +1.0.
+    allgather 3.93 / 5.08, reduce 1.84 / 1.90); planner requested 45.47, reserved 65.08 (compute
+    43.60 / 61.25, allgather 2.90 / 2.90, reduce 0.92 / 0.92), with the loss in transformers 4.40's
+    order and the reduce stream planned (46.54 before, nothing on the reduce stream).
+  expandable segments: engine reserved 56.02 (+9.50 over requested); planner 53.34 (+7.87; +1.0 before).
+The reduce stream's second flat-copy-sized block is made inside the reduce-scatter call after
+reduce_scatter_coalesced's div_ and freed with it (gloo's staging of its input; NCCL writes into the
+buffer's own chunk), and the CPU's isinf makes an fp16 abs of the partition first: both the CPU
+backend's, not CUDA's.
 The compute stream's extra segments are the loss's: transformers 4.40's fp16 logits (6,012 MiB)
 cached where no fp32 request fits, and a second fp32-logits-sized segment (12,024 MiB) that the
 loss's backward asks for after a shifted-logits request (11,930 MiB here; 12,018 at 2,048 tokens)
 took the free 12,024 block: the planner's loss moments (allocator/fsdp_schedule.py run_loss)
-allocate and free each moment whole and never make either.
+allocated and freed each moment whole and made neither; the schedule now runs them tensor by tensor
+in the release's order (zeroplan.core.transformers_release.ordered_loss_tensors).
 """
 
 import argparse
