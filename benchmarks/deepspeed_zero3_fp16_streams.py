@@ -24,8 +24,8 @@ stream's context on CUDA are marked and what they allocate is put on that stream
 gloo's own temporaries and the CPU kernels' (deepspeed_zero3_allocator_replay) are left out.
 Sizes of 32 KiB and more are scaled by 256, smaller ones by 16. Usage:
 
-    python benchmarks/deepspeed_zero3_fp16_streams.py --deepspeed-src DIR [--layers 8] [--micro-batch 12] [--capacity-gib 78.93]
-        [--save-events F | --events F]
+    python benchmarks/deepspeed_zero3_fp16_streams.py --deepspeed-src DIR [--layers 8] [--micro-batch 12]
+        [--capacity-gib 78.93] [--save-events F | --events F]
 
 (DIR: DeepSpeed 0.14.2's source tree, its csrc left out: deepspeed/comm/torch.py's build_shm_op
 must answer None, as it does where the CPU op cannot be built.)
@@ -236,7 +236,8 @@ def report(result: dict, capacity_bytes: int | None = None) -> None:
     last = sum(1 for _, _, n in result["ranges"] if n.startswith("zs:step")) - 1
     if capacity_bytes is not None:
         config = parse_alloc_conf("")
-        for name, events in (("as run", result), ("the reduce stream's CPU-only allocations left out", without_cpu_only(result))):
+        runs = (("as run", result), ("the reduce stream's CPU-only allocations left out", without_cpu_only(result)))
+        for name, events in runs:
             for first, end in ((1, 1), (1, last)):
                 replayed = replay(engine_steps(events, first, end)[0], config, capacity_bytes)
                 print(f"on {capacity_bytes / gib:.2f} GiB, {name}, steps {first}-{end}: completed {replayed.completed}, "

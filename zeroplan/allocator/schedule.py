@@ -322,7 +322,8 @@ def _step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms
     gathered, reduce = _transient_parts(request, terms.transient_buffers)
     moments = tuple(map(tuple, loss_allocations(request, terms)))
     return StepInputs(**common, cache_parts=tuple(forward_cache_parts(request, blocks)),
-                      loss_moments=moments, loss_order=_loss_order(request, moments), fsdp=None, loss_parallel=_runs_loss_parallel(request, moments),
+                      loss_moments=moments, loss_order=_loss_order(request, moments), fsdp=None,
+                      loss_parallel=_runs_loss_parallel(request, moments),
                       loss_logits_held=request.parallel.pp > 1,
                       gathered=gathered, reduce=reduce, block_transient_buffers=terms.block_transient_buffers,
                       block_backward_gradients=terms.block_backward_gradients,
@@ -342,6 +343,7 @@ def _step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms
                       step_temporary_parts=_step_temporary_parts(request))
 
 
+# zeroplan.core.deepspeed_reduce_stream (stage3.py:1221-1265 at v0.14.2).
 def _reduce_stream_copies(request: PlanRequest, blocks: int) -> tuple[tuple[int, ...], ...]:
     """StepInputs.reduce_stream_copies, where the blocks run once each (no pipeline)."""
     if request.parallel.pp != 1:
@@ -349,6 +351,7 @@ def _reduce_stream_copies(request: PlanRequest, blocks: int) -> tuple[tuple[int,
     return deepspeed_reduce_stream.flushes_by_block(request, blocks)
 
 
+# zeroplan.core.transformers_release.ordered_loss_tensors (4.40.0 modeling_llama.py:1227-1241).
 def _loss_order(request: PlanRequest, moments: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, int], ...]:
     """transformers_release.ordered_loss_tensors where the loss's moments are its tensors
     (the release's three: the forward's fp32 logits, shifted copy and log-softmax; the
@@ -367,6 +370,7 @@ def _loss_order(request: PlanRequest, moments: tuple[tuple[int, ...], ...]) -> t
     return order
 
 
+# The same order as ordered_loss_tensors gives it (measured: cuda_autocast_loss_tensors.ordered_before_446).
 def _run_loss_order(b: TraceBuilder, order: tuple[tuple[int, int], ...]) -> None:
     """StepInputs.loss_order: each tensor made and freed where the release does."""
     made: dict[int, list[int]] = {}
@@ -615,6 +619,7 @@ def _record_step(x: StepInputs, b: TraceBuilder) -> None:
     b.free(ended)
 
 
+# stage3.py:2138-2143 at v0.14.2: isinf's bool tensor freed by .any() before isnan's is made.
 def _overflow_check(x: StepInputs, b: TraceBuilder) -> None:
     """StepInputs.overflow_check: isinf's bool tensor, then isnan's, on the reduce stream."""
     for _ in range(2 if x.overflow_check else 0):

@@ -36,6 +36,7 @@ OVERFLOW_CHECK_ELEMENT_BYTES = 1
 """torch.isinf / torch.isnan's output: one bool per element."""
 
 
+# stage3.py:227-228 at v0.14.2 (:340-341 at 0.19.8): a stream of its own only under overlap_comm.
 def models_reduce_stream(request: PlanRequest) -> bool:
     """Whether the request's ZeRO-3 reduction runs on a stream of its own as modelled here: plain
     stage 3 under DeepSpeed's engine (deepspeed_epilogue.models_epilogue) in the hf profile, with
@@ -43,6 +44,7 @@ def models_reduce_stream(request: PlanRequest) -> bool:
     return (models_epilogue(request) and request.training.framework is Framework.hf and overlap_comm(request))
 
 
+# comm/coalesced_collectives.py:100-122 at v0.14.2: each tensor padded to N chunks, one torch.cat.
 def _flat_copy_bytes(numels: list[int], group: int, element_bytes: int) -> int:
     """reduce_scatter_coalesced's flat buffer for one bucket (0: one tensor that divides evenly)."""
     if len(numels) == 1 and numels[0] % group == 0:
@@ -50,6 +52,8 @@ def _flat_copy_bytes(numels: list[int], group: int, element_bytes: int) -> int:
     return sum(ceil_div(numel, group) * group for numel in numels) * element_bytes
 
 
+# stage3.py:1221-1224 at v0.14.2 (reduce_independent_p_g_buckets_and_remove_grads), :1265 (the flush
+# in the reduce stream's context).
 def backward_flushes(request: PlanRequest) -> tuple[tuple[int, int], ...]:
     """Each bucket flush in backward before the epilogue's, as (trainable elements whose gradients
     had arrived when it ran, its flat copy's bytes); gradients arrive in the reverse of
@@ -69,6 +73,7 @@ def backward_flushes(request: PlanRequest) -> tuple[tuple[int, int], ...]:
     return tuple(flushes)
 
 
+# stage3.py:2138-2143 at v0.14.2, :3009-3014 at 0.19.8 (has_overflow under fp16's loss scaler).
 def overflow_check_bytes(request: PlanRequest) -> int:
     """The bool tensor has_overflow makes of the gradient partition (fp16 only; 0 elsewhere)."""
     if not models_reduce_stream(request) or request.training.precision is not Precision.fp16_mixed:
@@ -77,6 +82,7 @@ def overflow_check_bytes(request: PlanRequest) -> int:
     return sum(ceil_div(numel, group) for numel in _tensor_numels(request)) * OVERFLOW_CHECK_ELEMENT_BYTES
 
 
+# stage3.py:1221-1224 at v0.14.2: the flush runs in the hook of the gradient that overflows the bucket.
 def flushes_by_block(request: PlanRequest, blocks: int) -> tuple[tuple[int, ...], ...]:
     """backward_flushes' flat copies grouped by the block whose backward makes them, the last
     block first (backward's order): a flush runs when the gradient that overflows the bucket

@@ -177,6 +177,7 @@ LOSS_ORDER = ("logits16+", "logits32+", "logits16-", "shifted+", "logprobs+", "s
 """The loss's tensors in the release's order: '+' made, '-' freed."""
 
 
+# 4.40.0 modeling_llama.py:1227-1241 and trainer.py:3161-3186 (LOSS_ORDER above).
 def ordered_loss_tensors(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> tuple[tuple[int, int], ...]:
     """The loss's allocations and frees in LOSS_ORDER, as (tensor index, bytes) for an
     allocation and (tensor index, 0) for a free, where the release upcasts 16-bit logits in the
