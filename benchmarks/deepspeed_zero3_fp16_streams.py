@@ -41,6 +41,7 @@ own schedule for the same request (Llama-3-8B's widths with 8 blocks, 8 GPUs, ze
 With --layers 32 (the rows' depth), micro-batch 12: requested 60.78 (planner 59.72), reserved 86.38
 without a device limit (84.46 without the reduce stream's CPU-only allocations below); on the row's
 78.93 GiB usable, after a flush, 70.86 for step 1 and 76.97 over steps 1-2 (published 76.24).
+With --micro-batch 13: 75.10 for step 1, out of memory in step 2 (three flushes; the row ran out).
 The reduce stream's second flat-copy-sized block is made inside the reduce-scatter call after
 reduce_scatter_coalesced's div_ and freed with it (gloo's staging of its input; NCCL writes into the
 buffer's own chunk), and the CPU's isinf makes an fp16 abs of the partition first: both the CPU
