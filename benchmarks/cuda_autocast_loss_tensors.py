@@ -112,6 +112,51 @@ def run(name: str, b: int) -> dict:
     return {"saved": [s for s in saved if len(s[1]) > 1 and s[1][-1] == V], "live": live, "made": made}
 
 
+HIDDEN = 16
+"""The lm_head's input width in ordered_before_446: its weight's gradient (V x 16 x 2 bytes) stays
+below the quarter of a logit block the sequence keeps."""
+
+
+def ordered_before_446(b: int, dtype: torch.dtype = torch.float16) -> list[tuple[int, float]]:
+    """transformers 4.31-4.45's LlamaForCausalLM loss as the Trainer runs it (4.40.0
+    modeling_llama.py:1227-1241, trainer.py:3161-3186): lm_head's 16-bit logits, ``.float()``, the
+    shifted ``.contiguous()`` copy and CrossEntropyLoss inside the forward, which returns only the
+    loss (the output object goes with compute_loss), then backward through lm_head. Every
+    allocation and free of a quarter of an fp32 b x s x V block or more, in order: (tensor number,
+    size in fp32 blocks) for an allocation, (tensor number, 0.0) for its free."""
+    torch.manual_seed(0)
+    hidden = torch.randn(b, S, HIDDEN, dtype=dtype).requires_grad_()
+    head = torch.nn.Linear(HIDDEN, V, bias=False).to(dtype)
+    labels = torch.randint(0, V, (b, S))
+
+    def forward() -> tuple[torch.Tensor, torch.Tensor]:
+        """LlamaForCausalLM.forward's head and loss: (loss, logits), the output object."""
+        logits = head(hidden)
+        logits = logits.float()
+        shift_logits = logits[..., :-1, :].contiguous()
+        shift_labels = labels[..., 1:].contiguous()
+        return F.cross_entropy(shift_logits.view(-1, V), shift_labels.view(-1)), logits
+
+    def compute_loss() -> torch.Tensor:
+        """The Trainer's compute_loss: the loss alone leaves it."""
+        outputs = forward()
+        return outputs[0]
+
+    with AllocatorTrace() as trace:
+        loss = compute_loss()
+        loss.backward()
+    unit = 4 * b * S * V
+    numbers: dict[int, int] = {}
+    out: list[tuple[int, float]] = []
+    for event in trace.events():
+        if event.size_bytes >= unit // 4:
+            numbers[event.ptr] = made = len(out) and 1 + max(number for number, _ in out)
+            out.append((made, round(event.size_bytes / unit, 3)))
+        elif event.size_bytes < 0 and event.ptr in numbers:
+            out.append((numbers.pop(event.ptr), 0.0))
+    return out
+
+
 def main() -> None:
     for name in CASES:
         for b in ((1, 2) if CASES[name][2] else (2,)):
@@ -121,6 +166,9 @@ def main() -> None:
             print("  alive at the backward's peak, by allocating op (fp32 b s V blocks):",
                   ", ".join(f"{size:.3f} {op}" for size, op in result["live"]))
             print("  the backward's allocations in order:", ", ".join(f"{size:.3f} {op}" for size, op in result["made"]))
+    for b in (1, 2):
+        print(f"transformers < 4.46 (fp16 lm_head, Trainer's compute_loss), b {b}: every allocation (tensor, fp32 "
+              f"blocks) and free (tensor, 0) in order:", ordered_before_446(b))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,8 @@ stream's context on CUDA are marked and what they allocate is put on that stream
 gloo's own temporaries and the CPU kernels' (deepspeed_zero3_allocator_replay) are left out.
 Sizes of 32 KiB and more are scaled by 256, smaller ones by 16. Usage:
 
-    python benchmarks/deepspeed_zero3_fp16_streams.py --deepspeed-src DIR [--layers 8] [--save-events F | --events F]
+    python benchmarks/deepspeed_zero3_fp16_streams.py --deepspeed-src DIR [--layers 8] [--micro-batch 12]
+        [--capacity-gib 78.93] [--save-events F | --events F]
 
 (DIR: DeepSpeed 0.14.2's source tree, its csrc left out: deepspeed/comm/torch.py's build_shm_op
 must answer None, as it does where the CPU op cannot be built.)
@@ -33,14 +34,24 @@ Measured with --checkpointing --layers 8 (steps 1-2 of 0-2, no device limit), be
 own schedule for the same request (Llama-3-8B's widths with 8 blocks, 8 GPUs, zero3, micro-batch
 12 x 2,048, full checkpointing, fp16, hf 4.40, DeepSpeed 0.14.2, full-per-rank):
   default allocator: engine requested 46.52 GiB, reserved 70.47 (compute stream 43.62 / 63.49,
-    allgather 3.93 / 5.08, reduce 1.84 / 1.90); planner requested 45.47, reserved 46.54 (compute
-    43.60, allgather 2.90, nothing on the reduce stream).
-  expandable segments: engine reserved 56.02 (+9.50 over requested); planner +1.0.
+    allgather 3.93 / 5.08, reduce 1.84 / 1.90); planner requested 45.47, reserved 65.08 (compute
+    43.60 / 61.25, allgather 2.90 / 2.90, reduce 0.92 / 0.92), with the loss in transformers 4.40's
+    order and the reduce stream planned (46.54 before, nothing on the reduce stream).
+  expandable segments: engine reserved 56.02 (+9.50 over requested); planner 53.34 (+7.87; +1.0 before).
+With --layers 32 (the rows' depth), micro-batch 12: requested 60.78 (planner 59.72), reserved 86.38
+without a device limit (84.46 without the reduce stream's CPU-only allocations below); on the row's
+78.93 GiB usable, after a flush, 70.86 for step 1 and 76.97 over steps 1-2 (published 76.24).
+With --micro-batch 13: 75.10 for step 1, out of memory in step 2 (three flushes; the row ran out).
+The reduce stream's second flat-copy-sized block is made inside the reduce-scatter call after
+reduce_scatter_coalesced's div_ and freed with it (gloo's staging of its input; NCCL writes into the
+buffer's own chunk), and the CPU's isinf makes an fp16 abs of the partition first: both the CPU
+backend's, not CUDA's.
 The compute stream's extra segments are the loss's: transformers 4.40's fp16 logits (6,012 MiB)
 cached where no fp32 request fits, and a second fp32-logits-sized segment (12,024 MiB) that the
 loss's backward asks for after a shifted-logits request (11,930 MiB here; 12,018 at 2,048 tokens)
 took the free 12,024 block: the planner's loss moments (allocator/fsdp_schedule.py run_loss)
-allocate and free each moment whole and never make either.
+allocated and freed each moment whole and made neither; the schedule now runs them tensor by tensor
+in the release's order (zeroplan.core.transformers_release.ordered_loss_tensors).
 """
 
 import argparse
@@ -89,7 +100,8 @@ def _rank(rank, world, options, out):
         wrap(S, "_DeepSpeedZeroOptimizer_Stage3__add_grad_to_ipg_bucket", "zs:reduce")
         wrap(S, "has_overflow", "zs:reduce")
         wrap(S, "_optimizer_step", "zs:optstep")
-        config = {"train_micro_batch_size_per_gpu": MB, "gradient_accumulation_steps": 1, "train_batch_size": MB * world,
+        mb = options.micro_batch
+        config = {"train_micro_batch_size_per_gpu": mb, "gradient_accumulation_steps": 1, "train_batch_size": mb * world,
                   "fp16": {"enabled": True, "initial_scale_power": options.scale_power}, "steps_per_print": 2**31 - 1,
                   "zero_optimization": {"stage": 3, **STAGE3}}
         mc = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=options.layers,
@@ -102,7 +114,7 @@ def _rank(rank, world, options, out):
         model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config, dist_init_required=False)
-        tokens = torch.randint(0, VOCAB, (MB, options.seq), generator=torch.Generator().manual_seed(rank))
+        tokens = torch.randint(0, VOCAB, (mb, options.seq), generator=torch.Generator().manual_seed(rank))
         def loss_440(tokens):
             # transformers 4.40 LlamaForCausalLM.forward: logits.float(), shift, contiguous, CrossEntropyLoss
             logits = engine(input_ids=tokens).logits.float()
@@ -193,12 +205,44 @@ def per_stream(trace, config) -> dict[int, tuple[float, float]]:
     return out
 
 
-def report(result: dict) -> None:
+def _cpu_only(op: str, size: int) -> bool:
+    """A reduce-stream allocation the CPU backend makes and CUDA's does not: isinf's fp16 abs of the
+    partition, and the flat buffer's staging copy inside gloo's reduce-scatter (an empty_strided of
+    the buffer's size after reduce_scatter_coalesced's div_; NCCL writes into the buffer's chunk)."""
+    return op == "aten::abs" or (op == "aten::empty_strided" and _scaled(size) >= 2**26)
+
+
+def without_cpu_only(result: dict) -> dict:
+    """The run's events less the reduce stream's CPU-only allocations (_cpu_only) and their frees."""
+    events, ranges = result["events"], result["ranges"]
+    side = sorted((s, e, 1 if n == "zs:allgather" else 2) for s, e, n in ranges if n in ("zs:allgather", "zs:reduce"))
+    starts = [x[0] for x in side]
+    out, dropped = [], set()
+    for time_ns, size, ptr, op in events:
+        if size > 0 and _cpu_only(op, size) and _stream_of(side, starts, time_ns) == 2:
+            dropped.add(ptr)
+            continue
+        if size < 0 and ptr in dropped:
+            dropped.discard(ptr)
+            continue
+        out.append((time_ns, size, ptr, op))
+    return {"events": out, "ranges": ranges}
+
+
+def report(result: dict, capacity_bytes: int | None = None) -> None:
     from zeroplan.allocator.config import parse_alloc_conf
     from zeroplan.allocator.replay import replay
 
     gib = 2**30
     last = sum(1 for _, _, n in result["ranges"] if n.startswith("zs:step")) - 1
+    if capacity_bytes is not None:
+        config = parse_alloc_conf("")
+        runs = (("as run", result), ("the reduce stream's CPU-only allocations left out", without_cpu_only(result)))
+        for name, events in runs:
+            for first, end in ((1, 1), (1, last)):
+                replayed = replay(engine_steps(events, first, end)[0], config, capacity_bytes)
+                print(f"on {capacity_bytes / gib:.2f} GiB, {name}, steps {first}-{end}: completed {replayed.completed}, "
+                      f"reserved peak {replayed.reserved_peak_bytes / gib:.2f}, cache flushes {replayed.device_refusals}")
     for conf in ("", "expandable_segments:True"):
         config = parse_alloc_conf(conf)
         print(f"PYTORCH_CUDA_ALLOC_CONF={conf!r} (streams: 0 compute, 1 allgather, 2 reduce)")
@@ -217,10 +261,13 @@ if __name__ == "__main__":
     p.add_argument("--early-2024-recompute", action="store_true")
     p.add_argument("--checkpointing", action="store_true", help="gradient checkpointing, as the batch-size rows")
     p.add_argument("--seq", type=int, default=SEQ)
+    p.add_argument("--micro-batch", type=int, default=MB, help="the rows' micro-batch (12 completed, 13 ran out)")
     p.add_argument("--scale-power", type=int, default=8)
     p.add_argument("--world", type=int, default=8)
     p.add_argument("--layers", type=int, default=32)
     p.add_argument("--port", type=int, default=29613)
+    p.add_argument("--capacity-gib", type=float, help="also replay steps 1 and 1-last on this much memory "
+                   "(the rows' a100-80gb plans 78.93 usable)")
     p.add_argument("--events", type=Path, help="reuse a run's events saved by --save-events")
     p.add_argument("--save-events", type=Path, help="keep the run's events here")
     o = p.parse_args()
@@ -238,4 +285,4 @@ if __name__ == "__main__":
         data = json.loads(Path(out).read_text())
         if o.save_events:
             o.save_events.write_text(json.dumps(data))
-    report(data)
+    report(data, int(o.capacity_gib * 2**30) if o.capacity_gib else None)

@@ -18,6 +18,7 @@ from zeroplan.errors import ZeroplanError
 from zeroplan.frameworks.kv_cache_record import KvCacheRecord
 from zeroplan.frameworks.record import load_records
 from zeroplan.specs import StrategyKind
+from zeroplan.specs.framework import Framework
 
 # fsdp_qlora's benchmarks: Llama-2-7B QLoRA, 2 GPUs, FSDP, pure bf16, 12 x 2048.
 FQ = ("llama-2-7b --framework hf --gpus 2 --gpu rtx-4090 --micro-batch 12 --seq-len 2048 --precision bf16-pure "
@@ -77,7 +78,7 @@ def test_before_4_49_the_loss_backward_covers_the_shifted_rows() -> None:
     assert len(moments) == 2 and moments[1][:3] == (4 * sbv,) * 3
 
 
-@pytest.mark.parametrize("release", ["4.45", "4.48"])
+@pytest.mark.parametrize("release", ["4.48"])
 def test_the_shifted_backward_takes_no_segment_beside_the_forwards(release: str) -> None:
     """Llama-3-8B at 8 x 2048: a 4 x b x V fp32 row per batch is 3.9 MiB, past the allocator's
     2 MiB rounding, so backward tensors of all b x s rows (as planned before) did not fit the
@@ -172,3 +173,82 @@ def test_a_fresh_run_of_4_45_on_the_installed_llama_holds_fp32_logits() -> None:
     record = measure_kv_cache(request.model, request.batch, release="4.45.2", checkpointings=("checkpoint_wrapper",))
     run = record.run(False, "checkpoint_wrapper")
     assert run.retained_bytes[1] - run.loss_only_bytes[1] == kept_outputs_bytes(request) == 4 * 256 * request.model.vocab_size
+
+
+def _ddp_request(flags: str):
+    return request_from_args(build_parser().parse_args(["fit", *flags.split(), ""]), StrategyKind.ddp)
+
+
+LLAMA3_DDP = ("llama-3-8b --framework hf --transformers-version {release} --gpus 8 --gpu h100-80gb --micro-batch {b} "
+              "--seq-len 2048 --precision {precision} --activation-checkpointing full --lora-rank 8 --allocator-conf")
+
+
+def test_before_4_46_the_loss_runs_tensor_by_tensor_in_the_releases_order() -> None:
+    """transformers_release.ordered_loss_tensors: the 16-bit logits, their fp32 upcast, the shifted
+    copy and the log-softmax; the copy and the upcast go before backward; its two shifted-sized
+    gradients, the slice's b x s one, the 16-bit cast. Its largest sets alive are the moments the
+    planner sums, so the trace's requested peak is the planner's allocated peak."""
+    from zeroplan.allocator.schedule import record_step, step_inputs
+    from zeroplan.core.plan import peak_allocated_bytes
+    from zeroplan.core.transformers_release import ordered_loss_tensors
+
+    request = _ddp_request(LLAMA3_DDP.format(release="4.45", b=8, precision="bf16-pure"))
+    states, terms = peak_terms(request)
+    inputs = step_inputs(request, states, terms)
+    full, shifted = 8 * 2048 * request.model.vocab_size, 8 * 2047 * request.model.vocab_size
+    made = [size for _, size in inputs.loss_order if size]
+    assert made == [2 * full, 4 * full, 4 * shifted, 4 * shifted, 4 * shifted, 4 * shifted, 4 * full, 2 * full]
+    alive, most = {}, 0
+    for tensor, size in inputs.loss_order:
+        if size:
+            alive[tensor] = size
+        else:
+            del alive[tensor]
+        most = max(most, sum(alive.values()))
+    assert most == max(map(sum, inputs.loss_moments))
+    assert record_step(inputs).requested_peak_bytes == peak_allocated_bytes(states, terms, 1)[0]
+    # Not from 4.46 (the upcast moved into the loss function), nor on fp32 logits, nor outside hf.
+    for release, precision in (("4.46", "bf16-pure"), ("4.45", "fp32")):
+        other = _ddp_request(LLAMA3_DDP.format(release=release, b=8, precision=precision))
+        assert step_inputs(other, *peak_terms(other)).loss_order == ()
+    assert ordered_loss_tensors(request.model, request.training.model_copy(update={"framework": Framework.torchtune}),
+                                2048, 8) == ()
+
+
+def test_the_order_caches_the_16_bit_logits_and_a_second_fp32_segment() -> None:
+    """In the release's order the 16-bit logits' freed block serves no later fp32 request, and a
+    shifted-sized request takes the fp32 logits' freed block before the slice's b x s-row gradient
+    asks for one: the replay reserves more than one loss tensor beyond the allocated peak (the
+    moments allocated whole, 4.48's, less: the test above), as DeepSpeed 0.14.2's own run does
+    (benchmarks/deepspeed_zero3_fp16_streams.py)."""
+    request = _ddp_request(LLAMA3_DDP.format(release="4.45", b=8, precision="bf16-pure"))
+    breakdown = memory_breakdown(request)[0]
+    loss_tensor = 4 * 8 * 2047 * request.model.vocab_size
+    assert loss_tensor < breakdown.reserved_peak_bytes - breakdown.allocated_peak_bytes < 2 * loss_tensor
+
+
+@pytest.mark.parametrize("b", [1, 2])
+def test_the_order_is_what_torch_makes_on_the_cpu(b: int) -> None:
+    """benchmarks/cuda_autocast_loss_tensors.py ordered_before_446 runs 4.40's head and loss
+    (fp16 lm_head, .float(), the shifted .contiguous(), CrossEntropyLoss, the output object
+    dropped with the Trainer's compute_loss) and its backward: every allocation and free of a
+    logit-sized tensor, in order, is ordered_loss_tensors' (at b 1 no shifted copy)."""
+    pytest.importorskip("torch")
+    from tests.scripts import load_script
+    from zeroplan.core.transformers_release import ordered_loss_tensors
+
+    script = load_script(BENCHMARKS / "cuda_autocast_loss_tensors.py")
+    request = _ddp_request(LLAMA3_DDP.format(release="4.40.0", b=b, precision="fp16-mixed"))
+    model = request.model.model_copy(update={"vocab_size": script.V})
+    planned = ordered_loss_tensors(model, request.training, script.S, b)
+    block = 4 * b * script.S * script.V
+    renumbered: dict[int, int] = {}
+    steps = []
+    for tensor, size in planned:
+        number = renumbered.setdefault(tensor, len(renumbered)) if size else renumbered.pop(tensor)
+        steps.append((number, round(size / block, 3)))
+    measured, numbers = [], {}
+    for tensor, size in script.ordered_before_446(b):
+        number = numbers.setdefault(tensor, len(numbers)) if size else numbers.pop(tensor)
+        measured.append((number, size))
+    assert measured == steps

@@ -22,7 +22,7 @@ from zeroplan.allocator.fsdp_schedule import (FsdpStepInputs, forward_cache_part
 from zeroplan.core.parallel.sequence_parallel import SublayerCollectives
 from zeroplan.allocator.replay import Ops
 from zeroplan.allocator.trace import AllocationTrace, Stream
-from zeroplan.core import deepspeed_2022, deepspeed_stage0, deepspeed_stage3_step
+from zeroplan.core import deepspeed_2022, deepspeed_reduce_stream, deepspeed_stage0, deepspeed_stage3_step
 from zeroplan.core.activations import layer_terms
 from zeroplan.core.checkpoint_save import SaveUnits, save_units
 from zeroplan.core.deepspeed_accumulation import overlap_comm
@@ -30,6 +30,7 @@ from zeroplan.core.deepspeed_epilogue import stage1_carries_bucket
 from zeroplan.core.deepspeed_step import NORM_COPY_BYTES, runs_flat_step
 from zeroplan.core.framework_loss import loss_parallel_applies
 from zeroplan.core.frameworks import framework_recompute_bytes
+from zeroplan.core.transformers_release import ordered_loss_tensors
 from zeroplan.core.largest_unit import largest_unit_elements
 from zeroplan.core.parallel.activations import rank_activation_bytes
 from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
@@ -222,6 +223,9 @@ class StepInputs:
     """loss_allocations (where the schedule runs the loss's moments; else empty)."""
     fsdp: FsdpStepInputs | None
     """The FSDP2 schedule's own inputs; None: this module's schedule."""
+    loss_order: tuple[tuple[int, int], ...] = ()
+    """transformers_release.ordered_loss_tensors: the same loss tensor by tensor in the release's
+    order, run in place of loss_moments (empty: the moments)."""
     gathered: int = 0
     reduce: int = 0
     block_transient_buffers: int = 0
@@ -259,6 +263,12 @@ class StepInputs:
     sequence_parallel: SublayerCollectives | None = None
     """fsdp_schedule.forward_collectives: each block's forward collectives, run in every
     micro-batch's forward (fsdp_schedule.run_sequence_parallel_forward)."""
+    reduce_stream_copies: tuple[tuple[int, ...], ...] = ()
+    """deepspeed_reduce_stream.flushes_by_block: the ipg bucket's flat copies each block's
+    backward makes on DeepSpeed ZeRO-3's reduce stream, the last block first (empty: none)."""
+    overflow_check: int = 0
+    """deepspeed_reduce_stream.overflow_check_bytes: fp16's overflow check's bool tensor, made
+    twice on the reduce stream as the step starts (0: none)."""
     sub_group_steps: tuple[tuple[int, int], ...] = ()
     """DeepSpeed ZeRO-3's step, sub-group by sub-group (zeroplan.core.deepspeed_stage3_step):
     each sub-group's flat gradient copy and fp32 cast, made and freed in turn in place of the
@@ -319,7 +329,8 @@ def _step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms
     gathered, reduce = _transient_parts(request, terms.transient_buffers)
     moments = tuple(map(tuple, loss_allocations(request, terms)))
     return StepInputs(**common, cache_parts=tuple(forward_cache_parts(request, blocks)),
-                      loss_moments=moments, fsdp=None, loss_parallel=_runs_loss_parallel(request, moments),
+                      loss_moments=moments, loss_order=_loss_order(request, moments), fsdp=None,
+                      loss_parallel=_runs_loss_parallel(request, moments),
                       loss_logits_held=request.parallel.pp > 1,
                       gathered=gathered, reduce=reduce, block_transient_buffers=terms.block_transient_buffers,
                       block_backward_gradients=terms.block_backward_gradients,
@@ -334,8 +345,48 @@ def _step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms
                       sequence_parallel=forward_collectives(request, terms),
                       stage1_2022=deepspeed_2022.step_allocations(request) if deepspeed_2022.models_2022(request) else None,
                       sub_group_steps=deepspeed_stage3_step.sub_group_steps(request),
+                      reduce_stream_copies=_reduce_stream_copies(request, blocks),
+                      overflow_check=deepspeed_reduce_stream.overflow_check_bytes(request),
                       step_temporary_parts=_step_temporary_parts(request, states, terms),
                       gradient_parts=_gradient_parts(request, states))
+
+
+# zeroplan.core.deepspeed_reduce_stream (stage3.py:1221-1265 at v0.14.2).
+def _reduce_stream_copies(request: PlanRequest, blocks: int) -> tuple[tuple[int, ...], ...]:
+    """StepInputs.reduce_stream_copies, where the blocks run once each (no pipeline)."""
+    if request.parallel.pp != 1:
+        return ()
+    return deepspeed_reduce_stream.flushes_by_block(request, blocks)
+
+
+# zeroplan.core.transformers_release.ordered_loss_tensors (4.40.0 modeling_llama.py:1227-1241).
+def _loss_order(request: PlanRequest, moments: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, int], ...]:
+    """transformers_release.ordered_loss_tensors where the loss's moments are its tensors
+    (the release's three: the forward's fp32 logits, shifted copy and log-softmax; the
+    backward's log-softmax and two gradients; the slice's two), none of them held elsewhere
+    (a loop keeping the output object, the KV cache); () otherwise."""
+    if request.training.keep_outputs:
+        return ()
+    b, s = request.batch.micro_batch_size, request.batch.seq_len
+    order = ordered_loss_tensors(request.model, request.training, s, b)
+    if not order:
+        return ()
+    sizes = dict(step for step in order if step[1])
+    logits, logprobs, nll, grad, sliced = (sizes[k] for k in (1, 3, 4, 5, 6))
+    if moments != ((logits, logprobs, logprobs), (logprobs, nll, grad), (grad, sliced)):
+        return ()
+    return order
+
+
+# The same order as ordered_loss_tensors gives it (measured: cuda_autocast_loss_tensors.ordered_before_446).
+def _run_loss_order(b: TraceBuilder, order: tuple[tuple[int, int], ...]) -> None:
+    """StepInputs.loss_order: each tensor made and freed where the release does."""
+    made: dict[int, list[int]] = {}
+    for tensor, size in order:
+        if size:
+            made[tensor] = b.alloc(size)
+        else:
+            b.free(made.pop(tensor))
 
 
 def _step_temporary_parts(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms) -> tuple[int, ...]:
@@ -463,6 +514,13 @@ def _record_step(x: StepInputs, b: TraceBuilder) -> None:
     b.alloc_parts(even_parts(x.parameter_bytes, blocks + 1))
     b.alloc_parts(even_parts(x.optimizer_state_bytes, blocks + 1))
     b.alloc(x.resident_buffers)
+    # What the previous step made on DeepSpeed ZeRO-3's reduce stream stays cached there into
+    # this one (neither DeepSpeed 0.14.2's step nor transformers 4.40's Trainer calls
+    # empty_cache): its flat copies and overflow checks, made and freed in their order.
+    for copies in x.reduce_stream_copies:
+        for size in copies:
+            b.free(b.alloc(size, Stream.reduce_scatter))
+    _overflow_check(x, b)
     # With accumulation, what the earlier micro-batches left (the gradients, or under DeepSpeed's
     # convention its own buffers: PeakTerms.accumulated_gradients) is there from the start.
     carried = x.gradient_bytes if x.accumulated_gradients is None else x.accumulated_gradients
@@ -520,7 +578,10 @@ def _record_step(x: StepInputs, b: TraceBuilder) -> None:
         # DeepSpeed ZeRO-3's parameters still gathered from the forward (PeakTerms.loss_held_buffers),
         # released in the backward: freed with the loss here, before the blocks' gathers.
         around = b.alloc(x.loss_held_buffers, x.gather_stream)
-        run_loss(x.loss_moments, b, cache)
+        if x.loss_order:
+            _run_loss_order(b, x.loss_order)
+        else:
+            run_loss(x.loss_moments, b, cache)
         b.free(around)
 
     # Backward, last block first: unit gathered and reduce buffer, the workspace (and the
@@ -541,6 +602,12 @@ def _record_step(x: StepInputs, b: TraceBuilder) -> None:
             reducing = b.alloc(reduce, Stream.reduce_scatter)
             run_sequence_parallel_recompute(b, x.sequence_parallel)
             b.free(record_workspace(b, x.workspace_steps) if x.workspace_steps else b.alloc_parts(workspace))
+            # DeepSpeed ZeRO-3's bucket flushes in this block's backward, each flat copy made and
+            # freed on the reduce stream (after the workspace here: the planner's backward moment
+            # does not count them).
+            if x.reduce_stream_copies:
+                for size in x.reduce_stream_copies[len(chunks[index]) - 1 - position]:
+                    b.free(b.alloc(size, Stream.reduce_scatter))
             b.free(saved[index][position])
             b.free(unit + reducing)
     b.free(outside_ids)
@@ -581,6 +648,7 @@ def _record_step(x: StepInputs, b: TraceBuilder) -> None:
     parts = 1 if x.flat_step else blocks + 1
     if x.sub_group_steps:
         b.free(gradients + unit + held)
+        _overflow_check(x, b)
         for flat_bytes, cast_bytes in x.sub_group_steps:
             flat = b.alloc(flat_bytes)
             cast = b.alloc(cast_bytes)
@@ -593,12 +661,20 @@ def _record_step(x: StepInputs, b: TraceBuilder) -> None:
     b.free(unit)
     b.free(held)
 
+    _overflow_check(x, b)
     # Optimizer step: its temporaries per unit, then the gradients go (set_to_none), or stay
     # for the next step where zero_grad() zeroes them.
     b.free(b.alloc_parts(list(x.step_temporary_parts) or even_parts(x.step_temporary, parts)))
     if not x.gradients_kept:
         b.free(gradients)
     b.free(ended)
+
+
+# stage3.py:2138-2143 at v0.14.2: isinf's bool tensor freed by .any() before isnan's is made.
+def _overflow_check(x: StepInputs, b: TraceBuilder) -> None:
+    """StepInputs.overflow_check: isinf's bool tensor, then isnan's, on the reduce stream."""
+    for _ in range(2 if x.overflow_check else 0):
+        b.free(b.alloc(x.overflow_check, Stream.reduce_scatter))
 
 
 # zeroplan.core.deepspeed_2022.step_allocations: the reduction's flat bucket copy after backward

@@ -150,3 +150,47 @@ def opt_loss_tensors(model: ModelSpec, training: TrainingSpec, s: int, b: int) -
     e = training.precision.compute_bytes
     shifted = e * b * (s - 1) * model.vocab_size
     return (e * b * s * model.vocab_size, shifted, shifted), (shifted, shifted, shifted)
+
+
+# FP32_LOGITS_UNTIL and SHIFTED_COPY_UNTIL: the loss's tensors one by one, in the order the
+# release's forward and torch's autograd make and free them. transformers 4.40.0
+# models/llama/modeling_llama.py:1227-1241 (4.31.0 :824-838, 4.45.2 :1213-1227 alike):
+# ``logits = self.lm_head(hidden_states)`` in the compute dtype, ``logits = logits.float()``
+# (the 16-bit logits go as the name is rebound: ToCopyBackward0 keeps none of its input),
+# ``shift_logits = logits[..., :-1, :].contiguous()`` and CrossEntropyLoss, whose log_softmax
+# output autograd keeps; the shifted copy goes when the forward returns, the fp32 logits with the
+# output object when the Trainer's compute_loss returns (4.40.0 trainer.py:3161-3186 returns the
+# loss alone). Backward: nll_loss_backward's gradient of the log-probabilities, then
+# _log_softmax_backward_data's (both b x (s - 1) rows, fp32), the log-softmax and the first freed
+# with their node; SliceBackward0's zeroed b x s-row fp32 gradient, then ToCopyBackward0's cast of
+# it to the compute dtype, which lm_head's backward reads (shifted_rows above). Measured on the CPU
+# (benchmarks/cuda_autocast_loss_tensors.py ordered_before_446: this order at b 2; at b 1 the
+# slice is contiguous and no copy is made) and on DeepSpeed 0.14.2's own engine
+# (benchmarks/deepspeed_zero3_fp16_streams.py: the 16-bit logits' segment and a second fp32-sized
+# one on the compute stream). The moments the planner sums
+# (zeroplan.core.framework_loss.framework_logits_tensors) are the largest sets alive at once here;
+# allocated whole they reuse one another's blocks, where in this order the 16-bit logits' block
+# and a shifted-sized one are cached beside requests they cannot serve.
+LOSS_ORDER = ("logits16+", "logits32+", "logits16-", "shifted+", "logprobs+", "shifted-", "logits32-",
+              "nll_grad+", "logprobs_grad+", "nll_grad-", "logprobs-", "slice_grad+", "logprobs_grad-",
+              "logits16_grad+", "slice_grad-", "logits16_grad-")
+"""The loss's tensors in the release's order: '+' made, '-' freed."""
+
+
+# 4.40.0 modeling_llama.py:1227-1241 and trainer.py:3161-3186 (LOSS_ORDER above).
+def ordered_loss_tensors(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> tuple[tuple[int, int], ...]:
+    """The loss's allocations and frees in LOSS_ORDER, as (tensor index, bytes) for an
+    allocation and (tensor index, 0) for a free, where the release upcasts 16-bit logits in the
+    model's forward and shifts them (FP32_LOGITS_UNTIL: releases before 4.46 under hf, a 16-bit
+    compute dtype, not OPT's own forward); () elsewhere."""
+    e = training.precision.compute_bytes
+    if (training.framework is not Framework.hf or training.transformers_version is None or e == 4
+            or not returns_fp32_logits(training) or runs_opt_own_forward(model, training)):
+        return ()
+    full, shifted = s * b * model.vocab_size, (s - 1) * b * model.vocab_size
+    sizes = {"logits16": e * full, "logits32": 4 * full, "shifted": 4 * shifted, "logprobs": 4 * shifted,
+             "nll_grad": 4 * shifted, "logprobs_grad": 4 * shifted, "slice_grad": 4 * full, "logits16_grad": e * full}
+    index = {name: k for k, name in enumerate(sizes)}
+    # One sequence: the slice of the first s - 1 rows is contiguous, and .contiguous() returns it.
+    steps = [step for step in LOSS_ORDER if b > 1 or not step.startswith("shifted")]
+    return tuple((index[step[:-1]], sizes[step[:-1]] if step[-1] == "+" else 0) for step in steps)
