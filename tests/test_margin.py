@@ -65,10 +65,10 @@ def test_a_fit_whose_whole_range_is_past_the_usable_memory_is_borderline() -> No
 
 
 def test_a_borderline_recommendation_says_so(zeroplan_cli) -> None:
-    # torchtitan's 8B at 2 x 10,240 tokens on 8 H100s, selective per-op recomputation:
-    # shard-grad-op peaks at 74.8 of 78.7 GiB usable, full sharding with room below the band.
+    # torchtitan's 8B at 2 x 10,752 tokens on 8 H100s, selective per-op recomputation:
+    # shard-grad-op peaks at 76.9 of 78.7 GiB usable, full sharding with room below the band.
     flags = ("fit", "llama-3.1-8b", "--gpus", "8", "--gpu", "h100-80gb", "--framework", "torchtitan",
-             "--seq-len", "10240", "--micro-batch", "2", "--activation-checkpointing", "selective-op",
+             "--seq-len", "10752", "--micro-batch", "2", "--activation-checkpointing", "selective-op",
              "--strategies", "fsdp-shard-grad-op,fsdp-full-shard")
     for view in ((), ("--detail",)):
         code, out, err = zeroplan_cli(*flags, *view)
