@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
 from zeroplan.errors import ZeroplanError
 
@@ -16,6 +16,27 @@ if TYPE_CHECKING:
 _set = object.__setattr__
 _REQUIRED = object()
 """A field without a default in Frozen.trusted's template."""
+
+
+_Item = TypeVar("_Item")
+
+
+# A record is read back strictly (zeroplan.harness.record.read_record), and where a validator of
+# mode "before" sits above a field (PlanRequest's model validators, the records' on ``training``)
+# pydantic hands the validator's Python result on to the nested fields: a JSON array reaches them
+# as a list, which a strict tuple refuses (pydantic-core src/input/input_python.rs validate_tuple:
+# a tuple only when strict; src/input/input_json.rs validate_tuple takes a JSON array either way).
+def _array_as_tuple(value: object) -> object:
+    """A list (a JSON array, through a before-validator) as the tuple it stands for; anything
+    else as given, for the tuple's own validation to take or refuse."""
+    return tuple(value) if type(value) is list else value
+
+
+JsonTuple = Annotated[tuple[_Item, ...], BeforeValidator(_array_as_tuple)]
+"""``tuple[X, ...]`` that a JSON array fills in a strict read wherever it sits: every tuple field
+of a spec a record or a request carries is one (tests/test_strict_record_tuples.py). Its items
+are validated as strictly as before ("2" is no int there); the schema and the dump are the
+tuple's."""
 
 
 class Frozen(BaseModel):

@@ -9,7 +9,7 @@ from enum import Enum
 from pydantic import Field, model_validator
 
 from zeroplan.errors import ZeroplanError
-from zeroplan.specs.base import Frozen
+from zeroplan.specs.base import Frozen, JsonTuple
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import ModelSpec
 
@@ -170,7 +170,7 @@ class FineTuneSpec(Frozen):
     lora_alpha: float | None = Field(default=None, gt=0)
     """alpha: the adapter's output is scaled by alpha / r. Changes no byte; None = 2 r (the
     torchtune configs' convention)."""
-    lora_targets: tuple[LoraTarget, ...] | None = None
+    lora_targets: JsonTuple[LoraTarget] | None = None
     """Linear layers wrapped by an adapter; None = the framework's default (DEFAULT_LORA_TARGETS)."""
     lora_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
     """Dropout on the adapter's input: above 0 the adapter keeps its own dropped copy of the
@@ -197,13 +197,11 @@ class FineTuneSpec(Frozen):
     (embeddings, head, norms) to fp32 (transformers' and peft's QLoRA recipes); False: they stay
     in the dtype the base was loaded in, as ms-swift 1.x's sft (swift/llm/sft.py at cfcb672:
     from_pretrained with torch_dtype and a BitsAndBytesConfig, then its own LoRA, nothing cast)."""
-    modules_to_save: tuple[SavedModule, ...] = Field(default=(), exclude_if=lambda saved: not saved)
+    modules_to_save: JsonTuple[SavedModule] = Field(default=(), exclude_if=lambda saved: not saved)
     """Modules PEFT trains whole beside the adapters (LoraConfig ``modules_to_save``): each is
     wrapped in a ModulesToSaveWrapper that keeps the original frozen and trains a deep copy
     (zeroplan.core.finetune.modules_to_save). Empty: none (PEFT's default), left out of the JSON,
-    so requests and records dump as before the field existed (a record's description is read
-    back strictly, and through PlanRequest's before-validators a JSON array reaches a tuple field
-    as a list, which strict validation refuses)."""
+    so requests and records dump as before the field existed."""
     freeze_embeddings: bool = False
     """Freeze the token embedding (and an untied LM head) in a full fine-tune."""
     frozen_blocks: int = Field(default=0, ge=0)

@@ -7,7 +7,7 @@ from enum import Enum
 from pydantic import Field, model_validator
 
 from zeroplan.errors import ZeroplanError
-from zeroplan.specs.base import Frozen
+from zeroplan.specs.base import Frozen, JsonTuple
 from zeroplan.units import MiB
 
 
@@ -116,7 +116,7 @@ class GpuSpec(Frozen):
     nvswitch: bool = False
     """Whether the GPUs of a node all meet at NVSwitches (NCCL's NVLS needs them, and Hopper or
     newer: src/graph/search.cc refuses the NVLS pattern without an NVS node or below sm_90)."""
-    achievable: tuple[AchievedBusBandwidth, ...] = ()
+    achievable: JsonTuple[AchievedBusBandwidth] = ()
     """Published (or calibrated) nccl-tests bus bandwidths, each with its source; the planner
     uses them by default (PerformanceAssumptions.bandwidth) and the links keep the nominal figures."""
 

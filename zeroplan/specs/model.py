@@ -7,7 +7,7 @@ from enum import Enum
 from pydantic import Field, model_validator
 
 from zeroplan.errors import ZeroplanError
-from zeroplan.specs.base import Frozen
+from zeroplan.specs.base import Frozen, JsonTuple
 from zeroplan.specs.encoder_decoder import EncoderDecoderSpec
 
 
@@ -136,7 +136,7 @@ class ModelSpec(Frozen):
     moe_layer_interval: int = Field(default=1, gt=0)
     """Block i (from 0) holds experts when (i + 1) is a multiple of this (Qwen-MoE's
     decoder_sparse_step); the others are dense."""
-    dense_layers: tuple[int, ...] = ()
+    dense_layers: JsonTuple[int] = ()
     """Further blocks (indices from 0) that are dense (Qwen-MoE's mlp_only_layers)."""
     moe_capacity_factor: float | None = Field(default=None, gt=0.0, le=64.0)
     """None: dropless routing, every routed token copy processed (torchtitan, Megatron-LM's
