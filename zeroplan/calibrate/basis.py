@@ -23,7 +23,7 @@ CALIBRATED_BAND: tuple[float, float] | None = CALIBRATED_BANDS["kernel"]
 """The calibrated band under the default attention rate (zeroplan.specs.request.DEFAULT_ATTENTION_RATE)."""
 
 DEFAULT_BANDS: dict[str, tuple[float, float]] = {
-    "matmul": (0.111, 1.210), "published": (0.093, 0.460), "kernel": (0.054, 0.305),
+    "matmul": (0.111, 1.210), "published": (0.094, 0.460), "kernel": (0.056, 0.305),
 }
 """(median, max) |error| of tokens/s/GPU under the fitted default efficiency
 (zeroplan.core.default_efficiency), by attention-rate mode, over every published row with the
