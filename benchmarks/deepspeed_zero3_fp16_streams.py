@@ -38,10 +38,14 @@ own schedule for the same request (Llama-3-8B's widths with 8 blocks, 8 GPUs, ze
     43.60 / 61.25, allgather 2.90 / 2.90, reduce 0.92 / 0.92), with the loss in transformers 4.40's
     order and the reduce stream planned (46.54 before, nothing on the reduce stream).
   expandable segments: engine reserved 56.02 (+9.50 over requested); planner 53.34 (+7.87; +1.0 before).
-With --layers 32 (the rows' depth), micro-batch 12: requested 60.78 (planner 59.72), reserved 86.38
-without a device limit (84.46 without the reduce stream's CPU-only allocations below); on the row's
-78.93 GiB usable, after a flush, 70.86 for step 1 and 76.97 over steps 1-2 (published 76.24).
-With --micro-batch 13: 75.10 for step 1, out of memory in step 2 (three flushes; the row ran out).
+With --layers 32 (the rows' depth), micro-batch 12: requested 60.59 (planner 59.72), reserved 86.19
+without a device limit (84.27 without the reduce stream's CPU-only allocations below); on the row's
+78.93 GiB usable, after one flush, 70.67 for step 1 and over steps 1-2 alike (published 76.24).
+With --micro-batch 13: 74.89 for step 1 and over steps 1-2, one flush (the row ran out: not
+reproduced). The installed transformers' SDPA causal masks are left out (engine_steps: 4.40 builds
+none for this input); counted, each step's stayed held into the next (their frees are not in the
+profiler's events) and steps 1-2 ran out at micro-batch 13 (75.10 for step 1). Steps 1 and 2 then
+differ only in the coordinator's coalescing on the allgather stream (requested peak 3.79 and 3.98).
 The reduce stream's second flat-copy-sized block is made inside the reduce-scatter call after
 reduce_scatter_coalesced's div_ and freed with it (gloo's staging of its input; NCCL writes into the
 buffer's own chunk), and the CPU's isinf makes an fp16 abs of the partition first: both the CPU
