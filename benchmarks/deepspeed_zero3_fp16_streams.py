@@ -171,7 +171,8 @@ def engine_steps(result: dict, first: int, last: int):
     # (masking_utils: le, eq, bitwise_and) whose frees the profiler does not record, so each
     # step's stays in the events; transformers 4.40's, the rows', builds none for this input
     # (4.40.0 modeling_llama.py:1073-1079: _update_causal_mask returns None where SDPA's
-    # is_causal serves, _ignore_causal_mask_sdpa). Left out on the compute stream, as
+    # is_causal serves; modeling_attn_mask_utils.py:263-273, _ignore_causal_mask_sdpa, for no
+    # attention mask, :275-285 for one of all ones). Left out on the compute stream, as
     # deepspeed_zero3_allocator_replay does (the reduce stream's eq is has_overflow's isinf).
     skipped |= {index for index, (time_ns, size, _, op) in enumerate(events)
                 if size > 0 and op in MASK_OPS and _stream_of(side, starts, time_ns) == 0}
