@@ -38,10 +38,14 @@ own schedule for the same request (Llama-3-8B's widths with 8 blocks, 8 GPUs, ze
     43.60 / 61.25, allgather 2.90 / 2.90, reduce 0.92 / 0.92), with the loss in transformers 4.40's
     order and the reduce stream planned (46.54 before, nothing on the reduce stream).
   expandable segments: engine reserved 56.02 (+9.50 over requested); planner 53.34 (+7.87; +1.0 before).
-With --layers 32 (the rows' depth), micro-batch 12: requested 60.78 (planner 59.72), reserved 86.38
-without a device limit (84.46 without the reduce stream's CPU-only allocations below); on the row's
-78.93 GiB usable, after a flush, 70.86 for step 1 and 76.97 over steps 1-2 (published 76.24).
-With --micro-batch 13: 75.10 for step 1, out of memory in step 2 (three flushes; the row ran out).
+With --layers 32 (the rows' depth), micro-batch 12: requested 60.59 (planner 59.72), reserved 86.19
+without a device limit (84.27 without the reduce stream's CPU-only allocations below); on the row's
+78.93 GiB usable, after one flush, 70.67 for step 1 and over steps 1-2 alike (published 76.24).
+With --micro-batch 13: 74.89 for step 1 and over steps 1-2, one flush (the row ran out: not
+reproduced). The installed transformers' SDPA causal masks are left out (engine_steps: 4.40 builds
+none for this input); counted, each step's stayed held into the next (their frees are not in the
+profiler's events) and steps 1-2 ran out at micro-batch 13 (75.10 for step 1). Steps 1 and 2 then
+differ only in the coordinator's coalescing on the allgather stream (requested peak 3.79 and 3.98).
 The reduce stream's second flat-copy-sized block is made inside the reduce-scatter call after
 reduce_scatter_coalesced's div_ and freed with it (gloo's staging of its input; NCCL writes into the
 buffer's own chunk), and the CPU's isinf makes an fp16 abs of the partition first: both the CPU
@@ -154,7 +158,7 @@ def _scaled(size: int) -> int:
 def engine_steps(result: dict, first: int, last: int):
     """Steps first..last of the run as an AllocationTrace (scaled, with their streams), after one
     allocation holding what was live at the first one's start (scaled)."""
-    from deepspeed_zero3_allocator_replay import _collective_temporaries, cpu_temporaries
+    from deepspeed_zero3_allocator_replay import MASK_OPS, _collective_temporaries, cpu_temporaries
 
     from zeroplan.allocator.trace import AllocationTrace, AllocEvent, FreeEvent
 
@@ -163,6 +167,15 @@ def engine_steps(result: dict, first: int, last: int):
     side = sorted((s, e, 1 if n == "zs:allgather" else 2) for s, e, n in ranges if n in ("zs:allgather", "zs:reduce"))
     starts = [x[0] for x in side]
     skipped = _collective_temporaries(events) | cpu_temporaries(events)[0]
+    # The installed transformers' SDPA path builds a boolean causal mask every forward
+    # (masking_utils: le, eq, bitwise_and) whose frees the profiler does not record, so each
+    # step's stays in the events; transformers 4.40's, the rows', builds none for this input
+    # (4.40.0 modeling_llama.py:1073-1079: _update_causal_mask returns None where SDPA's
+    # is_causal serves; modeling_attn_mask_utils.py:263-273, _ignore_causal_mask_sdpa, for no
+    # attention mask, :275-285 for one of all ones). Left out on the compute stream, as
+    # deepspeed_zero3_allocator_replay does (the reduce stream's eq is has_overflow's isinf).
+    skipped |= {index for index, (time_ns, size, _, op) in enumerate(events)
+                if size > 0 and op in MASK_OPS and _stream_of(side, starts, time_ns) == 0}
     start, end = steps[first][0], steps[last][1]
     live: dict[int, tuple[int, int | None]] = {}
     out: list = []
