@@ -47,32 +47,47 @@ def models_epilogue(request: PlanRequest) -> bool:
 
 # stage3.py:1583-1585 reduce_independent_p_g_buckets_and_remove_grads flushes the bucket before
 # a gradient that would overflow it; gradients arrive in backward, the reverse of registration.
+def ipg_buckets(request: PlanRequest) -> list[list[int]]:
+    """The trainable tensors' element counts bucket by bucket, in the order backward fills them:
+    every bucket but the last is flushed in backward (zeroplan.core.deepspeed_reduce_stream), the
+    last by the epilogue."""
+    capacity = _bucket_elements(request)
+    buckets: list[list[int]] = [[]]
+    for numel in reversed(_tensor_numels(request)):
+        if buckets[-1] and sum(buckets[-1]) + numel > capacity:
+            buckets.append([])
+        buckets[-1].append(numel)
+    return buckets
+
+
 def last_bucket_numels(request: PlanRequest) -> list[int]:
     """The trainable tensors' element counts the epilogue finds in the bucket."""
-    capacity = _bucket_elements(request)
-    bucket: list[int] = []
-    for numel in reversed(_tensor_numels(request)):
-        if bucket and sum(bucket) + numel > capacity:
-            bucket = []
-        bucket.append(numel)
-    return bucket
+    return ipg_buckets(request)[-1]
 
 
 # comm/coalesced_collectives.py:93-122: each tensor is cut into N chunks of ceil(numel / N)
 # (padded), interleaved rank by rank into one torch.cat and that buffer reduce-scattered (:128);
 # one tensor that divides evenly is reduce-scattered in place (a view of the bucket).
+def padded_bucket_bytes(numels: list[int], group: int, element_bytes: int) -> int:
+    """The buffer reduce_scatter_coalesced reduce-scatters for a bucket: each tensor padded."""
+    return sum(ceil_div(numel, group) * group for numel in numels) * element_bytes
+
+
+def bucket_flat_copy_bytes(numels: list[int], group: int, element_bytes: int) -> int:
+    """The flat buffer reduce_scatter_coalesced makes of a bucket (0 where it need not)."""
+    if len(numels) == 1 and numels[0] % group == 0:
+        return 0
+    return padded_bucket_bytes(numels, group, element_bytes)
+
+
 def reduce_scatter_input_bytes(request: PlanRequest) -> int:
     """The buffer the epilogue's reduce-scatter reads: the last bucket, each tensor padded."""
-    group = request.shard_group_size
-    return sum(ceil_div(numel, group) * group for numel in last_bucket_numels(request)) * _model_dtype_bytes(request)
+    return padded_bucket_bytes(last_bucket_numels(request), request.shard_group_size, _model_dtype_bytes(request))
 
 
 def flat_copy_bytes(request: PlanRequest) -> int:
     """The flat buffer reduce_scatter_coalesced makes of the last bucket (0 where it need not)."""
-    numels = last_bucket_numels(request)
-    if len(numels) == 1 and numels[0] % request.shard_group_size == 0:
-        return 0
-    return reduce_scatter_input_bytes(request)
+    return bucket_flat_copy_bytes(last_bucket_numels(request), request.shard_group_size, _model_dtype_bytes(request))
 
 
 def first_module_gathered_bytes(request: PlanRequest) -> int:

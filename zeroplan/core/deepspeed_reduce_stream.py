@@ -13,8 +13,8 @@ context:
   (reduce_scatter true by default) calls reduce_scatter_coalesced: one flat, rank-interleaved
   torch.cat of the bucket's gradients, each padded to N chunks (comm/coalesced_collectives.py
   :100-122 at v0.14.2), none where the bucket is one tensor that divides evenly
-  (zeroplan.core.deepspeed_epilogue.flat_copy_bytes, which counts the last bucket's, flushed by
-  the epilogue);
+  (zeroplan.core.deepspeed_epilogue.bucket_flat_copy_bytes, whose flat_copy_bytes counts the last
+  bucket's, flushed by the epilogue);
 - under fp16 the step's overflow check (stage3.py:2138-2143 at v0.14.2, :3009-3014 at 0.19.8,
   has_overflow: ``torch.isinf(self.grad_partitions_flat_buffer).any()``, then ``torch.isnan``)
   makes a bool tensor of the whole gradient partition, twice, one after the other.
@@ -25,8 +25,8 @@ Llama-3-8B's widths (8 blocks, 8 ranks) where the planner put nothing there."""
 
 from __future__ import annotations
 
-from zeroplan.core.deepspeed_accumulation import _bucket_elements, _model_dtype_bytes, _tensor_numels, overlap_comm
-from zeroplan.core.deepspeed_epilogue import models_epilogue
+from zeroplan.core.deepspeed_accumulation import _model_dtype_bytes, _tensor_numels, overlap_comm
+from zeroplan.core.deepspeed_epilogue import bucket_flat_copy_bytes, ipg_buckets, models_epilogue
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.training import Precision
 from zeroplan.specs.request import PlanRequest
@@ -44,32 +44,20 @@ def models_reduce_stream(request: PlanRequest) -> bool:
     return (models_epilogue(request) and request.training.framework is Framework.hf and overlap_comm(request))
 
 
-# comm/coalesced_collectives.py:100-122 at v0.14.2: each tensor padded to N chunks, one torch.cat.
-def _flat_copy_bytes(numels: list[int], group: int, element_bytes: int) -> int:
-    """reduce_scatter_coalesced's flat buffer for one bucket (0: one tensor that divides evenly)."""
-    if len(numels) == 1 and numels[0] % group == 0:
-        return 0
-    return sum(ceil_div(numel, group) * group for numel in numels) * element_bytes
-
-
 # stage3.py:1221-1224 at v0.14.2 (reduce_independent_p_g_buckets_and_remove_grads), :1265 (the flush
-# in the reduce stream's context).
+# in the reduce stream's context); its flat copy comm/coalesced_collectives.py:100-122 at v0.14.2.
 def backward_flushes(request: PlanRequest) -> tuple[tuple[int, int], ...]:
     """Each bucket flush in backward before the epilogue's, as (trainable elements whose gradients
     had arrived when it ran, its flat copy's bytes); gradients arrive in the reverse of
     registration. () where models_reduce_stream does not apply."""
     if not models_reduce_stream(request):
         return ()
-    capacity, group, element_bytes = _bucket_elements(request), request.shard_group_size, _model_dtype_bytes(request)
+    group, element_bytes = request.shard_group_size, _model_dtype_bytes(request)
     flushes: list[tuple[int, int]] = []
-    bucket: list[int] = []
     arrived = 0
-    for numel in reversed(_tensor_numels(request)):
-        if bucket and sum(bucket) + numel > capacity:
-            flushes.append((arrived, _flat_copy_bytes(bucket, group, element_bytes)))
-            bucket = []
-        bucket.append(numel)
-        arrived += numel
+    for bucket in ipg_buckets(request)[:-1]:
+        arrived += sum(bucket)
+        flushes.append((arrived, bucket_flat_copy_bytes(bucket, group, element_bytes)))
     return tuple(flushes)
 
 
