@@ -347,8 +347,7 @@ def _step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms
                       sub_group_steps=deepspeed_stage3_step.sub_group_steps(request),
                       reduce_stream_copies=_reduce_stream_copies(request, blocks),
                       overflow_check=deepspeed_reduce_stream.overflow_check_bytes(request),
-                      step_temporary_parts=_step_temporary_parts(request, states, terms),
-                      gradient_parts=_gradient_parts(request, states))
+                      **_per_parameter_parts(request, states, terms))
 
 
 # zeroplan.core.deepspeed_reduce_stream (stage3.py:1221-1265 at v0.14.2).
@@ -389,29 +388,27 @@ def _run_loss_order(b: TraceBuilder, order: tuple[tuple[int, int], ...]) -> None
             b.free(made.pop(tensor))
 
 
-def _step_temporary_parts(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms) -> tuple[int, ...]:
-    """StepInputs.step_temporary_parts: Megatron-LM's per-parameter fp32 gradient copies; torch's
-    foreach Adam/AdamW's lists, one output per stepped tensor (per_parameter_tensors)."""
+def _per_parameter_parts(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms) -> dict[str, tuple[int, ...]]:
+    """StepInputs.step_temporary_parts and gradient_parts: Megatron-LM's per-parameter fp32
+    gradient copies; under per_parameter_tensors, one gradient per trainable tensor and torch's
+    foreach Adam/AdamW lists, one output per stepped tensor."""
     if request.training.framework is Framework.megatron:
         from zeroplan.core.megatron import megatron_step_temporary_parts  # megatron's requests alone load it
 
-        return megatron_step_temporary_parts(request)
+        return {"step_temporary_parts": megatron_step_temporary_parts(request)}
     weights = _per_parameter_weights(request)
-    if not weights or request.training.optimizer not in (Optimizer.adam, Optimizer.adamw):
-        return ()
-    if optimizer_loop(request) is not OptimizerLoop.foreach:
-        return ()
+    if not weights:
+        return {}
+    parts = {"gradient_parts": tuple(split_bytes(states.gradient_bytes, weights))}
+    foreach_adam = request.training.optimizer in (Optimizer.adam, Optimizer.adamw) and optimizer_loop(request) is OptimizerLoop.foreach
+    if not foreach_adam:
+        return parts
     copies = foreach_step_copies(request)
     eb = element_bytes(request.training.precision, request.convention)
-    if terms.step_temporary != copies * states.optimizer_elements * eb.optimizer_dtype:
-        return ()
-    return tuple(split_bytes(terms.step_temporary, weights * copies))
-
-
-def _gradient_parts(request: PlanRequest, states: ModelStateBytes) -> tuple[int, ...]:
-    """StepInputs.gradient_parts: one gradient per trainable tensor (per_parameter_tensors)."""
-    weights = _per_parameter_weights(request)
-    return tuple(split_bytes(states.gradient_bytes, weights)) if weights else ()
+    # Only where the step's temporary is those lists alone (not, say, PEFT's copies beside them).
+    if terms.step_temporary == copies * states.optimizer_elements * eb.optimizer_dtype:
+        parts["step_temporary_parts"] = tuple(split_bytes(terms.step_temporary, weights * copies))
+    return parts
 
 
 # torch gives every parameter its own gradient tensor (autograd's AccumulateGrad, where the leaf
