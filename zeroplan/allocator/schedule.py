@@ -400,8 +400,8 @@ def _per_parameter_parts(request: PlanRequest, states: ModelStateBytes, terms: P
     if not weights:
         return {}
     parts = {"gradient_parts": tuple(split_bytes(states.gradient_bytes, weights))}
-    foreach_adam = request.training.optimizer in (Optimizer.adam, Optimizer.adamw) and optimizer_loop(request) is OptimizerLoop.foreach
-    if not foreach_adam:
+    adam = request.training.optimizer in (Optimizer.adam, Optimizer.adamw)
+    if not adam or optimizer_loop(request) is not OptimizerLoop.foreach:
         return parts
     copies = foreach_step_copies(request)
     eb = element_bytes(request.training.precision, request.convention)
