@@ -30,7 +30,7 @@ from zeroplan.core.deepspeed_epilogue import stage1_carries_bucket
 from zeroplan.core.deepspeed_step import NORM_COPY_BYTES, runs_flat_step
 from zeroplan.core.framework_loss import loss_parallel_applies
 from zeroplan.core.frameworks import framework_recompute_bytes
-from zeroplan.core.transformers_release import ordered_loss_tensors
+from zeroplan.core.transformers_release import LOSS_TENSORS, ordered_loss_tensors
 from zeroplan.core.largest_unit import largest_unit_elements
 from zeroplan.core.parallel.activations import rank_activation_bytes
 from zeroplan.core.parallel.pipeline import in_flight_chunks, rank_stages
@@ -370,8 +370,9 @@ def _loss_order(request: PlanRequest, moments: tuple[tuple[int, ...], ...]) -> t
     order = ordered_loss_tensors(request.model, request.training, s, b)
     if not order:
         return ()
-    sizes = dict(step for step in order if step[1])
-    logits, logprobs, nll, grad, sliced = (sizes[k] for k in (1, 3, 4, 5, 6))
+    sizes = {LOSS_TENSORS[tensor]: size for tensor, size in order if size}
+    logits, logprobs, nll, grad, sliced = (sizes[name] for name in ("logits32", "logprobs", "nll_grad", "logprobs_grad",
+                                                                     "slice_grad"))
     if moments != ((logits, logprobs, logprobs), (logprobs, nll, grad), (grad, sliced)):
         return ()
     return order

@@ -176,6 +176,9 @@ LOSS_ORDER = ("logits16+", "logits32+", "logits16-", "shifted+", "logprobs+", "s
               "logits16_grad+", "slice_grad-", "logits16_grad-")
 """The loss's tensors in the release's order: '+' made, '-' freed."""
 
+LOSS_TENSORS = ("logits16", "logits32", "shifted", "logprobs", "nll_grad", "logprobs_grad", "slice_grad", "logits16_grad")
+"""The tensors LOSS_ORDER names, by the index ordered_loss_tensors gives each."""
+
 
 # 4.40.0 modeling_llama.py:1227-1241 and trainer.py:3161-3186 (LOSS_ORDER above).
 def ordered_loss_tensors(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> tuple[tuple[int, int], ...]:
@@ -190,7 +193,7 @@ def ordered_loss_tensors(model: ModelSpec, training: TrainingSpec, s: int, b: in
     full, shifted = s * b * model.vocab_size, (s - 1) * b * model.vocab_size
     sizes = {"logits16": e * full, "logits32": 4 * full, "shifted": 4 * shifted, "logprobs": 4 * shifted,
              "nll_grad": 4 * shifted, "logprobs_grad": 4 * shifted, "slice_grad": 4 * full, "logits16_grad": e * full}
-    index = {name: k for k, name in enumerate(sizes)}
+    index = {name: k for k, name in enumerate(LOSS_TENSORS)}
     # One sequence: the slice of the first s - 1 rows is contiguous, and .contiguous() returns it.
     steps = [step for step in LOSS_ORDER if b > 1 or not step.startswith("shifted")]
     return tuple((index[step[:-1]], sizes[step[:-1]] if step[-1] == "+" else 0) for step in steps)
