@@ -401,23 +401,6 @@ def _recent_peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms
     return peak_terms(request)
 
 
-def _allocator_planner():  # type: ignore[no-untyped-def]
-    """zeroplan.allocator.planner, imported when first asked for (a request under the flat
-    reserve never needs it) and kept: an import statement costs about 0.7 us, and memory_breakdown
-    and _turns_in_band ask for it at every strategy of a fit. Its functions are read from the
-    module at each call, as the import statement read them."""
-    module = _ALLOCATOR_PLANNER[0]
-    if module is None:
-        from zeroplan.allocator import planner as module
-
-        _ALLOCATOR_PLANNER[0] = module
-    return module
-
-
-_ALLOCATOR_PLANNER: list = [None]
-"""zeroplan.allocator.planner once imported (_allocator_planner)."""
-
-
 def memory_breakdown(request: PlanRequest, usable_bytes: int | None = None) -> tuple[MemoryBreakdown, ModelStateBytes]:
     """The request's memory at its peak; ``usable_bytes``: its usable_memory_bytes where the
     caller has it (rank_memories), else found here where needed."""
@@ -439,7 +422,9 @@ def memory_breakdown(request: PlanRequest, usable_bytes: int | None = None) -> t
         # what it reserves without a limit; where the allocated peak alone passes the usable
         # memory nothing is replayed and the peak is the allocated peak, the least it needs.
         usable = usable_memory_bytes(request) if usable_bytes is None else usable_bytes
-        verdict = _allocator_planner().allocator_verdict(request, *replayed(states, terms), allocated, usable)
+        from zeroplan.allocator.planner import allocator_verdict
+
+        verdict = allocator_verdict(request, *replayed(states, terms), allocated, usable)
         reserved, oom_at = verdict.reserved_peak_bytes, verdict.oom_capacity_bytes
         reserve = 0 if reserved is None else max(reserved - allocated, 0)
     varying = split_segment = 0
@@ -1028,8 +1013,10 @@ def _turns_in_band(request: PlanRequest, breakdown: MemoryBreakdown, fits: bool,
             or breakdown.varying_length_reserve_bytes):
         return None
     low, high = band_capacities_bytes(usable_bytes, band)
-    return _allocator_planner().allocator_turns_in_band(request, *replayed(*checked_peak_terms(request)),
-                                                        breakdown.allocated_peak_bytes, low, high, fits)
+    from zeroplan.allocator.planner import allocator_turns_in_band
+
+    return allocator_turns_in_band(request, *replayed(*checked_peak_terms(request)), breakdown.allocated_peak_bytes,
+                                   low, high, fits)
 
 
 # Simpler first: fewer model states sharded, no engine before an engine (docs/memory-model.md,
