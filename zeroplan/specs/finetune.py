@@ -107,17 +107,25 @@ def fused_modules(model: ModelSpec, framework: Framework) -> tuple[tuple[LoraTar
     return ((FUSED_QKV,) if model.fused_qkv else ()) + ((FUSED_GATE_UP,) if model.fused_gate_up else ())
 
 
-def lora_adapters(finetune: "FineTuneSpec", model: ModelSpec, framework: Framework) -> tuple[tuple[LoraTarget, ...], ...]:
-    """One entry per adapter of a block (and the head's), in target order: the projections the
-    linear it wraps computes, one, or every projection of a fused module any target names (the
-    framework's default q, v over a fused q/k/v module is peft's default, the fused module)."""
+def linear_modules(targets: tuple[LoraTarget, ...], model: ModelSpec,
+                   framework: Framework) -> tuple[tuple[LoraTarget, ...], ...]:
+    """The linear modules that compute ``targets``' projections in the framework's model, in
+    target order: one per projection, or every projection of a fused module any target names
+    (fused_modules)."""
     fused = fused_modules(model, framework)
-    adapters: list[tuple[LoraTarget, ...]] = []
-    for target in finetune.targets(framework):
+    modules: list[tuple[LoraTarget, ...]] = []
+    for target in targets:
         module = next((group for group in fused if target in group), (target,))
-        if module not in adapters:
-            adapters.append(module)
-    return tuple(adapters)
+        if module not in modules:
+            modules.append(module)
+    return tuple(modules)
+
+
+def lora_adapters(finetune: "FineTuneSpec", model: ModelSpec, framework: Framework) -> tuple[tuple[LoraTarget, ...], ...]:
+    """One entry per adapter of a block (and the head's): the linear modules its targets name
+    (linear_modules; the framework's default q, v over a fused q/k/v module is peft's default,
+    the fused module)."""
+    return linear_modules(finetune.targets(framework), model, framework)
 
 
 # bitsandbytes 0.50.2 functional.quantize_4bit raises "invalid blocksize" for any other.

@@ -14,7 +14,7 @@ from __future__ import annotations
 from zeroplan.core.activations import norm_bytes, rms_norm_is_composite
 from zeroplan.core.finetune.storage import hf_runs_fsdp1
 from zeroplan.core.model_load import model_load
-from zeroplan.specs.finetune import BaseDtype, LoraTarget, Quantization, fused_modules, lora_adapters
+from zeroplan.specs.finetune import BaseDtype, LoraTarget, Quantization, linear_modules, lora_adapters
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import NormKind
 from zeroplan.specs.request import PlanRequest
@@ -42,16 +42,10 @@ INPUT_GROUPS = (
 )
 
 
-def base_modules(request: PlanRequest, group: tuple[LoraTarget, ...]) -> list[tuple[LoraTarget, ...]]:
-    """The linear modules that compute ``group``'s projections in the framework's model: one per
-    projection, or one for the projections of a fused module (zeroplan.specs.finetune.fused_modules)."""
-    fused = fused_modules(request.model, request.training.framework)
-    modules: list[tuple[LoraTarget, ...]] = []
-    for target in group:
-        module = next((m for m in fused if target in m), (target,))
-        if module not in modules:
-            modules.append(module)
-    return modules
+def base_modules(request: PlanRequest, group: tuple[LoraTarget, ...]) -> tuple[tuple[LoraTarget, ...], ...]:
+    """The linear modules that compute ``group``'s projections in the request's model
+    (zeroplan.specs.finetune.linear_modules)."""
+    return linear_modules(group, request.model, request.training.framework)
 
 
 def group_adapters(request: PlanRequest, group: tuple[LoraTarget, ...]) -> int:
