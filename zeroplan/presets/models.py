@@ -143,6 +143,8 @@ _READ_PRESETS: dict[str, dict] = {"stablelm-base-alpha-3b": _STABLELM_ALPHA_3B, 
 # its loss on lm_head's compute-dtype output with no fp32 upcast (zeroplan.core.own_loss), and whose
 # QWenAttention.__init__ builds c_attn = nn.Linear(hidden_size, 3 * projection_size): q, k and v in
 # one module (Qwen/Qwen-7B modeling_qwen.py:269, mirrored at zhangningboo/Qwen-7B@d4efd21; fused_qkv).
+# Its own buffers (no causal mask under flash attention; a 64 KiB logn_tensor a block) are not planned:
+# docs/memory-model.md, 'Known simplifications'.
 _QWEN1_PRESETS = frozenset({"qwen-1.8b", "qwen-7b", "qwen-14b", "qwen-72b"})
 
 
