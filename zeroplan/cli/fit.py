@@ -35,7 +35,8 @@ from zeroplan.specs import (
 )
 from zeroplan.specs.framework import DEEPSPEED_RELEASES, HF_DEEPSPEED_RELEASES, LITGPT_FORKS, TORCHTITAN_RELEASES
 from zeroplan.specs.lengths import LongSamples, VaryingLengths
-from zeroplan.specs.request import ATTENTION_RATES, DEFAULT_ATTENTION_RATE, default_attention_kernel
+from zeroplan.specs.finetune import Quantization
+from zeroplan.specs.request import ATTENTION_RATES, DEFAULT_ATTENTION_RATE, GPTQ_STRATEGIES, default_attention_kernel
 from zeroplan.specs.parallel import EXPERT_PARALLEL_STRATEGIES, DeviceMap, ParallelSpec, PipelineSchedule
 from zeroplan.specs.strategy import PARTIAL_OFFLOAD_KINDS
 from zeroplan.specs.training import FsdpStateDict, ModelLoad, Objective
@@ -895,8 +896,14 @@ def _run(args: argparse.Namespace, compare: bool) -> int:
     if args.explain is not None and kinds is not None and StrategyKind(args.explain) not in kinds:
         raise ZeroplanError("--explain", f"{args.explain!r} is not among the strategies planned "
                                          f"({','.join(k.value for k in kinds)})")
-    # The base request's strategy carries the knobs; a ratio is valid on the strategies it applies to.
-    request = request_from_args(args, kinds[0]) if getattr(args, "offload_ratio", None) is not None else request_from_args(args)
+    # The base request's strategy carries the knobs; a ratio is valid on the strategies it applies to,
+    # a gptq-int4 base on DeepSpeed's ZeRO-1/2 only (zeroplan.specs.request.GPTQ_STRATEGIES).
+    if getattr(args, "offload_ratio", None) is not None:
+        request = request_from_args(args, kinds[0])
+    elif getattr(args, "quantize", None) == Quantization.gptq_int4.value:
+        request = request_from_args(args, kinds[0] if kinds else GPTQ_STRATEGIES[-1])
+    else:
+        request = request_from_args(args)
     report = fit(request, kinds)
     if args.format == "json":
         from zeroplan.cli.efficiency import time_basis_text
