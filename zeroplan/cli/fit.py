@@ -655,8 +655,9 @@ def host_from_args(args: argparse.Namespace) -> HostSpec:
     return host.model_copy(update=update) if update else host
 
 
-def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKind.ddp) -> PlanRequest:
-    """Build the PlanRequest the flags describe; bad values raise one-line ZeroplanErrors."""
+def request_from_args(args: argparse.Namespace, kind: StrategyKind | None = None) -> PlanRequest:
+    """Build the PlanRequest the flags describe; bad values raise one-line ZeroplanErrors. The
+    base strategy where ``kind`` is None: ddp, or for a gptq-int4 base zero2 (GPTQ_STRATEGIES)."""
     from zeroplan.core.compiled import check_compiled
     from zeroplan.core.profiles import (
         accumulates_without_sync, check_framework_request, check_optimizer_in_backward, default_precision,
@@ -730,6 +731,8 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         float8_all_gather=getattr(args, "float8_all_gather", False),
         float8_skips_output=getattr(args, "float8_skip_output", False),
     )
+    if kind is None:
+        kind = GPTQ_STRATEGIES[-1] if training.finetune.quantize is Quantization.gptq_int4 else StrategyKind.ddp
     check_framework_request(training, model)
     check_compiled(training, model, cluster.gpu)
     parallel = parallel_from_args(args)
@@ -896,14 +899,8 @@ def _run(args: argparse.Namespace, compare: bool) -> int:
     if args.explain is not None and kinds is not None and StrategyKind(args.explain) not in kinds:
         raise ZeroplanError("--explain", f"{args.explain!r} is not among the strategies planned "
                                          f"({','.join(k.value for k in kinds)})")
-    # The base request's strategy carries the knobs; a ratio is valid on the strategies it applies to,
-    # a gptq-int4 base on DeepSpeed's ZeRO-1/2 only (zeroplan.specs.request.GPTQ_STRATEGIES).
-    if getattr(args, "offload_ratio", None) is not None:
-        request = request_from_args(args, kinds[0])
-    elif getattr(args, "quantize", None) == Quantization.gptq_int4.value:
-        request = request_from_args(args, kinds[0] if kinds else GPTQ_STRATEGIES[-1])
-    else:
-        request = request_from_args(args)
+    # The base request's strategy carries the knobs; a ratio is valid on the strategies it applies to.
+    request = request_from_args(args, kinds[0]) if getattr(args, "offload_ratio", None) is not None else request_from_args(args)
     report = fit(request, kinds)
     if args.format == "json":
         from zeroplan.cli.efficiency import time_basis_text

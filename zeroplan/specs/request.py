@@ -909,8 +909,8 @@ def check_gptq_training(request: PlanRequest) -> None:
                                         f"buffers under DeepSpeed's engine; allowed: "
                                         f"{', '.join(k.value for k in GPTQ_STRATEGIES)})")
     if request.training.precision is not Precision.fp16_mixed:
-        raise ZeroplanError("training.precision", f"{request.training.precision.value!r} with a gptq-int4 base is not "
-                                                  "modelled (auto-gptq's QuantLinear computes in fp16; allowed: fp16-mixed)")
+        raise ZeroplanError("precision", f"{request.training.precision.value!r} with a gptq-int4 base is not "
+                                         "modelled (auto-gptq's QuantLinear computes in fp16; allowed: fp16-mixed)")
     tokens = request.batch.seq_len * request.batch.micro_batch_size
     if tokens < GPTQ_CUDA_KERNEL_TOKENS:
         raise ZeroplanError("batch.seq_len", f"{tokens} tokens a micro-batch run auto-gptq's CUDA kernel, not modelled "
