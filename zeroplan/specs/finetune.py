@@ -143,7 +143,8 @@ Int4 checkpoints' quantize_config (group_size 128)."""
 
 GPTQ_CUDA_KERNEL_TOKENS = 128
 """auto-gptq 0.4.2 qlinear_cuda_old.py:85, 199-201 (QuantLinear.kernel_switch_threshold): under
-this many rows of input its CUDA kernel multiplies, at or above it the torch path dequantizes."""
+this many rows of input its CUDA kernel multiplies (where its extension is built and the module
+is not ``trainable``: lines 39-40), at or above it the torch path dequantizes."""
 
 BITSANDBYTES_VERSION = "0.50.2"
 """The bitsandbytes an nf4 base is planned with unless told (what the hf records run)."""
