@@ -228,10 +228,19 @@ def test_a_config_json_with_nf4_weights_is_planned_as_qlora(zeroplan_cli, tmp_pa
     path.write_text(json.dumps(config))
     code, _, err = zeroplan_cli("fit", str(path), "--gpus", "1", "--lora-rank", "16", "--framework", "hf")
     assert code == 2 and "llm_int8_has_fp16_weight" in err and err.count("\n") == 1
-    config["quantization_config"] = {"quant_method": "gptq", "bits": 4}
+    config["quantization_config"] = {"quant_method": "awq", "bits": 4}
     path.write_text(json.dumps(config))
     code, _, err = zeroplan_cli("fit", str(path), "--gpus", "1", "--lora-rank", "16")
-    assert code == 2 and "quant_method 'gptq'" in err and err.count("\n") == 1
+    assert code == 2 and "quant_method 'awq'" in err and err.count("\n") == 1
+    # A GPTQ checkpoint is read (tests/test_gptq.py), and planned where modelled: hf under ZeRO-1/2.
+    config["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False}
+    path.write_text(json.dumps(config))
+    code, out, err = zeroplan_cli("fit", str(path), "--gpus", "1", "--lora-rank", "16", "--framework", "hf",
+                                  "--precision", "fp16-mixed", "--format", "json")
+    assert code == 0, err
+    assert json.loads(out)["training"]["finetune"]["quantize"] == "gptq-int4"
+    code, _, err = zeroplan_cli("fit", str(path), "--gpus", "1", "--lora-rank", "16")
+    assert code == 2 and "gptq-int4" in err and "allowed: --framework hf" in err and err.count("\n") == 1
 
 
 def test_torchtune_on_one_gpu_is_its_single_device_recipe(zeroplan_cli) -> None:

@@ -53,7 +53,7 @@ def test_setup_fields(rows):
     for r in rows:
         assert r["strategy"] in STRATEGIES, r["id"]
         assert r["framework"] in FRAMEWORKS, r["id"]
-        assert r["quantize"] in {"none", "nf4", "int8", "fp8"}, r["id"]
+        assert r["quantize"] in {"none", "nf4", "int8", "fp8", "gptq-int4"}, r["id"]
         assert r["dora"] in {"yes", "no"}, r["id"]
         for field in ("num_gpus", "gpus_per_node", "tp", "pp", "cp", "micro_batch", "seq_len", "grad_accum"):
             assert int(r[field]) >= 1, (r["id"], field)

@@ -64,10 +64,14 @@ def add_finetune_arguments(group: argparse._ArgumentGroup) -> None:
                             "'auto'; fp32 is transformers' from_pretrained default, cast per matmul by the Trainer's autocast)")
     group.add_argument("--quantize", choices=choices_of(Quantization),
                        help="store the frozen base linears quantized (QLoRA: nf4; int8: bitsandbytes' LLM.int8, "
-                            "load_in_8bit; default none, or what the config.json's quantization_config says)")
+                            "load_in_8bit; gptq-int4: a GPTQ checkpoint under auto-gptq's QuantLinear; default none, "
+                            "or what the config.json's quantization_config says)")
     group.add_argument("--quant-block-size", type=positive_int, metavar="N", help="elements per nf4 scale (default 64)")
     group.add_argument("--double-quant", action=argparse.BooleanOptionalAction, default=None,
                        help="quantize the nf4 scales to 8 bits (default on, or the config's bnb_4bit_use_double_quant)")
+    group.add_argument("--gptq-group-size", type=positive_int, metavar="N",
+                       help="input rows per scale and zero point of a gptq-int4 base (default 128, Qwen's Int4 "
+                            "checkpoints)")
     group.add_argument("--bitsandbytes-version", metavar="V",
                        help="the bitsandbytes release an nf4 base runs on (default 0.50.2; before 0.43.2 each 4-bit "
                             "matmul keeps its input for backward)")
@@ -98,6 +102,7 @@ def finetune_from_args(args: argparse.Namespace) -> FineTuneSpec:
     optional = {"lora_alpha": "lora_alpha", "lora_targets": "lora_targets", "quant_block_size": "quant_block_size",
                 "double_quant": "double_quant", "base_dtype": "base_dtype",
                 "bitsandbytes_version": "bitsandbytes_version", "kbit_fp32_cast": "kbit_fp32_cast",
+                "gptq_group_size": "gptq_group_size",
                 "modules_to_save": "lora_modules_to_save"}
     for field, flag in optional.items():
         value = getattr(args, flag, None)

@@ -35,7 +35,8 @@ from zeroplan.specs import (
 )
 from zeroplan.specs.framework import DEEPSPEED_RELEASES, HF_DEEPSPEED_RELEASES, LITGPT_FORKS, TORCHTITAN_RELEASES
 from zeroplan.specs.lengths import LongSamples, VaryingLengths
-from zeroplan.specs.request import ATTENTION_RATES, DEFAULT_ATTENTION_RATE, default_attention_kernel
+from zeroplan.specs.finetune import Quantization
+from zeroplan.specs.request import ATTENTION_RATES, DEFAULT_ATTENTION_RATE, GPTQ_STRATEGIES, default_attention_kernel
 from zeroplan.specs.parallel import EXPERT_PARALLEL_STRATEGIES, DeviceMap, ParallelSpec, PipelineSchedule
 from zeroplan.specs.strategy import PARTIAL_OFFLOAD_KINDS
 from zeroplan.specs.training import FsdpStateDict, ModelLoad, Objective
@@ -654,8 +655,9 @@ def host_from_args(args: argparse.Namespace) -> HostSpec:
     return host.model_copy(update=update) if update else host
 
 
-def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKind.ddp) -> PlanRequest:
-    """Build the PlanRequest the flags describe; bad values raise one-line ZeroplanErrors."""
+def request_from_args(args: argparse.Namespace, kind: StrategyKind | None = None) -> PlanRequest:
+    """Build the PlanRequest the flags describe; bad values raise one-line ZeroplanErrors. The
+    base strategy where ``kind`` is None: ddp, or for a gptq-int4 base zero2 (GPTQ_STRATEGIES)."""
     from zeroplan.core.compiled import check_compiled
     from zeroplan.core.profiles import (
         accumulates_without_sync, check_framework_request, check_optimizer_in_backward, default_precision,
@@ -729,6 +731,8 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind = StrategyKin
         float8_all_gather=getattr(args, "float8_all_gather", False),
         float8_skips_output=getattr(args, "float8_skip_output", False),
     )
+    if kind is None:
+        kind = GPTQ_STRATEGIES[-1] if training.finetune.quantize is Quantization.gptq_int4 else StrategyKind.ddp
     check_framework_request(training, model)
     check_compiled(training, model, cluster.gpu)
     parallel = parallel_from_args(args)

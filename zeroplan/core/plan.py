@@ -75,7 +75,7 @@ from zeroplan.core.parallel.expert import expert_dispatch_bytes
 from zeroplan.specs.parallel import EXPERT_PARALLEL_STRATEGIES, PIPELINE_STRATEGIES
 from zeroplan.specs.finetune import Quantization
 from zeroplan.specs.base import kept_copy
-from zeroplan.specs.request import HF_FSDP1_STRATEGIES, INT8_STRATEGIES, PlanRequest, check_compiled_layout, check_compiled_strategy
+from zeroplan.specs.request import GPTQ_STRATEGIES, HF_FSDP1_STRATEGIES, INT8_STRATEGIES, PlanRequest, check_compiled_layout, check_compiled_strategy
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.training import ActivationCheckpointing, BatchSpec, Objective, TrainingSpec
@@ -1235,6 +1235,8 @@ def _fit_strategies(base: PlanRequest, strategies: Iterable[StrategyKind | Strat
             strategies = tuple(k for k in strategies if k.value in EXPERT_PARALLEL_STRATEGIES)
         if base.training.finetune.quantize is Quantization.int8:
             strategies = tuple(k for k in strategies if k in INT8_STRATEGIES)
+        if base.training.finetune.quantize is Quantization.gptq_int4:
+            strategies = tuple(k for k in strategies if k in GPTQ_STRATEGIES)
         # A named checkpoint save applies to hf's FSDP1 strategies alone (core.checkpoint_save).
         if base.training.fsdp_state_dict is not None and framework is Framework.hf:
             strategies = tuple(k for k in strategies if k in HF_FSDP1_STRATEGIES) or strategies

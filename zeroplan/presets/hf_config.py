@@ -602,8 +602,27 @@ def config_quantization(config: dict[str, Any]) -> dict[str, Any] | None:
         if quant.get("llm_int8_has_fp16_weight"):
             raise ZeroplanError("config.quantization_config", "llm_int8_has_fp16_weight true is not modelled (allowed: false)")
         return {"quantize": "int8"}
+    if method == "gptq":
+        return _gptq_fields(quant)
     raise ZeroplanError("config.quantization_config", f"quant_method {method!r} is not modelled "
-                                                      "(allowed: bitsandbytes load_in_4bit nf4, bitsandbytes load_in_8bit)")
+                                                      "(allowed: bitsandbytes load_in_4bit nf4, bitsandbytes load_in_8bit, "
+                                                      "gptq bits 4)")
+
+
+# A GPTQ checkpoint's quantization_config (optimum's GPTQQuantizer fields: bits, group_size,
+# desc_act). auto-gptq 0.4.2 utils/import_utils.py:41-45 runs qlinear_cuda_old only where desc_act
+# is false or group_size is -1; with act-order groups it picks qlinear_cuda, not modelled.
+def _gptq_fields(quant: dict[str, Any]) -> dict[str, Any]:
+    bits = quant.get("bits")
+    if bits != 4:
+        raise ZeroplanError("config.quantization_config", f"gptq bits {bits!r} is not modelled (allowed: 4)")
+    group = quant.get("group_size", 128)
+    if not isinstance(group, int) or isinstance(group, bool) or group <= 0:
+        raise ZeroplanError("config.quantization_config", f"gptq group_size {group!r} is not modelled "
+                                                          "(allowed: a positive integer)")
+    if quant.get("desc_act"):
+        raise ZeroplanError("config.quantization_config", "gptq desc_act true is not modelled (allowed: false)")
+    return {"quantize": "gptq-int4", "gptq_group_size": group}
 
 
 def read_config_quantization(path: Path) -> dict[str, Any] | None:

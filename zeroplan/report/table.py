@@ -238,6 +238,12 @@ def finetune_lines(report: FitReport) -> list[str]:
                 if t.checkpoint_reentrant is False and t.activation_checkpointing.value == "full":
                     # zeroplan.core.finetune.activations.checkpoint_escaping_inputs_bytes.
                     layout += ", in every block under the non-reentrant checkpoint"
+        elif finetune.quantize is Quantization.gptq_int4:
+            # zeroplan.core.finetune.storage.gptq_layout, activations.gptq_saved_weight_bytes.
+            layout = (f"auto-gptq QuantLinear: 4-bit codes packed in int32, an fp16 scale and a 4-bit zero point "
+                      f"per {finetune.gptq_group_size} input rows; each keeps its dequantized fp16 weight for backward")
+            # DeepSpeed's fp16 engine casts the module (GPTQ_STRATEGIES); peft casts nothing of a GPTQ model.
+            rest = "in fp16 (DeepSpeed's fp16 engine)"
         else:
             layout = "LLM.int8: an fp32 scale per output row; each keeps its input for backward"
         base = f"base linears frozen in {finetune.quantize.value} ({layout}), the rest frozen {rest}"

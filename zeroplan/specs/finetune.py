@@ -27,6 +27,11 @@ class Quantization(str, Enum):
     bitsandbytes' Linear8bitLt, transformers' ``load_in_8bit=True``)."""
     fp8 = "fp8"
     """float8 e4m3 with one fp32 scale per output row (torchao's float8 weight-only quantization)."""
+    gptq_int4 = "gptq-int4"
+    """A GPTQ checkpoint's 4-bit integers (Frantar et al. 2023, "GPTQ"), eight packed in each
+    int32, with an fp16 scale and a 4-bit zero point per group of ``gptq_group_size`` input rows:
+    auto-gptq's QuantLinear as transformers' GPTQConfig(bits=4, disable_exllama=True) loads it
+    (zeroplan.core.finetune.storage.gptq_layout)."""
 
     @property
     def is_quantized(self) -> bool:
@@ -132,6 +137,15 @@ def lora_adapters(finetune: "FineTuneSpec", model: ModelSpec, framework: Framewo
 NF4_BLOCK_SIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 """Elements per nf4 scale block that bitsandbytes quantizes in: the powers of two 32 to 4096."""
 
+GPTQ_GROUP_SIZE = 128
+"""Input rows per GPTQ scale and zero point: auto-gptq's BaseQuantizeConfig default and Qwen's
+Int4 checkpoints' quantize_config (group_size 128)."""
+
+GPTQ_CUDA_KERNEL_TOKENS = 128
+"""auto-gptq 0.4.2 qlinear_cuda_old.py:85, 199-201 (QuantLinear.kernel_switch_threshold): under
+this many rows of input its CUDA kernel multiplies (where its extension is built and the module
+is not ``trainable``: lines 39-40), at or above it the torch path dequantizes."""
+
 BITSANDBYTES_VERSION = "0.50.2"
 """The bitsandbytes an nf4 base is planned with unless told (what the hf records run)."""
 BITSANDBYTES_FIRST_4BIT = (0, 39, 0)
@@ -195,6 +209,10 @@ class FineTuneSpec(Frozen):
     double_quant: bool = True
     """Quantize the nf4 block scales themselves to 8 bits in blocks of 256 (QLoRA sec. 3,
     bitsandbytes' bnb_4bit_use_double_quant; torchao's NF4Tensor always does)."""
+    gptq_group_size: int = Field(default=GPTQ_GROUP_SIZE, gt=0, le=65536,
+                                 exclude_if=lambda size: size == GPTQ_GROUP_SIZE)
+    """Input rows per scale and zero point of a gptq-int4 base (the checkpoint's quantize_config
+    group_size; 128 in Qwen's Int4 checkpoints). Left out of the JSON at its default."""
     bitsandbytes_version: str = BITSANDBYTES_VERSION
     """The bitsandbytes release an nf4 base runs on (hf and zeroplan; torchtune's nf4 is
     torchao's): before 0.43.2 each 4-bit matmul kept its input for backward
@@ -236,6 +254,9 @@ class FineTuneSpec(Frozen):
         given = [name for name, set_ in nf4_only.items() if set_]
         if given and self.quantize is not Quantization.nf4:
             raise ZeroplanError(f"finetune.{given[0]}", "applies to an nf4 base only (set quantize, --quantize, to nf4)")
+        if self.gptq_group_size != GPTQ_GROUP_SIZE and self.quantize is not Quantization.gptq_int4:
+            raise ZeroplanError("finetune.gptq_group_size", "applies to a gptq-int4 base only (set quantize, --quantize, "
+                                "to gptq-int4)")
         try:
             version = version_tuple(self.bitsandbytes_version)
         except ValueError:
@@ -249,7 +270,7 @@ class FineTuneSpec(Frozen):
                                 f"quantizes in (allowed: {', '.join(map(str, NF4_BLOCK_SIZES))})")
         if not self.kbit_fp32_cast and not self.quantize.is_quantized:
             raise ZeroplanError("finetune.kbit_fp32_cast", "applies to a quantized base only (set quantize, --quantize, "
-                                "to nf4 or int8)")
+                                "to nf4, int8 or gptq-int4)")
         if self.lora_rank and (self.freeze_embeddings or self.frozen_blocks):
             raise ZeroplanError("finetune.frozen_blocks", "applies to a full fine-tune; under LoRA every base weight is frozen already")
         return self
@@ -278,7 +299,10 @@ class FineTuneSpec(Frozen):
 
     def hf_casts_rest_to_fp32(self, framework: Framework) -> bool:
         """Whether hf's recipe casts what is not quantized to fp32 (kbit_fp32_cast)."""
-        return framework is Framework.hf and self.quantize.is_quantized and self.kbit_fp32_cast
+        # peft 0.5.0 utils/other.py:92-101 prepare_model_for_kbit_training casts nothing of a
+        # GPTQ model (quantization_method "gptq"), in every release since.
+        return (framework is Framework.hf and self.quantize.is_quantized and self.kbit_fp32_cast
+                and self.quantize is not Quantization.gptq_int4)
 
     @property
     def trains_everything(self) -> bool:
@@ -353,9 +377,11 @@ def check_finetune(finetune: FineTuneSpec, model: ModelSpec, framework: Framewor
         # peft 0.17.1 tuners/lora/torchao.py TorchaoLoraLinear._check_dtype_supported raises for
         # any torchao weight but int8; torchtune 0.6.1 quantizes a LoRA base to NF4 only.
         raise ZeroplanError("finetune.quantize", "'fp8': no framework here trains LoRA over an fp8 base (peft's torchao "
-                                                 "LoRA takes int8 weights only; allowed: none, nf4, int8)")
+                                                 "LoRA takes int8 weights only; allowed: none, nf4, int8, gptq-int4)")
     if finetune.quantize is Quantization.int8:
         check_int8_base(finetune, framework)
+    if finetune.quantize is Quantization.gptq_int4:
+        check_gptq_base(finetune, model, framework)
     check_lora_rank(finetune, model, framework)
     if finetune.modules_to_save:
         check_saved_module_model(finetune, model, framework)
@@ -400,6 +426,31 @@ def check_int8_base(finetune: FineTuneSpec, framework: Framework) -> None:
         raise ZeroplanError("finetune.dora", "DoRA over an int8 base is not measured (allowed: false)")
     if not finetune.loads_base_in_bf16:
         raise ZeroplanError("finetune.base_dtype", "an int8 base is measured loaded with dtype=torch.bfloat16 (allowed: bf16)")
+
+
+# transformers 4.32 GPTQConfig loads a GPTQ checkpoint through optimum's GPTQQuantizer, which
+# replaces every nn.Linear inside the decoder blocks by auto-gptq's QuantLinear (the one
+# dynamically_import_QuantLinear picks: auto-gptq 0.4.2 utils/import_utils.py:31-45, with
+# disable_exllama and desc_act false qlinear_cuda_old); peft 0.5.0 tuners/lora.py wraps it in its
+# own QuantLinear (forward at lines 1254-1277), and prepare_model_for_kbit_training (peft 0.5.0
+# utils/other.py:92-101) casts nothing of a GPTQ model to fp32. Modelled as Qwen's Q-LoRA scripts
+# run it (finetune/finetune_qlora_single_gpu.sh, finetune_qlora_ds.sh at e8e1596: --fp16 under
+# DeepSpeed ZeRO-2); the strategies and precision: zeroplan.specs.request.
+def check_gptq_base(finetune: FineTuneSpec, model: ModelSpec, framework: Framework) -> None:
+    """Refuse, in one line, a gptq-int4 base outside what is modelled (hf's peft over auto-gptq's
+    QuantLinear, no DoRA, groups that divide every quantized linear's input)."""
+    if framework is not Framework.hf:
+        raise ZeroplanError("finetune.quantize", "a gptq-int4 base is auto-gptq's QuantLinear under transformers and "
+                                                 "peft (allowed: --framework hf)")
+    if finetune.dora:
+        raise ZeroplanError("finetune.dora", "DoRA over a gptq-int4 base is not modelled (allowed: false)")
+    group = finetune.gptq_group_size
+    widths = {"hidden": model.hidden_size, "attention": model.attention_output_size, "ffn": model.ffn_hidden_size}
+    for name, width in widths.items():
+        # qlinear_cuda_old.py:242 reshapes the unpacked weight into (-1, group_size, out).
+        if width % group:
+            raise ZeroplanError("finetune.gptq_group_size", f"{group} does not divide {model.name}'s {name} width "
+                                f"{width} (allowed: a divisor of {', '.join(str(w) for w in widths.values())})")
 
 
 def _adapted_shapes(model: ModelSpec) -> dict[LoraTarget, tuple[int, int]]:

@@ -6,7 +6,8 @@ from pydantic import Field, model_validator
 
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import Frozen, _instance
-from zeroplan.specs.finetune import Quantization, check_finetune, check_saved_module_training
+from zeroplan.specs.finetune import (GPTQ_CUDA_KERNEL_TOKENS, Quantization, check_finetune,
+                                     check_saved_module_training)
 from zeroplan.specs.framework import UNTIES_EMBEDDINGS, Framework, launch_allocator_conf
 from zeroplan.specs.hardware import ClusterSpec
 from zeroplan.specs.model import ModelSpec, PositionKind
@@ -142,6 +143,12 @@ INT8_STRATEGIES = (StrategyKind.ddp,)
 plain attribute that FSDP and ZeRO-3 would not shard, DeepSpeed casts the module it wraps, and
 PEFT's FSDP/DeepSpeed guides cover 4-bit bases only (bnb_4bit_quant_storage); DDP, one GPU
 included, is what runs it."""
+
+GPTQ_STRATEGIES = (StrategyKind.zero1, StrategyKind.zero2)
+"""Where a gptq-int4 base is modelled: DeepSpeed's ZeRO-1/2 engine under hf, as Qwen's Q-LoRA
+scripts run it (finetune_qlora_single_gpu.sh and finetune_qlora_ds.sh at e8e1596: ZeRO-2; its
+finetune.py warns that FSDP and ZeRO-3 do not work with Q-LoRA). auto-gptq's QuantLinear keeps
+its weights as buffers, which FSDP and ZeRO-3 do not shard; DDP's autocast path is not read."""
 
 
 class MemoryAssumptions(Frozen):
@@ -687,6 +694,8 @@ class PlanRequest(Frozen):
         if self.training.finetune.quantize is Quantization.int8 and self.strategy.kind not in INT8_STRATEGIES:
             raise ZeroplanError("strategy", f"{self.strategy.kind.value!r} cannot hold an int8 base (bitsandbytes Int8Params; "
                                             f"allowed: {', '.join(k.value for k in INT8_STRATEGIES)})")
+        if self.training.finetune.quantize is Quantization.gptq_int4:
+            check_gptq_training(self)
         check_zero3_groups(self)
         check_partial_offload(self)
         check_muon(self)
@@ -885,3 +894,24 @@ _PASSED_OBJECTS: dict[int, Frozen] = {}
 _BEFORE = tuple(getattr(PlanRequest, name) for name, decorator in PlanRequest.__pydantic_decorators__.model_validators.items()
                 if decorator.info.mode == "before")
 """PlanRequest's before-validators, each returning its data itself where it changes nothing."""
+
+
+# auto-gptq 0.4.2 nn_modules/qlinear/qlinear_cuda_old.py QuantLinear.forward (lines 196-272) casts
+# its input to fp16 and returns fp16 whatever the module's dtype; Qwen runs it under --fp16 with
+# DeepSpeed's engine casting the module to fp16 (its README: "only fp16 is supported for Q-LoRA").
+# Under kernel_switch_threshold (128 rows) it runs its CUDA kernel, whose output no autograd node
+# records (lines 199-225), a path not modelled.
+def check_gptq_training(request: PlanRequest) -> None:
+    """Refuse, in one line, a gptq-int4 base under a strategy, precision or micro-batch not modelled."""
+    kind = request.strategy.kind
+    if kind not in GPTQ_STRATEGIES:
+        raise ZeroplanError("strategy", f"{kind.value!r} cannot hold a gptq-int4 base as modelled (auto-gptq's "
+                                        f"buffers under DeepSpeed's engine; allowed: "
+                                        f"{', '.join(k.value for k in GPTQ_STRATEGIES)})")
+    if request.training.precision is not Precision.fp16_mixed:
+        raise ZeroplanError("precision", f"{request.training.precision.value!r} with a gptq-int4 base is not "
+                                         "modelled (auto-gptq's QuantLinear computes in fp16; allowed: fp16-mixed)")
+    tokens = request.batch.seq_len * request.batch.micro_batch_size
+    if tokens < GPTQ_CUDA_KERNEL_TOKENS:
+        raise ZeroplanError("batch.seq_len", f"{tokens} tokens a micro-batch run auto-gptq's CUDA kernel, not modelled "
+                                             f"(allowed: seq_len x micro_batch_size of {GPTQ_CUDA_KERNEL_TOKENS} or more)")

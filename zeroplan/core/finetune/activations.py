@@ -407,6 +407,8 @@ def _lora_delta_bytes(request: PlanRequest, norm_savings_bytes: int, within: fro
     # three [b, s, f] fp32 saved tensors).
     if quantized_base_outputs_fp32(request) and LoraTarget.gate in within:
         delta += 3 * (FP32_BYTES - e) * tokens * request.model.ffn_hidden_size
+    # auto-gptq's torch path keeps each base linear's dequantized fp16 weight (gptq_saved_weight_bytes).
+    delta += gptq_saved_weight_bytes(request, within)
     # Each adapter's B keeps A's r-wide output (adapter_matmul_bytes): one for a fused module.
     delta += sum(adapter_matmul_bytes(request) * tokens * finetune.lora_rank for module in adapters
                  if all(t in within for t in module))
@@ -512,10 +514,15 @@ def frozen_norms_delta(request: PlanRequest, norm_savings_bytes: int) -> int:
 def dequantized_weight_bytes(request: PlanRequest) -> int:
     """What dequantizing the largest quantized weight holds at its peak (0 without
     quantization): one copy in the compute dtype, or torchao's NF4 steps (TORCHAO_NF4_DEQUANTIZE_COPIES),
-    or (int8) one copy in the dtype of the input it multiplies."""
+    or (int8) one copy in the dtype of the input it multiplies, or (gptq-int4, in a block's forward
+    and its recomputation) auto-gptq's unpacking above the fp16 weight it leaves."""
     quantize = request.training.finetune.quantize
     if not quantize.is_quantized:
         return 0
+    if quantize is Quantization.gptq_int4:
+        # The fp16 weight the dequantization leaves is the block's own (gptq_saved_weight_bytes).
+        return max((gptq_dequantize_peak_bytes(request, fan_in, fan_out) - 2 * fan_in * fan_out
+                    for _, fan_in, fan_out in gptq_linears(request)), default=0)
     if quantize is Quantization.int8:
         # MatMul8bitLt.backward: state.CB.to(ctx.dtype_A, copy=True).mul_(SCB / 127), the whole
         # weight in the input's dtype (int8_kept_input_bytes), for grad_output @ W.
@@ -530,6 +537,54 @@ def dequantized_weight_bytes(request: PlanRequest) -> int:
     if bnb_dequantizes_via_fp16(request):
         return largest_quantized_elements(request) * litgpt_dequantized_element_bytes(request)
     return largest_quantized_elements(request) * request.training.precision.compute_bytes * nf4_dequantize_copies(request)
+
+
+# auto-gptq 0.4.2 nn_modules/qlinear/qlinear_cuda_old.py QuantLinear.forward at 4 bits (the
+# module GPTQConfig(bits=4, disable_exllama=True) loads where desc_act is false), at or above
+# kernel_switch_threshold rows (zeroplan.specs.finetune.GPTQ_CUDA_KERNEL_TOKENS; below it the
+# CUDA kernel, refused) runs torch ops that autograd records:
+#   lines 231-235: zeros, an int32 shift of qzeros (4 bytes per group x out), cast to int8, plus 1;
+#   line 240: weight = (qweight >> wf).to(int8): the shift's int32 result, 4 bytes an element of
+#             the in x out weight, beside its int8 cast, 1 byte an element;
+#   line 266: weight = scales * (weight - zeros): the int8 weight, the int8 difference and the
+#             fp16 product (4 bytes an element together);
+#   line 269: out = torch.matmul(x.half(), weight): x is fp16 already under DeepSpeed's fp16 module.
+# The weight needs no gradient and x does, so the matmul keeps the fp16 weight (mm saves mat2 for
+# self's gradient: torch tools/autograd/derivatives.yaml) and nothing of x, until its backward,
+# which dequantizes nothing. Measured with auto-gptq's own module on CPU:
+# benchmarks/gptq_quantlinear_memory.py.
+GPTQ_UNPACK_BYTES_PER_ELEMENT = 4 + 1
+"""Bytes an element of a weight that line 240's unpacking holds at once (int32 shift, int8 cast)."""
+
+
+def gptq_linears(request: PlanRequest) -> list[tuple[tuple[LoraTarget, ...], int, int]]:
+    """(projections, in, out) of each QuantLinear of a decoder block: one per linear module of
+    the framework's model (a fused q/k/v module is one: zeroplan.specs.finetune.linear_modules);
+    none unless the base is gptq-int4."""
+    if request.training.finetune.quantize is not Quantization.gptq_int4:
+        return []
+    model = request.model
+    targets = [LoraTarget.q, LoraTarget.k, LoraTarget.v, LoraTarget.o, LoraTarget.gate, LoraTarget.up, LoraTarget.down]
+    if not model.mlp.gated:
+        targets = [LoraTarget.q, LoraTarget.k, LoraTarget.v, LoraTarget.o, LoraTarget.up, LoraTarget.down]
+    widths = {LoraTarget.q: "hidden", LoraTarget.k: "hidden", LoraTarget.v: "hidden", LoraTarget.o: "attention",
+              LoraTarget.gate: "hidden", LoraTarget.up: "hidden", LoraTarget.down: "ffn"}
+    return [(module, input_width(request, widths[module[0]]), sum(_output_width(request, t) for t in module))
+            for module in linear_modules(tuple(targets), model, request.training.framework)]
+
+
+def gptq_saved_weight_bytes(request: PlanRequest, within: frozenset[LoraTarget] = frozenset(LoraTarget)) -> int:
+    """The fp16 dequantized weights one block's gptq-int4 linears ``within`` keep for backward."""
+    fp16 = 2
+    return sum(fp16 * fan_in * fan_out for module, fan_in, fan_out in gptq_linears(request)
+               if all(t in within for t in module))
+
+
+def gptq_dequantize_peak_bytes(request: PlanRequest, fan_in: int, fan_out: int) -> int:
+    """What dequantizing one in x out gptq-int4 weight holds at its peak (line 240, the group
+    zero points beside it); the fp16 weight it leaves is gptq_saved_weight_bytes'."""
+    groups = -(-fan_in // request.training.finetune.gptq_group_size)
+    return GPTQ_UNPACK_BYTES_PER_ELEMENT * fan_in * fan_out + groups * fan_out
 
 
 # bitsandbytes 0.39.0 to 0.42.0 nn/modules.py Params4bit.cuda quantizes

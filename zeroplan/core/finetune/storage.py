@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from zeroplan.core.layout import element_bytes
 from zeroplan.core.params import ParamTensor, ParamUnit
-from zeroplan.specs.finetune import BaseDtype, Quantization
+from zeroplan.core.finetune.units import TARGET_WEIGHT
+from zeroplan.specs.finetune import BaseDtype, Quantization, fused_modules
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.training import Precision, StateConvention
@@ -60,10 +61,45 @@ def int8_layout(tensor: ParamTensor) -> tuple[int, int]:
     return tensor.numel, 4 * tensor.shape[0]
 
 
+# auto-gptq 0.4.2 nn_modules/qlinear/qlinear_cuda_old.py QuantLinear.__init__ (lines 47-67), the
+# module transformers' GPTQConfig(bits=4, disable_exllama=True) builds for a checkpoint with
+# desc_act false (utils/import_utils.py:41-45), registers as buffers: qweight, int32 of shape
+# (in // 32 * bits, out), eight 4-bit codes a word; qzeros, int32 (ceil(in / group_size),
+# out // 32 * bits), eight 4-bit zero points a word; scales, fp16 (ceil(in / group_size), out);
+# g_idx, int32 (in,); and an fp16 bias (out,) where the linear has one (the model's frozen bias,
+# counted with the other frozen tensors). Nothing is a parameter, so no engine shards it.
+GPTQ_BITS = 4
+
+
+def gptq_layout(request: PlanRequest, tensor: ParamTensor) -> tuple[int, int]:
+    """(qweight bytes, qzeros + scales + g_idx bytes) of one gptq-int4 weight (out x in). A fused
+    module (Qwen-1's c_attn: zeroplan.specs.finetune.linear_modules) is one QuantLinear: its one
+    g_idx is counted with its first projection."""
+    out_features, in_features = tensor.shape
+    group = request.training.finetune.gptq_group_size
+    words_per_row = 32 // GPTQ_BITS
+    qweight = 4 * (in_features // 32 * GPTQ_BITS) * out_features
+    groups = ceil_div(in_features, group)
+    qzeros = 4 * groups * (out_features // words_per_row)
+    scales = 2 * groups * out_features
+    g_idx = 4 * in_features if _first_of_its_module(request, tensor) else 0
+    return qweight, qzeros + scales + g_idx
+
+
+def _first_of_its_module(request: PlanRequest, tensor: ParamTensor) -> bool:
+    for module in fused_modules(request.model, request.training.framework):
+        names = [TARGET_WEIGHT[t] for t in module]
+        if tensor.name in names:
+            return tensor.name == names[0]
+    return True
+
+
 def quantized_layout(request: PlanRequest, tensor: ParamTensor) -> tuple[int, int]:
     """(bytes sharded with the parameter, bytes every shard keeps whole) of one quantized weight."""
     if request.training.finetune.quantize is Quantization.int8:
         return int8_layout(tensor)
+    if request.training.finetune.quantize is Quantization.gptq_int4:
+        return gptq_layout(request, tensor)
     return nf4_layout(request, tensor)
 
 
