@@ -22,10 +22,10 @@ V = 151_936
 
 
 @functools.lru_cache(maxsize=None)
-def _request(model: str, *extra: str):
+def _request(model: str, *extra: str, strategy: StrategyKind = StrategyKind.ddp):
     args = build_parser().parse_args(["fit", model, "--gpus", "1", "--gpu", "a100-80gb", "--seq-len", "2048",
                                       "--precision", "bf16-pure", "--activation-checkpointing", "full", *extra])
-    return request_from_args(args, StrategyKind.ddp)
+    return request_from_args(args, strategy)
 
 
 def test_qwen1_presets_carry_their_own_loss_and_others_do_not() -> None:
@@ -49,6 +49,18 @@ def test_the_hf_trainer_runs_qwen1s_loss_in_the_source_order() -> None:
     # Another framework runs its own model code: the flag is not read.
     other = _request("qwen-1.8b", "--framework", "torchtune")
     assert not runs_own_loss(other.model, other.training)
+
+
+@pytest.mark.parametrize("strategy", [StrategyKind.zero2, StrategyKind.zero3])
+def test_under_deepspeeds_engine_the_loss_stays_in_the_modules_dtype(strategy: StrategyKind) -> None:
+    # accelerate sets no native_amp under DeepSpeed: no autocast, no fp32 copy, no fp32 outputs.
+    request = _request("qwen-1.8b", "--framework", "hf", "--transformers-version", "4.36", strategy=strategy)
+    assert runs_own_loss(request.model, request.training)
+    rows, shifted = 2048 * V, 2047 * V
+    assert framework_logits_tensors(request) == (
+        (2 * rows, 2 * shifted, 2 * shifted),     # forward: bf16 logits, their shifted copy, log-probs
+        (2 * shifted, 2 * shifted, 2 * shifted),  # backward: nll_loss's and log-softmax's bf16 gradients
+    )
 
 
 def test_an_fp32_module_casts_nothing() -> None:

@@ -13,7 +13,7 @@ from zeroplan.core.frameworks import hf_under_autocast
 from zeroplan.core import tinyllama
 from zeroplan.core.dpo import dpo_logits_tensors
 from zeroplan.core.kv_cache import kv_cache_tensors, loss_forward_tensors
-from zeroplan.core.own_loss import own_loss_tensors, runs_own_loss
+from zeroplan.core.own_loss import loss_under_trainer_autocast, own_loss_tensors, runs_own_loss
 from zeroplan.core.transformers_release import (
     opt_loss_tensors, runs_opt_own_forward, shifted_rows, slice_backward_tensors,
 )
@@ -439,6 +439,11 @@ def framework_logits_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...
         return torchtune_unchunked_logits_tensors(request)
     if compiles_unchunked_loss(request):
         return (torchtitan_compiled_unchunked_loss_parts(request),)
+    if runs_own_loss(model, training) and not loss_under_trainer_autocast(request):
+        # Under DeepSpeed's engine: no autocast, the loss in the module's 16 bits (zeroplan.core.own_loss).
+        forward, backward = opt_loss_tensors(model, training, s, b)
+        ahead = (*kv_cache_tensors(request), *fsdp_head_gathered_parts(request, prefetched=False))
+        return (*ahead, *forward), (*backward, *fsdp_head_gathered_parts(request))
     if runs_own_loss(model, training) or opt_loss_under_autocast(request):
         # The model's own compute-dtype loss under the Trainer's autocast (zeroplan.core.own_loss):
         # its forward moments beside the KV cache, if kept, and the head's unit gathered for the

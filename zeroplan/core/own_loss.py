@@ -26,8 +26,10 @@ model's upcast loss holds three (zeroplan.core.activations.logits_parts).
 
 from __future__ import annotations
 
+from zeroplan.core.deepspeed_accumulation import runs_deepspeed_engine
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import ModelSpec
+from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.training import TrainingSpec
 from zeroplan.units import FP32_BYTES
 
@@ -36,6 +38,19 @@ def runs_own_loss(model: ModelSpec, training: TrainingSpec) -> bool:
     """Whether the model's own compute-dtype loss runs: its flag, under framework hf (the other
     frameworks run their own model code)."""
     return model.own_loss_in_compute_dtype and training.framework is Framework.hf
+
+
+# accelerate v0.21.0 src/accelerate/accelerator.py:408-437 sets native_amp, the flag under which
+# prepare_model wraps the forward in torch.autocast and convert_outputs_to_fp32 (:1294-1309), for
+# fp16 and bf16 only where distributed_type is not DEEPSPEED (transformers' Trainer before its
+# accelerate backend skipped its own autocast alike: "deepspeed manages its own half precision").
+# DeepSpeed's engine casts the module to 16 bits instead (zeroplan.core.uncast_loss), so the own
+# loss runs as lm_head's dtype gives it: the compute-dtype ops of OPT's own loss before 4.49
+# (zeroplan.core.transformers_release.opt_loss_tensors), with no fp32 copy and no fp32 outputs.
+def loss_under_trainer_autocast(request: PlanRequest) -> bool:
+    """Whether HF's Trainer runs the forward, and so the own loss, under accelerate's autocast:
+    every strategy but DeepSpeed's engine."""
+    return not runs_deepspeed_engine(request)
 
 
 # The module doc's order, e the compute dtype's bytes, V the vocabulary, rows b x s (the head's
