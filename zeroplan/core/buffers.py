@@ -4,7 +4,7 @@ temporaries. Each term names the library behaviour it models."""
 from __future__ import annotations
 
 from zeroplan.core import deepspeed_2022, deepspeed_epilogue, deepspeed_offload, deepspeed_step
-from zeroplan.core import deepspeed_coordinator, deepspeed_stage0, muon, tinyllama
+from zeroplan.core import deepspeed_coordinator, deepspeed_one_rank, deepspeed_stage0, muon, tinyllama
 from zeroplan.core.finetune import modules_to_save
 from zeroplan.core.deepspeed_accumulation import resident_bytes as deepspeed_resident_bytes
 from zeroplan.core.deepspeed_accumulation import stage12_bucket_bytes
@@ -247,6 +247,10 @@ def transient_buffer_bytes(request: PlanRequest) -> int:
         return copies * largest * eb.compute_parameter
     if kind is StrategyKind.fsdp_shard_grad_op:
         return largest_unit_elements(request) * gradient_wire_bytes(request)
+    if deepspeed_one_rank.gathers_nothing(request):
+        # One rank gathers nothing: a module's backward holds autograd's gradients alone until
+        # their hooks copy them into the bucket (zeroplan.core.deepspeed_one_rank).
+        return deepspeed_one_rank.largest_module_gradient_bytes(request)
     if deepspeed_coordinator.replays_gathers(request):
         # DeepSpeed gathers module by module, not a whole block (zeroplan.core.deepspeed_coordinator).
         return deepspeed_coordinator.peak_gathered_bytes(request)
@@ -508,6 +512,9 @@ def block_backward_transient_bytes(request: PlanRequest) -> int:
     if deepspeed_2022.models_2022(request):
         # 2022's stage 1 reduces nothing in backward (no hooks, no bucket): after it, at the boundary.
         return 0
+    if deepspeed_one_rank.gathers_nothing(request):
+        # A block's backward: its largest module's gradients, nothing gathered (deepspeed_one_rank).
+        return deepspeed_one_rank.largest_module_gradient_bytes(request, blocks_only=True)
     units = rank_parameter_units(request)
     blocks = [i for i, unit in enumerate(units) if unit.name.startswith("block.")]
     if kind not in (StrategyKind.fsdp_full_shard, StrategyKind.hsdp) or not blocks or request.parallel.pp > 1:
