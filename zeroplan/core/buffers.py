@@ -91,6 +91,28 @@ def _reduces_through_ddp_buckets(request: PlanRequest) -> bool:
 # (shard-grad-op's gathered units, no_sync's unsharded gradients); transient ones exist only
 # while a unit is gathered or reduced (DeepSpeed's stage 1-2 bucket while gradients arrive).
 def resident_buffer_bytes(request: PlanRequest) -> int:
+    return _resident_buffer_bytes(request) + engine_module_buffer_bytes(request)
+
+
+# DeepSpeed 0.14.2 runtime/engine.py:1099-1112 (_configure_distributed_model; 0.13.3 the same):
+# under fp16 or bf16 the engine casts the whole module, buffers included (module.half() /
+# .bfloat16()), and moves it to the device unless zero.Init placed it there already (whose
+# tensors are made on the device in its dtype): the model's buffers stay on the GPU beside the
+# partitions, in the model dtype, for the run. Of those, transformers' per-layer rotary caches
+# (transformers_release.QWEN2_LAYER_ROPE_CACHE) are what is modelled.
+def engine_module_buffer_bytes(request: PlanRequest) -> int:
+    """The model's own buffers DeepSpeed's engine keeps on the device under the hf profile (the
+    per-layer rotary caches of the releases that build them; 0 elsewhere)."""
+    from zeroplan.core.deepspeed_accumulation import runs_deepspeed_engine
+    from zeroplan.core.transformers_release import layer_rope_cache_elements
+
+    if request.training.framework is not Framework.hf or not runs_deepspeed_engine(request):
+        return 0
+    elements = layer_rope_cache_elements(request.model, request.training)
+    return elements * element_bytes(request.training.precision, request.convention).compute_parameter
+
+
+def _resident_buffer_bytes(request: PlanRequest) -> int:
     if _megatron_buffers(request):
         return 0
     if _bf16_optimizer_buffers(request):
