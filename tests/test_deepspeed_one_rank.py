@@ -82,3 +82,14 @@ def test_qwen2_rotary_caches_per_layer_until_4_45() -> None:
     assert layer_rope_cache_elements(llama.model, llama.training) == 0
     plain = _request(1, StrategyKind.ddp)
     assert engine_module_buffer_bytes(plain) == 0
+
+
+def test_stage3_step_norm_copies_the_largest_partition_in_fp64() -> None:
+    from zeroplan.core.deepspeed_stage3_step import norm_copy_bytes
+
+    embedding = _config()["vocab_size"] * _config()["hidden_size"]
+    one, two = _request(1), _request(2)
+    assert norm_copy_bytes(one) == 8 * embedding
+    assert norm_copy_bytes(two) == 8 * -(-embedding // 2)
+    assert step_inputs(one, *peak_terms(one)).norm_copy == 8 * embedding
+    assert norm_copy_bytes(_request(1, StrategyKind.zero2)) == 0

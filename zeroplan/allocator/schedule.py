@@ -272,6 +272,9 @@ class StepInputs:
     overflow_check: int = 0
     """deepspeed_reduce_stream.overflow_check_bytes: fp16's overflow check's bool tensor, made
     twice on the reduce stream as the step starts (0: none)."""
+    norm_copy: int = 0
+    """deepspeed_stage3_step.norm_copy_bytes: DeepSpeed ZeRO-3's gradient norm's largest fp64
+    copy, made and freed before the sub-groups' steps (0: none)."""
     sub_group_steps: tuple[tuple[int, int], ...] = ()
     """DeepSpeed ZeRO-3's step, sub-group by sub-group (zeroplan.core.deepspeed_stage3_step):
     each sub-group's flat gradient copy and fp32 cast, made and freed in turn in place of the
@@ -348,6 +351,7 @@ def _step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms
                       sequence_parallel=forward_collectives(request, terms),
                       stage1_2022=deepspeed_2022.step_allocations(request) if deepspeed_2022.models_2022(request) else None,
                       sub_group_steps=deepspeed_stage3_step.sub_group_steps(request),
+                      norm_copy=deepspeed_stage3_step.norm_copy_bytes(request),
                       reduce_stream_copies=_reduce_stream_copies(request, blocks),
                       overflow_check=deepspeed_reduce_stream.overflow_check_bytes(request),
                       backward_end_reduce_copy=_epilogue_reduce_copy(request, terms.backward_end_buffers),
@@ -667,6 +671,8 @@ def _record_step(x: StepInputs, b: TraceBuilder) -> None:
     if x.sub_group_steps:
         b.free(gradients + unit + held)
         _overflow_check(x, b)
+        # The norm's fp64 copies, one gradient partition at a time: the largest's.
+        b.free(b.alloc(x.norm_copy))
         for flat_bytes, cast_bytes in x.sub_group_steps:
             flat = b.alloc(flat_bytes)
             cast = b.alloc(cast_bytes)
