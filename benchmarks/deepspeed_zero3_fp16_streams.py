@@ -50,6 +50,12 @@ The reduce stream's second flat-copy-sized block is made inside the reduce-scatt
 reduce_scatter_coalesced's div_ and freed with it (gloo's staging of its input; NCCL writes into the
 buffer's own chunk), and the CPU's isinf makes an fp16 abs of the partition first: both the CPU
 backend's, not CUDA's.
+With --world 1 --layers 4 --checkpointing --micro-batch 4 (one rank, a partition world of 1): no
+allocation at all inside the coordinator's fetches (partition_parameters.py:1166-1167 hands them
+to _no_gather_coalesced: zeroplan.core.deepspeed_one_rank), the compute stream 41.78 GiB requested
+(48.44 reserved, 43.93 under expandable segments), the reduce stream 1.79 with its CPU-only
+allocations left out (0.92 and 0.70 GiB flat copies, the second the epilogue's, and the 1.79 GiB
+overflow checks; 2.72 reserved, 1.80 under expandable segments), step 1 alike step 2.
 The compute stream's extra segments are the loss's: transformers 4.40's fp16 logits (6,012 MiB)
 cached where no fp32 request fits, and a second fp32-logits-sized segment (12,024 MiB) that the
 loss's backward asks for after a shifted-logits request (11,930 MiB here; 12,018 at 2,048 tokens)

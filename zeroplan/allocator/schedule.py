@@ -22,7 +22,7 @@ from zeroplan.allocator.fsdp_schedule import (FsdpStepInputs, forward_cache_part
 from zeroplan.core.parallel.sequence_parallel import SublayerCollectives
 from zeroplan.allocator.replay import Ops
 from zeroplan.allocator.trace import AllocationTrace, Stream
-from zeroplan.core import deepspeed_2022, deepspeed_reduce_stream, deepspeed_stage0, deepspeed_stage3_step
+from zeroplan.core import deepspeed_2022, deepspeed_one_rank, deepspeed_reduce_stream, deepspeed_stage0, deepspeed_stage3_step
 from zeroplan.core.activations import layer_terms
 from zeroplan.core.checkpoint_save import SaveUnits, save_units
 from zeroplan.core.deepspeed_accumulation import overlap_comm
@@ -266,9 +266,15 @@ class StepInputs:
     reduce_stream_copies: tuple[tuple[int, ...], ...] = ()
     """deepspeed_reduce_stream.flushes_by_block: the ipg bucket's flat copies each block's
     backward makes on DeepSpeed ZeRO-3's reduce stream, the last block first (empty: none)."""
+    backward_end_reduce_copy: int = 0
+    """deepspeed_reduce_stream.epilogue_copy_bytes: the part of backward_end_buffers that is
+    DeepSpeed ZeRO-3's epilogue flat copy, made on its reduce stream (0: none there)."""
     overflow_check: int = 0
     """deepspeed_reduce_stream.overflow_check_bytes: fp16's overflow check's bool tensor, made
     twice on the reduce stream as the step starts (0: none)."""
+    norm_copy: int = 0
+    """deepspeed_stage3_step.norm_copy_bytes: DeepSpeed ZeRO-3's gradient norm's largest fp64
+    copy, made and freed before the sub-groups' steps (0: none)."""
     sub_group_steps: tuple[tuple[int, int], ...] = ()
     """DeepSpeed ZeRO-3's step, sub-group by sub-group (zeroplan.core.deepspeed_stage3_step):
     each sub-group's flat gradient copy and fp32 cast, made and freed in turn in place of the
@@ -345,9 +351,21 @@ def _step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms
                       sequence_parallel=forward_collectives(request, terms),
                       stage1_2022=deepspeed_2022.step_allocations(request) if deepspeed_2022.models_2022(request) else None,
                       sub_group_steps=deepspeed_stage3_step.sub_group_steps(request),
+                      norm_copy=deepspeed_stage3_step.norm_copy_bytes(request),
                       reduce_stream_copies=_reduce_stream_copies(request, blocks),
                       overflow_check=deepspeed_reduce_stream.overflow_check_bytes(request),
+                      backward_end_reduce_copy=_epilogue_reduce_copy(request, terms.backward_end_buffers),
                       **_per_parameter_parts(request, states, terms))
+
+
+# stage3.py:1082-1084 at v0.14.2: the epilogue's flush is __reduce_and_partition_ipg_grads, in the
+# reduce stream's context (:1265), as the backward's are (zeroplan.core.deepspeed_reduce_stream).
+def _epilogue_reduce_copy(request: PlanRequest, backward_end_buffers: int | None) -> int:
+    """StepInputs.backward_end_reduce_copy: the epilogue's flat copy where backward_end_buffers
+    holds it (at most those buffers), else 0."""
+    if backward_end_buffers is None or request.parallel.pp != 1:
+        return 0
+    return min(deepspeed_reduce_stream.epilogue_copy_bytes(request), backward_end_buffers)
 
 
 # zeroplan.core.deepspeed_reduce_stream (stage3.py:1221-1265 at v0.14.2).
@@ -460,6 +478,10 @@ def _gather_stream(request: PlanRequest) -> int:
     kind = request.strategy.kind
     if kind.is_fsdp:
         return Stream.all_gather
+    if deepspeed_one_rank.gathers_nothing(request):
+        # One rank gathers nothing; what its units stand for is autograd's gradients, made on
+        # the compute stream (zeroplan.core.deepspeed_one_rank).
+        return Stream.compute
     if (kind.zero_stage == 3 and request.training.framework is Framework.hf
             and request.convention is StateConvention.deepspeed and overlap_comm(request)):
         return Stream.all_gather
@@ -621,7 +643,9 @@ def _record_step(x: StepInputs, b: TraceBuilder) -> None:
     if x.backward_end_buffers is None:
         unit = b.alloc(at_end, gather_stream) + b.alloc(reduce, Stream.reduce_scatter)
     else:
-        unit = b.alloc(x.backward_end_buffers)
+        # DeepSpeed ZeRO-3's epilogue flat copy on its reduce stream, the rest on the compute stream.
+        unit = (b.alloc(x.backward_end_buffers - x.backward_end_reduce_copy)
+                + b.alloc(x.backward_end_reduce_copy, Stream.reduce_scatter))
     if accumulating and carried != x.gradient_bytes:
         # DeepSpeed's micro-step buffers give way to the gradient the step takes (peak.py's
         # end-of-backward moment counts the gradients alone).
@@ -647,6 +671,8 @@ def _record_step(x: StepInputs, b: TraceBuilder) -> None:
     if x.sub_group_steps:
         b.free(gradients + unit + held)
         _overflow_check(x, b)
+        # The norm's fp64 copies, one gradient partition at a time: the largest's.
+        b.free(b.alloc(x.norm_copy))
         for flat_bytes, cast_bytes in x.sub_group_steps:
             flat = b.alloc(flat_bytes)
             cast = b.alloc(cast_bytes)

@@ -4,7 +4,7 @@ temporaries. Each term names the library behaviour it models."""
 from __future__ import annotations
 
 from zeroplan.core import deepspeed_2022, deepspeed_epilogue, deepspeed_offload, deepspeed_step
-from zeroplan.core import deepspeed_coordinator, deepspeed_stage0, muon, tinyllama
+from zeroplan.core import deepspeed_coordinator, deepspeed_one_rank, deepspeed_stage0, muon, tinyllama
 from zeroplan.core.finetune import modules_to_save
 from zeroplan.core.deepspeed_accumulation import resident_bytes as deepspeed_resident_bytes
 from zeroplan.core.deepspeed_accumulation import stage12_bucket_bytes
@@ -91,6 +91,28 @@ def _reduces_through_ddp_buckets(request: PlanRequest) -> bool:
 # (shard-grad-op's gathered units, no_sync's unsharded gradients); transient ones exist only
 # while a unit is gathered or reduced (DeepSpeed's stage 1-2 bucket while gradients arrive).
 def resident_buffer_bytes(request: PlanRequest) -> int:
+    return _resident_buffer_bytes(request) + engine_module_buffer_bytes(request)
+
+
+# DeepSpeed 0.14.2 runtime/engine.py:1099-1112 (_configure_distributed_model; 0.13.3 the same):
+# under fp16 or bf16 the engine casts the whole module, buffers included (module.half() /
+# .bfloat16()), and moves it to the device unless zero.Init placed it there already (whose
+# tensors are made on the device in its dtype): the model's buffers stay on the GPU beside the
+# partitions, in the model dtype, for the run. Of those, transformers' per-layer rotary caches
+# (transformers_release.QWEN2_LAYER_ROPE_CACHE) are what is modelled.
+def engine_module_buffer_bytes(request: PlanRequest) -> int:
+    """The model's own buffers DeepSpeed's engine keeps on the device under the hf profile (the
+    per-layer rotary caches of the releases that build them; 0 elsewhere)."""
+    from zeroplan.core.deepspeed_accumulation import runs_deepspeed_engine
+    from zeroplan.core.transformers_release import layer_rope_cache_elements
+
+    if request.training.framework is not Framework.hf or not runs_deepspeed_engine(request):
+        return 0
+    elements = layer_rope_cache_elements(request.model, request.training)
+    return elements * element_bytes(request.training.precision, request.convention).compute_parameter
+
+
+def _resident_buffer_bytes(request: PlanRequest) -> int:
     if _megatron_buffers(request):
         return 0
     if _bf16_optimizer_buffers(request):
@@ -247,6 +269,10 @@ def transient_buffer_bytes(request: PlanRequest) -> int:
         return copies * largest * eb.compute_parameter
     if kind is StrategyKind.fsdp_shard_grad_op:
         return largest_unit_elements(request) * gradient_wire_bytes(request)
+    if deepspeed_one_rank.gathers_nothing(request):
+        # One rank gathers nothing: a module's backward holds autograd's gradients alone until
+        # their hooks copy them into the bucket (zeroplan.core.deepspeed_one_rank).
+        return deepspeed_one_rank.largest_module_gradient_bytes(request)
     if deepspeed_coordinator.replays_gathers(request):
         # DeepSpeed gathers module by module, not a whole block (zeroplan.core.deepspeed_coordinator).
         return deepspeed_coordinator.peak_gathered_bytes(request)
@@ -508,6 +534,9 @@ def block_backward_transient_bytes(request: PlanRequest) -> int:
     if deepspeed_2022.models_2022(request):
         # 2022's stage 1 reduces nothing in backward (no hooks, no bucket): after it, at the boundary.
         return 0
+    if deepspeed_one_rank.gathers_nothing(request):
+        # A block's backward: its largest module's gradients, nothing gathered (deepspeed_one_rank).
+        return deepspeed_one_rank.largest_module_gradient_bytes(request, blocks_only=True)
     units = rank_parameter_units(request)
     blocks = [i for i, unit in enumerate(units) if unit.name.startswith("block.")]
     if kind not in (StrategyKind.fsdp_full_shard, StrategyKind.hsdp) or not blocks or request.parallel.pp > 1:

@@ -92,7 +92,12 @@ def flat_copy_bytes(request: PlanRequest) -> int:
 
 def first_module_gathered_bytes(request: PlanRequest) -> int:
     """The first module's gathered parameters (its persistent ones are counted with the
-    parameters, never gathered per step)."""
+    parameters, never gathered per step; none on one rank, which gathers nothing:
+    zeroplan.core.deepspeed_one_rank)."""
+    from zeroplan.core.deepspeed_one_rank import gathers_nothing
+
+    if gathers_nothing(request):
+        return 0
     return deepspeed_coordinator.first_module_gathered_bytes(request, _model_dtype_bytes(request))
 
 

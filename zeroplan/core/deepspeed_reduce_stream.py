@@ -26,7 +26,7 @@ Llama-3-8B's widths (8 blocks, 8 ranks) where the planner put nothing there."""
 from __future__ import annotations
 
 from zeroplan.core.deepspeed_accumulation import _model_dtype_bytes, _tensor_numels, overlap_comm
-from zeroplan.core.deepspeed_epilogue import bucket_flat_copy_bytes, ipg_buckets, models_epilogue
+from zeroplan.core.deepspeed_epilogue import bucket_flat_copy_bytes, flat_copy_bytes, ipg_buckets, models_epilogue
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.training import Precision
 from zeroplan.specs.request import PlanRequest
@@ -59,6 +59,17 @@ def backward_flushes(request: PlanRequest) -> tuple[tuple[int, int], ...]:
         arrived += sum(bucket)
         flushes.append((arrived, bucket_flat_copy_bytes(bucket, group, element_bytes)))
     return tuple(flushes)
+
+
+# stage3.py:1082-1084 at v0.14.2 (independent_gradient_partition_epilogue) -> :1265: the epilogue's
+# flush runs in the reduce stream's context too; measured on 0.14.2's own engine with one and
+# with eight gloo ranks (benchmarks/deepspeed_zero3_fp16_streams.py), its torch.cat is made there.
+def epilogue_copy_bytes(request: PlanRequest) -> int:
+    """The epilogue's flat copy of the last bucket, made on the reduce stream (0 where
+    models_reduce_stream does not apply or the bucket needs none)."""
+    if not models_reduce_stream(request):
+        return 0
+    return flat_copy_bytes(request)
 
 
 # stage3.py:2138-2143 at v0.14.2, :3009-3014 at 0.19.8 (has_overflow under fp16's loss scaler).

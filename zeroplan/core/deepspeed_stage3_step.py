@@ -19,9 +19,11 @@ from __future__ import annotations
 
 from zeroplan.core.deepspeed_bf16_autocast import step_cast_element_bytes
 from zeroplan.core.deepspeed_accumulation import _model_dtype_bytes, runs_deepspeed_engine
+from zeroplan.core.deepspeed_step import NORM_COPY_BYTES
 from zeroplan.core.nvme import sub_group_tensor_elements
+from zeroplan.core.parallel.units import rank_trainable_units
 from zeroplan.specs.request import PlanRequest
-from zeroplan.units import FP32_BYTES
+from zeroplan.units import FP32_BYTES, ceil_div
 
 
 def steps_by_sub_group(request: PlanRequest) -> bool:
@@ -55,6 +57,23 @@ def sub_group_steps(request: PlanRequest) -> tuple[tuple[int, int], ...]:
     e = _model_dtype_bytes(request)
     cast = step_cast_element_bytes(request, e)
     return tuple(sub_group_step_parts(group, e, cast) for group in sub_group_tensor_elements(request))
+
+
+# stage3.py:2029 at v0.14.2 (step: _get_norm_groups :1837-1844 before any sub-group's update) ->
+# get_grad_norm_direct :1745-1749: ``g.to(device).double().norm(2)`` for each gradient partition in
+# averaged_gradients (each parameter's partition of ceil(numel / N) elements, a view of
+# grad_partitions_flat_buffer), one at a time; 0.13.3 :1749 the same, 0.19.8 :2457
+# ``.to(get_norm_dtype())``, fp64 wherever the device has it. DeepSpeed 0.14.2's own engine on one
+# gloo rank (benchmarks/deepspeed_zero3_fp16_streams.py --world 1) makes an fp64 copy of the
+# head's and the embedding's gradient partitions on the compute stream as its step starts.
+def norm_copy_bytes(request: PlanRequest) -> int:
+    """The gradient norm's largest fp64 copy: of the largest parameter's partition (0 where the
+    step is not DeepSpeed ZeRO-3's on the GPU)."""
+    if not steps_by_sub_group(request):
+        return 0
+    group = request.shard_group_size
+    numels = [t.numel for unit in rank_trainable_units(request) for t in unit.tensors if t.trainable and t.numel]
+    return NORM_COPY_BYTES * max((ceil_div(numel, group) for numel in numels), default=0)
 
 
 def step_gradient_bytes(request: PlanRequest) -> int | None:

@@ -114,6 +114,28 @@ def returned_logit_bytes(training: TrainingSpec, model: ModelSpec | None = None)
     return 4 if returns_fp32_logits(training) else training.precision.compute_bytes
 
 
+QWEN2_LAYER_ROPE_CACHE = ((4, 37, 0), (4, 45, 0))
+"""transformers 4.37.0 (Qwen2's first release) to 4.44.2 models/qwen2/modeling_qwen2.py: every
+Qwen2Attention builds a Qwen2RotaryEmbedding of its own (4.37.0 :238, 4.40.0 :233, 4.44.2 :276),
+whose __init__ (4.40.0 :95-117, _set_cos_sin_cache) registers the non-persistent buffers inv_freq
+(head_dim / 2) and cos_cached and sin_cached of [max_position_embeddings, head_dim] each; its
+forward returns slices of them (:119-127, ``.to`` the dtype they already have under the engine's
+cast: views). qwen2_moe's Qwen2MoeRotaryEmbedding the same (4.40.0 :174-205, :314; 4.44.2 :236,
+:354). 4.45.0 builds one per model with no cache (modeling_qwen2.py:329, :874; only inv_freq)."""
+
+
+# hf_config._llama_spec sets qkv_bias only for model_type qwen2 and qwen2_moe (their q, k and v
+# biases): that marks the Qwen2 family in a ModelSpec.
+def layer_rope_cache_elements(model: ModelSpec, training: TrainingSpec) -> int:
+    """The elements of the rotary buffers every layer of a Qwen2-family model holds in the
+    releases that cache them per layer (QWEN2_LAYER_ROPE_CACHE); 0 elsewhere."""
+    first, until = QWEN2_LAYER_ROPE_CACHE
+    if not model.qkv_bias or model.position is not PositionKind.rope or not first <= transformers_release(training) < until:
+        return 0
+    head = model.head_size
+    return model.num_layers * (2 * model.max_positions * head + head // 2)
+
+
 # hf_families.opt_spec is the only model reader that offsets its learned positions (OPT's
 # OPTLearnedPositionalEmbedding, ids offset by 2): that marks an OPT model in a ModelSpec.
 def is_opt(model: ModelSpec) -> bool:
