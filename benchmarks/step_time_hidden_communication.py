@@ -55,7 +55,7 @@ from zeroplan.core.default_efficiency import generation_of
 from zeroplan.core.timing import _batch_free_terms, step_time
 from zeroplan.validate.step_calibration import (
     DEFAULT_ATTENTION_RATE, MIN_SOURCE_ROWS, TARGET_MAX, TARGET_MEDIAN, _with_attention_rate, attention_efficiency_fit,
-    calibration_row, kernel_mechanism_hfu, published_step_s, source_label, source_rows, stack_of,
+    calibration_row, carried_calibration_hfu, kernel_mechanism_hfu, published_step_s, source_label, source_rows, stack_of,
 )
 from zeroplan.validate.step_time import PublishedThroughput, PublishedThroughputTable, load_published_throughput
 
@@ -230,7 +230,9 @@ def figures(variant: str) -> dict:  # type: ignore[type-arg]
         if len(members) >= MIN_SOURCE_ROWS and usable:
             anchor = calibration_row(usable)
             calibrated[source_label(anchor)] = [
-                abs(tokens_per_s(row, efficiencies, implied[anchor.name], f_of(variant, fits, row))
+                abs(tokens_per_s(row, efficiencies,
+                                 carried_calibration_hfu(implied[anchor.name], anchor, row, source, implied, rows),
+                                 f_of(variant, fits, row))
                     / row.published_tokens_per_s_per_gpu - 1) for row in usable if row.name != anchor.name]
         default[source_label(members[0])] = [
             abs(tokens_per_s(row, efficiencies, kernel_mechanism_hfu(source, implied, rows, row), f_of(variant, fits, row))

@@ -282,3 +282,32 @@ def test_the_narrowed_bisection_returns_the_plain_bisections_hfu_with_fewer_step
 
     assert bisect_hfu(counted, measured_step_s, step_s(1.0)) == _bisection(step_s, measured_step_s)
     assert len(timed) <= 10  # the plain bisection times 30
+
+
+def test_a_file_is_carried_to_another_kernel_class_by_the_fitted_defaults_ratio() -> None:
+    # One measured step fixes its own kernel class's HFU; a request of another class on the same
+    # GPU is timed at that HFU times the fitted default's ratio between the two classes, and its
+    # attention at its own kernel's efficiency, not the file's kernel's.
+    from zeroplan.calibrate.step import calibrate_step, carried_hfu, mechanism_of, with_carried_hfu
+    from zeroplan.core.default_efficiency import default_table, resolve
+    from zeroplan.specs.training import AttentionImplementation
+
+    flash2 = _request(StrategyKind.fsdp_full_shard, 8, 0.4)
+    flash2 = flash2.model_copy(update={"performance": flash2.performance.model_copy(update={"attention_rate": "kernel"})})
+    efficiency = calibrate_step(flash2, plan(flash2).time.step_with_overlap_s * 1.1, model="llama-3.1-8b")
+    assert (efficiency.attention_class, efficiency.compiled_untimed) == mechanism_of(flash2)[:2] == ("flash-attn-2", False)
+    assert carried_hfu(efficiency, flash2) == efficiency.hardware_flops_utilization
+    triton = _training(flash2, attention_implementation=AttentionImplementation.flash_attn_triton)
+    table = default_table()
+    mechanisms, gpu = table.mechanisms["kernel"], flash2.cluster.gpu
+    ratio = (resolve(mechanisms, table.generations, gpu, "flash-attn-triton", False).hfu
+             / resolve(mechanisms, table.generations, gpu, "flash-attn-2", False).hfu)
+    assert ratio != pytest.approx(1.0, abs=1e-3)
+    assert carried_hfu(efficiency, triton) == pytest.approx(min(1.0, efficiency.hardware_flops_utilization * ratio), rel=1e-12)
+    applied = with_carried_hfu(efficiency, triton.model_copy(update={"performance": triton.performance.model_copy(
+        update={"attention_efficiency": efficiency.attention_efficiency})}))
+    assert applied.performance.hardware_flops_utilization == carried_hfu(efficiency, triton)
+    assert applied.performance.attention_efficiency is None  # the triton kernel's shipped efficiency
+    # A file that does not record its kernel class (written before it was) applies as solved.
+    old = efficiency.model_copy(update={"attention_class": None, "compiled_untimed": None})
+    assert carried_hfu(old, triton) == efficiency.hardware_flops_utilization

@@ -68,6 +68,27 @@ def test_each_source_of_three_rows_is_calibrated_on_its_row_of_fewest_gpus_and_s
             anchor.published_tokens_per_s_per_gpu, rel=1e-6)
 
 
+def test_the_anchors_hfu_is_carried_to_another_kernel_class_by_the_held_out_fits_ratio() -> None:
+    # zeroplan.calibrate.step.carry_hfu: a row of the anchor's kernel class is predicted at the
+    # anchor's HFU; a row of another class at that HFU times the ratio of the two classes' HFUs,
+    # both fitted without the source (the kernel-class fit the uncalibrated figures use).
+    sources, errors = _study()
+    by_name = {e.name: e for e in errors}
+    carried = 0
+    for calibration in sources:
+        anchor = by_name[calibration.calibration_row]
+        for e in errors:
+            if e.source != calibration.source or e.calibrated_hfu is None:
+                continue
+            if e.kernel_class == anchor.kernel_class:
+                assert e.calibrated_hfu == calibration.hfu, e.name
+            else:
+                carried += 1
+                assert e.calibrated_hfu == pytest.approx(min(1.0, calibration.hfu * e.kernel_hfu / anchor.kernel_hfu),
+                                                         rel=1e-12), e.name
+    assert carried > 0  # the large-scale table's Triton rows, torchtune's compiled LoRA rows
+
+
 @functools.lru_cache(maxsize=64)
 def _held_out(source: str) -> tuple[tuple[tuple[str, float], ...], dict[str, float]]:
     """The attention efficiencies ``source``'s rows are scored at under the planner's default

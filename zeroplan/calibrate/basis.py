@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from zeroplan.specs.request import PlanRequest
 
 CALIBRATED_BANDS: dict[str, tuple[float, float]] = {
-    "matmul": (0.142, 0.627), "published": (0.077, 0.426), "kernel": (0.076, 0.263),
+    "matmul": (0.142, 0.627), "published": (0.072, 0.426), "kernel": (0.075, 0.263),
 }
 """(median, max) |error| of tokens/s/GPU when each published source with at least three rows is
 calibrated on its row of fewest GPUs and predicts its other rows, by the attention-rate mode the
@@ -39,6 +39,12 @@ of its generation or compute die) over every published row (nothing is fitted, s
 its own fit)."""
 
 
+def _kernel_class(attention: str | None, compiled_untimed: bool | None, float8: str | None) -> str:
+    """A kernel class as the time-basis line names it: 'flash-attn-2, not compiled'."""
+    return ", ".join([attention or "?", "compiled" if compiled_untimed else "not compiled"]
+                     + ([f"float8 {float8}"] if float8 else []))
+
+
 def _band(band: tuple[float, float] | None, what: str) -> str:
     if band is None:
         return "band not measured"
@@ -62,12 +68,18 @@ def time_basis_line(request: PlanRequest, efficiency_path: str | None, efficienc
 def _time_basis(request: PlanRequest, efficiency_path: str | None, efficiency: StepEfficiency | None,
                 hfu_given: bool) -> str:
     if efficiency is not None:
-        from zeroplan.calibrate.step import calibrated_under
+        from zeroplan.calibrate.step import calibrated_under, carried_hfu, mechanism_of
 
         source = efficiency.source
+        carried = carried_hfu(efficiency, request)
+        carried_text = ("" if carried == efficiency.hardware_flops_utilization else
+                        f"carried to HFU {carried:.3f} for the request's kernel class ({_kernel_class(*mechanism_of(request))}; "
+                        f"the file's {_kernel_class(efficiency.attention_class, efficiency.compiled_untimed, source.float8)}) "
+                        "by the fitted default's ratio between the two; ")
         return (f"step time: calibrated, HFU {efficiency.hardware_flops_utilization:.3f} from {efficiency_path} "
                 f"({source.model} on {source.num_gpus} x {efficiency.gpu}, {source.strategy}, micro-batch "
                 f"{source.micro_batch_size} x seq {source.seq_len}: {source.measured_step_s:.4g} s measured); "
+                + carried_text
                 + (f"calibrated under other settings: {differs}; " if (differs := calibrated_under(efficiency, request)) else "")
                 + _band(CALIBRATED_BANDS.get(efficiency.attention_rate),
                         "when one row of a published source predicts its others"))

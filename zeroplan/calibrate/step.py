@@ -102,6 +102,14 @@ class StepEfficiency(Frozen):
     """Under attention_rate 'kernel', attention's achieved rate over its kernel's published rate
     the HFU was solved at (zeroplan.core.attention_efficiency); --efficiency applies it with the
     HFU. None: another attention rate, or a file written before it was recorded."""
+    attention_class: str | None = None
+    """The attention kernel class of the calibrated step (zeroplan.core.default_efficiency.attention_class),
+    with compiled_untimed and source.float8 its mechanism: applied to a request of another
+    mechanism the HFU is carried by the fitted default's ratio between the two (carried_hfu).
+    None: a file written before it was recorded, applied as solved."""
+    compiled_untimed: bool | None = None
+    """The calibrated step compiled where the planner does not time compile
+    (zeroplan.core.default_efficiency.compiled_untimed). None: as attention_class."""
     compute_basis: Literal["all-kernels", "matmul-attention"] = "all-kernels"
     """What the HFU covers (zeroplan.core.timing.COMPUTE_BASIS): 'matmul-attention', the matrix
     products' and attention's FLOPs, the memory-bound kernels and the optimizer step timed apart
@@ -271,6 +279,7 @@ def calibrate_step(request: PlanRequest, measured_step_s: float, model: str, not
     return StepEfficiency(
         hardware_flops_utilization=hfu, attention_rate=request.performance.attention_rate,
         attention_efficiency=solved_attention_efficiency(request),
+        attention_class=mechanism_of(request)[0], compiled_untimed=mechanism_of(request)[1],
         gpu=request.cluster.gpu.name,
         gpu_display_name=request.cluster.gpu.display_name,
         framework=training.framework,
@@ -290,6 +299,62 @@ def calibrate_step(request: PlanRequest, measured_step_s: float, model: str, not
         predicted_communication_s=time.communication_s,
         predicted_exposed_communication_s=time.exposed_communication_s,
     )
+
+
+def mechanism_of(request: PlanRequest) -> tuple[str, bool, str | None]:
+    """The mechanism the planner's compute efficiency is keyed by for ``request``
+    (zeroplan.core.default_efficiency): its attention kernel class, whether it compiles where
+    compile is not timed, and its float8 recipe (None: bf16)."""
+    from zeroplan.core.default_efficiency import attention_class, compiled_untimed, float8_class
+
+    return attention_class(request.training, request.cluster.gpu), compiled_untimed(request), float8_class(request.training)
+
+
+# One measured step fixes the HFU of its own mechanism (attention kernel class x compiled or not
+# x float8 recipe on its GPU). A request of another mechanism on the same GPU and stack runs
+# other kernels, whose efficiency relative to the calibrated one is what the fitted default
+# efficiency measures across published sources (zeroplan.core.default_efficiency: one HFU per
+# GPU generation x kernel class). So the calibration is carried as a ratio to its mechanism's
+# fitted HFU, never as one absolute HFU over kernels that run at different rates; where both
+# resolve to the same fitted mechanism the ratio is 1 and the HFU is the solved one.
+def carry_hfu(hfu: float, calibrated_mechanism_hfu: float, target_mechanism_hfu: float) -> float:
+    """The HFU a calibration solved at ``hfu`` gives a request whose mechanism's fitted HFU is
+    ``target_mechanism_hfu``, the calibrated mechanism's being ``calibrated_mechanism_hfu``; at most 1."""
+    return min(1.0, hfu * target_mechanism_hfu / calibrated_mechanism_hfu)
+
+
+def carried_hfu(efficiency: StepEfficiency, request: PlanRequest) -> float:
+    """The HFU ``efficiency`` gives ``request`` (carry_hfu under the shipped default efficiency's
+    mechanisms); the solved HFU for a request of the calibrated mechanism, or a file that does
+    not record its mechanism."""
+    if efficiency.attention_class is None or efficiency.compiled_untimed is None:
+        return efficiency.hardware_flops_utilization
+    target = mechanism_of(request)
+    calibrated = (efficiency.attention_class, efficiency.compiled_untimed, efficiency.source.float8)
+    if target == calibrated:
+        return efficiency.hardware_flops_utilization
+    from zeroplan.core.default_efficiency import default_table, resolve
+
+    table = default_table()
+    mechanisms = table.mechanisms[efficiency.attention_rate]
+    gpu = request.cluster.gpu
+    return carry_hfu(efficiency.hardware_flops_utilization, resolve(mechanisms, table.generations, gpu, *calibrated).hfu,
+                     resolve(mechanisms, table.generations, gpu, *target).hfu)
+
+
+def with_carried_hfu(efficiency: StepEfficiency, request: PlanRequest) -> PlanRequest:
+    """``request`` timed at the HFU ``efficiency`` carries to it (carried_hfu); the attention
+    efficiency the file was solved at is its own kernel's, so a request of another attention
+    kernel takes its kernel's shipped one (zeroplan.core.attention_efficiency)."""
+    performance = request.performance
+    update: dict[str, object] = {}
+    hfu = carried_hfu(efficiency, request)
+    if hfu != performance.hardware_flops_utilization:
+        update["hardware_flops_utilization"] = hfu
+    if (efficiency.attention_class is not None and efficiency.attention_class != mechanism_of(request)[0]
+            and performance.attention_efficiency is not None):
+        update["attention_efficiency"] = None
+    return request.model_copy(update={"performance": performance.model_copy(update=update)}) if update else request
 
 
 def solved_attention_efficiency(request: PlanRequest) -> float | None:

@@ -807,9 +807,11 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind | None = None
 
         request = apply_deepspeed_config(deepspeed_file, request, kind)
     if getattr(args, "efficiency", None) is not None:
-        from zeroplan.calibrate.step import check_calibrated_under, load_efficiency
+        from zeroplan.calibrate.step import check_calibrated_under, load_efficiency, with_carried_hfu
 
-        check_calibrated_under(load_efficiency(args.efficiency), args.efficiency, request)
+        efficiency = load_efficiency(args.efficiency)
+        check_calibrated_under(efficiency, args.efficiency, request)
+        request = with_carried_hfu(efficiency, request)
     return request
 
 

@@ -239,7 +239,9 @@ def tie_break_figures(table: PublishedThroughputTable) -> TieBreakFigures:
         if len(members) < MIN_SOURCE_ROWS or not usable:
             continue
         anchor = first_listed_calibration_row(usable)
-        errors = [abs(held_out_tokens_per_s(row, implied[anchor.name], DEFAULT_ATTENTION_RATE, efficiencies)
+        errors = [abs(held_out_tokens_per_s(row, carried_calibration_hfu(implied[anchor.name], anchor, row, source, implied,
+                                                                          table.rows),
+                                            DEFAULT_ATTENTION_RATE, efficiencies)
                       / row.published_tokens_per_s_per_gpu - 1)
                   for row in usable if row.name != anchor.name]
         per_source.append((source_label(anchor), anchor.name, len(errors), statistics.median(errors), max(errors)))
@@ -296,6 +298,20 @@ def kernel_mechanism_hfu(held_out: str, implied: dict[str, float], rows: tuple[P
     return _loso_fit(held_out, tuple(sorted(implied.items())), rows, row)
 
 
+# zeroplan.calibrate.step.carry_hfu: the anchor's HFU carried to a row of another kernel class
+# by the ratio of the two classes' HFUs, each fitted without the scored source (as calibrate
+# step's file is carried by the shipped default's): a row of the anchor's class gets its HFU.
+def carried_calibration_hfu(anchor_hfu: float, anchor: PublishedThroughput, row: PublishedThroughput, held_out: str,
+                            implied: dict[str, float], rows: tuple[PublishedThroughput, ...]) -> float:
+    """The HFU a source's calibration on ``anchor`` (solved at ``anchor_hfu``) predicts ``row`` at."""
+    from zeroplan.calibrate.step import carry_hfu
+
+    if kernel_class_of(anchor) == kernel_class_of(row):
+        return anchor_hfu
+    return carry_hfu(anchor_hfu, kernel_mechanism_hfu(held_out, implied, rows, anchor),
+                     kernel_mechanism_hfu(held_out, implied, rows, row))
+
+
 @functools.lru_cache(maxsize=4096)
 def _loso_fit(held_out: str, implied: tuple[tuple[str, float], ...], rows: tuple[PublishedThroughput, ...],
               row: PublishedThroughput) -> float:
@@ -344,7 +360,8 @@ def _study(table: PublishedThroughputTable) -> tuple[tuple[SourceCalibration, ..
         kernel_hfu = kernel_mechanism_hfu(source, implied, rows, row)
         calibrated = calibrated_tokens = None
         if source in calibrations and calibrations[source][0].name != row.name and row.name in implied:
-            calibrated = calibrations[source][1]
+            anchor, anchor_hfu = calibrations[source]
+            calibrated = carried_calibration_hfu(anchor_hfu, anchor, row, source, implied, rows)
             calibrated_tokens = held_out_tokens_per_s(row, calibrated, mode, efficiencies)
         errors.append(RowError(
             name=row.name, source=source, label=source_label(row), stack=stack_of(row), gpu=row.gpu, strategy=row.strategy.value,
@@ -547,7 +564,8 @@ def attention_rate_figures(mode: str, table: PublishedThroughputTable) -> Attent
         if len(members) < MIN_SOURCE_ROWS or not usable:
             continue
         anchor = calibration_row(usable)
-        errors = [abs(planned_step(_with_attention_rate(row.request(source_implied[anchor.name]), mode, efficiencies)
+        errors = [abs(planned_step(_with_attention_rate(row.request(carried_calibration_hfu(
+                          source_implied[anchor.name], anchor, row, source, source_implied, rows)), mode, efficiencies)
                                    ).tokens_per_s_per_gpu / row.published_tokens_per_s_per_gpu - 1)
                   for row in usable if row.name != anchor.name]
         per_source.append((source_label(anchor), len(errors), statistics.median(errors), max(errors)))
@@ -644,7 +662,9 @@ def anchor_floor(table: PublishedThroughputTable, source: str) -> AnchorFloor:
     rule = calibration_row(usable).name
     by_anchor: dict[str, tuple[float, float]] = {}
     for anchor in usable:
-        errors = [abs(held_out_tokens_per_s(row, implied[anchor.name], DEFAULT_ATTENTION_RATE, efficiencies)
+        errors = [abs(held_out_tokens_per_s(row, carried_calibration_hfu(implied[anchor.name], anchor, row, source, implied,
+                                                                          table.rows),
+                                            DEFAULT_ATTENTION_RATE, efficiencies)
                       / row.published_tokens_per_s_per_gpu - 1) for row in usable if row.name != anchor.name]
         by_anchor[anchor.name] = (statistics.median(errors), max(errors))
     best_median = min(by_anchor.values())
