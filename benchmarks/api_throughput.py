@@ -11,7 +11,8 @@ allocator's replays (how many a request, how many events each is handed, the tim
 a replay may stop early or apply a repeated period at once, so it runs fewer), the trace
 builds, the trace keys and the rest of the planner, each timed by wrapping
 zeroplan.allocator.planner's own calls, and the requests that replay a trace against the others
-(how many of each, the time each takes).
+(how many of each, the time each takes); for fit(), the smallest change's share (where nothing
+fits: each candidate's every strategy) of the pass and of its replays.
 
     python benchmarks/api_throughput.py [--cpu-time] [--breakdown]
 """
@@ -79,6 +80,23 @@ def _timed_pass(name: str, function, batch: list[PlanRequest], planner, clock) -
     originals = {call_name: getattr(planner, call_name) for call_name in names}
     for call_name in names:
         setattr(planner, call_name, timed(call_name, originals[call_name]))
+    # fit()'s smallest change (where nothing fits): each candidate's every strategy, which fit
+    # reaches through zeroplan.core.plan.suggestion_fit; the replays made inside it counted apart.
+    from zeroplan.core import plan as core_plan
+
+    suggestion_fit = core_plan.suggestion_fit
+    inside: Counter[str] = Counter()
+
+    def suggesting(*args):
+        replays_before, start = calls["replay_ops"], clock()
+        try:
+            return suggestion_fit(*args)
+        finally:
+            inside["seconds"] += clock() - start
+            inside["calls"] += 1
+            inside["replays"] += calls["replay_ops"] - replays_before
+
+    core_plan.suggestion_fit = suggesting
     # Each request's time, by whether it replayed a trace (the replays' share of the pass is
     # those requests', whose other work is the same as the rest's).
     by_kind: Counter[bool] = Counter()
@@ -96,6 +114,7 @@ def _timed_pass(name: str, function, batch: list[PlanRequest], planner, clock) -
     finally:
         for call_name, call in originals.items():
             setattr(planner, call_name, call)
+        core_plan.suggestion_fit = suggestion_fit
     n = len(batch)
     replays, events = calls["replay_ops"], replayed["events"]
     allocator = spent["replay_ops"] + spent["record_step"] + spent["step_inputs"]
@@ -109,6 +128,10 @@ def _timed_pass(name: str, function, batch: list[PlanRequest], planner, clock) -
     print(f"  {requests_of[True]} requests replay a trace, {1e3 * by_kind[True] / max(requests_of[True], 1):.3f} ms each "
           f"({100 * by_kind[True] / total:.0f} % of the pass); the other {requests_of[False]}, "
           f"{1e3 * by_kind[False] / max(requests_of[False], 1):.3f} ms each")
+    if inside["calls"]:
+        print(f"  the smallest change (nothing fits: each candidate's every strategy) {1e3 * inside['seconds'] / n:6.3f} ms "
+              f"({100 * inside['seconds'] / total:.0f} % of the pass; {inside['calls']} candidate changes planned, "
+              f"{inside['replays'] / n:.2f} of the replays a request are its)")
     print(f"  at most {n / max(allocator, 1e-9):,.0f} configs/s with nothing but the replays, builds and keys; "
           f"{n / rest:,.0f}/s with nothing but the rest")
 
