@@ -2,17 +2,29 @@
 (8 gloo ranks, Llama-3-8B 16 times narrower, fp16, checkpointed, the stage-3 defaults over 256):
 which parameters each step gathers together, which are still gathered after each backward and
 after each optimizer step, and the coordinator's counter of available elements
-(__n_available_params) at each step's first fetch and around the optimizer step.
+(__n_available_params) at each step's first fetch, at its first block's and around the optimizer
+step.
 
 Measured with --layers 32 (micro-batch 13): the embedding is still gathered after every backward
 (its module's input takes no gradient, so no post-backward release); reset_step zeroes the
 counter at the backward's end (stage3.py:2215) and the optimizer step's release_and_reset_all
 (stage3.py:2021, coordinator :407-421, :478-483) then subtracts it: step 1 starts at -2,052,096
-(the embedding's 8,016 x 256 elements), step 2 at -2,068,736 (the 65 persistent norms' 16,640
-too: _post_step gathers them outside the coordinator after step 1's, stage3.py:1986). At 8 blocks
-steps 1 and 2 gather and release the same parameters in the same order. Usage:
+(the embedding's 8,016 x 256), step 2 at -2,068,736 (the 65 persistent norms' 16,640 too:
+_post_step gathers them outside the coordinator after step 1's, stage3.py:1986). At 8 blocks
+steps 1 and 2 gather and release the same parameters in the same order.
 
-    python benchmarks/deepspeed_zero3_coordinator_counter.py --deepspeed-src DIR [--layers 32]
+At --layers 2 --world 2 (5 norms, 1,280 elements): --tied starts step 2 at -2,053,376 as the
+untied model does; --frozen-embedding gathers the embedding in each forward only (its output takes
+no gradient, so no pre-backward fetch) and starts at -1,280; --frozen-embedding
+--input-require-grads (transformers' enable_input_require_grads, as peft calls it under the
+reentrant checkpoint) gathers it again at the backward's end, keeps it, and starts at -2,053,376.
+Without --deepspeed-src the installed DeepSpeed runs (0.19.8): the embedding is released at each
+backward's end (backward_epilogue's release_backward_leftovers) and the counter is zeroed at every
+forward's start, so each step's first fetch sees 0 (zeroplan.core.deepspeed_coordinator.initial_counter).
+Usage:
+
+    python benchmarks/deepspeed_zero3_coordinator_counter.py [--deepspeed-src DIR] [--layers 32]
+        [--world 8] [--tied] [--frozen-embedding] [--input-require-grads] [--accumulation N]
 """
 import argparse
 import sys
