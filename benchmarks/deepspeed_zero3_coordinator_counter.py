@@ -18,9 +18,13 @@ untied model does; --frozen-embedding gathers the embedding in each forward only
 no gradient, so no pre-backward fetch) and starts at -1,280; --frozen-embedding
 --input-require-grads (transformers' enable_input_require_grads, as peft calls it under the
 reentrant checkpoint) gathers it again at the backward's end, keeps it, and starts at -2,053,376.
+With --accumulation 2 the micro-batch after an optimizer step starts at -2,053,376 and the one after
+a micro-batch with no step at 0 with the embedding still gathered (its fetch adds nothing, its
+release after the forward subtracts it: -2,052,096 in effect).
 Without --deepspeed-src the installed DeepSpeed runs (0.19.8): the embedding is released at each
 backward's end (backward_epilogue's release_backward_leftovers) and the counter is zeroed at every
-forward's start, so each step's first fetch sees 0 (zeroplan.core.deepspeed_coordinator.initial_counter).
+forward's start, so each step's first fetch sees 0, every micro-batch's under --accumulation 2 too
+(zeroplan.core.deepspeed_coordinator.initial_counter).
 Usage:
 
     python benchmarks/deepspeed_zero3_coordinator_counter.py [--deepspeed-src DIR] [--layers 32]

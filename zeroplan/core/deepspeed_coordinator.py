@@ -396,7 +396,9 @@ def persistent_elements(request: PlanRequest) -> int:
 # one's. Measured on DeepSpeed 0.14.2's own engine (benchmarks/deepspeed_zero3_coordinator_counter.py,
 # 2 blocks): the embedding gathered after every backward, untied and --tied; step 1 starts at
 # -2,052,096 (the embedding's 8,016 x 256), step 2 at -2,053,376 (the 5 persistent norms' 1,280
-# too); --frozen-embedding at -256 and -1,280.
+# too); --frozen-embedding at -256 and -1,280. Under --accumulation 2 a micro-batch after one with
+# no optimizer step starts at 0 with the embedding still gathered (-2,052,096 in effect): the one
+# after a step, which the replay runs, starts lowest.
 def embedding_held_elements(request: PlanRequest) -> int:
     """ds_numel of the token embedding's weight where it is still gathered after the backward
     (fetched for its backward and not persistent), else 0."""
@@ -415,8 +417,9 @@ def embedding_held_elements(request: PlanRequest) -> int:
 # still holds (stage3.py:3059-3068 backward_epilogue -> coordinator release_backward_leftovers,
 # lines 554-566), the embedding included, so nothing stays gathered into the next micro-batch,
 # under gradient accumulation either. Measured on 0.19.8's own engine
-# (benchmarks/deepspeed_zero3_coordinator_counter.py without --deepspeed-src): the embedding is
-# released at each backward's end, and every step starts at 0.
+# (benchmarks/deepspeed_zero3_coordinator_counter.py without --deepspeed-src, and with
+# --accumulation 2): the embedding is released at each backward's end, and every micro-batch's
+# first fetch sees 0.
 def resets_counter_at_forward(request: PlanRequest) -> bool:
     """Whether the release zeroes the coordinator's counter at each forward's start and releases
     the embedding at the backward's end (the planner's default 0.19.8), rather than zeroing it at
