@@ -14,7 +14,8 @@ _post_step gathers them outside the coordinator after step 1's, stage3.py:1986).
 steps 1 and 2 gather and release the same parameters in the same order.
 
 At --layers 2 --world 2 (5 norms, 1,280 elements): --tied starts step 2 at -2,053,376 as the
-untied model does; --frozen-embedding gathers the embedding in each forward only (its output takes
+untied model does (at --layers 8, past the reuse distance, it gathers the weight three times a step,
+for the embedding, the head and at the backward's end, and starts at -2,056,448); --frozen-embedding gathers the embedding in each forward only (its output takes
 no gradient, so no pre-backward fetch) and starts at -1,280; --frozen-embedding
 --input-require-grads (transformers' enable_input_require_grads, as peft calls it under the
 reentrant checkpoint) gathers it again at the backward's end, keeps it, and starts at -2,053,376.

@@ -4,7 +4,7 @@ benchmarks/deepspeed_zero3_coordinator_counter.py ran it: a Llama 16 times narro
 Llama-3-8B (vocabulary 8,016, width 256, 2 blocks), the stage-3 defaults over 256 (persistence
 threshold 390), every block recomputed. DeepSpeed 0.14.2: step 2 starts at -2,053,376 untied and
 tied, and with a frozen embedding whose output requires grad (enable_input_require_grads); at
--1,280 (the 5 norms alone) with a frozen embedding otherwise. DeepSpeed 0.19.8 releases the
+-1,280 (the 5 norms alone) with a frozen embedding otherwise; at 8 blocks, tied, -2,056,448. DeepSpeed 0.19.8 releases the
 embedding at the backward's end and zeroes the counter at every forward's start: 0. No torch."""
 
 from __future__ import annotations
@@ -68,6 +68,26 @@ def test_a_frozen_embedding_whose_output_takes_no_gradient_is_gathered_in_the_fo
         found = replay(case.with_strategy(case.strategy.model_copy(update=bare)))
         in_forward = [step < found.forward_steps for step, name in found.gathers if name == "embedding.token.weight"]
         assert in_forward == ([True, False] if fetched else [True])
+
+
+def test_a_tied_head_past_the_reuse_distance(tmp_path: Path) -> None:
+    """8 blocks (6.8 M elements, past the scaled reuse distance of 3.9 M) with the stage-3 defaults
+    over 256, tied: DeepSpeed 0.14.2's engine (--layers 8 --tied) gathers the embedding's weight
+    three times a step, for the embedding, for the head (kept to the head's backward) and at the
+    backward's end, where it stays; step 2 starts at -2,056,448 (17 norms)."""
+    path = tmp_path / "llama-8.json"
+    path.write_text(json.dumps({**CONFIG, "num_hidden_layers": 8, "tie_word_embeddings": True}))
+    args = build_parser().parse_args(["fit", str(path), "--gpus", "2", "--gpu", "a100-80gb", "--micro-batch", "13",
+                                      "--seq-len", "128", "--framework", "hf", "--precision", "fp16-mixed",
+                                      "--activation-checkpointing", "full", "--deepspeed-release", "0.14.2"])
+    request = request_from_args(args, StrategyKind.zero3)
+    request = request.with_strategy(request.strategy.model_copy(update={
+        "deepspeed_param_persistence_threshold": PERSISTENCE, "deepspeed_prefetch_bucket_elements": 5 * 10**7 // 256,
+        "deepspeed_max_live_parameters": 10**9 // 256, "deepspeed_max_reuse_distance": 10**9 // 256}))
+    assert initial_counter(request) == -2_056_448 == -(EMBEDDING + 17 * 256)
+    found = replay(request)
+    in_forward = [step < found.forward_steps for step, name in found.gathers if name == "embedding.token.weight"]
+    assert in_forward == [True, True, False]
 
 
 def test_from_0_15_4_the_counter_is_zeroed_at_each_forward(tmp_path: Path) -> None:

@@ -396,7 +396,8 @@ def persistent_elements(request: PlanRequest) -> int:
 # one's. Measured on DeepSpeed 0.14.2's own engine (benchmarks/deepspeed_zero3_coordinator_counter.py,
 # 2 blocks): the embedding gathered after every backward, untied and --tied; step 1 starts at
 # -2,052,096 (the embedding's 8,016 x 256), step 2 at -2,053,376 (the 5 persistent norms' 1,280
-# too); --frozen-embedding at -256 and -1,280. Under --accumulation 2 a micro-batch after one with
+# too); tied at 8 blocks, past the reuse distance, at -2,056,448, its weight gathered for the
+# embedding, the head and the backward's end as the replay does; --frozen-embedding at -256 and -1,280. Under --accumulation 2 a micro-batch after one with
 # no optimizer step starts at 0 with the embedding still gathered (-2,052,096 in effect): the one
 # after a step, which the replay runs, starts lowest.
 def embedding_held_elements(request: PlanRequest) -> int:
