@@ -449,8 +449,9 @@ def _replay_key(request: PlanRequest) -> tuple:
     threshold, the shard group, and where a tensor is quantized the request itself), _trace
     (whether every block is recomputed), whether a recompute's frozen weights stay gathered
     (holds_recomputed_frozen), whether the embedding is fetched for its backward
-    (embedding_backward_fetched, read through initial_counter), where the counter starts
-    (initial_counter) and the three stage-3 settings. Requests that differ in
+    (embedding_backward_fetched) and whether the release zeroes the counter at each forward
+    (resets_counter_at_forward): with the units and the threshold, where the counter starts
+    (initial_counter); and the three stage-3 settings. Requests that differ in
     nothing else (fit's ZeRO-3 strategies with and without offload under one framework) have one
     replay."""
     units = rank_parameter_units(request)
@@ -459,7 +460,7 @@ def _replay_key(request: PlanRequest) -> tuple:
             gradient_wire_bytes(request), persistence_threshold(request), request.shard_group_size,
             request if _quantizes(units) else None,
             request.training.activation_checkpointing is ActivationCheckpointing.full,
-            holds_recomputed_frozen(request.training), embedding_backward_fetched(request), initial_counter(request),
+            holds_recomputed_frozen(request.training), embedding_backward_fetched(request), resets_counter_at_forward(request),
             max_live_parameters(request), prefetch_bucket_elements(request), max_reuse_distance(request))
 
 
