@@ -83,7 +83,8 @@ def replays_gathers(request: PlanRequest) -> bool:
 # module whose backward ends with the step's: each recomputed block's frozen parameters stay
 # gathered to the end of the backward. Measured on DeepSpeed 0.19.8's own engine
 # (benchmarks/deepspeed_zero3_qlora_step.py --bf16-base: 1.89, 3.43, 5.10 and 6.77 MB gathered at
-# blocks 3 to 0, the replay 2.45, 3.37, 5.04 and 6.71; --non-reentrant 0.09 to 0.25 MB).
+# blocks 3 to 0, the replay 1.99, 3.37, 5.04 and 6.71 with its counter starting at 0 as 0.19.8's
+# does, resets_counter_at_forward; --non-reentrant 0.09 to 0.25 MB).
 def holds_recomputed_frozen(training: TrainingSpec) -> bool:
     """Whether the frozen parameters a block's recompute gathers stay gathered to the end of the
     backward: hf's reentrant checkpoint under every block recomputed, DeepSpeed 0.19.3 or later."""
