@@ -107,7 +107,9 @@ def main() -> None:
     request = request_from_args(build_parser().parse_args(["fit", *ROW.split()]), StrategyKind.zero3)
     # Step 1 starts the counter at 0 (the step before ran in record mode, whose releases partition
     # the persistent parameters); from step 2 on it starts at minus the persistent elements
-    # (zeroplan.core.deepspeed_coordinator.persistent_elements), which in the scaled run are
+    # (zeroplan.core.deepspeed_coordinator.persistent_elements; the row's request, reentrant, also
+    # has the embedding's: initial_counter; this run's embedding output takes no gradient, so its
+    # weight is not held after the backward), which in the scaled run are
     # engine_persistent_elements() against a stage3_max_live_parameters of 1e9 / 1,024: the same
     # fraction of the row's 1e9 is replayed beside the row's own.
     engine_offset = engine_persistent_elements(result)

@@ -83,7 +83,8 @@ def replays_gathers(request: PlanRequest) -> bool:
 # module whose backward ends with the step's: each recomputed block's frozen parameters stay
 # gathered to the end of the backward. Measured on DeepSpeed 0.19.8's own engine
 # (benchmarks/deepspeed_zero3_qlora_step.py --bf16-base: 1.89, 3.43, 5.10 and 6.77 MB gathered at
-# blocks 3 to 0, the replay 2.45, 3.37, 5.04 and 6.71; --non-reentrant 0.09 to 0.25 MB).
+# blocks 3 to 0, the replay 1.99, 3.37, 5.04 and 6.71 with its counter starting at 0 as 0.19.8's
+# does, resets_counter_at_forward; --non-reentrant 0.09 to 0.25 MB).
 def holds_recomputed_frozen(training: TrainingSpec) -> bool:
     """Whether the frozen parameters a block's recompute gathers stay gathered to the end of the
     backward: hf's reentrant checkpoint under every block recomputed, DeepSpeed 0.19.3 or later."""
@@ -264,9 +265,10 @@ class Replay:
     backward run beside, before the model's pre-backward fetch."""
 
 
-def _modules(request: PlanRequest) -> tuple[list[tuple[int, list[int]]], list[_Param], list[bool]]:
+def _modules(request: PlanRequest) -> tuple[list[tuple[int, list[int]]], list[_Param], list[bool], int | None]:
     """(each module's unit and parameter ids in forward order, persistent ones left out: the
-    module still fetches, so it still prefetches; the parameters; whether each unit is a block).
+    module still fetches, so it still prefetches; the parameters; whether each unit is a block;
+    the token embedding's module, None where the first unit has none).
     A tied output projection uses the embedding's weight again after the final norm
     (megatron/model/gpt_model.py line 130; transformers' tied lm_head): one more use of that
     parameter, last in the forward."""
@@ -276,7 +278,7 @@ def _modules(request: PlanRequest) -> tuple[list[tuple[int, list[int]]], list[_P
     params: list[_Param] = []
     modules: list[tuple[int, list[int]]] = []
     units = rank_parameter_units(request)
-    word_embeddings = None
+    word_embeddings = token_module = None
     for index, unit in enumerate(units):
         by_module: dict[str, list[int]] = {}
         packed = _packed_in_projection(request, unit)
@@ -299,10 +301,39 @@ def _modules(request: PlanRequest) -> tuple[list[tuple[int, list[int]]], list[_P
                         if name != tensor.name else _gathered_bytes(request, tensor, eb.compute_parameter))
             params.append(_Param(index, f"{unit.name}.{name}", numel, gathered,
                                  numel * wire if tensor.trainable else 0))
+        if index == 0 and "token" in by_module:
+            token_module = len(modules) + list(by_module).index("token")
         modules += [(index, ids) for ids in by_module.values()]
     if request.model.tied_embeddings and word_embeddings is not None:
         modules.append((len(units) - 1, [word_embeddings]))
-    return modules, params, [unit.name.startswith("block.") for unit in units]
+    return modules, params, [unit.name.startswith("block.") for unit in units], token_module
+
+
+# DeepSpeed 0.14.2 runtime/zero/parameter_offload.py _pre_backward_module_hook (lines 328-365)
+# applies PreBackwardFunctionForModule to a module's outputs, whose backward (the module's fetch
+# for its backward) runs only where an output requires grad (0.19.8 lines 412 and 450-487 alike).
+# The token embedding's output does where its weight trains, or where transformers'
+# enable_input_require_grads forward hook marks it: a LoRA under a reentrant checkpoint needs it
+# for any adapter to get a gradient, and peft 0.17.1 (utils/other.py:166-170
+# prepare_model_for_kbit_training; PeftModel.__init__ peft_model.py:137-138 where checkpointing is
+# on first, zeroplan.frameworks.lora) and TRL's SFTTrainer call it, both skipping it under
+# use_reentrant False ("there is no need for this hack"). A frozen embedding otherwise is gathered
+# in the forward alone. Measured on DeepSpeed 0.14.2's own engine
+# (benchmarks/deepspeed_zero3_coordinator_counter.py --frozen-embedding: gathered and released in
+# each forward, never in the backward; with --input-require-grads gathered again at the backward's
+# end and still gathered after it).
+def embedding_backward_fetched(request: PlanRequest) -> bool:
+    """Whether the coordinator fetches the token embedding for its backward: its weight trains, or
+    a LoRA under hf with every block recomputed by the reentrant checkpoint
+    (enable_input_require_grads)."""
+    from zeroplan.core.profiles import checkpoint_is_reentrant
+
+    training = request.training
+    token = next((t for t in rank_parameter_units(request)[0].tensors if t.name == "token.weight"), None)
+    if token is None or token.trainable:
+        return True
+    return (training.finetune.is_lora and training.framework is Framework.hf
+            and training.activation_checkpointing is ActivationCheckpointing.full and checkpoint_is_reentrant(training))
 
 
 # DeepSpeed hooks every module, containers too (0.13.3 parameter_offload.py _register_hooks_recursively,
@@ -312,10 +343,12 @@ def _modules(request: PlanRequest) -> tuple[list[tuple[int, list[int]]], list[_P
 # fetched before its children in the forward, the recomputation and the backward. They gather
 # nothing but take trace steps (a release keeps what the next step uses: lines 500-504) and
 # run the prefetch. The containers inside a block (attention, mlp) are left out.
-def _trace(request: PlanRequest, modules: list[tuple[int, list[int]]], blocks: list[bool]) -> list[tuple[int, bool]]:
+def _trace(request: PlanRequest, modules: list[tuple[int, list[int]]], blocks: list[bool],
+           skipped: frozenset[int] = frozenset()) -> list[tuple[int, bool]]:
     """(module, whether it is its backward) in the order the coordinator fetches them: the model,
     the forward; the model again, then unit by unit from the last its backward in reverse, after
-    a block's forward again under full recomputation (module -1: a container, no parameters)."""
+    a block's forward again under full recomputation (module -1: a container, no parameters);
+    the modules in ``skipped`` have no backward fetch (embedding_backward_fetched)."""
     full = request.training.activation_checkpointing is ActivationCheckpointing.full
     container = [[-1] if block else [] for block in blocks]
     of_unit: list[list[int]] = [[] for _ in blocks]
@@ -329,7 +362,7 @@ def _trace(request: PlanRequest, modules: list[tuple[int, list[int]]], blocks: l
         own = of_unit[unit]
         if full and blocks[unit]:
             trace += [(m, False) for m in container[unit] + own]
-        trace += [(m, True) for m in container[unit] + list(reversed(own))]
+        trace += [(m, True) for m in container[unit] + list(reversed(own)) if m not in skipped]
     return trace
 
 
@@ -340,7 +373,8 @@ def _trace(request: PlanRequest, modules: list[tuple[int, list[int]]], blocks: l
 # ds_persist); _post_step gathers those again outside the coordinator (stage3.py:1986, no +=), and
 # reset_step zeroes the counter only at the end of the next backward (line 239, called at
 # stage3.py:2215). So from the third step on, the micro-batch after each optimizer step prefetches
-# that many elements beyond stage3_max_live_parameters (0.19.8: lines 537-546 and 624-630 alike).
+# that many elements beyond stage3_max_live_parameters (0.19.8 subtracts alike, lines 537-546 and
+# 624-630, but zeroes the counter at the next forward's start: resets_counter_at_forward).
 # In DeepSpeed 0.13.3's own run of the 70B LoRA row's shapes over 1,024 (step 2 of
 # benchmarks/deepspeed_zero3_allocator_replay.py's events) that is 1,556,736 elements, more than
 # the scaled stage3_max_live_parameters (976,562): the prefetch there takes three blocks ahead.
@@ -349,6 +383,58 @@ def persistent_elements(request: PlanRequest) -> int:
     threshold = persistence_threshold(request)
     counts = (ds_numel(request, t) for unit in rank_parameter_units(request) for t in unit.tensors)
     return sum(n for n in counts if n <= threshold)
+
+
+# DeepSpeed 0.14.2 runtime/zero/parameter_offload.py _post_backward_module_hook (lines 387-439)
+# releases a module's parameters after its backward through PostBackwardFunctionModule on the
+# module's inputs, whose backward runs only where an input requires grad (line 402). The token
+# embedding's input is the token ids: once its backward fetch (embedding_backward_fetched) gathers
+# its weight, nothing releases it before the optimizer step (partition_all_parameters' docstring,
+# lines 158-162, says as much). reset_step zeroes the counter at the backward's end (stage3.py:2215,
+# coordinator line 239) and the step's release_and_reset_all (stage3.py:2021, parameter_offload.py:162;
+# coordinator lines 407-421, __release_param 478-483) then subtracts the weight's ds_numel: the next
+# micro-batch starts that many elements further below zero, a tied head's weight as an untied
+# one's. Measured on DeepSpeed 0.14.2's own engine (benchmarks/deepspeed_zero3_coordinator_counter.py,
+# 2 blocks): the embedding gathered after every backward, untied and --tied; step 1 starts at
+# -2,052,096 (the embedding's 8,016 x 256), step 2 at -2,053,376 (the 5 persistent norms' 1,280
+# too); tied at 8 blocks, past the reuse distance, at -2,056,448, its weight gathered for the
+# embedding, the head and the backward's end as the replay does; --frozen-embedding at -256 and -1,280. Under --accumulation 2 a micro-batch after one with
+# no optimizer step starts at 0 with the embedding still gathered (-2,052,096 in effect): the one
+# after a step, which the replay runs, starts lowest.
+def embedding_held_elements(request: PlanRequest) -> int:
+    """ds_numel of the token embedding's weight where it is still gathered after the backward
+    (fetched for its backward and not persistent), else 0."""
+    if not embedding_backward_fetched(request):
+        return 0
+    token = next((t for t in rank_parameter_units(request)[0].tensors if t.name == "token.weight"), None)
+    numel = 0 if token is None else ds_numel(request, token)
+    return numel if numel > persistence_threshold(request) else 0
+
+
+# From DeepSpeed 0.15.4 (deepspeedai/DeepSpeed 351569dd4, "Use one param coordinator for both
+# train/inference scenarios", #6662) the engine's forward pre-hook on the model calls reset_step
+# at the start of every forward (0.19.8 parameter_offload.py:299-306; reset_step zeroes the counter
+# at partitioned_param_coordinator.py:287), after the optimizer step's releases; and from 0.19.3
+# (a31eb3165) the backward's epilogue releases what a module whose post-backward hook never fired
+# still holds (stage3.py:3059-3068 backward_epilogue -> coordinator release_backward_leftovers,
+# lines 554-566), the embedding included, so nothing stays gathered into the next micro-batch,
+# under gradient accumulation either. Measured on 0.19.8's own engine
+# (benchmarks/deepspeed_zero3_coordinator_counter.py without --deepspeed-src, and with
+# --accumulation 2): the embedding is released at each backward's end, and every micro-batch's
+# first fetch sees 0.
+def resets_counter_at_forward(request: PlanRequest) -> bool:
+    """Whether the release zeroes the coordinator's counter at each forward's start and releases
+    the embedding at the backward's end (the planner's default 0.19.8), rather than zeroing it at
+    the backward's end alone (0.13.3, 0.14.2, 2022)."""
+    return request.training.deepspeed_release in (None, "0.19.8")
+
+
+def initial_counter(request: PlanRequest) -> int:
+    """Where __n_available_params starts the micro-batch after an optimizer step: 0 under 0.19.8;
+    before 0.15.4 minus the persistent elements and the embedding held after the backward."""
+    if resets_counter_at_forward(request):
+        return 0
+    return -(persistent_elements(request) + embedding_held_elements(request))
 
 
 @lru_cache(maxsize=64)
@@ -363,7 +449,10 @@ def _replay_key(request: PlanRequest) -> tuple:
     fused or not, one module under torch's nn.MultiheadAttention, tied embeddings, the gathered and gradient element bytes, the persistence
     threshold, the shard group, and where a tensor is quantized the request itself), _trace
     (whether every block is recomputed), whether a recompute's frozen weights stay gathered
-    (holds_recomputed_frozen) and the three stage-3 settings. Requests that differ in
+    (holds_recomputed_frozen), whether the embedding is fetched for its backward
+    (embedding_backward_fetched) and whether the release zeroes the counter at each forward
+    (resets_counter_at_forward): with the units and the threshold, where the counter starts
+    (initial_counter); and the three stage-3 settings. Requests that differ in
     nothing else (fit's ZeRO-3 strategies with and without offload under one framework) have one
     replay."""
     units = rank_parameter_units(request)
@@ -372,7 +461,7 @@ def _replay_key(request: PlanRequest) -> tuple:
             gradient_wire_bytes(request), persistence_threshold(request), request.shard_group_size,
             request if _quantizes(units) else None,
             request.training.activation_checkpointing is ActivationCheckpointing.full,
-            holds_recomputed_frozen(request.training),
+            holds_recomputed_frozen(request.training), embedding_backward_fetched(request), resets_counter_at_forward(request),
             max_live_parameters(request), prefetch_bucket_elements(request), max_reuse_distance(request))
 
 
@@ -383,8 +472,8 @@ _REPLAYS_LIMIT = 256
 
 def replay(request: PlanRequest, counter_start: int | None = None) -> Replay:
     """The coordinator's step, fetch by fetch (the module docstring's rules), in the micro-batch
-    after an optimizer step (counter_start: where __n_available_params starts; None: minus the
-    persistent elements). Kept by what it reads of the request (_replay_key)."""
+    after an optimizer step (counter_start: where __n_available_params starts; None:
+    initial_counter). Kept by what it reads of the request (_replay_key)."""
     key = (_replay_key(request), counter_start)
     found = _REPLAYS.get(key)
     if found is None:
@@ -396,8 +485,9 @@ def replay(request: PlanRequest, counter_start: int | None = None) -> Replay:
 
 def _replay(request: PlanRequest, counter_start: int | None) -> Replay:
     """replay, computed: reads of ``request`` only what _replay_key holds."""
-    modules, params, blocks = _modules(request)
-    trace = _trace(request, modules, blocks)
+    modules, params, blocks, token_module = _modules(request)
+    skipped = frozenset() if token_module is None or embedding_backward_fetched(request) else frozenset((token_module,))
+    trace = _trace(request, modules, blocks, skipped)
     forward_steps = next(step for step, (m, backward) in enumerate(trace) if backward)
     ids = [own for _, own in modules] + [[]]  # ids[-1]: a container's
     limit, bucket, reuse = max_live_parameters(request), prefetch_bucket_elements(request), max_reuse_distance(request)
@@ -405,7 +495,7 @@ def _replay(request: PlanRequest, counter_start: int | None) -> Replay:
     available: set[int] = set()
     most_recent = [-1] * len(params)
     gathered = [[0] * len(blocks), [0] * len(blocks)]
-    n_available = -persistent_elements(request) if counter_start is None else counter_start
+    n_available = initial_counter(request) if counter_start is None else counter_start
     peak = held_gathered = after_forward = 0
     # The reuse scan (lines 506-516) walks the trace from the next step, counting every module's
     # elements before it looks at the module: a parameter stays when its next use j satisfies
