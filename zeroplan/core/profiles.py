@@ -676,8 +676,10 @@ FRAMEWORK_OPTIONS = {
     # A loop over the reference model that binds its logits before the loss (DeepSpeedExamples'
     # training/bf16_master_weight train.py) holds them the same way.
     "keep_outputs": lambda prof: prof.framework in (Framework.hf, Framework.torchtune, Framework.zeroplan),
-    # torch's nn.CrossEntropyLoss on the reference model's logits without its upcast (zeroplan.core.uncast_loss).
-    "uncast_loss": lambda prof: prof.framework is Framework.zeroplan,
+    # torch's nn.CrossEntropyLoss on the reference model's logits without its upcast
+    # (zeroplan.core.uncast_loss); litgpt: a loop's F.cross_entropy on its GPT's logits
+    # (zeroplan.core.framework_loss.litgpt_loop_loss_tensors).
+    "uncast_loss": lambda prof: prof.framework in (Framework.zeroplan, Framework.litgpt),
     # The causal-LM forward and loss of an older transformers release (zeroplan.core.transformers_release).
     "transformers_version": lambda prof: prof.framework is Framework.hf,
     # The accelerate release under the Trainer (zeroplan.core.checkpoint_save).
