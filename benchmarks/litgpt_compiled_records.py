@@ -11,7 +11,8 @@ the same way through inductor's compile_fx up to code generation
 (zeroplan.simulate._torch_private.inductor_without_codegen), recording what the partitioner
 (min_cut_rematerialization_partition) saves for the whole graph: the forward graph's outputs
 beyond the logits. The per-layer figure is the difference between depths; what does not grow
-with depth (the final norm's and the head's saved inputs) is the rest.
+with depth (the final norm's and the head's saved inputs) is the rest; the first shape is also
+measured at the model's own depth (32 layers), which the per-layer figure must reproduce.
 
 Usage, with a checkout of litgpt at 9a1b82b (the last commit before 2024-09-20, the issues'
 date; model.py differs from 00af8b0, the litgpt profile's commit, by a batched-input_pos line):
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import sys
 import time
 import types
@@ -102,13 +102,10 @@ def measure(litgpt_model: types.ModuleType, name: str, seq_len: int, micro_batch
     # A saved view keeps its base's whole storage (the real compiled forward returns a
     # reinterpretation of the base's buffer): each intermediate storage counted once, whole.
     output = forward.graph.find_nodes(op="output")[0]
-    saved = [n for n in output.args[0][user_outputs:] if isinstance(n, torch.fx.Node) and isinstance(n.meta.get("val"), torch.Tensor)]
-    bases = {}
-    for node, value in zip(saved, values):
-        base = _view_base(node)
-        value_base = base.meta["val"]
-        if value.kind == "intermediate":
-            bases[base.name] = value_base.untyped_storage().nbytes() if hasattr(value_base, "untyped_storage") else math.prod(value_base.shape) * value_base.element_size()
+    saved = [node for node in output.args[0][user_outputs:]
+             if isinstance(node, torch.fx.Node) and isinstance(node.meta.get("val"), torch.Tensor)]
+    bases = {_view_base(node).name: _view_base(node).meta["val"].untyped_storage().nbytes()
+             for node, value in zip(saved, values) if value.kind == "intermediate"}
     not_own = [*model.parameters(), *model.buffers(), idx]
     runtime = runtime_saved_bytes(logits.grad_fn, not_own)
     by_kind: dict[str, int] = {}
@@ -133,14 +130,21 @@ def main(checkout: Path, out: Path = DEFAULT_OUT) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name, seq_len, micro_batch in RUNS:
         records = [measure(litgpt_model, name, seq_len, micro_batch, n) for n in DEPTHS]
-        own = [r["saved_bytes_by_kind"].get("intermediate", 0) for r in records]
+        own = [r["intermediate_storage_bytes"] for r in records]
         per_layer = [b - a for a, b in zip(own, own[1:])]
+        full = None
+        if (name, seq_len, micro_batch) == RUNS[0]:
+            # The model at its own depth, once: the per-layer figure extrapolated must be what the
+            # whole graph saves (no choice of the partitioner's changes with depth).
+            record = measure(litgpt_model, name, seq_len, micro_batch, litgpt_model.Config.from_name(name).n_layer)
+            full = {"n_layer": record["n_layer"], "intermediate_storage_bytes": record["intermediate_storage_bytes"],
+                    "runtime_saved_bytes": record["runtime_saved_bytes"], "wall_time_s": record["wall_time_s"]}
         summary = {
             "source": "torch.compile(litgpt GPT) as lightning-thunder 3770bf0 benchmark_litgpt.py:555 compiles it, "
                       "inductor compile_fx and partition_fn without code generation, fake tensors",
             "litgpt_commit": "9a1b82b", "torch_version": torch.__version__,
             "intermediate_saved_bytes": own, "per_layer_bytes": per_layer,
-            "rest_bytes": own[0] - per_layer[0], "records": records,
+            "rest_bytes": own[0] - per_layer[0], "full_depth": full, "records": records,
         }
         path = out / f"litgpt_{name}_compile-whole_s{seq_len}_b{micro_batch}.json"
         write_text_atomic(path, json.dumps(summary, indent=2) + "\n")
