@@ -12,7 +12,8 @@ the same way through inductor's compile_fx up to code generation
 (min_cut_rematerialization_partition) saves for the whole graph: the forward graph's outputs
 beyond the logits. The per-layer figure is the difference between depths; what does not grow
 with depth (the final norm's and the head's saved inputs) is the rest; the first shape is also
-measured at the model's own depth (32 layers), which the per-layer figure must reproduce.
+measured at the model's own depth (32 layers), which the per-layer figure must reproduce. The
+same depths are measured with the graph broken at every block, as FSDP's units break it.
 
 Usage, with a checkout of litgpt at 9a1b82b (the last commit before 2024-09-20, the issues'
 date; model.py differs from 00af8b0, the litgpt profile's commit, by a batched-input_pos line):
@@ -72,8 +73,16 @@ def load_litgpt(checkout: Path) -> types.ModuleType:
     return sys.modules["litgpt.model"]
 
 
-def measure(litgpt_model: types.ModuleType, name: str, seq_len: int, micro_batch: int, n_layer: int) -> dict:
-    """What torch.compile(GPT) saves for backward at ``n_layer`` layers, on fake tensors."""
+def measure(litgpt_model: types.ModuleType, name: str, seq_len: int, micro_batch: int, n_layer: int,
+            unit_breaks: bool = False) -> dict:
+    """What torch.compile(GPT) saves for backward at ``n_layer`` layers, on fake tensors.
+
+    ``unit_breaks``: each Block and the root carry forward hooks that dynamo does not trace, as
+    FSDP2's (torch 2.13 distributed/fsdp/_fully_shard/_fsdp_common.py ``_dynamo_disable`` on
+    _fsdp_state.py ``_pre_forward`` / ``_post_forward``; torch 2.5's ``skip_fsdp_hooks``) and
+    FSDP1's units (distributed/fsdp/_dynamo_utils.py: dynamo skips the FSDP code, "graph-breaks on
+    FSDP module boundaries") put there when fully_shard / auto_wrap_policy={Block} wraps them:
+    the graph breaks at every block."""
     torch._dynamo.reset()
     start_s = time.perf_counter()
     config = litgpt_model.Config.from_name(name, n_layer=n_layer, block_size=seq_len)
@@ -81,11 +90,24 @@ def measure(litgpt_model: types.ModuleType, name: str, seq_len: int, micro_batch
         model = litgpt_model.GPT(config)
     # benchmark_litgpt.py init_model: model.to(dtype=torch.bfloat16) (the rope cache buffers too).
     model.to(dtype=torch.bfloat16)
+    if unit_breaks:
+        untraced = torch._dynamo.disable(lambda *args, **kwargs: None, recursive=True)
+        for module in (*model.transformer.h, model):
+            module.register_forward_pre_hook(untraced)
+            module.register_forward_hook(untraced)
     inputs: list = []
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list) -> object:
         inputs.append(private.dynamo_graph_inputs(gm))
         return private.inductor_without_codegen(gm, example_inputs)
+
+    # Every tensor autograd saves, compiled graphs' and eager ops' alike (a compiled graph's
+    # saved values reach save_for_backward, which the hooks see), by storage.
+    packed: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        packed[private.storage_key(tensor)] = tensor.untyped_storage().nbytes()
+        return tensor
 
     with private.fake_tensor_mode(), private.recording_inductor_partitions() as partitions:
         model.to_empty(device="cpu")
@@ -93,7 +115,25 @@ def measure(litgpt_model: types.ModuleType, name: str, seq_len: int, micro_batch
         model.cos, model.sin = (t.to(torch.bfloat16) for t in model.rope_cache(device=torch.device("cpu")))
         compiled = torch.compile(model, backend=backend)
         idx = torch.randint(0, config.padded_vocab_size, (micro_batch, seq_len))
-        logits = compiled(idx)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            logits = compiled(idx)
+        not_own = {private.storage_key(t) for t in (*model.parameters(), *model.buffers(), idx)}
+    autograd_saved = sum(n for key, n in packed.items() if key not in not_own)
+    record = {
+        "model": name, "seq_len": seq_len, "micro_batch_size": micro_batch, "n_layer": n_layer,
+        "unit_breaks": unit_breaks,
+        "n_embd": config.n_embd, "n_head": config.n_head, "padded_vocab_size": config.padded_vocab_size,
+        "intermediate_size": config.intermediate_size, "rope_n_elem": config.rope_n_elem,
+        "logits": {"shape": list(logits.shape), "dtype": str(logits.dtype)},
+        "dynamo_graphs": len(inputs), "partitions": len(partitions),
+        "autograd_saved_bytes": autograd_saved,
+    }
+    if unit_breaks:
+        # GPT.forward's block loop breaks at every block, so dynamo runs that frame eagerly: the
+        # embedding, the final norm and the head are eager ops, each block one compiled graph
+        # (compiled once, reused by every block).
+        record["wall_time_s"] = round(time.perf_counter() - start_s, 1)
+        return record
     if len(partitions) != 1 or len(inputs) != 1:
         raise RuntimeError(f"expected one compiled graph (no graph break), got {len(partitions)} partitions "
                            f"of {len(inputs)} dynamo graphs")
@@ -106,23 +146,18 @@ def measure(litgpt_model: types.ModuleType, name: str, seq_len: int, micro_batch
              if isinstance(node, torch.fx.Node) and isinstance(node.meta.get("val"), torch.Tensor)]
     bases = {_view_base(node).name: _view_base(node).meta["val"].untyped_storage().nbytes()
              for node, value in zip(saved, values) if value.kind == "intermediate"}
-    not_own = [*model.parameters(), *model.buffers(), idx]
-    runtime = runtime_saved_bytes(logits.grad_fn, not_own)
     by_kind: dict[str, int] = {}
     for value in values:
         by_kind[value.kind] = by_kind.get(value.kind, 0) + value.bytes
-    return {
-        "model": name, "seq_len": seq_len, "micro_batch_size": micro_batch, "n_layer": n_layer,
-        "n_embd": config.n_embd, "n_head": config.n_head, "padded_vocab_size": config.padded_vocab_size,
-        "intermediate_size": config.intermediate_size, "rope_n_elem": config.rope_n_elem,
-        "logits": {"shape": list(logits.shape), "dtype": str(logits.dtype)},
+    record.update({
         "saved_bytes_by_kind": by_kind,
         "intermediate_storage_bytes": sum(bases.values()),
-        "runtime_saved_bytes": runtime,
+        "runtime_saved_bytes": runtime_saved_bytes(logits.grad_fn, [*model.parameters(), *model.buffers(), idx]),
         "view_bases": {v.name: _view_base(n).name for n, v in zip(saved, values) if _view_base(n) is not n},
         "saved_values": [v.model_dump() for v in values],
         "wall_time_s": round(time.perf_counter() - start_s, 1),
-    }
+    })
+    return record
 
 
 def main(checkout: Path, out: Path = DEFAULT_OUT) -> None:
@@ -139,16 +174,23 @@ def main(checkout: Path, out: Path = DEFAULT_OUT) -> None:
             record = measure(litgpt_model, name, seq_len, micro_batch, litgpt_model.Config.from_name(name).n_layer)
             full = {"n_layer": record["n_layer"], "intermediate_storage_bytes": record["intermediate_storage_bytes"],
                     "runtime_saved_bytes": record["runtime_saved_bytes"], "wall_time_s": record["wall_time_s"]}
+        # The graph broken at every block, as FSDP's units break it (fully_shard per Block and
+        # the root: benchmark_litgpt.py's fsdp2 branch; Lightning's FSDPStrategy with
+        # auto_wrap_policy={Block}).
+        broken = [measure(litgpt_model, name, seq_len, micro_batch, n, unit_breaks=True) for n in DEPTHS]
         summary = {
             "source": "torch.compile(litgpt GPT) as lightning-thunder 3770bf0 benchmark_litgpt.py:555 compiles it, "
                       "inductor compile_fx and partition_fn without code generation, fake tensors",
             "litgpt_commit": "9a1b82b", "torch_version": torch.__version__,
             "intermediate_saved_bytes": own, "per_layer_bytes": per_layer,
             "rest_bytes": own[0] - per_layer[0], "full_depth": full, "records": records,
+            "unit_breaks_autograd_saved_bytes": [r["autograd_saved_bytes"] for r in broken],
+            "unit_breaks_records": broken,
         }
         path = out / f"litgpt_{name}_compile-whole_s{seq_len}_b{micro_batch}.json"
         write_text_atomic(path, json.dumps(summary, indent=2) + "\n")
-        print(f"{name} s {seq_len} b {micro_batch}: saved {own} per layer {per_layer} rest {own[0] - per_layer[0]}"
+        print(f"{name} s {seq_len} b {micro_batch}: saved {own} per layer {per_layer} rest {own[0] - per_layer[0]}; "
+              f"broken at the blocks {[r['autograd_saved_bytes'] for r in broken]}"
               f"  ({sum(r['wall_time_s'] for r in records):.0f} s)")
 
 

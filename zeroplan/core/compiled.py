@@ -407,13 +407,18 @@ def compiled_float8_gathered_inputs_bytes(request: PlanRequest) -> int:
 # Counted by storage: a saved view keeps its base whole, and the V the attention reads is a view
 # of the fused qkv matmul's output, so that whole output stays. Per block, GPT-NeoX's layout
 # (parallel residual: norm_1 and norm_2 read the same x, and the graph computes their mean and
-# rstd once): the block input x; the two statistics in the compute dtype (one value a token
-# each); norm_1's output (the qkv matmul's input); the qkv output (q + 2 kv wide); Q and K
+# rstd once): the block input x; the two statistics (one value a token each: fp32 on CUDA, where
+# the records' CPU graph has them in the input's dtype, torch 2.13 _refs/__init__.py
+# native_layer_norm converting mean and rstd "if input.device.type in ['cpu', 'mtia']");
+# norm_1's output (the qkv matmul's input); the qkv output (q + 2 kv wide); Q and K
 # after the partial RoPE's cat; the attention output, its fp32 log-sum-exp (one a head and
 # token) and its contiguous [tokens, heads x head_dim] copy (the projection's input); norm_2's
 # output (the fc matmul's input); the fc output (GELU's input) and the GELU output (the proj
 # matmul's input). Everything else (the residual sums, the biases' adds) is recomputed or not
-# needed. stablecode-completion-alpha-3b at s 2048, b 1: 189,014,016 bytes a layer, to the byte.
+# needed. stablecode-completion-alpha-3b at s 2048, b 1: 189,014,016 bytes a layer on the CPU, to
+# the byte (189,022,208 with CUDA's fp32 statistics). Broken at every block, as FSDP's units break
+# the graph (each block one compiled graph; GPT.forward's loop then runs eagerly: the embedding,
+# final norm and head eager), the records hold the same bytes.
 def litgpt_compiled_layer_bytes(request: PlanRequest) -> int:
     """One block's share of what litgpt's whole compiled GPT keeps for backward."""
     model = request.model
@@ -421,19 +426,20 @@ def litgpt_compiled_layer_bytes(request: PlanRequest) -> int:
     tokens = request.batch.seq_len * request.batch.micro_batch_size
     h, q, kv, f = model.hidden_size, model.q_size, model.kv_size, model.ffn_hidden_size
     widths = h + h + (q + 2 * kv) + q + kv + q + model.attention_output_size + h + 2 * f
-    statistics = 2 * e * tokens + FP32_BYTES * tokens * model.num_heads
+    statistics = 2 * FP32_BYTES * tokens + FP32_BYTES * tokens * model.num_heads
     return e * tokens * widths + statistics
 
 
 # The same records: beyond the blocks the compiled graph keeps the final norm's input (the last
 # block's output), its two statistics in the compute dtype and its output (the head's input);
 # the embedding's output is the first block's input, counted there. stablecode-3b at s 2048,
-# b 1: 20,979,712 bytes, to the byte.
+# b 1: 20,979,712 bytes on the CPU, to the byte (the statistics fp32 on CUDA, as above); the
+# eager final norm and head of a graph broken at the blocks save the same.
 def litgpt_compiled_outside_bytes(request: PlanRequest) -> int:
     """What litgpt's whole compiled GPT keeps outside its blocks (the final norm and the head)."""
     e = request.training.precision.compute_bytes
     tokens = request.batch.seq_len * request.batch.micro_batch_size
-    return 2 * e * tokens * request.model.hidden_size + 2 * e * tokens
+    return 2 * e * tokens * request.model.hidden_size + 2 * FP32_BYTES * tokens
 
 
 def runs_litgpt_whole_compile(request: PlanRequest) -> bool:
