@@ -27,6 +27,13 @@ def _records() -> list[Path]:
     return sorted(RECORDS.glob("*.json"))
 
 
+def _cuda_statistics(request: PlanRequest, norms: int) -> int:
+    """What CUDA's fp32 LayerNorm statistics add to the records' CPU graph, which holds them in
+    the input's dtype (torch 2.13 _refs/__init__.py native_layer_norm): two a token a norm."""
+    tokens = request.batch.seq_len * request.batch.micro_batch_size
+    return norms * 2 * (4 - request.training.precision.compute_bytes) * tokens
+
+
 def _request(seq_len: int, micro_batch: int = 1, model=None, **training) -> PlanRequest:
     fields = dict(framework=Framework.litgpt, precision=Precision.bf16_pure, compile=True, uncast_loss=True)
     fields.update(training)
@@ -52,8 +59,14 @@ def test_each_layer_and_the_rest_are_what_the_partitioner_saved(path: Path) -> N
     request = _request(first["seq_len"], first["micro_batch_size"])
     assert (request.model.hidden_size, request.model.num_heads, request.model.ffn_hidden_size) == (
         first["n_embd"], first["n_head"], first["intermediate_size"])
-    assert litgpt_compiled_layer_bytes(request) == per_layer.pop()
-    assert litgpt_compiled_outside_bytes(request) == storage[0] - litgpt_compiled_layer_bytes(request)
+    layer = per_layer.pop()
+    assert litgpt_compiled_layer_bytes(request) == layer + _cuda_statistics(request, 1)
+    assert litgpt_compiled_outside_bytes(request) == storage[0] - layer + _cuda_statistics(request, 1)
+    # Every tensor autograd saw saved, and the graph broken at each block as FSDP's units break
+    # it: the same bytes at every depth.
+    assert [r["autograd_saved_bytes"] for r in records] == storage
+    assert summary["unit_breaks_autograd_saved_bytes"] == storage
+    assert all(r["dynamo_graphs"] == 1 and r["partitions"] == 1 for r in summary["unit_breaks_records"])
 
 
 def test_the_planner_keeps_every_layer_and_the_head_input() -> None:
@@ -105,4 +118,16 @@ def test_the_model_at_its_own_depth_saves_every_layer_and_the_rest() -> None:
         request = _request(first["seq_len"], first["micro_batch_size"])
         assert summary["full_depth"]["n_layer"] == request.model.num_layers
         assert summary["full_depth"]["intermediate_storage_bytes"] == summary["full_depth"]["runtime_saved_bytes"]
-        assert framework_activation_bytes(request) == summary["full_depth"]["intermediate_storage_bytes"]
+        norms = request.model.num_layers + 1
+        assert framework_activation_bytes(request) == (summary["full_depth"]["intermediate_storage_bytes"]
+                                                       + _cuda_statistics(request, norms))
+
+
+def test_shard_grad_op_is_planned_for_litgpt_only_when_named() -> None:
+    from zeroplan.core.profiles import check_framework_strategies, framework_strategies
+    from zeroplan.specs import StrategyKind
+
+    assert StrategyKind.fsdp_shard_grad_op not in framework_strategies(Framework.litgpt, 8)
+    check_framework_strategies(Framework.litgpt, (StrategyKind.fsdp_shard_grad_op,), 8)
+    with pytest.raises(ZeroplanError, match="strategies"):
+        check_framework_strategies(Framework.litgpt, (StrategyKind.zero2,), 8)
