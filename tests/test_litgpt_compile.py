@@ -131,3 +131,9 @@ def test_shard_grad_op_is_planned_for_litgpt_only_when_named() -> None:
     check_framework_strategies(Framework.litgpt, (StrategyKind.fsdp_shard_grad_op,), 8)
     with pytest.raises(ZeroplanError, match="strategies"):
         check_framework_strategies(Framework.litgpt, (StrategyKind.zero2,), 8)
+
+
+def test_litgpt_compile_under_autocast_is_refused() -> None:
+    request = _request(4096, precision=Precision.bf16_mixed)
+    with pytest.raises(ZeroplanError, match="bf16-pure"):
+        check_compiled(request.training, request.model)

@@ -125,6 +125,11 @@ def check_compiled(training: TrainingSpec, model: ModelSpec, gpu: GpuSpec | None
                                         "compile, torchtune's LoRA/QLoRA without dropout or DoRA, or hf's LoRA over a "
                                         "bf16 base under bf16-mixed without dropout, DoRA or quantization)")
     if training.framework is Framework.litgpt:
+        if training.precision is not Precision.bf16_pure:
+            # The records build the GPT cast to bf16 (benchmark_litgpt.py init_model, litgpt's
+            # bf16-true): an fp32 module under autocast (bf16-mixed) is another graph.
+            raise ZeroplanError("compile", f"litgpt's whole-model compile was measured on the module cast to bf16, not "
+                                f"{training.precision.value} (allowed: bf16-pure)")
         reason = litgpt_compiled_unmeasured(model)
         if reason:
             raise ZeroplanError("compile", f"{model.name!r} has {reason}; litgpt's whole-model compile was measured for "
