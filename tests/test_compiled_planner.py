@@ -42,7 +42,9 @@ def request_of(record: CompiledBlockRecord) -> PlanRequest:
 def test_records_cover_every_modelled_policy_and_the_planner_claims_no_more() -> None:
     records = [CompiledBlockRecord.model_validate_json(p.read_text(encoding="utf-8")) for p in _records()]
     covered = {(r.framework, r.activation_checkpointing) for r in records}
-    assert covered == {(f, p) for f, policies in COMPILED_POLICIES.items() for p in policies}
+    # litgpt compiles its whole GPT, not a block: its records are benchmarks/compiled-litgpt-records
+    # (tests/test_litgpt_compile.py).
+    assert covered == {(f, p) for f, policies in COMPILED_POLICIES.items() for p in policies if f is not Framework.litgpt}
     assert {r.float8_recipe for r in records if r.float8_recipe} == {"rowwise", "tensorwise", "rowwise_with_gw_hp"}
 
 

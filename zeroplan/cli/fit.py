@@ -399,8 +399,9 @@ def add_allocator_arguments(group: argparse._ArgumentGroup) -> None:
 def add_compile_arguments(parser: argparse.ArgumentParser) -> None:
     """torch.compile and float8 training (zeroplan.core.compiled, docs/compile-float8.md)."""
     parser.add_argument("--compile", action="store_true",
-                        help="torch.compile each block as the framework's recipe does (torchtitan, torchtune, hf): "
-                             "inductor's partitioner decides what each block keeps")
+                        help="torch.compile each block as the framework's recipe does (torchtitan, torchtune, hf; "
+                             "litgpt: its whole GPT, torch.compile(model)): inductor's partitioner decides what each "
+                             "block keeps")
     parser.add_argument("--float8", nargs="?", const=Float8Recipe.rowwise.value, choices=choices_of(Float8Recipe),
                         help="torchtitan's float8 training (torchao Float8Linear) with this recipe (default rowwise, "
                              "torchtitan's; needs --compile), or te-delayed: TransformerEngine's te.Linear as llm-foundry's "
@@ -511,7 +512,9 @@ def add_fused_loss_argument(parser: argparse.ArgumentParser) -> None:
         "--uncast-loss", action="store_true",
         help="framework zeroplan: the loop's torch nn.CrossEntropyLoss on the logits as the model returns them, "
              "without an fp32 upcast (outside autocast its log-softmax and gradients in the logits' dtype; under "
-             "CUDA autocast the log-softmax in that dtype, nll_loss's copy and gradient in fp32)",
+             "CUDA autocast the log-softmax in that dtype, nll_loss's copy and gradient in fp32); framework litgpt: "
+             "a loop's F.cross_entropy on the GPT's returned logits, held through backward (lightning-thunder's "
+             "benchmark_litgpt.py), instead of litgpt fit()'s chunked fp32 loss",
     )
     parser.add_argument(
         "--checkpoint-reentrant", action=argparse.BooleanOptionalAction, default=None,

@@ -17,7 +17,7 @@ from zeroplan.errors import ZeroplanError
 from zeroplan.specs.finetune import LoraTarget, Quantization, lora_adapters
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.hardware import GpuArchitecture, GpuSpec
-from zeroplan.specs.model import ModelSpec
+from zeroplan.specs.model import ModelSpec, PositionKind
 from zeroplan.specs.parallel import ParallelSpec, ulysses_runs_checkpointing
 from zeroplan.specs.request import PlanRequest, compiled_policy_measured
 from zeroplan.specs.training import ActivationCheckpointing, Float8Recipe, Precision, TrainingSpec
@@ -30,6 +30,9 @@ COMPILED_POLICIES = {
     # which then runs under no_grad: a compiled block under full recomputation is not what the
     # partitioner decides, and was not measured.
     Framework.hf: (ActivationCheckpointing.none,),
+    # litgpt's GPT compiled whole (litgpt_compiled_layer_bytes), measured without checkpointing,
+    # as lightning-thunder's benchmark_litgpt.py runs it by default (checkpoint_activations False).
+    Framework.litgpt: (ActivationCheckpointing.none,),
 }
 """Framework -> checkpointing policies whose compiled blocks were measured
 (benchmarks/compiled-records)."""
@@ -121,6 +124,17 @@ def check_compiled(training: TrainingSpec, model: ModelSpec, gpu: GpuSpec | None
         raise ZeroplanError("finetune", "is not modelled compiled: no compiled run of it was measured (allowed without "
                                         "compile, torchtune's LoRA/QLoRA without dropout or DoRA, or hf's LoRA over a "
                                         "bf16 base under bf16-mixed without dropout, DoRA or quantization)")
+    if training.framework is Framework.litgpt:
+        if training.precision is not Precision.bf16_pure:
+            # The records build the GPT cast to bf16 (benchmark_litgpt.py init_model, litgpt's
+            # bf16-true): an fp32 module under autocast (bf16-mixed) is another graph.
+            raise ZeroplanError("compile", f"litgpt's whole-model compile was measured on the module cast to bf16, not "
+                                f"{training.precision.value} (allowed: bf16-pure)")
+        reason = litgpt_compiled_unmeasured(model)
+        if reason:
+            raise ZeroplanError("compile", f"{model.name!r} has {reason}; litgpt's whole-model compile was measured for "
+                                "litgpt's default GPT-NeoX block only")
+        return
     if not model.is_dense_llama_layout:
         raise ZeroplanError("compile", f"{model.name!r}: compiled blocks were measured for dense Llama-layout models "
                             "(RoPE, RMSNorm, SwiGLU, no biases) only")
@@ -386,3 +400,72 @@ def compiled_float8_gathered_inputs_bytes(request: PlanRequest) -> int:
         return 0
     tokens = request.batch.seq_len * request.batch.micro_batch_size
     return FLOAT8_BYTES * tokens * 2 * request.model.hidden_size
+
+
+# litgpt's GPT compiled whole: torch.compile(model), as lightning-thunder 3770bf0
+# thunder/benchmarks/benchmark_litgpt.py:555 (its 'Torch Compile' runs) and litgpt 00af8b0
+# pretrain.py:209 compile it; the loss stays outside the compiled module. AOTAutograd traces the
+# whole forward and backward as one graph and inductor's partitioner picks what it keeps across
+# every block (benchmarks/litgpt_compiled_records.py, benchmarks/compiled-litgpt-records: litgpt
+# 9a1b82b's own model.py, stablecode-completion-alpha-3b at full width with 1, 2 and 3 layers,
+# s 2048 and 4096; each layer adds the same bytes and the rest does not grow with depth).
+# Counted by storage: a saved view keeps its base whole, and the V the attention reads is a view
+# of the fused qkv matmul's output, so that whole output stays. Per block, GPT-NeoX's layout
+# (parallel residual: norm_1 and norm_2 read the same x, and the graph computes their mean and
+# rstd once): the block input x; the two statistics (one value a token each: fp32 on CUDA, where
+# the records' CPU graph has them in the input's dtype, torch 2.13 _refs/__init__.py
+# native_layer_norm converting mean and rstd "if input.device.type in ['cpu', 'mtia']");
+# norm_1's output (the qkv matmul's input); the qkv output (q + 2 kv wide); Q and K
+# after the partial RoPE's cat; the attention output, its fp32 log-sum-exp (one a head and
+# token) and its contiguous [tokens, heads x head_dim] copy (the projection's input); norm_2's
+# output (the fc matmul's input); the fc output (GELU's input) and the GELU output (the proj
+# matmul's input). Everything else (the residual sums, the biases' adds) is recomputed or not
+# needed. stablecode-completion-alpha-3b at s 2048, b 1: 189,014,016 bytes a layer on the CPU, to
+# the byte (189,022,208 with CUDA's fp32 statistics). Broken at every block, as FSDP's units break
+# the graph (each block one compiled graph; GPT.forward's loop then runs eagerly: the embedding,
+# final norm and head eager), the records hold the same bytes.
+def litgpt_compiled_layer_bytes(request: PlanRequest) -> int:
+    """One block's share of what litgpt's whole compiled GPT keeps for backward."""
+    model = request.model
+    e = request.training.precision.compute_bytes
+    tokens = request.batch.seq_len * request.batch.micro_batch_size
+    h, q, kv, f = model.hidden_size, model.q_size, model.kv_size, model.ffn_hidden_size
+    widths = h + h + (q + 2 * kv) + q + kv + q + model.attention_output_size + h + 2 * f
+    statistics = 2 * FP32_BYTES * tokens + FP32_BYTES * tokens * model.num_heads
+    return e * tokens * widths + statistics
+
+
+# The same records: beyond the blocks the compiled graph keeps the final norm's input (the last
+# block's output), its two statistics in the compute dtype and its output (the head's input);
+# the embedding's output is the first block's input, counted there. stablecode-3b at s 2048,
+# b 1: 20,979,712 bytes on the CPU, to the byte (the statistics fp32 on CUDA, as above); the
+# eager final norm and head of a graph broken at the blocks save the same.
+def litgpt_compiled_outside_bytes(request: PlanRequest) -> int:
+    """What litgpt's whole compiled GPT keeps outside its blocks (the final norm and the head)."""
+    e = request.training.precision.compute_bytes
+    tokens = request.batch.seq_len * request.batch.micro_batch_size
+    return 2 * e * tokens * request.model.hidden_size + 2 * FP32_BYTES * tokens
+
+
+def runs_litgpt_whole_compile(request: PlanRequest) -> bool:
+    """Whether the request is litgpt's GPT under torch.compile(model) (litgpt_compiled_layer_bytes)."""
+    return request.training.compile and request.training.framework is Framework.litgpt
+
+
+def litgpt_compiled_unmeasured(model: ModelSpec) -> str | None:
+    """Why litgpt's whole compiled GPT of ``model`` was not measured, or None.
+
+    The records are litgpt's default block (litgpt 9a1b82b config.py Config: LayerNorm,
+    GptNeoxMLP, parallel_residual True, shared_attention_norm False, bias True): what zeroplan's
+    GPT-NeoX spec describes (zeroplan.presets.hf_config._gpt_neox_spec: LayerNorm, biased
+    linears, a GELU MLP, rotary positions, one fused qkv; a single shared norm is parallel_block,
+    litgpt's shared_attention_norm, another graph), with every head its own K and V."""
+    from zeroplan.specs.model import MlpKind, NormKind
+
+    if model.norm is not NormKind.layernorm or model.mlp is not MlpKind.gelu or not model.bias or not model.fused_qkv:
+        return "a block other than GPT-NeoX's (LayerNorm, biased linears, fused qkv, a GELU MLP)"
+    if model.parallel_block or model.post_norms or model.is_moe or model.is_mla or model.position is not PositionKind.rope:
+        return "a shared block norm, post-norms, experts, latent attention or positions other than rotary"
+    if model.kv_heads != model.num_heads:
+        return "grouped-query attention (litgpt expands K and V to every head, a copy the records do not hold)"
+    return None

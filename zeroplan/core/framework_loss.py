@@ -374,6 +374,24 @@ def litgpt_logits_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...]:
     return model_end, (f * sbv, f * sbv, *saved, *gathered), (f * sbv, f * sbv, f * sbv, *gathered)
 
 
+# lightning-thunder 3770bf0 thunder/benchmarks/benchmark_litgpt.py train() (lines 680-700): a
+# loop of its own around litgpt's GPT, not litgpt's fit(): ``logits = self.model(input_ids)``,
+# then ``torch.nn.functional.cross_entropy(logits.reshape(-1, V), targets.reshape(-1))`` on the
+# logits as the bf16 module returns them (no Fabric output conversion, no chunking), the loop's
+# `logits` held through backward. Its loss is zeroplan.core.uncast_loss's: the log-softmax in the
+# logits' dtype, then nll_loss_backward's and _log_softmax_backward_data's gradients (under CUDA
+# autocast the fp32 copy and gradient), beside the held logits and, under FSDP1, the root unit.
+def litgpt_loop_loss_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...]:
+    """The loss's tensors at its forward's end and at its backward's first moment, as a loop that
+    calls F.cross_entropy on litgpt's returned logits runs it (TrainingSpec.uncast_loss)."""
+    from zeroplan.core.uncast_loss import uncast_logits_parts
+
+    logits = request.training.precision.compute_bytes * request.batch.seq_len * request.batch.micro_batch_size * request.model.vocab_size
+    log_softmax, *gradients = uncast_logits_parts(request)
+    gathered = fsdp_head_gathered_parts(request)
+    return (logits, log_softmax, *gathered), (logits, log_softmax, *gradients, *gathered)
+
+
 # transformers 4.31.0-4.48.0 OPTForCausalLM.forward (zeroplan.core.transformers_release
 # OPT_OWN_FORWARD_UNTIL) runs the ops Qwen-1's modeling_qwen.py runs: lm_head's output in the
 # compute dtype, ``logits[..., :-1, :].contiguous()`` and CrossEntropyLoss with no ``.float()``.
@@ -407,7 +425,9 @@ def framework_logits_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...
     chunks = loss_chunks(training)
     if tinyllama.runs_fork(request):
         return tinyllama.logits_tensors(request, fsdp_head_gathered_parts(request))
-    if training.framework is Framework.litgpt and not training.compile:
+    if training.framework is Framework.litgpt and training.uncast_loss:
+        return litgpt_loop_loss_tensors(request)
+    if training.framework is Framework.litgpt:
         return litgpt_logits_tensors(request)
     if training.framework is Framework.megatron_deepspeed:
         from zeroplan.core.megatron_deepspeed import mds_logits_parts

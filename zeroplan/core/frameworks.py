@@ -254,6 +254,11 @@ def framework_layer_bytes(request: PlanRequest) -> int:
     if tinyllama.runs_fork(request):
         # TinyLlama's fork of lit-gpt: its fused kernels (zeroplan.core.tinyllama).
         return tinyllama.block_bytes(request)
+    if training.compile and training.framework is Framework.litgpt:
+        # litgpt's GPT compiled whole: one block's share of the graph's saved values.
+        from zeroplan.core.compiled import litgpt_compiled_layer_bytes
+
+        return litgpt_compiled_layer_bytes(request)
     if training.compile:
         # Inductor's partitioner decides what a compiled block keeps (zeroplan.core.compiled).
         from zeroplan.core.compiled import compiled_layer_bytes
@@ -422,6 +427,12 @@ def framework_activation_bytes(request: PlanRequest) -> int:
     if tinyllama.runs_fork(request):
         return tinyllama.activation_bytes(request)
     layer = framework_layer_bytes(request)
+    if training.compile and training.framework is Framework.litgpt:
+        # litgpt's GPT compiled whole, without checkpointing (zeroplan.core.compiled.COMPILED_POLICIES):
+        # every block's share and the final norm's and head's inputs (litgpt_compiled_outside_bytes).
+        from zeroplan.core.compiled import litgpt_compiled_outside_bytes
+
+        return model.num_layers * layer + litgpt_compiled_outside_bytes(request)
     mode = training.activation_checkpointing
     frozen = training.finetune.frozen_blocks
     if frozen:

@@ -49,6 +49,9 @@ class FrameworkProfile:
     """Whether saved activations can be moved to host memory between forward and backward."""
     strategies: tuple[StrategyKind, ...]
     """The data-parallel strategies the framework itself runs (its own sharding options)."""
+    named_strategies: tuple[StrategyKind, ...] = ()
+    """Strategies of its distributed wrapper that its own scripts never set: planned only when
+    named (--strategies), never searched by default."""
     sdpa_keeps_padding_mask: bool = False
     """A batch with padding passes its mask to SDPA, which then runs on K and V copied to the
     query heads and saves them with the mask (zeroplan.core.hf_padding_mask)."""
@@ -307,6 +310,14 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         # limit_all_gathers=True, cpu_offload=False) and no sharding_strategy: lightning's
         # default FULL_SHARD (FSDP1, planned with the FSDP accounting as hf's FSDP1 is).
         strategies=(StrategyKind.fsdp_full_shard,),
+        # lightning 2.4 fabric/strategies/fsdp.py FSDPStrategy(sharding_strategy="SHARD_GRAD_OP")
+        # (its _init_sharding_strategy) keeps every Block unit gathered from its forward to its
+        # backward, as FSDP2's fully_shard(reshard_after_forward=False) per Block and root does
+        # (lightning-thunder 3770bf0 benchmark_litgpt.py's fsdp2 zero2 around litgpt's GPT): the
+        # planner's fsdp-shard-grad-op terms, which the FSDP1/FSDP2 difference does not reach
+        # without accumulation (fsdp1_root_stays_gathered is FULL_SHARD's; no_sync's cat is
+        # accumulation's). litgpt's scripts never set it: planned when named only.
+        named_strategies=(StrategyKind.fsdp_shard_grad_op,),
         # lightning 2.4 fabric/plugins/precision/fsdp.py FSDPPrecision.mixed_precision_config for
         # "bf16-true": MixedPrecision(param_dtype=bf16, reduce_dtype=bf16, buffer_dtype=bf16).
         fsdp_reduces_in_compute_dtype=True,
@@ -632,7 +643,8 @@ def framework_strategies(framework: Framework, world_size: int) -> tuple[Strateg
 def check_framework_strategies(framework: Framework, strategies: tuple[StrategyKind, ...], world_size: int = 2) -> None:
     """Refuse, in one line, a strategy the framework does not run."""
     prof = profile(framework)
-    runs = framework_strategies(framework, world_size) + tuple(k for k in prof.strategies if k.is_opt_in)
+    runs = (framework_strategies(framework, world_size) + tuple(k for k in prof.strategies if k.is_opt_in)
+            + prof.named_strategies)
     for kind in strategies:
         if kind not in runs:
             allowed = ", ".join(k.value for k in runs)
@@ -676,8 +688,10 @@ FRAMEWORK_OPTIONS = {
     # A loop over the reference model that binds its logits before the loss (DeepSpeedExamples'
     # training/bf16_master_weight train.py) holds them the same way.
     "keep_outputs": lambda prof: prof.framework in (Framework.hf, Framework.torchtune, Framework.zeroplan),
-    # torch's nn.CrossEntropyLoss on the reference model's logits without its upcast (zeroplan.core.uncast_loss).
-    "uncast_loss": lambda prof: prof.framework is Framework.zeroplan,
+    # torch's nn.CrossEntropyLoss on the reference model's logits without its upcast
+    # (zeroplan.core.uncast_loss); litgpt: a loop's F.cross_entropy on its GPT's logits
+    # (zeroplan.core.framework_loss.litgpt_loop_loss_tensors).
+    "uncast_loss": lambda prof: prof.framework in (Framework.zeroplan, Framework.litgpt),
     # The causal-LM forward and loss of an older transformers release (zeroplan.core.transformers_release).
     "transformers_version": lambda prof: prof.framework is Framework.hf,
     # The accelerate release under the Trainer (zeroplan.core.checkpoint_save).

@@ -290,12 +290,14 @@ class TrainingSpec(Frozen):
     (zeroplan.core.deepspeed_bf16_autocast). Set by a --deepspeed-config file that holds the
     three switches."""
     uncast_loss: bool = Field(default=False, exclude_if=lambda uncast: not uncast)
-    """Framework zeroplan only: the loop computes torch's nn.CrossEntropyLoss on the logits as the
+    """Framework zeroplan: the loop computes torch's nn.CrossEntropyLoss on the logits as the
     model returns them, without the reference model's fp32 upcast (DeepSpeedExamples'
     training/bf16_master_weight train.py): on a 16-bit module outside autocast its log-softmax
     and both gradients are in the logits' dtype; under CUDA autocast the log-softmax keeps that
     dtype and nll_loss works on an fp32 copy of it, with an fp32 gradient
-    (zeroplan.core.uncast_loss)."""
+    (zeroplan.core.uncast_loss). Framework litgpt: a loop's F.cross_entropy on the logits litgpt's
+    GPT returns, held through backward, in place of litgpt fit()'s chunked fp32 loss
+    (lightning-thunder's benchmark_litgpt.py; zeroplan.core.framework_loss.litgpt_loop_loss_tensors)."""
     checkpoint_early_stop: bool | None = None
     """Whether the block checkpoint stops recomputing once every tensor the backward saved is back
     (torch's non-reentrant checkpoint as rewritten after 2.0, set_checkpoint_early_stop); None: the
