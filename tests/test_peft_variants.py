@@ -186,6 +186,7 @@ def test_lorafa_step_allocates_two_copies_of_the_largest_b() -> None:
     ("vera", dict(activation_checkpointing="full"), "activation_checkpointing"),
     ("lora_fa", dict(optimizer_loop=OptimizerLoop.foreach), "optimizer_loop"),
     ("lora_fa", dict(optimizer="adam"), "optimizer"),
+    ("vera", dict(objective="dpo"), "objective"),
 ])
 def test_refused_outside_what_was_measured(variant: str, change: dict, field: str) -> None:
     training = dict(framework="hf", precision="bf16-pure", finetune=_finetune(variant),

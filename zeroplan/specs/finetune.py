@@ -360,7 +360,8 @@ def check_adapter_variant(finetune: "FineTuneSpec") -> None:
 # no engine or sharding wrapper casting or splitting them.
 def check_adapter_variant_training(finetune: FineTuneSpec, framework: Framework, strategy_is_plain_ddp: bool,
                                    on_device_map: bool, autocast: bool, optimizer_is_adamw: bool,
-                                   optimizer_loop: str | None, checkpointing: bool, compile: bool) -> None:
+                                   optimizer_loop: str | None, checkpointing: bool, compile: bool,
+                                   objective_is_sft: bool = True) -> None:
     """Refuse, in one line naming the field, VeRA or LoRA-FA under what they were not measured
     with: hf (PEFT), plain DDP without a device map, no autocast (bf16-pure or fp32), no
     recomputation or compile; LoRA-FA with its own AdamW, whose step walks one tensor after
@@ -376,6 +377,7 @@ def check_adapter_variant_training(finetune: FineTuneSpec, framework: Framework,
         ("precision", autocast, f"{name} is measured without autocast only (allowed: bf16-pure, fp32)"),
         ("activation_checkpointing", checkpointing, f"{name} under recomputation is not measured (allowed: none)"),
         ("compile", compile, f"{name} under torch.compile is not measured (allowed: without --compile)"),
+        ("objective", not objective_is_sft, f"{name} is measured for supervised fine-tuning only (allowed: sft)"),
         ("finetune.lora_targets", LoraTarget.output in finetune.targets(framework),
          f"{name} on the LM head is not modelled (allowed: the block layers q,k,v,o,gate,up,down)"),
         ("optimizer", finetune.lora_fa and not optimizer_is_adamw,

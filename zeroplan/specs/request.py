@@ -15,8 +15,8 @@ from zeroplan.specs.device_map import check_device_map
 from zeroplan.specs.parallel import ParallelSpec, check_parallel, check_ulysses_training
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.training import (
-    ActivationCheckpointing, AttentionKernel, BatchSpec, Float8Recipe, Optimizer, Precision, StateConvention, TrainingSpec,
-    precision_without_bf16,
+    ActivationCheckpointing, AttentionKernel, BatchSpec, Float8Recipe, Objective, Optimizer, Precision, StateConvention,
+    TrainingSpec, precision_without_bf16,
 )
 
 
@@ -691,7 +691,7 @@ class PlanRequest(Frozen):
             optimizer_is_adamw=self.training.optimizer is Optimizer.adamw,
             optimizer_loop=None if self.training.optimizer_loop is None else self.training.optimizer_loop.value,
             checkpointing=self.training.activation_checkpointing is not ActivationCheckpointing.none,
-            compile=self.training.compile)
+            compile=self.training.compile, objective_is_sft=self.training.objective is Objective.sft)
         if (self.training.framework is Framework.litgpt and self.training.finetune.quantize.is_quantized
                 and self.cluster.world_size > 1):
             # litgpt 0.4.13.dev1 finetune/lora.py setup raises NotImplementedError("Quantization is
