@@ -191,7 +191,9 @@ def frozen_matmul_weight_elements(units: tuple[ParamUnit, ...], tied_embeddings:
     total = 0
     for unit in units:
         for t in unit.tensors:
-            if t.trainable or len(t.shape) != 2:
+            # VeRA's shared buffers are sliced into every adapter's matmuls, never the model's
+            # own (their FLOPs are not modelled: docs/finetuning.md, "VeRA and LoRA-FA").
+            if t.trainable or len(t.shape) != 2 or t.name in VERA_BUFFER_NAMES:
                 continue
             if unit.name == "embedding" and not (tied_embeddings and t.name == "token.weight"):
                 continue
