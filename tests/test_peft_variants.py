@@ -222,3 +222,63 @@ def test_flags_plan_the_method_comparisons_runs(zeroplan_cli) -> None:
     assert code == 0, err
     code, out, err = zeroplan_cli(*common, "--lora-rank", "32", "--lora-fa", "--optimizer-loop", "foreach")
     assert code != 0 and "--optimizer-loop" in err and len(err.strip().splitlines()) == 1
+
+
+def _wider_config(hidden: int, layers: int):
+    transformers = pytest.importorskip("transformers")
+    return transformers.LlamaConfig(**{**CONFIG, "hidden_size": hidden, "num_hidden_layers": layers,
+                                       "intermediate_size": 2 * hidden})
+
+
+def _live_bytes_at_the_loss(variant: str, config) -> int:
+    """Bytes made by one training forward of peft's model and alive when its loss is taken
+    (parameters and buffers left out), on a tiny bf16 Llama of ``config``."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    from tests.live_storages import live_storage_tracker
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    targets = ["q_proj", "v_proj"]
+    if variant == "vera":
+        model = peft.get_peft_model(model, peft.VeraConfig(r=RANK, target_modules=targets))
+    else:
+        from peft.optimizers import create_lorafa_optimizer
+
+        model = peft.get_peft_model(model, peft.LoraConfig(r=RANK, lora_alpha=2 * RANK, target_modules=targets))
+        if variant == "lora_fa":
+            create_lorafa_optimizer(model, r=RANK, lora_alpha=2 * RANK, lr=1e-4)
+    tracker = live_storage_tracker({t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]})
+    with tracker:
+        loss = model(input_ids=torch.randint(0, CONFIG["vocab_size"], (BATCH, SEQ))).logits.float().sum()
+        live = sum(tracker.live.values())
+    del loss
+    return live
+
+
+def test_the_whole_forward_differs_by_the_planned_block_terms_alone() -> None:
+    # Everything else a step keeps (the base's activations, the loss) is the same under both, so
+    # what peft's whole model holds at the loss differs by the planner's block terms, every block.
+    from zeroplan.core.finetune.activations import lora_layer_delta_bytes
+
+    layers = 3
+    config = _wider_config(128, layers)
+    spec = parse_hf_config(config.to_dict(), "llama")
+
+    def planned(variant: str) -> int:
+        request = _request(_finetune(variant)).model_copy(update={"model": spec})
+        return layers * lora_layer_delta_bytes(request)
+
+    measured = _live_bytes_at_the_loss("vera", config) - _live_bytes_at_the_loss("lora_fa", config)
+    assert measured == planned("vera") - planned("lora_fa") > 0
+
+
+def test_lorafa_drops_each_adapters_fp32_copy_of_its_input() -> None:
+    # peft's LoRA (the same model, lora_A trainable) holds, every block, the fp32 copy of the
+    # input each adapter casts and lora_A keeps; LoRA-FA's frozen lora_A keeps none (what the
+    # MetaMathQA LoRA-FA run's peak, 50 MiB under its LoRA's, does not show: docs/memory-model.md).
+    layers, hidden = 3, 128
+    config = _wider_config(hidden, layers)
+    dropped = _live_bytes_at_the_loss("lora", config) - _live_bytes_at_the_loss("lora_fa", config)
+    assert dropped == layers * 2 * 4 * SEQ * BATCH * hidden
