@@ -59,6 +59,14 @@ def add_finetune_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--dora", action="store_true",
                        help="weight-decomposed LoRA (DoRA: peft use_dora, torchtune use_dora): a trainable magnitude per "
                             "output row, and the weight norm recomputed in every forward")
+    group.add_argument("--vera", action="store_true",
+                       help="hf (PEFT) VeRA in place of LoRA (VeraConfig r = --lora-rank): one frozen random vera_A and "
+                            "vera_B shared by every wrapped linear, trainable vectors lambda_d (r) and lambda_b (out); "
+                            "DDP, bf16-pure or fp32, no recomputation")
+    group.add_argument("--lora-fa", action="store_true",
+                       help="hf (PEFT) LoRA-FA: create_lorafa_optimizer freezes every lora_A and steps each lora_B with "
+                            "its projected AdamW (with --optimizer adamw --optimizer-loop for-loop); DDP, bf16-pure or "
+                            "fp32, no recomputation")
     group.add_argument("--base-dtype", choices=choices_of(BaseDtype),
                        help="dtype the LoRA base is loaded in (default bf16, as torch_dtype=torch.bfloat16 or TRL's "
                             "'auto'; fp32 is transformers' from_pretrained default, cast per matmul by the Trainer's autocast)")
@@ -114,6 +122,10 @@ def finetune_from_args(args: argparse.Namespace) -> FineTuneSpec:
         fields["lora_dropout"] = args.lora_dropout
     if getattr(args, "dora", False):
         fields["dora"] = True
+    if getattr(args, "vera", False):
+        fields["vera"] = True
+    if getattr(args, "lora_fa", False):
+        fields["lora_fa"] = True
     if Quantization(fields.get("quantize", Quantization.none)) is not Quantization.nf4:
         # The spec cannot tell 64 typed from its default: a flag typed for an nf4 base that is
         # not there is refused whatever its value.

@@ -171,6 +171,8 @@ FLAG_OF_FIELD = {
     "finetune.lora_targets": "--lora-targets",
     "finetune.lora_dropout": "--lora-dropout",
     "finetune.dora": "--dora",
+    "finetune.vera": "--vera",
+    "finetune.lora_fa": "--lora-fa",
     "finetune.quantize": "--quantize",
     "finetune.base_dtype": "--base-dtype",
     "finetune.quant_block_size": "--quant-block-size",

@@ -54,6 +54,11 @@ def check_finetune(framework: Framework, finetune: FineTuneSpec, policy: Activat
                                    "and LoRA/QLoRA with finetune.lora_rank >= 1)")
     if framework not in (Framework.torchtune, Framework.hf):
         raise ZeroplanError("finetune.lora_rank", f"LoRA is measured for torchtune and hf (PEFT) only, not {framework.value}")
+    if finetune.vera or finetune.lora_fa:
+        # The harness builds LoraConfig adapters only; VeRA and LoRA-FA were measured on peft's own
+        # modules directly (tests/test_peft_variants.py).
+        raise ZeroplanError("finetune.vera" if finetune.vera else "finetune.lora_fa",
+                            "the harness builds LoRA adapters only (allowed: false)")
     if finetune.quantize not in (Quantization.none, Quantization.nf4, Quantization.int8):
         raise ZeroplanError("finetune.quantize", f"{finetune.quantize.value!r} cannot be measured (allowed: none, nf4, int8)")
     if finetune.quantize is Quantization.int8:

@@ -254,7 +254,9 @@ def finetune_lines(report: FitReport) -> list[str]:
                      if report.fsdp_version == 2 else " (accelerate's FSDP1 keeps it so: it upcasts only trainable "
                      "flat parameters; DeepSpeed holds it in bf16)")
     dropout = f", dropout {finetune.lora_dropout:g}" if finetune.lora_dropout else ""
-    kind = "DoRA (magnitudes included)" if finetune.dora else "LoRA"
+    kind = ("DoRA (magnitudes included)" if finetune.dora
+            else "VeRA (lambda_b and lambda_d; vera_A and vera_B frozen, shared)" if finetune.vera
+            else "LoRA-FA (lora_A frozen)" if finetune.lora_fa else "LoRA")
     lines = [f"{kind} rank {finetune.lora_rank} on {targets}{dropout}: {share}; {base}."]
     if finetune.modules_to_save:
         from zeroplan.core.finetune.modules_to_save import copy_element_bytes_of, saved_tensors_of

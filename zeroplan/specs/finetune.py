@@ -199,6 +199,15 @@ class FineTuneSpec(Frozen):
     input and a mask for backward (0, the shipped configs' value, keeps neither)."""
     dora: bool = False
     """Weight-decomposed LoRA (Liu et al. 2024, "DoRA"): a trainable magnitude per output row."""
+    vera: bool = Field(default=False, exclude_if=lambda vera: not vera)
+    """VeRA (Kopiczko et al. 2024; peft VeraConfig, r = lora_rank) in place of LoRA: one frozen
+    random pair vera_A (r x the widest input) and vera_B (the widest output x r) shared by every
+    adapted linear, which trains only its vectors lambda_d (r) and lambda_b (out)
+    (zeroplan.core.finetune.units.vera_tensors). Left out of the JSON when false."""
+    lora_fa: bool = Field(default=False, exclude_if=lambda lora_fa: not lora_fa)
+    """LoRA-FA (Zhang et al. 2023): peft's create_lorafa_optimizer freezes every lora_A and steps
+    each lora_B with LoraFAOptimizer, a projected AdamW (zeroplan.core.finetune.units,
+    zeroplan.core.finetune.activations). Left out of the JSON when false."""
     base_dtype: BaseDtype = BaseDtype.bf16
     """The dtype the frozen base is loaded in (LoRA only; an engine may cast it again:
     zeroplan.core.finetune.storage.frozen_element_bytes)."""
@@ -238,7 +247,7 @@ class FineTuneSpec(Frozen):
         lora_only = {"lora_alpha": self.lora_alpha is not None, "lora_targets": self.lora_targets is not None,
                      "lora_dropout": self.lora_dropout > 0, "dora": self.dora,
                      "quantize": self.quantize.is_quantized, "base_dtype": self.base_dtype is not BaseDtype.bf16,
-                     "modules_to_save": bool(self.modules_to_save)}
+                     "modules_to_save": bool(self.modules_to_save), "vera": self.vera, "lora_fa": self.lora_fa}
         if not self.lora_rank:
             given = [name for name, set_ in lora_only.items() if set_]
             if given:
@@ -271,6 +280,7 @@ class FineTuneSpec(Frozen):
         if not self.kbit_fp32_cast and not self.quantize.is_quantized:
             raise ZeroplanError("finetune.kbit_fp32_cast", "applies to a quantized base only (set quantize, --quantize, "
                                 "to nf4, int8 or gptq-int4)")
+        check_adapter_variant(self)
         if self.lora_rank and (self.freeze_embeddings or self.frozen_blocks):
             raise ZeroplanError("finetune.frozen_blocks", "applies to a full fine-tune; under LoRA every base weight is frozen already")
         return self
@@ -319,6 +329,65 @@ class FineTuneSpec(Frozen):
         """alpha / r, the factor on the adapter's output."""
         alpha = self.lora_alpha if self.lora_alpha is not None else 2.0 * self.lora_rank
         return alpha / self.lora_rank
+
+
+def check_adapter_variant(finetune: "FineTuneSpec") -> None:
+    """Refuse, in one line naming the field, VeRA or LoRA-FA beside what was not measured with
+    them (their source: zeroplan.core.finetune.units; the measurement: tests/test_peft_variants.py)."""
+    if not (finetune.vera or finetune.lora_fa):
+        return
+    field = "finetune.vera" if finetune.vera else "finetune.lora_fa"
+    name = "VeRA" if finetune.vera else "LoRA-FA"
+    refusals = (
+        # peft 51c2ff6 tuners/vera/config.py VeraConfig has no alpha (lambda_d, lambda_b scale).
+        ("a lora_alpha (VeraConfig has none; allowed: leave --lora-alpha out)", finetune.vera and finetune.lora_alpha is not None),
+        ("LoRA-FA (allowed: one of them)", finetune.vera and finetune.lora_fa),
+        ("DoRA (allowed: dora false)", finetune.dora),
+        ("a quantized base (allowed: quantize none)", finetune.quantize.is_quantized),
+        ("dropout (allowed: lora_dropout 0, --lora-dropout 0)", finetune.lora_dropout > 0),
+        ("modules_to_save (allowed: none)", bool(finetune.modules_to_save)),
+        ("a base loaded in fp32 (allowed: base_dtype bf16)", finetune.base_dtype is not BaseDtype.bf16),
+    )
+    for detail, refused in refusals:
+        if refused:
+            raise ZeroplanError(field, f"{name} is not measured with {detail}")
+
+
+# peft 51c2ff6 (the MetaMathQA method comparison's) tuners/vera/model.py VeraModel and
+# optimizers/lorafa.py create_lorafa_optimizer act on PEFT models only; what was measured of
+# them (tests/test_peft_variants.py) is peft's own code on one process without autocast: the
+# adapters as get_peft_model leaves them (fp32, tuners_utils.py:2243-2288 cast_adapter_dtype),
+# no engine or sharding wrapper casting or splitting them.
+def check_adapter_variant_training(finetune: FineTuneSpec, framework: Framework, strategy_is_plain_ddp: bool,
+                                   on_device_map: bool, autocast: bool, optimizer_is_adamw: bool,
+                                   optimizer_loop: str | None, checkpointing: bool, compile: bool,
+                                   objective_is_sft: bool = True) -> None:
+    """Refuse, in one line naming the field, VeRA or LoRA-FA under what they were not measured
+    with: hf (PEFT), plain DDP without a device map, no autocast (bf16-pure or fp32), no
+    recomputation or compile; LoRA-FA with its own AdamW, whose step walks one tensor after
+    another (--optimizer adamw --optimizer-loop for-loop)."""
+    if not (finetune.vera or finetune.lora_fa):
+        return
+    field = "finetune.vera" if finetune.vera else "finetune.lora_fa"
+    name = "VeRA" if finetune.vera else "LoRA-FA"
+    refusals = (
+        ("framework", framework is not Framework.hf, f"{name} is PEFT's (allowed: --framework hf)"),
+        ("strategy", not strategy_is_plain_ddp or on_device_map,
+         f"{name} is measured under DDP only (allowed: --strategies ddp, one GPU or several, no device map)"),
+        ("precision", autocast, f"{name} is measured without autocast only (allowed: bf16-pure, fp32)"),
+        ("activation_checkpointing", checkpointing, f"{name} under recomputation is not measured (allowed: none)"),
+        ("compile", compile, f"{name} under torch.compile is not measured (allowed: without --compile)"),
+        ("objective", not objective_is_sft, f"{name} is measured for supervised fine-tuning only (allowed: sft)"),
+        ("finetune.lora_targets", LoraTarget.output in finetune.targets(framework),
+         f"{name} on the LM head is not modelled (allowed: the block layers q,k,v,o,gate,up,down)"),
+        ("optimizer", finetune.lora_fa and not optimizer_is_adamw,
+         "LoRA-FA is peft's LoraFAOptimizer, an AdamW (allowed: --optimizer adamw)"),
+        ("optimizer_loop", finetune.lora_fa and optimizer_loop != "for-loop",
+         "LoRA-FA's LoraFAOptimizer.step updates one tensor after another (allowed: --optimizer-loop for-loop)"),
+    )
+    for which, refused, detail in refusals:
+        if refused:
+            raise ZeroplanError(field if which == "framework" else which, detail)
 
 
 def check_finetune(finetune: FineTuneSpec, model: ModelSpec, framework: Framework, model_parallel_size: int,
@@ -382,6 +451,9 @@ def check_finetune(finetune: FineTuneSpec, model: ModelSpec, framework: Framewor
         check_int8_base(finetune, framework)
     if finetune.quantize is Quantization.gptq_int4:
         check_gptq_base(finetune, model, framework)
+    if (finetune.vera or finetune.lora_fa) and model.encoder_decoder is not None:
+        raise ZeroplanError("finetune.vera" if finetune.vera else "finetune.lora_fa", f"{model.name!r}: VeRA and "
+                            "LoRA-FA are modelled for decoder-only models (allowed: a model with one stack of blocks)")
     check_lora_rank(finetune, model, framework)
     if finetune.modules_to_save:
         check_saved_module_model(finetune, model, framework)

@@ -6,8 +6,8 @@ from pydantic import Field, model_validator
 
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import Frozen, _instance
-from zeroplan.specs.finetune import (GPTQ_CUDA_KERNEL_TOKENS, Quantization, check_finetune,
-                                     check_saved_module_training)
+from zeroplan.specs.finetune import (GPTQ_CUDA_KERNEL_TOKENS, Quantization, check_adapter_variant_training,
+                                     check_finetune, check_saved_module_training)
 from zeroplan.specs.framework import UNTIES_EMBEDDINGS, Framework, launch_allocator_conf
 from zeroplan.specs.hardware import ClusterSpec
 from zeroplan.specs.model import ModelSpec, PositionKind
@@ -15,8 +15,8 @@ from zeroplan.specs.device_map import check_device_map
 from zeroplan.specs.parallel import ParallelSpec, check_parallel, check_ulysses_training
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.training import (
-    ActivationCheckpointing, AttentionKernel, BatchSpec, Float8Recipe, Optimizer, Precision, StateConvention, TrainingSpec,
-    precision_without_bf16,
+    ActivationCheckpointing, AttentionKernel, BatchSpec, Float8Recipe, Objective, Optimizer, Precision, StateConvention,
+    TrainingSpec, precision_without_bf16,
 )
 
 
@@ -685,6 +685,13 @@ class PlanRequest(Frozen):
             optimizer_elementwise=self.training.optimizer in (Optimizer.adamw, Optimizer.adam, Optimizer.sgd,
                                                               Optimizer.sgd_momentum, Optimizer.lion),
             paged_optimizer=self.training.paged_optimizer, fp16_mixed=self.training.precision is Precision.fp16_mixed)
+        check_adapter_variant_training(
+            self.training.finetune, self.training.framework, strategy_is_plain_ddp=self.strategy.kind is StrategyKind.ddp,
+            on_device_map=self.parallel.device_map is not None, autocast=self.training.precision.is_mixed,
+            optimizer_is_adamw=self.training.optimizer is Optimizer.adamw,
+            optimizer_loop=None if self.training.optimizer_loop is None else self.training.optimizer_loop.value,
+            checkpointing=self.training.activation_checkpointing is not ActivationCheckpointing.none,
+            compile=self.training.compile, objective_is_sft=self.training.objective is Objective.sft)
         if (self.training.framework is Framework.litgpt and self.training.finetune.quantize.is_quantized
                 and self.cluster.world_size > 1):
             # litgpt 0.4.13.dev1 finetune/lora.py setup raises NotImplementedError("Quantization is

@@ -339,7 +339,7 @@ def _group_input_bytes(request: PlanRequest, targets: tuple[LoraTarget, ...], ki
             shared = e * tokens * width
     if zero3_linear_keeps_input(request):
         shared = max(shared, e * tokens * width)
-    if not wrapped:
+    if not wrapped or adapters_keep_no_input(request):
         return shared + own
     copies = group_adapters_copy_input(request, kind)
     a = adapter_matmul_bytes(request)
@@ -410,11 +410,52 @@ def _lora_delta_bytes(request: PlanRequest, norm_savings_bytes: int, within: fro
     # auto-gptq's torch path keeps each base linear's dequantized fp16 weight (gptq_saved_weight_bytes).
     delta += gptq_saved_weight_bytes(request, within)
     # Each adapter's B keeps A's r-wide output (adapter_matmul_bytes): one for a fused module.
-    delta += sum(adapter_matmul_bytes(request) * tokens * finetune.lora_rank for module in adapters
-                 if all(t in within for t in module))
+    # VeRA and LoRA-FA: what their adapters keep instead (variant_kept_bytes).
+    if finetune.vera or finetune.lora_fa:
+        delta += sum(variant_kept_bytes(request, module) for module in adapters if all(t in within for t in module))
+    else:
+        delta += sum(adapter_matmul_bytes(request) * tokens * finetune.lora_rank for module in adapters
+                     if all(t in within for t in module))
     dora = dora_kept_bytes(request, within)
     whole_norms = frozen_norms_delta(request, norm_savings_bytes)
     return delta + dora + whole_norms * norms // max(1, request.model.norms_per_block)
+
+
+# Without a trainable matrix in front of it an adapter keeps nothing of its input: peft 51c2ff6
+# optimizers/lorafa.py:241-243 freezes lora_A (F.linear keeps its input only for the weight's
+# gradient), and tuners/vera/layer.py:280-285 multiplies the input by the frozen buffer vera_A
+# first. Both run only under hf's plain DDP without autocast (zeroplan.specs.finetune.
+# check_adapter_variant_training), where LoRA's adapters each keep their own copy.
+def adapters_keep_no_input(request: PlanRequest) -> bool:
+    """Whether the adapters keep nothing of the input they read (LoRA-FA, VeRA)."""
+    finetune = request.training.finetune
+    return finetune.vera or finetune.lora_fa
+
+
+VARIANT_KEPT_ELEMENT_BYTES = FP32_BYTES
+"""Bytes per element of what a VeRA or LoRA-FA adapter keeps: peft's fp32 adapters
+(get_peft_model's autocast_adapter_dtype; tuners/tuners_utils.py:2243-2288 cast_adapter_dtype)
+make the input fp32 before they multiply it (_cast_input_dtype, tuners_utils.py:1777-1792), and
+no autocast casts a product back (check_adapter_variant_training)."""
+
+
+# What each adapter of ``module`` keeps for backward, read from peft 51c2ff6 and measured on its
+# own modules (tests/test_peft_variants.py: a bf16 Llama under get_peft_model on the CPU):
+# - LoRA-FA (lora/layer.py Linear.forward, lora_A frozen): lora_B keeps its input, lora_A's r-wide
+#   fp32 output.
+# - VeRA (vera/layer.py:285, result + lambda_b * F.linear(lambda_d * F.linear(x, sliced_A),
+#   sliced_B)): lambda_d's product keeps its other factor, the r-wide x A^T, for lambda_d's
+#   gradient; F.linear with the frozen sliced_B keeps only the buffer (its input needs no
+#   weight gradient); lambda_b's product keeps the out-wide (lambda_d x A^T) B^T for lambda_b's.
+#   Both fp32; the sliced buffers are views of vera_A and vera_B, nothing new.
+def variant_kept_bytes(request: PlanRequest, module: tuple[LoraTarget, ...]) -> int:
+    """Bytes one VeRA or LoRA-FA adapter over ``module`` (its projections together) keeps."""
+    finetune = request.training.finetune
+    tokens = request.batch.seq_len * request.batch.micro_batch_size
+    width = finetune.lora_rank
+    if finetune.vera:
+        width += sum(_output_width(request, target) for target in module)
+    return VARIANT_KEPT_ELEMENT_BYTES * tokens * width
 
 
 def _dora_linears(request: PlanRequest) -> list[tuple[LoraTarget, int, int]]:

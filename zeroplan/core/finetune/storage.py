@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from zeroplan.core.layout import element_bytes
 from zeroplan.core.params import ParamTensor, ParamUnit
-from zeroplan.core.finetune.units import TARGET_WEIGHT
+from zeroplan.core.finetune.units import TARGET_WEIGHT, VERA_BUFFER_NAMES
 from zeroplan.specs.finetune import BaseDtype, Quantization, fused_modules
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
@@ -147,6 +147,21 @@ def frozen_element_bytes(request: PlanRequest) -> int:
     return 4 if finetune.base_dtype is BaseDtype.fp32 else eb.compute_parameter
 
 
+# peft 51c2ff6 tuners/tuners_utils.py:2243-2288 cast_adapter_dtype (get_peft_model's
+# autocast_adapter_dtype=True, the MetaMathQA harness's default) upcasts every bf16 or fp16
+# tensor of a tuner layer's ParameterDicts and BufferDicts to fp32, frozen ones included:
+# LoRA-FA's lora_A (frozen after the cast by create_lorafa_optimizer) and VeRA's shared vera_A and
+# vera_B (tuners_utils.py:1732-1770 first moves them to the base layer's device and dtype, then
+# the cast replaces the one shared entry once). Measured: tests/test_peft_variants.py.
+def frozen_adapter_tensor(tensor: ParamTensor) -> bool:
+    """Whether ``tensor`` is a frozen part of an adapter (LoRA-FA's lora_a, VeRA's buffers)."""
+    return tensor.name in VERA_BUFFER_NAMES or tensor.name.endswith(".lora_a.weight")
+
+
+FROZEN_ADAPTER_ELEMENT_BYTES = 4
+"""Bytes per element of a frozen adapter tensor under PEFT (fp32: frozen_adapter_tensor)."""
+
+
 def frozen_tensor_bytes(request: PlanRequest, tensor: ParamTensor, gathered: bool = False) -> int:
     """Bytes of one frozen tensor's sharded part, whole (quantized_layout keeps the rest apart), as
     stored, or as an all-gather brings it in (``gathered``: FSDP2 casts a parameter to its
@@ -154,6 +169,9 @@ def frozen_tensor_bytes(request: PlanRequest, tensor: ParamTensor, gathered: boo
     a quantized weight is gathered as it is stored)."""
     if tensor.quantized:
         return quantized_layout(request, tensor)[0]
+    if frozen_adapter_tensor(tensor):
+        # Planned under hf's plain DDP only (zeroplan.specs.finetune.check_adapter_variant_training).
+        return tensor.numel * FROZEN_ADAPTER_ELEMENT_BYTES
     if gathered:
         return tensor.numel * element_bytes(request.training.precision, request.convention).compute_parameter
     return tensor.numel * frozen_element_bytes(request)

@@ -30,15 +30,48 @@ lora_mlp: zeroplan.specs.finetune.check_finetune); a gated MLP has none of them.
 # lora_B Linear(r, out), no biases; torchtune 0.6.1 modules/peft/lora.py LoRALinear: lora_a,
 # lora_b the same. DoRA (Liu et al. 2024; peft tuners/lora/dora.py DoraLinearLayer,
 # torchtune modules/peft/dora.py DoRALinear) adds a magnitude vector of `out` elements.
-def adapter_tensors(weight: ParamTensor, rank: int, dora: bool) -> list[ParamTensor]:
-    """The trainable tensors of the adapter wrapping ``weight`` (out x in)."""
+def adapter_tensors(weight: ParamTensor, rank: int, dora: bool, vera: bool = False,
+                    lora_fa: bool = False) -> list[ParamTensor]:
+    """The tensors of the adapter wrapping ``weight`` (out x in): trainable but lora_a under
+    LoRA-FA; VeRA's two vectors in place of A and B (vera_tensors)."""
     out_features, in_features = weight.shape
     prefix = weight.name.removesuffix(".weight")
-    tensors = [ParamTensor(name=f"{prefix}.lora_a.weight", shape=(rank, in_features)),
+    if vera:
+        return vera_tensors(prefix, rank, out_features)
+    # peft 51c2ff6 optimizers/lorafa.py:241-243 create_lorafa_optimizer: every parameter named
+    # lora_A is set requires_grad_(False): no gradient, no optimizer state (LoraFAOptimizer.step,
+    # lines 115-123, keeps exp_avg_B and exp_avg_sq_B per pair only).
+    tensors = [ParamTensor(name=f"{prefix}.lora_a.weight", shape=(rank, in_features), trainable=not lora_fa),
                ParamTensor(name=f"{prefix}.lora_b.weight", shape=(out_features, rank))]
     if dora:
         tensors.append(ParamTensor(name=f"{prefix}.lora_magnitude", shape=(out_features,)))
     return tensors
+
+
+# peft 51c2ff6 tuners/vera/layer.py:88-90 VeraLayer.update_layer: each wrapped linear trains
+# vera_lambda_b, out_features elements (registered first), and vera_lambda_d, r elements; A and B
+# are the model's shared buffers (vera_buffers).
+def vera_tensors(prefix: str, rank: int, out_features: int) -> list[ParamTensor]:
+    """The trainable vectors of the VeRA adapter of the linear ``prefix`` (out_features wide)."""
+    return [ParamTensor(name=f"{prefix}.vera_lambda_b", shape=(out_features,)),
+            ParamTensor(name=f"{prefix}.vera_lambda_d", shape=(rank,))]
+
+
+VERA_BUFFER_NAMES = ("vera_A", "vera_B")
+"""VeRA's shared frozen projections, one of each per model (vera_buffers)."""
+
+
+# peft 51c2ff6 tuners/vera/model.py:112-144 VeraModel._find_dim takes the largest (out, in) over
+# every wrapped linear, element by element, and :146-159 _init_vera_A_vera_B makes vera_A (r x
+# in) and vera_B (out x r) once, in the BufferDict every VeraLayer references (layer.py:92-94;
+# update_layer stores the same tensor for each layer). Their dtype and place: measured in
+# tests/test_peft_variants.py (fp32 on the base's device: zeroplan.core.finetune.storage).
+def vera_buffers(shapes: list[tuple[int, int]], rank: int) -> list[ParamTensor]:
+    """The frozen vera_A and vera_B for adapted linears of (out, in) ``shapes``."""
+    out_features = max(shape[0] for shape in shapes)
+    in_features = max(shape[1] for shape in shapes)
+    return [ParamTensor(name="vera_A", shape=(rank, in_features), trainable=False),
+            ParamTensor(name="vera_B", shape=(out_features, rank), trainable=False)]
 
 
 # QLoRA (Dettmers et al. 2023, sec. 3): the frozen weights of the linear layers are stored in
@@ -68,11 +101,10 @@ FUSED_MODULE_PREFIX = {(LoraTarget.q, LoraTarget.k, LoraTarget.v): "attention.qk
 # A fused module (peft wraps it whole: zeroplan.specs.finetune.fused_modules) computes its
 # projections' outputs side by side from one input: its adapter is A (r x in) and B (sum of the
 # outputs x r), placed after the module's last projection weight.
-def _fused_adapter_tensors(unit: ParamUnit, module: tuple[LoraTarget, ...], rank: int, dora: bool) -> list[ParamTensor]:
+def _fused_weight(unit: ParamUnit, module: tuple[LoraTarget, ...]) -> ParamTensor:
     weights = [t for t in unit.tensors if t.name in {TARGET_WEIGHT[p] for p in module}]
-    fused = ParamTensor(name=f"{FUSED_MODULE_PREFIX[module]}.weight",
-                        shape=(sum(w.shape[0] for w in weights), weights[0].shape[1]))
-    return adapter_tensors(fused, rank, dora)
+    return ParamTensor(name=f"{FUSED_MODULE_PREFIX[module]}.weight",
+                       shape=(sum(w.shape[0] for w in weights), weights[0].shape[1]))
 
 
 def finetune_units(units: tuple[ParamUnit, ...], finetune: FineTuneSpec, framework: Framework,
@@ -88,15 +120,20 @@ def finetune_units(units: tuple[ParamUnit, ...], finetune: FineTuneSpec, framewo
     single |= {GPT_MLP_TARGET_WEIGHT[m[0]] for m in adapters if len(m) == 1 and m[0] in GPT_MLP_TARGET_WEIGHT}
     fused_after = {TARGET_WEIGHT[m[-1]]: m for m in adapters if len(m) > 1}
     quantize = finetune.quantize.is_quantized
+    wrapped = [(unit, tensor if tensor.name in single else _fused_weight(unit, fused_after[tensor.name]))
+               for unit in units for tensor in unit.tensors if tensor.name in single or tensor.name in fused_after]
+    # VeRA's shared pair is placed with the first wrapped linear's unit (its first VeraLayer).
+    buffers = vera_buffers([w.shape for _, w in wrapped], finetune.lora_rank) if finetune.vera and wrapped else []
     result = []
     for unit in units:
         tensors: list[ParamTensor] = []
         for tensor in unit.tensors:
             tensors.append(_frozen(tensor, quantize and _is_quantized_weight(tensor, unit, framework)))
-            if tensor.name in single:
-                tensors.extend(adapter_tensors(tensor, finetune.lora_rank, finetune.dora))
-            elif tensor.name in fused_after:
-                tensors.extend(_fused_adapter_tensors(unit, fused_after[tensor.name], finetune.lora_rank, finetune.dora))
+            if tensor.name in single or tensor.name in fused_after:
+                weight = tensor if tensor.name in single else _fused_weight(unit, fused_after[tensor.name])
+                tensors.extend(adapter_tensors(weight, finetune.lora_rank, finetune.dora, finetune.vera, finetune.lora_fa))
+        if buffers and unit is wrapped[0][0]:
+            tensors.extend(buffers)
         result.append(ParamUnit(name=unit.name, tensors=tuple(tensors)))
     return tuple(result)
 
@@ -154,7 +191,9 @@ def frozen_matmul_weight_elements(units: tuple[ParamUnit, ...], tied_embeddings:
     total = 0
     for unit in units:
         for t in unit.tensors:
-            if t.trainable or len(t.shape) != 2:
+            # VeRA's shared buffers are sliced into every adapter's matmuls, never the model's
+            # own (their FLOPs are not modelled: docs/finetuning.md, "VeRA and LoRA-FA").
+            if t.trainable or len(t.shape) != 2 or t.name in VERA_BUFFER_NAMES:
                 continue
             if unit.name == "embedding" and not (tied_embeddings and t.name == "token.weight"):
                 continue
