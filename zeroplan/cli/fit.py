@@ -523,7 +523,9 @@ def add_fused_loss_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--objective", choices=[o.value for o in Objective], default=Objective.sft.value,
         help="sft: a causal-LM step; dpo: torchtune's LoRA DPO recipes (chosen and rejected in one forward, a "
-             "no-grad reference forward with the adapters disabled); --micro-batch then counts rows, 2 x pairs",
+             "no-grad reference forward with the adapters disabled); reward: DeepSpeed-Chat's step-2 reward model (the "
+             "bare decoder, a scalar v_head, a pairwise loss; --framework hf under DeepSpeed's engine); under dpo and "
+             "reward --micro-batch counts rows, 2 x pairs",
     )
     parser.add_argument(
         "--unchunked-loss", action="store_true",
@@ -685,11 +687,12 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind | None = None
         precision = deepspeed_file.precision  # the file's bf16 / fp16 blocks (neither: fp32)
     else:
         precision = default_precision(framework, cluster.gpu)
-    # torchtune 0.6.1 data/_collate.py padded_collate_dpo: each pair gives a chosen and a
-    # rejected row, so a DPO forward has an even number of rows.
-    if getattr(args, "objective", "sft") == Objective.dpo.value and (args.micro_batch or 1) % 2:
-        raise ZeroplanError("--micro-batch", f"{(args.micro_batch or 1)}: under --objective dpo it counts chosen and rejected "
-                            "rows (allowed: even, 2 x the recipe's batch_size)")
+    # torchtune 0.6.1 data/_collate.py padded_collate_dpo and DeepSpeed-Chat's DataCollatorReward:
+    # each pair gives a chosen and a rejected row, so a DPO or reward forward has an even number.
+    objective = Objective(getattr(args, "objective", Objective.sft.value))
+    if objective.pairwise and (args.micro_batch or 1) % 2:
+        raise ZeroplanError("--micro-batch", f"{(args.micro_batch or 1)}: under --objective {objective.value} it counts "
+                            "chosen and rejected rows (allowed: even, 2 x the script's pairs a micro-batch)")
     training = TrainingSpec(
         precision=precision,
         framework=framework,

@@ -13,6 +13,7 @@ from zeroplan.core.deepspeed_coordinator import loss_gathered_bytes
 from zeroplan.core.deepspeed_torch_linear import pinned_linear_weight_bytes
 from zeroplan.core.uncast_loss import check_uncast_loss, uncast_logits_parts
 from zeroplan.core.dpo import check_dpo_request
+from zeroplan.core.reward_model import check_reward_request
 from zeroplan.core.deepspeed_bf16_autocast import activation_extra_bytes as bf16_autocast_activation_bytes, check_bf16_autocast
 from zeroplan.core.buffers import (
     backward_end_buffer_bytes, backward_end_gradient_bytes, backward_held_buffer_bytes, block_backward_gradient_bytes,
@@ -322,6 +323,7 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     check_bf16_autocast(request)
     check_uncast_loss(request)
     check_dpo_request(request)
+    check_reward_request(request)
     deepspeed_stage0.check_deepspeed_stage0(request)
     if training.finetune.frozen_blocks and training.activation_checkpointing not in (ActivationCheckpointing.none, ActivationCheckpointing.full):
         raise ZeroplanError("finetune.frozen_blocks", f"is modelled with activation checkpointing none or full, not "
@@ -637,9 +639,9 @@ def max_micro_batch_size(request: PlanRequest) -> int:
     if answer is None:
         answer = _max_micro_batch_size(request.with_micro_batch(1))
         _MAX_MICRO_BATCHES.put(key, answer)
-    # Under DPO a micro-batch is rows of chosen and rejected pairs (TrainingSpec.objective): an
-    # even count, and every smaller one fits too.
-    return answer - answer % 2 if request.training.objective is Objective.dpo else answer
+    # Under DPO or a reward model a micro-batch is rows of chosen and rejected pairs
+    # (TrainingSpec.objective): an even count, and every smaller one fits too.
+    return answer - answer % 2 if request.training.objective.pairwise else answer
 
 
 _FIELDS_BUT_BATCH = operator.attrgetter(*(name for name in PlanRequest.model_fields if name != "batch"))
@@ -692,11 +694,12 @@ def _completing_prefix(request: PlanRequest, bound: int) -> int:
     return _verified_below(request, low, largest) if low else largest
 
 
-# Under DPO a micro-batch counts chosen and rejected rows (TrainingSpec.objective, check_dpo_request):
-# an odd count never runs, so its replay neither stops the walk up nor lowers the answer below.
+# Under DPO or a reward model a micro-batch counts chosen and rejected rows (TrainingSpec.objective,
+# check_dpo_request, check_reward_request): an odd count never runs, so its replay neither stops
+# the walk up nor lowers the answer below.
 def _runs(request: PlanRequest, micro_batch: int) -> bool:
-    """Whether a step of ``micro_batch`` rows can run at all (every count; under DPO even ones)."""
-    return request.training.objective is not Objective.dpo or micro_batch % 2 == 0
+    """Whether a step of ``micro_batch`` rows can run at all (every count; pairwise, even ones)."""
+    return not request.training.objective.pairwise or micro_batch % 2 == 0
 
 
 def _next_run_micro_batch(request: PlanRequest, micro_batch: int) -> int:

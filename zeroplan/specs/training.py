@@ -173,6 +173,16 @@ class Objective(str, Enum):
     one forward, the reference forward under no_grad with the adapters disabled, DPOLoss
     (zeroplan.core.dpo). BatchSpec.micro_batch_size counts the forward's rows, chosen and rejected
     both: twice the recipe's ``batch_size`` of pairs."""
+    reward = "reward"
+    """A reward model's step as DeepSpeed-Chat's step 2 runs it (step2_reward_model_finetuning at
+    3a77097): the bare decoder and a scalar v_head, chosen and rejected sequences in one forward,
+    a pairwise loss on their scores (zeroplan.core.reward_model). BatchSpec.micro_batch_size counts
+    the forward's rows: twice the script's per_device_train_batch_size of pairs."""
+
+    @property
+    def pairwise(self) -> bool:
+        """Whether a micro-batch is rows of chosen and rejected pairs (an even count)."""
+        return self is not Objective.sft
 
 
 class Float8Recipe(str, Enum):
@@ -420,7 +430,8 @@ class TrainingSpec(Frozen):
     profile's, sharded: what a Trainer user who builds TrainingArguments first gets under ZeRO-3."""
     # Left out of the JSON when sft, so a causal-LM request dumps as before the field existed.
     objective: Objective = Field(default=Objective.sft, exclude_if=lambda objective: objective is Objective.sft)
-    """sft (a causal-LM step) or dpo (zeroplan.core.dpo: torchtune's LoRA DPO recipes)."""
+    """sft (a causal-LM step), dpo (zeroplan.core.dpo: torchtune's LoRA DPO recipes) or reward
+    (zeroplan.core.reward_model: DeepSpeed-Chat's reward model)."""
     finetune: FineTuneSpec = FineTuneSpec()
     """Which parameters train (LoRA adapters over a frozen, optionally quantized base; frozen
     embeddings or blocks): every one by default (zeroplan.specs.finetune)."""
