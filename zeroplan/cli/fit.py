@@ -489,6 +489,12 @@ def add_fused_loss_argument(parser: argparse.ArgumentParser) -> None:
              "its gathered in-projection stays alive from the block's forward to its backward",
     )
     parser.add_argument(
+        "--deepspeed-fused-adam", action="store_true",
+        help="framework hf, DeepSpeed's stage 0 in fp16: the script hands deepspeed.initialize its own FusedAdam "
+             "(DeepSpeed-Chat), which DeepSpeed wraps in FP16_Optimizer, whose step makes each group's flat fp32 "
+             "gradients beside the fp16 ones",
+    )
+    parser.add_argument(
         "--deepspeed-torch-linear", action="store_true",
         help="framework zeroplan: under DeepSpeed's ZeRO-3 engine the linears run torch's own F.linear (DeepSpeed "
              "0.3.12-0.3.13; 0.3.14 to 0.19.3 for a model built outside zero.Init), which keeps each released "
@@ -702,6 +708,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind | None = None
         fused_cross_entropy=args.fused_cross_entropy,
         torch_multihead_attention=getattr(args, "torch_multihead_attention", False),
         deepspeed_torch_linear=getattr(args, "deepspeed_torch_linear", False),
+        deepspeed_fused_adam=getattr(args, "deepspeed_fused_adam", False),
         # torchtitan 9dec370 train.py loss_fn: its only loss, unchunked.
         objective=Objective(getattr(args, "objective", Objective.sft.value)),
         unchunked_loss=args.unchunked_loss or (framework is Framework.torchtitan and getattr(args, "torchtitan_release", None) == "9dec370"),

@@ -24,7 +24,7 @@ from zeroplan.core.buffers import (
 )
 from zeroplan.core.communication import collectives
 from zeroplan.core.compiled import check_compiled
-from zeroplan.core import deepspeed_2022, deepspeed_epilogue, deepspeed_stage0, deepspeed_stage3_step
+from zeroplan.core import deepspeed_2022, deepspeed_epilogue, deepspeed_fused_fp16, deepspeed_stage0, deepspeed_stage3_step
 from zeroplan.core.deepspeed_accumulation import accumulated_bytes, runs_deepspeed_engine
 from zeroplan.core.encoder_decoder import check_encoder_decoder_request
 from zeroplan.core.feasibility import usable_memory_bytes
@@ -325,6 +325,7 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     check_dpo_request(request)
     check_reward_request(request)
     deepspeed_stage0.check_deepspeed_stage0(request)
+    deepspeed_fused_fp16.check_fused_fp16_optimizer(request)
     if training.finetune.frozen_blocks and training.activation_checkpointing not in (ActivationCheckpointing.none, ActivationCheckpointing.full):
         raise ZeroplanError("finetune.frozen_blocks", f"is modelled with activation checkpointing none or full, not "
                             f"{training.activation_checkpointing.value!r}")

@@ -292,6 +292,11 @@ class TrainingSpec(Frozen):
     released linear's gathered weight stays alive until that linear's backward
     (zeroplan.core.deepspeed_torch_linear): every ZeRO-3 run of DeepSpeed 0.3.12 or 0.3.13, and a model
     built outside a zero.Init context and handed to deepspeed.initialize under 0.3.14 to 0.19.3."""
+    deepspeed_fused_adam: bool = Field(default=False, exclude_if=lambda fused: not fused)
+    """Framework hf under DeepSpeed's stage 0 in fp16: the script hands deepspeed.initialize its own
+    FusedAdam (DeepSpeed-Chat's main.py), which DeepSpeed wraps in FP16_Optimizer, not
+    FP16_UnfusedOptimizer: its step makes each group's fp32 gradient copies and their flat
+    concatenation beside the fp16 gradients (zeroplan.core.deepspeed_fused_fp16)."""
     deepspeed_bf16_autocast: bool = False
     """Framework zeroplan under DeepSpeed's ZeRO-3 engine, bf16-pure precision: DeepSpeed's
     bf16 ``bf16_master_weights_and_grads`` and ``bf16_optimizer_states`` with ``torch_autocast``
