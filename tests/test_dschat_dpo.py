@@ -55,6 +55,8 @@ def test_the_reference_model_adds_its_fp16_parameters():
     added = model_state_bytes(dpo).parameter_bytes - model_state_bytes(sft).parameter_bytes
     assert added == 2 * total_parameters(dpo.model)
     assert peak_terms(dpo)[1].activations - peak_terms(sft)[1].activations == sum(held_outputs_tensors(dpo))
+    # The loop's outputs are still bound at the optimizer step (held_through_step_bytes).
+    assert peak_terms(dpo)[1].step_temporary - peak_terms(sft)[1].step_temporary == sum(held_outputs_tensors(dpo))
 
 
 @pytest.mark.parametrize("flags, field", [

@@ -58,6 +58,16 @@ def held_outputs_tensors(request: PlanRequest) -> tuple[int, ...]:
     return (logits, logits, *(layer_kv, layer_kv) * model.num_layers)
 
 
+# main.py:494-495 and the next step's :472 (module docstring): ``outputs`` and ``ref_outputs``
+# are rebound only by the next step's forwards, so they are alive at ``model.step()``: the
+# published log's MemAllocated after each step (5.53 GiB at OPT-350m, 4 rows x 512) is the
+# states, the reference's parameters and these, 0.58 GiB of them. The plan's step moment holds
+# no activations (zeroplan.core.kv_cache.kept_outputs_bytes): they join the step's temporaries.
+def held_through_step_bytes(request: PlanRequest) -> int:
+    """What the loop holds at the optimizer step beyond the states (0 outside DeepSpeed-Chat's DPO)."""
+    return sum(held_outputs_tensors(request)) if runs_dschat_dpo(request) else 0
+
+
 # main.py:219-229 get_batch_logps on the policy's logits: the slice is a view, log_softmax makes
 # b x (s - 1) x V in the logits' dtype and LogSoftmaxBackward keeps it; on the reference's, under
 # no grad, the same log-softmax is a transient gathered and freed. Backward: GatherBackward's

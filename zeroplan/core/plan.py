@@ -24,7 +24,9 @@ from zeroplan.core.buffers import (
 )
 from zeroplan.core.communication import collectives
 from zeroplan.core.compiled import check_compiled
-from zeroplan.core import deepspeed_2022, deepspeed_epilogue, deepspeed_fused_fp16, deepspeed_stage0, deepspeed_stage3_step
+from zeroplan.core import (
+    deepspeed_2022, deepspeed_epilogue, deepspeed_fused_fp16, deepspeed_stage0, deepspeed_stage3_step, dschat_dpo,
+)
 from zeroplan.core.deepspeed_accumulation import accumulated_bytes, runs_deepspeed_engine
 from zeroplan.core.encoder_decoder import check_encoder_decoder_request
 from zeroplan.core.feasibility import usable_memory_bytes
@@ -352,7 +354,9 @@ def _state_terms(request: PlanRequest) -> tuple[ModelStateBytes, tuple[tuple[str
         ("block_transient_buffers", block_backward_transient_bytes(request)),
         ("block_copy_buffers", block_copy_buffer_bytes(request)),
         ("root_gather_buffers", root_gather_buffer_bytes(request)),
-        ("step_temporary", optimizer_step_temporary_bytes(request, states.optimizer_elements)),
+        # DeepSpeed-Chat's DPO loop holds both models' outputs through the step too (zeroplan.core.dschat_dpo).
+        ("step_temporary", optimizer_step_temporary_bytes(request, states.optimizer_elements)
+         + dschat_dpo.held_through_step_bytes(request)),
         ("accumulated_gradients", _accumulated_gradient_bytes(request)),
         ("backward_end_buffers", backward_end_buffer_bytes(request)),
         ("backward_end_gradients", backward_end_gradient_bytes(request)),
