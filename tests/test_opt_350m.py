@@ -43,3 +43,10 @@ def test_outside_the_blocks_the_projections_replace_the_final_norm():
 
     difference = outside_layers_bytes(post, training, s, b) - outside_layers_bytes(pre, training, s, b)
     assert difference == 2 * e * s * b * 512 - norm_bytes(pre, training, s, b)
+
+
+def test_opt_350m_head_flops_are_its_narrow_projection_and_project_in_out():
+    from zeroplan.core.flops import head_forward_flops_per_token
+
+    model = load_hf_config(FIXTURES / "opt-350m.json")
+    assert head_forward_flops_per_token(model) == 2 * (512 * model.vocab_size + 2 * 1024 * 512)

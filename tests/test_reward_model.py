@@ -78,3 +78,13 @@ def test_reward_refusals_name_the_field(flags, field):
 def test_reward_under_ddp_without_deepspeed_is_refused():
     with pytest.raises(ZeroplanError, match="objective"):
         plan(_request("--objective", "reward", kind=StrategyKind.ddp), largest_micro_batch=False, timed=False)
+
+
+def test_reward_step_runs_a_v_head_not_the_vocabulary_projection():
+    from zeroplan.core.flops import step_flops
+
+    sft, reward = _request(), _request("--objective", "reward")
+    tokens, h, v = 8 * 512, sft.model.hidden_size, sft.model.vocab_size
+    # the forward: h x V against h x 1 per token, 2 FLOPs a multiply-add
+    saved = step_flops(sft).forward_flops - step_flops(reward).forward_flops
+    assert saved == pytest.approx(2 * h * (v - 1) * tokens)
