@@ -12,6 +12,12 @@ modelling code is the release's own). Usage:
 
     python benchmarks/opt_release_attention.py
     PYTHONPATH=/path/to/transformers-4.28.1 python benchmarks/opt_release_attention.py --release 4.31.0
+    python benchmarks/opt_release_attention.py --opt-350m
+
+(--opt-350m: OPT-350m's layout, post-norm blocks without a final norm (do_layer_norm_before False)
+and an embedding half the blocks' width joined by project_in / project_out (word_embed_proj_dim
+32); the blocks then save what the pre-norm blocks do, byte for byte, and the tensors outside them
+move as ModelSpec.embedding_projection and final_norm say.)
 
 (--release: the release the planner is asked for; 4.31.0 is the oldest modelled, whose OPT runs
 4.28.1's ops: zeroplan/core/transformers_release.py.)
@@ -70,11 +76,16 @@ def measure() -> tuple[str, int, int]:
     return transformers.__version__, blocks, outside
 
 
-def planned(release: str | None) -> tuple[int, int]:
-    """(the planner's bytes saved by all blocks, by the loss) for the measured model."""
+def opt_350m_layout() -> None:
+    """CONFIG as OPT-350m's layout (--opt-350m)."""
+    CONFIG.update(do_layer_norm_before=False, word_embed_proj_dim=HIDDEN // 2)
+
+
+def planned(release: str | None) -> tuple[int, int, int]:
+    """(the planner's bytes saved by all blocks, by the loss, outside the blocks) for the measured model."""
     from zeroplan.cli.fit import request_from_args
     from zeroplan.cli.main import build_parser
-    from zeroplan.core.activations import layer_bytes, saved_logits_bytes
+    from zeroplan.core.activations import layer_bytes, outside_layers_bytes, saved_logits_bytes
     from zeroplan.core.frameworks import eager_attention_extra_bytes
     from zeroplan.core.transformers_release import opt_loss_tensors, runs_opt_own_forward
     from zeroplan.specs.strategy import StrategyKind
@@ -91,22 +102,28 @@ def planned(release: str | None) -> tuple[int, int]:
     block = layer_bytes(model, training, SEQ, BATCH) + eager_attention_extra_bytes(request)
     loss = (opt_loss_tensors(model, training, SEQ, BATCH)[1][0] if runs_opt_own_forward(model, training)
             else saved_logits_bytes(model, SEQ, BATCH))
-    return LAYERS * block, loss
+    return LAYERS * block, loss, outside_layers_bytes(model, training, SEQ, BATCH)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--release", help="the transformers release the planner is asked for (default: its own)")
+    parser.add_argument("--opt-350m", action="store_true", help="OPT-350m's layout: post-norm blocks, no final norm, "
+                                                                  "project_in/project_out around a narrower embedding")
     args = parser.parse_args()
+    if args.opt_350m:
+        opt_350m_layout()
     version, blocks, outside = measure()
-    planned_blocks, planned_loss = planned(args.release)
+    planned_blocks, planned_loss, planned_outside = planned(args.release)
     scores = LAYERS * BATCH * HEADS * SEQ * SEQ
     print(f"transformers {version} (planned as {args.release or 'the profile default'}), OPT h {HIDDEN}, "
-          f"{HEADS} heads, {LAYERS} blocks, b {BATCH} x s {SEQ}, fp16, eager")
+          f"{HEADS} heads, {LAYERS} blocks, b {BATCH} x s {SEQ}, fp16, eager"
+          + (", OPT-350m's layout" if args.opt_350m else ""))
     print(f"  blocks: measured {blocks:,} B, planned {planned_blocks:,} B ({blocks / scores:.3f} and "
           f"{planned_blocks / scores:.3f} bytes a score)")
     print(f"  outside the blocks (embeddings, final norm, head input, loss): measured {outside:,} B; "
-          f"the loss's log-softmax planned {planned_loss:,} B")
+          f"the loss's log-softmax planned {planned_loss:,} B, the rest {planned_outside:,} B "
+          f"(zeroplan.core.activations.outside_layers_bytes)")
     return 0
 
 

@@ -32,6 +32,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 
 META_COUNTS = {
     "opt-1.3b.json": 1_315_758_080,
+    "opt-350m.json": 331_196_416,
     "falcon-7b.json": 6_921_720_704,
     "falcon-40b.json": 41_303_293_952,
     "gpt-j-6b.json": 6_050_882_784,
@@ -112,8 +113,6 @@ def _config(fixture: str, **changes: object) -> dict:
 
 
 @pytest.mark.parametrize("fixture,changes,field", [
-    ("opt-1.3b.json", {"do_layer_norm_before": False}, "config.do_layer_norm_before"),
-    ("opt-1.3b.json", {"word_embed_proj_dim": 512}, "config.word_embed_proj_dim"),
     ("opt-1.3b.json", {"activation_function": "gelu"}, "config.activation_function"),
     ("opt-1.3b.json", {"layerdrop": 0.1}, "config.layerdrop"),
     ("falcon-7b.json", {"alibi": True}, "config.alibi"),

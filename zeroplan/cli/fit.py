@@ -490,6 +490,12 @@ def add_fused_loss_argument(parser: argparse.ArgumentParser) -> None:
              "its gathered in-projection stays alive from the block's forward to its backward",
     )
     parser.add_argument(
+        "--deepspeed-fused-adam", action="store_true",
+        help="framework hf, DeepSpeed's stage 0 in fp16: the script hands deepspeed.initialize its own FusedAdam "
+             "(DeepSpeed-Chat), which DeepSpeed wraps in FP16_Optimizer, whose step makes each group's flat fp32 "
+             "gradients beside the fp16 ones",
+    )
+    parser.add_argument(
         "--deepspeed-torch-linear", action="store_true",
         help="framework zeroplan: under DeepSpeed's ZeRO-3 engine the linears run torch's own F.linear (DeepSpeed "
              "0.3.12-0.3.13; 0.3.14 to 0.19.3 for a model built outside zero.Init), which keeps each released "
@@ -526,7 +532,9 @@ def add_fused_loss_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--objective", choices=[o.value for o in Objective], default=Objective.sft.value,
         help="sft: a causal-LM step; dpo: torchtune's LoRA DPO recipes (chosen and rejected in one forward, a "
-             "no-grad reference forward with the adapters disabled); --micro-batch then counts rows, 2 x pairs",
+             "no-grad reference forward with the adapters disabled); reward: DeepSpeed-Chat's step-2 reward model (the "
+             "bare decoder, a scalar v_head, a pairwise loss; --framework hf under DeepSpeed's engine); under dpo and "
+             "reward --micro-batch counts rows, 2 x pairs",
     )
     parser.add_argument(
         "--unchunked-loss", action="store_true",
@@ -688,11 +696,12 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind | None = None
         precision = deepspeed_file.precision  # the file's bf16 / fp16 blocks (neither: fp32)
     else:
         precision = default_precision(framework, cluster.gpu)
-    # torchtune 0.6.1 data/_collate.py padded_collate_dpo: each pair gives a chosen and a
-    # rejected row, so a DPO forward has an even number of rows.
-    if getattr(args, "objective", "sft") == Objective.dpo.value and (args.micro_batch or 1) % 2:
-        raise ZeroplanError("--micro-batch", f"{(args.micro_batch or 1)}: under --objective dpo it counts chosen and rejected "
-                            "rows (allowed: even, 2 x the recipe's batch_size)")
+    # torchtune 0.6.1 data/_collate.py padded_collate_dpo and DeepSpeed-Chat's DataCollatorReward:
+    # each pair gives a chosen and a rejected row, so a DPO or reward forward has an even number.
+    objective = Objective(getattr(args, "objective", Objective.sft.value))
+    if objective.pairwise and (args.micro_batch or 1) % 2:
+        raise ZeroplanError("--micro-batch", f"{(args.micro_batch or 1)}: under --objective {objective.value} it counts "
+                            "chosen and rejected rows (allowed: even, 2 x the script's pairs a micro-batch)")
     training = TrainingSpec(
         precision=precision,
         framework=framework,
@@ -702,6 +711,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind | None = None
         fused_cross_entropy=args.fused_cross_entropy,
         torch_multihead_attention=getattr(args, "torch_multihead_attention", False),
         deepspeed_torch_linear=getattr(args, "deepspeed_torch_linear", False),
+        deepspeed_fused_adam=getattr(args, "deepspeed_fused_adam", False),
         # torchtitan 9dec370 train.py loss_fn: its only loss, unchunked.
         objective=Objective(getattr(args, "objective", Objective.sft.value)),
         unchunked_loss=args.unchunked_loss or (framework is Framework.torchtitan and getattr(args, "torchtitan_release", None) == "9dec370"),

@@ -190,6 +190,7 @@ FLAG_OF_FIELD = {
     "uncast_loss": "--uncast-loss",
     "torch_multihead_attention": "--torch-multihead-attention",
     "deepspeed_torch_linear": "--deepspeed-torch-linear",
+    "deepspeed_fused_adam": "--deepspeed-fused-adam",
     "checkpoint_reentrant": "--checkpoint-reentrant",
     "transformers_version": "--transformers-version",
     "accelerate_version": "--accelerate-version",

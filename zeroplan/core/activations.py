@@ -350,7 +350,11 @@ def outside_layers_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: in
     # masked-LM head transform keeps its dense layer's input and its GELU's.
     embedding_norm = norm_bytes(model, training, s, b, autocast=autocast) if model.embedding_norm else 0
     transform = 2 * e * sbh if model.head_transform else 0
-    return embedding_mask + embedding_norm + transform + norm_bytes(model, training, s, b, autocast=autocast) + e * sbh
+    final_norm = norm_bytes(model, training, s, b, autocast=autocast) if model.final_norm else 0
+    # OPT-350m (ModelSpec.embedding_projection): project_out keeps the last block's b x s x h
+    # output, the head its narrower output, and project_in the embedding's, each p wide.
+    projections = 2 * e * s * b * model.embedding_projection
+    return embedding_mask + embedding_norm + transform + final_norm + e * sbh + projections
 
 
 # Korthikanti sec. 4.3 counts the cross-entropy's fp32 logits (4sbV). PyTorch's loss

@@ -4,7 +4,7 @@ temporaries. Each term names the library behaviour it models."""
 from __future__ import annotations
 
 from zeroplan.core import deepspeed_2022, deepspeed_epilogue, deepspeed_offload, deepspeed_step
-from zeroplan.core import deepspeed_coordinator, deepspeed_one_rank, deepspeed_stage0, muon, tinyllama
+from zeroplan.core import deepspeed_coordinator, deepspeed_fused_fp16, deepspeed_one_rank, deepspeed_stage0, muon, tinyllama
 from zeroplan.core.finetune import modules_to_save
 from zeroplan.core.deepspeed_accumulation import resident_bytes as deepspeed_resident_bytes
 from zeroplan.core.deepspeed_accumulation import stage12_bucket_bytes
@@ -697,6 +697,9 @@ def for_loop_step_temporary_bytes(request: PlanRequest, eb) -> int:
 
 
 def optimizer_step_temporary_bytes(request: PlanRequest, optimizer_elements: int) -> int:
+    if deepspeed_fused_fp16.runs_fused_fp16_optimizer(request):
+        # A client FusedAdam's FP16_Optimizer at stage 0: the first group's fp32 gradient copies.
+        return deepspeed_fused_fp16.step_temporary_bytes(request)
     if _megatron_buffers(request):
         from zeroplan.core.megatron import megatron_step_temporary_bytes  # megatron's requests alone load it
 

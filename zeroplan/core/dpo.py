@@ -82,9 +82,14 @@ def check_dpo_request(request: PlanRequest) -> None:
     training, parallel = request.training, request.parallel
     if training.objective is not Objective.dpo:
         return
+    if training.framework is Framework.hf:
+        # DeepSpeed-Chat's DPO script (zeroplan.core.dschat_dpo).
+        from zeroplan.core.dschat_dpo import check_dschat_dpo
+
+        return check_dschat_dpo(request)
     if training.framework is not Framework.torchtune:
-        raise ZeroplanError("objective", f"dpo is measured for torchtune's LoRA DPO recipes only, not "
-                            f"{training.framework.value} (allowed: framework torchtune)")
+        raise ZeroplanError("objective", f"dpo is planned for torchtune's LoRA DPO recipes and DeepSpeed-Chat's DPO (hf), "
+                            f"not {training.framework.value} (allowed: framework torchtune or hf)")
     if not training.finetune.is_lora:
         raise ZeroplanError("objective", "full_dpo_distributed's separately sharded reference model is not measured "
                             "(allowed: dpo with LoRA/QLoRA, finetune.lora_rank >= 1)")

@@ -88,12 +88,17 @@ def layers_linear_forward_flops_per_token(model: ModelSpec) -> int:
 
 
 # The output projection is a (tokens x h) by (h x V) matmul, tied or not; the input embedding
-# is a row lookup and executes no FLOPs.
-def head_forward_flops_per_token(model: ModelSpec) -> int:
-    """Forward FLOPs per token of the output projection (the logits), and of BERT's head
-    transform before it."""
-    transform = model.hidden_size if model.head_transform else 0
-    return MATMUL_FLOPS_PER_MULTIPLY_ADD * model.hidden_size * (model.vocab_size + transform)
+# is a row lookup and executes no FLOPs. OPT-350m's (ModelSpec.embedding_projection p) is
+# p wide, after project_out (h -> p) and beside project_in (p -> h). ``outputs`` is V, or 1 for
+# a reward model's v_head (zeroplan.core.reward_model).
+def head_forward_flops_per_token(model: ModelSpec, outputs: int | None = None) -> int:
+    """Forward FLOPs per token of the output projection (the logits), of BERT's head transform
+    before it and of OPT-350m's projections."""
+    transform = model.hidden_size * model.hidden_size if model.head_transform else 0
+    width = model.embedding_projection or model.hidden_size
+    projections = 2 * model.hidden_size * model.embedding_projection
+    outputs = model.vocab_size if outputs is None else outputs
+    return MATMUL_FLOPS_PER_MULTIPLY_ADD * (width * outputs + transform + projections)
 
 
 # Attention's own matmuls per query head per token: the scores q k^T against s keys (2 s d)
@@ -248,7 +253,9 @@ def _flops_per_token(model: ModelSpec, training: TrainingSpec, seq_len: int, ada
     adapter weights) joins the linears' forward and its backward matmuls, and
     ``frozen_gradient_flops_per_token`` (twice the frozen matmul weights) leaves the backward."""
     kernel = training.attention_kernel
-    linear = layers_linear_forward_flops_per_token(model) + head_forward_flops_per_token(model)
+    # DeepSpeed-Chat's reward model ends in a v_head of one output (zeroplan.core.reward_model).
+    head = head_forward_flops_per_token(model, 1 if training.objective is Objective.reward else None)
+    linear = layers_linear_forward_flops_per_token(model) + head
     attention = model.num_layers * attention_forward_flops_per_token(model, seq_len, executed_causal_fraction(kernel, model.causal))
     recompute = recompute_flops_per_token(model, training, seq_len)
     backward = BACKWARD_MATMULS_PER_FORWARD_MATMUL * linear + attention_backward_over_forward(kernel) * attention

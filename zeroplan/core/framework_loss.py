@@ -12,6 +12,8 @@ from zeroplan.core.compiled import (COMPILED_CROSS_ENTROPY_ROW_BYTES, compiled_c
 from zeroplan.core.frameworks import hf_under_autocast
 from zeroplan.core import tinyllama
 from zeroplan.core.dpo import dpo_logits_tensors
+from zeroplan.core.dschat_dpo import dschat_dpo_logits_tensors, runs_dschat_dpo
+from zeroplan.core.reward_model import reward_head_tensors
 from zeroplan.core.kv_cache import kv_cache_tensors, loss_forward_tensors
 from zeroplan.core.own_loss import loss_under_trainer_autocast, own_loss_tensors, runs_own_loss
 from zeroplan.core.transformers_release import (
@@ -447,6 +449,14 @@ def framework_logits_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...
         return torchtitan_chunked_loss_parts(request), tuple(torchtitan_chunk_cross_entropy_parts(request))
     if training.fused_linear_cross_entropy:
         return fused_linear_cross_entropy_tensors(request)
+    if training.objective is Objective.reward:
+        # DeepSpeed-Chat's reward model (zeroplan.core.reward_model): a v_head's b x s scores and
+        # its pairwise loss's, no vocabulary's logits.
+        return reward_head_tensors(request)
+    if training.objective is Objective.dpo and runs_dschat_dpo(request):
+        # DeepSpeed-Chat's DPO (zeroplan.core.dschat_dpo): compute-dtype log-softmaxes, both
+        # models' logits held by the loop (with the activations).
+        return dschat_dpo_logits_tensors(request)
     if training.objective is Objective.dpo:
         # torchtune's DPO recipes (zeroplan.core.dpo): unchunked logits, the reference's head
         # moment before torchtune's unchunked cross-entropy's backward moments.

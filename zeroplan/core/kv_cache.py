@@ -14,6 +14,7 @@ layer's K and V besides, for as long as the model's output object is alive.
 
 from __future__ import annotations
 
+from zeroplan.core.dschat_dpo import held_outputs_tensors, runs_dschat_dpo
 from zeroplan.core.transformers_release import (
     opt_loss_tensors, returned_logit_bytes, returns_fp32_logits, runs_opt_own_forward, shifts_logits_copy,
 )
@@ -88,6 +89,9 @@ def loss_forward_tensors(request: PlanRequest) -> tuple[int, ...]:
 # micro-batch terms of the plan search would have to carry apart).
 def kept_outputs_bytes(request: PlanRequest) -> int:
     """What a loop that holds the model's output object keeps beyond what backward needs."""
+    if runs_dschat_dpo(request):
+        # DeepSpeed-Chat's DPO loop holds both models' outputs (zeroplan.core.dschat_dpo).
+        return sum(held_outputs_tensors(request))
     if not request.training.keep_outputs:
         return 0
     if request.training.framework is Framework.torchtune:

@@ -2,6 +2,7 @@
 states", sec. 3.1), exact for a padded sharded layout, with offload to host memory."""
 
 from zeroplan.core import deepspeed_offload, deepspeed_partial_offload, deepspeed_stage0
+from zeroplan.core.dschat_dpo import reference_parameter_bytes
 from zeroplan.core.deepspeed_bf16_autocast import master_copy_element_bytes
 from zeroplan.core.finetune import modules_to_save
 from zeroplan.core.finetune.offload import offloaded_quant_constant_bytes
@@ -351,6 +352,8 @@ def model_state_bytes(request: PlanRequest) -> ModelStateBytes:
         # and gradient; the states are Adam's on the master, as counted above.
         parameter, gradient, optimizer = fp16_optimizer_state_bytes(
             parameter_elements, optimizer_bytes(request, optimizer_elements, optimizer_shards, eb) + counters)
+    # DeepSpeed-Chat's DPO keeps a frozen reference model beside the policy (zeroplan.core.dschat_dpo).
+    parameter += reference_parameter_bytes(request)
     return ModelStateBytes(
         parameter_bytes=parameter,
         gradient_bytes=gradient,

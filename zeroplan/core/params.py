@@ -133,7 +133,11 @@ def parameter_units(model: ModelSpec) -> tuple[ParamUnit, ...]:
 
         return encoder_decoder_units(model)
     h = model.hidden_size
-    embedding = [ParamTensor(name="token.weight", shape=(model.vocab_size, h))]
+    # OPT's project_in / project_out between a narrower embedding and the blocks (ModelSpec.embedding_projection).
+    width = model.embedding_projection or h
+    embedding = [ParamTensor(name="token.weight", shape=(model.vocab_size, width))]
+    if model.embedding_projection:
+        embedding += linear_tensors("project_in", width, h, False)
     if model.position is PositionKind.learned:
         embedding.append(ParamTensor(name="position.weight", shape=(model.max_positions + model.position_offset, h)))
     if model.token_types:
@@ -141,9 +145,12 @@ def parameter_units(model: ModelSpec) -> tuple[ParamUnit, ...]:
     if model.embedding_norm:
         embedding += norm_tensors("embedding_norm", model)
     head = linear_tensors("head_transform", h, h, True) if model.head_transform else []
-    head += norm_tensors(FINAL_NORM_PREFIX.rstrip("."), model)
+    if model.final_norm:
+        head += norm_tensors(FINAL_NORM_PREFIX.rstrip("."), model)
+    if model.embedding_projection:
+        head += linear_tensors("project_out", h, width, False)
     if not model.tied_embeddings:
-        head.append(ParamTensor(name="lm_head.weight", shape=(model.vocab_size, h)))
+        head.append(ParamTensor(name="lm_head.weight", shape=(model.vocab_size, width)))
     if model.head_bias:
         head.append(ParamTensor(name="lm_head.bias", shape=(model.vocab_size,)))
     units = [ParamUnit(name="embedding", tensors=tuple(embedding))]

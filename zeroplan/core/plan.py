@@ -13,6 +13,7 @@ from zeroplan.core.deepspeed_coordinator import loss_gathered_bytes
 from zeroplan.core.deepspeed_torch_linear import pinned_linear_weight_bytes
 from zeroplan.core.uncast_loss import check_uncast_loss, uncast_logits_parts
 from zeroplan.core.dpo import check_dpo_request
+from zeroplan.core.reward_model import check_reward_request
 from zeroplan.core.deepspeed_bf16_autocast import activation_extra_bytes as bf16_autocast_activation_bytes, check_bf16_autocast
 from zeroplan.core.buffers import (
     backward_end_buffer_bytes, backward_end_gradient_bytes, backward_held_buffer_bytes, block_backward_gradient_bytes,
@@ -23,7 +24,9 @@ from zeroplan.core.buffers import (
 )
 from zeroplan.core.communication import collectives
 from zeroplan.core.compiled import check_compiled
-from zeroplan.core import deepspeed_2022, deepspeed_epilogue, deepspeed_stage0, deepspeed_stage3_step
+from zeroplan.core import (
+    deepspeed_2022, deepspeed_epilogue, deepspeed_fused_fp16, deepspeed_stage0, deepspeed_stage3_step, dschat_dpo,
+)
 from zeroplan.core.deepspeed_accumulation import accumulated_bytes, runs_deepspeed_engine
 from zeroplan.core.encoder_decoder import check_encoder_decoder_request
 from zeroplan.core.feasibility import usable_memory_bytes
@@ -322,7 +325,9 @@ def peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms]:
     check_bf16_autocast(request)
     check_uncast_loss(request)
     check_dpo_request(request)
+    check_reward_request(request)
     deepspeed_stage0.check_deepspeed_stage0(request)
+    deepspeed_fused_fp16.check_fused_fp16_optimizer(request)
     if training.finetune.frozen_blocks and training.activation_checkpointing not in (ActivationCheckpointing.none, ActivationCheckpointing.full):
         raise ZeroplanError("finetune.frozen_blocks", f"is modelled with activation checkpointing none or full, not "
                             f"{training.activation_checkpointing.value!r}")
@@ -349,7 +354,9 @@ def _state_terms(request: PlanRequest) -> tuple[ModelStateBytes, tuple[tuple[str
         ("block_transient_buffers", block_backward_transient_bytes(request)),
         ("block_copy_buffers", block_copy_buffer_bytes(request)),
         ("root_gather_buffers", root_gather_buffer_bytes(request)),
-        ("step_temporary", optimizer_step_temporary_bytes(request, states.optimizer_elements)),
+        # DeepSpeed-Chat's DPO loop holds both models' outputs through the step too (zeroplan.core.dschat_dpo).
+        ("step_temporary", optimizer_step_temporary_bytes(request, states.optimizer_elements)
+         + dschat_dpo.held_through_step_bytes(request)),
         ("accumulated_gradients", _accumulated_gradient_bytes(request)),
         ("backward_end_buffers", backward_end_buffer_bytes(request)),
         ("backward_end_gradients", backward_end_gradient_bytes(request)),
@@ -637,9 +644,9 @@ def max_micro_batch_size(request: PlanRequest) -> int:
     if answer is None:
         answer = _max_micro_batch_size(request.with_micro_batch(1))
         _MAX_MICRO_BATCHES.put(key, answer)
-    # Under DPO a micro-batch is rows of chosen and rejected pairs (TrainingSpec.objective): an
-    # even count, and every smaller one fits too.
-    return answer - answer % 2 if request.training.objective is Objective.dpo else answer
+    # Under DPO or a reward model a micro-batch is rows of chosen and rejected pairs
+    # (TrainingSpec.objective): an even count, and every smaller one fits too.
+    return answer - answer % 2 if request.training.objective.pairwise else answer
 
 
 _FIELDS_BUT_BATCH = operator.attrgetter(*(name for name in PlanRequest.model_fields if name != "batch"))
@@ -692,11 +699,12 @@ def _completing_prefix(request: PlanRequest, bound: int) -> int:
     return _verified_below(request, low, largest) if low else largest
 
 
-# Under DPO a micro-batch counts chosen and rejected rows (TrainingSpec.objective, check_dpo_request):
-# an odd count never runs, so its replay neither stops the walk up nor lowers the answer below.
+# Under DPO or a reward model a micro-batch counts chosen and rejected rows (TrainingSpec.objective,
+# check_dpo_request, check_reward_request): an odd count never runs, so its replay neither stops
+# the walk up nor lowers the answer below.
 def _runs(request: PlanRequest, micro_batch: int) -> bool:
-    """Whether a step of ``micro_batch`` rows can run at all (every count; under DPO even ones)."""
-    return request.training.objective is not Objective.dpo or micro_batch % 2 == 0
+    """Whether a step of ``micro_batch`` rows can run at all (every count; pairwise, even ones)."""
+    return not request.training.objective.pairwise or micro_batch % 2 == 0
 
 
 def _next_run_micro_batch(request: PlanRequest, micro_batch: int) -> int:

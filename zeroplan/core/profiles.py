@@ -669,6 +669,8 @@ FRAMEWORK_OPTIONS = {
     # The reference model's linears as torch's own F.linear under DeepSpeed's ZeRO-3
     # (zeroplan.core.deepspeed_torch_linear); the hf profile's model is built inside zero.Init.
     "deepspeed_torch_linear": lambda prof: prof.framework is Framework.zeroplan,
+    # A script's own FusedAdam under DeepSpeed's stage 0 (zeroplan.core.deepspeed_fused_fp16): DeepSpeed-Chat's hf models.
+    "deepspeed_fused_adam": lambda prof: prof.framework is Framework.hf,
     # torchtitan 0.3.0 models/llama3/config_registry.py: llama3_debugmodel_ce_loss builds the
     # unchunked CrossEntropyLoss beside the ChunkedLossWrapper of every other Llama-3 config.
     # torchtune 0.6.1 recipes instantiate whatever `loss:` the config names; with a plain

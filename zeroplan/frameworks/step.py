@@ -86,6 +86,8 @@ def check_step(framework: Framework, strategy: StrategyKind, training: TrainingS
                                                     and strategy is StrategyKind.ddp and world_size == 1):
         raise ZeroplanError("objective", "a DPO step is simulated only as torchtune's lora_dpo_single_device runs it "
                                          "(allowed: --framework torchtune with LoRA, ddp at 1 rank)")
+    if training.objective is Objective.reward:
+        raise ZeroplanError("objective", "a reward step is not simulated (allowed: sft, or dpo as above)")
     check_rank_of_world(world_size, rank, "--world-size", "--rank")
 
 

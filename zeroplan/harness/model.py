@@ -214,9 +214,12 @@ class Transformer(nn.Module):
 def check_buildable(spec: ModelSpec) -> None:
     """Refuse, in one line naming the field, a model this harness's Transformer does not build
     (the measure command calls it before launching any rank)."""
-    for field in ("qkv_bias", "qk_norm", "post_norms", "parallel_block", "head_bias", "token_types", "head_transform"):
+    for field in ("qkv_bias", "qk_norm", "post_norms", "parallel_block", "head_bias", "token_types", "head_transform",
+                  "embedding_projection"):
         if getattr(spec, field):
             raise ZeroplanError(f"model.{field}", "not built by the measurement harness (allowed: false)")
+    if not spec.final_norm:
+        raise ZeroplanError("model.final_norm", "a decoder without a final norm is not built by the measurement harness (allowed: true)")
     if spec.mlp in (MlpKind.geglu, MlpKind.relu):
         raise ZeroplanError("model.mlp", f"{spec.mlp.value} is not built by the measurement harness (allowed: gelu, swiglu)")
     if spec.mlp_bias is not None and spec.mlp_bias != spec.bias:

@@ -40,18 +40,18 @@ def _zero_dropout(config: dict[str, Any], key: str, why: str) -> None:
 # output, final_layer_norm, fc1 (h -> ffn_dim) and fc2 with the same biases, ReLU between them,
 # dropout on fc2's output; the decoder's final_layer_norm; OPTForCausalLM's lm_head (no bias)
 # tied to embed_tokens. The attention (eager_attention_forward) drops out its probabilities
-# with attention_dropout.
+# with attention_dropout. OPT-350m (do_layer_norm_before False, word_embed_proj_dim 512): each
+# OPTDecoderLayer norms after its residual adds instead of before (the same tensors saved for
+# backward, byte for byte: benchmarks/opt_release_attention.py --opt-350m), OPTDecoder builds no
+# final_layer_norm (only where do_layer_norm_before and not _remove_final_layer_norm), and where
+# word_embed_proj_dim differs from hidden_size, bias-free project_in / project_out linears join
+# the narrower embedding and tied lm_head to the blocks (ModelSpec.embedding_projection).
 def opt_spec(name: str, config: dict[str, Any]) -> ModelSpec:
     hidden = require_key(config, "hidden_size")
-    _allowed(config, "do_layer_norm_before", True, (True,),
-             "(OPT-350m's post-norm blocks, without a final norm) is not modelled")
     projection = config.get("word_embed_proj_dim", hidden)
-    if projection != hidden:
-        raise ZeroplanError("config.word_embed_proj_dim", f"{projection!r}: OPT-350m's project_in/project_out between a "
-                                                          f"narrower embedding and the blocks is not modelled (allowed: {hidden}, hidden_size)")
+    final_norm = config.get("do_layer_norm_before", True) and not config.get("_remove_final_layer_norm", False)
     _allowed(config, "activation_function", "relu", ("relu",), "is not modelled for opt")
     _allowed(config, "layer_norm_elementwise_affine", True, (True,), "(norms without weights) is not modelled")
-    _allowed(config, "_remove_final_layer_norm", False, (False,), "(no final norm) is not modelled")
     _zero_dropout(config, "activation_dropout", "OPT's dropout between ReLU and fc2 is not modelled")
     _zero_dropout(config, "layerdrop", "skipping whole blocks at random is not modelled")
     return strict_model_spec(
@@ -64,6 +64,7 @@ def opt_spec(name: str, config: dict[str, Any]) -> ModelSpec:
         tied_embeddings=config.get("tie_word_embeddings", True),
         attention_dropout=config.get("attention_dropout", 0.0),
         hidden_dropout=config.get("dropout", 0.1),
+        embedding_projection=0 if projection == hidden else projection, final_norm=final_norm,
     )
 
 

@@ -102,6 +102,14 @@ class ModelSpec(Frozen):
     head_transform: bool = False
     """Whether the output projection is preceded by a dense h -> h layer with bias and GELU
     (BERT's masked-LM head: cls.predictions.transform; its LayerNorm is the final norm)."""
+    embedding_projection: int = Field(default=0, ge=0, exclude_if=lambda width: not width)
+    """OPT's word_embed_proj_dim where it differs from hidden_size (OPT-350m's 512; 0: none): the
+    token embedding and the tied output projection are that wide, and bias-free project_in and
+    project_out linears join them to the blocks (transformers models/opt/modeling_opt.py OPTDecoder
+    ``project_in``/``project_out``, 4.31.0 alike)."""
+    final_norm: bool = Field(default=True, exclude_if=lambda final: final)
+    """Whether a norm follows the last block (OPTDecoder builds none where do_layer_norm_before is
+    False, OPT-350m's post-norm blocks, whose second norm ends each block)."""
     embedding_norm: bool = False
     """Whether the embedding output passes a LayerNorm before the first block (Bloom's
     word_embeddings_layernorm; transformers 4.56 models/bloom/modeling_bloom.py)."""

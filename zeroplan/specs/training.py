@@ -173,6 +173,16 @@ class Objective(str, Enum):
     one forward, the reference forward under no_grad with the adapters disabled, DPOLoss
     (zeroplan.core.dpo). BatchSpec.micro_batch_size counts the forward's rows, chosen and rejected
     both: twice the recipe's ``batch_size`` of pairs."""
+    reward = "reward"
+    """A reward model's step as DeepSpeed-Chat's step 2 runs it (step2_reward_model_finetuning at
+    3a77097): the bare decoder and a scalar v_head, chosen and rejected sequences in one forward,
+    a pairwise loss on their scores (zeroplan.core.reward_model). BatchSpec.micro_batch_size counts
+    the forward's rows: twice the script's per_device_train_batch_size of pairs."""
+
+    @property
+    def pairwise(self) -> bool:
+        """Whether a micro-batch is rows of chosen and rejected pairs (an even count)."""
+        return self is not Objective.sft
 
 
 class Float8Recipe(str, Enum):
@@ -282,6 +292,11 @@ class TrainingSpec(Frozen):
     released linear's gathered weight stays alive until that linear's backward
     (zeroplan.core.deepspeed_torch_linear): every ZeRO-3 run of DeepSpeed 0.3.12 or 0.3.13, and a model
     built outside a zero.Init context and handed to deepspeed.initialize under 0.3.14 to 0.19.3."""
+    deepspeed_fused_adam: bool = Field(default=False, exclude_if=lambda fused: not fused)
+    """Framework hf under DeepSpeed's stage 0 in fp16: the script hands deepspeed.initialize its own
+    FusedAdam (DeepSpeed-Chat's main.py), which DeepSpeed wraps in FP16_Optimizer, not
+    FP16_UnfusedOptimizer: its step makes each group's fp32 gradient copies and their flat
+    concatenation beside the fp16 gradients (zeroplan.core.deepspeed_fused_fp16)."""
     deepspeed_bf16_autocast: bool = False
     """Framework zeroplan under DeepSpeed's ZeRO-3 engine, bf16-pure precision: DeepSpeed's
     bf16 ``bf16_master_weights_and_grads`` and ``bf16_optimizer_states`` with ``torch_autocast``
@@ -422,7 +437,8 @@ class TrainingSpec(Frozen):
     profile's, sharded: what a Trainer user who builds TrainingArguments first gets under ZeRO-3."""
     # Left out of the JSON when sft, so a causal-LM request dumps as before the field existed.
     objective: Objective = Field(default=Objective.sft, exclude_if=lambda objective: objective is Objective.sft)
-    """sft (a causal-LM step) or dpo (zeroplan.core.dpo: torchtune's LoRA DPO recipes)."""
+    """sft (a causal-LM step), dpo (zeroplan.core.dpo: torchtune's LoRA DPO recipes) or reward
+    (zeroplan.core.reward_model: DeepSpeed-Chat's reward model)."""
     finetune: FineTuneSpec = FineTuneSpec()
     """Which parameters train (LoRA adapters over a frozen, optionally quantized base; frozen
     embeddings or blocks): every one by default (zeroplan.specs.finetune)."""
