@@ -23,7 +23,7 @@ def adapters_follow_base(request: PlanRequest) -> bool:
 # peft 0.4.0 tuners/lora.py:691 and 0.5.0:158 (update_layer: self.to(self.weight.device)), 0.6.0
 # tuners/lora/layer.py:79-86 (update_layer runs before _replace_module hands Linear the base
 # weight, and model.py _replace_module moves the adapter to the weight's device only): nn.Linear's
-# fp32 adapters whatever the base's dtype. 0.7.0 layer.py:96-100 through 0.11.1 layer.py:125-131:
+# fp32 adapters whatever the base's dtype. 0.7.0 layer.py:96-100 through 0.11.1 layer.py:129:
 # self.to(weight.device, dtype=weight.dtype) with the base layer's floating weight, the base's
 # dtype. 0.12.0 peft_model.py:159 -> tuners/tuners_utils.py:316-356 _cast_adapter_dtype (get_peft_model's
 # autocast_adapter_dtype=True; 0.17.1 tuners_utils.py, 0.20.0 tuners_utils.py:590 the same):
