@@ -10,14 +10,14 @@ from zeroplan.specs.finetune import PEFT_ADAPTERS_FOLLOW_BASE, PEFT_UPCASTS_ADAP
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
-from zeroplan.specs.training import Precision, StateConvention
+from zeroplan.specs.training import Precision, StateConvention, TrainingSpec
 from zeroplan.units import FP32_BYTES
 
 
-def adapters_follow_base(request: PlanRequest) -> bool:
-    """Whether the request's peft release leaves the adapters in the base's floating dtype
+def adapters_follow_base(training: TrainingSpec) -> bool:
+    """Whether the training's peft release leaves the adapters in the base's floating dtype
     (0.7.0 to 0.11.1: zeroplan.specs.finetune.PEFT_ADAPTERS_FOLLOW_BASE)."""
-    return PEFT_ADAPTERS_FOLLOW_BASE <= version_tuple(request.training.finetune.peft_version) < PEFT_UPCASTS_ADAPTERS
+    return PEFT_ADAPTERS_FOLLOW_BASE <= version_tuple(training.finetune.peft_version) < PEFT_UPCASTS_ADAPTERS
 
 
 # peft 0.4.0 tuners/lora.py:691 and 0.5.0:158 (update_layer: self.to(self.weight.device)), 0.6.0
@@ -33,10 +33,14 @@ def adapters_follow_base(request: PlanRequest) -> bool:
 def peft_adapter_element_bytes(request: PlanRequest) -> int:
     """Bytes per element of peft's adapter weights as get_peft_model leaves them over an
     unquantized base (before any engine casts the module)."""
-    training = request.training
+    return training_adapter_element_bytes(request.training)
+
+
+def training_adapter_element_bytes(training: TrainingSpec) -> int:
+    """peft_adapter_element_bytes of a training spec (the report's header reads it)."""
     if training.precision is Precision.fp32 or training.finetune.base_dtype is BaseDtype.fp32:
         return FP32_BYTES
-    return training.precision.compute_bytes if adapters_follow_base(request) else FP32_BYTES
+    return training.precision.compute_bytes if adapters_follow_base(training) else FP32_BYTES
 
 
 def peft_plain_ddp(request: PlanRequest) -> bool:
