@@ -120,3 +120,18 @@ def test_only_hf_runs_peft() -> None:
                     training=TrainingSpec(framework="torchtune", precision="bf16-pure",
                                           finetune=FineTuneSpec(lora_rank=8, peft_version="0.11.1")))
     assert error.value.field == "finetune.peft_version" and "\n" not in str(error.value)
+
+
+def test_deepspeed_zero3_keeps_fp32_only_what_peft_made_fp32() -> None:
+    # DeepSpeed from 0.19.2 casts no zero.Init model (activations.adapters_stay_fp32): the adapters
+    # keep get_peft_model's dtype, fp32 from peft 0.12.0, bf16 in 0.7.0-0.11.1 (the 0.11.1 record).
+    from zeroplan.core.finetune.activations import adapters_stay_fp32
+
+    def request(version: str) -> PlanRequest:
+        return PlanRequest(model=get_model("llama-3.1-8b"), cluster=cluster_from_gpus(get_gpu("h100-80gb"), 8),
+                           strategy=StrategySpec(kind="zero3"), batch=BatchSpec(seq_len=512, micro_batch_size=1),
+                           training=TrainingSpec(framework="hf", precision="bf16-mixed",
+                                                 finetune=FineTuneSpec(lora_rank=8, peft_version=version)))
+
+    assert adapters_stay_fp32(request("0.20.0")) and adapter_matmul_bytes(request("0.20.0")) == 4
+    assert not adapters_stay_fp32(request("0.11.1")) and adapter_matmul_bytes(request("0.11.1")) == 2

@@ -12,7 +12,8 @@ fine-tune's terms are those of zeroplan.core.activations.layer_terms.
 from __future__ import annotations
 
 from zeroplan.core.activations import norm_bytes, rms_norm_is_composite
-from zeroplan.core.finetune.adapter_dtype import adapters_cast_their_input, peft_matmul_bytes, peft_plain_ddp
+from zeroplan.core.finetune.adapter_dtype import (adapters_cast_their_input, peft_adapter_element_bytes, peft_matmul_bytes,
+                                                   peft_plain_ddp)
 from zeroplan.core.finetune.storage import hf_runs_fsdp1
 from zeroplan.core.model_load import model_load
 from zeroplan.specs.finetune import BaseDtype, LoraTarget, Quantization, linear_modules, lora_adapters
@@ -84,13 +85,17 @@ def _output_width(request: PlanRequest, target: LoraTarget) -> int:
 # element and are not modelled; what the adapters keep for backward is. Before 0.19.2 the same function called
 # self.module.bfloat16() / half() on every model (0.13.3 engine.py:1099-1106; 0.19.1 the same;
 # replaced in microsoft/DeepSpeed#8066, first released in 0.19.2), which cast the adapters with
-# the rest. ZeRO-1/2 never pass zero.Init, so the cast holds there in every release.
+# the rest. ZeRO-1/2 never pass zero.Init, so the cast holds there in every release. peft 0.7.0
+# to 0.11.1 make the adapters in the base's bf16 and never upcast them
+# (zeroplan.core.finetune.adapter_dtype.peft_adapter_element_bytes): nothing is fp32 to stay so.
 def adapters_stay_fp32(request: PlanRequest) -> bool:
     """Whether DeepSpeed's ZeRO-3 engine leaves peft's fp32 adapters in fp32 under a 16-bit
-    precision (hf, zero.Init entered, DeepSpeed 0.19.2 or later: deepspeed_release 0.19.8)."""
+    precision (hf, zero.Init entered, DeepSpeed 0.19.2 or later: deepspeed_release 0.19.8; a
+    peft that makes them fp32)."""
     return (loaded_inside_zero_init(request) and request.training.finetune.is_lora
             and request.training.precision.compute_bytes < FP32_BYTES
-            and request.training.deepspeed_release in (None, "0.19.8"))
+            and request.training.deepspeed_release in (None, "0.19.8")
+            and peft_adapter_element_bytes(request) == FP32_BYTES)
 
 
 # peft 0.17.1 tuners/lora/layer.py Linear.forward casts the input to the adapter weight's dtype
