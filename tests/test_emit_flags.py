@@ -26,6 +26,7 @@ TEXT_SAMPLES: dict[str, list[str]] = {
     "deepspeed_config": ["ds_config.json", "configs/my ds.json"],
     "strategies": ["zero3", "zero2,fsdp-full-shard"],
     "bitsandbytes_version": ["0.43.1"],
+    "peft_version": ["0.11.1"],
     "transformers_version": ["4.38.2", "4.45"],
     "accelerate_version": ["0.28.0", "1.10"],
     "torch_release": ["1.13", "2.0.1"],

@@ -38,6 +38,7 @@ from zeroplan.core.record import frozen
 from zeroplan.specs.parallel import PipelineSchedule
 from zeroplan.specs.framework import Framework
 from zeroplan.core.buffers import foreach_step_copies, optimizer_loop
+from zeroplan.core.finetune.adapter_dtype import trainable_element_bytes
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes
 from zeroplan.core.parallel.units import rank_trainable_units
 from zeroplan.specs.request import PlanRequest
@@ -423,7 +424,7 @@ def _per_parameter_parts(request: PlanRequest, states: ModelStateBytes, terms: P
     if not adam or optimizer_loop(request) is not OptimizerLoop.foreach:
         return parts
     copies = foreach_step_copies(request)
-    eb = element_bytes(request.training.precision, request.convention)
+    eb = trainable_element_bytes(request, element_bytes(request.training.precision, request.convention))
     # Only where the step's temporary is those lists alone (not, say, PEFT's copies beside them).
     if terms.step_temporary == copies * states.optimizer_elements * eb.optimizer_dtype:
         parts["step_temporary_parts"] = tuple(split_bytes(terms.step_temporary, weights * copies))

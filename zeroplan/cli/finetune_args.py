@@ -83,6 +83,9 @@ def add_finetune_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--bitsandbytes-version", metavar="V",
                        help="the bitsandbytes release an nf4 base runs on (default 0.50.2; before 0.43.2 each 4-bit "
                             "matmul keeps its input for backward)")
+    group.add_argument("--peft-version", metavar="V",
+                       help="hf: the peft release the LoRA runs on (default 0.20.0; 0.4 to 0.20): before 0.7.0 and from "
+                            "0.12.0 the adapters are fp32 over a bf16 base, 0.7.0 to 0.11.1 in the base's dtype")
     group.add_argument("--kbit-fp32-cast", action=argparse.BooleanOptionalAction, default=None,
                        help="hf, quantized base: peft's prepare_model_for_kbit_training casts the embeddings, head and "
                             "norms to fp32 (default on, transformers' QLoRA recipe; --no-kbit-fp32-cast: they stay as "
@@ -110,6 +113,7 @@ def finetune_from_args(args: argparse.Namespace) -> FineTuneSpec:
     optional = {"lora_alpha": "lora_alpha", "lora_targets": "lora_targets", "quant_block_size": "quant_block_size",
                 "double_quant": "double_quant", "base_dtype": "base_dtype",
                 "bitsandbytes_version": "bitsandbytes_version", "kbit_fp32_cast": "kbit_fp32_cast",
+                "peft_version": "peft_version",
                 "gptq_group_size": "gptq_group_size",
                 "modules_to_save": "lora_modules_to_save"}
     for field, flag in optional.items():

@@ -178,6 +178,7 @@ FLAG_OF_FIELD = {
     "finetune.quant_block_size": "--quant-block-size",
     "finetune.double_quant": "--double-quant",
     "finetune.bitsandbytes_version": "--bitsandbytes-version",
+    "finetune.peft_version": "--peft-version",
     "finetune.gptq_group_size": "--gptq-group-size",
     "finetune.kbit_fp32_cast": "--kbit-fp32-cast",
     "finetune.freeze_embeddings": "--freeze-embeddings",

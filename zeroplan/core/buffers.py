@@ -6,6 +6,7 @@ from __future__ import annotations
 from zeroplan.core import deepspeed_2022, deepspeed_epilogue, deepspeed_offload, deepspeed_step
 from zeroplan.core import deepspeed_coordinator, deepspeed_fused_fp16, deepspeed_one_rank, deepspeed_stage0, muon, tinyllama
 from zeroplan.core.finetune import modules_to_save
+from zeroplan.core.finetune.adapter_dtype import trainable_element_bytes
 from zeroplan.core.deepspeed_accumulation import resident_bytes as deepspeed_resident_bytes
 from zeroplan.core.deepspeed_accumulation import stage12_bucket_bytes
 from zeroplan.core.largest_unit import largest_gathered_unit_bytes, largest_unit_elements
@@ -719,7 +720,8 @@ def optimizer_step_temporary_bytes(request: PlanRequest, optimizer_elements: int
         return device_step_temporary_bytes(request) + deepspeed_offload.step_upcopy_bytes(request)
     if request.training.fsdp_cpu_offload:
         return 0
-    eb = element_bytes(request.training.precision, request.convention)
+    # The states' dtype: peft's adapters' where nothing casts them (zeroplan.core.finetune.adapter_dtype).
+    eb = trainable_element_bytes(request, element_bytes(request.training.precision, request.convention))
     if request.training.optimizer_in_backward:
         return optimizer_in_backward_step_bytes(request, eb)
     # DeepSpeed's ZeRO-1/2 step takes the gradient norm (one fp64 copy at a time) before the

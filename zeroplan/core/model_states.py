@@ -5,6 +5,7 @@ from zeroplan.core import deepspeed_offload, deepspeed_partial_offload, deepspee
 from zeroplan.core.dschat_dpo import reference_parameter_bytes
 from zeroplan.core.deepspeed_bf16_autocast import master_copy_element_bytes
 from zeroplan.core.finetune import modules_to_save
+from zeroplan.core.finetune.adapter_dtype import trainable_element_bytes
 from zeroplan.core.finetune.offload import offloaded_quant_constant_bytes
 from zeroplan.core.finetune.storage import frozen_held_bytes, frozen_tensor_bytes
 from zeroplan.core.finetune.units import trainable_view
@@ -260,7 +261,8 @@ def model_state_bytes(request: PlanRequest) -> ModelStateBytes:
         )
     kind = request.strategy.kind
     stage = kind.zero_stage
-    eb = element_bytes(request.training.precision, request.convention)
+    # peft's adapters in their own dtype where nothing casts them (zeroplan.core.finetune.adapter_dtype).
+    eb = trainable_element_bytes(request, element_bytes(request.training.precision, request.convention))
     # Only trainable parameters have gradients, optimizer states and master copies; frozen
     # ones (zeroplan.core.finetune) are stored once, sharded by ZeRO-3 and FSDP like the rest
     # (deepspeed/runtime/zero/partition_parameters.py partitions every parameter; FSDP2's

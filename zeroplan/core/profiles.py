@@ -93,6 +93,9 @@ class FrameworkProfile:
     """What stores and multiplies an nf4 base (docs/finetuning.md), and which releases the
     profile models: bitsandbytes' per FineTuneSpec.bitsandbytes_version, torchao's at the
     profile's release ('': no nf4 base)."""
+    lora_library: str = ""
+    """What builds its LoRA adapters and which releases the profile models ('': its own modules,
+    at the profile's release)."""
     fused_optimizer: bool = False
     """Its recipes build Adam/AdamW with ``fused=True``: torch's fused kernel (torch 2.13
     optim/adam.py _fused_adam -> torch._fused_adamw_) updates each tensor in place, with no
@@ -206,6 +209,9 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         # as 0.39.1 to 0.43.1 kept its input (the -bnb0.43.1 records).
         nf4_library="bitsandbytes 0.39.0 and later (Linear4bit, MatMul4Bit; FineTuneSpec.bitsandbytes_version, "
                     "default 0.50.2)",
+        # peft 0.6.2, 0.11.1 and 0.17.1 measured (benchmarks/peft-adapter-dtype-records).
+        lora_library="peft 0.4 to 0.20 (LoRA Linear; FineTuneSpec.peft_version, default 0.20.0: the adapters' dtype "
+                     "by release, zeroplan.core.finetune.adapter_dtype)",
         checkpointing=_NONE_FULL, checkpointing_names="none, full (gradient_checkpointing)",
         default_precision=Precision.bf16_mixed, expands_kv_heads=False, bf16_module_norm_saves_bf16=True,
         loss_chunks=1, offers_activation_offloading=False, sdpa_keeps_padding_mask=True,

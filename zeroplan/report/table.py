@@ -258,6 +258,14 @@ def finetune_lines(report: FitReport) -> list[str]:
             else "VeRA (lambda_b and lambda_d; vera_A and vera_B frozen, shared)" if finetune.vera
             else "LoRA-FA (lora_A frozen)" if finetune.lora_fa else "LoRA")
     lines = [f"{kind} rank {finetune.lora_rank} on {targets}{dropout}: {share}; {base}."]
+    if t.framework.value == "hf" and not finetune.quantize.is_quantized:
+        # zeroplan.core.finetune.adapter_dtype: the adapters' dtype by peft release.
+        from zeroplan.core.finetune.adapter_dtype import training_adapter_element_bytes
+
+        dtype = "fp32" if training_adapter_element_bytes(t) == 4 else loaded
+        lines.append(f"peft {finetune.peft_version} leaves the adapters in {dtype} (--peft-version: fp32 before 0.7.0 and "
+                     "from 0.12.0, the base's dtype between); under plain DDP their gradients and optimizer states "
+                     "are in it too, DeepSpeed and FSDP cast them for compute.")
     if finetune.modules_to_save:
         from zeroplan.core.finetune.modules_to_save import copy_element_bytes_of, saved_tensors_of
 

@@ -159,6 +159,27 @@ BNB_4BIT_DROPS_INPUT = (0, 43, 2)
 #1270) changed MatMul4Bit.forward's ``ctx.tensors = (A, B)`` to ``(None, B)``: before it every
 4-bit matmul kept its input until backward (zeroplan.core.finetune.activations)."""
 
+PEFT_VERSION = "0.20.0"
+"""The peft release hf's LoRA is planned with unless told: the newest (v0.20.0), whose adapter
+dtype is that of every release from 0.12.0 (FineTuneSpec.peft_version)."""
+PEFT_FIRST_READ = (0, 4, 0)
+"""The oldest peft whose LoRA layers were read (v0.4.0 tuners/lora.py)."""
+PEFT_NEWEST_READ = (0, 20)
+"""The newest peft minor release read (v0.20.0)."""
+PEFT_ADAPTERS_FOLLOW_BASE = (0, 7, 0)
+"""peft 0.7.0 tuners/lora/layer.py:96-100 LoraLayer.update_layer: ``self.to(weight.device,
+dtype=weight.dtype)`` with the base layer's weight (get_base_layer), which the new base_layer
+design hands it while the adapter is made: adapters in the base's floating dtype. Before it
+(0.4.0 tuners/lora.py:691 and 0.5.0:158 ``self.to(self.weight.device)``; 0.6.0-0.6.2
+tuners/lora/layer.py:79-86, where Linear's weight is not yet set while update_layer runs, and
+model.py _replace_module moves the new module to the weight's device only) the adapters keep
+nn.Linear's fp32 (zeroplan.core.finetune.adapter_dtype)."""
+PEFT_UPCASTS_ADAPTERS = (0, 12, 0)
+"""peft 0.12.0 (#1706, "Autocast adapter weights if fp16/bf16") mapping.py:138 get_peft_model's
+autocast_adapter_dtype=True and peft_model.py:159 -> tuners/tuners_utils.py:316-356
+_cast_adapter_dtype upcast every fp16 or bf16 adapter tensor to fp32 after the layers cast them
+to the base's dtype (the same in 0.17.1 and 0.20.0: tuners_utils.py _cast_adapter_dtype)."""
+
 
 def version_tuple(text: str) -> tuple[int, int, int]:
     """``"0.43.1"`` as (0, 43, 1); a missing patch number is 0. ValueError for anything else."""
@@ -226,6 +247,10 @@ class FineTuneSpec(Frozen):
     """The bitsandbytes release an nf4 base runs on (hf and zeroplan; torchtune's nf4 is
     torchao's): before 0.43.2 each 4-bit matmul kept its input for backward
     (zeroplan.core.finetune.activations.bnb_4bit_keeps_input)."""
+    peft_version: str = Field(default=PEFT_VERSION, exclude_if=lambda version: version == PEFT_VERSION)
+    """The peft release hf's LoRA runs on (zeroplan.core.finetune.adapter_dtype): before 0.7.0 and
+    from 0.12.0 the adapters are fp32 over a bf16 base, 0.7.0 to 0.11.1 in the base's dtype. Left
+    out of the JSON at its default."""
     kbit_fp32_cast: bool = True
     """Hugging Face's quantized base (QLoRA, int8): whether the recipe runs peft's
     prepare_model_for_kbit_training, which casts every parameter that is not 4- or 8-bit
@@ -247,7 +272,8 @@ class FineTuneSpec(Frozen):
         lora_only = {"lora_alpha": self.lora_alpha is not None, "lora_targets": self.lora_targets is not None,
                      "lora_dropout": self.lora_dropout > 0, "dora": self.dora,
                      "quantize": self.quantize.is_quantized, "base_dtype": self.base_dtype is not BaseDtype.bf16,
-                     "modules_to_save": bool(self.modules_to_save), "vera": self.vera, "lora_fa": self.lora_fa}
+                     "modules_to_save": bool(self.modules_to_save), "vera": self.vera, "lora_fa": self.lora_fa,
+                     "peft_version": self.peft_version != PEFT_VERSION}
         if not self.lora_rank:
             given = [name for name, set_ in lora_only.items() if set_]
             if given:
@@ -274,6 +300,8 @@ class FineTuneSpec(Frozen):
         if version < BITSANDBYTES_FIRST_4BIT:
             raise ZeroplanError("finetune.bitsandbytes_version", f"{self.bitsandbytes_version} has no 4-bit layers "
                                 "(allowed: 0.39.0 or later)")
+        check_release_range("finetune.peft_version", self.peft_version, PEFT_FIRST_READ[:2], PEFT_NEWEST_READ,
+                            f"{PEFT_NEWEST_READ[0]}.{PEFT_NEWEST_READ[1]}.x")
         if self.quant_block_size not in NF4_BLOCK_SIZES:
             raise ZeroplanError("finetune.quant_block_size", f"{self.quant_block_size} is not a 4-bit block size bitsandbytes "
                                 f"quantizes in (allowed: {', '.join(map(str, NF4_BLOCK_SIZES))})")
@@ -420,6 +448,10 @@ def check_finetune(finetune: FineTuneSpec, model: ModelSpec, framework: Framewor
         # is not quantized as loaded already.
         raise ZeroplanError("finetune.kbit_fp32_cast", f"is hf's recipe step; {framework.value} casts nothing to fp32 "
                             "(allowed only with framework hf)")
+    if finetune.peft_version != PEFT_VERSION and framework is not Framework.hf:
+        # Only the hf profile builds its adapters with peft (torchtune and zeroplan their own).
+        raise ZeroplanError("finetune.peft_version", f"{framework.value} does not run peft (allowed only with "
+                            "framework hf)")
     if finetune.base_dtype is BaseDtype.fp32 and framework is Framework.torchtune:
         # torchtune 0.6.1 recipes load the whole model in the recipe's `dtype` (bf16 in every LoRA config).
         raise ZeroplanError("finetune.base_dtype", "torchtune loads the base in its recipe's dtype (allowed: bf16)")

@@ -12,6 +12,8 @@ fine-tune's terms are those of zeroplan.core.activations.layer_terms.
 from __future__ import annotations
 
 from zeroplan.core.activations import norm_bytes, rms_norm_is_composite
+from zeroplan.core.finetune.adapter_dtype import (adapters_cast_their_input, peft_adapter_element_bytes, peft_matmul_bytes,
+                                                   peft_plain_ddp)
 from zeroplan.core.finetune.storage import hf_runs_fsdp1
 from zeroplan.core.model_load import model_load
 from zeroplan.specs.finetune import BaseDtype, LoraTarget, Quantization, linear_modules, lora_adapters
@@ -83,13 +85,17 @@ def _output_width(request: PlanRequest, target: LoraTarget) -> int:
 # element and are not modelled; what the adapters keep for backward is. Before 0.19.2 the same function called
 # self.module.bfloat16() / half() on every model (0.13.3 engine.py:1099-1106; 0.19.1 the same;
 # replaced in microsoft/DeepSpeed#8066, first released in 0.19.2), which cast the adapters with
-# the rest. ZeRO-1/2 never pass zero.Init, so the cast holds there in every release.
+# the rest. ZeRO-1/2 never pass zero.Init, so the cast holds there in every release. peft 0.7.0
+# to 0.11.1 make the adapters in the base's bf16 and never upcast them
+# (zeroplan.core.finetune.adapter_dtype.peft_adapter_element_bytes): nothing is fp32 to stay so.
 def adapters_stay_fp32(request: PlanRequest) -> bool:
     """Whether DeepSpeed's ZeRO-3 engine leaves peft's fp32 adapters in fp32 under a 16-bit
-    precision (hf, zero.Init entered, DeepSpeed 0.19.2 or later: deepspeed_release 0.19.8)."""
+    precision (hf, zero.Init entered, DeepSpeed 0.19.2 or later: deepspeed_release 0.19.8; a
+    peft that makes them fp32)."""
     return (loaded_inside_zero_init(request) and request.training.finetune.is_lora
             and request.training.precision.compute_bytes < FP32_BYTES
-            and request.training.deepspeed_release in (None, "0.19.8"))
+            and request.training.deepspeed_release in (None, "0.19.8")
+            and peft_adapter_element_bytes(request) == FP32_BYTES)
 
 
 # peft 0.17.1 tuners/lora/layer.py Linear.forward casts the input to the adapter weight's dtype
@@ -112,7 +118,10 @@ def adapters_copy_their_input(request: PlanRequest) -> bool:
     input, then autocast's bf16 copy of it where autocast runs)."""
     if request.training.framework is Framework.hf and request.training.finetune.quantize.is_quantized:
         return quantized_adapters_copy_their_input(request, "hidden")
-    return (request.training.framework is Framework.hf and request.strategy.kind is StrategyKind.ddp) or \
+    # Under plain DDP, whether peft's adapters are of another dtype than their bf16 input (by
+    # release: zeroplan.core.finetune.adapter_dtype.adapters_cast_their_input).
+    return (request.training.framework is Framework.hf and request.strategy.kind is StrategyKind.ddp
+            and adapters_cast_their_input(request)) or \
         adapters_stay_fp32(request) or (request.strategy.kind.is_fsdp and hf_runs_fsdp1(request))
 
 
@@ -140,12 +149,17 @@ def group_adapters_copy_input(request: PlanRequest, kind: str) -> bool:
 
 
 # What lora_A multiplies, and so saves for its weight's gradient, and what it returns, which
-# lora_B saves: under autocast (hf's DDP) its bf16 cast of the (dropped) fp32 input and a bf16
-# product; with fp32 adapters and no autocast (adapters_stay_fp32) the fp32 input and an fp32
-# product; otherwise the compute dtype.
+# lora_B saves: under autocast (hf's DDP with bf16-mixed) its bf16 cast of the (dropped) fp32
+# input and a bf16 product; with fp32 adapters and no autocast (adapters_stay_fp32; hf's plain
+# DDP under bf16-pure on a peft that leaves them fp32: adapter_dtype.peft_matmul_bytes) the fp32
+# input and an fp32 product; otherwise the compute dtype.
 def adapter_matmul_bytes(request: PlanRequest) -> int:
     """Bytes per element of lora_A's saved input and of its r-wide output."""
-    return FP32_BYTES if adapters_stay_fp32(request) else request.training.precision.compute_bytes
+    if adapters_stay_fp32(request):
+        return FP32_BYTES
+    if peft_plain_ddp(request):
+        return peft_matmul_bytes(request)
+    return request.training.precision.compute_bytes
 
 
 # bitsandbytes 0.50.2 autograd/_functions.py MatMul8bitLt.forward (what Linear8bitLt runs on a GPU):
