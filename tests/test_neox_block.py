@@ -30,16 +30,24 @@ def _request(model: str, framework: str, seq_len: int, micro_batch: int, *flags:
     return request.model_copy(update={"training": request.training.model_copy(update={"kernels": kernels})})
 
 
+# The other blocks of the records: Phi-2 (one shared LayerNorm, no dropout in litgpt's code though
+# its config has resid_pdrop 0.1), Llama-2-7B (RMSNorm, MHA) and Llama-3-8B (grouped K/V heads;
+# llama-3.1-8b has its shape).
+OTHERS = {"phi-2": str(ROOT / "tests" / "fixtures" / "hf" / "phi-2.json")}
+
+
 @pytest.mark.parametrize("path", sorted(p for p in RECORDS.glob("litgpt_*_eager_*.json")
-                                        if json.loads(p.read_text())["model"] in GPT_NEOX), ids=lambda p: p.stem)
-def test_litgpt_gpt_neox_block_is_planned_to_the_byte(path: Path) -> None:
+                                        if json.loads(p.read_text())["model"] in {**GPT_NEOX, **OTHERS}), ids=lambda p: p.stem)
+def test_litgpt_block_is_planned_to_the_byte(path: Path) -> None:
     # benchmarks/litgpt_eager_records.py: litgpt 9a1b82b's own GPT on fake tensors (CPU kernels).
     record = json.loads(path.read_text())
-    request = _request(GPT_NEOX[record["model"]], "litgpt", record["seq_len"], record["micro_batch_size"])
+    request = _request({**GPT_NEOX, **OTHERS}[record["model"]], "litgpt", record["seq_len"], record["micro_batch_size"])
     model = request.model
     assert (model.hidden_size, model.num_heads, model.kv_heads, model.ffn_hidden_size) == (
         record["n_embd"], record["n_head"], record["n_query_groups"], record["intermediate_size"])
-    assert record["parallel_residual"] and not record["shared_attention_norm"] and model.parallel_residual
+    two_norms = record["parallel_residual"] and not record["shared_attention_norm"]
+    assert model.parallel_residual == two_norms == (record["model"] in GPT_NEOX)
+    assert model.hidden_dropout == model.attention_dropout == 0
     assert framework_layer_bytes(request) == record["per_layer_bytes"]
 
 
