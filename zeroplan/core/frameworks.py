@@ -291,7 +291,23 @@ def framework_layer_bytes(request: PlanRequest) -> int:
     return (layer_bytes(model, training, s, b, autocast=request.runs_under_autocast) - norms + expanded_kv_extra_bytes(model, training, s, b)
             + autocast_copies_bytes(request) + torchtitan_rope_cache_bytes(request) + eager_attention_extra_bytes(request)
             + torchtitan_moe_block_extra_bytes(request) + lora_layer_delta_bytes(request, norm_savings)
-            + padding_mask_extra_bytes(request) + rotary_cat_extra_bytes(request) + layer_norm_statistics_bytes(request))
+            + padding_mask_extra_bytes(request) + rotary_cat_extra_bytes(request) + layer_norm_statistics_bytes(request)
+            + litgpt_rms_norm_extra_bytes(request))
+
+
+# litgpt 00af8b0 (and 9a1b82b) litgpt/model.py RMSNorm.forward (lines 564-571): rsqrt's backward
+# keeps its fp32 result (one a token), and x_normed * weight.float() keeps the weight's fp32 copy
+# for x_normed's gradient, a new tensor where the module is not fp32 (in an fp32 module .float()
+# returns the parameter itself). The two fp32 token-wide tensors are composite_rms_norm_bytes'.
+# Measured: benchmarks/eager-litgpt-records (Llama-2-7B, Llama-3-8B: 2 x (4 x s + 4 x h) a block).
+def litgpt_rms_norm_extra_bytes(request: PlanRequest) -> int:
+    """Bytes a litgpt block's RMSNorms keep beyond their two fp32 token-wide tensors."""
+    model, training, batch = request.model, request.training, request.batch
+    if training.framework is not Framework.litgpt or model.norm is not NormKind.rmsnorm:
+        return 0
+    rsqrt = FP32_BYTES * batch.seq_len * batch.micro_batch_size
+    weight_copy = FP32_BYTES * model.hidden_size if training.precision.compute_bytes != FP32_BYTES and not request.runs_under_autocast else 0
+    return model.norms_per_block * (rsqrt + weight_copy)
 
 
 # litgpt 9a1b82b (and 00af8b0, the profile's commit) litgpt/model.py CausalSelfAttention.forward:
