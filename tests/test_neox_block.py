@@ -128,3 +128,17 @@ def test_transformers_gpt_neox_layer_is_planned_to_the_byte(use_cache: bool, tmp
     assert framework_layer_bytes(request) == per_layer
     # The cache's own K and V copies replace the fused output's V view and the rotated K.
     assert rotary_cat_extra_bytes(request) == 2 * S * HIDDEN * (1 if use_cache else 3)
+
+
+def test_under_lora_the_head_merge_copy_is_kept_only_by_an_adapter_without_dropout() -> None:
+    # litgpt 9a1b82b's lora.py GPT (Phi-2, every linear adapted, lora_dropout 0.05), saved-tensor
+    # hooks on fake tensors: SDPA's output is kept, the projection's input copy is not (the frozen
+    # matmul keeps no input, the adapter its dropped copy and mask).
+    config = GPT_NEOX["stablecode-completion-alpha-3b"]
+    tokens_h = 2 * 2048 * 2560
+    full = _request(config, "litgpt", 2048, 1)
+    dropped = _request(config, "litgpt", 2048, 1, "--lora-rank", "8", "--lora-targets", "q,k,v,o", "--lora-dropout", "0.05")
+    plain = _request(config, "litgpt", 2048, 1, "--lora-rank", "8", "--lora-targets", "q,k,v,o")
+    untargeted = _request(config, "litgpt", 2048, 1, "--lora-rank", "8", "--lora-targets", "q,v")
+    assert rotary_cat_extra_bytes(full) == rotary_cat_extra_bytes(plain) == 3 * tokens_h
+    assert rotary_cat_extra_bytes(dropped) == rotary_cat_extra_bytes(untargeted) == 2 * tokens_h

@@ -15,6 +15,7 @@ from zeroplan.core import tinyllama
 from zeroplan.core.hf_padding_mask import padding_mask_extra_bytes
 from zeroplan.core.profiles import profile
 from zeroplan.core.transformers_release import opt_clamp_score_bytes, upcasts_softmax
+from zeroplan.specs.finetune import LoraTarget
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import ModelSpec, NormKind, PositionKind
 from zeroplan.specs.request import PlanRequest
@@ -335,7 +336,14 @@ def rotary_cat_extra_bytes(request: PlanRequest) -> int:
     if not (litgpt or hf) or model.position is not PositionKind.rope or training.attention_kernel is not AttentionKernel.flash:
         return 0
     e, sb = training.precision.compute_bytes, batch.seq_len * batch.micro_batch_size
-    output_copy = e * sb * model.q_size
+    # The copy is kept by what reads it: a trained projection's matmul, or its LoRA adapter's
+    # lora_A without dropout (a frozen base matmul keeps no input; with lora_dropout the adapter
+    # keeps its dropped copy and mask instead, zeroplan.core.finetune.activations). Measured on
+    # litgpt 9a1b82b's lora.py GPT (Phi-2, every linear adapted, lora_dropout 0.05): SDPA's output
+    # kept, the projection's input not.
+    finetune = training.finetune
+    copy_kept = (not finetune.is_lora or (LoraTarget.o in finetune.targets(training.framework) and finetune.lora_dropout == 0))
+    output_copy = e * sb * model.q_size if copy_kept else 0
     # With grouped K/V heads litgpt's expand-and-reshape copies replace V's view
     # (expanded_kv_extra_bytes); the rotated q and k are then the tensors SDPA keeps. transformers'
     # KV cache (TrainingSpec.use_cache; zeroplan.core.kv_cache) hands SDPA its own copies of K and
