@@ -324,7 +324,7 @@ def litgpt_rms_norm_extra_bytes(request: PlanRequest) -> int:
 # SDPA's output. transformers 4.56.2 GPT-NeoX does the same (ModelSpec.rotary_cat:
 # qkv.chunk(3) views, the partial rotary's cat, attn_output.transpose(1, 2).contiguous() in
 # integrations/sdpa_attention.py). Measured with saved-tensor hooks on fake tensors
-# (tests/test_neox_block.py): 4 x e x s x b x h a block over the reference block for an MHA
+# (tests/test_neox_block.py): 3 x e x s x b x h a block over the reference block for an MHA
 # GPT-NeoX. A padded hf batch runs the memory-efficient kernel, whose output is allocated
 # [b, s, heads, d] (_efficient_attention_forward), so its head merge is a view.
 def rotary_cat_extra_bytes(request: PlanRequest) -> int:
