@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from zeroplan.core.activations import layer_terms, norm_bytes
+from zeroplan.core.activations import layer_terms
 from zeroplan.core.params import parameter_units, total_parameters
 from zeroplan.errors import ZeroplanError
 from zeroplan.presets.hf_config import SUPPORTED_MODEL_TYPES, load_hf_config, parse_hf_config
@@ -80,6 +80,7 @@ def test_falcon_7b_reads_as_its_preset() -> None:
 def test_falcon_40b_is_grouped_query_with_two_norms() -> None:
     spec = load_hf_config(FIXTURES / "falcon-40b.json")
     assert (spec.num_heads, spec.kv_heads, spec.norms_per_block) == (128, 8, 2) and not spec.parallel_block
+    assert spec.parallel_residual
 
 
 def test_gpt_bigcode_dropout_defaults_are_its_config_class_ones() -> None:
@@ -218,8 +219,8 @@ def _layer_and_call(torch, transformers, model_type: str, config):
 # (model_type, config, precision, bytes transformers keeps beyond layer_terms, as a function of the
 # spec, e and the tokens). K and V expanded to every query head (Falcon, GPTBigCode and StarCoder2
 # eager attention, as Llama's repeat_kv: zeroplan.core.frameworks.eager_attention_extra_bytes
-# counts it under --framework hf); Falcon-40B's two norms read one block input, which the
-# sequential plan counts twice; gelu_new (transformers' NewGELUActivation, spelled out in Python)
+# counts it under --framework hf); Falcon-40B's two norms read one block input, saved once
+# (ModelSpec.parallel_residual); gelu_new (transformers' NewGELUActivation, spelled out in Python)
 # keeps its input, the tanh, the sum and 0.5 x input: 3 f more than F.gelu's input.
 def _repeated_kv(spec, e: int, tokens: int) -> int:
     return 2 * e * tokens * (spec.q_size - spec.kv_size)
@@ -232,7 +233,7 @@ CASES = [
     ("falcon", {"hidden_size": 64, "num_attention_heads": 4, "multi_query": False, "parallel_attn": False, "bias": True},
      "fp32", lambda spec, e, t: 0),
     ("falcon", {"hidden_size": 64, "num_attention_heads": 4, "new_decoder_architecture": True, "num_kv_heads": 2},
-     "fp32", lambda spec, e, t: _repeated_kv(spec, e, t) - e * t * spec.hidden_size),
+     "fp32", _repeated_kv),
     ("gptj", {"n_embd": 64, "n_head": 4, "rotary_dim": 8, "n_positions": 128}, "fp32",
      lambda spec, e, t: 3 * e * t * spec.ffn_hidden_size),
     ("gpt_bigcode", {"n_embd": 64, "n_head": 4, "n_positions": 128, "attn_pdrop": 0.0, "resid_pdrop": 0.0},
@@ -263,15 +264,15 @@ def test_a_layer_saves_what_the_plan_counts(model_type: str, shape: dict, precis
     e = training.precision.compute_bytes
     assert measured == planned + extra(spec, e, S * B), (measured, planned)
     if model_type == "falcon" and shape.get("new_decoder_architecture"):
-        assert e * S * B * spec.hidden_size == norm_bytes(spec, training, S, B)  # the norm input counted twice
+        assert spec.parallel_residual and spec.saved_norm_inputs == 1  # ln_attn and ln_mlp read one input
 
 
 # The same layers in bf16 against what `--framework hf --attention eager` plans: layer_terms plus
 # zeroplan.core.frameworks.eager_attention_extra_bytes (transformers' fp32 softmax output beside
 # its 16-bit copy, and K and V repeated to every head). OPT (the DeepSpeed-Chat row's
 # model), GPTBigCode, StarCoder2 and MPT keep exactly that. Falcon's eager path softmaxes in the
-# input dtype (F.softmax(..., dtype=hidden_states.dtype)), 4 bytes a score fewer than planned
-# (and Falcon-40B's norm input counted twice). GPT-J's _attn upcasts q and k to fp32 before the
+# input dtype (F.softmax(..., dtype=hidden_states.dtype)), 4 bytes a score fewer than planned.
+# GPT-J's _attn upcasts q and k to fp32 before the
 # scores (2 more bytes an element of each) and its gelu_new keeps 3 f more: not planned.
 def _scores(spec, e, t) -> int:
     return spec.num_heads * S * t
@@ -281,7 +282,7 @@ HF_EAGER_CASES = [
     (CASES[0], lambda spec, e, t: 0),
     (CASES[1], lambda spec, e, t: -4 * _scores(spec, e, t)),
     (CASES[2], lambda spec, e, t: -4 * _scores(spec, e, t)),
-    (CASES[3], lambda spec, e, t: -4 * _scores(spec, e, t) - e * t * spec.hidden_size),
+    (CASES[3], lambda spec, e, t: -4 * _scores(spec, e, t)),
     (CASES[4], lambda spec, e, t: 3 * e * t * spec.ffn_hidden_size + (4 - e) * t * (spec.q_size + spec.kv_size)),
     (CASES[5], lambda spec, e, t: 0),
     (CASES[6], lambda spec, e, t: 0),

@@ -48,12 +48,13 @@ def test_kv_heads_are_expanded_to_every_query_head() -> None:
     assert expanded_kv_extra_bytes(model, request.training, S, B) == 2 * 2 * S * B * (4544 - 64)
 
 
-def test_rms_norm_saves_its_fp32_input_and_bf16_output() -> None:
+def test_rms_norm_saves_its_fp32_input_and_fp32_product() -> None:
+    # litgpt's RMSNorm multiplies by weight.float() before casting back (benchmarks/eager-litgpt-records).
     request = _request("llama-3-8b")
     sbh = S * B * request.model.hidden_size
     assert rms_norm_operand_bytes(request.training, autocast=False) is None
     saved = norm_bytes(request.model, request.training, S, B) - hf_bf16_norm_savings_bytes(request)
-    assert saved == 4 * sbh + 2 * sbh
+    assert saved == 4 * sbh + 4 * sbh
 
 
 def test_lora_loss_is_fp32_head_chunks_and_their_log_softmax() -> None:

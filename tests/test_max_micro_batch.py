@@ -114,7 +114,7 @@ def test_under_the_allocator_model_max_mb_runs_and_so_does_every_smaller_one() -
     below it run out. max-mb is the largest below which none runs out."""
     from zeroplan.core.plan import step_fits
 
-    request = _fsdp_request("tinyllama-1.1b --framework litgpt --gpu rtx-4090 --gpus 16 --seq-len 2048 "
+    request = _fsdp_request("tinyllama-1.1b --framework litgpt --gpu rtx-4090 --gpus 32 --seq-len 2048 "
                             "--activation-checkpointing full")
     largest = max_micro_batch_size(request)
     assert largest >= 1

@@ -284,8 +284,9 @@ def layer_terms(model: ModelSpec, training: TrainingSpec, s: int, b: int, *, aut
     e = training.precision.compute_bytes
     sbh = s * b * model.hidden_size
     terms = dict.fromkeys(LAYER_TERMS, 0)
-    # Pre-attention and pre-MLP norms; Gemma 2's post-norms add two (ModelSpec.norms_per_block).
-    terms["norm_inputs"] = model.norms_per_block * norm_bytes(model, training, s, b, autocast=autocast)
+    # Pre-attention and pre-MLP norms; Gemma 2's post-norms add two (ModelSpec.norms_per_block);
+    # a parallel residual's two norms read one block input, saved once (ModelSpec.saved_norm_inputs).
+    terms["norm_inputs"] = model.saved_norm_inputs * norm_bytes(model, training, s, b, autocast=autocast)
     # The QKV projection saves its input (the norm's output); the output projection its input.
     # RoPE (Su et al. 2021, eq. 34) as x*cos + rotate(x)*sin saves only cos and sin, constants
     # of s*d elements: autograd keeps a product's input only when the other factor needs a

@@ -466,6 +466,8 @@ def litgpt_compiled_unmeasured(model: ModelSpec) -> str | None:
         return "a block other than GPT-NeoX's (LayerNorm, biased linears, fused qkv, a GELU MLP)"
     if model.parallel_block or model.post_norms or model.is_moe or model.is_mla or model.position is not PositionKind.rope:
         return "a shared block norm, post-norms, experts, latent attention or positions other than rotary"
+    if not model.parallel_residual:
+        return "a sequential block (the records are litgpt's parallel residual over two norms)"
     if model.kv_heads != model.num_heads:
         return "grouped-query attention (litgpt expands K and V to every head, a copy the records do not hold)"
     return None

@@ -15,11 +15,12 @@ from zeroplan.core import tinyllama
 from zeroplan.core.hf_padding_mask import padding_mask_extra_bytes
 from zeroplan.core.profiles import profile
 from zeroplan.core.transformers_release import opt_clamp_score_bytes, upcasts_softmax
+from zeroplan.specs.finetune import LoraTarget
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import ModelSpec, NormKind, PositionKind
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
-from zeroplan.specs.training import ActivationCheckpointing, AttentionKernel, Precision, TrainingSpec
+from zeroplan.specs.training import ActivationCheckpointing, AttentionKernel, Kernels, Precision, TrainingSpec, batch_pads
 from zeroplan.units import BF16_BYTES, FP32_BYTES
 
 
@@ -63,8 +64,12 @@ def eager_attention_extra_bytes(request: PlanRequest) -> int:
 # bf16 (DeepSpeed casts the module; under autocast input_dtype is fp32 and it saves 4, like
 # F.rms_norm's two fp32 tensors in zeroplan.core.activations.norm_bytes).
 def hf_bf16_norm_savings_bytes(request: PlanRequest) -> int:
-    """Bytes per norm that HF's RMSNorm saves less than two fp32 tensors, with a bf16 module."""
-    if not profile(request.training.framework).bf16_module_norm_saves_bf16 or not _hf_module_in_bf16(request):
+    """Bytes per norm that HF's RMSNorm saves less than two fp32 tensors, with a bf16 module (none
+    for a LayerNorm: torch's native_layer_norm saves its input in its own dtype, which norm_bytes
+    counts already; measured on litgpt's and transformers' GPT-NeoX blocks,
+    tests/test_neox_block.py)."""
+    if (not profile(request.training.framework).bf16_module_norm_saves_bf16 or not _hf_module_in_bf16(request)
+            or request.model.norm is not NormKind.rmsnorm):
         return 0
     return (FP32_BYTES - 2) * request.batch.seq_len * request.batch.micro_batch_size * request.model.hidden_size
 
@@ -283,11 +288,85 @@ def framework_layer_bytes(request: PlanRequest) -> int:
 
         return layer_bytes(model, training, s, b) + megatron_layer_delta_bytes(request)
     norm_savings = hf_bf16_norm_savings_bytes(request)
-    norms = model.norms_per_block * norm_savings
+    norms = model.saved_norm_inputs * norm_savings
     return (layer_bytes(model, training, s, b, autocast=request.runs_under_autocast) - norms + expanded_kv_extra_bytes(model, training, s, b)
             + autocast_copies_bytes(request) + torchtitan_rope_cache_bytes(request) + eager_attention_extra_bytes(request)
             + torchtitan_moe_block_extra_bytes(request) + lora_layer_delta_bytes(request, norm_savings)
-            + padding_mask_extra_bytes(request))
+            + padding_mask_extra_bytes(request) + rotary_cat_extra_bytes(request) + layer_norm_statistics_bytes(request)
+            + litgpt_rms_norm_extra_bytes(request))
+
+
+# litgpt 00af8b0 (and 9a1b82b) litgpt/model.py RMSNorm.forward (lines 564-571): rsqrt's backward
+# keeps its fp32 result (one a token), and x_normed * weight.float() keeps the weight's fp32 copy
+# for x_normed's gradient, a new tensor where the module is not fp32 (in an fp32 module .float()
+# returns the parameter itself). The two fp32 token-wide tensors are composite_rms_norm_bytes'.
+# Measured: benchmarks/eager-litgpt-records (Llama-2-7B, Llama-3-8B: 2 x (4 x s + 4 x h) a block).
+def litgpt_rms_norm_extra_bytes(request: PlanRequest) -> int:
+    """Bytes a litgpt block's RMSNorms keep beyond their two fp32 token-wide tensors."""
+    model, training, batch = request.model, request.training, request.batch
+    if training.framework is not Framework.litgpt or model.norm is not NormKind.rmsnorm:
+        return 0
+    rsqrt = FP32_BYTES * batch.seq_len * batch.micro_batch_size
+    weight_copy = FP32_BYTES * model.hidden_size if training.precision.compute_bytes != FP32_BYTES and not request.runs_under_autocast else 0
+    return model.norms_per_block * (rsqrt + weight_copy)
+
+
+# litgpt 9a1b82b (and 00af8b0, the profile's commit) litgpt/model.py CausalSelfAttention.forward:
+# qkv = self.attn(x) is viewed and permuted (lines 246-247) and split into q, k and v (line 250),
+# views of the one matmul output; K and V are expand()ed and reshape()d (copies) only with fewer
+# query groups than heads (lines 255-257); apply_rope's output and the torch.cat with the
+# pass-through part (lines 263-266, for every rotary_percentage) are new contiguous
+# [b, heads, s, d] tensors. SDPA (flash) keeps q, k and v: V, a view, keeps the whole fused
+# output (what q_k_v counts), beside the new q and k. Its output takes the query's layout
+# (torch's flash mha_fwd: out = at::empty_like(q_padded), q the transposed query; the CPU
+# kernel's meta: empty_like(query)), so y.transpose(1, 2).reshape (lines 292-294) copies it for
+# the projection, and both are kept: the projection's input (output_projection_input) and
+# SDPA's output. transformers 4.56.2 GPT-NeoX does the same (ModelSpec.rotary_cat:
+# qkv.chunk(3) views, the partial rotary's cat, attn_output.transpose(1, 2).contiguous() in
+# integrations/sdpa_attention.py). Measured with saved-tensor hooks on fake tensors
+# (tests/test_neox_block.py): 3 x e x s x b x h a block over the reference block for an MHA
+# GPT-NeoX. A padded hf batch runs the memory-efficient kernel, whose output is allocated
+# [b, s, heads, d] (_efficient_attention_forward), so its head merge is a view.
+def rotary_cat_extra_bytes(request: PlanRequest) -> int:
+    """Bytes one block keeps because RoPE writes new q and k while V stays a view of the fused
+    qkv output, and because SDPA's output is copied for the output projection."""
+    model, training, batch = request.model, request.training, request.batch
+    litgpt = training.framework is Framework.litgpt
+    hf = training.framework is Framework.hf and model.rotary_cat and not batch_pads(batch)
+    if not (litgpt or hf) or model.position is not PositionKind.rope or training.attention_kernel is not AttentionKernel.flash:
+        return 0
+    e, sb = training.precision.compute_bytes, batch.seq_len * batch.micro_batch_size
+    # The copy is kept by what reads it: a trained projection's matmul, or its LoRA adapter's
+    # lora_A without dropout (a frozen base matmul keeps no input; with lora_dropout the adapter
+    # keeps its dropped copy and mask instead, zeroplan.core.finetune.activations). Measured on
+    # litgpt 9a1b82b's lora.py GPT (Phi-2, every linear adapted, lora_dropout 0.05): SDPA's output
+    # kept, the projection's input not.
+    finetune = training.finetune
+    copy_kept = (not finetune.is_lora or (LoraTarget.o in finetune.targets(training.framework) and finetune.lora_dropout == 0))
+    output_copy = e * sb * model.q_size if copy_kept else 0
+    # With grouped K/V heads litgpt's expand-and-reshape copies replace V's view
+    # (expanded_kv_extra_bytes); the rotated q and k are then the tensors SDPA keeps. transformers'
+    # KV cache (TrainingSpec.use_cache; zeroplan.core.kv_cache) hands SDPA its own copies of K and
+    # V (cache_utils.py DynamicLayer.update's cat), so V is no view then either.
+    view = model.kv_heads == model.num_heads and not (hf and training.use_cache)
+    rotated = e * sb * (model.q_size + model.kv_size) if view else 0
+    return output_copy + rotated
+
+
+# torch 2.13 native_layer_norm (nn.LayerNorm in transformers' and litgpt's blocks): CUDA's
+# layer_norm_cuda (aten/src/ATen/native/cuda/layer_norm_kernel.cu) allocates the mean and rstd
+# as one value a row in the accumulate type (fp32 for 16-bit inputs), the CPU kernel in the
+# parameters' type (the input's dtype when input and weight agree); derivatives.yaml's
+# native_layer_norm backward reads input, result1 (mean) and result2 (rstd). Every norm computes
+# its own statistics (a parallel residual's two norms of one input included). Measured on
+# GPT-NeoX blocks on the CPU: 2 x 2 bytes a token a norm in bf16 (tests/test_neox_block.py).
+def layer_norm_statistics_bytes(request: PlanRequest) -> int:
+    """Bytes of the LayerNorms' per-token mean and rstd one block keeps (hf and litgpt)."""
+    model, training, batch = request.model, request.training, request.batch
+    if training.framework not in (Framework.hf, Framework.litgpt) or model.norm is not NormKind.layernorm:
+        return 0
+    element = FP32_BYTES if training.kernels is Kernels.cuda or request.runs_under_autocast else training.precision.compute_bytes
+    return model.norms_per_block * 2 * element * batch.seq_len * batch.micro_batch_size
 
 
 # torchtune 0.6.1 training/activations.py checkpoint_wrapper: with ac_mode "selective" a

@@ -101,7 +101,7 @@ def freed_before_softmax_backward_parts(request: PlanRequest) -> tuple[int, int,
     norm = norm_bytes(model, training, s, b, autocast=request.runs_under_autocast) - norm_savings
     after = (terms["output_projection_input"] + terms["mlp_input"] + terms["mlp_inner"] + terms["hidden_dropout_masks"]
              + terms["router_input"] + terms["router_scores"] + terms["shared_expert"] + terms["shared_expert_gate"]
-             + (model.norms_per_block - 1) * norm + lora_after_attention_delta_bytes(request, norm_savings))
+             + (model.saved_norm_inputs - 1) * norm + lora_after_attention_delta_bytes(request, norm_savings))
     return planned_scores - kept_score_bytes(request), values, after
 
 

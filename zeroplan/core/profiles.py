@@ -299,8 +299,11 @@ PROFILES: dict[Framework, FrameworkProfile] = {
     # (litgpt/model.py; PlanRequest unties the head, zeroplan.specs.framework.UNTIES_EMBEDDINGS).
     # model.py CausalSelfAttention.forward (lines 255-262): with fewer query groups than heads
     # k and v are expand()ed to every head and reshape()d, a copy SDPA keeps. model.py RMSNorm
-    # upcasts x, multiplies it by rsqrt(mean(x*x) + eps), casts back and multiplies by the weight,
-    # as transformers' LlamaRMSNorm does (the same saved tensors: hf_bf16_norm_savings_bytes).
+    # (00af8b0 lines 564-571, 9a1b82b the same) upcasts x, multiplies it by rsqrt(mean(x*x) + eps)
+    # and multiplies the fp32 result by weight.float() before casting back: unlike transformers'
+    # LlamaRMSNorm (which casts back first) its product keeps the normalised x in fp32, so no
+    # hf_bf16_norm_savings_bytes (measured: benchmarks/eager-litgpt-records, Llama-2-7B and
+    # Llama-3-8B; the rsqrt and the weight's fp32 copy: zeroplan.core.frameworks.litgpt_rms_norm_extra_bytes).
     Framework.litgpt: FrameworkProfile(
         framework=Framework.litgpt, version="0.4.13.dev1 (00af8b0)",
         # finetune/full.py and lora.py setup: one device runs strategy "auto" without
@@ -309,7 +312,7 @@ PROFILES: dict[Framework, FrameworkProfile] = {
         # config_hub/finetune/*/*.yaml: precision bf16-true (parameters, gradients and AdamW
         # states in bf16: Fabric's HalfPrecision casts the module, torch.optim.AdamW keeps its
         # states in the parameters' dtype).
-        default_precision=Precision.bf16_pure, expands_kv_heads=True, bf16_module_norm_saves_bf16=True,
+        default_precision=Precision.bf16_pure, expands_kv_heads=True, bf16_module_norm_saves_bf16=False,
         rms_norm_spelled_out=True,
         loss_chunks=1, offers_activation_offloading=False,
         # finetune/*.py setup: FSDPStrategy(auto_wrap_policy={Block}, state_dict_type="full",

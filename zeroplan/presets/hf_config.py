@@ -270,10 +270,12 @@ def _gpt2_spec(name: str, config: dict[str, Any]) -> ModelSpec:
 # and bias), query_key_value (h -> 3h) and dense (h -> h) with bias when attention_bias (default
 # true), dense_h_to_4h and dense_4h_to_h with bias, final_layer_norm; rotary positions (no
 # parameters). With use_parallel_residual (the default) attention and MLP both read the block
-# input, so the second norm's input is the tensor the first saved: the planner's sequential block
-# counts it again, one s x b x h tensor a block more than the model saves (docs/memory-model.md).
+# input through their own norms (GPTNeoXLayer.forward: input_layernorm(hidden_states) and
+# post_attention_layernorm(hidden_states)), whose one input is saved once (parallel_residual).
 # modeling_gpt_neox.py:140 (GPTNeoXAttention.__init__): query_key_value = nn.Linear(hidden_size,
-# 3 * hidden_size), one module (fused_qkv).
+# 3 * hidden_size), one module (fused_qkv); GPTNeoXAttention.forward chunks its output into q, k
+# and v views and apply_rotary_pos_emb concatenates the rotated and pass-through parts of q and k
+# (rotary_cat).
 def _shape_fields(name: str, config: dict[str, Any]) -> dict[str, Any]:
     """The fields every config but GPT-2's names alike (vocab_size, hidden_size, ...)."""
     return dict(name=name, vocab_size=require_key(config, "vocab_size"), hidden_size=require_key(config, "hidden_size"),
@@ -296,6 +298,8 @@ def _gpt_neox_spec(name: str, config: dict[str, Any]) -> ModelSpec:
         **_biased_layernorm_gelu(config),
         position=PositionKind.rope,
         fused_qkv=True,
+        rotary_cat=True,
+        parallel_residual=config.get("use_parallel_residual", True),
         tied_embeddings=config.get("tie_word_embeddings", False),
         attention_dropout=config.get("attention_dropout", 0.0),
         hidden_dropout=config.get("hidden_dropout", 0.0),

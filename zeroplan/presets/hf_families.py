@@ -104,9 +104,10 @@ def falcon_spec(name: str, config: dict[str, Any]) -> ModelSpec:
         max_positions=config.get("max_position_embeddings", 2048),
         bias=config.get("bias", False),
         fused_qkv=True,
-        # Two norms over one block input (Falcon-40B/180B) are planned as a sequential block,
-        # as GPT-NeoX's parallel residual is: the second norm's input, the first's, counted again.
+        # Two norms over one block input (Falcon-40B/180B: ln_attn and ln_mlp) are a parallel
+        # residual, as GPT-NeoX's: the block input saved once, the MLP's normed copy its own.
         parallel_block=parallel and norms == 1,
+        parallel_residual=parallel and norms == 2,
         tied_embeddings=config.get("tie_word_embeddings", True),
     )
 

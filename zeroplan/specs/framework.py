@@ -108,6 +108,13 @@ UNTIES_EMBEDDINGS: frozenset[Framework] = frozenset({Framework.litgpt})
 """Frameworks whose own model code builds the output projection apart from the embedding even
 for a model whose checkpoint ties them (PlanRequest plans that model untied)."""
 
+# litgpt 0.4.13.dev1 (00af8b0) and 9a1b82b litgpt/model.py build no nn.Dropout: the config's
+# dropouts are not read, and CausalSelfAttention passes dropout_p=0.0 to SDPA (line 318-319).
+# Measured: litgpt's Phi-2 block keeps no dropout mask (benchmarks/eager-litgpt-records).
+BUILDS_NO_DROPOUT: frozenset[Framework] = frozenset({Framework.litgpt})
+"""Frameworks whose own model code has no attention or hidden dropout, whatever the checkpoint's
+config says (PlanRequest plans the model without them)."""
+
 
 LAUNCH_ENVIRONMENT: dict[Framework, str] = {
     # Megatron-LM examples/gpt3/train_gpt3_175b_distributed.sh (and every script under

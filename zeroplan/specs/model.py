@@ -117,6 +117,18 @@ class ModelSpec(Frozen):
     """Whether attention and MLP both read one normed copy of the block input and add to the
     residual stream together: one norm per block (Phi-1/1.5/2; transformers 4.56
     models/phi/modeling_phi.py PhiDecoderLayer, input_layernorm only)."""
+    parallel_residual: bool = Field(default=False, exclude_if=lambda parallel: not parallel)
+    """Whether attention and the MLP each read their own norm of the block input and add to the
+    residual stream together (GPT-NeoX's use_parallel_residual: transformers 4.56.2
+    models/gpt_neox/modeling_gpt_neox.py GPTNeoXLayer.forward, input_layernorm and
+    post_attention_layernorm both over hidden_states; litgpt's parallel_residual without
+    shared_attention_norm): two norms, whose one input is saved once, and the MLP reads its own
+    normed copy."""
+    rotary_cat: bool = Field(default=False, exclude_if=lambda cat: not cat)
+    """Whether the attention slices q, k and v as views of the fused qkv output and writes the
+    rotated q and k with torch.cat (transformers 4.56.2 models/gpt_neox/modeling_gpt_neox.py:157-161,
+    qkv.chunk(3) and apply_rotary_pos_emb's cat of the rotated and pass-through parts, lines 82-93):
+    zeroplan.core.frameworks.rotary_cat_extra_bytes."""
     head_bias: bool = False
     """Whether the output projection carries a bias (Phi's lm_head; BERT's decoder, tied to the
     embedding, has one of its own)."""
@@ -211,6 +223,12 @@ class ModelSpec(Frozen):
         if self.parallel_block and (self.post_norms or self.is_moe or self.is_mla):
             raise ZeroplanError("model.parallel_block", "is modelled for dense blocks without post-norms or latent attention (allowed: false "
                                 "with post_norms, experts or latent attention)")
+        if self.parallel_residual and (self.parallel_block or self.post_norms or self.is_moe or self.is_mla):
+            raise ZeroplanError("model.parallel_residual", "is modelled for dense blocks with two pre-norms (allowed: false "
+                                "with parallel_block, post_norms, experts or latent attention)")
+        if self.rotary_cat and (not self.fused_qkv or self.position is not PositionKind.rope):
+            raise ZeroplanError("model.rotary_cat", "applies to a fused qkv with rotary positions (allowed: false "
+                                "without fused_qkv or rope)")
         if self.fused_gate_up and not self.mlp.gated:
             raise ZeroplanError("model.fused_gate_up", "applies to a gated MLP (allowed: false with mlp gelu or relu)")
         if not self.norm_bias and self.norm is not NormKind.layernorm:
@@ -231,7 +249,8 @@ class ModelSpec(Frozen):
         if stacks.encoder_layers >= self.num_layers:
             raise ZeroplanError("model.encoder_decoder.encoder_layers", f"{stacks.encoder_layers} leaves no decoder block "
                                 f"(allowed: 1 to {self.num_layers - 1}; num_layers counts both stacks)")
-        if self.is_moe or self.is_mla or self.parallel_block or self.post_norms or self.qk_norm or self.token_types or self.head_transform:
+        if (self.is_moe or self.is_mla or self.parallel_block or self.parallel_residual or self.post_norms or self.qk_norm
+                or self.token_types or self.head_transform):
             raise ZeroplanError("model.encoder_decoder", "is modelled for dense T5 and BART blocks (allowed: without experts, "
                                 "latent attention, parallel blocks, post-norms, q/k norms, token types or a head transform)")
         if (stacks.relative_attention_buckets > 0) != (self.position is PositionKind.relative):
@@ -320,6 +339,12 @@ class ModelSpec(Frozen):
         return 1 if self.parallel_block else 4 if self.post_norms else 2
 
     @property
+    def saved_norm_inputs(self) -> int:
+        """Norm inputs one block saves: one a norm, but one for both norms of a parallel residual
+        (they read the same block input)."""
+        return 1 if self.parallel_residual else self.norms_per_block
+
+    @property
     def is_moe(self) -> bool:
         return self.num_experts > 1
 
@@ -331,7 +356,7 @@ class ModelSpec(Frozen):
         return (not self.is_moe and not self.is_mla and self.position is PositionKind.rope
                 and self.norm is NormKind.rmsnorm and self.mlp is MlpKind.swiglu and self.causal
                 and not (self.bias or self.mlp_biased or self.qkv_bias or self.head_bias or self.qk_norm or self.post_norms
-                         or self.parallel_block or self.embedding_norm))
+                         or self.parallel_block or self.parallel_residual or self.embedding_norm))
 
     @property
     def is_mla(self) -> bool:

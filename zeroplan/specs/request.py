@@ -8,7 +8,7 @@ from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import Frozen, _instance
 from zeroplan.specs.finetune import (GPTQ_CUDA_KERNEL_TOKENS, Quantization, check_adapter_variant_training,
                                      check_finetune, check_saved_module_training)
-from zeroplan.specs.framework import UNTIES_EMBEDDINGS, Framework, launch_allocator_conf
+from zeroplan.specs.framework import BUILDS_NO_DROPOUT, UNTIES_EMBEDDINGS, Framework, launch_allocator_conf
 from zeroplan.specs.hardware import ClusterSpec
 from zeroplan.specs.model import ModelSpec, PositionKind
 from zeroplan.specs.device_map import check_device_map
@@ -383,6 +383,7 @@ _HF = (Framework.hf, Framework.hf.value)
 # The Megatron-DeepSpeed fork pads the vocabulary as Megatron-LM does (_megatron_vocab_padding).
 _MEGATRONS = (Framework.megatron, Framework.megatron.value, Framework.megatron_deepspeed, Framework.megatron_deepspeed.value)
 _UNTIES_EMBEDDINGS_NAMES = frozenset(f.value for f in UNTIES_EMBEDDINGS)
+_BUILDS_NO_DROPOUT_NAMES = frozenset(f.value for f in BUILDS_NO_DROPOUT)
 
 
 def _raw_framework(training: object) -> object:
@@ -545,6 +546,24 @@ class PlanRequest(Frozen):
             return {**data, "model": model.model_copy(update={"tied_embeddings": False})}
         if isinstance(model, dict) and model.get("tied_embeddings"):
             return {**data, "model": {**model, "tied_embeddings": False}}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _framework_builds_no_dropout(cls, data: object) -> object:
+        """A framework whose model code has no dropout (BUILDS_NO_DROPOUT: litgpt) is planned
+        with the model's dropouts at zero."""
+        if not isinstance(data, dict):
+            return data
+        training, model = data.get("training"), data.get("model")
+        framework = _raw_framework(training)
+        if framework is None or framework not in _BUILDS_NO_DROPOUT_NAMES:
+            return data
+        off = {"attention_dropout": 0.0, "hidden_dropout": 0.0}
+        if isinstance(model, ModelSpec) and (model.attention_dropout or model.hidden_dropout):
+            return {**data, "model": model.model_copy(update=off)}
+        if isinstance(model, dict) and (model.get("attention_dropout") or model.get("hidden_dropout")):
+            return {**data, "model": {**model, **off}}
         return data
 
     @model_validator(mode="before")
