@@ -19,8 +19,8 @@ from zeroplan.core.parallel.collectives import _model_parallel_collectives, mode
 from zeroplan.core.parallel.expert import moe_block_count
 from zeroplan.core.parallel.units import _request_units, rank_parameter_units
 from zeroplan.core.plan import (
-    _micro_batch_terms, _one_rank_micro_batch_terms, _recent_peak_terms, _state_terms, micro_batch_terms, plan,
-    reference_activations,
+    _accumulation_free_state_terms, _micro_batch_terms, _one_rank_micro_batch_terms, _recent_peak_terms, _state_terms,
+    micro_batch_terms, plan, reference_activations,
 )
 from zeroplan.core.profiles import framework_strategies
 from zeroplan.core.roofline.step import _request_memory_seconds
@@ -162,6 +162,21 @@ def test_state_terms_share_across_micro_batches_and_sequences() -> None:
     assert _state_terms.fallbacks == before
 
 
+def test_the_accumulation_free_state_terms_share_across_accumulations() -> None:
+    # ZeRO-2 and FSDP's full sharding at 1 and 4 micro-batches a step: their model states and the
+    # buffers no micro-batch leaves to the next are one answer, read without the batch; the
+    # state terms at each accumulation differ where the carried gradients do.
+    for kind in (StrategyKind.zero2, StrategyKind.fsdp_full_shard):
+        request = _request(kind, micro_batch_size=2)
+        accumulating = _request(kind, micro_batch_size=2, grad_accum_steps=4)
+        before = _accumulation_free_state_terms.fallbacks
+        assert _accumulation_free_state_terms(accumulating) is _accumulation_free_state_terms(request)
+        assert _accumulation_free_state_terms.uncached(accumulating) == _accumulation_free_state_terms(request)
+        assert _accumulation_free_state_terms.fallbacks == before
+        for one in (request, accumulating):
+            assert _state_terms(one) == _state_terms.uncached(one)
+
+
 def test_micro_batch_terms_key_on_the_batch() -> None:
     request = _request(micro_batch_size=2)
     for other in (request.with_micro_batch(3), _request(micro_batch_size=2, seq_len=1024)):
@@ -215,9 +230,9 @@ def test_collective_costs_key_on_the_cluster_and_the_performance_assumptions() -
 def test_the_planner_reads_no_batch_field_its_caches_leave_out() -> None:
     """The caches hold for the planner's own requests (none falls back to the uncached
     function): every strategy of three frameworks' stacks, planned."""
-    caches = (_state_terms, _data_parallel_collectives, collective_cost, _chunk_bytes, _of_sequences, _recent_peak_terms,
-              _micro_batch_terms, _request_memory_seconds, _scheduled_data_parallel_collectives, _batch_free_terms,
-              _one_rank_micro_batch_terms)
+    caches = (_state_terms, _accumulation_free_state_terms, _data_parallel_collectives, collective_cost, _chunk_bytes,
+              _of_sequences, _recent_peak_terms, _micro_batch_terms, _request_memory_seconds,
+              _scheduled_data_parallel_collectives, _batch_free_terms, _one_rank_micro_batch_terms)
     before = [cache.fallbacks for cache in caches]
     for framework in (Framework.zeroplan, Framework.megatron, Framework.torchtitan):
         request = PlanRequest(model=get_model("llama-3.1-8b"), training=TrainingSpec(framework=framework),

@@ -347,24 +347,17 @@ _FRAMEWORK_CHECKED = KeptAnswers()
 @batch_keyed("grad_accum_steps", training_but=("activation_checkpointing",), assumptions_but=ALLOCATOR_SETTING)
 def _state_terms(request: PlanRequest) -> tuple[ModelStateBytes, tuple[tuple[str, int | None], ...]]:
     """The model states and the PeakTerms fields that are not micro_batch_terms'."""
-    states = model_state_bytes(request)
+    states, kept_whatever_the_accumulation = _accumulation_free_state_terms(request)
+    # What earlier micro-batches leave for the next (gradients carried, what backward holds for
+    # them and drains at the step's end), and the first layer's backward where a pipeline rank's
+    # stages decide it: the terms that read the accumulation.
     return states, (
-        ("resident_buffers", resident_buffer_bytes(request)), ("backward_held_buffers", backward_held_buffer_bytes(request)),
-        ("transient_buffers", transient_buffer_bytes(request)),
-        ("block_transient_buffers", block_backward_transient_bytes(request)),
-        ("block_copy_buffers", block_copy_buffer_bytes(request)),
-        ("root_gather_buffers", root_gather_buffer_bytes(request)),
-        # DeepSpeed-Chat's DPO loop holds both models' outputs through the step too (zeroplan.core.dschat_dpo).
-        ("step_temporary", optimizer_step_temporary_bytes(request, states.optimizer_elements)
-         + dschat_dpo.held_through_step_bytes(request)),
+        *kept_whatever_the_accumulation,
+        ("backward_held_buffers", backward_held_buffer_bytes(request)),
         ("accumulated_gradients", _accumulated_gradient_bytes(request)),
         ("backward_end_buffers", backward_end_buffer_bytes(request)),
         ("backward_end_gradients", backward_end_gradient_bytes(request)),
-        ("step_gradients", _step_gradient_bytes(request)),
-        ("block_backward_gradients", block_backward_gradient_bytes(request)),
         ("draining_held_buffers", draining_held_buffer_bytes(request)),
-        # What DeepSpeed's ZeRO-3 keeps gathered from the forward into the loss's backward.
-        ("loss_held_buffers", loss_gathered_bytes(request)),
         # A gradient buffer kept across steps (megatron-core's) or zeroed in place is counted
         # whole at every moment already (peak.peak_moments).
         ("first_layer_gradients", 0 if states.gradients_resident or states.gradients_kept
@@ -376,6 +369,31 @@ def _state_terms(request: PlanRequest) -> tuple[ModelStateBytes, tuple[tuple[str
         ("activation_blocks", first_layer_activation_blocks(request)),
         ("first_layer_buffers", first_layer_buffer_bytes(request)),
         ("first_layer_copy_buffers", first_layer_copy_buffer_bytes(request)),
+    )
+
+
+# The model states and the buffers that no micro-batch leaves to the next do not read the
+# accumulation either: kept per request without it (the batch whole left out), so the requests of
+# one strategy at different accumulations share them (the plan search asks each of its groups at
+# 1, 2 and 3 micro-batches and every configuration it shows at its own; where one of them does
+# read it, the memo answers on the whole request).
+@batch_keyed(training_but=("activation_checkpointing",), assumptions_but=ALLOCATOR_SETTING)
+def _accumulation_free_state_terms(request: PlanRequest) -> tuple[ModelStateBytes, tuple[tuple[str, int | None], ...]]:
+    """_state_terms' model states and its fields that do not read the accumulation."""
+    states = model_state_bytes(request)
+    return states, (
+        ("resident_buffers", resident_buffer_bytes(request)),
+        ("transient_buffers", transient_buffer_bytes(request)),
+        ("block_transient_buffers", block_backward_transient_bytes(request)),
+        ("block_copy_buffers", block_copy_buffer_bytes(request)),
+        ("root_gather_buffers", root_gather_buffer_bytes(request)),
+        # DeepSpeed-Chat's DPO loop holds both models' outputs through the step too (zeroplan.core.dschat_dpo).
+        ("step_temporary", optimizer_step_temporary_bytes(request, states.optimizer_elements)
+         + dschat_dpo.held_through_step_bytes(request)),
+        ("step_gradients", _step_gradient_bytes(request)),
+        ("block_backward_gradients", block_backward_gradient_bytes(request)),
+        # What DeepSpeed's ZeRO-3 keeps gathered from the forward into the loss's backward.
+        ("loss_held_buffers", loss_gathered_bytes(request)),
         # A checkpoint save after the step, where one is planned (hf under FSDP1).
         ("checkpoint_save", save_peak_bytes(save_units(request))),
     )
