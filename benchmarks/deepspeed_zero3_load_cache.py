@@ -43,7 +43,13 @@ Without checkpointing, micro-batch 2 on 23.5 GiB (published 21.15): (a) 22.96, (
 micro-batch 3 runs out in all three (published: ran out).
 So the first step's Adam states decide micro-batch 4's default verdict (as the run: out of memory),
 and initialize's segments add 0.6 (expandable) to 1.1 GiB (default) to the steps' reserved peak
-with checkpointing, none without. Usage:
+with checkpointing, none without.
+--model llama-3-8b --world 8 --micro-batch 12 --checkpointing --capacity-gib 78.93 (the 8-GPU rows'
+bs12, published 76.24; about 35 minutes on 2 loaded cores): initialize requests 15.08 GiB (the
+whole fp16 module moved on, then partitioned) and reserves 26.45 under the default allocator
+(15.12 under expandable segments); on 78.93 GiB (a) 70.67 after one flush, (a0) 77.79 without
+one, (b) 72.95 after one flush (90.67 without a limit: the module's freed segments stay cached
+until the flush); under expandable segments 69.19 / 69.37 / 69.30. Usage:
 
     python benchmarks/deepspeed_zero3_load_cache.py --deepspeed-src DIR --micro-batch 3 --checkpointing \
         --without-cpu-only --capacity-gib 23.5 [--save-events F | --events F]
@@ -75,9 +81,11 @@ def _rank(rank, world, options, out):
     import torch
     import torch.distributed as dist
     from torch.profiler import record_function
+    import contextlib
+
     from zeroplan.harness.allocator_trace import AllocatorTrace
-    with AllocatorTrace() as trace:
-        from transformers import Qwen2Config, Qwen2ForCausalLM
+    with (AllocatorTrace() if rank == 0 else contextlib.nullcontext()) as trace:
+        from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
         deepspeed = _import_old_deepspeed(options.deepspeed_src)
         from deepspeed.accelerator import get_accelerator
         type(get_accelerator()).is_fp16_supported = lambda self: True
@@ -113,32 +121,44 @@ def _rank(rank, world, options, out):
         config = {"train_micro_batch_size_per_gpu": mb, "gradient_accumulation_steps": 1, "train_batch_size": mb * world,
                   "fp16": {"enabled": True, "initial_scale_power": options.scale_power}, "steps_per_print": 2**31 - 1,
                   "zero_optimization": {"stage": 3, **STAGE3}}
-        mc = Qwen2Config(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
-                         num_attention_heads=HEADS, num_key_value_heads=KV, attn_implementation="sdpa", use_cache=False,
-                         tie_word_embeddings=True)
         torch.manual_seed(0)
-        model = Qwen2ForCausalLM(mc)  # fp32, no zero.Init: the rows' full-per-rank load
+        if options.model == "llama-3-8b":
+            # deepspeed_zero3_fp16_streams.py's Llama-3-8B, 16 times narrower, its 32 blocks.
+            mc = LlamaConfig(vocab_size=8016, hidden_size=256, intermediate_size=896, num_hidden_layers=32,
+                             num_attention_heads=8, num_key_value_heads=2, attn_implementation="sdpa", use_cache=False,
+                             tie_word_embeddings=False)
+            model = LlamaForCausalLM(mc)
+        else:
+            mc = Qwen2Config(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
+                             num_attention_heads=HEADS, num_key_value_heads=KV, attn_implementation="sdpa",
+                             use_cache=False, tie_word_embeddings=True)
+            model = Qwen2ForCausalLM(mc)  # fp32, no zero.Init: the rows' full-per-rank load
+        vocab = mc.vocab_size
         if options.checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
         model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
         with record_function("zs:init"):
             engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config, dist_init_required=False)
-        tokens = torch.randint(0, VOCAB, (mb, options.seq), generator=torch.Generator().manual_seed(rank))
+        tokens = torch.randint(0, vocab, (mb, options.seq), generator=torch.Generator().manual_seed(rank))
 
         def loss_440(tokens):
             # transformers 4.40 Qwen2ForCausalLM.forward: logits.float(), shift, contiguous, CrossEntropyLoss
             logits = engine(input_ids=tokens).logits.float()
             shift = logits[..., :-1, :].contiguous()
             labels = tokens[..., 1:].contiguous()
-            return torch.nn.functional.cross_entropy(shift.view(-1, VOCAB), labels.view(-1))
+            return torch.nn.functional.cross_entropy(shift.view(-1, vocab), labels.view(-1))
         for step in range(STEPS):
             with record_function(f"zs:step{step}"):
                 loss = loss_440(tokens)
                 engine.backward(loss)
                 del loss
                 engine.step()
-            print(f"step {step} done overflow={engine.optimizer.overflow}", flush=True)
+            if rank == 0:
+                print(f"step {step} done overflow={engine.optimizer.overflow}", flush=True)
+    if rank != 0:
+        dist.destroy_process_group()
+        return
     from deepspeed_zero3_allocator_replay import _every
     tree = trace._profile.profiler.kineto_results.experimental_event_tree()
     ranges = sorted((e.start_time_ns, e.end_time_ns, e.name) for e in _every(tree) if e.name.startswith("zs:"))
@@ -270,6 +290,9 @@ if __name__ == "__main__":
     p.add_argument("--checkpointing", action="store_true")
     p.add_argument("--seq", type=int, default=SEQ)
     p.add_argument("--micro-batch", type=int, default=1)
+    p.add_argument("--model", choices=("qwen1.5-0.5b", "llama-3-8b"), default="qwen1.5-0.5b",
+                   help="llama-3-8b: deepspeed_zero3_fp16_streams.py's (its rows run 8 ranks: --world 8)")
+    p.add_argument("--world", type=int, default=1)
     p.add_argument("--scale-power", type=int, default=8)
     p.add_argument("--port", type=int, default=29641)
     p.add_argument("--capacity-gib", type=float, help="also replay on this much memory (rtx-4090 plans 23.5 usable)")
@@ -288,7 +311,7 @@ if __name__ == "__main__":
         if not o.deepspeed_src:
             p.error("--deepspeed-src is required unless --events is given")
         out = str(Path(tempfile.mkdtemp()) / "events.json")
-        mp.spawn(_rank, args=(1, o, out), nprocs=1)
+        mp.spawn(_rank, args=(o.world, o, out), nprocs=o.world)
         data = json.loads(Path(out).read_text())
         if o.save_events:
             o.save_events.write_text(json.dumps(data))
