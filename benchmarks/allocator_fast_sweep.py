@@ -65,8 +65,32 @@ def random_argv(rng: random.Random) -> list[str]:
     return argv
 
 
-def random_requests(count: int, seed: int) -> list[PlanRequest]:
-    """``count`` requests the planner accepts, each with a strategy its framework runs."""
+# zeroplan.allocator.deepspeed_first_step's requests: DeepSpeed 0.14.2's ZeRO-3 under hf, fp16.
+DEEPSPEED_FIRST_STEP = ["--framework", "hf", "--deepspeed-release", "0.14.2", "--precision", "fp16-mixed"]
+
+
+def first_step_argv(rng: random.Random) -> list[str]:
+    """random_argv's draw made a DeepSpeed 0.14.2 ZeRO-3 fp16 full fine-tune without accumulation
+    or model parallelism (the later flags win; LoRA, offload and layouts dropped)."""
+    argv = random_argv(rng)
+    keep: list[str] = []
+    skip = 0
+    for i, word in enumerate(argv):
+        if skip:
+            skip -= 1
+            continue
+        if word in ("--grad-accum", "--tp", "--pp", "--cp", "--lora-rank", "--quantize", "--precision", "--framework"):
+            skip = 1
+            continue
+        if word == "--fsdp-cpu-offload":
+            continue
+        keep.append(word)
+    return keep + DEEPSPEED_FIRST_STEP + (["--model-load", "full-per-rank"] if rng.random() < 0.5 else [])
+
+
+def random_requests(count: int, seed: int, first_step: bool = False) -> list[PlanRequest]:
+    """``count`` requests the planner accepts, each with a strategy its framework runs
+    (``first_step``: ZeRO-3 requests of first_step_argv)."""
     from zeroplan.core.profiles import framework_strategies
 
     rng = random.Random(seed)
@@ -75,6 +99,12 @@ def random_requests(count: int, seed: int) -> list[PlanRequest]:
     out: list[PlanRequest] = []
     while len(out) < count:
         try:
+            if first_step:
+                base = request_from_args(parser.parse_args(first_step_argv(rng)))
+                request = base.with_strategy(base.strategy.model_copy(update={"kind": StrategyKind.zero3}))
+                checked_peak_terms(request)
+                out.append(request)
+                continue
             base = request_from_args(parser.parse_args(random_argv(rng)))
             # Mostly a strategy the framework runs, else any (the opt-in ones: hpZ, ZeRO++, MiCS, NVMe).
             kinds = (list(framework_strategies(base.training.framework, base.cluster.world_size))
@@ -119,9 +149,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--deepspeed-first-step", action="store_true",
+                        help="only DeepSpeed 0.14.2 ZeRO-3 fp16 requests (zeroplan.allocator.deepspeed_first_step)")
     args = parser.parse_args()
     start = time.perf_counter()
-    requests = random_requests(args.requests, args.seed)
+    requests = random_requests(args.requests, args.seed, args.deepspeed_first_step)
     compared = identical = replayed_count = 0
     largest = 0
     strategies, frameworks = set(), set()

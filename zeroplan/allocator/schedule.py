@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from zeroplan.allocator.builder import TraceBuilder, even_parts, split_bytes
 from zeroplan.allocator.checkpoint_save import record_checkpoint_save
+from zeroplan.allocator.deepspeed_first_step import DeepSpeedFirstStep, first_step, record_constructed_states
 from zeroplan.allocator.eager_softmax_workspace import eager_softmax_workspace, peak_tensors, record_workspace
 from zeroplan.allocator.fsdp_schedule import applies as fsdp_applies
 from zeroplan.allocator.fsdp_schedule import (FsdpStepInputs, forward_cache_parts, forward_collectives, fsdp_loss_allocations,
@@ -294,6 +295,9 @@ class StepInputs:
     """DeepSpeed's stage 0 under 16 bits (zeroplan.core.deepspeed_stage0): the gradients backward
     ends with (backward_end_gradients) stay through the step beside the fp32 copies it reads
     (PeakTerms.step_gradients), freed by the zero_grad after it."""
+    deepspeed_first_step: DeepSpeedFirstStep | None = None
+    """zeroplan.allocator.deepspeed_first_step: DeepSpeed ZeRO-3's flat states, then two steps,
+    the first making Adam's states (None: one step, every state allocated before it)."""
     checkpoint_save: SaveUnits | None = None
     """zeroplan.core.checkpoint_save.save_units: the checkpoint save after the step (hf under
     FSDP1), recorded after it (record_checkpoint_save); None where none is planned."""
@@ -356,6 +360,7 @@ def _step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms
                       reduce_stream_copies=_reduce_stream_copies(request, blocks),
                       overflow_check=deepspeed_reduce_stream.overflow_check_bytes(request),
                       backward_end_reduce_copy=_epilogue_reduce_copy(request, terms.backward_end_buffers),
+                      deepspeed_first_step=first_step(request, states),
                       **_per_parameter_parts(request, states, terms))
 
 
@@ -527,13 +532,16 @@ def record_step(x: StepInputs) -> TraceBuilder:
 
 def _record_step(x: StepInputs, b: TraceBuilder) -> None:
     """record_step's schedule outside FSDP2 full sharding."""
-    blocks, accumulating = x.blocks, x.accumulating
-    gathered, reduce = x.gathered, x.reduce
-    gather_stream = x.gather_stream
-
+    if x.deepspeed_first_step is not None:
+        # DeepSpeed ZeRO-3's states as its construction leaves them, then its first step, which
+        # makes Adam's states, and a second step (zeroplan.allocator.deepspeed_first_step).
+        record_constructed_states(b, x.deepspeed_first_step, x.resident_buffers)
+        _record_step_body(x, b, x.deepspeed_first_step.lazy_states)
+        _record_step_body(x, b, ())
+        return
     # Between steps: parameters and optimizer states per unit (the blocks and the rest).
-    b.alloc_parts(even_parts(x.parameter_bytes, blocks + 1))
-    b.alloc_parts(even_parts(x.optimizer_state_bytes, blocks + 1))
+    b.alloc_parts(even_parts(x.parameter_bytes, x.blocks + 1))
+    b.alloc_parts(even_parts(x.optimizer_state_bytes, x.blocks + 1))
     b.alloc(x.resident_buffers)
     # What the previous step made on DeepSpeed ZeRO-3's reduce stream stays cached there into
     # this one (neither DeepSpeed 0.14.2's step nor transformers 4.40's Trainer calls
@@ -542,6 +550,15 @@ def _record_step(x: StepInputs, b: TraceBuilder) -> None:
         for size in copies:
             b.free(b.alloc(size, Stream.reduce_scatter))
     _overflow_check(x, b)
+    _record_step_body(x, b, ())
+
+
+def _record_step_body(x: StepInputs, b: TraceBuilder, lazy_states: tuple[int, ...]) -> None:
+    """One step from its first micro-batch's start, the states allocated; ``lazy_states``: the
+    optimizer states its DeepSpeed ZeRO-3 step makes, two per sub-group (empty: none)."""
+    blocks, accumulating = x.blocks, x.accumulating
+    gathered, reduce = x.gathered, x.reduce
+    gather_stream = x.gather_stream
     # With accumulation, what the earlier micro-batches left (the gradients, or under DeepSpeed's
     # convention its own buffers: PeakTerms.accumulated_gradients) is there from the start.
     carried = x.gradient_bytes if x.accumulated_gradients is None else x.accumulated_gradients
@@ -674,10 +691,13 @@ def _record_step(x: StepInputs, b: TraceBuilder) -> None:
         _overflow_check(x, b)
         # The norm's fp64 copies, one gradient partition at a time: the largest's.
         b.free(b.alloc(x.norm_copy))
-        for flat_bytes, cast_bytes in x.sub_group_steps:
+        for group, (flat_bytes, cast_bytes) in enumerate(x.sub_group_steps):
             flat = b.alloc(flat_bytes)
             cast = b.alloc(cast_bytes)
             b.free(flat)
+            # The first step's Adam states, made as the optimizer steps this sub-group
+            # (deepspeed_first_step: fused_adam.py:149-157).
+            b.alloc_parts(list(lazy_states[2 * group:2 * group + 2]))
             b.free(b.alloc(x.step_temporary))
             b.free(cast)
         return
