@@ -3,7 +3,7 @@ full-parameter fine-tune on one GPU (ds_config_zero3.json: AdamW, sub_group_size
 stage3_max_live_parameters / max_reuse_distance 1e9, contiguous gradients, overlap_comm, the
 'auto' buckets transformers fills from hidden_size, gradient clipping 1.0, gradient accumulation
 8), replayed through zeroplan's caching-allocator model from the engine's creation on: what the
-process holds once the engine's last empty_cache has run (stage3.py defragment, :534-545 at
+process holds once the engine's last empty_cache has run (stage3.py defragment, :519-553 at
 v0.12.3), which is what nvidia-smi shows during training, beside the steps alone.
 
 The model is Qwen-1.8B made 16 times narrower, as a transformers Llama (the same tensors per block

@@ -707,9 +707,9 @@ def _record_step(x: StepInputs, b: TraceBuilder) -> None:
     b.free(ended)
 
 
-# zeroplan.core.deepspeed_stage3_setup (stage3.py at v0.12.3: defragment :517-548, whose
+# zeroplan.core.deepspeed_stage3_setup (stage3.py at v0.12.3: defragment :519-553, whose
 # empty_cache starts what the process holds; _create_fp32_partitions :853-854;
-# initialize_optimizer_states :968-1032; _setup_for_real_optimizer :482-501).
+# initialize_optimizer_states :968-1032; _setup_for_real_optimizer :481-501).
 def _record_stage3_setup(x: StepInputs, b: TraceBuilder) -> None:
     """DeepSpeed ZeRO-3's optimizer build: the flat parameters, each sub-group's transient and
     fp32 master, the fp32 gradient buffer made and freed, the resident buffers, then the other

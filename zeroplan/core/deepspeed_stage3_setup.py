@@ -3,7 +3,7 @@ empty_cache: the transients whose cached segments the caching allocator keeps in
 (neither the engine nor the Trainer empties the cache again). Nothing here imports torch.
 
 stage3.py at v0.12.3 (v0.13.3 and v0.14.2 the same lines, give or take ten):
-- _create_fp16_partitions_with_defragmentation -> defragment (:517-548): the parameter
+- _create_fp16_partitions_with_defragmentation -> defragment (:519-553): the parameter
   partitions go to one CPU buffer, ``gc.collect(); empty_cache()`` (:544), then back as one flat
   device buffer in the model dtype: what the process holds from there on starts here.
 - _create_fp32_partitions (:853-854): each sub-group's master is
@@ -15,7 +15,7 @@ stage3.py at v0.12.3 (v0.13.3 and v0.14.2 the same lines, give or take ten):
   fp32)``, each sub-group's fp32 ``.grad`` a view of it (through 0.13.1 the Adam states were made
   there by an optimizer step; from 0.13.2, 18179807f, they are made lazily at the first step), and
   every ``.grad`` set to None at the end (:1030-1032): freed, its segment cached.
-- _setup_for_real_optimizer (:482-501): the ipg bucket and grad_partitions_flat_buffer are made
+- _setup_for_real_optimizer (:481-501): the ipg bucket and grad_partitions_flat_buffer are made
   after it, and are carved from those cached segments where they fit.
 
 Measured on DeepSpeed 0.12.3's and 0.13.3's own engines, one gloo rank, Qwen-1.8B made 16 times
