@@ -50,6 +50,11 @@ The reduce stream's second flat-copy-sized block is made inside the reduce-scatt
 reduce_scatter_coalesced's div_ and freed with it (gloo's staging of its input; NCCL writes into the
 buffer's own chunk), and the CPU's isinf makes an fp16 abs of the partition first: both the CPU
 backend's, not CUDA's.
+From the optimizer build (--checkpointing --layers 8, the run replayed from the engine's last
+empty_cache, its build included: zeroplan.core.deepspeed_stage3_setup): reserved 66.66 GiB to the
+end of step 0, 69.10 to step 1, 69.11 to step 2, where steps 1-2 alone (what was live at step 1's
+start held as one block) reserve 70.29 in the same run: the build's free segments, reused by the
+forward, leave fewer to make (requested 46.63 against 46.34).
 With --world 1 --layers 4 --checkpointing --micro-batch 4 (one rank, a partition world of 1): no
 allocation at all inside the coordinator's fetches (partition_parameters.py:1166-1167 hands them
 to _no_gather_coalesced: zeroplan.core.deepspeed_one_rank), the compute stream 41.78 GiB requested
@@ -65,6 +70,7 @@ in the release's order (zeroplan.core.transformers_release.ordered_loss_tensors)
 """
 
 import argparse
+import importlib
 import json
 import sys
 from bisect import bisect_right
@@ -94,6 +100,16 @@ def _rank(rank, world, options, out):
         from deepspeed.accelerator import get_accelerator
         acc = get_accelerator()
         type(acc).is_fp16_supported = lambda self: True
+        # The engine's last empty_cache (stage3.py defragment) marks where what the process holds
+        # during training starts (--from-build).
+        empty_cache = acc.empty_cache
+
+        def marked_empty_cache():
+            with record_function("zs:empty_cache"):
+                return empty_cache()
+        acc.empty_cache = marked_empty_cache
+        # What the docstring asks of the source tree (no shared-memory op), whatever op_builder says.
+        importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
         deepspeed.init_distributed(dist_backend="gloo")
         from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator as C
         from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as S
@@ -248,6 +264,38 @@ def without_cpu_only(result: dict) -> dict:
     return {"events": out, "ranges": ranges}
 
 
+def from_build(result: dict, last: int):
+    """The run from the engine's last empty_cache before step 0 (its optimizer build:
+    zeroplan.core.deepspeed_stage3_setup) to the end of step ``last``, as an AllocationTrace
+    (scaled, with their streams) after one allocation holding what was live at that empty_cache."""
+    from zeroplan.allocator.trace import AllocationTrace, AllocEvent, FreeEvent
+
+    ranges, events = result["ranges"], result["events"]
+    steps = sorted((s, e) for s, e, n in ranges if n.startswith("zs:step"))
+    start = max(e for s, e, n in ranges if n == "zs:empty_cache" and e < steps[0][0])
+    side = sorted((s, e, 1 if n == "zs:allgather" else 2) for s, e, n in ranges if n in ("zs:allgather", "zs:reduce"))
+    starts = [x[0] for x in side]
+    live: dict[int, int | None] = {}
+    at_start: dict[int, int] = {}
+    out: list = []
+    for time_ns, size, ptr, _ in events:
+        if time_ns > steps[last][1]:
+            break
+        made = live.pop(ptr, None)
+        if made is not None:
+            out.append(FreeEvent(id=made))
+        if time_ns < start:
+            at_start.pop(ptr, None)
+            if size > 0:
+                at_start[ptr] = size
+            continue
+        if size > 0:
+            live[ptr] = len(out)
+            out.append(AllocEvent(id=len(out), size_bytes=_scaled(size), stream=_stream_of(side, starts, time_ns)))
+    held = sum(_scaled(size) for size in at_start.values())
+    return AllocationTrace(events=(AllocEvent(id=10**9, size_bytes=held, stream=0), *out), source="deepspeed 0.14.2, scaled"), held
+
+
 def report(result: dict, capacity_bytes: int | None = None) -> None:
     from zeroplan.allocator.config import parse_alloc_conf
     from zeroplan.allocator.replay import replay
@@ -262,6 +310,13 @@ def report(result: dict, capacity_bytes: int | None = None) -> None:
                 replayed = replay(engine_steps(events, first, end)[0], config, capacity_bytes)
                 print(f"on {capacity_bytes / gib:.2f} GiB, {name}, steps {first}-{end}: completed {replayed.completed}, "
                       f"reserved peak {replayed.reserved_peak_bytes / gib:.2f}, cache flushes {replayed.device_refusals}")
+    if any(n == "zs:empty_cache" for _, _, n in result["ranges"]):
+        for end in range(last + 1):
+            trace, held = from_build(result, end)
+            replayed = replay(trace, parse_alloc_conf(""))
+            print(f"from the optimizer build to the end of step {end} (default allocator): held at its start "
+                  f"{held / gib:.2f} GiB; requested peak {replayed.requested_peak_bytes / gib:.2f}, reserved peak "
+                  f"{replayed.reserved_peak_bytes / gib:.2f}")
     for conf in ("", "expandable_segments:True"):
         config = parse_alloc_conf(conf)
         print(f"PYTORCH_CUDA_ALLOC_CONF={conf!r} (streams: 0 compute, 1 allgather, 2 reduce)")

@@ -24,6 +24,7 @@ from zeroplan.core.parallel.sequence_parallel import SublayerCollectives
 from zeroplan.allocator.replay import Ops
 from zeroplan.allocator.trace import AllocationTrace, Stream
 from zeroplan.core import deepspeed_2022, deepspeed_one_rank, deepspeed_reduce_stream, deepspeed_stage0, deepspeed_stage3_step
+from zeroplan.core import deepspeed_stage3_setup
 from zeroplan.core.activations import layer_terms
 from zeroplan.core.checkpoint_save import SaveUnits, save_units
 from zeroplan.core.deepspeed_accumulation import overlap_comm
@@ -277,6 +278,12 @@ class StepInputs:
     norm_copy: int = 0
     """deepspeed_stage3_step.norm_copy_bytes: DeepSpeed ZeRO-3's gradient norm's largest fp64
     copy, made and freed before the sub-groups' steps (0: none)."""
+    stage3_setup: tuple[tuple[int, int], ...] = ()
+    """deepspeed_stage3_setup.setup_sub_groups: DeepSpeed ZeRO-3's optimizer build after its last
+    empty_cache, each sub-group's transient and fp32 master in turn (empty: the states whole)."""
+    stage3_init_gradient_buffer: int = 0
+    """deepspeed_stage3_setup.init_gradient_buffer_bytes: the build's fp32 gradient buffer, made
+    and freed before the resident buffers (0: none)."""
     sub_group_steps: tuple[tuple[int, int], ...] = ()
     """DeepSpeed ZeRO-3's step, sub-group by sub-group (zeroplan.core.deepspeed_stage3_step):
     each sub-group's flat gradient copy and fp32 cast, made and freed in turn in place of the
@@ -356,6 +363,8 @@ def _step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms
                       sequence_parallel=forward_collectives(request, terms),
                       stage1_2022=deepspeed_2022.step_allocations(request) if deepspeed_2022.models_2022(request) else None,
                       sub_group_steps=deepspeed_stage3_step.sub_group_steps(request),
+                      stage3_setup=deepspeed_stage3_setup.setup_sub_groups(request),
+                      stage3_init_gradient_buffer=deepspeed_stage3_setup.init_gradient_buffer_bytes(request),
                       norm_copy=deepspeed_stage3_step.norm_copy_bytes(request),
                       reduce_stream_copies=_reduce_stream_copies(request, blocks),
                       overflow_check=deepspeed_reduce_stream.overflow_check_bytes(request),
@@ -534,15 +543,21 @@ def _record_step(x: StepInputs, b: TraceBuilder) -> None:
     """record_step's schedule outside FSDP2 full sharding."""
     if x.deepspeed_first_step is not None:
         # DeepSpeed ZeRO-3's states as its construction leaves them, then its first step, which
-        # makes Adam's states, and a second step (zeroplan.allocator.deepspeed_first_step).
+        # makes Adam's states, and a second step (zeroplan.allocator.deepspeed_first_step). Where
+        # it applies (0.14.2, fp16) it is the construction the schedule replays, not
+        # _record_stage3_setup's build (measured on 0.12.3 and 0.13.3).
         record_constructed_states(b, x.deepspeed_first_step, x.resident_buffers)
         _record_step_body(x, b, x.deepspeed_first_step.lazy_states)
         _record_step_body(x, b, ())
         return
-    # Between steps: parameters and optimizer states per unit (the blocks and the rest).
-    b.alloc_parts(even_parts(x.parameter_bytes, x.blocks + 1))
-    b.alloc_parts(even_parts(x.optimizer_state_bytes, x.blocks + 1))
-    b.alloc(x.resident_buffers)
+    # Between steps: parameters and optimizer states per unit (the blocks and the rest), or as
+    # DeepSpeed ZeRO-3's optimizer build made them (_record_stage3_setup).
+    if x.stage3_setup:
+        _record_stage3_setup(x, b)
+    else:
+        b.alloc_parts(even_parts(x.parameter_bytes, x.blocks + 1))
+        b.alloc_parts(even_parts(x.optimizer_state_bytes, x.blocks + 1))
+        b.alloc(x.resident_buffers)
     # What the previous step made on DeepSpeed ZeRO-3's reduce stream stays cached there into
     # this one (neither DeepSpeed 0.14.2's step nor transformers 4.40's Trainer calls
     # empty_cache): its flat copies and overflow checks, made and freed in their order.
@@ -713,6 +728,29 @@ def _record_step_body(x: StepInputs, b: TraceBuilder, lazy_states: tuple[int, ..
     if not x.gradients_kept:
         b.free(gradients)
     b.free(ended)
+
+
+# zeroplan.core.deepspeed_stage3_setup (stage3.py at v0.12.3: defragment :519-553, whose
+# empty_cache starts what the process holds; _create_fp32_partitions :853-854;
+# initialize_optimizer_states :968-1032; _setup_for_real_optimizer :481-501).
+def _record_stage3_setup(x: StepInputs, b: TraceBuilder) -> None:
+    """DeepSpeed ZeRO-3's optimizer build: the flat parameters, each sub-group's transient and
+    fp32 master, the fp32 gradient buffer made and freed, the resident buffers, then the other
+    optimizer states per sub-group (Adam's two, each its master's size; what remains, one tensor)."""
+    b.alloc(x.parameter_bytes)
+    masters = [master for _, master in x.stage3_setup]
+    for transient, master in x.stage3_setup:
+        made = b.alloc(transient)
+        b.alloc(master)
+        b.free(made)
+    b.free(b.alloc(x.stage3_init_gradient_buffer))
+    b.alloc(x.resident_buffers)
+    rest = x.optimizer_state_bytes - sum(masters)
+    per_master = rest // sum(masters) if sum(masters) else 0
+    for master in masters:
+        for _ in range(per_master):
+            b.alloc(master)
+    b.alloc(rest - per_master * sum(masters))
 
 
 # stage3.py:2138-2143 at v0.14.2: isinf's bool tensor freed by .any() before isnan's is made.
