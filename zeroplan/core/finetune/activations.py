@@ -329,14 +329,40 @@ def quantized_base_outputs_fp32(request: PlanRequest) -> bool:
             and request.runs_under_autocast)
 
 
+QKV_TARGETS = frozenset({LoraTarget.q, LoraTarget.k, LoraTarget.v})
+MLP_IN_TARGETS = frozenset({LoraTarget.gate, LoraTarget.up})
+
+
+# litgpt 9a1b82b lora.py:426 LoRAQKVLinear.forward, after_A = F.linear(self.lora_dropout(x),
+# self.lora_A): litgpt's fused qkv (model.py CausalSelfAttention.attn) takes one adapter whose
+# lora_A spans every enabled projection (lora.py:233, r x sum(enable_lora) rows), so one dropout
+# and one lora_A read its input however many of q, k and v are enabled; every other litgpt
+# adapter (LoRALinear, lora.py:171) and every peft and torchtune adapter drops and multiplies
+# its input on its own.
+def group_input_readers(request: PlanRequest, group: tuple[LoraTarget, ...]) -> int:
+    """How many adapters drop and multiply ``group``'s input apart (group_adapters, a litgpt
+    fused q/k/v adapter once)."""
+    wrapped = group_adapters(request, group)
+    if request.training.framework is Framework.litgpt and wrapped and set(group) <= QKV_TARGETS:
+        return 1
+    return wrapped
+
+
 def _group_input_bytes(request: PlanRequest, targets: tuple[LoraTarget, ...], kind: str, kept_anyway: bool) -> int:
     """What is kept of one input the group's linears read, given which of them an adapter wraps
     (and whether another op keeps the input itself regardless)."""
+    return sum(_group_input_parts(request, targets, kind, kept_anyway))
+
+
+def _group_input_parts(request: PlanRequest, targets: tuple[LoraTarget, ...], kind: str,
+                       kept_anyway: bool) -> tuple[int, int]:
+    """_group_input_bytes in two parts: the input itself (and the base linears' own copies of it),
+    and what the adapters keep of their own (dropout masks, dropped or cast copies)."""
     finetune = request.training.finetune
     e = request.training.precision.compute_bytes
     tokens = request.batch.seq_len * request.batch.micro_batch_size
     width = input_width(request, kind)
-    wrapped = group_adapters(request, targets)
+    wrapped = group_input_readers(request, targets)
     # The attention output o reads is the fused attention's own kept output (INPUT_GROUPS), so
     # an int8 o keeps no second copy of it, nor a 4-bit o (the input arrives in bf16: no cast).
     # Under the non-reentrant checkpoint a recomputed block's MatMul4Bit and MatMul8bitLt nodes
@@ -354,7 +380,7 @@ def _group_input_bytes(request: PlanRequest, targets: tuple[LoraTarget, ...], ki
     if zero3_linear_keeps_input(request):
         shared = max(shared, e * tokens * width)
     if not wrapped or adapters_keep_no_input(request):
-        return shared + own
+        return shared + own, 0
     copies = group_adapters_copy_input(request, kind)
     a = adapter_matmul_bytes(request)
     if finetune.lora_dropout > 0:
@@ -362,10 +388,38 @@ def _group_input_bytes(request: PlanRequest, targets: tuple[LoraTarget, ...], ki
         # adapter: each keeps its mask, and lora_a its dropped input (adapter_matmul_bytes: under
         # hf's DDP autocast's bf16 copy of the dropped fp32 input, fp32 where adapters_stay_fp32).
         mask = dropout_mask_bytes(request, FP32_BYTES if copies else e)
-        return shared + own + wrapped * (a + mask) * tokens * width
+        return shared + own, wrapped * (a + mask) * tokens * width
     if copies:
-        return shared + own + wrapped * a * tokens * width
-    return own + max(shared, e * tokens * width)
+        return shared + own, wrapped * a * tokens * width
+    return own + max(shared, e * tokens * width), 0
+
+
+# litgpt 9a1b82b model.py:200-206 Block.forward: with parallel_residual and shared_attention_norm (Phi-2,
+# Falcon: ModelSpec.parallel_block) the MLP reads norm_1's output, the tensor q/k/v read; the
+# full fine-tune keeps it once (zeroplan.core.activations layer_terms: no mlp_input). Under LoRA
+# it is kept once if any reader keeps it (a 4-bit base before bitsandbytes 0.43.2, an adapter
+# without dropout), and nothing of it is kept where every reader is a frozen bf16 linear (its
+# matmul keeps only the weight) or a dropout adapter (which keeps its own mask and dropped copy).
+# Measured: benchmarks/lora-litgpt-records (Phi-2).
+def litgpt_mlp_reads_attention_input(request: PlanRequest) -> bool:
+    """Whether litgpt's MLP reads the very tensor its q/k/v read (one norm, parallel block)."""
+    return request.training.framework is Framework.litgpt and request.model.parallel_block
+
+
+# litgpt 9a1b82b lora.py:330 (LoRAQKVLinear.zero_pad returns lora_B's output as it is where q, k
+# and v are all enabled) and :342-347 (else it scatters it into new zeros of the fused width with
+# index_copy_, whose backward keeps its source: the [b, s, sum of the enabled widths] output of
+# lora_B, lora.py:430). Measured: benchmarks/lora-litgpt-records (Llama 3.2 1B, q and v).
+def litgpt_qkv_zero_pad_bytes(request: PlanRequest) -> int:
+    """Bytes litgpt's fused q/k/v adapter keeps when it scatters lora_B's output (0 elsewhere)."""
+    training = request.training
+    if training.framework is not Framework.litgpt or not training.finetune.is_lora:
+        return 0
+    targets = set(training.finetune.targets(training.framework)) & QKV_TARGETS
+    if not targets or targets == QKV_TARGETS or adapters_keep_no_input(request):
+        return 0
+    width = sum(_output_width(request, target) for target in targets)
+    return training.precision.compute_bytes * request.batch.seq_len * request.batch.micro_batch_size * width
 
 
 def lora_layer_delta_bytes(request: PlanRequest, norm_savings_bytes: int = 0) -> int:
@@ -409,11 +463,21 @@ def _lora_delta_bytes(request: PlanRequest, norm_savings_bytes: int, within: fro
     delta = 0
     # Full fine-tune: one copy of each input, kept by the linears that read it (layer_terms'
     # qkv_input, output_projection_input, mlp_input, and the product inside mlp_inner).
+    shared_norm = litgpt_mlp_reads_attention_input(request) and within.issuperset(QKV_TARGETS | MLP_IN_TARGETS)
     for group, kind, kept_anyway in INPUT_GROUPS:
         if not within.issuperset(group):
             continue
         width = input_width(request, kind)
+        if shared_norm and set(group) <= MLP_IN_TARGETS:
+            continue  # counted with q/k/v's (litgpt_mlp_reads_attention_input)
+        if shared_norm and set(group) <= QKV_TARGETS:
+            kept, own = _group_input_parts(request, group, kind, kept_anyway)
+            mlp_kept, mlp_own = _group_input_parts(request, (LoraTarget.gate, LoraTarget.up), "hidden", False)
+            delta += max(kept, mlp_kept) + own + mlp_own - e * tokens * width
+            continue
         delta += _group_input_bytes(request, group, kind, kept_anyway) - e * tokens * width
+    if within.issuperset(QKV_TARGETS):
+        delta += litgpt_qkv_zero_pad_bytes(request)
     # bitsandbytes 0.50.2 nn/modules.py Linear4bit.forward casts its output back to its input's
     # dtype, and MatMul8bitLt returns its product in its input's dtype: under hf's QLoRA the
     # residual stream is fp32 (FineTuneSpec.module_in_bf16), so the gate and up outputs and
