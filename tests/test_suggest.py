@@ -41,3 +41,16 @@ def test_a_lora_is_offered_an_nf4_base_before_more_gpus() -> None:
     report = fit(base.model_copy(update={"cluster": cluster_from_gpus(get_gpu("v100-16gb"), 1)}))
     assert report.recommended is None
     assert "With --quantize nf4: Recommended:" in report.verdict
+
+
+def test_a_gptq_base_is_not_offered_nf4() -> None:
+    # A GPTQ checkpoint is already a 4-bit model: the search tries recomputation and more GPUs
+    # only, and the verdict lists only what it tried.
+    base = PlanRequest(model=get_model("qwen-14b"),
+                       training=TrainingSpec(framework="hf", precision="fp16-mixed",
+                                             finetune=FineTuneSpec(lora_rank=64, quantize="gptq-int4")),
+                       batch=BatchSpec(seq_len=32768, allow_longer_seq=True),
+                       cluster=cluster_from_gpus(get_gpu("a10g"), 1), strategy=StrategySpec(kind="zero2"))
+    report = fit(base, ["zero2"])
+    assert report.recommended is None
+    assert "nf4" not in report.verdict

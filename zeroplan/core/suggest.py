@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pydantic import ValidationError
 
 from zeroplan.errors import ZeroplanError
-from zeroplan.specs.finetune import Quantization
+from zeroplan.specs.finetune import FineTuneSpec, Quantization
 from zeroplan.specs.base import kept_copy
 from zeroplan.specs.request import PlanRequest, revalidated
 from zeroplan.specs.training import ActivationCheckpointing
@@ -17,6 +17,14 @@ from zeroplan.specs.training import ActivationCheckpointing
 MAX_GPU_DOUBLINGS = 6
 """More GPUs are tried up to 2^6 = 64 times the request's (each every strategy's memory and
 verdict, the rest of the plans only where one fits: core.plan.suggestion_fit)."""
+
+
+# A LoRA's base stored in nf4 (QLoRA) is the next change after recomputation; a base already
+# 4-bit (nf4, or a GPTQ checkpoint: its own quantized model, which nf4 would not store smaller)
+# is not offered it.
+def offers_nf4_base(finetune: FineTuneSpec) -> bool:
+    """Whether the smallest-change search tries an nf4 base for this fine-tune."""
+    return finetune.is_lora and finetune.quantize not in (Quantization.nf4, Quantization.gptq_int4)
 
 
 def _with_training(base: PlanRequest, **update) -> PlanRequest | None:
@@ -71,7 +79,7 @@ def smallest_change(base: PlanRequest, fit: Callable[[PlanRequest], object]) -> 
         changes.append(("--activation-checkpointing full", current))
     finetune = base.training.finetune
     flags = "--activation-checkpointing full and " if current is not base else ""
-    if finetune.is_lora and finetune.quantize is not Quantization.nf4 and current is not None:
+    if offers_nf4_base(finetune) and current is not None:
         quantized = _with_training(current, finetune=finetune.model_copy(update={"quantize": Quantization.nf4}))
         changes.append((f"{flags}--quantize nf4", quantized))
     for change, request in changes:

@@ -14,6 +14,7 @@ from zeroplan.answers import FitReport, PlanSearchResult
 from zeroplan.core.margin import SPLIT_SEGMENT_NOTE, PeakErrorBand, borderline_words, error_band, margin_words
 from zeroplan.core.plan import recommendation_key
 from zeroplan.core.record import frozen
+from zeroplan.core.suggest import MAX_GPU_DOUBLINGS, offers_nf4_base
 from zeroplan.core.timing import nccl_algorithms
 from zeroplan.report.fits_cell import fits_cell, fits_cell_notes
 from zeroplan.report.table import (
@@ -163,7 +164,8 @@ def fit_verdict(report: FitReport, unit: ByteUnit) -> list[str]:
         return [said, f"To fit: {report.suggested_change}; then {recommended} is recommended."]
     if short_of_host:
         return [said, "To fit: more host RAM per node (--host-memory-gib), or a strategy that offloads less."]
-    return [said, "No change tried fits (full recomputation, an nf4 base for LoRA, up to 64 x the GPUs)."]
+    nf4 = ", an nf4 base for LoRA" if offers_nf4_base(report.training.finetune) else ""
+    return [said, f"No change tried fits (full recomputation{nf4}, up to {2**MAX_GPU_DOUBLINGS} x the GPUs)."]
 
 
 def fit_context(report: FitReport, unit: ByteUnit) -> str:
