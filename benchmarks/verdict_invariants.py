@@ -878,15 +878,21 @@ def _check_scale_out(argv, names, plans, sweep) -> None:
 
 
 def _check_precision(argv, names, plans, sweep) -> None:
-    """fp32 keeps no fewer model-state bytes per GPU than bf16-pure."""
+    """fp32 keeps no fewer model-state bytes per GPU than bf16-pure. Under a device map a plan's
+    memory is its peak GPU's, which the precision can move to another GPU: there the GPUs' most
+    parameter bytes are compared (_worst_gpu; the adapters' states are those of one process)."""
+    full_argv, half_argv = with_flag(argv, "--precision", "fp32"), with_flag(argv, "--precision", "bf16-pure")
     try:
-        full = fit_plans(with_flag(argv, "--precision", "fp32"), sweep, tuple(plans))
-        half = fit_plans(with_flag(argv, "--precision", "bf16-pure"), sweep, tuple(plans))
+        full = fit_plans(full_argv, sweep, tuple(plans))
+        half = fit_plans(half_argv, sweep, tuple(plans))
+        mapped = (build(full_argv, sweep), build(half_argv, sweep)) if flag_value(argv, "--device-map") else None
     except Refused:
         return
     for name, p in half.items():
         if name in full:
             a, b = state_bytes(full[name]), state_bytes(p)
+            if mapped is not None:
+                a, b = (_worst_gpu(r, StrategyKind(name))[1] for r in mapped)
             sweep.check(INVARIANTS[8], a >= b, f"{name}: fp32 {gib(a)} < bf16-pure {gib(b)} of model states per GPU\n    "
                         f"{command_line(with_flag(argv, '--precision', 'fp32'), name)}\n    "
                         f"{command_line(with_flag(argv, '--precision', 'bf16-pure'), name)}")
