@@ -25,7 +25,7 @@ query and value only and no dropout.
 
 Usage, with a checkout of litgpt at 9a1b82b:
 
-    python benchmarks/litgpt_lora_records.py LITGPT_CHECKOUT [OUT_DIR]
+    python benchmarks/litgpt_lora_records.py LITGPT_CHECKOUT [OUT_DIR [RECORD]]
 """
 
 from __future__ import annotations
@@ -54,6 +54,11 @@ RUNS = [
     # gemma-2b/lora.yaml (r 8, alpha 16, dropout 0.1, every switch on, micro-batch 2, 512 tokens).
     ("gemma-2b", "gemma-2b", {}, dict(lora_r=8, lora_alpha=16, lora_dropout=0.1, lora_query=True, lora_key=True,
                                       lora_value=True, lora_projection=True, lora_mlp=True, lora_head=True), 512, 2),
+    # gemma2-2b/lora.yaml (r 8, alpha 16, dropout 0.1, every switch on, micro-batch 2, 512 tokens):
+    # Gemma 2's block (four norms, attention logit soft-capping in an eager attention, model.py
+    # 298-315) and the final logit soft-cap (model.py 101-102).
+    ("gemma-2-2b", "Gemma-2-2b", {}, dict(lora_r=8, lora_alpha=16, lora_dropout=0.1, lora_query=True, lora_key=True,
+                                          lora_value=True, lora_projection=True, lora_mlp=True, lora_head=True), 512, 2),
     # For contrast: Phi-2 with query and value only and no dropout (the shared norm's output kept
     # once, by lora_A, and the scattered lora_B output).
     ("phi-2-qv-nodropout", "phi-2", {}, dict(lora_r=8, lora_alpha=16, lora_dropout=0.0, lora_query=True,
@@ -159,10 +164,12 @@ def measure(lora: types.ModuleType, record: str, name: str, overrides: dict, set
     }
 
 
-def main(checkout: Path, out: Path = DEFAULT_OUT) -> None:
+def main(checkout: Path, out: Path = DEFAULT_OUT, only: str | None = None) -> None:
     lora = load_lora(checkout)
     out.mkdir(parents=True, exist_ok=True)
     for record, name, overrides, settings, seq_len, micro_batch in RUNS:
+        if only is not None and record != only:
+            continue
         result = measure(lora, record, name, overrides, settings, seq_len, micro_batch)
         write_text_atomic(out / f"litgpt_{record}_lora_s{seq_len}_b{micro_batch}.json", json.dumps(result, indent=1) + "\n")
         print(f"{record} s {seq_len} b {micro_batch}: {result['per_layer_bytes']:,} bytes a layer "
@@ -174,4 +181,5 @@ if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
         print(__doc__)
         sys.exit(0 if len(sys.argv) > 1 else 2)
-    main(Path(sys.argv[1]), Path(sys.argv[2]) if len(sys.argv) > 2 else DEFAULT_OUT)
+    main(Path(sys.argv[1]), Path(sys.argv[2]) if len(sys.argv) > 2 else DEFAULT_OUT,
+         sys.argv[3] if len(sys.argv) > 3 else None)

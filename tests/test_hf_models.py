@@ -46,7 +46,7 @@ def test_matches_published_total(fixture: str, total: int) -> None:
 
 def test_gemma_is_tied_geglu_with_its_own_head_dim() -> None:
     spec = load_hf_config(FIXTURES / "gemma-7b.json")
-    assert spec.mlp is MlpKind.geglu and spec.tied_embeddings and not spec.post_norms
+    assert spec.mlp is MlpKind.geglu and spec.tied_embeddings and not spec.post_norms and not spec.attention_softcapping
     assert spec.head_size == 256 != spec.hidden_size // spec.num_heads
     assert [u.name for u in parameter_units(spec)][-1] == "head"
     assert parameter_units(spec)[-1].numel == spec.hidden_size  # final norm only: the head is tied
@@ -61,6 +61,10 @@ def test_gemma_head_dim_defaults_to_256_like_gemma_config() -> None:
 def test_gemma2_has_four_norms_per_block() -> None:
     spec = load_hf_config(FIXTURES / "gemma-2-9b.json")
     assert spec.post_norms and spec.norms_per_block == 4
+    # Gemma2Config's attn_logit_softcapping (50.0 in the checkpoint; null turns it off).
+    assert spec.attention_softcapping
+    config = json.loads((FIXTURES / "gemma-2-9b.json").read_text())
+    assert not parse_hf_config({**config, "attn_logit_softcapping": None}, "g").attention_softcapping
     plain = spec.model_copy(update={"post_norms": False})
     assert total_parameters(spec) - total_parameters(plain) == spec.num_layers * 2 * spec.hidden_size
     training = TrainingSpec()

@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RECORDS = ROOT / "benchmarks" / "lora-litgpt-records"
 CONFIGS = {"phi-2": str(ROOT / "tests" / "fixtures" / "hf" / "phi-2.json"),
            "llama-3.2-1b": str(ROOT / "benchmarks" / "published_memory" / "configs" / "llama-3.2-1b.json"),
-           "gemma-2b": str(ROOT / "benchmarks" / "published_memory" / "configs" / "gemma-2b.json")}
+           "gemma-2b": str(ROOT / "benchmarks" / "published_memory" / "configs" / "gemma-2b.json"),
+           "gemma-2-2b": str(ROOT / "tests" / "fixtures" / "hf" / "gemma-2-2b.json")}
 SWITCHES = (("lora_query", "q"), ("lora_key", "k"), ("lora_value", "v"), ("lora_projection", "o"))
 QKV = (LoraTarget.q, LoraTarget.k, LoraTarget.v)
 
@@ -99,3 +100,26 @@ def _norm_stats(request) -> int:
     from zeroplan.core.frameworks import layer_norm_statistics_bytes
 
     return layer_norm_statistics_bytes(request)
+
+
+def test_gemma2_soft_capped_attention_keeps_its_eager_scores() -> None:
+    # litgpt model.py scaled_dot_product_attention with attention_logit_softcapping: no SDPA node;
+    # tanh's bf16 result, the fp32 softmax and its bf16 cast (read by scores @ v) are kept.
+    record = json.loads((RECORDS / "litgpt_gemma-2-2b_lora_s512_b2.json").read_text())
+    s, b, heads = record["seq_len"], record["micro_batch_size"], record["n_head"]
+    rows = record["second_block_saved"]
+    assert not [row for row in rows if "ScaledDotProduct" in row["node"]]
+    scores = [row for row in rows if row["shape"] == [b, heads, s, s] or row["shape"] == [b * heads, s, s]]
+    assert sorted((row["node"], row["dtype"]) for row in scores) == [
+        ("BmmBackward0", "torch.bfloat16"), ("SoftmaxBackward0", "torch.float32"), ("TanhBackward0", "torch.bfloat16")]
+    full, lora = _requests(record)
+    assert full.model.attention_softcapping
+    # What the eager path keeps beyond flash's terms: the three score tensors less SDPA's output
+    # and log-sum-exp.
+    from zeroplan.core.frameworks import litgpt_softcapped_attention_extra_bytes
+
+    sdpa_only = 2 * s * b * heads * record["head_size"] + 4 * heads * s * b
+    assert litgpt_softcapped_attention_extra_bytes(full) == sum(row["storage_bytes"] for row in scores) - sdpa_only
+    uncapped = full.model_copy(update={"model": full.model.model_copy(update={"attention_softcapping": False})})
+    assert framework_layer_bytes(full) - framework_layer_bytes(uncapped) == sum(
+        row["storage_bytes"] for row in scores) - sdpa_only

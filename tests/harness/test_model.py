@@ -103,7 +103,8 @@ def test_unknown_preset_is_a_one_line_error() -> None:
         harness_model("tiny-lama")
 
 
-@pytest.mark.parametrize("field,value", [("qkv_bias", True), ("qk_norm", True), ("post_norms", True), ("mlp", "geglu")])
+@pytest.mark.parametrize("field,value", [("qkv_bias", True), ("qk_norm", True), ("post_norms", True),
+                                         ("attention_softcapping", True), ("mlp", "geglu")])
 def test_build_model_refuses_unbuilt_fields(field: str, value: object) -> None:
     spec = ModelSpec(name="t", vocab_size=64, hidden_size=32, num_layers=1, num_heads=4, ffn_hidden_size=64, **{field: value})
     with pytest.raises(ZeroplanError, match=f"model.{field}"):

@@ -293,7 +293,7 @@ def framework_layer_bytes(request: PlanRequest) -> int:
             + autocast_copies_bytes(request) + torchtitan_rope_cache_bytes(request) + eager_attention_extra_bytes(request)
             + torchtitan_moe_block_extra_bytes(request) + lora_layer_delta_bytes(request, norm_savings)
             + padding_mask_extra_bytes(request) + rotary_cat_extra_bytes(request) + layer_norm_statistics_bytes(request)
-            + litgpt_rms_norm_extra_bytes(request))
+            + litgpt_rms_norm_extra_bytes(request) + litgpt_softcapped_attention_extra_bytes(request))
 
 
 # litgpt 00af8b0 (and 9a1b82b) litgpt/model.py RMSNorm.forward (lines 564-571): rsqrt's backward
@@ -351,6 +351,32 @@ def rotary_cat_extra_bytes(request: PlanRequest) -> int:
     view = model.kv_heads == model.num_heads and not (hf and training.use_cache)
     rotated = e * sb * (model.q_size + model.kv_size) if view else 0
     return output_copy + rotated
+
+
+# litgpt 00af8b0 (and 9a1b82b) litgpt/model.py CausalSelfAttention.scaled_dot_product_attention
+# (lines 303-315): with attention_logit_softcapping (Gemma 2) it does not call SDPA but
+# ``scores = q @ k.mT * scale``, ``torch.tanh(scores / cap) * cap`` (tanh's backward keeps its
+# result, a [b, heads, s, s] tensor in the compute dtype), adds the mask, ``F.softmax(scores,
+# dim=-1, dtype=torch.float)`` (its backward keeps its fp32 result) and ``.to(q.dtype)``, which
+# ``scores @ v`` keeps (the same tensor as the softmax's where the compute dtype is fp32). The
+# two matmuls keep q and the expanded k and v that SDPA would keep; the bmm's output is not kept
+# (its reshape for the projection copies it), so neither SDPA's output (rotary_cat_extra_bytes)
+# nor the kernel's log-sum-exp (attention_core_terms) exists. Sliding-window layers only add a
+# bias to the mask, which keeps nothing. Measured on litgpt 9a1b82b's lora.py GPT (Gemma-2-2b,
+# benchmarks/lora-litgpt-records, tests/test_litgpt_lora_block.py).
+def litgpt_softcapped_attention_extra_bytes(request: PlanRequest) -> int:
+    """Bytes one litgpt block's soft-capped eager attention keeps beyond the kernel's terms."""
+    from zeroplan.core.activations import attention_core_terms
+
+    model, training, batch = request.model, request.training, request.batch
+    if training.framework is not Framework.litgpt or not model.attention_softcapping:
+        return 0
+    e, s, b = training.precision.compute_bytes, batch.seq_len, batch.micro_batch_size
+    scores = model.num_heads * s * s * b
+    kept = e * scores + FP32_BYTES * scores + (e * scores if e != FP32_BYTES else 0)
+    planned = {k: v for k, v in attention_core_terms(model, training, s, b).items() if k != "q_k_v"}
+    sdpa_output = e * s * b * model.q_size if training.attention_kernel is AttentionKernel.flash else 0
+    return kept - sum(planned.values()) - sdpa_output
 
 
 # torch 2.13 native_layer_norm (nn.LayerNorm in transformers' and litgpt's blocks): CUDA's

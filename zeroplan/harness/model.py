@@ -214,8 +214,8 @@ class Transformer(nn.Module):
 def check_buildable(spec: ModelSpec) -> None:
     """Refuse, in one line naming the field, a model this harness's Transformer does not build
     (the measure command calls it before launching any rank)."""
-    for field in ("qkv_bias", "qk_norm", "post_norms", "parallel_block", "head_bias", "token_types", "head_transform",
-                  "embedding_projection"):
+    for field in ("qkv_bias", "qk_norm", "post_norms", "attention_softcapping", "parallel_block", "head_bias",
+                  "token_types", "head_transform", "embedding_projection"):
         if getattr(spec, field):
             raise ZeroplanError(f"model.{field}", "not built by the measurement harness (allowed: false)")
     if not spec.final_norm:

@@ -421,6 +421,8 @@ def _llama_spec(name: str, config: dict[str, Any]) -> ModelSpec:
         qkv_bias=model_type == "qwen2",
         qk_norm=model_type == "qwen3",
         post_norms=model_type == "gemma2",
+        # Gemma2Config's attn_logit_softcapping defaults to 50.0; null turns the cap off.
+        attention_softcapping=model_type == "gemma2" and config.get("attn_logit_softcapping", 50.0) is not None,
         fused_qkv=model_type == "phi3",
         fused_gate_up=model_type == "phi3",
         tied_embeddings=config.get("tie_word_embeddings", gemma),

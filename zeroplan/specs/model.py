@@ -95,6 +95,9 @@ class ModelSpec(Frozen):
     """Whether each block also normalises the attention and MLP outputs before adding them to the residual
     stream: four norms per block instead of two (Gemma 2; HF modeling_gemma2.py, post_attention_layernorm
     and post_feedforward_layernorm)."""
+    attention_softcapping: bool = False
+    """Whether the attention scores pass a tanh soft-cap before the softmax (Gemma 2:
+    attn_logit_softcapping; HF modeling_gemma2.py, litgpt model.py's attention_logit_softcapping)."""
     causal: bool = True
     """Whether attention is causal (decoders); an encoder's (BERT's) computes every score."""
     token_types: int = Field(default=0, ge=0)
