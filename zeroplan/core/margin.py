@@ -31,7 +31,7 @@ VARYING_LENGTHS_PEAK_ERROR_BAND = PeakErrorBand(low=0.923, high=1.007, rows=87)
 # is the floor under any reserve, so a fit whose allocated peak alone may reach the usable memory
 # is borderline whatever its reserve's band says (the varying-length band lies lower: its reserve
 # is over-predicted, its allocated step is not).
-ALLOCATED_PEAK_ERROR_BAND = PeakErrorBand(low=1.000, high=1.023, rows=116)
+ALLOCATED_PEAK_ERROR_BAND = PeakErrorBand(low=1.000, high=1.021, rows=116)
 
 
 def error_band(varying_lengths: bool) -> PeakErrorBand:

@@ -95,7 +95,7 @@ class ModelSpec(Frozen):
     """Whether each block also normalises the attention and MLP outputs before adding them to the residual
     stream: four norms per block instead of two (Gemma 2; HF modeling_gemma2.py, post_attention_layernorm
     and post_feedforward_layernorm)."""
-    attention_softcapping: bool = False
+    attention_softcapping: bool = Field(default=False, exclude_if=lambda capped: not capped)
     """Whether the attention scores pass a tanh soft-cap before the softmax (Gemma 2:
     attn_logit_softcapping; HF modeling_gemma2.py, litgpt model.py's attention_logit_softcapping)."""
     causal: bool = True
