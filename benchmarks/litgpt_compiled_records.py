@@ -73,6 +73,32 @@ def load_litgpt(checkout: Path) -> types.ModuleType:
     return sys.modules["litgpt.model"]
 
 
+def saved_tensor_listing(output: torch.Tensor, not_own: set, listed=lambda key: True) -> list[dict]:
+    """Each tensor autograd saved in ``output``'s graph with the node that saved it (its shape,
+    dtype and storage's bytes), the storages in ``not_own`` (parameters, buffers, token ids) left
+    out and only those ``listed`` keeps; each storage named by its index among the listed ones
+    (a stable name within the record, where the storages' own keys are addresses)."""
+    listing, seen, stack = [], set(), [output.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+        for attr in sorted(a for a in dir(node) if a.startswith("_saved_")):
+            value = getattr(node, attr)
+            if (isinstance(value, torch.Tensor) and private.storage_key(value) not in not_own
+                    and listed(private.storage_key(value))):
+                listing.append({"node": type(node).__name__, "saved": attr[len("_saved_"):],
+                                "shape": list(value.shape), "dtype": str(value.dtype),
+                                "storage_bytes": value.untyped_storage().nbytes(),
+                                "storage": private.storage_key(value)})
+    keys = sorted({row["storage"] for row in listing})
+    for row in listing:
+        row["storage"] = keys.index(row["storage"])
+    return listing
+
+
 def measure(litgpt_model: types.ModuleType, name: str, seq_len: int, micro_batch: int, n_layer: int,
             unit_breaks: bool = False) -> dict:
     """What torch.compile(GPT) saves for backward at ``n_layer`` layers, on fake tensors.

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from litgpt_compiled_records import load_litgpt
+from litgpt_compiled_records import load_litgpt, saved_tensor_listing
 from zeroplan.atomic import write_text_atomic
 from zeroplan.simulate import _torch_private as private
 
@@ -118,24 +118,7 @@ def saved_storages(lora: types.ModuleType, name: str, overrides: dict, settings:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
             logits = model(idx)
         not_own = {private.storage_key(t) for t in (*model.parameters(), *model.buffers(), idx)}
-        listing, seen, stack = [], set(), [logits.grad_fn]
-        while stack:
-            node = stack.pop()
-            if node is None or node in seen:
-                continue
-            seen.add(node)
-            stack.extend(next_node for next_node, _ in node.next_functions)
-            for attr in sorted(a for a in dir(node) if a.startswith("_saved_")):
-                value = getattr(node, attr)
-                if (isinstance(value, torch.Tensor) and private.storage_key(value) not in not_own
-                        and private.storage_key(value) in last_block):
-                    listing.append({"node": type(node).__name__, "saved": attr[len("_saved_"):],
-                                    "shape": list(value.shape), "dtype": str(value.dtype),
-                                    "storage_bytes": value.untyped_storage().nbytes(),
-                                    "storage": private.storage_key(value)})
-    keys = sorted({row["storage"] for row in listing})
-    for row in listing:
-        row["storage"] = keys.index(row["storage"])
+        listing = saved_tensor_listing(logits, not_own, last_block.__contains__)
     listing.sort(key=lambda row: (row["storage"], row["node"], row["saved"]))
     return sum(n for key, n in packed.items() if key not in not_own), listing
 
