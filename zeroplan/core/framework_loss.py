@@ -453,7 +453,7 @@ def framework_logits_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...
         # DeepSpeed-Chat's reward model (zeroplan.core.reward_model): a v_head's b x s scores and
         # its pairwise loss's, no vocabulary's logits.
         return reward_head_tensors(request)
-    if training.objective is Objective.dpo and runs_dschat_dpo(request):
+    if runs_dschat_dpo(request):
         # DeepSpeed-Chat's DPO (zeroplan.core.dschat_dpo): compute-dtype log-softmaxes, both
         # models' logits held by the loop (with the activations).
         return dschat_dpo_logits_tensors(request)
@@ -469,16 +469,16 @@ def framework_logits_tensors(request: PlanRequest) -> tuple[tuple[int, ...], ...
         return torchtune_unchunked_logits_tensors(request)
     if compiles_unchunked_loss(request):
         return (torchtitan_compiled_unchunked_loss_parts(request),)
-    if runs_own_loss(model, training) and not loss_under_trainer_autocast(request):
-        # Under DeepSpeed's engine: no autocast, the loss in the module's 16 bits (zeroplan.core.own_loss).
-        forward, backward = opt_loss_tensors(model, training, s, b)
-        ahead = (*kv_cache_tensors(request), *fsdp_head_gathered_parts(request, prefetched=False))
-        return (*ahead, *forward), (*backward, *fsdp_head_gathered_parts(request))
     if runs_own_loss(model, training) or opt_loss_under_autocast(request):
-        # The model's own compute-dtype loss under the Trainer's autocast (zeroplan.core.own_loss):
-        # its forward moments beside the KV cache, if kept, and the head's unit gathered for the
+        # The model's own compute-dtype loss (zeroplan.core.own_loss): under the Trainer's
+        # autocast its three moments, under DeepSpeed's engine the module's 16-bit ops alone; its
+        # forward moments beside the KV cache, if kept, and the head's unit gathered for the
         # forward; its backward's beside the head's unit gathered again.
-        *forward, loss = own_loss_tensors(model, training, s, b)
+        if runs_own_loss(model, training) and not loss_under_trainer_autocast(request):
+            one_forward, loss = opt_loss_tensors(model, training, s, b)
+            forward = [one_forward]
+        else:
+            *forward, loss = own_loss_tensors(model, training, s, b)
         ahead = (*kv_cache_tensors(request), *fsdp_head_gathered_parts(request, prefetched=False))
         return (*((*ahead, *moment) for moment in forward), (*loss, *fsdp_head_gathered_parts(request)))
     # The loss's fp32 tensors are alive at the start of its backward, beside the head's unit
