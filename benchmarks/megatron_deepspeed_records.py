@@ -48,7 +48,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from zeroplan.atomic import write_text_atomic
-from zeroplan.harness.ports import free_local_port
+from zeroplan.harness.ports import free_local_port, remove_deepspeed_shm_buffers
 
 NPROC, MICRO_BATCH, SEQ, ACCUM, STEPS = 2, 2, 8, 2, 2
 VOCAB, HIDDEN, FFN = 67, 19, 45
@@ -218,7 +218,20 @@ def _worker(rank: int, out: str, zero_optimizer: bool = False) -> None:
         "steps": steps,
     }
     Path(out).joinpath(f"rank{rank}.json").write_text(json.dumps(record, indent=1) + "\n")
+    _leave(rank)
+
+
+def _leave(rank: int) -> None:
+    """End a rank whose record is written. DeepSpeed's CPU communication op can abort in the
+    interpreter's teardown ("terminate called without an active exception": a thread still
+    joinable when its object is destroyed), which mp.spawn reports as the rank dying of SIGABRT
+    although its record is complete; so once every rank has written, the process leaves without
+    running that teardown."""
+    dist.barrier()
     dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _batches(rank: int):
@@ -277,7 +290,7 @@ def _zero_optimizer_record(rank: int, out: str, engine, module, group_numels: li
         "reduce_bucket_size": int(zero.reduce_bucket_size), "steps": steps,
     }
     Path(out).joinpath(f"rank{rank}.json").write_text(json.dumps(record, indent=1) + "\n")
-    dist.destroy_process_group()
+    _leave(rank)
 
 
 def _run_ranks(out: Path, zero_optimizer: bool) -> list[dict]:
@@ -286,8 +299,12 @@ def _run_ranks(out: Path, zero_optimizer: bool) -> list[dict]:
     tmp = out / "tmp"
     tmp.mkdir(exist_ok=True)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(free_local_port())
-    mp.spawn(_worker, args=(str(tmp), zero_optimizer), nprocs=NPROC, join=True)
+    port = free_local_port()
+    os.environ["MASTER_PORT"] = str(port)
+    try:
+        mp.spawn(_worker, args=(str(tmp), zero_optimizer), nprocs=NPROC, join=True)
+    finally:
+        remove_deepspeed_shm_buffers(port)
     ranks = [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(NPROC)]
     for f in tmp.iterdir():
         f.unlink()

@@ -40,13 +40,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from zeroplan.harness.ports import free_local_port  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "ulysses-records" / "records.json"
 CASES = ({"sp": 2, "batch": 2, "seq": 64, "heads": 8, "head_dim": 16},
@@ -156,9 +157,7 @@ def measure(case: dict) -> dict:
     import torch
     import torch.multiprocessing as mp
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_local_port()  # not bind(0): see zeroplan/harness/ports.py
     context = mp.get_context("spawn")
     queue = context.Queue()
     processes = [context.Process(target=_worker, args=(rank, case, port, queue)) for rank in range(case["sp"])]
