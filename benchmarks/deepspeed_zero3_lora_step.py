@@ -89,6 +89,12 @@ def _import_old_deepspeed(source: str):
     import torch.distributed.elastic.agent.server.api as elastic_api
 
     sys.path.insert(0, source)
+    # DeepSpeed builds its CPU ops (deepspeed_shm_comm) on first use into torch's extension cache,
+    # one directory per op name whatever the release: an earlier release's build there is loaded
+    # by the installed DeepSpeed's next launch, which then fails (its shm_comm lacks
+    # vector_kernel_level). Each source tree builds into a cache of its own.
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(cache / "torch_extensions" / f"deepspeed-src-{Path(source).resolve().name}")
     elastic_api.log = logging.getLogger("elastic")  # read at import by elasticity/elastic_agent.py
     if not hasattr(elastic_api, "_get_socket_with_port"):
         elastic_api._get_socket_with_port = lambda: None
