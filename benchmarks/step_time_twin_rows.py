@@ -18,11 +18,15 @@ Siblings are rows that differ only in the GPU count (and the accumulation that k
 per-GPU micro-batch): their compute per GPU per micro-batch is equal, and more GPUs only add
 communication, so the row of fewer GPUs cannot be slower per token unless its communication is.
 
+One dimension at a time: pairs of one source that differ in one setup dimension alone (or in the
+sequence and micro-batch at equal tokens per micro-batch), with the relative gap between the HFUs
+calibrate step solves on the two: which dimension a source's calibrated misses follow.
+
 The Megatron-LM 2020 DGX-2 (V100) table gets its two-unknown reading: its tensor-parallel rows
 (TP 2, 4, 8) solved for one compute rate per executed FLOP and one multiple k of the planner's
 tensor-parallel communication, the TP 1 row then compared with that rate.
 
-python benchmarks/step_time_twin_rows.py   (~20 s)
+python benchmarks/step_time_twin_rows.py   (~10 s)
 """
 
 from __future__ import annotations
@@ -113,6 +117,48 @@ def sibling_pairs(rows) -> list[tuple[PublishedThroughput, PublishedThroughput, 
     return pairs
 
 
+DIMENSIONS = ("GPUs", "sequence", "micro-batch", "model", "recomputation", "tp", "pp", "heads", "attention kernel")
+"""What a row's setup is read by, for pairs that differ in one of them alone."""
+
+
+def _dimensions(row: PublishedThroughput) -> dict[str, object]:
+    model = row.request().model
+    return {"GPUs": row.num_gpus, "sequence": row.seq_len, "micro-batch": row.micro_batch_size,
+            "model": _widths(row), "recomputation": row.activation_checkpointing, "tp": row.tp, "pp": row.pp,
+            "heads": model.num_heads, "attention kernel": row.attention_implementation}
+
+
+def _fixed(row: PublishedThroughput) -> tuple:
+    return (source_of(row), row.gpu, row.strategy, row.precision, row.compile, row.fused_cross_entropy,
+            row.training_options, row.zero_options)
+
+
+def one_dimension_pairs(rows) -> dict[tuple[str, str], list[tuple[PublishedThroughput, PublishedThroughput, float]]]:
+    """Per (source label, dimension): pairs of rows that differ in that dimension alone (the
+    accumulation aside; 'sequence, same tokens' where the sequence and the micro-batch change with
+    their product kept), each with |HFU_b / HFU_a - 1| of the HFUs calibrate step solves on them:
+    what a calibration carried from one to the other misses, read off one dimension at a time."""
+    solved = {row.name: _solved(row) for row in rows}
+    found = defaultdict(list)
+    groups = defaultdict(list)
+    for row in rows:
+        groups[_fixed(row)].append(row)
+    for members in groups.values():
+        for a, b in itertools.combinations(members, 2):
+            if solved[a.name] is None or solved[b.name] is None:
+                continue
+            da, db = _dimensions(a), _dimensions(b)
+            differ = {d for d in DIMENSIONS if da[d] != db[d]}
+            if differ == {"sequence", "micro-batch"} and a.seq_len * a.micro_batch_size == b.seq_len * b.micro_batch_size:
+                dimension = "sequence, same tokens"
+            elif len(differ) == 1:
+                dimension = differ.pop()
+            else:
+                continue
+            found[(source_label(a), dimension)].append((a, b, abs(solved[b.name] / solved[a.name] - 1)))
+    return found
+
+
 def v100_reading(rows) -> list[str]:
     """The Megatron-LM 2020 DGX-2 table: step = c x executed FLOPs + k x the planner's
     tensor-parallel communication, solved on its TP 2 and TP 8 rows, checked on TP 4 and TP 1."""
@@ -169,6 +215,15 @@ def main() -> None:
         if published < 1 <= planned or published / planned - 1 < -0.05:
             print(f"| {source_label(a)[:60]} | {a.name} | {b.name} | {published:.3f} | {planned:.3f} | "
                   f"{published / planned - 1:+.1%} |")
+    print("\nOne dimension at a time (pairs of one source that differ in it alone; |HFU_b / HFU_a - 1| of the HFUs "
+          "calibrate step solves on the two, in sample: what one row's calibration misses on the other where "
+          "only that dimension moved)\n")
+    print("| source | dimension | pairs | median | max | over 15 % |")
+    print("|---|---|---:|---:|---:|---:|")
+    for (source, dimension), pairs in sorted(one_dimension_pairs(rows).items()):
+        values = [gap for _, _, gap in pairs]
+        print(f"| {source[:60]} | {dimension} | {len(values)} | {statistics.median(values):.1%} | {max(values):.1%} | "
+              f"{sum(v > CEILING for v in values)} |")
     print()
     for line in v100_reading(rows):
         print(line)

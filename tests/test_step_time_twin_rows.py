@@ -46,3 +46,15 @@ def test_v100_reading_reproduces_its_two_rows(rows) -> None:  # type: ignore[no-
     assert len(table) == 4
     residuals = {line.split(" | ")[1]: line.rstrip(" |").rsplit("| ", 1)[1] for line in table}
     assert residuals["2"] in ("+0.0%", "-0.0%") and residuals["8"] in ("+0.0%", "-0.0%")
+
+
+def test_one_dimension_pairs_differ_in_that_dimension_alone(rows) -> None:  # type: ignore[no-untyped-def]
+    found = SCRIPT.one_dimension_pairs(rows)
+    assert found
+    for (_, dimension), pairs in found.items():
+        for a, b, gap in pairs:
+            da, db = SCRIPT._dimensions(a), SCRIPT._dimensions(b)
+            differ = {d for d in SCRIPT.DIMENSIONS if da[d] != db[d]}
+            expected = {"sequence", "micro-batch"} if dimension == "sequence, same tokens" else {dimension}
+            assert differ == expected, (a.name, b.name, dimension)
+            assert SCRIPT._fixed(a) == SCRIPT._fixed(b) and gap >= 0
