@@ -24,7 +24,10 @@ Replayed through zeroplan's caching-allocator model, per stream as fp16_streams 
       none);
   (b) from deepspeed.initialize on (module.to, each parameter's partition, the flat 16-bit
       buffer, the fp32 masters' clones, the optimizer's gradient buffer, the ipg bucket and
-      gradient partitions, each parameter gathered for its hook), then steps 0..N.
+      gradient partitions, each parameter gathered for its hook), then steps 0..N;
+  (c) from defragment's empty_cache (stage3.py:550-551), what is live there as one allocation,
+      then the optimizer's build and steps 0..N: where zeroplan.allocator.deepspeed_first_step
+      starts its replay.
 What initialize makes, scaled: 0.87 GiB of parameters whole, their partitions (one rank: as
 large), the 0.87 GiB flat buffer, a 0.87 GiB clone and the 1.73 GiB fp32 master, a 1.73 GiB
 gradient buffer freed at once, the 0.93 GiB ipg bucket and 0.87 GiB of gradient partitions;
@@ -39,6 +42,11 @@ out; under expandable segments 13.60 / 17.07 / 20.32 / ran out):
   expandable  (a)  12.83 / 17.10 / 21.26 / completes (23.09)
               (a0) 12.53 / 15.98 / 21.74 / completes (23.11)
               (b)  13.15 / 16.60 / 22.36 / completes (23.13)
+(c), reserved without a limit, default / expandable: micro-batch 1 14.77 / 12.53, 2 21.10 / 15.98,
+3 21.69 / 21.74; without checkpointing 1 x 1,024 (--seq 64) 13.68 / 11.44 and 2 x 2,048 24.84 (22.52
+on 23.5, one flush) / 21.22. The build's events after that empty_cache, in order: the flat buffer
+(held), the 16-bit clone, the fp32 master, the clone freed, the gradient buffer made and freed, the
+ipg bucket, the gradient partitions.
 Without checkpointing, micro-batch 2 on 23.5 GiB (published 21.15): (a) 22.96, (a0) 22.66, (b) 22.60;
 micro-batch 3 runs out in all three (published: ran out).
 So the first step's Adam states decide micro-batch 4's default verdict (as the run: out of memory),
