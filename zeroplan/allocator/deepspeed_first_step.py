@@ -52,7 +52,8 @@ Measured on DeepSpeed's own engines on gloo (rank 0's allocator events, sizes sc
   order; reserved through steps 0-2 from there 14.77 / 21.10 / 21.69 GiB at micro-batch 1 / 2 / 3
   x 2,048 (planned 14.91 / 19.00 / 21.89), 12.53 / 15.98 / 21.74 under expandable segments
   (planned 12.68 / 16.15 / 21.96); without checkpointing 13.68 at 1 x 1,024 and 24.84 at
-  2 x 2,048 (planned 14.99 and 23.14); 4 x 2,048 on 23.5 GiB runs out from step 0 and completes from step 1
+  2 x 2,048 (planned 14.99 and 23.14); Llama-3-8B on 8 ranks, 1 x 1,040 without checkpointing:
+  the same build, 46.23 (planned 45.03; 40.26 and 40.27 under expandable segments); 4 x 2,048 on 23.5 GiB runs out from step 0 and completes from step 1
   (the published run ran out); Llama-3-8B on 8 ranks, 12 x 2,048
   (benchmarks/deepspeed_zero3_fp16_streams.py --layers 32): 77.79 GiB on 78.93 from step 0,
   70.67 from step 1 (published 76.24).
