@@ -86,7 +86,7 @@ class DeepSpeedFirstStep:
     """Each sub-group's (transient, fp32 master), in order: the transient made before its master."""
     transient_to_next: bool
     """The transient is freed once the next sub-group's is made (the last at the build's end),
-    not as soon as its master is (transient_lifetime)."""
+    not as soon as its master is (clones_fp32_copy)."""
     master_rest: int
     """What the planner's optimizer state holds beside the masters and the states made in the
     first step (the step counters; states not of a master's shape), allocated with the masters."""
@@ -107,25 +107,20 @@ class DeepSpeedFirstStep:
         return tuple(master for _, master in self.sub_groups)
 
 
-# stage3.py:861-864 at v0.13.3 and v0.14.2 (.clone() in the model dtype, then .float()); from
-# 0.18.3 (39a682d79), 0.19.8 :1170-1172 (.to(fp32), then .clone() of the fp32 copy).
-def transient_element_bytes(request: PlanRequest) -> int:
-    """Bytes per element of the transient _create_fp32_partitions makes beside each master."""
-    if request.training.deepspeed_release in EARLIER_HF_DEEPSPEED_RELEASES:
-        return _model_dtype_bytes(request)
-    return FP32_BYTES
-
-
-# stage3.py:861-864 at v0.13.3/v0.14.2: ``flat.to(device).clone().float().detach()``, one
-# expression, whose clone is dropped once .float() has made the master; 0.19.8 :1170-1172:
-# ``converted = flat.to(device, dtype=fp32)`` then ``append(converted.clone().detach())``, a local
-# that lives until the next sub-group's ``converted`` is made and rebinds it (the last one until
-# _create_fp32_partitions returns).
-def transient_lifetime_to_next(request: PlanRequest) -> bool:
-    """Whether each sub-group's transient outlives its master up to the next sub-group's transient."""
+# stage3.py:861-864 at v0.13.3/v0.14.2: ``flat.to(device).clone().float().detach()``, one expression,
+# whose model-dtype clone is dropped once .float() has made the master. From 0.18.3 (39a682d79),
+# 0.19.8 :1170-1172: ``converted = flat.to(device, dtype=fp32)`` then
+# ``append(converted.clone().detach())``: the transient is the fp32 copy, a local that lives until
+# the next sub-group's ``converted`` is made and rebinds it (the last until the function returns).
+def clones_fp32_copy(request: PlanRequest) -> bool:
+    """Whether _create_fp32_partitions casts each sub-group first and clones the fp32 copy (0.19.8),
+    rather than cloning it in the model dtype (0.13.3, 0.14.2)."""
     return request.training.deepspeed_release not in EARLIER_HF_DEEPSPEED_RELEASES
 
 
+# initialize_optimizer_states makes no optimizer step at any release modelled (0.13.3/0.14.2
+# stage3.py:978-1044, 0.19.8 :1301-1371; removed in 0.13.2, 18179807f): ops/adam/fused_adam.py:149-157
+# (torch's Adam alike) makes the states inside the first step, fp16 or bf16.
 def applies(request: PlanRequest) -> bool:
     """Whether the optimizer's build and first step are replayed: DeepSpeed ZeRO-3's step on the
     GPU (no offload) over fp32 masters of a 16-bit model, at any release the profiles model
@@ -161,7 +156,8 @@ def first_step(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms) 
     if resident is None:
         return None
     elements = sub_group_partition_elements(request)
-    transient = transient_element_bytes(request)
+    fp32_copy = clones_fp32_copy(request)
+    transient = FP32_BYTES if fp32_copy else _model_dtype_bytes(request)
     masters = [n * FP32_BYTES for n in elements]
     others = states.optimizer_state_bytes - sum(masters)
     if not masters or others < 0 or sum(masters) != FP32_BYTES * states.optimizer_elements:
@@ -172,7 +168,7 @@ def first_step(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms) 
     lazy = tuple(tuple(master for _ in range(per_master)) for master in masters)
     return DeepSpeedFirstStep(flat_parameters=states.parameter_bytes,
                               sub_groups=tuple((n * transient, n * FP32_BYTES) for n in elements),
-                              transient_to_next=transient_lifetime_to_next(request),
+                              transient_to_next=fp32_copy,
                               master_rest=others - per_master * sum(masters),
                               init_gradient_buffer=max(elements) * FP32_BYTES, lazy_states=lazy,
                               module_buffers=resident[0], resident_parts=resident[1])
