@@ -65,13 +65,16 @@ def random_argv(rng: random.Random) -> list[str]:
     return argv
 
 
-# zeroplan.allocator.deepspeed_first_step's requests: DeepSpeed 0.14.2's ZeRO-3 under hf, fp16.
-DEEPSPEED_FIRST_STEP = ["--framework", "hf", "--deepspeed-release", "0.14.2", "--precision", "fp16-mixed"]
+# zeroplan.allocator.deepspeed_first_step's requests: DeepSpeed's ZeRO-3 under hf, a 16-bit model,
+# at each release the profile models.
+FIRST_STEP_RELEASES = ("0.13.3", "0.14.2", "0.19.8")
+FIRST_STEP_PRECISIONS = ("fp16-mixed", "bf16-mixed")
 
 
 def first_step_argv(rng: random.Random) -> list[str]:
-    """random_argv's draw made a DeepSpeed 0.14.2 ZeRO-3 fp16 full fine-tune without accumulation
-    or model parallelism (the later flags win; LoRA, offload and layouts dropped)."""
+    """random_argv's draw made a DeepSpeed ZeRO-3 run under hf at a random release and 16-bit
+    precision, without model parallelism (the later flags win; quantization, offload and layouts
+    dropped; LoRA and accumulation kept)."""
     argv = random_argv(rng)
     keep: list[str] = []
     skip = 0
@@ -79,13 +82,14 @@ def first_step_argv(rng: random.Random) -> list[str]:
         if skip:
             skip -= 1
             continue
-        if word in ("--grad-accum", "--tp", "--pp", "--cp", "--lora-rank", "--quantize", "--precision", "--framework"):
+        if word in ("--tp", "--pp", "--cp", "--quantize", "--precision", "--framework"):
             skip = 1
             continue
         if word == "--fsdp-cpu-offload":
             continue
         keep.append(word)
-    return keep + DEEPSPEED_FIRST_STEP + (["--model-load", "full-per-rank"] if rng.random() < 0.5 else [])
+    return keep + ["--framework", "hf", "--deepspeed-release", rng.choice(FIRST_STEP_RELEASES), "--precision",
+                   rng.choice(FIRST_STEP_PRECISIONS)] + (["--model-load", "full-per-rank"] if rng.random() < 0.5 else [])
 
 
 def random_requests(count: int, seed: int, first_step: bool = False) -> list[PlanRequest]:
@@ -150,7 +154,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--deepspeed-first-step", action="store_true",
-                        help="only DeepSpeed 0.14.2 ZeRO-3 fp16 requests (zeroplan.allocator.deepspeed_first_step)")
+                        help="only DeepSpeed ZeRO-3 requests under hf at its releases, 16-bit (zeroplan.allocator.deepspeed_first_step)")
     args = parser.parse_args()
     start = time.perf_counter()
     requests = random_requests(args.requests, args.seed, args.deepspeed_first_step)

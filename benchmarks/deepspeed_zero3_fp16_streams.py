@@ -51,7 +51,7 @@ reduce_scatter_coalesced's div_ and freed with it (gloo's staging of its input; 
 buffer's own chunk), and the CPU's isinf makes an fp16 abs of the partition first: both the CPU
 backend's, not CUDA's.
 From the optimizer build (--checkpointing --layers 8, the run replayed from the engine's last
-empty_cache, its build included: zeroplan.core.deepspeed_stage3_setup): reserved 66.66 GiB to the
+empty_cache, its build included: zeroplan.allocator.deepspeed_first_step): reserved 66.66 GiB to the
 end of step 0, 69.10 to step 1, 69.11 to step 2, where steps 1-2 alone (what was live at step 1's
 start held as one block) reserve 70.29 in the same run: the build's free segments, reused by the
 forward, leave fewer to make (requested 46.63 against 46.34).
@@ -266,7 +266,7 @@ def without_cpu_only(result: dict) -> dict:
 
 def from_build(result: dict, last: int):
     """The run from the engine's last empty_cache before step 0 (its optimizer build:
-    zeroplan.core.deepspeed_stage3_setup) to the end of step ``last``, as an AllocationTrace
+    zeroplan.allocator.deepspeed_first_step) to the end of step ``last``, as an AllocationTrace
     (scaled, with their streams) after one allocation holding what was live at that empty_cache."""
     from zeroplan.allocator.trace import AllocationTrace, AllocEvent, FreeEvent
 

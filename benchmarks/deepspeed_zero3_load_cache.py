@@ -24,7 +24,10 @@ Replayed through zeroplan's caching-allocator model, per stream as fp16_streams 
       none);
   (b) from deepspeed.initialize on (module.to, each parameter's partition, the flat 16-bit
       buffer, the fp32 masters' clones, the optimizer's gradient buffer, the ipg bucket and
-      gradient partitions, each parameter gathered for its hook), then steps 0..N.
+      gradient partitions, each parameter gathered for its hook), then steps 0..N;
+  (c) from defragment's empty_cache (stage3.py:550-551), each tensor live there allocated first
+      and freed where the run frees it, then the optimizer's build and steps 0..N: where
+      zeroplan.allocator.deepspeed_first_step starts its replay.
 What initialize makes, scaled: 0.87 GiB of parameters whole, their partitions (one rank: as
 large), the 0.87 GiB flat buffer, a 0.87 GiB clone and the 1.73 GiB fp32 master, a 1.73 GiB
 gradient buffer freed at once, the 0.93 GiB ipg bucket and 0.87 GiB of gradient partitions;
@@ -39,6 +42,12 @@ out; under expandable segments 13.60 / 17.07 / 20.32 / ran out):
   expandable  (a)  12.83 / 17.10 / 21.26 / completes (23.09)
               (a0) 12.53 / 15.98 / 21.74 / completes (23.11)
               (b)  13.15 / 16.60 / 22.36 / completes (23.13)
+(c), reserved without a limit, default / expandable: micro-batch 1 14.77 / 12.53, 2 21.10 / 15.98,
+3 21.69 / 21.74; without checkpointing 1 x 1,024 (--seq 64) 13.68 / 11.44 and 2 x 2,048 24.84 (22.52
+on 23.5, one flush) / 21.22. The build's events after that empty_cache, in order: the flat buffer
+(held), the 16-bit clone, the fp32 master, the clone freed, the gradient buffer made and freed, the
+ipg bucket, the gradient partitions. --model llama-3-8b --world 8 --seq 65 (1 x 1,040, no
+checkpointing; about 9 minutes on 2 loaded cores): (c) 46.23 / 40.26 on 78.93 GiB, (a0) 48.62 / 40.30.
 Without checkpointing, micro-batch 2 on 23.5 GiB (published 21.15): (a) 22.96, (a0) 22.66, (b) 22.60;
 micro-batch 3 runs out in all three (published: ran out).
 So the first step's Adam states decide micro-batch 4's default verdict (as the run: out of memory),
@@ -113,6 +122,15 @@ def _rank(rank, world, options, out):
             set_vars(self, args)
             self.device = torch.device("cpu")
         DeepSpeedEngine._set_distributed_vars = _set_distributed_vars
+        # defragment's empty_cache (stage3.py:550-551 at v0.14.2), after which the optimizer's
+        # build starts: marked, for the (c) replay.
+        accelerator = get_accelerator()
+        empty = accelerator.empty_cache
+
+        def marked_empty_cache():
+            with record_function("zs:empty_cache"):
+                return empty()
+        accelerator.empty_cache = marked_empty_cache
         wrap(C, "fetch_sub_module", "zs:allgather")
         wrap(S, "_DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads", "zs:reduce")
         wrap(S, "_DeepSpeedZeroOptimizer_Stage3__add_grad_to_ipg_bucket", "zs:reduce")
@@ -182,10 +200,12 @@ def _skipped(result: dict) -> set:
     return skipped
 
 
-def engine_from(result: dict, start_ns: int, end_ns: int, held_start: bool):
+def engine_from(result: dict, start_ns: int, end_ns: int, held_start: bool, held_each: bool = False):
     """The run's allocations from start_ns to end_ns as an AllocationTrace (scaled, with their
     streams). held_start: what is live at start_ns is one allocation first (fp16_streams'
-    engine_steps); else it is left out (the host's fp32 model before deepspeed.initialize)."""
+    engine_steps); else it is left out (the host's fp32 model before deepspeed.initialize).
+    held_each: each tensor live at start_ns is its own allocation first, in the order made, and
+    freed where the run frees it."""
     from deepspeed_zero3_fp16_streams import _scaled, _stream_of
 
     from zeroplan.allocator.trace import AllocationTrace, AllocEvent, FreeEvent
@@ -196,9 +216,22 @@ def engine_from(result: dict, start_ns: int, end_ns: int, held_start: bool):
     skipped = _skipped(result)
     live: dict[int, tuple[int, int | None]] = {}
     out: list = []
+    if held_each:
+        for index, (time_ns, size, ptr, _) in enumerate(events):
+            if time_ns >= start_ns:
+                break
+            live.pop(ptr, None)
+            if size > 0 and index not in skipped:
+                live[ptr] = (size, None)
+        for ptr, (size, _) in list(live.items()):
+            live[ptr] = (size, len(out))
+            out.append(AllocEvent(id=len(out), size_bytes=_scaled(size), stream=0))
+    held_each_bytes = sum(event.size_bytes for event in out)
     for index, (time_ns, size, ptr, _) in enumerate(events):
         if time_ns > end_ns:
             break
+        if held_each and time_ns < start_ns:
+            continue
         previous = live.pop(ptr, None)
         if previous is not None and previous[1] is not None:
             out.append(FreeEvent(id=previous[1]))
@@ -210,7 +243,9 @@ def engine_from(result: dict, start_ns: int, end_ns: int, held_start: bool):
         live[ptr] = (size, len(out))
         out.append(AllocEvent(id=len(out), size_bytes=_scaled(size), stream=_stream_of(side, starts, time_ns)))
     held = 0
-    if held_start:
+    if held_each:
+        held = held_each_bytes
+    elif held_start:
         at_start: dict[int, int] = {}
         for index, (time_ns, size, ptr, _) in enumerate(events):
             if time_ns >= start_ns:
@@ -270,6 +305,10 @@ def report(result: dict, capacity_bytes: int | None) -> None:
         runs = (("(a) empty cache, steps 1-last", engine_from(result, steps[1][0], steps[-1][1], True)),
                 ("(a0) empty cache, steps 0-last", engine_from(result, steps[0][0], steps[-1][1], True)),
                 ("(b) from initialize, steps 0-last", engine_from(result, init[0], steps[-1][1], False)),
+                *((("(c) from the build's last empty_cache, steps 0-last",
+                    engine_from(result, max(e for s, e, n in ranges if n == "zs:empty_cache" and e < steps[0][0]),
+                                steps[-1][1], True, held_each=True)),)
+                  if any(n == "zs:empty_cache" for _, _, n in ranges) else ()),
                 ("(b-init) initialize alone", engine_from(result, init[0], init[1], False)))
         for name, (trace, held) in runs:
             r = replay(trace, config)

@@ -30,7 +30,8 @@ torch 2.0, --deepspeed-release 0.13.3 and Qwen's config (--deepspeed-config, its
     DeepSpeed 0.13.3: requested 33.05, reserved 35.72 (steps alone 34.92, 34.89): its Adam states
       are made in the first step (18179807f, from 0.13.2), 0.12.3's at the build;
     planner: allocated 33.0, reserved 33.8 with the states allocated whole at the replay's start,
-      35.7 with DeepSpeed's build replayed first (zeroplan.core.deepspeed_stage3_setup).
+      35.7 with DeepSpeed's build replayed first (zeroplan.allocator.deepspeed_first_step: 35.67
+      with Adam's states made in the first step, as 0.13.3, or at the build, as 0.12.3).
     The build's cached segments are the difference: the clone of each sub-group (1.88 and 1.54
     GiB, the first reused by the step's flat gradient copy) and the fp32 gradient buffer (3.76
     GiB) that grad_partitions_flat_buffer (3.42) is carved from.

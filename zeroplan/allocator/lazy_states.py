@@ -51,7 +51,8 @@ from zeroplan.specs.strategy import StrategyKind
 LAZY_STATE_FRAMEWORKS = frozenset({Framework.hf, Framework.torchtune, Framework.litgpt, Framework.zeroplan})
 """The loops whose source makes the gradients in each window's first backward and the optimizer
 states at the first step (module docstring). Not here: DeepSpeed's engine (its flat partitions
-and buckets are made at initialisation), FSDP (its own schedule, zeroplan.allocator.fsdp_schedule),
+and buckets are made at initialisation; ZeRO-3's optimizer states are made in the first step too,
+which zeroplan.allocator.deepspeed_first_step replays at seq_len, not against an epoch's lengths), FSDP (its own schedule, zeroplan.allocator.fsdp_schedule),
 megatron's and fairseq's flat buffers, and torchtitan (its loop not read for this)."""
 
 

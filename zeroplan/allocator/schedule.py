@@ -24,7 +24,6 @@ from zeroplan.core.parallel.sequence_parallel import SublayerCollectives
 from zeroplan.allocator.replay import Ops
 from zeroplan.allocator.trace import AllocationTrace, Stream
 from zeroplan.core import deepspeed_2022, deepspeed_one_rank, deepspeed_reduce_stream, deepspeed_stage0, deepspeed_stage3_step
-from zeroplan.core import deepspeed_stage3_setup
 from zeroplan.core.activations import layer_terms
 from zeroplan.core.checkpoint_save import SaveUnits, save_units
 from zeroplan.core.deepspeed_accumulation import overlap_comm
@@ -278,12 +277,6 @@ class StepInputs:
     norm_copy: int = 0
     """deepspeed_stage3_step.norm_copy_bytes: DeepSpeed ZeRO-3's gradient norm's largest fp64
     copy, made and freed before the sub-groups' steps (0: none)."""
-    stage3_setup: tuple[tuple[int, int], ...] = ()
-    """deepspeed_stage3_setup.setup_sub_groups: DeepSpeed ZeRO-3's optimizer build after its last
-    empty_cache, each sub-group's transient and fp32 master in turn (empty: the states whole)."""
-    stage3_init_gradient_buffer: int = 0
-    """deepspeed_stage3_setup.init_gradient_buffer_bytes: the build's fp32 gradient buffer, made
-    and freed before the resident buffers (0: none)."""
     sub_group_steps: tuple[tuple[int, int], ...] = ()
     """DeepSpeed ZeRO-3's step, sub-group by sub-group (zeroplan.core.deepspeed_stage3_step):
     each sub-group's flat gradient copy and fp32 cast, made and freed in turn in place of the
@@ -303,8 +296,8 @@ class StepInputs:
     ends with (backward_end_gradients) stay through the step beside the fp32 copies it reads
     (PeakTerms.step_gradients), freed by the zero_grad after it."""
     deepspeed_first_step: DeepSpeedFirstStep | None = None
-    """zeroplan.allocator.deepspeed_first_step: DeepSpeed ZeRO-3's flat states, then two steps,
-    the first making Adam's states (None: one step, every state allocated before it)."""
+    """zeroplan.allocator.deepspeed_first_step: DeepSpeed ZeRO-3's optimizer build, then two
+    steps, the first making the optimizer's states (None: one step, every state allocated before it)."""
     checkpoint_save: SaveUnits | None = None
     """zeroplan.core.checkpoint_save.save_units: the checkpoint save after the step (hf under
     FSDP1), recorded after it (record_checkpoint_save); None where none is planned."""
@@ -363,13 +356,11 @@ def _step_inputs(request: PlanRequest, states: ModelStateBytes, terms: PeakTerms
                       sequence_parallel=forward_collectives(request, terms),
                       stage1_2022=deepspeed_2022.step_allocations(request) if deepspeed_2022.models_2022(request) else None,
                       sub_group_steps=deepspeed_stage3_step.sub_group_steps(request),
-                      stage3_setup=deepspeed_stage3_setup.setup_sub_groups(request),
-                      stage3_init_gradient_buffer=deepspeed_stage3_setup.init_gradient_buffer_bytes(request),
                       norm_copy=deepspeed_stage3_step.norm_copy_bytes(request),
                       reduce_stream_copies=_reduce_stream_copies(request, blocks),
                       overflow_check=deepspeed_reduce_stream.overflow_check_bytes(request),
                       backward_end_reduce_copy=_epilogue_reduce_copy(request, terms.backward_end_buffers),
-                      deepspeed_first_step=first_step(request, states),
+                      deepspeed_first_step=first_step(request, states, terms),
                       **_per_parameter_parts(request, states, terms))
 
 
@@ -542,22 +533,16 @@ def record_step(x: StepInputs) -> TraceBuilder:
 def _record_step(x: StepInputs, b: TraceBuilder) -> None:
     """record_step's schedule outside FSDP2 full sharding."""
     if x.deepspeed_first_step is not None:
-        # DeepSpeed ZeRO-3's states as its construction leaves them, then its first step, which
-        # makes Adam's states, and a second step (zeroplan.allocator.deepspeed_first_step). Where
-        # it applies (0.14.2, fp16) it is the construction the schedule replays, not
-        # _record_stage3_setup's build (measured on 0.12.3 and 0.13.3).
-        record_constructed_states(b, x.deepspeed_first_step, x.resident_buffers)
+        # DeepSpeed ZeRO-3's optimizer build, then its first step, which makes the optimizer's
+        # states, and a second step (zeroplan.allocator.deepspeed_first_step).
+        record_constructed_states(b, x.deepspeed_first_step)
         _record_step_body(x, b, x.deepspeed_first_step.lazy_states)
         _record_step_body(x, b, ())
         return
-    # Between steps: parameters and optimizer states per unit (the blocks and the rest), or as
-    # DeepSpeed ZeRO-3's optimizer build made them (_record_stage3_setup).
-    if x.stage3_setup:
-        _record_stage3_setup(x, b)
-    else:
-        b.alloc_parts(even_parts(x.parameter_bytes, x.blocks + 1))
-        b.alloc_parts(even_parts(x.optimizer_state_bytes, x.blocks + 1))
-        b.alloc(x.resident_buffers)
+    # Between steps: parameters and optimizer states per unit (the blocks and the rest).
+    b.alloc_parts(even_parts(x.parameter_bytes, x.blocks + 1))
+    b.alloc_parts(even_parts(x.optimizer_state_bytes, x.blocks + 1))
+    b.alloc(x.resident_buffers)
     # What the previous step made on DeepSpeed ZeRO-3's reduce stream stays cached there into
     # this one (neither DeepSpeed 0.14.2's step nor transformers 4.40's Trainer calls
     # empty_cache): its flat copies and overflow checks, made and freed in their order.
@@ -568,9 +553,9 @@ def _record_step(x: StepInputs, b: TraceBuilder) -> None:
     _record_step_body(x, b, ())
 
 
-def _record_step_body(x: StepInputs, b: TraceBuilder, lazy_states: tuple[int, ...]) -> None:
+def _record_step_body(x: StepInputs, b: TraceBuilder, lazy_states: tuple[tuple[int, ...], ...]) -> None:
     """One step from its first micro-batch's start, the states allocated; ``lazy_states``: the
-    optimizer states its DeepSpeed ZeRO-3 step makes, two per sub-group (empty: none)."""
+    optimizer states its DeepSpeed ZeRO-3 step makes, per sub-group (empty: none)."""
     blocks, accumulating = x.blocks, x.accumulating
     gathered, reduce = x.gathered, x.reduce
     gather_stream = x.gather_stream
@@ -710,9 +695,9 @@ def _record_step_body(x: StepInputs, b: TraceBuilder, lazy_states: tuple[int, ..
             flat = b.alloc(flat_bytes)
             cast = b.alloc(cast_bytes)
             b.free(flat)
-            # The first step's Adam states, made as the optimizer steps this sub-group
-            # (deepspeed_first_step: fused_adam.py:149-157).
-            b.alloc_parts(list(lazy_states[2 * group:2 * group + 2]))
+            # The first step's optimizer states, made as it steps this sub-group (deepspeed_first_step).
+            if lazy_states:
+                b.alloc_parts(list(lazy_states[group]))
             b.free(b.alloc(x.step_temporary))
             b.free(cast)
         return
@@ -728,29 +713,6 @@ def _record_step_body(x: StepInputs, b: TraceBuilder, lazy_states: tuple[int, ..
     if not x.gradients_kept:
         b.free(gradients)
     b.free(ended)
-
-
-# zeroplan.core.deepspeed_stage3_setup (stage3.py at v0.12.3: defragment :519-553, whose
-# empty_cache starts what the process holds; _create_fp32_partitions :853-854;
-# initialize_optimizer_states :968-1032; _setup_for_real_optimizer :481-501).
-def _record_stage3_setup(x: StepInputs, b: TraceBuilder) -> None:
-    """DeepSpeed ZeRO-3's optimizer build: the flat parameters, each sub-group's transient and
-    fp32 master, the fp32 gradient buffer made and freed, the resident buffers, then the other
-    optimizer states per sub-group (Adam's two, each its master's size; what remains, one tensor)."""
-    b.alloc(x.parameter_bytes)
-    masters = [master for _, master in x.stage3_setup]
-    for transient, master in x.stage3_setup:
-        made = b.alloc(transient)
-        b.alloc(master)
-        b.free(made)
-    b.free(b.alloc(x.stage3_init_gradient_buffer))
-    b.alloc(x.resident_buffers)
-    rest = x.optimizer_state_bytes - sum(masters)
-    per_master = rest // sum(masters) if sum(masters) else 0
-    for master in masters:
-        for _ in range(per_master):
-            b.alloc(master)
-    b.alloc(rest - per_master * sum(masters))
 
 
 # stage3.py:2138-2143 at v0.14.2: isinf's bool tensor freed by .any() before isnan's is made.
