@@ -341,14 +341,20 @@ def rotary_cat_extra_bytes(request: PlanRequest) -> int:
     # keeps its dropped copy and mask instead, zeroplan.core.finetune.activations). Measured on
     # litgpt 9a1b82b's lora.py GPT (Phi-2, every linear adapted, lora_dropout 0.05): SDPA's output
     # kept, the projection's input not.
+    # peft's adapters that cast their input to their own dtype keep their copy, not this one
+    # (zeroplan.core.finetune.activations.group_adapters_copy_input; measured on peft's LoRA over
+    # transformers' PhiDecoderLayer, tests/test_hf_activation.py).
+    from zeroplan.core.finetune.activations import group_adapters_copy_input
+
     finetune = training.finetune
-    copy_kept = (not finetune.is_lora or (LoraTarget.o in finetune.targets(training.framework) and finetune.lora_dropout == 0))
+    copy_kept = (not finetune.is_lora or (LoraTarget.o in finetune.targets(training.framework) and finetune.lora_dropout == 0
+                                          and not (hf and group_adapters_copy_input(request, "attention"))))
     output_copy = e * sb * model.q_size if copy_kept else 0
     # With grouped K/V heads litgpt's expand-and-reshape copies replace V's view
     # (expanded_kv_extra_bytes); the rotated q and k are then the tensors SDPA keeps. transformers'
     # KV cache (TrainingSpec.use_cache; zeroplan.core.kv_cache) hands SDPA its own copies of K and
     # V (cache_utils.py DynamicLayer.update's cat), so V is no view then either.
-    view = model.kv_heads == model.num_heads and not (hf and training.use_cache)
+    view = model.kv_heads == model.num_heads and (litgpt or model.fused_qkv) and not (hf and training.use_cache)
     rotated = e * sb * (model.q_size + model.kv_size) if view else 0
     return output_copy + rotated
 

@@ -1,0 +1,213 @@
+"""What transformers' own modules keep for backward where the hf profile's block terms depended on
+the model's code: the GELU forms of ACT2FN (zeroplan.core.hf_activation), the one normed tensor
+a parallel block's attention and MLP both read, and the eager attention's output, which nothing
+but the output projection keeps (zeroplan.core.finetune.activations). Measured with saved-tensor
+hooks on transformers 4.56.2 and peft 0.17.1 on the CPU: every storage autograd keeps, by
+storage, parameters and buffers left out, and the constants the block is handed (RoPE's cos and
+sin, Bloom's ALiBi bias), which the planner leaves out too.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from zeroplan.core.frameworks import framework_layer_bytes
+from zeroplan.core.hf_activation import gelu_extra_bytes, gelu_saved_bytes_per_element
+from zeroplan.errors import ZeroplanError
+from zeroplan.presets.gpus import get_gpu
+from zeroplan.presets.hf_config import parse_hf_config
+from zeroplan.specs import BatchSpec, FineTuneSpec, PlanRequest, StrategySpec, TrainingSpec, cluster_from_gpus
+from zeroplan.specs.finetune import LoraTarget
+from zeroplan.specs.model import GeluForm
+from zeroplan.specs.training import Kernels
+
+S, B, RANK = 16, 2, 8
+ROWS, WIDTH = 4, 8
+
+
+def _saved(torch, call) -> dict[int, tuple[int, object]]:
+    saved: dict[int, tuple[int, object]] = {}
+
+    def pack(tensor):
+        saved[tensor.untyped_storage().data_ptr()] = (tensor.untyped_storage().nbytes(), tensor.dtype)
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        call()
+    return saved
+
+
+@pytest.mark.parametrize("form", list(GeluForm))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_each_gelu_form_keeps_what_is_planned(form: GeluForm, dtype: str) -> None:
+    torch = pytest.importorskip("torch")
+    from transformers.activations import ACT2FN
+
+    x = torch.randn(ROWS, WIDTH, dtype=getattr(torch, dtype), requires_grad=True)
+    fc1_output = x * 1  # a non-leaf input, as the first linear's output is
+    saved = _saved(torch, lambda: ACT2FN[form.value](fc1_output))
+    e = fc1_output.element_size()
+    assert sum(n for n, _ in saved.values()) == gelu_saved_bytes_per_element(form, e, fp32_pow=False) * ROWS * WIDTH
+
+
+def _cuda_fp32_ops() -> set[str]:
+    """The op names of AT_FORALL_FP32, CUDA autocast's run-in-fp32 list, in the installed torch."""
+    torch = pytest.importorskip("torch")
+    header = Path(torch.__file__).parent / "include" / "ATen" / "autocast_mode.h"
+    if not header.exists():
+        pytest.skip("torch's headers are not installed")
+    block = re.search(r"#define AT_FORALL_FP32\(_\)(.*?)\n\n", header.read_text(), re.S)
+    assert block is not None
+    return set(re.findall(r"_\((\w+)", block.group(1)))
+
+
+@pytest.mark.parametrize("form", [GeluForm.gelu_new, GeluForm.gelu_accurate])
+def test_cuda_autocast_keeps_the_tanh_forms_in_fp32(form: GeluForm) -> None:
+    # CUDA autocast casts pow's input to fp32 and leaves tanh and the arithmetic to type
+    # promotion (the installed header's list); on the CPU the same casts are applied by hand.
+    torch = pytest.importorskip("torch")
+    from torch.overrides import TorchFunctionMode
+    from transformers.activations import ACT2FN
+
+    fp32_ops = _cuda_fp32_ops()
+    assert "pow" in fp32_ops and not {"tanh", "erf", "mul", "add"} & fp32_ops
+
+    class CudaAutocastPow(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is torch.pow and args[0].dtype == torch.bfloat16:
+                args = (args[0].float(), *args[1:])
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(ROWS, WIDTH, dtype=torch.bfloat16, requires_grad=True)
+    fc1_output = x * 1
+    with CudaAutocastPow():
+        saved = _saved(torch, lambda: ACT2FN[form.value](fc1_output))
+    assert sorted(str(d) for _, d in saved.values()).count("torch.float32") == 3
+    assert sum(n for n, _ in saved.values()) == gelu_saved_bytes_per_element(form, 2, fp32_pow=True) * ROWS * WIDTH
+
+
+def _training(precision: str, **changes) -> TrainingSpec:
+    return TrainingSpec(framework="hf", precision=precision, kernels=Kernels.cuda, **changes)
+
+
+def test_only_the_hf_profile_and_cuda_autocast_change_the_plan() -> None:
+    spec = parse_hf_config({"model_type": "gpt2", "vocab_size": 128, "n_embd": 64, "n_layer": 2, "n_head": 4,
+                            "n_positions": 64}, "gpt2")
+    assert spec.gelu_form is GeluForm.gelu_new  # GPT2Config's default activation_function
+    f_elements = S * B * spec.ffn_hidden_size
+    assert gelu_extra_bytes(spec, _training("bf16-pure"), S, B) == 3 * 2 * f_elements
+    assert gelu_extra_bytes(spec, _training("bf16-mixed"), S, B, autocast=True) == (3 * 4 + 2 - 2) * f_elements
+    cpu = TrainingSpec(framework="hf", precision="bf16-mixed", kernels=Kernels.cpu)
+    assert gelu_extra_bytes(spec, cpu, S, B, autocast=True) == 3 * 2 * f_elements
+    assert gelu_extra_bytes(spec, TrainingSpec(framework="litgpt", precision="bf16-pure"), S, B) == 0
+    plain = spec.model_copy(update={"gelu_form": GeluForm.gelu_pytorch_tanh})
+    assert gelu_extra_bytes(plain, _training("bf16-pure"), S, B) == 0
+
+
+@pytest.mark.parametrize("raw,key", [
+    ({"model_type": "gpt2", "activation_function": "relu"}, "config.activation_function"),
+    ({"model_type": "phi", "hidden_act": "silu"}, "config.hidden_act"),
+])
+def test_an_activation_outside_the_gelu_forms_is_refused(raw: dict, key: str) -> None:
+    base = {"vocab_size": 128, "hidden_size": 64, "n_embd": 64, "num_hidden_layers": 2, "n_layer": 2,
+            "num_attention_heads": 4, "n_head": 4, "intermediate_size": 256, "max_position_embeddings": 64,
+            "n_positions": 64}
+    with pytest.raises(ZeroplanError) as error:
+        parse_hf_config({**base, **raw}, "x")
+    assert error.value.field == key and "allowed" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_gelu_form_needs_a_gelu_mlp() -> None:
+    spec = parse_hf_config({"model_type": "phi", "vocab_size": 128, "hidden_size": 64, "num_hidden_layers": 2,
+                            "num_attention_heads": 4, "intermediate_size": 256, "max_position_embeddings": 64}, "phi")
+    with pytest.raises(ZeroplanError, match="model.gelu_form"):
+        type(spec).model_validate({**spec.model_dump(), "mlp": "swiglu"})
+
+
+PHI = {"model_type": "phi", "vocab_size": 128, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+       "intermediate_size": 256, "max_position_embeddings": 64, "partial_rotary_factor": 0.5,
+       "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attention_dropout": 0.0}
+BLOOM = {"model_type": "bloom", "vocab_size": 128, "hidden_size": 64, "n_layer": 2, "n_head": 4,
+         "hidden_dropout": 0.0, "attention_dropout": 0.0}
+PEFT_NAMES = {"phi": {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "dense"},
+              "bloom": {"q": "query_key_value", "k": "query_key_value", "v": "query_key_value", "o": "dense"}}
+
+
+def _block_saved_bytes(raw: dict, attention: str, dtype: str, targets: tuple[str, ...], dropout: float) -> int:
+    """Bytes the second block keeps in a training forward of the tiny model under peft's LoRA
+    (``targets``; none: a full fine-tune)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    config = transformers.AutoConfig.for_model(**raw)
+    config._attn_implementation = attention
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    if targets:
+        names = sorted({PEFT_NAMES[raw["model_type"]][t] for t in targets})
+        model = peft.get_peft_model(model, peft.LoraConfig(r=RANK, lora_alpha=2 * RANK, lora_dropout=dropout,
+                                                           target_modules=names))
+    model.train()
+    held = {t.untyped_storage().data_ptr() for t in list(model.parameters()) + list(model.buffers())}
+    layer = [m for name, m in model.named_modules() if re.search(r"\.(layers|h)\.1$", name)][0]
+    inside = [False]
+
+    def enter(_module, args, kwargs):
+        # The constants the block is handed (cos/sin, ALiBi, the mask) are not its own.
+        handed = [*args[1:], *kwargs.values()]
+        flat = [t for item in handed for t in (item if isinstance(item, tuple) else (item,))]
+        held.update(t.untyped_storage().data_ptr() for t in flat if isinstance(t, torch.Tensor))
+        inside[0] = True
+
+    layer.register_forward_pre_hook(enter, with_kwargs=True)
+    layer.register_forward_hook(lambda *_: inside.__setitem__(0, False))
+    saved: dict[int, int] = {}
+
+    def pack(tensor):
+        pointer = tensor.untyped_storage().data_ptr()
+        if inside[0] and pointer not in held:
+            saved[pointer] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    ids = torch.randint(0, raw["vocab_size"], (B, S))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        model(input_ids=ids).logits.float().sum()
+    return sum(saved.values())
+
+
+def _request(raw: dict, attention: str, precision: str, targets: tuple[str, ...], dropout: float) -> PlanRequest:
+    finetune = (FineTuneSpec(lora_rank=RANK, lora_targets=tuple(LoraTarget(t) for t in targets), lora_dropout=dropout)
+                if targets else FineTuneSpec())
+    training = TrainingSpec(framework="hf", precision=precision, kernels=Kernels.cpu, finetune=finetune,
+                            attention_kernel="eager" if attention == "eager" else "flash")
+    return PlanRequest(model=parse_hf_config(raw, raw["model_type"]), cluster=cluster_from_gpus(get_gpu("h100-80gb"), 1),
+                       strategy=StrategySpec(kind="ddp"), batch=BatchSpec(seq_len=S, micro_batch_size=B), training=training)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("targets,dropout", [((), 0.0), (("q", "k", "v", "o"), 0.0), (("q", "v"), 0.0),
+                                             (("q", "k", "v", "o"), 0.1)])
+def test_a_phi_block_keeps_what_the_hf_plan_counts(attention: str, targets: tuple, dropout: float) -> None:
+    # Phi's gelu_new MLP (3 f-wide tensors beside F.gelu's input), its one input_layernorm read by
+    # q/k/v and fc1 alike (subtracted once under LoRA), and under eager attention the output o
+    # reads, which only o's own readers keep. bf16 without autocast (the MetaMathQA loop's).
+    measured = _block_saved_bytes(PHI, attention, "bfloat16", targets, dropout)
+    assert measured == framework_layer_bytes(_request(PHI, attention, "bf16-pure", targets, dropout))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype,precision,targets", [
+    ("float32", "fp32", ()), ("float32", "fp32", ("q", "k", "v")), ("float32", "fp32", ("q", "k", "v", "o")),
+    ("bfloat16", "bf16-pure", ()), ("bfloat16", "bf16-pure", ("q", "k", "v")),
+])
+def test_a_bloom_block_keeps_its_attention_output_only_for_o(dtype: str, precision: str, targets: tuple) -> None:
+    # Bloom's own attention (transformers 4.56.2 models/bloom/modeling_bloom.py:301-328): the fp32
+    # softmax and its cast to the query's dtype (the same tensor in fp32), bmm, _merge_heads'
+    # copy, then self.dense: frozen, dense keeps nothing of it. fp32 is how the PEFT README's
+    # bloomz-7b1 rows run.
+    measured = _block_saved_bytes(BLOOM, "eager", dtype, targets, 0.0)
+    assert measured == framework_layer_bytes(_request(BLOOM, "eager", precision, targets, 0.0))
