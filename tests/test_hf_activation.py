@@ -211,3 +211,27 @@ def test_a_bloom_block_keeps_its_attention_output_only_for_o(dtype: str, precisi
     # bloomz-7b1 rows run.
     measured = _block_saved_bytes(BLOOM, "eager", dtype, targets, 0.0)
     assert measured == framework_layer_bytes(_request(BLOOM, "eager", precision, targets, 0.0))
+
+
+PEFT_NAMES["gemma"] = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kv_heads", [1, 2, 4])
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("targets", [(), ("q", "v")])
+def test_a_gemma_block_keeps_what_the_hf_plan_counts(kv_heads: int, attention: str, targets: tuple) -> None:
+    # Gemma's one K/V head (multi-query) adds nothing unplanned: under eager attention
+    # repeat_kv's expand/reshape is a view for one head, and the matmuls' own reshapes copy K and
+    # V to every head (eager_attention_extra_bytes counts that copy for any kv_heads); SDPA
+    # without a mask takes the grouped K and V (enable_gqa). GemmaRMSNorm scales in fp32 and
+    # casts after (ModelSpec.norm_scales_fp32): with a trained weight it keeps the fp32
+    # normalised tensor, not Llama's bf16 one. Not planned: each norm's per-token rsqrt and its
+    # fp32 (1 + weight), 4 bytes a token and 4 a channel, as for every hf RMSNorm.
+    raw = {"model_type": "gemma", "vocab_size": 128, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": kv_heads, "head_dim": 16, "intermediate_size": 128, "max_position_embeddings": 64}
+    measured = _block_saved_bytes(raw, attention, "bfloat16", targets, 0.0)
+    request = _request(raw, attention, "bf16-pure", targets, 0.0)
+    assert request.model.norm_scales_fp32
+    vectors = request.model.norms_per_block * 4 * (S * B + request.model.hidden_size)
+    assert measured == framework_layer_bytes(request) + vectors

@@ -68,8 +68,11 @@ def hf_bf16_norm_savings_bytes(request: PlanRequest) -> int:
     for a LayerNorm: torch's native_layer_norm saves its input in its own dtype, which norm_bytes
     counts already; measured on litgpt's and transformers' GPT-NeoX blocks,
     tests/test_neox_block.py)."""
+    # Gemma's RMSNorm scales in fp32 and casts after (ModelSpec.norm_scales_fp32): the product
+    # with (1 + weight) keeps the fp32 normalised tensor whatever the module's dtype (measured on
+    # GemmaDecoderLayer: tests/test_hf_activation.py).
     if (not profile(request.training.framework).bf16_module_norm_saves_bf16 or not _hf_module_in_bf16(request)
-            or request.model.norm is not NormKind.rmsnorm):
+            or request.model.norm is not NormKind.rmsnorm or request.model.norm_scales_fp32):
         return 0
     return (FP32_BYTES - 2) * request.batch.seq_len * request.batch.micro_batch_size * request.model.hidden_size
 

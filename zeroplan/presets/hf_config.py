@@ -437,6 +437,8 @@ def _llama_spec(name: str, config: dict[str, Any]) -> ModelSpec:
         qkv_bias=model_type == "qwen2",
         qk_norm=model_type == "qwen3",
         post_norms=model_type == "gemma2",
+        # GemmaRMSNorm / Gemma2RMSNorm: (1 + weight) in fp32, cast after (ModelSpec.norm_scales_fp32).
+        norm_scales_fp32=gemma,
         # Gemma2Config's attn_logit_softcapping defaults to 50.0; null turns the cap off.
         attention_softcapping=model_type == "gemma2" and config.get("attn_logit_softcapping", 50.0) is not None,
         fused_qkv=model_type == "phi3",

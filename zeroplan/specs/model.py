@@ -91,6 +91,11 @@ class ModelSpec(Frozen):
     zeroplan.core.hf_activation's. Other frameworks run their own F.gelu."""
     norm: NormKind = NormKind.rmsnorm
     """Normalisation kind (pre-norm, two per block plus a final one)."""
+    norm_scales_fp32: bool = Field(default=False, exclude_if=lambda fp32: not fp32)
+    """Whether the RMSNorm scales the fp32 normalised tensor by (1 + weight) in fp32 and casts
+    after (Gemma and Gemma 2: transformers 4.56.2 models/gemma/modeling_gemma.py GemmaRMSNorm.forward,
+    lines 55-60, "Llama does x.to(float16) * w whilst Gemma is (x * w).to(float16)"), where
+    Llama's casts first and scales in the input dtype."""
     norm_bias: bool = True
     """Whether a LayerNorm carries its bias (MPT's norms have none: transformers 4.56.2
     models/mpt/modeling_mpt.py sets norm_1.bias, norm_2.bias and norm_f.bias to None)."""
@@ -224,6 +229,8 @@ class ModelSpec(Frozen):
 
     @model_validator(mode="after")
     def _check_shapes(self) -> "ModelSpec":
+        if self.norm_scales_fp32 and self.norm is not NormKind.rmsnorm:
+            raise ZeroplanError("model.norm_scales_fp32", "describes an RMSNorm (allowed: false with a LayerNorm)")
         if self.gelu_form is not GeluForm.gelu and self.mlp is not MlpKind.gelu:
             raise ZeroplanError("model.gelu_form", f"{self.gelu_form.value!r} names a GELU MLP's activation "
                                 f"(allowed: gelu with mlp {self.mlp.value!r})")
