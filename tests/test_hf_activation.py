@@ -235,3 +235,62 @@ def test_a_gemma_block_keeps_what_the_hf_plan_counts(kv_heads: int, attention: s
     assert request.model.norm_scales_fp32
     vectors = request.model.norms_per_block * 4 * (S * B + request.model.hidden_size)
     assert measured == framework_layer_bytes(request) + vectors
+
+
+def _outside_blocks_saved(raw: dict, targets: tuple[str, ...]) -> dict[int, tuple[int, object]]:
+    """Storages a tiny causal LM keeps outside its blocks in a bf16 training forward (no loss)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    config = transformers.AutoConfig.for_model(**raw)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    if targets:
+        model = peft.get_peft_model(model, peft.LoraConfig(r=RANK, lora_alpha=2 * RANK, target_modules=list(targets),
+                                                           fan_in_fan_out=raw["model_type"] == "gpt2"))
+    model.train()
+    held = {t.untyped_storage().data_ptr() for t in list(model.parameters()) + list(model.buffers())}
+    depth = [0]
+    for name, module in model.named_modules():
+        if re.search(r"\.(h|layers)\.\d+$", name):
+            module.register_forward_pre_hook(lambda *_: depth.__setitem__(0, depth[0] + 1))
+            module.register_forward_hook(lambda *_: depth.__setitem__(0, depth[0] - 1))
+    saved: dict[int, tuple[int, object]] = {}
+
+    def pack(tensor):
+        pointer = tensor.untyped_storage().data_ptr()
+        if not depth[0] and pointer not in held:
+            saved[pointer] = (tensor.untyped_storage().nbytes(), tensor.dtype)
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        model(input_ids=torch.randint(0, raw["vocab_size"], (B, S)))
+    return saved
+
+
+GPT2 = {"model_type": "gpt2", "vocab_size": 128, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64,
+        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+
+
+@pytest.mark.slow
+def test_learned_positions_keep_only_their_int64_indices() -> None:
+    # transformers 4.56.2 models/gpt2/modeling_gpt2.py GPT2Model.forward: position_ids =
+    # cache_position.unsqueeze(0), [1, s] int64; wpe(position_ids) and wte(input_ids) keep their
+    # indices for the tables' gradients (embedding's backward: indices), and inputs_embeds +
+    # position_embeds keeps nothing. So beyond outside_layers_bytes (the final norm's input and
+    # the head's) a full fine-tune keeps 8 bytes a token and 8 a position, and the final norm's
+    # two per-token statistics: kilobytes, not planned. The position table's gradient is a
+    # parameter's (counted with the model states). Under LoRA the frozen tables keep nothing.
+    from zeroplan.core.activations import outside_layers_bytes
+
+    torch = pytest.importorskip("torch")
+    spec = parse_hf_config(GPT2, "gpt2")
+    training = TrainingSpec(framework="hf", precision="bf16-pure", kernels=Kernels.cpu)
+    full = _outside_blocks_saved(GPT2, ())
+    indices = sorted(n for n, dtype in full.values() if dtype == torch.int64)
+    assert indices == [8 * S, 8 * B * S]
+    statistics = 2 * 2 * B * S  # the final LayerNorm's mean and rstd, bf16 on the CPU
+    assert sum(n for n, _ in full.values()) == outside_layers_bytes(spec, training, S, B) + sum(indices) + statistics
+    lora = _outside_blocks_saved(GPT2, ("c_attn",))
+    assert not any(dtype == torch.int64 for _, dtype in lora.values())
