@@ -294,3 +294,51 @@ def test_learned_positions_keep_only_their_int64_indices() -> None:
     assert sum(n for n, _ in full.values()) == outside_layers_bytes(spec, training, S, B) + sum(indices) + statistics
     lora = _outside_blocks_saved(GPT2, ("c_attn",))
     assert not any(dtype == torch.int64 for _, dtype in lora.values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_a_frozen_phi_block_keeps_what_frozen_blocks_kept_bytes_counts(attention: str) -> None:
+    # A full fine-tune with the first block frozen and the embedding trained: the frozen block
+    # still passes the input's gradient down and keeps what a block without adapters keeps under
+    # LoRA; its one normed input is q/k/v's and fc1's (subtracted once), and under eager
+    # attention nothing keeps o's input.
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from zeroplan.core.finetune.activations import frozen_blocks_kept_bytes
+    from zeroplan.core.frameworks import block_input_bytes, hf_bf16_norm_savings_bytes
+
+    config = transformers.AutoConfig.for_model(**PHI)
+    config._attn_implementation = attention
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).train()
+    layer = model.model.layers[0]
+    for parameter in layer.parameters():
+        parameter.requires_grad_(False)
+    held = {t.untyped_storage().data_ptr() for t in list(model.parameters()) + list(model.buffers())}
+    inside = [False]
+
+    def enter(_module, args, kwargs):
+        handed = [*args[1:], *kwargs.values()]
+        flat = [t for item in handed for t in (item if isinstance(item, tuple) else (item,))]
+        held.update(t.untyped_storage().data_ptr() for t in flat if isinstance(t, torch.Tensor))
+        inside[0] = True
+
+    layer.register_forward_pre_hook(enter, with_kwargs=True)
+    layer.register_forward_hook(lambda *_: inside.__setitem__(0, False))
+    saved: dict[int, int] = {}
+
+    def pack(tensor):
+        pointer = tensor.untyped_storage().data_ptr()
+        if inside[0] and pointer not in held:
+            saved[pointer] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        model(input_ids=torch.randint(0, PHI["vocab_size"], (B, S))).logits.float().sum()
+    request = _request(PHI, attention, "bf16-pure", (), 0.0)
+    request = request.model_copy(update={"training": request.training.model_copy(
+        update={"finetune": FineTuneSpec(frozen_blocks=1)})})
+    kept, _ = frozen_blocks_kept_bytes(request, framework_layer_bytes(request), block_input_bytes(request, S, B),
+                                       hf_bf16_norm_savings_bytes(request))
+    assert sum(saved.values()) == kept

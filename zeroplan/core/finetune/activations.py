@@ -15,6 +15,7 @@ from zeroplan.core.activations import norm_bytes, rms_norm_is_composite
 from zeroplan.core.finetune.adapter_dtype import (adapters_cast_their_input, peft_adapter_element_bytes, peft_matmul_bytes,
                                                    peft_plain_ddp)
 from zeroplan.core.finetune.storage import hf_runs_fsdp1
+from zeroplan.core.hf_rotary_cat import rotary_cat_output_copy_bytes
 from zeroplan.core.model_load import model_load
 from zeroplan.specs.finetune import BaseDtype, LoraTarget, Quantization, linear_modules, lora_adapters
 from zeroplan.specs.framework import Framework
@@ -801,4 +802,8 @@ def frozen_blocks_kept_bytes(request: PlanRequest, layer_bytes: int, block_input
     inputs = sum(e * tokens * input_width(request, kind) for group, kind, kept_anyway in INPUT_GROUPS
                  if not input_kept_anyway(request, kept_anyway)
                  and not (mlp_reads_attention_input(request) and set(group) <= MLP_IN_TARGETS))
+    # Where o reads a copy of SDPA's output (zeroplan.core.hf_rotary_cat; a full fine-tune's
+    # trained block keeps it), a frozen o keeps nothing of it (measured on a frozen
+    # PhiDecoderLayer: tests/test_hf_activation.py).
+    inputs += rotary_cat_output_copy_bytes(request)
     return layer_bytes - inputs + frozen_norms_delta(request, norm_savings_bytes), block_input_bytes
