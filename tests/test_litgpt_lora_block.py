@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from zeroplan.core.finetune.activations import (group_input_readers, litgpt_mlp_reads_attention_input,
+from zeroplan.core.finetune.activations import (group_input_readers, mlp_reads_attention_input,
                                                 litgpt_qkv_zero_pad_bytes)
 from zeroplan.core.frameworks import framework_layer_bytes
 from zeroplan.specs.finetune import LoraTarget
@@ -72,7 +72,7 @@ def test_the_fused_qkv_adapter_drops_its_input_once() -> None:
     assert group_input_readers(lora, QKV) == 1
     assert group_input_readers(lora.model_copy(update={"training": lora.training.model_copy(
         update={"framework": "hf"})}), QKV) == 3
-    assert litgpt_mlp_reads_attention_input(lora) and litgpt_qkv_zero_pad_bytes(lora) == 0
+    assert mlp_reads_attention_input(lora) and litgpt_qkv_zero_pad_bytes(lora) == 0
 
 
 def test_a_partly_enabled_qkv_adapter_keeps_its_scattered_output() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from functools import lru_cache
 from math import ceil
 
+from zeroplan.core.hf_activation import gelu_extra_bytes
 from zeroplan.core.profiles import profile
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
@@ -58,7 +59,9 @@ def attention_core_terms(model: ModelSpec, training: TrainingSpec, s: int, b: in
         # BigScience Megatron fork's ALiBi (bigscience-workshop/Megatron-DeepSpeed@541b967f
         # megatron/model/transformer.py:283-358) adds the bias in its baddbmm and passes the 16-bit
         # scores to its FusedScaleMaskSoftmax, which keeps its 16-bit output as without ALiBi.
-        terms["softmax_output"] = (FP32_BYTES + e) * scores
+        # In fp32 the cast returns the softmax's own output: one tensor (measured on BloomBlock
+        # under peft's LoRA, tests/test_hf_activation.py).
+        terms["softmax_output"] = (FP32_BYTES + (e if e < FP32_BYTES else 0)) * scores
     if model.attention_dropout > 0:
         terms["attention_dropout"] = DROPOUT_MASK_BYTES * scores + e * scores
     return terms
@@ -297,6 +300,8 @@ def layer_terms(model: ModelSpec, training: TrainingSpec, s: int, b: int, *, aut
     terms["qk_norm_inputs"] = qk_norm_bytes(model, training, s, b, autocast=autocast)
     terms["output_projection_input"] = e * s * b * model.attention_output_size
     terms.update(mlp_terms(model, training, s, b, moe_layer))
+    # transformers' own GELU modules under the hf profile keep more than F.gelu (zeroplan.core.hf_activation).
+    terms["mlp_inner"] += gelu_extra_bytes(model, training, s, b, autocast=autocast)
     if model.hidden_dropout > 0:
         terms["hidden_dropout_masks"] = 2 * DROPOUT_MASK_BYTES * sbh
     assert set(terms) == set(LAYER_TERMS), sorted(set(terms) - set(LAYER_TERMS))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from zeroplan.core import tinyllama
 from zeroplan.core.hf_padding_mask import padding_mask_extra_bytes
+from zeroplan.core.hf_rotary_cat import rotary_cat_output_copy_bytes, runs_rotary_cat
 from zeroplan.core.profiles import profile
 from zeroplan.core.transformers_release import opt_clamp_score_bytes, upcasts_softmax
 from zeroplan.specs.finetune import LoraTarget
@@ -20,7 +21,7 @@ from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import ModelSpec, NormKind, PositionKind
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
-from zeroplan.specs.training import ActivationCheckpointing, AttentionKernel, Kernels, Precision, TrainingSpec, batch_pads
+from zeroplan.specs.training import ActivationCheckpointing, AttentionKernel, Kernels, Precision, TrainingSpec
 from zeroplan.units import BF16_BYTES, FP32_BYTES
 
 
@@ -68,8 +69,11 @@ def hf_bf16_norm_savings_bytes(request: PlanRequest) -> int:
     for a LayerNorm: torch's native_layer_norm saves its input in its own dtype, which norm_bytes
     counts already; measured on litgpt's and transformers' GPT-NeoX blocks,
     tests/test_neox_block.py)."""
+    # Gemma's RMSNorm scales in fp32 and casts after (ModelSpec.norm_scales_fp32): the product
+    # with (1 + weight) keeps the fp32 normalised tensor whatever the module's dtype (measured on
+    # GemmaDecoderLayer: tests/test_hf_activation.py).
     if (not profile(request.training.framework).bf16_module_norm_saves_bf16 or not _hf_module_in_bf16(request)
-            or request.model.norm is not NormKind.rmsnorm):
+            or request.model.norm is not NormKind.rmsnorm or request.model.norm_scales_fp32):
         return 0
     return (FP32_BYTES - 2) * request.batch.seq_len * request.batch.micro_batch_size * request.model.hidden_size
 
@@ -329,26 +333,33 @@ def litgpt_rms_norm_extra_bytes(request: PlanRequest) -> int:
 # [b, s, heads, d] (_efficient_attention_forward), so its head merge is a view.
 def rotary_cat_extra_bytes(request: PlanRequest) -> int:
     """Bytes one block keeps because RoPE writes new q and k while V stays a view of the fused
-    qkv output, and because SDPA's output is copied for the output projection."""
+    qkv output, and because SDPA's output is copied for the output projection
+    (zeroplan.core.hf_rotary_cat)."""
     model, training, batch = request.model, request.training, request.batch
-    litgpt = training.framework is Framework.litgpt
-    hf = training.framework is Framework.hf and model.rotary_cat and not batch_pads(batch)
-    if not (litgpt or hf) or model.position is not PositionKind.rope or training.attention_kernel is not AttentionKernel.flash:
+    if not runs_rotary_cat(request):
         return 0
+    litgpt = training.framework is Framework.litgpt
+    hf = training.framework is Framework.hf
     e, sb = training.precision.compute_bytes, batch.seq_len * batch.micro_batch_size
     # The copy is kept by what reads it: a trained projection's matmul, or its LoRA adapter's
     # lora_A without dropout (a frozen base matmul keeps no input; with lora_dropout the adapter
     # keeps its dropped copy and mask instead, zeroplan.core.finetune.activations). Measured on
     # litgpt 9a1b82b's lora.py GPT (Phi-2, every linear adapted, lora_dropout 0.05): SDPA's output
     # kept, the projection's input not.
+    # peft's adapters that cast their input to their own dtype keep their copy, not this one
+    # (zeroplan.core.finetune.activations.group_adapters_copy_input; measured on peft's LoRA over
+    # transformers' PhiDecoderLayer, tests/test_hf_activation.py).
+    from zeroplan.core.finetune.activations import group_adapters_copy_input
+
     finetune = training.finetune
-    copy_kept = (not finetune.is_lora or (LoraTarget.o in finetune.targets(training.framework) and finetune.lora_dropout == 0))
-    output_copy = e * sb * model.q_size if copy_kept else 0
+    copy_kept = (not finetune.is_lora or (LoraTarget.o in finetune.targets(training.framework) and finetune.lora_dropout == 0
+                                          and not (hf and group_adapters_copy_input(request, "attention"))))
+    output_copy = rotary_cat_output_copy_bytes(request) if copy_kept else 0
     # With grouped K/V heads litgpt's expand-and-reshape copies replace V's view
     # (expanded_kv_extra_bytes); the rotated q and k are then the tensors SDPA keeps. transformers'
     # KV cache (TrainingSpec.use_cache; zeroplan.core.kv_cache) hands SDPA its own copies of K and
     # V (cache_utils.py DynamicLayer.update's cat), so V is no view then either.
-    view = model.kv_heads == model.num_heads and not (hf and training.use_cache)
+    view = model.kv_heads == model.num_heads and (litgpt or model.fused_qkv) and not (hf and training.use_cache)
     rotated = e * sb * (model.q_size + model.kv_size) if view else 0
     return output_copy + rotated
 

@@ -19,7 +19,7 @@ from zeroplan.presets.hf_encoder_decoder import ENCODER_DECODER_NEUTRAL_KEYS, EN
 from zeroplan.presets.hf_families import FAMILY_NEUTRAL_KEYS, FAMILY_READERS
 from zeroplan.presets.hf_fields import require_key, strict_model_spec
 from zeroplan.specs.base import first_error
-from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
+from zeroplan.specs.model import GeluForm, MlpKind, ModelSpec, NormKind, PositionKind
 
 # Llama's block layout, parameter for parameter. phi3 fuses q/k/v into qkv_proj and gate/up into
 # gate_up_proj (transformers 4.40 models/phi3/modeling_phi3.py), which holds the same elements.
@@ -255,6 +255,7 @@ def _gpt2_spec(name: str, config: dict[str, Any]) -> ModelSpec:
         fused_qkv=True,
         ffn_hidden_size=config.get("n_inner") or 4 * shape["hidden_size"],
         mlp=MlpKind.gelu,
+        gelu_form=_gelu_form(config, "activation_function", "gelu_new", "gpt2"),
         norm=NormKind.layernorm,
         position=PositionKind.learned,
         max_positions=require_key(config, "n_positions", "max_position_embeddings"),
@@ -281,6 +282,17 @@ def _shape_fields(name: str, config: dict[str, Any]) -> dict[str, Any]:
     return dict(name=name, vocab_size=require_key(config, "vocab_size"), hidden_size=require_key(config, "hidden_size"),
                 num_layers=require_key(config, "num_hidden_layers"), num_heads=require_key(config, "num_attention_heads"),
                 ffn_hidden_size=require_key(config, "intermediate_size"))
+
+
+# transformers 4.56.2 activations.py ACT2CLS: the config's activation name picks the module that
+# runs the MLP's GELU (GPT2Config's activation_function and PhiConfig's hidden_act default to
+# gelu_new); what each keeps for backward is zeroplan.core.hf_activation's.
+def _gelu_form(config: dict[str, Any], key: str, default: str, model_type: str) -> GeluForm:
+    value = config.get(key, default)
+    allowed = [form.value for form in GeluForm]
+    if value not in allowed:
+        raise ZeroplanError(f"config.{key}", f"{value!r} is not modelled for {model_type} (allowed: {', '.join(allowed)})")
+    return GeluForm(value)
 
 
 def _biased_layernorm_gelu(config: dict[str, Any]) -> dict[str, Any]:
@@ -310,7 +322,9 @@ def _gpt_neox_spec(name: str, config: dict[str, Any]) -> ModelSpec:
 # input_layernorm (LayerNorm, weight and bias) that attention and MLP both read (PhiDecoderLayer:
 # hidden = attn + mlp + residual), q_proj, k_proj, v_proj and dense with biases, fc1 and fc2 with
 # biases (gelu_new); final_layernorm; lm_head with a bias, untied unless tie_word_embeddings;
-# partial rotary positions (no parameters); resid_pdrop drops the attention and MLP outputs.
+# partial rotary positions (no parameters), the rotated and pass-through parts of q and k joined
+# by torch.cat (PhiAttention.forward, lines 155-168: rotary_cat); resid_pdrop drops the attention
+# and MLP outputs.
 def _phi_spec(name: str, config: dict[str, Any]) -> ModelSpec:
     tied = config.get("tie_word_embeddings", False)
     shape = _shape_fields(name, config)
@@ -318,7 +332,9 @@ def _phi_spec(name: str, config: dict[str, Any]) -> ModelSpec:
         **shape,
         num_kv_heads=config.get("num_key_value_heads") or shape["num_heads"],
         **_biased_layernorm_gelu(config),
+        gelu_form=_gelu_form(config, "hidden_act", "gelu_new", "phi"),
         position=PositionKind.rope,
+        rotary_cat=True,
         parallel_block=True,
         head_bias=not tied,
         tied_embeddings=tied,
@@ -421,6 +437,8 @@ def _llama_spec(name: str, config: dict[str, Any]) -> ModelSpec:
         qkv_bias=model_type == "qwen2",
         qk_norm=model_type == "qwen3",
         post_norms=model_type == "gemma2",
+        # GemmaRMSNorm / Gemma2RMSNorm: (1 + weight) in fp32, cast after (ModelSpec.norm_scales_fp32).
+        norm_scales_fp32=gemma,
         # Gemma2Config's attn_logit_softcapping defaults to 50.0; null turns the cap off.
         attention_softcapping=model_type == "gemma2" and config.get("attn_logit_softcapping", 50.0) is not None,
         fused_qkv=model_type == "phi3",

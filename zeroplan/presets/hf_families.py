@@ -12,7 +12,7 @@ from typing import Any
 
 from zeroplan.errors import ZeroplanError
 from zeroplan.presets.hf_fields import require_key, strict_model_spec
-from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
+from zeroplan.specs.model import GeluForm, MlpKind, ModelSpec, NormKind, PositionKind
 
 # The GELU variants transformers' ACT2FN maps to a GELU (erf or tanh approximations): the same
 # saved tensors (the activation's input) and the same shapes.
@@ -118,14 +118,14 @@ def falcon_spec(name: str, config: dict[str, Any]) -> ModelSpec:
 # MLP's outputs; ln_f; GPTJForCausalLM's lm_head with a bias, untied by default. Partial rotary
 # positions (rotary_dim) have no parameters.
 def gptj_spec(name: str, config: dict[str, Any]) -> ModelSpec:
-    _allowed(config, "activation_function", "gelu_new", GELU_ACTIVATIONS, "is not modelled for gptj")
+    gelu_form = GeluForm(_allowed(config, "activation_function", "gelu_new", GELU_ACTIVATIONS, "is not modelled for gptj"))
     hidden = require_key(config, "n_embd", "hidden_size")
     return strict_model_spec(
         name=name, vocab_size=require_key(config, "vocab_size"), hidden_size=hidden,
         num_layers=require_key(config, "n_layer", "num_hidden_layers"),
         num_heads=require_key(config, "n_head", "num_attention_heads"),
         ffn_hidden_size=config.get("n_inner") or 4 * hidden,
-        mlp=MlpKind.gelu, norm=NormKind.layernorm, position=PositionKind.rope,
+        mlp=MlpKind.gelu, gelu_form=gelu_form, norm=NormKind.layernorm, position=PositionKind.rope,
         max_positions=config.get("n_positions", 2048),
         bias=False, mlp_bias=True, parallel_block=True, head_bias=True,
         tied_embeddings=config.get("tie_word_embeddings", False),
@@ -171,7 +171,7 @@ def mpt_spec(name: str, config: dict[str, Any]) -> ModelSpec:
 # whose c_attn projects h -> h + 2 d under multi_query (one key/value head, the default):
 # modeling_gpt_bigcode.py:161-164 (GPTBigCodeAttention.__init__), one module (fused_qkv).
 def gpt_bigcode_spec(name: str, config: dict[str, Any]) -> ModelSpec:
-    _allowed(config, "activation_function", "gelu_pytorch_tanh", GELU_ACTIVATIONS, "is not modelled for gpt_bigcode")
+    gelu_form = GeluForm(_allowed(config, "activation_function", "gelu_pytorch_tanh", GELU_ACTIVATIONS, "is not modelled for gpt_bigcode"))
     hidden = require_key(config, "n_embd", "hidden_size")
     heads = require_key(config, "n_head", "num_attention_heads")
     return strict_model_spec(
@@ -179,7 +179,7 @@ def gpt_bigcode_spec(name: str, config: dict[str, Any]) -> ModelSpec:
         num_layers=require_key(config, "n_layer", "num_hidden_layers"), num_heads=heads,
         num_kv_heads=1 if config.get("multi_query", True) else heads,
         ffn_hidden_size=config.get("n_inner") or 4 * hidden,
-        mlp=MlpKind.gelu, norm=NormKind.layernorm, position=PositionKind.learned,
+        mlp=MlpKind.gelu, gelu_form=gelu_form, norm=NormKind.layernorm, position=PositionKind.learned,
         max_positions=require_key(config, "n_positions", "max_position_embeddings"),
         bias=True, fused_qkv=True, tied_embeddings=config.get("tie_word_embeddings", True),
         # GPTBigCodeConfig drops out at 0.1 unless told otherwise.
@@ -193,12 +193,12 @@ def gpt_bigcode_spec(name: str, config: dict[str, Any]) -> ModelSpec:
 # residual_dropout on the attention's and the MLP's outputs; norm (LayerNorm); lm_head without
 # bias, tied by default; rotary positions.
 def starcoder2_spec(name: str, config: dict[str, Any]) -> ModelSpec:
-    _allowed(config, "hidden_act", "gelu_pytorch_tanh", GELU_ACTIVATIONS, "is not modelled for starcoder2")
+    gelu_form = GeluForm(_allowed(config, "hidden_act", "gelu_pytorch_tanh", GELU_ACTIVATIONS, "is not modelled for starcoder2"))
     return strict_model_spec(
         name=name, vocab_size=require_key(config, "vocab_size"), hidden_size=require_key(config, "hidden_size"),
         num_layers=require_key(config, "num_hidden_layers"), num_heads=require_key(config, "num_attention_heads"),
         num_kv_heads=config.get("num_key_value_heads"), ffn_hidden_size=require_key(config, "intermediate_size"),
-        mlp=MlpKind.gelu, norm=NormKind.layernorm, position=PositionKind.rope,
+        mlp=MlpKind.gelu, gelu_form=gelu_form, norm=NormKind.layernorm, position=PositionKind.rope,
         max_positions=config.get("max_position_embeddings", 4096),
         bias=config.get("use_bias", True), tied_embeddings=config.get("tie_word_embeddings", True),
         attention_dropout=config.get("attention_dropout", 0.0), hidden_dropout=config.get("residual_dropout", 0.0),

@@ -35,6 +35,21 @@ class NormKind(str, Enum):
     rmsnorm = "rmsnorm"
 
 
+class GeluForm(str, Enum):
+    """How a GELU MLP's activation is written where the framework runs transformers' own modules
+    (transformers 4.56.2 activations.py ACT2FN, keyed by the config's hidden_act /
+    activation_function): ``gelu`` and ``gelu_pytorch_tanh`` call F.gelu (one saved tensor, its
+    input); the others are spelled out in Python, each op keeping its own operands
+    (zeroplan.core.hf_activation)."""
+
+    gelu = "gelu"
+    gelu_pytorch_tanh = "gelu_pytorch_tanh"
+    gelu_new = "gelu_new"
+    gelu_accurate = "gelu_accurate"
+    gelu_python = "gelu_python"
+    gelu_fast = "gelu_fast"
+
+
 class PositionKind(str, Enum):
     """``learned`` adds a (max_positions x hidden) table; ``rope`` has no parameters; ``alibi``
     (Press et al. 2022) adds a per-head linear bias to the attention scores, no parameters
@@ -70,8 +85,17 @@ class ModelSpec(Frozen):
     """f: inner width of the feed-forward block (4h for GPT-2, 11008 for Llama-2-7B)."""
     mlp: MlpKind = MlpKind.swiglu
     """Feed-forward kind."""
+    gelu_form: GeluForm = Field(default=GeluForm.gelu, exclude_if=lambda form: form is GeluForm.gelu)
+    """For a GELU MLP read from a transformers config, the activation its config names (GPT-2's,
+    GPT-J's and Phi's gelu_new); what the op keeps under the hf profile is
+    zeroplan.core.hf_activation's. Other frameworks run their own F.gelu."""
     norm: NormKind = NormKind.rmsnorm
     """Normalisation kind (pre-norm, two per block plus a final one)."""
+    norm_scales_fp32: bool = Field(default=False, exclude_if=lambda fp32: not fp32)
+    """Whether the RMSNorm scales the fp32 normalised tensor by (1 + weight) in fp32 and casts
+    after (Gemma and Gemma 2: transformers 4.56.2 models/gemma/modeling_gemma.py GemmaRMSNorm.forward,
+    lines 55-60, "Llama does x.to(float16) * w whilst Gemma is (x * w).to(float16)"), where
+    Llama's casts first and scales in the input dtype."""
     norm_bias: bool = True
     """Whether a LayerNorm carries its bias (MPT's norms have none: transformers 4.56.2
     models/mpt/modeling_mpt.py sets norm_1.bias, norm_2.bias and norm_f.bias to None)."""
@@ -128,9 +152,11 @@ class ModelSpec(Frozen):
     shared_attention_norm): two norms, whose one input is saved once, and the MLP reads its own
     normed copy."""
     rotary_cat: bool = Field(default=False, exclude_if=lambda cat: not cat)
-    """Whether the attention slices q, k and v as views of the fused qkv output and writes the
-    rotated q and k with torch.cat (transformers 4.56.2 models/gpt_neox/modeling_gpt_neox.py:157-161,
-    qkv.chunk(3) and apply_rotary_pos_emb's cat of the rotated and pass-through parts, lines 82-93):
+    """Whether the attention writes the rotated q and k with torch.cat, new [b, heads, s, d]
+    tensors, and (with fused_qkv) slices q, k and v as views of the fused qkv output
+    (transformers 4.56.2 models/gpt_neox/modeling_gpt_neox.py:157-161, qkv.chunk(3) and
+    apply_rotary_pos_emb's cat of the rotated and pass-through parts, lines 82-93; Phi's separate
+    projections and the same partial-rotary cat, models/phi/modeling_phi.py:155-168):
     zeroplan.core.frameworks.rotary_cat_extra_bytes."""
     head_bias: bool = False
     """Whether the output projection carries a bias (Phi's lm_head; BERT's decoder, tied to the
@@ -203,6 +229,11 @@ class ModelSpec(Frozen):
 
     @model_validator(mode="after")
     def _check_shapes(self) -> "ModelSpec":
+        if self.norm_scales_fp32 and self.norm is not NormKind.rmsnorm:
+            raise ZeroplanError("model.norm_scales_fp32", "describes an RMSNorm (allowed: false with a LayerNorm)")
+        if self.gelu_form is not GeluForm.gelu and self.mlp is not MlpKind.gelu:
+            raise ZeroplanError("model.gelu_form", f"{self.gelu_form.value!r} names a GELU MLP's activation "
+                                f"(allowed: gelu with mlp {self.mlp.value!r})")
         if self.head_dim is None and self.hidden_size % self.num_heads != 0:
             raise ZeroplanError(
                 "model.num_heads",
@@ -229,9 +260,8 @@ class ModelSpec(Frozen):
         if self.parallel_residual and (self.parallel_block or self.post_norms or self.is_moe or self.is_mla):
             raise ZeroplanError("model.parallel_residual", "is modelled for dense blocks with two pre-norms (allowed: false "
                                 "with parallel_block, post_norms, experts or latent attention)")
-        if self.rotary_cat and (not self.fused_qkv or self.position is not PositionKind.rope):
-            raise ZeroplanError("model.rotary_cat", "applies to a fused qkv with rotary positions (allowed: false "
-                                "without fused_qkv or rope)")
+        if self.rotary_cat and self.position is not PositionKind.rope:
+            raise ZeroplanError("model.rotary_cat", "applies to rotary positions (allowed: false without rope)")
         if self.fused_gate_up and not self.mlp.gated:
             raise ZeroplanError("model.fused_gate_up", "applies to a gated MLP (allowed: false with mlp gelu or relu)")
         if not self.norm_bias and self.norm is not NormKind.layernorm:

@@ -15,13 +15,14 @@ from zeroplan.core.activations import norm_bytes, rms_norm_is_composite
 from zeroplan.core.finetune.adapter_dtype import (adapters_cast_their_input, peft_adapter_element_bytes, peft_matmul_bytes,
                                                    peft_plain_ddp)
 from zeroplan.core.finetune.storage import hf_runs_fsdp1
+from zeroplan.core.hf_rotary_cat import rotary_cat_output_copy_bytes
 from zeroplan.core.model_load import model_load
 from zeroplan.specs.finetune import BaseDtype, LoraTarget, Quantization, linear_modules, lora_adapters
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import NormKind
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind
-from zeroplan.specs.training import ActivationCheckpointing, Kernels, ModelLoad, Precision, StateConvention
+from zeroplan.specs.training import ActivationCheckpointing, AttentionKernel, Kernels, ModelLoad, Precision, StateConvention
 from zeroplan.units import FP32_BYTES
 
 
@@ -42,6 +43,18 @@ INPUT_GROUPS = (
     ((LoraTarget.gate, LoraTarget.up), "hidden", False),
     ((LoraTarget.down,), "ffn", False),
 )
+
+
+# The attention output o reads is kept by a fused kernel for its own backward (torch's SDPA
+# flash and memory-efficient kernels save their output; INPUT_GROUPS' True), but not by
+# transformers' eager attention: transformers 4.56.2 models/llama/modeling_llama.py
+# eager_attention_forward (lines 181-190; modeling_phi.py the same function) computes it as
+# torch.matmul(attn_weights, value_states).transpose(1, 2).contiguous(), and a matmul's backward
+# keeps its operands, not its result. So under eager attention o's input is kept only by the
+# readers that keep it (measured on peft's LoRA over PhiDecoderLayer: tests/test_hf_activation.py).
+def input_kept_anyway(request: PlanRequest, kept_anyway: bool) -> bool:
+    """INPUT_GROUPS' kept_anyway for the request's attention kernel."""
+    return kept_anyway and request.training.attention_kernel is not AttentionKernel.eager
 
 
 def base_modules(request: PlanRequest, group: tuple[LoraTarget, ...]) -> tuple[tuple[LoraTarget, ...], ...]:
@@ -363,6 +376,7 @@ def _group_input_parts(request: PlanRequest, targets: tuple[LoraTarget, ...], ki
     tokens = request.batch.seq_len * request.batch.micro_batch_size
     width = input_width(request, kind)
     wrapped = group_input_readers(request, targets)
+    kept_anyway = input_kept_anyway(request, kept_anyway)
     # The attention output o reads is the fused attention's own kept output (INPUT_GROUPS), so
     # an int8 o keeps no second copy of it, nor a 4-bit o (the input arrives in bf16: no cast).
     # Under the non-reentrant checkpoint a recomputed block's MatMul4Bit and MatMul8bitLt nodes
@@ -400,10 +414,14 @@ def _group_input_parts(request: PlanRequest, targets: tuple[LoraTarget, ...], ki
 # it is kept once if any reader keeps it (a 4-bit base before bitsandbytes 0.43.2, an adapter
 # without dropout), and nothing of it is kept where every reader is a frozen bf16 linear (its
 # matmul keeps only the weight) or a dropout adapter (which keeps its own mask and dropped copy).
-# Measured: benchmarks/lora-litgpt-records (Phi-2).
-def litgpt_mlp_reads_attention_input(request: PlanRequest) -> bool:
-    """Whether litgpt's MLP reads the very tensor its q/k/v read (one norm, parallel block)."""
-    return request.training.framework is Framework.litgpt and request.model.parallel_block
+# Measured: benchmarks/lora-litgpt-records (Phi-2). transformers 4.56.2 models/phi/modeling_phi.py
+# PhiDecoderLayer.forward (and models/gptj/modeling_gptj.py GPTJBlock.forward) pass the one
+# input_layernorm output to self_attn and to self.mlp alike, so under the hf profile too the MLP's
+# input is q/k/v's and is not subtracted a second time (measured on peft's LoRA over
+# PhiDecoderLayer: tests/test_hf_activation.py).
+def mlp_reads_attention_input(request: PlanRequest) -> bool:
+    """Whether the block's MLP reads the very tensor its q/k/v read (one norm, parallel block)."""
+    return request.model.parallel_block
 
 
 # litgpt 9a1b82b lora.py:330 (LoRAQKVLinear.zero_pad returns lora_B's output as it is where q, k
@@ -463,13 +481,19 @@ def _lora_delta_bytes(request: PlanRequest, norm_savings_bytes: int, within: fro
     delta = 0
     # Full fine-tune: one copy of each input, kept by the linears that read it (layer_terms'
     # qkv_input, output_projection_input, mlp_input, and the product inside mlp_inner).
-    shared_norm = litgpt_mlp_reads_attention_input(request) and within.issuperset(QKV_TARGETS | MLP_IN_TARGETS)
+    reads_attention_input = mlp_reads_attention_input(request)
+    shared_norm = reads_attention_input and within.issuperset(QKV_TARGETS | MLP_IN_TARGETS)
     for group, kind, kept_anyway in INPUT_GROUPS:
         if not within.issuperset(group):
             continue
         width = input_width(request, kind)
         if shared_norm and set(group) <= MLP_IN_TARGETS:
-            continue  # counted with q/k/v's (litgpt_mlp_reads_attention_input)
+            continue  # counted with q/k/v's (mlp_reads_attention_input)
+        if reads_attention_input and set(group) <= MLP_IN_TARGETS:
+            # Without q/k/v among ``within`` (the share after the attention core): the input is
+            # q/k/v's, saved before the core; only the MLP's own adapters' tensors are its.
+            delta += _group_input_parts(request, group, kind, kept_anyway)[1]
+            continue
         if shared_norm and set(group) <= QKV_TARGETS:
             kept, own = _group_input_parts(request, group, kind, kept_anyway)
             mlp_kept, mlp_own = _group_input_parts(request, (LoraTarget.gate, LoraTarget.up), "hidden", False)
@@ -775,5 +799,11 @@ def frozen_blocks_kept_bytes(request: PlanRequest, layer_bytes: int, block_input
         return 0, 0
     e = request.training.precision.compute_bytes
     tokens = request.batch.seq_len * request.batch.micro_batch_size
-    inputs = sum(e * tokens * input_width(request, kind) for _, kind, kept_anyway in INPUT_GROUPS if not kept_anyway)
+    inputs = sum(e * tokens * input_width(request, kind) for group, kind, kept_anyway in INPUT_GROUPS
+                 if not input_kept_anyway(request, kept_anyway)
+                 and not (mlp_reads_attention_input(request) and set(group) <= MLP_IN_TARGETS))
+    # Where o reads a copy of SDPA's output (zeroplan.core.hf_rotary_cat; a full fine-tune's
+    # trained block keeps it), a frozen o keeps nothing of it (measured on a frozen
+    # PhiDecoderLayer: tests/test_hf_activation.py).
+    inputs += rotary_cat_output_copy_bytes(request)
     return layer_bytes - inputs + frozen_norms_delta(request, norm_savings_bytes), block_input_bytes
