@@ -88,6 +88,8 @@ class TraceBuilder:
     def alloc_parts(self, parts, stream: int = Stream.compute) -> list[int]:
         """One allocation per positive part, in order (the schedules' hot path: one loop).
         The bytes alive only grow over the call, so its peaks are the totals at its end."""
+        if not parts:
+            return []  # a quarter of the schedules' calls (a term of 0 bytes split into none)
         ops, sizes, stream = self.ops, self._sizes, int(stream)
         ident = self.next_id
         alive, rounded = self._alive, self._alive_rounded
@@ -114,6 +116,8 @@ class TraceBuilder:
         self.marks.append(len(self.ops))
 
     def free(self, idents: list[int]) -> None:
+        if not idents:
+            return  # a quarter of the schedules' calls (what an allocation of 0 bytes returned)
         ops, sizes = self.ops, self._sizes
         alive, rounded = self._alive, self._alive_rounded
         for ident in idents:
