@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from zeroplan.core.activations import (
-    activation_bytes, attention_core_bytes, checkpointed_layers_bytes, korthikanti_layer_bytes,
+    activation_bytes, attention_core_terms, checkpointed_layers_bytes, korthikanti_layer_bytes,
     layer_bytes, logits_bytes, norm_bytes,
 )
 from zeroplan.presets.models import get_model
@@ -50,10 +50,10 @@ def test_modes_order_none_selective_full() -> None:
 def test_flash_attention_removes_quadratic_term() -> None:
     model = get_model("llama-2-7b")
     flash = TrainingSpec(attention_kernel=AttentionKernel.flash)
-    short = attention_core_bytes(model, flash, 1024, 1)
-    long = attention_core_bytes(model, flash, 4096, 1)
+    short = sum(attention_core_terms(model, flash, 1024, 1).values())
+    long = sum(attention_core_terms(model, flash, 4096, 1).values())
     assert long == 4 * short  # linear in s
-    assert attention_core_bytes(model, EAGER, 4096, 1) > 4 * attention_core_bytes(model, EAGER, 1024, 1)
+    assert sum(attention_core_terms(model, EAGER, 4096, 1).values()) > 4 * sum(attention_core_terms(model, EAGER, 1024, 1).values())
 
 
 def test_gqa_stores_smaller_keys_and_values() -> None:
@@ -61,7 +61,7 @@ def test_gqa_stores_smaller_keys_and_values() -> None:
     gqa = mha.model_copy(update={"num_kv_heads": 8})
     flash = TrainingSpec()
     s, b, e = 4096, 1, 2
-    saved = attention_core_bytes(mha, flash, s, b) - attention_core_bytes(gqa, flash, s, b)
+    saved = sum(attention_core_terms(mha, flash, s, b).values()) - sum(attention_core_terms(gqa, flash, s, b).values())
     assert saved == e * s * b * 2 * (mha.kv_size - gqa.kv_size)
 
 

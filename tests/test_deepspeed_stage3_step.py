@@ -42,10 +42,10 @@ def test_the_step_holds_the_largest_sub_groups_flat_copy_and_fp32_gradient(tmp_p
 
 
 def test_one_sub_group_of_one_tensor_is_flattened_without_a_copy() -> None:
-    assert deepspeed_stage3_step.sub_group_step_bytes([10], 2) == 10 * FP32_BYTES
-    assert deepspeed_stage3_step.sub_group_step_bytes([10, 20], 2) == 30 * (2 + FP32_BYTES)
+    assert sum(deepspeed_stage3_step.sub_group_step_parts([10], 2)) == 10 * FP32_BYTES
+    assert sum(deepspeed_stage3_step.sub_group_step_parts([10, 20], 2)) == 30 * (2 + FP32_BYTES)
     # An fp32 model's cast is no copy (Tensor.to of its own dtype): the flat copy alone.
-    assert deepspeed_stage3_step.sub_group_step_bytes([10, 20], FP32_BYTES) == 30 * FP32_BYTES
+    assert sum(deepspeed_stage3_step.sub_group_step_parts([10, 20], FP32_BYTES)) == 30 * FP32_BYTES
 
 
 def test_the_step_moment_and_the_replay_count_the_sub_group_not_the_partition(tmp_path) -> None:

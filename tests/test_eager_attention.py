@@ -8,7 +8,7 @@ import pytest
 
 from zeroplan.cli.fit import request_from_args
 from zeroplan.cli.main import build_parser
-from zeroplan.core.activations import attention_core_bytes, layer_terms
+from zeroplan.core.activations import attention_core_terms, layer_terms
 from zeroplan.core.frameworks import eager_attention_extra_bytes, framework_layer_bytes
 from zeroplan.presets.models import get_model
 
@@ -27,7 +27,7 @@ def test_hf_eager_keeps_fp32_probabilities_and_repeated_kv() -> None:
     assert eager_attention_extra_bytes(gqa) == 4 * scores + repeated
     flash = _request("llama-3-8b", "--framework hf")
     assert framework_layer_bytes(gqa) - framework_layer_bytes(flash) == (
-        attention_core_bytes(gqa.model, gqa.training, 512, 2) - attention_core_bytes(flash.model, flash.training, 512, 2)
+        sum(attention_core_terms(gqa.model, gqa.training, 512, 2).values()) - sum(attention_core_terms(flash.model, flash.training, 512, 2).values())
         + 4 * scores + repeated)
 
 

@@ -93,11 +93,6 @@ def sdpa_masked_terms(model: ModelSpec, training: TrainingSpec, s: int, b: int) 
             "attention_bias": e * b * model.num_heads * s * 16 * ceil(s / 16)}
 
 
-def attention_core_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int) -> int:
-    """Bytes saved inside core attention (between the QKV and output projections)."""
-    return sum(attention_core_terms(model, training, s, b).values())
-
-
 # Korthikanti sec. 4.1, "LayerNorm": a norm saves its input (2sbh at 16 bits; the fused
 # native_layer_norm keeps only that and per-token statistics, which are ignored, as in the paper).
 def norm_bytes(model: ModelSpec, training: TrainingSpec, s: int, b: int, *, autocast: bool = False) -> int:

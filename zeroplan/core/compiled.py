@@ -447,11 +447,6 @@ def litgpt_compiled_outside_bytes(request: PlanRequest) -> int:
     return 2 * e * tokens * request.model.hidden_size + 2 * FP32_BYTES * tokens
 
 
-def runs_litgpt_whole_compile(request: PlanRequest) -> bool:
-    """Whether the request is litgpt's GPT under torch.compile(model) (litgpt_compiled_layer_bytes)."""
-    return request.training.compile and request.training.framework is Framework.litgpt
-
-
 def litgpt_compiled_unmeasured(model: ModelSpec) -> str | None:
     """Why litgpt's whole compiled GPT of ``model`` was not measured, or None.
 

@@ -29,9 +29,6 @@ from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import ModelSpec
 from zeroplan.specs.request import PlanRequest
 
-RECORD = "benchmarks/compiled-traffic-records/traffic.json"
-
-
 @frozen
 class WidthBytes:
     """Bytes per token of one block's memory-bound kernels in one pass: w_h h + w_kv kv + w_F F + w_0."""
@@ -58,7 +55,7 @@ class BlockTrafficModel:
     FlexAttention block is not lowered by inductor on the CPU)."""
 
 
-# Solved from RECORD by benchmarks/compiled_block_traffic.py (tests/test_compiled_time.py
+# Solved from benchmarks/compiled-traffic-records/traffic.json by benchmarks/compiled_block_traffic.py (tests/test_compiled_time.py
 # solves them again from the record).
 _TRAFFIC: dict[Framework, tuple[WidthBytes, WidthBytes, WidthBytes, WidthBytes]] = {
     # (eager forward, eager backward, compiled forward, compiled backward): w_h, w_kv, w_F, w_0

@@ -43,11 +43,6 @@ def sub_group_step_parts(elements: list[int], model_dtype_bytes: int, cast_bytes
     return sum(elements) * flat, sum(elements) * cast
 
 
-def sub_group_step_bytes(elements: list[int], model_dtype_bytes: int) -> int:
-    """The bytes one sub-group's step makes: its flat gradient copy and the fp32 cast of it."""
-    return sum(sub_group_step_parts(elements, model_dtype_bytes))
-
-
 def sub_group_steps(request: PlanRequest) -> tuple[tuple[int, int], ...]:
     """Each sub-group's (flat copy, fp32 cast) bytes, in the order the step makes and frees them
     (what the caching-allocator model's trace allocates); empty where the step is not DeepSpeed

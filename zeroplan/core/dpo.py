@@ -50,11 +50,6 @@ def reference_head_transient_parts(rows: int, seq_len: int, vocab_size: int) -> 
 # The two above together: the reference's head runs while the policy's log_softmax is saved;
 # the loss's own tensors are (2 x micro-batch) scalars, and backward's vocabulary-wide
 # gradients (at most three fp32 tensors beside the saved log_softmax) never exceed this.
-def dpo_head_peak_bytes(rows: int, seq_len: int, vocab_size: int) -> int:
-    """The DPO step's vocabulary-wide bytes at its peak (the reference forward's head)."""
-    return sum(dpo_reference_moment(rows, seq_len, vocab_size))
-
-
 def dpo_reference_moment(rows: int, seq_len: int, vocab_size: int) -> tuple[int, ...]:
     """The tensors of the reference head's moment: the policy's saved log_softmax and the
     reference's three transients."""
