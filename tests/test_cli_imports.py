@@ -145,3 +145,52 @@ def test_the_command_ends_with_its_status_and_flushed_streams_and_runs_what_is_r
     )
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
     assert (result.returncode, result.stdout, result.stderr) == (3, "answer" + ("ran at exit\n" if at_exit else ""), "note")
+
+
+@pytest.mark.slow  # one interpreter per command
+@pytest.mark.parametrize("argv", [
+    ["fit", "llama-2-70b", "--gpus", "8", "--gpu", "a100-80gb"],
+    ["plan", "llama-2-7b", "--gpus", "8", "--gpu", "a100-80gb", "--global-batch", "64"],
+])
+def test_the_command_does_not_import_shutil(argv: list[str]) -> None:
+    # argparse's HelpFormatter imports shutil for the terminal's width whenever it is made (at
+    # every add_argument on a parser): the command's parsers take it from terminal_columns. As
+    # the command runs (python -m zeroplan: pydantic's plugin discovery, whose zipfile would
+    # import shutil, stood in for), -X importtime lists every module it imports.
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "zeroplan", *argv], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
+    assert "zeroplan.cli.parser" in imported
+    assert "shutil" not in imported
+
+
+@pytest.mark.parametrize("columns", [None, "", "wide", "0", "-3", "57", "240"])
+@pytest.mark.parametrize("fallback", [80, 100])
+def test_terminal_columns_are_shutils(monkeypatch: pytest.MonkeyPatch, columns: str | None, fallback: int) -> None:
+    import shutil
+
+    from zeroplan.cli.parser import terminal_columns
+
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    for lines in (None, "0", "30"):  # shutil asks the terminal where either variable is unset
+        if lines is None:
+            monkeypatch.delenv("LINES", raising=False)
+        else:
+            monkeypatch.setenv("LINES", lines)
+        assert terminal_columns(fallback) == shutil.get_terminal_size((fallback, 24)).columns
+
+
+def test_the_parsers_help_formatter_is_as_wide_as_argparses(monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from zeroplan.cli.parser import OneLineParser
+
+    for columns in ("60", "200"):
+        monkeypatch.setenv("COLUMNS", columns)
+        ours = OneLineParser(prog="zeroplan")._get_formatter()
+        theirs = argparse.ArgumentParser(prog="zeroplan")._get_formatter()
+        assert (ours._width, ours._max_help_position) == (theirs._width, theirs._max_help_position)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from collections.abc import Callable
 from typing import NoReturn
@@ -21,6 +22,30 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"{self.prog}: error: {message}\n")
         raise SystemExit(2)
+
+    # argparse.py (3.11) ArgumentParser._get_formatter: ``self.formatter_class(prog=self.prog)``,
+    # whose HelpFormatter.__init__ with width None imports shutil for shutil.get_terminal_size;
+    # argparse makes one at every add_argument on a parser (its metavar check) and in
+    # add_subparsers, so every command paid the import (about 2 ms of CPU, 7 M instructions)
+    # for a width no answer prints. The same width, columns - 2, from terminal_columns.
+    def _get_formatter(self) -> argparse.HelpFormatter:
+        return self.formatter_class(prog=self.prog, width=terminal_columns() - 2)
+
+
+def terminal_columns(fallback: int = 80) -> int:
+    """shutil.get_terminal_size((fallback, ...)).columns without importing shutil (shutil.py
+    get_terminal_size, 3.10 to 3.13): COLUMNS where it is a positive integer, else the width of
+    the terminal on sys.__stdout__, else ``fallback`` (no terminal, or one that reports 0)."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns > 0:
+        return columns
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or fallback
+    except (AttributeError, ValueError, OSError):
+        return fallback
 
 
 # Generic upper bounds on counts a user types (docs/input-bounds.md explains each). They are far
@@ -116,13 +141,11 @@ def option_groups(parser: argparse.ArgumentParser, leave_out: tuple[str, ...] = 
 def screen_width() -> int:
     """Columns of the first screen: the terminal's when standard output is one, else 100 (a file
     or a pipe has no width, and its reader's screen is unknown)."""
-    import shutil
-
     from zeroplan.report.summary import DEFAULT_WIDTH
 
     if not sys.stdout.isatty():
         return DEFAULT_WIDTH
-    return shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
+    return terminal_columns(DEFAULT_WIDTH)
 
 
 def positive_float(text: str) -> float:

@@ -809,12 +809,15 @@ def memory_lower_bound(group: _Group, accum: np.ndarray) -> int | None:
     # as the fit takes them: its check at 3 confirms it), so the family shares them with the
     # fit; the activations at the fewest steps, shared by the layout's strategies.
     state_at = _at(first, 1, min(fewest, 2))
-    states, state_terms = _terms(state_at, group.family, group.layout_cache)
-    at = state_at if fewest <= 2 else _at(first, 1, fewest)
-    key = _activation_key(at)
-    if key not in group.layout_cache:
-        group.layout_cache[key] = micro_batch_terms(at)
-    allocated = max(moment_totals(states, with_terms(state_terms, group.layout_cache[key]), fewest))
+    states, terms = _terms(state_at, group.family, group.layout_cache)
+    if fewest > 2:
+        # _terms gave state_at's activations: those at the fewest steps in their place.
+        at = _at(first, 1, fewest)
+        key = _activation_key(at)
+        if key not in group.layout_cache:
+            group.layout_cache[key] = micro_batch_terms(at)
+        terms = with_terms(terms, group.layout_cache[key])
+    allocated = max(moment_totals(states, terms, fewest))
     return allocated + int(allocated * request.assumptions.allocator_reserve_fraction)
 
 
@@ -1324,7 +1327,6 @@ def _search(base: PlanRequest, global_batch_size: int, strategies: tuple[Strateg
                 # fit; its configurations are counted as searched, none as fitting, as the sweep
                 # would find.
                 group.ruled_out = True
-                results[g] = np.full(micro.shape, bound), np.zeros(micro.shape, dtype=bool), np.full(micro.shape, np.inf)
                 bar.update(2)
             else:
                 seconds = step_time_lower_bound(group, micro, accum, collectives=False) if prune else None
@@ -1341,18 +1343,20 @@ def _search(base: PlanRequest, global_batch_size: int, strategies: tuple[Strateg
                 # No configuration fits (each peak bound passes the usable memory): searched,
                 # none fitting, as for the memory lower bound above.
                 all_groups[g].ruled_out = True
-                results[g] = left_out, np.zeros(micro.shape, dtype=bool), np.full(micro.shape, np.inf)
             elif left_out:
                 bounded_out += micro.size
             else:
                 results[g] = peak, fit, s = evaluate(all_groups[g], micro, accum)
                 incumbents.add(peak[fit], s[fit])
             bar.update()
-    # The evaluated groups in the order of the groups, so ties fall as the exhaustive search's.
+    # The evaluated groups in the order of the groups, so ties fall as the exhaustive search's
+    # (those ruled out hold no fitting configuration: counted as searched, none fitting; where
+    # every group is, nothing fits).
     kept = [g for g, result in enumerate(results) if result is not None]
-    index_a = np.concatenate([np.full(splits[g][0].shape, g) for g in kept])
-    micro_a, accum_a = np.concatenate([splits[g][0] for g in kept]), np.concatenate([splits[g][1] for g in kept])
-    peak_a, fit_a, seconds_a = (np.concatenate([results[g][k] for g in kept]) for k in range(3))
+    index_a = np.concatenate([np.full(splits[g][0].shape, g) for g in kept] or [np.zeros(0, dtype=np.int64)])
+    micro_a, accum_a = (np.concatenate([splits[g][k] for g in kept] or [np.zeros(0, dtype=np.int64)]) for k in range(2))
+    peak_a, fit_a, seconds_a = (np.concatenate([results[g][k] for g in kept] or [np.zeros(0, dtype=dtype)])
+                                for k, dtype in enumerate((np.int64, bool, np.float64)))
     searched = sum(micro.size for micro, _ in splits)
     fitting = np.flatnonzero(fit_a)
     # Fastest first; among equal times the smaller peak.
