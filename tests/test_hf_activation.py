@@ -151,8 +151,14 @@ def _block_saved_bytes(raw: dict, attention: str, dtype: str, targets: tuple[str
         model = peft.get_peft_model(model, peft.LoraConfig(r=RANK, lora_alpha=2 * RANK, lora_dropout=dropout,
                                                            target_modules=names))
     model.train()
-    held = {t.untyped_storage().data_ptr() for t in list(model.parameters()) + list(model.buffers())}
     layer = [m for name, m in model.named_modules() if re.search(r"\.(layers|h)\.1$", name)][0]
+    return _layer_saved_bytes(torch, model, layer, raw["vocab_size"])
+
+
+def _layer_saved_bytes(torch, model, layer, vocab_size: int) -> int:  # type: ignore[no-untyped-def]
+    """Bytes of the storages autograd saves while ``layer`` runs in one training forward of
+    ``model``: not the model's parameters and buffers, nor what the layer is handed."""
+    held = {t.untyped_storage().data_ptr() for t in list(model.parameters()) + list(model.buffers())}
     inside = [False]
 
     def enter(_module, args, kwargs):
@@ -172,9 +178,8 @@ def _block_saved_bytes(raw: dict, attention: str, dtype: str, targets: tuple[str
             saved[pointer] = tensor.untyped_storage().nbytes()
         return tensor
 
-    ids = torch.randint(0, raw["vocab_size"], (B, S))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        model(input_ids=ids).logits.float().sum()
+        model(input_ids=torch.randint(0, vocab_size, (B, S))).logits.float().sum()
     return sum(saved.values())
 
 
@@ -315,30 +320,10 @@ def test_a_frozen_phi_block_keeps_what_frozen_blocks_kept_bytes_counts(attention
     layer = model.model.layers[0]
     for parameter in layer.parameters():
         parameter.requires_grad_(False)
-    held = {t.untyped_storage().data_ptr() for t in list(model.parameters()) + list(model.buffers())}
-    inside = [False]
-
-    def enter(_module, args, kwargs):
-        handed = [*args[1:], *kwargs.values()]
-        flat = [t for item in handed for t in (item if isinstance(item, tuple) else (item,))]
-        held.update(t.untyped_storage().data_ptr() for t in flat if isinstance(t, torch.Tensor))
-        inside[0] = True
-
-    layer.register_forward_pre_hook(enter, with_kwargs=True)
-    layer.register_forward_hook(lambda *_: inside.__setitem__(0, False))
-    saved: dict[int, int] = {}
-
-    def pack(tensor):
-        pointer = tensor.untyped_storage().data_ptr()
-        if inside[0] and pointer not in held:
-            saved[pointer] = tensor.untyped_storage().nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        model(input_ids=torch.randint(0, PHI["vocab_size"], (B, S))).logits.float().sum()
+    measured = _layer_saved_bytes(torch, model, layer, PHI["vocab_size"])
     request = _request(PHI, attention, "bf16-pure", (), 0.0)
     request = request.model_copy(update={"training": request.training.model_copy(
         update={"finetune": FineTuneSpec(frozen_blocks=1)})})
     kept, _ = frozen_blocks_kept_bytes(request, framework_layer_bytes(request), block_input_bytes(request, S, B),
                                        hf_bf16_norm_savings_bytes(request))
-    assert sum(saved.values()) == kept
+    assert measured == kept
