@@ -85,7 +85,7 @@ STAGE3 = {"reduce_bucket_size": 5 * 10**8 // SCALE, "stage3_prefetch_bucket_size
 
 
 def _rank(rank, world, options, out):
-    from deepspeed_zero3_lora_step import _import_old_deepspeed, start_rank
+    from deepspeed_zero3_lora_step import _import_old_deepspeed, mark_empty_cache, start_rank
     start_rank(rank, world, options)
     import torch
     import torch.distributed as dist
@@ -124,13 +124,7 @@ def _rank(rank, world, options, out):
         DeepSpeedEngine._set_distributed_vars = _set_distributed_vars
         # defragment's empty_cache (stage3.py:550-551 at v0.14.2), after which the optimizer's
         # build starts: marked, for the (c) replay.
-        accelerator = get_accelerator()
-        empty = accelerator.empty_cache
-
-        def marked_empty_cache():
-            with record_function("zs:empty_cache"):
-                return empty()
-        accelerator.empty_cache = marked_empty_cache
+        mark_empty_cache(get_accelerator())
         wrap(C, "fetch_sub_module", "zs:allgather")
         wrap(S, "_DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads", "zs:reduce")
         wrap(S, "_DeepSpeedZeroOptimizer_Stage3__add_grad_to_ipg_bucket", "zs:reduce")

@@ -70,7 +70,7 @@ MARKS = ("zs:empty_cache", "zs:optstep", "zs:norm", "zs:prepare")
 
 
 def _run(options: argparse.Namespace, out: str) -> None:
-    from deepspeed_zero3_lora_step import _import_old_deepspeed, start_rank
+    from deepspeed_zero3_lora_step import _import_old_deepspeed, mark_empty_cache, start_rank
 
     options.early_2024_recompute = False
     start_rank(0, 1, options)
@@ -89,13 +89,7 @@ def _run(options: argparse.Namespace, out: str) -> None:
         from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as S
 
         acc = get_accelerator()
-        empty = acc.empty_cache
-
-        def marked_empty_cache():
-            with record_function("zs:empty_cache"):
-                return empty()
-
-        acc.empty_cache = marked_empty_cache
+        mark_empty_cache(acc)
         # 0.13.3's NoGatherHandle.wait (partition_parameters.py:59) synchronizes the current stream,
         # which the CPU accelerator gives as None: a stand-in whose synchronize does nothing.
         if acc.current_stream() is None:
