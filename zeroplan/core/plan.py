@@ -1337,7 +1337,7 @@ def suggestion_fit(request: PlanRequest, strategies: tuple[StrategyKind | Strate
     and allocator_caution read no largest micro-batch and no step time), its verdict left
     unworded where nothing fits. Every strategy's memory and verdict come first, as plan()
     finds them (peak_rank_memory); only where one fits (its host memory too) are the plans
-    completed (collectives and the rest) for the verdict: a candidate change that fits
+    that fit completed (collectives and the rest) for the verdict: a candidate change that fits
     nothing (most of the doubled GPU counts tried) costs no collectives. Refuses as fit does,
     but where nothing fits a refusal from the collectives is not reached: either way the
     suggestion passes the change over (smallest_change)."""
@@ -1345,13 +1345,17 @@ def suggestion_fit(request: PlanRequest, strategies: tuple[StrategyKind | Strate
     memories, requests, _ = _each_strategy(request, strategies, given, peak_rank_memory)
     if not any(memory.fits and memory.host_fits is not False for memory in memories):
         return SuggestionFit(None, "", "")
-    # Where one fits, _verdict reads the band (StrategyPlan.borderline, borderline_capacity_bytes)
-    # of the recommended plan alone (_margin), and recommend reads no band: the others are
-    # completed without it (_turns_in_band asks the allocator model), the recommended with it.
-    plans = tuple(_plan_at_peak(memory, False, False, banded=False) for memory in memories)
+    # Where one fits, recommend, _verdict and allocator_caution read the plans that fit alone
+    # (those that fit on the GPU but not in host memory only where none fits), so only those are
+    # completed, in their order. _verdict reads the band (StrategyPlan.borderline,
+    # borderline_capacity_bytes) of the recommended plan alone (_margin), and recommend reads no
+    # band: the others are completed without it (_turns_in_band asks the allocator model), the
+    # recommended with it.
+    fitting = [memory for memory in memories if memory.fits and memory.host_fits is not False]
+    plans = tuple(_plan_at_peak(memory, False, False, banded=False) for memory in fitting)
     recommended = recommend(plans)
     plans = tuple(_plan_at_peak(memory, False, False) if plan.strategy is recommended else plan
-                  for memory, plan in zip(memories, plans, strict=True))
+                  for memory, plan in zip(fitting, plans, strict=True))
     return SuggestionFit(*_fit_verdict(request, plans, requests))
 
 
