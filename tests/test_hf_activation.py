@@ -22,7 +22,7 @@ from zeroplan.presets.hf_config import parse_hf_config
 from zeroplan.specs import BatchSpec, FineTuneSpec, PlanRequest, StrategySpec, TrainingSpec, cluster_from_gpus
 from zeroplan.specs.finetune import LoraTarget
 from zeroplan.specs.model import GeluForm
-from zeroplan.specs.training import Kernels
+from zeroplan.specs.training import Kernels, Precision
 
 S, B, RANK = 16, 2, 8
 ROWS, WIDTH = 4, 8
@@ -327,3 +327,110 @@ def test_a_frozen_phi_block_keeps_what_frozen_blocks_kept_bytes_counts(attention
     kept, _ = frozen_blocks_kept_bytes(request, framework_layer_bytes(request), block_input_bytes(request, S, B),
                                        hf_bf16_norm_savings_bytes(request))
     assert measured == kept
+
+
+BIGCODE = {"model_type": "gpt_bigcode", "vocab_size": 128, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64,
+           "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+
+
+def _gpt2_block_saved(attention: str, dtype: str, use_cache: bool, softmax_mode=None, raw: dict = GPT2) -> int:  # type: ignore[no-untyped-def]
+    """Bytes GPT2Model's (or ``raw``'s) second block keeps in one training forward
+    (``softmax_mode``: a TorchFunctionMode the forward runs under)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = transformers.AutoConfig.for_model(**raw)
+    assert config.use_cache  # GPT2Config's default, which GPT2Model.forward reads
+    config.use_cache = use_cache
+    config._attn_implementation = attention
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype)).train()
+    if softmax_mode is None:
+        return _layer_saved_bytes(torch, model, model.transformer.h[1], raw["vocab_size"])
+    with softmax_mode:
+        return _layer_saved_bytes(torch, model, model.transformer.h[1], raw["vocab_size"])
+
+
+def _gpt2_request(attention: str, precision: str, use_cache: bool, raw: dict = GPT2) -> PlanRequest:
+    request = _request(raw, attention, precision, (), 0.0)
+    return request.model_copy(update={"training": request.training.model_copy(update={"use_cache": use_cache})})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("use_cache", [True, False])
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("dtype,precision", [("float32", "fp32"), ("bfloat16", "bf16-pure")])
+def test_a_gpt2_block_keeps_what_the_hf_plan_counts(use_cache: bool, attention: str, dtype: str, precision: str) -> None:
+    # GPT-2's eager softmax runs in the scores' dtype (ModelSpec.eager_softmax_fp32 False: no fp32
+    # probabilities beside the bf16 ones), and with the cache SDPA keeps the cache's K and V
+    # copies beside the fused c_attn output q views (fused_qkv_cache_copies_bytes). Not planned:
+    # the 0-dim divisor eager attention's scaling keeps (e bytes), and without a cache the
+    # b x 1 x s x s causal mask 4.56.2 builds (masking_utils.py create_causal_mask: with
+    # position_ids and no cache the packed-sequence check forbids SDPA's is_causal), which SDPA
+    # converts to the compute dtype and keeps in every block.
+    e = 4 if dtype == "float32" else 2
+    measured = _gpt2_block_saved(attention, dtype, use_cache)
+    request = _gpt2_request(attention, precision, use_cache)
+    assert not request.model.eager_softmax_fp32
+    unplanned = e if attention == "eager" else (0 if use_cache else e * B * S * S)
+    assert measured == framework_layer_bytes(request) + unplanned
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("use_cache", [True, False])
+@pytest.mark.parametrize("multi_query", [True, False])
+@pytest.mark.parametrize("dtype,precision", [("float32", "fp32"), ("bfloat16", "bf16-pure")])
+def test_a_gpt_bigcode_sdpa_block_keeps_the_cache_copies_beside_its_fused_output(
+        use_cache: bool, multi_query: bool, dtype: str, precision: str) -> None:
+    # GPTBigCode's c_attn views and cache update, multi-query or not: the same extra K and V as
+    # GPT-2's (fused_qkv_cache_copies_bytes); without a cache the unplanned causal mask.
+    raw = {**BIGCODE, "multi_query": multi_query}
+    e = 4 if dtype == "float32" else 2
+    measured = _gpt2_block_saved("sdpa", dtype, use_cache, raw=raw)
+    request = _gpt2_request("sdpa", precision, use_cache, raw=raw)
+    assert request.model.eager_softmax_fp32 and (request.model.kv_heads == 1) is multi_query
+    assert measured == framework_layer_bytes(request) + (0 if use_cache else e * B * S * S)
+
+
+@pytest.mark.slow
+def test_gpt2_eager_keeps_fp32_probabilities_only_where_something_upcasts_the_softmax() -> None:
+    # Emulates CUDA autocast's softmax on the CPU (AT_FORALL_FP32_SET_OPT_DTYPE in the installed
+    # header: a softmax given no dtype runs with dtype=float), which then keeps the fp32
+    # probabilities beside their bf16 cast as Llama's eager attention does: 4 bytes a score.
+    torch = pytest.importorskip("torch")
+    from torch.overrides import TorchFunctionMode
+
+    from zeroplan.core.frameworks import eager_attention_extra_bytes
+
+    header = Path(torch.__file__).parent / "include" / "ATen" / "autocast_mode.h"
+    if not header.exists():
+        pytest.skip("torch's headers are not installed")
+    block = re.search(r"#define AT_FORALL_FP32_SET_OPT_DTYPE\(_\)(.*?)\n\n", header.read_text(), re.S)
+    assert block is not None and "_(softmax, int)" in block.group(1)
+
+    class CudaAutocastSoftmax(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = dict(kwargs or {})
+            if func is torch.nn.functional.softmax and kwargs.get("dtype") is None:
+                kwargs["dtype"] = torch.float32
+            return func(*args, **kwargs)
+
+    plain = _gpt2_block_saved("eager", "bfloat16", True)
+    upcast = _gpt2_block_saved("eager", "bfloat16", True, CudaAutocastSoftmax())
+    scores = GPT2["n_head"] * B * S * S
+    assert upcast - plain == 4 * scores
+    pure = _gpt2_request("eager", "bf16-pure", True)
+    cuda_mixed = pure.model_copy(update={"training": pure.training.model_copy(
+        update={"precision": Precision.bf16_mixed, "kernels": Kernels.cuda})})
+    assert cuda_mixed.runs_under_autocast
+    cpu_mixed = cuda_mixed.model_copy(update={"training": cuda_mixed.training.model_copy(update={"kernels": Kernels.cpu})})
+    assert eager_attention_extra_bytes(cuda_mixed) - eager_attention_extra_bytes(pure) == 4 * scores
+    assert eager_attention_extra_bytes(cpu_mixed) == eager_attention_extra_bytes(pure) == 0
+
+
+def test_only_gpt2s_eager_softmax_runs_in_the_compute_dtype() -> None:
+    # transformers 4.56.2: GPT-2's eager_attention_forward (modeling_gpt2.py:141) passes no dtype,
+    # Llama's (modeling_llama.py:189) dtype=torch.float32; reorder_and_upcast_attn runs GPT-2's
+    # fp32 path (_upcast_and_reordered_attn).
+    assert not parse_hf_config(GPT2, "gpt2").eager_softmax_fp32
+    assert parse_hf_config({**GPT2, "reorder_and_upcast_attn": True}, "gpt2").eager_softmax_fp32
+    assert parse_hf_config({**PHI, "model_type": "llama"}, "llama").eager_softmax_fp32

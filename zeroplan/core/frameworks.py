@@ -54,7 +54,8 @@ def eager_attention_extra_bytes(request: PlanRequest) -> int:
         return 0
     s, b, e = request.batch.seq_len, request.batch.micro_batch_size, training.precision.compute_bytes
     scores = model.num_heads * s * s * b
-    fp32_scores = FP32_BYTES * scores if e < FP32_BYTES and upcasts_softmax(model, training) else 0
+    upcast = upcasts_softmax(model, training, autocast=request.runs_under_autocast)
+    fp32_scores = FP32_BYTES * scores if e < FP32_BYTES and upcast else 0
     clamp = opt_clamp_score_bytes(model, training) * scores
     return fp32_scores + clamp + 2 * e * s * b * (model.q_size - model.kv_size)
 
@@ -296,7 +297,8 @@ def framework_layer_bytes(request: PlanRequest) -> int:
     return (layer_bytes(model, training, s, b, autocast=request.runs_under_autocast) - norms + expanded_kv_extra_bytes(model, training, s, b)
             + autocast_copies_bytes(request) + torchtitan_rope_cache_bytes(request) + eager_attention_extra_bytes(request)
             + torchtitan_moe_block_extra_bytes(request) + lora_layer_delta_bytes(request, norm_savings)
-            + padding_mask_extra_bytes(request) + rotary_cat_extra_bytes(request) + layer_norm_statistics_bytes(request)
+            + padding_mask_extra_bytes(request) + rotary_cat_extra_bytes(request) + fused_qkv_cache_copies_bytes(request)
+            + layer_norm_statistics_bytes(request)
             + litgpt_rms_norm_extra_bytes(request) + litgpt_softcapped_attention_extra_bytes(request))
 
 
@@ -362,6 +364,29 @@ def rotary_cat_extra_bytes(request: PlanRequest) -> int:
     view = model.kv_heads == model.num_heads and (litgpt or model.fused_qkv) and not (hf and training.use_cache)
     rotated = e * sb * (model.q_size + model.kv_size) if view else 0
     return output_copy + rotated
+
+
+# transformers 4.56.2 models/gpt2/modeling_gpt2.py GPT2Attention.forward (lines 310-329): q, k
+# and v are views of c_attn's one output; with a cache (GPT2Model.forward:813 and 842-844: the
+# config's use_cache, True by default, builds a DynamicCache; only transformers' own gradient
+# checkpointing turns it off, :834-839) past_key_values.update (cache_utils.py DynamicLayer.update,
+# torch.cat onto an empty tensor) returns copies of K and V, which SDPA then keeps, while q is
+# still a view of the fused output, so the whole fused tensor stays too: 2 x e x s x b x kv a
+# block beyond the one fused tensor attention_core_terms counts. Eager attention keeps nothing
+# more (its matmuls copy q, K and V for bmm whether or not they come from the cache). RoPE models
+# rewrite q and k (rotary_cat_extra_bytes), so there the fused output goes. GPTBigCode's
+# attention (models/gpt_bigcode/modeling_gpt_bigcode.py:214-229 GPTBigCodeAttention.forward: views of
+# c_attn's output, then curr_past_key_value.update) does the same, multi-query
+# (kv_size = head_dim) or not. Measured on transformers' GPT2Model and GPTBigCodeModel on the
+# CPU (tests/test_hf_activation.py): the planner's fused-qkv families with learned positions.
+def fused_qkv_cache_copies_bytes(request: PlanRequest) -> int:
+    """Bytes one block's SDPA keeps because the KV cache copies K and V out of a fused qkv output
+    that q still views (hf with use_cache, learned positions)."""
+    model, training, batch = request.model, request.training, request.batch
+    if (training.framework is not Framework.hf or not training.use_cache or not model.fused_qkv or training.compile
+            or training.attention_kernel is not AttentionKernel.flash or model.position is not PositionKind.learned):
+        return 0
+    return 2 * training.precision.compute_bytes * batch.seq_len * batch.micro_batch_size * model.kv_size
 
 
 # litgpt 00af8b0 (and 9a1b82b) litgpt/model.py CausalSelfAttention.scaled_dot_product_attention

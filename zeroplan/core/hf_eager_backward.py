@@ -41,14 +41,14 @@ def score_elements(request: PlanRequest) -> int:
 def softmax_element_bytes(request: PlanRequest) -> int:
     """Bytes of one element of the softmax's output (and of the gradient reaching it)."""
     e = request.training.precision.compute_bytes
-    return FP32_BYTES if upcasts_softmax(request.model, request.training) else e
+    return FP32_BYTES if upcasts_softmax(request.model, request.training, autocast=request.runs_under_autocast) else e
 
 
 def softmax_input_gradient_bytes(request: PlanRequest) -> int:
     """Bytes of one element of the gradient the softmax's backward writes: the input's dtype,
     fp16 under half_to_float, else the dtype the softmax ran in."""
     training = request.training
-    if upcasts_softmax(request.model, training) and training.precision is Precision.fp16_mixed:
+    if upcasts_softmax(request.model, training, autocast=request.runs_under_autocast) and training.precision is Precision.fp16_mixed:
         return training.precision.compute_bytes
     return softmax_element_bytes(request)
 

@@ -11,7 +11,7 @@ from zeroplan.core.torch_release import torch_release
 from zeroplan.specs.finetune import version_tuple
 from zeroplan.specs.framework import TRANSFORMERS_VERSION, Framework
 from zeroplan.specs.model import ModelSpec, PositionKind
-from zeroplan.specs.training import Precision, TrainingSpec
+from zeroplan.specs.training import Kernels, Precision, TrainingSpec
 
 FP32_LOGITS_UNTIL = (4, 46, 0)
 """transformers 4.31.0 to 4.45.2 LlamaForCausalLM.forward (4.31.0 modeling_llama.py:825
@@ -155,8 +155,18 @@ def opt_clamp_score_bytes(model: ModelSpec, training: TrainingSpec) -> int:
 
 
 # OPT_OWN_FORWARD_UNTIL: the softmax runs in fp32 only where the scores are fp16.
-def upcasts_softmax(model: ModelSpec, training: TrainingSpec) -> bool:
-    """Whether the eager softmax runs in fp32 (every dtype from 4.49; OPT's own attention: fp16 only)."""
+# ModelSpec.eager_softmax_fp32 False (transformers 4.56.2 models/gpt2/modeling_gpt2.py:141
+# eager_attention_forward, ``nn.functional.softmax(attn_weights, dim=-1)``): the softmax runs in
+# the scores' dtype, but torch 2.13 aten/src/ATen/autocast_mode.h AT_FORALL_FP32_SET_OPT_DTYPE
+# lists softmax for CUDA autocast, which runs it with dtype=float when none is given (what
+# Llama's passes itself); CPU autocast leaves it in the compute dtype (measured: a bf16 input's
+# softmax under torch.autocast("cpu") is bf16). The ``.type(value.dtype)`` after it is the same
+# cast Llama's ``.to(query.dtype)`` is.
+def upcasts_softmax(model: ModelSpec, training: TrainingSpec, *, autocast: bool = False) -> bool:
+    """Whether the eager softmax runs in fp32 (every dtype from 4.49 where the family asks for
+    it, else only under CUDA autocast; OPT's own attention: fp16 only)."""
+    if not model.eager_softmax_fp32:
+        return autocast and training.kernels is Kernels.cuda
     return not runs_opt_own_forward(model, training) or training.precision is Precision.fp16_mixed
 
 

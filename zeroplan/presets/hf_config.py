@@ -253,6 +253,11 @@ def _gpt2_spec(name: str, config: dict[str, Any]) -> ModelSpec:
     return strict_model_spec(
         **shape,
         fused_qkv=True,
+        # transformers 4.56.2 models/gpt2/modeling_gpt2.py:141 eager_attention_forward:
+        # ``nn.functional.softmax(attn_weights, dim=-1)`` in the scores' dtype;
+        # reorder_and_upcast_attn runs _upcast_and_reordered_attn instead (:211-255, fp32 baddbmm
+        # scores, fp32 softmax, ``.type(value.dtype)``).
+        eager_softmax_fp32=bool(config.get("reorder_and_upcast_attn", False)),
         ffn_hidden_size=config.get("n_inner") or 4 * shape["hidden_size"],
         mlp=MlpKind.gelu,
         gelu_form=_gelu_form(config, "activation_function", "gelu_new", "gpt2"),

@@ -216,6 +216,12 @@ class ModelSpec(Frozen):
     fused_gate_up: bool = Field(default=False, exclude_if=lambda fused: not fused)
     """Whether the gated MLP's gate and up projections are one linear module in the model's
     Hugging Face implementation (Phi-3's gate_up_proj): one LoRA adapter under peft."""
+    eager_softmax_fp32: bool = Field(default=True, exclude_if=lambda fp32: fp32)
+    """Whether the model's Hugging Face eager attention runs its softmax in fp32 whatever the
+    compute dtype (``F.softmax(..., dtype=torch.float32).to(query.dtype)``, Llama's and most
+    families' eager_attention_forward); False where it runs in the scores' own dtype (GPT-2's
+    eager_attention_forward without reorder_and_upcast_attn), whose softmax only CUDA autocast
+    upcasts (zeroplan.core.transformers_release.upcasts_softmax)."""
     own_loss_in_compute_dtype: bool = Field(default=False, exclude_if=lambda own: not own)
     """Its own modeling code (trust_remote_code) computes nn.CrossEntropyLoss on lm_head's output
     in the compute dtype, with no fp32 upcast: Qwen-1's modeling_qwen.py
