@@ -21,7 +21,7 @@ from zeroplan.presets.gpus import get_gpu
 from zeroplan.presets.hf_config import parse_hf_config
 from zeroplan.specs import BatchSpec, FineTuneSpec, PlanRequest, StrategySpec, TrainingSpec, cluster_from_gpus
 from zeroplan.specs.finetune import LoraTarget
-from zeroplan.specs.model import GeluForm
+from zeroplan.specs.model import EagerSoftmax, GeluForm
 from zeroplan.specs.training import Kernels, Precision
 
 S, B, RANK = 16, 2, 8
@@ -360,7 +360,7 @@ def _gpt2_request(attention: str, precision: str, use_cache: bool, raw: dict = G
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("dtype,precision", [("float32", "fp32"), ("bfloat16", "bf16-pure")])
 def test_a_gpt2_block_keeps_what_the_hf_plan_counts(use_cache: bool, attention: str, dtype: str, precision: str) -> None:
-    # GPT-2's eager softmax runs in the scores' dtype (ModelSpec.eager_softmax_fp32 False: no fp32
+    # GPT-2's eager softmax runs in the scores' dtype (EagerSoftmax.scores: no fp32
     # probabilities beside the bf16 ones), and with the cache SDPA keeps the cache's K and V
     # copies beside the fused c_attn output q views (fused_qkv_cache_copies_bytes). Not planned:
     # the 0-dim divisor eager attention's scaling keeps (e bytes), and without a cache the
@@ -370,7 +370,7 @@ def test_a_gpt2_block_keeps_what_the_hf_plan_counts(use_cache: bool, attention: 
     e = 4 if dtype == "float32" else 2
     measured = _gpt2_block_saved(attention, dtype, use_cache)
     request = _gpt2_request(attention, precision, use_cache)
-    assert not request.model.eager_softmax_fp32
+    assert request.model.eager_softmax is EagerSoftmax.scores
     unplanned = e if attention == "eager" else (0 if use_cache else e * B * S * S)
     assert measured == framework_layer_bytes(request) + unplanned
 
@@ -387,7 +387,7 @@ def test_a_gpt_bigcode_sdpa_block_keeps_the_cache_copies_beside_its_fused_output
     e = 4 if dtype == "float32" else 2
     measured = _gpt2_block_saved("sdpa", dtype, use_cache, raw=raw)
     request = _gpt2_request("sdpa", precision, use_cache, raw=raw)
-    assert request.model.eager_softmax_fp32 and (request.model.kv_heads == 1) is multi_query
+    assert request.model.eager_softmax is EagerSoftmax.fp32 and (request.model.kv_heads == 1) is multi_query
     assert measured == framework_layer_bytes(request) + (0 if use_cache else e * B * S * S)
 
 
@@ -427,10 +427,45 @@ def test_gpt2_eager_keeps_fp32_probabilities_only_where_something_upcasts_the_so
     assert eager_attention_extra_bytes(cpu_mixed) == eager_attention_extra_bytes(pure) == 0
 
 
-def test_only_gpt2s_eager_softmax_runs_in_the_compute_dtype() -> None:
+def test_gpt2s_and_falcons_eager_softmax_runs_in_the_compute_dtype() -> None:
     # transformers 4.56.2: GPT-2's eager_attention_forward (modeling_gpt2.py:141) passes no dtype,
     # Llama's (modeling_llama.py:189) dtype=torch.float32; reorder_and_upcast_attn runs GPT-2's
     # fp32 path (_upcast_and_reordered_attn).
-    assert not parse_hf_config(GPT2, "gpt2").eager_softmax_fp32
-    assert parse_hf_config({**GPT2, "reorder_and_upcast_attn": True}, "gpt2").eager_softmax_fp32
-    assert parse_hf_config({**PHI, "model_type": "llama"}, "llama").eager_softmax_fp32
+    assert parse_hf_config(GPT2, "gpt2").eager_softmax is EagerSoftmax.scores
+    assert parse_hf_config({**GPT2, "reorder_and_upcast_attn": True}, "gpt2").eager_softmax is EagerSoftmax.fp32
+    assert parse_hf_config({**PHI, "model_type": "llama"}, "llama").eager_softmax is EagerSoftmax.fp32
+    assert parse_hf_config(FALCON, "falcon").eager_softmax is EagerSoftmax.hidden
+
+
+FALCON = {"model_type": "falcon", "vocab_size": 128, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "new_decoder_architecture": False, "multi_query": False, "parallel_attn": True, "bias": False, "alibi": False,
+          "hidden_dropout": 0.0, "attention_dropout": 0.0}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("use_cache", [True, False])
+@pytest.mark.parametrize("dtype,precision", [("float32", "fp32"), ("bfloat16", "bf16-pure")])
+def test_a_falcon_eager_block_keeps_its_softmax_in_the_compute_dtype(use_cache: bool, dtype: str, precision: str) -> None:
+    # Falcon's rotary attention (modeling_falcon.py:350-355): F.softmax(..., dtype=hidden_states.dtype),
+    # bf16 in a bf16 module: one bf16 probabilities tensor, no fp32 one (EagerSoftmax.hidden).
+    measured = _gpt2_block_saved("eager", dtype, use_cache, raw=FALCON)
+    request = _gpt2_request("eager", precision, use_cache, raw=FALCON)
+    assert measured == framework_layer_bytes(request)
+
+
+def test_falcons_softmax_is_fp32_under_either_autocast() -> None:
+    # Its input is input_layernorm's output, fp32 under CPU autocast too (CUDA's lists layer_norm
+    # in AT_FORALL_FP32), where GPT-2's softmax stays bf16 on the CPU.
+    torch = pytest.importorskip("torch")
+    from zeroplan.core.transformers_release import upcasts_softmax
+
+    norm = torch.nn.LayerNorm(8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert norm(torch.randn(2, 8)).dtype == torch.float32
+        assert torch.nn.functional.softmax(torch.randn(2, 8, dtype=torch.bfloat16), dim=-1).dtype == torch.bfloat16
+    falcon, gpt2 = parse_hf_config(FALCON, "falcon"), parse_hf_config(GPT2, "gpt2")
+    for kernels in Kernels:
+        training = TrainingSpec(framework="hf", precision=Precision.bf16_mixed, kernels=kernels)
+        assert upcasts_softmax(falcon, training, autocast=True)
+        assert upcasts_softmax(gpt2, training, autocast=True) is (kernels is Kernels.cuda)
+        assert not upcasts_softmax(falcon, training) and not upcasts_softmax(gpt2, training)

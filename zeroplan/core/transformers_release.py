@@ -10,7 +10,7 @@ from __future__ import annotations
 from zeroplan.core.torch_release import torch_release
 from zeroplan.specs.finetune import version_tuple
 from zeroplan.specs.framework import TRANSFORMERS_VERSION, Framework
-from zeroplan.specs.model import ModelSpec, PositionKind
+from zeroplan.specs.model import EagerSoftmax, ModelSpec, PositionKind
 from zeroplan.specs.training import Kernels, Precision, TrainingSpec
 
 FP32_LOGITS_UNTIL = (4, 46, 0)
@@ -155,18 +155,24 @@ def opt_clamp_score_bytes(model: ModelSpec, training: TrainingSpec) -> int:
 
 
 # OPT_OWN_FORWARD_UNTIL: the softmax runs in fp32 only where the scores are fp16.
-# ModelSpec.eager_softmax_fp32 False (transformers 4.56.2 models/gpt2/modeling_gpt2.py:141
+# ModelSpec.eager_softmax (EagerSoftmax.scores: transformers 4.56.2 models/gpt2/modeling_gpt2.py:141
 # eager_attention_forward, ``nn.functional.softmax(attn_weights, dim=-1)``): the softmax runs in
 # the scores' dtype, but torch 2.13 aten/src/ATen/autocast_mode.h AT_FORALL_FP32_SET_OPT_DTYPE
 # lists softmax for CUDA autocast, which runs it with dtype=float when none is given (what
 # Llama's passes itself); CPU autocast leaves it in the compute dtype (measured: a bf16 input's
 # softmax under torch.autocast("cpu") is bf16). The ``.type(value.dtype)`` after it is the same
-# cast Llama's ``.to(query.dtype)`` is.
+# cast Llama's ``.to(query.dtype)`` is. EagerSoftmax.hidden (models/falcon/modeling_falcon.py:353
+# FalconAttention.forward, ``F.softmax(..., dtype=hidden_states.dtype)``): the attention's input
+# is input_layernorm's output, fp32 under CUDA and CPU autocast alike (layer_norm is in both
+# fp32 lists; measured on the CPU), else the compute dtype; ``attention_scores @ value_layer``
+# under autocast then keeps the bf16 cast of the fp32 probabilities, as Llama's does.
 def upcasts_softmax(model: ModelSpec, training: TrainingSpec, *, autocast: bool = False) -> bool:
     """Whether the eager softmax runs in fp32 (every dtype from 4.49 where the family asks for
-    it, else only under CUDA autocast; OPT's own attention: fp16 only)."""
-    if not model.eager_softmax_fp32:
+    it, else only under autocast, CUDA's for GPT-2's; OPT's own attention: fp16 only)."""
+    if model.eager_softmax is EagerSoftmax.scores:
         return autocast and training.kernels is Kernels.cuda
+    if model.eager_softmax is EagerSoftmax.hidden:
+        return autocast
     return not runs_opt_own_forward(model, training) or training.precision is Precision.fp16_mixed
 
 

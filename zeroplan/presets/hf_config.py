@@ -19,7 +19,7 @@ from zeroplan.presets.hf_encoder_decoder import ENCODER_DECODER_NEUTRAL_KEYS, EN
 from zeroplan.presets.hf_families import FAMILY_NEUTRAL_KEYS, FAMILY_READERS
 from zeroplan.presets.hf_fields import require_key, strict_model_spec
 from zeroplan.specs.base import first_error
-from zeroplan.specs.model import GeluForm, MlpKind, ModelSpec, NormKind, PositionKind
+from zeroplan.specs.model import EagerSoftmax, GeluForm, MlpKind, ModelSpec, NormKind, PositionKind
 
 # Llama's block layout, parameter for parameter. phi3 fuses q/k/v into qkv_proj and gate/up into
 # gate_up_proj (transformers 4.40 models/phi3/modeling_phi3.py), which holds the same elements.
@@ -257,7 +257,7 @@ def _gpt2_spec(name: str, config: dict[str, Any]) -> ModelSpec:
         # ``nn.functional.softmax(attn_weights, dim=-1)`` in the scores' dtype;
         # reorder_and_upcast_attn runs _upcast_and_reordered_attn instead (:211-255, fp32 baddbmm
         # scores, fp32 softmax, ``.type(value.dtype)``).
-        eager_softmax_fp32=bool(config.get("reorder_and_upcast_attn", False)),
+        eager_softmax=EagerSoftmax.fp32 if config.get("reorder_and_upcast_attn", False) else EagerSoftmax.scores,
         ffn_hidden_size=config.get("n_inner") or 4 * shape["hidden_size"],
         mlp=MlpKind.gelu,
         gelu_form=_gelu_form(config, "activation_function", "gelu_new", "gpt2"),

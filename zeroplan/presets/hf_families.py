@@ -12,7 +12,7 @@ from typing import Any
 
 from zeroplan.errors import ZeroplanError
 from zeroplan.presets.hf_fields import require_key, strict_model_spec
-from zeroplan.specs.model import GeluForm, MlpKind, ModelSpec, NormKind, PositionKind
+from zeroplan.specs.model import EagerSoftmax, GeluForm, MlpKind, ModelSpec, NormKind, PositionKind
 
 # The GELU variants transformers' ACT2FN maps to a GELU (erf or tanh approximations): the same
 # saved tensors (the activation's input) and the same shapes.
@@ -104,6 +104,8 @@ def falcon_spec(name: str, config: dict[str, Any]) -> ModelSpec:
         max_positions=config.get("max_position_embeddings", 2048),
         bias=config.get("bias", False),
         fused_qkv=True,
+        # modeling_falcon.py:353 (the rotary branch's eager path): F.softmax(..., dtype=hidden_states.dtype).
+        eager_softmax=EagerSoftmax.hidden,
         # Two norms over one block input (Falcon-40B/180B: ln_attn and ln_mlp) are a parallel
         # residual, as GPT-NeoX's: the block input saved once, the MLP's normed copy its own.
         parallel_block=parallel and norms == 1,

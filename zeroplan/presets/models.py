@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from zeroplan.errors import ZeroplanError, unknown_name_error
-from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
+from zeroplan.specs.model import EagerSoftmax, MlpKind, ModelSpec, NormKind, PositionKind
 
 
 def _gpt2(name: str, hidden: int, layers: int, heads: int, positions: int = 1024) -> ModelSpec:
@@ -41,11 +41,13 @@ def _llama(
 # tie_word_embeddings true. transformers 4.56.2 models/falcon/modeling_falcon.py FalconDecoderLayer
 # builds one input_layernorm (LayerNorm: weight and bias) that attention and MLP both read and
 # adds both outputs to the residual (the parallel block Phi has); its linears carry no bias.
+# Its eager softmax runs in hidden_states' dtype (modeling_falcon.py:353, EagerSoftmax.hidden).
 def _falcon_7b() -> ModelSpec:
     return ModelSpec(
         name="falcon-7b", vocab_size=65024, hidden_size=4544, num_layers=32, num_heads=71, num_kv_heads=1,
         ffn_hidden_size=4 * 4544, mlp=MlpKind.gelu, norm=NormKind.layernorm, position=PositionKind.rope,
         max_positions=2048, bias=False, parallel_block=True, tied_embeddings=True, fused_qkv=True,
+        eager_softmax=EagerSoftmax.hidden,
     )
 
 

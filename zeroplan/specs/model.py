@@ -35,6 +35,19 @@ class NormKind(str, Enum):
     rmsnorm = "rmsnorm"
 
 
+class EagerSoftmax(str, Enum):
+    """The dtype a Hugging Face family's eager attention runs its softmax in
+    (zeroplan.core.transformers_release.upcasts_softmax): ``fp32``, ``F.softmax(...,
+    dtype=torch.float32)`` whatever the compute dtype (Llama's eager_attention_forward and most
+    families'); ``scores``, the scores' own dtype (GPT-2's eager_attention_forward), which CUDA
+    autocast alone upcasts; ``hidden``, ``dtype=hidden_states.dtype``, the attention's normed
+    input (Falcon's own attention), fp32 under any autocast (LayerNorm's output is fp32 there)."""
+
+    fp32 = "fp32"
+    scores = "scores"
+    hidden = "hidden"
+
+
 class GeluForm(str, Enum):
     """How a GELU MLP's activation is written where the framework runs transformers' own modules
     (transformers 4.56.2 activations.py ACT2FN, keyed by the config's hidden_act /
@@ -216,12 +229,10 @@ class ModelSpec(Frozen):
     fused_gate_up: bool = Field(default=False, exclude_if=lambda fused: not fused)
     """Whether the gated MLP's gate and up projections are one linear module in the model's
     Hugging Face implementation (Phi-3's gate_up_proj): one LoRA adapter under peft."""
-    eager_softmax_fp32: bool = Field(default=True, exclude_if=lambda fp32: fp32)
-    """Whether the model's Hugging Face eager attention runs its softmax in fp32 whatever the
-    compute dtype (``F.softmax(..., dtype=torch.float32).to(query.dtype)``, Llama's and most
-    families' eager_attention_forward); False where it runs in the scores' own dtype (GPT-2's
-    eager_attention_forward without reorder_and_upcast_attn), whose softmax only CUDA autocast
-    upcasts (zeroplan.core.transformers_release.upcasts_softmax)."""
+    eager_softmax: EagerSoftmax = Field(default=EagerSoftmax.fp32, exclude_if=lambda kind: kind is EagerSoftmax.fp32)
+    """The dtype the model's Hugging Face eager attention runs its softmax in (EagerSoftmax):
+    fp32 whatever the compute dtype for Llama and most families; GPT-2's and Falcon's in the
+    compute dtype outside autocast."""
     own_loss_in_compute_dtype: bool = Field(default=False, exclude_if=lambda own: not own)
     """Its own modeling code (trust_remote_code) computes nn.CrossEntropyLoss on lm_head's output
     in the compute dtype, with no fp32 upcast: Qwen-1's modeling_qwen.py
