@@ -137,3 +137,36 @@ def test_spec_validators_read_values_alone() -> None:
             assert decorator.info.mode == "after", (field_type.__name__, decorator.cls_var_name)
             assert "fields_set" not in inspect.getsource(decorator.func), (field_type.__name__, decorator.cls_var_name)
         assert not field_type.__pydantic_decorators__.field_validators, field_type.__name__
+
+
+def test_requests_that_differ_in_the_micro_batch_alone() -> None:
+    """_check_groups' outcome is kept per view of what it reads (_groups_view): the micro-batch is
+    read only by the gptq-int4 check (seq_len x micro_batch_size of GPTQ_CUDA_KERNEL_TOKENS or
+    more), so a request that passed at one micro-batch and one refused at another answer alike."""
+    from zeroplan.specs import FineTuneSpec
+    from zeroplan.specs.finetune import GPTQ_CUDA_KERNEL_TOKENS
+
+    seq = GPTQ_CUDA_KERNEL_TOKENS // 2
+    gptq = PlanRequest(model=get_model("qwen-7b"), cluster=cluster_from_gpus(get_gpu("a100-80gb"), 1),
+                       strategy=StrategySpec(kind="zero2"), batch=BatchSpec(seq_len=seq, micro_batch_size=2),
+                       training=TrainingSpec(framework="hf", precision="fp16-mixed",
+                                             finetune=FineTuneSpec(lora_rank=64, quantize="gptq-int4")))
+    for micro in (2, 1, 3, 1):
+        _assert_same(gptq.with_micro_batch(micro), strategy=StrategySpec(kind="zero1"))
+    assert isinstance(_outcome(lambda: revalidated(gptq.with_micro_batch(1), strategy=StrategySpec(kind="zero1"))), tuple)
+    # The sequence length and the accumulation are read: a view that passed does not answer for another.
+    base = _base()
+    for seq_len, accum in ((4096, 1), (4095, 1), (4097, 1), (4096, 3), (4096, 4)):
+        request = base.model_copy(update={"batch": BatchSpec(seq_len=seq_len, grad_accum_steps=accum)})
+        for micro in (1, 2):
+            _assert_same(request.with_micro_batch(micro), strategy=StrategySpec(kind="zero2"))
+            _assert_same(request.with_micro_batch(micro), parallel=ParallelSpec(tp=2, sequence_parallel=True))
+            _assert_same(request.with_micro_batch(micro), strategy=StrategySpec(kind="ddp"),
+                         parallel=ParallelSpec(pp=2, pp_schedule="interleaved-1f1b", virtual_stages=2))
+    # megatron's interleaved schedule reads the accumulation (a multiple of pp).
+    megatron = _base(Framework.megatron)
+    for accum in (2, 3, 2, 3):
+        request = megatron.model_copy(update={"batch": BatchSpec(seq_len=4096, grad_accum_steps=accum)})
+        for micro in (1, 2):
+            _assert_same(request.with_micro_batch(micro), strategy=StrategySpec(kind="zero1"),
+                         parallel=ParallelSpec(pp=2, pp_schedule="interleaved-1f1b", virtual_stages=2))

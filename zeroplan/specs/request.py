@@ -859,35 +859,64 @@ def _default_attention(data: dict, kernel: AttentionKernel) -> dict:
 # validators run again on the same objects (pydantic runs a nested spec's after-validators even
 # on an instance it does not revalidate). Those validators (ModelSpec._check_shapes,
 # ClusterSpec._check_context, ...) read nothing but the spec's own values and return the spec
-# itself, so a spec equal to one that passed passes; the request's own validators run every time.
+# itself, so a spec equal to one that passed passes; the request's own validators run every time
+# their outcome is not known already for what they read (_groups_view): a fit asks the same
+# strategies of requests that differ in their micro-batch alone, which those validators do not read.
 def revalidated(request: PlanRequest, **update: Frozen) -> PlanRequest:
     """``type(request)(**{**dict(request), **update})``: the request with spec fields replaced,
     validated again as PlanRequest's validation does, with the same result or the same refusal
     (tests/test_revalidated.py compares the two): its before-validators, each field's spec
-    validators where an equal spec has not passed them already (_passed), then _check_groups. Where
+    validators where an equal spec has not passed them already (_passed), then _check_groups;
+    the before-validators and _check_groups once per view of what they read (_groups_view). Where
     a before-validator would change the data, or a field is no spec of its own type, it is the
     full validation itself."""
     data = {**request.__dict__, **update}
     if type(request) is not PlanRequest or len(data) != len(_FIELD_TYPES):
         return type(request)(**{**dict(request), **update})
-    for before in _BEFORE:  # a loop, not any() over a generator: fit makes a dozen requests per strategy list
-        if before(data) is not data:
+    for name, field_type in _FIELD_TYPES.items():
+        if type(data[name]) is not field_type:
             return type(request)(**{**dict(request), **update})
+    view = _groups_view(data)
+    known = view in _GROUPS_PASSED
+    if not known:
+        for before in _BEFORE:  # a loop, not any() over a generator: fit makes a dozen requests per strategy list
+            if before(data) is not data:
+                return type(request)(**{**dict(request), **update})
     for name, field_type in _FIELD_TYPES.items():
         value = data[name]
-        if type(value) is not field_type:
-            return type(request)(**{**dict(request), **update})
         # The same object as one that passed (most fields of most requests): no hash, no comparison.
         if _PASSED_OBJECTS.get(id(value)) is not value and not _passed(field_type, value):
             return type(request)(**{**dict(request), **update})
     built = _instance(PlanRequest, data, set(data))
+    if known:
+        return built
     try:
         checked = built._check_groups()
     except (ValueError, AssertionError):
         checked = None  # what pydantic wraps in its own error: the full validation raises it
     if checked is not built:
         return type(request)(**{**dict(request), **update})
+    if len(_GROUPS_PASSED) >= 1024:
+        _GROUPS_PASSED.clear()
+    _GROUPS_PASSED.add(view)
     return built
+
+
+def _groups_view(data: dict[str, Frozen]) -> tuple:
+    """What PlanRequest's before-validators and _check_groups read of a request's fields (each a
+    spec of its own type): every spec but the batch whole, with the fields it was given (the
+    before-validators ask which were set); of the batch, seq_len, allow_longer_seq,
+    grad_accum_steps, the fields it was given (_default_seq_len_fits_the_model), and whether its
+    tokens a micro-batch reach GPTQ_CUDA_KERNEL_TOKENS (check_gptq_training's only read of
+    micro_batch_size). Requests with the same view pass or fail those validators alike."""
+    batch, model, training, cluster = data["batch"], data["model"], data["training"], data["cluster"]
+    strategy, parallel, assumptions, performance = data["strategy"], data["parallel"], data["assumptions"], data["performance"]
+    return (model, frozenset(model.__pydantic_fields_set__), training, frozenset(training.__pydantic_fields_set__),
+            cluster, frozenset(cluster.__pydantic_fields_set__), strategy, frozenset(strategy.__pydantic_fields_set__),
+            parallel, frozenset(parallel.__pydantic_fields_set__), assumptions,
+            frozenset(assumptions.__pydantic_fields_set__), performance, frozenset(performance.__pydantic_fields_set__),
+            batch.seq_len, batch.allow_longer_seq, batch.grad_accum_steps, frozenset(batch.__pydantic_fields_set__),
+            batch.seq_len * batch.micro_batch_size >= GPTQ_CUDA_KERNEL_TOKENS)
 
 
 def _passed(field_type: type[Frozen], value: Frozen) -> bool:
@@ -913,10 +942,15 @@ def _passed(field_type: type[Frozen], value: Frozen) -> bool:
 _FIELD_TYPES: dict[str, type[Frozen]] = {name: info.annotation for name, info in PlanRequest.model_fields.items()}
 """PlanRequest's fields, each a spec of its own (revalidated)."""
 assert all(isinstance(t, type) and issubclass(t, Frozen) for t in _FIELD_TYPES.values())
+assert set(_FIELD_TYPES) == {"model", "training", "batch", "cluster", "strategy", "parallel", "assumptions",
+                             "performance"}, "_groups_view reads each of PlanRequest's fields by name"
 _PASSED: dict[type[Frozen], set[Frozen]] = {field_type: set() for field_type in _FIELD_TYPES.values()}
 """Per field type, specs that passed their validators (revalidated)."""
 _PASSED_OBJECTS: dict[int, Frozen] = {}
 """The specs of _PASSED by identity, each kept alive here (so its id names it alone)."""
+_GROUPS_PASSED: set[tuple] = set()
+"""Views (_groups_view) of requests that passed PlanRequest's before-validators unchanged and
+_check_groups (revalidated)."""
 _BEFORE = tuple(getattr(PlanRequest, name) for name, decorator in PlanRequest.__pydantic_decorators__.model_validators.items()
                 if decorator.info.mode == "before")
 """PlanRequest's before-validators, each returning its data itself where it changes nothing."""
