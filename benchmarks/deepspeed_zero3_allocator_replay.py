@@ -86,6 +86,14 @@ def _every(roots) -> list:
     return out
 
 
+def marked_ranges_and_events(trace, prefix: str = "zs:") -> dict:  # type: ignore[no-untyped-def]
+    """What an AllocatorTrace recorded: its profiler ranges named ``prefix``... as (start ns, end
+    ns, name), sorted, and its allocations and frees as (time ns, bytes, address, operator)."""
+    tree = trace._profile.profiler.kineto_results.experimental_event_tree()
+    return {"ranges": sorted((e.start_time_ns, e.end_time_ns, e.name) for e in _every(tree) if e.name.startswith(prefix)),
+            "events": [(a.time_ns, a.size_bytes, a.ptr, a.operator) for a in trace.events()]}
+
+
 def _rank(rank: int, world: int, options: argparse.Namespace, out: str) -> None:
     start_rank(rank, world, options)
     import torch

@@ -87,7 +87,7 @@ STAGE3 = {"reduce_bucket_size": 5 * 10**8 // SCALE, "stage3_prefetch_bucket_size
 RANGES = ("zs:allgather", "zs:reduce", "zs:optstep", "zs:step")
 
 def _rank(rank, world, options, out):
-    from deepspeed_zero3_lora_step import _import_old_deepspeed, start_rank
+    from deepspeed_zero3_lora_step import _import_old_deepspeed, mark_calls, mark_empty_cache, start_rank
     start_rank(rank, world, options)
     import torch, torch.distributed as dist
     from torch.profiler import record_function
@@ -102,30 +102,19 @@ def _rank(rank, world, options, out):
         type(acc).is_fp16_supported = lambda self: True
         # The engine's last empty_cache (stage3.py defragment) marks where what the process holds
         # during training starts (--from-build).
-        empty_cache = acc.empty_cache
-
-        def marked_empty_cache():
-            with record_function("zs:empty_cache"):
-                return empty_cache()
-        acc.empty_cache = marked_empty_cache
+        mark_empty_cache(acc)
         # What the docstring asks of the source tree (no shared-memory op), whatever op_builder says.
         importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
         deepspeed.init_distributed(dist_backend="gloo")
         from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator as C
         from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as S
-        def wrap(cls, name, label):
-            f = getattr(cls, name)
-            def g(*a, **k):
-                with record_function(label):
-                    return f(*a, **k)
-            setattr(cls, name, g)
         # 0.14.2 coordinator :303-309 (wait's cat) and :460 (all_gather_coalesced): allgather stream
-        wrap(C, "fetch_sub_module", "zs:allgather")
+        mark_calls(C, "fetch_sub_module", "zs:allgather")
         # stage3.py :1236 (bucket copy), :1265 (reduce-scatter, partition_grads), :2140 (has_overflow)
-        wrap(S, "_DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads", "zs:reduce")
-        wrap(S, "_DeepSpeedZeroOptimizer_Stage3__add_grad_to_ipg_bucket", "zs:reduce")
-        wrap(S, "has_overflow", "zs:reduce")
-        wrap(S, "_optimizer_step", "zs:optstep")
+        mark_calls(S, "_DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads", "zs:reduce")
+        mark_calls(S, "_DeepSpeedZeroOptimizer_Stage3__add_grad_to_ipg_bucket", "zs:reduce")
+        mark_calls(S, "has_overflow", "zs:reduce")
+        mark_calls(S, "_optimizer_step", "zs:optstep")
         mb = options.micro_batch
         config = {"train_micro_batch_size_per_gpu": mb, "gradient_accumulation_steps": 1, "train_batch_size": mb * world,
                   "fp16": {"enabled": True, "initial_scale_power": options.scale_power}, "steps_per_print": 2**31 - 1,
@@ -141,28 +130,30 @@ def _rank(rank, world, options, out):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config, dist_init_required=False)
         tokens = torch.randint(0, VOCAB, (mb, options.seq), generator=torch.Generator().manual_seed(rank))
-        def loss_440(tokens):
-            # transformers 4.40 LlamaForCausalLM.forward: logits.float(), shift, contiguous, CrossEntropyLoss
-            logits = engine(input_ids=tokens).logits.float()
-            shift = logits[..., :-1, :].contiguous()
-            labels = tokens[..., 1:].contiguous()
-            # the fp32 logits stay in the model's output until the Trainer's compute_loss returns
-            return torch.nn.functional.cross_entropy(shift.view(-1, VOCAB), labels.view(-1))
         for step in range(STEPS):
             with record_function(f"zs:step{step}"):
-                loss = loss_440(tokens)
+                loss = transformers_440_loss(engine, tokens, VOCAB)
                 engine.backward(loss)
                 del loss
                 engine.step()
             if rank == 0:
                 print(f"step {step} done overflow={engine.optimizer.overflow} scale={engine.optimizer.loss_scale}", flush=True)
     if rank == 0:
-        from deepspeed_zero3_allocator_replay import _every
-        tree = trace._profile.profiler.kineto_results.experimental_event_tree()
-        ranges = sorted((e.start_time_ns, e.end_time_ns, e.name) for e in _every(tree) if e.name.startswith("zs:"))
-        events = [(a.time_ns, a.size_bytes, a.ptr, a.operator) for a in trace.events()]
-        json.dump({"ranges": ranges, "events": events}, open(out, "w"))
+        from deepspeed_zero3_allocator_replay import marked_ranges_and_events
+        json.dump(marked_ranges_and_events(trace), open(out, "w"))
     dist.destroy_process_group()
+
+
+def transformers_440_loss(engine, tokens, vocab: int):  # type: ignore[no-untyped-def]
+    """transformers 4.40's causal-LM loss (LlamaForCausalLM / Qwen2ForCausalLM.forward): the logits
+    made fp32, shifted, made contiguous, cross-entropy; the fp32 logits stay in the model's output
+    until the Trainer's compute_loss returns."""
+    import torch
+
+    logits = engine(input_ids=tokens).logits.float()
+    shift = logits[..., :-1, :].contiguous()
+    labels = tokens[..., 1:].contiguous()
+    return torch.nn.functional.cross_entropy(shift.view(-1, vocab), labels.view(-1))
 
 def _stream_of(side: list, starts: list, time_ns: int) -> int:
     """The side stream whose marked call was running at ``time_ns`` (0: the compute stream)."""
@@ -345,18 +336,8 @@ if __name__ == "__main__":
     p.add_argument("--events", type=Path, help="reuse a run's events saved by --save-events")
     p.add_argument("--save-events", type=Path, help="keep the run's events here")
     o = p.parse_args()
-    if o.events:
-        data = json.loads(o.events.read_text())
-    else:
-        import tempfile
+    import torch.multiprocessing as mp
+    from deepspeed_zero3_lora_step import recorded_events
 
-        import torch.multiprocessing as mp
-
-        if not o.deepspeed_src:
-            p.error("--deepspeed-src is required unless --events is given")
-        out = str(Path(tempfile.mkdtemp()) / "events.json")
-        mp.spawn(_rank, args=(o.world, o, out), nprocs=o.world)
-        data = json.loads(Path(out).read_text())
-        if o.save_events:
-            o.save_events.write_text(json.dumps(data))
+    data = recorded_events(o, p, lambda out: mp.spawn(_rank, args=(o.world, o, out), nprocs=o.world))
     report(data, int(o.capacity_gib * 2**30) if o.capacity_gib else None)

@@ -85,7 +85,8 @@ STAGE3 = {"reduce_bucket_size": 5 * 10**8 // SCALE, "stage3_prefetch_bucket_size
 
 
 def _rank(rank, world, options, out):
-    from deepspeed_zero3_lora_step import _import_old_deepspeed, mark_empty_cache, start_rank
+    from deepspeed_zero3_fp16_streams import transformers_440_loss
+    from deepspeed_zero3_lora_step import _import_old_deepspeed, mark_calls, mark_empty_cache, start_rank
     start_rank(rank, world, options)
     import torch
     import torch.distributed as dist
@@ -102,13 +103,6 @@ def _rank(rank, world, options, out):
         from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator as C
         from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as S
 
-        def wrap(cls, name, label):
-            f = getattr(cls, name)
-
-            def g(*a, **k):
-                with record_function(label):
-                    return f(*a, **k)
-            setattr(cls, name, g)
         # The engine's device is torch.device('cpu', rank) (engine.py:980): on the CPU, unlike a
         # CUDA tensor moved to its own device, .to() of a CPU tensor to 'cpu:0' copies it, so
         # module.to(self.device) (engine.py:1112) would copy the module a second time after
@@ -125,10 +119,10 @@ def _rank(rank, world, options, out):
         # defragment's empty_cache (stage3.py:550-551 at v0.14.2), after which the optimizer's
         # build starts: marked, for the (c) replay.
         mark_empty_cache(get_accelerator())
-        wrap(C, "fetch_sub_module", "zs:allgather")
-        wrap(S, "_DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads", "zs:reduce")
-        wrap(S, "_DeepSpeedZeroOptimizer_Stage3__add_grad_to_ipg_bucket", "zs:reduce")
-        wrap(S, "has_overflow", "zs:reduce")
+        mark_calls(C, "fetch_sub_module", "zs:allgather")
+        mark_calls(S, "_DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads", "zs:reduce")
+        mark_calls(S, "_DeepSpeedZeroOptimizer_Stage3__add_grad_to_ipg_bucket", "zs:reduce")
+        mark_calls(S, "has_overflow", "zs:reduce")
         mb = options.micro_batch
         config = {"train_micro_batch_size_per_gpu": mb, "gradient_accumulation_steps": 1, "train_batch_size": mb * world,
                   "fp16": {"enabled": True, "initial_scale_power": options.scale_power}, "steps_per_print": 2**31 - 1,
@@ -154,15 +148,9 @@ def _rank(rank, world, options, out):
             engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config, dist_init_required=False)
         tokens = torch.randint(0, vocab, (mb, options.seq), generator=torch.Generator().manual_seed(rank))
 
-        def loss_440(tokens):
-            # transformers 4.40 Qwen2ForCausalLM.forward: logits.float(), shift, contiguous, CrossEntropyLoss
-            logits = engine(input_ids=tokens).logits.float()
-            shift = logits[..., :-1, :].contiguous()
-            labels = tokens[..., 1:].contiguous()
-            return torch.nn.functional.cross_entropy(shift.view(-1, vocab), labels.view(-1))
         for step in range(STEPS):
             with record_function(f"zs:step{step}"):
-                loss = loss_440(tokens)
+                loss = transformers_440_loss(engine, tokens, vocab)
                 engine.backward(loss)
                 del loss
                 engine.step()
@@ -171,11 +159,8 @@ def _rank(rank, world, options, out):
     if rank != 0:
         dist.destroy_process_group()
         return
-    from deepspeed_zero3_allocator_replay import _every
-    tree = trace._profile.profiler.kineto_results.experimental_event_tree()
-    ranges = sorted((e.start_time_ns, e.end_time_ns, e.name) for e in _every(tree) if e.name.startswith("zs:"))
-    events = [(a.time_ns, a.size_bytes, a.ptr, a.operator) for a in trace.events()]
-    json.dump({"ranges": ranges, "events": events}, open(out, "w"))
+    from deepspeed_zero3_allocator_replay import marked_ranges_and_events
+    json.dump(marked_ranges_and_events(trace), open(out, "w"))
     dist.destroy_process_group()
 
 
@@ -334,20 +319,10 @@ if __name__ == "__main__":
     p.add_argument("--events", type=Path)
     p.add_argument("--save-events", type=Path)
     o = p.parse_args()
-    if o.events:
-        data = json.loads(o.events.read_text())
-    else:
-        import tempfile
+    import torch.multiprocessing as mp
+    from deepspeed_zero3_lora_step import recorded_events
 
-        import torch.multiprocessing as mp
-
-        if not o.deepspeed_src:
-            p.error("--deepspeed-src is required unless --events is given")
-        out = str(Path(tempfile.mkdtemp()) / "events.json")
-        mp.spawn(_rank, args=(o.world, o, out), nprocs=o.world)
-        data = json.loads(Path(out).read_text())
-        if o.save_events:
-            o.save_events.write_text(json.dumps(data))
+    data = recorded_events(o, p, lambda out: mp.spawn(_rank, args=(o.world, o, out), nprocs=o.world))
     if o.without_cpu_only:
         from deepspeed_zero3_fp16_streams import without_cpu_only
         data = without_cpu_only(data)

@@ -122,6 +122,41 @@ def mark_empty_cache(accelerator) -> None:  # type: ignore[no-untyped-def]
     accelerator.empty_cache = marked_empty_cache
 
 
+def mark_calls(cls, name: str, label: str) -> None:  # type: ignore[no-untyped-def]
+    """Wrap ``cls.name`` in a profiler range ``label``, so a trace shows which of DeepSpeed's
+    calls (and so which of its streams on a GPU) made each allocation."""
+    from torch.profiler import record_function
+
+    call = getattr(cls, name)
+
+    def marked(*args, **kwargs):  # type: ignore[no-untyped-def]
+        with record_function(label):
+            return call(*args, **kwargs)
+
+    setattr(cls, name, marked)
+
+
+def recorded_events(options: argparse.Namespace, parser: argparse.ArgumentParser, run) -> dict:  # type: ignore[no-untyped-def]
+    """A ZeRO-3 trace script's record: read back from --events, or made by ``run(out)`` (which
+    writes it as JSON to ``out``) and kept in --save-events where asked. The shared-memory
+    buffers DeepSpeed's CPU all-reduce named after the run's port are removed after it."""
+    if options.events:
+        return json.loads(options.events.read_text())
+    if not options.deepspeed_src:
+        parser.error("--deepspeed-src is required unless --events is given")
+    import tempfile
+
+    out = str(Path(tempfile.mkdtemp()) / "events.json")
+    try:
+        run(out)
+    finally:
+        remove_deepspeed_shm_buffers(options.port)
+    data = json.loads(Path(out).read_text())
+    if options.save_events:
+        options.save_events.write_text(json.dumps(data))
+    return data
+
+
 def start_rank(rank: int, world: int, options: argparse.Namespace) -> None:
     """A CPU rank's environment and gloo group (the recompute patch first, where asked)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(options.port), RANK=str(rank),

@@ -52,7 +52,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,7 +69,7 @@ MARKS = ("zs:empty_cache", "zs:optstep", "zs:norm", "zs:prepare")
 
 
 def _run(options: argparse.Namespace, out: str) -> None:
-    from deepspeed_zero3_lora_step import _import_old_deepspeed, mark_empty_cache, start_rank
+    from deepspeed_zero3_lora_step import _import_old_deepspeed, mark_calls, mark_empty_cache, start_rank
 
     options.early_2024_recompute = False
     start_rank(0, 1, options)
@@ -95,16 +94,9 @@ def _run(options: argparse.Namespace, out: str) -> None:
         if acc.current_stream() is None:
             acc.current_stream = lambda device=None: type("Stream", (), {"synchronize": lambda self: None})()
 
-        def wrap(name, label):
-            f = getattr(S, name)
-
-            def g(*a, **k):
-                with record_function(label):
-                    return f(*a, **k)
-            setattr(S, name, g)
-        wrap("_optimizer_step", "zs:optstep")
-        wrap("_get_norm_groups", "zs:norm")
-        wrap("_prepare_fp32_grad_for_sub_group", "zs:prepare")
+        mark_calls(S, "_optimizer_step", "zs:optstep")
+        mark_calls(S, "_get_norm_groups", "zs:norm")
+        mark_calls(S, "_prepare_fp32_grad_for_sub_group", "zs:prepare")
         config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": ACCUM, "train_batch_size": ACCUM,
                   "bf16": {"enabled": True}, "gradient_clipping": 1.0, "steps_per_print": 2**31 - 1,
                   "zero_optimization": {"stage": 3, **STAGE3}}
@@ -133,12 +125,9 @@ def _run(options: argparse.Namespace, out: str) -> None:
                     engine.step()
             print(f"step {step} done, sub-groups {sub_groups}, dtype {engine.optimizer.fp16_partitioned_groups_flat[0].dtype}",
                   flush=True)
-    from deepspeed_zero3_allocator_replay import _every
+    from deepspeed_zero3_allocator_replay import marked_ranges_and_events
 
-    tree = trace._profile.profiler.kineto_results.experimental_event_tree()
-    ranges = sorted((e.start_time_ns, e.end_time_ns, e.name) for e in _every(tree) if e.name.startswith("zs:"))
-    events = [(a.time_ns, a.size_bytes, a.ptr, a.operator) for a in trace.events()]
-    json.dump({"ranges": ranges, "events": events, "sub_groups": sub_groups}, open(out, "w"))
+    json.dump({**marked_ranges_and_events(trace), "sub_groups": sub_groups}, open(out, "w"))
     dist.destroy_process_group()
 
 
@@ -215,14 +204,7 @@ if __name__ == "__main__":
     p.add_argument("--events", type=Path, help="reuse a run's events saved by --save-events")
     p.add_argument("--save-events", type=Path, help="keep the run's events here")
     o = p.parse_args()
-    if o.events:
-        data = json.loads(o.events.read_text())
-    else:
-        if not o.deepspeed_src:
-            p.error("--deepspeed-src is required unless --events is given")
-        out = str(Path(tempfile.mkdtemp()) / "events.json")
-        _run(o, out)
-        data = json.loads(Path(out).read_text())
-        if o.save_events:
-            o.save_events.write_text(json.dumps(data))
+    from deepspeed_zero3_lora_step import recorded_events
+
+    data = recorded_events(o, p, lambda out: _run(o, out))
     report(data)
