@@ -26,7 +26,7 @@ CONFIG = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_ke
               vocab_size=128, max_position_embeddings=64)
 
 
-def _saved_bytes(model, block: int) -> int:  # type: ignore[no-untyped-def]
+def adapter_saved_bytes(model, block: int) -> int:  # type: ignore[no-untyped-def]
     """Bytes of the distinct tensors (parameters and buffers left out) that the wrapped q_proj and
     v_proj of one block save for backward in a training forward."""
     import torch
@@ -69,7 +69,7 @@ def measure() -> dict:
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in trainable})
-    saved = [_saved_bytes(model, block) for block in range(CONFIG["num_hidden_layers"])]
+    saved = [adapter_saved_bytes(model, block) for block in range(CONFIG["num_hidden_layers"])]
     optimizer = torch.optim.AdamW(trainable, lr=1e-4, weight_decay=0.1, foreach=True)
     ids = torch.randint(0, CONFIG["vocab_size"], (BATCH, SEQ))
     model(input_ids=ids, labels=ids).loss.backward()

@@ -9,6 +9,9 @@ optimizers/lorafa.py differ only in imports, type hints and the quantization hoo
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from zeroplan.core.buffers import optimizer_step_temporary_bytes
@@ -24,6 +27,9 @@ from zeroplan.presets.models import get_model
 from zeroplan.specs import BatchSpec, FineTuneSpec, Framework, PlanRequest, StrategySpec, TrainingSpec, cluster_from_gpus
 from zeroplan.specs.finetune import LoraTarget, lora_adapters
 from zeroplan.specs.training import Kernels, OptimizerLoop
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from peft_adapter_dtype_records import adapter_saved_bytes  # noqa: E402
 
 RANK = 8
 SEQ, BATCH = 16, 2
@@ -103,36 +109,6 @@ def test_frozen_adapter_tensors_are_fp32_and_veras_pair_is_shared(variant: str) 
     assert planned == measured
 
 
-def _adapter_saved_bytes(model, block: int) -> int:
-    """Bytes of the distinct tensors (parameters and buffers left out) that the wrapped q_proj
-    and v_proj of one block save for backward in a training forward."""
-    import torch
-
-    inside = [False]
-    saved: dict[int, int] = {}
-    held = {t.untyped_storage().data_ptr() for t in list(model.parameters()) + list(model.buffers())}
-    hooks = []
-    for name, module in model.named_modules():
-        parts = name.split(".")
-        if str(block) in parts and parts[-1] in ("q_proj", "v_proj"):
-            hooks.append(module.register_forward_pre_hook(lambda *_: inside.__setitem__(0, True)))
-            hooks.append(module.register_forward_hook(lambda *_: inside.__setitem__(0, False)))
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        if inside[0] and storage.data_ptr() not in held:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    model.train()
-    ids = torch.randint(0, CONFIG["vocab_size"], (BATCH, SEQ))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        model(input_ids=ids).logits.sum()
-    for hook in hooks:
-        hook.remove()
-    return sum(saved.values())
-
-
 @pytest.mark.parametrize("block", [0, 1])
 @pytest.mark.parametrize("variant", ["vera", "lora_fa"])
 def test_adapter_saved_activations_equal_peft(variant: str, block: int) -> None:
@@ -144,7 +120,8 @@ def test_adapter_saved_activations_equal_peft(variant: str, block: int) -> None:
     model, _ = _peft_model(variant)
     # The first block too: its input (the frozen embedding's) needs no gradient, and neither
     # adapter kept it anyway.
-    assert planned == _adapter_saved_bytes(model, block)
+    model.train()
+    assert planned == adapter_saved_bytes(model, block)
     tokens = SEQ * BATCH
     width = {"vera": 2 * RANK + request.model.q_size + request.model.kv_size, "lora_fa": 2 * RANK}[variant]
     assert planned == 4 * tokens * width
