@@ -90,12 +90,9 @@ def check_dpo_request(request: PlanRequest) -> None:
                             "(allowed: dpo with LoRA/QLoRA, finetune.lora_rank >= 1)")
     if training.unchunked_loss:
         raise ZeroplanError("unchunked_loss", "the DPO recipes' logits are unchunked already (allowed: off under objective dpo)")
-    for field, on in (("keep_outputs", training.keep_outputs),
-                      ("compile", training.compile), ("activation_offloading", training.activation_offloading),
-                      ("optimizer_in_backward", training.optimizer_in_backward),
-                      ("fused_linear_cross_entropy", training.fused_linear_cross_entropy)):
-        if on:
-            raise ZeroplanError(field, "is not measured with objective dpo (allowed: off)")
+    if field := training.first_switched_on(("keep_outputs", "compile", "activation_offloading", "optimizer_in_backward",
+                                             "fused_linear_cross_entropy")):
+        raise ZeroplanError(field, "is not measured with objective dpo (allowed: off)")
     if (parallel.tp, parallel.cp, parallel.pp, parallel.ep) != (1, 1, 1, 1):
         raise ZeroplanError("parallel", "dpo is measured without tensor, context, pipeline or expert parallelism "
                             "(allowed: tp, cp, pp, ep all 1)")

@@ -102,13 +102,10 @@ def check_dschat_dpo(request: PlanRequest) -> None:
                             "LoRA; its --lora_dim LinearLayer_LoRA is not peft's)")
     if training.activation_checkpointing is not ActivationCheckpointing.none:
         raise ZeroplanError("activation_checkpointing", "DeepSpeed-Chat's DPO is planned without checkpointing (allowed: none)")
-    for field, on in (("keep_outputs", training.keep_outputs), ("use_cache", training.use_cache),
-                      ("unchunked_loss", training.unchunked_loss), ("compile", training.compile),
-                      ("fused_linear_cross_entropy", training.fused_linear_cross_entropy),
-                      ("fused_cross_entropy", training.fused_cross_entropy), ("uncast_loss", training.uncast_loss),
-                      ("activation_offloading", training.activation_offloading)):
-        if on:
-            raise ZeroplanError(field, "is not planned with objective dpo under hf: the loop's held outputs and the "
-                                       "reference's cache are the objective's own (allowed: off)")
+    if field := training.first_switched_on(("keep_outputs", "use_cache", "unchunked_loss", "compile",
+                                             "fused_linear_cross_entropy", "fused_cross_entropy", "uncast_loss",
+                                             "activation_offloading")):
+        raise ZeroplanError(field, "is not planned with objective dpo under hf: the loop's held outputs and the "
+                                   "reference's cache are the objective's own (allowed: off)")
     if (parallel.tp, parallel.cp, parallel.pp, parallel.ep) != (1, 1, 1, 1):
         raise ZeroplanError("parallel", "dpo is planned with data parallelism alone (allowed: tp, cp, pp, ep all 1)")

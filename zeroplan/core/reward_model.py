@@ -79,13 +79,10 @@ def check_reward_request(request: PlanRequest) -> None:
     if training.finetune.is_lora:
         raise ZeroplanError("finetune", "DeepSpeed-Chat's --lora_dim adapters are its own LinearLayer_LoRA, not peft's "
                             "(allowed: a full fine-tune under objective reward)")
-    for field, on in (("keep_outputs", training.keep_outputs), ("unchunked_loss", training.unchunked_loss),
-                      ("compile", training.compile), ("activation_offloading", training.activation_offloading),
-                      ("fused_linear_cross_entropy", training.fused_linear_cross_entropy),
-                      ("fused_cross_entropy", training.fused_cross_entropy), ("uncast_loss", training.uncast_loss),
-                      ("use_cache", training.use_cache)):
-        if on:
-            raise ZeroplanError(field, "is not planned with objective reward: its head is a v_head's b x s scores, "
-                                       "not a vocabulary's logits (allowed: off)")
+    if field := training.first_switched_on(("keep_outputs", "unchunked_loss", "compile", "activation_offloading",
+                                             "fused_linear_cross_entropy", "fused_cross_entropy", "uncast_loss",
+                                             "use_cache")):
+        raise ZeroplanError(field, "is not planned with objective reward: its head is a v_head's b x s scores, "
+                                   "not a vocabulary's logits (allowed: off)")
     if (parallel.tp, parallel.cp, parallel.pp, parallel.ep) != (1, 1, 1, 1):
         raise ZeroplanError("parallel", "reward is planned with data parallelism alone (allowed: tp, cp, pp, ep all 1)")

@@ -443,6 +443,11 @@ class TrainingSpec(Frozen):
     """Which parameters train (LoRA adapters over a frozen, optionally quantized base; frozen
     embeddings or blocks): every one by default (zeroplan.specs.finetune)."""
 
+    def first_switched_on(self, fields: tuple[str, ...]) -> str | None:
+        """The first of these boolean fields that is set, in the order given; None when none is
+        (an objective refusing the loss options it does not plan names that one)."""
+        return next((field for field in fields if getattr(self, field)), None)
+
 
 class BatchSpec(Frozen):
     """The shape of one optimizer step on one GPU."""
