@@ -23,12 +23,20 @@ class ZeroplanError(Exception):
         super().__init__(f"{field}: {message}")
 
 
-def unknown_name_error(field: str, name: str, known: Iterable[str]) -> ZeroplanError:
-    """Build the error for an unknown catalog name, with a close-match suggestion."""
+LISTED_IN_FULL = 40
+"""The most names an unknown-name error lists; a longer catalog is named by ``unlisted`` instead."""
+
+
+def unknown_name_error(field: str, name: str, known: Iterable[str], unlisted: str | None = None) -> ZeroplanError:
+    """Build the error for an unknown catalog name, with close matches (case-insensitive, in the
+    catalog's own spelling) and the allowed names; where ``unlisted`` is given and the catalog has
+    more than LISTED_IN_FULL names, ``unlisted`` (where to find them) stands for the list, so that
+    the one line stays readable."""
     import difflib  # only on a user's mistake: a command that runs never loads it
 
     known_sorted = sorted(known)
-    close = difflib.get_close_matches(name.lower(), known_sorted, n=3, cutoff=0.5)
+    spelled = {known_name.lower(): known_name for known_name in known_sorted}
+    close = [spelled[match] for match in difflib.get_close_matches(name.lower(), list(spelled), n=3, cutoff=0.5)]
     hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-    allowed = ", ".join(known_sorted)
+    allowed = unlisted if unlisted is not None and len(known_sorted) > LISTED_IN_FULL else ", ".join(known_sorted)
     return ZeroplanError(field, f"unknown {name!r}{hint} (allowed: {allowed})")

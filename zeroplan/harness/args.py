@@ -75,9 +75,10 @@ def resolve_model(name: str) -> ModelSpec:
         return get_model(name)
     except ZeroplanError:
         from zeroplan.errors import unknown_name_error
-        from zeroplan.presets.models import model_names
+        from zeroplan.presets.models import UNLISTED_MODELS, known_model_names
 
-        raise unknown_name_error("model", name, [*HARNESS_PRESETS, *model_names()]) from None
+        raise unknown_name_error("model", name, [*HARNESS_PRESETS, *known_model_names()],
+                                 f"{', '.join(HARNESS_PRESETS)}, {UNLISTED_MODELS}") from None
 
 
 def training_from_args(args: argparse.Namespace) -> TrainingSpec:
