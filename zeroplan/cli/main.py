@@ -22,11 +22,13 @@ def _list_models(_args) -> int:
 
     from zeroplan.harness.presets import HARNESS_PRESETS  # torch-free: specs only
 
+    width = max(map(len, [*model_names(), *HARNESS_PRESETS]))
     for name in model_names():
-        print(f"{name:16s} {total_parameters(get_model(name)):>18,} parameters")
+        print(f"{name:{width}s} {total_parameters(get_model(name)):>18,} parameters")
     print("\nScaled-down models for measurement runs (zeroplan measure and simulate take these names):")
     for name, model in HARNESS_PRESETS.items():
-        print(f"{name:16s} {total_parameters(model):>18,} parameters")
+        print(f"{name:{width}s} {total_parameters(model):>18,} parameters")
+    print("\nA preset's Hugging Face hub id names it too (meta-llama/Llama-2-7b-hf, google/gemma-7b; any case).")
     return 0
 
 

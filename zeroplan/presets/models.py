@@ -1,5 +1,6 @@
 """Model presets. Shapes come from each model's published config.json (Hugging Face hub
-model cards) or paper; the parameter counts they imply are tested in tests/test_params.py."""
+model cards) or paper; the parameter counts they imply are tested in tests/test_params.py,
+tests/test_qwen_presets.py, tests/test_added_presets.py and tests/test_open_presets.py."""
 
 from __future__ import annotations
 
