@@ -16,7 +16,7 @@ REQUIRED = [
     "b200", "mi300x", "l40s", "a10g", "rtx-4090",
     # Boards often named by published fine-tuning runs.
     "rtx-3090", "rtx-a6000", "a40", "a10", "l40", "l4", "t4", "a100-pcie-40gb", "a100-pcie-80gb", "a800-80gb",
-    "h100-pcie", "h100-nvl", "h800-80gb", "v100-pcie-16gb", "v100-pcie-32gb",
+    "h100-pcie", "h100-nvl", "h800-80gb", "v100-pcie-16gb", "v100-pcie-32gb", "mi325x",
 ]
 
 
@@ -41,7 +41,7 @@ def test_every_entry_validates_and_is_consistent(name: str) -> None:
     assert GpuSpec.model_validate(_as_dict(gpu)) == gpu
     assert gpu.name == name == name.lower()
     assert isinstance(gpu.memory_bytes, int) and gpu.memory_bytes % MiB == 0
-    assert 10 * GiB < gpu.memory_bytes < 256 * GiB
+    assert 10 * GiB < gpu.memory_bytes <= 256 * GiB  # the MI325X's 256 GB HBM3E
     assert 50e12 <= gpu.peak_bf16_flops_per_s <= 5e15
     assert gpu.source.strip() and gpu.display_name.strip()
     # The network is never faster than the links inside a node, and latencies are microseconds.
@@ -75,8 +75,9 @@ def test_every_entry_validates_and_is_consistent(name: str) -> None:
         ("h100-nvl", 95_830 * MiB),
         ("a800-80gb", 81_920 * MiB),
         ("v100-pcie-32gb", 32_510 * MiB),
-        # Derived (docs/gpus.md): the A40's 49,140 MiB less ECC's 1/16.
+        # Derived (docs/gpus.md): the A40's 49,140 MiB less ECC's 1/16; the MI325X's as the MI300X's.
         ("a40", 46_068 * MiB),
+        ("mi325x", 256 * GiB),
     ],
 )
 def test_memory_is_exact_driver_bytes(name: str, memory: int) -> None:

@@ -185,6 +185,11 @@ _CATALOG: dict[str, GpuSpec] = {
         _gpu("rtx-4090", "NVIDIA GeForce RTX 4090", 24_564 * MiB, 165.2, PCIE4, ETH_25G_PER_8, PCIE4,
              "NVIDIA Ada Lovelace GPU Architecture whitepaper (GeForce RTX 4090)", ETH_25G_NICS,
              GpuArchitecture.ada),
+        # MI325X: the MI300X's compute (bf16 1,307.4 TFLOP/s dense) and Infinity Fabric, 256 GB
+        # HBM3E. No published rocm-smi total found: 256 GiB, derived as the MI300X's 192 GB reports
+        # exactly 192 GiB on bare metal.
+        _gpu("mi325x", "AMD Instinct MI325X", 256 * GiB, 1307.4, INFINITY_FABRIC, IB_NDR, PCIE5,
+             "AMD Instinct MI325X accelerator data sheet", MI300X_NICS, GpuArchitecture.cdna3),
         # Boards of the same dies in other form factors and export variants. An NVLink bridge that
         # joins two PCIe cards (RTX 3090, RTX A6000, A40, A100 PCIe, H100 PCIe / NVL) links one pair,
         # not every GPU of the node, which intra_node_link cannot say: their peers are on PCIe here.
