@@ -6,10 +6,12 @@ Where the figures come from (docs/gpus.md has the table and the assumptions):
 - **Memory** is the total the driver reports (``nvidia-smi``'s "Total", NVML; ``rocm-smi``
   for AMD), in exact bytes. It is not the marketing figure: NVIDIA's "80GB" A100 reports
   81,920 MiB (exactly 80 GiB) but the "80GB" H100 reports 81,559 MiB; the "141GB" H200
-  reports 143,771 MiB; GDDR cards with ECC on (L40S, A10G) report about 1/16 less than their
-  nominal size.
+  reports 143,771 MiB; GDDR cards with ECC on (L40S, L40, A40, A10G, A10, L4, T4) report about
+  1/16 less than their nominal size, and the RTX A6000 is held as published outputs show it,
+  with ECC off. Where no reported total was found (A40 with ECC on, H800, MI325X) the figure is
+  derived from a sibling's, and its comment says how.
 - **Throughput** is the vendor datasheet's dense (no 2:4 sparsity) bf16 tensor figure; the
-  V100 has no bf16, so its fp16 tensor figure stands in. GeForce cards use the figure with
+  V100 and T4 have no bf16, so their fp16 tensor figures stand in. GeForce cards use the figure with
   fp32 accumulation, which is what mixed-precision training runs.
 - **Intra-node bandwidth** is per GPU and per direction: NVIDIA quotes NVLink as the
   bidirectional total of all of a GPU's links, so half of that; PCIe x16 per direction.
