@@ -140,3 +140,38 @@ def test_eager_attention_with_unequal_query_and_value_heads_runs_at_their_mean_w
     assert eager.relative_at(4096, 192, 128) == pytest.approx(eager.relative_at(4096, 160))
     flash = attention_rate_row(GpuArchitecture.hopper, "flash-attn-2")
     assert flash.relative_at(4096, 192, 128) == flash.relative_at(4096, 192)
+
+
+def test_a_rows_rates_time_only_gpus_of_its_compute_die() -> None:
+    # The rows are the A100 SXM's and H100 SXM's own rates: the same die (H200, A100 PCIe, A800,
+    # H800) takes them, a GA102 card or a PCIe H100 of the same architecture has no row.
+    from zeroplan.core.attention_rate import rate_architecture
+    from zeroplan.presets.gpus import get_gpu
+
+    for name in ("a100-80gb", "a100-pcie-40gb", "a800-80gb", "h100-80gb", "h200-141gb", "h800-80gb"):
+        assert rate_architecture(get_gpu(name)) is get_gpu(name).architecture
+    for name in ("a10g", "a10", "rtx-3090", "rtx-a6000", "h100-pcie", "h100-nvl", "l40s", "v100-32gb"):
+        assert rate_architecture(get_gpu(name)) is None
+
+
+def test_a_gpu_without_its_dies_row_times_attention_at_the_matmul_rate() -> None:
+    # Under 'kernel' the A100's own 189 TFLOP/s would run attention on a 71 TFLOP/s RTX 3090 faster
+    # than its peak; without a row of its die every mode times it at the matmul rate.
+    from zeroplan.core.plan import plan
+    from zeroplan.presets.gpus import get_gpu
+    from zeroplan.presets.models import get_model
+    from zeroplan.specs import (
+        BatchSpec, PerformanceAssumptions, PlanRequest, StrategyKind, StrategySpec, TrainingSpec, cluster_from_gpus,
+    )
+
+    def seconds(gpu: str, mode: str) -> float:
+        request = PlanRequest(model=get_model("llama-2-7b"), training=TrainingSpec(),
+                              batch=BatchSpec(micro_batch_size=1, seq_len=4096),
+                              cluster=cluster_from_gpus(get_gpu(gpu), 2), strategy=StrategySpec(kind=StrategyKind.fsdp_full_shard),
+                              performance=PerformanceAssumptions(attention_rate=mode))
+        return plan(request).time.compute_s
+
+    for gpu in ("rtx-3090", "a10g", "h100-pcie"):
+        matmul = seconds(gpu, "matmul")
+        assert seconds(gpu, "kernel") == pytest.approx(matmul, rel=1e-12) == seconds(gpu, "published")
+    assert seconds("a100-pcie-40gb", "kernel") != pytest.approx(seconds("a100-pcie-40gb", "matmul"), rel=1e-3)  # the A100's row applies

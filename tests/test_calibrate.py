@@ -394,3 +394,19 @@ def test_a_fit_without_small_sizes_cautions_that_the_latency_is_unknown(zeroplan
     code, out, err = zeroplan_cli("calibrate", str(path), "--gpu", "h100", "--out", str(tmp_path / "x.json"))
     assert code == 0, err
     assert "caution: " in out and "the latency is not measured (2 sizes" in out
+
+
+@pytest.mark.parametrize("device,names", [
+    ("NVIDIA H100 80GB HBM3", ["h100-80gb"]), ("NVIDIA H100 PCIe", ["h100-pcie"]), ("NVIDIA H100 NVL", ["h100-nvl"]),
+    ("NVIDIA A100-SXM4-80GB", ["a100-40gb", "a100-80gb"]), ("NVIDIA A100-PCIE-40GB", ["a100-pcie-40gb", "a100-pcie-80gb"]),
+    ("NVIDIA A10G", ["a10g"]), ("NVIDIA A10", ["a10"]), ("NVIDIA L40S", ["l40s"]), ("NVIDIA L40", ["l40"]),
+    ("NVIDIA L4", ["l4"]), ("NVIDIA GeForce RTX 3090", ["rtx-3090"]), ("NVIDIA RTX A6000", ["rtx-a6000"]),
+    ("NVIDIA GH200 480GB", []), ("NVIDIA H200 NVL", []),
+])
+def test_a_logs_device_names_its_catalog_board(device: str, names: list[str]) -> None:
+    # nvidia-smi's names (nccl-tests' Rank lines): the model as a whole word, and the board
+    # (PCIe, NVL) where the catalog has it apart from the SXM module.
+    from zeroplan.calibrate.fit import device_is_catalog_gpu
+    from zeroplan.presets.gpus import gpu_names
+
+    assert [name for name in gpu_names() if device_is_catalog_gpu(device, name)] == names

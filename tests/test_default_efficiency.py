@@ -8,7 +8,7 @@ import pytest
 
 from zeroplan.core.default_efficiency import (
     FLAT_HFU, SDPA_MEMORY_EFFICIENT, GenerationCompute, attention_class, default_hfu, default_table, effective_hfu,
-    fit_mechanisms, resolve,
+    fit_mechanisms, generation_of, resolve,
 )
 from zeroplan.core.plan import plan
 from zeroplan.presets.gpus import get_gpu
@@ -81,6 +81,27 @@ def test_a_gpu_without_rows_takes_its_compute_dies_fit_else_the_flat_hfu() -> No
     for gpu in ("b200", "a100-80gb"):  # no rows of its die; a100 has rows of one source only here
         flat = resolve(mechanisms, DIES, get_gpu(gpu), "flash-attn-2", False)
         assert (flat.level, flat.hfu) == ("flat", FLAT_HFU)
+
+
+def test_a_board_is_its_own_generation_and_borrows_its_dies_fit_only_by_saying_so() -> None:
+    # The memory size alone is dropped: the SXM parts share a fit, other boards do not.
+    assert generation_of("a100-40gb") == generation_of("a100-80gb") == "a100"
+    assert generation_of("a100-pcie-40gb") == generation_of("a100-pcie-80gb") == "a100-pcie"
+    assert generation_of("h100-pcie") != generation_of("h100-80gb") != generation_of("h100-nvl")
+    assert generation_of("rtx-3090") != generation_of("rtx-4090") != generation_of("rtx-a6000")
+    mechanisms = fit_mechanisms(_samples())
+    # A800 / H800: the die's peak, so its fit, borrowed and named; PCIe H100 and NVL: another peak.
+    h800 = resolve(mechanisms, DIES, get_gpu("h800-80gb"), "flash-attn-2", False)
+    assert (h800.borrowed_from, h800.hfu) == ("h100", pytest.approx(0.45))
+    assert "h800, flash-attn-2, not compiled, h100's fit (same compute die)" in h800.describe()
+    for gpu in ("h100-pcie", "h100-nvl", "rtx-3090", "l4", "t4"):
+        flat = resolve(mechanisms, DIES, get_gpu(gpu), "flash-attn-2", False)
+        assert (flat.level, flat.hfu, flat.borrowed_from) == ("flat", FLAT_HFU, None)
+        assert flat.describe().startswith(f"flat HFU 0.4 ({gpu}, ") and "no published rows" in flat.describe()
+    # Shipped table: the A100 PCIe board takes the a100 fit as borrowed, never as its own rows.
+    pcie = default_hfu(_request("a100-pcie-40gb"))
+    assert pcie.borrowed_from == "a100" and "a100's fit (same compute die)" in pcie.describe()
+    assert pcie.hfu == default_hfu(_request("a100-40gb")).hfu
 
 
 def _request(gpu: str, hfu: float | None = None, attention_kernel: AttentionKernel = AttentionKernel.flash) -> PlanRequest:

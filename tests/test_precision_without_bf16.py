@@ -23,8 +23,9 @@ def _request(*argv: str) -> PlanRequest:
     return request_from_args(parser.parse_args(list(argv)))
 
 
-def test_only_the_v100s_lack_bf16_tensor_cores() -> None:
-    assert sorted(n for n in gpu_names() if not get_gpu(n).has_bf16_tensor_cores) == ["v100-16gb", "v100-32gb"]
+def test_only_the_v100s_and_the_t4_lack_bf16_tensor_cores() -> None:
+    assert sorted(n for n in gpu_names() if not get_gpu(n).has_bf16_tensor_cores) == [
+        "t4", "v100-16gb", "v100-32gb", "v100-pcie-16gb", "v100-pcie-32gb"]
 
 
 @pytest.mark.parametrize(("framework", "expected"), [
@@ -32,7 +33,7 @@ def test_only_the_v100s_lack_bf16_tensor_cores() -> None:
     ("megatron-deepspeed", Precision.fp16_mixed), ("litgpt", Precision.fp16_mixed), ("fairseq", Precision.fp16_mixed),
     ("torchtune", Precision.fp32), ("torchtitan", Precision.fp32),
 ])
-@pytest.mark.parametrize("gpu", ["v100-16gb", "v100-32gb"])
+@pytest.mark.parametrize("gpu", ["v100-16gb", "v100-32gb", "v100-pcie-32gb", "t4"])
 def test_command_line_default_on_a_v100(framework: str, expected: Precision, gpu: str) -> None:
     model = "gpt2" if framework == "fairseq" else "llama-2-7b"
     assert _request(model, "--framework", framework, "--gpu", gpu).training.precision is expected

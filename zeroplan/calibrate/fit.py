@@ -185,5 +185,20 @@ def catalog_model_token(catalog_name: str) -> str:
 
 
 def device_matches(device_name: str, token: str) -> bool:
-    """Whether nccl-tests' device name names the model ``token``."""
-    return re.search(rf"(?<![A-Z0-9]){re.escape(token)}(?![0-9])", device_name.upper()) is not None
+    """Whether nccl-tests' device name names the model ``token`` (a whole word: the A10 is not the
+    A10G, nor the L40 the L40S)."""
+    return re.search(rf"(?<![A-Z0-9]){re.escape(token)}(?![0-9A-Z])", device_name.upper()) is not None
+
+
+BOARD_TOKENS = ("pcie", "nvl")
+"""Catalog name parts naming a board other than the SXM module (a100-pcie-40gb, h100-nvl), which
+nvidia-smi's names carry too ("NVIDIA A100-PCIE-40GB", "NVIDIA H100 PCIe", "NVIDIA H100 NVL"),
+while the SXM parts' names carry neither ("NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3")."""
+
+
+def device_is_catalog_gpu(device_name: str, catalog_name: str) -> bool:
+    """Whether nccl-tests' device name is the catalog GPU ``catalog_name``'s model and board."""
+    if not device_matches(device_name, catalog_model_token(catalog_name)):
+        return False
+    words = set(re.findall(r"[A-Z0-9]+", device_name.upper()))
+    return all((token in catalog_name.split("-")) == (token.upper() in words) for token in BOARD_TOKENS)

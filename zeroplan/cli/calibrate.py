@@ -48,7 +48,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
 def _check_devices(runs, gpu_name: str) -> list[str]:  # type: ignore[no-untyped-def]
     """Refuse logs of different GPUs, or of a catalog GPU other than --gpu; cautions for a GPU
     the catalog does not have (its other figures then come from --gpu)."""
-    from zeroplan.calibrate.fit import catalog_model_token, device_matches
+    from zeroplan.calibrate.fit import device_is_catalog_gpu
     from zeroplan.errors import ZeroplanError
     from zeroplan.presets.gpus import get_gpu, gpu_names
 
@@ -58,7 +58,7 @@ def _check_devices(runs, gpu_name: str) -> list[str]:  # type: ignore[no-untyped
     if not named:
         return []
     device = named.pop()
-    canonical = [name for name in gpu_names() if device_matches(device, catalog_model_token(name))]
+    canonical = [name for name in gpu_names() if device_is_catalog_gpu(device, name)]
     base = get_gpu(gpu_name)
     if not canonical:
         return [f"the logs ran on {device}, which the catalog does not have: the file keeps --gpu "

@@ -15,7 +15,8 @@ half the score blocks; backward 2.5x the forward: flash-attn benchmarks/benchmar
 flops()), so r prices the FLOPs the planner counts. Published at head dimension 128 (a width no
 kernel pads), causal, batch x sequence = 16k tokens, at
 sequences 512-16k; between points r is interpolated in log2(s), outside them held at the end
-point. A (generation, kernel) with no row runs at the matmul rate (r = 1, the flat HFU). A head
+point. A (generation, kernel) with no row runs at the matmul rate (r = 1, the flat HFU), as does
+a GPU of a row's architecture but another compute die (rate_architecture). A head
 dimension the kernel pads (flash kernels run it rounded up to their tile) runs at d / padded of
 that rate (head_dim_efficiency); eager attention's passes over its scores cost the same per score
 whatever the head dimension, so its rate moves with d as eager_relative_at_head_dim says.
@@ -25,7 +26,7 @@ import math
 from functools import lru_cache
 
 from zeroplan.specs.base import Frozen
-from zeroplan.specs.hardware import GpuArchitecture
+from zeroplan.specs.hardware import GpuArchitecture, GpuSpec
 from zeroplan.specs.training import AttentionImplementation, AttentionKernel
 
 SEQUENCE_POINTS: tuple[int, ...] = (512, 1024, 2048, 4096, 8192, 16384)
@@ -124,6 +125,24 @@ RATES: tuple[AttentionRate, ...] = (
                   assumed="16k: the 8k figure (the benchmark ran out of memory)"),
 )
 """The published rates, one row per (GPU generation, kernel)."""
+
+
+# The rows were measured on one GPU of each architecture, the A100 80GB SXM4 and the H100 80GB
+# SXM5 (their sources above), whose dense bf16 peaks are the A100 and H100 datasheets' 312 and 989
+# TFLOP/s. A row's rates are that GPU's own (under 'kernel' its TFLOP/s themselves), so they time
+# another GPU of the architecture only where it has the same compute die, architecture and peak
+# (as zeroplan.core.default_efficiency borrows a fit): the H200, A100 PCIe, A800, H800. A GA102
+# card of the same architecture (RTX 3090: 71 TFLOP/s peak) would otherwise run attention at the
+# A100's 189 TFLOP/s; it, and the H100 PCIe and NVL, have no row (the matmul rate).
+MEASURED_PEAK_BF16_FLOPS_PER_S = {GpuArchitecture.ampere: 312e12, GpuArchitecture.hopper: 989e12}
+"""Dense bf16 peak of the GPU each architecture's rows were measured on."""
+
+
+def rate_architecture(gpu: GpuSpec) -> GpuArchitecture | None:
+    """The architecture whose rows time ``gpu``'s attention: its own where that architecture's rows
+    were measured on a GPU of ``gpu``'s peak bf16 FLOP/s, else None (no row)."""
+    measured = MEASURED_PEAK_BF16_FLOPS_PER_S.get(gpu.architecture) if gpu.architecture else None
+    return gpu.architecture if measured == gpu.peak_bf16_flops_per_s else None
 
 
 @lru_cache(maxsize=64)  # the table is fixed; every plan's step time asks for its row

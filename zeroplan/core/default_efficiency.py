@@ -135,9 +135,17 @@ class DefaultHfu(Frozen):
                 f"{self.sources} sources{coarser}{float8})")
 
 
+# The catalog's names end in the memory size where one die ships with several (a100-40gb,
+# a100-80gb), and carry the board otherwise (a100-pcie-40gb, h100-pcie, h100-nvl, rtx-3090): a
+# published row's fit covers its own board only, so a board without rows takes a fit of its
+# compute die only through the borrowed level, which says so (DefaultHfu.describe).
 def generation_of(gpu_name: str) -> str:
-    """The GPU generation of a catalog name: a100-40gb and a100-80gb are both a100."""
-    return gpu_name.split("-")[0]
+    """The GPU generation of a catalog name, its name without the memory size: a100-40gb and
+    a100-80gb are both a100; a100-pcie-40gb is a100-pcie, rtx-3090 and rtx-4090 are themselves."""
+    parts = gpu_name.split("-")
+    if len(parts) > 1 and parts[-1].endswith("gb") and parts[-1][:-2].isdigit():
+        parts = parts[:-1]
+    return "-".join(parts)
 
 
 SDPA_MEMORY_EFFICIENT = "sdpa-memory-efficient"
@@ -147,8 +155,9 @@ memory-efficient kernel (no published row ran it, so its HFU is its generation's
 # FlashAttention-2 runs on sm80 and later only: PyTorch aten/src/ATen/native/transformers/cuda/
 # sdp_utils.cpp check_flash_attention_hardware_support (flash: [sm80, ...]) against
 # check_mem_efficient_hardware_support ([sm50, ...]), so on a V100 (sm70) SDPA dispatches a flash
-# request to its memory-efficient kernel (the flash-attn package refuses the GPU).
-PRE_FLASH_ATTENTION_2 = frozenset({GpuArchitecture.volta})
+# request to its memory-efficient kernel (the flash-attn package refuses the GPU); the same on a
+# T4 (sm75, Turing).
+PRE_FLASH_ATTENTION_2 = frozenset({GpuArchitecture.volta, GpuArchitecture.turing})
 """GPU architectures FlashAttention-2's kernels do not run on."""
 
 

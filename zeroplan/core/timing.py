@@ -268,10 +268,10 @@ def attention_relative_rate(request: PlanRequest) -> float:
     1 under --attention-rate matmul."""
     if request.performance.attention_rate != "published":
         return 1.0
-    from zeroplan.core.attention_rate import relative_attention_rate
+    from zeroplan.core.attention_rate import rate_architecture, relative_attention_rate
 
     training = request.training
-    return relative_attention_rate(request.cluster.gpu.architecture, training.attention_kernel,
+    return relative_attention_rate(rate_architecture(request.cluster.gpu), training.attention_kernel,
                                    training.attention_implementation, request.batch.seq_len,
                                    request.model.head_size, request.model.v_head_size)
 
@@ -297,10 +297,10 @@ def _kernel_attention_flops_per_s(model: ModelSpec, gpu: GpuSpec, training: Trai
                                   performance: PerformanceAssumptions, seq_len: int) -> float | None:
     """attention_flops_per_s under 'kernel'; None where the table has no row for the GPU
     generation and kernel (the matmul rate then)."""
-    from zeroplan.core.attention_rate import attention_rate_row, kernel_name
+    from zeroplan.core.attention_rate import attention_rate_row, kernel_name, rate_architecture
 
     name = kernel_name(training.attention_kernel, training.attention_implementation)
-    row = attention_rate_row(gpu.architecture, name)
+    row = attention_rate_row(rate_architecture(gpu), name)
     if row is None:
         return None
     from zeroplan.core.attention_efficiency import kernel_attention_efficiency
@@ -361,9 +361,9 @@ def softmax_inside_attention_rate(request: PlanRequest) -> bool:
     its softmax (so memory_bound_time_s leaves the softmax passes out)."""
     if request.performance.attention_rate == "matmul" or request.training.attention_kernel is not AttentionKernel.eager:
         return False
-    from zeroplan.core.attention_rate import attention_rate_row
+    from zeroplan.core.attention_rate import attention_rate_row, rate_architecture
 
-    return attention_rate_row(request.cluster.gpu.architecture, AttentionKernel.eager.value) is not None
+    return attention_rate_row(rate_architecture(request.cluster.gpu), AttentionKernel.eager.value) is not None
 
 
 # docs/communication-time.md, "Compute": t = matmul FLOPs / (peak x HFU) + attention FLOPs /

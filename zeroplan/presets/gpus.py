@@ -6,10 +6,12 @@ Where the figures come from (docs/gpus.md has the table and the assumptions):
 - **Memory** is the total the driver reports (``nvidia-smi``'s "Total", NVML; ``rocm-smi``
   for AMD), in exact bytes. It is not the marketing figure: NVIDIA's "80GB" A100 reports
   81,920 MiB (exactly 80 GiB) but the "80GB" H100 reports 81,559 MiB; the "141GB" H200
-  reports 143,771 MiB; GDDR cards with ECC on (L40S, A10G) report about 1/16 less than their
-  nominal size.
+  reports 143,771 MiB; GDDR cards with ECC on (L40S, L40, A40, A10G, A10, L4, T4) report about
+  1/16 less than their nominal size, and the RTX A6000 is held as published outputs show it,
+  with ECC off. Where no reported total was found (A40 with ECC on, H800, MI325X) the figure is
+  derived from a sibling's, and its comment says how.
 - **Throughput** is the vendor datasheet's dense (no 2:4 sparsity) bf16 tensor figure; the
-  V100 has no bf16, so its fp16 tensor figure stands in. GeForce cards use the figure with
+  V100 and T4 have no bf16, so their fp16 tensor figures stand in. GeForce cards use the figure with
   fp32 accumulation, which is what mixed-precision training runs.
 - **Intra-node bandwidth** is per GPU and per direction: NVIDIA quotes NVLink as the
   bidirectional total of all of a GPU's links, so half of that; PCIe x16 per direction.
@@ -49,6 +51,10 @@ PCIE5 = _link("PCIe 5.0 x16", 64, PCIE_LATENCY_S)
 NVLINK2 = _link("NVLink 2 (300 GB/s bidirectional)", 150, NVLINK_LATENCY_S)
 NVLINK3 = _link("NVLink 3 / NVSwitch (600 GB/s bidirectional)", 300, NVLINK_LATENCY_S)
 NVLINK4 = _link("NVLink 4 / NVSwitch (900 GB/s bidirectional)", 450, NVLINK_LATENCY_S)
+# The A800 and H800 (export variants of the A100 and H100 SXM) keep NVSwitch but run 8 NVLink
+# lanes instead of 12 / 18: 400 GB/s bidirectional each (NVIDIA A800 and H800 datasheets).
+NVLINK3_A800 = _link("NVLink 3 / NVSwitch, A800 (400 GB/s bidirectional)", 200, NVLINK_LATENCY_S)
+NVLINK4_H800 = _link("NVLink 4 / NVSwitch, H800 (400 GB/s bidirectional)", 200, NVLINK_LATENCY_S)
 NVLINK5 = _link("NVLink 5 / NVSwitch (1.8 TB/s bidirectional)", 900, NVLINK_LATENCY_S)
 # MI300X: seven Infinity Fabric links of 128 GB/s bidirectional each, one to every peer of an
 # 8-GPU node; counted like NVLink, as the total one GPU can send.
@@ -77,6 +83,10 @@ MI300X_NICS = _nics(8, 400, "AMD Instinct MI300X platform: one 400 Gb/s NIC per 
 L40S_NICS = _nics(8, 100, "assumed: one 100 Gb/s RoCE NIC per GPU (as the catalog's per-GPU link)")
 G5_NICS = _nics(1, 100, "Amazon EC2 G5 instance specifications: g5.48xlarge 100 Gb/s")
 ETH_25G_NICS = _nics(1, 25, "assumed: one 25 GbE port per 8-card server")
+G6_NICS = _nics(1, 100, "Amazon EC2 G6 instance specifications: g6.48xlarge (8 x L4) 100 Gb/s")
+G4DN_NICS = _nics(1, 100, "Amazon EC2 G4 instance specifications: g4dn.metal (8 x T4) 100 Gb/s")
+A800_NICS = _nics(8, 200, "assumed: as the DGX A100, 8x 200 Gb/s HDR (compute)")
+H800_NICS = _nics(8, 400, "assumed: as the DGX H100, 8x 400 Gb/s (compute)")
 
 
 # Published nccl-tests results (docs/gpus.md, "Achievable bandwidth"): what NCCL reached on real
@@ -177,11 +187,94 @@ _CATALOG: dict[str, GpuSpec] = {
         _gpu("rtx-4090", "NVIDIA GeForce RTX 4090", 24_564 * MiB, 165.2, PCIE4, ETH_25G_PER_8, PCIE4,
              "NVIDIA Ada Lovelace GPU Architecture whitepaper (GeForce RTX 4090)", ETH_25G_NICS,
              GpuArchitecture.ada),
+        # MI325X: the MI300X's compute (bf16 1,307.4 TFLOP/s dense) and Infinity Fabric, 256 GB
+        # HBM3E. No published rocm-smi total found: 256 GiB, derived as the MI300X's 192 GB reports
+        # exactly 192 GiB on bare metal.
+        _gpu("mi325x", "AMD Instinct MI325X", 256 * GiB, 1307.4, INFINITY_FABRIC, IB_NDR, PCIE5,
+             "AMD Instinct MI325X accelerator data sheet", MI300X_NICS, GpuArchitecture.cdna3),
+        # Boards of the same dies in other form factors and export variants. An NVLink bridge that
+        # joins two PCIe cards (RTX 3090, RTX A6000, A40, A100 PCIe, H100 PCIe / NVL) links one pair,
+        # not every GPU of the node, which intra_node_link cannot say: their peers are on PCIe here.
+        # V100 PCIe: fp16 tensor 112 TFLOP/s (no bf16). nvidia-smi: 16,160 / 32,510 MiB, as the SXM2.
+        _gpu("v100-pcie-16gb", "NVIDIA V100 16GB PCIe", 16_160 * MiB, 112, PCIE3, ROCE_100G, PCIE3,
+             "NVIDIA Tesla V100 GPU Accelerator datasheet (PCIe)", L40S_NICS, GpuArchitecture.volta),
+        _gpu("v100-pcie-32gb", "NVIDIA V100 32GB PCIe", 32_510 * MiB, 112, PCIE3, ROCE_100G, PCIE3,
+             "NVIDIA Tesla V100 GPU Accelerator datasheet (PCIe)", L40S_NICS, GpuArchitecture.volta),
+        # A100 PCIe: bf16 312 TFLOP/s dense as the SXM (the datasheet gives both form factors one
+        # figure; the PCIe card's 250-300 W sustains less). nvidia-smi: 40,960 and 81,920 MiB.
+        _gpu("a100-pcie-40gb", "NVIDIA A100 40GB PCIe", 40 * GiB, 312, PCIE4, ROCE_100G, PCIE4,
+             "NVIDIA A100 Tensor Core GPU datasheet (PCIe)", L40S_NICS, GpuArchitecture.ampere),
+        _gpu("a100-pcie-80gb", "NVIDIA A100 80GB PCIe", 80 * GiB, 312, PCIE4, ROCE_100G, PCIE4,
+             "NVIDIA A100 Tensor Core GPU datasheet (PCIe)", L40S_NICS, GpuArchitecture.ampere),
+        # A800 SXM: the A100 SXM's compute and memory, NVLink cut to 400 GB/s bidirectional.
+        # nvidia-smi "NVIDIA A800-SXM4-80GB": 81,920 MiB (https://github.com/dexmal/dexbotic/issues/41).
+        _gpu("a800-80gb", "NVIDIA A800 80GB SXM", 80 * GiB, 312, NVLINK3_A800, IB_HDR, PCIE4,
+             "NVIDIA A800 Tensor Core GPU datasheet (SXM)", A800_NICS, GpuArchitecture.ampere, nvswitch=True),
+        # H100 PCIe: bf16 1,513 TFLOP/s with sparsity, 756 dense; FP8 3,026 / 1,513. nvidia-smi
+        # "NVIDIA H100 PCIe": 81,559 MiB, as the SXM.
+        _gpu("h100-pcie", "NVIDIA H100 80GB PCIe", 81_559 * MiB, 756, PCIE5, ROCE_100G, PCIE5,
+             "NVIDIA H100 Tensor Core GPU datasheet (PCIe)", L40S_NICS, GpuArchitecture.hopper, fp8_tflops=1513),
+        # H100 NVL (per GPU): bf16 1,671 TFLOP/s with sparsity, 835.5 dense; FP8 3,341 / 1,670.5.
+        # 94 GB HBM3; nvidia-smi "NVIDIA H100 NVL": 95,830 MiB
+        # (https://github.com/NVIDIA/gpu-admin-tools/issues/4).
+        _gpu("h100-nvl", "NVIDIA H100 NVL 94GB", 95_830 * MiB, 835.5, PCIE5, ROCE_100G, PCIE5,
+             "NVIDIA H100 NVL GPU datasheet", L40S_NICS, GpuArchitecture.hopper, fp8_tflops=1670.5),
+        # H800 SXM: the H100 SXM's compute (bf16 989 dense, FP8 1,979 dense), NVLink cut to 400 GB/s
+        # bidirectional. Memory: the H100 SXM's reported 81,559 MiB for the same 80 GB HBM3 (no
+        # published H800 total found).
+        _gpu("h800-80gb", "NVIDIA H800 80GB SXM", 81_559 * MiB, 989, NVLINK4_H800, IB_NDR, PCIE5,
+             "NVIDIA H800 Tensor Core GPU datasheet (SXM)", H800_NICS, GpuArchitecture.hopper, nvswitch=True,
+             fp8_tflops=1979),
+        # GeForce RTX 3090: bf16 with fp32 accumulate 71 TFLOP/s dense (142 with fp16 accumulate,
+        # 284 with sparsity). 24 GB GDDR6X without ECC; nvidia-smi: 24,576 MiB
+        # (https://github.com/noonghunna/club-3090/issues/390). Peer-to-peer off, as the RTX 4090.
+        _gpu("rtx-3090", "NVIDIA GeForce RTX 3090", 24_576 * MiB, 71, PCIE4, ETH_25G_PER_8, PCIE4,
+             "NVIDIA Ampere GA102 GPU Architecture whitepaper v2.0, Appendix A (GeForce RTX 3090)", ETH_25G_NICS,
+             GpuArchitecture.ampere),
+        # RTX A6000: bf16 with fp32 accumulate 154.8 TFLOP/s dense (309.7 with sparsity). 48 GB
+        # GDDR6; nvidia-smi: 49,140 MiB with ECC off, as published outputs show it (ECC on takes
+        # 1/16: 46,068 MiB, as the A40). Assumed a server on one 25 GbE port, as the GeForce cards.
+        _gpu("rtx-a6000", "NVIDIA RTX A6000", 49_140 * MiB, 154.8, PCIE4, ETH_25G_PER_8, PCIE4,
+             "NVIDIA RTX A6000 datasheet; NVIDIA Ampere GA102 GPU Architecture whitepaper v2.0, Appendix C",
+             ETH_25G_NICS, GpuArchitecture.ampere),
+        # A40: bf16 149.7 TFLOP/s dense (299.4 with sparsity). 48 GB GDDR6 with ECC on (the data
+        # center default): 46,068 MiB, 1/16 less than the 49,140 MiB it reports with ECC off.
+        _gpu("a40", "NVIDIA A40", 46_068 * MiB, 149.7, PCIE4, ROCE_100G, PCIE4, "NVIDIA A40 datasheet", L40S_NICS,
+             GpuArchitecture.ampere),
+        # A10: bf16 125 TFLOP/s dense (250 with sparsity). 24 GB GDDR6; NVML total with ECC on
+        # 24,146,608,128 bytes = 23,028 MiB (https://github.com/mayooot/detect-gpu/issues/3).
+        _gpu("a10", "NVIDIA A10", 23_028 * MiB, 125, PCIE4, ROCE_100G, PCIE4, "NVIDIA A10 Tensor Core GPU datasheet",
+             L40S_NICS, GpuArchitecture.ampere),
+        # L40: bf16 181.05 TFLOP/s dense (362.1 with sparsity; the L40S doubles it). 48 GB GDDR6;
+        # nvidia-smi with ECC on: 46,068 MiB, as the L40S.
+        _gpu("l40", "NVIDIA L40", 46_068 * MiB, 181.05, PCIE4, ROCE_100G, PCIE4, "NVIDIA L40 GPU datasheet",
+             L40S_NICS, GpuArchitecture.ada),
+        # L4: bf16 242 TFLOP/s with sparsity, 121 dense. 24 GB GDDR6; nvidia-smi with ECC on:
+        # 23,034 MiB. g6.48xlarge: 8 GPUs share 100 Gb/s.
+        _gpu("l4", "NVIDIA L4", 23_034 * MiB, 121, PCIE4, ETH_100G_PER_8, PCIE4,
+             "NVIDIA L4 Tensor Core GPU datasheet; Amazon EC2 G6 instance specifications (network)", G6_NICS,
+             GpuArchitecture.ada),
+        # T4: mixed-precision (fp16 with fp32 accumulate) tensor 65 TFLOP/s; no bf16 tensor cores.
+        # 16 GB GDDR6; nvidia-smi with ECC on: 15,360 MiB (16 GiB less 1/16; some drivers show
+        # 15,109). g4dn.metal: 8 GPUs share 100 Gb/s.
+        _gpu("t4", "NVIDIA T4", 15_360 * MiB, 65, PCIE3, ETH_100G_PER_8, PCIE3,
+             "NVIDIA T4 Tensor Core GPU datasheet; Amazon EC2 G4 instance specifications (network)", G4DN_NICS,
+             GpuArchitecture.turing),
     ]
 }
 
 _ALIASES = {
     "v100": "v100-32gb",
+    "v100-pcie": "v100-pcie-32gb",
+    "a100-pcie": "a100-pcie-80gb",
+    "a800": "a800-80gb",
+    "h100-nvl-94gb": "h100-nvl",
+    "h100-pcie-80gb": "h100-pcie",
+    "h800": "h800-80gb",
+    "rtx3090": "rtx-3090",
+    "3090": "rtx-3090",
+    "a6000": "rtx-a6000",
+    "rtxa6000": "rtx-a6000",
     "a100": "a100-80gb",
     "h100": "h100-80gb",
     "h100-sxm": "h100-80gb",

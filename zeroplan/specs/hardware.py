@@ -54,6 +54,7 @@ class GpuArchitecture(str, Enum):
     """The GPU generation, which NCCL's tuning model keys some constants by (src/graph/tuning.cc)."""
 
     volta = "volta"
+    turing = "turing"
     ampere = "ampere"
     ada = "ada"
     hopper = "hopper"
@@ -123,12 +124,12 @@ class GpuSpec(Frozen):
     @property
     def has_bf16_tensor_cores(self) -> bool:
         """Whether its tensor cores multiply bf16: every catalog generation from Ampere on (and
-        CDNA3), not Volta (V100 tensor cores take fp16 only). torch still runs bf16 on a V100,
-        emulated (torch 2.13 cuda/__init__.py is_bf16_supported: compute capability >= 8, or
-        with its default including_emulation=True whether a bf16 tensor can be created, which
-        sm70 can), so this is a matter of which precision the GPU runs at its tensor rate, not of
-        what runs at all. An unknown generation (None) is taken to have them."""
-        return self.architecture is not GpuArchitecture.volta
+        CDNA3), not Volta or Turing (V100 and T4 tensor cores take fp16 only). torch still runs
+        bf16 there, emulated (torch 2.13 cuda/__init__.py is_bf16_supported: compute capability
+        >= 8, or with its default including_emulation=True whether a bf16 tensor can be created,
+        which sm70 and sm75 can), so this is a matter of which precision the GPU runs at its
+        tensor rate, not of what runs at all. An unknown generation (None) is taken to have them."""
+        return self.architecture not in (GpuArchitecture.volta, GpuArchitecture.turing)
 
 
 class HostSpec(Frozen):
