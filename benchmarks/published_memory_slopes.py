@@ -10,10 +10,17 @@ a measured slope and zeroplan's slope of the same figure:
   their `zeroplan fit` command lines, parsed by the command line's own parser from
   published_memory_accuracy.argv_of (so the flags column is compared as parsed options, not as
   text), differ in `micro_batch` alone, or in `seq_len` alone, with the same strategy;
+- a sweep of the micro-batch at a fixed global batch (micro_batch x grad_accum the same, both
+  accumulating: ms-swift's and BigScience's tables) is paired too, on its own axis
+  ("micro_batch at fixed global batch"), since its rows differ in grad_accum as well;
 - of rows that repeat another row's whole configuration and figure (a table quoting another's
   run) the first is kept;
 - where a configuration was published at more than two values, consecutive values are paired
   (each slope is then a separate interval; --all-pairs pairs every two values).
+
+Where the predicted allocated peak is at another moment of the step at the two rows (the loss's
+backward at one, a block's at the other), the predicted slope is a switch between moments, not
+one term's growth: such pairs are marked, and each summary gives the median over the others too.
 
 The slope is GiB per extra sample (micro-batch pairs) or GiB per 1k extra tokens of the
 micro-batch (micro_batch x seq_len; sequence pairs), the ratio predicted / measured (above 1:
@@ -45,7 +52,9 @@ for entry in (ROOT, ROOT / "benchmarks"):
 from published_memory_accuracy import ROWS, argv_of, feature_of, fit_parser, load_rows, predict  # noqa: E402
 
 GIB = 2**30
-AXES = ("micro_batch", "seq_len")
+AXES = ("micro_batch", "micro_batch@global", "seq_len")
+"""The pairing axes: the micro-batch alone, the micro-batch with grad_accum at a fixed global
+batch (both rows accumulating), and the sequence length alone."""
 # The row fields that describe the run outside its `fit` command line: a pair shares them.
 SHARED_FIELDS = ("stack", "source", "strategy", "metric")
 
@@ -73,11 +82,23 @@ def _hashable(value: object) -> object:
     return value
 
 
-def config_key(row: dict[str, str], options: dict[str, object], axis: str) -> tuple:
-    """What two rows must share to be paired along ``axis``: every parsed option but the axis,
-    and the shared row fields."""
-    return (tuple(row[field] for field in SHARED_FIELDS),
-            tuple(sorted((name, _hashable(value)) for name, value in options.items() if name != axis)))
+def config_key(row: dict[str, str], options: dict[str, object], axis: str) -> tuple | None:
+    """What two rows must share to be paired along ``axis``: every parsed option but those the
+    axis varies, and the shared row fields (with the global batch at a fixed global batch);
+    None where the row does not take part in that axis."""
+    varied = {"micro_batch": {"micro_batch"}, "micro_batch@global": {"micro_batch", "grad_accum"},
+              "seq_len": {"seq_len"}}[axis]
+    shared = tuple(row[field] for field in SHARED_FIELDS)
+    if axis == "micro_batch@global":
+        if options["grad_accum"] <= 1:
+            return None
+        shared += (options["micro_batch"] * options["grad_accum"],)
+    return (shared, tuple(sorted((name, _hashable(value)) for name, value in options.items() if name not in varied)))
+
+
+def axis_field(axis: str) -> str:
+    """The row field an axis steps along."""
+    return "seq_len" if axis == "seq_len" else "micro_batch"
 
 
 def measured_bytes(row: dict[str, str]) -> float | None:
@@ -95,8 +116,9 @@ class Pair:
     @property
     def step(self) -> float:
         """The pair's step in the axis's unit: samples, or 1k tokens of the micro-batch."""
-        low, high = int(self.low[self.axis]), int(self.high[self.axis])
-        if self.axis == "micro_batch":
+        field = axis_field(self.axis)
+        low, high = int(self.low[field]), int(self.high[field])
+        if field == "micro_batch":
             return float(high - low)
         return int(self.low["micro_batch"]) * (high - low) / 1000.0
 
@@ -110,13 +132,15 @@ def find_pairs(rows: list[dict[str, str]], all_pairs: bool = False) -> list[Pair
     for axis in AXES:
         groups: dict[tuple, list[dict[str, str]]] = defaultdict(list)
         for row, options in usable:
-            groups[config_key(row, options, axis)].append(row)
+            key = config_key(row, options, axis)
+            if key is not None:
+                groups[key].append(row)
         for members in groups.values():
             by_value: dict[int, dict[str, str]] = {}
             for row in members:
                 # A repeat of the same configuration at the same value: the first row stands
                 # for it (a table quoting another's figure is one measurement).
-                by_value.setdefault(int(row[axis]), row)
+                by_value.setdefault(int(row[axis_field(axis)]), row)
             values = sorted(by_value)
             if all_pairs:
                 spans = [(a, b) for i, a in enumerate(values) for b in values[i + 1:]]
@@ -132,6 +156,14 @@ class Slope:
     measured_gib: float
     predicted_gib: float
     predicted_allocated_gib: float
+    moments: tuple[str, str]
+    """The predicted allocated peak's moment at the low and the high row."""
+
+    @property
+    def same_moment(self) -> bool:
+        """Whether both predicted peaks are at one moment of the step: only then is the
+        predicted slope one term's growth rather than a switch between moments."""
+        return self.moments[0] == self.moments[1]
 
     @property
     def ratio(self) -> float | None:
@@ -160,6 +192,7 @@ def slopes_of(pairs: list[Pair]) -> tuple[list[Slope], list[tuple[Pair, str]]]:
             (measured_bytes(pair.high) - measured_bytes(pair.low)) / step / GIB,
             (high["predicted"] - low["predicted"]) / step / GIB,
             (high["allocated"] - low["allocated"]) / step / GIB,
+            (str(low["moment"]), str(high["moment"])),
         ))
     return out, failed
 
@@ -173,18 +206,20 @@ def summarise(title: str, slopes: list[Slope], key) -> None:
     for slope in slopes:
         groups[key(slope)].append(slope)
     print(f"\n{title}")
-    print(f"  {'group':44s} {'pairs':>5s} {'median ratio':>12s} {'min':>6s} {'max':>6s}"
-          f" {'median meas':>11s} {'median pred':>11s}")
+    print(f"  {'group':52s} {'pairs':>5s} {'median ratio':>12s} {'min':>6s} {'max':>6s}"
+          f" {'median meas':>11s} {'median pred':>11s} {'same-moment pairs':>17s} {'their median':>12s}")
     for name in sorted(groups):
         members = groups[name]
         ratios = [s.ratio for s in members if s.ratio is not None]
-        print(f"  {name:44s} {len(members):5d} {_median(ratios):>12s}"
+        same = [s.ratio for s in members if s.ratio is not None and s.same_moment]
+        print(f"  {name:52s} {len(members):5d} {_median(ratios):>12s}"
               f" {(f'{min(ratios):.2f}' if ratios else '-'):>6s} {(f'{max(ratios):.2f}' if ratios else '-'):>6s}"
-              f" {_median([s.measured_gib for s in members]):>11s} {_median([s.predicted_gib for s in members]):>11s}")
+              f" {_median([s.measured_gib for s in members]):>11s} {_median([s.predicted_gib for s in members]):>11s}"
+              f" {len(same):17d} {_median(same):>12s}")
 
 
 def unit_of(axis: str) -> str:
-    return "GiB/sample" if axis == "micro_batch" else "GiB/1k tok"
+    return "GiB/1k tok" if axis == "seq_len" else "GiB/sample"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,20 +236,26 @@ def main(argv: list[str] | None = None) -> int:
     slopes, failed = slopes_of(find_pairs(rows, options.all_pairs))
 
     print(f"{'low row':44s} {'high row':44s} {'metric':10s} {'unit':10s} {'meas':>7s} {'pred':>7s}"
-          f" {'ratio':>6s} {'pred alloc':>10s}")
+          f" {'ratio':>6s} {'pred alloc':>10s}  predicted peak moment")
     for s in slopes:
         print(f"{s.pair.low['id']:44s} {s.pair.high['id']:44s} {s.pair.low['metric']:10s} {unit_of(s.pair.axis):10s}"
               f" {s.measured_gib:7.3f} {s.predicted_gib:7.3f} {(f'{s.ratio:.2f}' if s.ratio is not None else '-'):>6s}"
-              f" {s.predicted_allocated_gib:10.3f}")
+              f" {s.predicted_allocated_gib:10.3f}  {s.moments[0] if s.same_moment else ' -> '.join(s.moments)}")
     with_ratio = [s for s in slopes if s.ratio is not None]
     print(f"\npairs: {len(slopes)} planned ({sum(s.pair.axis == 'micro_batch' for s in slopes)} in micro-batch,"
+          f" {sum(s.pair.axis == 'micro_batch@global' for s in slopes)} in micro-batch at a fixed global batch,"
           f" {sum(s.pair.axis == 'seq_len' for s in slopes)} in sequence length), {len(slopes) - len(with_ratio)}"
           f" without a positive measured slope (no ratio), {len(failed)} with a row that does not plan")
     if with_ratio:
-        print(f"all pairs: median ratio predicted / measured slope {statistics.median(s.ratio for s in with_ratio):.3f}")
-    axis_name = {"micro_batch": "per sample", "seq_len": "per 1k tokens"}
+        same = [s.ratio for s in with_ratio if s.same_moment]
+        print(f"all pairs: median ratio predicted / measured slope {statistics.median(s.ratio for s in with_ratio):.3f};"
+              f" over the {len(same)} whose predicted peak is at one moment at both rows: {_median(same)}")
+    axis_name = {"micro_batch": "per sample", "micro_batch@global": "per sample, fixed global batch",
+                 "seq_len": "per 1k tokens"}
     summarise("by axis and stack", slopes, lambda s: f"{axis_name[s.pair.axis]} {s.pair.low['stack']}")
     summarise("by axis and feature", slopes, lambda s: f"{axis_name[s.pair.axis]} {feature_of(s.pair.low)}")
+    summarise("by feature, per sample (both micro-batch axes)", [s for s in slopes if s.pair.axis != "seq_len"],
+              lambda s: feature_of(s.pair.low))
     summarise("by axis, stack, feature and metric", slopes,
               lambda s: f"{axis_name[s.pair.axis]} {s.pair.low['stack']} {feature_of(s.pair.low)} {s.pair.low['metric']}")
     allocated = [s for s in slopes if s.pair.low["metric"] == "allocated"]
@@ -228,11 +269,13 @@ def main(argv: list[str] | None = None) -> int:
         with open(options.csv, "w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(["low_id", "high_id", "axis", "stack", "feature", "metric", "step",
-                             "measured_slope_gib", "predicted_slope_gib", "ratio", "predicted_allocated_slope_gib"])
+                             "measured_slope_gib", "predicted_slope_gib", "ratio", "predicted_allocated_slope_gib",
+                             "low_moment", "high_moment"])
             for s in slopes:
                 writer.writerow([s.pair.low["id"], s.pair.high["id"], s.pair.axis, s.pair.low["stack"],
                                  feature_of(s.pair.low), s.pair.low["metric"], s.pair.step, s.measured_gib,
-                                 s.predicted_gib, "" if s.ratio is None else s.ratio, s.predicted_allocated_gib])
+                                 s.predicted_gib, "" if s.ratio is None else s.ratio, s.predicted_allocated_gib,
+                                 *s.moments])
     return 0
 
 

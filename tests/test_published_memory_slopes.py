@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from zeroplan.results import PeakMoment
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from published_memory_slopes import find_pairs, slopes_of  # noqa: E402
+from published_memory_slopes import Slope, find_pairs, slopes_of  # noqa: E402
 from published_memory_accuracy import load_rows  # noqa: E402
 
 
@@ -69,3 +71,32 @@ def test_slope_is_per_extra_sample(rows):
     measured = (float(high["measured_value"]) - float(low["measured_value"])) * float(low["unit_bytes"]) / 2 / gib
     assert slope.measured_gib == pytest.approx(measured)
     assert slope.ratio == pytest.approx(slope.predicted_gib / measured)
+
+
+def test_pairs_a_micro_batch_sweep_at_a_fixed_global_batch_on_its_own_axis(rows):
+    found = ids(find_pairs(list(rows.values())))
+    assert ("micro_batch@global", "swift-dec-qwen-7b-chat-lora-b2", "swift-dec-qwen-7b-chat-lora-b4") in found
+    assert ("micro_batch@global", "swift-dec-qwen-7b-chat-lora-2048", "swift-dec-qwen-7b-chat-lora-b2") in found
+    # Neither sweep pairs on the plain micro-batch axis: their grad_accum differs too.
+    assert not any(axis == "micro_batch" and low.startswith("swift-") for axis, low, _ in found)
+
+
+@pytest.mark.parametrize("grad_accum", ["5", "1"])
+def test_refuses_a_micro_batch_pair_whose_global_batch_differs_or_that_does_not_accumulate(rows, grad_accum):
+    low, high = rows["swift-dec-qwen-7b-chat-lora-b2"], rows["swift-dec-qwen-7b-chat-lora-b4"]
+    assert len(find_pairs([low, high])) == 1
+    assert find_pairs([low, _with(high, grad_accum=grad_accum)]) == []
+
+
+def test_marks_a_pair_whose_predicted_peak_changes_moment(rows):
+    """A pair whose two predicted peaks are at different moments of the step is marked (its
+    slope is no one term's growth), and its ratio still computed."""
+    (pair,) = find_pairs([rows["fq-3090-7b-lora-b4"], rows["fq-3090-7b-lora-b6"]])
+    switch = Slope(pair, 2.0, 1.0, 1.0, ("block-backward", "loss-backward"))
+    same = Slope(pair, 2.0, 1.0, 1.0, ("loss-backward", "loss-backward"))
+    assert not switch.same_moment and same.same_moment
+    assert switch.ratio == same.ratio == 0.5
+    assert Slope(pair, 0.0, 1.0, 1.0, ("loss-backward",) * 2).ratio is None
+    # The planned pair carries the planner's own moment names (PeakMoment values).
+    (planned,), _ = slopes_of([pair])
+    assert set(planned.moments) <= {moment.value for moment in PeakMoment}
