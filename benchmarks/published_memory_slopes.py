@@ -252,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
               f" over the {len(same)} whose predicted peak is at one moment at both rows: {_median(same)}")
     axis_name = {"micro_batch": "per sample", "micro_batch@global": "per sample, fixed global batch",
                  "seq_len": "per 1k tokens"}
+    summarise("by axis and metric (the allocated peak's slope is the planner's terms alone; the reserved and"
+              " nvidia-smi ones add the caching allocator's)", slopes,
+              lambda s: f"{axis_name[s.pair.axis]} {s.pair.low['metric']}")
     summarise("by axis and stack", slopes, lambda s: f"{axis_name[s.pair.axis]} {s.pair.low['stack']}")
     summarise("by axis and feature", slopes, lambda s: f"{axis_name[s.pair.axis]} {feature_of(s.pair.low)}")
     summarise("by feature, per sample (both micro-batch axes)", [s for s in slopes if s.pair.axis != "seq_len"],
