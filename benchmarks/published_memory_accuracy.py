@@ -111,6 +111,9 @@ def predict(row: dict[str, str]) -> dict[str, object]:
     }[metric]
     return {
         "allocated": breakdown.allocated_peak_bytes, "reserved": reserved, "predicted": figure,
+        # The moment of the step the allocated peak is at (benchmarks/published_memory_slopes.py
+        # compares two rows' figures as one slope only where it is the same).
+        "moment": breakdown.peak_moment.value,
         # Each GPU's figure of the row's metric (a pipeline's or a device map's ranks, rank 0 first).
         "per_gpu": [_reserved(b) + (context if metric == "nvidia-smi" else 0) if metric in ("reserved", "nvidia-smi")
                     else b.allocated_peak_bytes for b, _ in ranks],

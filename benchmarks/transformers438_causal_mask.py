@@ -1,0 +1,122 @@
+"""What one more sample adds to transformers 4.38's Llama step on the CPU, against the planner.
+
+transformers 4.38.x builds the attention mask of every forward from a P x P boolean buffer
+(P = max_position_embeddings; models/llama/modeling_llama.py:931-934 ``register_buffer("causal_mask",
+torch.triu(...))``): ``_update_causal_mask`` (:1057-1095) returns, for SDPA and eager attention
+(flash_attention_2 returns None, :1058-1061), ``self.causal_mask[None, None, :, :].repeat(batch_size,
+1, 1, 1).to(dtype) * min_dtype`` (:1074), a b x 1 x P x P tensor in the embeddings' dtype, whatever
+the sequence length, and LlamaModel.forward passes it to every decoder layer (:993, :1008-1016), so
+under gradient checkpointing each layer's checkpoint holds it to that layer's backward. GemmaModel
+4.38 the same (models/gemma/modeling_gemma.py:825, :969); 4.38's Mistral builds its mask with
+``_prepare_4d_causal_attention_mask_for_sdpa`` instead (models/mistral/modeling_mistral.py:1004),
+and 4.39 an s x s one. fsdp_qlora's benchmark rows ran 4.38.2 (benchmarks/published_memory/rows.csv,
+``--transformers-version 4.38.2``) with ``attention_mask=None`` (its train.py:872-876 at 05ed9f2).
+
+This runs the release's own LlamaForCausalLM (a narrow two-layer model of Llama-2's vocabulary and
+positions, bf16, frozen with input gradients as PEFT enables them, non-reentrant checkpointing, the
+output held through backward as fsdp_qlora's loop holds it) at micro-batch 1, 2 and 3, reads each
+step's peak of live CPU tensor bytes from the allocator's own events
+(zeroplan.harness.allocator_trace), and prints the growth per sample beside the planner's for the
+same shapes (``zeroplan fit`` flags as the rows pass them, a rank-1 adapter on q standing for the
+frozen model). transformers 4.38.2 must be importable (it is not the project's release): e.g.
+``pip download --no-deps transformers==4.38.2`` and the wheel unpacked on PYTHONPATH (its runtime
+check of the tokenizers release then needs relaxing; nothing here tokenizes). Usage:
+
+    PYTHONPATH=<unpacked 4.38.2>:. python benchmarks/transformers438_causal_mask.py [SEQ [POSITIONS]]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+for entry in (ROOT, ROOT / "benchmarks"):
+    if str(entry) not in sys.path:
+        sys.path.insert(0, str(entry))
+
+from published_memory_accuracy import fit_parser  # noqa: E402
+
+from zeroplan.cli.fit import request_from_args  # noqa: E402
+from zeroplan.core.plan import pipeline_rank_breakdowns  # noqa: E402
+from zeroplan.specs.strategy import StrategyKind  # noqa: E402
+
+MIB = 2**20
+HIDDEN, FFN, LAYERS, HEADS, VOCAB = 256, 688, 2, 4, 32000
+BATCHES = (1, 2, 3)
+
+
+def measured_peaks(seq: int, positions: int) -> dict[int, int]:
+    """Each micro-batch's peak of live CPU bytes in its second step, under transformers' own code."""
+    import torch
+    import transformers
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from zeroplan.harness.allocator_trace import AllocatorTrace
+
+    if transformers.__version__ != "4.38.2":
+        raise SystemExit(f"transformers 4.38.2 must be importable (found {transformers.__version__})")
+    peaks = {}
+    for b in BATCHES:
+        torch.manual_seed(0)
+        with AllocatorTrace() as trace:
+            config = LlamaConfig(hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
+                                 num_attention_heads=HEADS, num_key_value_heads=HEADS, vocab_size=VOCAB,
+                                 max_position_embeddings=positions, use_cache=False)
+            config._attn_implementation = "sdpa"
+            model = LlamaForCausalLM(config).to(torch.bfloat16)
+            for parameter in model.parameters():
+                parameter.requires_grad_(False)
+            model.enable_input_require_grads()
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.train()
+            ids = torch.randint(0, VOCAB, (b, seq))
+            for step in range(2):
+                with trace.step(step):
+                    output = model(ids, labels=ids, attention_mask=None)
+                    output.loss.backward()
+                    output = None
+        peaks[b] = trace.peaks()[1].peak_bytes
+    return peaks
+
+
+def planned_peaks(seq: int, positions: int) -> dict[int, int]:
+    """The planner's allocated peak for the same shapes and flags."""
+    config = {"model_type": "llama", "hidden_size": HIDDEN, "intermediate_size": FFN, "num_hidden_layers": LAYERS,
+              "num_attention_heads": HEADS, "num_key_value_heads": HEADS, "vocab_size": VOCAB,
+              "max_position_embeddings": positions, "tie_word_embeddings": False, "rms_norm_eps": 1e-5}
+    peaks = {}
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "config.json"
+        path.write_text(json.dumps(config))
+        for b in BATCHES:
+            argv = ["fit", str(path), "--gpus", "1", "--gpu", "a100-80gb", "--micro-batch", str(b), "--seq-len", str(seq),
+                    "--activation-checkpointing", "full", "--precision", "bf16-pure", "--framework", "hf",
+                    "--lora-rank", "1", "--lora-targets", "q", "--transformers-version", "4.38.2", "--keep-outputs",
+                    "--no-checkpoint-reentrant"]
+            request = request_from_args(fit_parser().parse_args(argv), StrategyKind.ddp)
+            breakdown, _ = max(pipeline_rank_breakdowns(request), key=lambda rank: rank[0].peak_bytes)
+            peaks[b] = breakdown.allocated_peak_bytes
+    return peaks
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    seq = int(args[0]) if args else 512
+    positions = int(args[1]) if len(args) > 1 else 4096
+    measured, planned = measured_peaks(seq, positions), planned_peaks(seq, positions)
+    print(f"seq {seq}, max_position_embeddings {positions}, vocab {VOCAB}, bf16")
+    print(f"{'micro-batch':>11s} {'measured MiB':>13s} {'planned MiB':>12s}")
+    for b in BATCHES:
+        print(f"{b:11d} {measured[b] / MIB:13.2f} {planned[b] / MIB:12.2f}")
+    for low, high in zip(BATCHES, BATCHES[1:]):
+        grown, planned_grown = measured[high] - measured[low], planned[high] - planned[low]
+        print(f"per sample {low}->{high}: measured {grown / MIB:.2f} MiB, planned {planned_grown / MIB:.2f} MiB,"
+              f" difference {(grown - planned_grown) / MIB:.2f} MiB (the b x 1 x P x P bf16 mask: {2 * positions**2 / MIB:.2f})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
