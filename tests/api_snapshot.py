@@ -56,7 +56,8 @@ def requests() -> dict[str, PlanRequest]:
             "mixtral-8x7b", "h100-sxm", 16, "fsdp-full-shard", 4096, 1, activation_checkpointing=full, parallel=ParallelSpec(ep=2)),
         "llama-3-8b torchtitan fsdp 8xH100 cp 2": _request(
             "llama-3-8b", "h100-sxm", 8, "fsdp-full-shard", 8192, 1, framework=Framework.torchtitan,
-            parallel=ParallelSpec(cp=2)),
+            # Named: its llama3_8b configuration's selective-op is what an unnamed policy plans.
+            activation_checkpointing=ActivationCheckpointing.none, parallel=ParallelSpec(cp=2)),
         "llama-2-13b megatron tp 2 pp 2 16xA100": _request(
             "llama-2-13b", "a100-80gb", 16, "zero1", 4096, 1, accumulation=8, framework=Framework.megatron,
             parallel=ParallelSpec(tp=2, sequence_parallel=True, pp=2)),

@@ -46,7 +46,9 @@ def _request(float8: Float8Recipe | None = Float8Recipe.tensorwise, gpu: str = "
              **training) -> PlanRequest:
     return PlanRequest(
         model=get_model(model), batch=BatchSpec(micro_batch_size=1, seq_len=4096),
-        training=TrainingSpec(framework=Framework.torchtitan, compile=True, float8=float8, **training),
+        # No recomputation unless asked (torchtitan's llama3_8b config's selective-op otherwise).
+        training=TrainingSpec(framework=Framework.torchtitan, compile=True, float8=float8,
+                              **{"activation_checkpointing": "none", **training}),
         cluster=cluster_from_gpus(get_gpu(gpu), 8), strategy=StrategySpec(kind=StrategyKind.fsdp_full_shard),
         performance=PerformanceAssumptions(hardware_flops_utilization=0.4), assumptions=FLAT_RESERVE,
     )

@@ -16,6 +16,7 @@ from typing import Any
 from zeroplan.core.checkpoint_save import state_dict_type
 from zeroplan.specs.finetune import LoraTarget, Quantization
 from zeroplan.specs.framework import Framework, launch_allocator_conf
+from zeroplan.specs.recipe_defaults import torchtitan_config_name as recipe_config_name
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.training import ActivationCheckpointing, FsdpStateDict, Precision
@@ -459,13 +460,14 @@ TORCHTITAN_CHECKPOINTING = {
 """zeroplan's policy -> torchtitan 0.3.0's activation_checkpoint subcommand
 (distributed/activation_checkpoint.py ActivationCheckpointingConfig)."""
 
-TORCHTITAN_CONFIGS = {"llama-3-8b": "llama3_8b", "llama-3.1-8b": "llama3_8b", "llama-3-70b": "llama3_70b",
-                      "llama-3.1-70b": "llama3_70b", "llama-3.1-405b": "llama3_405b"}
-"""torchtitan 0.3.0 models/llama3/config_registry.py functions of the presets it ships."""
-
-
 def torchtitan_config_name(request: PlanRequest) -> str:
-    return TORCHTITAN_CONFIGS.get(request.model.name, "YOUR_CONFIG_FUNCTION")
+    return recipe_config_name(request.model.name, request.training.torchtitan_release) or "YOUR_CONFIG_FUNCTION"
+
+
+def torchtitan_module(request: PlanRequest) -> str:
+    """torchtitan 0.3.0's --module of the model's code: models/qwen3 for Qwen3, models/llama3 otherwise
+    (the config functions are named after their module: llama3_8b, qwen3_0_6b)."""
+    return "qwen3" if request.model.name.startswith("qwen3") else "llama3"
 
 
 def torchtitan_overrides(request: PlanRequest) -> list[str]:
@@ -709,7 +711,7 @@ def launch_script(request: PlanRequest, formats: dict[str, str]) -> str:
         if framework is Framework.fairseq:
             target = "-m fairseq_cli.train " + " ".join(fairseq_train_arguments(request))
         elif framework is Framework.torchtitan or (framework is Framework.zeroplan and "torchtitan" in formats):
-            target = (f"-m torchtitan.train --module llama3 --config {torchtitan_config_name(request)} "
+            target = (f"-m torchtitan.train --module {torchtitan_module(request)} --config {torchtitan_config_name(request)} "
                       f"$(cat \"$HERE/torchtitan-overrides.txt\")")
         else:
             target = "YOUR_TRAIN_SCRIPT.py " + " ".join(hf_training_arguments(request)).replace(

@@ -18,6 +18,7 @@ from zeroplan.core.suggest import MAX_GPU_DOUBLINGS, offers_nf4_base
 from zeroplan.core.timing import nccl_algorithms
 from zeroplan.report.fits_cell import fits_cell, fits_cell_notes
 from zeroplan.report.table import (
+    checkpointing_words,
     finetune_lines,
     framework_layout_caution,
     fsdp_version_lines,
@@ -174,7 +175,7 @@ def fit_context(report: FitReport, unit: ByteUnit) -> str:
     return (f"{report.model.name} ({report.num_parameters / 1e9:.1f} B parameters) on {c.world_size} x "
             f"{c.gpu.display_name}, {usable_text(report, unit)}; "
             f"micro-batch {b.micro_batch_size} x seq {b.seq_len}, grad-accum {b.grad_accum_steps}, {t.precision.value}, "
-            f"{t.optimizer.value}, activation checkpointing {t.activation_checkpointing.value}.")
+            f"{t.optimizer.value}, {checkpointing_words(report.model, t)}.")
 
 
 def _fit_columns(unit: ByteUnit) -> list[Column]:
