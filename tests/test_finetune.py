@@ -28,7 +28,9 @@ def request(finetune: FineTuneSpec = FineTuneSpec(), kind: str = "fsdp-full-shar
             framework: str = "torchtune", precision: str = "bf16-pure", **training) -> PlanRequest:
     return PlanRequest(model=LLAMA_8B, cluster=cluster_from_gpus(get_gpu("h100-80gb"), gpus),
                        strategy=StrategySpec(kind=kind), batch=BatchSpec(seq_len=4096),
-                       training=TrainingSpec(framework=framework, precision=precision, finetune=finetune, **training))
+                       # No recomputation unless asked (torchtune's configurations set their own otherwise).
+                       training=TrainingSpec(framework=framework, precision=precision, finetune=finetune,
+                                             **{"activation_checkpointing": "none", **training}))
 
 
 def lora_elements(rank: int, targets: tuple[LoraTarget, ...]) -> int:

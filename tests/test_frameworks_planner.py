@@ -35,7 +35,8 @@ AC = ActivationCheckpointing
 def _request(gpu, framework=Framework.zeroplan, kind=StrategyKind.fsdp_full_shard, model="llama-3.1-8b",
              seq_len=8192, micro_batch=2, gpus=8, **training) -> PlanRequest:
     return PlanRequest(
-        model=get_model(model), training=TrainingSpec(framework=framework, **training),
+        # No recomputation unless asked (torchtitan's and torchtune's configurations set their own otherwise).
+        model=get_model(model), training=TrainingSpec(framework=framework, **{"activation_checkpointing": AC.none, **training}),
         batch=BatchSpec(seq_len=seq_len, micro_batch_size=micro_batch),
         cluster=cluster_from_gpus(gpu, gpus), strategy=StrategySpec(kind=kind),
     )

@@ -11,6 +11,7 @@ from zeroplan.errors import ZeroplanError
 from zeroplan.presets.gpus import get_gpu
 from zeroplan.presets.models import get_model
 from zeroplan.specs import BatchSpec, PlanRequest, StrategySpec, TrainingSpec, cluster_from_gpus
+from zeroplan.specs.finetune import FineTuneSpec, Quantization
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.parallel import ParallelSpec
 from zeroplan.specs.training import ActivationCheckpointing as AC
@@ -44,8 +45,10 @@ def test_torchtitan_plans_its_configuration_policy_when_none_is_named(model, rel
 def test_a_named_policy_and_other_frameworks_keep_their_own() -> None:
     assert _request(framework=Framework.torchtitan, activation_checkpointing=AC.none).training.activation_checkpointing is AC.none
     assert _request(framework=Framework.torchtitan, activation_checkpointing="full").recipe_checkpointing_name is None
-    for framework in (Framework.zeroplan, Framework.hf, Framework.torchtune):
+    for framework in (Framework.zeroplan, Framework.hf):
         assert _request(framework=framework).training.activation_checkpointing is AC.none
+    # torchtune 0.6.1 ships no configuration of Qwen2.5-7B.
+    assert _request("qwen2.5-7b", framework=Framework.torchtune, precision="bf16-pure").training.activation_checkpointing is AC.none
 
 
 def test_a_default_the_request_refuses_is_named_as_the_default() -> None:
@@ -88,3 +91,40 @@ def test_the_emitted_launch_names_the_module_and_configuration() -> None:
     assert (torchtitan_module(qwen), torchtitan_config_name(qwen)) == ("qwen3", "qwen3_0_6b")
     llama = _request("llama-3.1-70b", framework=Framework.torchtitan)
     assert (torchtitan_module(llama), torchtitan_config_name(llama)) == ("llama3", "llama3_70b")
+
+
+@pytest.mark.parametrize(("model", "gpus", "finetune", "expected", "config"), [
+    ("llama-3.1-8b", 1, FineTuneSpec(lora_rank=8), AC.full, "llama3_1/8B_lora_single_device"),
+    # The distributed LoRA configurations of the 8B, 7B and 13B models leave checkpointing off.
+    ("llama-3.1-8b", 8, FineTuneSpec(lora_rank=8), AC.none, "llama3_1/8B_lora"),
+    ("llama-2-13b", 8, FineTuneSpec(lora_rank=8), AC.none, "llama2/13B_lora"),
+    ("llama-3.1-8b", 1, FineTuneSpec(lora_rank=8, quantize=Quantization.nf4), AC.full, "llama3_1/8B_qlora_single_device"),
+    ("llama-3.1-8b", 8, FineTuneSpec(), AC.full, "llama3_1/8B_full"),
+    ("mistral-7b", 8, FineTuneSpec(lora_rank=8), AC.full, "mistral/7B_lora"),
+    # 0.6.1 ships no 70B single-device configuration and no Llama 2 7B full single-device one.
+    ("llama-3.1-70b", 1, FineTuneSpec(lora_rank=8, quantize=Quantization.nf4), AC.none, None),
+    ("llama-2-7b", 1, FineTuneSpec(), AC.none, None),
+])
+def test_torchtune_plans_its_configuration_per_method_and_device_count(model, gpus, finetune, expected, config) -> None:
+    request = PlanRequest(model=get_model(model), cluster=cluster_from_gpus(get_gpu("h100-80gb"), gpus),
+                          strategy=StrategySpec(kind="ddp" if gpus == 1 else "fsdp-full-shard"),
+                          batch=BatchSpec(seq_len=2048, micro_batch_size=1),
+                          training=TrainingSpec(framework=Framework.torchtune, precision="bf16-pure", finetune=finetune))
+    assert request.training.activation_checkpointing is expected
+    assert request.recipe_checkpointing_name == config
+    if config is not None:
+        from zeroplan.emit.formats import torchtune_recipe
+
+        assert torchtune_recipe(request)[1] == config
+
+
+def test_a_suggested_gpu_count_keeps_the_policy_the_request_was_planned_with() -> None:
+    # One GPU: llama3_1/8B_lora_single_device's full recomputation; the request, once made,
+    # names it, so a copy on 8 GPUs (the smallest-change search's) does not switch to the
+    # distributed configuration's none.
+    one = PlanRequest(model=get_model("llama-3.1-8b"), cluster=cluster_from_gpus(get_gpu("h100-80gb"), 1),
+                      strategy=StrategySpec(kind="ddp"), batch=BatchSpec(seq_len=2048, micro_batch_size=1),
+                      training=TrainingSpec(framework=Framework.torchtune, precision="bf16-pure",
+                                            finetune=FineTuneSpec(lora_rank=8)))
+    eight = one.model_copy(update={"cluster": cluster_from_gpus(get_gpu("h100-80gb"), 8)})
+    assert PlanRequest.model_validate(dict(eight)).training.activation_checkpointing is AC.full

@@ -16,7 +16,7 @@ from typing import Any
 from zeroplan.core.checkpoint_save import state_dict_type
 from zeroplan.specs.finetune import LoraTarget, Quantization
 from zeroplan.specs.framework import Framework, launch_allocator_conf
-from zeroplan.specs.recipe_defaults import torchtitan_config_name as recipe_config_name
+from zeroplan.specs.recipe_defaults import torchtitan_config_name as recipe_config_name, torchtune_config_name
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.training import ActivationCheckpointing, FsdpStateDict, Precision
@@ -551,11 +551,6 @@ def torchtitan_text(request: PlanRequest) -> str:
 
 # ---------------------------------------------------------------------------- torchtune
 
-TORCHTUNE_CONFIGS = {"llama-3.1-8b": "llama3_1/8B", "llama-3.1-70b": "llama3_1/70B", "llama-3.1-405b": "llama3_1/405B",
-                     "llama-3-8b": "llama3/8B", "llama-3-70b": "llama3/70B", "llama-2-7b": "llama2/7B",
-                     "llama-2-13b": "llama2/13B", "llama-2-70b": "llama2/70B", "mistral-7b": "mistral/7B"}
-"""torchtune 0.6.1 recipes/configs/ folders of the presets (each has *_full and *_lora configs)."""
-
 TORCHTUNE_DTYPE = {Precision.bf16_pure: "bf16", Precision.fp32: "fp32"}
 
 
@@ -565,13 +560,9 @@ def torchtune_recipe(request: PlanRequest) -> tuple[str, str]:
     single = request.cluster.world_size == 1
     kind = "lora" if finetune.is_lora else "full"
     recipe = f"{kind}_finetune_{'single_device' if single else 'distributed'}"
-    base = TORCHTUNE_CONFIGS.get(request.model.name)
-    if base is None:
-        return recipe, "YOUR_CONFIG.yaml"
-    if finetune.quantize is Quantization.nf4:
-        # 0.6.1 ships llama3_1/8B_qlora_single_device and 405B_qlora, no other distributed QLoRA config.
-        return recipe, base + "_qlora_single_device" if single else "YOUR_QLORA_CONFIG.yaml"
-    return recipe, base + f"_{kind}" + ("_single_device" if single else "")
+    config = torchtune_config_name(request.model.name, finetune.is_lora, finetune.quantize is Quantization.nf4, single)
+    # Only the configurations 0.6.1 ships (no 70B single-device one, QLoRA distributed for 405B alone).
+    return recipe, config or "YOUR_CONFIG.yaml"
 
 
 def torchtune_overrides(request: PlanRequest) -> list[str]:

@@ -175,7 +175,7 @@ def fit_context(report: FitReport, unit: ByteUnit) -> str:
     return (f"{report.model.name} ({report.num_parameters / 1e9:.1f} B parameters) on {c.world_size} x "
             f"{c.gpu.display_name}, {usable_text(report, unit)}; "
             f"micro-batch {b.micro_batch_size} x seq {b.seq_len}, grad-accum {b.grad_accum_steps}, {t.precision.value}, "
-            f"{t.optimizer.value}, {checkpointing_words(report.model, t)}.")
+            f"{t.optimizer.value}, {checkpointing_words(report)}.")
 
 
 def _fit_columns(unit: ByteUnit) -> list[Column]:

@@ -12,8 +12,8 @@ from zeroplan.specs.finetune import Quantization, lora_adapters
 from zeroplan.specs.framework import LAUNCH_ENVIRONMENT, Framework
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.model import ModelSpec
-from zeroplan.specs.recipe_defaults import recipe_checkpointing
-from zeroplan.specs.training import AttentionKernel, TrainingSpec
+from zeroplan.specs.recipe_defaults import training_recipe_checkpointing
+from zeroplan.specs.training import AttentionKernel
 from zeroplan.units import ByteUnit, to_unit
 
 # (name, MemoryBreakdown field or None, value): a field's cell is in ( ) when it is not alive
@@ -340,11 +340,12 @@ def host_extra(report: FitReport) -> str:
     return words
 
 
-def checkpointing_words(model: ModelSpec, training: TrainingSpec) -> str:
+def checkpointing_words(report: FitReport) -> str:
     """The activation checkpointing planned, and whose default it is where it is the framework's
     own configuration's for the model (zeroplan.specs.recipe_defaults)."""
+    training = report.training
     mode = training.activation_checkpointing
-    default = recipe_checkpointing(training.framework, model.name, training.torchtitan_release)
+    default = training_recipe_checkpointing(report.model.name, training, training.finetune, report.cluster.world_size)
     if default is None or default[0] is not mode:
         return f"activation checkpointing {mode.value}"
     return f"activation checkpointing {mode.value} ({training.framework.value}'s {default[1]} config)"
@@ -358,7 +359,7 @@ def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:
         f"{c.world_size} x {c.gpu.display_name} ({c.num_nodes} node(s) x {c.gpus_per_node}), "
         f"{usable_text(report, unit)}",
         f"{t.precision.value}, {t.optimizer.value}, micro-batch {b.micro_batch_size} x seq {b.seq_len}, "
-        f"grad-accum {b.grad_accum_steps}, {checkpointing_words(report.model, t)}, "
+        f"grad-accum {b.grad_accum_steps}, {checkpointing_words(report)}, "
         f"{attention_name(t)}"
         + ("" if report.model.causal else " (bidirectional: an encoder with a masked-LM head)")
         + (", fused linear cross-entropy (liger)" if t.fused_linear_cross_entropy else "")

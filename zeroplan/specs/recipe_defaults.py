@@ -1,13 +1,15 @@
 """What a framework's own shipped configuration of a model sets where the planner would otherwise
 assume something else: torchtitan ships one Python configuration per model it trains
-(models/*/config_registry.py), and a user who runs it without overrides runs that
-configuration's activation checkpointing. A request that names no activation_checkpointing is
-planned with it (PlanRequest._framework_recipe_checkpointing), and the header says so."""
+(models/*/config_registry.py), torchtune one YAML file per model, method and device count
+(recipes/configs/), and a user who runs one without overrides runs its activation
+checkpointing. A request that names no activation_checkpointing is planned with it
+(PlanRequest._framework_recipe_checkpointing), and the header says so."""
 
 from __future__ import annotations
 
+from zeroplan.specs.finetune import FineTuneSpec, Quantization
 from zeroplan.specs.framework import Framework
-from zeroplan.specs.training import ActivationCheckpointing
+from zeroplan.specs.training import ActivationCheckpointing, TrainingSpec
 
 SELECTIVE_OP, FULL = ActivationCheckpointing.selective_op, ActivationCheckpointing.full
 
@@ -50,11 +52,78 @@ def torchtitan_config_name(model_name: str, release: str | None) -> str | None:
     return config
 
 
-def recipe_checkpointing(framework: Framework, model_name: str, release: str | None) -> tuple[ActivationCheckpointing, str] | None:
-    """The activation checkpointing the framework's own configuration of this model sets, and
-    that configuration's name; None where the framework ships none for it (the planner's default,
-    none, stands)."""
-    if framework is not Framework.torchtitan:
+TORCHTUNE_CONFIGS: dict[str, str] = {
+    "llama-3.1-8b": "llama3_1/8B", "llama-3.1-70b": "llama3_1/70B", "llama-3.1-405b": "llama3_1/405B",
+    "llama-3-8b": "llama3/8B", "llama-3-70b": "llama3/70B", "llama-2-7b": "llama2/7B",
+    "llama-2-13b": "llama2/13B", "llama-2-70b": "llama2/70B", "mistral-7b": "mistral/7B",
+}
+"""torchtune 0.6.1 recipes/configs/ folder and size of each preset it ships configurations of."""
+
+# torchtune 0.6.1 recipes/configs/<name>.yaml enable_activation_checkpointing (its line in each
+# file); True is training.set_activation_checkpointing on every TransformerSelfAttentionLayer
+# (full recomputation of each block). Only the files 0.6.1 ships: no 70B or 405B single-device
+# configuration, no llama2/7B or 13B full single-device one, no Llama 2 70B full one.
+TORCHTUNE_CONFIG_CHECKPOINTING: dict[str, ActivationCheckpointing] = {
+    "llama3_1/8B_full": FULL,  # line 74
+    "llama3_1/8B_full_single_device": FULL,  # 74
+    "llama3_1/8B_lora": ActivationCheckpointing.none,  # 91
+    "llama3_1/8B_lora_single_device": FULL,  # 92
+    "llama3_1/8B_qlora_single_device": FULL,  # 91
+    "llama3_1/70B_full": FULL,  # 75
+    "llama3_1/70B_lora": FULL,  # 78
+    "llama3_1/405B_qlora": FULL,  # 86 (lora_finetune_distributed)
+    "llama3/8B_full": FULL,  # 71
+    "llama3/8B_full_single_device": FULL,  # 74
+    "llama3/8B_lora": ActivationCheckpointing.none,  # 88
+    "llama3/8B_lora_single_device": FULL,  # 89
+    "llama3/8B_qlora_single_device": FULL,  # 88
+    "llama3/70B_full": FULL,  # 73
+    "llama3/70B_lora": FULL,  # 79
+    "llama2/7B_full": FULL,  # 71
+    "llama2/7B_lora": ActivationCheckpointing.none,  # 90
+    "llama2/7B_lora_single_device": FULL,  # 90
+    "llama2/7B_qlora_single_device": FULL,  # 89
+    "llama2/13B_full": FULL,  # 72
+    "llama2/13B_lora": ActivationCheckpointing.none,  # 93
+    "llama2/13B_qlora_single_device": FULL,  # 89
+    "llama2/70B_lora": FULL,  # 79
+    "mistral/7B_full": FULL,  # 74
+    "mistral/7B_lora": FULL,  # 87
+    "mistral/7B_lora_single_device": FULL,  # 84
+    "mistral/7B_qlora_single_device": FULL,  # 85
+}
+
+
+def torchtune_config_name(model_name: str, lora: bool, nf4: bool, single_device: bool) -> str | None:
+    """The torchtune 0.6.1 configuration a run of this preset, method (full, LoRA, QLoRA) and
+    device count launches (`tune run ... --config NAME`), or None where 0.6.1 ships none."""
+    base = TORCHTUNE_CONFIGS.get(model_name)
+    if base is None:
         return None
-    config = torchtitan_config_name(model_name, release)
-    return None if config is None else (TORCHTITAN_CONFIG_CHECKPOINTING[config], config)
+    method = "qlora" if nf4 and lora else "lora" if lora else "full"
+    name = f"{base}_{method}" + ("_single_device" if single_device else "")
+    return name if name in TORCHTUNE_CONFIG_CHECKPOINTING else None
+
+
+def recipe_checkpointing(framework: Framework, model_name: str, release: str | None, *, lora: bool = False,
+                         nf4: bool = False, single_device: bool = False) -> tuple[ActivationCheckpointing, str] | None:
+    """The activation checkpointing the framework's own configuration of this model sets (for
+    torchtune, of this method on one device or several), and that configuration's name; None
+    where the framework ships none for it (the planner's default, none, stands)."""
+    if framework is Framework.torchtitan:
+        config = torchtitan_config_name(model_name, release)
+        return None if config is None else (TORCHTITAN_CONFIG_CHECKPOINTING[config], config)
+    if framework is Framework.torchtune:
+        config = torchtune_config_name(model_name, lora, nf4, single_device)
+        return None if config is None else (TORCHTUNE_CONFIG_CHECKPOINTING[config], config)
+    return None
+
+
+def training_recipe_checkpointing(model_name: str, training: TrainingSpec, finetune: FineTuneSpec | None,
+                                  world_size: int) -> tuple[ActivationCheckpointing, str] | None:
+    """recipe_checkpointing of a request's model, training (its framework and torchtitan release),
+    fine-tune (None: full training) and GPU count."""
+    lora = finetune is not None and finetune.is_lora
+    nf4 = lora and finetune.quantize is Quantization.nf4
+    return recipe_checkpointing(training.framework, model_name, training.torchtitan_release, lora=lora, nf4=nf4,
+                                single_device=world_size == 1)

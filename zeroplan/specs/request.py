@@ -9,7 +9,7 @@ from zeroplan.specs.base import Frozen, _instance
 from zeroplan.specs.finetune import (GPTQ_CUDA_KERNEL_TOKENS, Quantization, check_adapter_variant_training,
                                      check_finetune, check_saved_module_training)
 from zeroplan.specs.framework import BUILDS_NO_DROPOUT, UNTIES_EMBEDDINGS, Framework, launch_allocator_conf
-from zeroplan.specs.recipe_defaults import recipe_checkpointing
+from zeroplan.specs.recipe_defaults import training_recipe_checkpointing
 from zeroplan.specs.hardware import ClusterSpec
 from zeroplan.specs.model import ModelSpec, PositionKind
 from zeroplan.specs.device_map import check_device_map
@@ -387,11 +387,6 @@ _UNTIES_EMBEDDINGS_NAMES = frozenset(f.value for f in UNTIES_EMBEDDINGS)
 _BUILDS_NO_DROPOUT_NAMES = frozenset(f.value for f in BUILDS_NO_DROPOUT)
 
 
-def training_framework_name(framework: object) -> str:
-    """A framework as a before-validator meets it (a Framework or its name), by name."""
-    return framework.value if isinstance(framework, Framework) else str(framework)
-
-
 def _raw_framework(training: object) -> object:
     """The framework of a request's ``training`` as a before-validator meets it: a TrainingSpec's,
     a dict's entry (a Framework or its name), else None."""
@@ -686,29 +681,30 @@ class PlanRequest(Frozen):
     def _framework_recipe_checkpointing(cls, data: object) -> object:
         """A request whose training names no activation_checkpointing is planned with the one
         the framework's own configuration of its model sets (recipe_checkpointing: torchtitan's
-        llama3_8b selective per-op, llama3_70b and llama3_405b full), as a user who runs that
-        configuration trains; one that names any (even none) keeps its own."""
+        llama3_8b selective per-op, llama3_70b full; torchtune's per method and device count),
+        as a user who runs that configuration trains; one that names any (even none) keeps its own."""
         if not isinstance(data, dict):
             return data
-        training, model = data.get("training"), data.get("model")
-        framework = _raw_framework(training)
-        name = model.name if isinstance(model, ModelSpec) else model.get("name") if isinstance(model, dict) else None
-        if framework is None or not isinstance(name, str):
-            return data
-        if isinstance(training, TrainingSpec):
+        training, model, cluster = data.get("training"), data.get("model"), data.get("cluster")
+        if isinstance(training, dict):
+            if "activation_checkpointing" in training or training.get("framework") is None:
+                return data
+            try:
+                spec = TrainingSpec(**training)
+            except (ZeroplanError, ValueError):
+                return data  # the training's own validation answers
+        elif isinstance(training, TrainingSpec):
             if "activation_checkpointing" in training.model_fields_set:
                 return data
-            release = training.torchtitan_release
-        elif isinstance(training, dict):
-            if "activation_checkpointing" in training:
-                return data
-            release = training.get("torchtitan_release")
+            spec = training
         else:
             return data
-        try:
-            default = recipe_checkpointing(Framework(framework), name, release)
-        except ValueError:
-            return data  # the training's own validation answers
+        name = model.name if isinstance(model, ModelSpec) else model.get("name") if isinstance(model, dict) else None
+        world = (cluster.world_size if isinstance(cluster, ClusterSpec)
+                 else cluster.get("num_nodes", 1) * cluster.get("gpus_per_node", 1) if isinstance(cluster, dict) else None)
+        if not isinstance(name, str) or not isinstance(world, int):
+            return data
+        default = training_recipe_checkpointing(name, spec, spec.finetune, world)
         if default is None:
             return data
         mode, config = default
@@ -720,6 +716,8 @@ class PlanRequest(Frozen):
             return {**data, "training": TrainingSpec(**fields, activation_checkpointing=policy)}
 
         resolved = with_mode(mode)
+        if mode is ActivationCheckpointing.none:
+            return resolved
         try:
             cls(**resolved)
         except ZeroplanError as refused:
@@ -729,7 +727,7 @@ class PlanRequest(Frozen):
             # says whose default it was; otherwise the request's own refusal stands.
             cls(**with_mode(ActivationCheckpointing.none))
             raise ZeroplanError("activation_checkpointing",
-                                f"not named, so {training_framework_name(framework)}'s {config} config's {mode.value} was "
+                                f"not named, so {spec.framework.value}'s {config} config's {mode.value} was "
                                 f"planned, and {refused.field} refuses it: {refused.detail}") from None
         return resolved
 
@@ -738,7 +736,7 @@ class PlanRequest(Frozen):
         """The framework configuration whose activation checkpointing this request plans (its
         own default for the model: recipe_checkpointing), None where it is not that one's."""
         t = self.training
-        default = recipe_checkpointing(t.framework, self.model.name, t.torchtitan_release)
+        default = training_recipe_checkpointing(self.model.name, t, t.finetune, self.cluster.world_size)
         return default[1] if default is not None and default[0] is t.activation_checkpointing else None
 
     @property
