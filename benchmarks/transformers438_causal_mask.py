@@ -23,11 +23,19 @@ frozen model). transformers 4.38.2 must be importable (it is not the project's r
 check of the tokenizers release then needs relaxing; nothing here tokenizes). Usage:
 
     PYTHONPATH=<unpacked 4.38.2>:. python benchmarks/transformers438_causal_mask.py [SEQ [POSITIONS]]
+    PYTHONPATH=<unpacked 4.38.2>:. python benchmarks/transformers438_causal_mask.py --record [OUT_FILE]
+
+``--record`` measures the shapes RECORDED_SHAPES and whether the mask is alive after the forward
+and after backward under each attention implementation and checkpoint (a weak reference to what
+_update_causal_mask returned), and writes them to OUT_FILE (default
+benchmarks/transformers438-causal-mask-records.json), which tests/test_transformers438_causal_mask.py
+reads.
 """
 
 from __future__ import annotations
 
 import json
+import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -46,6 +54,9 @@ from zeroplan.specs.strategy import StrategyKind  # noqa: E402
 MIB = 2**20
 HIDDEN, FFN, LAYERS, HEADS, VOCAB = 256, 688, 2, 4, 32000
 BATCHES = (1, 2, 3)
+RECORDED_SHAPES = ((512, 4096), (512, 2048), (256, 4096))
+"""(sequence length, max_position_embeddings) of the record."""
+DEFAULT_OUT = ROOT / "benchmarks" / "transformers438-causal-mask-records.json"
 
 
 def measured_peaks(seq: int, positions: int) -> dict[int, int]:
@@ -102,8 +113,77 @@ def planned_peaks(seq: int, positions: int) -> dict[int, int]:
     return peaks
 
 
+def mask_lifetimes() -> list[dict[str, object]]:
+    """Whether the mask _update_causal_mask returned is alive after the forward (the output held)
+    and after backward, under each attention implementation and checkpoint, at b 2, 8 tokens, P 16."""
+    import gc
+    import weakref
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    rows = []
+    for implementation in ("sdpa", "eager"):
+        for checkpoint in ("none", "non-reentrant", "reentrant"):
+            torch.manual_seed(0)
+            config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                 num_key_value_heads=2, vocab_size=64, max_position_embeddings=16, use_cache=False)
+            config._attn_implementation = implementation
+            model = LlamaForCausalLM(config).to(torch.bfloat16)
+            for parameter in model.parameters():
+                parameter.requires_grad_(False)
+            model.enable_input_require_grads()
+            if checkpoint != "none":
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": checkpoint == "reentrant"})
+            model.train()
+            built = {}
+            update = model.model._update_causal_mask
+
+            def kept(*args, update=update, built=built, **kwargs):
+                mask = update(*args, **kwargs)
+                built["mask"] = weakref.ref(mask)
+                built["shape"], built["dtype"] = list(mask.shape), str(mask.dtype)
+                return mask
+
+            model.model._update_causal_mask = kept
+            ids = torch.randint(0, 64, (2, 8))
+            output = model(ids, labels=ids, attention_mask=None)
+            gc.collect()
+            after_forward = built["mask"]() is not None
+            output.loss.backward()
+            gc.collect()
+            rows.append({"attention": implementation, "checkpoint": checkpoint, "mask_shape": built["shape"],
+                         "mask_dtype": built["dtype"], "alive_after_forward": after_forward,
+                         "alive_after_backward": built["mask"]() is not None})
+    return rows
+
+
+def record(out: Path) -> int:
+    import torch
+    import transformers
+
+    shapes = []
+    for seq, positions in RECORDED_SHAPES:
+        peaks = measured_peaks(seq, positions)
+        shapes.append({"seq_len": seq, "max_position_embeddings": positions,
+                       "peak_bytes_by_micro_batch": {str(b): peaks[b] for b in BATCHES}})
+        print(f"seq {seq}, P {positions}: " + ", ".join(f"b {b} {peaks[b] / MIB:.2f} MiB" for b in BATCHES))
+    lifetimes = mask_lifetimes()
+    for row in lifetimes:
+        print(row)
+    payload = {"transformers": transformers.__version__, "torch": torch.__version__, "python": platform.python_version(),
+               "model": {"hidden_size": HIDDEN, "intermediate_size": FFN, "num_hidden_layers": LAYERS,
+                         "num_attention_heads": HEADS, "vocab_size": VOCAB, "dtype": "bfloat16", "attention": "sdpa",
+                         "checkpoint": "non-reentrant"},
+               "shapes": shapes, "mask_lifetimes": lifetimes}
+    out.write_text(json.dumps(payload, indent=1) + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args and args[0] == "--record":
+        return record(Path(args[1]) if len(args) > 1 else DEFAULT_OUT)
     seq = int(args[0]) if args else 512
     positions = int(args[1]) if len(args) > 1 else 4096
     measured, planned = measured_peaks(seq, positions), planned_peaks(seq, positions)
