@@ -105,3 +105,14 @@ def test_the_planner_against_the_record(shape: dict) -> None:
         assert abs((measured[high] - measured[low]) - (planned[high] - planned[low])) < MIB
     for b in BATCHES:
         assert abs(measured[b] - planned[b]) < 2 * MIB
+
+
+def test_explain_names_the_mask_where_the_activations_hold_it() -> None:
+    from zeroplan.core.plan import fit
+    from zeroplan.report.explain import render_explain
+
+    flags = f"{BASE} --transformers-version 4.38.2"
+    held = render_explain(fit(_request(flags)), "ddp", width=400)
+    assert "3 x 1 x 4096 x 4096 causal mask held through backward" in held
+    for other in (flags.replace("4.38.2", "4.39.0"), flags.replace("full", "none")):
+        assert "causal mask" not in render_explain(fit(_request(other)), "ddp", width=400)
