@@ -25,9 +25,11 @@ check of the tokenizers release then needs relaxing; nothing here tokenizes). Us
     PYTHONPATH=<unpacked 4.38.2>:. python benchmarks/transformers438_causal_mask.py [SEQ [POSITIONS]]
     PYTHONPATH=<unpacked 4.38.2>:. python benchmarks/transformers438_causal_mask.py --record [OUT_FILE]
 
-``--record`` measures the shapes RECORDED_SHAPES and whether the mask is alive after the forward
+``--record`` measures the shapes RECORDED_SHAPES, whether the mask is alive after the forward
 and after backward under each attention implementation and checkpoint (a weak reference to what
-_update_causal_mask returned), and writes them to OUT_FILE (default
+_update_causal_mask returned) and what each layer saves of the mask's shape without checkpointing
+(saved-tensor hooks: under SDPA the b x 1 x s x s index copy LlamaSdpaAttention passes as
+attn_mask, modeling_llama.py:660-662), and writes them to OUT_FILE (default
 benchmarks/transformers438-causal-mask-records.json), which tests/test_transformers438_causal_mask.py
 reads.
 """
@@ -158,6 +160,41 @@ def mask_lifetimes() -> list[dict[str, object]]:
     return rows
 
 
+def saved_layer_masks() -> list[dict[str, object]]:
+    """What autograd saves of mask shape (b x 1 x s x s) in a forward without checkpointing, under
+    each attention implementation, at b 2, 32 tokens, P 64, two layers: the tensors and their
+    distinct storages' bytes (saved-tensor hooks)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    rows = []
+    for implementation in ("sdpa", "eager"):
+        torch.manual_seed(0)
+        config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=4, vocab_size=64, max_position_embeddings=64, use_cache=False)
+        config._attn_implementation = implementation
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+        for parameter in model.parameters():
+            parameter.requires_grad_(False)
+        model.enable_input_require_grads()
+        model.train()
+        saved = []
+
+        def pack(tensor, saved=saved):
+            if tensor.dim() == 4 and tuple(tensor.shape) == (2, 1, 32, 32):
+                saved.append((tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes()))
+            return tensor
+
+        ids = torch.randint(0, 64, (2, 32))
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            model(ids, labels=ids, attention_mask=None)
+        storages = dict(saved)
+        rows.append({"attention": implementation, "layers": 2, "micro_batch": 2, "seq_len": 32, "max_position_embeddings": 64,
+                     "saved_masks": len(saved), "distinct_storages": len(storages),
+                     "distinct_storage_bytes": sum(storages.values())})
+    return rows
+
+
 def record(out: Path) -> int:
     import torch
     import transformers
@@ -171,11 +208,14 @@ def record(out: Path) -> int:
     lifetimes = mask_lifetimes()
     for row in lifetimes:
         print(row)
+    layer_masks = saved_layer_masks()
+    for row in layer_masks:
+        print(row)
     payload = {"transformers": transformers.__version__, "torch": torch.__version__, "python": platform.python_version(),
                "model": {"hidden_size": HIDDEN, "intermediate_size": FFN, "num_hidden_layers": LAYERS,
                          "num_attention_heads": HEADS, "vocab_size": VOCAB, "dtype": "bfloat16", "attention": "sdpa",
                          "checkpoint": "non-reentrant"},
-               "shapes": shapes, "mask_lifetimes": lifetimes}
+               "shapes": shapes, "mask_lifetimes": lifetimes, "saved_layer_masks": layer_masks}
     out.write_text(json.dumps(payload, indent=1) + "\n")
     return 0
 

@@ -14,6 +14,7 @@ import pytest
 from zeroplan.cli.fit import request_from_args
 from zeroplan.cli.main import build_parser
 from zeroplan.core.buffers import resident_buffer_bytes
+from zeroplan.core.hf_padding_mask import padding_mask_extra_bytes
 from zeroplan.core.frameworks import framework_activation_bytes, framework_recompute_bytes, positions_causal_mask_bytes
 from zeroplan.core.transformers_release import positions_mask_buffer_bytes
 from zeroplan.errors import ZeroplanError
@@ -80,8 +81,11 @@ def test_its_dtype_is_the_embeddings_and_its_side_doubles_once() -> None:
 def test_the_mask_is_kept_through_backward_and_the_buffer_once() -> None:
     old, new = _request(f"{BASE} --transformers-version 4.38.2"), _request(f"{BASE} --transformers-version 4.39.0")
     mask = positions_causal_mask_bytes(old)
-    assert framework_activation_bytes(old) - framework_activation_bytes(new) == mask
-    assert framework_recompute_bytes(old) == framework_recompute_bytes(new)
+    # Kept: the mask; the recomputed block keeps its SDPA's b x 1 x s x s copy of it (padding_mask_extra_bytes).
+    copy = padding_mask_extra_bytes(old)
+    assert copy == 2 * 3 * 1024 * 1024 and padding_mask_extra_bytes(new) == 0
+    assert framework_activation_bytes(old) - framework_activation_bytes(new) == mask + copy
+    assert framework_recompute_bytes(old) - framework_recompute_bytes(new) == copy
     assert positions_mask_buffer_bytes(old.model, old.training) == 4096 * 4096
     assert resident_buffer_bytes(old) - resident_buffer_bytes(new) == 4096 * 4096
 
@@ -116,3 +120,16 @@ def test_explain_names_the_mask_where_the_activations_hold_it() -> None:
     assert "3 x 1 x 4096 x 4096 causal mask held through backward" in held
     for other in (flags.replace("4.38.2", "4.39.0"), flags.replace("full", "none")):
         assert "causal mask" not in render_explain(fit(_request(other)), "ddp", width=400)
+
+
+def test_each_sdpa_layer_keeps_its_own_copy_as_the_record_says() -> None:
+    rows = {row["attention"]: row for row in RECORD["saved_layer_masks"]}
+    flags = "--framework hf --gpus 1 --gpu a100-80gb --micro-batch 2 --seq-len 32 --precision bf16-pure --activation-checkpointing none"
+    for attention, kernel in (("sdpa", "flash"), ("eager", "eager")):
+        row = rows[attention]
+        assert (row["micro_batch"], row["seq_len"]) == (2, 32)
+        planned = padding_mask_extra_bytes(_request(f"{flags} --attention {kernel} --transformers-version 4.38.2"))
+        assert row["layers"] * planned == row["distinct_storage_bytes"]
+    assert rows["sdpa"]["distinct_storage_bytes"] > 0 and rows["sdpa"]["distinct_storages"] == rows["sdpa"]["layers"]
+    assert padding_mask_extra_bytes(_request(f"{flags} --transformers-version 4.39.0")) == 0
+    assert padding_mask_extra_bytes(_request(f"{flags} --transformers-version 4.38.2", "mistral-7b")) == 0
