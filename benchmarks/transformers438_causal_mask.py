@@ -23,11 +23,21 @@ frozen model). transformers 4.38.2 must be importable (it is not the project's r
 check of the tokenizers release then needs relaxing; nothing here tokenizes). Usage:
 
     PYTHONPATH=<unpacked 4.38.2>:. python benchmarks/transformers438_causal_mask.py [SEQ [POSITIONS]]
+    PYTHONPATH=<unpacked 4.38.2>:. python benchmarks/transformers438_causal_mask.py --record [OUT_FILE]
+
+``--record`` measures the shapes RECORDED_SHAPES, whether the mask is alive after the forward
+and after backward under each attention implementation and checkpoint (a weak reference to what
+_update_causal_mask returned) and what each layer saves of the mask's shape without checkpointing
+(saved-tensor hooks: under SDPA the b x 1 x s x s index copy LlamaSdpaAttention passes as
+attn_mask, modeling_llama.py:660-662), and writes them to OUT_FILE (default
+benchmarks/transformers438-causal-mask-records.json), which tests/test_transformers438_causal_mask.py
+reads.
 """
 
 from __future__ import annotations
 
 import json
+import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -46,6 +56,9 @@ from zeroplan.specs.strategy import StrategyKind  # noqa: E402
 MIB = 2**20
 HIDDEN, FFN, LAYERS, HEADS, VOCAB = 256, 688, 2, 4, 32000
 BATCHES = (1, 2, 3)
+RECORDED_SHAPES = ((512, 4096), (512, 2048), (256, 4096))
+"""(sequence length, max_position_embeddings) of the record."""
+DEFAULT_OUT = ROOT / "benchmarks" / "transformers438-causal-mask-records.json"
 
 
 def measured_peaks(seq: int, positions: int) -> dict[int, int]:
@@ -102,8 +115,115 @@ def planned_peaks(seq: int, positions: int) -> dict[int, int]:
     return peaks
 
 
+def mask_lifetimes() -> list[dict[str, object]]:
+    """Whether the mask _update_causal_mask returned is alive after the forward (the output held)
+    and after backward, under each attention implementation and checkpoint, at b 2, 8 tokens, P 16."""
+    import gc
+    import weakref
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    rows = []
+    for implementation in ("sdpa", "eager"):
+        for checkpoint in ("none", "non-reentrant", "reentrant"):
+            torch.manual_seed(0)
+            config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                 num_key_value_heads=2, vocab_size=64, max_position_embeddings=16, use_cache=False)
+            config._attn_implementation = implementation
+            model = LlamaForCausalLM(config).to(torch.bfloat16)
+            for parameter in model.parameters():
+                parameter.requires_grad_(False)
+            model.enable_input_require_grads()
+            if checkpoint != "none":
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": checkpoint == "reentrant"})
+            model.train()
+            built = {}
+            update = model.model._update_causal_mask
+
+            def kept(*args, update=update, built=built, **kwargs):
+                mask = update(*args, **kwargs)
+                built["mask"] = weakref.ref(mask)
+                built["shape"], built["dtype"] = list(mask.shape), str(mask.dtype)
+                return mask
+
+            model.model._update_causal_mask = kept
+            ids = torch.randint(0, 64, (2, 8))
+            output = model(ids, labels=ids, attention_mask=None)
+            gc.collect()
+            after_forward = built["mask"]() is not None
+            output.loss.backward()
+            gc.collect()
+            rows.append({"attention": implementation, "checkpoint": checkpoint, "mask_shape": built["shape"],
+                         "mask_dtype": built["dtype"], "alive_after_forward": after_forward,
+                         "alive_after_backward": built["mask"]() is not None})
+    return rows
+
+
+def saved_layer_masks() -> list[dict[str, object]]:
+    """What autograd saves of mask shape (b x 1 x s x s) in a forward without checkpointing, under
+    each attention implementation, at b 2, 32 tokens, P 64, two layers: the tensors and their
+    distinct storages' bytes (saved-tensor hooks)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    rows = []
+    for implementation in ("sdpa", "eager"):
+        torch.manual_seed(0)
+        config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=4, vocab_size=64, max_position_embeddings=64, use_cache=False)
+        config._attn_implementation = implementation
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+        for parameter in model.parameters():
+            parameter.requires_grad_(False)
+        model.enable_input_require_grads()
+        model.train()
+        saved = []
+
+        def pack(tensor, saved=saved):
+            if tensor.dim() == 4 and tuple(tensor.shape) == (2, 1, 32, 32):
+                saved.append((tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes()))
+            return tensor
+
+        ids = torch.randint(0, 64, (2, 32))
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            model(ids, labels=ids, attention_mask=None)
+        storages = dict(saved)
+        rows.append({"attention": implementation, "layers": 2, "micro_batch": 2, "seq_len": 32, "max_position_embeddings": 64,
+                     "saved_masks": len(saved), "distinct_storages": len(storages),
+                     "distinct_storage_bytes": sum(storages.values())})
+    return rows
+
+
+def record(out: Path) -> int:
+    import torch
+    import transformers
+
+    shapes = []
+    for seq, positions in RECORDED_SHAPES:
+        peaks = measured_peaks(seq, positions)
+        shapes.append({"seq_len": seq, "max_position_embeddings": positions,
+                       "peak_bytes_by_micro_batch": {str(b): peaks[b] for b in BATCHES}})
+        print(f"seq {seq}, P {positions}: " + ", ".join(f"b {b} {peaks[b] / MIB:.2f} MiB" for b in BATCHES))
+    lifetimes = mask_lifetimes()
+    for row in lifetimes:
+        print(row)
+    layer_masks = saved_layer_masks()
+    for row in layer_masks:
+        print(row)
+    payload = {"transformers": transformers.__version__, "torch": torch.__version__, "python": platform.python_version(),
+               "model": {"hidden_size": HIDDEN, "intermediate_size": FFN, "num_hidden_layers": LAYERS,
+                         "num_attention_heads": HEADS, "vocab_size": VOCAB, "dtype": "bfloat16", "attention": "sdpa",
+                         "checkpoint": "non-reentrant"},
+               "shapes": shapes, "mask_lifetimes": lifetimes, "saved_layer_masks": layer_masks}
+    out.write_text(json.dumps(payload, indent=1) + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args and args[0] == "--record":
+        return record(Path(args[1]) if len(args) > 1 else DEFAULT_OUT)
     seq = int(args[0]) if args else 512
     positions = int(args[1]) if len(args) > 1 else 4096
     measured, planned = measured_peaks(seq, positions), planned_peaks(seq, positions)

@@ -100,17 +100,24 @@ def resident_buffer_bytes(request: PlanRequest) -> int:
 # .bfloat16()), and moves it to the device unless zero.Init placed it there already (whose
 # tensors are made on the device in its dtype): the model's buffers stay on the GPU beside the
 # partitions, in the model dtype, for the run. Of those, transformers' per-layer rotary caches
-# (transformers_release.QWEN2_LAYER_ROPE_CACHE) are what is modelled.
+# (transformers_release.QWEN2_LAYER_ROPE_CACHE) are what is modelled. Under any strategy the
+# module's buffers go to the device with it (FSDP's device_id move, DDP's, model.to): 4.38's
+# boolean causal-mask buffer (transformers_release.positions_mask_buffer_bytes), which the
+# engine's cast leaves bool (module.bfloat16() casts floating-point tensors only).
 def engine_module_buffer_bytes(request: PlanRequest) -> int:
-    """The model's own buffers DeepSpeed's engine keeps on the device under the hf profile (the
-    per-layer rotary caches of the releases that build them; 0 elsewhere)."""
+    """The model's own buffers kept on the device under the hf profile: the per-layer rotary
+    caches DeepSpeed's engine casts, in the releases that build them, and 4.38's causal-mask
+    buffer under any strategy; 0 elsewhere."""
     from zeroplan.core.deepspeed_accumulation import runs_deepspeed_engine
-    from zeroplan.core.transformers_release import layer_rope_cache_elements
+    from zeroplan.core.transformers_release import layer_rope_cache_elements, positions_mask_buffer_bytes
 
-    if request.training.framework is not Framework.hf or not runs_deepspeed_engine(request):
+    if request.training.framework is not Framework.hf:
         return 0
+    mask = positions_mask_buffer_bytes(request.model, request.training)
+    if not runs_deepspeed_engine(request):
+        return mask
     elements = layer_rope_cache_elements(request.model, request.training)
-    return elements * element_bytes(request.training.precision, request.convention).compute_parameter
+    return elements * element_bytes(request.training.precision, request.convention).compute_parameter + mask
 
 
 def _resident_buffer_bytes(request: PlanRequest) -> int:

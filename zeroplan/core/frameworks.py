@@ -15,7 +15,7 @@ from zeroplan.core import tinyllama
 from zeroplan.core.hf_padding_mask import padding_mask_extra_bytes
 from zeroplan.core.hf_rotary_cat import rotary_cat_output_copy_bytes, runs_rotary_cat
 from zeroplan.core.profiles import profile
-from zeroplan.core.transformers_release import opt_clamp_score_bytes, upcasts_softmax
+from zeroplan.core.transformers_release import builds_positions_mask, opt_clamp_score_bytes, positions_mask_side, upcasts_softmax
 from zeroplan.specs.finetune import LoraTarget
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.model import ModelSpec, NormKind, PositionKind
@@ -117,14 +117,42 @@ def _hf_module_in_bf16(request: PlanRequest) -> bool:
             or request.training.finetune.module_in_bf16(request.training.framework))
 
 
-def block_input_bytes(request: PlanRequest, s: int, b: int) -> int:
-    """The residual-stream tensor a fully checkpointed block keeps: fp32 for HF under autocast
-    (its fp32 embedding output and residual adds stay fp32), else the compute dtype."""
+def residual_element_bytes(request: PlanRequest) -> int:
+    """Bytes of one element of the embeddings' output and the residual stream: fp32 for HF under
+    autocast (its fp32 embedding output and residual adds stay fp32), else the compute dtype."""
     training = request.training
-    width = training.precision.compute_bytes
     if training.framework is Framework.hf and not _hf_module_in_bf16(request):
-        width = FP32_BYTES
-    return width * s * b * request.model.hidden_size
+        return FP32_BYTES
+    return training.precision.compute_bytes
+
+
+def block_input_bytes(request: PlanRequest, s: int, b: int) -> int:
+    """The residual-stream tensor a fully checkpointed block keeps (residual_element_bytes wide)."""
+    return residual_element_bytes(request) * s * b * request.model.hidden_size
+
+
+# transformers 4.38.2 models/llama/modeling_llama.py:1074 (zeroplan.core.transformers_release.
+# POSITIONS_MASK_RELEASES): ``self.causal_mask[None, None].repeat(b, 1, 1, 1).to(dtype) * min_dtype``,
+# b x 1 x P x P in inputs_embeds' dtype, is passed to every decoder layer (:1008-1016). Under
+# gradient checkpointing each layer's checkpoint holds its arguments until that layer's backward
+# (torch's reentrant CheckpointFunction saves them, the non-reentrant one's recompute closure keeps
+# them): the one shared tensor lives from the forward to the first layer's backward, through the
+# loss and every block's backward. Without checkpointing no saved tensor is it (eager's and SDPA's
+# ``attention_mask[:, :, cache_position, ...]`` index a copy, :377, :662) and it goes when
+# LlamaModel.forward returns, before the loss. Measured on 4.38.2's own LlamaForCausalLM on the CPU
+# (benchmarks/transformers438_causal_mask.py, benchmarks/transformers438-causal-mask-records.json):
+# a weak reference to it is alive after the forward under either checkpoint and not without one,
+# and dead after backward; a sample adds its size to the step's peak.
+def positions_causal_mask_bytes(request: PlanRequest) -> int:
+    """Bytes of the release's b x 1 x P x P causal mask held through backward (0 where the
+    release's code builds none, or no block is checkpointed)."""
+    model, training, batch = request.model, request.training, request.batch
+    if not builds_positions_mask(model, training):
+        return 0
+    side = positions_mask_side(model, batch.seq_len)
+    if training.activation_checkpointing is ActivationCheckpointing.none:
+        return 0
+    return residual_element_bytes(request) * batch.micro_batch_size * side * side
 
 
 # lightning 2.4 fabric/plugins/precision/amp.py MixedPrecision (litgpt's "bf16-mixed"): the
@@ -607,7 +635,8 @@ def framework_activation_bytes(request: PlanRequest) -> int:
 
         layers = model.num_layers * (block_input_bytes(request, s, b) + checkpoint_escaping_inputs_bytes(request)) + layer
     norm_savings = hf_bf16_norm_savings_bytes(request)
-    outside = outside_layers_bytes(model, training, s, b, autocast=request.runs_under_autocast) + autocast_head_copy_bytes(request)
+    outside = (outside_layers_bytes(model, training, s, b, autocast=request.runs_under_autocast) + autocast_head_copy_bytes(request)
+               + positions_causal_mask_bytes(request))
     if offloads_blocks(request) and final_norm_is_stashed(request):
         # The final norm's tensors are in the forward stash (offload_forward_stash_bytes) and the
         # output projection keeps its input only for a gradient that needs it.

@@ -8,6 +8,7 @@ Nothing here imports torch.
 from __future__ import annotations
 
 from zeroplan.core.torch_release import torch_release
+from zeroplan.errors import ZeroplanError
 from zeroplan.specs.finetune import version_tuple
 from zeroplan.specs.framework import TRANSFORMERS_VERSION, Framework
 from zeroplan.specs.model import EagerSoftmax, ModelSpec, PositionKind
@@ -134,6 +135,57 @@ def layer_rope_cache_elements(model: ModelSpec, training: TrainingSpec) -> int:
         return 0
     head = model.head_size
     return model.num_layers * (2 * model.max_positions * head + head // 2)
+
+
+POSITIONS_MASK_RELEASES = ((4, 38, 0), (4, 39, 0))
+"""transformers 4.38.0 to 4.38.2 models/llama/modeling_llama.py (4.38.2 lines cited; 4.38.0 and
+4.38.1 :921-923, :1046-1063 the same ops) and models/gemma/modeling_gemma.py (4.38.2 :822-825,
+:952-969): LlamaModel.__init__ registers a non-persistent P x P boolean buffer, ``torch.triu(
+torch.full((P, P), True, dtype=torch.bool), 1)`` with P = max_position_embeddings (:931-934), and
+_update_causal_mask builds at every forward ``self.causal_mask[None, None, :, :].repeat(batch_size,
+1, 1, 1).to(dtype) * min_dtype`` (:1074), a b x 1 x P x P tensor in the embeddings' dtype
+(``dtype = input_tensor.dtype``, :1064; inputs_embeds, :993) whatever the sequence length, for
+eager and SDPA attention alike (flash_attention_2 returns None or the 2-D mask, :1058-1061).
+LlamaModel.forward passes that one tensor to every decoder layer (:1008-1016 under gradient
+checkpointing, :1018-1026 without). 4.37.2 builds its mask with
+_prepare_4d_causal_attention_mask_for_sdpa (no buffer) and 4.39.0 an s x s one
+(modeling_llama.py:1074 ``torch.full((sequence_length, target_length), ...)``; Gemma's the same,
+modeling_gemma.py:985); Mistral's, Mixtral's and Qwen2's 4.38 code calls
+_prepare_4d_causal_attention_mask_for_sdpa (modeling_mistral.py:1004, modeling_qwen2.py:1020)."""
+
+
+# POSITIONS_MASK_RELEASES: ModelSpec.positions_causal_mask marks the code that builds it.
+def builds_positions_mask(model: ModelSpec, training: TrainingSpec) -> bool:
+    """Whether the planned release's code builds the b x 1 x P x P causal mask (hf, a release
+    4.38.x named by --transformers-version, a LlamaModel or GemmaModel)."""
+    first, until = POSITIONS_MASK_RELEASES
+    return (training.framework is Framework.hf and training.transformers_version is not None
+            and model.positions_causal_mask and first <= transformers_release(training) < until)
+
+
+# transformers 4.38.2 modeling_llama.py:1068-1070: a sequence longer than the buffer replaces it,
+# once, with ``torch.triu(torch.full((2 * P, 2 * P), fill_value=1), 1)``, an int64 tensor made on
+# the CPU (no device given); beyond 2P the attention's ``attention_mask[:, :, cache_position, ...]``
+# (:377, :662) indexes past it and the forward fails (run on the CPU: IndexError at 2P + 8 tokens).
+def positions_mask_side(model: ModelSpec, s: int) -> int:
+    """The mask's side: max_position_embeddings, or twice it for a longer sequence."""
+    p = model.max_positions
+    if s > 2 * p:
+        raise ZeroplanError("batch.seq_len", f"{s} is over twice max_position_embeddings ({p}), where transformers 4.38's "
+                                             f"{model.name} forward fails (allowed: at most {2 * p} under 4.38.x)")
+    return p if s <= p else 2 * p
+
+
+# transformers 4.38.2 modeling_llama.py:931-934: one bool (1 byte) per element, moved to the device
+# with the module (the engine's or FSDP's move, or model.to). A forward longer than P replaces it by
+# a CPU tensor (:1068-1070, positions_mask_side), after which the device holds none: not modelled,
+# so that the buffers stay independent of the sequence as the planner's state terms assume
+# (over-counted by P x P bytes for sequences between P and 2P).
+def positions_mask_buffer_bytes(model: ModelSpec, training: TrainingSpec) -> int:
+    """Bytes of the P x P boolean buffer on the device, once per model (0 where not built)."""
+    if not builds_positions_mask(model, training):
+        return 0
+    return model.max_positions * model.max_positions
 
 
 # hf_families.opt_spec is the only model reader that offsets its learned positions (OPT's

@@ -438,6 +438,9 @@ def _llama_spec(name: str, config: dict[str, Any]) -> ModelSpec:
         norm=NormKind.rmsnorm,
         position=PositionKind.rope,
         max_positions=config.get("max_position_embeddings", 4096),
+        # transformers 4.38.x models/llama/modeling_llama.py:931-934 and models/gemma/modeling_gemma.py:822-825
+        # register the P x P causal-mask buffer; mistral, mixtral and qwen2 of 4.38 build none.
+        positions_causal_mask=model_type in ("llama", "gemma"),
         bias=False,
         qkv_bias=model_type == "qwen2",
         qk_norm=model_type == "qwen3",

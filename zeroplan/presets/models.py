@@ -25,13 +25,15 @@ def _gpt2(name: str, hidden: int, layers: int, heads: int, positions: int = 1024
 
 def _llama(
     name: str, vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, ffn: int,
-    positions: int, experts: int = 1, experts_per_token: int = 1,
+    positions: int, experts: int = 1, experts_per_token: int = 1, llama_code: bool = True,
 ) -> ModelSpec:
+    # llama_code: the checkpoint's model_type is llama (its transformers code LlamaModel's, which
+    # 4.38.x builds its causal mask in: ModelSpec.positions_causal_mask); False for mistral, mixtral.
     return ModelSpec(
         name=name, vocab_size=vocab, hidden_size=hidden, num_layers=layers, num_heads=heads,
         num_kv_heads=kv_heads, ffn_hidden_size=ffn, mlp=MlpKind.swiglu, norm=NormKind.rmsnorm,
-        position=PositionKind.rope, max_positions=positions, bias=False, tied_embeddings=False,
-        num_experts=experts, experts_per_token=experts_per_token,
+        position=PositionKind.rope, max_positions=positions, positions_causal_mask=llama_code, bias=False,
+        tied_embeddings=False, num_experts=experts, experts_per_token=experts_per_token,
     )
 
 
@@ -372,8 +374,9 @@ _PRESETS: dict[str, Callable[[], ModelSpec]] = {
     "llama-3.1-70b": functools.partial(_llama, "llama-3.1-70b", 128256, 8192, 80, 64, 8, 28672, 131072),
     "llama-3.1-405b": functools.partial(_llama, "llama-3.1-405b", 128256, 16384, 126, 128, 8, 53248, 131072),
     # mistralai/Mistral-7B-v0.1 and Mixtral-8x7B-v0.1 config.json (max_position_embeddings 32768).
-    "mistral-7b": functools.partial(_llama, "mistral-7b", 32000, 4096, 32, 32, 8, 14336, 32768),
-    "mixtral-8x7b": functools.partial(_llama, "mixtral-8x7b", 32000, 4096, 32, 32, 8, 14336, 32768, experts=8, experts_per_token=2),
+    "mistral-7b": functools.partial(_llama, "mistral-7b", 32000, 4096, 32, 32, 8, 14336, 32768, llama_code=False),
+    "mixtral-8x7b": functools.partial(_llama, "mixtral-8x7b", 32000, 4096, 32, 32, 8, 14336, 32768, experts=8, experts_per_token=2,
+                                      llama_code=False),
     # https://huggingface.co/01-ai/Yi-34B/blob/main/config.json (model_type llama; copied to
     # tests/fixtures/hf/yi-34b.json): 60 layers, hidden 7168, 56 heads, 8 kv heads, intermediate
     # 20480, vocab 64000, untied, max_position_embeddings 4096.

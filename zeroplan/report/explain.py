@@ -73,6 +73,20 @@ def _state_terms(report: FitReport, plan: StrategyPlan, unit: ByteUnit) -> list[
     ]
 
 
+# zeroplan.core.frameworks.positions_causal_mask_bytes: the term the activations carry.
+def _positions_mask_words(report: FitReport) -> str:
+    """The clause naming transformers 4.38's causal mask where the activations hold it."""
+    from zeroplan.core.transformers_release import builds_positions_mask, positions_mask_side
+    from zeroplan.specs.training import ActivationCheckpointing
+
+    model, training, batch = report.model, report.training, report.batch
+    if not builds_positions_mask(model, training) or training.activation_checkpointing is ActivationCheckpointing.none:
+        return ""
+    side = positions_mask_side(model, batch.seq_len)
+    return (f", with transformers {training.transformers_version}'s {batch.micro_batch_size} x 1 x {side} x {side} causal mask "
+            "held through backward (docs/frameworks.md, 'transformers releases')")
+
+
 def _step_terms(report: FitReport, plan: StrategyPlan, unit: ByteUnit) -> list[Term]:
     m, b, t = plan.memory, report.batch, report.training
     alive = m.peak_terms()
@@ -87,7 +101,7 @@ def _step_terms(report: FitReport, plan: StrategyPlan, unit: ByteUnit) -> list[T
     return [
         Term("activ", value(alive.get("activation_bytes", m.activation_bytes), "activation_bytes"),
              f"saved for backward by {model.num_layers} blocks at micro-batch {b.micro_batch_size} x seq {b.seq_len}, "
-             f"checkpointing {t.activation_checkpointing.value}", section(3, 'Activations')),
+             f"checkpointing {t.activation_checkpointing.value}{_positions_mask_words(report)}", section(3, 'Activations')),
         Term("logits", value(m.logits_bytes, "logits_bytes"),
              f"{b.micro_batch_size} x {b.seq_len} x vocab {model.vocab_size} logits and the loss's fp32 copies",
              section(3, 'Activations')),

@@ -116,6 +116,12 @@ class ModelSpec(Frozen):
     """Position encoding."""
     max_positions: int = Field(default=4096, gt=0)
     """Longest sequence; sizes the learned position table."""
+    positions_causal_mask: bool = Field(default=False, exclude_if=lambda builds: not builds)
+    """Whether the model's Hugging Face code is LlamaModel's or GemmaModel's, which in transformers
+    4.38.x register a max_positions-square boolean causal mask and expand it to a b x 1 x P x P
+    mask in the embeddings' dtype at every forward (zeroplan.core.transformers_release.
+    POSITIONS_MASK_RELEASES); set by zeroplan.presets.hf_config for model_type llama and gemma.
+    Mistral's, Mixtral's and Qwen2's 4.38 code builds an s x s mask instead."""
     position_offset: int = Field(default=0, ge=0)
     """Rows of the learned position table before position 0 (OPT's 2: transformers 4.56.2
     models/opt/modeling_opt.py OPTLearnedPositionalEmbedding, max_positions + 2 rows)."""
