@@ -18,11 +18,12 @@ HARNESS_PRESETS: dict[str, ModelSpec] = {
             ffn_hidden_size=1024, mlp=MlpKind.gelu, norm=NormKind.layernorm,
             position=PositionKind.learned, max_positions=512, bias=True, tied_embeddings=True,
         ),
-        # Llama family: SwiGLU, RMSNorm, RoPE, grouped-query attention, untied (~13M).
+        # Llama family: SwiGLU, RMSNorm, RoPE, grouped-query attention, untied (~13M); read as
+        # transformers' Llama (model_type llama: ModelSpec.positions_causal_mask), as its config is.
         ModelSpec(
             name="tiny-llama", vocab_size=8192, hidden_size=384, num_layers=4, num_heads=6,
             num_kv_heads=2, ffn_hidden_size=1024, mlp=MlpKind.swiglu, norm=NormKind.rmsnorm,
-            position=PositionKind.rope, max_positions=512,
+            position=PositionKind.rope, max_positions=512, positions_causal_mask=True,
         ),
         # Mixtral family: as tiny-llama with 4 experts, top-2 routing (~8M).
         ModelSpec(
@@ -33,13 +34,13 @@ HARNESS_PRESETS: dict[str, ModelSpec] = {
         # The smallest useful model, for fast multi-process tests (odd sizes exercise padding).
         ModelSpec(
             name="micro-llama", vocab_size=101, hidden_size=32, num_layers=2, num_heads=4,
-            num_kv_heads=2, ffn_hidden_size=45, max_positions=64,
+            num_kv_heads=2, ffn_hidden_size=45, max_positions=64, positions_causal_mask=True,
         ),
         # As micro-llama with sizes tensor parallelism of 2 divides (heads, key-value heads, MLP
         # width, vocabulary) and untied embeddings: the fast model-parallel tests' model.
         ModelSpec(
             name="micro-llama-mp", vocab_size=128, hidden_size=64, num_layers=2, num_heads=4,
-            num_kv_heads=2, ffn_hidden_size=128, max_positions=64,
+            num_kv_heads=2, ffn_hidden_size=128, max_positions=64, positions_causal_mask=True,
         ),
         ModelSpec(
             name="micro-gpt2", vocab_size=97, hidden_size=32, num_layers=2, num_heads=2,
