@@ -675,7 +675,8 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind | None = None
     )
     from zeroplan.presets.models import get_model
 
-    model = get_model(args.model)
+    launch = _megatron_launch(args)
+    model = launch.model if launch is not None else get_model(args.model)
     if getattr(args, "moe_capacity_factor", None) is not None:
         model = ModelSpec(**{**dict(model), "moe_capacity_factor": args.moe_capacity_factor})
     cluster = cluster_from_gpus(_gpu(args), args.gpus, args.gpus_per_node, args.nodes)
@@ -851,9 +852,24 @@ def _deepspeed_file(args: argparse.Namespace):
     return deepspeed_config_from_args(args)
 
 
+def _megatron_launch(args: argparse.Namespace):
+    """MODEL's Megatron-LM arguments, applied to ``args`` (zeroplan.cli.megatron_args), where
+    MODEL is a file of them; None for a preset (the reader is not imported) or a config.json."""
+    from zeroplan.presets.models import is_preset_name
+
+    model = getattr(args, "model", None)
+    if model is None or is_preset_name(model):
+        return None
+    from zeroplan.cli.megatron_args import launch_of
+
+    return launch_of(args)
+
+
 def strategies_asked(args: argparse.Namespace) -> tuple[StrategyKind, ...] | None:
     """The strategies --strategies names, or a --deepspeed-config file's (which --strategies may
-    only name); None: every one the framework runs."""
+    only name); None: every one the framework runs. A Megatron-LM arguments file's
+    --use-distributed-optimizer names zero1, its absence ddp."""
+    _megatron_launch(args)
     kinds = parse_strategies(args.strategies)
     deepspeed_file = _deepspeed_file(args)
     if deepspeed_file is None:

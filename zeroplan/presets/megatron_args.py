@@ -76,6 +76,14 @@ DEFAULT_ONLY = {
 }
 """Arguments accepted at Megatron-LM's default value only (a script may spell the default out)."""
 READ = frozenset(_INTS | _FLOATS | set(_CHOICES) | FLAGS | set(DEFAULT_ONLY))
+RUN_ARGUMENTS = frozenset({
+    "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
+    "--expert-model-parallel-size", "--virtual-pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
+    "--sequence-parallel", "--micro-batch-size", "--global-batch-size", "--seq-length", "--fp16", "--bf16",
+    "--use-distributed-optimizer", "--recompute-granularity", "--recompute-activations", "--recompute-method",
+    "--recompute-num-layers", "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
+})
+"""The arguments read as the run's settings (zeroplan.cli.megatron_args maps them onto fit's flags)."""
 """The Megatron-LM arguments that set a ModelSpec field or a zeroplan option."""
 
 # Arguments that change no byte the planner models, each with the reason. ``True`` marks those
@@ -178,6 +186,8 @@ def _parse_words(words: list[str]) -> tuple[dict[str, object], list[str]]:
     while i < len(words):
         word = words[i]
         name, _, inline = word.partition("=")
+        if not name.startswith("--") and order and values[order[-1]] is True:
+            raise ZeroplanError(order[-1], f"is a flag and takes no value (got {word!r})")
         if not name.startswith("--"):
             raise ZeroplanError("megatron-args", f"{word!r} is not an argument (allowed: --name [value] words, as "
                                                  "pretrain_gpt.py takes them)")
@@ -426,6 +436,8 @@ def _model_spec(values: dict[str, object], name: str) -> ModelSpec:
 
 def _argument_error(error: ZeroplanError) -> ZeroplanError:
     """A ModelSpec validation error named by the Megatron-LM argument that set the field."""
+    if not error.field.startswith("model."):
+        return error  # already named by its argument
     field = error.field.removeprefix("model.")
     return ZeroplanError(_ARGUMENT_OF_FIELD.get(field, f"model.{field}"), error.detail)
 
@@ -444,7 +456,40 @@ def _position(values: dict[str, object]) -> PositionKind:
 
 def read_megatron_arguments_file(path: Path) -> MegatronLaunch:
     """The launch the file at ``path`` describes; its stem names the model."""
-    return read_megatron_arguments(read_text(path), path.stem or "megatron")
+    return read_megatron_arguments(_text_of(path), path.stem or "megatron")
+
+
+def megatron_arguments_path(name: str) -> Path | None:
+    """The path ``name`` names where it is a file of Megatron-LM arguments (not a directory or a
+    .json config; the caller has ruled out presets); None otherwise."""
+    if name.endswith(".json"):
+        return None
+    path = Path(name)
+    if not path.exists() or path.is_dir():
+        return None
+    return path if looks_like_megatron_arguments(_text_of(path)) else None
+
+
+_TEXTS: dict[str, str] = {}
+"""Each arguments file's text, read once (a pipe such as <(echo $GPT_ARGS) gives it once)."""
+
+
+def _text_of(path: Path) -> str:
+    key = str(path)
+    if key not in _TEXTS:
+        _TEXTS[key] = read_text(path)
+    return _TEXTS[key]
+
+
+def model_only(path: Path, command: str = "this command") -> ModelSpec:
+    """The model of a Megatron-LM arguments file for a command that plans no run from it (its
+    layout, batch and precision are its own flags or its search's): a run setting is refused."""
+    launch = read_megatron_arguments_file(path)
+    for argument in launch.given:
+        if argument in RUN_ARGUMENTS:
+            raise ZeroplanError(argument, f"a run setting {command} does not read from a Megatron-LM arguments file "
+                                          "(fit and compare plan it; leave it out here)")
+    return launch.model
 
 
 def read_text(path: Path) -> str:
