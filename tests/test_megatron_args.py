@@ -10,7 +10,7 @@ import pytest
 
 from zeroplan.cli.fit import request_from_args, strategies_asked
 from zeroplan.cli.main import build_parser
-from zeroplan.cli.megatron_args import RUN_SETTINGS
+from zeroplan.cli.megatron_args import RUN_SETTINGS, ignored_line
 from zeroplan.core.params import total_parameters
 from zeroplan.errors import ZeroplanError
 from zeroplan.presets.megatron_args import RUN_ARGUMENTS, read_megatron_arguments, read_megatron_arguments_file
@@ -43,6 +43,11 @@ def test_gpt2_755_reads_the_scripts_shape_and_run() -> None:
     assert launch.checkpointing is ActivationCheckpointing.none
     ignored = {line.split(":")[0] for line in launch.ignored}
     assert {"--lr", "--data-path", "--save", "--distributed-backend", "--log-memory-to-tensorboard"} <= ignored
+
+
+def test_ignored_arguments_are_listed_with_their_reason() -> None:
+    line = ignored_line(read_megatron_arguments_file(GPT2_755))
+    assert "--lr," in line and "--save," in line and "no tensor's size" in line and "\n" not in line
 
 
 def test_gpt2_755_parameters_equal_megatrons_own_count() -> None:

@@ -946,6 +946,16 @@ def _run(args: argparse.Namespace, compare: bool) -> int:
             from zeroplan.cli.efficiency import time_basis
 
             sys.stdout.write(time_basis(args, request) + "\n")
+        launch = _megatron_launch(args)
+        if launch is not None:
+            import textwrap
+
+            from zeroplan.cli.megatron_args import ignored_line
+            from zeroplan.cli.parser import screen_width
+
+            line = ignored_line(launch)
+            wrapped = textwrap.wrap(line, screen_width(), break_on_hyphens=False)
+            sys.stdout.write((line if args.detail else "\n".join(wrapped)) + "\n")
         if getattr(args, "deepspeed_config", None) is not None:
             import textwrap
 

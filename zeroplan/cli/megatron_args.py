@@ -62,7 +62,7 @@ def launch_of(args: argparse.Namespace) -> MegatronLaunch | None:
         if hasattr(args, "tp"):
             _apply(args, launch)
         else:
-            model_only(path, "a command that searches the layout and batch")
+            model_only(path, "a command that searches the layout and batch (plan)")
     setattr(args, READ_ATTRIBUTE, launch)
     return launch
 
@@ -136,3 +136,17 @@ def _apply(args: argparse.Namespace, launch: MegatronLaunch) -> None:
         raise ZeroplanError(flag, f"{shown} but the Megatron-LM arguments plan {value} ({_ARGUMENT_OF[attribute]} and "
                                   f"what it implies; give {flag} {value}, or leave {flag} out)")
 
+
+
+def ignored_line(launch: MegatronLaunch) -> str:
+    """The arguments read as changing no byte planned, grouped by the reason (printed under fit's
+    and compare's table, so that none is dropped unseen)."""
+    reasons: dict[str, list[str]] = {}
+    for entry in launch.ignored:
+        argument, _, reason = entry.partition(": ")
+        reasons.setdefault(reason, []).append(argument)
+    if not reasons:
+        return f"Megatron-LM arguments: {len(launch.given)} read, none ignored."
+    groups = "; ".join(f"{', '.join(arguments)} ({reason})" for reason, arguments in reasons.items())
+    return (f"Megatron-LM arguments: {len(launch.given) - len(launch.ignored)} read; ignored, changing no byte planned: "
+            f"{groups}.")

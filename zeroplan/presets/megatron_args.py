@@ -194,7 +194,7 @@ def _parse_words(words: list[str]) -> tuple[dict[str, object], list[str]]:
         name = name.replace("_", "-")  # argparse's dest; a script may spell --num_layers
         if name not in READ and name not in IGNORED:
             raise ZeroplanError(name, "a Megatron-LM argument zeroplan does not read (it may change the model or the run; "
-                                      "docs/frameworks.md, 'Megatron-LM arguments', lists those read and those ignored)")
+                                      "docs/frameworks.md, \"A run's own Megatron-LM arguments\", lists those read and those ignored)")
         takes_value = (name in _INTS or name in _FLOATS or name in _CHOICES or name in DEFAULT_ONLY
                        or IGNORED.get(name, (False, ""))[0])
         if not takes_value:
@@ -456,7 +456,8 @@ def _position(values: dict[str, object]) -> PositionKind:
 
 def read_megatron_arguments_file(path: Path) -> MegatronLaunch:
     """The launch the file at ``path`` describes; its stem names the model."""
-    return read_megatron_arguments(_text_of(path), path.stem or "megatron")
+    # A pipe (<(echo $GPT_ARGS), /dev/fd/63) has no name of its own.
+    return read_megatron_arguments(_text_of(path), path.stem if path.is_file() and path.stem else "megatron-args")
 
 
 def megatron_arguments_path(name: str) -> Path | None:
@@ -487,8 +488,8 @@ def model_only(path: Path, command: str = "this command") -> ModelSpec:
     launch = read_megatron_arguments_file(path)
     for argument in launch.given:
         if argument in RUN_ARGUMENTS:
-            raise ZeroplanError(argument, f"a run setting {command} does not read from a Megatron-LM arguments file "
-                                          "(fit and compare plan it; leave it out here)")
+            raise ZeroplanError(argument, f"a run setting, and {command} reads a Megatron-LM arguments file's model only "
+                                          "(fit and compare plan its run settings; leave it out here)")
     return launch.model
 
 
