@@ -4,6 +4,7 @@ zeroplan.cli.megatron_args): the model and the run's settings read from them."""
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,19 @@ def test_gpt2_755_parameters_equal_megatrons_own_count() -> None:
     request = request_from_args(_fit_args(str(GPT2_755), "--framework", "megatron", "--gpus", "1", "--gpu", "v100-32gb"))
     assert request.model.vocab_size == 50304
     assert total_parameters(request.model) == 771_201_024
+
+
+RECORDS = json.loads((ROOT / "benchmarks/megatron-args-records/records.json").read_text())["records"]
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=lambda record: Path(record["file"]).stem)
+def test_parameters_equal_megatron_lms_own_build(record: dict) -> None:
+    """Megatron-LM d98e8a6's own parse_args, validate_args and gpt_builder counted each file's
+    model at tp 1 (benchmarks/megatron_args_counts.py); zeroplan's reading, padded as Megatron
+    pads it, counts the same."""
+    model = read_megatron_arguments_file(ROOT / record["file"]).model
+    assert model.vocab_size == record["vocab_size"]
+    assert total_parameters(model.model_copy(update={"vocab_size": record["padded_vocab_size"]})) == record["parameters"]
 
 
 def test_gpt2_755_run_settings_reach_the_request() -> None:
