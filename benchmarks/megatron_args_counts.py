@@ -34,7 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "benchmarks/megatron-args-records/records.json"
 FILES = ("benchmarks/published_memory/configs/gpt2_755.args", "tests/fixtures/megatron/gpt3_175b.args",
-         "tests/fixtures/megatron/llama3_8b.args")
+         "tests/fixtures/megatron/llama3_8b.args", "tests/fixtures/megatron/defaults_mix.args",
+         "tests/fixtures/megatron/gpt_biased_gelu.args")
 APPENDED = ("--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1", "--transformer-impl", "local",
             "--use-cpu-initialization", "--no-persist-layer-norm", "--no-gradient-accumulation-fusion", "--no-rope-fusion")
 DROPPED = ("--apply-layernorm-1p",)
