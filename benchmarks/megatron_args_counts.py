@@ -9,7 +9,9 @@ Usage: ``python benchmarks/megatron_args_counts.py MEGATRON_LM_DIR``, where MEGA
 Megatron-LM commit d98e8a64ddf34856e74b24714e3bedb2f5a39553's ``megatron/`` and ``gpt_builders.py``
 (``git archive d98e8a6 megatron gpt_builders.py | tar -x -C DIR``), run with the repository's
 environment (torch, and megatron-core's dependencies); writes
-benchmarks/megatron-args-records/records.json, which tests/test_megatron_args.py reads.
+benchmarks/megatron-args-records/records.json, which tests/test_megatron_args.py reads. The same
+records hold how Megatron-LM's own parser (add_megatron_arguments) defines every argument the
+reader reads or ignores: whether it takes a value, its choices and its default.
 
 Appended to each file's arguments, changing no parameter: --tensor-model-parallel-size 1
 --pipeline-model-parallel-size 1 (the whole model on one rank); --transformer-impl local (no
@@ -82,7 +84,46 @@ def count(megatron_lm: str, relative: str) -> dict:
             "parameters": sum(p.numel() for p in model.parameters())}
 
 
+def _plain(value: object) -> object:
+    """A default or choice as JSON holds it: an enum member by its name (AttnBackend.auto: "auto")."""
+    import enum
+
+    if isinstance(value, enum.Enum):
+        return value.name
+    return value if isinstance(value, (int, float, str, bool, type(None))) else str(value)
+
+
+def arguments(megatron_lm: str) -> dict:
+    """How Megatron-LM's own parser (add_megatron_arguments) defines each argument zeroplan reads
+    or ignores: whether it takes a value, and its default."""
+    import argparse
+    import typing
+
+    if not hasattr(typing, "override"):
+        typing.override = lambda method: method
+    sys.path.insert(0, megatron_lm)
+    sys.path.insert(0, str(ROOT))
+    from megatron.training.arguments import add_megatron_arguments
+
+    from zeroplan.presets.megatron_args import IGNORED, READ
+
+    parser = add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False))
+    actions = {option: action for action in parser._actions for option in action.option_strings}
+    defined = {}
+    for name in sorted(READ | set(IGNORED)):
+        action = actions.get(name)
+        defined[name] = None if action is None else {
+            "takes_value": action.nargs != 0,
+            "choices": [_plain(choice) for choice in action.choices] if action.choices else None,
+            "default": _plain(action.default),
+        }
+    return defined
+
+
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[2] == "--arguments":
+        print(json.dumps(arguments(sys.argv[1])))
+        return
     if len(sys.argv) == 3:
         print(json.dumps(count(sys.argv[1], sys.argv[2])))
         return
@@ -95,10 +136,15 @@ def main() -> None:
             sys.exit(f"{relative}: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}")
         records.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(records[-1])
-    how = ("Megatron-LM d98e8a6's parse_args, validate_args, vocab_size_with_padding and gpt_builder on the meta device "
+    out = subprocess.run([sys.executable, __file__, sys.argv[1], "--arguments"], capture_output=True, text=True, check=False)
+    if out.returncode:
+        sys.exit(f"arguments: {out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}")
+    defined = json.loads(out.stdout.strip().splitlines()[-1])
+    how = ("Megatron-LM d98e8a6's parse_args, validate_args, vocab_size_with_padding and gpt_builder on the meta device; "
+           "its add_megatron_arguments' definition of each argument zeroplan reads or ignores "
            "(benchmarks/megatron_args_counts.py)")
     RECORDS.parent.mkdir(exist_ok=True)
-    RECORDS.write_text(json.dumps({"how": how, "records": records}, indent=1) + "\n")
+    RECORDS.write_text(json.dumps({"how": how, "records": records, "arguments": defined}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

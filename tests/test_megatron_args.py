@@ -14,7 +14,9 @@ from zeroplan.cli.main import build_parser
 from zeroplan.cli.megatron_args import RUN_SETTINGS, ignored_line
 from zeroplan.core.params import total_parameters
 from zeroplan.errors import ZeroplanError
-from zeroplan.presets.megatron_args import RUN_ARGUMENTS, read_megatron_arguments, read_megatron_arguments_file
+from zeroplan.presets.megatron_args import (
+    CHOICES, DEFAULT_ONLY, DEFAULTS, FLAGS, IGNORED, READ, RUN_ARGUMENTS, read_megatron_arguments, read_megatron_arguments_file,
+)
 from zeroplan.presets.models import get_model
 from zeroplan.specs import StrategyKind
 from zeroplan.specs.model import MlpKind, NormKind, PositionKind
@@ -60,7 +62,27 @@ def test_gpt2_755_parameters_equal_megatrons_own_count() -> None:
     assert total_parameters(request.model) == 771_201_024
 
 
-RECORDS = json.loads((ROOT / "benchmarks/megatron-args-records/records.json").read_text())["records"]
+_RECORDED = json.loads((ROOT / "benchmarks/megatron-args-records/records.json").read_text())
+RECORDS = _RECORDED["records"]
+DEFINED = _RECORDED["arguments"]
+"""How Megatron-LM d98e8a6's own parser (add_megatron_arguments) defines each argument."""
+
+
+def test_every_argument_read_or_ignored_is_megatron_lms() -> None:
+    assert set(DEFINED) == READ | set(IGNORED)
+    unknown = sorted(name for name, definition in DEFINED.items() if definition is None)
+    assert not unknown, f"not Megatron-LM d98e8a6 arguments: {unknown}"
+    for name, definition in DEFINED.items():
+        assert definition["takes_value"] == (name not in FLAGS and not (name in IGNORED and not IGNORED[name][0])), name
+
+
+def test_defaults_and_choices_are_megatron_lms() -> None:
+    for name, default in DEFAULTS.items():
+        assert DEFINED[name]["default"] == default, name
+    for name, default in DEFAULT_ONLY.items():
+        assert DEFINED[name]["default"] == default, name
+    for name, choices in CHOICES.items():
+        assert DEFINED[name]["choices"] == list(choices), name
 
 
 @pytest.mark.parametrize("record", RECORDS, ids=lambda record: Path(record["file"]).stem)

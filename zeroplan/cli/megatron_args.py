@@ -31,7 +31,7 @@ RUN_SETTINGS: dict[str, tuple[str, str, object]] = {
     "--pipeline-model-parallel-size": ("pp", "--pp", 1),
     "--context-parallel-size": ("cp", "--cp", 1),
     "--expert-model-parallel-size": ("ep", "--ep", 1),
-    "--virtual-pipeline-model-parallel-size": ("virtual_stages", "--virtual-stages", None),
+    "--num-virtual-stages-per-pipeline-rank": ("virtual_stages", "--virtual-stages", None),
     "--num-layers-per-virtual-pipeline-stage": ("virtual_stages", "--virtual-stages", None),
     "--sequence-parallel": ("sequence_parallel", "--sequence-parallel", None),
     "--micro-batch-size": ("micro_batch", "--micro-batch", None),
@@ -118,7 +118,7 @@ def _planned(launch: MegatronLaunch, args: argparse.Namespace) -> dict[str, obje
 _FLAG_DEFAULTS = {attribute: (flag, default) for attribute, flag, default in RUN_SETTINGS.values()}
 _FLAG_DEFAULTS["pp_schedule"] = ("--pp-schedule", None)
 _ARGUMENT_OF = {attribute: argument for argument, (attribute, _, _) in RUN_SETTINGS.items()}
-_ARGUMENT_OF["pp_schedule"] = "--virtual-pipeline-model-parallel-size"
+_ARGUMENT_OF["pp_schedule"] = "--num-virtual-stages-per-pipeline-rank"
 
 
 def _apply(args: argparse.Namespace, launch: MegatronLaunch) -> None:

@@ -44,10 +44,10 @@ _INTS = frozenset({
     "--make-vocab-size-divisible-by", "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
     "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
     "--expert-model-parallel-size", "--micro-batch-size", "--global-batch-size", "--recompute-num-layers",
-    "--virtual-pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
+    "--num-virtual-stages-per-pipeline-rank", "--num-layers-per-virtual-pipeline-stage",
 })
 _FLOATS = frozenset({"--attention-dropout", "--hidden-dropout", "--rotary-percent"})
-_CHOICES = {
+CHOICES = {
     # arguments.py:2397-2399.
     "--position-embedding-type": ("learned_absolute", "rope", "yarn", "mrope", "relative", "none"),
     # transformer_config.py:256.
@@ -75,10 +75,24 @@ DEFAULT_ONLY = {
     "--transformer-impl": "transformer_engine",
 }
 """Arguments accepted at Megatron-LM's default value only (a script may spell the default out)."""
-READ = frozenset(_INTS | _FLOATS | set(_CHOICES) | FLAGS | set(DEFAULT_ONLY))
+READ = frozenset(_INTS | _FLOATS | set(CHOICES) | FLAGS | set(DEFAULT_ONLY))
+DEFAULTS: dict[str, object] = {
+    # transformer_config.py:188-191.
+    "--attention-dropout": 0.1, "--hidden-dropout": 0.1,
+    # arguments.py:2441.
+    "--make-vocab-size-divisible-by": MEGATRON_VOCAB_MULTIPLE,
+    # transformer_config.py:760, 175-177 (argparse default 1), 256; arguments.py:2397, 2420.
+    "--moe-router-topk": 2, "--num-query-groups": 1, "--normalization": "LayerNorm",
+    "--position-embedding-type": "learned_absolute", "--rotary-percent": 1.0,
+    # model_parallel_config.py: every parallel size 1.
+    "--tensor-model-parallel-size": 1, "--pipeline-model-parallel-size": 1, "--context-parallel-size": 1,
+    "--expert-model-parallel-size": 1,
+}
+"""Megatron-LM's defaults of the arguments the reader reads where they are left out
+(benchmarks/megatron-args-records/records.json holds its parser's own; tests compare them)."""
 RUN_ARGUMENTS = frozenset({
     "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
-    "--expert-model-parallel-size", "--virtual-pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
+    "--expert-model-parallel-size", "--num-virtual-stages-per-pipeline-rank", "--num-layers-per-virtual-pipeline-stage",
     "--sequence-parallel", "--micro-batch-size", "--global-batch-size", "--seq-length", "--fp16", "--bf16",
     "--use-distributed-optimizer", "--recompute-granularity", "--recompute-activations", "--recompute-method",
     "--recompute-num-layers", "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
@@ -140,7 +154,7 @@ class MegatronLaunch(Frozen):
     cp: int = 1
     ep: int = 1
     virtual_stages: int | None = None
-    """Model chunks a pipeline rank holds (--virtual-pipeline-model-parallel-size): the
+    """Model chunks a pipeline rank holds (--num-virtual-stages-per-pipeline-rank): the
     interleaved 1F1B schedule."""
     sequence_parallel: bool = False
     micro_batch_size: int | None = None
@@ -195,7 +209,7 @@ def _parse_words(words: list[str]) -> tuple[dict[str, object], list[str]]:
         if name not in READ and name not in IGNORED:
             raise ZeroplanError(name, "a Megatron-LM argument zeroplan does not read (it may change the model or the run; "
                                       "docs/frameworks.md, \"A run's own Megatron-LM arguments\", lists those read and those ignored)")
-        takes_value = (name in _INTS or name in _FLOATS or name in _CHOICES or name in DEFAULT_ONLY
+        takes_value = (name in _INTS or name in _FLOATS or name in CHOICES or name in DEFAULT_ONLY
                        or IGNORED.get(name, (False, ""))[0])
         if not takes_value:
             if inline:
@@ -234,8 +248,8 @@ def _typed(name: str, value: object) -> object:
         return number
     if name in DEFAULT_ONLY and value != DEFAULT_ONLY[name]:
         raise ZeroplanError(name, f"{value!r} is not planned (allowed: {DEFAULT_ONLY[name]}, Megatron-LM's default)")
-    if name in _CHOICES and value not in _CHOICES[name]:
-        raise ZeroplanError(name, f"{value!r} is not one of Megatron-LM's choices ({', '.join(_CHOICES[name])})")
+    if name in CHOICES and value not in CHOICES[name]:
+        raise ZeroplanError(name, f"{value!r} is not one of Megatron-LM's choices ({', '.join(CHOICES[name])})")
     return value
 
 
@@ -255,13 +269,13 @@ def read_megatron_arguments(text: str, name: str) -> MegatronLaunch:
     model = _model_spec(values, name)
     launch = dict(
         model=model,
-        tp=values.get("--tensor-model-parallel-size", 1),
-        pp=values.get("--pipeline-model-parallel-size", 1),
-        cp=values.get("--context-parallel-size", 1),
-        ep=values.get("--expert-model-parallel-size", 1),
+        tp=_given(values, "--tensor-model-parallel-size"),
+        pp=_given(values, "--pipeline-model-parallel-size"),
+        cp=_given(values, "--context-parallel-size"),
+        ep=_given(values, "--expert-model-parallel-size"),
         virtual_stages=_virtual_stages(values, model.num_layers),
         # arguments.py:1430-1438: sequence parallelism is turned off at tensor-parallel size 1.
-        sequence_parallel=bool(values.get("--sequence-parallel")) and values.get("--tensor-model-parallel-size", 1) > 1,
+        sequence_parallel=bool(values.get("--sequence-parallel")) and _given(values, "--tensor-model-parallel-size") > 1,
         micro_batch_size=values.get("--micro-batch-size"),
         global_batch_size=values.get("--global-batch-size"),
         seq_len=values.get("--seq-length"),
@@ -280,6 +294,11 @@ def read_megatron_arguments(text: str, name: str) -> MegatronLaunch:
         raise ZeroplanError("--seq-length", f"{seq_len} exceeds --max-position-embeddings {model.max_positions} "
                                             "(Megatron-LM asserts max_position_embeddings >= seq_length)")
     return MegatronLaunch(**launch)
+
+
+def _given(values: dict[str, object], name: str) -> object:
+    """The argument's value, or Megatron-LM's default where it is left out."""
+    return values.get(name, DEFAULTS[name])
 
 
 def _precision(values: dict[str, object]) -> Precision:
@@ -314,7 +333,7 @@ def _checkpointing(values: dict[str, object], num_layers: int) -> ActivationChec
             raise ZeroplanError("--recompute-method", "is not supported with --recompute-granularity selective "
                                                       "(Megatron-LM asserts it is unset)")
         return ActivationCheckpointing.selective
-    per_stage = num_layers // values.get("--pipeline-model-parallel-size", 1)
+    per_stage = num_layers // _given(values, "--pipeline-model-parallel-size")
     if method == "uniform" and layers == 1:
         return ActivationCheckpointing.full
     if method == "block" and layers is not None and layers >= per_stage:
@@ -325,21 +344,21 @@ def _checkpointing(values: dict[str, object], num_layers: int) -> ActivationChec
 
 
 def _virtual_stages(values: dict[str, object], num_layers: int) -> int | None:
-    """--virtual-pipeline-model-parallel-size, or the count --num-layers-per-virtual-pipeline-stage
-    implies (arguments.py: num_layers / pp / layers per virtual stage)."""
-    virtual = values.get("--virtual-pipeline-model-parallel-size")
+    """Model chunks a pipeline rank holds: --num-virtual-stages-per-pipeline-rank, or
+    (layers / pp) / --num-layers-per-virtual-pipeline-stage; one chunk is no interleaving
+    (arguments.py:953-979, which allows one of the two)."""
+    virtual = values.get("--num-virtual-stages-per-pipeline-rank")
     per_chunk = values.get("--num-layers-per-virtual-pipeline-stage")
-    if per_chunk is None:
-        return virtual
-    if virtual is not None:
-        raise ZeroplanError("--num-layers-per-virtual-pipeline-stage", "and --virtual-pipeline-model-parallel-size "
-                                                                       "are both given (Megatron-LM allows one)")
-    pp = values.get("--pipeline-model-parallel-size", 1)
-    chunks, rest = divmod(num_layers // pp, per_chunk)
-    if rest or num_layers % pp:
-        raise ZeroplanError("--num-layers-per-virtual-pipeline-stage", f"{per_chunk} does not divide the {num_layers} "
-                                                                       f"layers of {pp} pipeline stages")
-    return chunks
+    if per_chunk is not None:
+        if virtual is not None:
+            raise ZeroplanError("--num-layers-per-virtual-pipeline-stage", "and --num-virtual-stages-per-pipeline-rank "
+                                                                           "are both given (Megatron-LM allows one)")
+        pp = _given(values, "--pipeline-model-parallel-size")
+        virtual, rest = divmod(num_layers // pp, per_chunk)
+        if rest or num_layers % pp:
+            raise ZeroplanError("--num-layers-per-virtual-pipeline-stage", f"{per_chunk} does not divide the "
+                                                                           f"{num_layers} layers of {pp} pipeline stages")
+    return None if virtual == 1 else virtual
 
 
 def _vocab(values: dict[str, object]) -> int:
@@ -372,7 +391,7 @@ def _model_spec(values: dict[str, object], name: str) -> ModelSpec:
     zeroplan.presets.hf_config reads the same shapes from a config.json."""
     hidden, heads = _required(values, "--hidden-size"), _required(values, "--num-attention-heads")
     layers, positions = _required(values, "--num-layers"), _required(values, "--max-position-embeddings")
-    divisor = values.get("--make-vocab-size-divisible-by", MEGATRON_VOCAB_MULTIPLE)
+    divisor = _given(values, "--make-vocab-size-divisible-by")
     if divisor != MEGATRON_VOCAB_MULTIPLE:
         # The megatron profile pads to 128 x tp (PlanRequest._megatron_vocab_padding; Megatron-LM's
         # vocab_size_with_padding, build_tokenizer.py:133-146).
@@ -385,7 +404,7 @@ def _model_spec(values: dict[str, object], name: str) -> ModelSpec:
     kv_channels = values.get("--kv-channels")
     head_dim = kv_channels if kv_channels is not None and (hidden % heads or kv_channels != hidden // heads) else None
     position = _position(values)
-    rotary_percent = values.get("--rotary-percent", 1.0)
+    rotary_percent = _given(values, "--rotary-percent")
     if rotary_percent != 1.0:
         # megatron-core's partial RoPE concatenates the rotated and passed-through parts, a copy
         # the megatron profile does not plan.
@@ -399,13 +418,13 @@ def _model_spec(values: dict[str, object], name: str) -> ModelSpec:
             num_layers=layers,
             num_heads=heads,
             # argument_utils.py:330-333: --num-query-groups counts only with --group-query-attention.
-            num_kv_heads=values.get("--num-query-groups", 1) if values.get("--group-query-attention") else None,
+            num_kv_heads=_given(values, "--num-query-groups") if values.get("--group-query-attention") else None,
             head_dim=head_dim,
             ffn_hidden_size=ffn,
             # argument_utils.py:316-319: --swiglu is F.silu with gated_linear_unit; else
             # TransformerConfig's F.gelu (transformer_config.py:224).
             mlp=MlpKind.swiglu if swiglu else MlpKind.gelu,
-            norm=NormKind.rmsnorm if values.get("--normalization", "LayerNorm") == "RMSNorm" else NormKind.layernorm,
+            norm=NormKind.rmsnorm if _given(values, "--normalization") == "RMSNorm" else NormKind.layernorm,
             position=position,
             max_positions=positions,
             # transformer_config.py:212-218: add_bias_linear (default True; --disable-bias-linear)
@@ -422,11 +441,11 @@ def _model_spec(values: dict[str, object], name: str) -> ModelSpec:
             num_experts=experts,
             # transformer_config.py:760: moe_router_topk 2; arguments.py:1650-1651: the experts
             # are ffn_hidden_size wide unless --moe-ffn-hidden-size.
-            experts_per_token=values.get("--moe-router-topk", 2) if experts > 1 else 1,
+            experts_per_token=_given(values, "--moe-router-topk") if experts > 1 else 1,
             moe_ffn_hidden_size=values.get("--moe-ffn-hidden-size") if experts > 1 else None,
             # transformer_config.py:188-191: hidden_dropout and attention_dropout 0.1.
-            attention_dropout=values.get("--attention-dropout", 0.1),
-            hidden_dropout=values.get("--hidden-dropout", 0.1),
+            attention_dropout=_given(values, "--attention-dropout"),
+            hidden_dropout=_given(values, "--hidden-dropout"),
         )
     except ZeroplanError as error:
         raise _argument_error(error) from None
@@ -445,7 +464,7 @@ def _argument_error(error: ZeroplanError) -> ZeroplanError:
 # arguments.py:1626-1634: --use-rotary-position-embeddings sets rope; --no-position-embedding is
 # refused unless rope. yarn, mrope, relative and none are not planned.
 def _position(values: dict[str, object]) -> PositionKind:
-    kind = "rope" if values.get("--use-rotary-position-embeddings") else values.get("--position-embedding-type", "learned_absolute")
+    kind = "rope" if values.get("--use-rotary-position-embeddings") else _given(values, "--position-embedding-type")
     if values.get("--no-position-embedding") and kind != "rope":
         raise ZeroplanError("--no-position-embedding", "is deprecated; Megatron-LM refuses it without rope (allowed: with "
                                                        "--position-embedding-type rope)")
