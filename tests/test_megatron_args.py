@@ -154,6 +154,8 @@ def test_bias_switches() -> None:
     (f"{MODEL} --fp16 --bf16", "--bf16"),
     (f"{MODEL} --seq-length 256", "--seq-length"),
     (f"{MODEL} --swiglu 1", "--swiglu"),
+    # Megatron-LM's parser (allow_abbrev=False) knows --num-layers only.
+    (f"{MODEL} --num_layers 3", "--num_layers"),
 ])
 def test_refusals_name_the_argument(text: str, named: str) -> None:
     with pytest.raises(ZeroplanError) as error:

@@ -205,7 +205,6 @@ def _parse_words(words: list[str]) -> tuple[dict[str, object], list[str]]:
         if not name.startswith("--"):
             raise ZeroplanError("megatron-args", f"{word!r} is not an argument (allowed: --name [value] words, as "
                                                  "pretrain_gpt.py takes them)")
-        name = name.replace("_", "-")  # argparse's dest; a script may spell --num_layers
         if name not in READ and name not in IGNORED:
             raise ZeroplanError(name, "a Megatron-LM argument zeroplan does not read (it may change the model or the run; "
                                       "docs/frameworks.md, \"A run's own Megatron-LM arguments\", lists those read and those ignored)")
