@@ -677,7 +677,8 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind | None = None
     )
     from zeroplan.presets.models import get_model
 
-    model = get_model(args.model)
+    launch = _megatron_launch(args)
+    model = launch.model if launch is not None else get_model(args.model)
     if getattr(args, "moe_capacity_factor", None) is not None:
         model = ModelSpec(**{**dict(model), "moe_capacity_factor": args.moe_capacity_factor})
     cluster = cluster_from_gpus(_gpu(args), args.gpus, args.gpus_per_node, args.nodes)
@@ -855,9 +856,24 @@ def _deepspeed_file(args: argparse.Namespace):
     return deepspeed_config_from_args(args)
 
 
+def _megatron_launch(args: argparse.Namespace):
+    """MODEL's Megatron-LM arguments, applied to ``args`` (zeroplan.cli.megatron_args), where
+    MODEL is a file of them; None for a preset (the reader is not imported) or a config.json."""
+    from zeroplan.presets.models import is_preset_name
+
+    model = getattr(args, "model", None)
+    if model is None or is_preset_name(model):
+        return None
+    from zeroplan.cli.megatron_args import launch_of
+
+    return launch_of(args)
+
+
 def strategies_asked(args: argparse.Namespace) -> tuple[StrategyKind, ...] | None:
     """The strategies --strategies names, or a --deepspeed-config file's (which --strategies may
-    only name); None: every one the framework runs."""
+    only name); None: every one the framework runs. A Megatron-LM arguments file's
+    --use-distributed-optimizer names zero1, its absence ddp."""
+    _megatron_launch(args)
     kinds = parse_strategies(args.strategies)
     deepspeed_file = _deepspeed_file(args)
     if deepspeed_file is None:
@@ -935,6 +951,16 @@ def _run(args: argparse.Namespace, compare: bool) -> int:
             from zeroplan.cli.efficiency import time_basis
 
             sys.stdout.write(time_basis(args, request) + "\n")
+        launch = _megatron_launch(args)
+        if launch is not None:
+            import textwrap
+
+            from zeroplan.cli.megatron_args import ignored_line
+            from zeroplan.cli.parser import screen_width
+
+            line = ignored_line(launch)
+            wrapped = textwrap.wrap(line, screen_width(), break_on_hyphens=False)
+            sys.stdout.write((line if args.detail else "\n".join(wrapped)) + "\n")
         if getattr(args, "deepspeed_config", None) is not None:
             import textwrap
 

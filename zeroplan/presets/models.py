@@ -494,7 +494,8 @@ def model_names() -> list[str]:
 
 
 def get_model(name_or_path: str) -> ModelSpec:
-    """A preset by name, or a Hugging Face config.json given as a path."""
+    """A preset by name, a Hugging Face config.json given as a path, or a file of Megatron-LM
+    arguments (zeroplan.presets.megatron_args; its model only: fit plans its run settings too)."""
     key = name_or_path.strip().lower()
     key = _ALIASES.get(key, key)
     if key in _PRESETS:
@@ -505,6 +506,11 @@ def get_model(name_or_path: str) -> ModelSpec:
         raise ZeroplanError(
             "model", f"{name_or_path!r} is a directory; pass its config.json, or a preset name (see `zeroplan models`)"
         )
+    from zeroplan.presets.megatron_args import megatron_arguments_path, model_only
+
+    megatron = megatron_arguments_path(name_or_path)
+    if megatron is not None:
+        return model_only(megatron)
     if name_or_path.endswith(".json") or Path(name_or_path).is_file():
         from zeroplan.presets.hf_config import load_hf_config
 
@@ -512,7 +518,15 @@ def get_model(name_or_path: str) -> ModelSpec:
     raise unknown_name_error("model", name_or_path, known_model_names(), UNLISTED_MODELS)
 
 
-UNLISTED_MODELS = "a preset `zeroplan models` lists, its Hugging Face hub id, or a config.json path"
+def is_preset_name(name: str) -> bool:
+    """Whether get_model reads ``name`` as a preset (or an alias or hub id of one), not a path."""
+    key = name.strip().lower()
+    key = _ALIASES.get(key, key)
+    return key in _PRESETS or key in _READ_PRESETS
+
+
+UNLISTED_MODELS = ("a preset `zeroplan models` lists, its Hugging Face hub id, a config.json path, or a file of "
+                   "Megatron-LM arguments")
 """What an unknown model's error names instead of the ~300 preset names and hub ids."""
 
 
