@@ -107,13 +107,16 @@ def test_gpt2_755_run_settings_reach_the_request() -> None:
 def test_example_scripts_give_the_presets() -> None:
     """Megatron-LM's GPT-3 175B and Llama-3-8B examples (tests/fixtures/megatron) describe the
     presets' shapes; Megatron's qkv and gated fc1 are one module each (fused_qkv, fused_gate_up),
-    Hugging Face's Llama has separate ones."""
+    Hugging Face's Llama has separate ones, and its 4.38 code builds a positions-wide causal mask
+    Megatron's does not (positions_causal_mask)."""
     gpt3 = read_megatron_arguments_file(FIXTURES / "gpt3_175b.args")
     assert gpt3.model.model_copy(update={"name": "gpt3-175b"}) == get_model("gpt3-175b")
     assert (gpt3.tp, gpt3.pp) == (8, 16)
     llama = read_megatron_arguments_file(FIXTURES / "llama3_8b.args").model
     assert llama.fused_qkv and llama.fused_gate_up
-    unfused = llama.model_copy(update={"name": "llama-3-8b", "fused_qkv": False, "fused_gate_up": False})
+    assert not llama.positions_causal_mask
+    unfused = llama.model_copy(update={"name": "llama-3-8b", "fused_qkv": False, "fused_gate_up": False,
+                                       "positions_causal_mask": True})
     assert unfused == get_model("llama-3-8b")
 
 
