@@ -4,15 +4,18 @@ allocator's own retry rules, found by bisection over replays."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from pydantic import ConfigDict
 
 from zeroplan.allocator.config import AllocatorConfig
 from zeroplan.allocator.device import DeviceAllocator
 from zeroplan.allocator.replay import Ops, ReplayResult, compile_trace, replay, run_ops
-from zeroplan.allocator.trace import AllocationTrace
 from zeroplan.specs.base import Frozen
 from zeroplan.units import MiB
+
+if TYPE_CHECKING:
+    from zeroplan.allocator.trace import AllocationTrace
 
 CAPACITY_STEP_BYTES = 2 * MiB
 """The bisection's resolution: every segment and page is a multiple of 2 MiB, so a capacity

@@ -33,7 +33,7 @@ from dataclasses import replace
 
 from zeroplan.allocator.builder import TraceBuilder, proportional_bytes, split_bytes
 from zeroplan.allocator.eager_softmax_workspace import record_workspace
-from zeroplan.allocator.trace import Stream
+from zeroplan.allocator.streams import Stream
 from zeroplan.core.buffers import head_weight_gradient_bytes
 from zeroplan.core.compiled import COMPILED_CROSS_ENTROPY_ROW_BYTES, compiles_loss, compiles_unchunked_loss
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes

@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from pydantic import ConfigDict
 
-from zeroplan.allocator.capacity import CAPACITY_STEP_BYTES, BandScan, bisect_capacity, scan_band
 from zeroplan.allocator.config import LARGE_BUFFER_BYTES, AllocatorConfig, parse_alloc_conf
 from zeroplan.allocator.fast_replay import replay_ops
 from zeroplan.allocator.replay import ALLOC_OP, FREE_OP, Ops, ReplayResult, replay
@@ -33,6 +33,12 @@ from zeroplan.core.model_states import ModelStateBytes
 from zeroplan.core.peak import PeakTerms
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.request import PlanRequest
+
+# The capacity searches (the OOM capacity's bisection, the band's scan) are imported where they
+# run: a default verdict asks neither, and their module's two result models cost about 2.4
+# million instructions of each command's start to create (callgrind).
+if TYPE_CHECKING:
+    from zeroplan.allocator.capacity import BandScan
 
 
 class PlannedVerdict(Frozen):
@@ -278,6 +284,8 @@ def _exact_verdict(request: PlanRequest, states: ModelStateBytes, terms: PeakTer
         reserved = on_gpu if on_gpu.completed else step.on(None)
         oom_capacity = None
         if request.assumptions.exact_capacity:
+            from zeroplan.allocator.capacity import CAPACITY_STEP_BYTES, bisect_capacity
+
             unlimited = step.on(None)
             oom_capacity = bisect_capacity(step.ops, step.config, unlimited, capacity // CAPACITY_STEP_BYTES,
                                            on_gpu.completed) + step.shortfall_bytes
@@ -399,6 +407,8 @@ def allocator_turns_in_band(request: PlanRequest, states: ModelStateBytes, terms
         if low <= high:
             scan = shape.band_scans.get((low, high, fits))
             if scan is None:
+                from zeroplan.allocator.capacity import scan_band
+
                 ops = recorded[0] if recorded is not None else record_step(trace[0]).ops
                 scan = shape.band_scans[low, high, fits] = scan_band(ops, config, low, high, completes=not fits)
                 del ops

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from pydantic import ConfigDict
 
 from zeroplan.allocator.config import AllocatorConfig
 from zeroplan.allocator.device import DeviceAllocator
-from zeroplan.allocator.trace import AllocationTrace, AllocEvent, EmptyCacheEvent, FreeEvent, RecordStreamEvent
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import Frozen
+
+if TYPE_CHECKING:
+    from zeroplan.allocator.trace import AllocationTrace
 
 ALLOC_OP, FREE_OP, RECORD_OP, SYNC_OP, EMPTY_OP = range(5)
 """The kinds of a compiled op (the first field of each Ops tuple)."""
@@ -54,6 +57,11 @@ class ReplayResult(Frozen):
 
 def compile_trace(trace: AllocationTrace) -> Ops:
     """The trace as tuples; an id freed before it is allocated (or allocated twice) is refused."""
+    # The typed events' module is imported where a typed trace is read, not with the replay: the
+    # planner's traces are ops already (zeroplan.allocator.builder), and the event models'
+    # classes cost about 8.6 million instructions of each command's start to create (callgrind).
+    from zeroplan.allocator.trace import AllocEvent, EmptyCacheEvent, FreeEvent, RecordStreamEvent
+
     ops: Ops = []
     live: set[int] = set()
     for index, event in enumerate(trace.events):
@@ -99,12 +107,20 @@ def run_ops(device: DeviceAllocator, ops: Ops, start: int, live: dict[int, objec
     return None
 
 
+def _ops_of(trace: object) -> Ops:
+    """replay's ops of what is not a list already: a typed trace compiled, anything else as
+    given (the typed events' module imported here, as compile_trace imports it)."""
+    from zeroplan.allocator.trace import AllocationTrace
+
+    return compile_trace(trace) if isinstance(trace, AllocationTrace) else trace  # type: ignore[return-value]
+
+
 def replay(trace: AllocationTrace | Ops, config: AllocatorConfig, capacity_bytes: int | None = None,
            segment_addresses: Sequence[tuple[int, int]] = (), fraction_cap: bool = False) -> ReplayResult:
     """Run the trace through DeviceAllocator; ``capacity_bytes`` None: no device limit;
     ``segment_addresses``: where a measured run's cudaMalloc calls landed (measured.py);
     ``fraction_cap``: the capacity is a set_per_process_memory_fraction limit (DeviceAllocator)."""
-    ops = compile_trace(trace) if isinstance(trace, AllocationTrace) else trace
+    ops = trace if isinstance(trace, list) else _ops_of(trace)
     device = DeviceAllocator(config, capacity_bytes, segment_addresses, fraction_cap)
     oom_index = run_ops(device, ops, 0, {})
     return ReplayResult.trusted(

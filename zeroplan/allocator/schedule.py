@@ -10,6 +10,7 @@ lists what it approximates."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from zeroplan.allocator.builder import TraceBuilder, even_parts, split_bytes
 from zeroplan.allocator.checkpoint_save import record_checkpoint_save
@@ -22,7 +23,7 @@ from zeroplan.allocator.fsdp_schedule import (FsdpStepInputs, forward_cache_part
                                               run_torchtitan_loss_parallel)
 from zeroplan.core.parallel.sequence_parallel import SublayerCollectives
 from zeroplan.allocator.replay import Ops
-from zeroplan.allocator.trace import AllocationTrace, Stream
+from zeroplan.allocator.streams import Stream
 from zeroplan.core import deepspeed_2022, deepspeed_one_rank, deepspeed_reduce_stream, deepspeed_stage0, deepspeed_stage3_step
 from zeroplan.core.activations import layer_terms
 from zeroplan.core.checkpoint_save import SaveUnits, save_units
@@ -48,6 +49,9 @@ from zeroplan.specs.training import ActivationCheckpointing, Optimizer, Optimize
 from zeroplan.units import FP32_BYTES
 from zeroplan.core.model_states import ModelStateBytes
 from zeroplan.core.peak import PeakTerms, peak_allocated_bytes
+
+if TYPE_CHECKING:
+    from zeroplan.allocator.trace import AllocationTrace
 
 
 

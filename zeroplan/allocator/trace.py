@@ -3,24 +3,12 @@ allocator model replays (model.replay)."""
 
 from __future__ import annotations
 
-from enum import IntEnum
 from typing import Literal, Union
 
 from pydantic import ConfigDict, Field
 
+from zeroplan.allocator.streams import Stream as Stream  # re-exported: the events' streams
 from zeroplan.specs.base import Frozen
-
-
-class Stream(IntEnum):
-    """The CUDA streams a step allocates on. Each has its own cached blocks: a block freed on
-    one is never handed to a request on another (get_free_block compares the stream)."""
-
-    compute = 0
-    all_gather = 1
-    reduce_scatter = 2
-    host_copy = 3
-    """Where FSDP's CPU offload copies a unit's host shard to the device before its all-gather
-    (FSDP1's pre-unshard stream, FSDP2's all-gather copy-in stream)."""
 
 
 class AllocEvent(Frozen):

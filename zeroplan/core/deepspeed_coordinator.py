@@ -46,10 +46,9 @@ from zeroplan.core.largest_unit import largest_unit_elements
 from zeroplan.core.layout import element_bytes, gradient_wire_bytes
 from zeroplan.core.parallel.units import rank_parameter_units
 from zeroplan.core.record import frozen
-from zeroplan.specs.deepspeed_config import DEEPSPEED_ZERO_DEFAULTS
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.request import PlanRequest
-from zeroplan.specs.strategy import StrategyKind
+from zeroplan.specs.strategy import DEEPSPEED_ZERO_DEFAULTS, StrategyKind
 from zeroplan.specs.training import ActivationCheckpointing, StateConvention, TrainingSpec
 from zeroplan.units import ceil_div
 

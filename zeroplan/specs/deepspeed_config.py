@@ -16,21 +16,12 @@ from typing import Any
 
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.base import Frozen
-from zeroplan.specs.strategy import PARTIAL_OFFLOAD_KINDS, StrategyKind
+# DeepSpeed's ZeRO defaults live beside StrategySpec, whose knobs they fill: the core reads them
+# without importing this module's config model (zeroplan.core.deepspeed_coordinator).
+from zeroplan.specs.strategy import DEEPSPEED_ZERO_DEFAULTS, PARTIAL_OFFLOAD_KINDS, StrategyKind
 from zeroplan.specs.training import Optimizer, Precision
 
 FLAG = "--deepspeed-config"
-
-# deepspeed 0.19.8 runtime/zero/config.py DeepSpeedZeroConfig: reduce_bucket_size 5e8 (line 113),
-# contiguous_gradients True (102), sub_group_size 1e9 (182), stage3_prefetch_bucket_size 5e7 (222),
-# stage3_param_persistence_threshold 1e5 (228), stage3_max_live_parameters 1e9 (245),
-# stage3_max_reuse_distance 1e9 (251). The four stage-3 values are the first ZeRO-3's too (0.3.13
-# runtime/zero/constants.py lines 86-99), whose sub_group_size default was 1e12 (line 83).
-DEEPSPEED_ZERO_DEFAULTS: dict[str, int] = {
-    "reduce_bucket_size": 500_000_000, "sub_group_size": 1_000_000_000,
-    "stage3_prefetch_bucket_size": 50_000_000, "stage3_param_persistence_threshold": 100_000,
-    "stage3_max_live_parameters": 1_000_000_000, "stage3_max_reuse_distance": 1_000_000_000,
-}
 
 # deepspeed 0.19.8 runtime/utils.py all_gather_dp_groups: with all_gather_into_tensor (NCCL's)
 # the stage 1-2 parameter all-gather writes into the flat buffers without a bucket, and

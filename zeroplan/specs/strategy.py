@@ -149,6 +149,18 @@ OPT_IN_STRATEGIES = (StrategyKind.zero3_hpz, StrategyKind.zero3_mics, StrategyKi
 """Strategies fit, compare and plan take only when --strategies names them."""
 
 
+# deepspeed 0.19.8 runtime/zero/config.py DeepSpeedZeroConfig: reduce_bucket_size 5e8 (line 113),
+# contiguous_gradients True (102), sub_group_size 1e9 (182), stage3_prefetch_bucket_size 5e7 (222),
+# stage3_param_persistence_threshold 1e5 (228), stage3_max_live_parameters 1e9 (245),
+# stage3_max_reuse_distance 1e9 (251). The four stage-3 values are the first ZeRO-3's too (0.3.13
+# runtime/zero/constants.py lines 86-99), whose sub_group_size default was 1e12 (line 83).
+DEEPSPEED_ZERO_DEFAULTS: dict[str, int] = {
+    "reduce_bucket_size": 500_000_000, "sub_group_size": 1_000_000_000,
+    "stage3_prefetch_bucket_size": 50_000_000, "stage3_param_persistence_threshold": 100_000,
+    "stage3_max_live_parameters": 1_000_000_000, "stage3_max_reuse_distance": 1_000_000_000,
+}
+
+
 class ZeroGradientReduce(str, Enum):
     """ZeRO-1/2: the buffer gradients are reduced through."""
 
