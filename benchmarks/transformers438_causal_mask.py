@@ -115,6 +115,24 @@ def planned_peaks(seq: int, positions: int) -> dict[int, int]:
     return peaks
 
 
+def _frozen_llama(implementation: str, **shape: int):
+    """transformers' own two-layer Llama (bf16, every weight frozen, the embedding's output
+    requiring its gradient as peft's enable_input_require_grads makes it), seeded, under the
+    attention implementation asked."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(num_hidden_layers=2, num_key_value_heads=shape["num_attention_heads"], vocab_size=64,
+                         use_cache=False, **shape)
+    config._attn_implementation = implementation
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    model.enable_input_require_grads()
+    return model
+
+
 def mask_lifetimes() -> list[dict[str, object]]:
     """Whether the mask _update_causal_mask returned is alive after the forward (the output held)
     and after backward, under each attention implementation and checkpoint, at b 2, 8 tokens, P 16."""
@@ -122,19 +140,12 @@ def mask_lifetimes() -> list[dict[str, object]]:
     import weakref
 
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     rows = []
     for implementation in ("sdpa", "eager"):
         for checkpoint in ("none", "non-reentrant", "reentrant"):
-            torch.manual_seed(0)
-            config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                                 num_key_value_heads=2, vocab_size=64, max_position_embeddings=16, use_cache=False)
-            config._attn_implementation = implementation
-            model = LlamaForCausalLM(config).to(torch.bfloat16)
-            for parameter in model.parameters():
-                parameter.requires_grad_(False)
-            model.enable_input_require_grads()
+            model = _frozen_llama(implementation, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                                  max_position_embeddings=16)
             if checkpoint != "none":
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": checkpoint == "reentrant"})
             model.train()
@@ -165,18 +176,11 @@ def saved_layer_masks() -> list[dict[str, object]]:
     each attention implementation, at b 2, 32 tokens, P 64, two layers: the tensors and their
     distinct storages' bytes (saved-tensor hooks)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     rows = []
     for implementation in ("sdpa", "eager"):
-        torch.manual_seed(0)
-        config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                             num_key_value_heads=4, vocab_size=64, max_position_embeddings=64, use_cache=False)
-        config._attn_implementation = implementation
-        model = LlamaForCausalLM(config).to(torch.bfloat16)
-        for parameter in model.parameters():
-            parameter.requires_grad_(False)
-        model.enable_input_require_grads()
+        model = _frozen_llama(implementation, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                              max_position_embeddings=64)
         model.train()
         saved = []
 
