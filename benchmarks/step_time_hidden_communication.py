@@ -52,6 +52,7 @@ from zeroplan.calibrate.step import _at_hfu, bisect_hfu, timed_request
 from zeroplan.core.collective import Phase
 from zeroplan.core.communication import collectives
 from zeroplan.core.default_efficiency import generation_of
+from zeroplan.core.plan import pipeline_rank_requests
 from zeroplan.core.timing import _batch_free_terms, step_time
 from zeroplan.validate.step_calibration import (
     DEFAULT_ATTENTION_RATE, MIN_SOURCE_ROWS, TARGET_MAX, TARGET_MEDIAN, _with_attention_rate, attention_efficiency_fit,
@@ -87,29 +88,33 @@ def added_s(phases: Phases, f: float) -> float:
 
 @functools.lru_cache(maxsize=None)
 def _timed(row: PublishedThroughput, efficiencies: Efficiencies):  # type: ignore[no-untyped-def]
+    """Every pipeline rank of the row's request (the request alone without a pipeline), each with
+    its collectives: the step is the slowest rank's (zeroplan.core.plan.pipeline_step_time)."""
     request = timed_request(_with_attention_rate(row.request(), DEFAULT_ATTENTION_RATE, efficiencies))
-    return request, tuple(collectives(request))
+    return tuple((rank, tuple(collectives(rank))) for rank in pipeline_rank_requests(request))
 
 
 @functools.lru_cache(maxsize=None)
-def terms(row: PublishedThroughput, efficiencies: Efficiencies, hfu: float) -> tuple[float, float, Phases]:
-    """(the planner's step, the step's tokens per GPU, its phases for added_s) at ``hfu``."""
-    request, step_collectives = _timed(row, efficiencies)
-    at = _at_hfu(request, hfu)
-    time = step_time(at, step_collectives)
-    free = _batch_free_terms(at, step_collectives)
-    phases = tuple((compute, free.by_phase[phase], max(free.by_phase[phase], free.host_by_phase[phase]))
-                   for compute, phase in ((time.forward_compute_s, Phase.forward), (time.backward_compute_s, Phase.backward)))
-    return time.step_with_overlap_s, time.tokens_per_s_per_gpu * time.step_with_overlap_s, phases
+def terms(row: PublishedThroughput, efficiencies: Efficiencies, hfu: float) -> tuple[tuple[float, float, Phases], ...]:
+    """Per pipeline rank: (the planner's step, the step's tokens per GPU, its phases for added_s) at ``hfu``."""
+    ranks = []
+    for request, step_collectives in _timed(row, efficiencies):
+        at = _at_hfu(request, hfu)
+        time = step_time(at, step_collectives)
+        free = _batch_free_terms(at, step_collectives)
+        phases = tuple((compute, free.by_phase[phase], max(free.by_phase[phase], free.host_by_phase[phase]))
+                       for compute, phase in ((time.forward_compute_s, Phase.forward), (time.backward_compute_s, Phase.backward)))
+        ranks.append((time.step_with_overlap_s, time.tokens_per_s_per_gpu * time.step_with_overlap_s, phases))
+    return tuple(ranks)
 
 
 def step_s(row: PublishedThroughput, efficiencies: Efficiencies, hfu: float, f: float) -> float:
-    step, _, phases = terms(row, efficiencies, hfu)
-    return step + added_s(phases, f)
+    """The slowest pipeline rank's step with f."""
+    return max(step + added_s(phases, f) for step, _, phases in terms(row, efficiencies, hfu))
 
 
 def tokens_per_s(row: PublishedThroughput, efficiencies: Efficiencies, hfu: float, f: float) -> float:
-    return terms(row, efficiencies, hfu)[1] / step_s(row, efficiencies, hfu, f)
+    return terms(row, efficiencies, hfu)[0][1] / step_s(row, efficiencies, hfu, f)
 
 
 @functools.lru_cache(maxsize=None)

@@ -204,8 +204,10 @@ class StrategyPlan(Frozen):
     (sec. 7.2.1: an all-reduce twice its buffer): 2*Psi for DDP, 3*Psi for ZeRO-3 and for
     DeepSpeed's ZeRO-1/2 (all-reduce plus all-gather), per micro-batch where it repeats."""
     time: StepTime | None
-    """Compute, communication and step time of one optimizer step; None only where the plan
-    was made untimed (plan(timed=False): the verdicts fit() forms for a suggestion, not shown)."""
+    """Compute, communication and step time of one optimizer step, under a pipeline the slowest
+    rank's (core.plan.pipeline_step_time: every rank waits for it), which need not be the rank
+    the memory figures are for; None only where the plan was made untimed (plan(timed=False):
+    the verdicts fit() forms for a suggestion, not shown)."""
     parallel: ParallelSpec = ParallelSpec()
     """The tensor, context and pipeline layout; its pipeline_rank is the rank planned above,
     the one nearest to running out, each on its own usable memory (core.plan.nearest_rank)."""

@@ -129,7 +129,8 @@ def _at_hfu(request: PlanRequest, hfu: float | None) -> PlanRequest:
 
 
 def timed_request(request: PlanRequest) -> PlanRequest:
-    """The request whose step plan() times: under pipeline parallelism its peak-memory rank."""
+    """The request whose memory plan() reports: under pipeline parallelism its peak-memory rank,
+    from which plan() times every rank and takes the slowest (zeroplan.core.plan.pipeline_step_time)."""
     if request.parallel.pp == 1:
         return request
     return request.at_pipeline_rank(_peak_memory_pipeline_rank(_memory_request(request)))
@@ -168,17 +169,21 @@ def solve_hfu(request: PlanRequest, measured_step_s: float) -> float:
     is flat (communication-bound) the smallest HFU that reaches the measured step is returned.
     A step shorter than the planner's at HFU 1 is refused in one line."""
     from zeroplan.core.communication import collectives
+    from zeroplan.core.plan import pipeline_rank_requests, pipeline_step_time
     from zeroplan.core.timing import step_time
 
     if request.performance.compute_model != "hfu":
         raise ZeroplanError("--compute-model", "calibration solves the flat-HFU compute model (allowed: hfu)")
     at = timed_request(request)
     step_collectives = tuple(collectives(at))
+    # The step plan() reports: the slowest pipeline rank's (pipeline_step_time), each rank's
+    # collectives listed once (they do not depend on the HFU).
+    ranks = [(rank, step_collectives if rank == at else tuple(collectives(rank))) for rank in pipeline_rank_requests(at)]
 
     def step_s(hfu: float) -> float:
-        return step_time(_at_hfu(at, hfu), step_collectives).step_with_overlap_s
+        return max(step_time(_at_hfu(rank, hfu), listed).step_with_overlap_s for rank, listed in ranks)
 
-    fastest = step_time(_at_hfu(at, 1.0), step_collectives)
+    fastest = pipeline_step_time(_at_hfu(at, 1.0), step_collectives)
     if measured_step_s < fastest.step_with_overlap_s * (1 - 1e-12):
         raise ZeroplanError(
             "measured step", f"{measured_step_s:.4g} s is shorter than the planner's step at HFU 1 "
@@ -261,20 +266,21 @@ def bisect_hfu(step_s, measured_step_s: float, step_at_one_s: float) -> float:  
 def planned_step(request: PlanRequest):  # type: ignore[no-untyped-def]
     """The planner's StepTime for ``request`` (as plan() times it), without its memory."""
     from zeroplan.core.communication import collectives
-    from zeroplan.core.timing import step_time
+    from zeroplan.core.plan import pipeline_step_time
 
     at = timed_request(request)
-    return step_time(at, tuple(collectives(at)))
+    return pipeline_step_time(at, tuple(collectives(at)))
 
 
 def calibrate_step(request: PlanRequest, measured_step_s: float, model: str, note: str = "") -> StepEfficiency:
     """The efficiency file of ``request`` measured at ``measured_step_s`` per optimizer step."""
     from zeroplan.core.communication import collectives, overlaps_grad_reduce
-    from zeroplan.core.timing import COMPUTE_BASIS, step_time
+    from zeroplan.core.plan import pipeline_step_time
+    from zeroplan.core.timing import COMPUTE_BASIS
 
     hfu = solve_hfu(request, measured_step_s)
     at = _at_hfu(timed_request(request), hfu)
-    time = step_time(at, tuple(collectives(at)))
+    time = pipeline_step_time(at, tuple(collectives(at)))
     batch, parallel, training = request.batch, request.parallel, request.training
     return StepEfficiency(
         hardware_flops_utilization=hfu, attention_rate=request.performance.attention_rate,

@@ -22,7 +22,7 @@ from zeroplan.core.buffers import (
     first_layer_gradient_bytes, fsdp_no_sync_carried_gradient_bytes,
     optimizer_step_temporary_bytes, resident_buffer_bytes, root_gather_buffer_bytes, transient_buffer_bytes,
 )
-from zeroplan.core.communication import collectives
+from zeroplan.core.communication import Collective, collectives
 from zeroplan.core.compiled import check_compiled
 from zeroplan.core import (
     deepspeed_2022, deepspeed_epilogue, deepspeed_fused_fp16, deepspeed_stage0, deepspeed_stage3_step, dschat_dpo,
@@ -70,7 +70,7 @@ from zeroplan.core.parallel.ring_attention import ring_attention_backward_extra_
 from zeroplan.core.parallel.ulysses import ulysses_all_to_all_bytes
 from zeroplan.core.params import total_parameters
 from zeroplan.core.suggest import smallest_change
-from zeroplan.core.timing import step_time
+from zeroplan.core.timing import StepTime, step_time
 from zeroplan.errors import ZeroplanError
 from zeroplan.answers import FitReport
 from zeroplan.results import MemoryBreakdown, PeakMoment, StrategyPlan
@@ -1019,11 +1019,36 @@ def _plan_at_peak(memory: PeakRankMemory, largest_micro_batch: bool, timed: bool
         sent_bytes_per_step=sum(c.sent_bytes_per_step for c in step_collectives),
         communication_volume_elements=sum(c.volume_elements_per_step for c in step_collectives),
         # An encoder-decoder's step is not timed (zeroplan.core.timing.step_time refuses it).
-        time=step_time(request, step_collectives) if timed and not request.model.is_encoder_decoder else None,
+        time=pipeline_step_time(request, step_collectives) if timed and not request.model.is_encoder_decoder else None,
         parallel=request.parallel,
         pipeline_rank_peak_bytes=memory.rank_peaks,
         peak_rank_reason=reason,
     )
+
+
+# A pipeline's ranks end their step together: each ends it with the gradient norm's all-reduce
+# over the model-parallel group, its pipeline ranks included (megatron-core
+# optimizer/clip_grads.py get_grad_norm_fp32, DeepSpeed's runtime/utils.py over
+# mpu.get_model_parallel_group(), torchtitan's distributed/utils.py clip_grad_norm_ with pp_mesh:
+# zeroplan.core.communicators), and its sends chain the stages every micro-batch, so no rank
+# starts the next step before the slowest has finished this one. The step is therefore the
+# slowest rank's, not the rank nearest to running out of memory: the two differ where the
+# stages hold different parameters (the embedding, the head), and taking the memory's rank
+# made the step time jump down when a larger micro-batch or sequence moved the peak to a
+# rank with fewer gradients to reduce (each rank's own time only grows with the batch, and
+# so does the largest of them). A device map's GPUs (one process, a micro-batch through each
+# in turn) are timed as ranks too, the slowest GPU's figure the step's.
+def pipeline_step_time(request: PlanRequest, step_collectives: tuple[Collective, ...]) -> StepTime:
+    """The step time of ``request`` (a pipeline rank's, ``step_collectives`` its collectives): the
+    slowest pipeline rank's StepTime, that rank's own breakdown (on a tie the request's own, else
+    the lowest rank); the request's own without a pipeline."""
+    own = step_time(request, step_collectives)
+    if request.parallel.pp == 1:
+        return own
+    times = [own if rank.parallel.pipeline_rank == request.parallel.pipeline_rank
+             else step_time(rank, tuple(collectives(rank))) for rank in pipeline_rank_requests(request)]
+    # On a tie the request's own rank, whose collectives the plan lists.
+    return max(times, key=lambda time: (time.step_with_overlap_s, time is own))
 
 
 def _turns_in_band(request: PlanRequest, breakdown: MemoryBreakdown, fits: bool, usable_bytes: int,
