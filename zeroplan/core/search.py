@@ -45,7 +45,7 @@ from zeroplan.core.parallel.units import accumulating_trainable_elements
 from zeroplan.core.peak import FIRST_LAYER_SHARES, TOTAL_MOMENTS, PeakTerms, moment_totals, with_terms
 from zeroplan.core.plan import (
     allocator_answer, host_memory_fits, memory_breakdown, micro_batch_terms, nearest_rank, nearest_rank_memory,
-    peak_terms, rank_memories, reference_engine,
+    peak_terms, pipeline_step_time, rank_memories, reference_engine,
 )
 from zeroplan.core.collector import cyclic_gc_paused
 from zeroplan.core.compiled import runs_checkpointing
@@ -62,7 +62,6 @@ from zeroplan.core.timing import (
     host_transfer_bytes,
     model_flops_utilization,
     rank_flops,
-    step_time,
 )
 from zeroplan.core.search_space import CONTEXT_PARALLEL_DEGREES, INTERLEAVED_VIRTUAL_STAGES, LONG_SEQUENCE, LayoutSpace
 from zeroplan.errors import ZeroplanError
@@ -225,7 +224,7 @@ def _scalar_plan_usable(request: PlanRequest) -> tuple[int, bool, StepTime, int]
     at, breakdown, states, usable = nearest_rank_memory(rank_memories(request))
     fits = (breakdown.peak_bytes <= usable and load_fits_gpu(at, usable)
             and host_memory_fits(at, states.host_bytes) is not False)
-    return breakdown.peak_bytes, fits, step_time(at, tuple(collectives(at))), usable
+    return breakdown.peak_bytes, fits, pipeline_step_time(at, tuple(collectives(at))), usable
 
 
 def _moments(states, terms: PeakTerms, grad_accum_steps: int) -> np.ndarray:
@@ -656,7 +655,7 @@ def _fit_group(group: _Group) -> None:
     scalar = [memory_breakdown(_at(cls.request, 5, 3))[0] for cls in group.classes]
     top = nearest_rank([b.peak_bytes for b in scalar], [cls.usable_bytes for cls in group.classes])
     at = _at(group.classes[top].request, 5, 3)
-    scalar_s = step_time(at, tuple(collectives(at))).step_with_overlap_s
+    scalar_s = pipeline_step_time(at, tuple(collectives(at))).step_with_overlap_s
     agree = all(abs(int(allocated[c, 0]) - b.allocated_peak_bytes) <= BYTE_TOLERANCE for c, b in enumerate(scalar))
     agree &= abs(int(peak[0]) - scalar[top].peak_bytes) <= BYTE_TOLERANCE and abs(float(seconds[0]) - scalar_s) <= TIME_TOLERANCE_S
     group.scalar_only = not agree
@@ -787,7 +786,8 @@ def _peaking(group: _Group, allocated: np.ndarray, seconds: np.ndarray, host_ok:
     peaking = headroom.argmin(axis=0)
     columns = np.arange(allocated.shape[1])
     fits = (headroom[peaking, columns] >= 0) & host_ok[peaking, columns]
-    return peaks[peaking, columns], fits, seconds[peaking, columns]
+    # Every pipeline rank waits for the slowest (plan.pipeline_step_time); the memory is the rank nearest to running out.
+    return peaks[peaking, columns], fits, seconds.max(axis=0)
 
 
 def memory_lower_bound(group: _Group, accum: np.ndarray) -> int | None:
