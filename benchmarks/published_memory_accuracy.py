@@ -206,16 +206,22 @@ def error_band(out_rows: list[dict], varying_lengths: bool | None, metric: str =
     return round(quartiles[0], 3), round(quartiles[2], 3), len(ratios)
 
 
+def rows_from_the_repository(options: argparse.Namespace) -> list[dict[str, str]]:
+    """The rows of ``options.rows``, read from the repository's root (the rows name their config
+    files, models and DeepSpeed configs, relative to it; ``options.csv`` made absolute first)."""
+    rows = load_rows(options.rows.resolve())
+    if getattr(options, "csv", None) is not None:
+        options.csv = options.csv.resolve()
+    os.chdir(ROOT)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=Path, default=ROWS)
     parser.add_argument("--csv", type=Path, help="also write the per-row results here")
     options = parser.parse_args(argv)
-    rows = load_rows(options.rows.resolve())
-    if options.csv is not None:
-        options.csv = options.csv.resolve()
-    # The rows name their config files (models, DeepSpeed configs) relative to the repository.
-    os.chdir(ROOT)
+    rows = rows_from_the_repository(options)
     started = time.perf_counter()
     results = []
     for row in rows:

@@ -37,7 +37,6 @@ import argparse
 import contextlib
 import csv
 import io
-import os
 import statistics
 import sys
 from collections import defaultdict
@@ -49,7 +48,9 @@ for entry in (ROOT, ROOT / "benchmarks"):
     if str(entry) not in sys.path:
         sys.path.insert(0, str(entry))
 
-from published_memory_accuracy import ROWS, argv_of, feature_of, fit_parser, load_rows, predict  # noqa: E402
+from published_memory_accuracy import (  # noqa: E402
+    ROWS, argv_of, feature_of, fit_parser, predict, rows_from_the_repository,
+)
 
 GIB = 2**30
 AXES = ("micro_batch", "micro_batch@global", "seq_len")
@@ -228,11 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--all-pairs", action="store_true", help="pair every two values, not consecutive ones")
     parser.add_argument("--csv", type=Path, help="also write the per-pair slopes here")
     options = parser.parse_args(argv)
-    rows = load_rows(options.rows.resolve())
-    if options.csv is not None:
-        options.csv = options.csv.resolve()
-    # The rows name their config files relative to the repository.
-    os.chdir(ROOT)
+    rows = rows_from_the_repository(options)
     slopes, failed = slopes_of(find_pairs(rows, options.all_pairs))
 
     print(f"{'low row':44s} {'high row':44s} {'metric':10s} {'unit':10s} {'meas':>7s} {'pred':>7s}"
