@@ -128,3 +128,17 @@ def test_a_suggested_gpu_count_keeps_the_policy_the_request_was_planned_with() -
                                             finetune=FineTuneSpec(lora_rank=8)))
     eight = one.model_copy(update={"cluster": cluster_from_gpus(get_gpu("h100-80gb"), 8)})
     assert PlanRequest.model_validate(dict(eight)).training.activation_checkpointing is AC.full
+
+
+def test_a_request_given_as_dicts_takes_the_cluster_defaults_gpu_count() -> None:
+    # ClusterSpec's own defaults (one node of 8) decide single-device or distributed.
+    def request(**cluster):
+        return PlanRequest.model_validate({
+            "model": get_model("llama-3.1-8b"), "cluster": {"gpu": get_gpu("h100-80gb"), **cluster},
+            "strategy": {"kind": "ddp" if cluster else "fsdp-full-shard"}, "batch": {"seq_len": 2048},
+            "training": {"framework": "torchtune", "precision": "bf16-pure", "finetune": {"lora_rank": 8}}})
+
+    assert request().recipe_checkpointing_name == "llama3_1/8B_lora"
+    assert request().training.activation_checkpointing is AC.none
+    one = request(gpus_per_node=1)
+    assert (one.recipe_checkpointing_name, one.training.activation_checkpointing) == ("llama3_1/8B_lora_single_device", AC.full)

@@ -700,8 +700,10 @@ class PlanRequest(Frozen):
         else:
             return data
         name = model.name if isinstance(model, ModelSpec) else model.get("name") if isinstance(model, dict) else None
+        defaults = ClusterSpec.model_fields
         world = (cluster.world_size if isinstance(cluster, ClusterSpec)
-                 else cluster.get("num_nodes", 1) * cluster.get("gpus_per_node", 1) if isinstance(cluster, dict) else None)
+                 else cluster.get("num_nodes", defaults["num_nodes"].default)
+                 * cluster.get("gpus_per_node", defaults["gpus_per_node"].default) if isinstance(cluster, dict) else None)
         if not isinstance(name, str) or not isinstance(world, int):
             return data
         default = training_recipe_checkpointing(name, spec, spec.finetune, world)
