@@ -4,6 +4,7 @@ No torch here: the main command line imports this to register ``zeroplan measure
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from zeroplan.cli.parser import add_seq_len_arguments, positive_int
 from zeroplan.errors import ZeroplanError
@@ -74,6 +75,9 @@ def resolve_model(name: str) -> ModelSpec:
     try:
         return get_model(name)
     except ZeroplanError:
+        if name.endswith(".json") or Path(name).exists():
+            # A config file that cannot be read or is refused: its own reason, not "unknown".
+            raise
         from zeroplan.errors import unknown_name_error
         from zeroplan.presets.models import UNLISTED_MODELS, known_model_names
 
