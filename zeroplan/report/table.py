@@ -12,7 +12,7 @@ from zeroplan.specs.finetune import Quantization, lora_adapters
 from zeroplan.specs.framework import LAUNCH_ENVIRONMENT, Framework
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.model import ModelSpec
-from zeroplan.specs.recipe_defaults import training_recipe_checkpointing
+from zeroplan.specs.recipe_defaults import planned_recipe_config
 from zeroplan.specs.training import AttentionKernel
 from zeroplan.units import ByteUnit, to_unit
 
@@ -344,11 +344,9 @@ def checkpointing_words(report: FitReport) -> str:
     """The activation checkpointing planned, and whose default it is where it is the framework's
     own configuration's for the model (zeroplan.specs.recipe_defaults)."""
     training = report.training
-    mode = training.activation_checkpointing
-    default = training_recipe_checkpointing(report.model.name, training, training.finetune, report.cluster.world_size)
-    if default is None or default[0] is not mode:
-        return f"activation checkpointing {mode.value}"
-    return f"activation checkpointing {mode.value} ({training.framework.value}'s {default[1]} config)"
+    words = f"activation checkpointing {training.activation_checkpointing.value}"
+    config = planned_recipe_config(report.model.name, training, report.cluster.world_size)
+    return words if config is None else f"{words} ({training.framework.value}'s {config} config)"
 
 
 def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:

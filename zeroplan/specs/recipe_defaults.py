@@ -7,7 +7,7 @@ checkpointing. A request that names no activation_checkpointing is planned with 
 
 from __future__ import annotations
 
-from zeroplan.specs.finetune import FineTuneSpec, Quantization
+from zeroplan.specs.finetune import Quantization
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.training import ActivationCheckpointing, TrainingSpec
 
@@ -119,11 +119,19 @@ def recipe_checkpointing(framework: Framework, model_name: str, release: str | N
     return None
 
 
-def training_recipe_checkpointing(model_name: str, training: TrainingSpec, finetune: FineTuneSpec | None,
+def training_recipe_checkpointing(model_name: str, training: TrainingSpec,
                                   world_size: int) -> tuple[ActivationCheckpointing, str] | None:
-    """recipe_checkpointing of a request's model, training (its framework and torchtitan release),
-    fine-tune (None: full training) and GPU count."""
-    lora = finetune is not None and finetune.is_lora
+    """recipe_checkpointing of a request's model, training (its framework, torchtitan release and
+    fine-tune) and GPU count."""
+    finetune = training.finetune
+    lora = finetune.is_lora
     nf4 = lora and finetune.quantize is Quantization.nf4
     return recipe_checkpointing(training.framework, model_name, training.torchtitan_release, lora=lora, nf4=nf4,
                                 single_device=world_size == 1)
+
+
+def planned_recipe_config(model_name: str, training: TrainingSpec, world_size: int) -> str | None:
+    """The framework configuration whose activation checkpointing ``training`` plans (the mode it
+    names is that configuration's), None where it is not one's."""
+    default = training_recipe_checkpointing(model_name, training, world_size)
+    return default[1] if default is not None and default[0] is training.activation_checkpointing else None

@@ -9,7 +9,7 @@ from zeroplan.specs.base import Frozen, _instance
 from zeroplan.specs.finetune import (GPTQ_CUDA_KERNEL_TOKENS, Quantization, check_adapter_variant_training,
                                      check_finetune, check_saved_module_training)
 from zeroplan.specs.framework import BUILDS_NO_DROPOUT, UNTIES_EMBEDDINGS, Framework, launch_allocator_conf
-from zeroplan.specs.recipe_defaults import training_recipe_checkpointing
+from zeroplan.specs.recipe_defaults import planned_recipe_config, training_recipe_checkpointing
 from zeroplan.specs.hardware import ClusterSpec
 from zeroplan.specs.model import ModelSpec, PositionKind
 from zeroplan.specs.device_map import check_device_map
@@ -706,7 +706,7 @@ class PlanRequest(Frozen):
                  * cluster.get("gpus_per_node", defaults["gpus_per_node"].default) if isinstance(cluster, dict) else None)
         if not isinstance(name, str) or not isinstance(world, int):
             return data
-        default = training_recipe_checkpointing(name, spec, spec.finetune, world)
+        default = training_recipe_checkpointing(name, spec, world)
         if default is None:
             return data
         mode, config = default
@@ -737,9 +737,7 @@ class PlanRequest(Frozen):
     def recipe_checkpointing_name(self) -> str | None:
         """The framework configuration whose activation checkpointing this request plans (its
         own default for the model: recipe_checkpointing), None where it is not that one's."""
-        t = self.training
-        default = training_recipe_checkpointing(self.model.name, t, t.finetune, self.cluster.world_size)
-        return default[1] if default is not None and default[0] is t.activation_checkpointing else None
+        return planned_recipe_config(self.model.name, self.training, self.cluster.world_size)
 
     @property
     def allocator_conf_is_launch_default(self) -> bool:
