@@ -107,32 +107,33 @@ _ENCODER_DECODER_CONFIGS = {
 # 32768; it extrapolates by dynamic NTK). Yi-6B (01-ai/Yi-6B) is a Llama layout. Every count
 # equals transformers 4.56.2's on the meta device (tests/test_qwen_presets.py); Qwen-7B's
 # 7,721,324,544 is also what ms-swift's benchmark page prints for its full fine-tune.
-def _qwen(model_type: str, hidden: int, ffn: int, layers: int, heads: int, kv: int, vocab: int, tied: bool,
-          positions: int, **extra) -> dict:
+def _decoder_config(model_type: str, hidden: int, ffn: int, layers: int, heads: int, kv: int, vocab: int,
+                    tied: bool, positions: int, **extra) -> dict:
+    """A decoder's config.json shape keys, as the config reader reads them."""
     return {"model_type": model_type, "hidden_size": hidden, "intermediate_size": ffn, "num_hidden_layers": layers,
             "num_attention_heads": heads, "num_key_value_heads": kv, "vocab_size": vocab, "tie_word_embeddings": tied,
             "max_position_embeddings": positions, **extra}
 
 
 _QWEN_CONFIGS = {
-    "qwen2.5-0.5b": _qwen("qwen2", 896, 4864, 24, 14, 2, 151936, True, 32768),
-    "qwen2.5-1.5b": _qwen("qwen2", 1536, 8960, 28, 12, 2, 151936, True, 32768),
-    "qwen2.5-3b": _qwen("qwen2", 2048, 11008, 36, 16, 2, 151936, True, 32768),
-    "qwen2.5-7b": _qwen("qwen2", 3584, 18944, 28, 28, 4, 152064, False, 32768),
-    "qwen2.5-14b": _qwen("qwen2", 5120, 13824, 48, 40, 8, 152064, False, 32768),
-    "qwen2.5-32b": _qwen("qwen2", 5120, 27648, 64, 40, 8, 152064, False, 32768),
-    "qwen2.5-72b": _qwen("qwen2", 8192, 29568, 80, 64, 8, 152064, False, 32768),
-    "qwen3-0.6b": _qwen("qwen3", 1024, 3072, 28, 16, 8, 151936, True, 40960, head_dim=128),
-    "qwen3-1.7b": _qwen("qwen3", 2048, 6144, 28, 16, 8, 151936, True, 40960, head_dim=128),
-    "qwen3-4b": _qwen("qwen3", 2560, 9728, 36, 32, 8, 151936, True, 40960, head_dim=128),
-    "qwen3-8b": _qwen("qwen3", 4096, 12288, 36, 32, 8, 151936, False, 40960, head_dim=128),
-    "qwen3-14b": _qwen("qwen3", 5120, 17408, 40, 40, 8, 151936, False, 40960, head_dim=128),
-    "qwen3-32b": _qwen("qwen3", 5120, 25600, 64, 64, 8, 151936, False, 40960, head_dim=128),
-    "qwen-1.8b": _qwen("qwen2", 2048, 5504, 24, 16, 16, 151936, False, 8192),
-    "qwen-7b": _qwen("qwen2", 4096, 11008, 32, 32, 32, 151936, False, 8192),
-    "qwen-14b": _qwen("qwen2", 5120, 13696, 40, 40, 40, 152064, False, 8192),
-    "qwen-72b": _qwen("qwen2", 8192, 24576, 80, 64, 64, 152064, False, 32768),
-    "yi-6b": _qwen("llama", 4096, 11008, 32, 32, 4, 64000, False, 4096),
+    "qwen2.5-0.5b": _decoder_config("qwen2", 896, 4864, 24, 14, 2, 151936, True, 32768),
+    "qwen2.5-1.5b": _decoder_config("qwen2", 1536, 8960, 28, 12, 2, 151936, True, 32768),
+    "qwen2.5-3b": _decoder_config("qwen2", 2048, 11008, 36, 16, 2, 151936, True, 32768),
+    "qwen2.5-7b": _decoder_config("qwen2", 3584, 18944, 28, 28, 4, 152064, False, 32768),
+    "qwen2.5-14b": _decoder_config("qwen2", 5120, 13824, 48, 40, 8, 152064, False, 32768),
+    "qwen2.5-32b": _decoder_config("qwen2", 5120, 27648, 64, 40, 8, 152064, False, 32768),
+    "qwen2.5-72b": _decoder_config("qwen2", 8192, 29568, 80, 64, 8, 152064, False, 32768),
+    "qwen3-0.6b": _decoder_config("qwen3", 1024, 3072, 28, 16, 8, 151936, True, 40960, head_dim=128),
+    "qwen3-1.7b": _decoder_config("qwen3", 2048, 6144, 28, 16, 8, 151936, True, 40960, head_dim=128),
+    "qwen3-4b": _decoder_config("qwen3", 2560, 9728, 36, 32, 8, 151936, True, 40960, head_dim=128),
+    "qwen3-8b": _decoder_config("qwen3", 4096, 12288, 36, 32, 8, 151936, False, 40960, head_dim=128),
+    "qwen3-14b": _decoder_config("qwen3", 5120, 17408, 40, 40, 8, 151936, False, 40960, head_dim=128),
+    "qwen3-32b": _decoder_config("qwen3", 5120, 25600, 64, 64, 8, 151936, False, 40960, head_dim=128),
+    "qwen-1.8b": _decoder_config("qwen2", 2048, 5504, 24, 16, 16, 151936, False, 8192),
+    "qwen-7b": _decoder_config("qwen2", 4096, 11008, 32, 32, 32, 151936, False, 8192),
+    "qwen-14b": _decoder_config("qwen2", 5120, 13696, 40, 40, 40, 152064, False, 8192),
+    "qwen-72b": _decoder_config("qwen2", 8192, 24576, 80, 64, 64, 152064, False, 32768),
+    "yi-6b": _decoder_config("llama", 4096, 11008, 32, 32, 4, 64000, False, 4096),
 }
 
 
@@ -145,9 +146,7 @@ _QWEN_CONFIGS = {
 # on the meta device.
 def _llama_config(hidden: int, ffn: int, layers: int, heads: int, kv: int, vocab: int, positions: int,
                   tied: bool = False, **extra) -> dict:
-    return {"model_type": "llama", "hidden_size": hidden, "intermediate_size": ffn, "num_hidden_layers": layers,
-            "num_attention_heads": heads, "num_key_value_heads": kv, "vocab_size": vocab,
-            "max_position_embeddings": positions, "tie_word_embeddings": tied, **extra}
+    return _decoder_config("llama", hidden, ffn, layers, heads, kv, vocab, tied, positions, **extra)
 
 
 def _opt(hidden: int, ffn: int, layers: int, heads: int, **extra) -> dict:
