@@ -80,7 +80,7 @@ DGX_H100_NICS = _nics(8, 400, "NVIDIA DGX H100 datasheet: 8x ConnectX-7 400 Gb/s
 DGX_H200_NICS = _nics(8, 400, "NVIDIA DGX H200 datasheet: 8x ConnectX-7 400 Gb/s (compute)")
 DGX_B200_NICS = _nics(8, 400, "NVIDIA DGX B200 datasheet: 8x ConnectX-7 400 Gb/s (compute)")
 MI300X_NICS = _nics(8, 400, "AMD Instinct MI300X platform: one 400 Gb/s NIC per GPU (assumed, as the catalog's per-GPU link)")
-L40S_NICS = _nics(8, 100, "assumed: one 100 Gb/s RoCE NIC per GPU (as the catalog's per-GPU link)")
+ROCE_100G_NICS = _nics(8, 100, "assumed: one 100 Gb/s RoCE NIC per GPU (as the catalog's per-GPU link)")
 G5_NICS = _nics(1, 100, "Amazon EC2 G5 instance specifications: g5.48xlarge 100 Gb/s")
 ETH_25G_NICS = _nics(1, 25, "assumed: one 25 GbE port per 8-card server")
 G6_NICS = _nics(1, 100, "Amazon EC2 G6 instance specifications: g6.48xlarge (8 x L4) 100 Gb/s")
@@ -174,7 +174,7 @@ _CATALOG: dict[str, GpuSpec] = {
         # bf16 362.05 TFLOP/s dense (733 with sparsity). 48 GB GDDR6, 46,068 MiB with ECC on.
         # No NVLink: peers talk over PCIe.
         _gpu("l40s", "NVIDIA L40S", 46_068 * MiB, 362.05, PCIE4, ROCE_100G, PCIE4,
-             "NVIDIA L40S GPU datasheet", L40S_NICS, GpuArchitecture.ada),
+             "NVIDIA L40S GPU datasheet", ROCE_100G_NICS, GpuArchitecture.ada),
         # AWS's variant of the A10 (no public datasheet of its own). Tensor rate: the figure cloud
         # providers publish for the A10G, 70 TFLOP/s fp16/bf16 dense (the A10's 125 is an upper
         # bound). 24 GB GDDR6, 23,028 MiB with ECC on. g5.48xlarge: 8 GPUs share 100 Gb/s.
@@ -197,15 +197,15 @@ _CATALOG: dict[str, GpuSpec] = {
         # not every GPU of the node, which intra_node_link cannot say: their peers are on PCIe here.
         # V100 PCIe: fp16 tensor 112 TFLOP/s (no bf16). nvidia-smi: 16,160 / 32,510 MiB, as the SXM2.
         _gpu("v100-pcie-16gb", "NVIDIA V100 16GB PCIe", 16_160 * MiB, 112, PCIE3, ROCE_100G, PCIE3,
-             "NVIDIA Tesla V100 GPU Accelerator datasheet (PCIe)", L40S_NICS, GpuArchitecture.volta),
+             "NVIDIA Tesla V100 GPU Accelerator datasheet (PCIe)", ROCE_100G_NICS, GpuArchitecture.volta),
         _gpu("v100-pcie-32gb", "NVIDIA V100 32GB PCIe", 32_510 * MiB, 112, PCIE3, ROCE_100G, PCIE3,
-             "NVIDIA Tesla V100 GPU Accelerator datasheet (PCIe)", L40S_NICS, GpuArchitecture.volta),
+             "NVIDIA Tesla V100 GPU Accelerator datasheet (PCIe)", ROCE_100G_NICS, GpuArchitecture.volta),
         # A100 PCIe: bf16 312 TFLOP/s dense as the SXM (the datasheet gives both form factors one
         # figure; the PCIe card's 250-300 W sustains less). nvidia-smi: 40,960 and 81,920 MiB.
         _gpu("a100-pcie-40gb", "NVIDIA A100 40GB PCIe", 40 * GiB, 312, PCIE4, ROCE_100G, PCIE4,
-             "NVIDIA A100 Tensor Core GPU datasheet (PCIe)", L40S_NICS, GpuArchitecture.ampere),
+             "NVIDIA A100 Tensor Core GPU datasheet (PCIe)", ROCE_100G_NICS, GpuArchitecture.ampere),
         _gpu("a100-pcie-80gb", "NVIDIA A100 80GB PCIe", 80 * GiB, 312, PCIE4, ROCE_100G, PCIE4,
-             "NVIDIA A100 Tensor Core GPU datasheet (PCIe)", L40S_NICS, GpuArchitecture.ampere),
+             "NVIDIA A100 Tensor Core GPU datasheet (PCIe)", ROCE_100G_NICS, GpuArchitecture.ampere),
         # A800 SXM: the A100 SXM's compute and memory, NVLink cut to 400 GB/s bidirectional.
         # nvidia-smi "NVIDIA A800-SXM4-80GB": 81,920 MiB (https://github.com/dexmal/dexbotic/issues/41).
         _gpu("a800-80gb", "NVIDIA A800 80GB SXM", 80 * GiB, 312, NVLINK3_A800, IB_HDR, PCIE4,
@@ -213,12 +213,12 @@ _CATALOG: dict[str, GpuSpec] = {
         # H100 PCIe: bf16 1,513 TFLOP/s with sparsity, 756 dense; FP8 3,026 / 1,513. nvidia-smi
         # "NVIDIA H100 PCIe": 81,559 MiB, as the SXM.
         _gpu("h100-pcie", "NVIDIA H100 80GB PCIe", 81_559 * MiB, 756, PCIE5, ROCE_100G, PCIE5,
-             "NVIDIA H100 Tensor Core GPU datasheet (PCIe)", L40S_NICS, GpuArchitecture.hopper, fp8_tflops=1513),
+             "NVIDIA H100 Tensor Core GPU datasheet (PCIe)", ROCE_100G_NICS, GpuArchitecture.hopper, fp8_tflops=1513),
         # H100 NVL (per GPU): bf16 1,671 TFLOP/s with sparsity, 835.5 dense; FP8 3,341 / 1,670.5.
         # 94 GB HBM3; nvidia-smi "NVIDIA H100 NVL": 95,830 MiB
         # (https://github.com/NVIDIA/gpu-admin-tools/issues/4).
         _gpu("h100-nvl", "NVIDIA H100 NVL 94GB", 95_830 * MiB, 835.5, PCIE5, ROCE_100G, PCIE5,
-             "NVIDIA H100 NVL GPU datasheet", L40S_NICS, GpuArchitecture.hopper, fp8_tflops=1670.5),
+             "NVIDIA H100 NVL GPU datasheet", ROCE_100G_NICS, GpuArchitecture.hopper, fp8_tflops=1670.5),
         # H800 SXM: the H100 SXM's compute (bf16 989 dense, FP8 1,979 dense), NVLink cut to 400 GB/s
         # bidirectional. Memory: the H100 SXM's reported 81,559 MiB for the same 80 GB HBM3 (no
         # published H800 total found).
@@ -239,16 +239,16 @@ _CATALOG: dict[str, GpuSpec] = {
              ETH_25G_NICS, GpuArchitecture.ampere),
         # A40: bf16 149.7 TFLOP/s dense (299.4 with sparsity). 48 GB GDDR6 with ECC on (the data
         # center default): 46,068 MiB, 1/16 less than the 49,140 MiB it reports with ECC off.
-        _gpu("a40", "NVIDIA A40", 46_068 * MiB, 149.7, PCIE4, ROCE_100G, PCIE4, "NVIDIA A40 datasheet", L40S_NICS,
+        _gpu("a40", "NVIDIA A40", 46_068 * MiB, 149.7, PCIE4, ROCE_100G, PCIE4, "NVIDIA A40 datasheet", ROCE_100G_NICS,
              GpuArchitecture.ampere),
         # A10: bf16 125 TFLOP/s dense (250 with sparsity). 24 GB GDDR6; NVML total with ECC on
         # 24,146,608,128 bytes = 23,028 MiB (https://github.com/mayooot/detect-gpu/issues/3).
         _gpu("a10", "NVIDIA A10", 23_028 * MiB, 125, PCIE4, ROCE_100G, PCIE4, "NVIDIA A10 Tensor Core GPU datasheet",
-             L40S_NICS, GpuArchitecture.ampere),
+             ROCE_100G_NICS, GpuArchitecture.ampere),
         # L40: bf16 181.05 TFLOP/s dense (362.1 with sparsity; the L40S doubles it). 48 GB GDDR6;
         # nvidia-smi with ECC on: 46,068 MiB, as the L40S.
         _gpu("l40", "NVIDIA L40", 46_068 * MiB, 181.05, PCIE4, ROCE_100G, PCIE4, "NVIDIA L40 GPU datasheet",
-             L40S_NICS, GpuArchitecture.ada),
+             ROCE_100G_NICS, GpuArchitecture.ada),
         # L4: bf16 242 TFLOP/s with sparsity, 121 dense. 24 GB GDDR6; nvidia-smi with ECC on:
         # 23,034 MiB. g6.48xlarge: 8 GPUs share 100 Gb/s.
         _gpu("l4", "NVIDIA L4", 23_034 * MiB, 121, PCIE4, ETH_100G_PER_8, PCIE4,
