@@ -331,9 +331,9 @@ def add_framework_arguments(group: argparse._ArgumentGroup) -> None:
     )
     group.add_argument(
         "--activation-checkpointing", choices=choices_of(ActivationCheckpointing),
-        help="what each block recomputes in the backward (default none; under --framework torchtitan, for a "
-             "model torchtitan ships a configuration of, that configuration's: llama3_8b selective-op, "
-             "llama3_70b and llama3_405b full)",
+        help="what each block recomputes in the backward (default none; under --framework torchtitan or torchtune, "
+             "for a model that framework ships a configuration of, that configuration's: torchtitan's llama3_8b "
+             "selective-op, llama3_70b and llama3_405b full; torchtune's per method and GPU count)",
     )
     group.add_argument(
         "--selective-layer-interval", type=positive_int, metavar="K",

@@ -7,6 +7,7 @@ thing must agree with the arguments; a run setting a command does not take is re
 from __future__ import annotations
 
 import argparse
+
 from zeroplan.errors import ZeroplanError
 from zeroplan.presets.megatron_args import (
     MegatronLaunch, megatron_arguments_path, model_only, read_megatron_arguments_file,
@@ -135,7 +136,6 @@ def _apply(args: argparse.Namespace, launch: MegatronLaunch) -> None:
         shown = "(none)" if current is None else current
         raise ZeroplanError(flag, f"{shown} but the Megatron-LM arguments plan {value} ({_ARGUMENT_OF[attribute]} and "
                                   f"what it implies; give {flag} {value}, or leave {flag} out)")
-
 
 
 def ignored_line(launch: MegatronLaunch) -> str:

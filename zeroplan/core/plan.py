@@ -81,7 +81,7 @@ from zeroplan.specs.base import kept_copy
 from zeroplan.specs.request import GPTQ_STRATEGIES, HF_FSDP1_STRATEGIES, INT8_STRATEGIES, PlanRequest, check_compiled_layout, check_compiled_strategy
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.framework import Framework
-from zeroplan.specs.training import ActivationCheckpointing, BatchSpec, Objective, TrainingSpec
+from zeroplan.specs.training import ActivationCheckpointing, BatchSpec, TrainingSpec
 
 MAX_MICRO_BATCH_SEARCH = 1 << 20
 """The largest micro-batch the search tries."""
