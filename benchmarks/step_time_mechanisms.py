@@ -6,7 +6,7 @@ anchor, scored on the source's other rows), the anchor floor (how many of a sour
 meet the target as its anchor: a diagnostic of the model's spread within the source) and the
 fitted default's leave-one-source-out figures are printed beside the planner as it is.
 
-    python benchmarks/step_time_mechanisms.py            # every variant, ~10 min on 2 cores
+    python benchmarks/step_time_mechanisms.py            # every variant, ~12 min on 2 cores
     python benchmarks/step_time_mechanisms.py --variant contention
 
 Variants whose constant comes from a publication or a measurement (not from these rows):
@@ -59,6 +59,24 @@ Variants whose constant comes from a publication or a measurement (not from thes
   (one call each, the phase's collective time over its calls), where the planner hides a phase's
   collectives behind its compute as a whole; no constant.
 
+- gemm-waves-largest, gemm-waves-largest-splitk, gemm-waves-any-tile: tile and wave
+  quantization of every block product (NVIDIA, "Matrix Multiplication Background User's Guide",
+  DU-09799-001, secs. 2.3 and 3: a GEMM's output is cut into tiles, one thread block each, run in
+  waves of one tile per SM; a partial last tile or wave is paid in full). A product of output
+  M x N on a GPU of S SMs (A100 108, H100 and H200 SXM 132, V100 80: NVIDIA's A100 and H100
+  whitepapers, the V100 one) with a tile tm x tn keeps M N / (ceil(ceil(M/tm) ceil(N/tn) / S) S tm tn)
+  of its time busy. Per block weight (K in, N out on the rank: column-parallel q/k/v and up,
+  row-parallel o and down) the forward's output is T x N, the data gradient's T x K and the weight
+  gradient's N x K (T the micro-batch's tokens). cuBLAS chooses among tile shapes (the guide's
+  sec. 2.3: 256x128 and 128x256 the most efficient, down to 64x64; larger tiles reuse more,
+  smaller ones give more tiles to fill the SMs): -largest takes the better-quantized of the two
+  largest tiles for every product (the most the effect can be with large tiles); -largest-splitk
+  the same with the weight gradient's long reduction over T split to fill the SMs (cuBLAS's
+  split-K / stream-K kernels for small outputs with a long K), so only the forward and data
+  gradient quantize; -any-tile the best-quantized of the guide's eight tiles, each at the same
+  rate (the least the effect can be: a small tile's lower reuse is not charged). No constant
+  from the rows; the HFU then covers a product at full waves.
+
 A fraction of the hidden communication fitted per GPU generation x stack (and the contention
 above beside it) is benchmarks/step_time_hidden_communication.py: its f is fitted without the
 scored source, which one patched planner function cannot know.
@@ -99,6 +117,9 @@ VARIANTS = {
     "gemm-operand-traffic+contention": "GEMM operands at the copy bandwidth and compute slowed under overlap",
     "optimizer-loop": "MPT rows: Composer's per-tensor AdamW loop at the H200's host time per tensor (no constant from the rows)",
     "fsdp-edge": "each micro-batch's first FSDP gather and the step's last reduce-scatter exposed (no constant)",
+    "gemm-waves-largest": "GEMM tile and wave quantization, the largest tiles, weight gradients too (no constant)",
+    "gemm-waves-largest-splitk": "GEMM tile and wave quantization, the largest tiles, weight gradients split over K (no constant)",
+    "gemm-waves-any-tile": "GEMM tile and wave quantization, the best of the guide's eight tiles (no constant)",
     "gemm-k768": "GEMM K/(K+768), both generations (exploratory, in sample)",
     "gemm-k256-1024": "GEMM K/(K+K0), K0 A100 256, H100 1024 (exploratory, in sample)",
     "gemm-k128-1536": "GEMM K/(K+K0), K0 A100 128, H100 1536 (exploratory, in sample)",
@@ -185,6 +206,62 @@ def _patch_gemm(k0_ampere: float, k0_hopper: float) -> None:
     def patched(flops, request, rate):  # type: ignore[no-untyped-def]
         forward_s, backward_s = compute(flops, request, rate)
         forward_m, backward_m = multipliers(request)
+        recomputed_attention = max(0.0, flops.attention_backward_flops
+                                   - attention_backward_over_forward(request.training.attention_kernel) * flops.attention_forward_flops)
+        recomputed = (flops.recompute_flops - recomputed_attention) / rate
+        forward = (flops.forward_flops - flops.attention_forward_flops) / rate
+        backward = (flops.backward_flops - flops.attention_backward_flops) / rate - recomputed
+        return (forward_s + forward * (forward_m - 1),
+                backward_s + backward * (backward_m - 1) + recomputed * (forward_m - 1))
+
+    timing._flat_compute_time_s = patched
+
+
+SMS = {"ampere": 108, "hopper": 132, "volta": 80}
+"""SMs per GPU (NVIDIA's A100, H100 SXM5 and V100 whitepapers; the H200 has the H100's die)."""
+LARGEST_TILES = ((256, 128), (128, 256))
+GUIDE_TILES = ((256, 128), (128, 256), (128, 128), (256, 64), (64, 256), (128, 64), (64, 128), (64, 64))
+"""The tile shapes the Matrix Multiplication Background guide (sec. 2.3) lists for cuBLAS, most efficient first."""
+
+
+def quantized_busy(m: float, n: float, sms: int, tiles: tuple[tuple[int, int], ...]) -> float:
+    """The busy share of an M x N output's waves under the best-quantized of ``tiles``."""
+    import math
+
+    best = 0.0
+    for tm, tn in tiles:
+        count = math.ceil(m / tm) * math.ceil(n / tn)
+        best = max(best, m * n / (math.ceil(count / sms) * sms * tm * tn))
+    return best
+
+
+def wave_multipliers(request, tiles, split_weight_gradient: bool) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """(forward, backward) time over the full-wave time of the rank's block products."""
+    architecture = request.cluster.gpu.architecture
+    sms = SMS.get(architecture.value if architecture is not None else "", 0)
+    if not sms:
+        return 1.0, 1.0
+    model, tp = request.model, request.parallel.tp
+    h, f = model.hidden_size, model.ffn_hidden_size
+    tokens = request.batch.micro_batch_size * request.batch.seq_len / request.parallel.cp
+    weights = [(h, (model.q_size + 2 * model.kv_size) / tp), (model.q_size / tp, h)]
+    weights += [(h, f / tp)] * (2 if model.mlp.gated else 1) + [(f / tp, h)]
+    flops = sum(k * n for k, n in weights)
+    forward = sum(k * n / quantized_busy(tokens, n, sms, tiles) for k, n in weights) / flops
+    data = sum(k * n / quantized_busy(tokens, k, sms, tiles) for k, n in weights) / flops
+    weight = 1.0 if split_weight_gradient else sum(k * n / quantized_busy(n, k, sms, tiles) for k, n in weights) / flops
+    return forward, (data + weight) / 2
+
+
+def _patch_gemm_waves(tiles, split_weight_gradient: bool) -> None:  # type: ignore[no-untyped-def]
+    import zeroplan.core.timing as timing
+    from zeroplan.core.flops import attention_backward_over_forward
+
+    compute = timing._flat_compute_time_s
+
+    def patched(flops, request, rate):  # type: ignore[no-untyped-def]
+        forward_s, backward_s = compute(flops, request, rate)
+        forward_m, backward_m = wave_multipliers(request, tiles, split_weight_gradient)
         recomputed_attention = max(0.0, flops.attention_backward_flops
                                    - attention_backward_over_forward(request.training.attention_kernel) * flops.attention_forward_flops)
         recomputed = (flops.recompute_flops - recomputed_attention) / rate
@@ -345,6 +422,12 @@ def apply(variant: str) -> None:
         _patch_optimizer_loop()
     elif variant == "fsdp-edge":
         _patch_fsdp_edge()
+    elif variant == "gemm-waves-largest":
+        _patch_gemm_waves(LARGEST_TILES, False)
+    elif variant == "gemm-waves-largest-splitk":
+        _patch_gemm_waves(LARGEST_TILES, True)
+    elif variant == "gemm-waves-any-tile":
+        _patch_gemm_waves(GUIDE_TILES, False)
     elif variant == "gemm-k768":
         _patch_gemm(768, 768)
     elif variant == "gemm-k256-1024":
