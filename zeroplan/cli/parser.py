@@ -207,6 +207,7 @@ FLAG_OF_FIELD = {
     "finetune.freeze_embeddings": "--freeze-embeddings",
     "finetune.frozen_blocks": "--frozen-blocks",
     "compile": "--compile",
+    "optimizer_in_backward": "--optimizer-in-backward",
     "torchtitan_release": "--torchtitan-release",
     "deepspeed_release": "--deepspeed-release",
     "use_cache": "--use-cache",
