@@ -14,7 +14,7 @@ from zeroplan.specs import BatchSpec, PlanRequest, StrategySpec, TrainingSpec, c
 from zeroplan.specs.finetune import FineTuneSpec, Quantization
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.parallel import ParallelSpec
-from zeroplan.specs.training import ActivationCheckpointing as AC, Float8Recipe
+from zeroplan.specs.training import ActivationCheckpointing as AC, Float8Recipe, Optimizer, OptimizerLoop
 
 
 def _request(model: str = "llama-3.1-8b", gpus: int = 8, parallel: ParallelSpec | None = None, **training) -> PlanRequest:
@@ -256,16 +256,33 @@ def _tune_full(model: str = "llama-3.1-8b", gpus: int = 1, grad_accum: int = 1, 
                        training=TrainingSpec(framework=Framework.torchtune, precision="bf16-pure", **training))
 
 
-@pytest.mark.parametrize(("model", "gpus", "finetune", "expected"), [
-    # llama3_1/8B_full_single_device.yaml and llama3/8B_full_single_device.yaml: optimizer_in_bwd True.
-    ("llama-3.1-8b", 1, FineTuneSpec(), True), ("llama-3-8b", 1, FineTuneSpec(), True),
-    ("llama-3.1-8b", 8, FineTuneSpec(), False), ("llama-3.1-8b", 1, FineTuneSpec(lora_rank=8), False),
-    ("mistral-7b", 8, FineTuneSpec(), False),
+_PAGED_IN_BACKWARD = ("adam-8bit optimizer", "paged optimizer", "optimizer in backward")
+
+
+@pytest.mark.parametrize(("model", "gpus", "finetune", "words"), [
+    # llama3_1/8B_full_single_device.yaml and llama3/8B_full_single_device.yaml: PagedAdamW8bit, optimizer_in_bwd True.
+    ("llama-3.1-8b", 1, FineTuneSpec(), _PAGED_IN_BACKWARD), ("llama-3-8b", 1, FineTuneSpec(), _PAGED_IN_BACKWARD),
+    # llama3_1/70B_full.yaml and llama3/70B_full.yaml: fsdp_cpu_offload True, AdamW fused False.
+    ("llama-3.1-70b", 8, FineTuneSpec(), ("FSDP CPU offload", "foreach optimizer step")),
+    ("llama-3-70b", 8, FineTuneSpec(), ("FSDP CPU offload", "foreach optimizer step")),
+    # The others build fused AdamW on the GPU and step after backward: the planner's own.
+    ("llama-3.1-8b", 8, FineTuneSpec(), ()), ("llama-3.1-8b", 1, FineTuneSpec(lora_rank=8), ()),
+    ("llama-3.1-70b", 8, FineTuneSpec(lora_rank=8), ()), ("mistral-7b", 8, FineTuneSpec(), ()),
 ])
-def test_torchtune_steps_in_backward_where_its_configuration_does(model, gpus, finetune, expected) -> None:
-    request = _tune_full(model, gpus, finetune=finetune)
-    assert request.training.optimizer_in_backward is expected
-    assert (request.recipe_launch_words[1] == ("optimizer in backward",)) is expected
+def test_torchtune_plans_its_configurations_optimizer(model, gpus, finetune, words) -> None:
+    t = _tune_full(model, gpus, finetune=finetune).training
+    paged = words == _PAGED_IN_BACKWARD
+    offloaded = bool(words) and not paged
+    assert (t.optimizer is Optimizer.adam_8bit, t.paged_optimizer, t.optimizer_in_backward) == (paged, paged, paged)
+    assert (t.fsdp_cpu_offload, t.optimizer_loop is OptimizerLoop.foreach) == (offloaded, offloaded)
+    assert _tune_full(model, gpus, finetune=finetune).recipe_launch_words[1] == words
+
+
+def test_an_optimizer_named_in_place_of_the_configurations_is_not_paged() -> None:
+    # PagedAdamW8bit is one component: naming another optimizer replaces it, paging included.
+    t = _tune_full(optimizer="adamw").training
+    assert (t.optimizer, t.paged_optimizer, t.optimizer_in_backward) == (Optimizer.adamw, False, True)
+    assert not _tune_full("llama-3.1-70b", 8, fsdp_cpu_offload=False).training.fsdp_cpu_offload
 
 
 def test_torchtune_optimizer_in_backward_named_off_or_refused_with_accumulation(capsys) -> None:
@@ -278,4 +295,5 @@ def test_torchtune_optimizer_in_backward_named_off_or_refused_with_accumulation(
     assert code != 0 and len(error) == 1 and "--optimizer-in-backward: not named" in error[0]
     main(["fit", "llama-3.1-8b", "--gpus", "1", "--gpu", "h100-80gb", "--framework", "torchtune"])
     said = " ".join(capsys.readouterr().out.split())
-    assert "(torchtune's llama3_1/8B_full_single_device config, as are its optimizer in backward)" in said
+    assert ("(torchtune's llama3_1/8B_full_single_device config, as are its adam-8bit optimizer, paged optimizer, "
+            "optimizer in backward)") in said

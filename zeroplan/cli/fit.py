@@ -72,7 +72,9 @@ def add_precision_arguments(group: argparse._ArgumentGroup) -> None:
     """--precision, --optimizer and --optimizer-loop (fit, compare, plan)."""
     group.add_argument("--precision", choices=choices_of(Precision),
                        help="numeric formats (default: the framework's, bf16-mixed; torchtune bf16-pure)")
-    group.add_argument("--optimizer", choices=choices_of(Optimizer), default=Optimizer.adamw.value)
+    group.add_argument("--optimizer", choices=choices_of(Optimizer),
+                       help="default: adamw, or the optimizer torchtune's own configuration builds (its 8B full "
+                            "single-device ones: PagedAdamW8bit, adam-8bit with --paged-optimizer)")
     add_optimizer_loop_argument(group)
 
 
@@ -148,9 +150,10 @@ def add_state_arguments(group: argparse._ArgumentGroup) -> None:
              "default: on where torchtune's own configuration sets it, its 8B full single-device ones, else off)",
     )
     group.add_argument(
-        "--paged-optimizer", action="store_true",
+        "--paged-optimizer", action=argparse.BooleanOptionalAction, default=None,
         help="bitsandbytes' paged optimizer (PagedAdamW, PagedAdamW8bit...): its states live in CUDA managed "
-        "memory, outside PyTorch's allocator, and page to host RAM when the GPU is full",
+        "memory, outside PyTorch's allocator, and page to host RAM when the GPU is full (default: on where "
+        "torchtune's own configuration builds one, its 8B full single-device ones, else off)",
     )
     group.add_argument(
         "--state-convention", choices=choices_of(StateConvention),
@@ -272,10 +275,11 @@ def add_sharding_arguments(group: argparse._ArgumentGroup) -> None:
              "none (no save); default full",
     )
     group.add_argument(
-        "--fsdp-cpu-offload", action="store_true",
+        "--fsdp-cpu-offload", action=argparse.BooleanOptionalAction, default=None,
         help="FSDP2 CPUOffloadPolicy: sharded parameters, gradients and optimizer states in host RAM "
              "(torchtune's fsdp_cpu_offload, torchtitan's enable_cpu_offload, accelerate's fsdp_offload_params; "
-             "under --framework fairseq, fairscale FSDP's cpu_offload: fairseq's --cpu-offload)",
+             "under --framework fairseq, fairscale FSDP's cpu_offload: fairseq's --cpu-offload; default: on where "
+             "torchtune's own configuration sets it, its 70B full ones, else off)",
     )
 
 
@@ -737,18 +741,18 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind | None = None
         torch_release=getattr(args, "torch_release", None),
         model_load=ModelLoad(args.model_load) if getattr(args, "model_load", None) else None,
         litgpt_fork=getattr(args, "litgpt_fork", None),
-        # compile, float8, float8_skips_output and optimizer_in_backward not given: off, or the
-        # framework's own configuration's (PlanRequest._framework_recipe_launch).
+        # compile, float8, float8_skips_output and optimizer_in_backward likewise.
         **_named(optimizer_in_backward=args.optimizer_in_backward, compile=getattr(args, "compile", None),
                  float8_skips_output=getattr(args, "float8_skip_output", None)),
         **({} if getattr(args, "float8", None) is None
            else {"float8": None if args.float8 == "none" else Float8Recipe(args.float8)}),
-        paged_optimizer=args.paged_optimizer,
-        fsdp_cpu_offload=args.fsdp_cpu_offload,
+        **_named(paged_optimizer=args.paged_optimizer, fsdp_cpu_offload=args.fsdp_cpu_offload),
         fsdp_state_dict=FsdpStateDict(args.fsdp_state_dict) if getattr(args, "fsdp_state_dict", None) else None,
         accelerate_version=getattr(args, "accelerate_version", None),
-        optimizer=Optimizer(args.optimizer),
-        optimizer_loop=OptimizerLoop(args.optimizer_loop) if getattr(args, "optimizer_loop", None) else None,
+        # --optimizer, --optimizer-loop, --paged-optimizer and --fsdp-cpu-offload not given: the
+        # planner's own, or the framework's own configuration's (PlanRequest._framework_recipe_launch).
+        **({} if args.optimizer is None else {"optimizer": Optimizer(args.optimizer)}),
+        **({} if getattr(args, "optimizer_loop", None) is None else {"optimizer_loop": OptimizerLoop(args.optimizer_loop)}),
         # Not given: none, or the framework's own configuration's (PlanRequest._framework_recipe_checkpointing).
         **({} if args.activation_checkpointing is None
            else {"activation_checkpointing": ActivationCheckpointing(args.activation_checkpointing)}),

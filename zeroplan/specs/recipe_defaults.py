@@ -3,16 +3,19 @@ assume something else: torchtitan ships one Python configuration per model it tr
 (models/*/config_registry.py), torchtune one YAML file per model, method and device count
 (recipes/configs/), and a user who runs one without overrides runs its activation
 checkpointing, its compile, float8 and asynchronous tensor parallelism (torchtitan's
-llama3_405b) and its optimizer in backward (torchtune's 8B full single-device ones). A request
+llama3_405b), its optimizer and where it steps (torchtune's 8B full single-device and 70B full
+ones). A request
 that names none of these is planned with the configuration's (PlanRequest._framework_recipe_checkpointing,
 PlanRequest._framework_recipe_launch), and the header says so."""
 
 from __future__ import annotations
 
+from enum import Enum
+
 from zeroplan.specs.finetune import Quantization
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.parallel import ParallelSpec
-from zeroplan.specs.training import ActivationCheckpointing, Float8Recipe, TrainingSpec
+from zeroplan.specs.training import ActivationCheckpointing, Float8Recipe, Optimizer, OptimizerLoop, TrainingSpec
 
 SELECTIVE_OP, FULL = ActivationCheckpointing.selective_op, ActivationCheckpointing.full
 
@@ -118,13 +121,22 @@ TORCHTUNE_CONFIG_CHECKPOINTING: dict[str, ActivationCheckpointing] = {
 
 
 # torchtune 0.6.1 recipes/configs/llama3_1/8B_full_single_device.yaml and
-# llama3/8B_full_single_device.yaml: optimizer_in_bwd: True (line 66 of each), with
-# gradient_accumulation_steps: 1 (line 65). Every other configuration above sets it False or
-# leaves it out; every one sets compile: False, enable_activation_offloading: False, dtype: bf16
-# and loss CEWithChunkedOutputLoss: the profile's own defaults (bf16-pure, 8 loss chunks).
+# llama3/8B_full_single_device.yaml: optimizer bitsandbytes.optim.PagedAdamW8bit (lines 60 and 57:
+# 8-bit AdamW states, paged) and optimizer_in_bwd: True (line 66 of each, with
+# gradient_accumulation_steps: 1 at line 65). llama3_1/70B_full.yaml and llama3/70B_full.yaml:
+# fsdp_cpu_offload: True (lines 78 and 76) and torch.optim.AdamW with fused: False (lines 63 and
+# 62: torch's foreach step, its CUDA default). Every other configuration above builds
+# torch.optim.AdamW with fused: True (the profile's fused_optimizer), sets optimizer_in_bwd False or
+# leaves it out, and no fsdp_cpu_offload; every one sets compile: False,
+# enable_activation_offloading: False, dtype: bf16 and loss CEWithChunkedOutputLoss: the
+# profile's own defaults (bf16-pure, 8 loss chunks).
+_PAGED_8BIT_IN_BACKWARD = {"optimizer": Optimizer.adam_8bit, "paged_optimizer": True, "optimizer_in_backward": True}
+_OFFLOADED_UNFUSED = {"fsdp_cpu_offload": True, "optimizer_loop": OptimizerLoop.foreach}
 TORCHTUNE_CONFIG_TRAINING: dict[str, dict[str, object]] = {
-    "llama3_1/8B_full_single_device": {"optimizer_in_backward": True},
-    "llama3/8B_full_single_device": {"optimizer_in_backward": True},
+    "llama3_1/8B_full_single_device": _PAGED_8BIT_IN_BACKWARD,
+    "llama3/8B_full_single_device": _PAGED_8BIT_IN_BACKWARD,
+    "llama3_1/70B_full": _OFFLOADED_UNFUSED,
+    "llama3/70B_full": _OFFLOADED_UNFUSED,
 }
 """What each configuration sets beside its checkpointing that the planner would otherwise not."""
 
@@ -175,6 +187,8 @@ def planned_recipe_config(model_name: str, training: TrainingSpec, world_size: i
 SETTING_WORDS: dict[str, str] = {
     "compile": "torch.compile", "float8": "float8 {}", "float8_skips_output": "output projection in bf16",
     "optimizer_in_backward": "optimizer in backward", "async_tp": "async tensor parallelism",
+    "optimizer": "{} optimizer", "paged_optimizer": "paged optimizer", "fsdp_cpu_offload": "FSDP CPU offload",
+    "optimizer_loop": "{} optimizer step",
 }
 """How the header and a refusal name each launch setting (async_tp: ParallelSpec's)."""
 
@@ -201,7 +215,7 @@ def recipe_launch_settings(model_name: str, training: TrainingSpec,
 def setting_words(field: str, value: object) -> str:
     """A launch setting as the header says it."""
     words = SETTING_WORDS[field]
-    return words.format(value.value) if isinstance(value, Float8Recipe) else words
+    return words.format(value.value) if isinstance(value, Enum) else words
 
 
 def planned_recipe_settings(model_name: str, training: TrainingSpec, parallel: ParallelSpec | None,

@@ -796,13 +796,13 @@ class PlanRequest(Frozen):
     @model_validator(mode="before")
     @classmethod
     def _framework_recipe_launch(cls, data: object) -> object:
-        """A request whose training names none of compile, float8, float8_skips_output or
-        optimizer_in_backward (and whose layout names no async_tp) is planned with what the
-        framework's own configuration of its model sets (recipe_launch_settings: torchtitan
-        0.3.0's llama3_405b compiles, converts the linears but the output projection to rowwise
-        float8 and, where there is tensor parallelism, runs it asynchronously; torchtune's 8B full
-        single-device configurations step the optimizer in backward), as a user who runs that
-        configuration trains; each one the request names (even off) it keeps."""
+        """A request whose training leaves unnamed a setting the framework's own configuration
+        of its model sets beside its checkpointing (recipe_launch_settings: torchtitan 0.3.0's
+        llama3_405b compiles, converts the linears but the output projection to rowwise float8
+        and, where there is tensor parallelism, runs it asynchronously, ParallelSpec.async_tp;
+        torchtune's 8B full single-device configurations step a paged 8-bit AdamW in backward,
+        its 70B full ones offload to the host and step unfused) is planned with that setting, as
+        a user who runs that configuration trains; each one the request names (even off) it keeps."""
         if not isinstance(data, dict):
             return data
         inputs = _recipe_inputs(data)
@@ -820,6 +820,10 @@ class PlanRequest(Frozen):
         if float8 in (None, Float8Recipe.te_delayed):
             # torchtitan's filter_fqns belongs to its float8 converter: without one it sets nothing.
             defaults.pop("float8_skips_output", None)
+        if "optimizer" in named:
+            # The optimizer torchtune's configuration builds is paged (PagedAdamW8bit): one named
+            # in its place is the user's own component.
+            defaults.pop("paged_optimizer", None)
         try:
             layout = parallel if isinstance(parallel, ParallelSpec) else ParallelSpec(**(parallel or {}))
         except (ZeroplanError, ValueError, TypeError):
@@ -847,7 +851,7 @@ class PlanRequest(Frozen):
             # As _framework_recipe_checkpointing: where the request is planned with each setting
             # it did not name left off, what is refused is the configuration's setting, and the
             # refusal says whose it was; otherwise the request's own refusal stands.
-            off = {field: None if field == "float8" else False for field in defaults}
+            off = {field: TrainingSpec.model_fields[field].default for field in defaults}
             _check_launch_settings(cls(**with_settings(off, False if default_async else None)))
             asked = {**defaults, **({"async_tp": True} if default_async else {})}
             field = refused.field.removeprefix("parallel.").removeprefix("training.")
