@@ -283,6 +283,9 @@ def test_an_optimizer_named_in_place_of_the_configurations_is_not_paged() -> Non
     t = _tune_full(optimizer="adamw").training
     assert (t.optimizer, t.paged_optimizer, t.optimizer_in_backward) == (Optimizer.adamw, False, True)
     assert not _tune_full("llama-3.1-70b", 8, fsdp_cpu_offload=False).training.fsdp_cpu_offload
+    # ... and its fused: False with it: a Lion named on the 70B configuration steps as the profile's.
+    lion = _tune_full("llama-3.1-70b", 8, optimizer="lion").training
+    assert (lion.optimizer_loop, lion.fsdp_cpu_offload) == (None, True)
 
 
 def test_torchtune_optimizer_in_backward_named_off_or_refused_with_accumulation(capsys) -> None:

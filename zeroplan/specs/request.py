@@ -821,9 +821,10 @@ class PlanRequest(Frozen):
             # torchtitan's filter_fqns belongs to its float8 converter: without one it sets nothing.
             defaults.pop("float8_skips_output", None)
         if "optimizer" in named:
-            # The optimizer torchtune's configuration builds is paged (PagedAdamW8bit): one named
-            # in its place is the user's own component.
+            # The optimizer a torchtune configuration builds is one component with its paging
+            # (PagedAdamW8bit) and its step (AdamW's fused): one named in its place is the user's own.
             defaults.pop("paged_optimizer", None)
+            defaults.pop("optimizer_loop", None)
         try:
             layout = parallel if isinstance(parallel, ParallelSpec) else ParallelSpec(**(parallel or {}))
         except (ZeroplanError, ValueError, TypeError):
