@@ -56,10 +56,12 @@ TORCHTITAN_CONFIG_CHECKPOINTING: dict[str, ActivationCheckpointing] = {
 # one builds ChunkedLossWrapper(CrossEntropyLoss) (llama3_405b line 312), the loss the profile
 # plans (TrainingSpec.unchunked_loss False).
 TORCHTITAN_CONFIG_TRAINING: dict[str, dict[str, object]] = {
+    # models/llama3/config_registry.py lines 296-299 and 341 (compile), 300-310 (float8, lm_head kept bf16).
     "llama3_405b": {"compile": True, "float8": Float8Recipe.rowwise, "float8_skips_output": True},
 }
 """What each 0.3.0 configuration sets beside its checkpointing (TrainingSpec fields -> values)."""
 
+# models/llama3/config_registry.py line 298 (enable_async_tensor_parallel=True).
 TORCHTITAN_CONFIG_ASYNC_TP = frozenset({"llama3_405b"})
 """The 0.3.0 configurations that enable asynchronous tensor parallelism (ParallelSpec.async_tp),
 which torchtitan applies only where there is a tensor-parallel mesh (distributed/compile.py:49-51,
@@ -133,9 +135,13 @@ TORCHTUNE_CONFIG_CHECKPOINTING: dict[str, ActivationCheckpointing] = {
 _PAGED_8BIT_IN_BACKWARD = {"optimizer": Optimizer.adam_8bit, "paged_optimizer": True, "optimizer_in_backward": True}
 _OFFLOADED_UNFUSED = {"fsdp_cpu_offload": True, "optimizer_loop": OptimizerLoop.foreach}
 TORCHTUNE_CONFIG_TRAINING: dict[str, dict[str, object]] = {
+    # recipes/configs/llama3_1/8B_full_single_device.yaml lines 60 (PagedAdamW8bit) and 66 (optimizer_in_bwd).
     "llama3_1/8B_full_single_device": _PAGED_8BIT_IN_BACKWARD,
+    # recipes/configs/llama3/8B_full_single_device.yaml lines 57 and 66.
     "llama3/8B_full_single_device": _PAGED_8BIT_IN_BACKWARD,
+    # recipes/configs/llama3_1/70B_full.yaml lines 63 (fused: False) and 78 (fsdp_cpu_offload).
     "llama3_1/70B_full": _OFFLOADED_UNFUSED,
+    # recipes/configs/llama3/70B_full.yaml lines 62 and 76.
     "llama3/70B_full": _OFFLOADED_UNFUSED,
 }
 """What each configuration sets beside its checkpointing that the planner would otherwise not."""
