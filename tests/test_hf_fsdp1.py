@@ -148,7 +148,7 @@ def test_lora_states_are_peft_adapters_over_a_frozen_bf16_base() -> None:
     (("--strategies", "fsdp-full-shard", "--lora-rank", "16", "--quantize", "nf4"), "--kbit-fp32-cast"),
     (("--strategies", "fsdp-full-shard", "--lora-rank", "16", "--dora"), "--dora"),
     (("--strategies", "fsdp-full-shard", "--lora-rank", "16", "--base-dtype", "fp32"), "--base-dtype"),
-    (("--strategies", "fsdp-shard-grad-op", "--fsdp-cpu-offload"), "fsdp_cpu_offload"),
+    (("--strategies", "fsdp-shard-grad-op", "--fsdp-cpu-offload"), "--fsdp-cpu-offload"),
     (("--strategies", "fsdp-full-shard", "--precision", "fp32"), "--precision"),
     (("--strategies", "fsdp-full-shard", "--compile"), "compile"),
 ])

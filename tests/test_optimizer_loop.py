@@ -97,7 +97,7 @@ def test_fused_lion_is_refused_by_name(zeroplan_cli) -> None:
                                   "--optimizer-loop", "fused")
     assert code == 2 and out == ""
     assert err.strip().splitlines() == [
-        "zeroplan: error: optimizer_loop: fused is offered by torch for adam, adamw, sgd, sgd-momentum, not lion "
+        "zeroplan: error: --optimizer-loop: fused is offered by torch for adam, adamw, sgd, sgd-momentum, not lion "
         "(allowed: foreach, for-loop)"]
 
 

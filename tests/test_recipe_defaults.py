@@ -14,7 +14,7 @@ from zeroplan.specs import BatchSpec, PlanRequest, StrategySpec, TrainingSpec, c
 from zeroplan.specs.finetune import FineTuneSpec, Quantization
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.parallel import ParallelSpec
-from zeroplan.specs.training import ActivationCheckpointing as AC
+from zeroplan.specs.training import ActivationCheckpointing as AC, Float8Recipe, Optimizer, OptimizerLoop
 
 
 def _request(model: str = "llama-3.1-8b", gpus: int = 8, parallel: ParallelSpec | None = None, **training) -> PlanRequest:
@@ -142,3 +142,161 @@ def test_a_request_given_as_dicts_takes_the_cluster_defaults_gpu_count() -> None
     assert request().training.activation_checkpointing is AC.none
     one = request(gpus_per_node=1)
     assert (one.recipe_checkpointing_name, one.training.activation_checkpointing) == ("llama3_1/8B_lora_single_device", AC.full)
+
+
+# ---------------------------------------------------------------- compile, float8, async TP, optimizer in backward
+
+def _titan_405b(gpu: str = "h100-80gb", parallel: ParallelSpec | None = None, batch: BatchSpec | None = None,
+                **training) -> PlanRequest:
+    return PlanRequest(model=get_model("llama-3.1-405b"), cluster=cluster_from_gpus(get_gpu(gpu), 64),
+                       strategy=StrategySpec(kind="fsdp-full-shard"), batch=batch or BatchSpec(seq_len=8192),
+                       training=TrainingSpec(framework=Framework.torchtitan, **training), parallel=parallel or ParallelSpec())
+
+
+_TP8 = ParallelSpec(tp=8, sequence_parallel=True)
+
+
+def test_torchtitan_405b_is_planned_as_its_configuration_compiles_it() -> None:
+    # torchtitan 0.3.0 llama3_405b: compile with async TP, rowwise float8 but lm_head, FullAC.
+    request = _titan_405b(parallel=_TP8)
+    t = request.training
+    assert (t.compile, t.float8, t.float8_skips_output, t.activation_checkpointing) == (True, Float8Recipe.rowwise, True, AC.full)
+    assert request.parallel.async_tp
+    assert request.recipe_launch_words == ("llama3_405b", ("torch.compile", "float8 rowwise", "output projection in bf16",
+                                                           "async tensor parallelism"))
+    # Without a tensor-parallel mesh torchtitan enables no async TP.
+    assert not _titan_405b().parallel.async_tp
+
+
+@pytest.mark.parametrize(("model", "release"), [
+    ("llama-3.1-70b", None), ("llama-3.1-8b", None), ("qwen3-14b", None), ("llama-3.1-405b", "9dec370"),
+])
+def test_configurations_that_set_no_compile_leave_it_off(model, release) -> None:
+    extra = {"unchunked_loss": True} if release else {}
+    t = _request(model, framework=Framework.torchtitan, torchtitan_release=release, **extra).training
+    assert (t.compile, t.float8, t.float8_skips_output) == (False, None, False)
+
+
+def test_a_named_setting_is_kept_off_included() -> None:
+    no_async = ParallelSpec(tp=8, sequence_parallel=True, async_tp=False)
+    off = _titan_405b(parallel=no_async, compile=False, float8=None, float8_skips_output=False)
+    assert (off.training.compile, off.training.float8, off.training.float8_skips_output) == (False, None, False)
+    assert not off.parallel.async_tp
+    assert not _titan_405b(parallel=no_async).parallel.async_tp
+    # A named recipe keeps the configuration's filter_fqns (the output projection in bf16).
+    tensorwise = _titan_405b(float8="tensorwise").training
+    assert (tensorwise.float8, tensorwise.float8_skips_output, tensorwise.compile) == (Float8Recipe.tensorwise, True, True)
+    assert not _titan_405b(float8_skips_output=False).training.float8_skips_output
+    assert _titan_405b(compile=False, float8=None).recipe_launch_words == ("", ())
+
+
+def test_the_defaults_plan_as_the_same_settings_named() -> None:
+    from zeroplan.core.plan import plan
+
+    defaulted = plan(_titan_405b(parallel=_TP8))
+    named = plan(_titan_405b(parallel=ParallelSpec(tp=8, sequence_parallel=True, async_tp=True), compile=True,
+                             float8="rowwise", float8_skips_output=True))
+    eager = plan(_titan_405b(parallel=ParallelSpec(tp=8, sequence_parallel=True, async_tp=False), compile=False,
+                             float8=None))
+    assert defaulted.memory == named.memory and defaulted.time == named.time
+    # Compiled float8 blocks run faster than the eager bf16 ones the planner assumed before.
+    assert defaulted.time.forward_compute_s < eager.time.forward_compute_s
+
+
+@pytest.mark.parametrize(("kwargs", "flag", "words"), [
+    # torchtitan's converter raises on a GPU without float8 matmuls.
+    ({"gpu": "a100-80gb"}, "float8", "float8 rowwise"),
+    ({"compile": False}, "float8", "float8 rowwise"),
+    ({"parallel": ParallelSpec(tp=8, sequence_parallel=False)}, "parallel.async_tp", "async tensor parallelism"),
+])
+def test_a_configuration_setting_the_request_refuses_is_named_as_the_configurations(kwargs, flag, words) -> None:
+    with pytest.raises(ZeroplanError) as refused:
+        _titan_405b(**kwargs)
+    assert refused.value.field == flag
+    assert refused.value.detail.startswith(f"not named, so torchtitan's llama3_405b config's {words} was planned, and ")
+
+
+def test_a_refusal_of_what_the_request_names_is_its_own() -> None:
+    # float8 named on an A100: refused with or without the configuration's compile.
+    with pytest.raises(ZeroplanError) as refused:
+        _titan_405b(gpu="a100-80gb", float8="tensorwise")
+    assert refused.value.field == "float8" and not refused.value.detail.startswith("not named")
+
+
+def test_the_header_names_the_configurations_settings(capsys) -> None:
+    args = ["fit", "llama-3.1-405b", "--gpus", "64", "--gpu", "h100-80gb", "--framework", "torchtitan", "--tp", "8",
+            "--strategies", "fsdp-full-shard"]
+    main(args)
+    said = " ".join(capsys.readouterr().out.split())
+    assert ("activation checkpointing full (torchtitan's llama3_405b config, as are its torch.compile, float8 rowwise, "
+            "output projection in bf16, async tensor parallelism)") in said
+    main([*args, "--no-compile", "--float8", "none", "--no-async-tp"])
+    said = " ".join(capsys.readouterr().out.split())
+    assert "activation checkpointing full (torchtitan's llama3_405b config)." in said and "torch.compile" not in said
+    main([*args, "--activation-checkpointing", "none", "--no-async-tp"])
+    said = " ".join(capsys.readouterr().out.split())
+    assert ("activation checkpointing none (torch.compile, float8 rowwise, output projection in bf16: torchtitan's "
+            "llama3_405b config)") in said
+
+
+@pytest.mark.parametrize(("extra", "flag"), [
+    (["--gpu", "a100-80gb"], "--float8"), (["--gpu", "h100-80gb", "--no-compile"], "--float8"),
+    (["--gpu", "h100-80gb", "--tp", "8", "--no-sequence-parallel"], "--async-tp"),
+])
+def test_the_cli_refuses_a_configuration_setting_in_one_line(capsys, extra, flag) -> None:
+    code = main(["fit", "llama-3.1-405b", "--gpus", "64", "--framework", "torchtitan", *extra])
+    error = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and len(error) == 1 and f"{flag}: not named, so torchtitan's llama3_405b config's" in error[0]
+
+
+def _tune_full(model: str = "llama-3.1-8b", gpus: int = 1, grad_accum: int = 1, **training) -> PlanRequest:
+    return PlanRequest(model=get_model(model), cluster=cluster_from_gpus(get_gpu("h100-80gb"), gpus),
+                       strategy=StrategySpec(kind="ddp" if gpus == 1 else "fsdp-full-shard"),
+                       batch=BatchSpec(seq_len=2048, grad_accum_steps=grad_accum),
+                       training=TrainingSpec(framework=Framework.torchtune, precision="bf16-pure", **training))
+
+
+_PAGED_IN_BACKWARD = ("adam-8bit optimizer", "paged optimizer", "optimizer in backward")
+
+
+@pytest.mark.parametrize(("model", "gpus", "finetune", "words"), [
+    # llama3_1/8B_full_single_device.yaml and llama3/8B_full_single_device.yaml: PagedAdamW8bit, optimizer_in_bwd True.
+    ("llama-3.1-8b", 1, FineTuneSpec(), _PAGED_IN_BACKWARD), ("llama-3-8b", 1, FineTuneSpec(), _PAGED_IN_BACKWARD),
+    # llama3_1/70B_full.yaml and llama3/70B_full.yaml: fsdp_cpu_offload True, AdamW fused False.
+    ("llama-3.1-70b", 8, FineTuneSpec(), ("FSDP CPU offload", "foreach optimizer step")),
+    ("llama-3-70b", 8, FineTuneSpec(), ("FSDP CPU offload", "foreach optimizer step")),
+    # The others build fused AdamW on the GPU and step after backward: the planner's own.
+    ("llama-3.1-8b", 8, FineTuneSpec(), ()), ("llama-3.1-8b", 1, FineTuneSpec(lora_rank=8), ()),
+    ("llama-3.1-70b", 8, FineTuneSpec(lora_rank=8), ()), ("mistral-7b", 8, FineTuneSpec(), ()),
+])
+def test_torchtune_plans_its_configurations_optimizer(model, gpus, finetune, words) -> None:
+    t = _tune_full(model, gpus, finetune=finetune).training
+    paged = words == _PAGED_IN_BACKWARD
+    offloaded = bool(words) and not paged
+    assert (t.optimizer is Optimizer.adam_8bit, t.paged_optimizer, t.optimizer_in_backward) == (paged, paged, paged)
+    assert (t.fsdp_cpu_offload, t.optimizer_loop is OptimizerLoop.foreach) == (offloaded, offloaded)
+    assert _tune_full(model, gpus, finetune=finetune).recipe_launch_words[1] == words
+
+
+def test_an_optimizer_named_in_place_of_the_configurations_is_not_paged() -> None:
+    # PagedAdamW8bit is one component: naming another optimizer replaces it, paging included.
+    t = _tune_full(optimizer="adamw").training
+    assert (t.optimizer, t.paged_optimizer, t.optimizer_in_backward) == (Optimizer.adamw, False, True)
+    assert not _tune_full("llama-3.1-70b", 8, fsdp_cpu_offload=False).training.fsdp_cpu_offload
+    # ... and its fused: False with it: a Lion named on the 70B configuration steps as the profile's.
+    lion = _tune_full("llama-3.1-70b", 8, optimizer="lion").training
+    assert (lion.optimizer_loop, lion.fsdp_cpu_offload) == (None, True)
+
+
+def test_torchtune_optimizer_in_backward_named_off_or_refused_with_accumulation(capsys) -> None:
+    assert not _tune_full(grad_accum=4, optimizer_in_backward=False).training.optimizer_in_backward
+    with pytest.raises(ZeroplanError, match="optimizer_in_backward: not named, so torchtune's "
+                                            "llama3_1/8B_full_single_device config's optimizer in backward was planned"):
+        _tune_full(grad_accum=4)
+    code = main(["fit", "llama-3.1-8b", "--gpus", "1", "--gpu", "h100-80gb", "--framework", "torchtune", "--grad-accum", "4"])
+    error = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and len(error) == 1 and "--optimizer-in-backward: not named" in error[0]
+    main(["fit", "llama-3.1-8b", "--gpus", "1", "--gpu", "h100-80gb", "--framework", "torchtune"])
+    said = " ".join(capsys.readouterr().out.split())
+    assert ("(torchtune's llama3_1/8B_full_single_device config, as are its adam-8bit optimizer, paged optimizer, "
+            "optimizer in backward)") in said

@@ -72,7 +72,9 @@ def add_precision_arguments(group: argparse._ArgumentGroup) -> None:
     """--precision, --optimizer and --optimizer-loop (fit, compare, plan)."""
     group.add_argument("--precision", choices=choices_of(Precision),
                        help="numeric formats (default: the framework's, bf16-mixed; torchtune bf16-pure)")
-    group.add_argument("--optimizer", choices=choices_of(Optimizer), default=Optimizer.adamw.value)
+    group.add_argument("--optimizer", choices=choices_of(Optimizer),
+                       help="default: adamw, or the optimizer torchtune's own configuration builds (its 8B full "
+                            "single-device ones: PagedAdamW8bit, adam-8bit with --paged-optimizer)")
     add_optimizer_loop_argument(group)
 
 
@@ -143,13 +145,15 @@ def varying_lengths_arg(text: str) -> VaryingLengths:
 def add_state_arguments(group: argparse._ArgumentGroup) -> None:
     """Where and in which layout the optimizer keeps its states (fit and compare)."""
     group.add_argument(
-        "--optimizer-in-backward", action="store_true",
-        help="step each parameter's optimizer in backward and free its gradient (torchtune's optimizer_in_bwd)",
+        "--optimizer-in-backward", action=argparse.BooleanOptionalAction, default=None,
+        help="step each parameter's optimizer in backward and free its gradient (torchtune's optimizer_in_bwd; "
+             "default: on where torchtune's own configuration sets it, its 8B full single-device ones, else off)",
     )
     group.add_argument(
-        "--paged-optimizer", action="store_true",
+        "--paged-optimizer", action=argparse.BooleanOptionalAction, default=None,
         help="bitsandbytes' paged optimizer (PagedAdamW, PagedAdamW8bit...): its states live in CUDA managed "
-        "memory, outside PyTorch's allocator, and page to host RAM when the GPU is full",
+        "memory, outside PyTorch's allocator, and page to host RAM when the GPU is full (default: on where "
+        "torchtune's own configuration builds one, its 8B full single-device ones, else off)",
     )
     group.add_argument(
         "--state-convention", choices=choices_of(StateConvention),
@@ -271,10 +275,11 @@ def add_sharding_arguments(group: argparse._ArgumentGroup) -> None:
              "none (no save); default full",
     )
     group.add_argument(
-        "--fsdp-cpu-offload", action="store_true",
+        "--fsdp-cpu-offload", action=argparse.BooleanOptionalAction, default=None,
         help="FSDP2 CPUOffloadPolicy: sharded parameters, gradients and optimizer states in host RAM "
              "(torchtune's fsdp_cpu_offload, torchtitan's enable_cpu_offload, accelerate's fsdp_offload_params; "
-             "under --framework fairseq, fairscale FSDP's cpu_offload: fairseq's --cpu-offload)",
+             "under --framework fairseq, fairscale FSDP's cpu_offload: fairseq's --cpu-offload; default: on where "
+             "torchtune's own configuration sets it, its 70B full ones, else off)",
     )
 
 
@@ -400,20 +405,24 @@ def add_allocator_arguments(group: argparse._ArgumentGroup) -> None:
 
 def add_compile_arguments(parser: argparse.ArgumentParser) -> None:
     """torch.compile and float8 training (zeroplan.core.compiled, docs/compile-float8.md)."""
-    parser.add_argument("--compile", action="store_true",
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="torch.compile each block as the framework's recipe does (torchtitan, torchtune, hf; "
                              "litgpt: its whole GPT, torch.compile(model)): inductor's partitioner decides what each "
-                             "block keeps")
-    parser.add_argument("--float8", nargs="?", const=Float8Recipe.rowwise.value, choices=choices_of(Float8Recipe),
+                             "block keeps (default: on where the framework's own configuration of the model compiles, "
+                             "torchtitan's llama3_405b, else off)")
+    parser.add_argument("--float8", nargs="?", const=Float8Recipe.rowwise.value, choices=[*choices_of(Float8Recipe), "none"],
                         help="torchtitan's float8 training (torchao Float8Linear) with this recipe (default rowwise, "
                              "torchtitan's; needs --compile), or te-delayed: TransformerEngine's te.Linear as llm-foundry's "
-                             "amp_fp8 runs it (framework zeroplan, eager; timed only, memory as bf16); an SM89+ GPU")
+                             "amp_fp8 runs it (framework zeroplan, eager; timed only, memory as bf16); an SM89+ GPU; none: "
+                             "no float8 (left out: rowwise where torchtitan's own configuration converts, its llama3_405b, "
+                             "else none)")
     parser.add_argument("--float8-all-gather", action="store_true",
                         help="with --float8 tensorwise: FSDP2 gathers the Float8Linear weights already cast, one byte an "
                              "element (torchtitan's float8.enable_fsdp_float8_all_gather with its scale precompute)")
-    parser.add_argument("--float8-skip-output", action="store_true",
+    parser.add_argument("--float8-skip-output", action=argparse.BooleanOptionalAction, default=None,
                         help="with --float8: the output projection stays bf16 (torchtitan's float8.filter_fqns "
-                             "[\"output\"], as its Llama 3 configs set before 0.3.0)")
+                             "[\"output\"], as its Llama 3 configs set before 0.3.0, and llama3_405b's [\"lm_head\"], "
+                             "the default where that configuration's float8 is planned)")
 
 
 def add_parallel_arguments(group: argparse._ArgumentGroup) -> None:
@@ -422,9 +431,11 @@ def add_parallel_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
                        help="shard norms and the residual stream over the tp ranks (default: on for torchtitan, whose "
                             "enable_sequence_parallel defaults to true; off for the reference model, as Megatron-LM)")
-    group.add_argument("--async-tp", action="store_true",
+    group.add_argument("--async-tp", action=argparse.BooleanOptionalAction, default=None,
                        help="torchtitan's asynchronous tensor parallelism (enable_async_tensor_parallel; needs --compile "
-                            "and sequence parallelism): each all-gather and reduce-scatter fused with its matmuls")
+                            "and sequence parallelism): each all-gather and reduce-scatter fused with its matmuls "
+                            "(default: on with --tp 2 or more where torchtitan's own configuration sets it, its "
+                            "llama3_405b, else off)")
     group.add_argument("--cp", type=positive_int, default=1, help="context-parallel degree (ring attention; DeepSpeed-Ulysses, --ds-sequence-parallel-size, under --framework megatron-deepspeed; default 1)")
     group.add_argument("--pp", type=positive_int, default=1, help="pipeline-parallel degree (default 1); --grad-accum micro-batches flow through it")
     group.add_argument("--pp-schedule", choices=choices_of(PipelineSchedule),
@@ -463,7 +474,9 @@ def parallel_from_args(args: argparse.Namespace) -> ParallelSpec:
     device_map = None if device_map is None else DeviceMap.sequential if device_map == "sequential" else DeviceMap.balanced
     # A device map's pipeline ranks are the GPUs (--pp left out takes --gpus).
     pp = args.gpus if device_map is not None and args.pp == 1 else args.pp
-    return ParallelSpec(tp=args.tp, sequence_parallel=sequence_parallel, async_tp=bool(getattr(args, "async_tp", False)),
+    # --async-tp left out: off, or the framework's own configuration's (PlanRequest._framework_recipe_launch).
+    async_tp = getattr(args, "async_tp", None)
+    return ParallelSpec(tp=args.tp, sequence_parallel=sequence_parallel, **({} if async_tp is None else {"async_tp": async_tp}),
                         cp=args.cp, pp=pp, pp_schedule=schedule, virtual_stages=virtual, ep=args.ep, device_map=device_map)
 
 
@@ -728,13 +741,18 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind | None = None
         torch_release=getattr(args, "torch_release", None),
         model_load=ModelLoad(args.model_load) if getattr(args, "model_load", None) else None,
         litgpt_fork=getattr(args, "litgpt_fork", None),
-        optimizer_in_backward=args.optimizer_in_backward,
-        paged_optimizer=args.paged_optimizer,
-        fsdp_cpu_offload=args.fsdp_cpu_offload,
+        # compile, float8, float8_skips_output and optimizer_in_backward likewise.
+        **_named(optimizer_in_backward=args.optimizer_in_backward, compile=getattr(args, "compile", None),
+                 float8_skips_output=getattr(args, "float8_skip_output", None)),
+        **({} if getattr(args, "float8", None) is None
+           else {"float8": None if args.float8 == "none" else Float8Recipe(args.float8)}),
+        **_named(paged_optimizer=args.paged_optimizer, fsdp_cpu_offload=args.fsdp_cpu_offload),
         fsdp_state_dict=FsdpStateDict(args.fsdp_state_dict) if getattr(args, "fsdp_state_dict", None) else None,
         accelerate_version=getattr(args, "accelerate_version", None),
-        optimizer=Optimizer(args.optimizer),
-        optimizer_loop=OptimizerLoop(args.optimizer_loop) if getattr(args, "optimizer_loop", None) else None,
+        # --optimizer, --optimizer-loop, --paged-optimizer and --fsdp-cpu-offload not given: the
+        # planner's own, or the framework's own configuration's (PlanRequest._framework_recipe_launch).
+        **({} if args.optimizer is None else {"optimizer": Optimizer(args.optimizer)}),
+        **({} if getattr(args, "optimizer_loop", None) is None else {"optimizer_loop": OptimizerLoop(args.optimizer_loop)}),
         # Not given: none, or the framework's own configuration's (PlanRequest._framework_recipe_checkpointing).
         **({} if args.activation_checkpointing is None
            else {"activation_checkpointing": ActivationCheckpointing(args.activation_checkpointing)}),
@@ -744,15 +762,11 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind | None = None
                                                          or AttentionImplementation.flash_attn_2.value),
         state_convention=StateConvention(args.state_convention) if args.state_convention else None,
         finetune=finetune_from_args(args),
-        compile=getattr(args, "compile", False),
-        float8=Float8Recipe(args.float8) if getattr(args, "float8", None) else None,
         float8_all_gather=getattr(args, "float8_all_gather", False),
-        float8_skips_output=getattr(args, "float8_skip_output", False),
     )
     if kind is None:
         kind = GPTQ_STRATEGIES[-1] if training.finetune.quantize is Quantization.gptq_int4 else StrategyKind.ddp
     check_framework_request(training, model)
-    check_compiled(training, model, cluster.gpu)
     parallel = parallel_from_args(args)
     micro_batch, grad_accum = args.micro_batch or 1, args.grad_accum or 1
     if deepspeed_file is not None:
@@ -820,6 +834,8 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind | None = None
         model=model, training=training, batch=batch, cluster=cluster, strategy=strategy, performance=performance,
         parallel=parallel, assumptions=MemoryAssumptions(**_allocator_conf(args)),
     )
+    # On the request's training: what the framework's own configuration sets is in it.
+    check_compiled(request.training, model, cluster.gpu)
     if deepspeed_file is not None:
         from zeroplan.cli.deepspeed_config import apply_deepspeed_config
 
@@ -831,6 +847,11 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind | None = None
         check_calibrated_under(efficiency, args.efficiency, request)
         request = with_carried_hfu(efficiency, request)
     return request
+
+
+def _named(**flags: bool | None) -> dict[str, bool]:
+    """The flags given on the command line (a BooleanOptionalAction left out is None)."""
+    return {field: value for field, value in flags.items() if value is not None}
 
 
 def _deepspeed_checkpointing(args: argparse.Namespace, framework: Framework, deepspeed_file) -> dict[str, bool]:

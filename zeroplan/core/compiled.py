@@ -16,10 +16,10 @@ from zeroplan.core.profiles import profile, torchtitan_compiles_loss
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.finetune import LoraTarget, Quantization, lora_adapters
 from zeroplan.specs.framework import Framework
-from zeroplan.specs.hardware import GpuArchitecture, GpuSpec
+from zeroplan.specs.hardware import FLOAT8_ARCHITECTURES, GpuSpec  # noqa: F401 (FLOAT8_ARCHITECTURES: read here too)
 from zeroplan.specs.model import ModelSpec, PositionKind
 from zeroplan.specs.parallel import ParallelSpec, ulysses_runs_checkpointing
-from zeroplan.specs.request import PlanRequest, compiled_policy_measured
+from zeroplan.specs.request import PlanRequest, check_float8_compiled, check_float8_gpu, compiled_policy_measured
 from zeroplan.specs.training import ActivationCheckpointing, Float8Recipe, Precision, TrainingSpec
 from zeroplan.units import FP32_BYTES, even_split
 
@@ -36,11 +36,6 @@ COMPILED_POLICIES = {
 }
 """Framework -> checkpointing policies whose compiled blocks were measured
 (benchmarks/compiled-records)."""
-
-
-FLOAT8_ARCHITECTURES = (GpuArchitecture.ada, GpuArchitecture.hopper, GpuArchitecture.blackwell, GpuArchitecture.cdna3)
-"""torchtitan 0.3.0 components/quantization/float8.py Float8LinearConverter: "float8 is only
-supported on NVIDIA SM89 or later, or AMD gfx942 (MI300) or later"."""
 
 
 def runs_checkpointing(training: TrainingSpec, policy: ActivationCheckpointing, parallel: ParallelSpec | None = None) -> bool:
@@ -82,10 +77,7 @@ def check_transformer_engine_float8(training: TrainingSpec, model: ModelSpec) ->
 def check_compiled(training: TrainingSpec, model: ModelSpec, gpu: GpuSpec | None = None) -> None:
     """Refuse, in one line naming the field, a compiled or float8 run that was not measured (or,
     given the GPU, float8 on one without float8 matmuls)."""
-    if training.float8 is not None and gpu is not None and gpu.architecture not in (None, *FLOAT8_ARCHITECTURES):
-        allowed = ", ".join(a.value for a in FLOAT8_ARCHITECTURES)
-        raise ZeroplanError("float8", f"needs float8 matmuls, which {gpu.display_name} ({gpu.architecture.value}) lacks "
-                            f"(allowed architectures: {allowed})")
+    check_float8_gpu(training, gpu)
     if (training.float8_all_gather or training.float8_skips_output) and training.float8 is None:
         raise ZeroplanError("float8", "float8_all_gather and float8_skips_output need float8 training (allowed: with a "
                             "float8 recipe)")
@@ -100,10 +92,7 @@ def check_compiled(training: TrainingSpec, model: ModelSpec, gpu: GpuSpec | None
         if training.framework is not Framework.torchtitan:
             raise ZeroplanError("float8", f"float8 training is torchtitan's converter, not {training.framework.value}'s "
                                 "(allowed only with framework torchtitan)")
-        if not training.compile:
-            # torchtitan 0.3.0 components/quantization/float8.py: the converter's speed comes from
-            # compile fusing the casts; only the compiled block was measured.
-            raise ZeroplanError("float8", "is modelled compiled only, as torchtitan runs it (add compile, --compile)")
+        check_float8_compiled(training)
     if not training.compile:
         return
     if training.framework not in COMPILED_POLICIES:

@@ -14,7 +14,7 @@ from zeroplan.errors import ZeroplanError
 from zeroplan.specs.finetune import check_release_range
 from zeroplan.specs.framework import ACCELERATE_NEWEST, ACCELERATE_OLDEST, ACCELERATE_VERSION, DEEPSPEED_RELEASES, HF_DEEPSPEED_RELEASES, TORCHTITAN_RELEASES, TRANSFORMERS_NEWEST, TRANSFORMERS_OLDEST, TRANSFORMERS_VERSION, Framework
 from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
-from zeroplan.specs.request import PlanRequest
+from zeroplan.specs.request import PlanRequest, check_optimizer_in_backward  # noqa: F401 (its callers import it here)
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.hardware import GpuSpec
 from zeroplan.specs.training import (
@@ -1021,18 +1021,6 @@ def check_model_load(training: TrainingSpec) -> None:
     if training.model_load is not None and training.finetune.quantize.is_quantized:
         raise ZeroplanError("model_load", f"a {training.finetune.quantize.value} base is loaded by bitsandbytes onto the "
                                           "GPU, neither sharded nor whole per rank (allowed: no --quantize)")
-
-
-# torchtune 0.6.1 recipes/full_finetune_distributed.py __init__: optimizer_in_bwd raises a
-# RuntimeError with gradient_accumulation_steps > 1 (the hook steps on each micro-batch's gradient).
-def check_optimizer_in_backward(training: TrainingSpec, grad_accum_steps: int) -> None:
-    """Refuse, in one line, optimizer-in-backward with gradient accumulation."""
-    if training.optimizer_in_backward and grad_accum_steps > 1:
-        raise ZeroplanError(
-            "optimizer_in_backward",
-            f"{training.framework.value} steps in backward only without gradient accumulation "
-            f"(allowed: grad_accum_steps 1, got {grad_accum_steps})",
-        )
 
 
 def fsdp_cpu_offload_strategies(framework: Framework) -> tuple[StrategyKind, ...]:

@@ -12,7 +12,7 @@ from zeroplan.specs.finetune import Quantization, lora_adapters
 from zeroplan.specs.framework import LAUNCH_ENVIRONMENT, Framework
 from zeroplan.specs.strategy import StrategyKind
 from zeroplan.specs.model import ModelSpec
-from zeroplan.specs.recipe_defaults import planned_recipe_config
+from zeroplan.specs.recipe_defaults import planned_recipe_config, planned_recipe_settings
 from zeroplan.specs.training import AttentionKernel
 from zeroplan.units import ByteUnit, to_unit
 
@@ -342,11 +342,22 @@ def host_extra(report: FitReport) -> str:
 
 def checkpointing_words(report: FitReport) -> str:
     """The activation checkpointing planned, and whose default it is where it is the framework's
-    own configuration's for the model (zeroplan.specs.recipe_defaults)."""
+    own configuration's for the model, with the launch settings planned at that configuration's
+    values (compile, float8, async tensor parallelism, optimizer in backward:
+    zeroplan.specs.recipe_defaults)."""
     training = report.training
+    framework = training.framework.value
     words = f"activation checkpointing {training.activation_checkpointing.value}"
     config = planned_recipe_config(report.model.name, training, report.cluster.world_size)
-    return words if config is None else f"{words} ({training.framework.value}'s {config} config)"
+    parallel = report.plans[0].parallel if report.plans else None
+    launch, settings = planned_recipe_settings(report.model.name, training, parallel, report.cluster.world_size)
+    if config is not None and settings:
+        return f"{words} ({framework}'s {config} config, as are its {', '.join(settings)})"
+    if config is not None:
+        return f"{words} ({framework}'s {config} config)"
+    if settings:
+        return f"{words} ({', '.join(settings)}: {framework}'s {launch} config)"
+    return words
 
 
 def render_table(report: FitReport, unit: ByteUnit = ByteUnit.GiB) -> str:

@@ -62,6 +62,11 @@ class GpuArchitecture(str, Enum):
     cdna3 = "cdna3"
 
 
+FLOAT8_ARCHITECTURES = (GpuArchitecture.ada, GpuArchitecture.hopper, GpuArchitecture.blackwell, GpuArchitecture.cdna3)
+"""torchtitan 0.3.0 components/quantization/float8.py Float8LinearConverter: "float8 is only
+supported on NVIDIA SM89 or later, or AMD gfx942 (MI300) or later"."""
+
+
 class AchievedBusBandwidth(Frozen):
     """One published nccl-tests result: the bus bandwidth a collective reached on a real system.
     Kept apart from the datasheet figures of the links (docs/gpus.md, "Achievable bandwidth")."""

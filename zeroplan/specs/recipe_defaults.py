@@ -2,14 +2,20 @@
 assume something else: torchtitan ships one Python configuration per model it trains
 (models/*/config_registry.py), torchtune one YAML file per model, method and device count
 (recipes/configs/), and a user who runs one without overrides runs its activation
-checkpointing. A request that names no activation_checkpointing is planned with it
-(PlanRequest._framework_recipe_checkpointing), and the header says so."""
+checkpointing, its compile, float8 and asynchronous tensor parallelism (torchtitan's
+llama3_405b), its optimizer and where it steps (torchtune's 8B full single-device and 70B full
+ones). A request
+that names none of these is planned with the configuration's (PlanRequest._framework_recipe_checkpointing,
+PlanRequest._framework_recipe_launch), and the header says so."""
 
 from __future__ import annotations
 
+from enum import Enum
+
 from zeroplan.specs.finetune import Quantization
 from zeroplan.specs.framework import Framework
-from zeroplan.specs.training import ActivationCheckpointing, TrainingSpec
+from zeroplan.specs.parallel import ParallelSpec
+from zeroplan.specs.training import ActivationCheckpointing, Float8Recipe, Optimizer, OptimizerLoop, TrainingSpec
 
 SELECTIVE_OP, FULL = ActivationCheckpointing.selective_op, ActivationCheckpointing.full
 
@@ -38,6 +44,28 @@ TORCHTITAN_CONFIG_CHECKPOINTING: dict[str, ActivationCheckpointing] = {
     "qwen3_14b": FULL, "qwen3_30b_a3b": FULL, "qwen3_32b": FULL,
 }
 """Each configuration's activation checkpointing."""
+
+# torchtitan 0.3.0 models/llama3/config_registry.py llama3_405b (lines 295-346): compile_config =
+# CompileConfig(enable=True, enable_async_tensor_parallel=True) (lines 296-299; components left at
+# config/configs.py:298's ["model", "loss"]), passed as compile=compile_config (line 341), and the
+# model built with converters=[Float8LinearConverter.Config(filter_fqns=["lm_head"], ...)] (lines
+# 300-310; recipe_name left at components/quantization/float8.py:58's "rowwise"; lm_head is the
+# output projection, models/common/decoder.py:204). No other configuration above sets compile, a
+# converter or async TP (llama3_8b lines 184-216, llama3_70b 257-292; qwen3_0_6b, qwen3_1_7b,
+# qwen3_14b, qwen3_30b_a3b, qwen3_32b in models/qwen3/config_registry.py lines 176-362), and every
+# one builds ChunkedLossWrapper(CrossEntropyLoss) (llama3_405b line 312), the loss the profile
+# plans (TrainingSpec.unchunked_loss False).
+TORCHTITAN_CONFIG_TRAINING: dict[str, dict[str, object]] = {
+    # models/llama3/config_registry.py lines 296-299 and 341 (compile), 300-310 (float8, lm_head kept bf16).
+    "llama3_405b": {"compile": True, "float8": Float8Recipe.rowwise, "float8_skips_output": True},
+}
+"""What each 0.3.0 configuration sets beside its checkpointing (TrainingSpec fields -> values)."""
+
+# models/llama3/config_registry.py line 298 (enable_async_tensor_parallel=True).
+TORCHTITAN_CONFIG_ASYNC_TP = frozenset({"llama3_405b"})
+"""The 0.3.0 configurations that enable asynchronous tensor parallelism (ParallelSpec.async_tp),
+which torchtitan applies only where there is a tensor-parallel mesh (distributed/compile.py:49-51,
+80: _maybe_enable_async_tp returns without one)."""
 
 TORCHTITAN_9DEC370_CONFIGS = frozenset({"llama3_8b", "llama3_70b", "llama3_405b"})
 """The configurations the December 2024 release ships (no Qwen3 model then)."""
@@ -94,6 +122,31 @@ TORCHTUNE_CONFIG_CHECKPOINTING: dict[str, ActivationCheckpointing] = {
 }
 
 
+# torchtune 0.6.1 recipes/configs/llama3_1/8B_full_single_device.yaml and
+# llama3/8B_full_single_device.yaml: optimizer bitsandbytes.optim.PagedAdamW8bit (lines 60 and 57:
+# 8-bit AdamW states, paged) and optimizer_in_bwd: True (line 66 of each, with
+# gradient_accumulation_steps: 1 at line 65). llama3_1/70B_full.yaml and llama3/70B_full.yaml:
+# fsdp_cpu_offload: True (lines 78 and 76) and torch.optim.AdamW with fused: False (lines 63 and
+# 62: torch's foreach step, its CUDA default). Every other configuration above builds
+# torch.optim.AdamW with fused: True (the profile's fused_optimizer), sets optimizer_in_bwd False or
+# leaves it out, and no fsdp_cpu_offload; every one sets compile: False,
+# enable_activation_offloading: False, dtype: bf16 and loss CEWithChunkedOutputLoss: the
+# profile's own defaults (bf16-pure, 8 loss chunks).
+_PAGED_8BIT_IN_BACKWARD = {"optimizer": Optimizer.adam_8bit, "paged_optimizer": True, "optimizer_in_backward": True}
+_OFFLOADED_UNFUSED = {"fsdp_cpu_offload": True, "optimizer_loop": OptimizerLoop.foreach}
+TORCHTUNE_CONFIG_TRAINING: dict[str, dict[str, object]] = {
+    # recipes/configs/llama3_1/8B_full_single_device.yaml lines 60 (PagedAdamW8bit) and 66 (optimizer_in_bwd).
+    "llama3_1/8B_full_single_device": _PAGED_8BIT_IN_BACKWARD,
+    # recipes/configs/llama3/8B_full_single_device.yaml lines 57 and 66.
+    "llama3/8B_full_single_device": _PAGED_8BIT_IN_BACKWARD,
+    # recipes/configs/llama3_1/70B_full.yaml lines 63 (fused: False) and 78 (fsdp_cpu_offload).
+    "llama3_1/70B_full": _OFFLOADED_UNFUSED,
+    # recipes/configs/llama3/70B_full.yaml lines 62 and 76.
+    "llama3/70B_full": _OFFLOADED_UNFUSED,
+}
+"""What each configuration sets beside its checkpointing that the planner would otherwise not."""
+
+
 def torchtune_config_name(model_name: str, lora: bool, nf4: bool, single_device: bool) -> str | None:
     """The torchtune 0.6.1 configuration a run of this preset, method (full, LoRA, QLoRA) and
     device count launches (`tune run ... --config NAME`), or None where 0.6.1 ships none."""
@@ -135,3 +188,51 @@ def planned_recipe_config(model_name: str, training: TrainingSpec, world_size: i
     names is that configuration's), None where it is not one's."""
     default = training_recipe_checkpointing(model_name, training, world_size)
     return default[1] if default is not None and default[0] is training.activation_checkpointing else None
+
+
+SETTING_WORDS: dict[str, str] = {
+    "compile": "torch.compile", "float8": "float8 {}", "float8_skips_output": "output projection in bf16",
+    "optimizer_in_backward": "optimizer in backward", "async_tp": "async tensor parallelism",
+    "optimizer": "{} optimizer", "paged_optimizer": "paged optimizer", "fsdp_cpu_offload": "FSDP CPU offload",
+    "optimizer_loop": "{} optimizer step",
+}
+"""How the header and a refusal name each launch setting (async_tp: ParallelSpec's)."""
+
+
+def recipe_launch_settings(model_name: str, training: TrainingSpec,
+                           world_size: int) -> tuple[dict[str, object], bool, str] | None:
+    """The TrainingSpec fields the framework's own configuration of this request's model (and,
+    for torchtune, method and device count) sets beside its checkpointing, whether it enables
+    asynchronous tensor parallelism, and its name; None where it sets none of them (the
+    torchtitan 9dec370 release's TOML configurations are not read for them)."""
+    if training.framework is Framework.torchtitan:
+        if training.torchtitan_release is not None:
+            return None
+        config = torchtitan_config_name(model_name, None)
+        settings = TORCHTITAN_CONFIG_TRAINING.get(config or "")
+        return None if settings is None else (settings, config in TORCHTITAN_CONFIG_ASYNC_TP, config)
+    if training.framework is Framework.torchtune:
+        default = training_recipe_checkpointing(model_name, training, world_size)
+        settings = None if default is None else TORCHTUNE_CONFIG_TRAINING.get(default[1])
+        return None if settings is None else (settings, False, default[1])
+    return None
+
+
+def setting_words(field: str, value: object) -> str:
+    """A launch setting as the header says it."""
+    words = SETTING_WORDS[field]
+    return words.format(value.value) if isinstance(value, Enum) else words
+
+
+def planned_recipe_settings(model_name: str, training: TrainingSpec, parallel: ParallelSpec | None,
+                            world_size: int) -> tuple[str, tuple[str, ...]]:
+    """The framework configuration whose launch settings ``training`` (and ``parallel``) plan,
+    and the words for each planned at that configuration's value; ("", ()) where none is."""
+    found = recipe_launch_settings(model_name, training, world_size)
+    if found is None:
+        return "", ()
+    settings, async_tp, config = found
+    words = tuple(setting_words(field, value) for field, value in settings.items() if getattr(training, field) == value)
+    if async_tp and parallel is not None and parallel.async_tp:
+        words += (SETTING_WORDS["async_tp"],)
+    return (config, words) if words else ("", ())

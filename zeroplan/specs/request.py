@@ -9,8 +9,10 @@ from zeroplan.specs.base import Frozen, _instance
 from zeroplan.specs.finetune import (GPTQ_CUDA_KERNEL_TOKENS, Quantization, check_adapter_variant_training,
                                      check_finetune, check_saved_module_training)
 from zeroplan.specs.framework import BUILDS_NO_DROPOUT, UNTIES_EMBEDDINGS, Framework, launch_allocator_conf
-from zeroplan.specs.recipe_defaults import planned_recipe_config, training_recipe_checkpointing
-from zeroplan.specs.hardware import ClusterSpec
+from zeroplan.specs.recipe_defaults import (
+    planned_recipe_config, planned_recipe_settings, recipe_launch_settings, setting_words, training_recipe_checkpointing,
+)
+from zeroplan.specs.hardware import FLOAT8_ARCHITECTURES, ClusterSpec, GpuSpec
 from zeroplan.specs.model import ModelSpec, PositionKind
 from zeroplan.specs.device_map import check_device_map
 from zeroplan.specs.parallel import ParallelSpec, check_parallel, check_ulysses_training
@@ -44,6 +46,36 @@ def check_seq_len(model: ModelSpec, batch: BatchSpec) -> None:
 PAGED_OPTIMIZERS = (Optimizer.adamw, Optimizer.adam, Optimizer.adam_8bit, Optimizer.lion)
 """The optimizers bitsandbytes 0.50.2 has a paged form of (optim/adamw.py PagedAdamW and
 PagedAdamW8bit, adam.py PagedAdam and PagedAdam8bit, lion.py PagedLion)."""
+
+
+# torchtune 0.6.1 recipes/full_finetune_distributed.py __init__: optimizer_in_bwd raises a
+# RuntimeError with gradient_accumulation_steps > 1 (the hook steps on each micro-batch's gradient).
+def check_optimizer_in_backward(training: TrainingSpec, grad_accum_steps: int) -> None:
+    """Refuse, in one line, optimizer-in-backward with gradient accumulation."""
+    if training.optimizer_in_backward and grad_accum_steps > 1:
+        raise ZeroplanError(
+            "optimizer_in_backward",
+            f"{training.framework.value} steps in backward only without gradient accumulation "
+            f"(allowed: grad_accum_steps 1, got {grad_accum_steps})",
+        )
+
+
+# torchtitan 0.3.0 components/quantization/float8.py:85-97 Float8LinearConverter.__init__ raises a
+# ValueError unless the device has SM89 (or gfx942) float8 matmuls or the converter emulates.
+def check_float8_gpu(training: TrainingSpec, gpu: GpuSpec | None) -> None:
+    """Refuse, in one line, float8 training on a GPU without float8 matmuls (FLOAT8_ARCHITECTURES)."""
+    if training.float8 is not None and gpu is not None and gpu.architecture not in (None, *FLOAT8_ARCHITECTURES):
+        allowed = ", ".join(a.value for a in FLOAT8_ARCHITECTURES)
+        raise ZeroplanError("float8", f"needs float8 matmuls, which {gpu.display_name} ({gpu.architecture.value}) lacks "
+                            f"(allowed architectures: {allowed})")
+
+
+def check_float8_compiled(training: TrainingSpec) -> None:
+    """Refuse, in one line, torchtitan's float8 converter without compile."""
+    if training.float8 not in (None, Float8Recipe.te_delayed) and not training.compile:
+        # torchtitan 0.3.0 components/quantization/float8.py: the converter's speed comes from
+        # compile fusing the casts; only the compiled block was measured.
+        raise ZeroplanError("float8", "is modelled compiled only, as torchtitan runs it (add compile, --compile)")
 
 
 def check_paged_optimizer(training: TrainingSpec, kind: StrategyKind) -> None:
@@ -387,6 +419,48 @@ _UNTIES_EMBEDDINGS_NAMES = frozenset(f.value for f in UNTIES_EMBEDDINGS)
 _BUILDS_NO_DROPOUT_NAMES = frozenset(f.value for f in BUILDS_NO_DROPOUT)
 
 
+def _named_training_fields(training: object) -> set[str]:
+    """The TrainingSpec fields a request's ``training`` names (a dict's keys, a spec's fields set)."""
+    if isinstance(training, TrainingSpec):
+        return training.model_fields_set
+    return set(training) if isinstance(training, dict) else set()
+
+
+def _recipe_inputs(data: dict) -> tuple[TrainingSpec, str, int] | None:
+    """A request's training (as a spec), model name and GPU count as a before-validator meets
+    them, where its framework is named; None where any is missing or invalid (the request's own
+    validation answers)."""
+    training, model, cluster = data.get("training"), data.get("model"), data.get("cluster")
+    if isinstance(training, dict):
+        if training.get("framework") is None:
+            return None
+        try:
+            spec = TrainingSpec(**training)
+        except (ZeroplanError, ValueError):
+            return None
+    elif isinstance(training, TrainingSpec):
+        spec = training
+    else:
+        return None
+    name = model.name if isinstance(model, ModelSpec) else model.get("name") if isinstance(model, dict) else None
+    defaults = ClusterSpec.model_fields
+    world = (cluster.world_size if isinstance(cluster, ClusterSpec)
+             else cluster.get("num_nodes", defaults["num_nodes"].default)
+             * cluster.get("gpus_per_node", defaults["gpus_per_node"].default) if isinstance(cluster, dict) else None)
+    if not isinstance(name, str) or not isinstance(world, int):
+        return None
+    return spec, name, world
+
+
+def _check_launch_settings(request: "PlanRequest") -> None:
+    """The refusals of a launch setting that the planner makes past the request's own validation
+    (zeroplan.core.compiled.check_compiled, zeroplan.core.plan's optimizer-in-backward check),
+    asked of a request planned with a framework configuration's settings."""
+    check_float8_gpu(request.training, request.cluster.gpu)
+    check_float8_compiled(request.training)
+    check_optimizer_in_backward(request.training, request.batch.grad_accum_steps)
+
+
 def _raw_framework(training: object) -> object:
     """The framework of a request's ``training`` as a before-validator meets it: a TrainingSpec's,
     a dict's entry (a Framework or its name), else None."""
@@ -685,27 +759,13 @@ class PlanRequest(Frozen):
         as a user who runs that configuration trains; one that names any (even none) keeps its own."""
         if not isinstance(data, dict):
             return data
-        training, model, cluster = data.get("training"), data.get("model"), data.get("cluster")
-        if isinstance(training, dict):
-            if "activation_checkpointing" in training or training.get("framework") is None:
-                return data
-            try:
-                spec = TrainingSpec(**training)
-            except (ZeroplanError, ValueError):
-                return data  # the training's own validation answers
-        elif isinstance(training, TrainingSpec):
-            if "activation_checkpointing" in training.model_fields_set:
-                return data
-            spec = training
-        else:
+        training = data.get("training")
+        if "activation_checkpointing" in _named_training_fields(training):
             return data
-        name = model.name if isinstance(model, ModelSpec) else model.get("name") if isinstance(model, dict) else None
-        defaults = ClusterSpec.model_fields
-        world = (cluster.world_size if isinstance(cluster, ClusterSpec)
-                 else cluster.get("num_nodes", defaults["num_nodes"].default)
-                 * cluster.get("gpus_per_node", defaults["gpus_per_node"].default) if isinstance(cluster, dict) else None)
-        if not isinstance(name, str) or not isinstance(world, int):
+        inputs = _recipe_inputs(data)
+        if inputs is None:
             return data
+        spec, name, world = inputs
         default = training_recipe_checkpointing(name, spec, world)
         if default is None:
             return data
@@ -732,6 +792,82 @@ class PlanRequest(Frozen):
                                 f"not named, so {spec.framework.value}'s {config} config's {mode.value} was "
                                 f"planned, and {refused.field} refuses it: {refused.detail}") from None
         return resolved
+
+    @model_validator(mode="before")
+    @classmethod
+    def _framework_recipe_launch(cls, data: object) -> object:
+        """A request whose training leaves unnamed a setting the framework's own configuration
+        of its model sets beside its checkpointing (recipe_launch_settings: torchtitan 0.3.0's
+        llama3_405b compiles, converts the linears but the output projection to rowwise float8
+        and, where there is tensor parallelism, runs it asynchronously, ParallelSpec.async_tp;
+        torchtune's 8B full single-device configurations step a paged 8-bit AdamW in backward,
+        its 70B full ones offload to the host and step unfused) is planned with that setting, as
+        a user who runs that configuration trains; each one the request names (even off) it keeps."""
+        if not isinstance(data, dict):
+            return data
+        inputs = _recipe_inputs(data)
+        if inputs is None:
+            return data
+        spec, name, world = inputs
+        found = recipe_launch_settings(name, spec, world)
+        if found is None:
+            return data
+        settings, async_tp, config = found
+        training, parallel = data.get("training"), data.get("parallel")
+        named = _named_training_fields(training)
+        defaults = {field: value for field, value in settings.items() if field not in named}
+        float8 = defaults.get("float8", spec.float8)
+        if float8 in (None, Float8Recipe.te_delayed):
+            # torchtitan's filter_fqns belongs to its float8 converter: without one it sets nothing.
+            defaults.pop("float8_skips_output", None)
+        if "optimizer" in named:
+            # The optimizer a torchtune configuration builds is one component with its paging
+            # (PagedAdamW8bit) and its step (AdamW's fused): one named in its place is the user's own.
+            defaults.pop("paged_optimizer", None)
+            defaults.pop("optimizer_loop", None)
+        try:
+            layout = parallel if isinstance(parallel, ParallelSpec) else ParallelSpec(**(parallel or {}))
+        except (ZeroplanError, ValueError, TypeError):
+            return data  # the layout's own validation answers
+        default_async = (async_tp and layout.tp > 1
+                         and "async_tp" not in layout.model_fields_set)
+        if not defaults and not default_async:
+            return data
+
+        def with_settings(values: dict[str, object], async_value: bool | None) -> dict:
+            if isinstance(training, dict):
+                out = {**data, "training": {**training, **values}}
+            else:
+                fields = {field: getattr(training, field) for field in training.model_fields_set}
+                out = {**data, "training": TrainingSpec(**{**fields, **values})}
+            if async_value is not None:
+                layout_fields = {field: getattr(layout, field) for field in layout.model_fields_set}
+                out["parallel"] = ParallelSpec(**{**layout_fields, "async_tp": async_value})
+            return out
+
+        try:
+            resolved = with_settings(defaults, True if default_async else None)
+            _check_launch_settings(cls(**resolved))
+        except ZeroplanError as refused:
+            # As _framework_recipe_checkpointing: where the request is planned with each setting
+            # it did not name left off, what is refused is the configuration's setting, and the
+            # refusal says whose it was; otherwise the request's own refusal stands.
+            off = {field: TrainingSpec.model_fields[field].default for field in defaults}
+            _check_launch_settings(cls(**with_settings(off, False if default_async else None)))
+            asked = {**defaults, **({"async_tp": True} if default_async else {})}
+            field = refused.field.removeprefix("parallel.").removeprefix("training.")
+            blamed = [field] if field in asked else list(asked)
+            words = ", ".join(setting_words(f, asked[f]) for f in blamed)
+            raise ZeroplanError("parallel.async_tp" if blamed[0] == "async_tp" else blamed[0],
+                                f"not named, so {spec.framework.value}'s {config} config's {words} was planned, and "
+                                f"{refused.field} refuses it: {refused.detail}") from None
+        return resolved
+
+    @property
+    def recipe_launch_words(self) -> tuple[str, tuple[str, ...]]:
+        """The framework configuration whose launch settings this request plans, and the words
+        for each planned at its value (planned_recipe_settings); ("", ()) where none is."""
+        return planned_recipe_settings(self.model.name, self.training, self.parallel, self.cluster.world_size)
 
     @property
     def recipe_checkpointing_name(self) -> str | None:
