@@ -962,9 +962,16 @@ def peak_rank_memory(request: PlanRequest) -> PeakRankMemory:
     where none fits needs nothing more)."""
     # Feasibility: allocated peak + allocator reserve against capacity less the CUDA context
     # and NCCL buffers (docs/frameworks.md, "Feasibility"), each rank against its own.
-    ranks = rank_memories(request)
-    request, breakdown, states, usable = nearest_rank_memory(ranks)
-    rank_peaks = tuple(r.breakdown.peak_bytes for r in ranks) if len(ranks) > 1 else ()
+    if request.parallel.pp == 1:
+        # One rank, the request's own (rank_memories' one entry, nearest_rank's only choice):
+        # found directly, without the ranks' list and their comparison (fit asks ~16 of these).
+        usable = usable_memory_bytes(request)
+        breakdown, states = memory_breakdown(request, usable)
+        rank_peaks: tuple[int, ...] = ()
+    else:
+        ranks = rank_memories(request)
+        request, breakdown, states, usable = nearest_rank_memory(ranks)
+        rank_peaks = tuple(r.breakdown.peak_bytes for r in ranks)
     # The whole module DeepSpeed's engine moves onto the GPU at load (zeroplan.core.model_load)
     # must fit before any step runs.
     load_fits = load_fits_gpu(request, usable)
@@ -986,14 +993,8 @@ def _plan_at_peak(memory: PeakRankMemory, largest_micro_batch: bool, timed: bool
     suggestion_fit's plans, whose verdict reads the band of the recommended plan alone)."""
     request, breakdown, usable = memory.request, memory.breakdown, memory.usable_bytes
     reason = peak_rank_reason(request) if request.parallel.pp > 1 else ""
-    band = error_band(request.batch.varying_lengths is not None)
-    if not memory.load_fits or not banded:
-        # The load runs out, by exact bytes, before any step (or the band is not asked for).
-        borderline, turns_on = False, None
-    else:
-        borderline = is_borderline(breakdown.peak_bytes, usable, band, breakdown.lazy_state_segment_bytes,
-                                   breakdown.allocated_peak_bytes)
-        turns_on = None if borderline else _turns_in_band(request, breakdown, memory.fits, usable, band)
+    # Without the band (or where the load runs out, by exact bytes, before any step) not borderline.
+    borderline, turns_on = _band(memory) if banded else (False, None)
     host_per_rank = memory.host_bytes_per_rank
     host_per_node = host_per_rank * request.cluster.gpus_per_node
     step_collectives = tuple(collectives(request))
@@ -1005,7 +1006,7 @@ def _plan_at_peak(memory: PeakRankMemory, largest_micro_batch: bool, timed: bool
         memory=breakdown,
         usable_memory_bytes=usable,
         fits=memory.fits,
-        borderline=borderline or turns_on is not None,
+        borderline=borderline,
         borderline_capacity_bytes=turns_on,
         headroom_bytes=usable - breakdown.peak_bytes,
         max_micro_batch_size=max_micro_batch_size(request) if largest_micro_batch else None,
@@ -1024,6 +1025,19 @@ def _plan_at_peak(memory: PeakRankMemory, largest_micro_batch: bool, timed: bool
         pipeline_rank_peak_bytes=memory.rank_peaks,
         peak_rank_reason=reason,
     )
+
+
+def _band(memory: PeakRankMemory) -> tuple[bool, int | None]:
+    """StrategyPlan.borderline and borderline_capacity_bytes of the plan of ``memory``: False
+    and None where the load runs out, by exact bytes, before any step."""
+    if not memory.load_fits:
+        return False, None
+    request, breakdown, usable = memory.request, memory.breakdown, memory.usable_bytes
+    band = error_band(request.batch.varying_lengths is not None)
+    borderline = is_borderline(breakdown.peak_bytes, usable, band, breakdown.lazy_state_segment_bytes,
+                               breakdown.allocated_peak_bytes)
+    turns_on = None if borderline else _turns_in_band(request, breakdown, memory.fits, usable, band)
+    return borderline or turns_on is not None, turns_on
 
 
 # A pipeline's ranks end their step together: each ends it with the gradient norm's all-reduce
@@ -1250,6 +1264,10 @@ def allocator_caution(requests: dict[StrategyKind, PlanRequest], plans: tuple[St
     caching-allocator model finds running out of memory, naming the next fitting strategy (in
     recommendation order, up to MAX_ALLOCATOR_ALTERNATIVES) the model lets complete; '' when
     allocator_check finds nothing to say."""
+    if requests[recommended].assumptions.allocator_conf is not None:
+        # The verdict is the model's own already (allocator_check's first answer): the others
+        # that fit need not be ranked for it.
+        return ""
     others = sorted((p for p in plans if p.fits and p.host_fits is not False and p.strategy is not recommended),
                     key=recommendation_key)
     check = allocator_check([requests[recommended]] + [requests[p.strategy] for p in others])
@@ -1336,11 +1354,12 @@ def _each_strategy(base: PlanRequest, strategies: tuple[StrategyKind | StrategyS
     return answers, requests, left_out
 
 
-def _fit_verdict(base: PlanRequest, plans: tuple[StrategyPlan, ...],
-                 requests: dict[StrategyKind, PlanRequest]) -> tuple[StrategyKind | None, str, str]:
+def _fit_verdict(base: PlanRequest, plans: tuple[StrategyPlan, ...], requests: dict[StrategyKind, PlanRequest],
+                 recommended: StrategyKind | None = _NOT_KEPT) -> tuple[StrategyKind | None, str, str]:
     """fit's recommendation, its verdict (the caution included) and the caution alone, before
-    any suggestion."""
-    recommended = recommend(plans)
+    any suggestion; ``recommended``: recommend(plans), where the caller has it."""
+    if recommended is _NOT_KEPT:
+        recommended = recommend(plans)
     verdict = _verdict(plans, recommended, base.cluster.host_memory_bytes_per_node, base.cluster.world_size == 1,
                        error_band(base.batch.varying_lengths is not None))
     caution = allocator_caution(requests, plans, recommended) if recommended is not None else ""
@@ -1379,9 +1398,19 @@ def suggestion_fit(request: PlanRequest, strategies: tuple[StrategyKind | Strate
     fitting = [memory for memory in memories if memory.fits and memory.host_fits is not False]
     plans = tuple(_plan_at_peak(memory, False, False, banded=False) for memory in fitting)
     recommended = recommend(plans)
-    plans = tuple(_plan_at_peak(memory, False, False) if plan.strategy is recommended else plan
+    # The recommended plan's band added to the plan already made (the band's two fields are all
+    # that _plan_at_peak with it would make differently), not the whole plan made again.
+    plans = tuple(_banded(memory, plan) if plan.strategy is recommended else plan
                   for memory, plan in zip(fitting, plans, strict=True))
-    return SuggestionFit(*_fit_verdict(request, plans, requests))
+    # recommend reads no band: the recommendation of the plans made without it stands.
+    return SuggestionFit(*_fit_verdict(request, plans, requests, recommended))
+
+
+def _banded(memory: PeakRankMemory, unbanded: StrategyPlan) -> StrategyPlan:
+    """_plan_at_peak(memory, ...) from its plan made without the band: the same plan with the
+    band's fields (_band) set."""
+    borderline, turns_on = _band(memory)
+    return unbanded.model_copy(update={"borderline": borderline, "borderline_capacity_bytes": turns_on})
 
 
 def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | None = None, *,
