@@ -426,6 +426,24 @@ def _recent_peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms
     return peak_terms(request)
 
 
+def _allocator_planner():  # type: ignore[no-untyped-def]
+    """zeroplan.allocator.planner, imported when first asked for (a flat-reserve answer never
+    needs it) and kept: a from-import inside a function costs ~2.5 us each time it runs
+    (timeit, Python 3.11; this call ~0.1), and fit ran ~21 of them a request, one in every
+    breakdown and band. Its functions are read off the module at each call, as the import
+    statement read them, so one wrapped there is the one called."""
+    module = _ALLOCATOR_PLANNER[0]
+    if module is None:
+        from zeroplan.allocator import planner as module
+
+        _ALLOCATOR_PLANNER[0] = module
+    return module
+
+
+_ALLOCATOR_PLANNER: list = [None]
+"""zeroplan.allocator.planner once imported (_allocator_planner)."""
+
+
 def memory_breakdown(request: PlanRequest, usable_bytes: int | None = None) -> tuple[MemoryBreakdown, ModelStateBytes]:
     """The request's memory at its peak; ``usable_bytes``: its usable_memory_bytes where the
     caller has it (rank_memories), else found here where needed."""
@@ -447,9 +465,7 @@ def memory_breakdown(request: PlanRequest, usable_bytes: int | None = None) -> t
         # what it reserves without a limit; where the allocated peak alone passes the usable
         # memory nothing is replayed and the peak is the allocated peak, the least it needs.
         usable = usable_memory_bytes(request) if usable_bytes is None else usable_bytes
-        from zeroplan.allocator.planner import allocator_verdict
-
-        verdict = allocator_verdict(request, *replayed(states, terms), allocated, usable)
+        verdict = _allocator_planner().allocator_verdict(request, *replayed(states, terms), allocated, usable)
         reserved, oom_at = verdict.reserved_peak_bytes, verdict.oom_capacity_bytes
         reserve = 0 if reserved is None else max(reserved - allocated, 0)
     varying = split_segment = 0
@@ -603,17 +619,13 @@ def step_fits_unrefused(request: PlanRequest) -> bool:
         return step_fits(request)
     if not load_fits_gpu(request, usable_memory_bytes(request)):
         return False
-    from zeroplan.allocator.planner import allocator_fits_unrefused
-
-    return _every_rank_replay_fits(request, allocator_fits_unrefused)
+    return _every_rank_replay_fits(request, _allocator_planner().allocator_fits_unrefused)
 
 
 def _fits_under_allocator(request: PlanRequest) -> bool:
     """Every pipeline rank's step completing on the usable memory under the allocator model:
     what the breakdown's verdict says, without bisecting for the capacity itself."""
-    from zeroplan.allocator.planner import allocator_fits
-
-    return _every_rank_replay_fits(request, allocator_fits)
+    return _every_rank_replay_fits(request, _allocator_planner().allocator_fits)
 
 
 def _every_rank_replay_fits(request: PlanRequest, fits) -> bool:  # type: ignore[no-untyped-def]
@@ -777,8 +789,7 @@ def _verified_below(request: PlanRequest, unrefused: int, largest: int) -> int:
 def _largest_segment_bytes(request: PlanRequest) -> int:
     """The largest segment any pipeline rank's step would allocate for one request of its own
     (allocator_largest_segment_bytes): at a smaller micro-batch the requests are no larger."""
-    from zeroplan.allocator.planner import allocator_largest_segment_bytes
-
+    allocator_largest_segment_bytes = _allocator_planner().allocator_largest_segment_bytes
     largest = 0
     for rank in pipeline_rank_requests(request):
         # The terms as planned, not as replayed (replayed): a resident gradient buffer's parts
@@ -837,8 +848,7 @@ def _unlimited_reserved_bytes(request: PlanRequest) -> int:
 
 def _unlimited_rank_reserved_bytes(request: PlanRequest) -> list[tuple[PlanRequest, int]]:
     """Each pipeline rank's request and what its step reserves without a device limit."""
-    from zeroplan.allocator.planner import allocator_unlimited_reserved_bytes
-
+    allocator_unlimited_reserved_bytes = _allocator_planner().allocator_unlimited_reserved_bytes
     reserved = []
     for rank in pipeline_rank_requests(request):
         states, terms = checked_peak_terms(rank)
@@ -1078,9 +1088,7 @@ def _turns_in_band(request: PlanRequest, breakdown: MemoryBreakdown, fits: bool,
             or breakdown.varying_length_reserve_bytes):
         return None
     low, high = band_capacities_bytes(usable_bytes, band)
-    from zeroplan.allocator.planner import allocator_turns_in_band
-
-    return allocator_turns_in_band(request, *replayed(*checked_peak_terms(request)), breakdown.allocated_peak_bytes,
+    return _allocator_planner().allocator_turns_in_band(request, *replayed(*checked_peak_terms(request)), breakdown.allocated_peak_bytes,
                                    low, high, fits)
 
 
