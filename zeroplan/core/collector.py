@@ -4,19 +4,28 @@ rows): its collections there would walk every live object again and find nothing
 
 from __future__ import annotations
 
-import contextlib
 import gc
-from collections.abc import Iterator
 
 
-@contextlib.contextmanager
-def cyclic_gc_paused() -> Iterator[None]:
+# A class, not contextlib.contextmanager: the generator's context manager cost ~1.1 us a use
+# against ~0.2 (timeit, Python 3.11), and every allocator verdict pauses the collector (a default
+# fit ~13 times a request).
+class _Paused:
     """The collector disabled inside, restored to what it was after (what the work leaves in
     cycles is freed when it runs again)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
+
+    __slots__ = ("enabled",)
+
+    def __enter__(self) -> None:
+        self.enabled = gc.isenabled()
+        gc.disable()
+
+    def __exit__(self, *_: object) -> None:
+        if self.enabled:
             gc.enable()
+
+
+def cyclic_gc_paused() -> _Paused:
+    """A context in which the collector is disabled, restored to what it was after (what the
+    work leaves in cycles is freed when it runs again); one for each ``with``, so they nest."""
+    return _Paused()

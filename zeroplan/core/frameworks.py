@@ -14,6 +14,9 @@ from __future__ import annotations
 from zeroplan.core import tinyllama
 from zeroplan.core.hf_padding_mask import padding_mask_extra_bytes
 from zeroplan.core.hf_rotary_cat import rotary_cat_output_copy_bytes, runs_rotary_cat
+# At the top, not in autocast_copies_bytes: a from-import there ran at every block's terms under
+# DDP's autocast (~2.5 us each, fit ~1.5 a request); zeroplan.core.plan imports it at its start anyway.
+from zeroplan.core.params import block_linear_weight_elements
 from zeroplan.core.profiles import profile
 from zeroplan.core.transformers_release import builds_positions_mask, opt_clamp_score_bytes, positions_mask_side, upcasts_softmax
 from zeroplan.specs.finetune import LoraTarget
@@ -197,8 +200,6 @@ def autocast_copies_bytes(request: PlanRequest) -> int:
     """Extra bytes one block keeps under autocast with fp32 parameters (0 otherwise)."""
     if not autocast_caches_weights(request):
         return 0
-    from zeroplan.core.params import block_linear_weight_elements
-
     model = request.model
     sbh = request.batch.seq_len * request.batch.micro_batch_size * model.hidden_size
     if request.training.finetune.is_lora:

@@ -56,6 +56,18 @@ class BatchView:
     __repr__ = __str__ = __format__ = __iter__ = __len__ = __getitem__ = __contains__ = _whole
 
 
+class _StrategyView(BatchView):
+    """A strategy's view (batch_keyed's strategy_view), hashed once: it keys every lookup of its
+    cache, hit or miss, where a view of the batch or the training is made only on a miss."""
+
+    def __init__(self, fields: tuple[tuple[str, object], ...]) -> None:
+        super().__init__(fields)
+        self._hash = hash(fields)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
 class KeptAnswers:
     """Answers by key (specs hash once: zeroplan.specs.base.Frozen), cleared when full."""
 
@@ -138,6 +150,10 @@ def batch_keyed(*fields: str, limit: int = 1024, training_but: tuple[str, ...] =
             (lambda batch: (getattr(batch, fields[0]),)) if fields else (lambda batch: ()))
         training_reader = _kept_values("training", training_but) if training_but else None
         assumptions_reader = _kept_values("assumptions", assumptions_but) if assumptions_but else None
+        # One view per strategy_view answer, made once: a cache's keys then hold the same view
+        # object at every lookup (compared by identity, not by BatchView.__eq__, and not built
+        # afresh on a hit), and the view the function is handed is that object too.
+        strategy_views: dict[tuple[tuple[str, object], ...], _StrategyView] = {}
 
         @functools.wraps(function)
         def call(request: PlanRequest, *args: object) -> Result:
@@ -145,7 +161,14 @@ def batch_keyed(*fields: str, limit: int = 1024, training_but: tuple[str, ...] =
             trained = training_reader[1](request.training) if training_reader else request.training
             assumed = assumptions_reader[1](request.assumptions) if assumptions_reader else request.assumptions
             viewed_strategy = strategy_view(request) if strategy_view else None
-            strategy = request.strategy if viewed_strategy is None else BatchView(viewed_strategy)
+            if viewed_strategy is None:
+                strategy = request.strategy
+            else:
+                strategy = strategy_views.get(viewed_strategy)
+                if strategy is None:
+                    if len(strategy_views) >= limit:
+                        strategy_views.clear()
+                    strategy = strategy_views[viewed_strategy] = _StrategyView(viewed_strategy)
             key = (request.model, request.cluster, strategy, request.parallel, request.performance,
                    trained, assumed, batch, args)
             answer = store.entries.get(key, _MISSING)

@@ -426,6 +426,24 @@ def _recent_peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms
     return peak_terms(request)
 
 
+def _allocator_planner():  # type: ignore[no-untyped-def]
+    """zeroplan.allocator.planner, imported when first asked for (a flat-reserve answer never
+    needs it) and kept: a from-import inside a function costs ~2.5 us each time it runs
+    (timeit, Python 3.11; this call ~0.1), and fit ran ~21 of them a request, one in every
+    breakdown and band. Its functions are read off the module at each call, as the import
+    statement read them, so one wrapped there is the one called."""
+    module = _ALLOCATOR_PLANNER[0]
+    if module is None:
+        from zeroplan.allocator import planner as module
+
+        _ALLOCATOR_PLANNER[0] = module
+    return module
+
+
+_ALLOCATOR_PLANNER: list = [None]
+"""zeroplan.allocator.planner once imported (_allocator_planner)."""
+
+
 def memory_breakdown(request: PlanRequest, usable_bytes: int | None = None) -> tuple[MemoryBreakdown, ModelStateBytes]:
     """The request's memory at its peak; ``usable_bytes``: its usable_memory_bytes where the
     caller has it (rank_memories), else found here where needed."""
@@ -435,8 +453,9 @@ def memory_breakdown(request: PlanRequest, usable_bytes: int | None = None) -> t
     alive, blocks = peak_moments_and_block_pieces(states, terms, batch.grad_accum_steps)
     # The table's buffers column: every buffer at once (the most ever allocated for them), at
     # least what any piece of a block's backward holds (FSDP's root, two blocks and an input).
+    # Lists unpacked, not generators: half the time (~0.4 us of a breakdown, fit ~16 a request).
     temporary = max(terms.resident_buffers + terms.backward_held_buffers + terms.transient_buffers + workspace,
-                    *(piece.buffers for piece in blocks), *(moment_bytes.buffers for moment_bytes in alive.values()))
+                    *[piece.buffers for piece in blocks], *[moment_bytes.buffers for moment_bytes in alive.values()])
     # The moments once: the peak is their largest (peak_allocated_bytes).
     allocated, moment = largest_moment(alive)
     reserve = int(allocated * request.assumptions.allocator_reserve_fraction)
@@ -447,9 +466,7 @@ def memory_breakdown(request: PlanRequest, usable_bytes: int | None = None) -> t
         # what it reserves without a limit; where the allocated peak alone passes the usable
         # memory nothing is replayed and the peak is the allocated peak, the least it needs.
         usable = usable_memory_bytes(request) if usable_bytes is None else usable_bytes
-        from zeroplan.allocator.planner import allocator_verdict
-
-        verdict = allocator_verdict(request, *replayed(states, terms), allocated, usable)
+        verdict = _allocator_planner().allocator_verdict(request, *replayed(states, terms), allocated, usable)
         reserved, oom_at = verdict.reserved_peak_bytes, verdict.oom_capacity_bytes
         reserve = 0 if reserved is None else max(reserved - allocated, 0)
     varying = split_segment = 0
@@ -603,17 +620,13 @@ def step_fits_unrefused(request: PlanRequest) -> bool:
         return step_fits(request)
     if not load_fits_gpu(request, usable_memory_bytes(request)):
         return False
-    from zeroplan.allocator.planner import allocator_fits_unrefused
-
-    return _every_rank_replay_fits(request, allocator_fits_unrefused)
+    return _every_rank_replay_fits(request, _allocator_planner().allocator_fits_unrefused)
 
 
 def _fits_under_allocator(request: PlanRequest) -> bool:
     """Every pipeline rank's step completing on the usable memory under the allocator model:
     what the breakdown's verdict says, without bisecting for the capacity itself."""
-    from zeroplan.allocator.planner import allocator_fits
-
-    return _every_rank_replay_fits(request, allocator_fits)
+    return _every_rank_replay_fits(request, _allocator_planner().allocator_fits)
 
 
 def _every_rank_replay_fits(request: PlanRequest, fits) -> bool:  # type: ignore[no-untyped-def]
@@ -777,8 +790,7 @@ def _verified_below(request: PlanRequest, unrefused: int, largest: int) -> int:
 def _largest_segment_bytes(request: PlanRequest) -> int:
     """The largest segment any pipeline rank's step would allocate for one request of its own
     (allocator_largest_segment_bytes): at a smaller micro-batch the requests are no larger."""
-    from zeroplan.allocator.planner import allocator_largest_segment_bytes
-
+    allocator_largest_segment_bytes = _allocator_planner().allocator_largest_segment_bytes
     largest = 0
     for rank in pipeline_rank_requests(request):
         # The terms as planned, not as replayed (replayed): a resident gradient buffer's parts
@@ -837,8 +849,7 @@ def _unlimited_reserved_bytes(request: PlanRequest) -> int:
 
 def _unlimited_rank_reserved_bytes(request: PlanRequest) -> list[tuple[PlanRequest, int]]:
     """Each pipeline rank's request and what its step reserves without a device limit."""
-    from zeroplan.allocator.planner import allocator_unlimited_reserved_bytes
-
+    allocator_unlimited_reserved_bytes = _allocator_planner().allocator_unlimited_reserved_bytes
     reserved = []
     for rank in pipeline_rank_requests(request):
         states, terms = checked_peak_terms(rank)
@@ -962,9 +973,16 @@ def peak_rank_memory(request: PlanRequest) -> PeakRankMemory:
     where none fits needs nothing more)."""
     # Feasibility: allocated peak + allocator reserve against capacity less the CUDA context
     # and NCCL buffers (docs/frameworks.md, "Feasibility"), each rank against its own.
-    ranks = rank_memories(request)
-    request, breakdown, states, usable = nearest_rank_memory(ranks)
-    rank_peaks = tuple(r.breakdown.peak_bytes for r in ranks) if len(ranks) > 1 else ()
+    if request.parallel.pp == 1:
+        # One rank, the request's own (rank_memories' one entry, nearest_rank's only choice):
+        # found directly, without the ranks' list and their comparison (fit asks ~16 of these).
+        usable = usable_memory_bytes(request)
+        breakdown, states = memory_breakdown(request, usable)
+        rank_peaks: tuple[int, ...] = ()
+    else:
+        ranks = rank_memories(request)
+        request, breakdown, states, usable = nearest_rank_memory(ranks)
+        rank_peaks = tuple(r.breakdown.peak_bytes for r in ranks)
     # The whole module DeepSpeed's engine moves onto the GPU at load (zeroplan.core.model_load)
     # must fit before any step runs.
     load_fits = load_fits_gpu(request, usable)
@@ -986,14 +1004,8 @@ def _plan_at_peak(memory: PeakRankMemory, largest_micro_batch: bool, timed: bool
     suggestion_fit's plans, whose verdict reads the band of the recommended plan alone)."""
     request, breakdown, usable = memory.request, memory.breakdown, memory.usable_bytes
     reason = peak_rank_reason(request) if request.parallel.pp > 1 else ""
-    band = error_band(request.batch.varying_lengths is not None)
-    if not memory.load_fits or not banded:
-        # The load runs out, by exact bytes, before any step (or the band is not asked for).
-        borderline, turns_on = False, None
-    else:
-        borderline = is_borderline(breakdown.peak_bytes, usable, band, breakdown.lazy_state_segment_bytes,
-                                   breakdown.allocated_peak_bytes)
-        turns_on = None if borderline else _turns_in_band(request, breakdown, memory.fits, usable, band)
+    # Without the band (or where the load runs out, by exact bytes, before any step) not borderline.
+    borderline, turns_on = _band(memory) if banded else (False, None)
     host_per_rank = memory.host_bytes_per_rank
     host_per_node = host_per_rank * request.cluster.gpus_per_node
     step_collectives = tuple(collectives(request))
@@ -1005,7 +1017,7 @@ def _plan_at_peak(memory: PeakRankMemory, largest_micro_batch: bool, timed: bool
         memory=breakdown,
         usable_memory_bytes=usable,
         fits=memory.fits,
-        borderline=borderline or turns_on is not None,
+        borderline=borderline,
         borderline_capacity_bytes=turns_on,
         headroom_bytes=usable - breakdown.peak_bytes,
         max_micro_batch_size=max_micro_batch_size(request) if largest_micro_batch else None,
@@ -1024,6 +1036,19 @@ def _plan_at_peak(memory: PeakRankMemory, largest_micro_batch: bool, timed: bool
         pipeline_rank_peak_bytes=memory.rank_peaks,
         peak_rank_reason=reason,
     )
+
+
+def _band(memory: PeakRankMemory) -> tuple[bool, int | None]:
+    """StrategyPlan.borderline and borderline_capacity_bytes of the plan of ``memory``: False
+    and None where the load runs out, by exact bytes, before any step."""
+    if not memory.load_fits:
+        return False, None
+    request, breakdown, usable = memory.request, memory.breakdown, memory.usable_bytes
+    band = error_band(request.batch.varying_lengths is not None)
+    borderline = is_borderline(breakdown.peak_bytes, usable, band, breakdown.lazy_state_segment_bytes,
+                               breakdown.allocated_peak_bytes)
+    turns_on = None if borderline else _turns_in_band(request, breakdown, memory.fits, usable, band)
+    return borderline or turns_on is not None, turns_on
 
 
 # A pipeline's ranks end their step together: each ends it with the gradient norm's all-reduce
@@ -1064,9 +1089,7 @@ def _turns_in_band(request: PlanRequest, breakdown: MemoryBreakdown, fits: bool,
             or breakdown.varying_length_reserve_bytes):
         return None
     low, high = band_capacities_bytes(usable_bytes, band)
-    from zeroplan.allocator.planner import allocator_turns_in_band
-
-    return allocator_turns_in_band(request, *replayed(*checked_peak_terms(request)), breakdown.allocated_peak_bytes,
+    return _allocator_planner().allocator_turns_in_band(request, *replayed(*checked_peak_terms(request)), breakdown.allocated_peak_bytes,
                                    low, high, fits)
 
 
@@ -1250,6 +1273,10 @@ def allocator_caution(requests: dict[StrategyKind, PlanRequest], plans: tuple[St
     caching-allocator model finds running out of memory, naming the next fitting strategy (in
     recommendation order, up to MAX_ALLOCATOR_ALTERNATIVES) the model lets complete; '' when
     allocator_check finds nothing to say."""
+    if requests[recommended].assumptions.allocator_conf is not None:
+        # The verdict is the model's own already (allocator_check's first answer): the others
+        # that fit need not be ranked for it.
+        return ""
     others = sorted((p for p in plans if p.fits and p.host_fits is not False and p.strategy is not recommended),
                     key=recommendation_key)
     check = allocator_check([requests[recommended]] + [requests[p.strategy] for p in others])
@@ -1336,11 +1363,12 @@ def _each_strategy(base: PlanRequest, strategies: tuple[StrategyKind | StrategyS
     return answers, requests, left_out
 
 
-def _fit_verdict(base: PlanRequest, plans: tuple[StrategyPlan, ...],
-                 requests: dict[StrategyKind, PlanRequest]) -> tuple[StrategyKind | None, str, str]:
+def _fit_verdict(base: PlanRequest, plans: tuple[StrategyPlan, ...], requests: dict[StrategyKind, PlanRequest],
+                 recommended: StrategyKind | None = _NOT_KEPT) -> tuple[StrategyKind | None, str, str]:
     """fit's recommendation, its verdict (the caution included) and the caution alone, before
-    any suggestion."""
-    recommended = recommend(plans)
+    any suggestion; ``recommended``: recommend(plans), where the caller has it."""
+    if recommended is _NOT_KEPT:
+        recommended = recommend(plans)
     verdict = _verdict(plans, recommended, base.cluster.host_memory_bytes_per_node, base.cluster.world_size == 1,
                        error_band(base.batch.varying_lengths is not None))
     caution = allocator_caution(requests, plans, recommended) if recommended is not None else ""
@@ -1379,9 +1407,19 @@ def suggestion_fit(request: PlanRequest, strategies: tuple[StrategyKind | Strate
     fitting = [memory for memory in memories if memory.fits and memory.host_fits is not False]
     plans = tuple(_plan_at_peak(memory, False, False, banded=False) for memory in fitting)
     recommended = recommend(plans)
-    plans = tuple(_plan_at_peak(memory, False, False) if plan.strategy is recommended else plan
+    # The recommended plan's band added to the plan already made (the band's two fields are all
+    # that _plan_at_peak with it would make differently), not the whole plan made again.
+    plans = tuple(_banded(memory, plan) if plan.strategy is recommended else plan
                   for memory, plan in zip(fitting, plans, strict=True))
-    return SuggestionFit(*_fit_verdict(request, plans, requests))
+    # recommend reads no band: the recommendation of the plans made without it stands.
+    return SuggestionFit(*_fit_verdict(request, plans, requests, recommended))
+
+
+def _banded(memory: PeakRankMemory, unbanded: StrategyPlan) -> StrategyPlan:
+    """_plan_at_peak(memory, ...) from its plan made without the band: the same plan with the
+    band's fields (_band) set."""
+    borderline, turns_on = _band(memory)
+    return unbanded.model_copy(update={"borderline": borderline, "borderline_capacity_bytes": turns_on})
 
 
 def fit(base: PlanRequest, strategies: Iterable[StrategyKind | StrategySpec] | None = None, *,

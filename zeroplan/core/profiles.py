@@ -7,6 +7,8 @@ consult a profile without an import cycle. Nothing here imports torch.
 
 from __future__ import annotations
 
+import functools
+
 from zeroplan.core.record import frozen
 from zeroplan.core.torch_release import check_torch_release, torch_release
 from zeroplan.core.transformers_release import is_opt, returns_fp32_logits
@@ -640,6 +642,10 @@ def accumulates_without_sync(framework: Framework, data_parallel_size: int) -> b
 # no FSDP wrapping); on one GPU zeroplan plans that as plain training (ddp at world size 1).
 # litgpt's finetune scripts on one device use Fabric's strategy "auto" (the model on that GPU,
 # no wrapping): planned likewise as ddp at world size 1.
+# Kept by its two arguments (the profiles are fixed): fit asks it, and check_framework_strategies
+# of its answer, for every strategy list it plans (a suggestion's change one more), each a scan of
+# the profile's strategies through StrategyKind.is_opt_in, a Python property.
+@functools.lru_cache(maxsize=64)
 def framework_strategies(framework: Framework, world_size: int) -> tuple[StrategyKind, ...]:
     """The strategies the framework runs on ``world_size`` GPUs that are planned when none are
     named (the opt-in ones, StrategyKind.is_opt_in, are planned only when named)."""
@@ -652,14 +658,22 @@ def framework_strategies(framework: Framework, world_size: int) -> tuple[Strateg
 def check_framework_strategies(framework: Framework, strategies: tuple[StrategyKind, ...], world_size: int = 2) -> None:
     """Refuse, in one line, a strategy the framework does not run."""
     prof = profile(framework)
-    runs = (framework_strategies(framework, world_size) + tuple(k for k in prof.strategies if k.is_opt_in)
-            + prof.named_strategies)
+    runs = _strategies_run(framework, world_size)
     for kind in strategies:
         if kind not in runs:
             allowed = ", ".join(k.value for k in runs)
             raise ZeroplanError(
                 "strategies", f"{kind.value!r} is not run by {framework.value} {prof.version} (allowed: {allowed})"
             )
+
+
+@functools.lru_cache(maxsize=64)
+def _strategies_run(framework: Framework, world_size: int) -> tuple[StrategyKind, ...]:
+    """Every strategy the framework runs on ``world_size`` GPUs, named or not (kept as
+    framework_strategies is)."""
+    prof = profile(framework)
+    return (framework_strategies(framework, world_size) + tuple(k for k in prof.strategies if k.is_opt_in)
+            + prof.named_strategies)
 
 
 FRAMEWORK_OPTIONS = {
