@@ -277,24 +277,46 @@ def _activation_mask(request: PlanRequest, count: int) -> np.ndarray:
     # at the end of backward nor in the optimizer step (the order of _moments). The first layer's
     # holds one block's share of them, and only without a pipeline (PeakTerms.activation_blocks):
     # no chunk in flight or receive buffer there; its share is added exactly (_first_layer_bytes).
-    mask = [1 if m is PeakMoment.block_backward else 0 for m in TOTAL_MOMENTS]
-    return np.array(mask + [1] * (count - len(mask)), dtype=np.int64)
+    return _mask("activations", count)
 
 
 def _first_layer_mask(count: int) -> np.ndarray:
     # peak_moments: the first layer's pieces alone hold blocks' shares of the activations
     # (peak.FIRST_LAYER_SHARES, in TOTAL_MOMENTS' order).
-    shares = iter(FIRST_LAYER_SHARES)
-    mask = [next(shares) if m is PeakMoment.first_layer_backward else 0 for m in TOTAL_MOMENTS]
-    return np.array(mask + [0] * (count - len(mask)), dtype=np.int64)
+    return _mask("first layer", count)
 
 
 def _held_mask(count: int) -> np.ndarray:
     # peak_moments: the backward-held buffers are alive at a block's backward (the first layer's
     # too), at the end of backward and at the loss's moments, not in the optimizer step nor at
     # the checkpoint save after it (the order of _moments).
-    mask = [0 if m in (PeakMoment.optimizer_step, PeakMoment.checkpoint_save) else 1 for m in TOTAL_MOMENTS]
-    return np.array(mask + [1] * (count - len(mask)), dtype=np.int64)
+    return _mask("held", count)
+
+
+def _mask(kind: str, count: int) -> np.ndarray:
+    """One of the masks above over ``count`` moments (TOTAL_MOMENTS, then the loss's pieces),
+    built once per kind and count and kept read-only (a search asks for them a few hundred
+    times, at a handful of counts, and only reads them)."""
+    mask = _MASKS.get((kind, count))
+    if mask is None:
+        if kind == "activations":
+            values = [1 if m is PeakMoment.block_backward else 0 for m in TOTAL_MOMENTS]
+            loss = 1
+        elif kind == "first layer":
+            shares = iter(FIRST_LAYER_SHARES)
+            values = [next(shares) if m is PeakMoment.first_layer_backward else 0 for m in TOTAL_MOMENTS]
+            loss = 0
+        else:
+            values = [0 if m in (PeakMoment.optimizer_step, PeakMoment.checkpoint_save) else 1 for m in TOTAL_MOMENTS]
+            loss = 1
+        mask = np.array(values + [loss] * (count - len(values)), dtype=np.int64)
+        mask.flags.writeable = False
+        _MASKS[kind, count] = mask
+    return mask
+
+
+_MASKS: dict[tuple[str, int], np.ndarray] = {}
+"""_mask's arrays by (kind, count of moments)."""
 
 
 def _first_layer_bytes(activations, blocks: int, count: int) -> np.ndarray:
@@ -425,7 +447,7 @@ def _call_price(identity: tuple, pricing, message_bytes: int, call_cache: dict) 
     return call_cache[key]
 
 
-def _structured_blocking_table(structure: list, distinct: tuple[list[int], np.ndarray, bytes], call_cache: dict) -> np.ndarray:
+def _structured_blocking_table(structure: list, distinct: tuple[tuple[int, ...], np.ndarray, bytes], call_cache: dict) -> np.ndarray:
     """_blocking_seconds from the structure at each of the distinct micro-batch sizes of a sweep
     (_distinct): each call of S bytes timed once per search (_call_price) by the call pricing
     collective_cost itself uses, summed as collective_cost sums its calls (per collective, then
@@ -550,7 +572,7 @@ def _blocking_caches(request: PlanRequest, layout_cache: dict) -> tuple[list | N
 
 
 def _blocking_at(request: PlanRequest, structure: list | None, call_seconds: dict, per_size: dict,
-                 distinct: tuple[list[int], np.ndarray, bytes]) -> np.ndarray:
+                 distinct: tuple[tuple[int, ...], np.ndarray, bytes]) -> np.ndarray:
     """Seconds of the blocking collectives of one micro-batch at each micro-batch size of a
     sweep (``distinct``: _distinct of its micro-batches), laid out as the sweep: the structure's
     (_structured_blocking_table), else the scalar planner's own (_blocking_seconds);
@@ -661,7 +683,7 @@ def _fit_group(group: _Group) -> None:
     group.scalar_only = not agree
 
 
-def _per_value(distinct: tuple[list[int], np.ndarray, bytes], known: dict, compute) -> np.ndarray:
+def _per_value(distinct: tuple[tuple[int, ...], np.ndarray, bytes], known: dict, compute) -> np.ndarray:
     """``compute(v)`` for each distinct value of an array (``distinct``: _distinct's values as
     ints, its inverse shaped as the array, and the values' bytes), laid out as the array;
     ``known`` keeps every value computed (shared by the groups that share it), so each is
@@ -677,21 +699,41 @@ def _per_value(distinct: tuple[list[int], np.ndarray, bytes], known: dict, compu
     return table[inverse]
 
 
-def _distinct(values: np.ndarray) -> tuple[list[int], np.ndarray, bytes]:
-    """np.unique of ``values`` (positive integers) with its inverse and its bytes (what
+def _distinct(values: np.ndarray) -> tuple[tuple[int, ...], np.ndarray, bytes]:
+    """np.unique of ``values`` (positive integers, as a tuple) with its inverse and its bytes (what
     _per_value keys its arrays by), computed once per sweep and shared by every rank class.
     Micro-batches and accumulations are small counts, so a table of which values occur replaces
-    np.unique's sort where it is not much larger than the array."""
+    np.unique's sort where it is not much larger than the array. Kept by the array's contents
+    (_DISTINCT) where it is short: the groups of a layout sweep the same splits, and the bounds
+    and the sweep each ask of them, a few hundred times a search for a few dozen arrays."""
+    if values.size > DISTINCT_KEPT_SIZE:
+        return _uncached_distinct(values)
+    key = (values.dtype.str, values.shape, values.tobytes())
+    known = _DISTINCT.entries.get(key)
+    if known is None:
+        known = _uncached_distinct(values)
+        known[1].flags.writeable = False  # shared by every caller: read (indexed by) only
+        _DISTINCT.put(key, known)
+    return known
+
+
+_DISTINCT = KeptAnswers(256)
+"""_distinct's answers by (dtype, shape, bytes) of the array."""
+DISTINCT_KEPT_SIZE = 1024
+"""Longest array whose _distinct is kept (what _DISTINCT holds stays a few MiB)."""
+
+
+def _uncached_distinct(values: np.ndarray) -> tuple[tuple[int, ...], np.ndarray, bytes]:
     largest = int(values.max()) if values.size else 0
     if largest > 4 * values.size + 1024:
         distinct, inverse = np.unique(values, return_inverse=True)
         distinct = distinct.astype(np.int64)
-        return distinct.tolist(), inverse.reshape(values.shape), distinct.tobytes()
+        return tuple(distinct.tolist()), inverse.reshape(values.shape), distinct.tobytes()
     present = np.zeros(largest + 1, dtype=bool)
     present[values] = True
     position = np.cumsum(present) - 1
     distinct = np.flatnonzero(present).astype(np.int64)
-    return distinct.tolist(), position[values], distinct.tobytes()
+    return tuple(distinct.tolist()), position[values], distinct.tobytes()
 
 
 def _class_values(group: _Group, micro: np.ndarray, accum: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
