@@ -190,6 +190,22 @@ def test_a_named_setting_is_kept_off_included() -> None:
     assert _titan_405b(compile=False, float8=None).recipe_launch_words == ("", ())
 
 
+def test_a_recorded_run_is_planned_as_it_ran_without_configuration_defaults() -> None:
+    # A measured or recorded run's spec says all it trained with (zeroplan.validate builds its
+    # requests through as_run): the configuration's compile, float8 and checkpointing stay out.
+    from zeroplan.specs.recipe_defaults import as_run
+
+    training = TrainingSpec(framework=Framework.torchtitan)
+    ran = as_run(training)
+    assert ran == training and ran.model_fields_set == set(TrainingSpec.model_fields)
+    assert _titan_405b(parallel=_TP8).training.compile  # the configuration's, for contrast
+    as_recorded = PlanRequest(model=get_model("llama-3.1-405b"), cluster=cluster_from_gpus(get_gpu("h100-80gb"), 64),
+                              strategy=StrategySpec(kind="fsdp-full-shard"), batch=BatchSpec(seq_len=8192),
+                              training=ran, parallel=ParallelSpec(tp=8, sequence_parallel=True, async_tp=False))
+    t = as_recorded.training
+    assert (t.compile, t.float8, t.activation_checkpointing) == (False, None, AC.none)
+
+
 def test_the_defaults_plan_as_the_same_settings_named() -> None:
     from zeroplan.core.plan import plan
 

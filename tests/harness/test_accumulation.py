@@ -175,7 +175,7 @@ def test_adafactor_on_sharded_tensors_is_refused_in_one_line(zeroplan_cli, tmp_p
                                 "--optimizer", "adafactor", "--out", str(tmp_path))
     assert code == 2
     assert err.count("\n") == 1 and "Traceback" not in err
-    assert err.startswith("zeroplan measure: error: optimizer: 'adafactor' is not supported by ")
+    assert err.startswith("zeroplan measure: error: --optimizer: 'adafactor' is not supported by ")
     assert "allowed: adamw, adam, sgd, sgd-momentum" in err
     assert not list(tmp_path.iterdir())  # refused before any rank started
 

@@ -236,3 +236,10 @@ def planned_recipe_settings(model_name: str, training: TrainingSpec, parallel: P
     if async_tp and parallel is not None and parallel.async_tp:
         words += (SETTING_WORDS["async_tp"],)
     return (config, words) if words else ("", ())
+
+
+def as_run(training: TrainingSpec) -> TrainingSpec:
+    """``training`` with every field named: a run that was measured or recorded trained exactly
+    what its spec says, so no framework configuration's default (its checkpointing, compile,
+    float8, optimizer, offload) may fill a field the record left at the spec's default."""
+    return training.model_copy(update={name: getattr(training, name) for name in type(training).model_fields})

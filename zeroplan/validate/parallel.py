@@ -22,6 +22,7 @@ from zeroplan.specs import BatchSpec, ModelSpec, PlanRequest, StrategySpec, Trai
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.hardware import cluster_from_gpus
 from zeroplan.specs.parallel import ParallelSpec
+from zeroplan.specs.recipe_defaults import as_run
 from zeroplan.validate.rows import FLAT_RESERVE
 
 PRESET = {"8B": "llama-3.1-8b", "70B": "llama-3.1-70b", "405B": "llama-3.1-405b"}
@@ -42,10 +43,13 @@ def parallel_request(record: ParallelRecord) -> PlanRequest:
     )
     batch = BatchSpec(seq_len=a.seq_len, micro_batch_size=a.micro_batch_size) if a else BatchSpec()
     return PlanRequest(
-        model=get_model(PRESET[record.flavor]), training=training, batch=batch,
+        model=get_model(PRESET[record.flavor]), training=as_run(training), batch=batch,
         cluster=cluster_from_gpus(get_gpu("h100-80gb"), record.world_size),
         strategy=StrategySpec(kind="fsdp-full-shard"),
-        parallel=ParallelSpec(tp=record.tp, cp=record.cp, sequence_parallel=record.sequence_parallel and record.tp > 1),
+        # The harness's runs never enable torchtitan's async TP (its records have no such field),
+        # so it is named off: a recorded run is planned as it ran, not as a configuration would run.
+        parallel=ParallelSpec(tp=record.tp, cp=record.cp, sequence_parallel=record.sequence_parallel and record.tp > 1,
+                              async_tp=False),
         assumptions=FLAT_RESERVE,
     )
 
@@ -139,7 +143,7 @@ def expert_request(record: ExpertParallelRecord, model: ModelSpec) -> PlanReques
     training = TrainingSpec(framework=Framework.torchtitan, kernels="cpu",
                             activation_checkpointing=a.activation_checkpointing if a else "none")
     return PlanRequest(
-        model=model, training=training, batch=batch, cluster=cluster_from_gpus(get_gpu("h100-80gb"), record.world_size),
+        model=model, training=as_run(training), batch=batch, cluster=cluster_from_gpus(get_gpu("h100-80gb"), record.world_size),
         strategy=StrategySpec(kind="fsdp-full-shard"), parallel=ParallelSpec(ep=record.ep), assumptions=FLAT_RESERVE,
     )
 

@@ -8,6 +8,7 @@ from zeroplan.core.communication import collectives
 from zeroplan.specs import ClusterSpec, GpuSpec, LinkSpec, MemoryAssumptions, PlanRequest, StrategySpec, ZeroGradientReduce
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.parallel import ParallelSpec
+from zeroplan.specs.recipe_defaults import as_run
 from zeroplan.units import TiB
 
 # The measured run's device only matters for fits/time, which validation does not compare;
@@ -61,7 +62,7 @@ def planner_request(
     cluster = ClusterSpec(gpu=MEASURED_DEVICE, num_nodes=1, gpus_per_node=world_size, cuda_context_bytes=0)
     spec = StrategySpec(kind=strategy, keep_unsharded_grads_on_accum=keep_unsharded_grads_on_accum,
                         zero_gradient_reduce=zero_gradient_reduce)
-    request = PlanRequest(model=model, training=training, batch=batch, cluster=cluster, strategy=spec,
+    request = PlanRequest(model=model, training=as_run(training), batch=batch, cluster=cluster, strategy=spec,
                           parallel=parallel.model_copy(update={"pipeline_rank": 0}), assumptions=FLAT_RESERVE)
     return request.at_pipeline_rank(parallel.pipeline_rank) if parallel.pp > 1 else request
 

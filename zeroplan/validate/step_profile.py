@@ -23,6 +23,7 @@ from zeroplan.specs import (
 )
 from zeroplan.specs.base import Frozen
 from zeroplan.specs.training import OptimizerLoop
+from zeroplan.specs.recipe_defaults import as_run
 from zeroplan.validate.rows import FLAT_RESERVE
 
 STEP_PROFILE_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu-step-profile-records" / "steps"
@@ -107,7 +108,7 @@ def profile_request(profile: StepProfile) -> PlanRequest:
     training = TrainingSpec(activation_checkpointing=profile.activation_checkpointing,
                             optimizer_loop=OptimizerLoop.for_loop)
     return PlanRequest(
-        model=profile.model, training=training,
+        model=profile.model, training=as_run(training),
         batch=BatchSpec(micro_batch_size=profile.micro_batch_size, seq_len=profile.seq_len, allow_longer_seq=True),
         cluster=ClusterSpec(gpu=get_gpu("h200-141gb"), gpus_per_node=profile.world_size),
         strategy=StrategySpec(kind=profile.strategy), performance=PerformanceAssumptions(compute_model="roofline"),
