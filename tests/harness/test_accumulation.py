@@ -192,7 +192,7 @@ def test_a_rank_refuses_an_unsupported_optimizer_in_one_line(tmp_path) -> None:
                            "--optimizer", "adafactor", "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "zeroplan measure: error: optimizer: 'adafactor' is not supported by reference ZeRO stage 3 "
+        "zeroplan measure: error: --optimizer: 'adafactor' is not supported by reference ZeRO stage 3 "
         "(--strategy zero3 --engine zeroplan; allowed: adamw, adam, sgd, sgd-momentum)"
     ]
 
