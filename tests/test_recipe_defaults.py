@@ -101,9 +101,13 @@ def test_the_emitted_launch_names_the_module_and_configuration() -> None:
     ("llama-3.1-8b", 1, FineTuneSpec(lora_rank=8, quantize=Quantization.nf4), AC.full, "llama3_1/8B_qlora_single_device"),
     ("llama-3.1-8b", 8, FineTuneSpec(), AC.full, "llama3_1/8B_full"),
     ("mistral-7b", 8, FineTuneSpec(lora_rank=8), AC.full, "mistral/7B_lora"),
-    # 0.6.1 ships no 70B single-device configuration and no Llama 2 7B full single-device one.
+    # 0.6.1 ships no 70B single-device configuration and no Llama 2 13B full single-device one;
+    # the 7B models' one-device full fine-tune is their 7B_full_low_memory configuration.
     ("llama-3.1-70b", 1, FineTuneSpec(lora_rank=8, quantize=Quantization.nf4), AC.none, None),
-    ("llama-2-7b", 1, FineTuneSpec(), AC.none, None),
+    ("llama-2-13b", 1, FineTuneSpec(), AC.none, None),
+    ("llama-2-7b", 1, FineTuneSpec(), AC.full, "llama2/7B_full_low_memory"),
+    ("mistral-7b", 1, FineTuneSpec(), AC.full, "mistral/7B_full_low_memory"),
+    ("codellama-7b", 1, FineTuneSpec(lora_rank=8), AC.full, "code_llama2/7B_lora_single_device"),
 ])
 def test_torchtune_plans_its_configuration_per_method_and_device_count(model, gpus, finetune, expected, config) -> None:
     request = PlanRequest(model=get_model(model), cluster=cluster_from_gpus(get_gpu("h100-80gb"), gpus),
@@ -116,6 +120,32 @@ def test_torchtune_plans_its_configuration_per_method_and_device_count(model, gp
         from zeroplan.emit.formats import torchtune_recipe
 
         assert torchtune_recipe(request)[1] == config
+
+
+@pytest.mark.parametrize("model", ["llama-2-7b", "mistral-7b", "codellama-7b"])
+def test_the_low_memory_full_configuration_pages_steps_in_backward_and_offloads(model) -> None:
+    # torchtune 0.6.1 recipes/configs/<model>/7B_full_low_memory.yaml: bitsandbytes PagedAdamW,
+    # optimizer_in_bwd True, enable_activation_checkpointing and enable_activation_offloading True.
+    request = PlanRequest(model=get_model(model), cluster=cluster_from_gpus(get_gpu("a100-80gb"), 1),
+                          strategy=StrategySpec(kind="ddp"), batch=BatchSpec(seq_len=2048, micro_batch_size=1),
+                          training=TrainingSpec(framework=Framework.torchtune, precision="bf16-pure"))
+    t = request.training
+    assert (t.optimizer, t.paged_optimizer, t.optimizer_in_backward, t.activation_offloading,
+            t.activation_checkpointing) == (Optimizer.adamw, True, True, True, AC.full)
+    assert request.recipe_launch_words[1][-1] == "activation offloading"
+
+
+def test_the_configurations_offloading_with_checkpointing_named_off_is_refused_as_its_own(capsys) -> None:
+    # torchtune's recipe raises when offloading is on without checkpointing: the refusal says
+    # the offloading was the configuration's and names the flag that turns it off.
+    argv = ["fit", "llama-2-7b", "--gpus", "1", "--gpu", "a100-80gb", "--framework", "torchtune",
+            "--activation-checkpointing", "none"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("zeroplan: error: --activation-offloading: not named, so torchtune's "
+                          "llama2/7B_full_low_memory config's activation offloading was planned")
+    assert main([*argv, "--no-activation-offloading"]) == 0
 
 
 def test_a_suggested_gpu_count_keeps_the_policy_the_request_was_planned_with() -> None:

@@ -345,8 +345,9 @@ def add_framework_arguments(group: argparse._ArgumentGroup) -> None:
         help="with --activation-checkpointing selective-layer: checkpoint every K-th block (torchtune's ac_option; default 2)",
     )
     group.add_argument(
-        "--activation-offloading", action="store_true",
-        help="move saved activations to host memory (torchtune's enable_activation_offloading)",
+        "--activation-offloading", action=argparse.BooleanOptionalAction, default=None,
+        help="move saved activations to host memory (torchtune's enable_activation_offloading; left out: off, or what "
+             "the framework's own configuration sets)",
     )
     group.add_argument(
         "--partition-activations", action="store_true",
@@ -721,7 +722,6 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind | None = None
     training = TrainingSpec(
         precision=precision,
         framework=framework,
-        activation_offloading=args.activation_offloading,
         **_deepspeed_checkpointing(args, framework, deepspeed_file),
         fused_linear_cross_entropy=args.fused_linear_cross_entropy,
         fused_cross_entropy=args.fused_cross_entropy,
@@ -746,7 +746,8 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind | None = None
                  float8_skips_output=getattr(args, "float8_skip_output", None)),
         **({} if getattr(args, "float8", None) is None
            else {"float8": None if args.float8 == "none" else Float8Recipe(args.float8)}),
-        **_named(paged_optimizer=args.paged_optimizer, fsdp_cpu_offload=args.fsdp_cpu_offload),
+        **_named(paged_optimizer=args.paged_optimizer, fsdp_cpu_offload=args.fsdp_cpu_offload,
+                 activation_offloading=args.activation_offloading),
         fsdp_state_dict=FsdpStateDict(args.fsdp_state_dict) if getattr(args, "fsdp_state_dict", None) else None,
         accelerate_version=getattr(args, "accelerate_version", None),
         # --optimizer, --optimizer-loop, --paged-optimizer and --fsdp-cpu-offload not given: the

@@ -233,6 +233,7 @@ FLAG_OF_FIELD = {
     "float8_skips_output": "--float8-skip-output",
     "cluster.cuda_context_bytes": "--cuda-context-mib",
     "activation_checkpointing": "--activation-checkpointing",
+    "activation_offloading": "--activation-offloading",
 }
 """The request's fields (the Python API's names, which its errors carry) and the flags that set
 them, so the command line names what its user typed. Words inside a message keep the field's

@@ -16,7 +16,7 @@ from zeroplan.errors import ZeroplanError
 from zeroplan.specs.finetune import check_release_range
 from zeroplan.specs.framework import ACCELERATE_NEWEST, ACCELERATE_OLDEST, ACCELERATE_VERSION, DEEPSPEED_RELEASES, HF_DEEPSPEED_RELEASES, TORCHTITAN_RELEASES, TRANSFORMERS_NEWEST, TRANSFORMERS_OLDEST, TRANSFORMERS_VERSION, Framework
 from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
-from zeroplan.specs.request import PlanRequest, check_optimizer_in_backward  # noqa: F401 (its callers import it here)
+from zeroplan.specs.request import PlanRequest, check_activation_offloading, check_optimizer_in_backward  # noqa: F401 (its callers import check_optimizer_in_backward here)
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.hardware import GpuSpec
 from zeroplan.specs.training import (
@@ -1003,15 +1003,7 @@ def check_framework_request(training: TrainingSpec, model: ModelSpec | None = No
     if training.keep_outputs and training.framework is Framework.torchtune and not training.unchunked_loss:
         raise ZeroplanError("keep_outputs", "torchtune's loop held its logits only with a plain CrossEntropyLoss "
                             "(allowed with unchunked_loss, --unchunked-loss)")
-    # torchtune 0.6.1 recipes/full_finetune_distributed.py __init__ raises a RuntimeError when
-    # enable_activation_offloading is set without enable_activation_checkpointing, and with
-    # ac_mode set as well _setup_model applies no checkpointing at all: offloading goes with full.
-    if training.activation_offloading and training.activation_checkpointing is not ActivationCheckpointing.full:
-        raise ZeroplanError(
-            "activation_offloading",
-            f"{training.framework.value} {prof.version} offloads only with activation_checkpointing 'full' "
-            f"(got {training.activation_checkpointing.value!r})",
-        )
+    check_activation_offloading(training)
     # deepspeed runtime/activation_checkpointing/checkpointing.py: partitioning and the host copy
     # act on what deepspeed.checkpointing.checkpoint saves, the checkpointed block's input.
     for field in ("partition_activations", "cpu_checkpointing"):

@@ -84,13 +84,17 @@ TORCHTUNE_CONFIGS: dict[str, str] = {
     "llama-3.1-8b": "llama3_1/8B", "llama-3.1-70b": "llama3_1/70B", "llama-3.1-405b": "llama3_1/405B",
     "llama-3-8b": "llama3/8B", "llama-3-70b": "llama3/70B", "llama-2-7b": "llama2/7B",
     "llama-2-13b": "llama2/13B", "llama-2-70b": "llama2/70B", "mistral-7b": "mistral/7B",
+    "codellama-7b": "code_llama2/7B",
 }
 """torchtune 0.6.1 recipes/configs/ folder and size of each preset it ships configurations of."""
 
 # torchtune 0.6.1 recipes/configs/<name>.yaml enable_activation_checkpointing (its line in each
 # file); True is training.set_activation_checkpointing on every TransformerSelfAttentionLayer
 # (full recomputation of each block). Only the files 0.6.1 ships: no 70B or 405B single-device
-# configuration, no llama2/7B or 13B full single-device one, no Llama 2 70B full one.
+# configuration, no llama2/13B full single-device one, no Llama 2 70B full one; llama2/7B,
+# code_llama2/7B and mistral/7B train a full fine-tune on one device with their
+# 7B_full_low_memory.yaml (torchtune/_recipe_registry.py lists them under
+# full_finetune_single_device: FULL_LOW_MEMORY).
 TORCHTUNE_CONFIG_CHECKPOINTING: dict[str, ActivationCheckpointing] = {
     "llama3_1/8B_full": FULL,  # line 74
     "llama3_1/8B_full_single_device": FULL,  # 74
@@ -119,7 +123,16 @@ TORCHTUNE_CONFIG_CHECKPOINTING: dict[str, ActivationCheckpointing] = {
     "mistral/7B_lora": FULL,  # 87
     "mistral/7B_lora_single_device": FULL,  # 84
     "mistral/7B_qlora_single_device": FULL,  # 85
+    "llama2/7B_full_low_memory": FULL,  # 75
+    "mistral/7B_full_low_memory": FULL,  # 73
+    "code_llama2/7B_full_low_memory": FULL,  # 74
+    "code_llama2/7B_lora_single_device": FULL,  # 82
+    "code_llama2/7B_qlora_single_device": FULL,  # 81
 }
+
+FULL_LOW_MEMORY = "_full_low_memory"
+"""The name torchtune 0.6.1 gives the one-device full fine-tune of the 7B models whose folder
+has no _full_single_device configuration (llama2, code_llama2, mistral)."""
 
 
 # torchtune 0.6.1 recipes/configs/llama3_1/8B_full_single_device.yaml and
@@ -134,6 +147,10 @@ TORCHTUNE_CONFIG_CHECKPOINTING: dict[str, ActivationCheckpointing] = {
 # profile's own defaults (bf16-pure, 8 loss chunks).
 _PAGED_8BIT_IN_BACKWARD = {"optimizer": Optimizer.adam_8bit, "paged_optimizer": True, "optimizer_in_backward": True}
 _OFFLOADED_UNFUSED = {"fsdp_cpu_offload": True, "optimizer_loop": OptimizerLoop.foreach}
+# recipes/configs/{llama2,code_llama2,mistral}/7B_full_low_memory.yaml: bitsandbytes.optim.PagedAdamW
+# (32-bit states, paged), optimizer_in_bwd: True and enable_activation_offloading: True.
+_PAGED_IN_BACKWARD_OFFLOADED = {"optimizer": Optimizer.adamw, "paged_optimizer": True, "optimizer_in_backward": True,
+                                "activation_offloading": True}
 TORCHTUNE_CONFIG_TRAINING: dict[str, dict[str, object]] = {
     # recipes/configs/llama3_1/8B_full_single_device.yaml lines 60 (PagedAdamW8bit) and 66 (optimizer_in_bwd).
     "llama3_1/8B_full_single_device": _PAGED_8BIT_IN_BACKWARD,
@@ -143,6 +160,12 @@ TORCHTUNE_CONFIG_TRAINING: dict[str, dict[str, object]] = {
     "llama3_1/70B_full": _OFFLOADED_UNFUSED,
     # recipes/configs/llama3/70B_full.yaml lines 62 and 76.
     "llama3/70B_full": _OFFLOADED_UNFUSED,
+    # recipes/configs/llama2/7B_full_low_memory.yaml lines 58 (PagedAdamW), 63 (optimizer_in_bwd), 76 (offloading).
+    "llama2/7B_full_low_memory": _PAGED_IN_BACKWARD_OFFLOADED,
+    # recipes/configs/code_llama2/7B_full_low_memory.yaml lines 62, 64 and 75.
+    "code_llama2/7B_full_low_memory": _PAGED_IN_BACKWARD_OFFLOADED,
+    # recipes/configs/mistral/7B_full_low_memory.yaml lines 61, 67 and 74.
+    "mistral/7B_full_low_memory": _PAGED_IN_BACKWARD_OFFLOADED,
 }
 """What each configuration sets beside its checkpointing that the planner would otherwise not."""
 
@@ -155,6 +178,8 @@ def torchtune_config_name(model_name: str, lora: bool, nf4: bool, single_device:
         return None
     method = "qlora" if nf4 and lora else "lora" if lora else "full"
     name = f"{base}_{method}" + ("_single_device" if single_device else "")
+    if name not in TORCHTUNE_CONFIG_CHECKPOINTING and single_device and method == "full":
+        name = base + FULL_LOW_MEMORY
     return name if name in TORCHTUNE_CONFIG_CHECKPOINTING else None
 
 
@@ -194,7 +219,7 @@ SETTING_WORDS: dict[str, str] = {
     "compile": "torch.compile", "float8": "float8 {}", "float8_skips_output": "output projection in bf16",
     "optimizer_in_backward": "optimizer in backward", "async_tp": "async tensor parallelism",
     "optimizer": "{} optimizer", "paged_optimizer": "paged optimizer", "fsdp_cpu_offload": "FSDP CPU offload",
-    "optimizer_loop": "{} optimizer step",
+    "optimizer_loop": "{} optimizer step", "activation_offloading": "activation offloading",
 }
 """How the header and a refusal name each launch setting (async_tp: ParallelSpec's)."""
 

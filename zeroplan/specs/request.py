@@ -78,6 +78,20 @@ def check_float8_compiled(training: TrainingSpec) -> None:
         raise ZeroplanError("float8", "is modelled compiled only, as torchtitan runs it (add compile, --compile)")
 
 
+# torchtune 0.6.1 recipes/full_finetune_single_device.py and full_finetune_distributed.py
+# __init__ raise a RuntimeError when enable_activation_offloading is set without
+# enable_activation_checkpointing, and with ac_mode set as well _setup_model applies no
+# checkpointing at all: offloading goes with full recomputation.
+def check_activation_offloading(training: TrainingSpec) -> None:
+    """Refuse, in one line, activation offloading without full activation checkpointing."""
+    if training.activation_offloading and training.activation_checkpointing is not ActivationCheckpointing.full:
+        raise ZeroplanError(
+            "activation_offloading",
+            f"{training.framework.value} offloads only with activation_checkpointing 'full' "
+            f"(got {training.activation_checkpointing.value!r})",
+        )
+
+
 def check_paged_optimizer(training: TrainingSpec, kind: StrategyKind) -> None:
     """A paged optimizer is bitsandbytes' own and steps on the GPU."""
     if not training.paged_optimizer:
@@ -459,6 +473,7 @@ def _check_launch_settings(request: "PlanRequest") -> None:
     check_float8_gpu(request.training, request.cluster.gpu)
     check_float8_compiled(request.training)
     check_optimizer_in_backward(request.training, request.batch.grad_accum_steps)
+    check_activation_offloading(request.training)
 
 
 def _raw_framework(training: object) -> object:
