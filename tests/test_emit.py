@@ -451,6 +451,39 @@ def test_torchtune_overrides_round_trip(flags: tuple[str, ...]) -> None:
         assert recipe == "full_finetune_distributed" and config_name == "llama3_1/8B_full"
 
 
+@pytest.mark.parametrize(("model", "gpus", "flags", "component", "fused"), [
+    # The configuration's own optimizer, left unnamed: no override (7B_full_low_memory's PagedAdamW).
+    ("llama-2-7b", "1", (), "bitsandbytes.optim.PagedAdamW", None),
+    # 8B_full_single_device builds PagedAdamW8bit: a named torch AdamW replaces it, fused as planned.
+    ("llama-3.1-8b", "1", ("--optimizer", "adamw", "--no-optimizer-in-backward"), "torch.optim.AdamW", True),
+    # 8B_full builds torch's fused AdamW: a paged 8-bit one drops its fused key.
+    ("llama-3.1-8b", "8", ("--optimizer", "adam-8bit", "--paged-optimizer"), "bitsandbytes.optim.PagedAdamW8bit", None),
+    # ... and a foreach step says fused False.
+    ("llama-3.1-8b", "8", ("--optimizer-loop", "foreach"), "torch.optim.AdamW", False),
+])
+def test_torchtune_overrides_build_the_planned_optimizer(model, gpus, flags, component, fused) -> None:
+    needs("recipes")
+    strategy = ("--strategies", "ddp") if gpus == "1" else ("--strategies", "fsdp-full-shard")
+    run = planned(model, "--gpus", gpus, "--framework", "torchtune", "--flat-reserve", *strategy, *flags)
+    from zeroplan.emit.formats import torchtune_recipe
+
+    overrides = torchtune_overrides(run.request)
+    cfg = torchtune_parsed(torchtune_recipe(run.request)[1], overrides)
+    assert cfg.optimizer._component_ == component
+    assert cfg.optimizer.get("fused") is fused
+    assert cfg.optimizer_in_bwd is run.request.training.optimizer_in_backward
+    assert cfg.enable_activation_offloading is run.request.training.activation_offloading
+    if not flags:
+        assert not any(o.startswith(("optimizer=", "~optimizer")) for o in overrides)
+
+
+def test_torchtune_overrides_refuse_an_optimizer_its_configurations_do_not_build() -> None:
+    run = planned("llama-3.1-8b", "--gpus", "8", "--framework", "torchtune", "--flat-reserve", "--strategies",
+                  "fsdp-full-shard", "--optimizer", "sgd")
+    with pytest.raises(NotApplicable, match="not sgd"):
+        torchtune_overrides(run.request)
+
+
 # ------------------------------------------------------------------ the command line
 
 def test_plan_emit_writes_the_files_of_its_best_row(tmp_path: Path, capsys) -> None:

@@ -13,13 +13,16 @@ import json
 import shlex
 from typing import Any
 
+from zeroplan.core.buffers import optimizer_loop
 from zeroplan.core.checkpoint_save import state_dict_type
 from zeroplan.specs.finetune import LoraTarget, Quantization
 from zeroplan.specs.framework import Framework, launch_allocator_conf
-from zeroplan.specs.recipe_defaults import torchtitan_config_name as recipe_config_name, torchtune_config_name
+from zeroplan.specs.recipe_defaults import (
+    TORCHTUNE_CONFIG_TRAINING, torchtitan_config_name as recipe_config_name, torchtune_config_name,
+)
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
-from zeroplan.specs.training import ActivationCheckpointing, FsdpStateDict, Precision
+from zeroplan.specs.training import ActivationCheckpointing, FsdpStateDict, Optimizer, OptimizerLoop, Precision
 
 
 class NotApplicable(Exception):
@@ -552,6 +555,8 @@ def torchtitan_text(request: PlanRequest) -> str:
 # ---------------------------------------------------------------------------- torchtune
 
 TORCHTUNE_DTYPE = {Precision.bf16_pure: "bf16", Precision.fp32: "fp32"}
+YOUR_CONFIG = "YOUR_CONFIG.yaml"
+"""The `--config` of a request no shipped configuration trains (the user's own)."""
 
 
 def torchtune_recipe(request: PlanRequest) -> tuple[str, str]:
@@ -562,7 +567,53 @@ def torchtune_recipe(request: PlanRequest) -> tuple[str, str]:
     recipe = f"{kind}_finetune_{'single_device' if single else 'distributed'}"
     config = torchtune_config_name(request.model.name, finetune.is_lora, finetune.quantize is Quantization.nf4, single)
     # Only the configurations 0.6.1 ships (no 70B single-device one, QLoRA distributed for 405B alone).
-    return recipe, config or "YOUR_CONFIG.yaml"
+    return recipe, config or YOUR_CONFIG
+
+
+# The optimizer components torchtune 0.6.1's configurations build (recipes/configs/*.yaml
+# `optimizer: _component_`), by the planner's optimizer and whether it is paged.
+TORCHTUNE_OPTIMIZERS: dict[tuple[Optimizer, bool], str] = {
+    (Optimizer.adamw, False): "torch.optim.AdamW",
+    (Optimizer.adamw, True): "bitsandbytes.optim.PagedAdamW",
+    (Optimizer.adam_8bit, False): "bitsandbytes.optim.AdamW8bit",
+    (Optimizer.adam_8bit, True): "bitsandbytes.optim.PagedAdamW8bit",
+}
+TORCH_ADAMW = TORCHTUNE_OPTIMIZERS[Optimizer.adamw, False]
+
+
+def _torchtune_config_optimizer(config: str) -> tuple[str, OptimizerLoop | None]:
+    """The component a shipped configuration builds and, for torch's AdamW, the loop its
+    `fused` key sets (recipe_defaults.TORCHTUNE_CONFIG_TRAINING's entries; every other
+    configuration builds torch.optim.AdamW with fused: True)."""
+    settings = TORCHTUNE_CONFIG_TRAINING.get(config, {})
+    component = TORCHTUNE_OPTIMIZERS[settings.get("optimizer", Optimizer.adamw), bool(settings.get("paged_optimizer"))]
+    loop = settings.get("optimizer_loop", OptimizerLoop.fused) if component == TORCH_ADAMW else None
+    return component, loop
+
+
+def torchtune_optimizer_overrides(request: PlanRequest, config: str | None) -> list[str]:
+    """The overrides that make the configuration build the planned optimizer: its component
+    where it is not the configuration's, and torch AdamW's fused or foreach flag (a
+    bitsandbytes optimizer takes neither, so a configuration's `fused` key is removed with
+    config/_utils.py's `~key`); none where the configuration already builds it. ``config``:
+    the shipped configuration, None for the user's own (its optimizer is not known, so the
+    component is always named)."""
+    training = request.training
+    component = TORCHTUNE_OPTIMIZERS.get((training.optimizer, training.paged_optimizer))
+    if component is None:
+        raise NotApplicable(f"torchtune's configurations build AdamW (torch's or bitsandbytes' 8-bit, paged or not), "
+                            f"not {training.optimizer.value}")
+    # The loop the plan stepped (core.buffers.optimizer_loop: the request's, else its stack's).
+    loop = optimizer_loop(request) if component == TORCH_ADAMW else None
+    if config is not None and _torchtune_config_optimizer(config) == (component, loop):
+        return []
+    args = [f"optimizer={component}"]
+    if loop is not None:
+        # torch/optim/adamw.py: fused=True runs _fused_adamw; foreach=False the per-tensor loop.
+        args += [f"optimizer.fused={loop is OptimizerLoop.fused}", *(["optimizer.foreach=False"] if loop is OptimizerLoop.for_loop else [])]
+    elif config is not None and _torchtune_config_optimizer(config)[0] == TORCH_ADAMW:
+        args.append("~optimizer.fused")
+    return args
 
 
 def torchtune_overrides(request: PlanRequest) -> list[str]:
@@ -602,6 +653,8 @@ def torchtune_overrides(request: PlanRequest) -> list[str]:
         args += [f"fsdp_reshard_after_forward={kind is not StrategyKind.fsdp_shard_grad_op}",
                  f"fsdp_cpu_offload={training.fsdp_cpu_offload}"]
     args += [f"optimizer_in_bwd={training.optimizer_in_backward}", f"compile={training.compile}"]
+    config = torchtune_recipe(request)[1]
+    args += torchtune_optimizer_overrides(request, None if config == YOUR_CONFIG else config)
     if training.finetune.is_lora:
         args.append(f"model.lora_rank={training.finetune.lora_rank}")
         if training.finetune.lora_alpha is not None:
