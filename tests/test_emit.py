@@ -365,6 +365,7 @@ def torchtitan_parse():
     ("--strategies", "hsdp", "--hsdp-group", "4", "--micro-batch", "2"),
     ("--strategies", "ddp", "--precision", "bf16-pure", "--fsdp-cpu-offload") ,
     ("--strategies", "fsdp-full-shard", "--pp", "2", "--pp-schedule", "interleaved-1f1b", "--grad-accum", "4"),
+    ("--strategies", "fsdp-full-shard", "--tp", "2", "--compile", "--async-tp", "--activation-checkpointing", "full"),
 ])
 def test_torchtitan_overrides_round_trip(torchtitan_parse, flags: tuple[str, ...]) -> None:
     if "--fsdp-cpu-offload" in flags:
@@ -398,9 +399,28 @@ def test_torchtitan_overrides_round_trip(torchtitan_parse, flags: tuple[str, ...
     assert tr.mixed_precision_param == ("float32" if r.training.precision.value == "fp32" else "bfloat16")
     assert tr.dtype == ("bfloat16" if r.training.precision.value == "bf16-pure" else "float32")
     assert config.compile.enable is r.training.compile
+    assert config.compile.enable_async_tensor_parallel is r.parallel.async_tp
     expected = {"none": type(None), "full": "FullAC", "selective-op": "SelectiveAC"}[r.training.activation_checkpointing.value]
     ac = config.activation_checkpoint
     assert ac is None if expected is type(None) else type(ac).__qualname__.startswith(expected)
+
+
+@pytest.mark.parametrize(("model", "flags", "config"), [
+    # llama3_405b converts every linear but lm_head to rowwise float8: planned so, it runs.
+    ("llama-3.1-405b", (), "llama3_405b"),
+    # Planned without float8 (or tensorwise), the shipped function would still convert: the
+    # user's own function, which the command line cannot replace (its converters are code).
+    ("llama-3.1-405b", ("--float8", "none", "--no-compile"), "YOUR_CONFIG_FUNCTION"),
+    ("llama-3.1-405b", ("--float8", "tensorwise"), "YOUR_CONFIG_FUNCTION"),
+    ("llama-3.1-8b", (), "llama3_8b"),
+    ("llama-3.1-8b", ("--compile", "--float8", "rowwise"), "YOUR_CONFIG_FUNCTION"),
+])
+def test_torchtitan_runs_the_shipped_config_only_where_it_converts_as_planned(model, flags, config) -> None:
+    from zeroplan.emit.formats import torchtitan_config_name
+
+    run = planned(model, "--gpus", "64", "--gpu", "h100-80gb", "--framework", "torchtitan", "--flat-reserve",
+                  "--strategies", "fsdp-full-shard", *flags)
+    assert torchtitan_config_name(run.request) == config
 
 
 # ------------------------------------------------------------------ torchtune

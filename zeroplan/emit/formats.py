@@ -18,7 +18,8 @@ from zeroplan.core.checkpoint_save import state_dict_type
 from zeroplan.specs.finetune import LoraTarget, Quantization
 from zeroplan.specs.framework import Framework, launch_allocator_conf
 from zeroplan.specs.recipe_defaults import (
-    TORCHTUNE_CONFIG_TRAINING, torchtitan_config_name as recipe_config_name, torchtune_config_name,
+    TORCHTITAN_CONFIG_TRAINING, TORCHTUNE_CONFIG_TRAINING, torchtitan_config_name as recipe_config_name,
+    torchtune_config_name,
 )
 from zeroplan.specs.request import PlanRequest
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
@@ -463,8 +464,26 @@ TORCHTITAN_CHECKPOINTING = {
 """zeroplan's policy -> torchtitan 0.3.0's activation_checkpoint subcommand
 (distributed/activation_checkpoint.py ActivationCheckpointingConfig)."""
 
+YOUR_CONFIG_FUNCTION = "YOUR_CONFIG_FUNCTION"
+"""The `--config` of a request no shipped torchtitan configuration trains as planned (the user's own)."""
+
+
+# torchtitan 0.3.0 builds its float8 converters inside the config function's model_spec
+# (models/llama3/config_registry.py llama3_405b lines 300-310: Float8LinearConverter.Config with
+# filter_fqns ["lm_head"]), a list of converter configs its command line (tyro over
+# Trainer.Config, config/manager.py) does not set: a plan whose float8 is not what the
+# configuration converts runs only from a config function of the user's own.
 def torchtitan_config_name(request: PlanRequest) -> str:
-    return recipe_config_name(request.model.name, request.training.torchtitan_release) or "YOUR_CONFIG_FUNCTION"
+    """The 0.3.0 config function (`--config`) that runs the plan: the model's shipped one where it
+    converts the linears to float8 as planned, else YOUR_CONFIG_FUNCTION."""
+    config = recipe_config_name(request.model.name, request.training.torchtitan_release)
+    if config is None:
+        return YOUR_CONFIG_FUNCTION
+    settings = TORCHTITAN_CONFIG_TRAINING.get(config, {})
+    training = request.training
+    converts = (settings.get("float8"), bool(settings.get("float8_skips_output")))
+    planned = (training.float8, training.float8_skips_output if training.float8 is not None else False)
+    return config if converts == planned else YOUR_CONFIG_FUNCTION
 
 
 def torchtitan_module(request: PlanRequest) -> str:
@@ -544,6 +563,9 @@ def torchtitan_overrides(request: PlanRequest) -> list[str]:
         args += ["--training.dtype float32", f"--training.mixed_precision_param {param}"]
     args.append("--training.enable_cpu_offload" if training.fsdp_cpu_offload else "--training.no-enable_cpu_offload")
     args.append("--compile.enable" if training.compile else "--compile.no-enable")
+    # config/configs.py CompileConfig.enable_async_tensor_parallel (llama3_405b's config sets it):
+    # said either way, so the run pipelines its tensor-parallel collectives as planned.
+    args.append("--compile.enable_async_tensor_parallel" if p.async_tp else "--compile.no-enable_async_tensor_parallel")
     args.append(f"activation_checkpoint:{checkpointing}")
     return args
 
