@@ -278,6 +278,11 @@ def compare_verdict(report: FitReport) -> str:
 def compare_notes(report: FitReport) -> list[str]:
     notes = ["step = compute + exposed communication and host copies + optimizer step (GPU or CPU), with overlap "
              "(docs/communication-time.md); sent = GB each GPU sends per step (ring)."]
+    if report.plans and report.plans[0].parallel.pp > 1:
+        # core.plan.pipeline_step_time: every rank waits for the slowest, while the memory (and
+        # the collectives listed with it) is the rank nearest to running out.
+        notes.append("With a pipeline, peak and sent are the pipeline rank's nearest to running out; comm, exposed, "
+                     "step and tok/s/GPU the slowest rank's, which every rank waits for.")
     if report.compute_model == "roofline":
         notes.append("compute: kernel by kernel at the GPU's measured ceilings (--compute-model roofline), a lower bound.")
     else:

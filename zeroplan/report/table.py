@@ -190,7 +190,7 @@ def parallel_lines(report: FitReport) -> list[str]:
         parts.append(f"pp {parallel.pp} ({parallel.pp_schedule.value}, {parallel.virtual_stages} stage(s) per rank, "
                      f"{report.batch.grad_accum_steps} micro-batch(es) per step)")
     lines = [f"Model parallel: {', '.join(parts)} x dp {dp}; the data-parallel strategy runs over dp x cp = "
-             f"{dp * parallel.cp} ranks" + ("; memory figures are the pipeline rank nearest to running out, times the slowest rank's" if parallel.pp > 1 else "")]
+             f"{dp * parallel.cp} ranks" + ("; memory figures and bytes sent are the pipeline rank's nearest to running out, times the slowest rank's" if parallel.pp > 1 else "")]
     if parallel.ep > 1:
         lines.append(expert_parallel_line(report, dp))
     m = report.batch.grad_accum_steps
