@@ -181,11 +181,6 @@ def _patch_memory(factor: float, mpt_only: bool) -> None:
 
 
 def _patch_gemm(k0_ampere: float, k0_hopper: float) -> None:
-    import zeroplan.core.timing as timing
-    from zeroplan.core.flops import attention_backward_over_forward
-
-    compute = timing._flat_compute_time_s
-
     def multipliers(request) -> tuple[float, float]:  # type: ignore[no-untyped-def]
         architecture = request.cluster.gpu.architecture
         k0 = k0_hopper if architecture is not None and architecture.value == "hopper" else k0_ampere
@@ -202,6 +197,17 @@ def _patch_gemm(k0_ampere: float, k0_hopper: float) -> None:
         forward = sum(i * o * slowed(i) for i, o in weights) / sum(i * o for i, o in weights)
         backward = sum(i * o * (slowed(o) + slowed(tokens)) for i, o in weights) / sum(2 * i * o for i, o in weights)
         return forward, backward
+
+    _patch_matrix_products(multipliers)
+
+
+def _patch_matrix_products(multipliers) -> None:  # type: ignore[no-untyped-def]
+    """Slow the block's matrix products (not attention) of the flat model by ``multipliers``
+    (request -> forward, backward time over the unslowed time; recomputation at the forward's)."""
+    import zeroplan.core.timing as timing
+    from zeroplan.core.flops import attention_backward_over_forward
+
+    compute = timing._flat_compute_time_s
 
     def patched(flops, request, rate):  # type: ignore[no-untyped-def]
         forward_s, backward_s = compute(flops, request, rate)
@@ -254,23 +260,7 @@ def wave_multipliers(request, tiles, split_weight_gradient: bool) -> tuple[float
 
 
 def _patch_gemm_waves(tiles, split_weight_gradient: bool) -> None:  # type: ignore[no-untyped-def]
-    import zeroplan.core.timing as timing
-    from zeroplan.core.flops import attention_backward_over_forward
-
-    compute = timing._flat_compute_time_s
-
-    def patched(flops, request, rate):  # type: ignore[no-untyped-def]
-        forward_s, backward_s = compute(flops, request, rate)
-        forward_m, backward_m = wave_multipliers(request, tiles, split_weight_gradient)
-        recomputed_attention = max(0.0, flops.attention_backward_flops
-                                   - attention_backward_over_forward(request.training.attention_kernel) * flops.attention_forward_flops)
-        recomputed = (flops.recompute_flops - recomputed_attention) / rate
-        forward = (flops.forward_flops - flops.attention_forward_flops) / rate
-        backward = (flops.backward_flops - flops.attention_backward_flops) / rate - recomputed
-        return (forward_s + forward * (forward_m - 1),
-                backward_s + backward * (backward_m - 1) + recomputed * (forward_m - 1))
-
-    timing._flat_compute_time_s = patched
+    _patch_matrix_products(lambda request: wave_multipliers(request, tiles, split_weight_gradient))
 
 
 def gemm_operand_bytes(request) -> tuple[float, float]:  # type: ignore[no-untyped-def]

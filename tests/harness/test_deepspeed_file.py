@@ -334,6 +334,8 @@ def _check_overrides(text: str, **flags) -> list[str]:
     ("", "", {"world_size": 4}, "replicate 1 x shard 2 x tp 1 x pp 1 is not the run's 4 ranks"),
     ("--training.no-enable_cpu_offload", "--training.enable_cpu_offload", {}, "--training.enable_cpu_offload: offloads"),
     ("--compile.no-enable", "--compile.enable", {}, "--compile.enable: the harness measures the eager step"),
+    ("--compile.no-enable_async_tensor_parallel", "--compile.enable_async_tensor_parallel", {},
+     "--compile.enable_async_tensor_parallel: is a pass of the compiled step"),
     ("--training.local_batch_size 2", "--training.local_batch_size 4", {}, "--training.local_batch_size: 4 contradicts"),
     ("--training.global_batch_size 4", "--training.global_batch_size 8", {}, "--training.global_batch_size: 8 is not"),
     ("--training.seq_len 16", "--training.seq_len 32", {}, "--training.seq_len: 32 contradicts --seq-len 16"),

@@ -163,6 +163,10 @@ def check_torchtitan_file(options: dict[str, str | bool], *, strategy: str, prec
                                                        "run has no accelerator (allowed: --training.no-enable_cpu_offload)")
     if options.get("compile.enable") is True:
         raise _refuse("--compile.enable", "the harness measures the eager step (allowed: --compile.no-enable)")
+    if options.get("compile.enable_async_tensor_parallel") is True:
+        # torchtitan's async TP is an inductor pass over the compiled step (distributed/compile.py).
+        raise _refuse("--compile.enable_async_tensor_parallel", "is a pass of the compiled step; the harness measures the "
+                                                                "eager step (allowed: --compile.no-enable_async_tensor_parallel)")
     mode = str(options.get("activation_checkpoint", "none"))
     if mode not in ("none", "full"):
         raise _refuse(f"activation_checkpoint:{mode}", "the harness checkpoints whole blocks or nothing (allowed: none, full)")
@@ -175,7 +179,7 @@ def check_torchtitan_file(options: dict[str, str | bool], *, strategy: str, prec
              "parallelism.pipeline_parallel_degree", "parallelism.context_parallel_degree",
              "parallelism.expert_parallel_degree", "parallelism.enable_sequence_parallel", "training.local_batch_size",
              "training.global_batch_size", "training.seq_len", "training.dtype", "training.mixed_precision_param",
-             "training.enable_cpu_offload", "compile.enable", "activation_checkpoint"}
+             "training.enable_cpu_offload", "compile.enable", "compile.enable_async_tensor_parallel", "activation_checkpoint"}
     pipeline = {"parallelism.pipeline_parallel_schedule", "parallelism.pipeline_parallel_microbatch_size",
                 "parallelism.pipeline_parallel_layers_per_stage"}
     for key in options:
