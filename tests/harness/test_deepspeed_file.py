@@ -312,6 +312,7 @@ SHARD_GRAD_OP_OVERRIDES = """--parallelism.data_parallel_replicate_degree 1
 --training.mixed_precision_param bfloat16
 --training.no-enable_cpu_offload
 --compile.no-enable
+--compile.no-enable_async_tensor_parallel
 activation_checkpoint:none
 """
 """What fit --emit writes for micro-llama, fsdp-shard-grad-op, 2 GPUs, micro-batch 2, sequence 16,
