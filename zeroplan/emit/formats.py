@@ -627,13 +627,14 @@ def torchtune_optimizer_overrides(request: PlanRequest, config: str | None) -> l
                             f"not {training.optimizer.value}")
     # The loop the plan stepped (core.buffers.optimizer_loop: the request's, else its stack's).
     loop = optimizer_loop(request) if component == TORCH_ADAMW else None
-    if config is not None and _torchtune_config_optimizer(config) == (component, loop):
+    built = _torchtune_config_optimizer(config) if config is not None else None
+    if built == (component, loop):
         return []
     args = [f"optimizer={component}"]
     if loop is not None:
         # torch/optim/adamw.py: fused=True runs _fused_adamw; foreach=False the per-tensor loop.
         args += [f"optimizer.fused={loop is OptimizerLoop.fused}", *(["optimizer.foreach=False"] if loop is OptimizerLoop.for_loop else [])]
-    elif config is not None and _torchtune_config_optimizer(config)[0] == TORCH_ADAMW:
+    elif built is not None and built[0] == TORCH_ADAMW:
         args.append("~optimizer.fused")
     return args
 

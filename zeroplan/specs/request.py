@@ -466,6 +466,16 @@ def _recipe_inputs(data: dict) -> tuple[TrainingSpec, str, int] | None:
     return spec, name, world
 
 
+def _with_training_fields(data: dict, values: dict[str, object]) -> dict:
+    """A before-validator's request data with ``values`` named in its training (a dict's entries
+    replaced, or a spec rebuilt from the fields it names and these, so they count as named)."""
+    training = data["training"]
+    if isinstance(training, dict):
+        return {**data, "training": {**training, **values}}
+    fields = {field: getattr(training, field) for field in training.model_fields_set}
+    return {**data, "training": TrainingSpec(**{**fields, **values})}
+
+
 def _check_launch_settings(request: "PlanRequest") -> None:
     """The refusals of a launch setting that the planner makes past the request's own validation
     (zeroplan.core.compiled.check_compiled, zeroplan.core.plan's optimizer-in-backward check),
@@ -787,10 +797,7 @@ class PlanRequest(Frozen):
         mode, config = default
 
         def with_mode(policy: ActivationCheckpointing) -> dict:
-            if isinstance(training, dict):
-                return {**data, "training": {**training, "activation_checkpointing": policy}}
-            fields = {field: getattr(training, field) for field in training.model_fields_set}
-            return {**data, "training": TrainingSpec(**fields, activation_checkpointing=policy)}
+            return _with_training_fields(data, {"activation_checkpointing": policy})
 
         resolved = with_mode(mode)
         if mode is ActivationCheckpointing.none:
@@ -850,11 +857,7 @@ class PlanRequest(Frozen):
             return data
 
         def with_settings(values: dict[str, object], async_value: bool | None) -> dict:
-            if isinstance(training, dict):
-                out = {**data, "training": {**training, **values}}
-            else:
-                fields = {field: getattr(training, field) for field in training.model_fields_set}
-                out = {**data, "training": TrainingSpec(**{**fields, **values})}
+            out = _with_training_fields(data, values)
             if async_value is not None:
                 layout_fields = {field: getattr(layout, field) for field in layout.model_fields_set}
                 out["parallel"] = ParallelSpec(**{**layout_fields, "async_tp": async_value})
