@@ -115,7 +115,7 @@ def test_a_pair_bridged_pcie_board_talks_over_pcie(name: str) -> None:
 
 def test_each_new_board_takes_its_architectures_branches() -> None:
     from zeroplan.core.algorithms import multicast_capable
-    from zeroplan.core.compiled import FLOAT8_ARCHITECTURES
+    from zeroplan.specs.hardware import FLOAT8_ARCHITECTURES
     from zeroplan.core.default_efficiency import SDPA_MEMORY_EFFICIENT, attention_class
     from zeroplan.specs.training import TrainingSpec
 

@@ -36,7 +36,9 @@ from zeroplan.specs import (
 from zeroplan.specs.framework import DEEPSPEED_RELEASES, HF_DEEPSPEED_RELEASES, LITGPT_FORKS, TORCHTITAN_RELEASES
 from zeroplan.specs.lengths import LongSamples, VaryingLengths
 from zeroplan.specs.finetune import Quantization
-from zeroplan.specs.request import ATTENTION_RATES, DEFAULT_ATTENTION_RATE, GPTQ_STRATEGIES, default_attention_kernel
+from zeroplan.specs.request import (
+    ATTENTION_RATES, DEFAULT_ATTENTION_RATE, GPTQ_STRATEGIES, check_optimizer_in_backward, default_attention_kernel,
+)
 from zeroplan.specs.parallel import EXPERT_PARALLEL_STRATEGIES, DeviceMap, ParallelSpec, PipelineSchedule
 from zeroplan.specs.strategy import PARTIAL_OFFLOAD_KINDS
 from zeroplan.specs.training import FsdpStateDict, ModelLoad, Objective
@@ -686,9 +688,7 @@ def request_from_args(args: argparse.Namespace, kind: StrategyKind | None = None
     """Build the PlanRequest the flags describe; bad values raise one-line ZeroplanErrors. The
     base strategy where ``kind`` is None: ddp, or for a gptq-int4 base zero2 (GPTQ_STRATEGIES)."""
     from zeroplan.core.compiled import check_compiled
-    from zeroplan.core.profiles import (
-        accumulates_without_sync, check_framework_request, check_optimizer_in_backward, default_precision,
-    )
+    from zeroplan.core.profiles import accumulates_without_sync, check_framework_request, default_precision
     from zeroplan.presets.models import get_model
 
     launch = _megatron_launch(args)

@@ -16,7 +16,7 @@ from zeroplan.core.profiles import profile, torchtitan_compiles_loss
 from zeroplan.errors import ZeroplanError
 from zeroplan.specs.finetune import LoraTarget, Quantization, lora_adapters
 from zeroplan.specs.framework import Framework
-from zeroplan.specs.hardware import FLOAT8_ARCHITECTURES, GpuSpec  # noqa: F401 (FLOAT8_ARCHITECTURES: read here too)
+from zeroplan.specs.hardware import GpuSpec
 from zeroplan.specs.model import ModelSpec, PositionKind
 from zeroplan.specs.parallel import ParallelSpec, ulysses_runs_checkpointing
 from zeroplan.specs.request import PlanRequest, check_float8_compiled, check_float8_gpu, compiled_policy_measured

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -42,8 +43,8 @@ from zeroplan.core.hf_eager_backward import softmax_backward_extra_bytes as hf_e
 from zeroplan.core.kv_cache import kept_outputs_bytes
 from zeroplan.core.torch_release import check_torch_release, check_torch_release_strategy, zero_grad_zeroes
 from zeroplan.core.profiles import (
-    check_framework_request, check_framework_strategies, check_fsdp_cpu_offload, check_optimizer_in_backward,
-    framework_strategies, fsdp1_root_stays_gathered, fsdp_cpu_offload_strategies,
+    check_framework_request, check_framework_strategies, check_fsdp_cpu_offload, framework_strategies,
+    fsdp1_root_stays_gathered, fsdp_cpu_offload_strategies,
 )
 from zeroplan.core.margin import (
     PeakErrorBand, band_capacities_bytes, error_band, is_borderline, margin_words,
@@ -78,7 +79,10 @@ from zeroplan.core.parallel.expert import expert_dispatch_bytes
 from zeroplan.specs.parallel import EXPERT_PARALLEL_STRATEGIES, PIPELINE_STRATEGIES
 from zeroplan.specs.finetune import Quantization
 from zeroplan.specs.base import kept_copy
-from zeroplan.specs.request import GPTQ_STRATEGIES, HF_FSDP1_STRATEGIES, INT8_STRATEGIES, PlanRequest, check_compiled_layout, check_compiled_strategy
+from zeroplan.specs.request import (
+    GPTQ_STRATEGIES, HF_FSDP1_STRATEGIES, INT8_STRATEGIES, PlanRequest, check_compiled_layout, check_compiled_strategy,
+    check_optimizer_in_backward,
+)
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.framework import Framework
 from zeroplan.specs.training import ActivationCheckpointing, BatchSpec, TrainingSpec
@@ -426,22 +430,16 @@ def _recent_peak_terms(request: PlanRequest) -> tuple[ModelStateBytes, PeakTerms
     return peak_terms(request)
 
 
+@functools.cache
 def _allocator_planner():  # type: ignore[no-untyped-def]
     """zeroplan.allocator.planner, imported when first asked for (a flat-reserve answer never
     needs it) and kept: a from-import inside a function costs ~2.5 us each time it runs
-    (timeit, Python 3.11; this call ~0.1), and fit ran ~21 of them a request, one in every
+    (timeit, Python 3.11; a cached call ~0.1), and fit ran ~21 of them a request, one in every
     breakdown and band. Its functions are read off the module at each call, as the import
     statement read them, so one wrapped there is the one called."""
-    module = _ALLOCATOR_PLANNER[0]
-    if module is None:
-        from zeroplan.allocator import planner as module
+    from zeroplan.allocator import planner
 
-        _ALLOCATOR_PLANNER[0] = module
-    return module
-
-
-_ALLOCATOR_PLANNER: list = [None]
-"""zeroplan.allocator.planner once imported (_allocator_planner)."""
+    return planner
 
 
 def memory_breakdown(request: PlanRequest, usable_bytes: int | None = None) -> tuple[MemoryBreakdown, ModelStateBytes]:
@@ -1089,8 +1087,8 @@ def _turns_in_band(request: PlanRequest, breakdown: MemoryBreakdown, fits: bool,
             or breakdown.varying_length_reserve_bytes):
         return None
     low, high = band_capacities_bytes(usable_bytes, band)
-    return _allocator_planner().allocator_turns_in_band(request, *replayed(*checked_peak_terms(request)), breakdown.allocated_peak_bytes,
-                                   low, high, fits)
+    return _allocator_planner().allocator_turns_in_band(request, *replayed(*checked_peak_terms(request)),
+                                                        breakdown.allocated_peak_bytes, low, high, fits)
 
 
 # Simpler first: fewer model states sharded, no engine before an engine (docs/memory-model.md,

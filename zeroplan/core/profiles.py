@@ -16,7 +16,7 @@ from zeroplan.errors import ZeroplanError
 from zeroplan.specs.finetune import check_release_range
 from zeroplan.specs.framework import ACCELERATE_NEWEST, ACCELERATE_OLDEST, ACCELERATE_VERSION, DEEPSPEED_RELEASES, HF_DEEPSPEED_RELEASES, TORCHTITAN_RELEASES, TRANSFORMERS_NEWEST, TRANSFORMERS_OLDEST, TRANSFORMERS_VERSION, Framework
 from zeroplan.specs.model import MlpKind, ModelSpec, NormKind, PositionKind
-from zeroplan.specs.request import PlanRequest, check_activation_offloading, check_optimizer_in_backward  # noqa: F401 (its callers import check_optimizer_in_backward here)
+from zeroplan.specs.request import PlanRequest, check_activation_offloading
 from zeroplan.specs.strategy import StrategyKind, StrategySpec
 from zeroplan.specs.hardware import GpuSpec
 from zeroplan.specs.training import (

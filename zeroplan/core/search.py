@@ -24,6 +24,7 @@ configurations found so far, the groups taken fastest bound first (search, _Incu
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -272,51 +273,40 @@ _MICRO_BATCH_TERMS = ("activations", "logits", "workspace", "logits_pieces")
 """The PeakTerms fields plan.micro_batch_terms computes."""
 
 
-def _activation_mask(request: PlanRequest, count: int) -> np.ndarray:
+# Each mask depends on its count of moments alone; a search asks for them a few hundred times,
+# at a handful of counts, and only reads them: built once per count, kept read-only.
+@functools.lru_cache(maxsize=64)
+def _activation_mask(count: int) -> np.ndarray:
     # peak_moments: activations are alive at a block's backward and at the loss's moments, not
     # at the end of backward nor in the optimizer step (the order of _moments). The first layer's
     # holds one block's share of them, and only without a pipeline (PeakTerms.activation_blocks):
     # no chunk in flight or receive buffer there; its share is added exactly (_first_layer_bytes).
-    return _mask("activations", count)
+    return _read_only_mask([1 if m is PeakMoment.block_backward else 0 for m in TOTAL_MOMENTS], 1, count)
 
 
+@functools.lru_cache(maxsize=64)
 def _first_layer_mask(count: int) -> np.ndarray:
     # peak_moments: the first layer's pieces alone hold blocks' shares of the activations
     # (peak.FIRST_LAYER_SHARES, in TOTAL_MOMENTS' order).
-    return _mask("first layer", count)
+    shares = iter(FIRST_LAYER_SHARES)
+    return _read_only_mask([next(shares) if m is PeakMoment.first_layer_backward else 0 for m in TOTAL_MOMENTS], 0, count)
 
 
+@functools.lru_cache(maxsize=64)
 def _held_mask(count: int) -> np.ndarray:
     # peak_moments: the backward-held buffers are alive at a block's backward (the first layer's
     # too), at the end of backward and at the loss's moments, not in the optimizer step nor at
     # the checkpoint save after it (the order of _moments).
-    return _mask("held", count)
+    values = [0 if m in (PeakMoment.optimizer_step, PeakMoment.checkpoint_save) else 1 for m in TOTAL_MOMENTS]
+    return _read_only_mask(values, 1, count)
 
 
-def _mask(kind: str, count: int) -> np.ndarray:
-    """One of the masks above over ``count`` moments (TOTAL_MOMENTS, then the loss's pieces),
-    built once per kind and count and kept read-only (a search asks for them a few hundred
-    times, at a handful of counts, and only reads them)."""
-    mask = _MASKS.get((kind, count))
-    if mask is None:
-        if kind == "activations":
-            values = [1 if m is PeakMoment.block_backward else 0 for m in TOTAL_MOMENTS]
-            loss = 1
-        elif kind == "first layer":
-            shares = iter(FIRST_LAYER_SHARES)
-            values = [next(shares) if m is PeakMoment.first_layer_backward else 0 for m in TOTAL_MOMENTS]
-            loss = 0
-        else:
-            values = [0 if m in (PeakMoment.optimizer_step, PeakMoment.checkpoint_save) else 1 for m in TOTAL_MOMENTS]
-            loss = 1
-        mask = np.array(values + [loss] * (count - len(values)), dtype=np.int64)
-        mask.flags.writeable = False
-        _MASKS[kind, count] = mask
+def _read_only_mask(values: list[int], loss: int, count: int) -> np.ndarray:
+    """``values`` over TOTAL_MOMENTS, then ``loss`` at each of the loss's pieces up to ``count``
+    moments, as a read-only array (it is shared between the callers of a kept mask)."""
+    mask = np.array(values + [loss] * (count - len(values)), dtype=np.int64)
+    mask.flags.writeable = False
     return mask
-
-
-_MASKS: dict[tuple[str, int], np.ndarray] = {}
-"""_mask's arrays by (kind, count of moments)."""
 
 
 def _first_layer_bytes(activations, blocks: int, count: int) -> np.ndarray:
@@ -506,7 +496,7 @@ def _fit_class(request: PlanRequest, family: dict, layout_cache: dict) -> _RankC
             # left out of the fit and added back exactly per b (_class_values).
             moments = moments - _first_layer_bytes(terms.activations, terms.activation_blocks, len(moments))
             cls.first_layer_blocks[a > 1] = terms.activation_blocks
-            fitted[a, b] = (moments - _activation_mask(request, len(moments)) * received, states.host_bytes,
+            fitted[a, b] = (moments - _activation_mask(len(moments)) * received, states.host_bytes,
                             terms.activations - received)
     if k[1] != k[2]:
         # Activations = k x (one chunk's bytes) + the rest, for k chunks in flight; one chunk's
@@ -519,7 +509,7 @@ def _fit_class(request: PlanRequest, family: dict, layout_cache: dict) -> _RankC
             chunk.append(diff // (k[2] - k[1]))
         cls.chunk_slope = chunk[1] - chunk[0]
         cls.chunk_intercept = chunk[0] - cls.chunk_slope
-    cls.activation_moments = _activation_mask(request, len(fitted[1, 1][0]))
+    cls.activation_moments = _activation_mask(len(fitted[1, 1][0]))
     cls.first_layer_shares = _first_layer_mask(len(fitted[1, 1][0]))
     cls.accumulators_fitted = {False: _accumulator_bytes(request, 1), True: _accumulator_bytes(request, 2)}
     cls.receives = {} if any(_receive_bytes(request, 1)) else None
